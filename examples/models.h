@@ -1,0 +1,129 @@
+#pragma once
+// The demo models for Fashion-MNIST, shared by the example, the benchmarks and the tests.
+
+#include <torch/torch.h>
+
+#include <volt/volt.h>
+
+namespace volt_examples {
+
+/// Images [N,1,28,28] -> logits [N,10].
+struct MlpNet : torch::nn::Module {
+  explicit MlpNet(std::vector<int64_t> hidden = {128}) {
+    int64_t in = 784;
+    for (size_t i = 0; i < hidden.size(); ++i) {
+      layers.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(in, hidden[i])));
+      in = hidden[i];
+    }
+    out = register_module("out", torch::nn::Linear(in, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = x.reshape({x.size(0), -1});
+    for (auto& l : layers) x = torch::relu(l->forward(x));
+    return out->forward(x);
+  }
+  std::vector<torch::nn::Linear> layers;
+  torch::nn::Linear out{nullptr};
+};
+
+/// Two conv blocks (conv-bn-relu-pool) and a small classifier head.
+struct CnnNet : torch::nn::Module {
+  CnnNet() {
+    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)));
+    bn1 = register_module("bn1", torch::nn::BatchNorm2d(32));
+    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)));
+    bn2 = register_module("bn2", torch::nn::BatchNorm2d(64));
+    fc1 = register_module("fc1", torch::nn::Linear(64 * 7 * 7, 128));
+    drop = register_module("drop", torch::nn::Dropout(0.25));
+    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(bn1->forward(conv1->forward(x))), 2);
+    x = torch::max_pool2d(torch::relu(bn2->forward(conv2->forward(x))), 2);
+    x = drop->forward(torch::relu(fc1->forward(x.reshape({x.size(0), -1}))));
+    return fc2->forward(x);
+  }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::Dropout drop{nullptr};
+};
+
+/// A volt::Module wrapping either network: cross-entropy, accuracy, Adam.
+template <typename Net>
+class Classifier : public volt::Module {
+ public:
+  explicit Classifier(std::shared_ptr<Net> net, double lr = 1e-3, int64_t step_size = 0)
+      : net_(register_module("net", std::move(net))), lr_(lr), step_size_(step_size) {
+    save_hyperparameters({{"lr", std::to_string(lr)}, {"net", typeid(Net).name()}});
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return net_->forward(x); }
+
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    auto loss = torch::cross_entropy_loss(net_->forward(b.input), b.target);
+    log("train_loss", loss, volt::LogOptions().prog_bar(true));
+    return loss;
+  }
+  void validation_step(const volt::Batch& b, int64_t) override { eval_step(b, "val"); }
+  void test_step(const volt::Batch& b, int64_t) override { eval_step(b, "test"); }
+  torch::Tensor predict_step(const volt::Batch& b, int64_t) override {
+    return net_->forward(b.input).argmax(1);
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    auto opt = std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(lr_));
+    volt::OptimizerConfig cfg(opt);
+    if (step_size_ > 0) cfg.scheduler(std::make_shared<volt::StepLR>(*opt, step_size_, 0.5));
+    return {cfg};
+  }
+
+ private:
+  void eval_step(const volt::Batch& b, const std::string& prefix) {
+    auto logits = net_->forward(b.input);
+    log(prefix + "_loss", torch::cross_entropy_loss(logits, b.target),
+        volt::LogOptions().prog_bar(true));
+    log(prefix + "_acc", logits.argmax(1).eq(b.target).to(torch::kFloat).mean(),
+        volt::LogOptions().prog_bar(true));
+  }
+  std::shared_ptr<Net> net_;
+  double lr_;
+  int64_t step_size_;
+};
+
+/// Fashion-MNIST as a DataModule: 55k train / 5k validation split of the training files.
+class FashionMnistData : public volt::DataModule {
+ public:
+  FashionMnistData(std::string root, int64_t batch_size, int64_t num_workers = 0, uint64_t seed = 0)
+      : root_(std::move(root)), batch_size_(batch_size), workers_(num_workers), seed_(seed) {}
+  void setup(volt::Stage stage) override {
+    if (!train_) {
+      volt::FashionMnist full(root_, volt::FashionMnist::Split::kTrain);
+      const int64_t n_val = 5000, n = full.size();
+      train_ = std::make_shared<volt::TensorDataset>(full.inputs().slice(0, 0, n - n_val),
+                                                     full.targets().slice(0, 0, n - n_val));
+      val_ = std::make_shared<volt::TensorDataset>(full.inputs().slice(0, n - n_val),
+                                                   full.targets().slice(0, n - n_val));
+    }
+    if (!test_ && (stage == volt::Stage::kTest || stage == volt::Stage::kPredict)) {
+      test_ = std::make_shared<volt::FashionMnist>(root_, volt::FashionMnist::Split::kTest);
+    }
+  }
+  volt::DataLoader train_dataloader() override {
+    return volt::DataLoader(train_, volt::DataLoaderOptions(batch_size_).shuffle(true).seed(seed_)
+                                        .num_workers(workers_));
+  }
+  c10::optional<volt::DataLoader> val_dataloader() override {
+    return volt::DataLoader(val_, volt::DataLoaderOptions(512));
+  }
+  c10::optional<volt::DataLoader> test_dataloader() override {
+    return volt::DataLoader(test_, volt::DataLoaderOptions(512));
+  }
+  c10::optional<volt::DataLoader> predict_dataloader() override { return test_dataloader(); }
+
+ private:
+  std::string root_;
+  int64_t batch_size_, workers_;
+  uint64_t seed_;
+  std::shared_ptr<volt::TensorDataset> train_, val_, test_;
+};
+
+}  // namespace volt_examples

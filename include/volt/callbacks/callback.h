@@ -1,0 +1,60 @@
+#pragma once
+/// Callback: observes the run at each hook and may keep state that checkpoints carry.
+
+#include <torch/serialize/archive.h>
+
+#include <exception>
+#include <string>
+
+#include "volt/core/run_context.h"
+#include "volt/data/batch.h"
+
+namespace volt {
+
+class Module;
+
+/// Override the hooks you need; every hook defaults to doing nothing. Hooks receive the
+/// RunContext (progress, metrics, save_checkpoint, request_stop), never the Trainer.
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  /// Key of this callback's state inside checkpoints; must be unique among a run's callbacks.
+  virtual std::string state_key() const = 0;
+
+  virtual void on_fit_start(RunContext& run, Module& module) {}
+  virtual void on_fit_end(RunContext& run, Module& module) {}
+  virtual void on_sanity_check_start(RunContext& run, Module& module) {}
+  virtual void on_sanity_check_end(RunContext& run, Module& module) {}
+  virtual void on_train_start(RunContext& run, Module& module) {}
+  virtual void on_train_end(RunContext& run, Module& module) {}
+  virtual void on_train_epoch_start(RunContext& run, Module& module) {}
+  virtual void on_train_epoch_end(RunContext& run, Module& module) {}
+  virtual void on_train_batch_start(RunContext& run, Module& module, const Batch& batch,
+                                    int64_t batch_idx) {}
+  virtual void on_train_batch_end(RunContext& run, Module& module, const Batch& batch,
+                                  int64_t batch_idx) {}
+  virtual void on_before_backward(RunContext& run, Module& module, const at::Tensor& loss) {}
+  virtual void on_after_backward(RunContext& run, Module& module) {}
+  virtual void on_before_optimizer_step(RunContext& run, Module& module,
+                                        torch::optim::Optimizer& optimizer) {}
+  virtual void on_validation_start(RunContext& run, Module& module) {}
+  virtual void on_validation_end(RunContext& run, Module& module) {}
+  virtual void on_validation_epoch_start(RunContext& run, Module& module) {}
+  virtual void on_validation_epoch_end(RunContext& run, Module& module) {}
+  virtual void on_validation_batch_end(RunContext& run, Module& module, const Batch& batch,
+                                       int64_t batch_idx) {}
+  virtual void on_test_start(RunContext& run, Module& module) {}
+  virtual void on_test_end(RunContext& run, Module& module) {}
+  virtual void on_test_batch_end(RunContext& run, Module& module, const Batch& batch,
+                                 int64_t batch_idx) {}
+  virtual void on_predict_start(RunContext& run, Module& module) {}
+  virtual void on_predict_end(RunContext& run, Module& module) {}
+  /// Called when fit/validate/test/predict ends with an exception, before it propagates.
+  virtual void on_exception(RunContext& run, Module& module, const std::exception& error) {}
+
+  /// Checkpointed state of this callback.
+  virtual void save_state(torch::serialize::OutputArchive& archive) const {}
+  virtual void load_state(torch::serialize::InputArchive& archive) {}
+};
+
+}  // namespace volt

@@ -1,0 +1,61 @@
+#pragma once
+/// EarlyStopping: stops fit when a monitored metric stops improving or crosses a threshold.
+
+#include <c10/util/Optional.h>
+#include <torch/arg.h>
+
+#include <string>
+
+#include "volt/callbacks/callback.h"
+#include "volt/callbacks/model_checkpoint.h"
+
+namespace volt {
+
+struct EarlyStoppingOptions {
+  explicit EarlyStoppingOptions(std::string monitor) : monitor_(std::move(monitor)) {}
+  /// Metric to watch (required).
+  TORCH_ARG(std::string, monitor);
+  /// Minimum change that counts as an improvement. Default: 0.0.
+  TORCH_ARG(double, min_delta) = 0.0;
+  /// Validation checks without improvement before stopping. Default: 3.
+  TORCH_ARG(int64_t, patience) = 3;
+  /// kMin or kMax. Default: kMin.
+  TORCH_ARG(Mode, mode) = Mode::kMin;
+  /// Stop when the metric becomes NaN or inf. Default: true.
+  TORCH_ARG(bool, check_finite) = true;
+  /// Stop as soon as the metric is better than this. Default: none.
+  TORCH_ARG(c10::optional<double>, stopping_threshold);
+  /// Stop as soon as the metric is worse than this. Default: none.
+  TORCH_ARG(c10::optional<double>, divergence_threshold);
+  /// Throw ConfigError when the monitored metric is missing. Default: true.
+  TORCH_ARG(bool, strict) = true;
+  /// Check at train epoch end instead of after validation. Default: false.
+  TORCH_ARG(bool, check_on_train_epoch_end) = false;
+};
+
+/// Lightning's EarlyStopping; patience counts validation checks, not epochs.
+class EarlyStopping : public Callback {
+ public:
+  explicit EarlyStopping(EarlyStoppingOptions options);
+  std::string state_key() const override;
+  void on_validation_end(RunContext& run, Module& module) override;
+  void on_train_epoch_end(RunContext& run, Module& module) override;
+  void save_state(torch::serialize::OutputArchive& archive) const override;
+  void load_state(torch::serialize::InputArchive& archive) override;
+
+  int64_t wait_count() const { return wait_count_; }
+  double best_score() const { return best_score_; }
+  int64_t stopped_epoch() const { return stopped_epoch_; }
+  /// Why the last stop was requested ("" if none).
+  const std::string& stop_reason() const { return stop_reason_; }
+
+ private:
+  void check(RunContext& run);
+  EarlyStoppingOptions options_;
+  int64_t wait_count_ = 0;
+  double best_score_;
+  int64_t stopped_epoch_ = -1;
+  std::string stop_reason_;
+};
+
+}  // namespace volt

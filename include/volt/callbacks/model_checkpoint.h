@@ -1,0 +1,74 @@
+#pragma once
+/// ModelCheckpoint: saves checkpoints on a schedule, keeps the best top-k by a monitored metric.
+
+#include <c10/util/Optional.h>
+#include <torch/arg.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "volt/callbacks/callback.h"
+
+namespace volt {
+
+enum class Mode { kMin, kMax };
+
+struct ModelCheckpointOptions {
+  /// Folder for checkpoints; "" = <log_dir>/checkpoints. Default: "".
+  TORCH_ARG(std::string, dirpath);
+  /// File name template: "{epoch}-{step}" style with metric names and optional printf format
+  /// ("{epoch:02d}-{val_loss:.3f}"); each field renders as name=value. Default: "{epoch}-{step}".
+  TORCH_ARG(std::string, filename) = "{epoch}-{step}";
+  /// Metric that ranks checkpoints; "" keeps the latest. Default: "".
+  TORCH_ARG(std::string, monitor);
+  /// kMin or kMax for the monitored metric. Default: kMin.
+  TORCH_ARG(Mode, mode) = Mode::kMin;
+  /// Keep the best k files; -1 keeps all, 0 none (only last.ckpt). Default: 1.
+  TORCH_ARG(int64_t, save_top_k) = 1;
+  /// Also write last.ckpt every time a checkpoint is saved. Default: false.
+  TORCH_ARG(bool, save_last) = false;
+  /// Save every N optimizer steps (at train batch end); 0 = off. Default: 0.
+  TORCH_ARG(int64_t, every_n_train_steps) = 0;
+  /// Save every N epochs (after validation, or at train epoch end without validation);
+  /// 0 = off. Default: 1 unless every_n_train_steps is set.
+  TORCH_ARG(c10::optional<int64_t>, every_n_epochs);
+};
+
+/// Lightning's ModelCheckpoint. Files are written atomically; a file is deleted only after its
+/// replacement is on disk, so at every instant the best and last checkpoints exist.
+class ModelCheckpoint : public Callback {
+ public:
+  explicit ModelCheckpoint(ModelCheckpointOptions options = ModelCheckpointOptions());
+  std::string state_key() const override;
+
+  void on_fit_start(RunContext& run, Module& module) override;
+  void on_train_batch_end(RunContext& run, Module& module, const Batch& batch,
+                          int64_t batch_idx) override;
+  void on_train_epoch_end(RunContext& run, Module& module) override;
+  void on_validation_end(RunContext& run, Module& module) override;
+  void save_state(torch::serialize::OutputArchive& archive) const override;
+  void load_state(torch::serialize::InputArchive& archive) override;
+
+  const std::string& best_model_path() const { return best_model_path_; }
+  c10::optional<double> best_model_score() const;
+  const std::string& last_model_path() const { return last_model_path_; }
+  const std::map<std::string, double>& best_k_models() const { return best_k_models_; }
+  const std::string& dirpath() const { return dirpath_; }
+  /// Renders the filename template for the given metrics (without the .ckpt suffix).
+  std::string format_filename(const Metrics& metrics, int64_t epoch, int64_t step) const;
+
+ private:
+  void save(RunContext& run);
+  bool better(double a, double b) const;
+  ModelCheckpointOptions options_;
+  std::string dirpath_;
+  std::map<std::string, double> best_k_models_;  // path -> score
+  std::string best_model_path_;
+  std::string last_model_path_;
+  std::string latest_path_;  // latest top-k file when monitor is empty
+  int64_t last_saved_step_ = -1;
+  int64_t last_saved_epoch_ = -1;
+};
+
+}  // namespace volt

@@ -1,0 +1,64 @@
+#pragma once
+/// RunContext: the narrow view of a running Trainer that modules and callbacks are handed.
+
+#include <ATen/Tensor.h>
+#include <c10/util/Optional.h>
+#include <torch/arg.h>
+
+#include <string>
+#include <vector>
+
+#include "volt/optim/optimizer_config.h"
+#include "volt/trainer/state.h"
+
+namespace volt {
+
+class Logger;
+
+/// How a logged value is aggregated across an epoch.
+enum class Reduce { kMean, kSum, kMax, kMin };
+
+/// Options of Module::log. on_step / on_epoch default by context: training steps log per step,
+/// validation/test steps and epoch hooks log per epoch (as in Lightning).
+struct LogOptions {
+  /// Show the value in the progress bar. Default: false.
+  TORCH_ARG(bool, prog_bar) = false;
+  /// Log the value at each step. Default: nullopt (per context).
+  TORCH_ARG(c10::optional<bool>, on_step);
+  /// Aggregate over the epoch and log at its end. Default: nullopt (per context).
+  TORCH_ARG(c10::optional<bool>, on_epoch);
+  /// Epoch aggregation. Default: Reduce::kMean (weighted by batch size).
+  TORCH_ARG(Reduce, reduce) = Reduce::kMean;
+  /// Send to loggers (false: only callback_metrics / progress bar). Default: true.
+  TORCH_ARG(bool, logger) = true;
+};
+
+/// Implemented by the Trainer for the duration of a run. Modules and callbacks never see the
+/// Trainer itself: they read progress and ask for the few actions listed here.
+class RunContext {
+ public:
+  virtual ~RunContext() = default;
+  virtual const LoopState& state() const = 0;
+  /// Latest values of everything logged (monitor keys for callbacks).
+  virtual const Metrics& callback_metrics() const = 0;
+  /// Values logged with prog_bar=true.
+  virtual const Metrics& progress_bar_metrics() const = 0;
+  virtual void log(const std::string& name, const at::Tensor& value, const LogOptions& opts) = 0;
+  /// Writes a full checkpoint (weights, optimizers, loop, RNG, callbacks) atomically to `path`.
+  virtual void save_checkpoint(const std::string& path) = 0;
+  /// Ends fit() after the current batch / validation check.
+  virtual void request_stop() = 0;
+  /// Folder of the first logger's run (e.g. save_dir/name/version_3), or default_root_dir.
+  virtual std::string log_dir() const = 0;
+  virtual bool is_global_zero() const = 0;
+  virtual int64_t max_epochs() const = 0;
+  virtual int64_t max_steps() const = 0;
+  virtual std::vector<OptimizerConfig>& optimizer_configs() = 0;
+  virtual const std::vector<std::shared_ptr<Logger>>& loggers() const = 0;
+  /// Manual optimization: backward through the strategy and precision.
+  virtual void manual_backward(const at::Tensor& loss) = 0;
+  /// Manual optimization: one optimizer step through the strategy (counts as a global step).
+  virtual void manual_step(size_t optimizer_index) = 0;
+};
+
+}  // namespace volt

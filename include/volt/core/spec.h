@@ -1,0 +1,34 @@
+#pragma once
+/// Spec<T>: an option that is either a registered name ("auto", "cpu", "32-true") or an object.
+
+#include <memory>
+#include <ostream>
+#include <string>
+
+namespace volt {
+
+/// Holds a registry name or a ready object; Trainer resolves names in one place (resolve_plan).
+template <typename T>
+class Spec {
+ public:
+  Spec(const char* name) : name_(name) {}                  // NOLINT: implicit by design
+  Spec(std::string name) : name_(std::move(name)) {}       // NOLINT
+  Spec(std::shared_ptr<T> object) : object_(std::move(object)) {}  // NOLINT
+  template <typename U, typename = std::enable_if_t<std::is_base_of<T, U>::value>>
+  Spec(std::shared_ptr<U> object) : object_(std::move(object)) {}  // NOLINT
+
+  bool is_object() const { return object_ != nullptr; }
+  const std::string& name() const { return name_; }
+  const std::shared_ptr<T>& object() const { return object_; }
+
+ private:
+  std::string name_;
+  std::shared_ptr<T> object_;
+};
+
+template <typename T>
+std::ostream& operator<<(std::ostream& os, const Spec<T>& s) {
+  return s.is_object() ? (os << "<object>") : (os << '"' << s.name() << '"');
+}
+
+}  // namespace volt

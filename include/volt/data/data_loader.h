@@ -1,0 +1,87 @@
+#pragma once
+/// DataLoader: batches a Dataset in a seeded, resumable order, optionally on worker threads.
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <vector>
+
+#include "volt/data/batch.h"
+#include "volt/data/dataset.h"
+#include "volt/data/sampler.h"
+
+namespace volt {
+
+using CollateFn = std::function<Batch(const std::vector<Example>&)>;
+
+/// Options for DataLoader; batch_size is required.
+struct DataLoaderOptions {
+  explicit DataLoaderOptions(int64_t batch_size) : batch_size_(batch_size) {}
+  /// Samples per batch.
+  TORCH_ARG(int64_t, batch_size);
+  /// Visit samples in a new random order every epoch. Default: false.
+  TORCH_ARG(bool, shuffle) = false;
+  /// Seed of the shuffle order (combined with the epoch number). Default: 0.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Drop the last batch when it is smaller than batch_size. Default: false.
+  TORCH_ARG(bool, drop_last) = false;
+  /// Worker threads that build batches ahead of the consumer; 0 builds them inline. Default: 0.
+  TORCH_ARG(int64_t, num_workers) = 0;
+  /// Batches each worker may keep ready ahead of the consumer (bounded queue). Default: 2.
+  TORCH_ARG(int64_t, prefetch_factor) = 2;
+  /// Copy batches into page-locked memory (CUDA only; a documented no-op on CPU). Default: false.
+  TORCH_ARG(bool, pin_memory) = false;
+  /// Custom collate function; empty uses default_collate (or the dataset's batch fast path).
+  TORCH_ARG(CollateFn, collate);
+  /// This process's rank and the number of ranks sharing the data. Default: 0 of 1.
+  TORCH_ARG(int64_t, rank) = 0;
+  TORCH_ARG(int64_t, world_size) = 1;
+};
+
+std::ostream& operator<<(std::ostream& os, const DataLoaderOptions& o);
+
+class BatchStream;
+
+/// A resumable loader: stream(epoch, start) yields exactly the batches a full pass would yield
+/// from `start` on, so a run resumed mid-epoch sees the same data as an uninterrupted one.
+class DataLoader {
+ public:
+  DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
+  /// Batches per epoch on this rank.
+  int64_t num_batches() const;
+  /// Batches `first_batch` .. `first_batch + max_batches - 1` (max_batches < 0: to the end).
+  BatchStream stream(int64_t epoch, int64_t first_batch = 0, int64_t max_batches = -1) const;
+  const DataLoaderOptions& options() const { return options_; }
+  const Dataset& dataset() const { return *dataset_; }
+
+ private:
+  friend class BatchStream;
+  Batch make_batch(const std::vector<int64_t>& indices) const;
+
+  std::shared_ptr<const Dataset> dataset_;
+  DataLoaderOptions options_;
+  Sampler sampler_;
+};
+
+/// One pass over part of an epoch. Worker exceptions are rethrown from next().
+class BatchStream {
+ public:
+  BatchStream(BatchStream&&) noexcept;
+  BatchStream& operator=(BatchStream&&) noexcept;
+  ~BatchStream();
+  /// Writes the next batch into `out`; false when the pass is over.
+  bool next(Batch& out);
+  /// Number of batches this pass yields in total.
+  int64_t size() const;
+
+ private:
+  friend class DataLoader;
+  struct Impl;
+  explicit BatchStream(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace volt

@@ -1,0 +1,35 @@
+#pragma once
+/// CheckpointIO: turns a checkpoint archive into a file and back, atomically and verified.
+
+#include <torch/serialize/archive.h>
+
+#include <string>
+
+namespace volt {
+
+/// Storage of checkpoint archives. Implementations must never leave a partial file at `path`.
+class CheckpointIO {
+ public:
+  virtual ~CheckpointIO() = default;
+  virtual void save(torch::serialize::OutputArchive& archive, const std::string& path) = 0;
+  /// Throws CheckpointError when the file is missing, truncated or fails its integrity check.
+  virtual torch::serialize::InputArchive load(const std::string& path) = 0;
+  virtual void remove(const std::string& path);
+};
+
+/// volt's file format: an 8-byte magic "VOLTCKPT", u32 format version, u64 payload size,
+/// u32 CRC-32 of the payload, then libtorch's serialized archive. Written to a temporary file
+/// in the same folder, fsync'ed, renamed over `path`, and the folder fsync'ed: a crash at any
+/// point leaves either the old file or the new one.
+class TorchCheckpointIO : public CheckpointIO {
+ public:
+  static constexpr uint32_t kFormatVersion = 1;
+  void save(torch::serialize::OutputArchive& archive, const std::string& path) override;
+  torch::serialize::InputArchive load(const std::string& path) override;
+};
+
+/// Writes `data` to `path` atomically (temp file + fsync + rename + fsync of the folder),
+/// creating parent folders. Throws CheckpointError with the OS reason on failure.
+void atomic_write_file(const std::string& path, const std::string& data);
+
+}  // namespace volt

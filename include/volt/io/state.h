@@ -1,0 +1,31 @@
+#pragma once
+/// Model and optimizer state keyed by parameter *name*, portable across runs and libtorch versions.
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+namespace volt {
+
+/// Writes every named parameter and buffer of `module`.
+void save_module_state(const torch::nn::Module& module, torch::serialize::OutputArchive& archive);
+/// Loads parameters and buffers in place. With strict=true a missing, unexpected or differently
+/// shaped entry throws CheckpointError listing every mismatch (name and both shapes).
+void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive,
+                       bool strict = true);
+
+/// Writes the optimizer's param-group options (lr, betas, ...) and per-parameter state keyed
+/// by the parameter's name in `module` (libtorch itself keys it by pointer address).
+void save_optimizer_state(const torch::optim::Optimizer& optimizer,
+                          const torch::nn::Module& module,
+                          torch::serialize::OutputArchive& archive);
+/// Restores what save_optimizer_state wrote into an optimizer over the same named parameters.
+/// Supports SGD, Adam, AdamW, RMSprop and Adagrad; other types throw ConfigError.
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
+                          torch::serialize::InputArchive& archive);
+
+/// Resets every gradient of the optimizer's parameters to undefined (set_to_none semantics on
+/// every libtorch version).
+void zero_grad(torch::optim::Optimizer& optimizer);
+
+}  // namespace volt

@@ -1,0 +1,33 @@
+#pragma once
+/// What configure_optimizers returns: optimizers, each with an optional LR scheduler.
+
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "volt/optim/lr_scheduler.h"
+
+namespace volt {
+
+/// When a scheduler steps: after every `frequency` optimizer steps, or every `frequency` epochs.
+enum class Interval { kStep, kEpoch };
+
+/// One optimizer and its optional scheduler.
+struct OptimizerConfig {
+  OptimizerConfig(std::shared_ptr<torch::optim::Optimizer> optimizer)  // NOLINT: implicit
+      : optimizer_(std::move(optimizer)) {}
+  /// The optimizer (required).
+  TORCH_ARG(std::shared_ptr<torch::optim::Optimizer>, optimizer);
+  /// LR scheduler driving this optimizer. Default: none.
+  TORCH_ARG(std::shared_ptr<LRScheduler>, scheduler);
+  /// Scheduler stepping interval. Default: Interval::kEpoch.
+  TORCH_ARG(Interval, interval) = Interval::kEpoch;
+  /// Step the scheduler every `frequency` intervals. Default: 1.
+  TORCH_ARG(int64_t, frequency) = 1;
+  /// Metric passed to step(metric) for schedulers that watch one. Default: "" (none).
+  TORCH_ARG(std::string, monitor);
+};
+
+}  // namespace volt

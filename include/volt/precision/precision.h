@@ -1,0 +1,47 @@
+#pragma once
+/// Precision: how forward, backward and the optimizer step treat numeric formats.
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace volt {
+
+/// Gradient clipping algorithms (Lightning's "norm" and "value").
+enum class ClipAlgorithm { kNorm, kValue };
+
+/// Base class of all precision modes. The default implementation is plain fp32 ("32-true");
+/// mixed modes override forward_context (autocast), backward (loss scaling) and
+/// optimizer_step (unscale, skip on inf). Precision never talks to process groups.
+class Precision {
+ public:
+  virtual ~Precision() = default;
+  /// Registry name ("32-true").
+  virtual std::string name() const = 0;
+  /// Converts parameters/buffers of `module` as the mode requires (no-op for fp32).
+  virtual void convert_module(torch::nn::Module& module) {}
+  /// RAII scope active around every forward (training/validation/test/predict step).
+  virtual std::shared_ptr<void> forward_context() { return nullptr; }
+  virtual void backward(const at::Tensor& loss);
+  /// Makes gradients true-scale (undoes loss scaling); no-op for fp32.
+  virtual void unscale_gradients(torch::optim::Optimizer& optimizer) {}
+  /// Clips this optimizer's gradients in place; returns the total norm for kNorm, else NaN.
+  virtual double clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                ClipAlgorithm algorithm);
+  /// Runs optimizer.step(); returns false when the step was skipped (e.g. inf gradients).
+  virtual bool optimizer_step(torch::optim::Optimizer& optimizer);
+  virtual void save_state(torch::serialize::OutputArchive& archive) const {}
+  virtual void load_state(torch::serialize::InputArchive& archive) {}
+};
+
+/// Full fp32 training ("32-true", also "32").
+class Fp32Precision : public Precision {
+ public:
+  std::string name() const override { return "32-true"; }
+};
+
+}  // namespace volt

@@ -1,0 +1,34 @@
+#pragma once
+/// resolve_plan: the one place where "auto" and registry names become typed objects.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "volt/accelerators/accelerator.h"
+#include "volt/core/spec.h"
+#include "volt/precision/precision.h"
+#include "volt/strategies/strategy.h"
+
+namespace volt {
+
+/// The typed result of resolving accelerator / devices / strategy / precision choices.
+struct RunPlan {
+  std::shared_ptr<Accelerator> accelerator;
+  std::shared_ptr<Precision> precision;
+  std::shared_ptr<Strategy> strategy;
+  int64_t devices = 1;
+};
+
+/// "auto" accelerator: cuda when available, else cpu. devices -1 ("auto"): 1. Strategy "auto":
+/// single_device for one device. Precision names: "32-true", "32". Unknown names throw
+/// ConfigError listing the valid ones; unavailable hardware throws NotAvailable.
+RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
+                     const Spec<Strategy>& strategy, const Spec<Precision>& precision);
+
+/// Registered names, for messages and the CLI.
+std::vector<std::string> accelerator_names();
+std::vector<std::string> strategy_names();
+std::vector<std::string> precision_names();
+
+}  // namespace volt

@@ -1,0 +1,36 @@
+#pragma once
+/// Small enums and the loop progress that callbacks and modules may read.
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace volt {
+
+/// What the Trainer is doing.
+enum class Stage { kNone, kFit, kValidate, kTest, kPredict, kSanityCheck };
+/// How the current or last run ended.
+enum class RunStatus { kInitializing, kRunning, kFinished, kInterrupted, kFailed };
+
+const char* to_string(Stage s);
+const char* to_string(RunStatus s);
+
+/// Loop progress. Saved in every checkpoint; a resume restores it exactly.
+struct LoopState {
+  Stage stage = Stage::kNone;
+  RunStatus status = RunStatus::kInitializing;
+  int64_t epoch = 0;                  ///< current epoch (0-based)
+  int64_t global_step = 0;            ///< optimizer steps taken so far
+  int64_t batches_done = 0;           ///< training batches finished in the current epoch
+  int64_t total_batches_done = 0;     ///< training batches finished in the whole run
+  int64_t accumulated = 0;            ///< backward passes accumulated since the last step
+  int64_t num_training_batches = 0;   ///< batches per epoch after limits
+  bool epoch_finished = false;        ///< the current epoch's training loop has ended
+  bool val_pending = false;           ///< a due validation check has not yet run
+  bool should_stop = false;           ///< a callback asked to stop
+};
+
+/// Metrics visible to callbacks (monitor keys) and returned by validate()/test().
+using Metrics = std::map<std::string, double>;
+
+}  // namespace volt

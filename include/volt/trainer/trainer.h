@@ -1,0 +1,74 @@
+#pragma once
+/// Trainer: runs fit / validate / test / predict for a volt::Module.
+
+#include <c10/util/Optional.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "volt/core/data_module.h"
+#include "volt/core/module.h"
+#include "volt/data/data_loader.h"
+#include "volt/trainer/state.h"
+#include "volt/trainer/trainer_options.h"
+
+namespace volt {
+
+class Strategy;
+class Callback;
+class Logger;
+
+/// Hides the loop. Options are validated in the constructor; a Trainer may run several
+/// entry points in sequence (fit, then test) and keeps its callbacks and loggers between them.
+class Trainer {
+ public:
+  explicit Trainer(TrainerOptions options = TrainerOptions());
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// Trains; with ckpt_path resumes exactly from that checkpoint ("last" = the newest last.ckpt
+  /// of this run's ModelCheckpoint).
+  void fit(Module& module, DataModule& data, const std::string& ckpt_path = "");
+  void fit(Module& module, DataLoader train, c10::optional<DataLoader> val = c10::nullopt,
+           const std::string& ckpt_path = "");
+  /// Runs one validation pass and returns its epoch metrics.
+  Metrics validate(Module& module, DataModule& data, const std::string& ckpt_path = "");
+  Metrics validate(Module& module, DataLoader val, const std::string& ckpt_path = "");
+  /// Runs one test pass and returns its epoch metrics.
+  Metrics test(Module& module, DataModule& data, const std::string& ckpt_path = "");
+  Metrics test(Module& module, DataLoader test, const std::string& ckpt_path = "");
+  /// Returns predict_step's outputs, one per batch.
+  std::vector<at::Tensor> predict(Module& module, DataModule& data,
+                                  const std::string& ckpt_path = "");
+  std::vector<at::Tensor> predict(Module& module, DataLoader data,
+                                  const std::string& ckpt_path = "");
+
+  /// Saves a full checkpoint of the module attached to the current/last fit.
+  void save_checkpoint(const std::string& path);
+
+  const LoopState& state() const;
+  const Metrics& callback_metrics() const;
+  const Metrics& logged_metrics() const;
+  const TrainerOptions& options() const;
+  Strategy& strategy() const;
+  const std::vector<std::shared_ptr<Callback>>& callbacks() const;
+  const std::vector<std::shared_ptr<Logger>>& loggers() const;
+  std::string log_dir() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Seeds torch's global generator (and returns the seed) — Lightning's seed_everything.
+uint64_t seed_everything(uint64_t seed);
+
+/// Applies volt's thread defaults (see TrainerOptions::num_threads) and returns the count set.
+int64_t configure_threads(int64_t requested);
+
+/// True when libtorch's BLAS is the slow reference implementation (no OpenBLAS/MKL loaded).
+bool reference_blas_active();
+
+}  // namespace volt

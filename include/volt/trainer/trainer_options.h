@@ -1,0 +1,92 @@
+#pragma once
+/// TrainerOptions: the loop's own settings; features arrive as objects (callbacks, loggers...).
+
+#include <c10/util/Optional.h>
+#include <torch/arg.h>
+
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "volt/core/limit.h"
+#include "volt/core/spec.h"
+#include "volt/precision/precision.h"
+
+namespace volt {
+
+class Accelerator;
+class Strategy;
+class Callback;
+class Logger;
+
+struct TrainerOptions {
+  /// "auto", "cpu", "cuda" or an Accelerator object. Default: "auto".
+  TORCH_ARG(Spec<Accelerator>, accelerator) = "auto";
+  /// Number of devices; -1 means "auto" (1 today). Default: -1.
+  TORCH_ARG(int64_t, devices) = -1;
+  /// "auto", "single_device" or a Strategy object. Default: "auto".
+  TORCH_ARG(Spec<Strategy>, strategy) = "auto";
+  /// "32-true" or a Precision object. Default: "32-true".
+  TORCH_ARG(Spec<Precision>, precision) = "32-true";
+  /// Stop after this many epochs; -1 = 1000 when max_steps is also unset. Default: -1.
+  TORCH_ARG(int64_t, max_epochs) = -1;
+  /// Keep training (ignore stop requests) until this many epochs. Default: 0.
+  TORCH_ARG(int64_t, min_epochs) = 0;
+  /// Stop after this many optimizer steps; -1 = no limit. Default: -1.
+  TORCH_ARG(int64_t, max_steps) = -1;
+  /// Stop once this many seconds of fit() have passed (checked after each batch). Default: none.
+  TORCH_ARG(c10::optional<double>, max_time);
+  /// Batches per epoch/pass (int count or float fraction). Default: 1.0 (all).
+  TORCH_ARG(Limit, limit_train_batches) = 1.0;
+  TORCH_ARG(Limit, limit_val_batches) = 1.0;
+  TORCH_ARG(Limit, limit_test_batches) = 1.0;
+  TORCH_ARG(Limit, limit_predict_batches) = 1.0;
+  /// Validate every N training batches (int) or fraction of an epoch (float). Default: 1.0.
+  TORCH_ARG(Limit, val_check_interval) = 1.0;
+  /// Validate every N epochs. Default: 1.
+  TORCH_ARG(int64_t, check_val_every_n_epoch) = 1;
+  /// Validation batches run before training as a sanity check; -1 = all. Default: 2.
+  TORCH_ARG(int64_t, num_sanity_val_steps) = 2;
+  /// N > 0: run N batches of train/val/test once, no checkpoints or loggers. Default: 0.
+  TORCH_ARG(int64_t, fast_dev_run) = 0;
+  /// Accumulate gradients over N batches per optimizer step. Default: 1.
+  TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
+  /// Clip gradients to this value (norm or value, see algorithm). Default: none.
+  TORCH_ARG(c10::optional<double>, gradient_clip_val);
+  /// kNorm (total 2-norm) or kValue (elementwise). Default: kNorm.
+  TORCH_ARG(ClipAlgorithm, gradient_clip_algorithm) = ClipAlgorithm::kNorm;
+  /// Send per-step metrics to loggers every N optimizer steps. Default: 50.
+  TORCH_ARG(int64_t, log_every_n_steps) = 50;
+  /// Show a throttled terminal progress bar. Default: true.
+  TORCH_ARG(bool, enable_progress_bar) = true;
+  /// Add a ModelCheckpoint (save last epoch) when none is given. Default: true.
+  TORCH_ARG(bool, enable_checkpointing) = true;
+  /// Add a CSVLogger under default_root_dir when no logger is given. Default: true.
+  TORCH_ARG(bool, logger) = true;
+  /// Root folder for logs and checkpoints. Default: ".".
+  TORCH_ARG(std::string, default_root_dir) = ".";
+  /// Use deterministic algorithms only. Default: false.
+  TORCH_ARG(bool, deterministic) = false;
+  /// Seed torch's RNG before building anything (seed_everything). Default: none.
+  TORCH_ARG(c10::optional<uint64_t>, seed);
+  /// Raise ValueError naming the step when a training loss is NaN or inf. Default: true.
+  TORCH_ARG(bool, detect_nonfinite_loss) = true;
+  /// torch intra-op threads; 0 = volt's measured default (1 when OpenBLAS is active, see
+  /// docs/PERFORMANCE.md). Default: 0.
+  TORCH_ARG(int64_t, num_threads) = 0;
+  /// Progress bar refresh period in seconds (it reads metric values at most this often).
+  /// Default: 0.5.
+  TORCH_ARG(double, progress_refresh_s) = 0.5;
+  TORCH_ARG(std::vector<std::shared_ptr<Callback>>, callbacks);
+  TORCH_ARG(std::vector<std::shared_ptr<Logger>>, loggers);
+
+
+ public:
+  /// Throws ConfigError on the first invalid value.
+  void validate() const;
+};
+
+std::ostream& operator<<(std::ostream& os, const TrainerOptions& o);
+
+}  // namespace volt

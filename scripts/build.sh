@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Configures and builds volt (library, examples, tests, benchmarks) into build/ with Ninja,
+# ccache and precompiled headers. Usage: scripts/build.sh [target...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+if [ ! -f build/build.ninja ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+fi
+cmake --build build --parallel "$jobs" ${1:+--target "$@"}

@@ -1,0 +1,101 @@
+#include "volt/callbacks/early_stopping.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "volt/core/check.h"
+
+namespace volt {
+
+EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
+  VOLT_CHECK(!options_.monitor().empty(), ConfigError,
+             "[EarlyStopping] monitor is empty; name a logged metric such as \"val_loss\".");
+  VOLT_CHECK(options_.patience() >= 0, ConfigError, "[EarlyStopping] patience=",
+             options_.patience(), " is negative.");
+  VOLT_CHECK(std::isfinite(options_.min_delta()), ConfigError, "[EarlyStopping] min_delta=",
+             options_.min_delta(), " is not finite.");
+  // Lightning compares against best - |min_delta| in min mode (best + |min_delta| in max).
+  options_.min_delta(std::abs(options_.min_delta()) * (options_.mode() == Mode::kMin ? -1 : 1));
+  best_score_ = options_.mode() == Mode::kMin ? std::numeric_limits<double>::infinity()
+                                              : -std::numeric_limits<double>::infinity();
+}
+
+std::string EarlyStopping::state_key() const {
+  return "EarlyStopping{monitor=" + options_.monitor() + ",mode=" +
+         (options_.mode() == Mode::kMin ? "min" : "max") + "}";
+}
+
+void EarlyStopping::on_validation_end(RunContext& run, Module& module) {
+  if (!options_.check_on_train_epoch_end()) check(run);
+}
+
+void EarlyStopping::on_train_epoch_end(RunContext& run, Module& module) {
+  if (options_.check_on_train_epoch_end()) check(run);
+}
+
+void EarlyStopping::check(RunContext& run) {
+  const Metrics& m = run.callback_metrics();
+  auto it = m.find(options_.monitor());
+  if (it == m.end()) {
+    std::ostringstream keys;
+    for (const auto& kv : m) keys << (keys.tellp() > 0 ? ", " : "") << kv.first;
+    VOLT_CHECK(!options_.strict(), ConfigError, "[EarlyStopping] monitored metric \"",
+               options_.monitor(), "\" was not logged; available: [", keys.str(),
+               "]. Log it or set strict(false).");
+    return;
+  }
+  const double current = it->second;
+  const bool min_mode = options_.mode() == Mode::kMin;
+  auto improves = [&](double a, double b) { return min_mode ? a < b : a > b; };
+  std::ostringstream why;
+  bool stop = false;
+  if (options_.check_finite() && !std::isfinite(current)) {
+    stop = true;
+    why << "monitored metric " << options_.monitor() << " = " << current
+        << " is not finite; previous best " << best_score_;
+  } else if (options_.stopping_threshold() && improves(current, *options_.stopping_threshold())) {
+    stop = true;
+    why << "stopping threshold reached: " << options_.monitor() << " = " << current
+        << (min_mode ? " < " : " > ") << *options_.stopping_threshold();
+  } else if (options_.divergence_threshold() &&
+             improves(*options_.divergence_threshold(), current)) {
+    stop = true;
+    why << "divergence threshold reached: " << options_.monitor() << " = " << current
+        << (min_mode ? " > " : " < ") << *options_.divergence_threshold();
+  } else if (improves(current - options_.min_delta(), best_score_)) {
+    best_score_ = current;
+    wait_count_ = 0;
+  } else {
+    ++wait_count_;
+    if (wait_count_ >= options_.patience()) {
+      stop = true;
+      why << "monitored metric " << options_.monitor() << " did not improve in the last "
+          << wait_count_ << " checks; best score " << best_score_;
+    }
+  }
+  if (stop) {
+    stopped_epoch_ = run.state().epoch;
+    stop_reason_ = why.str();
+    run.request_stop();
+  }
+}
+
+void EarlyStopping::save_state(torch::serialize::OutputArchive& ar) const {
+  ar.write("wait_count", c10::IValue(wait_count_));
+  ar.write("best_score", c10::IValue(best_score_));
+  ar.write("stopped_epoch", c10::IValue(stopped_epoch_));
+  ar.write("patience", c10::IValue(options_.patience()));
+}
+
+void EarlyStopping::load_state(torch::serialize::InputArchive& ar) {
+  c10::IValue w, b, s;
+  ar.read("wait_count", w);
+  ar.read("best_score", b);
+  ar.read("stopped_epoch", s);
+  wait_count_ = w.toInt();
+  best_score_ = b.toDouble();
+  stopped_epoch_ = s.toInt();
+}
+
+}  // namespace volt

@@ -1,0 +1,65 @@
+#include "volt/core/module.h"
+
+#include <torch/torch.h>
+
+#include "volt/core/check.h"
+#include "volt/core/data_module.h"
+#include "volt/io/state.h"
+
+namespace volt {
+
+void ManualOptimizer::zero_grad() { volt::zero_grad(optimizer()); }
+void ManualOptimizer::step() { ctx_->manual_step(index_); }
+torch::optim::Optimizer& ManualOptimizer::optimizer() {
+  return *ctx_->optimizer_configs().at(index_).optimizer();
+}
+
+at::Tensor Module::predict_step(const Batch& batch, int64_t batch_idx) {
+  VOLT_CHECK(false, ConfigError, "[Module] predict() needs predict_step; override "
+             "Module::predict_step(batch, batch_idx) in your module.");
+  return {};
+}
+
+RunContext& Module::require_run(const char* what) const {
+  VOLT_CHECK(run_ != nullptr, ConfigError, "[Module] ", what,
+             "() was called outside a Trainer run; call it from training_step or a hook.");
+  return *run_;
+}
+
+void Module::log(const std::string& name, const at::Tensor& value, const LogOptions& opts) {
+  require_run("log").log(name, value, opts);
+}
+
+void Module::log(const std::string& name, double value, const LogOptions& opts) {
+  require_run("log").log(name, torch::scalar_tensor(value, torch::kDouble), opts);
+}
+
+void Module::manual_backward(const at::Tensor& loss) {
+  require_run("manual_backward").manual_backward(loss);
+}
+
+std::vector<ManualOptimizer> Module::optimizers() {
+  RunContext& run = require_run("optimizers");
+  std::vector<ManualOptimizer> out;
+  for (size_t i = 0; i < run.optimizer_configs().size(); ++i) out.emplace_back(&run, i);
+  return out;
+}
+
+std::vector<std::shared_ptr<LRScheduler>> Module::lr_schedulers() {
+  std::vector<std::shared_ptr<LRScheduler>> out;
+  for (auto& c : require_run("lr_schedulers").optimizer_configs()) {
+    if (c.scheduler()) out.push_back(c.scheduler());
+  }
+  return out;
+}
+
+int64_t Module::current_epoch() const { return run_ ? run_->state().epoch : 0; }
+int64_t Module::global_step() const { return run_ ? run_->state().global_step : 0; }
+
+DataLoader DataModule::train_dataloader() {
+  VOLT_CHECK(false, ConfigError, "[DataModule] fit() needs train_dataloader(); override it in "
+             "your DataModule.");
+  throw InternalError("unreachable");
+}
+
+}  // namespace volt

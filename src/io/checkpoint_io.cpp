@@ -1,0 +1,158 @@
+#include "volt/io/checkpoint_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "volt/core/check.h"
+
+namespace volt {
+namespace {
+
+constexpr char kMagic[8] = {'V', 'O', 'L', 'T', 'C', 'K', 'P', 'T'};
+constexpr size_t kHeaderSize = 8 + 4 + 8 + 4;
+
+std::string parent_dir(const std::string& path) {
+  auto pos = path.find_last_of('/');
+  if (pos == std::string::npos) return ".";
+  if (pos == 0) return "/";
+  return path.substr(0, pos);
+}
+
+void make_dirs(const std::string& dir) {
+  if (dir.empty() || dir == "." || dir == "/") return;
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) {
+    VOLT_CHECK(S_ISDIR(st.st_mode), CheckpointError, "[CheckpointIO] '", dir,
+               "' exists but is not a folder; choose another checkpoint folder.");
+    return;
+  }
+  make_dirs(parent_dir(dir));
+  VOLT_CHECK(::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST, CheckpointError,
+             "[CheckpointIO] cannot create folder '", dir, "' (", std::strerror(errno),
+             "); check permissions or choose another dirpath.");
+}
+
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t get_le(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= uint64_t(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+uint32_t crc_of(const char* data, size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  // zlib's crc32 takes a uInt length: feed large payloads in chunks.
+  while (n > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
+    data += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+}  // namespace
+
+void CheckpointIO::remove(const std::string& path) { ::unlink(path.c_str()); }
+
+void atomic_write_file(const std::string& path, const std::string& data) {
+  const std::string dir = parent_dir(path);
+  make_dirs(dir);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  VOLT_CHECK(fd >= 0, CheckpointError, "[CheckpointIO] cannot create '", tmp, "' (",
+             std::strerror(errno), "); check that the folder is writable.");
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      VOLT_CHECK(false, CheckpointError, "[CheckpointIO] writing '", tmp, "' failed (",
+                 std::strerror(err), "); check free disk space. The previous '", path,
+                 "' is untouched.");
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  // fsync before rename: otherwise a power loss can leave the new name pointing at no data.
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    VOLT_CHECK(false, CheckpointError, "[CheckpointIO] flushing '", tmp, "' failed (",
+               std::strerror(err), "); the previous '", path, "' is untouched.");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    VOLT_CHECK(false, CheckpointError, "[CheckpointIO] renaming '", tmp, "' to '", path,
+               "' failed (", std::strerror(err), ").");
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);  // makes the rename itself durable
+    ::close(dfd);
+  }
+}
+
+void TorchCheckpointIO::save(torch::serialize::OutputArchive& archive, const std::string& path) {
+  std::ostringstream payload_stream;
+  archive.save_to(payload_stream);
+  const std::string payload = payload_stream.str();
+  std::string file;
+  file.reserve(kHeaderSize + payload.size());
+  file.append(kMagic, sizeof(kMagic));
+  put_le(file, kFormatVersion, 4);
+  put_le(file, payload.size(), 8);
+  put_le(file, crc_of(payload.data(), payload.size()), 4);
+  file.append(payload);
+  atomic_write_file(path, file);
+}
+
+torch::serialize::InputArchive TorchCheckpointIO::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  VOLT_CHECK(in.good(), CheckpointError, "[CheckpointIO] cannot open checkpoint '", path,
+             "' (", std::strerror(errno), "); check the path (ckpt_path).");
+  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  VOLT_CHECK(file.size() >= kHeaderSize && std::memcmp(file.data(), kMagic, 8) == 0,
+             CheckpointError, "[CheckpointIO] '", path,
+             "' is not a volt checkpoint (bad or missing header, ", file.size(),
+             " bytes); pass a .ckpt file written by volt.");
+  const uint64_t version = get_le(file.data() + 8, 4);
+  VOLT_CHECK(version == kFormatVersion, CheckpointError, "[CheckpointIO] '", path,
+             "' has format version ", version, " but this volt reads version ", kFormatVersion,
+             "; load it with the volt release that wrote it.");
+  const uint64_t size = get_le(file.data() + 12, 8);
+  const uint32_t crc = static_cast<uint32_t>(get_le(file.data() + 20, 4));
+  VOLT_CHECK(file.size() - kHeaderSize == size, CheckpointError, "[CheckpointIO] '", path,
+             "' is truncated or padded: header says ", size, " payload bytes, file has ",
+             file.size() - kHeaderSize, "; use an intact checkpoint (e.g. an older one).");
+  const uint32_t actual = crc_of(file.data() + kHeaderSize, size);
+  VOLT_CHECK(actual == crc, CheckpointError, "[CheckpointIO] '", path,
+             "' is corrupted: CRC-32 mismatch (stored ", crc, ", computed ", actual,
+             "); use an intact checkpoint (e.g. an older one).");
+  std::istringstream payload(file.substr(kHeaderSize));
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(payload);
+  } catch (const c10::Error& e) {
+    VOLT_CHECK(false, CheckpointError, "[CheckpointIO] '", path,
+               "' passed its CRC but libtorch cannot read it (", e.what_without_backtrace(),
+               "); it was probably written by an incompatible libtorch.");
+  }
+  return archive;
+}
+
+}  // namespace volt

@@ -1,0 +1,56 @@
+#pragma once
+// Private: accumulates values passed to Module::log without reading them until someone asks.
+
+#include <ATen/Tensor.h>
+#include <torch/serialize/archive.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "volt/core/run_context.h"
+#include "volt/trainer/state.h"
+
+namespace volt {
+namespace detail {
+
+// Values are kept as detached tensors: per-step logging costs no device sync; values are
+// read (item()) only when loggers flush, the progress bar redraws or a callback reads metrics.
+class MetricStore {
+ public:
+  struct EpochEntry {
+    std::vector<at::Tensor> values;
+    std::vector<int64_t> weights;
+    Reduce reduce = Reduce::kMean;
+    bool prog_bar = false;
+    bool logger = true;
+  };
+  struct StepEntry {
+    at::Tensor value;
+    bool prog_bar = false;
+    bool logger = true;
+  };
+
+  void add_step(const std::string& key, const at::Tensor& v, bool prog_bar, bool logger);
+  void add_epoch(const std::string& key, const at::Tensor& v, int64_t weight, Reduce reduce,
+                 bool prog_bar, bool logger);
+  // Reduces the epoch entries (weighted mean / sum / max / min) and clears them.
+  Metrics reduce_epoch(Metrics* prog_bar, Metrics* for_logger);
+  // Host values of the latest step entries (logger=true ones when `for_logger`).
+  Metrics step_values(bool only_logger, bool only_prog_bar) const;
+  void clear_step() { step_.clear(); }
+  void clear() {
+    step_.clear();
+    epoch_.clear();
+  }
+  bool has_step_values() const { return !step_.empty(); }
+  void save(torch::serialize::OutputArchive& ar) const;
+  void load(torch::serialize::InputArchive& ar);
+
+ private:
+  std::map<std::string, StepEntry> step_;
+  std::map<std::string, EpochEntry> epoch_;
+};
+
+}  // namespace detail
+}  // namespace volt

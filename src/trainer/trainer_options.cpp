@@ -1,0 +1,116 @@
+#include "volt/trainer/trainer_options.h"
+
+#include <cmath>
+#include <ostream>
+#include <sstream>
+
+#include "volt/core/check.h"
+#include "volt/trainer/state.h"
+
+namespace volt {
+
+void TrainerOptions::validate() const {
+  VOLT_CHECK(max_epochs_ >= -1, ConfigError, "[Trainer] max_epochs=", max_epochs_,
+             " is invalid; pass a number of epochs >= 0, or -1 for the default.");
+  VOLT_CHECK(min_epochs_ >= 0, ConfigError, "[Trainer] min_epochs=", min_epochs_,
+             " is negative; pass 0 or more.");
+  VOLT_CHECK(max_epochs_ < 0 || min_epochs_ <= max_epochs_, ConfigError, "[Trainer] min_epochs=",
+             min_epochs_, " exceeds max_epochs=", max_epochs_, "; lower min_epochs.");
+  VOLT_CHECK(max_steps_ >= -1, ConfigError, "[Trainer] max_steps=", max_steps_,
+             " is invalid; pass a step count >= 0, or -1 for no limit.");
+  VOLT_CHECK(!max_time_ || (std::isfinite(*max_time_) && *max_time_ > 0), ConfigError,
+             "[Trainer] max_time=", max_time_ ? *max_time_ : 0.0,
+             " seconds is invalid; pass a positive number of seconds.");
+  limit_train_batches_.validate("limit_train_batches");
+  limit_val_batches_.validate("limit_val_batches");
+  limit_test_batches_.validate("limit_test_batches");
+  limit_predict_batches_.validate("limit_predict_batches");
+  val_check_interval_.validate("val_check_interval");
+  VOLT_CHECK(val_check_interval_.is_fraction() ? val_check_interval_.fraction() > 0
+                                               : val_check_interval_.count() > 0,
+             ConfigError, "[Trainer] val_check_interval=", val_check_interval_,
+             " must be > 0; to skip validation use limit_val_batches=0.");
+  VOLT_CHECK(check_val_every_n_epoch_ >= 1, ConfigError, "[Trainer] check_val_every_n_epoch=",
+             check_val_every_n_epoch_, " must be >= 1.");
+  VOLT_CHECK(num_sanity_val_steps_ >= -1, ConfigError, "[Trainer] num_sanity_val_steps=",
+             num_sanity_val_steps_, " is invalid; pass >= 0, or -1 for all batches.");
+  VOLT_CHECK(fast_dev_run_ >= 0, ConfigError, "[Trainer] fast_dev_run=", fast_dev_run_,
+             " is negative; pass 0 (off) or a number of batches.");
+  VOLT_CHECK(accumulate_grad_batches_ >= 1, ConfigError, "[Trainer] accumulate_grad_batches=",
+             accumulate_grad_batches_, " must be >= 1.");
+  VOLT_CHECK(!gradient_clip_val_ || (std::isfinite(*gradient_clip_val_) && *gradient_clip_val_ >= 0),
+             ConfigError, "[Trainer] gradient_clip_val=", *gradient_clip_val_,
+             " is invalid; pass a finite value >= 0.");
+  VOLT_CHECK(log_every_n_steps_ >= 1, ConfigError, "[Trainer] log_every_n_steps=",
+             log_every_n_steps_, " must be >= 1.");
+  VOLT_CHECK(num_threads_ >= 0, ConfigError, "[Trainer] num_threads=", num_threads_,
+             " is negative; pass 0 for volt's default or a thread count.");
+  VOLT_CHECK(progress_refresh_s_ > 0, ConfigError, "[Trainer] progress_refresh_s=",
+             progress_refresh_s_, " must be > 0.");
+  VOLT_CHECK(!default_root_dir_.empty(), ConfigError,
+             "[Trainer] default_root_dir is empty; pass a folder (e.g. \".\").");
+  for (const auto& c : callbacks_) {
+    VOLT_CHECK(c != nullptr, ConfigError, "[Trainer] callbacks contains a null pointer.");
+  }
+  for (const auto& l : loggers_) {
+    VOLT_CHECK(l != nullptr, ConfigError, "[Trainer] loggers contains a null pointer.");
+  }
+}
+
+std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
+  auto opt = [](const auto& v) -> std::string {
+    if (!v) return "none";
+    std::ostringstream s;
+    s << *v;
+    return s.str();
+  };
+  os << "TrainerOptions(accelerator=" << o.accelerator() << ", devices=" << o.devices()
+     << ", strategy=" << o.strategy() << ", precision=" << o.precision()
+     << ", max_epochs=" << o.max_epochs() << ", min_epochs=" << o.min_epochs()
+     << ", max_steps=" << o.max_steps() << ", max_time=" << opt(o.max_time())
+     << ", limit_train_batches=" << o.limit_train_batches()
+     << ", limit_val_batches=" << o.limit_val_batches()
+     << ", limit_test_batches=" << o.limit_test_batches()
+     << ", limit_predict_batches=" << o.limit_predict_batches()
+     << ", val_check_interval=" << o.val_check_interval()
+     << ", check_val_every_n_epoch=" << o.check_val_every_n_epoch()
+     << ", num_sanity_val_steps=" << o.num_sanity_val_steps()
+     << ", fast_dev_run=" << o.fast_dev_run()
+     << ", accumulate_grad_batches=" << o.accumulate_grad_batches()
+     << ", gradient_clip_val=" << opt(o.gradient_clip_val()) << ", gradient_clip_algorithm="
+     << (o.gradient_clip_algorithm() == ClipAlgorithm::kNorm ? "norm" : "value")
+     << ", log_every_n_steps=" << o.log_every_n_steps()
+     << ", enable_progress_bar=" << o.enable_progress_bar()
+     << ", enable_checkpointing=" << o.enable_checkpointing() << ", logger=" << o.logger()
+     << ", default_root_dir=\"" << o.default_root_dir() << "\""
+     << ", deterministic=" << o.deterministic() << ", seed=" << opt(o.seed())
+     << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
+     << ", num_threads=" << o.num_threads() << ", callbacks=" << o.callbacks().size()
+     << ", loggers=" << o.loggers().size() << ")";
+  return os;
+}
+
+const char* to_string(Stage s) {
+  switch (s) {
+    case Stage::kNone: return "none";
+    case Stage::kFit: return "fit";
+    case Stage::kValidate: return "validate";
+    case Stage::kTest: return "test";
+    case Stage::kPredict: return "predict";
+    case Stage::kSanityCheck: return "sanity_check";
+  }
+  return "?";
+}
+
+const char* to_string(RunStatus s) {
+  switch (s) {
+    case RunStatus::kInitializing: return "initializing";
+    case RunStatus::kRunning: return "running";
+    case RunStatus::kFinished: return "finished";
+    case RunStatus::kInterrupted: return "interrupted";
+    case RunStatus::kFailed: return "failed";
+  }
+  return "?";
+}
+
+}  // namespace volt

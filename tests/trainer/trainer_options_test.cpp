@@ -1,0 +1,56 @@
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include <volt/volt.h>
+
+namespace {
+
+template <typename F>
+std::string config_error(F&& make) {
+  try {
+    make();
+  } catch (const volt::ConfigError& e) {
+    return e.what();
+  }
+  return "<no ConfigError>";
+}
+
+TEST(TrainerOptions, RejectsInvalidValues) {
+  using O = volt::TrainerOptions;
+  EXPECT_NE(config_error([] { O().max_epochs(-5).validate(); }).find("max_epochs=-5"),
+            std::string::npos);
+  EXPECT_NE(config_error([] { O().limit_train_batches(1.5).validate(); })
+                .find("limit_train_batches=1.5"),
+            std::string::npos);
+  EXPECT_NE(config_error([] { O().accumulate_grad_batches(0).validate(); })
+                .find("accumulate_grad_batches=0"),
+            std::string::npos);
+  EXPECT_NE(config_error([] { O().min_epochs(5).max_epochs(2).validate(); }).find("min_epochs=5"),
+            std::string::npos);
+  EXPECT_NE(config_error([] { O().gradient_clip_val(-1.0).validate(); }).find("gradient_clip_val"),
+            std::string::npos);
+  EXPECT_NE(config_error([] { O().val_check_interval(0).validate(); }).find("val_check_interval"),
+            std::string::npos);
+  EXPECT_NE(config_error([] { O().max_time(-3.0).validate(); }).find("max_time"),
+            std::string::npos);
+  EXPECT_NE(config_error([] { O().log_every_n_steps(0).validate(); }).find("log_every_n_steps"),
+            std::string::npos);
+}
+
+TEST(TrainerOptions, TrainerConstructorValidates) {
+  EXPECT_THROW(volt::Trainer(volt::TrainerOptions().max_epochs(-2)), volt::ConfigError);
+  EXPECT_THROW(volt::Trainer(volt::TrainerOptions().accelerator("quantum")), volt::ConfigError);
+  EXPECT_THROW(volt::Trainer(volt::TrainerOptions().limit_val_batches(2.0)), volt::ConfigError);
+}
+
+TEST(TrainerOptions, PrintsFullConfig) {
+  std::ostringstream os;
+  os << volt::TrainerOptions().max_epochs(3).limit_train_batches(0.5);
+  const std::string s = os.str();
+  EXPECT_NE(s.find("max_epochs=3"), std::string::npos) << s;
+  EXPECT_NE(s.find("limit_train_batches=0.5"), std::string::npos) << s;
+  EXPECT_NE(s.find("accelerator=\"auto\""), std::string::npos) << s;
+}
+
+}  // namespace

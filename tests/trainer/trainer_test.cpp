@@ -1,0 +1,344 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <dirent.h>
+
+#include "tiny.h"
+
+namespace {
+
+using volt_test::TinyClassifier;
+using volt_test::quiet;
+
+// Records every hook call so tests can check counts and order.
+class Recorder : public volt::Callback {
+ public:
+  std::string state_key() const override { return "Recorder"; }
+  void on_train_epoch_start(volt::RunContext&, volt::Module&) override { events.push_back("epoch_start"); }
+  void on_train_batch_end(volt::RunContext& r, volt::Module&, const volt::Batch&, int64_t) override {
+    ++batches;
+    steps_seen.push_back(r.state().global_step);
+  }
+  void on_validation_end(volt::RunContext& r, volt::Module&) override {
+    ++validations;
+    events.push_back("val@" + std::to_string(r.state().batches_done));
+  }
+  void on_train_epoch_end(volt::RunContext&, volt::Module&) override { events.push_back("epoch_end"); }
+  void on_exception(volt::RunContext&, volt::Module&, const std::exception& e) override {
+    exception = e.what();
+  }
+  int64_t batches = 0, validations = 0;
+  std::vector<int64_t> steps_seen;
+  std::vector<std::string> events;
+  std::string exception;
+};
+
+TEST(Trainer, FitLearnsAndValidateTestPredictWork) {
+  volt_test::TempDir dir;
+  TinyClassifier model(8, 0.1);
+  auto train = volt_test::blobs(512, 8, 1), val = volt_test::blobs(256, 8, 2);
+  volt::Trainer trainer(quiet(dir.path).max_epochs(5));
+  trainer.fit(model, volt_test::loader(train), volt_test::loader(val, 64, false));
+  EXPECT_EQ(trainer.state().status, volt::RunStatus::kFinished);
+  EXPECT_EQ(trainer.state().global_step, 5 * 32);
+  EXPECT_GT(trainer.callback_metrics().at("val_acc"), 0.9);
+  auto m = trainer.validate(model, volt_test::loader(val, 64, false));
+  EXPECT_GT(m.at("val_acc"), 0.9);
+  auto t = trainer.test(model, volt_test::loader(val, 64, false));
+  EXPECT_NEAR(t.at("test_acc"), m.at("val_acc"), 1e-6);  // same data, same metric
+  auto preds = trainer.predict(model, volt_test::loader(val, 64, false));
+  ASSERT_EQ(preds.size(), 4u);
+  EXPECT_EQ(preds[0].sizes(), (std::vector<int64_t>{64}));
+}
+
+TEST(Trainer, LimitsStepsAndValidationSchedule) {
+  volt_test::TempDir dir;
+  auto train = volt_test::blobs(160), val = volt_test::blobs(64);
+  {
+    TinyClassifier model;
+    auto rec = std::make_shared<Recorder>();
+    volt::Trainer t(quiet(dir.path).max_epochs(2).limit_train_batches(4).callbacks({rec}));
+    t.fit(model, volt_test::loader(train), volt_test::loader(val));
+    EXPECT_EQ(rec->batches, 8);
+    EXPECT_EQ(rec->validations, 2);
+  }
+  {
+    TinyClassifier model;
+    auto rec = std::make_shared<Recorder>();
+    volt::Trainer t(quiet(dir.path).max_steps(13).callbacks({rec}));
+    t.fit(model, volt_test::loader(train));
+    EXPECT_EQ(t.state().global_step, 13);
+    EXPECT_EQ(t.state().epoch, 1);  // 10 batches per epoch
+  }
+  {
+    TinyClassifier model;
+    auto rec = std::make_shared<Recorder>();
+    volt::Trainer t(quiet(dir.path).max_epochs(1).val_check_interval(0.5).callbacks({rec}));
+    t.fit(model, volt_test::loader(train), volt_test::loader(val));
+    EXPECT_EQ(rec->events, (std::vector<std::string>{"epoch_start", "val@5", "val@10", "epoch_end"}));
+  }
+  {
+    TinyClassifier model;
+    auto rec = std::make_shared<Recorder>();
+    volt::Trainer t(quiet(dir.path).max_epochs(4).check_val_every_n_epoch(2).val_check_interval(3)
+                        .callbacks({rec}));
+    t.fit(model, volt_test::loader(train), volt_test::loader(val));
+    EXPECT_EQ(rec->validations, 2 * 3);  // epochs 1 and 3, batches 3, 6, 9
+  }
+  {
+    TinyClassifier model;
+    auto rec = std::make_shared<Recorder>();
+    volt::Trainer t(quiet(dir.path).max_epochs(3).limit_train_batches(0.25).limit_val_batches(0)
+                        .callbacks({rec}));
+    t.fit(model, volt_test::loader(train), volt_test::loader(val));
+    EXPECT_EQ(rec->batches, 3 * 2);
+    EXPECT_EQ(rec->validations, 0);
+  }
+}
+
+TEST(Trainer, AccumulationStepsOncePerKBatchesAndAtEpochEnd) {
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  auto rec = std::make_shared<Recorder>();
+  volt::Trainer t(quiet(dir.path).max_epochs(2).accumulate_grad_batches(3).callbacks({rec}));
+  t.fit(model, volt_test::loader(volt_test::blobs(160)));  // 10 batches: steps after 3,6,9,10
+  EXPECT_EQ(t.state().global_step, 8);
+  EXPECT_EQ(std::vector<int64_t>(rec->steps_seen.begin(), rec->steps_seen.begin() + 10),
+            (std::vector<int64_t>{0, 0, 1, 1, 1, 2, 2, 2, 3, 4}));
+}
+
+// Accumulating k micro-batches equals one step on their union (mean losses, no dropout).
+TEST(Trainer, AccumulationMatchesTheLargeBatchStep) {
+  volt_test::TempDir dir;
+  auto ds = volt_test::blobs(32);
+  TinyClassifier a, b;
+  a.drop->options.p(0.0);
+  b.drop->options.p(0.0);
+  {
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < a.parameters().size(); ++i) b.parameters()[i].copy_(a.parameters()[i]);
+  }
+  volt::Trainer ta(quiet(dir.path).max_steps(1).accumulate_grad_batches(4));
+  ta.fit(a, volt_test::loader(ds, 8, false));
+  volt::Trainer tb(quiet(dir.path).max_steps(1));
+  tb.fit(b, volt_test::loader(ds, 32, false));
+  EXPECT_TRUE(torch::allclose(a.flat_params(), b.flat_params(), 1e-5, 1e-6));
+}
+
+TEST(Trainer, GradientClippingBoundsTheFirstStep) {
+  volt_test::TempDir dir;
+  for (auto algo : {volt::ClipAlgorithm::kNorm, volt::ClipAlgorithm::kValue}) {
+    TinyClassifier model(8, /*lr=*/1.0);
+    auto before = model.flat_params();
+    volt::Trainer t(quiet(dir.path).max_steps(1).gradient_clip_val(1e-3).gradient_clip_algorithm(algo));
+    t.fit(model, volt_test::loader(volt_test::blobs(64)));
+    auto delta = model.flat_params() - before;  // first SGD step: lr * clipped grad
+    if (algo == volt::ClipAlgorithm::kNorm) {
+      EXPECT_LE(delta.norm().item<double>(), 1e-3 * 1.0001);
+    } else {
+      EXPECT_LE(delta.abs().max().item<double>(), 1e-3 * 1.0001);
+    }
+    EXPECT_GT(delta.abs().max().item<double>(), 0.0);
+  }
+}
+
+class NanModule : public TinyClassifier {
+ public:
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    auto loss = TinyClassifier::training_step(b, i);
+    return global_step() == 4 ? loss * std::numeric_limits<float>::quiet_NaN() : loss;
+  }
+};
+
+TEST(Trainer, NonFiniteLossRaisesNamingTheStep) {
+  volt_test::TempDir dir;
+  NanModule model;
+  volt::Trainer t(quiet(dir.path).max_epochs(1));
+  try {
+    t.fit(model, volt_test::loader(volt_test::blobs(160)));
+    FAIL();
+  } catch (const volt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("global step 4"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(t.state().status, volt::RunStatus::kFailed);
+  NanModule again;
+  volt::Trainer lenient(quiet(dir.path).max_epochs(1).detect_nonfinite_loss(false));
+  EXPECT_NO_THROW(lenient.fit(again, volt_test::loader(volt_test::blobs(160))));
+}
+
+class ThrowingCallback : public volt::Callback {
+ public:
+  std::string state_key() const override { return "Throwing"; }
+  void on_train_batch_end(volt::RunContext& r, volt::Module&, const volt::Batch&, int64_t) override {
+    if (r.state().global_step == 7) throw std::runtime_error("user hook failed at step 7");
+  }
+};
+
+TEST(Trainer, ExceptionInAHookEndsCleanlyAndKeepsTheLastCheckpoint) {
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  auto rec = std::make_shared<Recorder>();
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "ckpt").every_n_train_steps(2).save_last(true)
+          .save_top_k(0));
+  auto logger = std::make_shared<volt::CSVLogger>(
+      volt::CSVLoggerOptions(dir.path).flush_logs_every_n_steps(1000));
+  volt::Trainer t(quiet(dir.path).max_epochs(3).log_every_n_steps(1)
+                      .callbacks({ckpt, std::make_shared<ThrowingCallback>(), rec})
+                      .loggers({logger}));
+  EXPECT_THROW(t.fit(model, volt_test::loader(volt_test::blobs(160))), std::runtime_error);
+  EXPECT_EQ(rec->exception, "user hook failed at step 7");
+  EXPECT_EQ(t.state().status, volt::RunStatus::kFailed);
+  // The last checkpoint (step 6) is intact and resumable.
+  auto in = volt::TorchCheckpointIO().load(dir / "ckpt/last.ckpt");
+  torch::serialize::InputArchive loop;
+  in.read("loop", loop);
+  c10::IValue step;
+  loop.read("global_step", step);
+  EXPECT_EQ(step.toInt(), 6);
+  // The logger was flushed on failure even though its buffer was not full.
+  std::ifstream csv(logger->metrics_path());
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_EQ(header, "step,train_loss");
+  TinyClassifier resumed;
+  volt::Trainer t2(quiet(dir.path).max_epochs(3));
+  t2.fit(resumed, volt_test::loader(volt_test::blobs(160)), c10::nullopt, dir / "ckpt/last.ckpt");
+  EXPECT_EQ(t2.state().global_step, 30);
+}
+
+TEST(Trainer, CheckpointFromAnotherModelListsMismatches) {
+  volt_test::TempDir dir;
+  TinyClassifier small(8);
+  volt::Trainer t(quiet(dir.path).max_steps(2));
+  t.fit(small, volt_test::loader(volt_test::blobs(64)));
+  t.save_checkpoint(dir / "small.ckpt");
+  TinyClassifier other(5);
+  volt::Trainer t2(quiet(dir.path).max_steps(4));
+  try {
+    t2.fit(other, volt_test::loader(volt_test::blobs(64, 5)), c10::nullopt, dir / "small.ckpt");
+    FAIL();
+  } catch (const volt::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("fc1.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("small.ckpt"), std::string::npos) << e.what();
+  }
+}
+
+class ManualModule : public TinyClassifier {
+ public:
+  ManualModule() { set_automatic_optimization(false); }
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    auto opt = optimizers().at(0);
+    opt.zero_grad();
+    auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
+    manual_backward(loss);
+    opt.step();
+    return {};
+  }
+};
+
+TEST(Trainer, ManualOptimization) {
+  volt_test::TempDir dir;
+  ManualModule model;
+  auto before = model.flat_params();
+  volt::Trainer t(quiet(dir.path).max_epochs(2));
+  t.fit(model, volt_test::loader(volt_test::blobs(160)));
+  EXPECT_EQ(t.state().global_step, 20);
+  EXPECT_FALSE(model.flat_params().equal(before));
+  ManualModule clipped;
+  volt::Trainer bad(quiet(dir.path).max_epochs(1).gradient_clip_val(1.0));
+  EXPECT_THROW(bad.fit(clipped, volt_test::loader(volt_test::blobs(160))), volt::ConfigError);
+}
+
+TEST(Trainer, SchedulerIntervalsAndFrequency) {
+  volt_test::TempDir dir;
+  {
+    // Observe the lr the optimizer really used, from inside the run.
+    struct LrProbe : volt::Callback {
+      std::string state_key() const override { return "LrProbe"; }
+      void on_before_optimizer_step(volt::RunContext&, volt::Module&, torch::optim::Optimizer& o) override {
+        lrs.push_back(o.param_groups()[0].options().get_lr());
+      }
+      std::vector<double> lrs;
+    };
+    auto probe = std::make_shared<LrProbe>();
+    TinyClassifier model(8, 0.1);
+    model.scheduler_step_size = 1;
+    model.scheduler_interval = volt::Interval::kStep;
+    model.scheduler_frequency = 2;
+    volt::Trainer t(quiet(dir.path).max_steps(6).callbacks({probe}));
+    t.fit(model, volt_test::loader(volt_test::blobs(160)));
+    std::vector<double> expect = {0.1, 0.1, 0.05, 0.05, 0.025, 0.025};
+    ASSERT_EQ(probe->lrs.size(), expect.size());
+    for (size_t i = 0; i < expect.size(); ++i) EXPECT_NEAR(probe->lrs[i], expect[i], 1e-12);
+
+    auto probe2 = std::make_shared<LrProbe>();
+    TinyClassifier m2(8, 0.1);
+    m2.scheduler_step_size = 1;  // epoch interval: halves after each epoch
+    volt::Trainer t2(quiet(dir.path).max_epochs(3).limit_train_batches(2).callbacks({probe2}));
+    t2.fit(m2, volt_test::loader(volt_test::blobs(160)));
+    std::vector<double> expect2 = {0.1, 0.1, 0.05, 0.05, 0.025, 0.025};
+    ASSERT_EQ(probe2->lrs.size(), expect2.size());
+    for (size_t i = 0; i < expect2.size(); ++i) EXPECT_NEAR(probe2->lrs[i], expect2[i], 1e-12);
+  }
+}
+
+class BothModule : public TinyClassifier {
+ public:
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
+    log("loss", loss, volt::LogOptions().on_step(true).on_epoch(true));
+    log("bs", static_cast<double>(b.size()), volt::LogOptions().on_step(false).on_epoch(true)
+                                                 .reduce(volt::Reduce::kSum));
+    return loss;
+  }
+};
+
+TEST(Trainer, LoggingStepEpochKeysAndReductions) {
+  volt_test::TempDir dir;
+  BothModule model;
+  auto logger = std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(dir.path));
+  volt::Trainer t(quiet(dir.path).max_epochs(2).log_every_n_steps(5).loggers({logger}));
+  t.fit(model, volt_test::loader(volt_test::blobs(150)));  // 10 batches: 9 of 16, one of 6
+  const auto& m = t.logged_metrics();
+  EXPECT_TRUE(m.count("loss_step"));
+  EXPECT_TRUE(m.count("loss_epoch"));
+  EXPECT_DOUBLE_EQ(m.at("bs"), 150.0);  // kSum over the epoch
+  EXPECT_TRUE(t.callback_metrics().count("loss"));  // "x_epoch" also answers to "x"
+  std::ifstream csv(logger->metrics_path());
+  std::string header, line;
+  std::getline(csv, header);
+  EXPECT_NE(header.find("loss_step"), std::string::npos);
+  EXPECT_NE(header.find("loss_epoch"), std::string::npos);
+  int rows = 0;
+  while (std::getline(csv, line)) ++rows;
+  EXPECT_EQ(rows, 4 + 2);  // steps 5,10,15,20 + two epoch rows
+}
+
+TEST(Trainer, FastDevRunWritesNothing) {
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  auto rec = std::make_shared<Recorder>();
+  volt::Trainer t(volt::TrainerOptions().default_root_dir(dir.path).fast_dev_run(2)
+                      .enable_progress_bar(false).callbacks({rec}));
+  t.fit(model, volt_test::loader(volt_test::blobs(160)), volt_test::loader(volt_test::blobs(64)));
+  EXPECT_EQ(rec->batches, 2);
+  EXPECT_EQ(rec->validations, 1);
+  EXPECT_TRUE(t.loggers().empty());
+  DIR* d = opendir(dir.path.c_str());
+  int entries = 0;
+  while (dirent* e = readdir(d)) entries += e->d_name[0] != '.';
+  closedir(d);
+  EXPECT_EQ(entries, 0);
+}
+
+TEST(Trainer, MaxTimeStops) {
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  volt::Trainer t(quiet(dir.path).max_epochs(1000).max_time(1e-6));
+  t.fit(model, volt_test::loader(volt_test::blobs(160)));
+  EXPECT_EQ(t.state().global_step, 1);
+}
+
+}  // namespace
