@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "volt/optim/lr_scheduler.h"
@@ -16,7 +17,10 @@ enum class Interval { kStep, kEpoch };
 
 /// One optimizer and its optional scheduler.
 struct OptimizerConfig {
-  OptimizerConfig(std::shared_ptr<torch::optim::Optimizer> optimizer)  // NOLINT: implicit
+  /// Implicit from any libtorch optimizer, so `return {std::make_shared<SGD>(...)};` works.
+  template <typename Opt,
+            typename = std::enable_if_t<std::is_base_of<torch::optim::Optimizer, Opt>::value>>
+  OptimizerConfig(std::shared_ptr<Opt> optimizer)  // NOLINT: implicit by design
       : optimizer_(std::move(optimizer)) {}
   /// The optimizer (required).
   TORCH_ARG(std::shared_ptr<torch::optim::Optimizer>, optimizer);

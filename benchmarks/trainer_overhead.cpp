@@ -1,0 +1,136 @@
+// Trainer.fit vs a hand-written libtorch loop vs the same loop in Python (Debian python3-torch,
+// the same libtorch build), interleaved round by round so machine noise hits all three alike.
+//
+//   volt_bench_trainer [--rounds R] [--threads T] [--python PATH] [--no-python]
+//
+// Prints one table per model with median steps/s and the ratios volt/hand and volt/python.
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "models.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Same data for every contender: the first 16384 Fashion-MNIST training images.
+struct Data {
+  torch::Tensor x, y;
+};
+
+template <typename Net>
+class BenchModule : public volt::Module {
+ public:
+  explicit BenchModule(std::shared_ptr<Net> net) : net_(register_module("net", net)) {}
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    auto loss = torch::cross_entropy_loss(net_->forward(b.input), b.target);
+    log("train_loss", loss);
+    return loss;
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    return {std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01).momentum(0.9))};
+  }
+  std::shared_ptr<Net> net_;
+};
+
+template <typename Net>
+double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps) {
+  BenchModule<Net> m(net);
+  volt::Trainer t(volt::TrainerOptions().max_steps(steps).logger(false).enable_checkpointing(false)
+                      .enable_progress_bar(false).num_sanity_val_steps(0));
+  auto ds = std::make_shared<volt::TensorDataset>(d.x, d.y);
+  volt::DataLoader dl(ds, volt::DataLoaderOptions(batch).shuffle(true).seed(1));
+  const auto t0 = Clock::now();
+  t.fit(m, dl);
+  return steps / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+template <typename Net>
+double run_hand(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps) {
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  net->train();
+  const int64_t n = d.x.size(0), per_epoch = n / batch;
+  const auto t0 = Clock::now();
+  int64_t done = 0;
+  for (int64_t epoch = 0; done < steps; ++epoch) {
+    auto perm = torch::randperm(n, torch::kLong);
+    for (int64_t b = 0; b < per_epoch && done < steps; ++b, ++done) {
+      auto idx = perm.slice(0, b * batch, (b + 1) * batch);
+      auto x = d.x.index_select(0, idx), y = d.y.index_select(0, idx);
+      opt.zero_grad();
+      auto loss = torch::cross_entropy_loss(net->forward(x), y);
+      loss.backward();
+      opt.step();
+    }
+  }
+  return steps / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double run_python(const std::string& python, const std::string& model, int64_t batch,
+                  int64_t steps, int threads) {
+  const std::string cmd = python + " " + VOLT_BENCH_DIR + "/python_loop.py --model " + model +
+                          " --batch " + std::to_string(batch) + " --steps " +
+                          std::to_string(steps) + " --threads " + std::to_string(threads);
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return 0;
+  double v = 0;
+  char line[256];
+  while (fgets(line, sizeof line, p)) std::sscanf(line, "steps_per_s %lf", &v);
+  pclose(p);
+  return v;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 5, threads = 0;
+  std::string python = "/usr/bin/python3";
+  bool use_python = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--rounds" && i + 1 < argc) rounds = std::stoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
+    else if (a == "--python" && i + 1 < argc) python = argv[++i];
+    else if (a == "--no-python") use_python = false;
+  }
+  const int64_t nthreads = volt::configure_threads(threads);
+  volt::FashionMnist full(volt::kFashionMnistDefaultRoot, volt::FashionMnist::Split::kTrain);
+  Data d{full.inputs().slice(0, 0, 16384).contiguous(), full.targets().slice(0, 0, 16384).contiguous()};
+  std::printf("threads: torch intra-op %lld (OpenBLAS active: %s), rounds %d\n",
+              static_cast<long long>(nthreads), volt::reference_blas_active() ? "no" : "yes", rounds);
+
+  struct Row { std::string name; int64_t batch, steps; std::string py; };
+  for (const Row& row : {Row{"mlp 784-128-10", 32, 3000, "mlp"}, Row{"cnn (demo)", 32, 60, "cnn"}}) {
+    std::vector<double> v, h, py;
+    for (int r = 0; r < rounds; ++r) {
+      torch::manual_seed(r);
+      if (row.py == "mlp") {
+        v.push_back(run_volt(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d, row.batch, row.steps));
+        torch::manual_seed(r);
+        h.push_back(run_hand(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d, row.batch, row.steps));
+      } else {
+        v.push_back(run_volt(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps));
+        torch::manual_seed(r);
+        h.push_back(run_hand(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps));
+      }
+      if (use_python) py.push_back(run_python(python, row.py, row.batch, row.steps, static_cast<int>(nthreads)));
+    }
+    const double mv = median(v), mh = median(h), mp = median(py);
+    std::printf("\n%s, batch %lld, %lld steps x %d rounds (median steps/s)\n", row.name.c_str(),
+                static_cast<long long>(row.batch), static_cast<long long>(row.steps), rounds);
+    std::printf("  volt Trainer.fit      %10.1f\n", mv);
+    std::printf("  hand libtorch loop    %10.1f   volt/hand   = %.3f\n", mh, mv / mh);
+    if (use_python) std::printf("  python torch loop     %10.1f   volt/python = %.3f\n", mp, mv / mp);
+  }
+  return 0;
+}
