@@ -1,0 +1,48 @@
+#pragma once
+// The FusedSDPA CPU kernel on raw float32 buffers (no libtorch types), so its TU stays light.
+
+#include <cstdint>
+
+namespace volt {
+namespace detail {
+
+/// One attention problem: contiguous float32 q [B,H,Lq,D], k [B,H,Lk,D], v [B,H,Lk,Dv].
+struct SdpaProblem {
+  int64_t batch = 0, heads = 0, lq = 0, lk = 0, d = 0, dv = 0;
+  float scale = 1.f;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  // Optional elementwise mask over [B,H,Lq,Lk] with element strides (0 = broadcast):
+  // additive float (mask_f) or boolean keep (mask_b); at most one is set.
+  const float* mask_f = nullptr;
+  const bool* mask_b = nullptr;
+  int64_t mask_stride[4] = {0, 0, 0, 0};
+  bool causal = false;
+  // Optional [B] valid lengths (requires lq == lk); padding on the left or the right.
+  const int64_t* valid_len = nullptr;
+  bool left_padding = false;
+  float dropout_p = 0.f;
+  uint64_t seed = 0;
+  bool fast_exp = false;
+};
+
+/// Forward. Writes out [B,H,Lq,Dv] and lse [B,H,Lq] (log-sum-exp per row, -inf for rows with
+/// nothing to attend to). With `probs` ([B,H,Lq,Lk]) it also stores the normalised softmax
+/// output (materialised mode); with `keep` ([B,H,Lq,Lk]) the dropout keep-mask.
+void sdpa_forward(const SdpaProblem& p, float* out, float* lse, float* probs, bool* keep);
+
+/// Backward. dq/dk/dv are written (not accumulated). `probs`/`keep` are the forward's
+/// materialised buffers or nullptr (then recomputed from q, k and lse / the seed).
+void sdpa_backward(const SdpaProblem& p, const float* out, const float* dout, const float* lse,
+                   const float* probs, const bool* keep, float* dq, float* dk, float* dv);
+
+/// Fills keep[B*H*Lq*Lk] with the dropout decisions of (seed, p): the same ones the kernel uses.
+void sdpa_dropout_keep(int64_t batch, int64_t heads, int64_t lq, int64_t lk, float p,
+                       uint64_t seed, bool* keep);
+
+/// exp(x) as the kernel evaluates it (exact or fast); exposed to measure its error.
+float sdpa_exp(float x, bool fast);
+
+}  // namespace detail
+}  // namespace volt

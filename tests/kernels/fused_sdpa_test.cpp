@@ -1,0 +1,357 @@
+// FusedSDPA against the plain composition (sdpa_reference, itself checked against libtorch's
+// own attention op) for values and gradients. Tolerances: float32 kernel vs float64 reference
+// 2e-5 (values) / 1e-4 (gradients); bfloat16 vs a float32 reference on the same inputs 2e-2.
+
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+#include <volt/volt.h>
+
+#include <cmath>
+
+#include "kernels/detail/sdpa_cpu.h"
+
+namespace {
+
+using volt::SdpaOptions;
+
+struct Qkv {
+  at::Tensor q, k, v;
+};
+
+Qkv make_qkv(int64_t b, int64_t h, int64_t lq, int64_t lk, int64_t d, int64_t dv = -1,
+             at::ScalarType dtype = at::kFloat, uint64_t seed = 1) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  auto opt = at::TensorOptions().dtype(at::kFloat);
+  Qkv r;
+  r.q = at::randn({b, h, lq, d}, gen, opt).to(dtype);
+  r.k = at::randn({b, h, lk, d}, gen, opt).to(dtype);
+  r.v = at::randn({b, h, lk, dv < 0 ? d : dv}, gen, opt).to(dtype);
+  return r;
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+struct Grads {
+  at::Tensor out, dq, dk, dv;
+};
+
+// Runs fn(q, k, v) with gradients under a fixed upstream gradient.
+template <typename Fn>
+Grads run_with_grad(const Qkv& x, at::ScalarType dtype, Fn fn, uint64_t seed = 7) {
+  auto q = x.q.to(dtype).detach().requires_grad_(true);
+  auto k = x.k.to(dtype).detach().requires_grad_(true);
+  auto v = x.v.to(dtype).detach().requires_grad_(true);
+  at::Tensor out = fn(q, k, v);
+  auto gen = at::detail::createCPUGenerator(seed);
+  at::Tensor g = at::randn(out.sizes(), gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+  out.backward(g);
+  return {out.detach(), q.grad(), k.grad(), v.grad()};
+}
+
+void expect_grads_close(const Grads& a, const Grads& b, double tol_out, double tol_grad) {
+  EXPECT_LT(max_diff(a.out, b.out), tol_out);
+  EXPECT_LT(max_diff(a.dq, b.dq), tol_grad);
+  EXPECT_LT(max_diff(a.dk, b.dk), tol_grad);
+  EXPECT_LT(max_diff(a.dv, b.dv), tol_grad);
+}
+
+void check_against_reference(const Qkv& x, const SdpaOptions& opts) {
+  auto fused = run_with_grad(x, at::kFloat, [&](auto q, auto k, auto v) {
+    return volt::fused_sdpa(q, k, v, SdpaOptions(opts).require_fused(true)).output;
+  });
+  auto ref = run_with_grad(x, at::kDouble, [&](auto q, auto k, auto v) {
+    return volt::sdpa_reference(q, k, v, opts).output;
+  });
+  EXPECT_FALSE(fused.out.isnan().any().item<bool>());
+  EXPECT_FALSE(fused.dq.isnan().any().item<bool>());
+  expect_grads_close(fused, ref, 2e-5, 1e-4);
+}
+
+struct Shape {
+  int64_t b, h, lq, lk, d, dv;
+};
+
+class FusedSdpaShapes : public ::testing::TestWithParam<std::tuple<Shape, bool, bool>> {};
+
+TEST_P(FusedSdpaShapes, MatchesReferenceValuesAndGradients) {
+  const auto [s, causal, recompute] = GetParam();
+  Qkv x = make_qkv(s.b, s.h, s.lq, s.lk, s.d, s.dv);
+  check_against_reference(x, SdpaOptions().is_causal(causal).recompute(recompute));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FusedSdpaShapes,
+    ::testing::Combine(::testing::Values(Shape{1, 1, 1, 1, 64, 64},      // seq 1
+                                         Shape{2, 3, 1, 37, 64, 64},     // one query
+                                         Shape{1, 2, 17, 33, 64, 64},    // odd, Lq != Lk
+                                         Shape{2, 2, 130, 257, 128, 128},  // spans tiles, 128
+                                         Shape{1, 2, 200, 200, 64, 32},  // Dv != D
+                                         Shape{1, 1, 64, 128, 16, 16}),  // exact tiles
+                       ::testing::Bool(), ::testing::Bool()));
+
+TEST(FusedSdpa, ReferenceMatchesLibtorchAttention) {
+  Qkv x = make_qkv(2, 3, 45, 45, 32);
+  for (bool causal : {false, true}) {
+#if VOLT_TORCH_AT_LEAST(2, 0)
+    at::Tensor expect = at::scaled_dot_product_attention(x.q, x.k, x.v, {}, 0.0, causal);
+#else
+    at::Tensor expect =
+        std::get<0>(at::_scaled_dot_product_attention(x.q, x.k, x.v, {}, 0.0, false, causal));
+#endif
+    EXPECT_LT(max_diff(volt::sdpa_reference(x.q, x.k, x.v, SdpaOptions().is_causal(causal)).output,
+                       expect),
+              1e-5);
+    EXPECT_LT(max_diff(volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions().is_causal(causal)).output,
+                       expect),
+              1e-5);
+  }
+}
+
+TEST(FusedSdpa, ExplicitScale) {
+  Qkv x = make_qkv(1, 2, 40, 50, 64);
+  check_against_reference(x, SdpaOptions().scale(0.3));
+}
+
+TEST(FusedSdpa, BoolMaskBroadcastAndFullyMaskedRows) {
+  Qkv x = make_qkv(2, 2, 70, 150, 32);
+  auto gen = at::detail::createCPUGenerator(3);
+  at::Tensor mask = at::rand({1, 1, 70, 150}, gen) > 0.3;
+  mask.index_put_({0, 0, 5}, false);  // query 5 may attend nothing: zeros, no NaN
+  check_against_reference(x, SdpaOptions().attn_mask(mask));
+  auto out = volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions().attn_mask(mask)).output;
+  EXPECT_EQ(out.index({at::indexing::Slice(), at::indexing::Slice(), 5}).abs().max().item<float>(),
+            0.0f);
+}
+
+TEST(FusedSdpa, AdditiveFloatMaskPerBatchWithCausal) {
+  Qkv x = make_qkv(2, 3, 90, 90, 64);
+  auto gen = at::detail::createCPUGenerator(4);
+  at::Tensor mask = at::randn({2, 1, 1, 90}, gen);
+  mask.index_put_({1, 0, 0, at::indexing::Slice(0, 10)}, -std::numeric_limits<float>::infinity());
+  check_against_reference(x, SdpaOptions().attn_mask(mask).is_causal(true));
+}
+
+class FusedSdpaPadding : public ::testing::TestWithParam<volt::SeqPadding> {};
+
+TEST_P(FusedSdpaPadding, ValidSeqLenMatchesReferenceAndIgnoresPadding) {
+  const auto side = GetParam();
+  Qkv x = make_qkv(3, 2, 140, 140, 64);
+  at::Tensor lens = at::tensor({100, 140, 1}, at::TensorOptions().dtype(at::kInt));
+  auto opts = SdpaOptions().is_causal(true).valid_seq_len(lens).seq_padding(side);
+  check_against_reference(x, opts);
+  check_against_reference(x, SdpaOptions(opts).recompute(false));
+  // Changing padded keys/values must not change anything; padded queries give zeros.
+  const auto pad = side == volt::SeqPadding::kRight ? at::indexing::Slice(100, 140)
+                                                    : at::indexing::Slice(0, 40);
+  Qkv y{x.q.clone(), x.k.clone(), x.v.clone()};
+  y.k.index_put_({0, at::indexing::Slice(), pad}, 1e3);
+  y.v.index_put_({0, at::indexing::Slice(), pad}, -1e3);
+  auto a = volt::fused_sdpa(x.q, x.k, x.v, opts).output;
+  auto b = volt::fused_sdpa(y.q, y.k, y.v, opts).output;
+  EXPECT_LT(max_diff(a, b), 1e-6);
+  EXPECT_EQ(a.index({0, at::indexing::Slice(), pad}).abs().max().item<float>(), 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sides, FusedSdpaPadding,
+                         ::testing::Values(volt::SeqPadding::kLeft, volt::SeqPadding::kRight));
+
+TEST(FusedSdpa, RecomputeModesAgreeAndScopedSettingWorks) {
+  EXPECT_TRUE(volt::sdpa_recompute_enabled());
+  {
+    volt::SdpaRecomputeGuard off(false);
+    EXPECT_FALSE(volt::sdpa_recompute_enabled());
+    {
+      volt::SdpaRecomputeGuard on(true);
+      EXPECT_TRUE(volt::sdpa_recompute_enabled());
+    }
+    EXPECT_FALSE(volt::sdpa_recompute_enabled());
+  }
+  EXPECT_TRUE(volt::sdpa_recompute_enabled());
+  volt::set_sdpa_recompute(false);
+  EXPECT_FALSE(volt::sdpa_recompute_enabled());
+  {
+    volt::SdpaRecomputeGuard on(true);
+    EXPECT_TRUE(volt::sdpa_recompute_enabled());
+  }
+  volt::set_sdpa_recompute(true);
+
+  Qkv x = make_qkv(2, 2, 150, 150, 64);
+  auto fn = [](auto q, auto k, auto v) {
+    return volt::fused_sdpa(q, k, v, SdpaOptions().is_causal(true).dropout_p(0.2).dropout_seed(9))
+        .output;
+  };
+  auto a = run_with_grad(x, at::kFloat, fn);
+  Grads b;
+  {
+    volt::SdpaRecomputeGuard keep(false);  // the scoped setting reaches calls without recompute()
+    b = run_with_grad(x, at::kFloat, fn);
+  }
+  expect_grads_close(a, b, 1e-6, 1e-5);
+}
+
+TEST(FusedSdpa, DropoutMatchesReferenceWithTheSameSeed) {
+  Qkv x = make_qkv(2, 2, 77, 130, 64);
+  for (bool recompute : {true, false}) {
+    check_against_reference(
+        x, SdpaOptions().dropout_p(0.3).dropout_seed(1234).recompute(recompute));
+  }
+}
+
+TEST(FusedSdpa, DropoutStatisticsAndReturnedMask) {
+  const double p = 0.25;
+  Qkv x = make_qkv(2, 4, 64, 256, 32);
+  auto r = volt::fused_sdpa(
+      x.q, x.k, x.v,
+      SdpaOptions().dropout_p(p).dropout_seed(5).recompute(false).return_dropout_mask(true));
+  ASSERT_EQ(r.to_list().size(), 2u);
+  ASSERT_TRUE(r.dropout_mask.defined());
+  EXPECT_TRUE(r.dropout_mask.equal(volt::sdpa_dropout_mask(2, 4, 64, 256, p, 5)));
+  const double n = static_cast<double>(r.dropout_mask.numel());
+  const double kept = r.dropout_mask.sum().item<double>() / n;
+  EXPECT_NEAR(kept, 1 - p, 4 * std::sqrt(p * (1 - p) / n));
+  // Unbiased: the mean over seeds approaches the dropout-free output.
+  Qkv s = make_qkv(1, 1, 8, 16, 8);
+  at::Tensor mean = at::zeros({1, 1, 8, 8});
+  const int trials = 2000;
+  for (int t = 0; t < trials; ++t) {
+    mean += volt::fused_sdpa(s.q, s.k, s.v, SdpaOptions().dropout_p(p).dropout_seed(100 + t))
+                .output;
+  }
+  mean /= trials;
+  EXPECT_LT(max_diff(mean, volt::fused_sdpa(s.q, s.k, s.v).output), 0.05);
+  // Different seeds give different masks; unset seeds follow torch's generator.
+  EXPECT_FALSE(volt::sdpa_dropout_mask(1, 1, 8, 8, p, 1).equal(volt::sdpa_dropout_mask(1, 1, 8, 8, p, 2)));
+  torch::manual_seed(3);
+  auto a = volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions().dropout_p(p)).output;
+  torch::manual_seed(3);
+  auto b = volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions().dropout_p(p)).output;
+  EXPECT_TRUE(a.equal(b));
+}
+
+TEST(FusedSdpa, ReturnsAttentionProbabilitiesInReferenceOrder) {
+  Qkv x = make_qkv(2, 2, 33, 70, 64);
+  at::NoGradGuard no_grad;
+  auto opts = SdpaOptions().is_causal(true).return_attn_probs(true);
+  auto r = volt::fused_sdpa(x.q, x.k, x.v, opts);
+  auto ref = volt::sdpa_reference(x.q.to(at::kDouble), x.k.to(at::kDouble), x.v.to(at::kDouble),
+                                  opts);
+  ASSERT_EQ(r.to_list().size(), 2u);
+  EXPECT_LT(max_diff(r.attn_probs, ref.attn_probs), 1e-6);
+  EXPECT_LT(max_diff(r.attn_probs.sum(-1), at::ones({2, 2, 33})), 1e-5);
+  // Both extras: output, attn_probs, dropout_mask.
+  auto both = volt::fused_sdpa(x.q, x.k, x.v,
+                               SdpaOptions(opts).dropout_p(0.1).recompute(false).return_dropout_mask(true));
+  auto list = both.to_list();
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[1].scalar_type(), at::kFloat);
+  EXPECT_EQ(list[2].scalar_type(), at::kBool);
+}
+
+TEST(FusedSdpa, Bfloat16MatchesFloat32ReferenceIncludingFastSoftmax) {
+  Qkv x = make_qkv(2, 2, 100, 100, 64, -1, at::kBFloat16);
+  for (auto mode : {volt::SoftmaxMode::kExact, volt::SoftmaxMode::kFast}) {
+    for (bool causal : {false, true}) {
+      auto opts = SdpaOptions().is_causal(causal).softmax_mode(mode).recompute(!causal ? false : true);
+      auto fused = run_with_grad(x, at::kBFloat16, [&](auto q, auto k, auto v) {
+        return volt::fused_sdpa(q, k, v, SdpaOptions(opts).require_fused(true)).output;
+      });
+      EXPECT_EQ(fused.out.scalar_type(), at::kBFloat16);
+      EXPECT_EQ(fused.dq.scalar_type(), at::kBFloat16);
+      auto ref = run_with_grad(x, at::kFloat, [&](auto q, auto k, auto v) {
+        return volt::sdpa_reference(q, k, v, SdpaOptions().is_causal(causal)).output;
+      });
+      expect_grads_close(fused, ref, 2e-2, 5e-2);
+    }
+  }
+}
+
+TEST(FusedSdpa, ExpApproximationErrors) {
+  double exact = 0, fast = 0;
+  for (double x = -80; x < 80; x += 0.01) {
+    const float xf = static_cast<float>(x);
+    const double e = std::exp(static_cast<double>(xf));
+    exact = std::max(exact, std::abs(volt::detail::sdpa_exp(xf, false) - e) / e);
+    fast = std::max(fast, std::abs(volt::detail::sdpa_exp(xf, true) - e) / e);
+  }
+  EXPECT_LT(exact, 3e-7);  // ~2 ulp
+  EXPECT_LT(fast, 1.5e-4);
+  EXPECT_GT(fast, 1e-5);  // really an approximation
+  EXPECT_EQ(volt::detail::sdpa_exp(-std::numeric_limits<float>::infinity(), false), 0.0f);
+  EXPECT_EQ(volt::detail::sdpa_exp(-100.0f, true), 0.0f);
+  EXPECT_TRUE(std::isnan(volt::detail::sdpa_exp(std::nanf(""), false)));
+}
+
+TEST(FusedSdpa, FallsBackToReferenceForUnsupportedDtypes) {
+  Qkv x = make_qkv(1, 2, 20, 30, 16, -1, at::kDouble);
+  auto out = volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions().is_causal(true)).output;
+  EXPECT_EQ(out.scalar_type(), at::kDouble);
+  EXPECT_LT(max_diff(out, volt::sdpa_reference(x.q, x.k, x.v, SdpaOptions().is_causal(true)).output),
+            1e-12);
+  try {
+    volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions().require_fused(true));
+    FAIL() << "expected NotAvailable";
+  } catch (const volt::NotAvailable& e) {
+    EXPECT_NE(std::string(e.what()).find("float32 and bfloat16"), std::string::npos);
+  }
+}
+
+template <typename E>
+void expect_error(const Qkv& x, const SdpaOptions& opts, const std::string& phrase) {
+  try {
+    volt::fused_sdpa(x.q, x.k, x.v, opts);
+    FAIL() << "expected an error mentioning '" << phrase << "'";
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("[FusedSDPA]", 0), 0u) << e.what();
+  }
+}
+
+TEST(FusedSdpa, RejectsBadInputWithActionableErrors) {
+  Qkv x = make_qkv(2, 2, 16, 16, 8);
+  Qkv bad_batch{x.q, x.k.narrow(0, 0, 1), x.v.narrow(0, 0, 1)};
+  expect_error<volt::ValueError>(bad_batch, {}, "batch broadcasting is not supported");
+  Qkv three_d{x.q[0], x.k[0], x.v[0]};
+  expect_error<volt::ValueError>(three_d, {}, "must be 4-D");
+  Qkv heads{x.q, x.k.narrow(1, 0, 1), x.v.narrow(1, 0, 1)};
+  expect_error<volt::ValueError>(heads, {}, "same number of heads");
+  Qkv dims{x.q, x.k.narrow(3, 0, 4), x.v};
+  expect_error<volt::ValueError>(dims, {}, "same head_dim");
+  expect_error<volt::ConfigError>(x, SdpaOptions().dropout_p(1.0), "outside [0, 1)");
+  expect_error<volt::ConfigError>(x, SdpaOptions().softmax_mode(volt::SoftmaxMode::kFast),
+                                  "only bfloat16");
+  at::Tensor lens = at::tensor({16, 8}, at::TensorOptions().dtype(at::kLong));
+  expect_error<volt::ConfigError>(x, SdpaOptions().valid_seq_len(lens), "only with is_causal");
+  expect_error<volt::ConfigError>(
+      x, SdpaOptions().is_causal(true).valid_seq_len(lens).attn_mask(at::ones({16, 16}, at::kBool)),
+      "no attn_mask");
+  expect_error<volt::ValueError>(
+      x, SdpaOptions().is_causal(true).valid_seq_len(at::tensor({17, 3}, at::kLong)),
+      "outside [0, 16]");
+  expect_error<volt::ValueError>(x, SdpaOptions().is_causal(true).valid_seq_len(at::tensor({3})),
+                                 "integer tensor of shape [2]");
+  expect_error<volt::ConfigError>(x, SdpaOptions().return_dropout_mask(true).recompute(true),
+                                  "non-recompute mode");
+  expect_error<volt::ValueError>(x, SdpaOptions().attn_mask(at::ones({3, 16}, at::kBool)),
+                                 "does not broadcast");
+  expect_error<volt::ValueError>(x, SdpaOptions().attn_mask(at::ones({16, 16}, at::kInt)),
+                                 "must be bool");
+  Qkv g{x.q.clone().requires_grad_(true), x.k, x.v};
+  expect_error<volt::ConfigError>(g, SdpaOptions().return_attn_probs(true), "inference only");
+  Qkv b16 = make_qkv(2, 2, 16, 16, 8, -1, at::kBFloat16);
+  Qkv b16g{b16.q.clone().requires_grad_(true), b16.k, b16.v};
+  expect_error<volt::ConfigError>(
+      b16g, SdpaOptions().softmax_mode(volt::SoftmaxMode::kFast).recompute(true),
+      "not supported for training in recompute mode");
+}
+
+TEST(FusedSdpa, OptionsPrint) {
+  std::ostringstream os;
+  os << SdpaOptions().is_causal(true).dropout_p(0.1);
+  EXPECT_NE(os.str().find("is_causal=1"), std::string::npos);
+  EXPECT_NE(os.str().find("dropout_p=0.1"), std::string::npos);
+}
+
+}  // namespace
