@@ -1,6 +1,6 @@
-// Trains a CNN (or an MLP) on Fashion-MNIST with volt and prints the test accuracy.
+// Trains a CNN (or an MLP, or a small transformer using volt::fused_sdpa) on Fashion-MNIST with volt and prints the test accuracy.
 //
-//   volt_fashion_mnist [--model cnn|mlp] [--epochs N] [--batch-size B] [--lr LR]
+//   volt_fashion_mnist [--model cnn|mlp|transformer] [--epochs N] [--batch-size B] [--lr LR]
 //                      [--data DIR] [--out DIR] [--resume CKPT]
 
 #include <cstdlib>
@@ -11,7 +11,7 @@
 
 namespace {
 void usage() {
-  std::cerr << "usage: volt_fashion_mnist [--model cnn|mlp] [--epochs N] [--batch-size B] "
+  std::cerr << "usage: volt_fashion_mnist [--model cnn|mlp|transformer] [--epochs N] [--batch-size B] "
                "[--lr LR] [--data DIR] [--out DIR] [--resume CKPT]\n";
 }
 }  // namespace
@@ -45,8 +45,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (model != "cnn" && model != "mlp") {
-    std::cerr << "--model must be cnn or mlp, got '" << model << "'\n";
+  if (model != "cnn" && model != "mlp" && model != "transformer") {
+    std::cerr << "--model must be cnn, mlp or transformer, got '" << model << "'\n";
     return 2;
   }
   if (epochs < 0) epochs = model == "cnn" ? 4 : 8;
@@ -66,6 +66,9 @@ int main(int argc, char** argv) {
     if (model == "cnn") {
       module = std::make_unique<volt_examples::Classifier<volt_examples::CnnNet>>(
           std::make_shared<volt_examples::CnnNet>(), lr, /*step_size=*/2);
+    } else if (model == "transformer") {
+      module = std::make_unique<volt_examples::Classifier<volt_examples::TransformerNet>>(
+          std::make_shared<volt_examples::TransformerNet>(), lr, /*step_size=*/2);
     } else {
       module = std::make_unique<volt_examples::Classifier<volt_examples::MlpNet>>(
           std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{256, 128}), lr, 4);

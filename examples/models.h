@@ -49,6 +49,50 @@ struct CnnNet : torch::nn::Module {
   torch::nn::Dropout drop{nullptr};
 };
 
+/// A small pre-norm transformer reading the 28 image rows as 28 tokens; its attention runs
+/// through volt::fused_sdpa (or, with fused=false, through the plain composition).
+struct TransformerNet : torch::nn::Module {
+  explicit TransformerNet(int64_t dim = 64, int64_t heads = 4, int64_t layers = 2,
+                          bool fused = true, double attn_dropout = 0.0)
+      : dim_(dim), heads_(heads), fused_(fused), attn_dropout_(attn_dropout) {
+    embed = register_module("embed", torch::nn::Linear(28, dim));
+    pos = register_parameter("pos", torch::randn({1, 28, dim}) * 0.02);
+    for (int64_t i = 0; i < layers; ++i) {
+      const std::string n = std::to_string(i);
+      ln1.push_back(register_module("ln1_" + n, torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}))));
+      qkv.push_back(register_module("qkv_" + n, torch::nn::Linear(dim, 3 * dim)));
+      proj.push_back(register_module("proj_" + n, torch::nn::Linear(dim, dim)));
+      ln2.push_back(register_module("ln2_" + n, torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}))));
+      fc1.push_back(register_module("fc1_" + n, torch::nn::Linear(dim, 4 * dim)));
+      fc2.push_back(register_module("fc2_" + n, torch::nn::Linear(4 * dim, dim)));
+    }
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+    head = register_module("head", torch::nn::Linear(dim, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t b = x.size(0), hd = dim_ / heads_;
+    x = embed->forward(x.reshape({b, 28, 28})) + pos;  // [B, T=28, dim]
+    for (size_t i = 0; i < qkv.size(); ++i) {
+      auto parts = qkv[i]->forward(ln1[i]->forward(x)).chunk(3, -1);
+      auto split = [&](const torch::Tensor& t) { return t.reshape({b, 28, heads_, hd}).transpose(1, 2); };
+      auto opts = volt::SdpaOptions().dropout_p(is_training() ? attn_dropout_ : 0.0);
+      auto a = fused_ ? volt::fused_sdpa(split(parts[0]), split(parts[1]), split(parts[2]), opts)
+                      : volt::sdpa_reference(split(parts[0]), split(parts[1]), split(parts[2]), opts);
+      x = x + proj[i]->forward(a.output.transpose(1, 2).reshape({b, 28, dim_}));
+      x = x + fc2[i]->forward(torch::gelu(fc1[i]->forward(ln2[i]->forward(x))));
+    }
+    return head->forward(norm->forward(x).mean(1));
+  }
+  int64_t dim_, heads_;
+  bool fused_;
+  double attn_dropout_;
+  torch::nn::Linear embed{nullptr}, head{nullptr};
+  torch::Tensor pos;
+  std::vector<torch::nn::LayerNorm> ln1, ln2;
+  std::vector<torch::nn::Linear> qkv, proj, fc1, fc2;
+  torch::nn::LayerNorm norm{nullptr};
+};
+
 /// A volt::Module wrapping either network: cross-entropy, accuracy, Adam.
 template <typename Net>
 class Classifier : public volt::Module {
