@@ -16,6 +16,7 @@
 #include "volt/data/dataset.h"
 #include "volt/data/fashion_mnist.h"
 #include "volt/io/checkpoint_io.h"
+#include "volt/io/safetensors.h"
 #include "volt/io/state.h"
 #include "volt/kernels/fused_sdpa.h"
 #include "volt/loggers/csv.h"

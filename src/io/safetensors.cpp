@@ -1,0 +1,232 @@
+#include "volt/io/safetensors.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "volt/core/check.h"
+#include "volt/io/checkpoint_io.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors stores little-endian data; volt's writer assumes a little-endian host");
+
+namespace volt {
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100u * 1024u * 1024u;  // the format's own limit
+
+struct DtypeName {
+  const char* name;
+  at::ScalarType type;
+};
+
+const DtypeName kDtypes[] = {
+    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16},
+    {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
+    {"U8", at::kByte},    {"BOOL", at::kBool},
+};
+
+std::string valid_dtype_names() {
+  std::string out;
+  for (const auto& d : kDtypes) out += (out.empty() ? "" : ", ") + std::string(d.name);
+  return out;
+}
+
+const char* name_of(at::ScalarType t) {
+  for (const auto& d : kDtypes) {
+    if (d.type == t) return d.name;
+  }
+  VOLT_CHECK(false, ValueError, "[Safetensors] dtype ", t, " cannot be stored; supported: ",
+             valid_dtype_names(), ". Convert the tensor first (e.g. .to(torch::kFloat)).");
+  return nullptr;
+}
+
+std::string shape_str(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+}  // namespace
+
+void save_safetensors(const std::map<std::string, at::Tensor>& tensors, const std::string& path,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    VOLT_CHECK(!name.empty() && name != "__metadata__", ValueError,
+               "[Safetensors] tensor name '", name, "' is reserved or empty; rename it.");
+    VOLT_CHECK(tensor.defined(), ValueError, "[Safetensors] tensor '", name,
+               "' is undefined; drop it or give it a value.");
+    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    header[name] = {{"dtype", name_of(t.scalar_type())},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    data.push_back(std::move(t));
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // keep the data 8-byte aligned, as Python does
+  std::string file;
+  file.reserve(8 + json.size() + offset);
+  const uint64_t n = json.size();
+  file.append(reinterpret_cast<const char*>(&n), 8);
+  file += json;
+  for (const auto& t : data) {
+    file.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  }
+  atomic_write_file(path, file);
+}
+
+void save_safetensors(const torch::nn::Module& module, const std::string& path,
+                      const std::map<std::string, std::string>& metadata) {
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& p : module.named_parameters(true)) tensors[p.key()] = p.value();
+  for (const auto& b : module.named_buffers(true)) tensors[b.key()] = b.value();
+  save_safetensors(tensors, path, metadata);
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  VOLT_CHECK(in.good(), CheckpointError, "[Safetensors] cannot open '", path,
+             "'; check the path and permissions.");
+  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string where = "[Safetensors] '" + path + "': ";
+  VOLT_CHECK(file.size() >= 8, CheckpointError, where, "file is ", file.size(),
+             " bytes, shorter than the 8-byte header length; it is truncated or not safetensors.");
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  VOLT_CHECK(n <= kMaxHeaderBytes && n <= file.size() - 8, CheckpointError, where,
+             "header length ", n, " exceeds the file (", file.size(),
+             " bytes) or the format's 100 MiB limit; the file is truncated or not safetensors.");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(file.begin() + 8, file.begin() + 8 + n);
+  } catch (const nlohmann::json::exception& e) {
+    VOLT_CHECK(false, CheckpointError, where, "header is not valid JSON (", e.what(), ").");
+  }
+  VOLT_CHECK(header.is_object(), CheckpointError, where, "header must be a JSON object.");
+  const uint64_t data_size = file.size() - 8 - n;
+  const char* data = file.data() + 8 + n;
+
+  SafetensorsFile out;
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Span> spans;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      VOLT_CHECK(entry.is_object(), CheckpointError, where,
+                 "__metadata__ must be an object of strings.");
+      for (const auto& [k, v] : entry.items()) {
+        VOLT_CHECK(v.is_string(), CheckpointError, where, "__metadata__ value of '", k,
+                   "' is not a string.");
+        out.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    VOLT_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
+                   entry.contains("data_offsets"),
+               CheckpointError, where, "entry '", name,
+               "' needs \"dtype\", \"shape\" and \"data_offsets\".");
+    const auto& dt = entry["dtype"];
+    VOLT_CHECK(dt.is_string(), CheckpointError, where, "dtype of '", name, "' is not a string.");
+    const std::string dtype = dt.get<std::string>();
+    const DtypeName* found = nullptr;
+    for (const auto& d : kDtypes) {
+      if (dtype == d.name) found = &d;
+    }
+    VOLT_CHECK(found != nullptr, CheckpointError, where, "unknown dtype '", dtype, "' for '",
+               name, "'; this libtorch supports ", valid_dtype_names(), ".");
+    const auto& sh = entry["shape"];
+    VOLT_CHECK(sh.is_array(), CheckpointError, where, "shape of '", name, "' is not a list.");
+    std::vector<int64_t> shape;
+    uint64_t numel = 1;
+    for (const auto& d : sh) {
+      VOLT_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+                 CheckpointError, where, "shape of '", name,
+                 "' must hold non-negative integers.");
+      const uint64_t v = d.get<uint64_t>();
+      VOLT_CHECK(v == 0 || numel <= std::numeric_limits<uint64_t>::max() / v, CheckpointError,
+                 where, "shape of '", name, "' overflows.");
+      numel *= v;
+      shape.push_back(static_cast<int64_t>(v));
+    }
+    const auto& off = entry["data_offsets"];
+    VOLT_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                   off[1].is_number_unsigned(),
+               CheckpointError, where, "data_offsets of '", name,
+               "' must be [begin, end] with non-negative integers.");
+    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    VOLT_CHECK(begin <= end && end <= data_size, CheckpointError, where, "data_offsets [", begin,
+               ", ", end, "] of '", name, "' are out of range (data section is ", data_size,
+               " bytes).");
+    const uint64_t item = c10::elementSize(found->type);
+    VOLT_CHECK(end - begin == numel * item, CheckpointError, where, "'", name, "' spans ",
+               end - begin, " bytes but dtype ", dtype, " and its shape need ", numel * item,
+               ".");
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(found->type));
+    if (numel) std::memcpy(t.data_ptr(), data + begin, end - begin);
+    out.tensors[name] = t;
+    spans.push_back({begin, end, name});
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+  uint64_t covered = 0;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    VOLT_CHECK(spans[i].begin >= covered, CheckpointError, where, "tensors '",
+               spans[i - 1].name, "' and '", spans[i].name, "' overlap in the data section.");
+    VOLT_CHECK(spans[i].begin == covered, CheckpointError, where, "bytes [", covered, ", ",
+               spans[i].begin, ") of the data section belong to no tensor; the file is damaged.");
+    covered = spans[i].end;
+  }
+  VOLT_CHECK(covered == data_size, CheckpointError, where, "the data section has ",
+             data_size - covered, " trailing bytes that belong to no tensor.");
+  return out;
+}
+
+void load_safetensors(torch::nn::Module& module, const std::string& path, bool strict) {
+  SafetensorsFile f = load_safetensors(path);
+  std::vector<std::string> problems;
+  std::set<std::string> used;
+  auto load_one = [&](const std::string& name, at::Tensor& target) {
+    auto it = f.tensors.find(name);
+    if (it == f.tensors.end()) {
+      problems.push_back("missing '" + name + "' " + shape_str(target));
+      return;
+    }
+    used.insert(name);
+    if (!it->second.sizes().equals(target.sizes())) {
+      problems.push_back("shape of '" + name + "': file " + shape_str(it->second) +
+                         " vs model " + shape_str(target));
+      return;
+    }
+    torch::NoGradGuard no_grad;
+    target.copy_(it->second);
+  };
+  for (auto& p : module.named_parameters(true)) load_one(p.key(), p.value());
+  for (auto& b : module.named_buffers(true)) load_one(b.key(), b.value());
+  for (const auto& kv : f.tensors) {
+    if (!used.count(kv.first)) problems.push_back("unexpected '" + kv.first + "'");
+  }
+  if (strict && !problems.empty()) {
+    std::ostringstream os;
+    os << "[Safetensors] '" << path << "' does not match the model (" << problems.size()
+       << " mismatch" << (problems.size() > 1 ? "es" : "") << "): ";
+    for (size_t i = 0; i < problems.size(); ++i) os << (i ? "; " : "") << problems[i];
+    os << ". Load weights saved from the same model, or pass strict=false.";
+    throw CheckpointError(os.str());
+  }
+}
+
+}  // namespace volt

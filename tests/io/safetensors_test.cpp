@@ -1,0 +1,187 @@
+// safetensors: reads a file Python wrote (tools/safetensors_fixture.py), Python reads what volt
+// writes (tools/check_safetensors.py), round trips, and every malformed-file path.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tiny.h"
+
+namespace {
+
+const std::string kFixture = std::string(VOLT_SOURCE_DIR) + "/tests/io/data/python_written.safetensors";
+
+void write_raw(const std::string& path, const std::string& header, const std::string& data) {
+  std::ofstream f(path, std::ios::binary);
+  const uint64_t n = header.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << header << data;
+}
+
+template <typename E = volt::CheckpointError>
+void expect_load_error(const std::string& path, const std::string& phrase) {
+  try {
+    volt::load_safetensors(path);
+    FAIL() << "expected an error mentioning '" << phrase << "'";
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("[Safetensors]", 0), 0u) << e.what();
+  }
+}
+
+TEST(Safetensors, ReadsAFileWrittenByPython) {
+  auto f = volt::load_safetensors(kFixture);
+  EXPECT_EQ(f.metadata.at("format"), "pt");
+  EXPECT_EQ(f.tensors.size(), 11u);
+  EXPECT_TRUE(f.tensors.at("weight").equal(at::arange(6, at::kFloat).reshape({2, 3}) * 0.5 - 1));
+  EXPECT_TRUE(f.tensors.at("bias").equal(
+      at::tensor({1.5, -2.25, 3.0, 1e-300}, at::TensorOptions().dtype(at::kDouble))));
+  EXPECT_TRUE(f.tensors.at("half").equal(at::tensor({0.5, -1.0}).to(at::kHalf)));
+  EXPECT_TRUE(f.tensors.at("bf").equal(at::tensor({1.0, -2.5, 3.0}).to(at::kBFloat16)));
+  EXPECT_TRUE(f.tensors.at("idx").equal(
+      at::tensor({int64_t{1}, int64_t{-2}, int64_t{3}, int64_t{1} << 40}).reshape({2, 2})));
+  EXPECT_EQ(f.tensors.at("empty").scalar_type(), at::kInt);
+  EXPECT_EQ(f.tensors.at("empty").numel(), 0);
+  EXPECT_TRUE(f.tensors.at("u8").equal(at::tensor({0, 255, 7}).to(at::kByte)));
+  EXPECT_TRUE(f.tensors.at("flag").equal(at::tensor({1, 0, 1}).to(at::kBool)));
+  EXPECT_EQ(f.tensors.at("scalar").dim(), 0);
+  EXPECT_EQ(f.tensors.at("scalar").item<float>(), 3.25f);
+  EXPECT_TRUE(f.tensors.at("i16").equal(at::tensor({-300, 300}).to(at::kShort)));
+  EXPECT_TRUE(f.tensors.at("i8").equal(at::tensor({-7, 7}).to(at::kChar)));
+}
+
+TEST(Safetensors, ModuleRoundTripAndPythonReadsIt) {
+  volt_test::TempDir dir;
+  torch::manual_seed(0);
+  auto net = torch::nn::Sequential(torch::nn::Linear(5, 4), torch::nn::BatchNorm1d(4),
+                                   torch::nn::Linear(4, 3));
+  net->forward(torch::randn({8, 5}));  // moves the BatchNorm running stats off their init
+  const std::string path = dir / "model.safetensors";
+  volt::save_safetensors(*net, path, {{"epoch", "3"}});
+  torch::manual_seed(1);
+  auto other = torch::nn::Sequential(torch::nn::Linear(5, 4), torch::nn::BatchNorm1d(4),
+                                     torch::nn::Linear(4, 3));
+  volt::load_safetensors(*other, path);
+  auto a = net->named_parameters();
+  for (const auto& p : other->named_parameters()) EXPECT_TRUE(p.value().equal(a[p.key()]));
+  auto ab = net->named_buffers();
+  for (const auto& b : other->named_buffers()) EXPECT_TRUE(b.value().equal(ab[b.key()]));
+  EXPECT_EQ(volt::load_safetensors(path).metadata.at("epoch"), "3");
+
+  // Python (python3-torch, no volt code) reads the same bytes back.
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "python3-torch not installed; skipping the Python read-back";
+  }
+  const std::string cmd = "/usr/bin/python3 " + std::string(VOLT_SOURCE_DIR) +
+                          "/tools/check_safetensors.py '" + path + "'";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["__metadata__"]["epoch"], "3");
+  auto f = volt::load_safetensors(path);
+  for (const auto& [name, t] : f.tensors) {
+    ASSERT_TRUE(j.contains(name)) << name;
+    EXPECT_EQ(j[name]["shape"].get<std::vector<int64_t>>(), t.sizes().vec());
+    EXPECT_NEAR(j[name]["sum"].get<double>(), t.to(at::kDouble).sum().item<double>(), 1e-9);
+  }
+  EXPECT_EQ(j["1.num_batches_tracked"]["dtype"], "I64");
+  EXPECT_EQ(j["0.weight"]["dtype"], "F32");
+}
+
+TEST(Safetensors, EveryDtypeRoundTrips) {
+  volt_test::TempDir dir;
+  auto src = volt::load_safetensors(kFixture);
+  volt::save_safetensors(src.tensors, dir / "copy.safetensors", src.metadata);
+  auto back = volt::load_safetensors(dir / "copy.safetensors");
+  ASSERT_EQ(back.tensors.size(), src.tensors.size());
+  for (const auto& [name, t] : src.tensors) {
+    EXPECT_EQ(back.tensors.at(name).scalar_type(), t.scalar_type()) << name;
+    EXPECT_TRUE(back.tensors.at(name).equal(t)) << name;
+  }
+  EXPECT_EQ(back.metadata, src.metadata);
+}
+
+TEST(Safetensors, RejectsMalformedFiles) {
+  volt_test::TempDir dir;
+  const std::string p = dir / "bad.safetensors";
+  expect_load_error(dir / "missing.safetensors", "cannot open");
+  std::ofstream(p) << "abc";
+  expect_load_error(p, "shorter than the 8-byte header length");
+  write_raw(p, "{}", "");
+  {
+    std::ofstream f(p, std::ios::binary);
+    const uint64_t n = 1000;
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << "{}";
+  }
+  expect_load_error(p, "exceeds the file");
+  write_raw(p, "{\"a\": {\"dtype\": \"F32\",\n \"shape\": [1], ", "");
+  expect_load_error(p, "not valid JSON");
+  write_raw(p, "[1, 2]", "");
+  expect_load_error(p, "must be a JSON object");
+  write_raw(p, R"({"a": {"dtype": "F8_E4M3", "shape": [1], "data_offsets": [0, 1]}})", "x");
+  expect_load_error(p, "unknown dtype 'F8_E4M3'");
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", "1234");
+  expect_load_error(p, "out of range");
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [4, 0]}})", "12345678");
+  expect_load_error(p, "out of range");
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", "12345678");
+  expect_load_error(p, "need 12");
+  write_raw(p,
+            R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+            "12345678");
+  expect_load_error(p, "overlap");
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", "12345678");
+  expect_load_error(p, "belong to no tensor");
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", "12345678");
+  expect_load_error(p, "trailing bytes");
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [1]}})", "1234");
+  expect_load_error(p, "needs \"dtype\", \"shape\" and \"data_offsets\"");
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", "1234");
+  expect_load_error(p, "non-negative integers");
+  write_raw(p, R"({"__metadata__": {"k": 1}})", "");
+  expect_load_error(p, "is not a string");
+}
+
+TEST(Safetensors, ModuleMismatchIsReportedOrSkipped) {
+  volt_test::TempDir dir;
+  auto small = torch::nn::Linear(3, 2);
+  volt::save_safetensors(*small, dir / "w.safetensors");
+  auto big = torch::nn::Linear(4, 2);
+  try {
+    volt::load_safetensors(*big, dir / "w.safetensors");
+    FAIL() << "expected CheckpointError";
+  } catch (const volt::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("shape of 'weight'"), std::string::npos) << e.what();
+  }
+  auto no_bias = torch::nn::Linear(torch::nn::LinearOptions(3, 2).bias(false));
+  try {
+    volt::load_safetensors(*no_bias, dir / "w.safetensors");
+    FAIL() << "expected CheckpointError";
+  } catch (const volt::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("unexpected 'bias'"), std::string::npos) << e.what();
+  }
+  volt::load_safetensors(*no_bias, dir / "w.safetensors", /*strict=*/false);
+  EXPECT_TRUE(no_bias->weight.equal(small->weight));
+}
+
+TEST(Safetensors, RejectsUnsupportedDtypesAndNames) {
+  volt_test::TempDir dir;
+  try {
+    volt::save_safetensors({{"c", at::zeros({2}, at::kComplexFloat)}}, dir / "c.safetensors");
+    FAIL() << "expected ValueError";
+  } catch (const volt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be stored"), std::string::npos);
+  }
+  EXPECT_THROW(volt::save_safetensors({{"__metadata__", at::zeros({1})}}, dir / "m.safetensors"),
+               volt::ValueError);
+  EXPECT_FALSE(std::ifstream(dir / "c.safetensors").good());  // nothing partial left behind
+}
+
+}  // namespace
