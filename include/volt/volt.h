@@ -20,6 +20,7 @@
 #include "volt/io/state.h"
 #include "volt/kernels/fused_sdpa.h"
 #include "volt/loggers/csv.h"
+#include "volt/loggers/tensorboard.h"
 #include "volt/optim/lr_scheduler.h"
 #include "volt/optim/optimizer_config.h"
 #include "volt/precision/precision.h"

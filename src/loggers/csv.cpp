@@ -10,25 +10,11 @@
 #include <sstream>
 
 #include "volt/core/check.h"
+#include "detail/log_dir.h"
 #include "volt/io/checkpoint_io.h"
 
 namespace volt {
 namespace {
-
-void mkdirs(const std::string& path) {
-  std::string cur;
-  std::stringstream ss(path);
-  std::string part;
-  if (!path.empty() && path[0] == '/') cur = "/";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    cur += part + "/";
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-      VOLT_CHECK(false, ConfigError, "[CSVLogger] cannot create folder '", cur, "' (",
-                 std::strerror(errno), "); choose a writable save_dir.");
-    }
-  }
-}
 
 std::string fmt_value(double v) {
   char buf[64];
@@ -59,28 +45,15 @@ int64_t CSVLogger::version() {
   if (options_.version() >= 0) return version_ = options_.version();
   // Next free version_N under save_dir/name.
   const std::string root = options_.save_dir() + "/" + options_.name();
-  int64_t next = 0;
-  if (DIR* d = ::opendir(root.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n.rfind("version_", 0) == 0) {
-        try {
-          next = std::max<int64_t>(next, std::stoll(n.substr(8)) + 1);
-        } catch (...) {
-        }
-      }
-    }
-    ::closedir(d);
-  }
-  version_ = next;
-  mkdirs(root + "/version_" + std::to_string(version_));  // claim it at once
+  version_ = detail::next_version(root);
+  detail::make_dirs(root + "/version_" + std::to_string(version_), "CSVLogger");  // claim it at once
   return version_;
 }
 
 std::string CSVLogger::log_dir() {
   const std::string dir =
       options_.save_dir() + "/" + options_.name() + "/version_" + std::to_string(version());
-  mkdirs(dir);
+  detail::make_dirs(dir, "CSVLogger");
   return dir;
 }
 

@@ -1,0 +1,66 @@
+#pragma once
+/// TensorBoardLogger: TensorFlow event files (TFRecord framing with masked CRC32C, Event and
+/// Summary protobufs encoded by volt itself, no TensorFlow or protobuf dependency) under
+/// save_dir/name/version_N/, with scalars and an hparams-plugin session.
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "volt/loggers/logger.h"
+
+namespace volt {
+
+struct TensorBoardLoggerOptions {
+  explicit TensorBoardLoggerOptions(std::string save_dir) : save_dir_(std::move(save_dir)) {}
+  /// Root folder of all runs (point `tensorboard --logdir` here).
+  TORCH_ARG(std::string, save_dir);
+  /// Experiment name (sub-folder). Default: "volt_logs".
+  TORCH_ARG(std::string, name) = "volt_logs";
+  /// Version number; -1 picks max(existing version_N) + 1. Default: -1.
+  TORCH_ARG(int64_t, version) = -1;
+  /// Buffered records are written to disk every this many log_metrics calls. Default: 10.
+  TORCH_ARG(int64_t, flush_logs_every_n_steps) = 10;
+};
+
+/// Writes one Event per log_metrics call (a Summary with one simple_value per metric), the
+/// hparams plugin's experiment / session-start summaries on log_hyperparams, and its
+/// session-end summary on finalize. A resumed run appends a new events file in the same
+/// folder that starts with SessionLog START at the resumed step, so TensorBoard discards the
+/// killed run's records after the checkpoint.
+class TensorBoardLogger : public Logger {
+ public:
+  explicit TensorBoardLogger(TensorBoardLoggerOptions options);
+  ~TensorBoardLogger() override;
+  std::string name() const override { return "tensorboard"; }
+  std::string log_dir() override;
+  int64_t version();
+  void log_hyperparams(const std::map<std::string, std::string>& params) override;
+  void log_metrics(const Metrics& metrics, int64_t step) override;
+  void save() override;
+  void finalize(RunStatus status) override;
+  void save_state(torch::serialize::OutputArchive& archive) const override;
+  void load_state(torch::serialize::InputArchive& archive, int64_t step) override;
+  /// Path of the events file being written (opened on first use).
+  std::string events_path();
+
+ private:
+  void write_event(const std::string& event_bytes);
+  void open_file();
+  TensorBoardLoggerOptions options_;
+  int64_t version_ = -1;
+  std::string path_;
+  std::ofstream file_;
+  std::string pending_;  // framed records not yet written
+  int64_t unflushed_ = 0;
+  int64_t resume_step_ = -1;  // >= 0: write SessionLog START at this step first
+  bool hparams_logged_ = false;
+};
+
+/// The masked CRC32C of TFRecord framing: rotate right by 15, add 0xa282ead8.
+uint32_t tfrecord_masked_crc32c(const void* data, size_t size);
+
+}  // namespace volt

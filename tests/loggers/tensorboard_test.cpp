@@ -1,0 +1,165 @@
+// TensorBoardLogger: event files read back by an independent stdlib-only Python reader
+// (tools/read_tfevents.py) that checks every record's framing and both CRCs.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tiny.h"
+
+namespace {
+
+struct ReadResult {
+  int status = -1;
+  std::string out;
+};
+
+ReadResult read_events(const std::string& path) {
+  const std::string cmd = "/usr/bin/python3 " + std::string(VOLT_SOURCE_DIR) +
+                          "/tools/read_tfevents.py '" + path + "' 2>&1";
+  ReadResult r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) r.out.append(buf, n);
+  r.status = pclose(pipe);
+  return r;
+}
+
+std::vector<std::string> event_files(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n.find("tfevents") != std::string::npos) out.push_back(dir + "/" + n);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(TensorBoardLogger, MaskedCrc32cMatchesTheStandardCheckValue) {
+  // CRC-32C("123456789") = 0xE3069283 (RFC 3720 check value); undo TFRecord's mask.
+  const uint32_t masked = volt::tfrecord_masked_crc32c("123456789", 9);
+  const uint32_t c = masked - 0xa282ead8u;
+  EXPECT_EQ((c << 15) | (c >> 17), 0xE3069283u);
+}
+
+TEST(TensorBoardLogger, IndependentReaderVerifiesEveryRecordAndValue) {
+  volt_test::TempDir dir;
+  volt::TensorBoardLogger logger(volt::TensorBoardLoggerOptions(dir.path).flush_logs_every_n_steps(7));
+  logger.log_hyperparams({{"lr", "0.001"}, {"net", "mlp"}, {"batch_size", "64"}});
+  std::vector<std::pair<int64_t, volt::Metrics>> logged;
+  for (int64_t s = 1; s <= 25; ++s) {
+    volt::Metrics m{{"train_loss", 1.0 / s}, {"lr", 0.001 * s}};
+    if (s % 5 == 0) m["val_acc"] = 0.5 + 0.01 * s;
+    logger.log_metrics(m, s);
+    logged.emplace_back(s, m);
+  }
+  logger.finalize(volt::RunStatus::kFinished);
+  auto files = event_files(logger.log_dir());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_NE(logger.log_dir().find("volt_logs/version_0"), std::string::npos);
+  auto r = read_events(files[0]);
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["file_version"], "brain.Event:2");
+  EXPECT_EQ(j["records"], 1 + 2 + 25 + 1);  // version, hparams x2, metrics, session end
+  EXPECT_EQ(j["hparams"]["lr"], 0.001);
+  EXPECT_EQ(j["hparams"]["batch_size"], 64.0);
+  EXPECT_EQ(j["hparams"]["net"], "mlp");
+  EXPECT_EQ(j["experiment_hparams"].size(), 3u);
+  EXPECT_EQ(j["session_end_status"], 1);
+  size_t i = 0;
+  for (const auto& [step, m] : logged) {
+    for (const auto& [tag, value] : m) {
+      ASSERT_LT(i, j["scalars"].size());
+      const auto& s = j["scalars"][i++];
+      EXPECT_EQ(s[0], tag);
+      EXPECT_EQ(s[1], step);
+      EXPECT_FLOAT_EQ(s[2].get<float>(), static_cast<float>(value));
+    }
+  }
+  EXPECT_EQ(i, j["scalars"].size());
+}
+
+TEST(TensorBoardLogger, ReaderRejectsACorruptedRecord) {
+  volt_test::TempDir dir;
+  std::string path;
+  {
+    volt::TensorBoardLogger logger(volt::TensorBoardLoggerOptions(dir.path));
+    logger.log_metrics({{"loss", 0.25}}, 3);
+    logger.finalize(volt::RunStatus::kFinished);
+    path = logger.events_path();
+  }
+  ASSERT_EQ(read_events(path).status, 0);
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-6, std::ios::end);
+  char c;
+  f.get(c);
+  f.seekp(-6, std::ios::end);
+  f.put(static_cast<char>(c ^ 0x40));
+  f.close();
+  auto r = read_events(path);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("CRC mismatch"), std::string::npos) << r.out;
+}
+
+TEST(TensorBoardLogger, TrainerRunAndResumeWriteStartMarker) {
+  volt_test::TempDir dir;
+  auto tb = std::make_shared<volt::TensorBoardLogger>(volt::TensorBoardLoggerOptions(dir / "tb"));
+  volt_test::TinyClassifier model;
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(2).log_every_n_steps(4).loggers({tb}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
+  auto r = read_events(tb->events_path());
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  std::set<int64_t> loss_steps;
+  for (const auto& s : j["scalars"]) {
+    if (s[0] == "train_loss") loss_steps.insert(s[1].get<int64_t>());
+  }
+  EXPECT_EQ(loss_steps, (std::set<int64_t>{3, 7, 11, 15}));  // every 4th step, 0-based as Lightning
+
+  // A resumed logger opens a new file in the same version folder, starting with SessionLog START.
+  torch::serialize::OutputArchive ar;
+  tb->save_state(ar);
+  std::ostringstream os;
+  ar.save_to(os);
+  torch::serialize::InputArchive in;
+  std::istringstream is(os.str());
+  in.load_from(is);
+  volt::TensorBoardLogger resumed(volt::TensorBoardLoggerOptions(dir / "tb"));
+  resumed.load_state(in, 8);
+  resumed.log_metrics({{"train_loss", 0.1}}, 9);
+  resumed.finalize(volt::RunStatus::kFinished);
+  EXPECT_EQ(resumed.log_dir(), tb->log_dir());
+  EXPECT_NE(resumed.events_path(), tb->events_path());
+  auto j2 = nlohmann::json::parse(read_events(resumed.events_path()).out);
+  EXPECT_EQ(j2["session_log_start_steps"], nlohmann::json::array({8}));
+  EXPECT_EQ(event_files(tb->log_dir()).size(), 2u);
+}
+
+TEST(TensorBoardLogger, RejectsBadOptionsAndUnwritableFolders) {
+  EXPECT_THROW(volt::TensorBoardLogger(volt::TensorBoardLoggerOptions("")), volt::ConfigError);
+  EXPECT_THROW(volt::TensorBoardLogger(volt::TensorBoardLoggerOptions("/tmp").version(-2)),
+               volt::ConfigError);
+  try {
+    volt::TensorBoardLogger(volt::TensorBoardLoggerOptions("/tmp").flush_logs_every_n_steps(0));
+    FAIL();
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("must be >= 1"), std::string::npos);
+  }
+  volt::TensorBoardLogger bad(volt::TensorBoardLoggerOptions("/proc/volt_cannot_write"));
+  try {
+    bad.log_metrics({{"x", 1.0}}, 1);
+    FAIL();
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot create folder"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
