@@ -110,6 +110,7 @@ struct Trainer::Impl : public RunContext {
   bool is_global_zero() const override { return plan.strategy->is_global_zero(); }
   int64_t max_epochs() const override { return resolved_max_epochs(); }
   int64_t max_steps() const override { return opts.max_steps(); }
+  int64_t log_every_n_steps() const override { return opts.log_every_n_steps(); }
   std::vector<OptimizerConfig>& optimizer_configs() override { return optimizers; }
   const std::vector<std::shared_ptr<Logger>>& loggers() const override { return loggers_; }
 

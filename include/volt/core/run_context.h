@@ -53,6 +53,8 @@ class RunContext {
   virtual bool is_global_zero() const = 0;
   virtual int64_t max_epochs() const = 0;
   virtual int64_t max_steps() const = 0;
+  /// Per-step metrics reach the loggers every this many optimizer steps.
+  virtual int64_t log_every_n_steps() const = 0;
   virtual std::vector<OptimizerConfig>& optimizer_configs() = 0;
   virtual const std::vector<std::shared_ptr<Logger>>& loggers() const = 0;
   /// Manual optimization: backward through the strategy and precision.

@@ -1,0 +1,110 @@
+#include "volt/callbacks/lr_monitor.h"
+
+#include <cxxabi.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <map>
+
+#include "volt/core/check.h"
+#include "volt/core/run_context.h"
+#include "volt/loggers/logger.h"
+
+namespace volt {
+namespace {
+
+// "torch::optim::AdamW" -> "AdamW".
+std::string short_type_name(const torch::optim::Optimizer& opt) {
+  int status = 0;
+  char* raw = abi::__cxa_demangle(typeid(opt).name(), nullptr, nullptr, &status);
+  std::string name = status == 0 && raw ? raw : typeid(opt).name();
+  std::free(raw);
+  const auto colon = name.rfind("::");
+  return colon == std::string::npos ? name : name.substr(colon + 2);
+}
+
+c10::optional<double> momentum_of(const torch::optim::OptimizerOptions& o) {
+  using namespace torch::optim;
+  if (auto* s = dynamic_cast<const SGDOptions*>(&o)) return s->momentum();
+  if (auto* r = dynamic_cast<const RMSpropOptions*>(&o)) return r->momentum();
+  if (auto* a = dynamic_cast<const AdamOptions*>(&o)) return std::get<0>(a->betas());
+  if (auto* w = dynamic_cast<const AdamWOptions*>(&o)) return std::get<0>(w->betas());
+  return c10::nullopt;
+}
+
+c10::optional<double> weight_decay_of(const torch::optim::OptimizerOptions& o) {
+  using namespace torch::optim;
+  if (auto* s = dynamic_cast<const SGDOptions*>(&o)) return s->weight_decay();
+  if (auto* r = dynamic_cast<const RMSpropOptions*>(&o)) return r->weight_decay();
+  if (auto* a = dynamic_cast<const AdamOptions*>(&o)) return a->weight_decay();
+  if (auto* w = dynamic_cast<const AdamWOptions*>(&o)) return w->weight_decay();
+  if (auto* g = dynamic_cast<const AdagradOptions*>(&o)) return g->weight_decay();
+  return c10::nullopt;
+}
+
+}  // namespace
+
+LearningRateMonitor::LearningRateMonitor(LearningRateMonitorOptions options)
+    : options_(options) {}
+
+void LearningRateMonitor::on_train_start(RunContext& run, Module&) {
+  VOLT_CHECK(!run.loggers().empty(), ConfigError,
+             "[LearningRateMonitor] the Trainer has no logger, so the learning rates would go "
+             "nowhere; add a logger (TrainerOptions::logger(true) or loggers({...})) or drop the "
+             "callback.");
+  names_.clear();
+  std::map<std::string, int> seen;
+  for (auto& cfg : run.optimizer_configs()) {
+    const std::string type = short_type_name(*cfg.optimizer());
+    const int k = seen[type]++;
+    names_.push_back("lr-" + type + (k ? "-" + std::to_string(k) : ""));
+  }
+  last_step_logged_ = -1;
+}
+
+void LearningRateMonitor::on_train_batch_start(RunContext& run, Module&, const Batch&, int64_t) {
+  const int64_t step = run.state().global_step;
+  // The same cadence as the Trainer's per-step metrics (this batch's step is logged when
+  // (step + 1) % log_every_n_steps == 0), once per optimizer step under accumulation.
+  if ((step + 1) % run.log_every_n_steps() != 0 || step == last_step_logged_) return;
+  last_step_logged_ = step;
+  log(run, /*epoch_boundary=*/false);
+}
+
+void LearningRateMonitor::on_train_epoch_start(RunContext& run, Module&) {
+  log(run, /*epoch_boundary=*/true);
+}
+
+void LearningRateMonitor::log(RunContext& run, bool epoch_boundary) {
+  Metrics stats;
+  auto& configs = run.optimizer_configs();
+  for (size_t i = 0; i < configs.size() && i < names_.size(); ++i) {
+    Interval when = Interval::kStep;
+    switch (options_.logging_interval()) {
+      case LoggingInterval::kAuto:
+        when = configs[i].scheduler() ? configs[i].interval() : Interval::kStep;
+        break;
+      case LoggingInterval::kStep: when = Interval::kStep; break;
+      case LoggingInterval::kEpoch: when = Interval::kEpoch; break;
+    }
+    if ((when == Interval::kEpoch) != epoch_boundary) continue;
+    const auto& groups = configs[i].optimizer()->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const std::string name =
+          names_[i] + (groups.size() > 1 ? "/pg" + std::to_string(g + 1) : std::string());
+      const auto& o = groups[g].options();
+      stats[name] = o.get_lr();
+      if (options_.log_momentum()) {
+        if (auto m = momentum_of(o)) stats[name + "-momentum"] = *m;
+      }
+      if (options_.log_weight_decay()) {
+        if (auto w = weight_decay_of(o)) stats[name + "-weight_decay"] = *w;
+      }
+    }
+  }
+  if (stats.empty()) return;
+  for (const auto& l : run.loggers()) l->log_metrics(stats, run.state().global_step);
+  for (const auto& kv : stats) last_[kv.first] = kv.second;
+}
+
+}  // namespace volt

@@ -1,0 +1,95 @@
+#include "volt/callbacks/timer.h"
+
+#include <torch/serialize/archive.h>
+
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+#include "volt/core/check.h"
+#include "volt/core/run_context.h"
+
+namespace volt {
+
+Timer::Timer(TimerOptions options) : options_(options) {
+  VOLT_CHECK(!options_.duration_s() || *options_.duration_s() >= 0, ConfigError,
+             "[Timer] duration_s=", options_.duration_s().value_or(0),
+             " is negative; pass seconds >= 0 (or Timer::parse_duration(\"00:12:00:00\")).");
+}
+
+double Timer::parse_duration(const std::string& s) {
+  std::stringstream ss(s);
+  std::string part;
+  std::vector<int64_t> parts;
+  bool ok = true;
+  while (std::getline(ss, part, ':')) {
+    ok = ok && !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
+    if (ok) parts.push_back(std::stoll(part));
+  }
+  VOLT_CHECK(ok && parts.size() == 4, ConfigError, "[Timer] duration \"", s,
+             "\" is not DD:HH:MM:SS (e.g. \"00:12:00:00\" for 12 hours).");
+  return ((parts[0] * 24.0 + parts[1]) * 60.0 + parts[2]) * 60.0 + parts[3];
+}
+
+double Timer::time_elapsed(Stage stage) const {
+  auto it = spans_.find(stage);
+  if (it == spans_.end()) return 0.0;
+  const Span& s = it->second;
+  double live = 0;
+  if (s.start) {
+    const auto end = s.end ? *s.end : Clock::now();
+    live = std::chrono::duration<double>(end - *s.start).count();
+  }
+  return s.offset + live;
+}
+
+double Timer::time_remaining() const {
+  if (!options_.duration_s()) return std::numeric_limits<double>::infinity();
+  return *options_.duration_s() - time_elapsed(Stage::kFit);
+}
+
+void Timer::on_train_start(RunContext&, Module&) {
+  auto& s = spans_[Stage::kFit];
+  s.start = Clock::now();
+  s.end.reset();
+}
+void Timer::on_train_end(RunContext&, Module&) { spans_[Stage::kFit].end = Clock::now(); }
+void Timer::on_validation_start(RunContext&, Module&) {
+  spans_[Stage::kValidate] = Span{Clock::now(), c10::nullopt, 0};
+}
+void Timer::on_validation_end(RunContext&, Module&) {
+  spans_[Stage::kValidate].end = Clock::now();
+}
+void Timer::on_test_start(RunContext&, Module&) {
+  spans_[Stage::kTest] = Span{Clock::now(), c10::nullopt, 0};
+}
+void Timer::on_test_end(RunContext&, Module&) { spans_[Stage::kTest].end = Clock::now(); }
+
+void Timer::on_train_batch_end(RunContext& run, Module&, const Batch&, int64_t) {
+  if (options_.interval() == Interval::kStep) check(run);
+}
+void Timer::on_train_epoch_end(RunContext& run, Module&) {
+  if (options_.interval() == Interval::kEpoch) check(run);
+}
+
+void Timer::check(RunContext& run) {
+  if (!options_.duration_s() || time_remaining() > 0) return;
+  if (options_.verbose() && run.is_global_zero()) {
+    std::cout << "[Timer] time limit of " << *options_.duration_s()
+              << " s reached after epoch " << run.state().epoch << ", global step "
+              << run.state().global_step << "; stopping training." << std::endl;
+  }
+  run.request_stop();
+}
+
+void Timer::save_state(torch::serialize::OutputArchive& ar) const {
+  ar.write("fit_elapsed", c10::IValue(time_elapsed(Stage::kFit)));
+}
+
+void Timer::load_state(torch::serialize::InputArchive& ar) {
+  c10::IValue v;
+  if (ar.try_read("fit_elapsed", v)) spans_[Stage::kFit] = Span{c10::nullopt, c10::nullopt, v.toDouble()};
+}
+
+}  // namespace volt

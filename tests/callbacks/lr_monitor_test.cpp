@@ -1,0 +1,91 @@
+// LearningRateMonitor: logged names and values follow the scheduler, per step and per epoch.
+#include <gtest/gtest.h>
+
+#include "tiny.h"
+
+namespace {
+
+// A real Logger that keeps what it receives in memory.
+class MemoryLogger : public volt::Logger {
+ public:
+  std::string name() const override { return "memory"; }
+  std::string log_dir() override { return "/tmp"; }
+  void log_hyperparams(const std::map<std::string, std::string>&) override {}
+  void log_metrics(const volt::Metrics& m, int64_t step) override { records.emplace_back(step, m); }
+  std::vector<std::pair<int64_t, volt::Metrics>> with(const std::string& key) const {
+    std::vector<std::pair<int64_t, volt::Metrics>> out;
+    for (const auto& r : records) {
+      if (r.second.count(key)) out.push_back(r);
+    }
+    return out;
+  }
+  std::vector<std::pair<int64_t, volt::Metrics>> records;
+};
+
+TEST(LearningRateMonitor, LogsSchedulerLrEveryStepWithMomentumAndWeightDecay) {
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;  // SGD(lr 0.1, momentum 0.9)
+  model.scheduler_step_size = 2;
+  model.scheduler_interval = volt::Interval::kStep;
+  auto mem = std::make_shared<MemoryLogger>();
+  auto monitor = std::make_shared<volt::LearningRateMonitor>(
+      volt::LearningRateMonitorOptions().log_momentum(true).log_weight_decay(true));
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).log_every_n_steps(1)
+                            .loggers({mem}).callbacks({monitor}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(128)));  // 8 steps
+  auto lrs = mem->with("lr-SGD");
+  ASSERT_EQ(lrs.size(), 8u);
+  for (const auto& [step, m] : lrs) {
+    EXPECT_DOUBLE_EQ(m.at("lr-SGD"), 0.1 * std::pow(0.5, step / 2)) << "step " << step;
+    EXPECT_DOUBLE_EQ(m.at("lr-SGD-momentum"), 0.9);
+    EXPECT_DOUBLE_EQ(m.at("lr-SGD-weight_decay"), 0.0);
+  }
+  EXPECT_EQ(lrs.front().first, 0);
+  EXPECT_EQ(lrs.back().first, 7);
+}
+
+TEST(LearningRateMonitor, EpochIntervalAndParamGroupNames) {
+  struct TwoGroups : volt_test::TinyClassifier {
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      groups.emplace_back(fc1->parameters(), std::make_unique<torch::optim::AdamWOptions>(0.01));
+      groups.emplace_back(fc2->parameters(), std::make_unique<torch::optim::AdamWOptions>(0.02));
+      auto opt = std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(0.01));
+      return {volt::OptimizerConfig(opt)
+                  .scheduler(std::make_shared<volt::StepLR>(*opt, 1, 0.1))
+                  .interval(volt::Interval::kEpoch)};
+    }
+  };
+  volt_test::TempDir dir;
+  TwoGroups model;
+  auto mem = std::make_shared<MemoryLogger>();
+  auto monitor = std::make_shared<volt::LearningRateMonitor>(
+      volt::LearningRateMonitorOptions().log_momentum(true));
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(3).log_every_n_steps(1)
+                            .loggers({mem}).callbacks({monitor}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
+  auto pg2 = mem->with("lr-AdamW/pg2");
+  ASSERT_EQ(pg2.size(), 3u);  // once per epoch (the scheduler's interval)
+  for (size_t e = 0; e < 3; ++e) {
+    EXPECT_EQ(pg2[e].first, static_cast<int64_t>(8 * e));
+    EXPECT_NEAR(pg2[e].second.at("lr-AdamW/pg2"), 0.02 * std::pow(0.1, e), 1e-15);
+    EXPECT_NEAR(pg2[e].second.at("lr-AdamW/pg1"), 0.01 * std::pow(0.1, e), 1e-15);
+    EXPECT_DOUBLE_EQ(pg2[e].second.at("lr-AdamW/pg1-momentum"), 0.9);
+  }
+  EXPECT_EQ(monitor->last_logged().count("lr-AdamW/pg1"), 1u);
+}
+
+TEST(LearningRateMonitor, NeedsALogger) {
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).callbacks(
+      {std::make_shared<volt::LearningRateMonitor>()}));
+  try {
+    trainer.fit(model, volt_test::loader(volt_test::blobs(32)));
+    FAIL() << "expected ConfigError";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no logger"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
