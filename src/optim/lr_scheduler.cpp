@@ -1,65 +1,745 @@
 #include "volt/optim/lr_scheduler.h"
 
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <limits>
+#include <ostream>
+#include <tuple>
 
 #include "volt/core/check.h"
 
+// Parity notes. PyTorch computes every lr in fp64 Python floats; the expressions below keep
+// PyTorch's operation order (and glibc's cos/pow, which CPython also calls), so the sequences in
+// tests/optim/data/lr_scheduler_reference.json are reproduced to the last bit or within a few
+// ulp. Where PyTorch's step() uses a chainable (recursive) get_lr(), so do we: it differs from
+// the closed form by rounding, and by design when something else changes the lr in between.
+
 namespace volt {
+namespace {
 
-LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {
+constexpr double kPi = 3.14159265358979323846;
+
+std::atomic<uint64_t> next_serial{0};
+
+std::string join(const std::vector<double>& v) {
+  std::string s = "{";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "}";
+}
+
+c10::IValue doubles(const std::vector<double>& v) { return c10::IValue(c10::List<double>(v)); }
+
+std::vector<double> read_doubles(torch::serialize::InputArchive& archive, const char* key) {
+  c10::IValue v;
+  archive.read(key, v);
+  auto list = v.toDoubleList();
+  return std::vector<double>(list.begin(), list.end());
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ LRScheduler
+
+LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer)
+    : optimizer_(optimizer), serial_(next_serial++) {
+  VOLT_CHECK(!optimizer_.param_groups().empty(), ConfigError,
+             "[LRScheduler] the optimizer has no param groups; build the scheduler after the "
+             "optimizer has its parameters.");
   for (auto& g : optimizer_.param_groups()) base_lrs_.push_back(g.options().get_lr());
+  last_lrs_ = base_lrs_;
 }
 
-void LRScheduler::step() {
+void LRScheduler::step() { advance(); }
+
+void LRScheduler::step(double /*metric*/) { step(); }
+
+std::vector<double> LRScheduler::closed_form_lrs(const std::vector<double>& current) {
+  return compute_lrs(current);
+}
+
+void LRScheduler::initial_step() {
+  last_epoch_ = 0;
+  write_lrs(compute_lrs(current_lrs()));
+}
+
+void LRScheduler::advance() {
   ++last_epoch_;
-  apply();
+  try {
+    write_lrs(compute_lrs(current_lrs()));
+  } catch (...) {
+    --last_epoch_;
+    throw;
+  }
 }
 
-void LRScheduler::apply() {
-  auto& groups = optimizer_.param_groups();
-  for (size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(lr_at(i, last_epoch_));
+void LRScheduler::restart() {
+  last_epoch_ = 0;
+  write_lrs(closed_form_lrs(current_lrs()));
 }
 
-std::vector<double> LRScheduler::last_lrs() const {
+std::vector<double> LRScheduler::current_lrs() const {
+  const auto& groups = optimizer_.param_groups();
+  VOLT_CHECK(groups.size() == base_lrs_.size(), ConfigError, "[", name(), "] the optimizer has ",
+             groups.size(), " param groups but had ", base_lrs_.size(),
+             " when the scheduler was built; build the scheduler after adding all param groups.");
   std::vector<double> out;
-  for (size_t i = 0; i < base_lrs_.size(); ++i) out.push_back(lr_at(i, last_epoch_));
+  out.reserve(groups.size());
+  for (auto& g : groups) out.push_back(g.options().get_lr());
   return out;
 }
 
+void LRScheduler::write_lrs(const std::vector<double>& lrs) {
+  auto& groups = optimizer_.param_groups();
+  VOLT_ASSERT(lrs.size() == groups.size(), "scheduler computed ", lrs.size(), " lrs for ",
+              groups.size(), " param groups");
+  for (size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(lrs[i]);
+  last_lrs_ = lrs;
+}
+
 void LRScheduler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("scheduler", c10::IValue(name()));
   archive.write("last_epoch", c10::IValue(last_epoch_));
-  archive.write("base_lrs", c10::IValue(c10::List<double>(base_lrs_)));
+  archive.write("base_lrs", doubles(base_lrs_));
+  archive.write("last_lrs", doubles(last_lrs_));
 }
 
 void LRScheduler::load(torch::serialize::InputArchive& archive) {
-  c10::IValue le, bl;
+  c10::IValue saved_name, le;
+  // Checkpoints from before the PyTorch-parity schedulers hold neither the name nor last_lrs.
+  if (archive.try_read("scheduler", saved_name)) {
+    VOLT_CHECK(saved_name.toStringRef() == name(), CheckpointError, "[", name(),
+               "] the checkpoint holds the state of a ", saved_name.toStringRef(),
+               "; resume with the same scheduler.");
+  }
   archive.read("last_epoch", le);
-  archive.read("base_lrs", bl);
-  auto lrs = bl.toDoubleList();
-  VOLT_CHECK(lrs.size() == base_lrs_.size(), CheckpointError, "[", name(),
-             "] checkpoint has ", lrs.size(), " param groups but the optimizer has ",
-             base_lrs_.size(), "; resume with the same optimizer setup.");
+  auto base = read_doubles(archive, "base_lrs");
+  VOLT_CHECK(base.size() == base_lrs_.size(), CheckpointError, "[", name(), "] checkpoint has ",
+             base.size(), " param groups but the optimizer has ", base_lrs_.size(),
+             "; resume with the same optimizer setup.");
+  c10::IValue last;
+  const bool has_last = archive.try_read("last_lrs", last);
+  VOLT_CHECK(!has_last || last.toDoubleList().size() == base.size(), CheckpointError, "[", name(),
+             "] checkpoint has ", last.toDoubleList().size(), " last lrs for ", base.size(),
+             " param groups; the checkpoint is corrupted.");
   last_epoch_ = le.toInt();
-  base_lrs_.assign(lrs.begin(), lrs.end());
-  apply();
+  base_lrs_ = std::move(base);
+  if (has_last) {
+    auto l = last.toDoubleList();
+    write_lrs(std::vector<double>(l.begin(), l.end()));
+  } else {
+    write_lrs(closed_form_lrs(current_lrs()));
+  }
 }
+
+// ----------------------------------------------------------------------------------- StepLR
 
 StepLR::StepLR(torch::optim::Optimizer& optimizer, int64_t step_size, double gamma)
     : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
-  VOLT_CHECK(step_size >= 1, ConfigError, "[StepLR] step_size=", step_size, " must be >= 1.");
+  VOLT_CHECK(step_size >= 1, ConfigError, "[StepLR] step_size=", step_size,
+             " must be >= 1; pass the number of steps between decays.");
+  VOLT_CHECK(gamma > 0, ConfigError, "[StepLR] gamma=", gamma,
+             " must be > 0; it multiplies the lr every step_size steps (e.g. 0.1).");
+  initial_step();
 }
 
-double StepLR::lr_at(size_t group, int64_t last_epoch) const {
-  return base_lrs_[group] * std::pow(gamma_, static_cast<double>(last_epoch / step_size_));
+std::vector<double> StepLR::compute_lrs(const std::vector<double>& current) {
+  if (last_epoch_ == 0 || last_epoch_ % step_size_ != 0) return current;
+  std::vector<double> out;
+  for (double lr : current) out.push_back(lr * gamma_);
+  return out;
 }
+
+std::vector<double> StepLR::closed_form_lrs(const std::vector<double>&) {
+  std::vector<double> out;
+  for (double b : base_lrs_)
+    out.push_back(b * std::pow(gamma_, static_cast<double>(last_epoch_ / step_size_)));
+  return out;
+}
+
+// ------------------------------------------------------------------------------ MultiStepLR
+
+MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, std::vector<int64_t> milestones,
+                         double gamma)
+    : LRScheduler(optimizer), milestones_(std::move(milestones)), gamma_(gamma) {
+  for (int64_t m : milestones_) {
+    VOLT_CHECK(m >= 0, ConfigError, "[MultiStepLR] milestone ", m,
+               " is negative; milestones are step counts >= 0.");
+  }
+  VOLT_CHECK(gamma > 0, ConfigError, "[MultiStepLR] gamma=", gamma,
+             " must be > 0; it multiplies the lr at each milestone (e.g. 0.1).");
+  // PyTorch keeps a Counter: order does not matter and a repeated milestone applies gamma^k.
+  std::sort(milestones_.begin(), milestones_.end());
+  initial_step();
+}
+
+std::vector<double> MultiStepLR::compute_lrs(const std::vector<double>& current) {
+  const auto count = std::count(milestones_.begin(), milestones_.end(), last_epoch_);
+  if (count == 0) return current;
+  std::vector<double> out;
+  for (double lr : current) out.push_back(lr * std::pow(gamma_, static_cast<double>(count)));
+  return out;
+}
+
+std::vector<double> MultiStepLR::closed_form_lrs(const std::vector<double>&) {
+  const auto passed =
+      std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin();
+  std::vector<double> out;
+  for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, static_cast<double>(passed)));
+  return out;
+}
+
+// ---------------------------------------------------------------------------- ExponentialLR
+
+ExponentialLR::ExponentialLR(torch::optim::Optimizer& optimizer, double gamma)
+    : LRScheduler(optimizer), gamma_(gamma) {
+  VOLT_CHECK(gamma > 0, ConfigError, "[ExponentialLR] gamma=", gamma,
+             " must be > 0; it multiplies the lr every step (e.g. 0.95).");
+  initial_step();
+}
+
+std::vector<double> ExponentialLR::compute_lrs(const std::vector<double>& current) {
+  if (last_epoch_ == 0) return current;
+  std::vector<double> out;
+  for (double lr : current) out.push_back(lr * gamma_);
+  return out;
+}
+
+std::vector<double> ExponentialLR::closed_form_lrs(const std::vector<double>&) {
+  std::vector<double> out;
+  for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, static_cast<double>(last_epoch_)));
+  return out;
+}
+
+// ------------------------------------------------------------------------ CosineAnnealingLR
+
+CosineAnnealingLR::CosineAnnealingLR(torch::optim::Optimizer& optimizer, int64_t t_max,
+                                     double eta_min)
+    : LRScheduler(optimizer), t_max_(t_max), eta_min_(eta_min) {
+  VOLT_CHECK(t_max >= 1, ConfigError, "[CosineAnnealingLR] t_max=", t_max,
+             " must be >= 1; pass the number of steps from base lr to eta_min.");
+  VOLT_CHECK(eta_min >= 0, ConfigError, "[CosineAnnealingLR] eta_min=", eta_min, " must be >= 0.");
+  initial_step();
+}
+
+std::vector<double> CosineAnnealingLR::compute_lrs(const std::vector<double>& current) {
+  if (last_epoch_ == 0) return current;
+  const double t = static_cast<double>(t_max_);
+  const double e = static_cast<double>(last_epoch_);
+  std::vector<double> out;
+  // PyTorch's recursive form: lr_t = (1 + cos(pi t/T)) / (1 + cos(pi (t-1)/T)) * (lr_{t-1} -
+  // eta_min) + eta_min, except one step past each minimum (t - 1 - T divisible by 2T) where
+  // the ratio is 0/0 and it adds the closed-form increment instead. Python's % is a floor mod.
+  const int64_t period = 2 * t_max_;
+  const int64_t r = ((last_epoch_ - 1 - t_max_) % period + period) % period;
+  for (size_t i = 0; i < current.size(); ++i) {
+    if (r == 0) {
+      out.push_back(current[i] + (base_lrs_[i] - eta_min_) * (1 - std::cos(kPi / t)) / 2);
+    } else {
+      out.push_back((1 + std::cos(kPi * e / t)) / (1 + std::cos(kPi * (e - 1) / t)) *
+                        (current[i] - eta_min_) +
+                    eta_min_);
+    }
+  }
+  return out;
+}
+
+std::vector<double> CosineAnnealingLR::closed_form_lrs(const std::vector<double>&) {
+  const double t = static_cast<double>(t_max_);
+  const double e = static_cast<double>(last_epoch_);
+  std::vector<double> out;
+  for (double b : base_lrs_)
+    out.push_back(eta_min_ + (b - eta_min_) * (1 + std::cos(kPi * e / t)) / 2);
+  return out;
+}
+
+// -------------------------------------------------------------- CosineAnnealingWarmRestarts
+
+CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(torch::optim::Optimizer& optimizer,
+                                                         int64_t t_0, int64_t t_mult,
+                                                         double eta_min)
+    : LRScheduler(optimizer), t_0_(t_0), t_mult_(t_mult), eta_min_(eta_min) {
+  VOLT_CHECK(t_0 >= 1, ConfigError, "[CosineAnnealingWarmRestarts] t_0=", t_0,
+             " must be >= 1; pass the number of steps until the first restart.");
+  VOLT_CHECK(t_mult >= 1, ConfigError, "[CosineAnnealingWarmRestarts] t_mult=", t_mult,
+             " must be >= 1; 1 keeps every cycle t_0 steps long, 2 doubles them.");
+  VOLT_CHECK(eta_min >= 0, ConfigError, "[CosineAnnealingWarmRestarts] eta_min=", eta_min,
+             " must be >= 0.");
+  initial_step();
+}
+
+std::vector<double> CosineAnnealingWarmRestarts::compute_lrs(const std::vector<double>&) {
+  // PyTorch advances T_cur by one per step and, on reaching T_i, subtracts T_i and multiplies
+  // T_i by T_mult. On integers that is exactly this closed form, so restarts need no state.
+  int64_t t_cur = last_epoch_, t_i = t_0_;
+  if (t_mult_ == 1) {
+    t_cur = last_epoch_ % t_0_;
+  } else {
+    while (t_cur >= t_i) {
+      t_cur -= t_i;
+      t_i *= t_mult_;
+    }
+  }
+  const double c = std::cos(kPi * static_cast<double>(t_cur) / static_cast<double>(t_i));
+  std::vector<double> out;
+  for (double b : base_lrs_) out.push_back(eta_min_ + (b - eta_min_) * (1 + c) / 2);
+  return out;
+}
+
+// --------------------------------------------------------------------------------- LinearLR
+
+std::ostream& operator<<(std::ostream& os, const LinearLROptions& o) {
+  return os << "LinearLROptions(start_factor=" << o.start_factor()
+            << ", end_factor=" << o.end_factor() << ", total_iters=" << o.total_iters() << ")";
+}
+
+LinearLR::LinearLR(torch::optim::Optimizer& optimizer, LinearLROptions options)
+    : LRScheduler(optimizer), options_(options) {
+  // start_factor 0 passes PyTorch 1.13's check but then divides by zero on the first step.
+  VOLT_CHECK(options_.start_factor() > 0 && options_.start_factor() <= 1, ConfigError,
+             "[LinearLR] start_factor=", options_.start_factor(),
+             " must be in (0, 1]; for a warmup from almost 0 use a small value like 1e-3.");
+  VOLT_CHECK(options_.end_factor() >= 0 && options_.end_factor() <= 1, ConfigError,
+             "[LinearLR] end_factor=", options_.end_factor(), " must be in [0, 1].");
+  VOLT_CHECK(options_.total_iters() >= 1, ConfigError,
+             "[LinearLR] total_iters=", options_.total_iters(),
+             " must be >= 1; pass the length of the ramp in steps.");
+  initial_step();
+}
+
+std::vector<double> LinearLR::compute_lrs(const std::vector<double>& current) {
+  const double s = options_.start_factor(), e = options_.end_factor();
+  const int64_t total = options_.total_iters();
+  std::vector<double> out;
+  if (last_epoch_ == 0) {
+    for (double lr : current) out.push_back(lr * s);
+    return out;
+  }
+  if (last_epoch_ > total) return current;
+  const double ratio = 1. + (e - s) / (static_cast<double>(total) * s +
+                                       static_cast<double>(last_epoch_ - 1) * (e - s));
+  for (double lr : current) out.push_back(lr * ratio);
+  return out;
+}
+
+std::vector<double> LinearLR::closed_form_lrs(const std::vector<double>&) {
+  const double s = options_.start_factor(), e = options_.end_factor();
+  const int64_t total = options_.total_iters();
+  const double done = static_cast<double>(std::min(total, last_epoch_));
+  std::vector<double> out;
+  for (double b : base_lrs_) out.push_back(b * (s + (e - s) * done / static_cast<double>(total)));
+  return out;
+}
+
+// --------------------------------------------------------------------------------- LambdaLR
 
 LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, std::function<double(int64_t)> factor)
-    : LRScheduler(optimizer), factor_(std::move(factor)) {
-  VOLT_CHECK(static_cast<bool>(factor_), ConfigError, "[LambdaLR] factor function is empty.");
+    : LRScheduler(optimizer), factors_(base_lrs_.size(), factor) {
+  VOLT_CHECK(static_cast<bool>(factor), ConfigError,
+             "[LambdaLR] factor function is empty; pass a function of the step count.");
+  initial_step();
 }
 
-double LambdaLR::lr_at(size_t group, int64_t last_epoch) const {
-  return base_lrs_[group] * factor_(last_epoch);
+LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer,
+                   std::vector<std::function<double(int64_t)>> factors)
+    : LRScheduler(optimizer), factors_(std::move(factors)) {
+  VOLT_CHECK(factors_.size() == base_lrs_.size(), ConfigError, "[LambdaLR] got ", factors_.size(),
+             " factor functions for ", base_lrs_.size(),
+             " param groups; pass one per group or a single one for all.");
+  for (size_t i = 0; i < factors_.size(); ++i) {
+    VOLT_CHECK(static_cast<bool>(factors_[i]), ConfigError, "[LambdaLR] factor function ", i,
+               " is empty; pass a function of the step count.");
+  }
+  initial_step();
+}
+
+std::vector<double> LambdaLR::compute_lrs(const std::vector<double>&) {
+  std::vector<double> out;
+  for (size_t i = 0; i < base_lrs_.size(); ++i)
+    out.push_back(base_lrs_[i] * factors_[i](last_epoch_));
+  return out;
+}
+
+// ------------------------------------------------------------------------------- OneCycleLR
+
+std::ostream& operator<<(std::ostream& os, const OneCycleLROptions& o) {
+  return os << "OneCycleLROptions(max_lr=" << join(o.max_lr())
+            << ", total_steps=" << o.total_steps() << ", pct_start=" << o.pct_start()
+            << ", anneal_strategy="
+            << (o.anneal_strategy() == AnnealStrategy::kCos ? "cos" : "linear")
+            << ", cycle_momentum=" << o.cycle_momentum() << ", base_momentum=" << o.base_momentum()
+            << ", max_momentum=" << o.max_momentum() << ", div_factor=" << o.div_factor()
+            << ", final_div_factor=" << o.final_div_factor() << ", three_phase=" << o.three_phase()
+            << ")";
+}
+
+namespace {
+
+// The optimizers whose momentum OneCycleLR can cycle, as PyTorch finds them through the
+// 'momentum' or 'betas' key of the param group.
+bool has_momentum(torch::optim::OptimizerOptions& o) {
+  return dynamic_cast<torch::optim::SGDOptions*>(&o) ||
+         dynamic_cast<torch::optim::RMSpropOptions*>(&o) ||
+         dynamic_cast<torch::optim::AdamOptions*>(&o) ||
+         dynamic_cast<torch::optim::AdamWOptions*>(&o);
+}
+
+}  // namespace
+
+OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, OneCycleLROptions options)
+    : LRScheduler(optimizer), options_(std::move(options)) {
+  const auto& o = options_;
+  const size_t groups = base_lrs_.size();
+  VOLT_CHECK(o.max_lr().size() == 1 || o.max_lr().size() == groups, ConfigError,
+             "[OneCycleLR] got ", o.max_lr().size(), " max_lr values for ", groups,
+             " param groups; pass one per group or a single one for all.");
+  for (double m : o.max_lr()) {
+    VOLT_CHECK(m > 0 && std::isfinite(m), ConfigError, "[OneCycleLR] max_lr=", m,
+               " must be a positive finite lr.");
+  }
+  VOLT_CHECK(o.total_steps() >= 1, ConfigError, "[OneCycleLR] total_steps=", o.total_steps(),
+             " must be >= 1; pass the number of scheduler steps in the run.");
+  VOLT_CHECK(o.pct_start() >= 0 && o.pct_start() <= 1, ConfigError,
+             "[OneCycleLR] pct_start=", o.pct_start(),
+             " must be in [0, 1]; it is the fraction of the cycle spent raising the lr.");
+  VOLT_CHECK(o.div_factor() > 0, ConfigError, "[OneCycleLR] div_factor=", o.div_factor(),
+             " must be > 0; initial_lr = max_lr / div_factor.");
+  VOLT_CHECK(o.final_div_factor() > 0, ConfigError,
+             "[OneCycleLR] final_div_factor=", o.final_div_factor(),
+             " must be > 0; min_lr = initial_lr / final_div_factor.");
+
+  const double total = static_cast<double>(o.total_steps());
+  if (o.three_phase()) {
+    phases_ = {{o.pct_start() * total - 1, Level::kInitial, Level::kMax, true, false},
+               {2 * o.pct_start() * total - 2, Level::kMax, Level::kInitial, false, true},
+               {total - 1, Level::kInitial, Level::kMin, true, true}};
+  } else {
+    phases_ = {{o.pct_start() * total - 1, Level::kInitial, Level::kMax, true, false},
+               {total - 1, Level::kMax, Level::kMin, false, true}};
+  }
+  // A phase that starts where it ends is reached (at step 0 or total_steps) and divides by
+  // zero, which PyTorch reports as ZeroDivisionError.
+  double start = 0;
+  for (size_t i = 0; i < phases_.size(); ++i) {
+    VOLT_CHECK(phases_[i].end_step != start, ConfigError, "[OneCycleLR] pct_start=", o.pct_start(),
+               " with total_steps=", o.total_steps(), " makes phase ", i + 1,
+               " zero steps long (it starts and ends at step ", start,
+               "); change pct_start or total_steps.");
+    start = phases_[i].end_step;
+  }
+
+  if (o.cycle_momentum()) {
+    for (double m : {o.base_momentum(), o.max_momentum()}) {
+      VOLT_CHECK(m >= 0 && m < 1, ConfigError, "[OneCycleLR] momentum ", m,
+                 " must be in [0, 1); check base_momentum and max_momentum.");
+    }
+    for (auto& g : optimizer_.param_groups()) {
+      VOLT_CHECK(has_momentum(g.options()), ConfigError,
+                 "[OneCycleLR] cycle_momentum=true needs an optimizer with momentum or betas "
+                 "(SGD, RMSprop, Adam, AdamW); set cycle_momentum(false) for this optimizer.");
+    }
+  }
+
+  // PyTorch overwrites param_group['initial_lr'] with max_lr / div_factor, so that is base_lrs.
+  overrides_initial_lr_ = true;
+  for (size_t i = 0; i < groups; ++i) {
+    const double max_lr = o.max_lr().size() == 1 ? o.max_lr()[0] : o.max_lr()[i];
+    max_lrs_.push_back(max_lr);
+    base_lrs_[i] = max_lr / o.div_factor();
+    min_lrs_.push_back(base_lrs_[i] / o.final_div_factor());
+    if (o.cycle_momentum()) set_momentum(i, o.max_momentum());
+  }
+  initial_step();
+}
+
+double OneCycleLR::lr_of(size_t group, Level level) const {
+  switch (level) {
+    case Level::kInitial:
+      return base_lrs_[group];
+    case Level::kMax:
+      return max_lrs_[group];
+    case Level::kMin:
+      break;
+  }
+  return min_lrs_[group];
+}
+
+double OneCycleLR::anneal(double start, double end, double pct) const {
+  if (options_.anneal_strategy() == AnnealStrategy::kCos) {
+    const double cos_out = std::cos(kPi * pct) + 1;
+    return end + (start - end) / 2.0 * cos_out;
+  }
+  return (end - start) * pct + start;
+}
+
+void OneCycleLR::set_momentum(size_t group, double momentum) {
+  auto& o = optimizer_.param_groups()[group].options();
+  if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&o)) {
+    sgd->momentum(momentum);
+  } else if (auto* rms = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) {
+    rms->momentum(momentum);
+  } else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&o)) {
+    adam->betas(std::make_tuple(momentum, std::get<1>(adam->betas())));
+  } else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&o)) {
+    adamw->betas(std::make_tuple(momentum, std::get<1>(adamw->betas())));
+  } else {
+    VOLT_ASSERT(false, "OneCycleLR momentum on an optimizer checked to have none");
+  }
+}
+
+std::vector<double> OneCycleLR::compute_lrs(const std::vector<double>&) {
+  return schedule_at(last_epoch_);
+}
+
+std::vector<double> OneCycleLR::schedule_at(int64_t step_num) {
+  VOLT_CHECK(step_num <= options_.total_steps(), ConfigError, "[OneCycleLR] step() called ",
+             step_num, " times but total_steps=", options_.total_steps(),
+             "; set total_steps to the number of scheduler steps in the run (with "
+             "Interval::kStep: optimizer steps / frequency).");
+  const double mom_max = options_.max_momentum(), mom_base = options_.base_momentum();
+  std::vector<double> out;
+  for (size_t g = 0; g < base_lrs_.size(); ++g) {
+    double start_step = 0;
+    for (size_t i = 0; i < phases_.size(); ++i) {
+      const Phase& p = phases_[i];
+      if (static_cast<double>(step_num) <= p.end_step || i + 1 == phases_.size()) {
+        const double pct = (static_cast<double>(step_num) - start_step) / (p.end_step - start_step);
+        out.push_back(anneal(lr_of(g, p.start_lr), lr_of(g, p.end_lr), pct));
+        if (options_.cycle_momentum()) {
+          set_momentum(g, anneal(p.start_at_max_momentum ? mom_max : mom_base,
+                                 p.end_at_max_momentum ? mom_max : mom_base, pct));
+        }
+        break;
+      }
+      start_step = p.end_step;
+    }
+  }
+  return out;
+}
+
+void OneCycleLR::load(torch::serialize::InputArchive& archive) {
+  LRScheduler::load(archive);
+  // The momentum follows the step count; setting it again also restores it when the optimizer
+  // state was not loaded. last_epoch is -1 while this scheduler waits for its milestone in a
+  // SequentialLR; the momentum is then still the one its construction set (step 0).
+  if (options_.cycle_momentum()) schedule_at(std::max<int64_t>(last_epoch_, 0));
+}
+
+// ----------------------------------------------------------------------------- SequentialLR
+
+// PyTorch 1.13's SequentialLR, reproduced as observed:
+// - Every scheduler's constructor already stepped once. SequentialLR resets each group's lr to
+//   param_group['initial_lr'], moves every scheduler's last_epoch back by one and redoes only
+//   the first scheduler's initial step.
+// - param_group['initial_lr'] is shared by all schedulers of an optimizer: the first one built
+//   sets it to the lr it finds and later ones read it as their base_lrs, except OneCycleLR,
+//   which overwrites it with max_lr / div_factor. libtorch's param groups have no such slot,
+//   so each volt scheduler keeps its own base_lrs_; here we replay the construction order to
+//   give every scheduler the base_lrs PyTorch would have given it.
+// - At milestone m the next scheduler is stepped with step(0) (epoch argument), which sets its
+//   last_epoch to 0 and uses its closed form where PyTorch has one (StepLR, MultiStepLR,
+//   ExponentialLR, CosineAnnealingLR, LinearLR), so it starts from its base_lrs, not from the
+//   lr the previous scheduler left; and it counts its steps from that milestone.
+SequentialLR::SequentialLR(torch::optim::Optimizer& optimizer,
+                           std::vector<std::shared_ptr<LRScheduler>> schedulers,
+                           std::vector<int64_t> milestones)
+    : LRScheduler(optimizer),
+      schedulers_(std::move(schedulers)),
+      milestones_(std::move(milestones)) {
+  VOLT_CHECK(!schedulers_.empty(), ConfigError,
+             "[SequentialLR] no schedulers given; pass at least one.");
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    auto& s = schedulers_[i];
+    VOLT_CHECK(s != nullptr, ConfigError, "[SequentialLR] scheduler ", i, " is null.");
+    VOLT_CHECK(&s->optimizer_ == &optimizer_, ConfigError, "[SequentialLR] scheduler ", i, " (",
+               s->name(),
+               ") drives a different optimizer; build all schedulers on the "
+               "optimizer passed to SequentialLR.");
+    VOLT_CHECK(!dynamic_cast<ReduceLROnPlateau*>(s.get()) && !dynamic_cast<SequentialLR*>(s.get()),
+               ConfigError, "[SequentialLR] scheduler ", i, " is a ", s->name(),
+               ", which cannot be chained; use step-driven schedulers only.");
+    for (size_t j = 0; j < i; ++j) {
+      VOLT_CHECK(schedulers_[j] != s, ConfigError, "[SequentialLR] schedulers ", j, " and ", i,
+                 " are the same object; build one scheduler per stage.");
+    }
+  }
+  VOLT_CHECK(milestones_.size() + 1 == schedulers_.size(), ConfigError, "[SequentialLR] got ",
+             schedulers_.size(), " schedulers and ", milestones_.size(),
+             " milestones; pass one milestone fewer than schedulers.");
+  for (size_t i = 0; i < milestones_.size(); ++i) {
+    const bool ok = milestones_[i] >= 1 && (i == 0 || milestones_[i] > milestones_[i - 1]);
+    VOLT_CHECK(ok, ConfigError, "[SequentialLR] milestone ", i, " is ", milestones_[i],
+               "; milestones must be strictly increasing and >= 1, the steps at which each next "
+               "scheduler takes over.");
+  }
+
+  std::vector<LRScheduler*> by_age;
+  for (auto& s : schedulers_) by_age.push_back(s.get());
+  std::sort(by_age.begin(), by_age.end(),
+            [](const LRScheduler* a, const LRScheduler* b) { return a->serial_ < b->serial_; });
+  std::vector<double> initial = by_age.front()->base_lrs_;
+  for (auto* s : by_age) {
+    if (s->overrides_initial_lr_) {
+      initial = s->base_lrs_;
+    } else {
+      s->base_lrs_ = initial;
+    }
+  }
+  base_lrs_ = initial;
+  write_lrs(initial);
+  for (auto& s : schedulers_) --s->last_epoch_;
+  schedulers_.front()->advance();
+  last_epoch_ = 0;
+  last_lrs_ = schedulers_.front()->last_lrs_;
+}
+
+void SequentialLR::step() {
+  ++last_epoch_;
+  const size_t idx = static_cast<size_t>(
+      std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin());
+  LRScheduler& s = *schedulers_[idx];
+  try {
+    if (idx > 0 && milestones_[idx - 1] == last_epoch_) {
+      s.restart();
+    } else {
+      s.step();
+    }
+  } catch (...) {
+    --last_epoch_;
+    throw;
+  }
+  last_lrs_ = s.last_lrs_;
+}
+
+std::vector<double> SequentialLR::compute_lrs(const std::vector<double>& current) {
+  return current;
+}
+
+void SequentialLR::save(torch::serialize::OutputArchive& archive) const {
+  LRScheduler::save(archive);
+  archive.write("count", c10::IValue(static_cast<int64_t>(schedulers_.size())));
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    torch::serialize::OutputArchive one;
+    schedulers_[i]->save(one);
+    archive.write("scheduler_" + std::to_string(i), one);
+  }
+}
+
+void SequentialLR::load(torch::serialize::InputArchive& archive) {
+  c10::IValue count;
+  archive.read("count", count);
+  VOLT_CHECK(count.toInt() == static_cast<int64_t>(schedulers_.size()), CheckpointError,
+             "[SequentialLR] checkpoint chains ", count.toInt(), " schedulers but this one chains ",
+             schedulers_.size(), "; resume with the same schedulers.");
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    torch::serialize::InputArchive one;
+    archive.read("scheduler_" + std::to_string(i), one);
+    schedulers_[i]->load(one);
+  }
+  // Last, so the optimizer ends up with the lrs of the active scheduler.
+  LRScheduler::load(archive);
+}
+
+// ------------------------------------------------------------------------ ReduceLROnPlateau
+
+std::ostream& operator<<(std::ostream& os, const ReduceLROnPlateauOptions& o) {
+  return os << "ReduceLROnPlateauOptions(mode=" << (o.mode() == PlateauMode::kMin ? "min" : "max")
+            << ", factor=" << o.factor() << ", patience=" << o.patience()
+            << ", threshold=" << o.threshold()
+            << ", threshold_mode=" << (o.threshold_mode() == ThresholdMode::kRel ? "rel" : "abs")
+            << ", cooldown=" << o.cooldown() << ", min_lr=" << join(o.min_lr())
+            << ", eps=" << o.eps() << ")";
+}
+
+ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer,
+                                     ReduceLROnPlateauOptions options)
+    : LRScheduler(optimizer), options_(std::move(options)) {
+  const auto& o = options_;
+  VOLT_CHECK(o.factor() >= 0 && o.factor() < 1, ConfigError,
+             "[ReduceLROnPlateau] factor=", o.factor(),
+             " must be in [0, 1); new_lr = lr * factor (e.g. 0.1).");
+  VOLT_CHECK(o.patience() >= 0, ConfigError, "[ReduceLROnPlateau] patience=", o.patience(),
+             " must be >= 0.");
+  VOLT_CHECK(o.threshold() >= 0, ConfigError, "[ReduceLROnPlateau] threshold=", o.threshold(),
+             " must be >= 0.");
+  VOLT_CHECK(o.cooldown() >= 0, ConfigError, "[ReduceLROnPlateau] cooldown=", o.cooldown(),
+             " must be >= 0.");
+  VOLT_CHECK(o.eps() >= 0, ConfigError, "[ReduceLROnPlateau] eps=", o.eps(), " must be >= 0.");
+  const size_t groups = base_lrs_.size();
+  VOLT_CHECK(o.min_lr().size() == 1 || o.min_lr().size() == groups, ConfigError,
+             "[ReduceLROnPlateau] got ", o.min_lr().size(), " min_lr values for ", groups,
+             " param groups; pass one per group or a single one for all.");
+  for (double m : o.min_lr()) {
+    VOLT_CHECK(m >= 0, ConfigError, "[ReduceLROnPlateau] min_lr=", m, " must be >= 0.");
+  }
+  min_lrs_ = o.min_lr().size() == 1 ? std::vector<double>(groups, o.min_lr()[0]) : o.min_lr();
+  best_ = o.mode() == PlateauMode::kMin ? std::numeric_limits<double>::infinity()
+                                        : -std::numeric_limits<double>::infinity();
+}
+
+void ReduceLROnPlateau::step() {
+  VOLT_CHECK(false, ConfigError,
+             "[ReduceLROnPlateau] step() needs the watched metric; set OptimizerConfig::monitor "
+             "to a logged metric (e.g. .monitor(\"val_loss\")) or call step(metric).");
+}
+
+bool ReduceLROnPlateau::is_better(double a) const {
+  const double t = options_.threshold();
+  if (options_.mode() == PlateauMode::kMin) {
+    return options_.threshold_mode() == ThresholdMode::kRel ? a < best_ * (1. - t) : a < best_ - t;
+  }
+  return options_.threshold_mode() == ThresholdMode::kRel ? a > best_ * (t + 1.) : a > best_ + t;
+}
+
+void ReduceLROnPlateau::step(double metric) {
+  std::vector<double> lrs = current_lrs();
+  ++last_epoch_;
+  if (is_better(metric)) {
+    best_ = metric;
+    num_bad_epochs_ = 0;
+  } else {
+    ++num_bad_epochs_;
+  }
+  if (cooldown_counter_ > 0) {
+    --cooldown_counter_;
+    num_bad_epochs_ = 0;  // bad steps during cooldown do not count
+  }
+  if (num_bad_epochs_ > options_.patience()) {
+    for (size_t i = 0; i < lrs.size(); ++i) {
+      const double reduced = std::max(lrs[i] * options_.factor(), min_lrs_[i]);
+      if (lrs[i] - reduced > options_.eps()) lrs[i] = reduced;
+    }
+    cooldown_counter_ = options_.cooldown();
+    num_bad_epochs_ = 0;
+  }
+  write_lrs(lrs);
+}
+
+std::vector<double> ReduceLROnPlateau::compute_lrs(const std::vector<double>& current) {
+  return current;
+}
+
+void ReduceLROnPlateau::save(torch::serialize::OutputArchive& archive) const {
+  LRScheduler::save(archive);
+  archive.write("best", c10::IValue(best_));
+  archive.write("num_bad_epochs", c10::IValue(num_bad_epochs_));
+  archive.write("cooldown_counter", c10::IValue(cooldown_counter_));
+}
+
+void ReduceLROnPlateau::load(torch::serialize::InputArchive& archive) {
+  LRScheduler::load(archive);
+  c10::IValue best, bad, cooldown;
+  archive.read("best", best);
+  archive.read("num_bad_epochs", bad);
+  archive.read("cooldown_counter", cooldown);
+  best_ = best.toDouble();
+  num_bad_epochs_ = bad.toInt();
+  cooldown_counter_ = cooldown.toInt();
 }
 
 }  // namespace volt

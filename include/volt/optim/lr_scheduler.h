@@ -1,42 +1,90 @@
 #pragma once
-/// LR schedulers that set each param group's lr of a libtorch optimizer in closed form.
+/// LR schedulers that reproduce torch.optim.lr_scheduler (PyTorch 1.13) on libtorch optimizers:
+/// StepLR, MultiStepLR, ExponentialLR, CosineAnnealingLR, CosineAnnealingWarmRestarts, LinearLR,
+/// LambdaLR, OneCycleLR, SequentialLR and ReduceLROnPlateau.
+///
+///   std::vector<std::shared_ptr<volt::LRScheduler>> parts = {
+///       std::make_shared<volt::LinearLR>(*opt, volt::LinearLROptions().start_factor(0.1)),
+///       std::make_shared<volt::CosineAnnealingLR>(*opt, /*t_max=*/95)};
+///   auto sched = std::make_shared<volt::SequentialLR>(*opt, parts, std::vector<int64_t>{5});
+///
+/// Each scheduler produces, step by step, the lrs its PyTorch namesake produces (checked against
+/// sequences from tools/lr_scheduler_reference.py, in fp64).
 
+#include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace volt {
 
+class SequentialLR;
+
 /// A scheduler owns a step counter (`last_epoch`, PyTorch's name) and writes lrs into its
-/// optimizer's param groups. step() advances one interval; state round-trips through archives.
+/// optimizer's param groups. As in PyTorch, constructing a scheduler performs its initial step
+/// (last_epoch 0) and each step() advances one interval; state round-trips through archives.
 class LRScheduler {
  public:
   explicit LRScheduler(torch::optim::Optimizer& optimizer);
+  LRScheduler(const LRScheduler&) = delete;
+  LRScheduler& operator=(const LRScheduler&) = delete;
   virtual ~LRScheduler() = default;
   /// Advances one interval and writes the new lrs.
-  void step();
-  /// Optional metric for schedulers that watch one (ReduceLROnPlateau); others ignore it.
-  virtual void step(double metric) { step(); }
-  /// The lrs written by the last step (the base lrs before any step).
-  std::vector<double> last_lrs() const;
+  virtual void step();
+  /// Metric-driven step for schedulers that watch one (ReduceLROnPlateau); the others ignore
+  /// the metric and step().
+  virtual void step(double metric);
+  /// The lrs written by the last step (by the constructor before any step).
+  const std::vector<double>& last_lrs() const { return last_lrs_; }
+  /// Each group's initial lr (PyTorch's base_lrs / param_group['initial_lr']).
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
+  /// Steps taken since construction.
   int64_t last_epoch() const { return last_epoch_; }
+  torch::optim::Optimizer& optimizer() const { return optimizer_; }
   virtual std::string name() const = 0;
+  /// Writes last_epoch, base and last lrs, and the scheduler's own counters.
   virtual void save(torch::serialize::OutputArchive& archive) const;
+  /// Restores what save() wrote and writes the restored lrs into the optimizer.
   virtual void load(torch::serialize::InputArchive& archive);
 
  protected:
-  /// The lr of param group `group` after `last_epoch` steps.
-  virtual double lr_at(size_t group, int64_t last_epoch) const = 0;
+  /// The lrs for `last_epoch_` (already advanced) given the lrs now in the param groups:
+  /// PyTorch's chainable get_lr(). May also set other values the schedule drives (OneCycleLR's
+  /// momentum).
+  virtual std::vector<double> compute_lrs(const std::vector<double>& current) = 0;
+  /// The lrs for `last_epoch_` from base_lrs alone (PyTorch's _get_closed_form_lr), used when
+  /// SequentialLR restarts this scheduler at a milestone. Default: compute_lrs(current).
+  virtual std::vector<double> closed_form_lrs(const std::vector<double>& current);
+  /// PyTorch's _initial_step(): sets last_epoch 0 and writes compute_lrs(). Every concrete
+  /// scheduler's constructor calls it last.
+  void initial_step();
+  /// ++last_epoch_ and writes compute_lrs(); leaves the scheduler unchanged if that throws.
+  void advance();
+  /// The lrs now in the optimizer's param groups.
+  std::vector<double> current_lrs() const;
+  /// Writes `lrs` into the param groups and last_lrs_.
+  void write_lrs(const std::vector<double>& lrs);
+
   torch::optim::Optimizer& optimizer_;
   std::vector<double> base_lrs_;
+  std::vector<double> last_lrs_;
   int64_t last_epoch_ = 0;
+  /// True for schedulers that, like PyTorch's OneCycleLR, overwrite param_group['initial_lr']
+  /// (base_lrs_) instead of taking the lr they find.
+  bool overrides_initial_lr_ = false;
 
  private:
-  void apply();
+  friend class SequentialLR;
+  /// PyTorch's step(0) as SequentialLR calls it at a milestone: last_epoch 0, closed form.
+  void restart();
+  /// Construction order, which SequentialLR needs to rebuild PyTorch's shared initial_lr.
+  uint64_t serial_;
 };
 
 /// lr = base_lr * gamma^(floor(last_epoch / step_size)), as torch.optim.lr_scheduler.StepLR.
@@ -46,24 +94,273 @@ class StepLR : public LRScheduler {
   std::string name() const override { return "StepLR"; }
 
  protected:
-  double lr_at(size_t group, int64_t last_epoch) const override;
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+  std::vector<double> closed_form_lrs(const std::vector<double>& current) override;
 
  private:
   int64_t step_size_;
   double gamma_;
 };
 
-/// lr = base_lr * factor(last_epoch), as torch.optim.lr_scheduler.LambdaLR.
+/// lr = base_lr * gamma^(number of milestones <= last_epoch); a milestone listed k times
+/// multiplies by gamma^k. As torch.optim.lr_scheduler.MultiStepLR.
+class MultiStepLR : public LRScheduler {
+ public:
+  MultiStepLR(torch::optim::Optimizer& optimizer, std::vector<int64_t> milestones,
+              double gamma = 0.1);
+  std::string name() const override { return "MultiStepLR"; }
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+  std::vector<double> closed_form_lrs(const std::vector<double>& current) override;
+
+ private:
+  std::vector<int64_t> milestones_;  // sorted
+  double gamma_;
+};
+
+/// lr = base_lr * gamma^last_epoch, as torch.optim.lr_scheduler.ExponentialLR.
+class ExponentialLR : public LRScheduler {
+ public:
+  ExponentialLR(torch::optim::Optimizer& optimizer, double gamma);
+  std::string name() const override { return "ExponentialLR"; }
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+  std::vector<double> closed_form_lrs(const std::vector<double>& current) override;
+
+ private:
+  double gamma_;
+};
+
+/// Cosine annealing from base_lr to eta_min over t_max steps, as
+/// torch.optim.lr_scheduler.CosineAnnealingLR: PyTorch's recursive form, so past t_max the lr
+/// climbs back up (period 2 * t_max) and external lr changes compose as in PyTorch.
+class CosineAnnealingLR : public LRScheduler {
+ public:
+  CosineAnnealingLR(torch::optim::Optimizer& optimizer, int64_t t_max, double eta_min = 0.0);
+  std::string name() const override { return "CosineAnnealingLR"; }
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+  std::vector<double> closed_form_lrs(const std::vector<double>& current) override;
+
+ private:
+  int64_t t_max_;
+  double eta_min_;
+};
+
+/// SGDR: cosine annealing restarted every t_i steps, t_0 first and t_i *= t_mult after each
+/// restart, as torch.optim.lr_scheduler.CosineAnnealingWarmRestarts stepped without an epoch.
+class CosineAnnealingWarmRestarts : public LRScheduler {
+ public:
+  CosineAnnealingWarmRestarts(torch::optim::Optimizer& optimizer, int64_t t_0, int64_t t_mult = 1,
+                              double eta_min = 0.0);
+  std::string name() const override { return "CosineAnnealingWarmRestarts"; }
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+
+ private:
+  int64_t t_0_;
+  int64_t t_mult_;
+  double eta_min_;
+};
+
+/// Options for LinearLR.
+struct LinearLROptions {
+  /// Factor applied to base_lr at step 0, in (0, 1]. Default: 1/3.
+  TORCH_ARG(double, start_factor) = 1.0 / 3.0;
+  /// Factor reached at step total_iters and kept after, in [0, 1]. Default: 1.
+  TORCH_ARG(double, end_factor) = 1.0;
+  /// Steps from start_factor to end_factor, >= 1. Default: 5.
+  TORCH_ARG(int64_t, total_iters) = 5;
+};
+
+std::ostream& operator<<(std::ostream& os, const LinearLROptions& o);
+
+/// lr = base_lr * factor, the factor moving linearly from start_factor to end_factor over
+/// total_iters steps (a warmup when start < end), as torch.optim.lr_scheduler.LinearLR.
+class LinearLR : public LRScheduler {
+ public:
+  explicit LinearLR(torch::optim::Optimizer& optimizer, LinearLROptions options = {});
+  std::string name() const override { return "LinearLR"; }
+  const LinearLROptions& options() const { return options_; }
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+  std::vector<double> closed_form_lrs(const std::vector<double>& current) override;
+
+ private:
+  LinearLROptions options_;
+};
+
+/// lr = base_lr * factor(last_epoch), as torch.optim.lr_scheduler.LambdaLR; one function for
+/// every group or one per group. The functions themselves are not saved.
 class LambdaLR : public LRScheduler {
  public:
   LambdaLR(torch::optim::Optimizer& optimizer, std::function<double(int64_t)> factor);
+  LambdaLR(torch::optim::Optimizer& optimizer, std::vector<std::function<double(int64_t)>> factors);
   std::string name() const override { return "LambdaLR"; }
 
  protected:
-  double lr_at(size_t group, int64_t last_epoch) const override;
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
 
  private:
-  std::function<double(int64_t)> factor_;
+  std::vector<std::function<double(int64_t)>> factors_;
+};
+
+/// How OneCycleLR moves between the ends of a phase.
+enum class AnnealStrategy { kCos, kLinear };
+
+/// Options for OneCycleLR; max_lr and total_steps are required.
+struct OneCycleLROptions {
+  /// The same peak lr for every param group.
+  OneCycleLROptions(double max_lr, int64_t total_steps)
+      : max_lr_({max_lr}), total_steps_(total_steps) {}
+  /// One peak lr per param group.
+  OneCycleLROptions(std::vector<double> max_lr, int64_t total_steps)
+      : max_lr_(std::move(max_lr)), total_steps_(total_steps) {}
+  /// Peak lr: one value for all groups or one per group.
+  TORCH_ARG(std::vector<double>, max_lr);
+  /// Steps in the cycle; step() may be called at most this many times.
+  TORCH_ARG(int64_t, total_steps);
+  /// Fraction of the cycle spent raising the lr, in [0, 1]. Default: 0.3.
+  TORCH_ARG(double, pct_start) = 0.3;
+  /// Cosine or linear annealing. Default: AnnealStrategy::kCos.
+  TORCH_ARG(AnnealStrategy, anneal_strategy) = AnnealStrategy::kCos;
+  /// Cycle momentum (SGD, RMSprop) or beta1 (Adam, AdamW) inversely to the lr. Default: true.
+  TORCH_ARG(bool, cycle_momentum) = true;
+  /// Momentum at the lr peak, in [0, 1). Default: 0.85.
+  TORCH_ARG(double, base_momentum) = 0.85;
+  /// Momentum at the start and end of the cycle, in [0, 1). Default: 0.95.
+  TORCH_ARG(double, max_momentum) = 0.95;
+  /// initial_lr = max_lr / div_factor, > 0. Default: 25.
+  TORCH_ARG(double, div_factor) = 25.0;
+  /// min_lr = initial_lr / final_div_factor, > 0. Default: 1e4.
+  TORCH_ARG(double, final_div_factor) = 1e4;
+  /// Three phases (up, back down to initial_lr, down to min_lr) instead of two. Default: false.
+  TORCH_ARG(bool, three_phase) = false;
+};
+
+std::ostream& operator<<(std::ostream& os, const OneCycleLROptions& o);
+
+/// The 1cycle policy (Smith & Topin, arXiv:1708.07120), as torch.optim.lr_scheduler.OneCycleLR
+/// with total_steps: from max_lr / div_factor up to max_lr in pct_start of the cycle, then down
+/// to the minimum lr. With cycle_momentum it also drives SGD/RMSprop momentum or Adam/AdamW
+/// beta1 between max_momentum and base_momentum; base/max momentum are one value for all
+/// groups (PyTorch also takes per-group lists). Like PyTorch, base_lrs become
+/// max_lr / div_factor and step number total_steps (one past the last phase end) is allowed.
+class OneCycleLR : public LRScheduler {
+ public:
+  OneCycleLR(torch::optim::Optimizer& optimizer, OneCycleLROptions options);
+  std::string name() const override { return "OneCycleLR"; }
+  const OneCycleLROptions& options() const { return options_; }
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+
+ private:
+  enum class Level { kInitial, kMax, kMin };
+  struct Phase {
+    double end_step;
+    Level start_lr, end_lr;
+    bool start_at_max_momentum, end_at_max_momentum;  // else at base_momentum
+  };
+  double lr_of(size_t group, Level level) const;
+  /// The lrs at `step_num`; sets the momentum when cycle_momentum (PyTorch's get_lr()).
+  std::vector<double> schedule_at(int64_t step_num);
+  double anneal(double start, double end, double pct) const;
+  void set_momentum(size_t group, double momentum);
+  OneCycleLROptions options_;
+  std::vector<Phase> phases_;
+  std::vector<double> max_lrs_, min_lrs_;
+};
+
+/// Chains schedulers: schedulers[i] drives the lr from milestones[i-1] on, as
+/// torch.optim.lr_scheduler.SequentialLR in PyTorch 1.13, quirks included: at a milestone the
+/// next scheduler restarts from its closed form at step 0 (PyTorch's step(0)), and all of them
+/// share the initial lr of the first one built (OneCycleLR overwrites it, as in PyTorch). The
+/// schedulers must be built on `optimizer` and from then on be stepped only through this one.
+class SequentialLR : public LRScheduler {
+ public:
+  SequentialLR(torch::optim::Optimizer& optimizer,
+               std::vector<std::shared_ptr<LRScheduler>> schedulers,
+               std::vector<int64_t> milestones);
+  std::string name() const override { return "SequentialLR"; }
+  using LRScheduler::step;
+  void step() override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  /// Unused: step() delegates to the active scheduler. Returns `current`.
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+
+ private:
+  std::vector<std::shared_ptr<LRScheduler>> schedulers_;
+  std::vector<int64_t> milestones_;
+};
+
+/// Whether a smaller (kMin, e.g. a loss) or larger (kMax, e.g. an accuracy) metric is better.
+enum class PlateauMode { kMin, kMax };
+/// Whether ReduceLROnPlateau's threshold is relative to the best metric or absolute.
+enum class ThresholdMode { kRel, kAbs };
+
+/// Options for ReduceLROnPlateau.
+struct ReduceLROnPlateauOptions {
+  /// Direction of improvement. Default: PlateauMode::kMin.
+  TORCH_ARG(PlateauMode, mode) = PlateauMode::kMin;
+  /// new_lr = lr * factor, in [0, 1). Default: 0.1.
+  TORCH_ARG(double, factor) = 0.1;
+  /// Bad steps tolerated before reducing, >= 0. Default: 10.
+  TORCH_ARG(int64_t, patience) = 10;
+  /// Minimal improvement that counts, >= 0. Default: 1e-4.
+  TORCH_ARG(double, threshold) = 1e-4;
+  /// Relative (best * (1 -/+ threshold)) or absolute (best -/+ threshold). Default: kRel.
+  TORCH_ARG(ThresholdMode, threshold_mode) = ThresholdMode::kRel;
+  /// Steps after a reduction during which bad steps are not counted, >= 0. Default: 0.
+  TORCH_ARG(int64_t, cooldown) = 0;
+  /// Lower bound of the lr: one value for all groups or one per group, >= 0. Default: {0}.
+  TORCH_ARG(std::vector<double>, min_lr) = {0.0};
+  /// Reductions smaller than eps are skipped, >= 0. Default: 1e-8.
+  TORCH_ARG(double, eps) = 1e-8;
+};
+
+std::ostream& operator<<(std::ostream& os, const ReduceLROnPlateauOptions& o);
+
+/// Multiplies the lr by factor once a metric has not improved for more than `patience` steps,
+/// as torch.optim.lr_scheduler.ReduceLROnPlateau. Needs a metric: configure it with
+/// OptimizerConfig::monitor; step() without one throws ConfigError. Construction leaves the
+/// lrs as they are.
+class ReduceLROnPlateau : public LRScheduler {
+ public:
+  explicit ReduceLROnPlateau(torch::optim::Optimizer& optimizer,
+                             ReduceLROnPlateauOptions options = {});
+  std::string name() const override { return "ReduceLROnPlateau"; }
+  const ReduceLROnPlateauOptions& options() const { return options_; }
+  /// Throws ConfigError: this scheduler needs a metric.
+  void step() override;
+  void step(double metric) override;
+  /// Best metric so far (+inf / -inf before the first step in min / max mode).
+  double best() const { return best_; }
+  int64_t num_bad_epochs() const { return num_bad_epochs_; }
+  int64_t cooldown_counter() const { return cooldown_counter_; }
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  /// The lrs only change on a reduction in step(metric); returns `current`.
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+
+ private:
+  bool is_better(double a) const;
+  ReduceLROnPlateauOptions options_;
+  std::vector<double> min_lrs_;
+  double best_;
+  int64_t num_bad_epochs_ = 0;
+  int64_t cooldown_counter_ = 0;
 };
 
 }  // namespace volt
