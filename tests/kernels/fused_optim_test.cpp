@@ -476,6 +476,71 @@ TEST(FusedSGD, StateFollowsAddedGroupsAndReorderedParams) {
   }
 }
 
+// ---------------------------------------------------------------- through the Trainer
+
+/// TinyClassifier trained with a fused optimizer and a per-step StepLR.
+class FusedClassifier : public volt_test::TinyClassifier {
+ public:
+  explicit FusedClassifier(bool sgd) : TinyClassifier(8, 0.05), sgd_(sgd) {}
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    std::shared_ptr<torch::optim::Optimizer> opt;
+    if (sgd_) {
+      opt = std::make_shared<volt::FusedSGD>(
+          parameters(), volt::FusedSGDOptions(0.05).momentum(0.9).nesterov(true));
+    } else {
+      opt = std::make_shared<volt::FusedAdamW>(parameters(),
+                                               volt::FusedAdamWOptions(0.05).amsgrad(true));
+    }
+    volt::OptimizerConfig cfg(opt);
+    cfg.scheduler(std::make_shared<volt::StepLR>(*opt, 2, 0.5)).interval(volt::Interval::kStep);
+    return {cfg};
+  }
+
+ private:
+  bool sgd_;
+};
+
+/// Saves a checkpoint after batch `batch` (when a path is given) and counts trained batches.
+class SaveAtBatch : public volt::Callback {
+ public:
+  SaveAtBatch(std::string path, int64_t batch) : path_(std::move(path)), batch_(batch) {}
+  std::string state_key() const override { return "SaveAtBatch"; }
+  void on_train_batch_end(volt::RunContext& r, volt::Module&, const volt::Batch&,
+                          int64_t) override {
+    ++trained;
+    if (!path_.empty() && r.state().total_batches_done == batch_) r.save_checkpoint(path_);
+  }
+  int64_t trained = 0;
+
+ private:
+  std::string path_;
+  int64_t batch_;
+};
+
+// Trainer checkpoints (volt's save/load_optimizer_state) carry the fused state, the LR
+// schedule and norm clipping (FusedClipNorm via Precision) through an exact resume.
+TEST(FusedAdamW, TrainerResumesBitExactlyWithFusedOptimizers) {
+  for (bool sgd : {false, true}) {
+    SCOPED_TRACE(sgd ? "FusedSGD" : "FusedAdamW");
+    volt_test::TempDir dir;
+    auto train = [&](const std::string& root, const std::string& resume, int64_t* trained) {
+      FusedClassifier model(sgd);
+      auto counter = std::make_shared<SaveAtBatch>(resume.empty() ? dir / "mid.ckpt" : "", 7);
+      volt::Trainer t(
+          volt_test::quiet(root).max_epochs(2).gradient_clip_val(0.5).callbacks({counter}));
+      t.fit(model, volt_test::loader(volt_test::blobs(200, 8, 1), 16), c10::nullopt, resume);
+      *trained = counter->trained;
+      return model.flat_params();
+    };
+    int64_t full_batches = 0, resumed_batches = 0;
+    const Tensor full = train(dir / "full", "", &full_batches);
+    const Tensor resumed = train(dir / "resumed", dir / "mid.ckpt", &resumed_batches);
+    EXPECT_EQ(full_batches, 2 * 13);
+    EXPECT_EQ(resumed_batches, 2 * 13 - 7);  // it really continued from the checkpoint
+    EXPECT_TRUE(resumed.equal(full)) << (resumed - full).abs().max().item<double>();
+  }
+}
+
 // ---------------------------------------------------------------- threads
 
 TEST(FusedAdamW, ResultsDoNotDependOnTheThreadCount) {
