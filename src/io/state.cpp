@@ -4,28 +4,16 @@
 
 #include <map>
 #include <sstream>
-#include <type_traits>
 
+#include "detail/state_key.h"
 #include "volt/core/check.h"
+#include "volt/kernels/fused_optimizer.h"
 
 namespace volt {
 namespace {
 
-using StateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
-using StateKey = typename StateMap::key_type;
-
-// libtorch keys optimizer state by the TensorImpl address: as its text ("0x...") up to 1.13,
-// as the pointer itself in 2.x. Derive the key type instead of testing versions.
-template <typename K>
-K state_key_for(const at::Tensor& p) {
-  if constexpr (std::is_same<K, std::string>::value) {
-    std::ostringstream os;
-    os << p.unsafeGetTensorImpl();
-    return os.str();
-  } else {
-    return K(p.unsafeGetTensorImpl());
-  }
-}
+using detail::state_key_for;
+using StateKey = detail::OptimizerStateKey;
 
 std::map<const c10::TensorImpl*, std::string> names_by_impl(const torch::nn::Module& module) {
   std::map<const c10::TensorImpl*, std::string> out;
@@ -44,14 +32,15 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_state() {
 std::unique_ptr<torch::optim::OptimizerParamState> new_param_state(
     const torch::optim::Optimizer& opt) {
   using namespace torch::optim;
+  if (auto* fused = dynamic_cast<const FusedOptimizer*>(&opt)) return fused->make_param_state();
   if (dynamic_cast<const AdamW*>(&opt)) return make_state<AdamWParamState>();
   if (dynamic_cast<const Adam*>(&opt)) return make_state<AdamParamState>();
   if (dynamic_cast<const SGD*>(&opt)) return make_state<SGDParamState>();
   if (dynamic_cast<const RMSprop*>(&opt)) return make_state<RMSpropParamState>();
   if (dynamic_cast<const Adagrad*>(&opt)) return make_state<AdagradParamState>();
   VOLT_CHECK(false, ConfigError, "[Checkpoint] optimizer type '", typeid(opt).name(),
-             "' has no known state layout; use SGD, Adam, AdamW, RMSprop or Adagrad, or save "
-             "its state yourself in Module::on_save_checkpoint.");
+             "' has no known state layout; use SGD, Adam, AdamW, RMSprop, Adagrad, FusedSGD or "
+             "FusedAdamW, or save its state yourself in Module::on_save_checkpoint.");
   return nullptr;
 }
 

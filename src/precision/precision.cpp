@@ -2,7 +2,11 @@
 
 #include <torch/nn/utils/clip_grad.h>
 
+#include <atomic>
+#include <cstdio>
 #include <limits>
+
+#include "volt/kernels/fused_clip_norm.h"
 
 namespace volt {
 
@@ -18,6 +22,15 @@ double Precision::clip_gradients(torch::optim::Optimizer& optimizer, double valu
   }
   if (params.empty()) return 0.0;
   if (algorithm == ClipAlgorithm::kNorm) {
+    // The fused pass reads every gradient once; libtorch's clip_grad_norm_ stays the reference
+    // for what it cannot take (non-CPU, sparse, half, non-contiguous gradients).
+    const std::string why = FusedClipNorm::unsupported_reason(params);
+    if (why.empty()) return fused_clip_grad_norm_(params, value, 2.0);
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      std::fprintf(stderr, "[volt] gradient clipping uses torch::nn::utils::clip_grad_norm_: %s\n",
+                   why.c_str());
+    }
     return torch::nn::utils::clip_grad_norm_(params, value, 2.0);
   }
   torch::nn::utils::clip_grad_value_(params, value);

@@ -20,7 +20,8 @@ void save_optimizer_state(const torch::optim::Optimizer& optimizer,
                           const torch::nn::Module& module,
                           torch::serialize::OutputArchive& archive);
 /// Restores what save_optimizer_state wrote into an optimizer over the same named parameters.
-/// Supports SGD, Adam, AdamW, RMSprop and Adagrad; other types throw ConfigError.
+/// Supports SGD, Adam, AdamW, RMSprop, Adagrad and volt's fused optimizers (FusedOptimizer);
+/// other types throw ConfigError.
 void load_optimizer_state(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
                           torch::serialize::InputArchive& archive);
 

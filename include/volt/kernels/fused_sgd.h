@@ -1,0 +1,81 @@
+#pragma once
+/// FusedSGD: SGD with momentum whose step is one multi-threaded pass over all parameters.
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <iosfwd>
+#include <memory>
+#include <vector>
+
+#include "volt/kernels/fused_optimizer.h"
+
+namespace volt {
+
+/// Hyper-parameters of FusedSGD; the same fields and defaults as torch::optim::SGDOptions.
+struct FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGDOptions> {
+  FusedSGDOptions(double lr);  // NOLINT: implicit, as torch::optim::SGDOptions
+  /// Learning rate, >= 0 (required).
+  TORCH_ARG(double, lr);
+  /// Momentum factor, >= 0. Default: 0 (no momentum buffer).
+  TORCH_ARG(double, momentum) = 0;
+  /// Dampening of the momentum update. Default: 0.
+  TORCH_ARG(double, dampening) = 0;
+  /// L2 penalty added to the gradient, >= 0. Default: 0.
+  TORCH_ARG(double, weight_decay) = 0;
+  /// Nesterov momentum; needs momentum > 0 and dampening == 0. Default: false.
+  TORCH_ARG(bool, nesterov) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override;
+  void set_lr(const double lr) override;
+  friend bool operator==(const FusedSGDOptions& lhs, const FusedSGDOptions& rhs);
+  ~FusedSGDOptions() override = default;
+};
+
+std::ostream& operator<<(std::ostream& os, const FusedSGDOptions& o);
+
+/// Per-parameter state of FusedSGD, serialised under the same key as SGDParamState. While the
+/// optimizer owns it, momentum_buffer is a view into the optimizer's flat buffer.
+struct FusedSGDParamState : public torch::optim::OptimizerCloneableParamState<FusedSGDParamState> {
+  TORCH_ARG(at::Tensor, momentum_buffer);
+
+ public:
+  /// Reads a standalone tensor; the optimizer copies it into its flat buffer on its next step.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes a contiguous copy of the view (never the whole flat buffer).
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const FusedSGDParamState& lhs, const FusedSGDParamState& rhs);
+  ~FusedSGDParamState() override = default;
+};
+
+/// SGD (momentum, dampening, Nesterov, weight decay) on contiguous float/double CPU tensors,
+/// matching torch::optim::SGD step by step (bit for bit on AVX2 CPUs). One step is one
+/// at::parallel_for over all parameters; momentum buffers live in one flat buffer per group and
+/// dtype. Parameters without a gradient are skipped.
+class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
+ public:
+  /// Validates every group's options; throws ConfigError naming the bad value.
+  explicit FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                    FusedSGDOptions defaults);
+  explicit FusedSGD(std::vector<at::Tensor> params, FusedSGDOptions defaults);
+  ~FusedSGD() override;
+  FusedSGD(FusedSGD&&) noexcept;
+
+  /// One step. Throws ValueError for parameters or gradients that are not contiguous float or
+  /// double dense tensors of the same shape and dtype, NotAvailable for non-CPU tensors.
+  at::Tensor step(LossClosure closure = nullptr) override;
+  /// torch::save / torch::load support (state keyed by position, as libtorch does).
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+  std::unique_ptr<torch::optim::OptimizerParamState> make_param_state() const override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace volt

@@ -1,0 +1,186 @@
+#include "fused_common.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+#include <unordered_set>
+
+#include "volt/core/check.h"
+
+namespace volt {
+namespace detail {
+namespace {
+
+// State offsets are padded to 64 bytes so each parameter's state starts on a cache line.
+constexpr int64_t kAlignBytes = 64;
+
+int64_t padded(int64_t numel, int64_t elem_size) {
+  const int64_t per_line = kAlignBytes / elem_size;
+  return (numel + per_line - 1) / per_line * per_line;
+}
+
+}  // namespace
+
+std::string fusable_reason(const char* component, const char* reference, const char* what,
+                           const at::Tensor& t, bool* device) {
+  if (device) *device = false;
+  const bool on_cpu = t.device().is_cpu();
+  const bool strided = t.layout() == c10::kStrided;
+  const auto dt = t.scalar_type();
+  const bool floating = dt == c10::kFloat || dt == c10::kDouble;
+  // Hot path (every parameter, every step): no message, no allocation.
+  if (on_cpu && strided && floating && t.is_contiguous()) return {};
+
+  std::ostringstream os;
+  os << "[" << component << "] a " << what;
+  if (!on_cpu) {
+    if (device) *device = true;
+    os << " is on " << t.device() << "; "
+       << (t.device().is_cuda() ? "CUDA tensors need the CUDA kernels, which are not "
+                                  "built/verified yet"
+                                : "the fused kernels run on CPU tensors only")
+       << "; use " << reference << ".";
+  } else if (!strided) {
+    os << " has layout " << t.layout()
+       << " (sparse gradients are not supported); use dense gradients, e.g. nn::Embedding "
+          "without sparse=true, or "
+       << reference << ".";
+  } else if (!floating) {
+    os << " of shape " << t.sizes() << " has dtype " << dt
+       << "; the fused kernels support float32 and float64 only. Convert the model to float or "
+          "double, or use "
+       << reference << ".";
+  } else {
+    os << " of shape " << t.sizes() << " (strides " << t.strides()
+       << ") is not contiguous; the fused kernels need contiguous tensors. Make the parameter "
+          "contiguous once before creating the optimizer.";
+  }
+  return os.str();
+}
+
+void check_fusable(const char* component, const char* reference, const at::Tensor& p,
+                   const at::Tensor& grad) {
+  for (auto* item : {&p, &grad}) {
+    bool device = false;
+    const std::string why =
+        fusable_reason(component, reference, item == &p ? "parameter" : "gradient", *item, &device);
+    if (why.empty()) continue;
+    if (device) throw NotAvailable(why);
+    throw ValueError(why);
+  }
+  VOLT_CHECK(grad.scalar_type() == p.scalar_type() && grad.sizes().equals(p.sizes()), ValueError,
+             "[", component, "] a parameter of shape ", p.sizes(), " and dtype ", p.scalar_type(),
+             " has a gradient of shape ", grad.sizes(), " and dtype ", grad.scalar_type(),
+             "; gradients must match their parameter.");
+}
+
+bool params_unique(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& group : groups) {
+    for (const auto& p : group.params()) {
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) return false;
+    }
+  }
+  return true;
+}
+
+bool FlatLayout::sync(const std::vector<at::Tensor>& params, int num_kinds) {
+  const size_t n = params.size();
+  bool same = impls_.size() == n;
+  for (size_t i = 0; same && i < n; ++i) {
+    same = impls_[i] == params[i].unsafeGetTensorImpl() && numels_[i] == params[i].numel() &&
+           dtypes_[i] == params[i].scalar_type();
+  }
+  if (same) return false;
+  impls_.assign(n, nullptr);
+  numels_.assign(n, 0);
+  dtypes_.assign(n, c10::kFloat);
+  keys_.clear();
+  slots_.assign(n, FlatSlot{});
+  banks_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const auto& p = params[i];
+    impls_[i] = p.unsafeGetTensorImpl();
+    numels_[i] = p.numel();
+    dtypes_[i] = p.scalar_type();
+    keys_.push_back(state_key_for(p));
+    int bank = -1;
+    for (size_t b = 0; b < banks_.size(); ++b) {
+      if (banks_[b].dtype == dtypes_[i]) bank = static_cast<int>(b);
+    }
+    if (bank < 0) {
+      banks_.push_back(Bank{dtypes_[i], 0, std::vector<at::Tensor>(num_kinds)});
+      bank = static_cast<int>(banks_.size()) - 1;
+    }
+    slots_[i] = FlatSlot{bank, banks_[bank].numel, numels_[i]};
+    banks_[bank].numel += padded(numels_[i], c10::elementSize(dtypes_[i]));
+  }
+  return true;
+}
+
+void* FlatLayout::data(size_t i, int kind) {
+  const FlatSlot& s = slots_[i];
+  Bank& bank = banks_[s.bank];
+  at::Tensor& buf = bank.buffers[kind];
+  if (!buf.defined()) buf = at::zeros({bank.numel}, at::TensorOptions().dtype(bank.dtype));
+  return static_cast<char*>(buf.data_ptr()) + s.offset * c10::elementSize(bank.dtype);
+}
+
+bool FlatLayout::is_view(const at::Tensor& t, size_t i, int kind) const {
+  const FlatSlot& s = slots_[i];
+  const Bank& bank = banks_[s.bank];
+  const at::Tensor& buf = bank.buffers[kind];
+  return t.defined() && buf.defined() && t.scalar_type() == bank.dtype && t.numel() == s.numel &&
+         t.data_ptr() ==
+             static_cast<char*>(buf.data_ptr()) + s.offset * c10::elementSize(bank.dtype) &&
+         t.is_contiguous();
+}
+
+at::Tensor FlatLayout::view(size_t i, int kind, const at::Tensor& p) {
+  data(i, kind);  // allocates the buffer on first use
+  const FlatSlot& s = slots_[i];
+  return banks_[s.bank].buffers[kind].narrow(0, s.offset, s.numel).view(p.sizes());
+}
+
+void bind_state(const char* component, const char* name, at::Tensor& t, FlatLayout& layout,
+                size_t i, int kind, const at::Tensor& p, bool zero_if_undefined) {
+  if (layout.is_view(t, i, kind)) return;
+  at::NoGradGuard no_grad;
+  at::Tensor v = layout.view(i, kind, p);
+  if (t.defined()) {
+    VOLT_CHECK(t.numel() == p.numel(), CheckpointError, "[", component, "] state '", name,
+               "' has shape ", t.sizes(), " but its parameter has shape ", p.sizes(),
+               "; load optimizer state saved for the same model.");
+    v.view(-1).copy_(t.reshape(-1));
+  } else if (zero_if_undefined) {
+    v.zero_();
+  }
+  t = v;
+}
+
+at::Tensor standalone(const at::Tensor& t) {
+  return t.defined() ? t.clone(at::MemoryFormat::Contiguous) : t;
+}
+
+void throw_missing(const char* component, const char* name) {
+  throw CheckpointError(str_cat("[", component, "] the saved optimizer state has no '", name,
+                                "'; load state written by ", component,
+                                " or by the matching torch::optim optimizer."));
+}
+
+void write_tensor(torch::serialize::OutputArchive& archive, const char* name, const at::Tensor& t) {
+  if (t.defined()) archive.write(name, c10::IValue(standalone(t)));
+}
+
+at::Tensor read_tensor(torch::serialize::InputArchive& archive, const char* name) {
+  c10::IValue v;
+  return archive.try_read(name, v) ? v.toTensor() : at::Tensor();
+}
+
+bool equal_or_undefined(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  return a.equal(b);
+}
+
+}  // namespace detail
+}  // namespace volt

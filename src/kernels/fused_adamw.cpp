@@ -1,0 +1,272 @@
+#include "volt/kernels/fused_adamw.h"
+
+#include <torch/optim/serialize.h>
+#include <torch/serialize/archive.h>
+
+#include <cmath>
+#include <ostream>
+#include <typeinfo>
+
+#include "detail/fused_common.h"
+#include "detail/multi_tensor.h"
+#include "volt/core/check.h"
+
+namespace volt {
+namespace {
+
+constexpr const char* kName = "FusedAdamW";
+constexpr const char* kReference = "torch::optim::AdamW (or torch::optim::Adam)";
+
+// State kinds, one flat buffer each per group and dtype.
+enum Kind : int { kExpAvg = 0, kExpAvgSq = 1, kMaxExpAvgSq = 2, kNumKinds = 3 };
+
+void validate(const FusedAdamWOptions& o, const std::string& where) {
+  VOLT_CHECK(o.lr() >= 0, ConfigError, "[FusedAdamW] ", where, " lr=", o.lr(),
+             " must be >= 0; pass a non-negative learning rate.");
+  const double b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas());
+  VOLT_CHECK(b1 >= 0 && b1 < 1, ConfigError, "[FusedAdamW] ", where, " betas[0]=", b1,
+             " is outside [0, 1); use a value such as 0.9.");
+  VOLT_CHECK(b2 >= 0 && b2 < 1, ConfigError, "[FusedAdamW] ", where, " betas[1]=", b2,
+             " is outside [0, 1); use a value such as 0.999.");
+  VOLT_CHECK(o.eps() >= 0, ConfigError, "[FusedAdamW] ", where, " eps=", o.eps(),
+             " must be >= 0; use a small positive value such as 1e-8.");
+  VOLT_CHECK(o.weight_decay() >= 0, ConfigError, "[FusedAdamW] ", where,
+             " weight_decay=", o.weight_decay(), " must be >= 0; use 0 to disable it.");
+}
+
+FusedAdamWOptions& options_of(torch::optim::OptimizerParamGroup& group, size_t index) {
+  auto* o = dynamic_cast<FusedAdamWOptions*>(&group.options());
+  VOLT_CHECK(o != nullptr, ConfigError, "[FusedAdamW] param group ", index, " has options of type ",
+             typeid(group.options()).name(),
+             "; give each OptimizerParamGroup FusedAdamWOptions, or none to use the defaults.");
+  return *o;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- options and state
+
+FusedAdamWOptions::FusedAdamWOptions(double lr) : lr_(lr) {}
+
+bool operator==(const FusedAdamWOptions& lhs, const FusedAdamWOptions& rhs) {
+  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
+         lhs.weight_decay() == rhs.weight_decay() && lhs.amsgrad() == rhs.amsgrad() &&
+         lhs.adam_w_mode() == rhs.adam_w_mode() && lhs.bias_correction() == rhs.bias_correction();
+}
+
+void FusedAdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  archive.write("lr", c10::IValue(lr()));
+  archive.write("betas", c10::IValue(betas()));
+  archive.write("eps", c10::IValue(eps()));
+  archive.write("weight_decay", c10::IValue(weight_decay()));
+  archive.write("amsgrad", c10::IValue(amsgrad()));
+  archive.write("adam_w_mode", c10::IValue(adam_w_mode()));
+  archive.write("bias_correction", c10::IValue(bias_correction()));
+}
+
+void FusedAdamWOptions::serialize(torch::serialize::InputArchive& archive) {
+  lr(detail::read_required<double>(archive, kName, "lr"));
+  betas(detail::read_required<betas_t>(archive, kName, "betas"));
+  eps(detail::read_required<double>(archive, kName, "eps"));
+  weight_decay(detail::read_required<double>(archive, kName, "weight_decay"));
+  amsgrad(detail::read_required<bool>(archive, kName, "amsgrad"));
+  // torch::optim::AdamWOptions writes the fields above only; then the current mode stays.
+  c10::IValue v;
+  if (archive.try_read("adam_w_mode", v)) adam_w_mode(v.toBool());
+  if (archive.try_read("bias_correction", v)) bias_correction(v.toBool());
+}
+
+double FusedAdamWOptions::get_lr() const { return lr(); }
+
+void FusedAdamWOptions::set_lr(const double lr) { this->lr(lr); }
+
+std::ostream& operator<<(std::ostream& os, const FusedAdamWOptions& o) {
+  return os << "FusedAdamWOptions(lr=" << o.lr() << ", betas=(" << std::get<0>(o.betas()) << ", "
+            << std::get<1>(o.betas()) << "), eps=" << o.eps()
+            << ", weight_decay=" << o.weight_decay() << ", amsgrad=" << std::boolalpha
+            << o.amsgrad() << ", adam_w_mode=" << o.adam_w_mode()
+            << ", bias_correction=" << o.bias_correction() << std::noboolalpha << ")";
+}
+
+bool operator==(const FusedAdamWParamState& lhs, const FusedAdamWParamState& rhs) {
+  return lhs.step() == rhs.step() && detail::equal_or_undefined(lhs.exp_avg(), rhs.exp_avg()) &&
+         detail::equal_or_undefined(lhs.exp_avg_sq(), rhs.exp_avg_sq()) &&
+         detail::equal_or_undefined(lhs.max_exp_avg_sq(), rhs.max_exp_avg_sq());
+}
+
+void FusedAdamWParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  archive.write("step", c10::IValue(step()));
+  detail::write_tensor(archive, "exp_avg", exp_avg());
+  detail::write_tensor(archive, "exp_avg_sq", exp_avg_sq());
+  detail::write_tensor(archive, "max_exp_avg_sq", max_exp_avg_sq());
+}
+
+void FusedAdamWParamState::serialize(torch::serialize::InputArchive& archive) {
+  step(detail::read_required<int64_t>(archive, kName, "step"));
+  exp_avg(detail::read_tensor(archive, "exp_avg"));
+  exp_avg_sq(detail::read_tensor(archive, "exp_avg_sq"));
+  max_exp_avg_sq(detail::read_tensor(archive, "max_exp_avg_sq"));
+}
+
+// ---------------------------------------------------------------- optimizer
+
+struct FusedAdamW::Impl {
+  std::vector<detail::FlatLayout> layouts;  // one per param group
+  struct Work {
+    size_t group;
+    size_t index;
+    const FusedAdamWOptions* options;
+    FusedAdamWParamState* state;  // null: create it
+  };
+  std::vector<Work> work;  // reused between steps, like chunks
+  std::vector<detail::TensorChunk> chunks;
+};
+
+FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                       FusedAdamWOptions defaults)
+    : Optimizer(std::move(param_groups), std::make_unique<FusedAdamWOptions>(defaults)),
+      impl_(std::make_unique<Impl>()) {
+  validate(defaults, "default");
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    validate(options_of(param_groups_[g], g), "param group " + std::to_string(g));
+  }
+  VOLT_CHECK(detail::params_unique(param_groups_), ConfigError,
+             "[FusedAdamW] a parameter appears "
+             "more than once in the param groups; its fused updates would race. Pass each "
+             "parameter once.");
+}
+
+FusedAdamW::FusedAdamW(std::vector<at::Tensor> params, FusedAdamWOptions defaults)
+    : FusedAdamW({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+FusedAdamW::~FusedAdamW() = default;
+FusedAdamW::FusedAdamW(FusedAdamW&&) noexcept = default;
+
+at::Tensor FusedAdamW::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  at::NoGradGuard no_grad;
+  Impl& s = *impl_;
+  if (s.layouts.size() < param_groups_.size()) s.layouts.resize(param_groups_.size());
+  s.work.clear();
+  s.chunks.clear();
+
+  bool rebuilt = false;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    rebuilt = s.layouts[g].sync(param_groups_[g].params(), kNumKinds) || rebuilt;
+  }
+  if (rebuilt && !detail::params_unique(param_groups_)) {
+    s.layouts.clear();  // so the next step checks again
+    VOLT_CHECK(false, ConfigError,
+               "[FusedAdamW] a parameter appears more than once in the param "
+               "groups; its fused updates would race. Pass each parameter once.");
+  }
+
+  // Pass 1 can throw (bad tensors, foreign or mis-sized state) and changes no value, so a
+  // failed step leaves parameters, steps and moments as they were.
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const FusedAdamWOptions& o = options_of(param_groups_[g], g);
+    const auto& params = param_groups_[g].params();
+    detail::FlatLayout& layout = s.layouts[g];
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i];
+      const at::Tensor& grad = p.grad();
+      if (!grad.defined()) continue;
+      detail::check_fusable(kName, kReference, p, grad);
+      FusedAdamWParamState* st = nullptr;
+      auto it = state_.find(layout.key(i));
+      if (it != state_.end()) {
+        st = dynamic_cast<FusedAdamWParamState*>(it->second.get());
+        VOLT_CHECK(st != nullptr, ValueError, "[FusedAdamW] the state of a parameter of shape ",
+                   p.sizes(), " has type ", typeid(*it->second).name(),
+                   ", not FusedAdamWParamState; restore state with volt::load_optimizer_state "
+                   "or torch::load into this optimizer.");
+        // Cheap pointer test; copies only after a load or when the group's params changed.
+        detail::bind_state(kName, "exp_avg", st->exp_avg(), layout, i, kExpAvg, p, true);
+        detail::bind_state(kName, "exp_avg_sq", st->exp_avg_sq(), layout, i, kExpAvgSq, p, true);
+        if (o.amsgrad()) {
+          detail::bind_state(kName, "max_exp_avg_sq", st->max_exp_avg_sq(), layout, i, kMaxExpAvgSq,
+                             p, true);
+        }
+      }
+      s.work.push_back(Impl::Work{g, i, &o, st});
+    }
+  }
+
+  // Pass 2: create missing state, advance steps, describe the work as chunks.
+  const FusedAdamWOptions* last_options = nullptr;
+  int64_t last_step = -1;
+  double bias_correction1 = 1, bias_correction2 = 1;
+  for (auto& w : s.work) {
+    const FusedAdamWOptions& o = *w.options;
+    const at::Tensor& p = param_groups_[w.group].params()[w.index];
+    detail::FlatLayout& layout = s.layouts[w.group];
+    if (w.state == nullptr) {
+      auto fresh = std::make_unique<FusedAdamWParamState>();
+      w.state = fresh.get();
+      detail::bind_state(kName, "exp_avg", w.state->exp_avg(), layout, w.index, kExpAvg, p, true);
+      detail::bind_state(kName, "exp_avg_sq", w.state->exp_avg_sq(), layout, w.index, kExpAvgSq, p,
+                         true);
+      if (o.amsgrad()) {
+        detail::bind_state(kName, "max_exp_avg_sq", w.state->max_exp_avg_sq(), layout, w.index,
+                           kMaxExpAvgSq, p, true);
+      }
+      state_[layout.key(w.index)] = std::move(fresh);
+    }
+    const int64_t step = w.state->step() + 1;
+    w.state->step(step);
+
+    const double lr = o.lr(), wd = o.weight_decay(), eps = o.eps();
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    // Same double-precision scalars, in the same order, as torch::optim::AdamW::step. Usually
+    // every parameter of a group is at the same step: compute the powers once.
+    if (&o != last_options || step != last_step) {
+      last_options = &o;
+      last_step = step;
+      bias_correction1 = o.bias_correction() ? 1 - std::pow(beta1, step) : 1.0;
+      bias_correction2 = o.bias_correction() ? 1 - std::pow(beta2, step) : 1.0;
+    }
+    const detail::AdamDecay decay = wd == 0           ? detail::AdamDecay::kNone
+                                    : o.adam_w_mode() ? detail::AdamDecay::kDecoupled
+                                                      : detail::AdamDecay::kL2;
+    detail::TensorChunk c;
+    c.kernel = detail::adam_kernel(p.scalar_type(), o.amsgrad(), decay);
+    c.ptr[0] = p.data_ptr();
+    c.ptr[1] = p.grad().data_ptr();
+    c.ptr[2] = layout.data(w.index, kExpAvg);
+    c.ptr[3] = layout.data(w.index, kExpAvgSq);
+    c.ptr[4] = o.amsgrad() ? layout.data(w.index, kMaxExpAvgSq) : nullptr;
+    const double scalars[9] = {1 - lr * wd, beta1,
+                               1 - beta1,   beta2,
+                               1 - beta2,   std::sqrt(bias_correction2),
+                               eps,         -(lr / bias_correction1),
+                               wd};
+    std::copy(std::begin(scalars), std::end(scalars), c.scalar);
+    detail::append_chunks(s.chunks, c, p.numel(), 5, static_cast<int64_t>(p.element_size()));
+  }
+
+  detail::run_chunks(s.chunks);
+  // The kernels wrote through raw pointers: bump versions as in-place ops would, so autograd
+  // still detects a parameter modified after being saved for backward.
+  for (const auto& w : s.work) {
+    param_groups_[w.group].params()[w.index].unsafeGetTensorImpl()->bump_version();
+  }
+  return loss;
+}
+
+void FusedAdamW::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<FusedAdamWParamState, FusedAdamWOptions>(archive, *this);
+}
+
+void FusedAdamW::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<FusedAdamWParamState, FusedAdamWOptions>(archive, *this);
+}
+
+std::unique_ptr<torch::optim::OptimizerParamState> FusedAdamW::make_param_state() const {
+  return std::make_unique<FusedAdamWParamState>();
+}
+
+}  // namespace volt

@@ -1,0 +1,230 @@
+#include "volt/kernels/fused_sgd.h"
+
+#include <torch/optim/serialize.h>
+#include <torch/serialize/archive.h>
+
+#include <ostream>
+#include <typeinfo>
+
+#include "detail/fused_common.h"
+#include "detail/multi_tensor.h"
+#include "volt/core/check.h"
+
+namespace volt {
+namespace {
+
+constexpr const char* kName = "FusedSGD";
+constexpr const char* kReference = "torch::optim::SGD";
+constexpr int kMomentumBuffer = 0;  // the only state kind
+
+void validate(const FusedSGDOptions& o, const std::string& where) {
+  VOLT_CHECK(o.lr() >= 0, ConfigError, "[FusedSGD] ", where, " lr=", o.lr(),
+             " must be >= 0; pass a non-negative learning rate.");
+  VOLT_CHECK(o.momentum() >= 0, ConfigError, "[FusedSGD] ", where, " momentum=", o.momentum(),
+             " must be >= 0; use 0 to disable momentum.");
+  VOLT_CHECK(o.weight_decay() >= 0, ConfigError, "[FusedSGD] ", where,
+             " weight_decay=", o.weight_decay(), " must be >= 0; use 0 to disable it.");
+  VOLT_CHECK(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0), ConfigError, "[FusedSGD] ",
+             where,
+             " nesterov=true needs momentum > 0 and dampening == 0 (got "
+             "momentum=",
+             o.momentum(), ", dampening=", o.dampening(),
+             "); set a momentum and zero dampening, or nesterov(false).");
+}
+
+FusedSGDOptions& options_of(torch::optim::OptimizerParamGroup& group, size_t index) {
+  auto* o = dynamic_cast<FusedSGDOptions*>(&group.options());
+  VOLT_CHECK(o != nullptr, ConfigError, "[FusedSGD] param group ", index, " has options of type ",
+             typeid(group.options()).name(),
+             "; give each OptimizerParamGroup FusedSGDOptions, or none to use the defaults.");
+  return *o;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- options and state
+
+FusedSGDOptions::FusedSGDOptions(double lr) : lr_(lr) {}
+
+bool operator==(const FusedSGDOptions& lhs, const FusedSGDOptions& rhs) {
+  return lhs.lr() == rhs.lr() && lhs.momentum() == rhs.momentum() &&
+         lhs.dampening() == rhs.dampening() && lhs.weight_decay() == rhs.weight_decay() &&
+         lhs.nesterov() == rhs.nesterov();
+}
+
+void FusedSGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  archive.write("lr", c10::IValue(lr()));
+  archive.write("momentum", c10::IValue(momentum()));
+  archive.write("dampening", c10::IValue(dampening()));
+  archive.write("weight_decay", c10::IValue(weight_decay()));
+  archive.write("nesterov", c10::IValue(nesterov()));
+}
+
+void FusedSGDOptions::serialize(torch::serialize::InputArchive& archive) {
+  lr(detail::read_required<double>(archive, kName, "lr"));
+  momentum(detail::read_required<double>(archive, kName, "momentum"));
+  dampening(detail::read_required<double>(archive, kName, "dampening"));
+  weight_decay(detail::read_required<double>(archive, kName, "weight_decay"));
+  nesterov(detail::read_required<bool>(archive, kName, "nesterov"));
+}
+
+double FusedSGDOptions::get_lr() const { return lr(); }
+
+void FusedSGDOptions::set_lr(const double lr) { this->lr(lr); }
+
+std::ostream& operator<<(std::ostream& os, const FusedSGDOptions& o) {
+  return os << "FusedSGDOptions(lr=" << o.lr() << ", momentum=" << o.momentum()
+            << ", dampening=" << o.dampening() << ", weight_decay=" << o.weight_decay()
+            << ", nesterov=" << std::boolalpha << o.nesterov() << std::noboolalpha << ")";
+}
+
+bool operator==(const FusedSGDParamState& lhs, const FusedSGDParamState& rhs) {
+  return detail::equal_or_undefined(lhs.momentum_buffer(), rhs.momentum_buffer());
+}
+
+void FusedSGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  detail::write_tensor(archive, "momentum_buffer", momentum_buffer());
+}
+
+void FusedSGDParamState::serialize(torch::serialize::InputArchive& archive) {
+  momentum_buffer(detail::read_tensor(archive, "momentum_buffer"));
+}
+
+// ---------------------------------------------------------------- optimizer
+
+struct FusedSGD::Impl {
+  std::vector<detail::FlatLayout> layouts;  // one per param group
+  struct Work {
+    size_t group;
+    size_t index;
+    const FusedSGDOptions* options;
+    FusedSGDParamState* state;  // null: no momentum, or create it (first step)
+    bool has_buffer;            // momentum buffer holds a value (not the first step)
+  };
+  std::vector<Work> work;  // reused between steps, like chunks
+  std::vector<detail::TensorChunk> chunks;
+};
+
+FusedSGD::FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                   FusedSGDOptions defaults)
+    : Optimizer(std::move(param_groups), std::make_unique<FusedSGDOptions>(defaults)),
+      impl_(std::make_unique<Impl>()) {
+  validate(defaults, "default");
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    validate(options_of(param_groups_[g], g), "param group " + std::to_string(g));
+  }
+  VOLT_CHECK(detail::params_unique(param_groups_), ConfigError,
+             "[FusedSGD] a parameter appears "
+             "more than once in the param groups; its fused updates would race. Pass each "
+             "parameter once.");
+}
+
+FusedSGD::FusedSGD(std::vector<at::Tensor> params, FusedSGDOptions defaults)
+    : FusedSGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+FusedSGD::~FusedSGD() = default;
+FusedSGD::FusedSGD(FusedSGD&&) noexcept = default;
+
+at::Tensor FusedSGD::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  at::NoGradGuard no_grad;
+  Impl& s = *impl_;
+  if (s.layouts.size() < param_groups_.size()) s.layouts.resize(param_groups_.size());
+  s.work.clear();
+  s.chunks.clear();
+
+  bool rebuilt = false;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    rebuilt = s.layouts[g].sync(param_groups_[g].params(), 1) || rebuilt;
+  }
+  if (rebuilt && !detail::params_unique(param_groups_)) {
+    s.layouts.clear();  // so the next step checks again
+    VOLT_CHECK(false, ConfigError,
+               "[FusedSGD] a parameter appears more than once in the param "
+               "groups; its fused updates would race. Pass each parameter once.");
+  }
+
+  // Pass 1 can throw and changes no value, so a failed step leaves everything as it was.
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const FusedSGDOptions& o = options_of(param_groups_[g], g);
+    const auto& params = param_groups_[g].params();
+    detail::FlatLayout& layout = s.layouts[g];
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i];
+      const at::Tensor& grad = p.grad();
+      if (!grad.defined()) continue;
+      detail::check_fusable(kName, kReference, p, grad);
+      Impl::Work w{g, i, &o, nullptr, false};
+      if (o.momentum() != 0) {
+        auto it = state_.find(layout.key(i));
+        if (it != state_.end()) {
+          w.state = dynamic_cast<FusedSGDParamState*>(it->second.get());
+          VOLT_CHECK(w.state != nullptr, ValueError,
+                     "[FusedSGD] the state of a parameter of shape ", p.sizes(), " has type ",
+                     typeid(*it->second).name(),
+                     ", not FusedSGDParamState; restore state with volt::load_optimizer_state "
+                     "or torch::load into this optimizer.");
+          w.has_buffer = w.state->momentum_buffer().defined();
+          detail::bind_state(kName, "momentum_buffer", w.state->momentum_buffer(), layout, i,
+                             kMomentumBuffer, p, false);
+        }
+      }
+      s.work.push_back(w);
+    }
+  }
+
+  // Pass 2: create missing state and describe the work as chunks.
+  for (auto& w : s.work) {
+    const FusedSGDOptions& o = *w.options;
+    const at::Tensor& p = param_groups_[w.group].params()[w.index];
+    detail::FlatLayout& layout = s.layouts[w.group];
+    detail::SgdMomentum momentum = detail::SgdMomentum::kNone;
+    if (o.momentum() != 0) {
+      if (w.state == nullptr) {
+        auto fresh = std::make_unique<FusedSGDParamState>();
+        w.state = fresh.get();
+        // No zeroing: the first step writes buf = d_p, as libtorch's clone does.
+        detail::bind_state(kName, "momentum_buffer", w.state->momentum_buffer(), layout, w.index,
+                           kMomentumBuffer, p, false);
+        state_[layout.key(w.index)] = std::move(fresh);
+      }
+      momentum = w.has_buffer ? detail::SgdMomentum::kSteady : detail::SgdMomentum::kFirst;
+    }
+    detail::TensorChunk c;
+    c.kernel = detail::sgd_kernel(p.scalar_type(), o.weight_decay() != 0, momentum, o.nesterov());
+    c.ptr[0] = p.data_ptr();
+    c.ptr[1] = p.grad().data_ptr();
+    c.ptr[2] =
+        momentum != detail::SgdMomentum::kNone ? layout.data(w.index, kMomentumBuffer) : nullptr;
+    c.scalar[0] = o.weight_decay();
+    c.scalar[1] = o.momentum();
+    c.scalar[2] = 1 - o.dampening();
+    c.scalar[3] = -1 * o.lr();
+    detail::append_chunks(s.chunks, c, p.numel(), 3, static_cast<int64_t>(p.element_size()));
+  }
+
+  detail::run_chunks(s.chunks);
+  // The kernels wrote through raw pointers: bump versions as in-place ops would.
+  for (const auto& w : s.work) {
+    param_groups_[w.group].params()[w.index].unsafeGetTensorImpl()->bump_version();
+  }
+  return loss;
+}
+
+void FusedSGD::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<FusedSGDParamState, FusedSGDOptions>(archive, *this);
+}
+
+void FusedSGD::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<FusedSGDParamState, FusedSGDOptions>(archive, *this);
+}
+
+std::unique_ptr<torch::optim::OptimizerParamState> FusedSGD::make_param_state() const {
+  return std::make_unique<FusedSGDParamState>();
+}
+
+}  // namespace volt
