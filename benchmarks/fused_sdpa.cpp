@@ -1,11 +1,10 @@
 // FusedSDPA vs the naive composition (matmul, softmax, matmul) on CPU: forward+backward time
 // (interleaved repetitions, median) and peak resident memory of one forward+backward, each
-// measured in a forked child so the runs cannot share allocator state.
+// measured in a fresh process so the runs cannot share allocator state.
 //
 // Usage: volt_bench_fused_sdpa [--threads N] [--seqs 512,1024,2048,4096] [--batch B] [--reps R]
 //                              [--causal] [--dtype f32|bf16]
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <torch/torch.h>
@@ -94,28 +93,27 @@ long status_kb(const char* field) {
   return -1;
 }
 
-// Peak RSS growth (MiB) of one forward+backward, in a child process.
+// Peak RSS growth (MiB) of one forward+backward, measured in this process (child mode).
+double measure_peak_here(const Config& c, int64_t seq, Impl impl) {
+  Inputs in = make(c, seq);
+  const long before = status_kb("VmRSS:");
+  std::ofstream("/proc/self/clear_refs") << "5";  // reset VmHWM to the current RSS
+  fwd_bwd(impl, in, c.causal);
+  return (status_kb("VmHWM:") - before) / 1024.0;
+}
+
+// The same, in a fresh process (re-executing this binary): fork() after OpenMP has started its
+// pool deadlocks in libgomp, and a fresh process shares no allocator state with the timings.
 double peak_mib(const Config& c, int64_t seq, Impl impl) {
-  int fds[2];
-  if (pipe(fds) != 0) return -1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    at::set_num_threads(c.threads);
-    Inputs in = make(c, seq);
-    const long before = status_kb("VmRSS:");
-    std::ofstream("/proc/self/clear_refs") << "5";  // reset VmHWM to the current RSS
-    fwd_bwd(impl, in, c.causal);
-    const double mib = (status_kb("VmHWM:") - before) / 1024.0;
-    if (write(fds[1], &mib, sizeof(mib)) != sizeof(mib)) _exit(1);
-    _exit(0);
-  }
-  close(fds[1]);
+  std::ostringstream cmd;
+  cmd << "/proc/" << getpid() << "/exe --peak " << seq << " " << static_cast<int>(impl)
+      << " --threads " << c.threads << " --batch " << c.batch
+      << (c.dtype == at::kBFloat16 ? " --dtype bf16" : "") << (c.causal ? " --causal" : "");
+  FILE* pipe = popen(cmd.str().c_str(), "r");
+  if (!pipe) return -1;
   double mib = -1;
-  if (read(fds[0], &mib, sizeof(mib)) != sizeof(mib)) mib = -1;
-  close(fds[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
+  if (std::fscanf(pipe, "%lf", &mib) != 1) mib = -1;
+  pclose(pipe);
   return mib;
 }
 
@@ -128,6 +126,8 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   Config c;
+  int64_t peak_seq = -1;
+  int peak_impl = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() { return std::string(i + 1 < argc ? argv[++i] : ""); };
@@ -135,6 +135,10 @@ int main(int argc, char** argv) {
     else if (a == "--batch") c.batch = std::stoll(next());
     else if (a == "--reps") c.reps = std::stoi(next());
     else if (a == "--causal") c.causal = true;
+    else if (a == "--peak") {
+      peak_seq = std::stoll(next());
+      peak_impl = std::stoi(next());
+    }
     else if (a == "--dtype") c.dtype = next() == "bf16" ? at::kBFloat16 : at::kFloat;
     else if (a == "--seqs") {
       c.seqs.clear();
@@ -147,6 +151,10 @@ int main(int argc, char** argv) {
     }
   }
   at::set_num_threads(c.threads);
+  if (peak_seq > 0) {
+    std::printf("%.3f\n", measure_peak_here(c, peak_seq, static_cast<Impl>(peak_impl)));
+    return 0;
+  }
   std::printf("FusedSDPA vs naive, fwd+bwd, batch %ld, heads %ld, head_dim %ld, %s, causal=%d, "
               "torch threads %d\n\n",
               c.batch, c.heads, c.head_dim, c.dtype == at::kFloat ? "float32" : "bfloat16",

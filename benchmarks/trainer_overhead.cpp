@@ -26,21 +26,26 @@ struct Data {
 template <typename Net>
 class BenchModule : public volt::Module {
  public:
-  explicit BenchModule(std::shared_ptr<Net> net) : net_(register_module("net", net)) {}
+  BenchModule(std::shared_ptr<Net> net, bool fused)
+      : net_(register_module("net", net)), fused_(fused) {}
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     auto loss = torch::cross_entropy_loss(net_->forward(b.input), b.target);
     log("train_loss", loss);
     return loss;
   }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    // The same update either way: FusedSGD matches torch::optim::SGD bit for bit (tests).
+    if (fused_) return {std::make_shared<volt::FusedSGD>(parameters(), volt::FusedSGDOptions(0.01).momentum(0.9))};
     return {std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01).momentum(0.9))};
   }
   std::shared_ptr<Net> net_;
+  bool fused_;
 };
 
 template <typename Net>
-double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps) {
-  BenchModule<Net> m(net);
+double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps,
+                bool fused = false) {
+  BenchModule<Net> m(net, fused);
   volt::Trainer t(volt::TrainerOptions().max_steps(steps).logger(false).enable_checkpointing(false)
                       .enable_progress_bar(false).num_sanity_val_steps(0));
   auto ds = std::make_shared<volt::TensorDataset>(d.x, d.y);
@@ -111,26 +116,34 @@ int main(int argc, char** argv) {
 
   struct Row { std::string name; int64_t batch, steps; std::string py; };
   for (const Row& row : {Row{"mlp 784-128-10", 32, 3000, "mlp"}, Row{"cnn (demo)", 32, 60, "cnn"}}) {
-    std::vector<double> v, h, py;
+    std::vector<double> v, f, h, py;
     for (int r = 0; r < rounds; ++r) {
       torch::manual_seed(r);
       if (row.py == "mlp") {
         v.push_back(run_volt(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d, row.batch, row.steps));
         torch::manual_seed(r);
+        f.push_back(run_volt(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d, row.batch, row.steps, true));
+        torch::manual_seed(r);
         h.push_back(run_hand(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d, row.batch, row.steps));
       } else {
         v.push_back(run_volt(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps));
+        torch::manual_seed(r);
+        f.push_back(run_volt(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps, true));
         torch::manual_seed(r);
         h.push_back(run_hand(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps));
       }
       if (use_python) py.push_back(run_python(python, row.py, row.batch, row.steps, static_cast<int>(nthreads)));
     }
-    const double mv = median(v), mh = median(h), mp = median(py);
+    const double mv = median(v), mf = median(f), mh = median(h), mp = median(py);
     std::printf("\n%s, batch %lld, %lld steps x %d rounds (median steps/s)\n", row.name.c_str(),
                 static_cast<long long>(row.batch), static_cast<long long>(row.steps), rounds);
     std::printf("  volt Trainer.fit      %10.1f\n", mv);
     std::printf("  hand libtorch loop    %10.1f   volt/hand   = %.3f\n", mh, mv / mh);
-    if (use_python) std::printf("  python torch loop     %10.1f   volt/python = %.3f\n", mp, mv / mp);
+    std::printf("  volt + FusedSGD       %10.1f   fused/hand  = %.3f\n", mf, mf / mh);
+    if (use_python) {
+      std::printf("  python torch loop     %10.1f   volt/python = %.3f   fused/python = %.3f\n", mp,
+                  mv / mp, mf / mp);
+    }
   }
   return 0;
 }

@@ -8,6 +8,8 @@
 
 #include "volt/core/check.h"
 #include "volt/core/run_context.h"
+#include "volt/kernels/fused_adamw.h"
+#include "volt/kernels/fused_sgd.h"
 #include "volt/loggers/logger.h"
 
 namespace volt {
@@ -29,6 +31,8 @@ c10::optional<double> momentum_of(const torch::optim::OptimizerOptions& o) {
   if (auto* r = dynamic_cast<const RMSpropOptions*>(&o)) return r->momentum();
   if (auto* a = dynamic_cast<const AdamOptions*>(&o)) return std::get<0>(a->betas());
   if (auto* w = dynamic_cast<const AdamWOptions*>(&o)) return std::get<0>(w->betas());
+  if (auto* fs = dynamic_cast<const FusedSGDOptions*>(&o)) return fs->momentum();
+  if (auto* fa = dynamic_cast<const FusedAdamWOptions*>(&o)) return std::get<0>(fa->betas());
   return c10::nullopt;
 }
 
@@ -39,6 +43,8 @@ c10::optional<double> weight_decay_of(const torch::optim::OptimizerOptions& o) {
   if (auto* a = dynamic_cast<const AdamOptions*>(&o)) return a->weight_decay();
   if (auto* w = dynamic_cast<const AdamWOptions*>(&o)) return w->weight_decay();
   if (auto* g = dynamic_cast<const AdagradOptions*>(&o)) return g->weight_decay();
+  if (auto* fs = dynamic_cast<const FusedSGDOptions*>(&o)) return fs->weight_decay();
+  if (auto* fa = dynamic_cast<const FusedAdamWOptions*>(&o)) return fa->weight_decay();
   return c10::nullopt;
 }
 

@@ -13,6 +13,8 @@
 #include <tuple>
 
 #include "volt/core/check.h"
+#include "volt/kernels/fused_adamw.h"
+#include "volt/kernels/fused_sgd.h"
 
 // Parity notes. PyTorch computes every lr in fp64 Python floats; the expressions below keep
 // PyTorch's operation order (and glibc's cos/pow, which CPython also calls), so the sequences in
@@ -386,7 +388,8 @@ bool has_momentum(torch::optim::OptimizerOptions& o) {
   return dynamic_cast<torch::optim::SGDOptions*>(&o) ||
          dynamic_cast<torch::optim::RMSpropOptions*>(&o) ||
          dynamic_cast<torch::optim::AdamOptions*>(&o) ||
-         dynamic_cast<torch::optim::AdamWOptions*>(&o);
+         dynamic_cast<torch::optim::AdamWOptions*>(&o) ||
+         dynamic_cast<FusedSGDOptions*>(&o) || dynamic_cast<FusedAdamWOptions*>(&o);
 }
 
 }  // namespace
@@ -487,6 +490,10 @@ void OneCycleLR::set_momentum(size_t group, double momentum) {
     adam->betas(std::make_tuple(momentum, std::get<1>(adam->betas())));
   } else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&o)) {
     adamw->betas(std::make_tuple(momentum, std::get<1>(adamw->betas())));
+  } else if (auto* fsgd = dynamic_cast<FusedSGDOptions*>(&o)) {
+    fsgd->momentum(momentum);
+  } else if (auto* fadamw = dynamic_cast<FusedAdamWOptions*>(&o)) {
+    fadamw->betas(std::make_tuple(momentum, std::get<1>(fadamw->betas())));
   } else {
     VOLT_ASSERT(false, "OneCycleLR momentum on an optimizer checked to have none");
   }
