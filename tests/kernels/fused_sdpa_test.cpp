@@ -90,7 +90,14 @@ INSTANTIATE_TEST_SUITE_P(
                                          Shape{2, 2, 130, 257, 128, 128},  // spans tiles, 128
                                          Shape{1, 2, 200, 200, 64, 32},  // Dv != D
                                          Shape{1, 1, 64, 128, 16, 16}),  // exact tiles
-                       ::testing::Bool(), ::testing::Bool()));
+                       ::testing::Bool(), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<Shape, bool, bool>>& info) {
+      const Shape& s = std::get<0>(info.param);
+      return "b" + std::to_string(s.b) + "h" + std::to_string(s.h) + "q" + std::to_string(s.lq) +
+             "k" + std::to_string(s.lk) + "d" + std::to_string(s.d) + "v" + std::to_string(s.dv) +
+             (std::get<1>(info.param) ? "_causal" : "") +
+             (std::get<2>(info.param) ? "_recompute" : "_keep");
+    });
 
 TEST(FusedSdpa, ReferenceMatchesLibtorchAttention) {
   Qkv x = make_qkv(2, 3, 45, 45, 32);
@@ -156,7 +163,10 @@ TEST_P(FusedSdpaPadding, ValidSeqLenMatchesReferenceAndIgnoresPadding) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sides, FusedSdpaPadding,
-                         ::testing::Values(volt::SeqPadding::kLeft, volt::SeqPadding::kRight));
+                         ::testing::Values(volt::SeqPadding::kLeft, volt::SeqPadding::kRight),
+                         [](const ::testing::TestParamInfo<volt::SeqPadding>& info) {
+                           return std::string(info.param == volt::SeqPadding::kLeft ? "left" : "right");
+                         });
 
 TEST(FusedSdpa, RecomputeModesAgreeAndScopedSettingWorks) {
   EXPECT_TRUE(volt::sdpa_recompute_enabled());
