@@ -130,10 +130,7 @@ FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_grou
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     validate(options_of(param_groups_[g], g), "param group " + std::to_string(g));
   }
-  VOLT_CHECK(detail::params_unique(param_groups_), ConfigError,
-             "[FusedAdamW] a parameter appears "
-             "more than once in the param groups; its fused updates would race. Pass each "
-             "parameter once.");
+  detail::check_params_unique("FusedAdamW", param_groups_);
 }
 
 FusedAdamW::FusedAdamW(std::vector<at::Tensor> params, FusedAdamWOptions defaults)
@@ -150,20 +147,10 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
   }
   at::NoGradGuard no_grad;
   Impl& s = *impl_;
-  if (s.layouts.size() < param_groups_.size()) s.layouts.resize(param_groups_.size());
   s.work.clear();
   s.chunks.clear();
 
-  bool rebuilt = false;
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    rebuilt = s.layouts[g].sync(param_groups_[g].params(), kNumKinds) || rebuilt;
-  }
-  if (rebuilt && !detail::params_unique(param_groups_)) {
-    s.layouts.clear();  // so the next step checks again
-    VOLT_CHECK(false, ConfigError,
-               "[FusedAdamW] a parameter appears more than once in the param "
-               "groups; its fused updates would race. Pass each parameter once.");
-  }
+  detail::sync_layouts("FusedAdamW", s.layouts, param_groups_, kNumKinds);
 
   // Pass 1 can throw (bad tensors, foreign or mis-sized state) and changes no value, so a
   // failed step leaves parameters, steps and moments as they were.

@@ -42,6 +42,18 @@ struct Call {
   at::Tensor lens;  // int64 [B] CPU, or undefined
 };
 
+// A Call with the problem sizes of q [B,H,Lq,D], k [B,H,Lk,D], v [B,H,Lk,Dv] (shapes checked).
+Call call_with_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  Call c;
+  c.batch = q.size(0);
+  c.heads = q.size(1);
+  c.lq = q.size(2);
+  c.lk = k.size(2);
+  c.d = q.size(3);
+  c.dv = v.size(3);
+  return c;
+}
+
 uint64_t draw_seed() {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -85,13 +97,7 @@ Call validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   VOLT_CHECK(o.dropout_p() >= 0.0 && o.dropout_p() < 1.0, ConfigError,
              "[FusedSDPA] dropout_p=", o.dropout_p(), " is outside [0, 1); use e.g. 0.1.");
 
-  Call c;
-  c.batch = q.size(0);
-  c.heads = q.size(1);
-  c.lq = q.size(2);
-  c.lk = k.size(2);
-  c.d = q.size(3);
-  c.dv = v.size(3);
+  Call c = call_with_shapes(q, k, v);
   c.scale = o.scale().has_value() ? *o.scale() : 1.0 / std::sqrt(static_cast<double>(c.d));
   VOLT_CHECK(std::isfinite(c.scale), ConfigError, "[FusedSDPA] scale=", c.scale,
              " is not finite; leave it unset for 1/sqrt(head_dim).");
@@ -264,13 +270,7 @@ void save_call(torch::autograd::AutogradContext* ctx, const Call& c) {
 Call load_call(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                const at::Tensor& v) {
   auto& s = ctx->saved_data;
-  Call c;
-  c.batch = q.size(0);
-  c.heads = q.size(1);
-  c.lq = q.size(2);
-  c.lk = k.size(2);
-  c.d = q.size(3);
-  c.dv = v.size(3);
+  Call c = call_with_shapes(q, k, v);
   c.scale = s["scale"].toDouble();
   c.dropout_p = s["dropout_p"].toDouble();
   c.causal = s["causal"].toBool();

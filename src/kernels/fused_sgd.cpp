@@ -113,10 +113,7 @@ FusedSGD::FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     validate(options_of(param_groups_[g], g), "param group " + std::to_string(g));
   }
-  VOLT_CHECK(detail::params_unique(param_groups_), ConfigError,
-             "[FusedSGD] a parameter appears "
-             "more than once in the param groups; its fused updates would race. Pass each "
-             "parameter once.");
+  detail::check_params_unique("FusedSGD", param_groups_);
 }
 
 FusedSGD::FusedSGD(std::vector<at::Tensor> params, FusedSGDOptions defaults)
@@ -133,20 +130,10 @@ at::Tensor FusedSGD::step(LossClosure closure) {
   }
   at::NoGradGuard no_grad;
   Impl& s = *impl_;
-  if (s.layouts.size() < param_groups_.size()) s.layouts.resize(param_groups_.size());
   s.work.clear();
   s.chunks.clear();
 
-  bool rebuilt = false;
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    rebuilt = s.layouts[g].sync(param_groups_[g].params(), 1) || rebuilt;
-  }
-  if (rebuilt && !detail::params_unique(param_groups_)) {
-    s.layouts.clear();  // so the next step checks again
-    VOLT_CHECK(false, ConfigError,
-               "[FusedSGD] a parameter appears more than once in the param "
-               "groups; its fused updates would race. Pass each parameter once.");
-  }
+  detail::sync_layouts("FusedSGD", s.layouts, param_groups_, 1);
 
   // Pass 1 can throw and changes no value, so a failed step leaves everything as it was.
   for (size_t g = 0; g < param_groups_.size(); ++g) {

@@ -74,14 +74,32 @@ void check_fusable(const char* component, const char* reference, const at::Tenso
              "; gradients must match their parameter.");
 }
 
-bool params_unique(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+void check_params_unique(const char* component,
+                         const std::vector<torch::optim::OptimizerParamGroup>& groups) {
   std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& group : groups) {
     for (const auto& p : group.params()) {
-      if (!seen.insert(p.unsafeGetTensorImpl()).second) return false;
+      VOLT_CHECK(seen.insert(p.unsafeGetTensorImpl()).second, ConfigError, "[", component,
+                 "] a parameter appears more than once in the param groups; its fused updates "
+                 "would race. Pass each parameter once.");
     }
   }
-  return true;
+}
+
+void sync_layouts(const char* component, std::vector<FlatLayout>& layouts,
+                  const std::vector<torch::optim::OptimizerParamGroup>& groups, int num_kinds) {
+  if (layouts.size() < groups.size()) layouts.resize(groups.size());
+  bool rebuilt = false;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    rebuilt = layouts[g].sync(groups[g].params(), num_kinds) || rebuilt;
+  }
+  if (!rebuilt) return;
+  try {
+    check_params_unique(component, groups);
+  } catch (...) {
+    layouts.clear();  // so the next step checks again
+    throw;
+  }
 }
 
 bool FlatLayout::sync(const std::vector<at::Tensor>& params, int num_kinds) {

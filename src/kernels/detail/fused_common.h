@@ -27,9 +27,10 @@ std::string fusable_reason(const char* component, const char* reference, const c
 void check_fusable(const char* component, const char* reference, const at::Tensor& p,
                    const at::Tensor& grad);
 
-/// False when a parameter appears twice across `groups`: the fused kernels would update it twice
-/// in parallel (a data race), so the optimizers refuse that.
-bool params_unique(const std::vector<torch::optim::OptimizerParamGroup>& groups);
+/// Throws ConfigError when a parameter appears twice across `groups`: the fused kernels would
+/// update it twice in parallel (a data race), so the optimizers refuse that.
+void check_params_unique(const char* component,
+                         const std::vector<torch::optim::OptimizerParamGroup>& groups);
 
 /// Where one parameter's state lives inside its group's flat buffers.
 struct FlatSlot {
@@ -68,6 +69,11 @@ class FlatLayout {
   std::vector<FlatSlot> slots_;
   std::vector<Bank> banks_;
 };
+
+/// Step start of a fused optimizer: one layout per group, each synced to its group's
+/// parameters; after any rebuild the parameters are checked to be unique (check_params_unique).
+void sync_layouts(const char* component, std::vector<FlatLayout>& layouts,
+                  const std::vector<torch::optim::OptimizerParamGroup>& groups, int num_kinds);
 
 /// Makes `t` (a state object's tensor) the view of (i, kind): nothing when it already is;
 /// otherwise copies its values in (zeros if `t` is undefined and `zero_if_undefined`), e.g.
