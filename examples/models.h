@@ -170,4 +170,63 @@ class FashionMnistData : public volt::DataModule {
   std::shared_ptr<volt::TensorDataset> train_, val_, test_;
 };
 
+/// Registers the models above and the Fashion-MNIST data module under CLI names:
+/// MlpClassifier, CnnClassifier, TransformerClassifier and FashionMNIST.
+inline void register_fashion_mnist(volt::Registry& r) {
+  const auto common = [](volt::Params p, int64_t step_size) {
+    return p.add("lr", 1e-3, "Adam learning rate")
+        .add("step_size", step_size, "halve the lr every N epochs (StepLR); 0 = constant");
+  };
+  r.models.add("MlpClassifier", "Fashion-MNIST MLP (784 -> hidden... -> 10)",
+               common(volt::Params().add("hidden", std::vector<int64_t>{256, 128},
+                                         "hidden layer widths"),
+                      4),
+               [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+                 return std::make_shared<Classifier<MlpNet>>(
+                     std::make_shared<MlpNet>(a.get<std::vector<int64_t>>("hidden")),
+                     a.get<double>("lr"), a.get<int64_t>("step_size"));
+               });
+  r.models.add("CnnClassifier", "Fashion-MNIST CNN (two conv-bn-relu-pool blocks)",
+               common(volt::Params(), 2), [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+                 return std::make_shared<Classifier<CnnNet>>(std::make_shared<CnnNet>(),
+                                                             a.get<double>("lr"),
+                                                             a.get<int64_t>("step_size"));
+               });
+  r.models.add(
+      "TransformerClassifier", "Fashion-MNIST transformer over image rows (volt::fused_sdpa)",
+      common(volt::Params()
+                 .add("dim", int64_t{64}, "model width")
+                 .add("heads", int64_t{4}, "attention heads (dim must divide by it)")
+                 .add("layers", int64_t{2}, "transformer blocks")
+                 .add("fused", true, "attention through fused_sdpa (false: the reference)")
+                 .add("attn_dropout", 0.0, "attention dropout probability"),
+             2),
+      [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+        const int64_t dim = a.get<int64_t>("dim"), heads = a.get<int64_t>("heads");
+        VOLT_CHECK(heads > 0 && dim % heads == 0, volt::ConfigError,
+                   "[TransformerClassifier] dim=", dim, " is not divisible by heads=", heads,
+                   "; pick heads that divide dim.");
+        return std::make_shared<Classifier<TransformerNet>>(
+            std::make_shared<TransformerNet>(dim, heads, a.get<int64_t>("layers"),
+                                             a.get<bool>("fused"), a.get<double>("attn_dropout")),
+            a.get<double>("lr"), a.get<int64_t>("step_size"));
+      });
+  r.data_modules.add(
+      "FashionMNIST", "Fashion-MNIST IDX files: 55k train / 5k val / 10k test",
+      volt::Params()
+          .add("root", std::string(volt::kFashionMnistDefaultRoot), "folder with the IDX(.gz) files")
+          .add("batch_size", int64_t{64}, "training batch size")
+          .add("num_workers", int64_t{1}, "loader worker threads")
+          .add("seed", int64_t{42}, "shuffle seed"),
+      [](const volt::Args& a) -> std::shared_ptr<volt::DataModule> {
+        VOLT_CHECK(a.get<int64_t>("batch_size") > 0, volt::ConfigError,
+                   "[FashionMNIST] batch_size=", a.get<int64_t>("batch_size"),
+                   " must be positive.");
+        return std::make_shared<FashionMnistData>(a.get<std::string>("root"),
+                                                  a.get<int64_t>("batch_size"),
+                                                  a.get<int64_t>("num_workers"),
+                                                  static_cast<uint64_t>(a.get<int64_t>("seed")));
+      });
+}
+
 }  // namespace volt_examples

@@ -4,35 +4,10 @@
 #include <map>
 
 #include "volt/core/check.h"
+#include "volt/core/registry.h"
 
 namespace volt {
 namespace {
-
-template <typename T>
-using Factories = std::map<std::string, std::function<std::shared_ptr<T>()>>;
-
-const Factories<Accelerator>& accelerators() {
-  static const Factories<Accelerator> f = {
-      {"cpu", [] { return std::make_shared<CpuAccelerator>(); }},
-      {"cuda", [] { return std::make_shared<CudaAccelerator>(); }},
-  };
-  return f;
-}
-
-const Factories<Precision>& precisions() {
-  static const Factories<Precision> f = {
-      {"32-true", [] { return std::make_shared<Fp32Precision>(); }},
-      {"32", [] { return std::make_shared<Fp32Precision>(); }},
-  };
-  return f;
-}
-
-template <typename T>
-std::vector<std::string> keys(const Factories<T>& f) {
-  std::vector<std::string> out;
-  for (const auto& kv : f) out.push_back(kv.first);
-  return out;
-}
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -43,26 +18,30 @@ std::string join(const std::vector<std::string>& v) {
 }  // namespace
 
 std::vector<std::string> accelerator_names() {
-  auto v = keys(accelerators());
+  auto v = registry().accelerators.names();
   v.insert(v.begin(), "auto");
   return v;
 }
-std::vector<std::string> strategy_names() { return {"auto", "single_device"}; }
-std::vector<std::string> precision_names() { return keys(precisions()); }
+std::vector<std::string> strategy_names() {
+  auto v = registry().strategies.names();
+  v.insert(v.begin(), "auto");
+  return v;
+}
+std::vector<std::string> precision_names() { return registry().precisions.names(); }
 
 RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
                      const Spec<Strategy>& strategy, const Spec<Precision>& precision) {
+  const Registry& reg = registry();
   RunPlan plan;
   if (accelerator.is_object()) {
     plan.accelerator = accelerator.object();
   } else if (accelerator.name() == "auto") {
-    plan.accelerator = CudaAccelerator::available() ? accelerators().at("cuda")()
-                                                    : accelerators().at("cpu")();
+    plan.accelerator = reg.accelerators.create(CudaAccelerator::available() ? "cuda" : "cpu");
   } else {
-    auto it = accelerators().find(accelerator.name());
-    VOLT_CHECK(it != accelerators().end(), ConfigError, "[Trainer] unknown accelerator \"",
-               accelerator.name(), "\"; valid names: ", join(accelerator_names()), ".");
-    plan.accelerator = it->second();
+    VOLT_CHECK(reg.accelerators.contains(accelerator.name()), ConfigError,
+               "[Trainer] unknown accelerator \"", accelerator.name(), "\"; valid names: ",
+               join(accelerator_names()), ".");
+    plan.accelerator = reg.accelerators.create(accelerator.name());
   }
 
   VOLT_CHECK(devices == -1 || devices >= 1, ConfigError, "[Trainer] devices=", devices,
@@ -75,11 +54,10 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
   if (precision.is_object()) {
     plan.precision = precision.object();
   } else {
-    auto it = precisions().find(precision.name());
-    VOLT_CHECK(it != precisions().end(), ConfigError, "[Trainer] unknown precision \"",
-               precision.name(), "\"; valid names: ", join(precision_names()),
-               " (bf16-mixed, 16-mixed and fp8 are on the roadmap).");
-    plan.precision = it->second();
+    VOLT_CHECK(reg.precisions.contains(precision.name()), ConfigError,
+               "[Trainer] unknown precision \"", precision.name(), "\"; valid names: ",
+               join(precision_names()), " (bf16-mixed, 16-mixed and fp8 are on the roadmap).");
+    plan.precision = reg.precisions.create(precision.name());
   }
 
   if (strategy.is_object()) {
@@ -87,13 +65,19 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
     return plan;
   }
   const std::string& s = strategy.name();
-  VOLT_CHECK(s == "auto" || s == "single_device", ConfigError, "[Trainer] unknown strategy \"", s,
-             "\"; valid names: ", join(strategy_names()), " (ddp is on the roadmap).");
-  VOLT_CHECK(plan.devices == 1, NotAvailable, "[Trainer] devices=", plan.devices,
+  VOLT_CHECK(s == "auto" || reg.strategies.contains(s), ConfigError,
+             "[Trainer] unknown strategy \"", s, "\"; valid names: ", join(strategy_names()),
+             " (ddp is on the roadmap).");
+  // "auto" is single_device for one device; a multi-process strategy (ddp, ROADMAP) will be
+  // picked here for several.
+  VOLT_CHECK(s != "auto" || plan.devices == 1, NotAvailable, "[Trainer] devices=", plan.devices,
              " needs a multi-process strategy (ddp), which volt does not have yet; use "
              "devices=1.");
-  plan.strategy = std::make_shared<SingleDeviceStrategy>(plan.accelerator->device(0),
-                                                         plan.accelerator, plan.precision);
+  VOLT_CHECK(s != "single_device" || plan.devices == 1, ConfigError,
+             "[Trainer] strategy \"single_device\" runs on one device but devices=",
+             plan.devices, "; set devices=1.");
+  StrategyContext ctx{plan.accelerator, plan.precision, plan.devices};
+  plan.strategy = reg.strategies.create(s == "auto" ? "single_device" : s, ctx);
   return plan;
 }
 

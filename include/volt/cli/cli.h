@@ -1,0 +1,44 @@
+#pragma once
+/// run_cli: the `volt` command line (Lightning's LightningCLI) for your own binary.
+///
+///   int main(int argc, char** argv) {
+///     volt::registry().models.add("MyModel", "...", volt::Params().add("lr", 1e-3, "..."),
+///                                 [](const volt::Args& a) { return std::make_shared<MyModel>(...); });
+///     volt::registry().data_modules.add("MyData", ...);
+///     return volt::run_cli(argc, argv);
+///   }
+///
+/// Then: `my_cli fit --config run.yaml --trainer.max_epochs=3 --model.lr=3e-4`,
+/// `my_cli print-config ...`, `my_cli fit --help`, `my_cli report runs/version_0`.
+
+#include <iosfwd>
+#include <string>
+
+namespace volt {
+
+struct Registry;
+
+/// Exit codes of run_cli.
+enum CliExit : int {
+  kCliOk = 0,
+  kCliRunFailed = 1,  ///< the run started and failed (data, checkpoint, non-finite loss ...)
+  kCliBadUsage = 2,   ///< bad command line or config: nothing was run
+};
+
+struct CliOptions {
+  /// Program name in usage lines. Default: argv[0]'s file name.
+  std::string program;
+  /// Where results, help and print-config go. Default: std::cout.
+  std::ostream* out = nullptr;
+  /// Where errors go. Default: std::cerr.
+  std::ostream* err = nullptr;
+  /// Component names to build from. Default: volt::registry().
+  const Registry* registry = nullptr;
+};
+
+/// Runs `fit | validate | test | predict | print-config | report` as argv says and returns a
+/// CliExit code; every error is reported as one "[component] what; how to fix" line, never
+/// thrown.
+int run_cli(int argc, const char* const* argv, const CliOptions& options = {});
+
+}  // namespace volt

@@ -1,0 +1,477 @@
+#include "volt/cli/cli.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "detail/config_tree.h"
+#include "detail/resolve.h"
+#include "../loggers/detail/log_dir.h"
+#include "volt/callbacks/callback.h"
+#include "volt/callbacks/model_checkpoint.h"
+#include "volt/core/check.h"
+#include "volt/core/data_module.h"
+#include "volt/core/module.h"
+#include "volt/core/registry.h"
+#include "volt/io/checkpoint_io.h"
+#include "volt/io/safetensors.h"
+#include "volt/loggers/logger.h"
+#if __has_include("volt/report/run_report.h")  // TEMP until the report branch merges
+#include "volt/report/run_report.h"
+#define VOLT_TEMP_HAVE_REPORT 1
+#endif
+#include "volt/trainer/plan.h"
+#include "volt/trainer/trainer.h"
+
+namespace volt {
+namespace {
+
+using detail::ConfigNode;
+using detail::ResolvedConfig;
+
+const std::vector<std::string> kRunCommands = {"fit", "validate", "test", "predict"};
+const std::vector<std::string> kCommands = {"fit",     "validate",     "test",
+                                            "predict", "print-config", "report"};
+
+const char* command_summary(const std::string& c) {
+  if (c == "fit") return "train the model (Trainer::fit); ckpt_path resumes a run";
+  if (c == "validate") return "run one validation pass and print its metrics";
+  if (c == "test") return "run one test pass and print its metrics";
+  if (c == "predict") return "run predict_step over the predict data; saves predictions.safetensors";
+  if (c == "print-config") return "print the fully resolved config (loadable with --config)";
+  if (c == "report") return "write a self-contained HTML report of a run folder";
+  return "";
+}
+
+/// One config source, in command-line order: later sources win.
+struct Source {
+  enum class Kind { kFile, kSet, kAppend } kind;
+  std::string key;    // kSet/kAppend: dotted key
+  std::string value;  // kFile: path; else the value text
+  std::string origin;
+};
+
+struct Command {
+  std::string name;
+  std::vector<Source> sources;
+  std::vector<std::string> positional;
+  bool help = false;
+};
+
+std::string file_name(const char* argv0) {
+  if (argv0 == nullptr) return "volt";
+  std::string s = argv0;
+  auto p = s.find_last_of('/');
+  return p == std::string::npos ? s : s.substr(p + 1);
+}
+
+std::string quote_list(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "\"" : ", \"") + x + "\"";
+  return s;
+}
+
+Command parse_argv(int argc, const char* const* argv) {
+  Command cmd;
+  VOLT_CHECK(argc >= 2, ConfigError, "[cli] no command given; use one of ", quote_list(kCommands),
+             " (--help explains each).");
+  cmd.name = argv[1];
+  if (cmd.name == "--help" || cmd.name == "-h" || cmd.name == "help") {
+    cmd.name.clear();
+    cmd.help = true;
+    return cmd;
+  }
+  if (std::find(kCommands.begin(), kCommands.end(), cmd.name) == kCommands.end()) {
+    const std::string close = closest_match(cmd.name, kCommands);
+    VOLT_CHECK(false, ConfigError, "[cli] unknown command \"", cmd.name, "\"; valid commands: ",
+               quote_list(kCommands), close.empty() ? "" : " (did you mean \"" + close + "\"?)",
+               ".");
+  }
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      cmd.help = true;
+      continue;
+    }
+    if (a.rfind("--", 0) != 0) {
+      cmd.positional.push_back(a);
+      continue;
+    }
+    std::string key = a.substr(2), value;
+    bool has_value = false, append = false;
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+      has_value = true;
+    }
+    if (!key.empty() && key.back() == '+') {
+      append = true;
+      key.pop_back();
+    }
+    if (!has_value) {
+      VOLT_CHECK(i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0, ConfigError,
+                 "[cli] option --", key, " needs a value; write --", key, "=VALUE.");
+      value = argv[++i];
+    }
+    VOLT_CHECK(!key.empty(), ConfigError, "[cli] \"", a, "\" has no option name; write --key=value.");
+    if (key == "config" || key == "c") {
+      cmd.sources.push_back({Source::Kind::kFile, "", value, value});
+    } else {
+      cmd.sources.push_back({append ? Source::Kind::kAppend : Source::Kind::kSet, key, value,
+                             "--" + key + (append ? "+=" : "=") + value});
+    }
+  }
+  return cmd;
+}
+
+ConfigNode build_tree(const Command& cmd) {
+  ConfigNode root = ConfigNode::make_map("defaults");
+  for (const auto& s : cmd.sources) {
+    if (s.kind == Source::Kind::kFile) {
+      ConfigNode file = detail::load_yaml_file(s.value);
+      detail::canonicalize(file);
+      detail::merge(root, file);
+    } else {
+      detail::apply_override(root, s.key, s.value, s.kind == Source::Kind::kAppend, s.origin);
+    }
+  }
+  return root;
+}
+
+// ---------------------------------------------------------------------------------------- help
+
+std::string default_text(const ParamSpec& s) {
+  if (s.required) return "required";
+  return detail::yaml_value(s.default_value);
+}
+
+void print_params(std::ostream& os, const std::string& prefix, const Params& params) {
+  size_t w = 0;
+  for (const auto& s : params.specs()) w = std::max(w, prefix.size() + s.name.size() + 2);
+  for (const auto& s : params.specs()) {
+    std::string type = param_type_name(s.type);
+    if (s.nullable) type += "|null";
+    os << "    " << std::left << std::setw(static_cast<int>(w)) << ("--" + prefix + s.name) << "  "
+       << std::setw(11) << type << " " << std::setw(16) << ("[" + default_text(s) + "]") << " "
+       << s.help;
+    if (!s.choices.empty()) os << " (one of: " << quote_list(s.choices) << ")";
+    os << "\n";
+  }
+}
+
+template <typename R>
+void print_registry(std::ostream& os, const std::string& title, const std::string& prefix,
+                    const R& reg) {
+  os << "\n" << title << "\n";
+  if (reg.entries().empty()) os << "    (none registered)\n";
+  for (const auto& kv : reg.entries()) {
+    os << "  " << kv.first << " — " << kv.second.help << "\n";
+    print_params(os, prefix, kv.second.params);
+  }
+}
+
+void print_help(std::ostream& os, const std::string& prog, const std::string& command,
+                const Registry& reg) {
+  if (command.empty()) {
+    os << "usage: " << prog << " <command> [--config FILE]... [--section.key=VALUE]...\n\n"
+       << "commands:\n";
+    for (const auto& c : kCommands) {
+      os << "  " << std::left << std::setw(14) << c << command_summary(c) << "\n";
+    }
+    os << "\n" << prog << " <command> --help lists every option with its type and default.\n"
+       << "Exit codes: 0 success, 1 the run failed, 2 bad command line or config.\n";
+    return;
+  }
+  if (command == "report") {
+    os << "usage: " << prog << " report RUN_DIR [--output FILE] [--title TEXT]\n\n"
+       << command_summary(command) << ".\nRUN_DIR is a logger's version folder (metrics.csv, "
+       << "config.yaml) or a folder holding version_N folders (the newest is used).\n"
+       << "  --output FILE   default: RUN_DIR/report.html\n  --title TEXT    default: the "
+       << "folder's name\n";
+    return;
+  }
+  os << "usage: " << prog << " " << command << " [--config FILE]... [--section.key=VALUE]...\n\n"
+     << command_summary(command) << ".\n\n"
+     << "Values come from YAML files (--config, repeatable) and --key=value overrides, applied in\n"
+     << "command-line order (the last wins). Values are YAML: --model.hidden=[256,128]. A component\n"
+     << "is {class_path: NAME, init_args: {...}}; --model=NAME picks one, --model.lr=X sets an\n"
+     << "init arg, --trainer.callbacks+=NAME appends, --trainer.callbacks.0.patience=5 edits.\n"
+     << "Columns: option, type, [default], meaning.\n\n"
+     << "top level:\n"
+     << "    --config FILE      YAML config file (repeatable)\n"
+     << "    --seed_everything  int|null    [null]           seed torch's RNG before anything is "
+        "built\n"
+     << "    --ckpt_path        str|null    [null]           fit: checkpoint to resume; others: "
+        "weights to load (\"best\"/\"last\" from ModelCheckpoint)\n"
+     << "\ntrainer (volt::TrainerOptions):\n";
+  print_params(os, "trainer.", detail::trainer_params(reg));
+  os << "    --trainer.callbacks  list  [[]]  callbacks: {class_path, init_args} items (below)\n"
+     << "    --trainer.loggers    list  [[]]  loggers: {class_path, init_args} items (below)\n";
+  print_registry(os, "models (--model=NAME, init args --model.KEY=VALUE):", "model.", reg.models);
+  print_registry(os, "data modules (--data=NAME, init args --data.KEY=VALUE):", "data.",
+                 reg.data_modules);
+  print_registry(os, "callbacks (trainer.callbacks items; --trainer.callbacks+=NAME):",
+                 "trainer.callbacks.N.", reg.callbacks);
+  print_registry(os, "loggers (trainer.loggers items; --trainer.loggers+=NAME):",
+                 "trainer.loggers.N.", reg.loggers);
+  os << "\naccelerators: " << quote_list(accelerator_names())
+     << "\nstrategies:   " << quote_list(strategy_names())
+     << "\nprecision:    " << quote_list(reg.precisions.names()) << "\n";
+}
+
+// ----------------------------------------------------------------------------------- building
+
+TrainerOptions trainer_options(const Args& a) {
+  const auto limit = [&](const char* name) -> Limit {
+    if (a.holds<int64_t>(name)) return Limit(a.get<int64_t>(name));
+    return Limit(a.get<double>(name));
+  };
+  TrainerOptions o;
+  o.accelerator(a.get<std::string>("accelerator"))
+      .devices(a.get<int64_t>("devices"))
+      .strategy(a.get<std::string>("strategy"))
+      .precision(a.get<std::string>("precision"))
+      .max_epochs(a.get<int64_t>("max_epochs"))
+      .min_epochs(a.get<int64_t>("min_epochs"))
+      .max_steps(a.get<int64_t>("max_steps"))
+      .limit_train_batches(limit("limit_train_batches"))
+      .limit_val_batches(limit("limit_val_batches"))
+      .limit_test_batches(limit("limit_test_batches"))
+      .limit_predict_batches(limit("limit_predict_batches"))
+      .val_check_interval(limit("val_check_interval"))
+      .check_val_every_n_epoch(a.get<int64_t>("check_val_every_n_epoch"))
+      .num_sanity_val_steps(a.get<int64_t>("num_sanity_val_steps"))
+      .fast_dev_run(a.get<int64_t>("fast_dev_run"))
+      .accumulate_grad_batches(a.get<int64_t>("accumulate_grad_batches"))
+      .gradient_clip_algorithm(a.get<std::string>("gradient_clip_algorithm") == "value"
+                                   ? ClipAlgorithm::kValue
+                                   : ClipAlgorithm::kNorm)
+      .log_every_n_steps(a.get<int64_t>("log_every_n_steps"))
+      .enable_progress_bar(a.get<bool>("enable_progress_bar"))
+      .enable_checkpointing(a.get<bool>("enable_checkpointing"))
+      .logger(a.get<bool>("logger"))
+      .default_root_dir(a.get<std::string>("default_root_dir"))
+      .deterministic(a.get<bool>("deterministic"))
+      .detect_nonfinite_loss(a.get<bool>("detect_nonfinite_loss"))
+      .num_threads(a.get<int64_t>("num_threads"))
+      .progress_refresh_s(a.get<double>("progress_refresh_s"));
+  if (auto v = a.get_optional<double>("max_time")) o.max_time(*v);
+  if (auto v = a.get_optional<double>("gradient_clip_val")) o.gradient_clip_val(*v);
+  return o;
+}
+
+/// Writes the resolved config into the run's log folder when the run starts (after a resume has
+/// picked the folder). An existing different config.yaml is kept: this run's goes to
+/// config_<n>.yaml.
+class SaveConfig : public Callback {
+ public:
+  SaveConfig(std::string yaml, bool enabled) : yaml_(std::move(yaml)), enabled_(enabled) {}
+  std::string state_key() const override { return "SaveConfig"; }
+  void on_fit_start(RunContext& run, Module&) override { save(run); }
+  void on_validation_start(RunContext& run, Module&) override { save(run); }
+  void on_test_start(RunContext& run, Module&) override { save(run); }
+  void on_predict_start(RunContext& run, Module&) override { save(run); }
+  const std::string& path() const { return path_; }
+
+ private:
+  void save(RunContext& run) {
+    if (!enabled_ || !path_.empty() || !run.is_global_zero()) return;
+    namespace fs = std::filesystem;
+    const fs::path dir = run.log_dir();
+    fs::create_directories(dir);
+    fs::path p = dir / "config.yaml";
+    for (int n = 1; fs::exists(p); ++n) {
+      std::ifstream in(p, std::ios::binary);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      if (ss.str() == yaml_) break;  // the same config (a resumed run): keep it
+      p = dir / ("config_" + std::to_string(n) + ".yaml");
+    }
+    if (!fs::exists(p)) atomic_write_file(p.string(), yaml_);
+    path_ = p.string();
+  }
+  std::string yaml_;
+  bool enabled_;
+  std::string path_;
+};
+
+void print_metrics(std::ostream& os, const std::string& title, const Metrics& m) {
+  os << title << "\n";
+  size_t w = 6;
+  for (const auto& kv : m) w = std::max(w, kv.first.size());
+  for (const auto& kv : m) {
+    os << "  " << std::left << std::setw(static_cast<int>(w)) << kv.first << "  "
+       << std::setprecision(6) << kv.second << "\n";
+  }
+}
+
+std::string save_predictions(const std::vector<at::Tensor>& outputs, const std::string& dir) {
+  std::map<std::string, at::Tensor> tensors;
+  bool same_tail = !outputs.empty();
+  for (const auto& t : outputs) {
+    same_tail = same_tail && t.defined() && t.dim() >= 1 &&
+                t.sizes().slice(1) == outputs.front().sizes().slice(1) &&
+                t.scalar_type() == outputs.front().scalar_type();
+  }
+  if (same_tail) {
+    tensors["predictions"] = torch::cat(outputs, 0);
+  } else {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].defined()) {
+        std::ostringstream k;
+        k << "batch_" << std::setw(6) << std::setfill('0') << i;
+        tensors[k.str()] = outputs[i];
+      }
+    }
+  }
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/predictions.safetensors";
+  save_safetensors(tensors, path);
+  return path;
+}
+
+/// Loggers that write under the same save_dir/name with version -1 ("next free") get one common
+/// version, so a CSV and a TensorBoard logger of one run share version_N instead of taking N and
+/// N+1. Applies to loggers declaring save_dir, name and version (the built-in ones do).
+std::vector<detail::ComponentConfig> shared_versions(std::vector<detail::ComponentConfig> loggers,
+                                                     const LoggerContext& ctx) {
+  std::map<std::string, int64_t> picked;  // root folder -> version
+  for (auto& l : loggers) {
+    const auto& v = l.args.values();
+    if (!v.count("save_dir") || !v.count("name") || !v.count("version") ||
+        !l.args.holds<int64_t>("version") || l.args.get<int64_t>("version") >= 0) {
+      continue;
+    }
+    std::string dir = l.args.get<std::string>("save_dir");
+    if (dir.empty()) dir = ctx.default_root_dir;
+    const std::string root = dir + "/" + l.args.get<std::string>("name");
+    auto it = picked.find(root);
+    if (it == picked.end()) it = picked.emplace(root, detail::next_version(root)).first;
+    auto values = v;
+    values["version"] = it->second;
+    l.args = Args(l.args.owner(), std::move(values));
+  }
+  return loggers;
+}
+
+int run_report(const Command& cmd, std::ostream& out) {
+#ifndef VOLT_TEMP_HAVE_REPORT
+  return 2;
+#else
+  VOLT_CHECK(cmd.positional.size() == 1, ConfigError, "[cli] report takes one RUN_DIR, got ",
+             cmd.positional.size(), "; e.g. volt report runs/volt_logs/version_0.");
+  ReportOptions opts;
+  for (const auto& s : cmd.sources) {
+    VOLT_CHECK(s.kind == Source::Kind::kSet && (s.key == "output" || s.key == "title"),
+               ConfigError, "[cli] report does not take ",
+               s.kind == Source::Kind::kFile ? "--config" : "--" + s.key,
+               "; its options are --output FILE and --title TEXT.");
+    if (s.key == "output") opts.output(s.value);
+    else opts.title(s.value);
+  }
+  out << "report: " << write_run_report(cmd.positional.front(), opts) << "\n";
+  return kCliOk;
+#endif
+}
+
+int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std::ostream& err) {
+  if (cmd.name == "report") return run_report(cmd, out);
+  VOLT_CHECK(cmd.positional.empty(), ConfigError, "[cli] unexpected argument \"",
+             cmd.positional.front(), "\"; options are --key=value (did you forget the --?).");
+
+  const ResolvedConfig rc = detail::resolve(build_tree(cmd), reg);
+  const std::string yaml = detail::to_yaml(rc);
+  if (cmd.name == "print-config") {
+    out << yaml;
+    return kCliOk;
+  }
+
+  // Build everything before running: a bad value stops here with exit code 2.
+  if (rc.seed_everything) seed_everything(static_cast<uint64_t>(*rc.seed_everything));
+  TrainerOptions opts = trainer_options(rc.trainer);
+  const LoggerContext lctx{opts.default_root_dir()};
+  std::vector<std::shared_ptr<Logger>> loggers;
+  for (const auto& l : shared_versions(rc.loggers, lctx)) {
+    loggers.push_back(reg.loggers.at(l.class_path).make(l.args, lctx));
+  }
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  for (const auto& c : rc.callbacks) callbacks.push_back(reg.callbacks.at(c.class_path).make(c.args));
+  auto save_config = std::make_shared<SaveConfig>(yaml, opts.fast_dev_run() == 0);
+  callbacks.push_back(save_config);
+  opts.callbacks(callbacks).loggers(loggers);
+  Trainer trainer(opts);
+  std::shared_ptr<Module> model = reg.models.at(rc.model.class_path).make(rc.model.args);
+  std::shared_ptr<DataModule> data =
+      reg.data_modules.at(rc.data.class_path).make(rc.data.args);
+  VOLT_CHECK(model && data, ConfigError, "[cli] the factory of ", model ? "data module " : "model ",
+             model ? rc.data.class_path : rc.model.class_path,
+             " returned null; make it return an object.");
+  const std::string ckpt = rc.ckpt_path.value_or("");
+
+  try {
+    if (cmd.name == "fit") {
+      const auto t0 = std::chrono::steady_clock::now();
+      trainer.fit(*model, *data, ckpt);
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      out << "fit finished in " << std::fixed << std::setprecision(1) << secs << " s ("
+          << trainer.state().global_step << " steps)\n";
+      out.unsetf(std::ios::fixed);
+      print_metrics(out, "final metrics:", trainer.callback_metrics());
+      for (const auto& c : trainer.callbacks()) {
+        if (auto mc = std::dynamic_pointer_cast<ModelCheckpoint>(c)) {
+          if (!mc->best_model_path().empty()) out << "best checkpoint: " << mc->best_model_path() << "\n";
+          if (!mc->last_model_path().empty()) out << "last checkpoint: " << mc->last_model_path() << "\n";
+        }
+      }
+    } else if (cmd.name == "validate") {
+      print_metrics(out, "validation metrics:", trainer.validate(*model, *data, ckpt));
+    } else if (cmd.name == "test") {
+      print_metrics(out, "test metrics:", trainer.test(*model, *data, ckpt));
+    } else {
+      auto preds = trainer.predict(*model, *data, ckpt);
+      out << "predictions: " << save_predictions(preds, trainer.log_dir()) << " ("
+          << preds.size() << " batches)\n";
+    }
+  } catch (const Error& e) {
+    err << e.what() << "\n";
+    return kCliRunFailed;
+  }
+  if (!save_config->path().empty()) out << "config: " << save_config->path() << "\n";
+  out << "logs: " << trainer.log_dir() << "\n";
+  return kCliOk;
+}
+
+}  // namespace
+
+int run_cli(int argc, const char* const* argv, const CliOptions& options) {
+  std::ostream& out = options.out ? *options.out : std::cout;
+  std::ostream& err = options.err ? *options.err : std::cerr;
+  const Registry& reg = options.registry ? *options.registry : registry();
+  const std::string prog =
+      options.program.empty() ? file_name(argc > 0 ? argv[0] : nullptr) : options.program;
+  try {
+    const Command cmd = parse_argv(argc, argv);
+    if (cmd.help) {
+      print_help(out, prog, cmd.name, reg);
+      return kCliOk;
+    }
+    return run_command(cmd, reg, out, err);
+  } catch (const Error& e) {
+    // Raised before the run started: the command line, the config, or building its objects.
+    err << e.what() << "\n";
+    return kCliBadUsage;
+  } catch (const std::exception& e) {
+    err << "[cli] unexpected error: " << e.what()
+        << "; this is likely a volt bug, please report it with the command line.\n";
+    return kCliRunFailed;
+  }
+}
+
+}  // namespace volt

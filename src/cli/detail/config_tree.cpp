@@ -1,0 +1,306 @@
+#include "config_tree.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+#include "volt/core/check.h"
+
+namespace volt {
+namespace detail {
+
+// -------------------------------------------------------------------------------- ConfigNode
+
+const ConfigNode* ConfigNode::find(const std::string& key) const {
+  for (const auto& f : fields) {
+    if (f.first == key) return &f.second;
+  }
+  return nullptr;
+}
+
+ConfigNode* ConfigNode::find(const std::string& key) {
+  for (auto& f : fields) {
+    if (f.first == key) return &f.second;
+  }
+  return nullptr;
+}
+
+ConfigNode& ConfigNode::field(const std::string& key, const std::string& origin) {
+  VOLT_ASSERT(kind == Kind::kMap, "field() on a non-map node");
+  if (ConfigNode* n = find(key)) return *n;
+  ConfigNode n;
+  n.origin = origin;
+  fields.emplace_back(key, std::move(n));
+  return fields.back().second;
+}
+
+void ConfigNode::erase(const std::string& key) {
+  fields.erase(std::remove_if(fields.begin(), fields.end(),
+                              [&](const auto& f) { return f.first == key; }),
+               fields.end());
+}
+
+std::string ConfigNode::describe() const {
+  switch (kind) {
+    case Kind::kNull: return "null";
+    case Kind::kScalar: return "\"" + scalar + "\"";
+    case Kind::kList: return "a list";
+    case Kind::kMap: return "a mapping";
+  }
+  return "?";
+}
+
+ConfigNode ConfigNode::make_map(std::string origin) {
+  ConfigNode n;
+  n.kind = Kind::kMap;
+  n.origin = std::move(origin);
+  return n;
+}
+
+ConfigNode ConfigNode::make_scalar(std::string text, std::string origin) {
+  ConfigNode n;
+  n.kind = Kind::kScalar;
+  n.scalar = std::move(text);
+  n.origin = std::move(origin);
+  return n;
+}
+
+// ------------------------------------------------------------------------------------ parsing
+
+namespace {
+
+std::string where(const std::string& source, const YAML::Mark& m) {
+  if (m.is_null()) return source;
+  return source + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+ConfigNode convert(const YAML::Node& y, const std::string& source) {
+  ConfigNode n;
+  n.origin = where(source, y.Mark());
+  switch (y.Type()) {
+    case YAML::NodeType::Undefined:
+    case YAML::NodeType::Null:
+      n.kind = ConfigNode::Kind::kNull;
+      break;
+    case YAML::NodeType::Scalar:
+      n.kind = ConfigNode::Kind::kScalar;
+      n.scalar = y.Scalar();
+      n.quoted = y.Tag() == "!";  // yaml-cpp tags quoted scalars "!", plain ones "?"
+      break;
+    case YAML::NodeType::Sequence:
+      n.kind = ConfigNode::Kind::kList;
+      for (const auto& item : y) n.items.push_back(convert(item, source));
+      break;
+    case YAML::NodeType::Map:
+      n.kind = ConfigNode::Kind::kMap;
+      for (const auto& kv : y) {
+        VOLT_CHECK(kv.first.IsScalar(), ConfigError, "[cli] ", where(source, kv.first.Mark()),
+                   ": a mapping key must be a plain name; write key: value.");
+        const std::string key = kv.first.Scalar();
+        VOLT_CHECK(n.find(key) == nullptr, ConfigError, "[cli] ",
+                   where(source, kv.first.Mark()), ": key \"", key,
+                   "\" appears twice in one mapping; keep one.");
+        n.fields.emplace_back(key, convert(kv.second, source));
+      }
+      break;
+  }
+  return n;
+}
+
+void set_origin(ConfigNode& n, const std::string& origin) {
+  n.origin = origin;
+  for (auto& i : n.items) set_origin(i, origin);
+  for (auto& f : n.fields) set_origin(f.second, origin);
+}
+
+bool is_index(const std::string& s) {
+  return !s.empty() && s.size() < 9 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(c) != 0; });
+}
+
+}  // namespace
+
+ConfigNode parse_yaml(const std::string& text, const std::string& source) {
+  try {
+    return convert(YAML::Load(text), source);
+  } catch (const YAML::ParserException& e) {
+    VOLT_CHECK(false, ConfigError, "[cli] ", where(source, e.mark), ": malformed YAML (", e.msg,
+               "); fix the syntax there.");
+  }
+  return {};
+}
+
+ConfigNode load_yaml_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  VOLT_CHECK(in.good(), ConfigError, "[cli] cannot read config file \"", path,
+             "\"; check the path given to --config.");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  ConfigNode n = parse_yaml(ss.str(), path);
+  VOLT_CHECK(n.is_map() || n.is_null(), ConfigError, "[cli] ", path,
+             ": a config file must be a mapping (trainer:, model:, data: ...), got ",
+             n.describe(), ".");
+  if (n.is_null()) n = ConfigNode::make_map(path);
+  return n;
+}
+
+// ------------------------------------------------------------------------------------- paths
+
+std::vector<std::string> split_path(const std::string& dotted) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : dotted) {
+    if (c == '.') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+std::string join_path(const std::vector<std::string>& path) {
+  std::string s;
+  for (const auto& p : path) s += (s.empty() ? "" : ".") + p;
+  return s;
+}
+
+bool is_component_path(const std::vector<std::string>& path) {
+  if (path.size() == 1) return path[0] == "model" || path[0] == "data";
+  return path.size() == 3 && path[0] == "trainer" &&
+         (path[1] == "callbacks" || path[1] == "loggers") && is_index(path[2]);
+}
+
+void canonicalize(ConfigNode& node, const std::vector<std::string>& path) {
+  if (is_component_path(path)) {
+    if (node.is_scalar()) {
+      ConfigNode m = ConfigNode::make_map(node.origin);
+      m.fields.emplace_back("class_path", node);
+      node = std::move(m);
+    } else if (node.is_map()) {
+      std::vector<std::pair<std::string, ConfigNode>> shorthand;
+      for (auto& f : node.fields) {
+        if (f.first != "class_path" && f.first != "init_args") shorthand.push_back(f);
+      }
+      if (!shorthand.empty()) {
+        for (const auto& f : shorthand) node.erase(f.first);
+        ConfigNode& args = node.field("init_args", shorthand.front().second.origin);
+        if (args.is_null()) args = ConfigNode::make_map(shorthand.front().second.origin);
+        if (args.is_map()) {
+          for (auto& f : shorthand) merge(args.field(f.first, f.second.origin), f.second);
+        }
+      }
+    }
+  }
+  auto child = path;
+  child.emplace_back();
+  for (size_t i = 0; i < node.items.size(); ++i) {
+    child.back() = std::to_string(i);
+    canonicalize(node.items[i], child);
+  }
+  for (auto& f : node.fields) {
+    child.back() = f.first;
+    canonicalize(f.second, child);
+  }
+}
+
+void merge(ConfigNode& dst, const ConfigNode& src, const std::vector<std::string>& path) {
+  if (!(dst.is_map() && src.is_map())) {
+    dst = src;
+    return;
+  }
+  if (is_component_path(path)) {
+    const ConfigNode* a = dst.find("class_path");
+    const ConfigNode* b = src.find("class_path");
+    if (a && b && a->scalar != b->scalar) dst.erase("init_args");
+  }
+  auto child = path;
+  child.emplace_back();
+  for (const auto& f : src.fields) {
+    child.back() = f.first;
+    merge(dst.field(f.first, f.second.origin), f.second, child);
+  }
+}
+
+void apply_override(ConfigNode& root, const std::string& dotted_key, const std::string& value,
+                    bool append, const std::string& origin) {
+  std::vector<std::string> path = split_path(dotted_key);
+  for (const auto& seg : path) {
+    VOLT_CHECK(!seg.empty(), ConfigError, "[cli] ", origin,
+               ": empty key segment; write --section.key=value.");
+  }
+  // Shorthand: model.lr means model.init_args.lr.
+  for (size_t i = 1; i < path.size(); ++i) {
+    std::vector<std::string> prefix(path.begin(), path.begin() + i);
+    if (is_component_path(prefix) && path[i] != "class_path" && path[i] != "init_args") {
+      path.insert(path.begin() + i, "init_args");
+      break;
+    }
+  }
+
+  ConfigNode val;
+  try {
+    val = convert(YAML::Load(value), origin);
+  } catch (const YAML::Exception&) {
+    // Not YAML (e.g. {epoch}-{step}): take the text literally.
+    val = ConfigNode::make_scalar(value, origin);
+    val.quoted = true;
+  }
+  set_origin(val, origin);
+
+  ConfigNode* cur = &root;
+  std::vector<std::string> walked;
+  for (size_t i = 0; i < path.size(); ++i) {
+    const std::string& seg = path[i];
+    if (cur->is_null()) {
+      *cur = ConfigNode::make_map(origin);
+      if (is_index(seg)) cur->kind = ConfigNode::Kind::kList;  // trainer.callbacks.0.x
+    }
+    if (cur->is_list()) {
+      VOLT_CHECK(is_index(seg), ConfigError, "[cli] ", origin, ": ", join_path(walked),
+                 " is a list; index it with a number (", join_path(walked), ".0.", seg, ").");
+      const size_t idx = std::stoul(seg);
+      VOLT_CHECK(idx <= cur->items.size(), ConfigError, "[cli] ", origin, ": ", join_path(walked),
+                 " has ", cur->items.size(), " item(s); index ", idx,
+                 " is past the end (use += to append).");
+      if (idx == cur->items.size()) {
+        ConfigNode n;
+        n.origin = origin;
+        cur->items.push_back(std::move(n));
+      }
+      cur = &cur->items[idx];
+    } else {
+      VOLT_CHECK(cur->is_map(), ConfigError, "[cli] ", origin, ": cannot set ", dotted_key,
+                 " because ", join_path(walked), " is ", cur->describe(), ", not a mapping.");
+      cur = &cur->field(seg, origin);
+    }
+    walked.push_back(seg);
+  }
+
+  if (append) {
+    if (cur->is_null()) {
+      cur->kind = ConfigNode::Kind::kList;
+      cur->origin = origin;
+    }
+    VOLT_CHECK(cur->is_list(), ConfigError, "[cli] ", origin, ": += appends to a list but ",
+               dotted_key, " is ", cur->describe(), "; use = to replace it.");
+    std::vector<ConfigNode> add = val.is_list() ? val.items : std::vector<ConfigNode>{val};
+    for (auto& n : add) {
+      auto item_path = walked;
+      item_path.push_back(std::to_string(cur->items.size()));
+      canonicalize(n, item_path);
+      cur->items.push_back(std::move(n));
+    }
+    return;
+  }
+  canonicalize(val, walked);
+  merge(*cur, val, walked);
+}
+
+}  // namespace detail
+}  // namespace volt

@@ -1,0 +1,65 @@
+#pragma once
+// The CLI's raw configuration: a YAML-like tree in which every node remembers where it came
+// from (file:line:column or the --override), merged from config files and overrides in order.
+// No torch includes: this TU family compiles in a second.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace volt {
+namespace detail {
+
+struct ConfigNode {
+  enum class Kind { kNull, kScalar, kList, kMap };
+  Kind kind = Kind::kNull;
+  std::string scalar;  // kScalar: the text as written
+  bool quoted = false; // kScalar: written in quotes (never null)
+  std::vector<ConfigNode> items;                           // kList
+  std::vector<std::pair<std::string, ConfigNode>> fields;  // kMap, in file order
+  std::string origin;  // "run.yaml:3:15" or "--trainer.max_epochs=3"
+
+  bool is_map() const { return kind == Kind::kMap; }
+  bool is_list() const { return kind == Kind::kList; }
+  bool is_scalar() const { return kind == Kind::kScalar; }
+  bool is_null() const { return kind == Kind::kNull; }
+  /// nullptr when absent (kMap only).
+  const ConfigNode* find(const std::string& key) const;
+  ConfigNode* find(const std::string& key);
+  /// Inserts an empty node when absent (kMap only).
+  ConfigNode& field(const std::string& key, const std::string& origin);
+  void erase(const std::string& key);
+  /// A short description for messages: "\"three\"", "a list", "a mapping", "null".
+  std::string describe() const;
+
+  static ConfigNode make_map(std::string origin);
+  static ConfigNode make_scalar(std::string text, std::string origin);
+};
+
+/// Parses YAML text; `source` names it in origins and errors ("run.yaml"). Malformed YAML throws
+/// ConfigError "[cli] <source>:<line>:<col>: malformed YAML (...)".
+ConfigNode parse_yaml(const std::string& text, const std::string& source);
+/// Reads and parses a YAML file (ConfigError when unreadable or malformed).
+ConfigNode load_yaml_file(const std::string& path);
+
+/// Component slots hold {class_path, init_args}: model, data, trainer.callbacks.<i>,
+/// trainer.loggers.<i>.
+bool is_component_path(const std::vector<std::string>& path);
+/// Rewrites shorthand into the canonical form: a bare name becomes {class_path: name}; other keys
+/// beside class_path move under init_args. Applied to every component slot under `node`.
+void canonicalize(ConfigNode& node, const std::vector<std::string>& path = {});
+/// Merges `src` over `dst`: maps key by key, anything else replaced. A component whose
+/// class_path changes drops the old init_args.
+void merge(ConfigNode& dst, const ConfigNode& src, const std::vector<std::string>& path = {});
+
+/// Applies one "--a.b.c=value" override ("+=" appends to a list). `value` is parsed as YAML
+/// (flow lists and maps work); shorthand paths (model.lr) map to init_args.
+void apply_override(ConfigNode& root, const std::string& dotted_key, const std::string& value,
+                    bool append, const std::string& origin);
+
+/// Splits "a.b.c" at dots.
+std::vector<std::string> split_path(const std::string& dotted);
+std::string join_path(const std::vector<std::string>& path);
+
+}  // namespace detail
+}  // namespace volt

@@ -1,0 +1,465 @@
+#include "resolve.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "volt/core/check.h"
+#include "volt/trainer/plan.h"
+#include "volt/trainer/trainer_options.h"
+
+namespace volt {
+namespace detail {
+namespace {
+
+// Keys that users coming from Lightning or from TrainerOptions may reach for, and where they live.
+std::string hint_for(const std::string& key) {
+  if (key == "trainer.seed") return "seed_everything (top level), which seeds before the model is built";
+  if (key == "trainer.logger" || key == "trainer.loggers") return "trainer.loggers";
+  return "";
+}
+
+std::string quote_list(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "\"" : ", \"") + x + "\"";
+  return s.empty() ? "(none)" : s;
+}
+
+[[noreturn]] void fail(const std::string& key, const ConfigNode& at, const std::string& msg) {
+  throw ConfigError("[cli] " + key + " (" + at.origin + "): " + msg);
+}
+
+void unknown_key(const std::string& prefix, const std::string& key, const ConfigNode& at,
+                 const std::vector<std::string>& valid) {
+  const std::string full = prefix.empty() ? key : prefix + "." + key;
+  std::string msg = "[cli] unknown key \"" + full + "\" (" + at.origin + ")";
+  const std::string hint = hint_for(full);
+  const std::string close = closest_match(key, valid);
+  if (!hint.empty()) {
+    msg += "; use " + hint;
+  } else if (!close.empty()) {
+    msg += "; did you mean \"" + (prefix.empty() ? close : prefix + "." + close) + "\"?";
+  } else {
+    msg += "; valid keys" + std::string(prefix.empty() ? "" : " under " + prefix) + ": " +
+           quote_list(valid);
+  }
+  throw ConfigError(msg + " (--help lists every option)");
+}
+
+bool parse_bool(const std::string& s, bool* out) {
+  if (s == "true" || s == "True" || s == "TRUE") return *out = true, true;
+  if (s == "false" || s == "False" || s == "FALSE") return *out = false, true;
+  return false;
+}
+
+bool parse_int(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  const char* b = s.data() + (s[0] == '+' ? 1 : 0);
+  const char* e = s.data() + s.size();
+  auto r = std::from_chars(b, e, *out);
+  return r.ec == std::errc() && r.ptr == e;
+}
+
+bool parse_float(const std::string& s, double* out) {
+  if (s == ".inf" || s == "+.inf" || s == ".Inf" || s == "inf") return *out = INFINITY, true;
+  if (s == "-.inf" || s == "-.Inf" || s == "-inf") return *out = -INFINITY, true;
+  if (s == ".nan" || s == ".NaN" || s == "nan") return *out = NAN, true;
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return false;
+  char* end = nullptr;
+  errno = 0;
+  *out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size() && errno != ERANGE;
+}
+
+const char* example_for(ParamType t) {
+  switch (t) {
+    case ParamType::kBool: return "true";
+    case ParamType::kInt: return "3";
+    case ParamType::kFloat: return "0.001";
+    case ParamType::kNumber: return "10 or 0.25";
+    case ParamType::kString: return "name";
+    case ParamType::kIntList: return "[64, 32]";
+    case ParamType::kFloatList: return "[0.9, 0.999]";
+    case ParamType::kStringList: return "[a, b]";
+  }
+  return "";
+}
+
+[[noreturn]] void wrong_type(const std::string& key, const ConfigNode& n, const ParamSpec& spec) {
+  fail(key, n,
+       std::string("expected ") + param_type_name(spec.type) + (spec.nullable ? " or null" : "") +
+           ", got " + n.describe() + "; e.g. " + key + ": " + example_for(spec.type) + ".");
+}
+
+ParamValue scalar_value(const std::string& key, const ConfigNode& n, const ParamSpec& spec,
+                        ParamType type) {
+  if (!n.is_scalar()) wrong_type(key, n, spec);
+  const std::string& s = n.scalar;
+  switch (type) {
+    case ParamType::kBool: {
+      bool b;
+      if (!parse_bool(s, &b)) wrong_type(key, n, spec);
+      return b;
+    }
+    case ParamType::kInt: {
+      int64_t i;
+      if (!parse_int(s, &i)) wrong_type(key, n, spec);
+      return i;
+    }
+    case ParamType::kFloat: {
+      double d;
+      if (!parse_float(s, &d)) wrong_type(key, n, spec);
+      return d;
+    }
+    case ParamType::kNumber: {
+      int64_t i;
+      if (parse_int(s, &i)) return i;
+      double d;
+      if (!parse_float(s, &d)) wrong_type(key, n, spec);
+      return d;
+    }
+    default:
+      return s;
+  }
+}
+
+ParamValue parse_value(const std::string& key, const ConfigNode& n, const ParamSpec& spec) {
+  if (n.is_null()) {
+    if (spec.nullable) return std::monostate{};
+    fail(key, n,
+         std::string("is null but must be ") + param_type_name(spec.type) + "; give a value" +
+             (spec.required ? "" : " or remove the key to use the default") + ".");
+  }
+  switch (spec.type) {
+    case ParamType::kIntList:
+    case ParamType::kFloatList:
+    case ParamType::kStringList: {
+      if (!n.is_list()) wrong_type(key, n, spec);
+      const ParamType elem = spec.type == ParamType::kIntList     ? ParamType::kInt
+                             : spec.type == ParamType::kFloatList ? ParamType::kFloat
+                                                                  : ParamType::kString;
+      std::vector<int64_t> ints;
+      std::vector<double> floats;
+      std::vector<std::string> strs;
+      for (size_t i = 0; i < n.items.size(); ++i) {
+        ParamValue v = scalar_value(key + "." + std::to_string(i), n.items[i], spec, elem);
+        if (elem == ParamType::kInt) ints.push_back(std::get<int64_t>(v));
+        else if (elem == ParamType::kFloat) floats.push_back(std::get<double>(v));
+        else strs.push_back(std::get<std::string>(v));
+      }
+      if (elem == ParamType::kInt) return ints;
+      if (elem == ParamType::kFloat) return floats;
+      return strs;
+    }
+    default: {
+      ParamValue v = scalar_value(key, n, spec, spec.type);
+      if (!spec.choices.empty()) {
+        const auto& s = std::get<std::string>(v);
+        if (std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
+          const std::string close = closest_match(s, spec.choices);
+          fail(key, n,
+               "\"" + s + "\" is not one of " + quote_list(spec.choices) +
+                   (close.empty() ? "" : " (did you mean \"" + close + "\"?)") + ".");
+        }
+      }
+      return v;
+    }
+  }
+}
+
+Args parse_args(const std::string& prefix, const std::string& owner, const ConfigNode* node,
+                const ConfigNode& parent, const Params& params,
+                const std::vector<std::string>& extra_keys = {}) {
+  std::vector<std::string> valid;
+  for (const auto& s : params.specs()) valid.push_back(s.name);
+  if (node != nullptr && !node->is_null()) {
+    if (!node->is_map()) fail(prefix, *node, "expected a mapping of parameters, got " + node->describe() + ".");
+    for (const auto& f : node->fields) {
+      if (params.find(f.first) == nullptr &&
+          std::find(extra_keys.begin(), extra_keys.end(), f.first) == extra_keys.end()) {
+        std::vector<std::string> all = valid;
+        all.insert(all.end(), extra_keys.begin(), extra_keys.end());
+        unknown_key(prefix, f.first, f.second, all);
+      }
+    }
+  }
+  std::map<std::string, ParamValue> values;
+  for (const auto& spec : params.specs()) {
+    const ConfigNode* v = (node != nullptr && node->is_map()) ? node->find(spec.name) : nullptr;
+    const std::string key = prefix + "." + spec.name;
+    if (v == nullptr) {
+      if (spec.required) {
+        std::string shorthand = key;
+        const std::string ia = ".init_args.";
+        if (auto p = shorthand.find(ia); p != std::string::npos) shorthand.replace(p, ia.size(), ".");
+        throw ConfigError("[cli] " + key + " is required (" + param_type_name(spec.type) +
+                          ") for " + owner + " but was not set (" + parent.origin +
+                          "); set it in the config or pass --" + shorthand + "=<value>.");
+      }
+      values[spec.name] = spec.default_value;
+    } else {
+      values[spec.name] = parse_value(key, *v, spec);
+    }
+  }
+  return Args(owner, std::move(values));
+}
+
+template <typename R>
+ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
+                                const ConfigNode& parent, const R& reg) {
+  static const ConfigNode kAbsent = [] {
+    ConfigNode n;
+    n.origin = "not set";
+    return n;
+  }();
+  const ConfigNode& n = node != nullptr ? *node : kAbsent;
+  const auto names = reg.names();
+  std::string class_path;
+  const ConfigNode* init_args = nullptr;
+  if (n.is_null()) {
+    if (names.size() != 1) {
+      throw ConfigError("[cli] " + key + " is required (" + n.origin + "); choose a " +
+                        reg.kind() + " with --" + key + "=NAME or " + key +
+                        ".class_path in the config; registered: " + quote_list(names) + ".");
+    }
+    class_path = names.front();
+  } else {
+    if (!n.is_map()) fail(key, n, "expected {class_path: NAME, init_args: {...}}, got " + n.describe() + ".");
+    for (const auto& f : n.fields) {
+      if (f.first != "class_path" && f.first != "init_args") {
+        unknown_key(key, f.first, f.second, {"class_path", "init_args"});
+      }
+    }
+    const ConfigNode* cp = n.find("class_path");
+    if (cp == nullptr || cp->is_null()) {
+      if (names.size() != 1) {
+        throw ConfigError("[cli] " + key + ".class_path is required (" + n.origin +
+                          "); registered " + reg.kind() + "s: " + quote_list(names) + ".");
+      }
+      class_path = names.front();
+    } else {
+      if (!cp->is_scalar()) fail(key + ".class_path", *cp, "expected a name, got " + cp->describe() + ".");
+      class_path = cp->scalar;
+      if (!reg.contains(class_path)) {
+        const std::string close = closest_match(class_path, names);
+        fail(key + ".class_path", *cp,
+             "unknown " + reg.kind() + " \"" + class_path + "\"; valid names: " +
+                 quote_list(names) + (close.empty() ? "" : " (did you mean \"" + close + "\"?)") +
+                 ".");
+      }
+    }
+    init_args = n.find("init_args");
+  }
+  const auto& entry = reg.at(class_path);
+  ComponentConfig c;
+  c.class_path = class_path;
+  c.params = &entry.params;
+  c.args = parse_args(key + ".init_args", reg.kind() + " " + class_path, init_args, n,
+                      entry.params);
+  return c;
+}
+
+template <typename R>
+std::vector<ComponentConfig> parse_component_list(const std::string& key, const ConfigNode* node,
+                                                  const R& reg) {
+  std::vector<ComponentConfig> out;
+  if (node == nullptr || node->is_null()) return out;
+  if (!node->is_list()) {
+    fail(key, *node, "expected a list of {class_path, init_args} items, got " + node->describe() + ".");
+  }
+  for (size_t i = 0; i < node->items.size(); ++i) {
+    out.push_back(parse_component(key + "." + std::to_string(i), &node->items[i], *node, reg));
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------------------------ emitting
+
+bool plain_safe(const std::string& s) {
+  if (s.empty()) return false;
+  static const char* kReserved[] = {"null", "Null", "NULL", "~", "true", "True", "TRUE", "false",
+                                    "False", "FALSE", "yes", "no", "on", "off", "Yes", "No",
+                                    "On", "Off"};
+  for (const char* r : kReserved) {
+    if (s == r) return false;
+  }
+  if (!(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_' || s[0] == '/')) return false;
+  for (char c : s) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' ||
+          c == '/')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string yaml_string(const std::string& s) {
+  if (plain_safe(s)) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default: out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string yaml_float(double d) {
+  if (std::isnan(d)) return ".nan";
+  if (std::isinf(d)) return d > 0 ? ".inf" : "-.inf";
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof(buf), d);  // shortest text that reads back exactly
+  std::string s(buf, r.ptr);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+template <typename T, typename F>
+std::string flow_list(const std::vector<T>& v, F f) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + f(v[i]);
+  return s + "]";
+}
+
+void emit_args(std::ostringstream& os, const Params& params, const Args& args, int indent) {
+  const std::string pad(indent, ' ');
+  if (params.specs().empty()) {
+    os << " {}\n";
+    return;
+  }
+  os << "\n";
+  for (const auto& spec : params.specs()) {
+    os << pad << spec.name << ": " << yaml_value(args.values().at(spec.name)) << "\n";
+  }
+}
+
+void emit_component(std::ostringstream& os, const ComponentConfig& c, int indent, bool list_item) {
+  const std::string pad(indent, ' ');
+  os << (list_item ? pad.substr(2) + "- " : pad) << "class_path: " << yaml_string(c.class_path)
+     << "\n";
+  os << pad << "init_args:";
+  emit_args(os, *c.params, c.args, indent + 2);
+}
+
+}  // namespace
+
+std::string yaml_value(const ParamValue& v) {
+  struct Visitor {
+    std::string operator()(std::monostate) const { return "null"; }
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(int64_t i) const { return std::to_string(i); }
+    std::string operator()(double d) const { return yaml_float(d); }
+    std::string operator()(const std::string& s) const { return yaml_string(s); }
+    std::string operator()(const std::vector<int64_t>& v) const {
+      return flow_list(v, [](int64_t i) { return std::to_string(i); });
+    }
+    std::string operator()(const std::vector<double>& v) const { return flow_list(v, yaml_float); }
+    std::string operator()(const std::vector<std::string>& v) const {
+      return flow_list(v, yaml_string);
+    }
+  };
+  return std::visit(Visitor{}, v);
+}
+
+Params trainer_params(const Registry& reg) {
+  const TrainerOptions d;
+  const auto limit = [](const Limit& l) -> ParamValue {
+    if (l.is_fraction()) return l.fraction();
+    return l.count();
+  };
+  std::vector<std::string> strategies = {"auto"};
+  for (const auto& n : reg.strategies.names()) strategies.push_back(n);
+  std::vector<std::string> accelerators = {"auto"};
+  for (const auto& n : reg.accelerators.names()) accelerators.push_back(n);
+  return Params()
+      .choice("accelerator", d.accelerator().name(), accelerators, "hardware to run on")
+      .add("devices", d.devices(), "number of devices; -1 = auto")
+      .choice("strategy", d.strategy().name(), strategies, "how work spreads over devices")
+      .choice("precision", d.precision().name(), reg.precisions.names(), "numeric precision")
+      .add("max_epochs", d.max_epochs(), "stop after this many epochs; -1 = 1000 if max_steps unset")
+      .add("min_epochs", d.min_epochs(), "ignore stop requests until this many epochs")
+      .add("max_steps", d.max_steps(), "stop after this many optimizer steps; -1 = no limit")
+      .optional<double>("max_time", "stop fit after this many seconds")
+      .number("limit_train_batches", limit(d.limit_train_batches()), "batches per epoch: count (int) or fraction (float)")
+      .number("limit_val_batches", limit(d.limit_val_batches()), "validation batches: count or fraction")
+      .number("limit_test_batches", limit(d.limit_test_batches()), "test batches: count or fraction")
+      .number("limit_predict_batches", limit(d.limit_predict_batches()), "predict batches: count or fraction")
+      .number("val_check_interval", limit(d.val_check_interval()), "validate every N batches (int) or epoch fraction (float)")
+      .add("check_val_every_n_epoch", d.check_val_every_n_epoch(), "validate every N epochs")
+      .add("num_sanity_val_steps", d.num_sanity_val_steps(), "validation batches before training; -1 = all")
+      .add("fast_dev_run", d.fast_dev_run(), "N > 0: run N batches of each stage once, no logs/checkpoints")
+      .add("accumulate_grad_batches", d.accumulate_grad_batches(), "batches per optimizer step")
+      .optional<double>("gradient_clip_val", "clip gradients to this norm/value")
+      .choice("gradient_clip_algorithm", "norm", {"norm", "value"}, "total 2-norm or elementwise")
+      .add("log_every_n_steps", d.log_every_n_steps(), "send step metrics to loggers every N steps")
+      .add("enable_progress_bar", d.enable_progress_bar(), "show the terminal progress bar")
+      .add("enable_checkpointing", d.enable_checkpointing(), "add a ModelCheckpoint when none is given")
+      .add("logger", d.logger(), "add a CSVLogger when trainer.loggers is empty")
+      .add("default_root_dir", d.default_root_dir(), "root folder for logs and checkpoints")
+      .add("deterministic", d.deterministic(), "use deterministic algorithms only")
+      .add("detect_nonfinite_loss", d.detect_nonfinite_loss(), "fail on a NaN/inf training loss")
+      .add("num_threads", d.num_threads(), "torch intra-op threads; 0 = volt's measured default")
+      .add("progress_refresh_s", d.progress_refresh_s(), "progress bar refresh period (seconds)");
+}
+
+ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
+  static const std::vector<std::string> kTop = {"seed_everything", "ckpt_path", "trainer", "model",
+                                                "data"};
+  VOLT_ASSERT(root.is_map(), "config root must be a map");
+  for (const auto& f : root.fields) {
+    if (std::find(kTop.begin(), kTop.end(), f.first) == kTop.end()) {
+      unknown_key("", f.first, f.second, kTop);
+    }
+  }
+  ResolvedConfig out;
+  if (const ConfigNode* s = root.find("seed_everything"); s != nullptr && !s->is_null()) {
+    ParamSpec spec{"seed_everything", ParamType::kInt, false, true, {}, {}, ""};
+    out.seed_everything = std::get<int64_t>(parse_value("seed_everything", *s, spec));
+    if (*out.seed_everything < 0) fail("seed_everything", *s, "must be >= 0.");
+  }
+  if (const ConfigNode* c = root.find("ckpt_path"); c != nullptr && !c->is_null()) {
+    ParamSpec spec{"ckpt_path", ParamType::kString, false, true, {}, {}, ""};
+    out.ckpt_path = std::get<std::string>(parse_value("ckpt_path", *c, spec));
+  }
+
+  out.trainer_params = trainer_params(reg);
+  const ConfigNode* t = root.find("trainer");
+  out.trainer = parse_args("trainer", "trainer", t, root, out.trainer_params,
+                           {"callbacks", "loggers"});
+  const ConfigNode* cbs = t != nullptr && t->is_map() ? t->find("callbacks") : nullptr;
+  const ConfigNode* lgs = t != nullptr && t->is_map() ? t->find("loggers") : nullptr;
+  out.callbacks = parse_component_list("trainer.callbacks", cbs, reg.callbacks);
+  out.loggers = parse_component_list("trainer.loggers", lgs, reg.loggers);
+  out.model = parse_component("model", root.find("model"), root, reg.models);
+  out.data = parse_component("data", root.find("data"), root, reg.data_modules);
+  return out;
+}
+
+std::string to_yaml(const ResolvedConfig& c) {
+  std::ostringstream os;
+  os << "# volt resolved config: every option with its value; load it with --config.\n";
+  os << "seed_everything: "
+     << (c.seed_everything ? std::to_string(*c.seed_everything) : std::string("null")) << "\n";
+  os << "ckpt_path: " << (c.ckpt_path ? yaml_string(*c.ckpt_path) : std::string("null")) << "\n";
+  os << "trainer:";
+  emit_args(os, c.trainer_params, c.trainer, 2);
+  os << "  callbacks:" << (c.callbacks.empty() ? " []\n" : "\n");
+  for (const auto& cb : c.callbacks) emit_component(os, cb, 6, true);
+  os << "  loggers:" << (c.loggers.empty() ? " []\n" : "\n");
+  for (const auto& lg : c.loggers) emit_component(os, lg, 6, true);
+  os << "model:\n";
+  emit_component(os, c.model, 2, false);
+  os << "data:\n";
+  emit_component(os, c.data, 2, false);
+  return os.str();
+}
+
+}  // namespace detail
+}  // namespace volt

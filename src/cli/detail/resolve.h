@@ -1,0 +1,48 @@
+#pragma once
+// Checks a raw ConfigNode tree against the schema (TrainerOptions fields and the registered
+// components' Params), fills defaults and returns typed values; and writes them back as YAML.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config_tree.h"
+#include "volt/core/registry.h"
+
+namespace volt {
+namespace detail {
+
+struct ComponentConfig {
+  std::string class_path;
+  Args args;
+  const Params* params = nullptr;  // the registered entry's parameters (emit order)
+};
+
+struct ResolvedConfig {
+  std::optional<int64_t> seed_everything;
+  std::optional<std::string> ckpt_path;
+  Params trainer_params;  // the schema `trainer` was checked against (emit order)
+  Args trainer;
+  std::vector<ComponentConfig> callbacks;
+  std::vector<ComponentConfig> loggers;
+  ComponentConfig model;
+  ComponentConfig data;
+};
+
+/// The TrainerOptions fields the CLI exposes (all but callbacks/loggers/seed, which the config
+/// gives as trainer.callbacks, trainer.loggers and seed_everything), defaults from TrainerOptions()
+/// and accelerator/strategy/precision choices from `reg`.
+Params trainer_params(const Registry& reg);
+
+/// Every key, type, required value and registered name checked; ConfigError otherwise, naming
+/// the dotted key, where it was set, and the fix.
+ResolvedConfig resolve(const ConfigNode& root, const Registry& reg);
+
+/// The resolved config as YAML that --config loads back to the same values.
+std::string to_yaml(const ResolvedConfig& config);
+
+/// One value as YAML flow text ("0.001", "[256, 128]", "\"{epoch}\"", "null").
+std::string yaml_value(const ParamValue& value);
+
+}  // namespace detail
+}  // namespace volt

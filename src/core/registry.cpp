@@ -1,0 +1,352 @@
+#include "volt/core/registry.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "volt/accelerators/accelerator.h"
+#include "volt/callbacks/early_stopping.h"
+#include "volt/callbacks/lr_monitor.h"
+#include "volt/callbacks/model_checkpoint.h"
+#include "volt/callbacks/timer.h"
+#include "volt/core/check.h"
+#include "volt/loggers/csv.h"
+#include "volt/loggers/tensorboard.h"
+#include "volt/precision/precision.h"
+#include "volt/strategies/strategy.h"
+
+namespace volt {
+
+const char* param_type_name(ParamType type) {
+  switch (type) {
+    case ParamType::kBool: return "bool";
+    case ParamType::kInt: return "int";
+    case ParamType::kFloat: return "float";
+    case ParamType::kString: return "str";
+    case ParamType::kIntList: return "list[int]";
+    case ParamType::kFloatList: return "list[float]";
+    case ParamType::kStringList: return "list[str]";
+    case ParamType::kNumber: return "int|float";
+  }
+  return "?";
+}
+
+ParamType param_value_type(const ParamValue& value) {
+  switch (value.index()) {
+    case 1: return ParamType::kBool;
+    case 2: return ParamType::kInt;
+    case 3: return ParamType::kFloat;
+    case 4: return ParamType::kString;
+    case 5: return ParamType::kIntList;
+    case 6: return ParamType::kFloatList;
+    case 7: return ParamType::kStringList;
+    default: break;
+  }
+  VOLT_ASSERT(false, "param_value_type of a none value");
+  return ParamType::kString;
+}
+
+// ------------------------------------------------------------------------------------- Params
+
+Params& Params::push(ParamSpec spec) {
+  VOLT_CHECK(!spec.name.empty() && spec.name.find('.') == std::string::npos, ConfigError,
+             "[Registry] parameter name \"", spec.name,
+             "\" is invalid; use a non-empty name without dots.");
+  VOLT_CHECK(find(spec.name) == nullptr, ConfigError, "[Registry] parameter \"", spec.name,
+             "\" is declared twice; give each parameter one declaration.");
+  specs_.push_back(std::move(spec));
+  return *this;
+}
+
+const ParamSpec* Params::find(const std::string& name) const {
+  for (const auto& s : specs_) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+namespace {
+ParamSpec with_default(std::string name, ParamValue v, std::string help) {
+  ParamSpec s;
+  s.name = std::move(name);
+  s.type = param_value_type(v);
+  s.default_value = std::move(v);
+  s.help = std::move(help);
+  return s;
+}
+}  // namespace
+
+Params& Params::add(std::string name, bool v, std::string help) {
+  return push(with_default(std::move(name), v, std::move(help)));
+}
+Params& Params::add(std::string name, int v, std::string help) {
+  return push(with_default(std::move(name), static_cast<int64_t>(v), std::move(help)));
+}
+Params& Params::add(std::string name, int64_t v, std::string help) {
+  return push(with_default(std::move(name), v, std::move(help)));
+}
+Params& Params::add(std::string name, double v, std::string help) {
+  return push(with_default(std::move(name), v, std::move(help)));
+}
+Params& Params::add(std::string name, const char* v, std::string help) {
+  return push(with_default(std::move(name), std::string(v), std::move(help)));
+}
+Params& Params::add(std::string name, std::string v, std::string help) {
+  return push(with_default(std::move(name), std::move(v), std::move(help)));
+}
+Params& Params::add(std::string name, std::vector<int64_t> v, std::string help) {
+  return push(with_default(std::move(name), std::move(v), std::move(help)));
+}
+Params& Params::add(std::string name, std::vector<double> v, std::string help) {
+  return push(with_default(std::move(name), std::move(v), std::move(help)));
+}
+Params& Params::add(std::string name, std::vector<std::string> v, std::string help) {
+  return push(with_default(std::move(name), std::move(v), std::move(help)));
+}
+Params& Params::number(std::string name, ParamValue v, std::string help) {
+  VOLT_CHECK(std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v), ConfigError,
+             "[Registry] default of number parameter \"", name, "\" must be an int or a float.");
+  ParamSpec s = with_default(std::move(name), std::move(v), std::move(help));
+  s.type = ParamType::kNumber;
+  return push(std::move(s));
+}
+Params& Params::choice(std::string name, std::string v, std::vector<std::string> choices,
+                       std::string help) {
+  VOLT_CHECK(std::find(choices.begin(), choices.end(), v) != choices.end(), ConfigError,
+             "[Registry] default \"", v, "\" of parameter \"", name,
+             "\" is not one of its choices; add it to the choices.");
+  ParamSpec s = with_default(std::move(name), std::move(v), std::move(help));
+  s.choices = std::move(choices);
+  return push(std::move(s));
+}
+
+// --------------------------------------------------------------------------------------- Args
+
+const ParamValue& Args::at(const std::string& name) const {
+  auto it = values_.find(name);
+  VOLT_CHECK(it != values_.end(), InternalError, "[Registry] ", owner_, " reads parameter \"",
+             name, "\" that it did not declare; add it to its Params.");
+  return it->second;
+}
+
+void Args::type_mismatch(const std::string& name, ParamType asked) const {
+  const ParamValue& v = at(name);
+  throw InternalError(detail::str_cat(
+      "[Registry] ", owner_, " reads parameter \"", name, "\" as ", param_type_name(asked),
+      " but it holds ",
+      std::holds_alternative<std::monostate>(v) ? "none (use get_optional)"
+                                                : param_type_name(param_value_type(v)),
+      "; read it with the type it was declared with."));
+}
+
+Args default_args(const std::string& owner, const Params& params) {
+  std::map<std::string, ParamValue> values;
+  for (const auto& s : params.specs()) {
+    VOLT_CHECK(!s.required, ConfigError, "[Registry] ", owner, " needs parameter \"", s.name,
+               "\" (", param_type_name(s.type), "); set it in the config.");
+    values[s.name] = s.default_value;
+  }
+  return Args(owner, std::move(values));
+}
+
+// ------------------------------------------------------------------------------ suggestions
+
+namespace {
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t sub = prev[j - 1] + (std::tolower(a[i - 1]) == std::tolower(b[j - 1]) ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+}  // namespace
+
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::string::npos;
+  for (const auto& c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  // Close enough to be a typo: at most a third of the longer word (and at least 2 edits allowed).
+  const size_t limit = std::max<size_t>(2, std::max(word.size(), best.size()) / 3);
+  if (best_d <= limit) return best;
+  // Or an abbreviation: "Mlp" for "MlpClassifier" (a unique candidate starting with the word).
+  std::string lower_word = word, found;
+  for (auto& ch : lower_word) ch = static_cast<char>(std::tolower(ch));
+  if (lower_word.size() < 2) return "";
+  for (const auto& c : candidates) {
+    std::string lc = c;
+    for (auto& ch : lc) ch = static_cast<char>(std::tolower(ch));
+    if (lc.rfind(lower_word, 0) == 0) {
+      if (!found.empty()) return "";
+      found = c;
+    }
+  }
+  return found;
+}
+
+void unknown_name(const std::string& kind, const std::string& name,
+                  const std::vector<std::string>& valid) {
+  std::ostringstream os;
+  os << "[Registry] unknown " << kind << " \"" << name << "\"; valid names: ";
+  for (size_t i = 0; i < valid.size(); ++i) os << (i ? ", " : "") << '"' << valid[i] << '"';
+  if (valid.empty()) os << "(none registered)";
+  const std::string close = closest_match(name, valid);
+  if (!close.empty()) os << " (did you mean \"" << close << "\"?)";
+  os << ".";
+  throw ConfigError(os.str());
+}
+
+// ---------------------------------------------------------------------------------- built-ins
+
+namespace {
+
+Mode mode_of(const Args& a) { return a.get<std::string>("mode") == "max" ? Mode::kMax : Mode::kMin; }
+
+void register_builtins(Registry& r) {
+  r.accelerators.add("cpu", "the host CPU", [] { return std::make_shared<CpuAccelerator>(); });
+  r.accelerators.add("cuda", "NVIDIA GPUs (needs a CUDA build of libtorch)",
+                     [] { return std::make_shared<CudaAccelerator>(); });
+
+  r.strategies.add("single_device", "one process on one device",
+                   [](const StrategyContext& c) -> std::shared_ptr<Strategy> {
+                     return std::make_shared<SingleDeviceStrategy>(c.accelerator->device(0),
+                                                                   c.accelerator, c.precision);
+                   });
+
+  r.precisions.add("32-true", "fp32 weights and compute",
+                   [] { return std::make_shared<Fp32Precision>(); });
+  r.precisions.add("32", "same as 32-true", [] { return std::make_shared<Fp32Precision>(); });
+
+  r.callbacks.add(
+      "ModelCheckpoint", "saves checkpoints, keeping the best k by a monitored metric",
+      Params()
+          .add("dirpath", "", "folder for checkpoints; \"\" = <log_dir>/checkpoints")
+          .add("filename", "{epoch}-{step}", "file name template, e.g. {epoch}-{val_loss:.3f}")
+          .add("monitor", "", "metric that ranks checkpoints; \"\" keeps the latest")
+          .choice("mode", "min", {"min", "max"}, "whether a lower or higher metric is better")
+          .add("save_top_k", int64_t{1}, "keep the best k files; -1 keeps all, 0 none")
+          .add("save_last", false, "also write last.ckpt")
+          .add("every_n_train_steps", int64_t{0}, "save every N optimizer steps; 0 = off")
+          .optional<int64_t>("every_n_epochs", "save every N epochs; none = 1 unless steps set"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        ModelCheckpointOptions o;
+        o.dirpath(a.get<std::string>("dirpath"))
+            .filename(a.get<std::string>("filename"))
+            .monitor(a.get<std::string>("monitor"))
+            .mode(mode_of(a))
+            .save_top_k(a.get<int64_t>("save_top_k"))
+            .save_last(a.get<bool>("save_last"))
+            .every_n_train_steps(a.get<int64_t>("every_n_train_steps"));
+        if (auto n = a.get_optional<int64_t>("every_n_epochs")) o.every_n_epochs(*n);
+        return std::make_shared<ModelCheckpoint>(o);
+      });
+
+  r.callbacks.add(
+      "EarlyStopping", "stops training when a monitored metric stops improving",
+      Params()
+          .required<std::string>("monitor", "metric to watch, e.g. val_loss")
+          .add("min_delta", 0.0, "smallest change that counts as an improvement")
+          .add("patience", int64_t{3}, "checks without improvement before stopping")
+          .choice("mode", "min", {"min", "max"}, "whether a lower or higher metric is better")
+          .add("check_finite", true, "stop when the metric becomes NaN or inf")
+          .optional<double>("stopping_threshold", "stop as soon as the metric reaches this")
+          .optional<double>("divergence_threshold", "stop as soon as the metric is worse than this")
+          .add("strict", true, "fail when the monitored metric is missing")
+          .add("check_on_train_epoch_end", false, "check after training epochs, not validation"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        EarlyStoppingOptions o(a.get<std::string>("monitor"));
+        o.min_delta(a.get<double>("min_delta"))
+            .patience(a.get<int64_t>("patience"))
+            .mode(mode_of(a))
+            .check_finite(a.get<bool>("check_finite"))
+            .strict(a.get<bool>("strict"))
+            .check_on_train_epoch_end(a.get<bool>("check_on_train_epoch_end"));
+        if (auto v = a.get_optional<double>("stopping_threshold")) o.stopping_threshold(*v);
+        if (auto v = a.get_optional<double>("divergence_threshold")) o.divergence_threshold(*v);
+        return std::make_shared<EarlyStopping>(o);
+      });
+
+  r.callbacks.add(
+      "LearningRateMonitor", "logs learning rates (and optionally momentum, weight decay)",
+      Params()
+          .choice("logging_interval", "auto", {"auto", "step", "epoch"},
+                  "auto = each scheduler's own interval")
+          .add("log_momentum", false, "also log momentum / beta1")
+          .add("log_weight_decay", false, "also log weight decay"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        const std::string& i = a.get<std::string>("logging_interval");
+        return std::make_shared<LearningRateMonitor>(
+            LearningRateMonitorOptions()
+                .logging_interval(i == "step"    ? LoggingInterval::kStep
+                                  : i == "epoch" ? LoggingInterval::kEpoch
+                                                 : LoggingInterval::kAuto)
+                .log_momentum(a.get<bool>("log_momentum"))
+                .log_weight_decay(a.get<bool>("log_weight_decay")));
+      });
+
+  r.callbacks.add(
+      "Timer", "measures stage times; stops fit after a maximum duration",
+      Params()
+          .optional<std::string>("duration", "maximum training time as \"DD:HH:MM:SS\"")
+          .choice("interval", "step", {"step", "epoch"}, "when the limit is checked")
+          .add("verbose", true, "print a line when the limit stops training"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        TimerOptions o;
+        if (auto d = a.get_optional<std::string>("duration")) o.duration_s(Timer::parse_duration(*d));
+        o.interval(a.get<std::string>("interval") == "epoch" ? Interval::kEpoch : Interval::kStep)
+            .verbose(a.get<bool>("verbose"));
+        return std::make_shared<Timer>(o);
+      });
+
+  const auto logger_params = [](int64_t flush_every) {
+    return Params()
+        .add("save_dir", "", "root folder of all runs; \"\" = trainer.default_root_dir")
+        .add("name", "volt_logs", "experiment name (sub-folder)")
+        .add("version", int64_t{-1}, "version_N folder; -1 = next free")
+        .add("flush_logs_every_n_steps", flush_every, "flush to disk every N log calls");
+  };
+  const auto save_dir = [](const Args& a, const LoggerContext& c) {
+    const std::string& d = a.get<std::string>("save_dir");
+    return d.empty() ? c.default_root_dir : d;
+  };
+  r.loggers.add("CSVLogger", "metrics.csv and hparams.yaml per run", logger_params(100),
+                [save_dir](const Args& a, const LoggerContext& c) -> std::shared_ptr<Logger> {
+                  return std::make_shared<CSVLogger>(
+                      CSVLoggerOptions(save_dir(a, c))
+                          .name(a.get<std::string>("name"))
+                          .version(a.get<int64_t>("version"))
+                          .flush_logs_every_n_steps(a.get<int64_t>("flush_logs_every_n_steps")));
+                });
+  r.loggers.add("TensorBoardLogger", "TensorBoard event files (scalars, hparams)",
+                logger_params(10),
+                [save_dir](const Args& a, const LoggerContext& c) -> std::shared_ptr<Logger> {
+                  return std::make_shared<TensorBoardLogger>(
+                      TensorBoardLoggerOptions(save_dir(a, c))
+                          .name(a.get<std::string>("name"))
+                          .version(a.get<int64_t>("version"))
+                          .flush_logs_every_n_steps(a.get<int64_t>("flush_logs_every_n_steps")));
+                });
+}
+
+}  // namespace
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry();  // never destroyed: factories may run during static teardown
+    register_builtins(*reg);
+    return reg;
+  }();
+  return *r;
+}
+
+}  // namespace volt
