@@ -207,8 +207,8 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
      << "    --config FILE      YAML config file (repeatable)\n"
      << "    --seed_everything  int|null    [null]           seed torch's RNG before anything is "
         "built\n"
-     << "    --ckpt_path        str|null    [null]           fit: checkpoint to resume; others: "
-        "weights to load (\"best\"/\"last\" from ModelCheckpoint)\n"
+     << "    --ckpt_path        str|null    [null]           checkpoint file: fit resumes from it, "
+        "validate/test/predict load its weights\n"
      << "\ntrainer (volt::TrainerOptions):\n";
   print_params(os, "trainer.", detail::trainer_params(reg));
   os << "    --trainer.callbacks  list  [[]]  callbacks: {class_path, init_args} items (below)\n"
@@ -226,45 +226,6 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
 }
 
 // ----------------------------------------------------------------------------------- building
-
-TrainerOptions trainer_options(const Args& a) {
-  const auto limit = [&](const char* name) -> Limit {
-    if (a.holds<int64_t>(name)) return Limit(a.get<int64_t>(name));
-    return Limit(a.get<double>(name));
-  };
-  TrainerOptions o;
-  o.accelerator(a.get<std::string>("accelerator"))
-      .devices(a.get<int64_t>("devices"))
-      .strategy(a.get<std::string>("strategy"))
-      .precision(a.get<std::string>("precision"))
-      .max_epochs(a.get<int64_t>("max_epochs"))
-      .min_epochs(a.get<int64_t>("min_epochs"))
-      .max_steps(a.get<int64_t>("max_steps"))
-      .limit_train_batches(limit("limit_train_batches"))
-      .limit_val_batches(limit("limit_val_batches"))
-      .limit_test_batches(limit("limit_test_batches"))
-      .limit_predict_batches(limit("limit_predict_batches"))
-      .val_check_interval(limit("val_check_interval"))
-      .check_val_every_n_epoch(a.get<int64_t>("check_val_every_n_epoch"))
-      .num_sanity_val_steps(a.get<int64_t>("num_sanity_val_steps"))
-      .fast_dev_run(a.get<int64_t>("fast_dev_run"))
-      .accumulate_grad_batches(a.get<int64_t>("accumulate_grad_batches"))
-      .gradient_clip_algorithm(a.get<std::string>("gradient_clip_algorithm") == "value"
-                                   ? ClipAlgorithm::kValue
-                                   : ClipAlgorithm::kNorm)
-      .log_every_n_steps(a.get<int64_t>("log_every_n_steps"))
-      .enable_progress_bar(a.get<bool>("enable_progress_bar"))
-      .enable_checkpointing(a.get<bool>("enable_checkpointing"))
-      .logger(a.get<bool>("logger"))
-      .default_root_dir(a.get<std::string>("default_root_dir"))
-      .deterministic(a.get<bool>("deterministic"))
-      .detect_nonfinite_loss(a.get<bool>("detect_nonfinite_loss"))
-      .num_threads(a.get<int64_t>("num_threads"))
-      .progress_refresh_s(a.get<double>("progress_refresh_s"));
-  if (auto v = a.get_optional<double>("max_time")) o.max_time(*v);
-  if (auto v = a.get_optional<double>("gradient_clip_val")) o.gradient_clip_val(*v);
-  return o;
-}
 
 /// Writes the resolved config into the run's log folder when the run starts (after a resume has
 /// picked the folder). An existing different config.yaml is kept: this run's goes to
@@ -394,7 +355,7 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
 
   // Build everything before running: a bad value stops here with exit code 2.
   if (rc.seed_everything) seed_everything(static_cast<uint64_t>(*rc.seed_everything));
-  TrainerOptions opts = trainer_options(rc.trainer);
+  TrainerOptions opts = detail::trainer_options(rc.trainer);
   const LoggerContext lctx{opts.default_root_dir()};
   std::vector<std::shared_ptr<Logger>> loggers;
   for (const auto& l : shared_versions(rc.loggers, lctx)) {

@@ -121,6 +121,27 @@ bool is_index(const std::string& s) {
          std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(c) != 0; });
 }
 
+/// False for text that starts with a flow collection but goes on after it closes, such as
+/// "{epoch}-{step}": yaml-cpp would read its first part as a mapping and drop the rest.
+bool is_one_flow_collection(const std::string& s) {
+  if (s.empty() || (s[0] != '{' && s[0] != '[')) return true;
+  int depth = 0;
+  char quote = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (quote) {
+      if (c == quote) quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return s.find_first_not_of(" \t", i + 1) == std::string::npos;
+    }
+  }
+  return true;  // unbalanced: let the YAML parser decide (it will fail)
+}
+
 }  // namespace
 
 ConfigNode parse_yaml(const std::string& text, const std::string& source) {
@@ -245,9 +266,10 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
 
   ConfigNode val;
   try {
+    if (!is_one_flow_collection(value)) throw YAML::Exception(YAML::Mark::null_mark(), "");
     val = convert(YAML::Load(value), origin);
   } catch (const YAML::Exception&) {
-    // Not YAML (e.g. {epoch}-{step}): take the text literally.
+    // Not YAML (e.g. the file name template {epoch}-{step}): take the text literally.
     val = ConfigNode::make_scalar(value, origin);
     val.quoted = true;
   }

@@ -409,6 +409,45 @@ Params trainer_params(const Registry& reg) {
       .add("progress_refresh_s", d.progress_refresh_s(), "progress bar refresh period (seconds)");
 }
 
+TrainerOptions trainer_options(const Args& a) {
+  const auto limit = [&](const char* name) -> Limit {
+    if (a.holds<int64_t>(name)) return Limit(a.get<int64_t>(name));
+    return Limit(a.get<double>(name));
+  };
+  TrainerOptions o;
+  o.accelerator(a.get<std::string>("accelerator"))
+      .devices(a.get<int64_t>("devices"))
+      .strategy(a.get<std::string>("strategy"))
+      .precision(a.get<std::string>("precision"))
+      .max_epochs(a.get<int64_t>("max_epochs"))
+      .min_epochs(a.get<int64_t>("min_epochs"))
+      .max_steps(a.get<int64_t>("max_steps"))
+      .limit_train_batches(limit("limit_train_batches"))
+      .limit_val_batches(limit("limit_val_batches"))
+      .limit_test_batches(limit("limit_test_batches"))
+      .limit_predict_batches(limit("limit_predict_batches"))
+      .val_check_interval(limit("val_check_interval"))
+      .check_val_every_n_epoch(a.get<int64_t>("check_val_every_n_epoch"))
+      .num_sanity_val_steps(a.get<int64_t>("num_sanity_val_steps"))
+      .fast_dev_run(a.get<int64_t>("fast_dev_run"))
+      .accumulate_grad_batches(a.get<int64_t>("accumulate_grad_batches"))
+      .gradient_clip_algorithm(a.get<std::string>("gradient_clip_algorithm") == "value"
+                                   ? ClipAlgorithm::kValue
+                                   : ClipAlgorithm::kNorm)
+      .log_every_n_steps(a.get<int64_t>("log_every_n_steps"))
+      .enable_progress_bar(a.get<bool>("enable_progress_bar"))
+      .enable_checkpointing(a.get<bool>("enable_checkpointing"))
+      .logger(a.get<bool>("logger"))
+      .default_root_dir(a.get<std::string>("default_root_dir"))
+      .deterministic(a.get<bool>("deterministic"))
+      .detect_nonfinite_loss(a.get<bool>("detect_nonfinite_loss"))
+      .num_threads(a.get<int64_t>("num_threads"))
+      .progress_refresh_s(a.get<double>("progress_refresh_s"));
+  if (auto v = a.get_optional<double>("max_time")) o.max_time(*v);
+  if (auto v = a.get_optional<double>("gradient_clip_val")) o.gradient_clip_val(*v);
+  return o;
+}
+
 ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
   static const std::vector<std::string> kTop = {"seed_everything", "ckpt_path", "trainer", "model",
                                                 "data"};

@@ -8,6 +8,7 @@
 
 #include "config_tree.h"
 #include "volt/core/registry.h"
+#include "volt/trainer/trainer_options.h"
 
 namespace volt {
 namespace detail {
@@ -33,6 +34,9 @@ struct ResolvedConfig {
 /// gives as trainer.callbacks, trainer.loggers and seed_everything), defaults from TrainerOptions()
 /// and accelerator/strategy/precision choices from `reg`.
 Params trainer_params(const Registry& reg);
+
+/// TrainerOptions from Args checked against trainer_params (callbacks and loggers left empty).
+TrainerOptions trainer_options(const Args& trainer);
 
 /// Every key, type, required value and registered name checked; ConfigError otherwise, naming
 /// the dotted key, where it was set, and the fix.

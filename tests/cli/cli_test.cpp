@@ -1,0 +1,310 @@
+// run_cli end to end: real runs of a tiny model from YAML + overrides, the saved config,
+// print-config round trips, and every bad-input path (exit code 2, one clear message). The last
+// tests run the real `volt` binary as a separate process.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cli/detail/resolve.h"
+#include "tiny.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+class BlobsData : public volt::DataModule {
+ public:
+  BlobsData(int64_t n, int64_t batch_size, bool broken)
+      : n_(n), batch_size_(batch_size), broken_(broken) {}
+  void setup(volt::Stage) override {
+    VOLT_CHECK(!broken_, volt::DataError, "[BlobsData] data files are missing; generate them.");
+    if (!train_) {
+      train_ = volt_test::blobs(n_, 8, 1);
+      val_ = volt_test::blobs(64, 8, 2);
+    }
+  }
+  volt::DataLoader train_dataloader() override { return volt_test::loader(train_, batch_size_); }
+  c10::optional<volt::DataLoader> val_dataloader() override {
+    return volt_test::loader(val_, 32, false);
+  }
+  c10::optional<volt::DataLoader> test_dataloader() override { return val_dataloader(); }
+  c10::optional<volt::DataLoader> predict_dataloader() override { return val_dataloader(); }
+
+ private:
+  int64_t n_, batch_size_;
+  bool broken_;
+  std::shared_ptr<volt::TensorDataset> train_, val_;
+};
+
+volt::Registry make_registry() {
+  volt::Registry r = volt::registry();
+  r.models.add("Tiny", "tiny classifier",
+               volt::Params().add("lr", 0.1, "SGD lr").add("adam", false, "AdamW instead"),
+               [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+                 return std::make_shared<volt_test::TinyClassifier>(8, a.get<double>("lr"),
+                                                                    a.get<bool>("adam"));
+               });
+  r.models.add("Throws", "a factory with a bug", volt::Params(),
+               [](const volt::Args&) -> std::shared_ptr<volt::Module> {
+                 throw std::out_of_range("vector::at");
+               });
+  r.data_modules.add("Blobs", "2-class blobs",
+                     volt::Params()
+                         .add("n", int64_t{128}, "rows")
+                         .add("batch_size", int64_t{16}, "batch")
+                         .add("broken", false, "fail in setup"),
+                     [](const volt::Args& a) -> std::shared_ptr<volt::DataModule> {
+                       return std::make_shared<BlobsData>(a.get<int64_t>("n"),
+                                                          a.get<int64_t>("batch_size"),
+                                                          a.get<bool>("broken"));
+                     });
+  return r;
+}
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result run(std::vector<std::string> args) {
+  static const volt::Registry reg = make_registry();
+  args.insert(args.begin(), "volt");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  volt::CliOptions o;
+  o.out = &out;
+  o.err = &err;
+  o.registry = &reg;
+  const int code = volt::run_cli(static_cast<int>(argv.size()), argv.data(), o);
+  return {code, out.str(), err.str()};
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+/// Expects exit code 2, nothing on stdout, one line on stderr containing `phrase`.
+void expect_usage_error(const std::vector<std::string>& args, const std::string& phrase) {
+  auto r = run(args);
+  EXPECT_EQ(r.code, volt::kCliBadUsage) << r.err;
+  EXPECT_NE(r.err.find(phrase), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+std::vector<std::string> base(const volt_test::TempDir& dir) {
+  return {"--model=Tiny", "--data=Blobs", "--trainer.default_root_dir=" + dir.path,
+          "--trainer.enable_progress_bar=false", "--seed_everything=3"};
+}
+
+TEST(Cli, FitFromYamlWithOverridesSavesTheResolvedConfig) {
+  volt_test::TempDir dir;
+  write(dir / "run.yaml",
+        "trainer:\n  max_epochs: 5\n  callbacks:\n    - class_path: ModelCheckpoint\n"
+        "      init_args: {monitor: val_acc, mode: max, save_last: true}\n"
+        "  loggers: [CSVLogger, TensorBoardLogger]\nmodel:\n  class_path: Tiny\n"
+        "  init_args: {lr: 0.5}\ndata: Blobs\n");
+  auto args = base(dir);
+  args.insert(args.begin(), {"fit", "--config", dir / "run.yaml"});
+  args.push_back("--trainer.max_epochs=2");  // later wins over the file
+  args.push_back("--model.lr=0.05");
+  auto r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("fit finished"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("val_acc"), std::string::npos) << r.out;
+  const std::string run_dir = dir.path + "/volt_logs/version_0";
+  ASSERT_TRUE(fs::exists(run_dir + "/config.yaml"));
+  ASSERT_TRUE(fs::exists(run_dir + "/metrics.csv"));
+  EXPECT_TRUE(fs::exists(run_dir + "/checkpoints/last.ckpt"));
+  // Both loggers share version_0 (no version_1 for the TensorBoard files).
+  EXPECT_FALSE(fs::exists(dir.path + "/volt_logs/version_1"));
+  bool events = false;
+  for (auto& e : fs::directory_iterator(run_dir)) {
+    events |= e.path().filename().string().rfind("events.out.tfevents", 0) == 0;
+  }
+  EXPECT_TRUE(events);
+  const std::string saved = slurp(run_dir + "/config.yaml");
+  EXPECT_NE(saved.find("max_epochs: 2"), std::string::npos) << saved;
+  EXPECT_NE(saved.find("lr: 0.05"), std::string::npos) << saved;
+  // 128 rows / 16 = 8 steps per epoch, 2 epochs.
+  EXPECT_NE(r.out.find("(16 steps)"), std::string::npos) << r.out;
+
+  // The saved config reproduces the run's config exactly.
+  auto again = run({"print-config", "--config", run_dir + "/config.yaml"});
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(again.out, saved);
+
+  // Resume from last.ckpt for one more epoch: same version folder; the changed config is kept
+  // beside the first one.
+  args = base(dir);
+  args.insert(args.begin(), {"fit", "--config", run_dir + "/config.yaml"});
+  args.push_back("--trainer.max_epochs=3");
+  args.push_back("--ckpt_path=" + run_dir + "/checkpoints/last.ckpt");
+  auto resumed = run(args);
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("(24 steps)"), std::string::npos) << resumed.out;
+  EXPECT_EQ(slurp(run_dir + "/config.yaml"), saved);
+  EXPECT_NE(slurp(run_dir + "/config_1.yaml").find("max_epochs: 3"), std::string::npos);
+}
+
+TEST(Cli, ValidateTestAndPredictLoadACheckpoint) {
+  volt_test::TempDir dir;
+  auto args = base(dir);
+  args.insert(args.begin(), "fit");
+  args.push_back("--trainer.max_epochs=1");
+  ASSERT_EQ(run(args).code, 0);
+  std::string ckpt;
+  for (auto& e : fs::recursive_directory_iterator(dir.path)) {
+    if (e.path().extension() == ".ckpt") ckpt = e.path().string();
+  }
+  ASSERT_FALSE(ckpt.empty());
+  for (const char* cmd : {"validate", "test"}) {
+    args = base(dir);
+    args.insert(args.begin(), cmd);
+    args.push_back("--ckpt_path=" + ckpt);
+    auto r = run(args);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find(std::string(cmd) == "test" ? "test_acc" : "val_acc"), std::string::npos)
+        << r.out;
+  }
+  args = base(dir);
+  args.insert(args.begin(), "predict");
+  args.push_back("--ckpt_path=" + ckpt);
+  auto r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto pos = r.out.find("predictions: ");
+  ASSERT_NE(pos, std::string::npos) << r.out;
+  const std::string path = r.out.substr(pos + 13, r.out.find(' ', pos + 13) - pos - 13);
+  auto file = volt::load_safetensors(path);
+  ASSERT_EQ(file.tensors.count("predictions"), 1u);
+  EXPECT_EQ(file.tensors.at("predictions").size(0), 64);  // the 64-row predict set
+}
+
+TEST(Cli, HelpListsEveryOptionWithTypeAndDefault) {
+  auto r = run({"fit", "--help"});
+  ASSERT_EQ(r.code, 0);
+  const volt::Params trainer = volt::detail::trainer_params(volt::registry());
+  for (const auto& spec : trainer.specs()) {
+    EXPECT_NE(r.out.find("--trainer." + spec.name + " "), std::string::npos) << spec.name;
+  }
+  EXPECT_NE(r.out.find("--trainer.max_epochs               int         [-1]"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--model.lr"), std::string::npos);
+  EXPECT_NE(r.out.find("--data.batch_size"), std::string::npos);
+  EXPECT_NE(r.out.find("--trainer.callbacks.N.monitor"), std::string::npos);
+  EXPECT_NE(r.out.find("[required]"), std::string::npos);
+  EXPECT_NE(r.out.find("TensorBoardLogger"), std::string::npos);
+  auto top = run({"--help"});
+  EXPECT_EQ(top.code, 0);
+  EXPECT_NE(top.out.find("print-config"), std::string::npos);
+  EXPECT_EQ(run({"report", "--help"}).code, 0);
+}
+
+TEST(Cli, BadCommandLinesExitWithCodeTwo) {
+  expect_usage_error({}, "no command given");
+  expect_usage_error({"fitt"}, "unknown command \"fitt\"; valid commands: \"fit\"");
+  expect_usage_error({"fitt"}, "(did you mean \"fit\"?)");
+  expect_usage_error({"fit", "--trainer.max_epochs"}, "--trainer.max_epochs needs a value");
+  expect_usage_error({"fit", "run.yaml"}, "unexpected argument \"run.yaml\"");
+  expect_usage_error({"fit", "--=3"}, "has no option name");
+  expect_usage_error({"fit", "--config", "/nonexistent.yaml"}, "cannot read config file");
+  expect_usage_error({"report"}, "report takes one RUN_DIR");
+  expect_usage_error({"report", "a", "--config=x"}, "report does not take --config");
+}
+
+TEST(Cli, BadConfigsExitWithCodeTwo) {
+  volt_test::TempDir dir;
+  write(dir / "bad.yaml", "trainer:\n  max_epochs: 2\n   oops: [1\n");
+  expect_usage_error({"fit", "--config", dir / "bad.yaml"}, "bad.yaml:3:");
+  expect_usage_error({"fit", "--config", dir / "bad.yaml"}, "malformed YAML");
+  write(dir / "unk.yaml", "model: Tiny\ndata: Blobs\ntrainer:\n  max_epoch: 2\n");
+  expect_usage_error({"fit", "--config", dir / "unk.yaml"},
+                     "unknown key \"trainer.max_epoch\" (" + (dir / "unk.yaml") + ":4:14); did "
+                     "you mean \"trainer.max_epochs\"?");
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs=three"},
+                     "trainer.max_epochs (--trainer.max_epochs=three): expected int, got \"three\"");
+  expect_usage_error({"fit", "--model=Tny", "--data=Blobs"},
+                     "unknown model \"Tny\"; valid names: \"Throws\", \"Tiny\" (did you mean \"Tiny\"?)");
+  expect_usage_error({"fit", "--data=Blobs"}, "model is required");
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=EarlyStopping"},
+                     "trainer.callbacks.0.init_args.monitor is required (str) for callback "
+                     "EarlyStopping");
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.loggers+=Wandb"},
+                     "unknown logger \"Wandb\"; valid names: \"CSVLogger\", \"TensorBoardLogger\"");
+  // Values that pass the schema but not the component's own checks: still exit code 2.
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs=-5"},
+                     "[Trainer]");
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=Timer",
+                      "--trainer.callbacks.0.duration=1 day"},
+                     "[Timer]");
+}
+
+TEST(Cli, RunFailuresExitWithCodeOneAndBugsNeverEscape) {
+  volt_test::TempDir dir;
+  auto args = base(dir);
+  args.insert(args.begin(), "fit");
+  args.push_back("--data.broken=true");
+  auto r = run(args);
+  EXPECT_EQ(r.code, volt::kCliRunFailed);
+  EXPECT_NE(r.err.find("[BlobsData] data files are missing"), std::string::npos) << r.err;
+  args = base(dir);
+  args.insert(args.begin(), "fit");
+  args.push_back("--model=Throws");
+  r = run(args);
+  EXPECT_EQ(r.code, volt::kCliRunFailed);
+  EXPECT_NE(r.err.find("[cli] unexpected error: vector::at"), std::string::npos) << r.err;
+}
+
+// ------------------------------------------------------------------ the real `volt` binary
+
+Result run_binary(const std::string& args) {
+  volt_test::TempDir dir;
+  const std::string cmd = std::string(VOLT_CLI_BINARY) + " " + args + " >" + (dir / "out") +
+                          " 2>" + (dir / "err");
+  const int status = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(status)) << "killed by a signal: " << cmd;
+  return {WEXITSTATUS(status), slurp(dir / "out"), slurp(dir / "err")};
+}
+
+TEST(CliBinary, MalformedYamlAndUnknownKeysExitTwoWithoutACrash) {
+  volt_test::TempDir dir;
+  write(dir / "bad.yaml", "trainer: [1, 2\n");
+  auto r = run_binary("fit --config " + (dir / "bad.yaml"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("malformed YAML"), std::string::npos) << r.err;
+  r = run_binary("fit --model=MlpClassifier --trainer.max_epoch=1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("did you mean \"trainer.max_epochs\"?"), std::string::npos) << r.err;
+  r = run_binary("fit --model=Mlp");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("did you mean \"MlpClassifier\"?"), std::string::npos) << r.err;
+  r = run_binary("fit --model=MlpClassifier --data.root=/nonexistent --trainer.max_epochs=1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("/nonexistent"), std::string::npos) << r.err;
+}
+
+TEST(CliBinary, FitsFashionMnistFromTheCheckedInConfig) {
+  volt_test::TempDir dir;
+  auto r = run_binary("fit --config " VOLT_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml"
+                      " --trainer.default_root_dir=" + dir.path +
+                      " --trainer.max_epochs=1 --trainer.limit_train_batches=20"
+                      " --trainer.limit_val_batches=4 --trainer.enable_progress_bar=false");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("val_acc"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(dir.path + "/volt_logs/version_0/config.yaml"));
+  auto p = run_binary("print-config --config " + dir.path + "/volt_logs/version_0/config.yaml");
+  EXPECT_EQ(p.code, 0);
+  EXPECT_EQ(p.out, slurp(dir.path + "/volt_logs/version_0/config.yaml"));
+}
+
+}  // namespace

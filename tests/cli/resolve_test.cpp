@@ -1,0 +1,211 @@
+// Config resolution: schema checks with actionable messages, defaults, YAML round trip.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cli/detail/resolve.h"
+#include "tiny.h"
+
+namespace {
+
+using volt::detail::ConfigNode;
+using volt::detail::parse_yaml;
+using volt::detail::ResolvedConfig;
+
+/// The built-ins plus a model taking every parameter type and one data module.
+volt::Registry test_registry(bool two_models = false) {
+  volt::Registry r = volt::registry();
+  r.models = decltype(r.models)("model");
+  r.data_modules = decltype(r.data_modules)("data module");
+  auto make_model = [](const volt::Args&) -> std::shared_ptr<volt::Module> {
+    return std::make_shared<volt_test::TinyClassifier>();
+  };
+  r.models.add("Everything", "every type",
+               volt::Params()
+                   .required<int64_t>("width", "units")
+                   .add("lr", 1e-3, "lr")
+                   .add("fused", true, "flag")
+                   .add("name", "{epoch}-x", "a string needing quotes")
+                   .add("empty", "", "an empty string")
+                   .add("hidden", std::vector<int64_t>{256, 128}, "ints")
+                   .add("betas", std::vector<double>{0.9, 0.999}, "floats")
+                   .add("tags", std::vector<std::string>{"a", "null", "32-true"}, "strings")
+                   .choice("mode", "min", {"min", "max"}, "choice")
+                   .number("limit", int64_t{10}, "int or float")
+                   .optional<double>("max_time", "nullable"),
+               make_model);
+  if (two_models) r.models.add("Other", "", volt::Params(), make_model);
+  r.data_modules.add("Blobs", "tiny", volt::Params().add("n", int64_t{64}, "rows"),
+                     [](const volt::Args&) -> std::shared_ptr<volt::DataModule> { return nullptr; });
+  return r;
+}
+
+ResolvedConfig resolve_text(const std::string& yaml, const volt::Registry& r) {
+  ConfigNode n = parse_yaml(yaml, "run.yaml");
+  if (n.is_null()) n = ConfigNode::make_map("run.yaml");
+  volt::detail::canonicalize(n);
+  return volt::detail::resolve(n, r);
+}
+
+std::string error_of(const std::string& yaml, const volt::Registry& r) {
+  try {
+    resolve_text(yaml, r);
+  } catch (const volt::ConfigError& e) {
+    return e.what();
+  }
+  return "<no ConfigError>";
+}
+
+TEST(Resolve, FillsDefaultsAndPicksTheOnlyRegisteredClass) {
+  const auto r = test_registry();
+  auto c = resolve_text("model: {width: 8}\n", r);
+  EXPECT_EQ(c.model.class_path, "Everything");
+  EXPECT_EQ(c.data.class_path, "Blobs");
+  EXPECT_EQ(c.model.args.get<int64_t>("width"), 8);
+  EXPECT_DOUBLE_EQ(c.model.args.get<double>("lr"), 1e-3);
+  EXPECT_FALSE(c.model.args.get_optional<double>("max_time").has_value());
+  EXPECT_EQ(c.trainer.get<int64_t>("max_epochs"), volt::TrainerOptions().max_epochs());
+  EXPECT_EQ(c.trainer.get<std::string>("accelerator"), "auto");
+  EXPECT_FALSE(c.seed_everything.has_value());
+  EXPECT_TRUE(c.callbacks.empty());
+}
+
+TEST(Resolve, NumbersKeepIntVersusFloat) {
+  const auto r = test_registry();
+  auto c = resolve_text("model: {width: 8, limit: 0.25}\ntrainer: {limit_train_batches: 10}\n", r);
+  EXPECT_TRUE(c.model.args.holds<double>("limit"));
+  EXPECT_TRUE(c.trainer.holds<int64_t>("limit_train_batches"));
+  auto o = volt::detail::trainer_options(c.trainer);
+  EXPECT_FALSE(o.limit_train_batches().is_fraction());
+  EXPECT_EQ(o.limit_train_batches().count(), 10);
+  EXPECT_TRUE(o.limit_val_batches().is_fraction());
+}
+
+TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
+  const auto r = test_registry();
+  auto c = resolve_text(
+      "model: {width: 1}\n"
+      "trainer:\n  accelerator: cpu\n  devices: 1\n  strategy: single_device\n  precision: '32'\n"
+      "  max_epochs: 7\n  min_epochs: 2\n  max_steps: 99\n  max_time: 12.5\n"
+      "  limit_train_batches: 0.5\n  limit_val_batches: 3\n  limit_test_batches: 4\n"
+      "  limit_predict_batches: 0.25\n  val_check_interval: 20\n  check_val_every_n_epoch: 3\n"
+      "  num_sanity_val_steps: 0\n  fast_dev_run: 2\n  accumulate_grad_batches: 4\n"
+      "  gradient_clip_val: 1.5\n  gradient_clip_algorithm: value\n  log_every_n_steps: 5\n"
+      "  enable_progress_bar: false\n  enable_checkpointing: false\n  logger: false\n"
+      "  default_root_dir: /tmp/x\n  deterministic: true\n  detect_nonfinite_loss: false\n"
+      "  num_threads: 2\n  progress_refresh_s: 2.0\n",
+      r);
+  // Every declared field was set above to a non-default value.
+  EXPECT_EQ(c.trainer.values().size(), volt::detail::trainer_params(r).specs().size());
+  auto o = volt::detail::trainer_options(c.trainer);
+  std::ostringstream got, want;
+  got << o;
+  volt::TrainerOptions w;
+  w.accelerator("cpu").devices(1).strategy("single_device").precision("32").max_epochs(7)
+      .min_epochs(2).max_steps(99).max_time(12.5).limit_train_batches(0.5)
+      .limit_val_batches(int64_t{3}).limit_test_batches(int64_t{4}).limit_predict_batches(0.25)
+      .val_check_interval(int64_t{20}).check_val_every_n_epoch(3).num_sanity_val_steps(0)
+      .fast_dev_run(2).accumulate_grad_batches(4).gradient_clip_val(1.5)
+      .gradient_clip_algorithm(volt::ClipAlgorithm::kValue).log_every_n_steps(5)
+      .enable_progress_bar(false).enable_checkpointing(false).logger(false)
+      .default_root_dir("/tmp/x").deterministic(true).detect_nonfinite_loss(false).num_threads(2)
+      .progress_refresh_s(2.0);
+  want << w;
+  EXPECT_EQ(got.str(), want.str());
+  EXPECT_NE(got.str(), [] { std::ostringstream d; d << volt::TrainerOptions(); return d.str(); }());
+}
+
+TEST(Resolve, PrintedConfigLoadsBackToTheSameValues) {
+  const auto r = test_registry();
+  auto c = resolve_text(
+      "seed_everything: 7\nckpt_path: 'runs/a b.ckpt'\n"
+      "model: {width: 3, lr: 3.0e-4, name: 'null', empty: '', hidden: [], betas: [0.1, .inf],"
+      " tags: ['', 'true', x], mode: max, limit: 1.0, max_time: 0.1}\n"
+      "trainer:\n  callbacks: [{class_path: EarlyStopping, init_args: {monitor: val_loss}},"
+      " ModelCheckpoint]\n  loggers: [CSVLogger]\n",
+      r);
+  const std::string y1 = volt::detail::to_yaml(c);
+  auto c2 = resolve_text(y1, r);
+  EXPECT_EQ(volt::detail::to_yaml(c2), y1);
+  EXPECT_EQ(c2.model.args.get<std::string>("name"), "null");
+  EXPECT_EQ(c2.model.args.get<std::string>("empty"), "");
+  EXPECT_DOUBLE_EQ(c2.model.args.get<double>("lr"), 3.0e-4);
+  EXPECT_TRUE(std::isinf(c2.model.args.get<std::vector<double>>("betas")[1]));
+  EXPECT_EQ(c2.model.args.get<std::vector<std::string>>("tags")[1], "true");
+  EXPECT_TRUE(c2.model.args.holds<double>("limit"));  // 1.0 stays a float
+  EXPECT_EQ(*c2.ckpt_path, "runs/a b.ckpt");
+  EXPECT_EQ(*c2.seed_everything, 7);
+  ASSERT_EQ(c2.callbacks.size(), 2u);
+  EXPECT_EQ(c2.callbacks[0].args.get<std::string>("monitor"), "val_loss");
+  EXPECT_EQ(c2.loggers[0].class_path, "CSVLogger");
+}
+
+TEST(Resolve, UnknownKeysSuggestTheClosest) {
+  const auto r = test_registry();
+  auto m = error_of("trainr: {}\n", r);
+  EXPECT_NE(m.find("unknown key \"trainr\" (run.yaml:1:9); did you mean \"trainer\"?"), std::string::npos) << m;
+  m = error_of("trainer: {max_epoch: 3}\nmodel: {width: 1}\n", r);
+  EXPECT_NE(m.find("did you mean \"trainer.max_epochs\"?"), std::string::npos) << m;
+  m = error_of("model: {width: 1, lrr: 0.1}\n", r);
+  EXPECT_NE(m.find("unknown key \"model.init_args.lrr\""), std::string::npos) << m;
+  EXPECT_NE(m.find("did you mean \"model.init_args.lr\"?"), std::string::npos) << m;
+  m = error_of("model: {width: 1}\ntrainer: {seed: 3}\n", r);
+  EXPECT_NE(m.find("use seed_everything"), std::string::npos) << m;
+  m = error_of("model: {width: 1}\nzzzzzz: 1\n", r);
+  EXPECT_NE(m.find("valid keys: \"seed_everything\""), std::string::npos) << m;
+}
+
+TEST(Resolve, WrongTypesNameKeyOriginAndExpectedType) {
+  const auto r = test_registry();
+  auto m = error_of("model: {width: three}\n", r);
+  EXPECT_NE(m.find("model.init_args.width (run.yaml:1:16): expected int, got \"three\""), std::string::npos) << m;
+  m = error_of("model: {width: 1, fused: maybe}\n", r);
+  EXPECT_NE(m.find("expected bool"), std::string::npos) << m;
+  m = error_of("model: {width: 1, lr: fast}\n", r);
+  EXPECT_NE(m.find("expected float"), std::string::npos) << m;
+  m = error_of("model: {width: 1, hidden: [1, x]}\n", r);
+  EXPECT_NE(m.find("model.init_args.hidden.1"), std::string::npos) << m;
+  m = error_of("model: {width: 1, hidden: 5}\n", r);
+  EXPECT_NE(m.find("expected list[int]"), std::string::npos) << m;
+  m = error_of("model: {width: 1, mode: maxx}\n", r);
+  EXPECT_NE(m.find("\"maxx\" is not one of \"min\", \"max\" (did you mean \"max\"?)"), std::string::npos) << m;
+  m = error_of("model: {width: null}\n", r);
+  EXPECT_NE(m.find("is null but must be int"), std::string::npos) << m;
+  m = error_of("model: {width: 1}\ntrainer: {max_epochs: 1.5}\n", r);
+  EXPECT_NE(m.find("trainer.max_epochs"), std::string::npos) << m;
+  m = error_of("model: {width: 1}\nseed_everything: -1\n", r);
+  EXPECT_NE(m.find("must be >= 0"), std::string::npos) << m;
+  m = error_of("model: {width: 1}\ntrainer: {callbacks: ModelCheckpoint}\n", r);
+  EXPECT_NE(m.find("expected a list of {class_path, init_args} items"), std::string::npos) << m;
+}
+
+TEST(Resolve, MissingRequiredValueSaysHowToSetIt) {
+  const auto r = test_registry();
+  auto m = error_of("model: {lr: 0.1}\n", r);
+  EXPECT_NE(m.find("model.init_args.width is required (int) for model Everything"), std::string::npos) << m;
+  EXPECT_NE(m.find("--model.width=<value>"), std::string::npos) << m;
+  m = error_of("model: {width: 1}\ntrainer: {callbacks: [EarlyStopping]}\n", r);
+  EXPECT_NE(m.find("trainer.callbacks.0.init_args.monitor is required"), std::string::npos) << m;
+  const auto r2 = test_registry(/*two_models=*/true);
+  m = error_of("data: Blobs\n", r2);
+  EXPECT_NE(m.find("model is required"), std::string::npos) << m;
+  EXPECT_NE(m.find("\"Everything\", \"Other\""), std::string::npos) << m;
+}
+
+TEST(Resolve, UnknownRegisteredNamesListTheValidOnes) {
+  const auto r = test_registry(true);
+  auto m = error_of("model: Everythin\n", r);
+  EXPECT_NE(m.find("unknown model \"Everythin\"; valid names: \"Everything\", \"Other\" (did you mean \"Everything\"?)"), std::string::npos) << m;
+  m = error_of("model: {class_path: Other}\ntrainer: {loggers: [TensorBoard]}\n", r);
+  EXPECT_NE(m.find("unknown logger \"TensorBoard\""), std::string::npos) << m;
+  EXPECT_NE(m.find("did you mean \"TensorBoardLogger\"?"), std::string::npos) << m;
+  m = error_of("model: Other\ntrainer: {accelerator: tpu}\n", r);
+  EXPECT_NE(m.find("\"tpu\" is not one of \"auto\", \"cpu\", \"cuda\""), std::string::npos) << m;
+  m = error_of("model: {class_path: Other, init: {}}\n", r);
+  // Shorthand: a key beside class_path is an init arg, and Other takes none.
+  EXPECT_NE(m.find("unknown key \"model.init_args.init\""), std::string::npos) << m;
+  EXPECT_NE(m.find("valid keys under model.init_args: (none)"), std::string::npos) << m;
+}
+
+}  // namespace
