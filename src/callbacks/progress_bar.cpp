@@ -7,20 +7,25 @@
 
 namespace volt {
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
 ProgressBar::ProgressBar(double refresh_s, std::FILE* out) : refresh_s_(refresh_s), out_(out) {
   tty_ = out_ != nullptr && ::isatty(::fileno(out_));
 }
 
 void ProgressBar::on_train_epoch_start(RunContext& run, Module& module) {
-  epoch_start_ = last_draw_ = std::chrono::steady_clock::now();
-  start_batch_ = run.state().batches_done;
+  train_.start = train_.last_draw = std::chrono::steady_clock::now();
+  train_.start_done = run.state().batches_done;
 }
 
 void ProgressBar::on_train_batch_end(RunContext& run, Module& module, const Batch& batch,
                                      int64_t batch_idx) {
-  const auto now = std::chrono::steady_clock::now();
-  if (std::chrono::duration<double>(now - last_draw_).count() < refresh_s_) return;
-  last_draw_ = now;
+  if (seconds_since(train_.last_draw) < refresh_s_) return;
+  train_.last_draw = std::chrono::steady_clock::now();
   draw(run, run.state().batches_done, false);
 }
 
@@ -28,32 +33,81 @@ void ProgressBar::on_train_epoch_end(RunContext& run, Module& module) {
   draw(run, run.state().batches_done, true);
 }
 
-void ProgressBar::draw(RunContext& run, int64_t done, bool final_line) {
+void ProgressBar::on_validation_start(RunContext& run, Module& module) { eval_start("Validation"); }
+void ProgressBar::on_validation_batch_end(RunContext& run, Module& module, const Batch& batch,
+                                          int64_t batch_idx) {
+  eval_batch(run, batch_idx + 1);
+}
+void ProgressBar::on_validation_end(RunContext& run, Module& module) { eval_end(run); }
+void ProgressBar::on_test_start(RunContext& run, Module& module) { eval_start("Testing"); }
+void ProgressBar::on_test_batch_end(RunContext& run, Module& module, const Batch& batch,
+                                    int64_t batch_idx) {
+  eval_batch(run, batch_idx + 1);
+}
+void ProgressBar::on_test_end(RunContext& run, Module& module) { eval_end(run); }
+
+void ProgressBar::eval_start(const char* label) {
+  eval_label_ = label;
+  eval_done_ = 0;
+  eval_.start = eval_.last_draw = std::chrono::steady_clock::now();
+  eval_.start_done = 0;
+}
+
+void ProgressBar::eval_batch(RunContext& run, int64_t done) {
+  eval_done_ = done;
+  // Counts and clocks only: an evaluation line reads no metric value, so it never syncs.
+  if (!tty_ || seconds_since(eval_.last_draw) < refresh_s_) return;
+  eval_.last_draw = std::chrono::steady_clock::now();
+  emit(progress(eval_label_, eval_, done, run.state().num_eval_batches), false);
+}
+
+void ProgressBar::eval_end(RunContext& run) {
   if (out_ == nullptr) return;
-  ++redraws_;
-  const auto& st = run.state();
-  const int64_t total = st.num_training_batches;
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
-  const double rate = elapsed > 0 ? (done - start_batch_) / elapsed : 0.0;
+  const Stage stage = run.state().stage;
+  if (stage == Stage::kValidate || stage == Stage::kTest) {
+    // A standalone pass: its final line stays.
+    emit(progress(eval_label_, eval_, eval_done_, run.state().num_eval_batches), true);
+  } else if (tty_) {
+    // Inside fit: clear it; the training line comes back at its next redraw.
+    std::fprintf(out_, "\r\033[K");
+    std::fflush(out_);
+  }
+}
+
+std::string ProgressBar::progress(const std::string& head, const Line& line, int64_t done,
+                                  int64_t total) const {
+  const double elapsed = seconds_since(line.start);
+  const double rate = elapsed > 0 ? (done - line.start_done) / elapsed : 0.0;
   const double eta = rate > 0 ? (total - done) / rate : 0.0;
-  std::string line = "Epoch " + std::to_string(st.epoch);
-  if (run.max_epochs() > 0) line += "/" + std::to_string(run.max_epochs() - 1);
   char buf[160];
   std::snprintf(buf, sizeof buf, " %lld/%lld [%.0fs<%.0fs, %.1f it/s]",
                 static_cast<long long>(done), static_cast<long long>(total), elapsed, eta, rate);
-  line += buf;
+  return head + buf;
+}
+
+void ProgressBar::emit(const std::string& text, bool final_line) {
+  if (out_ == nullptr) return;
+  ++redraws_;
+  if (tty_) {
+    std::fprintf(out_, "\r%s\033[K%s", text.c_str(), final_line ? "\n" : "");
+  } else if (final_line) {
+    std::fprintf(out_, "%s\n", text.c_str());
+  }
+  std::fflush(out_);
+}
+
+void ProgressBar::draw(RunContext& run, int64_t done, bool final_line) {
+  const auto& st = run.state();
+  std::string head = "Epoch " + std::to_string(st.epoch);
+  if (run.max_epochs() > 0) head += "/" + std::to_string(run.max_epochs() - 1);
+  std::string line = progress(head, train_, done, st.num_training_batches);
   // Reading metric values is what may sync a device: it happens only here, throttled.
+  char buf[160];
   for (const auto& kv : run.progress_bar_metrics()) {
     std::snprintf(buf, sizeof buf, " %s=%.4g", kv.first.c_str(), kv.second);
     line += buf;
   }
-  if (tty_) {
-    std::fprintf(out_, "\r%s\033[K%s", line.c_str(), final_line ? "\n" : "");
-  } else if (final_line) {
-    std::fprintf(out_, "%s\n", line.c_str());
-  }
-  std::fflush(out_);
+  emit(line, final_line);
 }
 
 }  // namespace volt

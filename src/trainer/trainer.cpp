@@ -212,7 +212,9 @@ struct Trainer::Impl : public RunContext {
     for (auto& l : loggers_) l->log_metrics(m, log_step());
   }
 
-  void flush_epoch(detail::MetricStore& store, bool add_epoch_number) {
+  /// Reduces a stage's epoch metrics, makes them visible to monitors and the progress bar and
+  /// sends them to the loggers; returns them.
+  Metrics flush_epoch(detail::MetricStore& store, bool add_epoch_number) {
     Metrics pb, lg;
     Metrics reduced = store.reduce_epoch(&pb, &lg);
     for (auto& kv : reduced) {
@@ -227,6 +229,7 @@ struct Trainer::Impl : public RunContext {
     if (add_epoch_number && !lg.empty()) lg["epoch"] = static_cast<double>(st.epoch);
     send_to_loggers(lg);
     cache_dirty = true;
+    return reduced;
   }
 
   // ---------------------------------------------------------------- checkpoints
@@ -613,6 +616,7 @@ Metrics Trainer::Impl::evaluate(Stage stage, DataLoader& loader, int64_t limit) 
     }
   }
   scope = LogScope::kEval;
+  st.num_eval_batches = limit;
   BatchStream stream = loader.stream(0, 0, limit);
   Batch raw;
   int64_t idx = 0;
@@ -645,13 +649,7 @@ Metrics Trainer::Impl::evaluate(Stage stage, DataLoader& loader, int64_t limit) 
     } else {
       m.on_validation_epoch_end();
     }
-    Metrics pb, lg;
-    result = eval_metrics.reduce_epoch(&pb, &lg);
-    for (auto& kv : result) epoch_metrics[kv.first] = kv.second;
-    for (auto& kv : pb) prog_bar_epoch[kv.first] = kv.second;
-    if (!lg.empty()) lg["epoch"] = static_cast<double>(st.epoch);
-    send_to_loggers(lg);
-    cache_dirty = true;
+    result = flush_epoch(eval_metrics, true);
     if (is_test) {
       callback_hook("on_test_end", [&](Callback& c) { c.on_test_end(*this, m); });
     } else {

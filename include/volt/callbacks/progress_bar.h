@@ -19,15 +19,37 @@ class ProgressBar : public Callback {
   void on_train_batch_end(RunContext& run, Module& module, const Batch& batch,
                           int64_t batch_idx) override;
   void on_train_epoch_end(RunContext& run, Module& module) override;
+  /// Validation and test passes get their own line ("Validation 12/40 [1s<2s, 9.8 it/s]"); on a
+  /// terminal it replaces the training line while they run and is cleared after. Without a
+  /// terminal only standalone validate()/test() passes print one final line.
+  void on_validation_start(RunContext& run, Module& module) override;
+  void on_validation_batch_end(RunContext& run, Module& module, const Batch& batch,
+                               int64_t batch_idx) override;
+  void on_validation_end(RunContext& run, Module& module) override;
+  void on_test_start(RunContext& run, Module& module) override;
+  void on_test_batch_end(RunContext& run, Module& module, const Batch& batch,
+                         int64_t batch_idx) override;
+  void on_test_end(RunContext& run, Module& module) override;
   /// Number of lines drawn so far (for tests of the throttle).
   int64_t redraws() const { return redraws_; }
 
  private:
+  struct Line {
+    std::chrono::steady_clock::time_point start, last_draw;
+    int64_t start_done = 0;
+  };
   void draw(RunContext& run, int64_t done, bool final_line);
+  void eval_start(const char* label);
+  void eval_batch(RunContext& run, int64_t done);
+  void eval_end(RunContext& run);
+  /// "<head> done/total [elapsed<eta, rate it/s]"
+  std::string progress(const std::string& head, const Line& line, int64_t done, int64_t total) const;
+  void emit(const std::string& text, bool final_line);
   double refresh_s_;
   std::FILE* out_;
-  std::chrono::steady_clock::time_point epoch_start_, last_draw_;
-  int64_t start_batch_ = 0;
+  Line train_, eval_;
+  const char* eval_label_ = "";
+  int64_t eval_done_ = 0;
   int64_t redraws_ = 0;
   bool tty_ = false;
 };
