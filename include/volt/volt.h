@@ -31,6 +31,8 @@
 #include "volt/optim/lr_scheduler.h"
 #include "volt/optim/optimizer_config.h"
 #include "volt/precision/precision.h"
+#include "volt/profiler/profiler.h"
+#include "volt/profiler/simple.h"
 #include "volt/strategies/strategy.h"
 #include "volt/trainer/plan.h"
 #include "volt/trainer/trainer.h"

@@ -212,7 +212,9 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
      << "\ntrainer (volt::TrainerOptions):\n";
   print_params(os, "trainer.", detail::trainer_params(reg));
   os << "    --trainer.callbacks  list  [[]]  callbacks: {class_path, init_args} items (below)\n"
-     << "    --trainer.loggers    list  [[]]  loggers: {class_path, init_args} items (below)\n";
+     << "    --trainer.loggers    list  [[]]  loggers: {class_path, init_args} items (below)\n"
+     << "    --trainer.profiler   component|null  [null]  a profiler (below), e.g. "
+        "--trainer.profiler=SimpleProfiler\n";
   print_registry(os, "models (--model=NAME, init args --model.KEY=VALUE):", "model.", reg.models);
   print_registry(os, "data modules (--data=NAME, init args --data.KEY=VALUE):", "data.",
                  reg.data_modules);
@@ -220,6 +222,7 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
                  "trainer.callbacks.N.", reg.callbacks);
   print_registry(os, "loggers (trainer.loggers items; --trainer.loggers+=NAME):",
                  "trainer.loggers.N.", reg.loggers);
+  print_registry(os, "profilers (--trainer.profiler=NAME):", "trainer.profiler.", reg.profilers);
   os << "\naccelerators: " << quote_list(accelerator_names())
      << "\nstrategies:   " << quote_list(strategy_names())
      << "\nprecision:    " << quote_list(reg.precisions.names()) << "\n";
@@ -363,6 +366,9 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
   }
   std::vector<std::shared_ptr<Callback>> callbacks;
   for (const auto& c : rc.callbacks) callbacks.push_back(reg.callbacks.at(c.class_path).make(c.args));
+  if (rc.profiler) {
+    opts.profiler(reg.profilers.at(rc.profiler->class_path).make(rc.profiler->args));
+  }
   auto save_config = std::make_shared<SaveConfig>(yaml, opts.fast_dev_run() == 0);
   callbacks.push_back(save_config);
   opts.callbacks(callbacks).loggers(loggers);

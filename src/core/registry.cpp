@@ -12,6 +12,7 @@
 #include "volt/loggers/csv.h"
 #include "volt/loggers/tensorboard.h"
 #include "volt/precision/precision.h"
+#include "volt/profiler/simple.h"
 #include "volt/strategies/strategy.h"
 
 namespace volt {
@@ -307,6 +308,17 @@ void register_builtins(Registry& r) {
             .verbose(a.get<bool>("verbose"));
         return std::make_shared<Timer>(o);
       });
+
+  r.profilers.add("SimpleProfiler", "wall time per hook and loop stage, reported when a run ends",
+                  Params()
+                      .add("dirpath", "", "folder for the report; \"\" = the run's log folder")
+                      .add("filename", "", "report file stem (<stage>-<filename>.txt); \"\" prints it"),
+                  [](const Args& a) -> std::shared_ptr<Profiler> {
+                    return std::make_shared<SimpleProfiler>(
+                        SimpleProfilerOptions()
+                            .dirpath(a.get<std::string>("dirpath"))
+                            .filename(a.get<std::string>("filename")));
+                  });
 
   const auto logger_params = [](int64_t flush_every) {
     return Params()

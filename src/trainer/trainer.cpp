@@ -14,6 +14,7 @@
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/progress_bar.h"
 #include "volt/core/check.h"
+#include "volt/profiler/profiler.h"
 #include "volt/io/state.h"
 #include "volt/loggers/csv.h"
 #include "volt/loggers/logger.h"
@@ -56,6 +57,7 @@ struct Trainer::Impl : public RunContext {
   mutable bool cache_dirty = true;
   Clock::time_point fit_start;
   bool fast_dev = false;
+  Profiler* prof = nullptr;  // opts.profiler(), or null
 
   // ---------------------------------------------------------------- RunContext
   const LoopState& state() const override { return st; }
@@ -141,13 +143,41 @@ struct Trainer::Impl : public RunContext {
   // Every hook goes through here: one place to time them (profiler, ROADMAP) and to keep the
   // order fixed: the module's hook first, then callbacks in registration order.
   template <typename MF, typename CF>
-  void hook(const char* /*name*/, MF&& module_fn, CF&& callback_fn) {
-    module_fn(*module);
-    for (auto& c : callbacks) callback_fn(*c);
+  void hook(const char* name, MF&& module_fn, CF&& callback_fn) {
+    if (prof == nullptr) {
+      module_fn(*module);
+      for (auto& c : callbacks) callback_fn(*c);
+      return;
+    }
+    timed(std::string("[Module]") + name, [&] { module_fn(*module); });
+    callback_hook(name, std::forward<CF>(callback_fn));
   }
   template <typename CF>
-  void callback_hook(const char* /*name*/, CF&& callback_fn) {
-    for (auto& c : callbacks) callback_fn(*c);
+  void callback_hook(const char* name, CF&& callback_fn) {
+    if (prof == nullptr) {
+      for (auto& c : callbacks) callback_fn(*c);
+      return;
+    }
+    for (auto& c : callbacks) {
+      timed("[Callback]" + c->state_key() + "." + name, [&] { callback_fn(*c); });
+    }
+  }
+  /// Runs f as profiled action `action` (stop runs on exceptions too).
+  template <typename F>
+  void timed(const std::string& action, F&& f) {
+    struct Stop {
+      Profiler* p;
+      const std::string& a;
+      ~Stop() { p->stop(a); }
+    };
+    prof->start(action);
+    Stop stop{prof, action};
+    f();
+  }
+  /// The next batch of a stream, its fetch time profiled as `action`.
+  bool next_batch(BatchStream& stream, Batch& batch, const char* action) {
+    ProfileScope p(prof, action);
+    return stream.next(batch);
   }
 
   int64_t resolved_max_epochs() const {
@@ -467,8 +497,10 @@ void Trainer::Impl::guarded(Module& m, Stage stage, F&& body) {
       plan.strategy->teardown();
     } catch (...) {
     }
+    if (prof != nullptr) prof->describe(to_string(stage), log_dir());
     throw;
   }
+  if (prof != nullptr) prof->describe(to_string(stage), log_dir());
   for (auto& l : loggers_) l->finalize(RunStatus::kFinished);
   scope = LogScope::kNone;
   m.attach(nullptr);
@@ -502,6 +534,7 @@ bool Trainer::Impl::train_batch(const Batch& batch, int64_t idx, int64_t n) {
   at::Tensor loss;
   {
     auto ctx = plan.strategy->precision().forward_context();
+    ProfileScope p(prof, "training_step");
     loss = m.training_step(batch, idx);
   }
   if (!m.automatic_optimization()) return false;
@@ -522,7 +555,10 @@ bool Trainer::Impl::train_batch(const Batch& batch, int64_t idx, int64_t n) {
     at::Tensor scaled = accum > 1 ? loss / static_cast<double>(accum) : loss;
     hook("on_before_backward", [&](Module& mm) { mm.on_before_backward(loss); },
          [&](Callback& c) { c.on_before_backward(*this, m, loss); });
-    plan.strategy->backward(scaled);
+    {
+      ProfileScope p(prof, "backward");
+      plan.strategy->backward(scaled);
+    }
     hook("on_after_backward", [&](Module& mm) { mm.on_after_backward(); },
          [&](Callback& c) { c.on_after_backward(*this, m); });
     ++st.accumulated;
@@ -532,8 +568,11 @@ bool Trainer::Impl::train_batch(const Batch& batch, int64_t idx, int64_t n) {
   auto& opt = *optimizers.front().optimizer();
   hook("on_before_optimizer_step", [&](Module& mm) { mm.on_before_optimizer_step(opt); },
        [&](Callback& c) { c.on_before_optimizer_step(*this, m, opt); });
-  plan.strategy->optimizer_step(opt, opts.gradient_clip_val(), opts.gradient_clip_algorithm());
-  zero_grad(opt);
+  {
+    ProfileScope p(prof, "optimizer_step");
+    plan.strategy->optimizer_step(opt, opts.gradient_clip_val(), opts.gradient_clip_algorithm());
+    zero_grad(opt);
+  }
   st.accumulated = 0;
   ++st.global_step;
   step_schedulers(Interval::kStep);
@@ -557,7 +596,7 @@ void Trainer::Impl::train_epoch(DataLoader& train, c10::optional<DataLoader>& va
   if (st.batches_done < n) {
     BatchStream stream = train.stream(st.epoch, st.batches_done, n - st.batches_done);
     Batch raw;
-    while (stream.next(raw)) {
+    while (next_batch(stream, raw, "get_train_batch")) {
       const int64_t idx = st.batches_done;
       Batch batch = plan.strategy->batch_to_device(raw);
       scope = LogScope::kTrainStep;
@@ -620,11 +659,12 @@ Metrics Trainer::Impl::evaluate(Stage stage, DataLoader& loader, int64_t limit) 
   BatchStream stream = loader.stream(0, 0, limit);
   Batch raw;
   int64_t idx = 0;
-  while (stream.next(raw)) {
+  while (next_batch(stream, raw, is_test ? "get_test_batch" : "get_validation_batch")) {
     Batch batch = plan.strategy->batch_to_device(raw);
     current_batch_size = batch.size();
     {
       auto ctx = plan.strategy->precision().forward_context();
+      ProfileScope p(prof, is_test ? "test_step" : "validation_step");
       if (is_test) {
         m.test_step(batch, idx);
       } else {
@@ -750,6 +790,7 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
   s.plan = resolve_plan(s.opts.accelerator(), s.opts.devices(), s.opts.strategy(),
                         s.opts.precision());
   s.callbacks = s.opts.callbacks();
+  s.prof = s.opts.profiler().get();
   s.loggers_ = s.opts.loggers();
   if (s.fast_dev) {
     s.loggers_.clear();  // fast_dev_run is a smoke test: no files are written
@@ -847,9 +888,10 @@ std::vector<at::Tensor> Trainer::predict(Module& module, DataLoader data,
     BatchStream stream = data.stream(0, 0, n);
     Batch raw;
     int64_t idx = 0;
-    while (stream.next(raw)) {
+    while (s.next_batch(stream, raw, "get_predict_batch")) {
       Batch batch = s.plan.strategy->batch_to_device(raw);
       auto ctx = s.plan.strategy->precision().forward_context();
+      ProfileScope p(s.prof, "predict_step");
       out.push_back(module.predict_step(batch, idx++));
     }
     s.callback_hook("on_predict_end", [&](Callback& c) { c.on_predict_end(s, module); });

@@ -86,7 +86,8 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", deterministic=" << o.deterministic() << ", seed=" << opt(o.seed())
      << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
      << ", num_threads=" << o.num_threads() << ", callbacks=" << o.callbacks().size()
-     << ", loggers=" << o.loggers().size() << ")";
+     << ", loggers=" << o.loggers().size()
+     << ", profiler=" << (o.profiler() ? "set" : "none") << ")";
   return os;
 }
 

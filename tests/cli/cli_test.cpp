@@ -118,6 +118,8 @@ TEST(Cli, FitFromYamlWithOverridesSavesTheResolvedConfig) {
   args.insert(args.begin(), {"fit", "--config", dir / "run.yaml"});
   args.push_back("--trainer.max_epochs=2");  // later wins over the file
   args.push_back("--model.lr=0.05");
+  args.push_back("--trainer.profiler=SimpleProfiler");
+  args.push_back("--trainer.profiler.filename=perf");
   auto r = run(args);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("fit finished"), std::string::npos) << r.out;
@@ -139,6 +141,8 @@ TEST(Cli, FitFromYamlWithOverridesSavesTheResolvedConfig) {
   // 128 rows / 16 = 8 steps per epoch, 2 epochs.
   EXPECT_NE(r.out.find("(16 steps)"), std::string::npos) << r.out;
 
+  EXPECT_NE(saved.find("profiler:\n    class_path: SimpleProfiler"), std::string::npos) << saved;
+  EXPECT_TRUE(fs::exists(run_dir + "/fit-perf.txt"));
   // The saved config reproduces the run's config exactly.
   auto again = run({"print-config", "--config", run_dir + "/config.yaml"});
   ASSERT_EQ(again.code, 0) << again.err;

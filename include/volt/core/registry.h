@@ -30,6 +30,7 @@ class Callback;
 class Logger;
 class Module;
 class DataModule;
+class Profiler;
 
 /// The value types a component parameter can take in YAML / on the command line.
 /// kNumber is "int or float" (an int stays an int: Lightning's limit_train_batches=10 vs 0.5).
@@ -225,6 +226,7 @@ struct Registry {
   ComponentRegistry<Precision> precisions{"precision"};
   ComponentRegistry<Callback> callbacks{"callback"};
   ComponentRegistry<Logger, const LoggerContext&> loggers{"logger"};
+  ComponentRegistry<Profiler> profilers{"profiler"};
   ComponentRegistry<Module> models{"model"};
   ComponentRegistry<DataModule> data_modules{"data module"};
 };

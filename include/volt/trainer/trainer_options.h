@@ -19,6 +19,7 @@ class Accelerator;
 class Strategy;
 class Callback;
 class Logger;
+class Profiler;
 
 struct TrainerOptions {
   /// "auto", "cpu", "cuda" or an Accelerator object. Default: "auto".
@@ -80,6 +81,8 @@ struct TrainerOptions {
   TORCH_ARG(double, progress_refresh_s) = 0.5;
   TORCH_ARG(std::vector<std::shared_ptr<Callback>>, callbacks);
   TORCH_ARG(std::vector<std::shared_ptr<Logger>>, loggers);
+  /// Times every hook and loop stage (e.g. SimpleProfiler); null = no profiling. Default: null.
+  TORCH_ARG(std::shared_ptr<Profiler>, profiler);
 
 
  public:

@@ -18,7 +18,6 @@ namespace {
 // Keys that users coming from Lightning or from TrainerOptions may reach for, and where they live.
 std::string hint_for(const std::string& key) {
   if (key == "trainer.seed") return "seed_everything (top level), which seeds before the model is built";
-  if (key == "trainer.logger" || key == "trainer.loggers") return "trainer.loggers";
   return "";
 }
 
@@ -471,7 +470,11 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
   out.trainer_params = trainer_params(reg);
   const ConfigNode* t = root.find("trainer");
   out.trainer = parse_args("trainer", "trainer", t, root, out.trainer_params,
-                           {"callbacks", "loggers"});
+                           {"callbacks", "loggers", "profiler"});
+  const ConfigNode* prof = t != nullptr && t->is_map() ? t->find("profiler") : nullptr;
+  if (prof != nullptr && !prof->is_null()) {
+    out.profiler = parse_component("trainer.profiler", prof, *t, reg.profilers);
+  }
   const ConfigNode* cbs = t != nullptr && t->is_map() ? t->find("callbacks") : nullptr;
   const ConfigNode* lgs = t != nullptr && t->is_map() ? t->find("loggers") : nullptr;
   out.callbacks = parse_component_list("trainer.callbacks", cbs, reg.callbacks);
@@ -493,6 +496,8 @@ std::string to_yaml(const ResolvedConfig& c) {
   for (const auto& cb : c.callbacks) emit_component(os, cb, 6, true);
   os << "  loggers:" << (c.loggers.empty() ? " []\n" : "\n");
   for (const auto& lg : c.loggers) emit_component(os, lg, 6, true);
+  os << "  profiler:" << (c.profiler ? "\n" : " null\n");
+  if (c.profiler) emit_component(os, *c.profiler, 4, false);
   os << "model:\n";
   emit_component(os, c.model, 2, false);
   os << "data:\n";

@@ -26,6 +26,7 @@ struct ResolvedConfig {
   Args trainer;
   std::vector<ComponentConfig> callbacks;
   std::vector<ComponentConfig> loggers;
+  std::optional<ComponentConfig> profiler;
   ComponentConfig model;
   ComponentConfig data;
 };

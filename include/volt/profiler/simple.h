@@ -1,0 +1,53 @@
+#pragma once
+/// SimpleProfiler: wall time per action (calls, mean, total, share of the run), as Lightning's
+/// SimpleProfiler; the report is printed or written to <dirpath>/<stage>-<filename>.txt.
+
+#include <torch/arg.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "volt/profiler/profiler.h"
+
+namespace volt {
+
+struct SimpleProfilerOptions {
+  /// Folder for the report file; "" = the run's log folder. Default: "".
+  TORCH_ARG(std::string, dirpath);
+  /// Report file name stem; "" prints the report to stderr instead. Default: "".
+  TORCH_ARG(std::string, filename);
+};
+
+class SimpleProfiler : public Profiler {
+ public:
+  explicit SimpleProfiler(SimpleProfilerOptions options = {});
+  void start(const std::string& action) override;
+  void stop(const std::string& action) override;
+  void describe(const std::string& stage, const std::string& log_dir) override;
+
+  struct Stats {
+    int64_t calls = 0;
+    double total_s = 0;
+    double max_s = 0;
+  };
+  /// Per-action totals since the last describe().
+  const std::map<std::string, Stats>& stats() const { return stats_; }
+  /// The report table of the current totals.
+  std::string summary(const std::string& stage) const;
+  /// Path of the last report file ("" when printed).
+  const std::string& last_report_path() const { return last_path_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  SimpleProfilerOptions options_;
+  std::map<std::string, Stats> stats_;
+  std::map<std::string, std::vector<Clock::time_point>> open_;
+  Clock::time_point first_start_{};
+  bool started_ = false;
+  std::string last_path_;
+};
+
+}  // namespace volt

@@ -1,0 +1,94 @@
+#include "volt/profiler/simple.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
+
+#include "volt/core/check.h"
+#include "volt/core/warn.h"
+#include "volt/io/checkpoint_io.h"
+
+namespace volt {
+
+SimpleProfiler::SimpleProfiler(SimpleProfilerOptions options) : options_(std::move(options)) {
+  VOLT_CHECK(options_.filename().find('/') == std::string::npos, ConfigError,
+             "[SimpleProfiler] filename \"", options_.filename(),
+             "\" contains a '/'; put folders in dirpath.");
+}
+
+void SimpleProfiler::start(const std::string& action) {
+  const auto now = Clock::now();
+  if (!started_) {
+    first_start_ = now;
+    started_ = true;
+  }
+  open_[action].push_back(now);
+}
+
+void SimpleProfiler::stop(const std::string& action) {
+  const auto now = Clock::now();
+  auto it = open_.find(action);
+  VOLT_ASSERT(it != open_.end() && !it->second.empty(), "SimpleProfiler::stop(\"", action,
+              "\") without start");
+  const double s = std::chrono::duration<double>(now - it->second.back()).count();
+  it->second.pop_back();
+  Stats& st = stats_[action];
+  ++st.calls;
+  st.total_s += s;
+  st.max_s = std::max(st.max_s, s);
+}
+
+std::string SimpleProfiler::summary(const std::string& stage) const {
+  const double run_s =
+      started_ ? std::chrono::duration<double>(Clock::now() - first_start_).count() : 0.0;
+  std::vector<std::pair<std::string, Stats>> rows(stats_.begin(), stats_.end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.total_s > b.second.total_s; });
+  size_t w = 6;
+  for (const auto& r : rows) w = std::max(w, r.first.size());
+  std::ostringstream os;
+  char buf[256];
+  std::string upper = stage;
+  for (auto& c : upper) c = static_cast<char>(std::toupper(c));
+  os << upper << " Profiler Report (wall time; actions nest, so shares add up to more than 100%)\n";
+  std::snprintf(buf, sizeof buf, "%-*s | %14s | %10s | %12s | %12s | %8s\n", static_cast<int>(w),
+                "Action", "Mean (s)", "Calls", "Max (s)", "Total (s)", "Share");
+  os << buf << std::string(w + 75, '-') << "\n";
+  std::snprintf(buf, sizeof buf, "%-*s | %14s | %10s | %12s | %12.5f | %7.1f%%\n",
+                static_cast<int>(w), "Total", "-", "-", "-", run_s, 100.0);
+  os << buf;
+  for (const auto& r : rows) {
+    const Stats& s = r.second;
+    std::snprintf(buf, sizeof buf, "%-*s | %14.7f | %10lld | %12.7f | %12.5f | %7.1f%%\n",
+                  static_cast<int>(w), r.first.c_str(), s.total_s / s.calls,
+                  static_cast<long long>(s.calls), s.max_s, s.total_s,
+                  run_s > 0 ? 100.0 * s.total_s / run_s : 0.0);
+    os << buf;
+  }
+  return os.str();
+}
+
+void SimpleProfiler::describe(const std::string& stage, const std::string& log_dir) {
+  const std::string text = summary(stage);
+  last_path_.clear();
+  try {
+    if (options_.filename().empty()) {
+      std::fprintf(stderr, "%s", text.c_str());
+    } else {
+      const std::string dir = options_.dirpath().empty() ? log_dir : options_.dirpath();
+      std::filesystem::create_directories(dir);
+      last_path_ = dir + "/" + stage + "-" + options_.filename() + ".txt";
+      atomic_write_file(last_path_, text);
+    }
+  } catch (const std::exception& e) {
+    // A report that cannot be written must not fail the run it describes.
+    warn_once("SimpleProfiler.describe",
+              std::string("[SimpleProfiler] could not write the report: ") + e.what());
+    last_path_.clear();
+  }
+  stats_.clear();
+  open_.clear();
+  started_ = false;
+}
+
+}  // namespace volt
