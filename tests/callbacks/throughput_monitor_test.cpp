@@ -1,6 +1,7 @@
 // ThroughputMonitor: logged at the Trainer's cadence, positive rates, batch size from sizes.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -104,6 +105,47 @@ TEST(ThroughputMonitor, CountsEveryAccumulatedBatchAndUsesBatchSizeFn) {
     EXPECT_GT(m.at(kBatches), 0) << "step " << step;
     EXPECT_NEAR(m.at(kSamples) / m.at(kBatches), 160.0, 1e-9) << "step " << step;
   }
+}
+
+// Records how long each validation run takes, as a user's callback would.
+class ValidationClock : public volt::Callback {
+ public:
+  std::string state_key() const override { return "ValidationClock"; }
+  void on_validation_start(volt::RunContext&, volt::Module&) override {
+    start_ = std::chrono::steady_clock::now();
+  }
+  void on_validation_end(volt::RunContext&, volt::Module&) override {
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  }
+  std::vector<double> seconds;
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+TEST(ThroughputMonitor, LeavesValidationTimeOutOfTheWindow) {
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  auto mem = std::make_shared<MemoryLogger>();
+  auto clock = std::make_shared<ValidationClock>();
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .max_epochs(2)
+                            .log_every_n_steps(1)
+                            .loggers({mem})
+                            .callbacks({clock, std::make_shared<volt::ThroughputMonitor>()}));
+  // Validation (64k samples) takes far longer than one training batch of 16.
+  trainer.fit(model, volt_test::loader(volt_test::blobs(128)),
+              volt_test::loader(volt_test::blobs(65536, 8, 1), 4096, false));
+  ASSERT_EQ(clock->seconds.size(), 2u);
+  // Step 8 is the first of epoch 1: its window (one batch) spans epoch 0's validation. Were
+  // validation counted, the window could not be shorter than it.
+  const auto rows = mem->with(kBatches);
+  ASSERT_EQ(rows.size(), 16u);
+  ASSERT_EQ(rows[8].first, 8);
+  const double window_s = 1.0 / rows[8].second.at(kBatches);
+  EXPECT_LT(window_s, clock->seconds[0]) << "window " << window_s << " s, validation "
+                                         << clock->seconds[0] << " s";
 }
 
 TEST(ThroughputMonitor, NeedsALogger) {
