@@ -1,5 +1,7 @@
 // The run report deliberately includes no torch header: it only reads text files and writes
-// text, so it compiles in about a second (CMakeLists.txt skips the torch PCH for it).
+// text, so each of its files compiles in about a second (CMakeLists.txt skips the torch PCH).
+// detail/metrics_csv reads metrics.csv, detail/svg_plot draws the plots, this file groups the
+// metrics and lays out the page.
 #include "volt/report/run_report.h"
 
 #include <dirent.h>
@@ -13,24 +15,35 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <fstream>
-#include <limits>
 #include <ostream>
 #include <sstream>
 #include <vector>
 
 #include "../loggers/detail/log_dir.h"
+#include "detail/metrics_csv.h"
+#include "detail/svg_plot.h"
 #include "volt/core/check.h"
 
 namespace volt {
 
 std::ostream& operator<<(std::ostream& os, const ReportOptions& o) {
   return os << "ReportOptions(output=\"" << o.output() << "\", title=\"" << o.title()
-            << "\", max_points=" << o.max_points() << ", interactive=" << std::boolalpha
-            << o.interactive() << std::noboolalpha << ")";
+            << "\", max_points=" << o.max_points() << ", smoothing=" << o.smoothing()
+            << ", interactive=" << std::boolalpha << o.interactive() << std::noboolalpha << ")";
 }
 
 namespace {
+
+using detail::format_number;
+using detail::format_step;
+using detail::format_value;
+using detail::html_escape;
+using detail::MetricsTable;
+using detail::PlotSpec;
+using detail::Point;
+using detail::read_text;
+using detail::Series;
+using detail::series_colour;
 
 // ------------------------------------------------------------------ files
 
@@ -42,15 +55,6 @@ bool is_file(const std::string& path) {
 bool is_dir(const std::string& path) {
   struct stat sb;
   return ::stat(path.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  VOLT_CHECK(in.good(), DataError, "[report] cannot read '", path, "' (", std::strerror(errno),
-             "); check the file's permissions.");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
 }
 
 std::string strip_trailing_slashes(std::string p) {
@@ -90,147 +94,6 @@ void write_atomically(const std::string& path, const std::string& data) {
   }
 }
 
-// ------------------------------------------------------------------ metrics.csv
-
-struct Point {
-  double x, y;
-};
-
-struct Series {
-  std::string name;
-  std::vector<Point> points;  // sorted by step
-};
-
-struct RunData {
-  std::string metrics_path;
-  std::vector<Series> series;  // header order, without "epoch"
-  std::vector<Point> epochs;   // (step, epoch) from the "epoch" column
-  int64_t rows = 0;
-  double max_step = -1;
-};
-
-std::string trim(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
-  return s.substr(b, e - b);
-}
-
-// One CSV line as CSVLogger writes it: cells split at commas, a cell may be quoted ("" inside
-// quotes is one quote). Quoted newlines are not supported (CSVLogger never writes them in rows).
-std::vector<std::string> split_csv(const std::string& line, const std::string& path,
-                                   int64_t lineno) {
-  std::vector<std::string> cells;
-  std::string cell;
-  size_t i = 0;
-  for (;;) {
-    cell.clear();
-    if (i < line.size() && line[i] == '"') {
-      ++i;
-      bool closed = false;
-      while (i < line.size()) {
-        if (line[i] == '"') {
-          if (i + 1 < line.size() && line[i + 1] == '"') {
-            cell += '"';
-            i += 2;
-            continue;
-          }
-          closed = true;
-          ++i;
-          break;
-        }
-        cell += line[i++];
-      }
-      VOLT_CHECK(closed, DataError, "[report] ", path, ":", lineno,
-                 ": a quoted cell is not closed; repair or delete that line.");
-      VOLT_CHECK(i == line.size() || line[i] == ',', DataError, "[report] ", path, ":", lineno,
-                 ": text after a closing quote; repair or delete that line.");
-    } else {
-      while (i < line.size() && line[i] != ',') cell += line[i++];
-    }
-    cells.push_back(cell);
-    if (i >= line.size()) break;
-    ++i;  // the comma
-  }
-  return cells;
-}
-
-bool parse_number(const std::string& text, double* out) {
-  const std::string s = trim(text);
-  if (s.empty()) return false;
-  char* end = nullptr;
-  *out = std::strtod(s.c_str(), &end);
-  return end == s.c_str() + s.size();
-}
-
-RunData read_metrics(const std::string& path) {
-  const std::string text = read_text(path);
-  std::istringstream in(text);
-  std::string line;
-  int64_t lineno = 0;
-  std::vector<std::string> header;
-  while (header.empty() && std::getline(in, line)) {
-    ++lineno;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!trim(line).empty()) header = split_csv(line, path, lineno);
-  }
-  VOLT_CHECK(!header.empty(), DataError, "[report] ", path,
-             ":1: no header line (the file is empty); expected 'step,<metric>,...' as "
-             "CSVLogger writes it.");
-  VOLT_CHECK(trim(header[0]) == "step", DataError, "[report] ", path, ":", lineno,
-             ": the header starts with '", header[0],
-             "', not 'step'; pass a metrics.csv written by CSVLogger.");
-  for (size_t c = 1; c < header.size(); ++c) {
-    header[c] = trim(header[c]);
-    VOLT_CHECK(!header[c].empty(), DataError, "[report] ", path, ":", lineno, ": column ", c + 1,
-               " of the header has no name; repair the header line.");
-    for (size_t d = 1; d < c; ++d) {
-      VOLT_CHECK(header[d] != header[c], DataError, "[report] ", path, ":", lineno, ": column '",
-                 header[c], "' appears twice in the header; repair the header.");
-    }
-  }
-
-  RunData run;
-  run.metrics_path = path;
-  std::vector<Series> columns(header.size());
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (trim(line).empty()) continue;
-    const auto cells = split_csv(line, path, lineno);
-    VOLT_CHECK(cells.size() == header.size(), DataError, "[report] ", path, ":", lineno,
-               ": ragged row with ", cells.size(), " cells but the header has ", header.size(),
-               " columns; the file was cut off or edited, repair or delete that line.");
-    double step = 0;
-    VOLT_CHECK(parse_number(cells[0], &step) && std::isfinite(step) && step == std::floor(step),
-               DataError, "[report] ", path, ":", lineno, ": step '", cells[0],
-               "' is not an integer; repair or delete that line.");
-    for (size_t c = 1; c < cells.size(); ++c) {
-      if (trim(cells[c]).empty()) continue;  // not logged in this row
-      double v = 0;
-      VOLT_CHECK(parse_number(cells[c], &v), DataError, "[report] ", path, ":", lineno, ": cell '",
-                 cells[c], "' in column '", header[c],
-                 "' is not a number; repair or delete that line.");
-      columns[c].points.push_back({step, v});
-    }
-    run.max_step = std::max(run.max_step, step);
-    ++run.rows;
-  }
-  for (size_t c = 1; c < header.size(); ++c) {
-    auto& pts = columns[c].points;
-    // Rows are written in step order; a stable sort only guards hand-merged files.
-    std::stable_sort(pts.begin(), pts.end(),
-                     [](const Point& a, const Point& b) { return a.x < b.x; });
-    if (header[c] == "epoch") {
-      run.epochs = std::move(pts);
-    } else if (!pts.empty()) {
-      columns[c].name = header[c];
-      run.series.push_back(std::move(columns[c]));
-    }
-  }
-  return run;
-}
-
 // ------------------------------------------------------------------ the run folder
 
 struct Source {
@@ -266,138 +129,6 @@ Source find_source(const std::string& run_dir) {
   s.note = "'" + run_dir + "' has no metrics.csv; showing " + v + ", the newest of " +
            std::to_string(count) + (count == 1 ? " run" : " runs") + " in it.";
   return s;
-}
-
-// ------------------------------------------------------------------ formatting
-
-std::string html_escape(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '<') {
-      out += "\\u003c";  // never "</script>" inside the data block
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string fmt(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-
-// A metric value for tables and legends: 5 significant digits, big values (throughputs) as
-// whole numbers with thousands separators, inf/nan spelled out.
-std::string fmt_value(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+inf" : "-inf";
-  if (std::fabs(v) < 1e4 || std::fabs(v) >= 1e15) return fmt("%.5g", v);
-  std::string digits = fmt("%.0f", std::fabs(v));
-  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(i, ",");
-  return (v < 0 ? "-" : "") + digits;
-}
-
-std::string fmt_step(double s) { return fmt("%.0f", s); }
-
-// ------------------------------------------------------------------ axes
-
-struct Axis {
-  double lo, hi;              // data domain mapped onto the plot
-  std::vector<double> ticks;  // tick values inside [lo, hi]
-  double step;                // tick spacing
-};
-
-// Heckbert's "nice numbers" (Graphics Gems, 1990): 1, 2, 5 times a power of ten.
-double nice_number(double x, bool round) {
-  const double e = std::floor(std::log10(x));
-  const double f = x / std::pow(10.0, e);
-  double n;
-  if (round) {
-    n = f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10;
-  } else {
-    n = f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10;
-  }
-  return n * std::pow(10.0, e);
-}
-
-// Ticks for [lo, hi]. `extend` widens the domain to whole ticks (y axes); `min_step` keeps
-// integer axes (steps) from getting fractional ticks. Degenerate ranges (one value, one point)
-// are widened first so nothing divides by zero.
-Axis make_axis(double lo, double hi, int target, bool extend, double min_step) {
-  if (!(hi - lo > 1e-12 * std::max(std::fabs(lo), std::fabs(hi)))) {
-    const double pad = lo == 0 ? 1.0 : std::fabs(lo) * 0.1;
-    lo -= pad;
-    hi += pad;
-  }
-  Axis a;
-  const double range = nice_number(hi - lo, false);
-  a.step = std::max(nice_number(range / std::max(target - 1, 1), true), min_step);
-  const double first = std::ceil(lo / a.step - 1e-9) * a.step;
-  if (extend) {
-    a.lo = std::floor(lo / a.step + 1e-9) * a.step;
-    a.hi = std::ceil(hi / a.step - 1e-9) * a.step;
-  } else {
-    a.lo = lo;
-    a.hi = hi;
-  }
-  for (double t = extend ? a.lo : first; t <= a.hi + a.step * 1e-9; t += a.step) {
-    a.ticks.push_back(std::fabs(t) < a.step * 1e-9 ? 0.0 : t);
-    if (a.ticks.size() > 50) break;  // only reachable through rounding trouble
-  }
-  return a;
-}
-
-// Tick labels share one format per axis: SI suffixes for big numbers (throughput), scientific
-// for small ones (learning rates), otherwise just enough decimals to tell ticks apart.
-std::string fmt_tick(double v, const Axis& a) {
-  const double mag = std::max(std::fabs(a.lo), std::fabs(a.hi));
-  const int step_exp = static_cast<int>(std::floor(std::log10(a.step) + 1e-9));
-  if (mag >= 1e4) {
-    if (v == 0) return "0";
-    const char* suffix = mag >= 1e9 ? "G" : mag >= 1e6 ? "M" : "k";
-    const double unit = mag >= 1e9 ? 1e9 : mag >= 1e6 ? 1e6 : 1e3;
-    const int decimals =
-        std::max(0, -static_cast<int>(std::floor(std::log10(a.step / unit) + 1e-9)));
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.*f%s", decimals, v / unit, suffix);
-    return buf;
-  }
-  if (mag < 1e-3 && mag > 0) {
-    if (v == 0) return "0";
-    const int v_exp = static_cast<int>(std::floor(std::log10(std::fabs(v)) + 1e-9));
-    const int digits = std::max(0, std::min(6, v_exp - step_exp));
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.*e", digits, v);
-    return buf;
-  }
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", std::max(0, -step_exp), v);
-  return buf;
 }
 
 // ------------------------------------------------------------------ grouping
@@ -474,50 +205,13 @@ Stats stats_of(const Series& s) {
   return st;
 }
 
-// Keeps each bucket's minimum and maximum (in step order), so spikes survive thinning; a
-// non-finite value in a bucket is kept as a gap.
-std::vector<Point> decimate(const std::vector<Point>& pts, int64_t max_points) {
-  if (static_cast<int64_t>(pts.size()) <= max_points) return pts;
-  const size_t buckets = static_cast<size_t>(max_points / 2);
-  std::vector<Point> out;
-  for (size_t b = 0; b < buckets; ++b) {
-    const size_t lo = b * pts.size() / buckets, hi = (b + 1) * pts.size() / buckets;
-    const Point* mn = nullptr;
-    const Point* mx = nullptr;
-    const Point* gap = nullptr;
-    for (size_t i = lo; i < hi; ++i) {
-      const Point& p = pts[i];
-      if (!std::isfinite(p.y)) {
-        gap = &p;
-      } else {
-        if (!mn || p.y < mn->y) mn = &p;
-        if (!mx || p.y > mx->y) mx = &p;
-      }
-    }
-    if (mn && mx) {
-      if (mn == mx) {
-        out.push_back(*mn);
-      } else {
-        out.push_back(mn->x <= mx->x ? *mn : *mx);
-        out.push_back(mn->x <= mx->x ? *mx : *mn);
-      }
-    }
-    if (gap) out.push_back(*gap);
-  }
-  return out;
-}
-
-// Tableau 10: distinct for common colour-vision deficiencies and readable on white.
-const char* const kPalette[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
-                                "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
-
 struct Plot {
   Group group;
   std::string subtitle;        // base metric name when a group has one plot per metric
-  std::vector<size_t> series;  // indices into RunData::series
+  std::vector<size_t> series;  // indices into MetricsTable::series
 };
 
-std::vector<Plot> make_plots(const RunData& run) {
+std::vector<Plot> make_plots(const MetricsTable& run) {
   std::vector<Plot> plots;
   for (Group g : kGroups) {
     // Losses, accuracies and learning rates share a scale: one plot each. Throughputs and other
@@ -545,8 +239,6 @@ std::vector<Plot> make_plots(const RunData& run) {
   return plots;
 }
 
-// ------------------------------------------------------------------ SVG
-
 std::string axis_label(const Plot& plot) {
   switch (plot.group) {
     case Group::kLoss: return "loss";
@@ -561,12 +253,9 @@ std::string axis_label(const Plot& plot) {
   return "value";
 }
 
-constexpr double kW = 560, kH = 270;
-constexpr double kLeft = 64, kRight = 14, kTop = 12, kBottom = 40;
-
-// Steps where an epoch's rows were logged last: the epoch boundaries drawn as faint lines.
-std::vector<std::pair<double, double>> epoch_ends(const RunData& run) {
-  std::vector<std::pair<double, double>> ends;  // (step, epoch)
+// (last step, epoch) of each epoch in the epoch column, for the plots' epoch lines.
+std::vector<std::pair<double, double>> epoch_ends(const MetricsTable& run) {
+  std::vector<std::pair<double, double>> ends;
   for (const auto& p : run.epochs) {
     if (!ends.empty() && ends.back().second == p.y) {
       ends.back().first = std::max(ends.back().first, p.x);
@@ -575,138 +264,6 @@ std::vector<std::pair<double, double>> epoch_ends(const RunData& run) {
     }
   }
   return ends;
-}
-
-void write_plot(std::ostream& os, const RunData& run, const Plot& plot, size_t plot_id,
-                const ReportOptions& options, std::ostream& data_js) {
-  std::vector<std::vector<Point>> drawn;
-  double xlo = std::numeric_limits<double>::infinity(), xhi = -xlo, ylo = xlo, yhi = -xlo;
-  for (size_t i : plot.series) {
-    drawn.push_back(decimate(run.series[i].points, options.max_points()));
-    for (const auto& p : run.series[i].points) {
-      xlo = std::min(xlo, p.x);
-      xhi = std::max(xhi, p.x);
-      if (std::isfinite(p.y)) {
-        ylo = std::min(ylo, p.y);
-        yhi = std::max(yhi, p.y);
-      }
-    }
-  }
-  const bool any_finite = ylo <= yhi;
-  if (!any_finite) ylo = yhi = 0;
-  if (xhi - xlo < 1) {  // one step: centre it on a two-step axis
-    xlo = std::max(0.0, xlo - 1);
-    xhi = xlo + 2;
-  } else if (xlo > 0 && xlo <= 0.1 * xhi) {
-    xlo = 0;  // runs start at step 0; the first log comes a few steps later
-  }
-  const Axis ax = make_axis(xlo, xhi, 7, false, 1);
-  // Throughput reads as a fraction of the best: start it at zero.
-  if (plot.group == Group::kThroughput && ylo > 0) ylo = 0;
-  const Axis ay = make_axis(ylo, yhi, 5, true, 0);
-  const double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
-  auto sx = [&](double x) { return kLeft + (x - ax.lo) / (ax.hi - ax.lo) * pw; };
-  auto sy = [&](double y) { return kTop + ph - (y - ay.lo) / (ay.hi - ay.lo) * ph; };
-
-  os << "<svg class=\"plot\" id=\"plot" << plot_id << "\" viewBox=\"0 0 " << kW << " " << kH
-     << "\" role=\"img\" aria-label=\"" << html_escape(group_title(plot.group))
-     << (plot.subtitle.empty() ? "" : " " + html_escape(plot.subtitle)) << " by step\">\n";
-  // Grid and tick labels.
-  for (double t : ay.ticks) {
-    const double y = sy(t);
-    os << "<line class=\"grid\" x1=\"" << kLeft << "\" x2=\"" << kW - kRight << "\" y1=\""
-       << fmt("%.1f", y) << "\" y2=\"" << fmt("%.1f", y) << "\"/>"
-       << "<text class=\"tick\" x=\"" << kLeft - 6 << "\" y=\"" << fmt("%.1f", y + 3.5)
-       << "\" text-anchor=\"end\">" << fmt_tick(t, ay) << "</text>\n";
-  }
-  for (double t : ax.ticks) {
-    const double x = sx(t);
-    os << "<line class=\"grid-x\" x1=\"" << fmt("%.1f", x) << "\" x2=\"" << fmt("%.1f", x)
-       << "\" y1=\"" << kTop << "\" y2=\"" << kTop + ph << "\"/>"
-       << "<text class=\"tick\" x=\"" << fmt("%.1f", x) << "\" y=\"" << kTop + ph + 15
-       << "\" text-anchor=\"middle\">" << fmt_tick(t, ax) << "</text>\n";
-  }
-  // Epoch boundaries (all but the last, which is the end of the plot anyway).
-  const auto ends = epoch_ends(run);
-  if (ends.size() > 1 && ends.size() <= 40) {
-    for (size_t e = 0; e + 1 < ends.size(); ++e) {
-      const double s = ends[e].first + 0.5;
-      if (s <= ax.lo || s >= ax.hi) continue;
-      os << "<line class=\"epoch\" x1=\"" << fmt("%.1f", sx(s)) << "\" x2=\"" << fmt("%.1f", sx(s))
-         << "\" y1=\"" << kTop << "\" y2=\"" << kTop + ph << "\"><title>end of epoch "
-         << fmt_step(ends[e].second) << "</title></line>\n";
-    }
-  }
-  os << "<line class=\"axis\" x1=\"" << kLeft << "\" x2=\"" << kW - kRight << "\" y1=\""
-     << kTop + ph << "\" y2=\"" << kTop + ph << "\"/>"
-     << "<line class=\"axis\" x1=\"" << kLeft << "\" x2=\"" << kLeft << "\" y1=\"" << kTop
-     << "\" y2=\"" << kTop + ph << "\"/>\n";
-  os << "<text class=\"label\" x=\"" << kLeft + pw / 2 << "\" y=\"" << kH - 6
-     << "\" text-anchor=\"middle\">step</text>"
-     << "<text class=\"label\" transform=\"translate(13 " << kTop + ph / 2
-     << ") rotate(-90)\" text-anchor=\"middle\">" << axis_label(plot) << "</text>\n";
-  if (!any_finite) {
-    os << "<text class=\"empty\" x=\"" << kLeft + pw / 2 << "\" y=\"" << kTop + ph / 2
-       << "\" text-anchor=\"middle\">no finite values</text>\n";
-  }
-
-  // One path per series; a non-finite value breaks the line. Short series (epoch metrics,
-  // validation) also get markers with a native tooltip, which needs no script.
-  data_js << (plot_id ? ",\n" : "") << "{\"id\":\"plot" << plot_id << "\",\"x\":["
-          << fmt("%.10g", ax.lo) << "," << fmt("%.10g", ax.hi) << "],\"y\":[" << fmt("%.10g", ay.lo)
-          << "," << fmt("%.10g", ay.hi) << "],\"box\":[" << kLeft << "," << kTop << "," << pw << ","
-          << ph << "],\"series\":[";
-  for (size_t k = 0; k < plot.series.size(); ++k) {
-    const Series& s = run.series[plot.series[k]];
-    const char* colour = kPalette[k % (sizeof kPalette / sizeof kPalette[0])];
-    const auto& pts = drawn[k];
-    std::string d;
-    std::vector<Point> lonely;  // one-point segments, drawn as dots
-    bool open = false;
-    size_t seg_len = 0;
-    Point seg_first{0, 0};
-    for (const auto& p : pts) {
-      if (!std::isfinite(p.y)) {
-        if (open && seg_len == 1) lonely.push_back(seg_first);
-        open = false;
-        continue;
-      }
-      d += (open ? "L" : "M") + fmt("%.1f", sx(p.x)) + " " + fmt("%.1f", sy(p.y));
-      if (!open) {
-        seg_first = p;
-        seg_len = 0;
-      }
-      open = true;
-      ++seg_len;
-    }
-    if (open && seg_len == 1) lonely.push_back(seg_first);
-    os << "<g class=\"series\" data-name=\"" << html_escape(s.name) << "\">";
-    if (!d.empty()) {
-      os << "<path d=\"" << d << "\" fill=\"none\" stroke=\"" << colour
-         << "\" stroke-width=\"1.8\" stroke-linejoin=\"round\" stroke-linecap=\"round\"/>";
-    }
-    const bool markers = pts.size() <= 60;
-    for (const auto& p : pts) {
-      const bool single = std::any_of(lonely.begin(), lonely.end(),
-                                      [&](const Point& q) { return q.x == p.x && q.y == p.y; });
-      if (!std::isfinite(p.y) || !(markers || single)) continue;
-      os << "<circle cx=\"" << fmt("%.1f", sx(p.x)) << "\" cy=\"" << fmt("%.1f", sy(p.y))
-         << "\" r=\"3\" fill=\"" << colour << "\"><title>" << html_escape(s.name) << " = "
-         << fmt_value(p.y) << " at step " << fmt_step(p.x) << "</title></circle>";
-    }
-    os << "</g>\n";
-    data_js << (k ? "," : "") << "{\"name\":\"" << json_escape(s.name) << "\",\"color\":\""
-            << colour << "\",\"p\":[";
-    for (size_t j = 0; j < pts.size(); ++j) {
-      data_js << (j ? "," : "") << "[" << fmt("%.0f", pts[j].x) << ","
-              << (std::isfinite(pts[j].y) ? fmt("%.6g", pts[j].y) : std::string("null")) << "]";
-    }
-    data_js << "]}";
-  }
-  data_js << "]}";
-  os << "<line class=\"cursor\" id=\"plot" << plot_id << "-cursor\" x1=\"0\" x2=\"0\" y1=\"" << kTop
-     << "\" y2=\"" << kTop + ph << "\" visibility=\"hidden\"/>\n";
-  os << "</svg>\n";
 }
 
 // ------------------------------------------------------------------ page
@@ -734,7 +291,7 @@ main{max-width:1280px;margin:0 auto;padding:20px 32px 40px}
  text-overflow:ellipsis}
 h2{font-size:13px;text-transform:uppercase;letter-spacing:.07em;color:var(--muted);
  margin:26px 0 10px;font-weight:650}
-.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:16px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(520px,100%),1fr));gap:16px}
 .card{background:var(--card);border:1px solid var(--line);border-radius:10px;
  padding:14px 16px 10px;box-shadow:0 1px 2px rgba(16,24,40,.04);position:relative;min-width:0}
 .card h3{margin:0 0 6px;font-size:15px;font-weight:600}
@@ -743,6 +300,7 @@ h2{font-size:13px;text-transform:uppercase;letter-spacing:.07em;color:var(--mute
 .legend span{display:inline-flex;align-items:center;gap:6px;white-space:nowrap}
 .legend i{display:inline-block;width:14px;height:3px;border-radius:2px}
 .legend b{font-weight:500;color:var(--muted);font-variant-numeric:tabular-nums}
+.legend .hint{color:var(--muted);font-size:11.5px;margin-left:auto}
 svg.plot{display:block;width:100%;height:auto;overflow:visible}
 svg .grid{stroke:#eceef1;stroke-width:1}
 svg .grid-x{stroke:#f3f4f6;stroke-width:1}
@@ -754,6 +312,7 @@ svg .tick{font-size:10.5px;font-variant-numeric:tabular-nums}
 svg .label{font-size:11px;fill:#4b5563}
 svg .empty{font-size:13px;fill:#9aa3ad}
 svg circle{stroke:#fff;stroke-width:1}
+svg path.raw{stroke-opacity:.28;stroke-width:1.2}
 table{width:100%;border-collapse:collapse;font-size:13px}
 th{text-align:left;color:var(--muted);font-weight:600;font-size:12px;text-transform:uppercase;
  letter-spacing:.04em;border-bottom:1px solid var(--line);padding:8px 10px}
@@ -767,15 +326,16 @@ td.name{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono
 .warn{color:#b42318}
 pre{margin:0;background:#f8f9fb;border:1px solid var(--line);border-radius:8px;padding:12px 14px;
  overflow:auto;max-height:520px;font:12.5px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,
- "DejaVu Sans Mono",monospace;white-space:pre}
+ "DejaVu Sans Mono",monospace;white-space:pre-wrap;overflow-wrap:anywhere}
 .muted{color:var(--muted)}
-.two{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:16px}
+.two{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(420px,100%),1fr));gap:16px}
 .tip{position:absolute;pointer-events:none;background:rgba(255,255,255,.97);
  border:1px solid var(--line);border-radius:8px;box-shadow:0 4px 14px rgba(16,24,40,.12);
  padding:6px 9px;font-size:12px;display:none;z-index:2;white-space:nowrap}
 .tip .s{color:var(--muted)}
 .tip>.s{margin-bottom:2px}
 footer{color:var(--muted);font-size:12px;text-align:center;padding:8px 0 28px}
+@media (max-width:700px){header{padding:16px}main{padding:14px 12px 30px}}
 @media print{body{background:#fff}.card,.tile{box-shadow:none}}
 )CSS";
 
@@ -788,7 +348,7 @@ var plots=JSON.parse(document.getElementById('volt-data').textContent);
 function nearest(p,x){var lo=0,hi=p.length-1;if(hi<0)return null;
  while(hi-lo>1){var m=(lo+hi)>>1;if(p[m][0]<x)lo=m;else hi=m;}
  return Math.abs(p[lo][0]-x)<=Math.abs(p[hi][0]-x)?p[lo]:p[hi];}
-function fmt(v){if(v===null)return 'non-finite';var a=Math.abs(v);
+function format_number(v){if(v===null)return 'non-finite';var a=Math.abs(v);
  return (a!==0&&(a<1e-3||a>=1e6))?v.toExponential(3):(+v.toPrecision(5)).toString();}
 plots.forEach(function(d){
  var svg=document.getElementById(d.id),cur=document.getElementById(d.id+'-cursor');
@@ -805,7 +365,7 @@ plots.forEach(function(d){
   if(best===null)return;
   var rows=d.series.map(function(s){var n=nearest(s.p,best);if(!n)return '';
    return '<div><span class="dot" style="background:'+s.color+'"></span>'+
-    s.name.replace(/&/g,'&amp;').replace(/</g,'&lt;')+': <b>'+fmt(n[1])+'</b>'+
+    s.name.replace(/&/g,'&amp;').replace(/</g,'&lt;')+': <b>'+format_number(n[1])+'</b>'+
     (n[0]!==best?' <span class="s">@'+n[0]+'</span>':'')+'</div>';}).join('');
   var cx=b[0]+(best-d.x[0])/(d.x[1]-d.x[0])*b[2];
   cur.setAttribute('x1',cx);cur.setAttribute('x2',cx);cur.setAttribute('visibility','visible');
@@ -853,7 +413,7 @@ void write_tile(std::ostream& os, const std::string& key, const std::string& val
 
 // The series a headline tile shows: samples/s among throughputs, validation metrics first, then
 // epoch means.
-const Series* headline(const RunData& run, Group g) {
+const Series* headline(const MetricsTable& run, Group g) {
   const Series* pick = nullptr;
   int score = -1;
   for (const auto& s : run.series) {
@@ -872,7 +432,7 @@ std::string text_file_or_empty(const std::string& path) {
   return is_file(path) ? read_text(path) : std::string();
 }
 
-std::string render(const RunData& run, const Source& src, const std::string& run_dir,
+std::string render(const MetricsTable& run, const Source& src, const std::string& run_dir,
                    const ReportOptions& options) {
   const std::string title = options.title().empty() ? default_title(run_dir) : options.title();
   const std::string config = text_file_or_empty(src.dir + "/config.yaml");
@@ -884,18 +444,19 @@ std::string render(const RunData& run, const Source& src, const std::string& run
      << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
      << "<title>" << html_escape(title) << " · volt report</title>\n<style>" << kStyle
      << "</style>\n</head>\n<body>\n<header><span class=\"brand\">volt run report</span><h1>"
-     << html_escape(title) << "</h1><div class=\"sub\">" << html_escape(run.metrics_path)
-     << " · generated " << now_text() << "</div></header>\n<main>\n";
+     << html_escape(title) << "</h1><div class=\"sub\">" << html_escape(run.path) << " · generated "
+     << now_text() << "</div></header>\n<main>\n";
   if (!src.note.empty()) os << "<div class=\"note\">" << html_escape(src.note) << "</div>\n";
 
   // Headline numbers.
   os << "<div class=\"tiles\">\n";
-  write_tile(os, "Steps", run.max_step >= 0 ? fmt_step(run.max_step + 1) : "0",
-             run.max_step >= 0 ? "last logged step " + fmt_step(run.max_step) : "nothing logged");
+  write_tile(
+      os, "Steps", run.max_step >= 0 ? format_step(run.max_step + 1) : "0",
+      run.max_step >= 0 ? "last logged step " + format_step(run.max_step) : "nothing logged");
   if (!run.epochs.empty()) {
     double last_epoch = 0;
     for (const auto& p : run.epochs) last_epoch = std::max(last_epoch, p.y);
-    write_tile(os, "Epochs", fmt_step(last_epoch + 1), "from the epoch column");
+    write_tile(os, "Epochs", format_step(last_epoch + 1), "from the epoch column");
   }
   write_tile(os, "Metrics", std::to_string(run.series.size()),
              std::to_string(run.rows) + " rows in metrics.csv");
@@ -913,11 +474,12 @@ std::string render(const RunData& run, const Source& src, const std::string& run
       }
       std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
       write_tile(os, contains(s->name, "samples") ? "Samples / s" : "Throughput",
-                 fmt_value(v[v.size() / 2]), "median of " + std::to_string(v.size()) + " windows");
+                 format_value(v[v.size() / 2]),
+                 "median of " + std::to_string(v.size()) + " windows");
     } else {
       const Point best = g == Group::kLoss ? st.min : st.max;
-      write_tile(os, "Best " + s->name, fmt_value(best.y),
-                 "step " + fmt_step(best.x) + " · last " + fmt("%.4g", st.last.y));
+      write_tile(os, "Best " + s->name, format_value(best.y),
+                 "step " + format_step(best.x) + " · last " + format_number("%.4g", st.last.y));
     }
   }
   os << "</div>\n";
@@ -931,6 +493,9 @@ std::string render(const RunData& run, const Source& src, const std::string& run
   } else {
     os << "<div class=\"grid\">\n";
   }
+  const auto ends = epoch_ends(run);
+  double x_lo = run.max_step;  // every plot spans the run's steps, so they line up
+  for (const auto& sr : run.series) x_lo = std::min(x_lo, sr.points.front().x);
   size_t id = 0;
   for (const auto& plot : plots) {
     os << "<section class=\"card\" data-group=\"" << group_title(plot.group) << "\"><h3>"
@@ -944,14 +509,34 @@ std::string render(const RunData& run, const Source& src, const std::string& run
     for (size_t k = 0; k < plot.series.size(); ++k) {
       const Series& s = run.series[plot.series[k]];
       const Stats st = stats_of(s);
-      os << "<span title=\"last value, at step " << fmt_step(st.last.x)
-         << "\"><i style=\"background:" << kPalette[k % 10] << "\"></i>" << html_escape(s.name)
-         << " <b>" << (st.has_finite ? fmt_value(st.last.y) : std::string("–")) << "</b>";
+      os << "<span title=\"last value, at step " << format_step(st.last.x)
+         << "\"><i style=\"background:" << series_colour(k) << "\"></i>" << html_escape(s.name)
+         << " <b>" << (st.has_finite ? format_value(st.last.y) : std::string("–")) << "</b>";
       if (st.non_finite) os << " <em class=\"warn\">" << st.non_finite << " non-finite</em>";
       os << "</span>";
     }
+    const bool smoothed = options.smoothing() > 0 && plot.group != Group::kLearningRate &&
+                          std::any_of(plot.series.begin(), plot.series.end(),
+                                      [&](size_t i) { return run.series[i].points.size() > 60; });
+    if (smoothed) {
+      os << "<span class=\"hint\">faint: raw · solid: moving average ("
+         << format_number("%g", options.smoothing()) << ")</span>";
+    }
     os << "</div>\n";
-    write_plot(os, run, plot, id++, options, data_js);
+    PlotSpec spec;
+    spec.id = "plot" + std::to_string(id);
+    spec.label = std::string(group_title(plot.group)) +
+                 (plot.subtitle.empty() ? "" : " " + plot.subtitle) + " by step";
+    spec.y_label = axis_label(plot);
+    for (size_t i : plot.series) spec.lines.push_back(&run.series[i]);
+    spec.epoch_ends = ends;
+    spec.y_from_zero = plot.group == Group::kThroughput;  // reads as a fraction of the best
+    spec.max_points = options.max_points();
+    spec.x_lo = x_lo;
+    spec.x_hi = run.max_step;
+    spec.smoothing = plot.group == Group::kLearningRate ? 0 : options.smoothing();
+    data_js << (id++ ? ",\n" : "");
+    detail::write_svg_plot(spec, os, data_js);
     os << "</section>\n";
   }
   if (!run.series.empty()) os << "</div>\n";
@@ -970,7 +555,7 @@ std::string render(const RunData& run, const Source& src, const std::string& run
       const Group g = group_of(s.name);
       const Stats st = stats_of(s);
       auto at = [](const Point& p) {
-        return fmt_value(p.y) + " <span class=\"at\">@" + fmt_step(p.x) + "</span>";
+        return format_value(p.y) + " <span class=\"at\">@" + format_step(p.x) + "</span>";
       };
       os << "<tr><td class=\"name\">" << html_escape(s.name) << "</td><td>" << group_title(g)
          << "</td><td class=\"n\">" << st.points;
@@ -1000,8 +585,7 @@ std::string render(const RunData& run, const Source& src, const std::string& run
     os << "<pre>" << html_escape(config) << "</pre>";
   }
   os << "</section>\n<section class=\"card\"><h3>hparams.yaml</h3>\n";
-  const std::string hp = trim(hparams);
-  if (hp.empty() || hp == "{}") {
+  if (hparams.find_first_not_of(" \t\r\n{}") == std::string::npos) {  // empty or "{}"
     os << "<p class=\"muted\">No hyperparameters were logged.</p>";
   } else {
     os << "<pre>" << html_escape(hparams) << "</pre>";
@@ -1027,8 +611,11 @@ std::string write_run_report(const std::string& run_dir, const ReportOptions& op
              "(save_dir/name/version_N).");
   VOLT_CHECK(options.max_points() >= 2, ConfigError, "[report] max_points=", options.max_points(),
              " is too small; pass at least 2 (default 2000).");
+  VOLT_CHECK(options.smoothing() >= 0 && options.smoothing() < 1, ConfigError,
+             "[report] smoothing=", options.smoothing(),
+             " is outside [0, 1); pass 0 (raw values only) to 0.99 (default 0.6).");
   const Source src = find_source(run_dir);
-  const RunData run = read_metrics(src.dir + "/metrics.csv");
+  const MetricsTable run = detail::read_metrics_csv(src.dir + "/metrics.csv");
   const std::string out = options.output().empty()
                               ? strip_trailing_slashes(run_dir) + "/report.html"
                               : options.output();

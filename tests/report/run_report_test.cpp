@@ -9,6 +9,7 @@
 #include <regex>
 #include <sstream>
 
+#include "report/detail/svg_plot.h"
 #include "tiny.h"
 
 namespace {
@@ -71,6 +72,57 @@ void expect_error(Fn fn, const std::string& phrase) {
     EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
     EXPECT_EQ(std::string(e.what()).rfind("[report] ", 0), 0u) << e.what();
   }
+}
+
+TEST(RunReportPlot, NiceTicksCoverTheDataAndDegenerateRangesWiden) {
+  using volt::detail::nice_axis;
+  auto y = nice_axis(0.013, 0.82, 5, /*extend=*/true, 0);  // a loss
+  EXPECT_DOUBLE_EQ(y.step, 0.2);
+  EXPECT_DOUBLE_EQ(y.lo, 0.0);
+  EXPECT_DOUBLE_EQ(y.hi, 1.0);
+  ASSERT_EQ(y.ticks.size(), 6u);
+  EXPECT_NEAR(y.ticks[3], 0.6, 1e-12);
+  auto x = nice_axis(1, 191, 7, /*extend=*/false, 1);  // steps: the domain stays the data's
+  EXPECT_DOUBLE_EQ(x.lo, 1);
+  EXPECT_DOUBLE_EQ(x.hi, 191);
+  EXPECT_EQ(x.ticks, (std::vector<double>{50, 100, 150}));
+  EXPECT_DOUBLE_EQ(nice_axis(0, 3, 7, false, 1).step, 1);  // never fractional steps
+  for (double v : {0.0, 0.5, -2.0, 1e-9, 123456.0}) {      // one value: no zero-width axis
+    auto a = nice_axis(v, v, 5, true, 0);
+    EXPECT_LT(a.lo, v) << v;
+    EXPECT_GT(a.hi, v) << v;
+    EXPECT_GE(a.ticks.size(), 2u) << v;
+  }
+}
+
+TEST(RunReportPlot, TickLabelsReadWellAtEveryScale) {
+  using volt::detail::format_tick;
+  using volt::detail::nice_axis;
+  auto rate = nice_axis(0, 123000, 5, true, 0);  // samples/s
+  EXPECT_EQ(format_tick(0, rate), "0");
+  EXPECT_EQ(format_tick(rate.ticks[1], rate), "50k");
+  auto lr = nice_axis(0, 4.2e-4, 5, true, 0);
+  EXPECT_EQ(format_tick(lr.ticks[1], lr), "1e-04");
+  auto loss = nice_axis(0.2, 0.95, 5, true, 0);
+  EXPECT_EQ(format_tick(loss.ticks[1], loss), "0.4");
+  auto steps = nice_axis(0, 2000, 7, false, 1);
+  EXPECT_EQ(format_tick(500, steps), "500");
+  EXPECT_EQ(volt::detail::format_value(121850.4), "121,850");
+  EXPECT_EQ(volt::detail::format_value(0.0123456), "0.012346");
+  EXPECT_EQ(volt::detail::format_value(-std::numeric_limits<double>::infinity()), "-inf");
+}
+
+TEST(RunReportPlot, DecimationKeepsExtremesInStepOrder) {
+  std::vector<volt::detail::Point> pts;
+  for (int i = 0; i < 1000; ++i) pts.push_back({double(i), i == 777 ? -5.0 : std::sin(i * 0.1)});
+  pts[500].y = std::nan("");
+  const auto out = volt::detail::decimate(pts, 100);
+  EXPECT_LE(out.size(), 101u);  // 50 buckets x (min, max) + one gap
+  EXPECT_TRUE(std::is_sorted(out.begin(), out.end(),
+                             [](const auto& a, const auto& b) { return a.x < b.x; }));
+  EXPECT_TRUE(std::any_of(out.begin(), out.end(), [](const auto& p) { return p.y == -5.0; }));
+  EXPECT_TRUE(std::any_of(out.begin(), out.end(), [](const auto& p) { return std::isnan(p.y); }));
+  EXPECT_EQ(volt::detail::decimate(pts, 2000).size(), pts.size());  // short enough: untouched
 }
 
 TEST(RunReport, RealRunHasAPlotPerGroupTheConfigAndNoNetworkResources) {
@@ -201,6 +253,29 @@ TEST(RunReport, ThinsLongSeriesButKeepsSpikes) {
   // The spike survives thinning: the path reaches the top of the axis (100 maps to y = 12).
   EXPECT_NE(d.find(" 12.0"), std::string::npos);
   EXPECT_EQ(html.find("<script"), std::string::npos);  // interactive(false)
+  // A noisy series gets its moving average on top; smoothing(0) draws the raw values only.
+  EXPECT_NE(html.find("class=\"raw\""), std::string::npos);
+  EXPECT_NE(html.find("<path class=\"smooth\""), std::string::npos);
+  const std::string raw_only =
+      slurp(volt::write_run_report(dir.path, volt::ReportOptions().smoothing(0)));
+  EXPECT_EQ(raw_only.find("class=\"smooth\""), std::string::npos);
+  EXPECT_EQ(raw_only.find("moving average"), std::string::npos);
+}
+
+TEST(RunReportPlot, SmoothingIsADebiasedMovingAverageThatSkipsGaps) {
+  std::vector<volt::detail::Point> pts = {{0, 2}, {1, 4}, {2, std::nan("")}, {3, 4}};
+  const auto s = volt::detail::smooth(pts, 0.5);
+  EXPECT_DOUBLE_EQ(s[0].y, 2);                     // debiased: the first value is itself
+  EXPECT_DOUBLE_EQ(s[1].y, (0.5 * 1 + 2) / 0.75);  // ema 0.5*(0.5*2)+0.5*4 = 2.5, / (1-0.25)
+  EXPECT_TRUE(std::isnan(s[2].y));
+  EXPECT_NEAR(s[3].y, (0.5 * 2.5 + 2) / 0.875, 1e-12);
+  EXPECT_EQ(s[3].x, 3);
+  // 1000 points smooth with weight^(100/1000): the same share of the plot as 100 points.
+  std::vector<volt::detail::Point> step(1000, {0, 0});
+  for (int i = 0; i < 1000; ++i) step[i] = {double(i), i < 500 ? 0.0 : 1.0};
+  const auto t = volt::detail::smooth(step, 0.6);
+  const double w = std::pow(0.6, 0.1);
+  EXPECT_NEAR(t[501].y, 1 - w * w, 1e-9);  // two steps into the jump (the debiasing is ~1 here)
 }
 
 TEST(RunReport, UsesTheNewestVersionFolderAndSaysSo) {
@@ -290,7 +365,12 @@ TEST(RunReport, BadOptionsAndUnwritableOutput) {
       "cannot create");
   std::ostringstream os;
   os << volt::ReportOptions().title("t");
-  EXPECT_EQ(os.str(), "ReportOptions(output=\"\", title=\"t\", max_points=2000, interactive=true)");
+  EXPECT_EQ(os.str(),
+            "ReportOptions(output=\"\", title=\"t\", max_points=2000, smoothing=0.6, "
+            "interactive=true)");
+  expect_error<volt::ConfigError>(
+      [&] { volt::write_run_report(dir.path, volt::ReportOptions().smoothing(1.0)); },
+      "smoothing=1 is outside [0, 1)");
 }
 
 }  // namespace

@@ -17,6 +17,10 @@ struct ReportOptions {
   TORCH_ARG(std::string, title) = "";
   /// Most points drawn per series; longer series keep each bucket's min and max. Default: 2000.
   TORCH_ARG(int64_t, max_points) = 2000;
+  /// Weight of the moving average drawn over noisy series (more than 60 points; learning rates
+  /// excepted), like TensorBoard's smoothing slider, in [0, 1); 0 draws only the raw values.
+  /// Default: 0.6.
+  TORCH_ARG(double, smoothing) = 0.6;
   /// Add a small inline script for hover read-outs (the page is complete without it).
   /// Default: true.
   TORCH_ARG(bool, interactive) = true;
