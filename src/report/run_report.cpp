@@ -516,8 +516,9 @@ std::string render(const MetricsTable& run, const Source& src, const std::string
       os << "</span>";
     }
     const bool smoothed = options.smoothing() > 0 && plot.group != Group::kLearningRate &&
-                          std::any_of(plot.series.begin(), plot.series.end(),
-                                      [&](size_t i) { return run.series[i].points.size() > 60; });
+                          std::any_of(plot.series.begin(), plot.series.end(), [&](size_t i) {
+                            return run.series[i].points.size() > detail::kSmoothAbove;
+                          });
     if (smoothed) {
       os << "<span class=\"hint\">faint: raw · solid: moving average ("
          << format_number("%g", options.smoothing()) << ")</span>";

@@ -274,7 +274,7 @@ void write_svg_plot(const PlotSpec& spec, std::ostream& os, std::ostream& json) 
     // invisible as a path, so it becomes a dot; so does every point of a short series (epoch
     // and validation metrics), each with a native tooltip that needs no script.
     std::string d;
-    std::vector<bool> dot(pts.size(), pts.size() <= 60);
+    std::vector<bool> dot(pts.size(), pts.size() <= kDotsUpTo);
     for (size_t j = 0; j < pts.size(); ++j) {
       if (!std::isfinite(pts[j].y)) continue;
       const bool starts = j == 0 || !std::isfinite(pts[j - 1].y);
@@ -283,7 +283,7 @@ void write_svg_plot(const PlotSpec& spec, std::ostream& os, std::ostream& json) 
       d += (starts ? "M" : "L") + f1(sx(pts[j].x)) + " " + f1(sy(pts[j].y));
     }
     // Noisy step series: the raw values faint, their moving average on top.
-    const bool smoothed = spec.smoothing > 0 && spec.lines[k]->points.size() > 60;
+    const bool smoothed = spec.smoothing > 0 && spec.lines[k]->points.size() > kSmoothAbove;
     os << "<g class=\"series\" data-name=\"" << html_escape(name) << "\">";
     if (!d.empty()) {
       os << "<path d=\"" << d << "\"" << (smoothed ? " class=\"raw\"" : "")

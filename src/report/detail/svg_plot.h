@@ -1,6 +1,7 @@
 #pragma once
 // Line plots as inline SVG for the run report, and the text helpers the page shares with them.
 
+#include <cstddef>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -53,6 +54,11 @@ std::vector<Point> smooth(const std::vector<Point>& points, double weight);
 /// The colour of the k-th series of a plot (Tableau 10, cycling).
 const char* series_colour(size_t k);
 
+/// Series with at most this many points get a dot per point (epoch and validation metrics).
+constexpr size_t kDotsUpTo = 60;
+/// Series with more points are drawn faint under their moving average (when smoothing > 0).
+constexpr size_t kSmoothAbove = kDotsUpTo;
+
 struct PlotSpec {
   std::string id;                    ///< element id, also the hover data's key
   std::string label;                 ///< accessible name of the plot
@@ -63,7 +69,7 @@ struct PlotSpec {
   bool y_from_zero = false;  ///< start the y axis at 0 (rates)
   /// Steps on the x axis, shared by a page's plots so they line up; x_lo > x_hi: the data's.
   double x_lo = 1, x_hi = 0;
-  /// > 0: a series of more than 60 points is drawn faint with its smooth() (this weight) on top.
+  /// > 0: a series of more than kSmoothAbove points is drawn faint, its smooth() on top.
   double smoothing = 0;
   int64_t max_points = 2000;
 };
