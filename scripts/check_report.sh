@@ -9,11 +9,12 @@ if [ $# -lt 2 ]; then
   echo "usage: $0 REPORT.html OUT.png [WIDTH HEIGHT]" >&2
   exit 2
 fi
+[ -f "$1" ] || { echo "[check_report] no such file: $1" >&2; exit 1; }
 html=$(realpath "$1")
+url=$(python3 -c 'import pathlib, sys; print(pathlib.Path(sys.argv[1]).as_uri())' "$html")
 png=$2
 width=${3:-1280}
 height=${4:-2400}
-[ -f "$html" ] || { echo "[check_report] no such file: $html" >&2; exit 1; }
 # VOLT_CHROMIUM picks another Chromium-based browser binary.
 chrome=${VOLT_CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}
 if [ -z "$chrome" ] || [ ! -x "$chrome" ]; then
@@ -29,8 +30,8 @@ rm -f "$png"
 flags=(--headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars
        --no-first-run --no-default-browser-check --user-data-dir="$profile"
        --enable-logging=stderr --v=0)
-"$chrome" "${flags[@]}" --window-size="$width,$height" --screenshot="$(realpath -m "$png")" \
-  "file://$html" > "$profile/chromium.log" 2>&1 || true
+timeout 120 "$chrome" "${flags[@]}" --window-size="$width,$height" \
+  --screenshot="$(realpath -m "$png")" "$url" > "$profile/chromium.log" 2>&1 || true
 if [ ! -s "$png" ]; then
   echo "[check_report] chromium wrote no screenshot; its log:" >&2
   cat "$profile/chromium.log" >&2
@@ -44,7 +45,7 @@ if grep -q "Uncaught" "$profile/chromium.log"; then
 fi
 # The hover script marks <body> when it has set up every plot.
 if grep -q 'id="volt-data"' "$html"; then
-  "$chrome" "${flags[@]}" --dump-dom "file://$html" > "$profile/dom.html" 2> /dev/null || true
+  timeout 120 "$chrome" "${flags[@]}" --dump-dom "$url" > "$profile/dom.html" 2> /dev/null || true
   if ! grep -q 'data-hover="ready"' "$profile/dom.html"; then
     echo "[check_report] the hover script did not finish (no data-hover=\"ready\" on <body>)" >&2
     exit 1

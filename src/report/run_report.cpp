@@ -282,16 +282,16 @@ header .brand{float:right;color:var(--muted);font-size:12px;text-transform:upper
 main{max-width:1280px;margin:0 auto;padding:20px 32px 40px}
 .note{background:#fff8e6;border:1px solid #f3d999;color:#7a5b00;border-radius:8px;
  padding:10px 14px;margin-bottom:16px}
-.tiles{display:grid;grid-template-columns:repeat(auto-fit,minmax(160px,1fr));gap:12px;
+.tiles{display:grid;grid-template-columns:repeat(auto-fit,minmax(150px,1fr));gap:12px;
  margin-bottom:20px}
 .tile{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:12px 16px}
 .tile .k{color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.05em}
-.tile .v{font-size:24px;font-weight:600;font-variant-numeric:tabular-nums;margin-top:2px}
+.tile .v{font-size:22px;font-weight:600;font-variant-numeric:tabular-nums;margin-top:2px}
 .tile .d{color:var(--muted);font-size:12px;white-space:nowrap;overflow:hidden;
  text-overflow:ellipsis}
 h2{font-size:13px;text-transform:uppercase;letter-spacing:.07em;color:var(--muted);
  margin:26px 0 10px;font-weight:650}
-.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(520px,100%),1fr));gap:16px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(460px,100%),1fr));gap:16px}
 .card{background:var(--card);border:1px solid var(--line);border-radius:10px;
  padding:14px 16px 10px;box-shadow:0 1px 2px rgba(16,24,40,.04);position:relative;min-width:0}
 .card h3{margin:0 0 6px;font-size:15px;font-weight:600}
@@ -308,7 +308,7 @@ svg .axis{stroke:#9aa3ad;stroke-width:1}
 svg .epoch{stroke:#c5cbd3;stroke-width:1;stroke-dasharray:3 3}
 svg .cursor{stroke:#6b7280;stroke-width:1;stroke-dasharray:2 2}
 svg text{font-family:inherit;fill:#6b7280}
-svg .tick{font-size:10.5px;font-variant-numeric:tabular-nums}
+svg .tick{font-size:11px;font-variant-numeric:tabular-nums}
 svg .label{font-size:11px;fill:#4b5563}
 svg .empty{font-size:13px;fill:#9aa3ad}
 svg circle{stroke:#fff;stroke-width:1}
