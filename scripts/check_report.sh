@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Renders a volt run report in headless Chromium and checks the screenshot: right size, mostly
 # drawn (not a blank page) and in several colours (the plots rendered).
-# Usage: scripts/check_report.sh REPORT.html OUT.png [WIDTH HEIGHT]   (default 1280 2400)
+# Usage: scripts/check_report.sh REPORT.html OUT.png [WIDTH HEIGHT [check_png.py options]]
+#        (default 1280 2400; e.g. --min-series 3 when the page has plots with 3 or more series)
 # Exits 77 (ctest's "skipped") when chromium is not installed: scripts/setup.sh installs it.
 # Example: build/tests/volt_report_run /tmp/r && scripts/check_report.sh /tmp/r/report.html r.png
 set -euo pipefail
@@ -15,6 +16,7 @@ url=$(python3 -c 'import pathlib, sys; print(pathlib.Path(sys.argv[1]).as_uri())
 png=$2
 width=${3:-1280}
 height=${4:-2400}
+shift $(( $# < 4 ? $# : 4 ))  # what is left goes to check_png.py
 # VOLT_CHROMIUM picks another Chromium-based browser binary.
 chrome=${VOLT_CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}
 if [ -z "$chrome" ] || [ ! -x "$chrome" ]; then
@@ -51,4 +53,4 @@ if grep -q 'id="volt-data"' "$html"; then
     exit 1
   fi
 fi
-python3 "$(dirname "$0")/../tools/check_png.py" "$png" --width "$width" --height "$height"
+python3 "$(dirname "$0")/../tools/check_png.py" "$png" --width "$width" --height "$height" "$@"

@@ -83,8 +83,8 @@ def main():
                     help="least fraction of pixels differing from the background (0.10)")
     ap.add_argument("--min-colours", type=int, default=24,
                     help="least number of distinct colours, 4 bits per channel (24)")
-    ap.add_argument("--min-series", type=int, default=3,
-                    help="least number of series colours with >= 40 pixels each (3)")
+    ap.add_argument("--min-series", type=int, default=1,
+                    help="least number of series colours with >= 40 pixels each (1)")
     args = ap.parse_args()
 
     width, height, channels, rows = read_png(args.png)

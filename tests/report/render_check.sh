@@ -8,4 +8,5 @@ check=$2
 work=$(mktemp -d /tmp/volt_report_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 "$report_run" "$work/run" > "$work/run.log" 2>&1 || { cat "$work/run.log"; exit 1; }
-bash "$check" "$work/run/report.html" "$work/report.png"
+# The page has plots with three series (loss, accuracy): all three colours must show.
+bash "$check" "$work/run/report.html" "$work/report.png" 1280 2400 --min-series 3
