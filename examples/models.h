@@ -9,6 +9,7 @@ namespace volt_examples {
 
 /// Images [N,1,28,28] -> logits [N,10].
 struct MlpNet : torch::nn::Module {
+  static constexpr const char* kName = "MlpNet";
   explicit MlpNet(std::vector<int64_t> hidden = {128}) {
     int64_t in = 784;
     for (size_t i = 0; i < hidden.size(); ++i) {
@@ -28,6 +29,7 @@ struct MlpNet : torch::nn::Module {
 
 /// Two conv blocks (conv-bn-relu-pool) and a small classifier head.
 struct CnnNet : torch::nn::Module {
+  static constexpr const char* kName = "CnnNet";
   CnnNet() {
     conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)));
     bn1 = register_module("bn1", torch::nn::BatchNorm2d(32));
@@ -52,6 +54,7 @@ struct CnnNet : torch::nn::Module {
 /// A small pre-norm transformer reading the 28 image rows as 28 tokens; its attention runs
 /// through volt::fused_sdpa (or, with fused=false, through the plain composition).
 struct TransformerNet : torch::nn::Module {
+  static constexpr const char* kName = "TransformerNet";
   explicit TransformerNet(int64_t dim = 64, int64_t heads = 4, int64_t layers = 2,
                           bool fused = true, double attn_dropout = 0.0)
       : dim_(dim), heads_(heads), fused_(fused), attn_dropout_(attn_dropout) {
@@ -99,7 +102,7 @@ class Classifier : public volt::Module {
  public:
   explicit Classifier(std::shared_ptr<Net> net, double lr = 1e-3, int64_t step_size = 0)
       : net_(register_module("net", std::move(net))), lr_(lr), step_size_(step_size) {
-    save_hyperparameters({{"lr", std::to_string(lr)}, {"net", typeid(Net).name()}});
+    save_hyperparameters({{"lr", std::to_string(lr)}, {"net", Net::kName}});
   }
   torch::Tensor forward(const torch::Tensor& x) { return net_->forward(x); }
 

@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   python3-torch
+  chromium  # headless: checks that `volt report` pages render (ctest report_renders_in_chromium)
 )
 
 missing=()

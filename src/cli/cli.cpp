@@ -22,10 +22,7 @@
 #include "volt/io/checkpoint_io.h"
 #include "volt/io/safetensors.h"
 #include "volt/loggers/logger.h"
-#if __has_include("volt/report/run_report.h")  // TEMP until the report branch merges
 #include "volt/report/run_report.h"
-#define VOLT_TEMP_HAVE_REPORT 1
-#endif
 #include "volt/trainer/plan.h"
 #include "volt/trainer/trainer.h"
 
@@ -325,9 +322,6 @@ std::vector<detail::ComponentConfig> shared_versions(std::vector<detail::Compone
 }
 
 int run_report(const Command& cmd, std::ostream& out) {
-#ifndef VOLT_TEMP_HAVE_REPORT
-  return 2;
-#else
   VOLT_CHECK(cmd.positional.size() == 1, ConfigError, "[cli] report takes one RUN_DIR, got ",
              cmd.positional.size(), "; e.g. volt report runs/volt_logs/version_0.");
   ReportOptions opts;
@@ -339,9 +333,9 @@ int run_report(const Command& cmd, std::ostream& out) {
     if (s.key == "output") opts.output(s.value);
     else opts.title(s.value);
   }
-  out << "report: " << write_run_report(cmd.positional.front(), opts) << "\n";
+  const std::string path = write_run_report(cmd.positional.front(), opts);
+  out << "report: " << path << "\n";
   return kCliOk;
-#endif
 }
 
 int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std::ostream& err) {

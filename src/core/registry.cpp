@@ -7,6 +7,7 @@
 #include "volt/callbacks/early_stopping.h"
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
+#include "volt/callbacks/throughput_monitor.h"
 #include "volt/callbacks/timer.h"
 #include "volt/core/check.h"
 #include "volt/loggers/csv.h"
@@ -319,6 +320,10 @@ void register_builtins(Registry& r) {
                             .dirpath(a.get<std::string>("dirpath"))
                             .filename(a.get<std::string>("filename")));
                   });
+
+  r.callbacks.add("ThroughputMonitor",
+                  "logs train_samples_per_sec and train_batches_per_sec (validation time excluded)",
+                  [] { return std::make_shared<ThroughputMonitor>(); });
 
   const auto logger_params = [](int64_t flush_every) {
     return Params()

@@ -148,6 +148,13 @@ TEST(Cli, FitFromYamlWithOverridesSavesTheResolvedConfig) {
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_EQ(again.out, saved);
 
+  // The run's report: one HTML page next to its logs; a missing folder is a clear error.
+  auto rep = run({"report", run_dir});
+  ASSERT_EQ(rep.code, 0) << rep.err;
+  EXPECT_EQ(rep.out, "report: " + run_dir + "/report.html\n");
+  EXPECT_NE(slurp(run_dir + "/report.html").find("<svg"), std::string::npos);
+  expect_usage_error({"report", dir / "missing"}, "[report]");
+
   // Resume from last.ckpt for one more epoch: same version folder; the changed config is kept
   // beside the first one.
   args = base(dir);

@@ -1,0 +1,153 @@
+#include "metrics_csv.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "volt/core/check.h"
+
+namespace volt {
+namespace detail {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  VOLT_CHECK(in.good(), DataError, "[report] cannot read '", path, "' (", std::strerror(errno),
+             "); check the file's permissions.");
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+// One CSV line as CSVLogger writes it: cells split at commas, a cell may be quoted ("" inside
+// quotes is one quote). Quoted newlines are not supported (CSVLogger never writes them in rows).
+std::vector<std::string> split_csv(const std::string& line, const std::string& path,
+                                   int64_t lineno) {
+  std::vector<std::string> cells;
+  std::string cell;
+  size_t i = 0;
+  for (;;) {
+    cell.clear();
+    if (i < line.size() && line[i] == '"') {
+      ++i;
+      bool closed = false;
+      while (i < line.size()) {
+        if (line[i] == '"') {
+          if (i + 1 < line.size() && line[i + 1] == '"') {
+            cell += '"';
+            i += 2;
+            continue;
+          }
+          closed = true;
+          ++i;
+          break;
+        }
+        cell += line[i++];
+      }
+      VOLT_CHECK(closed, DataError, "[report] ", path, ":", lineno,
+                 ": a quoted cell is not closed; repair or delete that line.");
+      VOLT_CHECK(i == line.size() || line[i] == ',', DataError, "[report] ", path, ":", lineno,
+                 ": text after a closing quote; repair or delete that line.");
+    } else {
+      while (i < line.size() && line[i] != ',') cell += line[i++];
+    }
+    cells.push_back(cell);
+    if (i >= line.size()) break;
+    ++i;  // the comma
+  }
+  return cells;
+}
+
+bool parse_number(const std::string& text, double* out) {
+  const std::string s = trim(text);
+  if (s.empty()) return false;
+  char* end = nullptr;
+  *out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+
+}  // namespace
+
+MetricsTable read_metrics_csv(const std::string& path) {
+  const std::string text = read_text(path);
+  std::istringstream in(text);
+  std::string line;
+  int64_t lineno = 0;
+  std::vector<std::string> header;
+  while (header.empty() && std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!trim(line).empty()) header = split_csv(line, path, lineno);
+  }
+  VOLT_CHECK(!header.empty(), DataError, "[report] ", path,
+             ":1: no header line (the file is empty); expected 'step,<metric>,...' as "
+             "CSVLogger writes it.");
+  VOLT_CHECK(trim(header[0]) == "step", DataError, "[report] ", path, ":", lineno,
+             ": the header starts with '", header[0],
+             "', not 'step'; pass a metrics.csv written by CSVLogger.");
+  for (size_t c = 1; c < header.size(); ++c) {
+    header[c] = trim(header[c]);
+    VOLT_CHECK(!header[c].empty(), DataError, "[report] ", path, ":", lineno, ": column ", c + 1,
+               " of the header has no name; repair the header line.");
+    for (size_t d = 1; d < c; ++d) {
+      VOLT_CHECK(header[d] != header[c], DataError, "[report] ", path, ":", lineno, ": column '",
+                 header[c], "' appears twice in the header; repair the header.");
+    }
+  }
+
+  MetricsTable run;
+  run.path = path;
+  std::vector<Series> columns(header.size());
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (trim(line).empty()) continue;
+    const auto cells = split_csv(line, path, lineno);
+    VOLT_CHECK(cells.size() == header.size(), DataError, "[report] ", path, ":", lineno,
+               ": ragged row with ", cells.size(), " cells but the header has ", header.size(),
+               " columns; the file was cut off or edited, repair or delete that line.");
+    double step = 0;
+    VOLT_CHECK(parse_number(cells[0], &step) && std::isfinite(step) && step == std::floor(step),
+               DataError, "[report] ", path, ":", lineno, ": step '", cells[0],
+               "' is not an integer; repair or delete that line.");
+    for (size_t c = 1; c < cells.size(); ++c) {
+      if (trim(cells[c]).empty()) continue;  // not logged in this row
+      double v = 0;
+      VOLT_CHECK(parse_number(cells[c], &v), DataError, "[report] ", path, ":", lineno, ": cell '",
+                 cells[c], "' in column '", header[c],
+                 "' is not a number; repair or delete that line.");
+      columns[c].points.push_back({step, v});
+    }
+    run.max_step = std::max(run.max_step, step);
+    ++run.rows;
+  }
+  for (size_t c = 1; c < header.size(); ++c) {
+    auto& pts = columns[c].points;
+    // Rows are written in step order; a stable sort only guards hand-merged files.
+    std::stable_sort(pts.begin(), pts.end(),
+                     [](const Point& a, const Point& b) { return a.x < b.x; });
+    if (header[c] == "epoch") {
+      run.epochs = std::move(pts);
+    } else if (!pts.empty()) {
+      columns[c].name = header[c];
+      run.series.push_back(std::move(columns[c]));
+    }
+  }
+  return run;
+}
+
+}  // namespace detail
+}  // namespace volt
