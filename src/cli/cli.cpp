@@ -68,15 +68,9 @@ std::string file_name(const char* argv0) {
   return p == std::string::npos ? s : s.substr(p + 1);
 }
 
-std::string quote_list(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "\"" : ", \"") + x + "\"";
-  return s;
-}
-
 Command parse_argv(int argc, const char* const* argv) {
   Command cmd;
-  VOLT_CHECK(argc >= 2, ConfigError, "[cli] no command given; use one of ", quote_list(kCommands),
+  VOLT_CHECK(argc >= 2, ConfigError, "[cli] no command given; use one of ", quoted_list(kCommands),
              " (--help explains each).");
   cmd.name = argv[1];
   if (cmd.name == "--help" || cmd.name == "-h" || cmd.name == "help") {
@@ -84,12 +78,9 @@ Command parse_argv(int argc, const char* const* argv) {
     cmd.help = true;
     return cmd;
   }
-  if (std::find(kCommands.begin(), kCommands.end(), cmd.name) == kCommands.end()) {
-    const std::string close = closest_match(cmd.name, kCommands);
-    VOLT_CHECK(false, ConfigError, "[cli] unknown command \"", cmd.name, "\"; valid commands: ",
-               quote_list(kCommands), close.empty() ? "" : " (did you mean \"" + close + "\"?)",
-               ".");
-  }
+  VOLT_CHECK(std::find(kCommands.begin(), kCommands.end(), cmd.name) != kCommands.end(),
+             ConfigError, "[cli] unknown command \"", cmd.name, "\"; valid commands: ",
+             quoted_list(kCommands), did_you_mean(cmd.name, kCommands), ".");
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -157,7 +148,7 @@ void print_params(std::ostream& os, const std::string& prefix, const Params& par
     os << "    " << std::left << std::setw(static_cast<int>(w)) << ("--" + prefix + s.name) << "  "
        << std::setw(11) << type << " " << std::setw(16) << ("[" + default_text(s) + "]") << " "
        << s.help;
-    if (!s.choices.empty()) os << " (one of: " << quote_list(s.choices) << ")";
+    if (!s.choices.empty()) os << " (one of: " << quoted_list(s.choices) << ")";
     os << "\n";
   }
 }
@@ -220,9 +211,9 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
   print_registry(os, "loggers (trainer.loggers items; --trainer.loggers+=NAME):",
                  "trainer.loggers.N.", reg.loggers);
   print_registry(os, "profilers (--trainer.profiler=NAME):", "trainer.profiler.", reg.profilers);
-  os << "\naccelerators: " << quote_list(accelerator_names())
-     << "\nstrategies:   " << quote_list(strategy_names())
-     << "\nprecision:    " << quote_list(reg.precisions.names()) << "\n";
+  os << "\naccelerators: " << quoted_list(accelerator_names())
+     << "\nstrategies:   " << quoted_list(strategy_names())
+     << "\nprecision:    " << quoted_list(reg.precisions.names()) << "\n";
 }
 
 // ----------------------------------------------------------------------------------- building

@@ -1,7 +1,6 @@
 #include "volt/core/registry.h"
 
 #include <algorithm>
-#include <sstream>
 
 #include "volt/accelerators/accelerator.h"
 #include "volt/callbacks/early_stopping.h"
@@ -196,25 +195,60 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   return found;
 }
 
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string close = closest_match(word, candidates);
+  return close.empty() ? "" : " (did you mean \"" + close + "\"?)";
+}
+
+std::string quoted_list(const std::vector<std::string>& names, const std::string& empty_text) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "\"" : ", \"") + n + "\"";
+  return s.empty() ? empty_text : s;
+}
+
 void unknown_name(const std::string& kind, const std::string& name,
                   const std::vector<std::string>& valid) {
-  std::ostringstream os;
-  os << "[Registry] unknown " << kind << " \"" << name << "\"; valid names: ";
-  for (size_t i = 0; i < valid.size(); ++i) os << (i ? ", " : "") << '"' << valid[i] << '"';
-  if (valid.empty()) os << "(none registered)";
-  const std::string close = closest_match(name, valid);
-  if (!close.empty()) os << " (did you mean \"" << close << "\"?)";
-  os << ".";
-  throw ConfigError(os.str());
+  throw ConfigError("[Registry] unknown " + kind + " \"" + name + "\"; valid names: " +
+                    quoted_list(valid, "(none registered)") + did_you_mean(name, valid) + ".");
 }
 
 // ---------------------------------------------------------------------------------- built-ins
 
 namespace {
 
+/// A logger writing save_dir/name/version_N (CSVLogger, TensorBoardLogger): the options they
+/// share, with defaults read from its Options.
+template <typename L, typename O>
+void add_run_folder_logger(Registry& r, const char* name, const char* help) {
+  const O d("");
+  r.loggers.add(
+      name, help,
+      Params()
+          .add("save_dir", "", "root folder of all runs; \"\" = trainer.default_root_dir")
+          .add("name", d.name(), "experiment name (sub-folder)")
+          .add("version", d.version(), "version_N folder; -1 = next free")
+          .add("flush_logs_every_n_steps", d.flush_logs_every_n_steps(),
+               "flush to disk every N log calls"),
+      [](const Args& a, const LoggerContext& c) -> std::shared_ptr<Logger> {
+        const std::string& dir = a.get<std::string>("save_dir");
+        return std::make_shared<L>(
+            O(dir.empty() ? c.default_root_dir : dir)
+                .name(a.get<std::string>("name"))
+                .version(a.get<int64_t>("version"))
+                .flush_logs_every_n_steps(a.get<int64_t>("flush_logs_every_n_steps")));
+      });
+}
+
+const char* mode_name(Mode m) { return m == Mode::kMax ? "max" : "min"; }
+
 Mode mode_of(const Args& a) { return a.get<std::string>("mode") == "max" ? Mode::kMax : Mode::kMin; }
 
 void register_builtins(Registry& r) {
+  // Parameter defaults come from each Options struct, so they have one source.
+  const ModelCheckpointOptions mc;
+  const EarlyStoppingOptions es("");
+  const LearningRateMonitorOptions lm;
+  const TimerOptions tm;
   r.accelerators.add("cpu", "the host CPU", [] { return std::make_shared<CpuAccelerator>(); });
   r.accelerators.add("cuda", "NVIDIA GPUs (needs a CUDA build of libtorch)",
                      [] { return std::make_shared<CudaAccelerator>(); });
@@ -232,13 +266,15 @@ void register_builtins(Registry& r) {
   r.callbacks.add(
       "ModelCheckpoint", "saves checkpoints, keeping the best k by a monitored metric",
       Params()
-          .add("dirpath", "", "folder for checkpoints; \"\" = <log_dir>/checkpoints")
-          .add("filename", "{epoch}-{step}", "file name template, e.g. {epoch}-{val_loss:.3f}")
-          .add("monitor", "", "metric that ranks checkpoints; \"\" keeps the latest")
-          .choice("mode", "min", {"min", "max"}, "whether a lower or higher metric is better")
-          .add("save_top_k", int64_t{1}, "keep the best k files; -1 keeps all, 0 none")
-          .add("save_last", false, "also write last.ckpt")
-          .add("every_n_train_steps", int64_t{0}, "save every N optimizer steps; 0 = off")
+          .add("dirpath", mc.dirpath(), "folder for checkpoints; \"\" = <log_dir>/checkpoints")
+          .add("filename", mc.filename(), "file name template, e.g. {epoch}-{val_loss:.3f}")
+          .add("monitor", mc.monitor(), "metric that ranks checkpoints; \"\" keeps the latest")
+          .choice("mode", mode_name(mc.mode()), {"min", "max"},
+                  "whether a lower or higher metric is better")
+          .add("save_top_k", mc.save_top_k(), "keep the best k files; -1 keeps all, 0 none")
+          .add("save_last", mc.save_last(), "also write last.ckpt")
+          .add("every_n_train_steps", mc.every_n_train_steps(),
+               "save every N optimizer steps; 0 = off")
           .optional<int64_t>("every_n_epochs", "save every N epochs; none = 1 unless steps set"),
       [](const Args& a) -> std::shared_ptr<Callback> {
         ModelCheckpointOptions o;
@@ -257,14 +293,16 @@ void register_builtins(Registry& r) {
       "EarlyStopping", "stops training when a monitored metric stops improving",
       Params()
           .required<std::string>("monitor", "metric to watch, e.g. val_loss")
-          .add("min_delta", 0.0, "smallest change that counts as an improvement")
-          .add("patience", int64_t{3}, "checks without improvement before stopping")
-          .choice("mode", "min", {"min", "max"}, "whether a lower or higher metric is better")
-          .add("check_finite", true, "stop when the metric becomes NaN or inf")
+          .add("min_delta", es.min_delta(), "smallest change that counts as an improvement")
+          .add("patience", es.patience(), "checks without improvement before stopping")
+          .choice("mode", mode_name(es.mode()), {"min", "max"},
+                  "whether a lower or higher metric is better")
+          .add("check_finite", es.check_finite(), "stop when the metric becomes NaN or inf")
           .optional<double>("stopping_threshold", "stop as soon as the metric reaches this")
           .optional<double>("divergence_threshold", "stop as soon as the metric is worse than this")
-          .add("strict", true, "fail when the monitored metric is missing")
-          .add("check_on_train_epoch_end", false, "check after training epochs, not validation"),
+          .add("strict", es.strict(), "fail when the monitored metric is missing")
+          .add("check_on_train_epoch_end", es.check_on_train_epoch_end(),
+               "check after training epochs, not validation"),
       [](const Args& a) -> std::shared_ptr<Callback> {
         EarlyStoppingOptions o(a.get<std::string>("monitor"));
         o.min_delta(a.get<double>("min_delta"))
@@ -283,8 +321,8 @@ void register_builtins(Registry& r) {
       Params()
           .choice("logging_interval", "auto", {"auto", "step", "epoch"},
                   "auto = each scheduler's own interval")
-          .add("log_momentum", false, "also log momentum / beta1")
-          .add("log_weight_decay", false, "also log weight decay"),
+          .add("log_momentum", lm.log_momentum(), "also log momentum / beta1")
+          .add("log_weight_decay", lm.log_weight_decay(), "also log weight decay"),
       [](const Args& a) -> std::shared_ptr<Callback> {
         const std::string& i = a.get<std::string>("logging_interval");
         return std::make_shared<LearningRateMonitor>(
@@ -301,7 +339,7 @@ void register_builtins(Registry& r) {
       Params()
           .optional<std::string>("duration", "maximum training time as \"DD:HH:MM:SS\"")
           .choice("interval", "step", {"step", "epoch"}, "when the limit is checked")
-          .add("verbose", true, "print a line when the limit stops training"),
+          .add("verbose", tm.verbose(), "print a line when the limit stops training"),
       [](const Args& a) -> std::shared_ptr<Callback> {
         TimerOptions o;
         if (auto d = a.get_optional<std::string>("duration")) o.duration_s(Timer::parse_duration(*d));
@@ -325,34 +363,10 @@ void register_builtins(Registry& r) {
                   "logs train_samples_per_sec and train_batches_per_sec (validation time excluded)",
                   [] { return std::make_shared<ThroughputMonitor>(); });
 
-  const auto logger_params = [](int64_t flush_every) {
-    return Params()
-        .add("save_dir", "", "root folder of all runs; \"\" = trainer.default_root_dir")
-        .add("name", "volt_logs", "experiment name (sub-folder)")
-        .add("version", int64_t{-1}, "version_N folder; -1 = next free")
-        .add("flush_logs_every_n_steps", flush_every, "flush to disk every N log calls");
-  };
-  const auto save_dir = [](const Args& a, const LoggerContext& c) {
-    const std::string& d = a.get<std::string>("save_dir");
-    return d.empty() ? c.default_root_dir : d;
-  };
-  r.loggers.add("CSVLogger", "metrics.csv and hparams.yaml per run", logger_params(100),
-                [save_dir](const Args& a, const LoggerContext& c) -> std::shared_ptr<Logger> {
-                  return std::make_shared<CSVLogger>(
-                      CSVLoggerOptions(save_dir(a, c))
-                          .name(a.get<std::string>("name"))
-                          .version(a.get<int64_t>("version"))
-                          .flush_logs_every_n_steps(a.get<int64_t>("flush_logs_every_n_steps")));
-                });
-  r.loggers.add("TensorBoardLogger", "TensorBoard event files (scalars, hparams)",
-                logger_params(10),
-                [save_dir](const Args& a, const LoggerContext& c) -> std::shared_ptr<Logger> {
-                  return std::make_shared<TensorBoardLogger>(
-                      TensorBoardLoggerOptions(save_dir(a, c))
-                          .name(a.get<std::string>("name"))
-                          .version(a.get<int64_t>("version"))
-                          .flush_logs_every_n_steps(a.get<int64_t>("flush_logs_every_n_steps")));
-                });
+  add_run_folder_logger<CSVLogger, CSVLoggerOptions>(r, "CSVLogger",
+                                                     "metrics.csv and hparams.yaml per run");
+  add_run_folder_logger<TensorBoardLogger, TensorBoardLoggerOptions>(
+      r, "TensorBoardLogger", "TensorBoard event files (scalars, hparams)");
 }
 
 }  // namespace

@@ -7,16 +7,6 @@
 #include "volt/core/registry.h"
 
 namespace volt {
-namespace {
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "\"" : ", \"") + x + "\"";
-  return s;
-}
-
-}  // namespace
-
 std::vector<std::string> accelerator_names() {
   auto v = registry().accelerators.names();
   v.insert(v.begin(), "auto");
@@ -40,7 +30,7 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
   } else {
     VOLT_CHECK(reg.accelerators.contains(accelerator.name()), ConfigError,
                "[Trainer] unknown accelerator \"", accelerator.name(), "\"; valid names: ",
-               join(accelerator_names()), ".");
+               quoted_list(accelerator_names()), ".");
     plan.accelerator = reg.accelerators.create(accelerator.name());
   }
 
@@ -56,7 +46,7 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
   } else {
     VOLT_CHECK(reg.precisions.contains(precision.name()), ConfigError,
                "[Trainer] unknown precision \"", precision.name(), "\"; valid names: ",
-               join(precision_names()), " (bf16-mixed, 16-mixed and fp8 are on the roadmap).");
+               quoted_list(precision_names()), " (bf16-mixed, 16-mixed and fp8 are on the roadmap).");
     plan.precision = reg.precisions.create(precision.name());
   }
 
@@ -66,7 +56,7 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
   }
   const std::string& s = strategy.name();
   VOLT_CHECK(s == "auto" || reg.strategies.contains(s), ConfigError,
-             "[Trainer] unknown strategy \"", s, "\"; valid names: ", join(strategy_names()),
+             "[Trainer] unknown strategy \"", s, "\"; valid names: ", quoted_list(strategy_names()),
              " (ddp is on the roadmap).");
   // "auto" is single_device for one device; a multi-process strategy (ddp, ROADMAP) will be
   // picked here for several.

@@ -11,22 +11,7 @@
 
 namespace {
 
-// A real Logger that keeps what it receives in memory.
-class MemoryLogger : public volt::Logger {
- public:
-  std::string name() const override { return "memory"; }
-  std::string log_dir() override { return "/tmp"; }
-  void log_hyperparams(const std::map<std::string, std::string>&) override {}
-  void log_metrics(const volt::Metrics& m, int64_t step) override { records.emplace_back(step, m); }
-  std::vector<std::pair<int64_t, volt::Metrics>> with(const std::string& key) const {
-    std::vector<std::pair<int64_t, volt::Metrics>> out;
-    for (const auto& r : records) {
-      if (r.second.count(key)) out.push_back(r);
-    }
-    return out;
-  }
-  std::vector<std::pair<int64_t, volt::Metrics>> records;
-};
+using volt_test::MemoryLogger;
 
 std::vector<int64_t> steps_of(const std::vector<std::pair<int64_t, volt::Metrics>>& rows) {
   std::vector<int64_t> s;

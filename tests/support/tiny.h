@@ -31,6 +31,23 @@ inline std::shared_ptr<volt::TensorDataset> blobs(int64_t n = 256, int64_t dim =
   return std::make_shared<volt::TensorDataset>(x, y);
 }
 
+/// A real Logger that keeps what it receives in memory.
+class MemoryLogger : public volt::Logger {
+ public:
+  std::string name() const override { return "memory"; }
+  std::string log_dir() override { return "/tmp"; }
+  void log_hyperparams(const std::map<std::string, std::string>&) override {}
+  void log_metrics(const volt::Metrics& m, int64_t step) override { records.emplace_back(step, m); }
+  std::vector<std::pair<int64_t, volt::Metrics>> with(const std::string& key) const {
+    std::vector<std::pair<int64_t, volt::Metrics>> out;
+    for (const auto& r : records) {
+      if (r.second.count(key)) out.push_back(r);
+    }
+    return out;
+  }
+  std::vector<std::pair<int64_t, volt::Metrics>> records;
+};
+
 inline volt::DataLoader loader(std::shared_ptr<volt::TensorDataset> ds, int64_t bs = 16,
                                bool shuffle = true, int64_t workers = 0) {
   return volt::DataLoader(std::move(ds),

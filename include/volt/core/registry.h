@@ -154,6 +154,10 @@ class Args {
                                const std::vector<std::string>& valid);
 /// The entry of `candidates` closest to `word` by edit distance, or "" when none is close.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+/// " (did you mean \"x\"?)" for closest_match(word, candidates), or "" when none is close.
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+/// The names quoted and comma-separated ("\"a\", \"b\""); `empty_text` when there are none.
+std::string quoted_list(const std::vector<std::string>& names, const std::string& empty_text = "");
 /// Args from each parameter's default; throws ConfigError naming a required one.
 Args default_args(const std::string& owner, const Params& params);
 

@@ -21,12 +21,6 @@ std::string hint_for(const std::string& key) {
   return "";
 }
 
-std::string quote_list(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "\"" : ", \"") + x + "\"";
-  return s.empty() ? "(none)" : s;
-}
-
 [[noreturn]] void fail(const std::string& key, const ConfigNode& at, const std::string& msg) {
   throw ConfigError("[cli] " + key + " (" + at.origin + "): " + msg);
 }
@@ -43,7 +37,7 @@ void unknown_key(const std::string& prefix, const std::string& key, const Config
     msg += "; did you mean \"" + (prefix.empty() ? close : prefix + "." + close) + "\"?";
   } else {
     msg += "; valid keys" + std::string(prefix.empty() ? "" : " under " + prefix) + ": " +
-           quote_list(valid);
+           quoted_list(valid, "(none)");
   }
   throw ConfigError(msg + " (--help lists every option)");
 }
@@ -158,10 +152,9 @@ ParamValue parse_value(const std::string& key, const ConfigNode& n, const ParamS
       if (!spec.choices.empty()) {
         const auto& s = std::get<std::string>(v);
         if (std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
-          const std::string close = closest_match(s, spec.choices);
           fail(key, n,
-               "\"" + s + "\" is not one of " + quote_list(spec.choices) +
-                   (close.empty() ? "" : " (did you mean \"" + close + "\"?)") + ".");
+               "\"" + s + "\" is not one of " + quoted_list(spec.choices, "(none)") +
+                   did_you_mean(s, spec.choices) + ".");
         }
       }
       return v;
@@ -222,7 +215,7 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
     if (names.size() != 1) {
       throw ConfigError("[cli] " + key + " is required (" + n.origin + "); choose a " +
                         reg.kind() + " with --" + key + "=NAME or " + key +
-                        ".class_path in the config; registered: " + quote_list(names) + ".");
+                        ".class_path in the config; registered: " + quoted_list(names, "(none)") + ".");
     }
     class_path = names.front();
   } else {
@@ -236,18 +229,16 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
     if (cp == nullptr || cp->is_null()) {
       if (names.size() != 1) {
         throw ConfigError("[cli] " + key + ".class_path is required (" + n.origin +
-                          "); registered " + reg.kind() + "s: " + quote_list(names) + ".");
+                          "); registered " + reg.kind() + "s: " + quoted_list(names, "(none)") + ".");
       }
       class_path = names.front();
     } else {
       if (!cp->is_scalar()) fail(key + ".class_path", *cp, "expected a name, got " + cp->describe() + ".");
       class_path = cp->scalar;
       if (!reg.contains(class_path)) {
-        const std::string close = closest_match(class_path, names);
         fail(key + ".class_path", *cp,
              "unknown " + reg.kind() + " \"" + class_path + "\"; valid names: " +
-                 quote_list(names) + (close.empty() ? "" : " (did you mean \"" + close + "\"?)") +
-                 ".");
+                 quoted_list(names, "(none)") + did_you_mean(class_path, names) + ".");
       }
     }
     init_args = n.find("init_args");
