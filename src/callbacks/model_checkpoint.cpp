@@ -1,5 +1,6 @@
 #include "volt/callbacks/model_checkpoint.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <cmath>
@@ -46,6 +47,37 @@ void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
   if (dirpath_.empty()) {
     dirpath_ = options_.dirpath().empty() ? run.log_dir() + "/checkpoints" : options_.dirpath();
   }
+}
+
+std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) const {
+  struct stat st;
+  if (!last_model_path_.empty() && ::stat(last_model_path_.c_str(), &st) == 0) {
+    return last_model_path_;
+  }
+  const std::string dir = !dirpath_.empty()             ? dirpath_
+                          : !options_.dirpath().empty() ? options_.dirpath()
+                                                        : log_dir + "/checkpoints";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return "";
+  std::string newest;
+  struct timespec newest_time {};
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    // last.ckpt, last-v1.ckpt, ...: never temp files (they end in .tmp.<pid>).
+    if (name.rfind("last", 0) != 0 || name.size() < 9 ||
+        name.compare(name.size() - 5, 5, ".ckpt") != 0) {
+      continue;
+    }
+    const std::string path = dir + "/" + name;
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (newest.empty() || st.st_mtim.tv_sec > newest_time.tv_sec ||
+        (st.st_mtim.tv_sec == newest_time.tv_sec && st.st_mtim.tv_nsec > newest_time.tv_nsec)) {
+      newest = path;
+      newest_time = st.st_mtim;
+    }
+  }
+  ::closedir(d);
+  return newest;
 }
 
 std::string ModelCheckpoint::format_filename(const Metrics& metrics, int64_t epoch,

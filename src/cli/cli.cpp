@@ -16,7 +16,7 @@
 #include "volt/callbacks/callback.h"
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/core/check.h"
-#include "volt/core/data_module.h"
+#include "volt/data/data_module.h"
 #include "volt/core/module.h"
 #include "volt/core/registry.h"
 #include "volt/io/checkpoint_io.h"

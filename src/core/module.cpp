@@ -3,12 +3,10 @@
 #include <torch/torch.h>
 
 #include "volt/core/check.h"
-#include "volt/core/data_module.h"
-#include "volt/io/state.h"
 
 namespace volt {
 
-void ManualOptimizer::zero_grad() { volt::zero_grad(optimizer()); }
+void ManualOptimizer::zero_grad() { ctx_->manual_zero_grad(index_); }
 void ManualOptimizer::step() { ctx_->manual_step(index_); }
 torch::optim::Optimizer& ManualOptimizer::optimizer() {
   return *ctx_->optimizer_configs().at(index_).optimizer();
@@ -55,11 +53,5 @@ std::vector<std::shared_ptr<LRScheduler>> Module::lr_schedulers() {
 
 int64_t Module::current_epoch() const { return run_ ? run_->state().epoch : 0; }
 int64_t Module::global_step() const { return run_ ? run_->state().global_step : 0; }
-
-DataLoader DataModule::train_dataloader() {
-  VOLT_CHECK(false, ConfigError, "[DataModule] fit() needs train_dataloader(); override it in "
-             "your DataModule.");
-  throw InternalError("unreachable");
-}
 
 }  // namespace volt

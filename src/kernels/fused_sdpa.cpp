@@ -11,7 +11,7 @@
 
 #include "detail/sdpa_cpu.h"
 #include "volt/core/check.h"
-#include "volt/core/warn.h"
+#include "volt/core/log.h"
 
 namespace volt {
 namespace {
@@ -359,8 +359,8 @@ SdpaResult fused_sdpa(const at::Tensor& query, const at::Tensor& key, const at::
     VOLT_CHECK(!options.require_fused(), NotAvailable, "[FusedSDPA] the fused kernel does not "
                "apply: ", reason, "; drop require_fused(true) to use the reference "
                "composition.");
-    warn_once("sdpa-fallback:" + reason,
-              "[FusedSDPA] using the reference composition: " + reason + ".");
+    warn_once("sdpa-fallback:" + reason, "FusedSDPA",
+              "using the reference composition: " + reason + ".");
     SdpaOptions resolved = options;
     if (c.dropout_p > 0 || c.want_keep) resolved.dropout_seed(c.seed);
     resolved.recompute(c.recompute);

@@ -2,10 +2,9 @@
 
 #include <torch/nn/utils/clip_grad.h>
 
-#include <atomic>
-#include <cstdio>
 #include <limits>
 
+#include "volt/core/log.h"
 #include "volt/kernels/fused_clip_norm.h"
 
 namespace volt {
@@ -26,11 +25,8 @@ double Precision::clip_gradients(torch::optim::Optimizer& optimizer, double valu
     // for what it cannot take (non-CPU, sparse, half, non-contiguous gradients).
     const std::string why = FusedClipNorm::unsupported_reason(params);
     if (why.empty()) return fused_clip_grad_norm_(params, value, 2.0);
-    static std::atomic<bool> logged{false};
-    if (!logged.exchange(true)) {
-      std::fprintf(stderr, "[volt] gradient clipping uses torch::nn::utils::clip_grad_norm_: %s\n",
-                   why.c_str());
-    }
+    warn_once("clip-fallback:" + why, "Precision",
+              "gradient clipping uses torch::nn::utils::clip_grad_norm_: " + why);
     return torch::nn::utils::clip_grad_norm_(params, value, 2.0);
   }
   torch::nn::utils::clip_grad_value_(params, value);

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "volt/core/check.h"
-#include "volt/core/warn.h"
+#include "volt/core/log.h"
 #include "volt/io/checkpoint_io.h"
 
 namespace volt {
@@ -82,8 +82,8 @@ void SimpleProfiler::describe(const std::string& stage, const std::string& log_d
     }
   } catch (const std::exception& e) {
     // A report that cannot be written must not fail the run it describes.
-    warn_once("SimpleProfiler.describe",
-              std::string("[SimpleProfiler] could not write the report: ") + e.what());
+    warn_once("SimpleProfiler.describe", "SimpleProfiler",
+              std::string("could not write the report: ") + e.what());
     last_path_.clear();
   }
   stats_.clear();

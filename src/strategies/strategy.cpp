@@ -34,13 +34,44 @@ Batch Strategy::batch_to_device(const Batch& batch) const {
   return batch.to(dev, /*non_blocking=*/true);
 }
 
-void Strategy::backward(const at::Tensor& loss) { precision_->backward(loss); }
+at::Tensor Strategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  auto ctx = precision_->forward_context();
+  return module.training_step(batch, batch_idx);
+}
 
-bool Strategy::optimizer_step(torch::optim::Optimizer& optimizer,
-                              c10::optional<double> clip_value, ClipAlgorithm algorithm) {
+void Strategy::validation_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  auto ctx = precision_->forward_context();
+  module.validation_step(batch, batch_idx);
+}
+
+void Strategy::test_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  auto ctx = precision_->forward_context();
+  module.test_step(batch, batch_idx);
+}
+
+at::Tensor Strategy::predict_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  auto ctx = precision_->forward_context();
+  return module.predict_step(batch, batch_idx);
+}
+
+void Strategy::backward(const at::Tensor& loss, bool sync_gradients) {
+  precision_->backward(loss);
+}
+
+bool Strategy::optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
+                              ClipAlgorithm algorithm) {
   precision_->unscale_gradients(optimizer);
-  if (clip_value && *clip_value > 0) precision_->clip_gradients(optimizer, *clip_value, algorithm);
+  if (clip_value && *clip_value > 0) clip_gradients(optimizer, *clip_value, algorithm);
   return precision_->optimizer_step(optimizer);
+}
+
+double Strategy::clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                ClipAlgorithm algorithm) {
+  return precision_->clip_gradients(optimizer, value, algorithm);
+}
+
+void Strategy::zero_grad(torch::optim::Optimizer& optimizer) {
+  volt::zero_grad(optimizer);
 }
 
 void Strategy::save_model_state(const Module& module, torch::serialize::OutputArchive& ar) const {
@@ -61,6 +92,37 @@ void Strategy::load_optimizer_state(torch::optim::Optimizer& optimizer, const Mo
   volt::load_optimizer_state(optimizer, module, ar);
 }
 
+void Strategy::save_accumulated_gradients(const Module& module,
+                                          torch::serialize::OutputArchive& ar) const {
+  for (const auto& p : module.named_parameters(true)) {
+    if (p.value().grad().defined()) ar.write(p.key(), p.value().grad());
+  }
+}
+
+void Strategy::load_accumulated_gradients(Module& module, torch::serialize::InputArchive& ar) {
+  for (auto& p : module.named_parameters(true)) {
+    at::Tensor g;
+    if (ar.try_read(p.key(), g)) p.value().mutable_grad() = g.to(p.value().device());
+  }
+}
+
+std::map<std::string, at::Tensor> Strategy::rng_states() const {
+  std::map<std::string, at::Tensor> states = accelerator_->rng_states();
+  states["torch_cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+  return states;
+}
+
+void Strategy::set_rng_states(const std::map<std::string, at::Tensor>& states) {
+  auto it = states.find("torch_cpu");
+  VOLT_CHECK(it != states.end(), CheckpointError,
+             "[Strategy] the checkpoint has no torch_cpu generator state; it was not written by "
+             "volt's Trainer.");
+  // Generator is a refcounted handle; the default-generator accessor returns a const reference.
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  cpu.set_state(it->second);
+  accelerator_->set_rng_states(states);
+}
+
 void Strategy::save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path) {
   if (is_global_zero()) checkpoint_io_->save(archive, path);
 }
@@ -72,12 +134,5 @@ torch::serialize::InputArchive Strategy::load_checkpoint(const std::string& path
 void Strategy::remove_checkpoint(const std::string& path) {
   if (is_global_zero()) checkpoint_io_->remove(path);
 }
-
-SingleDeviceStrategy::SingleDeviceStrategy(c10::Device device,
-                                           std::shared_ptr<Accelerator> accelerator,
-                                           std::shared_ptr<Precision> precision,
-                                           std::shared_ptr<CheckpointIO> checkpoint_io)
-    : Strategy(std::move(accelerator), std::move(precision), std::move(checkpoint_io)),
-      device_(device) {}
 
 }  // namespace volt

@@ -1,4 +1,4 @@
-#include "detail/metric_store.h"
+#include "trainer/detail/metric_store.h"
 
 #include <torch/torch.h>
 

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "volt/core/check.h"
+#include "volt/accelerators/cuda.h"
 #include "volt/core/registry.h"
 
 namespace volt {

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "volt/core/check.h"
-#include "volt/trainer/state.h"
+#include "volt/core/loop_state.h"
 
 namespace volt {
 
@@ -89,29 +89,6 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", loggers=" << o.loggers().size()
      << ", profiler=" << (o.profiler() ? "set" : "none") << ")";
   return os;
-}
-
-const char* to_string(Stage s) {
-  switch (s) {
-    case Stage::kNone: return "none";
-    case Stage::kFit: return "fit";
-    case Stage::kValidate: return "validate";
-    case Stage::kTest: return "test";
-    case Stage::kPredict: return "predict";
-    case Stage::kSanityCheck: return "sanity_check";
-  }
-  return "?";
-}
-
-const char* to_string(RunStatus s) {
-  switch (s) {
-    case RunStatus::kInitializing: return "initializing";
-    case RunStatus::kRunning: return "running";
-    case RunStatus::kFinished: return "finished";
-    case RunStatus::kInterrupted: return "interrupted";
-    case RunStatus::kFailed: return "failed";
-  }
-  return "?";
 }
 
 }  // namespace volt

@@ -36,6 +36,10 @@ TEST(SimpleProfiler, TimesEveryStageAndHookOfAFit) {
   for (const char* action :
        {"training_step", "backward", "optimizer_step", "get_train_batch", "validation_step",
         "get_validation_batch", "[Module]on_train_epoch_start",
+        // Module hooks the loops call around the epoch-metric reduction and checkpointing go
+        // through the same dispatch point.
+        "[Module]on_train_epoch_end", "[Module]on_validation_epoch_end",
+        "[Module]on_save_checkpoint",
         "[Callback]ModelCheckpoint{monitor=,mode=min,every_n_train_steps=0,every_n_epochs=1}"
         ".on_validation_end",
         "FIT Profiler Report"}) {
@@ -61,6 +65,20 @@ TEST(SimpleProfiler, TimesEveryStageAndHookOfAFit) {
   EXPECT_EQ(calls_of("optimizer_step"), 16);
   EXPECT_EQ(calls_of("validation_step"), 8);
   EXPECT_EQ(calls_of("get_train_batch"), 18);  // 8 batches + the end-of-stream call, per epoch
+}
+
+TEST(SimpleProfiler, TimesTheTestPassModuleHooks) {
+  volt_test::TempDir dir;
+  auto prof = std::make_shared<volt::SimpleProfiler>(volt::SimpleProfilerOptions().filename("perf"));
+  volt_test::TinyClassifier model;
+  volt::Trainer trainer(options(dir.path, prof));
+  trainer.test(model, volt_test::loader(volt_test::blobs(64, 8, 2), 16, false));
+  std::ifstream in(prof->last_report_path());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  for (const char* action : {"[Module]on_test_epoch_start", "[Module]on_test_epoch_end", "test_step"}) {
+    EXPECT_NE(ss.str().find(action), std::string::npos) << action << "\n" << ss.str();
+  }
 }
 
 TEST(SimpleProfiler, UnwritableReportWarnsAndTheRunSucceeds) {

@@ -1,9 +1,11 @@
 #pragma once
 /// Accelerator: one kind of device (CPU, CUDA) — availability, device objects, sync.
 
+#include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace volt {
@@ -22,28 +24,11 @@ class Accelerator {
   virtual void setup_device(const c10::Device& device) {}
   /// Waits for queued work on the current device.
   virtual void synchronize() const {}
-};
-
-/// The host CPU: always available, one logical device (threads are set by the Trainer).
-class CpuAccelerator : public Accelerator {
- public:
-  std::string name() const override { return "cpu"; }
-  c10::Device device(int64_t index) const override;
-  int64_t device_count() const override { return 1; }
-};
-
-/// NVIDIA GPUs through libtorch's CUDA runtime. Constructing it in a build or on a machine
-/// without CUDA throws NotAvailable with the reason.
-class CudaAccelerator : public Accelerator {
- public:
-  CudaAccelerator();
-  std::string name() const override { return "cuda"; }
-  c10::Device device(int64_t index) const override;
-  int64_t device_count() const override;
-  void setup_device(const c10::Device& device) override;
-  void synchronize() const override;
-  /// True when libtorch has CUDA and at least one GPU is visible.
-  static bool available();
+  /// Random-generator states of this device kind by name, beyond the CPU generator (which the
+  /// Strategy always keeps); empty for the CPU.
+  virtual std::map<std::string, at::Tensor> rng_states() const { return {}; }
+  /// Restores states returned by rng_states(); names it does not know are ignored.
+  virtual void set_rng_states(const std::map<std::string, at::Tensor>& states) {}
 };
 
 }  // namespace volt

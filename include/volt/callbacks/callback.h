@@ -7,7 +7,7 @@
 #include <string>
 
 #include "volt/core/run_context.h"
-#include "volt/data/batch.h"
+#include "volt/core/batch.h"
 
 namespace volt {
 

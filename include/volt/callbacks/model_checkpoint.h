@@ -55,6 +55,9 @@ class ModelCheckpoint : public Callback {
   const std::string& last_model_path() const { return last_model_path_; }
   const std::map<std::string, double>& best_k_models() const { return best_k_models_; }
   const std::string& dirpath() const { return dirpath_; }
+  /// The checkpoint ckpt_path="last" resumes from: this run's last save, else the newest
+  /// last*.ckpt in this callback's folder (its dirpath, or `log_dir`/checkpoints); "" if none.
+  std::string find_last_checkpoint(const std::string& log_dir) const;
   /// Renders the filename template for the given metrics (without the .ckpt suffix).
   std::string format_filename(const Metrics& metrics, int64_t epoch, int64_t step) const;
 

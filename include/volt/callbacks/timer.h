@@ -9,7 +9,7 @@
 #include <string>
 
 #include "volt/callbacks/callback.h"
-#include "volt/optim/optimizer_config.h"
+#include "volt/core/optimizer_config.h"
 
 namespace volt {
 

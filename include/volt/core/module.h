@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "volt/core/run_context.h"
-#include "volt/data/batch.h"
-#include "volt/optim/optimizer_config.h"
+#include "volt/core/batch.h"
+#include "volt/core/optimizer_config.h"
 
 namespace volt {
 

@@ -8,15 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "volt/optim/optimizer_config.h"
-#include "volt/trainer/state.h"
+#include "volt/core/loop_state.h"
+#include "volt/core/optimizer_config.h"
+#include "volt/core/types.h"
 
 namespace volt {
 
 class Logger;
-
-/// How a logged value is aggregated across an epoch.
-enum class Reduce { kMean, kSum, kMax, kMin };
 
 /// Options of Module::log. on_step / on_epoch default by context: training steps log per step,
 /// validation/test steps and epoch hooks log per epoch (as in Lightning).
@@ -31,6 +29,9 @@ struct LogOptions {
   TORCH_ARG(Reduce, reduce) = Reduce::kMean;
   /// Send to loggers (false: only callback_metrics / progress bar). Default: true.
   TORCH_ARG(bool, logger) = true;
+  /// Reduce the value across processes with `reduce` (mean, sum, max, min) before it is used,
+  /// so every rank sees the same number (a no-op with one process). Default: false.
+  TORCH_ARG(bool, sync_dist) = false;
 };
 
 /// Implemented by the Trainer for the duration of a run. Modules and callbacks never see the
@@ -51,6 +52,11 @@ class RunContext {
   /// Folder of the first logger's run (e.g. save_dir/name/version_3), or default_root_dir.
   virtual std::string log_dir() const = 0;
   virtual bool is_global_zero() const = 0;
+  /// Number of processes in the job (1 without a data-parallel strategy).
+  virtual int64_t world_size() const = 0;
+  /// One decision for every rank: true when `decision` holds on all ranks (all = true) or on
+  /// any rank (all = false). Callbacks use it so ranks never diverge (e.g. stop or save).
+  virtual bool reduce_boolean_decision(bool decision, bool all = true) = 0;
   virtual int64_t max_epochs() const = 0;
   virtual int64_t max_steps() const = 0;
   /// Per-step metrics reach the loggers every this many optimizer steps.
@@ -61,6 +67,8 @@ class RunContext {
   virtual void manual_backward(const at::Tensor& loss) = 0;
   /// Manual optimization: one optimizer step through the strategy (counts as a global step).
   virtual void manual_step(size_t optimizer_index) = 0;
+  /// Manual optimization: sets this optimizer's gradients to none through the strategy.
+  virtual void manual_zero_grad(size_t optimizer_index) = 0;
 };
 
 }  // namespace volt

@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "volt/data/batch.h"
+#include "volt/core/batch.h"
 #include "volt/data/dataset.h"
 #include "volt/data/sampler.h"
 

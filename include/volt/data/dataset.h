@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "volt/data/batch.h"
+#include "volt/core/batch.h"
 
 namespace volt {
 

@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "volt/trainer/state.h"
+#include "volt/core/types.h"
 
 namespace volt {
 

@@ -9,10 +9,9 @@
 #include <memory>
 #include <string>
 
-namespace volt {
+#include "volt/core/types.h"
 
-/// Gradient clipping algorithms (Lightning's "norm" and "value").
-enum class ClipAlgorithm { kNorm, kValue };
+namespace volt {
 
 /// Base class of all precision modes. The default implementation is plain fp32 ("32-true");
 /// mixed modes override forward_context (autocast), backward (loss scaling) and
@@ -36,12 +35,6 @@ class Precision {
   virtual bool optimizer_step(torch::optim::Optimizer& optimizer);
   virtual void save_state(torch::serialize::OutputArchive& archive) const {}
   virtual void load_state(torch::serialize::InputArchive& archive) {}
-};
-
-/// Full fp32 training ("32-true", also "32").
-class Fp32Precision : public Precision {
- public:
-  std::string name() const override { return "32-true"; }
 };
 
 }  // namespace volt

@@ -1,17 +1,21 @@
 #pragma once
-/// Strategy: owns the accelerator, precision and checkpoint IO, and how the model is placed,
-/// backpropagated, stepped, reduced across processes and checkpointed.
+/// Strategy: owns the accelerator, precision and checkpoint IO, and decides how the model is
+/// placed, stepped, backpropagated, reduced across processes and checkpointed.
 
 #include <ATen/Tensor.h>
 #include <c10/util/Optional.h>
+#include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "volt/accelerators/accelerator.h"
-#include "volt/core/run_context.h"
-#include "volt/data/batch.h"
+#include "volt/core/batch.h"
+#include "volt/core/optimizer_config.h"
+#include "volt/core/types.h"
 #include "volt/io/checkpoint_io.h"
 #include "volt/precision/precision.h"
 
@@ -19,9 +23,16 @@ namespace volt {
 
 class Module;
 
-/// The Trainer talks to devices, precision and (later) process groups only through this class.
-/// Sharded strategies may partition parameters, gradients and optimizer state: nothing outside
-/// the Strategy assumes a parameter is whole or that optimizer state is local.
+/// Which part of the data this process reads: the data loaders shard by it.
+struct DataShard {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+};
+
+/// The Trainer talks to devices, numeric formats and process groups only through this class
+/// (Lightning's Strategy). Sharded strategies may partition parameters, gradients and optimizer
+/// state: nothing outside the Strategy assumes a parameter is whole, that optimizer state is
+/// local, or that there is one process. The defaults are right for one process on one device.
 class Strategy {
  public:
   Strategy(std::shared_ptr<Accelerator> accelerator, std::shared_ptr<Precision> precision,
@@ -29,34 +40,87 @@ class Strategy {
   virtual ~Strategy() = default;
   /// Registry name ("single_device").
   virtual std::string name() const = 0;
-  /// Creates process groups etc. Called once before anything else.
+
+  // ------------------------------------------------------------------ processes
+  /// Starts the other local processes of the job when volt must start them itself (Lightning's
+  /// launcher); called once at the start of each Trainer entry point, before setup_environment.
+  virtual void launch() {}
+  /// Creates process groups etc. Called at the start of each Trainer entry point.
   virtual void setup_environment() {}
-  /// Moves the module to the root device and lets precision convert it.
-  virtual void setup_module(Module& module);
-  virtual c10::Device root_device() const = 0;
-  virtual Batch batch_to_device(const Batch& batch) const;
-  virtual void backward(const at::Tensor& loss);
-  /// Unscales, optionally clips (value > 0), then steps; false if precision skipped the step.
-  virtual bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
-                              ClipAlgorithm algorithm);
-  /// Reduces a tensor across processes (identity for one process).
-  virtual at::Tensor reduce(const at::Tensor& value, Reduce op) const { return value; }
-  virtual void barrier() {}
+  /// Global rank of this process, 0-based.
   virtual int64_t rank() const { return 0; }
+  /// Rank of this process on its node.
+  virtual int64_t local_rank() const { return 0; }
+  /// Index of this process's node.
+  virtual int64_t node_rank() const { return 0; }
+  /// Number of processes in the job.
   virtual int64_t world_size() const { return 1; }
   bool is_global_zero() const { return rank() == 0; }
+  /// The shard of each data set this process reads (the distributed sampler's rank/size).
+  virtual DataShard data_shard() const { return {rank(), world_size()}; }
+  virtual void teardown() {}
 
+  // ------------------------------------------------------------------ model and optimizers
+  virtual c10::Device root_device() const = 0;
+  /// Moves the module to the root device and lets precision convert it (DDP also broadcasts the
+  /// weights and builds its gradient buckets here).
+  virtual void setup_module(Module& module);
+  /// Adapts the optimizers configure_optimizers returned (ZeRO partitions their state here).
+  virtual void setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) {}
+  virtual Batch batch_to_device(const Batch& batch) const;
+
+  // ------------------------------------------------------------------ steps
+  /// Runs module.training_step inside the precision's forward context.
+  virtual at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx);
+  virtual void validation_step(Module& module, const Batch& batch, int64_t batch_idx);
+  virtual void test_step(Module& module, const Batch& batch, int64_t batch_idx);
+  virtual at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx);
+  /// Backpropagates `loss` through the precision. `sync_gradients` is false on micro-batches
+  /// that only accumulate: a data-parallel strategy skips its gradient all-reduce there (no_sync).
+  virtual void backward(const at::Tensor& loss, bool sync_gradients = true);
+  /// Unscales, optionally clips (value > 0), then steps; false if precision skipped the step
+  /// (e.g. inf gradients under loss scaling).
+  virtual bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
+                              ClipAlgorithm algorithm);
+  /// Clips this optimizer's gradients in place; for kNorm returns the total norm over every
+  /// shard of every parameter (sharded strategies reduce it), else NaN.
+  virtual double clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                ClipAlgorithm algorithm);
+  /// Sets every gradient of the optimizer's parameters to none.
+  virtual void zero_grad(torch::optim::Optimizer& optimizer);
+
+  // ------------------------------------------------------------------ collectives
+  /// Reduces a tensor across processes (identity for one process).
+  virtual at::Tensor reduce(const at::Tensor& value, Reduce op) const { return value; }
+  /// Rank `src`'s value on every rank (identity for one process).
+  virtual at::Tensor broadcast(const at::Tensor& value, int64_t src = 0) const { return value; }
+  /// Every rank's value, in rank order (equal shapes).
+  virtual std::vector<at::Tensor> all_gather(const at::Tensor& value) const { return {value}; }
+  /// Waits until every process reaches the barrier.
+  virtual void barrier(const std::string& name = "") {}
+  /// One decision for all ranks, so callbacks (EarlyStopping, ModelCheckpoint) never diverge:
+  /// true when `decision` holds on every rank (all = true) or on any rank (all = false).
+  virtual bool reduce_boolean_decision(bool decision, bool all = true) const { return decision; }
+
+  // ------------------------------------------------------------------ checkpoint state
   virtual void save_model_state(const Module& module, torch::serialize::OutputArchive& ar) const;
   virtual void load_model_state(Module& module, torch::serialize::InputArchive& ar) const;
   virtual void save_optimizer_state(const torch::optim::Optimizer& optimizer, const Module& module,
                                     torch::serialize::OutputArchive& ar) const;
   virtual void load_optimizer_state(torch::optim::Optimizer& optimizer, const Module& module,
                                     torch::serialize::InputArchive& ar) const;
+  /// The partial gradient sums of an interrupted accumulation, by parameter name.
+  virtual void save_accumulated_gradients(const Module& module,
+                                          torch::serialize::OutputArchive& ar) const;
+  virtual void load_accumulated_gradients(Module& module, torch::serialize::InputArchive& ar);
+  /// Random-generator states of this process by name ("torch_cpu", plus the accelerator's).
+  virtual std::map<std::string, at::Tensor> rng_states() const;
+  /// Restores states from rng_states(); a missing "torch_cpu" is a CheckpointError.
+  virtual void set_rng_states(const std::map<std::string, at::Tensor>& states);
   /// Writes the checkpoint (only the global-zero process writes).
   virtual void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path);
   virtual torch::serialize::InputArchive load_checkpoint(const std::string& path);
   virtual void remove_checkpoint(const std::string& path);
-  virtual void teardown() {}
 
   Accelerator& accelerator() const { return *accelerator_; }
   Precision& precision() const { return *precision_; }
@@ -66,19 +130,6 @@ class Strategy {
   std::shared_ptr<Accelerator> accelerator_;
   std::shared_ptr<Precision> precision_;
   std::shared_ptr<CheckpointIO> checkpoint_io_;
-};
-
-/// One process, one device ("single_device").
-class SingleDeviceStrategy : public Strategy {
- public:
-  SingleDeviceStrategy(c10::Device device, std::shared_ptr<Accelerator> accelerator,
-                       std::shared_ptr<Precision> precision,
-                       std::shared_ptr<CheckpointIO> checkpoint_io = nullptr);
-  std::string name() const override { return "single_device"; }
-  c10::Device root_device() const override { return device_; }
-
- private:
-  c10::Device device_;
 };
 
 }  // namespace volt

@@ -7,10 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "volt/core/data_module.h"
+#include "volt/core/loop_state.h"
 #include "volt/core/module.h"
 #include "volt/data/data_loader.h"
-#include "volt/trainer/state.h"
+#include "volt/data/data_module.h"
+#include "volt/trainer/threads.h"
 #include "volt/trainer/trainer_options.h"
 
 namespace volt {
@@ -28,8 +29,9 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  /// Trains; with ckpt_path resumes exactly from that checkpoint ("last" = the newest last.ckpt
-  /// of this run's ModelCheckpoint).
+  /// Trains; with ckpt_path resumes exactly from that checkpoint. "last" resumes from the newest
+  /// last*.ckpt of the run's ModelCheckpoint (or starts fresh, with a warning, when there is
+  /// none), "best" from its best checkpoint; other entry points load the weights the same way.
   void fit(Module& module, DataModule& data, const std::string& ckpt_path = "");
   void fit(Module& module, DataLoader train, c10::optional<DataLoader> val = c10::nullopt,
            const std::string& ckpt_path = "");
@@ -58,6 +60,7 @@ class Trainer {
   std::string log_dir() const;
 
  private:
+  Metrics run_eval(Module& module, Stage stage, DataLoader& loader, const std::string& ckpt_path);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -65,10 +68,5 @@ class Trainer {
 /// Seeds torch's global generator (and returns the seed) — Lightning's seed_everything.
 uint64_t seed_everything(uint64_t seed);
 
-/// Applies volt's thread defaults (see TrainerOptions::num_threads) and returns the count set.
-int64_t configure_threads(int64_t requested);
-
-/// True when libtorch's BLAS is the slow reference implementation (no OpenBLAS/MKL loaded).
-bool reference_blas_active();
 
 }  // namespace volt

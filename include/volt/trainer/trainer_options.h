@@ -11,7 +11,7 @@
 
 #include "volt/core/limit.h"
 #include "volt/core/spec.h"
-#include "volt/precision/precision.h"
+#include "volt/core/types.h"
 
 namespace volt {
 
@@ -20,6 +20,7 @@ class Strategy;
 class Callback;
 class Logger;
 class Profiler;
+class Precision;
 
 struct TrainerOptions {
   /// "auto", "cpu", "cuda" or an Accelerator object. Default: "auto".

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "volt/core/run_context.h"
-#include "volt/trainer/state.h"
+#include "volt/core/loop_state.h"
 
 namespace volt {
 namespace detail {

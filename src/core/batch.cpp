@@ -1,4 +1,4 @@
-#include "volt/data/batch.h"
+#include "volt/core/batch.h"
 
 #include <torch/torch.h>
 

@@ -1,6 +1,7 @@
 #pragma once
 /// What configure_optimizers returns: optimizers, each with an optional LR scheduler.
 
+#include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
 #include <memory>
@@ -8,12 +9,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "volt/optim/lr_scheduler.h"
+#include "volt/core/types.h"
 
 namespace volt {
 
-/// When a scheduler steps: after every `frequency` optimizer steps, or every `frequency` epochs.
-enum class Interval { kStep, kEpoch };
+class LRScheduler;  // optim/lr_scheduler.h
 
 /// One optimizer and its optional scheduler.
 struct OptimizerConfig {

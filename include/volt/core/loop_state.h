@@ -1,19 +1,11 @@
 #pragma once
-/// Small enums and the loop progress that callbacks and modules may read.
+/// LoopState: the loop progress that callbacks and modules may read.
 
 #include <cstdint>
-#include <map>
-#include <string>
+
+#include "volt/core/types.h"
 
 namespace volt {
-
-/// What the Trainer is doing.
-enum class Stage { kNone, kFit, kValidate, kTest, kPredict, kSanityCheck };
-/// How the current or last run ended.
-enum class RunStatus { kInitializing, kRunning, kFinished, kInterrupted, kFailed };
-
-const char* to_string(Stage s);
-const char* to_string(RunStatus s);
 
 /// Loop progress. Saved in every checkpoint; a resume restores it exactly.
 struct LoopState {
@@ -30,8 +22,5 @@ struct LoopState {
   bool val_pending = false;           ///< a due validation check has not yet run
   bool should_stop = false;           ///< a callback asked to stop
 };
-
-/// Metrics visible to callbacks (monitor keys) and returned by validate()/test().
-using Metrics = std::map<std::string, double>;
 
 }  // namespace volt

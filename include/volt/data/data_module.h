@@ -4,7 +4,7 @@
 #include <c10/util/Optional.h>
 
 #include "volt/data/data_loader.h"
-#include "volt/trainer/state.h"
+#include "volt/core/types.h"
 
 namespace volt {
 

@@ -1,16 +1,10 @@
-#include "volt/accelerators/accelerator.h"
+#include "volt/accelerators/cuda.h"
 
 #include <torch/cuda.h>
 
 #include "volt/core/check.h"
 
 namespace volt {
-
-c10::Device CpuAccelerator::device(int64_t index) const {
-  VOLT_CHECK(index == 0, ConfigError, "[CpuAccelerator] device index ", index,
-             " requested; the CPU accelerator has one device (index 0).");
-  return c10::Device(c10::kCPU);
-}
 
 bool CudaAccelerator::available() { return torch::cuda::is_available(); }
 

@@ -1,0 +1,119 @@
+// Registers this folder's built-in names; called once from registry() (src/trainer/builtins.cpp).
+#include "volt/callbacks/early_stopping.h"
+#include "volt/callbacks/lr_monitor.h"
+#include "volt/callbacks/model_checkpoint.h"
+#include "volt/callbacks/throughput_monitor.h"
+#include "volt/callbacks/timer.h"
+#include "volt/core/registry.h"
+
+namespace volt::detail {
+namespace {
+
+const char* mode_name(Mode m) {
+  return m == Mode::kMax ? "max" : "min";
+}
+
+Mode mode_of(const Args& a) {
+  return a.get<std::string>("mode") == "max" ? Mode::kMax : Mode::kMin;
+}
+
+}  // namespace
+
+void register_callbacks(Registry& r) {
+  // Parameter defaults come from each Options struct, so they have one source.
+  const ModelCheckpointOptions mc;
+  const EarlyStoppingOptions es("");
+  const LearningRateMonitorOptions lm;
+  const TimerOptions tm;
+  r.callbacks.add(
+      "ModelCheckpoint", "saves checkpoints, keeping the best k by a monitored metric",
+      Params()
+          .add("dirpath", mc.dirpath(), "folder for checkpoints; \"\" = <log_dir>/checkpoints")
+          .add("filename", mc.filename(), "file name template, e.g. {epoch}-{val_loss:.3f}")
+          .add("monitor", mc.monitor(), "metric that ranks checkpoints; \"\" keeps the latest")
+          .choice("mode", mode_name(mc.mode()), {"min", "max"},
+                  "whether a lower or higher metric is better")
+          .add("save_top_k", mc.save_top_k(), "keep the best k files; -1 keeps all, 0 none")
+          .add("save_last", mc.save_last(), "also write last.ckpt")
+          .add("every_n_train_steps", mc.every_n_train_steps(),
+               "save every N optimizer steps; 0 = off")
+          .optional<int64_t>("every_n_epochs", "save every N epochs; none = 1 unless steps set"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        ModelCheckpointOptions o;
+        o.dirpath(a.get<std::string>("dirpath"))
+            .filename(a.get<std::string>("filename"))
+            .monitor(a.get<std::string>("monitor"))
+            .mode(mode_of(a))
+            .save_top_k(a.get<int64_t>("save_top_k"))
+            .save_last(a.get<bool>("save_last"))
+            .every_n_train_steps(a.get<int64_t>("every_n_train_steps"));
+        if (auto n = a.get_optional<int64_t>("every_n_epochs")) o.every_n_epochs(*n);
+        return std::make_shared<ModelCheckpoint>(o);
+      });
+
+  r.callbacks.add(
+      "EarlyStopping", "stops training when a monitored metric stops improving",
+      Params()
+          .required<std::string>("monitor", "metric to watch, e.g. val_loss")
+          .add("min_delta", es.min_delta(), "smallest change that counts as an improvement")
+          .add("patience", es.patience(), "checks without improvement before stopping")
+          .choice("mode", mode_name(es.mode()), {"min", "max"},
+                  "whether a lower or higher metric is better")
+          .add("check_finite", es.check_finite(), "stop when the metric becomes NaN or inf")
+          .optional<double>("stopping_threshold", "stop as soon as the metric reaches this")
+          .optional<double>("divergence_threshold", "stop as soon as the metric is worse than this")
+          .add("strict", es.strict(), "fail when the monitored metric is missing")
+          .add("check_on_train_epoch_end", es.check_on_train_epoch_end(),
+               "check after training epochs, not validation"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        EarlyStoppingOptions o(a.get<std::string>("monitor"));
+        o.min_delta(a.get<double>("min_delta"))
+            .patience(a.get<int64_t>("patience"))
+            .mode(mode_of(a))
+            .check_finite(a.get<bool>("check_finite"))
+            .strict(a.get<bool>("strict"))
+            .check_on_train_epoch_end(a.get<bool>("check_on_train_epoch_end"));
+        if (auto v = a.get_optional<double>("stopping_threshold")) o.stopping_threshold(*v);
+        if (auto v = a.get_optional<double>("divergence_threshold")) o.divergence_threshold(*v);
+        return std::make_shared<EarlyStopping>(o);
+      });
+
+  r.callbacks.add("LearningRateMonitor",
+                  "logs learning rates (and optionally momentum, weight decay)",
+                  Params()
+                      .choice("logging_interval", "auto", {"auto", "step", "epoch"},
+                              "auto = each scheduler's own interval")
+                      .add("log_momentum", lm.log_momentum(), "also log momentum / beta1")
+                      .add("log_weight_decay", lm.log_weight_decay(), "also log weight decay"),
+                  [](const Args& a) -> std::shared_ptr<Callback> {
+                    const std::string& i = a.get<std::string>("logging_interval");
+                    return std::make_shared<LearningRateMonitor>(
+                        LearningRateMonitorOptions()
+                            .logging_interval(i == "step"    ? LoggingInterval::kStep
+                                              : i == "epoch" ? LoggingInterval::kEpoch
+                                                             : LoggingInterval::kAuto)
+                            .log_momentum(a.get<bool>("log_momentum"))
+                            .log_weight_decay(a.get<bool>("log_weight_decay")));
+                  });
+
+  r.callbacks.add(
+      "Timer", "measures stage times; stops fit after a maximum duration",
+      Params()
+          .optional<std::string>("duration", "maximum training time as \"DD:HH:MM:SS\"")
+          .choice("interval", "step", {"step", "epoch"}, "when the limit is checked")
+          .add("verbose", tm.verbose(), "print a line when the limit stops training"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        TimerOptions o;
+        if (auto d = a.get_optional<std::string>("duration"))
+          o.duration_s(Timer::parse_duration(*d));
+        o.interval(a.get<std::string>("interval") == "epoch" ? Interval::kEpoch : Interval::kStep)
+            .verbose(a.get<bool>("verbose"));
+        return std::make_shared<Timer>(o);
+      });
+
+  r.callbacks.add("ThroughputMonitor",
+                  "logs train_samples_per_sec and train_batches_per_sec (validation time excluded)",
+                  [] { return std::make_shared<ThroughputMonitor>(); });
+}
+
+}  // namespace volt::detail

@@ -1,0 +1,214 @@
+// The Trainer's checkpoint: what a full checkpoint holds and how a run is restored from one.
+// Everything that depends on how state is placed or partitioned goes through the Strategy.
+#include <torch/torch.h>
+
+#include "trainer/detail/run.h"
+#include "volt/callbacks/model_checkpoint.h"
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/optim/lr_scheduler.h"
+
+namespace volt {
+namespace detail {
+namespace {
+
+constexpr int64_t kCheckpointFormat = 1;
+
+/// Writes a nested archive under `key`, filled by `fill(archive)`.
+template <typename F>
+void write_nested(torch::serialize::OutputArchive& parent, const std::string& key, F&& fill) {
+  torch::serialize::OutputArchive ar;
+  fill(ar);
+  parent.write(key, ar);
+}
+
+}  // namespace
+
+void write_checkpoint(Run& run, torch::serialize::OutputArchive& root) {
+  VOLT_CHECK(run.module != nullptr && run.optimizers_ready, ConfigError,
+             "[Trainer] save_checkpoint() needs a module set up by fit(); call it during or "
+             "after fit().");
+  Strategy& strategy = run.strategy();
+  Module& module = *run.module;
+  const LoopState& st = run.st;
+  root.write("volt_format", c10::IValue(kCheckpointFormat));
+  write_nested(root, "state_dict", [&](auto& ar) { strategy.save_model_state(module, ar); });
+
+  write_nested(root, "optimizers", [&](auto& ar) {
+    ar.write("count", c10::IValue(static_cast<int64_t>(run.optimizers.size())));
+    for (size_t i = 0; i < run.optimizers.size(); ++i) {
+      const auto& config = run.optimizers[i];
+      write_nested(ar, "optimizer_" + std::to_string(i), [&](auto& one) {
+        strategy.save_optimizer_state(*config.optimizer(), module, one);
+      });
+      if (config.scheduler()) {
+        write_nested(ar, "scheduler_" + std::to_string(i),
+                     [&](auto& sched) { config.scheduler()->save(sched); });
+      }
+    }
+  });
+
+  write_nested(root, "loop", [&](auto& loop) {
+    loop.write("epoch", c10::IValue(st.epoch));
+    loop.write("global_step", c10::IValue(st.global_step));
+    loop.write("batches_done", c10::IValue(st.batches_done));
+    loop.write("total_batches_done", c10::IValue(st.total_batches_done));
+    loop.write("accumulated", c10::IValue(st.accumulated));
+    loop.write("epoch_finished", c10::IValue(st.epoch_finished));
+    loop.write("val_pending", c10::IValue(st.val_pending));
+  });
+
+  write_nested(root, "rng", [&](auto& rng) {
+    for (const auto& kv : strategy.rng_states()) rng.write(kv.first, kv.second);
+  });
+  // Mid-accumulation: the partial gradient sum is part of the exact state.
+  write_nested(root, "grads", [&](auto& grads) {
+    if (st.accumulated > 0) strategy.save_accumulated_gradients(module, grads);
+  });
+  write_nested(root, "train_epoch_metrics", [&](auto& ar) { run.train_metrics.save(ar); });
+  write_nested(root, "callbacks", [&](auto& cbs) {
+    for (auto& c : run.callbacks) {
+      write_nested(cbs, c->state_key(), [&](auto& one) { c->save_state(one); });
+    }
+  });
+  write_nested(root, "loggers", [&](auto& lgs) {
+    for (size_t i = 0; i < run.loggers_.size(); ++i) {
+      write_nested(lgs, std::to_string(i) + "_" + run.loggers_[i]->name(),
+                   [&](auto& one) { run.loggers_[i]->save_state(one); });
+    }
+  });
+  write_nested(root, "precision", [&](auto& ar) { strategy.precision().save_state(ar); });
+  write_nested(root, "module", [&](auto& user) {
+    run.module_hook("on_save_checkpoint", [&](Module& m) { m.on_save_checkpoint(user); });
+  });
+}
+
+void restore_checkpoint(Run& run, const std::string& path, bool full) {
+  Strategy& strategy = run.strategy();
+  Module& module = *run.module;
+  LoopState& st = run.st;
+  torch::serialize::InputArchive root = strategy.load_checkpoint(path);
+  c10::IValue fmt;
+  VOLT_CHECK(root.try_read("volt_format", fmt) && fmt.isInt(), CheckpointError, "[Checkpoint] '",
+             path, "' has no volt_format entry; it was not written by volt's Trainer.");
+  VOLT_CHECK(fmt.toInt() == kCheckpointFormat, CheckpointError, "[Checkpoint] '", path,
+             "' has trainer format ", fmt.toInt(), "; this volt reads format ", kCheckpointFormat,
+             ".");
+  torch::serialize::InputArchive model_ar;
+  root.read("state_dict", model_ar);
+  try {
+    strategy.load_model_state(module, model_ar);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(std::string(e.what()) + " (checkpoint: '" + path + "')");
+  }
+  if (!full) return;
+
+  torch::serialize::InputArchive opts_ar;
+  root.read("optimizers", opts_ar);
+  c10::IValue count;
+  opts_ar.read("count", count);
+  VOLT_CHECK(count.toInt() == static_cast<int64_t>(run.optimizers.size()), CheckpointError,
+             "[Checkpoint] '", path, "' holds ", count.toInt(),
+             " optimizers but configure_optimizers returned ", run.optimizers.size(),
+             "; resume with the same module setup.");
+  for (size_t i = 0; i < run.optimizers.size(); ++i) {
+    auto& config = run.optimizers[i];
+    torch::serialize::InputArchive one;
+    opts_ar.read("optimizer_" + std::to_string(i), one);
+    strategy.load_optimizer_state(*config.optimizer(), module, one);
+    torch::serialize::InputArchive sched;
+    const bool has = opts_ar.try_read("scheduler_" + std::to_string(i), sched);
+    VOLT_CHECK(has == static_cast<bool>(config.scheduler()), CheckpointError, "[Checkpoint] '",
+               path, "': optimizer ", i, (has ? " had" : " had no"),
+               " LR scheduler when saved but now ", (has ? "has none" : "has one"),
+               "; resume with the same configure_optimizers.");
+    if (has) config.scheduler()->load(sched);
+  }
+
+  torch::serialize::InputArchive loop;
+  root.read("loop", loop);
+  auto read = [&](const char* k) {
+    c10::IValue v;
+    loop.read(k, v);
+    return v;
+  };
+  st.epoch = read("epoch").toInt();
+  st.global_step = read("global_step").toInt();
+  st.batches_done = read("batches_done").toInt();
+  st.total_batches_done = read("total_batches_done").toInt();
+  st.accumulated = read("accumulated").toInt();
+  st.epoch_finished = read("epoch_finished").toBool();
+  st.val_pending = read("val_pending").toBool();
+
+  torch::serialize::InputArchive rng;
+  root.read("rng", rng);
+  std::map<std::string, at::Tensor> states;
+  for (const auto& key : rng.keys()) {
+    at::Tensor t;
+    rng.read(key, t);
+    states[key] = t;
+  }
+  strategy.set_rng_states(states);
+
+  torch::serialize::InputArchive grads;
+  root.read("grads", grads);
+  if (st.accumulated > 0) strategy.load_accumulated_gradients(module, grads);
+
+  torch::serialize::InputArchive metrics;
+  root.read("train_epoch_metrics", metrics);
+  run.train_metrics.load(metrics);
+
+  torch::serialize::InputArchive cbs;
+  root.read("callbacks", cbs);
+  for (auto& c : run.callbacks) {
+    torch::serialize::InputArchive one;
+    if (cbs.try_read(c->state_key(), one)) c->load_state(one);
+  }
+  torch::serialize::InputArchive lgs;
+  root.read("loggers", lgs);
+  for (size_t i = 0; i < run.loggers_.size(); ++i) {
+    torch::serialize::InputArchive one;
+    if (lgs.try_read(std::to_string(i) + "_" + run.loggers_[i]->name(), one)) {
+      run.loggers_[i]->load_state(one, st.global_step);
+    }
+  }
+  torch::serialize::InputArchive prec;
+  root.read("precision", prec);
+  strategy.precision().load_state(prec);
+  torch::serialize::InputArchive user;
+  root.read("module", user);
+  run.module_hook("on_load_checkpoint", [&](Module& m) { m.on_load_checkpoint(user); });
+}
+
+std::string resolve_ckpt_path(Run& run, const std::string& ckpt_path, Stage stage) {
+  if (ckpt_path != "last" && ckpt_path != "best") return ckpt_path;
+  std::vector<ModelCheckpoint*> checkpoints;
+  for (auto& c : run.callbacks) {
+    if (auto* mc = dynamic_cast<ModelCheckpoint*>(c.get())) checkpoints.push_back(mc);
+  }
+  VOLT_CHECK(!checkpoints.empty(), ConfigError, "[Trainer] ckpt_path=\"", ckpt_path,
+             "\" needs a ModelCheckpoint callback to find the checkpoint; add one (or keep "
+             "enable_checkpointing=true), or pass the checkpoint's path.");
+  if (ckpt_path == "best") {
+    for (auto* mc : checkpoints) {
+      if (!mc->best_model_path().empty()) return mc->best_model_path();
+    }
+    VOLT_CHECK(false, ConfigError,
+               "[Trainer] ckpt_path=\"best\" but no best checkpoint exists "
+               "yet; run fit() with a ModelCheckpoint first, or pass the checkpoint's path.");
+  }
+  std::string newest;
+  for (auto* mc : checkpoints) {
+    const std::string found = mc->find_last_checkpoint(run.log_dir());
+    if (!found.empty() && newest.empty()) newest = found;
+  }
+  if (newest.empty()) {
+    log_warning("Trainer", std::string("ckpt_path=\"last\" but no last checkpoint exists; ") +
+                               (stage == Stage::kFit ? "training starts from scratch."
+                                                     : "using the current weights."));
+  }
+  return newest;
+}
+
+}  // namespace detail
+}  // namespace volt

@@ -1,0 +1,174 @@
+#pragma once
+// Private: the Trainer's state during a run and the services its loops share. It implements
+// RunContext (what modules and callbacks see). The loops live in src/trainer/loops/, the
+// checkpoint assembly in src/trainer/checkpoint_state.cpp; each takes a Run&.
+
+#include <ATen/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainer/detail/metric_store.h"
+#include "volt/callbacks/callback.h"
+#include "volt/core/loop_state.h"
+#include "volt/core/module.h"
+#include "volt/core/run_context.h"
+#include "volt/data/data_loader.h"
+#include "volt/loggers/logger.h"
+#include "volt/profiler/profiler.h"
+#include "volt/strategies/strategy.h"
+#include "volt/trainer/plan.h"
+#include "volt/trainer/trainer_options.h"
+
+namespace volt {
+namespace detail {
+
+class OptimizationStep;
+
+using Clock = std::chrono::steady_clock;
+
+/// Which part of the loop is running: decides Module::log's on_step/on_epoch defaults.
+enum class LogScope { kNone, kTrainStep, kTrainEpochEnd, kEval };
+
+class Run : public RunContext {
+ public:
+  Run();
+  ~Run() override;
+
+  TrainerOptions opts;
+  RunPlan plan;
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  std::vector<std::shared_ptr<Logger>> loggers_;
+  LoopState st;
+  Module* module = nullptr;
+  std::vector<OptimizerConfig> optimizers;
+  bool optimizers_ready = false;
+  /// One automatic-optimization step; replaceable (e.g. by a captured graph of the step).
+  std::unique_ptr<OptimizationStep> step;
+
+  MetricStore train_metrics, eval_metrics;
+  MetricStore* active_metrics = &train_metrics;
+  LogScope scope = LogScope::kNone;
+  int64_t current_batch_size = 1;
+  Metrics epoch_metrics;  // reduced epoch values (host) visible to callbacks
+  Metrics logged;         // last values sent to loggers
+  Metrics prog_bar_epoch;
+  mutable Metrics cb_cache, pb_cache;
+  mutable bool cache_dirty = true;
+  Clock::time_point fit_start;
+  bool fast_dev = false;
+  Profiler* prof = nullptr;  // opts.profiler(), or null
+
+  Strategy& strategy() const { return *plan.strategy; }
+
+  // ---------------------------------------------------------------- RunContext
+  const LoopState& state() const override { return st; }
+  const Metrics& callback_metrics() const override;
+  const Metrics& progress_bar_metrics() const override;
+  void log(const std::string& name, const at::Tensor& value, const LogOptions& o) override;
+  void save_checkpoint(const std::string& path) override;
+  void request_stop() override { st.should_stop = true; }
+  std::string log_dir() const override;
+  bool is_global_zero() const override { return plan.strategy->is_global_zero(); }
+  int64_t world_size() const override { return plan.strategy->world_size(); }
+  bool reduce_boolean_decision(bool decision, bool all) override {
+    return plan.strategy->reduce_boolean_decision(decision, all);
+  }
+  int64_t max_epochs() const override { return resolved_max_epochs(); }
+  int64_t max_steps() const override { return opts.max_steps(); }
+  int64_t log_every_n_steps() const override { return opts.log_every_n_steps(); }
+  std::vector<OptimizerConfig>& optimizer_configs() override { return optimizers; }
+  const std::vector<std::shared_ptr<Logger>>& loggers() const override { return loggers_; }
+  void manual_backward(const at::Tensor& loss) override;
+  void manual_step(size_t index) override;
+  void manual_zero_grad(size_t index) override;
+
+  // ---------------------------------------------------------------- dispatch
+  // Every hook goes through here: one place to time them and to keep the order fixed: the
+  // module's hook first, then callbacks in registration order.
+  template <typename MF, typename CF>
+  void hook(const char* name, MF&& module_fn, CF&& callback_fn) {
+    module_hook(name, std::forward<MF>(module_fn));
+    callback_hook(name, std::forward<CF>(callback_fn));
+  }
+  template <typename MF>
+  void module_hook(const char* name, MF&& module_fn) {
+    if (prof == nullptr) {
+      module_fn(*module);
+      return;
+    }
+    timed(std::string("[Module]") + name, [&] { module_fn(*module); });
+  }
+  template <typename CF>
+  void callback_hook(const char* name, CF&& callback_fn) {
+    if (prof == nullptr) {
+      for (auto& c : callbacks) callback_fn(*c);
+      return;
+    }
+    for (auto& c : callbacks) {
+      timed("[Callback]" + c->state_key() + "." + name, [&] { callback_fn(*c); });
+    }
+  }
+  /// Runs f as profiled action `action` (stop runs on exceptions too).
+  template <typename F>
+  void timed(const std::string& action, F&& f) {
+    struct Stop {
+      Profiler* p;
+      const std::string& a;
+      ~Stop() { p->stop(a); }
+    };
+    prof->start(action);
+    Stop stop{prof, action};
+    f();
+  }
+  /// The next batch of a stream, its fetch time profiled as `action`.
+  bool next_batch(BatchStream& stream, Batch& batch, const char* action) {
+    ProfileScope p(prof, action);
+    return stream.next(batch);
+  }
+
+  // ---------------------------------------------------------------- setup and limits
+  int64_t resolved_max_epochs() const;
+  int64_t val_limit(const DataLoader& val) const;
+  void setup_run(Module& m, Stage stage);
+  void setup_optimizers();
+  void step_schedulers(Interval interval);
+
+  // ---------------------------------------------------------------- metrics
+  void refresh_cache() const;
+  int64_t log_step() const { return std::max<int64_t>(st.global_step - 1, 0); }
+  void send_to_loggers(const Metrics& m);
+  /// Reduces a stage's epoch metrics, makes them visible to monitors and the progress bar and
+  /// sends them to the loggers; returns them.
+  Metrics flush_epoch(MetricStore& store, bool add_epoch_number);
+
+  /// Runs `body` as entry point `stage`: sets the run up, and on any exception tells callbacks
+  /// and loggers, tears down and rethrows. Checkpoints on disk are never touched on failure.
+  template <typename F>
+  void guarded(Module& m, Stage stage, F&& body);
+};
+
+// ---------------------------------------------------------------------- checkpoint_state.cpp
+/// Assembles the full checkpoint (weights, optimizers, loop, RNG, callbacks, loggers, ...).
+void write_checkpoint(Run& run, torch::serialize::OutputArchive& root);
+/// Restores a checkpoint; `full` = everything (resume), else weights only (validate/test).
+void restore_checkpoint(Run& run, const std::string& path, bool full);
+/// Resolves ckpt_path "last" / "best" through the run's ModelCheckpoint callbacks; other paths
+/// are returned unchanged. "last" with no checkpoint on disk returns "" (start fresh, warned).
+std::string resolve_ckpt_path(Run& run, const std::string& ckpt_path, Stage stage);
+
+// ---------------------------------------------------------------------- loops/
+/// loops/fit_loop.cpp: the whole of fit() after set-up.
+void fit_loop(Run& run, DataLoader& train, c10::optional<DataLoader>& val,
+              const std::string& ckpt_path);
+/// loops/evaluation_loop.cpp: one validation or test pass over `limit` batches.
+Metrics evaluation_loop(Run& run, Stage stage, DataLoader& loader, int64_t limit);
+/// loops/prediction_loop.cpp: predict_step over `limit` batches.
+std::vector<at::Tensor> prediction_loop(Run& run, DataLoader& loader, int64_t limit);
+
+}  // namespace detail
+}  // namespace volt

@@ -1,0 +1,87 @@
+// The evaluation loop: one validation or test pass (also the sanity check before training).
+#include <torch/torch.h>
+
+#include "trainer/detail/run.h"
+
+namespace volt {
+namespace detail {
+
+Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) {
+  Module& m = *r.module;
+  const bool sanity = r.st.stage == Stage::kSanityCheck;
+  const bool is_test = stage == Stage::kTest;
+  torch::NoGradGuard no_grad;
+  m.eval();
+  MetricStore* saved_store = r.active_metrics;
+  const LogScope saved_scope = r.scope;
+  const int64_t saved_bs = r.current_batch_size;
+  r.active_metrics = &r.eval_metrics;
+  r.eval_metrics.clear();
+  if (!sanity) {
+    if (is_test) {
+      r.callback_hook("on_test_start", [&](Callback& c) { c.on_test_start(r, m); });
+      r.module_hook("on_test_epoch_start", [&](Module& mm) { mm.on_test_epoch_start(); });
+    } else {
+      r.hook(
+          "on_validation_start", [&](Module& mm) { mm.on_validation_start(); },
+          [&](Callback& c) { c.on_validation_start(r, m); });
+      r.hook(
+          "on_validation_epoch_start", [&](Module& mm) { mm.on_validation_epoch_start(); },
+          [&](Callback& c) { c.on_validation_epoch_start(r, m); });
+    }
+  }
+  r.scope = LogScope::kEval;
+  r.st.num_eval_batches = limit;
+  BatchStream stream = loader.stream(0, 0, limit);
+  Batch raw;
+  int64_t idx = 0;
+  while (r.next_batch(stream, raw, is_test ? "get_test_batch" : "get_validation_batch")) {
+    Batch batch = r.strategy().batch_to_device(raw);
+    r.current_batch_size = batch.size();
+    {
+      ProfileScope p(r.prof, is_test ? "test_step" : "validation_step");
+      if (is_test) {
+        r.strategy().test_step(m, batch, idx);
+      } else {
+        r.strategy().validation_step(m, batch, idx);
+      }
+    }
+    if (!sanity) {
+      if (is_test) {
+        r.callback_hook("on_test_batch_end",
+                        [&](Callback& c) { c.on_test_batch_end(r, m, batch, idx); });
+      } else {
+        r.callback_hook("on_validation_batch_end",
+                        [&](Callback& c) { c.on_validation_batch_end(r, m, batch, idx); });
+      }
+    }
+    ++idx;
+  }
+  Metrics result;
+  if (!sanity) {
+    // The module's epoch-end hook may log: it runs before the reduction, the callbacks after.
+    if (is_test) {
+      r.module_hook("on_test_epoch_end", [&](Module& mm) { mm.on_test_epoch_end(); });
+    } else {
+      r.module_hook("on_validation_epoch_end", [&](Module& mm) { mm.on_validation_epoch_end(); });
+    }
+    result = r.flush_epoch(r.eval_metrics, true);
+    if (is_test) {
+      r.callback_hook("on_test_end", [&](Callback& c) { c.on_test_end(r, m); });
+    } else {
+      r.callback_hook("on_validation_epoch_end",
+                      [&](Callback& c) { c.on_validation_epoch_end(r, m); });
+      r.hook(
+          "on_validation_end", [&](Module& mm) { mm.on_validation_end(); },
+          [&](Callback& c) { c.on_validation_end(r, m); });
+    }
+  }
+  r.eval_metrics.clear();
+  r.active_metrics = saved_store;
+  r.scope = saved_scope;
+  r.current_batch_size = saved_bs;
+  return result;
+}
+
+}  // namespace detail
+}  // namespace volt

@@ -1,0 +1,161 @@
+// The fit loop: epochs of training batches with validation checks, stop conditions and resume.
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "trainer/detail/run.h"
+#include "trainer/loops/optimization_step.h"
+#include "volt/core/check.h"
+
+namespace volt {
+namespace detail {
+namespace {
+
+bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const c10::optional<DataLoader>& val) {
+  if (!val || r.val_limit(*val) == 0) return false;
+  if ((r.st.epoch + 1) % r.opts.check_val_every_n_epoch() != 0) return false;
+  const Limit& vci = r.opts.val_check_interval();
+  int64_t every = vci.is_fraction()
+                      ? std::max<int64_t>(1, static_cast<int64_t>(std::floor(n * vci.fraction())))
+                      : vci.count();
+  return (idx + 1) % every == 0 || (vci.is_fraction() && vci.fraction() == 1.0 && idx + 1 == n);
+}
+
+bool stop_now(const Run& r) {
+  if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) return true;
+  if (r.opts.max_time()) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - r.fit_start).count();
+    if (elapsed >= *r.opts.max_time()) return true;
+  }
+  return r.st.should_stop && r.st.epoch + 1 >= r.opts.min_epochs();
+}
+
+void validate_now(Run& r, DataLoader& val) {
+  evaluation_loop(r, Stage::kValidate, val, r.val_limit(val));
+  r.st.val_pending = false;
+  r.module->train();
+}
+
+void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
+  Module& m = *r.module;
+  LoopState& st = r.st;
+  const int64_t n = r.fast_dev ? std::min(r.opts.fast_dev_run(), train.num_batches())
+                               : r.opts.limit_train_batches().resolve(train.num_batches());
+  st.num_training_batches = n;
+  m.train();
+  r.hook(
+      "on_train_epoch_start", [&](Module& mm) { mm.on_train_epoch_start(); },
+      [&](Callback& c) { c.on_train_epoch_start(r, m); });
+  // Resumed from a checkpoint written just before a due validation: run it first.
+  if (st.val_pending) validate_now(r, *val);
+  if (st.batches_done < n) {
+    BatchStream stream = train.stream(st.epoch, st.batches_done, n - st.batches_done);
+    Batch raw;
+    while (r.next_batch(stream, raw, "get_train_batch")) {
+      const int64_t idx = st.batches_done;
+      Batch batch = r.strategy().batch_to_device(raw);
+      r.scope = LogScope::kTrainStep;
+      r.hook(
+          "on_train_batch_start", [&](Module& mm) { mm.on_train_batch_start(batch, idx); },
+          [&](Callback& c) { c.on_train_batch_start(r, m, batch, idx); });
+      const bool stepped = r.step->run(batch, idx, n);
+      ++st.batches_done;
+      ++st.total_batches_done;
+      const bool validate = is_val_boundary(r, idx, n, val);
+      st.val_pending = validate;
+      r.cache_dirty = true;
+      r.hook(
+          "on_train_batch_end", [&](Module& mm) { mm.on_train_batch_end(batch, idx); },
+          [&](Callback& c) { c.on_train_batch_end(r, m, batch, idx); });
+      if (stepped && st.global_step % r.opts.log_every_n_steps() == 0) {
+        r.send_to_loggers(r.train_metrics.step_values(true, false));
+      }
+      if (validate) validate_now(r, *val);
+      if (stop_now(r)) break;
+    }
+  }
+  r.scope = LogScope::kTrainEpochEnd;
+  r.step_schedulers(Interval::kEpoch);
+  st.epoch_finished = true;
+  // The module's hook runs before the epoch metrics are reduced (it may log), the callbacks'
+  // after (ModelCheckpoint and EarlyStopping read the reduced values).
+  r.module_hook("on_train_epoch_end", [&](Module& mm) { mm.on_train_epoch_end(); });
+  r.flush_epoch(r.train_metrics, true);
+  r.callback_hook("on_train_epoch_end", [&](Callback& c) { c.on_train_epoch_end(r, m); });
+  for (auto& l : r.loggers_) l->save();
+  r.scope = LogScope::kNone;
+}
+
+/// Validation batches before training. It restores the RNG state afterwards, so enabling it
+/// never changes the training trajectory.
+void sanity_check(Run& r, DataLoader& val) {
+  const int64_t sanity_steps = r.fast_dev ? 0 : r.opts.num_sanity_val_steps();
+  const int64_t limit = r.val_limit(val);
+  if (sanity_steps == 0 || limit == 0) return;
+  Module& m = *r.module;
+  const auto rng = r.strategy().rng_states();
+  const Stage saved = r.st.stage;
+  r.st.stage = Stage::kSanityCheck;
+  r.callback_hook("on_sanity_check_start", [&](Callback& c) { c.on_sanity_check_start(r, m); });
+  evaluation_loop(r, Stage::kValidate, val,
+                  sanity_steps < 0 ? limit : std::min(limit, sanity_steps));
+  r.callback_hook("on_sanity_check_end", [&](Callback& c) { c.on_sanity_check_end(r, m); });
+  r.st.stage = saved;
+  r.strategy().set_rng_states(rng);
+  m.train();
+}
+
+}  // namespace
+
+void fit_loop(Run& r, DataLoader& train, c10::optional<DataLoader>& val,
+              const std::string& ckpt_path) {
+  Module& m = *r.module;
+  r.setup_optimizers();
+  r.st.epoch = 0;
+  r.st.global_step = 0;
+  r.st.batches_done = 0;
+  r.st.total_batches_done = 0;
+  r.st.accumulated = 0;
+  r.st.epoch_finished = false;
+  r.st.val_pending = false;
+  r.st.should_stop = false;
+  r.train_metrics.clear();
+  r.epoch_metrics.clear();
+  r.prog_bar_epoch.clear();
+  r.cache_dirty = true;
+  r.fit_start = Clock::now();
+  if (r.is_global_zero()) {
+    for (auto& l : r.loggers_) l->log_hyperparams(m.hparams());
+  }
+  const std::string ckpt = resolve_ckpt_path(r, ckpt_path, Stage::kFit);
+  if (!ckpt.empty()) restore_checkpoint(r, ckpt, /*full=*/true);
+
+  r.hook(
+      "on_fit_start", [&](Module& mm) { mm.on_fit_start(); },
+      [&](Callback& c) { c.on_fit_start(r, m); });
+  if (val) sanity_check(r, *val);
+
+  r.hook(
+      "on_train_start", [&](Module& mm) { mm.on_train_start(); },
+      [&](Callback& c) { c.on_train_start(r, m); });
+  const int64_t max_epochs = r.resolved_max_epochs();
+  for (;;) {
+    if (r.st.epoch_finished) {
+      if (stop_now(r) || (max_epochs >= 0 && r.st.epoch + 1 >= max_epochs)) break;
+      ++r.st.epoch;
+      r.st.batches_done = 0;
+      r.st.epoch_finished = false;
+    }
+    if (max_epochs >= 0 && r.st.epoch >= max_epochs) break;
+    if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) break;
+    train_epoch(r, train, val);
+  }
+  r.hook(
+      "on_train_end", [&](Module& mm) { mm.on_train_end(); },
+      [&](Callback& c) { c.on_train_end(r, m); });
+  r.hook(
+      "on_fit_end", [&](Module& mm) { mm.on_fit_end(); }, [&](Callback& c) { c.on_fit_end(r, m); });
+}
+
+}  // namespace detail
+}  // namespace volt

@@ -1,0 +1,98 @@
+#include "trainer/loops/optimization_step.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "trainer/detail/run.h"
+#include "volt/core/check.h"
+
+namespace volt {
+namespace detail {
+
+bool OptimizationStep::run(const Batch& batch, int64_t batch_idx, int64_t num_batches) {
+  Run& r = run_;
+  r.scope = LogScope::kTrainStep;
+  r.current_batch_size = batch.size();
+  at::Tensor loss = forward(batch, batch_idx);
+  if (!r.module->automatic_optimization()) return false;
+  if (loss.defined()) {
+    // Gradients are synchronised (all-reduced under DDP) only on the micro-batch that steps.
+    const bool steps_next =
+        r.st.accumulated + 1 >= r.opts.accumulate_grad_batches() || batch_idx + 1 == num_batches;
+    backward(loss, steps_next);
+    ++r.st.accumulated;
+  }
+  const bool step_now =
+      r.st.accumulated > 0 &&
+      (r.st.accumulated >= r.opts.accumulate_grad_batches() || batch_idx + 1 == num_batches);
+  if (!step_now) return false;
+  return optimizer_step();
+}
+
+at::Tensor OptimizationStep::forward(const Batch& batch, int64_t batch_idx) {
+  Run& r = run_;
+  at::Tensor loss;
+  {
+    ProfileScope p(r.prof, "training_step");
+    loss = r.strategy().training_step(*r.module, batch, batch_idx);
+  }
+  if (!loss.defined() || !r.module->automatic_optimization()) return loss;
+  VOLT_CHECK(loss.numel() == 1, ValueError, "[Trainer] training_step returned a tensor of shape ",
+             loss.sizes(), " at step ", r.st.global_step, "; return a scalar loss.");
+  VOLT_CHECK(loss.requires_grad(), ValueError,
+             "[Trainer] the loss returned by training_step at "
+             "step ",
+             r.st.global_step,
+             " does not require grad; compute it from the module's "
+             "parameters (and not under NoGradGuard).");
+  if (r.opts.detect_nonfinite_loss()) {
+    const double v = loss.item<double>();
+    VOLT_CHECK(std::isfinite(v), ValueError, "[Trainer] the training loss is ", v,
+               " at global step ", r.st.global_step, " (epoch ", r.st.epoch, ", batch ", batch_idx,
+               "); lower the learning rate, enable gradient clipping, check the data, "
+               "or set detect_nonfinite_loss(false) to continue anyway.");
+  }
+  return loss;
+}
+
+void OptimizationStep::backward(const at::Tensor& loss, bool sync_gradients) {
+  Run& r = run_;
+  Module& m = *r.module;
+  const int64_t accum = r.opts.accumulate_grad_batches();
+  at::Tensor scaled = accum > 1 ? loss / static_cast<double>(accum) : loss;
+  r.hook(
+      "on_before_backward", [&](Module& mm) { mm.on_before_backward(loss); },
+      [&](Callback& c) { c.on_before_backward(r, m, loss); });
+  {
+    ProfileScope p(r.prof, "backward");
+    r.strategy().backward(scaled, sync_gradients);
+  }
+  r.hook(
+      "on_after_backward", [&](Module& mm) { mm.on_after_backward(); },
+      [&](Callback& c) { c.on_after_backward(r, m); });
+}
+
+bool OptimizationStep::optimizer_step() {
+  Run& r = run_;
+  Module& m = *r.module;
+  auto& opt = *r.optimizers.front().optimizer();
+  r.hook(
+      "on_before_optimizer_step", [&](Module& mm) { mm.on_before_optimizer_step(opt); },
+      [&](Callback& c) { c.on_before_optimizer_step(r, m, opt); });
+  bool stepped;
+  {
+    ProfileScope p(r.prof, "optimizer_step");
+    stepped = r.strategy().optimizer_step(opt, r.opts.gradient_clip_val(),
+                                          r.opts.gradient_clip_algorithm());
+    r.strategy().zero_grad(opt);
+  }
+  r.st.accumulated = 0;
+  if (!stepped) return false;  // skipped by the precision: no step happened
+  ++r.st.global_step;
+  r.step_schedulers(Interval::kStep);
+  return true;
+}
+
+}  // namespace detail
+}  // namespace volt

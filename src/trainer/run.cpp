@@ -1,0 +1,191 @@
+#include "trainer/detail/run.h"
+
+#include <torch/torch.h>
+
+#include "trainer/loops/optimization_step.h"
+#include "volt/core/check.h"
+#include "volt/optim/lr_scheduler.h"
+
+namespace volt {
+namespace detail {
+
+Run::Run() : step(std::make_unique<OptimizationStep>(*this)) {}
+Run::~Run() = default;
+
+// ------------------------------------------------------------------------------ RunContext
+
+const Metrics& Run::callback_metrics() const {
+  refresh_cache();
+  return cb_cache;
+}
+
+const Metrics& Run::progress_bar_metrics() const {
+  refresh_cache();
+  return pb_cache;
+}
+
+void Run::refresh_cache() const {
+  if (!cache_dirty) return;
+  cb_cache = epoch_metrics;
+  pb_cache = prog_bar_epoch;
+  for (auto& kv : train_metrics.step_values(false, false)) cb_cache[kv.first] = kv.second;
+  for (auto& kv : train_metrics.step_values(false, true)) pb_cache[kv.first] = kv.second;
+  cache_dirty = false;
+}
+
+void Run::log(const std::string& name, const at::Tensor& value, const LogOptions& o) {
+  VOLT_CHECK(scope != LogScope::kNone, ConfigError, "[Module] log(\"", name,
+             "\") called outside a step or epoch-end hook; log from training_step, "
+             "validation_step, test_step or an on_*_epoch_end hook.");
+  VOLT_CHECK(value.numel() == 1, ValueError, "[Module] log(\"", name, "\") got a tensor of shape ",
+             value.sizes(), "; log a scalar (one element), e.g. loss or acc.mean().");
+  if (st.stage == Stage::kSanityCheck) return;  // sanity-check values are discarded
+  const bool in_train_step = scope == LogScope::kTrainStep;
+  const bool on_step = o.on_step().value_or(in_train_step);
+  const bool on_epoch = o.on_epoch().value_or(!in_train_step);
+  VOLT_CHECK(on_step || on_epoch, ConfigError, "[Module] log(\"", name,
+             "\") with on_step=false and on_epoch=false logs nothing; enable one of them.");
+  VOLT_CHECK(!on_step || in_train_step, ConfigError, "[Module] log(\"", name,
+             "\", on_step=true) is only possible inside training_step; use on_epoch.");
+  at::Tensor v = value.detach().reshape({});
+  const bool both = on_step && on_epoch;
+  if (on_step) active_metrics->add_step(both ? name + "_step" : name, v, o.prog_bar(), o.logger());
+  if (on_epoch) {
+    active_metrics->add_epoch(both ? name + "_epoch" : name, v, current_batch_size, o.reduce(),
+                              o.prog_bar(), o.logger());
+  }
+  cache_dirty = true;
+}
+
+void Run::save_checkpoint(const std::string& path) {
+  torch::serialize::OutputArchive root;
+  write_checkpoint(*this, root);
+  strategy().save_checkpoint(root, path);
+}
+
+std::string Run::log_dir() const {
+  return loggers_.empty() ? opts.default_root_dir() : loggers_.front()->log_dir();
+}
+
+void Run::manual_backward(const at::Tensor& loss) {
+  VOLT_CHECK(module && !module->automatic_optimization(), ConfigError,
+             "[Module] manual_backward() is for manual optimization; call "
+             "set_automatic_optimization(false) in your module's constructor, or just "
+             "return the loss from training_step.");
+  hook(
+      "on_before_backward", [&](Module& m) { m.on_before_backward(loss); },
+      [&](Callback& c) { c.on_before_backward(*this, *module, loss); });
+  strategy().backward(loss, /*sync_gradients=*/true);
+  hook(
+      "on_after_backward", [&](Module& m) { m.on_after_backward(); },
+      [&](Callback& c) { c.on_after_backward(*this, *module); });
+}
+
+void Run::manual_step(size_t index) {
+  VOLT_CHECK(index < optimizers.size(), ConfigError, "[Module] optimizer index ", index,
+             " out of range: configure_optimizers returned ", optimizers.size(), ".");
+  auto& opt = *optimizers[index].optimizer();
+  hook(
+      "on_before_optimizer_step", [&](Module& m) { m.on_before_optimizer_step(opt); },
+      [&](Callback& c) { c.on_before_optimizer_step(*this, *module, opt); });
+  if (!strategy().optimizer_step(opt, c10::nullopt, opts.gradient_clip_algorithm())) return;
+  ++st.global_step;
+  step_schedulers(Interval::kStep);
+}
+
+void Run::manual_zero_grad(size_t index) {
+  VOLT_CHECK(index < optimizers.size(), ConfigError, "[Module] optimizer index ", index,
+             " out of range: configure_optimizers returned ", optimizers.size(), ".");
+  strategy().zero_grad(*optimizers[index].optimizer());
+}
+
+// ------------------------------------------------------------------------ setup and limits
+
+int64_t Run::resolved_max_epochs() const {
+  if (fast_dev) return 1;
+  if (opts.max_epochs() >= 0) return opts.max_epochs();
+  return opts.max_steps() >= 0 ? -1 : 1000;  // Lightning's default when nothing is set
+}
+
+int64_t Run::val_limit(const DataLoader& val) const {
+  const int64_t n = opts.limit_val_batches().resolve(val.num_batches());
+  return fast_dev ? std::min(n, opts.fast_dev_run()) : n;
+}
+
+void Run::setup_run(Module& m, Stage stage) {
+  module = &m;
+  st.stage = stage;
+  st.status = RunStatus::kRunning;
+  m.attach(this);
+  strategy().launch();
+  strategy().setup_environment();
+  strategy().setup_module(m);
+}
+
+void Run::setup_optimizers() {
+  optimizers = module->configure_optimizers();
+  VOLT_CHECK(!optimizers.empty(), ConfigError,
+             "[Module] configure_optimizers() returned no optimizer; return at least one.");
+  for (auto& c : optimizers) {
+    VOLT_CHECK(c.optimizer() != nullptr, ConfigError,
+               "[Module] configure_optimizers() returned a null optimizer.");
+    VOLT_CHECK(c.frequency() >= 1, ConfigError, "[Module] scheduler frequency=", c.frequency(),
+               " must be >= 1.");
+  }
+  VOLT_CHECK(!module->automatic_optimization() || optimizers.size() == 1, ConfigError,
+             "[Module] automatic optimization supports one optimizer but configure_optimizers "
+             "returned ",
+             optimizers.size(),
+             "; call set_automatic_optimization(false) and step them in training_step.");
+  VOLT_CHECK(module->automatic_optimization() || !opts.gradient_clip_val(), ConfigError,
+             "[Trainer] gradient_clip_val is applied by automatic optimization only; with "
+             "manual optimization clip in training_step instead.");
+  strategy().setup_optimizers(*module, optimizers);
+  optimizers_ready = true;
+}
+
+void Run::step_schedulers(Interval interval) {
+  for (auto& c : optimizers) {
+    if (!c.scheduler() || c.interval() != interval) continue;
+    const int64_t count = interval == Interval::kStep ? st.global_step : st.epoch + 1;
+    if (count % c.frequency() != 0) continue;
+    if (!c.monitor().empty()) {
+      const auto& m = callback_metrics();
+      auto it = m.find(c.monitor());
+      VOLT_CHECK(it != m.end(), ConfigError, "[Trainer] scheduler monitors \"", c.monitor(),
+                 "\" which was not logged; log it or fix OptimizerConfig::monitor.");
+      c.scheduler()->step(it->second);
+    } else {
+      c.scheduler()->step();
+    }
+  }
+}
+
+// --------------------------------------------------------------------------------- metrics
+
+void Run::send_to_loggers(const Metrics& m) {
+  if (m.empty() || !is_global_zero()) return;
+  for (auto& kv : m) logged[kv.first] = kv.second;
+  for (auto& l : loggers_) l->log_metrics(m, log_step());
+}
+
+Metrics Run::flush_epoch(MetricStore& store, bool add_epoch_number) {
+  Metrics pb, lg;
+  Metrics reduced = store.reduce_epoch(&pb, &lg);
+  for (auto& kv : reduced) {
+    epoch_metrics[kv.first] = kv.second;
+    // "x_epoch" also answers to "x" so monitors can name the plain key.
+    const std::string& k = kv.first;
+    if (k.size() > 6 && k.compare(k.size() - 6, 6, "_epoch") == 0) {
+      epoch_metrics[k.substr(0, k.size() - 6)] = kv.second;
+    }
+  }
+  for (auto& kv : pb) prog_bar_epoch[kv.first] = kv.second;
+  if (add_epoch_number && !lg.empty()) lg["epoch"] = static_cast<double>(st.epoch);
+  send_to_loggers(lg);
+  cache_dirty = true;
+  return reduced;
+}
+
+}  // namespace detail
+}  // namespace volt

@@ -1,0 +1,49 @@
+// Thread settings are scoped to a Trainer entry point and restored after it.
+#include <gtest/gtest.h>
+
+#include <ATen/Parallel.h>
+
+#include "tiny.h"
+
+namespace {
+
+class ThreadProbe : public volt::Callback {
+ public:
+  std::string state_key() const override { return "ThreadProbe"; }
+  void on_train_start(volt::RunContext&, volt::Module&) override { during = at::get_num_threads(); }
+  int during = -1;
+};
+
+TEST(Threads, TrainerSetsThreadsOnlyForTheRunAndRestoresThem) {
+  volt_test::TempDir dir;
+  at::set_num_threads(2);
+  volt_test::TinyClassifier model;
+  auto probe = std::make_shared<ThreadProbe>();
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).num_threads(1).callbacks({probe}));
+  EXPECT_EQ(at::get_num_threads(), 2);  // constructing a Trainer changes nothing
+  trainer.fit(model, volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(probe->during, 1);
+  EXPECT_EQ(at::get_num_threads(), 2);
+}
+
+TEST(Threads, RestoredWhenTheRunFails) {
+  volt_test::TempDir dir;
+  at::set_num_threads(2);
+  volt_test::TinyClassifier model;
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).num_threads(1));
+  EXPECT_THROW(trainer.test(model, volt_test::loader(volt_test::blobs(32)), "/nonexistent.ckpt"),
+               volt::CheckpointError);
+  EXPECT_EQ(at::get_num_threads(), 2);
+}
+
+TEST(Threads, ScopeRestoresThePreviousCount) {
+  at::set_num_threads(2);
+  {
+    volt::IntraOpThreads scope(1);
+    EXPECT_EQ(scope.count(), 1);
+    EXPECT_EQ(at::get_num_threads(), 1);
+  }
+  EXPECT_EQ(at::get_num_threads(), 2);
+}
+
+}  // namespace
