@@ -74,6 +74,10 @@ void EarlyStopping::check(RunContext& run) {
           << wait_count_ << " checks; best score " << best_score_;
     }
   }
+  // Every rank stops together: one rank's reason is enough (Lightning's all=False).
+  const bool any_stop = run.reduce_boolean_decision(stop, /*all=*/false);
+  if (any_stop && !stop) why << "another rank's " << options_.monitor() << " met the stop rule";
+  stop = any_stop;
   if (stop) {
     stopped_epoch_ = run.state().epoch;
     stop_reason_ = why.str();

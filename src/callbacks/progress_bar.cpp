@@ -54,6 +54,7 @@ void ProgressBar::eval_start(const char* label) {
 }
 
 void ProgressBar::eval_batch(RunContext& run, int64_t done) {
+  if (!run.is_global_zero()) return;  // one bar per job: rank 0 draws it
   eval_done_ = done;
   // Counts and clocks only: an evaluation line reads no metric value, so it never syncs.
   if (!tty_ || seconds_since(eval_.last_draw) < refresh_s_) return;
@@ -62,6 +63,7 @@ void ProgressBar::eval_batch(RunContext& run, int64_t done) {
 }
 
 void ProgressBar::eval_end(RunContext& run) {
+  if (!run.is_global_zero()) return;  // one bar per job: rank 0 draws it
   if (out_ == nullptr) return;
   const Stage stage = run.state().stage;
   if (stage == Stage::kValidate || stage == Stage::kTest) {
@@ -97,6 +99,7 @@ void ProgressBar::emit(const std::string& text, bool final_line) {
 }
 
 void ProgressBar::draw(RunContext& run, int64_t done, bool final_line) {
+  if (!run.is_global_zero()) return;  // one bar per job: rank 0 draws it
   const auto& st = run.state();
   std::string head = "Epoch " + std::to_string(st.epoch);
   if (run.max_epochs() > 0) head += "/" + std::to_string(run.max_epochs() - 1);

@@ -35,6 +35,12 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
              options_.prefetch_factor(), " must be >= 1.");
 }
 
+DataLoader DataLoader::sharded(int64_t rank, int64_t world_size) const {
+  DataLoaderOptions o = options_;
+  o.rank(rank).world_size(world_size);
+  return DataLoader(dataset_, o);
+}
+
 int64_t DataLoader::num_batches() const {
   const int64_t n = sampler_.size();
   const int64_t bs = options_.batch_size();

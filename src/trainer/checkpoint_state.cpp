@@ -72,9 +72,9 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root) {
     }
   });
   write_nested(root, "loggers", [&](auto& lgs) {
-    for (size_t i = 0; i < run.loggers_.size(); ++i) {
-      write_nested(lgs, std::to_string(i) + "_" + run.loggers_[i]->name(),
-                   [&](auto& one) { run.loggers_[i]->save_state(one); });
+    for (size_t i = 0; i < run.loggers().size(); ++i) {
+      write_nested(lgs, std::to_string(i) + "_" + run.loggers()[i]->name(),
+                   [&](auto& one) { run.loggers()[i]->save_state(one); });
     }
   });
   write_nested(root, "precision", [&](auto& ar) { strategy.precision().save_state(ar); });
@@ -166,10 +166,10 @@ void restore_checkpoint(Run& run, const std::string& path, bool full) {
   }
   torch::serialize::InputArchive lgs;
   root.read("loggers", lgs);
-  for (size_t i = 0; i < run.loggers_.size(); ++i) {
+  for (size_t i = 0; i < run.loggers().size(); ++i) {
     torch::serialize::InputArchive one;
-    if (lgs.try_read(std::to_string(i) + "_" + run.loggers_[i]->name(), one)) {
-      run.loggers_[i]->load_state(one, st.global_step);
+    if (lgs.try_read(std::to_string(i) + "_" + run.loggers()[i]->name(), one)) {
+      run.loggers()[i]->load_state(one, st.global_step);
     }
   }
   torch::serialize::InputArchive prec;

@@ -14,31 +14,44 @@ void MetricStore::add_step(const std::string& key, const at::Tensor& v, bool pro
 }
 
 void MetricStore::add_epoch(const std::string& key, const at::Tensor& v, int64_t weight,
-                            Reduce reduce, bool prog_bar, bool logger) {
+                            Reduce reduce, bool prog_bar, bool logger, bool sync_dist) {
   auto& e = epoch_[key];
   e.values.push_back(v);
   e.weights.push_back(weight);
   e.reduce = reduce;
   e.prog_bar = prog_bar;
   e.logger = logger;
+  e.sync_dist = sync_dist;
 }
 
-Metrics MetricStore::reduce_epoch(Metrics* prog_bar, Metrics* for_logger) {
+Metrics MetricStore::reduce_epoch(Metrics* prog_bar, Metrics* for_logger,
+                                  const CrossRankReduce& across_ranks) {
   Metrics out;
   for (auto& kv : epoch_) {
     const auto& e = kv.second;
     if (e.values.empty()) continue;
     auto vals = torch::stack(e.values).to(torch::kCPU, torch::kDouble).reshape({-1});
+    const bool sync = e.sync_dist && across_ranks;
     double r = 0;
     switch (e.reduce) {
       case Reduce::kMean: {
         auto w = torch::tensor(e.weights, torch::kDouble);
-        r = (vals * w).sum().item<double>() / std::max(1.0, w.sum().item<double>());
+        // (weighted sum, total weight): summed over ranks this is the exact global mean.
+        auto sw = torch::stack({(vals * w).sum(), w.sum()});
+        if (sync) sw = across_ranks(sw, Reduce::kSum);
+        r = sw[0].item<double>() / std::max(1.0, sw[1].item<double>());
         break;
       }
-      case Reduce::kSum: r = vals.sum().item<double>(); break;
-      case Reduce::kMax: r = vals.max().item<double>(); break;
-      case Reduce::kMin: r = vals.min().item<double>(); break;
+      case Reduce::kSum:
+      case Reduce::kMax:
+      case Reduce::kMin: {
+        auto local = e.reduce == Reduce::kSum   ? vals.sum()
+                     : e.reduce == Reduce::kMax ? vals.max()
+                                                : vals.min();
+        if (sync) local = across_ranks(local, e.reduce);
+        r = local.item<double>();
+        break;
+      }
     }
     out[kv.first] = r;
     if (prog_bar && e.prog_bar) (*prog_bar)[kv.first] = r;
@@ -67,7 +80,8 @@ void MetricStore::save(torch::serialize::OutputArchive& ar) const {
     one.write("values", torch::stack(kv.second.values).to(torch::kCPU, torch::kDouble));
     one.write("weights", torch::tensor(kv.second.weights, torch::kLong));
     one.write("flags", c10::IValue(c10::List<int64_t>({static_cast<int64_t>(kv.second.reduce),
-                                                       kv.second.prog_bar, kv.second.logger})));
+                                                       kv.second.prog_bar, kv.second.logger,
+                                                       kv.second.sync_dist})));
     ar.write("m_" + kv.first, one);
   }
   ar.write("names", c10::IValue(names));
@@ -96,6 +110,7 @@ void MetricStore::load(torch::serialize::InputArchive& ar) {
     e.reduce = static_cast<Reduce>(flags[0]);
     e.prog_bar = flags[1] != 0;
     e.logger = flags[2] != 0;
+    e.sync_dist = flags.size() > 3 && flags[3] != 0;  // absent in checkpoints before sync_dist
   }
 }
 

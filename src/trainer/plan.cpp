@@ -21,7 +21,8 @@ std::vector<std::string> strategy_names() {
 std::vector<std::string> precision_names() { return registry().precisions.names(); }
 
 RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
-                     const Spec<Strategy>& strategy, const Spec<Precision>& precision) {
+                     const Spec<Strategy>& strategy, const Spec<Precision>& precision,
+                     int64_t num_nodes) {
   const Registry& reg = registry();
   RunPlan plan;
   if (accelerator.is_object()) {
@@ -36,11 +37,17 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
   }
 
   VOLT_CHECK(devices == -1 || devices >= 1, ConfigError, "[Trainer] devices=", devices,
-             " is invalid; pass a positive device count or -1 for \"auto\".");
-  plan.devices = devices == -1 ? 1 : devices;
-  VOLT_CHECK(plan.devices <= plan.accelerator->device_count(), ConfigError, "[Trainer] devices=",
-             plan.devices, " but the ", plan.accelerator->name(), " accelerator has ",
-             plan.accelerator->device_count(), " device(s); lower devices.");
+             " is invalid; pass a positive device count or -1 for all devices.");
+  VOLT_CHECK(num_nodes >= 1, ConfigError, "[Trainer] num_nodes=", num_nodes,
+             " is invalid; pass the number of nodes (>= 1).");
+  // On the CPU, devices counts processes sharing the host (an explicit N; -1 means one).
+  const bool cpu = plan.accelerator->name() == "cpu";
+  plan.devices = devices == -1 ? (cpu ? 1 : plan.accelerator->device_count()) : devices;
+  plan.num_nodes = num_nodes;
+  VOLT_CHECK(cpu || plan.devices <= plan.accelerator->device_count(), ConfigError,
+             "[Trainer] devices=", plan.devices, " but the ", plan.accelerator->name(),
+             " accelerator has ", plan.accelerator->device_count(), " device(s); lower devices.");
+  const int64_t world = plan.devices * plan.num_nodes;
 
   if (precision.is_object()) {
     plan.precision = precision.object();
@@ -58,17 +65,18 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
   const std::string& s = strategy.name();
   VOLT_CHECK(s == "auto" || reg.strategies.contains(s), ConfigError,
              "[Trainer] unknown strategy \"", s, "\"; valid names: ", quoted_list(strategy_names()),
-             " (ddp is on the roadmap).");
-  // "auto" is single_device for one device; a multi-process strategy (ddp, ROADMAP) will be
-  // picked here for several.
-  VOLT_CHECK(s != "auto" || plan.devices == 1, NotAvailable, "[Trainer] devices=", plan.devices,
-             " needs a multi-process strategy (ddp), which volt does not have yet; use "
-             "devices=1.");
-  VOLT_CHECK(s != "single_device" || plan.devices == 1, ConfigError,
-             "[Trainer] strategy \"single_device\" runs on one device but devices=",
-             plan.devices, "; set devices=1.");
-  StrategyContext ctx{plan.accelerator, plan.precision, plan.devices};
-  plan.strategy = reg.strategies.create(s == "auto" ? "single_device" : s, ctx);
+             did_you_mean(s, strategy_names()), ".");
+  // "auto": one process -> single_device, several -> ddp.
+  const std::string chosen = s != "auto" ? s : world == 1 ? "single_device" : "ddp";
+  VOLT_CHECK(reg.strategies.contains(chosen), NotAvailable, "[Trainer] devices=", plan.devices,
+             " x num_nodes=", plan.num_nodes, " needs the \"", chosen,
+             "\" strategy, which this build does not register; use devices=1.");
+  VOLT_CHECK(chosen != "single_device" || world == 1, ConfigError,
+             "[Trainer] strategy \"single_device\" runs one process but devices=", plan.devices,
+             " x num_nodes=", plan.num_nodes, "; set devices=1 and num_nodes=1, or use "
+             "strategy \"ddp\".");
+  StrategyContext ctx{plan.accelerator, plan.precision, plan.devices, plan.num_nodes};
+  plan.strategy = reg.strategies.create(chosen, ctx);
   return plan;
 }
 

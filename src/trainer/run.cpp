@@ -2,6 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <cstring>
+#include <functional>
+#include <sstream>
+
 #include "trainer/loops/optimization_step.h"
 #include "volt/core/check.h"
 #include "volt/optim/lr_scheduler.h"
@@ -49,10 +53,15 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
              "\", on_step=true) is only possible inside training_step; use on_epoch.");
   at::Tensor v = value.detach().reshape({});
   const bool both = on_step && on_epoch;
-  if (on_step) active_metrics->add_step(both ? name + "_step" : name, v, o.prog_bar(), o.logger());
+  const bool sync = o.sync_dist() && strategy().world_size() > 1;
+  if (on_step) {
+    // Step values are synchronised when logged (every rank logs them at the same point).
+    at::Tensor s = sync ? strategy().reduce(v.to(torch::kDouble), o.reduce()) : v;
+    active_metrics->add_step(both ? name + "_step" : name, s, o.prog_bar(), o.logger());
+  }
   if (on_epoch) {
     active_metrics->add_epoch(both ? name + "_epoch" : name, v, current_batch_size, o.reduce(),
-                              o.prog_bar(), o.logger());
+                              o.prog_bar(), o.logger(), sync);
   }
   cache_dirty = true;
 }
@@ -64,6 +73,7 @@ void Run::save_checkpoint(const std::string& path) {
 }
 
 std::string Run::log_dir() const {
+  if (!shared_log_dir_.empty()) return shared_log_dir_;
   return loggers_.empty() ? opts.default_root_dir() : loggers_.front()->log_dir();
 }
 
@@ -117,9 +127,47 @@ void Run::setup_run(Module& m, Stage stage) {
   st.stage = stage;
   st.status = RunStatus::kRunning;
   m.attach(this);
+  strategy().set_config_fingerprint(config_fingerprint());
   strategy().launch();
   strategy().setup_environment();
+  if (strategy().world_size() > 1 && shared_log_dir_.empty()) {
+    // Rank 0 picks (and creates) the run folder; the others learn its name.
+    shared_log_dir_ = broadcast_string(is_global_zero() ? log_dir() : std::string());
+  }
   strategy().setup_module(m);
+}
+
+std::string Run::config_fingerprint() const {
+  // What every rank must agree on: the loop's settings and the model's parameters. Paths
+  // (default_root_dir) and display settings may differ between nodes.
+  std::ostringstream s;
+  s << "max_epochs=" << opts.max_epochs() << ";max_steps=" << opts.max_steps()
+    << ";min_epochs=" << opts.min_epochs() << ";limit_train=" << opts.limit_train_batches()
+    << ";limit_val=" << opts.limit_val_batches() << ";val_check=" << opts.val_check_interval()
+    << ";every_n_epoch=" << opts.check_val_every_n_epoch()
+    << ";accumulate=" << opts.accumulate_grad_batches()
+    << ";clip=" << (opts.gradient_clip_val() ? *opts.gradient_clip_val() : -1.0)
+    << ";clip_algo=" << static_cast<int>(opts.gradient_clip_algorithm())
+    << ";devices=" << plan.devices << ";num_nodes=" << plan.num_nodes
+    << ";strategy=" << strategy().name() << ";precision=" << strategy().precision().name()
+    << ";sampler=" << opts.use_distributed_sampler() << ";seed=" << (opts.seed() ? std::to_string(*opts.seed()) : "none")
+    << ";stage=" << to_string(st.stage);
+  for (const auto& p : module->named_parameters(true)) {
+    s << ";" << p.key() << p.value().sizes() << c10::toString(p.value().scalar_type());
+  }
+  return std::to_string(std::hash<std::string>()(s.str()));
+}
+
+std::string Run::broadcast_string(const std::string& text, int64_t src) const {
+  if (strategy().world_size() == 1) return text;
+  at::Tensor size = strategy().broadcast(
+      torch::tensor({static_cast<int64_t>(text.size())}, torch::kLong), src);
+  at::Tensor bytes = torch::zeros({size.item<int64_t>()}, torch::kUInt8);
+  if (strategy().rank() == src && !text.empty()) {
+    std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
+  }
+  bytes = strategy().broadcast(bytes, src);
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), bytes.numel());
 }
 
 void Run::setup_optimizers() {
@@ -144,6 +192,14 @@ void Run::setup_optimizers() {
   optimizers_ready = true;
 }
 
+DataLoader Run::shard(const DataLoader& loader) const {
+  const DataShard s = strategy().data_shard();
+  if (!opts.use_distributed_sampler() || s.world_size == 1 || loader.options().world_size() > 1) {
+    return loader;
+  }
+  return loader.sharded(s.rank, s.world_size);
+}
+
 void Run::step_schedulers(Interval interval) {
   for (auto& c : optimizers) {
     if (!c.scheduler() || c.interval() != interval) continue;
@@ -166,12 +222,13 @@ void Run::step_schedulers(Interval interval) {
 void Run::send_to_loggers(const Metrics& m) {
   if (m.empty() || !is_global_zero()) return;
   for (auto& kv : m) logged[kv.first] = kv.second;
-  for (auto& l : loggers_) l->log_metrics(m, log_step());
+  for (auto& l : loggers()) l->log_metrics(m, log_step());
 }
 
 Metrics Run::flush_epoch(MetricStore& store, bool add_epoch_number) {
   Metrics pb, lg;
-  Metrics reduced = store.reduce_epoch(&pb, &lg);
+  Metrics reduced = store.reduce_epoch(
+      &pb, &lg, [this](const at::Tensor& t, Reduce op) { return strategy().reduce(t, op); });
   for (auto& kv : reduced) {
     epoch_metrics[kv.first] = kv.second;
     // "x_epoch" also answers to "x" so monitors can name the plain key.

@@ -37,7 +37,7 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
       } catch (...) {
       }
     }
-    for (auto& l : loggers_) {
+    for (auto& l : loggers()) {
       try {
         l->finalize(RunStatus::kFailed);
       } catch (...) {
@@ -53,7 +53,7 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     throw;
   }
   if (prof != nullptr) prof->describe(to_string(stage), log_dir());
-  for (auto& l : loggers_) l->finalize(RunStatus::kFinished);
+  for (auto& l : loggers()) l->finalize(RunStatus::kFinished);
   scope = LogScope::kNone;
   m.attach(nullptr);
   strategy().teardown();
@@ -74,7 +74,8 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
               "libopenblas0-pthread (scripts/setup.sh does).");
   }
   s.plan =
-      resolve_plan(s.opts.accelerator(), s.opts.devices(), s.opts.strategy(), s.opts.precision());
+      resolve_plan(s.opts.accelerator(), s.opts.devices(), s.opts.strategy(), s.opts.precision(),
+                   s.opts.num_nodes());
   s.callbacks = s.opts.callbacks();
   s.prof = s.opts.profiler().get();
   s.loggers_ = s.opts.loggers();
@@ -133,9 +134,10 @@ Metrics Trainer::run_eval(Module& module, Stage stage, DataLoader& loader,
     if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
     const Limit& lim =
         stage == Stage::kTest ? s.opts.limit_test_batches() : s.opts.limit_val_batches();
-    int64_t n = lim.resolve(loader.num_batches());
+    DataLoader sharded = s.shard(loader);
+    int64_t n = lim.resolve(sharded.num_batches());
     if (s.fast_dev) n = std::min(n, s.opts.fast_dev_run());
-    out = detail::evaluation_loop(s, stage, loader, n);
+    out = detail::evaluation_loop(s, stage, sharded, n);
   });
   return out;
 }
@@ -171,9 +173,10 @@ std::vector<at::Tensor> Trainer::predict(Module& module, DataLoader data,
   s.guarded(module, Stage::kPredict, [&] {
     const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, Stage::kPredict);
     if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
-    int64_t n = s.opts.limit_predict_batches().resolve(data.num_batches());
+    DataLoader sharded = s.shard(data);
+    int64_t n = s.opts.limit_predict_batches().resolve(sharded.num_batches());
     if (s.fast_dev) n = std::min(n, s.opts.fast_dev_run());
-    out = detail::prediction_loop(s, data, n);
+    out = detail::prediction_loop(s, sharded, n);
   });
   return out;
 }

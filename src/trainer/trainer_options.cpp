@@ -12,6 +12,8 @@ namespace volt {
 void TrainerOptions::validate() const {
   VOLT_CHECK(max_epochs_ >= -1, ConfigError, "[Trainer] max_epochs=", max_epochs_,
              " is invalid; pass a number of epochs >= 0, or -1 for the default.");
+  VOLT_CHECK(num_nodes_ >= 1, ConfigError, "[Trainer] num_nodes=", num_nodes_,
+             " is invalid; pass the number of nodes (>= 1).");
   VOLT_CHECK(min_epochs_ >= 0, ConfigError, "[Trainer] min_epochs=", min_epochs_,
              " is negative; pass 0 or more.");
   VOLT_CHECK(max_epochs_ < 0 || min_epochs_ <= max_epochs_, ConfigError, "[Trainer] min_epochs=",
@@ -65,6 +67,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
     return s.str();
   };
   os << "TrainerOptions(accelerator=" << o.accelerator() << ", devices=" << o.devices()
+     << ", num_nodes=" << o.num_nodes()
      << ", strategy=" << o.strategy() << ", precision=" << o.precision()
      << ", max_epochs=" << o.max_epochs() << ", min_epochs=" << o.min_epochs()
      << ", max_steps=" << o.max_steps() << ", max_time=" << opt(o.max_time())
@@ -83,6 +86,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", enable_progress_bar=" << o.enable_progress_bar()
      << ", enable_checkpointing=" << o.enable_checkpointing() << ", logger=" << o.logger()
      << ", default_root_dir=\"" << o.default_root_dir() << "\""
+     << ", use_distributed_sampler=" << o.use_distributed_sampler()
      << ", deterministic=" << o.deterministic() << ", seed=" << opt(o.seed())
      << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
      << ", num_threads=" << o.num_threads() << ", callbacks=" << o.callbacks().size()

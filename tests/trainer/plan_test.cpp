@@ -47,7 +47,13 @@ TEST(ResolvePlan, CudaWithoutCudaIsNotAvailable) {
 
 TEST(ResolvePlan, BadDeviceCounts) {
   EXPECT_THROW(volt::resolve_plan("cpu", 0, "auto", "32-true"), volt::ConfigError);
-  EXPECT_THROW(volt::resolve_plan("cpu", 2, "auto", "32-true"), volt::ConfigError);
+  EXPECT_THROW(volt::resolve_plan("cpu", 1, "auto", "32-true", 0), volt::ConfigError);
+  try {
+    volt::resolve_plan("cpu", 2, "single_device", "32-true");
+    FAIL();
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("use strategy \"ddp\""), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

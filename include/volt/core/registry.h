@@ -165,7 +165,8 @@ Args default_args(const std::string& owner, const Params& params);
 struct StrategyContext {
   std::shared_ptr<Accelerator> accelerator;
   std::shared_ptr<Precision> precision;
-  int64_t devices = 1;
+  int64_t devices = 1;    ///< processes per node
+  int64_t num_nodes = 1;  ///< nodes; world size = devices * num_nodes
 };
 
 /// What a logger factory gets besides its own parameters.

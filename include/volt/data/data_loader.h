@@ -55,6 +55,10 @@ class DataLoader {
   /// Batches `first_batch` .. `first_batch + max_batches - 1` (max_batches < 0: to the end).
   BatchStream stream(int64_t epoch, int64_t first_batch = 0, int64_t max_batches = -1) const;
   const DataLoaderOptions& options() const { return options_; }
+  /// This loader over the shard of `rank` among `world_size` ranks (a distributed sampler: the
+  /// same seeded per-epoch order on every rank, padded to equal length, every
+  /// world_size-th index from position `rank`).
+  DataLoader sharded(int64_t rank, int64_t world_size) const;
   const Dataset& dataset() const { return *dataset_; }
 
  private:

@@ -47,6 +47,10 @@ class Strategy {
   virtual void launch() {}
   /// Creates process groups etc. Called at the start of each Trainer entry point.
   virtual void setup_environment() {}
+  /// A digest of the run's configuration (set by the Trainer before launch()); multi-process
+  /// strategies compare it at rendezvous so ranks started with different settings fail at once.
+  void set_config_fingerprint(std::string fingerprint) { fingerprint_ = std::move(fingerprint); }
+  const std::string& config_fingerprint() const { return fingerprint_; }
   /// Global rank of this process, 0-based.
   virtual int64_t rank() const { return 0; }
   /// Rank of this process on its node.
@@ -127,6 +131,7 @@ class Strategy {
   CheckpointIO& checkpoint_io() const { return *checkpoint_io_; }
 
  protected:
+  std::string fingerprint_;
   std::shared_ptr<Accelerator> accelerator_;
   std::shared_ptr<Precision> precision_;
   std::shared_ptr<CheckpointIO> checkpoint_io_;

@@ -17,14 +17,17 @@ struct RunPlan {
   std::shared_ptr<Accelerator> accelerator;
   std::shared_ptr<Precision> precision;
   std::shared_ptr<Strategy> strategy;
-  int64_t devices = 1;
+  int64_t devices = 1;    ///< processes per node
+  int64_t num_nodes = 1;
 };
 
-/// "auto" accelerator: cuda when available, else cpu. devices -1 ("auto"): 1. Strategy "auto":
-/// single_device for one device. Precision names: "32-true", "32". Unknown names throw
+/// "auto" accelerator: cuda when available, else cpu. devices -1: every device of the
+/// accelerator (1 on the CPU, where an explicit N runs N processes). Strategy "auto":
+/// single_device for one process, ddp for devices x num_nodes > 1. Unknown names throw
 /// ConfigError listing the valid ones; unavailable hardware throws NotAvailable.
 RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
-                     const Spec<Strategy>& strategy, const Spec<Precision>& precision);
+                     const Spec<Strategy>& strategy, const Spec<Precision>& precision,
+                     int64_t num_nodes = 1);
 
 /// Registered names, for messages and the CLI.
 std::vector<std::string> accelerator_names();

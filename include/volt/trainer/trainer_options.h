@@ -25,9 +25,13 @@ class Precision;
 struct TrainerOptions {
   /// "auto", "cpu", "cuda" or an Accelerator object. Default: "auto".
   TORCH_ARG(Spec<Accelerator>, accelerator) = "auto";
-  /// Number of devices; -1 means "auto" (1 today). Default: -1.
+  /// Processes (devices) per node: N, or -1 = every device of the accelerator (1 on the CPU,
+  /// where N processes share it). Default: -1.
   TORCH_ARG(int64_t, devices) = -1;
-  /// "auto", "single_device" or a Strategy object. Default: "auto".
+  /// Nodes (machines) taking part; world size = devices × num_nodes. Default: 1.
+  TORCH_ARG(int64_t, num_nodes) = 1;
+  /// "auto" (single_device for one process, ddp for more), "single_device", "ddp" or a Strategy
+  /// object. Default: "auto".
   TORCH_ARG(Spec<Strategy>, strategy) = "auto";
   /// "32-true" or a Precision object. Default: "32-true".
   TORCH_ARG(Spec<Precision>, precision) = "32-true";
@@ -68,6 +72,10 @@ struct TrainerOptions {
   TORCH_ARG(bool, logger) = true;
   /// Root folder for logs and checkpoints. Default: ".".
   TORCH_ARG(std::string, default_root_dir) = ".";
+  /// With several processes, shard every loader by the strategy's rank and world size (a
+  /// distributed sampler: disjoint shards, reshuffled per epoch from the loader's seed, padded
+  /// to equal length). Loaders that already set world_size > 1 are kept. Default: true.
+  TORCH_ARG(bool, use_distributed_sampler) = true;
   /// Use deterministic algorithms only. Default: false.
   TORCH_ARG(bool, deterministic) = false;
   /// Seed torch's RNG before building anything (seed_everything). Default: none.

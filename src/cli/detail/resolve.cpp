@@ -370,7 +370,8 @@ Params trainer_params(const Registry& reg) {
   for (const auto& n : reg.accelerators.names()) accelerators.push_back(n);
   return Params()
       .choice("accelerator", d.accelerator().name(), accelerators, "hardware to run on")
-      .add("devices", d.devices(), "number of devices; -1 = auto")
+      .add("devices", d.devices(), "processes (devices) per node; -1 = all devices (1 on cpu)")
+      .add("num_nodes", d.num_nodes(), "nodes taking part (world size = devices x num_nodes)")
       .choice("strategy", d.strategy().name(), strategies, "how work spreads over devices")
       .choice("precision", d.precision().name(), reg.precisions.names(), "numeric precision")
       .add("max_epochs", d.max_epochs(), "stop after this many epochs; -1 = 1000 if max_steps unset")
@@ -393,6 +394,8 @@ Params trainer_params(const Registry& reg) {
       .add("enable_checkpointing", d.enable_checkpointing(), "add a ModelCheckpoint when none is given")
       .add("logger", d.logger(), "add a CSVLogger when trainer.loggers is empty")
       .add("default_root_dir", d.default_root_dir(), "root folder for logs and checkpoints")
+      .add("use_distributed_sampler", d.use_distributed_sampler(),
+           "with several processes, shard every loader by rank")
       .add("deterministic", d.deterministic(), "use deterministic algorithms only")
       .add("detect_nonfinite_loss", d.detect_nonfinite_loss(), "fail on a NaN/inf training loss")
       .add("num_threads", d.num_threads(), "torch intra-op threads; 0 = volt's measured default")
@@ -407,6 +410,7 @@ TrainerOptions trainer_options(const Args& a) {
   TrainerOptions o;
   o.accelerator(a.get<std::string>("accelerator"))
       .devices(a.get<int64_t>("devices"))
+      .num_nodes(a.get<int64_t>("num_nodes"))
       .strategy(a.get<std::string>("strategy"))
       .precision(a.get<std::string>("precision"))
       .max_epochs(a.get<int64_t>("max_epochs"))
@@ -429,6 +433,7 @@ TrainerOptions trainer_options(const Args& a) {
       .enable_checkpointing(a.get<bool>("enable_checkpointing"))
       .logger(a.get<bool>("logger"))
       .default_root_dir(a.get<std::string>("default_root_dir"))
+      .use_distributed_sampler(a.get<bool>("use_distributed_sampler"))
       .deterministic(a.get<bool>("deterministic"))
       .detect_nonfinite_loss(a.get<bool>("detect_nonfinite_loss"))
       .num_threads(a.get<int64_t>("num_threads"))

@@ -4,6 +4,7 @@
 #include <ATen/Tensor.h>
 #include <torch/serialize/archive.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ class MetricStore {
     Reduce reduce = Reduce::kMean;
     bool prog_bar = false;
     bool logger = true;
+    bool sync_dist = false;
   };
   struct StepEntry {
     at::Tensor value;
@@ -33,9 +35,14 @@ class MetricStore {
 
   void add_step(const std::string& key, const at::Tensor& v, bool prog_bar, bool logger);
   void add_epoch(const std::string& key, const at::Tensor& v, int64_t weight, Reduce reduce,
-                 bool prog_bar, bool logger);
-  // Reduces the epoch entries (weighted mean / sum / max / min) and clears them.
-  Metrics reduce_epoch(Metrics* prog_bar, Metrics* for_logger);
+                 bool prog_bar, bool logger, bool sync_dist = false);
+  /// Reduces a tensor across processes (element-wise, kSum / kMax / kMin); identity for one.
+  using CrossRankReduce = std::function<at::Tensor(const at::Tensor&, Reduce)>;
+  // Reduces the epoch entries (weighted mean / sum / max / min) and clears them. Entries logged
+  // with sync_dist are reduced over all ranks too (a weighted mean over every rank's values), in
+  // key order, so every rank must have logged the same sync_dist keys.
+  Metrics reduce_epoch(Metrics* prog_bar, Metrics* for_logger,
+                       const CrossRankReduce& across_ranks = nullptr);
   // Host values of the latest step entries (logger=true ones when `for_logger`).
   Metrics step_values(bool only_logger, bool only_prog_bar) const;
   void clear_step() { step_.clear(); }

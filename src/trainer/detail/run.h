@@ -62,6 +62,10 @@ class Run : public RunContext {
   Clock::time_point fit_start;
   bool fast_dev = false;
   Profiler* prof = nullptr;  // opts.profiler(), or null
+  const std::vector<std::shared_ptr<Logger>> no_loggers_;
+  /// With several processes: the run folder rank 0 chose, shared at set-up (other ranks never
+  /// create logger folders themselves).
+  std::string shared_log_dir_;
 
   Strategy& strategy() const { return *plan.strategy; }
 
@@ -82,7 +86,11 @@ class Run : public RunContext {
   int64_t max_steps() const override { return opts.max_steps(); }
   int64_t log_every_n_steps() const override { return opts.log_every_n_steps(); }
   std::vector<OptimizerConfig>& optimizer_configs() override { return optimizers; }
-  const std::vector<std::shared_ptr<Logger>>& loggers() const override { return loggers_; }
+  /// The loggers this process writes to: all of them on global rank 0, none elsewhere (one
+  /// set of log files per job).
+  const std::vector<std::shared_ptr<Logger>>& loggers() const override {
+    return is_global_zero() ? loggers_ : no_loggers_;
+  }
   void manual_backward(const at::Tensor& loss) override;
   void manual_step(size_t index) override;
   void manual_zero_grad(size_t index) override;
@@ -135,8 +143,15 @@ class Run : public RunContext {
   int64_t resolved_max_epochs() const;
   int64_t val_limit(const DataLoader& val) const;
   void setup_run(Module& m, Stage stage);
+  /// A digest of what every rank must agree on (loop settings, model parameter shapes).
+  std::string config_fingerprint() const;
+  /// `text` as rank `src` has it, on every rank (a collective; identity for one process).
+  std::string broadcast_string(const std::string& text, int64_t src = 0) const;
   void setup_optimizers();
   void step_schedulers(Interval interval);
+  /// `loader` sharded by the strategy's data_shard() when use_distributed_sampler is on, the
+  /// job has several processes and the loader is not sharded already; else `loader` itself.
+  DataLoader shard(const DataLoader& loader) const;
 
   // ---------------------------------------------------------------- metrics
   void refresh_cache() const;

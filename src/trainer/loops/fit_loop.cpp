@@ -82,7 +82,7 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
   r.module_hook("on_train_epoch_end", [&](Module& mm) { mm.on_train_epoch_end(); });
   r.flush_epoch(r.train_metrics, true);
   r.callback_hook("on_train_epoch_end", [&](Callback& c) { c.on_train_epoch_end(r, m); });
-  for (auto& l : r.loggers_) l->save();
+  for (auto& l : r.loggers()) l->save();
   r.scope = LogScope::kNone;
 }
 
@@ -107,9 +107,12 @@ void sanity_check(Run& r, DataLoader& val) {
 
 }  // namespace
 
-void fit_loop(Run& r, DataLoader& train, c10::optional<DataLoader>& val,
+void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_loader,
               const std::string& ckpt_path) {
   Module& m = *r.module;
+  DataLoader train = r.shard(train_loader);
+  c10::optional<DataLoader> val;
+  if (val_loader) val = r.shard(*val_loader);
   r.setup_optimizers();
   r.st.epoch = 0;
   r.st.global_step = 0;
@@ -125,7 +128,7 @@ void fit_loop(Run& r, DataLoader& train, c10::optional<DataLoader>& val,
   r.cache_dirty = true;
   r.fit_start = Clock::now();
   if (r.is_global_zero()) {
-    for (auto& l : r.loggers_) l->log_hyperparams(m.hparams());
+    for (auto& l : r.loggers()) l->log_hyperparams(m.hparams());
   }
   const std::string ckpt = resolve_ckpt_path(r, ckpt_path, Stage::kFit);
   if (!ckpt.empty()) restore_checkpoint(r, ckpt, /*full=*/true);
