@@ -265,6 +265,38 @@ TEST(Cli, BadConfigsExitWithCodeTwo) {
                      "[Timer]");
 }
 
+TEST(Cli, AnEmptyOverrideEmptiesAStringSetInAConfigFile) {
+  volt_test::TempDir dir;
+  write(dir / "run.yaml",
+        "model: Tiny\ndata: Blobs\ntrainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n"
+        "      init_args: {monitor: val_acc, mode: max}\n");
+  // Before: "--...monitor=" became null and failed with "give a value or remove the key", and a
+  // key set in a file cannot be removed from the command line.
+  auto r = run({"print-config", "--config", dir / "run.yaml",
+                "--trainer.callbacks.0.init_args.monitor="});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("monitor: \"\"\n"), std::string::npos) << r.out;
+  // The printed config loads back to the same text.
+  write(dir / "printed.yaml", r.out);
+  EXPECT_EQ(run({"print-config", "--config", dir / "printed.yaml"}).out, r.out);
+  // A null where a string is needed says how to write the empty string.
+  expect_usage_error({"print-config", "--config", dir / "run.yaml",
+                      "--trainer.callbacks.0.monitor=null"},
+                     "is null but must be str; give a value (the empty string is \"\" in YAML, "
+                     "--trainer.callbacks.0.init_args.monitor= on the command line)");
+  // Where the empty string is not a valid value, the message says what --key= means.
+  expect_usage_error({"print-config", "--config", dir / "run.yaml", "--trainer.max_time="},
+                     "expected float or null, got \"\"; e.g. trainer.max_time: 0.001 "
+                     "(--trainer.max_time= is the empty string; --trainer.max_time=null gives "
+                     "null)");
+  EXPECT_EQ(run({"print-config", "--config", dir / "run.yaml", "--trainer.max_time=null"}).code,
+            0);
+  expect_usage_error({"print-config", "--config", dir / "run.yaml", "--trainer.profiler="},
+                     "(to remove it, write --trainer.profiler=null)");
+  EXPECT_NE(run({"fit", "--help"}).out.find("An empty value is the empty string"),
+            std::string::npos);
+}
+
 TEST(Cli, AnAliasBombIsRefusedWithOneLine) {
   volt_test::TempDir dir;
   // Five levels of ten aliases: 1.2 million nodes expanded (the full-size bomb runs in the

@@ -158,6 +158,28 @@ TEST(ConfigTree, OverrideErrorsSayWhatToDo) {
             std::string::npos);
 }
 
+TEST(ConfigTree, AnEmptyOverrideIsTheEmptyStringAndNullIsNull) {
+  // A config file sets monitor; the command line must be able to empty it.
+  ConfigNode root = parse_yaml("trainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n"
+                               "      init_args: {monitor: val_loss}\n",
+                               "run.yaml");
+  canonicalize(root);
+  apply_override(root, "trainer.callbacks.0.init_args.monitor", "", false,
+                 "--trainer.callbacks.0.init_args.monitor=");
+  const ConfigNode& monitor =
+      at(at(root, {"trainer", "callbacks"}).items[0], {"init_args", "monitor"});
+  EXPECT_TRUE(monitor.is_scalar());
+  EXPECT_EQ(monitor.scalar, "");
+  EXPECT_TRUE(monitor.quoted);
+  apply_override(root, "trainer.callbacks.0.monitor", "null", false, "o");
+  EXPECT_TRUE(at(at(root, {"trainer", "callbacks"}).items[0], {"init_args", "monitor"}).is_null());
+  // In files YAML's rules hold: `key:` alone is null, `key: ""` the empty string.
+  auto f = parse_yaml("a:\nb: \"\"\n", "f.yaml");
+  EXPECT_TRUE(at(f, {"a"}).is_null());
+  EXPECT_TRUE(at(f, {"b"}).is_scalar());
+  EXPECT_EQ(at(f, {"b"}).scalar, "");
+}
+
 /// "Billion laughs" in YAML: `levels` levels of `per_level` aliases of the level before.
 std::string alias_bomb(int levels, int per_level, bool flow) {
   std::string s = flow ? "[&l0 [" : "l0: &l0 [";

@@ -267,10 +267,14 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
 
   ConfigNode val;
   try {
-    if (!is_one_flow_collection(value)) throw YAML::Exception(YAML::Mark::null_mark(), "");
+    // "--key=" is the empty string (YAML would read it as null): otherwise a string set in a
+    // config file could not be emptied from the command line. "--key=null" is null.
+    if (value.empty() || !is_one_flow_collection(value)) {
+      throw YAML::Exception(YAML::Mark::null_mark(), "");
+    }
     val = convert(load_yaml_bounded(value, "cli", origin), origin);
   } catch (const YAML::Exception&) {
-    // Not YAML (e.g. the file name template {epoch}-{step}): take the text literally.
+    // Empty, or not YAML (e.g. the file name template {epoch}-{step}): take the text literally.
     val = ConfigNode::make_scalar(value, origin);
     val.quoted = true;
   }
