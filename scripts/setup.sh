@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread
-  zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev
+  zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   python3-torch

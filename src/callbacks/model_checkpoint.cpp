@@ -1,16 +1,93 @@
 #include "volt/callbacks/model_checkpoint.h"
 
 #include <dirent.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <regex>
+#include <vector>
 
 #include "volt/core/check.h"
 
 namespace volt {
+namespace {
+
+/// One "{name}" or "{name:spec}" field of a filename template and the literal text before it.
+struct Field {
+  std::string prefix, name, spec;
+};
+
+/// Splits a template into fields; `tail` receives the text after the last one.
+std::vector<Field> parse_template(const std::string& tmpl, std::string* tail) {
+  static const std::regex field(R"(\{([A-Za-z0-9_/.\-]+)(?::([^}]*))?\})");
+  std::vector<Field> out;
+  std::string rest = tmpl;
+  std::smatch m;
+  while (std::regex_search(rest, m, field)) {
+    out.push_back({m.prefix().str(), m[1].str(), m[2].matched ? m[2].str() : ""});
+    rest = m.suffix().str();
+  }
+  *tail = rest;
+  return out;
+}
+
+bool is_int_field(const std::string& name) { return name == "epoch" || name == "step"; }
+
+// Python semantics, which Lightning's templates follow: an integer with a float presentation
+// type ("{epoch:.1f}") is formatted as a float. fmt would reject the precision.
+bool float_presentation(const std::string& spec) {
+  return !spec.empty() && std::strchr("eEfFgG", spec.back()) != nullptr;
+}
+
+/// Formats with fmt, which checks the spec against the value's type and throws
+/// fmt::format_error for a bad one (printf with a user's spec was undefined behaviour).
+std::string render(const std::string& name, const std::string& spec, double value) {
+  if (is_int_field(name) && !float_presentation(spec)) {
+    return fmt::format(fmt::runtime("{:" + spec + "}"), static_cast<long long>(value));
+  }
+  return fmt::format(fmt::runtime("{:" + (spec.empty() ? std::string(".4f") : spec) + "}"), value);
+}
+
+/// ConfigError unless every field's spec formats a value of its type and stays a file name.
+void check_template(const std::string& tmpl) {
+  std::string tail;
+  for (const Field& f : parse_template(tmpl, &tail)) {
+    const bool is_int = is_int_field(f.name);
+    const std::string fix = std::string("; use a Python-style spec such as ") +
+                            (is_int ? "{" + f.name + ":02d}" : "{" + f.name + ":.3f}") + " (" +
+                            (is_int ? "epoch and step are integers" : "metrics are floats") +
+                            ") or no spec.";
+    // A file name holds at most 255 bytes: a larger width or precision is a mistake, and
+    // {val_loss:999999999} would build a 1 GB string.
+    for (size_t i = 0; i < f.spec.size();) {
+      if (!std::isdigit(static_cast<unsigned char>(f.spec[i]))) {
+        ++i;
+        continue;
+      }
+      size_t j = i;
+      while (j < f.spec.size() && std::isdigit(static_cast<unsigned char>(f.spec[j]))) ++j;
+      VOLT_CHECK(j - i <= 3 && std::stoi(f.spec.substr(i, j - i)) <= 255, ConfigError,
+                 "[ModelCheckpoint] filename \"", tmpl, "\": {", f.name, ":", f.spec,
+                 "} asks for width or precision ", f.spec.substr(i, j - i),
+                 ", over a file name's 255 bytes", fix);
+      i = j;
+    }
+    try {
+      render(f.name, f.spec, is_int ? 1.0 : 0.5);
+    } catch (const fmt::format_error& e) {
+      VOLT_CHECK(false, ConfigError, "[ModelCheckpoint] filename \"", tmpl, "\": {", f.name, ":",
+                 f.spec, "} has an invalid format spec for ",
+                 is_int ? "an integer" : "a float metric", " (", e.what(), ")", fix);
+    }
+  }
+}
+
+}  // namespace
 
 ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std::move(options)) {
   VOLT_CHECK(options_.save_top_k() >= -1, ConfigError, "[ModelCheckpoint] save_top_k=",
@@ -25,6 +102,8 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
              " needs a monitor to rank checkpoints; set monitor or use save_top_k 1 / -1.");
   VOLT_CHECK(!options_.filename().empty(), ConfigError,
              "[ModelCheckpoint] filename is empty; pass a template such as \"{epoch}-{step}\".");
+  // Checked now, not at the first save hours into the run.
+  check_template(options_.filename());
   if (!options_.every_n_epochs()) {
     options_.every_n_epochs(options_.every_n_train_steps() > 0 ? 0 : 1);
   }
@@ -82,45 +161,24 @@ std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) co
 
 std::string ModelCheckpoint::format_filename(const Metrics& metrics, int64_t epoch,
                                              int64_t step) const {
-  // "{name}" or "{name:fmt}" -> "name=<value>", with fmt a printf conversion ("02d", ".3f").
-  static const std::regex field(R"(\{([A-Za-z0-9_/.\-]+)(?::([^}]*))?\})");
-  std::string out;
-  std::string rest = options_.filename();
-  std::smatch m;
-  while (std::regex_search(rest, m, field)) {
-    out += m.prefix().str();
-    const std::string name = m[1].str();
-    const std::string fmt = m[2].matched ? m[2].str() : "";
-    char buf[128];
+  // "{name}" or "{name:spec}" -> "name=<value>"; specs were checked in the constructor.
+  std::string out, tail;
+  for (const Field& f : parse_template(options_.filename(), &tail)) {
     double value;
-    bool is_int = false;
-    if (name == "epoch") {
+    if (f.name == "epoch") {
       value = static_cast<double>(epoch);
-      is_int = true;
-    } else if (name == "step") {
+    } else if (f.name == "step") {
       value = static_cast<double>(step);
-      is_int = true;
     } else {
-      auto it = metrics.find(name);
-      VOLT_CHECK(it != metrics.end(), ConfigError, "[ModelCheckpoint] filename field {", name,
+      auto it = metrics.find(f.name);
+      VOLT_CHECK(it != metrics.end(), ConfigError, "[ModelCheckpoint] filename field {", f.name,
                  "} is not a logged metric (logged: ", metrics.size(),
                  " keys); log it or remove it from the filename template.");
       value = it->second;
     }
-    if (!fmt.empty() && (fmt.back() == 'd' || fmt.back() == 'i')) {
-      std::snprintf(buf, sizeof buf, ("%" + fmt.substr(0, fmt.size() - 1) + "lld").c_str(),
-                    static_cast<long long>(value));
-    } else if (!fmt.empty()) {
-      std::snprintf(buf, sizeof buf, ("%" + fmt).c_str(), value);
-    } else if (is_int) {
-      std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(value));
-    } else {
-      std::snprintf(buf, sizeof buf, "%.4f", value);
-    }
-    out += name + "=" + buf;
-    rest = m.suffix().str();
+    out += f.prefix + f.name + "=" + render(f.name, f.spec, value);
   }
-  out += rest;
+  out += tail;
   for (char& c : out) {
     if (c == '/') c = '_';  // metric names like "val/loss" must not create folders
   }

@@ -190,6 +190,8 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
      << "command-line order (the last wins). Values are YAML: --model.hidden=[256,128]. A component\n"
      << "is {class_path: NAME, init_args: {...}}; --model=NAME picks one, --model.lr=X sets an\n"
      << "init arg, --trainer.callbacks+=NAME appends, --trainer.callbacks.0.patience=5 edits.\n"
+     << "An empty value is the empty string (--trainer.callbacks.0.monitor=); --key=null is null\n"
+     << "(in YAML files, key: alone is null and key: \"\" the empty string).\n"
      << "Columns: option, type, [default], meaning.\n\n"
      << "top level:\n"
      << "    --config FILE      YAML config file (repeatable)\n"

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "detail/temp_files.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -67,39 +68,38 @@ void CheckpointIO::remove(const std::string& path) { ::unlink(path.c_str()); }
 void atomic_write_file(const std::string& path, const std::string& data) {
   const std::string dir = parent_dir(path);
   make_dirs(dir);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  VOLT_CHECK(fd >= 0, CheckpointError, "[CheckpointIO] cannot create '", tmp, "' (",
-             std::strerror(errno), "); check that the folder is writable.");
+  // Temp files of writers that died mid-write (they accumulate, one per kill) go first.
+  detail::remove_stale_temps(dir);
+  const std::string tmp = detail::temp_path_for(path);
+  // Locked until closed: the file is unlinked or renamed before then, so a cleanup never sees
+  // a live writer's file unlocked.
+  const int fd = detail::create_locked_temp(tmp);
+  const auto fail = [&](const std::string& what, int err) {
+    ::unlink(tmp.c_str());
+    ::close(fd);
+    VOLT_CHECK(false, CheckpointError, "[CheckpointIO] ", what, " '", tmp, "' failed (",
+               std::strerror(err), "); check free disk space. The previous '", path,
+               "' is untouched.");
+  };
   const char* p = data.data();
   size_t left = data.size();
   while (left > 0) {
     ssize_t n = ::write(fd, p, left);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      VOLT_CHECK(false, CheckpointError, "[CheckpointIO] writing '", tmp, "' failed (",
-                 std::strerror(err), "); check free disk space. The previous '", path,
-                 "' is untouched.");
-    }
+    if (n <= 0) fail("writing", n < 0 ? errno : EIO);
     p += n;
     left -= static_cast<size_t>(n);
   }
   // fsync before rename: otherwise a power loss can leave the new name pointing at no data.
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    VOLT_CHECK(false, CheckpointError, "[CheckpointIO] flushing '", tmp, "' failed (",
-               std::strerror(err), "); the previous '", path, "' is untouched.");
-  }
+  if (::fsync(fd) != 0) fail("flushing", errno);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
+    ::close(fd);
     VOLT_CHECK(false, CheckpointError, "[CheckpointIO] renaming '", tmp, "' to '", path,
                "' failed (", std::strerror(err), ").");
   }
+  ::close(fd);
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);  // makes the rename itself durable

@@ -2,15 +2,20 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
-#include "volt/core/check.h"
+#include "detail/csv_format.h"
 #include "detail/log_dir.h"
+#include "volt/core/check.h"
 #include "volt/io/checkpoint_io.h"
 
 namespace volt {
@@ -22,11 +27,21 @@ std::string fmt_value(double v) {
   return buf;
 }
 
-std::string csv_escape(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
+// YAML 1.1 readers (PyYAML, hence Lightning and TensorBoard tooling) resolve these plain words
+// to booleans or null; yaml-cpp's emitter quotes only some of them. Values are strings here.
+bool yaml_reads_as_non_string(const std::string& s) {
+  static const char* kWords[] = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"};
+  std::string lower;
+  for (char c : s) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* w : kWords) {
+    if (lower == w) return true;
+  }
+  return false;
+}
+
+void emit_string(YAML::Emitter& out, const std::string& s) {
+  if (yaml_reads_as_non_string(s)) out << YAML::DoubleQuoted;
+  out << s;
 }
 
 }  // namespace
@@ -60,10 +75,19 @@ std::string CSVLogger::log_dir() {
 std::string CSVLogger::metrics_path() { return log_dir() + "/metrics.csv"; }
 
 void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params) {
-  std::string yaml;
-  for (const auto& kv : params) yaml += kv.first + ": " + kv.second + "\n";
-  if (yaml.empty()) yaml = "{}\n";
-  atomic_write_file(log_dir() + "/hparams.yaml", yaml);
+  // yaml-cpp quotes whatever YAML would misread (": ", "#", "- x", "null", newlines ...); numbers
+  // stay plain.
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const auto& kv : params) {
+    out << YAML::Key;
+    emit_string(out, kv.first);
+    out << YAML::Value;
+    emit_string(out, kv.second);
+  }
+  out << YAML::EndMap;
+  VOLT_ASSERT(out.good(), "hparams.yaml emitter: ", out.GetLastError());
+  atomic_write_file(log_dir() + "/hparams.yaml", std::string(out.c_str()) + "\n");
 }
 
 void CSVLogger::log_metrics(const Metrics& metrics, int64_t step) {
@@ -82,7 +106,7 @@ void CSVLogger::log_metrics(const Metrics& metrics, int64_t step) {
 void CSVLogger::rewrite_all() {
   std::ostringstream os;
   os << "step";
-  for (const auto& c : columns_) os << "," << csv_escape(c);
+  for (const auto& c : columns_) os << "," << detail::csv_escape(c);
   os << "\n";
   for (const auto& r : rows_) {
     os << r.step;
@@ -140,30 +164,35 @@ void CSVLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
   size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) content.append(buf, n);
   std::fclose(f);
-  std::istringstream in(content);
-  std::string line;
-  if (!std::getline(in, line)) return;
-  std::vector<std::string> header;
-  {
-    std::stringstream hs(line);
-    std::string cell;
-    while (std::getline(hs, cell, ',')) header.push_back(cell);
-  }
+  // A run killed while appending can leave a last line without its newline: drop it.
+  content.erase(content.find_last_of('\n') == std::string::npos ? 0
+                                                                 : content.find_last_of('\n') + 1);
+  // The header quotes names holding commas or quotes: parse the file as CSV, not split at commas.
+  const auto records = detail::parse_csv(content, "[CSVLogger] " + metrics_path());
+  if (records.empty()) return;
+  const std::vector<std::string>& header = records.front().cells;
   for (size_t i = 1; i < header.size(); ++i) columns_.push_back(header[i]);
-  while (std::getline(in, line)) {
-    std::stringstream ls(line);
-    std::string cell;
+  for (size_t r = 1; r < records.size(); ++r) {
+    const auto& cells = records[r].cells;
+    if (cells.size() == 1 && cells[0].empty()) continue;  // a blank line
     Row row{0, {}};
-    size_t col = 0;
-    while (std::getline(ls, cell, ',')) {
-      if (col == 0) {
-        row.step = std::stoll(cell);
-      } else if (!cell.empty() && col < header.size()) {
-        row.values[header[col]] = std::stod(cell);
-      }
-      ++col;
+    const char* begin = cells[0].data();
+    const char* end = begin + cells[0].size();
+    const auto parsed = std::from_chars(begin, end, row.step);
+    VOLT_CHECK(parsed.ec == std::errc() && parsed.ptr == end, DataError, "[CSVLogger] ",
+               metrics_path(), ":", records[r].line, ": step '", cells[0],
+               "' is not an integer; repair or delete that line to resume.");
+    if (row.step >= step) continue;
+    for (size_t c = 1; c < cells.size() && c < header.size(); ++c) {
+      if (cells[c].empty()) continue;
+      char* stop = nullptr;
+      const double v = std::strtod(cells[c].c_str(), &stop);
+      VOLT_CHECK(stop == cells[c].c_str() + cells[c].size(), DataError, "[CSVLogger] ",
+                 metrics_path(), ":", records[r].line, ": '", cells[c], "' in column '",
+                 header[c], "' is not a number; repair or delete that line to resume.");
+      row.values[header[c]] = v;
     }
-    if (row.step < step) rows_.push_back(row);
+    rows_.push_back(row);
   }
   header_dirty_ = true;  // rewrite without the dropped rows on the next save
   flushed_ = 0;

@@ -2,8 +2,13 @@
 // print-config round trips, and every bad-input path (exit code 2, one clear message). The last
 // tests run the real `volt` binary as a separate process.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 
 #include <filesystem>
 #include <fstream>
@@ -260,6 +265,56 @@ TEST(Cli, BadConfigsExitWithCodeTwo) {
                      "[Timer]");
 }
 
+TEST(Cli, AnEmptyOverrideEmptiesAStringSetInAConfigFile) {
+  volt_test::TempDir dir;
+  write(dir / "run.yaml",
+        "model: Tiny\ndata: Blobs\ntrainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n"
+        "      init_args: {monitor: val_acc, mode: max}\n");
+  // Before: "--...monitor=" became null and failed with "give a value or remove the key", and a
+  // key set in a file cannot be removed from the command line.
+  auto r = run({"print-config", "--config", dir / "run.yaml",
+                "--trainer.callbacks.0.init_args.monitor="});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("monitor: \"\"\n"), std::string::npos) << r.out;
+  // The printed config loads back to the same text.
+  write(dir / "printed.yaml", r.out);
+  EXPECT_EQ(run({"print-config", "--config", dir / "printed.yaml"}).out, r.out);
+  // A null where a string is needed says how to write the empty string.
+  expect_usage_error({"print-config", "--config", dir / "run.yaml",
+                      "--trainer.callbacks.0.monitor=null"},
+                     "is null but must be str; give a value (the empty string is \"\" in YAML, "
+                     "--trainer.callbacks.0.init_args.monitor= on the command line)");
+  // Where the empty string is not a valid value, the message says what --key= means.
+  expect_usage_error({"print-config", "--config", dir / "run.yaml", "--trainer.max_time="},
+                     "expected float or null, got \"\"; e.g. trainer.max_time: 0.001 "
+                     "(--trainer.max_time= is the empty string; --trainer.max_time=null gives "
+                     "null)");
+  EXPECT_EQ(run({"print-config", "--config", dir / "run.yaml", "--trainer.max_time=null"}).code,
+            0);
+  expect_usage_error({"print-config", "--config", dir / "run.yaml", "--trainer.profiler="},
+                     "(to remove it, write --trainer.profiler=null)");
+  EXPECT_NE(run({"fit", "--help"}).out.find("An empty value is the empty string"),
+            std::string::npos);
+}
+
+TEST(Cli, AnAliasBombIsRefusedWithOneLine) {
+  volt_test::TempDir dir;
+  // Five levels of ten aliases: 1.2 million nodes expanded (the full-size bomb runs in the
+  // memory-capped binary test below).
+  std::string bomb = "l0: &l0 [a, a, a, a, a, a, a, a, a, a]\n";
+  for (int i = 1; i <= 5; ++i) {
+    const std::string prev = "*l" + std::to_string(i - 1);
+    bomb += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
+    for (int j = 0; j < 10; ++j) bomb += (j ? ", " : "") + prev;
+    bomb += "]\n";
+  }
+  write(dir / "bomb.yaml", bomb);
+  expect_usage_error({"print-config", "--config", dir / "bomb.yaml"},
+                     "[cli] " + (dir / "bomb.yaml") + ":6:");
+  expect_usage_error({"print-config", "--config", dir / "bomb.yaml"},
+                     "more than 1000000 nodes once its aliases (*name) are expanded");
+}
+
 TEST(Cli, RunFailuresExitWithCodeOneAndBugsNeverEscape) {
   volt_test::TempDir dir;
   auto args = base(dir);
@@ -316,6 +371,83 @@ TEST(CliBinary, FitsFashionMnistFromTheCheckedInConfig) {
   auto p = run_binary("print-config --config " + dir.path + "/volt_logs/version_0/config.yaml");
   EXPECT_EQ(p.code, 0);
   EXPECT_EQ(p.out, slurp(dir.path + "/volt_logs/version_0/config.yaml"));
+}
+
+struct Measured {
+  int code = -1;  // exit code; -1 when killed by a signal
+  std::string err;
+  double seconds = 0;
+  long max_rss_kb = 0;
+};
+
+/// Runs the real binary with `args` under an address-space cap, measuring its wall time and
+/// peak resident memory (getrusage of the child, through wait4).
+Measured run_binary_capped(const std::vector<std::string>& args, size_t cap_bytes) {
+  volt_test::TempDir dir;
+  const std::string err_path = dir / "err";
+  std::vector<std::string> all = {VOLT_CLI_BINARY};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {  // only system calls from here: the parent has threads
+    const struct rlimit cap = {cap_bytes, cap_bytes};
+    ::setrlimit(RLIMIT_AS, &cap);
+    const int out = ::open("/dev/null", O_WRONLY);
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) ::_exit(126);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  Measured m;
+  int status = 0;
+  struct rusage ru {};
+  EXPECT_EQ(::wait4(pid, &status, 0, &ru), pid);
+  m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.max_rss_kb = ru.ru_maxrss;
+  m.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  m.err = slurp(err_path);
+  return m;
+}
+
+TEST(CliBinary, BillionLaughsIsRefusedInAFewMegabytes) {
+  // The bomb: nine aliases per level, eight levels, under 1 KB. Unbounded, volt grew past
+  // 20 GB; the 3 GB cap only keeps a regression from taking the machine down with it.
+  volt_test::TempDir dir;
+  std::string bomb = "l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+  for (int i = 1; i <= 8; ++i) {
+    const std::string prev = "*l" + std::to_string(i - 1);
+    bomb += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
+    for (int j = 0; j < 9; ++j) bomb += (j ? ", " : "") + prev;
+    bomb += "]\n";
+  }
+  ASSERT_LT(bomb.size(), 1024u);
+  write(dir / "bomb.yaml", bomb);
+  const size_t kCap = size_t{3} << 30;
+  const Measured base = run_binary_capped(
+      {"print-config", "--config", VOLT_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml"}, kCap);
+  ASSERT_EQ(base.code, 0) << base.err;
+  const Measured m = run_binary_capped({"print-config", "--config", dir / "bomb.yaml"}, kCap);
+  EXPECT_EQ(m.code, 2) << m.err;
+  EXPECT_NE(m.err.find("more than 1000000 nodes once its aliases (*name) are expanded"),
+            std::string::npos)
+      << m.err;
+  EXPECT_EQ(std::count(m.err.begin(), m.err.end(), '\n'), 1) << m.err;
+  // Peak memory: what loading libtorch costs (the baseline) plus at most a few MB.
+  EXPECT_LT(m.max_rss_kb, base.max_rss_kb + 8 * 1024)
+      << "bomb " << m.max_rss_kb << " KB vs baseline " << base.max_rss_kb << " KB";
+  // Wall time is dominated by process start-up (loading libtorch), as for the baseline.
+  EXPECT_LT(m.seconds, base.seconds + 1.0) << m.seconds << " s vs " << base.seconds << " s";
+  std::printf("[ measured ] baseline print-config: %.2f s, %ld KB peak RSS; bomb: %.2f s, %ld KB\n",
+              base.seconds, base.max_rss_kb, m.seconds, m.max_rss_kb);
+
+  // 100,000 nested lists: refused with the depth limit, no stack overflow.
+  write(dir / "deep.yaml", "model: " + std::string(100000, '[') + "\n");
+  const Measured deep = run_binary_capped({"print-config", "--config", dir / "deep.yaml"}, kCap);
+  EXPECT_EQ(deep.code, 2) << deep.err;
+  EXPECT_NE(deep.err.find("nest more than 128 levels deep"), std::string::npos) << deep.err;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 
 #include "cli/detail/config_tree.h"
@@ -154,6 +155,79 @@ TEST(ConfigTree, OverrideErrorsSayWhatToDo) {
             std::string::npos);
   EXPECT_NE(error_of([&] { apply_override(root, "trainer..x", "1", false, "--o"); })
                 .find("empty key segment"),
+            std::string::npos);
+}
+
+TEST(ConfigTree, AnEmptyOverrideIsTheEmptyStringAndNullIsNull) {
+  // A config file sets monitor; the command line must be able to empty it.
+  ConfigNode root = parse_yaml("trainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n"
+                               "      init_args: {monitor: val_loss}\n",
+                               "run.yaml");
+  canonicalize(root);
+  apply_override(root, "trainer.callbacks.0.init_args.monitor", "", false,
+                 "--trainer.callbacks.0.init_args.monitor=");
+  const ConfigNode& monitor =
+      at(at(root, {"trainer", "callbacks"}).items[0], {"init_args", "monitor"});
+  EXPECT_TRUE(monitor.is_scalar());
+  EXPECT_EQ(monitor.scalar, "");
+  EXPECT_TRUE(monitor.quoted);
+  apply_override(root, "trainer.callbacks.0.monitor", "null", false, "o");
+  EXPECT_TRUE(at(at(root, {"trainer", "callbacks"}).items[0], {"init_args", "monitor"}).is_null());
+  // In files YAML's rules hold: `key:` alone is null, `key: ""` the empty string.
+  auto f = parse_yaml("a:\nb: \"\"\n", "f.yaml");
+  EXPECT_TRUE(at(f, {"a"}).is_null());
+  EXPECT_TRUE(at(f, {"b"}).is_scalar());
+  EXPECT_EQ(at(f, {"b"}).scalar, "");
+}
+
+/// "Billion laughs" in YAML: `levels` levels of `per_level` aliases of the level before.
+std::string alias_bomb(int levels, int per_level, bool flow) {
+  std::string s = flow ? "[&l0 [" : "l0: &l0 [";
+  for (int j = 0; j < per_level; ++j) s += j ? ", lol" : "lol";
+  s += flow ? "]" : "]\n";
+  for (int i = 1; i <= levels; ++i) {
+    s += flow ? ", &l" + std::to_string(i) + " ["
+              : "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
+    for (int j = 0; j < per_level; ++j) s += (j ? ", *l" : "*l") + std::to_string(i - 1);
+    s += flow ? "]" : "]\n";
+  }
+  return s + (flow ? "]" : "");
+}
+
+TEST(ConfigTree, AliasBombsCyclesAndDeepNestingAreRefusedBeforeExpansion) {
+  // Ten aliases per level, five levels: 1.2 million nodes once expanded, just past the limit.
+  // (Unbounded, parse_yaml built them all, about 250 MB; the eight levels of nine reach
+  // 20 GB: tests/cli/cli_test.cpp runs that one in a separate, memory-capped process.)
+  const std::string bomb = alias_bomb(5, 10, false);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string m = error_of([&] { parse_yaml(bomb, "bomb.yaml"); });
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(m.find("[cli] bomb.yaml:6:"), std::string::npos) << m;
+  EXPECT_NE(m.find("more than 1000000 nodes once its aliases (*name) are expanded"),
+            std::string::npos)
+      << m;
+  EXPECT_LT(secs, 0.5);
+  EXPECT_NO_THROW(parse_yaml(alias_bomb(3, 10, false), "ok.yaml"));  // 12,349 nodes: fine
+
+  // yaml-cpp builds a self-referencing alias as a cycle; converting it recursed until the stack
+  // overflowed.
+  EXPECT_NE(error_of([] { parse_yaml("a: &x [1, *x]\n", "loop.yaml"); })
+                .find("[cli] loop.yaml:1:11: this alias refers to a node that contains it"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_yaml(std::string(100000, '[') + "1", "deep.yaml"); })
+                .find("nest more than 128 levels deep"),
+            std::string::npos);
+
+  // Overrides go through the same bound (a flow-style bomb fits on a command line).
+  ConfigNode root = ConfigNode::make_map("defaults");
+  EXPECT_NE(error_of([&] {
+              apply_override(root, "model.x", alias_bomb(5, 10, true), false, "--model.x=...");
+            }).find("[cli] --model.x=...:1:"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              apply_override(root, "model.x", std::string(100000, '['), false, "--model.x=[[");
+            }).find("nest more than 128 levels deep"),
             std::string::npos);
 }
 

@@ -1,8 +1,12 @@
 #include <gtest/gtest.h>
 #include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 
+#include "io/detail/temp_files.h"
 #include "tiny.h"
 
 namespace {
@@ -121,6 +125,86 @@ TEST(OptimizerState, ByNameRoundTripContinuesBitExactly) {
     step(b, ob);
   }
   EXPECT_TRUE(a.flat_params().equal(b.flat_params()));
+}
+
+/// A writer in another process, stopped mid-write: the child creates and locks the temp file of
+/// `path` exactly as atomic_write_file does, writes a little, tells the parent through a pipe and
+/// waits to be killed.
+struct ChildWriter {
+  pid_t pid = -1;
+  std::string temp;
+};
+
+ChildWriter start_child_writer(const std::string& path) {
+  int ready[2];
+  EXPECT_EQ(::pipe(ready), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(ready[0]);
+    const int fd = volt::detail::create_locked_temp(volt::detail::temp_path_for(path));
+    const char partial[] = "VOLTCKPT partial";
+    const bool ok = ::write(fd, partial, sizeof partial) == static_cast<ssize_t>(sizeof partial);
+    const char c = ok ? 'r' : 'x';
+    if (::write(ready[1], &c, 1) != 1) ::_exit(1);
+    for (;;) ::pause();  // until SIGKILL
+  }
+  ::close(ready[1]);
+  char c = 0;
+  EXPECT_EQ(::read(ready[0], &c, 1), 1);  // blocks until the child holds its temp file
+  EXPECT_EQ(c, 'r');
+  ::close(ready[0]);
+  return {pid, path + ".tmp." + std::to_string(pid)};
+}
+
+void kill_child(const ChildWriter& w) {
+  ASSERT_EQ(::kill(w.pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(w.pid, &status, 0), w.pid);
+  ASSERT_TRUE(WIFSIGNALED(status));
+}
+
+bool exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
+
+TEST(CheckpointIO, WritesRemoveTempFilesOfDeadWritersButNotOfLiveOnes) {
+  volt_test::TempDir dir;
+  const ChildWriter live = start_child_writer(dir / "model.ckpt");
+  ASSERT_TRUE(exists(live.temp));
+  // Debris of writers that died before: unlocked temp files, one named with this very process's
+  // pid (a liveness check by pid would keep it), and files that only look similar.
+  const std::string stale = dir / "epoch=3.ckpt.tmp.4194000";
+  const std::string own_pid = dir / ("last.ckpt.tmp." + std::to_string(::getpid()));
+  for (const auto& p : {stale, own_pid}) write_file(p, std::string(1000, 'x'));
+  const std::vector<std::string> kept = {dir / "notes.tmp", dir / "a.ckpt.tmp.12x",
+                                         dir / ".tmp.123", dir / "a.ckpt.tmp."};
+  for (const auto& p : kept) write_file(p, "keep");
+
+  volt::atomic_write_file(dir / "config.yaml", "a: 1\n");
+  EXPECT_FALSE(exists(stale));
+  EXPECT_FALSE(exists(own_pid));
+  for (const auto& p : kept) EXPECT_TRUE(exists(p)) << p;
+  // The live writer's file is untouched, with what it wrote so far.
+  EXPECT_TRUE(exists(live.temp));
+  EXPECT_EQ(read_file(live.temp), std::string("VOLTCKPT partial", 17));
+
+  // Killed mid-write: the next checkpoint written in the folder removes its temp file.
+  kill_child(live);
+  ASSERT_TRUE(exists(live.temp));
+  torch::serialize::OutputArchive ar;
+  ar.write("w", torch::ones({3}));
+  volt::TorchCheckpointIO().save(ar, dir / "model.ckpt");
+  EXPECT_FALSE(exists(live.temp));
+  EXPECT_TRUE(exists(dir / "model.ckpt"));
+  EXPECT_EQ(read_file(dir / "config.yaml"), "a: 1\n");
+}
+
+TEST(CheckpointIO, TempFileNames) {
+  EXPECT_TRUE(volt::detail::is_temp_name("last.ckpt.tmp.123"));
+  EXPECT_TRUE(volt::detail::is_temp_name("a.tmp.b.tmp.7"));
+  EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt.tmp."));
+  EXPECT_FALSE(volt::detail::is_temp_name(".tmp.5"));
+  EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt.tmp.1a"));
+  EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt"));
+  EXPECT_EQ(volt::detail::temp_path_for("/x/a.ckpt"), "/x/a.ckpt.tmp." + std::to_string(::getpid()));
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
 #include <fstream>
 
@@ -50,6 +51,82 @@ TEST(CSVLogger, ResumeDropsRowsAfterTheCheckpoint) {
   b.save();
   EXPECT_EQ(lines(b.metrics_path()),
             (std::vector<std::string>{"step,loss", "0,0", "1,1", "2,2", "3,30"}));
+}
+
+TEST(CSVLogger, HparamsYamlReadsBackAsTheSameStrings) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
+  // Each of these was misread when hparams.yaml was concatenated text: a second mapping, a
+  // comment, a boolean, a null, a list, a broken line.
+  const std::map<std::string, std::string> hp = {
+      {"net", "Linear(in: 8, out: 2)"}, {"note", "lr # tuned"}, {"flag", "yes"},
+      {"empty", "null"},                {"off", "Off"},          {"tilde", "~"},
+      {"list", "- x"},                  {"quote", "say \"hi\""}, {"multi", "two\nlines"},
+      {"blank", ""},                    {"lr", "0.1"},           {"key: with colon", "v"}};
+  a.log_hyperparams(hp);
+  const YAML::Node n = YAML::LoadFile(dir / "volt_logs/version_0/hparams.yaml");
+  ASSERT_TRUE(n.IsMap());
+  EXPECT_EQ(n.size(), hp.size());
+  for (const auto& [k, v] : hp) {
+    ASSERT_TRUE(n[k].IsScalar()) << k;
+    EXPECT_EQ(n[k].Scalar(), v) << k;
+  }
+  // Quoted where a YAML 1.1 reader (PyYAML) would see a boolean or null; numbers stay plain.
+  for (const char* k : {"flag", "empty", "off", "tilde"}) EXPECT_EQ(n[k].Tag(), "!") << k;
+  EXPECT_EQ(n["lr"].Tag(), "?");
+  EXPECT_EQ(n["lr"].as<double>(), 0.1);
+  // An empty map is still valid YAML.
+  volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
+  b.log_hyperparams({});
+  EXPECT_TRUE(YAML::LoadFile(dir / "volt_logs/version_1/hparams.yaml").IsMap());
+}
+
+TEST(CSVLogger, ResumeReadsQuotedMetricNames) {
+  volt_test::TempDir dir;
+  // The writer quotes names holding a comma or a quote; resume split the header at every comma,
+  // so these two columns became four and the values landed under the wrong names.
+  const std::string odd = "val,loss \"top\"";
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path).flush_logs_every_n_steps(1));
+  for (int s = 0; s < 4; ++s) a.log_metrics({{odd, double(s)}, {"acc", s / 10.0}}, s);
+  EXPECT_EQ(lines(a.metrics_path()).front(), "step,acc,\"val,loss \"\"top\"\"\"");
+  torch::serialize::OutputArchive out;
+  a.save_state(out);
+  std::stringstream buf;
+  out.save_to(buf);
+  torch::serialize::InputArchive in;
+  in.load_from(buf);
+  // A run killed while appending leaves half a line behind.
+  std::ofstream(a.metrics_path(), std::ios::app) << "4,0.4,4";
+  volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
+  b.load_state(in, /*step=*/2);
+  b.log_metrics({{odd, 20.0}}, 2);
+  b.save();
+  EXPECT_EQ(lines(b.metrics_path()),
+            (std::vector<std::string>{"step,acc,\"val,loss \"\"top\"\"\"", "0,0,0", "1,0.1,1",
+                                      "2,,20"}));
+}
+
+TEST(CSVLogger, ResumeFromACorruptedFileIsADataError) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
+  a.log_metrics({{"loss", 1.0}}, 0);
+  a.save();
+  torch::serialize::OutputArchive out;
+  a.save_state(out);
+  std::stringstream buf;
+  out.save_to(buf);
+  std::ofstream(a.metrics_path(), std::ios::app) << "x1,2\n";
+  torch::serialize::InputArchive in;
+  in.load_from(buf);
+  volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
+  try {
+    b.load_state(in, 5);
+    FAIL() << "no DataError";
+  } catch (const volt::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("metrics.csv:3: step 'x1' is not an integer"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(CSVLogger, InvalidOptions) {

@@ -17,8 +17,10 @@ enum class Mode { kMin, kMax };
 struct ModelCheckpointOptions {
   /// Folder for checkpoints; "" = <log_dir>/checkpoints. Default: "".
   TORCH_ARG(std::string, dirpath);
-  /// File name template: "{epoch}-{step}" style with metric names and optional printf format
-  /// ("{epoch:02d}-{val_loss:.3f}"); each field renders as name=value. Default: "{epoch}-{step}".
+  /// File name template: "{epoch}-{step}" style with metric names and optional Python-style
+  /// format specs ("{epoch:02d}-{val_loss:.3f}"; epoch and step are integers, metrics floats);
+  /// each field renders as name=value, and a bad spec is a ConfigError at construction.
+  /// Default: "{epoch}-{step}".
   TORCH_ARG(std::string, filename) = "{epoch}-{step}";
   /// Metric that ranks checkpoints; "" keeps the latest. Default: "".
   TORCH_ARG(std::string, monitor);

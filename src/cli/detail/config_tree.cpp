@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "../../io/detail/input_limits.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -146,7 +147,8 @@ bool is_one_flow_collection(const std::string& s) {
 
 ConfigNode parse_yaml(const std::string& text, const std::string& source) {
   try {
-    return convert(YAML::Load(text), source);
+    // Bounded: aliases are expanded by convert(), so the node count is checked first.
+    return convert(load_yaml_bounded(text, "cli", source), source);
   } catch (const YAML::ParserException& e) {
     VOLT_CHECK(false, ConfigError, "[cli] ", where(source, e.mark), ": malformed YAML (", e.msg,
                "); fix the syntax there.");
@@ -158,9 +160,7 @@ ConfigNode load_yaml_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   VOLT_CHECK(in.good(), ConfigError, "[cli] cannot read config file \"", path,
              "\"; check the path given to --config.");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  ConfigNode n = parse_yaml(ss.str(), path);
+  ConfigNode n = parse_yaml(read_bounded(in, "cli", path), path);
   VOLT_CHECK(n.is_map() || n.is_null(), ConfigError, "[cli] ", path,
              ": a config file must be a mapping (trainer:, model:, data: ...), got ",
              n.describe(), ".");
@@ -267,10 +267,14 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
 
   ConfigNode val;
   try {
-    if (!is_one_flow_collection(value)) throw YAML::Exception(YAML::Mark::null_mark(), "");
-    val = convert(YAML::Load(value), origin);
+    // "--key=" is the empty string (YAML would read it as null): otherwise a string set in a
+    // config file could not be emptied from the command line. "--key=null" is null.
+    if (value.empty() || !is_one_flow_collection(value)) {
+      throw YAML::Exception(YAML::Mark::null_mark(), "");
+    }
+    val = convert(load_yaml_bounded(value, "cli", origin), origin);
   } catch (const YAML::Exception&) {
-    // Not YAML (e.g. the file name template {epoch}-{step}): take the text literally.
+    // Empty, or not YAML (e.g. the file name template {epoch}-{step}): take the text literally.
     val = ConfigNode::make_scalar(value, origin);
     val.quoted = true;
   }

@@ -53,7 +53,8 @@ void canonicalize(ConfigNode& node, const std::vector<std::string>& path = {});
 void merge(ConfigNode& dst, const ConfigNode& src, const std::vector<std::string>& path = {});
 
 /// Applies one "--a.b.c=value" override ("+=" appends to a list). `value` is parsed as YAML
-/// (flow lists and maps work); shorthand paths (model.lr) map to init_args.
+/// (flow lists and maps work) except that an empty value is the empty string ("--a.b.c=null" is
+/// null); text that is not YAML is taken literally. Shorthand paths (model.lr) map to init_args.
 void apply_override(ConfigNode& root, const std::string& dotted_key, const std::string& value,
                     bool append, const std::string& origin);
 

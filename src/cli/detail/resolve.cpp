@@ -81,10 +81,22 @@ const char* example_for(ParamType t) {
   return "";
 }
 
+bool is_list_type(ParamType t) {
+  return t == ParamType::kIntList || t == ParamType::kFloatList || t == ParamType::kStringList;
+}
+
 [[noreturn]] void wrong_type(const std::string& key, const ConfigNode& n, const ParamSpec& spec) {
+  std::string hint;
+  if (n.is_scalar() && n.scalar.empty()) {
+    // Most likely "--key=", which is the empty string: say how to write what was meant.
+    hint = " (--" + key + "= is the empty string" +
+           (spec.nullable ? "; --" + key + "=null gives null" : "") +
+           (is_list_type(spec.type) ? "; --" + key + "=[] gives an empty list" : "") + ")";
+  }
   fail(key, n,
        std::string("expected ") + param_type_name(spec.type) + (spec.nullable ? " or null" : "") +
-           ", got " + n.describe() + "; e.g. " + key + ": " + example_for(spec.type) + ".");
+           ", got " + n.describe() + "; e.g. " + key + ": " + example_for(spec.type) + hint +
+           ".");
 }
 
 ParamValue scalar_value(const std::string& key, const ConfigNode& n, const ParamSpec& spec,
@@ -124,6 +136,9 @@ ParamValue parse_value(const std::string& key, const ConfigNode& n, const ParamS
     if (spec.nullable) return std::monostate{};
     fail(key, n,
          std::string("is null but must be ") + param_type_name(spec.type) + "; give a value" +
+             (spec.type == ParamType::kString
+                  ? " (the empty string is \"\" in YAML, --" + key + "= on the command line)"
+                  : "") +
              (spec.required ? "" : " or remove the key to use the default") + ".");
   }
   switch (spec.type) {
@@ -238,7 +253,8 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
       if (!reg.contains(class_path)) {
         fail(key + ".class_path", *cp,
              "unknown " + reg.kind() + " \"" + class_path + "\"; valid names: " +
-                 quoted_list(names, "(none)") + did_you_mean(class_path, names) + ".");
+                 quoted_list(names, "(none)") + did_you_mean(class_path, names) +
+                 (class_path.empty() ? " (to remove it, write --" + key + "=null)" : "") + ".");
       }
     }
     init_args = n.find("init_args");

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "../../loggers/detail/csv_format.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -32,44 +33,7 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b);
 }
 
-// One CSV line as CSVLogger writes it: cells split at commas, a cell may be quoted ("" inside
-// quotes is one quote). Quoted newlines are not supported (CSVLogger never writes them in rows).
-std::vector<std::string> split_csv(const std::string& line, const std::string& path,
-                                   int64_t lineno) {
-  std::vector<std::string> cells;
-  std::string cell;
-  size_t i = 0;
-  for (;;) {
-    cell.clear();
-    if (i < line.size() && line[i] == '"') {
-      ++i;
-      bool closed = false;
-      while (i < line.size()) {
-        if (line[i] == '"') {
-          if (i + 1 < line.size() && line[i + 1] == '"') {
-            cell += '"';
-            i += 2;
-            continue;
-          }
-          closed = true;
-          ++i;
-          break;
-        }
-        cell += line[i++];
-      }
-      VOLT_CHECK(closed, DataError, "[report] ", path, ":", lineno,
-                 ": a quoted cell is not closed; repair or delete that line.");
-      VOLT_CHECK(i == line.size() || line[i] == ',', DataError, "[report] ", path, ":", lineno,
-                 ": text after a closing quote; repair or delete that line.");
-    } else {
-      while (i < line.size() && line[i] != ',') cell += line[i++];
-    }
-    cells.push_back(cell);
-    if (i >= line.size()) break;
-    ++i;  // the comma
-  }
-  return cells;
-}
+bool is_blank(const CsvRecord& r) { return r.cells.size() == 1 && trim(r.cells[0]).empty(); }
 
 bool parse_number(const std::string& text, double* out) {
   const std::string s = trim(text);
@@ -82,40 +46,34 @@ bool parse_number(const std::string& text, double* out) {
 }  // namespace
 
 MetricsTable read_metrics_csv(const std::string& path) {
-  const std::string text = read_text(path);
-  std::istringstream in(text);
-  std::string line;
-  int64_t lineno = 0;
-  std::vector<std::string> header;
-  while (header.empty() && std::getline(in, line)) {
-    ++lineno;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!trim(line).empty()) header = split_csv(line, path, lineno);
-  }
-  VOLT_CHECK(!header.empty(), DataError, "[report] ", path,
+  const std::vector<CsvRecord> records = parse_csv(read_text(path), "[report] " + path);
+  size_t r = 0;
+  while (r < records.size() && is_blank(records[r])) ++r;
+  VOLT_CHECK(r < records.size(), DataError, "[report] ", path,
              ":1: no header line (the file is empty); expected 'step,<metric>,...' as "
              "CSVLogger writes it.");
-  VOLT_CHECK(trim(header[0]) == "step", DataError, "[report] ", path, ":", lineno,
+  std::vector<std::string> header = records[r].cells;
+  const int64_t header_line = records[r].line;
+  VOLT_CHECK(trim(header[0]) == "step", DataError, "[report] ", path, ":", header_line,
              ": the header starts with '", header[0],
              "', not 'step'; pass a metrics.csv written by CSVLogger.");
   for (size_t c = 1; c < header.size(); ++c) {
     header[c] = trim(header[c]);
-    VOLT_CHECK(!header[c].empty(), DataError, "[report] ", path, ":", lineno, ": column ", c + 1,
-               " of the header has no name; repair the header line.");
+    VOLT_CHECK(!header[c].empty(), DataError, "[report] ", path, ":", header_line, ": column ",
+               c + 1, " of the header has no name; repair the header line.");
     for (size_t d = 1; d < c; ++d) {
-      VOLT_CHECK(header[d] != header[c], DataError, "[report] ", path, ":", lineno, ": column '",
-                 header[c], "' appears twice in the header; repair the header.");
+      VOLT_CHECK(header[d] != header[c], DataError, "[report] ", path, ":", header_line,
+                 ": column '", header[c], "' appears twice in the header; repair the header.");
     }
   }
 
   MetricsTable run;
   run.path = path;
   std::vector<Series> columns(header.size());
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (trim(line).empty()) continue;
-    const auto cells = split_csv(line, path, lineno);
+  for (++r; r < records.size(); ++r) {
+    if (is_blank(records[r])) continue;
+    const auto& cells = records[r].cells;
+    const int64_t lineno = records[r].line;
     VOLT_CHECK(cells.size() == header.size(), DataError, "[report] ", path, ":", lineno,
                ": ragged row with ", cells.size(), " cells but the header has ", header.size(),
                " columns; the file was cut off or edited, repair or delete that line.");

@@ -1,0 +1,53 @@
+#pragma once
+// Bounds on every YAML and JSON text volt reads (configs today; DeepSpeed and quantization JSON
+// later). A small hostile file must not make volt use unbounded memory, time or stack: YAML
+// aliases can expand a 1 KB file into billions of nodes ("billion laughs"), and deep nesting
+// can overflow a recursive reader. Read such text only through these functions.
+// No torch includes: compiles in a second.
+
+#include <cstddef>
+#include <iosfwd>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace YAML {
+class Node;
+}
+
+namespace volt {
+namespace detail {
+
+/// The limits, generous for real configs (which have hundreds of nodes, a dozen levels and a few
+/// KB). Documented in docs/ARCHITECTURE.md ("Input limits").
+struct InputLimits {
+  /// Bytes of text (64 MiB).
+  size_t max_bytes = size_t{64} << 20;
+  /// Nodes (scalars, keys, nulls, lists, mappings) after expanding every YAML alias (1,000,000).
+  size_t max_nodes = 1000000;
+  /// Levels of nested lists and mappings, aliases expanded (128).
+  size_t max_depth = 128;
+};
+
+/// Reads all of `in`, refusing more than `limits.max_bytes` before reading further (so a huge
+/// file or /dev/zero costs nothing). Throws ConfigError "[<component>] <source>: ...".
+std::string read_bounded(std::istream& in, const std::string& component,
+                         const std::string& source, const InputLimits& limits = {});
+
+/// Parses the first YAML document of `text` after checking it against `limits` in one streaming
+/// pass that expands no alias (memory O(anchors), time O(text)): size, nodes with aliases
+/// expanded, depth, and aliases that refer to their own enclosing node (a cycle). A violation
+/// throws one-line ConfigError "[<component>] <source>:<line>:<col>: ..." naming the limit.
+/// Malformed YAML propagates as YAML::ParserException so that callers can add their context
+/// (or, like a command-line override, take the text literally).
+YAML::Node load_yaml_bounded(const std::string& text, const std::string& component,
+                             const std::string& source, const InputLimits& limits = {});
+
+/// Parses JSON `text` with the same size, node and depth limits (checked while parsing, through
+/// nlohmann's parser callback). A violation or malformed JSON throws ConfigError
+/// "[<component>] <source>: ...".
+nlohmann::json parse_json_bounded(const std::string& text, const std::string& component,
+                                  const std::string& source, const InputLimits& limits = {});
+
+}  // namespace detail
+}  // namespace volt

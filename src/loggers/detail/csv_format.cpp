@@ -1,0 +1,69 @@
+#include "csv_format.h"
+
+#include "volt/core/check.h"
+
+namespace volt {
+namespace detail {
+
+std::string csv_escape(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& where) {
+  std::vector<CsvRecord> records;
+  int64_t line = 1;
+  size_t i = 0;
+  while (i < text.size()) {
+    CsvRecord rec{{}, line};
+    for (;;) {  // one cell per iteration
+      std::string cell;
+      if (i < text.size() && text[i] == '"') {
+        const int64_t opened = line;
+        ++i;
+        bool closed = false;
+        while (i < text.size()) {
+          const char c = text[i++];
+          if (c == '"') {
+            if (i < text.size() && text[i] == '"') {
+              cell += '"';
+              ++i;
+              continue;
+            }
+            closed = true;
+            break;
+          }
+          if (c == '\n') ++line;
+          cell += c;
+        }
+        VOLT_CHECK(closed, DataError, where, ":", opened,
+                   ": a quoted cell is not closed; repair or delete that line.");
+        if (i + 1 < text.size() && text[i] == '\r' && text[i + 1] == '\n') ++i;  // CRLF
+        VOLT_CHECK(i == text.size() || text[i] == ',' || text[i] == '\n', DataError, where, ":",
+                   line, ": text after a closing quote; repair or delete that line.");
+      } else {
+        while (i < text.size() && text[i] != ',' && text[i] != '\n') cell += text[i++];
+        if (!cell.empty() && cell.back() == '\r' && (i == text.size() || text[i] == '\n')) {
+          cell.pop_back();
+        }
+      }
+      rec.cells.push_back(std::move(cell));
+      if (i < text.size() && text[i] == ',') {
+        ++i;
+        continue;
+      }
+      break;  // end of the record: a newline or the end of the text
+    }
+    if (i < text.size()) {  // the newline
+      ++i;
+      ++line;
+    }
+    records.push_back(std::move(rec));
+  }
+  return records;
+}
+
+}  // namespace detail
+}  // namespace volt

@@ -1,0 +1,55 @@
+// The CSV dialect CSVLogger writes and the one reader its resume and the run report share.
+
+#include <gtest/gtest.h>
+
+#include "loggers/detail/csv_format.h"
+#include "volt/core/errors.h"
+
+namespace {
+
+using volt::detail::csv_escape;
+using volt::detail::parse_csv;
+
+std::vector<std::vector<std::string>> cells(const std::string& text) {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& r : parse_csv(text, "[t] f.csv")) out.push_back(r.cells);
+  return out;
+}
+
+TEST(CsvFormat, EscapedCellsParseBackExactly) {
+  const std::vector<std::string> names = {"plain", "a,b", "say \"hi\"", "two\nlines", "cr\r",
+                                          "", "\"", ",,"};
+  std::string line;
+  for (size_t i = 0; i < names.size(); ++i) line += (i ? "," : "") + csv_escape(names[i]);
+  EXPECT_EQ(csv_escape("plain"), "plain");
+  EXPECT_EQ(csv_escape("say \"hi\""), "\"say \"\"hi\"\"\"");
+  const auto records = parse_csv(line + "\n1,2,3,4,5,6,7,8\n", "[t] f.csv");
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0].cells, names);
+  EXPECT_EQ(records[0].line, 1);
+  EXPECT_EQ(records[1].line, 3);  // the quoted newline took a line
+}
+
+TEST(CsvFormat, CrlfBlankLinesAndEmptyCells) {
+  EXPECT_EQ(cells("step,a\r\n0,1\r\n\r\n1,\r\n"),
+            (std::vector<std::vector<std::string>>{{"step", "a"}, {"0", "1"}, {""}, {"1", ""}}));
+  EXPECT_EQ(cells("\"a\"\r\n\"b\""), (std::vector<std::vector<std::string>>{{"a"}, {"b"}}));
+  EXPECT_TRUE(cells("").empty());
+}
+
+TEST(CsvFormat, MalformedQuotingNamesTheLine) {
+  const auto error_of = [](const std::string& text) -> std::string {
+    try {
+      parse_csv(text, "[t] f.csv");
+    } catch (const volt::DataError& e) {
+      return e.what();
+    }
+    return "<no DataError>";
+  };
+  EXPECT_NE(error_of("a\nstep,\"a,b\n0,1\n").find("[t] f.csv:2: a quoted cell is not closed"),
+            std::string::npos);
+  EXPECT_NE(error_of("a\n\"x\ny\"z,1\n").find("[t] f.csv:3: text after a closing quote"),
+            std::string::npos);
+}
+
+}  // namespace
