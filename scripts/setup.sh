@@ -11,6 +11,7 @@ packages=(
   dataset-fashion-mnist
   python3-torch
   chromium  # headless: checks that `volt report` pages render (ctest report_renders_in_chromium)
+  iproute2  # `ip netns`: two network namespaces as two nodes (ctest multi_node_netns)
 )
 
 missing=()

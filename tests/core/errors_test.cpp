@@ -26,6 +26,7 @@ TEST(Check, AllErrorsDeriveFromVoltError) {
   EXPECT_THROW(throw volt::NotAvailable("x"), volt::Error);
   EXPECT_THROW(throw volt::CheckpointError("x"), volt::Error);
   EXPECT_THROW(throw volt::DataError("x"), volt::Error);
+  EXPECT_THROW(throw volt::DistributedError("x"), volt::Error);
   EXPECT_THROW(throw volt::ValueError("x"), std::runtime_error);
 }
 

@@ -42,6 +42,13 @@ class DataError : public Error {
   using Error::Error;
 };
 
+/// A collective or rendezvous that failed at run time: a lost peer, a timeout, an unreachable
+/// address.
+class DistributedError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A volt bug: an invariant that should hold did not.
 class InternalError : public Error {
  public:

@@ -1,0 +1,109 @@
+#pragma once
+/// ProcessGroup: rendezvous through c10d's TCPStore and collectives over a c10d process group
+/// (Gloo on CPU), every wait bounded by a timeout, every failure a one-line volt error.
+
+#include <ATen/Tensor.h>
+#include <c10/core/DeviceType.h>
+#include <torch/arg.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "volt/core/run_context.h"
+#include "volt/distributed/cluster_environment.h"
+
+namespace volt {
+
+/// A c10d communication backend.
+enum class Backend { kGloo, kNccl };
+
+/// "gloo" or "nccl".
+std::string to_string(Backend backend);
+
+/// Resolves a backend name for tensors on `device`: "auto" is gloo on CPU and nccl on CUDA.
+/// Throws ConfigError for an unknown name and NotAvailable for a backend this build or device
+/// cannot run ("nccl" on CPU or in a build without NCCL; "gloo" without gloo headers).
+Backend resolve_backend(const std::string& name, c10::DeviceType device);
+
+struct ProcessGroupOptions {
+  /// Communication backend. Default: kGloo.
+  TORCH_ARG(Backend, backend) = Backend::kGloo;
+  /// Bound on the rendezvous and on every collective; past it the operation fails with
+  /// DistributedError. Default: 60 s.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(60);
+  /// Hash of the run's configuration; ranks whose hashes differ fail at rendezvous with a
+  /// ConfigError naming them. Default: "" (compared too: every rank must pass the same).
+  TORCH_ARG(std::string, config_hash) = "";
+  /// Network interface Gloo binds to (e.g. "eth0"). Default: "" = GLOO_SOCKET_IFNAME if set, else
+  /// loopback on one node, else the local address that routes to MASTER_ADDR.
+  TORCH_ARG(std::string, interface) = "";
+};
+
+/// One process's membership in a group of world_size processes.
+///
+/// The constructor is the rendezvous: global rank 0 hosts a c10d::TCPStore on
+/// MASTER_ADDR:MASTER_PORT, every rank connects, announces its rank and config hash, and the
+/// Gloo group connects all pairs. Collectives wait at most `timeout`; a peer that died or hung
+/// turns into a DistributedError naming the operation, this rank and, when some process reported
+/// it (report_lost_rank), the lost rank. After a failed collective the group is broken:
+/// later calls throw at once instead of waiting again. Destruction never waits longer than the
+/// timeout. Not thread-safe: call collectives from one thread, in the same order on every rank.
+class ProcessGroup {
+ public:
+  /// Joins the group described by `env` (rank, world size, MASTER_ADDR/PORT; the port must be
+  /// chosen, not 0). Throws ConfigError (MASTER_PORT in use on rank 0, ranks' configs differ,
+  /// two processes with one rank), DistributedError (MASTER_ADDR unreachable within the timeout,
+  /// ranks missing) or NotAvailable (backend not in this build).
+  ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions options = {});
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return world_size_; }
+  const ProcessGroupOptions& options() const { return options_; }
+
+  /// The element-wise reduction of `value` over all ranks (a new tensor; `value` is unchanged).
+  /// kMean needs a floating dtype.
+  at::Tensor all_reduce(const at::Tensor& value, Reduce op = Reduce::kSum);
+  /// Overwrites `tensor` on every rank with rank `src`'s values.
+  void broadcast_(at::Tensor& tensor, int64_t src = 0);
+  /// Broadcasts many tensors in one collective per dtype (model parameters and buffers).
+  void broadcast_(std::vector<at::Tensor>& tensors, int64_t src = 0);
+  /// Every rank's `value`, in rank order. All ranks must pass the same shape and dtype (checked:
+  /// ValueError naming the ranks otherwise).
+  std::vector<at::Tensor> all_gather(const at::Tensor& value);
+  /// all_gather concatenated along dim 0 (c10d's _allgather_base, which Gloo lacks in 1.13).
+  at::Tensor all_gather_flat(const at::Tensor& value);
+  /// This rank's chunk (size(0) / world_size rows) of the reduction of `value` over ranks
+  /// (reduce_scatter, which Gloo lacks in 1.13: an all-reduce, then this rank's chunk).
+  at::Tensor reduce_scatter(const at::Tensor& value, Reduce op = Reduce::kSum);
+  /// Returns when every rank has called it.
+  void barrier();
+  /// True when `local` is true on every rank.
+  bool all_of(bool local);
+  /// True when `local` is true on some rank.
+  bool any_of(bool local);
+
+  /// The backend object (c10d), for volt's GradientReducer.
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  int64_t rank_ = 0;
+  int64_t world_size_ = 1;
+  ProcessGroupOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Records, once per job, which rank was lost (e.g. "rank 1 (pid 42) was killed by SIGKILL") in
+/// the rendezvous store of `env`, through a connection of its own (safe from a monitor thread);
+/// collectives that fail afterwards on any rank quote it. Gives up silently after `timeout`
+/// (at most 5 s: the store either runs, and answers at once, or it does not).
+void report_lost_rank(const ClusterEnvironment& env, const std::string& description,
+                      std::chrono::milliseconds timeout) noexcept;
+
+}  // namespace volt

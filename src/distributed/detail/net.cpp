@@ -1,0 +1,95 @@
+#include "net.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "volt/core/check.h"
+
+namespace volt {
+namespace detail {
+namespace {
+
+// Closes a socket at scope exit.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+int find_free_port() {
+  // IPv6 dual-stack when available, like the TCPStore server that will listen on it.
+  for (int family : {AF_INET6, AF_INET}) {
+    Fd s{::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+    if (s.fd < 0) continue;
+    sockaddr_storage addr{};
+    socklen_t len = 0;
+    if (family == AF_INET6) {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
+      a->sin6_family = AF_INET6;
+      a->sin6_addr = in6addr_any;
+      len = sizeof(*a);
+    } else {
+      auto* a = reinterpret_cast<sockaddr_in*>(&addr);
+      a->sin_family = AF_INET;
+      a->sin_addr.s_addr = htonl(INADDR_ANY);
+      len = sizeof(*a);
+    }
+    if (::bind(s.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) continue;
+    if (::getsockname(s.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;
+    return family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                              : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  }
+  VOLT_CHECK(false, DistributedError, "[ProcessGroup] could not find a free TCP port (",
+             std::strerror(errno), "); set MASTER_PORT to a free port.");
+  return 0;
+}
+
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), "9", &hints, &res);
+  VOLT_CHECK(rc == 0, DistributedError, "[ProcessGroup] cannot resolve MASTER_ADDR=", host, " (",
+             ::gai_strerror(rc),
+             "); set MASTER_ADDR to an address or a name this machine resolves.");
+  std::string err = "no address";
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    Fd s{::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0)};
+    if (s.fd < 0 || ::connect(s.fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      err = std::strerror(errno);
+      continue;
+    }
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (::getsockname(s.fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) {
+      err = std::strerror(errno);
+      continue;
+    }
+    char buf[INET6_ADDRSTRLEN] = {0};
+    const void* src =
+        local.ss_family == AF_INET6
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+    if (::inet_ntop(local.ss_family, src, buf, sizeof(buf)) == nullptr) continue;
+    ::freeaddrinfo(res);
+    return buf;
+  }
+  ::freeaddrinfo(res);
+  VOLT_CHECK(false, DistributedError,
+             "[ProcessGroup] no route from this machine to MASTER_ADDR=", host, " (", err,
+             "); check the address and the network, or set GLOO_SOCKET_IFNAME.");
+  return {};
+}
+
+}  // namespace detail
+}  // namespace volt

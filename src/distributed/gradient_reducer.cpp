@@ -1,0 +1,228 @@
+#include "volt/distributed/gradient_reducer.h"
+
+#include <torch/torch.h>
+
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "detail/c10d.h"
+#include "volt/core/check.h"
+
+#if VOLT_DIST_GLOO
+#include <torch/csrc/distributed/c10d/logger.hpp>  // includes reducer.hpp; no include guard
+#endif
+
+namespace volt {
+namespace {
+
+constexpr const char* kTag = "[GradientReducer]";
+
+}  // namespace
+
+#if !VOLT_DIST_GLOO
+
+struct GradientReducer::Impl {};
+
+GradientReducer::GradientReducer(const std::vector<at::Tensor>&, std::shared_ptr<ProcessGroup>,
+                                 GradientReducerOptions options, const std::vector<std::string>&)
+    : options_(options) {
+  VOLT_CHECK(false, NotAvailable, kTag,
+             " needs a process group, and this build has none (no gloo headers; NCCL is "
+             "TODO(#9)).");
+}
+GradientReducer::~GradientReducer() = default;
+void GradientReducer::backward(const at::Tensor&, const std::function<void()>&) {}
+std::vector<at::Tensor> GradientReducer::bucket_buffers() const { return {}; }
+
+#else
+
+namespace {
+
+// Drops tensors that need no gradient and repeats of one tensor (tied weights): the Reducer
+// registers one hook per gradient accumulator and rejects duplicates.
+void dedupe(const std::vector<at::Tensor>& in, const std::vector<std::string>& names,
+            std::vector<at::Tensor>& out, std::vector<std::string>& out_names) {
+  std::unordered_set<const void*> seen;
+  for (size_t i = 0; i < in.size(); ++i) {
+    VOLT_CHECK(in[i].defined(), ValueError, kTag, " parameter ", i, " is undefined.");
+    if (!in[i].requires_grad()) continue;
+    if (!seen.insert(in[i].unsafeGetTensorImpl()).second) continue;
+    out.push_back(in[i]);
+    out_names.push_back(names.empty() ? "parameter " + std::to_string(i) : names[i]);
+  }
+}
+
+}  // namespace
+
+struct GradientReducer::Impl {
+  std::shared_ptr<c10d::Reducer> reducer;
+  // The 1.13 Reducer dereferences its logger without checking it (find_unused_parameters'
+  // graph search logs whether the graph stayed static), so it needs one, as DDP gives it.
+  std::shared_ptr<c10d::Logger> logger;
+  int64_t synced_steps = 0;
+  std::string broken;
+};
+
+GradientReducer::GradientReducer(const std::vector<at::Tensor>& parameters,
+                                 std::shared_ptr<ProcessGroup> group,
+                                 GradientReducerOptions options,
+                                 const std::vector<std::string>& names)
+    : group_(std::move(group)), options_(options), impl_(std::make_unique<Impl>()) {
+  VOLT_CHECK(group_ != nullptr, ValueError, kTag, " needs a process group, got null.");
+  VOLT_CHECK(names.empty() || names.size() == parameters.size(), ValueError, kTag, " got ",
+             names.size(), " names for ", parameters.size(), " parameters.");
+  VOLT_CHECK(options_.bucket_cap_mb() > 0 && options_.bucket_cap_mb() <= 1024 * 1024, ConfigError,
+             kTag, " bucket_cap_mb=", options_.bucket_cap_mb(),
+             " must be positive (and at most 1 TiB); DDP's default is 25.");
+  std::vector<std::string> kept_names;
+  dedupe(parameters, names, params_, kept_names);
+  VOLT_CHECK(!params_.empty(), ValueError, kTag,
+             " no parameter requires a gradient; nothing to reduce.");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    VOLT_CHECK(params_[i].layout() == at::kStrided, ValueError, kTag, " ", kept_names[i],
+               " is not a dense tensor; sparse gradients are not supported.");
+    VOLT_CHECK(params_[i].device() == params_[0].device(), ValueError, kTag, " ", kept_names[i],
+               " is on ", params_[i].device(), " but ", kept_names[0], " is on ",
+               params_[0].device(), "; keep the model on one device.");
+  }
+  auto pg = group_->impl().group;
+  // As DDP does at construction: every rank must hold the same parameter shapes and dtypes.
+  // c10d checks each rank against rank 0 and throws only where they differ; one decision over
+  // the group makes every rank fail alike.
+  std::string mismatch;
+  try {
+    c10d::verify_params_across_processes(pg, params_, c10::nullopt);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (auto* c = dynamic_cast<const c10::Error*>(&e)) why = c->what_without_backtrace();
+    why = why.substr(0, why.find('\n'));
+    const bool comm = why.find("Connection") != std::string::npos ||
+                      why.find("imed out") != std::string::npos ||
+                      why.find("Timeout") != std::string::npos;
+    if (comm) detail::throw_collective_error(*group_, "parameter check", e);
+    mismatch = why;
+  }
+  auto flags = group_->all_gather(at::full({1}, mismatch.empty() ? 0 : 1, at::kInt));
+  std::vector<int64_t> differ;
+  for (size_t r = 0; r < flags.size(); ++r) {
+    if (flags[r].item<int>() != 0) differ.push_back(static_cast<int64_t>(r));
+  }
+  if (!differ.empty()) {
+    std::ostringstream os;
+    for (size_t i = 0; i < differ.size(); ++i) os << (i ? ", " : "") << differ[i];
+    VOLT_CHECK(false, ConfigError, kTag, " the model differs across ranks (parameters of rank(s) ",
+               os.str(), " do not match rank 0's", mismatch.empty() ? "" : ": " + mismatch,
+               "); build the same model, with the same parameter order, on every rank.");
+  }
+  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb() * 1024 * 1024);
+  // DDP: a small first bucket (1 MiB) so that the last layers' gradients, ready first in
+  // backward, start their all-reduce early; then buckets of bucket_cap_mb.
+  const int64_t first_cap = std::min<int64_t>(c10d::kDefaultFirstBucketBytes, cap);
+  std::vector<bool> sparse(params_.size(), false);
+  auto assignment = c10d::compute_bucket_assignment_by_size(
+      params_, {static_cast<size_t>(first_cap), static_cast<size_t>(cap)}, sparse);
+  auto buckets = std::get<0>(assignment);
+  auto limits = std::get<1>(assignment);
+  // DDP reverses the list: gradients arrive in roughly reverse parameter order.
+  std::reverse(buckets.begin(), buckets.end());
+  std::reverse(limits.begin(), limits.end());
+  std::unordered_map<size_t, std::string> name_map;
+  for (size_t i = 0; i < kept_names.size(); ++i) name_map[i] = kept_names[i];
+#if VOLT_TORCH_AT_LEAST(2, 0)
+  // [S] 2.x dropped per_bucket_size_limits (read from sources, not compiled).
+  impl_->reducer = std::make_shared<c10d::Reducer>(
+      params_, buckets, pg, sparse, cap, options_.find_unused_parameters(),
+      options_.gradient_as_bucket_view(), name_map, first_cap);
+#else
+  impl_->reducer = std::make_shared<c10d::Reducer>(
+      params_, buckets, limits, pg, sparse, cap, options_.find_unused_parameters(),
+      options_.gradient_as_bucket_view(), name_map, first_cap);
+#endif
+  impl_->logger = std::make_shared<c10d::Logger>(impl_->reducer);
+  impl_->reducer->set_logger(impl_->logger);
+  if (options_.static_graph()) impl_->reducer->set_static_graph();
+}
+
+GradientReducer::~GradientReducer() {
+  // ~Logger and ~Reducer are noexcept(false) (the Reducer asserts its hooks are still
+  // registered). Never let that escape a destructor. The logger goes first, as in DDP.
+  try {
+    impl_->logger.reset();
+  } catch (...) {
+  }
+  try {
+    impl_->reducer.reset();
+  } catch (...) {
+  }
+}
+
+void GradientReducer::backward(const at::Tensor& loss, const std::function<void()>& run_backward) {
+  VOLT_CHECK(impl_->broken.empty(), DistributedError, kTag, " backward after an earlier failure (",
+             impl_->broken, "); restart the run.");
+  auto& r = *impl_->reducer;
+  const bool sync = sync_;
+  try {
+    // What DDP's forward does, moved to just before backward (equivalent: nothing in between
+    // touches gradients). rebuild_buckets acts once, after the first synced step: it re-buckets
+    // parameters in the order their gradients arrived and broadcasts rank 0's choice, so every
+    // rank must reach it, synced or not.
+    r.rebuild_buckets();
+    if (sync) {
+      r.prepare_for_forward();
+      // With sync off the Reducer's autograd hooks return at once: gradients just accumulate.
+      std::vector<at::Tensor> outputs;
+      if (options_.find_unused_parameters() && !options_.static_graph()) outputs.push_back(loss);
+      r.prepare_for_backward(outputs);
+    }
+    if (run_backward) {
+      run_backward();
+    } else {
+      loss.backward();
+    }
+    if (sync && options_.static_graph() && impl_->synced_steps == 0) {
+      // The first static-graph step only counts gradient hooks; DDP queues delay_all_reduce as
+      // an autograd callback (_DDPSink) to reduce everything once backward is done.
+      r.delay_all_reduce();
+    }
+    if (sync) ++impl_->synced_steps;
+  } catch (const volt::Error& e) {
+    // The Reducer may be mid-step (hooks armed, buckets pending): it cannot be reused.
+    impl_->broken = e.what();
+    throw;
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (auto* c = dynamic_cast<const c10::Error*>(&e)) why = c->what_without_backtrace();
+    why = why.substr(0, why.find('\n'));
+    const bool comm =
+        why.find("Connection") != std::string::npos || why.find("imed out") != std::string::npos ||
+        why.find("Timeout") != std::string::npos || why.find("Broken pipe") != std::string::npos;
+    if (comm) {
+      try {
+        detail::throw_collective_error(*group_, "gradient all-reduce", e);
+      } catch (const DistributedError& d) {
+        impl_->broken = d.what();
+        throw;
+      }
+    }
+    impl_->broken = why;
+    const bool unused = why.find("Expected to have finished reduction") != std::string::npos;
+    VOLT_CHECK(!unused, ValueError, kTag,
+               " some parameters got no gradient in the previous synced step, so its reduction "
+               "never finished; set find_unused_parameters(true) or make every parameter "
+               "contribute to the loss.");
+    VOLT_CHECK(false, ValueError, kTag, " backward failed: ", why);
+  }
+}
+
+std::vector<at::Tensor> GradientReducer::bucket_buffers() const {
+  std::vector<at::Tensor> out;
+  for (auto& b : impl_->reducer->get_grad_buckets(/*return_zero_tensors=*/false)) {
+    out.push_back(b.getBuffer());
+  }
+  return out;
+}
+
+#endif  // VOLT_DIST_GLOO
+
+}  // namespace volt

@@ -1,0 +1,567 @@
+#include "volt/distributed/process_group.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "detail/c10d.h"
+#include "detail/net.h"
+#include "volt/core/check.h"
+
+namespace volt {
+namespace {
+
+constexpr const char* kTag = "[ProcessGroup]";
+
+}  // namespace
+
+std::string to_string(Backend backend) { return backend == Backend::kGloo ? "gloo" : "nccl"; }
+
+Backend resolve_backend(const std::string& name, c10::DeviceType device) {
+  VOLT_CHECK(name == "auto" || name == "gloo" || name == "nccl", ConfigError, kTag,
+             " unknown process group backend \"", name, "\"; use \"auto\", \"gloo\" or \"nccl\".");
+  const bool cuda = device == c10::DeviceType::CUDA;
+  Backend b = name == "gloo"   ? Backend::kGloo
+              : name == "nccl" ? Backend::kNccl
+                               : (cuda ? Backend::kNccl : Backend::kGloo);
+  if (b == Backend::kNccl) {
+    VOLT_CHECK(cuda, NotAvailable, kTag, " backend \"nccl\" needs CUDA tensors but the device is ",
+               c10::DeviceTypeName(device, /*lower_case=*/true),
+               "; use \"gloo\" (or \"auto\") on CPU.");
+#ifndef USE_C10D_NCCL
+    VOLT_CHECK(false, NotAvailable, kTag,
+               " backend \"nccl\" is not in this build (libtorch without USE_C10D_NCCL); use "
+               "\"gloo\".");
+#else
+    // TODO(#9): create c10d::ProcessGroupNCCL (needs a GPU machine to write and test it).
+    VOLT_CHECK(false, NotAvailable, kTag,
+               " backend \"nccl\" is not implemented by volt yet (TODO #9); use \"gloo\".");
+#endif
+  }
+  VOLT_CHECK(VOLT_DIST_GLOO, NotAvailable, kTag,
+             " backend \"gloo\" is not in this build (libtorch without USE_C10D_GLOO, or no gloo "
+             "headers as in the CUDA wheel)",
+             cuda ? "; use \"nccl\"." : "; use a libtorch with Gloo (Debian's libtorch-dev).");
+  return b;
+}
+
+#if !VOLT_DIST_GLOO
+
+struct ProcessGroup::Impl {};
+
+ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions options)
+    : rank_(env.global_rank), world_size_(env.world_size), options_(std::move(options)) {
+  resolve_backend(to_string(options_.backend()), c10::DeviceType::CPU);
+  VOLT_ASSERT(false, "resolve_backend accepted a backend this build cannot create");
+}
+ProcessGroup::~ProcessGroup() = default;
+at::Tensor ProcessGroup::all_reduce(const at::Tensor&, Reduce) { VOLT_ASSERT(false); }
+void ProcessGroup::broadcast_(at::Tensor&, int64_t) { VOLT_ASSERT(false); }
+void ProcessGroup::broadcast_(std::vector<at::Tensor>&, int64_t) { VOLT_ASSERT(false); }
+std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor&) { VOLT_ASSERT(false); }
+at::Tensor ProcessGroup::all_gather_flat(const at::Tensor&) { VOLT_ASSERT(false); }
+at::Tensor ProcessGroup::reduce_scatter(const at::Tensor&, Reduce) { VOLT_ASSERT(false); }
+void ProcessGroup::barrier() { VOLT_ASSERT(false); }
+bool ProcessGroup::all_of(bool) { VOLT_ASSERT(false); }
+bool ProcessGroup::any_of(bool) { VOLT_ASSERT(false); }
+void report_lost_rank(const ClusterEnvironment&, const std::string&,
+                      std::chrono::milliseconds) noexcept {}
+
+#else  // VOLT_DIST_GLOO
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Store keys (one fresh store per run, so no run id is needed).
+const std::string kClaimKey = "volt/claim/";      // + rank: counts processes claiming a rank
+const std::string kConfigKey = "volt/config/";    // + rank: the rank's configuration line
+const std::string kJoinedKey = "volt/joined";     // counts ranks that wrote their config
+const std::string kReadyKey = "volt/ready";       // "ok", or "abort:<message>"
+const std::string kReadKey = "volt/read";         // counts ranks that read every config
+const std::string kAllReadKey = "volt/all_read";  // set by the last reader
+const std::string kLostCountKey = "volt/lost_count";
+const std::string kLostKey = "volt/lost";  // the first lost rank's description
+// How long a failed collective waits for some process to report which rank was lost.
+constexpr milliseconds kLostReportGrace{2000};
+// How long report_lost_rank tries to reach the store.
+constexpr milliseconds kReportBound{5000};
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+std::string seconds(milliseconds t) {
+  std::ostringstream os;
+  os << static_cast<double>(t.count()) / 1000.0 << " s";
+  return os.str();
+}
+
+// The first line of an exception's message, without c10's backtrace.
+std::string reason_of(const std::exception& e) {
+  std::string s;
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) {
+    s = c->what_without_backtrace();
+  } else {
+    s = e.what();
+  }
+  auto nl = s.find('\n');
+  if (nl != std::string::npos) s.resize(nl);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '.')) s.pop_back();
+  return s;
+}
+
+bool contains(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
+
+std::string rank_list(const std::vector<int64_t>& ranks) {
+  std::ostringstream os;
+  os << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i == 8) {
+      os << " and " << ranks.size() - 8 << " more";
+      break;
+    }
+    os << (i ? ", " : "") << ranks[i];
+  }
+  return os.str();
+}
+
+// Polls `key` until it exists or `deadline` passes. TCPStore::wait with a timeout leaves its
+// reply pending on the socket when it times out (1.13), so later requests on that client would
+// read the wrong answer; check() is a plain request/reply.
+bool poll_key(c10d::Store& store, const std::string& key, Clock::time_point deadline) {
+  milliseconds pause{1};
+  while (!store.check({key})) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(
+        std::min(pause, std::chrono::duration_cast<milliseconds>(deadline - Clock::now())));
+    pause = std::min(pause * 2, milliseconds(50));
+  }
+  return true;
+}
+
+c10d::ReduceOp to_c10d(Reduce op) {
+  switch (op) {
+    case Reduce::kMin:
+      return c10d::ReduceOp::MIN;
+    case Reduce::kMax:
+      return c10d::ReduceOp::MAX;
+    case Reduce::kSum:
+    case Reduce::kMean:
+      return c10d::ReduceOp::SUM;  // Gloo has no AVG: volt divides afterwards
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+// Opens the store (rank 0 hosts it) before `deadline`. c10d 1.13's client gives up early: it
+// counts its connect timeout in whole seconds (800 ms is 0 s) and its retry back-off can exceed
+// what is left, so volt retries until the deadline with attempts of at least one second. The
+// store then gets the full `timeout` for its operations (Gloo's key exchange uses it).
+c10::intrusive_ptr<c10d::TCPStore> open_store(const ClusterEnvironment& env, milliseconds timeout,
+                                              Clock::time_point deadline, bool server) {
+  while (true) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(env.main_port);
+    so.isServer = server;
+    so.waitWorkers = false;  // volt's own join below names the missing ranks
+    so.timeout = std::max(
+        std::chrono::duration_cast<milliseconds>(std::chrono::ceil<std::chrono::seconds>(left)),
+        milliseconds(1000));
+    try {
+      auto store = c10::make_intrusive<c10d::TCPStore>(env.main_address, so);
+      store->setTimeout(timeout);
+      return store;
+    } catch (const std::exception&) {
+      if (server || Clock::now() + milliseconds(100) >= deadline) throw;
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+}
+
+std::shared_ptr<gloo::transport::Device> gloo_device(const ClusterEnvironment& env,
+                                                     const std::string& option_interface,
+                                                     std::string& where) {
+  std::string iface = option_interface;
+  if (iface.empty()) {
+    const char* v = std::getenv("GLOO_SOCKET_IFNAME");
+    if (v != nullptr) iface = v;
+  }
+  if (!iface.empty()) {
+    where = "interface " + iface;
+    try {
+      return c10d::ProcessGroupGloo::createDeviceForInterface(iface);
+    } catch (const std::exception& e) {
+      VOLT_CHECK(false, ConfigError, kTag, " cannot bind Gloo to network interface \"", iface,
+                 "\" (", reason_of(e),
+                 "); set GLOO_SOCKET_IFNAME or the interface option to an "
+                 "interface this machine has (see `ip addr`).");
+    }
+  }
+  std::string host = "127.0.0.1";
+  if (env.num_nodes > 1) {
+    // Other nodes must reach this address: the one this machine uses towards MASTER_ADDR. On
+    // node 0 without MASTER_ADDR that is loopback; torch's default then resolves the hostname.
+    host = detail::local_address_towards(env.main_address);
+    if (host.rfind("127.", 0) == 0 || host == "::1") {
+      where = "this machine's hostname";
+      return c10d::ProcessGroupGloo::createDefaultDevice();
+    }
+  }
+  where = host;
+  return c10d::ProcessGroupGloo::createDeviceForHostname(host);
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions options)
+    : rank_(env.global_rank), world_size_(env.world_size), options_(std::move(options)) {
+  resolve_backend(to_string(options_.backend()), c10::DeviceType::CPU);
+  const milliseconds timeout = options_.timeout();
+  VOLT_CHECK(timeout.count() > 0, ConfigError, kTag, " timeout=", timeout.count(),
+             " ms must be positive.");
+  VOLT_CHECK(env.world_size >= 1 && env.global_rank >= 0 && env.global_rank < env.world_size,
+             ConfigError, kTag, " global rank ", env.global_rank, " is outside world size ",
+             env.world_size, ".");
+  VOLT_CHECK(env.main_port > 0 && env.main_port < 65536, ConfigError, kTag,
+             " MASTER_PORT=", env.main_port,
+             " is not a port; choose one (LocalLauncher picks a free one).");
+  impl_ = std::make_unique<Impl>();
+  impl_->address = env.main_address + ":" + std::to_string(env.main_port);
+  const auto deadline = Clock::now() + timeout;
+
+  // 1. The store: rank 0 hosts it, every rank is a client.
+  try {
+    impl_->store = open_store(env, timeout, deadline, rank_ == 0);
+  } catch (const std::exception& e) {
+    const std::string why = reason_of(e);
+    if (rank_ == 0) {
+      VOLT_CHECK(!contains(why, "Address already in use") && !contains(why, "errno: 98"),
+                 ConfigError, kTag, " MASTER_PORT=", env.main_port,
+                 " is already in use on this machine (rank 0 hosts the rendezvous store there); "
+                 "choose a free port, or unset MASTER_PORT on one node to let volt pick one.");
+      VOLT_CHECK(false, DistributedError, kTag, " rank 0 could not start the rendezvous store on ",
+                 impl_->address, " (", why, "); check MASTER_ADDR and MASTER_PORT.");
+    }
+    VOLT_CHECK(false, DistributedError, kTag, " rank ", rank_,
+               " could not reach the rendezvous store at MASTER_ADDR=", env.main_address,
+               " MASTER_PORT=", env.main_port, " within ", seconds(timeout), " (", why,
+               "); check that rank 0 is running and that MASTER_ADDR/MASTER_PORT name its "
+               "machine and port.");
+  }
+  c10d::Store& store = *impl_->store;
+
+  // 2. Join: claim the rank, publish the configuration, wait for everyone.
+  std::ostringstream cfg;
+  cfg << "world_size=" << world_size_ << " backend=" << to_string(options_.backend())
+      << " config_hash=" << (options_.config_hash().empty() ? "''" : options_.config_hash());
+  const std::string me = std::to_string(rank_);
+  try {
+    if (store.add(kClaimKey + me, 1) > 1) {
+      std::string msg =
+          detail::str_cat(kTag, " two processes claim global rank ", rank_,
+                          "; give every process its own rank (check LOCAL_RANK, NODE_RANK, RANK).");
+      store.set(kReadyKey, bytes("abort:" + msg));  // wakes the others at once
+      throw ConfigError(msg);
+    }
+    store.set(kConfigKey + me, bytes(cfg.str()));
+    if (store.add(kJoinedKey, 1) == world_size_) store.set(kReadyKey, bytes("ok"));
+    if (!poll_key(store, kReadyKey, deadline)) {
+      std::vector<int64_t> missing;
+      for (int64_t r = 0; r < world_size_; ++r) {
+        if (!store.check({kConfigKey + std::to_string(r)})) missing.push_back(r);
+      }
+      VOLT_CHECK(false, DistributedError, kTag, " ", rank_list(missing), " of ", world_size_,
+                 " did not join the rendezvous at ", impl_->address, " within ", seconds(timeout),
+                 "; start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE.");
+    }
+    const std::string ready = text(store.get(kReadyKey));
+    VOLT_CHECK(ready.rfind("abort:", 0) != 0, ConfigError, ready.substr(6));
+    // A second claimant may have come after "ok" was set: look at every claim once more (it is
+    // caught here unless it arrives after this check, and then it fails alone).
+    for (int64_t r = 0; r < world_size_; ++r) {
+      VOLT_CHECK(store.add(kClaimKey + std::to_string(r), 0) <= 1, ConfigError, kTag,
+                 " two processes claim global rank ", r,
+                 "; give every process its own rank (check LOCAL_RANK, NODE_RANK, RANK).");
+    }
+    // 3. Every rank compares every rank's configuration, so all of them fail alike.
+    std::map<std::string, std::vector<int64_t> > groups;
+    std::vector<int64_t> missing;
+    for (int64_t r = 0; r < world_size_; ++r) {
+      const std::string key = kConfigKey + std::to_string(r);
+      if (!store.check({key})) {
+        missing.push_back(r);
+      } else {
+        groups[text(store.get(key))].push_back(r);
+      }
+    }
+    if (store.add(kReadKey, 1) == world_size_) store.set(kAllReadKey, bytes("1"));
+    if (rank_ == 0) {
+      // The store lives in this process: keep it up until everyone has read what they need to
+      // fail with the same message (bounded by the deadline).
+      poll_key(store, kAllReadKey, deadline);
+    }
+    VOLT_CHECK(missing.empty(), DistributedError, kTag, " ", rank_list(missing),
+               " did not join although ", world_size_,
+               " processes did (some process has another WORLD_SIZE or rank); start every rank "
+               "with the same WORLD_SIZE.");
+    if (groups.size() > 1) {
+      std::ostringstream os;
+      os << kTag << " ranks' configurations differ:";
+      const char* sep = " ";
+      for (const auto& g : groups) {
+        os << sep << rank_list(g.second) << ": " << g.first;
+        sep = "; ";
+      }
+      os << "; start every rank with the same options.";
+      throw ConfigError(os.str());
+    }
+  } catch (const volt::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    VOLT_CHECK(false, DistributedError, kTag, " rendezvous failed on rank ", rank_, " at ",
+               impl_->address, ": ", reason_of(e), "; rank 0 (the store's host) probably exited.");
+  }
+
+  // 4. Gloo connects every pair of ranks through the store.
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    device = gloo_device(env, options_.interface(), impl_->gloo_address);
+  } catch (const volt::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    VOLT_CHECK(false, DistributedError, kTag, " cannot create a Gloo device on ",
+               impl_->gloo_address, " (", reason_of(e), "); set GLOO_SOCKET_IFNAME.");
+  }
+  try {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    opts->devices.push_back(device);
+    auto prefix = c10::make_intrusive<c10d::PrefixStore>("volt/gloo", impl_->store);
+    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, static_cast<int>(rank_),
+                                                            static_cast<int>(world_size_), opts);
+#if VOLT_TORCH_AT_LEAST(2, 0)
+    // [S] read from 2.x sources, not compiled: the 2.11 wheel has no gloo headers.
+    impl_->backend = gloo;
+    impl_->group = c10::make_intrusive<c10d::ProcessGroup>(prefix, static_cast<int>(rank_),
+                                                           static_cast<int>(world_size_));
+    impl_->group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    impl_->group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+#else
+    impl_->group = gloo;
+#endif
+  } catch (const std::exception& e) {
+    VOLT_CHECK(false, DistributedError, kTag, " rank ", rank_, " could not connect Gloo to its ",
+               world_size_ - 1, " peers within ", seconds(timeout), " (listening on ",
+               impl_->gloo_address, ": ", reason_of(e),
+               "); check that the nodes can reach each other on that address or set "
+               "GLOO_SOCKET_IFNAME.");
+  }
+}
+
+ProcessGroup::~ProcessGroup() {
+  if (!impl_) return;
+  // The Gloo group first: its destructor lets queued work finish (each bounded by the Gloo
+  // timeout) and joins its threads; then the store (rank 0 stops serving).
+  try {
+    impl_->group.reset();
+#if VOLT_TORCH_AT_LEAST(2, 0)
+    impl_->backend.reset();
+#endif
+    impl_->store.reset();
+  } catch (...) {
+  }
+}
+
+namespace {
+
+// Why the group failed, with the lost rank when some process reported it.
+std::string lost_rank_note(ProcessGroup::Impl& impl, int64_t rank, milliseconds timeout) {
+  try {
+    if (!poll_key(*impl.store, kLostKey, Clock::now() + std::min(timeout, kLostReportGrace))) {
+      return "";
+    }
+    return "; lost: " + text(impl.store->get(kLostKey));
+  } catch (const std::exception&) {
+    return rank == 0 ? ""
+                     : "; the rendezvous store on rank 0 (" + impl.address +
+                           ") is unreachable too, so rank 0 was probably lost";
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+// Builds and records the error of a failed collective.
+void throw_collective_error(ProcessGroup& pg, const char* op, const std::exception& e) {
+  auto& impl = pg.impl();
+  const milliseconds timeout = pg.options().timeout();
+  const std::string why = reason_of(e);
+  const bool timed_out = contains(why, "timed out") || contains(why, "Timed out") ||
+                         contains(why, "Timeout") || contains(why, "timeout");
+  const std::string lost = lost_rank_note(impl, pg.rank(), timeout);
+  std::string msg =
+      timed_out
+          ? detail::str_cat(kTag, " ", op, " timed out after ", seconds(timeout), " on rank ",
+                            pg.rank(), " of ", pg.world_size(), " (", why, ")", lost,
+                            "; a peer hung or died, or the ranks called collectives in different "
+                            "orders.")
+          : detail::str_cat(kTag, " ", op, " failed on rank ", pg.rank(), " of ", pg.world_size(),
+                            " (", why, ")", lost,
+                            "; a peer process died or the network failed "
+                            "(see the other ranks' output).");
+  impl.broken = msg;
+  throw DistributedError(msg);
+}
+
+}  // namespace detail
+
+namespace {
+
+// Runs one collective: starts it, waits at most the timeout, turns any failure into a
+// DistributedError and marks the group broken.
+template <typename Start>
+void run_collective(ProcessGroup& pg, const char* op, Start&& start) {
+  auto& impl = pg.impl();
+  VOLT_CHECK(impl.broken.empty(), DistributedError, kTag, " ", op, " on rank ", pg.rank(),
+             ": the group is unusable after an earlier failure (", impl.broken,
+             "); restart the run.");
+  try {
+    auto work = start();
+    work->wait(pg.options().timeout());
+  } catch (const std::exception& e) {
+    detail::throw_collective_error(pg, op, e);
+  }
+}
+
+}  // namespace
+
+at::Tensor ProcessGroup::all_reduce(const at::Tensor& value, Reduce op) {
+  VOLT_CHECK(op != Reduce::kMean || value.is_floating_point(), ValueError, kTag,
+             " all_reduce with kMean needs a floating tensor, got ", value.scalar_type(),
+             "; convert it first or use kSum.");
+  std::vector<at::Tensor> t{value.detach().clone(at::MemoryFormat::Contiguous)};
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  o.timeout = options_.timeout();
+  run_collective(*this, "all_reduce", [&] { return impl_->group->allreduce(t, o); });
+  if (op == Reduce::kMean) t[0].div_(world_size_);
+  return t[0];
+}
+
+void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t src) {
+  std::vector<at::Tensor> one{tensor};
+  broadcast_(one, src);
+}
+
+void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
+  VOLT_CHECK(src >= 0 && src < world_size_, ValueError, kTag, " broadcast source rank ", src,
+             " is outside world size ", world_size_, ".");
+  torch::NoGradGuard no_grad;
+  // One flat buffer per dtype: a collective per dtype instead of one per tensor.
+  std::map<c10::ScalarType, std::vector<size_t> > by_dtype;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    VOLT_CHECK(tensors[i].defined(), ValueError, kTag,
+               " broadcast_ got an undefined tensor at "
+               "index ",
+               i, ".");
+    if (tensors[i].numel() > 0) by_dtype[tensors[i].scalar_type()].push_back(i);
+  }
+  for (auto& [dtype, idx] : by_dtype) {
+    std::vector<at::Tensor> flat_parts;
+    for (size_t i : idx) flat_parts.push_back(tensors[i].detach().reshape(-1));
+    std::vector<at::Tensor> buf{at::cat(flat_parts)};
+    c10d::BroadcastOptions o;
+    o.rootRank = src;
+    o.timeout = options_.timeout();
+    run_collective(*this, "broadcast", [&] { return impl_->group->broadcast(buf, o); });
+    int64_t offset = 0;
+    for (size_t i : idx) {
+      const int64_t n = tensors[i].numel();
+      tensors[i].detach().copy_(buf[0].narrow(0, offset, n).view(tensors[i].sizes()));
+      offset += n;
+    }
+  }
+}
+
+std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
+  // Shapes first: Gloo with mismatched sizes corrupts or hangs, a ValueError is clearer.
+  constexpr int64_t kMaxDims = 8;
+  VOLT_CHECK(value.dim() <= kMaxDims, ValueError, kTag, " all_gather supports up to ", kMaxDims,
+             " dimensions, got ", value.sizes(), ".");
+  auto meta = at::full({kMaxDims + 2}, -1, at::kLong);
+  auto m = meta.accessor<int64_t, 1>();
+  m[0] = value.dim();
+  m[1] = static_cast<int64_t>(value.scalar_type());
+  for (int64_t d = 0; d < value.dim(); ++d) m[d + 2] = value.size(d);
+  std::vector<std::vector<at::Tensor> > meta_out(1);
+  for (int64_t r = 0; r < world_size_; ++r) meta_out[0].push_back(at::empty_like(meta));
+  std::vector<at::Tensor> meta_in{meta};
+  run_collective(*this, "all_gather", [&] { return impl_->group->allgather(meta_out, meta_in); });
+  for (int64_t r = 0; r < world_size_; ++r) {
+    if (meta_out[0][r].equal(meta)) continue;
+    std::ostringstream os;
+    for (int64_t q = 0; q < world_size_; ++q) {
+      auto mq = meta_out[0][q].accessor<int64_t, 1>();
+      os << (q ? "; " : "") << "rank " << q << ": [";
+      for (int64_t d = 0; d < mq[0]; ++d) os << (d ? ", " : "") << mq[d + 2];
+      os << "] " << static_cast<c10::ScalarType>(mq[1]);
+    }
+    VOLT_CHECK(false, ValueError, kTag,
+               " all_gather needs the same shape and dtype on every rank (", os.str(),
+               "); pad to a common shape first.");
+  }
+  std::vector<std::vector<at::Tensor> > out(1);
+  auto in = value.detach().clone(at::MemoryFormat::Contiguous);
+  for (int64_t r = 0; r < world_size_; ++r) out[0].push_back(at::empty_like(in));
+  std::vector<at::Tensor> ins{in};
+  run_collective(*this, "all_gather", [&] { return impl_->group->allgather(out, ins); });
+  return out[0];
+}
+
+at::Tensor ProcessGroup::all_gather_flat(const at::Tensor& value) {
+  VOLT_CHECK(value.dim() >= 1, ValueError, kTag, " all_gather_flat needs at least one dimension.");
+  return at::cat(all_gather(value), 0);
+}
+
+at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
+  VOLT_CHECK(value.dim() >= 1 && value.size(0) % world_size_ == 0, ValueError, kTag,
+             " reduce_scatter needs size(0) divisible by world_size=", world_size_, ", got ",
+             value.sizes(), "; pad dim 0 to a multiple of ", world_size_, ".");
+  return all_reduce(value, op).chunk(world_size_, 0)[rank_].clone();
+}
+
+void ProcessGroup::barrier() {
+  c10d::BarrierOptions o;
+  o.timeout = options_.timeout();
+  run_collective(*this, "barrier", [&] { return impl_->group->barrier(o); });
+}
+
+bool ProcessGroup::all_of(bool local) {
+  return all_reduce(at::full({1}, local ? 1 : 0, at::kInt), Reduce::kMin).item<int>() == 1;
+}
+
+bool ProcessGroup::any_of(bool local) {
+  return all_reduce(at::full({1}, local ? 1 : 0, at::kInt), Reduce::kMax).item<int>() == 1;
+}
+
+void report_lost_rank(const ClusterEnvironment& env, const std::string& description,
+                      std::chrono::milliseconds timeout) noexcept {
+  try {
+    // A client of its own: the caller is usually a monitor thread, and the group's client may
+    // be busy in another thread.
+    // Bounded by a few seconds: the store either runs (connecting is immediate) or not yet.
+    const milliseconds bound = std::min(timeout, kReportBound);
+    auto store = open_store(env, bound, Clock::now() + bound, /*server=*/false);
+    if (store->add(kLostCountKey, 1) == 1) store->set(kLostKey, bytes(description));
+  } catch (...) {
+  }
+}
+
+#endif  // VOLT_DIST_GLOO
+
+}  // namespace volt

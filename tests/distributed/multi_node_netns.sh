@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Multi-node smoke test: two network namespaces joined by a veth pair are two "nodes"; each runs
+# volt_dist_worker as a plain process with devices=2 (it launches its second rank itself), with
+# the reference's variables: MASTER_ADDR = node 0's veth address, MASTER_PORT, WORLD_SIZE=4,
+# NODE_RANK 0/1. Checks the collectives (all-reduce results included) and the gradient reducer
+# on all 4 ranks. Exits 77 (ctest: skipped) when namespaces cannot be created.
+# Usage: multi_node_netns.sh path/to/volt_dist_worker
+set -uo pipefail
+worker=${1:?usage: multi_node_netns.sh path/to/volt_dist_worker}
+tag=$$
+ns0=volt_n0_$tag ns1=volt_n1_$tag veth0=vvt0_$tag veth1=vvt1_$tag
+addr0=10.213.0.1 addr1=10.213.0.2 port=29611
+dir=$(mktemp -d)
+pids=()
+
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  ip netns del "$ns0" 2>/dev/null
+  ip netns del "$ns1" 2>/dev/null
+  ip link del "$veth0" 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+if ! command -v ip >/dev/null; then
+  echo "SKIP: the ip command (iproute2) is missing"
+  exit 77
+fi
+if ! ip netns add "$ns0" 2>"$dir/err"; then
+  echo "SKIP: cannot create network namespaces ($(tr '\n' ' ' <"$dir/err")); run as root"
+  exit 77
+fi
+set -e
+ip netns add "$ns1"
+ip link add "$veth0" type veth peer name "$veth1"
+ip link set "$veth0" netns "$ns0"
+ip link set "$veth1" netns "$ns1"
+ip -n "$ns0" addr add "$addr0/24" dev "$veth0"
+ip -n "$ns1" addr add "$addr1/24" dev "$veth1"
+for ns in "$ns0" "$ns1"; do ip -n "$ns" link set lo up; done
+ip -n "$ns0" link set "$veth0" up
+ip -n "$ns1" link set "$veth1" up
+set +e
+
+fail=0
+for scenario in collectives reducer; do
+  pids=()
+  for node in 0 1; do
+    ns=$ns0
+    [ "$node" = 1 ] && ns=$ns1
+    ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME \
+      MASTER_ADDR=$addr0 MASTER_PORT=$port WORLD_SIZE=4 NODE_RANK=$node \
+      timeout -s KILL 120 "$worker" "$scenario" --devices 2 --nodes 2 --timeout-ms 30000 \
+      >"$dir/$scenario.$node.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in 0 1; do
+    if ! wait "${pids[$i]}"; then
+      echo "FAIL: $scenario on node $i exited non-zero"
+      fail=1
+    fi
+  done
+  pids=()
+  want="collectives ok"
+  [ "$scenario" = reducer ] && want="reducer matches single process"
+  for node in 0 1; do
+    echo "---- $scenario, node $node ----"
+    cat "$dir/$scenario.$node.log"
+    for local in 0 1; do
+      rank=$((node * 2 + local))
+      if ! grep -q "^rank $rank: $want" "$dir/$scenario.$node.log"; then
+        echo "FAIL: rank $rank did not report '$want'"
+        fail=1
+      fi
+      if ! grep -q "^rank $rank: pid [0-9]* plain local $local node $node" "$dir/$scenario.$node.log"; then
+        echo "FAIL: rank $rank is not local rank $local of node $node"
+        fail=1
+      fi
+    done
+  done
+done
+[ "$fail" = 0 ] && echo "multi-node over network namespaces: OK"
+exit "$fail"

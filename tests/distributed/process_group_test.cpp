@@ -1,0 +1,274 @@
+#include "volt/distributed/process_group.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "distributed/detail/net.h"
+#include "processes.h"
+#include "volt/core/errors.h"
+
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using volt_test::Process;
+
+const std::string kWorker = VOLT_DIST_WORKER;
+constexpr milliseconds kWait{60000};  // bound on any worker run in these tests
+
+volt::ClusterEnvironment single(int port) {
+  volt::ClusterEnvironment env;
+  env.main_port = port;
+  return env;
+}
+
+// Checks that every rank exited `code` and printed every phrase.
+void expect_all(std::vector<std::unique_ptr<Process>>& ranks, int code,
+                std::initializer_list<std::string> phrases) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(ranks[r]->exit_code(kWait), code) << ranks[r]->output();
+    for (const auto& p : phrases) {
+      EXPECT_NE(ranks[r]->output().find(p), std::string::npos) << "'" << p << "' in\n"
+                                                               << ranks[r]->output();
+    }
+  }
+}
+
+// ---- backend resolution ----
+
+TEST(ResolveBackend, AutoIsGlooOnCpu) {
+  EXPECT_EQ(volt::resolve_backend("auto", c10::DeviceType::CPU), volt::Backend::kGloo);
+  EXPECT_EQ(volt::resolve_backend("gloo", c10::DeviceType::CPU), volt::Backend::kGloo);
+  EXPECT_EQ(volt::to_string(volt::Backend::kNccl), "nccl");
+}
+
+TEST(ResolveBackend, NcclOnCpuIsNotAvailable) {
+  try {
+    volt::resolve_backend("nccl", c10::DeviceType::CPU);
+    FAIL() << "no error";
+  } catch (const volt::NotAvailable& e) {
+    EXPECT_NE(std::string(e.what()).find("\"nccl\" needs CUDA tensors but the device is cpu"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ResolveBackend, UnknownName) {
+  try {
+    volt::resolve_backend("mpi", c10::DeviceType::CPU);
+    FAIL() << "no error";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown process group backend \"mpi\""),
+              std::string::npos);
+  }
+}
+
+TEST(ProcessGroup, NcclBackendOnCpuFailsAtConstruction) {
+  EXPECT_THROW(volt::ProcessGroup(single(volt::detail::find_free_port()),
+                                  volt::ProcessGroupOptions().backend(volt::Backend::kNccl)),
+               volt::NotAvailable);
+}
+
+// ---- one process (world size 1) in this test process ----
+
+TEST(ProcessGroup, WorldOfOneRunsEveryCollective) {
+  volt::ProcessGroup pg(single(volt::detail::find_free_port()));
+  EXPECT_EQ(pg.rank(), 0);
+  EXPECT_EQ(pg.world_size(), 1);
+  auto x = at::arange(4, at::kFloat);
+  EXPECT_TRUE(pg.all_reduce(x, volt::Reduce::kMean).equal(x));
+  EXPECT_EQ(pg.all_gather(x).size(), 1u);
+  EXPECT_TRUE(pg.reduce_scatter(x).equal(x));
+  pg.barrier();
+  EXPECT_TRUE(pg.all_of(true));
+  EXPECT_FALSE(pg.any_of(false));
+}
+
+TEST(ProcessGroup, MasterPortInUseOnRankZero) {
+  // A listening socket holds the port, as another program would.
+  int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_any;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin6_port);
+  try {
+    volt::ProcessGroup pg(single(port), volt::ProcessGroupOptions().timeout(seconds(5)));
+    ADD_FAILURE() << "no error";
+  } catch (const volt::ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("MASTER_PORT=" + std::to_string(port) + " is already in use"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  ::close(fd);
+}
+
+TEST(ProcessGroup, MasterAddrUnreachableNamesAddressAndTimeout) {
+  // Nothing listens on this port: rank 1 retries until its timeout.
+  volt::ClusterEnvironment env;
+  env.world_size = 2;
+  env.global_rank = 1;
+  env.local_rank = 1;
+  env.local_world_size = 2;
+  env.main_port = volt::detail::find_free_port();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    volt::ProcessGroup pg(env, volt::ProcessGroupOptions().timeout(milliseconds(1500)));
+    ADD_FAILURE() << "no error";
+  } catch (const volt::DistributedError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(
+        msg.find("could not reach the rendezvous store at MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                 std::to_string(env.main_port) + " within 1.5 s"),
+        std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20)) << "bounded by the timeout";
+}
+
+TEST(ProcessGroup, MissingRanksAreNamedAfterTheTimeout) {
+  volt::ClusterEnvironment env = single(volt::detail::find_free_port());
+  env.world_size = 3;
+  env.local_world_size = 3;
+  try {
+    volt::ProcessGroup pg(env, volt::ProcessGroupOptions().timeout(milliseconds(800)));
+    ADD_FAILURE() << "no error";
+  } catch (const volt::DistributedError& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks 1, 2 of 3 did not join the rendezvous"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---- real processes over loopback ----
+
+TEST(ProcessGroup, CollectivesTwoRanksStartedExternally) {
+  const int port = volt::detail::find_free_port();
+  auto ranks = volt_test::start_ranks(kWorker, {"collectives", "--devices", "2"}, 2,
+                                      [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+  expect_all(ranks, 0, {"collectives ok", "plain"});
+}
+
+TEST(ProcessGroup, CollectivesUnderTorchrunVariables) {
+  const int port = volt::detail::find_free_port();
+  auto ranks = volt_test::start_ranks(kWorker, {"collectives", "--devices", "2"}, 2, [&](int r) {
+    return std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                              {"LOCAL_RANK", std::to_string(r)},
+                                              {"WORLD_SIZE", "2"},
+                                              {"LOCAL_WORLD_SIZE", "2"},
+                                              {"GROUP_RANK", "0"},
+                                              {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", std::to_string(port)}};
+  });
+  expect_all(ranks, 0, {"collectives ok", "torchrun"});
+}
+
+TEST(ProcessGroup, CollectivesUnderSlurmVariables) {
+  const int port = volt::detail::find_free_port();
+  auto ranks = volt_test::start_ranks(kWorker, {"collectives", "--devices", "2"}, 2, [&](int r) {
+    return std::map<std::string, std::string>{{"SLURM_PROCID", std::to_string(r)},
+                                              {"SLURM_LOCALID", std::to_string(r)},
+                                              {"SLURM_NTASKS", "2"},
+                                              {"SLURM_NODEID", "0"},
+                                              {"SLURM_NODELIST", "localhost"},
+                                              {"SLURM_JOB_ID", "4242"},
+                                              {"MASTER_PORT", std::to_string(port)}};
+  });
+  expect_all(ranks, 0, {"collectives ok", "slurm"});
+}
+
+TEST(ProcessGroup, CollectivesUnderOpenMpiVariables) {
+  const int port = volt::detail::find_free_port();
+  auto ranks = volt_test::start_ranks(kWorker, {"collectives", "--devices", "3"}, 3, [&](int r) {
+    return std::map<std::string, std::string>{{"OMPI_COMM_WORLD_RANK", std::to_string(r)},
+                                              {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(r)},
+                                              {"OMPI_COMM_WORLD_SIZE", "3"},
+                                              {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"},
+                                              {"MASTER_PORT", std::to_string(port)}};
+  });
+  expect_all(ranks, 0, {"collectives ok", "openmpi"});
+}
+
+TEST(ProcessGroup, RanksWithDifferentConfigsFailNamingThem) {
+  const int port = volt::detail::find_free_port();
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.push_back(
+        std::make_unique<Process>(kWorker,
+                                  std::vector<std::string>{"collectives", "--devices", "3",
+                                                           "--config-hash", r == 1 ? "b7" : "a1"},
+                                  volt_test::plain_rank_env(r, 3, port)));
+  }
+  expect_all(ranks, 3,
+             {"[ProcessGroup] ranks' configurations differ: ranks 0, 2: world_size=3 "
+              "backend=gloo config_hash=a1; rank 1: world_size=3 backend=gloo config_hash=b7"});
+}
+
+// A second process with rank 1 arriving while the job runs fails at once, naming the rank. (When
+// it arrives during the rendezvous, every rank fails with the same message; which of the two
+// happens first is a race between processes, so this test builds the late case.)
+TEST(ProcessGroup, SecondProcessClaimingARankFails) {
+  const int port = volt::detail::find_free_port();
+  auto ranks = volt_test::start_ranks(
+      kWorker, {"hold", "--devices", "2", "--victim", "1", "--timeout-ms", "60000"}, 2,
+      [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+  ASSERT_TRUE(ranks[1]->wait_for_output("victim waiting", kWait)) << ranks[1]->output();
+  Process dup(kWorker, {"collectives", "--devices", "2"}, volt_test::plain_rank_env(1, 2, port));
+  EXPECT_EQ(dup.exit_code(kWait), 3) << dup.output();
+  EXPECT_NE(dup.output().find("[ProcessGroup] two processes claim global rank 1; give every "
+                              "process its own rank"),
+            std::string::npos)
+      << dup.output();
+}
+
+// A rank that stops answering: the others' collective fails after the timeout, and the process
+// still exits (destruction does not hang on the pending operation).
+TEST(ProcessGroup, HungPeerTimesOut) {
+  const int port = volt::detail::find_free_port();
+  const std::vector<std::string> args{"hold", "--devices",    "2",   "--victim",
+                                      "1",    "--timeout-ms", "3000"};
+  Process rank0(kWorker, args, volt_test::plain_rank_env(0, 2, port));
+  ASSERT_TRUE(rank0.wait_for_output("rank 0: pid", kWait)) << rank0.output();
+  Process rank1(kWorker, args, volt_test::plain_rank_env(1, 2, port));
+  ASSERT_TRUE(rank1.wait_for_output("victim waiting", kWait)) << rank1.output();
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(rank0.exit_code(kWait), 3) << rank0.output();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(30));
+  EXPECT_NE(rank0.output().find("[ProcessGroup] all_reduce timed out after 3 s on rank 0 of 2"),
+            std::string::npos)
+      << rank0.output();
+}
+
+// A peer killed mid-collective (started externally, so nobody reports which one): the survivor
+// fails at once, without waiting for the timeout.
+TEST(ProcessGroup, DeadPeerFailsFast) {
+  const int port = volt::detail::find_free_port();
+  auto ranks = volt_test::start_ranks(
+      kWorker, {"hold", "--devices", "2", "--victim", "1", "--timeout-ms", "60000"}, 2,
+      [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+  ASSERT_TRUE(ranks[1]->wait_for_output("victim waiting", kWait)) << ranks[1]->output();
+  ASSERT_TRUE(ranks[0]->wait_for_output("entering all_reduce", kWait)) << ranks[0]->output();
+  ::kill(ranks[1]->pid(), SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(ranks[0]->exit_code(kWait), 3) << ranks[0]->output();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20))
+      << "well before the 60 s timeout";
+  EXPECT_NE(ranks[0]->output().find("[ProcessGroup] all_reduce failed on rank 0 of 2"),
+            std::string::npos)
+      << ranks[0]->output();
+}
+
+}  // namespace

@@ -1,0 +1,527 @@
+// One rank of the distributed tests (tests/distributed/). Started by a test with the cluster
+// variables of one environment (plain, torchrun, Slurm, Open MPI), or as a plain process that
+// launches its local workers itself (LocalLauncher re-executes this binary).
+//
+//   volt_dist_worker SCENARIO [--devices N] [--nodes M] [--timeout-ms T] [--victim R]
+//                    [--config-hash H]
+//
+// Scenarios: collectives, reducer, config-hash, hold, orphan, reap. Each prints one line per
+// finding ("rank R: ...") and exits 0 when every check passed, 1 when a check failed, 3 when
+// the expected volt error was raised (its message printed on one line).
+
+#include <signal.h>
+#include <torch/torch.h>
+#include <unistd.h>
+#include <volt/core/errors.h>
+#include <volt/distributed/cluster_environment.h>
+#include <volt/distributed/gradient_reducer.h>
+#include <volt/distributed/local_launcher.h>
+#include <volt/distributed/process_group.h>
+
+#include <cstdio>
+#include <sstream>
+#include <string>
+
+namespace {
+
+using std::chrono::milliseconds;
+
+struct Args {
+  std::string scenario;
+  int64_t devices = 2;
+  int64_t nodes = 1;
+  int64_t timeout_ms = 20000;
+  int64_t victim = 1;
+  std::string config_hash = "same";
+};
+
+// One write per line, so that lines of concurrent ranks never interleave.
+void say(const std::string& line) {
+  std::string s = line + "\n";
+  [[maybe_unused]] auto n = ::write(1, s.data(), s.size());
+}
+
+int g_rank = -1;
+
+[[noreturn]] void fail(const std::string& what) {
+  say("rank " + std::to_string(g_rank) + ": CHECK FAILED: " + what);
+  std::_Exit(1);
+}
+
+#define CHECK_TRUE(cond, what)                             \
+  do {                                                     \
+    if (!(cond)) fail(std::string(what) + " (" #cond ")"); \
+  } while (false)
+
+void check_close(const at::Tensor& a, const at::Tensor& b, double tol, const std::string& what) {
+  if (!a.sizes().equals(b.sizes())) fail(what + ": shapes differ");
+  double diff = (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+  if (!(diff <= tol)) {
+    std::ostringstream os;
+    os << what << ": max diff " << diff << " > " << tol;
+    fail(os.str());
+  }
+}
+
+// Expects `fn` to throw E containing `phrase`.
+template <typename E, typename F>
+void expect_throw(F&& fn, const std::string& phrase, const std::string& what) {
+  try {
+    fn();
+  } catch (const E& e) {
+    if (std::string(e.what()).find(phrase) == std::string::npos) {
+      fail(what + ": message lacks '" + phrase + "': " + e.what());
+    }
+    return;
+  }
+  fail(what + ": no exception");
+}
+
+// ---------------------------------------------------------------------------- collectives
+
+void run_collectives(volt::ProcessGroup& pg) {
+  const int64_t r = pg.rank(), w = pg.world_size();
+  auto in = at::full({3}, static_cast<float>(r + 1));
+  auto sum = pg.all_reduce(in, volt::Reduce::kSum);
+  check_close(sum, at::full({3}, w * (w + 1) / 2.0f), 0, "all_reduce sum");
+  check_close(in, at::full({3}, static_cast<float>(r + 1)), 0, "all_reduce leaves input");
+  check_close(pg.all_reduce(in, volt::Reduce::kMean), at::full({3}, (w + 1) / 2.0f), 1e-6,
+              "all_reduce mean");
+  check_close(pg.all_reduce(in, volt::Reduce::kMin), at::full({3}, 1.0f), 0, "all_reduce min");
+  check_close(pg.all_reduce(in, volt::Reduce::kMax), at::full({3}, float(w)), 0, "all_reduce max");
+  // Non-contiguous input.
+  auto nc = at::arange(6, at::kFloat).view({2, 3}).t() * (r + 1);
+  check_close(pg.all_reduce(nc, volt::Reduce::kSum),
+              at::arange(6, at::kFloat).view({2, 3}).t() * (w * (w + 1) / 2), 0,
+              "all_reduce non-contiguous");
+  expect_throw<volt::ValueError>(
+      [&] { pg.all_reduce(at::ones({2}, at::kLong), volt::Reduce::kMean); }, "floating",
+      "all_reduce mean of ints");
+
+  auto b = at::full({2, 3}, float(r));
+  pg.broadcast_(b, w - 1);
+  check_close(b, at::full({2, 3}, float(w - 1)), 0, "broadcast_");
+  auto bt = at::full({3, 2}, float(r)).t();
+  pg.broadcast_(bt, 0);
+  check_close(bt, at::zeros({2, 3}), 0, "broadcast_ non-contiguous");
+  auto p = torch::full({4}, float(r), torch::requires_grad());
+  std::vector<at::Tensor> many{p, at::full({2}, r * 10, at::kLong),
+                               at::full({1}, r + 0.5, at::kDouble), at::empty({0})};
+  pg.broadcast_(many, 0);
+  check_close(many[0], at::zeros({4}), 0, "broadcast_ list float (requires_grad)");
+  CHECK_TRUE(many[1].equal(at::zeros({2}, at::kLong)), "broadcast_ list long");
+  check_close(many[2], at::full({1}, 0.5, at::kDouble), 0, "broadcast_ list double");
+  expect_throw<volt::ValueError>([&] { pg.broadcast_(b, w); }, "outside world size",
+                                 "broadcast_ bad src");
+
+  auto g = pg.all_gather(at::full({2}, float(r)));
+  CHECK_TRUE(static_cast<int64_t>(g.size()) == w, "all_gather size");
+  for (int64_t q = 0; q < w; ++q) check_close(g[q], at::full({2}, float(q)), 0, "all_gather item");
+  expect_throw<volt::ValueError>([&] { pg.all_gather(at::zeros({r == 0 ? 3 : 2})); },
+                                 "same shape and dtype", "all_gather shape mismatch");
+  auto flat = pg.all_gather_flat(at::full({2, 2}, float(r)));
+  CHECK_TRUE(flat.size(0) == 2 * w, "all_gather_flat rows");
+  for (int64_t q = 0; q < w; ++q) {
+    check_close(flat.narrow(0, 2 * q, 2), at::full({2, 2}, float(q)), 0, "all_gather_flat block");
+  }
+  auto rs_in = at::arange(2 * w, at::kFloat) + r;
+  auto rs = pg.reduce_scatter(rs_in, volt::Reduce::kSum);
+  auto full = at::arange(2 * w, at::kFloat) * w + w * (w - 1) / 2.0f;
+  check_close(rs, full.narrow(0, 2 * r, 2), 0, "reduce_scatter");
+  expect_throw<volt::ValueError>([&] { pg.reduce_scatter(at::zeros({2 * w + 1})); }, "divisible",
+                                 "reduce_scatter size");
+  pg.barrier();
+  CHECK_TRUE(pg.all_of(true), "all_of(true)");
+  CHECK_TRUE(pg.all_of(r != 0) == (w == 1), "all_of(r != 0)");
+  CHECK_TRUE(pg.any_of(r == w - 1), "any_of(last)");
+  CHECK_TRUE(!pg.any_of(false), "any_of(false)");
+  say("rank " + std::to_string(r) + ": collectives ok");
+}
+
+// ---------------------------------------------------------------------------- reducer
+
+struct Mlp : torch::nn::Module {
+  explicit Mlp(int64_t hidden = 16) {
+    fc1 = register_module("fc1", torch::nn::Linear(8, hidden));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, 4));
+    unused = register_module("unused", torch::nn::Linear(4, 4));
+  }
+  at::Tensor forward(const at::Tensor& x, bool use_unused = false) {
+    auto h = fc2->forward(torch::tanh(fc1->forward(x)));
+    return use_unused ? unused->forward(h) : h;
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, unused{nullptr};
+};
+
+std::shared_ptr<Mlp> make_mlp(int64_t hidden = 16) {
+  torch::manual_seed(0);  // identical weights on every rank
+  return std::make_shared<Mlp>(hidden);
+}
+
+at::Tensor batch_for(int64_t rank, int64_t step) {
+  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 + 97 * rank + step));
+  return at::randn({6, 8}, gen);
+}
+
+at::Tensor loss_of(Mlp& m, const at::Tensor& x, bool use_unused = false) {
+  return m.forward(x, use_unused).pow(2).mean();
+}
+
+// Per-rank gradients without touching .grad (autograd::grad runs no AccumulateGrad, so the
+// Reducer's hooks stay quiet).
+std::vector<at::Tensor> local_grads(Mlp& m, const std::vector<at::Tensor>& params,
+                                    const at::Tensor& x, bool use_unused = false) {
+  auto g = torch::autograd::grad({loss_of(m, x, use_unused)}, params, {}, false, false,
+                                 /*allow_unused=*/true);
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!g[i].defined()) g[i] = at::zeros_like(params[i]);
+  }
+  return g;
+}
+
+std::vector<at::Tensor> mean_over_ranks(volt::ProcessGroup& pg, const std::vector<at::Tensor>& t) {
+  std::vector<at::Tensor> out;
+  for (const auto& x : t) out.push_back(pg.all_reduce(x, volt::Reduce::kMean));
+  return out;
+}
+
+bool inside(const at::Tensor& t, const at::Tensor& buffer) {
+  auto* p = static_cast<char*>(t.data_ptr());
+  auto* b = static_cast<char*>(buffer.data_ptr());
+  return p >= b && p + t.nbytes() <= b + buffer.nbytes();
+}
+
+// Checks .grad against `expected` and, with bucket views, that every .grad lives in a bucket.
+void check_grads(volt::GradientReducer& red, const std::vector<at::Tensor>& params,
+                 const std::vector<at::Tensor>& expected, const std::string& what) {
+  auto buckets = red.bucket_buffers();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto g = params[i].grad();
+    CHECK_TRUE(g.defined(), what + ": grad " + std::to_string(i) + " defined");
+    check_close(g, expected[i], 2e-6, what + ": grad " + std::to_string(i));
+    bool aliased = false;
+    for (const auto& b : buckets) aliased = aliased || inside(g, b);
+    CHECK_TRUE(aliased == red.options().gradient_as_bucket_view(),
+               what + ": grad " + std::to_string(i) + " aliases a bucket iff bucket views are on");
+  }
+}
+
+void reset_grads(const std::vector<at::Tensor>& params, bool keep_storage) {
+  for (auto p : params) {
+    if (!p.grad().defined()) continue;
+    if (keep_storage) {
+      p.mutable_grad().zero_();  // keeps bucket views
+    } else {
+      p.mutable_grad() = at::Tensor();
+    }
+  }
+}
+
+void sgd_step(const std::vector<at::Tensor>& params, double lr) {
+  torch::NoGradGuard g;
+  for (auto p : params) p.sub_(p.grad() * lr);
+}
+
+// Gradients equal the mean over ranks, for several steps (the Reducer rebuilds its buckets after
+// the first), with and without bucket views, one or many buckets.
+void reducer_averages(volt::ProcessGroup& pg, std::shared_ptr<volt::ProcessGroup> shared,
+                      volt::GradientReducerOptions opt, const std::string& name) {
+  auto m = make_mlp();
+  std::vector<at::Tensor> params;
+  for (auto& p : m->parameters()) params.push_back(p);
+  params.resize(4);  // fc1, fc2 (unused is not in the loss)
+  volt::GradientReducer red(params, shared, opt);
+  CHECK_TRUE(red.parameters().size() == 4, name + ": parameters");
+  const size_t initial_buckets = red.bucket_buffers().size();
+  for (int64_t step = 0; step < 3; ++step) {
+    auto x = batch_for(pg.rank(), step);
+    auto expected = mean_over_ranks(pg, local_grads(*m, params, x));
+    red.backward(loss_of(*m, x));
+    check_grads(red, params, expected, name + " step " + std::to_string(step));
+    sgd_step(params, 0.1);
+    reset_grads(params, /*keep_storage=*/step % 2 == 0);
+  }
+  say("rank " + std::to_string(pg.rank()) + ": reducer " + name + " ok (" +
+      std::to_string(initial_buckets) + " buckets, " + std::to_string(red.bucket_buffers().size()) +
+      " after the rebuild)");
+}
+
+// no_sync: gradients stay local while accumulating; the synced backward reduces the sum.
+void reducer_no_sync(volt::ProcessGroup& pg, std::shared_ptr<volt::ProcessGroup> shared,
+                     bool views) {
+  auto m = make_mlp();
+  std::vector<at::Tensor> params;
+  for (auto& p : m->parameters()) params.push_back(p);
+  params.resize(4);
+  volt::GradientReducer red(params, shared,
+                            volt::GradientReducerOptions().gradient_as_bucket_view(views));
+  const std::string name = std::string("no_sync") + (views ? " (bucket views)" : "");
+  for (int64_t round = 0; round < 2; ++round) {  // round 1 runs after the bucket rebuild
+    auto xa = batch_for(pg.rank(), 10 + 2 * round), xb = batch_for(pg.rank(), 11 + 2 * round);
+    auto ga = local_grads(*m, params, xa), gb = local_grads(*m, params, xb);
+    {
+      volt::NoSyncGuard guard(red);
+      CHECK_TRUE(!red.sync(), name + ": guard turns sync off");
+      red.backward(loss_of(*m, xa));
+    }
+    CHECK_TRUE(red.sync(), name + ": guard restores sync");
+    for (size_t i = 0; i < params.size(); ++i) {
+      check_close(params[i].grad(), ga[i], 1e-6, name + ": local grad after no_sync backward");
+    }
+    // The local gradients really differ across ranks (so the check above means something).
+    auto spread = pg.all_reduce(params[0].grad(), volt::Reduce::kMax) -
+                  pg.all_reduce(params[0].grad(), volt::Reduce::kMin);
+    CHECK_TRUE(pg.world_size() == 1 || spread.abs().max().item<double>() > 1e-4,
+               name + ": ranks' local gradients differ");
+    red.backward(loss_of(*m, xb));
+    std::vector<at::Tensor> acc;
+    for (size_t i = 0; i < params.size(); ++i) acc.push_back(ga[i] + gb[i]);
+    check_grads(red, params, mean_over_ranks(pg, acc), name + " synced sum");
+    reset_grads(params, /*keep_storage=*/true);
+  }
+  say("rank " + std::to_string(pg.rank()) + ": reducer " + name + " ok");
+}
+
+// Tied weights: one tensor listed twice is reduced once; its gradient sums both uses.
+void reducer_tied(volt::ProcessGroup& pg, std::shared_ptr<volt::ProcessGroup> shared) {
+  torch::manual_seed(0);
+  auto w = torch::randn({8, 8}, torch::requires_grad());
+  auto bias = torch::randn({8}, torch::requires_grad());
+  std::vector<at::Tensor> listed{w, bias, w};  // e.g. embedding and output layer sharing W
+  volt::GradientReducer red(listed, shared);
+  CHECK_TRUE(red.parameters().size() == 2, "tied: the shared weight appears once");
+  auto loss_fn = [&](const at::Tensor& x) {
+    return torch::tanh(at::matmul(torch::tanh(at::matmul(x, w.t()) + bias), w)).pow(2).mean();
+  };
+  auto x = batch_for(pg.rank(), 20);
+  auto g = torch::autograd::grad({loss_fn(x)}, {w, bias});
+  auto expected = mean_over_ranks(pg, {g[0], g[1]});
+  red.backward(loss_fn(x));
+  check_close(w.grad(), expected[0], 2e-6, "tied: weight grad");
+  check_close(bias.grad(), expected[1], 2e-6, "tied: bias grad");
+  say("rank " + std::to_string(pg.rank()) + ": reducer tied ok");
+}
+
+// A parameter outside the loss: without find_unused_parameters the step never finishes and the
+// next one fails with volt's explanation; with it, used parameters are averaged.
+void reducer_unused(volt::ProcessGroup& pg, std::shared_ptr<volt::ProcessGroup> shared) {
+  {
+    auto m = make_mlp();
+    auto params = m->parameters();  // includes `unused`
+    volt::GradientReducer red(params, shared,
+                              volt::GradientReducerOptions().find_unused_parameters(true));
+    for (int64_t step = 0; step < 2; ++step) {
+      auto x = batch_for(pg.rank(), 30 + step);
+      const bool use = step == 1;  // the used set changes between steps
+      auto expected = mean_over_ranks(pg, local_grads(*m, params, x, use));
+      red.backward(loss_of(*m, x, use));
+      for (size_t i = 0; i < 4; ++i) {
+        check_close(params[i].grad(), expected[i], 2e-6, "find_unused: used grad");
+      }
+      reset_grads(params, false);
+    }
+  }
+  {
+    auto m = make_mlp();
+    volt::GradientReducer red(m->parameters(), shared);
+    red.backward(loss_of(*m, batch_for(pg.rank(), 40)));
+    expect_throw<volt::ValueError>([&] { red.backward(loss_of(*m, batch_for(pg.rank(), 41))); },
+                                   "find_unused_parameters(true)", "unused without find_unused");
+    expect_throw<volt::DistributedError>(
+        [&] { red.backward(loss_of(*m, batch_for(pg.rank(), 42))); }, "earlier failure",
+        "backward after a failure");
+  }
+  say("rank " + std::to_string(pg.rank()) + ": reducer find_unused ok");
+}
+
+// static_graph: the first step reduces after backward (delay_all_reduce), later ones overlap.
+void reducer_static(volt::ProcessGroup& pg, std::shared_ptr<volt::ProcessGroup> shared) {
+  auto m = make_mlp();
+  std::vector<at::Tensor> params;
+  for (auto& p : m->parameters()) params.push_back(p);
+  params.resize(4);
+  volt::GradientReducer red(params, shared, volt::GradientReducerOptions().static_graph(true));
+  for (int64_t step = 0; step < 3; ++step) {
+    auto x = batch_for(pg.rank(), 50 + step);
+    auto expected = mean_over_ranks(pg, local_grads(*m, params, x));
+    red.backward(loss_of(*m, x));
+    check_grads(red, params, expected, "static_graph step " + std::to_string(step));
+    reset_grads(params, false);
+  }
+  say("rank " + std::to_string(pg.rank()) + ": reducer static_graph ok");
+}
+
+// Data-parallel SGD over the ranks' shards equals one process training on the whole batch.
+void reducer_matches_single_process(volt::ProcessGroup& pg,
+                                    std::shared_ptr<volt::ProcessGroup> shared) {
+  auto m = make_mlp(), ref = make_mlp();
+  std::vector<at::Tensor> params, ref_params;
+  for (auto& p : m->parameters()) params.push_back(p);
+  for (auto& p : ref->parameters()) ref_params.push_back(p);
+  params.resize(4);
+  ref_params.resize(4);
+  volt::GradientReducer red(params, shared, volt::GradientReducerOptions().bucket_cap_mb(0.0005));
+  for (int64_t step = 0; step < 5; ++step) {
+    red.backward(loss_of(*m, batch_for(pg.rank(), 60 + step)));
+    sgd_step(params, 0.2);
+    reset_grads(params, false);
+    std::vector<at::Tensor> shards;
+    for (int64_t q = 0; q < pg.world_size(); ++q) shards.push_back(batch_for(q, 60 + step));
+    loss_of(*ref, at::cat(shards)).backward();  // equal shards: mean of means = global mean
+    sgd_step(ref_params, 0.2);
+    reset_grads(ref_params, false);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    check_close(params[i], ref_params[i], 1e-5, "weights vs single process");
+  }
+  auto flat = at::cat({params[0].detach().flatten(), params[2].detach().flatten()});
+  auto all = pg.all_gather(flat);
+  for (const auto& t : all) CHECK_TRUE(t.equal(flat), "weights identical on every rank");
+  say("rank " + std::to_string(pg.rank()) + ": reducer matches single process");
+}
+
+// Different models on different ranks fail at construction, naming the mismatch.
+void reducer_model_mismatch(volt::ProcessGroup& pg, std::shared_ptr<volt::ProcessGroup> shared) {
+  auto m = make_mlp(pg.rank() == 0 ? 16 : 17);
+  expect_throw<volt::ConfigError>([&] { volt::GradientReducer red(m->parameters(), shared); },
+                                  "the model differs across ranks", "model mismatch");
+  say("rank " + std::to_string(pg.rank()) + ": reducer model mismatch detected");
+}
+
+void run_reducer(std::shared_ptr<volt::ProcessGroup> shared) {
+  auto& pg = *shared;
+  reducer_averages(pg, shared, volt::GradientReducerOptions(), "default");
+  reducer_averages(pg, shared, volt::GradientReducerOptions().gradient_as_bucket_view(true),
+                   "bucket views");
+  // 0.0005 MiB = 524 bytes: one bucket per parameter or so.
+  reducer_averages(pg, shared, volt::GradientReducerOptions().bucket_cap_mb(0.0005),
+                   "small buckets");
+  reducer_averages(
+      pg, shared,
+      volt::GradientReducerOptions().bucket_cap_mb(0.0005).gradient_as_bucket_view(true),
+      "small buckets with views");
+  reducer_no_sync(pg, shared, false);
+  reducer_no_sync(pg, shared, true);
+  reducer_tied(pg, shared);
+  reducer_unused(pg, shared);
+  reducer_static(pg, shared);
+  reducer_matches_single_process(pg, shared);
+  reducer_model_mismatch(pg, shared);
+}
+
+// ---------------------------------------------------------------------------- main
+
+Args parse(int argc, char** argv) {
+  Args a;
+  if (argc < 2) fail("usage: volt_dist_worker SCENARIO [options]");
+  a.scenario = argv[1];
+  for (int i = 2; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--devices")
+      a.devices = std::stoll(v);
+    else if (k == "--nodes")
+      a.nodes = std::stoll(v);
+    else if (k == "--timeout-ms")
+      a.timeout_ms = std::stoll(v);
+    else if (k == "--victim")
+      a.victim = std::stoll(v);
+    else if (k == "--config-hash")
+      a.config_hash = v;
+    else
+      fail("unknown option " + k);
+  }
+  return a;
+}
+
+int run(const Args& a) {
+  auto env = volt::detect_cluster_environment(volt::process_env(), a.devices, a.nodes);
+  std::unique_ptr<volt::LocalLauncher> launcher;
+  if (env.launches_workers) {
+    launcher = std::make_unique<volt::LocalLauncher>(env);
+    env = launcher->environment();
+    std::string pids;
+    for (int p : launcher->pids()) pids += (pids.empty() ? "" : ",") + std::to_string(p);
+    say("launcher: pid " + std::to_string(::getpid()) + " started workers " + pids);
+    // The DdpStrategy wiring: a worker's death is written to the store, so that every rank's
+    // failing collective names it.
+    const auto timeout = milliseconds(a.timeout_ms);
+    launcher->on_failure([env, timeout](const volt::WorkerExit& e) {
+      say("launcher: lost " + e.describe());
+      volt::report_lost_rank(env, e.describe(), timeout);
+    });
+  }
+  g_rank = static_cast<int>(env.global_rank);
+  say("rank " + std::to_string(env.global_rank) + ": pid " + std::to_string(::getpid()) + " " +
+      volt::to_string(env.kind) + " local " + std::to_string(env.local_rank) + " node " +
+      std::to_string(env.node_rank) + (env.launched_child ? " launched" : ""));
+  if (a.scenario == "orphan" || a.scenario == "reap") {
+    if (launcher && a.scenario == "reap") {
+      auto pids = launcher->pids();
+      launcher->kill_all();
+      auto exits = launcher->exits();
+      CHECK_TRUE(exits.size() == pids.size(), "every worker recorded");
+      for (const auto& e : exits) CHECK_TRUE(e.signaled && e.code == SIGKILL, e.describe());
+      CHECK_TRUE(!launcher->wait_for_failure(milliseconds(0)),
+                 "workers killed by the launcher are no failure");
+      launcher.reset();
+      for (int p : pids) {
+        CHECK_TRUE(::kill(p, 0) != 0 && errno == ESRCH, "worker " + std::to_string(p) + " gone");
+      }
+      say("launcher: reaped all workers");
+      return 0;
+    }
+    say("rank " + std::to_string(env.global_rank) + ": waiting");
+    ::pause();  // until killed
+    return 0;
+  }
+  auto options =
+      volt::ProcessGroupOptions().timeout(milliseconds(a.timeout_ms)).config_hash(a.config_hash);
+  std::shared_ptr<volt::ProcessGroup> pg;
+  try {
+    pg = std::make_shared<volt::ProcessGroup>(env, options);
+  } catch (const volt::Error& e) {
+    say("rank " + std::to_string(env.global_rank) + ": error: " + e.what());
+    if (launcher) launcher->wait_all(milliseconds(a.timeout_ms));
+    return 3;
+  }
+  if (a.scenario == "collectives") {
+    run_collectives(*pg);
+  } else if (a.scenario == "reducer") {
+    run_reducer(pg);
+  } else if (a.scenario == "hold") {
+    if (env.global_rank == a.victim) {
+      say("rank " + std::to_string(env.global_rank) + ": victim waiting");
+      ::pause();
+    }
+    say("rank " + std::to_string(env.global_rank) + ": entering all_reduce");
+    try {
+      pg->all_reduce(at::ones({4}));
+      fail("all_reduce without the victim succeeded");
+    } catch (const volt::DistributedError& e) {
+      say("rank " + std::to_string(env.global_rank) + ": error: " + e.what());
+      // Let the workers report their own errors before the launcher kills what is left.
+      if (launcher) launcher->wait_all(milliseconds(a.timeout_ms));
+      return 3;
+    }
+  } else {
+    fail("unknown scenario " + a.scenario);
+  }
+  if (launcher) {
+    CHECK_TRUE(launcher->wait_all(milliseconds(a.timeout_ms)), "workers end");
+    for (const auto& e : launcher->exits()) CHECK_TRUE(e.ok(), "worker ok: " + e.describe());
+    say("launcher: all " + std::to_string(launcher->exits().size()) + " workers exited 0");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a = parse(argc, argv);
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    say("rank " + std::to_string(g_rank) + ": unexpected exception: " + e.what());
+    return 1;
+  }
+}
