@@ -54,7 +54,7 @@ LearningRateMonitor::LearningRateMonitor(LearningRateMonitorOptions options)
     : options_(options) {}
 
 void LearningRateMonitor::on_train_start(RunContext& run, Module&) {
-  VOLT_CHECK(!run.loggers().empty(), ConfigError,
+  VOLT_CHECK(run.has_loggers(), ConfigError,
              "[LearningRateMonitor] the Trainer has no logger, so the learning rates would go "
              "nowhere; add a logger (TrainerOptions::logger(true) or loggers({...})) or drop the "
              "callback.");

@@ -210,7 +210,7 @@ void ModelCheckpoint::save(RunContext& run) {
       // No monitor: keep the latest checkpoint (k == 1) or all of them (k == -1).
       run.save_checkpoint(path);
       if (k == 1 && !latest_path_.empty() && latest_path_ != path) {
-        std::remove(latest_path_.c_str());
+        if (run.is_global_zero()) std::remove(latest_path_.c_str());
         best_k_models_.erase(latest_path_);
       }
       latest_path_ = path;
@@ -227,11 +227,14 @@ void ModelCheckpoint::save(RunContext& run) {
         if (worst.empty() || better(best_k_models_[worst], kv.second)) worst = kv.first;
       }
       const bool room = k < 0 || static_cast<int64_t>(best_k_models_.size()) < k;
-      if (room || better(s, best_k_models_[worst])) {
+      // Saving is collective: every rank takes the same decision (Lightning's all=True; log the
+      // monitored metric with sync_dist so that the ranks agree on its value).
+      if (run.reduce_boolean_decision(room || better(s, best_k_models_[worst]), /*all=*/true)) {
         run.save_checkpoint(path);
-        // Delete the evicted file only after its replacement is safely on disk.
+        // Delete the evicted file only after its replacement is safely on disk (rank 0 owns
+        // the files).
         if (!room && worst != path) {
-          std::remove(worst.c_str());
+          if (run.is_global_zero()) std::remove(worst.c_str());
           best_k_models_.erase(worst);
         }
         best_k_models_[path] = s;
@@ -299,6 +302,11 @@ void ModelCheckpoint::load_state(torch::serialize::InputArchive& ar) {
   last_model_path_ = last.toStringRef();
   latest_path_ = latest.toStringRef();
   if (options_.dirpath().empty()) dirpath_ = dir.toStringRef();
+  // Nothing is saved yet in the restored run. A process that lives through an elastic restart
+  // (the launching rank) must not keep the failed attempt's "already saved at this step":
+  // saving is collective, and the relaunched ranks would save where this one skips.
+  last_saved_step_ = -1;
+  last_saved_epoch_ = -1;
 }
 
 }  // namespace volt

@@ -24,7 +24,7 @@ void ThroughputMonitor::start_window(Clock::time_point now) {
 }
 
 void ThroughputMonitor::on_train_start(RunContext& run, Module&) {
-  VOLT_CHECK(!run.loggers().empty(), ConfigError,
+  VOLT_CHECK(run.has_loggers(), ConfigError,
              "[ThroughputMonitor] the Trainer has no logger, so the throughput would go "
              "nowhere; add a logger (TrainerOptions::logger(true) or loggers({...})) or drop the "
              "callback.");

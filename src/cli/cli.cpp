@@ -265,7 +265,8 @@ void print_metrics(std::ostream& os, const std::string& title, const Metrics& m)
   }
 }
 
-std::string save_predictions(const std::vector<at::Tensor>& outputs, const std::string& dir) {
+std::string save_predictions(const std::vector<at::Tensor>& outputs, const std::string& dir,
+                             const Strategy& strategy) {
   std::map<std::string, at::Tensor> tensors;
   bool same_tail = !outputs.empty();
   for (const auto& t : outputs) {
@@ -285,7 +286,11 @@ std::string save_predictions(const std::vector<at::Tensor>& outputs, const std::
     }
   }
   std::filesystem::create_directories(dir);
-  const std::string path = dir + "/predictions.safetensors";
+  // With several processes each rank predicted its own shard of the data: one file per rank.
+  const std::string path =
+      strategy.world_size() == 1
+          ? dir + "/predictions.safetensors"
+          : dir + "/predictions_rank" + std::to_string(strategy.rank()) + ".safetensors";
   save_safetensors(tensors, path);
   return path;
 }
@@ -367,6 +372,11 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
              model ? rc.data.class_path : rc.model.class_path,
              " returned null; make it return an object.");
   const std::string ckpt = rc.ckpt_path.value_or("");
+  // Only global rank 0 prints the summary (the strategy knows the rank once a run started).
+  std::ostream discard(nullptr);
+  auto report = [&]() -> std::ostream& {
+    return trainer.strategy().is_global_zero() ? out : discard;
+  };
 
   try {
     if (cmd.name == "fit") {
@@ -374,31 +384,32 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
       trainer.fit(*model, *data, ckpt);
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      out << "fit finished in " << std::fixed << std::setprecision(1) << secs << " s ("
+      report() << "fit finished in " << std::fixed << std::setprecision(1) << secs << " s ("
           << trainer.state().global_step << " steps)\n";
-      out.unsetf(std::ios::fixed);
-      print_metrics(out, "final metrics:", trainer.callback_metrics());
+      report().unsetf(std::ios::fixed);
+      print_metrics(report(), "final metrics:", trainer.callback_metrics());
       for (const auto& c : trainer.callbacks()) {
         if (auto mc = std::dynamic_pointer_cast<ModelCheckpoint>(c)) {
-          if (!mc->best_model_path().empty()) out << "best checkpoint: " << mc->best_model_path() << "\n";
-          if (!mc->last_model_path().empty()) out << "last checkpoint: " << mc->last_model_path() << "\n";
+          if (!mc->best_model_path().empty()) report() << "best checkpoint: " << mc->best_model_path() << "\n";
+          if (!mc->last_model_path().empty()) report() << "last checkpoint: " << mc->last_model_path() << "\n";
         }
       }
     } else if (cmd.name == "validate") {
-      print_metrics(out, "validation metrics:", trainer.validate(*model, *data, ckpt));
+      print_metrics(report(), "validation metrics:", trainer.validate(*model, *data, ckpt));
     } else if (cmd.name == "test") {
-      print_metrics(out, "test metrics:", trainer.test(*model, *data, ckpt));
+      print_metrics(report(), "test metrics:", trainer.test(*model, *data, ckpt));
     } else {
       auto preds = trainer.predict(*model, *data, ckpt);
-      out << "predictions: " << save_predictions(preds, trainer.log_dir()) << " ("
+      report() << "predictions: " << save_predictions(preds, trainer.log_dir(), trainer.strategy())
+          << " ("
           << preds.size() << " batches)\n";
     }
   } catch (const Error& e) {
     err << e.what() << "\n";
     return kCliRunFailed;
   }
-  if (!save_config->path().empty()) out << "config: " << save_config->path() << "\n";
-  out << "logs: " << trainer.log_dir() << "\n";
+  if (!save_config->path().empty()) report() << "config: " << save_config->path() << "\n";
+  report() << "logs: " << trainer.log_dir() << "\n";
   return kCliOk;
 }
 

@@ -180,6 +180,16 @@ void restore_checkpoint(Run& run, const std::string& path, bool full) {
   run.module_hook("on_load_checkpoint", [&](Module& m) { m.on_load_checkpoint(user); });
 }
 
+std::string newest_last_checkpoint(Run& run) {
+  for (auto& c : run.callbacks) {
+    if (auto* mc = dynamic_cast<ModelCheckpoint*>(c.get())) {
+      const std::string found = mc->find_last_checkpoint(run.log_dir());
+      if (!found.empty()) return found;
+    }
+  }
+  return "";
+}
+
 std::string resolve_ckpt_path(Run& run, const std::string& ckpt_path, Stage stage) {
   if (ckpt_path != "last" && ckpt_path != "best") return ckpt_path;
   std::vector<ModelCheckpoint*> checkpoints;
@@ -197,11 +207,7 @@ std::string resolve_ckpt_path(Run& run, const std::string& ckpt_path, Stage stag
                "[Trainer] ckpt_path=\"best\" but no best checkpoint exists "
                "yet; run fit() with a ModelCheckpoint first, or pass the checkpoint's path.");
   }
-  std::string newest;
-  for (auto* mc : checkpoints) {
-    const std::string found = mc->find_last_checkpoint(run.log_dir());
-    if (!found.empty() && newest.empty()) newest = found;
-  }
+  const std::string newest = newest_last_checkpoint(run);
   if (newest.empty()) {
     log_warning("Trainer", std::string("ckpt_path=\"last\" but no last checkpoint exists; ") +
                                (stage == Stage::kFit ? "training starts from scratch."

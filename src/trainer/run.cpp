@@ -130,8 +130,10 @@ void Run::setup_run(Module& m, Stage stage) {
   strategy().set_config_fingerprint(config_fingerprint());
   strategy().launch();
   strategy().setup_environment();
-  if (strategy().world_size() > 1 && shared_log_dir_.empty()) {
-    // Rank 0 picks (and creates) the run folder; the others learn its name.
+  if (strategy().world_size() > 1) {
+    // Rank 0 picks (and creates) the run folder; the others learn its name. Every entry point
+    // broadcasts, even when this process already knows the folder: ranks relaunched by an
+    // elastic restart are fresh processes, and every rank must issue the same collectives.
     shared_log_dir_ = broadcast_string(is_global_zero() ? log_dir() : std::string());
   }
   strategy().setup_module(m);

@@ -111,18 +111,36 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
 Trainer::~Trainer() = default;
 
 void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path) {
-  impl_->guarded(module, Stage::kFit, [&] {
+  fit_with_restarts(module, ckpt_path, [&](const std::string& ckpt) {
     data.setup(Stage::kFit);
     DataLoader train = data.train_dataloader();
     c10::optional<DataLoader> val = data.val_dataloader();
-    detail::fit_loop(*impl_, train, val, ckpt_path);
+    detail::fit_loop(*impl_, train, val, ckpt);
     data.teardown(Stage::kFit);
   });
 }
 
 void Trainer::fit(Module& module, DataLoader train, c10::optional<DataLoader> val,
                   const std::string& ckpt_path) {
-  impl_->guarded(module, Stage::kFit, [&] { detail::fit_loop(*impl_, train, val, ckpt_path); });
+  fit_with_restarts(module, ckpt_path,
+                    [&](const std::string& ckpt) { detail::fit_loop(*impl_, train, val, ckpt); });
+}
+
+void Trainer::fit_with_restarts(Module& module, const std::string& ckpt_path,
+                                const std::function<void(const std::string&)>& body) {
+  std::string ckpt = ckpt_path;
+  for (;;) {
+    try {
+      impl_->guarded(module, Stage::kFit, [&] { body(ckpt); });
+      return;
+    } catch (const DistributedError& e) {
+      // A lost or hung rank: the strategy may relaunch its processes (elastic restart); the
+      // run then resumes from the newest last checkpoint.
+      const std::string last = detail::newest_last_checkpoint(*impl_);
+      if (!impl_->strategy().restart_after_failure(e, last)) throw;
+      ckpt = last;
+    }
+  }
 }
 
 Metrics Trainer::run_eval(Module& module, Stage stage, DataLoader& loader,

@@ -373,6 +373,25 @@ TEST(CliBinary, FitsFashionMnistFromTheCheckedInConfig) {
   EXPECT_EQ(p.out, slurp(dir.path + "/volt_logs/version_0/config.yaml"));
 }
 
+TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {
+  // The launching process becomes rank 0 and starts rank 1 itself (the same command line). Only
+  // rank 0 logs and prints; both ranks must agree on the run folder.
+  volt_test::TempDir dir;
+  auto r = run_binary("fit --config " VOLT_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml"
+                      " --trainer.default_root_dir=" + dir.path +
+                      " --trainer.devices=2 --trainer.strategy=ddp --trainer.max_epochs=1"
+                      " --trainer.limit_train_batches=10 --trainer.limit_val_batches=2"
+                      " --trainer.enable_progress_bar=false");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto first = r.out.find("final metrics:");
+  ASSERT_NE(first, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("val_acc", first), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("final metrics:", first + 1), std::string::npos)
+      << "printed twice:\n" << r.out;
+  EXPECT_TRUE(fs::exists(dir.path + "/volt_logs/version_0/config.yaml"));
+  EXPECT_FALSE(fs::exists(dir.path + "/volt_logs/version_1")) << "a second rank made a folder";
+}
+
 struct Measured {
   int code = -1;  // exit code; -1 when killed by a signal
   std::string err;

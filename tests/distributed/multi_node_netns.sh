@@ -3,10 +3,14 @@
 # volt_dist_worker as a plain process with devices=2 (it launches its second rank itself), with
 # the reference's variables: MASTER_ADDR = node 0's veth address, MASTER_PORT, WORLD_SIZE=4,
 # NODE_RANK 0/1. Checks the collectives (all-reduce results included) and the gradient reducer
-# on all 4 ranks. Exits 77 (ctest: skipped) when namespaces cannot be created.
-# Usage: multi_node_netns.sh path/to/volt_dist_worker
+# on all 4 ranks; then the Trainer with DdpStrategy (volt_ddp_worker, 2 nodes x 2 ranks, batch 4
+# per rank) must end with the weights of one process trained on the global batch of 16.
+# Exits 77 (ctest: skipped) when namespaces cannot be created.
+# Usage: multi_node_netns.sh path/to/volt_dist_worker path/to/volt_ddp_worker
 set -uo pipefail
-worker=${1:?usage: multi_node_netns.sh path/to/volt_dist_worker}
+usage="usage: multi_node_netns.sh path/to/volt_dist_worker path/to/volt_ddp_worker"
+worker=${1:?$usage}
+ddp_worker=${2:?$usage}
 tag=$$
 ns0=volt_n0_$tag ns1=volt_n1_$tag veth0=vvt0_$tag veth1=vvt1_$tag
 addr0=10.213.0.1 addr1=10.213.0.2 port=29611
@@ -80,5 +84,42 @@ for scenario in collectives reducer; do
     done
   done
 done
-[ "$fail" = 0 ] && echo "multi-node over network namespaces: OK"
+# The Trainer across the two nodes. Each node has its own root folder (paths may differ between
+# nodes); the weights go to one shared prefix, one file per rank.
+pids=()
+for node in 0 1; do
+  ns=$ns0
+  [ "$node" = 1 ] && ns=$ns1
+  ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME \
+    MASTER_ADDR=$addr0 MASTER_PORT=$((port + 1)) WORLD_SIZE=4 NODE_RANK=$node \
+    timeout -s KILL 120 "$ddp_worker" --root "$dir/node$node" --out "$dir/mn" --devices 2 \
+    --nodes 2 --batch 4 --epochs 1 --timeout 30 >"$dir/trainer.$node.log" 2>&1 &
+  pids+=($!)
+done
+timeout -s KILL 120 "$ddp_worker" --root "$dir/ref" --out "$dir/ref" --devices 1 --batch 16 \
+  --epochs 1 >"$dir/trainer.ref.log" 2>&1 || { echo "FAIL: the one-process reference failed"; fail=1; }
+for i in 0 1; do
+  if ! wait "${pids[$i]}"; then
+    echo "FAIL: trainer on node $i exited non-zero"
+    fail=1
+  fi
+done
+pids=()
+for f in ref 0 1; do
+  echo "---- trainer, $f ----"
+  cat "$dir/trainer.$f.log"
+done
+ref_sum=$(sed -n 's/^rank 0 done step=8 sum=\([^ ]*\).*/\1/p' "$dir/trainer.ref.log")
+for rank in 0 1 2 3; do
+  sum=$(cat "$dir/trainer.0.log" "$dir/trainer.1.log" |
+    sed -n "s/^rank $rank done step=8 sum=\([^ ]*\).*/\1/p")
+  # Every rank holds the same weights; their |w| sum matches the one-process run to rounding
+  # (the all-reduce adds the four partial gradients in another order).
+  if [ -z "$sum" ] || [ -z "$ref_sum" ] ||
+    ! awk -v a="$sum" -v b="$ref_sum" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }'; then
+    echo "FAIL: rank $rank weights sum '$sum' vs one process '$ref_sum'"
+    fail=1
+  fi
+done
+[ "$fail" = 0 ] && echo "multi-node over network namespaces (collectives, reducer, Trainer): OK"
 exit "$fail"

@@ -62,7 +62,12 @@ class RunContext {
   /// Per-step metrics reach the loggers every this many optimizer steps.
   virtual int64_t log_every_n_steps() const = 0;
   virtual std::vector<OptimizerConfig>& optimizer_configs() = 0;
+  /// The loggers this process writes to: all of them on global rank 0, none on other ranks
+  /// (one set of log files per job).
   virtual const std::vector<std::shared_ptr<Logger>>& loggers() const = 0;
+  /// Whether the run has loggers at all (the same answer on every rank; use it to validate a
+  /// configuration, loggers() to write).
+  virtual bool has_loggers() const = 0;
   /// Manual optimization: backward through the strategy and precision.
   virtual void manual_backward(const at::Tensor& loss) = 0;
   /// Manual optimization: one optimizer step through the strategy (counts as a global step).

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "volt/core/run_context.h"
+#include "volt/core/types.h"
 #include "volt/distributed/cluster_environment.h"
 
 namespace volt {

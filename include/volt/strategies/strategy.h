@@ -63,6 +63,15 @@ class Strategy {
   /// The shard of each data set this process reads (the distributed sampler's rank/size).
   virtual DataShard data_shard() const { return {rank(), world_size()}; }
   virtual void teardown() {}
+  /// Called when fit() failed with a DistributedError (a rank died or hung): true when the
+  /// strategy relaunched its processes and fit() should run again from `checkpoint` (the newest
+  /// last checkpoint, or "" for the start). The default never restarts.
+  virtual bool restart_after_failure(const std::exception& error, const std::string& checkpoint) {
+    return false;
+  }
+  /// In a process started by such a restart: the checkpoint the job resumes from, which
+  /// overrides fit()'s ckpt_path; "" otherwise.
+  virtual std::string restart_checkpoint() const { return ""; }
 
   // ------------------------------------------------------------------ model and optimizers
   virtual c10::Device root_device() const = 0;

@@ -3,6 +3,7 @@
 
 #include <c10/util/Optional.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,8 @@ class Trainer {
   std::string log_dir() const;
 
  private:
+  void fit_with_restarts(Module& module, const std::string& ckpt_path,
+                         const std::function<void(const std::string&)>& body);
   Metrics run_eval(Module& module, Stage stage, DataLoader& loader, const std::string& ckpt_path);
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -91,6 +91,7 @@ class Run : public RunContext {
   const std::vector<std::shared_ptr<Logger>>& loggers() const override {
     return is_global_zero() ? loggers_ : no_loggers_;
   }
+  bool has_loggers() const override { return !loggers_.empty(); }
   void manual_backward(const at::Tensor& loss) override;
   void manual_step(size_t index) override;
   void manual_zero_grad(size_t index) override;
@@ -175,6 +176,8 @@ void restore_checkpoint(Run& run, const std::string& path, bool full);
 /// Resolves ckpt_path "last" / "best" through the run's ModelCheckpoint callbacks; other paths
 /// are returned unchanged. "last" with no checkpoint on disk returns "" (start fresh, warned).
 std::string resolve_ckpt_path(Run& run, const std::string& ckpt_path, Stage stage);
+/// The newest last checkpoint of the run's ModelCheckpoints, "" when there is none.
+std::string newest_last_checkpoint(Run& run);
 
 // ---------------------------------------------------------------------- loops/
 /// loops/fit_loop.cpp: the whole of fit() after set-up.

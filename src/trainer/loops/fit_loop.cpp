@@ -130,7 +130,10 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   if (r.is_global_zero()) {
     for (auto& l : r.loggers()) l->log_hyperparams(m.hparams());
   }
-  const std::string ckpt = resolve_ckpt_path(r, ckpt_path, Stage::kFit);
+  // A process relaunched by an elastic restart resumes where the job's last checkpoint is.
+  const std::string restart = r.strategy().restart_checkpoint();
+  const std::string ckpt =
+      !restart.empty() ? restart : resolve_ckpt_path(r, ckpt_path, Stage::kFit);
   if (!ckpt.empty()) restore_checkpoint(r, ckpt, /*full=*/true);
 
   r.hook(

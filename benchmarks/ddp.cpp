@@ -1,0 +1,276 @@
+// DdpStrategy on this machine's CPUs (issue #9): weak scaling, the bucket size and
+// gradient_as_bucket_view sweep, and how much of the gradient all-reduce hides behind backward.
+//
+//   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
+//
+// The driver runs every configuration as a fresh job of this same binary (`--worker ...`), with
+// OPENBLAS_NUM_THREADS=1 so that "1 thread" holds for OpenBLAS too; with devices=2 the job's
+// launching process is rank 0 and starts rank 1 itself, as a user's program would. Each rank
+// prints one RESULT line; the driver keeps rank 0's step time and the larger peak RSS.
+//
+// Model: a compute-bound MLP 784 -> H -> H -> 10 (H = 2048: 5.8 M parameters, 23 MB of
+// gradients) on synthetic data, SGD with momentum, per-rank batch B (weak scaling).
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <volt/volt.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Mlp : torch::nn::Module {
+  explicit Mlp(int64_t width)
+      : fc1(register_module("fc1", torch::nn::Linear(784, width))),
+        fc2(register_module("fc2", torch::nn::Linear(width, width))),
+        fc3(register_module("fc3", torch::nn::Linear(width, 10))) {}
+  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+
+class BenchModule : public volt::Module {
+ public:
+  explicit BenchModule(int64_t width)
+      : net_(register_module("net", std::make_shared<Mlp>(width))) {}
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    return torch::cross_entropy_loss(net_->forward(b.input), b.target);
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    return {std::make_shared<torch::optim::SGD>(parameters(),
+                                                torch::optim::SGDOptions(0.01).momentum(0.9))};
+  }
+
+ private:
+  std::shared_ptr<Mlp> net_;
+};
+
+/// Step times after the warm-up, and backward times split by whether the micro-batch
+/// all-reduced its gradients (accumulate_grad_batches > 1 alternates the two).
+class Timing : public volt::Callback {
+ public:
+  Timing(int64_t warmup, int64_t accum) : warmup_(warmup), accum_(accum) {}
+  std::string state_key() const override { return "Timing"; }
+  void on_train_batch_start(volt::RunContext&, volt::Module&, const volt::Batch&,
+                            int64_t batch_idx) override {
+    batch_idx_ = batch_idx;
+    batch_start_ = Clock::now();
+  }
+  void on_before_backward(volt::RunContext&, volt::Module&, const at::Tensor&) override {
+    backward_start_ = Clock::now();
+  }
+  void on_after_backward(volt::RunContext& run, volt::Module&) override {
+    if (run.state().global_step < warmup_) return;
+    const bool syncs = (batch_idx_ + 1) % accum_ == 0;
+    (syncs ? backward_sync_ms : backward_nosync_ms).push_back(ms_since(backward_start_));
+  }
+  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                          int64_t) override {
+    if (run.state().global_step > warmup_) batch_ms.push_back(ms_since(batch_start_));
+  }
+  std::vector<double> batch_ms, backward_sync_ms, backward_nosync_ms;
+
+ private:
+  int64_t warmup_, accum_, batch_idx_ = 0;
+  Clock::time_point batch_start_, backward_start_;
+};
+
+int worker(std::map<std::string, std::string>& a) {
+  auto num = [&](const char* k, double def) { return a.count(k) ? std::stod(a[k]) : def; };
+  const auto devices = static_cast<int64_t>(num("--devices", 1));
+  const auto width = static_cast<int64_t>(num("--width", 2048));
+  const auto batch = static_cast<int64_t>(num("--batch", 64));
+  const auto steps = static_cast<int64_t>(num("--steps", 30));
+  const auto accum = static_cast<int64_t>(num("--accum", 1));
+  const int64_t warmup = 5;
+
+  torch::manual_seed(0);
+  BenchModule model(width);
+  auto x = torch::randn({8192, 784});
+  auto y = torch::randint(0, 10, {8192});
+  auto data = std::make_shared<volt::TensorDataset>(x, y);
+
+  auto accelerator = std::make_shared<volt::CpuAccelerator>();
+  auto precision = std::make_shared<volt::Fp32Precision>();
+  volt::DdpStrategyOptions ddp;
+  ddp.bucket_cap_mb(num("--bucket-mb", 25)).gradient_as_bucket_view(num("--view", 0) != 0);
+  auto strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision, devices, 1);
+  auto timing = std::make_shared<Timing>(warmup, accum);
+  volt::Trainer trainer(volt::TrainerOptions()
+                            .accelerator(accelerator)
+                            .precision(precision)
+                            .strategy(devices == 1 ? volt::Spec<volt::Strategy>("single_device")
+                                                   : volt::Spec<volt::Strategy>(strategy))
+                            .devices(devices)
+                            .num_threads(1)
+                            .max_steps(warmup + steps)
+                            .accumulate_grad_batches(accum)
+                            .logger(false)
+                            .enable_checkpointing(false)
+                            .enable_progress_bar(false)
+                            .num_sanity_val_steps(0)
+                            .callbacks({timing}));
+  trainer.fit(model, volt::DataLoader(data, volt::DataLoaderOptions(batch).shuffle(true).seed(1)));
+
+  // The same gradient volume all-reduced alone, as one flat tensor, outside backward.
+  double allreduce_ms = 0;
+  if (devices > 1) {
+    int64_t n = 0;
+    for (const auto& p : model.parameters()) n += p.numel();
+    auto flat = torch::ones({n});
+    std::vector<double> t;
+    for (int i = 0; i < 12; ++i) {
+      const auto t0 = Clock::now();
+      trainer.strategy().reduce(flat, volt::Reduce::kSum);
+      if (i >= 2) t.push_back(ms_since(t0));
+    }
+    allreduce_ms = median(t);
+  }
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  std::printf(
+      "RESULT rank=%lld step_ms=%.3f bwd_sync_ms=%.3f bwd_nosync_ms=%.3f "
+      "allreduce_ms=%.3f rss_mb=%.1f\n",
+      static_cast<long long>(trainer.strategy().rank()), median(timing->batch_ms),
+      median(timing->backward_sync_ms), median(timing->backward_nosync_ms), allreduce_ms,
+      ru.ru_maxrss / 1024.0);
+  std::fflush(stdout);
+  return 0;
+}
+
+struct Result {
+  double step_ms = 0, bwd_sync_ms = 0, bwd_nosync_ms = 0, allreduce_ms = 0, rss_mb = 0;
+  int ranks = 0;
+};
+
+/// Runs one job of this binary and folds its ranks' RESULT lines: rank 0's times (the ranks
+/// step in lockstep), the largest peak RSS.
+Result job(const std::string& self, const std::string& args) {
+  const std::string cmd = "OPENBLAS_NUM_THREADS=1 " + self + " --worker 1 " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  Result r;
+  char line[1024];
+  while (p != nullptr && std::fgets(line, sizeof line, p) != nullptr) {
+    long long rank = -1;
+    Result one;
+    if (std::sscanf(line,
+                    "RESULT rank=%lld step_ms=%lf bwd_sync_ms=%lf bwd_nosync_ms=%lf "
+                    "allreduce_ms=%lf rss_mb=%lf",
+                    &rank, &one.step_ms, &one.bwd_sync_ms, &one.bwd_nosync_ms, &one.allreduce_ms,
+                    &one.rss_mb) == 6) {
+      ++r.ranks;
+      r.rss_mb = std::max(r.rss_mb, one.rss_mb);
+      if (rank == 0) {
+        one.rss_mb = r.rss_mb;
+        one.ranks = r.ranks;
+        r = one;
+      }
+    } else {
+      std::fputs(line, stderr);  // a failing job shows why
+    }
+  }
+  const int status = p != nullptr ? ::pclose(p) : -1;
+  if (status != 0 || r.ranks == 0) {
+    std::fprintf(stderr, "job failed (status %d): %s\n", status, cmd.c_str());
+    std::exit(1);
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> a;
+  for (int i = 1; i + 1 < argc; i += 2) a[argv[i]] = argv[i + 1];
+  try {
+    if (a.count("--worker")) return worker(a);
+    const int rounds = a.count("--rounds") ? std::stoi(a["--rounds"]) : 3;
+    std::ostringstream common;
+    common << " --steps " << (a.count("--steps") ? a["--steps"] : "30") << " --width "
+           << (a.count("--width") ? a["--width"] : "2048") << " --batch "
+           << (a.count("--batch") ? a["--batch"] : "64");
+    // /proc/self/exe inside popen's shell would be the shell: resolve our own path first.
+    char path[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+    if (n <= 0) return 1;
+    path[n] = '\0';
+    const std::string bin = path;
+
+    std::printf(
+        "DDP benchmarks: MLP 784-%s-%s-10, per-rank batch %s, %d rounds, median of "
+        "rank 0's step times after 5 warm-up steps; OPENBLAS_NUM_THREADS=1, one torch "
+        "thread per rank\n\n",
+        a.count("--width") ? a["--width"].c_str() : "2048",
+        a.count("--width") ? a["--width"].c_str() : "2048",
+        a.count("--batch") ? a["--batch"].c_str() : "64", rounds);
+
+    // 1. Weak scaling, rounds interleaved so that machine noise hits both alike.
+    std::vector<double> one, two;
+    for (int r = 0; r < rounds; ++r) {
+      one.push_back(job(bin, "--devices 1" + common.str()).step_ms);
+      two.push_back(job(bin, "--devices 2" + common.str()).step_ms);
+    }
+    std::printf("weak scaling (goal: 2 ranks / 1 rank <= 1.15)\n");
+    std::printf("  1 rank x 1 thread   %8.2f ms/step\n", median(one));
+    std::printf("  2 ranks x 1 thread  %8.2f ms/step   ratio %.3f\n\n", median(two),
+                median(two) / median(one));
+
+    // 2. bucket_cap_mb x gradient_as_bucket_view.
+    std::printf("bucket sweep, 2 ranks (peak RSS: the larger rank)\n");
+    std::printf("  bucket_cap_mb  bucket_view  ms/step  peak RSS MB\n");
+    for (const char* mb : {"1", "5", "25", "100"}) {
+      for (const char* view : {"0", "1"}) {
+        std::vector<double> t, rss;
+        for (int r = 0; r < rounds; ++r) {
+          const Result res = job(
+              bin, std::string("--devices 2 --bucket-mb ") + mb + " --view " + view + common.str());
+          t.push_back(res.step_ms);
+          rss.push_back(res.rss_mb);
+        }
+        std::printf("  %13s  %11s  %7.2f  %11.1f\n", mb, view[0] == '1' ? "yes" : "no", median(t),
+                    median(rss));
+      }
+    }
+
+    // 3. Overlap: accumulate 2 so that backward alternates no_sync and all-reducing micro-batches.
+    std::vector<double> sync, nosync, alone;
+    for (int r = 0; r < rounds; ++r) {
+      const Result res = job(bin, "--devices 2 --accum 2" + common.str());
+      sync.push_back(res.bwd_sync_ms);
+      nosync.push_back(res.bwd_nosync_ms);
+      alone.push_back(res.allreduce_ms);
+    }
+    const double exposed = median(sync) - median(nosync);
+    const double hidden = 1.0 - exposed / median(alone);
+    std::printf("\nall-reduce overlap, 2 ranks, bucket 25 MB\n");
+    std::printf("  backward without all-reduce (no_sync)   %8.2f ms\n", median(nosync));
+    std::printf("  backward with the bucketed all-reduce   %8.2f ms\n", median(sync));
+    std::printf("  the same gradients all-reduced alone    %8.2f ms\n", median(alone));
+    std::printf("  hidden behind backward                  %7.0f %%\n",
+                100.0 * std::max(0.0, std::min(1.0, hidden)));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

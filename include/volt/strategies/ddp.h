@@ -1,0 +1,113 @@
+#pragma once
+/// DdpStrategy: distributed data parallel over c10d ("ddp"): one process per device, gradients
+/// averaged by c10d's Reducer during backward, Gloo on CPU (NCCL on CUDA where built).
+
+#include <torch/arg.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "volt/distributed/cluster_environment.h"
+#include "volt/strategies/strategy.h"
+
+namespace volt {
+
+class GradientReducer;
+class LocalLauncher;
+class ProcessGroup;
+
+struct DdpStrategyOptions {
+  /// Gradient bucket size in MiB: each bucket is one all-reduce, overlapped with backward.
+  /// Default: 25.
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  /// Each parameter's .grad is a view into its bucket (no copies, one buffer less); gradients
+  /// are then zeroed in place instead of being set to none. Default: false.
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
+  /// The used parameters and their order never change (skips the per-step graph search, a
+  /// parameter used twice is reduced once). Default: false.
+  TORCH_ARG(bool, static_graph) = false;
+  /// Find parameters without a gradient in each step (models whose used parameters vary).
+  /// Default: false.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  /// Broadcast buffers (e.g. BatchNorm statistics) from rank 0 before every training forward.
+  /// Default: true.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  /// Bound on rendezvous and on every collective, in seconds; past it the job fails with
+  /// DistributedError naming what was lost. Default: 60.
+  TORCH_ARG(double, timeout_s) = 60.0;
+  /// "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl". Default: "auto".
+  TORCH_ARG(std::string, process_group_backend) = "auto";
+  /// Elastic restarts: when a local worker dies, the launching process kills the others,
+  /// relaunches them (VOLT_RESTART_COUNT=k in their environment) and fit() resumes from the
+  /// newest last checkpoint of the ModelCheckpoint, up to this many times. Applies where volt
+  /// launched the workers itself (one node); under torchrun use its --max-restarts. Default: 0.
+  TORCH_ARG(int64_t, max_restarts) = 0;
+};
+
+/// Lightning's DDPStrategy on c10d. A plain process started with devices = N launches its N-1
+/// local workers itself (re-executing the same binary); under torchrun, Slurm, Open MPI or the
+/// reference's MASTER_ADDR / NODE_RANK variables it joins that job instead
+/// (detect_cluster_environment). Parameters and buffers are broadcast from rank 0 at set-up;
+/// checkpoints are written by rank 0 and hold the full model, so any world size loads them.
+class DdpStrategy : public Strategy {
+ public:
+  DdpStrategy(DdpStrategyOptions options, std::shared_ptr<Accelerator> accelerator,
+              std::shared_ptr<Precision> precision, int64_t devices, int64_t num_nodes = 1,
+              std::shared_ptr<CheckpointIO> checkpoint_io = nullptr);
+  ~DdpStrategy() override;
+  std::string name() const override { return "ddp"; }
+  const DdpStrategyOptions& options() const { return options_; }
+
+  void launch() override;
+  void setup_environment() override;
+  int64_t rank() const override { return env_.global_rank; }
+  int64_t local_rank() const override { return env_.local_rank; }
+  int64_t node_rank() const override { return env_.node_rank; }
+  int64_t world_size() const override { return env_.world_size; }
+  /// The detected environment (valid after launch()).
+  const ClusterEnvironment& environment() const { return env_; }
+  void teardown() override;
+  bool restart_after_failure(const std::exception& error, const std::string& checkpoint) override;
+  std::string restart_checkpoint() const override { return restart_checkpoint_; }
+
+  c10::Device root_device() const override;
+  void setup_module(Module& module) override;
+  at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx) override;
+  void backward(const at::Tensor& loss, bool sync_gradients) override;
+  void zero_grad(torch::optim::Optimizer& optimizer) override;
+
+  at::Tensor reduce(const at::Tensor& value, Reduce op) const override;
+  at::Tensor broadcast(const at::Tensor& value, int64_t src = 0) const override;
+  std::vector<at::Tensor> all_gather(const at::Tensor& value) const override;
+  void barrier(const std::string& name = "") override;
+  bool reduce_boolean_decision(bool decision, bool all = true) const override;
+
+  /// Every rank's partial gradients (they differ while accumulating without sync).
+  void save_accumulated_gradients(const Module& module,
+                                  torch::serialize::OutputArchive& ar) const override;
+  void load_accumulated_gradients(Module& module, torch::serialize::InputArchive& ar) override;
+  /// Every rank's generator states, so each rank resumes its own dropout stream.
+  std::map<std::string, at::Tensor> rng_states() const override;
+  void set_rng_states(const std::map<std::string, at::Tensor>& states) override;
+  void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path) override;
+
+  /// The gradient reducer (after setup_module): bucket buffers, parameters.
+  GradientReducer* reducer() const { return reducer_.get(); }
+
+ private:
+  ProcessGroup& group() const;
+  DdpStrategyOptions options_;
+  int64_t devices_;
+  int64_t num_nodes_;
+  ClusterEnvironment env_;
+  bool launched_ = false;
+  int64_t restarts_ = 0;
+  std::string restart_checkpoint_;
+  std::unique_ptr<LocalLauncher> launcher_;
+  std::shared_ptr<ProcessGroup> group_;
+  std::unique_ptr<GradientReducer> reducer_;
+  std::vector<at::Tensor> buffers_;
+};
+
+}  // namespace volt

@@ -1,0 +1,291 @@
+#include "volt/strategies/ddp.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <sched.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+
+#include "distributed/detail/net.h"
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/core/module.h"
+#include "volt/distributed/gradient_reducer.h"
+#include "volt/distributed/local_launcher.h"
+#include "volt/distributed/process_group.h"
+#include "volt/io/state.h"
+
+namespace volt {
+namespace {
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+// N ranks on one node share its CPUs: each gets cpus / N intra-op threads and as many OpenBLAS
+// threads (torchrun sets OMP_NUM_THREADS=1 for the same reason). Explicit settings win: a lower
+// intra-op count is kept, and OPENBLAS_NUM_THREADS / OMP_NUM_THREADS in the environment leave
+// OpenBLAS alone.
+void share_cpus(int64_t local_world_size) {
+  if (local_world_size <= 1) return;
+  const int per_rank = std::max<int>(1, available_cpus() / static_cast<int>(local_world_size));
+  if (at::get_num_threads() > per_rank) at::set_num_threads(per_rank);
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    using SetThreads = void (*)(int);
+    if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+      set(per_rank);
+    }
+  }
+}
+
+constexpr const char* kRestartCountVar = "VOLT_RESTART_COUNT";
+constexpr const char* kRestartCheckpointVar = "VOLT_RESTART_CHECKPOINT";
+
+std::string rank_key(int64_t rank, const std::string& key) {
+  return "rank" + std::to_string(rank) + "." + key;
+}
+
+}  // namespace
+
+DdpStrategy::DdpStrategy(DdpStrategyOptions options, std::shared_ptr<Accelerator> accelerator,
+                         std::shared_ptr<Precision> precision, int64_t devices, int64_t num_nodes,
+                         std::shared_ptr<CheckpointIO> checkpoint_io)
+    : Strategy(std::move(accelerator), std::move(precision), std::move(checkpoint_io)),
+      options_(std::move(options)),
+      devices_(devices),
+      num_nodes_(num_nodes) {
+  VOLT_CHECK(options_.bucket_cap_mb() > 0, ConfigError,
+             "[DdpStrategy] bucket_cap_mb=", options_.bucket_cap_mb(),
+             " must be > 0 (MiB per gradient bucket; default 25).");
+  VOLT_CHECK(options_.timeout_s() > 0, ConfigError,
+             "[DdpStrategy] timeout_s=", options_.timeout_s(), " must be > 0 seconds.");
+  VOLT_CHECK(options_.max_restarts() >= 0, ConfigError,
+             "[DdpStrategy] max_restarts=", options_.max_restarts(), " must be >= 0.");
+  VOLT_CHECK(devices_ >= 1 && num_nodes_ >= 1, ConfigError, "[DdpStrategy] devices=", devices_,
+             " num_nodes=", num_nodes_, " is invalid; both must be >= 1.");
+  // Checked here, so a bad name fails when the Trainer is built, not after launching workers.
+  resolve_backend(options_.process_group_backend(), accelerator_->device(0).type());
+}
+
+DdpStrategy::~DdpStrategy() {
+  reducer_.reset();
+  group_.reset();
+  if (launcher_) {
+    // Local ranks finish the same program; give them the timeout to exit, then the launcher
+    // kills whatever is left (never an orphan).
+    launcher_->wait_all(to_ms(options_.timeout_s()));
+    launcher_.reset();
+  }
+}
+
+void DdpStrategy::launch() {
+  if (launched_) return;
+  env_ = detect_cluster_environment(process_env(), devices_, num_nodes_);
+  if (env_.launches_workers) {
+    launcher_ = std::make_unique<LocalLauncher>(env_);
+    env_ = launcher_->environment();
+    const ClusterEnvironment env = env_;
+    launcher_->on_failure([env](const WorkerExit& exit) {
+      report_lost_rank(env, exit.describe(), std::chrono::seconds(5));
+    });
+  } else if (env_.world_size == 1 && env_.main_port == 0) {
+    env_.main_port = detail::find_free_port();  // a one-process group still rendezvouses
+  }
+  if (env_.launched_child) {
+    // Set by a restart of the launching process (restart_after_failure).
+    const char* ckpt = std::getenv(kRestartCheckpointVar);
+    restart_checkpoint_ = ckpt != nullptr ? ckpt : "";
+  }
+  set_log_rank(env_.global_rank);
+  launched_ = true;
+}
+
+bool DdpStrategy::restart_after_failure(const std::exception& error,
+                                        const std::string& checkpoint) {
+  if (!launcher_ || restarts_ >= options_.max_restarts()) return false;
+  ++restarts_;
+  log_warning("DdpStrategy", "restart " + std::to_string(restarts_) + " of " +
+                                 std::to_string(options_.max_restarts()) +
+                                 " after: " + error.what() + "; resuming from " +
+                                 (checkpoint.empty() ? std::string("the start") : checkpoint));
+  // Everything of the failed attempt goes: the reducer, the group (its store and port) and the
+  // surviving workers. The new workers learn the attempt and the checkpoint from their
+  // environment, which they inherit from this process.
+  reducer_.reset();
+  group_.reset();
+  launcher_->kill_all();
+  launcher_.reset();
+  launched_ = false;
+  ::setenv(kRestartCountVar, std::to_string(restarts_).c_str(), 1);
+  ::setenv(kRestartCheckpointVar, checkpoint.c_str(), 1);
+  restart_checkpoint_ = checkpoint;
+  return true;
+}
+
+void DdpStrategy::setup_environment() {
+  launch();
+  if (group_) return;
+  share_cpus(env_.local_world_size);
+  accelerator_->setup_device(root_device());
+  ProcessGroupOptions o;
+  o.backend(resolve_backend(options_.process_group_backend(), root_device().type()))
+      .timeout(to_ms(options_.timeout_s()))
+      .config_hash(config_fingerprint());
+  group_ = std::make_shared<ProcessGroup>(env_, o);
+}
+
+ProcessGroup& DdpStrategy::group() const {
+  VOLT_CHECK(group_ != nullptr, InternalError,
+             "[DdpStrategy] collective before setup_environment(); the Trainer sets it up.");
+  return *group_;
+}
+
+void DdpStrategy::teardown() {}
+
+c10::Device DdpStrategy::root_device() const {
+  // On the CPU every rank shares the host; on CUDA local rank i owns device i.
+  if (accelerator_->name() == "cpu") return accelerator_->device(0);
+  return accelerator_->device(env_.local_rank);
+}
+
+void DdpStrategy::setup_module(Module& module) {
+  Strategy::setup_module(module);
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> state;
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& p : module.named_parameters(true)) {
+    state.push_back(p.value().detach());
+    if (p.value().requires_grad()) {
+      params.push_back(p.value());
+      names.push_back(p.key());
+    }
+  }
+  buffers_.clear();
+  for (const auto& b : module.named_buffers(true)) {
+    state.push_back(b.value().detach());
+    buffers_.push_back(b.value().detach());
+  }
+  // Every rank starts from rank 0's weights and buffers.
+  if (!state.empty()) group().broadcast_(state, 0);
+  reducer_ = std::make_unique<GradientReducer>(
+      params, group_,
+      GradientReducerOptions()
+          .bucket_cap_mb(options_.bucket_cap_mb())
+          .gradient_as_bucket_view(options_.gradient_as_bucket_view())
+          .find_unused_parameters(options_.find_unused_parameters())
+          .static_graph(options_.static_graph()),
+      names);
+}
+
+at::Tensor DdpStrategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  if (options_.broadcast_buffers() && !buffers_.empty()) {
+    torch::NoGradGuard no_grad;
+    group().broadcast_(buffers_, 0);
+  }
+  return Strategy::training_step(module, batch, batch_idx);
+}
+
+void DdpStrategy::backward(const at::Tensor& loss, bool sync_gradients) {
+  VOLT_CHECK(reducer_ != nullptr, InternalError,
+             "[DdpStrategy] backward before setup_module(); the Trainer sets it up.");
+  reducer_->set_sync(sync_gradients);
+  reducer_->backward(loss, [&] { precision_->backward(loss); });
+}
+
+void DdpStrategy::zero_grad(torch::optim::Optimizer& optimizer) {
+  if (!options_.gradient_as_bucket_view()) {
+    Strategy::zero_grad(optimizer);
+    return;
+  }
+  // Setting .grad to none would break its aliasing with the bucket: zero it in place.
+  torch::NoGradGuard no_grad;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+  }
+}
+
+at::Tensor DdpStrategy::reduce(const at::Tensor& value, Reduce op) const {
+  return group().all_reduce(value, op);
+}
+
+at::Tensor DdpStrategy::broadcast(const at::Tensor& value, int64_t src) const {
+  at::Tensor out = value.clone();
+  group().broadcast_(out, src);
+  return out;
+}
+
+std::vector<at::Tensor> DdpStrategy::all_gather(const at::Tensor& value) const {
+  return group().all_gather(value);
+}
+
+void DdpStrategy::barrier(const std::string& name) {
+  group().barrier();
+}
+
+bool DdpStrategy::reduce_boolean_decision(bool decision, bool all) const {
+  return all ? group().all_of(decision) : group().any_of(decision);
+}
+
+void DdpStrategy::save_accumulated_gradients(const Module& module,
+                                             torch::serialize::OutputArchive& ar) const {
+  // Every rank's partial sums differ (no_sync): keep each, under "rank<r>.<name>". The plain
+  // name holds their mean, which is what one process on the global batch would have
+  // accumulated; a resume at another world size reads it (ranks without their own entry).
+  for (const auto& p : module.named_parameters(true)) {
+    if (!p.value().requires_grad()) continue;
+    const at::Tensor g =
+        p.value().grad().defined() ? p.value().grad() : torch::zeros_like(p.value());
+    const auto all = group().all_gather(g.contiguous());
+    for (size_t r = 0; r < all.size(); ++r) ar.write(rank_key(r, p.key()), all[r]);
+    ar.write(p.key(), torch::stack(all).mean(0));
+  }
+}
+
+void DdpStrategy::load_accumulated_gradients(Module& module, torch::serialize::InputArchive& ar) {
+  for (auto& p : module.named_parameters(true)) {
+    at::Tensor g;
+    if (ar.try_read(rank_key(rank(), p.key()), g) || ar.try_read(p.key(), g)) {
+      p.value().mutable_grad() = g.to(p.value().device());
+    }
+  }
+}
+
+std::map<std::string, at::Tensor> DdpStrategy::rng_states() const {
+  std::map<std::string, at::Tensor> own = Strategy::rng_states();
+  std::map<std::string, at::Tensor> out = own;
+  for (const auto& kv : own) {
+    const auto all = group().all_gather(kv.second.contiguous());
+    for (size_t r = 0; r < all.size(); ++r) out[rank_key(r, kv.first)] = all[r];
+  }
+  return out;
+}
+
+void DdpStrategy::set_rng_states(const std::map<std::string, at::Tensor>& states) {
+  // This rank's own stream when the checkpoint has it (same world size), else rank 0's.
+  std::map<std::string, at::Tensor> mine;
+  for (const auto& kv : states) {
+    if (kv.first.rfind("rank", 0) == 0) continue;
+    auto it = states.find(rank_key(rank(), kv.first));
+    mine[kv.first] = it != states.end() ? it->second : kv.second;
+  }
+  Strategy::set_rng_states(mine);
+}
+
+void DdpStrategy::save_checkpoint(torch::serialize::OutputArchive& archive,
+                                  const std::string& path) {
+  Strategy::save_checkpoint(archive, path);  // rank 0 writes
+  barrier("save_checkpoint");                // nobody reads or replaces it before it exists
+}
+
+}  // namespace volt

@@ -1,0 +1,330 @@
+// DdpStrategy end to end with real processes over loopback (Gloo): the Trainer launches its own
+// workers or joins torchrun / Slurm-style jobs; weights equal single-process training on the
+// global batch; failures end every rank in bounded time, naming the lost rank.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <fstream>
+#include <regex>
+
+#include "processes.h"
+#include "tiny.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using volt_test::Process;
+
+const std::string kWorker = VOLT_DDP_WORKER;
+
+torch::Tensor load_flat(const std::string& path) {
+  torch::Tensor t;
+  torch::load(t, path);
+  return t;
+}
+
+int free_port() {
+  // Bind port 0 and read the port the kernel chose; the listener closes before the job binds it.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+/// The same model, data and seed trained in this process by one rank on the global batch.
+torch::Tensor single_process_reference(const std::string& root, int64_t global_batch,
+                                       int64_t epochs, int64_t accum, bool tied) {
+  std::vector<std::string> args{"--root",    root,
+                                "--out",     root + "/single",
+                                "--devices", "1",
+                                "--batch",   std::to_string(global_batch),
+                                "--epochs",  std::to_string(epochs),
+                                "--accum",   std::to_string(accum),
+                                "--tied",    tied ? "1" : "0"};
+  Process p(kWorker, args);
+  EXPECT_EQ(p.exit_code(120s), 0) << p.output();
+  return load_flat(root + "/single.rank0.pt");
+}
+
+struct Job {
+  std::string output;
+  int code = 0;
+};
+
+Job run_plain(const std::vector<std::string>& args, std::chrono::milliseconds timeout = 180s) {
+  Process p(kWorker, args);
+  Job j;
+  j.code = p.exit_code(timeout);
+  j.output = p.output();
+  return j;
+}
+
+void expect_ranks_equal_reference(const std::string& prefix, int world,
+                                  const torch::Tensor& reference) {
+  const auto r0 = load_flat(prefix + ".rank0.pt");
+  for (int r = 0; r < world; ++r) {
+    const auto w = load_flat(prefix + ".rank" + std::to_string(r) + ".pt");
+    EXPECT_TRUE(torch::equal(w, r0)) << "rank " << r << " differs from rank 0";
+    EXPECT_TRUE(torch::allclose(w, reference, 1e-5, 1e-6))
+        << "rank " << r << " max diff " << (w - reference).abs().max().item<double>();
+  }
+}
+
+// ------------------------------------------------------------------------------ equality
+
+TEST(Ddp, TwoRanksEqualOneProcessOnTheGlobalBatch) {
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 2, 1, false);
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "2"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_NE(job.output.find("rank 1 done step=16"), std::string::npos) << job.output;
+  expect_ranks_equal_reference(dir / "ddp", 2, ref);
+}
+
+TEST(Ddp, FourRanksEqualOneProcessOnTheGlobalBatch) {
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 1, 1, false);
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "4", "--batch", "4",
+                        "--epochs", "1"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  expect_ranks_equal_reference(dir / "ddp", 4, ref);
+}
+
+TEST(Ddp, AccumulationWithNoSyncEqualsOneProcess) {
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 1, 2, false);
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--accum", "2"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_NE(job.output.find("rank 0 done step=4"), std::string::npos) << job.output;
+  expect_ranks_equal_reference(dir / "ddp", 2, ref);
+}
+
+TEST(Ddp, GradientsAsBucketViewsAliasTheBucketsAndTrainTheSame) {
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 1, 1, false);
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--bucket-view", "1"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_NE(job.output.find("rank 0 done"), std::string::npos);
+  EXPECT_EQ(job.output.find("aliases=0"), std::string::npos) << job.output;
+  expect_ranks_equal_reference(dir / "ddp", 2, ref);
+}
+
+TEST(Ddp, TiedWeightsAreReducedOnceAndStayTied) {
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 1, 1, /*tied=*/true);
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--tied", "1"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_EQ(job.output.find("tied=0"), std::string::npos) << job.output;
+  expect_ranks_equal_reference(dir / "ddp", 2, ref);
+}
+
+TEST(Ddp, SyncDistGivesEveryRankTheGlobalValidationLoss) {
+  volt_test::TempDir dir;
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--sync-dist", "1"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  // Each rank validated half of the data; with sync_dist both report the same global mean.
+  std::smatch m0, m1;
+  ASSERT_TRUE(std::regex_search(job.output, m0, std::regex("rank 0 done .* val_loss=([^ ]+)")));
+  ASSERT_TRUE(std::regex_search(job.output, m1, std::regex("rank 1 done .* val_loss=([^ ]+)")));
+  EXPECT_EQ(m0[1].str(), m1[1].str()) << job.output;
+  // ... which is the single-process value of the same weights over all of the data.
+  Process single(kWorker, {"--root", dir.path, "--out", dir / "single", "--devices", "1", "--batch",
+                           "16", "--epochs", "1"});
+  ASSERT_EQ(single.exit_code(120s), 0) << single.output();
+  std::smatch ms;
+  ASSERT_TRUE(std::regex_search(single.output(), ms, std::regex("val_loss=([^ ]+)")));
+  EXPECT_NEAR(std::stod(m0[1].str()), std::stod(ms[1].str()), 1e-6);
+}
+
+// ------------------------------------------------------------------ external launchers
+
+std::map<std::string, std::string> torchrun_env(int rank, int world, int port) {
+  return {{"RANK", std::to_string(rank)},
+          {"LOCAL_RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world)},
+          {"LOCAL_WORLD_SIZE", std::to_string(world)},
+          {"GROUP_RANK", "0"},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", std::to_string(port)}};
+}
+
+std::map<std::string, std::string> slurm_env(int rank, int world, int port) {
+  return {{"SLURM_PROCID", std::to_string(rank)},
+          {"SLURM_LOCALID", std::to_string(rank)},
+          {"SLURM_NTASKS", std::to_string(world)},
+          {"SLURM_NODEID", "0"},
+          {"SLURM_NODELIST", "localhost"},
+          {"SLURM_JOB_ID", "4242"},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", std::to_string(port)}};
+}
+
+void run_external(const std::string& root,
+                  const std::function<std::map<std::string, std::string>(int, int, int)>& env) {
+  const auto ref = single_process_reference(root, 16, 1, 1, false);
+  const int port = free_port();
+  std::vector<std::string> args{"--root", root,      "--out", root + "/ddp", "--devices",
+                                "2",      "--batch", "8",     "--epochs",    "1"};
+  auto ranks = volt_test::start_ranks(kWorker, args, 2, [&](int r) { return env(r, 2, port); });
+  for (auto& p : ranks) ASSERT_EQ(p->exit_code(180s), 0) << p->output();
+  expect_ranks_equal_reference(root + "/ddp", 2, ref);
+}
+
+TEST(Ddp, JoinsATorchrunStyleJob) {
+  volt_test::TempDir dir;
+  run_external(dir.path, torchrun_env);
+}
+
+TEST(Ddp, JoinsASlurmStyleJob) {
+  volt_test::TempDir dir;
+  run_external(dir.path, slurm_env);
+}
+
+TEST(Ddp, RanksWithDifferentConfigsFailAtRendezvous) {
+  volt_test::TempDir dir;
+  const int port = free_port();
+  Process r0(kWorker, {"--root", dir.path, "--out", dir / "a", "--devices", "2", "--epochs", "1"},
+             torchrun_env(0, 2, port));
+  Process r1(kWorker, {"--root", dir.path, "--out", dir / "a", "--devices", "2", "--epochs", "3"},
+             torchrun_env(1, 2, port));
+  EXPECT_EQ(r0.exit_code(60s), 1) << r0.output();
+  EXPECT_EQ(r1.exit_code(60s), 1) << r1.output();
+  EXPECT_NE(r0.output().find("config"), std::string::npos) << r0.output();
+}
+
+// ------------------------------------------------------------------------------ failures
+
+/// Processes whose command line contains `marker` (the test's unique folder).
+std::vector<int> processes_with(const std::string& marker) {
+  std::vector<int> out;
+  DIR* d = ::opendir("/proc");
+  while (const dirent* e = ::readdir(d)) {
+    if (!std::isdigit(static_cast<unsigned char>(e->d_name[0]))) continue;
+    std::ifstream f(std::string("/proc/") + e->d_name + "/cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const int pid = std::atoi(e->d_name);
+    if (cmd.find(marker) != std::string::npos && volt_test::process_alive(pid)) out.push_back(pid);
+  }
+  ::closedir(d);
+  return out;
+}
+
+TEST(Ddp, ARankKilledMidRunEndsEveryRankNamingItAndTheLastCheckpointLoads) {
+  volt_test::TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  auto job = run_plain(
+      {"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8", "--epochs", "3",
+       "--die-rank", "1", "--die-step", "5", "--timeout", "20", "--ckpt-every-step", "1"},
+      60s);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(job.code, 1) << job.output;
+  EXPECT_LT(secs, 40.0) << "the survivor must fail within the timeout";
+  EXPECT_NE(job.output.find("rank 1 dies at step 5"), std::string::npos) << job.output;
+  EXPECT_NE(job.output.find("rank 1 (local rank 1"), std::string::npos) << job.output;
+  EXPECT_TRUE(processes_with(dir.path).empty()) << "a worker outlived the job";
+  // The last checkpoint written before the failure (step 4) resumes in a one-process run on the
+  // same global batch (128 samples / 16 = 8 steps per epoch, 3 epochs).
+  auto resumed = run_plain({"--root", dir / "single", "--out", dir / "single", "--devices", "1",
+                            "--batch", "16", "--epochs", "3", "--resume", dir / "ckpt/last.ckpt"});
+  EXPECT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("rank 0 starts at step 4"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("rank 0 done step=24"), std::string::npos) << resumed.output;
+}
+
+TEST(Ddp, ATwoRankRunKilledMidEpochResumesBitIdentically) {
+  volt_test::TempDir dir;
+  // Dropout: each rank's generator stream must be restored, not just rank 0's.
+  const std::vector<std::string> common{
+      "--devices", "2", "--batch", "8", "--epochs",           "2",
+      "--dropout", "1", "--accum", "3", "--ckpt-every-batch", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  auto full = run_plain(with({"--root", dir / "a", "--out", dir / "a/w"}));
+  ASSERT_EQ(full.code, 0) << full.output;
+  // Rank 1 dies after batch 5: the last checkpoint is from batch 4, mid-epoch and with one
+  // micro-batch accumulated (each rank's partial gradients differ: no_sync).
+  auto killed = run_plain(with({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
+                                "--die-batch", "5", "--timeout", "20"}),
+                          60s);
+  ASSERT_EQ(killed.code, 1) << killed.output;
+  auto resumed = run_plain(
+      with({"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"}));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))
+        << "rank " << r;
+  }
+}
+
+TEST(Ddp, AMidAccumulationCheckpointOfTwoRanksResumesInOneProcess) {
+  volt_test::TempDir dir;
+  // Accumulating 3 micro-batches; the checkpoint after batch 4 holds each rank's partial
+  // gradient sum. One process on the global batch must continue from their mean.
+  const std::vector<std::string> common{"--batch", "8", "--epochs",  "1",
+                                        "--accum", "3", "--devices", "2"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  auto full = run_plain(with({"--root", dir / "a", "--out", dir / "a_w"}));
+  ASSERT_EQ(full.code, 0) << full.output;
+  auto killed = run_plain(with({"--root", dir / "b", "--out", dir / "b_w", "--die-rank", "1",
+                                "--die-batch", "5", "--ckpt-every-batch", "1", "--timeout", "20"}),
+                          60s);
+  ASSERT_EQ(killed.code, 1) << killed.output;
+  auto one =
+      run_plain({"--root", dir / "c", "--out", dir / "c_w", "--devices", "1", "--batch", "16",
+                 "--epochs", "1", "--accum", "3", "--resume", dir / "b/every_batch.ckpt"});
+  ASSERT_EQ(one.code, 0) << one.output;
+  const auto want = load_flat(dir / "a_w.rank0.pt");
+  const auto got = load_flat(dir / "c_w.rank0.pt");
+  EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-6))
+      << "max diff " << (got - want).abs().max().item<double>();
+}
+
+TEST(Ddp, ElasticRestartRelaunchesAfterARankDiesAndEndsWithTheSameWeights) {
+  volt_test::TempDir dir;
+  const std::vector<std::string> common{"--devices",         "2", "--batch",   "8", "--epochs", "2",
+                                        "--ckpt-every-step", "1", "--timeout", "20"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  auto full = run_plain(with({"--root", dir / "a", "--out", dir / "a/w"}));
+  ASSERT_EQ(full.code, 0) << full.output;
+  // Rank 1 dies once at step 5 (before the step-5 checkpoint is written); the launching process
+  // relaunches the workers and fit resumes from the step-4 checkpoint.
+  auto elastic = run_plain(with({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
+                                 "--die-step", "5", "--max-restarts", "1"}),
+                           240s);
+  ASSERT_EQ(elastic.code, 0) << elastic.output;
+  EXPECT_NE(elastic.output.find("rank 1 dies at step 5"), std::string::npos) << elastic.output;
+  EXPECT_NE(elastic.output.find("restart 1 of 1 after"), std::string::npos) << elastic.output;
+  EXPECT_NE(elastic.output.find("rank 1 starts at step 4"), std::string::npos) << elastic.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))
+        << "rank " << r;
+  }
+  EXPECT_TRUE(processes_with(dir.path).empty()) << "a worker outlived the job";
+}
+
+}  // namespace

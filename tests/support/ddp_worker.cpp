@@ -1,0 +1,214 @@
+// One DDP training job for tests/strategies/ddp_test.cpp. Started as a plain process it launches
+// its local workers itself (the Trainer's DdpStrategy re-executes this binary); started with
+// torchrun / Slurm variables it is one rank of that job. Every rank writes its final flat
+// parameters to <out>.rank<R>.pt and prints one line "rank R done step=S sum=X".
+//
+//   volt_ddp_worker --root DIR --out PREFIX --devices N [--nodes M] [--batch B] [--epochs E]
+//       [--accum K] [--bucket-view 0|1] [--dropout 0|1] [--tied 0|1] [--ckpt-every-step 0|1]
+//       [--ckpt-every-batch 0|1] [--resume CKPT] [--die-rank R (--die-step S | --die-batch B)]
+//       [--timeout S] [--samples N] [--sync-dist 0|1] [--max-restarts K]
+//
+// Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage.
+
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "tiny.h"
+
+namespace {
+
+/// An MLP (optionally with dropout, optionally with tied weights) logging train and val loss.
+class Net : public volt::Module {
+ public:
+  Net(bool dropout, bool tied, bool sync_dist) : sync_dist_(sync_dist) {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 8));
+    // Weight sharing (reference 003 "Weight Sharing"): with `tied` the second layer's weight is
+    // fc1's tensor under a second name, as `module.a = module.b` in the reference.
+    w2 = register_parameter("w2", tied ? fc1->weight : torch::randn({8, 8}) * 0.3);
+    b2 = register_parameter("b2", torch::zeros({8}));
+    head = register_module("head", torch::nn::Linear(8, 2));
+    drop = register_module("drop", torch::nn::Dropout(dropout ? 0.2 : 0.0));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = drop->forward(torch::relu(fc1->forward(x)));
+    return head->forward(torch::relu(torch::linear(h, w2, b2)));
+  }
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
+    log("train_loss", loss, volt::LogOptions().sync_dist(sync_dist_));
+    return loss;
+  }
+  void validation_step(const volt::Batch& b, int64_t) override {
+    auto logits = forward(b.input);
+    log("val_loss", torch::cross_entropy_loss(logits, b.target),
+        volt::LogOptions().sync_dist(sync_dist_));
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    // A tied tensor appears under two names: give the optimizer each tensor once.
+    std::vector<torch::Tensor> unique;
+    for (auto& p : parameters()) {
+      bool seen = false;
+      for (auto& u : unique) seen = seen || u.is_same(p);
+      if (!seen) unique.push_back(p);
+    }
+    return {
+        std::make_shared<torch::optim::SGD>(unique, torch::optim::SGDOptions(0.1).momentum(0.9))};
+  }
+  torch::Tensor flat() {
+    std::vector<torch::Tensor> v;
+    for (auto& p : parameters()) v.push_back(p.detach().reshape({-1}));
+    return torch::cat(v).clone();
+  }
+  torch::nn::Linear fc1{nullptr}, head{nullptr};
+  torch::Tensor w2, b2;
+  torch::nn::Dropout drop{nullptr};
+
+ private:
+  bool sync_dist_;
+};
+
+/// SIGKILLs global rank `rank` at the end of the first batch after which optimizer step `step`
+/// is done (or, with `batch` >= 0, after that many training batches).
+class DieAt : public volt::Callback {
+ public:
+  DieAt(int64_t rank, int64_t step, int64_t batch) : rank_(rank), step_(step), batch_(batch) {}
+  std::string state_key() const override { return "DieAt"; }
+  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                          int64_t) override {
+    const bool due =
+        batch_ >= 0 ? run.state().total_batches_done == batch_ : run.state().global_step == step_;
+    // Only in the first attempt: a process relaunched by an elastic restart has
+    // VOLT_RESTART_COUNT >= 1.
+    const char* restart = std::getenv("VOLT_RESTART_COUNT");
+    const bool first_attempt = restart == nullptr || std::string(restart) == "0";
+    if (rank_ >= 0 && due && first_attempt && volt::log_rank() == rank_) {
+      std::printf("rank %lld dies at step %lld\n", static_cast<long long>(rank_),
+                  static_cast<long long>(run.state().global_step));
+      std::fflush(stdout);
+      ::raise(SIGKILL);
+    }
+  }
+
+ private:
+  int64_t rank_, step_, batch_;
+};
+
+/// Writes a full checkpoint after every training batch (mid-accumulation included).
+class EveryBatch : public volt::Callback {
+ public:
+  explicit EveryBatch(std::string path) : path_(std::move(path)) {}
+  std::string state_key() const override { return "EveryBatch"; }
+  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                          int64_t) override {
+    run.save_checkpoint(path_);
+  }
+
+ private:
+  std::string path_;
+};
+
+/// Prints where training starts (after a resume) and the val_loss every rank sees.
+class PrintVal : public volt::Callback {
+ public:
+  std::string state_key() const override { return "PrintVal"; }
+  void on_train_start(volt::RunContext& run, volt::Module&) override {
+    std::printf("rank %lld starts at step %lld\n", static_cast<long long>(volt::log_rank()),
+                static_cast<long long>(run.state().global_step));
+    std::fflush(stdout);
+  }
+  void on_validation_end(volt::RunContext& run, volt::Module&) override {
+    auto it = run.callback_metrics().find("val_loss");
+    if (it != run.callback_metrics().end()) last = it->second;
+  }
+  double last = -1;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> a;
+  for (int i = 1; i + 1 < argc; i += 2) a[argv[i]] = argv[i + 1];
+  auto num = [&](const char* k, int64_t def) { return a.count(k) ? std::stoll(a[k]) : def; };
+  if (!a.count("--root") || !a.count("--out")) {
+    std::fprintf(stderr, "usage: volt_ddp_worker --root DIR --out PREFIX --devices N ...\n");
+    return 2;
+  }
+  try {
+    volt::seed_everything(7);
+    Net model(num("--dropout", 0) != 0, num("--tied", 0) != 0, num("--sync-dist", 0) != 0);
+    auto train = volt_test::blobs(num("--samples", 128), 8, 1);
+    auto val = volt_test::blobs(64, 8, 2);
+    volt::DdpStrategyOptions ddp;
+    ddp.gradient_as_bucket_view(num("--bucket-view", 0) != 0)
+        .timeout_s(static_cast<double>(num("--timeout", 30)))
+        .max_restarts(num("--max-restarts", 0));
+    std::vector<std::shared_ptr<volt::Callback>> callbacks{std::make_shared<DieAt>(
+        num("--die-rank", -1), num("--die-step", -1), num("--die-batch", -1))};
+    if (num("--ckpt-every-batch", 0) != 0) {
+      callbacks.push_back(std::make_shared<EveryBatch>(a["--root"] + "/every_batch.ckpt"));
+    }
+    auto val_print = std::make_shared<PrintVal>();
+    callbacks.push_back(val_print);
+    if (num("--ckpt-every-step", 0) != 0) {
+      callbacks.push_back(
+          std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                      .dirpath(a["--root"] + "/ckpt")
+                                                      .every_n_train_steps(1)
+                                                      .save_last(true)));
+    }
+    auto accelerator = std::make_shared<volt::CpuAccelerator>();
+    auto precision = std::make_shared<volt::Fp32Precision>();
+    auto strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision,
+                                                        num("--devices", 2), num("--nodes", 1));
+    // One process on one node is the reference: plain single-device training.
+    const bool one = num("--devices", 2) == 1 && num("--nodes", 1) == 1;
+    volt::Spec<volt::Strategy> chosen =
+        one ? volt::Spec<volt::Strategy>("single_device") : volt::Spec<volt::Strategy>(strategy);
+    volt::Trainer trainer(volt_test::quiet(a["--root"])
+                              .accelerator(accelerator)
+                              .precision(precision)
+                              .strategy(chosen)
+                              .devices(num("--devices", 2))
+                              .num_nodes(num("--nodes", 1))
+                              .max_epochs(num("--epochs", 2))
+                              .accumulate_grad_batches(num("--accum", 1))
+                              .callbacks(callbacks));
+    const int64_t batch = num("--batch", 8);
+    trainer.fit(model,
+                volt::DataLoader(train, volt::DataLoaderOptions(batch).shuffle(true).seed(11)),
+                volt::DataLoader(val, volt::DataLoaderOptions(16)),
+                a.count("--resume") ? a["--resume"] : "");
+    const int64_t rank = trainer.strategy().rank();
+    torch::save(model.flat(), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
+    bool aliases = true;
+    if (auto* reducer = one ? nullptr : strategy->reducer();
+        reducer != nullptr && ddp.gradient_as_bucket_view()) {
+      // Each .grad must live inside one of the reducer's bucket buffers.
+      for (auto& p : model.parameters()) {
+        if (!p.grad().defined()) continue;
+        const char* g = static_cast<const char*>(p.grad().data_ptr());
+        bool inside = false;
+        for (const auto& b : reducer->bucket_buffers()) {
+          const char* lo = static_cast<const char*>(b.data_ptr());
+          inside = inside || (g >= lo && g < lo + b.numel() * b.element_size());
+        }
+        aliases = aliases && inside;
+      }
+    }
+    const bool tied = model.fc1->weight.data_ptr() == model.w2.data_ptr();
+    std::printf("rank %lld done step=%lld sum=%.17g val_loss=%.17g aliases=%d tied=%d\n",
+                static_cast<long long>(rank), static_cast<long long>(trainer.state().global_step),
+                model.flat().abs().sum().item<double>(), val_print->last, aliases ? 1 : 0,
+                tied ? 1 : 0);
+    std::fflush(stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    std::printf("error: %s\n", e.what());
+    std::fflush(stdout);
+    return 1;
+  }
+}
