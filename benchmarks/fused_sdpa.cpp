@@ -2,8 +2,8 @@
 // (interleaved repetitions, median) and peak resident memory of one forward+backward, each
 // measured in a fresh process so the runs cannot share allocator state.
 //
-// Usage: volt_bench_fused_sdpa [--threads N] [--seqs 512,1024,2048,4096] [--batch B] [--reps R]
-//                              [--causal] [--dtype f32|bf16]
+// Usage: volt_bench_fused_sdpa [--threads N] [--seqs 512,1024,2048,4096] [--batch B] [--heads H]
+//                              [--reps R] [--causal] [--dtype f32|bf16]
 
 #include <unistd.h>
 
@@ -107,7 +107,7 @@ double measure_peak_here(const Config& c, int64_t seq, Impl impl) {
 double peak_mib(const Config& c, int64_t seq, Impl impl) {
   std::ostringstream cmd;
   cmd << "/proc/" << getpid() << "/exe --peak " << seq << " " << static_cast<int>(impl)
-      << " --threads " << c.threads << " --batch " << c.batch
+      << " --threads " << c.threads << " --batch " << c.batch << " --heads " << c.heads
       << (c.dtype == at::kBFloat16 ? " --dtype bf16" : "") << (c.causal ? " --causal" : "");
   FILE* pipe = popen(cmd.str().c_str(), "r");
   if (!pipe) return -1;
@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
     auto next = [&]() { return std::string(i + 1 < argc ? argv[++i] : ""); };
     if (a == "--threads") c.threads = std::stoi(next());
     else if (a == "--batch") c.batch = std::stoll(next());
+    else if (a == "--heads") c.heads = std::stoll(next());
     else if (a == "--reps") c.reps = std::stoi(next());
     else if (a == "--causal") c.causal = true;
     else if (a == "--peak") {

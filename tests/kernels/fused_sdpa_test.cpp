@@ -7,7 +7,12 @@
 #include <gtest/gtest.h>
 #include <volt/volt.h>
 
+#include <dlfcn.h>
+
+#include <atomic>
 #include <cmath>
+#include <iostream>
+#include <thread>
 
 #include "kernels/detail/sdpa_cpu.h"
 
@@ -355,6 +360,103 @@ TEST(FusedSdpa, RejectsBadInputWithActionableErrors) {
   expect_error<volt::ConfigError>(
       b16g, SdpaOptions().softmax_mode(volt::SoftmaxMode::kFast).recompute(true),
       "not supported for training in recompute mode");
+}
+
+// Each tile GEMM routine against at::mm, for every transpose and with padded leading
+// dimensions, alpha and beta, as the kernel calls them.
+TEST(FusedSdpa, EveryTileGemmRoutineMatchesMatmul) {
+  using volt::detail::SdpaGemm;
+  auto gen = at::detail::createCPUGenerator(11);
+  const int64_t m = 37, n = 70, k = 19, pad = 5;
+  int tested = 0;
+  for (SdpaGemm g : {SdpaGemm::kOneDnn, SdpaGemm::kBlas, SdpaGemm::kAten}) {
+    const char* why = nullptr;
+    if (!volt::detail::sdpa_gemm_available(g, &why)) {
+      std::cout << volt::detail::sdpa_gemm_name(g) << " not tested: " << why << "\n";
+      continue;
+    }
+    ++tested;
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        // Stored shapes with `pad` extra columns: op(A) is [m,k], op(B) is [k,n].
+        at::Tensor a = at::randn({ta ? k : m, (ta ? m : k) + pad}, gen);
+        at::Tensor b = at::randn({tb ? n : k, (tb ? k : n) + pad}, gen);
+        at::Tensor c = at::randn({m, n + pad}, gen);
+        at::Tensor opa = a.narrow(1, 0, ta ? m : k), opb = b.narrow(1, 0, tb ? k : n);
+        if (ta) opa = opa.t();
+        if (tb) opb = opb.t();
+        for (float beta : {0.0f, 1.0f}) {
+          at::Tensor out = c.clone();
+          at::Tensor expect = 0.5 * at::mm(opa.to(at::kDouble), opb.to(at::kDouble)) +
+                              beta * c.narrow(1, 0, n).to(at::kDouble);
+          volt::detail::sdpa_gemm(g, ta, tb, m, n, k, 0.5f, a.data_ptr<float>(), a.size(1),
+                                  b.data_ptr<float>(), b.size(1), beta, out.data_ptr<float>(),
+                                  out.size(1));
+          EXPECT_LT(max_diff(out.narrow(1, 0, n), expect), 1e-4)
+              << volt::detail::sdpa_gemm_name(g) << " ta=" << ta << " tb=" << tb;
+          EXPECT_TRUE(out.narrow(1, n, pad).equal(c.narrow(1, n, pad)));  // padding untouched
+        }
+      }
+    }
+  }
+  EXPECT_GE(tested, 1);
+  // The kernel takes the first available routine; oneDNN whenever libtorch loaded it.
+  const bool have_onednn = volt::detail::sdpa_gemm_available(SdpaGemm::kOneDnn);
+  EXPECT_EQ(volt::detail::sdpa_gemm_routine() == SdpaGemm::kOneDnn, have_onednn);
+  if (dlsym(RTLD_DEFAULT, "dnnl_sgemm") != nullptr) EXPECT_TRUE(have_onednn);
+}
+
+// Issue #16: the kernel used to switch OpenBLAS to one thread process-wide for each call, so a
+// GEMM on another thread (a DataLoader worker, a second model) silently lost its BLAS threads.
+// Another thread polls OpenBLAS's thread count while fused_sdpa runs forward and backward; it
+// must never see a change.
+TEST(FusedSdpa, LeavesProcessWideBlasThreadsAlone) {
+  using GetFn = int (*)();
+  using SetFn = void (*)(int);
+  auto get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  auto set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (!get || !set) GTEST_SKIP() << "OpenBLAS is not loaded in this process";
+  const int previous = get();
+  set(2);
+  ASSERT_EQ(get(), 2);
+  const int torch_threads = at::get_num_threads();
+
+  std::atomic<bool> done{false}, in_call{false};
+  std::atomic<int64_t> polls_in_call{0}, changes{0};
+  std::atomic<int> seen{2};
+  std::thread poller([&] {
+    while (!done.load()) {
+      const bool during = in_call.load();
+      const int n = get();
+      if (n != 2) {
+        changes.fetch_add(1);
+        seen.store(n);
+      }
+      if (during) polls_in_call.fetch_add(1);
+    }
+  });
+  // Two torch threads: (batch, head) tasks run in a parallel region; a single (batch, head) runs
+  // inline, where the kernel makes its tile GEMMs serial with this thread's own OpenMP setting.
+  at::set_num_threads(2);
+  Qkv many = make_qkv(2, 4, 256, 256, 64), one = make_qkv(1, 1, 256, 256, 64);
+  // Runs until the poller has looked often while the kernel was running (no sleeping, no
+  // reliance on scheduling luck), with a cap so the test ends either way.
+  for (int call = 0; call < 200 && (call < 2 || polls_in_call.load() < 2000); ++call) {
+    in_call.store(true);
+    run_with_grad(call % 2 ? one : many, at::kFloat, [](auto q, auto k, auto v) {
+      return volt::fused_sdpa(q, k, v, SdpaOptions().require_fused(true)).output;
+    });
+    in_call.store(false);
+  }
+  done.store(true);
+  poller.join();
+  const int after = get(), torch_after = at::get_num_threads();
+  set(previous);
+  at::set_num_threads(torch_threads);
+  EXPECT_GE(polls_in_call.load(), 2000) << "the poller did not overlap the kernel calls";
+  EXPECT_EQ(changes.load(), 0) << "another thread saw OpenBLAS threads = " << seen.load();
+  EXPECT_EQ(after, 2);
+  EXPECT_EQ(torch_after, 2);  // this thread's OpenMP setting is restored after inline calls
 }
 
 TEST(FusedSdpa, OptionsPrint) {

@@ -1,19 +1,27 @@
 // FusedSDPA CPU kernel: FlashAttention-2 style tiled online softmax (Dao 2023,
 // arXiv:2307.08691), float32 accumulation, one (batch, head) per task across torch's intra-op
-// pool. Tile GEMMs go to libtorch's BLAS (at::native::cpublas -> OpenBLAS sgemm); the
-// element-wise row work (masking, exp, dropout, dS) is written to auto-vectorise and compiled
-// twice, for AVX2+FMA and for baseline x86-64, picked once at run time.
+// pool. Tile GEMMs go to oneDNN's dnnl_sgemm when libtorch loaded it (else the BLAS sgemm_, else
+// at::mm); the element-wise row work (masking, exp, dropout, dS) is written to auto-vectorise
+// and compiled twice, for AVX2+FMA and for baseline x86-64, picked once at run time.
 //
 // Streaming (recompute) mode keeps O(L) state per row block: the running max m, the running sum
 // l and the unnormalised output; the backward recomputes P = exp(S - lse) tile by tile.
 // Materialised (non-recompute) mode writes the normalised probabilities to a [B,H,Lq,Lk]
 // buffer so that the backward skips the QK^T GEMM and the exponentials.
+//
+// This TU is compiled with OpenMP (CMakeLists.txt): at::parallel_for is a header template that
+// only opens a parallel region when _OPENMP is defined, and runs serially otherwise.
 
 #include "sdpa_cpu.h"
 
-#include <ATen/Parallel.h>
-#ifndef VOLT_HAVE_BLAS
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#ifdef _OPENMP
+#include <omp.h>
+#if !defined(INTRA_OP_PARALLEL)
+// A precompiled header built without OpenMP would make at::parallel_for serial here.
+#error "ATen/Parallel.h was included without OpenMP; build this file without the PCH"
+#endif
 #endif
 
 #include <dlfcn.h>
@@ -22,7 +30,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
+
+#include "volt/core/check.h"
+#include "volt/core/warn.h"
 
 namespace volt {
 namespace detail {
@@ -41,69 +53,108 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
                        const int* ldc);
 #endif
 
-// Row-major C[M,N] = alpha * op(A) * op(B) + beta * C. With BLAS (the same sgemm_ libtorch
-// calls; its C++ wrapper is not exported) through column-major C^T = op(B)^T op(A)^T, else
-// through at::mm on borrowed buffers (slower: dispatcher overhead per tile).
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-#ifdef VOLT_HAVE_BLAS
-  const char tra = ta ? 'T' : 'N', trb = tb ? 'T' : 'N';
-  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
-  sgemm_(&trb, &tra, &ni, &mi, &ki, &alpha, b, &lb, a, &la, &beta, c, &lc);
-#else
-  auto f32 = at::TensorOptions().dtype(at::kFloat);
-  at::Tensor A = at::from_blob(const_cast<float*>(a), ta ? at::IntArrayRef{k, m}
-                                                         : at::IntArrayRef{m, k},
-                               {lda, 1}, f32);
-  at::Tensor B = at::from_blob(const_cast<float*>(b), tb ? at::IntArrayRef{n, k}
-                                                         : at::IntArrayRef{k, n},
-                               {ldb, 1}, f32);
-  at::Tensor C = at::from_blob(c, {m, n}, {ldc, 1}, f32);
-  if (ta) A = A.t();
-  if (tb) B = B.t();
-  if (beta == 0.0f) {
-    at::mm_out(C, A, B);
-    if (alpha != 1.0f) C.mul_(alpha);
-  } else {
-    C.mul_(beta).addmm_(A, B, 1.0, alpha);
+// Tile GEMMs (64x128x64 and alike, ~1 MFLOP) must run on the calling thread: the kernel already
+// spreads (batch, head) over torch's pool, and splitting such a GEMM over threads costs more than
+// it saves (seq 1024 fwd+bwd: 241 ms with OpenBLAS threading each tile, 169 ms without). OpenBLAS
+// 0.3.21 (pthreads) has no per-call or per-thread count, only a process-wide one, which raced
+// other threads' GEMMs (issue #16). oneDNN's OpenMP build has the right rule built in: a GEMM
+// called inside an active parallel region runs on the calling thread, elsewhere it uses
+// omp_get_max_threads(), a per-thread setting. libtorch links oneDNN (Debian: libdnnl.so.2) but
+// ships no headers for it, hence dlsym; dnnl_sgemm's C signature is stable since oneDNN 1.0.
+using DnnlSgemm = int (*)(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                          float* c, int64_t ldc);
+struct DnnlVersion {  // dnnl_version_t
+  int major, minor, patch;
+  const char* hash;
+  unsigned cpu_runtime, gpu_runtime;
+};
+constexpr unsigned kDnnlRuntimeSeq = 1, kDnnlRuntimeOmp = 2;  // DNNL_RUNTIME_SEQ, _OMP
+
+struct OneDnn {
+  DnnlSgemm sgemm = nullptr;
+  std::string why_not;  // empty when usable
+};
+
+OneDnn find_onednn() {
+  OneDnn o;
+  auto sgemm = reinterpret_cast<DnnlSgemm>(dlsym(RTLD_DEFAULT, "dnnl_sgemm"));
+  auto version =
+      reinterpret_cast<const DnnlVersion* (*)()>(dlsym(RTLD_DEFAULT, "dnnl_version"));
+  if (!sgemm || !version) {
+    o.why_not = "oneDNN's dnnl_sgemm is not loaded in this process";
+    return o;
   }
+  const DnnlVersion* v = version();
+  const std::string name = "oneDNN " + std::to_string(v->major) + "." +
+                           std::to_string(v->minor) + "." + std::to_string(v->patch);
+  if (v->major < 1) {
+    o.why_not = name + " predates the dnnl_sgemm signature volt calls (1.0)";
+  } else if (v->cpu_runtime != kDnnlRuntimeSeq && v->cpu_runtime != kDnnlRuntimeOmp) {
+    o.why_not = name + " uses CPU threading runtime " + std::to_string(v->cpu_runtime) +
+                ", not OpenMP or sequential, so it would thread each tile GEMM";
+  } else {
+#ifdef _OPENMP
+    o.sgemm = sgemm;
+#else
+    if (v->cpu_runtime == kDnnlRuntimeSeq) {
+      o.sgemm = sgemm;
+    } else {
+      o.why_not = "volt was built without OpenMP, so " + name + " would thread each tile GEMM";
+    }
 #endif
+  }
+  return o;
 }
 
-// The kernel parallelises over (batch, head) on torch's pool; OpenBLAS (pthreads build) would
-// also split every tile GEMM over all cores, and waking its threads for a 64x128x64 tile costs
-// more than it saves (measured: fwd+bwd at seq 1024 took 241 ms with OpenBLAS threads, 169 ms
-// without). So tile GEMMs run single-threaded for the duration of a kernel call. OpenBLAS
-// 0.3.21 has no per-call thread count, hence the process-wide switch, restored afterwards.
-class SingleThreadedBlas {
+const OneDnn& onednn() {
+  static const OneDnn o = find_onednn();
+  return o;
+}
+
+// oneDNN threads a GEMM called outside an active parallel region over this thread's
+// omp_get_max_threads(). at::parallel_for runs its body inline (no region) when there is one
+// task or it is nested; with torch threads > 1 this thread's count is then > 1. For the kernel
+// call it is set to one and restored after: an OpenMP ICV of this thread only, which no other
+// thread reads (unlike openblas_set_num_threads).
+class SerialTileGemms {
  public:
-  SingleThreadedBlas() {
-    static const Api api = lookup();
-    if (api.get && api.set) {
-      set_ = api.set;
-      previous_ = api.get();
-      if (previous_ != 1) set_(1);
+  SerialTileGemms() {
+#ifdef _OPENMP
+    if (!omp_in_parallel() && omp_get_max_threads() > 1) {
+      previous_ = omp_get_max_threads();
+      omp_set_num_threads(1);
     }
+#endif
   }
-  ~SingleThreadedBlas() {
-    if (set_ && previous_ != 1) set_(previous_);
+  ~SerialTileGemms() {
+#ifdef _OPENMP
+    if (previous_ > 0) omp_set_num_threads(previous_);
+#endif
   }
+  SerialTileGemms(const SerialTileGemms&) = delete;
+  SerialTileGemms& operator=(const SerialTileGemms&) = delete;
 
  private:
-  struct Api {
-    int (*get)() = nullptr;
-    void (*set)(int) = nullptr;
-  };
-  static Api lookup() {
-    Api a;
-    a.get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-    a.set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-    return a;
-  }
-  void (*set_)(int) = nullptr;
-  int previous_ = 1;
+  int previous_ = 0;
 };
+
+SdpaGemm pick_gemm() {
+  if (sdpa_gemm_available(SdpaGemm::kOneDnn)) return SdpaGemm::kOneDnn;
+  const SdpaGemm g = sdpa_gemm_available(SdpaGemm::kBlas) ? SdpaGemm::kBlas : SdpaGemm::kAten;
+  warn_once("sdpa-tile-gemm",
+            std::string("[FusedSDPA] tile GEMMs use ") + sdpa_gemm_name(g) +
+                ", which may split each small GEMM over threads (slower): " + onednn().why_not +
+                "; a libtorch built with oneDNN (OpenMP) avoids this.");
+  return g;
+}
+
+// Row-major C = alpha * op(A) * op(B) + beta * C through the process's routine.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  static const SdpaGemm routine = sdpa_gemm_routine();
+  sdpa_gemm(routine, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 
 VOLT_AI uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -526,8 +577,8 @@ VOLT_SDPA_VARIANT(generic, )
 }  // namespace
 
 void sdpa_forward(const SdpaProblem& p, float* out, float* lse, float* probs, bool* keep) {
-  SingleThreadedBlas blas_threads;
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    SerialTileGemms serial;
     ForwardScratch w;
     w.s.resize(kBlockRows * kBlockCols);
     w.o.resize(kBlockRows * p.dv);
@@ -544,8 +595,8 @@ void sdpa_forward(const SdpaProblem& p, float* out, float* lse, float* probs, bo
 
 void sdpa_backward(const SdpaProblem& p, const float* out, const float* dout, const float* lse,
                    const float* probs, const bool* keep, float* dq, float* dk, float* dv) {
-  SingleThreadedBlas blas_threads;
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    SerialTileGemms serial;
     BackwardScratch w;
     w.s.resize(kBlockRows * kBlockCols);
     w.pd.resize(kBlockRows * kBlockCols);
@@ -573,6 +624,86 @@ void sdpa_dropout_keep(int64_t batch, int64_t heads, int64_t lq, int64_t lk, flo
 }
 
 float sdpa_exp(float x, bool fast) { return VOLT_SDPA_CALL(exp, x, fast); }
+
+const char* sdpa_gemm_name(SdpaGemm g) {
+  switch (g) {
+    case SdpaGemm::kOneDnn: return "oneDNN dnnl_sgemm";
+    case SdpaGemm::kBlas: return "BLAS sgemm_";
+    case SdpaGemm::kAten: return "at::mm";
+  }
+  return "?";
+}
+
+bool sdpa_gemm_available(SdpaGemm g, const char** why_not) {
+  const char* reason = nullptr;
+  switch (g) {
+    case SdpaGemm::kOneDnn:
+      if (!onednn().sgemm) reason = onednn().why_not.c_str();
+      break;
+    case SdpaGemm::kBlas:
+#ifndef VOLT_HAVE_BLAS
+      reason = "volt was built without a BLAS library";
+#endif
+      break;
+    case SdpaGemm::kAten:
+      break;
+  }
+  if (reason && why_not) *why_not = reason;
+  return reason == nullptr;
+}
+
+SdpaGemm sdpa_gemm_routine() {
+  static const SdpaGemm g = pick_gemm();
+  return g;
+}
+
+void sdpa_gemm(SdpaGemm g, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
+  switch (g) {
+    case SdpaGemm::kOneDnn: {
+      const int status = onednn().sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b,
+                                        ldb, beta, c, ldc);
+      VOLT_ASSERT(status == 0, "dnnl_sgemm returned status ", status, " for m=", m, " n=", n,
+                  " k=", k);
+      return;
+    }
+    case SdpaGemm::kBlas: {
+#ifdef VOLT_HAVE_BLAS
+      // Column-major BLAS computes the row-major product as C^T = op(B)^T op(A)^T.
+      const char tra = ta ? 'T' : 'N', trb = tb ? 'T' : 'N';
+      const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+      const int la = static_cast<int>(lda), lb = static_cast<int>(ldb);
+      const int lc = static_cast<int>(ldc);
+      sgemm_(&trb, &tra, &ni, &mi, &ki, &alpha, b, &lb, a, &la, &beta, c, &lc);
+      return;
+#else
+      break;
+#endif
+    }
+    case SdpaGemm::kAten: {
+      // On borrowed buffers; slower (dispatcher overhead per tile).
+      auto f32 = at::TensorOptions().dtype(at::kFloat);
+      at::Tensor A = at::from_blob(const_cast<float*>(a), ta ? at::IntArrayRef{k, m}
+                                                             : at::IntArrayRef{m, k},
+                                   {lda, 1}, f32);
+      at::Tensor B = at::from_blob(const_cast<float*>(b), tb ? at::IntArrayRef{n, k}
+                                                             : at::IntArrayRef{k, n},
+                                   {ldb, 1}, f32);
+      at::Tensor C = at::from_blob(c, {m, n}, {ldc, 1}, f32);
+      if (ta) A = A.t();
+      if (tb) B = B.t();
+      if (beta == 0.0f) {
+        at::mm_out(C, A, B);
+        if (alpha != 1.0f) C.mul_(alpha);
+      } else {
+        C.mul_(beta).addmm_(A, B, 1.0, alpha);
+      }
+      return;
+    }
+  }
+  VOLT_ASSERT(false, "tile GEMM routine ", sdpa_gemm_name(g), " is not available");
+}
 
 }  // namespace detail
 }  // namespace volt

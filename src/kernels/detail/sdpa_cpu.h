@@ -44,5 +44,24 @@ void sdpa_dropout_keep(int64_t batch, int64_t heads, int64_t lq, int64_t lk, flo
 /// exp(x) as the kernel evaluates it (exact or fast); exposed to measure its error.
 float sdpa_exp(float x, bool fast);
 
+/// The routines that can run the kernel's tile GEMMs, in order of preference: oneDNN's
+/// dnnl_sgemm (found at run time), the BLAS sgemm_ volt links, at::mm.
+enum class SdpaGemm { kOneDnn, kBlas, kAten };
+
+/// "oneDNN", "BLAS sgemm_" or "at::mm".
+const char* sdpa_gemm_name(SdpaGemm g);
+
+/// Whether `g` can run in this process; if not and `why_not` is given, the reason.
+bool sdpa_gemm_available(SdpaGemm g, const char** why_not = nullptr);
+
+/// The routine the kernel uses: the first available one (chosen once per process).
+SdpaGemm sdpa_gemm_routine();
+
+/// Row-major C[m,n] = alpha * op(A) * op(B) + beta * C through `g`, which must be available.
+/// The kernel's tile GEMMs; exposed to test each routine.
+void sdpa_gemm(SdpaGemm g, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc);
+
 }  // namespace detail
 }  // namespace volt
