@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "volt/core/check.h"
-#include "volt/core/warn.h"
+#include "volt/core/log.h"
 
 namespace volt {
 namespace detail {
@@ -142,8 +142,8 @@ class SerialTileGemms {
 SdpaGemm pick_gemm() {
   if (sdpa_gemm_available(SdpaGemm::kOneDnn)) return SdpaGemm::kOneDnn;
   const SdpaGemm g = sdpa_gemm_available(SdpaGemm::kBlas) ? SdpaGemm::kBlas : SdpaGemm::kAten;
-  warn_once("sdpa-tile-gemm",
-            std::string("[FusedSDPA] tile GEMMs use ") + sdpa_gemm_name(g) +
+  warn_once("sdpa-tile-gemm", "FusedSDPA",
+            std::string("tile GEMMs use ") + sdpa_gemm_name(g) +
                 ", which may split each small GEMM over threads (slower): " + onednn().why_not +
                 "; a libtorch built with oneDNN (OpenMP) avoids this.");
   return g;
