@@ -1,7 +1,7 @@
 // DdpStrategy on this machine's CPUs (issue #9): weak scaling, the bucket size and
 // gradient_as_bucket_view sweep, and how much of the gradient all-reduce hides behind backward.
 //
-//   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
+//   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B] [--only weak|sweep|overlap]
 //
 // The driver runs every configuration as a fresh job of this same binary (`--worker ...`), with
 // OPENBLAS_NUM_THREADS=1 so that "1 thread" holds for OpenBLAS too; with devices=2 the job's
@@ -224,50 +224,63 @@ int main(int argc, char** argv) {
         a.count("--width") ? a["--width"].c_str() : "2048",
         a.count("--batch") ? a["--batch"].c_str() : "64", rounds);
 
+    const std::string only = a.count("--only") ? a["--only"] : "";
+    auto wanted = [&](const char* part) { return only.empty() || only == part; };
+
     // 1. Weak scaling, rounds interleaved so that machine noise hits both alike.
-    std::vector<double> one, two;
-    for (int r = 0; r < rounds; ++r) {
-      one.push_back(job(bin, "--devices 1" + common.str()).step_ms);
-      two.push_back(job(bin, "--devices 2" + common.str()).step_ms);
+    if (wanted("weak")) {
+      std::vector<double> one, two;
+      for (int r = 0; r < rounds; ++r) {
+        one.push_back(job(bin, "--devices 1" + common.str()).step_ms);
+        two.push_back(job(bin, "--devices 2" + common.str()).step_ms);
+      }
+      std::printf("weak scaling (goal: 2 ranks / 1 rank <= 1.15)\n");
+      std::printf("  1 rank x 1 thread   %8.2f ms/step\n", median(one));
+      std::printf("  2 ranks x 1 thread  %8.2f ms/step   ratio %.3f\n\n", median(two),
+                  median(two) / median(one));
     }
-    std::printf("weak scaling (goal: 2 ranks / 1 rank <= 1.15)\n");
-    std::printf("  1 rank x 1 thread   %8.2f ms/step\n", median(one));
-    std::printf("  2 ranks x 1 thread  %8.2f ms/step   ratio %.3f\n\n", median(two),
-                median(two) / median(one));
 
     // 2. bucket_cap_mb x gradient_as_bucket_view.
-    std::printf("bucket sweep, 2 ranks (peak RSS: the larger rank)\n");
-    std::printf("  bucket_cap_mb  bucket_view  ms/step  peak RSS MB\n");
-    for (const char* mb : {"1", "5", "25", "100"}) {
-      for (const char* view : {"0", "1"}) {
-        std::vector<double> t, rss;
-        for (int r = 0; r < rounds; ++r) {
-          const Result res = job(
-              bin, std::string("--devices 2 --bucket-mb ") + mb + " --view " + view + common.str());
-          t.push_back(res.step_ms);
-          rss.push_back(res.rss_mb);
+    if (wanted("sweep")) {
+      std::printf("bucket sweep, 2 ranks (peak RSS: the larger rank)\n");
+      std::printf("  bucket_cap_mb  bucket_view  ms/step  peak RSS MB\n");
+      for (const char* mb : {"1", "5", "25", "100"}) {
+        for (const char* view : {"0", "1"}) {
+          std::vector<double> t, rss;
+          for (int r = 0; r < rounds; ++r) {
+            const Result res = job(bin, std::string("--devices 2 --bucket-mb ") + mb + " --view " +
+                                            view + common.str());
+            t.push_back(res.step_ms);
+            rss.push_back(res.rss_mb);
+          }
+          std::printf("  %13s  %11s  %7.2f  %11.1f\n", mb, view[0] == '1' ? "yes" : "no", median(t),
+                      median(rss));
         }
-        std::printf("  %13s  %11s  %7.2f  %11.1f\n", mb, view[0] == '1' ? "yes" : "no", median(t),
-                    median(rss));
       }
+      std::printf("\n");
     }
 
     // 3. Overlap: accumulate 2 so that backward alternates no_sync and all-reducing micro-batches.
-    std::vector<double> sync, nosync, alone;
-    for (int r = 0; r < rounds; ++r) {
-      const Result res = job(bin, "--devices 2 --accum 2" + common.str());
-      sync.push_back(res.bwd_sync_ms);
-      nosync.push_back(res.bwd_nosync_ms);
-      alone.push_back(res.allreduce_ms);
+    if (wanted("overlap")) {
+      for (const char* mb : {"5", "25"}) {
+        std::vector<double> sync, nosync, alone;
+        for (int r = 0; r < rounds; ++r) {
+          const Result res =
+              job(bin, std::string("--devices 2 --accum 2 --bucket-mb ") + mb + common.str());
+          sync.push_back(res.bwd_sync_ms);
+          nosync.push_back(res.bwd_nosync_ms);
+          alone.push_back(res.allreduce_ms);
+        }
+        const double exposed = median(sync) - median(nosync);
+        const double hidden = 1.0 - exposed / median(alone);
+        std::printf("all-reduce overlap, 2 ranks, bucket_cap_mb %s\n", mb);
+        std::printf("  backward without all-reduce (no_sync)   %8.2f ms\n", median(nosync));
+        std::printf("  backward with the bucketed all-reduce   %8.2f ms\n", median(sync));
+        std::printf("  the same gradients all-reduced alone    %8.2f ms\n", median(alone));
+        std::printf("  hidden behind backward                  %7.0f %%\n\n",
+                    100.0 * std::max(0.0, std::min(1.0, hidden)));
+      }
     }
-    const double exposed = median(sync) - median(nosync);
-    const double hidden = 1.0 - exposed / median(alone);
-    std::printf("\nall-reduce overlap, 2 ranks, bucket 25 MB\n");
-    std::printf("  backward without all-reduce (no_sync)   %8.2f ms\n", median(nosync));
-    std::printf("  backward with the bucketed all-reduce   %8.2f ms\n", median(sync));
-    std::printf("  the same gradients all-reduced alone    %8.2f ms\n", median(alone));
-    std::printf("  hidden behind backward                  %7.0f %%\n",
-                100.0 * std::max(0.0, std::min(1.0, hidden)));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -46,8 +46,10 @@ template <typename Net>
 double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps,
                 bool fused = false) {
   BenchModule<Net> m(net, fused);
+  // The Trainer scopes its own thread count to fit(): give it the one every contender uses.
   volt::Trainer t(volt::TrainerOptions().max_steps(steps).logger(false).enable_checkpointing(false)
-                      .enable_progress_bar(false).num_sanity_val_steps(0));
+                      .enable_progress_bar(false).num_sanity_val_steps(0)
+                      .num_threads(at::get_num_threads()));
   auto ds = std::make_shared<volt::TensorDataset>(d.x, d.y);
   volt::DataLoader dl(ds, volt::DataLoaderOptions(batch).shuffle(true).seed(1));
   const auto t0 = Clock::now();

@@ -42,7 +42,8 @@ int free_port() {
 
 /// The same model, data and seed trained in this process by one rank on the global batch.
 torch::Tensor single_process_reference(const std::string& root, int64_t global_batch,
-                                       int64_t epochs, int64_t accum, bool tied) {
+                                       int64_t epochs, int64_t accum, bool tied,
+                                       const std::vector<std::string>& extra = {}) {
   std::vector<std::string> args{"--root",    root,
                                 "--out",     root + "/single",
                                 "--devices", "1",
@@ -50,6 +51,7 @@ torch::Tensor single_process_reference(const std::string& root, int64_t global_b
                                 "--epochs",  std::to_string(epochs),
                                 "--accum",   std::to_string(accum),
                                 "--tied",    tied ? "1" : "0"};
+  args.insert(args.end(), extra.begin(), extra.end());
   Process p(kWorker, args);
   EXPECT_EQ(p.exit_code(120s), 0) << p.output();
   return load_flat(root + "/single.rank0.pt");
@@ -204,6 +206,33 @@ TEST(Ddp, RanksWithDifferentConfigsFailAtRendezvous) {
   EXPECT_EQ(r0.exit_code(60s), 1) << r0.output();
   EXPECT_EQ(r1.exit_code(60s), 1) << r1.output();
   EXPECT_NE(r0.output().find("config"), std::string::npos) << r0.output();
+}
+
+TEST(Ddp, StaticGraphTrainsLikeOneProcess) {
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 1, 1, false);
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--static-graph", "1"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  expect_ranks_equal_reference(dir / "ddp", 2, ref);
+}
+
+TEST(Ddp, FindUnusedParametersTrainsAroundALayerForwardSkips) {
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 1, 1, false, {"--unused", "1"});
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--unused", "1", "--find-unused", "1"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  expect_ranks_equal_reference(dir / "ddp", 2, ref);
+}
+
+TEST(Ddp, ALayerForwardSkipsWithoutFindUnusedParametersIsAnActionableError) {
+  volt_test::TempDir dir;
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--unused", "1", "--timeout", "20"},
+                       60s);
+  EXPECT_EQ(job.code, 1) << job.output;
+  EXPECT_NE(job.output.find("set find_unused_parameters(true)"), std::string::npos) << job.output;
 }
 
 // ------------------------------------------------------------------------------ failures

@@ -7,6 +7,7 @@
 //       [--accum K] [--bucket-view 0|1] [--dropout 0|1] [--tied 0|1] [--ckpt-every-step 0|1]
 //       [--ckpt-every-batch 0|1] [--resume CKPT] [--die-rank R (--die-step S | --die-batch B)]
 //       [--timeout S] [--samples N] [--sync-dist 0|1] [--max-restarts K]
+//       [--unused 0|1] [--find-unused 0|1] [--static-graph 0|1]
 //
 // Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage.
 
@@ -21,10 +22,11 @@
 
 namespace {
 
-/// An MLP (optionally with dropout, optionally with tied weights) logging train and val loss.
+/// An MLP (optionally with dropout, tied weights, or a layer forward never uses) logging train
+/// and val loss.
 class Net : public volt::Module {
  public:
-  Net(bool dropout, bool tied, bool sync_dist) : sync_dist_(sync_dist) {
+  Net(bool dropout, bool tied, bool sync_dist, bool unused) : sync_dist_(sync_dist) {
     fc1 = register_module("fc1", torch::nn::Linear(8, 8));
     // Weight sharing (reference 003 "Weight Sharing"): with `tied` the second layer's weight is
     // fc1's tensor under a second name, as `module.a = module.b` in the reference.
@@ -32,6 +34,7 @@ class Net : public volt::Module {
     b2 = register_parameter("b2", torch::zeros({8}));
     head = register_module("head", torch::nn::Linear(8, 2));
     drop = register_module("drop", torch::nn::Dropout(dropout ? 0.2 : 0.0));
+    if (unused) register_module("spare", torch::nn::Linear(8, 8));  // gets no gradient
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = drop->forward(torch::relu(fc1->forward(x)));
@@ -139,13 +142,16 @@ int main(int argc, char** argv) {
   }
   try {
     volt::seed_everything(7);
-    Net model(num("--dropout", 0) != 0, num("--tied", 0) != 0, num("--sync-dist", 0) != 0);
+    Net model(num("--dropout", 0) != 0, num("--tied", 0) != 0, num("--sync-dist", 0) != 0,
+              num("--unused", 0) != 0);
     auto train = volt_test::blobs(num("--samples", 128), 8, 1);
     auto val = volt_test::blobs(64, 8, 2);
     volt::DdpStrategyOptions ddp;
     ddp.gradient_as_bucket_view(num("--bucket-view", 0) != 0)
         .timeout_s(static_cast<double>(num("--timeout", 30)))
-        .max_restarts(num("--max-restarts", 0));
+        .max_restarts(num("--max-restarts", 0))
+        .static_graph(num("--static-graph", 0) != 0)
+        .find_unused_parameters(num("--find-unused", 0) != 0);
     std::vector<std::shared_ptr<volt::Callback>> callbacks{std::make_shared<DieAt>(
         num("--die-rank", -1), num("--die-step", -1), num("--die-batch", -1))};
     if (num("--ckpt-every-batch", 0) != 0) {
