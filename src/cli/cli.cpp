@@ -10,15 +10,15 @@
 #include <iostream>
 #include <sstream>
 
+#include "../loggers/detail/log_dir.h"
 #include "detail/config_tree.h"
 #include "detail/resolve.h"
-#include "../loggers/detail/log_dir.h"
 #include "volt/callbacks/callback.h"
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/core/check.h"
-#include "volt/data/data_module.h"
 #include "volt/core/module.h"
 #include "volt/core/registry.h"
+#include "volt/data/data_module.h"
 #include "volt/io/checkpoint_io.h"
 #include "volt/io/safetensors.h"
 #include "volt/loggers/logger.h"
@@ -40,7 +40,8 @@ const char* command_summary(const std::string& c) {
   if (c == "fit") return "train the model (Trainer::fit); ckpt_path resumes a run";
   if (c == "validate") return "run one validation pass and print its metrics";
   if (c == "test") return "run one test pass and print its metrics";
-  if (c == "predict") return "run predict_step over the predict data; saves predictions.safetensors";
+  if (c == "predict")
+    return "run predict_step over the predict data; saves predictions.safetensors";
   if (c == "print-config") return "print the fully resolved config (loadable with --config)";
   if (c == "report") return "write a self-contained HTML report of a run folder";
   return "";
@@ -79,8 +80,9 @@ Command parse_argv(int argc, const char* const* argv) {
     return cmd;
   }
   VOLT_CHECK(std::find(kCommands.begin(), kCommands.end(), cmd.name) != kCommands.end(),
-             ConfigError, "[cli] unknown command \"", cmd.name, "\"; valid commands: ",
-             quoted_list(kCommands), did_you_mean(cmd.name, kCommands), ".");
+             ConfigError, "[cli] unknown command \"", cmd.name,
+             "\"; valid commands: ", quoted_list(kCommands), did_you_mean(cmd.name, kCommands),
+             ".");
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -107,7 +109,8 @@ Command parse_argv(int argc, const char* const* argv) {
                  "[cli] option --", key, " needs a value; write --", key, "=VALUE.");
       value = argv[++i];
     }
-    VOLT_CHECK(!key.empty(), ConfigError, "[cli] \"", a, "\" has no option name; write --key=value.");
+    VOLT_CHECK(!key.empty(), ConfigError, "[cli] \"", a,
+               "\" has no option name; write --key=value.");
     if (key == "config" || key == "c") {
       cmd.sources.push_back({Source::Kind::kFile, "", value, value});
     } else {
@@ -172,7 +175,8 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
     for (const auto& c : kCommands) {
       os << "  " << std::left << std::setw(14) << c << command_summary(c) << "\n";
     }
-    os << "\n" << prog << " <command> --help lists every option with its type and default.\n"
+    os << "\n"
+       << prog << " <command> --help lists every option with its type and default.\n"
        << "Exit codes: 0 success, 1 the run failed, 2 bad command line or config.\n";
     return;
   }
@@ -187,7 +191,8 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
   os << "usage: " << prog << " " << command << " [--config FILE]... [--section.key=VALUE]...\n\n"
      << command_summary(command) << ".\n\n"
      << "Values come from YAML files (--config, repeatable) and --key=value overrides, applied in\n"
-     << "command-line order (the last wins). Values are YAML: --model.hidden=[256,128]. A component\n"
+     << "command-line order (the last wins). Values are YAML: --model.hidden=[256,128]. A "
+        "component\n"
      << "is {class_path: NAME, init_args: {...}}; --model=NAME picks one, --model.lr=X sets an\n"
      << "init arg, --trainer.callbacks+=NAME appends, --trainer.callbacks.0.patience=5 edits.\n"
      << "An empty value is the empty string (--trainer.callbacks.0.monitor=); --key=null is null\n"
@@ -210,9 +215,14 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
                  reg.data_modules);
   print_registry(os, "callbacks (trainer.callbacks items; --trainer.callbacks+=NAME):",
                  "trainer.callbacks.N.", reg.callbacks);
-  print_registry(os, "loggers (trainer.loggers items; --trainer.loggers+=NAME):",
-                 "trainer.loggers.N.", reg.loggers);
+  print_registry(os,
+                 "loggers (trainer.loggers items; --trainer.loggers+=NAME):", "trainer.loggers.N.",
+                 reg.loggers);
   print_registry(os, "profilers (--trainer.profiler=NAME):", "trainer.profiler.", reg.profilers);
+  print_registry(os,
+                 "strategies with parameters (trainer.strategy: {class_path: NAME, init_args: "
+                 "{...}}; --trainer.strategy.init_args.KEY=VALUE):",
+                 "trainer.strategy.init_args.", reg.strategies);
   os << "\naccelerators: " << quoted_list(accelerator_names())
      << "\nstrategies:   " << quoted_list(strategy_names())
      << "\nprecision:    " << quoted_list(reg.precisions.names()) << "\n";
@@ -324,12 +334,14 @@ int run_report(const Command& cmd, std::ostream& out) {
              cmd.positional.size(), "; e.g. volt report runs/volt_logs/version_0.");
   ReportOptions opts;
   for (const auto& s : cmd.sources) {
-    VOLT_CHECK(s.kind == Source::Kind::kSet && (s.key == "output" || s.key == "title"),
-               ConfigError, "[cli] report does not take ",
+    VOLT_CHECK(s.kind == Source::Kind::kSet && (s.key == "output" || s.key == "title"), ConfigError,
+               "[cli] report does not take ",
                s.kind == Source::Kind::kFile ? "--config" : "--" + s.key,
                "; its options are --output FILE and --title TEXT.");
-    if (s.key == "output") opts.output(s.value);
-    else opts.title(s.value);
+    if (s.key == "output")
+      opts.output(s.value);
+    else
+      opts.title(s.value);
   }
   const std::string path = write_run_report(cmd.positional.front(), opts);
   out << "report: " << path << "\n";
@@ -357,17 +369,22 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
     loggers.push_back(reg.loggers.at(l.class_path).make(l.args, lctx));
   }
   std::vector<std::shared_ptr<Callback>> callbacks;
-  for (const auto& c : rc.callbacks) callbacks.push_back(reg.callbacks.at(c.class_path).make(c.args));
+  for (const auto& c : rc.callbacks)
+    callbacks.push_back(reg.callbacks.at(c.class_path).make(c.args));
   if (rc.profiler) {
     opts.profiler(reg.profilers.at(rc.profiler->class_path).make(rc.profiler->args));
+  }
+  if (rc.strategy) {
+    // Built by the Trainer (it needs the resolved accelerator and precision), with these args.
+    opts.strategy(
+        Spec<Strategy>(rc.strategy->class_path, std::make_shared<const Args>(rc.strategy->args)));
   }
   auto save_config = std::make_shared<SaveConfig>(yaml, opts.fast_dev_run() == 0);
   callbacks.push_back(save_config);
   opts.callbacks(callbacks).loggers(loggers);
   Trainer trainer(opts);
   std::shared_ptr<Module> model = reg.models.at(rc.model.class_path).make(rc.model.args);
-  std::shared_ptr<DataModule> data =
-      reg.data_modules.at(rc.data.class_path).make(rc.data.args);
+  std::shared_ptr<DataModule> data = reg.data_modules.at(rc.data.class_path).make(rc.data.args);
   VOLT_CHECK(model && data, ConfigError, "[cli] the factory of ", model ? "data module " : "model ",
              model ? rc.data.class_path : rc.model.class_path,
              " returned null; make it return an object.");
@@ -385,13 +402,15 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       report() << "fit finished in " << std::fixed << std::setprecision(1) << secs << " s ("
-          << trainer.state().global_step << " steps)\n";
+               << trainer.state().global_step << " steps)\n";
       report().unsetf(std::ios::fixed);
       print_metrics(report(), "final metrics:", trainer.callback_metrics());
       for (const auto& c : trainer.callbacks()) {
         if (auto mc = std::dynamic_pointer_cast<ModelCheckpoint>(c)) {
-          if (!mc->best_model_path().empty()) report() << "best checkpoint: " << mc->best_model_path() << "\n";
-          if (!mc->last_model_path().empty()) report() << "last checkpoint: " << mc->last_model_path() << "\n";
+          if (!mc->best_model_path().empty())
+            report() << "best checkpoint: " << mc->best_model_path() << "\n";
+          if (!mc->last_model_path().empty())
+            report() << "last checkpoint: " << mc->last_model_path() << "\n";
         }
       }
     } else if (cmd.name == "validate") {
@@ -401,8 +420,7 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
     } else {
       auto preds = trainer.predict(*model, *data, ckpt);
       report() << "predictions: " << save_predictions(preds, trainer.log_dir(), trainer.strategy())
-          << " ("
-          << preds.size() << " batches)\n";
+               << " (" << preds.size() << " batches)\n";
     }
   } catch (const Error& e) {
     err << e.what() << "\n";

@@ -3,8 +3,8 @@
 #include <functional>
 #include <map>
 
-#include "volt/core/check.h"
 #include "volt/accelerators/cuda.h"
+#include "volt/core/check.h"
 #include "volt/core/registry.h"
 
 namespace volt {
@@ -18,7 +18,9 @@ std::vector<std::string> strategy_names() {
   v.insert(v.begin(), "auto");
   return v;
 }
-std::vector<std::string> precision_names() { return registry().precisions.names(); }
+std::vector<std::string> precision_names() {
+  return registry().precisions.names();
+}
 
 RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
                      const Spec<Strategy>& strategy, const Spec<Precision>& precision,
@@ -31,8 +33,8 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
     plan.accelerator = reg.accelerators.create(CudaAccelerator::available() ? "cuda" : "cpu");
   } else {
     VOLT_CHECK(reg.accelerators.contains(accelerator.name()), ConfigError,
-               "[Trainer] unknown accelerator \"", accelerator.name(), "\"; valid names: ",
-               quoted_list(accelerator_names()), ".");
+               "[Trainer] unknown accelerator \"", accelerator.name(),
+               "\"; valid names: ", quoted_list(accelerator_names()), ".");
     plan.accelerator = reg.accelerators.create(accelerator.name());
   }
 
@@ -53,9 +55,12 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
     plan.precision = precision.object();
   } else {
     VOLT_CHECK(reg.precisions.contains(precision.name()), ConfigError,
-               "[Trainer] unknown precision \"", precision.name(), "\"; valid names: ",
-               quoted_list(precision_names()), " (bf16-mixed, 16-mixed and fp8 are on the roadmap).");
-    plan.precision = reg.precisions.create(precision.name());
+               "[Trainer] unknown precision \"", precision.name(),
+               "\"; valid names: ", quoted_list(precision_names()),
+               ".");
+    plan.precision = precision.args() != nullptr
+                         ? reg.precisions.at(precision.name()).make(*precision.args())
+                         : reg.precisions.create(precision.name());
   }
 
   if (strategy.is_object()) {
@@ -73,10 +78,12 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
              "\" strategy, which this build does not register; use devices=1.");
   VOLT_CHECK(chosen != "single_device" || world == 1, ConfigError,
              "[Trainer] strategy \"single_device\" runs one process but devices=", plan.devices,
-             " x num_nodes=", plan.num_nodes, "; set devices=1 and num_nodes=1, or use "
+             " x num_nodes=", plan.num_nodes,
+             "; set devices=1 and num_nodes=1, or use "
              "strategy \"ddp\".");
   StrategyContext ctx{plan.accelerator, plan.precision, plan.devices, plan.num_nodes};
-  plan.strategy = reg.strategies.create(chosen, ctx);
+  plan.strategy = strategy.args() != nullptr ? reg.strategies.at(chosen).make(*strategy.args(), ctx)
+                                             : reg.strategies.create(chosen, ctx);
   return plan;
 }
 

@@ -96,7 +96,9 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
 
 /// Expects exit code 2, nothing on stdout, one line on stderr containing `phrase`.
 void expect_usage_error(const std::vector<std::string>& args, const std::string& phrase) {
@@ -244,13 +246,16 @@ TEST(Cli, BadConfigsExitWithCodeTwo) {
   expect_usage_error({"fit", "--config", dir / "bad.yaml"}, "bad.yaml:3:");
   expect_usage_error({"fit", "--config", dir / "bad.yaml"}, "malformed YAML");
   write(dir / "unk.yaml", "model: Tiny\ndata: Blobs\ntrainer:\n  max_epoch: 2\n");
-  expect_usage_error({"fit", "--config", dir / "unk.yaml"},
-                     "unknown key \"trainer.max_epoch\" (" + (dir / "unk.yaml") + ":4:14); did "
-                     "you mean \"trainer.max_epochs\"?");
-  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs=three"},
-                     "trainer.max_epochs (--trainer.max_epochs=three): expected int, got \"three\"");
-  expect_usage_error({"fit", "--model=Tny", "--data=Blobs"},
-                     "unknown model \"Tny\"; valid names: \"Throws\", \"Tiny\" (did you mean \"Tiny\"?)");
+  expect_usage_error({"fit", "--config", dir / "unk.yaml"}, "unknown key \"trainer.max_epoch\" (" +
+                                                                (dir / "unk.yaml") +
+                                                                ":4:14); did "
+                                                                "you mean \"trainer.max_epochs\"?");
+  expect_usage_error(
+      {"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs=three"},
+      "trainer.max_epochs (--trainer.max_epochs=three): expected int, got \"three\"");
+  expect_usage_error(
+      {"fit", "--model=Tny", "--data=Blobs"},
+      "unknown model \"Tny\"; valid names: \"Throws\", \"Tiny\" (did you mean \"Tiny\"?)");
   expect_usage_error({"fit", "--data=Blobs"}, "model is required");
   expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=EarlyStopping"},
                      "trainer.callbacks.0.init_args.monitor is required (str) for callback "
@@ -272,25 +277,24 @@ TEST(Cli, AnEmptyOverrideEmptiesAStringSetInAConfigFile) {
         "      init_args: {monitor: val_acc, mode: max}\n");
   // Before: "--...monitor=" became null and failed with "give a value or remove the key", and a
   // key set in a file cannot be removed from the command line.
-  auto r = run({"print-config", "--config", dir / "run.yaml",
-                "--trainer.callbacks.0.init_args.monitor="});
+  auto r = run(
+      {"print-config", "--config", dir / "run.yaml", "--trainer.callbacks.0.init_args.monitor="});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("monitor: \"\"\n"), std::string::npos) << r.out;
   // The printed config loads back to the same text.
   write(dir / "printed.yaml", r.out);
   EXPECT_EQ(run({"print-config", "--config", dir / "printed.yaml"}).out, r.out);
   // A null where a string is needed says how to write the empty string.
-  expect_usage_error({"print-config", "--config", dir / "run.yaml",
-                      "--trainer.callbacks.0.monitor=null"},
-                     "is null but must be str; give a value (the empty string is \"\" in YAML, "
-                     "--trainer.callbacks.0.init_args.monitor= on the command line)");
+  expect_usage_error(
+      {"print-config", "--config", dir / "run.yaml", "--trainer.callbacks.0.monitor=null"},
+      "is null but must be str; give a value (the empty string is \"\" in YAML, "
+      "--trainer.callbacks.0.init_args.monitor= on the command line)");
   // Where the empty string is not a valid value, the message says what --key= means.
   expect_usage_error({"print-config", "--config", dir / "run.yaml", "--trainer.max_time="},
                      "expected float or null, got \"\"; e.g. trainer.max_time: 0.001 "
                      "(--trainer.max_time= is the empty string; --trainer.max_time=null gives "
                      "null)");
-  EXPECT_EQ(run({"print-config", "--config", dir / "run.yaml", "--trainer.max_time=null"}).code,
-            0);
+  EXPECT_EQ(run({"print-config", "--config", dir / "run.yaml", "--trainer.max_time=null"}).code, 0);
   expect_usage_error({"print-config", "--config", dir / "run.yaml", "--trainer.profiler="},
                      "(to remove it, write --trainer.profiler=null)");
   EXPECT_NE(run({"fit", "--help"}).out.find("An empty value is the empty string"),
@@ -335,8 +339,8 @@ TEST(Cli, RunFailuresExitWithCodeOneAndBugsNeverEscape) {
 
 Result run_binary(const std::string& args) {
   volt_test::TempDir dir;
-  const std::string cmd = std::string(VOLT_CLI_BINARY) + " " + args + " >" + (dir / "out") +
-                          " 2>" + (dir / "err");
+  const std::string cmd =
+      std::string(VOLT_CLI_BINARY) + " " + args + " >" + (dir / "out") + " 2>" + (dir / "err");
   const int status = std::system(cmd.c_str());
   EXPECT_TRUE(WIFEXITED(status)) << "killed by a signal: " << cmd;
   return {WEXITSTATUS(status), slurp(dir / "out"), slurp(dir / "err")};
@@ -361,8 +365,10 @@ TEST(CliBinary, MalformedYamlAndUnknownKeysExitTwoWithoutACrash) {
 
 TEST(CliBinary, FitsFashionMnistFromTheCheckedInConfig) {
   volt_test::TempDir dir;
-  auto r = run_binary("fit --config " VOLT_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml"
-                      " --trainer.default_root_dir=" + dir.path +
+  auto r = run_binary("fit --config " VOLT_SOURCE_DIR
+                      "/configs/fashion_mnist_mlp.yaml"
+                      " --trainer.default_root_dir=" +
+                      dir.path +
                       " --trainer.max_epochs=1 --trainer.limit_train_batches=20"
                       " --trainer.limit_val_batches=4 --trainer.enable_progress_bar=false");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -377,8 +383,10 @@ TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {
   // The launching process becomes rank 0 and starts rank 1 itself (the same command line). Only
   // rank 0 logs and prints; both ranks must agree on the run folder.
   volt_test::TempDir dir;
-  auto r = run_binary("fit --config " VOLT_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml"
-                      " --trainer.default_root_dir=" + dir.path +
+  auto r = run_binary("fit --config " VOLT_SOURCE_DIR
+                      "/configs/fashion_mnist_mlp.yaml"
+                      " --trainer.default_root_dir=" +
+                      dir.path +
                       " --trainer.devices=2 --trainer.strategy=ddp --trainer.max_epochs=1"
                       " --trainer.limit_train_batches=10 --trainer.limit_val_batches=2"
                       " --trainer.enable_progress_bar=false");
@@ -386,10 +394,32 @@ TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {
   const auto first = r.out.find("final metrics:");
   ASSERT_NE(first, std::string::npos) << r.out;
   EXPECT_NE(r.out.find("val_acc", first), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("final metrics:", first + 1), std::string::npos)
-      << "printed twice:\n" << r.out;
+  EXPECT_EQ(r.out.find("final metrics:", first + 1), std::string::npos) << "printed twice:\n"
+                                                                        << r.out;
   EXPECT_TRUE(fs::exists(dir.path + "/volt_logs/version_0/config.yaml"));
   EXPECT_FALSE(fs::exists(dir.path + "/volt_logs/version_1")) << "a second rank made a folder";
+}
+
+TEST(CliBinary, TakesDdpParametersFromTheConfigAndRejectsBadOnesWithExitTwo) {
+  volt_test::TempDir dir;
+  write(dir / "ddp.yaml",
+        "trainer:\n  devices: 2\n  max_epochs: 1\n  limit_train_batches: 4\n"
+        "  limit_val_batches: 2\n  enable_progress_bar: false\n"
+        "  default_root_dir: " +
+            dir.path +
+            "\n"
+            "  strategy:\n    class_path: ddp\n"
+            "    init_args: {bucket_cap_mb: 5, gradient_as_bucket_view: true}\n"
+            "model: {class_path: MlpClassifier}\n");
+  auto r = run_binary("fit --config " + (dir / "ddp.yaml"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string saved = slurp(dir.path + "/volt_logs/version_0/config.yaml");
+  EXPECT_NE(saved.find("bucket_cap_mb: 5.0"), std::string::npos) << saved;
+  EXPECT_NE(saved.find("gradient_as_bucket_view: true"), std::string::npos) << saved;
+  r = run_binary("fit --config " + (dir / "ddp.yaml") +
+                 " --trainer.strategy.init_args.bucket_cap_mb=-1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("[DdpStrategy] bucket_cap_mb=-1 must be > 0"), std::string::npos) << r.err;
 }
 
 struct Measured {

@@ -36,8 +36,9 @@ volt::Registry test_registry(bool two_models = false) {
                    .optional<double>("max_time", "nullable"),
                make_model);
   if (two_models) r.models.add("Other", "", volt::Params(), make_model);
-  r.data_modules.add("Blobs", "tiny", volt::Params().add("n", int64_t{64}, "rows"),
-                     [](const volt::Args&) -> std::shared_ptr<volt::DataModule> { return nullptr; });
+  r.data_modules.add(
+      "Blobs", "tiny", volt::Params().add("n", int64_t{64}, "rows"),
+      [](const volt::Args&) -> std::shared_ptr<volt::DataModule> { return nullptr; });
   return r;
 }
 
@@ -102,18 +103,41 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
   std::ostringstream got, want;
   got << o;
   volt::TrainerOptions w;
-  w.accelerator("cpu").devices(1).strategy("single_device").precision("32").max_epochs(7)
-      .min_epochs(2).max_steps(99).max_time(12.5).limit_train_batches(0.5)
-      .limit_val_batches(int64_t{3}).limit_test_batches(int64_t{4}).limit_predict_batches(0.25)
-      .val_check_interval(int64_t{20}).check_val_every_n_epoch(3).num_sanity_val_steps(0)
-      .fast_dev_run(2).accumulate_grad_batches(4).gradient_clip_val(1.5)
-      .gradient_clip_algorithm(volt::ClipAlgorithm::kValue).log_every_n_steps(5)
-      .enable_progress_bar(false).enable_checkpointing(false).logger(false)
-      .default_root_dir("/tmp/x").deterministic(true).detect_nonfinite_loss(false).num_threads(2)
+  w.accelerator("cpu")
+      .devices(1)
+      .strategy("single_device")
+      .precision("32")
+      .max_epochs(7)
+      .min_epochs(2)
+      .max_steps(99)
+      .max_time(12.5)
+      .limit_train_batches(0.5)
+      .limit_val_batches(int64_t{3})
+      .limit_test_batches(int64_t{4})
+      .limit_predict_batches(0.25)
+      .val_check_interval(int64_t{20})
+      .check_val_every_n_epoch(3)
+      .num_sanity_val_steps(0)
+      .fast_dev_run(2)
+      .accumulate_grad_batches(4)
+      .gradient_clip_val(1.5)
+      .gradient_clip_algorithm(volt::ClipAlgorithm::kValue)
+      .log_every_n_steps(5)
+      .enable_progress_bar(false)
+      .enable_checkpointing(false)
+      .logger(false)
+      .default_root_dir("/tmp/x")
+      .deterministic(true)
+      .detect_nonfinite_loss(false)
+      .num_threads(2)
       .progress_refresh_s(2.0);
   want << w;
   EXPECT_EQ(got.str(), want.str());
-  EXPECT_NE(got.str(), [] { std::ostringstream d; d << volt::TrainerOptions(); return d.str(); }());
+  EXPECT_NE(got.str(), [] {
+    std::ostringstream d;
+    d << volt::TrainerOptions();
+    return d.str();
+  }());
 }
 
 TEST(Resolve, PrintedConfigLoadsBackToTheSameValues) {
@@ -141,10 +165,44 @@ TEST(Resolve, PrintedConfigLoadsBackToTheSameValues) {
   EXPECT_EQ(c2.loggers[0].class_path, "CSVLogger");
 }
 
+TEST(Resolve, StrategyIsANameOrAComponentWithParameters) {
+  const auto r = test_registry();
+  auto named = resolve_text("model: {width: 1}\ntrainer: {strategy: ddp}\n", r);
+  EXPECT_FALSE(named.strategy.has_value());
+  EXPECT_EQ(named.trainer.get<std::string>("strategy"), "ddp");
+  auto c = resolve_text(
+      "model: {width: 1}\ntrainer:\n  strategy:\n    class_path: ddp\n"
+      "    init_args: {bucket_cap_mb: 5, gradient_as_bucket_view: true}\n",
+      r);
+  ASSERT_TRUE(c.strategy.has_value());
+  EXPECT_EQ(c.strategy->class_path, "ddp");
+  EXPECT_DOUBLE_EQ(c.strategy->args.get<double>("bucket_cap_mb"), 5.0);
+  EXPECT_TRUE(c.strategy->args.get<bool>("gradient_as_bucket_view"));
+  EXPECT_DOUBLE_EQ(c.strategy->args.get<double>("timeout_s"), 60.0);  // default filled
+  // print-config writes the component back, and it loads to the same values.
+  const std::string y1 = volt::detail::to_yaml(c);
+  EXPECT_NE(y1.find("  strategy:\n    class_path: ddp\n"), std::string::npos) << y1;
+  auto c2 = resolve_text(y1, r);
+  EXPECT_EQ(volt::detail::to_yaml(c2), y1);
+  ASSERT_TRUE(c2.strategy.has_value());
+  EXPECT_DOUBLE_EQ(c2.strategy->args.get<double>("bucket_cap_mb"), 5.0);
+  // Its parameters are checked like any component's.
+  EXPECT_NE(error_of("model: {width: 1}\ntrainer: {strategy: {class_path: ddp, init_args: "
+                     "{bucket_cap: 5}}}\n",
+                     r)
+                .find("did you mean \"trainer.strategy.init_args.bucket_cap_mb\"?"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {width: 1}\ntrainer: {strategy: {class_path: dpp}}\n", r)
+                .find("did you mean \"ddp\"?"),
+            std::string::npos);
+}
+
 TEST(Resolve, UnknownKeysSuggestTheClosest) {
   const auto r = test_registry();
   auto m = error_of("trainr: {}\n", r);
-  EXPECT_NE(m.find("unknown key \"trainr\" (run.yaml:1:9); did you mean \"trainer\"?"), std::string::npos) << m;
+  EXPECT_NE(m.find("unknown key \"trainr\" (run.yaml:1:9); did you mean \"trainer\"?"),
+            std::string::npos)
+      << m;
   m = error_of("trainer: {max_epoch: 3}\nmodel: {width: 1}\n", r);
   EXPECT_NE(m.find("did you mean \"trainer.max_epochs\"?"), std::string::npos) << m;
   m = error_of("model: {width: 1, lrr: 0.1}\n", r);
@@ -159,7 +217,9 @@ TEST(Resolve, UnknownKeysSuggestTheClosest) {
 TEST(Resolve, WrongTypesNameKeyOriginAndExpectedType) {
   const auto r = test_registry();
   auto m = error_of("model: {width: three}\n", r);
-  EXPECT_NE(m.find("model.init_args.width (run.yaml:1:16): expected int, got \"three\""), std::string::npos) << m;
+  EXPECT_NE(m.find("model.init_args.width (run.yaml:1:16): expected int, got \"three\""),
+            std::string::npos)
+      << m;
   m = error_of("model: {width: 1, fused: maybe}\n", r);
   EXPECT_NE(m.find("expected bool"), std::string::npos) << m;
   m = error_of("model: {width: 1, lr: fast}\n", r);
@@ -169,7 +229,9 @@ TEST(Resolve, WrongTypesNameKeyOriginAndExpectedType) {
   m = error_of("model: {width: 1, hidden: 5}\n", r);
   EXPECT_NE(m.find("expected list[int]"), std::string::npos) << m;
   m = error_of("model: {width: 1, mode: maxx}\n", r);
-  EXPECT_NE(m.find("\"maxx\" is not one of \"min\", \"max\" (did you mean \"max\"?)"), std::string::npos) << m;
+  EXPECT_NE(m.find("\"maxx\" is not one of \"min\", \"max\" (did you mean \"max\"?)"),
+            std::string::npos)
+      << m;
   m = error_of("model: {width: null}\n", r);
   EXPECT_NE(m.find("is null but must be int"), std::string::npos) << m;
   m = error_of("model: {width: 1}\ntrainer: {max_epochs: 1.5}\n", r);
@@ -183,7 +245,9 @@ TEST(Resolve, WrongTypesNameKeyOriginAndExpectedType) {
 TEST(Resolve, MissingRequiredValueSaysHowToSetIt) {
   const auto r = test_registry();
   auto m = error_of("model: {lr: 0.1}\n", r);
-  EXPECT_NE(m.find("model.init_args.width is required (int) for model Everything"), std::string::npos) << m;
+  EXPECT_NE(m.find("model.init_args.width is required (int) for model Everything"),
+            std::string::npos)
+      << m;
   EXPECT_NE(m.find("--model.width=<value>"), std::string::npos) << m;
   m = error_of("model: {width: 1}\ntrainer: {callbacks: [EarlyStopping]}\n", r);
   EXPECT_NE(m.find("trainer.callbacks.0.init_args.monitor is required"), std::string::npos) << m;
@@ -196,7 +260,10 @@ TEST(Resolve, MissingRequiredValueSaysHowToSetIt) {
 TEST(Resolve, UnknownRegisteredNamesListTheValidOnes) {
   const auto r = test_registry(true);
   auto m = error_of("model: Everythin\n", r);
-  EXPECT_NE(m.find("unknown model \"Everythin\"; valid names: \"Everything\", \"Other\" (did you mean \"Everything\"?)"), std::string::npos) << m;
+  EXPECT_NE(m.find("unknown model \"Everythin\"; valid names: \"Everything\", \"Other\" (did you "
+                   "mean \"Everything\"?)"),
+            std::string::npos)
+      << m;
   m = error_of("model: {class_path: Other}\ntrainer: {loggers: [TensorBoard]}\n", r);
   EXPECT_NE(m.find("unknown logger \"TensorBoard\""), std::string::npos) << m;
   EXPECT_NE(m.find("did you mean \"TensorBoardLogger\"?"), std::string::npos) << m;

@@ -17,7 +17,8 @@ namespace {
 
 // Keys that users coming from Lightning or from TrainerOptions may reach for, and where they live.
 std::string hint_for(const std::string& key) {
-  if (key == "trainer.seed") return "seed_everything (top level), which seeds before the model is built";
+  if (key == "trainer.seed")
+    return "seed_everything (top level), which seeds before the model is built";
   return "";
 }
 
@@ -95,8 +96,7 @@ bool is_list_type(ParamType t) {
   }
   fail(key, n,
        std::string("expected ") + param_type_name(spec.type) + (spec.nullable ? " or null" : "") +
-           ", got " + n.describe() + "; e.g. " + key + ": " + example_for(spec.type) + hint +
-           ".");
+           ", got " + n.describe() + "; e.g. " + key + ": " + example_for(spec.type) + hint + ".");
 }
 
 ParamValue scalar_value(const std::string& key, const ConfigNode& n, const ParamSpec& spec,
@@ -126,8 +126,7 @@ ParamValue scalar_value(const std::string& key, const ConfigNode& n, const Param
       if (!parse_float(s, &d)) wrong_type(key, n, spec);
       return d;
     }
-    default:
-      return s;
+    default: return s;
   }
 }
 
@@ -154,9 +153,12 @@ ParamValue parse_value(const std::string& key, const ConfigNode& n, const ParamS
       std::vector<std::string> strs;
       for (size_t i = 0; i < n.items.size(); ++i) {
         ParamValue v = scalar_value(key + "." + std::to_string(i), n.items[i], spec, elem);
-        if (elem == ParamType::kInt) ints.push_back(std::get<int64_t>(v));
-        else if (elem == ParamType::kFloat) floats.push_back(std::get<double>(v));
-        else strs.push_back(std::get<std::string>(v));
+        if (elem == ParamType::kInt)
+          ints.push_back(std::get<int64_t>(v));
+        else if (elem == ParamType::kFloat)
+          floats.push_back(std::get<double>(v));
+        else
+          strs.push_back(std::get<std::string>(v));
       }
       if (elem == ParamType::kInt) return ints;
       if (elem == ParamType::kFloat) return floats;
@@ -183,7 +185,8 @@ Args parse_args(const std::string& prefix, const std::string& owner, const Confi
   std::vector<std::string> valid;
   for (const auto& s : params.specs()) valid.push_back(s.name);
   if (node != nullptr && !node->is_null()) {
-    if (!node->is_map()) fail(prefix, *node, "expected a mapping of parameters, got " + node->describe() + ".");
+    if (!node->is_map())
+      fail(prefix, *node, "expected a mapping of parameters, got " + node->describe() + ".");
     for (const auto& f : node->fields) {
       if (params.find(f.first) == nullptr &&
           std::find(extra_keys.begin(), extra_keys.end(), f.first) == extra_keys.end()) {
@@ -201,7 +204,8 @@ Args parse_args(const std::string& prefix, const std::string& owner, const Confi
       if (spec.required) {
         std::string shorthand = key;
         const std::string ia = ".init_args.";
-        if (auto p = shorthand.find(ia); p != std::string::npos) shorthand.replace(p, ia.size(), ".");
+        if (auto p = shorthand.find(ia); p != std::string::npos)
+          shorthand.replace(p, ia.size(), ".");
         throw ConfigError("[cli] " + key + " is required (" + param_type_name(spec.type) +
                           ") for " + owner + " but was not set (" + parent.origin +
                           "); set it in the config or pass --" + shorthand + "=<value>.");
@@ -228,13 +232,15 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
   const ConfigNode* init_args = nullptr;
   if (n.is_null()) {
     if (names.size() != 1) {
-      throw ConfigError("[cli] " + key + " is required (" + n.origin + "); choose a " +
-                        reg.kind() + " with --" + key + "=NAME or " + key +
-                        ".class_path in the config; registered: " + quoted_list(names, "(none)") + ".");
+      throw ConfigError("[cli] " + key + " is required (" + n.origin + "); choose a " + reg.kind() +
+                        " with --" + key + "=NAME or " + key +
+                        ".class_path in the config; registered: " + quoted_list(names, "(none)") +
+                        ".");
     }
     class_path = names.front();
   } else {
-    if (!n.is_map()) fail(key, n, "expected {class_path: NAME, init_args: {...}}, got " + n.describe() + ".");
+    if (!n.is_map())
+      fail(key, n, "expected {class_path: NAME, init_args: {...}}, got " + n.describe() + ".");
     for (const auto& f : n.fields) {
       if (f.first != "class_path" && f.first != "init_args") {
         unknown_key(key, f.first, f.second, {"class_path", "init_args"});
@@ -244,11 +250,13 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
     if (cp == nullptr || cp->is_null()) {
       if (names.size() != 1) {
         throw ConfigError("[cli] " + key + ".class_path is required (" + n.origin +
-                          "); registered " + reg.kind() + "s: " + quoted_list(names, "(none)") + ".");
+                          "); registered " + reg.kind() + "s: " + quoted_list(names, "(none)") +
+                          ".");
       }
       class_path = names.front();
     } else {
-      if (!cp->is_scalar()) fail(key + ".class_path", *cp, "expected a name, got " + cp->describe() + ".");
+      if (!cp->is_scalar())
+        fail(key + ".class_path", *cp, "expected a name, got " + cp->describe() + ".");
       class_path = cp->scalar;
       if (!reg.contains(class_path)) {
         fail(key + ".class_path", *cp,
@@ -263,8 +271,8 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
   ComponentConfig c;
   c.class_path = class_path;
   c.params = &entry.params;
-  c.args = parse_args(key + ".init_args", reg.kind() + " " + class_path, init_args, n,
-                      entry.params);
+  c.args =
+      parse_args(key + ".init_args", reg.kind() + " " + class_path, init_args, n, entry.params);
   return c;
 }
 
@@ -274,7 +282,8 @@ std::vector<ComponentConfig> parse_component_list(const std::string& key, const 
   std::vector<ComponentConfig> out;
   if (node == nullptr || node->is_null()) return out;
   if (!node->is_list()) {
-    fail(key, *node, "expected a list of {class_path, init_args} items, got " + node->describe() + ".");
+    fail(key, *node,
+         "expected a list of {class_path, init_args} items, got " + node->describe() + ".");
   }
   for (size_t i = 0; i < node->items.size(); ++i) {
     out.push_back(parse_component(key + "." + std::to_string(i), &node->items[i], *node, reg));
@@ -286,9 +295,9 @@ std::vector<ComponentConfig> parse_component_list(const std::string& key, const 
 
 bool plain_safe(const std::string& s) {
   if (s.empty()) return false;
-  static const char* kReserved[] = {"null", "Null", "NULL", "~", "true", "True", "TRUE", "false",
-                                    "False", "FALSE", "yes", "no", "on", "off", "Yes", "No",
-                                    "On", "Off"};
+  static const char* kReserved[] = {"null", "Null",  "NULL",  "~",     "true", "True",
+                                    "TRUE", "false", "False", "FALSE", "yes",  "no",
+                                    "on",   "off",   "Yes",   "No",    "On",   "Off"};
   for (const char* r : kReserved) {
     if (s == r) return false;
   }
@@ -334,7 +343,11 @@ std::string flow_list(const std::vector<T>& v, F f) {
   return s + "]";
 }
 
-void emit_args(std::ostringstream& os, const Params& params, const Args& args, int indent) {
+void emit_component(std::ostringstream& os, const ComponentConfig& c, int indent, bool list_item);
+
+/// `replace`: parameters written as a component instead of their value (trainer.strategy).
+void emit_args(std::ostringstream& os, const Params& params, const Args& args, int indent,
+               const std::map<std::string, const ComponentConfig*>& replace = {}) {
   const std::string pad(indent, ' ');
   if (params.specs().empty()) {
     os << " {}\n";
@@ -342,6 +355,12 @@ void emit_args(std::ostringstream& os, const Params& params, const Args& args, i
   }
   os << "\n";
   for (const auto& spec : params.specs()) {
+    auto it = replace.find(spec.name);
+    if (it != replace.end() && it->second != nullptr) {
+      os << pad << spec.name << ":\n";
+      emit_component(os, *it->second, indent + 2, false);
+      continue;
+    }
     os << pad << spec.name << ": " << yaml_value(args.values().at(spec.name)) << "\n";
   }
 }
@@ -390,24 +409,33 @@ Params trainer_params(const Registry& reg) {
       .add("num_nodes", d.num_nodes(), "nodes taking part (world size = devices x num_nodes)")
       .choice("strategy", d.strategy().name(), strategies, "how work spreads over devices")
       .choice("precision", d.precision().name(), reg.precisions.names(), "numeric precision")
-      .add("max_epochs", d.max_epochs(), "stop after this many epochs; -1 = 1000 if max_steps unset")
+      .add("max_epochs", d.max_epochs(),
+           "stop after this many epochs; -1 = 1000 if max_steps unset")
       .add("min_epochs", d.min_epochs(), "ignore stop requests until this many epochs")
       .add("max_steps", d.max_steps(), "stop after this many optimizer steps; -1 = no limit")
       .optional<double>("max_time", "stop fit after this many seconds")
-      .number("limit_train_batches", limit(d.limit_train_batches()), "batches per epoch: count (int) or fraction (float)")
-      .number("limit_val_batches", limit(d.limit_val_batches()), "validation batches: count or fraction")
-      .number("limit_test_batches", limit(d.limit_test_batches()), "test batches: count or fraction")
-      .number("limit_predict_batches", limit(d.limit_predict_batches()), "predict batches: count or fraction")
-      .number("val_check_interval", limit(d.val_check_interval()), "validate every N batches (int) or epoch fraction (float)")
+      .number("limit_train_batches", limit(d.limit_train_batches()),
+              "batches per epoch: count (int) or fraction (float)")
+      .number("limit_val_batches", limit(d.limit_val_batches()),
+              "validation batches: count or fraction")
+      .number("limit_test_batches", limit(d.limit_test_batches()),
+              "test batches: count or fraction")
+      .number("limit_predict_batches", limit(d.limit_predict_batches()),
+              "predict batches: count or fraction")
+      .number("val_check_interval", limit(d.val_check_interval()),
+              "validate every N batches (int) or epoch fraction (float)")
       .add("check_val_every_n_epoch", d.check_val_every_n_epoch(), "validate every N epochs")
-      .add("num_sanity_val_steps", d.num_sanity_val_steps(), "validation batches before training; -1 = all")
-      .add("fast_dev_run", d.fast_dev_run(), "N > 0: run N batches of each stage once, no logs/checkpoints")
+      .add("num_sanity_val_steps", d.num_sanity_val_steps(),
+           "validation batches before training; -1 = all")
+      .add("fast_dev_run", d.fast_dev_run(),
+           "N > 0: run N batches of each stage once, no logs/checkpoints")
       .add("accumulate_grad_batches", d.accumulate_grad_batches(), "batches per optimizer step")
       .optional<double>("gradient_clip_val", "clip gradients to this norm/value")
       .choice("gradient_clip_algorithm", "norm", {"norm", "value"}, "total 2-norm or elementwise")
       .add("log_every_n_steps", d.log_every_n_steps(), "send step metrics to loggers every N steps")
       .add("enable_progress_bar", d.enable_progress_bar(), "show the terminal progress bar")
-      .add("enable_checkpointing", d.enable_checkpointing(), "add a ModelCheckpoint when none is given")
+      .add("enable_checkpointing", d.enable_checkpointing(),
+           "add a ModelCheckpoint when none is given")
       .add("logger", d.logger(), "add a CSVLogger when trainer.loggers is empty")
       .add("default_root_dir", d.default_root_dir(), "root folder for logs and checkpoints")
       .add("use_distributed_sampler", d.use_distributed_sampler(),
@@ -481,7 +509,21 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
 
   out.trainer_params = trainer_params(reg);
   const ConfigNode* t = root.find("trainer");
-  out.trainer = parse_args("trainer", "trainer", t, root, out.trainer_params,
+  // trainer.strategy is a name ("ddp") or a component with parameters
+  // ({class_path: ddp, init_args: {bucket_cap_mb: 5}}); the trainer's own schema checks the name.
+  ConfigNode without_strategy;
+  const ConfigNode* trainer_node = t;
+  const ConfigNode* strat = t != nullptr && t->is_map() ? t->find("strategy") : nullptr;
+  if (strat != nullptr && strat->is_map()) {
+    out.strategy = parse_component("trainer.strategy", strat, *t, reg.strategies);
+    without_strategy = *t;
+    auto& f = without_strategy.fields;
+    f.erase(
+        std::remove_if(f.begin(), f.end(), [](const auto& kv) { return kv.first == "strategy"; }),
+        f.end());
+    trainer_node = &without_strategy;
+  }
+  out.trainer = parse_args("trainer", "trainer", trainer_node, root, out.trainer_params,
                            {"callbacks", "loggers", "profiler"});
   const ConfigNode* prof = t != nullptr && t->is_map() ? t->find("profiler") : nullptr;
   if (prof != nullptr && !prof->is_null()) {
@@ -503,7 +545,8 @@ std::string to_yaml(const ResolvedConfig& c) {
      << (c.seed_everything ? std::to_string(*c.seed_everything) : std::string("null")) << "\n";
   os << "ckpt_path: " << (c.ckpt_path ? yaml_string(*c.ckpt_path) : std::string("null")) << "\n";
   os << "trainer:";
-  emit_args(os, c.trainer_params, c.trainer, 2);
+  emit_args(os, c.trainer_params, c.trainer, 2,
+            {{"strategy", c.strategy ? &*c.strategy : nullptr}});
   os << "  callbacks:" << (c.callbacks.empty() ? " []\n" : "\n");
   for (const auto& cb : c.callbacks) emit_component(os, cb, 6, true);
   os << "  loggers:" << (c.loggers.empty() ? " []\n" : "\n");

@@ -27,6 +27,8 @@ struct ResolvedConfig {
   std::vector<ComponentConfig> callbacks;
   std::vector<ComponentConfig> loggers;
   std::optional<ComponentConfig> profiler;
+  /// trainer.strategy given as {class_path, init_args} (a plain name stays in `trainer`).
+  std::optional<ComponentConfig> strategy;
   ComponentConfig model;
   ComponentConfig data;
 };
