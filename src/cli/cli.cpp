@@ -223,6 +223,10 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
                  "strategies with parameters (trainer.strategy: {class_path: NAME, init_args: "
                  "{...}}; --trainer.strategy.init_args.KEY=VALUE):",
                  "trainer.strategy.init_args.", reg.strategies);
+  print_registry(os,
+                 "precisions with parameters (trainer.precision: {class_path: NAME, init_args: "
+                 "{...}}; --trainer.precision.init_args.KEY=VALUE):",
+                 "trainer.precision.init_args.", reg.precisions);
   os << "\naccelerators: " << quoted_list(accelerator_names())
      << "\nstrategies:   " << quoted_list(strategy_names())
      << "\nprecision:    " << quoted_list(reg.precisions.names()) << "\n";
@@ -378,6 +382,10 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
     // Built by the Trainer (it needs the resolved accelerator and precision), with these args.
     opts.strategy(
         Spec<Strategy>(rc.strategy->class_path, std::make_shared<const Args>(rc.strategy->args)));
+  }
+  if (rc.precision) {
+    opts.precision(Spec<Precision>(rc.precision->class_path,
+                                   std::make_shared<const Args>(rc.precision->args)));
   }
   auto save_config = std::make_shared<SaveConfig>(yaml, opts.fast_dev_run() == 0);
   callbacks.push_back(save_config);

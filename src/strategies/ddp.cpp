@@ -148,7 +148,7 @@ ProcessGroup& DdpStrategy::group() const {
   return *group_;
 }
 
-void DdpStrategy::teardown() {}
+void DdpStrategy::teardown() { Strategy::teardown(); }
 
 c10::Device DdpStrategy::root_device() const {
   // On the CPU every rank shares the host; on CUDA local rank i owns device i.

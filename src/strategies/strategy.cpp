@@ -21,8 +21,11 @@ Strategy::Strategy(std::shared_ptr<Accelerator> accelerator, std::shared_ptr<Pre
 void Strategy::setup_module(Module& module) {
   accelerator_->setup_device(root_device());
   module.to(root_device());
+  precision_->setup(root_device());
   precision_->convert_module(module);
 }
+
+void Strategy::teardown() { precision_->teardown(); }
 
 Batch Strategy::batch_to_device(const Batch& batch) const {
   const auto dev = root_device();
@@ -36,22 +39,22 @@ Batch Strategy::batch_to_device(const Batch& batch) const {
 
 at::Tensor Strategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
   auto ctx = precision_->forward_context();
-  return module.training_step(batch, batch_idx);
+  return module.training_step(precision_->convert_input(batch), batch_idx);
 }
 
 void Strategy::validation_step(Module& module, const Batch& batch, int64_t batch_idx) {
   auto ctx = precision_->forward_context();
-  module.validation_step(batch, batch_idx);
+  module.validation_step(precision_->convert_input(batch), batch_idx);
 }
 
 void Strategy::test_step(Module& module, const Batch& batch, int64_t batch_idx) {
   auto ctx = precision_->forward_context();
-  module.test_step(batch, batch_idx);
+  module.test_step(precision_->convert_input(batch), batch_idx);
 }
 
 at::Tensor Strategy::predict_step(Module& module, const Batch& batch, int64_t batch_idx) {
   auto ctx = precision_->forward_context();
-  return module.predict_step(batch, batch_idx);
+  return module.predict_step(precision_->convert_input(batch), batch_idx);
 }
 
 void Strategy::backward(const at::Tensor& loss, bool sync_gradients) {

@@ -422,6 +422,32 @@ TEST(CliBinary, TakesDdpParametersFromTheConfigAndRejectsBadOnesWithExitTwo) {
   EXPECT_NE(r.err.find("[DdpStrategy] bucket_cap_mb=-1 must be > 0"), std::string::npos) << r.err;
 }
 
+TEST(CliBinary, TrainsInBf16MixedWithOpListsAndRejectsUnknownOpsWithExitTwo) {
+  volt_test::TempDir dir;
+  write(dir / "bf16.yaml",
+        "trainer:\n  max_epochs: 1\n  limit_train_batches: 4\n"
+        "  limit_val_batches: 2\n  enable_progress_bar: false\n"
+        "  default_root_dir: " +
+            dir.path +
+            "\n"
+            "  precision:\n    class_path: bf16-mixed\n"
+            "    init_args: {fp32_ops: [addmm]}\n"
+            "model: {class_path: MlpClassifier}\n");
+  auto r = run_binary("fit --config " + (dir / "bf16.yaml"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string saved = slurp(dir.path + "/volt_logs/version_0/config.yaml");
+  EXPECT_NE(saved.find("class_path: bf16-mixed"), std::string::npos) << saved;
+  EXPECT_NE(saved.find("fp32_ops: [addmm]"), std::string::npos) << saved;
+  r = run_binary("fit --config " + (dir / "bf16.yaml") +
+                 " --trainer.precision.init_args.fp32_ops=[addmn]");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("unknown operator \"addmn\"; did you mean: addmm"), std::string::npos)
+      << r.err;
+  // The plain name from the command line, as in the reference.
+  r = run_binary("fit --config " + (dir / "bf16.yaml") + " --trainer.precision=bf16-true");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 struct Measured {
   int code = -1;  // exit code; -1 when killed by a signal
   std::string err;

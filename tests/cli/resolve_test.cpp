@@ -197,6 +197,30 @@ TEST(Resolve, StrategyIsANameOrAComponentWithParameters) {
             std::string::npos);
 }
 
+TEST(Resolve, PrecisionIsANameOrAComponentWithOpLists) {
+  const auto r = test_registry();
+  auto c = resolve_text("model: {width: 1}\ntrainer: {precision: bf16-mixed}\n", r);
+  EXPECT_FALSE(c.precision.has_value());
+  EXPECT_EQ(c.trainer.get<std::string>("precision"), "bf16-mixed");
+  c = resolve_text(
+      "model: {width: 1}\n"
+      "trainer:\n"
+      "  precision:\n"
+      "    class_path: bf16-mixed\n"
+      "    init_args: {fp32_ops: [mm, addmm], read_env_lists: false}\n",
+      r);
+  ASSERT_TRUE(c.precision.has_value());
+  EXPECT_EQ(c.precision->class_path, "bf16-mixed");
+  EXPECT_EQ(c.precision->args.get<std::vector<std::string>>("fp32_ops"),
+            (std::vector<std::string>{"mm", "addmm"}));
+  const std::string y = volt::detail::to_yaml(c);
+  EXPECT_NE(y.find("  precision:\n    class_path: bf16-mixed\n"), std::string::npos) << y;
+  EXPECT_EQ(volt::detail::to_yaml(resolve_text(y, r)), y);
+  EXPECT_NE(error_of("model: {width: 1}\ntrainer: {precision: {class_path: bf16-mixd}}\n", r)
+                .find("did you mean \"bf16-mixed\"?"),
+            std::string::npos);
+}
+
 TEST(Resolve, UnknownKeysSuggestTheClosest) {
   const auto r = test_registry();
   auto m = error_of("trainr: {}\n", r);

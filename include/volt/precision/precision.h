@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "volt/core/batch.h"
 #include "volt/core/types.h"
 
 namespace volt {
@@ -21,8 +22,15 @@ class Precision {
   virtual ~Precision() = default;
   /// Registry name ("32-true").
   virtual std::string name() const = 0;
+  /// Called once per run before convert_module with the device the run trains on (mixed modes
+  /// pick the autocast device here and check it is supported).
+  virtual void setup(c10::Device device) {}
+  /// Called when the run ends (also on errors): undoes process-wide changes made in setup.
+  virtual void teardown() {}
   /// Converts parameters/buffers of `module` as the mode requires (no-op for fp32).
   virtual void convert_module(torch::nn::Module& module) {}
+  /// Converts a batch's floating tensors as the mode requires (bf16-true: to bf16).
+  virtual Batch convert_input(const Batch& batch) const { return batch; }
   /// RAII scope active around every forward (training/validation/test/predict step).
   virtual std::shared_ptr<void> forward_context() { return nullptr; }
   virtual void backward(const at::Tensor& loss);

@@ -62,7 +62,8 @@ class Strategy {
   bool is_global_zero() const { return rank() == 0; }
   /// The shard of each data set this process reads (the distributed sampler's rank/size).
   virtual DataShard data_shard() const { return {rank(), world_size()}; }
-  virtual void teardown() {}
+  /// Called when a run ends, also after errors; the base tears the precision down.
+  virtual void teardown();
   /// Called when fit() failed with a DistributedError (a rank died or hung): true when the
   /// strategy relaunched its processes and fit() should run again from `checkpoint` (the newest
   /// last checkpoint, or "" for the start). The default never restarts.

@@ -509,20 +509,26 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
 
   out.trainer_params = trainer_params(reg);
   const ConfigNode* t = root.find("trainer");
-  // trainer.strategy is a name ("ddp") or a component with parameters
-  // ({class_path: ddp, init_args: {bucket_cap_mb: 5}}); the trainer's own schema checks the name.
-  ConfigNode without_strategy;
+  // trainer.strategy and trainer.precision are a name ("ddp", "bf16-mixed") or a component with
+  // parameters ({class_path: ddp, init_args: {bucket_cap_mb: 5}}); the trainer's own schema
+  // checks the plain names, parse_component the components.
+  ConfigNode trimmed;
   const ConfigNode* trainer_node = t;
-  const ConfigNode* strat = t != nullptr && t->is_map() ? t->find("strategy") : nullptr;
-  if (strat != nullptr && strat->is_map()) {
-    out.strategy = parse_component("trainer.strategy", strat, *t, reg.strategies);
-    without_strategy = *t;
-    auto& f = without_strategy.fields;
-    f.erase(
-        std::remove_if(f.begin(), f.end(), [](const auto& kv) { return kv.first == "strategy"; }),
-        f.end());
-    trainer_node = &without_strategy;
-  }
+  auto take_component = [&](const std::string& name, const auto& registry,
+                            std::optional<ComponentConfig>& slot) {
+    const ConfigNode* node = t != nullptr && t->is_map() ? t->find(name) : nullptr;
+    if (node == nullptr || !node->is_map()) return;
+    slot = parse_component("trainer." + name, node, *t, registry);
+    if (trainer_node != &trimmed) {
+      trimmed = *t;
+      trainer_node = &trimmed;
+    }
+    auto& f = trimmed.fields;
+    f.erase(std::remove_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == name; }),
+            f.end());
+  };
+  take_component("strategy", reg.strategies, out.strategy);
+  take_component("precision", reg.precisions, out.precision);
   out.trainer = parse_args("trainer", "trainer", trainer_node, root, out.trainer_params,
                            {"callbacks", "loggers", "profiler"});
   const ConfigNode* prof = t != nullptr && t->is_map() ? t->find("profiler") : nullptr;
@@ -546,7 +552,8 @@ std::string to_yaml(const ResolvedConfig& c) {
   os << "ckpt_path: " << (c.ckpt_path ? yaml_string(*c.ckpt_path) : std::string("null")) << "\n";
   os << "trainer:";
   emit_args(os, c.trainer_params, c.trainer, 2,
-            {{"strategy", c.strategy ? &*c.strategy : nullptr}});
+            {{"strategy", c.strategy ? &*c.strategy : nullptr},
+             {"precision", c.precision ? &*c.precision : nullptr}});
   os << "  callbacks:" << (c.callbacks.empty() ? " []\n" : "\n");
   for (const auto& cb : c.callbacks) emit_component(os, cb, 6, true);
   os << "  loggers:" << (c.loggers.empty() ? " []\n" : "\n");

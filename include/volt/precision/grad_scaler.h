@@ -1,0 +1,61 @@
+#pragma once
+/// GradScaler: dynamic loss scaling for fp16 training (torch.cuda.amp.GradScaler's algorithm).
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+#include <cstdint>
+#include <iosfwd>
+
+namespace volt {
+
+struct GradScalerOptions {
+  /// Scale the first step's loss is multiplied by. Default: 65536 (2^16).
+  TORCH_ARG(double, init_scale) = 65536.0;
+  /// Factor the scale grows by after growth_interval steps without inf/NaN. Default: 2.
+  TORCH_ARG(double, growth_factor) = 2.0;
+  /// Factor the scale shrinks by when a step's gradients hold inf/NaN. Default: 0.5.
+  TORCH_ARG(double, backoff_factor) = 0.5;
+  /// Consecutive finite steps before the scale grows. Default: 2000.
+  TORCH_ARG(int64_t, growth_interval) = 2000;
+};
+std::ostream& operator<<(std::ostream& os, const GradScalerOptions& o);
+
+/// Multiplies the loss by a scale so small fp16 gradients do not flush to zero, divides the
+/// gradients back before clipping and stepping, skips the optimizer step when any gradient is
+/// inf/NaN (shrinking the scale), and grows the scale after a run of good steps. Its state
+/// (scale, growth tracker) is part of checkpoints, so resume continues the same schedule.
+/// Device-generic tensor ops; one host read per step (the skip decision).
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions options = {});
+  const GradScalerOptions& options() const { return options_; }
+
+  /// loss × scale.
+  at::Tensor scale(const at::Tensor& loss) const;
+  /// Divides this optimizer's gradients by the scale in place (once per step: a second call
+  /// before step() is a no-op) and records whether any of them is inf/NaN.
+  void unscale(torch::optim::Optimizer& optimizer);
+  /// Unscales if not done yet, runs optimizer.step() unless inf/NaN were found, then updates
+  /// the scale. Returns whether the optimizer stepped.
+  bool step(torch::optim::Optimizer& optimizer);
+
+  double current_scale() const { return scale_; }
+  int64_t growth_tracker() const { return growth_tracker_; }
+  /// Steps skipped for inf/NaN gradients since construction (or the checkpoint's value).
+  int64_t skipped_steps() const { return skipped_; }
+
+  void save_state(torch::serialize::OutputArchive& archive) const;
+  void load_state(torch::serialize::InputArchive& archive);
+
+ private:
+  GradScalerOptions options_;
+  double scale_;
+  int64_t growth_tracker_ = 0;
+  int64_t skipped_ = 0;
+  bool unscaled_ = false;
+  bool found_inf_ = false;
+};
+
+}  // namespace volt

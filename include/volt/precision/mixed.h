@@ -1,0 +1,91 @@
+#pragma once
+/// MixedPrecision: autocast mixed precision ("bf16-mixed", "16-mixed"): fp32 weights, gradients
+/// and optimizer state; forward ops run in bf16/fp16 by autocast's policy and the user's op lists.
+
+#include <torch/arg.h>
+
+#include <c10/util/Optional.h>
+
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "volt/precision/grad_scaler.h"
+#include "volt/precision/precision.h"
+
+namespace volt {
+
+class AutocastOpLists;
+
+struct MixedPrecisionOptions {
+  /// "bf16" or "fp16": the dtype autocast lowers to. Default: "bf16".
+  TORCH_ARG(std::string, dtype) = "bf16";
+  /// Operators forced to the lower dtype (the reference's LOWER_LIST), e.g. {"mm", "add.Tensor"}.
+  /// Default: none.
+  TORCH_ARG(std::vector<std::string>, lower_ops) = {};
+  /// Operators forced to fp32 (the reference's FP32_LIST). Default: none.
+  TORCH_ARG(std::vector<std::string>, fp32_ops) = {};
+  /// On CPU, measure once per process whether this CPU runs bf16 matmuls and convolutions
+  /// faster than fp32 (a ~20 ms probe at setup) and keep the families that lose in fp32, with
+  /// one warning giving the figure; the user's lower_ops win over it. Default: true.
+  TORCH_ARG(bool, cpu_policy) = true;
+  /// Also read the files named by the LOWER_LIST and FP32_LIST environment variables (once,
+  /// when the precision is constructed). Default: true.
+  TORCH_ARG(bool, read_env_lists) = true;
+  /// Dynamic loss scaling; unset = on for fp16, off for bf16. Default: unset.
+  TORCH_ARG(c10::optional<bool>, loss_scaling) = c10::nullopt;
+  /// The loss scaler's settings (used when loss scaling is on). Default: GradScalerOptions().
+  TORCH_ARG(GradScalerOptions, scaler) = GradScalerOptions();
+};
+std::ostream& operator<<(std::ostream& os, const MixedPrecisionOptions& o);
+
+/// The reference's precision plugin: wraps every forward (training, validation, test, predict
+/// step) in an AutocastGuard for the run's device, installs the op lists for the run, and with
+/// loss scaling scales the loss, unscales gradients before clipping and skips steps whose
+/// gradients are inf/NaN (schedulers and global_step do not advance). Independent of the
+/// strategy: DDP and sharded strategies use it unchanged. Validated at construction
+/// (ConfigError); the device is checked at setup (NotAvailable, e.g. fp16 on CPU with 1.13).
+class MixedPrecision : public Precision {
+ public:
+  explicit MixedPrecision(MixedPrecisionOptions options = {});
+  ~MixedPrecision() override;
+  const MixedPrecisionOptions& options() const { return options_; }
+
+  std::string name() const override;
+  void setup(c10::Device device) override;
+  void teardown() override;
+  std::shared_ptr<void> forward_context() override;
+  void backward(const at::Tensor& loss) override;
+  void unscale_gradients(torch::optim::Optimizer& optimizer) override;
+  bool optimizer_step(torch::optim::Optimizer& optimizer) override;
+  void save_state(torch::serialize::OutputArchive& archive) const override;
+  void load_state(torch::serialize::InputArchive& archive) override;
+
+  /// How much faster this CPU runs bf16 than fp32 (fp32 time / bf16 time; < 1 means slower).
+  struct CpuProbe {
+    double matmul_speedup = 0;
+    double conv_speedup = 0;
+  };
+  /// Measures it (forward+backward of a Linear and a Conv2d, best of 5) the first time it is
+  /// called in the process; later calls return the same figures.
+  static const CpuProbe& cpu_probe();
+  /// The ops cpu_policy keeps in fp32 for these figures: libtorch's CPU autocast matmul family
+  /// when matmul_speedup < 1, its convolution family when conv_speedup < 1.
+  static std::vector<std::string> cpu_fp32_ops(const CpuProbe& probe);
+
+  /// The loss scaler, or nullptr when loss scaling is off.
+  const GradScaler* scaler() const { return scaler_.get(); }
+  /// The op lists installed for the current run (nullptr outside a run or when both are empty).
+  const AutocastOpLists* op_lists() const { return op_lists_.get(); }
+
+ private:
+  MixedPrecisionOptions options_;
+  c10::ScalarType dtype_;
+  std::vector<std::string> lower_ops_, fp32_ops_;
+  c10::DeviceType device_ = c10::kCPU;
+  std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<AutocastOpLists> op_lists_;
+};
+
+}  // namespace volt

@@ -1,0 +1,34 @@
+#include "volt/precision/half.h"
+
+#include <torch/torch.h>
+
+namespace volt {
+namespace {
+
+at::Tensor lower(const at::Tensor& t) {
+  return t.defined() && t.is_floating_point() ? t.to(at::kBFloat16) : t;
+}
+
+}  // namespace
+
+void HalfPrecision::convert_module(torch::nn::Module& module) {
+  // Module::to(dtype) would also turn integer buffers (BatchNorm's num_batches_tracked) into
+  // bf16; only floating tensors change here.
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) {
+    if (p.is_floating_point()) p.set_data(p.to(at::kBFloat16));
+  }
+  for (auto& b : module.buffers()) {
+    if (b.is_floating_point()) b.set_data(b.to(at::kBFloat16));
+  }
+}
+
+Batch HalfPrecision::convert_input(const Batch& batch) const {
+  Batch out;
+  out.input = lower(batch.input);
+  out.target = lower(batch.target);
+  for (const auto& kv : batch.extra) out.extra[kv.first] = lower(kv.second);
+  return out;
+}
+
+}  // namespace volt

@@ -1,0 +1,210 @@
+#include "volt/precision/mixed.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <iomanip>
+#include <mutex>
+#include <ostream>
+#include <sstream>
+
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/precision/autocast.h"
+#include "volt/precision/autocast_ops.h"
+
+namespace volt {
+namespace {
+
+template <typename T>
+std::ostream& print_list(std::ostream& os, const std::vector<T>& v) {
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  return os << "]";
+}
+
+}  // namespace
+
+std::ostream& operator<<(std::ostream& os, const MixedPrecisionOptions& o) {
+  os << "MixedPrecisionOptions(dtype=" << o.dtype() << ", lower_ops=";
+  print_list(os, o.lower_ops()) << ", fp32_ops=";
+  print_list(os, o.fp32_ops()) << ", cpu_policy=" << (o.cpu_policy() ? "true" : "false")
+                               << ", read_env_lists=" << (o.read_env_lists() ? "true" : "false")
+                               << ", loss_scaling="
+                               << (o.loss_scaling() ? (*o.loss_scaling() ? "true" : "false")
+                                                    : "auto")
+                               << ", scaler=" << o.scaler() << ")";
+  return os;
+}
+
+MixedPrecision::MixedPrecision(MixedPrecisionOptions options) : options_(std::move(options)) {
+  VOLT_CHECK(options_.dtype() == "bf16" || options_.dtype() == "fp16", ConfigError,
+             "[MixedPrecision] dtype=\"", options_.dtype(), "\" is not supported; use \"bf16\" "
+             "or \"fp16\".");
+  dtype_ = options_.dtype() == "bf16" ? c10::kBFloat16 : c10::kHalf;
+  lower_ops_ = options_.lower_ops();
+  fp32_ops_ = options_.fp32_ops();
+  // The reference reads LOWER_LIST / FP32_LIST before any instance exists; volt reads them
+  // once, here, so a run's lists cannot change under it.
+  if (options_.read_env_lists()) {
+    for (auto& n : AutocastOpLists::read_env_list("LOWER_LIST")) lower_ops_.push_back(n);
+    for (auto& n : AutocastOpLists::read_env_list("FP32_LIST")) fp32_ops_.push_back(n);
+  }
+  // Op names are checked now, so a typo fails where the options are built (the CLI's exit 2),
+  // not minutes later at setup.
+  AutocastOpLists::resolve_lists(lower_ops_, fp32_ops_);
+  const bool scaling = options_.loss_scaling().value_or(dtype_ == c10::kHalf);
+  if (scaling) scaler_ = std::make_unique<GradScaler>(options_.scaler());
+}
+
+MixedPrecision::~MixedPrecision() = default;
+
+std::string MixedPrecision::name() const {
+  return dtype_ == c10::kBFloat16 ? "bf16-mixed" : "16-mixed";
+}
+
+void MixedPrecision::setup(c10::Device device) {
+  device_ = device.type();
+  // Constructing a guard checks the device/dtype pair (NotAvailable for fp16 on a 1.13 CPU).
+  { AutocastGuard probe(device_, dtype_); }
+  op_lists_.reset();  // a second setup in one process re-registers from scratch
+  std::vector<std::string> fp32 = fp32_ops_;
+  if (device_ == c10::kCPU && options_.cpu_policy() && dtype_ == c10::kBFloat16) {
+    const CpuProbe& probe = cpu_probe();
+    const auto slow = cpu_fp32_ops(probe);
+    std::ostringstream figures;
+    figures << std::fixed << std::setprecision(2) << "bf16 matmuls at " << probe.matmul_speedup
+            << "x and convolutions at " << probe.conv_speedup << "x fp32 speed";
+    if (slow.empty()) {
+      static std::once_flag once;
+      std::call_once(once, [&] {
+        log_info("MixedPrecision", "this CPU runs " + figures.str() + " (probe at setup)");
+      });
+    } else {
+      warn_once("bf16-slow-cpu", "MixedPrecision",
+                "this CPU runs " + figures.str() + "; the slower families stay in fp32 (" +
+                    std::to_string(slow.size()) +
+                    " ops), so bf16-mixed gains little here; use 32-true, or force them with "
+                    "lower_ops / cpu_policy(false).");
+    }
+    for (auto& op : slow) {
+      // The user's lower list wins over volt's measured default.
+      const auto bare = [](std::string n) { return n.rfind("aten::", 0) == 0 ? n.substr(6) : n; };
+      const bool user_lowered = std::any_of(lower_ops_.begin(), lower_ops_.end(), [&](auto& n) {
+        const auto b = bare(n);
+        return b == op || b.substr(0, b.find('.')) == op;
+      });
+      if (!user_lowered &&
+          std::find(fp32.begin(), fp32.end(), op) == fp32.end()) {
+        fp32.push_back(op);
+      }
+    }
+  }
+  if (!lower_ops_.empty() || !fp32.empty()) {
+    op_lists_ = std::make_unique<AutocastOpLists>(device_, dtype_, lower_ops_, fp32);
+  }
+}
+
+const MixedPrecision::CpuProbe& MixedPrecision::cpu_probe() {
+  // bf16 speed on CPU ranges from ~3x fp32 (avx512_bf16 / AMX through oneDNN) to well below it
+  // (emulated bf16 on older cores), so volt measures instead of guessing from CPU flags.
+  static const CpuProbe probe = [] {
+    auto best_of = [](const std::function<void()>& f) {
+      double best = 1e30;
+      for (int i = 0; i < 6; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        if (i > 0) best = std::min(best, ms);  // the first run warms caches and allocators
+      }
+      return best;
+    };
+    auto fwd_bwd = [](const std::function<at::Tensor()>& f, bool bf16) {
+      return [f, bf16] {
+        torch::AutoGradMode grad(true);
+        at::Tensor loss;
+        {
+          AutocastGuard g(c10::kCPU, c10::kBFloat16, bf16);
+          loss = f();
+        }
+        loss.to(at::kFloat).backward();
+      };
+    };
+    auto gen = at::detail::createCPUGenerator(0);  // never the global generator: runs stay seeded
+    auto x = at::randn({256, 512}, gen);
+    auto w = at::randn({512, 512}, gen).mul_(0.05).requires_grad_();
+    auto img = at::randn({16, 32, 28, 28}, gen);
+    auto k = at::randn({32, 32, 3, 3}, gen).mul_(0.05).requires_grad_();
+    auto mm = [&] { return at::linear(x, w).sum(); };
+    auto conv = [&] { return at::conv2d(img, k, {}, 1, 1).sum(); };
+    CpuProbe p;
+    p.matmul_speedup = best_of(fwd_bwd(mm, false)) / best_of(fwd_bwd(mm, true));
+    p.conv_speedup = best_of(fwd_bwd(conv, false)) / best_of(fwd_bwd(conv, true));
+    return p;
+  }();
+  return probe;
+}
+
+std::vector<std::string> MixedPrecision::cpu_fp32_ops(const CpuProbe& probe) {
+  // libtorch's CPU autocast lower-precision list, split into its two families.
+  std::vector<std::string> out;
+  if (probe.matmul_speedup < 1.0) {
+    for (const char* op : {"mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "matmul"}) {
+      out.push_back(op);
+    }
+  }
+  if (probe.conv_speedup < 1.0) {
+    for (const char* op : {"conv1d", "conv2d", "conv3d", "_convolution", "conv_tbc",
+                           "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}) {
+      out.push_back(op);
+    }
+  }
+  return out;
+}
+
+void MixedPrecision::teardown() { op_lists_.reset(); }
+
+std::shared_ptr<void> MixedPrecision::forward_context() {
+  return std::make_shared<AutocastGuard>(device_, dtype_);
+}
+
+void MixedPrecision::backward(const at::Tensor& loss) {
+  if (scaler_) {
+    scaler_->scale(loss).backward();
+  } else {
+    loss.backward();
+  }
+}
+
+void MixedPrecision::unscale_gradients(torch::optim::Optimizer& optimizer) {
+  if (scaler_) scaler_->unscale(optimizer);
+}
+
+bool MixedPrecision::optimizer_step(torch::optim::Optimizer& optimizer) {
+  if (scaler_) return scaler_->step(optimizer);
+  optimizer.step();
+  return true;
+}
+
+void MixedPrecision::save_state(torch::serialize::OutputArchive& archive) const {
+  if (!scaler_) return;
+  torch::serialize::OutputArchive sub;
+  scaler_->save_state(sub);
+  archive.write("grad_scaler", sub);
+}
+
+void MixedPrecision::load_state(torch::serialize::InputArchive& archive) {
+  if (!scaler_) return;
+  torch::serialize::InputArchive sub;
+  VOLT_CHECK(archive.try_read("grad_scaler", sub), CheckpointError,
+             "[MixedPrecision] the checkpoint holds no loss-scaler state; it was written "
+             "without loss scaling (precision ", name(), " expects it); resume with the same "
+             "precision settings it was trained with.");
+  scaler_->load_state(sub);
+}
+
+}  // namespace volt

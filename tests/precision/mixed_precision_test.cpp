@@ -1,0 +1,233 @@
+// Precision modes in the Trainer: bf16-mixed trains close to fp32 with fp32 weights, loss
+// scaling skips inf steps without advancing the step and resumes exactly, bf16-true runs the
+// model in bf16, 16-mixed on a CPU-only libtorch 1.13 says why it cannot run.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <volt/volt.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "tiny.h"
+
+namespace {
+
+using volt_test::quiet;
+using volt_test::TinyClassifier;
+
+// Records what the forward really computed in.
+class Recording : public TinyClassifier {
+ public:
+  using TinyClassifier::TinyClassifier;
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    input_dtype = b.input.scalar_type();
+    logits_dtype = forward(b.input).scalar_type();
+    return TinyClassifier::training_step(b, i);
+  }
+  void on_after_backward() override {
+    ++backwards;
+    grad_dtype = fc1->weight.grad().scalar_type();
+    if (backwards == poison_at) {
+      torch::NoGradGuard g;
+      fc1->weight.mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+    }
+  }
+  void on_before_optimizer_step(torch::optim::Optimizer& opt) override {
+    last_lr = opt.param_groups()[0].options().get_lr();
+  }
+  c10::ScalarType input_dtype = c10::kFloat, logits_dtype = c10::kFloat;
+  c10::ScalarType grad_dtype = c10::kDouble;
+  double last_lr = 0;
+  int64_t backwards = 0, poison_at = -1;
+};
+
+double val_loss(volt::Trainer& t, TinyClassifier& m, std::shared_ptr<volt::TensorDataset> val) {
+  return t.validate(m, volt_test::loader(val, 64, false)).at("val_loss");
+}
+
+}  // namespace
+
+TEST(MixedPrecision, Bf16MixedComputesInBf16KeepsFp32WeightsAndTracksFp32Training) {
+  volt_test::TempDir dir;
+  auto train = volt_test::blobs(512), val = volt_test::blobs(256, 8, 3);
+  auto run = [&](const char* precision, int64_t steps, Recording& m) {
+    volt::Trainer t(quiet(dir.path).max_epochs(3).max_steps(steps).precision(precision));
+    t.fit(m, volt_test::loader(train));
+    return val_loss(t, m, val);
+  };
+  {
+    // One step: the update differs from fp32 only by bf16 rounding of activations and
+    // gradients (relative error ~2^-8 on a 0.1-scaled update of fp32 master weights).
+    torch::manual_seed(1);
+    Recording fp32;
+    torch::manual_seed(1);
+    Recording bf16;
+    const auto w0 = fp32.flat_params();
+    run("32-true", 1, fp32);
+    run("bf16-mixed", 1, bf16);
+    const auto d32 = fp32.flat_params() - w0, d16 = bf16.flat_params() - w0;
+    const double rel = ((d32 - d16).norm() / d32.norm()).item<double>();
+    EXPECT_LT(rel, 0.02);
+    std::printf("[ measured ] bf16-mixed vs fp32, first update: %.4f relative L2\n", rel);
+    EXPECT_EQ(fp32.logits_dtype, c10::kFloat);
+    EXPECT_EQ(bf16.logits_dtype, c10::kBFloat16);
+    EXPECT_EQ(bf16.input_dtype, c10::kFloat);
+    for (auto& p : bf16.parameters()) EXPECT_EQ(p.scalar_type(), c10::kFloat);
+    EXPECT_EQ(bf16.grad_dtype, c10::kFloat);
+  }
+  // 96 steps: the loss curve tracks fp32 (same seed, same batches).
+  torch::manual_seed(1);
+  Recording fp32;
+  torch::manual_seed(1);
+  Recording bf16;
+  const double l32 = run("32-true", -1, fp32), l16 = run("bf16-mixed", -1, bf16);
+  EXPECT_LT(l32, 0.45);  // it really learned
+  EXPECT_NEAR(l16, l32, 0.03);
+  std::printf("[ measured ] validation loss after 96 steps: fp32 %.4f, bf16-mixed %.4f\n", l32,
+              l16);
+}
+
+TEST(MixedPrecision, LossScalingSkipsAnInfStepWithoutAdvancingStepOrScheduler) {
+  volt_test::TempDir dir;
+  auto precision = std::make_shared<volt::MixedPrecision>(
+      volt::MixedPrecisionOptions().loss_scaling(true).scaler(
+          volt::GradScalerOptions().init_scale(256.0).growth_interval(100)));
+  Recording m;
+  m.poison_at = 3;
+  m.scheduler_step_size = 1;
+  m.scheduler_interval = volt::Interval::kStep;
+  volt::Trainer t(quiet(dir.path).max_epochs(1).precision(precision));
+  t.fit(m, volt_test::loader(volt_test::blobs(128)));  // 8 batches
+  EXPECT_EQ(t.state().global_step, 7);
+  ASSERT_NE(precision->scaler(), nullptr);
+  EXPECT_EQ(precision->scaler()->skipped_steps(), 1);
+  EXPECT_DOUBLE_EQ(precision->scaler()->current_scale(), 128.0);
+  EXPECT_TRUE(torch::isfinite(m.flat_params()).all().item<bool>());
+  // StepLR(step 1, gamma 0.5) steps once per real optimizer step: the 8th batch sees the
+  // 6 real steps before it (0.5^7 if the skipped one had counted).
+  EXPECT_DOUBLE_EQ(m.last_lr, 0.1 * std::pow(0.5, 6));
+}
+
+std::shared_ptr<volt::MixedPrecision> scaled(double init, int64_t interval) {
+  return std::make_shared<volt::MixedPrecision>(
+      volt::MixedPrecisionOptions().loss_scaling(true).scaler(
+          volt::GradScalerOptions().init_scale(init).growth_interval(interval)));
+}
+
+std::shared_ptr<volt::ModelCheckpoint> last_to(const std::string& dir) {
+  return std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir).save_last(true).save_top_k(0));
+}
+
+TEST(MixedPrecision, ResumeRestoresTheLossScalerAndIsBitExact) {
+  volt_test::TempDir dir;
+  auto train = volt_test::blobs(128);
+  auto straight_p = scaled(64.0, 3);
+  torch::manual_seed(1);
+  Recording straight;
+  straight.poison_at = 5;
+  volt::Trainer a(quiet(dir.path).max_epochs(2).precision(straight_p));
+  a.fit(straight, volt_test::loader(train));
+
+  {
+    torch::manual_seed(1);
+    Recording first;
+    first.poison_at = 5;
+    volt::Trainer b(quiet(dir.path).max_epochs(1).precision(scaled(64.0, 3))
+                        .callbacks({last_to(dir / "ckpt")}));
+    b.fit(first, volt_test::loader(train));
+  }
+  auto resumed_p = scaled(64.0, 3);
+  Recording resumed;
+  volt::Trainer c(quiet(dir.path).max_epochs(2).precision(resumed_p)
+                      .callbacks({last_to(dir / "ckpt")}));
+  c.fit(resumed, volt_test::loader(train), c10::nullopt, "last");
+  EXPECT_EQ(c.state().global_step, a.state().global_step);
+  EXPECT_DOUBLE_EQ(resumed_p->scaler()->current_scale(), straight_p->scaler()->current_scale());
+  EXPECT_EQ(resumed_p->scaler()->growth_tracker(), straight_p->scaler()->growth_tracker());
+  EXPECT_EQ(resumed_p->scaler()->skipped_steps(), 1);
+  EXPECT_TRUE(torch::equal(resumed.flat_params(), straight.flat_params()));
+
+  // The same checkpoint under a precision without a scaler loads (nothing to restore), but a
+  // scaler asked to resume from a checkpoint without its state is a CheckpointError.
+  volt_test::TempDir plain;
+  {
+    TinyClassifier m;
+    volt::Trainer t(quiet(plain.path).max_epochs(1).precision("bf16-mixed")
+                        .callbacks({last_to(plain / "ckpt")}));
+    t.fit(m, volt_test::loader(train));
+  }
+  TinyClassifier m;
+  volt::Trainer t(quiet(plain.path).max_epochs(2).precision(scaled(64.0, 3))
+                      .callbacks({last_to(plain / "ckpt")}));
+  EXPECT_THROW(t.fit(m, volt_test::loader(train), c10::nullopt, "last"), volt::CheckpointError);
+}
+
+TEST(MixedPrecision, Bf16TrueRunsTheModelAndItsInputsInBf16) {
+  volt_test::TempDir dir;
+  Recording m;
+  volt::Trainer t(quiet(dir.path).max_epochs(2).precision("bf16-true"));
+  t.fit(m, volt_test::loader(volt_test::blobs(256)));
+  EXPECT_EQ(m.input_dtype, c10::kBFloat16);
+  EXPECT_EQ(m.logits_dtype, c10::kBFloat16);
+  EXPECT_EQ(m.grad_dtype, c10::kBFloat16);
+  for (auto& p : m.parameters()) EXPECT_EQ(p.scalar_type(), c10::kBFloat16);
+  const double acc =
+      t.validate(m, volt_test::loader(volt_test::blobs(256, 8, 3), 64, false)).at("val_acc");
+  EXPECT_GT(acc, 0.8);
+}
+
+TEST(MixedPrecision, Fp16OnACpuOnlyLibtorch113IsNotAvailableWithTheReason) {
+#if VOLT_TORCH_AT_LEAST(2, 4)
+  GTEST_SKIP() << "libtorch >= 2.4 has fp16 CPU autocast";
+#endif
+  volt_test::TempDir dir;
+  TinyClassifier m;
+  volt::Trainer t(quiet(dir.path).max_epochs(1).precision("16-mixed"));
+  try {
+    t.fit(m, volt_test::loader(volt_test::blobs(64)));
+    FAIL() << "expected NotAvailable";
+  } catch (const volt::NotAvailable& e) {
+    EXPECT_NE(std::string(e.what()).find("use at::kBFloat16 on CPU"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(volt::MixedPrecision(volt::MixedPrecisionOptions().dtype("fp8")),
+               volt::ConfigError);
+}
+
+TEST(MixedPrecision, CpuPolicyKeepsOnlyTheFamiliesThisCpuRunsSlowerInFp32) {
+  using Probe = volt::MixedPrecision::CpuProbe;
+  auto has = [](const std::vector<std::string>& v, const char* op) {
+    return std::find(v.begin(), v.end(), op) != v.end();
+  };
+  EXPECT_TRUE(volt::MixedPrecision::cpu_fp32_ops(Probe{2.8, 2.3}).empty());
+  auto slow_mm = volt::MixedPrecision::cpu_fp32_ops(Probe{0.85, 1.4});
+  EXPECT_TRUE(has(slow_mm, "addmm") && has(slow_mm, "linear") && has(slow_mm, "mm"));
+  EXPECT_FALSE(has(slow_mm, "conv2d"));
+  auto slow_conv = volt::MixedPrecision::cpu_fp32_ops(Probe{1.2, 0.7});
+  EXPECT_TRUE(has(slow_conv, "conv2d") && !has(slow_conv, "mm"));
+  // Every name in the policy is a real functional aten op (else setup would throw).
+  volt::AutocastOpLists check(c10::kCPU, at::kBFloat16, {},
+                              volt::MixedPrecision::cpu_fp32_ops(Probe{0.5, 0.5}));
+  EXPECT_GE(check.fp32_overloads().size(), 15u);
+
+  // The real probe ran once and measured something; its figures decide this machine's policy.
+  const auto& p = volt::MixedPrecision::cpu_probe();
+  EXPECT_GT(p.matmul_speedup, 0.0);
+  EXPECT_GT(p.conv_speedup, 0.0);
+  EXPECT_EQ(&p, &volt::MixedPrecision::cpu_probe());
+  std::printf("[ measured ] this CPU: bf16 matmul %.2fx, conv %.2fx fp32 speed\n",
+              p.matmul_speedup, p.conv_speedup);
+  volt::MixedPrecision mp(volt::MixedPrecisionOptions().read_env_lists(false));
+  mp.setup(torch::kCPU);
+  const size_t expected = volt::MixedPrecision::cpu_fp32_ops(p).size();
+  EXPECT_EQ(mp.op_lists() == nullptr, expected == 0);
+  // A user's lower list wins over the policy: with every family demoted, "mm" stays bf16.
+  volt::MixedPrecision user(volt::MixedPrecisionOptions().read_env_lists(false).lower_ops({"mm"}));
+  user.setup(torch::kCPU);
+  auto ctx = user.forward_context();
+  EXPECT_EQ(torch::mm(torch::randn({4, 8}), torch::randn({8, 2})).scalar_type(), at::kBFloat16);
+}
