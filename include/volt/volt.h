@@ -43,6 +43,8 @@
 #include "volt/precision/autocast.h"
 #include "volt/precision/autocast_ops.h"
 #include "volt/precision/fp32.h"
+#include "volt/precision/fp8.h"
+#include "volt/precision/fp8_linear.h"
 #include "volt/precision/grad_scaler.h"
 #include "volt/precision/half.h"
 #include "volt/precision/mixed.h"

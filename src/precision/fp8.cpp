@@ -1,0 +1,86 @@
+#include "volt/precision/fp8.h"
+
+#include <torch/torch.h>
+
+#include <ostream>
+
+#include "volt/core/check.h"
+
+namespace volt {
+namespace {
+
+struct Layout {
+  int mbits;  // explicit mantissa bits
+  int emin;   // exponent of the smallest normal
+};
+
+Layout layout(Fp8Format f) { return f == Fp8Format::kE4M3 ? Layout{3, -6} : Layout{2, -14}; }
+
+}  // namespace
+
+double fp8_max(Fp8Format f) { return f == Fp8Format::kE4M3 ? 448.0 : 57344.0; }
+
+double fp8_min_subnormal(Fp8Format f) {
+  const Layout l = layout(f);
+  return std::ldexp(1.0, l.emin - l.mbits);
+}
+
+at::Tensor fp8_round(const at::Tensor& x_in, Fp8Format format, bool saturate) {
+  VOLT_CHECK(x_in.is_floating_point(), ValueError, "[fp8] fp8_round takes a floating tensor, got ",
+             x_in.scalar_type(), "; convert it with .to(at::kFloat) first.");
+  torch::NoGradGuard no_grad;
+  const Layout l = layout(format);
+  const at::Tensor x = x_in.to(at::kFloat);
+  const at::Tensor a = x.abs();
+  // The spacing of fp8 values around |x| is 2^(e - mbits), e = floor(log2 |x|), and stays that
+  // of the smallest normal binade below it (subnormals). Built from exponent bits, so exact;
+  // dividing and multiplying by a power of two is exact too, leaving round() - ties to even,
+  // as IEEE casts - as the only rounding step.
+  auto e = std::get<1>(at::frexp(a)).to(at::kInt) - 1;
+  e = at::clamp_min(e, l.emin);
+  const at::Tensor quantum = ((e - l.mbits + 127) * (1 << 23)).view(at::kFloat);
+  at::Tensor r = at::round(a / quantum) * quantum;
+  const double max = fp8_max(format);
+  const auto over = r > max;  // false for NaN: NaN stays NaN
+  if (saturate) {
+    r = at::where(over, at::full({}, max, r.options()), r);
+  } else {
+    const double beyond = format == Fp8Format::kE4M3 ? std::numeric_limits<double>::quiet_NaN()
+                                                     : std::numeric_limits<double>::infinity();
+    r = at::where(over, at::full({}, beyond, r.options()), r);
+  }
+  return at::copysign(r, x);  // keeps -0 and the sign of saturated values
+}
+
+std::ostream& operator<<(std::ostream& os, const DelayedScalingOptions& o) {
+  return os << "DelayedScalingOptions(margin=" << o.margin()
+            << ", amax_history_len=" << o.amax_history_len()
+            << ", amax_compute_algo=" << o.amax_compute_algo() << ", interval=" << o.interval()
+            << ", fp8_format=" << o.fp8_format() << ")";
+}
+
+void validate(const DelayedScalingOptions& o) {
+  VOLT_CHECK(o.margin() >= 0, ConfigError, "[DelayedScaling] margin=", o.margin(),
+             " must be >= 0.");
+  VOLT_CHECK(o.amax_history_len() >= 1, ConfigError, "[DelayedScaling] amax_history_len=",
+             o.amax_history_len(), " must be >= 1 (e.g. 16).");
+  VOLT_CHECK(o.amax_compute_algo() == "max" || o.amax_compute_algo() == "most_recent",
+             ConfigError, "[DelayedScaling] amax_compute_algo=\"", o.amax_compute_algo(),
+             "\" is not supported; use \"max\" or \"most_recent\".");
+  VOLT_CHECK(o.interval() >= 1, ConfigError, "[DelayedScaling] interval=", o.interval(),
+             " must be >= 1.");
+  VOLT_CHECK(o.fp8_format() == "hybrid" || o.fp8_format() == "e4m3", ConfigError,
+             "[DelayedScaling] fp8_format=\"", o.fp8_format(),
+             "\" is not supported; use \"hybrid\" (E4M3 forward, E5M2 gradients) or \"e4m3\".");
+}
+
+at::Tensor delayed_scale(const at::Tensor& history, const at::Tensor& previous, Fp8Format format,
+                         const DelayedScalingOptions& options) {
+  torch::NoGradGuard no_grad;
+  const at::Tensor amax =
+      options.amax_compute_algo() == "max" ? history.max() : history.select(0, -1);
+  const at::Tensor scale = (fp8_max(format) / amax) / std::ldexp(1.0, options.margin());
+  return at::where(at::logical_and(amax > 0, at::isfinite(amax)), scale, previous);
+}
+
+}  // namespace volt

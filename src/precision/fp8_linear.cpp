@@ -1,0 +1,124 @@
+#include "volt/precision/fp8_linear.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "volt/core/check.h"
+
+namespace volt {
+namespace {
+
+at::Tensor fake_quant(const at::Tensor& x, const at::Tensor& scale, Fp8Format f) {
+  return fp8_round(x.to(at::kFloat) * scale, f) / scale;
+}
+
+// Autograd node of the emulated fp8 matmul: operands on the fp8 grid in forward, the incoming
+// gradient on the fp8 grid in backward; gradients reach the fp32 master weight unchanged
+// otherwise (straight-through, as real fp8 training does).
+struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& scale, const at::Tensor& grad_amax,
+                            int64_t grad_format) {
+    const auto xq = fake_quant(x, scale[0], Fp8Format::kE4M3);
+    const auto wq = fake_quant(weight, scale[1], Fp8Format::kE4M3);
+    ctx->save_for_backward({xq, wq, scale, grad_amax});
+    ctx->saved_data["grad_format"] = grad_format;
+    ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    return at::linear(xq, wq, bias.defined() ? bias.to(at::kFloat) : bias).to(at::kBFloat16);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& xq = saved[0];
+    const auto& wq = saved[1];
+    const auto& scale = saved[2];
+    auto grad_amax = saved[3];
+    const auto f = static_cast<Fp8Format>(ctx->saved_data["grad_format"].toInt());
+    const at::Tensor g = grads[0].to(at::kFloat);
+    {
+      torch::NoGradGuard no_grad;
+      grad_amax.copy_(g.abs().max().reshape({1}));
+    }
+    const at::Tensor gq = fake_quant(g, scale[2], f);
+    const auto g2 = gq.reshape({-1, gq.size(-1)});
+    const auto x2 = xq.reshape({-1, xq.size(-1)});
+    const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    at::Tensor gx = gq.matmul(wq).to(x_dtype);
+    at::Tensor gw = g2.t().mm(x2);
+    at::Tensor gb = ctx->saved_data["has_bias"].toBool() ? g2.sum(0) : at::Tensor();
+    return {gx, gw, gb, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Fp8LinearImpl::Fp8LinearImpl(int64_t in_features, int64_t out_features, bool bias,
+                             DelayedScalingOptions recipe)
+    : in_(in_features), out_(out_features), has_bias_(bias), recipe_(std::move(recipe)) {
+  VOLT_CHECK(in_ > 0 && out_ > 0, ConfigError, "[Fp8Linear] in_features=", in_,
+             " and out_features=", out_, " must be > 0.");
+  validate(recipe_);
+  reset();
+}
+
+Fp8LinearImpl::Fp8LinearImpl(const torch::nn::Linear& from, DelayedScalingOptions recipe)
+    : Fp8LinearImpl(from->options.in_features(), from->options.out_features(),
+                    from->options.bias(), std::move(recipe)) {
+  torch::NoGradGuard no_grad;
+  weight.copy_(from->weight);
+  if (has_bias_) bias.copy_(from->bias);
+}
+
+void Fp8LinearImpl::reset() {
+  // Same initialisation as torch::nn::Linear (kaiming-uniform weight, uniform bias).
+  weight = register_parameter("weight", torch::empty({out_, in_}));
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5));
+  if (has_bias_) {
+    bias = register_parameter("bias", torch::empty({out_}));
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
+    torch::nn::init::uniform_(bias, -bound, bound);
+  } else {
+    bias = register_parameter("bias", at::Tensor(), /*requires_grad=*/false);
+  }
+  amax_history =
+      register_buffer("amax_history", torch::zeros({3, recipe_.amax_history_len()}));
+  scale = register_buffer("scale", torch::ones({3}));
+  grad_amax = register_buffer("grad_amax", torch::zeros({1}));
+  steps = register_buffer("steps", torch::zeros({1}, torch::kInt64));
+}
+
+at::Tensor Fp8LinearImpl::forward(const at::Tensor& x) {
+  VOLT_CHECK(x.size(-1) == in_, ValueError, "[Fp8Linear] input has ", x.size(-1),
+             " features in its last dimension; this layer takes ", in_, ".");
+  const auto grad_format =
+      recipe_.fp8_format() == "hybrid" ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+  if (is_training()) {
+    torch::NoGradGuard no_grad;
+    // Delayed scaling: fold in the previous backward's gradient amax, then derive this step's
+    // scales from the history of earlier steps only, then record this step's input and weight
+    // amax for the next ones. Tensor ops except one read of the step counter (free on CPU;
+    // TODO(#14): keep it on the host for CUDA).
+    auto roll_in = [&](int64_t row, const at::Tensor& value) {
+      auto h = amax_history[row];
+      h.copy_(at::cat({h.slice(0, 1), value.reshape({1})}));
+    };
+    const int64_t step = steps.item<int64_t>();
+    if (step > 0) roll_in(2, grad_amax);
+    if (step % recipe_.interval() == 0) {
+      scale[0].copy_(delayed_scale(amax_history[0], scale[0], Fp8Format::kE4M3, recipe_));
+      scale[1].copy_(delayed_scale(amax_history[1], scale[1], Fp8Format::kE4M3, recipe_));
+      scale[2].copy_(delayed_scale(amax_history[2], scale[2], grad_format, recipe_));
+    }
+    roll_in(0, x.detach().abs().max().to(at::kFloat));
+    roll_in(1, weight.detach().abs().max());
+    steps.add_(1);
+  }
+  return Fp8LinearFunction::apply(x, weight, bias, scale.clone(), grad_amax,
+                                  static_cast<int64_t>(grad_format));
+}
+
+}  // namespace volt
