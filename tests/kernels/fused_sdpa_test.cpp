@@ -283,6 +283,31 @@ TEST(FusedSdpa, Bfloat16MatchesFloat32ReferenceIncludingFastSoftmax) {
   }
 }
 
+TEST(FusedSdpa, NanKeyGivesNanWhereTheReferenceDoes) {
+  // Head 0: key 7 is NaN, so causal rows >= 7 are NaN in the reference and rows < 7 (key 7
+  // masked) are finite. Head 1: query 3 is NaN, so its every score is NaN. Before the fix the
+  // kernel returned zeros for those rows (and converted NaN to int in exp: undefined
+  // behaviour that UBSan reports).
+  Qkv x = make_qkv(1, 2, 70, 150, 32);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  x.k.index_put_({0, 0, 7}, nan);
+  x.q.index_put_({0, 1, 3}, nan);
+  const auto opts = SdpaOptions().is_causal(true);
+  const at::Tensor ref =
+      volt::sdpa_reference(x.q.to(at::kDouble), x.k.to(at::kDouble), x.v.to(at::kDouble), opts)
+          .output;
+  ASSERT_TRUE(ref.isnan().any().item<bool>());
+  ASSERT_FALSE(ref.isnan().all().item<bool>());
+  for (const bool recompute : {true, false}) {
+    const at::Tensor out =
+        volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions(opts).recompute(recompute)).output;
+    EXPECT_TRUE(out.isnan().equal(ref.isnan())) << "recompute=" << recompute;
+    const at::Tensor finite = ref.isnan().logical_not();
+    EXPECT_LT(max_diff(out.masked_select(finite), ref.masked_select(finite)), 2e-5)
+        << "recompute=" << recompute;
+  }
+}
+
 TEST(FusedSdpa, ExpApproximationErrors) {
   double exact = 0, fast = 0;
   for (double x = -80; x < 80; x += 0.01) {
