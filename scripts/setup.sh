@@ -12,6 +12,7 @@ packages=(
   python3-torch
   chromium  # headless: checks that `volt report` pages render (ctest report_renders_in_chromium)
   iproute2  # `ip netns`: two network namespaces as two nodes (ctest multi_node_netns)
+  clang libclang-rt-14-dev  # libFuzzer + sanitizer runtimes: fuzz/ targets (ctests fuzz_*)
 )
 
 missing=()

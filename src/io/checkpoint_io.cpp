@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "detail/checkpoint_envelope.h"
 #include "detail/temp_files.h"
 #include "volt/core/check.h"
 
@@ -126,14 +127,19 @@ torch::serialize::InputArchive TorchCheckpointIO::load(const std::string& path) 
   VOLT_CHECK(in.good(), CheckpointError, "[CheckpointIO] cannot open checkpoint '", path,
              "' (", std::strerror(errno), "); check the path (ckpt_path).");
   std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return detail::parse_checkpoint(file, path);
+}
+
+torch::serialize::InputArchive detail::parse_checkpoint(const std::string& file,
+                                                        const std::string& path) {
   VOLT_CHECK(file.size() >= kHeaderSize && std::memcmp(file.data(), kMagic, 8) == 0,
              CheckpointError, "[CheckpointIO] '", path,
              "' is not a volt checkpoint (bad or missing header, ", file.size(),
              " bytes); pass a .ckpt file written by volt.");
   const uint64_t version = get_le(file.data() + 8, 4);
-  VOLT_CHECK(version == kFormatVersion, CheckpointError, "[CheckpointIO] '", path,
-             "' has format version ", version, " but this volt reads version ", kFormatVersion,
-             "; load it with the volt release that wrote it.");
+  VOLT_CHECK(version == TorchCheckpointIO::kFormatVersion, CheckpointError, "[CheckpointIO] '",
+             path, "' has format version ", version, " but this volt reads version ",
+             TorchCheckpointIO::kFormatVersion, "; load it with the volt release that wrote it.");
   const uint64_t size = get_le(file.data() + 12, 8);
   const uint32_t crc = static_cast<uint32_t>(get_le(file.data() + 20, 4));
   VOLT_CHECK(file.size() - kHeaderSize == size, CheckpointError, "[CheckpointIO] '", path,
@@ -150,6 +156,16 @@ torch::serialize::InputArchive TorchCheckpointIO::load(const std::string& path) 
   } catch (const c10::Error& e) {
     VOLT_CHECK(false, CheckpointError, "[CheckpointIO] '", path,
                "' passed its CRC but libtorch cannot read it (", e.what_without_backtrace(),
+               "); it was probably written by an incompatible libtorch.");
+  } catch (const std::exception& e) {
+    // The TorchScript importer also throws types outside c10::Error (torch::jit::ErrorReport
+    // for an unknown class name in the archive; found by fuzz/envelope_fuzzer.cpp). Its
+    // message starts with a newline and continues with a source excerpt: keep the first
+    // non-empty line.
+    std::string what = e.what();
+    what.erase(0, std::min(what.size(), what.find_first_not_of(" \n")));
+    VOLT_CHECK(false, CheckpointError, "[CheckpointIO] '", path,
+               "' passed its CRC but libtorch cannot read it (", what.substr(0, what.find('\n')),
                "); it was probably written by an incompatible libtorch.");
   }
   return archive;

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "detail/safetensors_parse.h"
 #include "volt/core/check.h"
 #include "volt/io/checkpoint_io.h"
 
@@ -100,6 +101,10 @@ SafetensorsFile load_safetensors(const std::string& path) {
   VOLT_CHECK(in.good(), CheckpointError, "[Safetensors] cannot open '", path,
              "'; check the path and permissions.");
   std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return detail::parse_safetensors(file, path);
+}
+
+SafetensorsFile detail::parse_safetensors(const std::string& file, const std::string& path) {
   const std::string where = "[Safetensors] '" + path + "': ";
   VOLT_CHECK(file.size() >= 8, CheckpointError, where, "file is ", file.size(),
              " bytes, shorter than the 8-byte header length; it is truncated or not safetensors.");
@@ -157,6 +162,10 @@ SafetensorsFile load_safetensors(const std::string& path) {
                  CheckpointError, where, "shape of '", name,
                  "' must hold non-negative integers.");
       const uint64_t v = d.get<uint64_t>();
+      // libtorch sizes are int64: a larger dimension would turn negative (even in an empty
+      // tensor, whose other dimension is 0).
+      VOLT_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), CheckpointError,
+                 where, "shape of '", name, "' has dimension ", v, ", more than 2^63-1.");
       VOLT_CHECK(v == 0 || numel <= std::numeric_limits<uint64_t>::max() / v, CheckpointError,
                  where, "shape of '", name, "' overflows.");
       numel *= v;
@@ -172,6 +181,9 @@ SafetensorsFile load_safetensors(const std::string& path) {
                ", ", end, "] of '", name, "' are out of range (data section is ", data_size,
                " bytes).");
     const uint64_t item = c10::elementSize(found->type);
+    // numel * item must not wrap around: [2^62] floats would "need" 0 bytes.
+    VOLT_CHECK(numel <= std::numeric_limits<uint64_t>::max() / item, CheckpointError, where,
+               "shape of '", name, "' overflows: ", numel, " elements of ", item, " bytes.");
     VOLT_CHECK(end - begin == numel * item, CheckpointError, where, "'", name, "' spans ",
                end - begin, " bytes but dtype ", dtype, " and its shape need ", numel * item,
                ".");

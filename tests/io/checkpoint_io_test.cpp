@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <fstream>
 
@@ -63,6 +64,39 @@ TEST(CheckpointIO, DetectsTruncationCorruptionAndForeignFiles) {
   EXPECT_NE(error_of(dir / "foreign.ckpt").find("not a volt checkpoint"), std::string::npos);
 
   EXPECT_NE(error_of(dir / "missing.ckpt").find("cannot open"), std::string::npos);
+}
+
+/// `payload` in a correct envelope (magic, format version, size, CRC-32): only libtorch can
+/// object to it.
+std::string envelope_around(const std::string& payload) {
+  std::string file = "VOLTCKPT";
+  const auto put = [&](uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) file.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  put(volt::TorchCheckpointIO::kFormatVersion, 4);
+  put(payload.size(), 8);
+  put(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()),
+            static_cast<uInt>(payload.size())),
+      4);
+  return file + payload;
+}
+
+TEST(CheckpointIO, ArchiveLibtorchRefusesWithANonC10ErrorIsACheckpointError) {
+  // Found by fuzz/envelope_fuzzer.cpp: a TorchScript archive naming a class its code section
+  // lacks makes libtorch throw torch::jit::ErrorReport, which is no c10::Error and escaped.
+  volt_test::TempDir dir;
+  const std::string payload =
+      read_file(std::string(VOLT_SOURCE_DIR) + "/tests/io/data/ckpt_payload_unknown_type.bin");
+  ASSERT_FALSE(payload.empty());
+  write_file(dir / "odd.ckpt", envelope_around(payload));
+  const std::string m = error_of(dir / "odd.ckpt");
+  EXPECT_NE(m.find("passed its CRC but libtorch cannot read it (Unknown type name"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;  // one line
+
+  write_file(dir / "empty.ckpt", envelope_around(""));
+  EXPECT_NE(error_of(dir / "empty.ckpt").find("libtorch cannot read it"), std::string::npos);
 }
 
 TEST(ModuleState, MismatchListsNamesAndShapes) {

@@ -149,6 +149,21 @@ TEST(Safetensors, RejectsMalformedFiles) {
   expect_load_error(p, "is not a string");
 }
 
+TEST(Safetensors, HugeShapesAreCheckpointErrorsNotLibtorchErrors) {
+  // Found while writing fuzz/safetensors_fuzzer.cpp: 2^62 floats "need" 2^64 = 0 bytes, so
+  // an empty span passed and at::empty threw its own error; a dimension above 2^63-1 became a
+  // negative libtorch size even in an empty tensor.
+  volt_test::TempDir dir;
+  const std::string p = dir / "huge.safetensors";
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})",
+            "");
+  expect_load_error(p, "overflows: 4611686018427387904 elements of 4 bytes");
+  write_raw(p,
+            R"({"a": {"dtype": "U8", "shape": [9223372036854775808, 0], "data_offsets": [0, 0]}})",
+            "");
+  expect_load_error(p, "has dimension 9223372036854775808, more than 2^63-1");
+}
+
 TEST(Safetensors, ModuleMismatchIsReportedOrSkipped) {
   volt_test::TempDir dir;
   auto small = torch::nn::Linear(3, 2);

@@ -160,11 +160,15 @@ ConfigNode load_yaml_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   VOLT_CHECK(in.good(), ConfigError, "[cli] cannot read config file \"", path,
              "\"; check the path given to --config.");
-  ConfigNode n = parse_yaml(read_bounded(in, "cli", path), path);
-  VOLT_CHECK(n.is_map() || n.is_null(), ConfigError, "[cli] ", path,
-             ": a config file must be a mapping (trainer:, model:, data: ...), got ",
-             n.describe(), ".");
-  if (n.is_null()) n = ConfigNode::make_map(path);
+  return parse_config_text(read_bounded(in, "cli", path), path);
+}
+
+ConfigNode parse_config_text(const std::string& text, const std::string& source) {
+  ConfigNode n = parse_yaml(text, source);
+  VOLT_CHECK(n.is_map() || n.is_null(), ConfigError, "[cli] ", source,
+             ": a config file must be a mapping (trainer:, model:, data: ...), got ", n.describe(),
+             ".");
+  if (n.is_null()) n = ConfigNode::make_map(source);
   return n;
 }
 

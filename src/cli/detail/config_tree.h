@@ -39,7 +39,10 @@ struct ConfigNode {
 /// Parses YAML text; `source` names it in origins and errors ("run.yaml"). Malformed YAML throws
 /// ConfigError "[cli] <source>:<line>:<col>: malformed YAML (...)".
 ConfigNode parse_yaml(const std::string& text, const std::string& source);
-/// Reads and parses a YAML file (ConfigError when unreadable or malformed).
+/// Parses the text of a config file named `source`: YAML that must be a mapping (an empty file
+/// is an empty mapping); ConfigError otherwise. load_yaml_file reads the file and calls it.
+ConfigNode parse_config_text(const std::string& text, const std::string& source);
+/// Reads and parses a YAML config file (ConfigError when unreadable, malformed or no mapping).
 ConfigNode load_yaml_file(const std::string& path);
 
 /// Component slots hold {class_path, init_args}: model, data, trainer.profiler,

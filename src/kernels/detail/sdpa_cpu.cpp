@@ -175,11 +175,16 @@ uint32_t keep_threshold(float p) {
 
 // exp(x) after Cephes expf: range reduction by ln2 (split in two constants), then a degree-6
 // polynomial (~2 ulp) or, in fast mode, a degree-3 polynomial fitted for minimax relative error
-// on [-ln2/2, ln2/2] (measured max 1.1e-4, far below bf16's 3.9e-3 resolution). Inputs below -87 (incl. -inf) give exactly 0; NaN stays NaN.
+// on [-ln2/2, ln2/2] (measured max 1.1e-4, far below bf16's 3.9e-3 resolution). Inputs below -87
+// (incl. -inf) give exactly 0; NaN stays NaN. The clamp sends NaN to -87 so that the float -> int
+// conversion of n below only ever sees a finite value in [-126, 127] (converting NaN is undefined
+// behaviour; UBSan's float-cast-overflow caught it, docs/HARDENING.md); the NaN is put back at the
+// end.
 template <bool kFast>
-VOLT_AI float exp_impl(float x) {
-  const bool underflow = x < -87.0f;
-  x = std::min(std::max(x, -87.0f), 88.0f);
+VOLT_AI float exp_impl(float x_in) {
+  const bool underflow = x_in < -87.0f;
+  const bool nan = x_in != x_in;
+  const float x = std::min(std::max(-87.0f, x_in), 88.0f);  // max(-87, NaN) is -87
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   float r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
@@ -199,7 +204,17 @@ VOLT_AI float exp_impl(float x) {
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   const float out = y * scale;
-  return underflow ? 0.0f : out;
+  return nan ? x_in : (underflow ? 0.0f : out);
+}
+
+// True when the row holds a NaN. Only called on rows whose maximum is -inf: row_max skips NaN,
+// so such a row is either fully masked or has NaN scores, and the reference gives NaN for the
+// latter (softmax over a NaN) but zeros for the former.
+bool has_nan(const float* x, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) {
+    if (x[c] != x[c]) return true;
+  }
+  return false;
 }
 
 VOLT_AI float row_max(const float* x, int64_t n) {
@@ -349,6 +364,8 @@ VOLT_AI void forward_streaming(const SdpaProblem& p, int64_t bh, ForwardScratch&
         const float mx = row_max(x, cols);
         const float m_new = std::max(w.m[r], mx);
         if (m_new == kNegInf) {
+          // NaN scores poison l (and through it the whole row), as in the reference.
+          if (has_nan(x, cols)) w.l[r] = std::numeric_limits<float>::quiet_NaN();
           std::fill(x, x + cols, 0.0f);
           continue;
         }
@@ -367,7 +384,9 @@ VOLT_AI void forward_streaming(const SdpaProblem& p, int64_t bh, ForwardScratch&
     }
     for (int64_t r = 0; r < rows; ++r) {
       float* dst = O + (i0 + r) * p.dv;
-      if (w.l[r] > 0) {
+      // l == 0 only when every key was masked: zeros, as the reference. A NaN l (NaN scores)
+      // must give NaN, not zeros.
+      if (w.l[r] != 0.0f) {
         const float inv = 1.0f / w.l[r];
         const float* src = w.o.data() + r * p.dv;
         for (int64_t c = 0; c < p.dv; ++c) dst[c] = src[c] * inv;
@@ -403,7 +422,9 @@ VOLT_AI void forward_materialised(const SdpaProblem& p, int64_t bh, ForwardScrat
       mask_row(p, b, h, i0 + r, 0, p.lk, row_range(p, b, i0 + r), x);
       const float mx = row_max(x, p.lk);
       float* pd = w.pd.data() + r * p.lk;
-      if (mx == kNegInf) {
+      // A fully masked row gives zeros. A row whose unmasked scores are all NaN (row_max skips
+      // NaN) goes on: exp(x - -inf) is NaN everywhere, as the reference's softmax.
+      if (mx == kNegInf && !has_nan(x, p.lk)) {
         std::fill(x, x + p.lk, 0.0f);
         if (dropout) std::fill(pd, pd + p.lk, 0.0f);
         if (keep) keep_factors(p, bh * p.lq + i0 + r, 0, p.lk, w.z.data(),
