@@ -5,6 +5,10 @@
 #   --time=S       seconds per target (default 60)
 #   --no-build     use the fuzzers already built in DIR/fuzz (what the ctests do)
 #   --build-dir=D  the main build folder (default build/): the fuzzers link its libvolt.a
+#   --runs=N       reproducible mode (what the ctests use): a fixed seed, N executions (or
+#                  --time, whichever ends first: a slower machine runs a prefix of the same
+#                  sequence), the checked-in seeds only, no fork mode. The same inputs every time,
+#                  so CI cannot fail on a libtorch crash that only a longer random run reaches.
 # Each target starts from the checked-in seeds (fuzz/corpus/<target>) plus what earlier runs in
 # DIR/fuzz/corpus/<target> found; new inputs go there, never into the checked-in seeds. A crash,
 # sanitizer report, leak, timeout (>10 s) or memory blow-up (>2 GB) is saved as
@@ -16,10 +20,12 @@ seconds=60
 build=1
 dir=build
 targets=()
+runs_limit=""
 for a in "$@"; do
   case "$a" in
     --time=*) seconds="${a#--time=}" ;;
     --no-build) build=0 ;;
+    --runs=*) runs_limit="${a#--runs=}" ;;
     --build-dir=*) dir="${a#--build-dir=}" ;;
     config | envelope | safetensors) targets+=("$a") ;;
     *) echo "scripts/fuzz.sh: unknown argument '$a'; see the usage at the top of the script." >&2
@@ -54,12 +60,17 @@ for t in "${targets[@]}"; do
   # leaks, sanitizer reports and wrong exception types still fail it.
   mode=()
   [ "$t" = envelope ] && mode=(-fork=1 -ignore_ooms=1)
+  if [ -n "$runs_limit" ]; then
+    work=$(mktemp -d)
+    mode=(-seed=1 -runs="$runs_limit")
+  fi
   set +e
   "$exe" ${mode[@]+"${mode[@]}"} -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$findings/$t-" "$work" "$root/fuzz/corpus/$t" \
     >"$log" 2>&1
   rc=$?
   set -e
+  [ -z "$runs_limit" ] || rm -rf "$work"
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
   # fork mode prints no final stats: its progress lines start with "#<executions>:".
   [ -n "$runs" ] || runs=$(sed -n 's/^#\([0-9]*\): .*/\1/p' "$log" | tail -n1)
@@ -78,7 +89,7 @@ for t in "${targets[@]}"; do
     continue
   fi
   if [ "$rc" -eq 0 ]; then
-    echo "[fuzz] $t: ${runs:-?} executions in ${seconds}s, ${cov:-cov: ?}, no findings" \
+    echo "[fuzz] $t: ${runs:-?} executions (limit ${seconds}s), ${cov:-cov: ?}, no findings" \
       "${ooms:+(libtorch unpickler OOMs ignored: $ooms)}"
   else
     status=1
