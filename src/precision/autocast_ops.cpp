@@ -15,9 +15,13 @@
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/version.h"
+#include "detail/quiet_dispatcher.h"
 
 namespace volt {
 namespace {
+
+using detail::QuietWarnings;
+using detail::WarningHandlerGuard;
 
 // One boxed kernel serves every listed operator: it casts the floating tensor arguments on the
 // stack to the list's dtype (through autocast's per-region cast cache, so a weight is cast once
@@ -48,23 +52,6 @@ class CastKernel final : public c10::OperatorKernel {
   c10::DeviceType device_;
   c10::DispatchKey key_;
 };
-
-// Registering over libtorch's own autocast kernel makes the dispatcher warn once per operator;
-// the override is what the user asked for, so volt reports it in one line instead.
-class QuietWarnings : public c10::WarningHandler {
- public:
-#if VOLT_TORCH_AT_LEAST(2, 0)
-  void process(const c10::Warning&) override {}
-#else
-  void process(const c10::SourceLocation&, const std::string&, const bool) override {}
-#endif
-};
-
-#if VOLT_TORCH_AT_LEAST(2, 0)
-using WarningHandlerGuard = c10::WarningUtils::WarningHandlerGuard;
-#else
-using WarningHandlerGuard = c10::Warning::WarningHandlerGuard;
-#endif
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);

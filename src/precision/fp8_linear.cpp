@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "volt/core/check.h"
+#include "detail/fp8_core.h"
 
 namespace volt {
 namespace {
@@ -56,6 +57,53 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
 
 }  // namespace
 
+namespace detail {
+
+at::Tensor fp8_linear_delayed(const at::Tensor& x, const at::Tensor& weight,
+                              const at::Tensor& bias, const Fp8DelayedState& s, bool training) {
+  // The emulated GEMM is fp32 by definition: an enclosing bf16 autocast region must not round
+  // the dequantized operands again.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const auto& recipe = s.recipe;
+  const auto grad_format =
+      recipe.fp8_format() == "hybrid" ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+  if (training) {
+    torch::NoGradGuard no_grad;
+    // Delayed scaling: fold in the previous backward's gradient amax, then derive this step's
+    // scales from the history of earlier steps only, then record this step's input and weight
+    // amax for the next ones. Tensor ops except one read of the step counter (free on CPU;
+    // TODO(#14): keep it on the host for CUDA).
+    auto roll_in = [&](int64_t row, const at::Tensor& value) {
+      auto h = s.amax_history[row];
+      h.copy_(at::cat({h.slice(0, 1), value.reshape({1}).to(h.scalar_type())}));
+    };
+    const int64_t step = s.steps.item<int64_t>();
+    if (step > 0) roll_in(2, s.grad_amax);
+    if (step % recipe.interval() == 0) {
+      s.scale[0].copy_(delayed_scale(s.amax_history[0], s.scale[0], Fp8Format::kE4M3, recipe));
+      s.scale[1].copy_(delayed_scale(s.amax_history[1], s.scale[1], Fp8Format::kE4M3, recipe));
+      s.scale[2].copy_(delayed_scale(s.amax_history[2], s.scale[2], grad_format, recipe));
+    }
+    roll_in(0, x.detach().abs().max().to(at::kFloat));
+    roll_in(1, weight.detach().abs().max().to(at::kFloat));
+    s.steps.add_(1);
+  }
+  return Fp8LinearFunction::apply(x, weight, bias, s.scale.clone(), s.grad_amax,
+                                  static_cast<int64_t>(grad_format));
+}
+
+at::Tensor fp8_linear_static(const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& bias, const at::Tensor& scales) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  // The gradient row of the scale is unused without a backward; 1 keeps it harmless.
+  const auto scale3 = at::cat({scales.to(at::kFloat), at::ones({1}, scales.options().dtype(at::kFloat))});
+  const auto unused_amax = at::zeros({1}, scale3.options());
+  return Fp8LinearFunction::apply(x, weight, bias, scale3, unused_amax,
+                                  static_cast<int64_t>(Fp8Format::kE5M2));
+}
+
+}  // namespace detail
+
 Fp8LinearImpl::Fp8LinearImpl(int64_t in_features, int64_t out_features, bool bias,
                              DelayedScalingOptions recipe)
     : in_(in_features), out_(out_features), has_bias_(bias), recipe_(std::move(recipe)) {
@@ -94,31 +142,9 @@ void Fp8LinearImpl::reset() {
 at::Tensor Fp8LinearImpl::forward(const at::Tensor& x) {
   VOLT_CHECK(x.size(-1) == in_, ValueError, "[Fp8Linear] input has ", x.size(-1),
              " features in its last dimension; this layer takes ", in_, ".");
-  const auto grad_format =
-      recipe_.fp8_format() == "hybrid" ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
-  if (is_training()) {
-    torch::NoGradGuard no_grad;
-    // Delayed scaling: fold in the previous backward's gradient amax, then derive this step's
-    // scales from the history of earlier steps only, then record this step's input and weight
-    // amax for the next ones. Tensor ops except one read of the step counter (free on CPU;
-    // TODO(#14): keep it on the host for CUDA).
-    auto roll_in = [&](int64_t row, const at::Tensor& value) {
-      auto h = amax_history[row];
-      h.copy_(at::cat({h.slice(0, 1), value.reshape({1})}));
-    };
-    const int64_t step = steps.item<int64_t>();
-    if (step > 0) roll_in(2, grad_amax);
-    if (step % recipe_.interval() == 0) {
-      scale[0].copy_(delayed_scale(amax_history[0], scale[0], Fp8Format::kE4M3, recipe_));
-      scale[1].copy_(delayed_scale(amax_history[1], scale[1], Fp8Format::kE4M3, recipe_));
-      scale[2].copy_(delayed_scale(amax_history[2], scale[2], grad_format, recipe_));
-    }
-    roll_in(0, x.detach().abs().max().to(at::kFloat));
-    roll_in(1, weight.detach().abs().max());
-    steps.add_(1);
-  }
-  return Fp8LinearFunction::apply(x, weight, bias, scale.clone(), grad_amax,
-                                  static_cast<int64_t>(grad_format));
+  return detail::fp8_linear_delayed(x, weight, bias,
+                                    {amax_history, scale, grad_amax, steps, recipe_},
+                                    is_training());
 }
 
 }  // namespace volt

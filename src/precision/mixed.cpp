@@ -14,6 +14,7 @@
 #include "volt/core/log.h"
 #include "volt/precision/autocast.h"
 #include "volt/precision/autocast_ops.h"
+#include "detail/linear_policy.h"
 
 namespace volt {
 namespace {
@@ -31,6 +32,9 @@ std::ostream& operator<<(std::ostream& os, const MixedPrecisionOptions& o) {
   os << "MixedPrecisionOptions(dtype=" << o.dtype() << ", lower_ops=";
   print_list(os, o.lower_ops()) << ", fp32_ops=";
   print_list(os, o.fp32_ops()) << ", cpu_policy=" << (o.cpu_policy() ? "true" : "false")
+                               << ", linear_min_macs="
+                               << (o.linear_min_macs() ? std::to_string(*o.linear_min_macs())
+                                                       : std::string("measured"))
                                << ", read_env_lists=" << (o.read_env_lists() ? "true" : "false")
                                << ", loss_scaling="
                                << (o.loss_scaling() ? (*o.loss_scaling() ? "true" : "false")
@@ -44,6 +48,9 @@ MixedPrecision::MixedPrecision(MixedPrecisionOptions options) : options_(std::mo
              "[MixedPrecision] dtype=\"", options_.dtype(), "\" is not supported; use \"bf16\" "
              "or \"fp16\".");
   dtype_ = options_.dtype() == "bf16" ? c10::kBFloat16 : c10::kHalf;
+  VOLT_CHECK(!options_.linear_min_macs() || *options_.linear_min_macs() >= 0, ConfigError,
+             "[MixedPrecision] linear_min_macs=", options_.linear_min_macs().value_or(0),
+             " must be >= 0 (0 turns the size rule off; leave it unset to measure it).");
   lower_ops_ = options_.lower_ops();
   fp32_ops_ = options_.fp32_ops();
   // The reference reads LOWER_LIST / FP32_LIST before any instance exists; volt reads them
@@ -73,7 +80,10 @@ void MixedPrecision::setup(c10::Device device) {
   std::vector<std::string> fp32 = fp32_ops_;
   if (device_ == c10::kCPU && options_.cpu_policy() && dtype_ == c10::kBFloat16) {
     const CpuProbe& probe = cpu_probe();
-    const auto slow = cpu_fp32_ops(probe);
+    // An explicit linear_min_macs is the user's matmul policy: it replaces the measured one.
+    CpuProbe decided = probe;
+    if (options_.linear_min_macs()) decided.matmul_speedup = std::max(1.0, probe.matmul_speedup);
+    const auto slow = cpu_fp32_ops(decided);
     std::ostringstream figures;
     figures << std::fixed << std::setprecision(2) << "bf16 matmuls at " << probe.matmul_speedup
             << "x and convolutions at " << probe.conv_speedup << "x fp32 speed";
@@ -104,6 +114,31 @@ void MixedPrecision::setup(c10::Device device) {
   }
   if (!lower_ops_.empty() || !fp32.empty()) {
     op_lists_ = std::make_unique<AutocastOpLists>(device_, dtype_, lower_ops_, fp32);
+  }
+  size_rule_.reset();
+  if (device_ == c10::kCPU && options_.cpu_policy() && dtype_ == c10::kBFloat16) {
+    const CpuProbe& probe = cpu_probe();
+    // The user's lists (and the family demotion above) decide the ops they name.
+    std::vector<std::string> listed;
+    if (op_lists_) {
+      for (const auto* l : {&op_lists_->lower_overloads(), &op_lists_->fp32_overloads()}) {
+        for (const auto& n : *l) listed.push_back(n);
+      }
+    }
+    const int64_t min_macs = options_.linear_min_macs().value_or(probe.matmul_min_macs);
+    if (min_macs > 0 &&
+        !(std::count(listed.begin(), listed.end(), "linear") &&
+          std::count(listed.begin(), listed.end(), "addmm") &&
+          std::count(listed.begin(), listed.end(), "matmul"))) {
+      size_rule_ = detail::install_cpu_linear_size_rule(min_macs, listed);
+      static std::once_flag once;
+      std::call_once(once, [&] {
+        log_info("MixedPrecision",
+                 "linears under " + std::to_string(min_macs) + " multiply-adds stay fp32 (" +
+                     (options_.linear_min_macs() ? "linear_min_macs" : "bf16 measured slower there") +
+                     ")");
+      });
+    }
   }
 }
 
@@ -144,6 +179,19 @@ const MixedPrecision::CpuProbe& MixedPrecision::cpu_probe() {
     CpuProbe p;
     p.matmul_speedup = best_of(fwd_bwd(mm, false)) / best_of(fwd_bwd(mm, true));
     p.conv_speedup = best_of(fwd_bwd(conv, false)) / best_of(fwd_bwd(conv, true));
+    // The size rule: from the largest size down, the first size where bf16 loses sets the
+    // threshold just above it (linears that small or smaller stay fp32).
+    if (p.matmul_speedup >= 1.0) {
+      for (const int64_t n : {768, 512, 362, 256, 181, 128}) {
+        auto xs = at::randn({64, n}, gen);
+        auto ws = at::randn({n, n}, gen).mul_(0.05).requires_grad_();
+        auto lin = [&] { return at::linear(xs, ws).sum(); };
+        if (best_of(fwd_bwd(lin, false)) < best_of(fwd_bwd(lin, true))) {
+          p.matmul_min_macs = 64 * n * n + 1;
+          break;
+        }
+      }
+    }
     return p;
   }();
   return probe;
@@ -166,7 +214,10 @@ std::vector<std::string> MixedPrecision::cpu_fp32_ops(const CpuProbe& probe) {
   return out;
 }
 
-void MixedPrecision::teardown() { op_lists_.reset(); }
+void MixedPrecision::teardown() {
+  size_rule_.reset();
+  op_lists_.reset();
+}
 
 std::shared_ptr<void> MixedPrecision::forward_context() {
   return std::make_shared<AutocastGuard>(device_, dtype_);

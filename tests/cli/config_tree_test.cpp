@@ -135,6 +135,11 @@ TEST(ConfigTree, OverridesUseShorthandIndexesAndAppend) {
   ConfigNode fresh = ConfigNode::make_map("d");
   apply_override(fresh, "trainer.loggers.0", "CSVLogger", false, "o");
   EXPECT_EQ(at(at(fresh, {"trainer", "loggers"}).items[0], {"class_path"}).scalar, "CSVLogger");
+  // A plain name followed by its init_args becomes a class_path mapping.
+  apply_override(fresh, "trainer.precision", "fp8", false, "o");
+  apply_override(fresh, "trainer.precision.init_args.quant", "true", false, "o");
+  EXPECT_EQ(at(fresh, {"trainer", "precision", "class_path"}).scalar, "fp8");
+  EXPECT_EQ(at(fresh, {"trainer", "precision", "init_args", "quant"}).scalar, "true");
 }
 
 TEST(ConfigTree, OverrideErrorsSayWhatToDo) {

@@ -7,7 +7,7 @@
 
 #include <fstream>
 
-#include "io/detail/temp_files.h"
+#include "core/detail/temp_files.h"
 #include "tiny.h"
 
 namespace {

@@ -53,7 +53,15 @@ double val_loss(volt::Trainer& t, TinyClassifier& m, std::shared_ptr<volt::Tenso
 TEST(MixedPrecision, Bf16MixedComputesInBf16KeepsFp32WeightsAndTracksFp32Training) {
   volt_test::TempDir dir;
   auto train = volt_test::blobs(512), val = volt_test::blobs(256, 8, 3);
-  auto run = [&](const char* precision, int64_t steps, Recording& m) {
+  // The tiny model's linears are under this CPU's size rule (kept fp32 for speed), and a busy
+  // machine can make the probe demote whole families: turn the CPU policy off so that
+  // bf16-mixed computes in bf16 here whatever the timing.
+  auto run = [&](const char* name, int64_t steps, Recording& m) {
+    volt::Spec<volt::Precision> precision = name;
+    if (std::string(name) == "bf16-mixed") {
+      precision = std::make_shared<volt::MixedPrecision>(
+          volt::MixedPrecisionOptions().read_env_lists(false).cpu_policy(false));
+    }
     volt::Trainer t(quiet(dir.path).max_epochs(3).max_steps(steps).precision(precision));
     t.fit(m, volt_test::loader(train));
     return val_loss(t, m, val);
@@ -230,4 +238,49 @@ TEST(MixedPrecision, CpuPolicyKeepsOnlyTheFamiliesThisCpuRunsSlowerInFp32) {
   user.setup(torch::kCPU);
   auto ctx = user.forward_context();
   EXPECT_EQ(torch::mm(torch::randn({4, 8}), torch::randn({8, 2})).scalar_type(), at::kBFloat16);
+}
+
+TEST(MixedPrecision, CpuSizeRuleKeepsSmallLinearsInFp32AndTheUsersListsWin) {
+  // An explicit linear_min_macs replaces the measured matmul decision, so this holds on any CPU.
+  const auto x_small = torch::randn({4, 8}), w_small = torch::randn({2, 8});    // 64 MACs
+  const auto x_big = torch::randn({4, 32}), w_big = torch::randn({32, 32});     // 4096 MACs
+  auto opts = volt::MixedPrecisionOptions().read_env_lists(false);
+  EXPECT_THROW(volt::MixedPrecision(volt::MixedPrecisionOptions(opts).linear_min_macs(-1)),
+               volt::ConfigError);
+  {
+    volt::MixedPrecision p(volt::MixedPrecisionOptions(opts).linear_min_macs(1000));
+    p.setup(torch::kCPU);
+    auto ctx = p.forward_context();
+    const auto small = torch::linear(x_small, w_small);
+    EXPECT_EQ(small.scalar_type(), at::kFloat);
+    {
+      volt::AutocastGuard off(c10::kCPU, at::kBFloat16, false);
+      EXPECT_TRUE(torch::equal(small, torch::linear(x_small, w_small)));  // exactly fp32
+    }
+    EXPECT_EQ(torch::linear(x_big, w_big).scalar_type(), at::kBFloat16);
+    // torch::nn::Linear reaches the dispatcher as addmm / matmul: the rule covers both.
+    torch::nn::Linear small_layer(8, 2), big_layer(32, 32);
+    EXPECT_EQ(small_layer(x_small).scalar_type(), at::kFloat);
+    EXPECT_EQ(small_layer(x_small.reshape({2, 2, 8})).scalar_type(), at::kFloat);
+    EXPECT_EQ(big_layer(x_big).scalar_type(), at::kBFloat16);
+    EXPECT_EQ(big_layer(x_big.reshape({2, 2, 32})).scalar_type(), at::kBFloat16);
+    p.teardown();
+    // Back to libtorch's policy: every linear in bf16.
+    EXPECT_EQ(torch::linear(x_small, w_small).scalar_type(), at::kBFloat16);
+  }
+  for (auto o : {volt::MixedPrecisionOptions(opts).linear_min_macs(0),
+                 volt::MixedPrecisionOptions(opts).linear_min_macs(1000).lower_ops({"linear"}),
+                 volt::MixedPrecisionOptions(opts).linear_min_macs(1000).cpu_policy(false)}) {
+    volt::MixedPrecision p(o);
+    p.setup(torch::kCPU);
+    auto ctx = p.forward_context();
+    EXPECT_EQ(torch::linear(x_small, w_small).scalar_type(), at::kBFloat16) << o;
+  }
+  // The measured threshold is one of the probe's sizes (64 x n x n + 1) or 0 (bf16 wins at all).
+  const int64_t m = volt::MixedPrecision::cpu_probe().matmul_min_macs;
+  bool on_ladder = m == 0;
+  for (int64_t n : {768, 512, 362, 256, 181, 128}) on_ladder = on_ladder || m == 64 * n * n + 1;
+  EXPECT_TRUE(on_ladder) << m;
+  std::printf("[ measured ] this CPU's size rule: linears under %lld multiply-adds stay fp32\n",
+              static_cast<long long>(m));
 }

@@ -7,7 +7,7 @@
 //       [--accum K] [--bucket-view 0|1] [--dropout 0|1] [--tied 0|1] [--ckpt-every-step 0|1]
 //       [--ckpt-every-batch 0|1] [--resume CKPT] [--die-rank R (--die-step S | --die-batch B)]
 //       [--timeout S] [--samples N] [--sync-dist 0|1] [--max-restarts K]
-//       [--unused 0|1] [--find-unused 0|1] [--static-graph 0|1] [--precision NAME]
+//       [--unused 0|1] [--find-unused 0|1] [--static-graph 0|1] [--precision NAME] [--bf16-all 1]
 //
 // Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage.
 
@@ -169,6 +169,10 @@ int main(int argc, char** argv) {
     auto accelerator = std::make_shared<volt::CpuAccelerator>();
     std::shared_ptr<volt::Precision> precision =
         volt::registry().precisions.create(a.count("--precision") ? a["--precision"] : "32-true");
+    if (a.count("--bf16-all")) {  // bf16-mixed without the timing-based CPU policy
+      precision = std::make_shared<volt::MixedPrecision>(
+          volt::MixedPrecisionOptions().read_env_lists(false).cpu_policy(false));
+    }
     auto strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision,
                                                         num("--devices", 2), num("--nodes", 1));
     // One process on one node is the reference: plain single-device training.

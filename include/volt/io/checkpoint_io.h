@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "volt/core/atomic_file.h"  // atomic_write_file, historically declared here
+
 namespace volt {
 
 /// Storage of checkpoint archives. Implementations must never leave a partial file at `path`.
@@ -28,10 +30,5 @@ class TorchCheckpointIO : public CheckpointIO {
   torch::serialize::InputArchive load(const std::string& path) override;
 };
 
-/// Writes `data` to `path` atomically (temp file + fsync + rename + fsync of the folder),
-/// creating parent folders. The temp file "<path>.tmp.<pid>" is flock'ed while written, and each
-/// write first removes the temp files in the folder that no live writer holds (left by a writer
-/// that was killed). Throws CheckpointError with the OS reason on failure.
-void atomic_write_file(const std::string& path, const std::string& data);
 
 }  // namespace volt

@@ -27,9 +27,16 @@ struct MixedPrecisionOptions {
   /// Operators forced to fp32 (the reference's FP32_LIST). Default: none.
   TORCH_ARG(std::vector<std::string>, fp32_ops) = {};
   /// On CPU, measure once per process whether this CPU runs bf16 matmuls and convolutions
-  /// faster than fp32 (a ~20 ms probe at setup) and keep the families that lose in fp32, with
-  /// one warning giving the figure; the user's lower_ops win over it. Default: true.
+  /// faster than fp32 (a ~50 ms probe at setup) and keep the families that lose in fp32, with
+  /// one warning giving the figure, and linears below the size where bf16 starts to win in fp32
+  /// (a size rule on aten::linear); the user's op lists win over both. Default: true.
   TORCH_ARG(bool, cpu_policy) = true;
+  /// The size rule of the CPU policy: linears with fewer multiply-adds (rows x in x out) than
+  /// this stay fp32. Unset = measured by the CPU probe; 0 = off (every linear follows autocast);
+  /// set it for numerics that do not depend on a timing (e.g. the same on every rank and run);
+  /// when set it also replaces the probe's all-or-nothing matmul decision. Only with cpu_policy
+  /// on a CPU. Default: unset.
+  TORCH_ARG(c10::optional<int64_t>, linear_min_macs) = c10::nullopt;
   /// Also read the files named by the LOWER_LIST and FP32_LIST environment variables (once,
   /// when the precision is constructed). Default: true.
   TORCH_ARG(bool, read_env_lists) = true;
@@ -66,9 +73,13 @@ class MixedPrecision : public Precision {
   struct CpuProbe {
     double matmul_speedup = 0;
     double conv_speedup = 0;
+    /// Linears with fewer multiply-adds than this run slower in bf16 here (fixed costs of the
+    /// casts and of oneDNN outweigh the faster multiply); 0 = bf16 wins at every size probed.
+    int64_t matmul_min_macs = 0;
   };
-  /// Measures it (forward+backward of a Linear and a Conv2d, best of 5) the first time it is
-  /// called in the process; later calls return the same figures.
+  /// Measures it (forward+backward of a Linear and a Conv2d, best of 5, and of Linears from
+  /// 64x128x128 to 64x1024x1024 multiply-adds for the size threshold) the first time it is called
+  /// in the process; later calls return the same figures.
   static const CpuProbe& cpu_probe();
   /// The ops cpu_policy keeps in fp32 for these figures: libtorch's CPU autocast matmul family
   /// when matmul_speedup < 1, its convolution family when conv_speedup < 1.
@@ -86,6 +97,7 @@ class MixedPrecision : public Precision {
   c10::DeviceType device_ = c10::kCPU;
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<AutocastOpLists> op_lists_;
+  std::shared_ptr<void> size_rule_;
 };
 
 }  // namespace volt

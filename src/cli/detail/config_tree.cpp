@@ -306,6 +306,13 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
       }
       cur = &cur->items[idx];
     } else {
+      if (cur->is_scalar() && (seg == "init_args" || seg == "class_path")) {
+        // `--trainer.precision=fp8 --trainer.precision.init_args.quant=true`: the plain name
+        // becomes the class_path of a component mapping (as jsonargparse does).
+        ConfigNode m = ConfigNode::make_map(cur->origin);
+        m.fields.emplace_back("class_path", *cur);
+        *cur = std::move(m);
+      }
       VOLT_CHECK(cur->is_map(), ConfigError, "[cli] ", origin, ": cannot set ", dotted_key,
                  " because ", join_path(walked), " is ", cur->describe(), ", not a mapping.");
       cur = &cur->field(seg, origin);

@@ -1,0 +1,122 @@
+#include "volt/precision/fp8_precision.h"
+
+#include <torch/torch.h>
+
+#include <cstdlib>
+
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/precision/autocast_ops.h"
+#include "detail/fp8_hooks.h"
+
+namespace volt {
+
+Fp8Precision::Fp8Precision(Fp8PrecisionOptions options)
+    : options_(std::move(options)), mixed_(options_.mixed()) {
+  validate(options_.recipe());
+  VOLT_CHECK(options_.mixed().dtype() == "bf16", ConfigError, "[Fp8Precision] mixed.dtype must ",
+             "be \"bf16\": fp8 layers return bf16 and the rest of the model runs in bf16 autocast.");
+  VOLT_CHECK(!options_.quant() || options_.inference(), ConfigError,
+             "[Fp8Precision] quant=true needs inference=true (quantization is for inference).");
+  // A bad config file fails here, where the options are built (the CLI's exit 2).
+  if (options_.inference()) quant_config(options_.quant());
+}
+
+Fp8Precision::~Fp8Precision() = default;
+
+QuantConfig Fp8Precision::quant_config(bool quant) const {
+  std::string path = options_.quant_config();
+  std::string origin = "quant_config";
+  if (path.empty()) {
+    const char* env = std::getenv("QUANT_CONFIG");
+    if (env != nullptr && *env != '\0') {
+      path = env;
+      origin = "QUANT_CONFIG";
+    }
+  }
+  const auto mode = quant ? QuantConfig::kQuantize : QuantConfig::kMeasure;
+  if (path.empty()) return QuantConfig().mode(mode);
+  QuantConfig c = QuantConfig::from_file(path);
+  VOLT_CHECK(c.mode() == mode, ConfigError, "[Fp8Precision] ", origin, " \"", path,
+             "\" has mode ", c.mode() == QuantConfig::kMeasure ? "MEASURE" : "QUANTIZE",
+             " but quant=", quant ? "true" : "false", " asks for ",
+             quant ? "QUANTIZE" : "MEASURE", "; make them agree.");
+  return c;
+}
+
+Fp8ConversionReport Fp8Precision::convert_modules(torch::nn::Module& model, bool inference,
+                                                  bool quant) {
+  VOLT_CHECK(!quant || inference, ConfigError,
+             "[Fp8Precision] convert_modules(quant=true) needs inference=true.");
+  converted_ = true;
+  if (!inference) {
+    return convert_to_fp8(model, Fp8ConvertOptions().recipe(options_.recipe()).skip(options_.skip()));
+  }
+  const QuantConfig config = quant_config(quant);
+  if (quant) return quantize_fp8(model, config);
+  auto report = prepare_fp8_measurement(model, config);
+  measuring_ = &model;
+  measure_config_ = config;
+  return report;
+}
+
+void Fp8Precision::setup(c10::Device device) {
+  VOLT_CHECK(device.is_cpu(), NotAvailable, "[Fp8Precision] fp8 runs on CPU in this build (a "
+             "bit-exact emulation); ", device, " needs the native fp8 path, which waits for a GPU "
+             "session (issue #14). Use accelerator cpu, or bf16-mixed.");
+  device_ = device.type();
+  mixed_.setup(device);
+  // GEMMs outside fp8 follow the run's autocast policy, which the fp8 kernels sit on top of:
+  // the op lists for the ops they name, else autocast's dtype under the CPU size rule.
+  const auto* lists = mixed_.op_lists();
+  auto in = [](const std::vector<std::string>& v, const char* op) {
+    return std::find(v.begin(), v.end(), op) != v.end();
+  };
+  for (const auto& [name, op] : {std::make_pair("linear", detail::Fp8GemmOp::kLinear),
+                                 std::make_pair("addmm", detail::Fp8GemmOp::kAddmm),
+                                 std::make_pair("matmul", detail::Fp8GemmOp::kMatmul)}) {
+    c10::optional<c10::ScalarType> dtype;
+    if (lists != nullptr && in(lists->fp32_overloads(), name)) dtype = c10::kFloat;
+    if (lists != nullptr && in(lists->lower_overloads(), name)) dtype = c10::kBFloat16;
+    detail::set_fp8_fallback_dtype(op, dtype);
+  }
+  kernel_ = detail::acquire_fp8_kernel(device_);  // after the op lists: this kernel wins
+}
+
+void Fp8Precision::teardown() {
+  if (measuring_ != nullptr && measure_config_) {
+    torch::nn::Module* model = measuring_;
+    measuring_ = nullptr;
+    try {
+      save_fp8_measurements(*model, *measure_config_);
+    } catch (const ConfigError& e) {
+      log_warning("Fp8Precision", std::string("measurements not written: ") + e.what());
+    }
+  }
+  kernel_.reset();
+  for (auto op : {detail::Fp8GemmOp::kLinear, detail::Fp8GemmOp::kAddmm, detail::Fp8GemmOp::kMatmul}) {
+    detail::set_fp8_fallback_dtype(op, c10::nullopt);
+  }
+  mixed_.teardown();
+}
+
+void Fp8Precision::convert_module(torch::nn::Module& module) {
+  if (converted_) return;  // the user called convert_modules
+  if (options_.inference()) {
+    convert_modules(module, true, options_.quant());
+  } else if (options_.replace_layers()) {
+    convert_modules(module);
+  }
+}
+
+std::shared_ptr<void> Fp8Precision::forward_context() {
+  return std::make_shared<Fp8Autocast>(device_);
+}
+
+void Fp8Precision::backward(const at::Tensor& loss) { mixed_.backward(loss); }
+void Fp8Precision::unscale_gradients(torch::optim::Optimizer& o) { mixed_.unscale_gradients(o); }
+bool Fp8Precision::optimizer_step(torch::optim::Optimizer& o) { return mixed_.optimizer_step(o); }
+void Fp8Precision::save_state(torch::serialize::OutputArchive& a) const { mixed_.save_state(a); }
+void Fp8Precision::load_state(torch::serialize::InputArchive& a) { mixed_.load_state(a); }
+
+}  // namespace volt
