@@ -51,6 +51,7 @@
 #include "volt/precision/precision.h"
 #include "volt/profiler/profiler.h"
 #include "volt/profiler/simple.h"
+#include "volt/profiler/torch.h"
 #include "volt/report/run_report.h"
 #include "volt/strategies/ddp.h"
 #include "volt/strategies/single_device.h"
