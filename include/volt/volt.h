@@ -3,8 +3,10 @@
 
 #include "volt/accelerators/accelerator.h"
 #include "volt/accelerators/cpu.h"
+#include "volt/accelerators/cpu_memory.h"
 #include "volt/accelerators/cuda.h"
 #include "volt/callbacks/callback.h"
+#include "volt/callbacks/device_stats_monitor.h"
 #include "volt/callbacks/early_stopping.h"
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"

@@ -94,6 +94,7 @@ class Run : public RunContext {
   }
   bool has_loggers() const override { return !loggers_.empty(); }
   Profiler& profiler() override { return prof != nullptr ? *prof : pass_through_; }
+  Metrics device_stats() override { return strategy().accelerator().device_stats(); }
   void manual_backward(const at::Tensor& loss) override;
   void manual_step(size_t index) override;
   void manual_zero_grad(size_t index) override;
