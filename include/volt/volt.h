@@ -3,8 +3,10 @@
 
 #include "volt/accelerators/accelerator.h"
 #include "volt/accelerators/cpu.h"
+#include "volt/accelerators/cpu_memory.h"
 #include "volt/accelerators/cuda.h"
 #include "volt/callbacks/callback.h"
+#include "volt/callbacks/device_stats_monitor.h"
 #include "volt/callbacks/early_stopping.h"
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
@@ -54,6 +56,7 @@
 #include "volt/precision/precision.h"
 #include "volt/profiler/profiler.h"
 #include "volt/profiler/simple.h"
+#include "volt/profiler/torch.h"
 #include "volt/report/run_report.h"
 #include "volt/strategies/ddp.h"
 #include "volt/strategies/single_device.h"

@@ -1,4 +1,5 @@
 // Registers this folder's built-in names; called once from registry() (src/trainer/builtins.cpp).
+#include "volt/callbacks/device_stats_monitor.h"
 #include "volt/callbacks/early_stopping.h"
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
@@ -109,6 +110,24 @@ void register_callbacks(Registry& r) {
         o.interval(a.get<std::string>("interval") == "epoch" ? Interval::kEpoch : Interval::kStep)
             .verbose(a.get<bool>("verbose"));
         return std::make_shared<Timer>(o);
+      });
+
+  const DeviceStatsMonitorOptions ds;
+  r.callbacks.add(
+      "DeviceStatsMonitor",
+      "logs device memory stats (Limit, InUse, MaxInUse, NumAllocs, ...) per step or epoch",
+      Params()
+          .choice("logging_interval",
+                  ds.logging_interval() == Interval::kStep ? "step" : "epoch", {"step", "epoch"},
+                  "step = at the Trainer's log_every_n_steps cadence")
+          .add("host_stats", ds.host_stats(), "also log RSS bytes and process CPU percent"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        return std::make_shared<DeviceStatsMonitor>(
+            DeviceStatsMonitorOptions()
+                .logging_interval(a.get<std::string>("logging_interval") == "epoch"
+                                      ? Interval::kEpoch
+                                      : Interval::kStep)
+                .host_stats(a.get<bool>("host_stats")));
       });
 
   r.callbacks.add("ThroughputMonitor",

@@ -11,7 +11,9 @@
 #include <sstream>
 
 #include "../loggers/detail/log_dir.h"
+#include "../io/detail/input_limits.h"
 #include "detail/config_tree.h"
+#include "detail/perf_scan.h"
 #include "detail/resolve.h"
 #include "volt/callbacks/callback.h"
 #include "volt/callbacks/model_checkpoint.h"
@@ -34,7 +36,8 @@ using detail::ResolvedConfig;
 
 const std::vector<std::string> kRunCommands = {"fit", "validate", "test", "predict"};
 const std::vector<std::string> kCommands = {"fit",     "validate",     "test",
-                                            "predict", "print-config", "report"};
+                                            "predict", "print-config", "report",
+                                            "perf"};
 
 const char* command_summary(const std::string& c) {
   if (c == "fit") return "train the model (Trainer::fit); ckpt_path resumes a run";
@@ -44,6 +47,7 @@ const char* command_summary(const std::string& c) {
     return "run predict_step over the predict data; saves predictions.safetensors";
   if (c == "print-config") return "print the fully resolved config (loadable with --config)";
   if (c == "report") return "write a self-contained HTML report of a run folder";
+  if (c == "perf") return "scan a profiler trace (TorchProfiler / PyTorch) and print advice";
   return "";
 }
 
@@ -178,6 +182,12 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
     os << "\n"
        << prog << " <command> --help lists every option with its type and default.\n"
        << "Exit codes: 0 success, 1 the run failed, 2 bad command line or config.\n";
+    return;
+  }
+  if (command == "perf") {
+    os << "usage: " << prog << " perf --trace FILE\n\n"
+       << command_summary(command) << ".\nFILE is a Chrome trace JSON: TorchProfiler's "
+       << "<stage>-...-rank<R>.pt.trace.json or torch.profiler's export_chrome_trace.\n";
     return;
   }
   if (command == "report") {
@@ -352,8 +362,30 @@ int run_report(const Command& cmd, std::ostream& out) {
   return kCliOk;
 }
 
+int run_perf(const Command& cmd, std::ostream& out) {
+  std::string trace;
+  for (const auto& s : cmd.sources) {
+    VOLT_CHECK(s.kind == Source::Kind::kSet && s.key == "trace", ConfigError,
+               "[cli] perf does not take ", s.kind == Source::Kind::kFile ? "--config" : "--" + s.key,
+               "; its option is --trace FILE.");
+    trace = s.value;
+  }
+  VOLT_CHECK(cmd.positional.empty() && !trace.empty(), ConfigError,
+             "[cli] perf needs one --trace FILE; e.g. volt perf --trace "
+             "runs/volt_logs/version_0/fit-rank0.pt.trace.json.");
+  std::ifstream in(trace, std::ios::binary);
+  VOLT_CHECK(in.good(), ConfigError, "[cli] perf: cannot read ", trace,
+             "; check the path (TorchProfiler writes it into the run's log folder).");
+  detail::InputLimits limits;
+  limits.max_bytes = detail::kTraceMaxBytes;
+  const std::string text = detail::read_bounded(in, "perf", trace, limits);
+  out << detail::format_scan(detail::scan_trace(text, trace), trace);
+  return kCliOk;
+}
+
 int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std::ostream& err) {
   if (cmd.name == "report") return run_report(cmd, out);
+  if (cmd.name == "perf") return run_perf(cmd, out);
   VOLT_CHECK(cmd.positional.empty(), ConfigError, "[cli] unexpected argument \"",
              cmd.positional.front(), "\"; options are --key=value (did you forget the --?).");
 

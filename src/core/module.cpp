@@ -51,6 +51,8 @@ std::vector<std::shared_ptr<LRScheduler>> Module::lr_schedulers() {
   return out;
 }
 
+Profiler& Module::profiler() { return require_run("profiler").profiler(); }
+
 int64_t Module::current_epoch() const { return run_ ? run_->state().epoch : 0; }
 int64_t Module::global_step() const { return run_ ? run_->state().global_step : 0; }
 

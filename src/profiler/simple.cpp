@@ -28,8 +28,9 @@ void SimpleProfiler::start(const std::string& action) {
 void SimpleProfiler::stop(const std::string& action) {
   const auto now = Clock::now();
   auto it = open_.find(action);
-  VOLT_ASSERT(it != open_.end() && !it->second.empty(), "SimpleProfiler::stop(\"", action,
-              "\") without start");
+  VOLT_CHECK(it != open_.end() && !it->second.empty(), ProfilerError, "[SimpleProfiler] stop(\"",
+             action, "\") without a matching start(\"", action,
+             "\"); call start before stop, or use the scoped profile(\"", action, "\").");
   const double s = std::chrono::duration<double>(now - it->second.back()).count();
   it->second.pop_back();
   Stats& st = stats_[action];

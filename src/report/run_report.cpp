@@ -133,9 +133,9 @@ Source find_source(const std::string& run_dir) {
 
 // ------------------------------------------------------------------ grouping
 
-enum class Group { kLoss, kAccuracy, kLearningRate, kThroughput, kOther };
-constexpr Group kGroups[] = {Group::kLoss, Group::kAccuracy, Group::kLearningRate,
-                             Group::kThroughput, Group::kOther};
+enum class Group { kLoss, kAccuracy, kLearningRate, kThroughput, kMemory, kOther };
+constexpr Group kGroups[] = {Group::kLoss,       Group::kAccuracy, Group::kLearningRate,
+                             Group::kThroughput, Group::kMemory,   Group::kOther};
 
 const char* group_title(Group g) {
   switch (g) {
@@ -143,6 +143,7 @@ const char* group_title(Group g) {
     case Group::kAccuracy: return "Accuracy";
     case Group::kLearningRate: return "Learning rate";
     case Group::kThroughput: return "Throughput";
+    case Group::kMemory: return "Memory";
     case Group::kOther: return "Other metrics";
   }
   return "";
@@ -165,6 +166,11 @@ Group group_of(const std::string& name) {
                                                                       : Group::kLearningRate;
   }
   if (contains(n, "per_sec") || contains(n, "throughput")) return Group::kThroughput;
+  // DeviceStatsMonitor's byte gauges share one plot; its counts and Limit stay in "Other".
+  if (starts_with(n, "device_stats/") &&
+      (ends_with(n, "/inuse") || ends_with(n, "/maxinuse") || ends_with(n, "/host_rss_bytes"))) {
+    return Group::kMemory;
+  }
   if (contains(n, "loss")) return Group::kLoss;
   if (contains(n, "acc")) return Group::kAccuracy;
   return Group::kOther;
@@ -216,7 +222,8 @@ std::vector<Plot> make_plots(const MetricsTable& run) {
   for (Group g : kGroups) {
     // Losses, accuracies and learning rates share a scale: one plot each. Throughputs and other
     // metrics may differ by orders of magnitude: one plot per metric (its _step/_epoch together).
-    const bool shared = g == Group::kLoss || g == Group::kAccuracy || g == Group::kLearningRate;
+    const bool shared = g == Group::kLoss || g == Group::kAccuracy ||
+                        g == Group::kLearningRate || g == Group::kMemory;
     std::vector<Plot> mine;
     for (size_t i = 0; i < run.series.size(); ++i) {
       if (group_of(run.series[i].name) != g) continue;
@@ -248,6 +255,7 @@ std::string axis_label(const Plot& plot) {
       if (contains(plot.subtitle, "samples")) return "samples / s";
       if (contains(plot.subtitle, "batches")) return "batches / s";
       return "per second";
+    case Group::kMemory: return "bytes";
     case Group::kOther: break;
   }
   return "value";

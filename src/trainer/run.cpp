@@ -136,6 +136,7 @@ void Run::setup_run(Module& m, Stage stage) {
     // elastic restart are fresh processes, and every rank must issue the same collectives.
     shared_log_dir_ = broadcast_string(is_global_zero() ? log_dir() : std::string());
   }
+  if (prof != nullptr) prof->setup(to_string(stage), strategy().rank(), log_dir());
   strategy().setup_module(m);
 }
 

@@ -200,6 +200,28 @@ TEST(RunReport, RealRunHasAPlotPerGroupTheConfigAndNoNetworkResources) {
   ::closedir(d);
 }
 
+TEST(RunReport, PlotsDeviceStatsMemoryWhenTheColumnsExist) {
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  auto csv = std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(dir.path).name("mem"));
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).max_epochs(2).log_every_n_steps(2).loggers({csv}).callbacks(
+          {std::make_shared<volt::DeviceStatsMonitor>(
+              volt::DeviceStatsMonitorOptions().host_stats(true))}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
+  const std::string html = slurp(volt::write_run_report(csv->log_dir()));
+  // The byte gauges share one "Memory" plot; counts and the limit go to "Other metrics".
+  const std::string mem = cards(html, "Memory");
+  ASSERT_FALSE(mem.empty()) << "no Memory plot";
+  EXPECT_EQ(count(mem, "<svg"), 1u);
+  for (const char* n :
+       {"device_stats/InUse", "device_stats/MaxInUse", "device_stats/host_rss_bytes"}) {
+    EXPECT_NE(mem.find(std::string("data-name=\"") + n + "\""), std::string::npos) << n;
+  }
+  EXPECT_EQ(mem.find("device_stats/NumAllocs"), std::string::npos);
+  EXPECT_NE(cards(html, "Other metrics").find("device_stats/NumAllocs"), std::string::npos);
+}
+
 TEST(RunReport, DrawsNonFiniteAndSinglePointSeriesWithoutBrokenCoordinates) {
   volt_test::TempDir dir;
   spit(dir / "metrics.csv",

@@ -8,6 +8,7 @@
 //       [--ckpt-every-batch 0|1] [--resume CKPT] [--die-rank R (--die-step S | --die-batch B)]
 //       [--timeout S] [--samples N] [--sync-dist 0|1] [--max-restarts K]
 //       [--unused 0|1] [--find-unused 0|1] [--static-graph 0|1] [--precision NAME] [--bf16-all 1]
+//       [--profile 0|1]  (a TorchProfiler writing <root>/prof/fit-ddp-rank<R>.pt.trace.json)
 //
 // Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage.
 
@@ -179,6 +180,15 @@ int main(int argc, char** argv) {
     const bool one = num("--devices", 2) == 1 && num("--nodes", 1) == 1;
     volt::Spec<volt::Strategy> chosen =
         one ? volt::Spec<volt::Strategy>("single_device") : volt::Spec<volt::Strategy>(strategy);
+    std::shared_ptr<volt::Profiler> profiler;
+    if (num("--profile", 0) != 0) {
+      profiler = std::make_shared<volt::TorchProfiler>(volt::TorchProfilerOptions()
+                                                           .dirpath(a["--root"] + "/prof")
+                                                           .filename("ddp")
+                                                           .wait(0)
+                                                           .warmup(1)
+                                                           .active(2));
+    }
     volt::Trainer trainer(volt_test::quiet(a["--root"])
                               .accelerator(accelerator)
                               .precision(precision)
@@ -187,7 +197,8 @@ int main(int argc, char** argv) {
                               .num_nodes(num("--nodes", 1))
                               .max_epochs(num("--epochs", 2))
                               .accumulate_grad_batches(num("--accum", 1))
-                              .callbacks(callbacks));
+                              .callbacks(callbacks)
+                              .profiler(profiler));
     const int64_t batch = num("--batch", 8);
     trainer.fit(model,
                 volt::DataLoader(train, volt::DataLoaderOptions(batch).shuffle(true).seed(11)),

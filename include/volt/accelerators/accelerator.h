@@ -29,6 +29,9 @@ class Accelerator {
   virtual std::map<std::string, at::Tensor> rng_states() const { return {}; }
   /// Restores states returned by rng_states(); names it does not know are ignored.
   virtual void set_rng_states(const std::map<std::string, at::Tensor>& states) {}
+  /// Memory statistics of this process's device by the reference's names (Limit, InUse, ...;
+  /// docs/OBSERVABILITY.md); empty when this device kind keeps none yet.
+  virtual std::map<std::string, double> device_stats() const { return {}; }
 };
 
 }  // namespace volt

@@ -84,6 +84,11 @@ class Module : public torch::nn::Module {
   void save_hyperparameters(std::map<std::string, std::string> hp) { hparams_ = std::move(hp); }
   const std::map<std::string, std::string>& hparams() const { return hparams_; }
 
+  /// The Trainer's profiler for custom regions: `profiler().start("x")` / `stop("x")`, or
+  /// `auto r = profiler().profile("x");` (include volt/profiler/profiler.h). Without a profiler
+  /// it records nothing. Throws ConfigError outside a Trainer run.
+  Profiler& profiler();
+
   int64_t current_epoch() const;
   int64_t global_step() const;
   /// The active run, or nullptr outside Trainer calls.

@@ -15,6 +15,7 @@
 namespace volt {
 
 class Logger;
+class Profiler;
 
 /// Options of Module::log. on_step / on_epoch default by context: training steps log per step,
 /// validation/test steps and epoch hooks log per epoch (as in Lightning).
@@ -68,6 +69,13 @@ class RunContext {
   /// Whether the run has loggers at all (the same answer on every rank; use it to validate a
   /// configuration, loggers() to write).
   virtual bool has_loggers() const = 0;
+  /// The run's profiler (TrainerOptions::profiler), or a PassThroughProfiler that records
+  /// nothing: custom regions in user code (start/stop, profile("name")) go here.
+  virtual Profiler& profiler() = 0;
+  /// Memory statistics of this process's device by the reference's names (Limit, InUse,
+  /// MaxInUse, NumAllocs, ...; docs/OBSERVABILITY.md), from the accelerator. On the CPU the
+  /// first call installs volt's counting allocator, so counts start there.
+  virtual Metrics device_stats() = 0;
   /// Manual optimization: backward through the strategy and precision.
   virtual void manual_backward(const at::Tensor& loss) = 0;
   /// Manual optimization: one optimizer step through the strategy (counts as a global step).

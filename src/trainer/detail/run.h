@@ -62,6 +62,7 @@ class Run : public RunContext {
   Clock::time_point fit_start;
   bool fast_dev = false;
   Profiler* prof = nullptr;  // opts.profiler(), or null
+  PassThroughProfiler pass_through_;  // profiler() when prof is null
   const std::vector<std::shared_ptr<Logger>> no_loggers_;
   /// With several processes: the run folder rank 0 chose, shared at set-up (other ranks never
   /// create logger folders themselves).
@@ -92,6 +93,8 @@ class Run : public RunContext {
     return is_global_zero() ? loggers_ : no_loggers_;
   }
   bool has_loggers() const override { return !loggers_.empty(); }
+  Profiler& profiler() override { return prof != nullptr ? *prof : pass_through_; }
+  Metrics device_stats() override { return strategy().accelerator().device_stats(); }
   void manual_backward(const at::Tensor& loss) override;
   void manual_step(size_t index) override;
   void manual_zero_grad(size_t index) override;

@@ -1,0 +1,276 @@
+#include "cli/detail/perf_scan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "../../io/detail/input_limits.h"
+#include "volt/core/check.h"
+
+namespace volt {
+namespace detail {
+namespace {
+
+struct Ev {
+  std::string name, cat;
+  int64_t tid = 0;
+  double ts = 0, dur = 0;
+};
+
+bool starts_with(const std::string& s, const char* p) {
+  return s.rfind(p, 0) == 0;
+}
+bool contains(const std::string& s, const char* p) {
+  return s.find(p) != std::string::npos;
+}
+
+bool is_fetch(const std::string& n) {
+  return (starts_with(n, "get_") && contains(n, "_batch")) || contains(n, "DataLoader");
+}
+bool is_optimizer(const std::string& n) {
+  return n == "optimizer_step" || starts_with(n, "Optimizer.step");
+}
+bool is_collective(const std::string& n) {
+  return starts_with(n, "gloo:") || starts_with(n, "nccl:") || starts_with(n, "c10d::") ||
+         starts_with(n, "record_param_comms");
+}
+// Ops that make the host wait for an accelerator: reading a value (item(), bool(), equal) or a
+// data-dependent shape (nonzero).
+bool is_host_sync(const std::string& n) {
+  return n == "aten::_local_scalar_dense" || n == "aten::is_nonzero" || n == "aten::equal" ||
+         n == "aten::nonzero" || n == "cudaStreamSynchronize" || n == "cudaDeviceSynchronize";
+}
+
+// Total length of the union of [a, b) intervals.
+double union_length(std::vector<std::pair<double, double>> iv) {
+  std::sort(iv.begin(), iv.end());
+  double total = 0, cur_a = 0, cur_b = -1e300;
+  for (const auto& p : iv) {
+    if (p.first > cur_b) {
+      if (cur_b > cur_a) total += cur_b - cur_a;
+      cur_a = p.first;
+      cur_b = p.second;
+    } else {
+      cur_b = std::max(cur_b, p.second);
+    }
+  }
+  if (cur_b > cur_a) total += cur_b - cur_a;
+  return total;
+}
+
+std::string pct(double share) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f%%", 100.0 * share);
+  return b;
+}
+
+}  // namespace
+
+PerfScan scan_trace(const std::string& text, const std::string& source) {
+  InputLimits limits;
+  limits.max_bytes = kTraceMaxBytes;
+  limits.max_nodes = kTraceMaxNodes;
+  const nlohmann::json j = parse_json_bounded(text, "perf", source, limits);
+  const nlohmann::json* events = nullptr;
+  if (j.is_object() && j.contains("traceEvents") && j["traceEvents"].is_array()) {
+    events = &j["traceEvents"];
+  } else if (j.is_array()) {
+    events = &j;  // the JSON Array Format of the trace-event spec
+  }
+  VOLT_CHECK(events != nullptr, ConfigError, "[perf] ", source,
+             " is not a Chrome trace (no \"traceEvents\" array); pass a file written by "
+             "TorchProfiler or torch.profiler's export_chrome_trace.");
+  std::vector<Ev> evs, steps;
+  for (const auto& e : *events) {
+    if (!e.is_object() || e.value("ph", "") != "X") continue;
+    Ev ev;
+    ev.name = e.value("name", "");
+    ev.cat = e.value("cat", "");
+    const auto tid = e.find("tid");
+    ev.tid = tid != e.end() && tid->is_number() ? tid->get<int64_t>() : 0;
+    const auto ts = e.find("ts"), dur = e.find("dur");
+    if (ts == e.end() || !ts->is_number() || dur == e.end() || !dur->is_number()) continue;
+    ev.ts = ts->get<double>();
+    ev.dur = dur->get<double>();
+    if (starts_with(ev.name, "ProfilerStep#")) {
+      steps.push_back(ev);
+    } else {
+      evs.push_back(std::move(ev));
+    }
+  }
+  VOLT_CHECK(!evs.empty(), ConfigError, "[perf] ", source,
+             " has no complete (\"ph\": \"X\") events to scan; record some steps first.");
+  PerfScan s;
+  s.steps = static_cast<int64_t>(steps.size());
+  std::vector<std::pair<double, double>> windows;
+  if (steps.empty()) {
+    double lo = 1e300, hi = -1e300;
+    for (const auto& e : evs) {
+      lo = std::min(lo, e.ts);
+      hi = std::max(hi, e.ts + e.dur);
+    }
+    windows.push_back({lo, hi});
+  } else {
+    for (const auto& st : steps) windows.push_back({st.ts, st.ts + st.dur});
+  }
+  for (const auto& w : windows) s.step_time_us += w.second - w.first;
+  // The thread that runs the steps: the ProfilerStep spans' thread, else the busiest one.
+  std::map<int64_t, double> busy;
+  for (const auto& e : evs) busy[e.tid] += e.dur;
+  int64_t main_tid = steps.empty() ? 0 : steps.front().tid;
+  if (steps.empty()) {
+    double best = -1;
+    for (const auto& kv : busy) {
+      if (kv.second > best) best = kv.second, main_tid = kv.first;
+    }
+  }
+  std::vector<std::pair<double, double>> fetch, optim, coll, covered;
+  std::map<int64_t, std::vector<const Ev*>> by_tid;
+  for (const auto& e : evs) {
+    const bool device = e.cat == "kernel" || e.cat == "gpu_memcpy" || e.cat == "gpu_memset";
+    if (device) {
+      s.device_time_us += e.dur;
+      continue;
+    }
+    if (e.cat == "cpu_op") ++s.ops;
+    if (is_host_sync(e.name)) ++s.host_syncs;
+    by_tid[e.tid].push_back(&e);
+    if (e.tid != main_tid) continue;
+    covered.push_back({e.ts, e.ts + e.dur});
+    if (is_fetch(e.name)) fetch.push_back({e.ts, e.ts + e.dur});
+    if (is_optimizer(e.name)) optim.push_back({e.ts, e.ts + e.dur});
+    if (is_collective(e.name)) coll.push_back({e.ts, e.ts + e.dur});
+  }
+  const double T = std::max(s.step_time_us, 1e-9);
+  s.data_share = union_length(fetch) / T;
+  s.optimizer_share = union_length(optim) / T;
+  s.collective_share = union_length(coll) / T;
+  // Idle: step time on the main thread that no event covers (clipped to the steps).
+  std::vector<std::pair<double, double>> clipped;
+  for (const auto& c : covered) {
+    for (const auto& w : windows) {
+      const double a = std::max(c.first, w.first), b = std::min(c.second, w.second);
+      if (b > a) clipped.push_back({a, b});
+    }
+  }
+  s.idle_share = std::max(0.0, 1.0 - union_length(clipped) / T);
+  // Self time per op name (direct children subtracted, per thread).
+  std::map<std::string, double> self;
+  double step_self = 0;
+  int64_t step_ops = 0;
+  for (auto& kv : by_tid) {
+    auto& v = kv.second;
+    std::sort(v.begin(), v.end(), [](const Ev* a, const Ev* b) {
+      return a->ts != b->ts ? a->ts < b->ts : a->dur > b->dur;
+    });
+    std::vector<const Ev*> stack;
+    std::map<const Ev*, double> own;
+    for (const Ev* e : v) {
+      while (!stack.empty() && e->ts >= stack.back()->ts + stack.back()->dur) stack.pop_back();
+      own[e] += e->dur;
+      if (!stack.empty()) {
+        own[stack.back()] -= e->dur;
+      }
+      stack.push_back(e);
+    }
+    for (const auto& o : own) {
+      if (o.first->cat != "cpu_op") continue;
+      self[o.first->name] += std::max(0.0, o.second);
+      // The tiny-op symptom is about the step's own ops: leave out the loader's (other threads,
+      // or inside a batch fetch on the main thread).
+      const Ev* e = o.first;
+      bool in_fetch = e->tid != main_tid;
+      for (const auto& f : fetch) in_fetch = in_fetch || (e->ts >= f.first && e->ts < f.second);
+      if (!in_fetch) {
+        step_self += std::max(0.0, o.second);
+        ++step_ops;
+      }
+    }
+  }
+  s.mean_op_us = step_ops > 0 ? step_self / static_cast<double>(step_ops) : 0;
+  std::vector<std::pair<std::string, double>> top(self.begin(), self.end());
+  std::sort(top.begin(), top.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (top.size() > 10) top.resize(10);
+  s.top_ops = top;
+
+  // ------------------------------------------------------------------ advice
+  const double per_step = s.steps > 0 ? static_cast<double>(s.steps) : 1.0;
+  const double ops_per_step = static_cast<double>(step_ops) / per_step;
+  if (s.data_share > 0.2) {
+    s.advice.push_back("data loading takes " + pct(s.data_share) +
+                       " of the step: the model waits for batches; load in worker threads "
+                       "(DataLoaderOptions::num_workers), make Dataset::get cheaper or implement "
+                       "get_batch, and move per-sample transforms out of the loop.");
+  }
+  if (s.host_syncs > 0) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.1f", s.host_syncs / per_step);
+    s.advice.push_back(std::string(b) +
+                       " host read(s) per step (item() / _local_scalar_dense, "
+                       "nonzero, equal): on an accelerator each one stalls the host until the "
+                       "device catches up; log tensors with Module::log instead of reading them, "
+                       "or read every N steps (the Trainer's own non-finite-loss check reads the "
+                       "loss once per step: TrainerOptions::detect_nonfinite_loss(false)).");
+  }
+  if (s.mean_op_us > 0 && s.mean_op_us < 20.0 && ops_per_step > 50) {
+    char b[96];
+    std::snprintf(b, sizeof b, "ops are tiny (mean self time %.1f us per op, %.0f ops per step)",
+                  s.mean_op_us, ops_per_step);
+    s.advice.push_back(std::string(b) +
+                       ": the step is bound by per-op host overhead, not by "
+                       "compute; increase the batch size (or accumulate less and batch more).");
+  }
+  if (s.optimizer_share > 0.3) {
+    s.advice.push_back("the optimizer step takes " + pct(s.optimizer_share) +
+                       " of the step: use a fused optimizer (FusedAdamW / FusedSGD).");
+  }
+  if (s.collective_share > 0.2) {
+    s.advice.push_back("collectives take " + pct(s.collective_share) +
+                       " of the step on the main thread: the job is communication-bound; use "
+                       "larger gradient buckets, accumulate gradients (no_sync) or a larger "
+                       "batch per rank.");
+  }
+  if (s.idle_share > 0.2) {
+    s.advice.push_back("the main thread is idle for " + pct(s.idle_share) +
+                       " of the step (no recorded op or region): look for waits outside "
+                       "libtorch (locks, I/O, sleeps) or unprofiled work.");
+  }
+  if (s.advice.empty()) s.advice.push_back("no symptom above its threshold.");
+  return s;
+}
+
+std::string format_scan(const PerfScan& s, const std::string& source) {
+  std::ostringstream os;
+  char b[256];
+  os << "perf scan of " << source << "\n";
+  std::snprintf(b, sizeof b, "  steps: %lld (%.3f ms scanned)\n", static_cast<long long>(s.steps),
+                s.step_time_us / 1000.0);
+  os << b;
+  os << "  data loading: " << pct(s.data_share) << "   optimizer: " << pct(s.optimizer_share)
+     << "   collectives: " << pct(s.collective_share)
+     << "   idle (main thread): " << pct(s.idle_share) << "\n";
+  if (s.device_time_us > 0) {
+    std::snprintf(b, sizeof b, "  device time: %.3f ms (%s of the step: %s)\n",
+                  s.device_time_us / 1000.0, pct(s.device_time_us / s.step_time_us).c_str(),
+                  s.device_time_us < 0.5 * s.step_time_us ? "host-bound" : "device-bound");
+  } else {
+    std::snprintf(b, sizeof b, "  device time: none in this trace (a CPU run: host time only)\n");
+  }
+  os << b;
+  std::snprintf(b, sizeof b, "  host ops: %lld, mean self time per op %.1f us; host reads: %lld\n",
+                static_cast<long long>(s.ops), s.mean_op_us, static_cast<long long>(s.host_syncs));
+  os << b << "  top ops by self time:\n";
+  for (const auto& t : s.top_ops) {
+    std::snprintf(b, sizeof b, "    %-40s %10.3f ms\n", t.first.c_str(), t.second / 1000.0);
+    os << b;
+  }
+  os << "advice:\n";
+  for (const auto& a : s.advice) os << "  - " << a << "\n";
+  return os.str();
+}
+
+}  // namespace detail
+}  // namespace volt
