@@ -67,26 +67,12 @@ bool selected(const QuantConfig& c, const std::string& name) {
   return !contains(c.blocklist_names(), name) && !contains(c.blocklist_types(), "Linear");
 }
 
-void check_names_exist(const std::vector<std::string>& names, const std::vector<std::string>& have,
-                       const char* list) {
-  for (const auto& n : names) {
-    if (contains(have, n)) continue;
-    std::ostringstream all;
-    for (const auto& h : have) all << (&h == &have.front() ? "" : ", ") << h;
-    VOLT_CHECK(false, ConfigError, "[Fp8Inference] the ", list, " names \"", n,
-               "\", which is not a Linear of this model; its Linear layers are: ",
-               all.str().empty() ? "(none)" : all.str(), ".");
-  }
-}
-
 using Linears = std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>>;
 
 Linears selected_linears(torch::nn::Module& model, const QuantConfig& c) {
   const auto all = detail::linear_layers(model);
-  std::vector<std::string> names;
-  for (const auto& l : all) names.push_back(l.first);
-  check_names_exist(c.allowlist_names(), names, "allowlist");
-  check_names_exist(c.blocklist_names(), names, "blocklist");
+  detail::check_linear_names(c.allowlist_names(), all, "Fp8Inference", "the allowlist");
+  detail::check_linear_names(c.blocklist_names(), all, "Fp8Inference", "the blocklist");
   Linears out;
   for (const auto& l : all) {
     if (selected(c, l.first)) out.push_back(l);

@@ -127,8 +127,7 @@ class Fp8GemmKernel final : public c10::OperatorKernel {
     if (fb < 0 && device_ == c10::kCPU) {
       int64_t macs = -1;
       if (op_ == Fp8GemmOp::kLinear) {
-        const auto a = arg(0).toTensor(), wt = arg(1).toTensor();
-        macs = wt.dim() == 2 && a.dim() >= 1 && a.size(-1) == wt.size(1) ? a.numel() * wt.size(0) : -1;
+        macs = linear_macs(arg(0).toTensor(), arg(1).toTensor());
       } else if (op_ == Fp8GemmOp::kAddmm) {
         macs = gemm_macs(arg(1).toTensor(), arg(2).toTensor());
       } else {
@@ -237,6 +236,22 @@ std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>> line
   return out;
 }
 
+void check_linear_names(
+    const std::vector<std::string>& names,
+    const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>>& linears,
+    const char* component, const char* list) {
+  for (const auto& name : names) {
+    const bool found = std::any_of(linears.begin(), linears.end(),
+                                   [&](const auto& l) { return l.first == name; });
+    if (found) continue;
+    std::ostringstream all;
+    for (const auto& l : linears) all << (&l == &linears.front() ? "" : ", ") << l.first;
+    VOLT_CHECK(false, ConfigError, "[", component, "] ", list, " names \"", name,
+               "\", which is not a Linear of this model; its Linear layers are: ",
+               all.str().empty() ? "(none)" : all.str(), ".");
+  }
+}
+
 at::Tensor ensure_buffer(torch::nn::Module& module, const std::string& name,
                          const at::Tensor& init) {
   if (const at::Tensor* existing = module.named_buffers(/*recurse=*/false).find(name)) {
@@ -264,17 +279,7 @@ std::string Fp8ConversionReport::str() const {
 Fp8ConversionReport convert_to_fp8(torch::nn::Module& model, const Fp8ConvertOptions& options) {
   validate(options.recipe());
   const auto linears = detail::linear_layers(model);
-  for (const auto& name : options.skip()) {
-    const bool found = std::any_of(linears.begin(), linears.end(),
-                                   [&](const auto& l) { return l.first == name; });
-    if (!found) {
-      std::ostringstream names;
-      for (const auto& l : linears) names << (&l == &linears.front() ? "" : ", ") << l.first;
-      VOLT_CHECK(false, ConfigError, "[Fp8] skip names \"", name, "\", which is not a Linear of ",
-                 "this model; its Linear layers are: ", names.str().empty() ? "(none)" : names.str(),
-                 ".");
-    }
-  }
+  detail::check_linear_names(options.skip(), linears, "Fp8", "skip");
   Fp8ConversionReport report;
   const auto& recipe = options.recipe();
   for (const auto& [name, lin] : linears) {

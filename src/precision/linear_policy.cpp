@@ -22,10 +22,8 @@ at::Tensor cast(c10::ScalarType dtype, const at::Tensor& t) {
 // small GEMMs, where a slow wrapper would eat the gain.
 at::Tensor rule_linear(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>& bias) {
-  const int64_t macs = weight.dim() == 2 && input.dim() >= 1 && input.size(-1) == weight.size(1)
-                           ? input.numel() * weight.size(0)
-                           : -1;
-  const auto dtype = cpu_gemm_dtype(macs, at::autocast::get_autocast_cpu_dtype());
+  const auto dtype =
+      cpu_gemm_dtype(linear_macs(input, weight), at::autocast::get_autocast_cpu_dtype());
   c10::optional<at::Tensor> b;
   if (bias && bias->defined()) b = cast(dtype, *bias);
   const auto x = cast(dtype, input), w = cast(dtype, weight);
@@ -78,6 +76,11 @@ struct SizeRule {
 int64_t gemm_macs(const at::Tensor& x, const at::Tensor& kn) {
   if (kn.dim() != 2 || x.dim() < 1 || x.size(-1) != kn.size(0)) return -1;
   return x.numel() * kn.size(1);  // rows x K x N
+}
+
+int64_t linear_macs(const at::Tensor& x, const at::Tensor& weight) {
+  if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1)) return -1;
+  return x.numel() * weight.size(0);  // rows x K x N
 }
 
 std::shared_ptr<void> install_cpu_linear_size_rule(int64_t min_macs,

@@ -54,6 +54,11 @@ void set_fp8_fallback_dtype(Fp8GemmOp op, c10::optional<c10::ScalarType> dtype);
 /// Every torch::nn::Linear below `model`, with its qualified name.
 std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>> linear_layers(
     torch::nn::Module& model);
+/// Throws ConfigError "[component] <list> names "x", which is not a Linear of this model; its
+/// Linear layers are: ..." for the first of `names` that is none of `linears`.
+void check_linear_names(const std::vector<std::string>& names,
+                        const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>>& linears,
+                        const char* component, const char* list);
 /// `module`'s buffer `name`, registered from `init` when absent.
 at::Tensor ensure_buffer(torch::nn::Module& module, const std::string& name, const at::Tensor& init);
 

@@ -18,6 +18,9 @@ namespace volt::detail {
 /// Multiply-adds of x [..., K] times a [K, N] matrix; -1 when `kn` is not 2-D or K differs.
 int64_t gemm_macs(const at::Tensor& x, const at::Tensor& kn);
 
+/// Multiply-adds of linear(x [..., K], weight [N, K]); -1 when the shapes do not fit.
+int64_t linear_macs(const at::Tensor& x, const at::Tensor& weight);
+
 /// Registers, for the lifetime of the returned handle, kernels for aten::linear, addmm and
 /// matmul (minus those named in `skip`, e.g. because the user's op lists decide them) on the
 /// AutocastCPU key that run GEMMs under `min_macs` multiply-adds in fp32 and the rest in
