@@ -1,7 +1,10 @@
 // DdpStrategy on this machine's CPUs (issue #9): weak scaling, the bucket size and
-// gradient_as_bucket_view sweep, and how much of the gradient all-reduce hides behind backward.
+// gradient_as_bucket_view sweep, and how much of the gradient all-reduce hides behind backward;
+// and DeepSpeedStrategy's ZeRO stages against DDP at the same world size (issue #12): step time,
+// peak RSS and the exact per-rank bytes of parameters, gradients and Adam state.
 //
-//   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B] [--only weak|sweep|overlap]
+//   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
+//                  [--only weak|sweep|overlap|zero]
 //
 // The driver runs every configuration as a fresh job of this same binary (`--worker ...`), with
 // OPENBLAS_NUM_THREADS=1 so that "1 thread" holds for OpenBLAS too; with devices=2 the job's
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include <volt/volt.h>
+#include <volt/strategies/deepspeed.h>
 
 namespace {
 
@@ -51,18 +55,37 @@ struct Mlp : torch::nn::Module {
 
 class BenchModule : public volt::Module {
  public:
-  explicit BenchModule(int64_t width)
-      : net_(register_module("net", std::make_shared<Mlp>(width))) {}
+  BenchModule(int64_t width, bool adam)
+      : adam_(adam), net_(register_module("net", std::make_shared<Mlp>(width))) {}
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     return torch::cross_entropy_loss(net_->forward(b.input), b.target);
   }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
-    return {std::make_shared<torch::optim::SGD>(parameters(),
-                                                torch::optim::SGDOptions(0.01).momentum(0.9))};
+    if (adam_) opt = std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(1e-3));
+    else opt = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    return {volt::OptimizerConfig(opt)};
   }
+  std::shared_ptr<torch::optim::Optimizer> opt;
 
  private:
+  bool adam_;
   std::shared_ptr<Mlp> net_;
+};
+
+/// The ZeRO engine's exact per-rank bytes at the end of training (before stage 3's teardown
+/// gathers the parameters back).
+class ZeroBytes : public volt::Callback {
+ public:
+  ZeroBytes(volt::DeepSpeedStrategy* s, BenchModule* m) : s_(s), m_(m) {}
+  std::string state_key() const override { return "ZeroBytes"; }
+  void on_train_end(volt::RunContext&, volt::Module&) override {
+    if (const volt::ZeroEngine* e = m_->opt ? s_->engine(*m_->opt) : nullptr) bytes = e->memory();
+  }
+  volt::ZeroMemory bytes;
+
+ private:
+  volt::DeepSpeedStrategy* s_;
+  BenchModule* m_;
 };
 
 /// Step times after the warm-up, and backward times split by whether the micro-batch
@@ -104,8 +127,9 @@ int worker(std::map<std::string, std::string>& a) {
   const auto accum = static_cast<int64_t>(num("--accum", 1));
   const int64_t warmup = 5;
 
+  const auto zero = static_cast<int64_t>(num("--zero", 0));
   torch::manual_seed(0);
-  BenchModule model(width);
+  BenchModule model(width, num("--adam", 0) != 0);
   auto x = torch::randn({8192, 784});
   auto y = torch::randint(0, 10, {8192});
   auto data = std::make_shared<volt::TensorDataset>(x, y);
@@ -114,8 +138,20 @@ int worker(std::map<std::string, std::string>& a) {
   auto precision = std::make_shared<volt::Fp32Precision>();
   volt::DdpStrategyOptions ddp;
   ddp.bucket_cap_mb(num("--bucket-mb", 25)).gradient_as_bucket_view(num("--view", 0) != 0);
-  auto strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision, devices, 1);
+  std::shared_ptr<volt::DdpStrategy> strategy;
+  std::shared_ptr<ZeroBytes> zero_bytes;
   auto timing = std::make_shared<Timing>(warmup, accum);
+  std::vector<std::shared_ptr<volt::Callback>> callbacks{timing};
+  if (zero > 0) {
+    auto ds = std::make_shared<volt::DeepSpeedStrategy>(
+        volt::DeepSpeedStrategyOptions().stage(zero).param_persistence_threshold(0), accelerator,
+        precision, devices, 1);
+    zero_bytes = std::make_shared<ZeroBytes>(ds.get(), &model);
+    callbacks.push_back(zero_bytes);
+    strategy = ds;
+  } else {
+    strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision, devices, 1);
+  }
   volt::Trainer trainer(volt::TrainerOptions()
                             .accelerator(accelerator)
                             .precision(precision)
@@ -129,12 +165,12 @@ int worker(std::map<std::string, std::string>& a) {
                             .enable_checkpointing(false)
                             .enable_progress_bar(false)
                             .num_sanity_val_steps(0)
-                            .callbacks({timing}));
+                            .callbacks(callbacks));
   trainer.fit(model, volt::DataLoader(data, volt::DataLoaderOptions(batch).shuffle(true).seed(1)));
 
   // The same gradient volume all-reduced alone, as one flat tensor, outside backward.
   double allreduce_ms = 0;
-  if (devices > 1) {
+  if (devices > 1 && zero == 0) {
     int64_t n = 0;
     for (const auto& p : model.parameters()) n += p.numel();
     auto flat = torch::ones({n});
@@ -148,18 +184,31 @@ int worker(std::map<std::string, std::string>& a) {
   }
   struct rusage ru {};
   ::getrusage(RUSAGE_SELF, &ru);
+  // Without ZeRO every rank holds whole weights, gradients and state: count them alike.
+  volt::ZeroMemory bytes;
+  if (zero_bytes) {
+    bytes = zero_bytes->bytes;
+  } else {
+    for (const auto& p : model.parameters()) {
+      bytes.parameters += p.numel() * 4;
+      bytes.gradients += p.numel() * 4;
+      bytes.optimizer_state += p.numel() * 4 * (num("--adam", 0) != 0 ? 2 : 1);
+    }
+  }
   std::printf(
       "RESULT rank=%lld step_ms=%.3f bwd_sync_ms=%.3f bwd_nosync_ms=%.3f "
-      "allreduce_ms=%.3f rss_mb=%.1f\n",
+      "allreduce_ms=%.3f rss_mb=%.1f params=%lld grads=%lld state=%lld\n",
       static_cast<long long>(trainer.strategy().rank()), median(timing->batch_ms),
       median(timing->backward_sync_ms), median(timing->backward_nosync_ms), allreduce_ms,
-      ru.ru_maxrss / 1024.0);
+      ru.ru_maxrss / 1024.0, static_cast<long long>(bytes.parameters),
+      static_cast<long long>(bytes.gradients), static_cast<long long>(bytes.optimizer_state));
   std::fflush(stdout);
   return 0;
 }
 
 struct Result {
   double step_ms = 0, bwd_sync_ms = 0, bwd_nosync_ms = 0, allreduce_ms = 0, rss_mb = 0;
+  long long params = 0, grads = 0, state = 0;
   int ranks = 0;
 };
 
@@ -175,9 +224,9 @@ Result job(const std::string& self, const std::string& args) {
     Result one;
     if (std::sscanf(line,
                     "RESULT rank=%lld step_ms=%lf bwd_sync_ms=%lf bwd_nosync_ms=%lf "
-                    "allreduce_ms=%lf rss_mb=%lf",
+                    "allreduce_ms=%lf rss_mb=%lf params=%lld grads=%lld state=%lld",
                     &rank, &one.step_ms, &one.bwd_sync_ms, &one.bwd_nosync_ms, &one.allreduce_ms,
-                    &one.rss_mb) == 6) {
+                    &one.rss_mb, &one.params, &one.grads, &one.state) == 9) {
       ++r.ranks;
       r.rss_mb = std::max(r.rss_mb, one.rss_mb);
       if (rank == 0) {
@@ -279,6 +328,32 @@ int main(int argc, char** argv) {
         std::printf("  the same gradients all-reduced alone    %8.2f ms\n", median(alone));
         std::printf("  hidden behind backward                  %7.0f %%\n\n",
                     100.0 * std::max(0.0, std::min(1.0, hidden)));
+      }
+    }
+    // 4. ZeRO stages against DDP at the same world size (Adam: 16 bytes per parameter).
+    if (wanted("zero")) {
+      for (const char* n : {"2", "4"}) {
+        std::printf("ZeRO vs DDP, %s ranks, Adam (bytes per rank counted exactly; Psi = "
+                    "parameters)\n", n);
+        std::printf("  strategy  ms/step  vs DDP  peak RSS MB  params+grads+state MB  bytes/Psi\n");
+        double ddp_ms = 0;
+        for (const char* stage : {"0", "1", "2", "3"}) {
+          std::vector<double> t, rss;
+          Result last;
+          for (int r = 0; r < rounds; ++r) {
+            last = job(bin, std::string("--adam 1 --devices ") + n + " --zero " + stage +
+                                common.str());
+            t.push_back(last.step_ms);
+            rss.push_back(last.rss_mb);
+          }
+          if (stage[0] == '0') ddp_ms = median(t);
+          const double total = static_cast<double>(last.params + last.grads + last.state);
+          const double psi = static_cast<double>(last.params) / (stage[0] == '3' ? 4.0 / std::stod(n) : 4.0);
+          std::printf("  %-8s  %7.2f  %6.2fx  %11.1f  %21.1f  %9.2f\n",
+                      stage[0] == '0' ? "ddp" : (std::string("stage ") + stage).c_str(), median(t),
+                      median(t) / ddp_ms, median(rss), total / 1e6, total / psi);
+        }
+        std::printf("\n");
       }
     }
     return 0;

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 
+#include <filesystem>
+
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +18,12 @@
 
 namespace volt {
 namespace {
+
+// A checkpoint is a file, or a folder of per-rank shards (DeepSpeedStrategy with ZeRO).
+void remove_checkpoint_file(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
 
 /// One "{name}" or "{name:spec}" field of a filename template and the literal text before it.
 struct Field {
@@ -148,7 +156,8 @@ std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) co
       continue;
     }
     const std::string path = dir + "/" + name;
-    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    // A file, or a folder of per-rank shards (DeepSpeedStrategy with ZeRO).
+    if (::stat(path.c_str(), &st) != 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) continue;
     if (newest.empty() || st.st_mtim.tv_sec > newest_time.tv_sec ||
         (st.st_mtim.tv_sec == newest_time.tv_sec && st.st_mtim.tv_nsec > newest_time.tv_nsec)) {
       newest = path;
@@ -210,7 +219,7 @@ void ModelCheckpoint::save(RunContext& run) {
       // No monitor: keep the latest checkpoint (k == 1) or all of them (k == -1).
       run.save_checkpoint(path);
       if (k == 1 && !latest_path_.empty() && latest_path_ != path) {
-        if (run.is_global_zero()) std::remove(latest_path_.c_str());
+        if (run.is_global_zero()) remove_checkpoint_file(latest_path_);
         best_k_models_.erase(latest_path_);
       }
       latest_path_ = path;
@@ -234,7 +243,7 @@ void ModelCheckpoint::save(RunContext& run) {
         // Delete the evicted file only after its replacement is safely on disk (rank 0 owns
         // the files).
         if (!room && worst != path) {
-          if (run.is_global_zero()) std::remove(worst.c_str());
+          if (run.is_global_zero()) remove_checkpoint_file(worst);
           best_k_models_.erase(worst);
         }
         best_k_models_[path] = s;

@@ -23,6 +23,7 @@
 #include "volt/data/data_module.h"
 #include "volt/io/checkpoint_io.h"
 #include "volt/io/safetensors.h"
+#include "volt/strategies/deepspeed.h"
 #include "volt/loggers/logger.h"
 #include "volt/report/run_report.h"
 #include "volt/trainer/plan.h"
@@ -37,7 +38,7 @@ using detail::ResolvedConfig;
 const std::vector<std::string> kRunCommands = {"fit", "validate", "test", "predict"};
 const std::vector<std::string> kCommands = {"fit",     "validate",     "test",
                                             "predict", "print-config", "report",
-                                            "perf"};
+                                            "perf",    "zero-to-fp32"};
 
 const char* command_summary(const std::string& c) {
   if (c == "fit") return "train the model (Trainer::fit); ckpt_path resumes a run";
@@ -48,6 +49,7 @@ const char* command_summary(const std::string& c) {
   if (c == "print-config") return "print the fully resolved config (loadable with --config)";
   if (c == "report") return "write a self-contained HTML report of a run folder";
   if (c == "perf") return "scan a profiler trace (TorchProfiler / PyTorch) and print advice";
+  if (c == "zero-to-fp32") return "consolidate a ZeRO checkpoint folder into one checkpoint file";
   return "";
 }
 
@@ -188,6 +190,13 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
     os << "usage: " << prog << " perf --trace FILE\n\n"
        << command_summary(command) << ".\nFILE is a Chrome trace JSON: TorchProfiler's "
        << "<stage>-...-rank<R>.pt.trace.json or torch.profiler's export_chrome_trace.\n";
+    return;
+  }
+  if (command == "zero-to-fp32") {
+    os << "usage: " << prog << " zero-to-fp32 FOLDER OUT\n\n"
+       << command_summary(command) << ".\nFOLDER is a checkpoint DeepSpeedStrategy wrote (every "
+       << "rank's shard); OUT gets full weights and optimizer state by parameter name, loadable "
+       << "by any strategy and world size (DeepSpeed's zero_to_fp32.py).\n";
     return;
   }
   if (command == "report") {
@@ -383,8 +392,18 @@ int run_perf(const Command& cmd, std::ostream& out) {
   return kCliOk;
 }
 
+int run_zero_to_fp32(const Command& cmd, std::ostream& out) {
+  VOLT_CHECK(cmd.positional.size() == 2 && cmd.sources.empty(), ConfigError,
+             "[cli] zero-to-fp32 takes FOLDER and OUT; e.g. volt zero-to-fp32 "
+             "runs/checkpoints/last.ckpt full.ckpt.");
+  consolidate_zero_checkpoint(cmd.positional[0], cmd.positional[1]);
+  out << "consolidated: " << cmd.positional[1] << "\n";
+  return kCliOk;
+}
+
 int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std::ostream& err) {
   if (cmd.name == "report") return run_report(cmd, out);
+  if (cmd.name == "zero-to-fp32") return run_zero_to_fp32(cmd, out);
   if (cmd.name == "perf") return run_perf(cmd, out);
   VOLT_CHECK(cmd.positional.empty(), ConfigError, "[cli] unexpected argument \"",
              cmd.positional.front(), "\"; options are --key=value (did you forget the --?).");

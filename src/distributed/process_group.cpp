@@ -471,19 +471,40 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
                i, ".");
     if (tensors[i].numel() > 0) by_dtype[tensors[i].scalar_type()].push_back(i);
   }
-  for (auto& [dtype, idx] : by_dtype) {
-    std::vector<at::Tensor> flat_parts;
-    for (size_t i : idx) flat_parts.push_back(tensors[i].detach().reshape(-1));
-    std::vector<at::Tensor> buf{at::cat(flat_parts)};
-    c10d::BroadcastOptions o;
-    o.rootRank = src;
-    o.timeout = options_.timeout();
-    run_collective(*this, "broadcast", [&] { return impl_->group->broadcast(buf, o); });
-    int64_t offset = 0;
-    for (size_t i : idx) {
-      const int64_t n = tensors[i].numel();
-      tensors[i].detach().copy_(buf[0].narrow(0, offset, n).view(tensors[i].sizes()));
-      offset += n;
+  // Flat buffers of at most kBroadcastBucket elements (a tensor larger than that goes alone):
+  // a model's weights are never copied whole at once, which would double a rank's memory.
+  constexpr int64_t kBroadcastBucket = int64_t{1} << 20;
+  for (auto& [dtype, all] : by_dtype) {
+    size_t first = 0;
+    while (first < all.size()) {
+      size_t last = first;
+      int64_t total = 0;
+      while (last < all.size() &&
+             (total == 0 || total + tensors[all[last]].numel() <= kBroadcastBucket)) {
+        total += tensors[all[last]].numel();
+        ++last;
+      }
+      std::vector<at::Tensor> flat_parts;
+      for (size_t k = first; k < last; ++k) {
+        flat_parts.push_back(tensors[all[k]].detach().reshape(-1));
+      }
+      std::vector<at::Tensor> buf{last - first == 1 && flat_parts[0].is_contiguous()
+                                      ? flat_parts[0]
+                                      : at::cat(flat_parts)};
+      c10d::BroadcastOptions o;
+      o.rootRank = src;
+      o.timeout = options_.timeout();
+      run_collective(*this, "broadcast", [&] { return impl_->group->broadcast(buf, o); });
+      int64_t offset = 0;
+      for (size_t k = first; k < last; ++k) {
+        at::Tensor t = tensors[all[k]].detach();
+        const int64_t n = t.numel();
+        if (!buf[0].is_same(flat_parts[k - first])) {
+          t.copy_(buf[0].narrow(0, offset, n).view(t.sizes()));
+        }
+        offset += n;
+      }
+      first = last;
     }
   }
 }

@@ -28,8 +28,16 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_state() {
   return std::make_unique<State>();
 }
 
+std::string shape_str(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+}  // namespace
+
 // The concrete state type per optimizer: OptimizerParamState is polymorphic but has no factory.
-std::unique_ptr<torch::optim::OptimizerParamState> new_param_state(
+std::unique_ptr<torch::optim::OptimizerParamState> new_optimizer_param_state(
     const torch::optim::Optimizer& opt) {
   using namespace torch::optim;
   if (auto* fused = dynamic_cast<const FusedOptimizer*>(&opt)) return fused->make_param_state();
@@ -43,14 +51,6 @@ std::unique_ptr<torch::optim::OptimizerParamState> new_param_state(
              "FusedAdamW, or save its state yourself in Module::on_save_checkpoint.");
   return nullptr;
 }
-
-std::string shape_str(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
-}
-
-}  // namespace
 
 void save_module_state(const torch::nn::Module& module, torch::serialize::OutputArchive& archive) {
   for (const auto& item : module.named_parameters(true)) archive.write(item.key(), item.value());
@@ -166,7 +166,7 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const torch::nn::M
                  "' which the model does not have; resume with the same model.");
       torch::serialize::InputArchive one;
       if (!states_ar.try_read(name, one)) continue;  // no state yet (never stepped)
-      auto st = new_param_state(optimizer);
+      auto st = new_optimizer_param_state(optimizer);
       st->serialize(one);
       state[state_key_for<StateKey>(it->second)] = std::move(st);
     }

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 #include "volt/kernels/fused_adamw.h"
 #include "volt/kernels/fused_sgd.h"
 
@@ -336,6 +337,58 @@ std::vector<double> LinearLR::closed_form_lrs(const std::vector<double>&) {
   std::vector<double> out;
   for (double b : base_lrs_) out.push_back(b * (s + (e - s) * done / static_cast<double>(total)));
   return out;
+}
+
+// ------------------------------------------------------------------- WarmupLR, WarmupDecayLR
+
+WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, WarmupLROptions options)
+    : LRScheduler(optimizer),
+      options_(options),
+      warmup_steps_(std::max<int64_t>(2, options.warmup_num_steps())) {
+  VOLT_CHECK(options_.warmup_min_lr() >= 0 && options_.warmup_max_lr() >= 0, ConfigError,
+             "[WarmupLR] warmup_min_lr=", options_.warmup_min_lr(),
+             " and warmup_max_lr=", options_.warmup_max_lr(), " must be >= 0.");
+  VOLT_CHECK(options_.warmup_num_steps() >= 0, ConfigError, "[WarmupLR] warmup_num_steps=",
+             options_.warmup_num_steps(), " must be >= 0.");
+  // DeepSpeed writes nothing at construction: the first optimizer step uses the optimizer's lr.
+}
+
+double WarmupLR::warmup_gamma(int64_t it) const {
+  if (options_.warmup_type() == WarmupType::kLinear) {
+    return static_cast<double>(it) / static_cast<double>(warmup_steps_);
+  }
+  return std::log(static_cast<double>(it + 1)) / std::log(static_cast<double>(warmup_steps_));
+}
+
+double WarmupLR::gamma(int64_t it) const { return it < warmup_steps_ ? warmup_gamma(it) : 1.0; }
+
+std::vector<double> WarmupLR::compute_lrs(const std::vector<double>& current) {
+  // DeepSpeed's last_batch_iteration is one behind PyTorch's last_epoch.
+  const int64_t it = last_epoch_ - 1;
+  if (it < 0) return current;
+  const double g = gamma(it);
+  const double lr =
+      options_.warmup_min_lr() + (options_.warmup_max_lr() - options_.warmup_min_lr()) * g;
+  return std::vector<double>(current.size(), lr);
+}
+
+WarmupDecayLR::WarmupDecayLR(torch::optim::Optimizer& optimizer, WarmupLROptions options)
+    : WarmupLR(optimizer, options) {
+  VOLT_CHECK(options_.total_num_steps() > 0, ConfigError,
+             "[WarmupDecayLR] total_num_steps=", options_.total_num_steps(),
+             " must be > 0: the step at which the lr reaches 0.");
+  if (options_.total_num_steps() < warmup_steps_) {
+    log_warning("WarmupDecayLR", "total_num_steps " + std::to_string(options_.total_num_steps()) +
+                                     " is less than warmup_num_steps " +
+                                     std::to_string(warmup_steps_) + ".");
+  }
+}
+
+double WarmupDecayLR::gamma(int64_t it) const {
+  if (it < warmup_steps_) return warmup_gamma(it);
+  const double total = static_cast<double>(options_.total_num_steps());
+  return std::max(0.0, (total - static_cast<double>(it)) /
+                           std::max(1.0, total - static_cast<double>(warmup_steps_)));
 }
 
 // --------------------------------------------------------------------------------- LambdaLR

@@ -156,19 +156,10 @@ c10::Device DdpStrategy::root_device() const {
   return accelerator_->device(env_.local_rank);
 }
 
-void DdpStrategy::setup_module(Module& module) {
-  Strategy::setup_module(module);
+void DdpStrategy::broadcast_module_state(Module& module) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> state;
-  std::vector<at::Tensor> params;
-  std::vector<std::string> names;
-  for (const auto& p : module.named_parameters(true)) {
-    state.push_back(p.value().detach());
-    if (p.value().requires_grad()) {
-      params.push_back(p.value());
-      names.push_back(p.key());
-    }
-  }
+  for (const auto& p : module.named_parameters(true)) state.push_back(p.value().detach());
   buffers_.clear();
   for (const auto& b : module.named_buffers(true)) {
     state.push_back(b.value().detach());
@@ -176,6 +167,19 @@ void DdpStrategy::setup_module(Module& module) {
   }
   // Every rank starts from rank 0's weights and buffers.
   if (!state.empty()) group().broadcast_(state, 0);
+}
+
+void DdpStrategy::setup_module(Module& module) {
+  Strategy::setup_module(module);
+  broadcast_module_state(module);
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& p : module.named_parameters(true)) {
+    if (p.value().requires_grad()) {
+      params.push_back(p.value());
+      names.push_back(p.key());
+    }
+  }
   reducer_ = std::make_unique<GradientReducer>(
       params, group_,
       GradientReducerOptions()

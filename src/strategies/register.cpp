@@ -1,6 +1,7 @@
 // Registers this folder's built-in names; called once from registry() (src/trainer/builtins.cpp).
 #include "volt/core/registry.h"
 #include "volt/strategies/ddp.h"
+#include "volt/strategies/deepspeed.h"
 #include "volt/strategies/single_device.h"
 
 namespace volt::detail {
@@ -41,6 +42,77 @@ void register_strategies(Registry& r) {
                 .max_restarts(a.get<int64_t>("max_restarts")),
             c.accelerator, c.precision, c.devices, c.num_nodes);
       });
+  // DeepSpeed's names (Lightning's registry): one parameter set, different defaults.
+  struct Variant {
+    const char* name;
+    int64_t stage;
+    bool offload;
+    const char* help;
+  };
+  // deepspeed_stage_3_offload_nvme (ZeRO-Infinity) is registered once NVMe offload is built.
+  for (const Variant& v : {Variant{"deepspeed", 2, false, "ZeRO sharded data parallel (stage 2 "
+                                                           "by default)"},
+                           Variant{"deepspeed_stage_1", 1, false,
+                                   "ZeRO stage 1: optimizer state partitioned across ranks"},
+                           Variant{"deepspeed_stage_2", 2, false,
+                                   "ZeRO stage 2: optimizer state and gradients partitioned"},
+                           Variant{"deepspeed_stage_2_offload", 2, true,
+                                   "ZeRO stage 2 with the optimizer in host memory"},
+                           Variant{"deepspeed_stage_3", 3, false,
+                                   "ZeRO stage 3: parameters partitioned too, gathered per "
+                                   "module when read"},
+                           Variant{"deepspeed_stage_3_offload", 3, true,
+                                   "ZeRO stage 3 with optimizer and parameters in host "
+                                   "memory"}}) {
+    const DeepSpeedStrategyOptions o;
+    r.strategies.add(
+        v.name, v.help,
+        Params()
+            .add("zero_optimization", o.zero_optimization(), "shard with ZeRO (false: plain DDP)")
+            .add("stage", v.stage, "ZeRO stage: 1 optimizer state, 2 and gradients, 3 and "
+                                   "parameters")
+            .add("offload_optimizer", v.offload, "optimizer state and step in host memory")
+            .add("offload_parameters", v.offload && v.stage == 3,
+                 "stage 3: parameters in host memory")
+            .add("param_persistence_threshold", o.param_persistence_threshold(),
+                 "stage 3: parameters up to this many elements stay whole")
+            .add("max_live_parameters", o.max_live_parameters(),
+                 "stage 3: most parameter elements gathered at once")
+            .choice("offload_optimizer_device", o.offload_optimizer_device(), {"cpu", "nvme"},
+                    "where the optimizer state is offloaded")
+            .add("nvme_path", o.nvme_path(), "folder of NVMe swap files (ZeRO-Infinity)")
+            .add("reduce_bucket_size", o.reduce_bucket_size(),
+                 "gradient elements per reduce-scatter")
+            .add("allgather_bucket_size", o.allgather_bucket_size(),
+                 "parameter elements per all-gather after the step")
+            .add("zero_allow_untested_optimizer", o.zero_allow_untested_optimizer(),
+                 "accept optimizers other than SGD/Adam/AdamW/RMSprop/Adagrad/Fused*")
+            .add("config", o.config(), "DeepSpeed JSON: a file path or inline JSON ('{...}')")
+            .add("parallel_devices", o.parallel_devices(), "processes per node (0: devices)")
+            .add("timeout_s", o.timeout_s(), "bound on rendezvous and every collective (seconds)")
+            .choice("process_group_backend", o.process_group_backend(), {"auto", "gloo", "nccl"},
+                    "collective backend; auto = gloo on cpu, nccl on cuda"),
+        [](const Args& a, const StrategyContext& c) -> std::shared_ptr<Strategy> {
+          return std::make_shared<DeepSpeedStrategy>(
+              DeepSpeedStrategyOptions()
+                  .zero_optimization(a.get<bool>("zero_optimization"))
+                  .stage(a.get<int64_t>("stage"))
+                  .offload_optimizer(a.get<bool>("offload_optimizer"))
+                  .offload_parameters(a.get<bool>("offload_parameters"))
+                  .param_persistence_threshold(a.get<int64_t>("param_persistence_threshold"))
+                  .max_live_parameters(a.get<int64_t>("max_live_parameters"))
+                  .offload_optimizer_device(a.get<std::string>("offload_optimizer_device"))
+                  .nvme_path(a.get<std::string>("nvme_path"))
+                  .reduce_bucket_size(a.get<int64_t>("reduce_bucket_size"))
+                  .allgather_bucket_size(a.get<int64_t>("allgather_bucket_size"))
+                  .zero_allow_untested_optimizer(a.get<bool>("zero_allow_untested_optimizer"))
+                  .config(a.get<std::string>("config"))
+                  .parallel_devices(a.get<int64_t>("parallel_devices"))
+                  .timeout_s(a.get<double>("timeout_s"))
+                  .process_group_backend(a.get<std::string>("process_group_backend")),
+              c.accelerator, c.precision, c.devices, c.num_nodes);
+        });
+  }
 }
 
 }  // namespace volt::detail

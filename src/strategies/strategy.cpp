@@ -5,6 +5,7 @@
 #include "volt/core/check.h"
 #include "volt/core/module.h"
 #include "volt/io/state.h"
+#include "volt/strategies/deepspeed.h"
 
 namespace volt {
 
@@ -131,6 +132,8 @@ void Strategy::save_checkpoint(torch::serialize::OutputArchive& archive, const s
 }
 
 torch::serialize::InputArchive Strategy::load_checkpoint(const std::string& path) {
+  // A ZeRO folder (every rank's shard) loads anywhere once consolidated.
+  if (is_zero_checkpoint(path)) return load_consolidated_zero_checkpoint(path);
   return checkpoint_io_->load(path);
 }
 

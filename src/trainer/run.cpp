@@ -128,6 +128,7 @@ void Run::setup_run(Module& m, Stage stage) {
   st.status = RunStatus::kRunning;
   m.attach(this);
   strategy().set_config_fingerprint(config_fingerprint());
+  strategy().set_loop_settings({opts.accumulate_grad_batches(), opts.gradient_clip_val()});
   strategy().launch();
   strategy().setup_environment();
   if (strategy().world_size() > 1) {
@@ -175,23 +176,24 @@ std::string Run::broadcast_string(const std::string& text, int64_t src) const {
 
 void Run::setup_optimizers() {
   optimizers = module->configure_optimizers();
-  VOLT_CHECK(!optimizers.empty(), ConfigError,
-             "[Module] configure_optimizers() returned no optimizer; return at least one.");
   for (auto& c : optimizers) {
     VOLT_CHECK(c.optimizer() != nullptr, ConfigError,
                "[Module] configure_optimizers() returned a null optimizer.");
     VOLT_CHECK(c.frequency() >= 1, ConfigError, "[Module] scheduler frequency=", c.frequency(),
                " must be >= 1.");
   }
+  VOLT_CHECK(module->automatic_optimization() || !opts.gradient_clip_val(), ConfigError,
+             "[Trainer] gradient_clip_val is applied by automatic optimization only; with "
+             "manual optimization clip in training_step instead.");
+  // The strategy may add an optimizer the module left to it (a DeepSpeed JSON's).
+  strategy().setup_optimizers(*module, optimizers);
+  VOLT_CHECK(!optimizers.empty(), ConfigError,
+             "[Module] configure_optimizers() returned no optimizer; return at least one.");
   VOLT_CHECK(!module->automatic_optimization() || optimizers.size() == 1, ConfigError,
              "[Module] automatic optimization supports one optimizer but configure_optimizers "
              "returned ",
              optimizers.size(),
              "; call set_automatic_optimization(false) and step them in training_step.");
-  VOLT_CHECK(module->automatic_optimization() || !opts.gradient_clip_val(), ConfigError,
-             "[Trainer] gradient_clip_val is applied by automatic optimization only; with "
-             "manual optimization clip in training_step instead.");
-  strategy().setup_optimizers(*module, optimizers);
   optimizers_ready = true;
 }
 

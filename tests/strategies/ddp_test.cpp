@@ -14,19 +14,18 @@
 
 #include "processes.h"
 #include "tiny.h"
+#include "training_jobs.h"
 
 namespace {
 
 using namespace std::chrono_literals;
+using volt_test::Job;
 using volt_test::Process;
 
 const std::string kWorker = VOLT_DDP_WORKER;
-
-torch::Tensor load_flat(const std::string& path) {
-  torch::Tensor t;
-  torch::load(t, path);
-  return t;
-}
+using volt_test::expect_ranks_equal_reference;
+using volt_test::load_flat;
+using volt_test::single_process_reference;
 
 int free_port() {
   // Bind port 0 and read the port the kernel chose; the listener closes before the job binds it.
@@ -41,45 +40,8 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-/// The same model, data and seed trained in this process by one rank on the global batch.
-torch::Tensor single_process_reference(const std::string& root, int64_t global_batch,
-                                       int64_t epochs, int64_t accum, bool tied,
-                                       const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args{"--root",    root,
-                                "--out",     root + "/single",
-                                "--devices", "1",
-                                "--batch",   std::to_string(global_batch),
-                                "--epochs",  std::to_string(epochs),
-                                "--accum",   std::to_string(accum),
-                                "--tied",    tied ? "1" : "0"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  Process p(kWorker, args);
-  EXPECT_EQ(p.exit_code(120s), 0) << p.output();
-  return load_flat(root + "/single.rank0.pt");
-}
-
-struct Job {
-  std::string output;
-  int code = 0;
-};
-
 Job run_plain(const std::vector<std::string>& args, std::chrono::milliseconds timeout = 180s) {
-  Process p(kWorker, args);
-  Job j;
-  j.code = p.exit_code(timeout);
-  j.output = p.output();
-  return j;
-}
-
-void expect_ranks_equal_reference(const std::string& prefix, int world,
-                                  const torch::Tensor& reference) {
-  const auto r0 = load_flat(prefix + ".rank0.pt");
-  for (int r = 0; r < world; ++r) {
-    const auto w = load_flat(prefix + ".rank" + std::to_string(r) + ".pt");
-    EXPECT_TRUE(torch::equal(w, r0)) << "rank " << r << " differs from rank 0";
-    EXPECT_TRUE(torch::allclose(w, reference, 1e-5, 1e-6))
-        << "rank " << r << " max diff " << (w - reference).abs().max().item<double>();
-  }
+  return volt_test::run_job(args, timeout);
 }
 
 // ------------------------------------------------------------------------------ equality

@@ -9,17 +9,26 @@
 //       [--timeout S] [--samples N] [--sync-dist 0|1] [--max-restarts K]
 //       [--unused 0|1] [--find-unused 0|1] [--static-graph 0|1] [--precision NAME] [--bf16-all 1]
 //       [--profile 0|1]  (a TorchProfiler writing <root>/prof/fit-ddp-rank<R>.pt.trace.json)
+//       [--zero STAGE]  (DeepSpeedStrategy with ZeRO stage 1 or 2 instead of DdpStrategy)
+//       [--optimizer sgd|adam|adamw|fused_adamw|none] [--clip NORM] [--width W] [--bucket ELEMENTS]
+//       [--ds-config JSON]  (DeepSpeedStrategy configured by a DeepSpeed JSON file or text)
+//       [--persist ELEMENTS] [--max-live ELEMENTS]  (stage 3: persistence threshold, live bound)
+//       [--depth D]  (D more Linear(width, width) layers)
+//       (with --zero, rank lines add "zero_memory params=P grads=G state=S numel=N")
 //
 // Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage.
 
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <cstring>
 #include <cstdlib>
 #include <map>
 #include <string>
 
 #include "tiny.h"
+#include "volt/strategies/deepspeed.h"
 
 namespace {
 
@@ -27,19 +36,25 @@ namespace {
 /// and val loss.
 class Net : public volt::Module {
  public:
-  Net(bool dropout, bool tied, bool sync_dist, bool unused) : sync_dist_(sync_dist) {
-    fc1 = register_module("fc1", torch::nn::Linear(8, 8));
+  Net(bool dropout, bool tied, bool sync_dist, bool unused, int64_t width, std::string optimizer,
+      int64_t depth)
+      : sync_dist_(sync_dist), optimizer_(std::move(optimizer)) {
+    fc1 = register_module("fc1", torch::nn::Linear(8, width));
     // Weight sharing (reference 003 "Weight Sharing"): with `tied` the second layer's weight is
     // fc1's tensor under a second name, as `module.a = module.b` in the reference.
-    w2 = register_parameter("w2", tied ? fc1->weight : torch::randn({8, 8}) * 0.3);
-    b2 = register_parameter("b2", torch::zeros({8}));
-    head = register_module("head", torch::nn::Linear(8, 2));
+    w2 = register_parameter("w2", tied ? fc1->weight : torch::randn({width, width}) * 0.3);
+    b2 = register_parameter("b2", torch::zeros({width}));
+    head = register_module("head", torch::nn::Linear(width, 2));
     drop = register_module("drop", torch::nn::Dropout(dropout ? 0.2 : 0.0));
     if (unused) register_module("spare", torch::nn::Linear(8, 8));  // gets no gradient
+    deep = register_module("deep", torch::nn::ModuleList());
+    for (int64_t i = 0; i < depth; ++i) deep->push_back(torch::nn::Linear(width, width));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = drop->forward(torch::relu(fc1->forward(x)));
-    return head->forward(torch::relu(torch::linear(h, w2, b2)));
+    h = torch::relu(torch::linear(h, w2, b2));
+    for (const auto& layer : *deep) h = torch::relu(layer->as<torch::nn::Linear>()->forward(h));
+    return head->forward(h);
   }
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
@@ -59,8 +74,19 @@ class Net : public volt::Module {
       for (auto& u : unique) seen = seen || u.is_same(p);
       if (!seen) unique.push_back(p);
     }
-    return {
-        std::make_shared<torch::optim::SGD>(unique, torch::optim::SGDOptions(0.1).momentum(0.9))};
+    if (optimizer_ == "none") return {};  // left to the strategy (a DeepSpeed JSON's optimizer)
+    if (optimizer_ == "adam") {
+      opt = std::make_shared<torch::optim::Adam>(unique,
+                                                 torch::optim::AdamOptions(0.01).weight_decay(0.01));
+    } else if (optimizer_ == "adamw") {
+      opt = std::make_shared<torch::optim::AdamW>(unique, torch::optim::AdamWOptions(0.01));
+    } else if (optimizer_ == "fused_adamw") {
+      opt = std::make_shared<volt::FusedAdamW>(unique, volt::FusedAdamWOptions(0.01));
+    } else {
+      opt = std::make_shared<torch::optim::SGD>(unique,
+                                                torch::optim::SGDOptions(0.1).momentum(0.9));
+    }
+    return {volt::OptimizerConfig(opt)};
   }
   torch::Tensor flat() {
     std::vector<torch::Tensor> v;
@@ -70,9 +96,12 @@ class Net : public volt::Module {
   torch::nn::Linear fc1{nullptr}, head{nullptr};
   torch::Tensor w2, b2;
   torch::nn::Dropout drop{nullptr};
+  torch::nn::ModuleList deep{nullptr};  // --depth more Linear(width, width) layers
+  std::shared_ptr<torch::optim::Optimizer> opt;  // the last one configure_optimizers built
 
  private:
   bool sync_dist_;
+  std::string optimizer_;
 };
 
 /// SIGKILLs global rank `rank` at the end of the first batch after which optimizer step `step`
@@ -131,6 +160,46 @@ class PrintVal : public volt::Callback {
   double last = -1;
 };
 
+/// Reads the ZeRO engine's per-rank bytes at the end of training (before stage 3 gathers the
+/// parameters back at teardown).
+class ZeroMemoryProbe : public volt::Callback {
+ public:
+  ZeroMemoryProbe(volt::DeepSpeedStrategy* strategy, Net* model) : strategy_(strategy), model_(model) {}
+  std::string state_key() const override { return "ZeroMemoryProbe"; }
+  // Before each step: gradients are complete and (from the second step) the optimizer state
+  // exists; stage 3's parameters are released between forward/backward scopes.
+  void on_before_optimizer_step(volt::RunContext&, volt::Module&,
+                                torch::optim::Optimizer&) override {
+    const volt::ZeroEngine* e = model_->opt ? strategy_->engine(*model_->opt) : nullptr;
+    if (e == nullptr) return;
+    const volt::ZeroMemory m = e->memory();
+    int64_t numel = 0;
+    for (const auto& c : e->chunks()) numel += c.numel;
+    text = " zero_memory params=" + std::to_string(m.parameters) +
+           " grads=" + std::to_string(m.gradients) + " state=" + std::to_string(m.optimizer_state) +
+           " numel=" + std::to_string(numel);
+  }
+  std::string text;
+
+ private:
+  volt::DeepSpeedStrategy* strategy_;
+  Net* model_;
+};
+
+/// A /proc/self/status field in KiB (VmRSS, VmHWM), or -1.
+long status_kib(const char* field) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long value = -1;
+  const size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':') value = std::atol(line + n + 1);
+  }
+  std::fclose(f);
+  return value;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,9 +211,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    // Every tensor counted from the start: fit()'s peak tensor bytes are exact (RSS also holds
+    // what the C allocator keeps after frees).
+    volt::install_counting_cpu_allocator();
     volt::seed_everything(7);
     Net model(num("--dropout", 0) != 0, num("--tied", 0) != 0, num("--sync-dist", 0) != 0,
-              num("--unused", 0) != 0);
+              num("--unused", 0) != 0, num("--width", 8),
+              a.count("--optimizer") ? a["--optimizer"] : "sgd", num("--depth", 0));
     auto train = volt_test::blobs(num("--samples", 128), 8, 1);
     auto val = volt_test::blobs(64, 8, 2);
     volt::DdpStrategyOptions ddp;
@@ -160,6 +233,7 @@ int main(int argc, char** argv) {
     }
     auto val_print = std::make_shared<PrintVal>();
     callbacks.push_back(val_print);
+    std::shared_ptr<ZeroMemoryProbe> probe;
     if (num("--ckpt-every-step", 0) != 0) {
       callbacks.push_back(
           std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
@@ -174,8 +248,27 @@ int main(int argc, char** argv) {
       precision = std::make_shared<volt::MixedPrecision>(
           volt::MixedPrecisionOptions().read_env_lists(false).cpu_policy(false));
     }
-    auto strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision,
-                                                        num("--devices", 2), num("--nodes", 1));
+    std::shared_ptr<volt::DdpStrategy> strategy;
+    std::shared_ptr<volt::DeepSpeedStrategy> zero;
+    if (num("--zero", 0) > 0 || a.count("--ds-config")) {
+      const int64_t bucket = num("--bucket", 200000000);
+      zero = std::make_shared<volt::DeepSpeedStrategy>(
+          volt::DeepSpeedStrategyOptions()
+              .stage(num("--zero", 0))
+              .reduce_bucket_size(bucket)
+              .allgather_bucket_size(bucket)
+              .param_persistence_threshold(num("--persist", 0))
+              .max_live_parameters(num("--max-live", 1000000000))
+              .config(a.count("--ds-config") ? a["--ds-config"] : "")
+              .timeout_s(static_cast<double>(num("--timeout", 30))),
+          accelerator, precision, num("--devices", 2), num("--nodes", 1));
+      strategy = zero;
+      probe = std::make_shared<ZeroMemoryProbe>(zero.get(), &model);
+      callbacks.push_back(probe);
+    } else {
+      strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision,
+                                                     num("--devices", 2), num("--nodes", 1));
+    }
     // One process on one node is the reference: plain single-device training.
     const bool one = num("--devices", 2) == 1 && num("--nodes", 1) == 1;
     volt::Spec<volt::Strategy> chosen =
@@ -197,13 +290,28 @@ int main(int argc, char** argv) {
                               .num_nodes(num("--nodes", 1))
                               .max_epochs(num("--epochs", 2))
                               .accumulate_grad_batches(num("--accum", 1))
+                              .gradient_clip_val(a.count("--clip")
+                                                     ? c10::optional<double>(std::stod(a["--clip"]))
+                                                     : c10::nullopt)
                               .callbacks(callbacks)
                               .profiler(profiler));
     const int64_t batch = num("--batch", 8);
+    // The peak resident set of fit() alone: reset the high-water mark (Linux: clear_refs 5).
+    if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+      std::fputs("5", f);
+      std::fclose(f);
+    }
+    const long rss_before = status_kib("VmRSS");
+    volt::reset_cpu_memory_peaks();
+    const int64_t tensors_before = volt::cpu_memory_stats().in_use;
+    std::filesystem::create_directories(std::filesystem::path(a["--out"]).parent_path());
     trainer.fit(model,
                 volt::DataLoader(train, volt::DataLoaderOptions(batch).shuffle(true).seed(11)),
                 volt::DataLoader(val, volt::DataLoaderOptions(16)),
                 a.count("--resume") ? a["--resume"] : "");
+    // fit()'s own peaks, before the flat copy of the weights below adds its own.
+    const long rss_peak = status_kib("VmHWM");
+    const int64_t tensors_peak = volt::cpu_memory_stats().max_in_use;
     const int64_t rank = trainer.strategy().rank();
     torch::save(model.flat(), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
     bool aliases = true;
@@ -222,10 +330,13 @@ int main(int argc, char** argv) {
       }
     }
     const bool tied = model.fc1->weight.data_ptr() == model.w2.data_ptr();
-    std::printf("rank %lld done step=%lld sum=%.17g val_loss=%.17g aliases=%d tied=%d\n",
+    const std::string zero_memory = probe && !one ? probe->text : "";
+    std::printf("rank %lld done step=%lld sum=%.17g val_loss=%.17g aliases=%d tied=%d%s "
+                "rss_before_kib=%ld rss_peak_kib=%ld tensors_before=%lld tensors_peak=%lld\n",
                 static_cast<long long>(rank), static_cast<long long>(trainer.state().global_step),
                 model.flat().abs().sum().item<double>(), val_print->last, aliases ? 1 : 0,
-                tied ? 1 : 0);
+                tied ? 1 : 0, zero_memory.c_str(), rss_before, rss_peak,
+                static_cast<long long>(tensors_before), static_cast<long long>(tensors_peak));
     std::fflush(stdout);
     return 0;
   } catch (const std::exception& e) {

@@ -25,6 +25,11 @@ void save_optimizer_state(const torch::optim::Optimizer& optimizer,
 void load_optimizer_state(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
                           torch::serialize::InputArchive& archive);
 
+/// A new, empty per-parameter state object of the type `optimizer` keeps (SGD, Adam, AdamW,
+/// RMSprop, Adagrad, FusedSGD, FusedAdamW); ConfigError for other types.
+std::unique_ptr<torch::optim::OptimizerParamState> new_optimizer_param_state(
+    const torch::optim::Optimizer& optimizer);
+
 /// Resets every gradient of the optimizer's parameters to undefined (set_to_none semantics on
 /// every libtorch version).
 void zero_grad(torch::optim::Optimizer& optimizer);

@@ -210,6 +210,52 @@ class LambdaLR : public LRScheduler {
   std::vector<std::function<double(int64_t)>> factors_;
 };
 
+/// DeepSpeed's warmup: "log" raises the lr like log(step + 1) / log(warmup_num_steps),
+/// "linear" like step / warmup_num_steps.
+enum class WarmupType { kLog, kLinear };
+
+struct WarmupLROptions {
+  /// lr at the start of the warmup. Default: 0.
+  TORCH_ARG(double, warmup_min_lr) = 0.0;
+  /// lr at its end. Default: 0.001.
+  TORCH_ARG(double, warmup_max_lr) = 0.001;
+  /// Steps from min to max (DeepSpeed uses at least 2). Default: 1000.
+  TORCH_ARG(int64_t, warmup_num_steps) = 1000;
+  /// Default: WarmupType::kLog (DeepSpeed's default).
+  TORCH_ARG(WarmupType, warmup_type) = WarmupType::kLog;
+  /// WarmupDecayLR only: the step at which the lr has decayed linearly to 0. Default: 0 (unset).
+  TORCH_ARG(int64_t, total_num_steps) = 0;
+};
+
+/// DeepSpeed's WarmupLR (deepspeed.runtime.lr_schedules), stepped after each optimizer step:
+/// after step k the lr is min + (max - min) * gamma(k - 1), gamma rising to 1 over
+/// warmup_num_steps and staying there. Constructing it leaves the optimizer's lr untouched, as
+/// DeepSpeed's does.
+class WarmupLR : public LRScheduler {
+ public:
+  explicit WarmupLR(torch::optim::Optimizer& optimizer, WarmupLROptions options = {});
+  std::string name() const override { return "WarmupLR"; }
+  const WarmupLROptions& options() const { return options_; }
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+  /// The factor between min and max lr for DeepSpeed's last_batch_iteration `it` (>= 0).
+  virtual double gamma(int64_t it) const;
+  double warmup_gamma(int64_t it) const;
+  WarmupLROptions options_;
+  int64_t warmup_steps_;
+};
+
+/// DeepSpeed's WarmupDecayLR: WarmupLR, then a linear decay to 0 at total_num_steps.
+class WarmupDecayLR : public WarmupLR {
+ public:
+  WarmupDecayLR(torch::optim::Optimizer& optimizer, WarmupLROptions options);
+  std::string name() const override { return "WarmupDecayLR"; }
+
+ protected:
+  double gamma(int64_t it) const override;
+};
+
 /// How OneCycleLR moves between the ends of a phase.
 enum class AnnealStrategy { kCos, kLinear };
 

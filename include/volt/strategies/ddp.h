@@ -95,8 +95,14 @@ class DdpStrategy : public Strategy {
   /// The gradient reducer (after setup_module): bucket buffers, parameters.
   GradientReducer* reducer() const { return reducer_.get(); }
 
- private:
+ protected:
   ProcessGroup& group() const;
+  /// Broadcasts the module's parameters and buffers from rank 0 (every rank starts alike).
+  void broadcast_module_state(Module& module);
+  /// The process group (after setup_environment).
+  std::shared_ptr<ProcessGroup> group_;
+
+ private:
   DdpStrategyOptions options_;
   int64_t devices_;
   int64_t num_nodes_;
@@ -105,7 +111,6 @@ class DdpStrategy : public Strategy {
   int64_t restarts_ = 0;
   std::string restart_checkpoint_;
   std::unique_ptr<LocalLauncher> launcher_;
-  std::shared_ptr<ProcessGroup> group_;
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<at::Tensor> buffers_;
 };

@@ -29,6 +29,13 @@ struct DataShard {
   int64_t world_size = 1;
 };
 
+/// The Trainer's loop settings a strategy may check its own configuration against (DeepSpeed's
+/// batch arithmetic and gradient clipping); set by the Trainer before launch().
+struct LoopSettings {
+  int64_t accumulate_grad_batches = 1;
+  c10::optional<double> gradient_clip_val;
+};
+
 /// The Trainer talks to devices, numeric formats and process groups only through this class
 /// (Lightning's Strategy). Sharded strategies may partition parameters, gradients and optimizer
 /// state: nothing outside the Strategy assumes a parameter is whole, that optimizer state is
@@ -51,6 +58,8 @@ class Strategy {
   /// strategies compare it at rendezvous so ranks started with different settings fail at once.
   void set_config_fingerprint(std::string fingerprint) { fingerprint_ = std::move(fingerprint); }
   const std::string& config_fingerprint() const { return fingerprint_; }
+  void set_loop_settings(LoopSettings settings) { loop_ = settings; }
+  const LoopSettings& loop_settings() const { return loop_; }
   /// Global rank of this process, 0-based.
   virtual int64_t rank() const { return 0; }
   /// Rank of this process on its node.
@@ -79,7 +88,8 @@ class Strategy {
   /// Moves the module to the root device and lets precision convert it (DDP also broadcasts the
   /// weights and builds its gradient buckets here).
   virtual void setup_module(Module& module);
-  /// Adapts the optimizers configure_optimizers returned (ZeRO partitions their state here).
+  /// Adapts the optimizers configure_optimizers returned (ZeRO partitions their state here); may
+  /// add one when the module returned none (DeepSpeed's JSON optimizer).
   virtual void setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) {}
   virtual Batch batch_to_device(const Batch& batch) const;
 
@@ -142,6 +152,7 @@ class Strategy {
 
  protected:
   std::string fingerprint_;
+  LoopSettings loop_;
   std::shared_ptr<Accelerator> accelerator_;
   std::shared_ptr<Precision> precision_;
   std::shared_ptr<CheckpointIO> checkpoint_io_;

@@ -1,0 +1,175 @@
+#pragma once
+/// ZeroEngine: ZeRO data parallelism (Rajbhandari et al., arXiv 1910.02054) over a ProcessGroup.
+/// Stage 1 partitions the optimizer state, stage 2 also the reduced gradients, stage 3 also the
+/// parameters: each rank owns chunk `rank` of every parameter (the parameter flattened and cut
+/// into world_size equal chunks, the last ones padded) and steps only those chunks.
+
+#include <ATen/Tensor.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "volt/distributed/process_group.h"
+
+namespace volt {
+
+struct ZeroEngineOptions {
+  /// 1: optimizer state partitioned (full gradients kept, reduced once per optimizer step);
+  /// 2: gradients partitioned too (reduced on every backward, only this rank's chunk kept);
+  /// 3: parameters partitioned too (gathered when an op reads them, released after). Default: 2.
+  TORCH_ARG(int64_t, stage) = 2;
+  /// Gradient elements per reduce-scatter (all ranks' chunks together). Default: 2e8.
+  TORCH_ARG(int64_t, reduce_bucket_size) = 200000000;
+  /// Parameter elements per all-gather after the step. Default: 2e8.
+  TORCH_ARG(int64_t, allgather_bucket_size) = 200000000;
+  /// Stage 3: parameters of at most this many elements stay whole on every rank (DeepSpeed's
+  /// stage3_param_persistence_threshold). Default: 1e5.
+  TORCH_ARG(int64_t, param_persistence_threshold) = 100000;
+  /// Stage 3: most elements of partitioned parameters gathered at once; the least recently
+  /// gathered are released first (DeepSpeed's stage3_max_live_parameters). Default: 1e9.
+  TORCH_ARG(int64_t, max_live_parameters) = 1000000000;
+};
+
+/// Bytes one rank holds for the model, counted from the tensors' storages (each storage once).
+struct ZeroMemory {
+  int64_t parameters = 0;       ///< module parameters (full in stages 1 and 2)
+  int64_t gradients = 0;        ///< full gradients (stage 1) or this rank's reduced chunks
+  int64_t optimizer_state = 0;  ///< the optimizer's per-parameter state tensors
+};
+
+/// One parameter as the engine partitions it.
+struct ZeroChunk {
+  std::string name;       ///< the parameter's name in the module
+  int64_t group = 0;      ///< the optimizer param group it belongs to
+  bool partitioned = false;  ///< stage 3: the module keeps no copy; `view` is this rank's chunk
+  int64_t unit = -1;      ///< stage 3: the gather unit (the parameters of one module)
+  at::Tensor parameter;   ///< the module's (full) parameter
+  int64_t numel = 0;      ///< elements of the full parameter
+  int64_t chunk = 0;      ///< elements per rank: ceil(numel / world_size)
+  int64_t start = 0;      ///< this rank's first element: rank * chunk (may be >= numel)
+  int64_t length = 0;     ///< this rank's elements: min(chunk, numel - start), >= 0
+  at::Tensor view;        ///< what the optimizer steps: parameter.view(-1)[start, start+length),
+                          ///< or this rank's stored chunk when partitioned (undefined when
+                          ///< length == 0)
+};
+
+/// Partitions one optimizer across the ranks of a group. The optimizer's param groups are
+/// rewired in place: each parameter is replaced by this rank's chunk of it, a view into the
+/// module's parameter, so the optimizer keeps state for 1/world_size of the model and its step
+/// updates the module's own memory; hyper-parameters, schedulers and the optimizer object stay
+/// the user's. Every rank must build it with the same parameters in the same order (checked).
+/// Elementwise optimizers (SGD, Adam, AdamW, RMSprop, Adagrad, FusedSGD, FusedAdamW) give the
+/// same result as unpartitioned training; ones that look across elements of a tensor would not.
+class ZeroEngine {
+ public:
+  /// `names` maps each parameter's TensorImpl to its module name (for errors and checkpoints).
+  ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<ProcessGroup> group,
+             ZeroEngineOptions options,
+             const std::map<const c10::TensorImpl*, std::string>& names);
+  ~ZeroEngine();
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  /// Stage 3: while a scope is open, an op that reads a partitioned parameter gathers it (one
+  /// all-gather for its module's parameters) on every rank; when the outermost scope closes, all
+  /// gathered parameters are released. Outside scopes such a read is a ValueError (it would
+  /// need a collective that other ranks do not join). Open one around every forward and
+  /// backward; a no-op in stages 1 and 2.
+  class Scope {
+   public:
+    explicit Scope(ZeroEngine& engine);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    ZeroEngine& engine_;
+    bool outer_;
+  };
+  /// Stage 3: gathers every parameter for good and stops partitioning them (the end of a run);
+  /// collective. When the group is broken the parameters are filled with NaN instead, so that
+  /// nothing reads freed memory.
+  void restore_parameters();
+
+  /// Runs `run_backward` with the gradient hooks armed: each parameter's gradient, once
+  /// complete, joins its bucket; full buckets are reduce-scattered in a fixed order (the same on
+  /// every rank) and each rank keeps the mean of its chunks. `sync` = false (micro-batches that
+  /// only accumulate) skips the reduction in stage 1; stage 2 reduces every backward so no full
+  /// gradient outlives it.
+  void backward(const std::function<void()>& run_backward, bool sync);
+  /// Gives the optimizer's chunk views their reduced gradients (after a synced backward).
+  bool has_gradients() const { return have_grads_; }
+  /// After the optimizer stepped the chunks: all-gathers them into every rank's parameters
+  /// (stage 3: only the persistent ones; the others are gathered when next read).
+  void gather_parameters();
+  /// Scales the chunks' gradients so that the norm over all ranks' chunks is at most `max_norm`
+  /// (torch's clip_grad_norm_ semantics); returns that total norm.
+  double clip_grad_norm(double max_norm, double norm_type);
+  /// Drops the gradients (stage 2 zeroes its chunk buffers in place).
+  void zero_grad();
+
+  const std::vector<ZeroChunk>& chunks() const { return chunks_; }
+  /// Stage 2: the reduced gradient accumulated for chunks()[i] since the last zero_grad, a
+  /// writable view (undefined in stage 1 and for chunks of length 0).
+  at::Tensor gradient_chunk(size_t i) const;
+  int64_t stage() const { return options_.stage(); }
+  int64_t rank() const;
+  int64_t world_size() const;
+  /// Exact bytes of parameters, gradients and optimizer state this rank holds now.
+  ZeroMemory memory() const;
+
+ private:
+  friend struct ZeroGather;
+  struct Unit {
+    std::vector<size_t> chunks;  // indices into chunks_, consecutive
+    int64_t offset = 0;          // first element in param_shard_
+    int64_t width = 0;           // elements in param_shard_ (sum of padded chunks)
+    int64_t numel = 0;           // elements of the full parameters
+    bool live = false;
+    uint64_t last_use = 0;
+    size_t pending = 0;          // gradients not yet produced in this backward
+    uint64_t pinned = 0;         // the op (serial) reading it now: not evicted for that op
+  };
+  void partition_parameters();
+  void on_access(size_t unit, bool writes, const char* op);
+  void gather(size_t unit);
+  void release(size_t unit);
+  void release_all();
+  void unregister();
+  void on_gradient(size_t index);
+  void reduce_bucket(size_t bucket);
+  void finish_backward();
+
+  torch::optim::Optimizer& optimizer_;
+  std::shared_ptr<ProcessGroup> group_;
+  ZeroEngineOptions options_;
+  std::vector<ZeroChunk> chunks_;
+  // Buckets: ranges [first, last) of chunks_, assigned from the last parameter backwards (the
+  // order gradients become ready), reduced strictly in index order on every rank.
+  std::vector<std::pair<size_t, size_t>> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<size_t> pending_;      // per bucket: gradients not yet ready in this backward
+  std::vector<bool> ready_;          // per chunk, in this backward
+  size_t next_bucket_ = 0;           // the next bucket to reduce
+  bool armed_ = false;               // hooks act only inside backward()
+  bool have_grads_ = false;
+  at::Tensor grad_shard_;            // stage 2: this rank's reduced chunks, flat
+  std::vector<at::Tensor> grad_views_;  // stage 2: per chunk, a view into grad_shard_
+  struct Hooks;
+  std::unique_ptr<Hooks> hooks_;
+  // Stage 3.
+  at::Tensor param_shard_;           // this rank's chunks of the partitioned parameters, padded
+  std::vector<int64_t> shard_offset_;  // per chunk: its offset in param_shard_
+  std::vector<Unit> units_;
+  int64_t live_elements_ = 0;
+  uint64_t clock_ = 0;
+  int scope_depth_ = 0;
+  bool partitioning_ = false;        // stage 3 and not yet restored
+};
+
+}  // namespace volt

@@ -1,0 +1,141 @@
+#pragma once
+/// DeepSpeedStrategy: DeepSpeed-style sharded data parallelism in C++ ("deepspeed",
+/// "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
+/// "deepspeed_stage_3_offload"): ZeRO stage 1 partitions the optimizer state across ranks,
+/// stage 2 the gradients too, stage 3 the parameters too (ZeroEngine), on the same c10d process
+/// groups, launcher and cluster environments as DdpStrategy.
+
+#include <torch/arg.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "volt/distributed/zero_engine.h"
+#include "volt/strategies/deepspeed_config.h"
+#include "volt/strategies/ddp.h"
+
+namespace volt {
+
+struct DeepSpeedStrategyOptions {
+  /// Shard with ZeRO; false trains as plain data parallel (gradients all-reduced). Default: true.
+  TORCH_ARG(bool, zero_optimization) = true;
+  /// ZeRO stage: 1 (optimizer state), 2 (and gradients) or 3 (and parameters). Default: 2.
+  TORCH_ARG(int64_t, stage) = 2;
+  /// ZeRO-Offload: optimizer state and step in host memory. Parameters on the CPU are there
+  /// already, so on CPU runs nothing moves; with CUDA parameters it is not built yet
+  /// (NotAvailable). Default: false.
+  TORCH_ARG(bool, offload_optimizer) = false;
+  /// "cpu" or "nvme" (ZeRO-Infinity; not built yet: NotAvailable). Default: "cpu".
+  TORCH_ARG(std::string, offload_optimizer_device) = "cpu";
+  /// Stage 3 with parameters in host memory (ZeRO-Offload's offload_param). On CPU runs that is
+  /// where they are; with CUDA parameters not built yet (NotAvailable). Default: false.
+  TORCH_ARG(bool, offload_parameters) = false;
+  /// Stage 3: parameters of at most this many elements stay whole on every rank. Default: 1e5.
+  TORCH_ARG(int64_t, param_persistence_threshold) = 100000;
+  /// Stage 3: most parameter elements gathered at once (the least recently gathered are
+  /// released first). Default: 1e9.
+  TORCH_ARG(int64_t, max_live_parameters) = 1000000000;
+  /// Folder of the NVMe swap files (ZeRO-Infinity). Default: "/local_nvme".
+  TORCH_ARG(std::string, nvme_path) = "/local_nvme";
+  /// Gradient elements per reduce-scatter. Default: 2e8 (Lightning's DeepSpeed default).
+  TORCH_ARG(int64_t, reduce_bucket_size) = 200000000;
+  /// Parameter elements per all-gather after the step. Default: 2e8.
+  TORCH_ARG(int64_t, allgather_bucket_size) = 200000000;
+  /// Accept optimizers ZeRO has not been tested with (anything but SGD, Adam, AdamW, RMSprop,
+  /// Adagrad, FusedSGD, FusedAdamW): they must act on each element independently, or the
+  /// partitioned step differs from the unpartitioned one. Default: true (as Lightning).
+  TORCH_ARG(bool, zero_allow_untested_optimizer) = true;
+  /// A DeepSpeed JSON config: a file path, or inline JSON starting with '{'. When set it is the
+  /// whole configuration, as in DeepSpeed: its zero_optimization (absent: no ZeRO), buckets,
+  /// offload, gradient_clipping, batch sizes, optimizer and scheduler replace the options above.
+  /// Default: "" (none).
+  TORCH_ARG(std::string, config) = "";
+  /// Number of processes per node; 0 takes the Trainer's `devices`. Default: 0.
+  TORCH_ARG(int64_t, parallel_devices) = 0;
+  /// Bound on rendezvous and on every collective, in seconds. Default: 60.
+  TORCH_ARG(double, timeout_s) = 60.0;
+  /// "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl". Default: "auto".
+  TORCH_ARG(std::string, process_group_backend) = "auto";
+};
+
+/// Lightning's DeepSpeedStrategy without Python DeepSpeed: the optimizer returned by
+/// configure_optimizers is partitioned in place (its parameters become this rank's chunks), so
+/// its type, hyper-parameters and LR schedulers stay the user's. Checkpoints are folders: every
+/// rank writes its own shard file (weights, its optimizer chunks, loop state) and rank 0 a
+/// metadata file, and the folder replaces the previous one atomically. The same world size
+/// resumes exactly; another world size, a plain DdpStrategy or one process loads the folder
+/// through consolidate_zero_checkpoint (also `volt zero-to-fp32`).
+class DeepSpeedStrategy : public DdpStrategy {
+ public:
+  DeepSpeedStrategy(DeepSpeedStrategyOptions options, std::shared_ptr<Accelerator> accelerator,
+                    std::shared_ptr<Precision> precision, int64_t devices, int64_t num_nodes = 1,
+                    std::shared_ptr<CheckpointIO> checkpoint_io = nullptr);
+  ~DeepSpeedStrategy() override;
+  std::string name() const override { return "deepspeed"; }
+  const DeepSpeedStrategyOptions& deepspeed_options() const { return options_; }
+
+  void setup_environment() override;
+  void teardown() override;
+  void setup_module(Module& module) override;
+  void setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) override;
+  void backward(const at::Tensor& loss, bool sync_gradients) override;
+  bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
+                      ClipAlgorithm algorithm) override;
+  double clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                        ClipAlgorithm algorithm) override;
+  void zero_grad(torch::optim::Optimizer& optimizer) override;
+  at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx) override;
+  void validation_step(Module& module, const Batch& batch, int64_t batch_idx) override;
+  void test_step(Module& module, const Batch& batch, int64_t batch_idx) override;
+  at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx) override;
+  void save_model_state(const Module& module, torch::serialize::OutputArchive& ar) const override;
+  void load_model_state(Module& module, torch::serialize::InputArchive& ar) const override;
+
+  void save_optimizer_state(const torch::optim::Optimizer& optimizer, const Module& module,
+                            torch::serialize::OutputArchive& ar) const override;
+  void load_optimizer_state(torch::optim::Optimizer& optimizer, const Module& module,
+                            torch::serialize::InputArchive& ar) const override;
+  void save_accumulated_gradients(const Module& module,
+                                  torch::serialize::OutputArchive& ar) const override;
+  void load_accumulated_gradients(Module& module, torch::serialize::InputArchive& ar) override;
+  void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path) override;
+  torch::serialize::InputArchive load_checkpoint(const std::string& path) override;
+  void remove_checkpoint(const std::string& path) override;
+
+  /// The parsed DeepSpeed JSON (nullptr without `config`).
+  const DeepSpeedConfig* config() const { return config_ ? &*config_ : nullptr; }
+  /// The engine partitioning `optimizer` (nullptr without ZeRO or before setup_optimizers).
+  ZeroEngine* engine(const torch::optim::Optimizer& optimizer) const;
+
+ private:
+  ZeroEngine& engine_for(const torch::optim::Optimizer& optimizer) const;
+  void apply_config();
+  /// Stage 3 scopes of every engine (gathering allowed while they live).
+  std::vector<std::unique_ptr<ZeroEngine::Scope>> scopes();
+  /// The chunk of parameter `impl` in some engine, or nullptr.
+  const ZeroChunk* chunk_of(const c10::TensorImpl* impl) const;
+  bool zero_on() const { return options_.zero_optimization() && options_.stage() > 0; }
+  DeepSpeedStrategyOptions options_;
+  c10::optional<DeepSpeedConfig> config_;
+  c10::optional<double> clip_;    // the JSON's gradient_clipping
+  int64_t micro_batch_ = 0;       // the JSON's micro batch, checked on the first batch
+  std::map<const torch::optim::Optimizer*, std::unique_ptr<ZeroEngine>> engines_;
+  std::map<const c10::TensorImpl*, std::string> names_;
+};
+
+/// Reads a ZeRO checkpoint folder (every rank's shard) and writes one ordinary volt checkpoint
+/// file at `out`: full weights and full optimizer state by parameter name, plus everything else
+/// rank 0 saved (DeepSpeed's zero_to_fp32, with the optimizer state kept). Any strategy and any
+/// world size loads the result. Throws CheckpointError naming a missing or inconsistent shard.
+void consolidate_zero_checkpoint(const std::string& folder, const std::string& out);
+
+/// consolidate_zero_checkpoint into a temporary file, read back: how every strategy (and
+/// DeepSpeedStrategy at another world size) loads a ZeRO folder.
+torch::serialize::InputArchive load_consolidated_zero_checkpoint(const std::string& folder);
+
+/// True when `path` is a ZeRO checkpoint folder written by DeepSpeedStrategy.
+bool is_zero_checkpoint(const std::string& path);
+
+}  // namespace volt

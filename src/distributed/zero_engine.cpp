@@ -1,0 +1,701 @@
+#include "volt/distributed/zero_engine.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <functional>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <unordered_set>
+
+#include "volt/core/check.h"
+#include "volt/kernels/fused_adamw.h"
+#include "volt/kernels/fused_sgd.h"
+
+namespace volt {
+namespace {
+
+constexpr const char* kTag = "[ZeroEngine]";
+
+// The tensors of one optimizer state object, for exact memory accounting.
+std::vector<at::Tensor> state_tensors(const torch::optim::OptimizerParamState& s) {
+  using namespace torch::optim;
+  if (auto* a = dynamic_cast<const AdamWParamState*>(&s)) {
+    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
+  }
+  if (auto* a = dynamic_cast<const AdamParamState*>(&s)) {
+    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
+  }
+  if (auto* a = dynamic_cast<const SGDParamState*>(&s)) return {a->momentum_buffer()};
+  if (auto* a = dynamic_cast<const RMSpropParamState*>(&s)) {
+    return {a->square_avg(), a->momentum_buffer(), a->grad_avg()};
+  }
+  if (auto* a = dynamic_cast<const AdagradParamState*>(&s)) return {a->sum()};
+  if (auto* a = dynamic_cast<const FusedAdamWParamState*>(&s)) {
+    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
+  }
+  if (auto* a = dynamic_cast<const FusedSGDParamState*>(&s)) return {a->momentum_buffer()};
+  return {};
+}
+
+// Adds the bytes of each distinct storage among `tensors`.
+int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
+  int64_t bytes = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    const auto* s = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(s).second) bytes += static_cast<int64_t>(s->nbytes());
+  }
+  return bytes;
+}
+
+// ------------------------------------------------------------------ stage 3: gathering on read
+// C++ modules have no forward hooks, so stage 3 finds "this parameter is about to be read" at
+// the dispatcher: a boxed fallback on one functionality key sees every op while that key is in
+// the thread's included set (autograd carries the set into backward). Partitioned parameters
+// keep their TensorImpl (the module's typed members and autograd hold it) but their storage is
+// emptied; an op receiving one (or a view of it: same storage) gathers its module's parameters
+// first. DeferredInit is torchdistx's key; libtorch registers nothing on it, so in a C++ process
+// the fallback is the only kernel there (registering a second one would fail loudly).
+constexpr c10::DispatchKey kGatherKey = c10::DispatchKey::DeferredInit;
+
+struct Owner {
+  ZeroEngine* engine;
+  size_t unit;
+};
+
+std::mutex& owners_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::unordered_map<const c10::StorageImpl*, Owner>& owners() {
+  static auto* m = new std::unordered_map<const c10::StorageImpl*, Owner>();
+  return *m;
+}
+
+void gather_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                     torch::jit::Stack* stack);
+
+void install_gather_fallback() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Lives as long as the process: the fallback must outlive every partitioned parameter.
+    static auto* lib =
+        new torch::Library(torch::Library::IMPL, "_", kGatherKey, __FILE__, __LINE__);
+    lib->fallback(torch::CppFunction::makeFromBoxedFunction<&gather_fallback>());
+  });
+}
+
+}  // namespace
+
+// Calls into the engine from the fallback (a friend: on_access is private).
+struct ZeroGather {
+  static void pin(const Owner& o, uint64_t serial) { o.engine->units_[o.unit].pinned = serial; }
+  static void access(const Owner& o, bool writes, const char* op) {
+    o.engine->on_access(o.unit, writes, op);
+  }
+};
+
+namespace {
+
+void gather_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                     torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t n = args.size();
+  const size_t base = stack->size() - n;
+  // First every partitioned parameter this op takes, so that gathering one never evicts another
+  // the same op needs (a live bound smaller than two modules).
+  struct Use {
+    Owner owner;
+    bool writes;
+  };
+  std::vector<Use> uses;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = (*stack)[base + i];
+    const bool writes = args[i].alias_info() != nullptr && args[i].alias_info()->isWrite();
+    auto visit = [&](const at::Tensor& t) {
+      if (!t.defined() || !t.has_storage()) return;
+      std::lock_guard<std::mutex> lock(owners_mutex());
+      auto it = owners().find(t.storage().unsafeGetStorageImpl());
+      if (it != owners().end()) uses.push_back({it->second, writes});
+    };
+    if (v.isTensor()) {
+      visit(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) visit(t);
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor()) visit(e.toTensor());
+      }
+    }
+  }
+  if (!uses.empty()) {
+    static uint64_t serial = 0;
+    ++serial;
+    for (const Use& u : uses) ZeroGather::pin(u.owner, serial);
+    for (const Use& u : uses) ZeroGather::access(u.owner, u.writes, op.schema().name().c_str());
+  }
+  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kGatherKey),
+                     stack);
+}
+
+}  // namespace
+
+struct ZeroEngine::Hooks {
+  // The gradient accumulators must stay alive for their hooks to fire (a parameter holds its
+  // accumulator weakly); the keys remove the hooks again.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<uintptr_t> keys;
+};
+
+ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<ProcessGroup> group,
+                       ZeroEngineOptions options,
+                       const std::map<const c10::TensorImpl*, std::string>& names)
+    : optimizer_(optimizer), group_(std::move(group)), options_(options) {
+  VOLT_CHECK(group_ != nullptr, ConfigError, kTag, " needs a process group.");
+  VOLT_CHECK(options_.stage() >= 1 && options_.stage() <= 3, ConfigError, kTag,
+             " stage=", options_.stage(), " is not a ZeRO stage; use 1, 2 or 3.");
+  VOLT_CHECK(options_.param_persistence_threshold() >= 0 && options_.max_live_parameters() >= 0,
+             ConfigError, kTag, " param_persistence_threshold=",
+             options_.param_persistence_threshold(),
+             " and max_live_parameters=", options_.max_live_parameters(), " must be >= 0.");
+  VOLT_CHECK(options_.reduce_bucket_size() > 0 && options_.allgather_bucket_size() > 0,
+             ConfigError, kTag, " reduce_bucket_size=", options_.reduce_bucket_size(),
+             " and allgather_bucket_size=", options_.allgather_bucket_size(),
+             " must be > 0 (elements).");
+  VOLT_CHECK(optimizer_.state().empty(), ConfigError, kTag,
+             " the optimizer has already stepped; partition it before its first step.");
+  const int64_t world = group_->world_size();
+  const int64_t rank = group_->rank();
+  std::unordered_set<const c10::TensorImpl*> seen;
+  c10::optional<c10::ScalarType> dtype;
+  int64_t group_index = 0;
+  for (auto& pg : optimizer_.param_groups()) {
+    for (const auto& p : pg.params()) {
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied: one owner
+      auto it = names.find(p.unsafeGetTensorImpl());
+      VOLT_CHECK(it != names.end(), ConfigError, kTag, " an optimizer parameter (shape ",
+                 p.sizes(), ") is not a parameter of the module; optimize module parameters.");
+      VOLT_CHECK(p.requires_grad() && p.is_leaf(), ConfigError, kTag, " parameter '", it->second,
+                 "' does not require grad; leave frozen parameters out of the optimizer.");
+      VOLT_CHECK(p.is_floating_point() && p.is_contiguous() && !p.is_sparse(), ConfigError, kTag,
+                 " parameter '", it->second, "' is ", p.scalar_type(),
+                 p.is_contiguous() ? "" : " and not contiguous",
+                 "; ZeRO partitions dense contiguous floating-point parameters.");
+      VOLT_CHECK(!dtype || *dtype == p.scalar_type(), ConfigError, kTag, " parameter '",
+                 it->second, "' is ", p.scalar_type(), " but others are ", *dtype,
+                 "; give every parameter one dtype (the precision converts them).");
+      dtype = p.scalar_type();
+      ZeroChunk c;
+      c.name = it->second;
+      c.group = group_index;
+      c.parameter = p;
+      c.numel = p.numel();
+      c.chunk = (c.numel + world - 1) / world;
+      c.start = rank * c.chunk;
+      c.length = std::max<int64_t>(0, std::min(c.chunk, c.numel - c.start));
+      if (c.length > 0) c.view = p.detach().view({-1}).narrow(0, c.start, c.length);
+      chunks_.push_back(std::move(c));
+    }
+    ++group_index;
+  }
+  VOLT_CHECK(!chunks_.empty(), ConfigError, kTag, " the optimizer has no parameters.");
+
+  // Every rank must partition the same parameters in the same order, or the collectives below
+  // would pair different tensors.
+  std::ostringstream layout;
+  for (const auto& c : chunks_) layout << c.name << ':' << c.numel << ';';
+  const int64_t digest =
+      static_cast<int64_t>(std::hash<std::string>()(layout.str()) & 0x7fffffffffffffffULL);
+  const auto all = group_->all_gather(torch::tensor({digest}, torch::kLong));
+  for (size_t r = 0; r < all.size(); ++r) {
+    VOLT_CHECK(all[r].item<int64_t>() == digest, ConfigError, kTag, " rank ", r,
+               " partitions other parameters than rank ", rank,
+               "; every rank must build the same model and optimizer.");
+  }
+
+  // Buckets from the last parameter backwards: gradients become ready roughly in that order.
+  bucket_of_.assign(chunks_.size(), 0);
+  size_t last = chunks_.size();
+  int64_t size = 0;
+  for (size_t i = chunks_.size(); i-- > 0;) {
+    const int64_t add = chunks_[i].chunk * world;
+    if (size > 0 && size + add > options_.reduce_bucket_size()) {
+      buckets_.emplace_back(i + 1, last);
+      last = i + 1;
+      size = 0;
+    }
+    size += add;
+  }
+  buckets_.emplace_back(0, last);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (size_t i = buckets_[b].first; i < buckets_[b].second; ++i) bucket_of_[i] = b;
+  }
+  pending_.assign(buckets_.size(), 0);
+  ready_.assign(chunks_.size(), false);
+
+  if (options_.stage() >= 2) {
+    int64_t total = 0;
+    for (const auto& c : chunks_) total += c.length;
+    grad_shard_ = torch::zeros({total}, chunks_.front().parameter.options().requires_grad(false));
+    int64_t off = 0;
+    for (const auto& c : chunks_) {
+      grad_views_.push_back(grad_shard_.narrow(0, off, c.length));
+      off += c.length;
+    }
+  }
+
+  hooks_ = std::make_unique<Hooks>();
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(chunks_[i].parameter);
+    VOLT_ASSERT(acc != nullptr, "a leaf parameter has no gradient accumulator");
+    hooks_->keys.push_back(acc->add_post_hook(
+        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, i](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list&) {
+              on_gradient(i);
+              return outputs;
+            })));
+    hooks_->accumulators.push_back(std::move(acc));
+  }
+
+  if (options_.stage() == 3) partition_parameters();
+  // The optimizer steps this rank's chunks from now on.
+  auto& groups = optimizer_.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<at::Tensor> views;
+    for (const auto& c : chunks_) {
+      if (c.group == static_cast<int64_t>(g) && c.length > 0) views.push_back(c.view);
+    }
+    groups[g].params() = views;
+  }
+}
+
+void ZeroEngine::partition_parameters() {
+  torch::NoGradGuard no_grad;
+  shard_offset_.assign(chunks_.size(), -1);
+  int64_t total = 0;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    auto& c = chunks_[i];
+    const at::Tensor& p = c.parameter;
+    VOLT_CHECK(p.device().is_cpu(), NotAvailable, kTag, " ZeRO stage 3 on ", p.device(),
+               " parameters is not built yet (it needs a GPU to write and test); use stage 2.");
+    // Only a parameter that owns its whole storage can give it up.
+    const bool own = p.storage_offset() == 0 &&
+                     p.storage().nbytes() == static_cast<size_t>(c.numel) * p.element_size();
+    c.partitioned = c.numel > options_.param_persistence_threshold() && own;
+    if (!c.partitioned) continue;
+    shard_offset_[i] = total;
+    total += c.chunk;
+  }
+  if (total == 0) return;  // everything is small enough to stay whole
+  install_gather_fallback();
+  param_shard_ = torch::zeros({total}, chunks_.front().parameter.options().requires_grad(false));
+  // Units: consecutive partitioned parameters of one module (the name without its last part),
+  // gathered by one all-gather.
+  std::string unit_prefix;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    auto& c = chunks_[i];
+    if (!c.partitioned) continue;
+    const auto dot = c.name.rfind('.');
+    const std::string prefix = dot == std::string::npos ? "" : c.name.substr(0, dot);
+    const bool joins = !units_.empty() && units_.back().chunks.back() + 1 == i &&
+                       prefix == unit_prefix;
+    if (!joins) {
+      units_.emplace_back();
+      units_.back().offset = shard_offset_[i];
+      unit_prefix = prefix;
+    }
+    Unit& u = units_.back();
+    u.chunks.push_back(i);
+    u.width += c.chunk;
+    u.numel += c.numel;
+    c.unit = static_cast<int64_t>(units_.size()) - 1;
+    if (c.length > 0) {
+      param_shard_.narrow(0, shard_offset_[i], c.length)
+          .copy_(c.parameter.detach().view({-1}).narrow(0, c.start, c.length));
+      c.view = param_shard_.narrow(0, shard_offset_[i], c.length);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(owners_mutex());
+    for (size_t u = 0; u < units_.size(); ++u) {
+      for (size_t i : units_[u].chunks) {
+        owners()[chunks_[i].parameter.storage().unsafeGetStorageImpl()] = Owner{this, u};
+      }
+    }
+  }
+  c10::impl::tls_set_dispatch_key_included(kGatherKey, true);
+  partitioning_ = true;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    units_[u].live = true;
+    live_elements_ += units_[u].numel;
+    release(u);
+  }
+}
+
+ZeroEngine::Scope::Scope(ZeroEngine& engine) : engine_(engine), outer_(engine.scope_depth_ == 0) {
+  ++engine_.scope_depth_;
+}
+
+ZeroEngine::Scope::~Scope() {
+  --engine_.scope_depth_;
+  if (outer_ && engine_.partitioning_) engine_.release_all();
+}
+
+void ZeroEngine::on_access(size_t u, bool writes, const char* op) {
+  Unit& unit = units_[u];
+  const std::string& name = chunks_[unit.chunks.front()].name;
+  VOLT_CHECK(!writes, ValueError, kTag, " ", op, " writes to parameter '", name,
+             "' in place, but ZeRO stage 3 keeps only each rank's chunk of it, so the write "
+             "would be lost; change parameters through the optimizer, or use stage 2.");
+  if (unit.live) {
+    unit.last_use = ++clock_;
+    return;
+  }
+  VOLT_CHECK(scope_depth_ > 0, ValueError, kTag, " ", op, " reads parameter '", name,
+             "' outside a training, validation, test or predict step; ZeRO stage 3 gathers "
+             "partitioned parameters only inside steps, where every rank takes part. Read it in "
+             "a step, or after the Trainer's entry point returns (the parameters are whole "
+             "again then).");
+  gather(u);
+}
+
+void ZeroEngine::gather(size_t u) {
+  // Our own ops must not come back through the fallback.
+  c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
+  torch::NoGradGuard no_grad;
+  VOLT_CHECK(group_ != nullptr, DistributedError, kTag,
+             " cannot gather a partitioned parameter: the process group is gone.");
+  Unit& unit = units_[u];
+  while (live_elements_ + unit.numel > options_.max_live_parameters()) {
+    // The least recently used gathered unit goes first (it is gathered again if read again).
+    size_t oldest = units_.size();
+    for (size_t v = 0; v < units_.size(); ++v) {
+      if (v != u && units_[v].live && units_[v].pinned != unit.pinned &&
+          (oldest == units_.size() || units_[v].last_use < units_[oldest].last_use)) {
+        oldest = v;
+      }
+    }
+    if (oldest == units_.size()) break;
+    release(oldest);
+  }
+  const std::vector<at::Tensor> all =
+      group_->all_gather(param_shard_.narrow(0, unit.offset, unit.width));
+  const int64_t world = group_->world_size();
+  for (size_t i : unit.chunks) {
+    const auto& c = chunks_[i];
+    const size_t esize = c.parameter.element_size();
+    c10::StorageImpl* s = c.parameter.storage().unsafeGetStorageImpl();
+    const size_t nbytes = static_cast<size_t>(c.numel) * esize;
+    s->set_data_ptr_noswap(c10::GetAllocator(c10::kCPU)->allocate(nbytes));
+    s->set_nbytes(nbytes);
+    char* dst = static_cast<char*>(s->data_ptr().get());
+    const int64_t from = shard_offset_[i] - unit.offset;
+    for (int64_t j = 0; j < world; ++j) {
+      const int64_t len = std::max<int64_t>(0, std::min(c.chunk, c.numel - j * c.chunk));
+      if (len == 0) continue;
+      // Raw copies: writing through a tensor would bump the version counter autograd checks.
+      std::memcpy(dst + j * c.chunk * esize,
+                  static_cast<const char*>(all[j].data_ptr()) + from * esize, len * esize);
+    }
+  }
+  unit.live = true;
+  unit.last_use = ++clock_;
+  live_elements_ += unit.numel;
+}
+
+void ZeroEngine::release(size_t u) {
+  Unit& unit = units_[u];
+  if (!unit.live) return;
+  for (size_t i : unit.chunks) {
+    c10::StorageImpl* s = chunks_[i].parameter.storage().unsafeGetStorageImpl();
+    s->set_data_ptr_noswap(c10::DataPtr(nullptr, chunks_[i].parameter.device()));
+    s->set_nbytes(0);
+  }
+  unit.live = false;
+  live_elements_ -= unit.numel;
+}
+
+void ZeroEngine::release_all() {
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+}
+
+void ZeroEngine::restore_parameters() {
+  if (!partitioning_) return;
+  // Every unit stays: no live bound from here on.
+  options_.max_live_parameters(std::numeric_limits<int64_t>::max());
+  try {
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (!units_[u].live) gather(u);
+    }
+  } catch (...) {
+    // A broken group cannot gather: give every released parameter NaN memory rather than none.
+    torch::NoGradGuard no_grad;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (units_[u].live) continue;
+      for (size_t i : units_[u].chunks) {
+        const auto& c = chunks_[i];
+        c10::StorageImpl* s = c.parameter.storage().unsafeGetStorageImpl();
+        const size_t nbytes = static_cast<size_t>(c.numel) * c.parameter.element_size();
+        s->set_data_ptr_noswap(c10::GetAllocator(c10::kCPU)->allocate(nbytes));
+        s->set_nbytes(nbytes);
+        c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
+        c.parameter.detach().fill_(std::numeric_limits<double>::quiet_NaN());
+      }
+      units_[u].live = true;
+    }
+    partitioning_ = false;
+    unregister();
+    throw;
+  }
+  partitioning_ = false;
+  unregister();
+}
+
+void ZeroEngine::unregister() {
+  std::lock_guard<std::mutex> lock(owners_mutex());
+  bool others = false;
+  for (auto it = owners().begin(); it != owners().end();) {
+    if (it->second.engine == this) {
+      it = owners().erase(it);
+    } else {
+      others = true;
+      ++it;
+    }
+  }
+  if (!others) c10::impl::tls_set_dispatch_key_included(kGatherKey, false);
+}
+
+ZeroEngine::~ZeroEngine() {
+  if (partitioning_) {
+    try {
+      // No collectives here: the parameters cannot be gathered, so they must not stay empty.
+      group_.reset();
+      restore_parameters();
+    } catch (...) {
+    }
+  }
+  if (!hooks_) return;
+  for (size_t i = 0; i < hooks_->accumulators.size(); ++i) {
+    hooks_->accumulators[i]->del_post_hook(hooks_->keys[i]);
+  }
+}
+
+at::Tensor ZeroEngine::gradient_chunk(size_t i) const {
+  return i < grad_views_.size() ? grad_views_[i] : at::Tensor();
+}
+
+int64_t ZeroEngine::rank() const { return group_->rank(); }
+int64_t ZeroEngine::world_size() const { return group_->world_size(); }
+
+void ZeroEngine::backward(const std::function<void()>& run_backward, bool sync) {
+  if (options_.stage() == 1 && !sync) {
+    // Accumulate full gradients locally; the synced backward reduces their sum.
+    run_backward();
+    return;
+  }
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b] = buckets_[b].second - buckets_[b].first;
+  }
+  for (auto& u : units_) u.pending = u.chunks.size();
+  Scope scope(*this);  // stage 3: backward regathers what its saved tensors point at
+  next_bucket_ = 0;
+  armed_ = true;
+  try {
+    run_backward();
+  } catch (...) {
+    armed_ = false;
+    throw;
+  }
+  armed_ = false;
+  finish_backward();
+}
+
+void ZeroEngine::on_gradient(size_t index) {
+  if (!armed_ || ready_[index]) return;
+  ready_[index] = true;
+  const int64_t unit = chunks_[index].unit;
+  if (unit >= 0 && --units_[unit].pending == 0) {
+    // Every gradient of this module's parameters is in: backward needs them no more.
+    release(static_cast<size_t>(unit));
+  }
+  const size_t b = bucket_of_[index];
+  if (--pending_[b] != 0) return;
+  // Buckets are reduced in index order on every rank, whatever order they complete in.
+  while (next_bucket_ < buckets_.size() && pending_[next_bucket_] == 0) {
+    reduce_bucket(next_bucket_++);
+  }
+}
+
+void ZeroEngine::finish_backward() {
+  // Parameters the forward did not use never fire their hook: they count as zero gradients.
+  while (next_bucket_ < buckets_.size()) reduce_bucket(next_bucket_++);
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    auto& c = chunks_[i];
+    if (c.length == 0) continue;
+    if (options_.stage() >= 2) {
+      c.view.mutable_grad() = grad_views_[i];
+    } else {
+      c.view.mutable_grad() = c.parameter.grad().view({-1}).narrow(0, c.start, c.length);
+    }
+  }
+  have_grads_ = true;
+}
+
+void ZeroEngine::reduce_bucket(size_t b) {
+  torch::NoGradGuard no_grad;
+  c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);  // gradients are never partitioned
+  const int64_t world = group_->world_size();
+  const auto [first, last] = buckets_[b];
+  int64_t width = 0;
+  for (size_t i = first; i < last; ++i) width += chunks_[i].chunk;
+  // Rank-major: row j holds chunk j of every gradient in the bucket, so a reduce-scatter leaves
+  // each rank the sum of exactly its chunks.
+  at::Tensor buffer = torch::zeros({world, width}, chunks_[first].parameter.options());
+  int64_t off = 0;
+  for (size_t i = first; i < last; ++i) {
+    auto& c = chunks_[i];
+    const at::Tensor& g = c.parameter.grad();
+    if (g.defined() && c.numel > 0) {
+      at::Tensor flat = g.reshape({-1});
+      if (c.chunk * world > c.numel) flat = at::constant_pad_nd(flat, {0, c.chunk * world - c.numel});
+      buffer.narrow(1, off, c.chunk).copy_(flat.view({world, c.chunk}));
+    }
+    // Stages 2 and 3 keep no full gradient: free it before the collective's own copies.
+    if (options_.stage() >= 2) c.parameter.mutable_grad().reset();
+    off += c.chunk;
+  }
+  at::Tensor mine = group_->reduce_scatter(buffer, Reduce::kSum).view({-1});
+  mine.div_(static_cast<double>(world));
+  off = 0;
+  for (size_t i = first; i < last; ++i) {
+    auto& c = chunks_[i];
+    if (c.length > 0) {
+      const at::Tensor piece = mine.narrow(0, off, c.length);
+      if (options_.stage() >= 2) {
+        grad_views_[i].add_(piece);
+      } else {
+        at::Tensor& g = c.parameter.mutable_grad();
+        if (!g.defined()) {
+          g = torch::zeros_like(c.parameter);
+        } else if (!g.is_contiguous()) {
+          g = g.contiguous();
+        }
+        g.view({-1}).narrow(0, c.start, c.length).copy_(piece);
+      }
+    }
+    off += c.chunk;
+  }
+}
+
+void ZeroEngine::gather_parameters() {
+  torch::NoGradGuard no_grad;
+  const int64_t world = group_->world_size();
+  const int64_t rank = group_->rank();
+  size_t first = 0;
+  while (first < chunks_.size()) {
+    size_t last = first;
+    int64_t width = 0;
+    while (last < chunks_.size() &&
+           (width == 0 || (width + chunks_[last].chunk) * world <= options_.allgather_bucket_size())) {
+      // Stage 3's partitioned parameters are read from their chunks when next gathered.
+      if (!chunks_[last].partitioned) width += chunks_[last].chunk;
+      ++last;
+    }
+    if (width == 0) {
+      first = last;
+      continue;
+    }
+    at::Tensor send = torch::zeros({width}, chunks_[first].parameter.options());
+    int64_t off = 0;
+    for (size_t i = first; i < last; ++i) {
+      if (chunks_[i].partitioned) continue;
+      if (chunks_[i].length > 0) send.narrow(0, off, chunks_[i].length).copy_(chunks_[i].view);
+      off += chunks_[i].chunk;
+    }
+    const std::vector<at::Tensor> all = group_->all_gather(send);
+    for (int64_t j = 0; j < world; ++j) {
+      if (j == rank) continue;
+      off = 0;
+      for (size_t i = first; i < last; ++i) {
+        const auto& c = chunks_[i];
+        if (c.partitioned) continue;
+        const int64_t start = j * c.chunk;
+        const int64_t len = std::max<int64_t>(0, std::min(c.chunk, c.numel - start));
+        if (len > 0) {
+          c.parameter.detach().view({-1}).narrow(0, start, len).copy_(all[j].narrow(0, off, len));
+        }
+        off += c.chunk;
+      }
+    }
+    first = last;
+  }
+}
+
+double ZeroEngine::clip_grad_norm(double max_norm, double norm_type) {
+  torch::NoGradGuard no_grad;
+  const bool inf = std::isinf(norm_type);
+  double local = 0.0;
+  for (const auto& c : chunks_) {
+    if (c.length == 0 || !c.view.grad().defined()) continue;
+    const at::Tensor g = c.view.grad().to(torch::kDouble);
+    if (inf) {
+      local = std::max(local, g.abs().max().item<double>());
+    } else {
+      local += g.abs().pow(norm_type).sum().item<double>();
+    }
+  }
+  const double total_p =
+      group_->all_reduce(torch::tensor({local}, torch::kDouble), inf ? Reduce::kMax : Reduce::kSum)
+          .item<double>();
+  const double total = inf ? total_p : std::pow(total_p, 1.0 / norm_type);
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) {
+    for (auto& c : chunks_) {
+      if (c.length > 0 && c.view.grad().defined()) c.view.mutable_grad().mul_(coef);
+    }
+  }
+  return total;
+}
+
+void ZeroEngine::zero_grad() {
+  have_grads_ = false;
+  for (auto& c : chunks_) {
+    if (c.view.defined()) c.view.mutable_grad().reset();
+    c.parameter.mutable_grad().reset();
+  }
+  if (grad_shard_.defined()) grad_shard_.zero_();
+}
+
+ZeroMemory ZeroEngine::memory() const {
+  ZeroMemory m;
+  std::vector<at::Tensor> params, grads, state;
+  for (const auto& c : chunks_) {
+    params.push_back(c.parameter);
+    if (options_.stage() == 1) grads.push_back(c.parameter.grad());
+  }
+  if (grad_shard_.defined()) grads.push_back(grad_shard_);
+  if (param_shard_.defined()) params.push_back(param_shard_);
+  for (const auto& kv : optimizer_.state()) {
+    for (auto& t : state_tensors(*kv.second)) state.push_back(t);
+  }
+  m.parameters = storage_bytes(params);
+  m.gradients = storage_bytes(grads);
+  m.optimizer_state = storage_bytes(state);
+  return m;
+}
+
+}  // namespace volt

@@ -1,0 +1,914 @@
+#include "volt/strategies/deepspeed.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <c10/util/accumulate.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "io/detail/state_key.h"
+#include "volt/core/atomic_file.h"
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/core/module.h"
+#include "volt/io/state.h"
+#include "volt/kernels/fused_optimizer.h"
+
+namespace volt {
+namespace {
+
+namespace fs = std::filesystem;
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
+
+constexpr const char* kTag = "[DeepSpeedStrategy]";
+// Written by rank 0 after every shard, so a folder with it is complete.
+constexpr const char* kMetaFile = "zero_checkpoint.txt";
+constexpr int64_t kZeroFormat = 1;
+
+DdpStrategyOptions ddp_options(const DeepSpeedStrategyOptions& o) {
+  // DeepSpeed does not re-broadcast buffers every step; everything else is DDP's machinery.
+  return DdpStrategyOptions()
+      .timeout_s(o.timeout_s())
+      .process_group_backend(o.process_group_backend())
+      .broadcast_buffers(false);
+}
+
+std::string shard_file(const std::string& folder, int64_t rank, int64_t world) {
+  return folder + "/rank_" + std::to_string(rank) + "_of_" + std::to_string(world) + ".ckpt";
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The world size a complete ZeRO folder was written with (its metadata file), or 0.
+int64_t folder_world_size(const std::string& folder) {
+  std::ifstream f(folder + "/" + kMetaFile);
+  if (!f) return 0;
+  std::string key;
+  int64_t format = 0, world = 0;
+  while (f >> key) {
+    if (key == "format") f >> format;
+    if (key == "world_size") f >> world;
+  }
+  VOLT_CHECK(format == kZeroFormat && world >= 1, CheckpointError, kTag, " '", folder, "/",
+             kMetaFile, "' is damaged or from another volt (format ", format, ", world_size ",
+             world, "); re-save the checkpoint.");
+  return world;
+}
+
+bool tested_optimizer(const torch::optim::Optimizer& o) {
+  using namespace torch::optim;
+  return dynamic_cast<const SGD*>(&o) || dynamic_cast<const Adam*>(&o) ||
+         dynamic_cast<const AdamW*>(&o) || dynamic_cast<const RMSprop*>(&o) ||
+         dynamic_cast<const Adagrad*>(&o) || dynamic_cast<const FusedOptimizer*>(&o);
+}
+
+// ------------------------------------------------------------------ archives as values
+// libtorch archives cannot be edited: these copy them key by key (sub-archives recursively;
+// every other entry, tensors included, as an IValue, which every reader accepts).
+
+using Entries = std::vector<std::pair<std::string, c10::IValue>>;
+
+void copy_archive(InputArchive& in, OutputArchive& out,
+                  const std::vector<std::string>& skip = {}) {
+  for (const auto& key : in.keys()) {
+    if (std::find(skip.begin(), skip.end(), key) != skip.end()) continue;
+    InputArchive sub;
+    if (in.try_read(key, sub)) {
+      OutputArchive sub_out;
+      copy_archive(sub, sub_out);
+      out.write(key, sub_out);
+      continue;
+    }
+    c10::IValue v;
+    if (!in.try_read(key, v)) continue;
+    if (v.isTensor()) {
+      out.write(key, v.toTensor());
+    } else {
+      out.write(key, v);
+    }
+  }
+}
+
+Entries entries_of(InputArchive& in) {
+  Entries out;
+  for (const auto& key : in.keys()) {
+    c10::IValue v;
+    if (in.try_read(key, v)) out.emplace_back(key, v);
+  }
+  return out;
+}
+
+InputArchive archive_of(const Entries& entries) {
+  OutputArchive out;
+  for (const auto& [k, v] : entries) out.write(k, v);
+  std::stringstream buffer;
+  out.save_to(buffer);
+  InputArchive in;
+  in.load_from(buffer);
+  return in;
+}
+
+c10::IValue read_value(InputArchive& ar, const std::string& key, const std::string& where) {
+  c10::IValue v;
+  VOLT_CHECK(ar.try_read(key, v), CheckpointError, kTag, " ", where, " has no '", key,
+             "'; the checkpoint is damaged or was not written by volt.");
+  return v;
+}
+
+InputArchive read_sub(InputArchive& ar, const std::string& key, const std::string& where) {
+  InputArchive sub;
+  VOLT_CHECK(ar.try_read(key, sub), CheckpointError, kTag, " ", where, " has no '", key,
+             "'; the checkpoint is damaged or was not written by volt.");
+  return sub;
+}
+
+std::vector<std::string> names_of(const c10::IValue& v) {
+  std::vector<std::string> out;
+  for (const auto& s : c10::impl::toTypedList<std::string>(v.toList())) out.push_back(s);
+  return out;
+}
+
+}  // namespace
+
+// ============================================================================ the strategy
+
+DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
+                                     std::shared_ptr<Accelerator> accelerator,
+                                     std::shared_ptr<Precision> precision, int64_t devices,
+                                     int64_t num_nodes,
+                                     std::shared_ptr<CheckpointIO> checkpoint_io)
+    : DdpStrategy(ddp_options(options), std::move(accelerator), std::move(precision),
+                  options.parallel_devices() > 0 ? options.parallel_devices() : devices,
+                  num_nodes, std::move(checkpoint_io)),
+      options_(std::move(options)) {
+  if (!options_.config().empty()) apply_config();
+  VOLT_CHECK(options_.stage() >= 0 && options_.stage() <= 3, ConfigError, kTag,
+             " stage=", options_.stage(), " is not a ZeRO stage; use 1, 2 or 3.");
+  VOLT_CHECK(!options_.offload_parameters() || options_.stage() == 3, ConfigError, kTag,
+             " offload_parameters needs stage 3 (only stage 3 partitions parameters); got stage ",
+             options_.stage(), ".");
+  VOLT_CHECK(!options_.offload_parameters() || accelerator_->name() == "cpu", NotAvailable, kTag,
+             " offload_parameters with parameters on ", accelerator_->name(),
+             " is not built yet (it needs a GPU to write and test; issue #12).");
+  VOLT_CHECK(options_.param_persistence_threshold() >= 0 && options_.max_live_parameters() >= 0,
+             ConfigError, kTag, " param_persistence_threshold=",
+             options_.param_persistence_threshold(), " and max_live_parameters=",
+             options_.max_live_parameters(), " must be >= 0 (elements).");
+  VOLT_CHECK(options_.parallel_devices() >= 0, ConfigError, kTag,
+             " parallel_devices=", options_.parallel_devices(),
+             " must be >= 0 (0 takes the Trainer's devices).");
+  VOLT_CHECK(options_.reduce_bucket_size() > 0 && options_.allgather_bucket_size() > 0,
+             ConfigError, kTag, " reduce_bucket_size=", options_.reduce_bucket_size(),
+             " and allgather_bucket_size=", options_.allgather_bucket_size(),
+             " must be > 0 (elements).");
+  const std::string& dev = options_.offload_optimizer_device();
+  VOLT_CHECK(dev == "cpu" || dev == "nvme", ConfigError, kTag, " offload_optimizer_device=\"",
+             dev, "\" is not a device; use \"cpu\" or \"nvme\".");
+  if (options_.offload_optimizer()) {
+    VOLT_CHECK(dev == "cpu", NotAvailable, kTag,
+               " offload to NVMe (ZeRO-Infinity) is not built yet (issue #12); use "
+               "offload_optimizer_device=\"cpu\".");
+    VOLT_CHECK(accelerator_->name() == "cpu", NotAvailable, kTag,
+               " offload_optimizer with parameters on ", accelerator_->name(),
+               " is not built yet (it needs a GPU to write and test; issue #12).");
+  }
+}
+
+DeepSpeedStrategy::~DeepSpeedStrategy() { engines_.clear(); }
+
+void DeepSpeedStrategy::apply_config() {
+  config_ = load_deepspeed_config(options_.config());
+  const DeepSpeedConfig& c = *config_;
+  // The JSON is the whole configuration (DeepSpeed's semantics): no zero_optimization, no ZeRO.
+  options_.zero_optimization(c.zero && c.stage > 0).stage(c.stage);
+  options_.offload_optimizer(c.offload_optimizer_device != "none");
+  if (c.offload_optimizer_device != "none") {
+    options_.offload_optimizer_device(c.offload_optimizer_device);
+  }
+  if (!c.nvme_path.empty()) options_.nvme_path(c.nvme_path);
+  if (c.reduce_bucket_size) options_.reduce_bucket_size(*c.reduce_bucket_size);
+  if (c.allgather_bucket_size) options_.allgather_bucket_size(*c.allgather_bucket_size);
+  if (c.zero_allow_untested_optimizer) {
+    options_.zero_allow_untested_optimizer(*c.zero_allow_untested_optimizer);
+  }
+  clip_ = c.gradient_clipping;
+  VOLT_CHECK(c.offload_param_device != "nvme", NotAvailable, kTag, " ", c.origin,
+             ": offload_param to NVMe (ZeRO-Infinity) is not built yet (issue #12); use \"cpu\".");
+  options_.offload_parameters(c.offload_param_device == "cpu");
+  if (c.stage3_param_persistence_threshold) {
+    options_.param_persistence_threshold(*c.stage3_param_persistence_threshold);
+  }
+  if (c.stage3_max_live_parameters) options_.max_live_parameters(*c.stage3_max_live_parameters);
+  const std::string p = precision_->name();
+  VOLT_CHECK(!c.bf16 || p == "bf16-mixed" || p == "bf16-true", ConfigError, kTag, " ", c.origin,
+             " enables bf16 but the Trainer's precision is \"", p,
+             "\"; set precision=\"bf16-mixed\" (or disable bf16 in the JSON).");
+  VOLT_CHECK(!c.fp16 || p == "16-mixed", ConfigError, kTag, " ", c.origin,
+             " enables fp16 but the Trainer's precision is \"", p,
+             "\"; set precision=\"16-mixed\" (or disable fp16 in the JSON).");
+  if (!c.ignored.empty()) {
+    std::string keys;
+    for (const auto& k : c.ignored) keys += (keys.empty() ? "" : ", ") + k;
+    log_warning("DeepSpeedStrategy", c.origin + ": DeepSpeed keys volt does not act on, ignored: " +
+                                         keys + ".");
+  }
+}
+
+void DeepSpeedStrategy::setup_environment() {
+  DdpStrategy::setup_environment();
+  if (!config_) return;
+  if (auto b = resolve_deepspeed_batch(*config_, world_size(), loop_.accumulate_grad_batches)) {
+    micro_batch_ = b->micro_batch_size;
+  }
+  VOLT_CHECK(!clip_ || !loop_.gradient_clip_val || *loop_.gradient_clip_val == *clip_,
+             ConfigError, kTag, " ", config_->origin, ": gradient_clipping=", *clip_,
+             " but the Trainer's gradient_clip_val=",
+             loop_.gradient_clip_val ? *loop_.gradient_clip_val : 0.0, "; set one of them.");
+}
+
+at::Tensor DeepSpeedStrategy::training_step(Module& module, const Batch& batch,
+                                            int64_t batch_idx) {
+  if (micro_batch_ > 0) {
+    VOLT_CHECK(batch.size() == micro_batch_, ConfigError, kTag, " ", config_->origin,
+               ": train_micro_batch_size_per_gpu=", micro_batch_, " but the training loader's "
+               "batches hold ", batch.size(), " samples; make them agree.");
+    micro_batch_ = 0;  // only the first batch: an epoch's last batch may be smaller
+  }
+  auto open = scopes();
+  return DdpStrategy::training_step(module, batch, batch_idx);
+}
+
+std::vector<std::unique_ptr<ZeroEngine::Scope>> DeepSpeedStrategy::scopes() {
+  std::vector<std::unique_ptr<ZeroEngine::Scope>> out;
+  for (auto& kv : engines_) out.push_back(std::make_unique<ZeroEngine::Scope>(*kv.second));
+  return out;
+}
+
+void DeepSpeedStrategy::validation_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  auto open = scopes();
+  DdpStrategy::validation_step(module, batch, batch_idx);
+}
+
+void DeepSpeedStrategy::test_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  auto open = scopes();
+  DdpStrategy::test_step(module, batch, batch_idx);
+}
+
+at::Tensor DeepSpeedStrategy::predict_step(Module& module, const Batch& batch,
+                                           int64_t batch_idx) {
+  auto open = scopes();
+  return DdpStrategy::predict_step(module, batch, batch_idx);
+}
+
+void DeepSpeedStrategy::teardown() {
+  // Stage 3: the module leaves the run whole (every rank gathers every parameter).
+  for (auto& kv : engines_) {
+    try {
+      kv.second->restore_parameters();
+    } catch (const std::exception& e) {
+      log_error("DeepSpeedStrategy", std::string("could not gather the partitioned parameters "
+                                                 "at the end of the run (they hold NaN): ") +
+                                         e.what());
+    }
+  }
+  DdpStrategy::teardown();
+}
+
+ZeroEngine* DeepSpeedStrategy::engine(const torch::optim::Optimizer& optimizer) const {
+  auto it = engines_.find(&optimizer);
+  return it == engines_.end() ? nullptr : it->second.get();
+}
+
+ZeroEngine& DeepSpeedStrategy::engine_for(const torch::optim::Optimizer& optimizer) const {
+  ZeroEngine* e = engine(optimizer);
+  VOLT_CHECK(e != nullptr, ConfigError, kTag,
+             " this optimizer was not set up by the strategy; step only the optimizers "
+             "configure_optimizers returned.");
+  return *e;
+}
+
+void DeepSpeedStrategy::setup_module(Module& module) {
+  if (!zero_on()) {
+    DdpStrategy::setup_module(module);
+    return;
+  }
+  Strategy::setup_module(module);
+  broadcast_module_state(module);
+  names_.clear();
+  for (const auto& p : module.named_parameters(true)) {
+    names_.emplace(p.value().unsafeGetTensorImpl(), p.key());
+  }
+  engines_.clear();
+}
+
+void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) {
+  if (config_) {
+    // configure_optimizers wins over the JSON (the reference's note), item by item.
+    if (optimizers.empty()) {
+      std::vector<at::Tensor> params;
+      for (const auto& p : module.parameters()) {
+        bool seen = false;
+        for (const auto& q : params) seen = seen || q.is_same(p);
+        if (p.requires_grad() && !seen) params.push_back(p);
+      }
+      auto opt = make_deepspeed_optimizer(*config_, params);
+      VOLT_CHECK(opt != nullptr, ConfigError, kTag,
+                 " configure_optimizers() returned no optimizer and ", config_->origin,
+                 " names none; return one or add an \"optimizer\" section.");
+      optimizers.emplace_back(opt);
+    } else if (!config_->optimizer_type.empty()) {
+      log_info("DeepSpeedStrategy", "the optimizer from configure_optimizers() is used; the "
+                                    "JSON's \"" + config_->optimizer_type + "\" is ignored.");
+    }
+    if (!config_->scheduler_type.empty()) {
+      OptimizerConfig& first = optimizers.front();
+      if (first.scheduler()) {
+        log_info("DeepSpeedStrategy", "the LR scheduler from configure_optimizers() is used; the "
+                                      "JSON's \"" + config_->scheduler_type + "\" is ignored.");
+      } else {
+        // DeepSpeed steps its scheduler after every optimizer step.
+        first.scheduler(make_deepspeed_scheduler(*config_, *first.optimizer()))
+            .interval(Interval::kStep)
+            .frequency(1);
+      }
+    }
+  }
+  if (!zero_on()) return;
+  VOLT_CHECK(precision_->name() != "16-mixed", NotAvailable, kTag,
+             " precision \"16-mixed\" (dynamic loss scaling) is not built for ZeRO yet; use "
+             "\"bf16-mixed\", \"bf16-true\" or \"32-true\".");
+  if (options_.offload_optimizer() || options_.offload_parameters()) {
+    log_info("DeepSpeedStrategy",
+             "offload_optimizer / offload_parameters: on a CPU run the parameters, gradients and "
+             "optimizer state are in host memory already; nothing moves.");
+  }
+  engines_.clear();
+  for (auto& config : optimizers) {
+    auto& opt = *config.optimizer();
+    if (!tested_optimizer(opt)) {
+      VOLT_CHECK(options_.zero_allow_untested_optimizer(), ConfigError, kTag, " optimizer '",
+                 typeid(opt).name(),
+                 "' is untested with ZeRO; set zero_allow_untested_optimizer=true if its step "
+                 "acts on each element independently, or use SGD, Adam, AdamW, RMSprop, Adagrad, "
+                 "FusedSGD or FusedAdamW.");
+      warn_once("zero_untested_optimizer", "DeepSpeedStrategy",
+                "optimizer '" + std::string(typeid(opt).name()) +
+                                         "' is untested with ZeRO: the partitioned step equals "
+                                         "the unpartitioned one only for elementwise updates.");
+    }
+    engines_[&opt] = std::make_unique<ZeroEngine>(
+        opt, group_,
+        ZeroEngineOptions()
+            .stage(options_.stage())
+            .reduce_bucket_size(options_.reduce_bucket_size())
+            .allgather_bucket_size(options_.allgather_bucket_size())
+            .param_persistence_threshold(options_.param_persistence_threshold())
+            .max_live_parameters(options_.max_live_parameters()),
+        names_);
+  }
+}
+
+void DeepSpeedStrategy::backward(const at::Tensor& loss, bool sync_gradients) {
+  if (engines_.empty()) {
+    DdpStrategy::backward(loss, sync_gradients);
+    return;
+  }
+  // Each engine arms its hooks around the next one's; the innermost runs the backward.
+  std::vector<ZeroEngine*> chain;
+  for (auto& kv : engines_) chain.push_back(kv.second.get());
+  auto open = scopes();
+  std::function<void(size_t)> run = [&](size_t i) {
+    if (i == chain.size()) {
+      precision_->backward(loss);
+      return;
+    }
+    chain[i]->backward([&] { run(i + 1); }, sync_gradients);
+  };
+  run(0);
+}
+
+bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
+                                       c10::optional<double> clip_value,
+                                       ClipAlgorithm algorithm) {
+  ZeroEngine* e = engine(optimizer);
+  if (!clip_value && clip_) {
+    clip_value = clip_;  // the JSON's gradient_clipping: a norm, as in DeepSpeed
+    algorithm = ClipAlgorithm::kNorm;
+  }
+  const bool stepped = Strategy::optimizer_step(optimizer, clip_value, algorithm);
+  if (e != nullptr && stepped) e->gather_parameters();
+  return stepped;
+}
+
+double DeepSpeedStrategy::clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                         ClipAlgorithm algorithm) {
+  ZeroEngine* e = engine(optimizer);
+  // The norm spans every rank's chunks; clipping by value is elementwise.
+  if (e != nullptr && algorithm == ClipAlgorithm::kNorm) return e->clip_grad_norm(value, 2.0);
+  return Strategy::clip_gradients(optimizer, value, algorithm);
+}
+
+void DeepSpeedStrategy::zero_grad(torch::optim::Optimizer& optimizer) {
+  if (ZeroEngine* e = engine(optimizer)) {
+    e->zero_grad();
+  } else {
+    DdpStrategy::zero_grad(optimizer);
+  }
+}
+
+// ------------------------------------------------------------------ model state (stage 3)
+// Stage 3 keeps no whole copy of a partitioned parameter: each rank writes its chunk under the
+// parameter's name and the full shapes under kStage3Shapes; consolidation concatenates them.
+
+constexpr const char* kStage3Shapes = "__zero_stage3__";
+
+const ZeroChunk* DeepSpeedStrategy::chunk_of(const c10::TensorImpl* impl) const {
+  for (const auto& kv : engines_) {
+    for (const auto& c : kv.second->chunks()) {
+      if (c.partitioned && c.parameter.unsafeGetTensorImpl() == impl) return &c;
+    }
+  }
+  return nullptr;
+}
+
+void DeepSpeedStrategy::save_model_state(const Module& module, OutputArchive& ar) const {
+  bool partitioned = false;
+  for (const auto& kv : engines_) {
+    for (const auto& c : kv.second->chunks()) partitioned = partitioned || c.partitioned;
+  }
+  if (!partitioned) {
+    Strategy::save_model_state(module, ar);
+    return;
+  }
+  OutputArchive shapes;
+  for (const auto& p : module.named_parameters(true)) {
+    if (const ZeroChunk* c = chunk_of(p.value().unsafeGetTensorImpl())) {
+      ar.write(p.key(), c->length > 0 ? c->view.clone()
+                                      : torch::empty({0}, c->parameter.options().requires_grad(false)));
+      shapes.write(p.key(), torch::tensor(p.value().sizes().vec(), torch::kLong));
+    } else {
+      ar.write(p.key(), p.value());
+    }
+  }
+  for (const auto& b : module.named_buffers(true)) ar.write(b.key(), b.value(), /*is_buffer=*/true);
+  ar.write(kStage3Shapes, shapes);
+}
+
+void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const {
+  bool partitioned = false;
+  for (const auto& kv : engines_) {
+    for (const auto& c : kv.second->chunks()) partitioned = partitioned || c.partitioned;
+  }
+  if (!partitioned) {
+    Strategy::load_model_state(module, ar);
+    return;
+  }
+  // This rank's chunks (a stage-3 folder at this world size) or whole tensors (anything else).
+  InputArchive shapes;
+  const bool chunks = ar.try_read(kStage3Shapes, shapes);
+  torch::NoGradGuard no_grad;
+  std::vector<std::string> problems;
+  auto load = [&](const std::string& name, at::Tensor target, bool buffer) {
+    at::Tensor saved;
+    if (!ar.try_read(name, saved, buffer)) {
+      problems.push_back("missing '" + name + "'");
+      return;
+    }
+    if (const ZeroChunk* c = buffer ? nullptr : chunk_of(target.unsafeGetTensorImpl())) {
+      if (c->length == 0) return;
+      const at::Tensor mine = chunks ? saved.reshape({-1})
+                                     : saved.reshape({-1}).narrow(0, c->start, c->length);
+      if (mine.numel() != c->length || (!chunks && saved.numel() != c->numel)) {
+        problems.push_back("size of '" + name + "'");
+        return;
+      }
+      at::Tensor view = c->view;
+      view.copy_(mine);
+      return;
+    }
+    if (!saved.sizes().equals(target.sizes())) {
+      problems.push_back("shape of '" + name + "'");
+      return;
+    }
+    target.copy_(saved);
+  };
+  for (auto& p : module.named_parameters(true)) load(p.key(), p.value(), false);
+  for (auto& b : module.named_buffers(true)) load(b.key(), b.value(), true);
+  if (!problems.empty()) {
+    std::ostringstream os;
+    os << kTag << " the checkpoint does not match the model: ";
+    for (size_t i = 0; i < problems.size(); ++i) os << (i ? "; " : "") << problems[i];
+    os << ". Load a checkpoint written by the same model.";
+    throw CheckpointError(os.str());
+  }
+}
+
+// ------------------------------------------------------------------ optimizer state
+
+void DeepSpeedStrategy::save_optimizer_state(const torch::optim::Optimizer& optimizer,
+                                             const Module& module, OutputArchive& ar) const {
+  const ZeroEngine* e = engine(optimizer);
+  if (e == nullptr) {
+    Strategy::save_optimizer_state(optimizer, module, ar);
+    return;
+  }
+  // The full format of volt::save_optimizer_state, with this rank's chunks as the tensors.
+  ar.write("zero_world_size", c10::IValue(e->world_size()));
+  ar.write("zero_rank", c10::IValue(e->rank()));
+  const auto& groups = optimizer.param_groups();
+  ar.write("num_groups", c10::IValue(static_cast<int64_t>(groups.size())));
+  const auto& state = optimizer.state();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    OutputArchive group_ar, options_ar, states_ar;
+    groups[g].options().serialize(options_ar);
+    group_ar.write("options", options_ar);
+    c10::List<std::string> names;
+    for (const auto& c : e->chunks()) {
+      if (c.group != static_cast<int64_t>(g)) continue;
+      names.push_back(c.name);
+      if (c.length == 0) continue;
+      auto it = state.find(detail::state_key_for<detail::OptimizerStateKey>(c.view));
+      if (it == state.end()) continue;
+      OutputArchive one;
+      it->second->serialize(one);
+      states_ar.write(c.name, one);
+    }
+    group_ar.write("params", c10::IValue(names));
+    group_ar.write("state", states_ar);
+    ar.write("group_" + std::to_string(g), group_ar);
+  }
+}
+
+void DeepSpeedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
+                                             const Module& module, InputArchive& ar) const {
+  ZeroEngine* e = engine(optimizer);
+  if (e == nullptr) {
+    Strategy::load_optimizer_state(optimizer, module, ar);
+    return;
+  }
+  // Either this rank's own shard (same world size), or the full state of a consolidated, DDP or
+  // one-process checkpoint, from which this rank takes its chunks.
+  c10::IValue world;
+  const bool shard = ar.try_read("zero_world_size", world);
+  if (shard) {
+    VOLT_CHECK(world.toInt() == e->world_size() &&
+                   read_value(ar, "zero_rank", "the optimizer shard").toInt() == e->rank(),
+               CheckpointError, kTag, " the optimizer shard was written by rank ",
+               read_value(ar, "zero_rank", "the optimizer shard").toInt(), " of ", world.toInt(),
+               " but this is rank ", e->rank(), " of ", e->world_size(),
+               "; load the folder with DeepSpeedStrategy::load_checkpoint (it consolidates).");
+  }
+  auto& groups = optimizer.param_groups();
+  const int64_t num_groups = read_value(ar, "num_groups", "the optimizer state").toInt();
+  VOLT_CHECK(num_groups == static_cast<int64_t>(groups.size()), CheckpointError, kTag,
+             " the checkpoint's optimizer has ", num_groups, " param groups but configure_"
+             "optimizers built ", groups.size(), "; resume with the same optimizer setup.");
+  auto& state = optimizer.state();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    InputArchive group_ar = read_sub(ar, "group_" + std::to_string(g), "the optimizer state");
+    InputArchive options_ar = read_sub(group_ar, "options", "an optimizer group");
+    groups[g].options().serialize(options_ar);
+    InputArchive states_ar = read_sub(group_ar, "state", "an optimizer group");
+    for (const auto& c : e->chunks()) {
+      if (c.group != static_cast<int64_t>(g) || c.length == 0) continue;
+      InputArchive one;
+      if (!states_ar.try_read(c.name, one)) continue;  // never stepped
+      Entries entries = entries_of(one);
+      for (auto& [key, v] : entries) {
+        if (!v.isTensor()) continue;
+        const at::Tensor t = v.toTensor();
+        // Per-element state has the parameter's shape (full) or is this rank's 1-D chunk;
+        // anything else (a 0-dim step count) is per-parameter and kept as it is.
+        if (shard) {
+          VOLT_CHECK(t.dim() != 1 || t.numel() == c.length, CheckpointError, kTag,
+                     " optimizer state '", key, "' of '", c.name, "' holds ", t.numel(),
+                     " elements but this rank's chunk has ", c.length,
+                     "; resume with the same model.");
+        } else if (t.sizes().equals(c.parameter.sizes())) {
+          v = t.reshape({-1}).narrow(0, c.start, c.length).clone();
+        } else {
+          VOLT_CHECK(t.dim() == 0, CheckpointError, kTag, " optimizer state '", key, "' of '",
+                     c.name, "' has shape ", t.sizes(), " but the parameter ",
+                     c.parameter.sizes(), "; resume with the same model.");
+        }
+      }
+      InputArchive chunk_ar = archive_of(entries);
+      auto st = new_optimizer_param_state(optimizer);
+      st->serialize(chunk_ar);
+      state[detail::state_key_for<detail::OptimizerStateKey>(c.view)] = std::move(st);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ accumulated gradients
+
+void DeepSpeedStrategy::save_accumulated_gradients(const Module& module,
+                                                   OutputArchive& ar) const {
+  if (engines_.empty() || options_.stage() == 1) {
+    // Stage 1 (and plain data parallel) accumulate full local gradients, as DDP does.
+    DdpStrategy::save_accumulated_gradients(module, ar);
+    return;
+  }
+  // Stage 2 reduces every micro-batch: each rank holds the mean's chunks. The full mean is what
+  // one process on the global batch would hold.
+  for (const auto& kv : engines_) {
+    const ZeroEngine& e = *kv.second;
+    for (size_t i = 0; i < e.chunks().size(); ++i) {
+      const auto& c = e.chunks()[i];
+      at::Tensor mine = torch::zeros({c.chunk}, c.parameter.options().requires_grad(false));
+      if (c.length > 0) mine.narrow(0, 0, c.length).copy_(e.gradient_chunk(i));
+      const at::Tensor full = group().all_gather_flat(mine).narrow(0, 0, c.numel);
+      ar.write(c.name, full.reshape(c.parameter.sizes()).clone());
+    }
+  }
+}
+
+void DeepSpeedStrategy::load_accumulated_gradients(Module& module, InputArchive& ar) {
+  if (engines_.empty() || options_.stage() == 1) {
+    DdpStrategy::load_accumulated_gradients(module, ar);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& kv : engines_) {
+    ZeroEngine& e = *kv.second;
+    for (size_t i = 0; i < e.chunks().size(); ++i) {
+      const auto& c = e.chunks()[i];
+      at::Tensor g;
+      if (c.length == 0 || !ar.try_read(c.name, g)) continue;
+      VOLT_CHECK(g.numel() == c.numel, CheckpointError, kTag, " accumulated gradient of '",
+                 c.name, "' has ", g.numel(), " elements, the parameter ", c.numel, ".");
+      e.gradient_chunk(i).copy_(g.reshape({-1}).narrow(0, c.start, c.length));
+    }
+  }
+}
+
+// ------------------------------------------------------------------ checkpoint folders
+
+void DeepSpeedStrategy::save_checkpoint(OutputArchive& archive, const std::string& path) {
+  if (engines_.empty()) {
+    DdpStrategy::save_checkpoint(archive, path);
+    return;
+  }
+  // Every rank writes its shard into a staging folder; rank 0 adds the metadata last and swaps
+  // the folder in with one rename, so `path` always holds a complete checkpoint (the previous
+  // one until the swap). A job killed mid-save leaves only the staging folder, which the next
+  // save removes.
+  const std::string staging = path + ".partial";
+  const int64_t world = world_size();
+  barrier("zero_save_begin");
+  if (is_global_zero()) {
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+    const fs::path parent = fs::path(path).parent_path();
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    VOLT_CHECK(::mkdir(staging.c_str(), 0755) == 0, CheckpointError, kTag,
+               " cannot create the checkpoint folder '", staging, "' (", std::strerror(errno),
+               "); check that the folder is writable.");
+  }
+  barrier("zero_save_staged");
+  checkpoint_io_->save(archive, shard_file(staging, rank(), world));
+  barrier("zero_save_written");
+  if (is_global_zero()) {
+    std::ostringstream meta;
+    meta << "format " << kZeroFormat << "\nworld_size " << world << "\nstage "
+         << options_.stage() << "\n";
+    atomic_write_file(staging + "/" + kMetaFile, meta.str());
+    std::error_code ec;
+    if (is_directory(path)) {
+      // Exchange the two folders atomically, then drop the old one.
+      VOLT_CHECK(::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(),
+                             RENAME_EXCHANGE) == 0,
+                 CheckpointError, kTag, " cannot replace '", path, "' (", std::strerror(errno),
+                 ").");
+      fs::remove_all(staging, ec);
+    } else {
+      if (fs::exists(path, ec)) fs::remove(path, ec);  // a single-file checkpoint before
+      VOLT_CHECK(::rename(staging.c_str(), path.c_str()) == 0, CheckpointError, kTag,
+                 " cannot move the checkpoint into '", path, "' (", std::strerror(errno), ").");
+    }
+    const fs::path parent = fs::path(path).parent_path();
+    const int dir = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY);
+    if (dir >= 0) {
+      ::fsync(dir);
+      ::close(dir);
+    }
+  }
+  barrier("zero_save_done");
+}
+
+InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
+  if (!is_zero_checkpoint(path)) {
+    VOLT_CHECK(!is_directory(path), CheckpointError, kTag, " '", path,
+               "' is a folder without ", kMetaFile,
+               ": an incomplete ZeRO checkpoint (a save was interrupted); load the previous one.");
+    return Strategy::load_checkpoint(path);
+  }
+  const int64_t world = folder_world_size(path);
+  if (world == world_size()) return checkpoint_io_->load(shard_file(path, rank(), world));
+  // Another world size: this rank takes its chunks from the full state.
+  return load_consolidated_zero_checkpoint(path);
+}
+
+void DeepSpeedStrategy::remove_checkpoint(const std::string& path) {
+  if (!is_directory(path)) {
+    Strategy::remove_checkpoint(path);
+    return;
+  }
+  if (is_global_zero()) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+}
+
+// ============================================================================ consolidation
+
+InputArchive load_consolidated_zero_checkpoint(const std::string& folder) {
+  // Consolidated into a private temporary file, read back like any full checkpoint.
+  char tmpl[] = "/tmp/volt-zero-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  VOLT_CHECK(fd >= 0, CheckpointError, kTag, " cannot create a temporary file to consolidate '",
+             folder, "' (", std::strerror(errno), "); check TMPDIR space.");
+  ::close(fd);
+  const std::string tmp = tmpl;
+  try {
+    consolidate_zero_checkpoint(folder, tmp);
+    InputArchive in = TorchCheckpointIO().load(tmp);
+    std::remove(tmp.c_str());
+    return in;
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+bool is_zero_checkpoint(const std::string& path) {
+  struct stat st;
+  return is_directory(path) && ::stat((path + "/" + kMetaFile).c_str(), &st) == 0;
+}
+
+void consolidate_zero_checkpoint(const std::string& folder, const std::string& out) {
+  VOLT_CHECK(is_zero_checkpoint(folder), CheckpointError, kTag, " '", folder,
+             "' is not a complete ZeRO checkpoint folder (no ", kMetaFile, ").");
+  const int64_t world = folder_world_size(folder);
+  TorchCheckpointIO io;
+  for (int64_t r = 0; r < world; ++r) {
+    const std::string file = shard_file(folder, r, world);
+    struct stat st;
+    VOLT_CHECK(::stat(file.c_str(), &st) == 0, CheckpointError, kTag, " '", folder,
+               "' lacks the shard of rank ", r, " ('", file, "'); the checkpoint is incomplete.");
+  }
+  std::vector<InputArchive> shards;
+  for (int64_t r = 0; r < world; ++r) shards.push_back(io.load(shard_file(folder, r, world)));
+  // Everything but the optimizers comes from rank 0 (the ranks hold the same full weights, loop
+  // state and callbacks; their generator states are all in every shard).
+  OutputArchive root;
+  copy_archive(shards[0], root, {"optimizers", "state_dict"});
+  // Weights: whole in every shard (stages 1, 2), or chunks to concatenate (stage 3).
+  std::vector<InputArchive> dicts;
+  for (auto& sh : shards) dicts.push_back(read_sub(sh, "state_dict", "a shard"));
+  InputArchive stage3;
+  const bool chunked = dicts[0].try_read(kStage3Shapes, stage3);
+  OutputArchive state_out;
+  std::map<std::string, at::Tensor> full;  // partitioned weights, whole again
+  if (chunked) {
+    for (const auto& name : stage3.keys()) {
+      at::Tensor shape;
+      stage3.read(name, shape);
+      std::vector<int64_t> sizes(shape.data_ptr<int64_t>(),
+                                 shape.data_ptr<int64_t>() + shape.numel());
+      std::vector<at::Tensor> pieces;
+      for (auto& d : dicts) {
+        at::Tensor piece;
+        VOLT_CHECK(d.try_read(name, piece), CheckpointError, kTag, " a shard lacks its chunk of '",
+                   name, "'; the folder mixes checkpoints.");
+        pieces.push_back(piece.reshape({-1}));
+      }
+      const at::Tensor whole = torch::cat(pieces);
+      const int64_t numel = c10::multiply_integers(sizes);
+      VOLT_CHECK(whole.numel() == numel, CheckpointError, kTag, " the chunks of '", name,
+                 "' hold ", whole.numel(), " elements, its shape ", numel,
+                 "; a shard is from another run.");
+      full[name] = whole.reshape(sizes);
+    }
+  }
+  for (const auto& key : dicts[0].keys()) {
+    if (key == kStage3Shapes) continue;
+    auto it = full.find(key);
+    if (it != full.end()) {
+      state_out.write(key, it->second);
+      continue;
+    }
+    c10::IValue v;
+    if (dicts[0].try_read(key, v) && v.isTensor()) state_out.write(key, v.toTensor());
+  }
+  root.write("state_dict", state_out);
+  // The optimizer consolidation below needs every parameter's shape: read them back.
+  std::stringstream sd_buf;
+  state_out.save_to(sd_buf);
+  InputArchive state_dict;
+  state_dict.load_from(sd_buf);
+
+  std::vector<InputArchive> opts;
+  for (auto& s : shards) opts.push_back(read_sub(s, "optimizers", "a shard"));
+  OutputArchive opts_out;
+  const c10::IValue count = read_value(opts[0], "count", "the optimizers");
+  opts_out.write("count", count);
+  for (int64_t i = 0; i < count.toInt(); ++i) {
+    const std::string key = "optimizer_" + std::to_string(i);
+    std::vector<InputArchive> parts;
+    for (auto& o : opts) parts.push_back(read_sub(o, key, "the optimizers"));
+    OutputArchive full;
+    c10::IValue w;
+    if (!parts[0].try_read("zero_world_size", w)) {
+      // Not partitioned (zero_optimization off): rank 0's state is everyone's.
+      copy_archive(parts[0], full);
+      opts_out.write(key, full);
+      continue;
+    }
+    const c10::IValue num_groups = read_value(parts[0], "num_groups", key);
+    full.write("num_groups", num_groups);
+    for (int64_t g = 0; g < num_groups.toInt(); ++g) {
+      const std::string gk = "group_" + std::to_string(g);
+      std::vector<InputArchive> groups, states;
+      for (auto& p : parts) {
+        groups.push_back(read_sub(p, gk, key));
+        states.push_back(read_sub(groups.back(), "state", gk));
+      }
+      OutputArchive group_out, options_out, states_out;
+      InputArchive options_in = read_sub(groups[0], "options", gk);
+      copy_archive(options_in, options_out);
+      group_out.write("options", options_out);
+      const c10::IValue names_iv = read_value(groups[0], "params", gk);
+      group_out.write("params", names_iv);
+      for (const auto& name : names_of(names_iv)) {
+        at::Tensor param;
+        VOLT_CHECK(state_dict.try_read(name, param), CheckpointError, kTag,
+                   " the weights lack '", name, "' which the optimizer state names.");
+        const int64_t numel = param.numel();
+        // Each rank's chunk state in rank order: 1-D tensors of that rank's chunk length are
+        // concatenated; anything else (a 0-dim step count) is the same everywhere.
+        const int64_t chunk = (numel + world - 1) / world;
+        std::vector<std::pair<int64_t, Entries>> per_rank;  // (chunk length, entries)
+        for (int64_t r = 0; r < world; ++r) {
+          InputArchive one;
+          if (states[r].try_read(name, one)) {
+            per_rank.emplace_back(std::max<int64_t>(0, std::min(chunk, numel - r * chunk)),
+                                  entries_of(one));
+          }
+        }
+        if (per_rank.empty()) continue;  // never stepped
+        Entries merged = per_rank.front().second;
+        for (auto& [k, v] : merged) {
+          if (!v.isTensor()) continue;
+          std::vector<at::Tensor> pieces;
+          bool chunked = true;
+          for (auto& [length, e] : per_rank) {
+            for (auto& [k2, v2] : e) {
+              if (k2 != k) continue;
+              const at::Tensor t = v2.toTensor();
+              chunked = chunked && t.dim() == 1 && t.numel() == length;
+              pieces.push_back(t);
+            }
+          }
+          if (!chunked) continue;
+          at::Tensor cat = torch::cat(pieces);
+          VOLT_CHECK(cat.numel() == numel, CheckpointError, kTag, " the chunks of '", k,
+                     "' for '", name, "' add up to ", cat.numel(), " elements, not ", numel,
+                     "; a shard is from another run.");
+          v = cat.reshape(param.sizes());
+        }
+        InputArchive merged_in = archive_of(merged);
+        OutputArchive one_out;
+        copy_archive(merged_in, one_out);
+        states_out.write(name, one_out);
+      }
+      group_out.write("state", states_out);
+      full.write(gk, group_out);
+    }
+    opts_out.write(key, full);
+    InputArchive sched;
+    const std::string sk = "scheduler_" + std::to_string(i);
+    if (opts[0].try_read(sk, sched)) {
+      OutputArchive sched_out;
+      copy_archive(sched, sched_out);
+      opts_out.write(sk, sched_out);
+    }
+  }
+  root.write("optimizers", opts_out);
+  io.save(root, out);
+}
+
+}  // namespace volt

@@ -1,0 +1,340 @@
+#include "volt/strategies/deepspeed_config.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/optim/sgd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "io/detail/input_limits.h"
+#include "volt/core/check.h"
+#include "volt/core/registry.h"
+#include "volt/kernels/fused_adamw.h"
+#include "volt/optim/lr_scheduler.h"
+
+namespace volt {
+namespace {
+
+using nlohmann::json;
+constexpr const char* kTag = "[DeepSpeedConfig]";
+
+// What volt reads, per object, and the DeepSpeed keys it knows but does not act on.
+const std::vector<std::string> kTop = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16",
+    "fp16", "zero_optimization", "optimizer", "scheduler", "gradient_clipping",
+    "zero_allow_untested_optimizer"};
+const std::vector<std::string> kTopIgnored = {
+    "steps_per_print", "wall_clock_breakdown", "dump_state", "prescale_gradients",
+    "gradient_predivide_factor", "sparse_gradients", "communication_data_type",
+    "zero_force_ds_cpu_optimizer", "activation_checkpointing", "flops_profiler", "tensorboard",
+    "wandb", "csv_monitor", "comet", "aio", "amp", "elasticity", "comms_logger", "checkpoint",
+    "data_types", "compression_training", "autotuning", "memory_breakdown", "disable_allgather",
+    "timers", "torch_autocast", "data_efficiency", "curriculum_learning", "sparse_attention",
+    "pipeline", "seq_parallel_communication_data_type", "seed"};
+const std::vector<std::string> kZero = {
+    "stage", "offload_optimizer", "offload_param", "overlap_comm", "reduce_bucket_size",
+    "allgather_bucket_size", "contiguous_gradients", "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold", "stage3_max_live_parameters", "reduce_scatter",
+    "allgather_partitions"};
+const std::vector<std::string> kZeroIgnored = {
+    "stage3_max_reuse_distance",
+    "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+    "sub_group_size", "round_robin_gradients", "elastic_checkpoint", "load_from_fp32_weights",
+    "ignore_unused_parameters", "zero_hpz_partition_size", "zero_quantized_weights",
+    "zero_quantized_gradients", "mics_shard_size", "memory_efficient_linear",
+    "cpu_offload", "cpu_offload_params", "cpu_offload_use_pin_memory", "legacy_stage1",
+    "use_multi_rank_bucket_allreduce", "log_trace_cache_warnings"};
+const std::vector<std::string> kOffload = {"device", "nvme_path", "pin_memory"};
+const std::vector<std::string> kOffloadIgnored = {"buffer_count", "buffer_size", "max_in_cpu",
+                                                  "fast_init", "ratio", "pipeline_read",
+                                                  "pipeline_write"};
+const std::vector<std::string> kFp = {"enabled"};
+const std::vector<std::string> kFpIgnored = {"loss_scale", "initial_scale_power",
+                                             "loss_scale_window", "hysteresis",
+                                             "consecutive_hysteresis", "min_loss_scale",
+                                             "auto_cast", "immediate_grad_update", "fp16_master_weights_and_grads"};
+const std::vector<std::string> kTyped = {"type", "params"};
+const std::vector<std::string> kOptimizers = {"Adam", "AdamW", "SGD"};
+const std::vector<std::string> kSchedulers = {"WarmupLR", "WarmupDecayLR"};
+const std::vector<std::string> kOptimizerParams = {"lr", "betas", "eps", "weight_decay",
+                                                   "adam_w_mode", "amsgrad", "bias_correction",
+                                                   "momentum", "dampening", "nesterov",
+                                                   "torch_adam"};
+const std::vector<std::string> kSchedulerParams = {"warmup_min_lr", "warmup_max_lr",
+                                                   "warmup_num_steps", "warmup_type",
+                                                   "total_num_steps", "last_batch_iteration"};
+
+struct Reader {
+  const DeepSpeedConfig& cfg;
+
+  [[noreturn]] void fail(const std::string& path, const std::string& what) const {
+    throw ConfigError(detail::str_cat(kTag, " ", cfg.origin, ": \"", path, "\" ", what));
+  }
+
+  // Every key of `obj` is known: read, ignored (recorded), or an error naming the closest.
+  void check_keys(const json& obj, const std::string& path, const std::vector<std::string>& known,
+                  const std::vector<std::string>& ignored, std::vector<std::string>& out) const {
+    if (!obj.is_object()) fail(path, "must be a JSON object");
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      const std::string key = it.key();
+      const std::string full = path.empty() ? key : path + "." + key;
+      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+      if (std::find(ignored.begin(), ignored.end(), key) != ignored.end()) {
+        out.push_back(full);
+        continue;
+      }
+      std::vector<std::string> all = known;
+      all.insert(all.end(), ignored.begin(), ignored.end());
+      fail(full, "is not a DeepSpeed key volt knows" + did_you_mean(key, all) +
+                     "; remove it or fix its spelling.");
+    }
+  }
+
+  bool is_auto(const json& v) const { return v.is_string() && v.get<std::string>() == "auto"; }
+
+  c10::optional<int64_t> positive_int(const json& obj, const std::string& key,
+                                      const std::string& path) const {
+    if (!obj.contains(key) || obj[key].is_null() || is_auto(obj[key])) return c10::nullopt;
+    const json& v = obj[key];
+    if (!v.is_number_integer() && !(v.is_number_float() && v.get<double>() == std::floor(v.get<double>()))) {
+      fail(path + key, "must be an integer or \"auto\"");
+    }
+    const int64_t n = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+    if (n < 0) fail(path + key, "must be >= 0, got " + std::to_string(n));
+    return n;
+  }
+
+  c10::optional<bool> boolean(const json& obj, const std::string& key,
+                              const std::string& path) const {
+    if (!obj.contains(key) || is_auto(obj[key])) return c10::nullopt;
+    if (!obj[key].is_boolean()) fail(path + key, "must be true or false");
+    return obj[key].get<bool>();
+  }
+
+  double number(const json& v, const std::string& path) const {
+    if (!v.is_number()) fail(path, "must be a number");
+    return v.get<double>();
+  }
+
+  std::string string(const json& obj, const std::string& key, const std::string& path) const {
+    if (!obj[key].is_string()) fail(path + key, "must be a string");
+    return obj[key].get<std::string>();
+  }
+};
+
+void read_offload(const Reader& r, const json& obj, const std::string& path, std::string& device,
+                  DeepSpeedConfig& cfg) {
+  r.check_keys(obj, path, kOffload, kOffloadIgnored, cfg.ignored);
+  if (obj.contains("device")) {
+    device = obj["device"].is_null() ? "none" : r.string(obj, "device", path + ".");
+    if (device != "none" && device != "cpu" && device != "nvme") {
+      r.fail(path + ".device", "is \"" + device + "\"; use \"none\", \"cpu\" or \"nvme\"");
+    }
+  }
+  if (obj.contains("nvme_path")) cfg.nvme_path = r.string(obj, "nvme_path", path + ".");
+  if (auto b = r.boolean(obj, "pin_memory", path + ".")) cfg.pin_memory = *b;
+}
+
+void read_typed(const Reader& r, const json& obj, const std::string& path,
+                const std::vector<std::string>& types, const std::vector<std::string>& params,
+                std::string& type, std::vector<std::pair<std::string, json>>& out,
+                std::vector<std::string>& ignored) {
+  r.check_keys(obj, path, kTyped, {}, ignored);
+  if (!obj.contains("type")) r.fail(path, "needs a \"type\"");
+  type = r.string(obj, "type", path + ".");
+  if (std::find(types.begin(), types.end(), type) == types.end()) {
+    std::ostringstream os;
+    os << "type \"" << type << "\" is not supported" << did_you_mean(type, types) << "; use one of";
+    for (const auto& t : types) os << " " << t;
+    r.fail(path + ".type", os.str());
+  }
+  if (!obj.contains("params")) return;
+  const json& p = obj["params"];
+  r.check_keys(p, path + ".params", params, {}, ignored);
+  for (auto it = p.begin(); it != p.end(); ++it) out.emplace_back(it.key(), it.value());
+}
+
+}  // namespace
+
+DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::string& origin) {
+  DeepSpeedConfig cfg;
+  cfg.origin = origin;
+  const json root = detail::parse_json_bounded(text, "DeepSpeedConfig", origin);
+  const Reader r{cfg};
+  r.check_keys(root, "", kTop, kTopIgnored, cfg.ignored);
+  cfg.train_batch_size = r.positive_int(root, "train_batch_size", "");
+  cfg.train_micro_batch_size_per_gpu = r.positive_int(root, "train_micro_batch_size_per_gpu", "");
+  cfg.gradient_accumulation_steps = r.positive_int(root, "gradient_accumulation_steps", "");
+  for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu",
+                        "gradient_accumulation_steps"}) {
+    const auto v = r.positive_int(root, k, "");
+    if (v && *v == 0) r.fail(k, "must be >= 1");
+  }
+  for (const char* k : {"bf16", "fp16"}) {
+    if (!root.contains(k)) continue;
+    r.check_keys(root[k], k, kFp, kFpIgnored, cfg.ignored);
+    const bool on = r.boolean(root[k], "enabled", std::string(k) + ".").value_or(false);
+    (std::string(k) == "bf16" ? cfg.bf16 : cfg.fp16) = on;
+  }
+  if (cfg.bf16 && cfg.fp16) r.fail("fp16", "and bf16 are both enabled; enable one");
+  if (root.contains("gradient_clipping") && !r.is_auto(root["gradient_clipping"])) {
+    const double c = r.number(root["gradient_clipping"], "gradient_clipping");
+    if (c < 0) r.fail("gradient_clipping", "must be >= 0");
+    if (c > 0) cfg.gradient_clipping = c;
+  }
+  cfg.zero_allow_untested_optimizer = r.boolean(root, "zero_allow_untested_optimizer", "");
+
+  if (root.contains("zero_optimization")) {
+    const json& z = root["zero_optimization"];
+    cfg.zero = true;
+    r.check_keys(z, "zero_optimization", kZero, kZeroIgnored, cfg.ignored);
+    const std::string p = "zero_optimization.";
+    if (auto s = r.positive_int(z, "stage", p)) cfg.stage = *s;
+    if (cfg.stage > 3) r.fail(p + "stage", "is " + std::to_string(cfg.stage) + "; use 0, 1, 2 or 3");
+    if (z.contains("offload_optimizer")) {
+      read_offload(r, z["offload_optimizer"], p + "offload_optimizer",
+                   cfg.offload_optimizer_device, cfg);
+    }
+    if (z.contains("offload_param")) {
+      read_offload(r, z["offload_param"], p + "offload_param", cfg.offload_param_device, cfg);
+    }
+    cfg.reduce_bucket_size = r.positive_int(z, "reduce_bucket_size", p);
+    cfg.allgather_bucket_size = r.positive_int(z, "allgather_bucket_size", p);
+    cfg.overlap_comm = r.boolean(z, "overlap_comm", p);
+    cfg.contiguous_gradients = r.boolean(z, "contiguous_gradients", p);
+    cfg.stage3_prefetch_bucket_size = r.positive_int(z, "stage3_prefetch_bucket_size", p);
+    cfg.stage3_param_persistence_threshold =
+        r.positive_int(z, "stage3_param_persistence_threshold", p);
+    cfg.stage3_max_live_parameters = r.positive_int(z, "stage3_max_live_parameters", p);
+    for (const char* k : {"reduce_scatter", "allgather_partitions"}) r.boolean(z, k, p);
+    for (const char* k : {"reduce_bucket_size", "allgather_bucket_size"}) {
+      const auto v = r.positive_int(z, k, p);
+      if (v && *v == 0) r.fail(p + k, "must be >= 1");
+    }
+  }
+
+  if (root.contains("optimizer")) {
+    std::vector<std::pair<std::string, json>> params;
+    read_typed(r, root["optimizer"], "optimizer", kOptimizers, kOptimizerParams,
+               cfg.optimizer_type, params, cfg.ignored);
+    for (const auto& [k, v] : params) {
+      const std::string path = "optimizer.params." + k;
+      if (k == "betas") {
+        if (!v.is_array() || v.size() != 2) r.fail(path, "must be a list of two numbers");
+        cfg.optimizer_params[k] = {r.number(v[0], path), r.number(v[1], path)};
+      } else if (v.is_boolean()) {
+        cfg.optimizer_params[k] = {v.get<bool>() ? 1.0 : 0.0};
+      } else {
+        cfg.optimizer_params[k] = {r.number(v, path)};
+      }
+    }
+  }
+  if (root.contains("scheduler")) {
+    std::vector<std::pair<std::string, json>> params;
+    read_typed(r, root["scheduler"], "scheduler", kSchedulers, kSchedulerParams,
+               cfg.scheduler_type, params, cfg.ignored);
+    for (const auto& [k, v] : params) {
+      const std::string path = "scheduler.params." + k;
+      if (k == "warmup_type") {
+        if (!v.is_string() || (v != "log" && v != "linear")) {
+          r.fail(path, "must be \"log\" or \"linear\"");
+        }
+        cfg.warmup_type = v.get<std::string>();
+      } else {
+        cfg.scheduler_params[k] = r.number(v, path);
+      }
+    }
+    if (cfg.scheduler_type == "WarmupDecayLR" && !cfg.scheduler_params.count("total_num_steps")) {
+      r.fail("scheduler.params.total_num_steps", "is required by WarmupDecayLR");
+    }
+  }
+  return cfg;
+}
+
+DeepSpeedConfig load_deepspeed_config(const std::string& config) {
+  size_t first = config.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && config[first] == '{') {
+    return parse_deepspeed_config(config, "inline JSON");
+  }
+  std::ifstream in(config, std::ios::binary);
+  VOLT_CHECK(in.good(), ConfigError, kTag, " cannot read the DeepSpeed config file '", config,
+             "'; pass an existing JSON file or inline JSON starting with '{'.");
+  return parse_deepspeed_config(detail::read_bounded(in, "DeepSpeedConfig", config), config);
+}
+
+c10::optional<DeepSpeedBatch> resolve_deepspeed_batch(const DeepSpeedConfig& c, int64_t world,
+                                                      int64_t trainer_accumulation) {
+  VOLT_CHECK(!c.gradient_accumulation_steps || *c.gradient_accumulation_steps == trainer_accumulation,
+             ConfigError, kTag, " ", c.origin, ": gradient_accumulation_steps=",
+             *c.gradient_accumulation_steps, " but the Trainer's accumulate_grad_batches=",
+             trainer_accumulation,
+             "; set one of them (Lightning takes it from the Trainer: drop it from the JSON).");
+  const int64_t gas = trainer_accumulation;
+  const auto tb = c.train_batch_size;
+  auto mb = c.train_micro_batch_size_per_gpu;
+  if (!tb && !mb) return c10::nullopt;
+  if (tb && !mb) {
+    VOLT_CHECK(*tb % (gas * world) == 0, ConfigError, kTag, " ", c.origin, ": train_batch_size=",
+               *tb, " is not divisible by accumulation ", gas, " x world size ", world,
+               "; use a multiple of ", gas * world, ".");
+    mb = *tb / (gas * world);
+  }
+  DeepSpeedBatch b{tb ? *tb : *mb * gas * world, *mb, gas};
+  VOLT_CHECK(b.train_batch_size == b.micro_batch_size * gas * world, ConfigError, kTag, " ",
+             c.origin, ": train_batch_size=", b.train_batch_size,
+             " must equal train_micro_batch_size_per_gpu (", b.micro_batch_size,
+             ") x gradient accumulation (", gas, ") x world size (", world, ") = ",
+             b.micro_batch_size * gas * world, "; fix one of them.");
+  return b;
+}
+
+std::shared_ptr<torch::optim::Optimizer> make_deepspeed_optimizer(
+    const DeepSpeedConfig& c, const std::vector<at::Tensor>& params) {
+  if (c.optimizer_type.empty()) return nullptr;
+  auto get = [&](const char* k, double def) {
+    auto it = c.optimizer_params.find(k);
+    return it == c.optimizer_params.end() ? def : it->second.front();
+  };
+  if (c.optimizer_type == "SGD") {
+    return std::make_shared<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(get("lr", 1e-3))
+                    .momentum(get("momentum", 0))
+                    .dampening(get("dampening", 0))
+                    .weight_decay(get("weight_decay", 0))
+                    .nesterov(get("nesterov", 0) != 0));
+  }
+  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (its FusedAdam / CPU-Adam).
+  FusedAdamWOptions o(get("lr", 1e-3));
+  auto betas = c.optimizer_params.find("betas");
+  if (betas != c.optimizer_params.end()) {
+    o.betas(std::make_tuple(betas->second[0], betas->second[1]));
+  }
+  o.eps(get("eps", 1e-8))
+      .weight_decay(get("weight_decay", 0))
+      .amsgrad(get("amsgrad", 0) != 0)
+      .bias_correction(get("bias_correction", 1) != 0)
+      .adam_w_mode(c.optimizer_type == "AdamW" || get("adam_w_mode", 1) != 0);
+  return std::make_shared<FusedAdamW>(params, o);
+}
+
+std::shared_ptr<LRScheduler> make_deepspeed_scheduler(const DeepSpeedConfig& c,
+                                                      torch::optim::Optimizer& optimizer) {
+  if (c.scheduler_type.empty()) return nullptr;
+  auto get = [&](const char* k, double def) {
+    auto it = c.scheduler_params.find(k);
+    return it == c.scheduler_params.end() ? def : it->second;
+  };
+  WarmupLROptions o;
+  o.warmup_min_lr(get("warmup_min_lr", 0.0))
+      .warmup_max_lr(get("warmup_max_lr", 0.001))
+      .warmup_num_steps(static_cast<int64_t>(get("warmup_num_steps", 1000)))
+      .warmup_type(c.warmup_type == "linear" ? WarmupType::kLinear : WarmupType::kLog)
+      .total_num_steps(static_cast<int64_t>(get("total_num_steps", 0)));
+  if (c.scheduler_type == "WarmupDecayLR") return std::make_shared<WarmupDecayLR>(optimizer, o);
+  return std::make_shared<WarmupLR>(optimizer, o);
+}
+
+}  // namespace volt

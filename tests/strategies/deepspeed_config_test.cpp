@@ -1,0 +1,220 @@
+// The DeepSpeed JSON config: parsing (the reference's BF16-Optimizer example, unknown and
+// ignored keys, wrong types), DeepSpeed's batch arithmetic, the optimizer and the WarmupLR /
+// WarmupDecayLR schedules it names (values worked out from DeepSpeed's formulas), and a 2-rank
+// job configured by JSON alone equal to one process.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "tiny.h"
+#include "training_jobs.h"
+#include "volt/strategies/deepspeed_config.h"
+
+namespace {
+
+using volt::ConfigError;
+
+// The reference's "BF16-Optimizer" configuration (000, "DeepSpeed Configurations").
+const char* kReference = R"({
+    "train_batch_size": 8,
+    "bf16": {"enabled": true},
+    "fp16": {"enabled": false},
+    "train_micro_batch_size_per_gpu": 2,
+    "scheduler": {"type": "WarmupDecayLR",
+                  "params": {"warmup_min_lr": 0.02, "warmup_max_lr": 0.05,
+                             "warmup_num_steps": 4, "total_num_steps": 8,
+                             "warmup_type": "linear"}},
+    "zero_allow_untested_optimizer": true,
+    "zero_optimization": {"stage": 2}
+})";
+
+std::string error_of(const std::string& json) {
+  try {
+    volt::parse_deepspeed_config(json, "test.json");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DeepSpeedConfig, ReadsTheReferencesBf16OptimizerExample) {
+  const auto c = volt::parse_deepspeed_config(kReference, "ref.json");
+  EXPECT_EQ(c.train_batch_size.value_or(-1), 8);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu.value_or(-1), 2);
+  EXPECT_FALSE(c.gradient_accumulation_steps.has_value());
+  EXPECT_TRUE(c.bf16);
+  EXPECT_FALSE(c.fp16);
+  EXPECT_TRUE(c.zero);
+  EXPECT_EQ(c.stage, 2);
+  EXPECT_EQ(c.scheduler_type, "WarmupDecayLR");
+  EXPECT_EQ(c.warmup_type, "linear");
+  EXPECT_DOUBLE_EQ(c.scheduler_params.at("warmup_max_lr"), 0.05);
+  EXPECT_TRUE(c.zero_allow_untested_optimizer.value_or(false));
+  EXPECT_TRUE(c.ignored.empty());
+}
+
+TEST(DeepSpeedConfig, AnUnknownKeyNamesTheClosestValidOne) {
+  const std::string e = error_of(R"({"train_micro_batch_size_per_gpus": 2})");
+  EXPECT_NE(e.find("\"train_micro_batch_size_per_gpus\" is not a DeepSpeed key"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("did you mean \"train_micro_batch_size_per_gpu\""), std::string::npos) << e;
+  const std::string z = error_of(R"({"zero_optimization": {"stgae": 2}})");
+  EXPECT_NE(z.find("zero_optimization.stgae"), std::string::npos) << z;
+  EXPECT_NE(z.find("\"stage\""), std::string::npos) << z;
+}
+
+TEST(DeepSpeedConfig, KnownButUnsupportedKeysAreListedAsIgnored) {
+  const auto c = volt::parse_deepspeed_config(
+      R"({"steps_per_print": 10, "wall_clock_breakdown": false,
+          "zero_optimization": {"stage": 1, "sub_group_size": 1e9},
+          "fp16": {"enabled": false, "loss_scale": 0}})",
+      "x.json");
+  EXPECT_EQ(c.ignored, (std::vector<std::string>{"steps_per_print", "wall_clock_breakdown",
+                                                 "fp16.loss_scale",
+                                                 "zero_optimization.sub_group_size"}));
+}
+
+TEST(DeepSpeedConfig, WrongTypesAndValuesAreConfigErrorsNamingTheKey) {
+  EXPECT_NE(error_of(R"({"train_batch_size": "eight"})").find("\"train_batch_size\" must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"train_batch_size": 0})").find("must be >= 1"), std::string::npos);
+  EXPECT_NE(error_of(R"({"bf16": {"enabled": "yes"}})").find("bf16.enabled\" must be true or false"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"zero_optimization": {"stage": 5}})").find("use 0, 1, 2 or 3"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "disk"}}})")
+                .find("use \"none\", \"cpu\" or \"nvme\""),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"optimizer": {"type": "Adamm"}})").find("did you mean \"Adam\""),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"scheduler": {"type": "WarmupDecayLR", "params": {}}})")
+                .find("total_num_steps\" is required"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})").find("both"),
+            std::string::npos);
+  EXPECT_NE(error_of("{not json").find("test.json"), std::string::npos);
+  EXPECT_NE(error_of("[1, 2]").find("must be a JSON object"), std::string::npos);
+}
+
+TEST(DeepSpeedConfig, LoadsAFileOrInlineJsonAndAMissingFileIsAnError) {
+  volt_test::TempDir dir;
+  std::ofstream(dir / "ds.json") << kReference;
+  EXPECT_EQ(volt::load_deepspeed_config(dir / "ds.json").stage, 2);
+  EXPECT_EQ(volt::load_deepspeed_config(R"(  {"zero_optimization": {"stage": 1}})").stage, 1);
+  EXPECT_THROW(volt::load_deepspeed_config(dir / "missing.json"), ConfigError);
+}
+
+TEST(DeepSpeedConfig, BatchSizesFollowDeepSpeedsArithmetic) {
+  auto c = volt::parse_deepspeed_config(kReference, "ref.json");
+  // 8 = 2 x 2 x 2.
+  auto b = volt::resolve_deepspeed_batch(c, 2, 2);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->micro_batch_size, 2);
+  try {
+    volt::resolve_deepspeed_batch(c, 4, 2);  // 2 x 2 x 4 = 16 != 8
+    FAIL() << "8 != 2 x 2 x 4 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("must equal train_micro_batch_size_per_gpu (2) x "
+                                         "gradient accumulation (2) x world size (4) = 16"),
+              std::string::npos)
+        << e.what();
+  }
+  c.train_micro_batch_size_per_gpu.reset();  // derived: 8 / (2 x 2)
+  EXPECT_EQ(volt::resolve_deepspeed_batch(c, 2, 2)->micro_batch_size, 2);
+  EXPECT_THROW(volt::resolve_deepspeed_batch(c, 3, 2), ConfigError);  // 8 % 6
+  c.gradient_accumulation_steps = 4;  // contradicts the Trainer's 2
+  EXPECT_THROW(volt::resolve_deepspeed_batch(c, 2, 2), ConfigError);
+  volt::DeepSpeedConfig none;
+  EXPECT_FALSE(volt::resolve_deepspeed_batch(none, 2, 1).has_value());
+}
+
+TEST(DeepSpeedConfig, AdamIsAdamWModeFusedAdamWAndSgdIsSgd) {
+  auto p = torch::zeros({3}, torch::requires_grad());
+  auto adam = volt::parse_deepspeed_config(
+      R"({"optimizer": {"type": "Adam", "params": {"lr": 0.005, "betas": [0.8, 0.9],
+           "eps": 1e-6, "weight_decay": 0.1}}})",
+      "a.json");
+  auto opt = volt::make_deepspeed_optimizer(adam, {p});
+  auto* fused = dynamic_cast<volt::FusedAdamW*>(opt.get());
+  ASSERT_NE(fused, nullptr);
+  const auto& o = static_cast<const volt::FusedAdamWOptions&>(fused->defaults());
+  EXPECT_DOUBLE_EQ(o.lr(), 0.005);
+  EXPECT_DOUBLE_EQ(std::get<0>(o.betas()), 0.8);
+  EXPECT_DOUBLE_EQ(o.eps(), 1e-6);
+  EXPECT_TRUE(o.adam_w_mode());
+  adam.optimizer_params["adam_w_mode"] = {0.0};
+  auto plain = volt::make_deepspeed_optimizer(adam, {p});
+  EXPECT_FALSE(static_cast<const volt::FusedAdamWOptions&>(plain->defaults()).adam_w_mode());
+  auto sgd = volt::parse_deepspeed_config(
+      R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}})", "s.json");
+  auto* s = dynamic_cast<torch::optim::SGD*>(volt::make_deepspeed_optimizer(sgd, {p}).get());
+  ASSERT_NE(s, nullptr);
+  EXPECT_DOUBLE_EQ(static_cast<const torch::optim::SGDOptions&>(s->defaults()).momentum(), 0.9);
+  EXPECT_EQ(volt::make_deepspeed_optimizer(volt::DeepSpeedConfig{}, {p}), nullptr);
+}
+
+std::vector<double> lrs_after_steps(const volt::DeepSpeedConfig& c, int steps) {
+  auto p = torch::zeros({1}, torch::requires_grad());
+  torch::optim::SGD opt({p}, torch::optim::SGDOptions(0.123));
+  auto sched = volt::make_deepspeed_scheduler(c, opt);
+  std::vector<double> out{opt.param_groups()[0].options().get_lr()};
+  for (int i = 0; i < steps; ++i) {
+    sched->step();
+    out.push_back(opt.param_groups()[0].options().get_lr());
+  }
+  return out;
+}
+
+TEST(DeepSpeedConfig, WarmupDecayLRFollowsDeepSpeedsSchedule) {
+  // The reference's linear WarmupDecayLR: min 0.02, max 0.05, 4 warmup steps, 0 at step 8.
+  // After step k DeepSpeed's last_batch_iteration is k-1: gamma = it/4 while it < 4, then
+  // (8 - it) / (8 - 4), never below 0. Construction leaves the optimizer's lr alone.
+  const auto got = lrs_after_steps(volt::parse_deepspeed_config(kReference, "ref.json"), 10);
+  const std::vector<double> want{0.123, 0.02,   0.0275, 0.035, 0.0425, 0.05,
+                                 0.0425, 0.035, 0.0275, 0.02,  0.02};
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-15) << "step " << i;
+}
+
+TEST(DeepSpeedConfig, WarmupLRLogRisesLikeLogThenStays) {
+  const auto c = volt::parse_deepspeed_config(
+      R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0,
+          "warmup_max_lr": 1.0, "warmup_num_steps": 4}}})",
+      "w.json");
+  const auto got = lrs_after_steps(c, 6);
+  // gamma = log(it + 1) / log(4): 0, 0.5, log 3 / log 4, then 1.
+  const std::vector<double> want{0.123, 0.0, 0.5, std::log(3.0) / std::log(4.0), 1.0, 1.0, 1.0};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-15) << "step " << i;
+}
+
+// ------------------------------------------------------------------------- end to end
+
+TEST(DeepSpeedConfig, ATwoRankJobConfiguredByJsonAloneEqualsOneProcess) {
+  // The module returns no optimizer: the JSON's AdamW (volt's FusedAdamW, lr 0.01, decay 0.01)
+  // is built, ZeRO stage 1 partitions it, and the batch arithmetic 16 = 8 x 1 x 2 holds.
+  volt_test::TempDir dir;
+  const auto ref = volt_test::single_process_reference(dir.path, 16, 1, 1, false,
+                                                       {"--optimizer", "fused_adamw"});
+  const std::string json = R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "zero_optimization": {"stage": 1}, "steps_per_print": 100})";
+  auto job = volt_test::run_job({"--root", dir.path, "--out", dir / "zero", "--devices", "2",
+                                 "--batch", "8", "--epochs", "1", "--optimizer", "none",
+                                 "--ds-config", json});
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_NE(job.output.find("ignored: steps_per_print"), std::string::npos) << job.output;
+  volt_test::expect_ranks_equal_reference(dir / "zero", 2, ref);
+  // A micro batch the loader does not produce stops the job before its first step.
+  auto bad = volt_test::run_job({"--root", dir / "b", "--out", dir / "b/w", "--devices", "2",
+                                 "--batch", "4", "--epochs", "1", "--optimizer", "none",
+                                 "--ds-config", json});
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("train_micro_batch_size_per_gpu=8 but the training loader's batches "
+                            "hold 4"),
+            std::string::npos)
+      << bad.output;
+}
+
+}  // namespace

@@ -1,0 +1,375 @@
+// DeepSpeedStrategy (ZeRO stages 1, 2 and 3) end to end with real processes over loopback (Gloo):
+// weights after training equal one process on the global batch (and so DDP, which
+// tests/strategies/ddp_test.cpp holds to the same reference), per-rank memory follows the
+// paper's formulas, checkpoints are per-rank shard folders that resume exactly and load at
+// another world size; bad options are typed errors.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <regex>
+
+#include "processes.h"
+#include "tiny.h"
+#include "training_jobs.h"
+#include "volt/strategies/deepspeed.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using volt_test::expect_ranks_equal_reference;
+using volt_test::Job;
+using volt_test::load_flat;
+using volt_test::run_job;
+using volt_test::single_process_reference;
+
+std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+struct Case {
+  int stage;
+  int devices;
+  const char* optimizer;
+  int accum;
+};
+
+void expect_zero_equals_one_process(const Case& c, const std::vector<std::string>& extra = {}) {
+  volt_test::TempDir dir;
+  const int global = 16;
+  const std::vector<std::string> common = cat({"--optimizer", c.optimizer}, extra);
+  const auto ref = single_process_reference(dir.path, global, 1, c.accum, false, common);
+  auto job = run_job(cat({"--root", dir.path, "--out", dir / "zero", "--devices",
+                          std::to_string(c.devices), "--batch", std::to_string(global / c.devices),
+                          "--epochs", "1", "--accum", std::to_string(c.accum), "--zero",
+                          std::to_string(c.stage)},
+                         common));
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_NE(job.output.find("zero_memory"), std::string::npos) << job.output;
+  expect_ranks_equal_reference(dir / "zero", c.devices, ref);
+}
+
+// ------------------------------------------------------------------------------ equality
+
+TEST(DeepSpeed, Stage1TwoRanksWithSgdMomentumEqualOneProcess) {
+  expect_zero_equals_one_process({1, 2, "sgd", 1});
+}
+
+TEST(DeepSpeed, Stage2TwoRanksWithAdamEqualOneProcess) {
+  expect_zero_equals_one_process({2, 2, "adam", 1});
+}
+
+TEST(DeepSpeed, Stage2FourRanksWithFusedAdamWAndSmallBucketsEqualOneProcess) {
+  // 64-element buckets: several reduce-scatters and all-gathers per step; 2-element biases give
+  // ranks 2 and 3 empty chunks.
+  expect_zero_equals_one_process({2, 4, "fused_adamw", 1}, {"--bucket", "64"});
+}
+
+TEST(DeepSpeed, Stage1FourRanksWithAdamWEqualOneProcess) {
+  expect_zero_equals_one_process({1, 4, "adamw", 1});
+}
+
+TEST(DeepSpeed, AccumulationStage1NoSyncAndStage2PerMicroBatchEqualOneProcess) {
+  expect_zero_equals_one_process({1, 2, "adam", 2});
+  expect_zero_equals_one_process({2, 2, "adam", 2});
+}
+
+TEST(DeepSpeed, GradientClippingByNormSpansEveryRanksChunks) {
+  // A norm of 0.05 clips every step: a per-rank norm would clip differently.
+  expect_zero_equals_one_process({2, 2, "sgd", 1}, {"--clip", "0.05"});
+}
+
+TEST(DeepSpeed, Stage3TwoRanksWithAdamEqualOneProcess) {
+  // Every parameter partitioned (persistence threshold 0): gathered per module when read.
+  expect_zero_equals_one_process({3, 2, "adam", 1});
+}
+
+TEST(DeepSpeed, Stage3FourRanksWithALiveBoundAndAccumulationEqualOneProcess) {
+  // At most 16 gathered elements: every layer evicts the previous one and backward regathers.
+  expect_zero_equals_one_process({3, 4, "fused_adamw", 2}, {"--max-live", "16", "--bucket", "64"});
+}
+
+TEST(DeepSpeed, TiedWeightsArePartitionedOnceAndStayTied) {
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 1, 1, true, {"--optimizer", "adam"});
+  for (const char* stage : {"2", "3"}) {
+    auto job = run_job({"--root", dir.path, "--out", dir / "zero", "--devices", "2", "--batch",
+                        "8", "--epochs", "1", "--tied", "1", "--zero", stage, "--optimizer",
+                        "adam"});
+    ASSERT_EQ(job.code, 0) << job.output;
+    EXPECT_EQ(job.output.find("tied=0"), std::string::npos) << job.output;
+    expect_ranks_equal_reference(dir / "zero", 2, ref);
+  }
+}
+
+// ------------------------------------------------------------------------------ memory
+
+struct Memory {
+  double params, grads, state, numel;
+};
+
+Memory memory_of(const std::string& output, int rank) {
+  std::smatch m;
+  const std::regex re("rank " + std::to_string(rank) +
+                      " done .* zero_memory params=(\\d+) grads=(\\d+) state=(\\d+) numel=(\\d+)");
+  EXPECT_TRUE(std::regex_search(output, m, re)) << output;
+  if (m.size() < 5) return {};
+  return {std::stod(m[1]), std::stod(m[2]), std::stod(m[3]), std::stod(m[4])};
+}
+
+TEST(DeepSpeed, PerRankBytesFollowThePapersFormulasForAdam) {
+  // Psi ~ 69k parameters (width 256), fp32 Adam, N = 2 and 4: ZeRO's per-rank bytes are
+  // stage 1: 4Psi weights + 4Psi gradients + 8Psi/N state; stage 2: 4Psi + 4Psi/N + 8Psi/N;
+  // stage 3: 4Psi/N + 4Psi/N + 8Psi/N (measured at the end of training, parameters released).
+  for (int stage : {1, 2, 3}) {
+    for (int n : {2, 4}) {
+      volt_test::TempDir dir;
+      auto job = run_job({"--root", dir.path, "--out", dir / "zero", "--devices",
+                          std::to_string(n), "--batch", "4", "--epochs", "1", "--samples", "32",
+                          "--width", "256", "--zero", std::to_string(stage), "--optimizer",
+                          "adam"});
+      ASSERT_EQ(job.code, 0) << job.output;
+      for (int r = 0; r < n; ++r) {
+        const Memory m = memory_of(job.output, r);
+        const double psi = m.numel;
+        const double grads = stage == 1 ? 4 * psi : 4 * psi / n;
+        const double params = stage == 3 ? 4 * psi / n : 4 * psi;
+        EXPECT_NEAR(m.params, params, 0.05 * params) << "stage " << stage << " N " << n;
+        EXPECT_NEAR(m.grads, grads, 0.05 * grads) << "stage " << stage << " N " << n;
+        EXPECT_NEAR(m.state, 8 * psi / n, 0.05 * 8 * psi / n) << "stage " << stage << " N " << n;
+        const double total = m.params + m.grads + m.state;
+        const double formula = stage == 1   ? 8 * psi + 8 * psi / n
+                               : stage == 2 ? 4 * psi + 12 * psi / n
+                                            : 16 * psi / n;
+        EXPECT_NEAR(total, formula, 0.05 * formula);
+        if (r == 0) {
+          std::printf("[ measured ] stage %d N=%d rank 0: %.0f bytes (formula %.0f, DDP 16Psi "
+                      "%.0f)\n",
+                      stage, n, total, formula, 16 * psi);
+        }
+      }
+    }
+  }
+}
+
+TEST(DeepSpeed, AModelWhoseAdamStateBreaksAMemoryBudgetTrainsWithStage3) {
+  // MLP of 9 hidden 768-wide layers: Psi = 5.33 M parameters, 21 MB of fp32 weights. The
+  // budget: what fit() may add to a rank's tensor memory = the size of fp32 Adam state (8 Psi
+  // bytes), measured exactly by volt's counting CPU allocator (peak bytes held by tensors; RSS
+  // is printed too, but glibc keeps freed heap pages). Plain DDP adds gradients and Adam state
+  // (12 Psi, plus its buckets): over budget. Stage 3 on 4 ranks holds 16 Psi / 4 = 4 Psi,
+  // gives back the whole weights it started with and gathers one layer at a time (reduce and
+  // gather buckets of one layer); at the end it makes the module whole again: within budget.
+  const std::vector<std::string> common{
+      "--devices", "4",         "--batch",    "4",      "--epochs",   "1",      "--samples",
+      "64",        "--width",   "768",        "--depth", "8",         "--optimizer", "adam",
+      "--max-live", "700000",   "--bucket",   "700000"};
+  struct Growth {
+    double tensors = 0, rss = 0;
+  };
+  auto growth = [](const std::string& output, int rank) {
+    std::smatch m;
+    const std::regex re("rank " + std::to_string(rank) +
+                        " done .* rss_before_kib=(\\d+) rss_peak_kib=(\\d+) "
+                        "tensors_before=(\\d+) tensors_peak=(\\d+)");
+    EXPECT_TRUE(std::regex_search(output, m, re)) << output;
+    if (m.size() < 5) return Growth{};
+    return Growth{std::stod(m[4]) - std::stod(m[3]), 1024 * (std::stod(m[2]) - std::stod(m[1]))};
+  };
+  const double psi = 8 * 768 + 768 + 9 * (768 * 768 + 768) + 768 * 2 + 2;
+  const double budget = 8 * psi;
+  volt_test::TempDir dir;
+  auto ddp = run_job(cat({"--root", dir / "ddp", "--out", dir / "ddp/w"}, common));
+  ASSERT_EQ(ddp.code, 0) << ddp.output;
+  auto zero = run_job(cat({"--root", dir / "z", "--out", dir / "z/w", "--zero", "3"}, common));
+  ASSERT_EQ(zero.code, 0) << zero.output;
+  for (int r = 0; r < 4; ++r) {
+    const Growth d = growth(ddp.output, r), z = growth(zero.output, r);
+    EXPECT_GT(d.tensors, budget) << "rank " << r << ": DDP stayed within the budget";
+    EXPECT_LT(z.tensors, budget) << "rank " << r << ": stage 3 broke the budget";
+    if (r == 0) {
+      std::printf("[ measured ] rank 0, growth of fit()'s peak: tensors DDP %.1f MB, ZeRO-3 %.1f "
+                  "MB (budget %.1f MB = fp32 Adam state); RSS DDP %.1f MB, ZeRO-3 %.1f MB\n",
+                  d.tensors / 1e6, z.tensors / 1e6, budget / 1e6, d.rss / 1e6, z.rss / 1e6);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ checkpoints
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void expect_killed_run_resumes_bit_identically(const std::string& stage) {
+  volt_test::TempDir dir;
+  // Mid-epoch, mid-accumulation (3 micro-batches), dropout: each rank's generator and its
+  // accumulated gradient chunks are part of the state (stage 3: its parameter chunks too).
+  const std::vector<std::string> common{"--devices", "2", "--batch", "8", "--epochs", "2",
+                                        "--dropout", "1", "--accum", "3", "--zero", stage,
+                                        "--optimizer", "adam", "--ckpt-every-batch", "1"};
+  auto full = run_job(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
+  ASSERT_EQ(full.code, 0) << full.output;
+  auto killed = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
+                             "--die-batch", "5", "--timeout", "20"},
+                            common),
+                        60s);
+  ASSERT_EQ(killed.code, 1) << killed.output;
+  const std::string ckpt = dir / "b/every_batch.ckpt";
+  ASSERT_TRUE(is_dir(ckpt)) << "a ZeRO checkpoint is a folder of shards";
+  EXPECT_TRUE(volt::is_zero_checkpoint(ckpt));
+  std::ifstream shard0(ckpt + "/rank_0_of_2.ckpt"), shard1(ckpt + "/rank_1_of_2.ckpt");
+  EXPECT_TRUE(shard0.good() && shard1.good());
+  auto resumed = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--resume", ckpt}, common));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))
+        << "stage " << stage << " rank " << r;
+  }
+}
+
+TEST(DeepSpeed, AKilledTwoRankRunResumesBitIdenticallyFromItsShardFolder) {
+  expect_killed_run_resumes_bit_identically("2");
+}
+
+TEST(DeepSpeed, AKilledStage3RunResumesBitIdenticallyFromItsParameterChunks) {
+  expect_killed_run_resumes_bit_identically("3");
+}
+
+void expect_four_rank_folder_loads_elsewhere(const std::string& stage) {
+  volt_test::TempDir dir;
+  // The reference: 4 ranks train 2 epochs uninterrupted. The others stop after epoch 1 (a
+  // checkpoint per step) and continue from that folder at other world sizes.
+  const std::vector<std::string> zero{"--zero", stage, "--optimizer", "adam"};
+  auto full = run_job(cat({"--root", dir / "a", "--out", dir / "a/w", "--devices", "4", "--batch",
+                           "4", "--epochs", "2"},
+                          zero));
+  ASSERT_EQ(full.code, 0) << full.output;
+  auto first = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--devices", "4",
+                            "--batch", "4", "--epochs", "1", "--ckpt-every-step", "1"},
+                           zero));
+  ASSERT_EQ(first.code, 0) << first.output;
+  const std::string ckpt = dir / "b/ckpt/last.ckpt";
+  ASSERT_TRUE(volt::is_zero_checkpoint(ckpt)) << first.output;
+  // Two ranks with ZeRO: each takes its chunks from the consolidated state.
+  auto two = run_job(cat({"--root", dir / "c", "--out", dir / "c/w", "--devices", "2", "--batch",
+                          "8", "--epochs", "2", "--resume", ckpt},
+                         zero));
+  ASSERT_EQ(two.code, 0) << two.output;
+  EXPECT_NE(two.output.find("rank 0 starts at step 8"), std::string::npos) << two.output;
+  // One plain process (single_device) on the global batch.
+  auto one = run_job({"--root", dir / "d", "--out", dir / "d/w", "--devices", "1", "--batch",
+                      "16", "--epochs", "2", "--optimizer", "adam", "--resume", ckpt});
+  ASSERT_EQ(one.code, 0) << one.output;
+  const auto want = load_flat(dir / "a/w.rank0.pt");
+  for (const std::string got : {"c/w.rank0.pt", "c/w.rank1.pt", "d/w.rank0.pt"}) {
+    const auto w = load_flat(dir / got);
+    EXPECT_TRUE(torch::allclose(w, want, 1e-5, 1e-6))
+        << got << " max diff " << (w - want).abs().max().item<double>();
+  }
+  // The C++ consolidation writes one ordinary checkpoint file.
+  volt::consolidate_zero_checkpoint(ckpt, dir / "full.ckpt");
+  struct stat st;
+  ASSERT_EQ(::stat((dir / "full.ckpt").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+}
+
+TEST(DeepSpeed, AFourRankShardFolderLoadsAtTwoRanksAndInOneProcess) {
+  expect_four_rank_folder_loads_elsewhere("2");
+}
+
+TEST(DeepSpeed, AFourRankStage3FolderLoadsAtTwoRanksAndInOneProcess) {
+  expect_four_rank_folder_loads_elsewhere("3");
+}
+
+TEST(DeepSpeed, AnIncompleteShardFolderIsACheckpointErrorNotACrash) {
+  volt_test::TempDir dir;
+  const std::string folder = dir / "half.ckpt";
+  ASSERT_EQ(::mkdir(folder.c_str(), 0755), 0);
+  std::ofstream(folder + "/rank_0_of_2.ckpt") << "not a checkpoint";
+  EXPECT_FALSE(volt::is_zero_checkpoint(folder));
+  EXPECT_THROW(volt::consolidate_zero_checkpoint(folder, dir / "out.ckpt"), volt::CheckpointError);
+  std::ofstream(folder + "/zero_checkpoint.txt") << "format 1\nworld_size 2\nstage 2\n";
+  try {
+    volt::consolidate_zero_checkpoint(folder, dir / "out.ckpt");
+    FAIL() << "a folder missing rank 1's shard was consolidated";
+  } catch (const volt::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("lacks the shard of rank 1"), std::string::npos)
+        << e.what();
+  }
+  std::ofstream(folder + "/zero_checkpoint.txt", std::ios::trunc) << "format 9\nworld_size 0\n";
+  EXPECT_THROW(volt::consolidate_zero_checkpoint(folder, dir / "out.ckpt"), volt::CheckpointError);
+}
+
+// ------------------------------------------------------------------------------ options
+
+std::shared_ptr<volt::DeepSpeedStrategy> make(const volt::DeepSpeedStrategyOptions& o) {
+  return std::make_shared<volt::DeepSpeedStrategy>(
+      o, std::make_shared<volt::CpuAccelerator>(),
+      volt::registry().precisions.create("32-true"), 2);
+}
+
+template <typename E>
+void expect_error(const volt::DeepSpeedStrategyOptions& o, const std::string& phrase) {
+  try {
+    make(o);
+    FAIL() << "no error for " << phrase;
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+  }
+}
+
+TEST(DeepSpeed, BadOrUnbuiltOptionsAreTypedErrors) {
+  using O = volt::DeepSpeedStrategyOptions;
+  expect_error<volt::ConfigError>(O().stage(4), "stage=4 is not a ZeRO stage");
+  expect_error<volt::ConfigError>(O().stage(2).offload_parameters(true), "needs stage 3");
+  expect_error<volt::ConfigError>(O().stage(3).max_live_parameters(-1), "must be >= 0");
+  expect_error<volt::ConfigError>(O().offload_optimizer_device("disk"), "use \"cpu\" or \"nvme\"");
+  expect_error<volt::NotAvailable>(O().offload_optimizer(true).offload_optimizer_device("nvme"),
+                                   "NVMe");
+  expect_error<volt::ConfigError>(O().reduce_bucket_size(0), "must be > 0");
+  expect_error<volt::ConfigError>(O().parallel_devices(-1), "parallel_devices=-1");
+  EXPECT_NO_THROW(make(O().offload_optimizer(true)));  // host memory already on CPU runs
+}
+
+TEST(DeepSpeed, RegisteredNamesBuildTheirStages) {
+  auto& reg = volt::registry();
+  volt::StrategyContext ctx{std::make_shared<volt::CpuAccelerator>(),
+                            reg.precisions.create("32-true"), 2, 1};
+  for (const auto& [name, stage] : std::vector<std::pair<std::string, int>>{
+           {"deepspeed", 2}, {"deepspeed_stage_1", 1}, {"deepspeed_stage_2", 2},
+           {"deepspeed_stage_2_offload", 2}, {"deepspeed_stage_3", 3},
+           {"deepspeed_stage_3_offload", 3}}) {
+    auto s = std::dynamic_pointer_cast<volt::DeepSpeedStrategy>(reg.strategies.create(name, ctx));
+    ASSERT_NE(s, nullptr) << name;
+    EXPECT_EQ(s->deepspeed_options().stage(), stage) << name;
+    const bool offload = name.find("offload") != std::string::npos;
+    EXPECT_EQ(s->deepspeed_options().offload_optimizer(), offload) << name;
+    EXPECT_EQ(s->deepspeed_options().offload_parameters(), offload && stage == 3) << name;
+  }
+}
+
+TEST(DeepSpeed, SixteenBitMixedAndUntestedOptimizersAreRefusedAtSetUp) {
+  auto accel = std::make_shared<volt::CpuAccelerator>();
+  volt::DeepSpeedStrategy fp16(volt::DeepSpeedStrategyOptions(), accel,
+                               volt::registry().precisions.create("16-mixed"), 2);
+  volt_test::TinyClassifier m;  // never set up: the checks come first
+  auto p = torch::zeros({2}, torch::requires_grad());
+  std::vector<volt::OptimizerConfig> opts{
+      std::make_shared<torch::optim::LBFGS>(std::vector<torch::Tensor>{p})};
+  EXPECT_THROW(fp16.setup_optimizers(m, opts), volt::NotAvailable);
+  volt::DeepSpeedStrategy strict(volt::DeepSpeedStrategyOptions().zero_allow_untested_optimizer(false),
+                                 accel, volt::registry().precisions.create("32-true"), 2);
+  try {
+    strict.setup_optimizers(m, opts);
+    FAIL() << "LBFGS was accepted";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_allow_untested_optimizer"), std::string::npos);
+  }
+}
+
+}  // namespace

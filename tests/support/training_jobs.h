@@ -1,0 +1,70 @@
+#pragma once
+// Training jobs of tests/support/ddp_worker.cpp for the strategy tests (DDP, DeepSpeed): run one
+// (a plain process launching its ranks), its single-process reference on the global batch, and
+// compare the flat weights every rank wrote.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "processes.h"
+
+namespace volt_test {
+
+inline const std::string kTrainingWorker = VOLT_DDP_WORKER;
+
+inline torch::Tensor load_flat(const std::string& path) {
+  torch::Tensor t;
+  torch::load(t, path);
+  return t;
+}
+
+struct Job {
+  std::string output;
+  int code = 0;
+};
+
+inline Job run_job(const std::vector<std::string>& args,
+                   std::chrono::milliseconds timeout = std::chrono::seconds(180)) {
+  Process p(kTrainingWorker, args);
+  Job j;
+  j.code = p.exit_code(timeout);
+  j.output = p.output();
+  return j;
+}
+
+/// The same model, data and seed trained by one process on the global batch (`extra` are more
+/// worker flags, e.g. the optimizer).
+inline torch::Tensor single_process_reference(const std::string& root, int64_t global_batch,
+                                              int64_t epochs, int64_t accum, bool tied,
+                                              const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{"--root",    root,
+                                "--out",     root + "/single",
+                                "--devices", "1",
+                                "--batch",   std::to_string(global_batch),
+                                "--epochs",  std::to_string(epochs),
+                                "--accum",   std::to_string(accum),
+                                "--tied",    tied ? "1" : "0"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Job j = run_job(args, std::chrono::seconds(120));
+  EXPECT_EQ(j.code, 0) << j.output;
+  return load_flat(root + "/single.rank0.pt");
+}
+
+/// Every rank's weights equal rank 0's and the reference to fp32 round-off.
+inline void expect_ranks_equal_reference(const std::string& prefix, int world,
+                                         const torch::Tensor& reference, double rtol = 1e-5,
+                                         double atol = 1e-6) {
+  const auto r0 = load_flat(prefix + ".rank0.pt");
+  for (int r = 0; r < world; ++r) {
+    const auto w = load_flat(prefix + ".rank" + std::to_string(r) + ".pt");
+    EXPECT_TRUE(torch::equal(w, r0)) << "rank " << r << " differs from rank 0";
+    EXPECT_TRUE(torch::allclose(w, reference, rtol, atol))
+        << "rank " << r << " max diff " << (w - reference).abs().max().item<double>();
+  }
+}
+
+}  // namespace volt_test
