@@ -488,9 +488,9 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
       for (size_t k = first; k < last; ++k) {
         flat_parts.push_back(tensors[all[k]].detach().reshape(-1));
       }
-      std::vector<at::Tensor> buf{last - first == 1 && flat_parts[0].is_contiguous()
-                                      ? flat_parts[0]
-                                      : at::cat(flat_parts)};
+      // A lone contiguous tensor is broadcast in place (its reshape is a view of it).
+      const bool in_place = last - first == 1 && tensors[all[first]].is_contiguous();
+      std::vector<at::Tensor> buf{in_place ? flat_parts[0] : at::cat(flat_parts)};
       c10d::BroadcastOptions o;
       o.rootRank = src;
       o.timeout = options_.timeout();
@@ -499,9 +499,7 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
       for (size_t k = first; k < last; ++k) {
         at::Tensor t = tensors[all[k]].detach();
         const int64_t n = t.numel();
-        if (!buf[0].is_same(flat_parts[k - first])) {
-          t.copy_(buf[0].narrow(0, offset, n).view(t.sizes()));
-        }
+        if (!in_place) t.copy_(buf[0].narrow(0, offset, n).view(t.sizes()));
         offset += n;
       }
       first = last;

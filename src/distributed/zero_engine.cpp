@@ -9,12 +9,12 @@
 
 #include <cmath>
 #include <cstring>
-#include <mutex>
-#include <unordered_map>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "volt/core/check.h"
@@ -167,11 +167,11 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
   VOLT_CHECK(options_.stage() >= 1 && options_.stage() <= 3, ConfigError, kTag,
              " stage=", options_.stage(), " is not a ZeRO stage; use 1, 2 or 3.");
   VOLT_CHECK(options_.param_persistence_threshold() >= 0 && options_.max_live_parameters() >= 0,
-             ConfigError, kTag, " param_persistence_threshold=",
-             options_.param_persistence_threshold(),
+             ConfigError, kTag,
+             " param_persistence_threshold=", options_.param_persistence_threshold(),
              " and max_live_parameters=", options_.max_live_parameters(), " must be >= 0.");
-  VOLT_CHECK(options_.reduce_bucket_size() > 0 && options_.allgather_bucket_size() > 0,
-             ConfigError, kTag, " reduce_bucket_size=", options_.reduce_bucket_size(),
+  VOLT_CHECK(options_.reduce_bucket_size() > 0 && options_.allgather_bucket_size() > 0, ConfigError,
+             kTag, " reduce_bucket_size=", options_.reduce_bucket_size(),
              " and allgather_bucket_size=", options_.allgather_bucket_size(),
              " must be > 0 (elements).");
   VOLT_CHECK(optimizer_.state().empty(), ConfigError, kTag,
@@ -185,16 +185,16 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
     for (const auto& p : pg.params()) {
       if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied: one owner
       auto it = names.find(p.unsafeGetTensorImpl());
-      VOLT_CHECK(it != names.end(), ConfigError, kTag, " an optimizer parameter (shape ",
-                 p.sizes(), ") is not a parameter of the module; optimize module parameters.");
+      VOLT_CHECK(it != names.end(), ConfigError, kTag, " an optimizer parameter (shape ", p.sizes(),
+                 ") is not a parameter of the module; optimize module parameters.");
       VOLT_CHECK(p.requires_grad() && p.is_leaf(), ConfigError, kTag, " parameter '", it->second,
                  "' does not require grad; leave frozen parameters out of the optimizer.");
       VOLT_CHECK(p.is_floating_point() && p.is_contiguous() && !p.is_sparse(), ConfigError, kTag,
                  " parameter '", it->second, "' is ", p.scalar_type(),
                  p.is_contiguous() ? "" : " and not contiguous",
                  "; ZeRO partitions dense contiguous floating-point parameters.");
-      VOLT_CHECK(!dtype || *dtype == p.scalar_type(), ConfigError, kTag, " parameter '",
-                 it->second, "' is ", p.scalar_type(), " but others are ", *dtype,
+      VOLT_CHECK(!dtype || *dtype == p.scalar_type(), ConfigError, kTag, " parameter '", it->second,
+                 "' is ", p.scalar_type(), " but others are ", *dtype,
                  "; give every parameter one dtype (the precision converts them).");
       dtype = p.scalar_type();
       ZeroChunk c;
@@ -260,8 +260,8 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
   for (size_t i = 0; i < chunks_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(chunks_[i].parameter);
     VOLT_ASSERT(acc != nullptr, "a leaf parameter has no gradient accumulator");
-    hooks_->keys.push_back(acc->add_post_hook(
-        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+    hooks_->keys.push_back(
+        acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
             [this, i](const torch::autograd::variable_list& outputs,
                       const torch::autograd::variable_list&) {
               on_gradient(i);
@@ -310,8 +310,8 @@ void ZeroEngine::partition_parameters() {
     if (!c.partitioned) continue;
     const auto dot = c.name.rfind('.');
     const std::string prefix = dot == std::string::npos ? "" : c.name.substr(0, dot);
-    const bool joins = !units_.empty() && units_.back().chunks.back() + 1 == i &&
-                       prefix == unit_prefix;
+    const bool joins =
+        !units_.empty() && units_.back().chunks.back() + 1 == i && prefix == unit_prefix;
     if (!joins) {
       units_.emplace_back();
       units_.back().offset = shard_offset_[i];
@@ -497,8 +497,12 @@ at::Tensor ZeroEngine::gradient_chunk(size_t i) const {
   return i < grad_views_.size() ? grad_views_[i] : at::Tensor();
 }
 
-int64_t ZeroEngine::rank() const { return group_->rank(); }
-int64_t ZeroEngine::world_size() const { return group_->world_size(); }
+int64_t ZeroEngine::rank() const {
+  return group_->rank();
+}
+int64_t ZeroEngine::world_size() const {
+  return group_->world_size();
+}
 
 void ZeroEngine::backward(const std::function<void()>& run_backward, bool sync) {
   if (options_.stage() == 1 && !sync) {
@@ -571,7 +575,8 @@ void ZeroEngine::reduce_bucket(size_t b) {
     const at::Tensor& g = c.parameter.grad();
     if (g.defined() && c.numel > 0) {
       at::Tensor flat = g.reshape({-1});
-      if (c.chunk * world > c.numel) flat = at::constant_pad_nd(flat, {0, c.chunk * world - c.numel});
+      if (c.chunk * world > c.numel)
+        flat = at::constant_pad_nd(flat, {0, c.chunk * world - c.numel});
       buffer.narrow(1, off, c.chunk).copy_(flat.view({world, c.chunk}));
     }
     // Stages 2 and 3 keep no full gradient: free it before the collective's own copies.
@@ -609,8 +614,8 @@ void ZeroEngine::gather_parameters() {
   while (first < chunks_.size()) {
     size_t last = first;
     int64_t width = 0;
-    while (last < chunks_.size() &&
-           (width == 0 || (width + chunks_[last].chunk) * world <= options_.allgather_bucket_size())) {
+    while (last < chunks_.size() && (width == 0 || (width + chunks_[last].chunk) * world <=
+                                                       options_.allgather_bucket_size())) {
       // Stage 3's partitioned parameters are read from their chunks when next gathered.
       if (!chunks_[last].partitioned) width += chunks_[last].chunk;
       ++last;

@@ -81,8 +81,7 @@ bool tested_optimizer(const torch::optim::Optimizer& o) {
 
 using Entries = std::vector<std::pair<std::string, c10::IValue>>;
 
-void copy_archive(InputArchive& in, OutputArchive& out,
-                  const std::vector<std::string>& skip = {}) {
+void copy_archive(InputArchive& in, OutputArchive& out, const std::vector<std::string>& skip = {}) {
   for (const auto& key : in.keys()) {
     if (std::find(skip.begin(), skip.end(), key) != skip.end()) continue;
     InputArchive sub;
@@ -148,11 +147,10 @@ std::vector<std::string> names_of(const c10::IValue& v) {
 DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
                                      std::shared_ptr<Accelerator> accelerator,
                                      std::shared_ptr<Precision> precision, int64_t devices,
-                                     int64_t num_nodes,
-                                     std::shared_ptr<CheckpointIO> checkpoint_io)
+                                     int64_t num_nodes, std::shared_ptr<CheckpointIO> checkpoint_io)
     : DdpStrategy(ddp_options(options), std::move(accelerator), std::move(precision),
-                  options.parallel_devices() > 0 ? options.parallel_devices() : devices,
-                  num_nodes, std::move(checkpoint_io)),
+                  options.parallel_devices() > 0 ? options.parallel_devices() : devices, num_nodes,
+                  std::move(checkpoint_io)),
       options_(std::move(options)) {
   if (!options_.config().empty()) apply_config();
   VOLT_CHECK(options_.stage() >= 0 && options_.stage() <= 3, ConfigError, kTag,
@@ -163,20 +161,20 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
   VOLT_CHECK(!options_.offload_parameters() || accelerator_->name() == "cpu", NotAvailable, kTag,
              " offload_parameters with parameters on ", accelerator_->name(),
              " is not built yet (it needs a GPU to write and test; issue #12).");
-  VOLT_CHECK(options_.param_persistence_threshold() >= 0 && options_.max_live_parameters() >= 0,
-             ConfigError, kTag, " param_persistence_threshold=",
-             options_.param_persistence_threshold(), " and max_live_parameters=",
-             options_.max_live_parameters(), " must be >= 0 (elements).");
+  VOLT_CHECK(
+      options_.param_persistence_threshold() >= 0 && options_.max_live_parameters() >= 0,
+      ConfigError, kTag, " param_persistence_threshold=", options_.param_persistence_threshold(),
+      " and max_live_parameters=", options_.max_live_parameters(), " must be >= 0 (elements).");
   VOLT_CHECK(options_.parallel_devices() >= 0, ConfigError, kTag,
              " parallel_devices=", options_.parallel_devices(),
              " must be >= 0 (0 takes the Trainer's devices).");
-  VOLT_CHECK(options_.reduce_bucket_size() > 0 && options_.allgather_bucket_size() > 0,
-             ConfigError, kTag, " reduce_bucket_size=", options_.reduce_bucket_size(),
+  VOLT_CHECK(options_.reduce_bucket_size() > 0 && options_.allgather_bucket_size() > 0, ConfigError,
+             kTag, " reduce_bucket_size=", options_.reduce_bucket_size(),
              " and allgather_bucket_size=", options_.allgather_bucket_size(),
              " must be > 0 (elements).");
   const std::string& dev = options_.offload_optimizer_device();
-  VOLT_CHECK(dev == "cpu" || dev == "nvme", ConfigError, kTag, " offload_optimizer_device=\"",
-             dev, "\" is not a device; use \"cpu\" or \"nvme\".");
+  VOLT_CHECK(dev == "cpu" || dev == "nvme", ConfigError, kTag, " offload_optimizer_device=\"", dev,
+             "\" is not a device; use \"cpu\" or \"nvme\".");
   if (options_.offload_optimizer()) {
     VOLT_CHECK(dev == "cpu", NotAvailable, kTag,
                " offload to NVMe (ZeRO-Infinity) is not built yet (issue #12); use "
@@ -187,7 +185,9 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
   }
 }
 
-DeepSpeedStrategy::~DeepSpeedStrategy() { engines_.clear(); }
+DeepSpeedStrategy::~DeepSpeedStrategy() {
+  engines_.clear();
+}
 
 void DeepSpeedStrategy::apply_config() {
   config_ = load_deepspeed_config(options_.config());
@@ -222,8 +222,8 @@ void DeepSpeedStrategy::apply_config() {
   if (!c.ignored.empty()) {
     std::string keys;
     for (const auto& k : c.ignored) keys += (keys.empty() ? "" : ", ") + k;
-    log_warning("DeepSpeedStrategy", c.origin + ": DeepSpeed keys volt does not act on, ignored: " +
-                                         keys + ".");
+    log_warning("DeepSpeedStrategy",
+                c.origin + ": DeepSpeed keys volt does not act on, ignored: " + keys + ".");
   }
 }
 
@@ -233,18 +233,19 @@ void DeepSpeedStrategy::setup_environment() {
   if (auto b = resolve_deepspeed_batch(*config_, world_size(), loop_.accumulate_grad_batches)) {
     micro_batch_ = b->micro_batch_size;
   }
-  VOLT_CHECK(!clip_ || !loop_.gradient_clip_val || *loop_.gradient_clip_val == *clip_,
-             ConfigError, kTag, " ", config_->origin, ": gradient_clipping=", *clip_,
+  VOLT_CHECK(!clip_ || !loop_.gradient_clip_val || *loop_.gradient_clip_val == *clip_, ConfigError,
+             kTag, " ", config_->origin, ": gradient_clipping=", *clip_,
              " but the Trainer's gradient_clip_val=",
              loop_.gradient_clip_val ? *loop_.gradient_clip_val : 0.0, "; set one of them.");
 }
 
-at::Tensor DeepSpeedStrategy::training_step(Module& module, const Batch& batch,
-                                            int64_t batch_idx) {
+at::Tensor DeepSpeedStrategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
   if (micro_batch_ > 0) {
     VOLT_CHECK(batch.size() == micro_batch_, ConfigError, kTag, " ", config_->origin,
-               ": train_micro_batch_size_per_gpu=", micro_batch_, " but the training loader's "
-               "batches hold ", batch.size(), " samples; make them agree.");
+               ": train_micro_batch_size_per_gpu=", micro_batch_,
+               " but the training loader's "
+               "batches hold ",
+               batch.size(), " samples; make them agree.");
     micro_batch_ = 0;  // only the first batch: an epoch's last batch may be smaller
   }
   auto open = scopes();
@@ -267,8 +268,7 @@ void DeepSpeedStrategy::test_step(Module& module, const Batch& batch, int64_t ba
   DdpStrategy::test_step(module, batch, batch_idx);
 }
 
-at::Tensor DeepSpeedStrategy::predict_step(Module& module, const Batch& batch,
-                                           int64_t batch_idx) {
+at::Tensor DeepSpeedStrategy::predict_step(Module& module, const Batch& batch, int64_t batch_idx) {
   auto open = scopes();
   return DdpStrategy::predict_step(module, batch, batch_idx);
 }
@@ -330,14 +330,18 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
                  " names none; return one or add an \"optimizer\" section.");
       optimizers.emplace_back(opt);
     } else if (!config_->optimizer_type.empty()) {
-      log_info("DeepSpeedStrategy", "the optimizer from configure_optimizers() is used; the "
-                                    "JSON's \"" + config_->optimizer_type + "\" is ignored.");
+      log_info("DeepSpeedStrategy",
+               "the optimizer from configure_optimizers() is used; the "
+               "JSON's \"" +
+                   config_->optimizer_type + "\" is ignored.");
     }
     if (!config_->scheduler_type.empty()) {
       OptimizerConfig& first = optimizers.front();
       if (first.scheduler()) {
-        log_info("DeepSpeedStrategy", "the LR scheduler from configure_optimizers() is used; the "
-                                      "JSON's \"" + config_->scheduler_type + "\" is ignored.");
+        log_info("DeepSpeedStrategy",
+                 "the LR scheduler from configure_optimizers() is used; the "
+                 "JSON's \"" +
+                     config_->scheduler_type + "\" is ignored.");
       } else {
         // DeepSpeed steps its scheduler after every optimizer step.
         first.scheduler(make_deepspeed_scheduler(*config_, *first.optimizer()))
@@ -366,8 +370,8 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
                  "FusedSGD or FusedAdamW.");
       warn_once("zero_untested_optimizer", "DeepSpeedStrategy",
                 "optimizer '" + std::string(typeid(opt).name()) +
-                                         "' is untested with ZeRO: the partitioned step equals "
-                                         "the unpartitioned one only for elementwise updates.");
+                    "' is untested with ZeRO: the partitioned step equals "
+                    "the unpartitioned one only for elementwise updates.");
     }
     engines_[&opt] = std::make_unique<ZeroEngine>(
         opt, group_,
@@ -401,8 +405,7 @@ void DeepSpeedStrategy::backward(const at::Tensor& loss, bool sync_gradients) {
 }
 
 bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
-                                       c10::optional<double> clip_value,
-                                       ClipAlgorithm algorithm) {
+                                       c10::optional<double> clip_value, ClipAlgorithm algorithm) {
   ZeroEngine* e = engine(optimizer);
   if (!clip_value && clip_) {
     clip_value = clip_;  // the JSON's gradient_clipping: a norm, as in DeepSpeed
@@ -444,20 +447,26 @@ const ZeroChunk* DeepSpeedStrategy::chunk_of(const c10::TensorImpl* impl) const 
   return nullptr;
 }
 
-void DeepSpeedStrategy::save_model_state(const Module& module, OutputArchive& ar) const {
-  bool partitioned = false;
+bool DeepSpeedStrategy::partitions_parameters() const {
   for (const auto& kv : engines_) {
-    for (const auto& c : kv.second->chunks()) partitioned = partitioned || c.partitioned;
+    for (const auto& c : kv.second->chunks()) {
+      if (c.partitioned) return true;
+    }
   }
-  if (!partitioned) {
+  return false;
+}
+
+void DeepSpeedStrategy::save_model_state(const Module& module, OutputArchive& ar) const {
+  if (!partitions_parameters()) {
     Strategy::save_model_state(module, ar);
     return;
   }
   OutputArchive shapes;
   for (const auto& p : module.named_parameters(true)) {
     if (const ZeroChunk* c = chunk_of(p.value().unsafeGetTensorImpl())) {
-      ar.write(p.key(), c->length > 0 ? c->view.clone()
-                                      : torch::empty({0}, c->parameter.options().requires_grad(false)));
+      ar.write(p.key(), c->length > 0
+                            ? c->view.clone()
+                            : torch::empty({0}, c->parameter.options().requires_grad(false)));
       shapes.write(p.key(), torch::tensor(p.value().sizes().vec(), torch::kLong));
     } else {
       ar.write(p.key(), p.value());
@@ -468,11 +477,7 @@ void DeepSpeedStrategy::save_model_state(const Module& module, OutputArchive& ar
 }
 
 void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const {
-  bool partitioned = false;
-  for (const auto& kv : engines_) {
-    for (const auto& c : kv.second->chunks()) partitioned = partitioned || c.partitioned;
-  }
-  if (!partitioned) {
+  if (!partitions_parameters()) {
     Strategy::load_model_state(module, ar);
     return;
   }
@@ -489,8 +494,8 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
     }
     if (const ZeroChunk* c = buffer ? nullptr : chunk_of(target.unsafeGetTensorImpl())) {
       if (c->length == 0) return;
-      const at::Tensor mine = chunks ? saved.reshape({-1})
-                                     : saved.reshape({-1}).narrow(0, c->start, c->length);
+      const at::Tensor mine =
+          chunks ? saved.reshape({-1}) : saved.reshape({-1}).narrow(0, c->start, c->length);
       if (mine.numel() != c->length || (!chunks && saved.numel() != c->numel)) {
         problems.push_back("size of '" + name + "'");
         return;
@@ -574,8 +579,10 @@ void DeepSpeedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
   auto& groups = optimizer.param_groups();
   const int64_t num_groups = read_value(ar, "num_groups", "the optimizer state").toInt();
   VOLT_CHECK(num_groups == static_cast<int64_t>(groups.size()), CheckpointError, kTag,
-             " the checkpoint's optimizer has ", num_groups, " param groups but configure_"
-             "optimizers built ", groups.size(), "; resume with the same optimizer setup.");
+             " the checkpoint's optimizer has ", num_groups,
+             " param groups but configure_"
+             "optimizers built ",
+             groups.size(), "; resume with the same optimizer setup.");
   auto& state = optimizer.state();
   for (size_t g = 0; g < groups.size(); ++g) {
     InputArchive group_ar = read_sub(ar, "group_" + std::to_string(g), "the optimizer state");
@@ -601,8 +608,8 @@ void DeepSpeedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
           v = t.reshape({-1}).narrow(0, c.start, c.length).clone();
         } else {
           VOLT_CHECK(t.dim() == 0, CheckpointError, kTag, " optimizer state '", key, "' of '",
-                     c.name, "' has shape ", t.sizes(), " but the parameter ",
-                     c.parameter.sizes(), "; resume with the same model.");
+                     c.name, "' has shape ", t.sizes(), " but the parameter ", c.parameter.sizes(),
+                     "; resume with the same model.");
         }
       }
       InputArchive chunk_ar = archive_of(entries);
@@ -615,8 +622,7 @@ void DeepSpeedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
 
 // ------------------------------------------------------------------ accumulated gradients
 
-void DeepSpeedStrategy::save_accumulated_gradients(const Module& module,
-                                                   OutputArchive& ar) const {
+void DeepSpeedStrategy::save_accumulated_gradients(const Module& module, OutputArchive& ar) const {
   if (engines_.empty() || options_.stage() == 1) {
     // Stage 1 (and plain data parallel) accumulate full local gradients, as DDP does.
     DdpStrategy::save_accumulated_gradients(module, ar);
@@ -648,8 +654,8 @@ void DeepSpeedStrategy::load_accumulated_gradients(Module& module, InputArchive&
       const auto& c = e.chunks()[i];
       at::Tensor g;
       if (c.length == 0 || !ar.try_read(c.name, g)) continue;
-      VOLT_CHECK(g.numel() == c.numel, CheckpointError, kTag, " accumulated gradient of '",
-                 c.name, "' has ", g.numel(), " elements, the parameter ", c.numel, ".");
+      VOLT_CHECK(g.numel() == c.numel, CheckpointError, kTag, " accumulated gradient of '", c.name,
+                 "' has ", g.numel(), " elements, the parameter ", c.numel, ".");
       e.gradient_chunk(i).copy_(g.reshape({-1}).narrow(0, c.start, c.length));
     }
   }
@@ -683,16 +689,15 @@ void DeepSpeedStrategy::save_checkpoint(OutputArchive& archive, const std::strin
   barrier("zero_save_written");
   if (is_global_zero()) {
     std::ostringstream meta;
-    meta << "format " << kZeroFormat << "\nworld_size " << world << "\nstage "
-         << options_.stage() << "\n";
+    meta << "format " << kZeroFormat << "\nworld_size " << world << "\nstage " << options_.stage()
+         << "\n";
     atomic_write_file(staging + "/" + kMetaFile, meta.str());
     std::error_code ec;
     if (is_directory(path)) {
       // Exchange the two folders atomically, then drop the old one.
-      VOLT_CHECK(::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(),
-                             RENAME_EXCHANGE) == 0,
-                 CheckpointError, kTag, " cannot replace '", path, "' (", std::strerror(errno),
-                 ").");
+      VOLT_CHECK(
+          ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0,
+          CheckpointError, kTag, " cannot replace '", path, "' (", std::strerror(errno), ").");
       fs::remove_all(staging, ec);
     } else {
       if (fs::exists(path, ec)) fs::remove(path, ec);  // a single-file checkpoint before
@@ -711,8 +716,8 @@ void DeepSpeedStrategy::save_checkpoint(OutputArchive& archive, const std::strin
 
 InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
   if (!is_zero_checkpoint(path)) {
-    VOLT_CHECK(!is_directory(path), CheckpointError, kTag, " '", path,
-               "' is a folder without ", kMetaFile,
+    VOLT_CHECK(!is_directory(path), CheckpointError, kTag, " '", path, "' is a folder without ",
+               kMetaFile,
                ": an incomplete ZeRO checkpoint (a save was interrupted); load the previous one.");
     return Strategy::load_checkpoint(path);
   }
@@ -798,9 +803,8 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
       }
       const at::Tensor whole = torch::cat(pieces);
       const int64_t numel = c10::multiply_integers(sizes);
-      VOLT_CHECK(whole.numel() == numel, CheckpointError, kTag, " the chunks of '", name,
-                 "' hold ", whole.numel(), " elements, its shape ", numel,
-                 "; a shard is from another run.");
+      VOLT_CHECK(whole.numel() == numel, CheckpointError, kTag, " the chunks of '", name, "' hold ",
+                 whole.numel(), " elements, its shape ", numel, "; a shard is from another run.");
       full[name] = whole.reshape(sizes);
     }
   }
@@ -855,8 +859,8 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
       group_out.write("params", names_iv);
       for (const auto& name : names_of(names_iv)) {
         at::Tensor param;
-        VOLT_CHECK(state_dict.try_read(name, param), CheckpointError, kTag,
-                   " the weights lack '", name, "' which the optimizer state names.");
+        VOLT_CHECK(state_dict.try_read(name, param), CheckpointError, kTag, " the weights lack '",
+                   name, "' which the optimizer state names.");
         const int64_t numel = param.numel();
         // Each rank's chunk state in rank order: 1-D tensors of that rank's chunk length are
         // concatenated; anything else (a 0-dim step count) is the same everywhere.
@@ -885,8 +889,8 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
           }
           if (!chunked) continue;
           at::Tensor cat = torch::cat(pieces);
-          VOLT_CHECK(cat.numel() == numel, CheckpointError, kTag, " the chunks of '", k,
-                     "' for '", name, "' add up to ", cat.numel(), " elements, not ", numel,
+          VOLT_CHECK(cat.numel() == numel, CheckpointError, kTag, " the chunks of '", k, "' for '",
+                     name, "' add up to ", cat.numel(), " elements, not ", numel,
                      "; a shard is from another run.");
           v = cat.reshape(param.sizes());
         }

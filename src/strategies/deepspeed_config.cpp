@@ -1,7 +1,7 @@
 #include "volt/strategies/deepspeed_config.h"
 
-#include <nlohmann/json.hpp>
 #include <torch/optim/sgd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -22,50 +22,98 @@ using nlohmann::json;
 constexpr const char* kTag = "[DeepSpeedConfig]";
 
 // What volt reads, per object, and the DeepSpeed keys it knows but does not act on.
-const std::vector<std::string> kTop = {
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16",
-    "fp16", "zero_optimization", "optimizer", "scheduler", "gradient_clipping",
-    "zero_allow_untested_optimizer"};
-const std::vector<std::string> kTopIgnored = {
-    "steps_per_print", "wall_clock_breakdown", "dump_state", "prescale_gradients",
-    "gradient_predivide_factor", "sparse_gradients", "communication_data_type",
-    "zero_force_ds_cpu_optimizer", "activation_checkpointing", "flops_profiler", "tensorboard",
-    "wandb", "csv_monitor", "comet", "aio", "amp", "elasticity", "comms_logger", "checkpoint",
-    "data_types", "compression_training", "autotuning", "memory_breakdown", "disable_allgather",
-    "timers", "torch_autocast", "data_efficiency", "curriculum_learning", "sparse_attention",
-    "pipeline", "seq_parallel_communication_data_type", "seed"};
-const std::vector<std::string> kZero = {
-    "stage", "offload_optimizer", "offload_param", "overlap_comm", "reduce_bucket_size",
-    "allgather_bucket_size", "contiguous_gradients", "stage3_prefetch_bucket_size",
-    "stage3_param_persistence_threshold", "stage3_max_live_parameters", "reduce_scatter",
-    "allgather_partitions"};
-const std::vector<std::string> kZeroIgnored = {
-    "stage3_max_reuse_distance",
-    "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-    "sub_group_size", "round_robin_gradients", "elastic_checkpoint", "load_from_fp32_weights",
-    "ignore_unused_parameters", "zero_hpz_partition_size", "zero_quantized_weights",
-    "zero_quantized_gradients", "mics_shard_size", "memory_efficient_linear",
-    "cpu_offload", "cpu_offload_params", "cpu_offload_use_pin_memory", "legacy_stage1",
-    "use_multi_rank_bucket_allreduce", "log_trace_cache_warnings"};
+const std::vector<std::string> kTop = {"train_batch_size",
+                                       "train_micro_batch_size_per_gpu",
+                                       "gradient_accumulation_steps",
+                                       "bf16",
+                                       "fp16",
+                                       "zero_optimization",
+                                       "optimizer",
+                                       "scheduler",
+                                       "gradient_clipping",
+                                       "zero_allow_untested_optimizer"};
+const std::vector<std::string> kTopIgnored = {"steps_per_print",
+                                              "wall_clock_breakdown",
+                                              "dump_state",
+                                              "prescale_gradients",
+                                              "gradient_predivide_factor",
+                                              "sparse_gradients",
+                                              "communication_data_type",
+                                              "zero_force_ds_cpu_optimizer",
+                                              "activation_checkpointing",
+                                              "flops_profiler",
+                                              "tensorboard",
+                                              "wandb",
+                                              "csv_monitor",
+                                              "comet",
+                                              "aio",
+                                              "amp",
+                                              "elasticity",
+                                              "comms_logger",
+                                              "checkpoint",
+                                              "data_types",
+                                              "compression_training",
+                                              "autotuning",
+                                              "memory_breakdown",
+                                              "disable_allgather",
+                                              "timers",
+                                              "torch_autocast",
+                                              "data_efficiency",
+                                              "curriculum_learning",
+                                              "sparse_attention",
+                                              "pipeline",
+                                              "seq_parallel_communication_data_type",
+                                              "seed"};
+const std::vector<std::string> kZero = {"stage",
+                                        "offload_optimizer",
+                                        "offload_param",
+                                        "overlap_comm",
+                                        "reduce_bucket_size",
+                                        "allgather_bucket_size",
+                                        "contiguous_gradients",
+                                        "stage3_prefetch_bucket_size",
+                                        "stage3_param_persistence_threshold",
+                                        "stage3_max_live_parameters",
+                                        "reduce_scatter",
+                                        "allgather_partitions"};
+const std::vector<std::string> kZeroIgnored = {"stage3_max_reuse_distance",
+                                               "stage3_gather_16bit_weights_on_model_save",
+                                               "stage3_gather_fp16_weights_on_model_save",
+                                               "sub_group_size",
+                                               "round_robin_gradients",
+                                               "elastic_checkpoint",
+                                               "load_from_fp32_weights",
+                                               "ignore_unused_parameters",
+                                               "zero_hpz_partition_size",
+                                               "zero_quantized_weights",
+                                               "zero_quantized_gradients",
+                                               "mics_shard_size",
+                                               "memory_efficient_linear",
+                                               "cpu_offload",
+                                               "cpu_offload_params",
+                                               "cpu_offload_use_pin_memory",
+                                               "legacy_stage1",
+                                               "use_multi_rank_bucket_allreduce",
+                                               "log_trace_cache_warnings"};
 const std::vector<std::string> kOffload = {"device", "nvme_path", "pin_memory"};
-const std::vector<std::string> kOffloadIgnored = {"buffer_count", "buffer_size", "max_in_cpu",
-                                                  "fast_init", "ratio", "pipeline_read",
+const std::vector<std::string> kOffloadIgnored = {"buffer_count",  "buffer_size", "max_in_cpu",
+                                                  "fast_init",     "ratio",       "pipeline_read",
                                                   "pipeline_write"};
 const std::vector<std::string> kFp = {"enabled"};
-const std::vector<std::string> kFpIgnored = {"loss_scale", "initial_scale_power",
-                                             "loss_scale_window", "hysteresis",
-                                             "consecutive_hysteresis", "min_loss_scale",
-                                             "auto_cast", "immediate_grad_update", "fp16_master_weights_and_grads"};
+const std::vector<std::string> kFpIgnored = {
+    "loss_scale", "initial_scale_power",    "loss_scale_window",
+    "hysteresis", "consecutive_hysteresis", "min_loss_scale",
+    "auto_cast",  "immediate_grad_update",  "fp16_master_weights_and_grads"};
 const std::vector<std::string> kTyped = {"type", "params"};
 const std::vector<std::string> kOptimizers = {"Adam", "AdamW", "SGD"};
 const std::vector<std::string> kSchedulers = {"WarmupLR", "WarmupDecayLR"};
-const std::vector<std::string> kOptimizerParams = {"lr", "betas", "eps", "weight_decay",
-                                                   "adam_w_mode", "amsgrad", "bias_correction",
-                                                   "momentum", "dampening", "nesterov",
-                                                   "torch_adam"};
-const std::vector<std::string> kSchedulerParams = {"warmup_min_lr", "warmup_max_lr",
+const std::vector<std::string> kOptimizerParams = {
+    "lr",        "betas",           "eps",      "weight_decay", "adam_w_mode",
+    "amsgrad",   "bias_correction", "momentum", "dampening",    "nesterov",
+    "torch_adam"};
+const std::vector<std::string> kSchedulerParams = {"warmup_min_lr",    "warmup_max_lr",
                                                    "warmup_num_steps", "warmup_type",
-                                                   "total_num_steps", "last_batch_iteration"};
+                                                   "total_num_steps",  "last_batch_iteration"};
 
 struct Reader {
   const DeepSpeedConfig& cfg;
@@ -99,10 +147,12 @@ struct Reader {
                                       const std::string& path) const {
     if (!obj.contains(key) || obj[key].is_null() || is_auto(obj[key])) return c10::nullopt;
     const json& v = obj[key];
-    if (!v.is_number_integer() && !(v.is_number_float() && v.get<double>() == std::floor(v.get<double>()))) {
+    if (!v.is_number_integer() &&
+        !(v.is_number_float() && v.get<double>() == std::floor(v.get<double>()))) {
       fail(path + key, "must be an integer or \"auto\"");
     }
-    const int64_t n = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+    const int64_t n =
+        v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
     if (n < 0) fail(path + key, "must be >= 0, got " + std::to_string(n));
     return n;
   }
@@ -168,8 +218,8 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
   cfg.train_batch_size = r.positive_int(root, "train_batch_size", "");
   cfg.train_micro_batch_size_per_gpu = r.positive_int(root, "train_micro_batch_size_per_gpu", "");
   cfg.gradient_accumulation_steps = r.positive_int(root, "gradient_accumulation_steps", "");
-  for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu",
-                        "gradient_accumulation_steps"}) {
+  for (const char* k :
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
     const auto v = r.positive_int(root, k, "");
     if (v && *v == 0) r.fail(k, "must be >= 1");
   }
@@ -193,10 +243,11 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
     r.check_keys(z, "zero_optimization", kZero, kZeroIgnored, cfg.ignored);
     const std::string p = "zero_optimization.";
     if (auto s = r.positive_int(z, "stage", p)) cfg.stage = *s;
-    if (cfg.stage > 3) r.fail(p + "stage", "is " + std::to_string(cfg.stage) + "; use 0, 1, 2 or 3");
+    if (cfg.stage > 3)
+      r.fail(p + "stage", "is " + std::to_string(cfg.stage) + "; use 0, 1, 2 or 3");
     if (z.contains("offload_optimizer")) {
-      read_offload(r, z["offload_optimizer"], p + "offload_optimizer",
-                   cfg.offload_optimizer_device, cfg);
+      read_offload(r, z["offload_optimizer"], p + "offload_optimizer", cfg.offload_optimizer_device,
+                   cfg);
     }
     if (z.contains("offload_param")) {
       read_offload(r, z["offload_param"], p + "offload_param", cfg.offload_param_device, cfg);
@@ -218,8 +269,8 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
 
   if (root.contains("optimizer")) {
     std::vector<std::pair<std::string, json>> params;
-    read_typed(r, root["optimizer"], "optimizer", kOptimizers, kOptimizerParams,
-               cfg.optimizer_type, params, cfg.ignored);
+    read_typed(r, root["optimizer"], "optimizer", kOptimizers, kOptimizerParams, cfg.optimizer_type,
+               params, cfg.ignored);
     for (const auto& [k, v] : params) {
       const std::string path = "optimizer.params." + k;
       if (k == "betas") {
@@ -234,8 +285,8 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
   }
   if (root.contains("scheduler")) {
     std::vector<std::pair<std::string, json>> params;
-    read_typed(r, root["scheduler"], "scheduler", kSchedulers, kSchedulerParams,
-               cfg.scheduler_type, params, cfg.ignored);
+    read_typed(r, root["scheduler"], "scheduler", kSchedulers, kSchedulerParams, cfg.scheduler_type,
+               params, cfg.ignored);
     for (const auto& [k, v] : params) {
       const std::string path = "scheduler.params." + k;
       if (k == "warmup_type") {
@@ -267,27 +318,28 @@ DeepSpeedConfig load_deepspeed_config(const std::string& config) {
 
 c10::optional<DeepSpeedBatch> resolve_deepspeed_batch(const DeepSpeedConfig& c, int64_t world,
                                                       int64_t trainer_accumulation) {
-  VOLT_CHECK(!c.gradient_accumulation_steps || *c.gradient_accumulation_steps == trainer_accumulation,
-             ConfigError, kTag, " ", c.origin, ": gradient_accumulation_steps=",
-             *c.gradient_accumulation_steps, " but the Trainer's accumulate_grad_batches=",
-             trainer_accumulation,
-             "; set one of them (Lightning takes it from the Trainer: drop it from the JSON).");
+  VOLT_CHECK(
+      !c.gradient_accumulation_steps || *c.gradient_accumulation_steps == trainer_accumulation,
+      ConfigError, kTag, " ", c.origin,
+      ": gradient_accumulation_steps=", *c.gradient_accumulation_steps,
+      " but the Trainer's accumulate_grad_batches=", trainer_accumulation,
+      "; set one of them (Lightning takes it from the Trainer: drop it from the JSON).");
   const int64_t gas = trainer_accumulation;
   const auto tb = c.train_batch_size;
   auto mb = c.train_micro_batch_size_per_gpu;
   if (!tb && !mb) return c10::nullopt;
   if (tb && !mb) {
-    VOLT_CHECK(*tb % (gas * world) == 0, ConfigError, kTag, " ", c.origin, ": train_batch_size=",
-               *tb, " is not divisible by accumulation ", gas, " x world size ", world,
-               "; use a multiple of ", gas * world, ".");
+    VOLT_CHECK(*tb % (gas * world) == 0, ConfigError, kTag, " ", c.origin,
+               ": train_batch_size=", *tb, " is not divisible by accumulation ", gas,
+               " x world size ", world, "; use a multiple of ", gas * world, ".");
     mb = *tb / (gas * world);
   }
   DeepSpeedBatch b{tb ? *tb : *mb * gas * world, *mb, gas};
   VOLT_CHECK(b.train_batch_size == b.micro_batch_size * gas * world, ConfigError, kTag, " ",
              c.origin, ": train_batch_size=", b.train_batch_size,
              " must equal train_micro_batch_size_per_gpu (", b.micro_batch_size,
-             ") x gradient accumulation (", gas, ") x world size (", world, ") = ",
-             b.micro_batch_size * gas * world, "; fix one of them.");
+             ") x gradient accumulation (", gas, ") x world size (", world,
+             ") = ", b.micro_batch_size * gas * world, "; fix one of them.");
   return b;
 }
 
@@ -299,12 +351,11 @@ std::shared_ptr<torch::optim::Optimizer> make_deepspeed_optimizer(
     return it == c.optimizer_params.end() ? def : it->second.front();
   };
   if (c.optimizer_type == "SGD") {
-    return std::make_shared<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(get("lr", 1e-3))
-                    .momentum(get("momentum", 0))
-                    .dampening(get("dampening", 0))
-                    .weight_decay(get("weight_decay", 0))
-                    .nesterov(get("nesterov", 0) != 0));
+    return std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(get("lr", 1e-3))
+                                                           .momentum(get("momentum", 0))
+                                                           .dampening(get("dampening", 0))
+                                                           .weight_decay(get("weight_decay", 0))
+                                                           .nesterov(get("nesterov", 0) != 0));
   }
   // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (its FusedAdam / CPU-Adam).
   FusedAdamWOptions o(get("lr", 1e-3));

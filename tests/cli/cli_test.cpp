@@ -422,6 +422,45 @@ TEST(CliBinary, TakesDdpParametersFromTheConfigAndRejectsBadOnesWithExitTwo) {
   EXPECT_NE(r.err.find("[DdpStrategy] bucket_cap_mb=-1 must be > 0"), std::string::npos) << r.err;
 }
 
+TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoint) {
+  volt_test::TempDir dir;
+  write(dir / "ds.json",
+        R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "gradient_clipping": 1.0, "wall_clock_breakdown": false})");
+  const std::string common = "fit --config " VOLT_SOURCE_DIR
+                             "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" +
+                             dir.path +
+                             " --trainer.devices=2 --trainer.max_epochs=1"
+                             " --trainer.limit_train_batches=6 --trainer.limit_val_batches=2"
+                             " --trainer.enable_progress_bar=false";
+  auto r = run_binary(common + " --trainer.strategy=deepspeed --trainer.strategy.init_args.config=" +
+                      (dir / "ds.json"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("val_acc"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("ignored: wall_clock_breakdown"), std::string::npos) << r.err;
+  const std::string last = dir.path + "/volt_logs/version_0/checkpoints/last.ckpt";
+  ASSERT_TRUE(fs::is_directory(last)) << r.out;
+  EXPECT_TRUE(fs::exists(last + "/rank_1_of_2.ckpt"));
+  auto c = run_binary("zero-to-fp32 " + last + " " + (dir / "full.ckpt"));
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_TRUE(fs::is_regular_file(dir / "full.ckpt"));
+  // The consolidated file tests in one process like any checkpoint.
+  auto t = run_binary("test --config " VOLT_SOURCE_DIR
+                      "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" +
+                      dir.path + " --trainer.limit_test_batches=2 --trainer.enable_progress_bar=false"
+                      " --ckpt_path=" + (dir / "full.ckpt"));
+  EXPECT_EQ(t.code, 0) << t.err;
+  // Bad input: an unknown JSON key and a folder that is no checkpoint exit 2.
+  write(dir / "bad.json", R"({"zero_optimisation": {"stage": 2}})");
+  r = run_binary(common + " --trainer.strategy=deepspeed --trainer.strategy.init_args.config=" +
+                 (dir / "bad.json"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("did you mean \"zero_optimization\""), std::string::npos) << r.err;
+  c = run_binary("zero-to-fp32 " + dir.path + " " + (dir / "x.ckpt"));
+  EXPECT_EQ(c.code, 2) << c.err;
+  EXPECT_NE(c.err.find("is not a complete ZeRO checkpoint folder"), std::string::npos) << c.err;
+}
+
 TEST(CliBinary, TrainsInBf16MixedWithOpListsAndRejectsUnknownOpsWithExitTwo) {
   volt_test::TempDir dir;
   write(dir / "bf16.yaml",

@@ -45,7 +45,8 @@ TEST(ZeroEngine, StageThreeReleasesParametersAndGathersThemWhenAnOpReadsThem) {
   for (const auto& c : engine.chunks()) EXPECT_TRUE(c.partitioned) << c.name;
   // Released: the module keeps the TensorImpl, not the memory.
   EXPECT_EQ(weight->weight.storage().nbytes(), 0u);
-  EXPECT_EQ(engine.memory().parameters, static_cast<int64_t>(sizeof(float)) * (6 * 8 + 8 + 8 * 3 + 3));
+  EXPECT_EQ(engine.memory().parameters,
+            static_cast<int64_t>(sizeof(float)) * (6 * 8 + 8 + 8 * 3 + 3));
 
   // Outside a scope a read would need a collective the other ranks do not join: an error.
   try {
@@ -119,9 +120,9 @@ TEST(ZeroEngine, SmallParametersStayWholeBelowThePersistenceThreshold) {
   auto group = world_of_one();
   auto net = mlp();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-  volt::ZeroEngine engine(
-      opt, group, volt::ZeroEngineOptions().stage(3).param_persistence_threshold(10),
-      names_of(*net));
+  volt::ZeroEngine engine(opt, group,
+                          volt::ZeroEngineOptions().stage(3).param_persistence_threshold(10),
+                          names_of(*net));
   for (const auto& c : engine.chunks()) EXPECT_EQ(c.partitioned, c.numel > 10) << c.name;
   EXPECT_GT(net[0]->as<torch::nn::Linear>()->bias.storage().nbytes(), 0u);  // 8 elements
   EXPECT_NO_THROW(net[0]->as<torch::nn::Linear>()->bias.sum());

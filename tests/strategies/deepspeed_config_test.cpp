@@ -56,8 +56,7 @@ TEST(DeepSpeedConfig, ReadsTheReferencesBf16OptimizerExample) {
 
 TEST(DeepSpeedConfig, AnUnknownKeyNamesTheClosestValidOne) {
   const std::string e = error_of(R"({"train_micro_batch_size_per_gpus": 2})");
-  EXPECT_NE(e.find("\"train_micro_batch_size_per_gpus\" is not a DeepSpeed key"),
-            std::string::npos)
+  EXPECT_NE(e.find("\"train_micro_batch_size_per_gpus\" is not a DeepSpeed key"), std::string::npos)
       << e;
   EXPECT_NE(e.find("did you mean \"train_micro_batch_size_per_gpu\""), std::string::npos) << e;
   const std::string z = error_of(R"({"zero_optimization": {"stgae": 2}})");
@@ -71,17 +70,19 @@ TEST(DeepSpeedConfig, KnownButUnsupportedKeysAreListedAsIgnored) {
           "zero_optimization": {"stage": 1, "sub_group_size": 1e9},
           "fp16": {"enabled": false, "loss_scale": 0}})",
       "x.json");
-  EXPECT_EQ(c.ignored, (std::vector<std::string>{"steps_per_print", "wall_clock_breakdown",
-                                                 "fp16.loss_scale",
-                                                 "zero_optimization.sub_group_size"}));
+  EXPECT_EQ(c.ignored,
+            (std::vector<std::string>{"steps_per_print", "wall_clock_breakdown", "fp16.loss_scale",
+                                      "zero_optimization.sub_group_size"}));
 }
 
 TEST(DeepSpeedConfig, WrongTypesAndValuesAreConfigErrorsNamingTheKey) {
-  EXPECT_NE(error_of(R"({"train_batch_size": "eight"})").find("\"train_batch_size\" must be an integer"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(R"({"train_batch_size": "eight"})").find("\"train_batch_size\" must be an integer"),
+      std::string::npos);
   EXPECT_NE(error_of(R"({"train_batch_size": 0})").find("must be >= 1"), std::string::npos);
-  EXPECT_NE(error_of(R"({"bf16": {"enabled": "yes"}})").find("bf16.enabled\" must be true or false"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(R"({"bf16": {"enabled": "yes"}})").find("bf16.enabled\" must be true or false"),
+      std::string::npos);
   EXPECT_NE(error_of(R"({"zero_optimization": {"stage": 5}})").find("use 0, 1, 2 or 3"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "disk"}}})")
@@ -124,7 +125,7 @@ TEST(DeepSpeedConfig, BatchSizesFollowDeepSpeedsArithmetic) {
   c.train_micro_batch_size_per_gpu.reset();  // derived: 8 / (2 x 2)
   EXPECT_EQ(volt::resolve_deepspeed_batch(c, 2, 2)->micro_batch_size, 2);
   EXPECT_THROW(volt::resolve_deepspeed_batch(c, 3, 2), ConfigError);  // 8 % 6
-  c.gradient_accumulation_steps = 4;  // contradicts the Trainer's 2
+  c.gradient_accumulation_steps = 4;                                  // contradicts the Trainer's 2
   EXPECT_THROW(volt::resolve_deepspeed_batch(c, 2, 2), ConfigError);
   volt::DeepSpeedConfig none;
   EXPECT_FALSE(volt::resolve_deepspeed_batch(none, 2, 1).has_value());
@@ -172,7 +173,7 @@ TEST(DeepSpeedConfig, WarmupDecayLRFollowsDeepSpeedsSchedule) {
   // After step k DeepSpeed's last_batch_iteration is k-1: gamma = it/4 while it < 4, then
   // (8 - it) / (8 - 4), never below 0. Construction leaves the optimizer's lr alone.
   const auto got = lrs_after_steps(volt::parse_deepspeed_config(kReference, "ref.json"), 10);
-  const std::vector<double> want{0.123, 0.02,   0.0275, 0.035, 0.0425, 0.05,
+  const std::vector<double> want{0.123,  0.02,  0.0275, 0.035, 0.0425, 0.05,
                                  0.0425, 0.035, 0.0275, 0.02,  0.02};
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-15) << "step " << i;
@@ -200,16 +201,16 @@ TEST(DeepSpeedConfig, ATwoRankJobConfiguredByJsonAloneEqualsOneProcess) {
   const std::string json = R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "zero_optimization": {"stage": 1}, "steps_per_print": 100})";
-  auto job = volt_test::run_job({"--root", dir.path, "--out", dir / "zero", "--devices", "2",
-                                 "--batch", "8", "--epochs", "1", "--optimizer", "none",
-                                 "--ds-config", json});
+  auto job =
+      volt_test::run_job({"--root", dir.path, "--out", dir / "zero", "--devices", "2", "--batch",
+                          "8", "--epochs", "1", "--optimizer", "none", "--ds-config", json});
   ASSERT_EQ(job.code, 0) << job.output;
   EXPECT_NE(job.output.find("ignored: steps_per_print"), std::string::npos) << job.output;
   volt_test::expect_ranks_equal_reference(dir / "zero", 2, ref);
   // A micro batch the loader does not produce stops the job before its first step.
-  auto bad = volt_test::run_job({"--root", dir / "b", "--out", dir / "b/w", "--devices", "2",
-                                 "--batch", "4", "--epochs", "1", "--optimizer", "none",
-                                 "--ds-config", json});
+  auto bad =
+      volt_test::run_job({"--root", dir / "b", "--out", dir / "b/w", "--devices", "2", "--batch",
+                          "4", "--epochs", "1", "--optimizer", "none", "--ds-config", json});
   EXPECT_EQ(bad.code, 1) << bad.output;
   EXPECT_NE(bad.output.find("train_micro_batch_size_per_gpu=8 but the training loader's batches "
                             "hold 4"),

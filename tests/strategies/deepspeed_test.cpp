@@ -41,11 +41,11 @@ void expect_zero_equals_one_process(const Case& c, const std::vector<std::string
   const int global = 16;
   const std::vector<std::string> common = cat({"--optimizer", c.optimizer}, extra);
   const auto ref = single_process_reference(dir.path, global, 1, c.accum, false, common);
-  auto job = run_job(cat({"--root", dir.path, "--out", dir / "zero", "--devices",
-                          std::to_string(c.devices), "--batch", std::to_string(global / c.devices),
-                          "--epochs", "1", "--accum", std::to_string(c.accum), "--zero",
-                          std::to_string(c.stage)},
-                         common));
+  auto job = run_job(
+      cat({"--root", dir.path, "--out", dir / "zero", "--devices", std::to_string(c.devices),
+           "--batch", std::to_string(global / c.devices), "--epochs", "1", "--accum",
+           std::to_string(c.accum), "--zero", std::to_string(c.stage)},
+          common));
   ASSERT_EQ(job.code, 0) << job.output;
   EXPECT_NE(job.output.find("zero_memory"), std::string::npos) << job.output;
   expect_ranks_equal_reference(dir / "zero", c.devices, ref);
@@ -95,9 +95,8 @@ TEST(DeepSpeed, TiedWeightsArePartitionedOnceAndStayTied) {
   volt_test::TempDir dir;
   const auto ref = single_process_reference(dir.path, 16, 1, 1, true, {"--optimizer", "adam"});
   for (const char* stage : {"2", "3"}) {
-    auto job = run_job({"--root", dir.path, "--out", dir / "zero", "--devices", "2", "--batch",
-                        "8", "--epochs", "1", "--tied", "1", "--zero", stage, "--optimizer",
-                        "adam"});
+    auto job = run_job({"--root", dir.path, "--out", dir / "zero", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--tied", "1", "--zero", stage, "--optimizer", "adam"});
     ASSERT_EQ(job.code, 0) << job.output;
     EXPECT_EQ(job.output.find("tied=0"), std::string::npos) << job.output;
     expect_ranks_equal_reference(dir / "zero", 2, ref);
@@ -126,10 +125,9 @@ TEST(DeepSpeed, PerRankBytesFollowThePapersFormulasForAdam) {
   for (int stage : {1, 2, 3}) {
     for (int n : {2, 4}) {
       volt_test::TempDir dir;
-      auto job = run_job({"--root", dir.path, "--out", dir / "zero", "--devices",
-                          std::to_string(n), "--batch", "4", "--epochs", "1", "--samples", "32",
-                          "--width", "256", "--zero", std::to_string(stage), "--optimizer",
-                          "adam"});
+      auto job = run_job({"--root", dir.path, "--out", dir / "zero", "--devices", std::to_string(n),
+                          "--batch", "4", "--epochs", "1", "--samples", "32", "--width", "256",
+                          "--zero", std::to_string(stage), "--optimizer", "adam"});
       ASSERT_EQ(job.code, 0) << job.output;
       for (int r = 0; r < n; ++r) {
         const Memory m = memory_of(job.output, r);
@@ -145,9 +143,10 @@ TEST(DeepSpeed, PerRankBytesFollowThePapersFormulasForAdam) {
                                             : 16 * psi / n;
         EXPECT_NEAR(total, formula, 0.05 * formula);
         if (r == 0) {
-          std::printf("[ measured ] stage %d N=%d rank 0: %.0f bytes (formula %.0f, DDP 16Psi "
-                      "%.0f)\n",
-                      stage, n, total, formula, 16 * psi);
+          std::printf(
+              "[ measured ] stage %d N=%d rank 0: %.0f bytes (formula %.0f, DDP 16Psi "
+              "%.0f)\n",
+              stage, n, total, formula, 16 * psi);
         }
       }
     }
@@ -163,9 +162,9 @@ TEST(DeepSpeed, AModelWhoseAdamStateBreaksAMemoryBudgetTrainsWithStage3) {
   // gives back the whole weights it started with and gathers one layer at a time (reduce and
   // gather buckets of one layer); at the end it makes the module whole again: within budget.
   const std::vector<std::string> common{
-      "--devices", "4",         "--batch",    "4",      "--epochs",   "1",      "--samples",
-      "64",        "--width",   "768",        "--depth", "8",         "--optimizer", "adam",
-      "--max-live", "700000",   "--bucket",   "700000"};
+      "--devices",   "4",    "--batch",    "4",      "--epochs", "1",
+      "--samples",   "64",   "--width",    "768",    "--depth",  "8",
+      "--optimizer", "adam", "--max-live", "700000", "--bucket", "700000"};
   struct Growth {
     double tensors = 0, rss = 0;
   };
@@ -190,9 +189,10 @@ TEST(DeepSpeed, AModelWhoseAdamStateBreaksAMemoryBudgetTrainsWithStage3) {
     EXPECT_GT(d.tensors, budget) << "rank " << r << ": DDP stayed within the budget";
     EXPECT_LT(z.tensors, budget) << "rank " << r << ": stage 3 broke the budget";
     if (r == 0) {
-      std::printf("[ measured ] rank 0, growth of fit()'s peak: tensors DDP %.1f MB, ZeRO-3 %.1f "
-                  "MB (budget %.1f MB = fp32 Adam state); RSS DDP %.1f MB, ZeRO-3 %.1f MB\n",
-                  d.tensors / 1e6, z.tensors / 1e6, budget / 1e6, d.rss / 1e6, z.rss / 1e6);
+      std::printf(
+          "[ measured ] rank 0, growth of fit()'s peak: tensors DDP %.1f MB, ZeRO-3 %.1f "
+          "MB (budget %.1f MB = fp32 Adam state); RSS DDP %.1f MB, ZeRO-3 %.1f MB\n",
+          d.tensors / 1e6, z.tensors / 1e6, budget / 1e6, d.rss / 1e6, z.rss / 1e6);
     }
   }
 }
@@ -208,9 +208,9 @@ void expect_killed_run_resumes_bit_identically(const std::string& stage) {
   volt_test::TempDir dir;
   // Mid-epoch, mid-accumulation (3 micro-batches), dropout: each rank's generator and its
   // accumulated gradient chunks are part of the state (stage 3: its parameter chunks too).
-  const std::vector<std::string> common{"--devices", "2", "--batch", "8", "--epochs", "2",
-                                        "--dropout", "1", "--accum", "3", "--zero", stage,
-                                        "--optimizer", "adam", "--ckpt-every-batch", "1"};
+  const std::vector<std::string> common{
+      "--devices", "2", "--batch", "8",   "--epochs",    "2",    "--dropout",          "1",
+      "--accum",   "3", "--zero",  stage, "--optimizer", "adam", "--ckpt-every-batch", "1"};
   auto full = run_job(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
   ASSERT_EQ(full.code, 0) << full.output;
   auto killed = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
@@ -223,7 +223,8 @@ void expect_killed_run_resumes_bit_identically(const std::string& stage) {
   EXPECT_TRUE(volt::is_zero_checkpoint(ckpt));
   std::ifstream shard0(ckpt + "/rank_0_of_2.ckpt"), shard1(ckpt + "/rank_1_of_2.ckpt");
   EXPECT_TRUE(shard0.good() && shard1.good());
-  auto resumed = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--resume", ckpt}, common));
+  auto resumed =
+      run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--resume", ckpt}, common));
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   for (int r = 0; r < 2; ++r) {
     const std::string suffix = ".rank" + std::to_string(r) + ".pt";
@@ -249,8 +250,8 @@ void expect_four_rank_folder_loads_elsewhere(const std::string& stage) {
                            "4", "--epochs", "2"},
                           zero));
   ASSERT_EQ(full.code, 0) << full.output;
-  auto first = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--devices", "4",
-                            "--batch", "4", "--epochs", "1", "--ckpt-every-step", "1"},
+  auto first = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--devices", "4", "--batch",
+                            "4", "--epochs", "1", "--ckpt-every-step", "1"},
                            zero));
   ASSERT_EQ(first.code, 0) << first.output;
   const std::string ckpt = dir / "b/ckpt/last.ckpt";
@@ -262,8 +263,8 @@ void expect_four_rank_folder_loads_elsewhere(const std::string& stage) {
   ASSERT_EQ(two.code, 0) << two.output;
   EXPECT_NE(two.output.find("rank 0 starts at step 8"), std::string::npos) << two.output;
   // One plain process (single_device) on the global batch.
-  auto one = run_job({"--root", dir / "d", "--out", dir / "d/w", "--devices", "1", "--batch",
-                      "16", "--epochs", "2", "--optimizer", "adam", "--resume", ckpt});
+  auto one = run_job({"--root", dir / "d", "--out", dir / "d/w", "--devices", "1", "--batch", "16",
+                      "--epochs", "2", "--optimizer", "adam", "--resume", ckpt});
   ASSERT_EQ(one.code, 0) << one.output;
   const auto want = load_flat(dir / "a/w.rank0.pt");
   for (const std::string got : {"c/w.rank0.pt", "c/w.rank1.pt", "d/w.rank0.pt"}) {
@@ -308,9 +309,9 @@ TEST(DeepSpeed, AnIncompleteShardFolderIsACheckpointErrorNotACrash) {
 // ------------------------------------------------------------------------------ options
 
 std::shared_ptr<volt::DeepSpeedStrategy> make(const volt::DeepSpeedStrategyOptions& o) {
-  return std::make_shared<volt::DeepSpeedStrategy>(
-      o, std::make_shared<volt::CpuAccelerator>(),
-      volt::registry().precisions.create("32-true"), 2);
+  return std::make_shared<volt::DeepSpeedStrategy>(o, std::make_shared<volt::CpuAccelerator>(),
+                                                   volt::registry().precisions.create("32-true"),
+                                                   2);
 }
 
 template <typename E>
@@ -340,10 +341,13 @@ TEST(DeepSpeed, RegisteredNamesBuildTheirStages) {
   auto& reg = volt::registry();
   volt::StrategyContext ctx{std::make_shared<volt::CpuAccelerator>(),
                             reg.precisions.create("32-true"), 2, 1};
-  for (const auto& [name, stage] : std::vector<std::pair<std::string, int>>{
-           {"deepspeed", 2}, {"deepspeed_stage_1", 1}, {"deepspeed_stage_2", 2},
-           {"deepspeed_stage_2_offload", 2}, {"deepspeed_stage_3", 3},
-           {"deepspeed_stage_3_offload", 3}}) {
+  for (const auto& [name, stage] :
+       std::vector<std::pair<std::string, int>>{{"deepspeed", 2},
+                                                {"deepspeed_stage_1", 1},
+                                                {"deepspeed_stage_2", 2},
+                                                {"deepspeed_stage_2_offload", 2},
+                                                {"deepspeed_stage_3", 3},
+                                                {"deepspeed_stage_3_offload", 3}}) {
     auto s = std::dynamic_pointer_cast<volt::DeepSpeedStrategy>(reg.strategies.create(name, ctx));
     ASSERT_NE(s, nullptr) << name;
     EXPECT_EQ(s->deepspeed_options().stage(), stage) << name;
@@ -362,8 +366,9 @@ TEST(DeepSpeed, SixteenBitMixedAndUntestedOptimizersAreRefusedAtSetUp) {
   std::vector<volt::OptimizerConfig> opts{
       std::make_shared<torch::optim::LBFGS>(std::vector<torch::Tensor>{p})};
   EXPECT_THROW(fp16.setup_optimizers(m, opts), volt::NotAvailable);
-  volt::DeepSpeedStrategy strict(volt::DeepSpeedStrategyOptions().zero_allow_untested_optimizer(false),
-                                 accel, volt::registry().precisions.create("32-true"), 2);
+  volt::DeepSpeedStrategy strict(
+      volt::DeepSpeedStrategyOptions().zero_allow_untested_optimizer(false), accel,
+      volt::registry().precisions.create("32-true"), 2);
   try {
     strict.setup_optimizers(m, opts);
     FAIL() << "LBFGS was accepted";

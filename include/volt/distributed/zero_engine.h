@@ -44,18 +44,18 @@ struct ZeroMemory {
 
 /// One parameter as the engine partitions it.
 struct ZeroChunk {
-  std::string name;       ///< the parameter's name in the module
-  int64_t group = 0;      ///< the optimizer param group it belongs to
+  std::string name;          ///< the parameter's name in the module
+  int64_t group = 0;         ///< the optimizer param group it belongs to
   bool partitioned = false;  ///< stage 3: the module keeps no copy; `view` is this rank's chunk
-  int64_t unit = -1;      ///< stage 3: the gather unit (the parameters of one module)
-  at::Tensor parameter;   ///< the module's (full) parameter
-  int64_t numel = 0;      ///< elements of the full parameter
-  int64_t chunk = 0;      ///< elements per rank: ceil(numel / world_size)
-  int64_t start = 0;      ///< this rank's first element: rank * chunk (may be >= numel)
-  int64_t length = 0;     ///< this rank's elements: min(chunk, numel - start), >= 0
-  at::Tensor view;        ///< what the optimizer steps: parameter.view(-1)[start, start+length),
-                          ///< or this rank's stored chunk when partitioned (undefined when
-                          ///< length == 0)
+  int64_t unit = -1;         ///< stage 3: the gather unit (the parameters of one module)
+  at::Tensor parameter;      ///< the module's (full) parameter
+  int64_t numel = 0;         ///< elements of the full parameter
+  int64_t chunk = 0;         ///< elements per rank: ceil(numel / world_size)
+  int64_t start = 0;         ///< this rank's first element: rank * chunk (may be >= numel)
+  int64_t length = 0;        ///< this rank's elements: min(chunk, numel - start), >= 0
+  at::Tensor view;           ///< what the optimizer steps: parameter.view(-1)[start, start+length),
+                             ///< or this rank's stored chunk when partitioned (undefined when
+                             ///< length == 0)
 };
 
 /// Partitions one optimizer across the ranks of a group. The optimizer's param groups are
@@ -69,8 +69,7 @@ class ZeroEngine {
  public:
   /// `names` maps each parameter's TensorImpl to its module name (for errors and checkpoints).
   ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<ProcessGroup> group,
-             ZeroEngineOptions options,
-             const std::map<const c10::TensorImpl*, std::string>& names);
+             ZeroEngineOptions options, const std::map<const c10::TensorImpl*, std::string>& names);
   ~ZeroEngine();
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -132,8 +131,8 @@ class ZeroEngine {
     int64_t numel = 0;           // elements of the full parameters
     bool live = false;
     uint64_t last_use = 0;
-    size_t pending = 0;          // gradients not yet produced in this backward
-    uint64_t pinned = 0;         // the op (serial) reading it now: not evicted for that op
+    size_t pending = 0;   // gradients not yet produced in this backward
+    uint64_t pinned = 0;  // the op (serial) reading it now: not evicted for that op
   };
   void partition_parameters();
   void on_access(size_t unit, bool writes, const char* op);
@@ -153,23 +152,23 @@ class ZeroEngine {
   // order gradients become ready), reduced strictly in index order on every rank.
   std::vector<std::pair<size_t, size_t>> buckets_;
   std::vector<size_t> bucket_of_;
-  std::vector<size_t> pending_;      // per bucket: gradients not yet ready in this backward
-  std::vector<bool> ready_;          // per chunk, in this backward
-  size_t next_bucket_ = 0;           // the next bucket to reduce
-  bool armed_ = false;               // hooks act only inside backward()
+  std::vector<size_t> pending_;  // per bucket: gradients not yet ready in this backward
+  std::vector<bool> ready_;      // per chunk, in this backward
+  size_t next_bucket_ = 0;       // the next bucket to reduce
+  bool armed_ = false;           // hooks act only inside backward()
   bool have_grads_ = false;
-  at::Tensor grad_shard_;            // stage 2: this rank's reduced chunks, flat
+  at::Tensor grad_shard_;               // stage 2: this rank's reduced chunks, flat
   std::vector<at::Tensor> grad_views_;  // stage 2: per chunk, a view into grad_shard_
   struct Hooks;
   std::unique_ptr<Hooks> hooks_;
   // Stage 3.
-  at::Tensor param_shard_;           // this rank's chunks of the partitioned parameters, padded
+  at::Tensor param_shard_;             // this rank's chunks of the partitioned parameters, padded
   std::vector<int64_t> shard_offset_;  // per chunk: its offset in param_shard_
   std::vector<Unit> units_;
   int64_t live_elements_ = 0;
   uint64_t clock_ = 0;
   int scope_depth_ = 0;
-  bool partitioning_ = false;        // stage 3 and not yet restored
+  bool partitioning_ = false;  // stage 3 and not yet restored
 };
 
 }  // namespace volt

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "volt/distributed/zero_engine.h"
-#include "volt/strategies/deepspeed_config.h"
 #include "volt/strategies/ddp.h"
+#include "volt/strategies/deepspeed_config.h"
 
 namespace volt {
 
@@ -114,13 +114,15 @@ class DeepSpeedStrategy : public DdpStrategy {
   void apply_config();
   /// Stage 3 scopes of every engine (gathering allowed while they live).
   std::vector<std::unique_ptr<ZeroEngine::Scope>> scopes();
+  /// Whether some engine keeps parameters partitioned (stage 3).
+  bool partitions_parameters() const;
   /// The chunk of parameter `impl` in some engine, or nullptr.
   const ZeroChunk* chunk_of(const c10::TensorImpl* impl) const;
   bool zero_on() const { return options_.zero_optimization() && options_.stage() > 0; }
   DeepSpeedStrategyOptions options_;
   c10::optional<DeepSpeedConfig> config_;
-  c10::optional<double> clip_;    // the JSON's gradient_clipping
-  int64_t micro_batch_ = 0;       // the JSON's micro batch, checked on the first batch
+  c10::optional<double> clip_;  // the JSON's gradient_clipping
+  int64_t micro_batch_ = 0;     // the JSON's micro batch, checked on the first batch
   std::map<const torch::optim::Optimizer*, std::unique_ptr<ZeroEngine>> engines_;
   std::map<const c10::TensorImpl*, std::string> names_;
 };
