@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include <volt/volt.h>
 #include <volt/strategies/deepspeed.h>
+#include <volt/volt.h>
 
 namespace {
 
@@ -61,8 +61,11 @@ class BenchModule : public volt::Module {
     return torch::cross_entropy_loss(net_->forward(b.input), b.target);
   }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
-    if (adam_) opt = std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(1e-3));
-    else opt = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    if (adam_)
+      opt = std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(1e-3));
+    else
+      opt = std::make_shared<torch::optim::SGD>(parameters(),
+                                                torch::optim::SGDOptions(0.01).momentum(0.9));
     return {volt::OptimizerConfig(opt)};
   }
   std::shared_ptr<torch::optim::Optimizer> opt;
@@ -72,13 +75,15 @@ class BenchModule : public volt::Module {
   std::shared_ptr<Mlp> net_;
 };
 
-/// The ZeRO engine's exact per-rank bytes at the end of training (before stage 3's teardown
-/// gathers the parameters back).
+/// The ZeRO engine's exact per-rank bytes during training (stage 3's teardown gathers the
+/// parameters back afterwards).
 class ZeroBytes : public volt::Callback {
  public:
   ZeroBytes(volt::DeepSpeedStrategy* s, BenchModule* m) : s_(s), m_(m) {}
   std::string state_key() const override { return "ZeroBytes"; }
-  void on_train_end(volt::RunContext&, volt::Module&) override {
+  // Before each step: gradients complete, Adam state present from the second step on.
+  void on_before_optimizer_step(volt::RunContext&, volt::Module&,
+                                torch::optim::Optimizer&) override {
     if (const volt::ZeroEngine* e = m_->opt ? s_->engine(*m_->opt) : nullptr) bytes = e->memory();
   }
   volt::ZeroMemory bytes;
@@ -333,22 +338,25 @@ int main(int argc, char** argv) {
     // 4. ZeRO stages against DDP at the same world size (Adam: 16 bytes per parameter).
     if (wanted("zero")) {
       for (const char* n : {"2", "4"}) {
-        std::printf("ZeRO vs DDP, %s ranks, Adam (bytes per rank counted exactly; Psi = "
-                    "parameters)\n", n);
+        std::printf(
+            "ZeRO vs DDP, %s ranks, Adam (bytes per rank counted exactly; Psi = "
+            "parameters)\n",
+            n);
         std::printf("  strategy  ms/step  vs DDP  peak RSS MB  params+grads+state MB  bytes/Psi\n");
         double ddp_ms = 0;
         for (const char* stage : {"0", "1", "2", "3"}) {
           std::vector<double> t, rss;
           Result last;
           for (int r = 0; r < rounds; ++r) {
-            last = job(bin, std::string("--adam 1 --devices ") + n + " --zero " + stage +
-                                common.str());
+            last = job(bin,
+                       std::string("--adam 1 --devices ") + n + " --zero " + stage + common.str());
             t.push_back(last.step_ms);
             rss.push_back(last.rss_mb);
           }
           if (stage[0] == '0') ddp_ms = median(t);
           const double total = static_cast<double>(last.params + last.grads + last.state);
-          const double psi = static_cast<double>(last.params) / (stage[0] == '3' ? 4.0 / std::stod(n) : 4.0);
+          const double psi =
+              static_cast<double>(last.params) / (stage[0] == '3' ? 4.0 / std::stod(n) : 4.0);
           std::printf("  %-8s  %7.2f  %6.2fx  %11.1f  %21.1f  %9.2f\n",
                       stage[0] == '0' ? "ddp" : (std::string("stage ") + stage).c_str(), median(t),
                       median(t) / ddp_ms, median(rss), total / 1e6, total / psi);
