@@ -52,20 +52,27 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// The world size a complete ZeRO folder was written with (its metadata file), or 0.
-int64_t folder_world_size(const std::string& folder) {
+// What a complete ZeRO folder's metadata file says (world_size 0: no such file).
+struct FolderMeta {
+  int64_t world_size = 0;
+  int64_t stage = 0;
+};
+
+FolderMeta folder_meta(const std::string& folder) {
   std::ifstream f(folder + "/" + kMetaFile);
-  if (!f) return 0;
+  if (!f) return {};
   std::string key;
-  int64_t format = 0, world = 0;
+  int64_t format = 0;
+  FolderMeta m;
   while (f >> key) {
     if (key == "format") f >> format;
-    if (key == "world_size") f >> world;
+    if (key == "world_size") f >> m.world_size;
+    if (key == "stage") f >> m.stage;
   }
-  VOLT_CHECK(format == kZeroFormat && world >= 1, CheckpointError, kTag, " '", folder, "/",
+  VOLT_CHECK(format == kZeroFormat && m.world_size >= 1, CheckpointError, kTag, " '", folder, "/",
              kMetaFile, "' is damaged or from another volt (format ", format, ", world_size ",
-             world, "); re-save the checkpoint.");
-  return world;
+             m.world_size, "); re-save the checkpoint.");
+  return m;
 }
 
 bool tested_optimizer(const torch::optim::Optimizer& o) {
@@ -721,9 +728,13 @@ InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
                ": an incomplete ZeRO checkpoint (a save was interrupted); load the previous one.");
     return Strategy::load_checkpoint(path);
   }
-  const int64_t world = folder_world_size(path);
-  if (world == world_size()) return checkpoint_io_->load(shard_file(path, rank(), world));
-  // Another world size: this rank takes its chunks from the full state.
+  const FolderMeta meta = folder_meta(path);
+  // This rank's own shard at the same world size, unless it holds stage-3 weight chunks and
+  // nothing partitions the weights now (validate/test/predict, another stage); else the full
+  // state, from which this rank takes its chunks.
+  if (meta.world_size == world_size() && (meta.stage < 3 || partitions_parameters())) {
+    return checkpoint_io_->load(shard_file(path, rank(), meta.world_size));
+  }
   return load_consolidated_zero_checkpoint(path);
 }
 
@@ -767,7 +778,7 @@ bool is_zero_checkpoint(const std::string& path) {
 void consolidate_zero_checkpoint(const std::string& folder, const std::string& out) {
   VOLT_CHECK(is_zero_checkpoint(folder), CheckpointError, kTag, " '", folder,
              "' is not a complete ZeRO checkpoint folder (no ", kMetaFile, ").");
-  const int64_t world = folder_world_size(folder);
+  const int64_t world = folder_meta(folder).world_size;
   TorchCheckpointIO io;
   for (int64_t r = 0; r < world; ++r) {
     const std::string file = shard_file(folder, r, world);

@@ -450,6 +450,16 @@ TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoi
                       dir.path + " --trainer.limit_test_batches=2 --trainer.enable_progress_bar=false"
                       " --ckpt_path=" + (dir / "full.ckpt"));
   EXPECT_EQ(t.code, 0) << t.err;
+  // The folder itself under ZeRO at the same world size in `test`, where nothing partitions the
+  // weights: each rank reads the consolidated state instead of its stage-3 chunks.
+  auto z = run_binary("test --config " VOLT_SOURCE_DIR
+                      "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" +
+                      dir.path +
+                      " --trainer.devices=2 --trainer.limit_test_batches=2"
+                      " --trainer.enable_progress_bar=false --trainer.strategy=deepspeed"
+                      " --trainer.strategy.init_args.config=" +
+                      (dir / "ds.json") + " --ckpt_path=" + last);
+  EXPECT_EQ(z.code, 0) << z.out << z.err;
   // Bad input: an unknown JSON key and a folder that is no checkpoint exit 2.
   write(dir / "bad.json", R"({"zero_optimisation": {"stage": 2}})");
   r = run_binary(common + " --trainer.strategy=deepspeed --trainer.strategy.init_args.config=" +
