@@ -5,6 +5,7 @@
 #include "volt/accelerators/cpu.h"
 #include "volt/accelerators/cpu_memory.h"
 #include "volt/accelerators/cuda.h"
+#include "volt/accelerators/host_allocator.h"
 #include "volt/callbacks/callback.h"
 #include "volt/callbacks/device_stats_monitor.h"
 #include "volt/callbacks/early_stopping.h"
