@@ -1,6 +1,7 @@
 // Registers this folder's built-in names; called once from registry() (src/trainer/builtins.cpp).
 #include "volt/callbacks/device_stats_monitor.h"
 #include "volt/callbacks/early_stopping.h"
+#include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/throughput_monitor.h"
@@ -128,6 +129,20 @@ void register_callbacks(Registry& r) {
                                       ? Interval::kEpoch
                                       : Interval::kStep)
                 .host_stats(a.get<bool>("host_stats")));
+      });
+
+  const HostSyncMonitorOptions hs;
+  r.callbacks.add(
+      "HostSyncMonitor",
+      "logs host syncs (item(), nonzero, ...) and ops on host tensors while the model is on an "
+      "accelerator, inside training steps, with a table at the end of fit",
+      Params()
+          .add("log_each", hs.log_each(), "log every occurrence, not only the first of each op")
+          .add("row_limit", hs.row_limit(), "rows of the table at the end of fit"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        return std::make_shared<HostSyncMonitor>(HostSyncMonitorOptions()
+                                                     .log_each(a.get<bool>("log_each"))
+                                                     .row_limit(a.get<int64_t>("row_limit")));
       });
 
   r.callbacks.add("ThroughputMonitor",

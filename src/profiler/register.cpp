@@ -33,7 +33,10 @@ void register_profilers(Registry& r) {
           .add("warmup", t.warmup(), "schedule: steps recorded then discarded per cycle")
           .add("active", t.active(), "schedule: steps kept per cycle; 0 = the whole run")
           .add("repeat", t.repeat(), "schedule: cycles; 0 = until the run ends")
-          .add("row_limit", t.row_limit(), "rows in the summary table (top N by self time)"),
+          .add("row_limit", t.row_limit(), "rows in the summary table (top N by self time)")
+          .add("tensorboard", t.tensorboard(),
+               "name the trace for TensorBoard's PyTorch profiler plugin: "
+               "<stage>[-<filename>]-rank<R>.<ms>.pt.trace.json"),
       [](const Args& a) -> std::shared_ptr<Profiler> {
         return std::make_shared<TorchProfiler>(TorchProfilerOptions()
                                                    .dirpath(a.get<std::string>("dirpath"))
@@ -44,7 +47,8 @@ void register_profilers(Registry& r) {
                                                    .warmup(a.get<int64_t>("warmup"))
                                                    .active(a.get<int64_t>("active"))
                                                    .repeat(a.get<int64_t>("repeat"))
-                                                   .row_limit(a.get<int64_t>("row_limit")));
+                                                   .row_limit(a.get<int64_t>("row_limit"))
+                                                   .tensorboard(a.get<bool>("tensorboard")));
       });
 }
 

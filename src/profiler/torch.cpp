@@ -11,9 +11,12 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <unordered_map>
+
+#include "profiler/detail/op_callback.h"
 
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -138,7 +141,8 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   e.tid = fn.threadId();
   e.start_ns = ctx->start_ns;
   e.dur_ns = end - ctx->start_ns;
-  e.is_op = true;
+  // record_function / RECORD_USER_SCOPE spans are annotations, as in PyTorch's traces.
+  e.is_op = fn.scope() != at::RecordScope::USER_SCOPE;
   e.shapes = std::move(ctx->shapes);
   std::lock_guard<std::mutex> lock(b->m);
   b->events.push_back(std::move(e));
@@ -171,7 +175,8 @@ std::ostream& operator<<(std::ostream& os, const TorchProfilerOptions& o) {
   return os << "TorchProfilerOptions(dirpath=\"" << o.dirpath() << "\", filename=\"" << o.filename()
             << "\", record_ops=" << o.record_ops() << ", record_shapes=" << o.record_shapes()
             << ", wait=" << o.wait() << ", warmup=" << o.warmup() << ", active=" << o.active()
-            << ", repeat=" << o.repeat() << ", row_limit=" << o.row_limit() << ")";
+            << ", repeat=" << o.repeat() << ", row_limit=" << o.row_limit()
+            << ", tensorboard=" << o.tensorboard() << ")";
 }
 
 struct TorchProfiler::Impl {
@@ -185,7 +190,7 @@ struct TorchProfiler::Impl {
   uint64_t main_tid = 0;
   int64_t origin_ns = 0;        // steady clock at session start
   int64_t origin_epoch_ns = 0;  // system clock at session start (baseTimeNanoseconds)
-  at::CallbackHandle handle = 0;
+  std::optional<detail::GlobalOpCallback> ops;  // while recording ops
   int64_t step = -1;
   Action action = Action::kNone;
   int64_t window_start_ns = 0;
@@ -212,14 +217,7 @@ struct TorchProfiler::Impl {
 
   void set_recording(bool on) {
     session.recording.store(on, std::memory_order_relaxed);
-    if (handle != 0) {
-      // A disabled callback costs the ops nothing but RecordFunction's own check.
-      if (on) {
-        at::reenableCallback(handle);
-      } else {
-        at::disableCallback(handle);
-      }
-    }
+    if (ops) ops->enable(on);
   }
 
   void begin(const std::string& st, int64_t r) {
@@ -245,13 +243,7 @@ struct TorchProfiler::Impl {
     open.clear();
     action = action_for(step);
     window_start_ns = origin_ns;
-    if (opts.record_ops()) {
-      handle = at::addGlobalCallback(
-          at::RecordFunctionCallback(&on_op_start, &on_op_end)
-              .needsInputs(opts.record_shapes())
-              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
-                       at::RecordScope::USER_SCOPE, at::RecordScope::TORCHSCRIPT_FUNCTION}));
-    }
+    if (opts.record_ops()) ops.emplace(&on_op_start, &on_op_end, opts.record_shapes());
     set_recording(action != Action::kNone);
   }
 
@@ -270,10 +262,7 @@ struct TorchProfiler::Impl {
 
   void end_session() {
     set_recording(false);
-    if (handle != 0) {
-      at::removeCallback(handle);
-      handle = 0;
-    }
+    ops.reset();
     Session* mine = &session;
     g_session.compare_exchange_strong(mine, nullptr);
     running = false;
@@ -467,7 +456,7 @@ void TorchProfiler::describe(const std::string& stage, const std::string& log_di
     for (const Window& w : s.windows) {
       if (!s.scheduled()) break;
       trace_events.push_back({{"ph", "X"},
-                              {"cat", "ProfilerStep"},
+                              {"cat", "user_annotation"},
                               {"name", "ProfilerStep#" + std::to_string(w.step)},
                               {"pid", pid},
                               {"tid", s.main_tid},
@@ -495,9 +484,13 @@ void TorchProfiler::describe(const std::string& stage, const std::string& log_di
     const std::string stem = dir + "/" + stage +
                              (s.opts.filename().empty() ? "" : "-" + s.opts.filename()) + "-rank" +
                              std::to_string(s.rank);
+    // torch-tb-profiler takes <worker>[.<digits>].pt.trace.json in any folder under its logdir;
+    // the digits (tensorboard_trace_handler writes milliseconds since the epoch) name a span.
+    s.trace_path = stem +
+                   (s.opts.tensorboard() ? "." + std::to_string(s.origin_epoch_ns / 1000000) : "") +
+                   ".pt.trace.json";
     std::filesystem::create_directories(dir);
-    atomic_write_file(stem + ".pt.trace.json", trace.dump());
-    s.trace_path = stem + ".pt.trace.json";
+    atomic_write_file(s.trace_path, trace.dump());
 
     // ---------------------------------------------------------------- summary
     std::vector<double> self;

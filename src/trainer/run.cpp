@@ -4,10 +4,13 @@
 
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <sstream>
 
 #include "trainer/loops/optimization_step.h"
+#include "volt/accelerators/host_allocator.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 #include "volt/optim/lr_scheduler.h"
 
 namespace volt {
@@ -131,6 +134,9 @@ void Run::setup_run(Module& m, Stage stage) {
   strategy().set_loop_settings({opts.accumulate_grad_batches(), opts.gradient_clip_val()});
   strategy().launch();
   strategy().setup_environment();
+  // Once per process, after the strategy set the rank (only rank 0 prints info).
+  static std::once_flag allocator_logged;
+  std::call_once(allocator_logged, [] { log_info("Trainer", describe(host_allocator())); });
   if (strategy().world_size() > 1) {
     // Rank 0 picks (and creates) the run folder; the others learn its name. Every entry point
     // broadcasts, even when this process already knows the folder: ranks relaunched by an

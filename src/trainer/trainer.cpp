@@ -7,6 +7,7 @@
 #include <set>
 
 #include "trainer/detail/run.h"
+#include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/progress_bar.h"
 #include "volt/core/check.h"
@@ -83,6 +84,13 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
     s.loggers_.clear();  // fast_dev_run is a smoke test: no files are written
   } else if (s.loggers_.empty() && s.opts.logger()) {
     s.loggers_.push_back(std::make_shared<CSVLogger>(CSVLoggerOptions(s.opts.default_root_dir())));
+  }
+  if (auto monitor = HostSyncMonitor::from_environment()) {
+    // First in the list, so it stops counting before the other callbacks' batch-end hooks.
+    const bool has = std::any_of(s.callbacks.begin(), s.callbacks.end(), [](const auto& c) {
+      return dynamic_cast<HostSyncMonitor*>(c.get()) != nullptr;
+    });
+    if (!has) s.callbacks.insert(s.callbacks.begin(), monitor);
   }
   bool has_ckpt = false, has_bar = false;
   std::set<std::string> keys;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -145,6 +146,71 @@ TEST(TorchProfiler, FitTraceHoldsOpsVoltRegionsAndCustomRegions) {
   EXPECT_TRUE(found_region);
   // Callbacks are gone after the run.
   EXPECT_FALSE(at::hasGlobalCallbacks());
+}
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// torch-tb-profiler (pytorch/kineto tb_plugin) loads every folder under its logdir that holds a
+// file matching consts.WORKER_PATTERN, and keeps the complete events whose "cat" is a key of
+// trace.EventTypeMap (a missing "cat" breaks its parser); ProfilerStep#N must be cpu_op or
+// user_annotation to count as a step.
+TEST(TorchProfiler, TensorboardNamesTheTraceWhereThePyTorchProfilerPluginFindsIt) {
+  volt_test::TempDir dir;
+  auto prof = std::make_shared<volt::TorchProfiler>(
+      volt::TorchProfilerOptions().filename("tb").tensorboard(true));
+  auto tb = std::make_shared<volt::TensorBoardLogger>(volt::TensorBoardLoggerOptions(dir.path));
+  RegionModel model;
+  volt::Trainer trainer(options(dir.path, prof).loggers({tb}));
+  const int64_t t0 = unix_ms();
+  trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
+  const std::string first = prof->last_trace_path();
+  const int64_t t1 = unix_ms();
+  // In the TensorBoard logger's run folder, next to its event file: the plugin's run.
+  const fs::path path(first);
+  EXPECT_EQ(path.parent_path(), fs::path(dir.path) / "volt_logs" / "version_0");
+  bool has_events = false;
+  for (const auto& f : fs::directory_iterator(path.parent_path())) {
+    has_events |= f.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  }
+  EXPECT_TRUE(has_events);
+  const std::regex worker_pattern(R"(^(.*?)(\.\d+)?\.pt\.trace\.json(?:\.gz)?$)");
+  std::smatch m;
+  const std::string name = path.filename().string();
+  ASSERT_TRUE(std::regex_match(name, m, worker_pattern)) << name;
+  EXPECT_EQ(m[1].str(), "fit-tb-rank0");
+  ASSERT_TRUE(m[2].matched) << name;
+  const int64_t span = std::stoll(m[2].str().substr(1));  // milliseconds since the epoch
+  EXPECT_GE(span, t0);
+  EXPECT_LE(span, t1);
+
+  const std::set<std::string> plugin_categories{
+      "trace",  "cpu_op", "operator",        "runtime",         "cuda_runtime",
+      "kernel", "memcpy", "gpu_memcpy",      "memset",          "gpu_memset",
+      "python", "memory", "python_function", "user_annotation", "gpu_user_annotation"};
+  const json trace = load_trace(first);
+  size_t steps = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    ASSERT_TRUE(e.contains("name")) << e.dump();
+    if (e.at("ph") != "X") continue;
+    ASSERT_TRUE(e.contains("cat")) << e.dump();
+    EXPECT_EQ(plugin_categories.count(e.at("cat").get<std::string>()), 1u) << e.dump();
+    if (e.at("name").get<std::string>().rfind("ProfilerStep#", 0) == 0) {
+      ++steps;
+      EXPECT_EQ(e.at("cat"), "user_annotation");
+    }
+  }
+  EXPECT_EQ(steps, 3u);  // the default schedule: wait 1, warmup 1, active 3
+  // A second entry point adds a trace (a new span of the same worker) instead of replacing it.
+  trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
+  EXPECT_NE(prof->last_trace_path(), first);
+  EXPECT_TRUE(fs::exists(first));
+  EXPECT_TRUE(fs::exists(prof->last_trace_path()));
+  // The summary keeps its plain name.
+  EXPECT_EQ(prof->last_summary_path(), path.parent_path().string() + "/fit-tb-rank0.txt");
 }
 
 TEST(TorchProfiler, ScheduleKeepsOnlyTheActiveSteps) {

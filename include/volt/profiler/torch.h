@@ -20,7 +20,8 @@ struct TorchProfilerOptions {
   /// Folder for the trace and summary; "" = the run's log folder. Default: "".
   TORCH_ARG(std::string, dirpath);
   /// File name stem: files are <stage>[-<filename>]-rank<R>.pt.trace.json (and .txt for the
-  /// summary); "" prints the summary to stderr instead of writing it. Default: "".
+  /// summary; see tensorboard); "" prints the summary to stderr instead of writing it.
+  /// Default: "".
   TORCH_ARG(std::string, filename);
   /// Record libtorch ops (false: volt's regions only). Default: true.
   TORCH_ARG(bool, record_ops) = true;
@@ -38,6 +39,11 @@ struct TorchProfilerOptions {
   TORCH_ARG(int64_t, repeat) = 1;
   /// Rows in the summary table (top N by self time). Default: 20.
   TORCH_ARG(int64_t, row_limit) = 20;
+  /// Name the trace as torch.profiler.tensorboard_trace_handler does, so TensorBoard's PyTorch
+  /// profiler plugin (torch-tb-profiler) lists it as worker <stage>[-<filename>]-rank<R> of the
+  /// run that is its folder: <stage>[-<filename>]-rank<R>.<ms since epoch>.pt.trace.json; each
+  /// entry point then adds a trace instead of replacing the last. Default: false.
+  TORCH_ARG(bool, tensorboard) = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const TorchProfilerOptions& o);
