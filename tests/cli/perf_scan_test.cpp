@@ -164,7 +164,7 @@ TEST(PerfScan, ReadsARealPyTorchProfilerTrace) {
 // torch-tb-profiler's own tests (tb_plugin/test/test_profiler.py), as no kineto trace can be
 // made here.
 TEST(PerfScan, ReadsKinetoCategoriesAndStringIds) {
-  const std::string text = R"({"schemaVersion": 1, "traceEvents": [
+  const std::string text = R"json({"schemaVersion": 1, "traceEvents": [
     {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
      "tid": "PyTorch Profiler", "ts": 0, "dur": 1000},
     {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 7, "tid": "123", "ts": 50,
@@ -189,21 +189,20 @@ TEST(PerfScan, ReadsKinetoCategoriesAndStringIds) {
     {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "pid": 0, "tid": "stream 7",
      "ts": 420, "dur": 5},
     {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 1, "pid": 0, "tid": "stream 7", "ts": 430}
-  ]
-})";
+  ]})json";
   const auto s = volt::detail::scan_trace(text, "kineto.json");
-EXPECT_EQ(s.steps, 1);
-EXPECT_DOUBLE_EQ(s.step_time_us, 400);
-EXPECT_DOUBLE_EQ(s.data_share, 180.0 / 400);
-EXPECT_DOUBLE_EQ(s.device_time_us, 30);  // kernel + memcpy + memset
-EXPECT_EQ(s.ops, 2);                     // aten::to, aten::nll_loss_backward; runtime is not
-EXPECT_EQ(s.host_syncs, 1);              // cudaStreamSynchronize
-// The main thread ("123") is covered by the fetch (180) and the sync (20): the Python stack
-// and the whole-trace span cover nothing.
-EXPECT_DOUBLE_EQ(s.idle_share, 0.5);
-EXPECT_NE(volt::detail::format_scan(s, "kineto.json").find("device time: 0.030 ms"),
-          std::string::npos)
-    << volt::detail::format_scan(s, "kineto.json");
+  EXPECT_EQ(s.steps, 1);
+  EXPECT_DOUBLE_EQ(s.step_time_us, 400);
+  EXPECT_DOUBLE_EQ(s.data_share, 180.0 / 400);
+  EXPECT_DOUBLE_EQ(s.device_time_us, 30);  // kernel + memcpy + memset
+  EXPECT_EQ(s.ops, 2);                     // aten::to, aten::nll_loss_backward; runtime is not
+  EXPECT_EQ(s.host_syncs, 1);              // cudaStreamSynchronize
+  // The main thread ("123") is covered by the fetch (180) and the sync (20): the Python stack
+  // and the whole-trace span cover nothing.
+  EXPECT_DOUBLE_EQ(s.idle_share, 0.5);
+  EXPECT_NE(volt::detail::format_scan(s, "kineto.json").find("device time: 0.030 ms"),
+            std::string::npos)
+      << volt::detail::format_scan(s, "kineto.json");
 }
 
 TEST(PerfScan, TheCliPrintsTheScanAndRejectsBadInput) {
