@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "tiny.h"
@@ -77,6 +78,10 @@ volt::detail::PerfScan scan(const std::string& path) {
   return volt::detail::scan_trace(slurp(path), path);
 }
 
+std::string format_scan_text(const volt::detail::PerfScan& s) {
+  return volt::detail::format_scan(s, "trace");
+}
+
 bool advises(const volt::detail::PerfScan& s, const std::string& phrase) {
   for (const auto& a : s.advice) {
     if (a.find(phrase) != std::string::npos) return true;
@@ -118,6 +123,88 @@ TEST(PerfScan, EachSymptomGetsItsAdviceAndAHealthyRunNone) {
   EXPECT_TRUE(advises(starved, "data loading takes")) << all(starved);
 }
 
+// A real trace of PyTorch's own profiler: tools/pytorch_trace_fixture.py (Debian's torch 1.13,
+// built without kineto, so the autograd profiler's legacy format: no "cat", pid "CPU functions",
+// PyTorch's record_function names with a '#'), three steps of an MLP reading loss.item() each.
+TEST(PerfScan, ReadsARealPyTorchProfilerTrace) {
+  const std::string path = VOLT_SOURCE_DIR "/tests/cli/data/pytorch_1.13_cpu.pt.trace.json";
+  const std::string text = slurp(path);
+  ASSERT_FALSE(text.empty()) << path;
+  const auto s = volt::detail::scan_trace(text, path);
+  // What the shares must be, summed straight from the file's events.
+  const nlohmann::json j = nlohmann::json::parse(text);
+  double steps_us = 0, fetch_us = 0, optim_us = 0;
+  for (const auto& e : j) {
+    const std::string n = e.at("name");
+    if (n.rfind("ProfilerStep#", 0) == 0) steps_us += e.at("dur").get<double>();
+    if (n.rfind("enumerate(DataLoader)#", 0) == 0) fetch_us += e.at("dur").get<double>();
+    if (n.rfind("Optimizer.step#", 0) == 0) optim_us += e.at("dur").get<double>();
+  }
+  EXPECT_EQ(s.steps, 3);
+  EXPECT_DOUBLE_EQ(s.step_time_us, steps_us);
+  EXPECT_NEAR(s.data_share, fetch_us / steps_us, 1e-12);
+  EXPECT_NEAR(s.optimizer_share, optim_us / steps_us, 1e-12);
+  EXPECT_GT(s.data_share, 0.0);
+  EXPECT_GT(s.optimizer_share, 0.0);
+  // item() is aten::item -> aten::_local_scalar_dense: one host read per step, counted once.
+  EXPECT_EQ(s.host_syncs, 3);
+  EXPECT_EQ(s.nonfinite_check_syncs, 0);
+  EXPECT_TRUE(advises(s, "1.0 host read(s) per step")) << format_scan_text(s);
+  // Ops are counted and timed; PyTorch's own spans (name#...) are regions, not ops.
+  EXPECT_GT(s.ops, 100);
+  EXPECT_GT(s.mean_op_us, 0.0);
+  ASSERT_FALSE(s.top_ops.empty());
+  for (const auto& t : s.top_ops) EXPECT_EQ(t.first.find('#'), std::string::npos) << t.first;
+  EXPECT_EQ(s.device_time_us, 0.0);
+  EXPECT_EQ(s.collective_share, 0.0);
+}
+
+// kineto's format (the PyTorch profiler with kineto, not in Debian's build): categories, string
+// ids, device streams, Python stacks and the whole-trace span. Events simulated in the style of
+// torch-tb-profiler's own tests (tb_plugin/test/test_profiler.py), as no kineto trace can be
+// made here.
+TEST(PerfScan, ReadsKinetoCategoriesAndStringIds) {
+  const std::string text = R"json({"schemaVersion": 1, "traceEvents": [
+    {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+     "tid": "PyTorch Profiler", "ts": 0, "dur": 1000},
+    {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 7, "tid": "123", "ts": 50,
+     "dur": 400},
+    {"ph": "X", "cat": "python_function", "name": "train.py(12): step", "pid": 7, "tid": "123",
+     "ts": 50, "dur": 400},
+    {"ph": "X", "cat": "user_annotation",
+     "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "pid": 7,
+     "tid": "123", "ts": 100, "dur": 180},
+    {"ph": "X", "cat": "Operator", "name": "aten::to", "pid": 7, "tid": "123", "ts": 200,
+     "dur": 60},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 7, "tid": "123",
+     "ts": 300, "dur": 20},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::nll_loss_backward", "pid": 7, "tid": "456",
+     "ts": 340, "dur": 70},
+    {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 7, "tid": "456", "ts": 405,
+     "dur": 5},
+    {"ph": "X", "cat": "kernel", "name": "void nll_kernel<float>", "pid": 0, "tid": "stream 7",
+     "ts": 430, "dur": 15},
+    {"ph": "X", "cat": "Memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": "stream 7", "ts": 405,
+     "dur": 10},
+    {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "pid": 0, "tid": "stream 7",
+     "ts": 420, "dur": 5},
+    {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 1, "pid": 0, "tid": "stream 7", "ts": 430}
+  ]})json";
+  const auto s = volt::detail::scan_trace(text, "kineto.json");
+  EXPECT_EQ(s.steps, 1);
+  EXPECT_DOUBLE_EQ(s.step_time_us, 400);
+  EXPECT_DOUBLE_EQ(s.data_share, 180.0 / 400);
+  EXPECT_DOUBLE_EQ(s.device_time_us, 30);  // kernel + memcpy + memset
+  EXPECT_EQ(s.ops, 2);                     // aten::to, aten::nll_loss_backward; runtime is not
+  EXPECT_EQ(s.host_syncs, 1);              // cudaStreamSynchronize
+  // The main thread ("123") is covered by the fetch (180) and the sync (20): the Python stack
+  // and the whole-trace span cover nothing.
+  EXPECT_DOUBLE_EQ(s.idle_share, 0.5);
+  EXPECT_NE(volt::detail::format_scan(s, "kineto.json").find("device time: 0.030 ms"),
+            std::string::npos)
+      << volt::detail::format_scan(s, "kineto.json");
+}
+
 TEST(PerfScan, TheCliPrintsTheScanAndRejectsBadInput) {
   volt_test::TempDir dir;
   Wide model(true);
@@ -135,6 +222,14 @@ TEST(PerfScan, TheCliPrintsTheScanAndRejectsBadInput) {
     return code;
   };
   std::string text;
+  // PyTorch's own trace through the command too.
+  ASSERT_EQ(
+      run({"perf", "--trace", VOLT_SOURCE_DIR "/tests/cli/data/pytorch_1.13_cpu.pt.trace.json"},
+          &text),
+      0)
+      << text;
+  EXPECT_NE(text.find("steps: 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("1.0 host read(s) per step"), std::string::npos) << text;
   ASSERT_EQ(run({"perf", "--trace", trace}, &text), 0) << text;
   EXPECT_NE(text.find("perf scan of " + trace), std::string::npos) << text;
   EXPECT_NE(text.find("host read(s) per step"), std::string::npos) << text;

@@ -1,21 +1,49 @@
 #include "cli/detail/perf_scan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "../../io/detail/input_limits.h"
+#include "profiler/detail/host_syncs.h"
 #include "volt/core/check.h"
 
 namespace volt {
 namespace detail {
 namespace {
 
+// What an event is, from its category: volt's and kineto's traces name it ("cat"); the
+// autograd profiler's legacy trace (PyTorch without kineto, e.g. Debian's 1.13) has none.
+enum class Kind {
+  kOp,       // a libtorch op (cpu_op)
+  kRegion,   // a user or framework annotation (user_annotation, record_function)
+  kRuntime,  // host-side device runtime calls (cudaLaunchKernel, cudaStreamSynchronize, ...)
+  kDevice,   // device-side time (kernels, memcpy, memset)
+  kSkip,     // Python stacks, device-side annotations, kineto's whole-trace span, unknown
+};
+
+Kind kind_of(const std::string& cat, const std::string& name) {
+  // PyTorch's own record_function names carry a '#' (enumerate(DataLoader)#..., Optimizer.step#
+  // SGD.step); everything else in a legacy trace is an op.
+  if (cat.empty()) return name.find('#') != std::string::npos ? Kind::kRegion : Kind::kOp;
+  std::string c = cat;
+  for (char& ch : c) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (c == "cpu_op" || c == "operator") return Kind::kOp;
+  if (c == "user_annotation") return Kind::kRegion;
+  if (c == "cuda_runtime" || c == "runtime" || c == "cuda_driver") return Kind::kRuntime;
+  if (c == "kernel" || c == "gpu_memcpy" || c == "gpu_memset" || c == "memcpy" || c == "memset") {
+    return Kind::kDevice;
+  }
+  return Kind::kSkip;
+}
+
 struct Ev {
-  std::string name, cat;
-  int64_t tid = 0;
+  std::string name;
+  Kind kind = Kind::kOp;
+  std::string thread;  // "pid/tid": kineto writes some ids as strings ("stream 7")
   double ts = 0, dur = 0;
 };
 
@@ -35,12 +63,6 @@ bool is_optimizer(const std::string& n) {
 bool is_collective(const std::string& n) {
   return starts_with(n, "gloo:") || starts_with(n, "nccl:") || starts_with(n, "c10d::") ||
          starts_with(n, "record_param_comms");
-}
-// Ops that make the host wait for an accelerator: reading a value (item(), bool(), equal) or a
-// data-dependent shape (nonzero).
-bool is_host_sync(const std::string& n) {
-  return n == "aten::_local_scalar_dense" || n == "aten::is_nonzero" || n == "aten::equal" ||
-         n == "aten::nonzero" || n == "cudaStreamSynchronize" || n == "cudaDeviceSynchronize";
 }
 
 // Total length of the union of [a, b) intervals.
@@ -87,16 +109,17 @@ PerfScan scan_trace(const std::string& text, const std::string& source) {
     if (!e.is_object() || e.value("ph", "") != "X") continue;
     Ev ev;
     ev.name = e.value("name", "");
-    ev.cat = e.value("cat", "");
-    const auto tid = e.find("tid");
-    ev.tid = tid != e.end() && tid->is_number() ? tid->get<int64_t>() : 0;
+    const auto cat = e.find("cat");
+    ev.kind = kind_of(cat != e.end() && cat->is_string() ? cat->get<std::string>() : "", ev.name);
+    const auto pid = e.find("pid"), tid = e.find("tid");
+    ev.thread = (pid != e.end() ? pid->dump() : "") + "/" + (tid != e.end() ? tid->dump() : "");
     const auto ts = e.find("ts"), dur = e.find("dur");
     if (ts == e.end() || !ts->is_number() || dur == e.end() || !dur->is_number()) continue;
     ev.ts = ts->get<double>();
     ev.dur = dur->get<double>();
     if (starts_with(ev.name, "ProfilerStep#")) {
       steps.push_back(ev);
-    } else {
+    } else if (ev.kind != Kind::kSkip) {
       evs.push_back(std::move(ev));
     }
   }
@@ -117,9 +140,11 @@ PerfScan scan_trace(const std::string& text, const std::string& source) {
   }
   for (const auto& w : windows) s.step_time_us += w.second - w.first;
   // The thread that runs the steps: the ProfilerStep spans' thread, else the busiest one.
-  std::map<int64_t, double> busy;
-  for (const auto& e : evs) busy[e.tid] += e.dur;
-  int64_t main_tid = steps.empty() ? 0 : steps.front().tid;
+  std::map<std::string, double> busy;
+  for (const auto& e : evs) {
+    if (e.kind != Kind::kDevice) busy[e.thread] += e.dur;
+  }
+  std::string main_tid = steps.empty() ? "" : steps.front().thread;
   if (steps.empty()) {
     double best = -1;
     for (const auto& kv : busy) {
@@ -127,17 +152,15 @@ PerfScan scan_trace(const std::string& text, const std::string& source) {
     }
   }
   std::vector<std::pair<double, double>> fetch, optim, coll, covered;
-  std::map<int64_t, std::vector<const Ev*>> by_tid;
+  std::map<std::string, std::vector<const Ev*>> by_tid;
   for (const auto& e : evs) {
-    const bool device = e.cat == "kernel" || e.cat == "gpu_memcpy" || e.cat == "gpu_memset";
-    if (device) {
+    if (e.kind == Kind::kDevice) {
       s.device_time_us += e.dur;
       continue;
     }
-    if (e.cat == "cpu_op") ++s.ops;
-    if (is_host_sync(e.name)) ++s.host_syncs;
-    by_tid[e.tid].push_back(&e);
-    if (e.tid != main_tid) continue;
+    if (e.kind == Kind::kOp) ++s.ops;
+    by_tid[e.thread].push_back(&e);
+    if (e.thread != main_tid) continue;
     covered.push_back({e.ts, e.ts + e.dur});
     if (is_fetch(e.name)) fetch.push_back({e.ts, e.ts + e.dur});
     if (is_optimizer(e.name)) optim.push_back({e.ts, e.ts + e.dur});
@@ -156,7 +179,8 @@ PerfScan scan_trace(const std::string& text, const std::string& source) {
     }
   }
   s.idle_share = std::max(0.0, 1.0 - union_length(clipped) / T);
-  // Self time per op name (direct children subtracted, per thread).
+  // Self time per op name (direct children subtracted, per thread), and host syncs: an op nested
+  // in a sync (is_nonzero -> item -> _local_scalar_dense) is part of it, not one more.
   std::map<std::string, double> self;
   double step_self = 0;
   int64_t step_ops = 0;
@@ -169,6 +193,15 @@ PerfScan scan_trace(const std::string& text, const std::string& source) {
     std::map<const Ev*, double> own;
     for (const Ev* e : v) {
       while (!stack.empty() && e->ts >= stack.back()->ts + stack.back()->dur) stack.pop_back();
+      if (is_host_sync_op(e->name) && std::none_of(stack.begin(), stack.end(), [](const Ev* a) {
+            return is_host_sync_op(a->name);
+          })) {
+        ++s.host_syncs;
+        if (std::any_of(stack.begin(), stack.end(),
+                        [](const Ev* a) { return a->name == kNonfiniteLossScope; })) {
+          ++s.nonfinite_check_syncs;
+        }
+      }
       own[e] += e->dur;
       if (!stack.empty()) {
         own[stack.back()] -= e->dur;
@@ -176,12 +209,12 @@ PerfScan scan_trace(const std::string& text, const std::string& source) {
       stack.push_back(e);
     }
     for (const auto& o : own) {
-      if (o.first->cat != "cpu_op") continue;
+      if (o.first->kind != Kind::kOp) continue;
       self[o.first->name] += std::max(0.0, o.second);
       // The tiny-op symptom is about the step's own ops: leave out the loader's (other threads,
       // or inside a batch fetch on the main thread).
       const Ev* e = o.first;
-      bool in_fetch = e->tid != main_tid;
+      bool in_fetch = e->thread != main_tid;
       for (const auto& f : fetch) in_fetch = in_fetch || (e->ts >= f.first && e->ts < f.second);
       if (!in_fetch) {
         step_self += std::max(0.0, o.second);
@@ -206,14 +239,18 @@ PerfScan scan_trace(const std::string& text, const std::string& source) {
                        "get_batch, and move per-sample transforms out of the loop.");
   }
   if (s.host_syncs > 0) {
-    char b[64];
+    char b[64], own[64];
     std::snprintf(b, sizeof b, "%.1f", s.host_syncs / per_step);
-    s.advice.push_back(std::string(b) +
-                       " host read(s) per step (item() / _local_scalar_dense, "
-                       "nonzero, equal): on an accelerator each one stalls the host until the "
-                       "device catches up; log tensors with Module::log instead of reading them, "
-                       "or read every N steps (the Trainer's own non-finite-loss check reads the "
-                       "loss once per step: TrainerOptions::detect_nonfinite_loss(false)).");
+    std::snprintf(own, sizeof own, "%.1f", s.nonfinite_check_syncs / per_step);
+    s.advice.push_back(
+        std::string(b) + " host read(s) per step (item() / _local_scalar_dense, nonzero, equal" +
+        (s.nonfinite_check_syncs > 0
+             ? std::string("; ") + own + " of them the Trainer's own non-finite loss check"
+             : std::string()) +
+        "): on an accelerator each one stalls the host until the device catches up; log "
+        "tensors with Module::log instead of reading them, or read every N steps (the "
+        "Trainer's own check reads the loss once per step: "
+        "TrainerOptions::detect_nonfinite_loss(false)).");
   }
   if (s.mean_op_us > 0 && s.mean_op_us < 20.0 && ops_per_step > 50) {
     char b[96];

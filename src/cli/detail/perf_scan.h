@@ -22,7 +22,8 @@ struct PerfScan {
   double device_time_us = 0;    ///< device-side (kernel / gpu) events; 0 in CPU traces
   int64_t ops = 0;              ///< host ops (cat cpu_op)
   double mean_op_us = 0;        ///< mean self time of the step's host ops (batch fetches excluded)
-  int64_t host_syncs = 0;       ///< item() / _local_scalar_dense and friends
+  int64_t host_syncs = 0;       ///< item() / _local_scalar_dense and friends (outermost)
+  int64_t nonfinite_check_syncs = 0;  ///< of those, the Trainer's own non-finite loss check
   std::vector<std::pair<std::string, double>> top_ops;  ///< by self time (µs), top 10
   std::vector<std::string> advice;                      ///< one line each
 };
