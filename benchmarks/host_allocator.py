@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""The demo trained under each host allocator, side by side (docs/PERFORMANCE.md).
+
+    /usr/bin/python3 benchmarks/host_allocator.py [--reps N] [--steps N] [--build DIR]
+
+Each repetition runs `volt fit` of the demo CNN (CnnClassifier, Fashion-MNIST, batch 64, one
+loader worker: what scripts/demo.sh trains) and of the demo MLP once per allocator
+(scripts/with_allocator.sh default | jemalloc | tcmalloc), the order rotating between
+repetitions so that machine drift hits all alike. Steps/s come from ThroughputMonitor in the
+run's metrics.csv, over the steps after the first third (start-up, data loading and warm-up
+excluded); peak RSS from GNU time. The table shows medians over the repetitions.
+"""
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALLOCATORS = ["default", "jemalloc", "tcmalloc"]
+MODELS = {"demo CNN": "CnnClassifier", "demo MLP": "MlpClassifier"}
+
+
+def run(build, allocator, model, steps, workdir):
+    out = os.path.join(workdir, f"{allocator}-{model}")
+    third = max(steps // 3, 1)
+    cmd = ["/usr/bin/time", "-f", "maxrss_kb=%M",
+           "bash", os.path.join(ROOT, "scripts/with_allocator.sh"), allocator,
+           os.path.join(build, "bin/volt"), "fit", f"--model={model}", "--data=FashionMNIST",
+           "--data.batch_size=64", "--data.num_workers=1", f"--trainer.max_steps={3 * third}",
+           "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
+           "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
+           f"--trainer.log_every_n_steps={third}", "--trainer.callbacks+=ThroughputMonitor",
+           "--seed_everything=42",
+           f"--trainer.default_root_dir={out}"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    expected = f"host allocator: {allocator} ("
+    if expected not in p.stderr:
+        sys.exit(f"volt did not report '{expected}':\n{p.stderr}")
+    rss_kb = int(p.stderr.rsplit("maxrss_kb=", 1)[1].split()[0])
+    with open(os.path.join(out, "volt_logs/version_0/metrics.csv")) as f:
+        rates = [float(r["train_batches_per_sec"]) for r in csv.DictReader(f)
+                 if r.get("train_batches_per_sec")]
+    if len(rates) != 3:
+        sys.exit(f"expected 3 throughput readings, got {rates}")
+    # Two windows of `third` steps each after the first: steps / total time.
+    return 2.0 / (1.0 / rates[1] + 1.0 / rates[2]), rss_kb / 1024.0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    a = ap.parse_args()
+    results = {(m, al): ([], []) for m in MODELS for al in ALLOCATORS}
+    with tempfile.TemporaryDirectory() as work:
+        for rep in range(a.reps):
+            order = ALLOCATORS[rep % 3:] + ALLOCATORS[:rep % 3]
+            for name, model in MODELS.items():
+                for al in order:
+                    rate, rss = run(a.build, al, model, a.steps, os.path.join(work, str(rep)))
+                    results[(name, al)][0].append(rate)
+                    results[(name, al)][1].append(rss)
+                    print(f"rep {rep} {name} {al}: {rate:.2f} steps/s, peak RSS {rss:.0f} MiB",
+                          file=sys.stderr)
+    print(f"| model | allocator | steps/s (median of {a.reps}) | min - max | vs default "
+          "| peak RSS (MiB, median) |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name in MODELS:
+        base = statistics.median(results[(name, "default")][0])
+        for al in ALLOCATORS:
+            rates, rss = results[(name, al)]
+            med = statistics.median(rates)
+            print(f"| {name} | {al} | {med:.2f} | {min(rates):.2f} - {max(rates):.2f} "
+                  f"| {med / base:.3f}x | {statistics.median(rss):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
