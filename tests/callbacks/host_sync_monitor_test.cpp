@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "callbacks/detail/op_placement.h"
+#include "processes.h"
 #include "tiny.h"
 
 namespace {
@@ -179,6 +180,18 @@ TEST(HostSyncMonitor, TheEnvironmentVariableAddsOneToEveryTrainer) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(HostSyncMonitor, ABadEnvironmentValueMakesTheCliExitTwo) {
+  volt_test::TempDir dir;
+  volt_test::Process p(VOLT_CLI_BINARY,
+                       {"fit", "--model=MlpClassifier", "--data=FashionMNIST",
+                        "--trainer.max_steps=1", "--trainer.default_root_dir=" + dir.path},
+                       {{HostSyncMonitor::kEnvVar, "on"}});
+  EXPECT_EQ(p.exit_code(std::chrono::seconds(60)), 2) << p.output();
+  EXPECT_NE(p.output().find("[HostSyncMonitor] VOLT_LOG_HOST_SYNCS=\"on\" is not 0, 1 or 2"),
+            std::string::npos)
+      << p.output();
 }
 
 /// Starts a second monitor while the first one observes.
