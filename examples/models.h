@@ -77,11 +77,12 @@ struct TransformerNet : torch::nn::Module {
     x = embed->forward(x.reshape({b, 28, 28})) + pos;  // [B, T=28, dim]
     for (size_t i = 0; i < qkv.size(); ++i) {
       auto parts = qkv[i]->forward(ln1[i]->forward(x)).chunk(3, -1);
-      auto split = [&](const torch::Tensor& t) { return t.reshape({b, 28, heads_, hd}).transpose(1, 2); };
+      // Heads from the tensor (-1), not heads_: under tensor parallelism a rank holds some of them.
+      auto split = [&](const torch::Tensor& t) { return t.reshape({b, 28, -1, hd}).transpose(1, 2); };
       auto opts = volt::SdpaOptions().dropout_p(is_training() ? attn_dropout_ : 0.0);
       auto a = fused_ ? volt::fused_sdpa(split(parts[0]), split(parts[1]), split(parts[2]), opts)
                       : volt::sdpa_reference(split(parts[0]), split(parts[1]), split(parts[2]), opts);
-      x = x + proj[i]->forward(a.output.transpose(1, 2).reshape({b, 28, dim_}));
+      x = x + proj[i]->forward(a.output.transpose(1, 2).reshape({b, 28, -1}));
       x = x + fc2[i]->forward(torch::gelu(fc1[i]->forward(ln2[i]->forward(x))));
     }
     return head->forward(norm->forward(x).mean(1));

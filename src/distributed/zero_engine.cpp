@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "distributed/detail/intercept.h"
 #include "volt/core/check.h"
 #include "volt/kernels/fused_adamw.h"
 #include "volt/kernels/fused_sgd.h"
@@ -60,14 +61,10 @@ int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
 }
 
 // ------------------------------------------------------------------ stage 3: gathering on read
-// C++ modules have no forward hooks, so stage 3 finds "this parameter is about to be read" at
-// the dispatcher: a boxed fallback on one functionality key sees every op while that key is in
-// the thread's included set (autograd carries the set into backward). Partitioned parameters
-// keep their TensorImpl (the module's typed members and autograd hold it) but their storage is
-// emptied; an op receiving one (or a view of it: same storage) gathers its module's parameters
-// first. DeferredInit is torchdistx's key; libtorch registers nothing on it, so in a C++ process
-// the fallback is the only kernel there (registering a second one would fail loudly).
-constexpr c10::DispatchKey kGatherKey = c10::DispatchKey::DeferredInit;
+// Partitioned parameters keep their TensorImpl (the module's typed members and autograd hold it)
+// but their storage is emptied; an op receiving one (or a view of it: same storage) gathers its
+// module's parameters first. The op is seen by the shared interceptor (detail/intercept.h).
+constexpr c10::DispatchKey kGatherKey = detail::kInterceptKey;
 
 struct Owner {
   ZeroEngine* engine;
@@ -84,18 +81,10 @@ std::unordered_map<const c10::StorageImpl*, Owner>& owners() {
   return *m;
 }
 
-void gather_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
-                     torch::jit::Stack* stack);
+bool gather_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                        torch::jit::Stack* stack);
 
-void install_gather_fallback() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    // Lives as long as the process: the fallback must outlive every partitioned parameter.
-    static auto* lib =
-        new torch::Library(torch::Library::IMPL, "_", kGatherKey, __FILE__, __LINE__);
-    lib->fallback(torch::CppFunction::makeFromBoxedFunction<&gather_fallback>());
-  });
-}
+void install_gather_fallback() { detail::add_interceptor(&gather_interceptor); }
 
 }  // namespace
 
@@ -109,8 +98,8 @@ struct ZeroGather {
 
 namespace {
 
-void gather_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
-                     torch::jit::Stack* stack) {
+bool gather_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                        torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
   const size_t n = args.size();
   const size_t base = stack->size() - n;
@@ -146,8 +135,7 @@ void gather_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
     for (const Use& u : uses) ZeroGather::pin(u.owner, serial);
     for (const Use& u : uses) ZeroGather::access(u.owner, u.writes, op.schema().name().c_str());
   }
-  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kGatherKey),
-                     stack);
+  return false;  // the op itself runs below the key
 }
 
 }  // namespace

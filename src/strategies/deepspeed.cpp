@@ -179,6 +179,20 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
              kTag, " reduce_bucket_size=", options_.reduce_bucket_size(),
              " and allgather_bucket_size=", options_.allgather_bucket_size(),
              " must be > 0 (elements).");
+  const TensorParallelOptions& tp = options_.tensor_parallel();
+  VOLT_CHECK(tp.tp_size() >= 1, ConfigError, kTag, " tensor_parallel.tp_size=", tp.tp_size(),
+             " must be >= 1 (1: off).");
+  VOLT_CHECK(options_.dtype() == "float32" || options_.dtype() == "bfloat16", ConfigError, kTag,
+             " dtype=\"", options_.dtype(), "\"; use \"float32\" or \"bfloat16\".");
+  VOLT_CHECK(!options_.replace_with_kernel_inject(), NotAvailable, kTag,
+             " replace_with_kernel_inject is not built: volt cannot replace a C++ module's "
+             "forward from outside. Call volt's fused kernels (volt::fused_sdpa, FusedAdamW) in "
+             "the model, and use tensor_parallel with a plan or injection_policy.");
+  VOLT_CHECK(!options_.enable_cuda_graph(), NotAvailable, kTag,
+             " enable_cuda_graph needs CUDA graph capture, which is not built yet (issue #15); "
+             "set it to false.");
+  VOLT_CHECK(options_.replace_method() == "auto", ConfigError, kTag, " replace_method=\"",
+             options_.replace_method(), "\"; DeepSpeed's only value is \"auto\".");
   const std::string& dev = options_.offload_optimizer_device();
   VOLT_CHECK(dev == "cpu" || dev == "nvme", ConfigError, kTag, " offload_optimizer_device=\"", dev,
              "\" is not a device; use \"cpu\" or \"nvme\".");
@@ -219,6 +233,21 @@ void DeepSpeedStrategy::apply_config() {
     options_.param_persistence_threshold(*c.stage3_param_persistence_threshold);
   }
   if (c.stage3_max_live_parameters) options_.max_live_parameters(*c.stage3_max_live_parameters);
+  // Inference keys: the JSON's values replace the options' where it has them.
+  TensorParallelOptions tp = options_.tensor_parallel();
+  if (c.tp_size) tp.tp_size(*c.tp_size);
+  if (c.tp_num_heads) tp.num_heads(*c.tp_num_heads);
+  if (!c.tp_plan.empty()) {
+    TpPlan plan;
+    for (const auto& kv : c.tp_plan) plan.emplace_back(kv.first, parse_tp_style(kv.second));
+    tp.plan(plan);
+  }
+  if (!c.injection_policy.empty()) tp.injection_policy(c.injection_policy);
+  options_.tensor_parallel(tp);
+  if (!c.dtype.empty()) options_.dtype(c.dtype);
+  if (c.replace_with_kernel_inject) options_.replace_with_kernel_inject(*c.replace_with_kernel_inject);
+  if (c.enable_cuda_graph) options_.enable_cuda_graph(*c.enable_cuda_graph);
+  if (!c.replace_method.empty()) options_.replace_method(c.replace_method);
   const std::string p = precision_->name();
   VOLT_CHECK(!c.bf16 || p == "bf16-mixed" || p == "bf16-true", ConfigError, kTag, " ", c.origin,
              " enables bf16 but the Trainer's precision is \"", p,
@@ -267,20 +296,55 @@ std::vector<std::unique_ptr<ZeroEngine::Scope>> DeepSpeedStrategy::scopes() {
 
 void DeepSpeedStrategy::validation_step(Module& module, const Batch& batch, int64_t batch_idx) {
   auto open = scopes();
+  std::unique_ptr<TensorParallelEngine::Scope> tp;
+  if (tp_) tp = std::make_unique<TensorParallelEngine::Scope>(*tp_);
   DdpStrategy::validation_step(module, batch, batch_idx);
 }
 
 void DeepSpeedStrategy::test_step(Module& module, const Batch& batch, int64_t batch_idx) {
   auto open = scopes();
+  std::unique_ptr<TensorParallelEngine::Scope> tp;
+  if (tp_) tp = std::make_unique<TensorParallelEngine::Scope>(*tp_);
   DdpStrategy::test_step(module, batch, batch_idx);
 }
 
 at::Tensor DeepSpeedStrategy::predict_step(Module& module, const Batch& batch, int64_t batch_idx) {
   auto open = scopes();
+  if (tp_) {
+    TensorParallelEngine::Scope tp(*tp_);
+    return DdpStrategy::predict_step(module, batch, batch_idx);
+  }
   return DdpStrategy::predict_step(module, batch, batch_idx);
 }
 
+DataShard DeepSpeedStrategy::data_shard() const {
+  return tp_on() ? DataShard{0, 1} : DdpStrategy::data_shard();
+}
+
+Batch DeepSpeedStrategy::batch_to_device(const Batch& batch) const {
+  Batch b = DdpStrategy::batch_to_device(batch);
+  if (options_.dtype() == "bfloat16" && b.input.defined() && b.input.is_floating_point()) {
+    b.input = b.input.to(at::kBFloat16);
+  }
+  return b;
+}
+
 void DeepSpeedStrategy::teardown() {
+  if (tp_) {
+    try {
+      tp_->restore();
+    } catch (const std::exception& e) {
+      log_error("DeepSpeedStrategy", std::string("could not gather the tensor-parallel slices "
+                                                 "at the end of the run (layers stay split): ") +
+                                         e.what());
+    }
+    tp_.reset();
+  }
+  if (tp_cast_back_) {
+    if (cast_module_ != nullptr) cast_module_->to(*tp_cast_back_);
+    cast_module_ = nullptr;
+    tp_cast_back_.reset();
+  }
   // Stage 3: the module leaves the run whole (every rank gathers every parameter).
   for (auto& kv : engines_) {
     try {
@@ -308,6 +372,32 @@ ZeroEngine& DeepSpeedStrategy::engine_for(const torch::optim::Optimizer& optimiz
 }
 
 void DeepSpeedStrategy::setup_module(Module& module) {
+  tp_.reset();
+  if (tp_on() || options_.dtype() != "float32") {
+    // Inference: every rank starts from rank 0's weights, then keeps its slice of each split
+    // layer. No reducer: nothing is trained.
+    Strategy::setup_module(module);
+    broadcast_module_state(module);
+    if (options_.dtype() == "bfloat16") {
+      for (const auto& p : module.parameters()) {
+        if (p.is_floating_point()) {
+          tp_cast_back_ = p.scalar_type();
+          break;
+        }
+      }
+      module.to(at::kBFloat16);
+      cast_module_ = &module;
+    }
+    if (tp_on()) {
+      tp_ = std::make_unique<TensorParallelEngine>(module, group_, options_.tensor_parallel());
+      log_info("DeepSpeedStrategy",
+               "tensor parallel over " + std::to_string(world_size()) + " ranks: " +
+                   std::to_string(tp_->layers().size()) + " layers split, parameters " +
+                   std::to_string(tp_->parameter_bytes()) + " of " +
+                   std::to_string(tp_->full_parameter_bytes()) + " bytes on this rank.");
+    }
+    return;
+  }
   if (!zero_on()) {
     DdpStrategy::setup_module(module);
     return;
@@ -322,6 +412,11 @@ void DeepSpeedStrategy::setup_module(Module& module) {
 }
 
 void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) {
+  VOLT_CHECK(!tp_on() && options_.dtype() == "float32", NotAvailable, kTag,
+             " tensor_parallel (tp_size=", options_.tensor_parallel().tp_size(), ") and dtype=\"",
+             options_.dtype(),
+             "\" are DeepSpeed inference settings: use them with predict, validate or test; "
+             "train with tp_size 1 and precision=\"bf16-mixed\" instead.");
   if (config_) {
     // configure_optimizers wins over the JSON (the reference's note), item by item.
     if (optimizers.empty()) {
@@ -484,6 +579,13 @@ void DeepSpeedStrategy::save_model_state(const Module& module, OutputArchive& ar
 }
 
 void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const {
+  if (tp_) {
+    // Checkpoints hold whole weights: gather, load, split again (every rank loads the same).
+    tp_->restore();
+    Strategy::load_model_state(module, ar);
+    tp_->reshard();
+    return;
+  }
   if (!partitions_parameters()) {
     Strategy::load_model_state(module, ar);
     return;

@@ -31,7 +31,15 @@ const std::vector<std::string> kTop = {"train_batch_size",
                                        "optimizer",
                                        "scheduler",
                                        "gradient_clipping",
-                                       "zero_allow_untested_optimizer"};
+                                       "zero_allow_untested_optimizer",
+                                       // DeepSpeed inference (init_inference's config)
+                                       "tensor_parallel",
+                                       "mp_size",
+                                       "dtype",
+                                       "injection_policy",
+                                       "replace_with_kernel_inject",
+                                       "enable_cuda_graph",
+                                       "replace_method"};
 const std::vector<std::string> kTopIgnored = {"steps_per_print",
                                               "wall_clock_breakdown",
                                               "dump_state",
@@ -105,6 +113,9 @@ const std::vector<std::string> kFpIgnored = {
     "hysteresis", "consecutive_hysteresis", "min_loss_scale",
     "auto_cast",  "immediate_grad_update",  "fp16_master_weights_and_grads"};
 const std::vector<std::string> kTyped = {"type", "params"};
+// "plan" is volt's: module path pattern -> colwise | colwise_qkv | rowwise | replicated.
+const std::vector<std::string> kTensorParallel = {"tp_size", "enabled", "plan", "num_heads"};
+const std::vector<std::string> kTensorParallelIgnored = {"tp_group", "mpu", "tp_grain_size"};
 const std::vector<std::string> kOptimizers = {"Adam", "AdamW", "SGD"};
 const std::vector<std::string> kSchedulers = {"WarmupLR", "WarmupDecayLR"};
 const std::vector<std::string> kOptimizerParams = {
@@ -207,6 +218,81 @@ void read_typed(const Reader& r, const json& obj, const std::string& path,
   for (auto it = p.begin(); it != p.end(); ++it) out.emplace_back(it.key(), it.value());
 }
 
+// DeepSpeed inference's keys: tensor_parallel {tp_size} (or the older mp_size), dtype,
+// injection_policy {module: member or [members]}, replace_with_kernel_inject,
+// enable_cuda_graph, replace_method.
+void read_inference(const Reader& r, const json& root, DeepSpeedConfig& cfg) {
+  if (root.contains("tensor_parallel")) {
+    const json& tp = root["tensor_parallel"];
+    r.check_keys(tp, "tensor_parallel", kTensorParallel, kTensorParallelIgnored, cfg.ignored);
+    const bool enabled = r.boolean(tp, "enabled", "tensor_parallel.").value_or(true);
+    if (auto n = r.positive_int(tp, "tp_size", "tensor_parallel.")) {
+      if (*n == 0) r.fail("tensor_parallel.tp_size", "must be >= 1");
+      if (enabled) cfg.tp_size = *n;
+    }
+    cfg.tp_num_heads = r.positive_int(tp, "num_heads", "tensor_parallel.");
+    if (tp.contains("plan")) {
+      const json& plan = tp["plan"];
+      if (!plan.is_object()) r.fail("tensor_parallel.plan", "must be an object {pattern: style}");
+      for (auto it = plan.begin(); it != plan.end(); ++it) {
+        if (!it.value().is_string()) {
+          r.fail("tensor_parallel.plan." + it.key(),
+                 "must be \"colwise\", \"colwise_qkv\", \"rowwise\" or \"replicated\"");
+        }
+        cfg.tp_plan.emplace_back(it.key(), it.value().get<std::string>());
+      }
+    }
+  }
+  if (auto n = r.positive_int(root, "mp_size", "")) {
+    if (*n == 0) r.fail("mp_size", "must be >= 1");
+    if (cfg.tp_size && *cfg.tp_size != *n) {
+      r.fail("mp_size", "is " + std::to_string(*n) + " but tensor_parallel.tp_size is " +
+                            std::to_string(*cfg.tp_size) + "; keep one (mp_size is the old name)");
+    }
+    cfg.tp_size = *n;
+  }
+  if (root.contains("dtype")) {
+    const std::string d = r.string(root, "dtype", "");
+    static const std::set<std::string> f32 = {"float32", "fp32", "float", "torch.float",
+                                              "torch.float32"};
+    static const std::set<std::string> bf16 = {"bfloat16", "bf16", "torch.bfloat16"};
+    if (f32.count(d) != 0) {
+      cfg.dtype = "float32";
+    } else if (bf16.count(d) != 0) {
+      cfg.dtype = "bfloat16";
+    } else {
+      r.fail("dtype", "is \"" + d +
+                          "\"; volt's inference runs \"float32\" or \"bfloat16\" (float16 and "
+                          "int8 weights are not built)");
+    }
+  }
+  if (root.contains("injection_policy")) {
+    const json& pol = root["injection_policy"];
+    if (!pol.is_object()) {
+      r.fail("injection_policy", "must be an object {\"ModuleType\": [\"member\", ...]}");
+    }
+    for (auto it = pol.begin(); it != pol.end(); ++it) {
+      std::vector<std::string> members;
+      const std::string path = "injection_policy." + it.key();
+      if (it.value().is_string()) {
+        members.push_back(it.value().get<std::string>());
+      } else if (it.value().is_array()) {
+        for (const json& m : it.value()) {
+          if (!m.is_string()) r.fail(path, "must list member names (strings)");
+          members.push_back(m.get<std::string>());
+        }
+      } else {
+        r.fail(path, "must be a member name or a list of member names");
+      }
+      if (members.empty()) r.fail(path, "lists no member; name the row-parallel Linears");
+      cfg.injection_policy.emplace_back(it.key(), members);
+    }
+  }
+  cfg.replace_with_kernel_inject = r.boolean(root, "replace_with_kernel_inject", "");
+  cfg.enable_cuda_graph = r.boolean(root, "enable_cuda_graph", "");
+  if (root.contains("replace_method")) cfg.replace_method = r.string(root, "replace_method", "");
+}
+
 }  // namespace
 
 DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::string& origin) {
@@ -266,6 +352,8 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
       if (v && *v == 0) r.fail(p + k, "must be >= 1");
     }
   }
+
+  read_inference(r, root, cfg);
 
   if (root.contains("optimizer")) {
     std::vector<std::pair<std::string, json>> params;

@@ -91,7 +91,21 @@ void register_strategies(Registry& r) {
             .add("parallel_devices", o.parallel_devices(), "processes per node (0: devices)")
             .add("timeout_s", o.timeout_s(), "bound on rendezvous and every collective (seconds)")
             .choice("process_group_backend", o.process_group_backend(), {"auto", "gloo", "nccl"},
-                    "collective backend; auto = gloo on cpu, nccl on cuda"),
+                    "collective backend; auto = gloo on cpu, nccl on cuda")
+            .add("tp_size", o.tensor_parallel().tp_size(),
+                 "inference: ranks the Linear layers are split across (1: off)")
+            .add("injection_policy", std::vector<std::string>{},
+                 "inference: 'Module: member, ...' (the members are row-parallel)")
+            .add("tp_plan", std::vector<std::string>{},
+                 "inference: 'pattern=colwise|colwise_qkv|rowwise|replicated'")
+            .add("num_heads", o.tensor_parallel().num_heads(),
+                 "inference: attention heads (checked against tp_size; 0: unknown)")
+            .choice("dtype", o.dtype(), {"float32", "bfloat16"}, "inference: weights' dtype")
+            .add("replace_with_kernel_inject", o.replace_with_kernel_inject(),
+                 "inference: DeepSpeed kernel injection (not built)")
+            .add("enable_cuda_graph", o.enable_cuda_graph(),
+                 "inference: CUDA graph capture (not built yet)")
+            .choice("replace_method", o.replace_method(), {"auto"}, "DeepSpeed's replace_method"),
         [](const Args& a, const StrategyContext& c) -> std::shared_ptr<Strategy> {
           return std::make_shared<DeepSpeedStrategy>(
               DeepSpeedStrategyOptions()
@@ -109,7 +123,18 @@ void register_strategies(Registry& r) {
                   .config(a.get<std::string>("config"))
                   .parallel_devices(a.get<int64_t>("parallel_devices"))
                   .timeout_s(a.get<double>("timeout_s"))
-                  .process_group_backend(a.get<std::string>("process_group_backend")),
+                  .process_group_backend(a.get<std::string>("process_group_backend"))
+                  .tensor_parallel(
+                      TensorParallelOptions()
+                          .tp_size(a.get<int64_t>("tp_size"))
+                          .injection_policy(parse_injection_policy(
+                              a.get<std::vector<std::string>>("injection_policy")))
+                          .plan(parse_tp_plan(a.get<std::vector<std::string>>("tp_plan")))
+                          .num_heads(a.get<int64_t>("num_heads")))
+                  .dtype(a.get<std::string>("dtype"))
+                  .replace_with_kernel_inject(a.get<bool>("replace_with_kernel_inject"))
+                  .enable_cuda_graph(a.get<bool>("enable_cuda_graph"))
+                  .replace_method(a.get<std::string>("replace_method")),
               c.accelerator, c.precision, c.devices, c.num_nodes);
         });
   }

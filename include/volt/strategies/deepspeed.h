@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "volt/distributed/tensor_parallel.h"
 #include "volt/distributed/zero_engine.h"
 #include "volt/strategies/ddp.h"
 #include "volt/strategies/deepspeed_config.h"
@@ -58,6 +59,24 @@ struct DeepSpeedStrategyOptions {
   TORCH_ARG(double, timeout_s) = 60.0;
   /// "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl". Default: "auto".
   TORCH_ARG(std::string, process_group_backend) = "auto";
+
+  // DeepSpeed inference (predict, validate and test; fit raises NotAvailable when tp_size > 1).
+  /// Tensor parallelism: tp_size, and the plan or injection_policy naming the Linear layers to
+  /// split (TensorParallelEngine). Default: tp_size 1 (off).
+  TORCH_ARG(TensorParallelOptions, tensor_parallel) = {};
+  /// Weights' dtype for inference: "float32" or "bfloat16" (the module is cast for the run and
+  /// back to its dtype after it, keeping the bfloat16-rounded values, as DeepSpeed converts a
+  /// model in place; floating inputs are cast to match). Default: "float32".
+  TORCH_ARG(std::string, dtype) = "float32";
+  /// DeepSpeed's kernel injection: not built (C++ models call volt's fused kernels, e.g.
+  /// volt::fused_sdpa, in their own forward; volt cannot swap a block's forward from outside);
+  /// true raises NotAvailable. Default: false.
+  TORCH_ARG(bool, replace_with_kernel_inject) = false;
+  /// Capture inference in a CUDA graph: not built until graph capture lands (issue #15); true
+  /// raises NotAvailable. Default: false.
+  TORCH_ARG(bool, enable_cuda_graph) = false;
+  /// DeepSpeed's replace_method; only "auto" exists. Default: "auto".
+  TORCH_ARG(std::string, replace_method) = "auto";
 };
 
 /// Lightning's DeepSpeedStrategy without Python DeepSpeed: the optimizer returned by
@@ -108,6 +127,11 @@ class DeepSpeedStrategy : public DdpStrategy {
   const DeepSpeedConfig* config() const { return config_ ? &*config_ : nullptr; }
   /// The engine partitioning `optimizer` (nullptr without ZeRO or before setup_optimizers).
   ZeroEngine* engine(const torch::optim::Optimizer& optimizer) const;
+  /// The tensor-parallel engine of the current run (nullptr when tp_size is 1 or outside a run).
+  TensorParallelEngine* tensor_parallel_engine() const { return tp_.get(); }
+  Batch batch_to_device(const Batch& batch) const override;
+  /// With tensor parallelism every rank reads the same batches (they split layers, not data).
+  DataShard data_shard() const override;
 
  private:
   ZeroEngine& engine_for(const torch::optim::Optimizer& optimizer) const;
@@ -119,6 +143,10 @@ class DeepSpeedStrategy : public DdpStrategy {
   /// The chunk of parameter `impl` in some engine, or nullptr.
   const ZeroChunk* chunk_of(const c10::TensorImpl* impl) const;
   bool zero_on() const { return options_.zero_optimization() && options_.stage() > 0; }
+  bool tp_on() const { return options_.tensor_parallel().tp_size() > 1; }
+  std::unique_ptr<TensorParallelEngine> tp_;
+  c10::optional<at::ScalarType> tp_cast_back_;  // the module's dtype before a bfloat16 run
+  Module* cast_module_ = nullptr;
   DeepSpeedStrategyOptions options_;
   c10::optional<DeepSpeedConfig> config_;
   c10::optional<double> clip_;  // the JSON's gradient_clipping

@@ -51,6 +51,17 @@ struct DeepSpeedConfig {
   std::string scheduler_type;
   std::map<std::string, double> scheduler_params;
   std::string warmup_type = "log";
+  // DeepSpeed inference: tensor_parallel.tp_size (or mp_size), volt's tensor_parallel.plan and
+  // num_heads, dtype ("float32" | "bfloat16", "" when unset), injection_policy,
+  // replace_with_kernel_inject, enable_cuda_graph, replace_method ("" when unset).
+  c10::optional<int64_t> tp_size;
+  c10::optional<int64_t> tp_num_heads;
+  std::vector<std::pair<std::string, std::string>> tp_plan;
+  std::vector<std::pair<std::string, std::vector<std::string>>> injection_policy;
+  std::string dtype;
+  c10::optional<bool> replace_with_kernel_inject;
+  c10::optional<bool> enable_cuda_graph;
+  std::string replace_method;
   /// DeepSpeed keys present that volt does not act on (dotted paths), listed once as ignored.
   std::vector<std::string> ignored;
 };

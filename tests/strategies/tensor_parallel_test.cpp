@@ -1,0 +1,322 @@
+// Tensor-parallel inference (DeepSpeedStrategy tensor_parallel, TensorParallelEngine): 2 and 4
+// real processes over Gloo predict what one process predicts (fp32 round-off) for an MLP, the
+// demo TransformerNet (heads split) and an embedding + blocks model configured three ways (plan,
+// DeepSpeed injection_policy, DeepSpeed JSON); each rank holds about 1/N of the split weights,
+// and the module leaves predict whole. Plus every configuration error.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <regex>
+
+#include "models.h"
+#include "processes.h"
+#include "tiny.h"
+#include "volt/accelerators/cpu.h"
+#include "volt/distributed/tensor_parallel.h"
+#include "volt/strategies/deepspeed.h"
+#include "volt/strategies/deepspeed_config.h"
+
+namespace {
+
+using volt::ConfigError;
+
+struct Job {
+  std::string output;
+  int code = 0;
+};
+
+Job run_tp(const std::vector<std::string>& args) {
+  volt_test::Process p(VOLT_TP_WORKER, args);
+  Job j;
+  j.code = p.exit_code(std::chrono::seconds(120));
+  j.output = p.output();
+  return j;
+}
+
+torch::Tensor load(const std::string& path) {
+  torch::Tensor t;
+  torch::load(t, path);
+  return t;
+}
+
+int64_t field(const std::string& out, int rank, const std::string& name) {
+  std::smatch m;
+  const std::regex re("rank " + std::to_string(rank) + " done.* " + name + "=([0-9]+)");
+  if (!std::regex_search(out, m, re)) return -1;
+  return std::stoll(m[1]);
+}
+
+/// Runs the single-process reference and the tp-rank job; every rank's predictions equal the
+/// reference to fp32 round-off and each other exactly; returns the job's output.
+std::string expect_tp_matches(const std::string& model, const std::string& form, int tp,
+                              double tol = 1e-5, std::vector<std::string> extra = {}) {
+  volt_test::TempDir dir;
+  std::vector<std::string> ref{"--root", dir.path,    "--out", dir / "ref", "--model",
+                               model,    "--devices", "1",     "--form",    "none"};
+  Job r = run_tp(ref);
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::vector<std::string> args{
+      "--root",    dir.path,           "--out", dir / "tp",         "--model", model,
+      "--devices", std::to_string(tp), "--tp",  std::to_string(tp), "--form",  form};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Job j = run_tp(args);
+  EXPECT_EQ(j.code, 0) << j.output;
+  if (r.code != 0 || j.code != 0) return j.output;
+  const auto reference = load(dir / "ref.rank0.pt");
+  const auto r0 = load(dir / "tp.rank0.pt");
+  for (int k = 0; k < tp; ++k) {
+    const auto p = load(dir / ("tp.rank" + std::to_string(k) + ".pt"));
+    EXPECT_TRUE(torch::equal(p, r0)) << "rank " << k << " differs from rank 0";
+    EXPECT_EQ(p.sizes(), reference.sizes());
+    EXPECT_TRUE(torch::allclose(p, reference, tol, tol))
+        << model << " tp=" << tp << " rank " << k << " max diff "
+        << (p - reference).abs().max().item<double>();
+    EXPECT_EQ(field(j.output, k, "restored"), 1) << "rank " << k << " left predict split\n"
+                                                 << j.output;
+  }
+  return j.output;
+}
+
+// Per-rank weight bytes: the split layers' share is 1/N (biases of row-parallel layers and
+// everything not split stay whole), so the total is between full/N and full.
+void expect_bytes(const std::string& out, int tp, int64_t expected_rank_bytes) {
+  for (int k = 0; k < tp; ++k) {
+    EXPECT_EQ(field(out, k, "param_bytes"), expected_rank_bytes) << out;
+  }
+}
+
+TEST(TensorParallel, MlpTwoAndFourRanksPredictLikeOneProcess) {
+  // MlpNet{64, 48}: fc0 784->64 colwise, fc1 64->48 rowwise, out 48->10 whole.
+  const int64_t fc0 = (784 * 64 + 64) * 4, fc1w = 64 * 48 * 4, fc1b = 48 * 4,
+                out = (48 * 10 + 10) * 4;
+  for (int tp : {2, 4}) {
+    const std::string o = expect_tp_matches("mlp", "plan", tp);
+    expect_bytes(o, tp, fc0 / tp + fc1w / tp + fc1b + out);
+    EXPECT_EQ(field(o, 0, "full_bytes"), fc0 + fc1w + fc1b + out);
+    EXPECT_EQ(field(o, 0, "layers"), 2);
+  }
+}
+
+TEST(TensorParallel, MlpInjectionPolicyOnAPathEqualsThePlan) {
+  const std::string o = expect_tp_matches("mlp", "policy", 2);
+  EXPECT_EQ(field(o, 0, "layers"), 2) << o;  // fc0 colwise, fc1 rowwise; out kept whole
+}
+
+TEST(TensorParallel, DemoTransformerSplitsHeadsOnTwoAndFourRanks) {
+  for (int tp : {2, 4}) {
+    const std::string o = expect_tp_matches("transformer", "plan", tp, 2e-5, {"--heads", "4"});
+    EXPECT_EQ(field(o, 0, "layers"), 8) << o;  // qkv, proj, fc1, fc2 of two layers
+    EXPECT_LT(field(o, 0, "param_bytes"), field(o, 0, "full_bytes") * 2 / 3) << o;
+  }
+}
+
+TEST(TensorParallel, EmbeddingAndBlocksByPlanPolicyAndJson) {
+  // BlocksNet: embed 40x32 (vocabulary split), two Blocks (l1 32->64 colwise, l2 64->32 rowwise).
+  for (const char* form : {"plan", "policy", "json"}) {
+    const std::string o = expect_tp_matches("blocks", form, 2);
+    EXPECT_EQ(field(o, 0, "layers"), 5) << form << "\n" << o;
+  }
+  const std::string o = expect_tp_matches("blocks", "policy", 4);
+  EXPECT_EQ(field(o, 3, "layers"), 5) << o;
+}
+
+TEST(TensorParallel, Bfloat16WeightsHalveTheBytesAndStayClose) {
+  volt_test::TempDir dir;
+  Job r = run_tp({"--root", dir.path, "--out", dir / "ref", "--model", "mlp", "--devices", "1",
+                  "--form", "none"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  Job j = run_tp({"--root", dir.path, "--out", dir / "bf", "--model", "mlp", "--devices", "2",
+                  "--tp", "2", "--dtype", "bfloat16"});
+  ASSERT_EQ(j.code, 0) << j.output;
+  const auto reference = load(dir / "ref.rank0.pt");
+  const auto p = load(dir / "bf.rank0.pt");
+  const double err = (p - reference).abs().max().item<double>();
+  const double scale = reference.abs().max().item<double>();
+  EXPECT_LT(err, 0.05 * scale) << "bf16 predictions too far from fp32";
+  EXPECT_GT(err, 0.0) << "bf16 run must differ from fp32 (was the cast applied?)";
+  const int64_t fp32_rank = (784 * 64 + 64) * 4 / 2 + 64 * 48 * 4 / 2 + 48 * 4 + (48 * 10 + 10) * 4;
+  EXPECT_EQ(field(j.output, 0, "param_bytes"), fp32_rank / 2) << j.output;
+  // Cast back to float32 after the run, with the values bfloat16 rounded them to.
+  EXPECT_EQ(field(j.output, 0, "restored"), 2) << j.output;
+}
+
+TEST(TensorParallel, TpSizeLargerThanTheWorldIsAClearErrorOnEveryRank) {
+  volt_test::TempDir dir;
+  Job j = run_tp(
+      {"--root", dir.path, "--out", dir / "x", "--model", "mlp", "--devices", "2", "--tp", "4"});
+  EXPECT_EQ(j.code, 1) << j.output;
+  EXPECT_NE(j.output.find("tp_size=4 but the process group has 2 ranks"), std::string::npos)
+      << j.output;
+}
+
+TEST(TensorParallel, HeadsNotDividedAndFeaturesNotDividedAreClearErrors) {
+  volt_test::TempDir dir;
+  Job j = run_tp({"--root", dir.path, "--out", dir / "x", "--model", "transformer", "--devices",
+                  "2", "--tp", "2", "--heads", "3"});
+  EXPECT_EQ(j.code, 1) << j.output;
+  EXPECT_NE(j.output.find("3 attention heads are not divisible by tp_size=2"), std::string::npos)
+      << j.output;
+  // In process: the plan is checked before anything is split.
+  volt_examples::MlpNet net(std::vector<int64_t>{30, 48});
+  try {
+    volt::resolve_tensor_parallel_plan(
+        net, volt::TensorParallelOptions().tp_size(4).plan(volt::parse_tp_plan({"fc0=colwise"})));
+    ADD_FAILURE() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'fc0' has 30 output features, not divisible by "
+                                         "tp_size=4"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TensorParallel, FitWithTensorParallelIsNotAvailable) {
+  volt_test::TempDir dir;
+  Job j = run_tp({"--root", dir.path, "--out", dir / "x", "--model", "mlp", "--devices", "2",
+                  "--tp", "2", "--stage", "fit"});
+  EXPECT_EQ(j.code, 1) << j.output;
+  EXPECT_NE(j.output.find("DeepSpeed inference settings"), std::string::npos) << j.output;
+}
+
+std::string plan_error(torch::nn::Module& m, const volt::TensorParallelOptions& o) {
+  try {
+    volt::resolve_tensor_parallel_plan(m, o);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TensorParallel, PlanErrorsNameThePatternAndTheFix) {
+  volt_examples::MlpNet net(std::vector<int64_t>{64, 48});
+  volt::TensorParallelOptions o;
+  o.tp_size(2);
+  EXPECT_NE(plan_error(net, o.plan(volt::parse_tp_plan({"nothing*=colwise"})))
+                .find("plan entry \"nothing*\" matches no module"),
+            std::string::npos);
+  volt_examples::CnnNet cnn;
+  EXPECT_NE(plan_error(cnn, volt::TensorParallelOptions().tp_size(2).plan(
+                                volt::parse_tp_plan({"conv1=colwise"})))
+                .find("a torch::nn::Conv2dImpl"),
+            std::string::npos)
+      << plan_error(cnn, volt::TensorParallelOptions().tp_size(2).plan(
+                             volt::parse_tp_plan({"conv1=colwise"})));
+  EXPECT_NE(plan_error(net, volt::TensorParallelOptions().tp_size(2).injection_policy(
+                                volt::parse_injection_policy({"NoSuchBlock: o"})))
+                .find("injection_policy key \"NoSuchBlock\" matches no module"),
+            std::string::npos);
+  EXPECT_NE(plan_error(net, volt::TensorParallelOptions().tp_size(2).injection_policy(
+                                volt::parse_injection_policy({"MlpNet: wo"})))
+                .find("names 'wo', which is no Linear"),
+            std::string::npos);
+  EXPECT_NE(plan_error(net, volt::TensorParallelOptions().tp_size(0)).find("tp_size=0"),
+            std::string::npos);
+  // The policy by class name: MlpNet's Linears, fc1 row-parallel, the others column-parallel.
+  auto layers = volt::resolve_tensor_parallel_plan(
+      net, volt::TensorParallelOptions().tp_size(2).injection_policy(
+               volt::parse_injection_policy({"MlpNet: fc1"})));
+  ASSERT_EQ(layers.size(), 3u);
+  EXPECT_EQ(layers[0].path, "fc0");
+  EXPECT_EQ(layers[0].style, volt::TpStyle::kColwise);
+  EXPECT_EQ(layers[1].path, "fc1");
+  EXPECT_EQ(layers[1].style, volt::TpStyle::kRowwise);
+}
+
+TEST(TensorParallel, CliFormsParseAndMalformedEntriesAreErrors) {
+  auto plan = volt::parse_tp_plan({" qkv_* = colwise_qkv", "proj_*=rowwise"});
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].first, "qkv_*");
+  EXPECT_EQ(plan[0].second, volt::TpStyle::kColwiseQkv);
+  auto pol = volt::parse_injection_policy({"Block: attn.o, mlp.fc2"});
+  ASSERT_EQ(pol.size(), 1u);
+  EXPECT_EQ(pol[0].second, (std::vector<std::string>{"attn.o", "mlp.fc2"}));
+  EXPECT_THROW(volt::parse_tp_plan({"fc1"}), ConfigError);
+  EXPECT_THROW(volt::parse_tp_plan({"fc1=diagonal"}), ConfigError);
+  EXPECT_THROW(volt::parse_injection_policy({"Block"}), ConfigError);
+  EXPECT_THROW(volt::parse_injection_policy({"Block: , "}), ConfigError);
+}
+
+TEST(TensorParallel, StrategyOptionsRejectWhatIsNotBuilt) {
+  auto acc = volt::registry().accelerators.create("cpu");
+  auto prec = volt::registry().precisions.create("32-true");
+  auto make = [&](volt::DeepSpeedStrategyOptions o) {
+    return std::make_shared<volt::DeepSpeedStrategy>(o, acc, prec, 2);
+  };
+  EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().replace_with_kernel_inject(true)),
+               volt::NotAvailable);
+  EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().enable_cuda_graph(true)), volt::NotAvailable);
+  EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().dtype("float16")), ConfigError);
+  EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().replace_method("kernel")), ConfigError);
+  // The JSON form reaches the same options.
+  auto s = make(volt::DeepSpeedStrategyOptions().config(
+      R"({"tensor_parallel": {"tp_size": 4}, "dtype": "bf16", "injection_policy": {"Block": "o"}})"));
+  EXPECT_EQ(s->deepspeed_options().tensor_parallel().tp_size(), 4);
+  EXPECT_EQ(s->deepspeed_options().dtype(), "bfloat16");
+  ASSERT_EQ(s->deepspeed_options().tensor_parallel().injection_policy().size(), 1u);
+  EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().config(R"({"enable_cuda_graph": true})")),
+               volt::NotAvailable);
+}
+
+std::string json_error(const std::string& json) {
+  try {
+    volt::parse_deepspeed_config(json, "t.json");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TensorParallel, JsonInferenceKeysAreCheckedLikeTheRest) {
+  auto c = volt::parse_deepspeed_config(
+      R"({"mp_size": 2, "dtype": "torch.float", "replace_method": "auto",
+          "tensor_parallel": {"plan": {"fc*": "colwise"}, "num_heads": 8}})",
+      "t.json");
+  EXPECT_EQ(*c.tp_size, 2);
+  EXPECT_EQ(c.dtype, "float32");
+  EXPECT_EQ(*c.tp_num_heads, 8);
+  ASSERT_EQ(c.tp_plan.size(), 1u);
+  EXPECT_NE(json_error(R"({"dtype": "torch.half"})").find("\"float32\" or \"bfloat16\""),
+            std::string::npos);
+  EXPECT_NE(json_error(R"({"tensor_parallel": {"tp_size": 0}})").find("must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(json_error(R"({"tensor_parallel": {"tp_size": 2}, "mp_size": 4})")
+                .find("mp_size is the old name"),
+            std::string::npos);
+  EXPECT_NE(json_error(R"({"tensor_parallel": {"tp_sise": 2}})").find("tp_sise"),
+            std::string::npos);
+  EXPECT_NE(json_error(R"({"injection_policy": {"Block": 3}})").find("member name"),
+            std::string::npos);
+  EXPECT_NE(json_error(R"({"tensor_parallel": {"plan": {"fc": 1}}})").find("colwise"),
+            std::string::npos);
+}
+
+TEST(TensorParallel, RegistryArgumentsTheCliAndYamlGiveReachTheOptions) {
+  // What `--trainer.strategy=deepspeed --trainer.strategy.init_args.tp_size=2 ...` or a YAML
+  // init_args block hands the registered factory (the kwargs form of the reference).
+  auto& reg = volt::registry();
+  volt::StrategyContext ctx{std::make_shared<volt::CpuAccelerator>(),
+                            reg.precisions.create("32-true"), 2, 1};
+  const auto& entry = reg.strategies.at("deepspeed");
+  std::map<std::string, volt::ParamValue> v;
+  for (const auto& spec : entry.params.specs()) v[spec.name] = spec.default_value;
+  v["tp_size"] = int64_t{2};
+  v["tp_plan"] = std::vector<std::string>{"qkv_*=colwise_qkv", "proj_*=rowwise"};
+  v["injection_policy"] = std::vector<std::string>{"Block: attn.o, mlp.fc2"};
+  v["num_heads"] = int64_t{4};
+  v["dtype"] = std::string("bfloat16");
+  auto s = std::dynamic_pointer_cast<volt::DeepSpeedStrategy>(
+      entry.make(volt::Args("strategy deepspeed", v), ctx));
+  ASSERT_NE(s, nullptr);
+  const auto& tp = s->deepspeed_options().tensor_parallel();
+  EXPECT_EQ(tp.tp_size(), 2);
+  EXPECT_EQ(tp.num_heads(), 4);
+  ASSERT_EQ(tp.plan().size(), 2u);
+  EXPECT_EQ(tp.plan()[1].second, volt::TpStyle::kRowwise);
+  ASSERT_EQ(tp.injection_policy().size(), 1u);
+  EXPECT_EQ(tp.injection_policy()[0].first, "Block");
+  EXPECT_EQ(s->deepspeed_options().dtype(), "bfloat16");
+  v["tp_plan"] = std::vector<std::string>{"proj_*"};
+  EXPECT_THROW(entry.make(volt::Args("strategy deepspeed", v), ctx), ConfigError);
+}
+
+}  // namespace
