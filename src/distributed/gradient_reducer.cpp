@@ -29,7 +29,7 @@ GradientReducer::GradientReducer(const std::vector<at::Tensor>&, std::shared_ptr
     : options_(options) {
   VOLT_CHECK(false, NotAvailable, kTag,
              " needs a process group, and this build has none (no gloo headers; NCCL is "
-             "TODO(#9)).");
+             "TODO(#14)).");
 }
 GradientReducer::~GradientReducer() = default;
 void GradientReducer::backward(const at::Tensor&, const std::function<void()>&) {}

@@ -37,9 +37,9 @@ Backend resolve_backend(const std::string& name, c10::DeviceType device) {
                " backend \"nccl\" is not in this build (libtorch without USE_C10D_NCCL); use "
                "\"gloo\".");
 #else
-    // TODO(#9): create c10d::ProcessGroupNCCL (needs a GPU machine to write and test it).
+    // TODO(#14): create c10d::ProcessGroupNCCL (needs a GPU machine to write and test it).
     VOLT_CHECK(false, NotAvailable, kTag,
-               " backend \"nccl\" is not implemented by volt yet (TODO #9); use \"gloo\".");
+               " backend \"nccl\" is not implemented by volt yet (TODO(#14)); use \"gloo\".");
 #endif
   }
   VOLT_CHECK(VOLT_DIST_GLOO, NotAvailable, kTag,

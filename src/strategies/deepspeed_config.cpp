@@ -154,8 +154,9 @@ struct Reader {
 
   bool is_auto(const json& v) const { return v.is_string() && v.get<std::string>() == "auto"; }
 
+  // An integer >= `min` (0 for counts that may be zero, 1 for sizes), or nullopt when absent.
   c10::optional<int64_t> positive_int(const json& obj, const std::string& key,
-                                      const std::string& path) const {
+                                      const std::string& path, int64_t min = 0) const {
     if (!obj.contains(key) || obj[key].is_null() || is_auto(obj[key])) return c10::nullopt;
     const json& v = obj[key];
     if (!v.is_number_integer() &&
@@ -164,7 +165,7 @@ struct Reader {
     }
     const int64_t n =
         v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
-    if (n < 0) fail(path + key, "must be >= 0, got " + std::to_string(n));
+    if (n < min) fail(path + key, "must be >= " + std::to_string(min) + ", got " + std::to_string(n));
     return n;
   }
 
@@ -226,8 +227,7 @@ void read_inference(const Reader& r, const json& root, DeepSpeedConfig& cfg) {
     const json& tp = root["tensor_parallel"];
     r.check_keys(tp, "tensor_parallel", kTensorParallel, kTensorParallelIgnored, cfg.ignored);
     const bool enabled = r.boolean(tp, "enabled", "tensor_parallel.").value_or(true);
-    if (auto n = r.positive_int(tp, "tp_size", "tensor_parallel.")) {
-      if (*n == 0) r.fail("tensor_parallel.tp_size", "must be >= 1");
+    if (auto n = r.positive_int(tp, "tp_size", "tensor_parallel.", 1)) {
       if (enabled) cfg.tp_size = *n;
     }
     cfg.tp_num_heads = r.positive_int(tp, "num_heads", "tensor_parallel.");
@@ -243,8 +243,7 @@ void read_inference(const Reader& r, const json& root, DeepSpeedConfig& cfg) {
       }
     }
   }
-  if (auto n = r.positive_int(root, "mp_size", "")) {
-    if (*n == 0) r.fail("mp_size", "must be >= 1");
+  if (auto n = r.positive_int(root, "mp_size", "", 1)) {
     if (cfg.tp_size && *cfg.tp_size != *n) {
       r.fail("mp_size", "is " + std::to_string(*n) + " but tensor_parallel.tp_size is " +
                             std::to_string(*cfg.tp_size) + "; keep one (mp_size is the old name)");
@@ -301,14 +300,10 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
   const json root = detail::parse_json_bounded(text, "DeepSpeedConfig", origin);
   const Reader r{cfg};
   r.check_keys(root, "", kTop, kTopIgnored, cfg.ignored);
-  cfg.train_batch_size = r.positive_int(root, "train_batch_size", "");
-  cfg.train_micro_batch_size_per_gpu = r.positive_int(root, "train_micro_batch_size_per_gpu", "");
-  cfg.gradient_accumulation_steps = r.positive_int(root, "gradient_accumulation_steps", "");
-  for (const char* k :
-       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
-    const auto v = r.positive_int(root, k, "");
-    if (v && *v == 0) r.fail(k, "must be >= 1");
-  }
+  cfg.train_batch_size = r.positive_int(root, "train_batch_size", "", 1);
+  cfg.train_micro_batch_size_per_gpu =
+      r.positive_int(root, "train_micro_batch_size_per_gpu", "", 1);
+  cfg.gradient_accumulation_steps = r.positive_int(root, "gradient_accumulation_steps", "", 1);
   for (const char* k : {"bf16", "fp16"}) {
     if (!root.contains(k)) continue;
     r.check_keys(root[k], k, kFp, kFpIgnored, cfg.ignored);
@@ -338,8 +333,8 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
     if (z.contains("offload_param")) {
       read_offload(r, z["offload_param"], p + "offload_param", cfg.offload_param_device, cfg);
     }
-    cfg.reduce_bucket_size = r.positive_int(z, "reduce_bucket_size", p);
-    cfg.allgather_bucket_size = r.positive_int(z, "allgather_bucket_size", p);
+    cfg.reduce_bucket_size = r.positive_int(z, "reduce_bucket_size", p, 1);
+    cfg.allgather_bucket_size = r.positive_int(z, "allgather_bucket_size", p, 1);
     cfg.overlap_comm = r.boolean(z, "overlap_comm", p);
     cfg.contiguous_gradients = r.boolean(z, "contiguous_gradients", p);
     cfg.stage3_prefetch_bucket_size = r.positive_int(z, "stage3_prefetch_bucket_size", p);
@@ -347,10 +342,6 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
         r.positive_int(z, "stage3_param_persistence_threshold", p);
     cfg.stage3_max_live_parameters = r.positive_int(z, "stage3_max_live_parameters", p);
     for (const char* k : {"reduce_scatter", "allgather_partitions"}) r.boolean(z, k, p);
-    for (const char* k : {"reduce_bucket_size", "allgather_bucket_size"}) {
-      const auto v = r.positive_int(z, k, p);
-      if (v && *v == 0) r.fail(p + k, "must be >= 1");
-    }
   }
 
   read_inference(r, root, cfg);
