@@ -471,6 +471,48 @@ TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoi
   EXPECT_NE(c.err.find("is not a complete ZeRO checkpoint folder"), std::string::npos) << c.err;
 }
 
+TEST(CliBinary, PredictsWithTensorParallelFromACheckpointLikeOneProcess) {
+  // The kwargs form of the reference from the command line: a trained checkpoint is loaded whole
+  // into the split model (gather, load, split again) and 2 ranks predict what one process does.
+  volt_test::TempDir dir;
+  const std::string cfg = "--config " VOLT_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml "
+                          "--trainer.enable_progress_bar=false --trainer.default_root_dir=";
+  auto f = run_binary("fit " + cfg + (dir / "fit") +
+                      " --trainer.max_epochs=1 --trainer.limit_train_batches=8"
+                      " --trainer.limit_val_batches=1");
+  ASSERT_EQ(f.code, 0) << f.err;
+  const std::string ckpt = dir.path + "/fit/volt_logs/version_0/checkpoints/last.ckpt";
+  ASSERT_TRUE(fs::exists(ckpt)) << f.out;
+  auto predictions = [&](const std::string& out) {
+    const auto pos = out.find("predictions: ");
+    EXPECT_NE(pos, std::string::npos) << out;
+    if (pos == std::string::npos) return torch::Tensor();
+    const std::string path = out.substr(pos + 13, out.find(' ', pos + 13) - pos - 13);
+    return volt::load_safetensors(path).tensors.at("predictions");
+  };
+  auto one = run_binary("predict " + cfg + (dir / "one") +
+                        " --trainer.limit_predict_batches=4 --ckpt_path=" + ckpt);
+  ASSERT_EQ(one.code, 0) << one.err;
+  auto tp = run_binary("predict " + cfg + (dir / "tp") +
+                       " --trainer.limit_predict_batches=4 --trainer.devices=2"
+                       " --trainer.strategy=deepspeed --trainer.strategy.init_args.tp_size=2"
+                       " --trainer.strategy.init_args.tp_plan='[\"fc0=colwise\", \"fc1=rowwise\"]'"
+                       " --ckpt_path=" + ckpt);
+  ASSERT_EQ(tp.code, 0) << tp.err;
+  EXPECT_NE(tp.err.find("tensor parallel over 2 ranks: 2 layers split"), std::string::npos)
+      << tp.err;
+  const auto a = predictions(one.out), b = predictions(tp.out);
+  ASSERT_TRUE(a.defined() && b.defined());
+  EXPECT_TRUE(torch::equal(a, b)) << "tensor-parallel predictions differ from one process";
+  // A malformed plan entry is a usage error: exit 2 with the fix.
+  auto bad = run_binary("predict " + cfg + (dir / "bad") +
+                        " --trainer.devices=2 --trainer.strategy=deepspeed"
+                        " --trainer.strategy.init_args.tp_size=2"
+                        " --trainer.strategy.init_args.tp_plan='[\"fc0\"]'");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("is not \"pattern=style\""), std::string::npos) << bad.err;
+}
+
 TEST(CliBinary, TrainsInBf16MixedWithOpListsAndRejectsUnknownOpsWithExitTwo) {
   volt_test::TempDir dir;
   write(dir / "bf16.yaml",
