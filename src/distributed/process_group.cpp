@@ -68,6 +68,10 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor&, Reduce) { VOLT_ASSERT
 void ProcessGroup::barrier() { VOLT_ASSERT(false); }
 bool ProcessGroup::all_of(bool) { VOLT_ASSERT(false); }
 bool ProcessGroup::any_of(bool) { VOLT_ASSERT(false); }
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>&,
+                                                      const std::string&) {
+  VOLT_ASSERT(false);
+}
 void report_lost_rank(const ClusterEnvironment&, const std::string&,
                       std::chrono::milliseconds) noexcept {}
 
@@ -337,6 +341,7 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
     VOLT_CHECK(false, DistributedError, kTag, " cannot create a Gloo device on ",
                impl_->gloo_address, " (", reason_of(e), "); set GLOO_SOCKET_IFNAME.");
   }
+  impl_->device = device;
   try {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     opts->devices.push_back(device);
@@ -360,6 +365,53 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
                "); check that the nodes can reach each other on that address or set "
                "GLOO_SOCKET_IFNAME.");
   }
+}
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl, int64_t rank, int64_t world_size,
+                           ProcessGroupOptions options)
+    : rank_(rank), world_size_(world_size), options_(std::move(options)), impl_(std::move(impl)) {}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>& ranks,
+                                                      const std::string& tag) {
+  VOLT_CHECK(!ranks.empty(), ValueError, kTag, " new_group needs at least one rank.");
+  int64_t me = -1;
+  std::string key = "volt/gloo/group/" + tag;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    VOLT_CHECK(ranks[i] >= 0 && ranks[i] < world_size_ && (i == 0 || ranks[i] > ranks[i - 1]),
+               ValueError, kTag, " new_group ranks must be ascending and in [0, ", world_size_,
+               "); got rank ", ranks[i], " at position ", i, ".");
+    if (ranks[i] == rank_) me = static_cast<int64_t>(i);
+    key += "/" + std::to_string(ranks[i]);
+  }
+  VOLT_CHECK(me >= 0, ValueError, kTag, " rank ", rank_,
+             " called new_group for ranks it is not among; only members call it.");
+  auto impl = std::make_unique<Impl>();
+  impl->store = impl_->store;
+  impl->device = impl_->device;
+  impl->address = impl_->address;
+  impl->gloo_address = impl_->gloo_address;
+  const int size = static_cast<int>(ranks.size());
+  try {
+    auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout());
+    opts->devices.push_back(impl->device);
+    auto prefix = c10::make_intrusive<c10d::PrefixStore>(key, impl->store);
+    auto gloo =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, static_cast<int>(me), size, opts);
+#if VOLT_TORCH_AT_LEAST(2, 0)
+    // [S] as in the constructor: read from 2.x sources, not compiled (no gloo headers there).
+    impl->backend = gloo;
+    impl->group = c10::make_intrusive<c10d::ProcessGroup>(prefix, static_cast<int>(me), size);
+    impl->group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    impl->group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+#else
+    impl->group = gloo;
+#endif
+  } catch (const std::exception& e) {
+    VOLT_CHECK(false, DistributedError, kTag, " rank ", rank_, " could not connect its group of ",
+               size, " ranks (", key, ") within ", seconds(options_.timeout()), ": ",
+               reason_of(e), "; every member must call new_group with the same ranks and tag.");
+  }
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl), me, size, options_));
 }
 
 ProcessGroup::~ProcessGroup() {

@@ -405,8 +405,7 @@ TensorParallelEngine::TensorParallelEngine(torch::nn::Module& root,
   VOLT_CHECK(group_ != nullptr, ConfigError, kTag, " needs a process group.");
   VOLT_CHECK(options_.tp_size() == group_->world_size(), ConfigError, kTag,
              " tp_size=", options_.tp_size(), " but the process group has ", group_->world_size(),
-             " ranks; run with devices x num_nodes = tp_size (data-parallel replicas of a "
-             "tensor-parallel group are not built).");
+             " ranks; pass the tensor-parallel group (ProcessGroup::new_group) of tp_size ranks.");
   layers_ = resolve_tensor_parallel_plan(root_, options_);
   VOLT_CHECK(!layers_.empty() || options_.tp_size() == 1, ConfigError, kTag,
              " tp_size=", options_.tp_size(),

@@ -318,7 +318,9 @@ at::Tensor DeepSpeedStrategy::predict_step(Module& module, const Batch& batch, i
 }
 
 DataShard DeepSpeedStrategy::data_shard() const {
-  return tp_on() ? DataShard{0, 1} : DdpStrategy::data_shard();
+  if (!tp_on()) return DdpStrategy::data_shard();
+  const int64_t tp = options_.tensor_parallel().tp_size();
+  return DataShard{rank() / tp, std::max<int64_t>(world_size() / tp, 1)};
 }
 
 Batch DeepSpeedStrategy::batch_to_device(const Batch& batch) const {
@@ -389,7 +391,22 @@ void DeepSpeedStrategy::setup_module(Module& module) {
       cast_module_ = &module;
     }
     if (tp_on()) {
-      tp_ = std::make_unique<TensorParallelEngine>(module, group_, options_.tensor_parallel());
+      const int64_t tp = options_.tensor_parallel().tp_size(), world = world_size();
+      VOLT_CHECK(tp <= world, ConfigError, kTag, " tensor_parallel.tp_size=", tp,
+                 " is larger than the world (", world, " processes); use at most ", world,
+                 " or start more processes.");
+      VOLT_CHECK(world % tp == 0, ConfigError, kTag, " the world (", world,
+                 " processes) is not a multiple of tensor_parallel.tp_size=", tp,
+                 "; every tensor-parallel group needs tp_size ranks.");
+      std::shared_ptr<ProcessGroup> tp_group = group_;
+      if (tp < world) {
+        // Consecutive ranks form a group (on one node when devices is a multiple of tp_size);
+        // the groups are data-parallel replicas reading different batches (data_shard()).
+        std::vector<int64_t> ranks;
+        for (int64_t r = rank() / tp * tp; r < rank() / tp * tp + tp; ++r) ranks.push_back(r);
+        tp_group = group().new_group(ranks, "tp" + std::to_string(++tp_groups_made_));
+      }
+      tp_ = std::make_unique<TensorParallelEngine>(module, tp_group, options_.tensor_parallel());
       log_info("DeepSpeedStrategy",
                "tensor parallel over " + std::to_string(world_size()) + " ranks: " +
                    std::to_string(tp_->layers().size()) + " layers split, parameters " +

@@ -120,6 +120,24 @@ TEST(TensorParallel, EmbeddingAndBlocksByPlanPolicyAndJson) {
   EXPECT_EQ(field(o, 3, "layers"), 5) << o;
 }
 
+TEST(TensorParallel, ValidateOnTwoRanksLogsWhatOneProcessLogs) {
+  volt_test::TempDir dir;
+  auto val = [](const std::string& out, int rank) {
+    std::smatch m;
+    const std::regex re("rank " + std::to_string(rank) + " validated val_out=([-0-9.e+]+)");
+    return std::regex_search(out, m, re) ? std::stod(m[1]) : -1.0;
+  };
+  Job r = run_tp({"--root", dir.path, "--out", dir / "ref", "--model", "blocks", "--devices", "1",
+                  "--form", "none", "--stage", "validate"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  Job j = run_tp({"--root", dir.path, "--out", dir / "tp", "--model", "blocks", "--devices", "2",
+                  "--tp", "2", "--form", "policy", "--stage", "validate"});
+  ASSERT_EQ(j.code, 0) << j.output;
+  const double ref = val(r.output, 0);
+  ASSERT_GT(ref, 0.0) << r.output;
+  for (int k = 0; k < 2; ++k) EXPECT_NEAR(val(j.output, k), ref, 1e-5 * ref) << j.output;
+}
+
 TEST(TensorParallel, Bfloat16WeightsHalveTheBytesAndStayClose) {
   volt_test::TempDir dir;
   Job r = run_tp({"--root", dir.path, "--out", dir / "ref", "--model", "mlp", "--devices", "1",
@@ -140,12 +158,42 @@ TEST(TensorParallel, Bfloat16WeightsHalveTheBytesAndStayClose) {
   EXPECT_EQ(field(j.output, 0, "restored"), 2) << j.output;
 }
 
-TEST(TensorParallel, TpSizeLargerThanTheWorldIsAClearErrorOnEveryRank) {
+TEST(TensorParallel, FourRanksAsTwoGroupsOfTwoSplitLayersAndData) {
+  // The reference's "8 devices, tp_size 4" shape at half the size: ranks {0,1} and {2,3} each
+  // split the layers; the two groups predict different halves of the data.
+  volt_test::TempDir dir;
+  Job j = run_tp({"--root", dir.path, "--out", dir / "tp", "--model", "transformer", "--devices",
+                  "4", "--tp", "2", "--heads", "4"});
+  ASSERT_EQ(j.code, 0) << j.output;
+  for (int g = 0; g < 2; ++g) {
+    const std::string ref = dir / ("ref" + std::to_string(g));
+    Job r = run_tp({"--root", dir.path, "--out", ref, "--model", "transformer", "--devices", "1",
+                    "--form", "none", "--shard", std::to_string(g) + "/2"});
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto expected = load(ref + ".rank0.pt");
+    for (int k = 2 * g; k < 2 * g + 2; ++k) {
+      const auto p = load(dir / ("tp.rank" + std::to_string(k) + ".pt"));
+      ASSERT_EQ(p.sizes(), expected.sizes()) << "rank " << k;
+      EXPECT_TRUE(torch::allclose(p, expected, 2e-5, 2e-5))
+          << "rank " << k << " max diff " << (p - expected).abs().max().item<double>();
+    }
+    EXPECT_EQ(field(j.output, 2 * g, "restored"), 1) << j.output;
+  }
+  EXPECT_FALSE(torch::equal(load(dir / "tp.rank0.pt"), load(dir / "tp.rank2.pt")))
+      << "the two groups must read different batches";
+}
+
+TEST(TensorParallel, TpSizeLargerThanOrNotDividingTheWorldIsAClearErrorOnEveryRank) {
   volt_test::TempDir dir;
   Job j = run_tp(
       {"--root", dir.path, "--out", dir / "x", "--model", "mlp", "--devices", "2", "--tp", "4"});
   EXPECT_EQ(j.code, 1) << j.output;
-  EXPECT_NE(j.output.find("tp_size=4 but the process group has 2 ranks"), std::string::npos)
+  EXPECT_NE(j.output.find("tp_size=4 is larger than the world (2 processes)"), std::string::npos)
+      << j.output;
+  j = run_tp(
+      {"--root", dir.path, "--out", dir / "y", "--model", "mlp", "--devices", "3", "--tp", "2"});
+  EXPECT_EQ(j.code, 1) << j.output;
+  EXPECT_NE(j.output.find("is not a multiple of tensor_parallel.tp_size=2"), std::string::npos)
       << j.output;
 }
 

@@ -4,8 +4,9 @@
 // prints "rank R done param_bytes=P full_bytes=F layers=L restored=0|1".
 //
 //   volt_tp_worker --root DIR --out PREFIX --devices N --model mlp|transformer|blocks
-//       [--tp N] [--form plan|policy|json|none] [--dtype float32|bfloat16] [--stage predict|fit]
-//       [--heads H] [--kernel-inject 0|1] [--timeout S]
+//       [--tp N] [--form plan|policy|json|none] [--dtype float32|bfloat16] [--stage
+//       predict|validate|fit]
+//       [--heads H] [--kernel-inject 0|1] [--timeout S] [--shard G/N (reference: shard G of N)]
 //   --devices 1 --tp 1 is the single-process reference (single_device strategy).
 // restored: 1 the module left predict whole and unchanged, 2 whole with bfloat16-rounded values.
 //
@@ -61,6 +62,9 @@ class Infer : public volt::Module {
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     return net_->forward(b.input).pow(2).mean();
   }
+  void validation_step(const volt::Batch& b, int64_t) override {
+    log("val_out", net_->forward(b.input).to(torch::kFloat).pow(2).mean());
+  }
   torch::Tensor predict_step(const volt::Batch& b, int64_t) override {
     if (probe) probe();
     return net_->forward(b.input);
@@ -111,9 +115,21 @@ int run(std::map<std::string, std::string>& a, std::shared_ptr<Net> net, torch::
   auto targets = torch::zeros({inputs.size(0)}, torch::kLong);
   volt::DataLoader loader(std::make_shared<volt::TensorDataset>(inputs, targets),
                           volt::DataLoaderOptions(8));
+  if (a.count("--shard")) {  // "g/n": the reference for data-parallel group g of n
+    const std::string sh = a["--shard"];
+    loader = loader.sharded(std::stoll(sh.substr(0, sh.find('/'))),
+                            std::stoll(sh.substr(sh.find('/') + 1)));
+  }
   std::filesystem::create_directories(std::filesystem::path(a["--out"]).parent_path());
   if (a.count("--stage") && a["--stage"] == "fit") {
     trainer.fit(model, loader);
+    return 0;
+  }
+  if (a.count("--stage") && a["--stage"] == "validate") {
+    const volt::Metrics m = trainer.validate(model, loader);
+    std::printf("rank %lld validated val_out=%.17g\n",
+                static_cast<long long>(trainer.strategy().rank()), m.at("val_out"));
+    std::fflush(stdout);
     return 0;
   }
   int64_t param_bytes = 0, full_bytes = 0, layers = 0;

@@ -88,11 +88,20 @@ class ProcessGroup {
   /// True when `local` is true on some rank.
   bool any_of(bool local);
 
+  /// A group of some of these ranks (`ranks`: ascending, this rank among them) for collectives
+  /// among them only, e.g. one tensor-parallel group. Only its members call it, each with the
+  /// same `ranks` and `tag` (which tells apart groups made of the same ranks); it connects
+  /// through this group's store within the timeout. Its rank() is this rank's index in `ranks`.
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int64_t>& ranks,
+                                          const std::string& tag);
+
   /// The backend object (c10d), for volt's GradientReducer.
   struct Impl;
   Impl& impl() const { return *impl_; }
 
  private:
+  ProcessGroup(std::unique_ptr<Impl> impl, int64_t rank, int64_t world_size,
+               ProcessGroupOptions options);
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
   ProcessGroupOptions options_;

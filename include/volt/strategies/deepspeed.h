@@ -61,8 +61,9 @@ struct DeepSpeedStrategyOptions {
   TORCH_ARG(std::string, process_group_backend) = "auto";
 
   // DeepSpeed inference (predict, validate and test; fit raises NotAvailable when tp_size > 1).
-  /// Tensor parallelism: tp_size, and the plan or injection_policy naming the Linear layers to
-  /// split (TensorParallelEngine). Default: tp_size 1 (off).
+  /// Tensor parallelism: tp_size (dividing the world: consecutive ranks form a group, groups
+  /// split the data), and the plan or injection_policy naming the Linear layers to split
+  /// (TensorParallelEngine). Default: tp_size 1 (off).
   TORCH_ARG(TensorParallelOptions, tensor_parallel) = {};
   /// Weights' dtype for inference: "float32" or "bfloat16" (the module is cast for the run and
   /// back to its dtype after it, keeping the bfloat16-rounded values, as DeepSpeed converts a
@@ -130,7 +131,8 @@ class DeepSpeedStrategy : public DdpStrategy {
   /// The tensor-parallel engine of the current run (nullptr when tp_size is 1 or outside a run).
   TensorParallelEngine* tensor_parallel_engine() const { return tp_.get(); }
   Batch batch_to_device(const Batch& batch) const override;
-  /// With tensor parallelism every rank reads the same batches (they split layers, not data).
+  /// With tensor parallelism the ranks of one tensor-parallel group read the same batches (they
+  /// split layers, not data); groups (world / tp_size of them) read different ones.
   DataShard data_shard() const override;
 
  private:
@@ -147,6 +149,7 @@ class DeepSpeedStrategy : public DdpStrategy {
   std::unique_ptr<TensorParallelEngine> tp_;
   c10::optional<at::ScalarType> tp_cast_back_;  // the module's dtype before a bfloat16 run
   Module* cast_module_ = nullptr;
+  int64_t tp_groups_made_ = 0;  // names each run's tensor-parallel group uniquely in the store
   DeepSpeedStrategyOptions options_;
   c10::optional<DeepSpeedConfig> config_;
   c10::optional<double> clip_;  // the JSON's gradient_clipping
