@@ -251,6 +251,7 @@ namespace {
 
 // What the interceptor needs for one row-parallel weight.
 struct RowWeight {
+  const c10::StorageImpl* storage;  // the weight's (this entry's key)
   ProcessGroup* group;
   int64_t full;   // Linear: input features whole; Embedding: vocabulary rows whole
   int64_t shard;  // this rank's part
@@ -259,41 +260,18 @@ struct RowWeight {
 
 // By storage, so views of the weight (libtorch 1.13's C++ Linear computes addmm(b, x, W.t()) or
 // matmul(x, W.t()), not aten::linear) are recognised too.
-std::mutex& rows_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::unordered_map<const c10::StorageImpl*, RowWeight>& rows() {
-  static auto* m = new std::unordered_map<const c10::StorageImpl*, RowWeight>();
+detail::StorageMap<RowWeight>& rows() {
+  static auto* m = new detail::StorageMap<RowWeight>();
   return *m;
-}
-std::atomic<int64_t> g_row_count{0};
-
-const c10::StorageImpl* storage_of(const at::Tensor& t) {
-  return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
 }
 
 void register_row(const at::Tensor& weight, RowWeight info) {
-  std::lock_guard<std::mutex> lock(rows_mutex());
-  rows()[storage_of(weight)] = info;
-  g_row_count.store(static_cast<int64_t>(rows().size()), std::memory_order_release);
+  rows().set(detail::storage_of(weight), info);
 }
 
 void unregister_row(const at::Tensor& weight) {
-  std::lock_guard<std::mutex> lock(rows_mutex());
-  rows().erase(storage_of(weight));
-  g_row_count.store(static_cast<int64_t>(rows().size()), std::memory_order_release);
-}
-
-bool find_row(const c10::IValue& v, RowWeight& out) {
-  if (!v.isTensor()) return false;
-  const c10::StorageImpl* s = storage_of(v.toTensor());
-  if (s == nullptr) return false;
-  std::lock_guard<std::mutex> lock(rows_mutex());
-  auto it = rows().find(s);
-  if (it == rows().end()) return false;
-  out = it->second;
-  return true;
+  const c10::StorageImpl* s = detail::storage_of(weight);
+  rows().erase_if([&](const RowWeight& r) { return r.storage == s; });
 }
 
 // The ops a Linear's forward reaches its weight through (2.x: linear; 1.13's C++ functional:
@@ -334,7 +312,7 @@ at::Tensor input_slice(at::Tensor x, const RowWeight& info) {
 
 bool tp_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                     torch::jit::Stack* stack) {
-  if (g_row_count.load(std::memory_order_acquire) == 0) return false;
+  if (rows().empty()) return false;
   const c10::OperatorName& name = op.operator_name();
   const RowOpInfo* which = nullptr;
   for (const auto& r : row_ops()) {
@@ -342,9 +320,12 @@ bool tp_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   }
   if (which == nullptr || op.schema().arguments().size() != which->nargs) return false;
   const size_t n = which->nargs;
-  RowWeight info;
-  if (!find_row(torch::jit::peek(*stack, which->weight, n), info)) return false;
-  const at::Tensor weight = torch::jit::peek(*stack, which->weight, n).toTensor();
+  const c10::IValue& w = torch::jit::peek(*stack, which->weight, n);
+  if (!w.isTensor()) return false;
+  const c10::optional<RowWeight> found = rows().find(w.toTensor());
+  if (!found) return false;
+  const RowWeight info = *found;
+  const at::Tensor weight = w.toTensor();
   c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
   at::Tensor out;
   if (which->op == RowOp::kEmbedding) {
@@ -383,17 +364,6 @@ bool tp_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, std::move(out));
   return true;
-}
-
-int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
-  std::unordered_set<const c10::StorageImpl*> seen;
-  int64_t bytes = 0;
-  for (const auto& t : tensors) {
-    if (!t.defined() || !t.has_storage()) continue;
-    const auto* s = t.storage().unsafeGetStorageImpl();
-    if (seen.insert(s).second) bytes += static_cast<int64_t>(s->nbytes());
-  }
-  return bytes;
 }
 
 }  // namespace
@@ -450,7 +420,8 @@ void TensorParallelEngine::reshard() {
       auto& e = dynamic_cast<torch::nn::EmbeddingImpl&>(*m);
       const int64_t full = e.weight.size(0), n = full / tp;
       reshard(e.weight, 0, false);
-      register_row(e.weight, RowWeight{group_.get(), full, n, rank * n});
+      register_row(e.weight,
+                   RowWeight{detail::storage_of(e.weight), group_.get(), full, n, rank * n});
       continue;
     }
     auto& l = dynamic_cast<torch::nn::LinearImpl&>(*m);
@@ -465,7 +436,8 @@ void TensorParallelEngine::reshard() {
       case TpStyle::kRowwise: {
         const int64_t full = l.weight.size(1), n = full / tp;
         reshard(l.weight, 1, false);  // the bias stays whole: added once, after the sum
-        register_row(l.weight, RowWeight{group_.get(), full, n, rank * n});
+        register_row(l.weight,
+                     RowWeight{detail::storage_of(l.weight), group_.get(), full, n, rank * n});
         break;
       }
       case TpStyle::kReplicated: break;
@@ -521,7 +493,7 @@ void TensorParallelEngine::restore() {
 }
 
 int64_t TensorParallelEngine::parameter_bytes() const {
-  return storage_bytes(root_.parameters());
+  return detail::storage_bytes(root_.parameters());
 }
 
 }  // namespace volt

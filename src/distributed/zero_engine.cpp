@@ -48,18 +48,6 @@ std::vector<at::Tensor> state_tensors(const torch::optim::OptimizerParamState& s
   return {};
 }
 
-// Adds the bytes of each distinct storage among `tensors`.
-int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
-  std::unordered_set<const void*> seen;
-  int64_t bytes = 0;
-  for (const auto& t : tensors) {
-    if (!t.defined() || !t.has_storage()) continue;
-    const auto* s = t.storage().unsafeGetStorageImpl();
-    if (seen.insert(s).second) bytes += static_cast<int64_t>(s->nbytes());
-  }
-  return bytes;
-}
-
 // ------------------------------------------------------------------ stage 3: gathering on read
 // Partitioned parameters keep their TensorImpl (the module's typed members and autograd hold it)
 // but their storage is emptied; an op receiving one (or a view of it: same storage) gathers its
@@ -71,13 +59,9 @@ struct Owner {
   size_t unit;
 };
 
-std::mutex& owners_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-std::unordered_map<const c10::StorageImpl*, Owner>& owners() {
-  static auto* m = new std::unordered_map<const c10::StorageImpl*, Owner>();
+// Lives as long as the process (the interceptor may run during static destruction).
+detail::StorageMap<Owner>& owners() {
+  static auto* m = new detail::StorageMap<Owner>();
   return *m;
 }
 
@@ -114,10 +98,7 @@ bool gather_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
     const c10::IValue& v = (*stack)[base + i];
     const bool writes = args[i].alias_info() != nullptr && args[i].alias_info()->isWrite();
     auto visit = [&](const at::Tensor& t) {
-      if (!t.defined() || !t.has_storage()) return;
-      std::lock_guard<std::mutex> lock(owners_mutex());
-      auto it = owners().find(t.storage().unsafeGetStorageImpl());
-      if (it != owners().end()) uses.push_back({it->second, writes});
+      if (auto o = owners().find(t)) uses.push_back({*o, writes});
     };
     if (v.isTensor()) {
       visit(v.toTensor());
@@ -316,12 +297,9 @@ void ZeroEngine::partition_parameters() {
       c.view = param_shard_.narrow(0, shard_offset_[i], c.length);
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(owners_mutex());
-    for (size_t u = 0; u < units_.size(); ++u) {
-      for (size_t i : units_[u].chunks) {
-        owners()[chunks_[i].parameter.storage().unsafeGetStorageImpl()] = Owner{this, u};
-      }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (size_t i : units_[u].chunks) {
+      owners().set(detail::storage_of(chunks_[i].parameter), Owner{this, u});
     }
   }
   c10::impl::tls_set_dispatch_key_included(kGatherKey, true);
@@ -453,16 +431,7 @@ void ZeroEngine::restore_parameters() {
 }
 
 void ZeroEngine::unregister() {
-  std::lock_guard<std::mutex> lock(owners_mutex());
-  bool others = false;
-  for (auto it = owners().begin(); it != owners().end();) {
-    if (it->second.engine == this) {
-      it = owners().erase(it);
-    } else {
-      others = true;
-      ++it;
-    }
-  }
+  const bool others = owners().erase_if([this](const Owner& o) { return o.engine == this; }) > 0;
   if (!others) c10::impl::tls_set_dispatch_key_included(kGatherKey, false);
 }
 
@@ -685,9 +654,9 @@ ZeroMemory ZeroEngine::memory() const {
   for (const auto& kv : optimizer_.state()) {
     for (auto& t : state_tensors(*kv.second)) state.push_back(t);
   }
-  m.parameters = storage_bytes(params);
-  m.gradients = storage_bytes(grads);
-  m.optimizer_state = storage_bytes(state);
+  m.parameters = detail::storage_bytes(params);
+  m.gradients = detail::storage_bytes(grads);
+  m.optimizer_state = detail::storage_bytes(state);
   return m;
 }
 

@@ -7,8 +7,17 @@
 // backward). DeferredInit is torchdistx's key; libtorch registers nothing on it, so in a C++
 // process this fallback is the only kernel there (registering a second one would fail loudly).
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DispatchKey.h>
+#include <c10/util/Optional.h>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 namespace volt::detail {
 
@@ -27,5 +36,54 @@ void add_interceptor(Interceptor fn);
 /// Runs `op` below the intercept key (what an interceptor that declines would get).
 void redispatch_below(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                       torch::jit::Stack* stack);
+
+/// The storage of `t` (views share it), or nullptr for an undefined or storage-less tensor.
+inline const c10::StorageImpl* storage_of(const at::Tensor& t) {
+  return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+}
+
+/// Bytes of each distinct storage among `tensors`.
+inline int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::unordered_set<const c10::StorageImpl*> seen;
+  int64_t bytes = 0;
+  for (const auto& t : tensors) {
+    const c10::StorageImpl* s = storage_of(t);
+    if (s != nullptr && seen.insert(s).second) bytes += static_cast<int64_t>(s->nbytes());
+  }
+  return bytes;
+}
+
+/// What an interceptor knows about the tensors it acts on, by storage (so views of them are
+/// found too); thread-safe, with a lock-free emptiness check for the fast path of every op.
+template <typename T>
+class StorageMap {
+ public:
+  void set(const c10::StorageImpl* s, T value) {
+    std::lock_guard<std::mutex> lock(m_);
+    map_[s] = std::move(value);
+    size_.store(map_.size(), std::memory_order_release);
+  }
+  /// Removes the entries `drop` selects; returns how many remain.
+  size_t erase_if(const std::function<bool(const T&)>& drop) {
+    std::lock_guard<std::mutex> lock(m_);
+    for (auto it = map_.begin(); it != map_.end();) it = drop(it->second) ? map_.erase(it) : ++it;
+    size_.store(map_.size(), std::memory_order_release);
+    return map_.size();
+  }
+  c10::optional<T> find(const at::Tensor& t) const {
+    if (empty()) return c10::nullopt;
+    const c10::StorageImpl* s = storage_of(t);
+    if (s == nullptr) return c10::nullopt;
+    std::lock_guard<std::mutex> lock(m_);
+    auto it = map_.find(s);
+    return it == map_.end() ? c10::nullopt : c10::optional<T>(it->second);
+  }
+  bool empty() const { return size_.load(std::memory_order_acquire) == 0; }
+
+ private:
+  mutable std::mutex m_;
+  std::unordered_map<const c10::StorageImpl*, T> map_;
+  std::atomic<size_t> size_{0};
+};
 
 }  // namespace volt::detail
