@@ -150,8 +150,10 @@ class CheckpointNode : public torch::autograd::Function<CheckpointNode> {
       // graph, and a later use of the same weight outside the checkpoint (same region) would
       // get no gradient through it. The casts themselves are identical without the cache.
       c10::optional<AutocastGuard> no_cache;
-      if (state->autocast.cpu_enabled) {
-        no_cache.emplace(c10::kCPU, state->autocast.cpu_dtype, true, /*cache_enabled=*/false);
+      if (state->autocast.cpu_enabled || state->autocast.cuda_enabled) {
+        // The cache flag is global; the CPU state is set to what it already is.
+        no_cache.emplace(c10::kCPU, state->autocast.cpu_dtype, state->autocast.cpu_enabled,
+                         /*cache_enabled=*/false);
       }
       outputs = state->fn(inputs);
     }
