@@ -54,12 +54,16 @@ struct Fitted {
   std::vector<std::string> grad_fns;
 };
 
-Fitted fit(std::vector<std::shared_ptr<volt::Callback>> callbacks, SeqClassifier& model) {
+Fitted fit(std::vector<std::shared_ptr<volt::Callback>> callbacks, SeqClassifier& model,
+           const std::string& precision = "32-true") {
   volt_test::TempDir dir;
   auto mem = std::make_shared<volt_test::MemoryLogger>();
-  volt::Trainer trainer(
-      volt_test::quiet(dir.path).max_epochs(2).log_every_n_steps(1).loggers({mem}).callbacks(
-          std::move(callbacks)));
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .max_epochs(2)
+                            .log_every_n_steps(1)
+                            .precision(precision)
+                            .loggers({mem})
+                            .callbacks(std::move(callbacks)));
   trainer.fit(model, volt_test::loader(volt_test::blobs(96)),
               volt_test::loader(volt_test::blobs(32, 8, 1), 16, false));
   Fitted f;
@@ -86,6 +90,19 @@ TEST(ActivationCheckpointingCallback, FitEqualsFitWithoutIt) {
   for (const auto& n : plain.grad_fns) EXPECT_EQ(n.find("CheckpointNode"), std::string::npos) << n;
   // Parameter names (what checkpoints are keyed by) did not change.
   EXPECT_EQ(plain_model.named_parameters().keys(), ckpt_model.named_parameters().keys());
+}
+
+TEST(ActivationCheckpointingCallback, Bf16MixedFitEqualsFitWithoutIt) {
+  // The Trainer's autocast region has ended when backward recomputes: the callback's
+  // checkpoints replay it (the fp32 recomputation would give other losses after step 1).
+  SeqClassifier plain_model, ckpt_model;
+  const Fitted plain = fit({}, plain_model, "bf16-mixed");
+  const Fitted ckpt = fit({std::make_shared<volt::ActivationCheckpointing>(
+                              volt::ActivationCheckpointingOptions({"body.*"}))},
+                          ckpt_model, "bf16-mixed");
+  ASSERT_EQ(plain.losses.size(), 12u);
+  EXPECT_EQ(plain.losses, ckpt.losses);
+  EXPECT_TRUE(torch::equal(plain.params, ckpt.params));
 }
 
 TEST(ActivationCheckpointingCallback, ModuleOutsideASequentialFailsTheFit) {
