@@ -16,10 +16,11 @@ RANKS = {
     "kernels": 1,       # fused kernels (libtorch only)
     "data": 2, "io": 2, "optim": 2, "report": 2, "accelerators": 2, "precision": 2,
     "distributed": 2,   # process groups, launcher, cluster environments
-    "loggers": 3, "profiler": 3, "strategies": 3,
-    "callbacks": 4,
-    "trainer": 5,       # Trainer, loops, resolve_plan, built-in registration
-    "cli": 6,
+    "nn": 3,            # model building blocks over precision: activation checkpointing
+    "loggers": 4, "profiler": 4, "strategies": 4,
+    "callbacks": 5,
+    "trainer": 6,       # Trainer, loops, resolve_plan, built-in registration
+    "cli": 7,
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(?:volt/)?([a-z_]+)/')
 

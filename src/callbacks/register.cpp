@@ -1,4 +1,5 @@
 // Registers this folder's built-in names; called once from registry() (src/trainer/builtins.cpp).
+#include "volt/callbacks/activation_checkpointing.h"
 #include "volt/callbacks/device_stats_monitor.h"
 #include "volt/callbacks/early_stopping.h"
 #include "volt/callbacks/host_sync_monitor.h"
@@ -148,6 +149,22 @@ void register_callbacks(Registry& r) {
   r.callbacks.add("ThroughputMonitor",
                   "logs train_samples_per_sec and train_batches_per_sec (validation time excluded)",
                   [] { return std::make_shared<ThroughputMonitor>(); });
+
+  r.callbacks.add(
+      "ActivationCheckpointing",
+      "recomputes the listed Sequential entries' activations in backward (saves memory)",
+      Params()
+          .required<std::vector<std::string>>(
+              "modules", "module paths or globs to checkpoint, e.g. [\"blocks.*\"]")
+          .optional<bool>("cpu_checkpointing",
+                          "keep checkpointed inputs in host memory; none = the strategy's")
+          .add("preserve_rng_state", true, "replay RNG states so dropout masks match"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        ActivationCheckpointingOptions o(a.get<std::vector<std::string>>("modules"));
+        o.preserve_rng_state(a.get<bool>("preserve_rng_state"));
+        if (auto c = a.get_optional<bool>("cpu_checkpointing")) o.cpu_checkpointing(*c);
+        return std::make_shared<ActivationCheckpointing>(o);
+      });
 }
 
 }  // namespace volt::detail

@@ -22,6 +22,7 @@
 #include "volt/core/module.h"
 #include "volt/io/state.h"
 #include "volt/kernels/fused_optimizer.h"
+#include "volt/nn/checkpoint.h"
 
 namespace volt {
 namespace {
@@ -226,6 +227,7 @@ void DeepSpeedStrategy::apply_config() {
     options_.zero_allow_untested_optimizer(*c.zero_allow_untested_optimizer);
   }
   clip_ = c.gradient_clipping;
+  options_.cpu_checkpointing(c.cpu_checkpointing);
   VOLT_CHECK(c.offload_param_device != "nvme", NotAvailable, kTag, " ", c.origin,
              ": offload_param to NVMe (ZeRO-Infinity) is not built yet (issue #12); use \"cpu\".");
   options_.offload_parameters(c.offload_param_device == "cpu");
@@ -265,6 +267,11 @@ void DeepSpeedStrategy::apply_config() {
 
 void DeepSpeedStrategy::setup_environment() {
   DdpStrategy::setup_environment();
+  checkpoint_defaults_.reset();
+  if (options_.cpu_checkpointing()) {
+    checkpoint_defaults_ = std::make_unique<CheckpointDefaultsGuard>(
+        checkpoint_defaults().cpu_checkpointing(true));
+  }
   if (!config_) return;
   if (auto b = resolve_deepspeed_batch(*config_, world_size(), loop_.accumulate_grad_batches)) {
     micro_batch_ = b->micro_batch_size;
@@ -357,6 +364,7 @@ void DeepSpeedStrategy::teardown() {
                                          e.what());
     }
   }
+  checkpoint_defaults_.reset();
   DdpStrategy::teardown();
 }
 

@@ -39,7 +39,8 @@ const std::vector<std::string> kTop = {"train_batch_size",
                                        "injection_policy",
                                        "replace_with_kernel_inject",
                                        "enable_cuda_graph",
-                                       "replace_method"};
+                                       "replace_method",
+                                       "activation_checkpointing"};
 const std::vector<std::string> kTopIgnored = {"steps_per_print",
                                               "wall_clock_breakdown",
                                               "dump_state",
@@ -48,7 +49,6 @@ const std::vector<std::string> kTopIgnored = {"steps_per_print",
                                               "sparse_gradients",
                                               "communication_data_type",
                                               "zero_force_ds_cpu_optimizer",
-                                              "activation_checkpointing",
                                               "flops_profiler",
                                               "tensorboard",
                                               "wandb",
@@ -103,6 +103,15 @@ const std::vector<std::string> kZeroIgnored = {"stage3_max_reuse_distance",
                                                "legacy_stage1",
                                                "use_multi_rank_bucket_allreduce",
                                                "log_trace_cache_warnings"};
+// activation_checkpointing: cpu_checkpointing is acted on; partition_activations and
+// contiguous_memory_optimization are refused when true; the rest tune DeepSpeed's own
+// implementation (number_checkpoints sizes its contiguous buffers, synchronize_checkpoint_boundary
+// is a CUDA synchronize, profile times its checkpoint calls; volt's recomputation always shows
+// as "volt::checkpoint::recompute" in profiles).
+const std::vector<std::string> kActivation = {"cpu_checkpointing", "partition_activations",
+                                              "contiguous_memory_optimization"};
+const std::vector<std::string> kActivationIgnored = {"number_checkpoints",
+                                                     "synchronize_checkpoint_boundary", "profile"};
 const std::vector<std::string> kOffload = {"device", "nvme_path", "pin_memory"};
 const std::vector<std::string> kOffloadIgnored = {"buffer_count",  "buffer_size", "max_in_cpu",
                                                   "fast_init",     "ratio",       "pipeline_read",
@@ -317,6 +326,30 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
     if (c > 0) cfg.gradient_clipping = c;
   }
   cfg.zero_allow_untested_optimizer = r.boolean(root, "zero_allow_untested_optimizer", "");
+  if (root.contains("activation_checkpointing")) {
+    const json& a = root["activation_checkpointing"];
+    const std::string p = "activation_checkpointing.";
+    r.check_keys(a, "activation_checkpointing", kActivation, kActivationIgnored, cfg.ignored);
+    cfg.cpu_checkpointing = r.boolean(a, "cpu_checkpointing", p).value_or(false);
+    VOLT_CHECK(!r.boolean(a, "partition_activations", p).value_or(false), NotAvailable, kTag, " ",
+               origin, ": \"activation_checkpointing.partition_activations\" splits checkpointed "
+               "activations across model-parallel ranks, and volt trains without model "
+               "parallelism; set it to false (cpu_checkpointing moves them off the device "
+               "instead).");
+    VOLT_CHECK(!r.boolean(a, "contiguous_memory_optimization", p).value_or(false), NotAvailable,
+               kTag, " ", origin, ": \"activation_checkpointing.contiguous_memory_optimization\" "
+               "(DeepSpeed copying checkpoints into one preallocated buffer against "
+               "fragmentation) is not built in volt; set it to false.");
+    for (const char* k : {"number_checkpoints", "synchronize_checkpoint_boundary", "profile"}) {
+      if (!a.contains(k) || a[k].is_null()) continue;
+      const bool ok = std::string(k) == "number_checkpoints" ? a[k].is_number_integer()
+                                                              : a[k].is_boolean();
+      if (!ok) {
+        r.fail(p + k, std::string(k) == "number_checkpoints" ? "must be an integer"
+                                                              : "must be true or false");
+      }
+    }
+  }
 
   if (root.contains("zero_optimization")) {
     const json& z = root["zero_optimization"];

@@ -81,6 +81,8 @@ void register_strategies(Registry& r) {
             .choice("offload_optimizer_device", o.offload_optimizer_device(), {"cpu", "nvme"},
                     "where the optimizer state is offloaded")
             .add("nvme_path", o.nvme_path(), "folder of NVMe swap files (ZeRO-Infinity)")
+            .add("cpu_checkpointing", o.cpu_checkpointing(),
+                 "keep inputs saved by activation checkpointing in host memory")
             .add("reduce_bucket_size", o.reduce_bucket_size(),
                  "gradient elements per reduce-scatter")
             .add("allgather_bucket_size", o.allgather_bucket_size(),
@@ -117,6 +119,7 @@ void register_strategies(Registry& r) {
                   .max_live_parameters(a.get<int64_t>("max_live_parameters"))
                   .offload_optimizer_device(a.get<std::string>("offload_optimizer_device"))
                   .nvme_path(a.get<std::string>("nvme_path"))
+                  .cpu_checkpointing(a.get<bool>("cpu_checkpointing"))
                   .reduce_bucket_size(a.get<int64_t>("reduce_bucket_size"))
                   .allgather_bucket_size(a.get<int64_t>("allgather_bucket_size"))
                   .zero_allow_untested_optimizer(a.get<bool>("zero_allow_untested_optimizer"))

@@ -75,6 +75,45 @@ TEST(DeepSpeedConfig, KnownButUnsupportedKeysAreListedAsIgnored) {
                                       "zero_optimization.sub_group_size"}));
 }
 
+TEST(DeepSpeedConfig, ActivationCheckpointingSection) {
+  const auto c = volt::parse_deepspeed_config(
+      R"({"activation_checkpointing": {"cpu_checkpointing": true, "partition_activations": false,
+          "contiguous_memory_optimization": false, "number_checkpoints": 4,
+          "synchronize_checkpoint_boundary": true, "profile": false}})",
+      "a.json");
+  EXPECT_TRUE(c.cpu_checkpointing);
+  EXPECT_EQ(c.ignored, (std::vector<std::string>{
+                           "activation_checkpointing.number_checkpoints",
+                           "activation_checkpointing.profile",
+                           "activation_checkpointing.synchronize_checkpoint_boundary"}));
+  EXPECT_FALSE(volt::parse_deepspeed_config("{}", "b.json").cpu_checkpointing);
+  const std::string typo = error_of(R"({"activation_checkpointing": {"cpu_checkpoint": true}})");
+  EXPECT_NE(typo.find("activation_checkpointing.cpu_checkpoint\" is not a DeepSpeed key"),
+            std::string::npos)
+      << typo;
+  EXPECT_NE(typo.find("did you mean \"cpu_checkpointing\""), std::string::npos) << typo;
+  EXPECT_NE(error_of(R"({"activation_checkpointing": {"cpu_checkpointing": "yes"}})")
+                .find("\"activation_checkpointing.cpu_checkpointing\" must be true or false"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"activation_checkpointing": {"number_checkpoints": "four"}})")
+                .find("\"activation_checkpointing.number_checkpoints\" must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"activation_checkpointing": true})").find("must be a JSON object"),
+            std::string::npos);
+  for (const char* key : {"partition_activations", "contiguous_memory_optimization"}) {
+    try {
+      volt::parse_deepspeed_config(
+          std::string(R"({"activation_checkpointing": {")") + key + R"(": true}})", "c.json");
+      ADD_FAILURE() << key << " accepted";
+    } catch (const volt::NotAvailable& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("activation_checkpointing.") + key),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("set it to false"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(DeepSpeedConfig, WrongTypesAndValuesAreConfigErrorsNamingTheKey) {
   EXPECT_NE(
       error_of(R"({"train_batch_size": "eight"})").find("\"train_batch_size\" must be an integer"),

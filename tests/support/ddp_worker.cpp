@@ -14,6 +14,7 @@
 //       [--ds-config JSON]  (DeepSpeedStrategy configured by a DeepSpeed JSON file or text)
 //       [--persist ELEMENTS] [--max-live ELEMENTS]  (stage 3: persistence threshold, live bound)
 //       [--depth D]  (D more Linear(width, width) layers)
+//       [--checkpoint-activations 0|1]  (fc1+dropout and each deep layer under volt::checkpoint)
 //       (with --zero, rank lines add "zero_memory params=P grads=G state=S numel=N")
 //
 // Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage.
@@ -28,6 +29,7 @@
 #include <string>
 
 #include "tiny.h"
+#include "volt/nn/checkpoint.h"
 #include "volt/strategies/deepspeed.h"
 
 namespace {
@@ -51,11 +53,17 @@ class Net : public volt::Module {
     for (int64_t i = 0; i < depth; ++i) deep->push_back(torch::nn::Linear(width, width));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = drop->forward(torch::relu(fc1->forward(x)));
+    auto first = [this](const torch::Tensor& t) { return drop->forward(torch::relu(fc1(t))); };
+    auto h = checkpoint_activations ? volt::checkpoint(first, x) : first(x);
     h = torch::relu(torch::linear(h, w2, b2));
-    for (const auto& layer : *deep) h = torch::relu(layer->as<torch::nn::Linear>()->forward(h));
+    for (const auto& layer : *deep) {
+      auto* lin = layer->as<torch::nn::Linear>();
+      auto block = [lin](const torch::Tensor& t) { return torch::relu(lin->forward(t)); };
+      h = checkpoint_activations ? volt::checkpoint(block, h) : block(h);
+    }
     return head->forward(h);
   }
+  bool checkpoint_activations = false;
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
     log("train_loss", loss, volt::LogOptions().sync_dist(sync_dist_));
@@ -218,6 +226,7 @@ int main(int argc, char** argv) {
     Net model(num("--dropout", 0) != 0, num("--tied", 0) != 0, num("--sync-dist", 0) != 0,
               num("--unused", 0) != 0, num("--width", 8),
               a.count("--optimizer") ? a["--optimizer"] : "sgd", num("--depth", 0));
+    model.checkpoint_activations = num("--checkpoint-activations", 0) != 0;
     auto train = volt_test::blobs(num("--samples", 128), 8, 1);
     auto val = volt_test::blobs(64, 8, 2);
     volt::DdpStrategyOptions ddp;

@@ -40,6 +40,10 @@ struct DeepSpeedStrategyOptions {
   TORCH_ARG(int64_t, max_live_parameters) = 1000000000;
   /// Folder of the NVMe swap files (ZeRO-Infinity). Default: "/local_nvme".
   TORCH_ARG(std::string, nvme_path) = "/local_nvme";
+  /// DeepSpeed's cpu_checkpointing: volt::checkpoint keeps the inputs it saves in host memory
+  /// for this run (checkpoint_defaults()); the model must use activation checkpointing
+  /// (volt::checkpoint or the ActivationCheckpointing callback). Default: false.
+  TORCH_ARG(bool, cpu_checkpointing) = false;
   /// Gradient elements per reduce-scatter. Default: 2e8 (Lightning's DeepSpeed default).
   TORCH_ARG(int64_t, reduce_bucket_size) = 200000000;
   /// Parameter elements per all-gather after the step. Default: 2e8.
@@ -87,6 +91,8 @@ struct DeepSpeedStrategyOptions {
 /// metadata file, and the folder replaces the previous one atomically. The same world size
 /// resumes exactly; another world size, a plain DdpStrategy or one process loads the folder
 /// through consolidate_zero_checkpoint (also `volt zero-to-fp32`).
+class CheckpointDefaultsGuard;
+
 class DeepSpeedStrategy : public DdpStrategy {
  public:
   DeepSpeedStrategy(DeepSpeedStrategyOptions options, std::shared_ptr<Accelerator> accelerator,
@@ -156,6 +162,7 @@ class DeepSpeedStrategy : public DdpStrategy {
   int64_t micro_batch_ = 0;     // the JSON's micro batch, checked on the first batch
   std::map<const torch::optim::Optimizer*, std::unique_ptr<ZeroEngine>> engines_;
   std::map<const c10::TensorImpl*, std::string> names_;
+  std::unique_ptr<CheckpointDefaultsGuard> checkpoint_defaults_;  // cpu_checkpointing's run
 };
 
 /// Reads a ZeRO checkpoint folder (every rank's shard) and writes one ordinary volt checkpoint

@@ -44,6 +44,8 @@ struct DeepSpeedConfig {
   c10::optional<int64_t> stage3_prefetch_bucket_size;
   c10::optional<int64_t> stage3_param_persistence_threshold;
   c10::optional<int64_t> stage3_max_live_parameters;
+  /// activation_checkpointing.cpu_checkpointing (the section's other keys: see the parser).
+  bool cpu_checkpointing = false;
   /// optimizer.type ("" = none) and optimizer.params (numbers; "betas" holds two).
   std::string optimizer_type;
   std::map<std::string, std::vector<double>> optimizer_params;

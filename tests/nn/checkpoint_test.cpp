@@ -1,0 +1,491 @@
+// volt::checkpoint, checkpoint_sequential and wrap_activation_checkpointing: gradients equal an
+// ordinary run's bitwise (dropout, autocast, nesting, several outputs), errors, and peak memory.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "volt/accelerators/cpu_memory.h"
+#include "volt/core/errors.h"
+#include "volt/nn/checkpoint.h"
+#include "volt/precision/autocast.h"
+#include "tiny.h"
+#include "training_jobs.h"
+
+namespace {
+
+namespace nn = torch::nn;
+
+// Linear -> GELU -> Dropout -> Linear: the shape of a transformer MLP block. (A Sequential
+// cannot hold a Sequential: AnyModule needs a non-template forward.)
+struct MlpBlockImpl : nn::Module {
+  MlpBlockImpl(int64_t width, double dropout)
+      : fc1(register_module("fc1", nn::Linear(width, 4 * width))),
+        drop(register_module("drop", nn::Dropout(dropout))),
+        fc2(register_module("fc2", nn::Linear(4 * width, width))) {}
+  at::Tensor forward(at::Tensor x) { return fc2(drop(torch::gelu(fc1(x)))); }
+  nn::Linear fc1;
+  nn::Dropout drop;
+  nn::Linear fc2;
+};
+TORCH_MODULE(MlpBlock);
+
+// A deep MLP whose blocks are Sequential entries (so they can be wrapped by name).
+struct DeepMlp : nn::Module {
+  DeepMlp(int64_t depth, int64_t width, double dropout) {
+    torch::manual_seed(0);
+    for (int64_t i = 0; i < depth; ++i) blocks->push_back(MlpBlock(width, dropout));
+    register_module("blocks", blocks);
+    register_module("head", head = nn::Linear(width, 1));
+  }
+  // Plain forward (goes through the Sequential, so wrapped blocks are checkpointed).
+  at::Tensor forward(const at::Tensor& x) { return head(blocks->forward(x)); }
+  // Every block checkpointed by hand.
+  at::Tensor forward_checkpointed(const at::Tensor& x, const volt::CheckpointOptions& o) {
+    at::Tensor h = x;
+    for (auto& b : *blocks) h = volt::checkpoint(o, MlpBlock(b.ptr<MlpBlockImpl>()), h);
+    return head(h);
+  }
+  nn::Sequential blocks;
+  nn::Linear head{nullptr};
+};
+
+struct Grads {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  at::Tensor input;
+  at::Tensor loss;
+};
+
+// Runs `forward` on a fresh copy of x from RNG seed 42, backward, and returns every gradient.
+template <typename F>
+Grads run(nn::Module& m, const at::Tensor& x_data, bool input_grad, F forward) {
+  for (auto& p : m.parameters()) p.mutable_grad() = at::Tensor();
+  at::Tensor x = x_data.clone().requires_grad_(input_grad);
+  torch::manual_seed(42);
+  at::Tensor y = forward(x);
+  at::Tensor loss = (y * y).mean();
+  loss.backward();
+  Grads g;
+  for (const auto& kv : m.named_parameters()) {
+    EXPECT_TRUE(kv.value().grad().defined()) << kv.key() << " got no gradient";
+    g.params.emplace_back(kv.key(), kv.value().grad().clone());
+  }
+  if (input_grad) g.input = x.grad().clone();
+  g.loss = loss.detach();
+  return g;
+}
+
+void expect_bitwise_equal(const Grads& a, const Grads& b) {
+  ASSERT_EQ(a.params.size(), b.params.size());
+  EXPECT_TRUE(torch::equal(a.loss, b.loss))
+      << a.loss.item<double>() << " vs " << b.loss.item<double>();
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    ASSERT_TRUE(b.params[i].second.defined()) << b.params[i].first;
+    EXPECT_TRUE(torch::equal(a.params[i].second, b.params[i].second))
+        << a.params[i].first << " max diff "
+        << (a.params[i].second - b.params[i].second).abs().max().item<double>();
+  }
+  if (a.input.defined()) {
+    ASSERT_TRUE(b.input.defined());
+    EXPECT_TRUE(torch::equal(a.input, b.input));
+  }
+}
+
+bool all_equal(const Grads& a, const Grads& b) {
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    if (!torch::equal(a.params[i].second, b.params[i].second)) return false;
+  }
+  return true;
+}
+
+at::Tensor data(int64_t batch = 16, int64_t width = 8) {
+  torch::manual_seed(3);
+  return torch::randn({batch, width});
+}
+
+TEST(ActivationCheckpoint, DeepMlpWithDropoutGradientsBitwiseEqual) {
+  DeepMlp m(6, 8, 0.25);
+  const at::Tensor x = data();
+  const Grads plain = run(m, x, true, [&](const at::Tensor& t) { return m.forward(t); });
+  const Grads ckpt = run(m, x, true, [&](const at::Tensor& t) {
+    return m.forward_checkpointed(t, volt::CheckpointOptions());
+  });
+  expect_bitwise_equal(plain, ckpt);
+}
+
+TEST(ActivationCheckpoint, WithoutRngReplayDropoutMasksDiffer) {
+  // The check above can fail: without replaying the RNG the recomputed masks are new draws.
+  DeepMlp m(3, 8, 0.5);
+  const at::Tensor x = data();
+  const Grads plain = run(m, x, false, [&](const at::Tensor& t) { return m.forward(t); });
+  const Grads no_replay = run(m, x, false, [&](const at::Tensor& t) {
+    at::Tensor h = t;
+    for (auto& b : *m.blocks) {
+      auto block = b.ptr<MlpBlockImpl>();
+      h = volt::checkpoint(
+          [block](const std::vector<at::Tensor>& in) {
+            return std::vector<at::Tensor>{block->forward(in[0])};
+          },
+          std::vector<at::Tensor>{h}, volt::CheckpointOptions().preserve_rng_state(false))[0];
+    }
+    return m.head(h);
+  });
+  EXPECT_TRUE(torch::equal(plain.loss, no_replay.loss));  // forward draws the same masks
+  EXPECT_FALSE(all_equal(plain, no_replay));
+}
+
+TEST(ActivationCheckpoint, ParametersGetGradientsWhenNoInputRequiresGrad) {
+  // The first layer on raw data: PyTorch's reentrant checkpoint loses these gradients.
+  nn::Linear first(8, 8), last(8, 2);
+  nn::Sequential all(first, last);
+  const at::Tensor x = data();
+  const Grads plain =
+      run(*all, x, false, [&](const at::Tensor& t) { return last(torch::tanh(first(t))); });
+  const Grads ckpt = run(*all, x, false, [&](const at::Tensor& t) {
+    return last(torch::tanh(volt::checkpoint(first, t)));  // DeepSpeed's checkpoint(self.l1, x)
+  });
+  expect_bitwise_equal(plain, ckpt);
+}
+
+TEST(ActivationCheckpoint, RecomputesInBackwardAndJustCallsFnWithoutGrad) {
+  nn::Linear lin(4, 4);
+  int calls = 0;
+  auto f = [&](const at::Tensor& t) {
+    ++calls;
+    return torch::relu(lin(t));
+  };
+  at::Tensor y = volt::checkpoint(f, torch::randn({2, 4}));
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(y.grad_fn()->name().find("CheckpointNode") == std::string::npos)
+      << y.grad_fn()->name();
+  y.sum().backward();
+  EXPECT_EQ(calls, 2);  // recomputed once
+  {
+    torch::NoGradGuard no_grad;
+    at::Tensor z = volt::checkpoint(f, torch::randn({2, 4}));
+    EXPECT_EQ(calls, 3);
+    EXPECT_EQ(z.grad_fn(), nullptr);
+  }
+}
+
+TEST(ActivationCheckpoint, NestedCheckpointsBitwiseEqual) {
+  DeepMlp m(4, 8, 0.25);
+  const at::Tensor x = data();
+  const Grads plain = run(m, x, true, [&](const at::Tensor& t) { return m.forward(t); });
+  const Grads nested = run(m, x, true, [&](const at::Tensor& t) {
+    auto outer = [&](const at::Tensor& h0) {
+      at::Tensor h = h0;
+      for (auto& b : *m.blocks) h = volt::checkpoint(MlpBlock(b.ptr<MlpBlockImpl>()), h);
+      return h;
+    };
+    return m.head(volt::checkpoint(outer, t));
+  });
+  expect_bitwise_equal(plain, nested);
+}
+
+TEST(ActivationCheckpoint, SeveralInputsAndOutputsOneUnused) {
+  nn::Linear a(6, 6), b(6, 6);
+  nn::Sequential both(a, b);
+  torch::manual_seed(5);
+  const at::Tensor x = torch::randn({3, 6}), z_data = torch::randn({3, 6});
+  auto body = [&](const at::Tensor& p, const at::Tensor& q) {
+    return std::vector<at::Tensor>{torch::tanh(a(p)) * q, torch::sigmoid(b(q)), (p > 0).sum()};
+  };
+  auto go = [&](bool ckpt) {
+    for (auto& p : both->parameters()) p.mutable_grad() = at::Tensor();
+    at::Tensor p = x.clone().requires_grad_(true), q = z_data.clone().requires_grad_(true);
+    std::vector<at::Tensor> out = ckpt ? volt::checkpoint(body, p, q) : body(p, q);
+    EXPECT_EQ(out.size(), 3u);
+    EXPECT_EQ(out[2].scalar_type(), at::kLong);
+    (out[0].sum() * 2).backward();  // out[1] unused: its grad_output is undefined
+    return std::vector<at::Tensor>{
+        p.grad().clone(), q.grad().clone(), a->weight.grad().clone(),
+        b->weight.grad().defined() ? b->weight.grad().clone() : at::Tensor()};
+  };
+  const auto plain = go(false), ckpt = go(true);
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(plain[i], ckpt[i])) << i;
+  EXPECT_FALSE(plain[3].defined());
+  EXPECT_FALSE(ckpt[3].defined());
+}
+
+TEST(ActivationCheckpoint, Bf16AutocastReplayedInRecomputation) {
+  DeepMlp m(4, 16, 0.1);
+  const at::Tensor x = data(16, 16);
+  auto in_autocast = [&](auto f) {
+    return [&, f](const at::Tensor& t) {
+      volt::AutocastGuard bf16(c10::kCPU);
+      return f(t).to(at::kFloat);
+    };
+  };
+  const Grads plain =
+      run(m, x, true, in_autocast([&](const at::Tensor& t) { return m.forward(t); }));
+  const Grads ckpt = run(m, x, true, in_autocast([&](const at::Tensor& t) {
+                           return m.forward_checkpointed(t, volt::CheckpointOptions());
+                         }));
+  expect_bitwise_equal(plain, ckpt);
+  // And bf16 really was on: the fp32 run differs.
+  const Grads fp32 = run(m, x, true, [&](const at::Tensor& t) { return m.forward(t); });
+  EXPECT_FALSE(all_equal(plain, fp32));
+}
+
+TEST(ActivationCheckpoint, CpuCheckpointingOnCpuTensorsIsANoOp) {
+  DeepMlp m(3, 8, 0.25);
+  const at::Tensor x = data();
+  const Grads plain = run(m, x, true, [&](const at::Tensor& t) { return m.forward(t); });
+  volt::CheckpointDefaultsGuard defaults(volt::CheckpointOptions().cpu_checkpointing(true));
+  EXPECT_TRUE(volt::checkpoint_defaults().cpu_checkpointing());
+  const Grads ckpt = run(m, x, true, [&](const at::Tensor& t) {
+    return m.forward_checkpointed(t, volt::checkpoint_defaults());
+  });
+  expect_bitwise_equal(plain, ckpt);
+}
+
+TEST(ActivationCheckpoint, DefaultsGuardRestores) {
+  EXPECT_FALSE(volt::checkpoint_defaults().cpu_checkpointing());
+  {
+    volt::CheckpointDefaultsGuard g(
+        volt::CheckpointOptions().cpu_checkpointing(true).preserve_rng_state(false));
+    EXPECT_TRUE(volt::checkpoint_defaults().cpu_checkpointing());
+    EXPECT_FALSE(volt::checkpoint_defaults().preserve_rng_state());
+  }
+  EXPECT_FALSE(volt::checkpoint_defaults().cpu_checkpointing());
+  EXPECT_TRUE(volt::checkpoint_defaults().preserve_rng_state());
+  std::ostringstream os;
+  os << volt::CheckpointOptions();
+  EXPECT_EQ(os.str(), "CheckpointOptions(preserve_rng_state=true, cpu_checkpointing=false)");
+}
+
+TEST(ActivationCheckpoint, InputModifiedInPlaceBeforeBackwardIsAnError) {
+  nn::Linear lin(4, 4);
+  at::Tensor x = torch::randn({2, 4}).requires_grad_(true);
+  at::Tensor h = x * 1;
+  at::Tensor y = volt::checkpoint(lin, h);
+  {
+    torch::NoGradGuard g;
+    h.add_(1);
+  }
+  try {
+    y.sum().backward();
+    FAIL() << "backward through a modified input succeeded";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("inplace operation"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ActivationCheckpointSequential, GradientsBitwiseEqualForEverySegmentCount) {
+  torch::manual_seed(0);
+  nn::Sequential seq;
+  for (int i = 0; i < 3; ++i) {
+    seq->push_back(nn::Linear(8, 8));
+    seq->push_back(nn::ReLU());
+    seq->push_back(nn::Dropout(0.2));
+  }
+  const at::Tensor x = data();
+  const Grads plain = run(*seq, x, true, [&](const at::Tensor& t) { return seq->forward(t); });
+  for (int64_t s = 1; s <= static_cast<int64_t>(seq->size()); ++s) {
+    const Grads ckpt = run(
+        *seq, x, true, [&](const at::Tensor& t) { return volt::checkpoint_sequential(seq, s, t); });
+    SCOPED_TRACE("segments=" + std::to_string(s));
+    expect_bitwise_equal(plain, ckpt);
+  }
+}
+
+TEST(ActivationCheckpointSequential, BadSegmentsIsAConfigError) {
+  nn::Sequential seq(nn::Linear(2, 2), nn::ReLU());
+  for (int64_t s : {0, -1, 3}) {
+    try {
+      volt::checkpoint_sequential(seq, s, torch::randn({1, 2}));
+      ADD_FAILURE() << "segments=" << s << " accepted";
+    } catch (const volt::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("[checkpoint_sequential] segments=" + std::to_string(s)),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("1 <= segments <= 2"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// -------------------------------------------------------------------- wrapping by name
+
+TEST(ActivationCheckpointWrap, NamesUnchangedGradientsEqualAndIdempotent) {
+  DeepMlp m(5, 8, 0.25);
+  const at::Tensor x = data();
+  const Grads plain = run(m, x, true, [&](const at::Tensor& t) { return m.forward(t); });
+  std::vector<std::pair<std::string, const void*>> before;
+  for (const auto& kv : m.named_parameters()) before.emplace_back(kv.key(), kv.value().data_ptr());
+  const auto state_before = m.named_buffers().keys();
+
+  const auto wrapped = volt::wrap_activation_checkpointing(m, {"blocks.*"});
+  EXPECT_EQ(wrapped,
+            (std::vector<std::string>{"blocks.0", "blocks.1", "blocks.2", "blocks.3", "blocks.4"}));
+  std::vector<std::pair<std::string, const void*>> after;
+  for (const auto& kv : m.named_parameters()) after.emplace_back(kv.key(), kv.value().data_ptr());
+  EXPECT_EQ(before, after);
+  EXPECT_EQ(state_before, m.named_buffers().keys());
+  EXPECT_EQ(volt::checkpointed_modules(m), wrapped);
+
+  at::Tensor y = m.blocks->forward(x.clone().requires_grad_(true));
+  EXPECT_NE(y.grad_fn()->name().find("CheckpointNode"), std::string::npos) << y.grad_fn()->name();
+  const Grads ckpt = run(m, x, true, [&](const at::Tensor& t) { return m.forward(t); });
+  expect_bitwise_equal(plain, ckpt);
+
+  EXPECT_TRUE(volt::wrap_activation_checkpointing(m, {"blocks.*", "blocks.2"}).empty());
+  EXPECT_EQ(volt::checkpointed_modules(m).size(), 5u);
+  const Grads again = run(m, x, true, [&](const at::Tensor& t) { return m.forward(t); });
+  expect_bitwise_equal(plain, again);
+}
+
+struct Counter : nn::Module {
+  int calls = 0;
+  at::Tensor forward(at::Tensor x) {
+    ++calls;
+    return x * 2;
+  }
+};
+
+TEST(ActivationCheckpointWrap, WrappingTwiceRecomputesOnce) {
+  auto counter = std::make_shared<Counter>();
+  nn::Sequential seq(counter, nn::Linear(3, 3));
+  volt::wrap_activation_checkpointing(*seq, {"0"});
+  volt::wrap_activation_checkpointing(*seq, {"0", "*"});  // "1" is new, "0" is not rewrapped
+  EXPECT_EQ(volt::checkpointed_modules(*seq), (std::vector<std::string>{"0", "1"}));
+  seq->forward(torch::ones({2, 3}).requires_grad_(true)).sum().backward();
+  EXPECT_EQ(counter->calls, 2);  // forward + one recomputation (a double wrap would make it 3)
+}
+
+TEST(ActivationCheckpointWrap, GlobSyntax) {
+  EXPECT_TRUE(volt::module_path_matches("blocks.*", "blocks.3"));
+  EXPECT_FALSE(volt::module_path_matches("blocks.*", "blocks.3.0"));
+  EXPECT_TRUE(volt::module_path_matches("blocks.**", "blocks.3.0"));
+  EXPECT_TRUE(volt::module_path_matches("encoder.**.mlp", "encoder.layers.3.mlp"));
+  EXPECT_TRUE(volt::module_path_matches("encoder.layers.3", "encoder.layers.3"));
+  EXPECT_FALSE(volt::module_path_matches("encoder.layers.3", "encoder.layers.30"));
+  EXPECT_TRUE(volt::module_path_matches("*.1", "blocks.1"));
+}
+
+TEST(ActivationCheckpointWrap, PatternMatchingNothingIsAConfigError) {
+  DeepMlp m(2, 4, 0.0);
+  try {
+    volt::wrap_activation_checkpointing(m, {"blocks.*", "layers.*"});
+    FAIL() << "accepted";
+  } catch (const volt::ConfigError& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("pattern \"layers.*\" matches no submodule"), std::string::npos) << w;
+    EXPECT_NE(w.find("\"blocks.0\""), std::string::npos) << w;  // lists what exists
+  }
+  EXPECT_TRUE(volt::checkpointed_modules(m).empty());  // nothing wrapped on error
+}
+
+TEST(ActivationCheckpointWrap, MatchOutsideASequentialIsAConfigError) {
+  DeepMlp m(2, 4, 0.0);
+  try {
+    volt::wrap_activation_checkpointing(m, {"head"});
+    FAIL() << "accepted";
+  } catch (const volt::ConfigError& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("not an entry of a torch::nn::Sequential"), std::string::npos) << w;
+    EXPECT_NE(w.find("call volt::checkpoint(block, x)"), std::string::npos) << w;
+  }
+}
+
+struct Scale : nn::Module {
+  at::Tensor forward(at::Tensor x, double s) { return x * s; }
+};
+struct FromDouble : nn::Module {
+  at::Tensor forward(double v) { return torch::full({1}, v); }
+};
+struct ToDouble : nn::Module {
+  double forward(at::Tensor x) { return x.sum().item<double>(); }
+};
+
+TEST(ActivationCheckpointWrap, NonTensorForwardSignatureIsAConfigError) {
+  nn::Sequential two_args(std::make_shared<Scale>(), nn::ReLU());
+  EXPECT_TRUE(torch::equal(two_args->forward(torch::ones({2}), 2.0), torch::full({2}, 2.0)));
+  try {
+    volt::wrap_activation_checkpointing(*two_args, {"0"});
+    FAIL() << "accepted";
+  } catch (const volt::ConfigError& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("does not take one Tensor"), std::string::npos) << w;
+    EXPECT_NE(w.find("expects 2 argument(s)"), std::string::npos) << w;
+  }
+  nn::Sequential chain(std::make_shared<ToDouble>(), std::make_shared<FromDouble>());
+  try {
+    volt::wrap_activation_checkpointing(*chain, {"1"});
+    FAIL() << "accepted";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("takes double"), std::string::npos) << e.what();
+  }
+  // A non-Tensor result is only visible when it runs.
+  volt::wrap_activation_checkpointing(*chain, {"0"});
+  EXPECT_THROW(chain->forward<at::Tensor>(torch::ones({2}).requires_grad_(true)),
+               volt::ConfigError);
+}
+
+// -------------------------------------------------------------------------- peak memory
+
+TEST(ActivationCheckpointMemory, DeepMlpPeakDropsAsTheModelPredicts) {
+  volt::install_counting_cpu_allocator();
+  const int64_t depth = 16, width = 64, batch = 256;
+  DeepMlp m(depth, width, 0.0);
+  const at::Tensor x = torch::randn({batch, width});
+  auto peak = [&](bool ckpt) {
+    auto step = [&] {
+      at::Tensor y = ckpt ? m.forward_checkpointed(x, volt::CheckpointOptions()) : m.forward(x);
+      y.sum().backward();
+    };
+    step();  // gradients exist from here on: both measurements hold them
+    const int64_t base = volt::cpu_memory_stats().in_use;
+    volt::reset_cpu_memory_peaks();
+    step();
+    return volt::cpu_memory_stats().max_in_use - base;
+  };
+  const int64_t plain = peak(false), ckpt = peak(true);
+  // One unit = one [batch, width] fp32 activation. Each block saves its input (1 unit), the
+  // GELU input and the second Linear's input (4 units each; dropout 0 saves no mask):
+  // 9 units per block without checkpointing, 1 with (plus one block's 9 while recomputing).
+  const double unit = batch * width * 4.0;
+  const double saved_plain = depth * 9 * unit, saved_ckpt = (depth + 9) * unit;
+  EXPECT_GE(plain, 0.9 * saved_plain) << "the counter missed activations";
+  EXPECT_LT(ckpt, plain - 0.5 * (saved_plain - saved_ckpt))
+      << "plain " << plain << " B, checkpointed " << ckpt << " B";
+  EXPECT_LT(static_cast<double>(ckpt) / plain, 0.6);
+}
+
+// ---------------------------------------------------------------- under DDP and ZeRO-3
+
+// Two ranks trained with their first block (dropout, raw data: no input requires grad) and three
+// deep layers checkpointed end with the weights of the same job without checkpointing: the
+// gradient hooks of DDP's reducer and of ZeRO-3's partitioned parameters fire inside the nested
+// backward, and stage 3 gathers the parameters again for the recomputation.
+void expect_job_unchanged_by_checkpointing(const std::vector<std::string>& strategy) {
+  volt_test::TempDir dir;
+  auto job = [&](const std::string& name, bool ckpt) {
+    std::vector<std::string> args{"--root", dir.path, "--out", dir.path + "/" + name,
+                                  "--devices", "2", "--batch", "4", "--epochs", "1",
+                                  "--samples", "32", "--dropout", "1", "--depth", "3",
+                                  "--checkpoint-activations", ckpt ? "1" : "0",
+                                  "--timeout", "120"};  // rendezvous on a loaded 2-core machine
+    args.insert(args.end(), strategy.begin(), strategy.end());
+    const volt_test::Job j = volt_test::run_job(args);
+    EXPECT_EQ(j.code, 0) << j.output;
+  };
+  job("plain", false);
+  job("ckpt", true);
+  if (::testing::Test::HasFailure()) return;
+  for (int r = 0; r < 2; ++r) {
+    const std::string rank = ".rank" + std::to_string(r) + ".pt";
+    const auto plain = volt_test::load_flat(dir.path + "/plain" + rank);
+    const auto ckpt = volt_test::load_flat(dir.path + "/ckpt" + rank);
+    EXPECT_TRUE(torch::equal(plain, ckpt))
+        << "rank " << r << " max diff " << (plain - ckpt).abs().max().item<double>();
+  }
+}
+
+TEST(ActivationCheckpointDistributed, DdpTwoRanksEqualWithoutCheckpointing) {
+  expect_job_unchanged_by_checkpointing({});
+}
+
+TEST(ActivationCheckpointDistributed, DeepSpeedStage3TwoRanksEqualWithoutCheckpointing) {
+  expect_job_unchanged_by_checkpointing({"--zero", "3"});
+}
+
+}  // namespace
