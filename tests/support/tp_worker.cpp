@@ -6,7 +6,7 @@
 //   volt_tp_worker --root DIR --out PREFIX --devices N --model mlp|transformer|blocks
 //       [--tp N] [--form plan|policy|json|none] [--dtype float32|bfloat16] [--stage
 //       predict|validate|fit]
-//       [--heads H] [--kernel-inject 0|1] [--timeout S] [--shard G/N (reference: shard G of N)]
+//       [--heads H] [--kernel-inject 0|1] [--timeout S (default 120)] [--shard G/N (reference: shard G of N)]
 //   --devices 1 --tp 1 is the single-process reference (single_device strategy).
 // restored: 1 the module left predict whole and unchanged, 2 whole with bfloat16-rounded values.
 //
@@ -100,7 +100,7 @@ int run(std::map<std::string, std::string>& a, std::shared_ptr<Net> net, torch::
       .dtype(a.count("--dtype") ? a["--dtype"] : "float32")
       .replace_with_kernel_inject(num("--kernel-inject", 0) != 0)
       .config(json)
-      .timeout_s(static_cast<double>(num("--timeout", 30)));
+      .timeout_s(static_cast<double>(num("--timeout", 120)));
   std::shared_ptr<volt::DeepSpeedStrategy> strategy;
   const bool one = devices == 1 && tp.tp_size() == 1 && json.empty();
   if (!one) {
