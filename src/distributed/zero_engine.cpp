@@ -48,6 +48,19 @@ std::vector<at::Tensor> state_tensors(const torch::optim::OptimizerParamState& s
   return {};
 }
 
+bool low_precision(c10::ScalarType t) {
+  return t == at::kBFloat16 || t == at::kHalf;
+}
+
+// All-gathers `t` on every rank; bf16 travels as its bits in a 16-bit type Gloo has (fp16: an
+// all-gather copies bytes, it computes nothing).
+std::vector<at::Tensor> all_gather_any(ProcessGroup& group, const at::Tensor& t) {
+  if (t.scalar_type() != at::kBFloat16) return group.all_gather(t);
+  std::vector<at::Tensor> out = group.all_gather(t.contiguous().view(at::kHalf));
+  for (auto& o : out) o = o.view(t.scalar_type());
+  return out;
+}
+
 // ------------------------------------------------------------------ stage 3: gathering on read
 // Partitioned parameters keep their TensorImpl (the module's typed members and autograd hold it)
 // but their storage is emptied; an op receiving one (or a view of it: same storage) gathers its
@@ -240,14 +253,35 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
   }
 
   if (options_.stage() == 3) partition_parameters();
-  // The optimizer steps this rank's chunks from now on.
+  if (options_.master_weights() && low_precision(*dtype)) {
+    // DeepSpeed's BF16Optimizer: fp32 masters of this rank's chunks, sharded like the state.
+    int64_t total = 0;
+    for (const auto& c : chunks_) total += c.length;
+    master_shard_ = torch::empty({total}, torch::TensorOptions().dtype(torch::kFloat));
+    int64_t off = 0;
+    for (auto& c : chunks_) {
+      if (c.length == 0) continue;
+      c.master = master_shard_.narrow(0, off, c.length);
+      off += c.length;
+    }
+    reset_master_weights();
+  }
+  // The optimizer steps this rank's chunks (or their masters) from now on.
   auto& groups = optimizer_.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
     std::vector<at::Tensor> views;
     for (const auto& c : chunks_) {
-      if (c.group == static_cast<int64_t>(g) && c.length > 0) views.push_back(c.view);
+      if (c.group == static_cast<int64_t>(g) && c.length > 0) views.push_back(c.stepped());
     }
     groups[g].params() = views;
+  }
+}
+
+void ZeroEngine::reset_master_weights() {
+  torch::NoGradGuard no_grad;
+  c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
+  for (auto& c : chunks_) {
+    if (c.master.defined()) c.master.copy_(c.view);
   }
 }
 
@@ -358,7 +392,7 @@ void ZeroEngine::gather(size_t u) {
     release(oldest);
   }
   const std::vector<at::Tensor> all =
-      group_->all_gather(param_shard_.narrow(0, unit.offset, unit.width));
+      all_gather_any(*group_, param_shard_.narrow(0, unit.offset, unit.width));
   const int64_t world = group_->world_size();
   for (size_t i : unit.chunks) {
     const auto& c = chunks_[i];
@@ -525,7 +559,11 @@ void ZeroEngine::reduce_bucket(size_t b) {
   for (size_t i = first; i < last; ++i) width += chunks_[i].chunk;
   // Rank-major: row j holds chunk j of every gradient in the bucket, so a reduce-scatter leaves
   // each rank the sum of exactly its chunks.
-  at::Tensor buffer = torch::zeros({world, width}, chunks_[first].parameter.options());
+  // 16-bit gradients are summed in fp32 (more exact, and Gloo has no bf16 sum).
+  const at::Tensor& p0 = chunks_[first].parameter;
+  at::Tensor buffer = torch::zeros(
+      {world, width}, p0.options().dtype(low_precision(p0.scalar_type()) ? at::kFloat
+                                                                           : p0.scalar_type()));
   int64_t off = 0;
   for (size_t i = first; i < last; ++i) {
     auto& c = chunks_[i];
@@ -563,10 +601,40 @@ void ZeroEngine::reduce_bucket(size_t b) {
   }
 }
 
+void ZeroEngine::prepare_step() {
+  if (!has_master_weights() || !have_grads_) return;
+  for (auto& c : chunks_) {
+    if (c.master.defined() && c.view.grad().defined()) {
+      c.master.mutable_grad() = c.view.grad().to(torch::kFloat);
+    }
+  }
+}
+
 void ZeroEngine::gather_parameters() {
+  if (has_master_weights()) {
+    torch::NoGradGuard no_grad;
+    c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
+    for (auto& c : chunks_) {
+      if (!c.master.defined()) continue;
+      c.view.copy_(c.master);  // round to the parameters' dtype
+      c.master.mutable_grad().reset();
+    }
+  }
+  all_gather_into_parameters([](const ZeroChunk& c) { return c.view; }, false);
+}
+
+void ZeroEngine::write_master_weights() {
+  if (!has_master_weights()) return;
+  VOLT_CHECK(!partitioning_, ValueError, kTag,
+             " write_master_weights needs whole parameters; call restore_parameters() first.");
+  all_gather_into_parameters([](const ZeroChunk& c) { return c.master; }, true);
+}
+
+void ZeroEngine::all_gather_into_parameters(
+    const std::function<at::Tensor(const ZeroChunk&)>& source, bool partitioned_too) {
   torch::NoGradGuard no_grad;
   const int64_t world = group_->world_size();
-  const int64_t rank = group_->rank();
+  auto skip = [&](const ZeroChunk& c) { return c.partitioned && !partitioned_too; };
   size_t first = 0;
   while (first < chunks_.size()) {
     size_t last = first;
@@ -574,27 +642,31 @@ void ZeroEngine::gather_parameters() {
     while (last < chunks_.size() && (width == 0 || (width + chunks_[last].chunk) * world <=
                                                        options_.allgather_bucket_size())) {
       // Stage 3's partitioned parameters are read from their chunks when next gathered.
-      if (!chunks_[last].partitioned) width += chunks_[last].chunk;
+      if (!skip(chunks_[last])) width += chunks_[last].chunk;
       ++last;
     }
     if (width == 0) {
       first = last;
       continue;
     }
-    at::Tensor send = torch::zeros({width}, chunks_[first].parameter.options());
+    at::Tensor send;
     int64_t off = 0;
     for (size_t i = first; i < last; ++i) {
-      if (chunks_[i].partitioned) continue;
-      if (chunks_[i].length > 0) send.narrow(0, off, chunks_[i].length).copy_(chunks_[i].view);
+      if (skip(chunks_[i])) continue;
+      if (chunks_[i].length > 0) {
+        const at::Tensor src = source(chunks_[i]);
+        if (!send.defined()) send = torch::zeros({width}, src.options());
+        send.narrow(0, off, chunks_[i].length).copy_(src);
+      }
       off += chunks_[i].chunk;
     }
-    const std::vector<at::Tensor> all = group_->all_gather(send);
+    if (!send.defined()) send = torch::zeros({width}, chunks_[first].parameter.options());
+    const std::vector<at::Tensor> all = all_gather_any(*group_, send);
     for (int64_t j = 0; j < world; ++j) {
-      if (j == rank) continue;
       off = 0;
       for (size_t i = first; i < last; ++i) {
         const auto& c = chunks_[i];
-        if (c.partitioned) continue;
+        if (skip(c)) continue;
         const int64_t start = j * c.chunk;
         const int64_t len = std::max<int64_t>(0, std::min(c.chunk, c.numel - start));
         if (len > 0) {
@@ -612,8 +684,8 @@ double ZeroEngine::clip_grad_norm(double max_norm, double norm_type) {
   const bool inf = std::isinf(norm_type);
   double local = 0.0;
   for (const auto& c : chunks_) {
-    if (c.length == 0 || !c.view.grad().defined()) continue;
-    const at::Tensor g = c.view.grad().to(torch::kDouble);
+    if (c.length == 0 || !c.stepped().grad().defined()) continue;
+    const at::Tensor g = c.stepped().grad().to(torch::kDouble);
     if (inf) {
       local = std::max(local, g.abs().max().item<double>());
     } else {
@@ -627,7 +699,7 @@ double ZeroEngine::clip_grad_norm(double max_norm, double norm_type) {
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0) {
     for (auto& c : chunks_) {
-      if (c.length > 0 && c.view.grad().defined()) c.view.mutable_grad().mul_(coef);
+      if (c.length > 0 && c.stepped().grad().defined()) c.stepped().mutable_grad().mul_(coef);
     }
   }
   return total;
@@ -637,6 +709,7 @@ void ZeroEngine::zero_grad() {
   have_grads_ = false;
   for (auto& c : chunks_) {
     if (c.view.defined()) c.view.mutable_grad().reset();
+    if (c.master.defined()) c.master.mutable_grad().reset();
     c.parameter.mutable_grad().reset();
   }
   if (grad_shard_.defined()) grad_shard_.zero_();
@@ -650,6 +723,9 @@ ZeroMemory ZeroEngine::memory() const {
     if (options_.stage() == 1) grads.push_back(c.parameter.grad());
   }
   if (grad_shard_.defined()) grads.push_back(grad_shard_);
+  for (const auto& c : chunks_) {
+    if (c.master.defined()) grads.push_back(c.master.grad());  // only between prepare and step
+  }
   if (param_shard_.defined()) params.push_back(param_shard_);
   for (const auto& kv : optimizer_.state()) {
     for (auto& t : state_tensors(*kv.second)) state.push_back(t);
@@ -657,6 +733,7 @@ ZeroMemory ZeroEngine::memory() const {
   m.parameters = detail::storage_bytes(params);
   m.gradients = detail::storage_bytes(grads);
   m.optimizer_state = detail::storage_bytes(state);
+  if (master_shard_.defined()) m.master_weights = detail::storage_bytes({master_shard_});
   return m;
 }
 

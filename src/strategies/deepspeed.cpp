@@ -35,6 +35,9 @@ constexpr const char* kTag = "[DeepSpeedStrategy]";
 // Written by rank 0 after every shard, so a folder with it is complete.
 constexpr const char* kMetaFile = "zero_checkpoint.txt";
 constexpr int64_t kZeroFormat = 1;
+// Master weights (bf16 with ZeRO) in a parameter's optimizer state: this rank's fp32 chunk in a
+// shard, the whole fp32 tensor once consolidated.
+constexpr const char* kMasterKey = "fp32_master";
 
 DdpStrategyOptions ddp_options(const DeepSpeedStrategyOptions& o) {
   // DeepSpeed does not re-broadcast buffers every step; everything else is DDP's machinery.
@@ -332,7 +335,8 @@ DataShard DeepSpeedStrategy::data_shard() const {
 
 Batch DeepSpeedStrategy::batch_to_device(const Batch& batch) const {
   Batch b = DdpStrategy::batch_to_device(batch);
-  if (options_.dtype() == "bfloat16" && b.input.defined() && b.input.is_floating_point()) {
+  if ((options_.dtype() == "bfloat16" || cast_for_masters_) && b.input.defined() &&
+      b.input.is_floating_point()) {
     b.input = b.input.to(at::kBFloat16);
   }
   return b;
@@ -349,11 +353,6 @@ void DeepSpeedStrategy::teardown() {
     }
     tp_.reset();
   }
-  if (tp_cast_back_) {
-    if (cast_module_ != nullptr) cast_module_->to(*tp_cast_back_);
-    cast_module_ = nullptr;
-    tp_cast_back_.reset();
-  }
   // Stage 3: the module leaves the run whole (every rank gathers every parameter).
   for (auto& kv : engines_) {
     try {
@@ -363,6 +362,25 @@ void DeepSpeedStrategy::teardown() {
                                                  "at the end of the run (they hold NaN): ") +
                                          e.what());
     }
+  }
+  if (cast_back_) {
+    if (cast_module_ != nullptr) cast_module_->to(*cast_back_);
+    if (cast_for_masters_) {
+      // bf16-mixed: the module gets the fp32 masters, not their bf16 roundings.
+      for (auto& kv : engines_) {
+        try {
+          kv.second->write_master_weights();
+        } catch (const std::exception& e) {
+          log_error("DeepSpeedStrategy",
+                    std::string("could not gather the fp32 master weights at the end of the "
+                                "run (the module keeps their bf16 roundings): ") +
+                        e.what());
+        }
+      }
+    }
+    cast_module_ = nullptr;
+    cast_back_.reset();
+    cast_for_masters_ = false;
   }
   checkpoint_defaults_.reset();
   DdpStrategy::teardown();
@@ -391,7 +409,7 @@ void DeepSpeedStrategy::setup_module(Module& module) {
     if (options_.dtype() == "bfloat16") {
       for (const auto& p : module.parameters()) {
         if (p.is_floating_point()) {
-          tp_cast_back_ = p.scalar_type();
+          cast_back_ = p.scalar_type();
           break;
         }
       }
@@ -481,6 +499,23 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
   VOLT_CHECK(precision_->name() != "16-mixed", NotAvailable, kTag,
              " precision \"16-mixed\" (dynamic loss scaling) is not built for ZeRO yet; use "
              "\"bf16-mixed\", \"bf16-true\" or \"32-true\".");
+  if (options_.master_weights() && precision_->name() == "bf16-mixed" && !cast_back_) {
+    // DeepSpeed's bf16 mode (Lightning casts the module for it): bf16 weights and gradients,
+    // fp32 masters in the engines; teardown writes the masters back in the module's dtype.
+    for (const auto& p : module.parameters()) {
+      if (p.is_floating_point()) {
+        cast_back_ = p.scalar_type();
+        break;
+      }
+    }
+    if (cast_back_ && *cast_back_ != at::kBFloat16) {
+      module.to(at::kBFloat16);
+      cast_module_ = &module;
+      cast_for_masters_ = true;
+    } else {
+      cast_back_.reset();
+    }
+  }
   if (options_.offload_optimizer() || options_.offload_parameters()) {
     log_info("DeepSpeedStrategy",
              "offload_optimizer / offload_parameters: on a CPU run the parameters, gradients and "
@@ -507,7 +542,8 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
             .reduce_bucket_size(options_.reduce_bucket_size())
             .allgather_bucket_size(options_.allgather_bucket_size())
             .param_persistence_threshold(options_.param_persistence_threshold())
-            .max_live_parameters(options_.max_live_parameters()),
+            .max_live_parameters(options_.max_live_parameters())
+            .master_weights(options_.master_weights()),
         names_);
   }
 }
@@ -534,6 +570,7 @@ void DeepSpeedStrategy::backward(const at::Tensor& loss, bool sync_gradients) {
 bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
                                        c10::optional<double> clip_value, ClipAlgorithm algorithm) {
   ZeroEngine* e = engine(optimizer);
+  if (e != nullptr) e->prepare_step();  // master weights: fp32 gradients for clip and step
   if (!clip_value && clip_) {
     clip_value = clip_;  // the JSON's gradient_clipping: a norm, as in DeepSpeed
     algorithm = ClipAlgorithm::kNorm;
@@ -613,6 +650,7 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
   }
   if (!partitions_parameters()) {
     Strategy::load_model_state(module, ar);
+    load_master_weights(ar, /*chunks=*/false);
     return;
   }
   // This rank's chunks (a stage-3 folder at this world size) or whole tensors (anything else).
@@ -653,6 +691,26 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
     os << ". Load a checkpoint written by the same model.";
     throw CheckpointError(os.str());
   }
+  load_master_weights(ar, chunks);
+}
+
+void DeepSpeedStrategy::load_master_weights(InputArchive& ar, bool chunks) const {
+  // The masters start from the checkpoint's weights at the precision it holds them in (fp32
+  // from a consolidated or fp32 checkpoint); a shard's optimizer state then sets them exactly.
+  torch::NoGradGuard no_grad;
+  for (const auto& kv : engines_) {
+    for (const auto& c : kv.second->chunks()) {
+      if (!c.master.defined()) continue;
+      at::Tensor saved;
+      if (!ar.try_read(c.name, saved)) {
+        c.master.copy_(c.view);
+      } else if (chunks && c.partitioned) {
+        c.master.copy_(saved.reshape({-1}));
+      } else {
+        c.master.copy_(saved.reshape({-1}).narrow(0, c.start, c.length));
+      }
+    }
+  }
 }
 
 // ------------------------------------------------------------------ optimizer state
@@ -679,10 +737,12 @@ void DeepSpeedStrategy::save_optimizer_state(const torch::optim::Optimizer& opti
       if (c.group != static_cast<int64_t>(g)) continue;
       names.push_back(c.name);
       if (c.length == 0) continue;
-      auto it = state.find(detail::state_key_for<detail::OptimizerStateKey>(c.view));
+      auto it = state.find(detail::state_key_for<detail::OptimizerStateKey>(c.stepped()));
       if (it == state.end()) continue;
       OutputArchive one;
       it->second->serialize(one);
+      // The fp32 master is state the optimizer steps, like its moments (a 1-D chunk).
+      if (c.master.defined()) one.write(kMasterKey, c.master.clone());
       states_ar.write(c.name, one);
     }
     group_ar.write("params", c10::IValue(names));
@@ -746,10 +806,13 @@ void DeepSpeedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
                      "; resume with the same model.");
         }
       }
+      for (auto& [key, v] : entries) {
+        if (key == kMasterKey && c.master.defined()) c.master.copy_(v.toTensor().reshape({-1}));
+      }
       InputArchive chunk_ar = archive_of(entries);
       auto st = new_optimizer_param_state(optimizer);
       st->serialize(chunk_ar);
-      state[detail::state_key_for<detail::OptimizerStateKey>(c.view)] = std::move(st);
+      state[detail::state_key_for<detail::OptimizerStateKey>(c.stepped())] = std::move(st);
     }
   }
 }
@@ -768,10 +831,11 @@ void DeepSpeedStrategy::save_accumulated_gradients(const Module& module, OutputA
     const ZeroEngine& e = *kv.second;
     for (size_t i = 0; i < e.chunks().size(); ++i) {
       const auto& c = e.chunks()[i];
-      at::Tensor mine = torch::zeros({c.chunk}, c.parameter.options().requires_grad(false));
+      // Gathered as fp32 (Gloo has no bf16; the round trip is exact), saved in the grads' dtype.
+      at::Tensor mine = torch::zeros({c.chunk}, c.parameter.options().dtype(torch::kFloat));
       if (c.length > 0) mine.narrow(0, 0, c.length).copy_(e.gradient_chunk(i));
       const at::Tensor full = group().all_gather_flat(mine).narrow(0, 0, c.numel);
-      ar.write(c.name, full.reshape(c.parameter.sizes()).clone());
+      ar.write(c.name, full.reshape(c.parameter.sizes()).to(c.parameter.scalar_type()).clone());
     }
   }
 }
@@ -946,17 +1010,19 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
       full[name] = whole.reshape(sizes);
     }
   }
+  std::vector<std::pair<std::string, at::Tensor>> weights;  // in the shards' order
   for (const auto& key : dicts[0].keys()) {
     if (key == kStage3Shapes) continue;
     auto it = full.find(key);
+    c10::IValue v;
     if (it != full.end()) {
-      state_out.write(key, it->second);
+      v = it->second;
+    } else if (!dicts[0].try_read(key, v) || !v.isTensor()) {
       continue;
     }
-    c10::IValue v;
-    if (dicts[0].try_read(key, v) && v.isTensor()) state_out.write(key, v.toTensor());
+    state_out.write(key, v.toTensor());
+    weights.emplace_back(key, v.toTensor());
   }
-  root.write("state_dict", state_out);
   // The optimizer consolidation below needs every parameter's shape: read them back.
   std::stringstream sd_buf;
   state_out.save_to(sd_buf);
@@ -965,6 +1031,7 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
 
   std::vector<InputArchive> opts;
   for (auto& s : shards) opts.push_back(read_sub(s, "optimizers", "a shard"));
+  std::map<std::string, at::Tensor> masters;  // full fp32 master weights by parameter name
   OutputArchive opts_out;
   const c10::IValue count = read_value(opts[0], "count", "the optimizers");
   opts_out.write("count", count);
@@ -1032,6 +1099,9 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
                      "; a shard is from another run.");
           v = cat.reshape(param.sizes());
         }
+        for (auto& [k, v] : merged) {
+          if (k == kMasterKey && v.isTensor()) masters[name] = v.toTensor();
+        }
         InputArchive merged_in = archive_of(merged);
         OutputArchive one_out;
         copy_archive(merged_in, one_out);
@@ -1050,6 +1120,14 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
     }
   }
   root.write("optimizers", opts_out);
+  // bf16 runs with master weights: the weights are the fp32 masters (DeepSpeed's zero_to_fp32);
+  // loading them into the bf16 module rounds them to exactly the weights it trained with.
+  OutputArchive weights_out;
+  for (auto& [key, v] : weights) {
+    auto it = masters.find(key);
+    weights_out.write(key, it != masters.end() ? it->second : v);
+  }
+  root.write("state_dict", weights_out);
   io.save(root, out);
 }
 

@@ -89,6 +89,8 @@ void register_strategies(Registry& r) {
                  "parameter elements per all-gather after the step")
             .add("zero_allow_untested_optimizer", o.zero_allow_untested_optimizer(),
                  "accept optimizers other than SGD/Adam/AdamW/RMSprop/Adagrad/Fused*")
+            .add("master_weights", o.master_weights(),
+                 "bf16 with ZeRO: fp32 master weights of each rank's chunks (BF16Optimizer)")
             .add("config", o.config(), "DeepSpeed JSON: a file path or inline JSON ('{...}')")
             .add("parallel_devices", o.parallel_devices(), "processes per node (0: devices)")
             .add("timeout_s", o.timeout_s(), "bound on rendezvous and every collective (seconds)")
@@ -123,6 +125,7 @@ void register_strategies(Registry& r) {
                   .reduce_bucket_size(a.get<int64_t>("reduce_bucket_size"))
                   .allgather_bucket_size(a.get<int64_t>("allgather_bucket_size"))
                   .zero_allow_untested_optimizer(a.get<bool>("zero_allow_untested_optimizer"))
+                  .master_weights(a.get<bool>("master_weights"))
                   .config(a.get<std::string>("config"))
                   .parallel_devices(a.get<int64_t>("parallel_devices"))
                   .timeout_s(a.get<double>("timeout_s"))

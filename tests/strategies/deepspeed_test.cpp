@@ -13,6 +13,7 @@
 #include "processes.h"
 #include "tiny.h"
 #include "training_jobs.h"
+#include "volt/io/checkpoint_io.h"
 #include "volt/strategies/deepspeed.h"
 
 namespace {
@@ -91,10 +92,10 @@ TEST(DeepSpeed, Stage3FourRanksWithALiveBoundAndAccumulationEqualOneProcess) {
   expect_zero_equals_one_process({3, 4, "fused_adamw", 2}, {"--max-live", "16", "--bucket", "64"});
 }
 
-TEST(DeepSpeed, Bf16MixedWithStages2And3EqualsDdpWithBf16Mixed) {
-  // The precision is independent of the partitioning: with the same per-rank micro-batches under
-  // bf16 autocast, ZeRO's reduce-scattered fp32 gradients and chunked Adam step must give DDP's
-  // weights (fp32 round-off), while differing from an fp32 run by bf16 round-off.
+TEST(DeepSpeed, Bf16MixedWithoutMasterWeightsEqualsDdpWithBf16Mixed) {
+  // master_weights off, bf16-mixed autocasts over fp32 weights as without ZeRO: with the same
+  // per-rank micro-batches, ZeRO's reduce-scattered fp32 gradients and chunked Adam step must
+  // give DDP's weights (fp32 round-off), while differing from an fp32 run by bf16 round-off.
   volt_test::TempDir dir;
   const std::vector<std::string> common{"--devices", "2", "--batch", "8",     "--epochs",
                                         "1",         "--optimizer", "adam", "--bf16-all", "1"};
@@ -108,7 +109,8 @@ TEST(DeepSpeed, Bf16MixedWithStages2And3EqualsDdpWithBf16Mixed) {
   EXPECT_GT(bf16_vs_fp32, 1e-5) << "the bf16 runs must really differ from fp32";
   for (const char* stage : {"2", "3"}) {
     const std::string out = dir / (std::string("zero") + stage);
-    auto job = run_job(cat({"--root", dir.path, "--out", out, "--zero", stage}, common));
+    auto job = run_job(
+        cat({"--root", dir.path, "--out", out, "--zero", stage, "--master-weights", "0"}, common));
     ASSERT_EQ(job.code, 0) << job.output;
     expect_ranks_equal_reference(out, 2, ref, 1e-5, 1e-6);
     std::printf("[ measured ] bf16-mixed stage %s vs DDP: max diff %.2e (bf16 vs fp32 %.2e)\n",
@@ -132,16 +134,17 @@ TEST(DeepSpeed, TiedWeightsArePartitionedOnceAndStayTied) {
 // ------------------------------------------------------------------------------ memory
 
 struct Memory {
-  double params, grads, state, numel;
+  double params, grads, state, numel, master;
 };
 
 Memory memory_of(const std::string& output, int rank) {
   std::smatch m;
   const std::regex re("rank " + std::to_string(rank) +
-                      " done .* zero_memory params=(\\d+) grads=(\\d+) state=(\\d+) numel=(\\d+)");
+                      " done .* zero_memory params=(\\d+) grads=(\\d+) state=(\\d+) "
+                      "master=(\\d+) numel=(\\d+)");
   EXPECT_TRUE(std::regex_search(output, m, re)) << output;
-  if (m.size() < 5) return {};
-  return {std::stod(m[1]), std::stod(m[2]), std::stod(m[3]), std::stod(m[4])};
+  if (m.size() < 6) return {};
+  return {std::stod(m[1]), std::stod(m[2]), std::stod(m[3]), std::stod(m[5]), std::stod(m[4])};
 }
 
 TEST(DeepSpeed, PerRankBytesFollowThePapersFormulasForAdam) {
@@ -163,6 +166,7 @@ TEST(DeepSpeed, PerRankBytesFollowThePapersFormulasForAdam) {
         EXPECT_NEAR(m.params, params, 0.05 * params) << "stage " << stage << " N " << n;
         EXPECT_NEAR(m.grads, grads, 0.05 * grads) << "stage " << stage << " N " << n;
         EXPECT_NEAR(m.state, 8 * psi / n, 0.05 * 8 * psi / n) << "stage " << stage << " N " << n;
+        EXPECT_EQ(m.master, 0) << "fp32 parameters need no master copy";
         const double total = m.params + m.grads + m.state;
         const double formula = stage == 1   ? 8 * psi + 8 * psi / n
                                : stage == 2 ? 4 * psi + 12 * psi / n
@@ -173,6 +177,77 @@ TEST(DeepSpeed, PerRankBytesFollowThePapersFormulasForAdam) {
               "[ measured ] stage %d N=%d rank 0: %.0f bytes (formula %.0f, DDP 16Psi "
               "%.0f)\n",
               stage, n, total, formula, 16 * psi);
+        }
+      }
+    }
+  }
+}
+
+TEST(DeepSpeed, Bf16MasterWeightsGiveOneResultInEveryStageAndTrackFp32) {
+  // bf16-mixed with master weights (the default, DeepSpeed's BF16Optimizer): the module trains
+  // in bf16 and each rank's fp32 master chunks are stepped. Stages 1, 2 and 3 do the same
+  // arithmetic (bf16 gradients summed in fp32, fp32 Adam on the masters, bf16 rounding), so
+  // their weights are bitwise equal; at the end the module gets the fp32 masters, which stay
+  // near fp32 training (bf16 forward/backward error only).
+  volt_test::TempDir dir;
+  const auto fp32 = single_process_reference(dir.path, 16, 1, 1, false, {"--optimizer", "adam"});
+  const std::vector<std::string> common{"--devices", "2",         "--batch", "8",
+                                        "--epochs",  "1",         "--optimizer", "adam",
+                                        "--bf16-all", "1"};
+  at::Tensor first;
+  for (const char* stage : {"1", "2", "3"}) {
+    const std::string out = dir / (std::string("m") + stage);
+    auto job = run_job(cat({"--root", dir.path, "--out", out, "--zero", stage}, common));
+    ASSERT_EQ(job.code, 0) << job.output;
+    const Memory m = memory_of(job.output, 0);
+    EXPECT_NEAR(m.master, 4 * m.numel / 2, 0.05 * 4 * m.numel / 2) << "stage " << stage;
+    const at::Tensor w = load_flat(out + ".rank0.pt");
+    EXPECT_EQ(w.scalar_type(), torch::kFloat) << "the module goes back to fp32";
+    EXPECT_TRUE(torch::equal(w, load_flat(out + ".rank1.pt"))) << "stage " << stage;
+    if (!first.defined()) {
+      first = w;
+    } else {
+      EXPECT_TRUE(torch::equal(w, first)) << "stage " << stage << " differs from stage 1 by "
+                                          << (w - first).abs().max().item<double>();
+    }
+    const double vs_fp32 = (w - fp32).abs().max().item<double>();
+    EXPECT_GT(vs_fp32, 1e-6) << "the bf16 run must really differ from fp32";
+    EXPECT_LT(vs_fp32, 2e-2) << "stage " << stage;
+    // The masters are not bf16 values: the module holds more than bf16 roundings.
+    EXPECT_FALSE(torch::equal(w, w.to(torch::kBFloat16).to(torch::kFloat))) << "stage " << stage;
+    std::printf("[ measured ] bf16 master weights stage %s vs fp32 one process: max diff %.2e\n",
+                stage, vs_fp32);
+  }
+}
+
+TEST(DeepSpeed, PerRankBytesFollowThePapersBf16MixedFormulas) {
+  // bf16-mixed with master weights, Adam, N = 2 and 4: bf16 weights and gradients, fp32 masters
+  // and moments: stage 1: 2Psi + 2Psi + 12Psi/N; stage 2: 2Psi + 14Psi/N; stage 3: 16Psi/N.
+  for (int stage : {1, 2, 3}) {
+    for (int n : {2, 4}) {
+      volt_test::TempDir dir;
+      auto job = run_job({"--root", dir.path, "--out", dir / "zero", "--devices", std::to_string(n),
+                          "--batch", "4", "--epochs", "1", "--samples", "32", "--width", "256",
+                          "--zero", std::to_string(stage), "--optimizer", "adam", "--bf16-all",
+                          "1"});
+      ASSERT_EQ(job.code, 0) << job.output;
+      for (int r = 0; r < n; ++r) {
+        const Memory m = memory_of(job.output, r);
+        const double psi = m.numel;
+        const double params = stage == 3 ? 2 * psi / n : 2 * psi;
+        const double grads = stage == 1 ? 2 * psi : 2 * psi / n;
+        EXPECT_NEAR(m.params, params, 0.05 * params) << "stage " << stage << " N " << n;
+        EXPECT_NEAR(m.grads, grads, 0.05 * grads) << "stage " << stage << " N " << n;
+        EXPECT_NEAR(m.state, 8 * psi / n, 0.05 * 8 * psi / n) << "stage " << stage << " N " << n;
+        EXPECT_NEAR(m.master, 4 * psi / n, 0.05 * 4 * psi / n) << "stage " << stage << " N " << n;
+        const double total = m.params + m.grads + m.state + m.master;
+        const double formula = stage == 1   ? 4 * psi + 12 * psi / n
+                               : stage == 2 ? 2 * psi + 14 * psi / n
+                                            : 16 * psi / n;
+        EXPECT_NEAR(total, formula, 0.05 * formula);
+        if (r == 0) {
+          std::printf("[ measured ] bf16-mixed stage %d N=%d rank 0: %.0f bytes (formula %.0f)\n",
+                      stage, n, total, formula);
         }
       }
     }
@@ -230,13 +305,15 @@ bool is_dir(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-void expect_killed_run_resumes_bit_identically(const std::string& stage) {
+void expect_killed_run_resumes_bit_identically(const std::string& stage,
+                                               const std::vector<std::string>& extra = {}) {
   volt_test::TempDir dir;
   // Mid-epoch, mid-accumulation (3 micro-batches), dropout: each rank's generator and its
   // accumulated gradient chunks are part of the state (stage 3: its parameter chunks too).
-  const std::vector<std::string> common{
+  std::vector<std::string> common{
       "--devices", "2", "--batch", "8",   "--epochs",    "2",    "--dropout",          "1",
       "--accum",   "3", "--zero",  stage, "--optimizer", "adam", "--ckpt-every-batch", "1"};
+  common.insert(common.end(), extra.begin(), extra.end());
   auto full = run_job(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
   ASSERT_EQ(full.code, 0) << full.output;
   auto killed = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
@@ -265,6 +342,45 @@ TEST(DeepSpeed, AKilledTwoRankRunResumesBitIdenticallyFromItsShardFolder) {
 
 TEST(DeepSpeed, AKilledStage3RunResumesBitIdenticallyFromItsParameterChunks) {
   expect_killed_run_resumes_bit_identically("3");
+}
+
+TEST(DeepSpeed, AKilledBf16RunResumesBitIdenticallyWithItsMasterWeights) {
+  // The fp32 masters are part of each shard's optimizer state: without them a resumed run would
+  // restart from the bf16 weights and drift.
+  expect_killed_run_resumes_bit_identically("2", {"--bf16-all", "1"});
+  expect_killed_run_resumes_bit_identically("3", {"--bf16-all", "1"});
+}
+
+TEST(DeepSpeed, ConsolidatingABf16FolderGivesTheFp32MasterWeights) {
+  // DeepSpeed's zero_to_fp32: the consolidated weights are the fp32 masters, which round to the
+  // bf16 weights the run trained with, and equal the module the run ends with.
+  volt_test::TempDir dir;
+  for (const char* stage : {"2", "3"}) {
+    const std::string root = dir / stage;
+    auto job = run_job({"--root", root, "--out", root + "/w", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--optimizer", "adam", "--bf16-all", "1", "--zero", stage,
+                        "--ckpt-every-step", "1"});
+    ASSERT_EQ(job.code, 0) << job.output;
+    const std::string ckpt = root + "/ckpt/last.ckpt";
+    ASSERT_TRUE(volt::is_zero_checkpoint(ckpt)) << job.output;
+    volt::consolidate_zero_checkpoint(ckpt, root + "/full.ckpt");
+    torch::serialize::InputArchive full = volt::TorchCheckpointIO().load(root + "/full.ckpt");
+    torch::serialize::InputArchive weights;
+    full.read("state_dict", weights);
+    std::vector<at::Tensor> flat;
+    for (const auto& key : weights.keys()) {
+      at::Tensor t;
+      weights.read(key, t);
+      EXPECT_EQ(t.scalar_type(), torch::kFloat) << key;
+      flat.push_back(t.reshape({-1}));
+    }
+    const at::Tensor consolidated = torch::cat(flat);
+    const at::Tensor final_weights = load_flat(root + "/w.rank0.pt");
+    ASSERT_EQ(consolidated.numel(), final_weights.numel());
+    EXPECT_TRUE(torch::equal(consolidated, final_weights))
+        << "stage " << stage << ": max diff "
+        << (consolidated - final_weights).abs().max().item<double>();
+  }
 }
 
 void expect_four_rank_folder_loads_elsewhere(const std::string& stage) {

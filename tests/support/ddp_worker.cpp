@@ -15,7 +15,8 @@
 //       [--persist ELEMENTS] [--max-live ELEMENTS]  (stage 3: persistence threshold, live bound)
 //       [--depth D]  (D more Linear(width, width) layers)
 //       [--checkpoint-activations 0|1]  (fc1+dropout and each deep layer under volt::checkpoint)
-//       (with --zero, rank lines add "zero_memory params=P grads=G state=S numel=N")
+//       [--master-weights 0|1]  (DeepSpeedStrategyOptions::master_weights; default 1)
+//       (with --zero, rank lines add "zero_memory params=P grads=G state=S master=M numel=N")
 //
 // Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage.
 
@@ -185,7 +186,7 @@ class ZeroMemoryProbe : public volt::Callback {
     for (const auto& c : e->chunks()) numel += c.numel;
     text = " zero_memory params=" + std::to_string(m.parameters) +
            " grads=" + std::to_string(m.gradients) + " state=" + std::to_string(m.optimizer_state) +
-           " numel=" + std::to_string(numel);
+           " master=" + std::to_string(m.master_weights) + " numel=" + std::to_string(numel);
   }
   std::string text;
 
@@ -268,6 +269,7 @@ int main(int argc, char** argv) {
               .allgather_bucket_size(bucket)
               .param_persistence_threshold(num("--persist", 0))
               .max_live_parameters(num("--max-live", 1000000000))
+              .master_weights(num("--master-weights", 1) != 0)
               .config(a.count("--ds-config") ? a["--ds-config"] : "")
               .timeout_s(static_cast<double>(num("--timeout", 30))),
           accelerator, precision, num("--devices", 2), num("--nodes", 1));

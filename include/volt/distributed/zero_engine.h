@@ -33,6 +33,12 @@ struct ZeroEngineOptions {
   /// Stage 3: most elements of partitioned parameters gathered at once; the least recently
   /// gathered are released first (DeepSpeed's stage3_max_live_parameters). Default: 1e9.
   TORCH_ARG(int64_t, max_live_parameters) = 1000000000;
+  /// Parameters in bf16 or fp16: keep an fp32 master copy of this rank's chunks (sharded like
+  /// the optimizer state), let the optimizer step the masters and round them into the parameters
+  /// after each step (DeepSpeed's BF16Optimizer: updates smaller than the weights' precision
+  /// accumulate instead of rounding away). Gradients stay in the parameters' dtype and are
+  /// reduced in fp32. No effect on fp32 parameters. Default: true.
+  TORCH_ARG(bool, master_weights) = true;
 };
 
 /// Bytes one rank holds for the model, counted from the tensors' storages (each storage once).
@@ -40,6 +46,7 @@ struct ZeroMemory {
   int64_t parameters = 0;       ///< module parameters (full in stages 1 and 2)
   int64_t gradients = 0;        ///< full gradients (stage 1) or this rank's reduced chunks
   int64_t optimizer_state = 0;  ///< the optimizer's per-parameter state tensors
+  int64_t master_weights = 0;   ///< fp32 master chunks (bf16/fp16 parameters), else 0
 };
 
 /// One parameter as the engine partitions it.
@@ -56,6 +63,10 @@ struct ZeroChunk {
   at::Tensor view;           ///< what the optimizer steps: parameter.view(-1)[start, start+length),
                              ///< or this rank's stored chunk when partitioned (undefined when
                              ///< length == 0)
+  at::Tensor master;         ///< master weights: the fp32 copy of `view` that the optimizer
+                             ///< steps (undefined without master weights or when length == 0)
+  /// What the optimizer steps: `master` when there is one, else `view`.
+  const at::Tensor& stepped() const { return master.defined() ? master : view; }
 };
 
 /// Partitions one optimizer across the ranks of a group. The optimizer's param groups are
@@ -101,11 +112,24 @@ class ZeroEngine {
   /// only accumulate) skips the reduction in stage 1; stage 2 reduces every backward so no full
   /// gradient outlives it.
   void backward(const std::function<void()>& run_backward, bool sync);
-  /// Gives the optimizer's chunk views their reduced gradients (after a synced backward).
+  /// Whether a synced backward gave the chunks their reduced gradients (since zero_grad).
   bool has_gradients() const { return have_grads_; }
-  /// After the optimizer stepped the chunks: all-gathers them into every rank's parameters
-  /// (stage 3: only the persistent ones; the others are gathered when next read).
+  /// Before clipping and the optimizer step: gives the fp32 masters the reduced gradients as
+  /// fp32 (master weights only; these exist until the step, the formulas' transient).
+  void prepare_step();
+  /// After the optimizer stepped the chunks: rounds the masters into the parameters' chunks
+  /// (master weights), then all-gathers the chunks into every rank's parameters (stage 3: only
+  /// the persistent ones; the others are gathered when next read).
   void gather_parameters();
+  /// Whether this engine keeps fp32 master weights.
+  bool has_master_weights() const { return master_shard_.defined(); }
+  /// Master weights, at the end of a run: all-gathers the fp32 masters into the (whole)
+  /// parameters, e.g. after the module was cast back to fp32; collective. Call after
+  /// restore_parameters().
+  void write_master_weights();
+  /// Master weights: sets each master from its parameter chunk (after the parameters were
+  /// loaded from a checkpoint that holds no masters).
+  void reset_master_weights();
   /// Scales the chunks' gradients so that the norm over all ranks' chunks is at most `max_norm`
   /// (torch's clip_grad_norm_ semantics); returns that total norm.
   double clip_grad_norm(double max_norm, double norm_type);
@@ -143,6 +167,10 @@ class ZeroEngine {
   void on_gradient(size_t index);
   void reduce_bucket(size_t bucket);
   void finish_backward();
+  // All-gathers source(chunk) (its `length` elements, any dtype) of every chunk into the
+  // parameters, in buckets of allgather_bucket_size; stage 3's partitioned ones only when asked.
+  void all_gather_into_parameters(const std::function<at::Tensor(const ZeroChunk&)>& source,
+                                  bool partitioned_too);
 
   torch::optim::Optimizer& optimizer_;
   std::shared_ptr<ProcessGroup> group_;
@@ -161,6 +189,7 @@ class ZeroEngine {
   std::vector<at::Tensor> grad_views_;  // stage 2: per chunk, a view into grad_shard_
   struct Hooks;
   std::unique_ptr<Hooks> hooks_;
+  at::Tensor master_shard_;  // master weights: this rank's fp32 chunks, flat
   // Stage 3.
   at::Tensor param_shard_;             // this rank's chunks of the partitioned parameters, padded
   std::vector<int64_t> shard_offset_;  // per chunk: its offset in param_shard_
