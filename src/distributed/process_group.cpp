@@ -220,6 +220,26 @@ std::shared_ptr<gloo::transport::Device> gloo_device(const ClusterEnvironment& e
   return c10d::ProcessGroupGloo::createDeviceForHostname(host);
 }
 
+// Connects a Gloo group of `size` ranks, this one being `rank`, on impl.device through impl.store
+// under the key prefix `prefix`, and keeps it in impl. Throws what c10d throws: the callers say
+// which group failed.
+void attach_gloo(ProcessGroup::Impl& impl, const std::string& prefix, int rank, int size,
+                 milliseconds timeout) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(impl.device);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, impl.store);
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+#if VOLT_TORCH_AT_LEAST(2, 0)
+  // [S] read from 2.x sources, not compiled: the 2.11 wheel has no gloo headers.
+  impl.backend = gloo;
+  impl.group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  impl.group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  impl.group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+#else
+  impl.group = gloo;
+#endif
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions options)
@@ -343,21 +363,8 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
   }
   impl_->device = device;
   try {
-    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    opts->devices.push_back(device);
-    auto prefix = c10::make_intrusive<c10d::PrefixStore>("volt/gloo", impl_->store);
-    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, static_cast<int>(rank_),
-                                                            static_cast<int>(world_size_), opts);
-#if VOLT_TORCH_AT_LEAST(2, 0)
-    // [S] read from 2.x sources, not compiled: the 2.11 wheel has no gloo headers.
-    impl_->backend = gloo;
-    impl_->group = c10::make_intrusive<c10d::ProcessGroup>(prefix, static_cast<int>(rank_),
-                                                           static_cast<int>(world_size_));
-    impl_->group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-    impl_->group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
-#else
-    impl_->group = gloo;
-#endif
+    attach_gloo(*impl_, "volt/gloo", static_cast<int>(rank_), static_cast<int>(world_size_),
+                timeout);
   } catch (const std::exception& e) {
     VOLT_CHECK(false, DistributedError, kTag, " rank ", rank_, " could not connect Gloo to its ",
                world_size_ - 1, " peers within ", seconds(timeout), " (listening on ",
@@ -392,20 +399,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
   impl->gloo_address = impl_->gloo_address;
   const int size = static_cast<int>(ranks.size());
   try {
-    auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout());
-    opts->devices.push_back(impl->device);
-    auto prefix = c10::make_intrusive<c10d::PrefixStore>(key, impl->store);
-    auto gloo =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, static_cast<int>(me), size, opts);
-#if VOLT_TORCH_AT_LEAST(2, 0)
-    // [S] as in the constructor: read from 2.x sources, not compiled (no gloo headers there).
-    impl->backend = gloo;
-    impl->group = c10::make_intrusive<c10d::ProcessGroup>(prefix, static_cast<int>(me), size);
-    impl->group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-    impl->group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
-#else
-    impl->group = gloo;
-#endif
+    attach_gloo(*impl, key, static_cast<int>(me), size, options_.timeout());
   } catch (const std::exception& e) {
     VOLT_CHECK(false, DistributedError, kTag, " rank ", rank_, " could not connect its group of ",
                size, " ranks (", key, ") within ", seconds(options_.timeout()), ": ",

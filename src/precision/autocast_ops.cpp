@@ -20,8 +20,7 @@
 namespace volt {
 namespace {
 
-using detail::QuietWarnings;
-using detail::WarningHandlerGuard;
+using detail::QuietWarningsGuard;
 
 // One boxed kernel serves every listed operator: it casts the floating tensor arguments on the
 // stack to the list's dtype (through autocast's per-region cast cache, so a weight is cast once
@@ -149,8 +148,7 @@ AutocastOpLists::AutocastOpLists(c10::DeviceType device, c10::ScalarType lower_d
 
   const auto key = at::autocast::get_autocast_dispatch_key_from_device_type(device);
   library_ = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
-  QuietWarnings quiet;
-  WarningHandlerGuard guard(&quiet);
+  QuietWarningsGuard quiet;
   for (const auto& n : lower_) {
     library_->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunctor(
                                   std::make_unique<CastKernel>(lower_dtype, device)));
@@ -185,8 +183,7 @@ std::pair<std::vector<std::string>, std::vector<std::string>> AutocastOpLists::r
 
 AutocastOpLists::~AutocastOpLists() {
   // Destroying the Library deregisters its kernels; the built-in ones become visible again.
-  QuietWarnings quiet;
-  WarningHandlerGuard guard(&quiet);
+  QuietWarningsGuard quiet;
   library_.reset();
 }
 

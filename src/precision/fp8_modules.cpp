@@ -162,8 +162,7 @@ struct Release {
     auto& r = registration();
     std::lock_guard<std::mutex> lock(r.mutex);
     if (--r.holders == 0) {
-      QuietWarnings quiet;
-      WarningHandlerGuard guard(&quiet);
+      QuietWarningsGuard quiet;
       r.library.reset();  // libtorch's own autocast kernel for linear is visible again
     }
   }
@@ -206,8 +205,7 @@ std::shared_ptr<void> acquire_fp8_kernel(c10::DeviceType device) {
   auto& r = registration();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (r.holders++ == 0) {
-    QuietWarnings quiet;
-    WarningHandlerGuard guard(&quiet);
+    QuietWarningsGuard quiet;
     r.library = std::make_unique<torch::Library>(
         torch::Library::IMPL, "aten", at::autocast::get_autocast_dispatch_key_from_device_type(device),
         __FILE__, __LINE__);

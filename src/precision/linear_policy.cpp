@@ -50,8 +50,7 @@ at::Tensor rule_matmul(const at::Tensor& self, const at::Tensor& other) {
 
 struct SizeRule {
   SizeRule(int64_t min_macs, const std::vector<std::string>& skip) {
-    QuietWarnings quiet;
-    WarningHandlerGuard guard(&quiet);
+    QuietWarningsGuard quiet;
     library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
                                                c10::DispatchKey::AutocastCPU, __FILE__, __LINE__);
     auto skipped = [&](const char* op) {
@@ -64,8 +63,7 @@ struct SizeRule {
   }
   ~SizeRule() {
     g_min_macs = 0;
-    QuietWarnings quiet;
-    WarningHandlerGuard guard(&quiet);
+    QuietWarningsGuard quiet;
     library.reset();
   }
   std::unique_ptr<torch::Library> library;
