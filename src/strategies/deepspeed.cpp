@@ -559,7 +559,7 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
   VOLT_CHECK(precision_->name() != "16-mixed", NotAvailable, kTag,
              " precision \"16-mixed\" (dynamic loss scaling) is not built for ZeRO yet; use "
              "\"bf16-mixed\", \"bf16-true\" or \"32-true\".");
-  if (options_.offload_optimizer() || options_.offload_parameters()) {
+  if ((options_.offload_optimizer() && !nvme_optimizer()) || options_.offload_parameters()) {
     log_info("DeepSpeedStrategy",
              "offload_optimizer / offload_parameters: on a CPU run the parameters, gradients and "
              "optimizer state are in host memory already; nothing moves.");

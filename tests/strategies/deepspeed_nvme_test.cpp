@@ -164,6 +164,36 @@ TEST(DeepSpeedNvme, ARankKilledWithAWriteInFlightLeavesSurvivorsThatExitAndAChec
   }
 }
 
+TEST(DeepSpeedNvme, AJsonConfiguredRunWithSchedulerAndClippingEqualsItsInMemoryTwinBitwise) {
+  // The JSON's optimizer (FusedAdamW), WarmupDecayLR stepped after every optimizer step and
+  // gradient clipping by norm, stage 3: swapping sub-group by sub-group changes none of it.
+  volt_test::TempDir dir;
+  std::filesystem::create_directories(dir / "nvme");
+  const std::string body = R"("train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.05,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.001,
+        "warmup_max_lr": 0.01, "warmup_num_steps": 3, "total_num_steps": 8}},)";
+  const std::string mem = "{" + body + R"("zero_optimization": {"stage": 3}})";
+  const std::string nvme = "{" + body + R"("zero_optimization": {"stage": 3,
+      "sub_group_size": 50, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                           dir / "nvme" + R"("}}, "aio": {"block_size": 128, "queue_depth": 4}})";
+  const std::vector<std::string> common{"--devices",   "2",    "--batch", "8", "--epochs", "1",
+                                        "--optimizer", "none", "--width", "16"};
+  auto a = run_job(cat({"--root", dir.path, "--out", dir / "mem", "--ds-config", mem}, common));
+  ASSERT_EQ(a.code, 0) << a.output;
+  auto b =
+      run_job(cat({"--root", dir.path, "--out", dir / "nvme_run", "--ds-config", nvme}, common));
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_NE(b.output.find("optimizer state swaps to"), std::string::npos) << b.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(
+        torch::equal(load_flat(dir / ("mem" + suffix)), load_flat(dir / ("nvme_run" + suffix))))
+        << "rank " << r;
+  }
+  EXPECT_TRUE(empty_dir(dir / "nvme"));
+}
+
 // ------------------------------------------------------------------------------ options
 
 std::shared_ptr<volt::DeepSpeedStrategy> make(const volt::DeepSpeedStrategyOptions& o) {
