@@ -382,7 +382,8 @@ int main(int argc, char** argv) {
       const std::string nvme = a.count("--nvme") ? a["--nvme"] : "/tmp";
       std::printf("ZeRO stage 3, 2 ranks, Adam: optimizer offload (NVMe swap files in %s)\n",
                   nvme.c_str());
-      std::printf("  offload                      ms/step  vs memory  state in RAM MB  in files MB\n");
+      std::printf(
+          "  offload                      ms/step  vs memory  state in RAM MB  in files MB\n");
       double base = 0;
       for (const char* mode : {"none", "cpu", "nvme", "nvme_pread"}) {
         for (const char* sub : {"1000000000", "1000000"}) {
@@ -396,11 +397,10 @@ int main(int argc, char** argv) {
             t.push_back(last.step_ms);
           }
           if (std::string(mode) == "none") base = median(t);
-          const std::string label =
-              std::string(mode == std::string("none") ? "in memory" : mode) +
-              (std::string(mode).rfind("nvme", 0) == 0
-                   ? (whole ? " (1 sub-group)" : " (sub-group 1e6)")
-                   : "");
+          const std::string label = std::string(mode == std::string("none") ? "in memory" : mode) +
+                                    (std::string(mode).rfind("nvme", 0) == 0
+                                         ? (whole ? " (1 sub-group)" : " (sub-group 1e6)")
+                                         : "");
           std::printf("  %-27s  %7.2f  %8.2fx  %15.2f  %11.2f\n", label.c_str(), median(t),
                       median(t) / base, last.state / 1e6, last.files / 1e6);
         }

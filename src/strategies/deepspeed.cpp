@@ -9,12 +9,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <chrono>
 
 #include "io/detail/state_key.h"
 #include "strategies/detail/optimizer_swapper.h"
@@ -209,8 +209,8 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
     VOLT_CHECK(options_.sub_group_size() > 0 && options_.aio_block_size() > 0 &&
                    options_.aio_queue_depth() > 0 && options_.aio_queue_depth() <= 4096,
                ConfigError, kTag, " sub_group_size=", options_.sub_group_size(),
-               ", aio_block_size=", options_.aio_block_size(), " and aio_queue_depth=",
-               options_.aio_queue_depth(),
+               ", aio_block_size=", options_.aio_block_size(),
+               " and aio_queue_depth=", options_.aio_queue_depth(),
                " must be > 0 (queue depth at most 4096); DeepSpeed's defaults are 1e9, 1048576 "
                "and 8.");
     const std::string& path = options_.nvme_path();
@@ -245,8 +245,8 @@ void DeepSpeedStrategy::make_nvme_folder() {
   at::Tensor id = torch::zeros({2}, torch::kLong);
   if (rank() == 0) {
     id[0] = static_cast<int64_t>(::getpid());
-    id[1] = static_cast<int64_t>(
-        std::chrono::steady_clock::now().time_since_epoch().count() & 0x7fffffffffffLL);
+    id[1] = static_cast<int64_t>(std::chrono::steady_clock::now().time_since_epoch().count() &
+                                 0x7fffffffffffLL);
   }
   if (world_size() > 1) group().broadcast_(id, 0);
   nvme_run_dir_ = options_.nvme_path() + "/volt-nvme-" + std::to_string(id[0].item<int64_t>()) +
@@ -254,8 +254,8 @@ void DeepSpeedStrategy::make_nvme_folder() {
   nvme_rank_dir_ = nvme_run_dir_ + "/rank" + std::to_string(rank());
   std::error_code ec;
   fs::create_directories(nvme_rank_dir_, ec);
-  VOLT_CHECK(!ec, ConfigError, kTag, " cannot create the NVMe swap folder '", nvme_rank_dir_,
-             "' (", ec.message(), "); check that nvme_path is writable and has space.");
+  VOLT_CHECK(!ec, ConfigError, kTag, " cannot create the NVMe swap folder '", nvme_rank_dir_, "' (",
+             ec.message(), "); check that nvme_path is writable and has space.");
 }
 
 void DeepSpeedStrategy::remove_nvme_files() noexcept {

@@ -1,9 +1,9 @@
 #pragma once
 /// DeepSpeedStrategy: DeepSpeed-style sharded data parallelism in C++ ("deepspeed",
 /// "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
-/// "deepspeed_stage_3_offload", "deepspeed_stage_3_offload_nvme"): ZeRO stage 1 partitions the optimizer state across ranks,
-/// stage 2 the gradients too, stage 3 the parameters too (ZeroEngine), on the same c10d process
-/// groups, launcher and cluster environments as DdpStrategy.
+/// "deepspeed_stage_3_offload", "deepspeed_stage_3_offload_nvme"): ZeRO stage 1 partitions the
+/// optimizer state across ranks, stage 2 the gradients too, stage 3 the parameters too
+/// (ZeroEngine), on the same c10d process groups, launcher and cluster environments as DdpStrategy.
 
 #include <torch/arg.h>
 
