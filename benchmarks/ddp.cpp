@@ -4,7 +4,11 @@
 // peak RSS and the exact per-rank bytes of parameters, gradients and Adam state.
 //
 //   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
-//                  [--only weak|sweep|overlap|zero]
+//                  [--only weak|sweep|overlap|zero|offload] [--nvme DIR]
+//
+// `offload`: ZeRO stage 3 at 2 ranks with the Adam state in memory, offloaded to "cpu" (on a
+// CPU run nothing moves) and to NVMe swap files under --nvme (default /tmp: whatever disk backs
+// it), through io_uring and through the pread/pwrite reference path (ZeRO-Infinity, issue #12).
 //
 // The driver runs every configuration as a fresh job of this same binary (`--worker ...`), with
 // OPENBLAS_NUM_THREADS=1 so that "1 thread" holds for OpenBLAS too; with devices=2 the job's
@@ -84,7 +88,7 @@ class ZeroBytes : public volt::Callback {
   // Before each step: gradients complete, Adam state present from the second step on.
   void on_before_optimizer_step(volt::RunContext&, volt::Module&,
                                 torch::optim::Optimizer&) override {
-    if (const volt::ZeroEngine* e = m_->opt ? s_->engine(*m_->opt) : nullptr) bytes = e->memory();
+    if (m_->opt && s_->engine(*m_->opt)) bytes = s_->memory(*m_->opt);
   }
   volt::ZeroMemory bytes;
 
@@ -148,9 +152,17 @@ int worker(std::map<std::string, std::string>& a) {
   auto timing = std::make_shared<Timing>(warmup, accum);
   std::vector<std::shared_ptr<volt::Callback>> callbacks{timing};
   if (zero > 0) {
+    const std::string offload = a.count("--offload") ? a["--offload"] : "none";
     auto ds = std::make_shared<volt::DeepSpeedStrategy>(
-        volt::DeepSpeedStrategyOptions().stage(zero).param_persistence_threshold(0), accelerator,
-        precision, devices, 1);
+        volt::DeepSpeedStrategyOptions()
+            .stage(zero)
+            .param_persistence_threshold(0)
+            .offload_optimizer(offload != "none")
+            .offload_optimizer_device(offload == "cpu" || offload == "none" ? "cpu" : "nvme")
+            .aio_use_uring(offload != "nvme_pread")
+            .nvme_path(a.count("--nvme") ? a["--nvme"] : "/tmp")
+            .sub_group_size(static_cast<int64_t>(num("--sub-group", 1e9))),
+        accelerator, precision, devices, 1);
     zero_bytes = std::make_shared<ZeroBytes>(ds.get(), &model);
     callbacks.push_back(zero_bytes);
     strategy = ds;
@@ -202,18 +214,19 @@ int worker(std::map<std::string, std::string>& a) {
   }
   std::printf(
       "RESULT rank=%lld step_ms=%.3f bwd_sync_ms=%.3f bwd_nosync_ms=%.3f "
-      "allreduce_ms=%.3f rss_mb=%.1f params=%lld grads=%lld state=%lld\n",
+      "allreduce_ms=%.3f rss_mb=%.1f params=%lld grads=%lld state=%lld files=%lld\n",
       static_cast<long long>(trainer.strategy().rank()), median(timing->batch_ms),
       median(timing->backward_sync_ms), median(timing->backward_nosync_ms), allreduce_ms,
       ru.ru_maxrss / 1024.0, static_cast<long long>(bytes.parameters),
-      static_cast<long long>(bytes.gradients), static_cast<long long>(bytes.optimizer_state));
+      static_cast<long long>(bytes.gradients), static_cast<long long>(bytes.optimizer_state),
+      static_cast<long long>(bytes.optimizer_state_in_files));
   std::fflush(stdout);
   return 0;
 }
 
 struct Result {
   double step_ms = 0, bwd_sync_ms = 0, bwd_nosync_ms = 0, allreduce_ms = 0, rss_mb = 0;
-  long long params = 0, grads = 0, state = 0;
+  long long params = 0, grads = 0, state = 0, files = 0;
   int ranks = 0;
 };
 
@@ -229,9 +242,9 @@ Result job(const std::string& self, const std::string& args) {
     Result one;
     if (std::sscanf(line,
                     "RESULT rank=%lld step_ms=%lf bwd_sync_ms=%lf bwd_nosync_ms=%lf "
-                    "allreduce_ms=%lf rss_mb=%lf params=%lld grads=%lld state=%lld",
+                    "allreduce_ms=%lf rss_mb=%lf params=%lld grads=%lld state=%lld files=%lld",
                     &rank, &one.step_ms, &one.bwd_sync_ms, &one.bwd_nosync_ms, &one.allreduce_ms,
-                    &one.rss_mb, &one.params, &one.grads, &one.state) == 9) {
+                    &one.rss_mb, &one.params, &one.grads, &one.state, &one.files) == 10) {
       ++r.ranks;
       r.rss_mb = std::max(r.rss_mb, one.rss_mb);
       if (rank == 0) {
@@ -363,6 +376,36 @@ int main(int argc, char** argv) {
         }
         std::printf("\n");
       }
+    }
+    // 5. ZeRO-Infinity: stage 3 at 2 ranks, the Adam state in memory, "cpu" or NVMe files.
+    if (wanted("offload")) {
+      const std::string nvme = a.count("--nvme") ? a["--nvme"] : "/tmp";
+      std::printf("ZeRO stage 3, 2 ranks, Adam: optimizer offload (NVMe swap files in %s)\n",
+                  nvme.c_str());
+      std::printf(
+          "  offload                      ms/step  vs memory  state in RAM MB  in files MB\n");
+      double base = 0;
+      for (const char* mode : {"none", "cpu", "nvme", "nvme_pread"}) {
+        for (const char* sub : {"1000000000", "1000000"}) {
+          const bool whole = std::string(sub).size() == 10;  // one sub-group
+          if (std::string(mode).rfind("nvme", 0) != 0 && !whole) continue;
+          std::vector<double> t;
+          Result last;
+          for (int r = 0; r < rounds; ++r) {
+            last = job(bin, std::string("--adam 1 --devices 2 --zero 3 --offload ") + mode +
+                                " --nvme " + nvme + " --sub-group " + sub + common.str());
+            t.push_back(last.step_ms);
+          }
+          if (std::string(mode) == "none") base = median(t);
+          const std::string label = std::string(mode == std::string("none") ? "in memory" : mode) +
+                                    (std::string(mode).rfind("nvme", 0) == 0
+                                         ? (whole ? " (1 sub-group)" : " (sub-group 1e6)")
+                                         : "");
+          std::printf("  %-27s  %7.2f  %8.2fx  %15.2f  %11.2f\n", label.c_str(), median(t),
+                      median(t) / base, last.state / 1e6, last.files / 1e6);
+        }
+      }
+      std::printf("\n");
     }
     return 0;
   } catch (const std::exception& e) {

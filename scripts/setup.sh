@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread
   libjemalloc2 libtcmalloc-minimal4  # host allocators (scripts/with_allocator.sh, docs/PERFORMANCE.md)
-  zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev libfmt-dev
+  zlib1g-dev libyaml-cpp-dev nlohmann-json3-dev libfmt-dev liburing-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   python3-torch

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <sstream>
 
 #include "io/detail/state_key.h"
+#include "strategies/detail/optimizer_swapper.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -200,10 +202,31 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
   const std::string& dev = options_.offload_optimizer_device();
   VOLT_CHECK(dev == "cpu" || dev == "nvme", ConfigError, kTag, " offload_optimizer_device=\"", dev,
              "\" is not a device; use \"cpu\" or \"nvme\".");
+  const std::string& pdev = options_.offload_parameters_device();
+  VOLT_CHECK(pdev == "cpu" || pdev == "nvme", ConfigError, kTag, " offload_parameters_device=\"",
+             pdev, "\" is not a device; use \"cpu\" or \"nvme\".");
+  VOLT_CHECK(!options_.offload_parameters() || pdev == "cpu", NotAvailable, kTag,
+             " offload_parameters to NVMe is not built yet (issue #12: only the optimizer state "
+             "is swapped to NVMe); use offload_parameters_device=\"cpu\".");
+  if (options_.offload_optimizer() && dev == "nvme") {
+    VOLT_CHECK(options_.sub_group_size() > 0 && options_.aio_block_size() > 0 &&
+                   options_.aio_queue_depth() > 0 && options_.aio_queue_depth() <= 4096,
+               ConfigError, kTag, " sub_group_size=", options_.sub_group_size(),
+               ", aio_block_size=", options_.aio_block_size(),
+               " and aio_queue_depth=", options_.aio_queue_depth(),
+               " must be > 0 (queue depth at most 4096); DeepSpeed's defaults are 1e9, 1048576 "
+               "and 8.");
+    const std::string& path = options_.nvme_path();
+    struct stat st;
+    VOLT_CHECK(::stat(path.c_str(), &st) == 0, ConfigError, kTag, " nvme_path='", path,
+               "' does not exist; create it (on a fast local disk) or set nvme_path to an "
+               "existing folder.");
+    VOLT_CHECK(S_ISDIR(st.st_mode), ConfigError, kTag, " nvme_path='", path,
+               "' is not a folder; set nvme_path to a folder on a fast local disk.");
+    VOLT_CHECK(::access(path.c_str(), W_OK | X_OK) == 0, ConfigError, kTag, " nvme_path='", path,
+               "' is not writable by this user; fix its permissions or choose another folder.");
+  }
   if (options_.offload_optimizer()) {
-    VOLT_CHECK(dev == "cpu", NotAvailable, kTag,
-               " offload to NVMe (ZeRO-Infinity) is not built yet (issue #12); use "
-               "offload_optimizer_device=\"cpu\".");
     VOLT_CHECK(accelerator_->name() == "cpu", NotAvailable, kTag,
                " offload_optimizer with parameters on ", accelerator_->name(),
                " is not built yet (it needs a GPU to write and test; issue #12).");
@@ -211,7 +234,48 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
 }
 
 DeepSpeedStrategy::~DeepSpeedStrategy() {
+  remove_nvme_files();
   engines_.clear();
+}
+
+// ------------------------------------------------------------------ NVMe swap folders
+// The swap files are scratch: resume always comes from a checkpoint, never from them. Each run
+// swaps into its own folder, nvme_path/volt-nvme-<rank 0's pid>-<its clock>/rank<R>/, so that
+// two runs (or two ranks on one node) never share a file; teardown removes it.
+
+void DeepSpeedStrategy::make_nvme_folder() {
+  remove_nvme_files();
+  at::Tensor id = torch::zeros({2}, torch::kLong);
+  if (rank() == 0) {
+    id[0] = static_cast<int64_t>(::getpid());
+    id[1] = static_cast<int64_t>(std::chrono::steady_clock::now().time_since_epoch().count() &
+                                 0x7fffffffffffLL);
+  }
+  if (world_size() > 1) group().broadcast_(id, 0);
+  nvme_run_dir_ = options_.nvme_path() + "/volt-nvme-" + std::to_string(id[0].item<int64_t>()) +
+                  "-" + std::to_string(id[1].item<int64_t>());
+  nvme_rank_dir_ = nvme_run_dir_ + "/rank" + std::to_string(rank());
+  std::error_code ec;
+  fs::create_directories(nvme_rank_dir_, ec);
+  VOLT_CHECK(!ec, ConfigError, kTag, " cannot create the NVMe swap folder '", nvme_rank_dir_, "' (",
+             ec.message(), "); check that nvme_path is writable and has space.");
+}
+
+void DeepSpeedStrategy::remove_nvme_files() noexcept {
+  swappers_.clear();  // each removes its file
+  if (nvme_rank_dir_.empty()) return;
+  std::error_code ec;
+  fs::remove_all(nvme_rank_dir_, ec);
+  ::rmdir(nvme_run_dir_.c_str());  // the last rank on this node removes the run's folder
+  nvme_rank_dir_.clear();
+  nvme_run_dir_.clear();
+}
+
+ZeroMemory DeepSpeedStrategy::memory(const torch::optim::Optimizer& optimizer) const {
+  ZeroMemory m = engine_for(optimizer).memory();
+  auto it = swappers_.find(&optimizer);
+  if (it != swappers_.end()) m.optimizer_state_in_files = it->second->file_bytes();
+  return m;
 }
 
 void DeepSpeedStrategy::apply_config() {
@@ -224,6 +288,9 @@ void DeepSpeedStrategy::apply_config() {
     options_.offload_optimizer_device(c.offload_optimizer_device);
   }
   if (!c.nvme_path.empty()) options_.nvme_path(c.nvme_path);
+  if (c.sub_group_size) options_.sub_group_size(*c.sub_group_size);
+  if (c.aio_block_size) options_.aio_block_size(*c.aio_block_size);
+  if (c.aio_queue_depth) options_.aio_queue_depth(*c.aio_queue_depth);
   if (c.reduce_bucket_size) options_.reduce_bucket_size(*c.reduce_bucket_size);
   if (c.allgather_bucket_size) options_.allgather_bucket_size(*c.allgather_bucket_size);
   if (c.zero_allow_untested_optimizer) {
@@ -231,9 +298,8 @@ void DeepSpeedStrategy::apply_config() {
   }
   clip_ = c.gradient_clipping;
   options_.cpu_checkpointing(c.cpu_checkpointing);
-  VOLT_CHECK(c.offload_param_device != "nvme", NotAvailable, kTag, " ", c.origin,
-             ": offload_param to NVMe (ZeRO-Infinity) is not built yet (issue #12); use \"cpu\".");
-  options_.offload_parameters(c.offload_param_device == "cpu");
+  options_.offload_parameters(c.offload_param_device != "none");
+  if (c.offload_param_device != "none") options_.offload_parameters_device(c.offload_param_device);
   if (c.stage3_param_persistence_threshold) {
     options_.param_persistence_threshold(*c.stage3_param_persistence_threshold);
   }
@@ -353,6 +419,18 @@ void DeepSpeedStrategy::teardown() {
     }
     tp_.reset();
   }
+  // NVMe: the optimizer leaves the run with its state in memory, and the swap files go.
+  for (auto& kv : swappers_) {
+    try {
+      kv.second->swap_in_all();
+    } catch (const std::exception& e) {
+      log_error("DeepSpeedStrategy",
+                std::string("could not read the optimizer state back from NVMe at the end of "
+                            "the run (it is lost; the last checkpoint has it): ") +
+                    e.what());
+    }
+  }
+  remove_nvme_files();
   // Stage 3: the module leaves the run whole (every rank gathers every parameter).
   for (auto& kv : engines_) {
     try {
@@ -516,7 +594,7 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
       cast_back_.reset();
     }
   }
-  if (options_.offload_optimizer() || options_.offload_parameters()) {
+  if ((options_.offload_optimizer() && !nvme_optimizer()) || options_.offload_parameters()) {
     log_info("DeepSpeedStrategy",
              "offload_optimizer / offload_parameters: on a CPU run the parameters, gradients and "
              "optimizer state are in host memory already; nothing moves.");
@@ -545,6 +623,23 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
             .max_live_parameters(options_.max_live_parameters())
             .master_weights(options_.master_weights()),
         names_);
+  }
+  if (nvme_optimizer()) {
+    make_nvme_folder();
+    int64_t i = 0;
+    for (auto& config : optimizers) {
+      auto& opt = *config.optimizer();
+      swappers_[&opt] = std::make_unique<detail::OptimizerSwapper>(
+          opt, nvme_rank_dir_ + "/optimizer" + std::to_string(i++) + ".swp",
+          detail::AioOptions()
+              .block_size(options_.aio_block_size())
+              .queue_depth(options_.aio_queue_depth())
+              .use_uring(options_.aio_use_uring()),
+          options_.sub_group_size());
+    }
+    log_info("DeepSpeedStrategy", "offload_optimizer to nvme: optimizer state swaps to '" +
+                                      nvme_rank_dir_ + "' (sub_group_size " +
+                                      std::to_string(options_.sub_group_size()) + ").");
   }
 }
 
@@ -575,7 +670,16 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
     clip_value = clip_;  // the JSON's gradient_clipping: a norm, as in DeepSpeed
     algorithm = ClipAlgorithm::kNorm;
   }
-  const bool stepped = Strategy::optimizer_step(optimizer, clip_value, algorithm);
+  bool stepped;
+  auto sw = swappers_.find(&optimizer);
+  if (sw != swappers_.end()) {
+    // Strategy::optimizer_step with the step itself run once per sub-group, state swapped in.
+    precision_->unscale_gradients(optimizer);
+    if (clip_value && *clip_value > 0) clip_gradients(optimizer, *clip_value, algorithm);
+    stepped = sw->second->step([&] { return precision_->optimizer_step(optimizer); });
+  } else {
+    stepped = Strategy::optimizer_step(optimizer, clip_value, algorithm);
+  }
   if (e != nullptr && stepped) e->gather_parameters();
   return stepped;
 }
@@ -722,6 +826,10 @@ void DeepSpeedStrategy::save_optimizer_state(const torch::optim::Optimizer& opti
     Strategy::save_optimizer_state(optimizer, module, ar);
     return;
   }
+  // NVMe: the state is read in for the save and written out again after it.
+  auto sw = swappers_.find(&optimizer);
+  detail::OptimizerSwapper* swapper = sw == swappers_.end() ? nullptr : sw->second.get();
+  if (swapper != nullptr) swapper->swap_in_all();
   // The full format of volt::save_optimizer_state, with this rank's chunks as the tensors.
   ar.write("zero_world_size", c10::IValue(e->world_size()));
   ar.write("zero_rank", c10::IValue(e->rank()));
@@ -749,6 +857,9 @@ void DeepSpeedStrategy::save_optimizer_state(const torch::optim::Optimizer& opti
     group_ar.write("state", states_ar);
     ar.write("group_" + std::to_string(g), group_ar);
   }
+  // The archive refers to the state tensors until it is written: they stay in memory until the
+  // next step swaps them out again, sub-group by sub-group.
+  (void)swapper;
 }
 
 void DeepSpeedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
@@ -815,6 +926,9 @@ void DeepSpeedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
       state[detail::state_key_for<detail::OptimizerStateKey>(c.stepped())] = std::move(st);
     }
   }
+  // NVMe: the loaded state objects are new; they go to the swap file (a fresh layout).
+  auto sw = swappers_.find(&optimizer);
+  if (sw != swappers_.end()) sw->second->swap_out_all(/*relayout=*/true);
 }
 
 // ------------------------------------------------------------------ accumulated gradients

@@ -40,7 +40,8 @@ const std::vector<std::string> kTop = {"train_batch_size",
                                        "replace_with_kernel_inject",
                                        "enable_cuda_graph",
                                        "replace_method",
-                                       "activation_checkpointing"};
+                                       "activation_checkpointing",
+                                       "aio"};
 const std::vector<std::string> kTopIgnored = {"steps_per_print",
                                               "wall_clock_breakdown",
                                               "dump_state",
@@ -54,7 +55,6 @@ const std::vector<std::string> kTopIgnored = {"steps_per_print",
                                               "wandb",
                                               "csv_monitor",
                                               "comet",
-                                              "aio",
                                               "amp",
                                               "elasticity",
                                               "comms_logger",
@@ -83,11 +83,11 @@ const std::vector<std::string> kZero = {"stage",
                                         "stage3_param_persistence_threshold",
                                         "stage3_max_live_parameters",
                                         "reduce_scatter",
-                                        "allgather_partitions"};
+                                        "allgather_partitions",
+                                        "sub_group_size"};
 const std::vector<std::string> kZeroIgnored = {"stage3_max_reuse_distance",
                                                "stage3_gather_16bit_weights_on_model_save",
                                                "stage3_gather_fp16_weights_on_model_save",
-                                               "sub_group_size",
                                                "round_robin_gradients",
                                                "elastic_checkpoint",
                                                "load_from_fp32_weights",
@@ -116,6 +116,11 @@ const std::vector<std::string> kOffload = {"device", "nvme_path", "pin_memory"};
 const std::vector<std::string> kOffloadIgnored = {"buffer_count",  "buffer_size", "max_in_cpu",
                                                   "fast_init",     "ratio",       "pipeline_read",
                                                   "pipeline_write"};
+// aio: volt's io_uring queue acts on block_size and queue_depth; the others tune DeepSpeed's
+// own thread pool and libaio submission.
+const std::vector<std::string> kAio = {"block_size", "queue_depth"};
+const std::vector<std::string> kAioIgnored = {"thread_count", "single_submit", "overlap_events",
+                                              "intra_op_parallelism", "use_gds"};
 const std::vector<std::string> kFp = {"enabled"};
 const std::vector<std::string> kFpIgnored = {
     "loss_scale", "initial_scale_power",    "loss_scale_window",
@@ -351,6 +356,13 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
     }
   }
 
+  if (root.contains("aio")) {
+    const json& a = root["aio"];
+    r.check_keys(a, "aio", kAio, kAioIgnored, cfg.ignored);
+    cfg.aio_block_size = r.positive_int(a, "block_size", "aio.", 1);
+    cfg.aio_queue_depth = r.positive_int(a, "queue_depth", "aio.", 1);
+  }
+
   if (root.contains("zero_optimization")) {
     const json& z = root["zero_optimization"];
     cfg.zero = true;
@@ -367,6 +379,7 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
       read_offload(r, z["offload_param"], p + "offload_param", cfg.offload_param_device, cfg);
     }
     cfg.reduce_bucket_size = r.positive_int(z, "reduce_bucket_size", p, 1);
+    cfg.sub_group_size = r.positive_int(z, "sub_group_size", p, 1);
     cfg.allgather_bucket_size = r.positive_int(z, "allgather_bucket_size", p, 1);
     cfg.overlap_comm = r.boolean(z, "overlap_comm", p);
     cfg.contiguous_gradients = r.boolean(z, "contiguous_gradients", p);

@@ -48,8 +48,8 @@ void register_strategies(Registry& r) {
     int64_t stage;
     bool offload;
     const char* help;
+    bool nvme = false;
   };
-  // deepspeed_stage_3_offload_nvme (ZeRO-Infinity) is registered once NVMe offload is built.
   for (const Variant& v : {Variant{"deepspeed", 2, false, "ZeRO sharded data parallel (stage 2 "
                                                            "by default)"},
                            Variant{"deepspeed_stage_1", 1, false,
@@ -63,7 +63,11 @@ void register_strategies(Registry& r) {
                                    "module when read"},
                            Variant{"deepspeed_stage_3_offload", 3, true,
                                    "ZeRO stage 3 with optimizer and parameters in host "
-                                   "memory"}}) {
+                                   "memory"},
+                           Variant{"deepspeed_stage_3_offload_nvme", 3, true,
+                                   "ZeRO-Infinity: stage 3 with the optimizer state swapped to "
+                                   "NVMe files under nvme_path",
+                                   true}}) {
     const DeepSpeedStrategyOptions o;
     r.strategies.add(
         v.name, v.help,
@@ -78,9 +82,18 @@ void register_strategies(Registry& r) {
                  "stage 3: parameters up to this many elements stay whole")
             .add("max_live_parameters", o.max_live_parameters(),
                  "stage 3: most parameter elements gathered at once")
-            .choice("offload_optimizer_device", o.offload_optimizer_device(), {"cpu", "nvme"},
-                    "where the optimizer state is offloaded")
-            .add("nvme_path", o.nvme_path(), "folder of NVMe swap files (ZeRO-Infinity)")
+            .choice("offload_optimizer_device", v.nvme ? "nvme" : o.offload_optimizer_device(),
+                    {"cpu", "nvme"}, "where the optimizer state is offloaded")
+            .choice("offload_parameters_device", o.offload_parameters_device(), {"cpu", "nvme"},
+                    "stage 3: where the parameters are offloaded")
+            .add("nvme_path", o.nvme_path(),
+                 "existing writable folder of NVMe swap files (ZeRO-Infinity)")
+            .add("sub_group_size", o.sub_group_size(),
+                 "NVMe: optimizer elements stepped (swapped) together")
+            .add("aio_block_size", o.aio_block_size(), "NVMe: bytes per I/O request")
+            .add("aio_queue_depth", o.aio_queue_depth(), "NVMe: I/O requests in flight")
+            .add("aio_use_uring", o.aio_use_uring(),
+                 "NVMe: io_uring (false: the pread/pwrite reference path)")
             .add("cpu_checkpointing", o.cpu_checkpointing(),
                  "keep inputs saved by activation checkpointing in host memory")
             .add("reduce_bucket_size", o.reduce_bucket_size(),
@@ -120,7 +133,12 @@ void register_strategies(Registry& r) {
                   .param_persistence_threshold(a.get<int64_t>("param_persistence_threshold"))
                   .max_live_parameters(a.get<int64_t>("max_live_parameters"))
                   .offload_optimizer_device(a.get<std::string>("offload_optimizer_device"))
+                  .offload_parameters_device(a.get<std::string>("offload_parameters_device"))
                   .nvme_path(a.get<std::string>("nvme_path"))
+                  .sub_group_size(a.get<int64_t>("sub_group_size"))
+                  .aio_block_size(a.get<int64_t>("aio_block_size"))
+                  .aio_queue_depth(a.get<int64_t>("aio_queue_depth"))
+                  .aio_use_uring(a.get<bool>("aio_use_uring"))
                   .cpu_checkpointing(a.get<bool>("cpu_checkpointing"))
                   .reduce_bucket_size(a.get<int64_t>("reduce_bucket_size"))
                   .allgather_bucket_size(a.get<int64_t>("allgather_bucket_size"))

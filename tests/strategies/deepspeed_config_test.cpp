@@ -67,12 +67,12 @@ TEST(DeepSpeedConfig, AnUnknownKeyNamesTheClosestValidOne) {
 TEST(DeepSpeedConfig, KnownButUnsupportedKeysAreListedAsIgnored) {
   const auto c = volt::parse_deepspeed_config(
       R"({"steps_per_print": 10, "wall_clock_breakdown": false,
-          "zero_optimization": {"stage": 1, "sub_group_size": 1e9},
+          "zero_optimization": {"stage": 1, "round_robin_gradients": true},
           "fp16": {"enabled": false, "loss_scale": 0}})",
       "x.json");
   EXPECT_EQ(c.ignored,
             (std::vector<std::string>{"steps_per_print", "wall_clock_breakdown", "fp16.loss_scale",
-                                      "zero_optimization.sub_group_size"}));
+                                      "zero_optimization.round_robin_gradients"}));
 }
 
 TEST(DeepSpeedConfig, ActivationCheckpointingSection) {

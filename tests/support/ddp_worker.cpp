@@ -16,7 +16,10 @@
 //       [--depth D]  (D more Linear(width, width) layers)
 //       [--checkpoint-activations 0|1]  (fc1+dropout and each deep layer under volt::checkpoint)
 //       [--master-weights 0|1]  (DeepSpeedStrategyOptions::master_weights; default 1)
-//       (with --zero, rank lines add "zero_memory params=P grads=G state=S master=M numel=N")
+//       [--nvme DIR] [--sub-group ELEMENTS] [--aio-uring 0|1]  (optimizer state offloaded to NVMe
+//       swap files under DIR, ZeRO-Infinity)
+//       (with --zero, rank lines add "zero_memory params=P grads=G state=S master=M numel=N
+//       nvme=F", F: optimizer state bytes in the NVMe swap file)
 //
 // Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage.
 
@@ -181,12 +184,13 @@ class ZeroMemoryProbe : public volt::Callback {
                                 torch::optim::Optimizer&) override {
     const volt::ZeroEngine* e = model_->opt ? strategy_->engine(*model_->opt) : nullptr;
     if (e == nullptr) return;
-    const volt::ZeroMemory m = e->memory();
+    const volt::ZeroMemory m = strategy_->memory(*model_->opt);
     int64_t numel = 0;
     for (const auto& c : e->chunks()) numel += c.numel;
     text = " zero_memory params=" + std::to_string(m.parameters) +
            " grads=" + std::to_string(m.gradients) + " state=" + std::to_string(m.optimizer_state) +
-           " master=" + std::to_string(m.master_weights) + " numel=" + std::to_string(numel);
+           " master=" + std::to_string(m.master_weights) + " numel=" + std::to_string(numel) +
+           " nvme=" + std::to_string(m.optimizer_state_in_files);
   }
   std::string text;
 
@@ -271,6 +275,11 @@ int main(int argc, char** argv) {
               .max_live_parameters(num("--max-live", 1000000000))
               .master_weights(num("--master-weights", 1) != 0)
               .config(a.count("--ds-config") ? a["--ds-config"] : "")
+              .offload_optimizer(a.count("--nvme") > 0)
+              .offload_optimizer_device(a.count("--nvme") ? "nvme" : "cpu")
+              .nvme_path(a.count("--nvme") ? a["--nvme"] : "/local_nvme")
+              .sub_group_size(num("--sub-group", 1000000000))
+              .aio_use_uring(num("--aio-uring", 1) != 0)
               .timeout_s(static_cast<double>(num("--timeout", 30))),
           accelerator, precision, num("--devices", 2), num("--nodes", 1));
       strategy = zero;

@@ -47,6 +47,8 @@ struct ZeroMemory {
   int64_t gradients = 0;        ///< full gradients (stage 1) or this rank's reduced chunks
   int64_t optimizer_state = 0;  ///< the optimizer's per-parameter state tensors
   int64_t master_weights = 0;   ///< fp32 master chunks (bf16/fp16 parameters), else 0
+  /// Optimizer state swapped out to NVMe swap files (not in RAM; DeepSpeedStrategy::memory).
+  int64_t optimizer_state_in_files = 0;
 };
 
 /// One parameter as the engine partitions it.

@@ -1,9 +1,9 @@
 #pragma once
 /// DeepSpeedStrategy: DeepSpeed-style sharded data parallelism in C++ ("deepspeed",
 /// "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
-/// "deepspeed_stage_3_offload"): ZeRO stage 1 partitions the optimizer state across ranks,
-/// stage 2 the gradients too, stage 3 the parameters too (ZeroEngine), on the same c10d process
-/// groups, launcher and cluster environments as DdpStrategy.
+/// "deepspeed_stage_3_offload", "deepspeed_stage_3_offload_nvme"): ZeRO stage 1 partitions the
+/// optimizer state across ranks, stage 2 the gradients too, stage 3 the parameters too
+/// (ZeroEngine), on the same c10d process groups, launcher and cluster environments as DdpStrategy.
 
 #include <torch/arg.h>
 
@@ -28,7 +28,8 @@ struct DeepSpeedStrategyOptions {
   /// already, so on CPU runs nothing moves; with CUDA parameters it is not built yet
   /// (NotAvailable). Default: false.
   TORCH_ARG(bool, offload_optimizer) = false;
-  /// "cpu" or "nvme" (ZeRO-Infinity; not built yet: NotAvailable). Default: "cpu".
+  /// "cpu" or "nvme" (ZeRO-Infinity: between steps the optimizer state lives in files under
+  /// nvme_path, swapped in sub-group by sub-group with asynchronous I/O). Default: "cpu".
   TORCH_ARG(std::string, offload_optimizer_device) = "cpu";
   /// Stage 3 with parameters in host memory (ZeRO-Offload's offload_param). On CPU runs that is
   /// where they are; with CUDA parameters not built yet (NotAvailable). Default: false.
@@ -38,8 +39,21 @@ struct DeepSpeedStrategyOptions {
   /// Stage 3: most parameter elements gathered at once (the least recently gathered are
   /// released first). Default: 1e9.
   TORCH_ARG(int64_t, max_live_parameters) = 1000000000;
-  /// Folder of the NVMe swap files (ZeRO-Infinity). Default: "/local_nvme".
+  /// "cpu" or "nvme" (ZeRO-Infinity's offload_param: stage 3's parameter chunks in a file
+  /// under nvme_path, read when gathered). Default: "cpu".
+  TORCH_ARG(std::string, offload_parameters_device) = "cpu";
+  /// Folder of the NVMe swap files (ZeRO-Infinity): an existing, writable folder; each run
+  /// swaps into its own sub-folder and removes it at the end. Default: "/local_nvme".
   TORCH_ARG(std::string, nvme_path) = "/local_nvme";
+  /// NVMe offload: elements of optimizer parameters stepped together (DeepSpeed's
+  /// sub_group_size); only about three sub-groups' state is in memory during a step. Default: 1e9.
+  TORCH_ARG(int64_t, sub_group_size) = 1000000000;
+  /// NVMe offload: bytes per asynchronous I/O request (DeepSpeed's aio.block_size). Default: 1 MiB.
+  TORCH_ARG(int64_t, aio_block_size) = 1048576;
+  /// NVMe offload: I/O requests in flight (DeepSpeed's aio.queue_depth). Default: 8.
+  TORCH_ARG(int64_t, aio_queue_depth) = 8;
+  /// NVMe offload: io_uring (true) or the synchronous pread/pwrite reference path. Default: true.
+  TORCH_ARG(bool, aio_use_uring) = true;
   /// DeepSpeed's cpu_checkpointing: volt::checkpoint keeps the inputs it saves in host memory
   /// for this run (checkpoint_defaults()); the model must use activation checkpointing
   /// (volt::checkpoint or the ActivationCheckpointing callback). Default: false.
@@ -101,6 +115,9 @@ struct DeepSpeedStrategyOptions {
 /// resumes exactly; another world size, a plain DdpStrategy or one process loads the folder
 /// through consolidate_zero_checkpoint (also `volt zero-to-fp32`).
 class CheckpointDefaultsGuard;
+namespace detail {
+class OptimizerSwapper;
+}
 
 class DeepSpeedStrategy : public DdpStrategy {
  public:
@@ -143,6 +160,10 @@ class DeepSpeedStrategy : public DdpStrategy {
   const DeepSpeedConfig* config() const { return config_ ? &*config_ : nullptr; }
   /// The engine partitioning `optimizer` (nullptr without ZeRO or before setup_optimizers).
   ZeroEngine* engine(const torch::optim::Optimizer& optimizer) const;
+  /// The engine's memory() for `optimizer`, plus the optimizer state its NVMe swap file holds.
+  ZeroMemory memory(const torch::optim::Optimizer& optimizer) const;
+  /// The folder of this rank's NVMe swap files in the current run ("" without NVMe offload).
+  const std::string& nvme_folder() const { return nvme_rank_dir_; }
   /// The tensor-parallel engine of the current run (nullptr when tp_size is 1 or outside a run).
   TensorParallelEngine* tensor_parallel_engine() const { return tp_.get(); }
   Batch batch_to_device(const Batch& batch) const override;
@@ -176,6 +197,14 @@ class DeepSpeedStrategy : public DdpStrategy {
   std::map<const torch::optim::Optimizer*, std::unique_ptr<ZeroEngine>> engines_;
   std::map<const c10::TensorImpl*, std::string> names_;
   std::unique_ptr<CheckpointDefaultsGuard> checkpoint_defaults_;  // cpu_checkpointing's run
+  // NVMe offload: per optimizer, its state swapper; this run's folders (removed at teardown).
+  bool nvme_optimizer() const {
+    return options_.offload_optimizer() && options_.offload_optimizer_device() == "nvme";
+  }
+  void make_nvme_folder();
+  void remove_nvme_files() noexcept;
+  std::map<const torch::optim::Optimizer*, std::unique_ptr<detail::OptimizerSwapper>> swappers_;
+  std::string nvme_run_dir_, nvme_rank_dir_;
 };
 
 /// Reads a ZeRO checkpoint folder (every rank's shard) and writes one ordinary volt checkpoint

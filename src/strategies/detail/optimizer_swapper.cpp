@@ -1,0 +1,268 @@
+#include "strategies/detail/optimizer_swapper.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/kernels/fused_adamw.h"
+#include "volt/kernels/fused_sgd.h"
+
+namespace volt {
+namespace detail {
+namespace {
+
+// The state tensors of one parameter, as handles sharing the state's TensorImpls: set_() on a
+// handle changes what the optimizer's state object holds.
+std::vector<at::Tensor> state_tensors(const torch::optim::OptimizerParamState& s) {
+  using namespace torch::optim;
+  if (auto* a = dynamic_cast<const AdamWParamState*>(&s)) {
+    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
+  }
+  if (auto* a = dynamic_cast<const AdamParamState*>(&s)) {
+    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
+  }
+  if (auto* a = dynamic_cast<const SGDParamState*>(&s)) return {a->momentum_buffer()};
+  if (auto* a = dynamic_cast<const RMSpropParamState*>(&s)) {
+    return {a->square_avg(), a->momentum_buffer(), a->grad_avg()};
+  }
+  if (auto* a = dynamic_cast<const AdagradParamState*>(&s)) return {a->sum()};
+  if (auto* a = dynamic_cast<const FusedAdamWParamState*>(&s)) {
+    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
+  }
+  if (auto* a = dynamic_cast<const FusedSGDParamState*>(&s)) return {a->momentum_buffer()};
+  return {};
+}
+
+// Restores the optimizer's param lists however a sub-group step ends.
+struct ParamsGuard {
+  explicit ParamsGuard(torch::optim::Optimizer& o) : o_(o) {
+    for (auto& g : o_.param_groups()) saved_.push_back(g.params());
+  }
+  ~ParamsGuard() {
+    auto& groups = o_.param_groups();
+    for (size_t g = 0; g < groups.size() && g < saved_.size(); ++g) groups[g].params() = saved_[g];
+  }
+  // Narrows every group to the parameters in `keep`.
+  void narrow(const std::vector<at::Tensor>& keep) {
+    auto& groups = o_.param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::vector<at::Tensor> mine;
+      for (const auto& p : saved_[g]) {
+        for (const auto& k : keep) {
+          if (k.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
+            mine.push_back(p);
+            break;
+          }
+        }
+      }
+      groups[g].params() = std::move(mine);
+    }
+  }
+  torch::optim::Optimizer& o_;
+  std::vector<std::vector<at::Tensor>> saved_;
+};
+
+}  // namespace
+
+OptimizerSwapper::OptimizerSwapper(torch::optim::Optimizer& optimizer, std::string file,
+                                   AioOptions aio, int64_t sub_group_size)
+    : optimizer_(optimizer),
+      file_(std::make_unique<AioFile>(std::move(file), aio, /*create=*/true)),
+      sub_group_size_(sub_group_size) {
+  // Fault injection for tests/strategies/deepspeed_nvme_test.cpp: "R:N" SIGKILLs local rank R
+  // right after it submits its N-th write request (the write in flight), as a crash would.
+  if (const char* k = std::getenv("VOLT_TEST_KILL_AFTER_NVME_WRITES")) {
+    const char* local = std::getenv("LOCAL_RANK");
+    const std::string spec = k;
+    const size_t colon = spec.find(':');
+    if (colon != std::string::npos &&
+        std::atoll(spec.substr(0, colon).c_str()) == (local ? std::atoll(local) : 0)) {
+      kill_after_writes_ = std::atoll(spec.c_str() + colon + 1);
+    }
+  }
+}
+
+OptimizerSwapper::~OptimizerSwapper() {
+  try {
+    file_->wait();
+  } catch (...) {
+  }
+  writing_.clear();
+  std::remove(file_->path().c_str());
+}
+
+std::vector<std::vector<at::Tensor>> OptimizerSwapper::make_sub_groups() const {
+  std::vector<std::vector<at::Tensor>> out(1);
+  int64_t numel = 0;
+  for (const auto& g : optimizer_.param_groups()) {
+    for (const auto& p : g.params()) {
+      if (!out.back().empty() && numel + p.numel() > sub_group_size_) {
+        out.emplace_back();
+        numel = 0;
+      }
+      out.back().push_back(p);
+      numel += p.numel();
+    }
+  }
+  if (out.back().empty()) out.pop_back();
+  return out;
+}
+
+void OptimizerSwapper::submit_reads(const std::vector<at::Tensor>& params,
+                                    std::vector<Pending>& out) {
+  auto& state = optimizer_.state();
+  for (const auto& p : params) {
+    const auto key = state_key_for(p);
+    auto rec = records_.find(key);
+    if (rec == records_.end() || rec->second.resident) continue;
+    auto st = state.find(key);
+    VOLT_ASSERT(st != state.end(), "swapped-out optimizer state has no state object");
+    const std::vector<at::Tensor> tensors = state_tensors(*st->second);
+    for (const Piece& piece : rec->second.pieces) {
+      at::Tensor buffer = at::empty(piece.sizes, at::TensorOptions().dtype(piece.dtype));
+      file_->submit_read(buffer.data_ptr(), piece.bytes, piece.offset);
+      out.push_back(Pending{tensors.at(piece.index), buffer});
+    }
+    rec->second.resident = true;
+  }
+}
+
+void OptimizerSwapper::install(std::vector<Pending>& pending) {
+  at::NoGradGuard no_grad;
+  for (auto& p : pending) p.target.set_(p.buffer);
+  pending.clear();
+}
+
+void OptimizerSwapper::write_out(const std::vector<at::Tensor>& params, bool relayout) {
+  at::NoGradGuard no_grad;
+  auto& state = optimizer_.state();
+  for (const auto& p : params) {
+    const auto key = state_key_for(p);
+    auto st = state.find(key);
+    if (st == state.end()) continue;  // not stepped yet (no gradient)
+    auto rec = records_.find(key);
+    if (rec != records_.end() && !rec->second.resident) continue;
+    const std::vector<at::Tensor> tensors = state_tensors(*st->second);
+    std::vector<Piece> pieces;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const at::Tensor& t = tensors[i];
+      if (!t.defined() || t.numel() == 0) continue;
+      VOLT_ASSERT(t.is_contiguous() && t.device().is_cpu(),
+                  "optimizer state to swap is not a contiguous CPU tensor");
+      pieces.push_back(Piece{i, t.sizes().vec(), t.scalar_type(),
+                             static_cast<int64_t>(t.numel() * t.element_size()), -1});
+    }
+    if (pieces.empty()) {
+      if (tensors.empty()) {
+        warn_once("nvme_unknown_state", "DeepSpeedStrategy",
+                  "offload_optimizer to nvme: this optimizer's state type is unknown to volt; "
+                  "its state stays in memory.");
+      }
+      continue;
+    }
+    // Same shapes as before: the same file range; otherwise (first step, after a load) new space.
+    bool same = !relayout && rec != records_.end() && rec->second.pieces.size() == pieces.size();
+    for (size_t i = 0; same && i < pieces.size(); ++i) {
+      same = rec->second.pieces[i].index == pieces[i].index &&
+             rec->second.pieces[i].bytes == pieces[i].bytes;
+    }
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (same) {
+        pieces[i].offset = rec->second.pieces[i].offset;
+      } else {
+        pieces[i].offset = end_;
+        end_ += (pieces[i].bytes + 4095) / 4096 * 4096;  // page-aligned ranges
+      }
+      const at::Tensor& t = tensors[pieces[i].index];
+      writing_.push_back(t.storage());  // alive until the write completes
+      file_->submit_write(t.data_ptr(), pieces[i].bytes, pieces[i].offset);
+      if (kill_after_writes_ >= 0 && ++writes_ >= kill_after_writes_) {
+        std::fprintf(stdout, "nvme: killed with a write in flight\n");
+        std::fflush(stdout);
+        ::raise(SIGKILL);
+      }
+      // The state object keeps its tensor (shape gone, storage released once written).
+      at::Tensor handle = t;
+      handle.set_();
+    }
+    Record& r = records_[key];
+    r.pieces = std::move(pieces);
+    r.resident = false;
+  }
+}
+
+void OptimizerSwapper::finish_io() {
+  file_->wait();
+  writing_.clear();
+}
+
+bool OptimizerSwapper::step(const std::function<bool()>& step) {
+  const auto groups = make_sub_groups();
+  last_sub_groups_ = static_cast<int64_t>(groups.size());
+  bool ok = true;
+  {
+    ParamsGuard guard(optimizer_);
+    std::vector<Pending> next;
+    if (!groups.empty()) submit_reads(groups[0], next);
+    finish_io();
+    install(next);
+    for (size_t i = 0; i < groups.size(); ++i) {
+      // In flight while sub-group i steps: the read of i + 1 and the write of i - 1.
+      if (i + 1 < groups.size()) submit_reads(groups[i + 1], next);
+      guard.narrow(groups[i]);
+      ok = step() && ok;
+      finish_io();
+      install(next);
+      write_out(groups[i], false);
+    }
+    // Fused optimizers keep their flat state buffers for the last params they stepped: a step
+    // over empty param lists (a no-op for every optimizer) lets them go.
+    guard.narrow({});
+    optimizer_.step();
+  }
+  finish_io();
+  return ok;
+}
+
+void OptimizerSwapper::swap_in_all() {
+  std::vector<at::Tensor> all;
+  for (const auto& g : optimizer_.param_groups()) {
+    for (const auto& p : g.params()) all.push_back(p);
+  }
+  std::vector<Pending> pending;
+  submit_reads(all, pending);
+  finish_io();
+  install(pending);
+}
+
+void OptimizerSwapper::swap_out_all(bool relayout) {
+  if (relayout) {
+    finish_io();
+    records_.clear();
+    end_ = 0;
+  }
+  std::vector<at::Tensor> all;
+  for (const auto& g : optimizer_.param_groups()) {
+    for (const auto& p : g.params()) all.push_back(p);
+  }
+  write_out(all, relayout);
+  finish_io();
+}
+
+int64_t OptimizerSwapper::file_bytes() const {
+  int64_t n = 0;
+  for (const auto& kv : records_) {
+    if (kv.second.resident) continue;
+    for (const auto& p : kv.second.pieces) n += p.bytes;
+  }
+  return n;
+}
+
+}  // namespace detail
+}  // namespace volt

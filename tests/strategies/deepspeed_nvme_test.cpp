@@ -1,0 +1,296 @@
+// ZeRO-Infinity's optimizer offload to NVMe (DeepSpeedStrategy, offload_optimizer_device
+// "nvme"; issue #12) with real processes over loopback (Gloo) and real swap files under a temp
+// folder: the weights equal the in-memory ZeRO run bitwise (the same arithmetic, sub-group by
+// sub-group) and one process to fp32 round-off; between steps the optimizer state is in the
+// files, not in memory; checkpoints resume exactly; a rank killed with a write in flight leaves
+// survivors that exit and a checkpoint that loads; options, registry name and JSON keys.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <regex>
+
+#include "processes.h"
+#include "tiny.h"
+#include "training_jobs.h"
+#include "volt/strategies/deepspeed.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using volt_test::expect_ranks_equal_reference;
+using volt_test::Job;
+using volt_test::load_flat;
+using volt_test::run_job;
+using volt_test::single_process_reference;
+
+std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+bool empty_dir(const std::string& p) {
+  return std::filesystem::is_directory(p) && std::filesystem::is_empty(p);
+}
+
+struct Line {
+  double state = -1, nvme = -1, numel = 0;
+};
+
+Line zero_line(const std::string& output, int rank) {
+  std::smatch m;
+  const std::regex re("rank " + std::to_string(rank) +
+                      " done .* state=(\\d+) master=\\d+ numel=(\\d+) nvme=(\\d+)");
+  EXPECT_TRUE(std::regex_search(output, m, re)) << output;
+  if (m.size() < 4) return {};
+  return {std::stod(m[1]), std::stod(m[3]), std::stod(m[2])};
+}
+
+TEST(DeepSpeedNvme, Stages123AtTwoRanksEqualInMemoryZeroBitwiseWithTheStateInFiles) {
+  volt_test::TempDir dir;
+  const std::string nvme = dir / "nvme";
+  std::filesystem::create_directories(nvme);
+  struct Case {
+    const char* stage;
+    const char* optimizer;
+    const char* sub_group;
+    const char* uring;
+  };
+  for (const Case& c : {Case{"1", "sgd", "64", "1"}, Case{"2", "fused_adamw", "100", "0"},
+                        Case{"3", "adam", "64", "1"}}) {
+    const std::vector<std::string> common{"--devices", "2",  "--batch",     "8",
+                                          "--epochs",  "1",  "--zero",      c.stage,
+                                          "--width",   "16", "--optimizer", c.optimizer};
+    const std::string mem = dir / (std::string("mem") + c.stage);
+    const std::string off = dir / (std::string("nvme") + c.stage);
+    auto in_memory = run_job(cat({"--root", dir.path, "--out", mem}, common));
+    ASSERT_EQ(in_memory.code, 0) << in_memory.output;
+    auto offloaded = run_job(cat({"--root", dir.path, "--out", off, "--nvme", nvme, "--sub-group",
+                                  c.sub_group, "--aio-uring", c.uring},
+                                 common));
+    ASSERT_EQ(offloaded.code, 0) << offloaded.output;
+    for (int r = 0; r < 2; ++r) {
+      const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+      EXPECT_TRUE(torch::equal(load_flat(mem + suffix), load_flat(off + suffix)))
+          << "stage " << c.stage << " rank " << r;
+      // Measured before a step (the state of the previous ones exists): none in memory, the
+      // file holds all of this rank's state (Adam: 8 Psi / N bytes).
+      const Line in_ram = zero_line(in_memory.output, r), swapped = zero_line(offloaded.output, r);
+      EXPECT_EQ(swapped.state, 0) << offloaded.output;
+      if (std::string(c.optimizer).rfind("fused", 0) == 0) {
+        // The fused optimizer's in-memory state is one aligned flat buffer: a little larger.
+        EXPECT_LE(swapped.nvme, in_ram.state) << "stage " << c.stage;
+        EXPECT_GE(swapped.nvme, 0.85 * in_ram.state) << "stage " << c.stage;
+      } else {
+        EXPECT_EQ(swapped.nvme, in_ram.state) << "stage " << c.stage;
+      }
+      EXPECT_EQ(in_ram.nvme, 0);
+      if (std::string(c.optimizer) == "adam") {
+        EXPECT_NEAR(swapped.nvme, 8 * swapped.numel / 2, 0.05 * 8 * swapped.numel / 2);
+      }
+      if (r == 0) {
+        std::printf(
+            "[ measured ] stage %s %s: optimizer state in RAM %.0f bytes (in-memory run "
+            "%.0f), in the swap file %.0f\n",
+            c.stage, c.optimizer, swapped.state, in_ram.state, swapped.nvme);
+      }
+    }
+    EXPECT_TRUE(empty_dir(nvme)) << "the run's swap folder outlived it";
+  }
+  // And one process on the global batch (stage 3, Adam), to the usual fp32 tolerance.
+  const auto ref =
+      single_process_reference(dir.path, 16, 1, 1, false, {"--optimizer", "adam", "--width", "16"});
+  expect_ranks_equal_reference(dir / "nvme3", 2, ref);
+}
+
+TEST(DeepSpeedNvme, AKilledRunResumesBitIdenticallyFromItsCheckpoint) {
+  volt_test::TempDir dir;
+  std::filesystem::create_directories(dir / "nvme");
+  const std::vector<std::string> common{
+      "--devices", "2",         "--batch",     "8",           "--epochs",
+      "2",         "--dropout", "1",           "--accum",     "3",
+      "--zero",    "3",         "--optimizer", "adam",        "--ckpt-every-batch",
+      "1",         "--nvme",    dir / "nvme",  "--sub-group", "100"};
+  auto full = run_job(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
+  ASSERT_EQ(full.code, 0) << full.output;
+  auto killed = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
+                             "--die-batch", "5", "--timeout", "20"},
+                            common),
+                        60s);
+  ASSERT_EQ(killed.code, 1) << killed.output;
+  auto resumed = run_job(cat(
+      {"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"}, common));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))
+        << "rank " << r;
+  }
+}
+
+TEST(DeepSpeedNvme, ARankKilledWithAWriteInFlightLeavesSurvivorsThatExitAndACheckpointThatLoads) {
+  volt_test::TempDir dir;
+  std::filesystem::create_directories(dir / "nvme");
+  const std::vector<std::string> common{
+      "--devices", "2",          "--batch",     "8",    "--epochs",          "1",
+      "--zero",    "2",          "--optimizer", "adam", "--ckpt-every-step", "1",
+      "--nvme",    dir / "nvme", "--sub-group", "64"};
+  auto full = run_job(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
+  ASSERT_EQ(full.code, 0) << full.output;
+  // Local rank 1 dies right after submitting its 20th write request (its 4th step's swap-out).
+  const auto start = std::chrono::steady_clock::now();
+  volt_test::Process killed(
+      volt_test::kTrainingWorker,
+      cat({"--root", dir / "b", "--out", dir / "b/w", "--timeout", "20"}, common),
+      {{"VOLT_TEST_KILL_AFTER_NVME_WRITES", "1:20"}});
+  const int code = killed.exit_code(60s);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(code, 1) << killed.output();
+  EXPECT_NE(killed.output().find("killed with a write in flight"), std::string::npos)
+      << killed.output();
+  EXPECT_LT(seconds, 50) << "the survivor hung";
+  const std::string ckpt = dir / "b/ckpt/last.ckpt";
+  ASSERT_TRUE(volt::is_zero_checkpoint(ckpt)) << killed.output();
+  // The last checkpoint resumes (NVMe offload again) to the uninterrupted run's weights.
+  auto resumed =
+      run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--resume", ckpt}, common));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))
+        << "rank " << r;
+  }
+}
+
+TEST(DeepSpeedNvme, AJsonConfiguredRunWithSchedulerAndClippingEqualsItsInMemoryTwinBitwise) {
+  // The JSON's optimizer (FusedAdamW), WarmupDecayLR stepped after every optimizer step and
+  // gradient clipping by norm, stage 3: swapping sub-group by sub-group changes none of it.
+  volt_test::TempDir dir;
+  std::filesystem::create_directories(dir / "nvme");
+  const std::string body = R"("train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.05,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.001,
+        "warmup_max_lr": 0.01, "warmup_num_steps": 3, "total_num_steps": 8}},)";
+  const std::string mem = "{" + body + R"("zero_optimization": {"stage": 3}})";
+  const std::string nvme = "{" + body + R"("zero_optimization": {"stage": 3,
+      "sub_group_size": 50, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                           dir / "nvme" + R"("}}, "aio": {"block_size": 128, "queue_depth": 4}})";
+  const std::vector<std::string> common{"--devices",   "2",    "--batch", "8", "--epochs", "1",
+                                        "--optimizer", "none", "--width", "16"};
+  auto a = run_job(cat({"--root", dir.path, "--out", dir / "mem", "--ds-config", mem}, common));
+  ASSERT_EQ(a.code, 0) << a.output;
+  auto b =
+      run_job(cat({"--root", dir.path, "--out", dir / "nvme_run", "--ds-config", nvme}, common));
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_NE(b.output.find("optimizer state swaps to"), std::string::npos) << b.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(
+        torch::equal(load_flat(dir / ("mem" + suffix)), load_flat(dir / ("nvme_run" + suffix))))
+        << "rank " << r;
+  }
+  EXPECT_TRUE(empty_dir(dir / "nvme"));
+}
+
+// ------------------------------------------------------------------------------ options
+
+std::shared_ptr<volt::DeepSpeedStrategy> make(const volt::DeepSpeedStrategyOptions& o) {
+  return std::make_shared<volt::DeepSpeedStrategy>(o, std::make_shared<volt::CpuAccelerator>(),
+                                                   volt::registry().precisions.create("32-true"),
+                                                   2);
+}
+
+template <typename E>
+void expect_error(const volt::DeepSpeedStrategyOptions& o, const std::string& phrase) {
+  try {
+    make(o);
+    FAIL() << "no error for " << phrase;
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+  }
+}
+
+TEST(DeepSpeedNvme, BadNvmePathsAndAioOptionsAreConfigErrorsNamingThePath) {
+  volt_test::TempDir dir;
+  using O = volt::DeepSpeedStrategyOptions;
+  const O nvme = O().offload_optimizer(true).offload_optimizer_device("nvme");
+  expect_error<volt::ConfigError>(O(nvme).nvme_path(dir / "missing"),
+                                  "nvme_path='" + dir / "missing" + "' does not exist");
+  std::ofstream(dir / "file") << "x";
+  expect_error<volt::ConfigError>(O(nvme).nvme_path(dir / "file"), "is not a folder");
+  expect_error<volt::ConfigError>(O(nvme).nvme_path(dir.path).sub_group_size(0),
+                                  "sub_group_size=0");
+  expect_error<volt::ConfigError>(O(nvme).nvme_path(dir.path).aio_queue_depth(0),
+                                  "aio_queue_depth=0");
+  expect_error<volt::ConfigError>(O().offload_parameters_device("disk"), "use \"cpu\" or \"nvme\"");
+  expect_error<volt::NotAvailable>(
+      O().stage(3).offload_parameters(true).offload_parameters_device("nvme"),
+      "offload_parameters to NVMe is not built");
+  if (::geteuid() != 0) {  // root writes anywhere
+    ASSERT_EQ(::mkdir((dir / "ro").c_str(), 0500), 0);
+    expect_error<volt::ConfigError>(O(nvme).nvme_path(dir / "ro"), "is not writable");
+  }
+  EXPECT_NO_THROW(make(O(nvme).nvme_path(dir.path)));
+}
+
+TEST(DeepSpeedNvme, TheRegisteredNameAndTheJsonKeysReachTheOptions) {
+  volt_test::TempDir dir;
+  auto& reg = volt::registry();
+  volt::StrategyContext ctx{std::make_shared<volt::CpuAccelerator>(),
+                            reg.precisions.create("32-true"), 2, 1};
+  const auto& entry = reg.strategies.at("deepspeed_stage_3_offload_nvme");
+  std::map<std::string, volt::ParamValue> v;
+  for (const auto& spec : entry.params.specs()) v[spec.name] = spec.default_value;
+  // The default nvme_path (/local_nvme) does not exist here: a ConfigError naming it.
+  try {
+    entry.make(volt::Args("strategy deepspeed_stage_3_offload_nvme", v), ctx);
+    FAIL() << "a missing nvme_path was accepted";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("nvme_path='/local_nvme'"), std::string::npos) << e.what();
+  }
+  v["nvme_path"] = dir.path;
+  v["sub_group_size"] = int64_t{1000};
+  auto s = std::dynamic_pointer_cast<volt::DeepSpeedStrategy>(
+      entry.make(volt::Args("strategy deepspeed_stage_3_offload_nvme", v), ctx));
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->deepspeed_options().stage(), 3);
+  EXPECT_TRUE(s->deepspeed_options().offload_optimizer());
+  EXPECT_EQ(s->deepspeed_options().offload_optimizer_device(), "nvme");
+  EXPECT_EQ(s->deepspeed_options().nvme_path(), dir.path);
+  EXPECT_EQ(s->deepspeed_options().sub_group_size(), 1000);
+
+  const std::string json = R"({"train_micro_batch_size_per_gpu": 8,
+    "zero_optimization": {"stage": 3, "sub_group_size": 5000,
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                           dir.path + R"(", "pin_memory": true, "buffer_count": 4}},
+    "aio": {"block_size": 262144, "queue_depth": 16, "thread_count": 1, "single_submit": false,
+            "overlap_events": true}})";
+  auto j = make(volt::DeepSpeedStrategyOptions().config(json));
+  const auto& o = j->deepspeed_options();
+  EXPECT_EQ(o.offload_optimizer_device(), "nvme");
+  EXPECT_TRUE(o.offload_optimizer());
+  EXPECT_EQ(o.nvme_path(), dir.path);
+  EXPECT_EQ(o.sub_group_size(), 5000);
+  EXPECT_EQ(o.aio_block_size(), 262144);
+  EXPECT_EQ(o.aio_queue_depth(), 16);
+  const auto& ignored = j->config()->ignored;
+  for (const char* k : {"aio.thread_count", "aio.single_submit", "aio.overlap_events"}) {
+    EXPECT_NE(std::find(ignored.begin(), ignored.end(), k), ignored.end()) << k;
+  }
+  try {
+    volt::parse_deepspeed_config(R"({"aio": {"queue_dept": 4}})", "inline JSON");
+    FAIL() << "a misspelt aio key was accepted";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("queue_depth"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(volt::parse_deepspeed_config(R"({"aio": {"block_size": 0}})", "inline JSON"),
+               volt::ConfigError);
+  // offload_param to nvme from JSON: not built (the optimizer state is what swaps).
+  EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().config(
+                   R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})")),
+               volt::NotAvailable);
+}
+
+}  // namespace
