@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "detail/async_collective.h"
 #include "detail/c10d.h"
 #include "detail/net.h"
 #include "volt/core/check.h"
@@ -74,6 +75,17 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
 }
 void report_lost_rank(const ClusterEnvironment&, const std::string&,
                       std::chrono::milliseconds) noexcept {}
+
+namespace detail {
+struct PendingCollective::State {};
+PendingCollective start_all_reduce(const std::shared_ptr<ProcessGroup>&, at::Tensor, Reduce) {
+  VOLT_ASSERT(false);
+}
+PendingCollective start_all_gather(const std::shared_ptr<ProcessGroup>&, const at::Tensor&) {
+  VOLT_ASSERT(false);
+}
+std::vector<at::Tensor> PendingCollective::wait() { VOLT_ASSERT(false); }
+}  // namespace detail
 
 #else  // VOLT_DIST_GLOO
 
@@ -627,6 +639,102 @@ void report_lost_rank(const ClusterEnvironment& env, const std::string& descript
   }
 }
 
+namespace detail {
+
+struct PendingCollective::State {
+  std::shared_ptr<ProcessGroup> group;  // kept alive: wait() reports through it
+  const char* op = "";
+  decltype(std::declval<c10d::ProcessGroup&>().barrier()) work;
+  std::vector<std::vector<at::Tensor> > outputs;  // all_gather's, one per rank
+  std::vector<at::Tensor> inputs;                 // all_reduce's buffer
+  c10::optional<c10::ScalarType> view_as;         // bf16 gathered as fp16 bits
+};
+
+namespace {
+
+// The checks and error mapping of run_collective, for a collective that is only started here.
+template <typename Start>
+PendingCollective start_collective(const std::shared_ptr<ProcessGroup>& group,
+                                   std::unique_ptr<PendingCollective::State> st, Start&& start) {
+  VOLT_ASSERT(group != nullptr);
+  auto& impl = group->impl();
+  VOLT_CHECK(impl.broken.empty(), DistributedError, kTag, " ", st->op, " on rank ", group->rank(),
+             ": the group is unusable after an earlier failure (", impl.broken,
+             "); restart the run.");
+  st->group = group;
+  try {
+    st->work = start(*st);
+  } catch (const std::exception& e) {
+    throw_collective_error(*group, st->op, e);
+  }
+  return PendingCollective::make(std::move(st));
+}
+
+}  // namespace
+
+PendingCollective start_all_reduce(const std::shared_ptr<ProcessGroup>& group, at::Tensor buffer,
+                                   Reduce op) {
+  VOLT_ASSERT(op != Reduce::kMean && buffer.is_contiguous());
+  auto st = std::make_unique<PendingCollective::State>();
+  st->op = "all_reduce";
+  st->inputs.push_back(std::move(buffer));
+  return start_collective(group, std::move(st), [&](PendingCollective::State& s) {
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    o.timeout = group->options().timeout();
+    return group->impl().group->allreduce(s.inputs, o);
+  });
+}
+
+PendingCollective start_all_gather(const std::shared_ptr<ProcessGroup>& group,
+                                   const at::Tensor& value) {
+  auto st = std::make_unique<PendingCollective::State>();
+  st->op = "all_gather";
+  at::Tensor in = value.detach().contiguous();
+  if (in.scalar_type() == at::kBFloat16) {
+    in = in.view(at::kHalf);  // an all-gather copies bytes; it computes nothing
+    st->view_as = at::kBFloat16;
+  }
+  st->inputs.push_back(in);
+  st->outputs.resize(1);
+  for (int64_t r = 0; r < group->world_size(); ++r) st->outputs[0].push_back(at::empty_like(in));
+  return start_collective(group, std::move(st), [&](PendingCollective::State& s) {
+    c10d::AllgatherOptions o;
+    o.timeout = group->options().timeout();
+    return group->impl().group->allgather(s.outputs, s.inputs, o);
+  });
+}
+
+std::vector<at::Tensor> PendingCollective::wait() {
+  VOLT_CHECK(pending(), ValueError, kTag, " wait() on a collective that is not pending.");
+  std::unique_ptr<State> st = std::move(state_);
+  try {
+    st->work->wait(st->group->options().timeout());
+  } catch (const std::exception& e) {
+    throw_collective_error(*st->group, st->op, e);
+  }
+  if (st->outputs.empty()) return std::move(st->inputs);
+  std::vector<at::Tensor> out = std::move(st->outputs[0]);
+  if (st->view_as) {
+    for (auto& t : out) t = t.view(*st->view_as);
+  }
+  return out;
+}
+
+}  // namespace detail
+
 #endif  // VOLT_DIST_GLOO
+
+namespace detail {
+PendingCollective::PendingCollective() = default;
+PendingCollective::PendingCollective(std::unique_ptr<State> state) : state_(std::move(state)) {}
+PendingCollective PendingCollective::make(std::unique_ptr<State> state) {
+  return PendingCollective(std::move(state));
+}
+PendingCollective::~PendingCollective() = default;
+PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
+PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
+bool PendingCollective::pending() const { return state_ != nullptr; }
+}  // namespace detail
 
 }  // namespace volt

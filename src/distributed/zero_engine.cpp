@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "distributed/detail/async_collective.h"
 #include "distributed/detail/intercept.h"
 #include "volt/core/check.h"
 #include "volt/kernels/fused_adamw.h"
@@ -52,13 +54,11 @@ bool low_precision(c10::ScalarType t) {
   return t == at::kBFloat16 || t == at::kHalf;
 }
 
-// All-gathers `t` on every rank; bf16 travels as its bits in a 16-bit type Gloo has (fp16: an
-// all-gather copies bytes, it computes nothing).
-std::vector<at::Tensor> all_gather_any(ProcessGroup& group, const at::Tensor& t) {
-  if (t.scalar_type() != at::kBFloat16) return group.all_gather(t);
-  std::vector<at::Tensor> out = group.all_gather(t.contiguous().view(at::kHalf));
-  for (auto& o : out) o = o.view(t.scalar_type());
-  return out;
+// All-gathers `t` (the same shape and dtype on every rank by construction: the engine's layout
+// is checked at its start), bf16 as its bits.
+std::vector<at::Tensor> all_gather_any(const std::shared_ptr<ProcessGroup>& group,
+                                       const at::Tensor& t) {
+  return detail::start_all_gather(group, t).wait();
 }
 
 // ------------------------------------------------------------------ stage 3: gathering on read
@@ -134,6 +134,23 @@ bool gather_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
 
 }  // namespace
 
+struct ZeroEngine::Comm {
+  // Gradient buckets whose reduction is in flight, oldest first.
+  struct Reduction {
+    size_t bucket;
+    detail::PendingCollective work;
+  };
+  std::deque<Reduction> reductions;
+  // Stage 3: per unit, a prefetch in flight, and their elements together.
+  std::vector<detail::PendingCollective> gathers;
+  int64_t prefetch_elements = 0;
+  // The learned access order: (the unit read before, the unit read) -> the unit read next. Two
+  // units of context tell forward (..., 1, 2 -> 3) from backward (..., 3, 2 -> 1).
+  std::map<std::pair<int64_t, int64_t>, size_t> next;
+  int64_t before_last = -1;  // in the open scope: the distinct unit read before `last`
+  int64_t last = -1;         // the unit read last
+};
+
 struct ZeroEngine::Hooks {
   // The gradient accumulators must stay alive for their hooks to fire (a parameter holds its
   // accumulator weakly); the keys remove the hooks again.
@@ -144,7 +161,10 @@ struct ZeroEngine::Hooks {
 ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<ProcessGroup> group,
                        ZeroEngineOptions options,
                        const std::map<const c10::TensorImpl*, std::string>& names)
-    : optimizer_(optimizer), group_(std::move(group)), options_(options) {
+    : optimizer_(optimizer),
+      group_(std::move(group)),
+      options_(options),
+      comm_(std::make_unique<Comm>()) {
   VOLT_CHECK(group_ != nullptr, ConfigError, kTag, " needs a process group.");
   VOLT_CHECK(options_.stage() >= 1 && options_.stage() <= 3, ConfigError, kTag,
              " stage=", options_.stage(), " is not a ZeRO stage; use 1, 2 or 3.");
@@ -152,6 +172,9 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
              ConfigError, kTag,
              " param_persistence_threshold=", options_.param_persistence_threshold(),
              " and max_live_parameters=", options_.max_live_parameters(), " must be >= 0.");
+  VOLT_CHECK(options_.prefetch_bucket_size() >= 0, ConfigError, kTag,
+             " prefetch_bucket_size=", options_.prefetch_bucket_size(),
+             " must be >= 0 (elements; 0 turns prefetching off).");
   VOLT_CHECK(options_.reduce_bucket_size() > 0 && options_.allgather_bucket_size() > 0, ConfigError,
              kTag, " reduce_bucket_size=", options_.reduce_bucket_size(),
              " and allgather_bucket_size=", options_.allgather_bucket_size(),
@@ -200,7 +223,7 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
   for (const auto& c : chunks_) layout << c.name << ':' << c.numel << ';';
   const int64_t digest =
       static_cast<int64_t>(std::hash<std::string>()(layout.str()) & 0x7fffffffffffffffULL);
-  const auto all = group_->all_gather(torch::tensor({digest}, torch::kLong));
+  const auto all = group_->all_gather(torch::tensor({digest}, torch::kLong));  // checks shapes
   for (size_t r = 0; r < all.size(); ++r) {
     VOLT_CHECK(all[r].item<int64_t>() == digest, ConfigError, kTag, " rank ", r,
                " partitions other parameters than rank ", rank,
@@ -336,6 +359,7 @@ void ZeroEngine::partition_parameters() {
       owners().set(detail::storage_of(chunks_[i].parameter), Owner{this, u});
     }
   }
+  comm_->gathers.resize(units_.size());
   c10::impl::tls_set_dispatch_key_included(kGatherKey, true);
   partitioning_ = true;
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -347,11 +371,61 @@ void ZeroEngine::partition_parameters() {
 
 ZeroEngine::Scope::Scope(ZeroEngine& engine) : engine_(engine), outer_(engine.scope_depth_ == 0) {
   ++engine_.scope_depth_;
+  if (outer_) engine_.comm_->before_last = engine_.comm_->last = -1;
 }
 
 ZeroEngine::Scope::~Scope() {
   --engine_.scope_depth_;
-  if (outer_ && engine_.partitioning_) engine_.release_all();
+  if (outer_ && engine_.partitioning_) {
+    engine_.release_all();
+    engine_.drop_prefetches();
+  }
+}
+
+void ZeroEngine::drop_prefetches() {
+  // Not waited for: Gloo finishes them (every rank started the same ones) and frees their
+  // buffers; the parameters may change before the next read, so they would be stale.
+  for (auto& g : comm_->gathers) {
+    if (!g.pending()) continue;
+    g = detail::PendingCollective();
+    ++stats_.prefetch_discarded;
+  }
+  comm_->prefetch_elements = 0;
+}
+
+void ZeroEngine::record_access(size_t u) {
+  const auto unit = static_cast<int64_t>(u);
+  if (unit == comm_->last) return;
+  if (comm_->last >= 0) comm_->next[{comm_->before_last, comm_->last}] = u;
+  comm_->before_last = comm_->last;
+  comm_->last = unit;
+}
+
+void ZeroEngine::prefetch_after(size_t u) {
+  if (options_.prefetch_bucket_size() == 0 || group_ == nullptr) return;
+  // Follow the learned order from (the unit before, u) while the budget lasts. Every rank reads
+  // the same units in the same order, so every rank starts the same gathers in the same order.
+  int64_t before = comm_->before_last;
+  auto at = static_cast<int64_t>(u);
+  for (size_t hops = 0; hops < units_.size(); ++hops) {
+    auto it = comm_->next.find({before, at});
+    if (it == comm_->next.end()) return;
+    const size_t v = it->second;
+    Unit& unit = units_[v];
+    if (!unit.live && !comm_->gathers[v].pending()) {
+      if (comm_->prefetch_elements + unit.numel > options_.prefetch_bucket_size() ||
+          live_elements_ + comm_->prefetch_elements + unit.numel >
+              options_.max_live_parameters()) {
+        return;
+      }
+      c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
+      comm_->gathers[v] =
+          detail::start_all_gather(group_, param_shard_.narrow(0, unit.offset, unit.width));
+      comm_->prefetch_elements += unit.numel;
+    }
+    before = at;
+    at = static_cast<int64_t>(v);
+  }
 }
 
 void ZeroEngine::on_access(size_t u, bool writes, const char* op) {
@@ -360,8 +434,10 @@ void ZeroEngine::on_access(size_t u, bool writes, const char* op) {
   VOLT_CHECK(!writes, ValueError, kTag, " ", op, " writes to parameter '", name,
              "' in place, but ZeRO stage 3 keeps only each rank's chunk of it, so the write "
              "would be lost; change parameters through the optimizer, or use stage 2.");
+  record_access(u);
   if (unit.live) {
     unit.last_use = ++clock_;
+    prefetch_after(u);
     return;
   }
   VOLT_CHECK(scope_depth_ > 0, ValueError, kTag, " ", op, " reads parameter '", name,
@@ -370,6 +446,7 @@ void ZeroEngine::on_access(size_t u, bool writes, const char* op) {
              "a step, or after the Trainer's entry point returns (the parameters are whole "
              "again then).");
   gather(u);
+  prefetch_after(u);
 }
 
 void ZeroEngine::gather(size_t u) {
@@ -391,8 +468,16 @@ void ZeroEngine::gather(size_t u) {
     if (oldest == units_.size()) break;
     release(oldest);
   }
-  const std::vector<at::Tensor> all =
-      all_gather_any(*group_, param_shard_.narrow(0, unit.offset, unit.width));
+  std::vector<at::Tensor> all;
+  detail::PendingCollective& prefetched = comm_->gathers[u];
+  if (prefetched.pending()) {
+    comm_->prefetch_elements -= unit.numel;
+    all = prefetched.wait();
+    ++stats_.prefetched;
+  } else {
+    all = all_gather_any(group_, param_shard_.narrow(0, unit.offset, unit.width));
+  }
+  ++stats_.gathers;
   const int64_t world = group_->world_size();
   for (size_t i : unit.chunks) {
     const auto& c = chunks_[i];
@@ -434,6 +519,7 @@ void ZeroEngine::release_all() {
 
 void ZeroEngine::restore_parameters() {
   if (!partitioning_) return;
+  drop_prefetches();
   // Every unit stays: no live bound from here on.
   options_.max_live_parameters(std::numeric_limits<int64_t>::max());
   try {
@@ -470,6 +556,7 @@ void ZeroEngine::unregister() {
 }
 
 ZeroEngine::~ZeroEngine() {
+  comm_->reductions.clear();  // abandoned: Gloo finishes or times them out
   if (partitioning_) {
     try {
       // No collectives here: the parameters cannot be gathered, so they must not stay empty.
@@ -506,6 +593,7 @@ void ZeroEngine::backward(const std::function<void()>& run_backward, bool sync) 
     pending_[b] = buckets_[b].second - buckets_[b].first;
   }
   for (auto& u : units_) u.pending = u.chunks.size();
+  comm_->reductions.clear();  // left by a backward that threw: that step is abandoned
   Scope scope(*this);  // stage 3: backward regathers what its saved tensors point at
   next_bucket_ = 0;
   armed_ = true;
@@ -531,13 +619,14 @@ void ZeroEngine::on_gradient(size_t index) {
   if (--pending_[b] != 0) return;
   // Buckets are reduced in index order on every rank, whatever order they complete in.
   while (next_bucket_ < buckets_.size() && pending_[next_bucket_] == 0) {
-    reduce_bucket(next_bucket_++);
+    launch_bucket(next_bucket_++);
   }
 }
 
 void ZeroEngine::finish_backward() {
   // Parameters the forward did not use never fire their hook: they count as zero gradients.
-  while (next_bucket_ < buckets_.size()) reduce_bucket(next_bucket_++);
+  while (next_bucket_ < buckets_.size()) launch_bucket(next_bucket_++);
+  while (!comm_->reductions.empty()) complete_bucket();
   for (size_t i = 0; i < chunks_.size(); ++i) {
     auto& c = chunks_[i];
     if (c.length == 0) continue;
@@ -550,7 +639,7 @@ void ZeroEngine::finish_backward() {
   have_grads_ = true;
 }
 
-void ZeroEngine::reduce_bucket(size_t b) {
+void ZeroEngine::launch_bucket(size_t b) {
   torch::NoGradGuard no_grad;
   c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);  // gradients are never partitioned
   const int64_t world = group_->world_size();
@@ -578,9 +667,26 @@ void ZeroEngine::reduce_bucket(size_t b) {
     if (options_.stage() >= 2) c.parameter.mutable_grad().reset();
     off += c.chunk;
   }
-  at::Tensor mine = group_->reduce_scatter(buffer, Reduce::kSum).view({-1});
+  // Gloo 1.13 has no reduce_scatter: all-reduce the rows, keep this rank's (ProcessGroup's shim).
+  const bool overlapped = options_.overlap_comm() && armed_;
+  comm_->reductions.push_back({b, detail::start_all_reduce(group_, buffer, Reduce::kSum)});
+  ++stats_.reductions;
+  if (overlapped) ++stats_.overlapped;
+  // Double buffering: at most two reductions in flight while backward goes on.
+  const size_t in_flight = overlapped ? 2 : 0;
+  while (comm_->reductions.size() > in_flight) complete_bucket();
+}
+
+void ZeroEngine::complete_bucket() {
+  torch::NoGradGuard no_grad;
+  c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
+  const int64_t world = group_->world_size();
+  Comm::Reduction r = std::move(comm_->reductions.front());
+  comm_->reductions.pop_front();
+  const auto [first, last] = buckets_[r.bucket];
+  at::Tensor mine = r.work.wait()[0].select(0, group_->rank());
   mine.div_(static_cast<double>(world));
-  off = 0;
+  int64_t off = 0;
   for (size_t i = first; i < last; ++i) {
     auto& c = chunks_[i];
     if (c.length > 0) {
@@ -611,6 +717,11 @@ void ZeroEngine::prepare_step() {
 }
 
 void ZeroEngine::gather_parameters() {
+  if (partitioning_) {
+    // Gathered copies (and prefetches) of partitioned parameters predate the step.
+    release_all();
+    drop_prefetches();
+  }
   if (has_master_weights()) {
     torch::NoGradGuard no_grad;
     c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
@@ -661,7 +772,7 @@ void ZeroEngine::all_gather_into_parameters(
       off += chunks_[i].chunk;
     }
     if (!send.defined()) send = torch::zeros({width}, chunks_[first].parameter.options());
-    const std::vector<at::Tensor> all = all_gather_any(*group_, send);
+    const std::vector<at::Tensor> all = all_gather_any(group_, send);
     for (int64_t j = 0; j < world; ++j) {
       off = 0;
       for (size_t i = first; i < last; ++i) {

@@ -178,6 +178,9 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
       options_.param_persistence_threshold() >= 0 && options_.max_live_parameters() >= 0,
       ConfigError, kTag, " param_persistence_threshold=", options_.param_persistence_threshold(),
       " and max_live_parameters=", options_.max_live_parameters(), " must be >= 0 (elements).");
+  VOLT_CHECK(options_.prefetch_bucket_size() >= 0, ConfigError, kTag,
+             " prefetch_bucket_size=", options_.prefetch_bucket_size(),
+             " must be >= 0 (elements; 0 turns stage 3 prefetching off).");
   VOLT_CHECK(options_.parallel_devices() >= 0, ConfigError, kTag,
              " parallel_devices=", options_.parallel_devices(),
              " must be >= 0 (0 takes the Trainer's devices).");
@@ -304,6 +307,10 @@ void DeepSpeedStrategy::apply_config() {
     options_.param_persistence_threshold(*c.stage3_param_persistence_threshold);
   }
   if (c.stage3_max_live_parameters) options_.max_live_parameters(*c.stage3_max_live_parameters);
+  if (c.overlap_comm) options_.overlap_comm(*c.overlap_comm);
+  if (c.stage3_prefetch_bucket_size) {
+    options_.prefetch_bucket_size(*c.stage3_prefetch_bucket_size);
+  }
   // Inference keys: the JSON's values replace the options' where it has them.
   TensorParallelOptions tp = options_.tensor_parallel();
   if (c.tp_size) tp.tp_size(*c.tp_size);
@@ -621,7 +628,9 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
             .allgather_bucket_size(options_.allgather_bucket_size())
             .param_persistence_threshold(options_.param_persistence_threshold())
             .max_live_parameters(options_.max_live_parameters())
-            .master_weights(options_.master_weights()),
+            .master_weights(options_.master_weights())
+            .overlap_comm(options_.overlap_comm())
+            .prefetch_bucket_size(options_.prefetch_bucket_size()),
         names_);
   }
   if (nvme_optimizer()) {

@@ -100,6 +100,10 @@ void register_strategies(Registry& r) {
                  "gradient elements per reduce-scatter")
             .add("allgather_bucket_size", o.allgather_bucket_size(),
                  "parameter elements per all-gather after the step")
+            .add("overlap_comm", o.overlap_comm(),
+                 "reduce gradient buckets while backward goes on")
+            .add("prefetch_bucket_size", o.prefetch_bucket_size(),
+                 "stage 3: parameter elements gathered ahead of their read (0: off)")
             .add("zero_allow_untested_optimizer", o.zero_allow_untested_optimizer(),
                  "accept optimizers other than SGD/Adam/AdamW/RMSprop/Adagrad/Fused*")
             .add("master_weights", o.master_weights(),
@@ -142,6 +146,8 @@ void register_strategies(Registry& r) {
                   .cpu_checkpointing(a.get<bool>("cpu_checkpointing"))
                   .reduce_bucket_size(a.get<int64_t>("reduce_bucket_size"))
                   .allgather_bucket_size(a.get<int64_t>("allgather_bucket_size"))
+                  .overlap_comm(a.get<bool>("overlap_comm"))
+                  .prefetch_bucket_size(a.get<int64_t>("prefetch_bucket_size"))
                   .zero_allow_untested_optimizer(a.get<bool>("zero_allow_untested_optimizer"))
                   .master_weights(a.get<bool>("master_weights"))
                   .config(a.get<std::string>("config"))

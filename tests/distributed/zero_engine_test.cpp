@@ -265,6 +265,96 @@ TEST(ZeroEngine, BadOptionsAndASteppedOptimizerAreConfigErrors) {
       volt::ZeroEngine(opt, group, volt::ZeroEngineOptions().reduce_bucket_size(0), names_of(*net)),
       volt::ConfigError);
   EXPECT_THROW(volt::ZeroEngine(opt, group, volt::ZeroEngineOptions(), {}), volt::ConfigError);
+  EXPECT_THROW(volt::ZeroEngine(opt, group, volt::ZeroEngineOptions().prefetch_bucket_size(-1),
+                                names_of(*net)),
+               volt::ConfigError);
+}
+
+// Four square layers (each its own gather unit in stage 3).
+torch::nn::Sequential square_mlp() {
+  torch::manual_seed(5);
+  torch::nn::Sequential s;
+  for (int i = 0; i < 4; ++i) s->push_back(torch::nn::Linear(6, 6));
+  return s;
+}
+
+TEST(ZeroEngine, Stage3PrefetchFollowsTheLearnedOrderAndAMispredictionOnlyCostsTime) {
+  // Stage 3 learns the order modules are read in (per direction: forward and backward read
+  // them in opposite orders) and, from the second step on, starts gathering the next modules
+  // when one is read. Results are those of the unpartitioned model whatever is read: a forward
+  // that leaves after two layers (an early exit, mispredicted) drops the prefetches it did not
+  // read when its scope closes.
+  auto group = world_of_one();
+  auto ref = square_mlp(), net = square_mlp();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+  volt::ZeroEngine engine(
+      opt, group, volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0),
+      names_of(*net));
+  const auto x = torch::randn({3, 6});
+  auto forward = [&](torch::nn::Sequential& m, const std::vector<int>& order) {
+    at::Tensor h = x;
+    for (int i : order) h = torch::tanh(m[i]->as<torch::nn::Linear>()->forward(h));
+    return h.pow(2).sum();
+  };
+  const std::vector<int> in_order{0, 1, 2, 3}, early_exit{0, 1};
+  int64_t per_step = 0;
+  for (int step = 0; step < 3; ++step) {
+    const auto& order = step == 2 ? early_exit : in_order;
+    const auto before = engine.comm_stats();
+    engine.zero_grad();
+    ref_opt.zero_grad();
+    at::Tensor loss;
+    {
+      volt::ZeroEngine::Scope scope(engine);
+      loss = forward(net, order);
+    }
+    engine.backward([&] { loss.backward(); }, /*sync=*/true);
+    opt.step();
+    engine.gather_parameters();
+    auto ref_loss = forward(ref, order);
+    ref_loss.backward();
+    ref_opt.step();
+    EXPECT_TRUE(torch::equal(loss, ref_loss)) << "step " << step;
+    const auto& after = engine.comm_stats();
+    const int64_t prefetched = after.prefetched - before.prefetched;
+    // Forward reads the 4 units; backward those whose weights it needs (not the first layer's:
+    // x needs no gradient).
+    const int64_t gathers = after.gathers - before.gathers;
+    if (step == 0) {
+      per_step = gathers;
+      EXPECT_GE(gathers, 7);
+      EXPECT_EQ(prefetched, 0) << "nothing is known before the first step";
+    } else if (step == 1) {
+      EXPECT_EQ(gathers, per_step);
+      // Every read but the first of each direction was predicted and gathered ahead.
+      EXPECT_EQ(prefetched, gathers - 2);
+      EXPECT_EQ(after.prefetch_discarded, before.prefetch_discarded);
+    } else {
+      EXPECT_GT(after.prefetch_discarded, before.prefetch_discarded) << "a misprediction";
+    }
+  }
+  engine.restore_parameters();
+  for (size_t i = 0; i < ref->parameters().size(); ++i) {
+    EXPECT_TRUE(torch::allclose(net->parameters()[i], ref->parameters()[i], 1e-6, 1e-7)) << i;
+  }
+  // Off: no prefetch at all.
+  auto off_net = square_mlp();
+  torch::optim::SGD off_opt(off_net->parameters(), torch::optim::SGDOptions(0.1));
+  volt::ZeroEngine off(off_opt, group,
+                       volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0)
+                           .prefetch_bucket_size(0),
+                       names_of(*off_net));
+  for (int step = 0; step < 2; ++step) {
+    at::Tensor loss;
+    {
+      volt::ZeroEngine::Scope scope(off);
+      loss = forward(off_net, in_order);
+    }
+    off.backward([&] { loss.backward(); }, /*sync=*/true);
+  }
+  EXPECT_EQ(off.comm_stats().prefetched, 0);
+  EXPECT_EQ(off.comm_stats().gathers, 2 * per_step);
 }
 
 }  // namespace

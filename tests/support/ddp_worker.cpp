@@ -191,6 +191,11 @@ class ZeroMemoryProbe : public volt::Callback {
            " grads=" + std::to_string(m.gradients) + " state=" + std::to_string(m.optimizer_state) +
            " master=" + std::to_string(m.master_weights) + " numel=" + std::to_string(numel) +
            " nvme=" + std::to_string(m.optimizer_state_in_files);
+    const volt::ZeroEngine::CommStats& c = e->comm_stats();
+    text += " zero_comm reductions=" + std::to_string(c.reductions) +
+            " overlapped=" + std::to_string(c.overlapped) + " gathers=" + std::to_string(c.gathers) +
+            " prefetched=" + std::to_string(c.prefetched) +
+            " discarded=" + std::to_string(c.prefetch_discarded);
   }
   std::string text;
 
@@ -274,6 +279,8 @@ int main(int argc, char** argv) {
               .param_persistence_threshold(num("--persist", 0))
               .max_live_parameters(num("--max-live", 1000000000))
               .master_weights(num("--master-weights", 1) != 0)
+              .overlap_comm(num("--overlap", 1) != 0)
+              .prefetch_bucket_size(num("--prefetch", 50000000))
               .config(a.count("--ds-config") ? a["--ds-config"] : "")
               .offload_optimizer(a.count("--nvme") > 0)
               .offload_optimizer_device(a.count("--nvme") ? "nvme" : "cpu")

@@ -27,6 +27,15 @@ struct ZeroEngineOptions {
   TORCH_ARG(int64_t, reduce_bucket_size) = 200000000;
   /// Parameter elements per all-gather after the step. Default: 2e8.
   TORCH_ARG(int64_t, allgather_bucket_size) = 200000000;
+  /// Reduce gradient buckets while backward goes on (DeepSpeed's overlap_comm): a full bucket's
+  /// collective is started and backward continues; at most two are in flight (double
+  /// buffering), the rest are finished at the end of backward. false: each bucket's reduction
+  /// blocks backward. The results are bitwise the same either way. Default: true.
+  TORCH_ARG(bool, overlap_comm) = true;
+  /// Stage 3: when a module's parameters are read, start gathering the ones the recorded access
+  /// order says come next (learned from earlier steps, per direction), up to this many elements
+  /// in flight (DeepSpeed's stage3_prefetch_bucket_size); 0 gathers only on read. Default: 5e7.
+  TORCH_ARG(int64_t, prefetch_bucket_size) = 50000000;
   /// Stage 3: parameters of at most this many elements stay whole on every rank (DeepSpeed's
   /// stage3_param_persistence_threshold). Default: 1e5.
   TORCH_ARG(int64_t, param_persistence_threshold) = 100000;
@@ -147,6 +156,15 @@ class ZeroEngine {
   int64_t world_size() const;
   /// Exact bytes of parameters, gradients and optimizer state this rank holds now.
   ZeroMemory memory() const;
+  /// Counters of the communication overlap (for tests and benchmarks).
+  struct CommStats {
+    int64_t reductions = 0;          ///< gradient buckets reduced
+    int64_t overlapped = 0;          ///< of them, started before backward had finished
+    int64_t gathers = 0;             ///< stage 3: unit gathers installed
+    int64_t prefetched = 0;          ///< of them, started ahead of the read (prefetch hits)
+    int64_t prefetch_discarded = 0;  ///< prefetches started but not read before the scope closed
+  };
+  const CommStats& comm_stats() const { return stats_; }
 
  private:
   friend struct ZeroGather;
@@ -167,8 +185,12 @@ class ZeroEngine {
   void release_all();
   void unregister();
   void on_gradient(size_t index);
-  void reduce_bucket(size_t bucket);
+  void launch_bucket(size_t bucket);
+  void complete_bucket();
   void finish_backward();
+  void record_access(size_t unit);
+  void prefetch_after(size_t unit);
+  void drop_prefetches();
   // All-gathers source(chunk) (its `length` elements, any dtype) of every chunk into the
   // parameters, in buckets of allgather_bucket_size; stage 3's partitioned ones only when asked.
   void all_gather_into_parameters(const std::function<at::Tensor(const ZeroChunk&)>& source,
@@ -191,6 +213,9 @@ class ZeroEngine {
   std::vector<at::Tensor> grad_views_;  // stage 2: per chunk, a view into grad_shard_
   struct Hooks;
   std::unique_ptr<Hooks> hooks_;
+  struct Comm;  // collectives in flight (reductions, prefetches) and the learned access order
+  std::unique_ptr<Comm> comm_;
+  CommStats stats_;
   at::Tensor master_shard_;  // master weights: this rank's fp32 chunks, flat
   // Stage 3.
   at::Tensor param_shard_;             // this rank's chunks of the partitioned parameters, padded

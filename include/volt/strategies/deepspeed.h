@@ -62,6 +62,13 @@ struct DeepSpeedStrategyOptions {
   TORCH_ARG(int64_t, reduce_bucket_size) = 200000000;
   /// Parameter elements per all-gather after the step. Default: 2e8.
   TORCH_ARG(int64_t, allgather_bucket_size) = 200000000;
+  /// Reduce gradient buckets while backward goes on (at most two in flight); false blocks
+  /// backward on each. Same results either way. Default: true (Lightning's DeepSpeed default).
+  TORCH_ARG(bool, overlap_comm) = true;
+  /// Stage 3: elements of the parameters read next (in the order recorded in earlier steps)
+  /// gathered ahead of their read (DeepSpeed's stage3_prefetch_bucket_size); 0: gather on read
+  /// only. Default: 5e7 (DeepSpeed's).
+  TORCH_ARG(int64_t, prefetch_bucket_size) = 50000000;
   /// Accept optimizers ZeRO has not been tested with (anything but SGD, Adam, AdamW, RMSprop,
   /// Adagrad, FusedSGD, FusedAdamW): they must act on each element independently, or the
   /// partitioned step differs from the unpartitioned one. Default: true (as Lightning).
