@@ -4,7 +4,12 @@
 // peak RSS and the exact per-rank bytes of parameters, gradients and Adam state.
 //
 //   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
-//                  [--only weak|sweep|overlap|zero|offload] [--nvme DIR]
+//                  [--only weak|sweep|overlap|zero|offload|zero_overlap|master] [--nvme DIR]
+//
+// `zero_overlap`: stages 2 and 3 at 2 ranks with 2 MB gradient buckets, each bucket's reduction
+// blocking backward or overlapped with it (overlap_comm), and stage 3 with and without the
+// prefetch of the next modules' parameters. `master`: stage 2 at 2 ranks, Adam, fp32 against
+// bf16-mixed with fp32 master weights (BF16Optimizer) and without.
 //
 // `offload`: ZeRO stage 3 at 2 ranks with the Adam state in memory, offloaded to "cpu" (on a
 // CPU run nothing moves) and to NVMe swap files under --nvme (default /tmp: whatever disk backs
@@ -144,7 +149,13 @@ int worker(std::map<std::string, std::string>& a) {
   auto data = std::make_shared<volt::TensorDataset>(x, y);
 
   auto accelerator = std::make_shared<volt::CpuAccelerator>();
-  auto precision = std::make_shared<volt::Fp32Precision>();
+  const std::string precision_name = a.count("--precision") ? a["--precision"] : "32-true";
+  std::shared_ptr<volt::Precision> precision = std::make_shared<volt::Fp32Precision>();
+  if (precision_name == "bf16-mixed") {
+    // Everything in bf16 (no timing-based CPU policy that keeps small ops in fp32).
+    precision = std::make_shared<volt::MixedPrecision>(
+        volt::MixedPrecisionOptions().read_env_lists(false).cpu_policy(false));
+  }
   volt::DdpStrategyOptions ddp;
   ddp.bucket_cap_mb(num("--bucket-mb", 25)).gradient_as_bucket_view(num("--view", 0) != 0);
   std::shared_ptr<volt::DdpStrategy> strategy;
@@ -157,6 +168,11 @@ int worker(std::map<std::string, std::string>& a) {
         volt::DeepSpeedStrategyOptions()
             .stage(zero)
             .param_persistence_threshold(0)
+            .reduce_bucket_size(static_cast<int64_t>(num("--zero-bucket", 2e8)))
+            .allgather_bucket_size(static_cast<int64_t>(num("--zero-bucket", 2e8)))
+            .overlap_comm(num("--overlap", 1) != 0)
+            .prefetch_bucket_size(static_cast<int64_t>(num("--prefetch", 5e7)))
+            .master_weights(num("--master", 1) != 0)
             .offload_optimizer(offload != "none")
             .offload_optimizer_device(offload == "cpu" || offload == "none" ? "cpu" : "nvme")
             .aio_use_uring(offload != "nvme_pread")
@@ -214,19 +230,21 @@ int worker(std::map<std::string, std::string>& a) {
   }
   std::printf(
       "RESULT rank=%lld step_ms=%.3f bwd_sync_ms=%.3f bwd_nosync_ms=%.3f "
-      "allreduce_ms=%.3f rss_mb=%.1f params=%lld grads=%lld state=%lld files=%lld\n",
+      "allreduce_ms=%.3f rss_mb=%.1f params=%lld grads=%lld state=%lld files=%lld "
+      "master=%lld\n",
       static_cast<long long>(trainer.strategy().rank()), median(timing->batch_ms),
       median(timing->backward_sync_ms), median(timing->backward_nosync_ms), allreduce_ms,
       ru.ru_maxrss / 1024.0, static_cast<long long>(bytes.parameters),
       static_cast<long long>(bytes.gradients), static_cast<long long>(bytes.optimizer_state),
-      static_cast<long long>(bytes.optimizer_state_in_files));
+      static_cast<long long>(bytes.optimizer_state_in_files),
+      static_cast<long long>(bytes.master_weights));
   std::fflush(stdout);
   return 0;
 }
 
 struct Result {
   double step_ms = 0, bwd_sync_ms = 0, bwd_nosync_ms = 0, allreduce_ms = 0, rss_mb = 0;
-  long long params = 0, grads = 0, state = 0, files = 0;
+  long long params = 0, grads = 0, state = 0, files = 0, master = 0;
   int ranks = 0;
 };
 
@@ -242,9 +260,11 @@ Result job(const std::string& self, const std::string& args) {
     Result one;
     if (std::sscanf(line,
                     "RESULT rank=%lld step_ms=%lf bwd_sync_ms=%lf bwd_nosync_ms=%lf "
-                    "allreduce_ms=%lf rss_mb=%lf params=%lld grads=%lld state=%lld files=%lld",
+                    "allreduce_ms=%lf rss_mb=%lf params=%lld grads=%lld state=%lld files=%lld "
+                    "master=%lld",
                     &rank, &one.step_ms, &one.bwd_sync_ms, &one.bwd_nosync_ms, &one.allreduce_ms,
-                    &one.rss_mb, &one.params, &one.grads, &one.state, &one.files) == 10) {
+                    &one.rss_mb, &one.params, &one.grads, &one.state, &one.files,
+                    &one.master) == 11) {
       ++r.ranks;
       r.rss_mb = std::max(r.rss_mb, one.rss_mb);
       if (rank == 0) {
@@ -404,6 +424,57 @@ int main(int argc, char** argv) {
           std::printf("  %-27s  %7.2f  %8.2fx  %15.2f  %11.2f\n", label.c_str(), median(t),
                       median(t) / base, last.state / 1e6, last.files / 1e6);
         }
+      }
+      std::printf("\n");
+    }
+    // 6. ZeRO's overlap of communication with computation: blocking vs overlapped reductions
+    // (stages 2, 3) and stage 3's prefetch. 500k-element buckets: ~12 per backward.
+    if (wanted("zero_overlap")) {
+      std::printf("ZeRO overlap, 2 ranks, Adam, reduce/allgather buckets of 500k elements\n");
+      std::printf("  stage  overlap_comm  prefetch  ms/step  backward ms  vs blocking\n");
+      for (const char* stage : {"2", "3"}) {
+        double base = 0;
+        for (const char* mode : {"00", "10", "11"}) {
+          if (stage[0] == '2' && mode[1] == '1') continue;  // nothing to prefetch in stage 2
+          std::vector<double> t, bwd;
+          for (int r = 0; r < rounds; ++r) {
+            const Result res = job(bin, std::string("--adam 1 --devices 2 --zero ") + stage +
+                                            " --zero-bucket 500000 --overlap " + mode[0] +
+                                            " --prefetch " + (mode[1] == '1' ? "50000000" : "0") +
+                                            common.str());
+            t.push_back(res.step_ms);
+            bwd.push_back(res.bwd_sync_ms);
+          }
+          if (mode[0] == '0') base = median(t);
+          std::printf("  %5s  %12s  %8s  %7.2f  %11.2f  %10.2fx\n", stage,
+                      mode[0] == '1' ? "on" : "off",
+                      stage[0] == '2' ? "-" : (mode[1] == '1' ? "on" : "off"), median(t),
+                      median(bwd), median(t) / base);
+        }
+      }
+      std::printf("\n");
+    }
+    // 7. BF16Optimizer: bf16-mixed under ZeRO with and without fp32 master weights.
+    if (wanted("master")) {
+      std::printf(
+          "ZeRO stage 2, 2 ranks, Adam: fp32 vs bf16-mixed with master weights (module in bf16) "
+          "and without (autocast over fp32 weights)\n");
+      std::printf("  precision                 ms/step  vs fp32  params+grads+state+master MB\n");
+      double base = 0;
+      // Without master weights the module stays fp32 under ZeRO and bf16-mixed is autocast.
+      for (const char* mode : {"fp32", "bf16 + masters", "bf16, no masters"}) {
+        const std::string m(mode);
+        std::vector<double> t;
+        Result last;
+        for (int r = 0; r < rounds; ++r) {
+          last = job(bin, std::string("--adam 1 --devices 2 --zero 2") +
+                              (m == "fp32" ? "" : " --precision bf16-mixed") +
+                              (m == "bf16, no masters" ? " --master 0" : "") + common.str());
+          t.push_back(last.step_ms);
+        }
+        if (m == "fp32") base = median(t);
+        std::printf("  %-24s  %7.2f  %6.2fx  %29.1f\n", mode, median(t), median(t) / base,
+                    (last.params + last.grads + last.state + last.master) / 1e6);
       }
       std::printf("\n");
     }
