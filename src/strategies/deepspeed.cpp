@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -244,7 +245,39 @@ DeepSpeedStrategy::~DeepSpeedStrategy() {
 // ------------------------------------------------------------------ NVMe swap folders
 // The swap files are scratch: resume always comes from a checkpoint, never from them. Each run
 // swaps into its own folder, nvme_path/volt-nvme-<rank 0's pid>-<its clock>/rank<R>/, so that
-// two runs (or two ranks on one node) never share a file; teardown removes it.
+// two runs (or two ranks on one node) never share a file; teardown removes it. A run that dies
+// (SIGKILL, power loss) cannot: each rank holds an flock on rank<R>/owner.lock while its folder
+// is in use (the kernel drops it when the process dies), and every run first removes the rank
+// folders under nvme_path whose lock it can take. Creating a folder and sweeping are serialized
+// by an flock on nvme_path itself, so a sweep never takes a folder being created.
+
+namespace {
+
+// Removes nvme_path/volt-nvme-*/rank*/ folders whose owner.lock no live process holds, then
+// their run folders once empty. Best effort: whatever cannot be removed stays.
+void remove_stale_swap_folders(const std::string& nvme_path) noexcept {
+  std::error_code ec;
+  for (const auto& run : fs::directory_iterator(nvme_path, ec)) {
+    const std::string name = run.path().filename().string();
+    if (name.rfind("volt-nvme-", 0) != 0 || !run.is_directory(ec)) continue;
+    for (const auto& rank : fs::directory_iterator(run.path(), ec)) {
+      const std::string lock = (rank.path() / "owner.lock").string();
+      const int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) continue;  // not one of ours, or from before owner locks: left alone
+      const bool dead = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+      if (dead) {
+        std::error_code rm;
+        fs::remove_all(rank.path(), rm);
+        log_info("DeepSpeedStrategy", "removed the NVMe swap folder of a run that died: '" +
+                                          rank.path().string() + "'");
+      }
+      ::close(fd);
+    }
+    ::rmdir(run.path().c_str());  // only when empty
+  }
+}
+
+}  // namespace
 
 void DeepSpeedStrategy::make_nvme_folder() {
   remove_nvme_files();
@@ -258,10 +291,24 @@ void DeepSpeedStrategy::make_nvme_folder() {
   nvme_run_dir_ = options_.nvme_path() + "/volt-nvme-" + std::to_string(id[0].item<int64_t>()) +
                   "-" + std::to_string(id[1].item<int64_t>());
   nvme_rank_dir_ = nvme_run_dir_ + "/rank" + std::to_string(rank());
+  // The folder itself is the sweep lock (flock works on directories): nothing is left behind.
+  const int sweep_fd = ::open(options_.nvme_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  VOLT_CHECK(sweep_fd >= 0, ConfigError, kTag, " cannot open nvme_path='", options_.nvme_path(),
+             "' (", std::strerror(errno), "); set nvme_path to a readable folder.");
+  ::flock(sweep_fd, LOCK_EX);  // held for a directory scan and a mkdir: never long
+  remove_stale_swap_folders(options_.nvme_path());
   std::error_code ec;
   fs::create_directories(nvme_rank_dir_, ec);
+  if (!ec) {
+    const std::string lock = nvme_rank_dir_ + "/owner.lock";
+    nvme_lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (nvme_lock_fd_ >= 0) ::flock(nvme_lock_fd_, LOCK_EX | LOCK_NB);  // a new file: free
+  }
+  ::close(sweep_fd);
   VOLT_CHECK(!ec, ConfigError, kTag, " cannot create the NVMe swap folder '", nvme_rank_dir_, "' (",
              ec.message(), "); check that nvme_path is writable and has space.");
+  VOLT_CHECK(nvme_lock_fd_ >= 0, ConfigError, kTag, " cannot create '", nvme_rank_dir_,
+             "/owner.lock' (", std::strerror(errno), "); check that nvme_path is writable.");
 }
 
 void DeepSpeedStrategy::remove_nvme_files() noexcept {
@@ -270,6 +317,8 @@ void DeepSpeedStrategy::remove_nvme_files() noexcept {
   std::error_code ec;
   fs::remove_all(nvme_rank_dir_, ec);
   ::rmdir(nvme_run_dir_.c_str());  // the last rank on this node removes the run's folder
+  if (nvme_lock_fd_ >= 0) ::close(nvme_lock_fd_);  // after the folder is gone: no sweep races
+  nvme_lock_fd_ = -1;
   nvme_rank_dir_.clear();
   nvme_run_dir_.clear();
 }

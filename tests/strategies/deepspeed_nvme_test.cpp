@@ -6,8 +6,12 @@
 // survivors that exit and a checkpoint that loads; options, registry name and JSON keys.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <regex>
 
@@ -153,10 +157,30 @@ TEST(DeepSpeedNvme, ARankKilledWithAWriteInFlightLeavesSurvivorsThatExitAndAChec
   EXPECT_LT(seconds, 50) << "the survivor hung";
   const std::string ckpt = dir / "b/ckpt/last.ckpt";
   ASSERT_TRUE(volt::is_zero_checkpoint(ckpt)) << killed.output();
+  // The killed rank could not remove its swap folder; a folder another live run holds (its
+  // owner.lock locked, here by this test) must survive the next run's sweep.
+  size_t leftovers = 0;
+  for (const auto& run : std::filesystem::directory_iterator(dir / "nvme")) {
+    if (run.path().filename().string().rfind("volt-nvme-", 0) == 0) ++leftovers;
+  }
+  EXPECT_EQ(leftovers, 1u) << "the killed rank's folder stays behind until the next run";
+  const std::string live = dir / "nvme/volt-nvme-1-1/rank0";
+  std::filesystem::create_directories(live);
+  const int live_fd = ::open((live + "/owner.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(live_fd, 0);
+  ASSERT_EQ(::flock(live_fd, LOCK_EX | LOCK_NB), 0);
   // The last checkpoint resumes (NVMe offload again) to the uninterrupted run's weights.
   auto resumed =
       run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--resume", ckpt}, common));
   ASSERT_EQ(resumed.code, 0) << resumed.output;
+  std::vector<std::string> left;
+  for (const auto& run : std::filesystem::directory_iterator(dir / "nvme")) {
+    left.push_back(run.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"volt-nvme-1-1"}))
+      << "the dead run's folder is swept, the live one stays";
+  ::close(live_fd);
   for (int r = 0; r < 2; ++r) {
     const std::string suffix = ".rank" + std::to_string(r) + ".pt";
     EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))

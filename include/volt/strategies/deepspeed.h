@@ -212,6 +212,7 @@ class DeepSpeedStrategy : public DdpStrategy {
   void remove_nvme_files() noexcept;
   std::map<const torch::optim::Optimizer*, std::unique_ptr<detail::OptimizerSwapper>> swappers_;
   std::string nvme_run_dir_, nvme_rank_dir_;
+  int nvme_lock_fd_ = -1;  // flock held on nvme_rank_dir_/owner.lock while the folder is in use
 };
 
 /// Reads a ZeRO checkpoint folder (every rank's shard) and writes one ordinary volt checkpoint
