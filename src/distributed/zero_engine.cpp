@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -20,7 +21,9 @@
 
 #include "distributed/detail/async_collective.h"
 #include "distributed/detail/intercept.h"
+#include "io/detail/aio.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 #include "volt/kernels/fused_adamw.h"
 #include "volt/kernels/fused_sgd.h"
 
@@ -81,7 +84,9 @@ detail::StorageMap<Owner>& owners() {
 bool gather_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                         torch::jit::Stack* stack);
 
-void install_gather_fallback() { detail::add_interceptor(&gather_interceptor); }
+void install_gather_fallback() {
+  detail::add_interceptor(&gather_interceptor);
+}
 
 }  // namespace
 
@@ -149,6 +154,18 @@ struct ZeroEngine::Comm {
   std::map<std::pair<int64_t, int64_t>, size_t> next;
   int64_t before_last = -1;  // in the open scope: the distinct unit read before `last`
   int64_t last = -1;         // the unit read last
+};
+
+struct ZeroEngine::Swap {
+  std::unique_ptr<detail::AioFile> file;
+  int64_t bytes = 0;  // of param_shard_
+  bool out = false;   // param_shard_'s storage is released; the file holds the chunks
+  ~Swap() {
+    if (!file) return;
+    const std::string path = file->path();
+    file.reset();
+    ::unlink(path.c_str());
+  }
 };
 
 struct ZeroEngine::Hooks {
@@ -289,6 +306,7 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
     }
     reset_master_weights();
   }
+  swap_out_shard();  // param_swap_file: the chunks live in the file from now on
   // The optimizer steps this rank's chunks (or their masters) from now on.
   auto& groups = optimizer_.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -301,6 +319,7 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
 }
 
 void ZeroEngine::reset_master_weights() {
+  Resident resident(*this);
   torch::NoGradGuard no_grad;
   c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
   for (auto& c : chunks_) {
@@ -360,6 +379,16 @@ void ZeroEngine::partition_parameters() {
     }
   }
   comm_->gathers.resize(units_.size());
+  if (!options_.param_swap_file().empty()) {
+    swap_ = std::make_unique<Swap>();
+    swap_->bytes = param_shard_.numel() * static_cast<int64_t>(param_shard_.element_size());
+    swap_->file = std::make_unique<detail::AioFile>(options_.param_swap_file(),
+                                                    detail::AioOptions()
+                                                        .block_size(options_.aio_block_size())
+                                                        .queue_depth(options_.aio_queue_depth())
+                                                        .use_uring(options_.aio_use_uring()),
+                                                    /*create=*/true);
+  }
   c10::impl::tls_set_dispatch_key_included(kGatherKey, true);
   partitioning_ = true;
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -379,6 +408,56 @@ ZeroEngine::Scope::~Scope() {
   if (outer_ && engine_.partitioning_) {
     engine_.release_all();
     engine_.drop_prefetches();
+  }
+}
+
+// ------------------------------------------------------------------ param_swap_file
+bool ZeroEngine::parameters_resident() const {
+  return !swap_ || !swap_->out;
+}
+
+bool ZeroEngine::swap_in_shard() {
+  if (!swap_ || !swap_->out) return false;
+  c10::StorageImpl* s = param_shard_.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(c10::GetAllocator(c10::kCPU)->allocate(swap_->bytes));
+  s->set_nbytes(swap_->bytes);
+  swap_->file->submit_read(s->data_ptr().get(), swap_->bytes, 0);
+  swap_->file->wait();
+  swap_->out = false;
+  return true;
+}
+
+void ZeroEngine::swap_out_shard() {
+  if (!swap_ || swap_->out) return;
+  c10::StorageImpl* s = param_shard_.storage().unsafeGetStorageImpl();
+  // Written in full before the memory goes: a failed write leaves the shard in memory.
+  swap_->file->submit_write(s->data_ptr().get(), swap_->bytes, 0);
+  swap_->file->wait();
+  s->set_data_ptr_noswap(c10::DataPtr(nullptr, param_shard_.device()));
+  s->set_nbytes(0);
+  swap_->out = true;
+}
+
+at::Tensor ZeroEngine::read_shard_range(int64_t offset, int64_t width) {
+  if (!swap_ || !swap_->out) return param_shard_.narrow(0, offset, width);
+  at::Tensor t = torch::empty({width}, param_shard_.options());
+  const auto esize = static_cast<int64_t>(param_shard_.element_size());
+  swap_->file->submit_read(t.data_ptr(), width * esize, offset * esize);
+  swap_->file->wait();
+  return t;
+}
+
+ZeroEngine::Resident::Resident(ZeroEngine& engine)
+    : engine_(engine), swapped_in_(engine.swap_in_shard()) {}
+
+ZeroEngine::Resident::~Resident() {
+  if (!swapped_in_) return;
+  try {
+    engine_.swap_out_shard();
+  } catch (const std::exception& e) {
+    log_error("ZeroEngine", std::string("could not write the parameter chunks back to '") +
+                                engine_.options_.param_swap_file() +
+                                "'; they stay in memory: " + e.what());
   }
 }
 
@@ -414,13 +493,14 @@ void ZeroEngine::prefetch_after(size_t u) {
     Unit& unit = units_[v];
     if (!unit.live && !comm_->gathers[v].pending()) {
       if (comm_->prefetch_elements + unit.numel > options_.prefetch_bucket_size() ||
-          live_elements_ + comm_->prefetch_elements + unit.numel >
-              options_.max_live_parameters()) {
+          live_elements_ + comm_->prefetch_elements + unit.numel > options_.max_live_parameters()) {
         return;
       }
       c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
-      comm_->gathers[v] =
-          detail::start_all_gather(group_, param_shard_.narrow(0, unit.offset, unit.width));
+      // A copy: a dropped prefetch may still be read by Gloo after the shard changed or left.
+      at::Tensor mine = read_shard_range(unit.offset, unit.width);
+      if (parameters_resident()) mine = mine.clone();
+      comm_->gathers[v] = detail::start_all_gather(group_, mine);
       comm_->prefetch_elements += unit.numel;
     }
     before = at;
@@ -475,7 +555,7 @@ void ZeroEngine::gather(size_t u) {
     all = prefetched.wait();
     ++stats_.prefetched;
   } else {
-    all = all_gather_any(group_, param_shard_.narrow(0, unit.offset, unit.width));
+    all = all_gather_any(group_, read_shard_range(unit.offset, unit.width));
   }
   ++stats_.gathers;
   const int64_t world = group_->world_size();
@@ -544,10 +624,17 @@ void ZeroEngine::restore_parameters() {
     }
     partitioning_ = false;
     unregister();
+    try {
+      swap_in_shard();  // a local read: the chunks stay readable
+    } catch (...) {
+    }
     throw;
   }
   partitioning_ = false;
   unregister();
+  // The chunk views stay in memory from here on; the file goes.
+  swap_in_shard();
+  swap_.reset();
 }
 
 void ZeroEngine::unregister() {
@@ -594,7 +681,7 @@ void ZeroEngine::backward(const std::function<void()>& run_backward, bool sync) 
   }
   for (auto& u : units_) u.pending = u.chunks.size();
   comm_->reductions.clear();  // left by a backward that threw: that step is abandoned
-  Scope scope(*this);  // stage 3: backward regathers what its saved tensors point at
+  Scope scope(*this);         // stage 3: backward regathers what its saved tensors point at
   next_bucket_ = 0;
   armed_ = true;
   try {
@@ -651,8 +738,8 @@ void ZeroEngine::launch_bucket(size_t b) {
   // 16-bit gradients are summed in fp32 (more exact, and Gloo has no bf16 sum).
   const at::Tensor& p0 = chunks_[first].parameter;
   at::Tensor buffer = torch::zeros(
-      {world, width}, p0.options().dtype(low_precision(p0.scalar_type()) ? at::kFloat
-                                                                           : p0.scalar_type()));
+      {world, width},
+      p0.options().dtype(low_precision(p0.scalar_type()) ? at::kFloat : p0.scalar_type()));
   int64_t off = 0;
   for (size_t i = first; i < last; ++i) {
     auto& c = chunks_[i];
@@ -708,6 +795,7 @@ void ZeroEngine::complete_bucket() {
 }
 
 void ZeroEngine::prepare_step() {
+  swap_in_shard();  // the optimizer steps the chunks (or reads them through the masters)
   if (!has_master_weights() || !have_grads_) return;
   for (auto& c : chunks_) {
     if (c.master.defined() && c.view.grad().defined()) {
@@ -732,6 +820,7 @@ void ZeroEngine::gather_parameters() {
     }
   }
   all_gather_into_parameters([](const ZeroChunk& c) { return c.view; }, false);
+  swap_out_shard();
 }
 
 void ZeroEngine::write_master_weights() {
@@ -845,6 +934,7 @@ ZeroMemory ZeroEngine::memory() const {
   m.gradients = detail::storage_bytes(grads);
   m.optimizer_state = detail::storage_bytes(state);
   if (master_shard_.defined()) m.master_weights = detail::storage_bytes({master_shard_});
+  if (swap_ && swap_->out) m.parameters_in_files = swap_->bytes;
   return m;
 }
 

@@ -209,10 +209,11 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
   const std::string& pdev = options_.offload_parameters_device();
   VOLT_CHECK(pdev == "cpu" || pdev == "nvme", ConfigError, kTag, " offload_parameters_device=\"",
              pdev, "\" is not a device; use \"cpu\" or \"nvme\".");
-  VOLT_CHECK(!options_.offload_parameters() || pdev == "cpu", NotAvailable, kTag,
-             " offload_parameters to NVMe is not built yet (issue #12: only the optimizer state "
-             "is swapped to NVMe); use offload_parameters_device=\"cpu\".");
-  if (options_.offload_optimizer() && dev == "nvme") {
+  VOLT_CHECK(!options_.offload_parameters() || pdev == "cpu" || options_.stage() == 3, ConfigError,
+             kTag, " offload_parameters_device=\"nvme\" needs stage 3 (stage ", options_.stage(),
+             " keeps whole parameters on every rank); set stage=3.");
+  if ((options_.offload_optimizer() && dev == "nvme") ||
+      (options_.offload_parameters() && pdev == "nvme")) {
     VOLT_CHECK(options_.sub_group_size() > 0 && options_.aio_block_size() > 0 &&
                    options_.aio_queue_depth() > 0 && options_.aio_queue_depth() <= 4096,
                ConfigError, kTag, " sub_group_size=", options_.sub_group_size(),
@@ -268,8 +269,8 @@ void remove_stale_swap_folders(const std::string& nvme_path) noexcept {
       if (dead) {
         std::error_code rm;
         fs::remove_all(rank.path(), rm);
-        log_info("DeepSpeedStrategy", "removed the NVMe swap folder of a run that died: '" +
-                                          rank.path().string() + "'");
+        log_info("DeepSpeedStrategy",
+                 "removed the NVMe swap folder of a run that died: '" + rank.path().string() + "'");
       }
       ::close(fd);
     }
@@ -372,7 +373,8 @@ void DeepSpeedStrategy::apply_config() {
   if (!c.injection_policy.empty()) tp.injection_policy(c.injection_policy);
   options_.tensor_parallel(tp);
   if (!c.dtype.empty()) options_.dtype(c.dtype);
-  if (c.replace_with_kernel_inject) options_.replace_with_kernel_inject(*c.replace_with_kernel_inject);
+  if (c.replace_with_kernel_inject)
+    options_.replace_with_kernel_inject(*c.replace_with_kernel_inject);
   if (c.enable_cuda_graph) options_.enable_cuda_graph(*c.enable_cuda_graph);
   if (!c.replace_method.empty()) options_.replace_method(c.replace_method);
   const std::string p = precision_->name();
@@ -394,8 +396,8 @@ void DeepSpeedStrategy::setup_environment() {
   DdpStrategy::setup_environment();
   checkpoint_defaults_.reset();
   if (options_.cpu_checkpointing()) {
-    checkpoint_defaults_ = std::make_unique<CheckpointDefaultsGuard>(
-        checkpoint_defaults().cpu_checkpointing(true));
+    checkpoint_defaults_ =
+        std::make_unique<CheckpointDefaultsGuard>(checkpoint_defaults().cpu_checkpointing(true));
   }
   if (!config_) return;
   if (auto b = resolve_deepspeed_batch(*config_, world_size(), loop_.accumulate_grad_batches)) {
@@ -486,8 +488,8 @@ void DeepSpeedStrategy::teardown() {
                     e.what());
     }
   }
-  remove_nvme_files();
-  // Stage 3: the module leaves the run whole (every rank gathers every parameter).
+  // Stage 3: the module leaves the run whole (every rank gathers every parameter; NVMe
+  // parameter chunks are read from their files).
   for (auto& kv : engines_) {
     try {
       kv.second->restore_parameters();
@@ -497,6 +499,7 @@ void DeepSpeedStrategy::teardown() {
                                          e.what());
     }
   }
+  remove_nvme_files();
   if (cast_back_) {
     if (cast_module_ != nullptr) cast_module_->to(*cast_back_);
     if (cast_for_masters_) {
@@ -568,9 +571,9 @@ void DeepSpeedStrategy::setup_module(Module& module) {
       }
       tp_ = std::make_unique<TensorParallelEngine>(module, tp_group, options_.tensor_parallel());
       log_info("DeepSpeedStrategy",
-               "tensor parallel over " + std::to_string(world_size()) + " ranks: " +
-                   std::to_string(tp_->layers().size()) + " layers split, parameters " +
-                   std::to_string(tp_->parameter_bytes()) + " of " +
+               "tensor parallel over " + std::to_string(world_size()) +
+                   " ranks: " + std::to_string(tp_->layers().size()) +
+                   " layers split, parameters " + std::to_string(tp_->parameter_bytes()) + " of " +
                    std::to_string(tp_->full_parameter_bytes()) + " bytes on this rank.");
     }
     return;
@@ -650,12 +653,15 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
       cast_back_.reset();
     }
   }
-  if ((options_.offload_optimizer() && !nvme_optimizer()) || options_.offload_parameters()) {
+  if ((options_.offload_optimizer() && !nvme_optimizer()) ||
+      (options_.offload_parameters() && !nvme_parameters())) {
     log_info("DeepSpeedStrategy",
              "offload_optimizer / offload_parameters: on a CPU run the parameters, gradients and "
              "optimizer state are in host memory already; nothing moves.");
   }
   engines_.clear();
+  if (nvme_optimizer() || nvme_parameters()) make_nvme_folder();
+  int64_t index = 0;
   for (auto& config : optimizers) {
     auto& opt = *config.optimizer();
     if (!tested_optimizer(opt)) {
@@ -679,11 +685,22 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
             .max_live_parameters(options_.max_live_parameters())
             .master_weights(options_.master_weights())
             .overlap_comm(options_.overlap_comm())
-            .prefetch_bucket_size(options_.prefetch_bucket_size()),
+            .prefetch_bucket_size(options_.prefetch_bucket_size())
+            .param_swap_file(nvme_parameters()
+                                 ? nvme_rank_dir_ + "/parameters" + std::to_string(index) + ".swp"
+                                 : "")
+            .aio_block_size(options_.aio_block_size())
+            .aio_queue_depth(options_.aio_queue_depth())
+            .aio_use_uring(options_.aio_use_uring()),
         names_);
+    ++index;
+  }
+  if (nvme_parameters()) {
+    log_info(
+        "DeepSpeedStrategy",
+        "offload_parameters to nvme: stage 3's parameter chunks swap to '" + nvme_rank_dir_ + "'.");
   }
   if (nvme_optimizer()) {
-    make_nvme_folder();
     int64_t i = 0;
     for (auto& config : optimizers) {
       auto& opt = *config.optimizer();
@@ -788,6 +805,7 @@ void DeepSpeedStrategy::save_model_state(const Module& module, OutputArchive& ar
     return;
   }
   OutputArchive shapes;
+  const auto in_memory = resident();  // NVMe parameter chunks, read in for the save
   for (const auto& p : module.named_parameters(true)) {
     if (const ZeroChunk* c = chunk_of(p.value().unsafeGetTensorImpl())) {
       ar.write(p.key(), c->length > 0
@@ -819,6 +837,7 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
   InputArchive shapes;
   const bool chunks = ar.try_read(kStage3Shapes, shapes);
   torch::NoGradGuard no_grad;
+  const auto in_memory = resident();  // NVMe parameter chunks: loaded, then written out
   std::vector<std::string> problems;
   auto load = [&](const std::string& name, at::Tensor target, bool buffer) {
     at::Tensor saved;
@@ -856,7 +875,14 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
   load_master_weights(ar, chunks);
 }
 
+std::vector<std::unique_ptr<ZeroEngine::Resident>> DeepSpeedStrategy::resident() const {
+  std::vector<std::unique_ptr<ZeroEngine::Resident>> out;
+  for (auto& kv : engines_) out.push_back(std::make_unique<ZeroEngine::Resident>(*kv.second));
+  return out;
+}
+
 void DeepSpeedStrategy::load_master_weights(InputArchive& ar, bool chunks) const {
+  const auto in_memory = resident();
   // The masters start from the checkpoint's weights at the precision it holds them in (fp32
   // from a consolidated or fp32 checkpoint); a shard's optimizer state then sets them exactly.
   torch::NoGradGuard no_grad;

@@ -50,8 +50,9 @@ void register_strategies(Registry& r) {
     const char* help;
     bool nvme = false;
   };
-  for (const Variant& v : {Variant{"deepspeed", 2, false, "ZeRO sharded data parallel (stage 2 "
-                                                           "by default)"},
+  for (const Variant& v : {Variant{"deepspeed", 2, false,
+                                   "ZeRO sharded data parallel (stage 2 "
+                                   "by default)"},
                            Variant{"deepspeed_stage_1", 1, false,
                                    "ZeRO stage 1: optimizer state partitioned across ranks"},
                            Variant{"deepspeed_stage_2", 2, false,
@@ -65,16 +66,17 @@ void register_strategies(Registry& r) {
                                    "ZeRO stage 3 with optimizer and parameters in host "
                                    "memory"},
                            Variant{"deepspeed_stage_3_offload_nvme", 3, true,
-                                   "ZeRO-Infinity: stage 3 with the optimizer state swapped to "
-                                   "NVMe files under nvme_path",
+                                   "ZeRO-Infinity: stage 3 with the optimizer state and the "
+                                   "parameter chunks swapped to NVMe files under nvme_path",
                                    true}}) {
     const DeepSpeedStrategyOptions o;
     r.strategies.add(
         v.name, v.help,
         Params()
             .add("zero_optimization", o.zero_optimization(), "shard with ZeRO (false: plain DDP)")
-            .add("stage", v.stage, "ZeRO stage: 1 optimizer state, 2 and gradients, 3 and "
-                                   "parameters")
+            .add("stage", v.stage,
+                 "ZeRO stage: 1 optimizer state, 2 and gradients, 3 and "
+                 "parameters")
             .add("offload_optimizer", v.offload, "optimizer state and step in host memory")
             .add("offload_parameters", v.offload && v.stage == 3,
                  "stage 3: parameters in host memory")
@@ -84,8 +86,8 @@ void register_strategies(Registry& r) {
                  "stage 3: most parameter elements gathered at once")
             .choice("offload_optimizer_device", v.nvme ? "nvme" : o.offload_optimizer_device(),
                     {"cpu", "nvme"}, "where the optimizer state is offloaded")
-            .choice("offload_parameters_device", o.offload_parameters_device(), {"cpu", "nvme"},
-                    "stage 3: where the parameters are offloaded")
+            .choice("offload_parameters_device", v.nvme ? "nvme" : o.offload_parameters_device(),
+                    {"cpu", "nvme"}, "stage 3: where the parameters are offloaded")
             .add("nvme_path", o.nvme_path(),
                  "existing writable folder of NVMe swap files (ZeRO-Infinity)")
             .add("sub_group_size", o.sub_group_size(),
@@ -100,8 +102,7 @@ void register_strategies(Registry& r) {
                  "gradient elements per reduce-scatter")
             .add("allgather_bucket_size", o.allgather_bucket_size(),
                  "parameter elements per all-gather after the step")
-            .add("overlap_comm", o.overlap_comm(),
-                 "reduce gradient buckets while backward goes on")
+            .add("overlap_comm", o.overlap_comm(), "reduce gradient buckets while backward goes on")
             .add("prefetch_bucket_size", o.prefetch_bucket_size(),
                  "stage 3: parameter elements gathered ahead of their read (0: off)")
             .add("zero_allow_untested_optimizer", o.zero_allow_untested_optimizer(),

@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "distributed/detail/net.h"
+#include "tiny.h"
 #include "volt/core/errors.h"
 
 namespace {
@@ -130,8 +133,7 @@ TEST(ZeroEngine, SmallParametersStayWholeBelowThePersistenceThreshold) {
 
 // One training step of `net` through the engine on `x` (loss: the sum of squared outputs).
 void engine_step(volt::ZeroEngine& engine, torch::optim::Optimizer& opt, torch::nn::Module& net,
-                 const std::function<at::Tensor(const at::Tensor&)>& forward,
-                 const at::Tensor& x) {
+                 const std::function<at::Tensor(const at::Tensor&)>& forward, const at::Tensor& x) {
   engine.zero_grad();
   at::Tensor loss;
   {
@@ -184,7 +186,8 @@ TEST(ZeroEngine, MasterWeightsStepBf16ParametersLikeAHandWrittenFp32MasterLoop) 
         torch::NoGradGuard no_grad;
         for (size_t i = 0; i < masters.size(); ++i) ref_params[i].copy_(masters[i]);
       }
-      engine_step(engine, opt, *net, [&](const at::Tensor& in) { return net->forward(in); }, x);
+      engine_step(
+          engine, opt, *net, [&](const at::Tensor& in) { return net->forward(in); }, x);
     }
     // The fp32 gradients of the masters live only from prepare_step to the step.
     for (const auto& c : engine.chunks()) EXPECT_FALSE(c.master.grad().defined()) << c.name;
@@ -232,11 +235,12 @@ TEST(ZeroEngine, MasterWeightsKeepTheUpdatesThatBf16WeightsRoundAway) {
     fp32_opt.zero_grad();
     fp32->forward(x).pow(2).sum().backward();
     fp32_opt.step();
-    engine_step(with_engine, with_opt, *with,
-                [&](const at::Tensor& in) { return with->forward(in); }, x.to(torch::kBFloat16));
-    engine_step(without_engine, without_opt, *without,
-                [&](const at::Tensor& in) { return without->forward(in); },
-                x.to(torch::kBFloat16));
+    engine_step(
+        with_engine, with_opt, *with, [&](const at::Tensor& in) { return with->forward(in); },
+        x.to(torch::kBFloat16));
+    engine_step(
+        without_engine, without_opt, *without,
+        [&](const at::Tensor& in) { return without->forward(in); }, x.to(torch::kBFloat16));
   }
   auto flat = [](torch::nn::Sequential& m) {
     std::vector<at::Tensor> v;
@@ -248,9 +252,10 @@ TEST(ZeroEngine, MasterWeightsKeepTheUpdatesThatBf16WeightsRoundAway) {
   const double err_without = (flat(without) - ref).abs().mean().item<double>();
   const double unmoved =
       (without->parameters()[0].reshape({-1}) == start).to(torch::kFloat).mean().item<double>();
-  std::printf("[ measured ] mean |w - fp32| after 100 Adam steps at lr 1e-4: master weights "
-              "%.2e, bf16 stepped directly %.2e (%.0f%% of its first layer never moved)\n",
-              err_with, err_without, 100 * unmoved);
+  std::printf(
+      "[ measured ] mean |w - fp32| after 100 Adam steps at lr 1e-4: master weights "
+      "%.2e, bf16 stepped directly %.2e (%.0f%% of its first layer never moved)\n",
+      err_with, err_without, 100 * unmoved);
   EXPECT_LT(err_with * 4, err_without);
   EXPECT_GT(unmoved, 0.5);
 }
@@ -288,9 +293,9 @@ TEST(ZeroEngine, Stage3PrefetchFollowsTheLearnedOrderAndAMispredictionOnlyCostsT
   auto ref = square_mlp(), net = square_mlp();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
   torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
-  volt::ZeroEngine engine(
-      opt, group, volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0),
-      names_of(*net));
+  volt::ZeroEngine engine(opt, group,
+                          volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0),
+                          names_of(*net));
   const auto x = torch::randn({3, 6});
   auto forward = [&](torch::nn::Sequential& m, const std::vector<int>& order) {
     at::Tensor h = x;
@@ -341,10 +346,10 @@ TEST(ZeroEngine, Stage3PrefetchFollowsTheLearnedOrderAndAMispredictionOnlyCostsT
   // Off: no prefetch at all.
   auto off_net = square_mlp();
   torch::optim::SGD off_opt(off_net->parameters(), torch::optim::SGDOptions(0.1));
-  volt::ZeroEngine off(off_opt, group,
-                       volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0)
-                           .prefetch_bucket_size(0),
-                       names_of(*off_net));
+  volt::ZeroEngine off(
+      off_opt, group,
+      volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0).prefetch_bucket_size(0),
+      names_of(*off_net));
   for (int step = 0; step < 2; ++step) {
     at::Tensor loss;
     {
@@ -355,6 +360,49 @@ TEST(ZeroEngine, Stage3PrefetchFollowsTheLearnedOrderAndAMispredictionOnlyCostsT
   }
   EXPECT_EQ(off.comm_stats().prefetched, 0);
   EXPECT_EQ(off.comm_stats().gathers, 2 * per_step);
+}
+
+TEST(ZeroEngine, ParameterChunksInASwapFileStepLikeChunksInMemory) {
+  // param_swap_file (ZeRO-Infinity's offload_param to NVMe): between steps this rank's chunks
+  // are in the file, not in memory; gathers read them from it, the step reads them in and
+  // writes them back. Bitwise the same training as the chunks in memory (Adam, 3 steps).
+  volt_test::TempDir dir;
+  auto group = world_of_one();
+  auto mem_net = square_mlp(), file_net = square_mlp();
+  torch::optim::Adam mem_opt(mem_net->parameters(), torch::optim::AdamOptions(0.01));
+  torch::optim::Adam file_opt(file_net->parameters(), torch::optim::AdamOptions(0.01));
+  const auto base = volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0);
+  volt::ZeroEngine in_memory(mem_opt, group, base, names_of(*mem_net));
+  const std::string file = dir / "params.swp";
+  volt::ZeroEngine swapped(file_opt, group, volt::ZeroEngineOptions(base).param_swap_file(file),
+                           names_of(*file_net));
+  const int64_t bytes = 4 * 4 * (6 * 6 + 6);
+  EXPECT_FALSE(swapped.parameters_resident());
+  EXPECT_EQ(swapped.memory().parameters, 0);
+  EXPECT_EQ(swapped.memory().parameters_in_files, bytes);
+  EXPECT_EQ(static_cast<int64_t>(std::filesystem::file_size(file)), bytes);
+  EXPECT_EQ(in_memory.memory().parameters, bytes);
+  for (int step = 0; step < 3; ++step) {
+    const auto x = torch::randn({4, 6});
+    engine_step(
+        in_memory, mem_opt, *mem_net, [&](const at::Tensor& t) { return mem_net->forward(t); }, x);
+    engine_step(
+        swapped, file_opt, *file_net, [&](const at::Tensor& t) { return file_net->forward(t); }, x);
+    EXPECT_FALSE(swapped.parameters_resident()) << "written back after the step";
+    EXPECT_EQ(swapped.memory().parameters, 0);
+    for (size_t i = 0; i < in_memory.chunks().size(); ++i) {
+      volt::ZeroEngine::Resident resident(swapped);
+      EXPECT_TRUE(swapped.parameters_resident());
+      EXPECT_TRUE(torch::equal(in_memory.chunks()[i].view, swapped.chunks()[i].view))
+          << "step " << step << " chunk " << i;
+    }
+  }
+  swapped.restore_parameters();
+  in_memory.restore_parameters();
+  EXPECT_FALSE(std::filesystem::exists(file)) << "the swap file outlived the partitioning";
+  for (size_t i = 0; i < mem_net->parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(mem_net->parameters()[i], file_net->parameters()[i])) << i;
+  }
 }
 
 }  // namespace

@@ -108,14 +108,78 @@ TEST(DeepSpeedNvme, Stages123AtTwoRanksEqualInMemoryZeroBitwiseWithTheStateInFil
   expect_ranks_equal_reference(dir / "nvme3", 2, ref);
 }
 
+TEST(DeepSpeedNvme, ParameterChunksInFilesTooEqualInMemoryZeroBitwise) {
+  // ZeRO-Infinity in full (deepspeed_stage_3_offload_nvme): stage 3's parameter chunks and the
+  // optimizer state both live in swap files between uses. Same weights, bit for bit, as stage 3
+  // in memory; before a step no parameter bytes are in RAM and the file holds 4 Psi / N.
+  volt_test::TempDir dir;
+  const std::string nvme = dir / "nvme";
+  std::filesystem::create_directories(nvme);
+  const std::vector<std::string> common{"--devices", "2",      "--batch",     "8",       "--epochs",
+                                        "1",         "--zero", "3",           "--width", "16",
+                                        "--depth",   "2",      "--optimizer", "adam"};
+  auto in_memory = run_job(cat({"--root", dir.path, "--out", dir / "mem"}, common));
+  ASSERT_EQ(in_memory.code, 0) << in_memory.output;
+  for (const char* optimizer_too : {"0", "1"}) {
+    const std::string out = dir / (std::string("files") + optimizer_too);
+    std::vector<std::string> args = cat({"--root", dir.path, "--out", out, "--nvme-params", "1",
+                                         "--nvme", nvme, "--sub-group", "64"},
+                                        common);
+    if (optimizer_too[0] == '0') args = cat(args, {"--nvme-optimizer", "0"});
+    auto offloaded = run_job(args);
+    ASSERT_EQ(offloaded.code, 0) << offloaded.output;
+    for (int r = 0; r < 2; ++r) {
+      const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+      EXPECT_TRUE(torch::equal(load_flat(dir / ("mem" + suffix)), load_flat(out + suffix)))
+          << "rank " << r << " optimizer in files " << optimizer_too;
+      std::smatch m;
+      const std::regex re("rank " + std::to_string(r) +
+                          " done .* zero_memory params=(\\d+) .* numel=(\\d+) nvme=(\\d+) "
+                          "params_in_files=(\\d+)");
+      ASSERT_TRUE(std::regex_search(offloaded.output, m, re)) << offloaded.output;
+      const double params = std::stod(m[1]), numel = std::stod(m[2]), state = std::stod(m[3]),
+                   in_files = std::stod(m[4]);
+      EXPECT_EQ(params, 0) << "every parameter chunk is in the file before the step";
+      EXPECT_NEAR(in_files, 4 * numel / 2, 0.05 * 4 * numel / 2);
+      EXPECT_EQ(state > 0, optimizer_too[0] == '1');
+      if (r == 0) {
+        std::printf(
+            "[ measured ] parameters in RAM %.0f bytes, in the swap file %.0f (4 Psi/N = "
+            "%.0f); optimizer state in files %.0f\n",
+            params, in_files, 4 * numel / 2, state);
+      }
+    }
+    EXPECT_TRUE(empty_dir(nvme)) << "the run's swap folder outlived it";
+  }
+}
+
 TEST(DeepSpeedNvme, AKilledRunResumesBitIdenticallyFromItsCheckpoint) {
+  // Parameter chunks and optimizer state both on NVMe: saving reads them in, loading writes
+  // them out again.
   volt_test::TempDir dir;
   std::filesystem::create_directories(dir / "nvme");
-  const std::vector<std::string> common{
-      "--devices", "2",         "--batch",     "8",           "--epochs",
-      "2",         "--dropout", "1",           "--accum",     "3",
-      "--zero",    "3",         "--optimizer", "adam",        "--ckpt-every-batch",
-      "1",         "--nvme",    dir / "nvme",  "--sub-group", "100"};
+  const std::vector<std::string> common{"--devices",
+                                        "2",
+                                        "--batch",
+                                        "8",
+                                        "--epochs",
+                                        "2",
+                                        "--dropout",
+                                        "1",
+                                        "--accum",
+                                        "3",
+                                        "--zero",
+                                        "3",
+                                        "--optimizer",
+                                        "adam",
+                                        "--ckpt-every-batch",
+                                        "1",
+                                        "--nvme",
+                                        dir / "nvme",
+                                        "--sub-group",
+                                        "100",
+                                        "--nvme-params",
+                                        "1"};
   auto full = run_job(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
   ASSERT_EQ(full.code, 0) << full.output;
   auto killed = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
@@ -249,9 +313,11 @@ TEST(DeepSpeedNvme, BadNvmePathsAndAioOptionsAreConfigErrorsNamingThePath) {
   expect_error<volt::ConfigError>(O(nvme).nvme_path(dir.path).aio_queue_depth(0),
                                   "aio_queue_depth=0");
   expect_error<volt::ConfigError>(O().offload_parameters_device("disk"), "use \"cpu\" or \"nvme\"");
-  expect_error<volt::NotAvailable>(
-      O().stage(3).offload_parameters(true).offload_parameters_device("nvme"),
-      "offload_parameters to NVMe is not built");
+  const O params = O().offload_parameters(true).offload_parameters_device("nvme");
+  expect_error<volt::ConfigError>(O(params).stage(2).nvme_path(dir.path), "needs stage 3");
+  expect_error<volt::ConfigError>(O(params).stage(3).nvme_path(dir / "missing"),
+                                  "nvme_path='" + dir / "missing" + "' does not exist");
+  EXPECT_NO_THROW(make(O(params).stage(3).nvme_path(dir.path)));
   if (::geteuid() != 0) {  // root writes anywhere
     ASSERT_EQ(::mkdir((dir / "ro").c_str(), 0500), 0);
     expect_error<volt::ConfigError>(O(nvme).nvme_path(dir / "ro"), "is not writable");
@@ -284,6 +350,8 @@ TEST(DeepSpeedNvme, TheRegisteredNameAndTheJsonKeysReachTheOptions) {
   EXPECT_EQ(s->deepspeed_options().offload_optimizer_device(), "nvme");
   EXPECT_EQ(s->deepspeed_options().nvme_path(), dir.path);
   EXPECT_EQ(s->deepspeed_options().sub_group_size(), 1000);
+  EXPECT_TRUE(s->deepspeed_options().offload_parameters());
+  EXPECT_EQ(s->deepspeed_options().offload_parameters_device(), "nvme");
 
   const std::string json = R"({"train_micro_batch_size_per_gpu": 8,
     "zero_optimization": {"stage": 3, "sub_group_size": 5000,
@@ -311,10 +379,18 @@ TEST(DeepSpeedNvme, TheRegisteredNameAndTheJsonKeysReachTheOptions) {
   }
   EXPECT_THROW(volt::parse_deepspeed_config(R"({"aio": {"block_size": 0}})", "inline JSON"),
                volt::ConfigError);
-  // offload_param to nvme from JSON: not built (the optimizer state is what swaps).
+  // offload_param to nvme from JSON (its nvme_path is checked like the optimizer's).
   EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().config(
-                   R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})")),
-               volt::NotAvailable);
+                   R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+                       "nvme_path": ")" +
+                   dir / "missing" + R"("}}})")),
+               volt::ConfigError);
+  auto p = make(volt::DeepSpeedStrategyOptions().config(
+      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" +
+      dir.path + R"("}}})"));
+  EXPECT_TRUE(p->deepspeed_options().offload_parameters());
+  EXPECT_EQ(p->deepspeed_options().offload_parameters_device(), "nvme");
+  EXPECT_EQ(p->deepspeed_options().nvme_path(), dir.path);
 }
 
 }  // namespace

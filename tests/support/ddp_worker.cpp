@@ -26,9 +26,9 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 
@@ -88,15 +88,15 @@ class Net : public volt::Module {
     }
     if (optimizer_ == "none") return {};  // left to the strategy (a DeepSpeed JSON's optimizer)
     if (optimizer_ == "adam") {
-      opt = std::make_shared<torch::optim::Adam>(unique,
-                                                 torch::optim::AdamOptions(0.01).weight_decay(0.01));
+      opt = std::make_shared<torch::optim::Adam>(
+          unique, torch::optim::AdamOptions(0.01).weight_decay(0.01));
     } else if (optimizer_ == "adamw") {
       opt = std::make_shared<torch::optim::AdamW>(unique, torch::optim::AdamWOptions(0.01));
     } else if (optimizer_ == "fused_adamw") {
       opt = std::make_shared<volt::FusedAdamW>(unique, volt::FusedAdamWOptions(0.01));
     } else {
-      opt = std::make_shared<torch::optim::SGD>(unique,
-                                                torch::optim::SGDOptions(0.1).momentum(0.9));
+      opt =
+          std::make_shared<torch::optim::SGD>(unique, torch::optim::SGDOptions(0.1).momentum(0.9));
     }
     return {volt::OptimizerConfig(opt)};
   }
@@ -108,7 +108,7 @@ class Net : public volt::Module {
   torch::nn::Linear fc1{nullptr}, head{nullptr};
   torch::Tensor w2, b2;
   torch::nn::Dropout drop{nullptr};
-  torch::nn::ModuleList deep{nullptr};  // --depth more Linear(width, width) layers
+  torch::nn::ModuleList deep{nullptr};           // --depth more Linear(width, width) layers
   std::shared_ptr<torch::optim::Optimizer> opt;  // the last one configure_optimizers built
 
  private:
@@ -176,7 +176,8 @@ class PrintVal : public volt::Callback {
 /// parameters back at teardown).
 class ZeroMemoryProbe : public volt::Callback {
  public:
-  ZeroMemoryProbe(volt::DeepSpeedStrategy* strategy, Net* model) : strategy_(strategy), model_(model) {}
+  ZeroMemoryProbe(volt::DeepSpeedStrategy* strategy, Net* model)
+      : strategy_(strategy), model_(model) {}
   std::string state_key() const override { return "ZeroMemoryProbe"; }
   // Before each step: gradients are complete and (from the second step) the optimizer state
   // exists; stage 3's parameters are released between forward/backward scopes.
@@ -190,10 +191,12 @@ class ZeroMemoryProbe : public volt::Callback {
     text = " zero_memory params=" + std::to_string(m.parameters) +
            " grads=" + std::to_string(m.gradients) + " state=" + std::to_string(m.optimizer_state) +
            " master=" + std::to_string(m.master_weights) + " numel=" + std::to_string(numel) +
-           " nvme=" + std::to_string(m.optimizer_state_in_files);
+           " nvme=" + std::to_string(m.optimizer_state_in_files) +
+           " params_in_files=" + std::to_string(m.parameters_in_files);
     const volt::ZeroEngine::CommStats& c = e->comm_stats();
     text += " zero_comm reductions=" + std::to_string(c.reductions) +
-            " overlapped=" + std::to_string(c.overlapped) + " gathers=" + std::to_string(c.gathers) +
+            " overlapped=" + std::to_string(c.overlapped) +
+            " gathers=" + std::to_string(c.gathers) +
             " prefetched=" + std::to_string(c.prefetched) +
             " discarded=" + std::to_string(c.prefetch_discarded);
   }
@@ -282,7 +285,9 @@ int main(int argc, char** argv) {
               .overlap_comm(num("--overlap", 1) != 0)
               .prefetch_bucket_size(num("--prefetch", 50000000))
               .config(a.count("--ds-config") ? a["--ds-config"] : "")
-              .offload_optimizer(a.count("--nvme") > 0)
+              .offload_optimizer(a.count("--nvme") > 0 && num("--nvme-optimizer", 1) != 0)
+              .offload_parameters(num("--nvme-params", 0) != 0)
+              .offload_parameters_device(num("--nvme-params", 0) != 0 ? "nvme" : "cpu")
               .offload_optimizer_device(a.count("--nvme") ? "nvme" : "cpu")
               .nvme_path(a.count("--nvme") ? a["--nvme"] : "/local_nvme")
               .sub_group_size(num("--sub-group", 1000000000))
@@ -358,12 +363,13 @@ int main(int argc, char** argv) {
     }
     const bool tied = model.fc1->weight.data_ptr() == model.w2.data_ptr();
     const std::string zero_memory = probe && !one ? probe->text : "";
-    std::printf("rank %lld done step=%lld sum=%.17g val_loss=%.17g aliases=%d tied=%d%s "
-                "rss_before_kib=%ld rss_peak_kib=%ld tensors_before=%lld tensors_peak=%lld\n",
-                static_cast<long long>(rank), static_cast<long long>(trainer.state().global_step),
-                model.flat().abs().sum().item<double>(), val_print->last, aliases ? 1 : 0,
-                tied ? 1 : 0, zero_memory.c_str(), rss_before, rss_peak,
-                static_cast<long long>(tensors_before), static_cast<long long>(tensors_peak));
+    std::printf(
+        "rank %lld done step=%lld sum=%.17g val_loss=%.17g aliases=%d tied=%d%s "
+        "rss_before_kib=%ld rss_peak_kib=%ld tensors_before=%lld tensors_peak=%lld\n",
+        static_cast<long long>(rank), static_cast<long long>(trainer.state().global_step),
+        model.flat().abs().sum().item<double>(), val_print->last, aliases ? 1 : 0, tied ? 1 : 0,
+        zero_memory.c_str(), rss_before, rss_peak, static_cast<long long>(tensors_before),
+        static_cast<long long>(tensors_peak));
     std::fflush(stdout);
     return 0;
   } catch (const std::exception& e) {

@@ -36,6 +36,17 @@ struct ZeroEngineOptions {
   /// order says come next (learned from earlier steps, per direction), up to this many elements
   /// in flight (DeepSpeed's stage3_prefetch_bucket_size); 0 gathers only on read. Default: 5e7.
   TORCH_ARG(int64_t, prefetch_bucket_size) = 50000000;
+  /// Stage 3, ZeRO-Infinity's offload_param to NVMe: this rank's chunks of the partitioned
+  /// parameters live in this file (created; removed by the destructor) instead of memory.
+  /// Gathers read a module's chunks from it; the optimizer step (prepare_step() to
+  /// gather_parameters()) and a `Resident` guard hold the whole shard in memory, and writing it
+  /// back releases it again. "" keeps the chunks in memory. Default: "".
+  TORCH_ARG(std::string, param_swap_file) = "";
+  /// Bytes per I/O request and requests in flight on param_swap_file (DeepSpeed's aio
+  /// block_size and queue_depth), and io_uring (false: pread/pwrite). Defaults: 1 MiB, 8, true.
+  TORCH_ARG(int64_t, aio_block_size) = 1048576;
+  TORCH_ARG(int64_t, aio_queue_depth) = 8;
+  TORCH_ARG(bool, aio_use_uring) = true;
   /// Stage 3: parameters of at most this many elements stay whole on every rank (DeepSpeed's
   /// stage3_param_persistence_threshold). Default: 1e5.
   TORCH_ARG(int64_t, param_persistence_threshold) = 100000;
@@ -58,6 +69,8 @@ struct ZeroMemory {
   int64_t master_weights = 0;   ///< fp32 master chunks (bf16/fp16 parameters), else 0
   /// Optimizer state swapped out to NVMe swap files (not in RAM; DeepSpeedStrategy::memory).
   int64_t optimizer_state_in_files = 0;
+  /// Stage 3 parameter chunks in the param_swap_file (not in RAM) now.
+  int64_t parameters_in_files = 0;
 };
 
 /// One parameter as the engine partitions it.
@@ -112,6 +125,24 @@ class ZeroEngine {
     ZeroEngine& engine_;
     bool outer_;
   };
+  /// param_swap_file: holds this rank's parameter chunks (ZeroChunk::view of partitioned
+  /// parameters) in memory while it lives, e.g. to save or load them; on destruction they are
+  /// written back to the file (when it read them in) and released. A no-op otherwise.
+  class Resident {
+   public:
+    explicit Resident(ZeroEngine& engine);
+    /// A failed write-back keeps the shard in memory (logged): nothing is lost.
+    ~Resident();
+    Resident(const Resident&) = delete;
+    Resident& operator=(const Resident&) = delete;
+
+   private:
+    ZeroEngine& engine_;
+    bool swapped_in_;
+  };
+  /// Whether the partitioned parameters' chunks are in memory (always, without a swap file).
+  bool parameters_resident() const;
+
   /// Stage 3: gathers every parameter for good and stops partitioning them (the end of a run);
   /// collective. When the group is broken the parameters are filled with NaN instead, so that
   /// nothing reads freed memory.
@@ -189,6 +220,10 @@ class ZeroEngine {
   void complete_bucket();
   void finish_backward();
   void record_access(size_t unit);
+  // param_swap_file: reads the shard in (true when it was out) / writes it and releases it.
+  bool swap_in_shard();
+  void swap_out_shard();
+  at::Tensor read_shard_range(int64_t offset, int64_t width);
   void prefetch_after(size_t unit);
   void drop_prefetches();
   // All-gathers source(chunk) (its `length` elements, any dtype) of every chunk into the
@@ -215,6 +250,8 @@ class ZeroEngine {
   std::unique_ptr<Hooks> hooks_;
   struct Comm;  // collectives in flight (reductions, prefetches) and the learned access order
   std::unique_ptr<Comm> comm_;
+  struct Swap;  // param_swap_file: the file and whether the shard is out
+  std::unique_ptr<Swap> swap_;
   CommStats stats_;
   at::Tensor master_shard_;  // master weights: this rank's fp32 chunks, flat
   // Stage 3.

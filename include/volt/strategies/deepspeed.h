@@ -183,6 +183,8 @@ class DeepSpeedStrategy : public DdpStrategy {
   void apply_config();
   /// Stage 3 scopes of every engine (gathering allowed while they live).
   std::vector<std::unique_ptr<ZeroEngine::Scope>> scopes();
+  // NVMe parameter offload: every engine's chunks in memory while the guards live.
+  std::vector<std::unique_ptr<ZeroEngine::Resident>> resident() const;
   /// Whether some engine keeps parameters partitioned (stage 3).
   bool partitions_parameters() const;
   /// Master weights: sets each engine's masters from the weights just loaded from `ar` (whole
@@ -196,7 +198,7 @@ class DeepSpeedStrategy : public DdpStrategy {
   c10::optional<at::ScalarType> cast_back_;  // the module's dtype before a bfloat16 run
   Module* cast_module_ = nullptr;
   bool cast_for_masters_ = false;  // bf16-mixed with master weights: cast by setup_module
-  int64_t tp_groups_made_ = 0;  // names each run's tensor-parallel group uniquely in the store
+  int64_t tp_groups_made_ = 0;     // names each run's tensor-parallel group uniquely in the store
   DeepSpeedStrategyOptions options_;
   c10::optional<DeepSpeedConfig> config_;
   c10::optional<double> clip_;  // the JSON's gradient_clipping
@@ -207,6 +209,9 @@ class DeepSpeedStrategy : public DdpStrategy {
   // NVMe offload: per optimizer, its state swapper; this run's folders (removed at teardown).
   bool nvme_optimizer() const {
     return options_.offload_optimizer() && options_.offload_optimizer_device() == "nvme";
+  }
+  bool nvme_parameters() const {
+    return options_.offload_parameters() && options_.offload_parameters_device() == "nvme";
   }
   void make_nvme_folder();
   void remove_nvme_files() noexcept;
