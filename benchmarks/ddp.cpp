@@ -13,7 +13,8 @@
 //
 // `offload`: ZeRO stage 3 at 2 ranks with the Adam state in memory, offloaded to "cpu" (on a
 // CPU run nothing moves) and to NVMe swap files under --nvme (default /tmp: whatever disk backs
-// it), through io_uring and through the pread/pwrite reference path (ZeRO-Infinity, issue #12).
+// it), through io_uring and through the pread/pwrite reference path, and `nvme_all`: the
+// parameter chunks swapped to NVMe as well (ZeRO-Infinity, issue #12).
 //
 // The driver runs every configuration as a fresh job of this same binary (`--worker ...`), with
 // OPENBLAS_NUM_THREADS=1 so that "1 thread" holds for OpenBLAS too; with devices=2 the job's
@@ -174,6 +175,8 @@ int worker(std::map<std::string, std::string>& a) {
             .prefetch_bucket_size(static_cast<int64_t>(num("--prefetch", 5e7)))
             .master_weights(num("--master", 1) != 0)
             .offload_optimizer(offload != "none")
+            .offload_parameters(offload == "nvme_all")
+            .offload_parameters_device(offload == "nvme_all" ? "nvme" : "cpu")
             .offload_optimizer_device(offload == "cpu" || offload == "none" ? "cpu" : "nvme")
             .aio_use_uring(offload != "nvme_pread")
             .nvme_path(a.count("--nvme") ? a["--nvme"] : "/tmp")
@@ -231,20 +234,21 @@ int worker(std::map<std::string, std::string>& a) {
   std::printf(
       "RESULT rank=%lld step_ms=%.3f bwd_sync_ms=%.3f bwd_nosync_ms=%.3f "
       "allreduce_ms=%.3f rss_mb=%.1f params=%lld grads=%lld state=%lld files=%lld "
-      "master=%lld\n",
+      "master=%lld pfiles=%lld\n",
       static_cast<long long>(trainer.strategy().rank()), median(timing->batch_ms),
       median(timing->backward_sync_ms), median(timing->backward_nosync_ms), allreduce_ms,
       ru.ru_maxrss / 1024.0, static_cast<long long>(bytes.parameters),
       static_cast<long long>(bytes.gradients), static_cast<long long>(bytes.optimizer_state),
       static_cast<long long>(bytes.optimizer_state_in_files),
-      static_cast<long long>(bytes.master_weights));
+      static_cast<long long>(bytes.master_weights),
+      static_cast<long long>(bytes.parameters_in_files));
   std::fflush(stdout);
   return 0;
 }
 
 struct Result {
   double step_ms = 0, bwd_sync_ms = 0, bwd_nosync_ms = 0, allreduce_ms = 0, rss_mb = 0;
-  long long params = 0, grads = 0, state = 0, files = 0, master = 0;
+  long long params = 0, grads = 0, state = 0, files = 0, master = 0, pfiles = 0;
   int ranks = 0;
 };
 
@@ -261,10 +265,10 @@ Result job(const std::string& self, const std::string& args) {
     if (std::sscanf(line,
                     "RESULT rank=%lld step_ms=%lf bwd_sync_ms=%lf bwd_nosync_ms=%lf "
                     "allreduce_ms=%lf rss_mb=%lf params=%lld grads=%lld state=%lld files=%lld "
-                    "master=%lld",
+                    "master=%lld pfiles=%lld",
                     &rank, &one.step_ms, &one.bwd_sync_ms, &one.bwd_nosync_ms, &one.allreduce_ms,
                     &one.rss_mb, &one.params, &one.grads, &one.state, &one.files,
-                    &one.master) == 11) {
+                    &one.master, &one.pfiles) == 12) {
       ++r.ranks;
       r.rss_mb = std::max(r.rss_mb, one.rss_mb);
       if (rank == 0) {
@@ -403,9 +407,10 @@ int main(int argc, char** argv) {
       std::printf("ZeRO stage 3, 2 ranks, Adam: optimizer offload (NVMe swap files in %s)\n",
                   nvme.c_str());
       std::printf(
-          "  offload                      ms/step  vs memory  state in RAM MB  in files MB\n");
+          "  offload                      ms/step  vs memory  state in RAM MB  in files MB"
+          "  params in RAM MB  in files MB\n");
       double base = 0;
-      for (const char* mode : {"none", "cpu", "nvme", "nvme_pread"}) {
+      for (const char* mode : {"none", "cpu", "nvme", "nvme_pread", "nvme_all"}) {
         for (const char* sub : {"1000000000", "1000000"}) {
           const bool whole = std::string(sub).size() == 10;  // one sub-group
           if (std::string(mode).rfind("nvme", 0) != 0 && !whole) continue;
@@ -421,8 +426,9 @@ int main(int argc, char** argv) {
                                     (std::string(mode).rfind("nvme", 0) == 0
                                          ? (whole ? " (1 sub-group)" : " (sub-group 1e6)")
                                          : "");
-          std::printf("  %-27s  %7.2f  %8.2fx  %15.2f  %11.2f\n", label.c_str(), median(t),
-                      median(t) / base, last.state / 1e6, last.files / 1e6);
+          std::printf("  %-27s  %7.2f  %8.2fx  %15.2f  %11.2f  %16.2f  %11.2f\n", label.c_str(),
+                      median(t), median(t) / base, last.state / 1e6, last.files / 1e6,
+                      last.params / 1e6, last.pfiles / 1e6);
         }
       }
       std::printf("\n");
