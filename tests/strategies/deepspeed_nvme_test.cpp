@@ -254,7 +254,8 @@ TEST(DeepSpeedNvme, ARankKilledWithAWriteInFlightLeavesSurvivorsThatExitAndAChec
 
 TEST(DeepSpeedNvme, AJsonConfiguredRunWithSchedulerAndClippingEqualsItsInMemoryTwinBitwise) {
   // The JSON's optimizer (FusedAdamW), WarmupDecayLR stepped after every optimizer step and
-  // gradient clipping by norm, stage 3: swapping sub-group by sub-group changes none of it.
+  // gradient clipping by norm, stage 3, the optimizer state and the parameter chunks on NVMe:
+  // swapping sub-group by sub-group changes none of it.
   volt_test::TempDir dir;
   std::filesystem::create_directories(dir / "nvme");
   const std::string body = R"("train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.05,
@@ -263,7 +264,8 @@ TEST(DeepSpeedNvme, AJsonConfiguredRunWithSchedulerAndClippingEqualsItsInMemoryT
         "warmup_max_lr": 0.01, "warmup_num_steps": 3, "total_num_steps": 8}},)";
   const std::string mem = "{" + body + R"("zero_optimization": {"stage": 3}})";
   const std::string nvme = "{" + body + R"("zero_optimization": {"stage": 3,
-      "sub_group_size": 50, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+      "sub_group_size": 50, "offload_param": {"device": "nvme"},
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
                            dir / "nvme" + R"("}}, "aio": {"block_size": 128, "queue_depth": 4}})";
   const std::vector<std::string> common{"--devices",   "2",    "--batch", "8", "--epochs", "1",
                                         "--optimizer", "none", "--width", "16"};
@@ -278,7 +280,16 @@ TEST(DeepSpeedNvme, AJsonConfiguredRunWithSchedulerAndClippingEqualsItsInMemoryT
     EXPECT_TRUE(
         torch::equal(load_flat(dir / ("mem" + suffix)), load_flat(dir / ("nvme_run" + suffix))))
         << "rank " << r;
+    // The JSON-built optimizer's state is in the file, not in RAM (0 before each step).
+    const Line swapped = zero_line(b.output, r);
+    EXPECT_EQ(swapped.state, 0) << b.output;
+    EXPECT_NEAR(swapped.nvme, 8 * swapped.numel / 2, 0.05 * 8 * swapped.numel / 2);
+    EXPECT_NE(b.output.find("params_in_files=" +
+                            std::to_string(4 * static_cast<int64_t>(swapped.numel) / 2)),
+              std::string::npos)
+        << b.output;
   }
+  EXPECT_NE(b.output.find("parameter chunks swap to"), std::string::npos) << b.output;
   EXPECT_TRUE(empty_dir(dir / "nvme"));
 }
 

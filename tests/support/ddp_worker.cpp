@@ -176,16 +176,16 @@ class PrintVal : public volt::Callback {
 /// parameters back at teardown).
 class ZeroMemoryProbe : public volt::Callback {
  public:
-  ZeroMemoryProbe(volt::DeepSpeedStrategy* strategy, Net* model)
-      : strategy_(strategy), model_(model) {}
+  explicit ZeroMemoryProbe(volt::DeepSpeedStrategy* strategy) : strategy_(strategy) {}
   std::string state_key() const override { return "ZeroMemoryProbe"; }
   // Before each step: gradients are complete and (from the second step) the optimizer state
   // exists; stage 3's parameters are released between forward/backward scopes.
+  // The optimizer the step runs (configure_optimizers' or one a DeepSpeed JSON built).
   void on_before_optimizer_step(volt::RunContext&, volt::Module&,
-                                torch::optim::Optimizer&) override {
-    const volt::ZeroEngine* e = model_->opt ? strategy_->engine(*model_->opt) : nullptr;
+                                torch::optim::Optimizer& optimizer) override {
+    const volt::ZeroEngine* e = strategy_->engine(optimizer);
     if (e == nullptr) return;
-    const volt::ZeroMemory m = strategy_->memory(*model_->opt);
+    const volt::ZeroMemory m = strategy_->memory(optimizer);
     int64_t numel = 0;
     for (const auto& c : e->chunks()) numel += c.numel;
     text = " zero_memory params=" + std::to_string(m.parameters) +
@@ -204,7 +204,6 @@ class ZeroMemoryProbe : public volt::Callback {
 
  private:
   volt::DeepSpeedStrategy* strategy_;
-  Net* model_;
 };
 
 /// A /proc/self/status field in KiB (VmRSS, VmHWM), or -1.
@@ -295,7 +294,7 @@ int main(int argc, char** argv) {
               .timeout_s(static_cast<double>(num("--timeout", 30))),
           accelerator, precision, num("--devices", 2), num("--nodes", 1));
       strategy = zero;
-      probe = std::make_shared<ZeroMemoryProbe>(zero.get(), &model);
+      probe = std::make_shared<ZeroMemoryProbe>(zero.get());
       callbacks.push_back(probe);
     } else {
       strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision,
