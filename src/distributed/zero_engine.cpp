@@ -19,39 +19,17 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/detail/aio.h"
 #include "distributed/detail/async_collective.h"
 #include "distributed/detail/intercept.h"
-#include "io/detail/aio.h"
+#include "kernels/detail/state_tensors.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
-#include "volt/kernels/fused_adamw.h"
-#include "volt/kernels/fused_sgd.h"
 
 namespace volt {
 namespace {
 
 constexpr const char* kTag = "[ZeroEngine]";
-
-// The tensors of one optimizer state object, for exact memory accounting.
-std::vector<at::Tensor> state_tensors(const torch::optim::OptimizerParamState& s) {
-  using namespace torch::optim;
-  if (auto* a = dynamic_cast<const AdamWParamState*>(&s)) {
-    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
-  }
-  if (auto* a = dynamic_cast<const AdamParamState*>(&s)) {
-    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
-  }
-  if (auto* a = dynamic_cast<const SGDParamState*>(&s)) return {a->momentum_buffer()};
-  if (auto* a = dynamic_cast<const RMSpropParamState*>(&s)) {
-    return {a->square_avg(), a->momentum_buffer(), a->grad_avg()};
-  }
-  if (auto* a = dynamic_cast<const AdagradParamState*>(&s)) return {a->sum()};
-  if (auto* a = dynamic_cast<const FusedAdamWParamState*>(&s)) {
-    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
-  }
-  if (auto* a = dynamic_cast<const FusedSGDParamState*>(&s)) return {a->momentum_buffer()};
-  return {};
-}
 
 bool low_precision(c10::ScalarType t) {
   return t == at::kBFloat16 || t == at::kHalf;
@@ -928,7 +906,7 @@ ZeroMemory ZeroEngine::memory() const {
   }
   if (param_shard_.defined()) params.push_back(param_shard_);
   for (const auto& kv : optimizer_.state()) {
-    for (auto& t : state_tensors(*kv.second)) state.push_back(t);
+    for (auto& t : detail::state_tensors(*kv.second)) state.push_back(t);
   }
   m.parameters = detail::storage_bytes(params);
   m.gradients = detail::storage_bytes(grads);

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "deepspeed_testing.h"
 #include "processes.h"
 #include "tiny.h"
 #include "training_jobs.h"
@@ -295,45 +296,34 @@ TEST(DeepSpeedNvme, AJsonConfiguredRunWithSchedulerAndClippingEqualsItsInMemoryT
 
 // ------------------------------------------------------------------------------ options
 
-std::shared_ptr<volt::DeepSpeedStrategy> make(const volt::DeepSpeedStrategyOptions& o) {
-  return std::make_shared<volt::DeepSpeedStrategy>(o, std::make_shared<volt::CpuAccelerator>(),
-                                                   volt::registry().precisions.create("32-true"),
-                                                   2);
-}
-
-template <typename E>
-void expect_error(const volt::DeepSpeedStrategyOptions& o, const std::string& phrase) {
-  try {
-    make(o);
-    FAIL() << "no error for " << phrase;
-  } catch (const E& e) {
-    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
-  }
-}
+using volt_test::expect_deepspeed_error;
+using volt_test::make_deepspeed;
 
 TEST(DeepSpeedNvme, BadNvmePathsAndAioOptionsAreConfigErrorsNamingThePath) {
   volt_test::TempDir dir;
   using O = volt::DeepSpeedStrategyOptions;
   const O nvme = O().offload_optimizer(true).offload_optimizer_device("nvme");
-  expect_error<volt::ConfigError>(O(nvme).nvme_path(dir / "missing"),
-                                  "nvme_path='" + dir / "missing" + "' does not exist");
+  expect_deepspeed_error<volt::ConfigError>(O(nvme).nvme_path(dir / "missing"),
+                                            "nvme_path='" + dir / "missing" + "' does not exist");
   std::ofstream(dir / "file") << "x";
-  expect_error<volt::ConfigError>(O(nvme).nvme_path(dir / "file"), "is not a folder");
-  expect_error<volt::ConfigError>(O(nvme).nvme_path(dir.path).sub_group_size(0),
-                                  "sub_group_size=0");
-  expect_error<volt::ConfigError>(O(nvme).nvme_path(dir.path).aio_queue_depth(0),
-                                  "aio_queue_depth=0");
-  expect_error<volt::ConfigError>(O().offload_parameters_device("disk"), "use \"cpu\" or \"nvme\"");
+  expect_deepspeed_error<volt::ConfigError>(O(nvme).nvme_path(dir / "file"), "is not a folder");
+  expect_deepspeed_error<volt::ConfigError>(O(nvme).nvme_path(dir.path).sub_group_size(0),
+                                            "sub_group_size=0");
+  expect_deepspeed_error<volt::ConfigError>(O(nvme).nvme_path(dir.path).aio_queue_depth(0),
+                                            "aio_queue_depth=0");
+  expect_deepspeed_error<volt::ConfigError>(O().offload_parameters_device("disk"),
+                                            "use \"cpu\" or \"nvme\"");
   const O params = O().offload_parameters(true).offload_parameters_device("nvme");
-  expect_error<volt::ConfigError>(O(params).stage(2).nvme_path(dir.path), "needs stage 3");
-  expect_error<volt::ConfigError>(O(params).stage(3).nvme_path(dir / "missing"),
-                                  "nvme_path='" + dir / "missing" + "' does not exist");
-  EXPECT_NO_THROW(make(O(params).stage(3).nvme_path(dir.path)));
+  expect_deepspeed_error<volt::ConfigError>(O(params).stage(2).nvme_path(dir.path),
+                                            "needs stage 3");
+  expect_deepspeed_error<volt::ConfigError>(O(params).stage(3).nvme_path(dir / "missing"),
+                                            "nvme_path='" + dir / "missing" + "' does not exist");
+  EXPECT_NO_THROW(make_deepspeed(O(params).stage(3).nvme_path(dir.path)));
   if (::geteuid() != 0) {  // root writes anywhere
     ASSERT_EQ(::mkdir((dir / "ro").c_str(), 0500), 0);
-    expect_error<volt::ConfigError>(O(nvme).nvme_path(dir / "ro"), "is not writable");
+    expect_deepspeed_error<volt::ConfigError>(O(nvme).nvme_path(dir / "ro"), "is not writable");
   }
-  EXPECT_NO_THROW(make(O(nvme).nvme_path(dir.path)));
+  EXPECT_NO_THROW(make_deepspeed(O(nvme).nvme_path(dir.path)));
 }
 
 TEST(DeepSpeedNvme, TheRegisteredNameAndTheJsonKeysReachTheOptions) {
@@ -370,7 +360,7 @@ TEST(DeepSpeedNvme, TheRegisteredNameAndTheJsonKeysReachTheOptions) {
                            dir.path + R"(", "pin_memory": true, "buffer_count": 4}},
     "aio": {"block_size": 262144, "queue_depth": 16, "thread_count": 1, "single_submit": false,
             "overlap_events": true}})";
-  auto j = make(volt::DeepSpeedStrategyOptions().config(json));
+  auto j = make_deepspeed(volt::DeepSpeedStrategyOptions().config(json));
   const auto& o = j->deepspeed_options();
   EXPECT_EQ(o.offload_optimizer_device(), "nvme");
   EXPECT_TRUE(o.offload_optimizer());
@@ -391,12 +381,12 @@ TEST(DeepSpeedNvme, TheRegisteredNameAndTheJsonKeysReachTheOptions) {
   EXPECT_THROW(volt::parse_deepspeed_config(R"({"aio": {"block_size": 0}})", "inline JSON"),
                volt::ConfigError);
   // offload_param to nvme from JSON (its nvme_path is checked like the optimizer's).
-  EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().config(
+  EXPECT_THROW(make_deepspeed(volt::DeepSpeedStrategyOptions().config(
                    R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
                        "nvme_path": ")" +
                    dir / "missing" + R"("}}})")),
                volt::ConfigError);
-  auto p = make(volt::DeepSpeedStrategyOptions().config(
+  auto p = make_deepspeed(volt::DeepSpeedStrategyOptions().config(
       R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" +
       dir.path + R"("}}})"));
   EXPECT_TRUE(p->deepspeed_options().offload_parameters());

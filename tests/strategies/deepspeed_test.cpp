@@ -10,6 +10,7 @@
 #include <fstream>
 #include <regex>
 
+#include "deepspeed_testing.h"
 #include "processes.h"
 #include "tiny.h"
 #include "training_jobs.h"
@@ -97,8 +98,8 @@ TEST(DeepSpeed, Bf16MixedWithoutMasterWeightsEqualsDdpWithBf16Mixed) {
   // per-rank micro-batches, ZeRO's reduce-scattered fp32 gradients and chunked Adam step must
   // give DDP's weights (fp32 round-off), while differing from an fp32 run by bf16 round-off.
   volt_test::TempDir dir;
-  const std::vector<std::string> common{"--devices", "2", "--batch", "8",     "--epochs",
-                                        "1",         "--optimizer", "adam", "--bf16-all", "1"};
+  const std::vector<std::string> common{"--devices",   "2",    "--batch",    "8", "--epochs", "1",
+                                        "--optimizer", "adam", "--bf16-all", "1"};
   auto ddp = run_job(cat({"--root", dir.path, "--out", dir / "ddp"}, common));
   ASSERT_EQ(ddp.code, 0) << ddp.output;
   const auto ref = load_flat(dir / "ddp.rank0.pt");
@@ -158,8 +159,7 @@ Comm comm_of(const std::string& output, int rank) {
                       "prefetched=(\\d+) discarded=(\\d+)");
   EXPECT_TRUE(std::regex_search(output, m, re)) << output;
   if (m.size() < 6) return {};
-  return {std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]),
-          std::stoll(m[5])};
+  return {std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), std::stoll(m[5])};
 }
 
 TEST(DeepSpeed, OverlappedReductionsAndStage3PrefetchChangeNoBit) {
@@ -169,9 +169,8 @@ TEST(DeepSpeed, OverlappedReductionsAndStage3PrefetchChangeNoBit) {
   // gather units), 2 ranks give bitwise the weights of the blocking run in every stage, and the
   // counters show the overlap and the prefetches happened.
   volt_test::TempDir dir;
-  const std::vector<std::string> common{"--devices", "2",    "--batch",     "8",
-                                        "--epochs",  "1",    "--optimizer", "adam",
-                                        "--depth",   "3",    "--bucket",    "40"};
+  const std::vector<std::string> common{"--devices",   "2",    "--batch", "8", "--epochs", "1",
+                                        "--optimizer", "adam", "--depth", "3", "--bucket", "40"};
   for (const char* stage : {"1", "2", "3"}) {
     const std::string blocking = dir / (std::string("blocking") + stage);
     const std::string overlapped = dir / (std::string("overlapped") + stage);
@@ -198,11 +197,12 @@ TEST(DeepSpeed, OverlappedReductionsAndStage3PrefetchChangeNoBit) {
     } else {
       EXPECT_EQ(b.gathers, 0) << "stages 1 and 2 keep whole parameters";
     }
-    std::printf("[ measured ] stage %s: %lld reductions, %lld overlapped; %lld gathers, %lld "
-                "prefetched, %lld prefetches dropped\n",
-                stage, static_cast<long long>(b.reductions), static_cast<long long>(b.overlapped),
-                static_cast<long long>(b.gathers), static_cast<long long>(b.prefetched),
-                static_cast<long long>(b.discarded));
+    std::printf(
+        "[ measured ] stage %s: %lld reductions, %lld overlapped; %lld gathers, %lld "
+        "prefetched, %lld prefetches dropped\n",
+        stage, static_cast<long long>(b.reductions), static_cast<long long>(b.overlapped),
+        static_cast<long long>(b.gathers), static_cast<long long>(b.prefetched),
+        static_cast<long long>(b.discarded));
   }
 }
 
@@ -250,9 +250,8 @@ TEST(DeepSpeed, Bf16MasterWeightsGiveOneResultInEveryStageAndTrackFp32) {
   // near fp32 training (bf16 forward/backward error only).
   volt_test::TempDir dir;
   const auto fp32 = single_process_reference(dir.path, 16, 1, 1, false, {"--optimizer", "adam"});
-  const std::vector<std::string> common{"--devices", "2",         "--batch", "8",
-                                        "--epochs",  "1",         "--optimizer", "adam",
-                                        "--bf16-all", "1"};
+  const std::vector<std::string> common{"--devices",   "2",    "--batch",    "8", "--epochs", "1",
+                                        "--optimizer", "adam", "--bf16-all", "1"};
   at::Tensor first;
   for (const char* stage : {"1", "2", "3"}) {
     const std::string out = dir / (std::string("m") + stage);
@@ -285,10 +284,16 @@ TEST(DeepSpeed, PerRankBytesFollowThePapersBf16MixedFormulas) {
   for (int stage : {1, 2, 3}) {
     for (int n : {2, 4}) {
       volt_test::TempDir dir;
-      auto job = run_job({"--root", dir.path, "--out", dir / "zero", "--devices", std::to_string(n),
-                          "--batch", "4", "--epochs", "1", "--samples", "32", "--width", "256",
-                          "--zero", std::to_string(stage), "--optimizer", "adam", "--bf16-all",
-                          "1"});
+      auto job = run_job({"--root",      dir.path,
+                          "--out",       dir / "zero",
+                          "--devices",   std::to_string(n),
+                          "--batch",     "4",
+                          "--epochs",    "1",
+                          "--samples",   "32",
+                          "--width",     "256",
+                          "--zero",      std::to_string(stage),
+                          "--optimizer", "adam",
+                          "--bf16-all",  "1"});
       ASSERT_EQ(job.code, 0) << job.output;
       for (int r = 0; r < n; ++r) {
         const Memory m = memory_of(job.output, r);
@@ -509,34 +514,23 @@ TEST(DeepSpeed, AnIncompleteShardFolderIsACheckpointErrorNotACrash) {
 
 // ------------------------------------------------------------------------------ options
 
-std::shared_ptr<volt::DeepSpeedStrategy> make(const volt::DeepSpeedStrategyOptions& o) {
-  return std::make_shared<volt::DeepSpeedStrategy>(o, std::make_shared<volt::CpuAccelerator>(),
-                                                   volt::registry().precisions.create("32-true"),
-                                                   2);
-}
-
-template <typename E>
-void expect_error(const volt::DeepSpeedStrategyOptions& o, const std::string& phrase) {
-  try {
-    make(o);
-    FAIL() << "no error for " << phrase;
-  } catch (const E& e) {
-    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
-  }
-}
+using volt_test::expect_deepspeed_error;
+using volt_test::make_deepspeed;
 
 TEST(DeepSpeed, BadOrUnbuiltOptionsAreTypedErrors) {
   using O = volt::DeepSpeedStrategyOptions;
-  expect_error<volt::ConfigError>(O().stage(4), "stage=4 is not a ZeRO stage");
-  expect_error<volt::ConfigError>(O().stage(2).offload_parameters(true), "needs stage 3");
-  expect_error<volt::ConfigError>(O().stage(3).max_live_parameters(-1), "must be >= 0");
-  expect_error<volt::ConfigError>(O().offload_optimizer_device("disk"), "use \"cpu\" or \"nvme\"");
+  expect_deepspeed_error<volt::ConfigError>(O().stage(4), "stage=4 is not a ZeRO stage");
+  expect_deepspeed_error<volt::ConfigError>(O().stage(2).offload_parameters(true), "needs stage 3");
+  expect_deepspeed_error<volt::ConfigError>(O().stage(3).max_live_parameters(-1), "must be >= 0");
+  expect_deepspeed_error<volt::ConfigError>(O().offload_optimizer_device("disk"),
+                                            "use \"cpu\" or \"nvme\"");
   // NVMe offload is built: a missing nvme_path is what fails (deepspeed_nvme_test.cpp).
-  expect_error<volt::ConfigError>(O().offload_optimizer(true).offload_optimizer_device("nvme"),
-                                  "nvme_path='/local_nvme' does not exist");
-  expect_error<volt::ConfigError>(O().reduce_bucket_size(0), "must be > 0");
-  expect_error<volt::ConfigError>(O().parallel_devices(-1), "parallel_devices=-1");
-  EXPECT_NO_THROW(make(O().offload_optimizer(true)));  // host memory already on CPU runs
+  expect_deepspeed_error<volt::ConfigError>(
+      O().offload_optimizer(true).offload_optimizer_device("nvme"),
+      "nvme_path='/local_nvme' does not exist");
+  expect_deepspeed_error<volt::ConfigError>(O().reduce_bucket_size(0), "must be > 0");
+  expect_deepspeed_error<volt::ConfigError>(O().parallel_devices(-1), "parallel_devices=-1");
+  EXPECT_NO_THROW(make_deepspeed(O().offload_optimizer(true)));  // host memory already on CPU runs
 }
 
 TEST(DeepSpeed, RegisteredNamesBuildTheirStages) {

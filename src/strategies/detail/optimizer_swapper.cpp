@@ -8,36 +8,13 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/detail/state_tensors.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
-#include "volt/kernels/fused_adamw.h"
-#include "volt/kernels/fused_sgd.h"
 
 namespace volt {
 namespace detail {
 namespace {
-
-// The state tensors of one parameter, as handles sharing the state's TensorImpls: set_() on a
-// handle changes what the optimizer's state object holds.
-std::vector<at::Tensor> state_tensors(const torch::optim::OptimizerParamState& s) {
-  using namespace torch::optim;
-  if (auto* a = dynamic_cast<const AdamWParamState*>(&s)) {
-    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
-  }
-  if (auto* a = dynamic_cast<const AdamParamState*>(&s)) {
-    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
-  }
-  if (auto* a = dynamic_cast<const SGDParamState*>(&s)) return {a->momentum_buffer()};
-  if (auto* a = dynamic_cast<const RMSpropParamState*>(&s)) {
-    return {a->square_avg(), a->momentum_buffer(), a->grad_avg()};
-  }
-  if (auto* a = dynamic_cast<const AdagradParamState*>(&s)) return {a->sum()};
-  if (auto* a = dynamic_cast<const FusedAdamWParamState*>(&s)) {
-    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
-  }
-  if (auto* a = dynamic_cast<const FusedSGDParamState*>(&s)) return {a->momentum_buffer()};
-  return {};
-}
 
 // Restores the optimizer's param lists however a sub-group step ends.
 struct ParamsGuard {

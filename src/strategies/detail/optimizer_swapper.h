@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "io/detail/aio.h"
+#include "core/detail/aio.h"
 #include "io/detail/state_key.h"
 
 namespace volt {

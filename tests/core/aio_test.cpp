@@ -1,4 +1,4 @@
-// AioFile (src/io/detail/aio.h): io_uring reads and writes of byte ranges at file offsets agree
+// AioFile (src/core/detail/aio.h): io_uring reads and writes of byte ranges at file offsets agree
 // with the pread/pwrite reference path byte for byte, across block sizes and queue depths; bad
 // paths and short files are typed errors.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 
 #include <fstream>
 
-#include "io/detail/aio.h"
+#include "core/detail/aio.h"
 #include "tiny.h"
 
 namespace {

@@ -1,4 +1,4 @@
-#include "io/detail/aio.h"
+#include "core/detail/aio.h"
 
 #include <errno.h>
 #include <fcntl.h>
