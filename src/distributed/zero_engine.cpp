@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -127,6 +128,9 @@ struct ZeroEngine::Comm {
   // Stage 3: per unit, a prefetch in flight, and their elements together.
   std::vector<detail::PendingCollective> gathers;
   int64_t prefetch_elements = 0;
+  // param_swap_file: prefetches whose chunks are being read from the file (submitted, not
+  // waited for), in submission order; their gathers start at the next read of any unit.
+  std::vector<std::pair<size_t, at::Tensor>> reading;
   // The learned access order: (the unit read before, the unit read) -> the unit read next. Two
   // units of context tell forward (..., 1, 2 -> 3) from backward (..., 3, 2 -> 1).
   std::map<std::pair<int64_t, int64_t>, size_t> next;
@@ -439,7 +443,25 @@ ZeroEngine::Resident::~Resident() {
   }
 }
 
+void ZeroEngine::start_read_prefetches() {
+  if (comm_->reading.empty()) return;
+  swap_->file->wait();  // every read submitted so far
+  auto reading = std::move(comm_->reading);
+  comm_->reading.clear();
+  c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
+  for (auto& [v, buffer] : reading) comm_->gathers[v] = detail::start_all_gather(group_, buffer);
+}
+
 void ZeroEngine::drop_prefetches() {
+  if (!comm_->reading.empty()) {
+    // The buffers must outlive their reads.
+    try {
+      swap_->file->wait();
+    } catch (...) {
+    }
+    stats_.prefetch_discarded += static_cast<int64_t>(comm_->reading.size());
+    comm_->reading.clear();
+  }
   // Not waited for: Gloo finishes them (every rank started the same ones) and frees their
   // buffers; the parameters may change before the next read, so they would be stale.
   for (auto& g : comm_->gathers) {
@@ -469,17 +491,29 @@ void ZeroEngine::prefetch_after(size_t u) {
     if (it == comm_->next.end()) return;
     const size_t v = it->second;
     Unit& unit = units_[v];
-    if (!unit.live && !comm_->gathers[v].pending()) {
+    const bool reading =
+        std::any_of(comm_->reading.begin(), comm_->reading.end(),
+                    [v](const std::pair<size_t, at::Tensor>& r) { return r.first == v; });
+    if (!unit.live && !comm_->gathers[v].pending() && !reading) {
       if (comm_->prefetch_elements + unit.numel > options_.prefetch_bucket_size() ||
           live_elements_ + comm_->prefetch_elements + unit.numel > options_.max_live_parameters()) {
         return;
       }
       c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
-      // A copy: a dropped prefetch may still be read by Gloo after the shard changed or left.
-      at::Tensor mine = read_shard_range(unit.offset, unit.width);
-      if (parameters_resident()) mine = mine.clone();
-      comm_->gathers[v] = detail::start_all_gather(group_, mine);
       comm_->prefetch_elements += unit.numel;
+      if (!parameters_resident()) {
+        // The chunks come from the file: submit the read now and start the gather at the next
+        // read of any unit (the same point on every rank), so the read overlaps this op.
+        at::Tensor buffer = torch::empty({unit.width}, param_shard_.options());
+        const auto esize = static_cast<int64_t>(param_shard_.element_size());
+        swap_->file->submit_read(buffer.data_ptr(), unit.width * esize, unit.offset * esize);
+        comm_->reading.emplace_back(v, std::move(buffer));
+        ++stats_.prefetch_reads;
+      } else {
+        // A copy: a dropped prefetch may still be read by Gloo after the shard changed.
+        comm_->gathers[v] = detail::start_all_gather(
+            group_, param_shard_.narrow(0, unit.offset, unit.width).clone());
+      }
     }
     before = at;
     at = static_cast<int64_t>(v);
@@ -493,6 +527,7 @@ void ZeroEngine::on_access(size_t u, bool writes, const char* op) {
              "' in place, but ZeRO stage 3 keeps only each rank's chunk of it, so the write "
              "would be lost; change parameters through the optimizer, or use stage 2.");
   record_access(u);
+  start_read_prefetches();  // reads submitted at the previous access: their gathers go now
   if (unit.live) {
     unit.last_use = ++clock_;
     prefetch_after(u);

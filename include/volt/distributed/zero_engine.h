@@ -194,6 +194,8 @@ class ZeroEngine {
     int64_t gathers = 0;             ///< stage 3: unit gathers installed
     int64_t prefetched = 0;          ///< of them, started ahead of the read (prefetch hits)
     int64_t prefetch_discarded = 0;  ///< prefetches started but not read before the scope closed
+    int64_t prefetch_reads = 0;      ///< param_swap_file: prefetches whose file read was
+                                     ///< submitted ahead (asynchronous, overlapping compute)
   };
   const CommStats& comm_stats() const { return stats_; }
 
@@ -226,6 +228,7 @@ class ZeroEngine {
   at::Tensor read_shard_range(int64_t offset, int64_t width);
   void prefetch_after(size_t unit);
   void drop_prefetches();
+  void start_read_prefetches();
   // All-gathers source(chunk) (its `length` elements, any dtype) of every chunk into the
   // parameters, in buckets of allgather_bucket_size; stage 3's partitioned ones only when asked.
   void all_gather_into_parameters(const std::function<at::Tensor(const ZeroChunk&)>& source,
