@@ -36,6 +36,18 @@ bool low_precision(c10::ScalarType t) {
   return t == at::kBFloat16 || t == at::kHalf;
 }
 
+// Gives a storage `nbytes` of fresh CPU memory / takes its memory away, keeping the StorageImpl
+// (and so every tensor and view on it): how partitioned parameters and the swapped parameter
+// shard come and go.
+void give_memory(c10::StorageImpl* s, size_t nbytes) {
+  s->set_data_ptr_noswap(c10::GetAllocator(c10::kCPU)->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+void take_memory(c10::StorageImpl* s, c10::Device device) {
+  s->set_data_ptr_noswap(c10::DataPtr(nullptr, device));
+  s->set_nbytes(0);
+}
+
 // All-gathers `t` (the same shape and dtype on every rank by construction: the engine's layout
 // is checked at its start), bf16 as its bits.
 std::vector<at::Tensor> all_gather_any(const std::shared_ptr<ProcessGroup>& group,
@@ -399,10 +411,9 @@ bool ZeroEngine::parameters_resident() const {
 }
 
 bool ZeroEngine::swap_in_shard() {
-  if (!swap_ || !swap_->out) return false;
+  if (parameters_resident()) return false;
   c10::StorageImpl* s = param_shard_.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(c10::GetAllocator(c10::kCPU)->allocate(swap_->bytes));
-  s->set_nbytes(swap_->bytes);
+  give_memory(s, swap_->bytes);
   swap_->file->submit_read(s->data_ptr().get(), swap_->bytes, 0);
   swap_->file->wait();
   swap_->out = false;
@@ -415,16 +426,20 @@ void ZeroEngine::swap_out_shard() {
   // Written in full before the memory goes: a failed write leaves the shard in memory.
   swap_->file->submit_write(s->data_ptr().get(), swap_->bytes, 0);
   swap_->file->wait();
-  s->set_data_ptr_noswap(c10::DataPtr(nullptr, param_shard_.device()));
-  s->set_nbytes(0);
+  take_memory(s, param_shard_.device());
   swap_->out = true;
 }
 
-at::Tensor ZeroEngine::read_shard_range(int64_t offset, int64_t width) {
-  if (!swap_ || !swap_->out) return param_shard_.narrow(0, offset, width);
+at::Tensor ZeroEngine::submit_shard_read(int64_t offset, int64_t width) {
   at::Tensor t = torch::empty({width}, param_shard_.options());
   const auto esize = static_cast<int64_t>(param_shard_.element_size());
   swap_->file->submit_read(t.data_ptr(), width * esize, offset * esize);
+  return t;
+}
+
+at::Tensor ZeroEngine::read_shard_range(int64_t offset, int64_t width) {
+  if (parameters_resident()) return param_shard_.narrow(0, offset, width);
+  at::Tensor t = submit_shard_read(offset, width);
   swap_->file->wait();
   return t;
 }
@@ -504,10 +519,7 @@ void ZeroEngine::prefetch_after(size_t u) {
       if (!parameters_resident()) {
         // The chunks come from the file: submit the read now and start the gather at the next
         // read of any unit (the same point on every rank), so the read overlaps this op.
-        at::Tensor buffer = torch::empty({unit.width}, param_shard_.options());
-        const auto esize = static_cast<int64_t>(param_shard_.element_size());
-        swap_->file->submit_read(buffer.data_ptr(), unit.width * esize, unit.offset * esize);
-        comm_->reading.emplace_back(v, std::move(buffer));
+        comm_->reading.emplace_back(v, submit_shard_read(unit.offset, unit.width));
         ++stats_.prefetch_reads;
       } else {
         // A copy: a dropped prefetch may still be read by Gloo after the shard changed.
@@ -577,8 +589,7 @@ void ZeroEngine::gather(size_t u) {
     const size_t esize = c.parameter.element_size();
     c10::StorageImpl* s = c.parameter.storage().unsafeGetStorageImpl();
     const size_t nbytes = static_cast<size_t>(c.numel) * esize;
-    s->set_data_ptr_noswap(c10::GetAllocator(c10::kCPU)->allocate(nbytes));
-    s->set_nbytes(nbytes);
+    give_memory(s, nbytes);
     char* dst = static_cast<char*>(s->data_ptr().get());
     const int64_t from = shard_offset_[i] - unit.offset;
     for (int64_t j = 0; j < world; ++j) {
@@ -599,8 +610,7 @@ void ZeroEngine::release(size_t u) {
   if (!unit.live) return;
   for (size_t i : unit.chunks) {
     c10::StorageImpl* s = chunks_[i].parameter.storage().unsafeGetStorageImpl();
-    s->set_data_ptr_noswap(c10::DataPtr(nullptr, chunks_[i].parameter.device()));
-    s->set_nbytes(0);
+    take_memory(s, chunks_[i].parameter.device());
   }
   unit.live = false;
   live_elements_ -= unit.numel;
@@ -628,8 +638,7 @@ void ZeroEngine::restore_parameters() {
         const auto& c = chunks_[i];
         c10::StorageImpl* s = c.parameter.storage().unsafeGetStorageImpl();
         const size_t nbytes = static_cast<size_t>(c.numel) * c.parameter.element_size();
-        s->set_data_ptr_noswap(c10::GetAllocator(c10::kCPU)->allocate(nbytes));
-        s->set_nbytes(nbytes);
+        give_memory(s, nbytes);
         c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
         c.parameter.detach().fill_(std::numeric_limits<double>::quiet_NaN());
       }

@@ -225,7 +225,8 @@ class ZeroEngine {
   // param_swap_file: reads the shard in (true when it was out) / writes it and releases it.
   bool swap_in_shard();
   void swap_out_shard();
-  at::Tensor read_shard_range(int64_t offset, int64_t width);
+  at::Tensor read_shard_range(int64_t offset, int64_t width);   // waits for the read
+  at::Tensor submit_shard_read(int64_t offset, int64_t width);  // the buffer; read in flight
   void prefetch_after(size_t unit);
   void drop_prefetches();
   void start_read_prefetches();
