@@ -70,6 +70,7 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
 }
 
 void Run::save_checkpoint(const std::string& path) {
+  step->check_losses();  // a checkpoint never holds weights a non-finite loss has stepped
   torch::serialize::OutputArchive root;
   write_checkpoint(*this, root);
   strategy().save_checkpoint(root, path);
@@ -160,7 +161,8 @@ std::string Run::config_fingerprint() const {
     << ";clip_algo=" << static_cast<int>(opts.gradient_clip_algorithm())
     << ";devices=" << plan.devices << ";num_nodes=" << plan.num_nodes
     << ";strategy=" << strategy().name() << ";precision=" << strategy().precision().name()
-    << ";sampler=" << opts.use_distributed_sampler() << ";seed=" << (opts.seed() ? std::to_string(*opts.seed()) : "none")
+    << ";sampler=" << opts.use_distributed_sampler()
+    << ";seed=" << (opts.seed() ? std::to_string(*opts.seed()) : "none")
     << ";stage=" << to_string(st.stage);
   for (const auto& p : module->named_parameters(true)) {
     s << ";" << p.key() << p.value().sizes() << c10::toString(p.value().scalar_type());
@@ -170,8 +172,8 @@ std::string Run::config_fingerprint() const {
 
 std::string Run::broadcast_string(const std::string& text, int64_t src) const {
   if (strategy().world_size() == 1) return text;
-  at::Tensor size = strategy().broadcast(
-      torch::tensor({static_cast<int64_t>(text.size())}, torch::kLong), src);
+  at::Tensor size =
+      strategy().broadcast(torch::tensor({static_cast<int64_t>(text.size())}, torch::kLong), src);
   at::Tensor bytes = torch::zeros({size.item<int64_t>()}, torch::kUInt8);
   if (strategy().rank() == src && !text.empty()) {
     std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());

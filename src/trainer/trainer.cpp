@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <set>
 
 #include "trainer/detail/run.h"
@@ -68,15 +69,19 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
   s.opts = std::move(options);
   s.fast_dev = s.opts.fast_dev_run() > 0;
   if (s.opts.seed()) seed_everything(*s.opts.seed());
-  if (s.opts.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
+  if (s.opts.deterministic()) {
+    at::globalContext().setDeterministicAlgorithms(true, false);
+    // cuBLAS is deterministic only with a fixed workspace (read when its first handle is made);
+    // set it as Lightning does, unless the user chose one.
+    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  }
   if (reference_blas_active()) {
     warn_once("reference-blas", "Trainer",
               "libtorch is using the reference BLAS (about 20x slower); install "
               "libopenblas0-pthread (scripts/setup.sh does).");
   }
-  s.plan =
-      resolve_plan(s.opts.accelerator(), s.opts.devices(), s.opts.strategy(), s.opts.precision(),
-                   s.opts.num_nodes());
+  s.plan = resolve_plan(s.opts.accelerator(), s.opts.devices(), s.opts.strategy(),
+                        s.opts.precision(), s.opts.num_nodes());
   s.callbacks = s.opts.callbacks();
   s.prof = s.opts.profiler().get();
   s.loggers_ = s.opts.loggers();

@@ -1,8 +1,8 @@
 // ProgressBar on a real terminal (a pseudo-terminal) and on a plain file: training and
 // evaluation lines, throttling, and what stays on screen.
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <pty.h>
 #include <unistd.h>
 
@@ -54,6 +54,7 @@ std::string on_terminal(double refresh_s, F&& body) {
 
 volt::TrainerOptions options(const std::shared_ptr<volt::ProgressBar>& bar, int64_t epochs) {
   return volt::TrainerOptions()
+      .accelerator("cpu")
       .max_epochs(epochs)
       .num_sanity_val_steps(0)
       .logger(false)

@@ -15,6 +15,7 @@
 #include <limits>
 #include <sstream>
 
+#include "io/detail/state_key.h"
 #include "tiny.h"
 
 namespace {
@@ -92,7 +93,9 @@ class DiffTracker {
   double max_ = 0;
 };
 
-std::string dtype_name(torch::Dtype d) { return d == torch::kFloat ? "f32" : "f64"; }
+std::string dtype_name(torch::Dtype d) {
+  return d == torch::kFloat ? "f32" : "f64";
+}
 
 template <typename E, typename F>
 std::string error_of(F&& f) {
@@ -226,9 +229,9 @@ TEST_P(AdamVsTorch, EveryStepMatches) {
   }
   // Per-parameter step counts: the sometimes-gradient-less parameter took fewer steps.
   auto step_of = [&](const Tensor& p) {
-    std::ostringstream key;
-    key << p.unsafeGetTensorImpl();
-    return static_cast<volt::FusedAdamWParamState&>(*fused_opt.state().at(key.str())).step();
+    return static_cast<volt::FusedAdamWParamState&>(
+               *fused_opt.state().at(volt::detail::state_key_for(p)))
+        .step();
   };
   EXPECT_EQ(step_of(fused.parameters()[0]), 24);
   EXPECT_EQ(step_of(fused.parameters()[kSometimesNoGrad]), 16);
@@ -293,7 +296,9 @@ TEST(FusedAdamW, WithoutBiasCorrectionMatchesHandReference) {
 
 // ---------------------------------------------------------------- state layout and checkpoints
 
-const c10::StorageImpl* storage_of(const Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+const c10::StorageImpl* storage_of(const Tensor& t) {
+  return t.storage().unsafeGetStorageImpl();
+}
 
 TEST(FusedAdamW, StateIsViewsOfOneFlatBufferPerKind) {
   OddModel model(torch::kFloat);
@@ -303,9 +308,8 @@ TEST(FusedAdamW, StateIsViewsOfOneFlatBufferPerKind) {
   ASSERT_EQ(opt.state().size(), kShapes.size());
   const c10::StorageImpl* first = nullptr;
   for (const auto& p : model.parameters()) {
-    std::ostringstream key;
-    key << p.unsafeGetTensorImpl();
-    auto& st = static_cast<volt::FusedAdamWParamState&>(*opt.state().at(key.str()));
+    auto& st =
+        static_cast<volt::FusedAdamWParamState&>(*opt.state().at(volt::detail::state_key_for(p)));
     EXPECT_TRUE(st.exp_avg().sizes().equals(p.sizes()));
     if (!first) first = storage_of(st.exp_avg());
     EXPECT_EQ(storage_of(st.exp_avg()), first);
@@ -686,13 +690,12 @@ TEST(FusedAdamW, RejectsForeignOrMisSizedState) {
   Tensor p = torch::randn({4});
   p.mutable_grad() = torch::randn({4});
   volt::FusedAdamW opt(std::vector<Tensor>{p});
-  std::ostringstream key;
-  key << p.unsafeGetTensorImpl();
-  opt.state()[key.str()] = std::make_unique<torch::optim::AdamWParamState>();
+  const auto key = volt::detail::state_key_for(p);
+  opt.state()[key] = std::make_unique<torch::optim::AdamWParamState>();
   EXPECT_HAS(error_of<volt::ValueError>([&] { opt.step(); }), "not FusedAdamWParamState");
   auto wrong = std::make_unique<volt::FusedAdamWParamState>();
   wrong->exp_avg(torch::zeros({5}));
-  opt.state()[key.str()] = std::move(wrong);
+  opt.state()[key] = std::move(wrong);
   EXPECT_HAS(error_of<volt::CheckpointError>([&] { opt.step(); }),
              "state 'exp_avg' has shape [5] but its parameter has shape [4]");
 }
@@ -701,9 +704,8 @@ TEST(FusedSGD, RejectsForeignStateAndDuplicateParameters) {
   Tensor p = torch::randn({4});
   p.mutable_grad() = torch::randn({4});
   volt::FusedSGD opt(std::vector<Tensor>{p}, volt::FusedSGDOptions(0.1).momentum(0.9));
-  std::ostringstream key;
-  key << p.unsafeGetTensorImpl();
-  opt.state()[key.str()] = std::make_unique<torch::optim::SGDParamState>();
+  const auto key = volt::detail::state_key_for(p);
+  opt.state()[key] = std::make_unique<torch::optim::SGDParamState>();
   EXPECT_HAS(error_of<volt::ValueError>([&] { opt.step(); }), "not FusedSGDParamState");
 
   EXPECT_HAS(error_of<volt::ConfigError>([&] {

@@ -12,6 +12,7 @@ namespace {
 
 volt::TrainerOptions options(const std::string& dir, std::shared_ptr<volt::Profiler> p) {
   return volt::TrainerOptions()
+      .accelerator("cpu")
       .max_epochs(2)
       .default_root_dir(dir)
       .enable_progress_bar(false)
@@ -21,7 +22,8 @@ volt::TrainerOptions options(const std::string& dir, std::shared_ptr<volt::Profi
 
 TEST(SimpleProfiler, TimesEveryStageAndHookOfAFit) {
   volt_test::TempDir dir;
-  auto prof = std::make_shared<volt::SimpleProfiler>(volt::SimpleProfilerOptions().filename("perf"));
+  auto prof =
+      std::make_shared<volt::SimpleProfiler>(volt::SimpleProfilerOptions().filename("perf"));
   volt_test::TinyClassifier model;
   volt::Trainer trainer(options(dir.path, prof));
   // 128 rows / 16 = 8 train batches, 64 / 16 = 4 validation batches, per epoch.
@@ -69,14 +71,16 @@ TEST(SimpleProfiler, TimesEveryStageAndHookOfAFit) {
 
 TEST(SimpleProfiler, TimesTheTestPassModuleHooks) {
   volt_test::TempDir dir;
-  auto prof = std::make_shared<volt::SimpleProfiler>(volt::SimpleProfilerOptions().filename("perf"));
+  auto prof =
+      std::make_shared<volt::SimpleProfiler>(volt::SimpleProfilerOptions().filename("perf"));
   volt_test::TinyClassifier model;
   volt::Trainer trainer(options(dir.path, prof));
   trainer.test(model, volt_test::loader(volt_test::blobs(64, 8, 2), 16, false));
   std::ifstream in(prof->last_report_path());
   std::stringstream ss;
   ss << in.rdbuf();
-  for (const char* action : {"[Module]on_test_epoch_start", "[Module]on_test_epoch_end", "test_step"}) {
+  for (const char* action :
+       {"[Module]on_test_epoch_start", "[Module]on_test_epoch_end", "test_step"}) {
     EXPECT_NE(ss.str().find(action), std::string::npos) << action << "\n" << ss.str();
   }
 }

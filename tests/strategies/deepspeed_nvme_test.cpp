@@ -30,11 +30,7 @@ using volt_test::load_flat;
 using volt_test::run_job;
 using volt_test::single_process_reference;
 
-std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
+using volt_test::cat;
 bool empty_dir(const std::string& p) {
   return std::filesystem::is_directory(p) && std::filesystem::is_empty(p);
 }

@@ -26,11 +26,7 @@ using volt_test::load_flat;
 using volt_test::run_job;
 using volt_test::single_process_reference;
 
-std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
+using volt_test::cat;
 struct Case {
   int stage;
   int devices;

@@ -5,9 +5,9 @@
 
 #include <volt/volt.h>
 
+#include <unistd.h>
 #include <cstdlib>
 #include <string>
-#include <unistd.h>
 
 namespace volt_test {
 
@@ -50,8 +50,8 @@ class MemoryLogger : public volt::Logger {
 
 inline volt::DataLoader loader(std::shared_ptr<volt::TensorDataset> ds, int64_t bs = 16,
                                bool shuffle = true, int64_t workers = 0) {
-  return volt::DataLoader(std::move(ds),
-                          volt::DataLoaderOptions(bs).shuffle(shuffle).seed(7).num_workers(workers));
+  return volt::DataLoader(
+      std::move(ds), volt::DataLoaderOptions(bs).shuffle(shuffle).seed(7).num_workers(workers));
 }
 
 /// Linear-ReLU-Dropout-Linear classifier; dropout makes resume tests depend on the RNG state.
@@ -116,9 +116,12 @@ class TinyClassifier : public volt::Module {
   bool adam_;
 };
 
-/// Quiet options for tests: no progress bar, no default logger or checkpoint, fixed seed.
+/// Quiet options for tests: no progress bar, no default logger or checkpoint, fixed seed, and
+/// the CPU (these tests mean CPU semantics; "auto" would pick a GPU where one is present, and a
+/// test that means CUDA says so).
 inline volt::TrainerOptions quiet(const std::string& root) {
   return volt::TrainerOptions()
+      .accelerator("cpu")
       .default_root_dir(root)
       .enable_progress_bar(false)
       .enable_checkpointing(false)

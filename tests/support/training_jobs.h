@@ -16,6 +16,12 @@ namespace volt_test {
 
 inline const std::string kTrainingWorker = VOLT_DDP_WORKER;
 
+/// Worker flags `a` then `b`.
+inline std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 inline torch::Tensor load_flat(const std::string& path) {
   torch::Tensor t;
   torch::load(t, path);

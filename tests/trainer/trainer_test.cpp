@@ -1,22 +1,27 @@
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <dirent.h>
 
 #include "tiny.h"
 
 namespace {
 
-using volt_test::TinyClassifier;
 using volt_test::quiet;
+using volt_test::TinyClassifier;
 
 // Records every hook call so tests can check counts and order.
 class Recorder : public volt::Callback {
  public:
   std::string state_key() const override { return "Recorder"; }
-  void on_train_epoch_start(volt::RunContext&, volt::Module&) override { events.push_back("epoch_start"); }
-  void on_train_batch_end(volt::RunContext& r, volt::Module&, const volt::Batch&, int64_t) override {
+  void on_train_epoch_start(volt::RunContext&, volt::Module&) override {
+    events.push_back("epoch_start");
+  }
+  void on_train_batch_end(volt::RunContext& r, volt::Module&, const volt::Batch&,
+                          int64_t) override {
     ++batches;
     steps_seen.push_back(r.state().global_step);
   }
@@ -24,7 +29,9 @@ class Recorder : public volt::Callback {
     ++validations;
     events.push_back("val@" + std::to_string(r.state().batches_done));
   }
-  void on_train_epoch_end(volt::RunContext&, volt::Module&) override { events.push_back("epoch_end"); }
+  void on_train_epoch_end(volt::RunContext&, volt::Module&) override {
+    events.push_back("epoch_end");
+  }
   void on_exception(volt::RunContext&, volt::Module&, const std::exception& e) override {
     exception = e.what();
   }
@@ -76,21 +83,24 @@ TEST(Trainer, LimitsStepsAndValidationSchedule) {
     auto rec = std::make_shared<Recorder>();
     volt::Trainer t(quiet(dir.path).max_epochs(1).val_check_interval(0.5).callbacks({rec}));
     t.fit(model, volt_test::loader(train), volt_test::loader(val));
-    EXPECT_EQ(rec->events, (std::vector<std::string>{"epoch_start", "val@5", "val@10", "epoch_end"}));
+    EXPECT_EQ(rec->events,
+              (std::vector<std::string>{"epoch_start", "val@5", "val@10", "epoch_end"}));
   }
   {
     TinyClassifier model;
     auto rec = std::make_shared<Recorder>();
-    volt::Trainer t(quiet(dir.path).max_epochs(4).check_val_every_n_epoch(2).val_check_interval(3)
-                        .callbacks({rec}));
+    volt::Trainer t(
+        quiet(dir.path).max_epochs(4).check_val_every_n_epoch(2).val_check_interval(3).callbacks(
+            {rec}));
     t.fit(model, volt_test::loader(train), volt_test::loader(val));
     EXPECT_EQ(rec->validations, 2 * 3);  // epochs 1 and 3, batches 3, 6, 9
   }
   {
     TinyClassifier model;
     auto rec = std::make_shared<Recorder>();
-    volt::Trainer t(quiet(dir.path).max_epochs(3).limit_train_batches(0.25).limit_val_batches(0)
-                        .callbacks({rec}));
+    volt::Trainer t(
+        quiet(dir.path).max_epochs(3).limit_train_batches(0.25).limit_val_batches(0).callbacks(
+            {rec}));
     t.fit(model, volt_test::loader(train), volt_test::loader(val));
     EXPECT_EQ(rec->batches, 3 * 2);
     EXPECT_EQ(rec->validations, 0);
@@ -131,7 +141,8 @@ TEST(Trainer, GradientClippingBoundsTheFirstStep) {
   for (auto algo : {volt::ClipAlgorithm::kNorm, volt::ClipAlgorithm::kValue}) {
     TinyClassifier model(8, /*lr=*/1.0);
     auto before = model.flat_params();
-    volt::Trainer t(quiet(dir.path).max_steps(1).gradient_clip_val(1e-3).gradient_clip_algorithm(algo));
+    volt::Trainer t(
+        quiet(dir.path).max_steps(1).gradient_clip_val(1e-3).gradient_clip_algorithm(algo));
     t.fit(model, volt_test::loader(volt_test::blobs(64)));
     auto delta = model.flat_params() - before;  // first SGD step: lr * clipped grad
     if (algo == volt::ClipAlgorithm::kNorm) {
@@ -167,10 +178,83 @@ TEST(Trainer, NonFiniteLossRaisesNamingTheStep) {
   EXPECT_NO_THROW(lenient.fit(again, volt_test::loader(volt_test::blobs(160))));
 }
 
+// The check reads the device once per logging interval: with log_every_n_steps=3 the losses of
+// steps 3, 4, 5 are read together in step 5's forward, and the error still names step 4; with 1
+// it reads every step and stops at step 4 itself.
+TEST(Trainer, NonFiniteLossIsReadAtTheLoggingCadenceAndNamesTheFirstBadStep) {
+  for (const int64_t every : {1, 3}) {
+    volt_test::TempDir dir;
+    NanModule model;
+    volt::Trainer t(quiet(dir.path).max_epochs(1).log_every_n_steps(every));
+    std::string msg;
+    try {
+      t.fit(model, volt_test::loader(volt_test::blobs(160)));
+    } catch (const volt::ValueError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("the training loss is nan at global step 4 (epoch 0, batch 4)"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(t.state().global_step, every == 1 ? 4 : 5) << msg;
+    EXPECT_EQ(msg.find("found at global step") != std::string::npos, every == 3) << msg;
+  }
+}
+
+// Writing a checkpoint reads the unchecked losses first: weights stepped with a NaN loss are
+// never saved, and the file is not created.
+class SaveAtStep : public volt::Callback {
+ public:
+  explicit SaveAtStep(std::string path) : path_(std::move(path)) {}
+  std::string state_key() const override { return "SaveAtStep"; }
+  void on_train_batch_end(volt::RunContext& r, volt::Module&, const volt::Batch&,
+                          int64_t) override {
+    if (r.state().global_step == 2 || r.state().global_step == 5)
+      r.save_checkpoint(path_ + std::to_string(r.state().global_step));
+  }
+
+ private:
+  std::string path_;
+};
+
+TEST(Trainer, ACheckpointIsNeverWrittenAfterAnUncheckedNonFiniteLoss) {
+  volt_test::TempDir dir;
+  NanModule model;
+  const std::string prefix = dir.path + "/step";
+  volt::Trainer t(quiet(dir.path).max_epochs(1).log_every_n_steps(50).callbacks(
+      {std::make_shared<SaveAtStep>(prefix)}));
+  std::string msg;
+  try {
+    t.fit(model, volt_test::loader(volt_test::blobs(160)));
+  } catch (const volt::ValueError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("global step 4"), std::string::npos) << msg;
+  EXPECT_TRUE(std::filesystem::exists(prefix + "2"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + "5"));
+  EXPECT_EQ(t.state().global_step, 5);
+}
+
+// deterministic=true: deterministic algorithms on, and the cuBLAS workspace that makes CUDA
+// matmuls repeatable (a value the user set is kept).
+TEST(Trainer, DeterministicTurnsOnDeterministicAlgorithmsAndTheCublasWorkspace) {
+  ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  volt_test::TempDir dir;
+  { volt::Trainer t(quiet(dir.path).deterministic(true)); }
+  EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
+  ASSERT_NE(std::getenv("CUBLAS_WORKSPACE_CONFIG"), nullptr);
+  EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":4096:8");
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8", 1);
+  { volt::Trainer t(quiet(dir.path).deterministic(true)); }
+  EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":16:8");
+  at::globalContext().setDeterministicAlgorithms(false, false);
+  ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
+}
+
 class ThrowingCallback : public volt::Callback {
  public:
   std::string state_key() const override { return "Throwing"; }
-  void on_train_batch_end(volt::RunContext& r, volt::Module&, const volt::Batch&, int64_t) override {
+  void on_train_batch_end(volt::RunContext& r, volt::Module&, const volt::Batch&,
+                          int64_t) override {
     if (r.state().global_step == 7) throw std::runtime_error("user hook failed at step 7");
   }
 };
@@ -179,12 +263,16 @@ TEST(Trainer, ExceptionInAHookEndsCleanlyAndKeepsTheLastCheckpoint) {
   volt_test::TempDir dir;
   TinyClassifier model;
   auto rec = std::make_shared<Recorder>();
-  auto ckpt = std::make_shared<volt::ModelCheckpoint>(
-      volt::ModelCheckpointOptions().dirpath(dir / "ckpt").every_n_train_steps(2).save_last(true)
-          .save_top_k(0));
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                          .dirpath(dir / "ckpt")
+                                                          .every_n_train_steps(2)
+                                                          .save_last(true)
+                                                          .save_top_k(0));
   auto logger = std::make_shared<volt::CSVLogger>(
       volt::CSVLoggerOptions(dir.path).flush_logs_every_n_steps(1000));
-  volt::Trainer t(quiet(dir.path).max_epochs(3).log_every_n_steps(1)
+  volt::Trainer t(quiet(dir.path)
+                      .max_epochs(3)
+                      .log_every_n_steps(1)
                       .callbacks({ckpt, std::make_shared<ThrowingCallback>(), rec})
                       .loggers({logger}));
   EXPECT_THROW(t.fit(model, volt_test::loader(volt_test::blobs(160))), std::runtime_error);
@@ -257,7 +345,8 @@ TEST(Trainer, SchedulerIntervalsAndFrequency) {
     // Observe the lr the optimizer really used, from inside the run.
     struct LrProbe : volt::Callback {
       std::string state_key() const override { return "LrProbe"; }
-      void on_before_optimizer_step(volt::RunContext&, volt::Module&, torch::optim::Optimizer& o) override {
+      void on_before_optimizer_step(volt::RunContext&, volt::Module&,
+                                    torch::optim::Optimizer& o) override {
         lrs.push_back(o.param_groups()[0].options().get_lr());
       }
       std::vector<double> lrs;
@@ -289,8 +378,8 @@ class BothModule : public TinyClassifier {
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
     log("loss", loss, volt::LogOptions().on_step(true).on_epoch(true));
-    log("bs", static_cast<double>(b.size()), volt::LogOptions().on_step(false).on_epoch(true)
-                                                 .reduce(volt::Reduce::kSum));
+    log("bs", static_cast<double>(b.size()),
+        volt::LogOptions().on_step(false).on_epoch(true).reduce(volt::Reduce::kSum));
     return loss;
   }
 };
@@ -304,7 +393,7 @@ TEST(Trainer, LoggingStepEpochKeysAndReductions) {
   const auto& m = t.logged_metrics();
   EXPECT_TRUE(m.count("loss_step"));
   EXPECT_TRUE(m.count("loss_epoch"));
-  EXPECT_DOUBLE_EQ(m.at("bs"), 150.0);  // kSum over the epoch
+  EXPECT_DOUBLE_EQ(m.at("bs"), 150.0);              // kSum over the epoch
   EXPECT_TRUE(t.callback_metrics().count("loss"));  // "x_epoch" also answers to "x"
   std::ifstream csv(logger->metrics_path());
   std::string header, line;
@@ -320,8 +409,12 @@ TEST(Trainer, FastDevRunWritesNothing) {
   volt_test::TempDir dir;
   TinyClassifier model;
   auto rec = std::make_shared<Recorder>();
-  volt::Trainer t(volt::TrainerOptions().default_root_dir(dir.path).fast_dev_run(2)
-                      .enable_progress_bar(false).callbacks({rec}));
+  volt::Trainer t(volt::TrainerOptions()
+                      .accelerator("cpu")
+                      .default_root_dir(dir.path)
+                      .fast_dev_run(2)
+                      .enable_progress_bar(false)
+                      .callbacks({rec}));
   t.fit(model, volt_test::loader(volt_test::blobs(160)), volt_test::loader(volt_test::blobs(64)));
   EXPECT_EQ(rec->batches, 2);
   EXPECT_EQ(rec->validations, 1);

@@ -74,6 +74,7 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
       if (stop_now(r)) break;
     }
   }
+  r.step->check_losses();  // before the epoch-end hooks, which may write checkpoints
   r.scope = LogScope::kTrainEpochEnd;
   r.step_schedulers(Interval::kEpoch);
   st.epoch_finished = true;
@@ -122,6 +123,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   r.st.epoch_finished = false;
   r.st.val_pending = false;
   r.st.should_stop = false;
+  r.step->reset_checks();
   r.train_metrics.clear();
   r.epoch_metrics.clear();
   r.prog_bar_epoch.clear();

@@ -1,11 +1,9 @@
 #include "trainer/loops/optimization_step.h"
 
-#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <cmath>
 
-#include "profiler/detail/host_syncs.h"
 #include "trainer/detail/run.h"
 #include "volt/core/check.h"
 
@@ -49,13 +47,9 @@ at::Tensor OptimizationStep::forward(const Batch& batch, int64_t batch_idx) {
              " does not require grad; compute it from the module's "
              "parameters (and not under NoGradGuard).");
   if (r.opts.detect_nonfinite_loss()) {
-    // Named, so HostSyncMonitor and traces tell volt's own host read from the user's.
-    RECORD_USER_SCOPE(kNonfiniteLossScope);
-    const double v = loss.item<double>();
-    VOLT_CHECK(std::isfinite(v), ValueError, "[Trainer] the training loss is ", v,
-               " at global step ", r.st.global_step, " (epoch ", r.st.epoch, ", batch ", batch_idx,
-               "); lower the learning rate, enable gradient clipping, check the data, "
-               "or set detect_nonfinite_loss(false) to continue anyway.");
+    // Read on the host once per logging interval (in micro-batches), not per step.
+    nonfinite_.set_every(r.opts.log_every_n_steps() * r.opts.accumulate_grad_batches());
+    nonfinite_.record(loss, {r.st.global_step, r.st.epoch, batch_idx});
   }
   return loss;
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "trainer/detail/nonfinite_check.h"
 #include "volt/core/batch.h"
 
 namespace volt {
@@ -14,7 +15,8 @@ namespace detail {
 class Run;
 
 /// One training micro-batch under automatic optimization:
-///   forward (Strategy::training_step) → non-finite check → loss / k → backward, with the
+///   forward (Strategy::training_step) → non-finite check (recorded on the device, read at the
+///   logging cadence: see NonfiniteLossCheck) → loss / k → backward, with the
 ///   gradient sync only on the micro-batch that steps (no_sync while accumulating) →
 ///   when k micro-batches are in: on_before_optimizer_step → Strategy::optimizer_step (unscale,
 ///   clip, step) → zero_grad → global_step and step-interval schedulers.
@@ -26,6 +28,12 @@ class OptimizationStep {
   virtual ~OptimizationStep() = default;
   /// Runs micro-batch `batch_idx` of `num_batches`; true when the optimizer stepped.
   virtual bool run(const Batch& batch, int64_t batch_idx, int64_t num_batches);
+  /// Reads the non-finite-loss flag of the steps not checked yet (throws ValueError naming the
+  /// first bad one): the fit loop calls it at each training epoch's end, Run before writing a
+  /// checkpoint.
+  void check_losses() { nonfinite_.check(); }
+  /// Forgets unchecked losses (a new fit).
+  void reset_checks() { nonfinite_.reset(); }
 
  protected:
   /// Forward through the strategy; checks the loss (scalar, requires grad, finite).
@@ -36,6 +44,7 @@ class OptimizationStep {
   bool optimizer_step();
 
   Run& run_;
+  NonfiniteLossCheck nonfinite_;
 };
 
 }  // namespace detail
