@@ -9,7 +9,7 @@
 // `zero_overlap`: stages 2 and 3 at 2 ranks with 2 MB gradient buckets, each bucket's reduction
 // blocking backward or overlapped with it (overlap_comm), and stage 3 with and without the
 // prefetch of the next modules' parameters. `master`: stage 2 at 2 ranks, Adam, fp32 against
-// bf16-mixed with fp32 master weights (BF16Optimizer) and without.
+// bf16-mixed with fp32 master weights (BF16Optimizer), without, and with the masters on NVMe.
 //
 // `offload`: ZeRO stage 3 at 2 ranks with the Adam state in memory, offloaded to "cpu" (on a
 // CPU run nothing moves) and to NVMe swap files under --nvme (default /tmp: whatever disk backs
@@ -267,8 +267,8 @@ Result job(const std::string& self, const std::string& args) {
                     "allreduce_ms=%lf rss_mb=%lf params=%lld grads=%lld state=%lld files=%lld "
                     "master=%lld pfiles=%lld",
                     &rank, &one.step_ms, &one.bwd_sync_ms, &one.bwd_nosync_ms, &one.allreduce_ms,
-                    &one.rss_mb, &one.params, &one.grads, &one.state, &one.files,
-                    &one.master, &one.pfiles) == 12) {
+                    &one.rss_mb, &one.params, &one.grads, &one.state, &one.files, &one.master,
+                    &one.pfiles) == 12) {
       ++r.ranks;
       r.rss_mb = std::max(r.rss_mb, one.rss_mb);
       if (rank == 0) {
@@ -444,10 +444,10 @@ int main(int argc, char** argv) {
           if (stage[0] == '2' && mode[1] == '1') continue;  // nothing to prefetch in stage 2
           std::vector<double> t, bwd;
           for (int r = 0; r < rounds; ++r) {
-            const Result res = job(bin, std::string("--adam 1 --devices 2 --zero ") + stage +
-                                            " --zero-bucket 500000 --overlap " + mode[0] +
-                                            " --prefetch " + (mode[1] == '1' ? "50000000" : "0") +
-                                            common.str());
+            const Result res =
+                job(bin, std::string("--adam 1 --devices 2 --zero ") + stage +
+                             " --zero-bucket 500000 --overlap " + mode[0] + " --prefetch " +
+                             (mode[1] == '1' ? "50000000" : "0") + common.str());
             t.push_back(res.step_ms);
             bwd.push_back(res.bwd_sync_ms);
           }
@@ -465,22 +465,31 @@ int main(int argc, char** argv) {
       std::printf(
           "ZeRO stage 2, 2 ranks, Adam: fp32 vs bf16-mixed with master weights (module in bf16) "
           "and without (autocast over fp32 weights)\n");
-      std::printf("  precision                 ms/step  vs fp32  params+grads+state+master MB\n");
+      std::printf(
+          "  precision                    ms/step  vs fp32  params+grads+state+master MB  in "
+          "files MB\n");
+      const std::string nvme = a.count("--nvme") ? a["--nvme"] : "/tmp";
       double base = 0;
       // Without master weights the module stays fp32 under ZeRO and bf16-mixed is autocast.
-      for (const char* mode : {"fp32", "bf16 + masters", "bf16, no masters"}) {
+      // And the masters on NVMe with their Adam state (optimizer offload, sub-groups of 1e6).
+      for (const char* mode :
+           {"fp32", "bf16 + masters", "bf16, no masters", "bf16 + masters, NVMe"}) {
         const std::string m(mode);
         std::vector<double> t;
         Result last;
         for (int r = 0; r < rounds; ++r) {
           last = job(bin, std::string("--adam 1 --devices 2 --zero 2") +
                               (m == "fp32" ? "" : " --precision bf16-mixed") +
-                              (m == "bf16, no masters" ? " --master 0" : "") + common.str());
+                              (m == "bf16, no masters" ? " --master 0" : "") +
+                              (m == "bf16 + masters, NVMe"
+                                   ? " --offload nvme --sub-group 1000000 --nvme " + nvme
+                                   : "") +
+                              common.str());
           t.push_back(last.step_ms);
         }
         if (m == "fp32") base = median(t);
-        std::printf("  %-24s  %7.2f  %6.2fx  %29.1f\n", mode, median(t), median(t) / base,
-                    (last.params + last.grads + last.state + last.master) / 1e6);
+        std::printf("  %-27s  %7.2f  %6.2fx  %29.1f  %11.1f\n", mode, median(t), median(t) / base,
+                    (last.params + last.grads + last.state + last.master) / 1e6, last.files / 1e6);
       }
       std::printf("\n");
     }

@@ -289,14 +289,11 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
   if (options_.stage() == 3) partition_parameters();
   if (options_.master_weights() && low_precision(*dtype)) {
     // DeepSpeed's BF16Optimizer: fp32 masters of this rank's chunks, sharded like the state.
-    int64_t total = 0;
-    for (const auto& c : chunks_) total += c.length;
-    master_shard_ = torch::empty({total}, torch::TensorOptions().dtype(torch::kFloat));
-    int64_t off = 0;
+    // One tensor each (its own storage), so that an NVMe optimizer swapper can swap them with
+    // their state, sub-group by sub-group.
+    masters_ = true;
     for (auto& c : chunks_) {
-      if (c.length == 0) continue;
-      c.master = master_shard_.narrow(0, off, c.length);
-      off += c.length;
+      if (c.length > 0) c.master = torch::empty({c.length}, torch::dtype(torch::kFloat));
     }
     reset_master_weights();
   }
@@ -837,12 +834,26 @@ void ZeroEngine::gather_parameters() {
     c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
     for (auto& c : chunks_) {
       if (!c.master.defined()) continue;
-      c.view.copy_(c.master);  // round to the parameters' dtype
+      // A master swapped out to NVMe was rounded by round_masters while its sub-group stepped.
+      if (c.master.numel() == c.length) c.view.copy_(c.master);  // round to the params' dtype
       c.master.mutable_grad().reset();
     }
   }
   all_gather_into_parameters([](const ZeroChunk& c) { return c.view; }, false);
   swap_out_shard();
+}
+
+void ZeroEngine::round_masters(const std::vector<at::Tensor>& stepped) {
+  if (!has_master_weights()) return;
+  std::unordered_set<const c10::TensorImpl*> mine;
+  for (const auto& t : stepped) mine.insert(t.unsafeGetTensorImpl());
+  torch::NoGradGuard no_grad;
+  c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
+  for (auto& c : chunks_) {
+    if (c.master.defined() && mine.count(c.master.unsafeGetTensorImpl()) != 0) {
+      c.view.copy_(c.master);
+    }
+  }
 }
 
 void ZeroEngine::write_master_weights() {
@@ -955,7 +966,11 @@ ZeroMemory ZeroEngine::memory() const {
   m.parameters = detail::storage_bytes(params);
   m.gradients = detail::storage_bytes(grads);
   m.optimizer_state = detail::storage_bytes(state);
-  if (master_shard_.defined()) m.master_weights = detail::storage_bytes({master_shard_});
+  std::vector<at::Tensor> masters;
+  for (const auto& c : chunks_) {
+    if (c.master.defined()) masters.push_back(c.master);
+  }
+  m.master_weights = detail::storage_bytes(masters);
   if (swap_ && swap_->out) m.parameters_in_files = swap_->bytes;
   return m;
 }

@@ -704,13 +704,15 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
     int64_t i = 0;
     for (auto& config : optimizers) {
       auto& opt = *config.optimizer();
+      // The fp32 masters (bf16 runs) swap with their state, as DeepSpeed's swapper does.
+      const ZeroEngine* e = engine(opt);
       swappers_[&opt] = std::make_unique<detail::OptimizerSwapper>(
           opt, nvme_rank_dir_ + "/optimizer" + std::to_string(i++) + ".swp",
           detail::AioOptions()
               .block_size(options_.aio_block_size())
               .queue_depth(options_.aio_queue_depth())
               .use_uring(options_.aio_use_uring()),
-          options_.sub_group_size());
+          options_.sub_group_size(), /*swap_parameters=*/e != nullptr && e->has_master_weights());
     }
     log_info("DeepSpeedStrategy", "offload_optimizer to nvme: optimizer state swaps to '" +
                                       nvme_rank_dir_ + "' (sub_group_size " +
@@ -751,7 +753,10 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
     // Strategy::optimizer_step with the step itself run once per sub-group, state swapped in.
     precision_->unscale_gradients(optimizer);
     if (clip_value && *clip_value > 0) clip_gradients(optimizer, *clip_value, algorithm);
-    stepped = sw->second->step([&] { return precision_->optimizer_step(optimizer); });
+    stepped = sw->second->step([&] { return precision_->optimizer_step(optimizer); },
+                               [&](const std::vector<at::Tensor>& masters) {
+                                 if (e != nullptr) e->round_masters(masters);
+                               });
   } else {
     stepped = Strategy::optimizer_step(optimizer, clip_value, algorithm);
   }
@@ -883,6 +888,7 @@ std::vector<std::unique_ptr<ZeroEngine::Resident>> DeepSpeedStrategy::resident()
 
 void DeepSpeedStrategy::load_master_weights(InputArchive& ar, bool chunks) const {
   const auto in_memory = resident();
+  for (const auto& kv : swappers_) kv.second->swap_in_all();  // NVMe: the masters come back
   // The masters start from the checkpoint's weights at the precision it holds them in (fp32
   // from a consolidated or fp32 checkpoint); a shard's optimizer state then sets them exactly.
   torch::NoGradGuard no_grad;
@@ -953,6 +959,10 @@ void DeepSpeedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
     Strategy::load_optimizer_state(optimizer, module, ar);
     return;
   }
+  // NVMe: swapped masters come back before the checkpoint's values are copied into them (the
+  // loaded state is written out afresh below).
+  auto swapped = swappers_.find(&optimizer);
+  if (swapped != swappers_.end()) swapped->second->swap_in_all();
   // Either this rank's own shard (same world size), or the full state of a consolidated, DDP or
   // one-process checkpoint, from which this rank takes its chunks.
   c10::IValue world;

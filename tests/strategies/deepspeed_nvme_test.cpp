@@ -150,47 +150,85 @@ TEST(DeepSpeedNvme, ParameterChunksInFilesTooEqualInMemoryZeroBitwise) {
   }
 }
 
-TEST(DeepSpeedNvme, AKilledRunResumesBitIdenticallyFromItsCheckpoint) {
-  // Parameter chunks and optimizer state both on NVMe: saving reads them in, loading writes
-  // them out again.
+TEST(DeepSpeedNvme, Bf16MastersSwapWithTheirStateAndEqualInMemoryMastersBitwise) {
+  // bf16-mixed with master weights (BF16Optimizer) and the optimizer on NVMe: the fp32 masters
+  // swap with their Adam state, sub-group by sub-group, as DeepSpeed's swapper does. Same fp32
+  // weights, bit for bit, as the masters in memory; before a step no master bytes are in RAM and
+  // the file holds the masters and the moments (4 + 8 = 12 bytes per element of this rank).
   volt_test::TempDir dir;
-  std::filesystem::create_directories(dir / "nvme");
-  const std::vector<std::string> common{"--devices",
-                                        "2",
-                                        "--batch",
-                                        "8",
-                                        "--epochs",
-                                        "2",
-                                        "--dropout",
-                                        "1",
-                                        "--accum",
-                                        "3",
-                                        "--zero",
-                                        "3",
-                                        "--optimizer",
-                                        "adam",
-                                        "--ckpt-every-batch",
-                                        "1",
-                                        "--nvme",
-                                        dir / "nvme",
-                                        "--sub-group",
-                                        "100",
-                                        "--nvme-params",
-                                        "1"};
-  auto full = run_job(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
-  ASSERT_EQ(full.code, 0) << full.output;
-  auto killed = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
-                             "--die-batch", "5", "--timeout", "20"},
-                            common),
-                        60s);
-  ASSERT_EQ(killed.code, 1) << killed.output;
-  auto resumed = run_job(cat(
-      {"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"}, common));
-  ASSERT_EQ(resumed.code, 0) << resumed.output;
-  for (int r = 0; r < 2; ++r) {
-    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
-    EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))
-        << "rank " << r;
+  const std::string nvme = dir / "nvme";
+  std::filesystem::create_directories(nvme);
+  for (const char* stage : {"2", "3"}) {
+    const std::vector<std::string> common{
+        "--devices", "2",       "--batch", "8",           "--epochs", "1",           "--zero",
+        stage,       "--width", "16",      "--optimizer", "adam",     "--precision", "bf16-mixed"};
+    const std::string mem = dir / (std::string("mem") + stage);
+    const std::string off = dir / (std::string("nvme") + stage);
+    auto in_memory = run_job(cat({"--root", dir.path, "--out", mem}, common));
+    ASSERT_EQ(in_memory.code, 0) << in_memory.output;
+    auto offloaded = run_job(
+        cat({"--root", dir.path, "--out", off, "--nvme", nvme, "--sub-group", "64"}, common));
+    ASSERT_EQ(offloaded.code, 0) << offloaded.output;
+    for (int r = 0; r < 2; ++r) {
+      const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+      EXPECT_TRUE(torch::equal(load_flat(mem + suffix), load_flat(off + suffix)))
+          << "stage " << stage << " rank " << r;
+      const std::regex re("rank " + std::to_string(r) +
+                          " done .* state=(\\d+) master=(\\d+) numel=(\\d+) nvme=(\\d+)");
+      std::smatch a, b;
+      ASSERT_TRUE(std::regex_search(in_memory.output, a, re)) << in_memory.output;
+      ASSERT_TRUE(std::regex_search(offloaded.output, b, re)) << offloaded.output;
+      const double mem_state = std::stod(a[1]), mem_master = std::stod(a[2]);
+      const double numel = std::stod(b[3]), state = std::stod(b[1]), master = std::stod(b[2]),
+                   in_files = std::stod(b[4]);
+      EXPECT_NEAR(mem_master, 4 * numel / 2, 0.05 * 4 * numel / 2) << "stage " << stage;
+      EXPECT_EQ(state, 0) << offloaded.output;
+      EXPECT_EQ(master, 0) << "stage " << stage << ": the masters are in the file";
+      EXPECT_EQ(in_files, mem_state + mem_master) << "stage " << stage;
+      EXPECT_NEAR(in_files, 12 * numel / 2, 0.05 * 12 * numel / 2) << "stage " << stage;
+      if (r == 0) {
+        std::printf(
+            "[ measured ] stage %s bf16 masters: in RAM %.0f bytes (in-memory run %.0f), in the "
+            "swap file with their state %.0f (12 Psi/N = %.0f)\n",
+            stage, master, mem_master, in_files, 12 * numel / 2);
+      }
+    }
+    EXPECT_TRUE(empty_dir(nvme)) << "the run's swap folder outlived it";
+  }
+}
+
+TEST(DeepSpeedNvme, AKilledRunResumesBitIdenticallyFromItsCheckpoint) {
+  // Parameter chunks and optimizer state both on NVMe (and, bf16-mixed, the fp32 masters with
+  // the state): saving reads them in, loading writes them out again.
+  for (const char* precision : {"32-true", "bf16-mixed"}) {
+    SCOPED_TRACE(precision);
+    volt_test::TempDir dir;
+    std::filesystem::create_directories(dir / "nvme");
+    const std::vector<std::string> common{"--devices",   "2",           "--batch",
+                                          "8",           "--epochs",    "2",
+                                          "--dropout",   "1",           "--accum",
+                                          "3",           "--zero",      "3",
+                                          "--optimizer", "adam",        "--ckpt-every-batch",
+                                          "1",           "--nvme",      dir / "nvme",
+                                          "--sub-group", "100",         "--nvme-params",
+                                          "1",           "--precision", precision};
+    auto full = run_job(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
+    ASSERT_EQ(full.code, 0) << full.output;
+    auto killed = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
+                               "--die-batch", "5", "--timeout", "20"},
+                              common),
+                          60s);
+    ASSERT_EQ(killed.code, 1) << killed.output;
+    auto resumed = run_job(
+        cat({"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"},
+            common));
+    ASSERT_EQ(resumed.code, 0) << resumed.output;
+    for (int r = 0; r < 2; ++r) {
+      const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+      EXPECT_TRUE(
+          torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))
+          << "rank " << r;
+    }
   }
 }
 

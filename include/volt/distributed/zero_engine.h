@@ -66,8 +66,9 @@ struct ZeroMemory {
   int64_t parameters = 0;       ///< module parameters (full in stages 1 and 2)
   int64_t gradients = 0;        ///< full gradients (stage 1) or this rank's reduced chunks
   int64_t optimizer_state = 0;  ///< the optimizer's per-parameter state tensors
-  int64_t master_weights = 0;   ///< fp32 master chunks (bf16/fp16 parameters), else 0
-  /// Optimizer state swapped out to NVMe swap files (not in RAM; DeepSpeedStrategy::memory).
+  int64_t master_weights = 0;   ///< fp32 master chunks in RAM (bf16/fp16 parameters), else 0
+  /// Optimizer state swapped out to NVMe swap files (not in RAM; DeepSpeedStrategy::memory),
+  /// with the fp32 masters when there are some (they swap with their state).
   int64_t optimizer_state_in_files = 0;
   /// Stage 3 parameter chunks in the param_swap_file (not in RAM) now.
   int64_t parameters_in_files = 0;
@@ -164,7 +165,11 @@ class ZeroEngine {
   /// the persistent ones; the others are gathered when next read).
   void gather_parameters();
   /// Whether this engine keeps fp32 master weights.
-  bool has_master_weights() const { return master_shard_.defined(); }
+  bool has_master_weights() const { return masters_; }
+  /// Master weights: rounds the masters among `stepped` (what the optimizer just stepped) into
+  /// their parameter chunks now, while they are in memory. An NVMe optimizer swapper calls it
+  /// per sub-group before swapping those masters out; gather_parameters() rounds the rest.
+  void round_masters(const std::vector<at::Tensor>& stepped);
   /// Master weights, at the end of a run: all-gathers the fp32 masters into the (whole)
   /// parameters, e.g. after the module was cast back to fp32; collective. Call after
   /// restore_parameters().
@@ -257,7 +262,7 @@ class ZeroEngine {
   struct Swap;  // param_swap_file: the file and whether the shard is out
   std::unique_ptr<Swap> swap_;
   CommStats stats_;
-  at::Tensor master_shard_;  // master weights: this rank's fp32 chunks, flat
+  bool masters_ = false;  // master weights: ZeroChunk::master holds each chunk's fp32 copy
   // Stage 3.
   at::Tensor param_shard_;             // this rank's chunks of the partitioned parameters, padded
   std::vector<int64_t> shard_offset_;  // per chunk: its offset in param_shard_

@@ -48,10 +48,11 @@ struct ParamsGuard {
 }  // namespace
 
 OptimizerSwapper::OptimizerSwapper(torch::optim::Optimizer& optimizer, std::string file,
-                                   AioOptions aio, int64_t sub_group_size)
+                                   AioOptions aio, int64_t sub_group_size, bool swap_parameters)
     : optimizer_(optimizer),
       file_(std::make_unique<AioFile>(std::move(file), aio, /*create=*/true)),
-      sub_group_size_(sub_group_size) {
+      sub_group_size_(sub_group_size),
+      swap_parameters_(swap_parameters) {
   // Fault injection for tests/strategies/deepspeed_nvme_test.cpp: "R:N" SIGKILLs local rank R
   // right after it submits its N-th write request (the write in flight), as a crash would.
   if (const char* k = std::getenv("VOLT_TEST_KILL_AFTER_NVME_WRITES")) {
@@ -104,7 +105,7 @@ void OptimizerSwapper::submit_reads(const std::vector<at::Tensor>& params,
     for (const Piece& piece : rec->second.pieces) {
       at::Tensor buffer = at::empty(piece.sizes, at::TensorOptions().dtype(piece.dtype));
       file_->submit_read(buffer.data_ptr(), piece.bytes, piece.offset);
-      out.push_back(Pending{tensors.at(piece.index), buffer});
+      out.push_back(Pending{piece.index == kParameter ? p : tensors.at(piece.index), buffer});
     }
     rec->second.resident = true;
   }
@@ -143,6 +144,12 @@ void OptimizerSwapper::write_out(const std::vector<at::Tensor>& params, bool rel
       }
       continue;
     }
+    if (swap_parameters_ && p.numel() > 0) {
+      VOLT_ASSERT(p.is_contiguous() && p.device().is_cpu() && p.storage_offset() == 0,
+                  "a parameter to swap is not a contiguous CPU tensor owning its storage");
+      pieces.push_back(Piece{kParameter, p.sizes().vec(), p.scalar_type(),
+                             static_cast<int64_t>(p.numel() * p.element_size()), -1});
+    }
     // Same shapes as before: the same file range; otherwise (first step, after a load) new space.
     bool same = !relayout && rec != records_.end() && rec->second.pieces.size() == pieces.size();
     for (size_t i = 0; same && i < pieces.size(); ++i) {
@@ -156,7 +163,7 @@ void OptimizerSwapper::write_out(const std::vector<at::Tensor>& params, bool rel
         pieces[i].offset = end_;
         end_ += (pieces[i].bytes + 4095) / 4096 * 4096;  // page-aligned ranges
       }
-      const at::Tensor& t = tensors[pieces[i].index];
+      const at::Tensor& t = pieces[i].index == kParameter ? p : tensors[pieces[i].index];
       writing_.push_back(t.storage());  // alive until the write completes
       file_->submit_write(t.data_ptr(), pieces[i].bytes, pieces[i].offset);
       if (kill_after_writes_ >= 0 && ++writes_ >= kill_after_writes_) {
@@ -164,7 +171,8 @@ void OptimizerSwapper::write_out(const std::vector<at::Tensor>& params, bool rel
         std::fflush(stdout);
         ::raise(SIGKILL);
       }
-      // The state object keeps its tensor (shape gone, storage released once written).
+      // The state object (the optimizer, for a parameter) keeps its tensor (shape gone, storage
+      // released once written).
       at::Tensor handle = t;
       handle.set_();
     }
@@ -179,7 +187,8 @@ void OptimizerSwapper::finish_io() {
   writing_.clear();
 }
 
-bool OptimizerSwapper::step(const std::function<bool()>& step) {
+bool OptimizerSwapper::step(const std::function<bool()>& step,
+                            const std::function<void(const std::vector<at::Tensor>&)>& after) {
   const auto groups = make_sub_groups();
   last_sub_groups_ = static_cast<int64_t>(groups.size());
   bool ok = true;
@@ -194,6 +203,7 @@ bool OptimizerSwapper::step(const std::function<bool()>& step) {
       if (i + 1 < groups.size()) submit_reads(groups[i + 1], next);
       guard.narrow(groups[i]);
       ok = step() && ok;
+      if (after) after(groups[i]);
       finish_io();
       install(next);
       write_out(groups[i], false);

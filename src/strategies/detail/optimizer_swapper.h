@@ -25,31 +25,38 @@ class OptimizerSwapper {
  public:
   /// Keeps `optimizer`'s state in `file` (created; removed by the destructor). Sub-groups hold
   /// parameters of about `sub_group_size` elements together (at least one parameter each).
+  /// `swap_parameters`: the parameters themselves swap too (ZeRO's fp32 master weights, which
+  /// only the optimizer reads: DeepSpeed swaps them with their state); a parameter is in memory
+  /// only while its sub-group steps (and after swap_in_all()), and holds no elements otherwise.
   OptimizerSwapper(torch::optim::Optimizer& optimizer, std::string file, AioOptions aio,
-                   int64_t sub_group_size);
+                   int64_t sub_group_size, bool swap_parameters = false);
   ~OptimizerSwapper();
   OptimizerSwapper(const OptimizerSwapper&) = delete;
   OptimizerSwapper& operator=(const OptimizerSwapper&) = delete;
 
   /// Runs `step` (which calls optimizer.step()) once per sub-group with the param groups
-  /// narrowed to that sub-group and its state swapped in; afterwards all state is in the file
-  /// and none in memory. Returns whether every call returned true.
-  bool step(const std::function<bool()>& step);
+  /// narrowed to that sub-group and its state swapped in, then `after` (when given) with that
+  /// sub-group's parameters while they are still in memory (swap_parameters: where the stepped
+  /// masters are rounded into the model); afterwards all state is in the file and none in
+  /// memory. Returns whether every call returned true.
+  bool step(const std::function<bool()>& step,
+            const std::function<void(const std::vector<at::Tensor>&)>& after = nullptr);
   /// Reads every swapped-out state tensor back into memory (before a checkpoint is saved, at
   /// the end of a run).
   void swap_in_all();
   /// Writes all state present in memory to the file and frees it (after a save, or after a
   /// load replaced the state objects: the file layout is rebuilt from scratch).
   void swap_out_all(bool relayout = false);
-  /// Bytes of optimizer state the file holds now (0 while swapped in).
+  /// Bytes of optimizer state (and swapped parameters) the file holds now (0 while swapped in).
   int64_t file_bytes() const;
   /// Sub-groups of the last step.
   int64_t sub_groups() const { return last_sub_groups_; }
   const std::string& file() const { return file_->path(); }
 
  private:
+  static constexpr size_t kParameter = static_cast<size_t>(-1);  // Piece::index of the param
   struct Piece {
-    size_t index;  // into the state's tensor list
+    size_t index;  // into the state's tensor list, or kParameter
     std::vector<int64_t> sizes;
     at::ScalarType dtype;
     int64_t bytes;
@@ -72,6 +79,7 @@ class OptimizerSwapper {
   torch::optim::Optimizer& optimizer_;
   std::unique_ptr<AioFile> file_;
   int64_t sub_group_size_;
+  bool swap_parameters_;
   std::map<OptimizerStateKey, Record> records_;
   int64_t end_ = 0;                    // file bytes allocated
   std::vector<c10::Storage> writing_;  // storages of writes in flight (kept alive)
