@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
+
 #include "profiler/detail/host_syncs.h"
 #include "volt/core/check.h"
 
@@ -11,18 +13,14 @@ namespace detail {
 
 void NonfiniteLossCheck::record(const at::Tensor& loss, Where where) {
   const at::Tensor l = loss.detach().reshape({});
-  const at::Tensor bad = at::isfinite(l).logical_not();
-  const int64_t index = static_cast<int64_t>(pending_.size());
-  if (index == 0) {
-    first_bad_ = at::full({}, -1, l.options().dtype(at::kLong));
-    bad_loss_ = l.clone();
+  if (!losses_.defined() || losses_.device() != l.device() ||
+      losses_.scalar_type() != l.scalar_type()) {
+    check();  // what a buffer of another device or dtype holds
+    losses_ = at::empty({kMaxPending}, l.options());
   }
-  // Device-side: the first bad record wins; nothing here waits for the device.
-  const at::Tensor take = bad.logical_and(first_bad_.lt(0));
-  first_bad_.masked_fill_(take, index);
-  bad_loss_ = at::where(take, l, bad_loss_);
+  losses_.select(0, pending()).copy_(l);  // on the device; nothing here waits for it
   pending_.push_back(where);
-  if (pending() >= every_) check();
+  if (pending() >= std::min(every_, kMaxPending)) check();
 }
 
 void NonfiniteLossCheck::check() {
@@ -32,8 +30,11 @@ void NonfiniteLossCheck::check() {
   {
     // Named, so HostSyncMonitor and traces tell volt's own host read from the user's.
     RECORD_USER_SCOPE(kNonfiniteLossScope);
-    first = first_bad_.item<int64_t>();
-    if (first >= 0) value = bad_loss_.item<double>();
+    const at::Tensor bad = at::isfinite(losses_.narrow(0, 0, pending())).logical_not();
+    if (bad.any().item<bool>()) {  // the one read of a clean interval
+      first = bad.to(at::kInt).argmax().item<int64_t>();
+      value = losses_[first].item<double>();
+    }
     ++reads_;
   }
   const std::vector<Where> seen = std::move(pending_);
@@ -53,8 +54,6 @@ void NonfiniteLossCheck::check() {
 
 void NonfiniteLossCheck::reset() {
   pending_.clear();
-  first_bad_ = at::Tensor();
-  bad_loss_ = at::Tensor();
 }
 
 }  // namespace detail

@@ -1,11 +1,11 @@
 #pragma once
 // Private: the Trainer's non-finite training-loss check (TrainerOptions::detect_nonfinite_loss)
 // without a host read per step. Reading a loss on the host (item()) makes the host wait for an
-// accelerator to finish the step, so each step only records on the loss's own device whether
-// the loss is finite and which recorded step was the first that was not; the host reads that
-// one flag every `every` records (the logging cadence), before a checkpoint is written and at
-// the end of each training epoch. The error names the first bad step, as an immediate check
-// would; it is raised up to `every` - 1 steps later.
+// accelerator to finish the step, so each step only copies its loss into a small buffer on the
+// loss's own device (one copy kernel, no wait); the host checks the buffer every `every`
+// records (the logging cadence, at most kMaxPending), before a checkpoint is written and at the
+// end of each training epoch, with one read when all are finite. The error names the first bad
+// step, as an immediate check would; it is raised up to `every` - 1 steps later.
 
 #include <ATen/Tensor.h>
 
@@ -24,17 +24,20 @@ class NonfiniteLossCheck {
     int64_t batch_idx = 0;
   };
 
-  /// Reads the flag after `every` >= 1 records (1: after each, as a plain item() check).
+  /// The most records between two reads (the buffer's length), whatever `every` is.
+  static constexpr int64_t kMaxPending = 1024;
+
+  /// Reads after `every` >= 1 records (1: after each, as a plain item() check).
   explicit NonfiniteLossCheck(int64_t every = 1) : every_(every < 1 ? 1 : every) {}
 
   void set_every(int64_t every) { every_ = every < 1 ? 1 : every; }
   int64_t every() const { return every_; }
 
-  /// Records one scalar loss on its device (no host read); reads the flag (check()) once
-  /// `every` records are pending.
+  /// Records one scalar loss on its device (no host read); reads (check()) once `every` (or
+  /// kMaxPending) records are pending.
   void record(const at::Tensor& loss, Where where);
-  /// Reads the pending records' flag (one host read; none when nothing is pending) and throws
-  /// ValueError naming the first non-finite loss among them.
+  /// Checks the pending records (one host read when all are finite; none when nothing is
+  /// pending) and throws ValueError naming the first non-finite loss among them.
   void check();
   /// Forgets pending records without reading them (a new fit, or after a failure).
   void reset();
@@ -46,8 +49,7 @@ class NonfiniteLossCheck {
  private:
   int64_t every_;
   int64_t reads_ = 0;
-  at::Tensor first_bad_;  // int64 scalar on the loss's device: index into pending_, or -1
-  at::Tensor bad_loss_;   // that loss's value (meaningful only when first_bad_ >= 0)
+  at::Tensor losses_;  // [kMaxPending] on the loss's device, in its dtype; pending_ in front
   std::vector<Where> pending_;
 };
 
