@@ -273,6 +273,24 @@ class CheckpointWrapperImpl : public torch::nn::Module {
   const torch::nn::AnyModule& inner() const { return inner_; }
   const std::string& path() const { return path_; }
 
+  // A deep copy that is still checkpointed (Sequential::clone clones each entry through this).
+  // The copy stands alone as its Sequential's child, so it registers the cloned original's
+  // parameters, buffers and children as its own: parameter names and state dicts of a cloned
+  // model are those of the original.
+  std::shared_ptr<torch::nn::Module> clone(
+      const c10::optional<torch::Device>& device = c10::nullopt) const override {
+    auto copy = std::make_shared<CheckpointWrapperImpl>(inner_.clone(device), path_, options_);
+    torch::nn::Module& inner = *copy->inner_.ptr();
+    for (const auto& p : inner.named_parameters(/*recurse=*/false)) {
+      copy->register_parameter(p.key(), p.value(), p.value().requires_grad());
+    }
+    for (const auto& b : inner.named_buffers(/*recurse=*/false)) {
+      copy->register_buffer(b.key(), b.value());
+    }
+    for (const auto& c : inner.named_children()) copy->register_module(c.key(), c.value());
+    return copy;
+  }
+
  private:
   torch::nn::AnyModule inner_;
   std::string path_;

@@ -3,12 +3,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tiny.h"
+#include "training_jobs.h"
 #include "volt/accelerators/cpu_memory.h"
 #include "volt/core/errors.h"
 #include "volt/nn/checkpoint.h"
 #include "volt/precision/autocast.h"
-#include "tiny.h"
-#include "training_jobs.h"
 
 namespace {
 
@@ -351,6 +351,50 @@ TEST(ActivationCheckpointWrap, WrappingTwiceRecomputesOnce) {
   EXPECT_EQ(counter->calls, 2);  // forward + one recomputation (a double wrap would make it 3)
 }
 
+// An entry with children of its own (a Sequential cannot hold a Sequential).
+struct NormedLinearImpl : nn::Cloneable<NormedLinearImpl> {
+  NormedLinearImpl() { reset(); }
+  void reset() override {
+    fc = register_module("fc", nn::Linear(8, 8));
+    norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({8})));
+  }
+  at::Tensor forward(at::Tensor x) { return norm(fc(x)); }
+  nn::Linear fc{nullptr};
+  nn::LayerNorm norm{nullptr};
+};
+TORCH_MODULE(NormedLinear);
+
+// clone() of a model with wrapped entries: an independent deep copy with the same parameter
+// names and values, still checkpointed, with the same gradients.
+TEST(ActivationCheckpointWrap, AWrappedSequentialClonesDeepAndStaysCheckpointed) {
+  torch::manual_seed(7);
+  nn::Sequential seq(nn::Linear(4, 8), nn::Functional(torch::tanh), NormedLinear(),
+                     nn::Linear(8, 2));
+  volt::wrap_activation_checkpointing(*seq, {"*"});
+  auto copy = std::dynamic_pointer_cast<nn::SequentialImpl>(seq->clone());
+  ASSERT_NE(copy, nullptr);
+  EXPECT_EQ(volt::checkpointed_modules(*copy), volt::checkpointed_modules(*seq));
+  const auto mine = seq->named_parameters(), theirs = copy->named_parameters();
+  ASSERT_EQ(mine.keys(), theirs.keys());
+  for (const auto& kv : mine) {
+    EXPECT_TRUE(torch::equal(kv.value(), theirs[kv.key()])) << kv.key();
+    EXPECT_NE(kv.value().data_ptr(), theirs[kv.key()].data_ptr()) << kv.key() << " is shared";
+  }
+  EXPECT_EQ(seq->named_buffers().keys(), copy->named_buffers().keys());
+  const at::Tensor x = torch::randn({5, 4});
+  at::Tensor y = copy->forward(x.clone().requires_grad_(true));
+  EXPECT_NE(y.grad_fn()->name().find("CheckpointNode"), std::string::npos) << y.grad_fn()->name();
+  y.sum().backward();
+  seq->forward(x.clone().requires_grad_(true)).sum().backward();
+  for (const auto& kv : mine) {
+    ASSERT_TRUE(theirs[kv.key()].grad().defined()) << kv.key();
+    EXPECT_TRUE(torch::equal(kv.value().grad(), theirs[kv.key()].grad())) << kv.key();
+  }
+  torch::NoGradGuard no_grad;
+  theirs["0.weight"].add_(1.0);
+  EXPECT_FALSE(torch::equal(mine["0.weight"], theirs["0.weight"]));
+}
+
 TEST(ActivationCheckpointWrap, GlobSyntax) {
   EXPECT_TRUE(volt::module_path_matches("blocks.*", "blocks.3"));
   EXPECT_FALSE(volt::module_path_matches("blocks.*", "blocks.3.0"));
@@ -459,11 +503,26 @@ TEST(ActivationCheckpointMemory, DeepMlpPeakDropsAsTheModelPredicts) {
 void expect_job_unchanged_by_checkpointing(const std::vector<std::string>& strategy) {
   volt_test::TempDir dir;
   auto job = [&](const std::string& name, bool ckpt) {
-    std::vector<std::string> args{"--root", dir.path, "--out", dir.path + "/" + name,
-                                  "--devices", "2", "--batch", "4", "--epochs", "1",
-                                  "--samples", "32", "--dropout", "1", "--depth", "3",
-                                  "--checkpoint-activations", ckpt ? "1" : "0",
-                                  "--timeout", "120"};  // rendezvous on a loaded 2-core machine
+    std::vector<std::string> args{"--root",
+                                  dir.path,
+                                  "--out",
+                                  dir.path + "/" + name,
+                                  "--devices",
+                                  "2",
+                                  "--batch",
+                                  "4",
+                                  "--epochs",
+                                  "1",
+                                  "--samples",
+                                  "32",
+                                  "--dropout",
+                                  "1",
+                                  "--depth",
+                                  "3",
+                                  "--checkpoint-activations",
+                                  ckpt ? "1" : "0",
+                                  "--timeout",
+                                  "120"};  // rendezvous on a loaded 2-core machine
     args.insert(args.end(), strategy.begin(), strategy.end());
     const volt_test::Job j = volt_test::run_job(args);
     EXPECT_EQ(j.code, 0) << j.output;
