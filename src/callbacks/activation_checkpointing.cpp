@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
@@ -40,6 +41,12 @@ void ActivationCheckpointing::on_fit_start(RunContext& run, Module& module) {
     for (const auto& p : wrapped) os << " " << p;
     log_info("ActivationCheckpointing", os.str());
   }
+}
+
+std::ostream& operator<<(std::ostream& os, const ActivationCheckpointingOptions& o) {
+  return os << "ActivationCheckpointingOptions(modules=" << detail::quoted_list(o.modules())
+            << ", cpu_checkpointing=" << detail::optional_text(o.cpu_checkpointing())
+            << ", preserve_rng_state=" << o.preserve_rng_state() << ")";
 }
 
 }  // namespace volt

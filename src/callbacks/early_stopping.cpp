@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 
+#include "core/detail/print.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -11,10 +12,10 @@ namespace volt {
 EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
   VOLT_CHECK(!options_.monitor().empty(), ConfigError,
              "[EarlyStopping] monitor is empty; name a logged metric such as \"val_loss\".");
-  VOLT_CHECK(options_.patience() >= 0, ConfigError, "[EarlyStopping] patience=",
-             options_.patience(), " is negative.");
-  VOLT_CHECK(std::isfinite(options_.min_delta()), ConfigError, "[EarlyStopping] min_delta=",
-             options_.min_delta(), " is not finite.");
+  VOLT_CHECK(options_.patience() >= 0, ConfigError,
+             "[EarlyStopping] patience=", options_.patience(), " is negative.");
+  VOLT_CHECK(std::isfinite(options_.min_delta()), ConfigError,
+             "[EarlyStopping] min_delta=", options_.min_delta(), " is not finite.");
   // Lightning compares against best - |min_delta| in min mode (best + |min_delta| in max).
   options_.min_delta(std::abs(options_.min_delta()) * (options_.mode() == Mode::kMin ? -1 : 1));
   best_score_ = options_.mode() == Mode::kMin ? std::numeric_limits<double>::infinity()
@@ -22,8 +23,8 @@ EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(
 }
 
 std::string EarlyStopping::state_key() const {
-  return "EarlyStopping{monitor=" + options_.monitor() + ",mode=" +
-         (options_.mode() == Mode::kMin ? "min" : "max") + "}";
+  return "EarlyStopping{monitor=" + options_.monitor() +
+         ",mode=" + (options_.mode() == Mode::kMin ? "min" : "max") + "}";
 }
 
 void EarlyStopping::on_validation_end(RunContext& run, Module& module) {
@@ -100,6 +101,17 @@ void EarlyStopping::load_state(torch::serialize::InputArchive& ar) {
   wait_count_ = w.toInt();
   best_score_ = b.toDouble();
   stopped_epoch_ = s.toInt();
+}
+
+std::ostream& operator<<(std::ostream& os, const EarlyStoppingOptions& o) {
+  return os << "EarlyStoppingOptions(monitor=" << detail::quoted(o.monitor())
+            << ", min_delta=" << o.min_delta() << ", patience=" << o.patience()
+            << ", mode=" << (o.mode() == Mode::kMin ? "min" : "max")
+            << ", check_finite=" << o.check_finite()
+            << ", stopping_threshold=" << detail::optional_text(o.stopping_threshold())
+            << ", divergence_threshold=" << detail::optional_text(o.divergence_threshold())
+            << ", strict=" << o.strict()
+            << ", check_on_train_epoch_end=" << o.check_on_train_epoch_end() << ")";
 }
 
 }  // namespace volt

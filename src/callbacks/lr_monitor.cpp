@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/run_context.h"
 #include "volt/kernels/fused_adamw.h"
@@ -50,8 +51,7 @@ c10::optional<double> weight_decay_of(const torch::optim::OptimizerOptions& o) {
 
 }  // namespace
 
-LearningRateMonitor::LearningRateMonitor(LearningRateMonitorOptions options)
-    : options_(options) {}
+LearningRateMonitor::LearningRateMonitor(LearningRateMonitorOptions options) : options_(options) {}
 
 void LearningRateMonitor::on_train_start(RunContext& run, Module&) {
   VOLT_CHECK(run.has_loggers(), ConfigError,
@@ -111,6 +111,16 @@ void LearningRateMonitor::log(RunContext& run, bool epoch_boundary) {
   if (stats.empty()) return;
   for (const auto& l : run.loggers()) l->log_metrics(stats, run.state().global_step);
   for (const auto& kv : stats) last_[kv.first] = kv.second;
+}
+
+std::ostream& operator<<(std::ostream& os, const LearningRateMonitorOptions& o) {
+  const LoggingInterval i = o.logging_interval();
+  return os << "LearningRateMonitorOptions(logging_interval="
+            << (i == LoggingInterval::kAuto   ? "auto"
+                : i == LoggingInterval::kStep ? "step"
+                                              : "epoch")
+            << ", log_momentum=" << o.log_momentum()
+            << ", log_weight_decay=" << o.log_weight_decay() << ")";
 }
 
 }  // namespace volt

@@ -14,6 +14,7 @@
 #include <regex>
 #include <vector>
 
+#include "core/detail/print.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -44,7 +45,9 @@ std::vector<Field> parse_template(const std::string& tmpl, std::string* tail) {
   return out;
 }
 
-bool is_int_field(const std::string& name) { return name == "epoch" || name == "step"; }
+bool is_int_field(const std::string& name) {
+  return name == "epoch" || name == "step";
+}
 
 // Python semantics, which Lightning's templates follow: an integer with a float presentation
 // type ("{epoch:.1f}") is formatted as a float. fmt would reject the precision.
@@ -98,8 +101,9 @@ void check_template(const std::string& tmpl) {
 }  // namespace
 
 ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std::move(options)) {
-  VOLT_CHECK(options_.save_top_k() >= -1, ConfigError, "[ModelCheckpoint] save_top_k=",
-             options_.save_top_k(), " is invalid; pass -1 (all), 0 (none) or a count.");
+  VOLT_CHECK(options_.save_top_k() >= -1, ConfigError,
+             "[ModelCheckpoint] save_top_k=", options_.save_top_k(),
+             " is invalid; pass -1 (all), 0 (none) or a count.");
   VOLT_CHECK(options_.every_n_train_steps() >= 0, ConfigError,
              "[ModelCheckpoint] every_n_train_steps=", options_.every_n_train_steps(),
              " is negative.");
@@ -118,8 +122,8 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
 }
 
 std::string ModelCheckpoint::state_key() const {
-  return "ModelCheckpoint{monitor=" + options_.monitor() + ",mode=" +
-         (options_.mode() == Mode::kMin ? "min" : "max") +
+  return "ModelCheckpoint{monitor=" + options_.monitor() +
+         ",mode=" + (options_.mode() == Mode::kMin ? "min" : "max") +
          ",every_n_train_steps=" + std::to_string(options_.every_n_train_steps()) +
          ",every_n_epochs=" + std::to_string(*options_.every_n_epochs()) + "}";
 }
@@ -316,6 +320,16 @@ void ModelCheckpoint::load_state(torch::serialize::InputArchive& ar) {
   // saving is collective, and the relaunched ranks would save where this one skips.
   last_saved_step_ = -1;
   last_saved_epoch_ = -1;
+}
+
+std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o) {
+  return os << "ModelCheckpointOptions(dirpath=" << detail::quoted(o.dirpath())
+            << ", filename=" << detail::quoted(o.filename())
+            << ", monitor=" << detail::quoted(o.monitor())
+            << ", mode=" << (o.mode() == Mode::kMin ? "min" : "max")
+            << ", save_top_k=" << o.save_top_k() << ", save_last=" << o.save_last()
+            << ", every_n_train_steps=" << o.every_n_train_steps()
+            << ", every_n_epochs=" << detail::optional_text(o.every_n_epochs()) << ")";
 }
 
 }  // namespace volt

@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/run_context.h"
 
@@ -54,7 +55,9 @@ void Timer::on_train_start(RunContext&, Module&) {
   s.start = Clock::now();
   s.end.reset();
 }
-void Timer::on_train_end(RunContext&, Module&) { spans_[Stage::kFit].end = Clock::now(); }
+void Timer::on_train_end(RunContext&, Module&) {
+  spans_[Stage::kFit].end = Clock::now();
+}
 void Timer::on_validation_start(RunContext&, Module&) {
   spans_[Stage::kValidate] = Span{Clock::now(), c10::nullopt, 0};
 }
@@ -64,7 +67,9 @@ void Timer::on_validation_end(RunContext&, Module&) {
 void Timer::on_test_start(RunContext&, Module&) {
   spans_[Stage::kTest] = Span{Clock::now(), c10::nullopt, 0};
 }
-void Timer::on_test_end(RunContext&, Module&) { spans_[Stage::kTest].end = Clock::now(); }
+void Timer::on_test_end(RunContext&, Module&) {
+  spans_[Stage::kTest].end = Clock::now();
+}
 
 void Timer::on_train_batch_end(RunContext& run, Module&, const Batch&, int64_t) {
   if (options_.interval() == Interval::kStep) check(run);
@@ -76,9 +81,9 @@ void Timer::on_train_epoch_end(RunContext& run, Module&) {
 void Timer::check(RunContext& run) {
   if (!options_.duration_s() || time_remaining() > 0) return;
   if (options_.verbose() && run.is_global_zero()) {
-    std::cout << "[Timer] time limit of " << *options_.duration_s()
-              << " s reached after epoch " << run.state().epoch << ", global step "
-              << run.state().global_step << "; stopping training." << std::endl;
+    std::cout << "[Timer] time limit of " << *options_.duration_s() << " s reached after epoch "
+              << run.state().epoch << ", global step " << run.state().global_step
+              << "; stopping training." << std::endl;
   }
   run.request_stop();
 }
@@ -89,7 +94,14 @@ void Timer::save_state(torch::serialize::OutputArchive& ar) const {
 
 void Timer::load_state(torch::serialize::InputArchive& ar) {
   c10::IValue v;
-  if (ar.try_read("fit_elapsed", v)) spans_[Stage::kFit] = Span{c10::nullopt, c10::nullopt, v.toDouble()};
+  if (ar.try_read("fit_elapsed", v))
+    spans_[Stage::kFit] = Span{c10::nullopt, c10::nullopt, v.toDouble()};
+}
+
+std::ostream& operator<<(std::ostream& os, const TimerOptions& o) {
+  return os << "TimerOptions(duration_s=" << detail::optional_text(o.duration_s())
+            << ", interval=" << (o.interval() == Interval::kStep ? "step" : "epoch")
+            << ", verbose=" << o.verbose() << ")";
 }
 
 }  // namespace volt

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/detail/print.h"
 #include "distributed/detail/intercept.h"
 #include "volt/core/check.h"
 #include "volt/distributed/process_group.h"
@@ -494,6 +495,20 @@ void TensorParallelEngine::restore() {
 
 int64_t TensorParallelEngine::parameter_bytes() const {
   return detail::storage_bytes(root_.parameters());
+}
+
+std::ostream& operator<<(std::ostream& os, const TensorParallelOptions& o) {
+  os << "TensorParallelOptions(tp_size=" << o.tp_size() << ", plan=[";
+  for (size_t i = 0; i < o.plan().size(); ++i) {
+    os << (i ? ", " : "")
+       << detail::quoted(o.plan()[i].first + "=" + to_string(o.plan()[i].second));
+  }
+  os << "], injection_policy=[";
+  for (size_t i = 0; i < o.injection_policy().size(); ++i) {
+    os << (i ? ", " : "") << detail::quoted(o.injection_policy()[i].first) << ": "
+       << detail::quoted_list(o.injection_policy()[i].second);
+  }
+  return os << "], num_heads=" << o.num_heads() << ")";
 }
 
 }  // namespace volt

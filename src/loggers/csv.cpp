@@ -13,6 +13,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/detail/print.h"
 #include "detail/csv_format.h"
 #include "detail/log_dir.h"
 #include "volt/core/check.h"
@@ -61,7 +62,8 @@ int64_t CSVLogger::version() {
   // Next free version_N under save_dir/name.
   const std::string root = options_.save_dir() + "/" + options_.name();
   version_ = detail::next_version(root);
-  detail::make_dirs(root + "/version_" + std::to_string(version_), "CSVLogger");  // claim it at once
+  detail::make_dirs(root + "/version_" + std::to_string(version_),
+                    "CSVLogger");  // claim it at once
   return version_;
 }
 
@@ -72,7 +74,9 @@ std::string CSVLogger::log_dir() {
   return dir;
 }
 
-std::string CSVLogger::metrics_path() { return log_dir() + "/metrics.csv"; }
+std::string CSVLogger::metrics_path() {
+  return log_dir() + "/metrics.csv";
+}
 
 void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params) {
   // yaml-cpp quotes whatever YAML would misread (": ", "#", "- x", "null", newlines ...); numbers
@@ -166,7 +170,7 @@ void CSVLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
   std::fclose(f);
   // A run killed while appending can leave a last line without its newline: drop it.
   content.erase(content.find_last_of('\n') == std::string::npos ? 0
-                                                                 : content.find_last_of('\n') + 1);
+                                                                : content.find_last_of('\n') + 1);
   // The header quotes names holding commas or quotes: parse the file as CSV, not split at commas.
   const auto records = detail::parse_csv(content, "[CSVLogger] " + metrics_path());
   if (records.empty()) return;
@@ -188,14 +192,20 @@ void CSVLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
       char* stop = nullptr;
       const double v = std::strtod(cells[c].c_str(), &stop);
       VOLT_CHECK(stop == cells[c].c_str() + cells[c].size(), DataError, "[CSVLogger] ",
-                 metrics_path(), ":", records[r].line, ": '", cells[c], "' in column '",
-                 header[c], "' is not a number; repair or delete that line to resume.");
+                 metrics_path(), ":", records[r].line, ": '", cells[c], "' in column '", header[c],
+                 "' is not a number; repair or delete that line to resume.");
       row.values[header[c]] = v;
     }
     rows_.push_back(row);
   }
   header_dirty_ = true;  // rewrite without the dropped rows on the next save
   flushed_ = 0;
+}
+
+std::ostream& operator<<(std::ostream& os, const CSVLoggerOptions& o) {
+  return os << "CSVLoggerOptions(save_dir=" << detail::quoted(o.save_dir())
+            << ", name=" << detail::quoted(o.name()) << ", version=" << o.version()
+            << ", flush_logs_every_n_steps=" << o.flush_logs_every_n_steps() << ")";
 }
 
 }  // namespace volt

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/detail/print.h"
 #include "detail/log_dir.h"
 #include "volt/core/check.h"
 
@@ -77,8 +78,7 @@ class Proto {
 };
 
 double now_secs() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // Event fields: wall_time=1, step=2, file_version=3, summary=5, session_log=6.
@@ -127,8 +127,9 @@ TensorBoardLogger::TensorBoardLogger(TensorBoardLoggerOptions options)
     : options_(std::move(options)) {
   VOLT_CHECK(!options_.save_dir().empty(), ConfigError,
              "[TensorBoardLogger] save_dir is empty; pass a folder.");
-  VOLT_CHECK(options_.version() >= -1, ConfigError, "[TensorBoardLogger] version=",
-             options_.version(), " is invalid; pass -1 (auto) or a version number.");
+  VOLT_CHECK(options_.version() >= -1, ConfigError,
+             "[TensorBoardLogger] version=", options_.version(),
+             " is invalid; pass -1 (auto) or a version number.");
   VOLT_CHECK(options_.flush_logs_every_n_steps() >= 1, ConfigError,
              "[TensorBoardLogger] flush_logs_every_n_steps=", options_.flush_logs_every_n_steps(),
              " must be >= 1.");
@@ -163,9 +164,8 @@ std::string TensorBoardLogger::events_path() {
     // TensorBoard reads every file whose name contains "tfevents"; the pid and a counter keep
     // names unique when a resumed run writes into the same folder within one second.
     static int counter = 0;
-    path_ = log_dir() + "/events.out.tfevents." +
-            std::to_string(static_cast<int64_t>(now_secs())) + "." + host + "." +
-            std::to_string(::getpid()) + "." + std::to_string(counter++) + ".v2";
+    path_ = log_dir() + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(now_secs())) +
+            "." + host + "." + std::to_string(::getpid()) + "." + std::to_string(counter++) + ".v2";
   }
   return path_;
 }
@@ -221,8 +221,9 @@ void TensorBoardLogger::log_hyperparams(const std::map<std::string, std::string>
   start.double_field(5, now_secs());
   Proto start_data;
   start_data.varint_field(1, 0).message_field(3, start);
-  write_event(
-      event(0).message_field(5, hparams_summary("_hparams_/session_start_info", start_data)).bytes());
+  write_event(event(0)
+                  .message_field(5, hparams_summary("_hparams_/session_start_info", start_data))
+                  .bytes());
   hparams_logged_ = true;
   save();
 }
@@ -253,7 +254,8 @@ void TensorBoardLogger::finalize(RunStatus status) {
   if (hparams_logged_) {
     // SessionEndInfo{status=1}: STATUS_SUCCESS=1, STATUS_FAILURE=2, STATUS_ABORTED=3.
     Proto end;
-    end.varint_field(1, status == RunStatus::kFinished ? 1 : (status == RunStatus::kInterrupted ? 3 : 2));
+    end.varint_field(
+        1, status == RunStatus::kFinished ? 1 : (status == RunStatus::kInterrupted ? 3 : 2));
     end.double_field(2, now_secs());
     Proto end_data;
     end_data.varint_field(1, 0).message_field(4, end);
@@ -278,6 +280,12 @@ void TensorBoardLogger::load_state(torch::serialize::InputArchive& ar, int64_t s
   if (file_.is_open()) file_.close();
   path_.clear();
   resume_step_ = step;
+}
+
+std::ostream& operator<<(std::ostream& os, const TensorBoardLoggerOptions& o) {
+  return os << "TensorBoardLoggerOptions(save_dir=" << detail::quoted(o.save_dir())
+            << ", name=" << detail::quoted(o.name()) << ", version=" << o.version()
+            << ", flush_logs_every_n_steps=" << o.flush_logs_every_n_steps() << ")";
 }
 
 }  // namespace volt

@@ -12,6 +12,7 @@
 #include <ostream>
 #include <tuple>
 
+#include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/kernels/fused_adamw.h"
@@ -36,7 +37,9 @@ std::string join(const std::vector<double>& v) {
   return s + "}";
 }
 
-c10::IValue doubles(const std::vector<double>& v) { return c10::IValue(c10::List<double>(v)); }
+c10::IValue doubles(const std::vector<double>& v) {
+  return c10::IValue(c10::List<double>(v));
+}
 
 std::vector<double> read_doubles(torch::serialize::InputArchive& archive, const char* key) {
   c10::IValue v;
@@ -58,9 +61,13 @@ LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer)
   last_lrs_ = base_lrs_;
 }
 
-void LRScheduler::step() { advance(); }
+void LRScheduler::step() {
+  advance();
+}
 
-void LRScheduler::step(double /*metric*/) { step(); }
+void LRScheduler::step(double /*metric*/) {
+  step();
+}
 
 std::vector<double> LRScheduler::closed_form_lrs(const std::vector<double>& current) {
   return compute_lrs(current);
@@ -348,8 +355,8 @@ WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, WarmupLROptions options)
   VOLT_CHECK(options_.warmup_min_lr() >= 0 && options_.warmup_max_lr() >= 0, ConfigError,
              "[WarmupLR] warmup_min_lr=", options_.warmup_min_lr(),
              " and warmup_max_lr=", options_.warmup_max_lr(), " must be >= 0.");
-  VOLT_CHECK(options_.warmup_num_steps() >= 0, ConfigError, "[WarmupLR] warmup_num_steps=",
-             options_.warmup_num_steps(), " must be >= 0.");
+  VOLT_CHECK(options_.warmup_num_steps() >= 0, ConfigError,
+             "[WarmupLR] warmup_num_steps=", options_.warmup_num_steps(), " must be >= 0.");
   // DeepSpeed writes nothing at construction: the first optimizer step uses the optimizer's lr.
 }
 
@@ -360,7 +367,9 @@ double WarmupLR::warmup_gamma(int64_t it) const {
   return std::log(static_cast<double>(it + 1)) / std::log(static_cast<double>(warmup_steps_));
 }
 
-double WarmupLR::gamma(int64_t it) const { return it < warmup_steps_ ? warmup_gamma(it) : 1.0; }
+double WarmupLR::gamma(int64_t it) const {
+  return it < warmup_steps_ ? warmup_gamma(it) : 1.0;
+}
 
 std::vector<double> WarmupLR::compute_lrs(const std::vector<double>& current) {
   // DeepSpeed's last_batch_iteration is one behind PyTorch's last_epoch.
@@ -441,8 +450,8 @@ bool has_momentum(torch::optim::OptimizerOptions& o) {
   return dynamic_cast<torch::optim::SGDOptions*>(&o) ||
          dynamic_cast<torch::optim::RMSpropOptions*>(&o) ||
          dynamic_cast<torch::optim::AdamOptions*>(&o) ||
-         dynamic_cast<torch::optim::AdamWOptions*>(&o) ||
-         dynamic_cast<FusedSGDOptions*>(&o) || dynamic_cast<FusedAdamWOptions*>(&o);
+         dynamic_cast<torch::optim::AdamWOptions*>(&o) || dynamic_cast<FusedSGDOptions*>(&o) ||
+         dynamic_cast<FusedAdamWOptions*>(&o);
 }
 
 }  // namespace
@@ -515,12 +524,9 @@ OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, OneCycleLROptions opt
 
 double OneCycleLR::lr_of(size_t group, Level level) const {
   switch (level) {
-    case Level::kInitial:
-      return base_lrs_[group];
-    case Level::kMax:
-      return max_lrs_[group];
-    case Level::kMin:
-      break;
+    case Level::kInitial: return base_lrs_[group];
+    case Level::kMax: return max_lrs_[group];
+    case Level::kMin: break;
   }
   return min_lrs_[group];
 }
@@ -800,6 +806,14 @@ void ReduceLROnPlateau::load(torch::serialize::InputArchive& archive) {
   best_ = best.toDouble();
   num_bad_epochs_ = bad.toInt();
   cooldown_counter_ = cooldown.toInt();
+}
+
+std::ostream& operator<<(std::ostream& os, const WarmupLROptions& o) {
+  return os << "WarmupLROptions(warmup_min_lr=" << o.warmup_min_lr()
+            << ", warmup_max_lr=" << o.warmup_max_lr()
+            << ", warmup_num_steps=" << o.warmup_num_steps()
+            << ", warmup_type=" << (o.warmup_type() == WarmupType::kLog ? "log" : "linear")
+            << ", total_num_steps=" << o.total_num_steps() << ")";
 }
 
 }  // namespace volt

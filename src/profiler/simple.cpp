@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/io/checkpoint_io.h"
@@ -90,6 +91,11 @@ void SimpleProfiler::describe(const std::string& stage, const std::string& log_d
   stats_.clear();
   open_.clear();
   started_ = false;
+}
+
+std::ostream& operator<<(std::ostream& os, const SimpleProfilerOptions& o) {
+  return os << "SimpleProfilerOptions(dirpath=" << detail::quoted(o.dirpath())
+            << ", filename=" << detail::quoted(o.filename()) << ")";
 }
 
 }  // namespace volt

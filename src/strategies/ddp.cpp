@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 
+#include "core/detail/print.h"
 #include "distributed/detail/net.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -148,7 +149,9 @@ ProcessGroup& DdpStrategy::group() const {
   return *group_;
 }
 
-void DdpStrategy::teardown() { Strategy::teardown(); }
+void DdpStrategy::teardown() {
+  Strategy::teardown();
+}
 
 c10::Device DdpStrategy::root_device() const {
   // On the CPU every rank shares the host; on CUDA local rank i owns device i.
@@ -290,6 +293,16 @@ void DdpStrategy::save_checkpoint(torch::serialize::OutputArchive& archive,
                                   const std::string& path) {
   Strategy::save_checkpoint(archive, path);  // rank 0 writes
   barrier("save_checkpoint");                // nobody reads or replaces it before it exists
+}
+
+std::ostream& operator<<(std::ostream& os, const DdpStrategyOptions& o) {
+  return os << "DdpStrategyOptions(bucket_cap_mb=" << o.bucket_cap_mb()
+            << ", gradient_as_bucket_view=" << o.gradient_as_bucket_view()
+            << ", static_graph=" << o.static_graph()
+            << ", find_unused_parameters=" << o.find_unused_parameters()
+            << ", broadcast_buffers=" << o.broadcast_buffers() << ", timeout_s=" << o.timeout_s()
+            << ", process_group_backend=" << detail::quoted(o.process_group_backend())
+            << ", max_restarts=" << o.max_restarts() << ")";
 }
 
 }  // namespace volt

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/detail/print.h"
 #include "io/detail/state_key.h"
 #include "strategies/detail/optimizer_swapper.h"
 #include "volt/core/atomic_file.h"
@@ -1337,6 +1338,37 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
   }
   root.write("state_dict", weights_out);
   io.save(root, out);
+}
+
+std::ostream& operator<<(std::ostream& os, const DeepSpeedStrategyOptions& o) {
+  return os << "DeepSpeedStrategyOptions("
+            << "zero_optimization=" << o.zero_optimization() << ", stage=" << o.stage()
+            << ", offload_optimizer=" << o.offload_optimizer()
+            << ", offload_optimizer_device=" << detail::quoted(o.offload_optimizer_device())
+            << ", offload_parameters=" << o.offload_parameters()
+            << ", param_persistence_threshold=" << o.param_persistence_threshold()
+            << ", max_live_parameters=" << o.max_live_parameters()
+            << ", offload_parameters_device=" << detail::quoted(o.offload_parameters_device())
+            << ", nvme_path=" << detail::quoted(o.nvme_path())
+            << ", sub_group_size=" << o.sub_group_size()
+            << ", aio_block_size=" << o.aio_block_size()
+            << ", aio_queue_depth=" << o.aio_queue_depth()
+            << ", aio_use_uring=" << o.aio_use_uring()
+            << ", cpu_checkpointing=" << o.cpu_checkpointing()
+            << ", reduce_bucket_size=" << o.reduce_bucket_size()
+            << ", allgather_bucket_size=" << o.allgather_bucket_size()
+            << ", overlap_comm=" << o.overlap_comm()
+            << ", prefetch_bucket_size=" << o.prefetch_bucket_size()
+            << ", zero_allow_untested_optimizer=" << o.zero_allow_untested_optimizer()
+            << ", master_weights=" << o.master_weights()
+            << ", config=" << detail::quoted(o.config())
+            << ", parallel_devices=" << o.parallel_devices() << ", timeout_s=" << o.timeout_s()
+            << ", process_group_backend=" << detail::quoted(o.process_group_backend())
+            << ", tensor_parallel=" << o.tensor_parallel()
+            << ", dtype=" << detail::quoted(o.dtype())
+            << ", replace_with_kernel_inject=" << o.replace_with_kernel_inject()
+            << ", enable_cuda_graph=" << o.enable_cuda_graph()
+            << ", replace_method=" << detail::quoted(o.replace_method()) << ")";
 }
 
 }  // namespace volt

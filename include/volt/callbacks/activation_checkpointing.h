@@ -3,6 +3,7 @@
 /// at the start of fit, without editing the model (from C++ or a YAML config).
 
 #include <torch/arg.h>
+#include <iosfwd>
 
 #include <string>
 #include <vector>
@@ -23,6 +24,8 @@ struct ActivationCheckpointingOptions {
   /// Replay RNG states in recomputation (same dropout masks). Default: true.
   TORCH_ARG(bool, preserve_rng_state) = true;
 };
+
+std::ostream& operator<<(std::ostream& os, const ActivationCheckpointingOptions& o);
 
 /// Wraps the matching Sequential entries of the model with volt::checkpoint in on_fit_start,
 /// after the strategy has set up the model and before the first forward; wrapping changes no

@@ -3,6 +3,7 @@
 
 #include <c10/util/Optional.h>
 #include <torch/arg.h>
+#include <iosfwd>
 
 #include <string>
 
@@ -32,6 +33,8 @@ struct EarlyStoppingOptions {
   /// Check at train epoch end instead of after validation. Default: false.
   TORCH_ARG(bool, check_on_train_epoch_end) = false;
 };
+
+std::ostream& operator<<(std::ostream& os, const EarlyStoppingOptions& o);
 
 /// Lightning's EarlyStopping; patience counts validation checks, not epochs.
 class EarlyStopping : public Callback {

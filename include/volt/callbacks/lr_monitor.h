@@ -3,6 +3,7 @@
 /// decay) per param group, as Lightning's callback of the same name.
 
 #include <torch/arg.h>
+#include <iosfwd>
 
 #include <string>
 #include <vector>
@@ -27,6 +28,8 @@ struct LearningRateMonitorOptions {
   /// Also log weight decay as "<name>-weight_decay". Default: false.
   TORCH_ARG(bool, log_weight_decay) = false;
 };
+
+std::ostream& operator<<(std::ostream& os, const LearningRateMonitorOptions& o);
 
 /// Names: "lr-<Optimizer>" for one param group, "lr-<Optimizer>/pg<i>" (1-based) for several,
 /// "-<k>" appended to repeated optimizer types. Values go straight to the loggers (host values:

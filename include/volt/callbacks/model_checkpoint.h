@@ -3,6 +3,7 @@
 
 #include <c10/util/Optional.h>
 #include <torch/arg.h>
+#include <iosfwd>
 
 #include <map>
 #include <string>
@@ -36,6 +37,8 @@ struct ModelCheckpointOptions {
   /// 0 = off. Default: 1 unless every_n_train_steps is set.
   TORCH_ARG(c10::optional<int64_t>, every_n_epochs);
 };
+
+std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o);
 
 /// Lightning's ModelCheckpoint. Files are written atomically; a file is deleted only after its
 /// replacement is on disk, so at every instant the best and last checkpoints exist.

@@ -3,6 +3,7 @@
 /// as Lightning's Timer callback; the elapsed training time survives checkpoint/resume.
 
 #include <torch/arg.h>
+#include <iosfwd>
 
 #include <chrono>
 #include <map>
@@ -21,6 +22,8 @@ struct TimerOptions {
   /// Print a line when the limit stops training. Default: true.
   TORCH_ARG(bool, verbose) = true;
 };
+
+std::ostream& operator<<(std::ostream& os, const TimerOptions& o);
 
 class Timer : public Callback {
  public:

@@ -9,6 +9,7 @@
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
+#include <iosfwd>
 
 #include <cstdint>
 #include <map>
@@ -54,6 +55,8 @@ struct TensorParallelOptions {
   /// (unknown: only the feature counts are checked).
   TORCH_ARG(int64_t, num_heads) = 0;
 };
+
+std::ostream& operator<<(std::ostream& os, const TensorParallelOptions& o);
 
 /// Parses the CLI/YAML forms: plan entries "pattern=style" (e.g. "qkv_*=colwise_qkv") and
 /// policy entries "Module: member, member" (e.g. "Block: attn.o, mlp.fc2"). ConfigError names

@@ -2,6 +2,7 @@
 /// CSVLogger: save_dir/name/version_N/{metrics.csv, hparams.yaml}, N auto-incremented.
 
 #include <torch/arg.h>
+#include <iosfwd>
 
 #include <fstream>
 #include <map>
@@ -24,6 +25,8 @@ struct CSVLoggerOptions {
   /// Buffered rows flushed to disk every this many log_metrics calls. Default: 100.
   TORCH_ARG(int64_t, flush_logs_every_n_steps) = 100;
 };
+
+std::ostream& operator<<(std::ostream& os, const CSVLoggerOptions& o);
 
 /// Writes one CSV row per log_metrics call with columns step + the union of metric names;
 /// when a new metric appears the file is rewritten (atomically) with the wider header.

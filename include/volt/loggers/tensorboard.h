@@ -4,6 +4,7 @@
 /// save_dir/name/version_N/, with scalars and an hparams-plugin session.
 
 #include <torch/arg.h>
+#include <iosfwd>
 
 #include <cstdint>
 #include <fstream>
@@ -25,6 +26,8 @@ struct TensorBoardLoggerOptions {
   /// Buffered records are written to disk every this many log_metrics calls. Default: 10.
   TORCH_ARG(int64_t, flush_logs_every_n_steps) = 10;
 };
+
+std::ostream& operator<<(std::ostream& os, const TensorBoardLoggerOptions& o);
 
 /// Writes one Event per log_metrics call (a Summary with one simple_value per metric), the
 /// hparams plugin's experiment / session-start summaries on log_hyperparams, and its

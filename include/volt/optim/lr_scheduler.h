@@ -227,6 +227,8 @@ struct WarmupLROptions {
   TORCH_ARG(int64_t, total_num_steps) = 0;
 };
 
+std::ostream& operator<<(std::ostream& os, const WarmupLROptions& o);
+
 /// DeepSpeed's WarmupLR (deepspeed.runtime.lr_schedules), stepped after each optimizer step:
 /// after step k the lr is min + (max - min) * gamma(k - 1), gamma rising to 1 over
 /// warmup_num_steps and staying there. Constructing it leaves the optimizer's lr untouched, as

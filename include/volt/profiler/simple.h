@@ -3,6 +3,7 @@
 /// SimpleProfiler; the report is printed or written to <dirpath>/<stage>-<filename>.txt.
 
 #include <torch/arg.h>
+#include <iosfwd>
 
 #include <chrono>
 #include <cstdio>
@@ -20,6 +21,8 @@ struct SimpleProfilerOptions {
   /// Report file name stem; "" prints the report to stderr instead. Default: "".
   TORCH_ARG(std::string, filename);
 };
+
+std::ostream& operator<<(std::ostream& os, const SimpleProfilerOptions& o);
 
 class SimpleProfiler : public Profiler {
  public:

@@ -3,6 +3,7 @@
 /// averaged by c10d's Reducer during backward, Gloo on CPU (NCCL on CUDA where built).
 
 #include <torch/arg.h>
+#include <iosfwd>
 
 #include <chrono>
 #include <memory>
@@ -44,6 +45,8 @@ struct DdpStrategyOptions {
   /// launched the workers itself (one node); under torchrun use its --max-restarts. Default: 0.
   TORCH_ARG(int64_t, max_restarts) = 0;
 };
+
+std::ostream& operator<<(std::ostream& os, const DdpStrategyOptions& o);
 
 /// Lightning's DDPStrategy on c10d. A plain process started with devices = N launches its N-1
 /// local workers itself (re-executing the same binary); under torchrun, Slurm, Open MPI or the

@@ -6,6 +6,7 @@
 /// (ZeroEngine), on the same c10d process groups, launcher and cluster environments as DdpStrategy.
 
 #include <torch/arg.h>
+#include <iosfwd>
 
 #include <map>
 #include <memory>
@@ -113,6 +114,8 @@ struct DeepSpeedStrategyOptions {
   /// DeepSpeed's replace_method; only "auto" exists. Default: "auto".
   TORCH_ARG(std::string, replace_method) = "auto";
 };
+
+std::ostream& operator<<(std::ostream& os, const DeepSpeedStrategyOptions& o);
 
 /// Lightning's DeepSpeedStrategy without Python DeepSpeed: the optimizer returned by
 /// configure_optimizers is partitioned in place (its parameters become this rank's chunks), so

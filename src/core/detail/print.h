@@ -1,0 +1,36 @@
+#pragma once
+// Private: small formatters the Options printers (operator<<) share, so every Options type
+// prints unset optionals, strings and lists the same way.
+
+#include <c10/util/Optional.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace volt {
+namespace detail {
+
+/// The value, or "none" when unset.
+template <typename T>
+std::string optional_text(const c10::optional<T>& v) {
+  if (!v) return "none";
+  std::ostringstream s;
+  s << *v;
+  return s.str();
+}
+
+/// "text" in double quotes.
+inline std::string quoted(const std::string& text) {
+  return "\"" + text + "\"";
+}
+
+/// [a, b, c] of quoted strings.
+inline std::string quoted_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + quoted(items[i]);
+  return out + "]";
+}
+
+}  // namespace detail
+}  // namespace volt

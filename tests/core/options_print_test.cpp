@@ -1,0 +1,79 @@
+// Every user-facing Options type prints all of its fields (STYLE: each run can log its full
+// config): the type name, each field name, and set values as given.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "volt/distributed/tensor_parallel.h"
+#include "volt/strategies/deepspeed.h"
+#include "volt/volt.h"
+
+namespace {
+
+template <typename T>
+std::string text(const T& options) {
+  std::ostringstream os;
+  os << options;
+  return os.str();
+}
+
+void expect_has_all(const std::string& printed, const std::vector<std::string>& parts) {
+  for (const auto& p : parts)
+    EXPECT_NE(printed.find(p), std::string::npos) << p << " in " << printed;
+}
+
+TEST(OptionsPrinting, StrategiesPrintEveryField) {
+  expect_has_all(text(volt::DdpStrategyOptions().bucket_cap_mb(5).static_graph(true)),
+                 {"DdpStrategyOptions(", "bucket_cap_mb=5", "gradient_as_bucket_view=0",
+                  "static_graph=1", "find_unused_parameters=0", "broadcast_buffers=1",
+                  "timeout_s=60", "process_group_backend=\"auto\"", "max_restarts=0)"});
+  const std::string ds =
+      text(volt::DeepSpeedStrategyOptions().stage(3).nvme_path("/x").tensor_parallel(
+          volt::TensorParallelOptions()
+              .tp_size(2)
+              .plan({{"qkv_*", volt::TpStyle::kColwiseQkv}})
+              .injection_policy({{"Block", {"attn.o", "mlp.fc2"}}})));
+  expect_has_all(ds, {"DeepSpeedStrategyOptions(zero_optimization=1", "stage=3",
+                      "offload_optimizer=0", "offload_optimizer_device=\"cpu\"", "nvme_path=\"/x\"",
+                      "sub_group_size=", "aio_use_uring=1", "overlap_comm=1",
+                      "prefetch_bucket_size=", "master_weights=1", "config=\"\"",
+                      "tensor_parallel=TensorParallelOptions(tp_size=2, "
+                      "plan=[\"qkv_*=colwise_qkv\"], injection_policy=[\"Block\": "
+                      "[\"attn.o\", \"mlp.fc2\"]], num_heads=0)",
+                      "dtype=\"float32\"", "replace_with_kernel_inject=0", "enable_cuda_graph=0",
+                      "replace_method=\"auto\")"});
+}
+
+TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {
+  expect_has_all(text(volt::EarlyStoppingOptions("val_loss").stopping_threshold(0.1)),
+                 {"EarlyStoppingOptions(monitor=\"val_loss\"", "min_delta=0", "patience=3",
+                  "mode=min", "check_finite=1", "stopping_threshold=0.1",
+                  "divergence_threshold=none", "strict=1", "check_on_train_epoch_end=0)"});
+  expect_has_all(
+      text(volt::ModelCheckpointOptions().monitor("acc").mode(volt::Mode::kMax)),
+      {"ModelCheckpointOptions(dirpath=\"\"", "filename=\"{epoch}-{step}\"", "monitor=\"acc\"",
+       "mode=max", "save_top_k=1", "save_last=0", "every_n_train_steps=0", "every_n_epochs=none)"});
+  expect_has_all(text(volt::TimerOptions().duration_s(60.0).interval(volt::Interval::kEpoch)),
+                 {"TimerOptions(duration_s=60", "interval=epoch", "verbose=1)"});
+  expect_has_all(text(volt::LearningRateMonitorOptions().log_momentum(true)),
+                 {"LearningRateMonitorOptions(logging_interval=auto", "log_momentum=1",
+                  "log_weight_decay=0)"});
+  expect_has_all(text(volt::CSVLoggerOptions("runs")),
+                 {"CSVLoggerOptions(save_dir=\"runs\"", "name=\"volt_logs\"", "version=-1",
+                  "flush_logs_every_n_steps=100)"});
+  expect_has_all(text(volt::TensorBoardLoggerOptions("tb")),
+                 {"TensorBoardLoggerOptions(save_dir=\"tb\"", "name=\"volt_logs\"", "version=-1",
+                  "flush_logs_every_n_steps=10)"});
+  expect_has_all(text(volt::SimpleProfilerOptions().filename("perf")),
+                 {"SimpleProfilerOptions(dirpath=\"\"", "filename=\"perf\")"});
+  expect_has_all(text(volt::WarmupLROptions().warmup_type(volt::WarmupType::kLinear)),
+                 {"WarmupLROptions(warmup_min_lr=0", "warmup_max_lr=0.001", "warmup_num_steps=1000",
+                  "warmup_type=linear", "total_num_steps=0)"});
+  expect_has_all(text(volt::ActivationCheckpointingOptions({"blocks.*"}).cpu_checkpointing(true)),
+                 {"ActivationCheckpointingOptions(modules=[\"blocks.*\"]", "cpu_checkpointing=1",
+                  "preserve_rng_state=1)"});
+}
+
+}  // namespace
