@@ -212,13 +212,8 @@ TEST(DeepSpeedNvme, AKilledRunResumesBitIdenticallyFromItsCheckpoint) {
                                           "1",           "--nvme",      dir / "nvme",
                                           "--sub-group", "100",         "--nvme-params",
                                           "1",           "--precision", precision};
-    auto full = run_job(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
-    ASSERT_EQ(full.code, 0) << full.output;
-    auto killed = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
-                               "--die-batch", "5", "--timeout", "20"},
-                              common),
-                          60s);
-    ASSERT_EQ(killed.code, 1) << killed.output;
+    volt_test::run_full_then_killed(dir.path, common);
+    if (::testing::Test::HasFatalFailure()) return;
     auto resumed = run_job(
         cat({"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"},
             common));

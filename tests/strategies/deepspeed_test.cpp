@@ -374,13 +374,8 @@ void expect_killed_run_resumes_bit_identically(const std::string& stage,
       "--devices", "2", "--batch", "8",   "--epochs",    "2",    "--dropout",          "1",
       "--accum",   "3", "--zero",  stage, "--optimizer", "adam", "--ckpt-every-batch", "1"};
   common.insert(common.end(), extra.begin(), extra.end());
-  auto full = run_job(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
-  ASSERT_EQ(full.code, 0) << full.output;
-  auto killed = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
-                             "--die-batch", "5", "--timeout", "20"},
-                            common),
-                        60s);
-  ASSERT_EQ(killed.code, 1) << killed.output;
+  volt_test::run_full_then_killed(dir.path, common);
+  if (::testing::Test::HasFatalFailure()) return;
   const std::string ckpt = dir / "b/every_batch.ckpt";
   ASSERT_TRUE(is_dir(ckpt)) << "a ZeRO checkpoint is a folder of shards";
   EXPECT_TRUE(volt::is_zero_checkpoint(ckpt));

@@ -42,6 +42,19 @@ inline Job run_job(const std::vector<std::string>& args,
   return j;
 }
 
+/// The kill-and-resume tests' first two runs: the job `common` uninterrupted into root/a (out
+/// root/a/w), then again into root/b with rank 1 SIGKILLed at batch 5 (the survivor gives up
+/// after 20 s). Fails the test unless they exit 0 and 1; resume from root/b/every_batch.ckpt.
+inline void run_full_then_killed(const std::string& root, const std::vector<std::string>& common) {
+  const Job full = run_job(cat({"--root", root + "/a", "--out", root + "/a/w"}, common));
+  ASSERT_EQ(full.code, 0) << full.output;
+  const Job killed = run_job(cat({"--root", root + "/b", "--out", root + "/b/w", "--die-rank", "1",
+                                  "--die-batch", "5", "--timeout", "20"},
+                                 common),
+                             std::chrono::seconds(60));
+  ASSERT_EQ(killed.code, 1) << killed.output;
+}
+
 /// The same model, data and seed trained by one process on the global batch (`extra` are more
 /// worker flags, e.g. the optimizer).
 inline torch::Tensor single_process_reference(const std::string& root, int64_t global_batch,
