@@ -1,20 +1,29 @@
 #include "volt/precision/mixed.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iomanip>
 #include <mutex>
 #include <ostream>
 #include <sstream>
 
+#include "detail/linear_policy.h"
+#include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/precision/autocast.h"
 #include "volt/precision/autocast_ops.h"
-#include "detail/linear_policy.h"
 
 namespace volt {
 namespace {
@@ -31,21 +40,19 @@ std::ostream& print_list(std::ostream& os, const std::vector<T>& v) {
 std::ostream& operator<<(std::ostream& os, const MixedPrecisionOptions& o) {
   os << "MixedPrecisionOptions(dtype=" << o.dtype() << ", lower_ops=";
   print_list(os, o.lower_ops()) << ", fp32_ops=";
-  print_list(os, o.fp32_ops()) << ", cpu_policy=" << (o.cpu_policy() ? "true" : "false")
-                               << ", linear_min_macs="
-                               << (o.linear_min_macs() ? std::to_string(*o.linear_min_macs())
-                                                       : std::string("measured"))
-                               << ", read_env_lists=" << (o.read_env_lists() ? "true" : "false")
-                               << ", loss_scaling="
-                               << (o.loss_scaling() ? (*o.loss_scaling() ? "true" : "false")
-                                                    : "auto")
-                               << ", scaler=" << o.scaler() << ")";
+  print_list(os, o.fp32_ops())
+      << ", cpu_policy=" << (o.cpu_policy() ? "true" : "false") << ", linear_min_macs="
+      << (o.linear_min_macs() ? std::to_string(*o.linear_min_macs()) : std::string("measured"))
+      << ", read_env_lists=" << (o.read_env_lists() ? "true" : "false")
+      << ", loss_scaling=" << (o.loss_scaling() ? (*o.loss_scaling() ? "true" : "false") : "auto")
+      << ", scaler=" << o.scaler() << ")";
   return os;
 }
 
 MixedPrecision::MixedPrecision(MixedPrecisionOptions options) : options_(std::move(options)) {
   VOLT_CHECK(options_.dtype() == "bf16" || options_.dtype() == "fp16", ConfigError,
-             "[MixedPrecision] dtype=\"", options_.dtype(), "\" is not supported; use \"bf16\" "
+             "[MixedPrecision] dtype=\"", options_.dtype(),
+             "\" is not supported; use \"bf16\" "
              "or \"fp16\".");
   dtype_ = options_.dtype() == "bf16" ? c10::kBFloat16 : c10::kHalf;
   VOLT_CHECK(!options_.linear_min_macs() || *options_.linear_min_macs() >= 0, ConfigError,
@@ -106,8 +113,7 @@ void MixedPrecision::setup(c10::Device device) {
         const auto b = bare(n);
         return b == op || b.substr(0, b.find('.')) == op;
       });
-      if (!user_lowered &&
-          std::find(fp32.begin(), fp32.end(), op) == fp32.end()) {
+      if (!user_lowered && std::find(fp32.begin(), fp32.end(), op) == fp32.end()) {
         fp32.push_back(op);
       }
     }
@@ -126,71 +132,186 @@ void MixedPrecision::setup(c10::Device device) {
       }
     }
     const int64_t min_macs = options_.linear_min_macs().value_or(probe.matmul_min_macs);
-    if (min_macs > 0 &&
-        !(std::count(listed.begin(), listed.end(), "linear") &&
-          std::count(listed.begin(), listed.end(), "addmm") &&
-          std::count(listed.begin(), listed.end(), "matmul"))) {
+    if (min_macs > 0 && !(std::count(listed.begin(), listed.end(), "linear") &&
+                          std::count(listed.begin(), listed.end(), "addmm") &&
+                          std::count(listed.begin(), listed.end(), "matmul"))) {
       size_rule_ = detail::install_cpu_linear_size_rule(min_macs, listed);
       static std::once_flag once;
       std::call_once(once, [&] {
-        log_info("MixedPrecision",
-                 "linears under " + std::to_string(min_macs) + " multiply-adds stay fp32 (" +
-                     (options_.linear_min_macs() ? "linear_min_macs" : "bf16 measured slower there") +
-                     ")");
+        log_info(
+            "MixedPrecision",
+            "linears under " + std::to_string(min_macs) + " multiply-adds stay fp32 (" +
+                (options_.linear_min_macs() ? "linear_min_macs" : "bf16 measured slower there") +
+                ")");
       });
     }
   }
 }
 
-const MixedPrecision::CpuProbe& MixedPrecision::cpu_probe() {
+namespace {
+
+// The probe's figures are cached per machine: every process of a job (and a resumed job) must
+// make the same fp32/bf16 decisions, which a timing taken by each process under different load
+// does not guarantee (ranks would compute different ops in bf16, and a resumed run would not
+// continue the killed one bit for bit). One file per CPU model, thread count and libtorch/volt
+// version; the first process measures under an exclusive flock while the others wait for it
+// (a dead holder releases the lock), then everyone reads the file.
+std::string probe_cache_dir() {
+  if (const char* d = std::getenv("VOLT_CACHE_DIR"); d != nullptr && *d != '\0') return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+    return std::string(x) + "/volt";
+  }
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    return std::string(h) + "/.cache/volt";
+  }
+  return "";
+}
+
+std::string probe_cache_key() {
+  std::string model = "unknown cpu";
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') == std::string::npos ? 0 : line.find(':') + 1);
+      break;
+    }
+  }
+  std::ostringstream key;
+  key << "bf16 probe v1|" << model << "|threads " << at::get_num_threads() << "|torch "
+      << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "." << TORCH_VERSION_PATCH;
+  return key.str();
+}
+
+// FNV-1a: a file name that stays the same across builds and runs (std::hash need not).
+std::string hex_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  std::ostringstream os;
+  os << std::hex << std::setw(16) << std::setfill('0') << h;
+  return os.str();
+}
+
+c10::optional<MixedPrecision::CpuProbe> read_probe(const std::string& path,
+                                                   const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line) || line != key) return c10::nullopt;
+  MixedPrecision::CpuProbe p;
+  std::string a, b, c;
+  if (!(in >> a >> p.matmul_speedup >> b >> p.conv_speedup >> c >> p.matmul_min_macs) ||
+      a != "matmul_speedup" || b != "conv_speedup" || c != "matmul_min_macs" ||
+      !(p.matmul_speedup > 0) || !(p.conv_speedup > 0) || p.matmul_min_macs < 0) {
+    return c10::nullopt;
+  }
+  return p;
+}
+
+// Holds an exclusive flock on a file for its lifetime (no lock when the file cannot be opened).
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path)
+      : fd_(::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644)) {
+    if (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  bool locked() const { return fd_ >= 0; }
+
+ private:
+  int fd_;
+};
+
+MixedPrecision::CpuProbe measure_cpu_probe() {
   // bf16 speed on CPU ranges from ~3x fp32 (avx512_bf16 / AMX through oneDNN) to well below it
   // (emulated bf16 on older cores), so volt measures instead of guessing from CPU flags.
+  auto best_of = [](const std::function<void()>& f) {
+    double best = 1e30;
+    for (int i = 0; i < 6; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (i > 0) best = std::min(best, ms);  // the first run warms caches and allocators
+    }
+    return best;
+  };
+  auto fwd_bwd = [](const std::function<at::Tensor()>& f, bool bf16) {
+    return [f, bf16] {
+      torch::AutoGradMode grad(true);
+      at::Tensor loss;
+      {
+        AutocastGuard g(c10::kCPU, c10::kBFloat16, bf16);
+        loss = f();
+      }
+      loss.to(at::kFloat).backward();
+    };
+  };
+  auto gen = at::detail::createCPUGenerator(0);  // never the global generator: runs stay seeded
+  auto x = at::randn({256, 512}, gen);
+  auto w = at::randn({512, 512}, gen).mul_(0.05).requires_grad_();
+  auto img = at::randn({16, 32, 28, 28}, gen);
+  auto k = at::randn({32, 32, 3, 3}, gen).mul_(0.05).requires_grad_();
+  auto mm = [&] { return at::linear(x, w).sum(); };
+  auto conv = [&] { return at::conv2d(img, k, {}, 1, 1).sum(); };
+  MixedPrecision::CpuProbe p;
+  p.matmul_speedup = best_of(fwd_bwd(mm, false)) / best_of(fwd_bwd(mm, true));
+  p.conv_speedup = best_of(fwd_bwd(conv, false)) / best_of(fwd_bwd(conv, true));
+  // The size rule: from the largest size down, the first size where bf16 loses sets the
+  // threshold just above it (linears that small or smaller stay fp32).
+  if (p.matmul_speedup >= 1.0) {
+    for (const int64_t n : {768, 512, 362, 256, 181, 128}) {
+      auto xs = at::randn({64, n}, gen);
+      auto ws = at::randn({n, n}, gen).mul_(0.05).requires_grad_();
+      auto lin = [&] { return at::linear(xs, ws).sum(); };
+      if (best_of(fwd_bwd(lin, false)) < best_of(fwd_bwd(lin, true))) {
+        p.matmul_min_macs = 64 * n * n + 1;
+        break;
+      }
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+const MixedPrecision::CpuProbe& MixedPrecision::cpu_probe() {
   static const CpuProbe probe = [] {
-    auto best_of = [](const std::function<void()>& f) {
-      double best = 1e30;
-      for (int i = 0; i < 6; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        f();
-        const double ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count();
-        if (i > 0) best = std::min(best, ms);  // the first run warms caches and allocators
-      }
-      return best;
-    };
-    auto fwd_bwd = [](const std::function<at::Tensor()>& f, bool bf16) {
-      return [f, bf16] {
-        torch::AutoGradMode grad(true);
-        at::Tensor loss;
-        {
-          AutocastGuard g(c10::kCPU, c10::kBFloat16, bf16);
-          loss = f();
-        }
-        loss.to(at::kFloat).backward();
-      };
-    };
-    auto gen = at::detail::createCPUGenerator(0);  // never the global generator: runs stay seeded
-    auto x = at::randn({256, 512}, gen);
-    auto w = at::randn({512, 512}, gen).mul_(0.05).requires_grad_();
-    auto img = at::randn({16, 32, 28, 28}, gen);
-    auto k = at::randn({32, 32, 3, 3}, gen).mul_(0.05).requires_grad_();
-    auto mm = [&] { return at::linear(x, w).sum(); };
-    auto conv = [&] { return at::conv2d(img, k, {}, 1, 1).sum(); };
-    CpuProbe p;
-    p.matmul_speedup = best_of(fwd_bwd(mm, false)) / best_of(fwd_bwd(mm, true));
-    p.conv_speedup = best_of(fwd_bwd(conv, false)) / best_of(fwd_bwd(conv, true));
-    // The size rule: from the largest size down, the first size where bf16 loses sets the
-    // threshold just above it (linears that small or smaller stay fp32).
-    if (p.matmul_speedup >= 1.0) {
-      for (const int64_t n : {768, 512, 362, 256, 181, 128}) {
-        auto xs = at::randn({64, n}, gen);
-        auto ws = at::randn({n, n}, gen).mul_(0.05).requires_grad_();
-        auto lin = [&] { return at::linear(xs, ws).sum(); };
-        if (best_of(fwd_bwd(lin, false)) < best_of(fwd_bwd(lin, true))) {
-          p.matmul_min_macs = 64 * n * n + 1;
-          break;
-        }
-      }
+    const std::string dir = probe_cache_dir(), key = probe_cache_key();
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+    const std::string path = dir.empty() ? "" : dir + "/bf16_probe_" + hex_hash(key) + ".txt";
+    std::unique_ptr<FileLock> lock;
+    if (!path.empty()) lock = std::make_unique<FileLock>(path + ".lock");
+    if (lock == nullptr || !lock->locked()) {
+      warn_once("bf16-probe-cache", "MixedPrecision",
+                "cannot use the probe cache in '" + dir +
+                    "' (set VOLT_CACHE_DIR to a writable folder): this process measures for "
+                    "itself, so processes of one job may decide bf16 ops differently.");
+      return measure_cpu_probe();
+    }
+    if (auto cached = read_probe(path, key)) {
+      log_info("MixedPrecision", "bf16 speed probe read from '" + path +
+                                     "' (delete it to measure again)");
+      return *cached;
+    }
+    const CpuProbe p = measure_cpu_probe();
+    std::ostringstream text;
+    text << key << "\n"
+         << std::setprecision(17) << "matmul_speedup " << p.matmul_speedup << "\nconv_speedup "
+         << p.conv_speedup << "\nmatmul_min_macs " << p.matmul_min_macs << "\n";
+    try {
+      atomic_write_file(path, text.str());
+      log_info("MixedPrecision", "bf16 speed probe measured and cached in '" + path +
+                                     "' for every process on this machine");
+    } catch (const std::exception& e) {
+      warn_once("bf16-probe-cache", "MixedPrecision",
+                std::string("cannot write the probe cache: ") + e.what());
     }
     return p;
   }();
@@ -253,7 +374,9 @@ void MixedPrecision::load_state(torch::serialize::InputArchive& archive) {
   torch::serialize::InputArchive sub;
   VOLT_CHECK(archive.try_read("grad_scaler", sub), CheckpointError,
              "[MixedPrecision] the checkpoint holds no loss-scaler state; it was written "
-             "without loss scaling (precision ", name(), " expects it); resume with the same "
+             "without loss scaling (precision ",
+             name(),
+             " expects it); resume with the same "
              "precision settings it was trained with.");
   scaler_->load_state(sub);
 }

@@ -9,9 +9,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <map>
 
 #include "tiny.h"
+#include "training_jobs.h"
 
 namespace {
 
@@ -144,14 +148,16 @@ TEST(MixedPrecision, ResumeRestoresTheLossScalerAndIsBitExact) {
     torch::manual_seed(1);
     Recording first;
     first.poison_at = 5;
-    volt::Trainer b(quiet(dir.path).max_epochs(1).precision(scaled(64.0, 3))
+    volt::Trainer b(quiet(dir.path)
+                        .max_epochs(1)
+                        .precision(scaled(64.0, 3))
                         .callbacks({last_to(dir / "ckpt")}));
     b.fit(first, volt_test::loader(train));
   }
   auto resumed_p = scaled(64.0, 3);
   Recording resumed;
-  volt::Trainer c(quiet(dir.path).max_epochs(2).precision(resumed_p)
-                      .callbacks({last_to(dir / "ckpt")}));
+  volt::Trainer c(
+      quiet(dir.path).max_epochs(2).precision(resumed_p).callbacks({last_to(dir / "ckpt")}));
   c.fit(resumed, volt_test::loader(train), c10::nullopt, "last");
   EXPECT_EQ(c.state().global_step, a.state().global_step);
   EXPECT_DOUBLE_EQ(resumed_p->scaler()->current_scale(), straight_p->scaler()->current_scale());
@@ -164,12 +170,16 @@ TEST(MixedPrecision, ResumeRestoresTheLossScalerAndIsBitExact) {
   volt_test::TempDir plain;
   {
     TinyClassifier m;
-    volt::Trainer t(quiet(plain.path).max_epochs(1).precision("bf16-mixed")
+    volt::Trainer t(quiet(plain.path)
+                        .max_epochs(1)
+                        .precision("bf16-mixed")
                         .callbacks({last_to(plain / "ckpt")}));
     t.fit(m, volt_test::loader(train));
   }
   TinyClassifier m;
-  volt::Trainer t(quiet(plain.path).max_epochs(2).precision(scaled(64.0, 3))
+  volt::Trainer t(quiet(plain.path)
+                      .max_epochs(2)
+                      .precision(scaled(64.0, 3))
                       .callbacks({last_to(plain / "ckpt")}));
   EXPECT_THROW(t.fit(m, volt_test::loader(train), c10::nullopt, "last"), volt::CheckpointError);
 }
@@ -202,8 +212,7 @@ TEST(MixedPrecision, Fp16OnACpuOnlyLibtorch113IsNotAvailableWithTheReason) {
     EXPECT_NE(std::string(e.what()).find("use at::kBFloat16 on CPU"), std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(volt::MixedPrecision(volt::MixedPrecisionOptions().dtype("fp8")),
-               volt::ConfigError);
+  EXPECT_THROW(volt::MixedPrecision(volt::MixedPrecisionOptions().dtype("fp8")), volt::ConfigError);
 }
 
 TEST(MixedPrecision, CpuPolicyKeepsOnlyTheFamiliesThisCpuRunsSlowerInFp32) {
@@ -227,8 +236,8 @@ TEST(MixedPrecision, CpuPolicyKeepsOnlyTheFamiliesThisCpuRunsSlowerInFp32) {
   EXPECT_GT(p.matmul_speedup, 0.0);
   EXPECT_GT(p.conv_speedup, 0.0);
   EXPECT_EQ(&p, &volt::MixedPrecision::cpu_probe());
-  std::printf("[ measured ] this CPU: bf16 matmul %.2fx, conv %.2fx fp32 speed\n",
-              p.matmul_speedup, p.conv_speedup);
+  std::printf("[ measured ] this CPU: bf16 matmul %.2fx, conv %.2fx fp32 speed\n", p.matmul_speedup,
+              p.conv_speedup);
   volt::MixedPrecision mp(volt::MixedPrecisionOptions().read_env_lists(false));
   mp.setup(torch::kCPU);
   const size_t expected = volt::MixedPrecision::cpu_fp32_ops(p).size();
@@ -242,8 +251,8 @@ TEST(MixedPrecision, CpuPolicyKeepsOnlyTheFamiliesThisCpuRunsSlowerInFp32) {
 
 TEST(MixedPrecision, CpuSizeRuleKeepsSmallLinearsInFp32AndTheUsersListsWin) {
   // An explicit linear_min_macs replaces the measured matmul decision, so this holds on any CPU.
-  const auto x_small = torch::randn({4, 8}), w_small = torch::randn({2, 8});    // 64 MACs
-  const auto x_big = torch::randn({4, 32}), w_big = torch::randn({32, 32});     // 4096 MACs
+  const auto x_small = torch::randn({4, 8}), w_small = torch::randn({2, 8});  // 64 MACs
+  const auto x_big = torch::randn({4, 32}), w_big = torch::randn({32, 32});   // 4096 MACs
   auto opts = volt::MixedPrecisionOptions().read_env_lists(false);
   EXPECT_THROW(volt::MixedPrecision(volt::MixedPrecisionOptions(opts).linear_min_macs(-1)),
                volt::ConfigError);
@@ -284,3 +293,67 @@ TEST(MixedPrecision, CpuSizeRuleKeepsSmallLinearsInFp32AndTheUsersListsWin) {
   std::printf("[ measured ] this CPU's size rule: linears under %lld multiply-adds stay fp32\n",
               static_cast<long long>(m));
 }
+
+namespace {
+
+// The bf16 speed probe is measured once per machine and read by every later process, so the
+// ranks of a job and a resumed job make the same fp32/bf16 decisions whatever their load.
+TEST(MixedPrecisionProbe, ProcessesReadTheOneCachedMeasurement) {
+  volt_test::TempDir dir;
+  const std::map<std::string, std::string> env{{"VOLT_CACHE_DIR", dir / "cache"}};
+  auto run = [&](const std::string& out) {
+    volt_test::Process p(volt_test::kTrainingWorker,
+                         {"--root", dir / out, "--out", dir / (out + "/w"), "--devices", "1",
+                          "--batch", "8", "--epochs", "1", "--precision", "bf16-mixed"},
+                         env);
+    const int code = p.exit_code(std::chrono::seconds(120));
+    EXPECT_EQ(code, 0) << p.output();
+    return p.output();
+  };
+  auto cache_file = [&] {
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir / "cache")) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("bf16_probe_", 0) == 0 && name.size() > 4 &&
+          name.substr(name.size() - 4) == ".txt") {
+        files.push_back(e.path().string());
+      }
+    }
+    EXPECT_EQ(files.size(), 1u);
+    return files.empty() ? std::string() : files[0];
+  };
+  std::string out = run("a");
+  EXPECT_NE(out.find("bf16 speed probe measured and cached"), std::string::npos) << out;
+  const std::string file = cache_file();
+  ASSERT_FALSE(file.empty());
+  std::string key;
+  {
+    std::ifstream in(file);
+    std::getline(in, key);
+  }
+  EXPECT_EQ(key.rfind("bf16 probe v1|", 0), 0u) << key;
+  // Figures planted in the file are what the next process decides by: convolutions "slower".
+  {
+    std::ofstream f(file, std::ios::trunc);
+    f << key << "\nmatmul_speedup 2.5\nconv_speedup 0.25\nmatmul_min_macs 0\n";
+  }
+  out = run("b");
+  EXPECT_NE(out.find("bf16 speed probe read from"), std::string::npos) << out;
+  EXPECT_NE(out.find("bf16 matmuls at 2.50x and convolutions at 0.25x"), std::string::npos) << out;
+  // A damaged file is measured again and rewritten whole.
+  {
+    std::ofstream f(file, std::ios::trunc);
+    f << key << "\nmatmul_speedup nonsense\n";
+  }
+  out = run("c");
+  EXPECT_NE(out.find("bf16 speed probe measured and cached"), std::string::npos) << out;
+  std::ifstream in(file);
+  std::string line, word;
+  std::getline(in, line);
+  double v = 0;
+  EXPECT_TRUE(static_cast<bool>(in >> word >> v)) << "the rewritten cache does not parse";
+  EXPECT_EQ(word, "matmul_speedup");
+  EXPECT_GT(v, 0.0);
+}
+
+}  // namespace

@@ -53,6 +53,8 @@ inline void run_full_then_killed(const std::string& root, const std::vector<std:
                                  common),
                              std::chrono::seconds(60));
   ASSERT_EQ(killed.code, 1) << killed.output;
+  // Exit code 1 is also any other error: the run must have died where it was told to.
+  ASSERT_NE(killed.output.find("rank 1 dies at step"), std::string::npos) << killed.output;
 }
 
 /// The same model, data and seed trained by one process on the global batch (`extra` are more

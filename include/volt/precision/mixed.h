@@ -78,8 +78,10 @@ class MixedPrecision : public Precision {
     int64_t matmul_min_macs = 0;
   };
   /// Measures it (forward+backward of a Linear and a Conv2d, best of 5, and of Linears from
-  /// 64x128x128 to 64x1024x1024 multiply-adds for the size threshold) the first time it is called
-  /// in the process; later calls return the same figures.
+  /// 64x128x128 to 64x1024x1024 multiply-adds for the size threshold) once per machine: the
+  /// figures are cached in $VOLT_CACHE_DIR (default ~/.cache/volt), one file per CPU model,
+  /// thread count and libtorch version, written under a file lock, so every rank of a job and a
+  /// resumed job decide the same ops; later calls in the process return the same figures.
   static const CpuProbe& cpu_probe();
   /// The ops cpu_policy keeps in fp32 for these figures: libtorch's CPU autocast matmul family
   /// when matmul_speedup < 1, its convolution family when conv_speedup < 1.
