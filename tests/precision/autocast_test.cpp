@@ -8,21 +8,19 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "error_text.h"
 #include "tiny.h"
 
 namespace {
 
-at::Tensor a() { return torch::randn({4, 8}); }
-at::Tensor b() { return torch::randn({8, 3}); }
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const volt::Error& e) {
-    return e.what();
-  }
-  return "";
+at::Tensor a() {
+  return torch::randn({4, 8});
 }
+at::Tensor b() {
+  return torch::randn({8, 3});
+}
+
+using volt_test::error_of;
 
 }  // namespace
 
@@ -84,8 +82,8 @@ TEST(AutocastOps, ListsOverrideTheBuiltInPolicyAndDestructionRestoresIt) {
     EXPECT_EQ(lists.lower_overloads(), std::vector<std::string>{"add.Tensor"});
     EXPECT_EQ(lists.fp32_overloads(), std::vector<std::string>{"mm"});
     volt::AutocastGuard bf16(c10::kCPU);
-    EXPECT_EQ(torch::mm(a(), b()).scalar_type(), at::kFloat);          // built-in: bf16
-    EXPECT_EQ(torch::add(a(), a()).scalar_type(), at::kBFloat16);      // built-in: untouched
+    EXPECT_EQ(torch::mm(a(), b()).scalar_type(), at::kFloat);      // built-in: bf16
+    EXPECT_EQ(torch::add(a(), a()).scalar_type(), at::kBFloat16);  // built-in: untouched
     // Autograd runs through the override kernels.
     auto w = torch::randn({4, 8}, torch::requires_grad());
     torch::add(w, a()).sum().backward();
@@ -148,7 +146,8 @@ TEST(AutocastOps, ListFilesAndTheReferenceEnvironmentVariables) {
   ::setenv("LOWER_LIST", (dir / "lower.txt").c_str(), 1);
   ::setenv("FP32_LIST", (dir / "fp32.txt").c_str(), 1);
   // cpu_policy off: this CPU's measured policy would add its own fp32 ops to the lists.
-  volt::MixedPrecision p(volt::MixedPrecisionOptions().cpu_policy(false));  // reads both variables once, here
+  volt::MixedPrecision p(
+      volt::MixedPrecisionOptions().cpu_policy(false));  // reads both variables once, here
   ::unsetenv("LOWER_LIST");
   ::unsetenv("FP32_LIST");
   volt::MixedPrecision no_env(volt::MixedPrecisionOptions().read_env_lists(false));

@@ -4,27 +4,25 @@
 
 #include <volt/volt.h>
 
+#include "error_text.h"
+
 namespace {
 
 template <typename F>
 std::string config_error(F&& make) {
-  try {
-    make();
-  } catch (const volt::ConfigError& e) {
-    return e.what();
-  }
-  return "<no ConfigError>";
+  return volt_test::error_of<volt::ConfigError>(make);
 }
 
 TEST(TrainerOptions, RejectsInvalidValues) {
   using O = volt::TrainerOptions;
   EXPECT_NE(config_error([] { O().max_epochs(-5).validate(); }).find("max_epochs=-5"),
             std::string::npos);
-  EXPECT_NE(config_error([] { O().limit_train_batches(1.5).validate(); })
-                .find("limit_train_batches=1.5"),
-            std::string::npos);
-  EXPECT_NE(config_error([] { O().accumulate_grad_batches(0).validate(); })
-                .find("accumulate_grad_batches=0"),
+  EXPECT_NE(
+      config_error([] { O().limit_train_batches(1.5).validate(); }).find("limit_train_batches=1.5"),
+      std::string::npos);
+  EXPECT_NE(config_error([] {
+              O().accumulate_grad_batches(0).validate();
+            }).find("accumulate_grad_batches=0"),
             std::string::npos);
   EXPECT_NE(config_error([] { O().min_epochs(5).max_epochs(2).validate(); }).find("min_epochs=5"),
             std::string::npos);
