@@ -27,6 +27,7 @@
 #include "volt/io/state.h"
 #include "volt/kernels/fused_optimizer.h"
 #include "volt/nn/checkpoint.h"
+#include "volt/nn/kernel_injection.h"
 
 namespace volt {
 namespace {
@@ -195,10 +196,6 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
              " must be >= 1 (1: off).");
   VOLT_CHECK(options_.dtype() == "float32" || options_.dtype() == "bfloat16", ConfigError, kTag,
              " dtype=\"", options_.dtype(), "\"; use \"float32\" or \"bfloat16\".");
-  VOLT_CHECK(!options_.replace_with_kernel_inject(), NotAvailable, kTag,
-             " replace_with_kernel_inject is not built: volt cannot replace a C++ module's "
-             "forward from outside. Call volt's fused kernels (volt::fused_sdpa, FusedAdamW) in "
-             "the model, and use tensor_parallel with a plan or injection_policy.");
   VOLT_CHECK(!options_.enable_cuda_graph(), NotAvailable, kTag,
              " enable_cuda_graph needs CUDA graph capture, which is not built yet (issue #15); "
              "set it to false.");
@@ -468,6 +465,7 @@ Batch DeepSpeedStrategy::batch_to_device(const Batch& batch) const {
 }
 
 void DeepSpeedStrategy::teardown() {
+  injection_.reset();  // the original modules back before the layers are gathered
   if (tp_) {
     try {
       tp_->restore();
@@ -539,7 +537,8 @@ ZeroEngine& DeepSpeedStrategy::engine_for(const torch::optim::Optimizer& optimiz
 
 void DeepSpeedStrategy::setup_module(Module& module) {
   tp_.reset();
-  if (tp_on() || options_.dtype() != "float32") {
+  injection_.reset();
+  if (inference_only()) {
     // Inference: every rank starts from rank 0's weights, then keeps its slice of each split
     // layer. No reducer: nothing is trained.
     Strategy::setup_module(module);
@@ -577,6 +576,20 @@ void DeepSpeedStrategy::setup_module(Module& module) {
                    " layers split, parameters " + std::to_string(tp_->parameter_bytes()) + " of " +
                    std::to_string(tp_->full_parameter_bytes()) + " bytes on this rank.");
     }
+    if (options_.replace_with_kernel_inject()) {
+      // After the split: the fused modules hold the same (now sliced) parameter tensors.
+      injection_ = std::make_unique<KernelInjection>(module);
+      std::string what;
+      for (const auto& r : injection_->replaced()) what += (what.empty() ? "" : ", ") + r;
+      if (what.empty()) {
+        log_warning("DeepSpeedStrategy",
+                    "replace_with_kernel_inject found no block it knows (Sequential entries: "
+                    "Linear followed by ReLU/GELU/SiLU, TransformerEncoderLayer); the model "
+                    "runs unchanged.");
+      } else {
+        log_info("DeepSpeedStrategy", "kernel injection: " + what);
+      }
+    }
     return;
   }
   if (!zero_on()) {
@@ -593,11 +606,13 @@ void DeepSpeedStrategy::setup_module(Module& module) {
 }
 
 void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) {
-  VOLT_CHECK(!tp_on() && options_.dtype() == "float32", NotAvailable, kTag,
-             " tensor_parallel (tp_size=", options_.tensor_parallel().tp_size(), ") and dtype=\"",
+  VOLT_CHECK(!inference_only(), NotAvailable, kTag,
+             " tensor_parallel (tp_size=", options_.tensor_parallel().tp_size(), "), dtype=\"",
              options_.dtype(),
-             "\" are DeepSpeed inference settings: use them with predict, validate or test; "
-             "train with tp_size 1 and precision=\"bf16-mixed\" instead.");
+             "\" and replace_with_kernel_inject=", options_.replace_with_kernel_inject(),
+             " are DeepSpeed inference settings: use them with predict, validate or test; "
+             "train with tp_size 1, dtype \"float32\", no kernel injection, and "
+             "precision=\"bf16-mixed\" for bf16.");
   if (config_) {
     // configure_optimizers wins over the JSON (the reference's note), item by item.
     if (optimizers.empty()) {

@@ -124,7 +124,7 @@ void register_strategies(Registry& r) {
                  "inference: attention heads (checked against tp_size; 0: unknown)")
             .choice("dtype", o.dtype(), {"float32", "bfloat16"}, "inference: weights' dtype")
             .add("replace_with_kernel_inject", o.replace_with_kernel_inject(),
-                 "inference: DeepSpeed kernel injection (not built)")
+                 "inference: swap recognised blocks for fused kernels (KernelInjection)")
             .add("enable_cuda_graph", o.enable_cuda_graph(),
                  "inference: CUDA graph capture (not built yet)")
             .choice("replace_method", o.replace_method(), {"auto"}, "DeepSpeed's replace_method"),

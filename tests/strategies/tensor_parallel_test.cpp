@@ -226,6 +226,38 @@ TEST(TensorParallel, FitWithTensorParallelIsNotAvailable) {
   EXPECT_NE(j.output.find("DeepSpeed inference settings"), std::string::npos) << j.output;
 }
 
+TEST(TensorParallel, FitWithKernelInjectionIsNotAvailable) {
+  volt_test::TempDir dir;
+  Job j = run_tp({"--root", dir.path, "--out", dir / "x", "--model", "seqmlp", "--devices", "1",
+                  "--kernel-inject", "1", "--stage", "fit"});
+  EXPECT_EQ(j.code, 1) << j.output;
+  EXPECT_NE(j.output.find("replace_with_kernel_inject=1 are DeepSpeed inference settings"),
+            std::string::npos)
+      << j.output;
+}
+
+// replace_with_kernel_inject: the recognised blocks run volt's fused kernels (Linear+activation
+// epilogue, fused_sdpa) for the run, alone and under tensor parallelism, and predict like the
+// unfused single process; the model leaves the run with its own modules and weights.
+TEST(TensorParallel, KernelInjectionPredictsLikeOneProcessAloneAndSplit) {
+  const std::vector<std::string> inject{"--kernel-inject", "1"};
+  // SeqMlp: Linear+GELU (colwise) and Linear+ReLU (rowwise: the sum, then bias and ReLU).
+  std::string o = expect_tp_matches("seqmlp", "none", 1, 1e-5, inject);
+  EXPECT_EQ(field(o, 0, "injected"), 2) << o;
+  for (int tp : {2, 4}) {
+    o = expect_tp_matches("seqmlp", "plan", tp, 1e-5, inject);
+    EXPECT_EQ(field(o, 0, "injected"), 2) << o;
+    EXPECT_EQ(field(o, 0, "layers"), 2) << o;
+  }
+  // EncoderNet: two TransformerEncoderLayers (attention through fused_sdpa, feed-forward
+  // split colwise/rowwise).
+  o = expect_tp_matches("encoder", "none", 1, 1e-4, inject);
+  EXPECT_EQ(field(o, 0, "injected"), 2) << o;
+  o = expect_tp_matches("encoder", "plan", 2, 1e-4, inject);
+  EXPECT_EQ(field(o, 0, "injected"), 2) << o;
+  EXPECT_EQ(field(o, 1, "injected"), 2) << o;
+}
+
 std::string plan_error(torch::nn::Module& m, const volt::TensorParallelOptions& o) {
   try {
     volt::resolve_tensor_parallel_plan(m, o);
@@ -290,8 +322,7 @@ TEST(TensorParallel, StrategyOptionsRejectWhatIsNotBuilt) {
   auto make = [&](volt::DeepSpeedStrategyOptions o) {
     return std::make_shared<volt::DeepSpeedStrategy>(o, acc, prec, 2);
   };
-  EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().replace_with_kernel_inject(true)),
-               volt::NotAvailable);
+  EXPECT_NO_THROW(make(volt::DeepSpeedStrategyOptions().replace_with_kernel_inject(true)));
   EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().enable_cuda_graph(true)), volt::NotAvailable);
   EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().dtype("float16")), ConfigError);
   EXPECT_THROW(make(volt::DeepSpeedStrategyOptions().replace_method("kernel")), ConfigError);

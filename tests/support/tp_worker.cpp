@@ -1,12 +1,15 @@
 // One tensor-parallel inference job for tests/strategies/tensor_parallel_test.cpp. Started as a
 // plain process it launches its ranks itself (DeepSpeedStrategy re-executes this binary). Every
 // rank writes its predictions (logits of every batch, concatenated) to <out>.rank<R>.pt and
-// prints "rank R done param_bytes=P full_bytes=F layers=L restored=0|1".
+// prints "rank R done param_bytes=P full_bytes=F layers=L injected=K restored=0|1" (K: the
+// modules kernel injection replaced).
 //
-//   volt_tp_worker --root DIR --out PREFIX --devices N --model mlp|transformer|blocks
+//   volt_tp_worker --root DIR --out PREFIX --devices N --model
+//       mlp|transformer|blocks|seqmlp|encoder
 //       [--tp N] [--form plan|policy|json|none] [--dtype float32|bfloat16] [--stage
 //       predict|validate|fit]
-//       [--heads H] [--kernel-inject 0|1] [--timeout S (default 120)] [--shard G/N (reference: shard G of N)]
+//       [--heads H] [--kernel-inject 0|1] [--timeout S (default 120)] [--shard G/N (reference:
+//       shard G of N)]
 //   --devices 1 --tp 1 is the single-process reference (single_device strategy).
 // restored: 1 the module left predict whole and unchanged, 2 whole with bfloat16-rounded values.
 //
@@ -20,6 +23,7 @@
 
 #include "models.h"
 #include "tiny.h"
+#include "volt/nn/kernel_injection.h"
 #include "volt/strategies/deepspeed.h"
 
 namespace {
@@ -39,6 +43,40 @@ struct BlockImpl : torch::nn::Module {
   torch::nn::Linear l1{nullptr}, l2{nullptr};
 };
 TORCH_MODULE(Block);
+
+/// Sequential layers, the form kernel injection recognises: Linear+GELU and Linear+ReLU pairs.
+struct SeqMlp : torch::nn::Module {
+  static constexpr const char* kName = "SeqMlp";
+  SeqMlp() {
+    body =
+        register_module("body", torch::nn::Sequential(torch::nn::Linear(784, 64), torch::nn::GELU(),
+                                                      torch::nn::Linear(64, 48), torch::nn::ReLU(),
+                                                      torch::nn::Linear(48, 10)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return body->forward(x.reshape({x.size(0), -1})); }
+  torch::nn::Sequential body{nullptr};
+};
+
+/// Image rows as tokens through two libtorch TransformerEncoderLayers held by a Sequential.
+struct EncoderNet : torch::nn::Module {
+  static constexpr const char* kName = "EncoderNet";
+  EncoderNet() {
+    embed = register_module("embed", torch::nn::Linear(28, 32));
+    auto layer = [] {
+      return torch::nn::TransformerEncoderLayer(
+          torch::nn::TransformerEncoderLayerOptions(32, 4).dim_feedforward(64).activation(
+              torch::kGELU));
+    };
+    layers = register_module("layers", torch::nn::Sequential(layer(), layer()));
+    head = register_module("head", torch::nn::Linear(32, 5));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = embed->forward(x.reshape({x.size(0), 28, 28}).transpose(0, 1));  // [seq, batch, 32]
+    return head->forward(layers->forward(x).mean(0));
+  }
+  torch::nn::Linear embed{nullptr}, head{nullptr};
+  torch::nn::Sequential layers{nullptr};
+};
 
 struct BlocksNet : torch::nn::Module {
   static constexpr const char* kName = "BlocksNet";
@@ -102,7 +140,8 @@ int run(std::map<std::string, std::string>& a, std::shared_ptr<Net> net, torch::
       .config(json)
       .timeout_s(static_cast<double>(num("--timeout", 120)));
   std::shared_ptr<volt::DeepSpeedStrategy> strategy;
-  const bool one = devices == 1 && tp.tp_size() == 1 && json.empty();
+  const bool one =
+      devices == 1 && tp.tp_size() == 1 && json.empty() && !o.replace_with_kernel_inject();
   if (!one) {
     strategy = std::make_shared<volt::DeepSpeedStrategy>(o, accelerator, precision, devices);
   }
@@ -132,8 +171,11 @@ int run(std::map<std::string, std::string>& a, std::shared_ptr<Net> net, torch::
     std::fflush(stdout);
     return 0;
   }
-  int64_t param_bytes = 0, full_bytes = 0, layers = 0;
+  int64_t param_bytes = 0, full_bytes = 0, layers = 0, injected = 0;
   model.probe = [&] {
+    if (strategy != nullptr && strategy->kernel_injection() != nullptr) {
+      injected = static_cast<int64_t>(strategy->kernel_injection()->replaced().size());
+    }
     if (strategy == nullptr || strategy->tensor_parallel_engine() == nullptr) return;
     const volt::TensorParallelEngine& e = *strategy->tensor_parallel_engine();
     param_bytes = e.parameter_bytes();
@@ -151,9 +193,11 @@ int run(std::map<std::string, std::string>& a, std::shared_ptr<Net> net, torch::
   const int restored = torch::equal(after, before)                                          ? 1
                        : torch::equal(after, before.to(torch::kBFloat16).to(torch::kFloat)) ? 2
                                                                                             : 0;
-  std::printf("rank %lld done param_bytes=%lld full_bytes=%lld layers=%lld restored=%d\n",
-              static_cast<long long>(rank), static_cast<long long>(param_bytes),
-              static_cast<long long>(full_bytes), static_cast<long long>(layers), restored);
+  std::printf(
+      "rank %lld done param_bytes=%lld full_bytes=%lld layers=%lld injected=%lld restored=%d\n",
+      static_cast<long long>(rank), static_cast<long long>(param_bytes),
+      static_cast<long long>(full_bytes), static_cast<long long>(layers),
+      static_cast<long long>(injected), restored);
   std::fflush(stdout);
   return 0;
 }
@@ -194,6 +238,16 @@ int main(int argc, char** argv) {
       }
       auto x = torch::randn({20, 1, 28, 28});
       return run(a, net, x, tp, json);
+    }
+    if (model == "seqmlp") {
+      auto net = std::make_shared<SeqMlp>();
+      if (form == "plan") tp.plan(volt::parse_tp_plan({"body.0=colwise", "body.2=rowwise"}));
+      return run(a, net, torch::randn({20, 1, 28, 28}), tp, json);
+    }
+    if (model == "encoder") {
+      auto net = std::make_shared<EncoderNet>();
+      if (form == "plan") tp.plan(volt::parse_tp_plan({"linear1=colwise", "linear2=rowwise"}));
+      return run(a, net, torch::randn({20, 1, 28, 28}), tp, json);
     }
     if (model == "blocks") {
       auto net = std::make_shared<BlocksNet>();

@@ -104,9 +104,9 @@ struct DeepSpeedStrategyOptions {
   /// back to its dtype after it, keeping the bfloat16-rounded values, as DeepSpeed converts a
   /// model in place; floating inputs are cast to match). Default: "float32".
   TORCH_ARG(std::string, dtype) = "float32";
-  /// DeepSpeed's kernel injection: not built (C++ models call volt's fused kernels, e.g.
-  /// volt::fused_sdpa, in their own forward; volt cannot swap a block's forward from outside);
-  /// true raises NotAvailable. Default: false.
+  /// DeepSpeed's kernel injection for inference: recognised blocks (Sequential entries: Linear
+  /// followed by ReLU/GELU/SiLU, libtorch's TransformerEncoderLayer) run volt's fused kernels
+  /// for the run (KernelInjection); other modules run unchanged. Default: false.
   TORCH_ARG(bool, replace_with_kernel_inject) = false;
   /// Capture inference in a CUDA graph: not built until graph capture lands (issue #15); true
   /// raises NotAvailable. Default: false.
@@ -125,6 +125,7 @@ std::ostream& operator<<(std::ostream& os, const DeepSpeedStrategyOptions& o);
 /// resumes exactly; another world size, a plain DdpStrategy or one process loads the folder
 /// through consolidate_zero_checkpoint (also `volt zero-to-fp32`).
 class CheckpointDefaultsGuard;
+class KernelInjection;
 namespace detail {
 class OptimizerSwapper;
 }
@@ -176,6 +177,9 @@ class DeepSpeedStrategy : public DdpStrategy {
   const std::string& nvme_folder() const { return nvme_rank_dir_; }
   /// The tensor-parallel engine of the current run (nullptr when tp_size is 1 or outside a run).
   TensorParallelEngine* tensor_parallel_engine() const { return tp_.get(); }
+  /// The kernel injection of the current run (nullptr without replace_with_kernel_inject or
+  /// outside a run).
+  const KernelInjection* kernel_injection() const { return injection_.get(); }
   Batch batch_to_device(const Batch& batch) const override;
   /// With tensor parallelism the ranks of one tensor-parallel group read the same batches (they
   /// split layers, not data); groups (world / tp_size of them) read different ones.
@@ -197,8 +201,13 @@ class DeepSpeedStrategy : public DdpStrategy {
   const ZeroChunk* chunk_of(const c10::TensorImpl* impl) const;
   bool zero_on() const { return options_.zero_optimization() && options_.stage() > 0; }
   bool tp_on() const { return options_.tensor_parallel().tp_size() > 1; }
+  // Options that make the run inference only (no reducer, no ZeRO).
+  bool inference_only() const {
+    return tp_on() || options_.dtype() != "float32" || options_.replace_with_kernel_inject();
+  }
   std::unique_ptr<TensorParallelEngine> tp_;
-  c10::optional<at::ScalarType> cast_back_;  // the module's dtype before a bfloat16 run
+  std::unique_ptr<KernelInjection> injection_;  // replace_with_kernel_inject's swaps, this run
+  c10::optional<at::ScalarType> cast_back_;     // the module's dtype before a bfloat16 run
   Module* cast_module_ = nullptr;
   bool cast_for_masters_ = false;  // bf16-mixed with master weights: cast by setup_module
   int64_t tp_groups_made_ = 0;     // names each run's tensor-parallel group uniquely in the store

@@ -1,0 +1,157 @@
+// The fused bias + activation epilogue against libtorch's composition (bias_activation_reference:
+// y + bias, then at::relu / at::gelu / at::silu). ReLU and identity are exact (one add, one max);
+// GELU, its tanh form and SiLU go through ATen's vector erf/tanh/exp, whose width here (AVX2)
+// may differ from the one libtorch picked (AVX-512 on this machine): 2e-6 relative + absolute.
+
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "error_text.h"
+#include "volt/core/errors.h"
+#include "volt/kernels/fused_bias_activation.h"
+
+namespace {
+
+using volt::Activation;
+
+const Activation kAll[] = {Activation::kIdentity, Activation::kRelu, Activation::kGelu,
+                           Activation::kGeluTanh, Activation::kSilu};
+
+bool exact(Activation a) {
+  return a == Activation::kIdentity || a == Activation::kRelu;
+}
+
+void expect_matches(const at::Tensor& got, const at::Tensor& want, Activation a) {
+  ASSERT_EQ(got.sizes(), want.sizes());
+  if (exact(a)) {
+    // Bitwise where finite, NaN where the reference has NaN (NaN != NaN for torch::equal).
+    const at::Tensor nan = want.isnan();
+    EXPECT_TRUE(torch::equal(got.isnan(), nan)) << volt::to_string(a);
+    EXPECT_TRUE(torch::equal(got.masked_fill(nan, 0), want.masked_fill(nan, 0)))
+        << volt::to_string(a);
+  } else {
+    EXPECT_TRUE(torch::allclose(got, want, 2e-6, 2e-6, /*equal_nan=*/true))
+        << volt::to_string(a) << " max diff " << (got - want).abs().max().item<double>();
+  }
+}
+
+using volt_test::error_of;
+
+TEST(FusedBiasActivation, EveryActivationMatchesTheCompositionWithAndWithoutBias) {
+  torch::manual_seed(0);
+  // 37 columns: a vector body and a partial tail; 4096 x 96 spreads rows over threads.
+  for (auto shape : {std::vector<int64_t>{5, 37}, std::vector<int64_t>{2, 3, 8},
+                     std::vector<int64_t>{4096, 96}, std::vector<int64_t>{7}}) {
+    const at::Tensor y = torch::randn(shape) * 3;
+    const at::Tensor bias = torch::randn({shape.back()});
+    for (Activation a : kAll) {
+      for (bool with_bias : {true, false}) {
+        const at::Tensor b = with_bias ? bias : at::Tensor();
+        at::Tensor got = y.clone();
+        volt::fused_bias_activation_(got, b, a);
+        expect_matches(got, volt::bias_activation_reference(y, b, a), a);
+      }
+    }
+  }
+}
+
+TEST(FusedBiasActivation, NonFiniteValuesFollowLibtorch) {
+  const float inf = std::numeric_limits<float>::infinity(),
+              nan = std::numeric_limits<float>::quiet_NaN();
+  const at::Tensor y = torch::tensor({nan, inf, -inf, 0.0f, -0.0f, 1e-30f, 80.0f, -80.0f, 3.0f});
+  for (Activation a : kAll) {
+    at::Tensor got = y.clone();
+    volt::fused_bias_activation_(got, at::Tensor(), a);
+    expect_matches(got, volt::bias_activation_reference(y, at::Tensor(), a), a);
+    EXPECT_TRUE(std::isnan(got[0].item<float>())) << volt::to_string(a) << " drops a NaN";
+  }
+}
+
+TEST(FusedBiasActivation, LinearActivationMatchesLinearThenActivation) {
+  torch::manual_seed(1);
+  const at::Tensor w = torch::randn({24, 19}), b = torch::randn({24});
+  // 3-D input, and a transposed (non-contiguous) one: the product reads any strides.
+  const at::Tensor x3 = torch::randn({3, 5, 19});
+  const at::Tensor xt = torch::randn({19, 11}).t();
+  torch::NoGradGuard no_grad;
+  for (Activation a : kAll) {
+    for (const at::Tensor& x : {x3, xt}) {
+      const at::Tensor got = volt::fused_linear_activation(x, w, b, a, /*require_fused=*/true);
+      const at::Tensor want = volt::linear_activation_reference(x, w, b, a);
+      ASSERT_EQ(got.sizes(), want.sizes());
+      // The reference adds the bias inside the GEMM (addmm): one rounding apart.
+      EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-5)) << volt::to_string(a);
+    }
+    const at::Tensor no_bias = volt::fused_linear_activation(x3, w, at::Tensor(), a, true);
+    EXPECT_TRUE(torch::allclose(no_bias, volt::linear_activation_reference(x3, w, at::Tensor(), a),
+                                1e-5, 1e-5));
+  }
+}
+
+TEST(FusedBiasActivation, WhereTheKernelDoesNotApplyTheLinearFallsBackOrSaysWhy) {
+  torch::manual_seed(2);
+  auto lin = torch::nn::Linear(6, 4);
+  const at::Tensor x = torch::randn({3, 6});
+  // Autograd recording: the reference runs, with gradients equal to Linear + GELU's.
+  const at::Tensor y = volt::fused_linear_activation(x, lin->weight, lin->bias, Activation::kGelu);
+  y.sum().backward();
+  const at::Tensor grad = lin->weight.grad().clone();
+  lin->weight.mutable_grad().zero_();
+  torch::gelu(lin->forward(x)).sum().backward();
+  EXPECT_TRUE(torch::equal(grad, lin->weight.grad()));
+  std::string e = error_of(
+      [&] { volt::fused_linear_activation(x, lin->weight, lin->bias, Activation::kGelu, true); });
+  EXPECT_NE(e.find("autograd is recording"), std::string::npos) << e;
+  // bfloat16: the reference, or NotAvailable naming the dtype.
+  torch::NoGradGuard no_grad;
+  const at::Tensor xb = x.to(at::kBFloat16), wb = lin->weight.to(at::kBFloat16),
+                   bb = lin->bias.to(at::kBFloat16);
+  EXPECT_TRUE(torch::equal(volt::fused_linear_activation(xb, wb, bb, Activation::kSilu),
+                           volt::linear_activation_reference(xb, wb, bb, Activation::kSilu)));
+  EXPECT_THROW(volt::fused_linear_activation(xb, wb, bb, Activation::kSilu, true),
+               volt::NotAvailable);
+  e = error_of([&] { volt::fused_linear_activation(xb, wb, bb, Activation::kSilu, true); });
+  EXPECT_NE(e.find("float32"), std::string::npos) << e;
+}
+
+TEST(FusedBiasActivation, BadShapesAndTensorsAreTypedErrors) {
+  at::Tensor y = torch::randn({4, 8});
+  std::string e =
+      error_of([&] { volt::fused_bias_activation_(y, torch::randn({7}), Activation::kRelu); });
+  EXPECT_NE(e.find("does not match the input's last dimension"), std::string::npos) << e;
+  EXPECT_THROW(volt::fused_bias_activation_(y, torch::randn({7}), Activation::kRelu),
+               volt::ValueError);
+  at::Tensor yb = y.to(at::kBFloat16);
+  EXPECT_THROW(volt::fused_bias_activation_(yb, at::Tensor(), Activation::kRelu),
+               volt::NotAvailable);
+  at::Tensor yt = y.t();
+  e = error_of([&] { volt::fused_bias_activation_(yt, at::Tensor(), Activation::kRelu); });
+  EXPECT_NE(e.find("non-contiguous"), std::string::npos) << e;
+  at::Tensor leaf = torch::randn({2, 3}, torch::requires_grad());
+  e = error_of([&] { volt::fused_bias_activation_(leaf, at::Tensor(), Activation::kRelu); });
+  EXPECT_NE(e.find("autograd"), std::string::npos) << e;
+  e = error_of([&] {
+    volt::fused_linear_activation(torch::randn({2, 5}), torch::randn({3, 4}), at::Tensor(),
+                                  Activation::kRelu);
+  });
+  EXPECT_NE(e.find("does not fit weight"), std::string::npos) << e;
+  e = error_of([&] {
+    volt::fused_linear_activation(torch::randn({2, 4}), torch::randn({3, 4}), torch::randn({4}),
+                                  Activation::kRelu);
+  });
+  EXPECT_NE(e.find("pass a 1-D bias of 3"), std::string::npos) << e;
+}
+
+TEST(FusedBiasActivation, ActivationNamesRoundTripAndUnknownOnesAreConfigErrors) {
+  for (Activation a : kAll) EXPECT_EQ(volt::parse_activation(volt::to_string(a)), a);
+  const std::string e = error_of([] { volt::parse_activation("swish"); });
+  EXPECT_NE(e.find("\"swish\" is not known"), std::string::npos) << e;
+  EXPECT_THROW(volt::parse_activation("swish"), volt::ConfigError);
+}
+
+}  // namespace
