@@ -44,7 +44,13 @@ void run_kernel(at::Tensor& y, const at::Tensor& bias, Activation act) {
   const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
   const int code = static_cast<int>(act);
 #if defined(VOLT_BIAS_ACT_AVX2)
+  // __builtin_cpu_supports also checks that the OS saves the wider registers.
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx512) {
+    detail::bias_act_avx512(data, b, rows, cols, code);
+    return;
+  }
   if (avx2) {
     detail::bias_act_avx2(data, b, rows, cols, code);
     return;

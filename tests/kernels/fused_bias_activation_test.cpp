@@ -8,10 +8,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define VOLT_BIAS_ACT_AVX2  // the library has its AVX2 and AVX-512 builds (CMakeLists.txt)
+#endif
 #include "error_text.h"
+#include "kernels/detail/bias_act_cpu.h"
 #include "volt/core/errors.h"
 #include "volt/kernels/fused_bias_activation.h"
 
@@ -58,6 +65,32 @@ TEST(FusedBiasActivation, EveryActivationMatchesTheCompositionWithAndWithoutBias
       }
     }
   }
+}
+
+// fused_bias_activation_ runs the widest build the CPU has: each build is checked here directly.
+TEST(FusedBiasActivation, EveryInstructionSetBuildMatchesTheComposition) {
+  using Fn = void (*)(float*, const float*, int64_t, int64_t, int);
+  std::vector<std::pair<const char*, Fn>> builds{{"baseline", &volt::detail::bias_act_default}};
+#if defined(VOLT_BIAS_ACT_AVX2)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    builds.emplace_back("avx2", &volt::detail::bias_act_avx2);
+  }
+  if (__builtin_cpu_supports("avx512f"))
+    builds.emplace_back("avx512", &volt::detail::bias_act_avx512);
+#endif
+  torch::manual_seed(3);
+  const at::Tensor y = torch::randn({33, 70}) * 4, bias = torch::randn({70});
+  for (const auto& [name, fn] : builds) {
+    for (Activation a : kAll) {
+      at::Tensor got = y.clone();
+      fn(got.data_ptr<float>(), bias.data_ptr<float>(), 33, 70, static_cast<int>(a));
+      SCOPED_TRACE(name);
+      expect_matches(got, volt::bias_activation_reference(y, bias, a), a);
+    }
+  }
+  std::printf("[ measured ] builds checked:");
+  for (const auto& b : builds) std::printf(" %s", b.first);
+  std::printf("\n");
 }
 
 TEST(FusedBiasActivation, NonFiniteValuesFollowLibtorch) {
