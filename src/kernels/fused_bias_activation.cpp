@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <initializer_list>
 #include <ostream>
 #include <sstream>
 
@@ -24,18 +25,12 @@ constexpr Name kNames[] = {{Activation::kIdentity, "identity"},
                            {Activation::kGeluTanh, "gelu_tanh"},
                            {Activation::kSilu, "silu"}};
 
-std::string sizes(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
-}
-
 void check_shapes(const at::Tensor& y, const at::Tensor& bias) {
   VOLT_CHECK(y.defined() && y.dim() >= 1, ValueError, kTag,
              " the input must be a tensor with at least one dimension.");
   VOLT_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == y.size(-1)), ValueError, kTag,
-             " bias of shape ", sizes(bias), " does not match the input's last dimension (input ",
-             sizes(y), "); pass a 1-D bias of ", y.size(-1), " elements or none.");
+             " bias of shape ", bias.sizes(), " does not match the input's last dimension (input ",
+             y.sizes(), "); pass a 1-D bias of ", y.size(-1), " elements or none.");
 }
 
 void run_kernel(at::Tensor& y, const at::Tensor& bias, Activation act) {
@@ -59,22 +54,26 @@ void run_kernel(at::Tensor& y, const at::Tensor& bias, Activation act) {
   detail::bias_act_default(data, b, rows, cols, code);
 }
 
-// Why fused_linear_activation must use the reference ("" when it need not). The input's layout
-// does not matter (the product reads any strides); dtype, device and autograd do.
-std::string linear_reason(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  for (const at::Tensor* t : {&x, &weight, &bias}) {
+// Why the kernel cannot take these tensors ("" when it can): CPU, dense float32, no autograd
+// recording, and with `contiguous` contiguous memory (the in-place pass walks rows; the linear's
+// product reads any strides, so its input may be a view).
+std::string kernel_reason(std::initializer_list<const at::Tensor*> tensors, bool contiguous) {
+  bool requires_grad = false;
+  for (const at::Tensor* t : tensors) {
     if (!t->defined()) continue;
     if (!t->device().is_cpu()) {
       return "the tensors are on " + t->device().str() + " (the kernel is CPU-only)";
     }
-    if (t->scalar_type() != at::kFloat || t->layout() != at::kStrided) {
+    if (t->scalar_type() != at::kFloat || t->layout() != at::kStrided ||
+        (contiguous && !t->is_contiguous())) {
       std::ostringstream os;
-      os << "the kernel needs dense float32 tensors (got " << t->scalar_type() << ")";
+      os << "the kernel needs " << (contiguous ? "contiguous" : "dense") << " float32 tensors (got "
+         << t->scalar_type() << (t->is_contiguous() ? "" : ", non-contiguous") << ")";
       return os.str();
     }
+    requires_grad = requires_grad || t->requires_grad();
   }
-  if (at::GradMode::is_enabled() &&
-      (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()))) {
+  if (requires_grad && at::GradMode::is_enabled()) {
     return "autograd is recording (the kernel has no backward; run inference under "
            "torch::NoGradGuard)";
   }
@@ -118,27 +117,7 @@ std::ostream& operator<<(std::ostream& os, Activation activation) {
 }
 
 std::string fused_bias_activation_reason(const at::Tensor& y, const at::Tensor& bias) {
-  auto ok = [](const at::Tensor& t) {
-    return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
-           t.layout() == at::kStrided;
-  };
-  if (!y.device().is_cpu() || (bias.defined() && !bias.device().is_cpu())) {
-    return "the tensors are on " + y.device().str() + " (the kernel is CPU-only)";
-  }
-  if (!ok(y) || (bias.defined() && !ok(bias))) {
-    std::ostringstream os;
-    os << "the kernel needs contiguous float32 tensors (input " << y.scalar_type()
-       << (y.is_contiguous() ? "" : ", non-contiguous");
-    if (bias.defined()) {
-      os << "; bias " << bias.scalar_type() << (bias.is_contiguous() ? "" : ", non-contiguous");
-    }
-    os << ")";
-    return os.str();
-  }
-  if (at::GradMode::is_enabled() && (y.requires_grad() || (bias.defined() && bias.requires_grad())))
-    return "autograd is recording (the kernel has no backward; run inference under "
-           "torch::NoGradGuard)";
-  return "";
+  return kernel_reason({&y, &bias}, /*contiguous=*/true);
 }
 
 at::Tensor& fused_bias_activation_(at::Tensor& y, const at::Tensor& bias, Activation act) {
@@ -164,13 +143,14 @@ at::Tensor fused_linear_activation(const at::Tensor& x, const at::Tensor& weight
                                    const at::Tensor& bias, Activation act, bool require_fused) {
   VOLT_CHECK(x.defined() && weight.defined() && weight.dim() == 2 && x.dim() >= 1 &&
                  x.size(-1) == weight.size(1),
-             ValueError, kTag, " input ", x.defined() ? sizes(x) : "undefined",
-             " does not fit weight ", weight.defined() ? sizes(weight) : "undefined",
+             ValueError, kTag, " input ", x.defined() ? detail::str_cat(x.sizes()) : "undefined",
+             " does not fit weight ",
+             weight.defined() ? detail::str_cat(weight.sizes()) : "undefined",
              " ([out, in]); the input's last dimension must equal in.");
   VOLT_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), ValueError,
-             kTag, " bias of shape ", sizes(bias), " does not match weight ", sizes(weight),
+             kTag, " bias of shape ", bias.sizes(), " does not match weight ", weight.sizes(),
              "; pass a 1-D bias of ", weight.size(0), " elements or none.");
-  const std::string reason = linear_reason(x, weight, bias);
+  const std::string reason = kernel_reason({&x, &weight, &bias}, /*contiguous=*/false);
   if (!reason.empty()) {
     VOLT_CHECK(!require_fused, NotAvailable, kTag, " the fused kernel does not apply: ", reason,
                "; drop require_fused to use the reference composition.");
