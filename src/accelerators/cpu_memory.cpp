@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "volt/core/check.h"
+#include "volt/core/version.h"
 
 namespace volt {
 namespace {
@@ -55,7 +56,12 @@ class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* wrapped) : wrapped_(wrapped) {}
 
+#if VOLT_TORCH_AT_LEAST(2, 3)
+  // libtorch 2.3 made allocate() non-const and copy_data() pure virtual.
+  c10::DataPtr allocate(size_t n) override {
+#else
   c10::DataPtr allocate(size_t n) const override {
+#endif
     // Zero-byte storages (empty tensors) hold no memory: not counted, as in the wrapped one.
     if (n == 0) return wrapped_->allocate(0);
     c10::DataPtr inner = wrapped_->allocate(n + kHeader);
@@ -77,6 +83,11 @@ class CountingAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &counting_free; }
+#if VOLT_TORCH_AT_LEAST(2, 3)
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
 
  private:
   c10::Allocator* wrapped_;

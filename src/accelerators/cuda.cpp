@@ -1,6 +1,10 @@
 #include "volt/accelerators/cuda.h"
 
+#include <ATen/Context.h>
 #include <torch/cuda.h>
+
+#include <algorithm>
+#include <mutex>
 
 #include "volt/core/check.h"
 
@@ -36,8 +40,40 @@ void CudaAccelerator::setup_device(const c10::Device& device) {
   // process per device (DDP) the strategy sets it from LOCAL_RANK.
   VOLT_CHECK(device.is_cuda(), ConfigError, "[CudaAccelerator] setup_device got ", device.str(),
              "; expected a cuda device.");
+  const int64_t index = device.has_index() ? device.index() : 0;
+  if (std::find(devices_.begin(), devices_.end(), index) == devices_.end()) {
+    devices_.push_back(index);
+  }
 }
 
 void CudaAccelerator::synchronize() const { torch::cuda::synchronize(); }
+
+// Through the device-generic context API: no CUDA headers, and a GPU never used by the run is
+// initialised only here (its generator exists once the CUDA context does).
+std::map<std::string, at::Tensor> CudaAccelerator::rng_states() const {
+  std::vector<int64_t> devices = devices_;
+  if (devices.empty()) {
+    for (int64_t i = 0; i < device_count(); ++i) devices.push_back(i);
+  }
+  std::map<std::string, at::Tensor> out;
+  for (const int64_t i : devices) {
+    auto gen = at::globalContext().defaultGenerator(
+        c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out["torch_cuda_" + std::to_string(i)] = gen.get_state();
+  }
+  return out;
+}
+
+void CudaAccelerator::set_rng_states(const std::map<std::string, at::Tensor>& states) {
+  for (int64_t i = 0; i < device_count(); ++i) {
+    auto it = states.find("torch_cuda_" + std::to_string(i));
+    if (it == states.end()) continue;
+    auto gen = at::globalContext().defaultGenerator(
+        c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(it->second);
+  }
+}
 
 }  // namespace volt

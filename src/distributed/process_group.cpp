@@ -50,6 +50,10 @@ Backend resolve_backend(const std::string& name, c10::DeviceType device) {
   return b;
 }
 
+bool ProcessGroup::gloo_available() {
+  return VOLT_DIST_GLOO != 0;
+}
+
 #if !VOLT_DIST_GLOO
 
 struct ProcessGroup::Impl {};

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <ostream>
 #include <typeinfo>
+#include <unordered_map>
 
 #include "detail/fused_common.h"
+#include "detail/fused_cuda.h"
 #include "detail/multi_tensor.h"
 #include "volt/core/check.h"
 
@@ -120,6 +122,11 @@ struct FusedAdamW::Impl {
   };
   std::vector<Work> work;  // reused between steps, like chunks
   std::vector<detail::TensorChunk> chunks;
+  // CUDA parameters: libtorch's fused multi-tensor kernels, state in per-parameter tensors.
+  std::vector<Work> cuda_work;
+  // Per CUDA parameter, its step count as a float32 scalar on the device (what the kernels
+  // read) and the host count it was made from: rebuilt when they differ (a checkpoint load).
+  std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, int64_t>> device_steps;
 };
 
 FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -149,6 +156,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
   Impl& s = *impl_;
   s.work.clear();
   s.chunks.clear();
+  s.cuda_work.clear();
 
   detail::sync_layouts("FusedAdamW", s.layouts, param_groups_, kNumKinds);
 
@@ -163,6 +171,12 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       const at::Tensor& grad = p.grad();
       if (!grad.defined()) continue;
       detail::check_fusable(kName, kReference, p, grad);
+      const bool cuda = p.is_cuda();
+      if (cuda) {
+        VOLT_CHECK(o.bias_correction(), NotAvailable,
+                   "[FusedAdamW] bias_correction=false has no fused CUDA kernel (libtorch's "
+                   "always corrects); keep the default, or use the parameters on CPU.");
+      }
       FusedAdamWParamState* st = nullptr;
       auto it = state_.find(layout.key(i));
       if (it != state_.end()) {
@@ -171,6 +185,19 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
                    p.sizes(), " has type ", typeid(*it->second).name(),
                    ", not FusedAdamWParamState; restore state with volt::load_optimizer_state "
                    "or torch::load into this optimizer.");
+      }
+      if (cuda) {
+        if (st != nullptr) {  // fail here, before any parameter changed, not mid-step
+          for (const at::Tensor* t : {&st->exp_avg(), &st->exp_avg_sq()}) {
+            VOLT_CHECK(!t->defined() || t->numel() == p.numel(), CheckpointError,
+                       "[FusedAdamW] the state of a parameter of shape ", p.sizes(), " has ",
+                       t->numel(), " elements; the checkpoint was written for another model.");
+          }
+        }
+        s.cuda_work.push_back(Impl::Work{g, i, &o, st});
+        continue;
+      }
+      if (st != nullptr) {
         // Cheap pointer test; copies only after a load or when the group's params changed.
         detail::bind_state(kName, "exp_avg", st->exp_avg(), layout, i, kExpAvg, p, true);
         detail::bind_state(kName, "exp_avg_sq", st->exp_avg_sq(), layout, i, kExpAvgSq, p, true);
@@ -241,7 +268,58 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
   for (const auto& w : s.work) {
     param_groups_[w.group].params()[w.index].unsafeGetTensorImpl()->bump_version();
   }
+  if (!s.cuda_work.empty()) step_cuda();
   return loss;
+}
+
+void FusedAdamW::step_cuda() {
+  Impl& s = *impl_;
+  // Consecutive parameters with the same options go to one set of kernel launches.
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+  const FusedAdamWOptions* current = nullptr;
+  auto flush = [&] {
+    if (current == nullptr || params.empty()) return;
+    const FusedAdamWOptions& o = *current;
+    detail::adam_cuda(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                      {o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(),
+                       o.eps(), o.amsgrad(), o.adam_w_mode()});
+    for (auto* v : {&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs, &steps}) {
+      v->clear();
+    }
+  };
+  for (auto& w : s.cuda_work) {
+    const FusedAdamWOptions& o = *w.options;
+    const at::Tensor& p = param_groups_[w.group].params()[w.index];
+    if (w.state == nullptr) {
+      auto fresh = std::make_unique<FusedAdamWParamState>();
+      w.state = fresh.get();
+      state_[s.layouts[w.group].key(w.index)] = std::move(fresh);
+    }
+    FusedAdamWParamState& st = *w.state;
+    st.exp_avg(detail::state_like(kName, "exp_avg", st.exp_avg(), p));
+    st.exp_avg_sq(detail::state_like(kName, "exp_avg_sq", st.exp_avg_sq(), p));
+    if (o.amsgrad()) {
+      st.max_exp_avg_sq(detail::state_like(kName, "max_exp_avg_sq", st.max_exp_avg_sq(), p));
+    }
+    auto& dev = s.device_steps[p.unsafeGetTensorImpl()];
+    if (!dev.first.defined() || dev.second != st.step() || dev.first.device() != p.device()) {
+      dev.first = at::full({}, static_cast<double>(st.step()),
+                           at::TensorOptions().dtype(at::kFloat).device(p.device()));
+    }
+    dev.second = st.step() + 1;  // the kernels' own increment, mirrored
+    st.step(st.step() + 1);
+    if (&o != current) {
+      flush();
+      current = &o;
+    }
+    params.push_back(p);
+    grads.push_back(p.grad());
+    exp_avgs.push_back(st.exp_avg());
+    exp_avg_sqs.push_back(st.exp_avg_sq());
+    if (o.amsgrad()) max_exp_avg_sqs.push_back(st.max_exp_avg_sq());
+    steps.push_back(dev.first);
+  }
+  flush();
 }
 
 void FusedAdamW::save(torch::serialize::OutputArchive& archive) const {

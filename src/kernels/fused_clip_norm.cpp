@@ -4,6 +4,7 @@
 #include <ostream>
 
 #include "detail/fused_common.h"
+#include "detail/fused_cuda.h"
 #include "detail/multi_tensor.h"
 #include "volt/core/check.h"
 
@@ -39,17 +40,84 @@ FusedClipNorm::FusedClipNorm(FusedClipNormOptions options) : options_(options) {
              " must be >= 0; pass the largest allowed gradient norm.");
 }
 
-std::string FusedClipNorm::unsupported_reason(const std::vector<at::Tensor>& params) {
+namespace {
+
+// Why the gradients cannot take the CUDA path, when any of them is a CUDA tensor: all must be
+// dense floating CUDA tensors of one device, in a build with libtorch's fused kernels. *cuda
+// says whether the CUDA path is the one meant; *device whether the reason is the device.
+std::string cuda_reason(const std::vector<at::Tensor>& params, bool* cuda, bool* device) {
+  *cuda = false;
+  *device = false;
+  c10::optional<c10::Device> first;
   for (const auto& p : params) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
-    std::string why = detail::fusable_reason(kName, kReference, "gradient", g);
+    if (!first) first = g.device();
+    if (g.is_cuda()) *cuda = true;
+  }
+  if (!*cuda) return "";
+  for (const auto& p : params) {
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    if (g.device() != *first) {
+      *device = true;
+      return std::string("[FusedClipNorm] gradients are on ") + first->str() + " and " +
+             g.device().str() + "; clip each device's parameters separately, or use " + kReference +
+             ".";
+    }
+    std::string why = detail::cuda_fusable_reason(kName, kReference, g, g);
+    if (!why.empty()) {
+      *device = !detail::fused_cuda_available();
+      return why;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string FusedClipNorm::unsupported_reason(const std::vector<at::Tensor>& params) {
+  bool cuda = false, device = false;
+  std::string why = cuda_reason(params, &cuda, &device);
+  if (cuda) return why;
+  for (const auto& p : params) {
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    why = detail::fusable_reason(kName, kReference, "gradient", g);
     if (!why.empty()) return why;
   }
   return "";
 }
 
+double FusedClipNorm::clip_cuda(const std::vector<at::Tensor>& params) const {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  const at::Tensor total = detail::norm_cuda(grads, options_.norm_type());
+  if (options_.error_if_nonfinite()) {
+    const double t = total.item<double>();  // the check needs the value on the host
+    VOLT_CHECK(std::isfinite(t), ValueError, "[FusedClipNorm] the total norm of order ",
+               options_.norm_type(), " of the gradients is non-finite (", t,
+               "), so it cannot be clipped; find the inf/NaN gradients (e.g. a too high learning "
+               "rate or loss scale), or set error_if_nonfinite(false) to scale them anyway.");
+  }
+  detail::scale_to_max_norm_cuda(grads, total, options_.max_norm());
+  return total.item<double>();
+}
+
 double FusedClipNorm::operator()(const std::vector<at::Tensor>& params) const {
+  {
+    bool cuda = false, device = false;
+    const std::string why = cuda_reason(params, &cuda, &device);
+    if (cuda) {
+      if (!why.empty()) {
+        if (device) throw NotAvailable(why);
+        throw ValueError(why);
+      }
+      return clip_cuda(params);
+    }
+  }
   std::vector<at::Tensor> grads;
   grads.reserve(params.size());
   bool all_float = true;

@@ -7,6 +7,7 @@
 #include <typeinfo>
 
 #include "detail/fused_common.h"
+#include "detail/fused_cuda.h"
 #include "detail/multi_tensor.h"
 #include "volt/core/check.h"
 
@@ -103,6 +104,7 @@ struct FusedSGD::Impl {
   };
   std::vector<Work> work;  // reused between steps, like chunks
   std::vector<detail::TensorChunk> chunks;
+  std::vector<Work> cuda_work;  // CUDA parameters: libtorch's fused multi-tensor kernels
 };
 
 FusedSGD::FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -132,6 +134,7 @@ at::Tensor FusedSGD::step(LossClosure closure) {
   Impl& s = *impl_;
   s.work.clear();
   s.chunks.clear();
+  s.cuda_work.clear();
 
   detail::sync_layouts("FusedSGD", s.layouts, param_groups_, 1);
 
@@ -145,6 +148,7 @@ at::Tensor FusedSGD::step(LossClosure closure) {
       const at::Tensor& grad = p.grad();
       if (!grad.defined()) continue;
       detail::check_fusable(kName, kReference, p, grad);
+      const bool cuda = p.is_cuda();
       Impl::Work w{g, i, &o, nullptr, false};
       if (o.momentum() != 0) {
         auto it = state_.find(layout.key(i));
@@ -156,11 +160,20 @@ at::Tensor FusedSGD::step(LossClosure closure) {
                      ", not FusedSGDParamState; restore state with volt::load_optimizer_state "
                      "or torch::load into this optimizer.");
           w.has_buffer = w.state->momentum_buffer().defined();
-          detail::bind_state(kName, "momentum_buffer", w.state->momentum_buffer(), layout, i,
-                             kMomentumBuffer, p, false);
+          if (cuda) {
+            const at::Tensor& b = w.state->momentum_buffer();
+            VOLT_CHECK(!b.defined() || b.numel() == p.numel(), CheckpointError,
+                       "[FusedSGD] the momentum_buffer state of a parameter of shape ", p.sizes(),
+                       " has ", b.numel(),
+                       " elements; the checkpoint was written for another "
+                       "model.");
+          } else {
+            detail::bind_state(kName, "momentum_buffer", w.state->momentum_buffer(), layout, i,
+                               kMomentumBuffer, p, false);
+          }
         }
       }
-      s.work.push_back(w);
+      (cuda ? s.cuda_work : s.work).push_back(w);
     }
   }
 
@@ -199,7 +212,51 @@ at::Tensor FusedSGD::step(LossClosure closure) {
   for (const auto& w : s.work) {
     param_groups_[w.group].params()[w.index].unsafeGetTensorImpl()->bump_version();
   }
+  if (!s.cuda_work.empty()) step_cuda();
   return loss;
+}
+
+void FusedSGD::step_cuda() {
+  Impl& s = *impl_;
+  // Consecutive parameters with the same options and first-step flag share their launches.
+  std::vector<at::Tensor> params, grads, buffers;
+  const FusedSGDOptions* current = nullptr;
+  bool current_first = false;
+  auto flush = [&] {
+    if (current == nullptr || params.empty()) return;
+    const FusedSGDOptions& o = *current;
+    detail::sgd_cuda(params, grads, buffers, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+                     o.nesterov(), current_first);
+    params.clear();
+    grads.clear();
+    buffers.clear();
+  };
+  for (auto& w : s.cuda_work) {
+    const FusedSGDOptions& o = *w.options;
+    const at::Tensor& p = param_groups_[w.group].params()[w.index];
+    bool first = false;
+    if (o.momentum() != 0) {
+      if (w.state == nullptr) {
+        auto fresh = std::make_unique<FusedSGDParamState>();
+        w.state = fresh.get();
+        state_[s.layouts[w.group].key(w.index)] = std::move(fresh);
+      }
+      first = !w.has_buffer;
+      // The first step writes buf = d_p (no zeroing needed, but the tensor must exist).
+      at::Tensor& b = w.state->momentum_buffer();
+      b = first ? at::empty_like(p, at::MemoryFormat::Contiguous)
+                : detail::state_like(kName, "momentum_buffer", b, p);
+    }
+    if (&o != current || first != current_first) {
+      flush();
+      current = &o;
+      current_first = first;
+    }
+    params.push_back(p);
+    grads.push_back(p.grad());
+    if (o.momentum() != 0) buffers.push_back(w.state->momentum_buffer());
+  }
+  flush();
 }
 
 void FusedSGD::save(torch::serialize::OutputArchive& archive) const {

@@ -21,6 +21,19 @@ namespace volt {
 struct Trainer::Impl : detail::Run {};
 
 namespace detail {
+namespace {
+
+// As Lightning's Strategy.teardown: once a run ends a model trained on a GPU goes back to the
+// CPU, so the program can use it with CPU tensors and the GPU's memory is free. CPU runs (and
+// strategies' placeholder tensors): nothing.
+void release_device(Module& m) {
+  bool on_gpu = false;
+  for (const auto& p : m.parameters()) on_gpu = on_gpu || p.is_cuda();
+  for (const auto& b : m.buffers()) on_gpu = on_gpu || b.is_cuda();
+  if (on_gpu) m.to(c10::Device(c10::kCPU));
+}
+
+}  // namespace
 
 template <typename F>
 void Run::guarded(Module& m, Stage stage, F&& body) {
@@ -49,6 +62,7 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     m.attach(nullptr);
     try {
       strategy().teardown();
+      release_device(m);
     } catch (...) {
     }
     if (prof != nullptr) prof->describe(to_string(stage), log_dir());
@@ -59,6 +73,7 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
   scope = LogScope::kNone;
   m.attach(nullptr);
   strategy().teardown();
+  release_device(m);
 }
 
 }  // namespace detail
@@ -74,6 +89,9 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
     // cuBLAS is deterministic only with a fixed workspace (read when its first handle is made);
     // set it as Lightning does, unless the user chose one.
     ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    // cuDNN: deterministic kernels, and no autotuning (which may pick others run to run).
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setBenchmarkCuDNN(false);
   }
   if (reference_blas_active()) {
     warn_once("reference-blas", "Trainer",

@@ -60,6 +60,9 @@ TEST(HostAllocator, TheCliTrainsUnderEachAllocatorAndLogsWhichOneServesMalloc) {
   for (const std::string name : {"default", "jemalloc", "tcmalloc"}) {
     SCOPED_TRACE(name);
     const CliRun r = fit_under(name, dir);
+    if (r.code == 2 && r.output.find("is not installed") != std::string::npos) {
+      GTEST_SKIP() << name << " is not installed on this machine (scripts/setup.sh installs it)";
+    }
     ASSERT_EQ(r.code, 0) << r.output;
     // It trained and wrote its metrics.
     EXPECT_TRUE(std::filesystem::exists(dir / (name + "/volt_logs/version_0/metrics.csv")))

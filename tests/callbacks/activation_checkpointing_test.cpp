@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "requires.h"
 #include "tiny.h"
 #include "volt/callbacks/activation_checkpointing.h"
 #include "volt/cli/cli.h"
@@ -180,6 +181,7 @@ class DefaultsProbe : public volt::Callback {
 };
 
 TEST(ActivationCheckpointingCallback, DeepSpeedCpuCheckpointingHoldsForTheRunOnly) {
+  VOLT_REQUIRE_GLOO();
   auto make = [](const volt::DeepSpeedStrategyOptions& o) {
     return std::make_shared<volt::DeepSpeedStrategy>(o, std::make_shared<volt::CpuAccelerator>(),
                                                      volt::registry().precisions.create("32-true"),

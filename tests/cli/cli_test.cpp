@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "cli/detail/resolve.h"
+#include "requires.h"
 #include "tiny.h"
 
 namespace fs = std::filesystem;
@@ -380,6 +381,7 @@ TEST(CliBinary, FitsFashionMnistFromTheCheckedInConfig) {
 }
 
 TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {
+  VOLT_REQUIRE_GLOO();
   // The launching process becomes rank 0 and starts rank 1 itself (the same command line). Only
   // rank 0 logs and prints; both ranks must agree on the run folder.
   volt_test::TempDir dir;
@@ -401,6 +403,7 @@ TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {
 }
 
 TEST(CliBinary, TakesDdpParametersFromTheConfigAndRejectsBadOnesWithExitTwo) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   write(dir / "ddp.yaml",
         "trainer:\n  devices: 2\n  max_epochs: 1\n  limit_train_batches: 4\n"
@@ -423,6 +426,7 @@ TEST(CliBinary, TakesDdpParametersFromTheConfigAndRejectsBadOnesWithExitTwo) {
 }
 
 TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoint) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   write(dir / "ds.json",
         R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
@@ -472,6 +476,7 @@ TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoi
 }
 
 TEST(CliBinary, PredictsWithTensorParallelFromACheckpointLikeOneProcess) {
+  VOLT_REQUIRE_GLOO();
   // The kwargs form of the reference from the command line: a trained checkpoint is loaded whole
   // into the split model (gather, load, split again) and 2 ranks predict what one process does.
   volt_test::TempDir dir;

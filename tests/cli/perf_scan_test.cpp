@@ -120,7 +120,9 @@ TEST(PerfScan, EachSymptomGetsItsAdviceAndAHealthyRunNone) {
   EXPECT_TRUE(advises(item, "1.0 host read(s) per step")) << all(item);
   EXPECT_FALSE(advises(item, "increase the batch size")) << all(item);
   // Tiny batch: per-op overhead dominates.
-  EXPECT_TRUE(advises(tiny, "increase the batch size")) << all(tiny);
+  EXPECT_TRUE(advises(tiny, "increase the batch size"))
+      << all(tiny) << "ops=" << tiny.ops << " steps=" << tiny.steps
+      << " mean_op_us=" << tiny.mean_op_us;
   EXPECT_LT(tiny.mean_op_us, healthy.mean_op_us);
   // Starved loader: most of the step is the batch fetch.
   EXPECT_GT(starved.data_share, 0.5);

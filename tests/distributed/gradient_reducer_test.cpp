@@ -1,4 +1,5 @@
 #include "volt/distributed/gradient_reducer.h"
+#include "requires.h"
 
 #include <gtest/gtest.h>
 
@@ -41,6 +42,7 @@ void expect_reducer_ok(const std::string& out, int world) {
 }
 
 TEST(GradientReducer, TwoRanksAverageGradients) {
+  VOLT_REQUIRE_GLOO();
   const int port = volt::detail::find_free_port();
   auto ranks = volt_test::start_ranks(kWorker, {"reducer", "--devices", "2"}, 2,
                                       [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
@@ -53,12 +55,14 @@ TEST(GradientReducer, TwoRanksAverageGradients) {
 }
 
 TEST(GradientReducer, ThreeLaunchedRanksAverageGradients) {
+  VOLT_REQUIRE_GLOO();
   Process parent(kWorker, {"reducer", "--devices", "3"});
   EXPECT_EQ(parent.exit_code(kWait), 0) << parent.output();
   expect_reducer_ok(parent.output(), 3);
 }
 
 TEST(GradientReducer, WorldOfOneKeepsLocalGradients) {
+  VOLT_REQUIRE_GLOO();
   auto pg = world_of_one();
   torch::manual_seed(0);
   torch::nn::Linear fc(4, 3);
@@ -79,6 +83,7 @@ TEST(GradientReducer, WorldOfOneKeepsLocalGradients) {
 }
 
 TEST(GradientReducer, RejectsBadOptionsAndParameters) {
+  VOLT_REQUIRE_GLOO();
   auto pg = world_of_one();
   torch::nn::Linear fc(4, 3);
   try {

@@ -1,4 +1,5 @@
 #include "volt/distributed/local_launcher.h"
+#include "requires.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -71,13 +72,20 @@ void launch_and_finish(int devices) {
   for (int pid : worker_pids(out)) EXPECT_FALSE(volt_test::process_alive(pid));
 }
 
-TEST(LocalLauncher, TwoRanksStartAndFinish) { launch_and_finish(2); }
+TEST(LocalLauncher, TwoRanksStartAndFinish) {
+  VOLT_REQUIRE_GLOO();
+  launch_and_finish(2);
+}
 
-TEST(LocalLauncher, FourRanksStartAndFinish) { launch_and_finish(4); }
+TEST(LocalLauncher, FourRanksStartAndFinish) {
+  VOLT_REQUIRE_GLOO();
+  launch_and_finish(4);
+}
 
 // A worker SIGKILLed mid-run: the launcher reports it by rank, and every surviving rank's failed
 // collective names it (the launcher wrote it to the rendezvous store).
 TEST(LocalLauncher, KilledWorkerIsNamedByEverySurvivor) {
+  VOLT_REQUIRE_GLOO();
   Process parent(kWorker, {"hold", "--devices", "4", "--victim", "2", "--timeout-ms", "20000"});
   ASSERT_TRUE(parent.wait_for_output("rank 2: victim waiting", kWait)) << parent.output();
   for (int r : {0, 1, 3}) {

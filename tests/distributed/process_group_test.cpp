@@ -1,4 +1,5 @@
 #include "volt/distributed/process_group.h"
+#include "requires.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -43,6 +44,7 @@ void expect_all(std::vector<std::unique_ptr<Process>>& ranks, int code,
 // ---- backend resolution ----
 
 TEST(ResolveBackend, AutoIsGlooOnCpu) {
+  VOLT_REQUIRE_GLOO();
   EXPECT_EQ(volt::resolve_backend("auto", c10::DeviceType::CPU), volt::Backend::kGloo);
   EXPECT_EQ(volt::resolve_backend("gloo", c10::DeviceType::CPU), volt::Backend::kGloo);
   EXPECT_EQ(volt::to_string(volt::Backend::kNccl), "nccl");
@@ -78,6 +80,7 @@ TEST(ProcessGroup, NcclBackendOnCpuFailsAtConstruction) {
 // ---- one process (world size 1) in this test process ----
 
 TEST(ProcessGroup, WorldOfOneRunsEveryCollective) {
+  VOLT_REQUIRE_GLOO();
   volt::ProcessGroup pg(single(volt::detail::find_free_port()));
   EXPECT_EQ(pg.rank(), 0);
   EXPECT_EQ(pg.world_size(), 1);
@@ -91,6 +94,7 @@ TEST(ProcessGroup, WorldOfOneRunsEveryCollective) {
 }
 
 TEST(ProcessGroup, MasterPortInUseOnRankZero) {
+  VOLT_REQUIRE_GLOO();
   // A listening socket holds the port, as another program would.
   int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
@@ -116,6 +120,7 @@ TEST(ProcessGroup, MasterPortInUseOnRankZero) {
 }
 
 TEST(ProcessGroup, MasterAddrUnreachableNamesAddressAndTimeout) {
+  VOLT_REQUIRE_GLOO();
   // Nothing listens on this port: rank 1 retries until its timeout.
   volt::ClusterEnvironment env;
   env.world_size = 2;
@@ -140,6 +145,7 @@ TEST(ProcessGroup, MasterAddrUnreachableNamesAddressAndTimeout) {
 }
 
 TEST(ProcessGroup, MissingRanksAreNamedAfterTheTimeout) {
+  VOLT_REQUIRE_GLOO();
   volt::ClusterEnvironment env = single(volt::detail::find_free_port());
   env.world_size = 3;
   env.local_world_size = 3;
@@ -156,6 +162,7 @@ TEST(ProcessGroup, MissingRanksAreNamedAfterTheTimeout) {
 // ---- real processes over loopback ----
 
 TEST(ProcessGroup, CollectivesTwoRanksStartedExternally) {
+  VOLT_REQUIRE_GLOO();
   const int port = volt::detail::find_free_port();
   auto ranks = volt_test::start_ranks(kWorker, {"collectives", "--devices", "2"}, 2,
                                       [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
@@ -163,6 +170,7 @@ TEST(ProcessGroup, CollectivesTwoRanksStartedExternally) {
 }
 
 TEST(ProcessGroup, CollectivesUnderTorchrunVariables) {
+  VOLT_REQUIRE_GLOO();
   const int port = volt::detail::find_free_port();
   auto ranks = volt_test::start_ranks(kWorker, {"collectives", "--devices", "2"}, 2, [&](int r) {
     return std::map<std::string, std::string>{{"RANK", std::to_string(r)},
@@ -177,6 +185,7 @@ TEST(ProcessGroup, CollectivesUnderTorchrunVariables) {
 }
 
 TEST(ProcessGroup, CollectivesUnderSlurmVariables) {
+  VOLT_REQUIRE_GLOO();
   const int port = volt::detail::find_free_port();
   auto ranks = volt_test::start_ranks(kWorker, {"collectives", "--devices", "2"}, 2, [&](int r) {
     return std::map<std::string, std::string>{{"SLURM_PROCID", std::to_string(r)},
@@ -191,6 +200,7 @@ TEST(ProcessGroup, CollectivesUnderSlurmVariables) {
 }
 
 TEST(ProcessGroup, CollectivesUnderOpenMpiVariables) {
+  VOLT_REQUIRE_GLOO();
   const int port = volt::detail::find_free_port();
   auto ranks = volt_test::start_ranks(kWorker, {"collectives", "--devices", "3"}, 3, [&](int r) {
     return std::map<std::string, std::string>{{"OMPI_COMM_WORLD_RANK", std::to_string(r)},
@@ -203,6 +213,7 @@ TEST(ProcessGroup, CollectivesUnderOpenMpiVariables) {
 }
 
 TEST(ProcessGroup, RanksWithDifferentConfigsFailNamingThem) {
+  VOLT_REQUIRE_GLOO();
   const int port = volt::detail::find_free_port();
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < 3; ++r) {
@@ -221,6 +232,7 @@ TEST(ProcessGroup, RanksWithDifferentConfigsFailNamingThem) {
 // it arrives during the rendezvous, every rank fails with the same message; which of the two
 // happens first is a race between processes, so this test builds the late case.)
 TEST(ProcessGroup, SecondProcessClaimingARankFails) {
+  VOLT_REQUIRE_GLOO();
   const int port = volt::detail::find_free_port();
   auto ranks = volt_test::start_ranks(
       kWorker, {"hold", "--devices", "2", "--victim", "1", "--timeout-ms", "60000"}, 2,
@@ -237,6 +249,7 @@ TEST(ProcessGroup, SecondProcessClaimingARankFails) {
 // A rank that stops answering: the others' collective fails after the timeout, and the process
 // still exits (destruction does not hang on the pending operation).
 TEST(ProcessGroup, HungPeerTimesOut) {
+  VOLT_REQUIRE_GLOO();
   const int port = volt::detail::find_free_port();
   const std::vector<std::string> args{"hold", "--devices",    "2",   "--victim",
                                       "1",    "--timeout-ms", "3000"};
@@ -255,6 +268,7 @@ TEST(ProcessGroup, HungPeerTimesOut) {
 // A peer killed mid-collective (started externally, so nobody reports which one): the survivor
 // fails at once, without waiting for the timeout.
 TEST(ProcessGroup, DeadPeerFailsFast) {
+  VOLT_REQUIRE_GLOO();
   const int port = volt::detail::find_free_port();
   auto ranks = volt_test::start_ranks(
       kWorker, {"hold", "--devices", "2", "--victim", "1", "--timeout-ms", "60000"}, 2,

@@ -4,6 +4,7 @@
 // and in-place writes, and restores whole parameters. Several ranks: tests/strategies/
 // deepspeed_test.cpp.
 #include "volt/distributed/zero_engine.h"
+#include "requires.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -34,6 +35,7 @@ torch::nn::Sequential mlp() {
 }
 
 TEST(ZeroEngine, StageThreeReleasesParametersAndGathersThemWhenAnOpReadsThem) {
+  VOLT_REQUIRE_GLOO();
   auto group = world_of_one();
   auto ref = mlp(), net = mlp();
   const auto x = torch::randn({5, 6});
@@ -101,6 +103,7 @@ TEST(ZeroEngine, StageThreeReleasesParametersAndGathersThemWhenAnOpReadsThem) {
 }
 
 TEST(ZeroEngine, ALiveBoundReleasesTheLeastRecentlyGatheredModule) {
+  VOLT_REQUIRE_GLOO();
   auto group = world_of_one();
   auto net = mlp();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
@@ -120,6 +123,7 @@ TEST(ZeroEngine, ALiveBoundReleasesTheLeastRecentlyGatheredModule) {
 }
 
 TEST(ZeroEngine, SmallParametersStayWholeBelowThePersistenceThreshold) {
+  VOLT_REQUIRE_GLOO();
   auto group = world_of_one();
   auto net = mlp();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
@@ -147,6 +151,7 @@ void engine_step(volt::ZeroEngine& engine, torch::optim::Optimizer& opt, torch::
 }
 
 TEST(ZeroEngine, MasterWeightsStepBf16ParametersLikeAHandWrittenFp32MasterLoop) {
+  VOLT_REQUIRE_GLOO();
   // DeepSpeed's BF16Optimizer by hand: bf16 model, fp32 copies of its weights stepped by Adam
   // with the bf16 gradients made fp32, then rounded into the model. The engine must give the
   // same bits in every stage (a group of one: the reduction changes nothing).
@@ -211,6 +216,7 @@ TEST(ZeroEngine, MasterWeightsStepBf16ParametersLikeAHandWrittenFp32MasterLoop) 
 }
 
 TEST(ZeroEngine, MasterWeightsKeepTheUpdatesThatBf16WeightsRoundAway) {
+  VOLT_REQUIRE_GLOO();
   // Adam at lr 1e-4 moves each weight by about 1e-4 per step, far below bf16's spacing near
   // 0.3 (2e-3): stepped directly, most bf16 weights never move; the fp32 masters accumulate
   // the updates and stay close to fp32 training.
@@ -261,6 +267,7 @@ TEST(ZeroEngine, MasterWeightsKeepTheUpdatesThatBf16WeightsRoundAway) {
 }
 
 TEST(ZeroEngine, BadOptionsAndASteppedOptimizerAreConfigErrors) {
+  VOLT_REQUIRE_GLOO();
   auto group = world_of_one();
   auto net = mlp();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
@@ -284,6 +291,7 @@ torch::nn::Sequential square_mlp() {
 }
 
 TEST(ZeroEngine, Stage3PrefetchFollowsTheLearnedOrderAndAMispredictionOnlyCostsTime) {
+  VOLT_REQUIRE_GLOO();
   // Stage 3 learns the order modules are read in (per direction: forward and backward read
   // them in opposite orders) and, from the second step on, starts gathering the next modules
   // when one is read. Results are those of the unpartitioned model whatever is read: a forward
@@ -363,6 +371,7 @@ TEST(ZeroEngine, Stage3PrefetchFollowsTheLearnedOrderAndAMispredictionOnlyCostsT
 }
 
 TEST(ZeroEngine, ParameterChunksInASwapFileStepLikeChunksInMemory) {
+  VOLT_REQUIRE_GLOO();
   // param_swap_file (ZeRO-Infinity's offload_param to NVMe): between steps this rank's chunks
   // are in the file, not in memory; gathers read them from it, the step reads them in and
   // writes them back. Bitwise the same training as the chunks in memory (Adam, 3 steps).

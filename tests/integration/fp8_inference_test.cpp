@@ -46,7 +46,8 @@ TEST(Fp8InferenceCli, MeasureThenQuantizeInAnotherProcessKeepsAccuracyWithinOneP
   volt_test::TempDir dir;
   const std::vector<std::string> common = {
       "--config", VOLT_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml",
-      "--trainer.default_root_dir=" + dir.path, "--trainer.enable_progress_bar=false"};
+      "--trainer.default_root_dir=" + dir.path, "--trainer.enable_progress_bar=false",
+      "--trainer.accelerator=cpu"};  // the CPU emulation of fp8 (a CUDA build would pick cuda)
   auto with = [&](const char* cmd, std::vector<std::string> extra) {
     std::vector<std::string> a{cmd};
     a.insert(a.end(), common.begin(), common.end());

@@ -42,8 +42,12 @@ void expect_matches(const at::Tensor& got, const at::Tensor& want, Activation a)
     EXPECT_TRUE(torch::equal(got.masked_fill(nan, 0), want.masked_fill(nan, 0)))
         << volt::to_string(a);
   } else {
-    EXPECT_TRUE(torch::allclose(got, want, 2e-6, 2e-6, /*equal_nan=*/true))
-        << volt::to_string(a) << " max diff " << (got - want).abs().max().item<double>();
+    const at::Tensor bad =
+        (got.isnan() != want.isnan()) |
+        ((got - want).abs() > 2e-6 + 2e-6 * want.abs()).logical_and(want.isnan().logical_not());
+    EXPECT_FALSE(bad.any().item<bool>())
+        << volt::to_string(a) << ": got " << got.masked_select(bad).slice(0, 0, 4)
+        << " where libtorch gives " << want.masked_select(bad).slice(0, 0, 4);
   }
 }
 
@@ -100,7 +104,11 @@ TEST(FusedBiasActivation, NonFiniteValuesFollowLibtorch) {
   for (Activation a : kAll) {
     at::Tensor got = y.clone();
     volt::fused_bias_activation_(got, at::Tensor(), a);
-    expect_matches(got, volt::bias_activation_reference(y, at::Tensor(), a), a);
+    at::Tensor want = volt::bias_activation_reference(y, at::Tensor(), a);
+    // libtorch 2.11's vectorised exact GELU gives NaN at +inf (seen on the H100 machine's CPU;
+    // 1.13 gives inf). The kernel gives the limit, inf, with every libtorch.
+    if (a == Activation::kGelu) want = torch::where(y.isposinf() & want.isnan(), y, want);
+    expect_matches(got, want, a);
     EXPECT_TRUE(std::isnan(got[0].item<float>())) << volt::to_string(a) << " drops a NaN";
   }
 }

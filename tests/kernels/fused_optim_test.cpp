@@ -683,7 +683,7 @@ TEST(FusedAdamW, RejectsUnsupportedTensorsBeforeChangingAnything) {
                                         "sparse gradients");
   expect_step_rejects<volt::NotAvailable>(torch::empty({3}, torch::Device(torch::kMeta)),
                                           torch::empty({3}, torch::Device(torch::kMeta)),
-                                          "CPU tensors only; use torch::optim");
+                                          "CPU and CUDA tensors only; use torch::optim");
 }
 
 TEST(FusedAdamW, RejectsForeignOrMisSizedState) {

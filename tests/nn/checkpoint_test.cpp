@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "requires.h"
 #include "tiny.h"
 #include "training_jobs.h"
 #include "volt/accelerators/cpu_memory.h"
@@ -540,10 +541,12 @@ void expect_job_unchanged_by_checkpointing(const std::vector<std::string>& strat
 }
 
 TEST(ActivationCheckpointDistributed, DdpTwoRanksEqualWithoutCheckpointing) {
+  VOLT_REQUIRE_GLOO();
   expect_job_unchanged_by_checkpointing({});
 }
 
 TEST(ActivationCheckpointDistributed, DeepSpeedStage3TwoRanksEqualWithoutCheckpointing) {
+  VOLT_REQUIRE_GLOO();
   expect_job_unchanged_by_checkpointing({"--zero", "3"});
 }
 

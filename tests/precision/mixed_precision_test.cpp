@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 
+#include "requires.h"
 #include "tiny.h"
 #include "training_jobs.h"
 
@@ -299,6 +300,7 @@ namespace {
 // The bf16 speed probe is measured once per machine and read by every later process, so the
 // ranks of a job and a resumed job make the same fp32/bf16 decisions whatever their load.
 TEST(MixedPrecisionProbe, ProcessesReadTheOneCachedMeasurement) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const std::map<std::string, std::string> env{{"VOLT_CACHE_DIR", dir / "cache"}};
   auto run = [&](const std::string& out) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "processes.h"
+#include "requires.h"
 #include "tiny.h"
 
 namespace {
@@ -410,6 +411,7 @@ TEST(TorchProfiler, BadOptionsAreConfigErrors) {
 }
 
 TEST(TorchProfiler, TwoDdpRanksWriteOneTraceEach) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   volt_test::Process p(VOLT_DDP_WORKER, {"--root", dir.path, "--out", dir / "ddp", "--devices", "2",
                                          "--batch", "8", "--epochs", "1", "--profile", "1"});

@@ -13,6 +13,7 @@
 #include <regex>
 
 #include "processes.h"
+#include "requires.h"
 #include "tiny.h"
 #include "training_jobs.h"
 
@@ -47,6 +48,7 @@ Job run_plain(const std::vector<std::string>& args, std::chrono::milliseconds ti
 // ------------------------------------------------------------------------------ equality
 
 TEST(Ddp, TwoRanksEqualOneProcessOnTheGlobalBatch) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const auto ref = single_process_reference(dir.path, 16, 2, 1, false);
   auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
@@ -57,6 +59,7 @@ TEST(Ddp, TwoRanksEqualOneProcessOnTheGlobalBatch) {
 }
 
 TEST(Ddp, FourRanksEqualOneProcessOnTheGlobalBatch) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const auto ref = single_process_reference(dir.path, 16, 1, 1, false);
   auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "4", "--batch", "4",
@@ -66,6 +69,7 @@ TEST(Ddp, FourRanksEqualOneProcessOnTheGlobalBatch) {
 }
 
 TEST(Ddp, AccumulationWithNoSyncEqualsOneProcess) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const auto ref = single_process_reference(dir.path, 16, 1, 2, false);
   auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
@@ -76,6 +80,7 @@ TEST(Ddp, AccumulationWithNoSyncEqualsOneProcess) {
 }
 
 TEST(Ddp, GradientsAsBucketViewsAliasTheBucketsAndTrainTheSame) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const auto ref = single_process_reference(dir.path, 16, 1, 1, false);
   auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
@@ -87,6 +92,7 @@ TEST(Ddp, GradientsAsBucketViewsAliasTheBucketsAndTrainTheSame) {
 }
 
 TEST(Ddp, TiedWeightsAreReducedOnceAndStayTied) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const auto ref = single_process_reference(dir.path, 16, 1, 1, /*tied=*/true);
   auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
@@ -97,6 +103,7 @@ TEST(Ddp, TiedWeightsAreReducedOnceAndStayTied) {
 }
 
 TEST(Ddp, SyncDistGivesEveryRankTheGlobalValidationLoss) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
                         "--epochs", "1", "--sync-dist", "1"});
@@ -150,16 +157,19 @@ void run_external(const std::string& root,
 }
 
 TEST(Ddp, JoinsATorchrunStyleJob) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   run_external(dir.path, torchrun_env);
 }
 
 TEST(Ddp, JoinsASlurmStyleJob) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   run_external(dir.path, slurm_env);
 }
 
 TEST(Ddp, RanksWithDifferentConfigsFailAtRendezvous) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const int port = free_port();
   Process r0(kWorker, {"--root", dir.path, "--out", dir / "a", "--devices", "2", "--epochs", "1"},
@@ -172,6 +182,7 @@ TEST(Ddp, RanksWithDifferentConfigsFailAtRendezvous) {
 }
 
 TEST(Ddp, StaticGraphTrainsLikeOneProcess) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const auto ref = single_process_reference(dir.path, 16, 1, 1, false);
   auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
@@ -181,6 +192,7 @@ TEST(Ddp, StaticGraphTrainsLikeOneProcess) {
 }
 
 TEST(Ddp, FindUnusedParametersTrainsAroundALayerForwardSkips) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const auto ref = single_process_reference(dir.path, 16, 1, 1, false, {"--unused", "1"});
   auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
@@ -190,6 +202,7 @@ TEST(Ddp, FindUnusedParametersTrainsAroundALayerForwardSkips) {
 }
 
 TEST(Ddp, ALayerForwardSkipsWithoutFindUnusedParametersIsAnActionableError) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
                         "--epochs", "1", "--unused", "1", "--timeout", "20"},
@@ -199,6 +212,7 @@ TEST(Ddp, ALayerForwardSkipsWithoutFindUnusedParametersIsAnActionableError) {
 }
 
 TEST(Ddp, Bf16MixedComposesWithDdpUnchanged) {
+  VOLT_REQUIRE_GLOO();
   // The precision knows nothing of the strategy: autocast per rank, fp32 gradients all-reduced.
   volt_test::TempDir dir;
   const auto ref =
@@ -234,6 +248,7 @@ std::vector<int> processes_with(const std::string& marker) {
 }
 
 TEST(Ddp, ARankKilledMidRunEndsEveryRankNamingItAndTheLastCheckpointLoads) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const auto start = std::chrono::steady_clock::now();
   auto job = run_plain(
@@ -257,6 +272,7 @@ TEST(Ddp, ARankKilledMidRunEndsEveryRankNamingItAndTheLastCheckpointLoads) {
 }
 
 TEST(Ddp, ATwoRankRunKilledMidEpochResumesBitIdentically) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   // Dropout: each rank's generator stream must be restored, not just rank 0's.
   const std::vector<std::string> common{
@@ -285,6 +301,7 @@ TEST(Ddp, ATwoRankRunKilledMidEpochResumesBitIdentically) {
 }
 
 TEST(Ddp, AMidAccumulationCheckpointOfTwoRanksResumesInOneProcess) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   // Accumulating 3 micro-batches; the checkpoint after batch 4 holds each rank's partial
   // gradient sum. One process on the global batch must continue from their mean.
@@ -311,6 +328,7 @@ TEST(Ddp, AMidAccumulationCheckpointOfTwoRanksResumesInOneProcess) {
 }
 
 TEST(Ddp, ElasticRestartRelaunchesAfterARankDiesAndEndsWithTheSameWeights) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const std::vector<std::string> common{"--devices",         "2", "--batch",   "8", "--epochs", "2",
                                         "--ckpt-every-step", "1", "--timeout", "20"};

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "requires.h"
 #include "tiny.h"
 #include "training_jobs.h"
 #include "volt/strategies/deepspeed_config.h"
@@ -232,6 +233,7 @@ TEST(DeepSpeedConfig, WarmupLRLogRisesLikeLogThenStays) {
 // ------------------------------------------------------------------------- end to end
 
 TEST(DeepSpeedConfig, ATwoRankJobConfiguredByJsonAloneEqualsOneProcess) {
+  VOLT_REQUIRE_GLOO();
   // The module returns no optimizer: the JSON's AdamW (volt's FusedAdamW, lr 0.01, decay 0.01)
   // is built, ZeRO stage 1 partitions it, and the batch arithmetic 16 = 8 x 1 x 2 holds.
   volt_test::TempDir dir;

@@ -17,6 +17,7 @@
 
 #include "deepspeed_testing.h"
 #include "processes.h"
+#include "requires.h"
 #include "tiny.h"
 #include "training_jobs.h"
 #include "volt/strategies/deepspeed.h"
@@ -49,6 +50,7 @@ Line zero_line(const std::string& output, int rank) {
 }
 
 TEST(DeepSpeedNvme, Stages123AtTwoRanksEqualInMemoryZeroBitwiseWithTheStateInFiles) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const std::string nvme = dir / "nvme";
   std::filesystem::create_directories(nvme);
@@ -106,6 +108,7 @@ TEST(DeepSpeedNvme, Stages123AtTwoRanksEqualInMemoryZeroBitwiseWithTheStateInFil
 }
 
 TEST(DeepSpeedNvme, ParameterChunksInFilesTooEqualInMemoryZeroBitwise) {
+  VOLT_REQUIRE_GLOO();
   // ZeRO-Infinity in full (deepspeed_stage_3_offload_nvme): stage 3's parameter chunks and the
   // optimizer state both live in swap files between uses. Same weights, bit for bit, as stage 3
   // in memory; before a step no parameter bytes are in RAM and the file holds 4 Psi / N.
@@ -151,6 +154,7 @@ TEST(DeepSpeedNvme, ParameterChunksInFilesTooEqualInMemoryZeroBitwise) {
 }
 
 TEST(DeepSpeedNvme, Bf16MastersSwapWithTheirStateAndEqualInMemoryMastersBitwise) {
+  VOLT_REQUIRE_GLOO();
   // bf16-mixed with master weights (BF16Optimizer) and the optimizer on NVMe: the fp32 masters
   // swap with their Adam state, sub-group by sub-group, as DeepSpeed's swapper does. Same fp32
   // weights, bit for bit, as the masters in memory; before a step no master bytes are in RAM and
@@ -198,6 +202,7 @@ TEST(DeepSpeedNvme, Bf16MastersSwapWithTheirStateAndEqualInMemoryMastersBitwise)
 }
 
 TEST(DeepSpeedNvme, AKilledRunResumesBitIdenticallyFromItsCheckpoint) {
+  VOLT_REQUIRE_GLOO();
   // Parameter chunks and optimizer state both on NVMe (and, bf16-mixed, the fp32 masters with
   // the state): saving reads them in, loading writes them out again.
   for (const char* precision : {"32-true", "bf16-mixed"}) {
@@ -228,6 +233,7 @@ TEST(DeepSpeedNvme, AKilledRunResumesBitIdenticallyFromItsCheckpoint) {
 }
 
 TEST(DeepSpeedNvme, ARankKilledWithAWriteInFlightLeavesSurvivorsThatExitAndACheckpointThatLoads) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   std::filesystem::create_directories(dir / "nvme");
   const std::vector<std::string> common{
@@ -283,6 +289,7 @@ TEST(DeepSpeedNvme, ARankKilledWithAWriteInFlightLeavesSurvivorsThatExitAndAChec
 }
 
 TEST(DeepSpeedNvme, AJsonConfiguredRunWithSchedulerAndClippingEqualsItsInMemoryTwinBitwise) {
+  VOLT_REQUIRE_GLOO();
   // The JSON's optimizer (FusedAdamW), WarmupDecayLR stepped after every optimizer step and
   // gradient clipping by norm, stage 3, the optimizer state and the parameter chunks on NVMe:
   // swapping sub-group by sub-group changes none of it.
@@ -329,6 +336,7 @@ using volt_test::expect_deepspeed_error;
 using volt_test::make_deepspeed;
 
 TEST(DeepSpeedNvme, BadNvmePathsAndAioOptionsAreConfigErrorsNamingThePath) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   using O = volt::DeepSpeedStrategyOptions;
   const O nvme = O().offload_optimizer(true).offload_optimizer_device("nvme");
@@ -356,6 +364,7 @@ TEST(DeepSpeedNvme, BadNvmePathsAndAioOptionsAreConfigErrorsNamingThePath) {
 }
 
 TEST(DeepSpeedNvme, TheRegisteredNameAndTheJsonKeysReachTheOptions) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   auto& reg = volt::registry();
   volt::StrategyContext ctx{std::make_shared<volt::CpuAccelerator>(),

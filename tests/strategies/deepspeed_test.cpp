@@ -12,6 +12,7 @@
 
 #include "deepspeed_testing.h"
 #include "processes.h"
+#include "requires.h"
 #include "tiny.h"
 #include "training_jobs.h"
 #include "volt/io/checkpoint_io.h"
@@ -52,44 +53,53 @@ void expect_zero_equals_one_process(const Case& c, const std::vector<std::string
 // ------------------------------------------------------------------------------ equality
 
 TEST(DeepSpeed, Stage1TwoRanksWithSgdMomentumEqualOneProcess) {
+  VOLT_REQUIRE_GLOO();
   expect_zero_equals_one_process({1, 2, "sgd", 1});
 }
 
 TEST(DeepSpeed, Stage2TwoRanksWithAdamEqualOneProcess) {
+  VOLT_REQUIRE_GLOO();
   expect_zero_equals_one_process({2, 2, "adam", 1});
 }
 
 TEST(DeepSpeed, Stage2FourRanksWithFusedAdamWAndSmallBucketsEqualOneProcess) {
+  VOLT_REQUIRE_GLOO();
   // 64-element buckets: several reduce-scatters and all-gathers per step; 2-element biases give
   // ranks 2 and 3 empty chunks.
   expect_zero_equals_one_process({2, 4, "fused_adamw", 1}, {"--bucket", "64"});
 }
 
 TEST(DeepSpeed, Stage1FourRanksWithAdamWEqualOneProcess) {
+  VOLT_REQUIRE_GLOO();
   expect_zero_equals_one_process({1, 4, "adamw", 1});
 }
 
 TEST(DeepSpeed, AccumulationStage1NoSyncAndStage2PerMicroBatchEqualOneProcess) {
+  VOLT_REQUIRE_GLOO();
   expect_zero_equals_one_process({1, 2, "adam", 2});
   expect_zero_equals_one_process({2, 2, "adam", 2});
 }
 
 TEST(DeepSpeed, GradientClippingByNormSpansEveryRanksChunks) {
+  VOLT_REQUIRE_GLOO();
   // A norm of 0.05 clips every step: a per-rank norm would clip differently.
   expect_zero_equals_one_process({2, 2, "sgd", 1}, {"--clip", "0.05"});
 }
 
 TEST(DeepSpeed, Stage3TwoRanksWithAdamEqualOneProcess) {
+  VOLT_REQUIRE_GLOO();
   // Every parameter partitioned (persistence threshold 0): gathered per module when read.
   expect_zero_equals_one_process({3, 2, "adam", 1});
 }
 
 TEST(DeepSpeed, Stage3FourRanksWithALiveBoundAndAccumulationEqualOneProcess) {
+  VOLT_REQUIRE_GLOO();
   // At most 16 gathered elements: every layer evicts the previous one and backward regathers.
   expect_zero_equals_one_process({3, 4, "fused_adamw", 2}, {"--max-live", "16", "--bucket", "64"});
 }
 
 TEST(DeepSpeed, Bf16MixedWithoutMasterWeightsEqualsDdpWithBf16Mixed) {
+  VOLT_REQUIRE_GLOO();
   // master_weights off, bf16-mixed autocasts over fp32 weights as without ZeRO: with the same
   // per-rank micro-batches, ZeRO's reduce-scattered fp32 gradients and chunked Adam step must
   // give DDP's weights (fp32 round-off), while differing from an fp32 run by bf16 round-off.
@@ -117,6 +127,7 @@ TEST(DeepSpeed, Bf16MixedWithoutMasterWeightsEqualsDdpWithBf16Mixed) {
 }
 
 TEST(DeepSpeed, TiedWeightsArePartitionedOnceAndStayTied) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const auto ref = single_process_reference(dir.path, 16, 1, 1, true, {"--optimizer", "adam"});
   for (const char* stage : {"2", "3"}) {
@@ -159,6 +170,7 @@ Comm comm_of(const std::string& output, int rank) {
 }
 
 TEST(DeepSpeed, OverlappedReductionsAndStage3PrefetchChangeNoBit) {
+  VOLT_REQUIRE_GLOO();
   // overlap_comm starts each full gradient bucket's reduction and lets backward go on (two in
   // flight); stage 3's prefetch gathers the modules the learned order says come next. Neither
   // changes what is computed: with small buckets (many reductions) and a deeper model (several
@@ -203,6 +215,7 @@ TEST(DeepSpeed, OverlappedReductionsAndStage3PrefetchChangeNoBit) {
 }
 
 TEST(DeepSpeed, PerRankBytesFollowThePapersFormulasForAdam) {
+  VOLT_REQUIRE_GLOO();
   // Psi ~ 69k parameters (width 256), fp32 Adam, N = 2 and 4: ZeRO's per-rank bytes are
   // stage 1: 4Psi weights + 4Psi gradients + 8Psi/N state; stage 2: 4Psi + 4Psi/N + 8Psi/N;
   // stage 3: 4Psi/N + 4Psi/N + 8Psi/N (measured at the end of training, parameters released).
@@ -239,6 +252,7 @@ TEST(DeepSpeed, PerRankBytesFollowThePapersFormulasForAdam) {
 }
 
 TEST(DeepSpeed, Bf16MasterWeightsGiveOneResultInEveryStageAndTrackFp32) {
+  VOLT_REQUIRE_GLOO();
   // bf16-mixed with master weights (the default, DeepSpeed's BF16Optimizer): the module trains
   // in bf16 and each rank's fp32 master chunks are stepped. Stages 1, 2 and 3 do the same
   // arithmetic (bf16 gradients summed in fp32, fp32 Adam on the masters, bf16 rounding), so
@@ -275,6 +289,7 @@ TEST(DeepSpeed, Bf16MasterWeightsGiveOneResultInEveryStageAndTrackFp32) {
 }
 
 TEST(DeepSpeed, PerRankBytesFollowThePapersBf16MixedFormulas) {
+  VOLT_REQUIRE_GLOO();
   // bf16-mixed with master weights, Adam, N = 2 and 4: bf16 weights and gradients, fp32 masters
   // and moments: stage 1: 2Psi + 2Psi + 12Psi/N; stage 2: 2Psi + 14Psi/N; stage 3: 16Psi/N.
   for (int stage : {1, 2, 3}) {
@@ -315,6 +330,7 @@ TEST(DeepSpeed, PerRankBytesFollowThePapersBf16MixedFormulas) {
 }
 
 TEST(DeepSpeed, AModelWhoseAdamStateBreaksAMemoryBudgetTrainsWithStage3) {
+  VOLT_REQUIRE_GLOO();
   // MLP of 9 hidden 768-wide layers: Psi = 5.33 M parameters, 21 MB of fp32 weights. The
   // budget: what fit() may add to a rank's tensor memory = the size of fp32 Adam state (8 Psi
   // bytes), measured exactly by volt's counting CPU allocator (peak bytes held by tensors; RSS
@@ -392,14 +408,17 @@ void expect_killed_run_resumes_bit_identically(const std::string& stage,
 }
 
 TEST(DeepSpeed, AKilledTwoRankRunResumesBitIdenticallyFromItsShardFolder) {
+  VOLT_REQUIRE_GLOO();
   expect_killed_run_resumes_bit_identically("2");
 }
 
 TEST(DeepSpeed, AKilledStage3RunResumesBitIdenticallyFromItsParameterChunks) {
+  VOLT_REQUIRE_GLOO();
   expect_killed_run_resumes_bit_identically("3");
 }
 
 TEST(DeepSpeed, AKilledBf16RunResumesBitIdenticallyWithItsMasterWeights) {
+  VOLT_REQUIRE_GLOO();
   // The fp32 masters are part of each shard's optimizer state: without them a resumed run would
   // restart from the bf16 weights and drift.
   expect_killed_run_resumes_bit_identically("2", {"--bf16-all", "1"});
@@ -407,6 +426,7 @@ TEST(DeepSpeed, AKilledBf16RunResumesBitIdenticallyWithItsMasterWeights) {
 }
 
 TEST(DeepSpeed, ConsolidatingABf16FolderGivesTheFp32MasterWeights) {
+  VOLT_REQUIRE_GLOO();
   // DeepSpeed's zero_to_fp32: the consolidated weights are the fp32 masters, which round to the
   // bf16 weights the run trained with, and equal the module the run ends with.
   volt_test::TempDir dir;
@@ -477,14 +497,17 @@ void expect_four_rank_folder_loads_elsewhere(const std::string& stage) {
 }
 
 TEST(DeepSpeed, AFourRankShardFolderLoadsAtTwoRanksAndInOneProcess) {
+  VOLT_REQUIRE_GLOO();
   expect_four_rank_folder_loads_elsewhere("2");
 }
 
 TEST(DeepSpeed, AFourRankStage3FolderLoadsAtTwoRanksAndInOneProcess) {
+  VOLT_REQUIRE_GLOO();
   expect_four_rank_folder_loads_elsewhere("3");
 }
 
 TEST(DeepSpeed, AnIncompleteShardFolderIsACheckpointErrorNotACrash) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const std::string folder = dir / "half.ckpt";
   ASSERT_EQ(::mkdir(folder.c_str(), 0755), 0);
@@ -509,6 +532,7 @@ using volt_test::expect_deepspeed_error;
 using volt_test::make_deepspeed;
 
 TEST(DeepSpeed, BadOrUnbuiltOptionsAreTypedErrors) {
+  VOLT_REQUIRE_GLOO();
   using O = volt::DeepSpeedStrategyOptions;
   expect_deepspeed_error<volt::ConfigError>(O().stage(4), "stage=4 is not a ZeRO stage");
   expect_deepspeed_error<volt::ConfigError>(O().stage(2).offload_parameters(true), "needs stage 3");
@@ -525,6 +549,7 @@ TEST(DeepSpeed, BadOrUnbuiltOptionsAreTypedErrors) {
 }
 
 TEST(DeepSpeed, RegisteredNamesBuildTheirStages) {
+  VOLT_REQUIRE_GLOO();
   auto& reg = volt::registry();
   volt::StrategyContext ctx{std::make_shared<volt::CpuAccelerator>(),
                             reg.precisions.create("32-true"), 2, 1};
@@ -545,6 +570,7 @@ TEST(DeepSpeed, RegisteredNamesBuildTheirStages) {
 }
 
 TEST(DeepSpeed, SixteenBitMixedAndUntestedOptimizersAreRefusedAtSetUp) {
+  VOLT_REQUIRE_GLOO();
   auto accel = std::make_shared<volt::CpuAccelerator>();
   volt::DeepSpeedStrategy fp16(volt::DeepSpeedStrategyOptions(), accel,
                                volt::registry().precisions.create("16-mixed"), 2);

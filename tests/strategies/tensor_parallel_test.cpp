@@ -10,6 +10,7 @@
 
 #include "models.h"
 #include "processes.h"
+#include "requires.h"
 #include "tiny.h"
 #include "volt/accelerators/cpu.h"
 #include "volt/distributed/tensor_parallel.h"
@@ -86,6 +87,7 @@ void expect_bytes(const std::string& out, int tp, int64_t expected_rank_bytes) {
 }
 
 TEST(TensorParallel, MlpTwoAndFourRanksPredictLikeOneProcess) {
+  VOLT_REQUIRE_GLOO();
   // MlpNet{64, 48}: fc0 784->64 colwise, fc1 64->48 rowwise, out 48->10 whole.
   const int64_t fc0 = (784 * 64 + 64) * 4, fc1w = 64 * 48 * 4, fc1b = 48 * 4,
                 out = (48 * 10 + 10) * 4;
@@ -98,11 +100,13 @@ TEST(TensorParallel, MlpTwoAndFourRanksPredictLikeOneProcess) {
 }
 
 TEST(TensorParallel, MlpInjectionPolicyOnAPathEqualsThePlan) {
+  VOLT_REQUIRE_GLOO();
   const std::string o = expect_tp_matches("mlp", "policy", 2);
   EXPECT_EQ(field(o, 0, "layers"), 2) << o;  // fc0 colwise, fc1 rowwise; out kept whole
 }
 
 TEST(TensorParallel, DemoTransformerSplitsHeadsOnTwoAndFourRanks) {
+  VOLT_REQUIRE_GLOO();
   for (int tp : {2, 4}) {
     const std::string o = expect_tp_matches("transformer", "plan", tp, 2e-5, {"--heads", "4"});
     EXPECT_EQ(field(o, 0, "layers"), 8) << o;  // qkv, proj, fc1, fc2 of two layers
@@ -111,6 +115,7 @@ TEST(TensorParallel, DemoTransformerSplitsHeadsOnTwoAndFourRanks) {
 }
 
 TEST(TensorParallel, EmbeddingAndBlocksByPlanPolicyAndJson) {
+  VOLT_REQUIRE_GLOO();
   // BlocksNet: embed 40x32 (vocabulary split), two Blocks (l1 32->64 colwise, l2 64->32 rowwise).
   for (const char* form : {"plan", "policy", "json"}) {
     const std::string o = expect_tp_matches("blocks", form, 2);
@@ -121,6 +126,7 @@ TEST(TensorParallel, EmbeddingAndBlocksByPlanPolicyAndJson) {
 }
 
 TEST(TensorParallel, ValidateOnTwoRanksLogsWhatOneProcessLogs) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   auto val = [](const std::string& out, int rank) {
     std::smatch m;
@@ -139,6 +145,7 @@ TEST(TensorParallel, ValidateOnTwoRanksLogsWhatOneProcessLogs) {
 }
 
 TEST(TensorParallel, Bfloat16WeightsHalveTheBytesAndStayClose) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   Job r = run_tp({"--root", dir.path, "--out", dir / "ref", "--model", "mlp", "--devices", "1",
                   "--form", "none"});
@@ -159,6 +166,7 @@ TEST(TensorParallel, Bfloat16WeightsHalveTheBytesAndStayClose) {
 }
 
 TEST(TensorParallel, FourRanksAsTwoGroupsOfTwoSplitLayersAndData) {
+  VOLT_REQUIRE_GLOO();
   // The reference's "8 devices, tp_size 4" shape at half the size: ranks {0,1} and {2,3} each
   // split the layers; the two groups predict different halves of the data.
   volt_test::TempDir dir;
@@ -184,6 +192,7 @@ TEST(TensorParallel, FourRanksAsTwoGroupsOfTwoSplitLayersAndData) {
 }
 
 TEST(TensorParallel, TpSizeLargerThanOrNotDividingTheWorldIsAClearErrorOnEveryRank) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   Job j = run_tp(
       {"--root", dir.path, "--out", dir / "x", "--model", "mlp", "--devices", "2", "--tp", "4"});
@@ -198,6 +207,7 @@ TEST(TensorParallel, TpSizeLargerThanOrNotDividingTheWorldIsAClearErrorOnEveryRa
 }
 
 TEST(TensorParallel, HeadsNotDividedAndFeaturesNotDividedAreClearErrors) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   Job j = run_tp({"--root", dir.path, "--out", dir / "x", "--model", "transformer", "--devices",
                   "2", "--tp", "2", "--heads", "3"});
@@ -219,6 +229,7 @@ TEST(TensorParallel, HeadsNotDividedAndFeaturesNotDividedAreClearErrors) {
 }
 
 TEST(TensorParallel, FitWithTensorParallelIsNotAvailable) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   Job j = run_tp({"--root", dir.path, "--out", dir / "x", "--model", "mlp", "--devices", "2",
                   "--tp", "2", "--stage", "fit"});
@@ -227,6 +238,7 @@ TEST(TensorParallel, FitWithTensorParallelIsNotAvailable) {
 }
 
 TEST(TensorParallel, FitWithKernelInjectionIsNotAvailable) {
+  VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   Job j = run_tp({"--root", dir.path, "--out", dir / "x", "--model", "seqmlp", "--devices", "1",
                   "--kernel-inject", "1", "--stage", "fit"});
@@ -240,6 +252,7 @@ TEST(TensorParallel, FitWithKernelInjectionIsNotAvailable) {
 // epilogue, fused_sdpa) for the run, alone and under tensor parallelism, and predict like the
 // unfused single process; the model leaves the run with its own modules and weights.
 TEST(TensorParallel, KernelInjectionPredictsLikeOneProcessAloneAndSplit) {
+  VOLT_REQUIRE_GLOO();
   const std::vector<std::string> inject{"--kernel-inject", "1"};
   // SeqMlp: Linear+GELU (colwise) and Linear+ReLU (rowwise: the sum, then bias and ReLU).
   std::string o = expect_tp_matches("seqmlp", "none", 1, 1e-5, inject);
@@ -268,6 +281,7 @@ std::string plan_error(torch::nn::Module& m, const volt::TensorParallelOptions& 
 }
 
 TEST(TensorParallel, PlanErrorsNameThePatternAndTheFix) {
+  VOLT_REQUIRE_GLOO();
   volt_examples::MlpNet net(std::vector<int64_t>{64, 48});
   volt::TensorParallelOptions o;
   o.tp_size(2);
@@ -303,6 +317,7 @@ TEST(TensorParallel, PlanErrorsNameThePatternAndTheFix) {
 }
 
 TEST(TensorParallel, CliFormsParseAndMalformedEntriesAreErrors) {
+  VOLT_REQUIRE_GLOO();
   auto plan = volt::parse_tp_plan({" qkv_* = colwise_qkv", "proj_*=rowwise"});
   ASSERT_EQ(plan.size(), 2u);
   EXPECT_EQ(plan[0].first, "qkv_*");
@@ -317,6 +332,7 @@ TEST(TensorParallel, CliFormsParseAndMalformedEntriesAreErrors) {
 }
 
 TEST(TensorParallel, StrategyOptionsRejectWhatIsNotBuilt) {
+  VOLT_REQUIRE_GLOO();
   auto acc = volt::registry().accelerators.create("cpu");
   auto prec = volt::registry().precisions.create("32-true");
   auto make = [&](volt::DeepSpeedStrategyOptions o) {
@@ -346,6 +362,7 @@ std::string json_error(const std::string& json) {
 }
 
 TEST(TensorParallel, JsonInferenceKeysAreCheckedLikeTheRest) {
+  VOLT_REQUIRE_GLOO();
   auto c = volt::parse_deepspeed_config(
       R"({"mp_size": 2, "dtype": "torch.float", "replace_method": "auto",
           "tensor_parallel": {"plan": {"fc*": "colwise"}, "num_heads": 8}})",
@@ -370,6 +387,7 @@ TEST(TensorParallel, JsonInferenceKeysAreCheckedLikeTheRest) {
 }
 
 TEST(TensorParallel, RegistryArgumentsTheCliAndYamlGiveReachTheOptions) {
+  VOLT_REQUIRE_GLOO();
   // What `--trainer.strategy=deepspeed --trainer.strategy.init_args.tp_size=2 ...` or a YAML
   // init_args block hands the registered factory (the kwargs form of the reference).
   auto& reg = volt::registry();

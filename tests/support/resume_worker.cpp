@@ -3,7 +3,7 @@
 // end saves the flattened parameters to --out.
 //
 //   volt_resume_worker --root DIR --out FILE [--resume CKPT] [--accum K] [--epochs E]
-//                      [--wait-at N]
+//                      [--wait-at N] [--accelerator cpu|cuda (then deterministic)]
 
 #include <cstdio>
 #include <string>
@@ -33,7 +33,7 @@ class EveryBatchCheckpoint : public volt::Callback {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string root, out, resume;
+  std::string root, out, resume, accelerator = "cpu";
   int64_t accum = 3, epochs = 3, wait_at = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
     else if (k == "--accum") accum = std::stoll(v);
     else if (k == "--epochs") epochs = std::stoll(v);
     else if (k == "--wait-at") wait_at = std::stoll(v);
+    else if (k == "--accelerator")
+      accelerator = v;
   }
   if (root.empty() || out.empty()) {
     std::fprintf(stderr, "usage: volt_resume_worker --root DIR --out FILE [--resume CKPT]\n");
@@ -56,15 +58,18 @@ int main(int argc, char** argv) {
     model.scheduler_interval = volt::Interval::kStep;
     auto data = volt_test::blobs(200, 8, 1);
     auto val = volt_test::blobs(64, 8, 2);
-    volt::Trainer trainer(volt_test::quiet(root)
-                              .max_epochs(epochs)
-                              .accumulate_grad_batches(accum)
-                              .val_check_interval(0.5)
-                              .logger(true)
-                              .callbacks({std::make_shared<EveryBatchCheckpoint>(root + "/last.ckpt", wait_at)}));
+    volt::Trainer trainer(
+        volt_test::quiet(root)
+            .accelerator(accelerator)
+            .deterministic(accelerator != "cpu")
+            .max_epochs(epochs)
+            .accumulate_grad_batches(accum)
+            .val_check_interval(0.5)
+            .logger(true)
+            .callbacks({std::make_shared<EveryBatchCheckpoint>(root + "/last.ckpt", wait_at)}));
     trainer.fit(model, volt_test::loader(data, 16, true, /*workers=*/1),
                 volt_test::loader(val, 32, false), resume);
-    torch::save(model.flat_params(), out);
+    torch::save(model.flat_params().cpu(), out);
     std::printf("done step=%lld checksum=%.17g\n", static_cast<long long>(trainer.state().global_step),
                 model.flat_params().abs().sum().item<double>());
     return 0;

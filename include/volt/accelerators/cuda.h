@@ -1,6 +1,8 @@
 #pragma once
 /// CudaAccelerator: NVIDIA GPUs through libtorch's CUDA runtime ("cuda").
 
+#include <vector>
+
 #include "volt/accelerators/accelerator.h"
 
 namespace volt {
@@ -15,9 +17,17 @@ class CudaAccelerator : public Accelerator {
   int64_t device_count() const override;
   void setup_device(const c10::Device& device) override;
   void synchronize() const override;
-  // TODO(#14): rng_states() with the CUDA generators once a GPU run can verify exact resume.
+  /// The default generator state of each GPU set up for the run (every visible one when none
+  /// was), as "torch_cuda_<index>": what exact resume needs beside the CPU generator.
+  std::map<std::string, at::Tensor> rng_states() const override;
+  /// Restores the states rng_states() wrote; a checkpoint written on more GPUs than are visible
+  /// restores those that exist, one written on CPU leaves the GPU generators as they are.
+  void set_rng_states(const std::map<std::string, at::Tensor>& states) override;
   /// True when libtorch has CUDA and at least one GPU is visible.
   static bool available();
+
+ private:
+  std::vector<int64_t> devices_;  // set up by setup_device, in order
 };
 
 }  // namespace volt

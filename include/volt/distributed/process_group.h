@@ -62,6 +62,10 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
+  /// True when this build has the Gloo backend (CPU collectives): libtorch with USE_C10D_GLOO
+  /// and gloo's headers. The CUDA wheels lack the headers; there NCCL is the backend.
+  static bool gloo_available();
+
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_size_; }
   const ProcessGroupOptions& options() const { return options_; }

@@ -79,8 +79,12 @@ class FusedAdamW : public torch::optim::Optimizer, public FusedOptimizer {
   ~FusedAdamW() override;
   FusedAdamW(FusedAdamW&&) noexcept;
 
-  /// One step. Throws ValueError for parameters or gradients that are not contiguous float or
-  /// double dense tensors of the same shape and dtype, NotAvailable for non-CPU tensors.
+  /// One step. CPU parameters: volt's kernels; CUDA parameters: libtorch's fused multi-tensor
+  /// kernels (aten::_fused_adamw_ / _fused_adam_, a few launches for all parameters; state in
+  /// per-parameter tensors on the device, step counts also on the device). Throws ValueError
+  /// for parameters or gradients that are not dense float tensors of matching shape and dtype
+  /// (contiguous float/double on CPU), NotAvailable for other devices, for CUDA in a build
+  /// without libtorch's fused kernels, and for bias_correction=false on CUDA.
   at::Tensor step(LossClosure closure = nullptr) override;
   /// torch::save / torch::load support (state keyed by position, as libtorch does).
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -88,6 +92,7 @@ class FusedAdamW : public torch::optim::Optimizer, public FusedOptimizer {
   std::unique_ptr<torch::optim::OptimizerParamState> make_param_state() const override;
 
  private:
+  void step_cuda();  // the CUDA parameters collected by step()
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

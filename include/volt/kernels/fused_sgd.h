@@ -65,8 +65,11 @@ class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
   ~FusedSGD() override;
   FusedSGD(FusedSGD&&) noexcept;
 
-  /// One step. Throws ValueError for parameters or gradients that are not contiguous float or
-  /// double dense tensors of the same shape and dtype, NotAvailable for non-CPU tensors.
+  /// One step. CPU parameters: volt's kernels; CUDA parameters: libtorch's fused multi-tensor
+  /// kernel (aten::_fused_sgd_, a few launches for all parameters). Throws ValueError for
+  /// parameters or gradients that are not dense float tensors of matching shape and dtype
+  /// (contiguous float/double on CPU), NotAvailable for other devices and for CUDA in a build
+  /// without libtorch's fused kernels.
   at::Tensor step(LossClosure closure = nullptr) override;
   /// torch::save / torch::load support (state keyed by position, as libtorch does).
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -74,6 +77,7 @@ class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
   std::unique_ptr<torch::optim::OptimizerParamState> make_param_state() const override;
 
  private:
+  void step_cuda();  // the CUDA parameters collected by step()
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

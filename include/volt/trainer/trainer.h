@@ -33,6 +33,7 @@ class Trainer {
   /// Trains; with ckpt_path resumes exactly from that checkpoint. "last" resumes from the newest
   /// last*.ckpt of the run's ModelCheckpoint (or starts fresh, with a warning, when there is
   /// none), "best" from its best checkpoint; other entry points load the weights the same way.
+  /// Every entry point ends, as Lightning's, with a model trained on a GPU moved back to the CPU.
   void fit(Module& module, DataModule& data, const std::string& ckpt_path = "");
   void fit(Module& module, DataLoader train, c10::optional<DataLoader> val = c10::nullopt,
            const std::string& ckpt_path = "");

@@ -76,7 +76,9 @@ struct TrainerOptions {
   /// distributed sampler: disjoint shards, reshuffled per epoch from the loader's seed, padded
   /// to equal length). Loaders that already set world_size > 1 are kept. Default: true.
   TORCH_ARG(bool, use_distributed_sampler) = true;
-  /// Use deterministic algorithms only. Default: false.
+  /// Use deterministic algorithms only (as Lightning's deterministic=True: an op without a
+  /// deterministic implementation throws; cuDNN deterministic and not benchmarking; cuBLAS
+  /// with a fixed workspace unless CUBLAS_WORKSPACE_CONFIG is set). Default: false.
   TORCH_ARG(bool, deterministic) = false;
   /// Seed torch's RNG before building anything (seed_everything). Default: none.
   TORCH_ARG(c10::optional<uint64_t>, seed);

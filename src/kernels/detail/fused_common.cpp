@@ -5,6 +5,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "fused_cuda.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -36,9 +37,7 @@ std::string fusable_reason(const char* component, const char* reference, const c
   if (!on_cpu) {
     if (device) *device = true;
     os << " is on " << t.device() << "; "
-       << (t.device().is_cuda() ? "CUDA tensors need the CUDA kernels, which are not "
-                                  "built/verified yet"
-                                : "the fused kernels run on CPU tensors only")
+       << "the fused kernels run on CPU and CUDA tensors only"
        << "; use " << reference << ".";
   } else if (!strided) {
     os << " has layout " << t.layout()
@@ -60,6 +59,12 @@ std::string fusable_reason(const char* component, const char* reference, const c
 
 void check_fusable(const char* component, const char* reference, const at::Tensor& p,
                    const at::Tensor& grad) {
+  if (p.is_cuda()) {
+    const std::string why = cuda_fusable_reason(component, reference, p, grad);
+    if (why.empty()) return;
+    if (!fused_cuda_available()) throw NotAvailable(why);
+    throw ValueError(why);
+  }
   for (auto* item : {&p, &grad}) {
     bool device = false;
     const std::string why =

@@ -23,7 +23,8 @@ std::string fusable_reason(const char* component, const char* reference, const c
                            const at::Tensor& t, bool* device = nullptr);
 
 /// Throws (NotAvailable for the device, ValueError otherwise) unless p and grad are contiguous
-/// dense float/double CPU tensors of the same dtype and shape.
+/// dense float/double CPU tensors of the same dtype and shape, or CUDA tensors the fused CUDA
+/// kernels take (cuda_fusable_reason in fused_cuda.h).
 void check_fusable(const char* component, const char* reference, const at::Tensor& p,
                    const at::Tensor& grad);
 

@@ -1,0 +1,150 @@
+// On a CUDA GPU: volt's Trainer.fit against a hand-written libtorch loop on the same model,
+// data and optimizer (Adam), rounds interleaved. The models and batch sizes are the issue's
+// side-by-side with PyTorch Lightning: the Fashion-MNIST MLP 784-256-128-10 at batch 128 and
+// the demo CNN at batch 64. cuda_loop.py runs the plain PyTorch loop and Lightning on the same
+// machine with the same data. Prints steps/s (median of the rounds).
+//
+//   build/benchmarks/volt_bench_cuda_loop [--rounds R] [--mlp-steps N] [--cnn-steps N]
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "models.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Data {
+  torch::Tensor x, y;  // on the CPU, as a dataset in memory would be
+};
+
+template <typename Net>
+class BenchModule : public volt::Module {
+ public:
+  explicit BenchModule(std::shared_ptr<Net> net) : net_(register_module("net", net)) {}
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    auto loss = torch::cross_entropy_loss(net_->forward(b.input), b.target);
+    log("train_loss", loss);
+    return loss;
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    return {std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(1e-3))};
+  }
+
+ private:
+  std::shared_ptr<Net> net_;
+};
+
+template <typename Net>
+double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps, bool pin) {
+  BenchModule<Net> m(net);
+  volt::Trainer t(volt::TrainerOptions()
+                      .accelerator("cuda")
+                      .max_steps(steps)
+                      .logger(false)
+                      .enable_checkpointing(false)
+                      .enable_progress_bar(false)
+                      .num_sanity_val_steps(0));
+  auto ds = std::make_shared<volt::TensorDataset>(d.x, d.y);
+  volt::DataLoader dl(ds, volt::DataLoaderOptions(batch).shuffle(true).seed(1).pin_memory(pin));
+  torch::cuda::synchronize();
+  const auto t0 = Clock::now();
+  t.fit(m, dl);
+  torch::cuda::synchronize();
+  return steps / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+template <typename Net>
+double run_hand(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps) {
+  const torch::Device cuda(torch::kCUDA);
+  net->to(cuda);
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-3));
+  net->train();
+  const int64_t n = d.x.size(0), per_epoch = n / batch;
+  torch::cuda::synchronize();
+  const auto t0 = Clock::now();
+  int64_t done = 0;
+  for (int64_t epoch = 0; done < steps; ++epoch) {
+    auto perm = torch::randperm(n, torch::kLong);
+    for (int64_t b = 0; b < per_epoch && done < steps; ++b, ++done) {
+      auto idx = perm.slice(0, b * batch, (b + 1) * batch);
+      auto x = d.x.index_select(0, idx).to(cuda), y = d.y.index_select(0, idx).to(cuda);
+      opt.zero_grad();
+      auto loss = torch::cross_entropy_loss(net->forward(x), y);
+      loss.backward();
+      opt.step();
+    }
+  }
+  torch::cuda::synchronize();
+  return steps / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!torch::cuda::is_available()) {
+    std::printf("no CUDA device: nothing to measure\n");
+    return 0;
+  }
+  int rounds = 3;
+  int64_t mlp_steps = 2000, cnn_steps = 1000;
+  for (int i = 1; i + 1 < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--rounds")
+      rounds = std::stoi(argv[++i]);
+    else if (a == "--mlp-steps")
+      mlp_steps = std::stoll(argv[++i]);
+    else if (a == "--cnn-steps")
+      cnn_steps = std::stoll(argv[++i]);
+  }
+  volt::FashionMnist full(volt::kFashionMnistDefaultRoot, volt::FashionMnist::Split::kTrain);
+  Data d{full.inputs().slice(0, 0, 16384).contiguous(),
+         full.targets().slice(0, 0, 16384).contiguous()};
+  struct Row {
+    std::string name;
+    int64_t batch, steps;
+    bool mlp;
+  };
+  for (const Row& row :
+       {Row{"mlp 784-256-128-10", 128, mlp_steps, true}, Row{"cnn (demo)", 64, cnn_steps, false}}) {
+    std::vector<double> v, vp, h;
+    auto make_mlp = [] {
+      return std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{256, 128});
+    };
+    auto make_cnn = [] { return std::make_shared<volt_examples::CnnNet>(); };
+    for (int r = -1; r < rounds; ++r) {  // round -1 warms up CUDA, cuBLAS and cuDNN
+      torch::manual_seed(r + 1);
+      const double a = row.mlp ? run_volt(make_mlp(), d, row.batch, row.steps, false)
+                               : run_volt(make_cnn(), d, row.batch, row.steps, false);
+      torch::manual_seed(r + 1);
+      const double b = row.mlp ? run_volt(make_mlp(), d, row.batch, row.steps, true)
+                               : run_volt(make_cnn(), d, row.batch, row.steps, true);
+      torch::manual_seed(r + 1);
+      const double c = row.mlp ? run_hand(make_mlp(), d, row.batch, row.steps)
+                               : run_hand(make_cnn(), d, row.batch, row.steps);
+      if (r < 0) continue;
+      v.push_back(a);
+      vp.push_back(b);
+      h.push_back(c);
+    }
+    const double mv = median(v), mvp = median(vp), mh = median(h);
+    std::printf("\n%s, batch %lld, Adam, %lld steps x %d rounds (median steps/s)\n",
+                row.name.c_str(), static_cast<long long>(row.batch),
+                static_cast<long long>(row.steps), rounds);
+    std::printf("  volt Trainer.fit             %9.1f   volt/hand = %.3f\n", mv, mv / mh);
+    std::printf("  volt Trainer.fit, pinned     %9.1f   volt/hand = %.3f\n", mvp, mvp / mh);
+    std::printf("  hand libtorch loop           %9.1f\n", mh);
+  }
+  return 0;
+}

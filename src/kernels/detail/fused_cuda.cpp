@@ -1,0 +1,129 @@
+#include "fused_cuda.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "volt/core/check.h"
+#include "volt/core/version.h"
+
+#if defined(VOLT_CUDA) && VOLT_TORCH_AT_LEAST(2, 1)
+#define VOLT_FUSED_CUDA 1
+#else
+#define VOLT_FUSED_CUDA 0
+#endif
+
+namespace volt {
+namespace detail {
+
+bool fused_cuda_available() {
+  return VOLT_FUSED_CUDA != 0;
+}
+
+std::string cuda_fusable_reason(const char* component, const char* reference, const at::Tensor& p,
+                                const at::Tensor& grad) {
+  std::ostringstream os;
+  if (!fused_cuda_available()) {
+    os << "[" << component << "] a parameter is on " << p.device()
+       << "; this build has no fused CUDA kernels (they need libtorch >= 2.1 with CUDA); use "
+       << reference << ".";
+    return os.str();
+  }
+  const auto dt = p.scalar_type();
+  const bool floating =
+      dt == c10::kFloat || dt == c10::kDouble || dt == c10::kHalf || dt == c10::kBFloat16;
+  if (p.layout() != c10::kStrided || grad.layout() != c10::kStrided) {
+    os << "[" << component << "] a CUDA parameter of shape " << p.sizes()
+       << " has a sparse gradient; the fused kernels need dense gradients; use " << reference
+       << ".";
+  } else if (!floating) {
+    os << "[" << component << "] a CUDA parameter of shape " << p.sizes() << " has dtype " << dt
+       << "; the fused CUDA kernels support float32, float64, float16 and bfloat16.";
+  } else if (grad.device() != p.device() || grad.scalar_type() != dt ||
+             !grad.sizes().equals(p.sizes())) {
+    os << "[" << component << "] a parameter of shape " << p.sizes() << ", dtype " << dt << " on "
+       << p.device() << " has a gradient of shape " << grad.sizes() << ", dtype "
+       << grad.scalar_type() << " on " << grad.device()
+       << "; gradients must match their parameter.";
+  }
+  return os.str();
+}
+
+at::Tensor state_like(const char* component, const char* name, const at::Tensor& t,
+                      const at::Tensor& p) {
+  if (!t.defined()) return at::zeros_like(p, at::MemoryFormat::Contiguous);
+  VOLT_CHECK(t.numel() == p.numel(), CheckpointError, "[", component, "] the ", name,
+             " state of a parameter of shape ", p.sizes(), " has ", t.numel(),
+             " elements; the checkpoint was written for another model.");
+  if (t.device() == p.device() && t.scalar_type() == p.scalar_type() && t.is_contiguous() &&
+      t.sizes().equals(p.sizes())) {
+    return t;
+  }
+  return t.to(p.device(), p.scalar_type()).reshape(p.sizes()).contiguous();
+}
+
+#if VOLT_FUSED_CUDA
+
+void adam_cuda(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+               const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+               const std::vector<at::Tensor>& max_exp_avg_sqs, const std::vector<at::Tensor>& steps,
+               const AdamCudaArgs& a) {
+  if (params.empty()) return;
+  at::_foreach_add_(steps, 1);
+  if (a.decoupled) {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, a.lr, a.beta1,
+                      a.beta2, a.weight_decay, a.eps, a.amsgrad, /*maximize=*/false);
+  } else {
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, a.lr, a.beta1,
+                     a.beta2, a.weight_decay, a.eps, a.amsgrad, /*maximize=*/false);
+  }
+}
+
+void sgd_cuda(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+              const std::vector<at::Tensor>& momentum_buffers, double weight_decay, double momentum,
+              double lr, double dampening, bool nesterov, bool first_step) {
+  if (params.empty()) return;
+  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov,
+                  /*maximize=*/false, first_step);
+}
+
+at::Tensor norm_cuda(const std::vector<at::Tensor>& grads, double norm_type) {
+  // The per-tensor norms in one multi-tensor launch (inf included), then their norm.
+  const std::vector<at::Tensor> norms = at::_foreach_norm(grads, norm_type);
+  return at::linalg_vector_norm(at::stack(norms), norm_type);
+}
+
+void scale_to_max_norm_cuda(const std::vector<at::Tensor>& grads, const at::Tensor& total,
+                            double max_norm) {
+  const at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+  at::_foreach_mul_(grads, coef);
+}
+
+#else
+
+[[noreturn]] static void no_cuda() {
+  VOLT_ASSERT(false, "the fused CUDA path was reached in a build without it");
+  std::abort();
+}
+void adam_cuda(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+               const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+               const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+               const AdamCudaArgs&) {
+  no_cuda();
+}
+void sgd_cuda(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+              const std::vector<at::Tensor>&, double, double, double, double, bool, bool) {
+  no_cuda();
+}
+at::Tensor norm_cuda(const std::vector<at::Tensor>&, double) {
+  no_cuda();
+}
+void scale_to_max_norm_cuda(const std::vector<at::Tensor>&, const at::Tensor&, double) {
+  no_cuda();
+}
+
+#endif
+
+}  // namespace detail
+}  // namespace volt

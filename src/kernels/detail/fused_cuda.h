@@ -1,0 +1,55 @@
+#pragma once
+// The CUDA side of FusedAdamW, FusedSGD and FusedClipNorm: libtorch's own multi-tensor kernels
+// (aten::_fused_adamw_ / _fused_adam_ / _fused_sgd_, _foreach_norm / _foreach_mul_), which
+// launch a handful of kernels per step for any number of parameters. They exist in libtorch
+// >= 2.1 built with CUDA; elsewhere fused_cuda_available() is false and CUDA tensors get
+// NotAvailable from the optimizers.
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace volt {
+namespace detail {
+
+/// True when this build runs the fused optimizers on CUDA tensors.
+bool fused_cuda_available();
+
+/// Why `p` and `grad` cannot take the CUDA path ("" when they can): both dense CUDA tensors of
+/// one device, dtype (float, double, half or bfloat16) and shape.
+std::string cuda_fusable_reason(const char* component, const char* reference, const at::Tensor& p,
+                                const at::Tensor& grad);
+
+/// `t` as a dense contiguous tensor with p's device, dtype and shape: itself when it already is,
+/// zeros when undefined, else a copy (a state loaded from a checkpoint written on another
+/// device). Throws CheckpointError when its element count differs from p's.
+at::Tensor state_like(const char* component, const char* name, const at::Tensor& t,
+                      const at::Tensor& p);
+
+struct AdamCudaArgs {
+  double lr, beta1, beta2, weight_decay, eps;
+  bool amsgrad, decoupled;  // decoupled: AdamW (weight decay on the parameter), else L2 (Adam)
+};
+
+/// One fused Adam/AdamW update of every tensor in the lists; `steps` are float32 scalars on the
+/// device, incremented here before the update (as torch.optim does).
+void adam_cuda(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+               const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+               const std::vector<at::Tensor>& max_exp_avg_sqs, const std::vector<at::Tensor>& steps,
+               const AdamCudaArgs& args);
+
+/// One fused SGD update; `first_step`: the buffers are new and become the (decayed) gradient.
+void sgd_cuda(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+              const std::vector<at::Tensor>& momentum_buffers, double weight_decay, double momentum,
+              double lr, double dampening, bool nesterov, bool first_step);
+
+/// Total `norm_type` norm of `grads`: a 0-dim tensor on their device, in their dtype, computed
+/// there (no host read), as torch::nn::utils::clip_grad_norm_ does.
+at::Tensor norm_cuda(const std::vector<at::Tensor>& grads, double norm_type);
+/// Scales `grads` in place by min(1, max_norm / (total + 1e-6)), on the device.
+void scale_to_max_norm_cuda(const std::vector<at::Tensor>& grads, const at::Tensor& total,
+                            double max_norm);
+
+}  // namespace detail
+}  // namespace volt
