@@ -35,6 +35,8 @@
 #include "volt/distributed/gradient_reducer.h"
 #include "volt/distributed/local_launcher.h"
 #include "volt/distributed/process_group.h"
+#include "volt/graphs/graph_cache.h"
+#include "volt/graphs/graph_options.h"
 #include "volt/io/checkpoint_io.h"
 #include "volt/io/safetensors.h"
 #include "volt/io/state.h"

@@ -188,10 +188,10 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       }
       if (cuda) {
         if (st != nullptr) {  // fail here, before any parameter changed, not mid-step
-          for (const at::Tensor* t : {&st->exp_avg(), &st->exp_avg_sq()}) {
-            VOLT_CHECK(!t->defined() || t->numel() == p.numel(), CheckpointError,
-                       "[FusedAdamW] the state of a parameter of shape ", p.sizes(), " has ",
-                       t->numel(), " elements; the checkpoint was written for another model.");
+          detail::check_state_size(kName, "exp_avg", st->exp_avg(), p);
+          detail::check_state_size(kName, "exp_avg_sq", st->exp_avg_sq(), p);
+          if (o.amsgrad()) {
+            detail::check_state_size(kName, "max_exp_avg_sq", st->max_exp_avg_sq(), p);
           }
         }
         s.cuda_work.push_back(Impl::Work{g, i, &o, st});

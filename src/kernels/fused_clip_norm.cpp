@@ -74,6 +74,13 @@ std::string cuda_reason(const std::vector<at::Tensor>& params, bool* cuda, bool*
   return "";
 }
 
+void check_finite_norm(double total, double norm_type) {
+  VOLT_CHECK(std::isfinite(total), ValueError, "[FusedClipNorm] the total norm of order ",
+             norm_type, " of the gradients is non-finite (", total,
+             "), so it cannot be clipped; find the inf/NaN gradients (e.g. a too high learning "
+             "rate or loss scale), or set error_if_nonfinite(false) to scale them anyway.");
+}
+
 }  // namespace
 
 std::string FusedClipNorm::unsupported_reason(const std::vector<at::Tensor>& params) {
@@ -95,15 +102,11 @@ double FusedClipNorm::clip_cuda(const std::vector<at::Tensor>& params) const {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
   const at::Tensor total = detail::norm_cuda(grads, options_.norm_type());
-  if (options_.error_if_nonfinite()) {
-    const double t = total.item<double>();  // the check needs the value on the host
-    VOLT_CHECK(std::isfinite(t), ValueError, "[FusedClipNorm] the total norm of order ",
-               options_.norm_type(), " of the gradients is non-finite (", t,
-               "), so it cannot be clipped; find the inf/NaN gradients (e.g. a too high learning "
-               "rate or loss scale), or set error_if_nonfinite(false) to scale them anyway.");
-  }
+  // One read of the norm to the host: the returned value, and the check's before any scaling.
+  const double t = total.item<double>();
+  if (options_.error_if_nonfinite()) check_finite_norm(t, options_.norm_type());
   detail::scale_to_max_norm_cuda(grads, total, options_.max_norm());
-  return total.item<double>();
+  return t;
 }
 
 double FusedClipNorm::operator()(const std::vector<at::Tensor>& params) const {
@@ -165,12 +168,7 @@ double FusedClipNorm::operator()(const std::vector<at::Tensor>& params) const {
   // finite norm where libtorch's is inf.
   if (all_float) total = static_cast<float>(total);
 
-  if (options_.error_if_nonfinite()) {
-    VOLT_CHECK(std::isfinite(total), ValueError, "[FusedClipNorm] the total norm of order ",
-               norm_type, " of the gradients is non-finite (", total,
-               "), so it cannot be clipped; find the inf/NaN gradients (e.g. a too high learning "
-               "rate or loss scale), or set error_if_nonfinite(false) to scale them anyway.");
-  }
+  if (options_.error_if_nonfinite()) check_finite_norm(total, norm_type);
 
   // clip_coef = max_norm / (total + 1e-6), clamped to at most 1 (NaN stays NaN), in the dtype.
   double coef;

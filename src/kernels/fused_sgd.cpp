@@ -161,12 +161,7 @@ at::Tensor FusedSGD::step(LossClosure closure) {
                      "or torch::load into this optimizer.");
           w.has_buffer = w.state->momentum_buffer().defined();
           if (cuda) {
-            const at::Tensor& b = w.state->momentum_buffer();
-            VOLT_CHECK(!b.defined() || b.numel() == p.numel(), CheckpointError,
-                       "[FusedSGD] the momentum_buffer state of a parameter of shape ", p.sizes(),
-                       " has ", b.numel(),
-                       " elements; the checkpoint was written for another "
-                       "model.");
+            detail::check_state_size(kName, "momentum_buffer", w.state->momentum_buffer(), p);
           } else {
             detail::bind_state(kName, "momentum_buffer", w.state->momentum_buffer(), layout, i,
                                kMomentumBuffer, p, false);

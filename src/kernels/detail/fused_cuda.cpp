@@ -50,12 +50,17 @@ std::string cuda_fusable_reason(const char* component, const char* reference, co
   return os.str();
 }
 
+void check_state_size(const char* component, const char* name, const at::Tensor& t,
+                      const at::Tensor& p) {
+  VOLT_CHECK(!t.defined() || t.numel() == p.numel(), CheckpointError, "[", component, "] the ",
+             name, " state of a parameter of shape ", p.sizes(), " has ", t.numel(),
+             " elements; the checkpoint was written for another model.");
+}
+
 at::Tensor state_like(const char* component, const char* name, const at::Tensor& t,
                       const at::Tensor& p) {
   if (!t.defined()) return at::zeros_like(p, at::MemoryFormat::Contiguous);
-  VOLT_CHECK(t.numel() == p.numel(), CheckpointError, "[", component, "] the ", name,
-             " state of a parameter of shape ", p.sizes(), " has ", t.numel(),
-             " elements; the checkpoint was written for another model.");
+  check_state_size(component, name, t, p);
   if (t.device() == p.device() && t.scalar_type() == p.scalar_type() && t.is_contiguous() &&
       t.sizes().equals(p.sizes())) {
     return t;

@@ -21,6 +21,11 @@ bool fused_cuda_available();
 std::string cuda_fusable_reason(const char* component, const char* reference, const at::Tensor& p,
                                 const at::Tensor& grad);
 
+/// Throws CheckpointError when a defined state tensor `t` (named `name`) has another element
+/// count than its parameter `p`: a checkpoint written for another model.
+void check_state_size(const char* component, const char* name, const at::Tensor& t,
+                      const at::Tensor& p);
+
 /// `t` as a dense contiguous tensor with p's device, dtype and shape: itself when it already is,
 /// zeros when undefined, else a copy (a state loaded from a checkpoint written on another
 /// device). Throws CheckpointError when its element count differs from p's.
