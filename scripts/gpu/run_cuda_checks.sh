@@ -12,7 +12,7 @@ mkdir -p "$out"
 b=build-gpu
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 
-filter='FusedOptimCuda.*:ExactResume.*:HostAllocator.*:FusedBiasActivation.*:AutocastOps.*'
+filter='FusedOptimCuda.*:Graph*:ExactResume.*:HostAllocator.*:FusedBiasActivation.*:AutocastOps.*'
 filter+=':PerfScan.*:Fp8InferenceCli.*:FusedClipNorm.*:FusedAdamW.Trainer*'
 echo "== CUDA and previously failing tests"
 timeout "${TESTS_LIMIT:-100}" $b/tests/volt_tests --gtest_filter="$filter" > "$out/cuda_tests.log" 2>&1
@@ -32,6 +32,7 @@ bench 45 $b/benchmarks/volt_bench_fused_optim_cuda 5 30
 bench 45 python3 benchmarks/fused_optim_cuda.py 5 30
 bench 80 $b/benchmarks/volt_bench_cuda_loop --rounds 2 --mlp-steps 1000 --cnn-steps 500
 bench 120 python3 benchmarks/cuda_loop.py --rounds 2 --mlp-steps 1000 --cnn-steps 500
+bench 60 $b/benchmarks/volt_bench_step_ops --accelerator cuda --steps 300
 cat "$out/bench.log"
 
 # DEADLINE (epoch seconds), when set, is when this must be done: ctest gets what is left.
