@@ -3,7 +3,7 @@
 // measured in a fresh process so the runs cannot share allocator state.
 //
 // Usage: volt_bench_fused_sdpa [--threads N] [--seqs 512,1024,2048,4096] [--batch B] [--heads H]
-//                              [--reps R] [--causal] [--dtype f32|bf16]
+//                              [--head-dim D] [--reps R] [--causal] [--dtype f32|bf16]
 
 #include <unistd.h>
 
@@ -108,6 +108,7 @@ double peak_mib(const Config& c, int64_t seq, Impl impl) {
   std::ostringstream cmd;
   cmd << "/proc/" << getpid() << "/exe --peak " << seq << " " << static_cast<int>(impl)
       << " --threads " << c.threads << " --batch " << c.batch << " --heads " << c.heads
+      << " --head-dim " << c.head_dim
       << (c.dtype == at::kBFloat16 ? " --dtype bf16" : "") << (c.causal ? " --causal" : "");
   FILE* pipe = popen(cmd.str().c_str(), "r");
   if (!pipe) return -1;
@@ -134,6 +135,7 @@ int main(int argc, char** argv) {
     if (a == "--threads") c.threads = std::stoi(next());
     else if (a == "--batch") c.batch = std::stoll(next());
     else if (a == "--heads") c.heads = std::stoll(next());
+    else if (a == "--head-dim") c.head_dim = std::stoll(next());
     else if (a == "--reps") c.reps = std::stoi(next());
     else if (a == "--causal") c.causal = true;
     else if (a == "--peak") {

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <ostream>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -224,5 +225,12 @@ std::vector<at::Tensor> GradientReducer::bucket_buffers() const {
 }
 
 #endif  // VOLT_DIST_GLOO
+
+std::ostream& operator<<(std::ostream& os, const GradientReducerOptions& o) {
+  return os << "GradientReducerOptions(bucket_cap_mb=" << o.bucket_cap_mb()
+            << ", gradient_as_bucket_view=" << o.gradient_as_bucket_view()
+            << ", find_unused_parameters=" << o.find_unused_parameters()
+            << ", static_graph=" << o.static_graph() << ")";
+}
 
 }  // namespace volt

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <ostream>
 #include <sstream>
 #include <thread>
 
+#include "core/detail/print.h"
 #include "detail/async_collective.h"
 #include "detail/c10d.h"
 #include "detail/net.h"
@@ -740,5 +742,12 @@ PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
 PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
 bool PendingCollective::pending() const { return state_ != nullptr; }
 }  // namespace detail
+
+std::ostream& operator<<(std::ostream& os, const ProcessGroupOptions& o) {
+  return os << "ProcessGroupOptions(backend=" << to_string(o.backend())
+            << ", timeout_ms=" << o.timeout().count()
+            << ", config_hash=" << detail::quoted(o.config_hash())
+            << ", interface=" << detail::quoted(o.interface()) << ")";
+}
 
 }  // namespace volt

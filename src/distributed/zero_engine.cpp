@@ -15,12 +15,14 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <ostream>
 #include <set>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "core/detail/aio.h"
+#include "core/detail/print.h"
 #include "distributed/detail/async_collective.h"
 #include "distributed/detail/intercept.h"
 #include "kernels/detail/state_tensors.h"
@@ -973,6 +975,21 @@ ZeroMemory ZeroEngine::memory() const {
   m.master_weights = detail::storage_bytes(masters);
   if (swap_ && swap_->out) m.parameters_in_files = swap_->bytes;
   return m;
+}
+
+std::ostream& operator<<(std::ostream& os, const ZeroEngineOptions& o) {
+  return os << "ZeroEngineOptions(stage=" << o.stage()
+            << ", reduce_bucket_size=" << o.reduce_bucket_size()
+            << ", allgather_bucket_size=" << o.allgather_bucket_size()
+            << ", overlap_comm=" << o.overlap_comm()
+            << ", prefetch_bucket_size=" << o.prefetch_bucket_size()
+            << ", param_swap_file=" << detail::quoted(o.param_swap_file())
+            << ", aio_block_size=" << o.aio_block_size()
+            << ", aio_queue_depth=" << o.aio_queue_depth()
+            << ", aio_use_uring=" << o.aio_use_uring()
+            << ", param_persistence_threshold=" << o.param_persistence_threshold()
+            << ", max_live_parameters=" << o.max_live_parameters()
+            << ", master_weights=" << o.master_weights() << ")";
 }
 
 }  // namespace volt

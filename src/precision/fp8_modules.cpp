@@ -7,15 +7,17 @@
 
 #include <map>
 #include <mutex>
+#include <ostream>
 #include <sstream>
 #include <unordered_map>
 
-#include "volt/core/check.h"
-#include "volt/core/log.h"
-#include "volt/precision/autocast.h"
+#include "core/detail/print.h"
 #include "detail/fp8_hooks.h"
 #include "detail/linear_policy.h"
 #include "detail/quiet_dispatcher.h"
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/precision/autocast.h"
 
 namespace volt {
 namespace detail {
@@ -337,5 +339,10 @@ Fp8Autocast::~Fp8Autocast() {
 }
 
 bool Fp8Autocast::is_enabled() { return detail::t_fp8_enabled; }
+
+std::ostream& operator<<(std::ostream& os, const Fp8ConvertOptions& o) {
+  return os << "Fp8ConvertOptions(recipe=" << o.recipe()
+            << ", skip=" << detail::quoted_list(o.skip()) << ")";
+}
 
 }  // namespace volt

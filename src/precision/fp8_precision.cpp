@@ -3,11 +3,13 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <ostream>
 
+#include "core/detail/print.h"
+#include "detail/fp8_hooks.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/precision/autocast_ops.h"
-#include "detail/fp8_hooks.h"
 
 namespace volt {
 
@@ -118,5 +120,13 @@ void Fp8Precision::unscale_gradients(torch::optim::Optimizer& o) { mixed_.unscal
 bool Fp8Precision::optimizer_step(torch::optim::Optimizer& o) { return mixed_.optimizer_step(o); }
 void Fp8Precision::save_state(torch::serialize::OutputArchive& a) const { mixed_.save_state(a); }
 void Fp8Precision::load_state(torch::serialize::InputArchive& a) { mixed_.load_state(a); }
+
+std::ostream& operator<<(std::ostream& os, const Fp8PrecisionOptions& o) {
+  return os << "Fp8PrecisionOptions(replace_layers=" << o.replace_layers()
+            << ", recipe=" << o.recipe() << ", skip=" << detail::quoted_list(o.skip())
+            << ", inference=" << o.inference() << ", quant=" << o.quant()
+            << ", quant_config=" << detail::quoted(o.quant_config()) << ", mixed=" << o.mixed()
+            << ")";
+}
 
 }  // namespace volt

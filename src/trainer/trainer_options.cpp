@@ -4,6 +4,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/loop_state.h"
 
@@ -60,17 +61,12 @@ void TrainerOptions::validate() const {
 }
 
 std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
-  auto opt = [](const auto& v) -> std::string {
-    if (!v) return "none";
-    std::ostringstream s;
-    s << *v;
-    return s.str();
-  };
+  using detail::optional_text;
   os << "TrainerOptions(accelerator=" << o.accelerator() << ", devices=" << o.devices()
-     << ", num_nodes=" << o.num_nodes()
-     << ", strategy=" << o.strategy() << ", precision=" << o.precision()
-     << ", max_epochs=" << o.max_epochs() << ", min_epochs=" << o.min_epochs()
-     << ", max_steps=" << o.max_steps() << ", max_time=" << opt(o.max_time())
+     << ", num_nodes=" << o.num_nodes() << ", strategy=" << o.strategy()
+     << ", precision=" << o.precision() << ", max_epochs=" << o.max_epochs()
+     << ", min_epochs=" << o.min_epochs() << ", max_steps=" << o.max_steps()
+     << ", max_time=" << optional_text(o.max_time())
      << ", limit_train_batches=" << o.limit_train_batches()
      << ", limit_val_batches=" << o.limit_val_batches()
      << ", limit_test_batches=" << o.limit_test_batches()
@@ -80,17 +76,18 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", num_sanity_val_steps=" << o.num_sanity_val_steps()
      << ", fast_dev_run=" << o.fast_dev_run()
      << ", accumulate_grad_batches=" << o.accumulate_grad_batches()
-     << ", gradient_clip_val=" << opt(o.gradient_clip_val()) << ", gradient_clip_algorithm="
+     << ", gradient_clip_val=" << optional_text(o.gradient_clip_val())
+     << ", gradient_clip_algorithm="
      << (o.gradient_clip_algorithm() == ClipAlgorithm::kNorm ? "norm" : "value")
      << ", log_every_n_steps=" << o.log_every_n_steps()
      << ", enable_progress_bar=" << o.enable_progress_bar()
      << ", enable_checkpointing=" << o.enable_checkpointing() << ", logger=" << o.logger()
-     << ", default_root_dir=\"" << o.default_root_dir() << "\""
+     << ", default_root_dir=" << detail::quoted(o.default_root_dir())
      << ", use_distributed_sampler=" << o.use_distributed_sampler()
-     << ", deterministic=" << o.deterministic() << ", seed=" << opt(o.seed())
+     << ", deterministic=" << o.deterministic() << ", seed=" << optional_text(o.seed())
      << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
-     << ", num_threads=" << o.num_threads() << ", callbacks=" << o.callbacks().size()
-     << ", loggers=" << o.loggers().size()
+     << ", num_threads=" << o.num_threads() << ", progress_refresh_s=" << o.progress_refresh_s()
+     << ", callbacks=" << o.callbacks().size() << ", loggers=" << o.loggers().size()
      << ", profiler=" << (o.profiler() ? "set" : "none") << ")";
   return os;
 }

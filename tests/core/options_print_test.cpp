@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "volt/distributed/tensor_parallel.h"
+#include "volt/distributed/zero_engine.h"
 #include "volt/strategies/deepspeed.h"
 #include "volt/volt.h"
 
@@ -74,6 +75,29 @@ TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {
   expect_has_all(text(volt::ActivationCheckpointingOptions({"blocks.*"}).cpu_checkpointing(true)),
                  {"ActivationCheckpointingOptions(modules=[\"blocks.*\"]", "cpu_checkpointing=1",
                   "preserve_rng_state=1)"});
+}
+
+TEST(OptionsPrinting, DistributedAndFp8BuildingBlocksPrintEveryField) {
+  expect_has_all(
+      text(volt::ZeroEngineOptions().stage(3).param_swap_file("/nvme/p.swap")),
+      {"ZeroEngineOptions(stage=3", "reduce_bucket_size=200000000",
+       "allgather_bucket_size=200000000", "overlap_comm=1", "prefetch_bucket_size=50000000",
+       "param_swap_file=\"/nvme/p.swap\"", "aio_block_size=1048576", "aio_queue_depth=8",
+       "aio_use_uring=1", "param_persistence_threshold=100000", "max_live_parameters=1000000000",
+       "master_weights=1)"});
+  expect_has_all(text(volt::GradientReducerOptions().bucket_cap_mb(1.5).static_graph(true)),
+                 {"GradientReducerOptions(bucket_cap_mb=1.5", "gradient_as_bucket_view=0",
+                  "find_unused_parameters=0", "static_graph=1)"});
+  expect_has_all(
+      text(volt::ProcessGroupOptions().timeout(std::chrono::milliseconds(2500)).interface("veth0")),
+      {"ProcessGroupOptions(backend=gloo", "timeout_ms=2500", "config_hash=\"\"",
+       "interface=\"veth0\")"});
+  expect_has_all(text(volt::Fp8ConvertOptions().skip({"head"})),
+                 {"Fp8ConvertOptions(recipe=DelayedScalingOptions(margin=0", "skip=[\"head\"])"});
+  expect_has_all(
+      text(volt::Fp8PrecisionOptions().inference(true).quant_config("q.json")),
+      {"Fp8PrecisionOptions(replace_layers=1", "recipe=DelayedScalingOptions(", "skip=[]",
+       "inference=1", "quant=0", "quant_config=\"q.json\"", "mixed=MixedPrecisionOptions("});
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <torch/arg.h>
 
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,8 @@ struct GradientReducerOptions {
   /// search is needed and a parameter used twice is reduced once. Default: false.
   TORCH_ARG(bool, static_graph) = false;
 };
+
+std::ostream& operator<<(std::ostream& os, const GradientReducerOptions& o);
 
 /// Averages the gradients of `parameters` over the ranks of a ProcessGroup.
 ///

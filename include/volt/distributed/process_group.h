@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,8 @@ struct ProcessGroupOptions {
   /// loopback on one node, else the local address that routes to MASTER_ADDR.
   TORCH_ARG(std::string, interface) = "";
 };
+
+std::ostream& operator<<(std::ostream& os, const ProcessGroupOptions& o);
 
 /// One process's membership in a group of world_size processes.
 ///

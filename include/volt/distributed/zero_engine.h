@@ -9,6 +9,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <functional>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,6 +61,8 @@ struct ZeroEngineOptions {
   /// reduced in fp32. No effect on fp32 parameters. Default: true.
   TORCH_ARG(bool, master_weights) = true;
 };
+
+std::ostream& operator<<(std::ostream& os, const ZeroEngineOptions& o);
 
 /// Bytes one rank holds for the model, counted from the tensors' storages (each storage once).
 struct ZeroMemory {

@@ -7,6 +7,7 @@
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <utility>
@@ -23,6 +24,8 @@ struct Fp8ConvertOptions {
   /// as they are. A name that matches no Linear is a ConfigError. Default: none.
   TORCH_ARG(std::vector<std::string>, skip) = {};
 };
+
+std::ostream& operator<<(std::ostream& os, const Fp8ConvertOptions& o);
 
 /// What a conversion did: the layers now computing in fp8, and those left alone with the reason.
 struct Fp8ConversionReport {

@@ -5,6 +5,7 @@
 
 #include <torch/arg.h>
 
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,8 @@ struct Fp8PrecisionOptions {
   /// The autocast settings of everything that is not an fp8 layer. Default: bf16.
   TORCH_ARG(MixedPrecisionOptions, mixed) = MixedPrecisionOptions();
 };
+
+std::ostream& operator<<(std::ostream& os, const Fp8PrecisionOptions& o);
 
 /// Every forward runs in an Fp8Autocast region: converted Linear layers compute in fp8 (output
 /// bf16), other ops follow bf16 autocast (MixedPrecision with `mixed`, including its CPU policy
