@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <string>
 
+#include "adam_module.h"
 #include "models.h"
 
 namespace {
@@ -25,25 +26,8 @@ struct Data {
 };
 
 template <typename Net>
-class BenchModule : public volt::Module {
- public:
-  explicit BenchModule(std::shared_ptr<Net> net) : net_(register_module("net", net)) {}
-  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-    auto loss = torch::cross_entropy_loss(net_->forward(b.input), b.target);
-    log("train_loss", loss);
-    return loss;
-  }
-  std::vector<volt::OptimizerConfig> configure_optimizers() override {
-    return {std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(1e-3))};
-  }
-
- private:
-  std::shared_ptr<Net> net_;
-};
-
-template <typename Net>
 double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps, bool pin) {
-  BenchModule<Net> m(net);
+  volt_bench::AdamModule<Net> m(net);
   volt::Trainer t(volt::TrainerOptions()
                       .accelerator("cuda")
                       .max_steps(steps)

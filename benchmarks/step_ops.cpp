@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "adam_module.h"
 #include "models.h"
 
 namespace {
@@ -51,25 +52,10 @@ void on_end(const at::RecordFunction&, at::ObserverContext* ctx) {
   if (ctx != nullptr) --t_depth;
 }
 
-class Mlp : public volt::Module {
- public:
-  Mlp()
-      : net_(register_module(
-            "net", std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{256, 128}))) {}
-  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-    auto loss = torch::cross_entropy_loss(net_->forward(b.input), b.target);
-    log("train_loss", loss);
-    return loss;
-  }
-  std::vector<volt::OptimizerConfig> configure_optimizers() override {
-    return {std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(1e-3))};
-  }
-  std::shared_ptr<volt_examples::MlpNet> net_;
-};
-
 Counts count_fit(const torch::Tensor& x, const torch::Tensor& y, const std::string& acc,
                  int64_t steps) {
-  Mlp m;
+  volt_bench::AdamModule<volt_examples::MlpNet> m(
+      std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{256, 128}));
   volt::Trainer t(volt::TrainerOptions()
                       .accelerator(acc)
                       .max_steps(steps)

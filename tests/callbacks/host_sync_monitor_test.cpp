@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "callbacks/detail/op_placement.h"
+#include "log_capture.h"
 #include "processes.h"
 #include "tiny.h"
 
@@ -44,19 +45,6 @@ class Reader : public volt_test::TinyClassifier {
   int64_t nonzero_rows = 0, positive = 0;
 };
 
-std::vector<std::string> capture_logs(const std::function<void()>& body) {
-  std::vector<std::string> lines;
-  volt::set_log_sink([&](volt::LogLevel, const std::string& l) { lines.push_back(l); });
-  try {
-    body();
-  } catch (...) {
-    volt::set_log_sink(nullptr);
-    throw;
-  }
-  volt::set_log_sink(nullptr);
-  return lines;
-}
-
 int64_t count_of(const HostSyncMonitor& m, const std::string& op, const std::string& where) {
   for (const auto& r : m.rows()) {
     if (r.op == op && r.where == where) return r.count;
@@ -74,7 +62,7 @@ std::vector<std::string> fit(Reader& model, std::shared_ptr<HostSyncMonitor> mon
                             .log_every_n_steps(2)
                             .detect_nonfinite_loss(nonfinite_check)
                             .callbacks({monitor}));
-  return capture_logs([&] {
+  return volt_test::capture_logs([&] {
     trainer.fit(model, volt_test::loader(volt_test::blobs(80)),
                 volt_test::loader(volt_test::blobs(32), 16, false));
   });
@@ -158,7 +146,7 @@ TEST(HostSyncMonitor, TheEnvironmentVariableAddsOneToEveryTrainer) {
     std::vector<std::string> lines;
     try {
       volt::Trainer trainer(volt_test::quiet(dir.path).max_steps(3).detect_nonfinite_loss(false));
-      lines = capture_logs(
+      lines = volt_test::capture_logs(
           [&] { trainer.fit(model, volt_test::loader(volt_test::blobs(64)), c10::nullopt); });
     } catch (...) {
       ::unsetenv(HostSyncMonitor::kEnvVar);

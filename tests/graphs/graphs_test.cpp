@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "error_text.h"
-#include "volt/core/log.h"
+#include "log_capture.h"
 #include "volt/graphs/graph_cache.h"
 #include "volt/graphs/graph_options.h"
 
@@ -44,19 +44,6 @@ std::unique_ptr<StaticBuffers> capture(at::ArrayRef<at::Tensor> sample, int* cap
 
 GraphKey key_of(std::vector<int64_t> shape, bool training = true) {
   return GraphKey({torch::zeros(shape)}, training);
-}
-
-std::vector<std::string> logged(const std::function<void()>& body) {
-  std::vector<std::string> lines;
-  volt::set_log_sink([&](volt::LogLevel, const std::string& l) { lines.push_back(l); });
-  try {
-    body();
-  } catch (...) {
-    volt::set_log_sink(nullptr);
-    throw;
-  }
-  volt::set_log_sink(nullptr);
-  return lines;
 }
 
 }  // namespace
@@ -118,7 +105,7 @@ TEST(GraphCache, EvictsTheLeastRecentlyUsed) {
     const at::Tensor x = torch::zeros(shape);
     return &cache.get(GraphKey({x}, true), [&] { return capture({x}, &captures); });
   };
-  std::vector<std::string> lines = logged([&] {
+  std::vector<std::string> lines = volt_test::capture_logs([&] {
     get({1});
     get({2});
     get({1});  // hit: {1} is now the most recent, so {2} is the oldest
@@ -133,7 +120,7 @@ TEST(GraphCache, EvictsTheLeastRecentlyUsed) {
   EXPECT_NE(lines[0].find("raise max_graphs"), std::string::npos) << lines[0];
 
   // Later evictions are counted, not logged.
-  lines = logged([&] {
+  lines = volt_test::capture_logs([&] {
     get({2});  // evicts {1}
     get({1});  // evicts {3}
   });
@@ -157,7 +144,7 @@ TEST(GraphCache, EvictionAndClearReleaseTheGraphsMemory) {
   const at::Tensor buffer = first->inputs[0];  // one more reference to the graph's storage
   EXPECT_EQ(buffer.use_count(), 2);
   const at::Tensor b = torch::zeros({8});
-  logged([&] {
+  volt_test::capture_logs([&] {
     cache.get(GraphKey({b}, true),
               [&] { return std::make_unique<StaticBuffers>(std::vector<at::Tensor>{b}); });
   });
