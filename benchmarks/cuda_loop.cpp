@@ -15,6 +15,7 @@
 #include <string>
 
 #include "adam_module.h"
+#include "hand_loop.h"
 #include "models.h"
 
 namespace {
@@ -50,21 +51,15 @@ double run_hand(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t 
   net->to(cuda);
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-3));
   net->train();
-  const int64_t n = d.x.size(0), per_epoch = n / batch;
   torch::cuda::synchronize();
   const auto t0 = Clock::now();
-  int64_t done = 0;
-  for (int64_t epoch = 0; done < steps; ++epoch) {
-    auto perm = torch::randperm(n, torch::kLong);
-    for (int64_t b = 0; b < per_epoch && done < steps; ++b, ++done) {
-      auto idx = perm.slice(0, b * batch, (b + 1) * batch);
-      auto x = d.x.index_select(0, idx).to(cuda), y = d.y.index_select(0, idx).to(cuda);
-      opt.zero_grad();
-      auto loss = torch::cross_entropy_loss(net->forward(x), y);
-      loss.backward();
-      opt.step();
-    }
-  }
+  volt_bench::for_each_batch(d.x, d.y, batch, steps, cuda,
+                             [&](const torch::Tensor& x, const torch::Tensor& y) {
+                               opt.zero_grad();
+                               auto loss = torch::cross_entropy_loss(net->forward(x), y);
+                               loss.backward();
+                               opt.step();
+                             });
   torch::cuda::synchronize();
   return steps / std::chrono::duration<double>(Clock::now() - t0).count();
 }

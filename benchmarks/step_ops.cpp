@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "adam_module.h"
+#include "hand_loop.h"
 #include "models.h"
 
 namespace {
@@ -77,21 +78,16 @@ Counts count_hand(const torch::Tensor& x, const torch::Tensor& y, const torch::D
   auto net = std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{256, 128});
   net->to(dev);
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-3));
-  const int64_t batch = 128, per_epoch = x.size(0) / batch;
   Counts c;
   g_counts = &c;
-  int64_t done = 0;
-  while (done < steps) {
-    auto perm = torch::randperm(x.size(0), torch::kLong);
-    for (int64_t b = 0; b < per_epoch && done < steps; ++b, ++done) {
-      auto idx = perm.slice(0, b * batch, (b + 1) * batch);
-      auto xb = x.index_select(0, idx).to(dev), yb = y.index_select(0, idx).to(dev);
-      for (auto& p : net->parameters()) p.mutable_grad().reset();  // zero_grad(set_to_none)
-      auto loss = torch::cross_entropy_loss(net->forward(xb), yb);
-      loss.backward();
-      opt.step();
-    }
-  }
+  volt_bench::for_each_batch(x, y, 128, steps, dev,
+                             [&](const torch::Tensor& xb, const torch::Tensor& yb) {
+                               for (auto& p : net->parameters())
+                                 p.mutable_grad().reset();  // zero_grad(set_to_none)
+                               auto loss = torch::cross_entropy_loss(net->forward(xb), yb);
+                               loss.backward();
+                               opt.step();
+                             });
   g_counts = nullptr;
   return c;
 }

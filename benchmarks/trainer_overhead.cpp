@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <string>
 
+#include "hand_loop.h"
 #include "models.h"
 
 namespace {
@@ -61,20 +62,14 @@ template <typename Net>
 double run_hand(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps) {
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   net->train();
-  const int64_t n = d.x.size(0), per_epoch = n / batch;
   const auto t0 = Clock::now();
-  int64_t done = 0;
-  for (int64_t epoch = 0; done < steps; ++epoch) {
-    auto perm = torch::randperm(n, torch::kLong);
-    for (int64_t b = 0; b < per_epoch && done < steps; ++b, ++done) {
-      auto idx = perm.slice(0, b * batch, (b + 1) * batch);
-      auto x = d.x.index_select(0, idx), y = d.y.index_select(0, idx);
-      opt.zero_grad();
-      auto loss = torch::cross_entropy_loss(net->forward(x), y);
-      loss.backward();
-      opt.step();
-    }
-  }
+  volt_bench::for_each_batch(d.x, d.y, batch, steps, c10::nullopt,
+                             [&](const torch::Tensor& x, const torch::Tensor& y) {
+                               opt.zero_grad();
+                               auto loss = torch::cross_entropy_loss(net->forward(x), y);
+                               loss.backward();
+                               opt.step();
+                             });
   return steps / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
