@@ -17,8 +17,11 @@
 #include "adam_module.h"
 #include "hand_loop.h"
 #include "models.h"
+#include "timing.h"
 
 namespace {
+
+using volt_bench::median;
 
 using Clock = std::chrono::steady_clock;
 
@@ -62,11 +65,6 @@ double run_hand(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t 
                              });
   torch::cuda::synchronize();
   return steps / std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace

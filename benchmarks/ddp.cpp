@@ -40,18 +40,16 @@
 #include <volt/strategies/deepspeed.h>
 #include <volt/volt.h>
 
+#include "timing.h"
+
 namespace {
+
+using volt_bench::median;
 
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 struct Mlp : torch::nn::Module {

@@ -17,7 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "timing.h"
+
 namespace {
+
+using volt_bench::median;
 
 using Clock = std::chrono::steady_clock;
 
@@ -76,11 +80,6 @@ double micros(const std::function<void()>& f) {
   const auto t0 = Clock::now();
   f();
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {

@@ -20,7 +20,11 @@
 #include <string>
 #include <vector>
 
+#include "timing.h"
+
 namespace {
+
+using volt_bench::median;
 
 using Clock = std::chrono::steady_clock;
 
@@ -76,11 +80,6 @@ double ms_per_step(const std::function<void()>& step, int steps) {
   for (int i = 0; i < steps; ++i) step();
   torch::cuda::synchronize();
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

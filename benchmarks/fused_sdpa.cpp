@@ -19,7 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "timing.h"
+
 namespace {
+
+using volt_bench::median;
 
 struct Config {
   int threads = 1;
@@ -116,11 +120,6 @@ double peak_mib(const Config& c, int64_t seq, Impl impl) {
   if (std::fscanf(pipe, "%lf", &mib) != 1) mib = -1;
   pclose(pipe);
   return mib;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

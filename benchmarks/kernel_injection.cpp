@@ -21,21 +21,14 @@
 #include <string>
 #include <vector>
 
+#include "timing.h"
 #include "volt/kernels/fused_bias_activation.h"
 #include "volt/nn/kernel_injection.h"
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double time_ms(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
+using volt_bench::median;
+using volt_bench::time_ms;
 
 void row(const std::string& what, int reps, const std::function<void()>& reference,
          const std::function<void()>& fused) {

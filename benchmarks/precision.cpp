@@ -20,8 +20,11 @@
 #include <vector>
 
 #include "models.h"
+#include "timing.h"
 
 namespace {
+
+using volt_bench::median;
 
 using Clock = std::chrono::steady_clock;
 
@@ -29,11 +32,6 @@ double millis(const std::function<void()>& f) {
   const auto t0 = Clock::now();
   f();
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Runs every variant once per repetition (after one warm-up round); returns medians in ms.

@@ -24,15 +24,13 @@
 #include <vector>
 
 #include "models.h"
+#include "timing.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using volt_bench::median;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using Clock = std::chrono::steady_clock;
 
 /// Wall time per training step from the 3rd step to the end of training.
 class StepTimer : public volt::Callback {

@@ -14,8 +14,11 @@
 
 #include "hand_loop.h"
 #include "models.h"
+#include "timing.h"
 
 namespace {
+
+using volt_bench::median;
 
 using Clock = std::chrono::steady_clock;
 
@@ -85,11 +88,6 @@ double run_python(const std::string& python, const std::string& model, int64_t b
   while (fgets(line, sizeof line, p)) std::sscanf(line, "steps_per_s %lf", &v);
   pclose(p);
   return v;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace
