@@ -4,8 +4,6 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 
-#include <filesystem>
-
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -19,12 +17,6 @@
 
 namespace volt {
 namespace {
-
-// A checkpoint is a file, or a folder of per-rank shards (DeepSpeedStrategy with ZeRO).
-void remove_checkpoint_file(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-}
 
 /// One "{name}" or "{name:spec}" field of a filename template and the literal text before it.
 struct Field {
@@ -223,7 +215,7 @@ void ModelCheckpoint::save(RunContext& run) {
       // No monitor: keep the latest checkpoint (k == 1) or all of them (k == -1).
       run.save_checkpoint(path);
       if (k == 1 && !latest_path_.empty() && latest_path_ != path) {
-        if (run.is_global_zero()) remove_checkpoint_file(latest_path_);
+        run.remove_checkpoint(latest_path_);
         best_k_models_.erase(latest_path_);
       }
       latest_path_ = path;
@@ -244,10 +236,10 @@ void ModelCheckpoint::save(RunContext& run) {
       // monitored metric with sync_dist so that the ranks agree on its value).
       if (run.reduce_boolean_decision(room || better(s, best_k_models_[worst]), /*all=*/true)) {
         run.save_checkpoint(path);
-        // Delete the evicted file only after its replacement is safely on disk (rank 0 owns
-        // the files).
+        // Delete the evicted file only after its replacement is safely on disk: the strategy's
+        // CheckpointIO orders the removal after the save (rank 0 owns the files).
         if (!room && worst != path) {
-          if (run.is_global_zero()) remove_checkpoint_file(worst);
+          run.remove_checkpoint(worst);
           best_k_models_.erase(worst);
         }
         best_k_models_[path] = s;

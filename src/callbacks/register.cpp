@@ -5,6 +5,7 @@
 #include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
+#include "volt/callbacks/model_summary.h"
 #include "volt/callbacks/throughput_monitor.h"
 #include "volt/callbacks/timer.h"
 #include "volt/core/registry.h"
@@ -112,6 +113,18 @@ void register_callbacks(Registry& r) {
         o.interval(a.get<std::string>("interval") == "epoch" ? Interval::kEpoch : Interval::kStep)
             .verbose(a.get<bool>("verbose"));
         return std::make_shared<Timer>(o);
+      });
+
+  const ModelSummaryOptions ms;
+  r.callbacks.add(
+      "ModelSummary",
+      "logs the model's submodules, parameter counts and size when fit starts (the Trainer "
+      "adds one unless trainer.enable_model_summary=false)",
+      Params().add("max_depth", ms.max_depth(),
+                   "submodule depth shown; -1 = every submodule, 0 = no summary"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        return std::make_shared<ModelSummary>(
+            ModelSummaryOptions().max_depth(a.get<int64_t>("max_depth")));
       });
 
   const DeviceStatsMonitorOptions ds;

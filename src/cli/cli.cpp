@@ -228,7 +228,9 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
   os << "    --trainer.callbacks  list  [[]]  callbacks: {class_path, init_args} items (below)\n"
      << "    --trainer.loggers    list  [[]]  loggers: {class_path, init_args} items (below)\n"
      << "    --trainer.profiler   component|null  [null]  a profiler (below), e.g. "
-        "--trainer.profiler=SimpleProfiler\n";
+        "--trainer.profiler=SimpleProfiler\n"
+     << "    --trainer.checkpoint_io  component|null  [null]  how checkpoints are written "
+        "(below; null = the strategy's), e.g. --trainer.checkpoint_io=AsyncCheckpointIO\n";
   print_registry(os, "models (--model=NAME, init args --model.KEY=VALUE):", "model.", reg.models);
   print_registry(os, "data modules (--data=NAME, init args --data.KEY=VALUE):", "data.",
                  reg.data_modules);
@@ -238,6 +240,8 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
                  "loggers (trainer.loggers items; --trainer.loggers+=NAME):", "trainer.loggers.N.",
                  reg.loggers);
   print_registry(os, "profilers (--trainer.profiler=NAME):", "trainer.profiler.", reg.profilers);
+  print_registry(os, "checkpoint IO (--trainer.checkpoint_io=NAME):", "trainer.checkpoint_io.",
+                 reg.checkpoint_ios);
   print_registry(os,
                  "strategies with parameters (trainer.strategy: {class_path: NAME, init_args: "
                  "{...}}; --trainer.strategy.init_args.KEY=VALUE):",
@@ -428,6 +432,10 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
     callbacks.push_back(reg.callbacks.at(c.class_path).make(c.args));
   if (rc.profiler) {
     opts.profiler(reg.profilers.at(rc.profiler->class_path).make(rc.profiler->args));
+  }
+  if (rc.checkpoint_io) {
+    opts.checkpoint_io(
+        reg.checkpoint_ios.at(rc.checkpoint_io->class_path).make(rc.checkpoint_io->args));
   }
   if (rc.strategy) {
     // Built by the Trainer (it needs the resolved accelerator and precision), with these args.

@@ -5,11 +5,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <exception>
 
+#include "core/detail/atomic_file_writer.h"
 #include "detail/checkpoint_envelope.h"
 #include "volt/core/check.h"
 
@@ -28,8 +29,7 @@ uint64_t get_le(const char* p, int bytes) {
   return v;
 }
 
-uint32_t crc_of(const char* data, size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+uLong crc_update(uLong crc, const char* data, size_t n) {
   // zlib's crc32 takes a uInt length: feed large payloads in chunks.
   while (n > 0) {
     const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
@@ -37,33 +37,107 @@ uint32_t crc_of(const char* data, size_t n) {
     data += chunk;
     n -= chunk;
   }
-  return static_cast<uint32_t>(crc);
+  return crc;
 }
+
+uint32_t crc_of(const char* data, size_t n) {
+  return static_cast<uint32_t>(crc_update(crc32(0L, Z_NULL, 0), data, n));
+}
+
+// The header's first 12 bytes (magic, format version) and zeros where the payload size and CRC
+// go (sealed_fields, at offset 12, once the payload is known).
+std::string unsealed_header() {
+  std::string h(kMagic, sizeof(kMagic));
+  put_le(h, TorchCheckpointIO::kFormatVersion, 4);
+  put_le(h, 0, 8);
+  put_le(h, 0, 4);
+  return h;
+}
+
+std::string sealed_fields(uint64_t payload_size, uint32_t crc) {
+  std::string fields;
+  put_le(fields, payload_size, 8);
+  put_le(fields, crc, 4);
+  return fields;
+}
+
+constexpr uint64_t kSealedFieldsOffset = 12;
 
 }  // namespace
 
 void CheckpointIO::remove(const std::string& path) { ::unlink(path.c_str()); }
 
+void detail::serialize_checkpoint(torch::serialize::OutputArchive& archive, std::string& file) {
+  // clear + append, never (move-)assignment, which would replace file's memory by the header's.
+  file.clear();
+  file.append(unsealed_header());
+  archive.save_to([&file](const void* data, size_t n) {
+    file.append(static_cast<const char*>(data), n);
+    return n;
+  });
+}
+
+void detail::seal_checkpoint(std::string& file) {
+  const size_t size = file.size() - kHeaderSize;
+  const std::string fields = sealed_fields(size, crc_of(file.data() + kHeaderSize, size));
+  file.replace(kSealedFieldsOffset, fields.size(), fields);
+}
 
 void TorchCheckpointIO::save(torch::serialize::OutputArchive& archive, const std::string& path) {
-  std::ostringstream payload_stream;
-  archive.save_to(payload_stream);
-  const std::string payload = payload_stream.str();
-  std::string file;
-  file.reserve(kHeaderSize + payload.size());
-  file.append(kMagic, sizeof(kMagic));
-  put_le(file, kFormatVersion, 4);
-  put_le(file, payload.size(), 8);
-  put_le(file, crc_of(payload.data(), payload.size()), 4);
-  file.append(payload);
-  atomic_write_file(path, file);
+  // Streamed: libtorch's serializer writes straight into the temporary file and the CRC is
+  // computed on the way, so a save needs no buffer of the checkpoint's size (nor its page
+  // faults); the same bytes as serialize_checkpoint + seal_checkpoint.
+  detail::AtomicFileWriter out(path);
+  const std::string header = unsealed_header();
+  out.write(header.data(), header.size());
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::exception_ptr failure;
+  const auto sink = [&](const void* data, size_t n) -> size_t {
+    // A failed write is remembered and the rest of the archive is dropped, but libtorch is told
+    // every byte was taken: no exception may cross its zip writer (C code), and libtorch 1.13
+    // aborts the process when a short write makes its writer's destructor throw.
+    if (failure) return n;
+    try {
+      out.write(data, n);
+    } catch (...) {
+      failure = std::current_exception();
+      return n;
+    }
+    crc = crc_update(crc, static_cast<const char*>(data), n);
+    return n;
+  };
+  archive.save_to(sink);
+  // The temporary file is removed (out's destructor) and the previous file stays.
+  if (failure) std::rethrow_exception(failure);
+  const std::string fields = sealed_fields(out.size() - kHeaderSize, static_cast<uint32_t>(crc));
+  out.overwrite(fields.data(), fields.size(), kSealedFieldsOffset);
+  out.commit();
 }
 
 torch::serialize::InputArchive TorchCheckpointIO::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  VOLT_CHECK(in.good(), CheckpointError, "[CheckpointIO] cannot open checkpoint '", path,
-             "' (", std::strerror(errno), "); check the path (ckpt_path).");
-  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  VOLT_CHECK(fd >= 0, CheckpointError, "[CheckpointIO] cannot open checkpoint '", path, "' (",
+             std::strerror(errno), "); check the path (ckpt_path).");
+  // The whole file in one buffer of its size (read straight into it, no stream copies).
+  std::string file;
+  struct stat st;
+  int err = ::fstat(fd, &st) == 0 ? 0 : errno;
+  if (err == 0 && S_ISDIR(st.st_mode)) err = EISDIR;
+  if (err == 0) {
+    file.resize(static_cast<size_t>(st.st_size));
+    size_t done = 0;
+    while (done < file.size()) {
+      const ssize_t n = ::read(fd, &file[done], file.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) err = errno;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    file.resize(done);  // a file that shrank while read: the size check below reports it
+  }
+  ::close(fd);
+  VOLT_CHECK(err == 0, CheckpointError, "[CheckpointIO] cannot read checkpoint '", path, "' (",
+             std::strerror(err), "); check the path (ckpt_path).");
   return detail::parse_checkpoint(file, path);
 }
 
@@ -86,10 +160,9 @@ torch::serialize::InputArchive detail::parse_checkpoint(const std::string& file,
   VOLT_CHECK(actual == crc, CheckpointError, "[CheckpointIO] '", path,
              "' is corrupted: CRC-32 mismatch (stored ", crc, ", computed ", actual,
              "); use an intact checkpoint (e.g. an older one).");
-  std::istringstream payload(file.substr(kHeaderSize));
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(payload);
+    archive.load_from(file.data() + kHeaderSize, size);
   } catch (const c10::Error& e) {
     VOLT_CHECK(false, CheckpointError, "[CheckpointIO] '", path,
                "' passed its CRC but libtorch cannot read it (", e.what_without_backtrace(),

@@ -291,8 +291,22 @@ void DdpStrategy::set_rng_states(const std::map<std::string, at::Tensor>& states
 
 void DdpStrategy::save_checkpoint(torch::serialize::OutputArchive& archive,
                                   const std::string& path) {
-  Strategy::save_checkpoint(archive, path);  // rank 0 writes
-  barrier("save_checkpoint");                // nobody reads or replaces it before it exists
+  // Rank 0 writes, or queues the write (AsyncCheckpointIO; flush_checkpoints waits for it).
+  Strategy::save_checkpoint(archive, path);
+  barrier("save_checkpoint");
+}
+
+void DdpStrategy::flush_checkpoints() {
+  // Rank 0 reports a failed write only after the barrier, so the others never wait for a rank
+  // that left.
+  std::exception_ptr failure;
+  try {
+    Strategy::flush_checkpoints();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  barrier("checkpoints_on_disk");
+  if (failure) std::rethrow_exception(failure);
 }
 
 std::ostream& operator<<(std::ostream& os, const DdpStrategyOptions& o) {

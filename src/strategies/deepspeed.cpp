@@ -1108,6 +1108,9 @@ void DeepSpeedStrategy::save_checkpoint(OutputArchive& archive, const std::strin
   }
   barrier("zero_save_staged");
   checkpoint_io_->save(archive, shard_file(staging, rank(), world));
+  // The folder is swapped in below only once every shard is on disk: a CheckpointIO that
+  // writes in the background (AsyncCheckpointIO) finishes here.
+  checkpoint_io_->flush();
   barrier("zero_save_written");
   if (is_global_zero()) {
     std::ostringstream meta;
@@ -1159,6 +1162,7 @@ void DeepSpeedStrategy::remove_checkpoint(const std::string& path) {
     return;
   }
   if (is_global_zero()) {
+    checkpoint_io_->flush();  // after every save issued before it, as CheckpointIO::remove
     std::error_code ec;
     fs::remove_all(path, ec);
   }

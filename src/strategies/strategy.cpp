@@ -28,6 +28,12 @@ void Strategy::setup_module(Module& module) {
 
 void Strategy::teardown() { precision_->teardown(); }
 
+void Strategy::set_checkpoint_io(std::shared_ptr<CheckpointIO> checkpoint_io) {
+  VOLT_CHECK(checkpoint_io != nullptr, ConfigError,
+             "[Strategy] checkpoint_io is null; pass a CheckpointIO (e.g. TorchCheckpointIO).");
+  checkpoint_io_ = std::move(checkpoint_io);
+}
+
 Batch Strategy::batch_to_device(const Batch& batch) const {
   const auto dev = root_device();
   if (batch.input.defined() && batch.input.device() == dev) {
@@ -139,6 +145,10 @@ torch::serialize::InputArchive Strategy::load_checkpoint(const std::string& path
 
 void Strategy::remove_checkpoint(const std::string& path) {
   if (is_global_zero()) checkpoint_io_->remove(path);
+}
+
+void Strategy::flush_checkpoints() {
+  checkpoint_io_->flush();
 }
 
 }  // namespace volt

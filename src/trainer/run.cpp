@@ -76,6 +76,10 @@ void Run::save_checkpoint(const std::string& path) {
   strategy().save_checkpoint(root, path);
 }
 
+void Run::remove_checkpoint(const std::string& path) {
+  strategy().remove_checkpoint(path);
+}
+
 std::string Run::log_dir() const {
   if (!shared_log_dir_.empty()) return shared_log_dir_;
   return loggers_.empty() ? opts.default_root_dir() : loggers_.front()->log_dir();

@@ -10,6 +10,7 @@
 #include "trainer/detail/run.h"
 #include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
+#include "volt/callbacks/model_summary.h"
 #include "volt/callbacks/progress_bar.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -41,9 +42,18 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
   try {
     setup_run(m, stage);
     body();
+    // Checkpoints written in the background (AsyncCheckpointIO) are on disk before the run
+    // counts as finished; a failed write fails the run.
+    strategy().flush_checkpoints();
     st.status = RunStatus::kFinished;
   } catch (const std::exception& e) {
     st.status = RunStatus::kFailed;
+    // Pending checkpoint writes still finish (a restart resumes from them); their failures
+    // were logged when they happened.
+    try {
+      strategy().checkpoint_io().flush();
+    } catch (...) {
+    }
     // The run ends cleanly: callbacks and loggers are told, files are flushed, then the error
     // propagates. Checkpoints are never touched here: the last one on disk stays valid.
     for (auto& c : callbacks) {
@@ -100,6 +110,7 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
   }
   s.plan = resolve_plan(s.opts.accelerator(), s.opts.devices(), s.opts.strategy(),
                         s.opts.precision(), s.opts.num_nodes());
+  if (s.opts.checkpoint_io()) s.plan.strategy->set_checkpoint_io(s.opts.checkpoint_io());
   s.callbacks = s.opts.callbacks();
   s.prof = s.opts.profiler().get();
   s.loggers_ = s.opts.loggers();
@@ -115,11 +126,12 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
     });
     if (!has) s.callbacks.insert(s.callbacks.begin(), monitor);
   }
-  bool has_ckpt = false, has_bar = false;
+  bool has_ckpt = false, has_bar = false, has_summary = false;
   std::set<std::string> keys;
   for (auto& c : s.callbacks) {
     has_ckpt = has_ckpt || dynamic_cast<ModelCheckpoint*>(c.get()) != nullptr;
     has_bar = has_bar || dynamic_cast<ProgressBar*>(c.get()) != nullptr;
+    has_summary = has_summary || dynamic_cast<ModelSummary*>(c.get()) != nullptr;
     VOLT_CHECK(keys.insert(c->state_key()).second, ConfigError,
                "[Trainer] two callbacks share "
                "state_key \"",
@@ -133,6 +145,9 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
                       s.callbacks.end());
   } else if (!has_ckpt && s.opts.enable_checkpointing()) {
     s.callbacks.push_back(std::make_shared<ModelCheckpoint>());
+  }
+  if (!has_summary && s.opts.enable_model_summary()) {
+    s.callbacks.push_back(std::make_shared<ModelSummary>());
   }
   if (!has_bar && s.opts.enable_progress_bar()) {
     s.callbacks.push_back(std::make_shared<ProgressBar>(s.opts.progress_refresh_s()));
@@ -241,6 +256,7 @@ std::vector<at::Tensor> Trainer::predict(Module& module, DataModule& data,
 
 void Trainer::save_checkpoint(const std::string& path) {
   impl_->save_checkpoint(path);
+  impl_->strategy().checkpoint_io().flush();  // on disk when it returns, even when asynchronous
 }
 const LoopState& Trainer::state() const {
   return impl_->st;

@@ -81,14 +81,16 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << (o.gradient_clip_algorithm() == ClipAlgorithm::kNorm ? "norm" : "value")
      << ", log_every_n_steps=" << o.log_every_n_steps()
      << ", enable_progress_bar=" << o.enable_progress_bar()
-     << ", enable_checkpointing=" << o.enable_checkpointing() << ", logger=" << o.logger()
+     << ", enable_checkpointing=" << o.enable_checkpointing()
+     << ", enable_model_summary=" << o.enable_model_summary() << ", logger=" << o.logger()
      << ", default_root_dir=" << detail::quoted(o.default_root_dir())
      << ", use_distributed_sampler=" << o.use_distributed_sampler()
      << ", deterministic=" << o.deterministic() << ", seed=" << optional_text(o.seed())
      << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
      << ", num_threads=" << o.num_threads() << ", progress_refresh_s=" << o.progress_refresh_s()
      << ", callbacks=" << o.callbacks().size() << ", loggers=" << o.loggers().size()
-     << ", profiler=" << (o.profiler() ? "set" : "none") << ")";
+     << ", profiler=" << (o.profiler() ? "set" : "none")
+     << ", checkpoint_io=" << (o.checkpoint_io() ? "set" : "strategy's") << ")";
   return os;
 }
 

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "cli/detail/resolve.h"
+#include "log_capture.h"
 #include "requires.h"
 #include "tiny.h"
 
@@ -115,6 +116,15 @@ std::vector<std::string> base(const volt_test::TempDir& dir) {
           "--trainer.enable_progress_bar=false", "--seed_everything=3"};
 }
 
+/// Fits again from a run's saved config.yaml and checkpoints/last.ckpt, to epoch 3.
+Result resume_to_epoch_3(const volt_test::TempDir& dir, const std::string& run_dir) {
+  auto args = base(dir);
+  args.insert(args.begin(), {"fit", "--config", run_dir + "/config.yaml"});
+  args.push_back("--trainer.max_epochs=3");
+  args.push_back("--ckpt_path=" + run_dir + "/checkpoints/last.ckpt");
+  return run(args);
+}
+
 TEST(Cli, FitFromYamlWithOverridesSavesTheResolvedConfig) {
   volt_test::TempDir dir;
   write(dir / "run.yaml",
@@ -165,11 +175,7 @@ TEST(Cli, FitFromYamlWithOverridesSavesTheResolvedConfig) {
 
   // Resume from last.ckpt for one more epoch: same version folder; the changed config is kept
   // beside the first one.
-  args = base(dir);
-  args.insert(args.begin(), {"fit", "--config", run_dir + "/config.yaml"});
-  args.push_back("--trainer.max_epochs=3");
-  args.push_back("--ckpt_path=" + run_dir + "/checkpoints/last.ckpt");
-  auto resumed = run(args);
+  auto resumed = resume_to_epoch_3(dir, run_dir);
   ASSERT_EQ(resumed.code, 0) << resumed.err;
   EXPECT_NE(resumed.out.find("(24 steps)"), std::string::npos) << resumed.out;
   EXPECT_EQ(slurp(run_dir + "/config.yaml"), saved);
@@ -300,6 +306,71 @@ TEST(Cli, AnEmptyOverrideEmptiesAStringSetInAConfigFile) {
                      "(to remove it, write --trainer.profiler=null)");
   EXPECT_NE(run({"fit", "--help"}).out.find("An empty value is the empty string"),
             std::string::npos);
+}
+
+TEST(Cli, CheckpointIOFromTheCommandLine) {
+  volt_test::TempDir dir;
+  auto args = base(dir);
+  args.insert(args.begin(), "fit");
+  args.push_back("--trainer.max_epochs=2");
+  args.push_back("--trainer.callbacks+=ModelCheckpoint");
+  args.push_back("--trainer.callbacks.0.save_last=true");
+  args.push_back("--trainer.checkpoint_io=AsyncCheckpointIO");
+  args.push_back("--trainer.checkpoint_io.max_pending=2");
+  auto r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string run_dir = dir.path + "/volt_logs/version_0";
+  EXPECT_TRUE(fs::exists(run_dir + "/checkpoints/last.ckpt"));
+  const std::string saved = slurp(run_dir + "/config.yaml");
+  EXPECT_NE(saved.find("  checkpoint_io:\n    class_path: AsyncCheckpointIO\n    init_args:\n"
+                       "      max_pending: 2\n"),
+            std::string::npos)
+      << saved;
+  // The file written in the background resumes like any other.
+  auto resumed = resume_to_epoch_3(dir, run_dir);
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("(24 steps)"), std::string::npos) << resumed.out;
+  // Without it the config says null (the strategy's own TorchCheckpointIO).
+  auto plain = run({"print-config", "--model=Tiny", "--data=Blobs"});
+  EXPECT_NE(plain.out.find("  checkpoint_io: null\n"), std::string::npos) << plain.out;
+  EXPECT_NE(run({"fit", "--help"}).out.find("AsyncCheckpointIO"), std::string::npos);
+  // Bad input: exit code 2 and one line.
+  expect_usage_error(
+      {"print-config", "--model=Tiny", "--data=Blobs", "--trainer.checkpoint_io=AsyncCheckpointI0"},
+      "did you mean \"AsyncCheckpointIO\"");
+  expect_usage_error(
+      {"fit", "--model=Tiny", "--data=Blobs", "--trainer.default_root_dir=" + dir.path,
+       "--trainer.checkpoint_io=AsyncCheckpointIO", "--trainer.checkpoint_io.max_pending=0"},
+      "[AsyncCheckpointIO] max_pending=0 must be >= 1");
+}
+
+TEST(Cli, AModelSummaryIsLoggedByDefaultAndConfigurable) {
+  volt_test::TempDir dir;
+  // The [ModelSummary] lines a fit logs (volt's log, not the command's own output).
+  auto tables = [&](const std::vector<std::string>& extra) {
+    auto args = base(dir);
+    args.insert(args.begin(), "fit");
+    args.push_back("--trainer.max_epochs=1");
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<std::string> found;
+    for (const auto& l : volt_test::capture_logs([&] {
+           auto r = run(args);
+           EXPECT_EQ(r.code, 0) << r.err;
+         })) {
+      if (l.find("[ModelSummary]") != std::string::npos) found.push_back(l);
+    }
+    return found;
+  };
+  auto shown = tables({});
+  ASSERT_EQ(shown.size(), 1u);
+  EXPECT_NE(shown[0].find("\n0 | fc1  | Linear  | 144    | train\n"), std::string::npos)
+      << shown[0];
+  EXPECT_TRUE(tables({"--trainer.enable_model_summary=false"}).empty());
+  shown = tables({"--trainer.callbacks+=ModelSummary", "--trainer.callbacks.0.max_depth=-1"});
+  ASSERT_EQ(shown.size(), 1u);
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=ModelSummary",
+                      "--trainer.callbacks.0.max_depth=-2"},
+                     "[ModelSummary] max_depth=-2 is invalid");
 }
 
 TEST(Cli, AnAliasBombIsRefusedWithOneLine) {

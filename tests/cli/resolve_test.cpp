@@ -93,8 +93,9 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       "  limit_predict_batches: 0.25\n  val_check_interval: 20\n  check_val_every_n_epoch: 3\n"
       "  num_sanity_val_steps: 0\n  fast_dev_run: 2\n  accumulate_grad_batches: 4\n"
       "  gradient_clip_val: 1.5\n  gradient_clip_algorithm: value\n  log_every_n_steps: 5\n"
-      "  enable_progress_bar: false\n  enable_checkpointing: false\n  logger: false\n"
-      "  default_root_dir: /tmp/x\n  deterministic: true\n  detect_nonfinite_loss: false\n"
+      "  enable_progress_bar: false\n  enable_checkpointing: false\n"
+      "  enable_model_summary: false\n  logger: false\n  default_root_dir: /tmp/x\n"
+      "  deterministic: true\n  detect_nonfinite_loss: false\n"
       "  num_threads: 2\n  progress_refresh_s: 2.0\n",
       r);
   // Every declared field was set above to a non-default value.
@@ -125,6 +126,7 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       .log_every_n_steps(5)
       .enable_progress_bar(false)
       .enable_checkpointing(false)
+      .enable_model_summary(false)
       .logger(false)
       .default_root_dir("/tmp/x")
       .deterministic(true)

@@ -47,6 +47,20 @@ TEST(OptionsPrinting, StrategiesPrintEveryField) {
                       "replace_method=\"auto\")"});
 }
 
+TEST(OptionsPrinting, LogOptionsPrintEveryField) {
+  EXPECT_EQ(text(volt::LogOptions()),
+            "LogOptions(prog_bar=0, on_step=none, on_epoch=none, reduce=mean, logger=1, "
+            "sync_dist=0)");
+  EXPECT_EQ(text(volt::LogOptions()
+                     .prog_bar(true)
+                     .on_step(false)
+                     .on_epoch(true)
+                     .reduce(volt::Reduce::kMax)
+                     .logger(false)
+                     .sync_dist(true)),
+            "LogOptions(prog_bar=1, on_step=0, on_epoch=1, reduce=max, logger=0, sync_dist=1)");
+}
+
 TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {
   expect_has_all(text(volt::EarlyStoppingOptions("val_loss").stopping_threshold(0.1)),
                  {"EarlyStoppingOptions(monitor=\"val_loss\"", "min_delta=0", "patience=3",

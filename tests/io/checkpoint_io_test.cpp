@@ -1,6 +1,7 @@
-#include <gtest/gtest.h>
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -45,6 +46,73 @@ TEST(CheckpointIO, RoundTripAndNoTempFilesLeft) {
   EXPECT_EQ(files, 1);  // only a.ckpt: the temporary was renamed
 }
 
+TEST(CheckpointIO, AStreamedSaveIsTheEnvelopeOfLibtorchsArchive) {
+  // TorchCheckpointIO streams the archive into the file; its bytes are the documented envelope
+  // (magic, version, payload size, CRC-32 of the payload) around what libtorch's own save_to
+  // writes, and they do not depend on how big the pieces are.
+  volt_test::TempDir dir;
+  torch::serialize::OutputArchive ar;
+  ar.write("big", torch::randn({3 << 20}));  // above the 1 MiB gathering threshold
+  for (int i = 0; i < 50; ++i) ar.write("small" + std::to_string(i), torch::randn({i + 1}));
+  volt::TorchCheckpointIO().save(ar, dir / "a.ckpt");
+  std::string payload;
+  ar.save_to([&](const void* d, size_t n) {
+    payload.append(static_cast<const char*>(d), n);
+    return n;
+  });
+  const std::string file = read_file(dir / "a.ckpt");
+  ASSERT_EQ(file.size(), 24 + payload.size());
+  EXPECT_EQ(file.substr(0, 8), "VOLTCKPT");
+  EXPECT_TRUE(file.compare(24, std::string::npos, payload) == 0);
+  uint64_t size = 0;
+  uint32_t crc = 0;
+  for (int b = 0; b < 8; ++b) size |= uint64_t(static_cast<unsigned char>(file[12 + b])) << (8 * b);
+  for (int b = 0; b < 4; ++b) crc |= uint32_t(static_cast<unsigned char>(file[20 + b])) << (8 * b);
+  EXPECT_EQ(size, payload.size());
+  EXPECT_EQ(crc, crc32(0, reinterpret_cast<const Bytef*>(payload.data()),
+                       static_cast<uInt>(payload.size())));
+}
+
+TEST(CheckpointIO, ASaveThatFailsMidStreamKeepsThePreviousFile) {
+  // The file-size limit makes the disk "full" after 1 MiB: the streamed write fails part way
+  // through libtorch's serializer. The error says why, the previous checkpoint is intact and
+  // no temporary file is left.
+  volt_test::TempDir dir;
+  torch::serialize::OutputArchive old_ar;
+  old_ar.write("w", torch::ones({1000}));
+  volt::TorchCheckpointIO io;
+  io.save(old_ar, dir / "a.ckpt");
+  torch::serialize::OutputArchive big;
+  big.write("w", torch::randn({4 << 20}));  // 16 MiB
+  struct rlimit saved;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of a signal
+  struct rlimit small = saved;
+  small.rlim_cur = 1 << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string what;
+  try {
+    io.save(big, dir / "a.ckpt");
+  } catch (const volt::CheckpointError& e) {
+    what = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(what.find("[CheckpointIO] writing '"), std::string::npos) << what;
+  EXPECT_NE(what.find("File too large"), std::string::npos) << what;
+  EXPECT_NE(what.find("The previous '" + dir / "a.ckpt" + "' is untouched"), std::string::npos)
+      << what;
+  auto in = io.load(dir / "a.ckpt");
+  torch::Tensor w;
+  in.read("w", w);
+  EXPECT_TRUE(w.equal(torch::ones({1000})));
+  int entries = 0;
+  DIR* d = ::opendir(dir.path.c_str());
+  while (dirent* e = ::readdir(d)) entries += e->d_name[0] != '.';
+  ::closedir(d);
+  EXPECT_EQ(entries, 1);  // a.ckpt only
+}
+
 TEST(CheckpointIO, DetectsTruncationCorruptionAndForeignFiles) {
   volt_test::TempDir dir;
   torch::serialize::OutputArchive ar;
@@ -64,6 +132,9 @@ TEST(CheckpointIO, DetectsTruncationCorruptionAndForeignFiles) {
   EXPECT_NE(error_of(dir / "foreign.ckpt").find("not a volt checkpoint"), std::string::npos);
 
   EXPECT_NE(error_of(dir / "missing.ckpt").find("cannot open"), std::string::npos);
+  EXPECT_NE(error_of(dir.path).find("cannot read checkpoint '" + dir.path + "' (Is a directory)"),
+            std::string::npos)
+      << error_of(dir.path);
 }
 
 /// `payload` in a correct envelope (magic, format version, size, CRC-32): only libtorch can

@@ -298,6 +298,20 @@ TEST(Ddp, ATwoRankRunKilledMidEpochResumesBitIdentically) {
     EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))
         << "rank " << r;
   }
+  // The same with checkpoints written in the background (AsyncCheckpointIO): what rank 0 had
+  // queued when the job failed is on disk (or the file before it is), and resumes exactly.
+  killed = run_plain(with({"--root", dir / "c", "--out", dir / "c/w", "--die-rank", "1",
+                           "--die-batch", "5", "--timeout", "20", "--async-ckpt", "1"}),
+                     60s);
+  ASSERT_EQ(killed.code, 1) << killed.output;
+  resumed = run_plain(with({"--root", dir / "c", "--out", dir / "c/w", "--resume",
+                            dir / "c/every_batch.ckpt", "--async-ckpt", "1"}));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("c/w" + suffix))))
+        << "rank " << r << " (async checkpoints)";
+  }
 }
 
 TEST(Ddp, AMidAccumulationCheckpointOfTwoRanksResumesInOneProcess) {

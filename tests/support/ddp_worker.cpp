@@ -5,7 +5,8 @@
 //
 //   volt_ddp_worker --root DIR --out PREFIX --devices N [--nodes M] [--batch B] [--epochs E]
 //       [--accum K] [--bucket-view 0|1] [--dropout 0|1] [--tied 0|1] [--ckpt-every-step 0|1]
-//       [--ckpt-every-batch 0|1] [--resume CKPT] [--die-rank R (--die-step S | --die-batch B)]
+//       [--ckpt-every-batch 0|1] [--async-ckpt 0|1 (AsyncCheckpointIO)] [--resume CKPT] [--die-rank
+//       R (--die-step S | --die-batch B)]
 //       [--timeout S] [--samples N] [--sync-dist 0|1] [--max-restarts K]
 //       [--unused 0|1] [--find-unused 0|1] [--static-graph 0|1] [--precision NAME] [--bf16-all 1]
 //       [--profile 0|1]  (a TorchProfiler writing <root>/prof/fit-ddp-rank<R>.pt.trace.json)
@@ -313,19 +314,21 @@ int main(int argc, char** argv) {
                                                            .warmup(1)
                                                            .active(2));
     }
-    volt::Trainer trainer(volt_test::quiet(a["--root"])
-                              .accelerator(accelerator)
-                              .precision(precision)
-                              .strategy(chosen)
-                              .devices(num("--devices", 2))
-                              .num_nodes(num("--nodes", 1))
-                              .max_epochs(num("--epochs", 2))
-                              .accumulate_grad_batches(num("--accum", 1))
-                              .gradient_clip_val(a.count("--clip")
-                                                     ? c10::optional<double>(std::stod(a["--clip"]))
-                                                     : c10::nullopt)
-                              .callbacks(callbacks)
-                              .profiler(profiler));
+    volt::Trainer trainer(
+        volt_test::quiet(a["--root"])
+            .accelerator(accelerator)
+            .precision(precision)
+            .strategy(chosen)
+            .devices(num("--devices", 2))
+            .num_nodes(num("--nodes", 1))
+            .max_epochs(num("--epochs", 2))
+            .accumulate_grad_batches(num("--accum", 1))
+            .gradient_clip_val(a.count("--clip") ? c10::optional<double>(std::stod(a["--clip"]))
+                                                 : c10::nullopt)
+            .callbacks(callbacks)
+            .profiler(profiler)
+            .checkpoint_io(num("--async-ckpt", 0) != 0 ? std::make_shared<volt::AsyncCheckpointIO>()
+                                                       : nullptr));
     const int64_t batch = num("--batch", 8);
     // The peak resident set of fit() alone: reset the high-water mark (Linux: clear_refs 5).
     if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {

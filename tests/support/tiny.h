@@ -116,15 +116,16 @@ class TinyClassifier : public volt::Module {
   bool adam_;
 };
 
-/// Quiet options for tests: no progress bar, no default logger or checkpoint, fixed seed, and
-/// the CPU (these tests mean CPU semantics; "auto" would pick a GPU where one is present, and a
-/// test that means CUDA says so).
+/// Quiet options for tests: no progress bar, model summary, default logger or checkpoint, a fixed
+/// seed, and the CPU (these tests mean CPU semantics; "auto" would pick a GPU where one is
+/// present, and a test that means CUDA says so).
 inline volt::TrainerOptions quiet(const std::string& root) {
   return volt::TrainerOptions()
       .accelerator("cpu")
       .default_root_dir(root)
       .enable_progress_bar(false)
       .enable_checkpointing(false)
+      .enable_model_summary(false)
       .logger(false)
       .num_sanity_val_steps(0)
       .seed(123);

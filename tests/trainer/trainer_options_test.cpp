@@ -49,13 +49,15 @@ TEST(TrainerOptions, PrintsFullConfig) {
   EXPECT_NE(s.find("max_epochs=3"), std::string::npos) << s;
   EXPECT_NE(s.find("limit_train_batches=0.5"), std::string::npos) << s;
   EXPECT_NE(s.find("accelerator=\"auto\""), std::string::npos) << s;
-  for (const char* part : {"max_time=none", "gradient_clip_val=none", "seed=none",
-                           "default_root_dir=\".\"", "progress_refresh_s=0.5", "profiler=none)"}) {
+  for (const char* part :
+       {"max_time=none", "gradient_clip_val=none", "seed=none", "default_root_dir=\".\"",
+        "progress_refresh_s=0.5", "profiler=none", "checkpoint_io=strategy's)"}) {
     EXPECT_NE(s.find(part), std::string::npos) << part << " in " << s;
   }
   os.str("");
-  os << volt::TrainerOptions().seed(7).gradient_clip_val(0.5).max_time(60.0);
-  for (const char* part : {"max_time=60", "gradient_clip_val=0.5", "seed=7"}) {
+  os << volt::TrainerOptions().seed(7).gradient_clip_val(0.5).max_time(60.0).checkpoint_io(
+      std::make_shared<volt::AsyncCheckpointIO>());
+  for (const char* part : {"max_time=60", "gradient_clip_val=0.5", "seed=7", "checkpoint_io=set"}) {
     EXPECT_NE(os.str().find(part), std::string::npos) << part << " in " << os.str();
   }
 }

@@ -31,6 +31,7 @@ class Logger;
 class Module;
 class DataModule;
 class Profiler;
+class CheckpointIO;
 
 /// The value types a component parameter can take in YAML / on the command line.
 /// kNumber is "int or float" (an int stays an int: Lightning's limit_train_batches=10 vs 0.5).
@@ -232,6 +233,7 @@ struct Registry {
   ComponentRegistry<Callback> callbacks{"callback"};
   ComponentRegistry<Logger, const LoggerContext&> loggers{"logger"};
   ComponentRegistry<Profiler> profilers{"profiler"};
+  ComponentRegistry<CheckpointIO> checkpoint_ios{"checkpoint_io"};
   ComponentRegistry<Module> models{"model"};
   ComponentRegistry<DataModule> data_modules{"data module"};
 };

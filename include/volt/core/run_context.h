@@ -5,6 +5,7 @@
 #include <c10/util/Optional.h>
 #include <torch/arg.h>
 
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,8 @@ struct LogOptions {
   TORCH_ARG(bool, sync_dist) = false;
 };
 
+std::ostream& operator<<(std::ostream& os, const LogOptions& o);
+
 /// Implemented by the Trainer for the duration of a run. Modules and callbacks never see the
 /// Trainer itself: they read progress and ask for the few actions listed here.
 class RunContext {
@@ -48,6 +51,10 @@ class RunContext {
   virtual void log(const std::string& name, const at::Tensor& value, const LogOptions& opts) = 0;
   /// Writes a full checkpoint (weights, optimizers, loop, RNG, callbacks) atomically to `path`.
   virtual void save_checkpoint(const std::string& path) = 0;
+  /// Deletes a checkpoint written by save_checkpoint (a file or a sharded folder) through the
+  /// strategy's CheckpointIO, after every save issued before it is on disk; rank 0 owns the
+  /// files, other ranks do nothing.
+  virtual void remove_checkpoint(const std::string& path) = 0;
   /// Ends fit() after the current batch / validation check.
   virtual void request_stop() = 0;
   /// Folder of the first logger's run (e.g. save_dir/name/version_3), or default_root_dir.

@@ -9,26 +9,34 @@
 
 namespace volt {
 
-/// Storage of checkpoint archives. Implementations must never leave a partial file at `path`.
+/// Storage of checkpoint archives (Lightning's CheckpointIO plugin). Implementations must never
+/// leave a partial file at `path`. Operations take effect in the order they are called: a load
+/// or remove sees every save issued before it, even when saves finish in the background.
 class CheckpointIO {
  public:
   virtual ~CheckpointIO() = default;
   virtual void save(torch::serialize::OutputArchive& archive, const std::string& path) = 0;
   /// Throws CheckpointError when the file is missing, truncated or fails its integrity check.
   virtual torch::serialize::InputArchive load(const std::string& path) = 0;
+  /// Deletes the checkpoint file at `path` (a missing file is not an error).
   virtual void remove(const std::string& path);
+  /// Returns once every save and remove issued so far is on disk, and throws (CheckpointError)
+  /// the first of their failures not reported yet. The Trainer calls it when a run ends.
+  /// Synchronous implementations have nothing to wait for. Default: nothing.
+  virtual void flush() {}
 };
 
 /// volt's file format: an 8-byte magic "VOLTCKPT", u32 format version, u64 payload size,
 /// u32 CRC-32 of the payload, then libtorch's serialized archive. Written to a temporary file
 /// in the same folder, fsync'ed, renamed over `path`, and the folder fsync'ed: a crash at any
 /// point leaves either the old file or the new one.
+/// save() streams libtorch's serializer into the temporary file (no buffer of the checkpoint's
+/// size); load() reads the file into one buffer and parses it in place.
 class TorchCheckpointIO : public CheckpointIO {
  public:
   static constexpr uint32_t kFormatVersion = 1;
   void save(torch::serialize::OutputArchive& archive, const std::string& path) override;
   torch::serialize::InputArchive load(const std::string& path) override;
 };
-
 
 }  // namespace volt

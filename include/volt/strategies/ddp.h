@@ -94,6 +94,7 @@ class DdpStrategy : public Strategy {
   std::map<std::string, at::Tensor> rng_states() const override;
   void set_rng_states(const std::map<std::string, at::Tensor>& states) override;
   void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path) override;
+  void flush_checkpoints() override;
 
   /// The gradient reducer (after setup_module): bucket buffers, parameters.
   GradientReducer* reducer() const { return reducer_.get(); }

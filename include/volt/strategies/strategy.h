@@ -145,10 +145,17 @@ class Strategy {
   virtual void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path);
   virtual torch::serialize::InputArchive load_checkpoint(const std::string& path);
   virtual void remove_checkpoint(const std::string& path);
+  /// Waits until every checkpoint this run saved is on disk (CheckpointIO::flush) and throws a
+  /// failed background write; the Trainer calls it when an entry point's work is done.
+  /// Multi-process strategies also make every rank wait for rank 0's writes, so no rank reads a
+  /// checkpoint that is still being written.
+  virtual void flush_checkpoints();
 
   Accelerator& accelerator() const { return *accelerator_; }
   Precision& precision() const { return *precision_; }
   CheckpointIO& checkpoint_io() const { return *checkpoint_io_; }
+  /// Replaces the CheckpointIO (TrainerOptions::checkpoint_io); null is a ConfigError.
+  void set_checkpoint_io(std::shared_ptr<CheckpointIO> checkpoint_io);
 
  protected:
   std::string fingerprint_;

@@ -49,7 +49,8 @@ class Trainer {
   std::vector<at::Tensor> predict(Module& module, DataLoader data,
                                   const std::string& ckpt_path = "");
 
-  /// Saves a full checkpoint of the module attached to the current/last fit.
+  /// Saves a full checkpoint of the module attached to the current/last fit; the file is on
+  /// disk when it returns, whatever the CheckpointIO (an AsyncCheckpointIO is flushed).
   void save_checkpoint(const std::string& path);
 
   const LoopState& state() const;

@@ -21,6 +21,7 @@ class Callback;
 class Logger;
 class Profiler;
 class Precision;
+class CheckpointIO;
 
 struct TrainerOptions {
   /// "auto", "cpu", "cuda" or an Accelerator object. Default: "auto".
@@ -68,6 +69,9 @@ struct TrainerOptions {
   TORCH_ARG(bool, enable_progress_bar) = true;
   /// Add a ModelCheckpoint (save last epoch) when none is given. Default: true.
   TORCH_ARG(bool, enable_checkpointing) = true;
+  /// Log a ModelSummary (submodules, parameter counts, size, train/eval modes) at the start of
+  /// fit when no ModelSummary callback is given, as Lightning. Default: true.
+  TORCH_ARG(bool, enable_model_summary) = true;
   /// Add a CSVLogger under default_root_dir when no logger is given. Default: true.
   TORCH_ARG(bool, logger) = true;
   /// Root folder for logs and checkpoints. Default: ".".
@@ -94,6 +98,10 @@ struct TrainerOptions {
   TORCH_ARG(std::vector<std::shared_ptr<Logger>>, loggers);
   /// Times every hook and loop stage (e.g. SimpleProfiler); null = no profiling. Default: null.
   TORCH_ARG(std::shared_ptr<Profiler>, profiler);
+  /// How checkpoints are written and read (Lightning's CheckpointIO plugin), e.g.
+  /// AsyncCheckpointIO to write them in the background; replaces the strategy's own. null =
+  /// the strategy's (TorchCheckpointIO unless it was given another). Default: null.
+  TORCH_ARG(std::shared_ptr<CheckpointIO>, checkpoint_io);
 
 
  public:

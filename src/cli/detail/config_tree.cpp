@@ -197,7 +197,9 @@ std::string join_path(const std::vector<std::string>& path) {
 
 bool is_component_path(const std::vector<std::string>& path) {
   if (path.size() == 1) return path[0] == "model" || path[0] == "data";
-  if (path.size() == 2) return path[0] == "trainer" && path[1] == "profiler";
+  if (path.size() == 2) {
+    return path[0] == "trainer" && (path[1] == "profiler" || path[1] == "checkpoint_io");
+  }
   return path.size() == 3 && path[0] == "trainer" &&
          (path[1] == "callbacks" || path[1] == "loggers") && is_index(path[2]);
 }

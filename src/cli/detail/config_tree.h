@@ -46,7 +46,7 @@ ConfigNode parse_config_text(const std::string& text, const std::string& source)
 ConfigNode load_yaml_file(const std::string& path);
 
 /// Component slots hold {class_path, init_args}: model, data, trainer.profiler,
-/// trainer.callbacks.<i>, trainer.loggers.<i>.
+/// trainer.checkpoint_io, trainer.callbacks.<i>, trainer.loggers.<i>.
 bool is_component_path(const std::vector<std::string>& path);
 /// Rewrites shorthand into the canonical form: a bare name becomes {class_path: name}; other keys
 /// beside class_path move under init_args. Applied to every component slot under `node`.

@@ -436,6 +436,8 @@ Params trainer_params(const Registry& reg) {
       .add("enable_progress_bar", d.enable_progress_bar(), "show the terminal progress bar")
       .add("enable_checkpointing", d.enable_checkpointing(),
            "add a ModelCheckpoint when none is given")
+      .add("enable_model_summary", d.enable_model_summary(),
+           "log a ModelSummary at fit start when none is given")
       .add("logger", d.logger(), "add a CSVLogger when trainer.loggers is empty")
       .add("default_root_dir", d.default_root_dir(), "root folder for logs and checkpoints")
       .add("use_distributed_sampler", d.use_distributed_sampler(),
@@ -475,6 +477,7 @@ TrainerOptions trainer_options(const Args& a) {
       .log_every_n_steps(a.get<int64_t>("log_every_n_steps"))
       .enable_progress_bar(a.get<bool>("enable_progress_bar"))
       .enable_checkpointing(a.get<bool>("enable_checkpointing"))
+      .enable_model_summary(a.get<bool>("enable_model_summary"))
       .logger(a.get<bool>("logger"))
       .default_root_dir(a.get<std::string>("default_root_dir"))
       .use_distributed_sampler(a.get<bool>("use_distributed_sampler"))
@@ -530,10 +533,14 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
   take_component("strategy", reg.strategies, out.strategy);
   take_component("precision", reg.precisions, out.precision);
   out.trainer = parse_args("trainer", "trainer", trainer_node, root, out.trainer_params,
-                           {"callbacks", "loggers", "profiler"});
+                           {"callbacks", "loggers", "profiler", "checkpoint_io"});
   const ConfigNode* prof = t != nullptr && t->is_map() ? t->find("profiler") : nullptr;
   if (prof != nullptr && !prof->is_null()) {
     out.profiler = parse_component("trainer.profiler", prof, *t, reg.profilers);
+  }
+  const ConfigNode* cio = t != nullptr && t->is_map() ? t->find("checkpoint_io") : nullptr;
+  if (cio != nullptr && !cio->is_null()) {
+    out.checkpoint_io = parse_component("trainer.checkpoint_io", cio, *t, reg.checkpoint_ios);
   }
   const ConfigNode* cbs = t != nullptr && t->is_map() ? t->find("callbacks") : nullptr;
   const ConfigNode* lgs = t != nullptr && t->is_map() ? t->find("loggers") : nullptr;
@@ -560,6 +567,8 @@ std::string to_yaml(const ResolvedConfig& c) {
   for (const auto& lg : c.loggers) emit_component(os, lg, 6, true);
   os << "  profiler:" << (c.profiler ? "\n" : " null\n");
   if (c.profiler) emit_component(os, *c.profiler, 4, false);
+  os << "  checkpoint_io:" << (c.checkpoint_io ? "\n" : " null\n");
+  if (c.checkpoint_io) emit_component(os, *c.checkpoint_io, 4, false);
   os << "model:\n";
   emit_component(os, c.model, 2, false);
   os << "data:\n";

@@ -27,6 +27,8 @@ struct ResolvedConfig {
   std::vector<ComponentConfig> callbacks;
   std::vector<ComponentConfig> loggers;
   std::optional<ComponentConfig> profiler;
+  /// trainer.checkpoint_io (TorchCheckpointIO, AsyncCheckpointIO); null = the strategy's own.
+  std::optional<ComponentConfig> checkpoint_io;
   /// trainer.strategy given as {class_path, init_args} (a plain name stays in `trainer`).
   std::optional<ComponentConfig> strategy;
   /// trainer.precision given as a component (class_path + init_args), e.g. bf16-mixed with op lists.

@@ -76,6 +76,7 @@ class Run : public RunContext {
   const Metrics& progress_bar_metrics() const override;
   void log(const std::string& name, const at::Tensor& value, const LogOptions& o) override;
   void save_checkpoint(const std::string& path) override;
+  void remove_checkpoint(const std::string& path) override;
   void request_stop() override { st.should_stop = true; }
   std::string log_dir() const override;
   bool is_global_zero() const override { return plan.strategy->is_global_zero(); }
