@@ -20,6 +20,7 @@
 #include "volt/cli/cli.h"
 #include "volt/core/batch.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/errors.h"
 #include "volt/core/log.h"
 #include "volt/core/loop_state.h"

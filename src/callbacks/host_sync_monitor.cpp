@@ -17,6 +17,7 @@
 #include "profiler/detail/host_syncs.h"
 #include "profiler/detail/op_callback.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
 
@@ -240,12 +241,9 @@ HostSyncMonitor::~HostSyncMonitor() {
 }
 
 std::shared_ptr<HostSyncMonitor> HostSyncMonitor::from_environment() {
-  const char* v = std::getenv(kEnvVar);
-  const std::string value = v == nullptr ? "" : v;
-  if (value.empty() || value == "0") return nullptr;
-  VOLT_CHECK(value == "1" || value == "2", ConfigError, "[HostSyncMonitor] ", kEnvVar, "=\"", value,
-             "\" is not 0, 1 or 2; set 1 (log the first of each host sync or CPU op and a table "
-             "at the end of fit), 2 (log each one) or 0 (off).");
+  // env_value checks the value against the table's choices (0, 1, 2).
+  const std::string value = env_value(kEnvVar).value_or("0");
+  if (value == "0") return nullptr;
   return std::make_shared<HostSyncMonitor>(HostSyncMonitorOptions().log_each(value == "2"));
 }
 

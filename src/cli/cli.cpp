@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -18,6 +19,7 @@
 #include "volt/callbacks/callback.h"
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/module.h"
 #include "volt/core/registry.h"
 #include "volt/data/data_module.h"
@@ -38,7 +40,7 @@ using detail::ResolvedConfig;
 const std::vector<std::string> kRunCommands = {"fit", "validate", "test", "predict"};
 const std::vector<std::string> kCommands = {"fit",     "validate",     "test",
                                             "predict", "print-config", "report",
-                                            "perf",    "zero-to-fp32"};
+                                            "perf",    "zero-to-fp32", "env"};
 
 const char* command_summary(const std::string& c) {
   if (c == "fit") return "train the model (Trainer::fit); ckpt_path resumes a run";
@@ -50,6 +52,7 @@ const char* command_summary(const std::string& c) {
   if (c == "report") return "write a self-contained HTML report of a run folder";
   if (c == "perf") return "scan a profiler trace (TorchProfiler / PyTorch) and print advice";
   if (c == "zero-to-fp32") return "consolidate a ZeRO checkpoint folder into one checkpoint file";
+  if (c == "env") return "list the environment variables volt reads, with their values here";
   return "";
 }
 
@@ -197,6 +200,12 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
        << command_summary(command) << ".\nFOLDER is a checkpoint DeepSpeedStrategy wrote (every "
        << "rank's shard); OUT gets full weights and optimizer state by parameter name, loadable "
        << "by any strategy and world size (DeepSpeed's zero_to_fp32.py).\n";
+    return;
+  }
+  if (command == "env") {
+    os << "usage: " << prog << " env\n\n"
+       << command_summary(command) << ".\nExit code 2 when one of them has a value volt does "
+       << "not accept; VOLT_* variables volt does not read are warned about.\n";
     return;
   }
   if (command == "report") {
@@ -405,7 +414,32 @@ int run_zero_to_fp32(const Command& cmd, std::ostream& out) {
   return kCliOk;
 }
 
+int run_env(const Command& cmd, std::ostream& out) {
+  VOLT_CHECK(cmd.positional.empty() && cmd.sources.empty(), ConfigError,
+             "[cli] env takes no arguments; run `volt env`.");
+  out << "Environment variables volt reads (value in this process, \"-\" when unset):\n";
+  size_t width = 0;
+  for (const auto& v : env_vars()) width = std::max(width, v.name.size());
+  c10::optional<EnvGroup> group;
+  for (const auto& v : env_vars()) {
+    if (group != v.group) {
+      group = v.group;
+      out << "\n[" << to_string(v.group) << "]\n";
+    }
+    const char* value = std::getenv(v.name.c_str());
+    out << "  " << std::left << std::setw(static_cast<int>(width)) << v.name << "  "
+        << (value != nullptr && *value != '\0' ? value : "-") << "\n      " << v.values << ": "
+        << v.meaning << "\n";
+  }
+  const auto unknown = unknown_env_warnings();
+  if (!unknown.empty()) out << "\n";
+  for (const auto& w : unknown) out << "warning: " << w << "\n";
+  for (const auto& v : env_vars()) env_value(v.name);  // a value volt rejects: exit code 2
+  return kCliOk;
+}
+
 int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std::ostream& err) {
+  if (cmd.name == "env") return run_env(cmd, out);
   if (cmd.name == "report") return run_report(cmd, out);
   if (cmd.name == "zero-to-fp32") return run_zero_to_fp32(cmd, out);
   if (cmd.name == "perf") return run_perf(cmd, out);

@@ -14,6 +14,7 @@
 #include "detail/c10d.h"
 #include "detail/net.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 
 namespace volt {
 namespace {
@@ -210,8 +211,7 @@ std::shared_ptr<gloo::transport::Device> gloo_device(const ClusterEnvironment& e
                                                      std::string& where) {
   std::string iface = option_interface;
   if (iface.empty()) {
-    const char* v = std::getenv("GLOO_SOCKET_IFNAME");
-    if (v != nullptr) iface = v;
+    iface = env_value("GLOO_SOCKET_IFNAME").value_or("");
   }
   if (!iface.empty()) {
     where = "interface " + iface;

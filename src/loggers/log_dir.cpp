@@ -25,6 +25,10 @@ void make_dirs(const std::string& path, const std::string& component) {
       VOLT_CHECK(false, ConfigError, "[", component, "] cannot create folder '", cur, "' (",
                  std::strerror(errno), "); choose a writable save_dir.");
     }
+    struct stat st;
+    VOLT_CHECK(::stat(cur.c_str(), &st) == 0 && S_ISDIR(st.st_mode), ConfigError, "[", component,
+               "] cannot create folder '", cur,
+               "': a file of that name is in the way; choose another path.");
   }
 }
 

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/log.h"
 #include "volt/core/version.h"
 #include "detail/quiet_dispatcher.h"
@@ -206,9 +207,9 @@ std::vector<std::string> AutocastOpLists::read_list_file(const std::string& path
 }
 
 std::vector<std::string> AutocastOpLists::read_env_list(const char* var) {
-  const char* v = std::getenv(var);
-  if (v == nullptr || *v == '\0') return {};
-  return read_list_file(v);
+  const auto v = env_value(var);
+  if (!v) return {};
+  return read_list_file(*v);
 }
 
 }  // namespace volt

@@ -8,6 +8,7 @@
 #include "core/detail/print.h"
 #include "detail/fp8_hooks.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/log.h"
 #include "volt/precision/autocast_ops.h"
 
@@ -30,9 +31,8 @@ QuantConfig Fp8Precision::quant_config(bool quant) const {
   std::string path = options_.quant_config();
   std::string origin = "quant_config";
   if (path.empty()) {
-    const char* env = std::getenv("QUANT_CONFIG");
-    if (env != nullptr && *env != '\0') {
-      path = env;
+    if (auto env = env_value("QUANT_CONFIG")) {
+      path = *env;
       origin = "QUANT_CONFIG";
     }
   }

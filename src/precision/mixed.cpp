@@ -21,6 +21,7 @@
 #include "detail/linear_policy.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/log.h"
 #include "volt/precision/autocast.h"
 #include "volt/precision/autocast_ops.h"
@@ -157,13 +158,9 @@ namespace {
 // version; the first process measures under an exclusive flock while the others wait for it
 // (a dead holder releases the lock), then everyone reads the file.
 std::string probe_cache_dir() {
-  if (const char* d = std::getenv("VOLT_CACHE_DIR"); d != nullptr && *d != '\0') return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
-    return std::string(x) + "/volt";
-  }
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
-    return std::string(h) + "/.cache/volt";
-  }
+  if (auto d = env_value("VOLT_CACHE_DIR")) return *d;
+  if (auto x = env_value("XDG_CACHE_HOME")) return *x + "/volt";
+  if (auto h = env_value("HOME")) return *h + "/.cache/volt";
   return "";
 }
 

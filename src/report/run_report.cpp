@@ -22,6 +22,7 @@
 #include "../loggers/detail/log_dir.h"
 #include "detail/metrics_csv.h"
 #include "detail/svg_plot.h"
+#include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -74,23 +75,15 @@ std::string parent_dir(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// Temp file in the same folder, fsync, rename: a reader (or a browser refreshing the page)
-// never sees a half-written report.
+// atomic_write_file: a reader (or a browser refreshing the page) never sees a half-written
+// report, and a report writer killed mid-write leaves nothing behind that the next write keeps.
 void write_atomically(const std::string& path, const std::string& data) {
   detail::make_dirs(parent_dir(path), "report");
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  VOLT_CHECK(f != nullptr, ConfigError, "[report] cannot create '", tmp, "' (",
-             std::strerror(errno), "); pass a writable output path (ReportOptions::output).");
-  const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size() &&
-                  std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  const int err = errno;
-  std::fclose(f);
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = ok ? errno : err;
-    ::unlink(tmp.c_str());
-    VOLT_CHECK(false, ConfigError, "[report] writing '", path, "' failed (", std::strerror(e),
-               "); check free disk space and that the folder is writable.");
+  try {
+    atomic_write_file(path, data);
+  } catch (const CheckpointError& e) {
+    VOLT_CHECK(false, ConfigError, "[report] writing '", path, "' failed: ", e.what(),
+               " Pass a writable output path (ReportOptions::output).");
   }
 }
 

@@ -10,6 +10,7 @@
 #include "core/detail/print.h"
 #include "distributed/detail/net.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
 #include "volt/distributed/gradient_reducer.h"
@@ -39,7 +40,7 @@ void share_cpus(int64_t local_world_size) {
   if (local_world_size <= 1) return;
   const int per_rank = std::max<int>(1, available_cpus() / static_cast<int>(local_world_size));
   if (at::get_num_threads() > per_rank) at::set_num_threads(per_rank);
-  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
+  if (!env_value("OPENBLAS_NUM_THREADS") && !env_value("OMP_NUM_THREADS")) {
     using SetThreads = void (*)(int);
     if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
       set(per_rank);
@@ -102,8 +103,7 @@ void DdpStrategy::launch() {
   }
   if (env_.launched_child) {
     // Set by a restart of the launching process (restart_after_failure).
-    const char* ckpt = std::getenv(kRestartCheckpointVar);
-    restart_checkpoint_ = ckpt != nullptr ? ckpt : "";
+    restart_checkpoint_ = env_value(kRestartCheckpointVar).value_or("");
   }
   set_log_rank(env_.global_rank);
   launched_ = true;

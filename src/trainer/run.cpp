@@ -10,6 +10,7 @@
 #include "trainer/loops/optimization_step.h"
 #include "volt/accelerators/host_allocator.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/log.h"
 #include "volt/optim/lr_scheduler.h"
 
@@ -142,6 +143,7 @@ void Run::setup_run(Module& m, Stage stage) {
   // Once per process, after the strategy set the rank (only rank 0 prints info).
   static std::once_flag allocator_logged;
   std::call_once(allocator_logged, [] { log_info("Trainer", describe(host_allocator())); });
+  check_environment();  // unknown VOLT_* variables warned once, bad values stop every run
   if (strategy().world_size() > 1) {
     // Rank 0 picks (and creates) the run folder; the others learn its name. Every entry point
     // broadcasts, even when this process already knows the folder: ranks relaunched by an

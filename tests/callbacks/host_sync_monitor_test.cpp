@@ -169,7 +169,8 @@ TEST(HostSyncMonitor, TheEnvironmentVariableAddsOneToEveryTrainer) {
     ADD_FAILURE() << "VOLT_LOG_HOST_SYNCS=yes was accepted";
   } catch (const volt::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(
-                  "[HostSyncMonitor] VOLT_LOG_HOST_SYNCS=\"yes\" is not 0, 1 or 2; set 1"),
+                  "[env] VOLT_LOG_HOST_SYNCS=\"yes\" is not one of 0, 1, 2; VOLT_LOG_HOST_SYNCS "
+                  "means: log host syncs and CPU ops inside training steps"),
               std::string::npos)
         << e.what();
   }
@@ -182,7 +183,7 @@ TEST(HostSyncMonitor, ABadEnvironmentValueMakesTheCliExitTwo) {
                         "--trainer.max_steps=1", "--trainer.default_root_dir=" + dir.path},
                        {{HostSyncMonitor::kEnvVar, "on"}});
   EXPECT_EQ(p.exit_code(std::chrono::seconds(60)), 2) << p.output();
-  EXPECT_NE(p.output().find("[HostSyncMonitor] VOLT_LOG_HOST_SYNCS=\"on\" is not 0, 1 or 2"),
+  EXPECT_NE(p.output().find("[env] VOLT_LOG_HOST_SYNCS=\"on\" is not one of 0, 1, 2"),
             std::string::npos)
       << p.output();
 }

@@ -409,13 +409,18 @@ TEST(Cli, RunFailuresExitWithCodeOneAndBugsNeverEscape) {
 
 // ------------------------------------------------------------------ the real `volt` binary
 
-Result run_binary(const std::string& args) {
+/// Runs the CLI binary with `env` ("NAME=value ...") added to its environment.
+Result run_binary_with(const std::string& env, const std::string& args) {
   volt_test::TempDir dir;
-  const std::string cmd =
-      std::string(VOLT_CLI_BINARY) + " " + args + " >" + (dir / "out") + " 2>" + (dir / "err");
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(VOLT_CLI_BINARY) +
+                          " " + args + " >" + (dir / "out") + " 2>" + (dir / "err");
   const int status = std::system(cmd.c_str());
   EXPECT_TRUE(WIFEXITED(status)) << "killed by a signal: " << cmd;
   return {WEXITSTATUS(status), slurp(dir / "out"), slurp(dir / "err")};
+}
+
+Result run_binary(const std::string& args) {
+  return run_binary_with("", args);
 }
 
 TEST(CliBinary, MalformedYamlAndUnknownKeysExitTwoWithoutACrash) {
@@ -433,6 +438,38 @@ TEST(CliBinary, MalformedYamlAndUnknownKeysExitTwoWithoutACrash) {
   r = run_binary("fit --model=MlpClassifier --data.root=/nonexistent --trainer.max_epochs=1");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("/nonexistent"), std::string::npos) << r.err;
+}
+
+TEST(CliBinary, EnvListsTheVariablesVoltReadsAndRejectsBadValuesWithExitTwo) {
+  // The values shown are this process's; a typo is warned with the closest name.
+  auto r = run_binary_with("VOLT_LOG_HOST_SYNCS=2 VOLT_LOG_HOST_SYNC=1", "env");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("[volt]\n  VOLT_LOG_HOST_SYNCS "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" 2\n      0 | 1 | 2: log host syncs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[cluster]\n  MASTER_ADDR "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("warning: VOLT_LOG_HOST_SYNC is set but volt reads no such variable; did "
+                       "you mean VOLT_LOG_HOST_SYNCS?"),
+            std::string::npos)
+      << r.out;
+  r = run_binary_with("VOLT_LOG_HOST_SYNCS=3", "env");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("VOLT_LOG_HOST_SYNCS=\"3\" is not one of 0, 1, 2"), std::string::npos)
+      << r.err;
+  r = run_binary("env extra");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("env takes no arguments"), std::string::npos) << r.err;
+  // A run with a typo'd variable says so once, and still runs.
+  volt_test::TempDir dir;
+  r = run_binary_with("VOLT_CACHEDIR=/tmp",
+                      "fit --model=MlpClassifier --data=FashionMNIST --trainer.max_steps=1 "
+                      "--trainer.limit_val_batches=0 --trainer.enable_model_summary=false "
+                      "--trainer.default_root_dir=" +
+                          dir.path);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("[env] VOLT_CACHEDIR is set but volt reads no such variable; did you mean "
+                       "VOLT_CACHE_DIR?"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(CliBinary, FitsFashionMnistFromTheCheckedInConfig) {

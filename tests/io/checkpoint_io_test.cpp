@@ -6,7 +6,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <fstream>
+#include <thread>
 
 #include "core/detail/temp_files.h"
 #include "tiny.h"
@@ -300,6 +302,47 @@ TEST(CheckpointIO, WritesRemoveTempFilesOfDeadWritersButNotOfLiveOnes) {
   EXPECT_FALSE(exists(live.temp));
   EXPECT_TRUE(exists(dir / "model.ckpt"));
   EXPECT_EQ(read_file(dir / "config.yaml"), "a: 1\n");
+}
+
+TEST(CheckpointIO, TwoThreadsWritingOnePathTakeTurnsAndReadersSeeOnlyWholeFiles) {
+  // Both writers name their temp file "<path>.tmp.<pid>": the second waits on the first's lock
+  // (and starts over once the name is renamed away), so neither writes into the other's file.
+  volt_test::TempDir dir;
+  const std::string path = dir / "shared.bin";
+  const size_t kBytes = 1 << 20;
+  volt::atomic_write_file(path, std::string(kBytes, 'a'));
+  std::atomic<bool> done{false};
+  std::atomic<int> torn{0}, reads{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      const std::string got = read_file(path);
+      ++reads;
+      const bool whole = got.size() == kBytes &&
+                         got.find_first_not_of(got.empty() ? 'a' : got[0]) == std::string::npos;
+      if (!whole) ++torn;
+    }
+  });
+  auto writer = [&](char c) {
+    for (int i = 0; i < 20; ++i) volt::atomic_write_file(path, std::string(kBytes, c));
+  };
+  std::thread w1(writer, 'b'), w2(writer, 'c');
+  w1.join();
+  w2.join();
+  done = true;
+  reader.join();
+  EXPECT_EQ(torn.load(), 0) << "of " << reads.load() << " reads";
+  EXPECT_GT(reads.load(), 0);
+  const std::string last = read_file(path);
+  EXPECT_TRUE(last == std::string(kBytes, 'b') || last == std::string(kBytes, 'c'));
+  // No temp file is left behind.
+  DIR* d = ::opendir(dir.path.c_str());
+  ASSERT_NE(d, nullptr);
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] != '.') names.push_back(e->d_name);
+  }
+  ::closedir(d);
+  EXPECT_EQ(names, std::vector<std::string>{"shared.bin"});
 }
 
 TEST(CheckpointIO, TempFileNames) {

@@ -76,6 +76,11 @@ TEST(Ddp, AccumulationWithNoSyncEqualsOneProcess) {
                         "--epochs", "1", "--accum", "2"});
   ASSERT_EQ(job.code, 0) << job.output;
   EXPECT_NE(job.output.find("rank 0 done step=4"), std::string::npos) << job.output;
+  // The global batch, logged once (rank 0) when fit starts.
+  EXPECT_NE(job.output.find("[Trainer] batch: 8 samples per process x 2 data-parallel processes "
+                            "x 2 accumulated batches = 32 samples per optimizer step"),
+            std::string::npos)
+      << job.output;
   expect_ranks_equal_reference(dir / "ddp", 2, ref);
 }
 

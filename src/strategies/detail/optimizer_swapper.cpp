@@ -10,6 +10,7 @@
 
 #include "kernels/detail/state_tensors.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/log.h"
 
 namespace volt {
@@ -55,12 +56,11 @@ OptimizerSwapper::OptimizerSwapper(torch::optim::Optimizer& optimizer, std::stri
       swap_parameters_(swap_parameters) {
   // Fault injection for tests/strategies/deepspeed_nvme_test.cpp: "R:N" SIGKILLs local rank R
   // right after it submits its N-th write request (the write in flight), as a crash would.
-  if (const char* k = std::getenv("VOLT_TEST_KILL_AFTER_NVME_WRITES")) {
-    const char* local = std::getenv("LOCAL_RANK");
-    const std::string spec = k;
+  if (const auto k = env_value("VOLT_TEST_KILL_AFTER_NVME_WRITES")) {
+    const std::string spec = *k, local = env_value("LOCAL_RANK").value_or("0");
     const size_t colon = spec.find(':');
     if (colon != std::string::npos &&
-        std::atoll(spec.substr(0, colon).c_str()) == (local ? std::atoll(local) : 0)) {
+        std::atoll(spec.substr(0, colon).c_str()) == std::atoll(local.c_str())) {
       kill_after_writes_ = std::atoll(spec.c_str() + colon + 1);
     }
   }

@@ -2,10 +2,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <sstream>
 
 #include "trainer/detail/run.h"
 #include "trainer/loops/optimization_step.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 
 namespace volt {
 namespace detail {
@@ -108,6 +110,20 @@ void sanity_check(Run& r, DataLoader& val) {
 
 }  // namespace
 
+std::string describe_global_batch(int64_t per_process, int64_t data_parallel, int64_t accumulate) {
+  // The reference's batch-size guidance: what converges is the global batch, which grows with
+  // every process added unless the per-device batch shrinks.
+  std::ostringstream s;
+  s << "batch: " << per_process << " samples per process";
+  if (data_parallel > 1) s << " x " << data_parallel << " data-parallel processes";
+  if (accumulate > 1) s << " x " << accumulate << " accumulated batches";
+  if (data_parallel > 1 || accumulate > 1) {
+    s << " = " << per_process * data_parallel * accumulate << " samples";
+  }
+  s << " per optimizer step";
+  return s.str();
+}
+
 void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_loader,
               const std::string& ckpt_path) {
   Module& m = *r.module;
@@ -115,6 +131,9 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   c10::optional<DataLoader> val;
   if (val_loader) val = r.shard(*val_loader);
   r.setup_optimizers();
+  log_info("Trainer",
+           describe_global_batch(train.options().batch_size(), r.strategy().data_shard().world_size,
+                                 r.opts.accumulate_grad_batches()));
   r.st.epoch = 0;
   r.st.global_step = 0;
   r.st.batches_done = 0;
