@@ -26,6 +26,11 @@ std::vector<EnvVar> make_table() {
        "folder of volt's per-machine caches (the bf16 probe); default $XDG_CACHE_HOME/volt, "
        "then ~/.cache/volt",
        {}},
+      {"VOLT_ALLOCATOR", G::kVolt, "default | jemalloc | tcmalloc",
+       "host allocator scripts/demo.sh runs under (scripts/with_allocator.sh); not read by the "
+       "library", {}},
+      {"VOLT_CHROMIUM", G::kVolt, "PATH",
+       "browser scripts/check_report.sh renders the run report with; not read by the library", {}},
       {"LOWER_LIST", G::kReference, "PATH",
        "file of op names added to the bf16 autocast list (mixed precision, read_env_lists)", {}},
       {"FP32_LIST", G::kReference, "PATH",

@@ -54,7 +54,9 @@ TEST(Env, EveryListedVariableHasOneEntryWithItsValuesAndMeaning) {
   // The ones read by name elsewhere in volt are all there.
   for (const char* n : {"VOLT_LOG_HOST_SYNCS", "VOLT_CACHE_DIR", "LOWER_LIST", "FP32_LIST",
                         "QUANT_CONFIG", "GLOO_SOCKET_IFNAME", "VOLT_RESTART_CHECKPOINT",
-                        "VOLT_LAUNCHED_CHILD", "MASTER_PORT", "SLURM_PROCID"}) {
+                        "VOLT_LAUNCHED_CHILD", "MASTER_PORT", "SLURM_PROCID",
+                        // read by scripts/, listed so that setting them is not called a typo
+                        "VOLT_ALLOCATOR", "VOLT_CHROMIUM"}) {
     EXPECT_EQ(names.count(n), 1u) << n;
   }
 }
