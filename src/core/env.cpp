@@ -5,8 +5,10 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/detail/env_table.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
+#include "volt/core/registry.h"
 
 extern char** environ;
 
@@ -77,35 +79,14 @@ std::vector<EnvVar> make_table() {
   // clang-format on
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// The listed name nearest to `name` (also comparing without the VOLT_ prefix, so that
-// VOLT_QUANT_CONFIG finds QUANT_CONFIG), or "" when none is within 3 edits.
+// The listed name nearest to `name` by registry.h's closest_match (also comparing without the
+// VOLT_ prefix, so that VOLT_QUANT_CONFIG finds QUANT_CONFIG), or "" when none is close.
 std::string closest_name(const std::string& name) {
-  const std::string bare = name.rfind("VOLT_", 0) == 0 ? name.substr(5) : name;
-  std::string best;
-  size_t best_d = 4;
-  for (const auto& v : env_vars()) {
-    const size_t d = std::min(edit_distance(name, v.name), edit_distance(bare, v.name));
-    if (d < best_d) {
-      best_d = d;
-      best = v.name;
-    }
-  }
-  return best;
+  std::vector<std::string> names;
+  for (const auto& v : env_vars()) names.push_back(v.name);
+  const std::string near = closest_match(name, names);
+  if (!near.empty() || name.rfind("VOLT_", 0) != 0) return near;
+  return closest_match(name.substr(5), names);
 }
 
 std::string join(const std::vector<std::string>& items, const char* sep) {
@@ -140,11 +121,20 @@ const EnvVar* find_env_var(const std::string& name) {
   return nullptr;
 }
 
-std::optional<std::string> env_value(const std::string& name) {
+namespace detail {
+
+const EnvVar& listed_env_var(const std::string& name) {
   const EnvVar* var = find_env_var(name);
   VOLT_CHECK(var != nullptr, InternalError, "[env] ", name,
              " is read but not listed in volt's table of environment variables (src/core/env.cpp); "
              "add it there.");
+  return *var;
+}
+
+}  // namespace detail
+
+std::optional<std::string> env_value(const std::string& name) {
+  const EnvVar* var = &detail::listed_env_var(name);
   const char* v = std::getenv(name.c_str());
   if (v == nullptr || *v == '\0') return std::nullopt;
   const std::string value = v;

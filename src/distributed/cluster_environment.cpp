@@ -3,8 +3,8 @@
 #include <cstdlib>
 #include <limits>
 
+#include "core/detail/env_table.h"
 #include "volt/core/check.h"
-#include "volt/core/env.h"
 
 namespace volt {
 namespace {
@@ -267,9 +267,7 @@ EnvLookup process_env() {
   return [](const std::string& name) -> std::optional<std::string> {
     // Set-but-empty stays distinguishable here (the detection reports it); the name must still
     // be in volt's table (`volt env`).
-    VOLT_CHECK(find_env_var(name) != nullptr, InternalError, "[env] ", name,
-               " is read but not listed in volt's table of environment variables "
-               "(src/core/env.cpp); add it there.");
+    detail::listed_env_var(name);
     const char* v = std::getenv(name.c_str());
     if (!v) return std::nullopt;
     return std::string(v);
