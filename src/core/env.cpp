@@ -28,6 +28,13 @@ std::vector<EnvVar> make_table() {
        "folder of volt's per-machine caches (the bf16 probe); default $XDG_CACHE_HOME/volt, "
        "then ~/.cache/volt",
        {}},
+      {"VOLT_KERNEL_CACHE_CONFIG", G::kVolt, "DIR,CLEAR_AT_START,SIZE_MB",
+       "folder, clear-at-start (true/false) and size cap in MiB of the JIT's kernel cache "
+       "(KernelCache, as PT_HPU_RECIPE_CACHE_CONFIG); default <VOLT_CACHE_DIR>/kernels,false,1024",
+       {}},
+      {"VOLT_JIT_CC", G::kVolt, "COMMAND",
+       "C compiler (with leading words, e.g. \"ccache cc\") the JIT compiles kernels with; "
+       "default cc", {}},
       {"VOLT_ALLOCATOR", G::kVolt, "default | jemalloc | tcmalloc",
        "host allocator scripts/demo.sh runs under (scripts/with_allocator.sh); not read by the "
        "library", {}},

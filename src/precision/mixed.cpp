@@ -1,9 +1,5 @@
 #include "volt/precision/mixed.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -13,15 +9,15 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <iomanip>
 #include <mutex>
 #include <ostream>
 #include <sstream>
 
+#include "core/detail/file_lock.h"
+#include "core/detail/machine.h"
 #include "detail/linear_policy.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
-#include "volt/core/env.h"
 #include "volt/core/log.h"
 #include "volt/precision/autocast.h"
 #include "volt/precision/autocast_ops.h"
@@ -157,35 +153,12 @@ namespace {
 // continue the killed one bit for bit). One file per CPU model, thread count and libtorch/volt
 // version; the first process measures under an exclusive flock while the others wait for it
 // (a dead holder releases the lock), then everyone reads the file.
-std::string probe_cache_dir() {
-  if (auto d = env_value("VOLT_CACHE_DIR")) return *d;
-  if (auto x = env_value("XDG_CACHE_HOME")) return *x + "/volt";
-  if (auto h = env_value("HOME")) return *h + "/.cache/volt";
-  return "";
-}
-
 std::string probe_cache_key() {
-  std::string model = "unknown cpu";
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      model = line.substr(line.find(':') == std::string::npos ? 0 : line.find(':') + 1);
-      break;
-    }
-  }
   std::ostringstream key;
-  key << "bf16 probe v1|" << model << "|threads " << at::get_num_threads() << "|torch "
-      << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "." << TORCH_VERSION_PATCH;
+  key << "bf16 probe v1|" << detail::cpu_model_name() << "|threads " << at::get_num_threads()
+      << "|torch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "."
+      << TORCH_VERSION_PATCH;
   return key.str();
-}
-
-// FNV-1a: a file name that stays the same across builds and runs (std::hash need not).
-std::string hex_hash(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  std::ostringstream os;
-  os << std::hex << std::setw(16) << std::setfill('0') << h;
-  return os.str();
 }
 
 c10::optional<MixedPrecision::CpuProbe> read_probe(const std::string& path,
@@ -203,26 +176,7 @@ c10::optional<MixedPrecision::CpuProbe> read_probe(const std::string& path,
   return p;
 }
 
-// Holds an exclusive flock on a file for its lifetime (no lock when the file cannot be opened).
-class FileLock {
- public:
-  explicit FileLock(const std::string& path)
-      : fd_(::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644)) {
-    if (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
-      ::close(fd_);
-      fd_ = -1;
-    }
-  }
-  ~FileLock() {
-    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
-  }
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-  bool locked() const { return fd_ >= 0; }
-
- private:
-  int fd_;
-};
+using detail::FileLock;
 
 MixedPrecision::CpuProbe measure_cpu_probe() {
   // bf16 speed on CPU ranges from ~3x fp32 (avx512_bf16 / AMX through oneDNN) to well below it
@@ -279,10 +233,11 @@ MixedPrecision::CpuProbe measure_cpu_probe() {
 
 const MixedPrecision::CpuProbe& MixedPrecision::cpu_probe() {
   static const CpuProbe probe = [] {
-    const std::string dir = probe_cache_dir(), key = probe_cache_key();
+    const std::string dir = detail::volt_cache_dir(), key = probe_cache_key();
     std::error_code ec;
     if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-    const std::string path = dir.empty() ? "" : dir + "/bf16_probe_" + hex_hash(key) + ".txt";
+    const std::string path =
+        dir.empty() ? "" : dir + "/bf16_probe_" + detail::stable_hash_hex(key) + ".txt";
     std::unique_ptr<FileLock> lock;
     if (!path.empty()) lock = std::make_unique<FileLock>(path + ".lock");
     if (lock == nullptr || !lock->locked()) {

@@ -10,30 +10,14 @@
 
 #include "error_text.h"
 #include "log_capture.h"
+#include "scoped_env.h"
 #include "tiny.h"
 #include "volt/core/errors.h"
 #include "volt/trainer/trainer.h"
 
 namespace {
 
-/// Sets a variable for one scope and restores what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(std::string name, const std::string& value) : name_(std::move(name)) {
-    if (const char* old = std::getenv(name_.c_str())) old_ = old;
-    ::setenv(name_.c_str(), value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      ::setenv(name_.c_str(), old_->c_str(), 1);
-    else
-      ::unsetenv(name_.c_str());
-  }
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
+using volt_test::ScopedEnv;
 
 bool contains(const std::vector<std::string>& lines, const std::string& text) {
   for (const auto& l : lines) {

@@ -1,0 +1,137 @@
+// FusedElementwise against the same chain of libtorch ops (its reference()) and against the
+// shortest libtorch spelling (at::gelu's own fused tanh kernel), on bias + GELU(tanh) + residual
+// (forward, and forward + backward) and on a chain of exactly rounded ops; then what a kernel
+// costs the first time a process needs it: compiled, loaded from the KernelCache folder, or
+// already loaded. Each repetition times the variants back to back (interleaved, so drift hits
+// all alike); medians. Markdown.
+//
+//   build/benchmarks/volt_bench_fused_elementwise [repetitions] [intra-op threads]
+
+#include <stdlib.h>
+#include <torch/torch.h>
+#include <volt/kernels/fused_elementwise.h>
+#include <volt/kernels/kernel_cache.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "timing.h"
+
+namespace {
+
+using namespace volt::jit;  // NOLINT: the expression language reads as maths
+using volt_bench::median;
+using volt_bench::time_ms;
+
+Expr gelu_tanh(const Expr& y) {
+  return 0.5 * y * (1.0 + tanh(0.7978845608028654 * (y + 0.044715 * y * y * y)));
+}
+
+struct Variant {
+  std::string name;
+  std::function<void()> run;
+};
+
+void compare(const std::string& title, int reps, const std::vector<Variant>& variants) {
+  std::vector<std::vector<double>> ms(variants.size());
+  for (const auto& v : variants) v.run();  // warm-up (and the compile)
+  for (int r = 0; r < reps; ++r) {
+    for (size_t i = 0; i < variants.size(); ++i) ms[i].push_back(time_ms(variants[i].run));
+  }
+  std::printf("\n**%s**\n\n| variant | median ms | vs. op-by-op |\n|---|---:|---:|\n",
+              title.c_str());
+  const double base = median(ms[0]);
+  for (size_t i = 0; i < variants.size(); ++i) {
+    std::printf("| %s | %.3f | %.2fx |\n", variants[i].name.c_str(), median(ms[i]),
+                base / median(ms[i]));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 30;
+  if (argc > 2) at::set_num_threads(std::atoi(argv[2]));
+  // A private cache folder: the figures must not depend on what the user's cache holds.
+  char tmpl[] = "/tmp/volt_bench_jit_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  ::setenv("VOLT_KERNEL_CACHE_CONFIG", (dir + ",false,256").c_str(), 1);
+  torch::manual_seed(0);
+  std::printf("threads: %d\n", at::get_num_threads());
+
+  Expr x = input(0), b = input(1), r = input(2);
+  volt::FusedElementwise bias_gelu_res("bench_bias_gelu_res", {gelu_tanh(x + b) + r},
+                                       volt::FusedElementwiseOptions().require_fused(true));
+  for (int64_t rows : {64, 4096}) {
+    const auto xt = torch::randn({rows, 1024}), bt = torch::randn({1024}),
+               rt = torch::randn({rows, 1024});
+    const std::vector<at::Tensor> in{xt, bt, rt};
+    compare("bias + GELU(tanh) + residual, [" + std::to_string(rows) + ", 1024] float32", reps,
+            {{"op by op (reference(), 12 ops)", [&] { bias_gelu_res.reference(in); }},
+             {"at::gelu(x + b, \"tanh\") + r (3 ops)",
+              [&] { at::add(at::gelu(at::add(xt, bt), "tanh"), rt); }},
+             {"FusedElementwise (1 loop)", [&] { bias_gelu_res(in); }}});
+  }
+  {
+    // Training: forward and backward. Autograd's backward of the op-by-op chain is ~20 more
+    // ops; the fused backward is one more loop (recomputing the forward values) plus the sum
+    // of the bias gradient over rows.
+    const auto rg = torch::requires_grad();
+    const auto xt = torch::randn({4096, 1024}, rg), bt = torch::randn({1024}, rg),
+               rt = torch::randn({4096, 1024}, rg), up = torch::randn({4096, 1024});
+    const std::vector<at::Tensor> in{xt, bt, rt};
+    auto train = [&](const at::Tensor& out) { torch::autograd::grad({out}, {xt, bt, rt}, {up}); };
+    compare("forward + backward of bias + GELU(tanh) + residual, [4096, 1024] float32", reps,
+            {{"op by op (reference() + autograd)", [&] { train(bias_gelu_res.reference(in)[0]); }},
+             {"at::gelu(x + b, \"tanh\") + r + autograd",
+              [&] { train(at::add(at::gelu(at::add(xt, bt), "tanh"), rt)); }},
+             {"FusedElementwise (fused backward)", [&] { train(bias_gelu_res(in)[0]); }}});
+  }
+  {
+    Expr a = input(0), c = input(1), d = input(2);
+    volt::FusedElementwise chain("bench_chain", {maximum(a * c + d, 0.0) * 0.5 - minimum(a, d) * c},
+                                 volt::FusedElementwiseOptions().require_fused(true));
+    const auto at_ = torch::randn({4096, 1024}), ct = torch::randn({4096, 1024}),
+               dt = torch::randn({4096, 1024});
+    const std::vector<at::Tensor> in{at_, ct, dt};
+    compare("max(a*c + d, 0)*0.5 - min(a, d)*c, [4096, 1024] float32 (bit-identical)", reps,
+            {{"op by op (reference(), 7 ops)", [&] { chain.reference(in); }},
+             {"FusedElementwise (1 loop)", [&] { chain(in); }}});
+  }
+
+  // The first call of a kernel a process has not loaded. Distinct names are distinct kernels,
+  // so each compile and each load is real (dlopen would hand back a library already loaded).
+  const auto small = torch::randn({16});
+  const int n = std::max(3, reps / 5);
+  std::vector<double> compile_ms, disk_ms, memory_ms;
+  for (int i = 0; i < n; ++i) {
+    volt::FusedElementwise k("bench_first_call_" + std::to_string(i), {gelu_tanh(input(0))});
+    compile_ms.push_back(time_ms([&] { k({small}); }));
+  }
+  volt::KernelCache::global().flush();
+  volt::jit::forget_loaded_kernels();
+  for (int i = 0; i < n; ++i) {
+    volt::FusedElementwise k("bench_first_call_" + std::to_string(i), {gelu_tanh(input(0))});
+    disk_ms.push_back(time_ms([&] { k({small}); }));
+  }
+  for (int i = 0; i < n; ++i) {
+    volt::FusedElementwise k("bench_first_call_" + std::to_string(i), {gelu_tanh(input(0))});
+    memory_ms.push_back(time_ms([&] { k({small}); }));
+  }
+  const auto s = volt::jit::stats();
+  std::printf(
+      "\n**First call of a kernel (%d kernels; compiles %lld, disk hits %lld, memory hits "
+      "%lld)**\n\n| where the kernel came from | median ms |\n|---|---:|\n",
+      n, static_cast<long long>(s.compiles), static_cast<long long>(s.disk_hits),
+      static_cast<long long>(s.memory_hits));
+  std::printf(
+      "| compiled (cc) | %.2f |\n| KernelCache folder (dlopen) | %.3f |\n"
+      "| loaded already | %.4f |\n",
+      median(compile_ms), median(disk_ms), median(memory_ms));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return 0;
+}

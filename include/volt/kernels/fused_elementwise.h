@@ -1,0 +1,175 @@
+#pragma once
+/// FusedElementwise: a chain of elementwise float32 ops compiled at run time into one CPU loop
+/// (one pass over memory instead of one per op), with the plain libtorch composition beside it.
+/// Kernels are compiled by the system's C compiler and kept in the KernelCache, so a kernel is
+/// compiled once per machine; `reference()` evaluates the same expression with libtorch ops.
+///
+///   using namespace volt::jit;
+///   Expr x = input(0), bias = input(1), res = input(2);
+///   Expr y = x + bias;
+///   Expr gelu = 0.5 * y * (1.0 + tanh(0.7978845608 * (y + 0.044715 * y * y * y)));
+///   volt::FusedElementwise bias_gelu_res("bias_gelu_res", {gelu + res});
+///   at::Tensor out = bias_gelu_res({x_t, bias_t, res_t})[0];
+///
+/// Inputs broadcast as libtorch does, in the forms the loop handles directly: tensors of the
+/// output's shape, one-element tensors, and rows (sizes 1 except the last, which is the
+/// output's). Anything else (other broadcasts, dtypes, devices, no C compiler) runs
+/// `reference()` instead, logged once; `require_fused` turns that into NotAvailable.
+///
+/// Autograd: when an input requires grad, the outputs get a backward that is itself a
+/// FusedElementwise, derived symbolically from the expression (libtorch's derivative formulas,
+/// recomputing the forward values from the saved inputs in the same loop); gradients of
+/// broadcast inputs are summed with at::sum_to. Higher-order gradients (create_graph) work the
+/// same way. The backward holds what it needs: the object may be destroyed before it runs.
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace volt {
+namespace jit {
+
+/// The operations an expression is made of.
+// clang-format off
+enum class Op {
+  kInput, kConstant,
+  kAdd, kSub, kMul, kDiv, kMaximum, kMinimum,
+  kNeg, kAbs, kExp, kLog, kTanh, kSigmoid, kRelu, kSqrt, kErf,
+  kSelectGt,  ///< a > b ? x : y
+  kSelectEq,  ///< a == b ? x : y
+};
+// clang-format on
+
+/// A node of an elementwise expression: a value computed per element. Copies share the node,
+/// so a sub-expression used twice is computed once.
+class Expr {
+ public:
+  struct Node {
+    /// Frees a deep chain without recursing once per node (a recursive free of a chain of ~1e5
+    /// nodes would overflow the stack).
+    ~Node();
+    Op op;
+    int64_t index = 0;  // kInput
+    double value = 0;   // kConstant
+    std::vector<std::shared_ptr<const Node>> args;
+  };
+  /// A constant (rounded to float32 once, as libtorch rounds a Python scalar).
+  Expr(double value);  // NOLINT(google-explicit-constructor): 0.5 * x reads as maths
+  explicit Expr(std::shared_ptr<const Node> node) : node_(std::move(node)) {}
+  const std::shared_ptr<const Node>& node() const { return node_; }
+
+ private:
+  std::shared_ptr<const Node> node_;
+};
+
+/// The index-th tensor passed to FusedElementwise::operator() (index >= 0).
+Expr input(int64_t index);
+
+Expr operator+(const Expr& a, const Expr& b);
+Expr operator-(const Expr& a, const Expr& b);
+Expr operator*(const Expr& a, const Expr& b);
+Expr operator/(const Expr& a, const Expr& b);
+Expr operator-(const Expr& a);
+/// NaN-propagating, as at::maximum / at::minimum.
+Expr maximum(const Expr& a, const Expr& b);
+Expr minimum(const Expr& a, const Expr& b);
+Expr abs(const Expr& a);
+Expr exp(const Expr& a);
+Expr log(const Expr& a);
+Expr tanh(const Expr& a);
+Expr sigmoid(const Expr& a);
+Expr relu(const Expr& a);
+Expr sqrt(const Expr& a);
+Expr erf(const Expr& a);
+/// a > b ? x : y, per element (no gradient flows to a and b).
+Expr where_greater(const Expr& a, const Expr& b, const Expr& x, const Expr& y);
+/// a == b ? x : y, per element (no gradient flows to a and b).
+Expr where_equal(const Expr& a, const Expr& b, const Expr& x, const Expr& y);
+
+/// The gradient expressions of `outputs` with respect to inputs 0 .. num_inputs - 1, given the
+/// output gradients as inputs num_inputs .. num_inputs + outputs.size() - 1 (libtorch's
+/// derivative formulas; an input nothing depends on gets the constant 0).
+std::vector<Expr> gradients(const std::vector<Expr>& outputs, int64_t num_inputs);
+
+}  // namespace jit
+
+/// How a FusedElementwise runs.
+struct FusedElementwiseOptions {
+  /// Throw NotAvailable instead of running reference() when the compiled loop does not apply
+  /// (no compiler, dtype, device, broadcast, inputs that need a gradient). Default: false.
+  TORCH_ARG(bool, require_fused) = false;
+  /// Look kernels up in, and add them to, KernelCache::global(). Default: true.
+  TORCH_ARG(bool, use_disk_cache) = true;
+  /// Elements per at::parallel_for chunk. Default: 32768.
+  TORCH_ARG(int64_t, grain_size) = 32768;
+};
+
+std::ostream& operator<<(std::ostream& os, const FusedElementwiseOptions& options);
+
+namespace jit {
+
+/// Where the kernels of this process came from (process-wide counters).
+struct Stats {
+  int64_t compiles = 0;     ///< kernels compiled by the C compiler
+  int64_t disk_hits = 0;    ///< kernels loaded from the KernelCache
+  int64_t memory_hits = 0;  ///< kernels this process had loaded already
+  int64_t fallbacks = 0;    ///< calls that ran reference() instead
+};
+Stats stats();
+/// Forgets the kernels loaded so far, so that the next call looks in the disk cache (the
+/// libraries stay mapped: kernels handed out stay valid). For tests and benchmarks.
+void forget_loaded_kernels();
+
+}  // namespace jit
+
+/// A fused elementwise kernel with one or more float32 outputs; thread-safe to call.
+class FusedElementwise {
+ public:
+  /// `name` (letters, digits, '_') names the kernel in logs and cache entries; `outputs` are
+  /// the expressions to compute (ValueError when empty or undefined).
+  FusedElementwise(std::string name, std::vector<jit::Expr> outputs,
+                   FusedElementwiseOptions options = {});
+
+  /// The outputs for `inputs` (as many as the largest input index + 1), each of the inputs'
+  /// broadcast shape, contiguous float32. Compiles (or loads) the kernel for this combination
+  /// of input forms on first use.
+  std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs) const;
+  /// The same outputs computed with libtorch ops (differentiable; any dtype and device).
+  std::vector<at::Tensor> reference(const std::vector<at::Tensor>& inputs) const;
+  /// Why operator() would run reference() for `inputs`, or "" when the compiled loop applies.
+  std::string fused_unavailable_reason(const std::vector<at::Tensor>& inputs) const;
+  /// The C source of the kernel for `inputs`' forms (what gets compiled; for reading).
+  std::string source(const std::vector<at::Tensor>& inputs) const;
+
+  int64_t num_inputs() const { return num_inputs_; }
+  const std::string& name() const { return name_; }
+  const FusedElementwiseOptions& options() const { return options_; }
+
+ private:
+  using KernelFn = void (*)(const float* const*, float* const*, int64_t, int64_t, int64_t);
+  std::string forms_of(const std::vector<at::Tensor>& inputs, std::string* why) const;
+  KernelFn kernel_for(const std::string& forms) const;
+
+  std::vector<at::Tensor> run_kernel(KernelFn fn, const std::string& forms,
+                                     const std::vector<at::Tensor>& inputs,
+                                     const std::vector<int64_t>& shape) const;
+  std::shared_ptr<const FusedElementwise> backward_for(const std::vector<bool>& needs_grad) const;
+
+  std::string name_;
+  std::vector<jit::Expr> outputs_;
+  FusedElementwiseOptions options_;
+  int64_t num_inputs_ = 0;
+  mutable std::mutex mu_;
+  mutable std::map<std::string, KernelFn> kernels_;  // by input forms
+  // Backward kernels, by which inputs need a gradient ('1'/'0' per input).
+  mutable std::map<std::string, std::shared_ptr<const FusedElementwise>> backward_;
+};
+
+}  // namespace volt

@@ -1,0 +1,1012 @@
+#include "volt/kernels/fused_elementwise.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <c10/core/GradMode.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <gnu/libc-version.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/detail/machine.h"
+#include "volt/core/check.h"
+#include "volt/core/env.h"
+#include "volt/core/log.h"
+#include "volt/kernels/kernel_cache.h"
+
+extern char** environ;
+
+namespace volt {
+namespace jit {
+namespace {
+
+using NodePtr = std::shared_ptr<const Expr::Node>;
+
+Expr make(Op op, std::vector<NodePtr> args) {
+  for (const auto& a : args) {
+    VOLT_CHECK(a != nullptr, ValueError, "[FusedElementwise] an operand of ", static_cast<int>(op),
+               " is an empty Expr; build expressions from input() and constants.");
+  }
+  auto n = std::make_shared<Expr::Node>();
+  n->op = op;
+  n->args = std::move(args);
+  return Expr(std::move(n));
+}
+
+}  // namespace
+
+Expr::Node::~Node() {
+  // Take over the arguments this node owns alone, and theirs, before they are freed: each is then
+  // destroyed with no arguments left, so freeing a chain takes a loop instead of a recursion.
+  // use_count() == 1 means this node holds the only reference: no other thread can copy it.
+  std::vector<std::shared_ptr<const Node>> orphans;
+  for (auto& a : args) {
+    if (a.use_count() == 1) orphans.push_back(std::move(a));
+  }
+  while (!orphans.empty()) {
+    std::shared_ptr<const Node> n = std::move(orphans.back());
+    orphans.pop_back();
+    auto& children = const_cast<Node&>(*n).args;
+    for (auto& a : children) {
+      if (a.use_count() == 1) orphans.push_back(std::move(a));
+    }
+    children.clear();
+  }
+}
+
+Expr::Expr(double value) {
+  auto n = std::make_shared<Node>();
+  n->op = Op::kConstant;
+  n->value = value;
+  node_ = std::move(n);
+}
+
+Expr input(int64_t index) {
+  VOLT_CHECK(index >= 0, ValueError, "[FusedElementwise] input(", index,
+             ") is negative; inputs are numbered from 0.");
+  auto n = std::make_shared<Expr::Node>();
+  n->op = Op::kInput;
+  n->index = index;
+  return Expr(std::move(n));
+}
+
+// clang-format off
+Expr operator+(const Expr& a, const Expr& b) { return make(Op::kAdd, {a.node(), b.node()}); }
+Expr operator-(const Expr& a, const Expr& b) { return make(Op::kSub, {a.node(), b.node()}); }
+Expr operator*(const Expr& a, const Expr& b) { return make(Op::kMul, {a.node(), b.node()}); }
+Expr operator/(const Expr& a, const Expr& b) { return make(Op::kDiv, {a.node(), b.node()}); }
+Expr operator-(const Expr& a) { return make(Op::kNeg, {a.node()}); }
+Expr maximum(const Expr& a, const Expr& b) { return make(Op::kMaximum, {a.node(), b.node()}); }
+Expr minimum(const Expr& a, const Expr& b) { return make(Op::kMinimum, {a.node(), b.node()}); }
+Expr abs(const Expr& a) { return make(Op::kAbs, {a.node()}); }
+Expr exp(const Expr& a) { return make(Op::kExp, {a.node()}); }
+Expr log(const Expr& a) { return make(Op::kLog, {a.node()}); }
+Expr tanh(const Expr& a) { return make(Op::kTanh, {a.node()}); }
+Expr sigmoid(const Expr& a) { return make(Op::kSigmoid, {a.node()}); }
+Expr relu(const Expr& a) { return make(Op::kRelu, {a.node()}); }
+Expr sqrt(const Expr& a) { return make(Op::kSqrt, {a.node()}); }
+Expr erf(const Expr& a) { return make(Op::kErf, {a.node()}); }
+// clang-format on
+Expr where_greater(const Expr& a, const Expr& b, const Expr& x, const Expr& y) {
+  return make(Op::kSelectGt, {a.node(), b.node(), x.node(), y.node()});
+}
+Expr where_equal(const Expr& a, const Expr& b, const Expr& x, const Expr& y) {
+  return make(Op::kSelectEq, {a.node(), b.node(), x.node(), y.node()});
+}
+
+}  // namespace jit
+
+namespace {
+
+using jit::Op;
+using NodePtr = std::shared_ptr<const jit::Expr::Node>;
+using KernelFn = void (*)(const float* const*, float* const*, int64_t, int64_t, int64_t);
+using KeyFn = const char* (*)();
+
+constexpr const char* kComponent = "FusedElementwise";
+// Bump when the generated code's calling convention or meaning changes: old cache entries then
+// stop matching instead of being loaded.
+constexpr const char* kFormat = "volt-jit elementwise v1";
+// Distinct nodes in one kernel (its backward included): ~100 bytes of C each, so the compiler
+// gets at most a few MB; it also bounds the memory of the reference's intermediate tensors.
+constexpr size_t kMaxNodes = 65536;
+
+// -ffp-contract=off keeps a*b+c two roundings, as libtorch computes it, so that chains of
+// +, -, * and the comparisons give libtorch's bits exactly. -fno-math-errno lets sqrtf become
+// one instruction and the loop vectorise; -march=native is why the CPU model is in the key.
+// --no-undefined makes a missing vector math function a link error (retried without) instead
+// of a dlopen failure.
+const std::vector<std::string> kFlags = {"-std=c11",
+                                         "-O3",
+                                         "-march=native",
+                                         "-fPIC",
+                                         "-shared",
+                                         "-ffp-contract=off",
+                                         "-fno-math-errno",
+                                         "-fno-trapping-math",
+                                         "-fvisibility=hidden",
+                                         "-Wl,--no-undefined"};
+
+// Scalar expf/tanhf/... calls stop a loop from vectorising (measured 30x slower than the
+// vectorised loop on GELU). glibc's libmvec has SIMD versions of them (tanhf and erff since
+// 2.35, within 4 ulp by its documentation); `declare simd` lets GCC call them. Where libmvec or
+// one of its functions is missing, the link fails and the plain loop is built instead.
+struct Variant {
+  const char* name;
+  std::vector<std::string> flags, libs;
+};
+const std::vector<Variant> kVariants = {
+    {"vectorised (libmvec)", {"-DVOLT_MVEC", "-fopenmp-simd"}, {"-lmvec", "-lm"}},
+    {"scalar libm", {}, {"-lm"}},
+};
+
+// Nodes in evaluation order (arguments before users), each once.
+std::vector<NodePtr> topo_order(const std::vector<jit::Expr>& outputs) {
+  std::vector<NodePtr> order;
+  std::unordered_set<const jit::Expr::Node*> seen;
+  // Iterative post-order: expressions can be deep (long chains) and recursion would overflow.
+  std::vector<std::pair<NodePtr, size_t>> stack;
+  for (const auto& out : outputs) {
+    if (seen.count(out.node().get())) continue;
+    stack.emplace_back(out.node(), 0);
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next < node->args.size()) {
+        const NodePtr child = node->args[next++];
+        if (!seen.count(child.get())) stack.emplace_back(child, 0);
+        continue;
+      }
+      if (seen.insert(node.get()).second) order.push_back(node);
+      stack.pop_back();
+    }
+  }
+  return order;
+}
+
+std::string float_literal(double v) {
+  const float f = static_cast<float>(v);
+  if (std::isnan(f)) return "((float)NAN)";
+  if (std::isinf(f)) return f > 0 ? "((float)INFINITY)" : "(-(float)INFINITY)";
+  char buf[64];
+  // %.9g round-trips a float; the cast keeps it float (no double arithmetic in the loop).
+  std::snprintf(buf, sizeof(buf), "((float)%.9g)", static_cast<double>(f));
+  return buf;
+}
+
+// The loop body's expression for one node, over the values named v<k> (inputs) and t<id>.
+std::string c_expr(const jit::Expr::Node* n,
+                   const std::unordered_map<const void*, std::string>& name) {
+  auto a = [&](size_t i) { return name.at(n->args[i].get()); };
+  switch (n->op) {
+    case Op::kInput:
+    case Op::kConstant: break;
+    case Op::kAdd: return a(0) + " + " + a(1);
+    case Op::kSub: return a(0) + " - " + a(1);
+    case Op::kMul: return a(0) + " * " + a(1);
+    case Op::kDiv: return a(0) + " / " + a(1);
+    // NaN wins, as in at::maximum / at::minimum.
+    case Op::kMaximum:
+      return "(" + a(0) + " > " + a(1) + " || " + a(0) + " != " + a(0) + ") ? " + a(0) + " : " +
+             a(1);
+    case Op::kMinimum:
+      return "(" + a(0) + " < " + a(1) + " || " + a(0) + " != " + a(0) + ") ? " + a(0) + " : " +
+             a(1);
+    case Op::kNeg: return "-" + a(0);
+    case Op::kAbs: return "fabsf(" + a(0) + ")";
+    case Op::kExp: return "expf(" + a(0) + ")";
+    case Op::kLog: return "logf(" + a(0) + ")";
+    case Op::kTanh: return "tanhf(" + a(0) + ")";
+    case Op::kSigmoid: return "1.0f / (1.0f + expf(-" + a(0) + "))";
+    // NaN passes through, as at::relu (clamp_min) lets it.
+    case Op::kRelu:
+      return "(" + a(0) + " > 0.0f || " + a(0) + " != " + a(0) + ") ? " + a(0) + " : 0.0f";
+    case Op::kSqrt: return "sqrtf(" + a(0) + ")";
+    case Op::kErf: return "erff(" + a(0) + ")";
+    case Op::kSelectGt: return "(" + a(0) + " > " + a(1) + ") ? " + a(2) + " : " + a(3);
+    case Op::kSelectEq: return "(" + a(0) + " == " + a(1) + ") ? " + a(2) + " : " + a(3);
+  }
+  VOLT_ASSERT(false, "[FusedElementwise] c_expr called on a leaf");
+  return "";
+}
+
+// The kernel's C source for input forms `forms` ('F' full, 'S' one element, 'R' row), without
+// the key line. The loop runs over [begin, end) of the flat output in stretches that stay in one
+// row, so that row inputs are read at a running column and the inner loop vectorises.
+std::string generate_body(const std::vector<jit::Expr>& outputs, const std::string& forms) {
+  const auto order = topo_order(outputs);
+  std::unordered_map<const void*, std::string> name;
+  std::ostringstream hoisted, body;
+  int64_t next = 0;
+  for (const auto& node : order) {
+    const auto* n = node.get();
+    if (n->op == Op::kInput) {
+      name[n] = "v" + std::to_string(n->index);
+    } else if (n->op == Op::kConstant) {
+      name[n] = "c" + std::to_string(next++);
+      hoisted << "  const float " << name[n] << " = " << float_literal(n->value) << ";\n";
+    } else {
+      name[n] = "t" + std::to_string(next++);
+      body << "      const float " << name[n] << " = " << c_expr(n, name) << ";\n";
+    }
+  }
+  std::ostringstream s;
+  s << "#include <math.h>\n#include <stdint.h>\n\n"
+    << "#ifdef VOLT_MVEC\n"
+    << "#pragma omp declare simd notinbranch\nfloat expf(float);\n"
+    << "#pragma omp declare simd notinbranch\nfloat logf(float);\n"
+    << "#pragma omp declare simd notinbranch\nfloat tanhf(float);\n"
+    << "#pragma omp declare simd notinbranch\nfloat erff(float);\n"
+    << "#define VOLT_SIMD _Pragma(\"omp simd\")\n"
+    << "#else\n#define VOLT_SIMD\n#endif\n\n"
+    << "__attribute__((visibility(\"default\")))\n"
+    << "void volt_jit_kernel(const float* const* in, float* const* out, int64_t begin,\n"
+    << "                     int64_t end, int64_t cols) {\n"
+    << hoisted.str();
+  for (size_t k = 0; k < forms.size(); ++k) {
+    if (forms[k] == 'S') s << "  const float v" << k << " = in[" << k << "][0];\n";
+  }
+  s << "  int64_t i = begin;\n"
+    << "  while (i < end) {\n"
+    << "    const int64_t col = i % cols;\n"
+    << "    int64_t n = cols - col;\n"
+    << "    if (n > end - i) n = end - i;\n";
+  for (size_t k = 0; k < forms.size(); ++k) {
+    if (forms[k] == 'F') s << "    const float* restrict p" << k << " = in[" << k << "] + i;\n";
+    if (forms[k] == 'R') s << "    const float* restrict p" << k << " = in[" << k << "] + col;\n";
+  }
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    s << "    float* restrict q" << o << " = out[" << o << "] + i;\n";
+  }
+  s << "    VOLT_SIMD\n    for (int64_t j = 0; j < n; ++j) {\n";
+  for (size_t k = 0; k < forms.size(); ++k) {
+    if (forms[k] != 'S') s << "      const float v" << k << " = p" << k << "[j];\n";
+  }
+  s << body.str();
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    s << "      q" << o << "[j] = " << name.at(outputs[o].node().get()) << ";\n";
+  }
+  s << "    }\n    i += n;\n  }\n}\n";
+  return s.str();
+}
+
+std::string escape_c_string(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::vector<std::string> compiler_command() {
+  std::vector<std::string> words;
+  std::istringstream in(env_value("VOLT_JIT_CC").value_or("cc"));
+  for (std::string w; in >> w;) words.push_back(w);
+  if (words.empty()) words.push_back("cc");
+  return words;
+}
+
+// Runs `argv` (PATH lookup) with stdout and stderr into `log_path`, at most `timeout_s`
+// seconds; returns "" on exit code 0, else why not. The compiler must never hang a run.
+std::string run_program(const std::vector<std::string>& argv, const std::string& log_path,
+                        int timeout_s) {
+  std::vector<char*> cargv;
+  std::vector<std::string> copy = argv;
+  for (auto& a : copy) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  const int rc = ::posix_spawnp(&pid, cargv[0], &fa, nullptr, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return "cannot run '" + argv[0] + "' (" + std::strerror(rc) + ")";
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  bool done = pidfd < 0;  // without pidfds (kernel < 5.3) wait without a deadline
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    int r;
+    do {
+      r = ::poll(&p, 1, timeout_s * 1000);
+    } while (r < 0 && errno == EINTR);
+    ::close(pidfd);
+    done = r > 0;
+  }
+  if (!done) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!done) return "'" + argv[0] + "' ran longer than " + std::to_string(timeout_s) + " s";
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  std::ifstream log(log_path);
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  if (text.size() > 2000) text = "..." + text.substr(text.size() - 2000);
+  const std::string how = WIFEXITED(status)
+                              ? "exited with " + std::to_string(WEXITSTATUS(status))
+                              : "was killed by signal " + std::to_string(WTERMSIG(status));
+  return "'" + argv[0] + "' " + how + ": " + text;
+}
+
+// A temporary folder removed with everything in it when this goes out of scope.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "volt-jit-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct Compiler {
+  std::vector<std::string> command;
+  std::string identity;  // first line of --version; "" when unusable
+  std::string problem;   // why it cannot be used
+};
+
+const Compiler& compiler() {
+  static const Compiler c = [] {
+    Compiler c;
+    c.command = compiler_command();
+    TempDir dir;
+    if (dir.path().empty()) {
+      c.problem = "cannot create a temporary folder for the compiler";
+      return c;
+    }
+    auto argv = c.command;
+    argv.push_back("--version");
+    const std::string log = dir.path() + "/version.txt";
+    const std::string why = run_program(argv, log, 60);
+    if (!why.empty()) {
+      c.problem =
+          "no usable C compiler: " + why + " (install gcc or clang, or point VOLT_JIT_CC at one)";
+      return c;
+    }
+    std::ifstream in(log);
+    std::getline(in, c.identity);
+    if (c.identity.empty()) c.identity = "unknown compiler";
+    return c;
+  }();
+  return c;
+}
+
+// The process-wide level of the cache: kernels loaded by key, and keys that failed (with why),
+// so that a kernel is compiled or loaded once per process.
+struct Loaded {
+  std::mutex mu;
+  std::unordered_map<std::string, KernelFn> kernels;
+  std::unordered_map<std::string, std::string> failed;
+  jit::Stats stats;
+};
+
+Loaded& loaded() {
+  static Loaded* l = new Loaded();  // never destroyed: kernels may run during static teardown
+  return *l;
+}
+
+// Opens the library at `path` and returns its kernel when it carries `key`; "" in *why on success.
+KernelFn open_kernel(const std::string& path, const std::string& key, std::string* why) {
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* e = ::dlerror();
+    *why = std::string("dlopen failed: ") + (e ? e : "?");
+    return nullptr;
+  }
+  auto key_fn = reinterpret_cast<KeyFn>(::dlsym(handle, "volt_jit_key"));
+  auto fn = reinterpret_cast<KernelFn>(::dlsym(handle, "volt_jit_kernel"));
+  if (key_fn == nullptr || fn == nullptr || key != key_fn()) {
+    *why = "it is not the kernel of this key (another kernel, compiler or volt version)";
+    ::dlclose(handle);
+    return nullptr;
+  }
+  why->clear();
+  return fn;  // the handle stays open for the process's lifetime
+}
+
+// Compiles `source` into a library, loads it, and returns the kernel and the library's bytes.
+KernelFn compile_kernel(const std::string& source, const std::string& key, std::string* bytes,
+                        std::string* why) {
+  const Compiler& cc = compiler();
+  if (!cc.problem.empty()) {
+    *why = cc.problem;
+    return nullptr;
+  }
+  TempDir dir;
+  if (dir.path().empty()) {
+    *why = "cannot create a temporary folder to compile in";
+    return nullptr;
+  }
+  // dlopen hands back an already loaded library whose path matches, even one since deleted: a
+  // name unique to the key keeps a reused temporary folder name from returning another kernel.
+  const std::string stem = dir.path() + "/kernel-" + detail::stable_hash_hex(key);
+  const std::string src = stem + ".c", lib = stem + ".so";
+  {
+    std::ofstream out(src);
+    out << source;
+    if (!out) {
+      *why = "cannot write " + src;
+      return nullptr;
+    }
+  }
+  std::string failures;
+  const Variant* built = nullptr;
+  for (const auto& v : kVariants) {
+    auto argv = cc.command;
+    argv.insert(argv.end(), kFlags.begin(), kFlags.end());
+    argv.insert(argv.end(), v.flags.begin(), v.flags.end());
+    argv.insert(argv.end(), {"-o", lib, src});
+    argv.insert(argv.end(), v.libs.begin(), v.libs.end());
+    const std::string err = run_program(argv, dir.path() + "/compile.txt", 300);
+    if (err.empty()) {
+      built = &v;
+      break;
+    }
+    failures += std::string(failures.empty() ? "" : "; ") + v.name + ": " + err;
+  }
+  if (built == nullptr) {
+    *why = "compiling failed: " + failures;
+    return nullptr;
+  }
+  if (built != &kVariants.front()) {
+    warn_once("jit-no-mvec", kComponent,
+              "kernels are built with scalar libm calls, which do not vectorise (" + failures +
+                  "); exp/log/tanh/erf chains run slower than libtorch's own kernels.");
+  }
+  KernelFn fn = open_kernel(lib, key, why);
+  if (fn == nullptr) return nullptr;
+  std::ifstream in(lib, std::ios::binary);
+  bytes->assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return fn;
+}
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+std::vector<int64_t> broadcast_shape(const std::vector<at::Tensor>& inputs) {
+  std::vector<int64_t> shape;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    VOLT_CHECK(inputs[i].defined(), ValueError, "[FusedElementwise] input ", i,
+               " is an undefined tensor; pass a tensor for every input.");
+    try {
+      shape = at::infer_size(shape, inputs[i].sizes());
+    } catch (const c10::Error&) {
+      VOLT_CHECK(false, ValueError, "[FusedElementwise] input ", i, " of shape ",
+                 shape_str(inputs[i].sizes()), " does not broadcast with the shape ",
+                 shape_str(shape), " of the inputs before it; pass broadcastable shapes.");
+    }
+  }
+  return shape;
+}
+
+// One node with libtorch ops, its arguments already in `memo` (callers go in evaluation order:
+// no recursion, so deep expressions cannot overflow the stack).
+at::Tensor evaluate(const jit::Expr::Node* n, const std::vector<at::Tensor>& inputs,
+                    std::unordered_map<const void*, at::Tensor>* memo) {
+  auto a = [&](size_t i) { return memo->at(n->args[i].get()); };
+  at::Tensor r;
+  switch (n->op) {
+    case Op::kInput: r = inputs[n->index]; break;
+    case Op::kConstant:
+      r = at::scalar_tensor(static_cast<float>(n->value), at::TensorOptions(at::kFloat));
+      break;
+    case Op::kAdd: r = at::add(a(0), a(1)); break;
+    case Op::kSub: r = at::sub(a(0), a(1)); break;
+    case Op::kMul: r = at::mul(a(0), a(1)); break;
+    case Op::kDiv: r = at::div(a(0), a(1)); break;
+    case Op::kMaximum: r = at::maximum(a(0), a(1)); break;
+    case Op::kMinimum: r = at::minimum(a(0), a(1)); break;
+    case Op::kNeg: r = at::neg(a(0)); break;
+    case Op::kAbs: r = at::abs(a(0)); break;
+    case Op::kExp: r = at::exp(a(0)); break;
+    case Op::kLog: r = at::log(a(0)); break;
+    case Op::kTanh: r = at::tanh(a(0)); break;
+    case Op::kSigmoid: r = at::sigmoid(a(0)); break;
+    case Op::kRelu: r = at::relu(a(0)); break;
+    case Op::kSqrt: r = at::sqrt(a(0)); break;
+    case Op::kErf: r = at::erf(a(0)); break;
+    case Op::kSelectGt:
+    case Op::kSelectEq: {
+      const at::Tensor x = a(2), y = a(3);
+      const auto type = at::result_type(x, y);
+      const at::Tensor cond = n->op == Op::kSelectGt ? at::gt(a(0), a(1)) : at::eq(a(0), a(1));
+      r = at::where(cond, x.to(type), y.to(type));
+      break;
+    }
+  }
+  (*memo)[n] = r;
+  return r;
+}
+
+bool is_valid_name(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
+}
+
+// The autograd node of a fused call: runs the backward FusedElementwise on the saved inputs and
+// the output gradients, then sums each gradient down to its input's (broadcast) shape. It owns
+// the backward kernel, so the forward object may be gone by the time it runs.
+class FusedElementwiseBackward : public torch::autograd::Node {
+ public:
+  FusedElementwiseBackward(std::shared_ptr<const FusedElementwise> backward,
+                           std::vector<size_t> grad_inputs, const std::vector<at::Tensor>& inputs,
+                           std::vector<int64_t> shape)
+      : backward_(std::move(backward)),
+        grad_inputs_(std::move(grad_inputs)),
+        num_inputs_(inputs.size()),
+        shape_(std::move(shape)) {
+    for (const auto& t : inputs) {
+      saved_.emplace_back(t, /*is_output=*/false);
+      sizes_.push_back(t.sizes().vec());
+    }
+  }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    VOLT_CHECK(!saved_.empty() || num_inputs_ == 0, ValueError,
+               "[FusedElementwise] backward "
+               "through '",
+               backward_->name(), "' ran twice; pass retain_graph=true to the first.");
+    std::vector<at::Tensor> args;
+    for (const auto& v : saved_) args.push_back(v.unpack());
+    for (auto& g : grads) {
+      args.push_back(g.defined() ? g : at::zeros(shape_, at::TensorOptions(at::kFloat)));
+    }
+    // The backward reads only the inputs its expressions use: those up to its highest index.
+    args.resize(static_cast<size_t>(backward_->num_inputs()));
+    const auto d = (*backward_)(args);
+    torch::autograd::variable_list out(num_inputs_);
+    for (size_t k = 0; k < grad_inputs_.size(); ++k) {
+      at::Tensor gk = d[k];
+      if (!gk.sizes().equals(shape_)) gk = gk.expand(shape_);
+      out[grad_inputs_[k]] = at::sum_to(gk, sizes_[grad_inputs_[k]]);
+    }
+    return out;
+  }
+
+  std::string name() const override { return "volt::FusedElementwiseBackward"; }
+  void release_variables() override { saved_.clear(); }
+
+ private:
+  std::shared_ptr<const FusedElementwise> backward_;
+  std::vector<size_t> grad_inputs_;  // the input each backward output belongs to
+  size_t num_inputs_;
+  std::vector<int64_t> shape_;  // the outputs' shape
+  std::vector<torch::autograd::SavedVariable> saved_;
+  std::vector<std::vector<int64_t>> sizes_;
+};
+
+}  // namespace
+
+namespace jit {
+
+std::vector<Expr> gradients(const std::vector<Expr>& outputs, int64_t num_inputs) {
+  VOLT_CHECK(num_inputs >= 0, ValueError, "[FusedElementwise] gradients: num_inputs=", num_inputs,
+             " is negative.");
+  for (const auto& out : outputs) {
+    VOLT_CHECK(out.node() != nullptr, ValueError, "[FusedElementwise] gradients of an empty Expr.");
+  }
+  // The gradient expressions reuse the forward nodes: the backward loop recomputes the forward
+  // values it needs.
+  const std::vector<NodePtr> order = topo_order(outputs);
+  std::unordered_map<const Expr::Node*, Expr> adjoint;
+  auto add = [&](const NodePtr& n, const Expr& g) {
+    auto it = adjoint.find(n.get());
+    if (it == adjoint.end()) {
+      adjoint.emplace(n.get(), g);
+    } else {
+      it->second = it->second + g;
+    }
+  };
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    add(outputs[o].node(), input(num_inputs + static_cast<int64_t>(o)));
+  }
+  std::vector<std::optional<Expr>> grads(static_cast<size_t>(num_inputs));
+  // Reverse evaluation order: a node's adjoint is complete before it is propagated. The formulas
+  // are libtorch's (tools/autograd/derivatives.yaml), operation for operation, so that a
+  // single-use chain of exactly rounded ops gives autograd's bits.
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const Expr::Node* n = it->get();
+    auto found = adjoint.find(n);
+    if (found == adjoint.end()) continue;
+    const Expr g = found->second;
+    const Expr r(*it);  // this node's forward value
+    auto x = [&](size_t i) { return Expr(n->args[i]); };
+    const NodePtr* args = n->args.data();
+    switch (n->op) {
+      case Op::kInput: {
+        VOLT_CHECK(n->index < num_inputs, ValueError,
+                   "[FusedElementwise] gradients: the expression "
+                   "reads input(",
+                   n->index, ") but num_inputs=", num_inputs, ".");
+        auto& slot = grads[static_cast<size_t>(n->index)];
+        slot = slot ? *slot + g : g;
+        break;
+      }
+      case Op::kConstant: break;
+      case Op::kAdd:
+        add(args[0], g);
+        add(args[1], g);
+        break;
+      case Op::kSub:
+        add(args[0], g);
+        add(args[1], -g);
+        break;
+      case Op::kMul:
+        add(args[0], g * x(1));
+        add(args[1], g * x(0));
+        break;
+      case Op::kDiv:
+        add(args[0], g / x(1));
+        add(args[1], -g * ((x(0) / x(1)) / x(1)));
+        break;
+      case Op::kMaximum:
+      case Op::kMinimum: {
+        // where(a == b, g / 2, g), zeroed where the other operand wins.
+        const Expr split = where_equal(x(0), x(1), g / 2.0, g);
+        const bool max = n->op == Op::kMaximum;
+        add(args[0],
+            max ? where_greater(x(1), x(0), 0.0, split) : where_greater(x(0), x(1), 0.0, split));
+        add(args[1],
+            max ? where_greater(x(0), x(1), 0.0, split) : where_greater(x(1), x(0), 0.0, split));
+        break;
+      }
+      case Op::kNeg: add(args[0], -g); break;
+      case Op::kAbs:  // g * sgn(a)
+        add(args[0], g * where_greater(x(0), 0.0, 1.0, where_greater(0.0, x(0), -1.0, 0.0)));
+        break;
+      case Op::kExp: add(args[0], g * r); break;
+      case Op::kLog: add(args[0], g / x(0)); break;
+      case Op::kTanh: add(args[0], g * (1.0 - r * r)); break;
+      case Op::kSigmoid: add(args[0], g * (1.0 - r) * r); break;
+      case Op::kRelu:  // threshold_backward: r <= 0 ? 0 : g (NaN passes g, as libtorch)
+        add(args[0], where_greater(0.0, r, 0.0, where_equal(r, 0.0, 0.0, g)));
+        break;
+      case Op::kSqrt: add(args[0], g / (2.0 * r)); break;
+      case Op::kErf: add(args[0], 1.1283791670955126 * exp(-(x(0) * x(0))) * g); break;
+      case Op::kSelectGt:
+        add(args[2], where_greater(x(0), x(1), g, 0.0));
+        add(args[3], where_greater(x(0), x(1), 0.0, g));
+        break;
+      case Op::kSelectEq:
+        add(args[2], where_equal(x(0), x(1), g, 0.0));
+        add(args[3], where_equal(x(0), x(1), 0.0, g));
+        break;
+    }
+  }
+  std::vector<Expr> out;
+  for (auto& gi : grads) out.push_back(gi ? *gi : Expr(0.0));
+  return out;
+}
+
+Stats stats() {
+  auto& l = loaded();
+  std::lock_guard<std::mutex> lock(l.mu);
+  return l.stats;
+}
+
+void forget_loaded_kernels() {
+  auto& l = loaded();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.kernels.clear();
+  l.failed.clear();
+}
+
+}  // namespace jit
+
+std::ostream& operator<<(std::ostream& os, const FusedElementwiseOptions& o) {
+  return os << "FusedElementwiseOptions(require_fused=" << (o.require_fused() ? "true" : "false")
+            << ", use_disk_cache=" << (o.use_disk_cache() ? "true" : "false")
+            << ", grain_size=" << o.grain_size() << ")";
+}
+
+FusedElementwise::FusedElementwise(std::string name, std::vector<jit::Expr> outputs,
+                                   FusedElementwiseOptions options)
+    : name_(std::move(name)), outputs_(std::move(outputs)), options_(options) {
+  VOLT_CHECK(is_valid_name(name_), ValueError, "[FusedElementwise] name '", name_,
+             "' is not 1-64 letters, digits or '_'; it names cache entries and log lines.");
+  VOLT_CHECK(!outputs_.empty(), ValueError, "[FusedElementwise] '", name_,
+             "' has no outputs; pass at least one expression.");
+  VOLT_CHECK(options_.grain_size() >= 1, ConfigError,
+             "[FusedElementwise] grain_size=", options_.grain_size(),
+             " is below 1; use a positive number of elements.");
+  for (const auto& out : outputs_) {
+    VOLT_CHECK(out.node() != nullptr, ValueError, "[FusedElementwise] '", name_,
+               "' has an empty output expression.");
+  }
+  const auto order = topo_order(outputs_);
+  VOLT_CHECK(order.size() <= kMaxNodes, ValueError, "[FusedElementwise] '", name_, "' has ",
+             order.size(), " distinct nodes, more than the ", kMaxNodes,
+             " one generated loop takes; split it into several kernels.");
+  for (const auto& n : order) {
+    if (n->op == Op::kInput) num_inputs_ = std::max(num_inputs_, n->index + 1);
+  }
+}
+
+std::string FusedElementwise::forms_of(const std::vector<at::Tensor>& inputs,
+                                       std::string* why) const {
+  VOLT_CHECK(static_cast<int64_t>(inputs.size()) == num_inputs_, ValueError, "[FusedElementwise] '",
+             name_, "' takes ", num_inputs_, " inputs (input(0) .. input(", num_inputs_ - 1,
+             ")), got ", inputs.size(), "; pass one tensor per input.");
+  const auto shape = broadcast_shape(inputs);
+  std::string forms;
+  why->clear();
+  for (size_t i = 0; i < inputs.size() && why->empty(); ++i) {
+    const at::Tensor& t = inputs[i];
+    std::ostringstream os;
+    os << "input " << i << " ";
+    if (!t.device().is_cpu()) {
+      os << "is on " << t.device() << " (the compiled loop is CPU-only)";
+    } else if (t.scalar_type() != at::kFloat) {
+      os << "is " << t.scalar_type() << " (the compiled loop is float32-only)";
+    } else if (t.layout() != at::kStrided) {
+      os << "is not a strided tensor";
+    } else if (t.sizes().equals(shape)) {
+      forms += 'F';
+      continue;
+    } else if (t.numel() == 1) {
+      forms += 'S';
+      continue;
+    } else {
+      bool row = !shape.empty() && t.dim() >= 1 && t.size(-1) == shape.back();
+      for (int64_t d = 0; row && d + 1 < t.dim(); ++d) row = t.size(d) == 1;
+      if (row) {
+        forms += 'R';
+        continue;
+      }
+      os << "of shape " << shape_str(t.sizes()) << " broadcasts to " << shape_str(shape)
+         << " in a way the loop does not read (it takes full, one-element and row inputs)";
+    }
+    *why = os.str();
+  }
+  return forms;
+}
+
+std::string FusedElementwise::fused_unavailable_reason(
+    const std::vector<at::Tensor>& inputs) const {
+  std::string why;
+  const std::string forms = forms_of(inputs, &why);
+  if (!why.empty()) return why;
+  if (kernel_for(forms) == nullptr) {
+    auto& l = loaded();
+    std::lock_guard<std::mutex> lock(l.mu);
+    for (const auto& [key, reason] : l.failed) {
+      if (key.find("|" + name_ + "|" + forms + "|") != std::string::npos) return reason;
+    }
+    return "the kernel could not be built";
+  }
+  return "";
+}
+
+std::string FusedElementwise::source(const std::vector<at::Tensor>& inputs) const {
+  std::string why;
+  const std::string forms = forms_of(inputs, &why);
+  VOLT_CHECK(why.empty(), NotAvailable, "[FusedElementwise] '", name_, "': ", why, ".");
+  return generate_body(outputs_, forms);
+}
+
+FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = kernels_.find(forms);
+    if (it != kernels_.end()) return it->second;
+  }
+  const std::string body = generate_body(outputs_, forms);
+  auto& l = loaded();
+  std::lock_guard<std::mutex> lock(l.mu);
+  const Compiler& cc = compiler();
+  std::ostringstream key_os;
+  std::string flags;
+  for (const auto& f : kFlags) flags += f + " ";
+#ifdef VOLT_VERSION_STRING
+  const char* version = VOLT_VERSION_STRING;
+#else
+  const char* version = "unknown";
+#endif
+  // The name and forms are in the key for fused_unavailable_reason's lookup of failures.
+  key_os << kFormat << "|volt " << version << "|" << name_ << "|" << forms << "|" << cc.identity
+         << "|" << flags << "|glibc " << ::gnu_get_libc_version() << "|" << detail::cpu_model_name()
+         << "|body " << detail::stable_hash_hex(body);
+  const std::string key = key_os.str();
+  const std::string entry = name_ + "-" + detail::stable_hash_hex(key) + ".so";
+
+  KernelFn fn = nullptr;
+  if (auto it = l.kernels.find(key); it != l.kernels.end()) {
+    ++l.stats.memory_hits;
+    fn = it->second;
+  } else if (l.failed.count(key)) {
+    return nullptr;
+  } else {
+    std::string why;
+    KernelCache* cache = options_.use_disk_cache() ? &KernelCache::global() : nullptr;
+    if (cache != nullptr) {
+      if (auto path = cache->find(entry)) {
+        fn = open_kernel(*path, key, &why);
+        if (fn != nullptr) {
+          ++l.stats.disk_hits;
+        } else {
+          warn_once("jit-bad-entry:" + entry, kComponent,
+                    "cache entry " + *path + " cannot be used (" + why +
+                        "); it is removed and the kernel compiled again.");
+          cache->remove(entry);
+        }
+      }
+    }
+    if (fn == nullptr) {
+      const std::string source =
+          "const char* volt_jit_key(void);\n"
+          "__attribute__((visibility(\"default\")))\n"
+          "const char* volt_jit_key(void) { return \"" +
+          escape_c_string(key) + "\"; }\n" + body;
+      std::string bytes;
+      fn = compile_kernel(source, key, &bytes, &why);
+      if (fn == nullptr) {
+        l.failed[key] = why;
+        warn_once("jit-compile:" + why, kComponent,
+                  "'" + name_ + "' runs the libtorch composition instead: " + why);
+        return nullptr;
+      }
+      ++l.stats.compiles;
+      log_info(kComponent, "compiled '" + name_ + "' for input forms " + forms + " (" +
+                               std::to_string(bytes.size()) + " bytes)");
+      if (cache != nullptr) cache->store(entry, std::move(bytes));
+    }
+    l.kernels[key] = fn;
+  }
+  std::lock_guard<std::mutex> own(mu_);
+  kernels_[forms] = fn;
+  return fn;
+}
+
+std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tensor>& inputs) const {
+  std::string why;
+  const std::string forms = forms_of(inputs, &why);
+  KernelFn fn = why.empty() ? kernel_for(forms) : nullptr;
+  if (fn == nullptr) {
+    if (why.empty()) why = fused_unavailable_reason(inputs);
+    VOLT_CHECK(!options_.require_fused(), NotAvailable, "[FusedElementwise] '", name_,
+               "' cannot run fused: ", why, "; fix that or drop require_fused.");
+    {
+      auto& l = loaded();
+      std::lock_guard<std::mutex> lock(l.mu);
+      ++l.stats.fallbacks;
+    }
+    warn_once("jit-fallback:" + name_ + ":" + why, kComponent,
+              "'" + name_ + "' runs the libtorch composition: " + why);
+    return reference(inputs);
+  }
+  const auto shape = broadcast_shape(inputs);
+  std::vector<bool> needs_grad(inputs.size(), false);
+  bool any_grad = false;
+  if (c10::GradMode::is_enabled()) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      needs_grad[i] = inputs[i].requires_grad();
+      any_grad = any_grad || needs_grad[i];
+    }
+  }
+  std::vector<at::Tensor> out = run_kernel(fn, forms, inputs, shape);
+  if (!any_grad) return out;
+  std::vector<size_t> grad_inputs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (needs_grad[i]) grad_inputs.push_back(i);
+  }
+  std::shared_ptr<FusedElementwiseBackward> node(
+      new FusedElementwiseBackward(backward_for(needs_grad), grad_inputs, inputs, shape),
+      torch::autograd::deleteNode);
+  torch::autograd::edge_list edges;
+  for (const auto& t : inputs) {
+    auto e = torch::autograd::collect_next_edges(t);
+    edges.push_back(e.empty() ? torch::autograd::Edge() : e[0]);
+  }
+  node->set_next_edges(std::move(edges));
+  for (auto& o : out) torch::autograd::set_history(o, node);
+  return out;
+}
+
+std::shared_ptr<const FusedElementwise> FusedElementwise::backward_for(
+    const std::vector<bool>& needs_grad) const {
+  std::string key;
+  for (bool b : needs_grad) key += b ? '1' : '0';
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = backward_.find(key);
+  if (it != backward_.end()) return it->second;
+  const auto all = jit::gradients(outputs_, num_inputs_);
+  std::vector<jit::Expr> wanted;
+  for (size_t i = 0; i < needs_grad.size(); ++i) {
+    if (needs_grad[i]) wanted.push_back(all[i]);
+  }
+  auto bwd = std::make_shared<const FusedElementwise>(name_.substr(0, 60) + "_bwd",
+                                                      std::move(wanted), options_);
+  backward_[key] = bwd;
+  return bwd;
+}
+
+std::vector<at::Tensor> FusedElementwise::run_kernel(KernelFn fn, const std::string& forms,
+                                                     const std::vector<at::Tensor>& inputs,
+                                                     const std::vector<int64_t>& shape) const {
+  c10::AutoGradMode no_grad(false);  // raw loops: nothing here is recorded
+  std::vector<at::Tensor> in(inputs.size());
+  std::vector<const float*> in_ptr(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    in[i] = inputs[i].contiguous();
+    in_ptr[i] = in[i].data_ptr<float>();
+  }
+  std::vector<at::Tensor> out(outputs_.size());
+  std::vector<float*> out_ptr(outputs_.size());
+  for (size_t o = 0; o < outputs_.size(); ++o) {
+    out[o] = at::empty(shape, at::TensorOptions(at::kFloat));
+    out_ptr[o] = out[o].data_ptr<float>();
+  }
+  const int64_t numel = out.empty() ? 0 : out[0].numel();
+  if (numel == 0) return out;
+  const bool has_rows = forms.find('R') != std::string::npos;
+  const int64_t cols = has_rows ? shape.back() : numel;
+  at::parallel_for(0, numel, options_.grain_size(), [&](int64_t begin, int64_t end) {
+    fn(in_ptr.data(), out_ptr.data(), begin, end, cols);
+  });
+  return out;
+}
+
+std::vector<at::Tensor> FusedElementwise::reference(const std::vector<at::Tensor>& inputs) const {
+  VOLT_CHECK(static_cast<int64_t>(inputs.size()) == num_inputs_, ValueError, "[FusedElementwise] '",
+             name_, "' takes ", num_inputs_, " inputs, got ", inputs.size(),
+             "; pass one tensor per input.");
+  const auto shape = broadcast_shape(inputs);
+  std::unordered_map<const void*, at::Tensor> memo;
+  for (const auto& n : topo_order(outputs_)) evaluate(n.get(), inputs, &memo);
+  std::vector<at::Tensor> out;
+  for (const auto& o : outputs_) {
+    at::Tensor r = memo.at(o.node().get());
+    // An output that does not depend on every input is broadcast to the common shape, as the
+    // fused loop writes it; contiguous so that both paths return the same layout.
+    if (!r.sizes().equals(shape)) r = r.expand(shape);
+    const auto op = o.node()->op;
+    // An input or constant passed straight through is copied: outputs never alias inputs.
+    out.push_back(op == Op::kInput || op == Op::kConstant ? r.clone(at::MemoryFormat::Contiguous)
+                                                          : r.contiguous());
+  }
+  return out;
+}
+
+}  // namespace volt

@@ -1,0 +1,447 @@
+// FusedElementwise: compiled loops against the libtorch composition (bit for bit where the ops
+// are exactly rounded, a few ulp for the transcendental ones), the three cache levels (memory,
+// the KernelCache folder, the compiler), a bad cache entry, a missing compiler, and every
+// fallback and error path. Each test runs in its own process (gtest_discover_tests), so each
+// gets a fresh KernelCache::global() on the folder its VOLT_KERNEL_CACHE_CONFIG names.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "error_text.h"
+#include "log_capture.h"
+#include "processes.h"
+#include "scoped_env.h"
+#include "tiny.h"
+#include "volt/kernels/fused_elementwise.h"
+#include "volt/kernels/kernel_cache.h"
+
+namespace {
+
+using namespace volt::jit;  // NOLINT: the expression language reads as maths
+using volt::FusedElementwise;
+using volt::FusedElementwiseOptions;
+
+using volt_test::ScopedEnv;
+
+// A private cache folder for the test's process.
+struct CacheFixture : ::testing::Test {
+  volt_test::TempDir dir;
+  ScopedEnv env{"VOLT_KERNEL_CACHE_CONFIG", dir.path + ",false,64"};
+};
+
+bool contains(const std::vector<std::string>& lines, const std::string& text) {
+  for (const auto& l : lines) {
+    if (l.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+Expr gelu_tanh(const Expr& y) {
+  return 0.5 * y * (1.0 + tanh(0.7978845608028654 * (y + 0.044715 * y * y * y)));
+}
+
+// Within a few ulp of the result or of 1 (GELU's 1 + tanh cancels where tanh is near -1, so
+// one ulp of tanh is an absolute error there): |a - b| <= 1e-6 + 1e-5 |b|.
+::testing::AssertionResult near(const at::Tensor& a, const at::Tensor& b) {
+  const auto excess =
+      (a.to(at::kDouble) - b.to(at::kDouble)).abs() - (1e-6 + 1e-5 * b.to(at::kDouble).abs());
+  const double worst = excess.max().item<double>();
+  if (worst <= 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "max |a - b| exceeds 1e-6 + 1e-5 |b| by " << worst
+         << " (max |a - b| = " << (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>()
+         << ")";
+}
+
+using CompiledElementwise = CacheFixture;
+
+TEST_F(CompiledElementwise, ExactlyRoundedOpsGiveLibtorchsBits) {
+  torch::manual_seed(0);
+  // Full, row, one-element, and a second full input; rows of 1000 with chunks of 777 elements,
+  // so that chunks start in the middle of rows.
+  const auto x = torch::randn({300, 1000}), bias = torch::randn({1000}), s = torch::randn({1}),
+             r = torch::randn({300, 1000});
+  Expr a = input(0), b = input(1), c = input(2), d = input(3);
+  Expr y = a + b;
+  Expr z = maximum(y * c, -d) - minimum(abs(a), 0.25) + relu(y - d) * 3.0;
+  // a * d + b rounds twice in libtorch: a fused multiply-add would change the last bit.
+  FusedElementwise k("exact_chain", {z, y, a * d + b},
+                     FusedElementwiseOptions().require_fused(true).grain_size(777));
+  const auto got = k({x, bias, s, r});
+  const auto want = k.reference({x, bias, s, r});
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].sizes(), x.sizes());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << i;
+  EXPECT_EQ(k.num_inputs(), 4);
+  EXPECT_EQ(volt::jit::stats().compiles, 1);  // one kernel computes both outputs
+}
+
+TEST_F(CompiledElementwise, TranscendentalOpsMatchLibtorchWithinAFewUlp) {
+  torch::manual_seed(1);
+  const auto x = torch::randn({64, 333}) * 3, bias = torch::randn({1, 333});
+  Expr a = input(0), b = input(1);
+  Expr y = a + b;
+  FusedElementwise k("transcendental",
+                     {gelu_tanh(y), sigmoid(y), exp(y * 0.1), log(abs(y) + 1.0), sqrt(abs(y)),
+                      erf(y), y / (abs(b) + 0.5)},
+                     FusedElementwiseOptions().require_fused(true));
+  const auto got = k({x, bias});
+  const auto want = k.reference({x, bias});
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(near(got[i], want[i])) << "output " << i;
+  }
+}
+
+TEST_F(CompiledElementwise, NanPropagatesAsInLibtorch) {
+  const auto x = torch::tensor({1.0f, NAN, -2.0f, NAN}),
+             y = torch::tensor({NAN, 3.0f, -1.0f, 0.0f});
+  FusedElementwise k("nans",
+                     {maximum(input(0), input(1)), minimum(input(0), input(1)), relu(input(0))},
+                     FusedElementwiseOptions().require_fused(true));
+  const auto got = k({x, y});
+  const auto want = k.reference({x, y});
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(torch::equal(got[i].isnan(), want[i].isnan())) << i;
+    EXPECT_TRUE(torch::equal(got[i].nan_to_num(7), want[i].nan_to_num(7))) << i;
+  }
+}
+
+TEST_F(CompiledElementwise, KernelsComeFromMemoryThenDiskThenTheCompiler) {
+  const auto x = torch::randn({100, 10}), b = torch::randn({10});
+  auto make = [] { return FusedElementwise("levels", {gelu_tanh(input(0) + input(1))}); };
+  const auto want = make().reference({x, b})[0];
+
+  EXPECT_TRUE(torch::equal(make()({x, b})[0], make()({x, b})[0]));
+  auto s = volt::jit::stats();
+  EXPECT_EQ(s.compiles, 1);
+  EXPECT_EQ(s.memory_hits, 1);  // the second object found the loaded kernel
+  EXPECT_EQ(s.disk_hits, 0);
+
+  volt::KernelCache::global().flush();
+  const auto entries = volt::KernelCache::global().entries();
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].key.rfind("levels-", 0), 0u) << entries[0].key;
+
+  volt::jit::forget_loaded_kernels();  // as a new process would start
+  EXPECT_TRUE(near(make()({x, b})[0], want));
+  s = volt::jit::stats();
+  EXPECT_EQ(s.compiles, 1);
+  EXPECT_EQ(s.disk_hits, 1);
+
+  // Other input forms are another kernel: a one-element bias.
+  make()({x, torch::randn({1})});
+  EXPECT_EQ(volt::jit::stats().compiles, 2);
+}
+
+TEST_F(CompiledElementwise, ABadCacheEntryIsReplacedByACompile) {
+  const auto x = torch::randn({50});
+  auto make = [] { return FusedElementwise("bad_entry", {input(0) * 2.0 + 1.0}); };
+  make()({x});
+  auto& cache = volt::KernelCache::global();
+  cache.flush();
+  ASSERT_EQ(cache.entries().size(), 1u);
+  const std::string path = dir / cache.entries()[0].key;
+  std::ofstream(path, std::ios::trunc) << "not a shared library";
+  volt::jit::forget_loaded_kernels();
+  std::vector<at::Tensor> got;
+  auto lines = volt_test::capture_logs([&] {
+    got = make()({x});
+    cache.flush();
+  });
+  EXPECT_TRUE(torch::equal(got[0], x * 2 + 1));
+  EXPECT_TRUE(contains(lines, "cannot be used")) << (lines.empty() ? "" : lines[0]);
+  EXPECT_EQ(volt::jit::stats().compiles, 2);
+  EXPECT_EQ(volt::jit::stats().disk_hits, 0);
+  volt::jit::forget_loaded_kernels();
+  make()({x});  // the recompiled entry replaced the bad one
+  EXPECT_EQ(volt::jit::stats().disk_hits, 1);
+}
+
+TEST_F(CompiledElementwise, WithoutADiskCacheEveryProcessCompiles) {
+  const auto x = torch::randn({50});
+  FusedElementwise k("no_disk", {exp(input(0))}, FusedElementwiseOptions().use_disk_cache(false));
+  k({x});
+  volt::KernelCache::global().flush();
+  EXPECT_TRUE(volt::KernelCache::global().entries().empty());
+  EXPECT_EQ(volt::jit::stats().compiles, 1);
+}
+
+TEST_F(CompiledElementwise, ThreadsAskingForANewKernelAtOnceGetOneCompile) {
+  const auto x = torch::randn({1000});
+  FusedElementwise k("racing", {tanh(input(0)) * input(0)});
+  const auto want = k.reference({x})[0];
+  std::vector<std::thread> threads;
+  std::vector<at::Tensor> got(4);
+  for (int t = 0; t < 4; ++t) threads.emplace_back([&, t] { got[t] = k({x})[0]; });
+  for (auto& t : threads) t.join();
+  for (const auto& g : got) EXPECT_TRUE(near(g, want));
+  EXPECT_EQ(volt::jit::stats().compiles, 1);
+}
+
+TEST_F(CompiledElementwise, EmptyAndZeroDimInputs) {
+  FusedElementwise k("shapes", {input(0) + input(1)});
+  EXPECT_EQ(k({torch::randn({0, 5}), torch::randn({5})})[0].sizes(), (std::vector<int64_t>{0, 5}));
+  const auto a = torch::tensor(2.0f), b = torch::tensor(3.5f);
+  const auto out = k({a, b})[0];
+  EXPECT_EQ(out.dim(), 0);
+  EXPECT_EQ(out.item<float>(), 5.5f);
+}
+
+TEST_F(CompiledElementwise, AMissingCompilerRunsTheCompositionOrRefuses) {
+  ScopedEnv cc("VOLT_JIT_CC", "/nonexistent/cc");
+  const auto x = torch::randn({20});
+  FusedElementwise k("no_cc", {sigmoid(input(0))});
+  std::vector<at::Tensor> got;
+  auto lines = volt_test::capture_logs([&] { got = k({x}); });
+  EXPECT_TRUE(torch::equal(got[0], torch::sigmoid(x)));
+  EXPECT_TRUE(contains(lines, "no usable C compiler")) << (lines.empty() ? "" : lines[0]);
+  EXPECT_EQ(volt::jit::stats().fallbacks, 1);
+  FusedElementwise strict("no_cc", {sigmoid(input(0))},
+                          FusedElementwiseOptions().require_fused(true));
+  const auto msg = volt_test::error_of<volt::NotAvailable>([&] { strict({x}); });
+  EXPECT_NE(msg.find("VOLT_JIT_CC"), std::string::npos) << msg;
+}
+
+TEST_F(CompiledElementwise, InputsTheLoopDoesNotTakeRunTheComposition) {
+  FusedElementwise k("fallbacks", {input(0) * input(1) + 1.0});
+  FusedElementwise strict("fallbacks", {input(0) * input(1) + 1.0},
+                          FusedElementwiseOptions().require_fused(true));
+  const auto x = torch::randn({4, 6});
+  struct Case {
+    std::vector<at::Tensor> inputs;
+    std::string phrase;
+  };
+  const std::vector<Case> cases = {
+      {{x.to(torch::kDouble), x.to(torch::kDouble)},
+       "is Double (the compiled loop is float32-only)"},
+      {{x, torch::randn({4, 1})}, "broadcasts to [4, 6] in a way the loop does not read"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_NE(k.fused_unavailable_reason(c.inputs).find(c.phrase), std::string::npos) << c.phrase;
+    const auto got = k(c.inputs)[0];
+    EXPECT_TRUE(torch::allclose(got, k.reference(c.inputs)[0])) << c.phrase;
+    const auto msg = volt_test::error_of<volt::NotAvailable>([&] { strict(c.inputs); });
+    EXPECT_NE(msg.find(c.phrase), std::string::npos) << msg;
+  }
+  // A fallback is still differentiable (the composition is).
+  auto w = torch::randn({4, 1}, torch::requires_grad());
+  k({x, w})[0].sum().backward();
+  EXPECT_TRUE(torch::allclose(w.grad(), x.sum(1, /*keepdim=*/true)));
+  EXPECT_EQ(volt::jit::stats().fallbacks, 3);
+}
+
+// |a - b| <= atol + rtol |b|, for gradients: sums over broadcast dimensions add rounding.
+::testing::AssertionResult near_tol(const at::Tensor& a, const at::Tensor& b, double atol,
+                                    double rtol) {
+  const auto diff = (a.to(at::kDouble) - b.to(at::kDouble)).abs();
+  const double worst = (diff - (atol + rtol * b.to(at::kDouble).abs())).max().item<double>();
+  if (worst <= 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max |a - b| = " << diff.max().item<double>();
+}
+
+TEST_F(CompiledElementwise, GradientsMatchAutogradThroughTheComposition) {
+  torch::manual_seed(2);
+  const auto rg = torch::requires_grad();
+  auto x = torch::randn({40, 30}, rg), b = torch::randn({30}, rg), s = torch::randn({1}, rg);
+  const auto r = torch::randn({40, 30});  // needs no gradient
+  Expr a = input(0), bb = input(1), c = input(2), d = input(3);
+  Expr y = a + bb;
+  FusedElementwise k(
+      "grads",
+      {gelu_tanh(y) * c + d, maximum(y, d) - minimum(a, c) + abs(y), sigmoid(y) / (exp(c) + 1.0),
+       log(abs(y) + 1.0) * sqrt(abs(d) + 0.1), erf(y) - relu(a * c), where_greater(a, d, y, c * d)},
+      FusedElementwiseOptions().require_fused(true));
+  const std::vector<at::Tensor> in{x, b, s, r};
+  const auto got = k(in), want = k.reference(in);
+  ASSERT_EQ(got[0].grad_fn()->name(), "volt::FusedElementwiseBackward");
+  auto loss_of = [](const std::vector<at::Tensor>& outs) {
+    torch::manual_seed(3);  // the same weights for both
+    at::Tensor loss = torch::zeros({});
+    for (const auto& o : outs) loss = loss + (o * torch::randn(o.sizes())).sum();
+    return loss;
+  };
+  const auto g = torch::autograd::grad({loss_of(got)}, {x, b, s});
+  const auto h = torch::autograd::grad({loss_of(want)}, {x, b, s});
+  for (size_t o = 0; o < got.size(); ++o) EXPECT_TRUE(near(got[o], want[o])) << o;
+  EXPECT_TRUE(near_tol(g[0], h[0], 1e-5, 1e-5));
+  EXPECT_TRUE(near_tol(g[1], h[1], 1e-4, 1e-5));  // sums over 40 rows
+  EXPECT_TRUE(near_tol(g[2], h[2], 1e-3, 1e-5));  // a sum over 1200 elements
+  EXPECT_EQ(volt::jit::stats().compiles, 2);      // the forward and the backward loop
+  EXPECT_EQ(volt::jit::stats().fallbacks, 0);
+}
+
+TEST_F(CompiledElementwise, ASingleUseChainOfExactOpsGivesAutogradsBits) {
+  torch::manual_seed(4);
+  const auto rg = torch::requires_grad();
+  auto x = torch::randn({50, 20}, rg), b = torch::randn({20}, rg), c = torch::randn({50, 20}, rg);
+  FusedElementwise k("exact_grads", {relu(input(0) * input(1) - input(2)) * 0.5},
+                     FusedElementwiseOptions().require_fused(true));
+  const auto up = torch::randn({50, 20});
+  const auto g = torch::autograd::grad({k({x, b, c})[0]}, {x, b, c}, {up});
+  const auto h = torch::autograd::grad({k.reference({x, b, c})[0]}, {x, b, c}, {up});
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(torch::equal(g[i], h[i])) << i;
+}
+
+TEST_F(CompiledElementwise, SecondOrderGradientsGoThroughAFusedBackwardToo) {
+  torch::manual_seed(5);
+  auto x = torch::randn({64}, torch::requires_grad());
+  FusedElementwise k("second_order", {tanh(input(0)) * input(0)},
+                     FusedElementwiseOptions().require_fused(true));
+  auto second = [&](const at::Tensor& out) {
+    const auto g = torch::autograd::grad({out.sum()}, {x}, {}, true, /*create_graph=*/true)[0];
+    return std::make_pair(g, torch::autograd::grad({g.sum()}, {x})[0]);
+  };
+  const auto [g1, gg1] = second(k({x})[0]);
+  const auto [g2, gg2] = second(k.reference({x})[0]);
+  EXPECT_TRUE(near(g1, g2));
+  EXPECT_TRUE(near_tol(gg1, gg2, 1e-5, 1e-5));
+  EXPECT_EQ(volt::jit::stats().compiles, 3);  // forward, backward, backward of the backward
+}
+
+TEST_F(CompiledElementwise, TheBackwardOutlivesTheKernelObject) {
+  auto x = torch::randn({10}, torch::requires_grad());
+  at::Tensor out;
+  {
+    FusedElementwise k("short_lived", {input(0) * input(0) * 3.0});
+    out = k({x})[0];
+  }
+  out.sum().backward();
+  EXPECT_TRUE(near(x.grad(), 6 * x.detach()));
+}
+
+TEST_F(CompiledElementwise, ChangingASavedInputInPlaceIsCaughtByAutograd) {
+  auto w = torch::randn({10}, torch::requires_grad());
+  auto x = torch::randn({10});
+  FusedElementwise k("saved", {input(0) * exp(input(1))});
+  auto out = k({w, x})[0];
+  x.add_(1);  // the backward would read the new values
+  EXPECT_THROW(out.sum().backward(), c10::Error);
+}
+
+TEST_F(CompiledElementwise, BadExpressionsAndInputsAreTypedErrors) {
+  using volt_test::error_of;
+  EXPECT_NE(error_of<volt::ValueError>([] {
+              FusedElementwise("bad name!", {input(0)});
+            }).find("is not 1-64 letters"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([] { FusedElementwise("none", {}); }).find("no outputs"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([] { input(-1); }).find("is negative"), std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([] {
+              FusedElementwise("g", {input(0)}, FusedElementwiseOptions().grain_size(0));
+            }).find("grain_size=0"),
+            std::string::npos);
+  FusedElementwise k("two", {input(0) + input(1)});
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              k({torch::randn({3})});
+            }).find("takes 2 inputs (input(0) .. input(1)), got 1"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              k({torch::randn({3}), torch::randn({4})});
+            }).find("does not broadcast"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              k({torch::randn({3}), at::Tensor()});
+            }).find("undefined tensor"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([&] { k.reference({torch::randn({3})}); }).find("got 1"),
+            std::string::npos);
+}
+
+TEST_F(CompiledElementwise, DeepExpressionsNeitherOverflowTheStackNorGrowWithoutBound) {
+  // 200000 nodes: building, refusing and freeing them must not recurse per node.
+  {
+    Expr e = input(0);
+    for (int i = 0; i < 200000; ++i) e = e * 1.0001;
+    const auto msg = volt_test::error_of<volt::ValueError>([&] { FusedElementwise("deep", {e}); });
+    EXPECT_NE(msg.find("more than the 65536 one generated loop takes"), std::string::npos) << msg;
+  }
+  // Under the limit, the composition evaluates a long chain without recursing either.
+  Expr e = input(0);
+  for (int i = 0; i < 30000; ++i) e = e + 1.0;
+  FusedElementwise k("long_chain", {e});
+  EXPECT_TRUE(torch::equal(k.reference({torch::zeros({3})})[0], torch::full({3}, 30000.0f)));
+}
+
+// volt_jit_worker sits beside this test binary.
+std::string jit_worker() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  std::string self(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  return self.substr(0, self.find_last_of('/')) + "/volt_jit_worker";
+}
+
+TEST_F(CompiledElementwise, AnotherProcessLoadsTheKernelFromTheFolderInsteadOfCompiling) {
+  volt_test::Process first(jit_worker(), {"kernel", "shared_gelu"});
+  ASSERT_EQ(first.exit_code(std::chrono::seconds(120)), 0) << first.output();
+  EXPECT_NE(first.output().find("compiles=1 disk_hits=0"), std::string::npos) << first.output();
+  volt_test::Process second(jit_worker(), {"kernel", "shared_gelu"});
+  ASSERT_EQ(second.exit_code(std::chrono::seconds(120)), 0) << second.output();
+  EXPECT_NE(second.output().find("compiles=0 disk_hits=1"), std::string::npos) << second.output();
+}
+
+// Processes writing into one folder over its cap at once, as the ranks of a job do: the folder
+// ends under the cap and within one entry of it, and every entry left is whole.
+TEST_F(CompiledElementwise, ProcessesSharingAKernelFolderKeepItCoherent) {
+  volt_test::TempDir folder;
+  constexpr int kOld = 300, kProcesses = 4;
+  constexpr int64_t kEntry = 5 * 1024;
+  auto content = [](const std::string& key) {
+    std::string b(kEntry, '\0');
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<char>(key[i % key.size()] + i % 7);
+    return b;
+  };
+  for (int i = 0; i < kOld; ++i) {
+    const std::string key = "old" + std::to_string(i) + ".so";
+    std::ofstream(folder / key, std::ios::binary) << content(key);
+    struct timespec t[2] = {{0, UTIME_OMIT}, {1000000 + i, 0}};  // long ago, old0 oldest
+    ASSERT_EQ(::utimensat(AT_FDCWD, (folder / key).c_str(), t, 0), 0);
+  }
+  std::vector<std::unique_ptr<volt_test::Process>> procs;
+  for (int p = 0; p < kProcesses; ++p) {
+    procs.push_back(std::make_unique<volt_test::Process>(
+        jit_worker(),
+        std::vector<std::string>{"store", folder.path, "new" + std::to_string(p) + ".so",
+                                 std::to_string(kEntry)}));
+  }
+  for (auto& p : procs) ASSERT_EQ(p->exit_code(std::chrono::seconds(120)), 0) << p->output();
+  volt::KernelCache view(volt::KernelCacheOptions(folder.path).size_mb(1));
+  int64_t total = 0;
+  for (const auto& e : view.entries()) {
+    total += e.bytes;
+    std::ifstream in(folder / e.key, std::ios::binary);
+    EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()),
+              content(e.key))
+        << e.key;
+  }
+  const int64_t limit = (int64_t{1} << 20) * 99 / 100;
+  EXPECT_LE(total, limit);
+  EXPECT_GT(total, limit - kEntry);
+}
+
+TEST_F(CompiledElementwise, OutputsNeverAliasInputs) {
+  const auto x = torch::randn({5});
+  FusedElementwise k("identity", {input(0), Expr(2.0)});
+  for (const auto& out : {k({x}), k.reference({x})}) {
+    EXPECT_TRUE(torch::equal(out[0], x));
+    EXPECT_NE(out[0].data_ptr(), x.data_ptr());
+    EXPECT_TRUE(torch::equal(out[1], torch::full({5}, 2.0f)));
+  }
+}
+
+TEST_F(CompiledElementwise, TheSourceIsOneLoopWithoutTheKeyLine) {
+  FusedElementwise k("src", {input(0) * input(1) + input(2)});
+  const auto s = k.source({torch::randn({2, 3}), torch::randn({3}), torch::randn({1})});
+  EXPECT_NE(s.find("in[1] + col"), std::string::npos) << s;                 // the row input
+  EXPECT_NE(s.find("const float v2 = in[2][0];"), std::string::npos) << s;  // hoisted scalar
+  EXPECT_EQ(s.find("volt_jit_key"), std::string::npos);
+}
+
+}  // namespace
