@@ -11,8 +11,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "../loggers/detail/log_dir.h"
 #include "../io/detail/input_limits.h"
+#include "../loggers/detail/log_dir.h"
 #include "detail/config_tree.h"
 #include "detail/perf_scan.h"
 #include "detail/resolve.h"
@@ -25,9 +25,10 @@
 #include "volt/data/data_module.h"
 #include "volt/io/checkpoint_io.h"
 #include "volt/io/safetensors.h"
-#include "volt/strategies/deepspeed.h"
+#include "volt/kernels/kernel_cache.h"
 #include "volt/loggers/logger.h"
 #include "volt/report/run_report.h"
+#include "volt/strategies/deepspeed.h"
 #include "volt/trainer/plan.h"
 #include "volt/trainer/trainer.h"
 
@@ -38,9 +39,9 @@ using detail::ConfigNode;
 using detail::ResolvedConfig;
 
 const std::vector<std::string> kRunCommands = {"fit", "validate", "test", "predict"};
-const std::vector<std::string> kCommands = {"fit",     "validate",     "test",
-                                            "predict", "print-config", "report",
-                                            "perf",    "zero-to-fp32", "env"};
+const std::vector<std::string> kCommands = {"fit",          "validate",    "test", "predict",
+                                            "print-config", "report",      "perf", "zero-to-fp32",
+                                            "env",          "kernel-cache"};
 
 const char* command_summary(const std::string& c) {
   if (c == "fit") return "train the model (Trainer::fit); ckpt_path resumes a run";
@@ -53,6 +54,7 @@ const char* command_summary(const std::string& c) {
   if (c == "perf") return "scan a profiler trace (TorchProfiler / PyTorch) and print advice";
   if (c == "zero-to-fp32") return "consolidate a ZeRO checkpoint folder into one checkpoint file";
   if (c == "env") return "list the environment variables volt reads, with their values here";
+  if (c == "kernel-cache") return "list or clear the JIT's compiled-kernel cache folder";
   return "";
 }
 
@@ -206,6 +208,14 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
     os << "usage: " << prog << " env\n\n"
        << command_summary(command) << ".\nExit code 2 when one of them has a value volt does "
        << "not accept; VOLT_* variables volt does not read are warned about.\n";
+    return;
+  }
+  if (command == "kernel-cache") {
+    os << "usage: " << prog << " kernel-cache [list | clear]\n\n"
+       << command_summary(command) << ".\nThe folder and size cap come from "
+       << "VOLT_KERNEL_CACHE_CONFIG=dir,clear_at_start,size_mb (default <VOLT_CACHE_DIR>/kernels, "
+       << "1024 MiB).\n  list    the entries, least recently used first (the default)\n"
+       << "  clear   remove every entry (under the eviction lock; running jobs recompile)\n";
     return;
   }
   if (command == "report") {
@@ -438,8 +448,36 @@ int run_env(const Command& cmd, std::ostream& out) {
   return kCliOk;
 }
 
+int run_kernel_cache(const Command& cmd, std::ostream& out) {
+  const std::string action = cmd.positional.empty() ? "list" : cmd.positional.front();
+  VOLT_CHECK(
+      cmd.positional.size() <= 1 && cmd.sources.empty() && (action == "list" || action == "clear"),
+      ConfigError,
+      "[cli] kernel-cache takes list or clear (nothing else); e.g. volt kernel-cache clear.");
+  // Never clear_at_start here: listing must not remove what it lists.
+  KernelCache cache(KernelCacheOptions::from_env().clear_at_start(false));
+  const auto& o = cache.options();
+  VOLT_CHECK(cache.enabled(), ConfigError, "[cli] kernel-cache: the folder '", o.dir(),
+             "' cannot be used (see the warning above); set VOLT_KERNEL_CACHE_CONFIG="
+             "<writable folder>,false,1024.");
+  const auto entries = cache.entries();
+  if (action == "clear") {
+    for (const auto& e : entries) cache.remove(e.key);
+    out << "removed " << entries.size() << " entries from " << o.dir() << "\n";
+    return kCliOk;
+  }
+  int64_t total = 0;
+  for (const auto& e : entries) total += e.bytes;
+  out << "kernel cache " << o.dir() << ": " << entries.size() << " entries, " << std::fixed
+      << std::setprecision(2) << static_cast<double>(total) / (1 << 20) << " MiB of " << o.size_mb()
+      << " MiB\n";
+  for (const auto& e : entries) out << "  " << std::setw(10) << e.bytes << "  " << e.key << "\n";
+  return kCliOk;
+}
+
 int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std::ostream& err) {
   if (cmd.name == "env") return run_env(cmd, out);
+  if (cmd.name == "kernel-cache") return run_kernel_cache(cmd, out);
   if (cmd.name == "report") return run_report(cmd, out);
   if (cmd.name == "zero-to-fp32") return run_zero_to_fp32(cmd, out);
   if (cmd.name == "perf") return run_perf(cmd, out);

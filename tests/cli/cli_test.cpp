@@ -440,6 +440,34 @@ TEST(CliBinary, MalformedYamlAndUnknownKeysExitTwoWithoutACrash) {
   EXPECT_NE(r.err.find("/nonexistent"), std::string::npos) << r.err;
 }
 
+TEST(CliBinary, KernelCacheListsAndClearsTheFolderAndRefusesBadInputWithExitTwo) {
+  volt_test::TempDir dir;
+  write(dir / "a-0123.so", std::string(3000, 'a'));
+  write(dir / "b-4567.so", std::string(1000, 'b'));
+  const std::string config = "VOLT_KERNEL_CACHE_CONFIG=" + dir.path + ",true,16";
+  auto r = run_binary_with(config, "kernel-cache");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // clear_at_start is not applied by a listing: both files are older than the process.
+  EXPECT_NE(r.out.find(": 2 entries, 0.00 MiB of 16 MiB\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("      3000  a-0123.so\n"), std::string::npos) << r.out;
+  r = run_binary_with(config, "kernel-cache clear");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("removed 2 entries from " + dir.path), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(dir / "a-0123.so"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "eviction.lock"));
+  r = run_binary_with(config, "kernel-cache prune");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("kernel-cache takes list or clear"), std::string::npos) << r.err;
+  r = run_binary_with("VOLT_KERNEL_CACHE_CONFIG=" + dir.path + ",maybe,16", "kernel-cache");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("clear_at_start \"maybe\""), std::string::npos) << r.err;
+  write(dir / "a-file", "x");
+  r = run_binary_with("VOLT_KERNEL_CACHE_CONFIG=" + (dir / "a-file") + "/sub,false,16",
+                      "kernel-cache");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("cannot be used"), std::string::npos) << r.err;
+}
+
 TEST(CliBinary, EnvListsTheVariablesVoltReadsAndRejectsBadValuesWithExitTwo) {
   // The values shown are this process's; a typo is warned with the closest name.
   auto r = run_binary_with("VOLT_LOG_HOST_SYNCS=2 VOLT_LOG_HOST_SYNC=1", "env");
