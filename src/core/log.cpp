@@ -5,6 +5,8 @@
 #include <mutex>
 #include <set>
 
+#include "core/detail/log_order.h"
+
 namespace volt {
 namespace {
 
@@ -15,6 +17,10 @@ std::mutex& mutex() {
 LogSink& sink() {
   static LogSink s;
   return s;
+}
+std::set<std::string>& seen_keys() {
+  static std::set<std::string> keys;
+  return keys;
 }
 std::atomic<int64_t> g_rank{0};
 
@@ -56,9 +62,8 @@ void log_message(LogLevel level, const std::string& component, const std::string
 }
 
 bool warn_once(const std::string& key, const std::string& component, const std::string& message) {
-  static std::set<std::string> seen;
   std::lock_guard<std::mutex> lock(mutex());
-  if (!seen.insert(key).second || !prints(LogLevel::kWarning)) return false;
+  if (!seen_keys().insert(key).second || !prints(LogLevel::kWarning)) return false;
   emit(LogLevel::kWarning, component, message);
   return true;
 }
@@ -69,6 +74,16 @@ void set_log_rank(int64_t rank) {
 int64_t log_rank() {
   return g_rank.load();
 }
+
+namespace detail {
+
+void keep_log_alive() {
+  mutex();
+  sink();
+  seen_keys();
+}
+
+}  // namespace detail
 
 void set_log_sink(LogSink s) {
   std::lock_guard<std::mutex> lock(mutex());

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "core/detail/file_lock.h"
+#include "core/detail/log_order.h"
 #include "core/detail/machine.h"
 #include "core/detail/temp_files.h"
 #include "volt/core/atomic_file.h"
@@ -268,6 +269,10 @@ KernelCacheStats KernelCache::stats() const {
 }
 
 KernelCache& KernelCache::global() {
+  // The destructor waits for pending writes, whose eviction passes log: the log's statics must
+  // outlive this one, so they are constructed first (statics die in reverse order).
+  static const bool log_first = (detail::keep_log_alive(), true);
+  (void)log_first;
   static KernelCache cache(KernelCacheOptions::from_env());
   return cache;
 }
