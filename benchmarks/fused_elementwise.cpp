@@ -91,6 +91,21 @@ int main(int argc, char** argv) {
              {"FusedElementwise (fused backward)", [&] { train(bias_gelu_res(in)[0]); }}});
   }
   {
+    // A layer norm's epilogue, after libtorch computed the per-row statistics: columns (mean,
+    // rstd) and rows (weight, bias) in one loop.
+    volt::FusedElementwise ln("bench_ln_epilogue",
+                              {(input(0) - input(1)) * input(2) * input(3) + input(4)},
+                              volt::FusedElementwiseOptions().require_fused(true));
+    const auto xt = torch::randn({4096, 1024}), mean = xt.mean(1, true),
+               rstd = xt.var(1, false, true).add(1e-5).rsqrt(), wt = torch::randn({1024}),
+               bt = torch::randn({1024});
+    const std::vector<at::Tensor> in{xt, mean, rstd, wt, bt};
+    compare("layer-norm epilogue (x - mean) * rstd * w + b, [4096, 1024] float32 (bit-identical)",
+            reps,
+            {{"op by op (reference(), 4 ops)", [&] { ln.reference(in); }},
+             {"FusedElementwise (1 loop)", [&] { ln(in); }}});
+  }
+  {
     Expr a = input(0), c = input(1), d = input(2);
     volt::FusedElementwise chain("bench_chain", {maximum(a * c + d, 0.0) * 0.5 - minimum(a, d) * c},
                                  volt::FusedElementwiseOptions().require_fused(true));

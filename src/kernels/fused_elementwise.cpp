@@ -124,13 +124,14 @@ namespace {
 
 using jit::Op;
 using NodePtr = std::shared_ptr<const jit::Expr::Node>;
-using KernelFn = void (*)(const float* const*, float* const*, int64_t, int64_t, int64_t);
+using KernelFn = void (*)(const float* const*, float* const*, int64_t, int64_t, int64_t,
+                          const int64_t*);
 using KeyFn = const char* (*)();
 
 constexpr const char* kComponent = "FusedElementwise";
 // Bump when the generated code's calling convention or meaning changes: old cache entries then
 // stop matching instead of being loaded.
-constexpr const char* kFormat = "volt-jit elementwise v1";
+constexpr const char* kFormat = "volt-jit elementwise v2";
 // Distinct nodes in one kernel (its backward included): ~100 bytes of C each, so the compiler
 // gets at most a few MB; it also bounds the memory of the reference's intermediate tensors.
 constexpr size_t kMaxNodes = 65536;
@@ -233,7 +234,8 @@ std::string c_expr(const jit::Expr::Node* n,
   return "";
 }
 
-// The kernel's C source for input forms `forms` ('F' full, 'S' one element, 'R' row), without
+// The kernel's C source for input forms `forms` ('F' full, 'S' one element, 'R' row, 'C'
+// column), without
 // the key line. The loop runs over [begin, end) of the flat output in stretches that stay in one
 // row, so that row inputs are read at a running column and the inner loop vectorises.
 std::string generate_body(const std::vector<jit::Expr>& outputs, const std::string& forms) {
@@ -264,7 +266,7 @@ std::string generate_body(const std::vector<jit::Expr>& outputs, const std::stri
     << "#else\n#define VOLT_SIMD\n#endif\n\n"
     << "__attribute__((visibility(\"default\")))\n"
     << "void volt_jit_kernel(const float* const* in, float* const* out, int64_t begin,\n"
-    << "                     int64_t end, int64_t cols) {\n"
+    << "                     int64_t end, int64_t cols, const int64_t* numel) {\n"
     << hoisted.str();
   for (size_t k = 0; k < forms.size(); ++k) {
     if (forms[k] == 'S') s << "  const float v" << k << " = in[" << k << "][0];\n";
@@ -277,13 +279,20 @@ std::string generate_body(const std::vector<jit::Expr>& outputs, const std::stri
   for (size_t k = 0; k < forms.size(); ++k) {
     if (forms[k] == 'F') s << "    const float* restrict p" << k << " = in[" << k << "] + i;\n";
     if (forms[k] == 'R') s << "    const float* restrict p" << k << " = in[" << k << "] + col;\n";
+    // A column input is one value per row (repeating over leading dimensions it lacks), and a
+    // stretch never leaves its row.
+    if (forms[k] == 'C') {
+      s << "    const float v" << k << " = in[" << k << "][(i / cols) % numel[" << k << "]];\n";
+    }
   }
   for (size_t o = 0; o < outputs.size(); ++o) {
     s << "    float* restrict q" << o << " = out[" << o << "] + i;\n";
   }
   s << "    VOLT_SIMD\n    for (int64_t j = 0; j < n; ++j) {\n";
   for (size_t k = 0; k < forms.size(); ++k) {
-    if (forms[k] != 'S') s << "      const float v" << k << " = p" << k << "[j];\n";
+    if (forms[k] == 'F' || forms[k] == 'R') {
+      s << "      const float v" << k << " = p" << k << "[j];\n";
+    }
   }
   s << body.str();
   for (size_t o = 0; o < outputs.size(); ++o) {
@@ -795,8 +804,24 @@ std::string FusedElementwise::forms_of(const std::vector<at::Tensor>& inputs,
         forms += 'R';
         continue;
       }
+      // A column: a last size of 1, before it leading 1s and then the output's sizes (so that
+      // element (i / row length) % numel is the one to read).
+      const int64_t n = static_cast<int64_t>(shape.size()), pad = n - t.dim();
+      bool column = n >= 1 && t.dim() >= 1 && t.size(-1) == 1;
+      bool leading = true;  // still in the leading 1s
+      for (int64_t d = 0; column && d + 1 < n; ++d) {
+        const int64_t size = d < pad ? 1 : t.size(d - pad);
+        if (leading && size == 1 && shape[d] != 1) continue;
+        leading = false;
+        column = size == shape[d];
+      }
+      if (column) {
+        forms += 'C';
+        continue;
+      }
       os << "of shape " << shape_str(t.sizes()) << " broadcasts to " << shape_str(shape)
-         << " in a way the loop does not read (it takes full, one-element and row inputs)";
+         << " in a way the loop does not read (it takes full, one-element, row and column "
+            "inputs)";
     }
     *why = os.str();
   }
@@ -968,9 +993,11 @@ std::vector<at::Tensor> FusedElementwise::run_kernel(KernelFn fn, const std::str
   c10::AutoGradMode no_grad(false);  // raw loops: nothing here is recorded
   std::vector<at::Tensor> in(inputs.size());
   std::vector<const float*> in_ptr(inputs.size());
+  std::vector<int64_t> in_numel(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     in[i] = inputs[i].contiguous();
     in_ptr[i] = in[i].data_ptr<float>();
+    in_numel[i] = in[i].numel();
   }
   std::vector<at::Tensor> out(outputs_.size());
   std::vector<float*> out_ptr(outputs_.size());
@@ -980,10 +1007,10 @@ std::vector<at::Tensor> FusedElementwise::run_kernel(KernelFn fn, const std::str
   }
   const int64_t numel = out.empty() ? 0 : out[0].numel();
   if (numel == 0) return out;
-  const bool has_rows = forms.find('R') != std::string::npos;
-  const int64_t cols = has_rows ? shape.back() : numel;
+  const bool by_row = forms.find_first_of("RC") != std::string::npos;
+  const int64_t cols = by_row ? shape.back() : numel;
   at::parallel_for(0, numel, options_.grain_size(), [&](int64_t begin, int64_t end) {
-    fn(in_ptr.data(), out_ptr.data(), begin, end, cols);
+    fn(in_ptr.data(), out_ptr.data(), begin, end, cols, in_numel.data());
   });
   return out;
 }

@@ -60,6 +60,15 @@ Expr gelu_tanh(const Expr& y) {
          << ")";
 }
 
+// |a - b| <= atol + rtol |b|, for gradients: sums over broadcast dimensions add rounding.
+::testing::AssertionResult near_tol(const at::Tensor& a, const at::Tensor& b, double atol,
+                                    double rtol) {
+  const auto diff = (a.to(at::kDouble) - b.to(at::kDouble)).abs();
+  const double worst = (diff - (atol + rtol * b.to(at::kDouble).abs())).max().item<double>();
+  if (worst <= 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max |a - b| = " << diff.max().item<double>();
+}
+
 using CompiledElementwise = CacheFixture;
 
 TEST_F(CompiledElementwise, ExactlyRoundedOpsGiveLibtorchsBits) {
@@ -81,6 +90,26 @@ TEST_F(CompiledElementwise, ExactlyRoundedOpsGiveLibtorchsBits) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << i;
   EXPECT_EQ(k.num_inputs(), 4);
   EXPECT_EQ(volt::jit::stats().compiles, 1);  // one kernel computes both outputs
+}
+
+// A layer norm's epilogue: per-row mean and scale (columns), per-feature weight and bias (rows).
+TEST_F(CompiledElementwise, ColumnsAndRowsTogetherAsInALayerNormEpilogue) {
+  torch::manual_seed(6);
+  const auto rg = torch::requires_grad();
+  auto x = torch::randn({3, 37, 50}, rg), w = torch::randn({50}, rg), b = torch::randn({50}, rg);
+  auto mean = torch::randn({3, 37, 1}, rg), rstd = torch::rand({37, 1}, rg);  // leading 1 left out
+  FusedElementwise k("ln_epilogue", {(input(0) - input(1)) * input(2) * input(3) + input(4)},
+                     FusedElementwiseOptions().require_fused(true).grain_size(333));
+  const std::vector<at::Tensor> in{x, mean, rstd, w, b};
+  const auto got = k(in)[0], want = k.reference(in)[0];
+  EXPECT_TRUE(torch::equal(got, want));
+  const auto up = torch::randn({3, 37, 50});
+  const auto g = torch::autograd::grad({got}, {x, mean, rstd, w, b}, {up});
+  const auto h = torch::autograd::grad({want}, {x, mean, rstd, w, b}, {up});
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_EQ(g[i].sizes(), in[i].sizes()) << i;
+    EXPECT_TRUE(near_tol(g[i], h[i], 1e-4, 1e-5)) << i;
+  }
 }
 
 TEST_F(CompiledElementwise, TranscendentalOpsMatchLibtorchWithinAFewUlp) {
@@ -221,7 +250,7 @@ TEST_F(CompiledElementwise, InputsTheLoopDoesNotTakeRunTheComposition) {
   const std::vector<Case> cases = {
       {{x.to(torch::kDouble), x.to(torch::kDouble)},
        "is Double (the compiled loop is float32-only)"},
-      {{x, torch::randn({4, 1})}, "broadcasts to [4, 6] in a way the loop does not read"},
+      {{x, torch::randn({4, 1, 6})}, "broadcasts to [4, 4, 6] in a way the loop does not read"},
   };
   for (const auto& c : cases) {
     EXPECT_NE(k.fused_unavailable_reason(c.inputs).find(c.phrase), std::string::npos) << c.phrase;
@@ -231,19 +260,10 @@ TEST_F(CompiledElementwise, InputsTheLoopDoesNotTakeRunTheComposition) {
     EXPECT_NE(msg.find(c.phrase), std::string::npos) << msg;
   }
   // A fallback is still differentiable (the composition is).
-  auto w = torch::randn({4, 1}, torch::requires_grad());
+  auto w = torch::randn({4, 1, 6}, torch::requires_grad());
   k({x, w})[0].sum().backward();
-  EXPECT_TRUE(torch::allclose(w.grad(), x.sum(1, /*keepdim=*/true)));
+  EXPECT_TRUE(torch::allclose(w.grad(), x.sum(0).expand({4, 1, 6})));
   EXPECT_EQ(volt::jit::stats().fallbacks, 3);
-}
-
-// |a - b| <= atol + rtol |b|, for gradients: sums over broadcast dimensions add rounding.
-::testing::AssertionResult near_tol(const at::Tensor& a, const at::Tensor& b, double atol,
-                                    double rtol) {
-  const auto diff = (a.to(at::kDouble) - b.to(at::kDouble)).abs();
-  const double worst = (diff - (atol + rtol * b.to(at::kDouble).abs())).max().item<double>();
-  if (worst <= 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "max |a - b| = " << diff.max().item<double>();
 }
 
 TEST_F(CompiledElementwise, GradientsMatchAutogradThroughTheComposition) {

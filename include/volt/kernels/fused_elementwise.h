@@ -12,9 +12,11 @@
 ///   at::Tensor out = bias_gelu_res({x_t, bias_t, res_t})[0];
 ///
 /// Inputs broadcast as libtorch does, in the forms the loop handles directly: tensors of the
-/// output's shape, one-element tensors, and rows (sizes 1 except the last, which is the
-/// output's). Anything else (other broadcasts, dtypes, devices, no C compiler) runs
-/// `reference()` instead, logged once; `require_fused` turns that into NotAvailable.
+/// output's shape, one-element tensors, rows (sizes 1 except the last, which is the output's:
+/// a bias) and columns (a last size of 1, the others the output's or leading 1s: a per-row
+/// mean or scale).
+/// Anything else (other broadcasts, dtypes, devices, no C compiler) runs `reference()`
+/// instead, logged once; `require_fused` turns that into NotAvailable.
 ///
 /// Autograd: when an input requires grad, the outputs get a backward that is itself a
 /// FusedElementwise, derived symbolically from the expression (libtorch's derivative formulas,
@@ -153,7 +155,9 @@ class FusedElementwise {
   const FusedElementwiseOptions& options() const { return options_; }
 
  private:
-  using KernelFn = void (*)(const float* const*, float* const*, int64_t, int64_t, int64_t);
+  // (inputs, outputs, begin, end, row length, each input's element count)
+  using KernelFn = void (*)(const float* const*, float* const*, int64_t, int64_t, int64_t,
+                            const int64_t*);
   std::string forms_of(const std::vector<at::Tensor>& inputs, std::string* why) const;
   KernelFn kernel_for(const std::string& forms) const;
 
