@@ -41,10 +41,12 @@
 extern char** environ;
 
 namespace volt {
+namespace {
+using NodePtr = std::shared_ptr<const jit::Expr::Node>;
+}  // namespace
+
 namespace jit {
 namespace {
-
-using NodePtr = std::shared_ptr<const Expr::Node>;
 
 Expr make(Op op, std::vector<NodePtr> args) {
   for (const auto& a : args) {
@@ -123,7 +125,6 @@ Expr where_equal(const Expr& a, const Expr& b, const Expr& x, const Expr& y) {
 namespace {
 
 using jit::Op;
-using NodePtr = std::shared_ptr<const jit::Expr::Node>;
 using KernelFn = void (*)(const float* const*, float* const*, int64_t, int64_t, int64_t,
                           const int64_t*);
 using KeyFn = const char* (*)();
@@ -235,9 +236,9 @@ std::string c_expr(const jit::Expr::Node* n,
 }
 
 // The kernel's C source for input forms `forms` ('F' full, 'S' one element, 'R' row, 'C'
-// column), without
-// the key line. The loop runs over [begin, end) of the flat output in stretches that stay in one
-// row, so that row inputs are read at a running column and the inner loop vectorises.
+// column), without the key line. The loop runs over [begin, end) of the flat output in
+// stretches that stay in one row, so that row inputs are read at a running column and the
+// inner loop vectorises.
 std::string generate_body(const std::vector<jit::Expr>& outputs, const std::string& forms) {
   const auto order = topo_order(outputs);
   std::unordered_map<const void*, std::string> name;
@@ -511,7 +512,13 @@ std::string shape_str(at::IntArrayRef s) {
   return os.str();
 }
 
-std::vector<int64_t> broadcast_shape(const std::vector<at::Tensor>& inputs) {
+// The inputs' broadcast shape, after checking that there is one tensor per input: the one check
+// of the inputs operator(), reference() and the form classification share.
+std::vector<int64_t> checked_shape(const std::string& name, int64_t num_inputs,
+                                   const std::vector<at::Tensor>& inputs) {
+  VOLT_CHECK(static_cast<int64_t>(inputs.size()) == num_inputs, ValueError, "[FusedElementwise] '",
+             name, "' takes ", num_inputs, " inputs (input(0) .. input(", num_inputs - 1,
+             ")), got ", inputs.size(), "; pass one tensor per input.");
   std::vector<int64_t> shape;
   for (size_t i = 0; i < inputs.size(); ++i) {
     VOLT_CHECK(inputs[i].defined(), ValueError, "[FusedElementwise] input ", i,
@@ -773,12 +780,12 @@ FusedElementwise::FusedElementwise(std::string name, std::vector<jit::Expr> outp
   }
 }
 
-std::string FusedElementwise::forms_of(const std::vector<at::Tensor>& inputs,
-                                       std::string* why) const {
-  VOLT_CHECK(static_cast<int64_t>(inputs.size()) == num_inputs_, ValueError, "[FusedElementwise] '",
-             name_, "' takes ", num_inputs_, " inputs (input(0) .. input(", num_inputs_ - 1,
-             ")), got ", inputs.size(), "; pass one tensor per input.");
-  const auto shape = broadcast_shape(inputs);
+namespace {
+
+// Each input's form for the loop ('F', 'S', 'R', 'C'), or in *why the first input it cannot
+// read and why.
+std::string input_forms(const std::vector<at::Tensor>& inputs, const std::vector<int64_t>& shape,
+                        std::string* why) {
   std::string forms;
   why->clear();
   for (size_t i = 0; i < inputs.size() && why->empty(); ++i) {
@@ -826,6 +833,13 @@ std::string FusedElementwise::forms_of(const std::vector<at::Tensor>& inputs,
     *why = os.str();
   }
   return forms;
+}
+
+}  // namespace
+
+std::string FusedElementwise::forms_of(const std::vector<at::Tensor>& inputs,
+                                       std::string* why) const {
+  return input_forms(inputs, checked_shape(name_, num_inputs_, inputs), why);
 }
 
 std::string FusedElementwise::fused_unavailable_reason(
@@ -926,7 +940,8 @@ FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms
 
 std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tensor>& inputs) const {
   std::string why;
-  const std::string forms = forms_of(inputs, &why);
+  const auto shape = checked_shape(name_, num_inputs_, inputs);
+  const std::string forms = input_forms(inputs, shape, &why);
   KernelFn fn = why.empty() ? kernel_for(forms) : nullptr;
   if (fn == nullptr) {
     if (why.empty()) why = fused_unavailable_reason(inputs);
@@ -941,7 +956,6 @@ std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tenso
               "'" + name_ + "' runs the libtorch composition: " + why);
     return reference(inputs);
   }
-  const auto shape = broadcast_shape(inputs);
   std::vector<bool> needs_grad(inputs.size(), false);
   bool any_grad = false;
   if (c10::GradMode::is_enabled()) {
@@ -1016,10 +1030,7 @@ std::vector<at::Tensor> FusedElementwise::run_kernel(KernelFn fn, const std::str
 }
 
 std::vector<at::Tensor> FusedElementwise::reference(const std::vector<at::Tensor>& inputs) const {
-  VOLT_CHECK(static_cast<int64_t>(inputs.size()) == num_inputs_, ValueError, "[FusedElementwise] '",
-             name_, "' takes ", num_inputs_, " inputs, got ", inputs.size(),
-             "; pass one tensor per input.");
-  const auto shape = broadcast_shape(inputs);
+  const auto shape = checked_shape(name_, num_inputs_, inputs);
   std::unordered_map<const void*, at::Tensor> memo;
   for (const auto& n : topo_order(outputs_)) evaluate(n.get(), inputs, &memo);
   std::vector<at::Tensor> out;

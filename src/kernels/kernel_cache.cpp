@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <ostream>
 #include <sstream>
@@ -113,22 +114,8 @@ std::vector<DiskEntry> scan(const std::string& dir) {
   return out;
 }
 
-bool make_dirs(const std::string& dir, std::string* why) {
-  struct stat st;
-  if (::stat(dir.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return true;
-    *why = "it exists and is not a folder";
-    return false;
-  }
-  const auto slash = dir.find_last_of('/');
-  if (slash != std::string::npos && slash > 0 && !make_dirs(dir.substr(0, slash), why)) {
-    return false;
-  }
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    *why = std::strerror(errno);
-    return false;
-  }
-  return true;
+std::string lock_path(const std::string& dir) {
+  return dir + "/" + kLockName;
 }
 
 }  // namespace
@@ -178,7 +165,15 @@ KernelCache::KernelCache(KernelCacheOptions options) : options_(std::move(option
   VOLT_CHECK(options_.size_mb() >= 1, ConfigError, "[KernelCache] size_mb=", options_.size_mb(),
              " is below 1; give the cache at least 1 MiB.");
   std::string why = "no cache folder: none of VOLT_CACHE_DIR, XDG_CACHE_HOME, HOME is set";
-  if (options_.dir().empty() || !make_dirs(options_.dir(), &why)) {
+  std::error_code ec;
+  if (!options_.dir().empty()) {
+    std::filesystem::create_directories(options_.dir(), ec);
+    if (!ec && !std::filesystem::is_directory(options_.dir(), ec)) {
+      ec = std::make_error_code(std::errc::not_a_directory);
+    }
+    why = ec.message();
+  }
+  if (options_.dir().empty() || ec) {
     enabled_ = false;
     warn_once("kernel-cache-open:" + options_.dir(), kComponent,
               "cannot use the kernel cache folder '" + options_.dir() + "' (" + why +
@@ -199,7 +194,7 @@ KernelCache::~KernelCache() {
 }
 
 void KernelCache::clear_stale_at_start() {
-  detail::FileLock lock(options_.dir() + "/" + kLockName);
+  detail::FileLock lock(lock_path(options_.dir()));
   const struct timespec start = process_start_time();
   int64_t removed = 0;
   for (const auto& e : scan(options_.dir())) {
@@ -242,7 +237,7 @@ void KernelCache::store(const std::string& key, std::string bytes) {
 void KernelCache::remove(const std::string& key) {
   check_key(key);
   if (!enabled()) return;
-  detail::FileLock lock(options_.dir() + "/" + kLockName);
+  detail::FileLock lock(lock_path(options_.dir()));
   ::unlink((options_.dir() + "/" + key).c_str());
 }
 
@@ -306,9 +301,9 @@ void KernelCache::write_and_evict(const std::string& key, const std::string& byt
 }
 
 void KernelCache::evict(const std::string& just_written) {
-  detail::FileLock lock(options_.dir() + "/" + kLockName);
+  detail::FileLock lock(lock_path(options_.dir()));
   if (!lock.locked()) {
-    fail("cannot lock " + options_.dir() + "/" + kLockName + " (" + std::strerror(errno) + ")");
+    fail("cannot lock " + lock_path(options_.dir()) + " (" + std::strerror(errno) + ")");
     return;
   }
   // The size of the next entry is not known before it is written: leave 1% of room for it.
