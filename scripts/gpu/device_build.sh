@@ -2,7 +2,8 @@
 # Step 2 of a GPU run, ON the GPU machine from the project root, with .gpu/ (scripts/gpu/prepare.sh)
 # carried along: unpacks the carried Debian packages into /tmp/volt-deps, builds volt against
 # the machine's own torch (a CUDA wheel) into build-gpu/ and runs ctest. Extra arguments go to
-# ctest (e.g. `-R Cuda`); TARGETS="a b" builds only those targets; NO_TESTS=1 skips ctest.
+# ctest (e.g. `-R Cuda`); TARGETS="a b" builds only those targets; NO_TESTS=1 skips ctest;
+# CMAKE_ARGS adds configure arguments (e.g. "-DVOLT_CUDA_GRAPHS=OFF").
 # Logs (configure, build, ctest) go to $OUT (default /tmp/out).
 set -u
 root=$(pwd)
@@ -27,7 +28,8 @@ export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 # Also for the configure steps tests run themselves (install_consumer).
 export CMAKE_PREFIX_PATH="$tp:$deps/usr"
 t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$tp;$deps/usr" \
+# shellcheck disable=SC2086
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$tp;$deps/usr" ${CMAKE_ARGS:-} \
   > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
 grep -E "^-- volt" "$out/configure.log"
 cmake --build build-gpu -j"$(nproc)" ${TARGETS:+--target $TARGETS} -- -k 0 > "$out/build.log" 2>&1

@@ -34,9 +34,10 @@ std::string describe(const at::Tensor& t) {
 
 }  // namespace
 
-GraphKey::GraphKey(at::ArrayRef<at::Tensor> inputs, bool training) : training_(training) {
+GraphKey::GraphKey(at::ArrayRef<at::Tensor> inputs, bool training, bool grad_mode)
+    : training_(training), grad_mode_(grad_mode) {
   inputs_.reserve(inputs.size());
-  hash_ = combine(std::hash<bool>()(training), inputs.size());
+  hash_ = combine(std::hash<bool>()(training) + 2 * std::hash<bool>()(grad_mode), inputs.size());
   for (const at::Tensor& t : inputs) {
     Input in;
     in.defined = t.defined();
@@ -56,7 +57,8 @@ GraphKey::GraphKey(at::ArrayRef<at::Tensor> inputs, bool training) : training_(t
 }
 
 bool operator==(const GraphKey& a, const GraphKey& b) {
-  if (a.hash_ != b.hash_ || a.training_ != b.training_ || a.inputs_.size() != b.inputs_.size()) {
+  if (a.hash_ != b.hash_ || a.training_ != b.training_ || a.grad_mode_ != b.grad_mode_ ||
+      a.inputs_.size() != b.inputs_.size()) {
     return false;
   }
   for (size_t i = 0; i < a.inputs_.size(); ++i) {
@@ -72,7 +74,7 @@ bool operator==(const GraphKey& a, const GraphKey& b) {
 
 std::string GraphKey::str() const {
   std::ostringstream os;
-  os << (training_ ? "train(" : "eval(");
+  os << (training_ ? "train" : "eval") << (grad_mode_ ? "+grad(" : "(");
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const Input& in = inputs_[i];
     if (i > 0) os << ", ";

@@ -328,6 +328,38 @@ void FusedAdamW::save(torch::serialize::OutputArchive& archive) const {
 
 void FusedAdamW::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<FusedAdamWParamState, FusedAdamWOptions>(archive, *this);
+  impl_->device_steps.clear();  // the next CUDA step starts from the loaded counts
+}
+
+void FusedAdamW::sync_steps_from_device() {
+  Impl& s = *impl_;
+  if (s.device_steps.empty()) return;
+  detail::sync_layouts("FusedAdamW", s.layouts, param_groups_, kNumKinds);
+  std::vector<FusedAdamWParamState*> states;
+  std::vector<std::pair<at::Tensor, int64_t>*> steps;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto d = s.device_steps.find(params[i].unsafeGetTensorImpl());
+      if (d == s.device_steps.end() || !d->second.first.defined()) continue;
+      auto it = state_.find(s.layouts[g].key(i));
+      if (it == state_.end()) continue;
+      auto* st = dynamic_cast<FusedAdamWParamState*>(it->second.get());
+      if (st == nullptr) continue;
+      states.push_back(st);
+      steps.push_back(&d->second);
+    }
+  }
+  if (states.empty()) return;
+  std::vector<at::Tensor> values;
+  for (auto* d : steps) values.push_back(d->first.reshape({1}).to(at::kDouble));
+  const at::Tensor host = at::cat(values).cpu();  // one read for all parameters
+  const double* v = host.data_ptr<double>();
+  for (size_t k = 0; k < states.size(); ++k) {
+    const auto step = static_cast<int64_t>(std::llround(v[k]));
+    states[k]->step(step);
+    steps[k]->second = step;
+  }
 }
 
 std::unique_ptr<torch::optim::OptimizerParamState> FusedAdamW::make_param_state() const {

@@ -33,6 +33,7 @@
 #include <unordered_set>
 
 #include "core/detail/machine.h"
+#include "core/detail/remove_tree.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
@@ -374,8 +375,7 @@ class TempDir {
     if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
   }
   ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+    if (!path_.empty()) detail::remove_tree(path_);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

@@ -10,6 +10,7 @@
 #include <ostream>
 
 #include "detail/sdpa_cpu.h"
+#include "detail/sdpa_cuda.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 
@@ -38,6 +39,7 @@ struct Call {
   bool want_probs = false;
   bool want_keep = false;
   uint64_t seed = 0;
+  bool seeded = false;  // dropout_seed was given
   at::Tensor mask;  // float or bool as given by the user, or undefined
   at::Tensor lens;  // int64 [B] CPU, or undefined
 };
@@ -166,15 +168,33 @@ Call validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              "torch::NoGradGuard or with inputs that do not require grad.");
   if (c.dropout_p > 0 || c.want_keep) c.seed = o.dropout_seed().value_or(0);
   if ((c.dropout_p > 0 || c.want_keep) && !o.dropout_seed().has_value()) c.seed = draw_seed();
+  c.seeded = o.dropout_seed().has_value();
   return c;
 }
 
 // Why the fused kernel cannot run this call; empty when it can.
 std::string fused_unavailable_reason(const at::Tensor& q, const Call& c) {
-  if (!q.device().is_cpu()) {
-    return "the CUDA FusedSDPA kernel is not built/verified yet (tensors on " +
-           q.device().str() + ")";
+  if (q.is_cuda()) {
+    if (!detail::sdpa_cuda_available()) {
+      return "this build has no CUDA attention path (it needs libtorch >= 2.1 with CUDA; "
+             "tensors on " +
+             q.device().str() + ")";
+    }
+    if (c.lens.defined()) return "valid_seq_len has no CUDA kernel yet";
+    if (c.mask.defined()) {
+      return "an attn_mask on CUDA (libtorch's kernels give NaN rather than zeros for a fully "
+             "masked row)";
+    }
+    if (c.want_probs || c.want_keep) return "return_attn_probs / return_dropout_mask on CUDA";
+    if (c.dropout_p > 0 && c.seeded) {
+      return "dropout_seed on CUDA (libtorch's kernels draw dropout from the CUDA generator)";
+    }
+    if (!at::isFloatingType(q.scalar_type())) {
+      return std::string("dtype ") + c10::toString(q.scalar_type());
+    }
+    return {};
   }
+  if (!q.device().is_cpu()) return "no fused kernel for tensors on " + q.device().str();
   if (q.scalar_type() != at::kFloat && q.scalar_type() != at::kBFloat16) {
     return std::string("the CPU kernel supports float32 and bfloat16, not ") +
            c10::toString(q.scalar_type());
@@ -366,8 +386,15 @@ SdpaResult fused_sdpa(const at::Tensor& query, const at::Tensor& key, const at::
     resolved.recompute(c.recompute);
     return sdpa_reference(query, key, value, resolved);
   }
-  ForwardOut r;
   SdpaResult result;
+  if (query.is_cuda()) {
+    // libtorch's fused kernels (FlashAttention / cuDNN / memory-efficient) with its own
+    // autograd; they always recompute in backward, and their exp is their own (fast softmax
+    // maps to it too).
+    result.output = detail::sdpa_cuda(query, key, value, c.causal, c.dropout_p, c.scale);
+    return result;
+  }
+  ForwardOut r;
   if (c.needs_grad) {
     result.output = SdpaFunction::apply(query, key, value, &c, &r)[0];
   } else {

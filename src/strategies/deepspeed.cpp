@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "core/detail/print.h"
+#include "core/detail/remove_tree.h"
 #include "io/detail/state_key.h"
 #include "strategies/detail/optimizer_swapper.h"
 #include "volt/core/atomic_file.h"
@@ -197,8 +198,9 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
   VOLT_CHECK(options_.dtype() == "float32" || options_.dtype() == "bfloat16", ConfigError, kTag,
              " dtype=\"", options_.dtype(), "\"; use \"float32\" or \"bfloat16\".");
   VOLT_CHECK(!options_.enable_cuda_graph(), NotAvailable, kTag,
-             " enable_cuda_graph needs CUDA graph capture, which is not built yet (issue #15); "
-             "set it to false.");
+             " enable_cuda_graph: the DeepSpeed inference path does not capture graphs yet (issue "
+             "#15); set it to false, and wrap the model's forward with volt::wrap_in_graph in "
+             "predict_step / test_step instead (docs/CUDA_GRAPHS.md).");
   VOLT_CHECK(options_.replace_method() == "auto", ConfigError, kTag, " replace_method=\"",
              options_.replace_method(), "\"; DeepSpeed's only value is \"auto\".");
   const std::string& dev = options_.offload_optimizer_device();
@@ -265,8 +267,7 @@ void remove_stale_swap_folders(const std::string& nvme_path) noexcept {
       if (fd < 0) continue;  // not one of ours, or from before owner locks: left alone
       const bool dead = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
       if (dead) {
-        std::error_code rm;
-        fs::remove_all(rank.path(), rm);
+        detail::remove_tree(rank.path().string());
         log_info("DeepSpeedStrategy",
                  "removed the NVMe swap folder of a run that died: '" + rank.path().string() + "'");
       }
@@ -313,8 +314,7 @@ void DeepSpeedStrategy::make_nvme_folder() {
 void DeepSpeedStrategy::remove_nvme_files() noexcept {
   swappers_.clear();  // each removes its file
   if (nvme_rank_dir_.empty()) return;
-  std::error_code ec;
-  fs::remove_all(nvme_rank_dir_, ec);
+  detail::remove_tree(nvme_rank_dir_);
   ::rmdir(nvme_run_dir_.c_str());  // the last rank on this node removes the run's folder
   if (nvme_lock_fd_ >= 0) ::close(nvme_lock_fd_);  // after the folder is gone: no sweep races
   nvme_lock_fd_ = -1;
@@ -1099,7 +1099,7 @@ void DeepSpeedStrategy::save_checkpoint(OutputArchive& archive, const std::strin
   barrier("zero_save_begin");
   if (is_global_zero()) {
     std::error_code ec;
-    fs::remove_all(staging, ec);
+    detail::remove_tree(staging);
     const fs::path parent = fs::path(path).parent_path();
     if (!parent.empty()) fs::create_directories(parent, ec);
     VOLT_CHECK(::mkdir(staging.c_str(), 0755) == 0, CheckpointError, kTag,
@@ -1123,7 +1123,7 @@ void DeepSpeedStrategy::save_checkpoint(OutputArchive& archive, const std::strin
       VOLT_CHECK(
           ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0,
           CheckpointError, kTag, " cannot replace '", path, "' (", std::strerror(errno), ").");
-      fs::remove_all(staging, ec);
+      detail::remove_tree(staging);
     } else {
       if (fs::exists(path, ec)) fs::remove(path, ec);  // a single-file checkpoint before
       VOLT_CHECK(::rename(staging.c_str(), path.c_str()) == 0, CheckpointError, kTag,
@@ -1163,8 +1163,7 @@ void DeepSpeedStrategy::remove_checkpoint(const std::string& path) {
   }
   if (is_global_zero()) {
     checkpoint_io_->flush();  // after every save issued before it, as CheckpointIO::remove
-    std::error_code ec;
-    fs::remove_all(path, ec);
+    detail::remove_tree(path);
   }
 }
 

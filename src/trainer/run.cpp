@@ -55,6 +55,10 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
              "\") with on_step=false and on_epoch=false logs nothing; enable one of them.");
   VOLT_CHECK(!on_step || in_train_step, ConfigError, "[Module] log(\"", name,
              "\", on_step=true) is only possible inside training_step; use on_epoch.");
+  if (capture_log != nullptr) {
+    capture_log->push_back(CapturedLog{name, value.detach(), o});
+    return;
+  }
   at::Tensor v = value.detach().reshape({});
   const bool both = on_step && on_epoch;
   const bool sync = o.sync_dist() && strategy().world_size() > 1;
@@ -71,7 +75,7 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
 }
 
 void Run::save_checkpoint(const std::string& path) {
-  step->check_losses();  // a checkpoint never holds weights a non-finite loss has stepped
+  step->before_checkpoint();  // never weights a non-finite loss stepped; current optimizer state
   torch::serialize::OutputArchive root;
   write_checkpoint(*this, root);
   strategy().save_checkpoint(root, path);

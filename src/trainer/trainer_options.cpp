@@ -11,6 +11,7 @@
 namespace volt {
 
 void TrainerOptions::validate() const {
+  graph_options_.validate();
   VOLT_CHECK(max_epochs_ >= -1, ConfigError, "[Trainer] max_epochs=", max_epochs_,
              " is invalid; pass a number of epochs >= 0, or -1 for the default.");
   VOLT_CHECK(num_nodes_ >= 1, ConfigError, "[Trainer] num_nodes=", num_nodes_,
@@ -87,9 +88,9 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", use_distributed_sampler=" << o.use_distributed_sampler()
      << ", deterministic=" << o.deterministic() << ", seed=" << optional_text(o.seed())
      << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
-     << ", num_threads=" << o.num_threads() << ", progress_refresh_s=" << o.progress_refresh_s()
-     << ", callbacks=" << o.callbacks().size() << ", loggers=" << o.loggers().size()
-     << ", profiler=" << (o.profiler() ? "set" : "none")
+     << ", graph_training_step=" << o.graph_training_step() << ", num_threads=" << o.num_threads()
+     << ", progress_refresh_s=" << o.progress_refresh_s() << ", callbacks=" << o.callbacks().size()
+     << ", loggers=" << o.loggers().size() << ", profiler=" << (o.profiler() ? "set" : "none")
      << ", checkpoint_io=" << (o.checkpoint_io() ? "set" : "strategy's") << ")";
   return os;
 }

@@ -63,6 +63,8 @@ TEST(GraphKey, IsTheSignatureNotTheValues) {
   EXPECT_NE(GraphKey({x}, true), GraphKey({torch::empty({4, 3}, at::kMeta)}, true));  // device
   EXPECT_NE(GraphKey({x}, true), GraphKey({x.detach().requires_grad_()}, true));      // grad
   EXPECT_NE(GraphKey({x}, true), GraphKey({x}, false));                               // mode
+  EXPECT_NE(GraphKey({x}, true), GraphKey({x}, true, /*grad_mode=*/true));            // autograd
+  EXPECT_EQ(GraphKey({x}, true, true).str(), "train+grad(float[4, 3] cpu)");
   EXPECT_NE(GraphKey({x}, true), GraphKey({x, at::Tensor()}, true));  // an absent optional
   EXPECT_NE(GraphKey({x, at::Tensor()}, true), GraphKey({at::Tensor(), x}, true));  // position
   EXPECT_EQ(GraphKey({x, at::Tensor()}, false).str(), "eval(float[4, 3] cpu, undefined)");

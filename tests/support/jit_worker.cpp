@@ -14,10 +14,56 @@
 #include <volt/kernels/fused_elementwise.h>
 #include <volt/kernels/kernel_cache.h>
 
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+#include <csignal>
 #include <cstdio>
 #include <string>
 
+namespace {
+
+// Where an address is: "module(+offset) symbol", offsets for addr2line.
+void describe(const char* what, uintptr_t addr) {
+  Dl_info info{};
+  if (addr != 0 && ::dladdr(reinterpret_cast<void*>(addr), &info) != 0 && info.dli_fname) {
+    ::dprintf(2, "  %s %#lx = %s(+%#lx) %s\n", what, static_cast<unsigned long>(addr),
+              info.dli_fname,
+              static_cast<unsigned long>(addr - reinterpret_cast<uintptr_t>(info.dli_fbase)),
+              info.dli_sname ? info.dli_sname : "");
+  } else {
+    ::dprintf(2, "  %s %#lx (no module)\n", what, static_cast<unsigned long>(addr));
+  }
+}
+
+// A crash prints where it happened (the faulting instruction, the return address on top of
+// the stack, the stack) before dying.
+void on_fatal_signal(int sig, siginfo_t* si, void* context) {
+  const auto* uc = static_cast<const ucontext_t*>(context);
+  const auto rip = static_cast<uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+  const auto rsp = static_cast<uintptr_t>(uc->uc_mcontext.gregs[REG_RSP]);
+  ::dprintf(2, "volt_jit_worker: signal %d, fault address %p\n", sig, si->si_addr);
+  describe("pc", rip);
+  for (int i = 0; i < 4; ++i) describe("stack word", reinterpret_cast<const uintptr_t*>(rsp)[i]);
+  void* frames[64];
+  const int n = ::backtrace(frames, 64);
+  ::backtrace_symbols_fd(frames, n, 2);
+  ::_exit(128 + sig);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  struct sigaction sa {};
+  sa.sa_sigaction = on_fatal_signal;
+  sa.sa_flags = SA_SIGINFO;
+  ::sigaction(SIGSEGV, &sa, nullptr);
+  ::sigaction(SIGABRT, &sa, nullptr);
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "kernel" && argc == 3) {
     using namespace volt::jit;  // NOLINT

@@ -9,9 +9,9 @@
 ///   MyGraph& g = cache.get(volt::GraphKey({x, mask}, module->is_training()),
 ///                          [&] { return capture_my_graph(x, mask); });
 ///
-/// The cache is device-neutral: it owns whatever the capture function returns. The CUDA capture
-/// that fills it (issue #15) is not built yet, because it needs a GPU session; this policy is
-/// tested on the CPU with real tensors.
+/// The cache is device-neutral: it owns whatever the capture function returns (GraphedModule
+/// and the Trainer's graphed step fill it with CUDA graphs); the policy is tested on the CPU
+/// with real tensors.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -31,15 +31,18 @@
 namespace volt {
 
 /// What a graph was captured for: each input's shape, dtype, device and requires_grad (an
-/// undefined tensor, an absent optional input, counts too), and the training mode.
+/// undefined tensor, an absent optional input, counts too), the training mode, and whether
+/// autograd was recording (a graph captured under no_grad has no backward).
 class GraphKey {
  public:
-  GraphKey(at::ArrayRef<at::Tensor> inputs, bool training);
+  GraphKey(at::ArrayRef<at::Tensor> inputs, bool training, bool grad_mode = false);
 
   bool training() const { return training_; }
+  bool grad_mode() const { return grad_mode_; }
   size_t num_inputs() const { return inputs_.size(); }
   size_t hash() const { return hash_; }
-  /// e.g. "train(float[128, 784] cpu, long[128] cpu)"; "eval(...)" outside training.
+  /// e.g. "train(float[128, 784] cpu, long[128] cpu)"; "eval(...)" outside training;
+  /// "train+grad(...)" when captured with grad mode on.
   std::string str() const;
 
   friend bool operator==(const GraphKey& a, const GraphKey& b);
@@ -55,6 +58,7 @@ class GraphKey {
   };
   std::vector<Input> inputs_;
   bool training_ = false;
+  bool grad_mode_ = false;
   size_t hash_ = 0;
 };
 
@@ -95,6 +99,9 @@ class GraphCache {
   }
   GraphCache(const GraphCache&) = delete;
   GraphCache& operator=(const GraphCache&) = delete;
+  // Moving a std::list keeps its iterators valid (they then refer into the new list).
+  GraphCache(GraphCache&&) = default;
+  GraphCache& operator=(GraphCache&&) = default;
 
   /// The graph for `key`. A hit makes it the most recently used. A miss first evicts the least
   /// recently used graph when the cache is full, so that no more than max_graphs graphs (and

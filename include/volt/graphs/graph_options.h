@@ -2,9 +2,8 @@
 /// Settings of graph capture and replay (the reference's make_graphed_callables warm-up,
 /// ModuleCacher's max_graphs, wrap_in_hpu_graph's asynchronous and disable_tensor_cache), and
 /// the check that inputs can be captured at all.
-///
-/// Status (issue #15): the options are validated and the capture check runs; CUDA graph capture
-/// itself needs a GPU session and is not built yet, so nothing here replays a graph today.
+/// GraphedModule, make_graphed_callable, wrap_in_graph and TrainerOptions::graph_options take
+/// them (volt/graphs/graphed_module.h).
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>

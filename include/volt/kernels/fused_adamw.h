@@ -89,6 +89,10 @@ class FusedAdamW : public torch::optim::Optimizer, public FusedOptimizer {
   /// torch::save / torch::load support (state keyed by position, as libtorch does).
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  /// Copies the step counts of CUDA parameters from the device, where the kernels advance them
+  /// (a step replayed from a CUDA graph advances only those), into the states that save() and
+  /// state() show. Reads the device (a host sync). The Trainer calls it before checkpoints.
+  void sync_steps_from_device();
   std::unique_ptr<torch::optim::OptimizerParamState> make_param_state() const override;
 
  private:

@@ -2,6 +2,10 @@
 /// Memory-efficient scaled dot-product attention: a tiled online-softmax (FlashAttention) CPU
 /// kernel with autograd, its options (recompute mode, fast softmax, valid sequence lengths,
 /// dropout-mask / attention-probability outputs), and the plain libtorch composition beside it.
+/// CUDA tensors go to libtorch's own fused kernels (FlashAttention, cuDNN, memory-efficient,
+/// through at::scaled_dot_product_attention, libtorch >= 2.1) when the call asks nothing they
+/// lack (no attn_mask, valid_seq_len, returned probabilities or mask, or dropout_seed); they
+/// always recompute in backward, and fast softmax maps to their exp.
 ///
 ///   auto out = volt::fused_sdpa(q, k, v, volt::SdpaOptions().is_causal(true)).output;
 ///
@@ -74,8 +78,9 @@ struct SdpaResult {
   std::vector<at::Tensor> to_list() const;
 };
 
-/// Scaled dot-product attention through the fused kernel (float32 / bfloat16 on CPU), falling
-/// back to sdpa_reference (warned once) where the kernel does not apply unless require_fused.
+/// Scaled dot-product attention through the fused kernel (float32 / bfloat16 on CPU; floating
+/// dtypes on CUDA, see above), falling back to sdpa_reference (warned once) where the kernel
+/// does not apply unless require_fused.
 /// A query row with nothing to attend to (fully masked, or padding) yields zeros and zero grads.
 SdpaResult fused_sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                       const SdpaOptions& options = {});

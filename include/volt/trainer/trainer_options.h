@@ -12,6 +12,7 @@
 #include "volt/core/limit.h"
 #include "volt/core/spec.h"
 #include "volt/core/types.h"
+#include "volt/graphs/graph_options.h"
 
 namespace volt {
 
@@ -88,6 +89,16 @@ struct TrainerOptions {
   TORCH_ARG(c10::optional<uint64_t>, seed);
   /// Raise ValueError naming the step when a training loss is NaN or inf. Default: true.
   TORCH_ARG(bool, detect_nonfinite_loss) = true;
+  /// Replay the whole automatic-optimization step (training_step, backward, clipping by value,
+  /// optimizer step) from a CUDA graph after graph_options().warmup_iters() eager steps, one
+  /// graph per batch signature (at most graph_options().max_graphs()). What cannot be captured
+  /// (no GPU, manual optimization, accumulation, mixed precision, several processes, clipping
+  /// by norm, an optimizer that keeps its step on the host, a host sync in the step) runs
+  /// eagerly, logged once with the reason. The step's inner hooks (on_before_backward,
+  /// on_after_backward, on_before_optimizer_step) run at capture only. Default: false.
+  TORCH_ARG(bool, graph_training_step) = false;
+  /// Warm-up steps and graphs kept for graph_training_step. Default: GraphOptions().
+  TORCH_ARG(GraphOptions, graph_options);
   /// torch intra-op threads; 0 = volt's measured default (1 when OpenBLAS is active, see
   /// docs/PERFORMANCE.md). Default: 0.
   TORCH_ARG(int64_t, num_threads) = 0;

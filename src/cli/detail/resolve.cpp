@@ -444,6 +444,8 @@ Params trainer_params(const Registry& reg) {
            "with several processes, shard every loader by rank")
       .add("deterministic", d.deterministic(), "use deterministic algorithms only")
       .add("detect_nonfinite_loss", d.detect_nonfinite_loss(), "fail on a NaN/inf training loss")
+      .add("graph_training_step", d.graph_training_step(),
+           "replay the training step from CUDA graphs (eager where it cannot, logged)")
       .add("num_threads", d.num_threads(), "torch intra-op threads; 0 = volt's measured default")
       .add("progress_refresh_s", d.progress_refresh_s(), "progress bar refresh period (seconds)");
 }
@@ -483,6 +485,7 @@ TrainerOptions trainer_options(const Args& a) {
       .use_distributed_sampler(a.get<bool>("use_distributed_sampler"))
       .deterministic(a.get<bool>("deterministic"))
       .detect_nonfinite_loss(a.get<bool>("detect_nonfinite_loss"))
+      .graph_training_step(a.get<bool>("graph_training_step"))
       .num_threads(a.get<int64_t>("num_threads"))
       .progress_refresh_s(a.get<double>("progress_refresh_s"));
   if (auto v = a.get_optional<double>("max_time")) o.max_time(*v);

@@ -49,6 +49,15 @@ class Run : public RunContext {
   bool optimizers_ready = false;
   /// One automatic-optimization step; replaceable (e.g. by a captured graph of the step).
   std::unique_ptr<OptimizationStep> step;
+  /// While graph_training_step captures the step: log() records here instead of in the metric
+  /// stores, and the graphed step re-logs these (static, replay-updated) values after each
+  /// replay.
+  struct CapturedLog {
+    std::string name;
+    at::Tensor value;
+    LogOptions options;
+  };
+  std::vector<CapturedLog>* capture_log = nullptr;
 
   MetricStore train_metrics, eval_metrics;
   MetricStore* active_metrics = &train_metrics;

@@ -131,6 +131,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   c10::optional<DataLoader> val;
   if (val_loader) val = r.shard(*val_loader);
   r.setup_optimizers();
+  if (r.opts.graph_training_step()) r.step = make_graphed_step(r);
   log_info("Trainer",
            describe_global_batch(train.options().batch_size(), r.strategy().data_shard().world_size,
                                  r.opts.accumulate_grad_batches()));
@@ -177,6 +178,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
     if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) break;
     train_epoch(r, train, val);
   }
+  r.step->finish();
   r.hook(
       "on_train_end", [&](Module& mm) { mm.on_train_end(); },
       [&](Callback& c) { c.on_train_end(r, m); });

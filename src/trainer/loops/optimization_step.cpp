@@ -46,7 +46,7 @@ at::Tensor OptimizationStep::forward(const Batch& batch, int64_t batch_idx) {
              r.st.global_step,
              " does not require grad; compute it from the module's "
              "parameters (and not under NoGradGuard).");
-  if (r.opts.detect_nonfinite_loss()) {
+  if (r.opts.detect_nonfinite_loss() && !capturing_) {
     // Read on the host once per logging interval (in micro-batches), not per step.
     nonfinite_.set_every(r.opts.log_every_n_steps() * r.opts.accumulate_grad_batches());
     nonfinite_.record(loss, {r.st.global_step, r.st.epoch, batch_idx});
@@ -71,20 +71,22 @@ void OptimizationStep::backward(const at::Tensor& loss, bool sync_gradients) {
       [&](Callback& c) { c.on_after_backward(r, m); });
 }
 
-bool OptimizationStep::optimizer_step() {
+bool OptimizationStep::strategy_step() {
   Run& r = run_;
   Module& m = *r.module;
   auto& opt = *r.optimizers.front().optimizer();
   r.hook(
       "on_before_optimizer_step", [&](Module& mm) { mm.on_before_optimizer_step(opt); },
       [&](Callback& c) { c.on_before_optimizer_step(r, m, opt); });
-  bool stepped;
-  {
-    ProfileScope p(r.prof, "optimizer_step");
-    stepped = r.strategy().optimizer_step(opt, r.opts.gradient_clip_val(),
-                                          r.opts.gradient_clip_algorithm());
-    r.strategy().zero_grad(opt);
-  }
+  ProfileScope p(r.prof, "optimizer_step");
+  return r.strategy().optimizer_step(opt, r.opts.gradient_clip_val(),
+                                     r.opts.gradient_clip_algorithm());
+}
+
+bool OptimizationStep::optimizer_step() {
+  Run& r = run_;
+  const bool stepped = strategy_step();
+  r.strategy().zero_grad(*r.optimizers.front().optimizer());
   r.st.accumulated = 0;
   if (!stepped) return false;  // skipped by the precision: no step happened
   ++r.st.global_step;

@@ -5,6 +5,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "trainer/detail/nonfinite_check.h"
 #include "volt/core/batch.h"
@@ -32,6 +33,11 @@ class OptimizationStep {
   /// first bad one): the fit loop calls it at each training epoch's end, Run before writing a
   /// checkpoint.
   void check_losses() { nonfinite_.check(); }
+  /// Before a checkpoint is written: check_losses(), and whatever makes the optimizer state
+  /// current (a graphed step reads step counts back from the device).
+  virtual void before_checkpoint() { check_losses(); }
+  /// At the end of fit.
+  virtual void finish() {}
   /// Forgets unchecked losses (a new fit).
   void reset_checks() { nonfinite_.reset(); }
 
@@ -42,10 +48,20 @@ class OptimizationStep {
   void backward(const at::Tensor& loss, bool sync_gradients);
   /// The optimizer step proper; true when the optimizer stepped (precision may skip it).
   bool optimizer_step();
+  /// on_before_optimizer_step, then Strategy::optimizer_step (unscale, clip, step); no
+  /// zero_grad, no counters: the part of optimizer_step() a graph can hold.
+  bool strategy_step();
 
   Run& run_;
   NonfiniteLossCheck nonfinite_;
+  /// While a graph captures the step: the non-finite check is recorded after each replay
+  /// instead (its buffer slot changes every step, a graph's addresses do not).
+  bool capturing_ = false;
 };
+
+/// The step of TrainerOptions::graph_training_step (loops/graphed_step.cpp): replays the
+/// whole step from CUDA graphs, and runs eagerly, logged once, where it cannot.
+std::unique_ptr<OptimizationStep> make_graphed_step(Run& run);
 
 }  // namespace detail
 }  // namespace volt

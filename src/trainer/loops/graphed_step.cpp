@@ -1,0 +1,277 @@
+// TrainerOptions::graph_training_step: the automatic-optimization step replayed from CUDA graphs.
+//
+// After graph_options().warmup_iters() eager steps on a side stream (lazy state such as
+// optimizer moments is created outside any graph), the first step of each batch signature is
+// captured: the batch is copied into static tensors, gradients are reset (the graph's backward
+// allocates them in its pool), and training_step, backward and Strategy::optimizer_step are
+// recorded. Capture records and runs nothing, so the step is then replayed. Every later step
+// with that signature copies its batch into the static tensors and replays. What the loop does
+// around the step happens eagerly after each replay, on the graph's static outputs: the values
+// training_step logged (recorded at capture) are logged again, the non-finite check records the
+// static loss, the global step and the step-interval schedulers advance.
+//
+// A learning rate is baked into a graph as a constant, so a changed learning rate drops the
+// graphs (they are captured again); a scheduler that changes it more than kMaxLrRecaptures
+// times turns the graphs off. Anything that cannot be captured makes this step eager for the
+// rest of the fit, logged once with the reason.
+#include <torch/optim/sgd.h>
+
+#include <c10/util/Exception.h>
+
+#include <map>
+#include <sstream>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "trainer/detail/run.h"
+#include "trainer/loops/optimization_step.h"
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/graphs/cuda_graph.h"
+#include "volt/graphs/graph_cache.h"
+#include "volt/kernels/fused_adamw.h"
+#include "volt/kernels/fused_sgd.h"
+
+namespace volt {
+namespace detail {
+namespace {
+
+constexpr int kMaxLrRecaptures = 3;
+
+struct GraphedStep {
+  explicit GraphedStep(const std::string& name) : graph(name) {}
+  CudaGraph graph;
+  Batch batch;                         // the static batch the graph reads
+  at::Tensor loss;                     // the static loss it writes
+  std::vector<Run::CapturedLog> logs;  // what training_step logged, static values
+  std::vector<double> lrs;             // the learning rates baked in
+};
+
+std::vector<at::Tensor> batch_tensors(const Batch& b) {
+  std::vector<at::Tensor> out{b.input, b.target};
+  for (const auto& kv : b.extra) out.push_back(kv.second);
+  return out;
+}
+
+std::vector<double> learning_rates(torch::optim::Optimizer& opt) {
+  std::vector<double> out;
+  for (auto& g : opt.param_groups()) out.push_back(g.options().get_lr());
+  return out;
+}
+
+class GraphedOptimizationStep : public OptimizationStep {
+ public:
+  explicit GraphedOptimizationStep(Run& run)
+      : OptimizationStep(run),
+        warmup_left_(run.opts.graph_options().warmup_iters()),
+        cache_(run.opts.graph_options().max_graphs(), "graph_training_step") {}
+
+  bool run(const Batch& batch, int64_t batch_idx, int64_t num_batches) override {
+    Run& r = run_;
+    if (eager_) return OptimizationStep::run(batch, batch_idx, num_batches);
+    if (!checked_) {
+      checked_ = true;
+      const std::string why = static_reason();
+      if (!why.empty()) return eager(why, batch, batch_idx, num_batches);
+    }
+    for (const at::Tensor& t : batch_tensors(batch)) {
+      if (t.defined() && !t.is_cuda()) {
+        std::ostringstream os;
+        os << "a batch tensor is on " << t.device() << "; graphs replay CUDA tensors";
+        return eager(os.str(), batch, batch_idx, num_batches);
+      }
+    }
+    if (warmup_left_ > 0) {
+      --warmup_left_;
+      bool stepped = false;
+      run_on_side_stream([&] { stepped = OptimizationStep::run(batch, batch_idx, num_batches); });
+      return stepped;
+    }
+    auto& opt = *r.optimizers.front().optimizer();
+    const std::vector<double> lrs = learning_rates(opt);
+    const GraphKey key(batch_tensors(batch), /*training=*/true, /*grad_mode=*/true);
+    if (const GraphedStep* g = cache_.peek(key); g != nullptr && g->lrs != lrs) {
+      if (++lr_recaptures_ > kMaxLrRecaptures) {
+        return eager("the learning rate changed " + std::to_string(lr_recaptures_) +
+                         " times (a graph holds it as a constant); use a scheduler that "
+                         "changes it less often, e.g. per epoch",
+                     batch, batch_idx, num_batches);
+      }
+      log_info("Trainer", "graph_training_step: the learning rate changed; capturing again.");
+      cache_.clear();
+    }
+    GraphedStep* step = nullptr;
+    try {
+      step = &cache_.get(key, [&] { return capture(key, batch, batch_idx); });
+    } catch (const Error& e) {
+      return eager(e.what(), batch, batch_idx, num_batches);
+    } catch (const c10::Error& e) {
+      return eager(e.what_without_backtrace(), batch, batch_idx, num_batches);
+    }
+    replay(*step, batch, batch_idx);
+    return true;
+  }
+
+  void before_checkpoint() override {
+    check_losses();
+    sync_optimizer();
+  }
+
+  void finish() override { sync_optimizer(); }
+
+ private:
+  // Why this run's step cannot be graphed at all, or "".
+  std::string static_reason() const {
+    Run& r = run_;
+    if (!CudaGraph::available()) return CudaGraph::unavailable_reason();
+    if (!r.module->automatic_optimization()) {
+      return "manual optimization: capture the step in training_step with volt::CudaGraph "
+             "(examples/graphed_training.cpp)";
+    }
+    if (r.opts.accumulate_grad_batches() > 1) return "accumulate_grad_batches > 1";
+    if (r.optimizers.size() != 1) return "more than one optimizer";
+    if (r.strategy().world_size() > 1) return "several processes (a distributed strategy)";
+    const std::string precision = r.strategy().precision().name();
+    if (precision != "32-true") return "precision \"" + precision + "\" (only \"32-true\")";
+    if (r.opts.gradient_clip_val() && *r.opts.gradient_clip_val() > 0 &&
+        r.opts.gradient_clip_algorithm() == ClipAlgorithm::kNorm) {
+      return "gradient clipping by norm reads the norm on the host; clip by value";
+    }
+    for (const auto& p : r.module->parameters()) {
+      if (!p.is_cuda()) {
+        std::ostringstream os;
+        os << "the module's parameters are on " << p.device();
+        return os.str();
+      }
+    }
+    torch::optim::Optimizer& opt = *r.optimizers.front().optimizer();
+    if (dynamic_cast<torch::optim::SGD*>(&opt) == nullptr &&
+        dynamic_cast<FusedSGD*>(&opt) == nullptr && dynamic_cast<FusedAdamW*>(&opt) == nullptr) {
+      return std::string("the optimizer (") + typeid(opt).name() +
+             ") keeps state a graph cannot advance (e.g. its step count on the host); use "
+             "volt::FusedAdamW, volt::FusedSGD or torch::optim::SGD";
+    }
+    return "";
+  }
+
+  bool eager(const std::string& why, const Batch& batch, int64_t batch_idx, int64_t num_batches) {
+    if (!eager_) {
+      eager_ = true;
+      log_warning("Trainer", "graph_training_step: running the training step eagerly: " + why);
+      // Replays leave each parameter's gradient defined (in a graph's pool); an eager step
+      // would accumulate into it.
+      Run& r = run_;
+      if (!r.optimizers.empty()) r.strategy().zero_grad(*r.optimizers.front().optimizer());
+    }
+    return OptimizationStep::run(batch, batch_idx, num_batches);
+  }
+
+  std::unique_ptr<GraphedStep> capture(const GraphKey& key, const Batch& batch, int64_t batch_idx) {
+    Run& r = run_;
+    auto& opt = *r.optimizers.front().optimizer();
+    auto g = std::make_unique<GraphedStep>("graph_training_step " + key.str());
+    {
+      at::NoGradGuard no_grad;
+      g->batch.input = batch.input.defined() ? batch.input.clone() : at::Tensor();
+      g->batch.target = batch.target.defined() ? batch.target.clone() : at::Tensor();
+      for (const auto& kv : batch.extra) {
+        g->batch.extra[kv.first] = kv.second.defined() ? kv.second.clone() : at::Tensor();
+      }
+    }
+    // Gradients undefined: the captured backward allocates them in the graph's pool and
+    // assigns (not accumulates), as after each eager step's zero_grad.
+    r.strategy().zero_grad(opt);
+    // A failed capture ran the host side of the optimizer (FusedAdamW counts steps on the
+    // host): put those counts back.
+    std::map<const void*, int64_t> adam_steps;
+    for (auto& kv : opt.state()) {
+      if (auto* s = dynamic_cast<FusedAdamWParamState*>(kv.second.get())) {
+        adam_steps[kv.second.get()] = s->step();
+      }
+    }
+    r.capture_log = &g->logs;
+    capturing_ = true;
+    auto restore = [&] {
+      r.capture_log = nullptr;
+      capturing_ = false;
+    };
+    try {
+      g->graph.capture([&] {
+        r.scope = LogScope::kTrainStep;
+        r.current_batch_size = batch.size();
+        const at::Tensor loss = forward(g->batch, batch_idx);
+        VOLT_CHECK(loss.defined(), NotAvailable,
+                   "training_step returned no loss for a batch (a skipped batch); a graph "
+                   "replays a step that always steps");
+        backward(loss, /*sync_gradients=*/true);
+        VOLT_CHECK(strategy_step(), NotAvailable, "the precision skipped the captured step");
+        g->loss = loss.detach();
+      });
+    } catch (...) {
+      restore();
+      for (auto& kv : opt.state()) {
+        auto it = adam_steps.find(kv.second.get());
+        if (it != adam_steps.end()) {
+          static_cast<FusedAdamWParamState*>(kv.second.get())->step(it->second);
+        }
+      }
+      throw;
+    }
+    restore();
+    g->lrs = learning_rates(opt);
+    log_info("Trainer", "graph_training_step: captured the step for " + key.str() +
+                            " (replayed for every batch of this signature).");
+    return g;
+  }
+
+  void replay(GraphedStep& g, const Batch& batch, int64_t batch_idx) {
+    Run& r = run_;
+    {
+      ProfileScope p(r.prof, "graph_replay");
+      at::NoGradGuard no_grad;
+      auto put = [](at::Tensor& dst, const at::Tensor& src) {
+        if (dst.defined() && dst.data_ptr() != src.data_ptr()) dst.copy_(src);
+      };
+      put(g.batch.input, batch.input);
+      put(g.batch.target, batch.target);
+      for (auto& kv : g.batch.extra) put(kv.second, batch.extra.at(kv.first));
+      g.graph.replay();
+    }
+    r.scope = LogScope::kTrainStep;
+    r.current_batch_size = batch.size();
+    // A copy each: epoch metrics keep every step's tensor until the epoch ends, and the static
+    // one is overwritten by the next replay.
+    for (const Run::CapturedLog& l : g.logs) r.log(l.name, l.value.clone(), l.options);
+    if (r.opts.detect_nonfinite_loss()) {
+      nonfinite_.set_every(r.opts.log_every_n_steps());
+      nonfinite_.record(g.loss, {r.st.global_step, r.st.epoch, batch_idx});
+    }
+    r.st.accumulated = 0;
+    ++r.st.global_step;
+    r.step_schedulers(Interval::kStep);
+  }
+
+  void sync_optimizer() {
+    Run& r = run_;
+    if (r.optimizers.empty()) return;
+    if (auto* adam = dynamic_cast<FusedAdamW*>(r.optimizers.front().optimizer().get())) {
+      adam->sync_steps_from_device();
+    }
+  }
+
+  bool eager_ = false;
+  bool checked_ = false;
+  int64_t warmup_left_;
+  int lr_recaptures_ = 0;
+  GraphCache<GraphedStep> cache_;
+};
+
+}  // namespace
+
+std::unique_ptr<OptimizationStep> make_graphed_step(Run& run) {
+  return std::make_unique<GraphedOptimizationStep>(run);
+}
+
+}  // namespace detail
+}  // namespace volt
