@@ -8,6 +8,9 @@ namespace volt {
 
 void ManualOptimizer::zero_grad() { ctx_->manual_zero_grad(index_); }
 void ManualOptimizer::step() { ctx_->manual_step(index_); }
+void ManualOptimizer::count_step() {
+  ctx_->manual_count_step(index_);
+}
 torch::optim::Optimizer& ManualOptimizer::optimizer() {
   return *ctx_->optimizer_configs().at(index_).optimizer();
 }

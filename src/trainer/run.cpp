@@ -116,6 +116,13 @@ void Run::manual_step(size_t index) {
   step_schedulers(Interval::kStep);
 }
 
+void Run::manual_count_step(size_t index) {
+  VOLT_CHECK(index < optimizers.size(), ConfigError, "[Module] optimizer index ", index,
+             " out of range: configure_optimizers returned ", optimizers.size(), ".");
+  ++st.global_step;
+  step_schedulers(Interval::kStep);
+}
+
 void Run::manual_zero_grad(size_t index) {
   VOLT_CHECK(index < optimizers.size(), ConfigError, "[Module] optimizer index ", index,
              " out of range: configure_optimizers returned ", optimizers.size(), ".");

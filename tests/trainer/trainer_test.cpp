@@ -339,6 +339,43 @@ TEST(Trainer, ManualOptimization) {
   EXPECT_THROW(bad.fit(clipped, volt_test::loader(volt_test::blobs(160))), volt::ConfigError);
 }
 
+// A step replayed from a CUDA graph ran the optimizer inside the graph; count_step() makes it
+// count (global_step) without running the optimizer again. Here the "replayed" odd batches do
+// no work, so the weights must equal a module that skips them, and only the step count differs.
+class HalfStepModule : public TinyClassifier {
+ public:
+  explicit HalfStepModule(bool count) : count_(count) { set_automatic_optimization(false); }
+  torch::Tensor training_step(const volt::Batch& b, int64_t idx) override {
+    auto opt = optimizers().at(0);
+    if (idx % 2 == 0) {
+      opt.zero_grad();
+      manual_backward(torch::cross_entropy_loss(forward(b.input), b.target));
+      opt.step();
+    } else if (count_) {
+      opt.count_step();
+    }
+    return {};
+  }
+
+ private:
+  bool count_;
+};
+
+TEST(Trainer, ManualCountStepAdvancesTheStepWithoutStepping) {
+  volt_test::TempDir dir;
+  torch::manual_seed(5);
+  HalfStepModule counted(true);
+  torch::manual_seed(5);
+  HalfStepModule skipped(false);
+  volt::Trainer a(quiet(dir.path).max_epochs(1));
+  a.fit(counted, volt_test::loader(volt_test::blobs(160), 16, /*shuffle=*/false));
+  volt::Trainer b(quiet(dir.path).max_epochs(1));
+  b.fit(skipped, volt_test::loader(volt_test::blobs(160), 16, false));
+  EXPECT_EQ(a.state().global_step, 10);
+  EXPECT_EQ(b.state().global_step, 5);
+  EXPECT_TRUE(counted.flat_params().equal(skipped.flat_params()));
+}
+
 TEST(Trainer, SchedulerIntervalsAndFrequency) {
   volt_test::TempDir dir;
   {

@@ -24,6 +24,10 @@ class ManualOptimizer {
   void zero_grad();
   /// One optimizer step via the strategy and precision; increments global_step.
   void step();
+  /// Counts a step without running the optimizer: global_step and the step-interval
+  /// schedulers advance as after step(). For a step replayed from a CUDA graph, whose captured
+  /// work already holds the optimizer step (docs/CUDA_GRAPHS.md).
+  void count_step();
   torch::optim::Optimizer& optimizer();
 
  private:

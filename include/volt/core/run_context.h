@@ -89,6 +89,9 @@ class RunContext {
   virtual void manual_step(size_t optimizer_index) = 0;
   /// Manual optimization: sets this optimizer's gradients to none through the strategy.
   virtual void manual_zero_grad(size_t optimizer_index) = 0;
+  /// Manual optimization: counts an optimizer step that ran elsewhere (replayed from a CUDA
+  /// graph): global_step and step-interval schedulers advance as after manual_step.
+  virtual void manual_count_step(size_t optimizer_index) = 0;
 };
 
 }  // namespace volt

@@ -108,6 +108,7 @@ class Run : public RunContext {
   void manual_backward(const at::Tensor& loss) override;
   void manual_step(size_t index) override;
   void manual_zero_grad(size_t index) override;
+  void manual_count_step(size_t index) override;
 
   // ---------------------------------------------------------------- dispatch
   // Every hook goes through here: one place to time them and to keep the order fixed: the
