@@ -88,7 +88,8 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", use_distributed_sampler=" << o.use_distributed_sampler()
      << ", deterministic=" << o.deterministic() << ", seed=" << optional_text(o.seed())
      << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
-     << ", graph_training_step=" << o.graph_training_step() << ", num_threads=" << o.num_threads()
+     << ", graph_training_step=" << o.graph_training_step()
+     << ", graph_options=" << o.graph_options() << ", num_threads=" << o.num_threads()
      << ", progress_refresh_s=" << o.progress_refresh_s() << ", callbacks=" << o.callbacks().size()
      << ", loggers=" << o.loggers().size() << ", profiler=" << (o.profiler() ? "set" : "none")
      << ", checkpoint_io=" << (o.checkpoint_io() ? "set" : "strategy's") << ")";

@@ -123,7 +123,9 @@ TEST(GraphTrainingStep, OptionsValidateAndPrint) {
   EXPECT_NE(e.find("warmup_iters"), std::string::npos) << e;
   std::ostringstream os;
   os << volt::TrainerOptions().graph_training_step(true);
-  EXPECT_NE(os.str().find("graph_training_step=1"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("graph_training_step=1, graph_options=GraphOptions(warmup_iters=3"),
+            std::string::npos)
+      << os.str();
 }
 
 TEST(GraphTrainingStep, WhereItCannotCaptureItRunsEagerlyLoggedOnceWithTheReason) {
