@@ -190,7 +190,8 @@ TEST(DeepSpeedConfig, AdamIsAdamWModeFusedAdamWAndSgdIsSgd) {
   EXPECT_FALSE(static_cast<const volt::FusedAdamWOptions&>(plain->defaults()).adam_w_mode());
   auto sgd = volt::parse_deepspeed_config(
       R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}})", "s.json");
-  auto* s = dynamic_cast<torch::optim::SGD*>(volt::make_deepspeed_optimizer(sgd, {p}).get());
+  const auto sgd_opt = volt::make_deepspeed_optimizer(sgd, {p});  // kept: s points into it
+  auto* s = dynamic_cast<torch::optim::SGD*>(sgd_opt.get());
   ASSERT_NE(s, nullptr);
   EXPECT_DOUBLE_EQ(static_cast<const torch::optim::SGDOptions&>(s->defaults()).momentum(), 0.9);
   EXPECT_EQ(volt::make_deepspeed_optimizer(volt::DeepSpeedConfig{}, {p}), nullptr);
