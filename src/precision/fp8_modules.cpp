@@ -254,7 +254,9 @@ void check_linear_names(
 
 at::Tensor ensure_buffer(torch::nn::Module& module, const std::string& name,
                          const at::Tensor& init) {
-  if (const at::Tensor* existing = module.named_buffers(/*recurse=*/false).find(name)) {
+  // find() points into the dict: keep it alive while `existing` is used.
+  const auto buffers = module.named_buffers(/*recurse=*/false);
+  if (const at::Tensor* existing = buffers.find(name)) {
     VOLT_CHECK(existing->sizes() == init.sizes(), ConfigError, "[Fp8] buffer \"", name,
                "\" exists with shape ", existing->sizes(), " but this conversion needs ",
                init.sizes(), "; convert with the recipe the layer was converted with (e.g. the "
