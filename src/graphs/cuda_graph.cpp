@@ -55,8 +55,8 @@ c10::cuda::CUDAStream capture_stream(c10::DeviceIndex index) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = streams.find(index);
   if (it == streams.end()) {
-    it = streams.emplace(index, c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index))
-             .first;
+    it =
+        streams.emplace(index, c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)).first;
   }
   return it->second;
 }
@@ -265,36 +265,14 @@ void CudaGraph::reset() {
   s.replays = 0;
 }
 
-void run_on_side_stream(const std::function<void()>& work, int64_t iters) {
-  VOLT_CHECK(iters >= 0, ConfigError, "[Graphs] run_on_side_stream: iters=", iters,
-             " must be >= 0.");
-  if (!CudaGraph::available()) {
-    for (int64_t i = 0; i < iters; ++i) work();
-    return;
-  }
-  const c10::DeviceIndex index = c10::cuda::current_device();
-  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(index);
-  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, index);
-  at::cuda::CUDAEvent ready;
-  ready.record(caller);
-  ready.block(side);
-  {
-    c10::cuda::CUDAStreamGuard guard(side);
-    for (int64_t i = 0; i < iters; ++i) work();
-  }
-  at::cuda::CUDAEvent done;
-  done.record(side);
-  done.block(caller);
-}
-
-void synchronize_cuda() {
-  if (CudaGraph::available()) torch::cuda::synchronize();
-}
-
 #else  // no CUDA graphs in this build
 
-struct CudaGraph::Impl {
+struct CudaGraph::Impl {  // the fields the accessors below read; nothing is ever captured
   std::string name;
+  bool captured = false;
+  bool capturing = false;
+  int64_t replays = 0;
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 GraphPool GraphPool::create() {
@@ -338,50 +316,50 @@ GraphPool CudaGraph::pool() const {
 }
 void CudaGraph::reset() {}
 
-void run_on_side_stream(const std::function<void()>& work, int64_t iters) {
-  VOLT_CHECK(iters >= 0, ConfigError, "[Graphs] run_on_side_stream: iters=", iters,
-             " must be >= 0.");
-  for (int64_t i = 0; i < iters; ++i) work();
-}
-
-void synchronize_cuda() {}
-
 #endif
 
 bool CudaGraph::captured() const {
-#if VOLT_CUDA_GRAPHS
   return impl_->captured;
-#else
-  return false;
-#endif
 }
-
 bool CudaGraph::capturing() const {
-#if VOLT_CUDA_GRAPHS
   return impl_->capturing;
-#else
-  return false;
-#endif
 }
-
 int64_t CudaGraph::replays() const {
-#if VOLT_CUDA_GRAPHS
   return impl_->replays;
-#else
-  return 0;
-#endif
 }
-
 const std::string& CudaGraph::name() const {
   return impl_->name;
 }
-
 c10::Device CudaGraph::device() const {
-#if VOLT_CUDA_GRAPHS
   return impl_->device;
-#else
-  return c10::Device(c10::kCPU);
+}
+
+void run_on_side_stream(const std::function<void()>& work, int64_t iters) {
+  VOLT_CHECK(iters >= 0, ConfigError, "[Graphs] run_on_side_stream: iters=", iters,
+             " must be >= 0.");
+  if (!CudaGraph::available()) {
+    for (int64_t i = 0; i < iters; ++i) work();
+    return;
+  }
+#if VOLT_CUDA_GRAPHS
+  const c10::DeviceIndex index = c10::cuda::current_device();
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(index);
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, index);
+  at::cuda::CUDAEvent ready;
+  ready.record(caller);
+  ready.block(side);
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    for (int64_t i = 0; i < iters; ++i) work();
+  }
+  at::cuda::CUDAEvent done;
+  done.record(side);
+  done.block(caller);
 #endif
+}
+
+void synchronize_cuda() {
+  if (CudaGraph::available()) torch::cuda::synchronize();
 }
 
 GraphCaptureGuard::GraphCaptureGuard(CudaGraph& graph, GraphPool pool) : graph_(graph) {
