@@ -14,7 +14,9 @@
 // `offload`: ZeRO stage 3 at 2 ranks with the Adam state in memory, offloaded to "cpu" (on a
 // CPU run nothing moves) and to NVMe swap files under --nvme (default /tmp: whatever disk backs
 // it), through io_uring and through the pread/pwrite reference path, and `nvme_all`: the
-// parameter chunks swapped to NVMe as well (ZeRO-Infinity, issue #12).
+// parameter chunks swapped to NVMe as well (ZeRO-Infinity, issue #12), with the parameter bytes
+// in RAM at once during the step; then a deeper MLP (8 hidden layers of 1024) with the parameter
+// chunks stepping in one sub-group against sub-groups of 6e5 elements.
 //
 // The driver runs every configuration as a fresh job of this same binary (`--worker ...`), with
 // OPENBLAS_NUM_THREADS=1 so that "1 thread" holds for OpenBLAS too; with devices=2 the job's
@@ -53,18 +55,31 @@ double ms_since(Clock::time_point t0) {
 }
 
 struct Mlp : torch::nn::Module {
-  explicit Mlp(int64_t width)
+  // `hidden` width x width layers (fc2, then more.0, more.1, ...).
+  Mlp(int64_t width, int64_t hidden)
       : fc1(register_module("fc1", torch::nn::Linear(784, width))),
         fc2(register_module("fc2", torch::nn::Linear(width, width))),
-        fc3(register_module("fc3", torch::nn::Linear(width, 10))) {}
-  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
+        fc3(register_module("fc3", torch::nn::Linear(width, 10))) {
+    if (hidden > 1) {
+      more = register_module("more", torch::nn::ModuleList());
+      for (int64_t i = 1; i < hidden; ++i) more->push_back(torch::nn::Linear(width, width));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(fc2(torch::relu(fc1(x))));
+    if (more) {
+      for (const auto& m : *more) x = torch::relu(m->as<torch::nn::Linear>()->forward(x));
+    }
+    return fc3(x);
+  }
   torch::nn::Linear fc1, fc2, fc3;
+  torch::nn::ModuleList more{nullptr};
 };
 
 class BenchModule : public volt::Module {
  public:
-  BenchModule(int64_t width, bool adam)
-      : adam_(adam), net_(register_module("net", std::make_shared<Mlp>(width))) {}
+  BenchModule(int64_t width, int64_t hidden, bool adam)
+      : adam_(adam), net_(register_module("net", std::make_shared<Mlp>(width, hidden))) {}
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     return torch::cross_entropy_loss(net_->forward(b.input), b.target);
   }
@@ -92,9 +107,14 @@ class ZeroBytes : public volt::Callback {
   // Before each step: gradients complete, Adam state present from the second step on.
   void on_before_optimizer_step(volt::RunContext&, volt::Module&,
                                 torch::optim::Optimizer&) override {
-    if (m_->opt && s_->engine(*m_->opt)) bytes = s_->memory(*m_->opt);
+    const volt::ZeroEngine* e = m_->opt ? s_->engine(*m_->opt) : nullptr;
+    if (e == nullptr) return;
+    bytes = s_->memory(*m_->opt);
+    // Parameter chunks in RAM at once during the previous step (NVMe parameters).
+    step_peak = e->comm_stats().step_chunk_peak * 4;
   }
   volt::ZeroMemory bytes;
+  int64_t step_peak = 0;
 
  private:
   volt::DeepSpeedStrategy* s_;
@@ -142,7 +162,7 @@ int worker(std::map<std::string, std::string>& a) {
 
   const auto zero = static_cast<int64_t>(num("--zero", 0));
   torch::manual_seed(0);
-  BenchModule model(width, num("--adam", 0) != 0);
+  BenchModule model(width, static_cast<int64_t>(num("--hidden", 1)), num("--adam", 0) != 0);
   auto x = torch::randn({8192, 784});
   auto y = torch::randint(0, 10, {8192});
   auto data = std::make_shared<volt::TensorDataset>(x, y);
@@ -232,21 +252,22 @@ int worker(std::map<std::string, std::string>& a) {
   std::printf(
       "RESULT rank=%lld step_ms=%.3f bwd_sync_ms=%.3f bwd_nosync_ms=%.3f "
       "allreduce_ms=%.3f rss_mb=%.1f params=%lld grads=%lld state=%lld files=%lld "
-      "master=%lld pfiles=%lld\n",
+      "master=%lld pfiles=%lld ppeak=%lld\n",
       static_cast<long long>(trainer.strategy().rank()), median(timing->batch_ms),
       median(timing->backward_sync_ms), median(timing->backward_nosync_ms), allreduce_ms,
       ru.ru_maxrss / 1024.0, static_cast<long long>(bytes.parameters),
       static_cast<long long>(bytes.gradients), static_cast<long long>(bytes.optimizer_state),
       static_cast<long long>(bytes.optimizer_state_in_files),
       static_cast<long long>(bytes.master_weights),
-      static_cast<long long>(bytes.parameters_in_files));
+      static_cast<long long>(bytes.parameters_in_files),
+      static_cast<long long>(zero_bytes ? zero_bytes->step_peak : 0));
   std::fflush(stdout);
   return 0;
 }
 
 struct Result {
   double step_ms = 0, bwd_sync_ms = 0, bwd_nosync_ms = 0, allreduce_ms = 0, rss_mb = 0;
-  long long params = 0, grads = 0, state = 0, files = 0, master = 0, pfiles = 0;
+  long long params = 0, grads = 0, state = 0, files = 0, master = 0, pfiles = 0, ppeak = 0;
   int ranks = 0;
 };
 
@@ -263,10 +284,10 @@ Result job(const std::string& self, const std::string& args) {
     if (std::sscanf(line,
                     "RESULT rank=%lld step_ms=%lf bwd_sync_ms=%lf bwd_nosync_ms=%lf "
                     "allreduce_ms=%lf rss_mb=%lf params=%lld grads=%lld state=%lld files=%lld "
-                    "master=%lld pfiles=%lld",
+                    "master=%lld pfiles=%lld ppeak=%lld",
                     &rank, &one.step_ms, &one.bwd_sync_ms, &one.bwd_nosync_ms, &one.allreduce_ms,
                     &one.rss_mb, &one.params, &one.grads, &one.state, &one.files, &one.master,
-                    &one.pfiles) == 12) {
+                    &one.pfiles, &one.ppeak) == 13) {
       ++r.ranks;
       r.rss_mb = std::max(r.rss_mb, one.rss_mb);
       if (rank == 0) {
@@ -406,7 +427,7 @@ int main(int argc, char** argv) {
                   nvme.c_str());
       std::printf(
           "  offload                      ms/step  vs memory  state in RAM MB  in files MB"
-          "  params in RAM MB  in files MB\n");
+          "  params in RAM MB  in files MB  params in RAM during step MB\n");
       double base = 0;
       for (const char* mode : {"none", "cpu", "nvme", "nvme_pread", "nvme_all"}) {
         for (const char* sub : {"1000000000", "1000000"}) {
@@ -424,10 +445,27 @@ int main(int argc, char** argv) {
                                     (std::string(mode).rfind("nvme", 0) == 0
                                          ? (whole ? " (1 sub-group)" : " (sub-group 1e6)")
                                          : "");
-          std::printf("  %-27s  %7.2f  %8.2fx  %15.2f  %11.2f  %16.2f  %11.2f\n", label.c_str(),
-                      median(t), median(t) / base, last.state / 1e6, last.files / 1e6,
-                      last.params / 1e6, last.pfiles / 1e6);
+          std::printf("  %-27s  %7.2f  %8.2fx  %15.2f  %11.2f  %16.2f  %11.2f  %29.2f\n",
+                      label.c_str(), median(t), median(t) / base, last.state / 1e6,
+                      last.files / 1e6, last.params / 1e6, last.pfiles / 1e6, last.ppeak / 1e6);
         }
+      }
+      // The step by sub-group needs more than two parameter chunks to show: a deeper model
+      // (784-1024x8-10, Psi = 8.2 M; a hidden layer's chunk is 0.52 M elements per rank).
+      std::printf(
+          "  deeper MLP 784-1024x8-10, NVMe parameters + state: parameters in RAM during the "
+          "step\n  sub_group_size   ms/step  params in files MB  peak in RAM during step MB\n");
+      for (const char* sub : {"1000000000", "600000"}) {
+        std::vector<double> t;
+        Result last;
+        for (int r = 0; r < rounds; ++r) {
+          last = job(bin, std::string("--adam 1 --devices 2 --zero 3 --offload nvme_all --nvme ") +
+                              nvme + " --sub-group " + sub + common.str() +
+                              " --width 1024 --hidden 8");
+          t.push_back(last.step_ms);
+        }
+        std::printf("  %14s  %8.2f  %18.2f  %27.2f\n", sub, median(t), last.pfiles / 1e6,
+                    last.ppeak / 1e6);
       }
       std::printf("\n");
     }

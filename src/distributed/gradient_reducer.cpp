@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <ostream>
 #include <sstream>
 #include <unordered_map>
@@ -53,6 +54,36 @@ void dedupe(const std::vector<at::Tensor>& in, const std::vector<std::string>& n
     out_names.push_back(names.empty() ? "parameter " + std::to_string(i) : names[i]);
   }
 }
+
+// Gloo has no bf16 reduction in libtorch 1.13 (and DDP's bf16 compress hook is NCCL's): a
+// bucket of bf16 gradients is reduced in fp32 instead, as ZeroEngine reduces 16-bit gradients:
+// cast up, divide by the world size, sum over the ranks, round back into the bucket. With a
+// hook registered the Reducer leaves the division to it, so fp32 buckets of such a model are
+// divided here too.
+// (CommHookInterface itself: Debian's libtorch does not export CppCommHookInterface's parser.)
+class Fp32ReduceHook : public c10d::CommHookInterface {
+ public:
+  explicit Fp32ReduceHook(c10::intrusive_ptr<c10d::ProcessGroup> group)
+      : state_(std::move(group)) {}
+  at::Tensor parseHookResult(const c10::IValue& result) override { return result.toTensor(); }
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    at::Tensor buffer = bucket.getBufferRef();
+    const bool narrow = buffer.scalar_type() == at::kBFloat16;
+    at::Tensor wide = narrow ? buffer.to(at::kFloat) : buffer;
+    wide.div_(state_->getSize());
+    std::vector<at::Tensor> tensors{wide};
+    auto reduced = state_->allreduce(tensors)->getFuture();
+    return reduced->then(
+        [buffer, wide, narrow](c10::ivalue::Future&) mutable {
+          if (narrow) buffer.copy_(wide);
+          return c10::IValue(buffer);
+        },
+        c10::TensorType::get());
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> state_;
+};
 
 }  // namespace
 
@@ -143,6 +174,10 @@ GradientReducer::GradientReducer(const std::vector<at::Tensor>& parameters,
   impl_->logger = std::make_shared<c10d::Logger>(impl_->reducer);
   impl_->reducer->set_logger(impl_->logger);
   if (options_.static_graph()) impl_->reducer->set_static_graph();
+  const bool bf16 = std::any_of(params_.begin(), params_.end(), [](const at::Tensor& p) {
+    return p.scalar_type() == at::kBFloat16;
+  });
+  if (bf16) impl_->reducer->register_comm_hook(std::make_unique<Fp32ReduceHook>(pg));
 }
 
 GradientReducer::~GradientReducer() {

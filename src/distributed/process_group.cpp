@@ -555,6 +555,9 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
       // A lone contiguous tensor is broadcast in place (its reshape is a view of it).
       const bool in_place = last - first == 1 && tensors[all[first]].is_contiguous();
       std::vector<at::Tensor> buf{in_place ? flat_parts[0] : at::cat(flat_parts)};
+      // Gloo 1.13 has no bf16: a broadcast copies bytes, so bf16 travels as fp16 bits (a view;
+      // in place stays in place).
+      if (dtype == at::kBFloat16) buf[0] = buf[0].view(at::kHalf);
       c10d::BroadcastOptions o;
       o.rootRank = src;
       o.timeout = options_.timeout();
@@ -563,7 +566,7 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
       for (size_t k = first; k < last; ++k) {
         at::Tensor t = tensors[all[k]].detach();
         const int64_t n = t.numel();
-        if (!in_place) t.copy_(buf[0].narrow(0, offset, n).view(t.sizes()));
+        if (!in_place) t.copy_(buf[0].narrow(0, offset, n).view(dtype).view(t.sizes()));
         offset += n;
       }
       first = last;

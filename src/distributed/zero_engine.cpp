@@ -14,6 +14,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <ostream>
 #include <set>
@@ -156,6 +157,12 @@ struct ZeroEngine::Swap {
   std::unique_ptr<detail::AioFile> file;
   int64_t bytes = 0;  // of param_shard_
   bool out = false;   // param_shard_'s storage is released; the file holds the chunks
+  // The optimizer step sub-group by sub-group (the shard stays out): per chunk index, its
+  // buffer, being read, held (the chunk's view points into it) or being written back.
+  std::vector<std::pair<size_t, at::Tensor>> reading;
+  std::map<size_t, at::Tensor> held;
+  std::vector<at::Tensor> writing;
+  int64_t elements = 0;  // in those buffers now
   ~Swap() {
     if (!file) return;
     const std::string path = file->path();
@@ -455,6 +462,75 @@ ZeroEngine::Resident::~Resident() {
                                 engine_.options_.param_swap_file() +
                                 "'; they stay in memory: " + e.what());
   }
+}
+
+// The optimizer step sub-group by sub-group: only the chunks of the sub-groups in flight are in
+// memory. A chunk's view (what the optimizer, or round_masters, writes) is pointed at its buffer
+// while held and back at the released shard storage afterwards; its TensorImpl, grad and
+// optimizer state key stay the same.
+std::vector<size_t> ZeroEngine::swapped_chunks_of(const std::vector<at::Tensor>& stepped) const {
+  std::vector<size_t> out;
+  if (parameters_resident()) return out;
+  std::unordered_set<const c10::TensorImpl*> mine;
+  for (const auto& t : stepped) mine.insert(t.unsafeGetTensorImpl());
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    const ZeroChunk& c = chunks_[i];
+    if (c.partitioned && c.length > 0 && mine.count(c.stepped().unsafeGetTensorImpl()) != 0) {
+      out.push_back(i);
+    }
+  }
+  return out;
+}
+
+void ZeroEngine::read_step_chunks(const std::vector<at::Tensor>& stepped) {
+  if (parameters_resident()) return;
+  for (size_t i : swapped_chunks_of(stepped)) {
+    if (swap_->held.count(i) != 0) continue;
+    swap_->reading.emplace_back(i, submit_shard_read(shard_offset_[i], chunks_[i].length));
+    swap_->elements += chunks_[i].length;
+  }
+  stats_.step_chunk_peak = std::max(stats_.step_chunk_peak, swap_->elements);
+}
+
+void ZeroEngine::hold_step_chunks() {
+  if (!swap_) return;
+  swap_->file->wait();  // the reads, and the writes submitted before them
+  for (const auto& w : swap_->writing) swap_->elements -= w.numel();
+  swap_->writing.clear();
+  for (auto& [i, buffer] : swap_->reading) {
+    c10::TensorImpl* view = chunks_[i].view.unsafeGetTensorImpl();
+    view->set_storage_keep_dtype(buffer.storage());
+    view->set_storage_offset(0);
+    swap_->held.emplace(i, std::move(buffer));
+  }
+  swap_->reading.clear();
+}
+
+void ZeroEngine::write_step_chunks(const std::vector<at::Tensor>& stepped) {
+  if (parameters_resident()) return;
+  const auto esize = static_cast<int64_t>(param_shard_.element_size());
+  for (size_t i : swapped_chunks_of(stepped)) {
+    auto it = swap_->held.find(i);
+    if (it == swap_->held.end()) continue;
+    swap_->file->submit_write(it->second.data_ptr(), chunks_[i].length * esize,
+                              shard_offset_[i] * esize);
+    c10::TensorImpl* view = chunks_[i].view.unsafeGetTensorImpl();
+    view->set_storage_keep_dtype(param_shard_.storage());
+    view->set_storage_offset(shard_offset_[i]);
+    swap_->writing.push_back(std::move(it->second));
+    swap_->held.erase(it);
+  }
+}
+
+void ZeroEngine::finish_step_chunks() {
+  if (!swap_) return;
+  hold_step_chunks();  // reads in flight complete (a step that failed between read and hold)
+  std::vector<at::Tensor> all;
+  for (const auto& kv : swap_->held) all.push_back(chunks_[kv.first].stepped());
+  write_step_chunks(all);
+  swap_->file->wait();
+  swap_->writing.clear();
+  swap_->elements = 0;
 }
 
 void ZeroEngine::start_read_prefetches() {
@@ -815,8 +891,11 @@ void ZeroEngine::complete_bucket() {
   }
 }
 
-void ZeroEngine::prepare_step() {
-  swap_in_shard();  // the optimizer steps the chunks (or reads them through the masters)
+void ZeroEngine::prepare_step(bool by_sub_group) {
+  if (swap_) stats_.step_chunk_peak = 0;
+  // The optimizer steps the chunks (or reads them through the masters): all of them now, or
+  // each sub-group's through read_step_chunks / hold_step_chunks.
+  if (!by_sub_group && swap_in_shard()) stats_.step_chunk_peak = param_shard_.numel();
   if (!has_master_weights() || !have_grads_) return;
   for (auto& c : chunks_) {
     if (c.master.defined() && c.view.grad().defined()) {
@@ -826,6 +905,7 @@ void ZeroEngine::prepare_step() {
 }
 
 void ZeroEngine::gather_parameters() {
+  finish_step_chunks();
   if (partitioning_) {
     // Gathered copies (and prefetches) of partitioned parameters predate the step.
     release_all();

@@ -29,12 +29,19 @@ thread_local bool t_fp8_enabled = false;
 // under the CPU size rule (the built-in policy when no rule is installed), else a ScalarType.
 std::atomic<int> g_fallback[3] = {{-1}, {-1}, {-1}};
 
+using WeightKey = std::pair<const c10::StorageImpl*, int64_t>;
+WeightKey key_of(const at::Tensor& weight) {
+  return {weight.storage().unsafeGetStorageImpl(), weight.storage_offset()};
+}
+
 struct Layers {
   std::mutex mutex;
-  // Keyed by the weight's data pointer: torch::nn::Linear reaches the dispatcher as
+  // Keyed by the weight's storage and offset: torch::nn::Linear reaches the dispatcher as
   // addmm(bias, x, W.t()) or matmul(x, W.t()), so the kernel sees a transposed view of the
-  // weight, never the parameter itself; the view shares the weight's data.
-  std::unordered_map<const void*, std::shared_ptr<Fp8Layer>> by_data;
+  // weight, never the parameter itself; the view shares the weight's storage. Not by the data
+  // pointer: ZeRO stage 3 (and its NVMe swapping) gives a partitioned weight's StorageImpl new
+  // memory at every gather, which once made fp8 silently fall back to plain GEMMs there.
+  std::map<WeightKey, std::shared_ptr<Fp8Layer>> by_data;
 };
 Layers& layers() {
   static Layers* l = new Layers();  // never destroyed: kernels may run during static teardown
@@ -45,12 +52,17 @@ Layers& layers() {
 // (transposed = true, the view W.t()), or nullptr.
 std::shared_ptr<Fp8Layer> find_layer(const at::Tensor& t, bool transposed) {
   if (!t.defined() || t.dim() != 2 || !t.has_storage()) return nullptr;
-  auto layer = find_fp8_data(t.data_ptr());
+  auto layer = find_fp8(t);
   if (!layer) return nullptr;
   const auto module = layer->module.lock();
   auto* lin = module ? dynamic_cast<torch::nn::LinearImpl*>(module.get()) : nullptr;
   if (lin == nullptr) return nullptr;
   const auto& w = lin->weight;
+  // Still this layer's weight (not a tensor that reuses the storage of one that died).
+  if (!w.defined() || !w.has_storage() ||
+      w.storage().unsafeGetStorageImpl() != t.storage().unsafeGetStorageImpl()) {
+    return nullptr;
+  }
   const bool same = transposed ? t.size(0) == w.size(1) && t.size(1) == w.size(0) &&
                                      t.stride(0) == w.stride(1) && t.stride(1) == w.stride(0)
                                : t.sizes() == w.sizes() && t.strides() == w.strides();
@@ -179,25 +191,22 @@ void attach_fp8(const at::Tensor& weight, std::shared_ptr<Fp8Layer> layer) {
   for (auto it = l.by_data.begin(); it != l.by_data.end();) {
     it = it->second->module.expired() ? l.by_data.erase(it) : std::next(it);
   }
-  l.by_data[weight.data_ptr()] = std::move(layer);
+  l.by_data[key_of(weight)] = std::move(layer);
 }
 
 void detach_fp8(const at::Tensor& weight) {
   auto& l = layers();
   std::lock_guard<std::mutex> lock(l.mutex);
-  l.by_data.erase(weight.data_ptr());
-}
-
-std::shared_ptr<Fp8Layer> find_fp8_data(const void* data) {
-  auto& l = layers();
-  std::lock_guard<std::mutex> lock(l.mutex);
-  const auto it = l.by_data.find(data);
-  if (it == l.by_data.end() || it->second->module.expired()) return nullptr;
-  return it->second;
+  l.by_data.erase(key_of(weight));
 }
 
 std::shared_ptr<Fp8Layer> find_fp8(const at::Tensor& weight) {
-  return weight.defined() && weight.has_storage() ? find_fp8_data(weight.data_ptr()) : nullptr;
+  if (!weight.defined() || !weight.has_storage()) return nullptr;
+  auto& l = layers();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  const auto it = l.by_data.find(key_of(weight));
+  if (it == l.by_data.end() || it->second->module.expired()) return nullptr;
+  return it->second;
 }
 
 std::shared_ptr<void> acquire_fp8_kernel(c10::DeviceType device) {

@@ -96,6 +96,7 @@ void Fp8Precision::teardown() {
     }
   }
   kernel_.reset();
+  model_ = nullptr;
   for (auto op : {detail::Fp8GemmOp::kLinear, detail::Fp8GemmOp::kAddmm, detail::Fp8GemmOp::kMatmul}) {
     detail::set_fp8_fallback_dtype(op, c10::nullopt);
   }
@@ -103,12 +104,27 @@ void Fp8Precision::teardown() {
 }
 
 void Fp8Precision::convert_module(torch::nn::Module& module) {
+  model_ = &module;
   if (converted_) return;  // the user called convert_modules
   if (options_.inference()) {
     convert_modules(module, true, options_.quant());
   } else if (options_.replace_layers()) {
     convert_modules(module);
   }
+}
+
+std::vector<at::Tensor> Fp8Precision::rank_max_state() const {
+  std::vector<at::Tensor> out;
+  if (model_ == nullptr || options_.inference()) return out;
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  // Fp8Linear's buffers, and those convert_to_fp8 gives the Linear layers it converts in place.
+  for (const auto& b : model_->named_buffers(/*recurse=*/true)) {
+    const std::string& name = b.key();
+    if (ends_with(name, "amax_history") || ends_with(name, "grad_amax")) out.push_back(b.value());
+  }
+  return out;
 }
 
 std::shared_ptr<void> Fp8Precision::forward_context() {

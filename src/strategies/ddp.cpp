@@ -206,6 +206,22 @@ void DdpStrategy::backward(const at::Tensor& loss, bool sync_gradients) {
              "[DdpStrategy] backward before setup_module(); the Trainer sets it up.");
   reducer_->set_sync(sync_gradients);
   reducer_->backward(loss, [&] { precision_->backward(loss); });
+  agree_on_precision_state();
+}
+
+void DdpStrategy::agree_on_precision_state() {
+  std::vector<at::Tensor> state = precision_->rank_max_state();
+  if (state.empty() || world_size() == 1) return;
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> flat;
+  for (const auto& t : state) flat.push_back(t.detach().reshape(-1).to(at::kFloat));
+  const at::Tensor agreed = group().all_reduce(at::cat(flat), Reduce::kMax);
+  int64_t offset = 0;
+  for (auto& t : state) {
+    const int64_t n = t.numel();
+    t.detach().copy_(agreed.narrow(0, offset, n).view(t.sizes()));
+    offset += n;
+  }
 }
 
 void DdpStrategy::zero_grad(torch::optim::Optimizer& optimizer) {

@@ -753,26 +753,41 @@ void DeepSpeedStrategy::backward(const at::Tensor& loss, bool sync_gradients) {
     chain[i]->backward([&] { run(i + 1); }, sync_gradients);
   };
   run(0);
+  agree_on_precision_state();
 }
 
 bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
                                        c10::optional<double> clip_value, ClipAlgorithm algorithm) {
   ZeroEngine* e = engine(optimizer);
-  if (e != nullptr) e->prepare_step();  // master weights: fp32 gradients for clip and step
+  auto sw = swappers_.find(&optimizer);
+  const bool by_sub_group = sw != swappers_.end();
+  // Master weights: fp32 gradients for clip and step. NVMe parameters with an NVMe optimizer
+  // come in sub-group by sub-group, with their state, instead of the whole shard at once.
+  if (e != nullptr) e->prepare_step(by_sub_group);
   if (!clip_value && clip_) {
     clip_value = clip_;  // the JSON's gradient_clipping: a norm, as in DeepSpeed
     algorithm = ClipAlgorithm::kNorm;
   }
   bool stepped;
-  auto sw = swappers_.find(&optimizer);
-  if (sw != swappers_.end()) {
+  if (by_sub_group) {
     // Strategy::optimizer_step with the step itself run once per sub-group, state swapped in.
     precision_->unscale_gradients(optimizer);
     if (clip_value && *clip_value > 0) clip_gradients(optimizer, *clip_value, algorithm);
-    stepped = sw->second->step([&] { return precision_->optimizer_step(optimizer); },
-                               [&](const std::vector<at::Tensor>& masters) {
-                                 if (e != nullptr) e->round_masters(masters);
-                               });
+    detail::OptimizerSwapper::SubGroupHooks hooks;
+    if (e != nullptr) {
+      hooks.read = [e](const std::vector<at::Tensor>& g) { e->read_step_chunks(g); };
+      hooks.ready = [e](const std::vector<at::Tensor>&) { e->hold_step_chunks(); };
+      hooks.after = [e](const std::vector<at::Tensor>& g) {
+        e->round_masters(g);
+        e->write_step_chunks(g);
+      };
+    }
+    try {
+      stepped = sw->second->step([&] { return precision_->optimizer_step(optimizer); }, hooks);
+    } catch (...) {
+      if (e != nullptr) e->finish_step_chunks();  // nothing held stays pointed at a buffer
+      throw;
+    }
   } else {
     stepped = Strategy::optimizer_step(optimizer, clip_value, algorithm);
   }

@@ -135,18 +135,31 @@ TEST(DeepSpeedNvme, ParameterChunksInFilesTooEqualInMemoryZeroBitwise) {
       std::smatch m;
       const std::regex re("rank " + std::to_string(r) +
                           " done .* zero_memory params=(\\d+) .* numel=(\\d+) nvme=(\\d+) "
-                          "params_in_files=(\\d+)");
+                          "params_in_files=(\\d+) .* step_chunk_peak=(\\d+) max_chunk=(\\d+)");
       ASSERT_TRUE(std::regex_search(offloaded.output, m, re)) << offloaded.output;
       const double params = std::stod(m[1]), numel = std::stod(m[2]), state = std::stod(m[3]),
-                   in_files = std::stod(m[4]);
+                   in_files = std::stod(m[4]), peak = std::stod(m[5]), max_chunk = std::stod(m[6]);
       EXPECT_EQ(params, 0) << "every parameter chunk is in the file before the step";
       EXPECT_NEAR(in_files, 4 * numel / 2, 0.05 * 4 * numel / 2);
       EXPECT_EQ(state > 0, optimizer_too[0] == '1');
+      // During the step: the whole shard (optimizer in memory), or, with the optimizer on NVMe
+      // too, the chunks of at most two sub-groups at once (the one stepping, the next one being
+      // read or the last one being written), as DeepSpeed swaps parameters with their
+      // sub-group. A sub-group holds 64 elements, or one parameter's chunk when that is larger.
+      const double shard = in_files / 4;
+      if (optimizer_too[0] == '0') {
+        EXPECT_EQ(peak, shard);
+      } else {
+        EXPECT_GT(peak, 0);
+        EXPECT_LE(peak, 2 * std::max(64.0, max_chunk));
+        EXPECT_LT(peak, shard);
+      }
       if (r == 0) {
         std::printf(
             "[ measured ] parameters in RAM %.0f bytes, in the swap file %.0f (4 Psi/N = "
-            "%.0f); optimizer state in files %.0f\n",
-            params, in_files, 4 * numel / 2, state);
+            "%.0f); optimizer state in files %.0f; during the step at most %.0f of the shard's "
+            "%.0f elements in RAM\n",
+            params, in_files, 4 * numel / 2, state, peak, shard);
       }
     }
     EXPECT_TRUE(empty_dir(nvme)) << "the run's swap folder outlived it";
@@ -199,6 +212,33 @@ TEST(DeepSpeedNvme, Bf16MastersSwapWithTheirStateAndEqualInMemoryMastersBitwise)
     }
     EXPECT_TRUE(empty_dir(nvme)) << "the run's swap folder outlived it";
   }
+  // Stage 3 with the bf16 parameter chunks in a file too (deepspeed_stage_3_offload_nvme): each
+  // sub-group's chunks come in with their masters and state, the stepped masters are rounded
+  // into them, and they go back out; the same weights bit for bit.
+  // Two hidden layers, so that the shard spans more than two sub-groups.
+  const std::vector<std::string> deep{
+      "--devices", "2",  "--batch", "8", "--epochs",    "1",    "--zero",      "3",
+      "--width",   "16", "--depth", "2", "--optimizer", "adam", "--precision", "bf16-mixed"};
+  const std::string deep_mem = dir / "deep_mem", both = dir / "both3";
+  auto in_memory = run_job(cat({"--root", dir.path, "--out", deep_mem}, deep));
+  ASSERT_EQ(in_memory.code, 0) << in_memory.output;
+  auto offloaded = run_job(cat({"--root", dir.path, "--out", both, "--nvme", nvme, "--sub-group",
+                                "64", "--nvme-params", "1"},
+                               deep));
+  ASSERT_EQ(offloaded.code, 0) << offloaded.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(deep_mem + suffix), load_flat(both + suffix)))
+        << "rank " << r;
+    std::smatch m;
+    const std::regex re("rank " + std::to_string(r) +
+                        " done .* params_in_files=(\\d+) .* step_chunk_peak=(\\d+)");
+    ASSERT_TRUE(std::regex_search(offloaded.output, m, re)) << offloaded.output;
+    const double shard = std::stod(m[1]) / 2;  // bf16 chunks
+    EXPECT_GT(std::stod(m[2]), 0);
+    EXPECT_LT(std::stod(m[2]), shard);
+  }
+  EXPECT_TRUE(empty_dir(nvme)) << "the run's swap folder outlived it";
 }
 
 TEST(DeepSpeedNvme, AKilledRunResumesBitIdenticallyFromItsCheckpoint) {

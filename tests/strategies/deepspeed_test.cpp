@@ -126,6 +126,92 @@ TEST(DeepSpeed, Bf16MixedWithoutMasterWeightsEqualsDdpWithBf16Mixed) {
   }
 }
 
+TEST(DeepSpeed, Fp8PrecisionWithZeroEqualsDdpWithFp8) {
+  VOLT_REQUIRE_GLOO();
+  // precision "fp8" swaps the Linear layers for Fp8Linear (E4M3 operands, E5M2 gradients) and
+  // keeps fp32 weights, so ZeRO partitions them like any fp32 parameters: stages 2 and 3 must
+  // give DDP-with-fp8's weights (fp32 round-off), which differ from fp32 training. The two deep
+  // 16x16 layers are the ones fp8 takes (fc1's 8 inputs are not a multiple of 16).
+  volt_test::TempDir dir;
+  const std::vector<std::string> model{"--devices",   "2",    "--batch", "8",  "--epochs", "1",
+                                       "--optimizer", "adam", "--width", "16", "--depth",  "2"};
+  const std::vector<std::string> common = cat(model, {"--precision", "fp8"});
+  auto ddp = run_job(cat({"--root", dir.path, "--out", dir / "ddp"}, common));
+  ASSERT_EQ(ddp.code, 0) << ddp.output;
+  EXPECT_NE(ddp.output.find("2 Linear layers in fp8"), std::string::npos) << ddp.output;
+  const auto ref = load_flat(dir / "ddp.rank0.pt");
+  auto fp32 = run_job(cat({"--root", dir.path, "--out", dir / "fp32"}, model));
+  ASSERT_EQ(fp32.code, 0) << fp32.output;
+  const double fp8_vs_fp32 = (load_flat(dir / "fp32.rank0.pt") - ref).abs().max().item<double>();
+  EXPECT_GT(fp8_vs_fp32, 1e-4) << "the fp8 runs must really differ from fp32";
+  for (const char* stage : {"2", "3"}) {
+    const std::string out = dir / (std::string("zero") + stage);
+    auto job = run_job(cat({"--root", dir.path, "--out", out, "--zero", stage}, common));
+    ASSERT_EQ(job.code, 0) << job.output;
+    expect_ranks_equal_reference(out, 2, ref);
+    std::printf("[ measured ] fp8 stage %s vs DDP: max diff %.2e (fp8 vs fp32 %.2e)\n", stage,
+                (load_flat(out + ".rank0.pt") - ref).abs().max().item<double>(), fp8_vs_fp32);
+  }
+}
+
+TEST(DeepSpeed, Bf16TrueWithZeroKeepsBf16WeightsOnFp32Masters) {
+  VOLT_REQUIRE_GLOO();
+  // precision "bf16-true": the module is bf16 for the whole run (no autocast, no cast back).
+  // With master weights (default) every stage steps fp32 masters of its chunks and rounds them
+  // into the bf16 weights: stages 1-3 do the same arithmetic, so their bf16 weights are bitwise
+  // equal, and nearer fp32 training than DDP's pure-bf16 Adam (whose updates round away).
+  // Without masters ZeRO is DDP's bf16-true: both reduce the bf16 gradients in fp32 (DDP
+  // through volt's comm hook), so the weights are bitwise equal.
+  volt_test::TempDir dir;
+  const std::vector<std::string> common{"--devices",   "2",        "--batch",     "8",
+                                        "--epochs",    "1",        "--optimizer", "adam",
+                                        "--precision", "bf16-true"};
+  auto fp32 = run_job({"--root", dir.path, "--out", dir / "fp32", "--devices", "2", "--batch", "8",
+                       "--epochs", "1", "--optimizer", "adam"});
+  ASSERT_EQ(fp32.code, 0) << fp32.output;
+  const at::Tensor full = load_flat(dir / "fp32.rank0.pt");
+  auto ddp = run_job(cat({"--root", dir.path, "--out", dir / "ddp"}, common));
+  ASSERT_EQ(ddp.code, 0) << ddp.output;
+  const at::Tensor ddp_w = load_flat(dir / "ddp.rank0.pt");
+  ASSERT_EQ(ddp_w.scalar_type(), torch::kBFloat16) << "bf16-true keeps the module bf16";
+  const double ddp_vs_fp32 = (ddp_w.to(torch::kFloat) - full).abs().max().item<double>();
+  at::Tensor first;
+  for (const char* stage : {"1", "2", "3"}) {
+    const std::string out = dir / (std::string("m") + stage);
+    auto job = run_job(cat({"--root", dir.path, "--out", out, "--zero", stage}, common));
+    ASSERT_EQ(job.code, 0) << job.output;
+    const at::Tensor w = load_flat(out + ".rank0.pt");
+    EXPECT_EQ(w.scalar_type(), torch::kBFloat16) << "stage " << stage;
+    EXPECT_TRUE(torch::equal(w, load_flat(out + ".rank1.pt"))) << "stage " << stage;
+    if (!first.defined()) {
+      first = w;
+    } else {
+      EXPECT_TRUE(torch::equal(w, first)) << "stage " << stage << " differs from stage 1";
+    }
+    const double vs_fp32 = (w.to(torch::kFloat) - full).abs().max().item<double>();
+    EXPECT_GT(vs_fp32, 1e-6) << "the bf16 run must really differ from fp32";
+    EXPECT_LE(vs_fp32, ddp_vs_fp32) << "stage " << stage << ": masters must not be worse";
+    std::printf(
+        "[ measured ] bf16-true stage %s with masters vs fp32: max diff %.2e (DDP bf16-true "
+        "%.2e)\n",
+        stage, vs_fp32, ddp_vs_fp32);
+  }
+  for (const char* stage : {"2", "3"}) {
+    const std::string out = dir / (std::string("plain") + stage);
+    auto job = run_job(
+        cat({"--root", dir.path, "--out", out, "--zero", stage, "--master-weights", "0"}, common));
+    ASSERT_EQ(job.code, 0) << job.output;
+    const at::Tensor w = load_flat(out + ".rank0.pt");
+    EXPECT_EQ(w.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(w, load_flat(out + ".rank1.pt"))) << "stage " << stage;
+    const double vs_ddp =
+        (w.to(torch::kFloat) - ddp_w.to(torch::kFloat)).abs().max().item<double>();
+    EXPECT_EQ(vs_ddp, 0) << "stage " << stage;  // the same fp32 sums of bf16 gradients
+    std::printf("[ measured ] bf16-true stage %s without masters vs DDP bf16-true: max diff %.2e\n",
+                stage, vs_ddp);
+  }
+}
+
 TEST(DeepSpeed, TiedWeightsArePartitionedOnceAndStayTied) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

@@ -26,6 +26,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -187,8 +188,11 @@ class ZeroMemoryProbe : public volt::Callback {
     const volt::ZeroEngine* e = strategy_->engine(optimizer);
     if (e == nullptr) return;
     const volt::ZeroMemory m = strategy_->memory(optimizer);
-    int64_t numel = 0;
-    for (const auto& c : e->chunks()) numel += c.numel;
+    int64_t numel = 0, max_chunk = 0;
+    for (const auto& c : e->chunks()) {
+      numel += c.numel;
+      if (c.partitioned) max_chunk = std::max(max_chunk, c.length);
+    }
     text = " zero_memory params=" + std::to_string(m.parameters) +
            " grads=" + std::to_string(m.gradients) + " state=" + std::to_string(m.optimizer_state) +
            " master=" + std::to_string(m.master_weights) + " numel=" + std::to_string(numel) +
@@ -199,7 +203,9 @@ class ZeroMemoryProbe : public volt::Callback {
             " overlapped=" + std::to_string(c.overlapped) +
             " gathers=" + std::to_string(c.gathers) +
             " prefetched=" + std::to_string(c.prefetched) +
-            " discarded=" + std::to_string(c.prefetch_discarded);
+            " discarded=" + std::to_string(c.prefetch_discarded) +
+            " step_chunk_peak=" + std::to_string(c.step_chunk_peak) +
+            " max_chunk=" + std::to_string(max_chunk);
   }
   std::string text;
 

@@ -162,7 +162,23 @@ class ZeroEngine {
   bool has_gradients() const { return have_grads_; }
   /// Before clipping and the optimizer step: gives the fp32 masters the reduced gradients as
   /// fp32 (master weights only; these exist until the step, the formulas' transient).
-  void prepare_step();
+  /// param_swap_file: reads the whole shard in for the step, unless `by_sub_group` (the
+  /// optimizer steps sub-group by sub-group and the *_step_chunks calls below bring each one's
+  /// chunks in and out).
+  void prepare_step(bool by_sub_group = false);
+  /// param_swap_file, the step by sub-group (ZeRO-Infinity's swapping of parameters with their
+  /// sub-group): only the chunks of the sub-groups in flight are in memory. Each call takes what
+  /// the optimizer steps (ZeroChunk::stepped()); chunks that are not partitioned, and a shard in
+  /// memory, are left alone. read_step_chunks submits the reads of those chunks;
+  /// hold_step_chunks waits for every read and write submitted and points the chunks read at
+  /// their buffers (the optimizer and round_masters write them there); write_step_chunks submits
+  /// their writes back into the file and releases them (complete at the next hold or finish).
+  void read_step_chunks(const std::vector<at::Tensor>& stepped);
+  void hold_step_chunks();
+  void write_step_chunks(const std::vector<at::Tensor>& stepped);
+  /// Writes back whatever is still held (a step that threw) and waits; gather_parameters()
+  /// calls it. A no-op without a swap file.
+  void finish_step_chunks();
   /// After the optimizer stepped the chunks: rounds the masters into the parameters' chunks
   /// (master weights), then all-gathers the chunks into every rank's parameters (stage 3: only
   /// the persistent ones; the others are gathered when next read).
@@ -195,7 +211,7 @@ class ZeroEngine {
   int64_t world_size() const;
   /// Exact bytes of parameters, gradients and optimizer state this rank holds now.
   ZeroMemory memory() const;
-  /// Counters of the communication overlap (for tests and benchmarks).
+  /// Counters of the communication overlap and the parameter swapping (tests, benchmarks).
   struct CommStats {
     int64_t reductions = 0;          ///< gradient buckets reduced
     int64_t overlapped = 0;          ///< of them, started before backward had finished
@@ -204,6 +220,9 @@ class ZeroEngine {
     int64_t prefetch_discarded = 0;  ///< prefetches started but not read before the scope closed
     int64_t prefetch_reads = 0;      ///< param_swap_file: prefetches whose file read was
                                      ///< submitted ahead (asynchronous, overlapping compute)
+    int64_t step_chunk_peak = 0;     ///< param_swap_file: most elements of parameter chunks in
+                                     ///< memory at once during the last optimizer step (the
+                                     ///< whole shard unless it stepped by sub-group)
   };
   const CommStats& comm_stats() const { return stats_; }
 
@@ -235,6 +254,7 @@ class ZeroEngine {
   void swap_out_shard();
   at::Tensor read_shard_range(int64_t offset, int64_t width);   // waits for the read
   at::Tensor submit_shard_read(int64_t offset, int64_t width);  // the buffer; read in flight
+  std::vector<size_t> swapped_chunks_of(const std::vector<at::Tensor>& stepped) const;
   void prefetch_after(size_t unit);
   void drop_prefetches();
   void start_read_prefetches();

@@ -66,12 +66,16 @@ class Fp8Precision : public Precision {
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
   void save_state(torch::serialize::OutputArchive& archive) const override;
   void load_state(torch::serialize::InputArchive& archive) override;
+  /// The amax histories and gradient amax of the model's fp8 layers (training), so that every
+  /// rank derives the same scales from the amax over all ranks' batches.
+  std::vector<at::Tensor> rank_max_state() const override;
 
  private:
   Fp8PrecisionOptions options_;
   MixedPrecision mixed_;
   c10::DeviceType device_ = c10::kCPU;
   bool converted_ = false;
+  torch::nn::Module* model_ = nullptr;  // the module convert_module saw (until teardown)
   torch::nn::Module* measuring_ = nullptr;
   c10::optional<QuantConfig> measure_config_;
   std::shared_ptr<void> kernel_;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "volt/core/batch.h"
 #include "volt/core/types.h"
@@ -43,6 +44,11 @@ class Precision {
   virtual bool optimizer_step(torch::optim::Optimizer& optimizer);
   virtual void save_state(torch::serialize::OutputArchive& archive) const {}
   virtual void load_state(torch::serialize::InputArchive& archive) {}
+  /// State every data-parallel rank must hold alike although each computes it from its own
+  /// batch (fp8's amax histories, from which the scales are derived): after each backward a
+  /// distributed strategy replaces every tensor with its elementwise max over the ranks, as
+  /// Transformer Engine reduces amax over its fp8 group. Default: none.
+  virtual std::vector<at::Tensor> rank_max_state() const { return {}; }
 };
 
 }  // namespace volt

@@ -103,6 +103,10 @@ class DdpStrategy : public Strategy {
   ProcessGroup& group() const;
   /// Broadcasts the module's parameters and buffers from rank 0 (every rank starts alike).
   void broadcast_module_state(Module& module);
+  /// After a backward: replaces the precision's rank_max_state() (fp8 amax histories) with its
+  /// max over the ranks, one all-reduce for all of it, so that every rank derives the same fp8
+  /// scales for the next forward. A no-op when the precision has none.
+  void agree_on_precision_state();
   /// The process group (after setup_environment).
   std::shared_ptr<ProcessGroup> group_;
 

@@ -1,6 +1,6 @@
 #pragma once
 // The registry behind convert_to_fp8 and fp8 inference: which Linear layers are fp8 (keyed by
-// their weight's TensorImpl), in which mode, and the aten::linear autocast kernel that runs them.
+// their weight's storage), in which mode, and the aten::linear autocast kernel that runs them.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
@@ -34,14 +34,13 @@ struct Fp8Layer {
 };
 
 /// Makes `layer` the fp8 identity of the Linear whose weight is `weight` (replacing any). Found
-/// again through the weight's data pointer, so convert after moving the model to its device.
+/// again through the weight's storage (and offset), which views of it share and which keeps
+/// its identity when ZeRO gives it new memory; so convert after moving the model to its device.
 void attach_fp8(const at::Tensor& weight, std::shared_ptr<Fp8Layer> layer);
 /// Forgets the Linear whose weight is `weight`.
 void detach_fp8(const at::Tensor& weight);
-/// The layer for `weight`, or nullptr.
+/// The layer for `weight` (or a view of it at the same offset), or nullptr.
 std::shared_ptr<Fp8Layer> find_fp8(const at::Tensor& weight);
-/// The layer whose weight's data starts at `data`, or nullptr.
-std::shared_ptr<Fp8Layer> find_fp8_data(const void* data);
 
 /// Keeps the kernels for aten::linear, addmm and matmul registered on `device`'s autocast key
 /// while held.

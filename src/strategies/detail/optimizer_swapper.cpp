@@ -75,17 +75,32 @@ OptimizerSwapper::~OptimizerSwapper() {
   std::remove(file_->path().c_str());
 }
 
+int64_t OptimizerSwapper::elements(const at::Tensor& p) const {
+  // A parameter swapped out with its state holds no elements now: count its recorded shape.
+  auto rec = records_.find(state_key_for(p));
+  if (rec != records_.end() && !rec->second.resident) {
+    for (const Piece& piece : rec->second.pieces) {
+      if (piece.index != kParameter) continue;
+      int64_t n = 1;
+      for (int64_t d : piece.sizes) n *= d;
+      return n;
+    }
+  }
+  return p.numel();
+}
+
 std::vector<std::vector<at::Tensor>> OptimizerSwapper::make_sub_groups() const {
   std::vector<std::vector<at::Tensor>> out(1);
   int64_t numel = 0;
   for (const auto& g : optimizer_.param_groups()) {
     for (const auto& p : g.params()) {
-      if (!out.back().empty() && numel + p.numel() > sub_group_size_) {
+      const int64_t n = elements(p);
+      if (!out.back().empty() && numel + n > sub_group_size_) {
         out.emplace_back();
         numel = 0;
       }
       out.back().push_back(p);
-      numel += p.numel();
+      numel += n;
     }
   }
   if (out.back().empty()) out.pop_back();
@@ -187,23 +202,32 @@ void OptimizerSwapper::finish_io() {
   writing_.clear();
 }
 
-bool OptimizerSwapper::step(const std::function<bool()>& step,
-                            const std::function<void(const std::vector<at::Tensor>&)>& after) {
+bool OptimizerSwapper::step(const std::function<bool()>& step, const SubGroupHooks& hooks) {
   const auto groups = make_sub_groups();
   last_sub_groups_ = static_cast<int64_t>(groups.size());
+  const auto call = [&](const std::function<void(const std::vector<at::Tensor>&)>& hook, size_t i) {
+    if (hook) hook(groups[i]);
+  };
   bool ok = true;
   {
     ParamsGuard guard(optimizer_);
     std::vector<Pending> next;
-    if (!groups.empty()) submit_reads(groups[0], next);
+    if (!groups.empty()) {
+      submit_reads(groups[0], next);
+      call(hooks.read, 0);
+    }
     finish_io();
     install(next);
     for (size_t i = 0; i < groups.size(); ++i) {
-      // In flight while sub-group i steps: the read of i + 1 and the write of i - 1.
-      if (i + 1 < groups.size()) submit_reads(groups[i + 1], next);
+      call(hooks.ready, i);
+      // In flight while sub-group i steps: the reads of i + 1 and the write of i - 1.
+      if (i + 1 < groups.size()) {
+        submit_reads(groups[i + 1], next);
+        call(hooks.read, i + 1);
+      }
       guard.narrow(groups[i]);
       ok = step() && ok;
-      if (after) after(groups[i]);
+      call(hooks.after, i);
       finish_io();
       install(next);
       write_out(groups[i], false);

@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "strategies/detail/optimizer_swapper.h"
 #include "tiny.h"
 #include "volt/kernels/fused_adamw.h"
@@ -111,6 +113,48 @@ TEST(OptimizerSwapper, SwappedStepsEqualInMemoryStepsBitwise) {
       }
     }
   }
+}
+
+TEST(OptimizerSwapper, SwappedParametersStepInTheSameSubGroupsEveryStep) {
+  // ZeRO's fp32 masters swap with their state (swap_parameters). Between steps they hold no
+  // elements, yet every step must cut the sub-groups of the first one from their recorded
+  // shapes, so that only about sub_group_size elements come into memory at once (this once
+  // regressed to one sub-group holding everything from the second step on).
+  volt_test::TempDir dir;
+  auto a = make_params(), b = make_params();
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& p : a) shapes.push_back(p.sizes().vec());
+  auto ref = make_opt("adam", a), opt = make_opt("adam", b);
+  OptimizerSwapper swapper(*opt, dir / "opt.swp", AioOptions().block_size(64), 40,
+                           /*swap_parameters=*/true);
+  for (int step = 0; step < 4; ++step) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      torch::manual_seed(100 * step + static_cast<int>(i));
+      const at::Tensor g = torch::randn(shapes[i]);
+      a[i].mutable_grad() = g.clone();
+      b[i].mutable_grad() = g.clone();
+    }
+    ref->step();
+    int64_t most = 0;
+    OptimizerSwapper::SubGroupHooks hooks;
+    hooks.ready = [&](const std::vector<at::Tensor>& group) {
+      int64_t n = 0;
+      for (const auto& p : group) n += p.numel();
+      most = std::max(most, n);
+    };
+    EXPECT_TRUE(swapper.step(
+        [&] {
+          opt->step();
+          return true;
+        },
+        hooks));
+    // 35 + 3 elements, then 40, then 4.
+    EXPECT_EQ(swapper.sub_groups(), 3) << "step " << step;
+    EXPECT_EQ(most, 40) << "step " << step;
+    for (const auto& p : b) EXPECT_EQ(p.numel(), 0) << "a parameter stayed in memory";
+  }
+  swapper.swap_in_all();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "param " << i;
 }
 
 }  // namespace
