@@ -208,6 +208,7 @@ class CheckpointNode : public torch::autograd::Function<CheckpointNode> {
       } restore{now};
       torch::AutoGradMode grad(true);
       AutocastReplay replay(state->autocast);
+      CheckpointRecomputeScope recomputing;
       outputs = state->fn(inputs);
     }
     VOLT_CHECK(outputs.size() == grad_outputs.size(), ValueError,

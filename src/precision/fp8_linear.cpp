@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "volt/core/check.h"
+#include "volt/core/recompute.h"
 #include "detail/fp8_core.h"
 
 namespace volt {
@@ -67,7 +68,10 @@ at::Tensor fp8_linear_delayed(const at::Tensor& x, const at::Tensor& weight,
   const auto& recipe = s.recipe;
   const auto grad_format =
       recipe.fp8_format() == "hybrid" ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
-  if (training) {
+  // volt::checkpoint's recomputation in backward is the same forward again: it uses the scales
+  // the first pass derived and records nothing (Transformer Engine does the same), so a
+  // checkpointed fp8 model trains exactly as an unchecked one.
+  if (training && !in_checkpoint_recompute()) {
     torch::NoGradGuard no_grad;
     // Delayed scaling: fold in the previous backward's gradient amax, then derive this step's
     // scales from the history of earlier steps only, then record this step's input and weight

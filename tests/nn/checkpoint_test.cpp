@@ -10,6 +10,7 @@
 #include "volt/core/errors.h"
 #include "volt/nn/checkpoint.h"
 #include "volt/precision/autocast.h"
+#include "volt/precision/fp8_linear.h"
 
 namespace {
 
@@ -225,6 +226,48 @@ TEST(ActivationCheckpoint, Bf16AutocastReplayedInRecomputation) {
   // And bf16 really was on: the fp32 run differs.
   const Grads fp32 = run(m, x, true, [&](const at::Tensor& t) { return m.forward(t); });
   EXPECT_FALSE(all_equal(plain, fp32));
+}
+
+TEST(ActivationCheckpoint, Fp8LayersCountTheRecomputationAsTheSameForward) {
+  // fp8 delayed scaling updates state in forward (amax history, step count, scales). Backward's
+  // recomputation must use the first pass's scales and record nothing, or a checkpointed fp8
+  // model would train differently from an unchecked one (it once did: every checkpointed layer
+  // counted two forwards per step).
+  struct Trained {
+    std::vector<at::Tensor> state;
+  };
+  auto train = [](bool ckpt) {
+    torch::manual_seed(5);
+    volt::Fp8Linear a(16, 16), b(16, 16);
+    std::vector<at::Tensor> params = a->parameters();
+    for (const auto& p : b->parameters()) params.push_back(p);
+    torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1));
+    auto block = [&](const at::Tensor& t) { return b(torch::relu(a(t))); };
+    for (int step = 0; step < 4; ++step) {
+      torch::manual_seed(100 + step);
+      const at::Tensor x = torch::randn({8, 16});
+      opt.zero_grad();
+      const at::Tensor y = ckpt ? volt::checkpoint(block, x) : block(x);
+      y.pow(2).mean().backward();
+      opt.step();
+    }
+    Trained t;
+    for (auto* m : {a.ptr().get(), b.ptr().get()}) {
+      for (const auto& p : m->parameters()) t.state.push_back(p.detach().clone());
+      for (const auto& kv : m->named_buffers()) t.state.push_back(kv.value().clone());
+    }
+    return t;
+  };
+  const Trained plain = train(false), ckpt = train(true);
+  ASSERT_EQ(plain.state.size(), ckpt.state.size());
+  for (size_t i = 0; i < plain.state.size(); ++i) {
+    EXPECT_TRUE(torch::equal(plain.state[i], ckpt.state[i]))
+        << "tensor " << i << " " << plain.state[i].sizes() << " max diff "
+        << (plain.state[i].to(at::kDouble) - ckpt.state[i].to(at::kDouble))
+               .abs()
+               .max()
+               .item<double>();
+  }
 }
 
 TEST(ActivationCheckpoint, CpuCheckpointingOnCpuTensorsIsANoOp) {
@@ -548,6 +591,12 @@ TEST(ActivationCheckpointDistributed, DdpTwoRanksEqualWithoutCheckpointing) {
 TEST(ActivationCheckpointDistributed, DeepSpeedStage3TwoRanksEqualWithoutCheckpointing) {
   VOLT_REQUIRE_GLOO();
   expect_job_unchanged_by_checkpointing({"--zero", "3"});
+}
+
+TEST(ActivationCheckpointDistributed, Fp8WithDeepSpeedStage3TwoRanksEqualWithoutCheckpointing) {
+  VOLT_REQUIRE_GLOO();
+  // The three deep 16x16 layers run in fp8 (stateful delayed scaling), partitioned by ZeRO-3.
+  expect_job_unchanged_by_checkpointing({"--zero", "3", "--precision", "fp8", "--width", "16"});
 }
 
 }  // namespace

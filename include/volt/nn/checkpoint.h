@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "volt/core/recompute.h"  // in_checkpoint_recompute()
+
 namespace volt {
 
 struct CheckpointOptions {
