@@ -508,13 +508,16 @@ at::Tensor ProcessGroup::all_reduce(const at::Tensor& value, Reduce op) {
   VOLT_CHECK(op != Reduce::kMean || value.is_floating_point(), ValueError, kTag,
              " all_reduce with kMean needs a floating tensor, got ", value.scalar_type(),
              "; convert it first or use kSum.");
-  std::vector<at::Tensor> t{value.detach().clone(at::MemoryFormat::Contiguous)};
+  // Gloo in libtorch 1.13 has no bf16: such a value is reduced in fp32 and rounded back.
+  const bool bf16 = value.scalar_type() == at::kBFloat16;
+  std::vector<at::Tensor> t{bf16 ? value.detach().to(at::kFloat).contiguous()
+                                 : value.detach().clone(at::MemoryFormat::Contiguous)};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
   o.timeout = options_.timeout();
   run_collective(*this, "all_reduce", [&] { return impl_->group->allreduce(t, o); });
   if (op == Reduce::kMean) t[0].div_(world_size_);
-  return t[0];
+  return bf16 ? t[0].to(at::kBFloat16) : t[0];
 }
 
 void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t src) {
@@ -603,9 +606,15 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
   }
   std::vector<std::vector<at::Tensor> > out(1);
   auto in = value.detach().clone(at::MemoryFormat::Contiguous);
+  // A gather copies bytes: bf16 (which Gloo in libtorch 1.13 lacks) travels as fp16 bits.
+  const bool bf16 = in.scalar_type() == at::kBFloat16;
+  if (bf16) in = in.view(at::kHalf);
   for (int64_t r = 0; r < world_size_; ++r) out[0].push_back(at::empty_like(in));
   std::vector<at::Tensor> ins{in};
   run_collective(*this, "all_gather", [&] { return impl_->group->allgather(out, ins); });
+  if (bf16) {
+    for (auto& t : out[0]) t = t.view(at::kBFloat16);
+  }
   return out[0];
 }
 

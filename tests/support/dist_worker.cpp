@@ -130,6 +130,24 @@ void run_collectives(volt::ProcessGroup& pg) {
   check_close(rs, full.narrow(0, 2 * r, 2), 0, "reduce_scatter");
   expect_throw<volt::ValueError>([&] { pg.reduce_scatter(at::zeros({2 * w + 1})); }, "divisible",
                                  "reduce_scatter size");
+  // bf16, which Gloo in libtorch 1.13 lacks: reduced in fp32 and rounded back, copied as bits.
+  // 1/3 + r is not a bf16 value: the results must be exactly the roundings of fp32 arithmetic.
+  const auto bf = (at::full({5}, 1.0f / 3) + r).to(at::kBFloat16);
+  float bf_sum = 0;
+  for (int64_t q = 0; q < w; ++q)
+    bf_sum += (at::full({1}, 1.0f / 3) + q).to(at::kBFloat16).item<float>();
+  const auto bsum = pg.all_reduce(bf, volt::Reduce::kSum);
+  CHECK_TRUE(bsum.scalar_type() == at::kBFloat16, "all_reduce bf16 dtype");
+  CHECK_TRUE(bsum.equal(at::full({5}, bf_sum).to(at::kBFloat16)), "all_reduce bf16 sum");
+  auto bb = bf.clone();
+  pg.broadcast_(bb, w - 1);
+  CHECK_TRUE(bb.equal((at::full({5}, 1.0f / 3) + (w - 1)).to(at::kBFloat16)), "broadcast_ bf16");
+  auto bg = pg.all_gather(bf);
+  for (int64_t q = 0; q < w; ++q) {
+    CHECK_TRUE(bg[q].scalar_type() == at::kBFloat16 &&
+                   bg[q].equal((at::full({5}, 1.0f / 3) + q).to(at::kBFloat16)),
+               "all_gather bf16 item");
+  }
   pg.barrier();
   CHECK_TRUE(pg.all_of(true), "all_of(true)");
   CHECK_TRUE(pg.all_of(r != 0) == (w == 1), "all_of(r != 0)");
