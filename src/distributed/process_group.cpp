@@ -508,16 +508,17 @@ at::Tensor ProcessGroup::all_reduce(const at::Tensor& value, Reduce op) {
   VOLT_CHECK(op != Reduce::kMean || value.is_floating_point(), ValueError, kTag,
              " all_reduce with kMean needs a floating tensor, got ", value.scalar_type(),
              "; convert it first or use kSum.");
-  // Gloo in libtorch 1.13 has no bf16: such a value is reduced in fp32 and rounded back.
-  const bool bf16 = value.scalar_type() == at::kBFloat16;
-  std::vector<at::Tensor> t{bf16 ? value.detach().to(at::kFloat).contiguous()
-                                 : value.detach().clone(at::MemoryFormat::Contiguous)};
+  // 16-bit floats are reduced in fp32 and rounded back: Gloo in libtorch 1.13 has no bf16, and
+  // its fp16 sum accumulates in fp16 (the fp32 sum is also the more accurate one).
+  const bool narrow = value.scalar_type() == at::kBFloat16 || value.scalar_type() == at::kHalf;
+  std::vector<at::Tensor> t{narrow ? value.detach().to(at::kFloat).contiguous()
+                                   : value.detach().clone(at::MemoryFormat::Contiguous)};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
   o.timeout = options_.timeout();
   run_collective(*this, "all_reduce", [&] { return impl_->group->allreduce(t, o); });
   if (op == Reduce::kMean) t[0].div_(world_size_);
-  return bf16 ? t[0].to(at::kBFloat16) : t[0];
+  return narrow ? t[0].to(value.scalar_type()) : t[0];
 }
 
 void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t src) {

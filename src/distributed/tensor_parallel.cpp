@@ -294,12 +294,8 @@ const std::vector<RowOpInfo>& row_ops() {
   return ops;
 }
 
-// Gloo (libtorch 1.13) has no bfloat16/half reductions: sum those in float32, which is also the
-// more accurate sum of the partial products.
-at::Tensor sum_across(ProcessGroup& group, const at::Tensor& t) {
-  if (t.scalar_type() != at::kBFloat16 && t.scalar_type() != at::kHalf) return group.all_reduce(t);
-  return group.all_reduce(t.to(at::kFloat)).to(t.scalar_type());
-}
+// The sum of the partial products (ProcessGroup reduces bf16 / fp16 in fp32).
+at::Tensor sum_across(ProcessGroup& group, const at::Tensor& t) { return group.all_reduce(t); }
 
 // A row-parallel layer's input is either the split output of a column-parallel layer, or whole
 // (then each rank takes its slice).

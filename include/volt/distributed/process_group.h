@@ -74,7 +74,8 @@ class ProcessGroup {
   const ProcessGroupOptions& options() const { return options_; }
 
   /// The element-wise reduction of `value` over all ranks (a new tensor; `value` is unchanged).
-  /// kMean needs a floating dtype.
+  /// kMean needs a floating dtype. bf16 and fp16 are reduced in fp32 and rounded back (Gloo in
+  /// libtorch 1.13 has no bf16; broadcast_ and all_gather send it as its bits).
   at::Tensor all_reduce(const at::Tensor& value, Reduce op = Reduce::kSum);
   /// Overwrites `tensor` on every rank with rank `src`'s values.
   void broadcast_(at::Tensor& tensor, int64_t src = 0);
