@@ -785,7 +785,15 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
     try {
       stepped = sw->second->step([&] { return precision_->optimizer_step(optimizer); }, hooks);
     } catch (...) {
-      if (e != nullptr) e->finish_step_chunks();  // nothing held stays pointed at a buffer
+      // Nothing held stays pointed at a buffer; the step's own error is the one reported.
+      try {
+        if (e != nullptr) e->finish_step_chunks();
+      } catch (const std::exception& cleanup) {
+        log_error("DeepSpeedStrategy",
+                  std::string("after a failed optimizer step, writing the parameter chunks "
+                              "back failed too: ") +
+                      cleanup.what());
+      }
       throw;
     }
   } else {

@@ -12,10 +12,14 @@
 #include <filesystem>
 
 #include "distributed/detail/net.h"
+#include "strategies/detail/optimizer_swapper.h"
 #include "tiny.h"
 #include "volt/core/errors.h"
 
 namespace {
+
+using volt::detail::AioOptions;
+using volt::detail::OptimizerSwapper;
 
 std::shared_ptr<volt::ProcessGroup> world_of_one() {
   volt::ClusterEnvironment env;
@@ -415,6 +419,85 @@ TEST(ZeroEngine, ParameterChunksInASwapFileStepLikeChunksInMemory) {
   swapped.restore_parameters();
   in_memory.restore_parameters();
   EXPECT_FALSE(std::filesystem::exists(file)) << "the swap file outlived the partitioning";
+  for (size_t i = 0; i < mem_net->parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(mem_net->parameters()[i], file_net->parameters()[i])) << i;
+  }
+}
+
+TEST(ZeroEngine, SwappedChunksStepSubGroupBySubGroupAndAFailedStepLeavesNoneHeld) {
+  VOLT_REQUIRE_GLOO();
+  // With the optimizer state on NVMe too, DeepSpeedStrategy steps sub-group by sub-group and
+  // the engine brings each sub-group's parameter chunks in with its state (wired here as the
+  // strategy wires them): bitwise the in-memory training, at most two sub-groups' chunks in
+  // memory. A step that throws mid-way (the fourth sub-group's) leaves no chunk pointed at a
+  // buffer once finish_step_chunks ran: what stepped is in the file, the rest unchanged, as
+  // the in-memory engine failing at the same point, and training goes on.
+  volt_test::TempDir dir;
+  auto group = world_of_one();
+  auto mem_net = square_mlp(), file_net = square_mlp();
+  torch::optim::Adam mem_opt(mem_net->parameters(), torch::optim::AdamOptions(0.01));
+  torch::optim::Adam file_opt(file_net->parameters(), torch::optim::AdamOptions(0.01));
+  const auto base = volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0);
+  volt::ZeroEngine in_memory(mem_opt, group, base, names_of(*mem_net));
+  volt::ZeroEngine swapped(file_opt, group,
+                           volt::ZeroEngineOptions(base).param_swap_file(dir / "params.swp"),
+                           names_of(*file_net));
+  // Sub-groups of at most 40 elements: each 6x6 weight (36) and each bias (6) alone.
+  OptimizerSwapper mem_state(mem_opt, dir / "m.swp", AioOptions(), 40);
+  OptimizerSwapper file_state(file_opt, dir / "f.swp", AioOptions(), 40);
+  auto step = [](volt::ZeroEngine& e, OptimizerSwapper& sw, torch::optim::Optimizer& opt,
+                 torch::nn::Module& net, const at::Tensor& x, int fail_at) {
+    e.zero_grad();
+    at::Tensor loss;
+    {
+      volt::ZeroEngine::Scope scope(e);
+      loss = net.as<torch::nn::Sequential>()->forward(x).pow(2).sum();
+    }
+    e.backward([&] { loss.backward(); }, /*sync=*/true);
+    e.prepare_step(/*by_sub_group=*/true);
+    OptimizerSwapper::SubGroupHooks hooks;
+    hooks.read = [&](const std::vector<at::Tensor>& g) { e.read_step_chunks(g); };
+    hooks.ready = [&](const std::vector<at::Tensor>&) { e.hold_step_chunks(); };
+    hooks.after = [&](const std::vector<at::Tensor>& g) { e.write_step_chunks(g); };
+    int n = 0;
+    try {
+      sw.step(
+          [&] {
+            if (n++ == fail_at) throw volt::ValueError("a failing optimizer step");
+            opt.step();
+            return true;
+          },
+          hooks);
+    } catch (const volt::ValueError&) {
+      e.finish_step_chunks();
+      return false;
+    }
+    e.gather_parameters();
+    return true;
+  };
+  auto expect_equal = [&](const std::string& when) {
+    EXPECT_EQ(swapped.memory().parameters, 0) << when << ": a chunk stayed in memory";
+    volt::ZeroEngine::Resident resident(swapped);
+    for (size_t i = 0; i < in_memory.chunks().size(); ++i) {
+      EXPECT_TRUE(torch::equal(in_memory.chunks()[i].view, swapped.chunks()[i].view))
+          << when << " chunk " << i;
+    }
+  };
+  for (int s = 0; s < 3; ++s) {
+    torch::manual_seed(20 + s);
+    const auto x = torch::randn({4, 6});
+    const int fail_at = s == 1 ? 3 : -1;
+    EXPECT_EQ(step(in_memory, mem_state, mem_opt, *mem_net, x, fail_at), fail_at < 0);
+    EXPECT_EQ(step(swapped, file_state, file_opt, *file_net, x, fail_at), fail_at < 0);
+    expect_equal("step " + std::to_string(s));
+    if (fail_at < 0) {
+      EXPECT_EQ(file_state.sub_groups(), 8);
+      EXPECT_GT(swapped.comm_stats().step_chunk_peak, 0);
+      EXPECT_LE(swapped.comm_stats().step_chunk_peak, 36 + 6) << "two sub-groups at most";
+    }
+  }
+  swapped.restore_parameters();
+  in_memory.restore_parameters();
   for (size_t i = 0; i < mem_net->parameters().size(); ++i) {
     EXPECT_TRUE(torch::equal(mem_net->parameters()[i], file_net->parameters()[i])) << i;
   }

@@ -212,6 +212,25 @@ bool OptimizerSwapper::step(const std::function<bool()>& step, const SubGroupHoo
   {
     ParamsGuard guard(optimizer_);
     std::vector<Pending> next;
+    // A step that throws (the optimizer's, or a hook's) must not leave reads submitted and not
+    // installed: their records already say "resident", so the state would stay empty for good
+    // (and be saved so by the next checkpoint). Finish them; the step's error is the one raised.
+    struct InstallPending {
+      OptimizerSwapper& self;
+      std::vector<Pending>& next;
+      ~InstallPending() {
+        if (next.empty()) return;
+        try {
+          self.finish_io();
+          self.install(next);
+        } catch (const std::exception& e) {
+          log_error("OptimizerSwapper",
+                    std::string("after a failed step, reading optimizer state back failed "
+                                "too: ") +
+                        e.what());
+        }
+      }
+    } install_pending{*this, next};
     if (!groups.empty()) {
       submit_reads(groups[0], next);
       call(hooks.read, 0);
