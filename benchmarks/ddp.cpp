@@ -4,7 +4,8 @@
 // peak RSS and the exact per-rank bytes of parameters, gradients and Adam state.
 //
 //   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
-//                  [--only weak|sweep|overlap|zero|offload|zero_overlap|master] [--nvme DIR]
+//                  [--only weak|sweep|overlap|static|zero|offload|zero_overlap|master]
+//                  [--nvme DIR]
 //
 // `zero_overlap`: stages 2 and 3 at 2 ranks with 2 MB gradient buckets, each bucket's reduction
 // blocking backward or overlapped with it (overlap_comm), and stage 3 with and without the
@@ -176,7 +177,10 @@ int worker(std::map<std::string, std::string>& a) {
         volt::MixedPrecisionOptions().read_env_lists(false).cpu_policy(false));
   }
   volt::DdpStrategyOptions ddp;
-  ddp.bucket_cap_mb(num("--bucket-mb", 25)).gradient_as_bucket_view(num("--view", 0) != 0);
+  ddp.bucket_cap_mb(num("--bucket-mb", 25))
+      .gradient_as_bucket_view(num("--view", 0) != 0)
+      .find_unused_parameters(num("--find-unused", 0) != 0)
+      .static_graph(num("--static", 0) != 0);
   std::shared_ptr<volt::DdpStrategy> strategy;
   std::shared_ptr<ZeroBytes> zero_bytes;
   auto timing = std::make_shared<Timing>(warmup, accum);
@@ -390,6 +394,30 @@ int main(int argc, char** argv) {
         std::printf("  hidden behind backward                  %7.0f %%\n\n",
                     100.0 * std::max(0.0, std::min(1.0, hidden)));
       }
+    }
+    // 3b. find_unused_parameters costs a search of the autograd graph every step (and an extra
+    // all-reduce of the used-parameter bitmap); static_graph records the graph once and skips
+    // both. A deeper MLP (10 Linear layers) so that there is a graph to search.
+    if (wanted("static")) {
+      std::printf(
+          "static_graph, 2 ranks, MLP 784-1024x8-10, per-rank batch 64: step and backward ms\n");
+      const char* modes[][2] = {{"plain DDP", ""},
+                                {"find_unused_parameters", " --find-unused 1"},
+                                {"find_unused + static_graph", " --find-unused 1 --static 1"}};
+      std::vector<std::vector<double>> step(3), bwd(3);
+      for (int r = 0; r < rounds; ++r) {  // interleaved: machine noise hits every mode alike
+        for (int m = 0; m < 3; ++m) {
+          const Result res = job(bin, std::string("--devices 2") + modes[m][1] + common.str() +
+                                          " --width 1024 --hidden 8");
+          step[m].push_back(res.step_ms);
+          bwd[m].push_back(res.bwd_sync_ms);
+        }
+      }
+      for (int m = 0; m < 3; ++m) {
+        std::printf("  %-28s step %7.2f ms (%.2fx plain)  backward %7.2f ms\n", modes[m][0],
+                    median(step[m]), median(step[m]) / median(step[0]), median(bwd[m]));
+      }
+      std::printf("\n");
     }
     // 4. ZeRO stages against DDP at the same world size (Adam: 16 bytes per parameter).
     if (wanted("zero")) {
