@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <ostream>
+#include <set>
 
 #include "core/detail/print.h"
 #include "detail/fp8_hooks.h"
@@ -116,13 +117,16 @@ void Fp8Precision::convert_module(torch::nn::Module& module) {
 std::vector<at::Tensor> Fp8Precision::rank_max_state() const {
   std::vector<at::Tensor> out;
   if (model_ == nullptr || options_.inference()) return out;
-  auto ends_with = [](const std::string& s, const std::string& tail) {
-    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  // Fp8Linear's buffers, and those convert_to_fp8 gives the Linear layers it converts in place.
+  // Fp8Linear's buffers, and those convert_to_fp8 gives the Linear layers it converts in place
+  // (by their exact names, not a user's buffer that happens to end alike).
+  static const std::set<std::string> kNames{"amax_history", "grad_amax", "fp8_amax_history",
+                                            "fp8_grad_amax"};
   for (const auto& b : model_->named_buffers(/*recurse=*/true)) {
     const std::string& name = b.key();
-    if (ends_with(name, "amax_history") || ends_with(name, "grad_amax")) out.push_back(b.value());
+    const size_t dot = name.rfind('.');
+    if (kNames.count(dot == std::string::npos ? name : name.substr(dot + 1)) != 0) {
+      out.push_back(b.value());
+    }
   }
   return out;
 }
