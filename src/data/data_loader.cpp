@@ -47,6 +47,12 @@ int64_t DataLoader::num_batches() const {
   return options_.drop_last() ? n / bs : (n + bs - 1) / bs;
 }
 
+int64_t DataLoader::last_batch_size() const {
+  const int64_t n = sampler_.size(), bs = options_.batch_size();
+  if (num_batches() == 0) return 0;
+  return options_.drop_last() || n % bs == 0 ? bs : n % bs;
+}
+
 Batch DataLoader::make_batch(const std::vector<int64_t>& indices) const {
   Batch b;
   c10::optional<Batch> fast;

@@ -136,6 +136,16 @@ TEST(GlobalBatch, FitLogsTheSamplesPerOptimizerStep) {
                        "[volt] info: [Trainer] batch: 16 samples per process x 4 "
                        "accumulated batches = 64 samples per optimizer step"))
       << ::testing::PrintToString(lines);
+  // 70 samples in batches of 16: the epoch ends with a batch of 6, and the line says so.
+  {
+    volt::Trainer trainer(volt_test::quiet(dir.path).max_steps(1));
+    lines = volt_test::capture_logs(
+        [&] { trainer.fit(model, volt_test::loader(volt_test::blobs(70), 16)); });
+  }
+  EXPECT_TRUE(contains(lines,
+                       "[volt] info: [Trainer] batch: 16 samples per process per optimizer "
+                       "step; the last batch of each epoch has 6 samples per process"))
+      << ::testing::PrintToString(lines);
 }
 
 }  // namespace

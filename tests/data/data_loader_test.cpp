@@ -28,12 +28,19 @@ TEST(DataLoader, BatchesInOrderWithRemainder) {
   std::vector<int64_t> sizes;
   while (s.next(b)) sizes.push_back(b.size());
   EXPECT_EQ(sizes, (std::vector<int64_t>{4, 4, 2}));
+  EXPECT_EQ(dl.last_batch_size(), 2);
   EXPECT_EQ(ids(dl.stream(0)), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  // Sharded over 3 ranks: 4 samples each (padded), one full batch.
+  EXPECT_EQ(dl.sharded(1, 3).last_batch_size(), 4);
+  EXPECT_EQ(
+      volt::DataLoader(range_ds(10), volt::DataLoaderOptions(3)).sharded(0, 2).last_batch_size(),
+      2);  // 5 samples per rank: 3 + 2
 }
 
 TEST(DataLoader, DropLast) {
   volt::DataLoader dl(range_ds(10), volt::DataLoaderOptions(4).drop_last(true));
   EXPECT_EQ(dl.num_batches(), 2);
+  EXPECT_EQ(dl.last_batch_size(), 4);
   EXPECT_EQ(ids(dl.stream(0)).size(), 8u);
 }
 
@@ -42,9 +49,9 @@ TEST(DataLoader, SeededShuffleIsAPermutationPerEpoch) {
   volt::DataLoader b(range_ds(50), volt::DataLoaderOptions(8).shuffle(true).seed(3));
   volt::DataLoader c(range_ds(50), volt::DataLoaderOptions(8).shuffle(true).seed(4));
   auto e0 = ids(a.stream(0));
-  EXPECT_EQ(e0, ids(b.stream(0)));          // same seed, same epoch: same order
-  EXPECT_NE(e0, ids(a.stream(1)));          // new epoch: new order
-  EXPECT_NE(e0, ids(c.stream(0)));          // new seed: new order
+  EXPECT_EQ(e0, ids(b.stream(0)));  // same seed, same epoch: same order
+  EXPECT_NE(e0, ids(a.stream(1)));  // new epoch: new order
+  EXPECT_NE(e0, ids(c.stream(0)));  // new seed: new order
   EXPECT_EQ(std::set<int64_t>(e0.begin(), e0.end()).size(), 50u);
 }
 
@@ -60,11 +67,13 @@ TEST(DataLoader, StreamFromMidEpochIsTheSuffix) {
 TEST(DataLoader, WorkersYieldTheSameBatchesInOrder) {
   auto opts = volt::DataLoaderOptions(7).shuffle(true).seed(1);
   volt::DataLoader inline_dl(range_ds(100), opts);
-  volt::DataLoader threaded(range_ds(100), volt::DataLoaderOptions(opts).num_workers(3).prefetch_factor(1));
+  volt::DataLoader threaded(range_ds(100),
+                            volt::DataLoaderOptions(opts).num_workers(3).prefetch_factor(1));
   EXPECT_EQ(ids(inline_dl.stream(5)), ids(threaded.stream(5)));
   // Per-example path (custom collate) through workers as well.
   auto collate = [](const std::vector<volt::Example>& ex) { return volt::default_collate(ex); };
-  volt::DataLoader custom(range_ds(100), volt::DataLoaderOptions(opts).num_workers(2).collate(collate));
+  volt::DataLoader custom(range_ds(100),
+                          volt::DataLoaderOptions(opts).num_workers(2).collate(collate));
   EXPECT_EQ(ids(inline_dl.stream(5)), ids(custom.stream(5)));
 }
 
@@ -86,7 +95,8 @@ class FailingDataset : public volt::Dataset {
 };
 
 TEST(DataLoader, WorkerExceptionsReachTheConsumer) {
-  volt::DataLoader dl(std::make_shared<FailingDataset>(), volt::DataLoaderOptions(4).num_workers(2));
+  volt::DataLoader dl(std::make_shared<FailingDataset>(),
+                      volt::DataLoaderOptions(4).num_workers(2));
   auto s = dl.stream(0);
   volt::Batch b;
   EXPECT_THROW(

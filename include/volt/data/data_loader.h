@@ -52,6 +52,9 @@ class DataLoader {
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
   /// Batches per epoch on this rank.
   int64_t num_batches() const;
+  /// Samples in the last batch of an epoch on this rank: batch_size, or fewer when the rank's
+  /// samples do not fill it and drop_last is off (0 when there is no batch).
+  int64_t last_batch_size() const;
   /// Batches `first_batch` .. `first_batch + max_batches - 1` (max_batches < 0: to the end).
   BatchStream stream(int64_t epoch, int64_t first_batch = 0, int64_t max_batches = -1) const;
   const DataLoaderOptions& options() const { return options_; }

@@ -195,8 +195,11 @@ std::string newest_last_checkpoint(Run& run);
 
 // ---------------------------------------------------------------------- loops/
 /// loops/fit_loop.cpp: "batch: 64 samples per process x 2 data-parallel processes x 4
-/// accumulated batches = 512 samples per optimizer step", logged when fit starts.
-std::string describe_global_batch(int64_t per_process, int64_t data_parallel, int64_t accumulate);
+/// accumulated batches = 512 samples per optimizer step", logged when fit starts; with
+/// `last_batch` (the epoch's last batch on each process) smaller than `per_process`, it adds
+/// "; the last batch of each epoch has 10 samples per process".
+std::string describe_global_batch(int64_t per_process, int64_t data_parallel, int64_t accumulate,
+                                  int64_t last_batch = 0);
 /// loops/fit_loop.cpp: the whole of fit() after set-up.
 void fit_loop(Run& run, DataLoader& train, c10::optional<DataLoader>& val,
               const std::string& ckpt_path);

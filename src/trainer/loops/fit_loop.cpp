@@ -110,7 +110,8 @@ void sanity_check(Run& r, DataLoader& val) {
 
 }  // namespace
 
-std::string describe_global_batch(int64_t per_process, int64_t data_parallel, int64_t accumulate) {
+std::string describe_global_batch(int64_t per_process, int64_t data_parallel, int64_t accumulate,
+                                  int64_t last_batch) {
   // The reference's batch-size guidance: what converges is the global batch, which grows with
   // every process added unless the per-device batch shrinks.
   std::ostringstream s;
@@ -121,6 +122,12 @@ std::string describe_global_batch(int64_t per_process, int64_t data_parallel, in
     s << " = " << per_process * data_parallel * accumulate << " samples";
   }
   s << " per optimizer step";
+  // A ragged last batch gives its steps (and, with accumulation, its optimizer step) fewer
+  // samples: say so rather than let the line above claim every step.
+  if (last_batch > 0 && last_batch < per_process) {
+    s << "; the last batch of each epoch has " << last_batch << " sample"
+      << (last_batch == 1 ? "" : "s") << " per process";
+  }
   return s.str();
 }
 
@@ -134,7 +141,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   if (r.opts.graph_training_step()) r.step = make_graphed_step(r);
   log_info("Trainer",
            describe_global_batch(train.options().batch_size(), r.strategy().data_shard().world_size,
-                                 r.opts.accumulate_grad_batches()));
+                                 r.opts.accumulate_grad_batches(), train.last_batch_size()));
   r.st.epoch = 0;
   r.st.global_step = 0;
   r.st.batches_done = 0;
