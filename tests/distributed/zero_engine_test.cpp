@@ -374,21 +374,34 @@ TEST(ZeroEngine, Stage3PrefetchFollowsTheLearnedOrderAndAMispredictionOnlyCostsT
   EXPECT_EQ(off.comm_stats().gathers, 2 * per_step);
 }
 
+// Two stage-3 engines (a group of one) over the same square MLP and Adam: one keeps this rank's
+// chunks in memory, the other in the swap file `file`.
+struct InMemoryAndSwapped {
+  explicit InMemoryAndSwapped(const std::string& file)
+      : in_memory(mem_opt, group, base(), names_of(*mem_net)),
+        swapped(file_opt, group, base().param_swap_file(file), names_of(*file_net)) {}
+  static volt::ZeroEngineOptions base() {
+    return volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0);
+  }
+  std::shared_ptr<volt::ProcessGroup> group = world_of_one();
+  torch::nn::Sequential mem_net = square_mlp(), file_net = square_mlp();
+  torch::optim::Adam mem_opt{mem_net->parameters(), torch::optim::AdamOptions(0.01)};
+  torch::optim::Adam file_opt{file_net->parameters(), torch::optim::AdamOptions(0.01)};
+  volt::ZeroEngine in_memory;
+  volt::ZeroEngine swapped;
+};
+
 TEST(ZeroEngine, ParameterChunksInASwapFileStepLikeChunksInMemory) {
   VOLT_REQUIRE_GLOO();
   // param_swap_file (ZeRO-Infinity's offload_param to NVMe): between steps this rank's chunks
   // are in the file, not in memory; gathers read them from it, the step reads them in and
   // writes them back. Bitwise the same training as the chunks in memory (Adam, 3 steps).
   volt_test::TempDir dir;
-  auto group = world_of_one();
-  auto mem_net = square_mlp(), file_net = square_mlp();
-  torch::optim::Adam mem_opt(mem_net->parameters(), torch::optim::AdamOptions(0.01));
-  torch::optim::Adam file_opt(file_net->parameters(), torch::optim::AdamOptions(0.01));
-  const auto base = volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0);
-  volt::ZeroEngine in_memory(mem_opt, group, base, names_of(*mem_net));
   const std::string file = dir / "params.swp";
-  volt::ZeroEngine swapped(file_opt, group, volt::ZeroEngineOptions(base).param_swap_file(file),
-                           names_of(*file_net));
+  InMemoryAndSwapped pair(file);
+  auto &mem_net = pair.mem_net, &file_net = pair.file_net;
+  auto &mem_opt = pair.mem_opt, &file_opt = pair.file_opt;
+  auto &in_memory = pair.in_memory, &swapped = pair.swapped;
   const int64_t bytes = 4 * 4 * (6 * 6 + 6);
   EXPECT_FALSE(swapped.parameters_resident());
   EXPECT_EQ(swapped.memory().parameters, 0);
@@ -433,15 +446,11 @@ TEST(ZeroEngine, SwappedChunksStepSubGroupBySubGroupAndAFailedStepLeavesNoneHeld
   // buffer once finish_step_chunks ran: what stepped is in the file, the rest unchanged, as
   // the in-memory engine failing at the same point, and training goes on.
   volt_test::TempDir dir;
-  auto group = world_of_one();
-  auto mem_net = square_mlp(), file_net = square_mlp();
-  torch::optim::Adam mem_opt(mem_net->parameters(), torch::optim::AdamOptions(0.01));
-  torch::optim::Adam file_opt(file_net->parameters(), torch::optim::AdamOptions(0.01));
-  const auto base = volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0);
-  volt::ZeroEngine in_memory(mem_opt, group, base, names_of(*mem_net));
-  volt::ZeroEngine swapped(file_opt, group,
-                           volt::ZeroEngineOptions(base).param_swap_file(dir / "params.swp"),
-                           names_of(*file_net));
+  const std::string file = dir / "params.swp";
+  InMemoryAndSwapped pair(file);
+  auto &mem_net = pair.mem_net, &file_net = pair.file_net;
+  auto &mem_opt = pair.mem_opt, &file_opt = pair.file_opt;
+  auto &in_memory = pair.in_memory, &swapped = pair.swapped;
   // Sub-groups of at most 40 elements: each 6x6 weight (36) and each bias (6) alone.
   OptimizerSwapper mem_state(mem_opt, dir / "m.swp", AioOptions(), 40);
   OptimizerSwapper file_state(file_opt, dir / "f.swp", AioOptions(), 40);

@@ -20,6 +20,7 @@
 namespace {
 
 using namespace std::chrono_literals;
+using volt_test::cat;
 using volt_test::Job;
 using volt_test::Process;
 
@@ -43,6 +44,26 @@ int free_port() {
 
 Job run_plain(const std::vector<std::string>& args, std::chrono::milliseconds timeout = 180s) {
   return volt_test::run_job(args, timeout);
+}
+
+// Rank 1 of the 2-rank job `args` (which checkpoints every batch) dies after batch 5, leaving
+// the checkpoint of batch 4; the job is resumed from it in folder `cut`. Each rank's final
+// weights must equal those of the uninterrupted job already run in folder `whole`.
+void expect_killed_job_resumes_like(const std::string& whole, const std::string& cut,
+                                    const std::vector<std::string>& args) {
+  auto killed = run_plain(cat({"--root", cut, "--out", cut + "/w", "--die-rank", "1", "--die-batch",
+                               "5", "--timeout", "20"},
+                              args),
+                          60s);
+  ASSERT_EQ(killed.code, 1) << killed.output;
+  auto resumed = run_plain(
+      cat({"--root", cut, "--out", cut + "/w", "--resume", cut + "/every_batch.ckpt"}, args));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = "/w.rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(whole + suffix), load_flat(cut + suffix)))
+        << "rank " << r << " resumed in " << cut;
+  }
 }
 
 // ------------------------------------------------------------------------------ equality
@@ -265,25 +286,13 @@ TEST(Ddp, Bf16TrueRunKilledMidAccumulationResumesBitIdentically) {
   const std::vector<std::string> common{
       "--devices", "2", "--batch",     "8",         "--epochs",    "2", "--dropout",          "1",
       "--accum",   "3", "--precision", "bf16-true", "--sync-dist", "1", "--ckpt-every-batch", "1"};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.end(), common.begin(), common.end());
-    return extra;
-  };
-  auto full = run_plain(with({"--root", dir / "a", "--out", dir / "a/w"}));
+  auto full = run_plain(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
   ASSERT_EQ(full.code, 0) << full.output;
-  auto killed = run_plain(with({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
-                                "--die-batch", "5", "--timeout", "20"}),
-                          60s);
-  ASSERT_EQ(killed.code, 1) << killed.output;
-  auto resumed = run_plain(
-      with({"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"}));
-  ASSERT_EQ(resumed.code, 0) << resumed.output;
   for (int r = 0; r < 2; ++r) {
-    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
-    const auto a = load_flat(dir / ("a/w" + suffix)), b = load_flat(dir / ("b/w" + suffix));
-    EXPECT_EQ(a.scalar_type(), torch::kBFloat16);
-    EXPECT_TRUE(torch::equal(a, b)) << "rank " << r;
+    EXPECT_EQ(load_flat(dir / ("a/w.rank" + std::to_string(r) + ".pt")).scalar_type(),
+              torch::kBFloat16);
   }
+  expect_killed_job_resumes_like(dir / "a", dir / "b", common);
 }
 
 // ------------------------------------------------------------------------------ failures
@@ -334,40 +343,14 @@ TEST(Ddp, ATwoRankRunKilledMidEpochResumesBitIdentically) {
   const std::vector<std::string> common{
       "--devices", "2", "--batch", "8", "--epochs",           "2",
       "--dropout", "1", "--accum", "3", "--ckpt-every-batch", "1"};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.end(), common.begin(), common.end());
-    return extra;
-  };
-  auto full = run_plain(with({"--root", dir / "a", "--out", dir / "a/w"}));
+  auto full = run_plain(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
   ASSERT_EQ(full.code, 0) << full.output;
   // Rank 1 dies after batch 5: the last checkpoint is from batch 4, mid-epoch and with one
   // micro-batch accumulated (each rank's partial gradients differ: no_sync).
-  auto killed = run_plain(with({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
-                                "--die-batch", "5", "--timeout", "20"}),
-                          60s);
-  ASSERT_EQ(killed.code, 1) << killed.output;
-  auto resumed = run_plain(
-      with({"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"}));
-  ASSERT_EQ(resumed.code, 0) << resumed.output;
-  for (int r = 0; r < 2; ++r) {
-    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
-    EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))
-        << "rank " << r;
-  }
+  expect_killed_job_resumes_like(dir / "a", dir / "b", common);
   // The same with checkpoints written in the background (AsyncCheckpointIO): what rank 0 had
   // queued when the job failed is on disk (or the file before it is), and resumes exactly.
-  killed = run_plain(with({"--root", dir / "c", "--out", dir / "c/w", "--die-rank", "1",
-                           "--die-batch", "5", "--timeout", "20", "--async-ckpt", "1"}),
-                     60s);
-  ASSERT_EQ(killed.code, 1) << killed.output;
-  resumed = run_plain(with({"--root", dir / "c", "--out", dir / "c/w", "--resume",
-                            dir / "c/every_batch.ckpt", "--async-ckpt", "1"}));
-  ASSERT_EQ(resumed.code, 0) << resumed.output;
-  for (int r = 0; r < 2; ++r) {
-    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
-    EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("c/w" + suffix))))
-        << "rank " << r << " (async checkpoints)";
-  }
+  expect_killed_job_resumes_like(dir / "a", dir / "c", cat(common, {"--async-ckpt", "1"}));
 }
 
 TEST(Ddp, AMidAccumulationCheckpointOfTwoRanksResumesInOneProcess) {
