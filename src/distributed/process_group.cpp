@@ -98,6 +98,13 @@ std::vector<at::Tensor> PendingCollective::wait() { VOLT_ASSERT(false); }
 
 namespace {
 
+// Gloo in libtorch 1.13 has no bf16. The collectives that only copy bytes (broadcast,
+// all-gather) send it as fp16 bits: the dtype a tensor of `dtype` is viewed as on the wire.
+// (all_reduce computes, so it reduces 16-bit floats in fp32 instead.)
+c10::ScalarType wire_dtype(c10::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? at::kHalf : dtype;
+}
+
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -559,9 +566,7 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
       // A lone contiguous tensor is broadcast in place (its reshape is a view of it).
       const bool in_place = last - first == 1 && tensors[all[first]].is_contiguous();
       std::vector<at::Tensor> buf{in_place ? flat_parts[0] : at::cat(flat_parts)};
-      // Gloo 1.13 has no bf16: a broadcast copies bytes, so bf16 travels as fp16 bits (a view;
-      // in place stays in place).
-      if (dtype == at::kBFloat16) buf[0] = buf[0].view(at::kHalf);
+      buf[0] = buf[0].view(wire_dtype(dtype));  // a view: in place stays in place
       c10d::BroadcastOptions o;
       o.rootRank = src;
       o.timeout = options_.timeout();
@@ -607,15 +612,12 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
   }
   std::vector<std::vector<at::Tensor> > out(1);
   auto in = value.detach().clone(at::MemoryFormat::Contiguous);
-  // A gather copies bytes: bf16 (which Gloo in libtorch 1.13 lacks) travels as fp16 bits.
-  const bool bf16 = in.scalar_type() == at::kBFloat16;
-  if (bf16) in = in.view(at::kHalf);
+  const c10::ScalarType dtype = in.scalar_type();
+  in = in.view(wire_dtype(dtype));
   for (int64_t r = 0; r < world_size_; ++r) out[0].push_back(at::empty_like(in));
   std::vector<at::Tensor> ins{in};
   run_collective(*this, "all_gather", [&] { return impl_->group->allgather(out, ins); });
-  if (bf16) {
-    for (auto& t : out[0]) t = t.view(at::kBFloat16);
-  }
+  for (auto& t : out[0]) t = t.view(dtype);
   return out[0];
 }
 
@@ -710,9 +712,9 @@ PendingCollective start_all_gather(const std::shared_ptr<ProcessGroup>& group,
   auto st = std::make_unique<PendingCollective::State>();
   st->op = "all_gather";
   at::Tensor in = value.detach().contiguous();
-  if (in.scalar_type() == at::kBFloat16) {
-    in = in.view(at::kHalf);  // an all-gather copies bytes; it computes nothing
-    st->view_as = at::kBFloat16;
+  if (wire_dtype(in.scalar_type()) != in.scalar_type()) {
+    st->view_as = in.scalar_type();
+    in = in.view(wire_dtype(in.scalar_type()));
   }
   st->inputs.push_back(in);
   st->outputs.resize(1);
