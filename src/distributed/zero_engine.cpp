@@ -916,8 +916,11 @@ void ZeroEngine::gather_parameters() {
     c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
     for (auto& c : chunks_) {
       if (!c.master.defined()) continue;
-      // A master swapped out to NVMe was rounded by round_masters while its sub-group stepped.
-      if (c.master.numel() == c.length) c.view.copy_(c.master);  // round to the params' dtype
+      // Rounded to the params' dtype. A step by sub-group rounded its masters already
+      // (round_masters) while their chunks were in memory: a master swapped out to NVMe holds
+      // no elements, and the chunks of a shard in its swap file are not in memory now.
+      const bool chunk_in_memory = !c.partitioned || parameters_resident();
+      if (c.master.numel() == c.length && chunk_in_memory) c.view.copy_(c.master);
       c.master.mutable_grad().reset();
     }
   }

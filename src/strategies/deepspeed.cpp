@@ -21,6 +21,7 @@
 #include "core/detail/remove_tree.h"
 #include "io/detail/state_key.h"
 #include "strategies/detail/optimizer_swapper.h"
+#include "strategies/detail/sub_groups.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -760,9 +761,10 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
                                        c10::optional<double> clip_value, ClipAlgorithm algorithm) {
   ZeroEngine* e = engine(optimizer);
   auto sw = swappers_.find(&optimizer);
-  const bool by_sub_group = sw != swappers_.end();
-  // Master weights: fp32 gradients for clip and step. NVMe parameters with an NVMe optimizer
-  // come in sub-group by sub-group, with their state, instead of the whole shard at once.
+  const bool swapped_state = sw != swappers_.end();
+  // Master weights: fp32 gradients for clip and step. NVMe parameters come in sub-group by
+  // sub-group (with their state when that is on NVMe too) instead of the whole shard at once.
+  const bool by_sub_group = swapped_state || (e != nullptr && nvme_parameters());
   if (e != nullptr) e->prepare_step(by_sub_group);
   if (!clip_value && clip_) {
     clip_value = clip_;  // the JSON's gradient_clipping: a norm, as in DeepSpeed
@@ -770,7 +772,8 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
   }
   bool stepped;
   if (by_sub_group) {
-    // Strategy::optimizer_step with the step itself run once per sub-group, state swapped in.
+    // Strategy::optimizer_step with the step itself run once per sub-group (its state swapped
+    // in when that is on NVMe).
     precision_->unscale_gradients(optimizer);
     if (clip_value && *clip_value > 0) clip_gradients(optimizer, *clip_value, algorithm);
     detail::OptimizerSwapper::SubGroupHooks hooks;
@@ -782,8 +785,11 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
         e->write_step_chunks(g);
       };
     }
+    const auto step = [&] { return precision_->optimizer_step(optimizer); };
     try {
-      stepped = sw->second->step([&] { return precision_->optimizer_step(optimizer); }, hooks);
+      stepped = swapped_state ? sw->second->step(step, hooks)
+                              : detail::step_by_sub_groups(optimizer, options_.sub_group_size(),
+                                                           step, hooks);
     } catch (...) {
       // Nothing held stays pointed at a buffer; the step's own error is the one reported.
       try {

@@ -39,9 +39,10 @@ struct ZeroEngineOptions {
   TORCH_ARG(int64_t, prefetch_bucket_size) = 50000000;
   /// Stage 3, ZeRO-Infinity's offload_param to NVMe: this rank's chunks of the partitioned
   /// parameters live in this file (created; removed by the destructor) instead of memory.
-  /// Gathers read a module's chunks from it; the optimizer step (prepare_step() to
-  /// gather_parameters()) and a `Resident` guard hold the whole shard in memory, and writing it
-  /// back releases it again. "" keeps the chunks in memory. Default: "".
+  /// Gathers read a module's chunks from it; the optimizer step holds one or two sub-groups'
+  /// chunks at a time (prepare_step(true) and the *_step_chunks calls; DeepSpeedStrategy) or the
+  /// whole shard (prepare_step() to gather_parameters()), a `Resident` guard the whole shard,
+  /// and writing it back releases it again. "" keeps the chunks in memory. Default: "".
   TORCH_ARG(std::string, param_swap_file) = "";
   /// Bytes per I/O request and requests in flight on param_swap_file (DeepSpeed's aio
   /// block_size and queue_depth), and io_uring (false: pread/pwrite). Defaults: 1 MiB, 8, true.

@@ -15,39 +15,6 @@
 
 namespace volt {
 namespace detail {
-namespace {
-
-// Restores the optimizer's param lists however a sub-group step ends.
-struct ParamsGuard {
-  explicit ParamsGuard(torch::optim::Optimizer& o) : o_(o) {
-    for (auto& g : o_.param_groups()) saved_.push_back(g.params());
-  }
-  ~ParamsGuard() {
-    auto& groups = o_.param_groups();
-    for (size_t g = 0; g < groups.size() && g < saved_.size(); ++g) groups[g].params() = saved_[g];
-  }
-  // Narrows every group to the parameters in `keep`.
-  void narrow(const std::vector<at::Tensor>& keep) {
-    auto& groups = o_.param_groups();
-    for (size_t g = 0; g < groups.size(); ++g) {
-      std::vector<at::Tensor> mine;
-      for (const auto& p : saved_[g]) {
-        for (const auto& k : keep) {
-          if (k.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
-            mine.push_back(p);
-            break;
-          }
-        }
-      }
-      groups[g].params() = std::move(mine);
-    }
-  }
-  torch::optim::Optimizer& o_;
-  std::vector<std::vector<at::Tensor>> saved_;
-};
-
-}  // namespace
-
 OptimizerSwapper::OptimizerSwapper(torch::optim::Optimizer& optimizer, std::string file,
                                    AioOptions aio, int64_t sub_group_size, bool swap_parameters)
     : optimizer_(optimizer),
@@ -87,24 +54,6 @@ int64_t OptimizerSwapper::elements(const at::Tensor& p) const {
     }
   }
   return p.numel();
-}
-
-std::vector<std::vector<at::Tensor>> OptimizerSwapper::make_sub_groups() const {
-  std::vector<std::vector<at::Tensor>> out(1);
-  int64_t numel = 0;
-  for (const auto& g : optimizer_.param_groups()) {
-    for (const auto& p : g.params()) {
-      const int64_t n = elements(p);
-      if (!out.back().empty() && numel + n > sub_group_size_) {
-        out.emplace_back();
-        numel = 0;
-      }
-      out.back().push_back(p);
-      numel += n;
-    }
-  }
-  if (out.back().empty()) out.pop_back();
-  return out;
 }
 
 void OptimizerSwapper::submit_reads(const std::vector<at::Tensor>& params,
@@ -203,14 +152,15 @@ void OptimizerSwapper::finish_io() {
 }
 
 bool OptimizerSwapper::step(const std::function<bool()>& step, const SubGroupHooks& hooks) {
-  const auto groups = make_sub_groups();
+  const auto groups = make_sub_groups(optimizer_, sub_group_size_,
+                                      [this](const at::Tensor& p) { return elements(p); });
   last_sub_groups_ = static_cast<int64_t>(groups.size());
   const auto call = [&](const std::function<void(const std::vector<at::Tensor>&)>& hook, size_t i) {
     if (hook) hook(groups[i]);
   };
   bool ok = true;
   {
-    ParamsGuard guard(optimizer_);
+    NarrowedParams guard(optimizer_);
     std::vector<Pending> next;
     // A step that throws (the optimizer's, or a hook's) must not leave reads submitted and not
     // installed: their records already say "resident", so the state would stay empty for good

@@ -17,6 +17,7 @@
 
 #include "core/detail/aio.h"
 #include "io/detail/state_key.h"
+#include "strategies/detail/sub_groups.h"
 
 namespace volt {
 namespace detail {
@@ -34,18 +35,8 @@ class OptimizerSwapper {
   OptimizerSwapper(const OptimizerSwapper&) = delete;
   OptimizerSwapper& operator=(const OptimizerSwapper&) = delete;
 
-  /// What a step does around each sub-group besides swapping its state; each hook gets the
-  /// sub-group's parameters (what the optimizer steps) and may be empty.
-  struct SubGroupHooks {
-    /// When the sub-group's state reads are submitted, one sub-group ahead: submit the other
-    /// reads it needs (ZeRO-Infinity's parameter chunks), to overlap the current step.
-    std::function<void(const std::vector<at::Tensor>&)> read;
-    /// Right before the sub-group steps: wait for what `read` submitted.
-    std::function<void(const std::vector<at::Tensor>&)> ready;
-    /// After it stepped, while its state and parameters are still in memory (swap_parameters:
-    /// where the stepped masters are rounded into the model).
-    std::function<void(const std::vector<at::Tensor>&)> after;
-  };
+  /// What a step does around each sub-group besides swapping its state (sub_groups.h).
+  using SubGroupHooks = detail::SubGroupHooks;
   /// Runs `step` (which calls optimizer.step()) once per sub-group with the param groups
   /// narrowed to that sub-group and its state swapped in, with `hooks` around it; afterwards
   /// all state is in the file and none in memory. Returns whether every call returned true.
@@ -80,7 +71,6 @@ class OptimizerSwapper {
     at::Tensor buffer;
   };
   int64_t elements(const at::Tensor& param) const;  // swapped out or not
-  std::vector<std::vector<at::Tensor>> make_sub_groups() const;
   void submit_reads(const std::vector<at::Tensor>& params, std::vector<Pending>& out);
   void install(std::vector<Pending>& pending);
   void write_out(const std::vector<at::Tensor>& params, bool relayout);

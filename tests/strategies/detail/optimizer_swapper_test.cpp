@@ -1,14 +1,19 @@
 // OptimizerSwapper (ZeRO-Infinity's optimizer-state swapping): stepping sub-group by sub-group
 // with the state in a file gives bitwise the weights and state of plain in-memory steps, for
 // every optimizer DeepSpeedStrategy tests with, and between steps no state bytes stay in memory.
+// step_by_sub_groups (the same sub-group steps with the state in memory) likewise.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "strategies/detail/optimizer_swapper.h"
+#include "strategies/detail/sub_groups.h"
 #include "tiny.h"
+#include "volt/core/errors.h"
 #include "volt/kernels/fused_adamw.h"
 #include "volt/kernels/fused_sgd.h"
 
@@ -155,6 +160,94 @@ TEST(OptimizerSwapper, SwappedParametersStepInTheSameSubGroupsEveryStep) {
   }
   swapper.swap_in_all();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "param " << i;
+}
+
+TEST(SubGroups, InMemoryStepsBySubGroupEqualOneStepBitwiseWithHooksInPipelineOrder) {
+  // step_by_sub_groups (ZeRO-Infinity with the parameters on NVMe and the optimizer state in
+  // memory): the optimizer steps each sub-group alone, its param groups narrowed. Elementwise
+  // optimizers give bitwise the whole step's weights and state, also the fused ones, whose flat
+  // state is laid out again for each sub-group. The hooks run as a pipeline: a sub-group's read
+  // one sub-group ahead (before the previous one steps), `ready` right before its step, `after`
+  // right after it.
+  for (const std::string kind : {"adam", "adamw", "sgd", "fused_sgd", "fused_adamw"}) {
+    for (int64_t sub_group : {1, 40, 1000}) {
+      SCOPED_TRACE(kind + " sub_group " + std::to_string(sub_group));
+      auto a = make_params(), b = make_params();
+      auto ref = make_opt(kind, a), opt = make_opt(kind, b);
+      for (int step = 0; step < 4; ++step) {
+        set_grads(a, step);
+        set_grads(b, step);
+        ref->step();
+        std::vector<std::string> events;
+        auto note = [&](const char* what) {
+          return [&events, what](const std::vector<at::Tensor>& g) {
+            int64_t n = 0;
+            for (const auto& p : g) n += p.numel();
+            events.push_back(std::string(what) + std::to_string(n));
+          };
+        };
+        volt::detail::SubGroupHooks hooks{note("read"), note("ready"), note("after")};
+        const bool ok = volt::detail::step_by_sub_groups(
+            *opt, sub_group,
+            [&] {
+              int64_t n = 0;
+              for (const auto& g : opt->param_groups()) {
+                for (const auto& p : g.params()) n += p.numel();
+              }
+              events.push_back("step" + std::to_string(n));
+              opt->step();
+              return true;
+            },
+            hooks);
+        EXPECT_TRUE(ok);
+        // The parameters hold 35, 3, 40 and 4 elements.
+        const std::vector<std::string> expected =
+            sub_group == 1 ? std::vector<std::string>{"read35", "ready35", "read3",  "step35",
+                                                      "after35", "ready3", "read40", "step3",
+                                                      "after3",  "ready40", "read4", "step40",
+                                                      "after40", "ready4", "step4",  "after4"}
+            : sub_group == 40
+                ? std::vector<std::string>{"read38",  "ready38", "read40",  "step38",
+                                           "after38", "ready40", "read4",   "step40",
+                                           "after40", "ready4",  "step4",   "after4"}
+                : std::vector<std::string>{"read82", "ready82", "step82", "after82"};
+        EXPECT_EQ(events, expected) << "step " << step;
+        int64_t all = 0;
+        for (const auto& g : opt->param_groups()) all += static_cast<int64_t>(g.params().size());
+        EXPECT_EQ(all, 4) << "the param groups are whole again after the step";
+      }
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_TRUE(torch::equal(a[i], b[i])) << "param " << i;
+      }
+      if (kind == "adam" || kind == "fused_adamw") {
+        // The state too: one more whole step from it gives the same weights.
+        set_grads(a, 9);
+        set_grads(b, 9);
+        ref->step();
+        opt->step();
+        for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+      }
+    }
+  }
+}
+
+TEST(SubGroups, AFailedSubGroupStepLeavesTheParamGroupsWhole) {
+  auto b = make_params();
+  auto opt = make_opt("fused_adamw", b);
+  set_grads(b, 0);
+  int calls = 0;
+  EXPECT_THROW(volt::detail::step_by_sub_groups(*opt, 1,
+                                                [&]() -> bool {
+                                                  if (++calls == 2) {
+                                                    throw volt::ValueError("failing step");
+                                                  }
+                                                  opt->step();
+                                                  return true;
+                                                },
+                                                {}),
+               volt::ValueError);
+  ASSERT_EQ(opt->param_groups().size(), 1u);
+  EXPECT_EQ(opt->param_groups()[0].params().size(), 4u);
 }
 
 }  // namespace
