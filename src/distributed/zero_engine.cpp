@@ -811,6 +811,28 @@ void ZeroEngine::finish_backward() {
   // Parameters the forward did not use never fire their hook: they count as zero gradients.
   while (next_bucket_ < buckets_.size()) launch_bucket(next_bucket_++);
   while (!comm_->reductions.empty()) complete_bucket();
+  if (!options_.ignore_unused_parameters()) {
+    // After the reductions, so that every rank (each of which sees the same unused parameters
+    // when the forward is the same) stops at the same point instead of leaving collectives
+    // half-done.
+    std::vector<std::string> unused;
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      if (!ready_[i] && chunks_[i].numel > 0 && chunks_[i].parameter.requires_grad()) {
+        unused.push_back("'" + chunks_[i].name + "'");
+      }
+    }
+    if (!unused.empty()) {
+      std::string names = unused[0];
+      for (size_t i = 1; i < unused.size() && i < 4; ++i) names += ", " + unused[i];
+      if (unused.size() > 4) names += " and " + std::to_string(unused.size() - 4) + " more";
+      VOLT_CHECK(false, ValueError, kTag, " rank ", rank(), ": parameter", unused.size() > 1 ? "s " : " ",
+                 names, " got no gradient in this backward (the forward did not use ",
+                 unused.size() > 1 ? "them" : "it",
+                 "); make every parameter contribute to the loss, or set "
+                 "ignore_unused_parameters=true (DeepSpeed's default: an unused parameter counts "
+                 "as a zero gradient).");
+    }
+  }
   for (size_t i = 0; i < chunks_.size(); ++i) {
     auto& c = chunks_[i];
     if (c.length == 0) continue;
@@ -1072,7 +1094,8 @@ std::ostream& operator<<(std::ostream& os, const ZeroEngineOptions& o) {
             << ", aio_use_uring=" << o.aio_use_uring()
             << ", param_persistence_threshold=" << o.param_persistence_threshold()
             << ", max_live_parameters=" << o.max_live_parameters()
-            << ", master_weights=" << o.master_weights() << ")";
+            << ", master_weights=" << o.master_weights()
+            << ", ignore_unused_parameters=" << o.ignore_unused_parameters() << ")";
 }
 
 }  // namespace volt

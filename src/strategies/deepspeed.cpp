@@ -356,6 +356,7 @@ void DeepSpeedStrategy::apply_config() {
     options_.param_persistence_threshold(*c.stage3_param_persistence_threshold);
   }
   if (c.stage3_max_live_parameters) options_.max_live_parameters(*c.stage3_max_live_parameters);
+  if (c.ignore_unused_parameters) options_.ignore_unused_parameters(*c.ignore_unused_parameters);
   if (c.overlap_comm) options_.overlap_comm(*c.overlap_comm);
   if (c.stage3_prefetch_bucket_size) {
     options_.prefetch_bucket_size(*c.stage3_prefetch_bucket_size);
@@ -701,6 +702,7 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
             .param_persistence_threshold(options_.param_persistence_threshold())
             .max_live_parameters(options_.max_live_parameters())
             .master_weights(options_.master_weights())
+            .ignore_unused_parameters(options_.ignore_unused_parameters())
             .overlap_comm(options_.overlap_comm())
             .prefetch_bucket_size(options_.prefetch_bucket_size())
             .param_swap_file(nvme_parameters()
@@ -1408,6 +1410,7 @@ std::ostream& operator<<(std::ostream& os, const DeepSpeedStrategyOptions& o) {
             << ", prefetch_bucket_size=" << o.prefetch_bucket_size()
             << ", zero_allow_untested_optimizer=" << o.zero_allow_untested_optimizer()
             << ", master_weights=" << o.master_weights()
+            << ", ignore_unused_parameters=" << o.ignore_unused_parameters()
             << ", config=" << detail::quoted(o.config())
             << ", parallel_devices=" << o.parallel_devices() << ", timeout_s=" << o.timeout_s()
             << ", process_group_backend=" << detail::quoted(o.process_group_backend())

@@ -84,14 +84,14 @@ const std::vector<std::string> kZero = {"stage",
                                         "stage3_max_live_parameters",
                                         "reduce_scatter",
                                         "allgather_partitions",
-                                        "sub_group_size"};
+                                        "sub_group_size",
+                                        "ignore_unused_parameters"};
 const std::vector<std::string> kZeroIgnored = {"stage3_max_reuse_distance",
                                                "stage3_gather_16bit_weights_on_model_save",
                                                "stage3_gather_fp16_weights_on_model_save",
                                                "round_robin_gradients",
                                                "elastic_checkpoint",
                                                "load_from_fp32_weights",
-                                               "ignore_unused_parameters",
                                                "zero_hpz_partition_size",
                                                "zero_quantized_weights",
                                                "zero_quantized_gradients",
@@ -382,6 +382,7 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
     cfg.sub_group_size = r.positive_int(z, "sub_group_size", p, 1);
     cfg.allgather_bucket_size = r.positive_int(z, "allgather_bucket_size", p, 1);
     cfg.overlap_comm = r.boolean(z, "overlap_comm", p);
+    cfg.ignore_unused_parameters = r.boolean(z, "ignore_unused_parameters", p);
     cfg.contiguous_gradients = r.boolean(z, "contiguous_gradients", p);
     cfg.stage3_prefetch_bucket_size = r.positive_int(z, "stage3_prefetch_bucket_size", p);
     cfg.stage3_param_persistence_threshold =

@@ -107,6 +107,8 @@ void register_strategies(Registry& r) {
                  "stage 3: parameter elements gathered ahead of their read (0: off)")
             .add("zero_allow_untested_optimizer", o.zero_allow_untested_optimizer(),
                  "accept optimizers other than SGD/Adam/AdamW/RMSprop/Adagrad/Fused*")
+            .add("ignore_unused_parameters", o.ignore_unused_parameters(),
+                 "a parameter the forward did not use counts as a zero gradient (false: error)")
             .add("master_weights", o.master_weights(),
                  "bf16 with ZeRO: fp32 master weights of each rank's chunks (BF16Optimizer)")
             .add("config", o.config(), "DeepSpeed JSON: a file path or inline JSON ('{...}')")
@@ -151,6 +153,7 @@ void register_strategies(Registry& r) {
                   .prefetch_bucket_size(a.get<int64_t>("prefetch_bucket_size"))
                   .zero_allow_untested_optimizer(a.get<bool>("zero_allow_untested_optimizer"))
                   .master_weights(a.get<bool>("master_weights"))
+                  .ignore_unused_parameters(a.get<bool>("ignore_unused_parameters"))
                   .config(a.get<std::string>("config"))
                   .parallel_devices(a.get<int64_t>("parallel_devices"))
                   .timeout_s(a.get<double>("timeout_s"))

@@ -76,6 +76,18 @@ TEST(DeepSpeedConfig, KnownButUnsupportedKeysAreListedAsIgnored) {
                                       "zero_optimization.round_robin_gradients"}));
 }
 
+TEST(DeepSpeedConfig, IgnoreUnusedParametersIsReadNotIgnored) {
+  EXPECT_FALSE(volt::parse_deepspeed_config("{}", "a.json").ignore_unused_parameters.has_value());
+  const auto c = volt::parse_deepspeed_config(
+      R"({"zero_optimization": {"stage": 2, "ignore_unused_parameters": false}})", "b.json");
+  ASSERT_TRUE(c.ignore_unused_parameters.has_value());
+  EXPECT_FALSE(*c.ignore_unused_parameters);
+  EXPECT_TRUE(c.ignored.empty());
+  EXPECT_NE(error_of(R"({"zero_optimization": {"ignore_unused_parameters": "no"}})")
+                .find("\"zero_optimization.ignore_unused_parameters\" must be true or false"),
+            std::string::npos);
+}
+
 TEST(DeepSpeedConfig, ActivationCheckpointingSection) {
   const auto c = volt::parse_deepspeed_config(
       R"({"activation_checkpointing": {"cpu_checkpointing": true, "partition_activations": false,

@@ -225,6 +225,64 @@ TEST(DeepSpeed, TiedWeightsArePartitionedOnceAndStayTied) {
   }
 }
 
+TEST(DeepSpeed, UnusedParametersCountAsZeroGradientsOrStopTheRunWhenNotIgnored) {
+  VOLT_REQUIRE_GLOO();
+  // A layer the forward never uses ("spare", after fc1, w2, b2 and head: 162 used elements, then
+  // 72 unused). DeepSpeed's default (ignore_unused_parameters=true): its gradient counts as
+  // zero, so SGD without weight decay leaves it alone and every stage equals one process, while
+  // Adam's L2 weight decay still steps it (one process leaves an unused parameter's gradient
+  // undefined and skips it), as DeepSpeed's flat partitions do. ignore_unused_parameters=false
+  // (the JSON key): every rank stops with an error naming the parameters, none hangs.
+  volt_test::TempDir dir;
+  const int64_t used = 8 * 8 + 8 + 8 * 8 + 8 + 2 * 8 + 2, unused = 8 * 8 + 8;
+  const auto sgd = single_process_reference(dir.path, 16, 1, 1, false,
+                                            {"--optimizer", "sgd", "--unused", "1"});
+  const auto adam = single_process_reference(dir.path, 16, 1, 1, false,
+                                             {"--optimizer", "adam", "--unused", "1"});
+  ASSERT_EQ(sgd.numel(), used + unused);
+  for (const char* stage : {"1", "2", "3"}) {
+    SCOPED_TRACE(std::string("stage ") + stage);
+    for (const char* optimizer : {"sgd", "adam"}) {
+      auto job = run_job({"--root", dir.path, "--out", dir / "zero", "--devices", "2", "--batch",
+                          "8", "--epochs", "1", "--unused", "1", "--zero", stage, "--optimizer",
+                          optimizer});
+      ASSERT_EQ(job.code, 0) << job.output;
+      if (optimizer[0] == 's') {
+        expect_ranks_equal_reference(dir / "zero", 2, sgd);
+        continue;
+      }
+      const auto w = load_flat(dir / "zero.rank0.pt");
+      EXPECT_TRUE(torch::allclose(w.narrow(0, 0, used), adam.narrow(0, 0, used), 1e-5, 1e-6));
+      const auto spare = w.narrow(0, used, unused), ref_spare = adam.narrow(0, used, unused);
+      EXPECT_FALSE(torch::equal(spare, ref_spare)) << "weight decay did not step 'spare'";
+      // The gradient is all weight decay (0.01 p), so Adam's normalised update moves an element
+      // toward zero by about lr (0.01) per step, 8 steps; checked where it cannot cross zero.
+      const auto far = ref_spare.abs() > 0.1;
+      ASSERT_GT(far.sum().item<int64_t>(), 10);
+      const auto moved = (ref_spare - spare).abs().masked_select(far);
+      EXPECT_TRUE((spare.abs().masked_select(far) < ref_spare.abs().masked_select(far))
+                      .all()
+                      .item<bool>());
+      EXPECT_GE(moved.min().item<double>(), 0.07);
+      EXPECT_LE(moved.max().item<double>(), 0.0801);
+    }
+  }
+  // Not ignored: both ranks raise after the reductions of the first backward.
+  const auto start = std::chrono::steady_clock::now();
+  auto job = run_job({"--root", dir.path, "--out", dir / "strict", "--devices", "2", "--batch", "8",
+                      "--epochs", "1", "--unused", "1", "--optimizer", "sgd", "--timeout", "20",
+                      "--ds-config",
+                      R"({"zero_optimization": {"stage": 2, "ignore_unused_parameters": false}})"});
+  EXPECT_EQ(job.code, 1) << job.output;
+  EXPECT_NE(job.output.find("[ZeroEngine] rank 0: parameters 'spare.weight', 'spare.bias' got no "
+                            "gradient in this backward"),
+            std::string::npos)
+      << job.output;
+  EXPECT_NE(job.output.find("set ignore_unused_parameters=true"), std::string::npos)
+      << job.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 60s) << "a rank waited for the other";
+}
+
 // ------------------------------------------------------------------------------ memory
 
 struct Memory {

@@ -61,6 +61,13 @@ struct ZeroEngineOptions {
   /// accumulate instead of rounding away). Gradients stay in the parameters' dtype and are
   /// reduced in fp32. No effect on fp32 parameters. Default: true.
   TORCH_ARG(bool, master_weights) = true;
+  /// A parameter whose gradient hook did not fire in a backward that reduces (the forward did
+  /// not use it): true counts it as a zero gradient, as DeepSpeed does by default (so the
+  /// optimizer still steps it: weight decay moves it, unlike DDP and single-process training,
+  /// where its gradient stays undefined and the optimizer skips it); false throws a ValueError
+  /// naming it, after the reductions (DeepSpeed's zero_optimization.ignore_unused_parameters).
+  /// Default: true.
+  TORCH_ARG(bool, ignore_unused_parameters) = true;
 };
 
 std::ostream& operator<<(std::ostream& os, const ZeroEngineOptions& o);

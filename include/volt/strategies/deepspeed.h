@@ -83,6 +83,12 @@ struct DeepSpeedStrategyOptions {
   /// false: "bf16-true" steps the bf16 weights themselves, "bf16-mixed" autocasts over fp32
   /// weights with fp32 optimizer state. Default: true.
   TORCH_ARG(bool, master_weights) = true;
+  /// A parameter the forward did not use (its gradient never came): true counts it as a zero
+  /// gradient, DeepSpeed's default, so the optimizer still steps it (weight decay moves it; DDP
+  /// and single-process training leave its gradient undefined and skip it); false stops the run
+  /// with a ValueError naming it. JSON: zero_optimization.ignore_unused_parameters.
+  /// Default: true.
+  TORCH_ARG(bool, ignore_unused_parameters) = true;
   /// A DeepSpeed JSON config: a file path, or inline JSON starting with '{'. When set it is the
   /// whole configuration, as in DeepSpeed: its zero_optimization (absent: no ZeRO), buckets,
   /// offload, gradient_clipping, batch sizes, optimizer and scheduler replace the options above.

@@ -44,6 +44,8 @@ struct DeepSpeedConfig {
   c10::optional<int64_t> stage3_prefetch_bucket_size;
   c10::optional<int64_t> stage3_param_persistence_threshold;
   c10::optional<int64_t> stage3_max_live_parameters;
+  /// zero_optimization.ignore_unused_parameters (DeepSpeed's default: true).
+  c10::optional<bool> ignore_unused_parameters;
   /// zero_optimization.sub_group_size (NVMe offload: elements stepped together).
   c10::optional<int64_t> sub_group_size;
   /// aio.block_size, aio.queue_depth (NVMe offload's asynchronous I/O; the section's other keys
