@@ -247,9 +247,12 @@ TEST(DeepSpeedNvme, Bf16MastersSwapWithTheirStateAndEqualInMemoryMastersBitwise)
 TEST(DeepSpeedNvme, AKilledRunResumesBitIdenticallyFromItsCheckpoint) {
   VOLT_REQUIRE_GLOO();
   // Parameter chunks and optimizer state both on NVMe (and, bf16-mixed, the fp32 masters with
-  // the state): saving reads them in, loading writes them out again.
-  for (const char* precision : {"32-true", "bf16-mixed"}) {
-    SCOPED_TRACE(precision);
+  // the state), and bf16-mixed with only the parameter chunks there (masters and state in
+  // memory): saving reads them in, loading writes them out again.
+  const std::pair<const char*, const char*> cases[] = {
+      {"32-true", "1"}, {"bf16-mixed", "1"}, {"bf16-mixed", "0"}};
+  for (const auto& [precision, optimizer_too] : cases) {
+    SCOPED_TRACE(std::string(precision) + ", optimizer on NVMe: " + optimizer_too);
     volt_test::TempDir dir;
     std::filesystem::create_directories(dir / "nvme");
     const std::vector<std::string> common{"--devices",   "2",           "--batch",
@@ -259,7 +262,8 @@ TEST(DeepSpeedNvme, AKilledRunResumesBitIdenticallyFromItsCheckpoint) {
                                           "--optimizer", "adam",        "--ckpt-every-batch",
                                           "1",           "--nvme",      dir / "nvme",
                                           "--sub-group", "100",         "--nvme-params",
-                                          "1",           "--precision", precision};
+                                          "1",           "--precision", precision,
+                                          "--nvme-optimizer", optimizer_too};
     volt_test::run_full_then_killed(dir.path, common);
     if (::testing::Test::HasFatalFailure()) return;
     auto resumed = run_job(
