@@ -1,7 +1,8 @@
 // FusedAdamW, FusedSGD and FusedClipNorm against libtorch's AdamW, SGD and clip_grad_norm_ on
 // a model with many small parameters and one with a few large ones. Each repetition times one
 // libtorch call and one fused call back to back (interleaved, so drift hits both alike); the
-// table shows the median microseconds per call and the speed-up. Prints markdown.
+// table shows the median microseconds per call and the speed-up. Prints markdown. float32 on all
+// three workloads, then bfloat16 parameters (bf16-true training) on the small and large ones.
 //
 //   build/benchmarks/volt_bench_fused_optim [repetitions]
 
@@ -61,13 +62,14 @@ int64_t numel_of(const Workload& w) {
 }
 
 /// Two identical parameter sets with identical gradients.
-std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> make_params(const Workload& w) {
+std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> make_params(
+    const Workload& w, torch::Dtype dtype) {
   torch::manual_seed(0);
   std::vector<torch::Tensor> a, b;
   for (const auto& s : w.shapes) {
-    auto p = torch::randn(s).requires_grad_();
+    auto p = torch::randn(s, dtype).requires_grad_();
     auto q = p.detach().clone().requires_grad_();
-    auto g = torch::randn(s);
+    auto g = torch::randn(s, dtype);
     p.mutable_grad() = g.clone();
     q.mutable_grad() = g.clone();
     a.push_back(p);
@@ -85,7 +87,10 @@ double micros(const std::function<void()>& f) {
 double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   double d = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    d = std::max(d, (a[i].detach() - b[i].detach()).abs().max().item<double>());
+    d = std::max(d, (a[i].detach().to(torch::kDouble) - b[i].detach().to(torch::kDouble))
+                        .abs()
+                        .max()
+                        .item<double>());
   }
   return d;
 }
@@ -117,12 +122,20 @@ Row measure(const std::string& workload, const std::string& op, int threads, int
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 100;
   std::vector<Row> rows;
-  for (const Workload& w : {many_small(), many_tiny(), few_large()}) {
+  struct Run {
+    Workload w;
+    torch::Dtype dtype;
+  };
+  for (const Run& run : {Run{many_small(), torch::kFloat}, Run{many_tiny(), torch::kFloat},
+                         Run{few_large(), torch::kFloat}, Run{many_small(), torch::kBFloat16},
+                         Run{few_large(), torch::kBFloat16}}) {
+    Workload w = run.w;
+    if (run.dtype == torch::kBFloat16) w.name += ", bf16";
     for (int threads : {1, 2}) {
       at::set_num_threads(threads);
       const int n = w.shapes.size() > 10 ? reps : std::max(10, reps / 4);
       {
-        auto [a, b] = make_params(w);
+        auto [a, b] = make_params(w, run.dtype);
         torch::optim::AdamW ref(a, torch::optim::AdamWOptions(1e-3));
         volt::FusedAdamW fused(b, volt::FusedAdamWOptions(1e-3));
         rows.push_back(measure(
@@ -130,7 +143,7 @@ int main(int argc, char** argv) {
             [&] { return max_abs_diff(a, b); }));
       }
       {
-        auto [a, b] = make_params(w);
+        auto [a, b] = make_params(w, run.dtype);
         torch::optim::SGD ref(a, torch::optim::SGDOptions(1e-3).momentum(0.9));
         volt::FusedSGD fused(b, volt::FusedSGDOptions(1e-3).momentum(0.9));
         rows.push_back(measure(
@@ -139,7 +152,7 @@ int main(int argc, char** argv) {
       }
       {
         // max_norm below the norm, so every call scales the gradients in both versions.
-        auto [a, b] = make_params(w);
+        auto [a, b] = make_params(w, run.dtype);
         auto grads = [](const std::vector<torch::Tensor>& ps) {
           std::vector<torch::Tensor> g;
           for (const auto& p : ps) g.push_back(p.grad());

@@ -1,5 +1,7 @@
 #include "volt/kernels/fused_clip_norm.h"
 
+#include <c10/util/BFloat16.h>
+
 #include <cmath>
 #include <ostream>
 
@@ -123,7 +125,7 @@ double FusedClipNorm::operator()(const std::vector<at::Tensor>& params) const {
   }
   std::vector<at::Tensor> grads;
   grads.reserve(params.size());
-  bool all_float = true;
+  bool all_float = true, all_bf16 = true;
   for (const auto& p : params) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
@@ -134,6 +136,7 @@ double FusedClipNorm::operator()(const std::vector<at::Tensor>& params) const {
       throw ValueError(why);
     }
     all_float = all_float && g.scalar_type() == c10::kFloat;
+    all_bf16 = all_bf16 && g.scalar_type() == c10::kBFloat16;
     grads.push_back(g);
   }
   if (grads.empty()) return 0.0;
@@ -163,16 +166,26 @@ double FusedClipNorm::operator()(const std::vector<at::Tensor>& params) const {
                                : std::pow(sum, 1.0 / norm_type);
   }
   // libtorch's total norm is a tensor of the gradients' (promoted) dtype, and so is everything
-  // computed from it: round to float when all gradients are float. Unlike libtorch, the sum
-  // itself is in double, so finite float gradients whose squares overflow float still give a
-  // finite norm where libtorch's is inf.
+  // computed from it: round to float (bf16) when all gradients are float (bf16). Unlike
+  // libtorch, the sum itself is in double, so finite float gradients whose squares overflow
+  // float still give a finite norm where libtorch's is inf, and bf16 gradients get the norm of
+  // their values rounded once (libtorch rounds each tensor's norm to bf16 before combining
+  // them: a few bf16 ulps apart).
   if (all_float) total = static_cast<float>(total);
+  if (all_bf16) total = static_cast<float>(c10::BFloat16(static_cast<float>(total)));
 
   if (options_.error_if_nonfinite()) check_finite_norm(total, norm_type);
 
   // clip_coef = max_norm / (total + 1e-6), clamped to at most 1 (NaN stays NaN), in the dtype.
   double coef;
-  if (all_float) {
+  if (all_bf16) {
+    // Each of libtorch's ops rounds to bf16, its scalars too: max_norm / (total + 1e-6).
+    const auto bf = [](double x) {
+      return static_cast<float>(c10::BFloat16(static_cast<float>(x)));
+    };
+    const float c = bf(bf(options_.max_norm()) / bf(total + bf(1e-6)));
+    coef = c > 1.0f ? 1.0f : c;
+  } else if (all_float) {
     float c = static_cast<float>(options_.max_norm()) /
               (static_cast<float>(total) + static_cast<float>(1e-6));
     coef = c > 1.0f ? 1.0f : c;

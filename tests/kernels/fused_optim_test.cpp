@@ -2,7 +2,8 @@
 // clip_grad_norm_ run on an identical copy of the parameters, step by step.
 //
 // Tolerances (relative, with an absolute floor for values near 0): float32 rtol 1e-6 / atol
-// 1e-7, float64 rtol 1e-12 / atol 1e-14. The kernels repeat libtorch's op order and roundings,
+// 1e-7, float64 rtol 1e-12 / atol 1e-14, bfloat16 about two ulps (bit for bit where libtorch's
+// vector kernels run every element, see tol_for). The kernels repeat libtorch's op order and roundings,
 // so on AVX2 machines the optimizers match bit for bit; each comparison records the largest
 // absolute difference it saw as the test property "max_abs_diff" (--gtest_output=xml shows it).
 // Clipping float32 gradients differs more (see expect_clip_matches): libtorch sums in float.
@@ -11,8 +12,10 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include <cmath>
+#include <functional>
 #include <iomanip>
 #include <limits>
+#include <memory>
 #include <sstream>
 
 #include "io/detail/state_key.h"
@@ -63,6 +66,10 @@ struct Tol {
   double rtol, atol;
 };
 Tol tol_for(torch::Dtype dtype) {
+  // bf16: about two bf16 ulps. libtorch itself rounds differently in its vector lanes (one
+  // rounding per op, what volt does) and in the scalar tail of each loop (add_(x, alpha) rounds
+  // alpha * x first), so only the all-vector case is bit for bit (BFloat16VsTorch below).
+  if (dtype == torch::kBFloat16) return Tol{1.6e-2, 8e-3};
   return dtype == torch::kFloat ? Tol{1e-6, 1e-7} : Tol{1e-12, 1e-14};
 }
 
@@ -94,7 +101,7 @@ class DiffTracker {
 };
 
 std::string dtype_name(torch::Dtype d) {
-  return d == torch::kFloat ? "f32" : "f64";
+  return d == torch::kFloat ? "f32" : d == torch::kBFloat16 ? "bf16" : "f64";
 }
 
 template <typename E, typename F>
@@ -160,7 +167,7 @@ TEST_P(SgdVsTorch, EveryStepMatches) {
 
 std::vector<SgdCase> sgd_cases() {
   std::vector<SgdCase> out;
-  for (auto dt : {torch::kFloat, torch::kDouble}) {
+  for (auto dt : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
     const std::string s = "_" + dtype_name(dt);
     out.push_back({"plain" + s, 0, 0, 0, false, dt});
     out.push_back({"momentum" + s, 0.9, 0, 0, false, dt});
@@ -240,7 +247,7 @@ TEST_P(AdamVsTorch, EveryStepMatches) {
 std::vector<AdamCase> adam_cases() {
   std::vector<AdamCase> out;
   const auto betas = std::make_tuple(0.9, 0.999);
-  for (auto dt : {torch::kFloat, torch::kDouble}) {
+  for (auto dt : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
     const std::string s = "_" + dtype_name(dt);
     out.push_back({"adamw" + s, 1e-2, false, true, betas, 1e-8, dt});
     out.push_back({"adamw_no_decay" + s, 0, false, true, betas, 1e-8, dt});
@@ -255,6 +262,91 @@ std::vector<AdamCase> adam_cases() {
 
 INSTANTIATE_TEST_SUITE_P(FusedAdamW, AdamVsTorch, ::testing::ValuesIn(adam_cases()),
                          [](const auto& info) { return info.param.name; });
+
+// ---------------------------------------------------------------- bfloat16, bit for bit
+
+TEST(BFloat16VsTorch, EveryStepMatchesLibtorchsVectorKernelsBitForBit) {
+  // One thread and sizes that are multiples of 32 (two AVX2 vectors of bf16): libtorch's
+  // element-wise kernels then run every element in their vector lanes, which round once per op
+  // as volt's bf16 kernels do, so the two agree bit for bit on every step. (In the scalar tail
+  // of a loop, add_(x, alpha) rounds alpha * x before adding: see tol_for.)
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const std::vector<std::vector<int64_t>> shapes = {{32}, {64, 32}, {65536 + 64}};
+  auto make = [&] {
+    auto gen = at::detail::createCPUGenerator(5);
+    std::vector<Tensor> ps;
+    for (const auto& s : shapes) ps.push_back(at::randn(s, gen, torch::kBFloat16));
+    return ps;
+  };
+  auto grads = [&](const std::vector<Tensor>& a, const std::vector<Tensor>& b, int step) {
+    auto gen = at::detail::createCPUGenerator(100 + step);
+    for (size_t i = 0; i < a.size(); ++i) {
+      const Tensor g = at::randn(a[i].sizes(), gen, torch::kBFloat16) / (1 + step);
+      a[i].mutable_grad() = g.clone();
+      b[i].mutable_grad() = g.clone();
+    }
+  };
+  struct Pair {
+    std::string name;
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<Tensor>)> ref, fused;
+  };
+  const std::vector<Pair> pairs = {
+      {"adamw_amsgrad",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<torch::optim::AdamW>(
+             p, torch::optim::AdamWOptions(1e-2).weight_decay(1e-2).amsgrad(true));
+       },
+       [](std::vector<Tensor> p) {
+         return std::make_unique<volt::FusedAdamW>(
+             p, volt::FusedAdamWOptions(1e-2).weight_decay(1e-2).amsgrad(true));
+       }},
+      {"adam_l2",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<torch::optim::Adam>(p,
+                                                     torch::optim::AdamOptions(1e-2).weight_decay(0.1));
+       },
+       [](std::vector<Tensor> p) {
+         return std::make_unique<volt::FusedAdamW>(
+             p, volt::FusedAdamWOptions(1e-2).weight_decay(0.1).adam_w_mode(false));
+       }},
+      {"sgd_nesterov_decay",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<torch::optim::SGD>(
+             p, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-2));
+       },
+       [](std::vector<Tensor> p) {
+         return std::make_unique<volt::FusedSGD>(
+             p, volt::FusedSGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-2));
+       }},
+      {"sgd_dampening",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<torch::optim::SGD>(
+             p, torch::optim::SGDOptions(0.05).momentum(0.8).dampening(0.3));
+       },
+       [](std::vector<Tensor> p) {
+         return std::make_unique<volt::FusedSGD>(
+             p, volt::FusedSGDOptions(0.05).momentum(0.8).dampening(0.3));
+       }},
+  };
+  for (const auto& pair : pairs) {
+    SCOPED_TRACE(pair.name);
+    auto a = make(), b = make();
+    auto ref = pair.ref(a);
+    auto fused = pair.fused(b);
+    for (int step = 0; step < 12; ++step) {
+      grads(a, b, step);
+      ref->step();
+      fused->step();
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_TRUE(torch::equal(a[i], b[i]))
+            << "step " << step << " tensor " << i << ": "
+            << (a[i] != b[i]).sum().item<int64_t>() << " of " << a[i].numel() << " differ";
+      }
+    }
+  }
+  at::set_num_threads(threads);
+}
 
 // bias_correction=false has no libtorch counterpart: compare with the AdamW op sequence
 // written out with tensor ops (bc1 = bc2 = 1).
@@ -385,48 +477,52 @@ TEST(FusedSGD, ResumesBitExactlyFromACheckpointFile) {
 
 // Same state names as libtorch: a run can move between torch::optim::AdamW and FusedAdamW.
 TEST(FusedAdamW, CheckpointsMoveToAndFromTorchAdamW) {
-  const Tol tol = tol_for(torch::kFloat);
-  OddModel ref(torch::kFloat), fused(torch::kFloat);
-  torch::optim::AdamW ref_opt(ref.parameters(), torch::optim::AdamWOptions(1e-2).amsgrad(true));
-  for (int step = 0; step < 8; ++step) {
-    set_grads({ref.parameters()}, step);
-    ref_opt.step();
-  }
-  fused.copy_from(ref);
-  torch::serialize::OutputArchive out;
-  volt::save_optimizer_state(ref_opt, ref, out);
-  torch::serialize::InputArchive in;
-  reload(out, in);
-  volt::FusedAdamW fused_opt(fused.parameters(), volt::FusedAdamWOptions(5.0));
-  volt::load_optimizer_state(fused_opt, fused, in);
-  EXPECT_EQ(fused_opt.param_groups()[0].options().get_lr(), 1e-2);
-  EXPECT_TRUE(
-      static_cast<volt::FusedAdamWOptions&>(fused_opt.param_groups()[0].options()).amsgrad());
+  // bf16 too: its state is bf16, as torch::optim's (zeros_like the parameter).
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tol tol = tol_for(dtype);
+    OddModel ref(dtype), fused(dtype);
+    torch::optim::AdamW ref_opt(ref.parameters(), torch::optim::AdamWOptions(1e-2).amsgrad(true));
+    for (int step = 0; step < 8; ++step) {
+      set_grads({ref.parameters()}, step);
+      ref_opt.step();
+    }
+    fused.copy_from(ref);
+    torch::serialize::OutputArchive out;
+    volt::save_optimizer_state(ref_opt, ref, out);
+    torch::serialize::InputArchive in;
+    reload(out, in);
+    volt::FusedAdamW fused_opt(fused.parameters(), volt::FusedAdamWOptions(5.0));
+    volt::load_optimizer_state(fused_opt, fused, in);
+    EXPECT_EQ(fused_opt.param_groups()[0].options().get_lr(), 1e-2);
+    EXPECT_TRUE(
+        static_cast<volt::FusedAdamWOptions&>(fused_opt.param_groups()[0].options()).amsgrad());
 
-  DiffTracker diff;
-  for (int step = 8; step < 16; ++step) {
-    set_grads({ref.parameters(), fused.parameters()}, step);
-    ref_opt.step();
-    fused_opt.step();
-    diff.expect_close(ref.parameters(), fused.parameters(), tol,
-                      "torch->fused step " + std::to_string(step));
-  }
+    DiffTracker diff;
+    for (int step = 8; step < 16; ++step) {
+      set_grads({ref.parameters(), fused.parameters()}, step);
+      ref_opt.step();
+      fused_opt.step();
+      diff.expect_close(ref.parameters(), fused.parameters(), tol,
+                        "torch->fused step " + std::to_string(step));
+    }
 
-  // And back: FusedAdamW's archive loads into torch::optim::AdamW.
-  torch::serialize::OutputArchive out2;
-  volt::save_optimizer_state(fused_opt, fused, out2);
-  torch::serialize::InputArchive in2;
-  reload(out2, in2);
-  OddModel back(torch::kFloat);
-  back.copy_from(fused);
-  torch::optim::AdamW back_opt(back.parameters(), torch::optim::AdamWOptions(7.0));
-  volt::load_optimizer_state(back_opt, back, in2);
-  for (int step = 16; step < 20; ++step) {
-    set_grads({ref.parameters(), back.parameters()}, step);
-    ref_opt.step();
-    back_opt.step();
-    diff.expect_close(ref.parameters(), back.parameters(), tol,
-                      "fused->torch step " + std::to_string(step));
+    // And back: FusedAdamW's archive loads into torch::optim::AdamW.
+    torch::serialize::OutputArchive out2;
+    volt::save_optimizer_state(fused_opt, fused, out2);
+    torch::serialize::InputArchive in2;
+    reload(out2, in2);
+    OddModel back(dtype);
+    back.copy_from(fused);
+    torch::optim::AdamW back_opt(back.parameters(), torch::optim::AdamWOptions(7.0));
+    volt::load_optimizer_state(back_opt, back, in2);
+    for (int step = 16; step < 20; ++step) {
+      set_grads({ref.parameters(), back.parameters()}, step);
+      ref_opt.step();
+      back_opt.step();
+      diff.expect_close(ref.parameters(), back.parameters(), tol,
+                        "fused->torch step " + std::to_string(step));
+    }
   }
 }
 
@@ -670,7 +766,7 @@ TEST(FusedAdamW, RejectsUnsupportedTensorsBeforeChangingAnything) {
   torch::manual_seed(0);
   expect_step_rejects<volt::ValueError>(torch::zeros({3}, torch::kHalf),
                                         torch::zeros({3}, torch::kHalf),
-                                        "support float32 and float64 only");
+                                        "support float32, float64 and bfloat16");
   expect_step_rejects<volt::ValueError>(torch::randn({4, 3}).t(), torch::randn({3, 4}),
                                         "is not contiguous");
   expect_step_rejects<volt::ValueError>(torch::randn({3, 4}), torch::randn({4, 3}).t(),
@@ -779,14 +875,29 @@ void expect_clip_matches(torch::Dtype dtype, ClipCase c, const std::string& wher
     poison(fp);
   }
   const double exact = float64_norm(rp, c.norm_type);
+  std::vector<Tensor> before;  // bf16: the gradients in float64, to scale exactly
+  for (const auto& p : fp) before.push_back(p.grad().defined() ? p.grad().to(torch::kDouble) : p);
   const double ref_norm = torch::nn::utils::clip_grad_norm_(rp, c.max_norm, c.norm_type);
   const double fused_norm = volt::fused_clip_grad_norm_(fp, c.max_norm, c.norm_type);
-  const bool f32 = dtype == torch::kFloat;
+  const bool f32 = dtype == torch::kFloat, bf16 = dtype == torch::kBFloat16;
   const Tol tol = f32 ? Tol{2e-5, 1e-7} : tol_for(dtype);
   if (std::isnan(ref_norm)) {
     EXPECT_TRUE(std::isnan(fused_norm)) << fused_norm;
   } else if (std::isinf(ref_norm)) {
     EXPECT_EQ(fused_norm, ref_norm);
+  } else if (bf16) {
+    // libtorch 1.13's bf16 norms accumulate in bf16 (p=1 over these 80k elements: 1584 where
+    // the sum is ~56000), so the reference is float64: volt's norm rounded once to bf16 (2^-9
+    // relative) and the gradients scaled by max_norm / norm, each rounded to bf16 (2^-8 twice).
+    EXPECT_NEAR(fused_norm, exact, 0.004 * exact) << "vs float64";
+    const double coef = std::min(1.0, c.max_norm / (exact + 1e-6));
+    for (size_t i = 0; i < fp.size(); ++i) {
+      if (!fp[i].grad().defined()) continue;
+      EXPECT_TRUE(torch::allclose(fp[i].grad().to(torch::kDouble), before[i] * coef, 1.6e-2, 1e-30))
+          << "tensor " << i;
+    }
+    if (diffs) diffs->vs_float64 = std::max(diffs->vs_float64, std::abs(fused_norm - exact) / exact);
+    return;
   } else {
     EXPECT_NEAR(fused_norm, ref_norm, tol.rtol * ref_norm) << "vs libtorch";
     EXPECT_NEAR(fused_norm, exact, (f32 ? 1e-7 : 1e-13) * exact) << "vs float64";
@@ -808,7 +919,7 @@ void expect_clip_matches(torch::Dtype dtype, ClipCase c, const std::string& wher
 
 TEST(FusedClipNorm, MatchesTorchForEveryNormType) {
   const double inf = std::numeric_limits<double>::infinity();
-  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
     NormDiffs diffs("_" + dtype_name(dtype));  // records the largest differences per dtype
     for (double p : {2.0, 1.0, 3.0, 0.5, inf}) {
       expect_clip_matches(dtype, {0.5, p}, dtype_name(dtype) + " p=" + std::to_string(p), {},
@@ -840,7 +951,7 @@ TEST(FusedClipNorm, NanAndInfGradientsBehaveLikeTorch) {
       params[2].grad().view(-1)[17] = value;
     };
   };
-  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
     for (double p : {2.0, 1.0, inf}) {
       const std::string tag = dtype_name(dtype) + " p=" + std::to_string(p);
       // NaN norm: every gradient becomes NaN. Inf norm: coefficient 0, inf entries become NaN.
@@ -897,9 +1008,9 @@ TEST(FusedClipNorm, RejectsBadOptionsAndUnsupportedGradients) {
 
   Tensor half = torch::zeros({4}, torch::kHalf);
   half.mutable_grad() = torch::zeros({4}, torch::kHalf);
-  EXPECT_HAS(volt::FusedClipNorm::unsupported_reason({half}), "float32 and float64 only");
+  EXPECT_HAS(volt::FusedClipNorm::unsupported_reason({half}), "float32, float64 and bfloat16");
   EXPECT_HAS(error_of<volt::ValueError>([&] { volt::fused_clip_grad_norm_({half}, 1.0); }),
-             "float32 and float64 only");
+             "float32, float64 and bfloat16");
   Tensor strided = torch::zeros({4, 3});
   strided.mutable_grad() = torch::ones({3, 4}).t();
   EXPECT_HAS(volt::FusedClipNorm::unsupported_reason({strided}), "not contiguous");

@@ -28,7 +28,7 @@ std::string fusable_reason(const char* component, const char* reference, const c
   const bool on_cpu = t.device().is_cpu();
   const bool strided = t.layout() == c10::kStrided;
   const auto dt = t.scalar_type();
-  const bool floating = dt == c10::kFloat || dt == c10::kDouble;
+  const bool floating = dt == c10::kFloat || dt == c10::kDouble || dt == c10::kBFloat16;
   // Hot path (every parameter, every step): no message, no allocation.
   if (on_cpu && strided && floating && t.is_contiguous()) return {};
 
@@ -46,8 +46,8 @@ std::string fusable_reason(const char* component, const char* reference, const c
        << reference << ".";
   } else if (!floating) {
     os << " of shape " << t.sizes() << " has dtype " << dt
-       << "; the fused kernels support float32 and float64 only. Convert the model to float or "
-          "double, or use "
+       << "; the fused kernels support float32, float64 and bfloat16. Convert the model to one of "
+          "them, or use "
        << reference << ".";
   } else {
     os << " of shape " << t.sizes() << " (strides " << t.strides()

@@ -36,7 +36,8 @@ void append_chunks(std::vector<TensorChunk>& out, const TensorChunk& proto, int6
 /// balanced by element count. Chunks must not overlap in what they write.
 void run_chunks(const std::vector<TensorChunk>& chunks);
 
-// ---- kernel selection (dtype kFloat or kDouble; anything else is an InternalError) ----
+// ---- kernel selection (dtype kFloat, kDouble or kBFloat16; anything else is an
+// InternalError). bf16 kernels compute in float and round each op's result, as libtorch does.
 
 /// How an Adam step treats weight decay.
 enum class AdamDecay { kNone, kDecoupled, kL2 };
