@@ -199,8 +199,8 @@ int worker(std::map<std::string, std::string>& a) {
             .master_weights(num("--master", 1) != 0)
             .offload_optimizer(offload != "none" && offload != "nvme_params")
             .offload_parameters(offload == "nvme_all" || offload == "nvme_params")
-            .offload_parameters_device(
-                offload == "nvme_all" || offload == "nvme_params" ? "nvme" : "cpu")
+            .offload_parameters_device(offload == "nvme_all" || offload == "nvme_params" ? "nvme"
+                                                                                         : "cpu")
             .offload_optimizer_device(offload == "cpu" || offload == "none" ? "cpu" : "nvme")
             .aio_use_uring(offload != "nvme_pread")
             .nvme_path(a.count("--nvme") ? a["--nvme"] : "/tmp")

@@ -62,8 +62,8 @@ int64_t numel_of(const Workload& w) {
 }
 
 /// Two identical parameter sets with identical gradients.
-std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> make_params(
-    const Workload& w, torch::Dtype dtype) {
+std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> make_params(const Workload& w,
+                                                                              torch::Dtype dtype) {
   torch::manual_seed(0);
   std::vector<torch::Tensor> a, b;
   for (const auto& s : w.shapes) {

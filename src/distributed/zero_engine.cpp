@@ -825,8 +825,9 @@ void ZeroEngine::finish_backward() {
       std::string names = unused[0];
       for (size_t i = 1; i < unused.size() && i < 4; ++i) names += ", " + unused[i];
       if (unused.size() > 4) names += " and " + std::to_string(unused.size() - 4) + " more";
-      VOLT_CHECK(false, ValueError, kTag, " rank ", rank(), ": parameter", unused.size() > 1 ? "s " : " ",
-                 names, " got no gradient in this backward (the forward did not use ",
+      VOLT_CHECK(false, ValueError, kTag, " rank ", rank(), ": parameter",
+                 unused.size() > 1 ? "s " : " ", names,
+                 " got no gradient in this backward (the forward did not use ",
                  unused.size() > 1 ? "them" : "it",
                  "); make every parameter contribute to the loss, or set "
                  "ignore_unused_parameters=true (DeepSpeed's default: an unused parameter counts "

@@ -789,9 +789,9 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
     }
     const auto step = [&] { return precision_->optimizer_step(optimizer); };
     try {
-      stepped = swapped_state ? sw->second->step(step, hooks)
-                              : detail::step_by_sub_groups(optimizer, options_.sub_group_size(),
-                                                           step, hooks);
+      stepped = swapped_state
+                    ? sw->second->step(step, hooks)
+                    : detail::step_by_sub_groups(optimizer, options_.sub_group_size(), step, hooks);
     } catch (...) {
       // Nothing held stays pointed at a buffer; the step's own error is the one reported.
       try {

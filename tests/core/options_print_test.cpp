@@ -36,16 +36,16 @@ TEST(OptionsPrinting, StrategiesPrintEveryField) {
               .tp_size(2)
               .plan({{"qkv_*", volt::TpStyle::kColwiseQkv}})
               .injection_policy({{"Block", {"attn.o", "mlp.fc2"}}})));
-  expect_has_all(ds, {"DeepSpeedStrategyOptions(zero_optimization=1", "stage=3",
-                      "offload_optimizer=0", "offload_optimizer_device=\"cpu\"", "nvme_path=\"/x\"",
-                      "sub_group_size=", "aio_use_uring=1", "overlap_comm=1",
-                      "prefetch_bucket_size=", "master_weights=1", "ignore_unused_parameters=1",
-                      "config=\"\"",
-                      "tensor_parallel=TensorParallelOptions(tp_size=2, "
-                      "plan=[\"qkv_*=colwise_qkv\"], injection_policy=[\"Block\": "
-                      "[\"attn.o\", \"mlp.fc2\"]], num_heads=0)",
-                      "dtype=\"float32\"", "replace_with_kernel_inject=0", "enable_cuda_graph=0",
-                      "replace_method=\"auto\")"});
+  expect_has_all(
+      ds, {"DeepSpeedStrategyOptions(zero_optimization=1", "stage=3", "offload_optimizer=0",
+           "offload_optimizer_device=\"cpu\"", "nvme_path=\"/x\"",
+           "sub_group_size=", "aio_use_uring=1", "overlap_comm=1",
+           "prefetch_bucket_size=", "master_weights=1", "ignore_unused_parameters=1", "config=\"\"",
+           "tensor_parallel=TensorParallelOptions(tp_size=2, "
+           "plan=[\"qkv_*=colwise_qkv\"], injection_policy=[\"Block\": "
+           "[\"attn.o\", \"mlp.fc2\"]], num_heads=0)",
+           "dtype=\"float32\"", "replace_with_kernel_inject=0", "enable_cuda_graph=0",
+           "replace_method=\"auto\")"});
 }
 
 TEST(OptionsPrinting, LogOptionsPrintEveryField) {

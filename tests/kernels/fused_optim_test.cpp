@@ -3,10 +3,10 @@
 //
 // Tolerances (relative, with an absolute floor for values near 0): float32 rtol 1e-6 / atol
 // 1e-7, float64 rtol 1e-12 / atol 1e-14, bfloat16 about two ulps (bit for bit where libtorch's
-// vector kernels run every element, see tol_for). The kernels repeat libtorch's op order and roundings,
-// so on AVX2 machines the optimizers match bit for bit; each comparison records the largest
-// absolute difference it saw as the test property "max_abs_diff" (--gtest_output=xml shows it).
-// Clipping float32 gradients differs more (see expect_clip_matches): libtorch sums in float.
+// vector kernels run every element, see tol_for). The kernels repeat libtorch's op order and
+// roundings, so on AVX2 machines the optimizers match bit for bit; each comparison records the
+// largest absolute difference it saw as the test property "max_abs_diff" (--gtest_output=xml shows
+// it). Clipping float32 gradients differs more (see expect_clip_matches): libtorch sums in float.
 
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -303,8 +303,8 @@ TEST(BFloat16VsTorch, EveryStepMatchesLibtorchsVectorKernelsBitForBit) {
        }},
       {"adam_l2",
        [](std::vector<Tensor> p) {
-         return std::make_unique<torch::optim::Adam>(p,
-                                                     torch::optim::AdamOptions(1e-2).weight_decay(0.1));
+         return std::make_unique<torch::optim::Adam>(
+             p, torch::optim::AdamOptions(1e-2).weight_decay(0.1));
        },
        [](std::vector<Tensor> p) {
          return std::make_unique<volt::FusedAdamW>(
@@ -340,8 +340,8 @@ TEST(BFloat16VsTorch, EveryStepMatchesLibtorchsVectorKernelsBitForBit) {
       fused->step();
       for (size_t i = 0; i < a.size(); ++i) {
         EXPECT_TRUE(torch::equal(a[i], b[i]))
-            << "step " << step << " tensor " << i << ": "
-            << (a[i] != b[i]).sum().item<int64_t>() << " of " << a[i].numel() << " differ";
+            << "step " << step << " tensor " << i << ": " << (a[i] != b[i]).sum().item<int64_t>()
+            << " of " << a[i].numel() << " differ";
       }
     }
   }
@@ -896,7 +896,8 @@ void expect_clip_matches(torch::Dtype dtype, ClipCase c, const std::string& wher
       EXPECT_TRUE(torch::allclose(fp[i].grad().to(torch::kDouble), before[i] * coef, 1.6e-2, 1e-30))
           << "tensor " << i;
     }
-    if (diffs) diffs->vs_float64 = std::max(diffs->vs_float64, std::abs(fused_norm - exact) / exact);
+    if (diffs)
+      diffs->vs_float64 = std::max(diffs->vs_float64, std::abs(fused_norm - exact) / exact);
     return;
   } else {
     EXPECT_NEAR(fused_norm, ref_norm, tol.rtol * ref_norm) << "vs libtorch";

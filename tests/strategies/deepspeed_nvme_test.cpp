@@ -255,15 +255,32 @@ TEST(DeepSpeedNvme, AKilledRunResumesBitIdenticallyFromItsCheckpoint) {
     SCOPED_TRACE(std::string(precision) + ", optimizer on NVMe: " + optimizer_too);
     volt_test::TempDir dir;
     std::filesystem::create_directories(dir / "nvme");
-    const std::vector<std::string> common{"--devices",   "2",           "--batch",
-                                          "8",           "--epochs",    "2",
-                                          "--dropout",   "1",           "--accum",
-                                          "3",           "--zero",      "3",
-                                          "--optimizer", "adam",        "--ckpt-every-batch",
-                                          "1",           "--nvme",      dir / "nvme",
-                                          "--sub-group", "100",         "--nvme-params",
-                                          "1",           "--precision", precision,
-                                          "--nvme-optimizer", optimizer_too};
+    const std::vector<std::string> common{"--devices",
+                                          "2",
+                                          "--batch",
+                                          "8",
+                                          "--epochs",
+                                          "2",
+                                          "--dropout",
+                                          "1",
+                                          "--accum",
+                                          "3",
+                                          "--zero",
+                                          "3",
+                                          "--optimizer",
+                                          "adam",
+                                          "--ckpt-every-batch",
+                                          "1",
+                                          "--nvme",
+                                          dir / "nvme",
+                                          "--sub-group",
+                                          "100",
+                                          "--nvme-params",
+                                          "1",
+                                          "--precision",
+                                          precision,
+                                          "--nvme-optimizer",
+                                          optimizer_too};
     volt_test::run_full_then_killed(dir.path, common);
     if (::testing::Test::HasFatalFailure()) return;
     auto resumed = run_job(

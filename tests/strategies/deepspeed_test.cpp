@@ -235,17 +235,17 @@ TEST(DeepSpeed, UnusedParametersCountAsZeroGradientsOrStopTheRunWhenNotIgnored) 
   // (the JSON key): every rank stops with an error naming the parameters, none hangs.
   volt_test::TempDir dir;
   const int64_t used = 8 * 8 + 8 + 8 * 8 + 8 + 2 * 8 + 2, unused = 8 * 8 + 8;
-  const auto sgd = single_process_reference(dir.path, 16, 1, 1, false,
-                                            {"--optimizer", "sgd", "--unused", "1"});
-  const auto adam = single_process_reference(dir.path, 16, 1, 1, false,
-                                             {"--optimizer", "adam", "--unused", "1"});
+  const auto sgd =
+      single_process_reference(dir.path, 16, 1, 1, false, {"--optimizer", "sgd", "--unused", "1"});
+  const auto adam =
+      single_process_reference(dir.path, 16, 1, 1, false, {"--optimizer", "adam", "--unused", "1"});
   ASSERT_EQ(sgd.numel(), used + unused);
   for (const char* stage : {"1", "2", "3"}) {
     SCOPED_TRACE(std::string("stage ") + stage);
     for (const char* optimizer : {"sgd", "adam"}) {
-      auto job = run_job({"--root", dir.path, "--out", dir / "zero", "--devices", "2", "--batch",
-                          "8", "--epochs", "1", "--unused", "1", "--zero", stage, "--optimizer",
-                          optimizer});
+      auto job =
+          run_job({"--root", dir.path, "--out", dir / "zero", "--devices", "2", "--batch", "8",
+                   "--epochs", "1", "--unused", "1", "--zero", stage, "--optimizer", optimizer});
       ASSERT_EQ(job.code, 0) << job.output;
       if (optimizer[0] == 's') {
         expect_ranks_equal_reference(dir / "zero", 2, sgd);
@@ -260,9 +260,8 @@ TEST(DeepSpeed, UnusedParametersCountAsZeroGradientsOrStopTheRunWhenNotIgnored) 
       const auto far = ref_spare.abs() > 0.1;
       ASSERT_GT(far.sum().item<int64_t>(), 10);
       const auto moved = (ref_spare - spare).abs().masked_select(far);
-      EXPECT_TRUE((spare.abs().masked_select(far) < ref_spare.abs().masked_select(far))
-                      .all()
-                      .item<bool>());
+      EXPECT_TRUE(
+          (spare.abs().masked_select(far) < ref_spare.abs().masked_select(far)).all().item<bool>());
       EXPECT_GE(moved.min().item<double>(), 0.07);
       EXPECT_LE(moved.max().item<double>(), 0.0801);
     }
@@ -278,8 +277,7 @@ TEST(DeepSpeed, UnusedParametersCountAsZeroGradientsOrStopTheRunWhenNotIgnored) 
                             "gradient in this backward"),
             std::string::npos)
       << job.output;
-  EXPECT_NE(job.output.find("set ignore_unused_parameters=true"), std::string::npos)
-      << job.output;
+  EXPECT_NE(job.output.find("set ignore_unused_parameters=true"), std::string::npos) << job.output;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 60s) << "a rank waited for the other";
 }
 

@@ -66,10 +66,12 @@ struct FusedAdamWParamState
   ~FusedAdamWParamState() override = default;
 };
 
-/// AdamW (adam_w_mode=true) or Adam (false) on contiguous float/double CPU tensors, matching
-/// torch::optim::AdamW / Adam step by step (bit for bit on AVX2 CPUs). One step is one
-/// at::parallel_for over all parameters; the state lives in one flat buffer per group, dtype and
-/// state kind. Parameters without a gradient are skipped and their step count does not advance.
+/// AdamW (adam_w_mode=true) or Adam (false) on contiguous float/double/bfloat16 CPU tensors,
+/// matching torch::optim::AdamW / Adam step by step (bit for bit on AVX2 CPUs; bfloat16: one
+/// rounding per libtorch op, bit for bit where libtorch's vector kernels run, within two ulps in
+/// their scalar tails). One step is one at::parallel_for over all parameters; the state lives in
+/// one flat buffer per group, dtype and state kind. Parameters without a gradient are skipped and
+/// their step count does not advance.
 class FusedAdamW : public torch::optim::Optimizer, public FusedOptimizer {
  public:
   /// Validates every group's options; throws ConfigError naming the bad value.
@@ -83,7 +85,7 @@ class FusedAdamW : public torch::optim::Optimizer, public FusedOptimizer {
   /// kernels (aten::_fused_adamw_ / _fused_adam_, a few launches for all parameters; state in
   /// per-parameter tensors on the device, step counts also on the device). Throws ValueError
   /// for parameters or gradients that are not dense float tensors of matching shape and dtype
-  /// (contiguous float/double on CPU), NotAvailable for other devices, for CUDA in a build
+  /// (contiguous float/double/bfloat16 on CPU), NotAvailable for other devices, for CUDA in a build
   /// without libtorch's fused kernels, and for bias_correction=false on CUDA.
   at::Tensor step(LossClosure closure = nullptr) override;
   /// torch::save / torch::load support (state keyed by position, as libtorch does).

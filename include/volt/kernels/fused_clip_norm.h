@@ -36,8 +36,8 @@ class FusedClipNorm {
   /// returns the total norm (0 when no parameter has a gradient). Throws ValueError or
   /// NotAvailable for gradients that unsupported_reason() rejects.
   double operator()(const std::vector<at::Tensor>& params) const;
-  /// Empty when every defined gradient is a contiguous dense float/double CPU tensor, or every
-  /// one a dense floating CUDA tensor of one device in a build with libtorch's fused kernels
+  /// Empty when every defined gradient is a contiguous dense float/double/bfloat16 CPU tensor, or
+  /// every one a dense floating CUDA tensor of one device in a build with libtorch's fused kernels
   /// (then the norm and the scaling run as multi-tensor kernels on the device, and only the
   /// returned norm is read back); else why not (callers fall back to clip_grad_norm_).
   static std::string unsupported_reason(const std::vector<at::Tensor>& params);

@@ -52,10 +52,10 @@ struct FusedSGDParamState : public torch::optim::OptimizerCloneableParamState<Fu
   ~FusedSGDParamState() override = default;
 };
 
-/// SGD (momentum, dampening, Nesterov, weight decay) on contiguous float/double CPU tensors,
-/// matching torch::optim::SGD step by step (bit for bit on AVX2 CPUs). One step is one
-/// at::parallel_for over all parameters; momentum buffers live in one flat buffer per group and
-/// dtype. Parameters without a gradient are skipped.
+/// SGD (momentum, dampening, Nesterov, weight decay) on contiguous float/double/bfloat16 CPU
+/// tensors, matching torch::optim::SGD step by step (bit for bit on AVX2 CPUs; bfloat16: as
+/// FusedAdamW's). One step is one at::parallel_for over all parameters; momentum buffers live in
+/// one flat buffer per group and dtype. Parameters without a gradient are skipped.
 class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
  public:
   /// Validates every group's options; throws ConfigError naming the bad value.
@@ -68,8 +68,8 @@ class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
   /// One step. CPU parameters: volt's kernels; CUDA parameters: libtorch's fused multi-tensor
   /// kernel (aten::_fused_sgd_, a few launches for all parameters). Throws ValueError for
   /// parameters or gradients that are not dense float tensors of matching shape and dtype
-  /// (contiguous float/double on CPU), NotAvailable for other devices and for CUDA in a build
-  /// without libtorch's fused kernels.
+  /// (contiguous float/double/bfloat16 on CPU), NotAvailable for other devices and for CUDA in a
+  /// build without libtorch's fused kernels.
   at::Tensor step(LossClosure closure = nullptr) override;
   /// torch::save / torch::load support (state keyed by position, as libtorch does).
   void save(torch::serialize::OutputArchive& archive) const override;

@@ -94,8 +94,12 @@ VOLT_ALWAYS_INLINE float bf_float(uint16_t b) {
   return x;
 }
 // One libtorch op's result (or a scalar operand) rounded to bf16, kept as float.
-VOLT_ALWAYS_INLINE float bf(float x) { return bf_float(bf_bits(x)); }
-VOLT_ALWAYS_INLINE float bf(double x) { return bf(static_cast<float>(x)); }
+VOLT_ALWAYS_INLINE float bf(float x) {
+  return bf_float(bf_bits(x));
+}
+VOLT_ALWAYS_INLINE float bf(double x) {
+  return bf(static_cast<float>(x));
+}
 
 template <bool kAmsgrad, AdamDecay kDecay>
 VOLT_ALWAYS_INLINE void adam_body_bf16(const TensorChunk& c) {
@@ -324,8 +328,7 @@ TensorChunk::Kernel adam_for_bf16(bool amsgrad, AdamDecay decay) {
 template <bool W>
 TensorChunk::Kernel sgd_for_bf16(SgdMomentum momentum, bool nesterov) {
   switch (momentum) {
-    case SgdMomentum::kNone:
-      return pick<&sgd_body_bf16<W, SgdMomentum::kNone, false>>();
+    case SgdMomentum::kNone: return pick<&sgd_body_bf16<W, SgdMomentum::kNone, false>>();
     case SgdMomentum::kFirst:
       return nesterov ? pick<&sgd_body_bf16<W, SgdMomentum::kFirst, true>>()
                       : pick<&sgd_body_bf16<W, SgdMomentum::kFirst, false>>();

@@ -202,15 +202,14 @@ TEST(SubGroups, InMemoryStepsBySubGroupEqualOneStepBitwiseWithHooksInPipelineOrd
         EXPECT_TRUE(ok);
         // The parameters hold 35, 3, 40 and 4 elements.
         const std::vector<std::string> expected =
-            sub_group == 1 ? std::vector<std::string>{"read35", "ready35", "read3",  "step35",
-                                                      "after35", "ready3", "read40", "step3",
-                                                      "after3",  "ready40", "read4", "step40",
-                                                      "after40", "ready4", "step4",  "after4"}
-            : sub_group == 40
-                ? std::vector<std::string>{"read38",  "ready38", "read40",  "step38",
-                                           "after38", "ready40", "read4",   "step40",
-                                           "after40", "ready4",  "step4",   "after4"}
-                : std::vector<std::string>{"read82", "ready82", "step82", "after82"};
+            sub_group == 1    ? std::vector<std::string>{"read35",  "ready35", "read3",  "step35",
+                                                         "after35", "ready3",  "read40", "step3",
+                                                         "after3",  "ready40", "read4",  "step40",
+                                                         "after40", "ready4",  "step4",  "after4"}
+            : sub_group == 40 ? std::vector<std::string>{"read38",  "ready38", "read40", "step38",
+                                                         "after38", "ready40", "read4",  "step40",
+                                                         "after40", "ready4",  "step4",  "after4"}
+                              : std::vector<std::string>{"read82", "ready82", "step82", "after82"};
         EXPECT_EQ(events, expected) << "step " << step;
         int64_t all = 0;
         for (const auto& g : opt->param_groups()) all += static_cast<int64_t>(g.params().size());
