@@ -348,6 +348,40 @@ TEST(BFloat16VsTorch, EveryStepMatchesLibtorchsVectorKernelsBitForBit) {
   at::set_num_threads(threads);
 }
 
+TEST(BFloat16VsTorch, NanInfAndOverflowingGradientsGiveLibtorchsValues) {
+  // The bf16 kernels round without a NaN branch (see multi_tensor.cpp): NaN, inf and updates
+  // that overflow bf16 must still come out where and as libtorch's do (vector lanes: 64
+  // elements, one thread).
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto make = [] {
+    auto gen = at::detail::createCPUGenerator(9);
+    Tensor p = at::randn({64}, gen, torch::kBFloat16);
+    Tensor g = at::randn({64}, gen, torch::kBFloat16);
+    const float specials[] = {std::nanf(""), INFINITY, -INFINITY, 3.0e38f, -3.0e38f, 1e-40f};
+    for (int i = 0; i < 6; ++i) g[7 * i] = specials[i];
+    p[50] = 3.3e38f;  // near bf16's largest finite value: the update may overflow
+    p.mutable_grad() = g;
+    return p;
+  };
+  Tensor a = make(), b = make();
+  torch::optim::AdamW ref({a}, torch::optim::AdamWOptions(1e-2).weight_decay(1e-2));
+  volt::FusedAdamW fused({b}, volt::FusedAdamWOptions(1e-2).weight_decay(1e-2));
+  Tensor c = make(), d = make();
+  torch::optim::SGD ref_sgd({c}, torch::optim::SGDOptions(0.5).momentum(0.9));
+  volt::FusedSGD fused_sgd({d}, volt::FusedSGDOptions(0.5).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    ref.step();
+    fused.step();
+    ref_sgd.step();
+    fused_sgd.step();
+    EXPECT_TRUE(torch::allclose(a, b, 0, 0, /*equal_nan=*/true)) << "AdamW step " << step;
+    EXPECT_TRUE(torch::allclose(c, d, 0, 0, /*equal_nan=*/true)) << "SGD step " << step;
+  }
+  EXPECT_GT(a.isnan().sum().item<int64_t>(), 0) << "the NaN gradient's parameter is NaN";
+  at::set_num_threads(threads);
+}
+
 // bias_correction=false has no libtorch counterpart: compare with the AdamW op sequence
 // written out with tensor ops (bc1 = bc2 = 1).
 TEST(FusedAdamW, WithoutBiasCorrectionMatchesHandReference) {

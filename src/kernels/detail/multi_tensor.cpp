@@ -79,14 +79,18 @@ VOLT_ALWAYS_INLINE void adam_body(const TensorChunk& c) {
 }
 
 using BF16 = c10::BFloat16;
-// bf16 <-> float on the bits, written so that the loops vectorise: round to nearest even (NaN
-// becomes 0x7FC0), as c10::BFloat16 and libtorch's vector conversion do.
-VOLT_ALWAYS_INLINE uint16_t bf_bits(float x) {
+// bf16 <-> float on the bits, written so that the loops vectorise: round to nearest even, as
+// c10::BFloat16 and libtorch's vector conversion do. No NaN special case: every float here
+// comes from bf16 values, from a double scalar, or from arithmetic on those, so a NaN's low 16
+// bits are zero (bf16 and double payloads shift in from the top; x86's default NaN is
+// 0xFFC00000) and adding the rounding bias cannot carry into its exponent. (c10 writes NaN as
+// 0x7FC0; here a NaN keeps its sign and payload: still NaN, as every comparison sees.)
+VOLT_ALWAYS_INLINE uint32_t bf_rounded(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return x != x ? static_cast<uint16_t>(0x7FC0) : static_cast<uint16_t>(rounded);
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
 }
+VOLT_ALWAYS_INLINE uint16_t bf_bits(float x) { return static_cast<uint16_t>(bf_rounded(x) >> 16); }
 VOLT_ALWAYS_INLINE float bf_float(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
   float x;
@@ -95,7 +99,10 @@ VOLT_ALWAYS_INLINE float bf_float(uint16_t b) {
 }
 // One libtorch op's result (or a scalar operand) rounded to bf16, kept as float.
 VOLT_ALWAYS_INLINE float bf(float x) {
-  return bf_float(bf_bits(x));
+  const uint32_t u = bf_rounded(x);
+  float r;
+  std::memcpy(&r, &u, sizeof r);
+  return r;
 }
 VOLT_ALWAYS_INLINE float bf(double x) {
   return bf(static_cast<float>(x));
