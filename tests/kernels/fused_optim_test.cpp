@@ -382,6 +382,44 @@ TEST(BFloat16VsTorch, NanInfAndOverflowingGradientsGiveLibtorchsValues) {
   at::set_num_threads(threads);
 }
 
+TEST(BFloat16VsTorch, OneGroupWithFloatAndBf16ParametersStepsEachInItsDtype) {
+  // Partly converted models (a bf16 trunk, a float head) give one param group two dtypes: each
+  // gets its own flat state bank and its dtype's kernel.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto make = [] {
+    auto gen = at::detail::createCPUGenerator(3);
+    std::vector<Tensor> ps = {at::randn({64, 32}, gen, torch::kBFloat16),
+                              at::randn({100}, gen, torch::kFloat),
+                              at::randn({32}, gen, torch::kBFloat16)};
+    return ps;
+  };
+  auto a = make(), b = make();
+  torch::optim::AdamW ref(a, torch::optim::AdamWOptions(1e-2).amsgrad(true));
+  volt::FusedAdamW fused(b, volt::FusedAdamWOptions(1e-2).amsgrad(true));
+  for (int step = 0; step < 6; ++step) {
+    auto gen = at::detail::createCPUGenerator(40 + step);
+    for (size_t i = 0; i < a.size(); ++i) {
+      const Tensor g = at::randn(a[i].sizes(), gen, a[i].options());
+      a[i].mutable_grad() = g.clone();
+      b[i].mutable_grad() = g.clone();
+    }
+    ref.step();
+    fused.step();
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(b[i].scalar_type(), a[i].scalar_type());
+      EXPECT_TRUE(torch::equal(a[i], b[i])) << "step " << step << " tensor " << i;
+    }
+  }
+  for (size_t i = 0; i < b.size(); ++i) {
+    const auto& st = static_cast<volt::FusedAdamWParamState&>(
+        *fused.state().at(volt::detail::state_key_for(b[i])));
+    EXPECT_EQ(st.exp_avg().scalar_type(), b[i].scalar_type()) << i;
+    EXPECT_EQ(st.max_exp_avg_sq().scalar_type(), b[i].scalar_type()) << i;
+  }
+  at::set_num_threads(threads);
+}
+
 // bias_correction=false has no libtorch counterpart: compare with the AdamW op sequence
 // written out with tensor ops (bc1 = bc2 = 1).
 TEST(FusedAdamW, WithoutBiasCorrectionMatchesHandReference) {
