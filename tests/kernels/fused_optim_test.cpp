@@ -692,24 +692,31 @@ class SaveAtBatch : public volt::Callback {
 // Trainer checkpoints (volt's save/load_optimizer_state) carry the fused state, the LR
 // schedule and norm clipping (FusedClipNorm via Precision) through an exact resume.
 TEST(FusedAdamW, TrainerResumesBitExactlyWithFusedOptimizers) {
-  for (bool sgd : {false, true}) {
-    SCOPED_TRACE(sgd ? "FusedSGD" : "FusedAdamW");
-    volt_test::TempDir dir;
-    auto train = [&](const std::string& root, const std::string& resume, int64_t* trained) {
-      FusedClassifier model(sgd);
-      auto counter = std::make_shared<SaveAtBatch>(resume.empty() ? dir / "mid.ckpt" : "", 7);
-      volt::Trainer t(
-          volt_test::quiet(root).max_epochs(2).gradient_clip_val(0.5).callbacks({counter}));
-      t.fit(model, volt_test::loader(volt_test::blobs(200, 8, 1), 16), c10::nullopt, resume);
-      *trained = counter->trained;
-      return model.flat_params();
-    };
-    int64_t full_batches = 0, resumed_batches = 0;
-    const Tensor full = train(dir / "full", "", &full_batches);
-    const Tensor resumed = train(dir / "resumed", dir / "mid.ckpt", &resumed_batches);
-    EXPECT_EQ(full_batches, 2 * 13);
-    EXPECT_EQ(resumed_batches, 2 * 13 - 7);  // it really continued from the checkpoint
-    EXPECT_TRUE(resumed.equal(full)) << (resumed - full).abs().max().item<double>();
+  // bf16-true too: bf16 parameters, bf16 flat state in the checkpoint, bf16 norm clipping.
+  for (const char* precision : {"32-true", "bf16-true"}) {
+    for (bool sgd : {false, true}) {
+      SCOPED_TRACE(std::string(sgd ? "FusedSGD " : "FusedAdamW ") + precision);
+      volt_test::TempDir dir;
+      auto train = [&](const std::string& root, const std::string& resume, int64_t* trained) {
+        FusedClassifier model(sgd);
+        auto counter = std::make_shared<SaveAtBatch>(resume.empty() ? dir / "mid.ckpt" : "", 7);
+        volt::Trainer t(volt_test::quiet(root)
+                            .max_epochs(2)
+                            .precision(precision)
+                            .gradient_clip_val(0.5)
+                            .callbacks({counter}));
+        t.fit(model, volt_test::loader(volt_test::blobs(200, 8, 1), 16), c10::nullopt, resume);
+        *trained = counter->trained;
+        return model.flat_params();
+      };
+      int64_t full_batches = 0, resumed_batches = 0;
+      const Tensor full = train(dir / "full", "", &full_batches);
+      const Tensor resumed = train(dir / "resumed", dir / "mid.ckpt", &resumed_batches);
+      EXPECT_EQ(full_batches, 2 * 13);
+      EXPECT_EQ(resumed_batches, 2 * 13 - 7);  // it really continued from the checkpoint
+      EXPECT_TRUE(resumed.equal(full)) << (resumed - full).abs().max().item<double>();
+      if (std::string(precision) == "bf16-true") EXPECT_EQ(full.scalar_type(), torch::kBFloat16);
+    }
   }
 }
 
