@@ -123,6 +123,20 @@ void reload(torch::serialize::OutputArchive& out, torch::serialize::InputArchive
   in.load_from(buf);
 }
 
+/// Sets ATen's intra-op thread count for a scope and restores it however the scope ends.
+class ThreadsFor {
+ public:
+  explicit ThreadsFor(int threads) : before_(at::get_num_threads()) {
+    at::set_num_threads(threads);
+  }
+  ~ThreadsFor() { at::set_num_threads(before_); }
+  ThreadsFor(const ThreadsFor&) = delete;
+  ThreadsFor& operator=(const ThreadsFor&) = delete;
+
+ private:
+  int before_;
+};
+
 #define EXPECT_HAS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
@@ -270,8 +284,7 @@ TEST(BFloat16VsTorch, EveryStepMatchesLibtorchsVectorKernelsBitForBit) {
   // element-wise kernels then run every element in their vector lanes, which round once per op
   // as volt's bf16 kernels do, so the two agree bit for bit on every step. (In the scalar tail
   // of a loop, add_(x, alpha) rounds alpha * x before adding: see tol_for.)
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
+  ThreadsFor one_thread(1);
   const std::vector<std::vector<int64_t>> shapes = {{32}, {64, 32}, {65536 + 64}};
   auto make = [&] {
     auto gen = at::detail::createCPUGenerator(5);
@@ -345,15 +358,13 @@ TEST(BFloat16VsTorch, EveryStepMatchesLibtorchsVectorKernelsBitForBit) {
       }
     }
   }
-  at::set_num_threads(threads);
 }
 
 TEST(BFloat16VsTorch, NanInfAndOverflowingGradientsGiveLibtorchsValues) {
   // The bf16 kernels round without a NaN branch (see multi_tensor.cpp): NaN, inf and updates
   // that overflow bf16 must still come out where and as libtorch's do (vector lanes: 64
   // elements, one thread).
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
+  ThreadsFor one_thread(1);
   auto make = [] {
     auto gen = at::detail::createCPUGenerator(9);
     Tensor p = at::randn({64}, gen, torch::kBFloat16);
@@ -379,14 +390,12 @@ TEST(BFloat16VsTorch, NanInfAndOverflowingGradientsGiveLibtorchsValues) {
     EXPECT_TRUE(torch::allclose(c, d, 0, 0, /*equal_nan=*/true)) << "SGD step " << step;
   }
   EXPECT_GT(a.isnan().sum().item<int64_t>(), 0) << "the NaN gradient's parameter is NaN";
-  at::set_num_threads(threads);
 }
 
 TEST(BFloat16VsTorch, OneGroupWithFloatAndBf16ParametersStepsEachInItsDtype) {
   // Partly converted models (a bf16 trunk, a float head) give one param group two dtypes: each
   // gets its own flat state bank and its dtype's kernel.
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
+  ThreadsFor one_thread(1);
   auto make = [] {
     auto gen = at::detail::createCPUGenerator(3);
     std::vector<Tensor> ps = {at::randn({64, 32}, gen, torch::kBFloat16),
@@ -417,7 +426,6 @@ TEST(BFloat16VsTorch, OneGroupWithFloatAndBf16ParametersStepsEachInItsDtype) {
     EXPECT_EQ(st.exp_avg().scalar_type(), b[i].scalar_type()) << i;
     EXPECT_EQ(st.max_exp_avg_sq().scalar_type(), b[i].scalar_type()) << i;
   }
-  at::set_num_threads(threads);
 }
 
 // bias_correction=false has no libtorch counterpart: compare with the AdamW op sequence
@@ -723,11 +731,10 @@ TEST(FusedAdamW, TrainerResumesBitExactlyWithFusedOptimizers) {
 // ---------------------------------------------------------------- threads
 
 TEST(FusedAdamW, ResultsDoNotDependOnTheThreadCount) {
-  const int before = at::get_num_threads();
   std::vector<std::vector<Tensor>> results;
   std::vector<double> norms;
   for (int threads : {1, 2}) {
-    at::set_num_threads(threads);
+    ThreadsFor scope(threads);
     OddModel m(torch::kFloat);
     volt::FusedAdamW opt(m.parameters(), volt::FusedAdamWOptions(1e-2).amsgrad(true));
     for (int step = 0; step < 6; ++step) {
@@ -737,7 +744,6 @@ TEST(FusedAdamW, ResultsDoNotDependOnTheThreadCount) {
     }
     results.push_back(m.parameters());
   }
-  at::set_num_threads(before);
   for (size_t i = 0; i < kShapes.size(); ++i) EXPECT_TRUE(results[0][i].equal(results[1][i]));
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(norms[i], norms[i + 6]);
 }
