@@ -778,7 +778,7 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
     // in when that is on NVMe).
     precision_->unscale_gradients(optimizer);
     if (clip_value && *clip_value > 0) clip_gradients(optimizer, *clip_value, algorithm);
-    detail::OptimizerSwapper::SubGroupHooks hooks;
+    detail::SubGroupHooks hooks;
     if (e != nullptr) {
       hooks.read = [e](const std::vector<at::Tensor>& g) { e->read_step_chunks(g); };
       hooks.ready = [e](const std::vector<at::Tensor>&) { e->hold_step_chunks(); };
