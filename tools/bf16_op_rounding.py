@@ -1,14 +1,20 @@
 #!/usr/bin/python3
 """How libtorch's CPU kernels round bfloat16 arithmetic, measured (Debian's python3-torch 1.13,
-the same libtorch volt links). volt's bf16 optimizer kernels (src/kernels/detail/multi_tensor.cpp)
-repeat what this prints; rerun it when libtorch changes.
+the same libtorch volt links here; and torch 2.11 on the GPU machine). volt's bf16 optimizer
+kernels (src/kernels/detail/multi_tensor.cpp) repeat what this prints; rerun it when libtorch
+changes. 1.13: every scalar rounded to bf16. 2.11 (2026-11-26, AVX512): mul_/div_ keep their
+scalar in float, the rest as 1.13; its Python torch.optim no longer runs the C++ op sequence
+(lerp_), so part 3 checks the model against that sequence (0 mismatches in vector lanes; the 7
+over 5 steps were scalar tails at the ends of the 16 threads' chunks).
 
     /usr/bin/python3 tools/bf16_op_rounding.py
 
 Part 1 checks, op by op on 1e6 random elements, which of several rounding models equals
 libtorch's result for every element. Part 2 runs five AdamW / Adam(L2) steps, amsgrad or not,
-with torch.optim (the same op sequence as torch::optim in C++) against the chosen model written
-out in float32 with a bf16 rounding after each op, and counts mismatching elements (expect 0).
+with torch.optim (in 1.13 the same op sequence as torch::optim in C++) against the 1.13 model
+written out in float32 with a bf16 rounding after each op, and counts mismatching elements
+(expect 0 on 1.13). Part 3 runs torch::optim's C++ op sequence in Python against the model for
+the running torch.
 Both use tensors far larger than a vector, so libtorch's vector lanes decide; in the scalar tail
 of a loop add_(x, alpha) rounds alpha * x before adding (tests/kernels/fused_optim_test.cpp).
 """
@@ -39,26 +45,39 @@ def scalar(x):
 
 
 def part1():
+    print("torch", torch.__version__, "threads", torch.get_num_threads())
     torch.manual_seed(0)
     a, b = torch.randn(N).to(BF), torch.randn(N).to(BF)
     c = (torch.rand(N) + 0.1).to(BF)
     s = 0.0123456
     fa, fb, fc = a.float(), b.float(), c.float()
+    sb, sf = bf(scalar(s)), f32(scalar(s))
+    inv = f32(scalar(1.0) / f32(scalar(0.9)).double())  # 1/0.9 computed in float
     cases = {
-        "mul_(s)": (a.clone().mul_(s), {"s rounded to bf16": bf(fa * bf(scalar(s))),
-                                        "s in float": bf(fa * f32(scalar(s)))}),
+        "mul_(s)": (a.clone().mul_(s), {"s rounded to bf16": bf(fa * sb),
+                                        "s in float": bf(fa * sf)}),
         "add_(x, alpha)": (a.clone().add_(b, alpha=s),
-                           {"one fma, alpha bf16": bf(fma(fb, bf(scalar(s)), fa)),
-                            "alpha*x rounded first": bf(fa + bf(fb * bf(scalar(s))))}),
+                           {"one fma, alpha bf16": bf(fma(fb, sb, fa)),
+                            "one fma, alpha float": bf(fma(fb, sf, fa)),
+                            "alpha*x rounded first": bf(fa + bf(fb * sb)),
+                            "alpha float, x*alpha then +": bf(fa + fb * sf),
+                            "alpha float, alpha*x rounded": bf(fa + bf(fb * sf))}),
         "addcmul_(x, y, v)": (a.clone().addcmul_(b, c, value=s),
-                              {"v in float, one rounding": bf(fa + f32(scalar(s)) * fb * fc),
-                               "v bf16, each op rounded": bf(fa + bf(bf(bf(scalar(s)) * fb) * fc))}),
+                              {"v in float, one rounding": bf(fa + sf * fb * fc),
+                               "v float, one fma": bf(fma(sf * fb, fc, fa)),
+                               "v bf16, one rounding": bf(fa + sb * fb * fc),
+                               "v bf16, each op rounded": bf(fa + bf(bf(sb * fb) * fc))}),
         "addcdiv_(x, y, v)": (a.clone().addcdiv_(b, c, value=-s),
-                              {"v in float, one rounding": bf(fa + f32(scalar(-s)) * fb / fc),
-                               "v bf16, each op rounded": bf(fa + bf(bf(bf(scalar(-s)) * fb) / fc))}),
+                              {"v in float, one rounding": bf(fa + -sf * fb / fc),
+                               "v float, v*(x/y)": bf(fa + -sf * (fb / fc)),
+                               "v bf16, one rounding": bf(fa + -sb * fb / fc),
+                               "v bf16, each op rounded": bf(fa + bf(bf(-sb * fb) / fc))}),
         "div(s)": (a / 0.9, {"s rounded to bf16": bf(fa / bf(scalar(0.9))),
-                             "s in float": bf(fa / f32(scalar(0.9)))}),
+                             "s in float": bf(fa / f32(scalar(0.9))),
+                             "times 1/s in float": bf(fa * inv)}),
+        "add(s)": (a + s, {"s rounded to bf16": bf(fa + sb), "s in float": bf(fa + sf)}),
         "sqrt": (c.sqrt(), {"one rounding": bf(fc.sqrt())}),
+        "maximum": (torch.maximum(a, b), {"exact": torch.maximum(fa, fb)}),
     }
     for op, (got, models) in cases.items():
         for name, want in models.items():
@@ -99,6 +118,63 @@ def part2():
             print(f"{mode:8s} amsgrad={amsgrad!s:5s} 5 steps: {bad} mismatching elements")
 
 
+def part3():
+    """torch::optim's C++ AdamW/Adam op sequence, run here op by op on bf16 tensors, against
+    torch.optim (foreach=False): equal in 1.13; in 2.x Python's loop (lerp_, ...) may differ,
+    and then only part 1 says what the C++ sequence rounds like."""
+    lr, wd, b1, b2, eps = 0.01, 0.01, 0.9, 0.999, 1e-8
+    for amsgrad in (False, True):
+        for mode in ("adamw", "adam_l2"):
+            torch.manual_seed(1)
+            p = torch.randn(N).to(BF)
+            ref = p.clone().requires_grad_()
+            kind = torch.optim.AdamW if mode == "adamw" else torch.optim.Adam
+            opt = kind([ref], lr=lr, weight_decay=wd, amsgrad=amsgrad, foreach=False)
+            m, v, vmax = (torch.zeros(N, dtype=BF) for _ in range(3))
+            # The model for libtorch 2.x: mul_/div by a scalar keep it in float.
+            ms = f32 if int(torch.__version__.split(".")[0]) >= 2 else (lambda x: bf(x))
+            pe, me, ve, vme = p.float(), torch.zeros(N), torch.zeros(N), torch.zeros(N)
+            bad = bad_model = 0
+            for step in range(1, 6):
+                g = torch.randn(N).to(BF)
+                ref.grad = g.clone()
+                opt.step()
+                bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
+                if mode == "adamw":
+                    p.mul_(1 - lr * wd)
+                else:
+                    g = g.add(p, alpha=wd)
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                d = v
+                if amsgrad:
+                    torch.maximum(vmax, v, out=vmax)
+                    d = vmax
+                denom = (d.sqrt() / math.sqrt(bc2)).add_(eps)
+                p.addcdiv_(m, denom, value=-(lr / bc1))
+                bad += (p != ref.detach()).sum().item()
+                gi, pi = g.float() if mode == "adamw" else None, pe
+                if mode == "adamw":
+                    pi = bf(pi * ms(scalar(1 - lr * wd)))
+                else:
+                    gi = g.float()  # g already holds the L2 term (bf16 tensor op above)
+                me = bf(fma(gi, bf(scalar(1 - b1)), bf(me * ms(scalar(b1)))))
+                ve = bf(fma(f32(scalar(1 - b2)) * gi, gi, bf(ve * ms(scalar(b2)))))
+                de = ve
+                if amsgrad:
+                    vme = torch.maximum(vme, ve)
+                    de = vme
+                de = bf(bf(bf(de.sqrt()) / ms(scalar(math.sqrt(bc2)))) + bf(scalar(eps)))
+                pe = bf((f32(scalar(-(lr / bc1))) * me) / de + pi)
+                bad_model += (pe != p.float()).sum().item()
+                where = (pe != p.float()).nonzero().flatten().tolist()
+                if where and mode == "adamw" and not amsgrad:
+                    print("  step", step, "mismatch at", where[:8], "of", N)
+            print(f"C++ sequence vs torch.optim {mode:8s} amsgrad={amsgrad!s:5s}: {bad} mismatches;"
+                  f" vs the model for this torch: {bad_model}")
+
+
 if __name__ == "__main__":
     part1()
     part2()
+    part3()
