@@ -41,6 +41,9 @@
 #include <string>
 #include <vector>
 
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
 #include <volt/strategies/deepspeed.h>
 #include <volt/volt.h>
 

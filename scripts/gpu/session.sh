@@ -6,10 +6,16 @@
 # before DEADLINE (epoch seconds; default 570 s from now). Logs go to $OUT.
 #
 #   bash scripts/gpu/session.sh        # the device tool: carry [".gpu"], timeout_s 590
+#   EXPORT_HEADERS=1 bash scripts/gpu/session.sh   # also bring back the wheel's headers
 set -u
 export DEADLINE=${DEADLINE:-$(($(date +%s) + 570))}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
+if [ -n "${EXPORT_HEADERS:-}" ]; then
+  # The wheel's headers for scripts/gpu/check_syntax.sh here (README.md): one file in $OUT
+  # (parts of 15 MiB if it grows), in the foreground, before the build takes the cores.
+  bash scripts/gpu/export_headers.sh /tmp/h/hdr.tar.xz && split -b 15M /tmp/h/hdr.tar.xz "$out/hdr.part."
+fi
 NO_TESTS=1 bash .gpu/device_build.sh
 if [ ! -f build-gpu/libvolt.a ]; then
   off=""

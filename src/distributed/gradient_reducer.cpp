@@ -74,7 +74,7 @@ class Fp32ReduceHook : public c10d::CommHookInterface {
     std::vector<at::Tensor> tensors{wide};
     auto reduced = state_->allreduce(tensors)->getFuture();
     return reduced->then(
-        [buffer, wide, narrow](c10::ivalue::Future&) mutable {
+        [buffer, wide, narrow](c10::ivalue::Future&) {  // 2.x calls it as const
           if (narrow) buffer.copy_(wide);
           return c10::IValue(buffer);
         },
@@ -161,7 +161,16 @@ GradientReducer::GradientReducer(const std::vector<at::Tensor>& parameters,
   std::reverse(limits.begin(), limits.end());
   std::unordered_map<size_t, std::string> name_map;
   for (size_t i = 0; i < kept_names.size(); ++i) name_map[i] = kept_names[i];
-#if VOLT_TORCH_AT_LEAST(2, 0)
+#if VOLT_TORCH_AT_LEAST(2, 11)
+  // 2.11 (compiled against its headers, scripts/gpu/check_syntax.sh; not run: its wheel has no
+  // Gloo): skip_all_reduce_unused_params, use_python_reducer, per-bucket caps (empty: the two
+  // caps above).
+  impl_->reducer = std::make_shared<c10d::Reducer>(
+      params_, buckets, pg, sparse, cap, options_.find_unused_parameters(),
+      options_.gradient_as_bucket_view(), name_map, first_cap,
+      /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
+      std::vector<int64_t>{});
+#elif VOLT_TORCH_AT_LEAST(2, 0)
   // [S] 2.x dropped per_bucket_size_limits (read from sources, not compiled).
   impl_->reducer = std::make_shared<c10d::Reducer>(
       params_, buckets, pg, sparse, cap, options_.find_unused_parameters(),

@@ -1,6 +1,7 @@
 #include "volt/kernels/fused_bias_activation.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <initializer_list>
 #include <ostream>

@@ -2,6 +2,7 @@
 #include "requires.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <chrono>
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
