@@ -103,6 +103,15 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
     at::globalContext().setDeterministicCuDNN(true);
     at::globalContext().setBenchmarkCuDNN(false);
   }
+  if (s.opts.benchmark()) {
+    if (*s.opts.benchmark() && s.opts.deterministic()) {
+      warn_once("benchmark-deterministic", "Trainer",
+                "benchmark=true with deterministic=true: cuDNN autotuning may pick different "
+                "convolution algorithms run to run, so convolutions are not deterministic; drop "
+                "benchmark for repeatable runs.");
+    }
+    at::globalContext().setBenchmarkCuDNN(*s.opts.benchmark());
+  }
   if (reference_blas_active()) {
     warn_once("reference-blas", "Trainer",
               "libtorch is using the reference BLAS (about 20x slower); install "

@@ -95,7 +95,8 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       "  gradient_clip_val: 1.5\n  gradient_clip_algorithm: value\n  log_every_n_steps: 5\n"
       "  enable_progress_bar: false\n  enable_checkpointing: false\n"
       "  enable_model_summary: false\n  logger: false\n  default_root_dir: /tmp/x\n"
-      "  deterministic: true\n  detect_nonfinite_loss: false\n  graph_training_step: true\n"
+      "  deterministic: true\n  benchmark: false\n  detect_nonfinite_loss: false\n"
+      "  graph_training_step: true\n"
       "  num_threads: 2\n  progress_refresh_s: 2.0\n",
       r);
   // Every declared field was set above to a non-default value.
@@ -130,6 +131,7 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       .logger(false)
       .default_root_dir("/tmp/x")
       .deterministic(true)
+      .benchmark(false)
       .detect_nonfinite_loss(false)
       .graph_training_step(true)
       .num_threads(2)

@@ -1,11 +1,14 @@
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "log_capture.h"
 #include "tiny.h"
 
 namespace {
@@ -247,6 +250,34 @@ TEST(Trainer, DeterministicTurnsOnDeterministicAlgorithmsAndTheCublasWorkspace) 
   { volt::Trainer t(quiet(dir.path).deterministic(true)); }
   EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":16:8");
   at::globalContext().setDeterministicAlgorithms(false, false);
+  ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
+}
+
+// benchmark, as Lightning's: set for the process at construction when given; unset keeps the
+// current setting, except that deterministic turns autotuning off; true with deterministic
+// warns and is kept.
+TEST(Trainer, BenchmarkSetsCudnnAutotuningAsLightningDoes) {
+  auto& ctx = at::globalContext();
+  const bool before = ctx.benchmarkCuDNN();
+  volt_test::TempDir dir;
+  { volt::Trainer t(quiet(dir.path).benchmark(true)); }
+  EXPECT_TRUE(ctx.benchmarkCuDNN());
+  { volt::Trainer t(quiet(dir.path)); }
+  EXPECT_TRUE(ctx.benchmarkCuDNN()) << "unset must keep the process's setting";
+  { volt::Trainer t(quiet(dir.path).benchmark(false)); }
+  EXPECT_FALSE(ctx.benchmarkCuDNN());
+  ctx.setBenchmarkCuDNN(true);
+  { volt::Trainer t(quiet(dir.path).deterministic(true)); }
+  EXPECT_FALSE(ctx.benchmarkCuDNN()) << "deterministic without benchmark turns it off";
+  const auto lines = volt_test::capture_logs(
+      [&] { volt::Trainer t(quiet(dir.path).deterministic(true).benchmark(true)); });
+  EXPECT_TRUE(ctx.benchmarkCuDNN());
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.find("benchmark=true with deterministic=true") != std::string::npos;
+  }));
+  ctx.setDeterministicAlgorithms(false, false);
+  ctx.setDeterministicCuDNN(false);
+  ctx.setBenchmarkCuDNN(before);
   ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
 }
 

@@ -85,6 +85,13 @@ struct TrainerOptions {
   /// deterministic implementation throws; cuDNN deterministic and not benchmarking; cuBLAS
   /// with a fixed workspace unless CUBLAS_WORKSPACE_CONFIG is set). Default: false.
   TORCH_ARG(bool, deterministic) = false;
+  /// cuDNN autotuning, as Lightning's `benchmark` (torch.backends.cudnn.benchmark): true times
+  /// the convolution algorithms for each new input shape on first use and keeps the fastest
+  /// (pays off when shapes repeat), false uses cuDNN's heuristics. Unset: false when
+  /// deterministic, otherwise the process's current setting stays. Set for the whole process at
+  /// construction, as Lightning does; true with deterministic warns (cuDNN then ignores
+  /// determinism). No effect on CPU. Default: unset.
+  TORCH_ARG(c10::optional<bool>, benchmark);
   /// Seed torch's RNG before building anything (seed_everything). Default: none.
   TORCH_ARG(c10::optional<uint64_t>, seed);
   /// Raise ValueError naming the step when a training loss is NaN or inf. Default: true.

@@ -443,6 +443,7 @@ Params trainer_params(const Registry& reg) {
       .add("use_distributed_sampler", d.use_distributed_sampler(),
            "with several processes, shard every loader by rank")
       .add("deterministic", d.deterministic(), "use deterministic algorithms only")
+      .optional<bool>("benchmark", "cuDNN autotuning; unset: off when deterministic, else kept")
       .add("detect_nonfinite_loss", d.detect_nonfinite_loss(), "fail on a NaN/inf training loss")
       .add("graph_training_step", d.graph_training_step(),
            "replay the training step from CUDA graphs (eager where it cannot, logged)")
@@ -490,6 +491,7 @@ TrainerOptions trainer_options(const Args& a) {
       .progress_refresh_s(a.get<double>("progress_refresh_s"));
   if (auto v = a.get_optional<double>("max_time")) o.max_time(*v);
   if (auto v = a.get_optional<double>("gradient_clip_val")) o.gradient_clip_val(*v);
+  if (auto v = a.get_optional<bool>("benchmark")) o.benchmark(*v);
   return o;
 }
 
