@@ -58,6 +58,10 @@ deadline_saved=$deadline
 deadline=$((deadline - RESERVE_FOR_CTEST))
 stage 60 bench.log $b/benchmarks/volt_bench_cuda_loop --rounds 2 --mlp-steps 1000 --cnn-steps 500
 stage 80 bench.log python3 benchmarks/cuda_loop.py --rounds 2 --mlp-steps 1000 --cnn-steps 500
+# GPT-2 124M, bf16-mixed, batch 16 x 1024: volt fit and a hand loop, then plain PyTorch and
+# Lightning (#14's tokens/s goal: >= 1.1x Lightning).
+stage 90 bench.log $b/benchmarks/volt_bench_gpt2
+stage 120 bench.log python3 benchmarks/gpt2.py
 deadline=$deadline_saved
 cat "$out/bench.log"
 
