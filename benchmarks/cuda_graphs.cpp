@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_trainer.h"
 #include "models.h"
 #include "timing.h"
 
@@ -160,15 +161,7 @@ class MlpModule : public volt::Module {
 double trainer_fit(bool graphed, bool adamw, const torch::Tensor& x, const torch::Tensor& y,
                    int64_t steps) {
   MlpModule m(adamw);
-  volt::Trainer t(volt::TrainerOptions()
-                      .accelerator("cuda")
-                      .max_steps(steps)
-                      .logger(false)
-                      .enable_checkpointing(false)
-                      .enable_progress_bar(false)
-                      .enable_model_summary(false)
-                      .num_sanity_val_steps(0)
-                      .graph_training_step(graphed));
+  volt::Trainer t(volt_bench::bench_trainer("cuda", steps).graph_training_step(graphed));
   auto ds = std::make_shared<volt::TensorDataset>(x, y);
   volt::DataLoader dl(ds, volt::DataLoaderOptions(128).shuffle(true).seed(1).pin_memory(true));
   torch::cuda::synchronize();

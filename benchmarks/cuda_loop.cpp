@@ -15,6 +15,7 @@
 #include <string>
 
 #include "adam_module.h"
+#include "bench_trainer.h"
 #include "hand_loop.h"
 #include "models.h"
 #include "timing.h"
@@ -32,13 +33,7 @@ struct Data {
 template <typename Net>
 double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps, bool pin) {
   volt_bench::AdamModule<Net> m(net);
-  volt::Trainer t(volt::TrainerOptions()
-                      .accelerator("cuda")
-                      .max_steps(steps)
-                      .logger(false)
-                      .enable_checkpointing(false)
-                      .enable_progress_bar(false)
-                      .num_sanity_val_steps(0));
+  volt::Trainer t(volt_bench::bench_trainer("cuda", steps));
   auto ds = std::make_shared<volt::TensorDataset>(d.x, d.y);
   volt::DataLoader dl(ds, volt::DataLoaderOptions(batch).shuffle(true).seed(1).pin_memory(pin));
   torch::cuda::synchronize();

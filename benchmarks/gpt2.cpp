@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_trainer.h"
 #include "gpt2.h"
 #include "timing.h"
 
@@ -74,15 +75,8 @@ double run_volt(const Setup& s, const torch::Tensor& x, const torch::Tensor& y, 
   torch::manual_seed(1);
   volt_examples::Gpt2Module m(std::make_shared<volt_examples::Gpt2Net>(s.cfg));
   auto clock = std::make_shared<SteadyClock>(s.device, s.warmup);
-  volt::Trainer t(volt::TrainerOptions()
-                      .accelerator(s.device.is_cuda() ? "cuda" : "cpu")
+  volt::Trainer t(volt_bench::bench_trainer(s.device.is_cuda() ? "cuda" : "cpu", s.steps)
                       .precision("bf16-mixed")
-                      .max_steps(s.steps)
-                      .logger(false)
-                      .enable_checkpointing(false)
-                      .enable_progress_bar(false)
-                      .enable_model_summary(false)
-                      .num_sanity_val_steps(0)
                       .callbacks({clock}));
   volt::DataLoader dl(std::make_shared<volt::TensorDataset>(x, y),
                       volt::DataLoaderOptions(s.batch).pin_memory(s.device.is_cuda()));

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "adam_module.h"
+#include "bench_trainer.h"
 #include "hand_loop.h"
 #include "models.h"
 
@@ -57,13 +58,7 @@ Counts count_fit(const torch::Tensor& x, const torch::Tensor& y, const std::stri
                  int64_t steps) {
   volt_bench::AdamModule<volt_examples::MlpNet> m(
       std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{256, 128}));
-  volt::Trainer t(volt::TrainerOptions()
-                      .accelerator(acc)
-                      .max_steps(steps)
-                      .logger(false)
-                      .enable_checkpointing(false)
-                      .enable_progress_bar(false)
-                      .num_sanity_val_steps(0));
+  volt::Trainer t(volt_bench::bench_trainer(acc, steps));
   volt::DataLoader dl(std::make_shared<volt::TensorDataset>(x, y),
                       volt::DataLoaderOptions(128).shuffle(true).seed(1));
   Counts c;
