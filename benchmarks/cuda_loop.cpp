@@ -5,6 +5,10 @@
 // machine with the same data. Prints steps/s (median of the rounds).
 //
 //   build/benchmarks/volt_bench_cuda_loop [--rounds R] [--mlp-steps N] [--cnn-steps N]
+//                                         [--only mlp|cnn] [--cudnn-benchmark]
+//
+// --cudnn-benchmark turns cuDNN autotuning on for every side (volt's TrainerOptions::benchmark,
+// the hand loop's global flag; cuda_loop.py's flag does the same for PyTorch and Lightning).
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -31,9 +35,10 @@ struct Data {
 };
 
 template <typename Net>
-double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps, bool pin) {
+double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps, bool pin,
+                bool cudnn_benchmark) {
   volt_bench::AdamModule<Net> m(net);
-  volt::Trainer t(volt_bench::bench_trainer("cuda", steps));
+  volt::Trainer t(volt_bench::bench_trainer("cuda", steps).benchmark(cudnn_benchmark));
   auto ds = std::make_shared<volt::TensorDataset>(d.x, d.y);
   volt::DataLoader dl(ds, volt::DataLoaderOptions(batch).shuffle(true).seed(1).pin_memory(pin));
   torch::cuda::synchronize();
@@ -44,7 +49,9 @@ double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t 
 }
 
 template <typename Net>
-double run_hand(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps) {
+double run_hand(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps,
+                bool cudnn_benchmark) {
+  at::globalContext().setBenchmarkCuDNN(cudnn_benchmark);
   const torch::Device cuda(torch::kCUDA);
   net->to(cuda);
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-3));
@@ -71,9 +78,18 @@ int main(int argc, char** argv) {
   }
   int rounds = 3;
   int64_t mlp_steps = 2000, cnn_steps = 1000;
-  for (int i = 1; i + 1 < argc; ++i) {
+  bool cudnn_benchmark = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--rounds")
+    if (a == "--cudnn-benchmark") {
+      cudnn_benchmark = true;
+      continue;
+    }
+    if (i + 1 >= argc) break;
+    if (a == "--only")
+      only = argv[++i];
+    else if (a == "--rounds")
       rounds = std::stoi(argv[++i]);
     else if (a == "--mlp-steps")
       mlp_steps = std::stoll(argv[++i]);
@@ -90,6 +106,7 @@ int main(int argc, char** argv) {
   };
   for (const Row& row :
        {Row{"mlp 784-256-128-10", 128, mlp_steps, true}, Row{"cnn (demo)", 64, cnn_steps, false}}) {
+    if (!only.empty() && only != (row.mlp ? "mlp" : "cnn")) continue;
     std::vector<double> v, vp, h;
     auto make_mlp = [] {
       return std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{256, 128});
@@ -97,23 +114,25 @@ int main(int argc, char** argv) {
     auto make_cnn = [] { return std::make_shared<volt_examples::CnnNet>(); };
     for (int r = -1; r < rounds; ++r) {  // round -1 warms up CUDA, cuBLAS and cuDNN
       torch::manual_seed(r + 1);
-      const double a = row.mlp ? run_volt(make_mlp(), d, row.batch, row.steps, false)
-                               : run_volt(make_cnn(), d, row.batch, row.steps, false);
+      const bool cb = cudnn_benchmark;
+      const double a = row.mlp ? run_volt(make_mlp(), d, row.batch, row.steps, false, cb)
+                               : run_volt(make_cnn(), d, row.batch, row.steps, false, cb);
       torch::manual_seed(r + 1);
-      const double b = row.mlp ? run_volt(make_mlp(), d, row.batch, row.steps, true)
-                               : run_volt(make_cnn(), d, row.batch, row.steps, true);
+      const double b = row.mlp ? run_volt(make_mlp(), d, row.batch, row.steps, true, cb)
+                               : run_volt(make_cnn(), d, row.batch, row.steps, true, cb);
       torch::manual_seed(r + 1);
-      const double c = row.mlp ? run_hand(make_mlp(), d, row.batch, row.steps)
-                               : run_hand(make_cnn(), d, row.batch, row.steps);
+      const double c = row.mlp ? run_hand(make_mlp(), d, row.batch, row.steps, cb)
+                               : run_hand(make_cnn(), d, row.batch, row.steps, cb);
       if (r < 0) continue;
       v.push_back(a);
       vp.push_back(b);
       h.push_back(c);
     }
     const double mv = median(v), mvp = median(vp), mh = median(h);
-    std::printf("\n%s, batch %lld, Adam, %lld steps x %d rounds (median steps/s)\n",
+    std::printf("\n%s, batch %lld, Adam, %lld steps x %d rounds%s (median steps/s)\n",
                 row.name.c_str(), static_cast<long long>(row.batch),
-                static_cast<long long>(row.steps), rounds);
+                static_cast<long long>(row.steps), rounds,
+                cudnn_benchmark ? ", cuDNN autotuning on" : "");
     std::printf("  volt Trainer.fit             %9.1f   volt/hand = %.3f\n", mv, mv / mh);
     std::printf("  volt Trainer.fit, pinned     %9.1f   volt/hand = %.3f\n", mvp, mvp / mh);
     std::printf("  hand libtorch loop           %9.1f\n", mh);

@@ -4,6 +4,10 @@ volt_bench_cuda_loop (same models, data, batch sizes and optimizer): the Fashion
 training images on the CPU. Prints steps/s (median of the rounds, after a warm-up round).
 
     python3 benchmarks/cuda_loop.py [--rounds R] [--mlp-steps N] [--cnn-steps N] [--no-lightning]
+                                    [--only mlp|cnn] [--cudnn-benchmark]
+
+--cudnn-benchmark: cuDNN autotuning on for both (torch.backends.cudnn.benchmark, Lightning's
+Trainer(benchmark=True)), as volt_bench_cuda_loop's flag does for volt and the hand loop.
 """
 import argparse
 import os
@@ -31,7 +35,8 @@ class Mlp(nn.Module):
         return self.out(F.relu(self.fc1(x)))
 
 
-def plain(make, x, y, batch, steps):
+def plain(make, x, y, batch, steps, cudnn_benchmark):
+    torch.backends.cudnn.benchmark = cudnn_benchmark
     net = make().cuda()
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     net.train()
@@ -54,7 +59,7 @@ def plain(make, x, y, batch, steps):
     return steps / (time.perf_counter() - t0)
 
 
-def lightning(make, x, y, batch, steps):
+def lightning(make, x, y, batch, steps, cudnn_benchmark):
     import pytorch_lightning as pl
 
     class Lit(pl.LightningModule):
@@ -74,7 +79,8 @@ def lightning(make, x, y, batch, steps):
                                      shuffle=True)
     t = pl.Trainer(accelerator="gpu", devices=1, max_steps=steps, logger=False,
                    enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, num_sanity_val_steps=0)
+                   enable_model_summary=False, num_sanity_val_steps=0,
+                   benchmark=cudnn_benchmark)
     m = Lit()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -89,21 +95,27 @@ def main():
     ap.add_argument("--mlp-steps", type=int, default=2000)
     ap.add_argument("--cnn-steps", type=int, default=1000)
     ap.add_argument("--no-lightning", action="store_true")
+    ap.add_argument("--only", choices=("mlp", "cnn"))
+    ap.add_argument("--cudnn-benchmark", action="store_true")
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
     os.environ.setdefault("PL_DISABLE_FORK", "1")
     x, y = load(16384)
     for name, make, batch, steps in (("mlp 784-256-128-10", Mlp, 128, a.mlp_steps),
                                      ("cnn (demo)", Cnn, 64, a.cnn_steps)):
+        if a.only and not name.startswith(a.only):
+            continue
         res = {"python torch loop": [], "lightning": []}
         for r in range(-1, a.rounds):
             torch.manual_seed(r + 1)
-            p = plain(make, x, y, batch, steps)
-            lt = 0 if a.no_lightning else lightning(make, x, y, batch, steps)
+            p = plain(make, x, y, batch, steps, a.cudnn_benchmark)
+            lt = 0 if a.no_lightning else lightning(make, x, y, batch, steps, a.cudnn_benchmark)
             if r >= 0:
                 res["python torch loop"].append(p)
                 res["lightning"].append(lt)
-        print(f"\n{name}, batch {batch}, Adam, {steps} steps x {a.rounds} rounds (median steps/s)")
+        tuned = ", cuDNN autotuning on" if a.cudnn_benchmark else ""
+        print(f"\n{name}, batch {batch}, Adam, {steps} steps x {a.rounds} rounds{tuned} "
+              "(median steps/s)")
         for k, v in res.items():
             print(f"  {k:28s} {sorted(v)[len(v) // 2]:9.1f}")
 

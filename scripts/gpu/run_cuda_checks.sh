@@ -38,6 +38,8 @@ graphs='CudaGraph*:GraphedCallable*:GraphedModule*:WrapInGraph*:DynamicModels*:G
 graphs+=':GraphCache.*:GraphTrainingStep*:FusedSdpaCuda.*'
 older='FusedOptimCuda.*:ExactResume.*:HostAllocator.*:FusedBiasActivation.*:AutocastOps.*'
 older+=':PerfScan.*:Fp8InferenceCli.*:FusedClipNorm.*:FusedAdamW.Trainer*'
+# The CPU bf16 fused-optimizer tests, which failed against 2.11 until its rounding was modelled.
+older+=':BFloat16VsTorch.*:*bf16*:FusedAdamW.CheckpointsMoveToAndFromTorchAdamW:Gpt2.*'
 echo "== CUDA and graph tests"
 stage 45 cuda_tests.log $b/tests/volt_tests --gtest_filter="$graphs"
 stage 50 cuda_tests.log $b/tests/volt_tests --gtest_filter="$older"
@@ -46,22 +48,29 @@ grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests? ran|Failure|max diff|Expected|Whic
 
 echo "== benchmarks"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/bench.log"
-stage 70 bench.log $b/benchmarks/volt_bench_cuda_graphs --rounds 3 --steps 1000
-stage 40 bench.log $b/benchmarks/volt_bench_fused_sdpa_cuda --reps 10
-stage 30 bench.log $b/examples/volt_graphed_training /usr/share/datasets/fashion-mnist 2
-stage 40 bench.log $b/benchmarks/volt_bench_step_ops --accelerator cuda --steps 300
-# The side by side with a hand libtorch loop, plain PyTorch and Lightning (same data, Adam):
-# last, as it was measured before; ctest needs the time more (the whole run took 320 s of the
-# 570 on the H200, 2026-11-26, so all of it fits).
-RESERVE_FOR_CTEST=${RESERVE_FOR_CTEST:-90}
+# What no GPU run has measured yet comes first; the stages cut what runs past the deadline, and
+# ctest keeps RESERVE_FOR_CTEST seconds. On the H200 (2026-11-26) the build took 192 s and the
+# stages below the first two groups about 200 s.
+RESERVE_FOR_CTEST=${RESERVE_FOR_CTEST:-60}
 deadline_saved=$deadline
 deadline=$((deadline - RESERVE_FOR_CTEST))
-stage 60 bench.log $b/benchmarks/volt_bench_cuda_loop --rounds 2 --mlp-steps 1000 --cnn-steps 500
-stage 80 bench.log python3 benchmarks/cuda_loop.py --rounds 2 --mlp-steps 1000 --cnn-steps 500
 # GPT-2 124M, bf16-mixed, batch 16 x 1024: volt fit and a hand loop, then plain PyTorch and
 # Lightning (#14's tokens/s goal: >= 1.1x Lightning).
 stage 90 bench.log $b/benchmarks/volt_bench_gpt2
 stage 120 bench.log python3 benchmarks/gpt2.py
+# The CNN with cuDNN autotuning on every side (#14's CNN goal, >= 2x Lightning: 1.79x without
+# it on the H200, 2026-11-26).
+stage 40 bench.log $b/benchmarks/volt_bench_cuda_loop --rounds 2 --cnn-steps 500 --only cnn --cudnn-benchmark
+stage 60 bench.log python3 benchmarks/cuda_loop.py --rounds 2 --cnn-steps 500 --only cnn --cudnn-benchmark
+# Measured before (H200, 2026-11-26), rerun for the same-run comparison while time is left: the
+# side by side with a hand loop, plain PyTorch and Lightning (same data, Adam), the graphs, ops
+# per step, attention, the graphed example.
+stage 60 bench.log $b/benchmarks/volt_bench_cuda_loop --rounds 2 --mlp-steps 1000 --cnn-steps 500
+stage 80 bench.log python3 benchmarks/cuda_loop.py --rounds 2 --mlp-steps 1000 --cnn-steps 500
+stage 70 bench.log $b/benchmarks/volt_bench_cuda_graphs --rounds 3 --steps 1000
+stage 40 bench.log $b/benchmarks/volt_bench_step_ops --accelerator cuda --steps 300
+stage 40 bench.log $b/benchmarks/volt_bench_fused_sdpa_cuda --reps 10
+stage 30 bench.log $b/examples/volt_graphed_training /usr/share/datasets/fashion-mnist 2
 deadline=$deadline_saved
 cat "$out/bench.log"
 
