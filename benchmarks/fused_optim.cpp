@@ -6,7 +6,6 @@
 //
 //   build/benchmarks/volt_bench_fused_optim [repetitions]
 
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/torch.h>
 #include <volt/volt.h>
 

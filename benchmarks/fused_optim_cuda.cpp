@@ -8,7 +8,6 @@
 //   build/benchmarks/volt_bench_fused_optim_cuda [rounds] [steps]
 
 #include <torch/cuda.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/torch.h>
 #include <volt/volt.h>
 

@@ -25,6 +25,9 @@ if [ "${1:-}" = "--host" ]; then
   shift
   what="this machine's libtorch (/usr/include)"
   flags=("${common[@]}" -DUSE_C10D_GLOO -DUSE_DISTRIBUTED -isystem /usr/include/torch/csrc/api/include)
+  # Debian's package omits this c10d header; the build's shim stands in (CMakeLists.txt).
+  [ -f /usr/include/torch/csrc/distributed/autograd/context/context.h ] ||
+    flags+=(-I"$root/src/distributed/shim")
 else
   h=${VOLT_GPU_HEADERS:-/root/gpu-headers/torch-2.11-cu130}
   [ -f "$h/tmp/h/VERSION" ] || {

@@ -9,7 +9,6 @@
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/torch.h>
 
 #include <volt/volt.h>

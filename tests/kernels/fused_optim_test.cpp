@@ -9,7 +9,7 @@
 // it). Clipping float32 gradients differs more (see expect_clip_matches): libtorch sums in float.
 
 #include <gtest/gtest.h>
-#include <torch/nn/utils/clip_grad.h>
+#include <torch/torch.h>
 
 #include <cmath>
 #include <functional>
