@@ -85,93 +85,95 @@ def part1():
             print(f"{op:18s} {name:28s} equal on {100 * same:7.3f}% of elements")
 
 
+LR, WD, B1, B2, EPS = 0.01, 0.01, 0.9, 0.999, 1e-8
+CASES = [(amsgrad, mode) for amsgrad in (False, True) for mode in ("adamw", "adam_l2")]
+
+
+def torch_optim(mode, amsgrad):
+    """Seeded bf16 parameters, a leaf copy of them and torch.optim's loop (foreach=False) on it."""
+    torch.manual_seed(1)
+    p = torch.randn(N).to(BF)
+    ref = p.clone().requires_grad_()
+    kind = torch.optim.AdamW if mode == "adamw" else torch.optim.Adam
+    return p, ref, kind([ref], lr=LR, weight_decay=WD, amsgrad=amsgrad, foreach=False)
+
+
+class Model:
+    """torch::optim's AdamW / Adam(L2) step written out in float32 with one bf16 rounding per
+    libtorch op; `ms` gives a mul_/div_ scalar as libtorch uses it (bf16 in 1.13, float in 2.x)."""
+
+    def __init__(self, p, mode, amsgrad, ms):
+        self.mode, self.amsgrad, self.ms = mode, amsgrad, ms
+        self.p, self.m, self.v, self.vmax = p.float(), torch.zeros(N), torch.zeros(N), torch.zeros(N)
+
+    def step(self, g, step):
+        ms = self.ms
+        bc1, bc2 = 1 - B1 ** step, 1 - B2 ** step
+        gi, pi = g.float(), self.p
+        if self.mode == "adamw":
+            pi = bf(pi * ms(scalar(1 - LR * WD)))
+        else:
+            gi = bf(fma(pi, bf(scalar(WD)), gi))
+        self.m = bf(fma(gi, bf(scalar(1 - B1)), bf(self.m * ms(scalar(B1)))))
+        self.v = bf(fma(f32(scalar(1 - B2)) * gi, gi, bf(self.v * ms(scalar(B2)))))
+        d = self.v
+        if self.amsgrad:
+            self.vmax = torch.maximum(self.vmax, self.v)
+            d = self.vmax
+        d = bf(bf(bf(d.sqrt()) / ms(scalar(math.sqrt(bc2)))) + bf(scalar(EPS)))
+        self.p = bf((f32(scalar(-(LR / bc1))) * self.m) / d + pi)
+        return self.p
+
+
 def part2():
-    lr, wd, b1, b2, eps = 0.01, 0.01, 0.9, 0.999, 1e-8
-    for amsgrad in (False, True):
-        for mode in ("adamw", "adam_l2"):
-            torch.manual_seed(1)
-            p = torch.randn(N).to(BF)
-            ref = p.clone().requires_grad_()
-            kind = torch.optim.AdamW if mode == "adamw" else torch.optim.Adam
-            opt = kind([ref], lr=lr, weight_decay=wd, amsgrad=amsgrad, foreach=False)
-            pe, m, v, vmax = p.float(), torch.zeros(N), torch.zeros(N), torch.zeros(N)
-            bad = 0
-            for step in range(1, 6):
-                g = torch.randn(N).to(BF)
-                ref.grad = g.clone()
-                opt.step()
-                bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
-                gi, pi = g.float(), pe
-                if mode == "adamw":
-                    pi = bf(pi * bf(scalar(1 - lr * wd)))
-                else:
-                    gi = bf(fma(pi, bf(scalar(wd)), gi))
-                m = bf(fma(gi, bf(scalar(1 - b1)), bf(m * bf(scalar(b1)))))
-                v = bf(fma(f32(scalar(1 - b2)) * gi, gi, bf(v * bf(scalar(b2)))))
-                d = v
-                if amsgrad:
-                    vmax = torch.maximum(vmax, v)
-                    d = vmax
-                d = bf(bf(bf(d.sqrt()) / bf(scalar(math.sqrt(bc2)))) + bf(scalar(eps)))
-                pe = bf((f32(scalar(-(lr / bc1))) * m) / d + pi)
-                bad += (pe != ref.detach().float()).sum().item()
-            print(f"{mode:8s} amsgrad={amsgrad!s:5s} 5 steps: {bad} mismatching elements")
+    for amsgrad, mode in CASES:
+        p, ref, opt = torch_optim(mode, amsgrad)
+        model = Model(p, mode, amsgrad, bf)  # the 1.13 model
+        bad = 0
+        for step in range(1, 6):
+            g = torch.randn(N).to(BF)
+            ref.grad = g.clone()
+            opt.step()
+            bad += (model.step(g, step) != ref.detach().float()).sum().item()
+        print(f"{mode:8s} amsgrad={amsgrad!s:5s} 5 steps: {bad} mismatching elements")
 
 
 def part3():
     """torch::optim's C++ AdamW/Adam op sequence, run here op by op on bf16 tensors, against
     torch.optim (foreach=False): equal in 1.13; in 2.x Python's loop (lerp_, ...) may differ,
     and then only part 1 says what the C++ sequence rounds like."""
-    lr, wd, b1, b2, eps = 0.01, 0.01, 0.9, 0.999, 1e-8
-    for amsgrad in (False, True):
-        for mode in ("adamw", "adam_l2"):
-            torch.manual_seed(1)
-            p = torch.randn(N).to(BF)
-            ref = p.clone().requires_grad_()
-            kind = torch.optim.AdamW if mode == "adamw" else torch.optim.Adam
-            opt = kind([ref], lr=lr, weight_decay=wd, amsgrad=amsgrad, foreach=False)
-            m, v, vmax = (torch.zeros(N, dtype=BF) for _ in range(3))
-            # The model for libtorch 2.x: mul_/div by a scalar keep it in float.
-            ms = f32 if int(torch.__version__.split(".")[0]) >= 2 else (lambda x: bf(x))
-            pe, me, ve, vme = p.float(), torch.zeros(N), torch.zeros(N), torch.zeros(N)
-            bad = bad_model = 0
-            for step in range(1, 6):
-                g = torch.randn(N).to(BF)
-                ref.grad = g.clone()
-                opt.step()
-                bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
-                if mode == "adamw":
-                    p.mul_(1 - lr * wd)
-                else:
-                    g = g.add(p, alpha=wd)
-                m.mul_(b1).add_(g, alpha=1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                d = v
-                if amsgrad:
-                    torch.maximum(vmax, v, out=vmax)
-                    d = vmax
-                denom = (d.sqrt() / math.sqrt(bc2)).add_(eps)
-                p.addcdiv_(m, denom, value=-(lr / bc1))
-                bad += (p != ref.detach()).sum().item()
-                gi, pi = g.float() if mode == "adamw" else None, pe
-                if mode == "adamw":
-                    pi = bf(pi * ms(scalar(1 - lr * wd)))
-                else:
-                    gi = g.float()  # g already holds the L2 term (bf16 tensor op above)
-                me = bf(fma(gi, bf(scalar(1 - b1)), bf(me * ms(scalar(b1)))))
-                ve = bf(fma(f32(scalar(1 - b2)) * gi, gi, bf(ve * ms(scalar(b2)))))
-                de = ve
-                if amsgrad:
-                    vme = torch.maximum(vme, ve)
-                    de = vme
-                de = bf(bf(bf(de.sqrt()) / ms(scalar(math.sqrt(bc2)))) + bf(scalar(eps)))
-                pe = bf((f32(scalar(-(lr / bc1))) * me) / de + pi)
-                bad_model += (pe != p.float()).sum().item()
-                where = (pe != p.float()).nonzero().flatten().tolist()
-                if where and mode == "adamw" and not amsgrad:
-                    print("  step", step, "mismatch at", where[:8], "of", N)
-            print(f"C++ sequence vs torch.optim {mode:8s} amsgrad={amsgrad!s:5s}: {bad} mismatches;"
-                  f" vs the model for this torch: {bad_model}")
+    # The model for the running torch: 2.x keeps mul_/div_ scalars in float.
+    ms = f32 if int(torch.__version__.split(".")[0]) >= 2 else bf
+    for amsgrad, mode in CASES:
+        p, ref, opt = torch_optim(mode, amsgrad)
+        model = Model(p, mode, amsgrad, ms)
+        m, v, vmax = (torch.zeros(N, dtype=BF) for _ in range(3))
+        bad = bad_model = 0
+        for step in range(1, 6):
+            g = torch.randn(N).to(BF)
+            ref.grad = g.clone()
+            opt.step()
+            pe = model.step(g, step)
+            bc1, bc2 = 1 - B1 ** step, 1 - B2 ** step
+            if mode == "adamw":
+                p.mul_(1 - LR * WD)
+            else:
+                g = g.add(p, alpha=WD)
+            m.mul_(B1).add_(g, alpha=1 - B1)
+            v.mul_(B2).addcmul_(g, g, value=1 - B2)
+            d = v
+            if amsgrad:
+                torch.maximum(vmax, v, out=vmax)
+                d = vmax
+            denom = (d.sqrt() / math.sqrt(bc2)).add_(EPS)
+            p.addcdiv_(m, denom, value=-(LR / bc1))
+            bad += (p != ref.detach()).sum().item()
+            where = (pe != p.float()).nonzero().flatten().tolist()
+            bad_model += len(where)
+            if where and mode == "adamw" and not amsgrad:
+                print("  step", step, "mismatch at", where[:8], "of", N)
+        print(f"C++ sequence vs torch.optim {mode:8s} amsgrad={amsgrad!s:5s}: {bad} mismatches;"
+              f" vs the model for this torch: {bad_model}")
 
 
 if __name__ == "__main__":
