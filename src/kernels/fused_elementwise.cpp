@@ -10,6 +10,7 @@
 #include <gnu/libc-version.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <torch/csrc/autograd/function.h>
@@ -18,6 +19,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -431,14 +433,56 @@ Loaded& loaded() {
   return *l;
 }
 
-// Opens the library at `path` and returns its kernel when it carries `key`; "" in *why on success.
-KernelFn open_kernel(const std::string& path, const std::string& key, std::string* why) {
+// dlopen of the library at `path`; nullptr with the reason in *why when it fails.
+//
+// dlopen maps a library's code with PROT_EXEC, which a folder mounted noexec refuses ("failed
+// to map segment from shared object"): a hardened /tmp, where kernels are compiled, or a cache
+// folder on such a mount. The same bytes copied into an anonymous memory file load anyway,
+// through /proc/self/fd. That descriptor stays open as long as the library (the process's
+// lifetime), so its number, and with it the path dlopen remembers the library by, is never
+// handed to another kernel.
+void* dlopen_anywhere(const std::string& path, std::string* why) {
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* e = ::dlerror();
-    *why = std::string("dlopen failed: ") + (e ? e : "?");
+  if (handle != nullptr) return handle;
+  const char* e = ::dlerror();
+  *why = std::string("dlopen failed: ") + (e ? e : "?");
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) return nullptr;
+  const int fd = ::memfd_create("volt-jit-kernel", MFD_CLOEXEC);
+  if (fd < 0) {
+    *why += std::string("; loading it from memory instead failed: memfd_create: ") +
+            std::strerror(errno);
     return nullptr;
   }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0 && errno != EINTR) break;
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+  if (done == bytes.size()) {
+    handle = ::dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL);
+  }
+  if (handle == nullptr) {
+    const char* e2 = done == bytes.size() ? ::dlerror() : "cannot write the memory file";
+    *why += std::string("; loading it from memory instead failed: ") + (e2 ? e2 : "?");
+    ::close(fd);
+    return nullptr;
+  }
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {
+    log_info(kComponent, "kernels load through memory files: dlopen refused " + path + " (" + *why +
+                             "; its folder is probably mounted noexec)");
+  }
+  why->clear();
+  return handle;  // fd stays open with the library
+}
+
+// Opens the library at `path` and returns its kernel when it carries `key`; "" in *why on success.
+KernelFn open_kernel(const std::string& path, const std::string& key, std::string* why) {
+  void* handle = dlopen_anywhere(path, why);
+  if (handle == nullptr) return nullptr;
   auto key_fn = reinterpret_cast<KeyFn>(::dlsym(handle, "volt_jit_key"));
   auto fn = reinterpret_cast<KernelFn>(::dlsym(handle, "volt_jit_kernel"));
   if (key_fn == nullptr || fn == nullptr || key != key_fn()) {
@@ -921,9 +965,7 @@ FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms
       std::string bytes;
       fn = compile_kernel(source, key, &bytes, &why);
       if (fn == nullptr) {
-        l.failed[key] = why;
-        warn_once("jit-compile:" + why, kComponent,
-                  "'" + name_ + "' runs the libtorch composition instead: " + why);
+        l.failed[key] = why;  // operator() warns, with this reason, when it falls back
         return nullptr;
       }
       ++l.stats.compiles;

@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <optional>
@@ -405,6 +406,35 @@ TEST_F(CompiledElementwise, AnotherProcessLoadsTheKernelFromTheFolderInsteadOfCo
   volt_test::Process second(jit_worker(), {"kernel", "shared_gelu"});
   ASSERT_EQ(second.exit_code(std::chrono::seconds(120)), 0) << second.output();
   EXPECT_NE(second.output().find("compiles=0 disk_hits=1"), std::string::npos) << second.output();
+}
+
+// Hardened machines mount /tmp noexec, and dlopen cannot map code from such a folder. With both
+// the compiler's folder (TMPDIR) and the kernel cache on a noexec tmpfs, mounted in a private
+// mount namespace (root and unshare; skipped otherwise), a kernel still runs compiled, and a
+// second process loads it from the cache folder instead of compiling it again.
+TEST_F(CompiledElementwise, KernelsRunCompiledFromFoldersMountedNoexec) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "needs root to mount a noexec tmpfs in a private mount namespace";
+  }
+  volt_test::TempDir dir;
+  const std::string worker = "'" + jit_worker() + "' kernel noexec_gelu";
+  const std::string script = "mount -t tmpfs -o noexec,size=64m volt-noexec '" + dir.path +
+                             "' || exit 77\n" + "findmnt -no OPTIONS --target '" + dir.path +
+                             "' | tr , '\\n' | grep -qx noexec || exit 3\n" + "export TMPDIR='" +
+                             dir.path + "' VOLT_KERNEL_CACHE_CONFIG='" + dir.path +
+                             "/kernels,false,64'\n" + worker + " && " + worker + "\n";
+  volt_test::Process p("/usr/bin/unshare",
+                       {"--mount", "--propagation", "private", "sh", "-c", script});
+  const int rc = p.exit_code(std::chrono::seconds(120));
+  if (rc == 77 || (rc == 1 && p.output().find("unshare:") != std::string::npos)) {
+    GTEST_SKIP() << "cannot mount a noexec tmpfs here: " << p.output();
+  }
+  ASSERT_EQ(rc, 0) << p.output();
+  EXPECT_NE(p.output().find("kernels load through memory files"), std::string::npos) << p.output();
+  EXPECT_NE(p.output().find("compiles=1 disk_hits=0 memory_hits=0 fallbacks=0"), std::string::npos)
+      << p.output();
+  EXPECT_NE(p.output().find("compiles=0 disk_hits=1 memory_hits=0 fallbacks=0"), std::string::npos)
+      << p.output();
 }
 
 // Processes writing into one folder over its cap at once, as the ranks of a job do: the folder
