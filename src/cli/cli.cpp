@@ -11,7 +11,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "../io/detail/input_limits.h"
+#include "../core/detail/input_limits.h"
 #include "../loggers/detail/log_dir.h"
 #include "detail/config_tree.h"
 #include "detail/perf_scan.h"

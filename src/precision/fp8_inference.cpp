@@ -12,6 +12,7 @@
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/atomic_file.h"
+#include "core/detail/input_limits.h"
 #include "detail/fp8_hooks.h"
 
 namespace volt {
@@ -89,13 +90,9 @@ double scale_for(double amax, const std::string& method) {
 }  // namespace
 
 QuantConfig QuantConfig::parse(const std::string& text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    VOLT_CHECK(false, ConfigError, "[Fp8Inference] ", origin, " is not valid JSON (", e.what(),
-               "); fix the file or point QUANT_CONFIG at another one.");
-  }
+  // Bounded like every file volt reads (size, nodes, depth: docs/ARCHITECTURE.md "Input limits").
+  const json j = detail::parse_json_bounded(text, "Fp8Inference", origin, {},
+                                            "fix the file or point QUANT_CONFIG at another one");
   VOLT_CHECK(j.is_object(), ConfigError, "[Fp8Inference] ", origin,
              " must hold a JSON object with keys such as \"mode\" and \"dump_stats_path\".");
   QuantConfig c;
@@ -146,9 +143,8 @@ QuantConfig QuantConfig::from_file(const std::string& path) {
   std::ifstream in(path);
   VOLT_CHECK(in.good(), ConfigError, "[Fp8Inference] cannot read the quantization config \"",
              path, "\"; give a readable JSON file (option quant_config or QUANT_CONFIG).");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), "quantization config \"" + path + "\"");
+  return parse(detail::read_bounded(in, "Fp8Inference", "quantization config \"" + path + "\""),
+               "quantization config \"" + path + "\"");
 }
 
 std::string QuantConfig::measurements_file() const {
@@ -224,13 +220,10 @@ Fp8ConversionReport quantize_fp8(torch::nn::Module& model, const QuantConfig& co
   VOLT_CHECK(in.good(), ConfigError, "[Fp8Inference] the measurements file \"", file,
              "\" cannot be read; run the measurement step first (mode MEASURE) with the same ",
              "dump_stats_path.");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    VOLT_CHECK(false, ConfigError, "[Fp8Inference] the measurements file \"", file,
-               "\" is not valid JSON (", e.what(), "); re-run the measurement step.");
-  }
+  const std::string source = "the measurements file \"" + file + "\"";
+  const json j = detail::parse_json_bounded(detail::read_bounded(in, "Fp8Inference", source),
+                                            "Fp8Inference", source, {},
+                                            "re-run the measurement step");
   VOLT_CHECK(j.is_object() && j.value("format", "") == kFormat && j.contains("modules") &&
                  j["modules"].is_object(),
              ConfigError, "[Fp8Inference] \"", file, "\" is not a volt fp8 measurements file ",

@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "io/detail/input_limits.h"
+#include "core/detail/input_limits.h"
 #include "volt/core/check.h"
 #include "volt/core/registry.h"
 #include "volt/kernels/fused_adamw.h"

@@ -109,7 +109,7 @@ TEST(Fp8InferenceCli, MeasureThenQuantizeInAnotherProcessKeepsAccuracyWithinOneP
   write(dir / "bad.json", R"({"mode": "QUANTIZE", "dump_stats_path": )");
   auto bad = volt_cli(with("test", quant_args), {{"QUANT_CONFIG", dir / "bad.json"}});
   EXPECT_EQ(bad.code, 2) << bad.out;
-  EXPECT_NE(bad.out.find("bad.json\" is not valid JSON"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("bad.json\": malformed JSON"), std::string::npos) << bad.out;
   // Mode and quant disagree: exit 2.
   auto disagree = volt_cli(with("test", quant_args), {{"QUANT_CONFIG", dir / "measure.json"}});
   EXPECT_EQ(disagree.code, 2) << disagree.out;

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "io/detail/input_limits.h"
+#include "core/detail/input_limits.h"
 #include "volt/core/errors.h"
 
 namespace {

@@ -62,7 +62,12 @@ TEST(QuantConfig, ParsesTheReferenceKeysAndRejectsBadOnes) {
   auto bad = [](const std::string& json) {
     return error_of([&] { volt::QuantConfig::parse(json, "cfg"); });
   };
-  EXPECT_NE(bad("{\"mode\": ").find("cfg is not valid JSON"), std::string::npos);
+  EXPECT_NE(bad("{\"mode\": ").find("[Fp8Inference] cfg: malformed JSON"), std::string::npos);
+  EXPECT_NE(bad("{\"mode\": ").find("point QUANT_CONFIG at another one."), std::string::npos);
+  // Bounded as every file volt reads: nesting past 128 levels is refused while parsing.
+  const std::string deep = std::string(200, '[') + std::string(200, ']');
+  EXPECT_NE(bad(R"({"allowlist": )" + deep + "}").find("cfg: arrays and objects nest more than 128"),
+            std::string::npos);
   EXPECT_NE(bad("[1]").find("must hold a JSON object"), std::string::npos);
   EXPECT_NE(bad(R"({"modee": "MEASURE"})").find("unknown key \"modee\"; the keys are mode"),
             std::string::npos);
@@ -153,7 +158,11 @@ TEST(Fp8Quantize, EveryWayTheMeasurementsCanBeWrongIsAClearError) {
                          cfg.mode(volt::QuantConfig::kQuantize).dump_stats_path(dir / "m.json"));
     });
   };
-  EXPECT_NE(quantize("{\"format\": ").find("is not valid JSON"), std::string::npos);
+  EXPECT_NE(quantize("{\"format\": ").find("m.json\": malformed JSON"), std::string::npos);
+  EXPECT_NE(quantize("{\"format\": ").find("re-run the measurement step."), std::string::npos);
+  EXPECT_NE(quantize(R"({"modules": )" + std::string(300, '[') + std::string(300, ']') + "}")
+                .find("nest more than 128 levels"),
+            std::string::npos);
   EXPECT_NE(quantize(R"({"modules": {}})").find("is not a volt fp8 measurements file"),
             std::string::npos);
   std::string other = kMeasurements;
@@ -202,7 +211,7 @@ TEST(Fp8Precision, QuantConfigFromOptionOrEnvironmentMustAgreeWithQuant) {
             std::string::npos);
   EXPECT_NE(error_of([&] {
               volt::Fp8Precision(O().inference(true).quant_config(dir / "bad.json"));
-            }).find("is not valid JSON"),
+            }).find("bad.json\": malformed JSON"),
             std::string::npos);
   ::setenv("QUANT_CONFIG", (dir / "q.json").c_str(), 1);
   EXPECT_EQ(

@@ -164,7 +164,7 @@ at::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, int64_t segm
 /// original under volt::checkpoint; the original stays registered under its name. Throws
 /// ConfigError when a pattern matches nothing or a match is not an entry of a Sequential (then
 /// call volt::checkpoint(block, x) in the parent's forward instead). A wrapped entry must take
-/// and return one Tensor (else ConfigError at its first call). Without `options` the
+/// and return one Tensor (else ConfigError when wrapping). Without `options` the
 /// wrapped modules use checkpoint_defaults() at each call.
 std::vector<std::string> wrap_activation_checkpointing(torch::nn::Module& root,
                                                        const std::vector<std::string>& patterns,

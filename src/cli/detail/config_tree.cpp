@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "../../io/detail/input_limits.h"
+#include "../../core/detail/input_limits.h"
 #include "volt/core/check.h"
 
 namespace volt {

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "../../io/detail/input_limits.h"
+#include "../../core/detail/input_limits.h"
 #include "profiler/detail/host_syncs.h"
 #include "volt/core/check.h"
 

@@ -45,9 +45,11 @@ YAML::Node load_yaml_bounded(const std::string& text, const std::string& compone
 
 /// Parses JSON `text` with the same size, node and depth limits (checked while parsing, through
 /// nlohmann's parser callback). A violation or malformed JSON throws ConfigError
-/// "[<component>] <source>: ...".
+/// "[<component>] <source>: ..."; for malformed JSON the message ends with `fix` (what the user
+/// should do about it).
 nlohmann::json parse_json_bounded(const std::string& text, const std::string& component,
-                                  const std::string& source, const InputLimits& limits = {});
+                                  const std::string& source, const InputLimits& limits = {},
+                                  const std::string& fix = "fix the syntax there");
 
 }  // namespace detail
 }  // namespace volt

@@ -162,7 +162,8 @@ YAML::Node load_yaml_bounded(const std::string& text, const std::string& compone
 }
 
 nlohmann::json parse_json_bounded(const std::string& text, const std::string& component,
-                                  const std::string& source, const InputLimits& limits) {
+                                  const std::string& source, const InputLimits& limits,
+                                  const std::string& fix) {
   check_size(text.size(), component, source, limits);
   size_t nodes = 0;
   // nlohmann's parser is iterative, but its callers (dump, and volt's readers of the result)
@@ -186,7 +187,7 @@ nlohmann::json parse_json_bounded(const std::string& text, const std::string& co
     return nlohmann::json::parse(text, budget);
   } catch (const nlohmann::json::parse_error& e) {
     VOLT_CHECK(false, ConfigError, "[", component, "] ", source, ": malformed JSON (", e.what(),
-               "); fix the syntax there.");
+               "); ", fix, ".");
   }
   return {};
 }
