@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs volt's libFuzzer targets (fuzz/, docs/HARDENING.md).
 # Usage: scripts/fuzz.sh [--time=SECONDS] [--no-build] [--build-dir=DIR] [target...]
-#   targets: config envelope safetensors (default: all three)
+#   targets: config envelope safetensors json_configs perf_trace (default: all five)
 #   --time=S       seconds per target (default 60)
 #   --no-build     use the fuzzers already built in DIR/fuzz (what the ctests do)
 #   --build-dir=D  the main build folder (default build/): the fuzzers link its libvolt.a
@@ -27,12 +27,12 @@ for a in "$@"; do
     --no-build) build=0 ;;
     --runs=*) runs_limit="${a#--runs=}" ;;
     --build-dir=*) dir="${a#--build-dir=}" ;;
-    config | envelope | safetensors) targets+=("$a") ;;
+    config | envelope | safetensors | json_configs | perf_trace) targets+=("$a") ;;
     *) echo "scripts/fuzz.sh: unknown argument '$a'; see the usage at the top of the script." >&2
        exit 2 ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(config envelope safetensors)
+[ ${#targets[@]} -gt 0 ] || targets=(config envelope safetensors json_configs perf_trace)
 if [ "$build" = 1 ]; then
   bash scripts/build.sh volt_fuzzers
 fi

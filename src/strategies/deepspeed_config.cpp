@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -22,26 +23,13 @@ using nlohmann::json;
 constexpr const char* kTag = "[DeepSpeedConfig]";
 
 // What volt reads, per object, and the DeepSpeed keys it knows but does not act on.
-const std::vector<std::string> kTop = {"train_batch_size",
-                                       "train_micro_batch_size_per_gpu",
-                                       "gradient_accumulation_steps",
-                                       "bf16",
-                                       "fp16",
-                                       "zero_optimization",
-                                       "optimizer",
-                                       "scheduler",
-                                       "gradient_clipping",
-                                       "zero_allow_untested_optimizer",
-                                       // DeepSpeed inference (init_inference's config)
-                                       "tensor_parallel",
-                                       "mp_size",
-                                       "dtype",
-                                       "injection_policy",
-                                       "replace_with_kernel_inject",
-                                       "enable_cuda_graph",
-                                       "replace_method",
-                                       "activation_checkpointing",
-                                       "aio"};
+const std::vector<std::string> kTop = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16",
+    "fp16", "zero_optimization", "optimizer", "scheduler", "gradient_clipping",
+    "zero_allow_untested_optimizer",
+    // DeepSpeed inference (init_inference's config)
+    "tensor_parallel", "mp_size", "dtype", "injection_policy", "replace_with_kernel_inject",
+    "enable_cuda_graph", "replace_method", "activation_checkpointing", "aio"};
 const std::vector<std::string> kTopIgnored = {"steps_per_print",
                                               "wall_clock_breakdown",
                                               "dump_state",
@@ -173,14 +161,28 @@ struct Reader {
                                       const std::string& path, int64_t min = 0) const {
     if (!obj.contains(key) || obj[key].is_null() || is_auto(obj[key])) return c10::nullopt;
     const json& v = obj[key];
-    if (!v.is_number_integer() &&
-        !(v.is_number_float() && v.get<double>() == std::floor(v.get<double>()))) {
-      fail(path + key, "must be an integer or \"auto\"");
-    }
-    const int64_t n =
-        v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
-    if (n < min) fail(path + key, "must be >= " + std::to_string(min) + ", got " + std::to_string(n));
+    const int64_t n = integer(v, path + key, "an integer or \"auto\"");
+    if (n < min)
+      fail(path + key, "must be >= " + std::to_string(min) + ", got " + std::to_string(n));
     return n;
+  }
+
+  // `v` as an int64: a JSON integer, or a float with an integral value, within int64's range
+  // (a float such as 1e300 has no int64: casting it would be undefined behaviour).
+  int64_t integer(const json& v, const std::string& path, const std::string& what) const {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}) {
+      fail(path, "is too large: at most " + std::to_string(INT64_MAX));
+    }
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (!v.is_number_float() || v.get<double>() != std::floor(v.get<double>())) {
+      fail(path, "must be " + what);
+    }
+    const double d = v.get<double>();
+    // 2^63 is exactly representable; every double below it (and >= -2^63) fits an int64.
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) {
+      fail(path, "is too large: at most " + std::to_string(INT64_MAX));
+    }
+    return static_cast<int64_t>(d);
   }
 
   c10::optional<bool> boolean(const json& obj, const std::string& key,
@@ -192,7 +194,7 @@ struct Reader {
 
   double number(const json& v, const std::string& path) const {
     if (!v.is_number()) fail(path, "must be a number");
-    return v.get<double>();
+    return v.get<double>();  // finite: a literal beyond double's range is refused while parsing
   }
 
   std::string string(const json& obj, const std::string& key, const std::string& path) const {
@@ -337,21 +339,23 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
     r.check_keys(a, "activation_checkpointing", kActivation, kActivationIgnored, cfg.ignored);
     cfg.cpu_checkpointing = r.boolean(a, "cpu_checkpointing", p).value_or(false);
     VOLT_CHECK(!r.boolean(a, "partition_activations", p).value_or(false), NotAvailable, kTag, " ",
-               origin, ": \"activation_checkpointing.partition_activations\" splits checkpointed "
+               origin,
+               ": \"activation_checkpointing.partition_activations\" splits checkpointed "
                "activations across model-parallel ranks, and volt trains without model "
                "parallelism; set it to false (cpu_checkpointing moves them off the device "
                "instead).");
     VOLT_CHECK(!r.boolean(a, "contiguous_memory_optimization", p).value_or(false), NotAvailable,
-               kTag, " ", origin, ": \"activation_checkpointing.contiguous_memory_optimization\" "
+               kTag, " ", origin,
+               ": \"activation_checkpointing.contiguous_memory_optimization\" "
                "(DeepSpeed copying checkpoints into one preallocated buffer against "
                "fragmentation) is not built in volt; set it to false.");
     for (const char* k : {"number_checkpoints", "synchronize_checkpoint_boundary", "profile"}) {
       if (!a.contains(k) || a[k].is_null()) continue;
-      const bool ok = std::string(k) == "number_checkpoints" ? a[k].is_number_integer()
-                                                              : a[k].is_boolean();
+      const bool ok =
+          std::string(k) == "number_checkpoints" ? a[k].is_number_integer() : a[k].is_boolean();
       if (!ok) {
         r.fail(p + k, std::string(k) == "number_checkpoints" ? "must be an integer"
-                                                              : "must be true or false");
+                                                             : "must be true or false");
       }
     }
   }
@@ -420,6 +424,12 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
           r.fail(path, "must be \"log\" or \"linear\"");
         }
         cfg.warmup_type = v.get<std::string>();
+      } else if (k == "warmup_num_steps" || k == "total_num_steps") {
+        const int64_t n = r.integer(v, path, "an integer");
+        if (n < 0) r.fail(path, "must be >= 0, got " + std::to_string(n));
+        // Kept as a double like the other parameters: exact up to 2^53 steps.
+        if (n > (int64_t{1} << 53)) r.fail(path, "is too large: at most 2^53");
+        cfg.scheduler_params[k] = static_cast<double>(n);
       } else {
         cfg.scheduler_params[k] = r.number(v, path);
       }
@@ -454,18 +464,28 @@ c10::optional<DeepSpeedBatch> resolve_deepspeed_batch(const DeepSpeedConfig& c, 
   const auto tb = c.train_batch_size;
   auto mb = c.train_micro_batch_size_per_gpu;
   if (!tb && !mb) return c10::nullopt;
+  // The products below, checked: sizes from a JSON file can be anything up to int64's limit.
+  auto product = [&](int64_t a, int64_t b, const char* what) {
+    int64_t out = 0;
+    VOLT_CHECK(!__builtin_mul_overflow(a, b, &out), ConfigError, kTag, " ", c.origin, ": ", what,
+               " overflows a 64-bit integer (", a, " x ", b, "); use realistic batch sizes.");
+    return out;
+  };
+  const int64_t gas_world = product(gas, world, "accumulation x world size");
   if (tb && !mb) {
-    VOLT_CHECK(*tb % (gas * world) == 0, ConfigError, kTag, " ", c.origin,
-               ": train_batch_size=", *tb, " is not divisible by accumulation ", gas,
-               " x world size ", world, "; use a multiple of ", gas * world, ".");
-    mb = *tb / (gas * world);
+    VOLT_CHECK(*tb % gas_world == 0, ConfigError, kTag, " ", c.origin, ": train_batch_size=", *tb,
+               " is not divisible by accumulation ", gas, " x world size ", world,
+               "; use a multiple of ", gas_world, ".");
+    mb = *tb / gas_world;
   }
-  DeepSpeedBatch b{tb ? *tb : *mb * gas * world, *mb, gas};
-  VOLT_CHECK(b.train_batch_size == b.micro_batch_size * gas * world, ConfigError, kTag, " ",
-             c.origin, ": train_batch_size=", b.train_batch_size,
+  const int64_t global =
+      product(*mb, gas_world, "train_micro_batch_size_per_gpu x accumulation x world size");
+  DeepSpeedBatch b{tb ? *tb : global, *mb, gas};
+  VOLT_CHECK(b.train_batch_size == global, ConfigError, kTag, " ", c.origin,
+             ": train_batch_size=", b.train_batch_size,
              " must equal train_micro_batch_size_per_gpu (", b.micro_batch_size,
-             ") x gradient accumulation (", gas, ") x world size (", world,
-             ") = ", b.micro_batch_size * gas * world, "; fix one of them.");
+             ") x gradient accumulation (", gas, ") x world size (", world, ") = ", global,
+             "; fix one of them.");
   return b;
 }
 
@@ -477,11 +497,22 @@ std::shared_ptr<torch::optim::Optimizer> make_deepspeed_optimizer(
     return it == c.optimizer_params.end() ? def : it->second.front();
   };
   if (c.optimizer_type == "SGD") {
-    return std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(get("lr", 1e-3))
-                                                           .momentum(get("momentum", 0))
-                                                           .dampening(get("dampening", 0))
-                                                           .weight_decay(get("weight_decay", 0))
-                                                           .nesterov(get("nesterov", 0) != 0));
+    const auto o = torch::optim::SGDOptions(get("lr", 1e-3))
+                       .momentum(get("momentum", 0))
+                       .dampening(get("dampening", 0))
+                       .weight_decay(get("weight_decay", 0))
+                       .nesterov(get("nesterov", 0) != 0);
+    // torch::optim::SGD's own checks throw c10::Error: say it as a ConfigError with the key.
+    auto check = [&](bool ok, const char* key, double value, const char* rule) {
+      VOLT_CHECK(ok, ConfigError, kTag, " ", c.origin, ": \"optimizer.params.", key, "\" ", value,
+                 " ", rule, ".");
+    };
+    check(o.lr() >= 0, "lr", o.lr(), "must be >= 0");
+    check(o.momentum() >= 0, "momentum", o.momentum(), "must be >= 0");
+    check(o.weight_decay() >= 0, "weight_decay", o.weight_decay(), "must be >= 0");
+    check(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0), "nesterov", 1.0,
+          "needs momentum > 0 and dampening 0");
+    return std::make_shared<torch::optim::SGD>(params, o);
   }
   // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (its FusedAdam / CPU-Adam).
   FusedAdamWOptions o(get("lr", 1e-3));

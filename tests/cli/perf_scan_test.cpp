@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "tiny.h"
+#include "volt/core/errors.h"
 
 namespace {
 
@@ -94,8 +95,7 @@ TEST(PerfScan, EachSymptomGetsItsAdviceAndAHealthyRunNone) {
   // The big-batch runs are wide enough that their mean op time stays far above the tiny-op
   // threshold (20 us) on a loaded machine: at 256 wide, item()'s extra small ops once brought
   // it to 14.8 us under ctest -j2.
-  Wide healthy_model(false, 2048), item_model(true, 2048), tiny_model(false),
-      starved_model(false);
+  Wide healthy_model(false, 2048), item_model(true, 2048), tiny_model(false), starved_model(false);
   const auto healthy =
       scan(traced_fit(dir, "healthy", healthy_model, volt_test::blobs(6 * 1024, 64), 1024));
   const auto item = scan(traced_fit(dir, "item", item_model, volt_test::blobs(6 * 1024, 64), 1024));
@@ -209,6 +209,29 @@ TEST(PerfScan, ReadsKinetoCategoriesAndStringIds) {
   EXPECT_NE(volt::detail::format_scan(s, "kineto.json").find("device time: 0.030 ms"),
             std::string::npos)
       << volt::detail::format_scan(s, "kineto.json");
+}
+
+// Events whose fields have other types than the trace-event spec's are skipped, not an escaping
+// nlohmann::type_error ({"ph": 1} made value("ph", "") throw before session 22).
+TEST(PerfScan, EventsWithFieldsOfTheWrongTypeAreSkipped) {
+  const std::string text = R"json({"traceEvents": [
+    {"ph": 1, "name": "aten::add", "ts": 0, "dur": 5},
+    {"ph": "X", "name": 7, "cat": ["cpu_op"], "ts": 0, "dur": 5},
+    {"ph": "X", "name": "aten::mul", "cat": {"x": 1}, "ts": "10", "dur": 5},
+    {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 10, "dur": 30, "pid": [1], "tid": null}
+  ]})json";
+  const auto s = volt::detail::scan_trace(text, "odd.json");
+  EXPECT_EQ(s.steps, 0);
+  // The unnamed op (0-5 us) and aten::mm (10-40 us): the complete events with numeric times.
+  EXPECT_DOUBLE_EQ(s.step_time_us, 40);
+  ASSERT_FALSE(s.top_ops.empty());
+  EXPECT_EQ(s.top_ops.front().first, "aten::mm");
+  try {
+    volt::detail::scan_trace(R"({"traceEvents": [{"ph": 1}, {"ph": "X", "name": 2}]})", "b.json");
+    FAIL() << "a trace without a usable event was accepted";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("b.json has no complete"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PerfScan, TheCliPrintsTheScanAndRejectsBadInput) {

@@ -79,8 +79,9 @@ TEST(InputLimits, AliasesWithinTheLimitsLoadAsBefore) {
   exact.max_nodes = nodes;
   EXPECT_NO_THROW(load_yaml_bounded(alias_bomb(3, 9), "cli", "ok.yaml", exact));
   exact.max_nodes = nodes - 1;
-  EXPECT_NE(config_error_of([&] { load_yaml_bounded(alias_bomb(3, 9), "cli", "ok.yaml", exact); })
-                .find("more than " + std::to_string(nodes - 1) + " nodes"),
+  EXPECT_NE(config_error_of([&] {
+              load_yaml_bounded(alias_bomb(3, 9), "cli", "ok.yaml", exact);
+            }).find("more than " + std::to_string(nodes - 1) + " nodes"),
             std::string::npos);
 }
 
@@ -113,8 +114,8 @@ TEST(InputLimits, DeepYamlNestingIsRefusedWithoutACrash) {
             std::string::npos);
   // Aliases count with their expanded depth: 100 levels aliased at level 100.
   const std::string deep100 = std::string(100, '[') + std::string(100, ']');
-  const std::string via_alias = "a: &a " + deep100 + "\nb: " + std::string(99, '[') + "*a" +
-                                std::string(99, ']') + "\n";
+  const std::string via_alias =
+      "a: &a " + deep100 + "\nb: " + std::string(99, '[') + "*a" + std::string(99, ']') + "\n";
   EXPECT_NE(depth_error(via_alias).find("levels deep (aliases expanded)"), std::string::npos);
 }
 
@@ -129,8 +130,8 @@ TEST(InputLimits, OversizedTextIsRefusedBeforeParsing) {
   std::ifstream zero("/dev/zero", std::ios::binary);
   small.max_bytes = 1 << 20;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string z = config_error_of(
-      [&] { volt::detail::read_bounded(zero, "cli", "/dev/zero", small); });
+  const std::string z =
+      config_error_of([&] { volt::detail::read_bounded(zero, "cli", "/dev/zero", small); });
   EXPECT_NE(z.find("[cli] /dev/zero: more than 1048576 bytes"), std::string::npos) << z;
   EXPECT_LT(seconds_since(t0), 1.0);
   std::istringstream text("a: 1\n");
@@ -144,8 +145,9 @@ TEST(InputLimits, MalformedYamlStaysAYamlParserException) {
 
 TEST(InputLimits, JsonDepthNodesSizeAndSyntaxAreChecked) {
   const std::string kDepth = "nest more than 128 levels deep";
-  EXPECT_NE(config_error_of([] { parse_json_bounded(std::string(100000, '['), "ds", "d.json"); })
-                .find(kDepth),
+  EXPECT_NE(config_error_of([] {
+              parse_json_bounded(std::string(100000, '['), "ds", "d.json");
+            }).find(kDepth),
             std::string::npos);
   EXPECT_NE(config_error_of([] {
               parse_json_bounded(std::string(100000, '[') + std::string(100000, ']'), "ds",
@@ -162,19 +164,29 @@ TEST(InputLimits, JsonDepthNodesSizeAndSyntaxAreChecked) {
   InputLimits few;
   few.max_nodes = 5;  // {"a": [1, 2]} is 5 nodes: the object, a key, the array, two numbers
   EXPECT_EQ(parse_json_bounded("{\"a\": [1, 2]}", "ds", "n.json", few)["a"][1], 2);
-  EXPECT_NE(config_error_of([&] { parse_json_bounded("{\"a\": [1, 2, 3]}", "ds", "n.json", few); })
-                .find("[ds] n.json: more than 5 nodes"),
+  EXPECT_NE(config_error_of([&] {
+              parse_json_bounded("{\"a\": [1, 2, 3]}", "ds", "n.json", few);
+            }).find("[ds] n.json: more than 5 nodes"),
             std::string::npos);
   few.max_bytes = 4;
-  EXPECT_NE(config_error_of([&] { parse_json_bounded("[1, 2]", "ds", "s.json", few); })
-                .find("more than 4 bytes"),
+  EXPECT_NE(config_error_of([&] {
+              parse_json_bounded("[1, 2]", "ds", "s.json", few);
+            }).find("more than 4 bytes"),
             std::string::npos);
   const std::string bad = config_error_of([] { parse_json_bounded("{\"a\": }", "ds", "b.json"); });
   EXPECT_NE(bad.find("[ds] b.json: malformed JSON"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("; fix the syntax there."), std::string::npos) << bad;
+  // A number beyond double's range: nlohmann throws out_of_range, not parse_error, while
+  // parsing (fuzz_json_configs' first finding); it is malformed input all the same.
+  const std::string overflow = config_error_of(
+      [] { parse_json_bounded("{\"lr\": 1e400}", "ds", "o.json", {}, "check the numbers"); });
+  EXPECT_NE(overflow.find("[ds] o.json: malformed JSON ([json.exception.out_of_range.406] number "
+                          "overflow parsing '1e400'); check the numbers."),
+            std::string::npos)
+      << overflow;
 
-  const nlohmann::json ok =
-      parse_json_bounded(R"({"zero_optimization": {"stage": 2}, "bf16": {"enabled": true}})",
-                         "ds", "ds.json");
+  const nlohmann::json ok = parse_json_bounded(
+      R"({"zero_optimization": {"stage": 2}, "bf16": {"enabled": true}})", "ds", "ds.json");
   EXPECT_EQ(ok["zero_optimization"]["stage"], 2);
   EXPECT_EQ(ok["bf16"]["enabled"], true);
 }

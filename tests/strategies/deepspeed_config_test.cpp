@@ -95,10 +95,10 @@ TEST(DeepSpeedConfig, ActivationCheckpointingSection) {
           "synchronize_checkpoint_boundary": true, "profile": false}})",
       "a.json");
   EXPECT_TRUE(c.cpu_checkpointing);
-  EXPECT_EQ(c.ignored, (std::vector<std::string>{
-                           "activation_checkpointing.number_checkpoints",
-                           "activation_checkpointing.profile",
-                           "activation_checkpointing.synchronize_checkpoint_boundary"}));
+  EXPECT_EQ(c.ignored,
+            (std::vector<std::string>{"activation_checkpointing.number_checkpoints",
+                                      "activation_checkpointing.profile",
+                                      "activation_checkpointing.synchronize_checkpoint_boundary"}));
   EXPECT_FALSE(volt::parse_deepspeed_config("{}", "b.json").cpu_checkpointing);
   const std::string typo = error_of(R"({"activation_checkpointing": {"cpu_checkpoint": true}})");
   EXPECT_NE(typo.find("activation_checkpointing.cpu_checkpoint\" is not a DeepSpeed key"),
@@ -149,6 +149,66 @@ TEST(DeepSpeedConfig, WrongTypesAndValuesAreConfigErrorsNamingTheKey) {
             std::string::npos);
   EXPECT_NE(error_of("{not json").find("test.json"), std::string::npos);
   EXPECT_NE(error_of("[1, 2]").find("must be a JSON object"), std::string::npos);
+}
+
+// Numbers a JSON file can hold but volt's types cannot: each is a ConfigError naming the key, not
+// an undefined float-to-integer cast, a wrapped unsigned value, an overflowing product or
+// libtorch's own c10::Error.
+TEST(DeepSpeedConfig, OutOfRangeNumbersAreConfigErrorsNamingTheKey) {
+  auto has = [](const std::string& json, const std::string& phrase) {
+    const std::string e = error_of(json);
+    EXPECT_NE(e.find(phrase), std::string::npos) << json << " gave: " << e;
+  };
+  has(R"({"train_batch_size": 1e300})", "\"train_batch_size\" is too large");
+  has(R"({"train_batch_size": 9223372036854775808})", "\"train_batch_size\" is too large");
+  has(R"({"train_batch_size": 18446744073709551615})", "\"train_batch_size\" is too large");
+  has(R"({"zero_optimization": {"sub_group_size": -1e30}})", "sub_group_size\" is too large");
+  has(R"({"gradient_clipping": 1e400})",
+      "malformed JSON ([json.exception.out_of_range.406] number overflow");
+  has(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1e300}}})",
+      "warmup_num_steps\" is too large");
+  has(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2.5}}})",
+      "warmup_num_steps\" must be an integer");
+  has(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": -3}}})",
+      "total_num_steps\" must be >= 0");
+  // The largest integer a double holds exactly still parses, as a 64-bit size.
+  EXPECT_EQ(volt::parse_deepspeed_config(R"({"train_batch_size": 9.2233720368547748e18})", "a")
+                .train_batch_size.value_or(0),
+            int64_t{9223372036854774784});
+
+  // Batch arithmetic that overflows int64.
+  auto huge = volt::parse_deepspeed_config(
+      R"({"train_micro_batch_size_per_gpu": 4611686018427387904})", "b.json");
+  try {
+    volt::resolve_deepspeed_batch(huge, 4, 1);
+    FAIL() << "2^62 x 4 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("overflows a 64-bit integer"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(volt::resolve_deepspeed_batch(huge, 1, int64_t{1} << 62), ConfigError);
+
+  // torch::optim::SGD's own checks, as ConfigErrors naming the key.
+  auto p = torch::zeros({3}, torch::requires_grad());
+  auto sgd_error = [&](const std::string& params) -> std::string {
+    try {
+      volt::make_deepspeed_optimizer(
+          volt::parse_deepspeed_config(
+              R"({"optimizer": {"type": "SGD", "params": )" + params + "}}", "c.json"),
+          {p});
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(sgd_error(R"({"lr": -0.1})").find("\"optimizer.params.lr\" -0.1 must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(sgd_error(R"({"momentum": -1})").find("optimizer.params.momentum"), std::string::npos);
+  EXPECT_NE(sgd_error(R"({"weight_decay": -1})").find("optimizer.params.weight_decay"),
+            std::string::npos);
+  EXPECT_NE(sgd_error(R"({"nesterov": true})").find("needs momentum > 0 and dampening 0"),
+            std::string::npos);
+  EXPECT_EQ(sgd_error(R"({"nesterov": true, "momentum": 0.9})"), "accepted");
 }
 
 TEST(DeepSpeedConfig, LoadsAFileOrInlineJsonAndAMissingFileIsAnError) {

@@ -47,6 +47,14 @@ struct Ev {
   double ts = 0, dur = 0;
 };
 
+// A string field of a trace event, "" when absent or of another type (nlohmann's value(key, "")
+// throws type_error for a present non-string: {"ph": 1} is a malformed event, skipped, not an
+// escaping exception).
+std::string string_field(const nlohmann::json& e, const char* key) {
+  const auto it = e.find(key);
+  return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 bool starts_with(const std::string& s, const char* p) {
   return s.rfind(p, 0) == 0;
 }
@@ -106,11 +114,10 @@ PerfScan scan_trace(const std::string& text, const std::string& source) {
              "TorchProfiler or torch.profiler's export_chrome_trace.");
   std::vector<Ev> evs, steps;
   for (const auto& e : *events) {
-    if (!e.is_object() || e.value("ph", "") != "X") continue;
+    if (!e.is_object() || string_field(e, "ph") != "X") continue;
     Ev ev;
-    ev.name = e.value("name", "");
-    const auto cat = e.find("cat");
-    ev.kind = kind_of(cat != e.end() && cat->is_string() ? cat->get<std::string>() : "", ev.name);
+    ev.name = string_field(e, "name");
+    ev.kind = kind_of(string_field(e, "cat"), ev.name);
     const auto pid = e.find("pid"), tid = e.find("tid");
     ev.thread = (pid != e.end() ? pid->dump() : "") + "/" + (tid != e.end() ? tid->dump() : "");
     const auto ts = e.find("ts"), dur = e.find("dur");

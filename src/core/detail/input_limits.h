@@ -31,8 +31,8 @@ struct InputLimits {
 
 /// Reads all of `in`, refusing more than `limits.max_bytes` before reading further (so a huge
 /// file or /dev/zero costs nothing). Throws ConfigError "[<component>] <source>: ...".
-std::string read_bounded(std::istream& in, const std::string& component,
-                         const std::string& source, const InputLimits& limits = {});
+std::string read_bounded(std::istream& in, const std::string& component, const std::string& source,
+                         const InputLimits& limits = {});
 
 /// Parses the first YAML document of `text` after checking it against `limits` in one streaming
 /// pass that expands no alias (memory O(anchors), time O(text)): size, nodes with aliases
