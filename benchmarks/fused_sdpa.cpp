@@ -112,8 +112,8 @@ double peak_mib(const Config& c, int64_t seq, Impl impl) {
   std::ostringstream cmd;
   cmd << "/proc/" << getpid() << "/exe --peak " << seq << " " << static_cast<int>(impl)
       << " --threads " << c.threads << " --batch " << c.batch << " --heads " << c.heads
-      << " --head-dim " << c.head_dim
-      << (c.dtype == at::kBFloat16 ? " --dtype bf16" : "") << (c.causal ? " --causal" : "");
+      << " --head-dim " << c.head_dim << (c.dtype == at::kBFloat16 ? " --dtype bf16" : "")
+      << (c.causal ? " --causal" : "");
   FILE* pipe = popen(cmd.str().c_str(), "r");
   if (!pipe) return -1;
   double mib = -1;
@@ -131,17 +131,23 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() { return std::string(i + 1 < argc ? argv[++i] : ""); };
-    if (a == "--threads") c.threads = std::stoi(next());
-    else if (a == "--batch") c.batch = std::stoll(next());
-    else if (a == "--heads") c.heads = std::stoll(next());
-    else if (a == "--head-dim") c.head_dim = std::stoll(next());
-    else if (a == "--reps") c.reps = std::stoi(next());
-    else if (a == "--causal") c.causal = true;
+    if (a == "--threads")
+      c.threads = std::stoi(next());
+    else if (a == "--batch")
+      c.batch = std::stoll(next());
+    else if (a == "--heads")
+      c.heads = std::stoll(next());
+    else if (a == "--head-dim")
+      c.head_dim = std::stoll(next());
+    else if (a == "--reps")
+      c.reps = std::stoi(next());
+    else if (a == "--causal")
+      c.causal = true;
     else if (a == "--peak") {
       peak_seq = std::stoll(next());
       peak_impl = std::stoi(next());
-    }
-    else if (a == "--dtype") c.dtype = next() == "bf16" ? at::kBFloat16 : at::kFloat;
+    } else if (a == "--dtype")
+      c.dtype = next() == "bf16" ? at::kBFloat16 : at::kFloat;
     else if (a == "--seqs") {
       c.seqs.clear();
       std::stringstream ss(next());
@@ -157,12 +163,14 @@ int main(int argc, char** argv) {
     std::printf("%.3f\n", measure_peak_here(c, peak_seq, static_cast<Impl>(peak_impl)));
     return 0;
   }
-  std::printf("FusedSDPA vs naive, fwd+bwd, batch %ld, heads %ld, head_dim %ld, %s, causal=%d, "
-              "torch threads %d\n\n",
-              c.batch, c.heads, c.head_dim, c.dtype == at::kFloat ? "float32" : "bfloat16",
-              c.causal, c.threads);
-  std::printf("| seq | impl | fwd+bwd ms (median of %d) | speed vs naive | peak MiB | memory vs naive |\n",
-              c.reps);
+  std::printf(
+      "FusedSDPA vs naive, fwd+bwd, batch %ld, heads %ld, head_dim %ld, %s, causal=%d, "
+      "torch threads %d\n\n",
+      c.batch, c.heads, c.head_dim, c.dtype == at::kFloat ? "float32" : "bfloat16", c.causal,
+      c.threads);
+  std::printf(
+      "| seq | impl | fwd+bwd ms (median of %d) | speed vs naive | peak MiB | memory vs naive |\n",
+      c.reps);
   std::printf("|---|---|---|---|---|---|\n");
   const Impl impls[] = {Impl::kNaive, Impl::kFusedRecompute, Impl::kFusedKeep};
   for (int64_t seq : c.seqs) {

@@ -73,8 +73,8 @@ void op_table(int reps) {
       {"max_pool2d 64x32x28x28", [&] { return torch::max_pool2d(f1, 2).sum(); }},
       {"cross_entropy 256x10", [&] { return torch::cross_entropy_loss(logits, target); }},
   };
-  std::printf("### Per op, forward + backward, %d threads (median of %d)\n\n", at::get_num_threads(),
-              reps);
+  std::printf("### Per op, forward + backward, %d threads (median of %d)\n\n",
+              at::get_num_threads(), reps);
   std::printf("| op | fp32 ms | bf16 autocast ms | bf16 / fp32 time |\n|---|---:|---:|---:|\n");
   for (auto& c : cases) {
     auto fp32 = [&] { c.run().backward(); };
@@ -135,20 +135,27 @@ int main(int argc, char** argv) {
   int reps = 30;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
-    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) at::set_num_threads(std::atoi(argv[++i]));
+    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      at::set_num_threads(std::atoi(argv[++i]));
   }
   std::printf("## bf16-mixed vs fp32 (libtorch %d.%d, %d threads)\n\n", TORCH_VERSION_MAJOR,
               TORCH_VERSION_MINOR, at::get_num_threads());
   op_table(reps);
   std::printf("### Training step (forward, backward, SGD), median ms; speed vs fp32 in ()\n\n");
-  std::printf("| model | fp32 | bf16-mixed, libtorch policy | bf16-mixed, volt CPU policy |\n"
-              "|---|---:|---:|---:|\n");
+  std::printf(
+      "| model | fp32 | bf16-mixed, libtorch policy | bf16-mixed, volt CPU policy |\n"
+      "|---|---:|---:|---:|\n");
   using volt_examples::CnnNet;
   using volt_examples::MlpNet;
-  step_row<MlpNet>("MLP 784-1024-1024-10", [] { return std::make_shared<MlpNet>(std::vector<int64_t>{1024, 1024}); },
-                   256, {784}, reps);
-  step_row<MlpNet>("demo MLP 784-128-10", [] { return std::make_shared<MlpNet>(); }, 64, {784},
-                   reps);
-  step_row<CnnNet>("demo CNN", [] { return std::make_shared<CnnNet>(); }, 64, {1, 28, 28}, reps);
+  step_row<MlpNet>(
+      "MLP 784-1024-1024-10",
+      [] {
+        return std::make_shared<MlpNet>(std::vector<int64_t>{1024, 1024});
+      },
+      256, {784}, reps);
+  step_row<MlpNet>(
+      "demo MLP 784-128-10", [] { return std::make_shared<MlpNet>(); }, 64, {784}, reps);
+  step_row<CnnNet>(
+      "demo CNN", [] { return std::make_shared<CnnNet>(); }, 64, {1, 28, 28}, reps);
   return 0;
 }

@@ -39,8 +39,11 @@ class BenchModule : public volt::Module {
   }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
     // The same update either way: FusedSGD matches torch::optim::SGD bit for bit (tests).
-    if (fused_) return {std::make_shared<volt::FusedSGD>(parameters(), volt::FusedSGDOptions(0.01).momentum(0.9))};
-    return {std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01).momentum(0.9))};
+    if (fused_)
+      return {std::make_shared<volt::FusedSGD>(parameters(),
+                                               volt::FusedSGDOptions(0.01).momentum(0.9))};
+    return {std::make_shared<torch::optim::SGD>(parameters(),
+                                                torch::optim::SGDOptions(0.01).momentum(0.9))};
   }
   std::shared_ptr<Net> net_;
   bool fused_;
@@ -51,8 +54,12 @@ double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t 
                 bool fused = false) {
   BenchModule<Net> m(net, fused);
   // The Trainer scopes its own thread count to fit(): give it the one every contender uses.
-  volt::Trainer t(volt::TrainerOptions().max_steps(steps).logger(false).enable_checkpointing(false)
-                      .enable_progress_bar(false).num_sanity_val_steps(0)
+  volt::Trainer t(volt::TrainerOptions()
+                      .max_steps(steps)
+                      .logger(false)
+                      .enable_checkpointing(false)
+                      .enable_progress_bar(false)
+                      .num_sanity_val_steps(0)
                       .num_threads(at::get_num_threads()));
   auto ds = std::make_shared<volt::TensorDataset>(d.x, d.y);
   volt::DataLoader dl(ds, volt::DataLoaderOptions(batch).shuffle(true).seed(1));
@@ -76,8 +83,8 @@ double run_hand(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t 
   return steps / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double run_python(const std::string& python, const std::string& model, int64_t batch,
-                  int64_t steps, int threads) {
+double run_python(const std::string& python, const std::string& model, int64_t batch, int64_t steps,
+                  int threads) {
   const std::string cmd = python + " " + VOLT_BENCH_DIR + "/python_loop.py --model " + model +
                           " --batch " + std::to_string(batch) + " --steps " +
                           std::to_string(steps) + " --threads " + std::to_string(threads);
@@ -98,36 +105,52 @@ int main(int argc, char** argv) {
   bool use_python = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--rounds" && i + 1 < argc) rounds = std::stoi(argv[++i]);
-    else if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
-    else if (a == "--python" && i + 1 < argc) python = argv[++i];
-    else if (a == "--no-python") use_python = false;
+    if (a == "--rounds" && i + 1 < argc)
+      rounds = std::stoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc)
+      threads = std::stoi(argv[++i]);
+    else if (a == "--python" && i + 1 < argc)
+      python = argv[++i];
+    else if (a == "--no-python")
+      use_python = false;
   }
   const int64_t nthreads = volt::configure_threads(threads);
   volt::FashionMnist full(volt::kFashionMnistDefaultRoot, volt::FashionMnist::Split::kTrain);
-  Data d{full.inputs().slice(0, 0, 16384).contiguous(), full.targets().slice(0, 0, 16384).contiguous()};
+  Data d{full.inputs().slice(0, 0, 16384).contiguous(),
+         full.targets().slice(0, 0, 16384).contiguous()};
   std::printf("threads: torch intra-op %lld (OpenBLAS active: %s), rounds %d\n",
-              static_cast<long long>(nthreads), volt::reference_blas_active() ? "no" : "yes", rounds);
+              static_cast<long long>(nthreads), volt::reference_blas_active() ? "no" : "yes",
+              rounds);
 
-  struct Row { std::string name; int64_t batch, steps; std::string py; };
-  for (const Row& row : {Row{"mlp 784-128-10", 32, 3000, "mlp"}, Row{"cnn (demo)", 32, 60, "cnn"}}) {
+  struct Row {
+    std::string name;
+    int64_t batch, steps;
+    std::string py;
+  };
+  for (const Row& row :
+       {Row{"mlp 784-128-10", 32, 3000, "mlp"}, Row{"cnn (demo)", 32, 60, "cnn"}}) {
     std::vector<double> v, f, h, py;
     for (int r = 0; r < rounds; ++r) {
       torch::manual_seed(r);
       if (row.py == "mlp") {
-        v.push_back(run_volt(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d, row.batch, row.steps));
+        v.push_back(run_volt(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d,
+                             row.batch, row.steps));
         torch::manual_seed(r);
-        f.push_back(run_volt(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d, row.batch, row.steps, true));
+        f.push_back(run_volt(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d,
+                             row.batch, row.steps, true));
         torch::manual_seed(r);
-        h.push_back(run_hand(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d, row.batch, row.steps));
+        h.push_back(run_hand(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d,
+                             row.batch, row.steps));
       } else {
         v.push_back(run_volt(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps));
         torch::manual_seed(r);
-        f.push_back(run_volt(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps, true));
+        f.push_back(
+            run_volt(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps, true));
         torch::manual_seed(r);
         h.push_back(run_hand(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps));
       }
-      if (use_python) py.push_back(run_python(python, row.py, row.batch, row.steps, static_cast<int>(nthreads)));
+      if (use_python)
+        py.push_back(run_python(python, row.py, row.batch, row.steps, static_cast<int>(nthreads)));
     }
     const double mv = median(v), mf = median(f), mh = median(h), mp = median(py);
     std::printf("\n%s, batch %lld, %lld steps x %d rounds (median steps/s)\n", row.name.c_str(),

@@ -45,9 +45,9 @@ class SineData : public volt::DataModule {
 class SineRegressor : public volt::Module {
  public:
   SineRegressor(int64_t width, double lr) : lr_(lr) {
-    net_ = register_module("net", torch::nn::Sequential(torch::nn::Linear(1, width),
-                                                         torch::nn::Tanh(),
-                                                         torch::nn::Linear(width, 1)));
+    net_ =
+        register_module("net", torch::nn::Sequential(torch::nn::Linear(1, width), torch::nn::Tanh(),
+                                                     torch::nn::Linear(width, 1)));
   }
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     auto loss = torch::mse_loss(net_->forward(b.input), b.target);

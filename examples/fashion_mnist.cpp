@@ -1,4 +1,5 @@
-// Trains a CNN (or an MLP, or a small transformer using volt::fused_sdpa) on Fashion-MNIST with volt and prints the test accuracy.
+// Trains a CNN (or an MLP, or a small transformer using volt::fused_sdpa) on Fashion-MNIST with
+// volt and prints the test accuracy.
 //
 //   volt_fashion_mnist [--model cnn|mlp|transformer] [--epochs N] [--batch-size B] [--lr LR]
 //                      [--data DIR] [--out DIR] [--resume CKPT]
@@ -11,8 +12,9 @@
 
 namespace {
 void usage() {
-  std::cerr << "usage: volt_fashion_mnist [--model cnn|mlp|transformer] [--epochs N] [--batch-size B] "
-               "[--lr LR] [--data DIR] [--out DIR] [--resume CKPT]\n";
+  std::cerr
+      << "usage: volt_fashion_mnist [--model cnn|mlp|transformer] [--epochs N] [--batch-size B] "
+         "[--lr LR] [--data DIR] [--out DIR] [--resume CKPT]\n";
 }
 }  // namespace
 
@@ -31,15 +33,28 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (a == "--model") model = next();
-      else if (a == "--epochs") epochs = std::stoll(next());
-      else if (a == "--batch-size") batch = std::stoll(next());
-      else if (a == "--lr") lr = std::stod(next());
-      else if (a == "--data") data = next();
-      else if (a == "--out") out = next();
-      else if (a == "--resume") resume = next();
-      else if (a == "--help" || a == "-h") { usage(); return 0; }
-      else { std::cerr << "unknown argument '" << a << "'\n"; usage(); return 2; }
+      if (a == "--model")
+        model = next();
+      else if (a == "--epochs")
+        epochs = std::stoll(next());
+      else if (a == "--batch-size")
+        batch = std::stoll(next());
+      else if (a == "--lr")
+        lr = std::stod(next());
+      else if (a == "--data")
+        data = next();
+      else if (a == "--out")
+        out = next();
+      else if (a == "--resume")
+        resume = next();
+      else if (a == "--help" || a == "-h") {
+        usage();
+        return 0;
+      } else {
+        std::cerr << "unknown argument '" << a << "'\n";
+        usage();
+        return 2;
+      }
     } catch (const std::logic_error&) {
       std::cerr << "bad value for " << a << "\n";
       return 2;
@@ -57,11 +72,8 @@ int main(int argc, char** argv) {
                                                             .mode(volt::Mode::kMax)
                                                             .filename("{epoch}-{val_acc:.4f}")
                                                             .save_last(true));
-    volt::Trainer trainer(volt::TrainerOptions()
-                              .max_epochs(epochs)
-                              .seed(42)
-                              .default_root_dir(out)
-                              .callbacks({ckpt}));
+    volt::Trainer trainer(
+        volt::TrainerOptions().max_epochs(epochs).seed(42).default_root_dir(out).callbacks({ckpt}));
     std::unique_ptr<volt::Module> module;
     if (model == "cnn") {
       module = std::make_unique<volt_examples::Classifier<volt_examples::CnnNet>>(

@@ -31,9 +31,11 @@ struct MlpNet : torch::nn::Module {
 struct CnnNet : torch::nn::Module {
   static constexpr const char* kName = "CnnNet";
   CnnNet() {
-    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)));
+    conv1 =
+        register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)));
     bn1 = register_module("bn1", torch::nn::BatchNorm2d(32));
-    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)));
+    conv2 =
+        register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)));
     bn2 = register_module("bn2", torch::nn::BatchNorm2d(64));
     fc1 = register_module("fc1", torch::nn::Linear(64 * 7 * 7, 128));
     drop = register_module("drop", torch::nn::Dropout(0.25));
@@ -62,10 +64,12 @@ struct TransformerNet : torch::nn::Module {
     pos = register_parameter("pos", torch::randn({1, 28, dim}) * 0.02);
     for (int64_t i = 0; i < layers; ++i) {
       const std::string n = std::to_string(i);
-      ln1.push_back(register_module("ln1_" + n, torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}))));
+      ln1.push_back(
+          register_module("ln1_" + n, torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}))));
       qkv.push_back(register_module("qkv_" + n, torch::nn::Linear(dim, 3 * dim)));
       proj.push_back(register_module("proj_" + n, torch::nn::Linear(dim, dim)));
-      ln2.push_back(register_module("ln2_" + n, torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}))));
+      ln2.push_back(
+          register_module("ln2_" + n, torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}))));
       fc1.push_back(register_module("fc1_" + n, torch::nn::Linear(dim, 4 * dim)));
       fc2.push_back(register_module("fc2_" + n, torch::nn::Linear(4 * dim, dim)));
     }
@@ -78,10 +82,13 @@ struct TransformerNet : torch::nn::Module {
     for (size_t i = 0; i < qkv.size(); ++i) {
       auto parts = qkv[i]->forward(ln1[i]->forward(x)).chunk(3, -1);
       // Heads from the tensor (-1), not heads_: under tensor parallelism a rank holds some of them.
-      auto split = [&](const torch::Tensor& t) { return t.reshape({b, 28, -1, hd}).transpose(1, 2); };
+      auto split = [&](const torch::Tensor& t) {
+        return t.reshape({b, 28, -1, hd}).transpose(1, 2);
+      };
       auto opts = volt::SdpaOptions().dropout_p(is_training() ? attn_dropout_ : 0.0);
-      auto a = fused_ ? volt::fused_sdpa(split(parts[0]), split(parts[1]), split(parts[2]), opts)
-                      : volt::sdpa_reference(split(parts[0]), split(parts[1]), split(parts[2]), opts);
+      auto a = fused_
+                   ? volt::fused_sdpa(split(parts[0]), split(parts[1]), split(parts[2]), opts)
+                   : volt::sdpa_reference(split(parts[0]), split(parts[1]), split(parts[2]), opts);
       x = x + proj[i]->forward(a.output.transpose(1, 2).reshape({b, 28, -1}));
       x = x + fc2[i]->forward(torch::gelu(fc1[i]->forward(ln2[i]->forward(x))));
     }
@@ -156,8 +163,9 @@ class FashionMnistData : public volt::DataModule {
     }
   }
   volt::DataLoader train_dataloader() override {
-    return volt::DataLoader(train_, volt::DataLoaderOptions(batch_size_).shuffle(true).seed(seed_)
-                                        .num_workers(workers_));
+    return volt::DataLoader(
+        train_,
+        volt::DataLoaderOptions(batch_size_).shuffle(true).seed(seed_).num_workers(workers_));
   }
   c10::optional<volt::DataLoader> val_dataloader() override {
     return volt::DataLoader(val_, volt::DataLoaderOptions(512));
@@ -181,20 +189,19 @@ inline void register_fashion_mnist(volt::Registry& r) {
     return p.add("lr", 1e-3, "Adam learning rate")
         .add("step_size", step_size, "halve the lr every N epochs (StepLR); 0 = constant");
   };
-  r.models.add("MlpClassifier", "Fashion-MNIST MLP (784 -> hidden... -> 10)",
-               common(volt::Params().add("hidden", std::vector<int64_t>{256, 128},
-                                         "hidden layer widths"),
-                      4),
-               [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
-                 return std::make_shared<Classifier<MlpNet>>(
-                     std::make_shared<MlpNet>(a.get<std::vector<int64_t>>("hidden")),
-                     a.get<double>("lr"), a.get<int64_t>("step_size"));
-               });
+  r.models.add(
+      "MlpClassifier", "Fashion-MNIST MLP (784 -> hidden... -> 10)",
+      common(volt::Params().add("hidden", std::vector<int64_t>{256, 128}, "hidden layer widths"),
+             4),
+      [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+        return std::make_shared<Classifier<MlpNet>>(
+            std::make_shared<MlpNet>(a.get<std::vector<int64_t>>("hidden")), a.get<double>("lr"),
+            a.get<int64_t>("step_size"));
+      });
   r.models.add("CnnClassifier", "Fashion-MNIST CNN (two conv-bn-relu-pool blocks)",
                common(volt::Params(), 2), [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
-                 return std::make_shared<Classifier<CnnNet>>(std::make_shared<CnnNet>(),
-                                                             a.get<double>("lr"),
-                                                             a.get<int64_t>("step_size"));
+                 return std::make_shared<Classifier<CnnNet>>(
+                     std::make_shared<CnnNet>(), a.get<double>("lr"), a.get<int64_t>("step_size"));
                });
   r.models.add(
       "TransformerClassifier", "Fashion-MNIST transformer over image rows (volt::fused_sdpa)",
@@ -215,22 +222,22 @@ inline void register_fashion_mnist(volt::Registry& r) {
                                              a.get<bool>("fused"), a.get<double>("attn_dropout")),
             a.get<double>("lr"), a.get<int64_t>("step_size"));
       });
-  r.data_modules.add(
-      "FashionMNIST", "Fashion-MNIST IDX files: 55k train / 5k val / 10k test",
-      volt::Params()
-          .add("root", std::string(volt::kFashionMnistDefaultRoot), "folder with the IDX(.gz) files")
-          .add("batch_size", int64_t{64}, "training batch size")
-          .add("num_workers", int64_t{1}, "loader worker threads")
-          .add("seed", int64_t{42}, "shuffle seed"),
-      [](const volt::Args& a) -> std::shared_ptr<volt::DataModule> {
-        VOLT_CHECK(a.get<int64_t>("batch_size") > 0, volt::ConfigError,
-                   "[FashionMNIST] batch_size=", a.get<int64_t>("batch_size"),
-                   " must be positive.");
-        return std::make_shared<FashionMnistData>(a.get<std::string>("root"),
-                                                  a.get<int64_t>("batch_size"),
-                                                  a.get<int64_t>("num_workers"),
-                                                  static_cast<uint64_t>(a.get<int64_t>("seed")));
-      });
+  r.data_modules.add("FashionMNIST", "Fashion-MNIST IDX files: 55k train / 5k val / 10k test",
+                     volt::Params()
+                         .add("root", std::string(volt::kFashionMnistDefaultRoot),
+                              "folder with the IDX(.gz) files")
+                         .add("batch_size", int64_t{64}, "training batch size")
+                         .add("num_workers", int64_t{1}, "loader worker threads")
+                         .add("seed", int64_t{42}, "shuffle seed"),
+                     [](const volt::Args& a) -> std::shared_ptr<volt::DataModule> {
+                       VOLT_CHECK(a.get<int64_t>("batch_size") > 0, volt::ConfigError,
+                                  "[FashionMNIST] batch_size=", a.get<int64_t>("batch_size"),
+                                  " must be positive.");
+                       return std::make_shared<FashionMnistData>(
+                           a.get<std::string>("root"), a.get<int64_t>("batch_size"),
+                           a.get<int64_t>("num_workers"),
+                           static_cast<uint64_t>(a.get<int64_t>("seed")));
+                     });
 }
 
 }  // namespace volt_examples

@@ -82,7 +82,9 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &counting_free, device};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &counting_free; }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &counting_free;
+  }
 #if VOLT_TORCH_AT_LEAST(2, 3)
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);

@@ -10,7 +10,9 @@
 
 namespace volt {
 
-bool CudaAccelerator::available() { return torch::cuda::is_available(); }
+bool CudaAccelerator::available() {
+  return torch::cuda::is_available();
+}
 
 CudaAccelerator::CudaAccelerator() {
 #ifndef VOLT_CUDA
@@ -21,7 +23,8 @@ CudaAccelerator::CudaAccelerator() {
 #endif
   VOLT_CHECK(available(), NotAvailable,
              "[CudaAccelerator] accelerator=\"cuda\" requested but no CUDA device is visible "
-             "(torch::cuda::device_count()=", torch::cuda::device_count(),
+             "(torch::cuda::device_count()=",
+             torch::cuda::device_count(),
              "); check CUDA_VISIBLE_DEVICES and the driver, or use accelerator=\"cpu\".");
 }
 
@@ -46,7 +49,9 @@ void CudaAccelerator::setup_device(const c10::Device& device) {
   }
 }
 
-void CudaAccelerator::synchronize() const { torch::cuda::synchronize(); }
+void CudaAccelerator::synchronize() const {
+  torch::cuda::synchronize();
+}
 
 // Through the device-generic context API: no CUDA headers, and a GPU never used by the run is
 // initialised only here (its generator exists once the CUDA context does).

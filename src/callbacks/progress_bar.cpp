@@ -33,18 +33,26 @@ void ProgressBar::on_train_epoch_end(RunContext& run, Module& module) {
   draw(run, run.state().batches_done, true);
 }
 
-void ProgressBar::on_validation_start(RunContext& run, Module& module) { eval_start("Validation"); }
+void ProgressBar::on_validation_start(RunContext& run, Module& module) {
+  eval_start("Validation");
+}
 void ProgressBar::on_validation_batch_end(RunContext& run, Module& module, const Batch& batch,
                                           int64_t batch_idx) {
   eval_batch(run, batch_idx + 1);
 }
-void ProgressBar::on_validation_end(RunContext& run, Module& module) { eval_end(run); }
-void ProgressBar::on_test_start(RunContext& run, Module& module) { eval_start("Testing"); }
+void ProgressBar::on_validation_end(RunContext& run, Module& module) {
+  eval_end(run);
+}
+void ProgressBar::on_test_start(RunContext& run, Module& module) {
+  eval_start("Testing");
+}
 void ProgressBar::on_test_batch_end(RunContext& run, Module& module, const Batch& batch,
                                     int64_t batch_idx) {
   eval_batch(run, batch_idx + 1);
 }
-void ProgressBar::on_test_end(RunContext& run, Module& module) { eval_end(run); }
+void ProgressBar::on_test_end(RunContext& run, Module& module) {
+  eval_end(run);
+}
 
 void ProgressBar::eval_start(const char* label) {
   eval_label_ = label;

@@ -132,9 +132,8 @@ void register_callbacks(Registry& r) {
       "DeviceStatsMonitor",
       "logs device memory stats (Limit, InUse, MaxInUse, NumAllocs, ...) per step or epoch",
       Params()
-          .choice("logging_interval",
-                  ds.logging_interval() == Interval::kStep ? "step" : "epoch", {"step", "epoch"},
-                  "step = at the Trainer's log_every_n_steps cadence")
+          .choice("logging_interval", ds.logging_interval() == Interval::kStep ? "step" : "epoch",
+                  {"step", "epoch"}, "step = at the Trainer's log_every_n_steps cadence")
           .add("host_stats", ds.host_stats(), "also log RSS bytes and process CPU percent"),
       [](const Args& a) -> std::shared_ptr<Callback> {
         return std::make_shared<DeviceStatsMonitor>(

@@ -397,9 +397,9 @@ int run_report(const Command& cmd, std::ostream& out) {
 int run_perf(const Command& cmd, std::ostream& out) {
   std::string trace;
   for (const auto& s : cmd.sources) {
-    VOLT_CHECK(s.kind == Source::Kind::kSet && s.key == "trace", ConfigError,
-               "[cli] perf does not take ", s.kind == Source::Kind::kFile ? "--config" : "--" + s.key,
-               "; its option is --trace FILE.");
+    VOLT_CHECK(
+        s.kind == Source::Kind::kSet && s.key == "trace", ConfigError, "[cli] perf does not take ",
+        s.kind == Source::Kind::kFile ? "--config" : "--" + s.key, "; its option is --trace FILE.");
     trace = s.value;
   }
   VOLT_CHECK(cmd.positional.empty() && !trace.empty(), ConfigError,

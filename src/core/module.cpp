@@ -6,8 +6,12 @@
 
 namespace volt {
 
-void ManualOptimizer::zero_grad() { ctx_->manual_zero_grad(index_); }
-void ManualOptimizer::step() { ctx_->manual_step(index_); }
+void ManualOptimizer::zero_grad() {
+  ctx_->manual_zero_grad(index_);
+}
+void ManualOptimizer::step() {
+  ctx_->manual_step(index_);
+}
 void ManualOptimizer::count_step() {
   ctx_->manual_count_step(index_);
 }
@@ -16,7 +20,8 @@ torch::optim::Optimizer& ManualOptimizer::optimizer() {
 }
 
 at::Tensor Module::predict_step(const Batch& batch, int64_t batch_idx) {
-  VOLT_CHECK(false, ConfigError, "[Module] predict() needs predict_step; override "
+  VOLT_CHECK(false, ConfigError,
+             "[Module] predict() needs predict_step; override "
              "Module::predict_step(batch, batch_idx) in your module.");
   return {};
 }
@@ -54,9 +59,15 @@ std::vector<std::shared_ptr<LRScheduler>> Module::lr_schedulers() {
   return out;
 }
 
-Profiler& Module::profiler() { return require_run("profiler").profiler(); }
+Profiler& Module::profiler() {
+  return require_run("profiler").profiler();
+}
 
-int64_t Module::current_epoch() const { return run_ ? run_->state().epoch : 0; }
-int64_t Module::global_step() const { return run_ ? run_->state().global_step : 0; }
+int64_t Module::current_epoch() const {
+  return run_ ? run_->state().epoch : 0;
+}
+int64_t Module::global_step() const {
+  return run_ ? run_->state().global_step : 0;
+}
 
 }  // namespace volt

@@ -113,19 +113,19 @@ Params& Params::choice(std::string name, std::string v, std::vector<std::string>
 
 const ParamValue& Args::at(const std::string& name) const {
   auto it = values_.find(name);
-  VOLT_CHECK(it != values_.end(), InternalError, "[Registry] ", owner_, " reads parameter \"",
-             name, "\" that it did not declare; add it to its Params.");
+  VOLT_CHECK(it != values_.end(), InternalError, "[Registry] ", owner_, " reads parameter \"", name,
+             "\" that it did not declare; add it to its Params.");
   return it->second;
 }
 
 void Args::type_mismatch(const std::string& name, ParamType asked) const {
   const ParamValue& v = at(name);
-  throw InternalError(detail::str_cat(
-      "[Registry] ", owner_, " reads parameter \"", name, "\" as ", param_type_name(asked),
-      " but it holds ",
-      std::holds_alternative<std::monostate>(v) ? "none (use get_optional)"
-                                                : param_type_name(param_value_type(v)),
-      "; read it with the type it was declared with."));
+  throw InternalError(detail::str_cat("[Registry] ", owner_, " reads parameter \"", name, "\" as ",
+                                      param_type_name(asked), " but it holds ",
+                                      std::holds_alternative<std::monostate>(v)
+                                          ? "none (use get_optional)"
+                                          : param_type_name(param_value_type(v)),
+                                      "; read it with the type it was declared with."));
 }
 
 Args default_args(const std::string& owner, const Params& params) {

@@ -17,8 +17,9 @@ std::ostream& operator<<(std::ostream& os, const DataLoaderOptions& o) {
   return os << "DataLoaderOptions(batch_size=" << o.batch_size() << ", shuffle=" << o.shuffle()
             << ", seed=" << o.seed() << ", drop_last=" << o.drop_last()
             << ", num_workers=" << o.num_workers() << ", prefetch_factor=" << o.prefetch_factor()
-            << ", pin_memory=" << o.pin_memory() << ", collate=" << (o.collate() ? "custom" : "default")
-            << ", rank=" << o.rank() << ", world_size=" << o.world_size() << ")";
+            << ", pin_memory=" << o.pin_memory()
+            << ", collate=" << (o.collate() ? "custom" : "default") << ", rank=" << o.rank()
+            << ", world_size=" << o.world_size() << ")";
 }
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options)
@@ -27,12 +28,13 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
       sampler_(dataset_ ? dataset_->size() : 0, options_.shuffle(), options_.seed(),
                options_.rank(), options_.world_size()) {
   VOLT_CHECK(dataset_ != nullptr, ConfigError, "[DataLoader] dataset is null; pass a Dataset.");
-  VOLT_CHECK(options_.batch_size() >= 1, ConfigError, "[DataLoader] batch_size=",
-             options_.batch_size(), " must be >= 1.");
-  VOLT_CHECK(options_.num_workers() >= 0, ConfigError, "[DataLoader] num_workers=",
-             options_.num_workers(), " must be >= 0 (0 loads batches on the calling thread).");
-  VOLT_CHECK(options_.prefetch_factor() >= 1, ConfigError, "[DataLoader] prefetch_factor=",
-             options_.prefetch_factor(), " must be >= 1.");
+  VOLT_CHECK(options_.batch_size() >= 1, ConfigError,
+             "[DataLoader] batch_size=", options_.batch_size(), " must be >= 1.");
+  VOLT_CHECK(options_.num_workers() >= 0, ConfigError,
+             "[DataLoader] num_workers=", options_.num_workers(),
+             " must be >= 0 (0 loads batches on the calling thread).");
+  VOLT_CHECK(options_.prefetch_factor() >= 1, ConfigError,
+             "[DataLoader] prefetch_factor=", options_.prefetch_factor(), " must be >= 1.");
 }
 
 DataLoader DataLoader::sharded(int64_t rank, int64_t world_size) const {
@@ -130,8 +132,8 @@ struct BatchStream::Impl {
 
 BatchStream DataLoader::stream(int64_t epoch, int64_t first_batch, int64_t max_batches) const {
   const int64_t total = num_batches();
-  VOLT_CHECK(first_batch >= 0 && first_batch <= total, ValueError, "[DataLoader] first_batch=",
-             first_batch, " is outside [0, ", total, "].");
+  VOLT_CHECK(first_batch >= 0 && first_batch <= total, ValueError,
+             "[DataLoader] first_batch=", first_batch, " is outside [0, ", total, "].");
   auto impl = std::make_unique<BatchStream::Impl>();
   impl->loader = this;
   impl->order = sampler_.indices(epoch);
@@ -153,7 +155,9 @@ BatchStream::BatchStream(BatchStream&&) noexcept = default;
 BatchStream& BatchStream::operator=(BatchStream&&) noexcept = default;
 BatchStream::~BatchStream() = default;
 
-int64_t BatchStream::size() const { return impl_->count; }
+int64_t BatchStream::size() const {
+  return impl_->count;
+}
 
 bool BatchStream::next(Batch& out) {
   Impl& s = *impl_;

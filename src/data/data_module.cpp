@@ -5,7 +5,8 @@
 namespace volt {
 
 DataLoader DataModule::train_dataloader() {
-  VOLT_CHECK(false, ConfigError, "[DataModule] fit() needs train_dataloader(); override it in "
+  VOLT_CHECK(false, ConfigError,
+             "[DataModule] fit() needs train_dataloader(); override it in "
              "your DataModule.");
   throw InternalError("unreachable");
 }

@@ -12,12 +12,14 @@ TensorDataset::TensorDataset(at::Tensor inputs, at::Tensor targets)
              "[TensorDataset] inputs must be a tensor with at least one dimension (the sample "
              "index); pass e.g. a [N, features] tensor.");
   VOLT_CHECK(!targets_.defined() || (targets_.dim() >= 1 && targets_.size(0) == inputs_.size(0)),
-             ValueError, "[TensorDataset] inputs has ", inputs_.size(0), " samples but targets has ",
-             targets_.dim() >= 1 ? targets_.size(0) : 0,
+             ValueError, "[TensorDataset] inputs has ", inputs_.size(0),
+             " samples but targets has ", targets_.dim() >= 1 ? targets_.size(0) : 0,
              "; dim 0 of both tensors must index the same samples.");
 }
 
-int64_t TensorDataset::size() const { return inputs_.size(0); }
+int64_t TensorDataset::size() const {
+  return inputs_.size(0);
+}
 
 Example TensorDataset::get(int64_t index) const {
   VOLT_CHECK(index >= 0 && index < size(), ValueError, "[TensorDataset] index ", index,
@@ -44,9 +46,8 @@ Batch default_collate(const std::vector<Example>& examples) {
     in.push_back(e.input);
     if (e.target.defined()) tg.push_back(e.target);
   }
-  VOLT_CHECK(tg.empty() || tg.size() == in.size(), ValueError,
-             "[default_collate] ", tg.size(), " of ", in.size(),
-             " examples have a target; all or none must have one.");
+  VOLT_CHECK(tg.empty() || tg.size() == in.size(), ValueError, "[default_collate] ", tg.size(),
+             " of ", in.size(), " examples have a target; all or none must have one.");
   Batch b;
   b.input = torch::stack(in);
   if (!tg.empty()) b.target = torch::stack(tg);

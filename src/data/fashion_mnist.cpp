@@ -56,13 +56,12 @@ std::string find_file(const std::string& root, const std::string& stem) {
 
 at::Tensor read_idx_file(const std::string& path) {
   std::vector<uint8_t> data = read_all(path);
-  VOLT_CHECK(data.size() >= 4, DataError, "[FashionMnist] '", path, "' is truncated (",
-             data.size(), " bytes, no IDX header); re-install the dataset files.");
+  VOLT_CHECK(data.size() >= 4, DataError, "[FashionMnist] '", path, "' is truncated (", data.size(),
+             " bytes, no IDX header); re-install the dataset files.");
   // IDX header: two zero bytes, a type code (0x08 = uint8), the number of dimensions.
   VOLT_CHECK(data[0] == 0 && data[1] == 0 && data[2] == 0x08 && data[3] >= 1 && data[3] <= 4,
-             DataError, "[FashionMnist] '", path, "' is not a uint8 IDX file (magic ",
-             int(data[0]), ",", int(data[1]), ",", int(data[2]), ",", int(data[3]),
-             "); check the path.");
+             DataError, "[FashionMnist] '", path, "' is not a uint8 IDX file (magic ", int(data[0]),
+             ",", int(data[1]), ",", int(data[2]), ",", int(data[3]), "); check the path.");
   const size_t ndim = data[3];
   VOLT_CHECK(data.size() >= 4 + 4 * ndim, DataError, "[FashionMnist] '", path,
              "' is truncated inside its header; re-install the dataset files.");
@@ -87,9 +86,9 @@ std::pair<at::Tensor, at::Tensor> load_split(const std::string& root, FashionMni
   const std::string prefix = split == FashionMnist::Split::kTrain ? "train" : "t10k";
   auto images = read_idx_file(find_file(root, prefix + "-images-idx3-ubyte"));
   auto labels = read_idx_file(find_file(root, prefix + "-labels-idx1-ubyte"));
-  VOLT_CHECK(images.dim() == 3 && labels.dim() == 1 && images.size(0) == labels.size(0),
-             DataError, "[FashionMnist] images ", images.sizes(), " and labels ", labels.sizes(),
-             " under '", root, "' do not match; expected [N,28,28] and [N].");
+  VOLT_CHECK(images.dim() == 3 && labels.dim() == 1 && images.size(0) == labels.size(0), DataError,
+             "[FashionMnist] images ", images.sizes(), " and labels ", labels.sizes(), " under '",
+             root, "' do not match; expected [N,28,28] and [N].");
   auto x = images.to(torch::kFloat32).div_(255.0f).unsqueeze_(1).contiguous();
   if (normalize) x.sub_(0.2860f).div_(0.3530f);
   return {x, labels.to(torch::kInt64)};

@@ -9,12 +9,16 @@ namespace volt {
 
 Sampler::Sampler(int64_t dataset_size, bool shuffle, uint64_t seed, int64_t rank,
                  int64_t world_size)
-    : dataset_size_(dataset_size), shuffle_(shuffle), seed_(seed), rank_(rank),
+    : dataset_size_(dataset_size),
+      shuffle_(shuffle),
+      seed_(seed),
+      rank_(rank),
       world_size_(world_size) {
   VOLT_CHECK(dataset_size >= 0, ValueError, "[Sampler] dataset_size=", dataset_size,
              " is negative.");
-  VOLT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, ConfigError, "[Sampler] rank=",
-             rank, " world_size=", world_size, " is invalid; need 0 <= rank < world_size.");
+  VOLT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, ConfigError,
+             "[Sampler] rank=", rank, " world_size=", world_size,
+             " is invalid; need 0 <= rank < world_size.");
 }
 
 int64_t Sampler::size() const {
@@ -45,7 +49,8 @@ std::vector<int64_t> Sampler::indices(int64_t epoch) const {
   if (world_size_ == 1 || dataset_size_ == 0) return all;
   const int64_t per_rank = size();
   const int64_t total = per_rank * world_size_;
-  for (int64_t i = dataset_size_; i < total; ++i) all.push_back(all[(i - dataset_size_) % dataset_size_]);
+  for (int64_t i = dataset_size_; i < total; ++i)
+    all.push_back(all[(i - dataset_size_) % dataset_size_]);
   std::vector<int64_t> mine;
   mine.reserve(per_rank);
   for (int64_t i = rank_; i < total; i += world_size_) mine.push_back(all[i]);

@@ -242,14 +242,10 @@ ClusterEnvironment detect_plain(const Reader& r, int64_t devices, int64_t num_no
 
 std::string to_string(ClusterKind kind) {
   switch (kind) {
-    case ClusterKind::kPlain:
-      return "plain";
-    case ClusterKind::kTorchrun:
-      return "torchrun";
-    case ClusterKind::kSlurm:
-      return "slurm";
-    case ClusterKind::kOpenMpi:
-      return "openmpi";
+    case ClusterKind::kPlain: return "plain";
+    case ClusterKind::kTorchrun: return "torchrun";
+    case ClusterKind::kSlurm: return "slurm";
+    case ClusterKind::kOpenMpi: return "openmpi";
   }
   return "unknown";
 }

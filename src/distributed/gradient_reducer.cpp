@@ -35,7 +35,9 @@ GradientReducer::GradientReducer(const std::vector<at::Tensor>&, std::shared_ptr
 }
 GradientReducer::~GradientReducer() = default;
 void GradientReducer::backward(const at::Tensor&, const std::function<void()>&) {}
-std::vector<at::Tensor> GradientReducer::bucket_buffers() const { return {}; }
+std::vector<at::Tensor> GradientReducer::bucket_buffers() const {
+  return {};
+}
 
 #else
 

@@ -23,7 +23,9 @@ constexpr const char* kTag = "[ProcessGroup]";
 
 }  // namespace
 
-std::string to_string(Backend backend) { return backend == Backend::kGloo ? "gloo" : "nccl"; }
+std::string to_string(Backend backend) {
+  return backend == Backend::kGloo ? "gloo" : "nccl";
+}
 
 Backend resolve_backend(const std::string& name, c10::DeviceType device) {
   VOLT_CHECK(name == "auto" || name == "gloo" || name == "nccl", ConfigError, kTag,
@@ -67,15 +69,33 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
   VOLT_ASSERT(false, "resolve_backend accepted a backend this build cannot create");
 }
 ProcessGroup::~ProcessGroup() = default;
-at::Tensor ProcessGroup::all_reduce(const at::Tensor&, Reduce) { VOLT_ASSERT(false); }
-void ProcessGroup::broadcast_(at::Tensor&, int64_t) { VOLT_ASSERT(false); }
-void ProcessGroup::broadcast_(std::vector<at::Tensor>&, int64_t) { VOLT_ASSERT(false); }
-std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor&) { VOLT_ASSERT(false); }
-at::Tensor ProcessGroup::all_gather_flat(const at::Tensor&) { VOLT_ASSERT(false); }
-at::Tensor ProcessGroup::reduce_scatter(const at::Tensor&, Reduce) { VOLT_ASSERT(false); }
-void ProcessGroup::barrier() { VOLT_ASSERT(false); }
-bool ProcessGroup::all_of(bool) { VOLT_ASSERT(false); }
-bool ProcessGroup::any_of(bool) { VOLT_ASSERT(false); }
+at::Tensor ProcessGroup::all_reduce(const at::Tensor&, Reduce) {
+  VOLT_ASSERT(false);
+}
+void ProcessGroup::broadcast_(at::Tensor&, int64_t) {
+  VOLT_ASSERT(false);
+}
+void ProcessGroup::broadcast_(std::vector<at::Tensor>&, int64_t) {
+  VOLT_ASSERT(false);
+}
+std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor&) {
+  VOLT_ASSERT(false);
+}
+at::Tensor ProcessGroup::all_gather_flat(const at::Tensor&) {
+  VOLT_ASSERT(false);
+}
+at::Tensor ProcessGroup::reduce_scatter(const at::Tensor&, Reduce) {
+  VOLT_ASSERT(false);
+}
+void ProcessGroup::barrier() {
+  VOLT_ASSERT(false);
+}
+bool ProcessGroup::all_of(bool) {
+  VOLT_ASSERT(false);
+}
+bool ProcessGroup::any_of(bool) {
+  VOLT_ASSERT(false);
+}
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>&,
                                                       const std::string&) {
   VOLT_ASSERT(false);
@@ -91,7 +111,9 @@ PendingCollective start_all_reduce(const std::shared_ptr<ProcessGroup>&, at::Ten
 PendingCollective start_all_gather(const std::shared_ptr<ProcessGroup>&, const at::Tensor&) {
   VOLT_ASSERT(false);
 }
-std::vector<at::Tensor> PendingCollective::wait() { VOLT_ASSERT(false); }
+std::vector<at::Tensor> PendingCollective::wait() {
+  VOLT_ASSERT(false);
+}
 }  // namespace detail
 
 #else  // VOLT_DIST_GLOO
@@ -122,8 +144,12 @@ constexpr milliseconds kLostReportGrace{2000};
 // How long report_lost_rank tries to reach the store.
 constexpr milliseconds kReportBound{5000};
 
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+std::vector<uint8_t> bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+std::string text(const std::vector<uint8_t>& b) {
+  return {b.begin(), b.end()};
+}
 
 std::string seconds(milliseconds t) {
   std::ostringstream os;
@@ -145,7 +171,9 @@ std::string reason_of(const std::exception& e) {
   return s;
 }
 
-bool contains(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
+bool contains(const std::string& s, const char* what) {
+  return s.find(what) != std::string::npos;
+}
 
 std::string rank_list(const std::vector<int64_t>& ranks) {
   std::ostringstream os;
@@ -176,13 +204,10 @@ bool poll_key(c10d::Store& store, const std::string& key, Clock::time_point dead
 
 c10d::ReduceOp to_c10d(Reduce op) {
   switch (op) {
-    case Reduce::kMin:
-      return c10d::ReduceOp::MIN;
-    case Reduce::kMax:
-      return c10d::ReduceOp::MAX;
+    case Reduce::kMin: return c10d::ReduceOp::MIN;
+    case Reduce::kMax: return c10d::ReduceOp::MAX;
     case Reduce::kSum:
-    case Reduce::kMean:
-      return c10d::ReduceOp::SUM;  // Gloo has no AVG: volt divides afterwards
+    case Reduce::kMean: return c10d::ReduceOp::SUM;  // Gloo has no AVG: volt divides afterwards
   }
   return c10d::ReduceOp::SUM;
 }
@@ -427,8 +452,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
     attach_gloo(*impl, key, static_cast<int>(me), size, options_.timeout());
   } catch (const std::exception& e) {
     VOLT_CHECK(false, DistributedError, kTag, " rank ", rank_, " could not connect its group of ",
-               size, " ranks (", key, ") within ", seconds(options_.timeout()), ": ",
-               reason_of(e), "; every member must call new_group with the same ranks and tag.");
+               size, " ranks (", key, ") within ", seconds(options_.timeout()), ": ", reason_of(e),
+               "; every member must call new_group with the same ranks and tag.");
   }
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl), me, size, options_));
 }
@@ -755,7 +780,9 @@ PendingCollective PendingCollective::make(std::unique_ptr<State> state) {
 PendingCollective::~PendingCollective() = default;
 PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
 PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
-bool PendingCollective::pending() const { return state_ != nullptr; }
+bool PendingCollective::pending() const {
+  return state_ != nullptr;
+}
 }  // namespace detail
 
 std::ostream& operator<<(std::ostream& os, const ProcessGroupOptions& o) {

@@ -295,7 +295,9 @@ const std::vector<RowOpInfo>& row_ops() {
 }
 
 // The sum of the partial products (ProcessGroup reduces bf16 / fp16 in fp32).
-at::Tensor sum_across(ProcessGroup& group, const at::Tensor& t) { return group.all_reduce(t); }
+at::Tensor sum_across(ProcessGroup& group, const at::Tensor& t) {
+  return group.all_reduce(t);
+}
 
 // A row-parallel layer's input is either the split output of a column-parallel layer, or whole
 // (then each rank takes its slice).

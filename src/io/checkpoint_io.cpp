@@ -65,7 +65,9 @@ constexpr uint64_t kSealedFieldsOffset = 12;
 
 }  // namespace
 
-void CheckpointIO::remove(const std::string& path) { ::unlink(path.c_str()); }
+void CheckpointIO::remove(const std::string& path) {
+  ::unlink(path.c_str());
+}
 
 void detail::serialize_checkpoint(torch::serialize::OutputArchive& archive, std::string& file) {
   // clear + append, never (move-)assignment, which would replace file's memory by the header's.

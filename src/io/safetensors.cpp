@@ -43,8 +43,9 @@ const char* name_of(at::ScalarType t) {
   for (const auto& d : kDtypes) {
     if (d.type == t) return d.name;
   }
-  VOLT_CHECK(false, ValueError, "[Safetensors] dtype ", t, " cannot be stored; supported: ",
-             valid_dtype_names(), ". Convert the tensor first (e.g. .to(torch::kFloat)).");
+  VOLT_CHECK(false, ValueError, "[Safetensors] dtype ", t,
+             " cannot be stored; supported: ", valid_dtype_names(),
+             ". Convert the tensor first (e.g. .to(torch::kFloat)).");
   return nullptr;
 }
 
@@ -63,8 +64,8 @@ void save_safetensors(const std::map<std::string, at::Tensor>& tensors, const st
   std::vector<at::Tensor> data;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
-    VOLT_CHECK(!name.empty() && name != "__metadata__", ValueError,
-               "[Safetensors] tensor name '", name, "' is reserved or empty; rename it.");
+    VOLT_CHECK(!name.empty() && name != "__metadata__", ValueError, "[Safetensors] tensor name '",
+               name, "' is reserved or empty; rename it.");
     VOLT_CHECK(tensor.defined(), ValueError, "[Safetensors] tensor '", name,
                "' is undefined; drop it or give it a value.");
     at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
@@ -110,8 +111,8 @@ SafetensorsFile detail::parse_safetensors(const std::string& file, const std::st
              " bytes, shorter than the 8-byte header length; it is truncated or not safetensors.");
   uint64_t n = 0;
   std::memcpy(&n, file.data(), 8);
-  VOLT_CHECK(n <= kMaxHeaderBytes && n <= file.size() - 8, CheckpointError, where,
-             "header length ", n, " exceeds the file (", file.size(),
+  VOLT_CHECK(n <= kMaxHeaderBytes && n <= file.size() - 8, CheckpointError, where, "header length ",
+             n, " exceeds the file (", file.size(),
              " bytes) or the format's 100 MiB limit; the file is truncated or not safetensors.");
   nlohmann::json header;
   try {
@@ -151,16 +152,15 @@ SafetensorsFile detail::parse_safetensors(const std::string& file, const std::st
     for (const auto& d : kDtypes) {
       if (dtype == d.name) found = &d;
     }
-    VOLT_CHECK(found != nullptr, CheckpointError, where, "unknown dtype '", dtype, "' for '",
-               name, "'; this libtorch supports ", valid_dtype_names(), ".");
+    VOLT_CHECK(found != nullptr, CheckpointError, where, "unknown dtype '", dtype, "' for '", name,
+               "'; this libtorch supports ", valid_dtype_names(), ".");
     const auto& sh = entry["shape"];
     VOLT_CHECK(sh.is_array(), CheckpointError, where, "shape of '", name, "' is not a list.");
     std::vector<int64_t> shape;
     uint64_t numel = 1;
     for (const auto& d : sh) {
       VOLT_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-                 CheckpointError, where, "shape of '", name,
-                 "' must hold non-negative integers.");
+                 CheckpointError, where, "shape of '", name, "' must hold non-negative integers.");
       const uint64_t v = d.get<uint64_t>();
       // libtorch sizes are int64: a larger dimension would turn negative (even in an empty
       // tensor, whose other dimension is 0).
@@ -185,19 +185,19 @@ SafetensorsFile detail::parse_safetensors(const std::string& file, const std::st
     VOLT_CHECK(numel <= std::numeric_limits<uint64_t>::max() / item, CheckpointError, where,
                "shape of '", name, "' overflows: ", numel, " elements of ", item, " bytes.");
     VOLT_CHECK(end - begin == numel * item, CheckpointError, where, "'", name, "' spans ",
-               end - begin, " bytes but dtype ", dtype, " and its shape need ", numel * item,
-               ".");
+               end - begin, " bytes but dtype ", dtype, " and its shape need ", numel * item, ".");
     at::Tensor t = at::empty(shape, at::TensorOptions().dtype(found->type));
     if (numel) std::memcpy(t.data_ptr(), data + begin, end - begin);
     out.tensors[name] = t;
     spans.push_back({begin, end, name});
   }
-  std::sort(spans.begin(), spans.end(),
-            [](const Span& a, const Span& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+  });
   uint64_t covered = 0;
   for (size_t i = 0; i < spans.size(); ++i) {
-    VOLT_CHECK(spans[i].begin >= covered, CheckpointError, where, "tensors '",
-               spans[i - 1].name, "' and '", spans[i].name, "' overlap in the data section.");
+    VOLT_CHECK(spans[i].begin >= covered, CheckpointError, where, "tensors '", spans[i - 1].name,
+               "' and '", spans[i].name, "' overlap in the data section.");
     VOLT_CHECK(spans[i].begin == covered, CheckpointError, where, "bytes [", covered, ", ",
                spans[i].begin, ") of the data section belong to no tensor; the file is damaged.");
     covered = spans[i].end;
@@ -219,8 +219,8 @@ void load_safetensors(torch::nn::Module& module, const std::string& path, bool s
     }
     used.insert(name);
     if (!it->second.sizes().equals(target.sizes())) {
-      problems.push_back("shape of '" + name + "': file " + shape_str(it->second) +
-                         " vs model " + shape_str(target));
+      problems.push_back("shape of '" + name + "': file " + shape_str(it->second) + " vs model " +
+                         shape_str(target));
       return;
     }
     torch::NoGradGuard no_grad;

@@ -86,16 +86,15 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
   }
   if (strict && !problems.empty()) {
     std::ostringstream os;
-    os << "[Checkpoint] the checkpoint does not match the model (" << problems.size()
-       << " mismatch" << (problems.size() > 1 ? "es" : "") << "): ";
+    os << "[Checkpoint] the checkpoint does not match the model (" << problems.size() << " mismatch"
+       << (problems.size() > 1 ? "es" : "") << "): ";
     for (size_t i = 0; i < problems.size(); ++i) os << (i ? "; " : "") << problems[i];
     os << ". Load a checkpoint written by the same model class and hyper-parameters.";
     throw CheckpointError(os.str());
   }
 }
 
-void save_optimizer_state(const torch::optim::Optimizer& optimizer,
-                          const torch::nn::Module& module,
+void save_optimizer_state(const torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
                           torch::serialize::OutputArchive& archive) {
   auto names = names_by_impl(module);
   const auto& state = optimizer.state();
@@ -110,8 +109,8 @@ void save_optimizer_state(const torch::optim::Optimizer& optimizer,
     torch::serialize::OutputArchive states_ar;
     for (const auto& p : groups[g].params()) {
       auto it = names.find(p.unsafeGetTensorImpl());
-      VOLT_CHECK(it != names.end(), ConfigError,
-                 "[Checkpoint] an optimizer parameter (shape ", p.sizes(),
+      VOLT_CHECK(it != names.end(), ConfigError, "[Checkpoint] an optimizer parameter (shape ",
+                 p.sizes(),
                  ") is not a parameter of the module; optimize only module.parameters().");
       param_names.push_back(it->second);
       auto st = state.find(state_key_for<StateKey>(p));

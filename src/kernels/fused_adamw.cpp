@@ -78,9 +78,13 @@ void FusedAdamWOptions::serialize(torch::serialize::InputArchive& archive) {
   if (archive.try_read("bias_correction", v)) bias_correction(v.toBool());
 }
 
-double FusedAdamWOptions::get_lr() const { return lr(); }
+double FusedAdamWOptions::get_lr() const {
+  return lr();
+}
 
-void FusedAdamWOptions::set_lr(const double lr) { this->lr(lr); }
+void FusedAdamWOptions::set_lr(const double lr) {
+  this->lr(lr);
+}
 
 std::ostream& operator<<(std::ostream& os, const FusedAdamWOptions& o) {
   return os << "FusedAdamWOptions(lr=" << o.lr() << ", betas=(" << std::get<0>(o.betas()) << ", "

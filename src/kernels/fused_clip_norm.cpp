@@ -17,7 +17,9 @@ constexpr const char* kName = "FusedClipNorm";
 constexpr const char* kReference = "torch::nn::utils::clip_grad_norm_";
 
 // NaN-propagating max, as torch::max over the per-tensor norms.
-double nan_max(double a, double b) { return (b > a || std::isnan(b)) ? b : a; }
+double nan_max(double a, double b) {
+  return (b > a || std::isnan(b)) ? b : a;
+}
 
 }  // namespace
 

@@ -40,8 +40,8 @@ struct Call {
   bool want_keep = false;
   uint64_t seed = 0;
   bool seeded = false;  // dropout_seed was given
-  at::Tensor mask;  // float or bool as given by the user, or undefined
-  at::Tensor lens;  // int64 [B] CPU, or undefined
+  at::Tensor mask;      // float or bool as given by the user, or undefined
+  at::Tensor lens;      // int64 [B] CPU, or undefined
 };
 
 // A Call with the problem sizes of q [B,H,Lq,D], k [B,H,Lk,D], v [B,H,Lk,Dv] (shapes checked).
@@ -62,13 +62,13 @@ uint64_t draw_seed() {
   return gen.get<at::CPUGeneratorImpl>()->random64();
 }
 
-Call validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-              const SdpaOptions& o) {
+Call validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const SdpaOptions& o) {
   VOLT_CHECK(q.defined() && k.defined() && v.defined(), ValueError,
              "[FusedSDPA] query, key and value must all be defined tensors.");
   VOLT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, ValueError,
              "[FusedSDPA] query, key and value must be 4-D [batch, heads, seq, head_dim]; got "
-             "query ", shape(q), ", key ", shape(k), ", value ", shape(v),
+             "query ",
+             shape(q), ", key ", shape(k), ", value ", shape(v),
              ". Reshape with view(batch, seq, heads, head_dim).transpose(1, 2).");
   VOLT_CHECK(q.size(0) == k.size(0) && q.size(0) == v.size(0), ValueError,
              "[FusedSDPA] batch broadcasting is not supported: query batch ", q.size(0),
@@ -85,14 +85,13 @@ Call validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              "[FusedSDPA] query and key must have the same head_dim; got query ", shape(q),
              ", key ", shape(k), ".");
   VOLT_CHECK(q.size(2) > 0 && k.size(2) > 0 && q.size(3) > 0 && v.size(3) > 0, ValueError,
-             "[FusedSDPA] empty sequence or head dimension: query ", shape(q), ", key ",
-             shape(k), ", value ", shape(v), ".");
-  VOLT_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
-             ValueError, "[FusedSDPA] query, key and value must share a dtype; got ",
-             q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type(), ".");
+             "[FusedSDPA] empty sequence or head dimension: query ", shape(q), ", key ", shape(k),
+             ", value ", shape(v), ".");
+  VOLT_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), ValueError,
+             "[FusedSDPA] query, key and value must share a dtype; got ", q.scalar_type(), ", ",
+             k.scalar_type(), ", ", v.scalar_type(), ".");
   VOLT_CHECK(q.is_floating_point(), ValueError,
-             "[FusedSDPA] query, key and value must be floating point; got ", q.scalar_type(),
-             ".");
+             "[FusedSDPA] query, key and value must be floating point; got ", q.scalar_type(), ".");
   VOLT_CHECK(q.device() == k.device() && q.device() == v.device(), ValueError,
              "[FusedSDPA] query, key and value must be on one device; got ", q.device(), ", ",
              k.device(), ", ", v.device(), ".");
@@ -108,8 +107,8 @@ Call validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   c.left_padding = o.seq_padding() == SeqPadding::kLeft;
   c.fast = o.softmax_mode() == SoftmaxMode::kFast;
   c.recompute = o.recompute().has_value() ? *o.recompute() : sdpa_recompute_enabled();
-  c.needs_grad = at::GradMode::is_enabled() &&
-                 (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  c.needs_grad =
+      at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   c.want_probs = o.return_attn_probs();
   c.want_keep = o.return_dropout_mask();
 
@@ -117,17 +116,18 @@ Call validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& m = o.attn_mask();
     VOLT_CHECK(m.scalar_type() == at::kBool || m.is_floating_point(), ValueError,
                "[FusedSDPA] attn_mask must be bool (true = attend) or floating (added to the "
-               "scores); got ", m.scalar_type(), ".");
-    VOLT_CHECK(m.device() == q.device(), ValueError, "[FusedSDPA] attn_mask is on ",
-               m.device(), " but query is on ", q.device(), "; move it to the same device.");
+               "scores); got ",
+               m.scalar_type(), ".");
+    VOLT_CHECK(m.device() == q.device(), ValueError, "[FusedSDPA] attn_mask is on ", m.device(),
+               " but query is on ", q.device(), "; move it to the same device.");
     bool ok = m.dim() <= 4;
     for (int64_t i = 0; ok && i < m.dim(); ++i) {
       const int64_t want = std::array<int64_t, 4>{c.batch, c.heads, c.lq, c.lk}[4 - m.dim() + i];
       ok = m.size(i) == 1 || m.size(i) == want;
     }
     VOLT_CHECK(ok, ValueError, "[FusedSDPA] attn_mask ", shape(m),
-               " does not broadcast to [batch, heads, Lq, Lk] = [", c.batch, ", ", c.heads,
-               ", ", c.lq, ", ", c.lk, "].");
+               " does not broadcast to [batch, heads, Lq, Lk] = [", c.batch, ", ", c.heads, ", ",
+               c.lq, ", ", c.lk, "].");
     c.mask = m;
   }
   if (o.valid_seq_len().defined()) {
@@ -142,8 +142,7 @@ Call validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     VOLT_CHECK(!at::isFloatingType(n.scalar_type()) && n.scalar_type() != at::kBool &&
                    n.dim() == 1 && n.size(0) == c.batch,
                ValueError, "[FusedSDPA] valid_seq_len must be an integer tensor of shape [",
-               c.batch, "] (one length per batch item); got ", n.scalar_type(), " ", shape(n),
-               ".");
+               c.batch, "] (one length per batch item); got ", n.scalar_type(), " ", shape(n), ".");
     c.lens = n.to(at::kCPU).to(at::kLong).contiguous();
     const int64_t* lp = c.lens.data_ptr<int64_t>();
     for (int64_t b = 0; b < c.batch; ++b) {
@@ -153,8 +152,8 @@ Call validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
   if (c.fast) {
     VOLT_CHECK(q.scalar_type() == at::kBFloat16, ConfigError,
-               "[FusedSDPA] softmax_mode=fast supports only bfloat16 inputs (got ",
-               q.scalar_type(), "); use SoftmaxMode::kExact or cast to bfloat16.");
+               "[FusedSDPA] softmax_mode=fast supports only bfloat16 inputs (got ", q.scalar_type(),
+               "); use SoftmaxMode::kExact or cast to bfloat16.");
     VOLT_CHECK(!(c.needs_grad && c.recompute && !c.causal), ConfigError,
                "[FusedSDPA] softmax_mode=fast is not supported for training in recompute mode "
                "with is_causal=false (as in the reference FusedSDPA); use recompute(false), "
@@ -328,12 +327,12 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     at::Tensor dq = at::empty({c.batch, c.heads, c.lq, c.d}, f32);
     at::Tensor dk = at::empty({c.batch, c.heads, c.lk, c.d}, f32);
     at::Tensor dv = at::empty({c.batch, c.heads, c.lk, c.dv}, f32);
-    detail::sdpa_backward(pr.p, o32.data_ptr<float>(), g32.data_ptr<float>(),
-                          lse.data_ptr<float>(), probs.defined() ? probs.data_ptr<float>() : nullptr,
+    detail::sdpa_backward(pr.p, o32.data_ptr<float>(), g32.data_ptr<float>(), lse.data_ptr<float>(),
+                          probs.defined() ? probs.data_ptr<float>() : nullptr,
                           keep.defined() ? keep.data_ptr<bool>() : nullptr, dq.data_ptr<float>(),
                           dk.data_ptr<float>(), dv.data_ptr<float>());
-    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
-            at::Tensor(), at::Tensor()};
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -359,8 +358,8 @@ std::ostream& operator<<(std::ostream& os, const SdpaOptions& o) {
      << (o.valid_seq_len().defined() ? shape(o.valid_seq_len()) : std::string("none"))
      << ", seq_padding=" << (o.seq_padding() == SeqPadding::kLeft ? "left" : "right")
      << ", return_dropout_mask=" << o.return_dropout_mask()
-     << ", return_attn_probs=" << o.return_attn_probs()
-     << ", require_fused=" << o.require_fused() << ")";
+     << ", return_attn_probs=" << o.return_attn_probs() << ", require_fused=" << o.require_fused()
+     << ")";
   return os;
 }
 
@@ -376,8 +375,11 @@ SdpaResult fused_sdpa(const at::Tensor& query, const at::Tensor& key, const at::
   Call c = validate(query, key, value, options);
   const std::string reason = fused_unavailable_reason(query, c);
   if (!reason.empty()) {
-    VOLT_CHECK(!options.require_fused(), NotAvailable, "[FusedSDPA] the fused kernel does not "
-               "apply: ", reason, "; drop require_fused(true) to use the reference "
+    VOLT_CHECK(!options.require_fused(), NotAvailable,
+               "[FusedSDPA] the fused kernel does not "
+               "apply: ",
+               reason,
+               "; drop require_fused(true) to use the reference "
                "composition.");
     warn_once("sdpa-fallback:" + reason, "FusedSDPA",
               "using the reference composition: " + reason + ".");
@@ -407,8 +409,8 @@ SdpaResult fused_sdpa(const at::Tensor& query, const at::Tensor& key, const at::
   return result;
 }
 
-SdpaResult sdpa_reference(const at::Tensor& query, const at::Tensor& key,
-                          const at::Tensor& value, const SdpaOptions& options) {
+SdpaResult sdpa_reference(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                          const SdpaOptions& options) {
   Call c = validate(query, key, value, options);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   at::Tensor s = at::matmul(query, key.transpose(-2, -1)) * c.scale;
@@ -454,15 +456,16 @@ at::Tensor sdpa_dropout_mask(int64_t batch, int64_t heads, int64_t lq, int64_t l
   VOLT_CHECK(batch >= 0 && heads >= 0 && lq >= 0 && lk >= 0, ValueError,
              "[FusedSDPA] sdpa_dropout_mask sizes must be >= 0; got [", batch, ", ", heads, ", ",
              lq, ", ", lk, "].");
-  VOLT_CHECK(p >= 0.0 && p < 1.0, ConfigError, "[FusedSDPA] dropout_p=", p,
-             " is outside [0, 1).");
+  VOLT_CHECK(p >= 0.0 && p < 1.0, ConfigError, "[FusedSDPA] dropout_p=", p, " is outside [0, 1).");
   at::Tensor keep = at::empty({batch, heads, lq, lk}, at::TensorOptions().dtype(at::kBool));
   detail::sdpa_dropout_keep(batch, heads, lq, lk, static_cast<float>(p), seed,
                             keep.data_ptr<bool>());
   return keep;
 }
 
-void set_sdpa_recompute(bool enabled) { g_recompute.store(enabled); }
+void set_sdpa_recompute(bool enabled) {
+  g_recompute.store(enabled);
+}
 
 bool sdpa_recompute_enabled() {
   return t_recompute_scope >= 0 ? t_recompute_scope == 1 : g_recompute.load();
@@ -472,6 +475,8 @@ SdpaRecomputeGuard::SdpaRecomputeGuard(bool enabled) : previous_(t_recompute_sco
   t_recompute_scope = enabled ? 1 : 0;
 }
 
-SdpaRecomputeGuard::~SdpaRecomputeGuard() { t_recompute_scope = previous_; }
+SdpaRecomputeGuard::~SdpaRecomputeGuard() {
+  t_recompute_scope = previous_;
+}
 
 }  // namespace volt

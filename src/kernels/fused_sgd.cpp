@@ -69,9 +69,13 @@ void FusedSGDOptions::serialize(torch::serialize::InputArchive& archive) {
   nesterov(detail::read_required<bool>(archive, kName, "nesterov"));
 }
 
-double FusedSGDOptions::get_lr() const { return lr(); }
+double FusedSGDOptions::get_lr() const {
+  return lr();
+}
 
-void FusedSGDOptions::set_lr(const double lr) { this->lr(lr); }
+void FusedSGDOptions::set_lr(const double lr) {
+  this->lr(lr);
+}
 
 std::ostream& operator<<(std::ostream& os, const FusedSGDOptions& o) {
   return os << "FusedSGDOptions(lr=" << o.lr() << ", momentum=" << o.momentum()

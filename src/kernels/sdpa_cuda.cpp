@@ -14,7 +14,9 @@
 namespace volt {
 namespace detail {
 
-bool sdpa_cuda_available() { return VOLT_SDPA_CUDA != 0; }
+bool sdpa_cuda_available() {
+  return VOLT_SDPA_CUDA != 0;
+}
 
 #if VOLT_SDPA_CUDA
 

@@ -60,17 +60,16 @@ void check_supported(c10::DeviceType device, c10::ScalarType dtype) {
              "; pass at::kBFloat16 or at::kHalf.");
   if (device == c10::kCPU) {
 #if !VOLT_TORCH_AT_LEAST(2, 4)
-    VOLT_CHECK(dtype == c10::kBFloat16, NotAvailable,
-               "[AutocastGuard] CPU autocast in libtorch ", TORCH_VERSION_MAJOR, ".",
-               TORCH_VERSION_MINOR, " supports bf16 only; use at::kBFloat16 on CPU "
+    VOLT_CHECK(dtype == c10::kBFloat16, NotAvailable, "[AutocastGuard] CPU autocast in libtorch ",
+               TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
+               " supports bf16 only; use at::kBFloat16 on CPU "
                "(fp16 autocast on CPU needs libtorch >= 2.4, or run on CUDA).");
 #endif
   } else {
-    VOLT_CHECK(torch::cuda::is_available(), NotAvailable,
-               "[AutocastGuard] CUDA autocast asked for, but ",
-               torch::cuda::device_count() == 0 ? "no CUDA device is visible"
-                                                : "CUDA is not available",
-               "; use c10::kCPU or run on a CUDA machine with a CUDA build of libtorch.");
+    VOLT_CHECK(
+        torch::cuda::is_available(), NotAvailable, "[AutocastGuard] CUDA autocast asked for, but ",
+        torch::cuda::device_count() == 0 ? "no CUDA device is visible" : "CUDA is not available",
+        "; use c10::kCPU or run on a CUDA machine with a CUDA build of libtorch.");
   }
 }
 
@@ -98,8 +97,12 @@ AutocastGuard::~AutocastGuard() {
   at::autocast::set_autocast_cache_enabled(prev_cache_);
 }
 
-bool AutocastGuard::is_enabled(c10::DeviceType device) { return get_enabled(device); }
+bool AutocastGuard::is_enabled(c10::DeviceType device) {
+  return get_enabled(device);
+}
 
-c10::ScalarType AutocastGuard::dtype(c10::DeviceType device) { return get_dtype(device); }
+c10::ScalarType AutocastGuard::dtype(c10::DeviceType device) {
+  return get_dtype(device);
+}
 
 }  // namespace volt

@@ -12,11 +12,11 @@
 #include <sstream>
 #include <tuple>
 
+#include "detail/quiet_dispatcher.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
 #include "volt/core/version.h"
-#include "detail/quiet_dispatcher.h"
 
 namespace volt {
 namespace {
@@ -29,7 +29,9 @@ using detail::QuietWarningsGuard;
 class CastKernel final : public c10::OperatorKernel {
  public:
   CastKernel(c10::ScalarType dtype, c10::DeviceType device)
-      : dtype_(dtype), device_(device), key_(at::autocast::get_autocast_dispatch_key_from_device_type(device)) {}
+      : dtype_(dtype),
+        device_(device),
+        key_(at::autocast::get_autocast_dispatch_key_from_device_type(device)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = op.schema().arguments().size();
@@ -95,7 +97,8 @@ std::vector<std::string> resolve(const std::string& raw,
   std::string name = raw;
   if (name.rfind("aten::", 0) == 0) name = name.substr(6);
   VOLT_CHECK(name.find("::") == std::string::npos, ConfigError, "[MixedPrecision] ", list,
-             " names \"", raw, "\"; only aten operators can be listed (e.g. \"mm\", \"add.Tensor\").");
+             " names \"", raw,
+             "\"; only aten operators can be listed (e.g. \"mm\", \"add.Tensor\").");
   const auto dot = name.find('.');
   const std::string base = name.substr(0, dot);
   const std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
@@ -108,8 +111,8 @@ std::vector<std::string> resolve(const std::string& raw,
     for (size_t i = 0; i < near.size() && i < 3 && near[i].first <= 3; ++i) {
       close << (i ? ", " : "") << near[i].second;
     }
-    VOLT_CHECK(false, ConfigError, "[MixedPrecision] ", list, " names an unknown operator \"",
-               raw, "\"; ",
+    VOLT_CHECK(false, ConfigError, "[MixedPrecision] ", list, " names an unknown operator \"", raw,
+               "\"; ",
                close.str().empty() ? std::string("check the spelling (aten operator names)")
                                    : "did you mean: " + close.str() + "?");
   }
@@ -118,10 +121,10 @@ std::vector<std::string> resolve(const std::string& raw,
     const auto& ovs = it->second;
     VOLT_CHECK(std::find(ovs.begin(), ovs.end(), overload) != ovs.end(), ConfigError,
                "[MixedPrecision] ", list, " names \"", raw, "\", but aten::", base,
-               " has no overload \"", overload, "\"; write \"", base,
-               "\" for all its overloads.");
+               " has no overload \"", overload, "\"; write \"", base, "\" for all its overloads.");
     VOLT_CHECK(!is_mutable(base, overload), ConfigError, "[MixedPrecision] ", list, " names \"",
-               raw, "\", which writes into its arguments; autocast lists take functional ops only.");
+               raw,
+               "\", which writes into its arguments; autocast lists take functional ops only.");
     out.push_back(name);
     return out;
   }
@@ -131,8 +134,9 @@ std::vector<std::string> resolve(const std::string& raw,
   VOLT_CHECK(!out.empty(), ConfigError, "[MixedPrecision] ", list, " names \"", raw,
              "\", which writes into its arguments (every overload is in-place or out=); "
              "autocast lists take functional ops only",
-             base.size() > 1 && base.back() == '_' ? "; use \"" + base.substr(0, base.size() - 1) + "\""
-                                                   : std::string(),
+             base.size() > 1 && base.back() == '_'
+                 ? "; use \"" + base.substr(0, base.size() - 1) + "\""
+                 : std::string(),
              ".");
   return out;
 }
@@ -148,7 +152,8 @@ AutocastOpLists::AutocastOpLists(c10::DeviceType device, c10::ScalarType lower_d
   if (lower_.empty() && fp32_.empty()) return;
 
   const auto key = at::autocast::get_autocast_dispatch_key_from_device_type(device);
-  library_ = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+  library_ =
+      std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
   QuietWarningsGuard quiet;
   for (const auto& n : lower_) {
     library_->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunctor(
@@ -159,8 +164,9 @@ AutocastOpLists::AutocastOpLists(c10::DeviceType device, c10::ScalarType lower_d
                                   std::make_unique<CastKernel>(c10::kFloat, device)));
   }
   log_info("MixedPrecision", "autocast op lists: " + std::to_string(lower_.size()) +
-                             " overloads forced to " + (lower_dtype == c10::kBFloat16 ? "bf16" : "fp16") + ", " +
-                             std::to_string(fp32_.size()) + " to fp32");
+                                 " overloads forced to " +
+                                 (lower_dtype == c10::kBFloat16 ? "bf16" : "fp16") + ", " +
+                                 std::to_string(fp32_.size()) + " to fp32");
 }
 
 std::pair<std::vector<std::string>, std::vector<std::string>> AutocastOpLists::resolve_lists(

@@ -14,11 +14,15 @@ struct Layout {
   int emin;   // exponent of the smallest normal
 };
 
-Layout layout(Fp8Format f) { return f == Fp8Format::kE4M3 ? Layout{3, -6} : Layout{2, -14}; }
+Layout layout(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? Layout{3, -6} : Layout{2, -14};
+}
 
 }  // namespace
 
-double fp8_max(Fp8Format f) { return f == Fp8Format::kE4M3 ? 448.0 : 57344.0; }
+double fp8_max(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? 448.0 : 57344.0;
+}
 
 double fp8_min_subnormal(Fp8Format f) {
   const Layout l = layout(f);
@@ -62,10 +66,11 @@ std::ostream& operator<<(std::ostream& os, const DelayedScalingOptions& o) {
 void validate(const DelayedScalingOptions& o) {
   VOLT_CHECK(o.margin() >= 0, ConfigError, "[DelayedScaling] margin=", o.margin(),
              " must be >= 0.");
-  VOLT_CHECK(o.amax_history_len() >= 1, ConfigError, "[DelayedScaling] amax_history_len=",
-             o.amax_history_len(), " must be >= 1 (e.g. 16).");
-  VOLT_CHECK(o.amax_compute_algo() == "max" || o.amax_compute_algo() == "most_recent",
-             ConfigError, "[DelayedScaling] amax_compute_algo=\"", o.amax_compute_algo(),
+  VOLT_CHECK(o.amax_history_len() >= 1, ConfigError,
+             "[DelayedScaling] amax_history_len=", o.amax_history_len(),
+             " must be >= 1 (e.g. 16).");
+  VOLT_CHECK(o.amax_compute_algo() == "max" || o.amax_compute_algo() == "most_recent", ConfigError,
+             "[DelayedScaling] amax_compute_algo=\"", o.amax_compute_algo(),
              "\" is not supported; use \"max\" or \"most_recent\".");
   VOLT_CHECK(o.interval() >= 1, ConfigError, "[DelayedScaling] interval=", o.interval(),
              " must be >= 1.");

@@ -1,7 +1,7 @@
 #include "volt/precision/fp8_inference.h"
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <cmath>
@@ -9,11 +9,11 @@
 #include <set>
 #include <sstream>
 
-#include "volt/core/check.h"
-#include "volt/core/log.h"
-#include "volt/core/atomic_file.h"
 #include "core/detail/input_limits.h"
 #include "detail/fp8_hooks.h"
+#include "volt/core/atomic_file.h"
+#include "volt/core/check.h"
+#include "volt/core/log.h"
 
 namespace volt {
 namespace {
@@ -120,8 +120,8 @@ QuantConfig QuantConfig::parse(const std::string& text, const std::string& origi
       VOLT_CHECK(v.is_object(), ConfigError, "[Fp8Inference] ", origin, ": \"", key,
                  "\" must be an object {\"names\": [...], \"types\": [...]}.");
       for (const auto& [k2, v2] : v.items()) {
-        VOLT_CHECK(k2 == "names" || k2 == "types", ConfigError, "[Fp8Inference] ", origin,
-                   ": \"", key, "\" takes \"names\" and \"types\", not \"", k2, "\".");
+        VOLT_CHECK(k2 == "names" || k2 == "types", ConfigError, "[Fp8Inference] ", origin, ": \"",
+                   key, "\" takes \"names\" and \"types\", not \"", k2, "\".");
         auto list = string_list(v2, key + "." + k2, origin);
         if (key == "allowlist") {
           k2 == "names" ? c.allowlist_names(list) : c.allowlist_types(list);
@@ -141,8 +141,8 @@ QuantConfig QuantConfig::parse(const std::string& text, const std::string& origi
 
 QuantConfig QuantConfig::from_file(const std::string& path) {
   std::ifstream in(path);
-  VOLT_CHECK(in.good(), ConfigError, "[Fp8Inference] cannot read the quantization config \"",
-             path, "\"; give a readable JSON file (option quant_config or QUANT_CONFIG).");
+  VOLT_CHECK(in.good(), ConfigError, "[Fp8Inference] cannot read the quantization config \"", path,
+             "\"; give a readable JSON file (option quant_config or QUANT_CONFIG).");
   return parse(detail::read_bounded(in, "Fp8Inference", "quantization config \"" + path + "\""),
                "quantization config \"" + path + "\"");
 }
@@ -199,8 +199,8 @@ int64_t save_fp8_measurements(torch::nn::Module& model, const QuantConfig& confi
              "quant=false) first.");
   VOLT_CHECK(calls > 0, ConfigError, "[Fp8Inference] no forward ran through the observed layers; ",
              "run predict (inside the fp8 precision or an Fp8Autocast region) before saving.");
-  json out = {{"format", kFormat}, {"version", 1}, {"observer", config.observer()},
-              {"modules", modules}};
+  json out = {
+      {"format", kFormat}, {"version", 1}, {"observer", config.observer()}, {"modules", modules}};
   atomic_write_file(config.measurements_file(), out.dump(2) + "\n");
   log_info("Fp8Inference", "wrote measurements of " + std::to_string(modules.size()) +
                                " layers to " + config.measurements_file());
@@ -221,9 +221,9 @@ Fp8ConversionReport quantize_fp8(torch::nn::Module& model, const QuantConfig& co
              "\" cannot be read; run the measurement step first (mode MEASURE) with the same ",
              "dump_stats_path.");
   const std::string source = "the measurements file \"" + file + "\"";
-  const json j = detail::parse_json_bounded(detail::read_bounded(in, "Fp8Inference", source),
-                                            "Fp8Inference", source, {},
-                                            "re-run the measurement step");
+  const json j =
+      detail::parse_json_bounded(detail::read_bounded(in, "Fp8Inference", source), "Fp8Inference",
+                                 source, {}, "re-run the measurement step");
   VOLT_CHECK(j.is_object() && j.value("format", "") == kFormat && j.contains("modules") &&
                  j["modules"].is_object(),
              ConfigError, "[Fp8Inference] \"", file, "\" is not a volt fp8 measurements file ",
@@ -236,7 +236,8 @@ Fp8ConversionReport quantize_fp8(torch::nn::Module& model, const QuantConfig& co
     const bool here = std::any_of(all.begin(), all.end(),
                                   [&, &name = name](const auto& l) { return l.first == name; });
     VOLT_CHECK(here, ConfigError, "[Fp8Inference] \"", file, "\" holds measurements of layer \"",
-               name, "\", which this model does not have: it was measured on another model; "
+               name,
+               "\", which this model does not have: it was measured on another model; "
                "re-run the measurement step on this one.");
   }
   Fp8ConversionReport report;
@@ -255,7 +256,8 @@ Fp8ConversionReport quantize_fp8(torch::nn::Module& model, const QuantConfig& co
     const json& m = measured[name];
     auto num = [&, &name = name](const char* key) {
       VOLT_CHECK(m.contains(key) && m[key].is_number(), ConfigError, "[Fp8Inference] \"", file,
-                 "\": layer \"", name, "\" lacks the number \"", key, "\"; re-run the measurement.");
+                 "\": layer \"", name, "\" lacks the number \"", key,
+                 "\"; re-run the measurement.");
       return m[key].get<double>();
     };
     VOLT_CHECK(num("in_features") == in_f && num("out_features") == out_f, ConfigError,

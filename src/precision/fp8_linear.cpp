@@ -4,9 +4,9 @@
 
 #include <cmath>
 
+#include "detail/fp8_core.h"
 #include "volt/core/check.h"
 #include "volt/core/recompute.h"
-#include "detail/fp8_core.h"
 
 namespace volt {
 namespace {
@@ -60,14 +60,13 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
 
 namespace detail {
 
-at::Tensor fp8_linear_delayed(const at::Tensor& x, const at::Tensor& weight,
-                              const at::Tensor& bias, const Fp8DelayedState& s, bool training) {
+at::Tensor fp8_linear_delayed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                              const Fp8DelayedState& s, bool training) {
   // The emulated GEMM is fp32 by definition: an enclosing bf16 autocast region must not round
   // the dequantized operands again.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const auto& recipe = s.recipe;
-  const auto grad_format =
-      recipe.fp8_format() == "hybrid" ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+  const auto grad_format = recipe.fp8_format() == "hybrid" ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
   // volt::checkpoint's recomputation in backward is the same forward again: it uses the scales
   // the first pass derived and records nothing (Transformer Engine does the same), so a
   // checkpointed fp8 model trains exactly as an unchecked one.
@@ -96,11 +95,12 @@ at::Tensor fp8_linear_delayed(const at::Tensor& x, const at::Tensor& weight,
                                   static_cast<int64_t>(grad_format));
 }
 
-at::Tensor fp8_linear_static(const at::Tensor& x, const at::Tensor& weight,
-                             const at::Tensor& bias, const at::Tensor& scales) {
+at::Tensor fp8_linear_static(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                             const at::Tensor& scales) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   // The gradient row of the scale is unused without a backward; 1 keeps it harmless.
-  const auto scale3 = at::cat({scales.to(at::kFloat), at::ones({1}, scales.options().dtype(at::kFloat))});
+  const auto scale3 =
+      at::cat({scales.to(at::kFloat), at::ones({1}, scales.options().dtype(at::kFloat))});
   const auto unused_amax = at::zeros({1}, scale3.options());
   return Fp8LinearFunction::apply(x, weight, bias, scale3, unused_amax,
                                   static_cast<int64_t>(Fp8Format::kE5M2));
@@ -118,8 +118,8 @@ Fp8LinearImpl::Fp8LinearImpl(int64_t in_features, int64_t out_features, bool bia
 }
 
 Fp8LinearImpl::Fp8LinearImpl(const torch::nn::Linear& from, DelayedScalingOptions recipe)
-    : Fp8LinearImpl(from->options.in_features(), from->options.out_features(),
-                    from->options.bias(), std::move(recipe)) {
+    : Fp8LinearImpl(from->options.in_features(), from->options.out_features(), from->options.bias(),
+                    std::move(recipe)) {
   torch::NoGradGuard no_grad;
   weight.copy_(from->weight);
   if (has_bias_) bias.copy_(from->bias);
@@ -136,8 +136,7 @@ void Fp8LinearImpl::reset() {
   } else {
     bias = register_parameter("bias", at::Tensor(), /*requires_grad=*/false);
   }
-  amax_history =
-      register_buffer("amax_history", torch::zeros({3, recipe_.amax_history_len()}));
+  amax_history = register_buffer("amax_history", torch::zeros({3, recipe_.amax_history_len()}));
   scale = register_buffer("scale", torch::ones({3}));
   grad_amax = register_buffer("grad_amax", torch::zeros({1}));
   steps = register_buffer("steps", torch::zeros({1}, torch::kInt64));
@@ -146,9 +145,8 @@ void Fp8LinearImpl::reset() {
 at::Tensor Fp8LinearImpl::forward(const at::Tensor& x) {
   VOLT_CHECK(x.size(-1) == in_, ValueError, "[Fp8Linear] input has ", x.size(-1),
              " features in its last dimension; this layer takes ", in_, ".");
-  return detail::fp8_linear_delayed(x, weight, bias,
-                                    {amax_history, scale, grad_amax, steps, recipe_},
-                                    is_training());
+  return detail::fp8_linear_delayed(
+      x, weight, bias, {amax_history, scale, grad_amax, steps, recipe_}, is_training());
 }
 
 }  // namespace volt

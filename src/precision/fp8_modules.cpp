@@ -76,7 +76,9 @@ std::shared_ptr<Fp8Layer> find_layer(const at::Tensor& t, bool transposed) {
 class Fp8GemmKernel final : public c10::OperatorKernel {
  public:
   Fp8GemmKernel(c10::DeviceType device, Fp8GemmOp op)
-      : device_(device), op_(op), key_(at::autocast::get_autocast_dispatch_key_from_device_type(device)) {}
+      : device_(device),
+        op_(op),
+        key_(at::autocast::get_autocast_dispatch_key_from_device_type(device)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = op.schema().arguments().size();
@@ -111,9 +113,9 @@ class Fp8GemmKernel final : public c10::OperatorKernel {
       if (layer != nullptr) {
         torch::NoGradGuard no_grad;
         const at::Tensor out = stack->back().toTensor();
-        auto now = at::stack({x.detach().abs().max().to(at::kFloat),
-                              w.detach().abs().max().to(at::kFloat),
-                              out.detach().abs().max().to(at::kFloat)});
+        auto now =
+            at::stack({x.detach().abs().max().to(at::kFloat), w.detach().abs().max().to(at::kFloat),
+                       out.detach().abs().max().to(at::kFloat)});
         layer->stats.copy_(at::maximum(layer->stats, now));
         layer->calls.fetch_add(1);
       }
@@ -218,11 +220,11 @@ std::shared_ptr<void> acquire_fp8_kernel(c10::DeviceType device) {
   if (r.holders++ == 0) {
     QuietWarningsGuard quiet;
     r.library = std::make_unique<torch::Library>(
-        torch::Library::IMPL, "aten", at::autocast::get_autocast_dispatch_key_from_device_type(device),
-        __FILE__, __LINE__);
-    for (const auto& [name, op] : {std::make_pair("linear", Fp8GemmOp::kLinear),
-                                   std::make_pair("addmm", Fp8GemmOp::kAddmm),
-                                   std::make_pair("matmul", Fp8GemmOp::kMatmul)}) {
+        torch::Library::IMPL, "aten",
+        at::autocast::get_autocast_dispatch_key_from_device_type(device), __FILE__, __LINE__);
+    for (const auto& [name, op] :
+         {std::make_pair("linear", Fp8GemmOp::kLinear), std::make_pair("addmm", Fp8GemmOp::kAddmm),
+          std::make_pair("matmul", Fp8GemmOp::kMatmul)}) {
       r.library->impl(name, torch::CppFunction::makeFromBoxedFunctor(
                                 std::make_unique<Fp8GemmKernel>(device, op)));
     }
@@ -250,8 +252,8 @@ void check_linear_names(
     const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>>& linears,
     const char* component, const char* list) {
   for (const auto& name : names) {
-    const bool found = std::any_of(linears.begin(), linears.end(),
-                                   [&](const auto& l) { return l.first == name; });
+    const bool found =
+        std::any_of(linears.begin(), linears.end(), [&](const auto& l) { return l.first == name; });
     if (found) continue;
     std::ostringstream all;
     for (const auto& l : linears) all << (&l == &linears.front() ? "" : ", ") << l.first;
@@ -268,7 +270,8 @@ at::Tensor ensure_buffer(torch::nn::Module& module, const std::string& name,
   if (const at::Tensor* existing = buffers.find(name)) {
     VOLT_CHECK(existing->sizes() == init.sizes(), ConfigError, "[Fp8] buffer \"", name,
                "\" exists with shape ", existing->sizes(), " but this conversion needs ",
-               init.sizes(), "; convert with the recipe the layer was converted with (e.g. the "
+               init.sizes(),
+               "; convert with the recipe the layer was converted with (e.g. the "
                "same amax_history_len).");
     return *existing;
   }
@@ -282,7 +285,8 @@ std::string Fp8ConversionReport::str() const {
   os << converted.size() << " Linear layer" << (converted.size() == 1 ? "" : "s") << " in fp8";
   if (!kept.empty()) {
     os << "; kept as they were:";
-    for (const auto& k : kept) os << " " << k.first << " (" << k.second << ")" << (&k == &kept.back() ? "" : ",");
+    for (const auto& k : kept)
+      os << " " << k.first << " (" << k.second << ")" << (&k == &kept.back() ? "" : ",");
   }
   return os.str();
 }
@@ -320,8 +324,7 @@ Fp8ConversionReport convert_to_fp8(torch::nn::Module& model, const Fp8ConvertOpt
                               at::zeros({3, recipe.amax_history_len()}, f32)),
         detail::ensure_buffer(*lin, "fp8_scale", at::ones({3}, f32)),
         detail::ensure_buffer(*lin, "fp8_grad_amax", at::zeros({1}, f32)),
-        detail::ensure_buffer(*lin, "fp8_steps", at::zeros({1}, f32.dtype(at::kLong))),
-        recipe};
+        detail::ensure_buffer(*lin, "fp8_steps", at::zeros({1}, f32.dtype(at::kLong))), recipe};
     detail::attach_fp8(lin->weight, std::move(layer));
     report.converted.push_back(name);
   }
@@ -333,7 +336,9 @@ void release_fp8(torch::nn::Module& model) {
   for (const auto& l : detail::linear_layers(model)) detail::detach_fp8(l.second->weight);
 }
 
-bool is_fp8_converted(const at::Tensor& weight) { return detail::find_fp8(weight) != nullptr; }
+bool is_fp8_converted(const at::Tensor& weight) {
+  return detail::find_fp8(weight) != nullptr;
+}
 
 Fp8Autocast::Fp8Autocast(c10::DeviceType device, bool enabled) : prev_(detail::t_fp8_enabled) {
   if (enabled) {
@@ -349,7 +354,9 @@ Fp8Autocast::~Fp8Autocast() {
   registration_.reset();
 }
 
-bool Fp8Autocast::is_enabled() { return detail::t_fp8_enabled; }
+bool Fp8Autocast::is_enabled() {
+  return detail::t_fp8_enabled;
+}
 
 std::ostream& operator<<(std::ostream& os, const Fp8ConvertOptions& o) {
   return os << "Fp8ConvertOptions(recipe=" << o.recipe()

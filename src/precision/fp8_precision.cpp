@@ -18,8 +18,9 @@ namespace volt {
 Fp8Precision::Fp8Precision(Fp8PrecisionOptions options)
     : options_(std::move(options)), mixed_(options_.mixed()) {
   validate(options_.recipe());
-  VOLT_CHECK(options_.mixed().dtype() == "bf16", ConfigError, "[Fp8Precision] mixed.dtype must ",
-             "be \"bf16\": fp8 layers return bf16 and the rest of the model runs in bf16 autocast.");
+  VOLT_CHECK(
+      options_.mixed().dtype() == "bf16", ConfigError, "[Fp8Precision] mixed.dtype must ",
+      "be \"bf16\": fp8 layers return bf16 and the rest of the model runs in bf16 autocast.");
   VOLT_CHECK(!options_.quant() || options_.inference(), ConfigError,
              "[Fp8Precision] quant=true needs inference=true (quantization is for inference).");
   // A bad config file fails here, where the options are built (the CLI's exit 2).
@@ -40,10 +41,10 @@ QuantConfig Fp8Precision::quant_config(bool quant) const {
   const auto mode = quant ? QuantConfig::kQuantize : QuantConfig::kMeasure;
   if (path.empty()) return QuantConfig().mode(mode);
   QuantConfig c = QuantConfig::from_file(path);
-  VOLT_CHECK(c.mode() == mode, ConfigError, "[Fp8Precision] ", origin, " \"", path,
-             "\" has mode ", c.mode() == QuantConfig::kMeasure ? "MEASURE" : "QUANTIZE",
-             " but quant=", quant ? "true" : "false", " asks for ",
-             quant ? "QUANTIZE" : "MEASURE", "; make them agree.");
+  VOLT_CHECK(c.mode() == mode, ConfigError, "[Fp8Precision] ", origin, " \"", path, "\" has mode ",
+             c.mode() == QuantConfig::kMeasure ? "MEASURE" : "QUANTIZE",
+             " but quant=", quant ? "true" : "false", " asks for ", quant ? "QUANTIZE" : "MEASURE",
+             "; make them agree.");
   return c;
 }
 
@@ -53,7 +54,8 @@ Fp8ConversionReport Fp8Precision::convert_modules(torch::nn::Module& model, bool
              "[Fp8Precision] convert_modules(quant=true) needs inference=true.");
   converted_ = true;
   if (!inference) {
-    return convert_to_fp8(model, Fp8ConvertOptions().recipe(options_.recipe()).skip(options_.skip()));
+    return convert_to_fp8(model,
+                          Fp8ConvertOptions().recipe(options_.recipe()).skip(options_.skip()));
   }
   const QuantConfig config = quant_config(quant);
   if (quant) return quantize_fp8(model, config);
@@ -64,8 +66,11 @@ Fp8ConversionReport Fp8Precision::convert_modules(torch::nn::Module& model, bool
 }
 
 void Fp8Precision::setup(c10::Device device) {
-  VOLT_CHECK(device.is_cpu(), NotAvailable, "[Fp8Precision] fp8 runs on CPU in this build (a "
-             "bit-exact emulation); ", device, " needs the native fp8 path, which waits for a GPU "
+  VOLT_CHECK(device.is_cpu(), NotAvailable,
+             "[Fp8Precision] fp8 runs on CPU in this build (a "
+             "bit-exact emulation); ",
+             device,
+             " needs the native fp8 path, which waits for a GPU "
              "session (issue #14). Use accelerator cpu, or bf16-mixed.");
   device_ = device.type();
   mixed_.setup(device);
@@ -98,7 +103,8 @@ void Fp8Precision::teardown() {
   }
   kernel_.reset();
   model_ = nullptr;
-  for (auto op : {detail::Fp8GemmOp::kLinear, detail::Fp8GemmOp::kAddmm, detail::Fp8GemmOp::kMatmul}) {
+  for (auto op :
+       {detail::Fp8GemmOp::kLinear, detail::Fp8GemmOp::kAddmm, detail::Fp8GemmOp::kMatmul}) {
     detail::set_fp8_fallback_dtype(op, c10::nullopt);
   }
   mixed_.teardown();
@@ -135,11 +141,21 @@ std::shared_ptr<void> Fp8Precision::forward_context() {
   return std::make_shared<Fp8Autocast>(device_);
 }
 
-void Fp8Precision::backward(const at::Tensor& loss) { mixed_.backward(loss); }
-void Fp8Precision::unscale_gradients(torch::optim::Optimizer& o) { mixed_.unscale_gradients(o); }
-bool Fp8Precision::optimizer_step(torch::optim::Optimizer& o) { return mixed_.optimizer_step(o); }
-void Fp8Precision::save_state(torch::serialize::OutputArchive& a) const { mixed_.save_state(a); }
-void Fp8Precision::load_state(torch::serialize::InputArchive& a) { mixed_.load_state(a); }
+void Fp8Precision::backward(const at::Tensor& loss) {
+  mixed_.backward(loss);
+}
+void Fp8Precision::unscale_gradients(torch::optim::Optimizer& o) {
+  mixed_.unscale_gradients(o);
+}
+bool Fp8Precision::optimizer_step(torch::optim::Optimizer& o) {
+  return mixed_.optimizer_step(o);
+}
+void Fp8Precision::save_state(torch::serialize::OutputArchive& a) const {
+  mixed_.save_state(a);
+}
+void Fp8Precision::load_state(torch::serialize::InputArchive& a) {
+  mixed_.load_state(a);
+}
 
 std::ostream& operator<<(std::ostream& os, const Fp8PrecisionOptions& o) {
   return os << "Fp8PrecisionOptions(replace_layers=" << o.replace_layers()

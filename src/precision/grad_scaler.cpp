@@ -19,16 +19,19 @@ GradScaler::GradScaler(GradScalerOptions options)
     : options_(std::move(options)), scale_(options_.init_scale()) {
   VOLT_CHECK(std::isfinite(options_.init_scale()) && options_.init_scale() > 0, ConfigError,
              "[GradScaler] init_scale=", options_.init_scale(), " must be finite and > 0.");
-  VOLT_CHECK(options_.growth_factor() > 1.0, ConfigError, "[GradScaler] growth_factor=",
-             options_.growth_factor(), " must be > 1 (e.g. 2).");
+  VOLT_CHECK(options_.growth_factor() > 1.0, ConfigError,
+             "[GradScaler] growth_factor=", options_.growth_factor(), " must be > 1 (e.g. 2).");
   VOLT_CHECK(options_.backoff_factor() > 0.0 && options_.backoff_factor() < 1.0, ConfigError,
              "[GradScaler] backoff_factor=", options_.backoff_factor(),
              " must be in (0, 1) (e.g. 0.5).");
-  VOLT_CHECK(options_.growth_interval() > 0, ConfigError, "[GradScaler] growth_interval=",
-             options_.growth_interval(), " must be > 0 (e.g. 2000).");
+  VOLT_CHECK(options_.growth_interval() > 0, ConfigError,
+             "[GradScaler] growth_interval=", options_.growth_interval(),
+             " must be > 0 (e.g. 2000).");
 }
 
-at::Tensor GradScaler::scale(const at::Tensor& loss) const { return loss * scale_; }
+at::Tensor GradScaler::scale(const at::Tensor& loss) const {
+  return loss * scale_;
+}
 
 void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
   if (unscaled_) return;

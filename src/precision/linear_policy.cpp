@@ -33,16 +33,14 @@ at::Tensor rule_linear(const at::Tensor& input, const at::Tensor& weight,
 
 at::Tensor rule_addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
                       const at::Scalar& beta, const at::Scalar& alpha) {
-  const auto dtype =
-      cpu_gemm_dtype(gemm_macs(mat1, mat2), at::autocast::get_autocast_cpu_dtype());
+  const auto dtype = cpu_gemm_dtype(gemm_macs(mat1, mat2), at::autocast::get_autocast_cpu_dtype());
   const auto s = cast(dtype, self), a = cast(dtype, mat1), b = cast(dtype, mat2);
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
   return at::addmm(s, a, b, beta, alpha);
 }
 
 at::Tensor rule_matmul(const at::Tensor& self, const at::Tensor& other) {
-  const auto dtype =
-      cpu_gemm_dtype(gemm_macs(self, other), at::autocast::get_autocast_cpu_dtype());
+  const auto dtype = cpu_gemm_dtype(gemm_macs(self, other), at::autocast::get_autocast_cpu_dtype());
   const auto a = cast(dtype, self), b = cast(dtype, other);
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
   return at::matmul(a, b);

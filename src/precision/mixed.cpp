@@ -248,8 +248,8 @@ const MixedPrecision::CpuProbe& MixedPrecision::cpu_probe() {
       return measure_cpu_probe();
     }
     if (auto cached = read_probe(path, key)) {
-      log_info("MixedPrecision", "bf16 speed probe read from '" + path +
-                                     "' (delete it to measure again)");
+      log_info("MixedPrecision",
+               "bf16 speed probe read from '" + path + "' (delete it to measure again)");
       return *cached;
     }
     const CpuProbe p = measure_cpu_probe();

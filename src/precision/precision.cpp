@@ -9,7 +9,9 @@
 
 namespace volt {
 
-void Precision::backward(const at::Tensor& loss) { loss.backward(); }
+void Precision::backward(const at::Tensor& loss) {
+  loss.backward();
+}
 
 double Precision::clip_gradients(torch::optim::Optimizer& optimizer, double value,
                                  ClipAlgorithm algorithm) {

@@ -51,13 +51,12 @@ void register_precisions(Registry& r) {
           .add("backoff_factor", s.backoff_factor(), "scale shrink on inf/NaN gradients")
           .add("growth_interval", s.growth_interval(), "finite steps before the scale grows"),
       [](const Args& a) -> std::shared_ptr<Precision> {
-        return std::make_shared<MixedPrecision>(
-            op_list_options(a, "fp16")
-                .scaler(GradScalerOptions()
-                            .init_scale(a.get<double>("init_scale"))
-                            .growth_factor(a.get<double>("growth_factor"))
-                            .backoff_factor(a.get<double>("backoff_factor"))
-                            .growth_interval(a.get<int64_t>("growth_interval"))));
+        return std::make_shared<MixedPrecision>(op_list_options(a, "fp16").scaler(
+            GradScalerOptions()
+                .init_scale(a.get<double>("init_scale"))
+                .growth_factor(a.get<double>("growth_factor"))
+                .backoff_factor(a.get<double>("backoff_factor"))
+                .growth_interval(a.get<int64_t>("growth_interval"))));
       });
   r.precisions.add("bf16-true", "weights, gradients and compute in bf16",
                    [] { return std::make_shared<HalfPrecision>(); });
@@ -68,7 +67,8 @@ void register_precisions(Registry& r) {
       "or fp8 inference (measure, then quantize in another process). CPU: bit-exact emulation",
       op_list_params()
           .add("replace_layers", true, "convert the model's Linear layers at setup")
-          .add("skip", std::vector<std::string>{}, "Linear layers kept out of fp8 (qualified names)")
+          .add("skip", std::vector<std::string>{},
+               "Linear layers kept out of fp8 (qualified names)")
           .add("margin", d.margin(), "scale headroom: scale = max / amax / 2^margin")
           .add("amax_history_len", d.amax_history_len(), "past amax values kept per tensor")
           .choice("amax_compute_algo", d.amax_compute_algo(), {"max", "most_recent"},

@@ -142,8 +142,12 @@ const char* group_title(Group g) {
   return "";
 }
 
-bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
-bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+bool contains(const std::string& s, const char* part) {
+  return s.find(part) != std::string::npos;
+}
+bool starts_with(const std::string& s, const char* p) {
+  return s.rfind(p, 0) == 0;
+}
 bool ends_with(const std::string& s, const std::string& p) {
   return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
 }
@@ -180,7 +184,9 @@ std::string base_metric(const std::string& name) {
 }
 
 // Which extreme is "best": losses go down, accuracies up; other metrics have no direction.
-int best_direction(Group g) { return g == Group::kLoss ? -1 : g == Group::kAccuracy ? 1 : 0; }
+int best_direction(Group g) {
+  return g == Group::kLoss ? -1 : g == Group::kAccuracy ? 1 : 0;
+}
 
 struct Stats {
   int64_t points = 0, non_finite = 0;
@@ -215,8 +221,8 @@ std::vector<Plot> make_plots(const MetricsTable& run) {
   for (Group g : kGroups) {
     // Losses, accuracies and learning rates share a scale: one plot each. Throughputs and other
     // metrics may differ by orders of magnitude: one plot per metric (its _step/_epoch together).
-    const bool shared = g == Group::kLoss || g == Group::kAccuracy ||
-                        g == Group::kLearningRate || g == Group::kMemory;
+    const bool shared = g == Group::kLoss || g == Group::kAccuracy || g == Group::kLearningRate ||
+                        g == Group::kMemory;
     std::vector<Plot> mine;
     for (size_t i = 0; i < run.series.size(); ++i) {
       if (group_of(run.series[i].name) != g) continue;

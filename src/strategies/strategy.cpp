@@ -26,7 +26,9 @@ void Strategy::setup_module(Module& module) {
   precision_->convert_module(module);
 }
 
-void Strategy::teardown() { precision_->teardown(); }
+void Strategy::teardown() {
+  precision_->teardown();
+}
 
 void Strategy::set_checkpoint_io(std::shared_ptr<CheckpointIO> checkpoint_io) {
   VOLT_CHECK(checkpoint_io != nullptr, ConfigError,

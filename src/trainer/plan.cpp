@@ -56,8 +56,7 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
   } else {
     VOLT_CHECK(reg.precisions.contains(precision.name()), ConfigError,
                "[Trainer] unknown precision \"", precision.name(),
-               "\"; valid names: ", quoted_list(precision_names()),
-               ".");
+               "\"; valid names: ", quoted_list(precision_names()), ".");
     plan.precision = precision.args() != nullptr
                          ? reg.precisions.at(precision.name()).make(*precision.args())
                          : reg.precisions.create(precision.name());

@@ -18,8 +18,9 @@ void TrainerOptions::validate() const {
              " is invalid; pass the number of nodes (>= 1).");
   VOLT_CHECK(min_epochs_ >= 0, ConfigError, "[Trainer] min_epochs=", min_epochs_,
              " is negative; pass 0 or more.");
-  VOLT_CHECK(max_epochs_ < 0 || min_epochs_ <= max_epochs_, ConfigError, "[Trainer] min_epochs=",
-             min_epochs_, " exceeds max_epochs=", max_epochs_, "; lower min_epochs.");
+  VOLT_CHECK(max_epochs_ < 0 || min_epochs_ <= max_epochs_, ConfigError,
+             "[Trainer] min_epochs=", min_epochs_, " exceeds max_epochs=", max_epochs_,
+             "; lower min_epochs.");
   VOLT_CHECK(max_steps_ >= -1, ConfigError, "[Trainer] max_steps=", max_steps_,
              " is invalid; pass a step count >= 0, or -1 for no limit.");
   VOLT_CHECK(!max_time_ || (std::isfinite(*max_time_) && *max_time_ > 0), ConfigError,
@@ -34,23 +35,25 @@ void TrainerOptions::validate() const {
                                                : val_check_interval_.count() > 0,
              ConfigError, "[Trainer] val_check_interval=", val_check_interval_,
              " must be > 0; to skip validation use limit_val_batches=0.");
-  VOLT_CHECK(check_val_every_n_epoch_ >= 1, ConfigError, "[Trainer] check_val_every_n_epoch=",
-             check_val_every_n_epoch_, " must be >= 1.");
-  VOLT_CHECK(num_sanity_val_steps_ >= -1, ConfigError, "[Trainer] num_sanity_val_steps=",
-             num_sanity_val_steps_, " is invalid; pass >= 0, or -1 for all batches.");
+  VOLT_CHECK(check_val_every_n_epoch_ >= 1, ConfigError,
+             "[Trainer] check_val_every_n_epoch=", check_val_every_n_epoch_, " must be >= 1.");
+  VOLT_CHECK(num_sanity_val_steps_ >= -1, ConfigError,
+             "[Trainer] num_sanity_val_steps=", num_sanity_val_steps_,
+             " is invalid; pass >= 0, or -1 for all batches.");
   VOLT_CHECK(fast_dev_run_ >= 0, ConfigError, "[Trainer] fast_dev_run=", fast_dev_run_,
              " is negative; pass 0 (off) or a number of batches.");
-  VOLT_CHECK(accumulate_grad_batches_ >= 1, ConfigError, "[Trainer] accumulate_grad_batches=",
-             accumulate_grad_batches_, " must be >= 1.");
-  VOLT_CHECK(!gradient_clip_val_ || (std::isfinite(*gradient_clip_val_) && *gradient_clip_val_ >= 0),
-             ConfigError, "[Trainer] gradient_clip_val=", *gradient_clip_val_,
-             " is invalid; pass a finite value >= 0.");
-  VOLT_CHECK(log_every_n_steps_ >= 1, ConfigError, "[Trainer] log_every_n_steps=",
-             log_every_n_steps_, " must be >= 1.");
+  VOLT_CHECK(accumulate_grad_batches_ >= 1, ConfigError,
+             "[Trainer] accumulate_grad_batches=", accumulate_grad_batches_, " must be >= 1.");
+  VOLT_CHECK(
+      !gradient_clip_val_ || (std::isfinite(*gradient_clip_val_) && *gradient_clip_val_ >= 0),
+      ConfigError, "[Trainer] gradient_clip_val=", *gradient_clip_val_,
+      " is invalid; pass a finite value >= 0.");
+  VOLT_CHECK(log_every_n_steps_ >= 1, ConfigError,
+             "[Trainer] log_every_n_steps=", log_every_n_steps_, " must be >= 1.");
   VOLT_CHECK(num_threads_ >= 0, ConfigError, "[Trainer] num_threads=", num_threads_,
              " is negative; pass 0 for volt's default or a thread count.");
-  VOLT_CHECK(progress_refresh_s_ > 0, ConfigError, "[Trainer] progress_refresh_s=",
-             progress_refresh_s_, " must be > 0.");
+  VOLT_CHECK(progress_refresh_s_ > 0, ConfigError,
+             "[Trainer] progress_refresh_s=", progress_refresh_s_, " must be > 0.");
   VOLT_CHECK(!default_root_dir_.empty(), ConfigError,
              "[Trainer] default_root_dir is empty; pass a folder (e.g. \".\").");
   for (const auto& c : callbacks_) {

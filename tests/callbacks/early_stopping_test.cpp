@@ -26,16 +26,22 @@ TEST(EarlyStopping, PatienceCountsChecksWithoutImprovement) {
   // Improves at epochs 0,1 then flat: stops after 2 more checks (epoch 3).
   EXPECT_EQ(epochs_run({5, 4, 4, 4, 4}, volt::EarlyStoppingOptions("m").patience(2)), 4);
   // min_delta: a 0.05 improvement does not count when min_delta = 0.1.
-  EXPECT_EQ(epochs_run({5, 4.95, 4.9, 4.85}, volt::EarlyStoppingOptions("m").patience(1).min_delta(0.1)), 2);
+  EXPECT_EQ(
+      epochs_run({5, 4.95, 4.9, 4.85}, volt::EarlyStoppingOptions("m").patience(1).min_delta(0.1)),
+      2);
   // Max mode.
-  EXPECT_EQ(epochs_run({1, 2, 3, 3}, volt::EarlyStoppingOptions("m").mode(volt::Mode::kMax).patience(1)), 4);
+  EXPECT_EQ(
+      epochs_run({1, 2, 3, 3}, volt::EarlyStoppingOptions("m").mode(volt::Mode::kMax).patience(1)),
+      4);
   // min_epochs wins over a stop request.
   EXPECT_EQ(epochs_run({5, 5, 5, 5, 5, 5, 5}, volt::EarlyStoppingOptions("m").patience(1), 6), 6);
 }
 
 TEST(EarlyStopping, ThresholdsAndFiniteCheck) {
-  EXPECT_EQ(epochs_run({5, 4, 0.5, 0.1}, volt::EarlyStoppingOptions("m").stopping_threshold(1.0)), 3);
-  EXPECT_EQ(epochs_run({5, 4, 50, 1}, volt::EarlyStoppingOptions("m").divergence_threshold(10.0)), 3);
+  EXPECT_EQ(epochs_run({5, 4, 0.5, 0.1}, volt::EarlyStoppingOptions("m").stopping_threshold(1.0)),
+            3);
+  EXPECT_EQ(epochs_run({5, 4, 50, 1}, volt::EarlyStoppingOptions("m").divergence_threshold(10.0)),
+            3);
   EXPECT_EQ(epochs_run({5, std::nan(""), 1}, volt::EarlyStoppingOptions("m")), 2);
 }
 

@@ -15,8 +15,9 @@ TEST(LearningRateMonitor, LogsSchedulerLrEveryStepWithMomentumAndWeightDecay) {
   auto mem = std::make_shared<MemoryLogger>();
   auto monitor = std::make_shared<volt::LearningRateMonitor>(
       volt::LearningRateMonitorOptions().log_momentum(true).log_weight_decay(true));
-  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).log_every_n_steps(1)
-                            .loggers({mem}).callbacks({monitor}));
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).max_epochs(1).log_every_n_steps(1).loggers({mem}).callbacks(
+          {monitor}));
   trainer.fit(model, volt_test::loader(volt_test::blobs(128)));  // 8 steps
   auto lrs = mem->with("lr-SGD");
   ASSERT_EQ(lrs.size(), 8u);
@@ -46,8 +47,9 @@ TEST(LearningRateMonitor, EpochIntervalAndParamGroupNames) {
   auto mem = std::make_shared<MemoryLogger>();
   auto monitor = std::make_shared<volt::LearningRateMonitor>(
       volt::LearningRateMonitorOptions().log_momentum(true));
-  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(3).log_every_n_steps(1)
-                            .loggers({mem}).callbacks({monitor}));
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).max_epochs(3).log_every_n_steps(1).loggers({mem}).callbacks(
+          {monitor}));
   trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
   auto pg2 = mem->with("lr-AdamW/pg2");
   ASSERT_EQ(pg2.size(), 3u);  // once per epoch (the scheduler's interval)
@@ -64,9 +66,10 @@ TEST(LearningRateMonitor, FollowsOneCycleMomentumOnFusedAdamW) {
   struct Fused : volt_test::TinyClassifier {
     std::vector<volt::OptimizerConfig> configure_optimizers() override {
       auto opt = std::make_shared<volt::FusedAdamW>(parameters(), volt::FusedAdamWOptions(0.01));
-      return {volt::OptimizerConfig(opt)
-                  .scheduler(std::make_shared<volt::OneCycleLR>(*opt, volt::OneCycleLROptions(0.1, 8)))
-                  .interval(volt::Interval::kStep)};
+      return {
+          volt::OptimizerConfig(opt)
+              .scheduler(std::make_shared<volt::OneCycleLR>(*opt, volt::OneCycleLROptions(0.1, 8)))
+              .interval(volt::Interval::kStep)};
     }
   };
   volt_test::TempDir dir;
@@ -74,12 +77,13 @@ TEST(LearningRateMonitor, FollowsOneCycleMomentumOnFusedAdamW) {
   auto mem = std::make_shared<MemoryLogger>();
   auto monitor = std::make_shared<volt::LearningRateMonitor>(
       volt::LearningRateMonitorOptions().log_momentum(true).log_weight_decay(true));
-  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).log_every_n_steps(1)
-                            .loggers({mem}).callbacks({monitor}));
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).max_epochs(1).log_every_n_steps(1).loggers({mem}).callbacks(
+          {monitor}));
   trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
   auto rows = mem->with("lr-FusedAdamW-momentum");
   ASSERT_EQ(rows.size(), 8u);
-  EXPECT_NEAR(rows[0].second.at("lr-FusedAdamW"), 0.1 / 25, 1e-12);  // max_lr / div_factor
+  EXPECT_NEAR(rows[0].second.at("lr-FusedAdamW"), 0.1 / 25, 1e-12);       // max_lr / div_factor
   EXPECT_NEAR(rows[0].second.at("lr-FusedAdamW-momentum"), 0.95, 1e-12);  // max_momentum first
   EXPECT_LT(rows[2].second.at("lr-FusedAdamW-momentum"), 0.95);           // cycled down
   EXPECT_DOUBLE_EQ(rows[0].second.at("lr-FusedAdamW-weight_decay"), 1e-2);

@@ -15,14 +15,19 @@ class Scripted : public volt_test::TinyClassifier {
   }
 };
 
-bool exists(const std::string& p) { return std::ifstream(p).good(); }
+bool exists(const std::string& p) {
+  return std::ifstream(p).good();
+}
 
 TEST(ModelCheckpoint, KeepsTopKAndTracksBest) {
   volt_test::TempDir dir;
   Scripted model;
   auto ckpt = std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
-      .dirpath(dir / "c").monitor("score").save_top_k(2).filename("{epoch}-{score:.1f}")
-      .save_last(true));
+                                                          .dirpath(dir / "c")
+                                                          .monitor("score")
+                                                          .save_top_k(2)
+                                                          .filename("{epoch}-{score:.1f}")
+                                                          .save_last(true));
   volt::Trainer t(volt_test::quiet(dir.path).max_epochs(5).callbacks({ckpt}));
   t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
   EXPECT_EQ(ckpt->best_model_path(), dir / "c/epoch=3-score=1.0.ckpt");
@@ -88,15 +93,18 @@ TEST(ModelCheckpoint, FilenameSpecsFollowPythonAndAreCheckedAtConstruction) {
   EXPECT_NE(error_of("{epoch:s}").find("such as {epoch:02d}"), std::string::npos);
   EXPECT_NE(error_of("{step:{}}").find("invalid format spec"), std::string::npos);
   EXPECT_NE(error_of("{val_loss:%n}").find("invalid format spec"), std::string::npos);
-  EXPECT_NE(error_of("{val_loss:999999999}").find("asks for width or precision 999999999, over "
-                                                  "a file name's 255 bytes"),
+  EXPECT_NE(error_of("{val_loss:999999999}")
+                .find("asks for width or precision 999999999, over "
+                      "a file name's 255 bytes"),
             std::string::npos);
   EXPECT_NE(error_of("{val_loss:.300f}").find("width or precision 300"), std::string::npos);
 }
 
 TEST(ModelCheckpoint, InvalidOptions) {
-  EXPECT_THROW(volt::ModelCheckpoint(volt::ModelCheckpointOptions().save_top_k(-2)), volt::ConfigError);
-  EXPECT_THROW(volt::ModelCheckpoint(volt::ModelCheckpointOptions().save_top_k(3)), volt::ConfigError);
+  EXPECT_THROW(volt::ModelCheckpoint(volt::ModelCheckpointOptions().save_top_k(-2)),
+               volt::ConfigError);
+  EXPECT_THROW(volt::ModelCheckpoint(volt::ModelCheckpointOptions().save_top_k(3)),
+               volt::ConfigError);
   EXPECT_THROW(volt::ModelCheckpoint(volt::ModelCheckpointOptions().every_n_train_steps(-1)),
                volt::ConfigError);
 }

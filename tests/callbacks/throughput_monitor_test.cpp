@@ -114,11 +114,9 @@ TEST(ThroughputMonitor, LeavesValidationTimeOutOfTheWindow) {
   volt_test::TinyClassifier model;
   auto mem = std::make_shared<MemoryLogger>();
   auto clock = std::make_shared<ValidationClock>();
-  volt::Trainer trainer(volt_test::quiet(dir.path)
-                            .max_epochs(2)
-                            .log_every_n_steps(1)
-                            .loggers({mem})
-                            .callbacks({clock, std::make_shared<volt::ThroughputMonitor>()}));
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).max_epochs(2).log_every_n_steps(1).loggers({mem}).callbacks(
+          {clock, std::make_shared<volt::ThroughputMonitor>()}));
   // Validation (64k samples) takes far longer than one training batch of 16.
   trainer.fit(model, volt_test::loader(volt_test::blobs(128)),
               volt_test::loader(volt_test::blobs(65536, 8, 1), 4096, false));
@@ -129,8 +127,8 @@ TEST(ThroughputMonitor, LeavesValidationTimeOutOfTheWindow) {
   ASSERT_EQ(rows.size(), 16u);
   ASSERT_EQ(rows[8].first, 8);
   const double window_s = 1.0 / rows[8].second.at(kBatches);
-  EXPECT_LT(window_s, clock->seconds[0]) << "window " << window_s << " s, validation "
-                                         << clock->seconds[0] << " s";
+  EXPECT_LT(window_s, clock->seconds[0])
+      << "window " << window_s << " s, validation " << clock->seconds[0] << " s";
 }
 
 TEST(ThroughputMonitor, NeedsALogger) {

@@ -573,8 +573,9 @@ TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoi
                              " --trainer.devices=2 --trainer.max_epochs=1"
                              " --trainer.limit_train_batches=6 --trainer.limit_val_batches=2"
                              " --trainer.enable_progress_bar=false";
-  auto r = run_binary(common + " --trainer.strategy=deepspeed --trainer.strategy.init_args.config=" +
-                      (dir / "ds.json"));
+  auto r =
+      run_binary(common + " --trainer.strategy=deepspeed --trainer.strategy.init_args.config=" +
+                 (dir / "ds.json"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("val_acc"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("ignored: wall_clock_breakdown"), std::string::npos) << r.err;
@@ -587,8 +588,10 @@ TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoi
   // The consolidated file tests in one process like any checkpoint.
   auto t = run_binary("test --config " VOLT_SOURCE_DIR
                       "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" +
-                      dir.path + " --trainer.limit_test_batches=2 --trainer.enable_progress_bar=false"
-                      " --ckpt_path=" + (dir / "full.ckpt"));
+                      dir.path +
+                      " --trainer.limit_test_batches=2 --trainer.enable_progress_bar=false"
+                      " --ckpt_path=" +
+                      (dir / "full.ckpt"));
   EXPECT_EQ(t.code, 0) << t.err;
   // The folder itself under ZeRO at the same world size in `test`, where nothing partitions the
   // weights: each rank reads the consolidated state instead of its stage-3 chunks.
@@ -616,7 +619,8 @@ TEST(CliBinary, PredictsWithTensorParallelFromACheckpointLikeOneProcess) {
   // The kwargs form of the reference from the command line: a trained checkpoint is loaded whole
   // into the split model (gather, load, split again) and 2 ranks predict what one process does.
   volt_test::TempDir dir;
-  const std::string cfg = "--config " VOLT_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml "
+  const std::string cfg = "--config " VOLT_SOURCE_DIR
+                          "/configs/fashion_mnist_mlp.yaml "
                           "--trainer.enable_progress_bar=false --trainer.default_root_dir=";
   auto f = run_binary("fit " + cfg + (dir / "fit") +
                       " --trainer.max_epochs=1 --trainer.limit_train_batches=8"
@@ -638,7 +642,8 @@ TEST(CliBinary, PredictsWithTensorParallelFromACheckpointLikeOneProcess) {
                        " --trainer.limit_predict_batches=4 --trainer.devices=2"
                        " --trainer.strategy=deepspeed --trainer.strategy.init_args.tp_size=2"
                        " --trainer.strategy.init_args.tp_plan='[\"fc0=colwise\", \"fc1=rowwise\"]'"
-                       " --ckpt_path=" + ckpt);
+                       " --ckpt_path=" +
+                       ckpt);
   ASSERT_EQ(tp.code, 0) << tp.err;
   EXPECT_NE(tp.err.find("tensor parallel over 2 ranks: 2 layers split"), std::string::npos)
       << tp.err;

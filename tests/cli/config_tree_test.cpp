@@ -49,7 +49,8 @@ TEST(ConfigTree, ParsesYamlAndRecordsLineAndColumn) {
 }
 
 TEST(ConfigTree, MalformedYamlNamesLineAndColumn) {
-  const auto m = error_of([] { parse_yaml("trainer:\n  max_epochs: 2\n   bad: [1\n", "bad.yaml"); });
+  const auto m =
+      error_of([] { parse_yaml("trainer:\n  max_epochs: 2\n   bad: [1\n", "bad.yaml"); });
   EXPECT_NE(m.find("[cli] bad.yaml:3:"), std::string::npos) << m;
   EXPECT_NE(m.find("malformed YAML"), std::string::npos) << m;
   const auto u = error_of([] { parse_yaml("a: [1, 2\n", "u.yaml"); });
@@ -63,14 +64,15 @@ TEST(ConfigTree, DuplicateKeysAreAnError) {
 }
 
 TEST(ConfigTree, MissingOrNonMappingFileIsAnError) {
-  EXPECT_NE(error_of([] { volt::detail::load_yaml_file("/nonexistent/run.yaml"); })
-                .find("cannot read config file \"/nonexistent/run.yaml\""),
+  EXPECT_NE(error_of([] {
+              volt::detail::load_yaml_file("/nonexistent/run.yaml");
+            }).find("cannot read config file \"/nonexistent/run.yaml\""),
             std::string::npos);
   volt_test::TempDir dir;
   std::ofstream(dir / "list.yaml") << "- a\n- b\n";
-  EXPECT_NE(error_of([&] { volt::detail::load_yaml_file(dir / "list.yaml"); })
-                .find("must be a mapping"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { volt::detail::load_yaml_file(dir / "list.yaml"); }).find("must be a mapping"),
+      std::string::npos);
   std::ofstream(dir / "empty.yaml") << "# nothing\n";
   EXPECT_TRUE(volt::detail::load_yaml_file(dir / "empty.yaml").is_map());
 }
@@ -93,8 +95,10 @@ TEST(ConfigTree, CanonicalizeMovesShorthandUnderInitArgs) {
 }
 
 TEST(ConfigTree, MergeLaterWinsAndANewClassDropsOldInitArgs) {
-  auto a = parse_yaml("trainer: {max_epochs: 1, max_steps: 5}\nmodel: {class_path: A, init_args: {lr: 1}}\n", "a");
-  auto same = parse_yaml("trainer: {max_epochs: 2}\nmodel: {class_path: A, init_args: {w: 3}}\n", "b");
+  auto a = parse_yaml(
+      "trainer: {max_epochs: 1, max_steps: 5}\nmodel: {class_path: A, init_args: {lr: 1}}\n", "a");
+  auto same =
+      parse_yaml("trainer: {max_epochs: 2}\nmodel: {class_path: A, init_args: {w: 3}}\n", "b");
   canonicalize(a);
   canonicalize(same);
   merge(a, same);
@@ -145,29 +149,35 @@ TEST(ConfigTree, OverridesUseShorthandIndexesAndAppend) {
 TEST(ConfigTree, OverrideErrorsSayWhatToDo) {
   ConfigNode root = ConfigNode::make_map("defaults");
   apply_override(root, "trainer.max_epochs", "3", false, "--trainer.max_epochs=3");
-  EXPECT_NE(error_of([&] { apply_override(root, "trainer.max_epochs.x", "1", false, "--o"); })
-                .find("trainer.max_epochs is \"3\", not a mapping"),
+  EXPECT_NE(error_of([&] {
+              apply_override(root, "trainer.max_epochs.x", "1", false, "--o");
+            }).find("trainer.max_epochs is \"3\", not a mapping"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { apply_override(root, "trainer.max_epochs", "1", true, "--o"); })
-                .find("+= appends to a list"),
+  EXPECT_NE(error_of([&] {
+              apply_override(root, "trainer.max_epochs", "1", true, "--o");
+            }).find("+= appends to a list"),
             std::string::npos);
   apply_override(root, "trainer.callbacks", "Timer", true, "o");
-  EXPECT_NE(error_of([&] { apply_override(root, "trainer.callbacks.5.x", "1", false, "--o"); })
-                .find("has 1 item(s); index 5 is past the end"),
+  EXPECT_NE(error_of([&] {
+              apply_override(root, "trainer.callbacks.5.x", "1", false, "--o");
+            }).find("has 1 item(s); index 5 is past the end"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { apply_override(root, "trainer.callbacks.first", "1", false, "--o"); })
-                .find("is a list; index it with a number"),
+  EXPECT_NE(error_of([&] {
+              apply_override(root, "trainer.callbacks.first", "1", false, "--o");
+            }).find("is a list; index it with a number"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { apply_override(root, "trainer..x", "1", false, "--o"); })
-                .find("empty key segment"),
+  EXPECT_NE(error_of([&] {
+              apply_override(root, "trainer..x", "1", false, "--o");
+            }).find("empty key segment"),
             std::string::npos);
 }
 
 TEST(ConfigTree, AnEmptyOverrideIsTheEmptyStringAndNullIsNull) {
   // A config file sets monitor; the command line must be able to empty it.
-  ConfigNode root = parse_yaml("trainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n"
-                               "      init_args: {monitor: val_loss}\n",
-                               "run.yaml");
+  ConfigNode root = parse_yaml(
+      "trainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n"
+      "      init_args: {monitor: val_loss}\n",
+      "run.yaml");
   canonicalize(root);
   apply_override(root, "trainer.callbacks.0.init_args.monitor", "", false,
                  "--trainer.callbacks.0.init_args.monitor=");
@@ -206,8 +216,7 @@ TEST(ConfigTree, AliasBombsCyclesAndDeepNestingAreRefusedBeforeExpansion) {
   const std::string bomb = alias_bomb(5, 10, false);
   const auto t0 = std::chrono::steady_clock::now();
   const std::string m = error_of([&] { parse_yaml(bomb, "bomb.yaml"); });
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(m.find("[cli] bomb.yaml:6:"), std::string::npos) << m;
   EXPECT_NE(m.find("more than 1000000 nodes once its aliases (*name) are expanded"),
             std::string::npos)
@@ -217,11 +226,13 @@ TEST(ConfigTree, AliasBombsCyclesAndDeepNestingAreRefusedBeforeExpansion) {
 
   // yaml-cpp builds a self-referencing alias as a cycle; converting it recursed until the stack
   // overflowed.
-  EXPECT_NE(error_of([] { parse_yaml("a: &x [1, *x]\n", "loop.yaml"); })
-                .find("[cli] loop.yaml:1:11: this alias refers to a node that contains it"),
+  EXPECT_NE(error_of([] {
+              parse_yaml("a: &x [1, *x]\n", "loop.yaml");
+            }).find("[cli] loop.yaml:1:11: this alias refers to a node that contains it"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_yaml(std::string(100000, '[') + "1", "deep.yaml"); })
-                .find("nest more than 128 levels deep"),
+  EXPECT_NE(error_of([] {
+              parse_yaml(std::string(100000, '[') + "1", "deep.yaml");
+            }).find("nest more than 128 levels deep"),
             std::string::npos);
 
   // Overrides go through the same bound (a flow-style bomb fits on a command line).

@@ -15,8 +15,9 @@ TEST(Registry, ParamsRejectBadDeclarationsAndArgsCatchWrongReads) {
     args.get<int64_t>("lr");
     FAIL();
   } catch (const volt::InternalError& e) {
-    EXPECT_NE(std::string(e.what()).find("model X reads parameter \"lr\" as int but it holds float"),
-              std::string::npos);
+    EXPECT_NE(
+        std::string(e.what()).find("model X reads parameter \"lr\" as int but it holds float"),
+        std::string::npos);
   }
   EXPECT_THROW(args.get<double>("nope"), volt::InternalError);
   EXPECT_THROW(volt::default_args("model X", volt::Params().required<int64_t>("w", "")),

@@ -47,7 +47,8 @@ TEST(FashionMnist, TruncatedAndCorruptedFilesAreDataErrors) {
   // Header promises 2 images of 28x28 but holds 10 bytes of pixels.
   std::string header("\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x1c\x00\x00\x00\x1c", 16);
   write_gz(dir / "t10k-images-idx3-ubyte.gz", header + std::string(10, '\x01'));
-  write_gz(dir / "t10k-labels-idx1-ubyte.gz", std::string("\x00\x00\x08\x01\x00\x00\x00\x02\x01\x02", 10));
+  write_gz(dir / "t10k-labels-idx1-ubyte.gz",
+           std::string("\x00\x00\x08\x01\x00\x00\x00\x02\x01\x02", 10));
   try {
     volt::FashionMnist ds(dir.path, volt::FashionMnist::Split::kTest);
     FAIL();

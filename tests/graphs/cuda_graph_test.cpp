@@ -388,9 +388,9 @@ TEST(DynamicModelsCuda, BranchesAndDynamicOpsRunBetweenGraphedRegions) {
   for (int k = 0; k < 6; ++k) {
     const at::Tensor x = torch::randn({32, 16}, kCuda);
     const bool use_a = k % 2 == 0;
-    const at::Tensor y = (use_a ? ga : gb)({x})[0];                  // graphed branch
+    const at::Tensor y = (use_a ? ga : gb)({x})[0];                     // graphed branch
     const at::Tensor rows = torch::nonzero(y.sum(1) > 1.0).squeeze(1);  // eager dynamic op
-    const at::Tensor out = gh({y.index_select(0, rows)})[0];         // graphed, per shape
+    const at::Tensor out = gh({y.index_select(0, rows)})[0];            // graphed, per shape
     const at::Tensor ref = eager(x, use_a);
     ASSERT_EQ(out.sizes(), ref.sizes()) << "step " << k;
     EXPECT_TRUE(torch::equal(out, ref)) << "step " << k << ": " << max_diff(out, ref);

@@ -9,7 +9,8 @@
 namespace {
 
 TEST(FashionMnistAcceptance, MlpReaches87Percent) {
-  if (!std::ifstream(std::string(volt::kFashionMnistDefaultRoot) + "/train-images-idx3-ubyte.gz").good()) {
+  if (!std::ifstream(std::string(volt::kFashionMnistDefaultRoot) + "/train-images-idx3-ubyte.gz")
+           .good()) {
     GTEST_SKIP() << "dataset-fashion-mnist not installed (scripts/setup.sh)";
   }
   volt_test::TempDir dir;
@@ -24,7 +25,8 @@ TEST(FashionMnistAcceptance, MlpReaches87Percent) {
 }
 
 TEST(FashionMnistAcceptance, Bf16MixedLossCurveTracksFp32) {
-  if (!std::ifstream(std::string(volt::kFashionMnistDefaultRoot) + "/train-images-idx3-ubyte.gz").good()) {
+  if (!std::ifstream(std::string(volt::kFashionMnistDefaultRoot) + "/train-images-idx3-ubyte.gz")
+           .good()) {
     GTEST_SKIP() << "dataset-fashion-mnist not installed (scripts/setup.sh)";
   }
   // Same seed, data order and initial weights; the only difference is bf16 autocast. Stated

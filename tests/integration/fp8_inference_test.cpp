@@ -22,7 +22,8 @@ struct Run {
   std::string out;
 };
 
-Run volt_cli(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+Run volt_cli(const std::vector<std::string>& args,
+             const std::map<std::string, std::string>& env = {}) {
   volt_test::Process p(VOLT_CLI_BINARY, args, env);
   const int code = p.exit_code(600s);
   return {code, p.output()};
@@ -35,12 +36,15 @@ double metric(const std::string& out, const std::string& name) {
   return std::stod(m[1]);
 }
 
-void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
 
 }  // namespace
 
 TEST(Fp8InferenceCli, MeasureThenQuantizeInAnotherProcessKeepsAccuracyWithinOnePointOfBf16) {
-  if (!std::ifstream(std::string(volt::kFashionMnistDefaultRoot) + "/train-images-idx3-ubyte.gz").good()) {
+  if (!std::ifstream(std::string(volt::kFashionMnistDefaultRoot) + "/train-images-idx3-ubyte.gz")
+           .good()) {
     GTEST_SKIP() << "dataset-fashion-mnist not installed (scripts/setup.sh)";
   }
   volt_test::TempDir dir;
@@ -70,37 +74,38 @@ TEST(Fp8InferenceCli, MeasureThenQuantizeInAnotherProcessKeepsAccuracyWithinOneP
   write(dir / "measure.json",
         R"({"method": "HOOKS", "mode": "MEASURE", "observer": "maxabs", "dump_stats_path": ")" +
             (dir / "stats") + R"("})");
-  auto measure = volt_cli(with("predict", {"--ckpt_path=" + ckpt, "--trainer.precision=fp8",
-                                           "--trainer.precision.init_args.inference=true",
-                                           "--trainer.precision.init_args.quant_config=" +
-                                               (dir / "measure.json"),
-                                           "--trainer.limit_predict_batches=20"}));
+  auto measure = volt_cli(
+      with("predict", {"--ckpt_path=" + ckpt, "--trainer.precision=fp8",
+                       "--trainer.precision.init_args.inference=true",
+                       "--trainer.precision.init_args.quant_config=" + (dir / "measure.json"),
+                       "--trainer.limit_predict_batches=20"}));
   ASSERT_EQ(measure.code, 0) << measure.out;
   ASSERT_TRUE(std::ifstream(dir / "stats.json").good()) << measure.out;
 
   // 4. Quantize in a new process (config from QUANT_CONFIG) and test.
   write(dir / "quant.json", R"({"mode": "QUANTIZE", "scale_method": "maxabs_hw",
-      "dump_stats_path": ")" + (dir / "stats") + R"("})");
+      "dump_stats_path": ")" + (dir / "stats") +
+                                R"("})");
   const std::vector<std::string> quant_args = {"--ckpt_path=" + ckpt, "--trainer.precision=fp8",
                                                "--trainer.precision.init_args.inference=true",
                                                "--trainer.precision.init_args.quant=true"};
   auto quant = volt_cli(with("test", quant_args), {{"QUANT_CONFIG", dir / "quant.json"}});
   ASSERT_EQ(quant.code, 0) << quant.out;
   const double acc8 = metric(quant.out, "test_acc");
-  std::printf("[ measured ] Fashion-MNIST MLP test accuracy: bf16-mixed %.2f%%, fp8 quantized "
-              "(emulated E4M3) %.2f%%\n",
-              acc16 * 100, acc8 * 100);
+  std::printf(
+      "[ measured ] Fashion-MNIST MLP test accuracy: bf16-mixed %.2f%%, fp8 quantized "
+      "(emulated E4M3) %.2f%%\n",
+      acc16 * 100, acc8 * 100);
   EXPECT_GT(acc16, 0.80);
   EXPECT_NEAR(acc8, acc16, 0.01);
   EXPECT_NE(quant.out.find("3 Linear layers in fp8"), std::string::npos) << quant.out;
 
   // 5. Misuse. Measurements from another model (a different hidden size): a clear error.
-  auto other = volt_cli(with("test", {"--model.init_args.hidden=[128]",
-                                      "--trainer.precision=fp8",
-                                      "--trainer.precision.init_args.inference=true",
-                                      "--trainer.precision.init_args.quant=true",
-                                      "--trainer.limit_test_batches=1"}),
-                        {{"QUANT_CONFIG", dir / "quant.json"}});
+  auto other = volt_cli(
+      with("test", {"--model.init_args.hidden=[128]", "--trainer.precision=fp8",
+                    "--trainer.precision.init_args.inference=true",
+                    "--trainer.precision.init_args.quant=true", "--trainer.limit_test_batches=1"}),
+      {{"QUANT_CONFIG", dir / "quant.json"}});
   EXPECT_EQ(other.code, 1) << other.out;
   EXPECT_NE(other.out.find("which this model does not have: it was measured on another model"),
             std::string::npos)

@@ -270,7 +270,9 @@ void kill_child(const ChildWriter& w) {
   ASSERT_TRUE(WIFSIGNALED(status));
 }
 
-bool exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
+bool exists(const std::string& p) {
+  return ::access(p.c_str(), F_OK) == 0;
+}
 
 TEST(CheckpointIO, WritesRemoveTempFilesOfDeadWritersButNotOfLiveOnes) {
   volt_test::TempDir dir;
@@ -352,7 +354,8 @@ TEST(CheckpointIO, TempFileNames) {
   EXPECT_FALSE(volt::detail::is_temp_name(".tmp.5"));
   EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt.tmp.1a"));
   EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt"));
-  EXPECT_EQ(volt::detail::temp_path_for("/x/a.ckpt"), "/x/a.ckpt.tmp." + std::to_string(::getpid()));
+  EXPECT_EQ(volt::detail::temp_path_for("/x/a.ckpt"),
+            "/x/a.ckpt.tmp." + std::to_string(::getpid()));
 }
 
 }  // namespace

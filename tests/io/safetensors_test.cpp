@@ -10,7 +10,8 @@
 
 namespace {
 
-const std::string kFixture = std::string(VOLT_SOURCE_DIR) + "/tests/io/data/python_written.safetensors";
+const std::string kFixture =
+    std::string(VOLT_SOURCE_DIR) + "/tests/io/data/python_written.safetensors";
 
 void write_raw(const std::string& path, const std::string& header, const std::string& data) {
   std::ofstream f(path, std::ios::binary);

@@ -78,7 +78,8 @@ TEST(FusedSdpaCuda, ExtrasWithoutACudaKernelFallBackOrRefuseWithRequireFused) {
   EXPECT_EQ(out[1].slice(1, 5, 8).abs().sum().item<float>(), 0.0f);
   const std::string m = error_of<volt::NotAvailable>([&] {
     volt::fused_sdpa(q, q, q,
-                     volt::SdpaOptions().attn_mask(torch::ones({8, 8}, opts.dtype(torch::kBool)))
+                     volt::SdpaOptions()
+                         .attn_mask(torch::ones({8, 8}, opts.dtype(torch::kBool)))
                          .require_fused(true));
   });
   EXPECT_NE(m.find("attn_mask on CUDA"), std::string::npos) << m;

@@ -89,12 +89,12 @@ TEST_P(FusedSdpaShapes, MatchesReferenceValuesAndGradients) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FusedSdpaShapes,
-    ::testing::Combine(::testing::Values(Shape{1, 1, 1, 1, 64, 64},      // seq 1
-                                         Shape{2, 3, 1, 37, 64, 64},     // one query
-                                         Shape{1, 2, 17, 33, 64, 64},    // odd, Lq != Lk
+    ::testing::Combine(::testing::Values(Shape{1, 1, 1, 1, 64, 64},        // seq 1
+                                         Shape{2, 3, 1, 37, 64, 64},       // one query
+                                         Shape{1, 2, 17, 33, 64, 64},      // odd, Lq != Lk
                                          Shape{2, 2, 130, 257, 128, 128},  // spans tiles, 128
-                                         Shape{1, 2, 200, 200, 64, 32},  // Dv != D
-                                         Shape{1, 1, 64, 128, 16, 16}),  // exact tiles
+                                         Shape{1, 2, 200, 200, 64, 32},    // Dv != D
+                                         Shape{1, 1, 64, 128, 16, 16}),    // exact tiles
                        ::testing::Bool(), ::testing::Bool()),
     [](const ::testing::TestParamInfo<std::tuple<Shape, bool, bool>>& info) {
       const Shape& s = std::get<0>(info.param);
@@ -116,9 +116,9 @@ TEST(FusedSdpa, ReferenceMatchesLibtorchAttention) {
     EXPECT_LT(max_diff(volt::sdpa_reference(x.q, x.k, x.v, SdpaOptions().is_causal(causal)).output,
                        expect),
               1e-5);
-    EXPECT_LT(max_diff(volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions().is_causal(causal)).output,
-                       expect),
-              1e-5);
+    EXPECT_LT(
+        max_diff(volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions().is_causal(causal)).output, expect),
+        1e-5);
   }
 }
 
@@ -156,8 +156,8 @@ TEST_P(FusedSdpaPadding, ValidSeqLenMatchesReferenceAndIgnoresPadding) {
   check_against_reference(x, opts);
   check_against_reference(x, SdpaOptions(opts).recompute(false));
   // Changing padded keys/values must not change anything; padded queries give zeros.
-  const auto pad = side == volt::SeqPadding::kRight ? at::indexing::Slice(100, 140)
-                                                    : at::indexing::Slice(0, 40);
+  const auto pad =
+      side == volt::SeqPadding::kRight ? at::indexing::Slice(100, 140) : at::indexing::Slice(0, 40);
   Qkv y{x.q.clone(), x.k.clone(), x.v.clone()};
   y.k.index_put_({0, at::indexing::Slice(), pad}, 1e3);
   y.v.index_put_({0, at::indexing::Slice(), pad}, -1e3);
@@ -170,7 +170,8 @@ TEST_P(FusedSdpaPadding, ValidSeqLenMatchesReferenceAndIgnoresPadding) {
 INSTANTIATE_TEST_SUITE_P(Sides, FusedSdpaPadding,
                          ::testing::Values(volt::SeqPadding::kLeft, volt::SeqPadding::kRight),
                          [](const ::testing::TestParamInfo<volt::SeqPadding>& info) {
-                           return std::string(info.param == volt::SeqPadding::kLeft ? "left" : "right");
+                           return std::string(info.param == volt::SeqPadding::kLeft ? "left"
+                                                                                    : "right");
                          });
 
 TEST(FusedSdpa, RecomputeModesAgreeAndScopedSettingWorks) {
@@ -210,8 +211,8 @@ TEST(FusedSdpa, RecomputeModesAgreeAndScopedSettingWorks) {
 TEST(FusedSdpa, DropoutMatchesReferenceWithTheSameSeed) {
   Qkv x = make_qkv(2, 2, 77, 130, 64);
   for (bool recompute : {true, false}) {
-    check_against_reference(
-        x, SdpaOptions().dropout_p(0.3).dropout_seed(1234).recompute(recompute));
+    check_against_reference(x,
+                            SdpaOptions().dropout_p(0.3).dropout_seed(1234).recompute(recompute));
   }
 }
 
@@ -232,13 +233,14 @@ TEST(FusedSdpa, DropoutStatisticsAndReturnedMask) {
   at::Tensor mean = at::zeros({1, 1, 8, 8});
   const int trials = 2000;
   for (int t = 0; t < trials; ++t) {
-    mean += volt::fused_sdpa(s.q, s.k, s.v, SdpaOptions().dropout_p(p).dropout_seed(100 + t))
-                .output;
+    mean +=
+        volt::fused_sdpa(s.q, s.k, s.v, SdpaOptions().dropout_p(p).dropout_seed(100 + t)).output;
   }
   mean /= trials;
   EXPECT_LT(max_diff(mean, volt::fused_sdpa(s.q, s.k, s.v).output), 0.05);
   // Different seeds give different masks; unset seeds follow torch's generator.
-  EXPECT_FALSE(volt::sdpa_dropout_mask(1, 1, 8, 8, p, 1).equal(volt::sdpa_dropout_mask(1, 1, 8, 8, p, 2)));
+  EXPECT_FALSE(
+      volt::sdpa_dropout_mask(1, 1, 8, 8, p, 1).equal(volt::sdpa_dropout_mask(1, 1, 8, 8, p, 2)));
   torch::manual_seed(3);
   auto a = volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions().dropout_p(p)).output;
   torch::manual_seed(3);
@@ -251,14 +253,14 @@ TEST(FusedSdpa, ReturnsAttentionProbabilitiesInReferenceOrder) {
   at::NoGradGuard no_grad;
   auto opts = SdpaOptions().is_causal(true).return_attn_probs(true);
   auto r = volt::fused_sdpa(x.q, x.k, x.v, opts);
-  auto ref = volt::sdpa_reference(x.q.to(at::kDouble), x.k.to(at::kDouble), x.v.to(at::kDouble),
-                                  opts);
+  auto ref =
+      volt::sdpa_reference(x.q.to(at::kDouble), x.k.to(at::kDouble), x.v.to(at::kDouble), opts);
   ASSERT_EQ(r.to_list().size(), 2u);
   EXPECT_LT(max_diff(r.attn_probs, ref.attn_probs), 1e-6);
   EXPECT_LT(max_diff(r.attn_probs.sum(-1), at::ones({2, 2, 33})), 1e-5);
   // Both extras: output, attn_probs, dropout_mask.
-  auto both = volt::fused_sdpa(x.q, x.k, x.v,
-                               SdpaOptions(opts).dropout_p(0.1).recompute(false).return_dropout_mask(true));
+  auto both = volt::fused_sdpa(
+      x.q, x.k, x.v, SdpaOptions(opts).dropout_p(0.1).recompute(false).return_dropout_mask(true));
   auto list = both.to_list();
   ASSERT_EQ(list.size(), 3u);
   EXPECT_EQ(list[1].scalar_type(), at::kFloat);
@@ -269,7 +271,8 @@ TEST(FusedSdpa, Bfloat16MatchesFloat32ReferenceIncludingFastSoftmax) {
   Qkv x = make_qkv(2, 2, 100, 100, 64, -1, at::kBFloat16);
   for (auto mode : {volt::SoftmaxMode::kExact, volt::SoftmaxMode::kFast}) {
     for (bool causal : {false, true}) {
-      auto opts = SdpaOptions().is_causal(causal).softmax_mode(mode).recompute(!causal ? false : true);
+      auto opts =
+          SdpaOptions().is_causal(causal).softmax_mode(mode).recompute(!causal ? false : true);
       auto fused = run_with_grad(x, at::kBFloat16, [&](auto q, auto k, auto v) {
         return volt::fused_sdpa(q, k, v, SdpaOptions(opts).require_fused(true)).output;
       });
@@ -328,8 +331,9 @@ TEST(FusedSdpa, FallsBackToReferenceForUnsupportedDtypes) {
   Qkv x = make_qkv(1, 2, 20, 30, 16, -1, at::kDouble);
   auto out = volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions().is_causal(true)).output;
   EXPECT_EQ(out.scalar_type(), at::kDouble);
-  EXPECT_LT(max_diff(out, volt::sdpa_reference(x.q, x.k, x.v, SdpaOptions().is_causal(true)).output),
-            1e-12);
+  EXPECT_LT(
+      max_diff(out, volt::sdpa_reference(x.q, x.k, x.v, SdpaOptions().is_causal(true)).output),
+      1e-12);
   try {
     volt::fused_sdpa(x.q, x.k, x.v, SdpaOptions().require_fused(true));
     FAIL() << "expected NotAvailable";

@@ -17,8 +17,8 @@ std::vector<std::vector<std::string>> cells(const std::string& text) {
 }
 
 TEST(CsvFormat, EscapedCellsParseBackExactly) {
-  const std::vector<std::string> names = {"plain", "a,b", "say \"hi\"", "two\nlines", "cr\r",
-                                          "", "\"", ",,"};
+  const std::vector<std::string> names = {"plain", "a,b", "say \"hi\"", "two\nlines",
+                                          "cr\r",  "",    "\"",         ",,"};
   std::string line;
   for (size_t i = 0; i < names.size(); ++i) line += (i ? "," : "") + csv_escape(names[i]);
   EXPECT_EQ(csv_escape("plain"), "plain");

@@ -58,11 +58,18 @@ TEST(CSVLogger, HparamsYamlReadsBackAsTheSameStrings) {
   volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
   // Each of these was misread when hparams.yaml was concatenated text: a second mapping, a
   // comment, a boolean, a null, a list, a broken line.
-  const std::map<std::string, std::string> hp = {
-      {"net", "Linear(in: 8, out: 2)"}, {"note", "lr # tuned"}, {"flag", "yes"},
-      {"empty", "null"},                {"off", "Off"},          {"tilde", "~"},
-      {"list", "- x"},                  {"quote", "say \"hi\""}, {"multi", "two\nlines"},
-      {"blank", ""},                    {"lr", "0.1"},           {"key: with colon", "v"}};
+  const std::map<std::string, std::string> hp = {{"net", "Linear(in: 8, out: 2)"},
+                                                 {"note", "lr # tuned"},
+                                                 {"flag", "yes"},
+                                                 {"empty", "null"},
+                                                 {"off", "Off"},
+                                                 {"tilde", "~"},
+                                                 {"list", "- x"},
+                                                 {"quote", "say \"hi\""},
+                                                 {"multi", "two\nlines"},
+                                                 {"blank", ""},
+                                                 {"lr", "0.1"},
+                                                 {"key: with colon", "v"}};
   a.log_hyperparams(hp);
   const YAML::Node n = YAML::LoadFile(dir / "volt_logs/version_0/hparams.yaml");
   ASSERT_TRUE(n.IsMap());
@@ -101,9 +108,8 @@ TEST(CSVLogger, ResumeReadsQuotedMetricNames) {
   b.load_state(in, /*step=*/2);
   b.log_metrics({{odd, 20.0}}, 2);
   b.save();
-  EXPECT_EQ(lines(b.metrics_path()),
-            (std::vector<std::string>{"step,acc,\"val,loss \"\"top\"\"\"", "0,0,0", "1,0.1,1",
-                                      "2,,20"}));
+  EXPECT_EQ(lines(b.metrics_path()), (std::vector<std::string>{"step,acc,\"val,loss \"\"top\"\"\"",
+                                                               "0,0,0", "1,0.1,1", "2,,20"}));
 }
 
 TEST(CSVLogger, ResumeFromACorruptedFileIsADataError) {

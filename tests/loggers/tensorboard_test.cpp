@@ -51,7 +51,8 @@ TEST(TensorBoardLogger, MaskedCrc32cMatchesTheStandardCheckValue) {
 
 TEST(TensorBoardLogger, IndependentReaderVerifiesEveryRecordAndValue) {
   volt_test::TempDir dir;
-  volt::TensorBoardLogger logger(volt::TensorBoardLoggerOptions(dir.path).flush_logs_every_n_steps(7));
+  volt::TensorBoardLogger logger(
+      volt::TensorBoardLoggerOptions(dir.path).flush_logs_every_n_steps(7));
   logger.log_hyperparams({{"lr", "0.001"}, {"net", "mlp"}, {"batch_size", "64"}});
   std::vector<std::pair<int64_t, volt::Metrics>> logged;
   for (int64_t s = 1; s <= 25; ++s) {
@@ -113,7 +114,8 @@ TEST(TensorBoardLogger, TrainerRunAndResumeWriteStartMarker) {
   volt_test::TempDir dir;
   auto tb = std::make_shared<volt::TensorBoardLogger>(volt::TensorBoardLoggerOptions(dir / "tb"));
   volt_test::TinyClassifier model;
-  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(2).log_every_n_steps(4).loggers({tb}));
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).max_epochs(2).log_every_n_steps(4).loggers({tb}));
   trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
   auto r = read_events(tb->events_path());
   ASSERT_EQ(r.status, 0) << r.out;

@@ -66,8 +66,9 @@ TEST(QuantConfig, ParsesTheReferenceKeysAndRejectsBadOnes) {
   EXPECT_NE(bad("{\"mode\": ").find("point QUANT_CONFIG at another one."), std::string::npos);
   // Bounded as every file volt reads: nesting past 128 levels is refused while parsing.
   const std::string deep = std::string(200, '[') + std::string(200, ']');
-  EXPECT_NE(bad(R"({"allowlist": )" + deep + "}").find("cfg: arrays and objects nest more than 128"),
-            std::string::npos);
+  EXPECT_NE(
+      bad(R"({"allowlist": )" + deep + "}").find("cfg: arrays and objects nest more than 128"),
+      std::string::npos);
   EXPECT_NE(bad("[1]").find("must hold a JSON object"), std::string::npos);
   EXPECT_NE(bad(R"({"modee": "MEASURE"})").find("unknown key \"modee\"; the keys are mode"),
             std::string::npos);

@@ -122,8 +122,8 @@ TEST(Fp8Convert, SkipListAndErrors) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(volt::convert_to_fp8(
-                   *net, volt::Fp8ConvertOptions().recipe(volt::DelayedScalingOptions().margin(-1))),
+  EXPECT_THROW(volt::convert_to_fp8(*net, volt::Fp8ConvertOptions().recipe(
+                                              volt::DelayedScalingOptions().margin(-1))),
                volt::ConfigError);
   // Re-converting with another history length clashes with the layer's existing state.
   auto other = std::make_shared<TwoLayer>();
@@ -136,8 +136,8 @@ TEST(Fp8Convert, SkipListAndErrors) {
   volt::Fp8Precision p;
   EXPECT_THROW(p.setup(c10::Device(c10::kCUDA, 0)), volt::NotAvailable);
   EXPECT_THROW(volt::Fp8Precision(volt::Fp8PrecisionOptions().quant(true)), volt::ConfigError);
-  EXPECT_THROW(volt::Fp8Precision(volt::Fp8PrecisionOptions().mixed(
-                   volt::MixedPrecisionOptions().dtype("fp16"))),
+  EXPECT_THROW(volt::Fp8Precision(
+                   volt::Fp8PrecisionOptions().mixed(volt::MixedPrecisionOptions().dtype("fp16"))),
                volt::ConfigError);
 }
 
@@ -193,7 +193,8 @@ TEST(Fp8Precision, TrainerTrainsWithinToleranceOfBf16AndResumesExactly) {
   auto fit = [&](BlobNet& m, volt::Spec<volt::Precision> precision, int64_t epochs,
                  const std::string& ckpt = "",
                  std::vector<std::shared_ptr<volt::Callback>> cbs = {}) {
-    volt::Trainer t(volt_test::quiet(dir.path).max_epochs(epochs).precision(precision).callbacks(cbs));
+    volt::Trainer t(
+        volt_test::quiet(dir.path).max_epochs(epochs).precision(precision).callbacks(cbs));
     t.fit(m, volt_test::loader(train), volt_test::loader(val, 64, false), ckpt);
     return t.callback_metrics().at("val_loss");
   };
@@ -208,7 +209,7 @@ TEST(Fp8Precision, TrainerTrainsWithinToleranceOfBf16AndResumesExactly) {
   EXPECT_LT(l16, 0.45);
   EXPECT_NEAR(l8, l16, 0.05);
   auto steps = fp8.fc1->named_buffers()["fp8_steps"];
-  EXPECT_GE(steps.item<int64_t>(), 96);  // every training forward went through fp8
+  EXPECT_GE(steps.item<int64_t>(), 96);             // every training forward went through fp8
   EXPECT_EQ(fp8.head->named_buffers().size(), 0u);  // the head was not converted
 
   auto last = [&] {

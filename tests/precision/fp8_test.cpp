@@ -54,7 +54,8 @@ TEST(Fp8, EveryFiniteCodeIsAFixedPointAndMidpointsRoundToEven) {
     for (size_t i = 0; i + 1 < positive.size(); ++i) {
       const double lo = positive[i].first, hi = positive[i + 1].first;
       const double even = (positive[i].second & ((1 << mbits) - 1)) % 2 == 0 ? lo : hi;
-      EXPECT_EQ(round1((lo + hi) / 2, f), static_cast<float>(even)) << "between " << lo << " and " << hi;
+      EXPECT_EQ(round1((lo + hi) / 2, f), static_cast<float>(even))
+          << "between " << lo << " and " << hi;
       EXPECT_EQ(round1(lo + (hi - lo) * 0.49, f), static_cast<float>(lo));
       EXPECT_EQ(round1(lo + (hi - lo) * 0.51, f), static_cast<float>(hi));
     }
@@ -83,7 +84,7 @@ TEST(Fp8, EdgesSaturationNanInfAndSignedZero) {
     EXPECT_TRUE(std::isnan(round1(NAN, f, true)));
     EXPECT_TRUE(std::isnan(round1(NAN, f, false)));
     const double sub = volt::fp8_min_subnormal(f);
-    EXPECT_EQ(round1(sub / 2, f), 0.f);           // tie with 0: even (0) wins
+    EXPECT_EQ(round1(sub / 2, f), 0.f);  // tie with 0: even (0) wins
     EXPECT_EQ(round1(sub * 0.51, f), static_cast<float>(sub));
     EXPECT_TRUE(std::signbit(round1(-sub / 4, f)));  // -0 keeps its sign
   }
@@ -97,25 +98,23 @@ TEST(Fp8, DelayedScalingRecipe) {
   const auto prev = torch::tensor(3.f);
   const auto h = torch::tensor({0.f, 8.f, 4.f});
   EXPECT_FLOAT_EQ(volt::delayed_scale(h, prev, Fp8Format::kE4M3, o).item<float>(), 56.f);
-  EXPECT_FLOAT_EQ(
-      volt::delayed_scale(h, prev, Fp8Format::kE4M3, o.amax_compute_algo("most_recent"))
-          .item<float>(),
-      112.f);
-  EXPECT_FLOAT_EQ(volt::delayed_scale(h, prev, Fp8Format::kE5M2,
-                                      volt::DelayedScalingOptions().margin(2))
+  EXPECT_FLOAT_EQ(volt::delayed_scale(h, prev, Fp8Format::kE4M3, o.amax_compute_algo("most_recent"))
                       .item<float>(),
-                  57344.f / 8 / 4);
+                  112.f);
+  EXPECT_FLOAT_EQ(
+      volt::delayed_scale(h, prev, Fp8Format::kE5M2, volt::DelayedScalingOptions().margin(2))
+          .item<float>(),
+      57344.f / 8 / 4);
   EXPECT_FLOAT_EQ(volt::delayed_scale(torch::zeros({4}), prev, Fp8Format::kE4M3, o).item<float>(),
                   3.f);
-  EXPECT_FLOAT_EQ(volt::delayed_scale(torch::tensor({1.f, INFINITY}), prev, Fp8Format::kE4M3, o)
-                      .item<float>(),
-                  3.f);
+  EXPECT_FLOAT_EQ(
+      volt::delayed_scale(torch::tensor({1.f, INFINITY}), prev, Fp8Format::kE4M3, o).item<float>(),
+      3.f);
   EXPECT_THROW(volt::validate(volt::DelayedScalingOptions().amax_compute_algo("mean")),
                volt::ConfigError);
   EXPECT_THROW(volt::validate(volt::DelayedScalingOptions().amax_history_len(0)),
                volt::ConfigError);
-  EXPECT_THROW(volt::validate(volt::DelayedScalingOptions().fp8_format("e5m2")),
-               volt::ConfigError);
+  EXPECT_THROW(volt::validate(volt::DelayedScalingOptions().fp8_format("e5m2")), volt::ConfigError);
 }
 
 TEST(Fp8Linear, ForwardAndBackwardUseOperandsOnTheFp8GridWithDelayedScales) {
@@ -123,20 +122,19 @@ TEST(Fp8Linear, ForwardAndBackwardUseOperandsOnTheFp8GridWithDelayedScales) {
   torch::nn::Linear ref(16, 8);
   volt::Fp8Linear lin(ref, volt::DelayedScalingOptions().amax_history_len(4));
   EXPECT_TRUE(torch::equal(lin->weight, ref->weight));
-  auto q = [](const at::Tensor& t, float s, Fp8Format f) {
-    return volt::fp8_round(t * s, f) / s;
-  };
+  auto q = [](const at::Tensor& t, float s, Fp8Format f) { return volt::fp8_round(t * s, f) / s; };
   // Step 0: empty history, scales 1.
   auto x = torch::randn({4, 16}) * 3;
   auto y = lin->forward(x);
   EXPECT_EQ(y.scalar_type(), at::kBFloat16);
-  auto expect = torch::linear(q(x, 1, Fp8Format::kE4M3), q(ref->weight.detach(), 1, Fp8Format::kE4M3),
-                              ref->bias.detach());
+  auto expect = torch::linear(q(x, 1, Fp8Format::kE4M3),
+                              q(ref->weight.detach(), 1, Fp8Format::kE4M3), ref->bias.detach());
   EXPECT_TRUE(torch::equal(y, expect.to(at::kBFloat16)));
   auto g = torch::randn({4, 8});
   y.backward(g.to(at::kBFloat16));
   const auto gq = q(g.to(at::kBFloat16).to(at::kFloat), 1, Fp8Format::kE5M2);
-  EXPECT_TRUE(torch::allclose(lin->weight.grad(), gq.t().mm(q(x, 1, Fp8Format::kE4M3)), 1e-5, 1e-5));
+  EXPECT_TRUE(
+      torch::allclose(lin->weight.grad(), gq.t().mm(q(x, 1, Fp8Format::kE4M3)), 1e-5, 1e-5));
   EXPECT_TRUE(torch::allclose(lin->bias.grad(), gq.sum(0), 1e-5, 1e-5));
   // Step 1: the scales come from step 0's amax (delayed), e.g. input: 448 / max|x|.
   const float amax_x = x.abs().max().item<float>();

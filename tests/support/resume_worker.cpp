@@ -14,7 +14,8 @@ namespace {
 
 class EveryBatchCheckpoint : public volt::Callback {
  public:
-  EveryBatchCheckpoint(std::string path, int64_t wait_at) : path_(std::move(path)), wait_at_(wait_at) {}
+  EveryBatchCheckpoint(std::string path, int64_t wait_at)
+      : path_(std::move(path)), wait_at_(wait_at) {}
   std::string state_key() const override { return "EveryBatchCheckpoint"; }
   void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
                           int64_t) override {
@@ -37,12 +38,18 @@ int main(int argc, char** argv) {
   int64_t accum = 3, epochs = 3, wait_at = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--root") root = v;
-    else if (k == "--out") out = v;
-    else if (k == "--resume") resume = v;
-    else if (k == "--accum") accum = std::stoll(v);
-    else if (k == "--epochs") epochs = std::stoll(v);
-    else if (k == "--wait-at") wait_at = std::stoll(v);
+    if (k == "--root")
+      root = v;
+    else if (k == "--out")
+      out = v;
+    else if (k == "--resume")
+      resume = v;
+    else if (k == "--accum")
+      accum = std::stoll(v);
+    else if (k == "--epochs")
+      epochs = std::stoll(v);
+    else if (k == "--wait-at")
+      wait_at = std::stoll(v);
     else if (k == "--accelerator")
       accelerator = v;
   }
@@ -70,7 +77,8 @@ int main(int argc, char** argv) {
     trainer.fit(model, volt_test::loader(data, 16, true, /*workers=*/1),
                 volt_test::loader(val, 32, false), resume);
     torch::save(model.flat_params().cpu(), out);
-    std::printf("done step=%lld checksum=%.17g\n", static_cast<long long>(trainer.state().global_step),
+    std::printf("done step=%lld checksum=%.17g\n",
+                static_cast<long long>(trainer.state().global_step),
                 model.flat_params().abs().sum().item<double>());
     return 0;
   } catch (const std::exception& e) {

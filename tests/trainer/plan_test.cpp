@@ -16,7 +16,8 @@ TEST(ResolvePlan, AutoPicksCpuWithoutCuda) {
 
 TEST(ResolvePlan, TypedObjectsPassThrough) {
   auto prec = std::make_shared<volt::Fp32Precision>();
-  auto plan = volt::resolve_plan(std::make_shared<volt::CpuAccelerator>(), 1, "single_device", prec);
+  auto plan =
+      volt::resolve_plan(std::make_shared<volt::CpuAccelerator>(), 1, "single_device", prec);
   EXPECT_EQ(plan.precision.get(), prec.get());
   EXPECT_EQ(plan.accelerator->name(), "cpu");
 }

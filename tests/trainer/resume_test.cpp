@@ -17,7 +17,8 @@ class SaveEveryBatch : public volt::Callback {
  public:
   explicit SaveEveryBatch(std::string dir) : dir_(std::move(dir)) {}
   std::string state_key() const override { return "SaveEveryBatch"; }
-  void on_train_batch_end(volt::RunContext& r, volt::Module&, const volt::Batch&, int64_t) override {
+  void on_train_batch_end(volt::RunContext& r, volt::Module&, const volt::Batch&,
+                          int64_t) override {
     r.save_checkpoint(dir_ + "/b" + std::to_string(r.state().total_batches_done) + ".ckpt");
   }
   void on_validation_end(volt::RunContext& r, volt::Module&) override {
@@ -45,8 +46,11 @@ RunResult train(const std::string& root, const std::string& ckpt_dir, const std:
   model.scheduler_interval = volt::Interval::kStep;
   std::vector<std::shared_ptr<volt::Callback>> cbs;
   if (!ckpt_dir.empty()) cbs.push_back(std::make_shared<SaveEveryBatch>(ckpt_dir));
-  volt::Trainer t(volt_test::quiet(root).max_epochs(3).accumulate_grad_batches(3)
-                      .val_check_interval(0.5).callbacks(cbs));
+  volt::Trainer t(volt_test::quiet(root)
+                      .max_epochs(3)
+                      .accumulate_grad_batches(3)
+                      .val_check_interval(0.5)
+                      .callbacks(cbs));
   t.fit(model, volt_test::loader(volt_test::blobs(200, 8, 1), 16, true, 1),
         volt_test::loader(volt_test::blobs(64, 8, 2), 32, false), resume);
   return {model.flat_params(), t.callback_metrics(), t.state().global_step};
@@ -58,11 +62,12 @@ TEST(ExactResume, FromEveryKindOfStopIsBitIdentical) {
   EXPECT_EQ(full.steps, 3 * 5);
   // Mid-accumulation (b1, b2, b14), on an accumulation boundary (b3), just before a due
   // validation (b6), right after it (v6), the last batch (b13), an epoch end (e0), mid-epoch 3.
-  for (const std::string name : {"b1", "b2", "b3", "b6", "v6", "b13", "e0", "b14", "v19", "e1", "b33"}) {
+  for (const std::string name :
+       {"b1", "b2", "b3", "b6", "v6", "b13", "e0", "b14", "v19", "e1", "b33"}) {
     SCOPED_TRACE(name);
     RunResult resumed = train(dir / ("r_" + name), "", dir / (name + ".ckpt"));
-    EXPECT_TRUE(resumed.params.equal(full.params)) << "max diff "
-        << (resumed.params - full.params).abs().max().item<double>();
+    EXPECT_TRUE(resumed.params.equal(full.params))
+        << "max diff " << (resumed.params - full.params).abs().max().item<double>();
     EXPECT_EQ(resumed.steps, full.steps);
     EXPECT_EQ(resumed.metrics.at("val_loss"), full.metrics.at("val_loss"));
   }
@@ -118,8 +123,10 @@ void expect_sigkill_resume_bit_identical(const std::string& accelerator) {
   run_worker({"--root", dir / "ref", "--out", dir / "ref.pt"}, 0);
   // Batch 17 of 39 is mid-epoch (epoch 1) and mid-accumulation (17 = 13 + 4).
   run_worker({"--root", dir / "run", "--out", dir / "unused.pt", "--wait-at", "17"}, 17);
-  ASSERT_EQ(::access((dir / "unused.pt").c_str(), F_OK), -1) << "the worker finished before the kill";
-  run_worker({"--root", dir / "run", "--out", dir / "resumed.pt", "--resume", dir / "run/last.ckpt"}, 0);
+  ASSERT_EQ(::access((dir / "unused.pt").c_str(), F_OK), -1)
+      << "the worker finished before the kill";
+  run_worker(
+      {"--root", dir / "run", "--out", dir / "resumed.pt", "--resume", dir / "run/last.ckpt"}, 0);
   torch::Tensor ref, resumed;
   torch::load(ref, dir / "ref.pt");
   torch::load(resumed, dir / "resumed.pt");

@@ -6,8 +6,8 @@
 #include <exception>
 #include <string>
 
-#include "volt/core/run_context.h"
 #include "volt/core/batch.h"
+#include "volt/core/run_context.h"
 
 namespace volt {
 

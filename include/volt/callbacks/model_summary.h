@@ -47,7 +47,7 @@ struct ModelSummaryTable {
   int64_t trainable_params = 0;      ///< elements of parameters with requires_grad
   int64_t non_trainable_params = 0;  ///< elements of frozen parameters
   int64_t total_params = 0;
-  int64_t total_param_bytes = 0;     ///< the parameters' bytes in their own dtypes
+  int64_t total_param_bytes = 0;  ///< the parameters' bytes in their own dtypes
   /// Parameters no row holds (registered on the model itself): Lightning's "other params" row.
   int64_t other_params = 0;
   int64_t modules_in_train_mode = 0;  ///< submodules in training mode (the model not counted)

@@ -43,7 +43,8 @@ class ProgressBar : public Callback {
   void eval_batch(RunContext& run, int64_t done);
   void eval_end(RunContext& run);
   /// "<head> done/total [elapsed<eta, rate it/s]"
-  std::string progress(const std::string& head, const Line& line, int64_t done, int64_t total) const;
+  std::string progress(const std::string& head, const Line& line, int64_t done,
+                       int64_t total) const;
   void emit(const std::string& text, bool final_line);
   double refresh_s_;
   std::FILE* out_;

@@ -3,7 +3,8 @@
 ///
 ///   int main(int argc, char** argv) {
 ///     volt::registry().models.add("MyModel", "...", volt::Params().add("lr", 1e-3, "..."),
-///                                 [](const volt::Args& a) { return std::make_shared<MyModel>(...); });
+///                                 [](const volt::Args& a) { return std::make_shared<MyModel>(...);
+///                                 });
 ///     volt::registry().data_modules.add("MyData", ...);
 ///     return volt::run_cli(argc, argv);
 ///   }

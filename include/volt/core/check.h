@@ -24,11 +24,11 @@ std::string str_cat(Args&&... args) {
 }  // namespace volt
 
 /// Throws `Type` (a volt::Error subclass) with the concatenated message when `cond` is false.
-#define VOLT_CHECK(cond, Type, ...)                         \
-  do {                                                      \
-    if (!(cond)) {                                          \
-      throw Type(::volt::detail::str_cat(__VA_ARGS__));     \
-    }                                                       \
+#define VOLT_CHECK(cond, Type, ...)                     \
+  do {                                                  \
+    if (!(cond)) {                                      \
+      throw Type(::volt::detail::str_cat(__VA_ARGS__)); \
+    }                                                   \
   } while (false)
 
 /// Throws volt::InternalError naming the failed invariant and its location.
@@ -36,6 +36,6 @@ std::string str_cat(Args&&... args) {
   do {                                                                            \
     if (!(cond)) {                                                                \
       ::volt::detail::throw_internal(#cond, __FILE__, __LINE__,                   \
-                                     ::volt::detail::str_cat("", ##__VA_ARGS__));    \
+                                     ::volt::detail::str_cat("", ##__VA_ARGS__)); \
     }                                                                             \
   } while (false)

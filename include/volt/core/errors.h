@@ -49,6 +49,12 @@ class DistributedError : public Error {
   using Error::Error;
 };
 
+/// A profiler region used out of order: stop() of a region that is not open.
+class ProfilerError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A volt bug: an invariant that should hold did not.
 class InternalError : public Error {
  public:

@@ -10,8 +10,8 @@ namespace volt {
 /// An int is a batch count, a double a fraction in [0, 1] of the available batches.
 class Limit {
  public:
-  Limit(int count) : count_(count), fraction_(0), is_fraction_(false) {}  // NOLINT
-  Limit(int64_t count) : count_(count), fraction_(0), is_fraction_(false) {}  // NOLINT
+  Limit(int count) : count_(count), fraction_(0), is_fraction_(false) {}          // NOLINT
+  Limit(int64_t count) : count_(count), fraction_(0), is_fraction_(false) {}      // NOLINT
   Limit(double fraction) : count_(0), fraction_(fraction), is_fraction_(true) {}  // NOLINT
 
   bool is_fraction() const { return is_fraction_; }

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "volt/core/run_context.h"
 #include "volt/core/batch.h"
 #include "volt/core/optimizer_config.h"
+#include "volt/core/run_context.h"
 
 namespace volt {
 

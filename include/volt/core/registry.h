@@ -6,7 +6,8 @@
 ///
 ///   volt::registry().models.add(
 ///       "MyModel", "a two-layer MLP",
-///       volt::Params().add("lr", 1e-3, "learning rate").required<int64_t>("width", "hidden units"),
+///       volt::Params().add("lr", 1e-3, "learning rate").required<int64_t>("width", "hidden
+///       units"),
 ///       [](const volt::Args& a) {
 ///         return std::make_shared<MyModel>(a.get<int64_t>("width"), a.get<double>("lr"));
 ///       });
@@ -41,8 +42,9 @@ enum class ParamType { kBool, kInt, kFloat, kString, kIntList, kFloatList, kStri
 const char* param_type_name(ParamType type);
 
 /// A parameter value; std::monostate is "none" (a nullable parameter left unset).
-using ParamValue = std::variant<std::monostate, bool, int64_t, double, std::string,
-                                std::vector<int64_t>, std::vector<double>, std::vector<std::string>>;
+using ParamValue =
+    std::variant<std::monostate, bool, int64_t, double, std::string, std::vector<int64_t>,
+                 std::vector<double>, std::vector<std::string>>;
 
 /// The ParamType a (non-none) value holds.
 ParamType param_value_type(const ParamValue& value);
@@ -52,9 +54,9 @@ struct ParamSpec {
   std::string name;
   ParamType type = ParamType::kString;
   bool required = false;
-  bool nullable = false;            ///< "none" is a valid value (the default of optional<T>())
-  ParamValue default_value;         ///< monostate when required or nullable-without-default
-  std::vector<std::string> choices; ///< for strings: the only valid values (empty = any)
+  bool nullable = false;             ///< "none" is a valid value (the default of optional<T>())
+  ParamValue default_value;          ///< monostate when required or nullable-without-default
+  std::vector<std::string> choices;  ///< for strings: the only valid values (empty = any)
   std::string help;
 };
 
@@ -73,7 +75,8 @@ class Params {
   /// A string parameter restricted to `choices` (e.g. mode: "min" | "max").
   Params& choice(std::string name, std::string default_value, std::vector<std::string> choices,
                  std::string help);
-  /// An int-or-float parameter (read with Args::holds<int64_t> / get); default an int64_t or double.
+  /// An int-or-float parameter (read with Args::holds<int64_t> / get); default an int64_t or
+  /// double.
   Params& number(std::string name, ParamValue default_value, std::string help);
   /// A parameter with no default: the config must set it.
   template <typename T>
@@ -92,12 +95,18 @@ class Params {
 
   template <typename T>
   static constexpr ParamType type_of() {
-    if constexpr (std::is_same_v<T, bool>) return ParamType::kBool;
-    else if constexpr (std::is_same_v<T, int64_t>) return ParamType::kInt;
-    else if constexpr (std::is_same_v<T, double>) return ParamType::kFloat;
-    else if constexpr (std::is_same_v<T, std::string>) return ParamType::kString;
-    else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return ParamType::kIntList;
-    else if constexpr (std::is_same_v<T, std::vector<double>>) return ParamType::kFloatList;
+    if constexpr (std::is_same_v<T, bool>)
+      return ParamType::kBool;
+    else if constexpr (std::is_same_v<T, int64_t>)
+      return ParamType::kInt;
+    else if constexpr (std::is_same_v<T, double>)
+      return ParamType::kFloat;
+    else if constexpr (std::is_same_v<T, std::string>)
+      return ParamType::kString;
+    else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+      return ParamType::kIntList;
+    else if constexpr (std::is_same_v<T, std::vector<double>>)
+      return ParamType::kFloatList;
     else {
       static_assert(std::is_same_v<T, std::vector<std::string>>,
                     "volt::Params: use bool, int64_t, double, std::string or a std::vector of "
@@ -240,6 +249,5 @@ struct Registry {
 
 /// The process-wide registry, with volt's built-ins registered.
 Registry& registry();
-
 
 }  // namespace volt

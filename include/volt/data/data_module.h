@@ -3,8 +3,8 @@
 
 #include <c10/util/Optional.h>
 
-#include "volt/data/data_loader.h"
 #include "volt/core/types.h"
+#include "volt/data/data_loader.h"
 
 namespace volt {
 

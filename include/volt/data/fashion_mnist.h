@@ -1,5 +1,6 @@
 #pragma once
-/// Fashion-MNIST (and MNIST) from the IDX files, gzipped or not, e.g. Debian's dataset-fashion-mnist.
+/// Fashion-MNIST (and MNIST) from the IDX files, gzipped or not, e.g. Debian's
+/// dataset-fashion-mnist.
 
 #include <string>
 

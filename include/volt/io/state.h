@@ -16,8 +16,7 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
 
 /// Writes the optimizer's param-group options (lr, betas, ...) and per-parameter state keyed
 /// by the parameter's name in `module` (libtorch itself keys it by pointer address).
-void save_optimizer_state(const torch::optim::Optimizer& optimizer,
-                          const torch::nn::Module& module,
+void save_optimizer_state(const torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
                           torch::serialize::OutputArchive& archive);
 /// Restores what save_optimizer_state wrote into an optimizer over the same named parameters.
 /// Supports SGD, Adam, AdamW, RMSprop, Adagrad and volt's fused optimizers (FusedOptimizer);

@@ -88,8 +88,8 @@ SdpaResult fused_sdpa(const at::Tensor& query, const at::Tensor& key, const at::
 /// The plain libtorch composition (matmul, mask, softmax, dropout, matmul) with exactly the
 /// semantics of fused_sdpa; differentiable by autograd; any dtype and device. The reference for
 /// tests and the fallback path. Returns the same outputs as fused_sdpa.
-SdpaResult sdpa_reference(const at::Tensor& query, const at::Tensor& key,
-                          const at::Tensor& value, const SdpaOptions& options = {});
+SdpaResult sdpa_reference(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                          const SdpaOptions& options = {});
 
 /// The dropout keep-mask (bool [B, H, Lq, Lk]) that seed `seed` yields: element (b,h,i,j) is
 /// kept with probability 1 - p, decided by a counter-based hash of (seed, index).

@@ -10,13 +10,6 @@
 
 namespace volt {
 
-/// A profiler region used out of order: stop() of a region that is not open. (Declared here,
-/// not in core/errors.h, so that adding it did not rebuild every translation unit.)
-class ProfilerError : public Error {
- public:
-  using Error::Error;
-};
-
 class ProfileRegion;
 
 class Profiler {

@@ -17,7 +17,7 @@ struct RunPlan {
   std::shared_ptr<Accelerator> accelerator;
   std::shared_ptr<Precision> precision;
   std::shared_ptr<Strategy> strategy;
-  int64_t devices = 1;    ///< processes per node
+  int64_t devices = 1;  ///< processes per node
   int64_t num_nodes = 1;
 };
 

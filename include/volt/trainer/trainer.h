@@ -73,5 +73,4 @@ class Trainer {
 /// Seeds torch's global generator (and returns the seed) — Lightning's seed_everything.
 uint64_t seed_everything(uint64_t seed);
 
-
 }  // namespace volt

@@ -121,7 +121,6 @@ struct TrainerOptions {
   /// the strategy's (TorchCheckpointIO unless it was given another). Default: null.
   TORCH_ARG(std::shared_ptr<CheckpointIO>, checkpoint_io);
 
-
  public:
   /// Throws ConfigError on the first invalid value.
   void validate() const;

@@ -39,9 +39,9 @@ ConfigNode& ConfigNode::field(const std::string& key, const std::string& origin)
 }
 
 void ConfigNode::erase(const std::string& key) {
-  fields.erase(std::remove_if(fields.begin(), fields.end(),
-                              [&](const auto& f) { return f.first == key; }),
-               fields.end());
+  fields.erase(
+      std::remove_if(fields.begin(), fields.end(), [&](const auto& f) { return f.first == key; }),
+      fields.end());
 }
 
 std::string ConfigNode::describe() const {
@@ -83,9 +83,7 @@ ConfigNode convert(const YAML::Node& y, const std::string& source) {
   n.origin = where(source, y.Mark());
   switch (y.Type()) {
     case YAML::NodeType::Undefined:
-    case YAML::NodeType::Null:
-      n.kind = ConfigNode::Kind::kNull;
-      break;
+    case YAML::NodeType::Null: n.kind = ConfigNode::Kind::kNull; break;
     case YAML::NodeType::Scalar:
       n.kind = ConfigNode::Kind::kScalar;
       n.scalar = y.Scalar();
@@ -101,9 +99,8 @@ ConfigNode convert(const YAML::Node& y, const std::string& source) {
         VOLT_CHECK(kv.first.IsScalar(), ConfigError, "[cli] ", where(source, kv.first.Mark()),
                    ": a mapping key must be a plain name; write key: value.");
         const std::string key = kv.first.Scalar();
-        VOLT_CHECK(n.find(key) == nullptr, ConfigError, "[cli] ",
-                   where(source, kv.first.Mark()), ": key \"", key,
-                   "\" appears twice in one mapping; keep one.");
+        VOLT_CHECK(n.find(key) == nullptr, ConfigError, "[cli] ", where(source, kv.first.Mark()),
+                   ": key \"", key, "\" appears twice in one mapping; keep one.");
         n.fields.emplace_back(key, convert(kv.second, source));
       }
       break;

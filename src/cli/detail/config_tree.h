@@ -13,9 +13,9 @@ namespace detail {
 struct ConfigNode {
   enum class Kind { kNull, kScalar, kList, kMap };
   Kind kind = Kind::kNull;
-  std::string scalar;  // kScalar: the text as written
-  bool quoted = false; // kScalar: written in quotes (never null)
-  std::vector<ConfigNode> items;                           // kList
+  std::string scalar;             // kScalar: the text as written
+  bool quoted = false;            // kScalar: written in quotes (never null)
+  std::vector<ConfigNode> items;  // kList
   std::vector<std::pair<std::string, ConfigNode>> fields;  // kMap, in file order
   std::string origin;  // "run.yaml:3:15" or "--trainer.max_epochs=3"
 

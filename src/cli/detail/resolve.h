@@ -31,7 +31,8 @@ struct ResolvedConfig {
   std::optional<ComponentConfig> checkpoint_io;
   /// trainer.strategy given as {class_path, init_args} (a plain name stays in `trainer`).
   std::optional<ComponentConfig> strategy;
-  /// trainer.precision given as a component (class_path + init_args), e.g. bf16-mixed with op lists.
+  /// trainer.precision given as a component (class_path + init_args), e.g. bf16-mixed with op
+  /// lists.
   std::optional<ComponentConfig> precision;
   ComponentConfig model;
   ComponentConfig data;

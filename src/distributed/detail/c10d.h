@@ -33,7 +33,7 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Backend> backend;
 #endif
   std::shared_ptr<gloo::transport::Device> device;  // reused by subgroups (new_group)
-  std::string address;       // MASTER_ADDR:MASTER_PORT, for messages
+  std::string address;                              // MASTER_ADDR:MASTER_PORT, for messages
   std::string gloo_address;  // where this rank's Gloo device listens, for messages
   // Set by the first failed collective; later calls fail at once with it.
   std::string broken;

@@ -94,7 +94,9 @@ VOLT_ALWAYS_INLINE uint32_t bf_rounded(float x) {
   std::memcpy(&u, &x, sizeof u);
   return (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
 }
-VOLT_ALWAYS_INLINE uint16_t bf_bits(float x) { return static_cast<uint16_t>(bf_rounded(x) >> 16); }
+VOLT_ALWAYS_INLINE uint16_t bf_bits(float x) {
+  return static_cast<uint16_t>(bf_rounded(x) >> 16);
+}
 VOLT_ALWAYS_INLINE float bf_float(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
   float x;
@@ -315,8 +317,7 @@ TensorChunk::Kernel adam_for(bool amsgrad, AdamDecay decay) {
 template <typename T, bool W>
 TensorChunk::Kernel sgd_for(SgdMomentum momentum, bool nesterov) {
   switch (momentum) {
-    case SgdMomentum::kNone:
-      return pick<&sgd_body<T, W, SgdMomentum::kNone, false>>();
+    case SgdMomentum::kNone: return pick<&sgd_body<T, W, SgdMomentum::kNone, false>>();
     case SgdMomentum::kFirst:
       return nesterov ? pick<&sgd_body<T, W, SgdMomentum::kFirst, true>>()
                       : pick<&sgd_body<T, W, SgdMomentum::kFirst, false>>();

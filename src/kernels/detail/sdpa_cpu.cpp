@@ -49,8 +49,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 #ifdef VOLT_HAVE_BLAS
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
                        const int* k, const float* alpha, const float* a, const int* lda,
-                       const float* b, const int* ldb, const float* beta, float* c,
-                       const int* ldc);
+                       const float* b, const int* ldb, const float* beta, float* c, const int* ldc);
 #endif
 
 // Tile GEMMs (64x128x64 and alike, ~1 MFLOP) must run on the calling thread: the kernel already
@@ -79,15 +78,14 @@ struct OneDnn {
 OneDnn find_onednn() {
   OneDnn o;
   auto sgemm = reinterpret_cast<DnnlSgemm>(dlsym(RTLD_DEFAULT, "dnnl_sgemm"));
-  auto version =
-      reinterpret_cast<const DnnlVersion* (*)()>(dlsym(RTLD_DEFAULT, "dnnl_version"));
+  auto version = reinterpret_cast<const DnnlVersion* (*)()>(dlsym(RTLD_DEFAULT, "dnnl_version"));
   if (!sgemm || !version) {
     o.why_not = "oneDNN's dnnl_sgemm is not loaded in this process";
     return o;
   }
   const DnnlVersion* v = version();
-  const std::string name = "oneDNN " + std::to_string(v->major) + "." +
-                           std::to_string(v->minor) + "." + std::to_string(v->patch);
+  const std::string name = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
+                           "." + std::to_string(v->patch);
   if (v->major < 1) {
     o.why_not = name + " predates the dnnl_sgemm signature volt calls (1.0)";
   } else if (v->cpu_runtime != kDnnlRuntimeSeq && v->cpu_runtime != kDnnlRuntimeOmp) {
@@ -400,8 +398,8 @@ VOLT_AI void forward_streaming(const SdpaProblem& p, int64_t bh, ForwardScratch&
 }
 
 template <bool kFast>
-VOLT_AI void forward_materialised(const SdpaProblem& p, int64_t bh, ForwardScratch& w,
-                                  float* out, float* lse, float* probs, bool* keep) {
+VOLT_AI void forward_materialised(const SdpaProblem& p, int64_t bh, ForwardScratch& w, float* out,
+                                  float* lse, float* probs, bool* keep) {
   const int64_t b = bh / p.heads, h = bh % p.heads;
   const float* Q = p.q + bh * p.lq * p.d;
   const float* K = p.k + bh * p.lk * p.d;
@@ -427,8 +425,9 @@ VOLT_AI void forward_materialised(const SdpaProblem& p, int64_t bh, ForwardScrat
       if (mx == kNegInf && !has_nan(x, p.lk)) {
         std::fill(x, x + p.lk, 0.0f);
         if (dropout) std::fill(pd, pd + p.lk, 0.0f);
-        if (keep) keep_factors(p, bh * p.lq + i0 + r, 0, p.lk, w.z.data(),
-                               keep + (bh * p.lq + i0 + r) * p.lk);
+        if (keep)
+          keep_factors(p, bh * p.lq + i0 + r, 0, p.lk, w.z.data(),
+                       keep + (bh * p.lq + i0 + r) * p.lk);
         L[i0 + r] = kNegInf;
         continue;
       }
@@ -455,8 +454,8 @@ struct BackwardScratch {
 
 template <bool kFast>
 VOLT_AI void backward_bh(const SdpaProblem& p, int64_t bh, BackwardScratch& w, const float* out,
-                         const float* dout, const float* lse, const float* probs,
-                         const bool* keep, float* dq, float* dk, float* dv) {
+                         const float* dout, const float* lse, const float* probs, const bool* keep,
+                         float* dq, float* dk, float* dv) {
   const int64_t b = bh / p.heads, h = bh % p.heads;
   const float* Q = p.q + bh * p.lq * p.d;
   const float* K = p.k + bh * p.lk * p.d;
@@ -492,8 +491,8 @@ VOLT_AI void backward_bh(const SdpaProblem& p, int64_t bh, BackwardScratch& w, c
         ldp = p.lk;
       } else {
         float* S = w.s.data();
-        gemm(false, true, rows, cols, p.d, p.scale, Q + i0 * p.d, p.d, K + j0 * p.d, p.d, 0.0f,
-             S, kBlockCols);
+        gemm(false, true, rows, cols, p.d, p.scale, Q + i0 * p.d, p.d, K + j0 * p.d, p.d, 0.0f, S,
+             kBlockCols);
         for (int64_t r = 0; r < rows; ++r) {
           float* x = S + r * kBlockCols;
           if (L[i0 + r] == kNegInf) {
@@ -529,8 +528,8 @@ VOLT_AI void backward_bh(const SdpaProblem& p, int64_t bh, BackwardScratch& w, c
            p.dv);
       // dPd = dO_i V_j^T
       float* dP = w.dp.data();
-      gemm(false, true, rows, cols, p.dv, 1.0f, dO + i0 * p.dv, p.dv, V + j0 * p.dv, p.dv, 0.0f,
-           dP, kBlockCols);
+      gemm(false, true, rows, cols, p.dv, 1.0f, dO + i0 * p.dv, p.dv, V + j0 * p.dv, p.dv, 0.0f, dP,
+           kBlockCols);
       // dS = P * (dPd * z - D_i)
       for (int64_t r = 0; r < rows; ++r) {
         float* g = dP + r * kBlockCols;
@@ -556,26 +555,25 @@ VOLT_AI void backward_bh(const SdpaProblem& p, int64_t bh, BackwardScratch& w, c
 
 // The same bodies compiled for AVX2+FMA and for baseline x86-64 (lambdas would not inherit the
 // target attribute, hence plain functions).
-#define VOLT_SDPA_VARIANT(NAME, ATTR)                                                          \
-  ATTR void NAME##_forward(const SdpaProblem& p, int64_t bh, ForwardScratch& w, float* out,    \
-                           float* lse, float* probs, bool* keep) {                             \
-    if (probs) {                                                                               \
-      p.fast_exp ? forward_materialised<true>(p, bh, w, out, lse, probs, keep)                 \
-                 : forward_materialised<false>(p, bh, w, out, lse, probs, keep);               \
-    } else {                                                                                   \
-      p.fast_exp ? forward_streaming<true>(p, bh, w, out, lse)                                 \
-                 : forward_streaming<false>(p, bh, w, out, lse);                               \
-    }                                                                                          \
-  }                                                                                            \
-  ATTR void NAME##_backward(const SdpaProblem& p, int64_t bh, BackwardScratch& w,              \
-                            const float* out, const float* dout, const float* lse,             \
-                            const float* probs, const bool* keep, float* dq, float* dk,        \
-                            float* dv) {                                                       \
-    p.fast_exp ? backward_bh<true>(p, bh, w, out, dout, lse, probs, keep, dq, dk, dv)          \
-               : backward_bh<false>(p, bh, w, out, dout, lse, probs, keep, dq, dk, dv);        \
-  }                                                                                            \
-  ATTR float NAME##_exp(float x, bool fast) {                                                  \
-    return fast ? exp_impl<true>(x) : exp_impl<false>(x);                                     \
+#define VOLT_SDPA_VARIANT(NAME, ATTR)                                                            \
+  ATTR void NAME##_forward(const SdpaProblem& p, int64_t bh, ForwardScratch& w, float* out,      \
+                           float* lse, float* probs, bool* keep) {                               \
+    if (probs) {                                                                                 \
+      p.fast_exp ? forward_materialised<true>(p, bh, w, out, lse, probs, keep)                   \
+                 : forward_materialised<false>(p, bh, w, out, lse, probs, keep);                 \
+    } else {                                                                                     \
+      p.fast_exp ? forward_streaming<true>(p, bh, w, out, lse)                                   \
+                 : forward_streaming<false>(p, bh, w, out, lse);                                 \
+    }                                                                                            \
+  }                                                                                              \
+  ATTR void NAME##_backward(                                                                     \
+      const SdpaProblem& p, int64_t bh, BackwardScratch& w, const float* out, const float* dout, \
+      const float* lse, const float* probs, const bool* keep, float* dq, float* dk, float* dv) { \
+    p.fast_exp ? backward_bh<true>(p, bh, w, out, dout, lse, probs, keep, dq, dk, dv)            \
+               : backward_bh<false>(p, bh, w, out, dout, lse, probs, keep, dq, dk, dv);          \
+  }                                                                                              \
+  ATTR float NAME##_exp(float x, bool fast) {                                                    \
+    return fast ? exp_impl<true>(x) : exp_impl<false>(x);                                        \
   }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -585,7 +583,9 @@ bool use_avx2() {
   return ok;
 }
 #else
-bool use_avx2() { return false; }
+bool use_avx2() {
+  return false;
+}
 #endif
 VOLT_SDPA_VARIANT(generic, )
 
@@ -633,8 +633,8 @@ void sdpa_backward(const SdpaProblem& p, const float* out, const float* dout, co
   });
 }
 
-void sdpa_dropout_keep(int64_t batch, int64_t heads, int64_t lq, int64_t lk, float p,
-                       uint64_t seed, bool* keep) {
+void sdpa_dropout_keep(int64_t batch, int64_t heads, int64_t lq, int64_t lk, float p, uint64_t seed,
+                       bool* keep) {
   const uint32_t threshold = keep_threshold(p);
   at::parallel_for(0, batch * heads * lq, 64, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
@@ -644,7 +644,9 @@ void sdpa_dropout_keep(int64_t batch, int64_t heads, int64_t lq, int64_t lk, flo
   });
 }
 
-float sdpa_exp(float x, bool fast) { return VOLT_SDPA_CALL(exp, x, fast); }
+float sdpa_exp(float x, bool fast) {
+  return VOLT_SDPA_CALL(exp, x, fast);
+}
 
 const char* sdpa_gemm_name(SdpaGemm g) {
   switch (g) {
@@ -666,8 +668,7 @@ bool sdpa_gemm_available(SdpaGemm g, const char** why_not) {
       reason = "volt was built without a BLAS library";
 #endif
       break;
-    case SdpaGemm::kAten:
-      break;
+    case SdpaGemm::kAten: break;
   }
   if (reason && why_not) *why_not = reason;
   return reason == nullptr;
@@ -705,12 +706,10 @@ void sdpa_gemm(SdpaGemm g, bool ta, bool tb, int64_t m, int64_t n, int64_t k, fl
     case SdpaGemm::kAten: {
       // On borrowed buffers; slower (dispatcher overhead per tile).
       auto f32 = at::TensorOptions().dtype(at::kFloat);
-      at::Tensor A = at::from_blob(const_cast<float*>(a), ta ? at::IntArrayRef{k, m}
-                                                             : at::IntArrayRef{m, k},
-                                   {lda, 1}, f32);
-      at::Tensor B = at::from_blob(const_cast<float*>(b), tb ? at::IntArrayRef{n, k}
-                                                             : at::IntArrayRef{k, n},
-                                   {ldb, 1}, f32);
+      at::Tensor A = at::from_blob(
+          const_cast<float*>(a), ta ? at::IntArrayRef{k, m} : at::IntArrayRef{m, k}, {lda, 1}, f32);
+      at::Tensor B = at::from_blob(
+          const_cast<float*>(b), tb ? at::IntArrayRef{n, k} : at::IntArrayRef{k, n}, {ldb, 1}, f32);
       at::Tensor C = at::from_blob(c, {m, n}, {ldc, 1}, f32);
       if (ta) A = A.t();
       if (tb) B = B.t();

@@ -38,8 +38,8 @@ void sdpa_backward(const SdpaProblem& p, const float* out, const float* dout, co
                    const float* probs, const bool* keep, float* dq, float* dk, float* dv);
 
 /// Fills keep[B*H*Lq*Lk] with the dropout decisions of (seed, p): the same ones the kernel uses.
-void sdpa_dropout_keep(int64_t batch, int64_t heads, int64_t lq, int64_t lk, float p,
-                       uint64_t seed, bool* keep);
+void sdpa_dropout_keep(int64_t batch, int64_t heads, int64_t lq, int64_t lk, float p, uint64_t seed,
+                       bool* keep);
 
 /// exp(x) as the kernel evaluates it (exact or fast); exposed to measure its error.
 float sdpa_exp(float x, bool fast);

@@ -16,17 +16,15 @@ struct Fp8DelayedState {
   DelayedScalingOptions recipe;
 };
 
-
 /// y = x W^T + b with x, W on the E4M3 grid and the incoming gradient on the E5M2 (or E4M3)
 /// grid, scales from the amax history; `training` records this step's amax and advances the
 /// recipe. Output bf16.
-at::Tensor fp8_linear_delayed(const at::Tensor& x, const at::Tensor& weight,
-                              const at::Tensor& bias, const Fp8DelayedState& state,
-                              bool training);
+at::Tensor fp8_linear_delayed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                              const Fp8DelayedState& state, bool training);
 
 /// y = x W^T + b with x and W on the E4M3 grid under fixed scales {input, weight} (quantized
 /// inference). Output bf16.
-at::Tensor fp8_linear_static(const at::Tensor& x, const at::Tensor& weight,
-                             const at::Tensor& bias, const at::Tensor& scales);
+at::Tensor fp8_linear_static(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                             const at::Tensor& scales);
 
 }  // namespace volt::detail

@@ -27,10 +27,10 @@ struct Fp8Layer {
   std::weak_ptr<torch::nn::Module> module;
   std::string name;
   Fp8Mode mode = Fp8Mode::kTrain;
-  Fp8DelayedState delayed;  ///< kTrain
-  at::Tensor stats;         ///< kMeasure: [3] running max-abs of input, weight, output
+  Fp8DelayedState delayed;        ///< kTrain
+  at::Tensor stats;               ///< kMeasure: [3] running max-abs of input, weight, output
   std::atomic<int64_t> calls{0};  ///< kMeasure: forwards observed
-  at::Tensor scales;        ///< kQuantize: [2] input, weight
+  at::Tensor scales;              ///< kQuantize: [2] input, weight
 };
 
 /// Makes `layer` the fp8 identity of the Linear whose weight is `weight` (replacing any). Found
@@ -55,10 +55,12 @@ std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>> line
     torch::nn::Module& model);
 /// Throws ConfigError "[component] <list> names "x", which is not a Linear of this model; its
 /// Linear layers are: ..." for the first of `names` that is none of `linears`.
-void check_linear_names(const std::vector<std::string>& names,
-                        const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>>& linears,
-                        const char* component, const char* list);
+void check_linear_names(
+    const std::vector<std::string>& names,
+    const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>>& linears,
+    const char* component, const char* list);
 /// `module`'s buffer `name`, registered from `init` when absent.
-at::Tensor ensure_buffer(torch::nn::Module& module, const std::string& name, const at::Tensor& init);
+at::Tensor ensure_buffer(torch::nn::Module& module, const std::string& name,
+                         const at::Tensor& init);
 
 }  // namespace volt::detail

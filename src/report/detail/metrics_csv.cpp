@@ -33,7 +33,9 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b);
 }
 
-bool is_blank(const CsvRecord& r) { return r.cells.size() == 1 && trim(r.cells[0]).empty(); }
+bool is_blank(const CsvRecord& r) {
+  return r.cells.size() == 1 && trim(r.cells[0]).empty();
+}
 
 bool parse_number(const std::string& text, double* out) {
   const std::string s = trim(text);

@@ -61,7 +61,9 @@ std::string format_value(double v) {
   return (v < 0 ? "-" : "") + digits;
 }
 
-std::string format_step(double s) { return format_number("%.0f", s); }
+std::string format_step(double s) {
+  return format_number("%.0f", s);
+}
 
 namespace {
 
@@ -189,7 +191,9 @@ std::vector<Point> smooth(const std::vector<Point>& pts, double weight) {
   return out;
 }
 
-const char* series_colour(size_t k) { return kPalette[k % (sizeof kPalette / sizeof kPalette[0])]; }
+const char* series_colour(size_t k) {
+  return kPalette[k % (sizeof kPalette / sizeof kPalette[0])];
+}
 
 void write_svg_plot(const PlotSpec& spec, std::ostream& os, std::ostream& json) {
   auto f1 = [](double v) { return format_number("%.1f", v); };

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "volt/core/run_context.h"
 #include "volt/core/loop_state.h"
+#include "volt/core/run_context.h"
 
 namespace volt {
 namespace detail {

@@ -70,7 +70,7 @@ class Run : public RunContext {
   mutable bool cache_dirty = true;
   Clock::time_point fit_start;
   bool fast_dev = false;
-  Profiler* prof = nullptr;  // opts.profiler(), or null
+  Profiler* prof = nullptr;           // opts.profiler(), or null
   PassThroughProfiler pass_through_;  // profiler() when prof is null
   const std::vector<std::shared_ptr<Logger>> no_loggers_;
   /// With several processes: the run folder rank 0 chose, shared at set-up (other ranks never

@@ -20,8 +20,11 @@ int main() {
   auto x = torch::randn({64, 2});
   auto y = x.matmul(torch::tensor({{2.0f}, {-1.0f}}));
   Linear1 m;
-  volt::Trainer trainer(volt::TrainerOptions().max_epochs(30).logger(false)
-                            .enable_checkpointing(false).enable_progress_bar(false));
+  volt::Trainer trainer(volt::TrainerOptions()
+                            .max_epochs(30)
+                            .logger(false)
+                            .enable_checkpointing(false)
+                            .enable_progress_bar(false));
   trainer.fit(m, volt::DataLoader(std::make_shared<volt::TensorDataset>(x, y),
                                   volt::DataLoaderOptions(16)));
   const double loss = torch::mse_loss(m.fc->forward(x), y).item<double>();
