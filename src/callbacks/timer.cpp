@@ -25,7 +25,9 @@ double Timer::parse_duration(const std::string& s) {
   std::vector<int64_t> parts;
   bool ok = true;
   while (std::getline(ss, part, ':')) {
-    ok = ok && !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
+    // At most 18 digits: every such number fits an int64 (std::stoll throws past it).
+    ok = ok && !part.empty() && part.size() <= 18 &&
+         part.find_first_not_of("0123456789") == std::string::npos;
     if (ok) parts.push_back(std::stoll(part));
   }
   VOLT_CHECK(ok && parts.size() == 4, ConfigError, "[Timer] duration \"", s,

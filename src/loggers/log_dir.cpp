@@ -39,7 +39,11 @@ int64_t next_version(const std::string& root) {
       const std::string n = e->d_name;
       if (n.rfind("version_", 0) != 0) continue;
       const std::string digits = n.substr(8);
-      if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      // Not volt's: no number, or one past int64 (18 digits always fit; std::stoll throws beyond).
+      if (digits.empty() || digits.size() > 18 ||
+          digits.find_first_not_of("0123456789") != std::string::npos) {
+        continue;
+      }
       next = std::max<int64_t>(next, std::stoll(digits) + 1);
     }
     ::closedir(d);

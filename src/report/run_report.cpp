@@ -104,7 +104,8 @@ Source find_source(const std::string& run_dir) {
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
       const std::string name = e->d_name;
-      if (name.rfind("version_", 0) != 0 || name.size() == 8 ||
+      // version_<up to 18 digits>: every such number fits an int64 (std::stoll throws beyond).
+      if (name.rfind("version_", 0) != 0 || name.size() == 8 || name.size() > 8 + 18 ||
           name.find_first_not_of("0123456789", 8) != std::string::npos) {
         continue;
       }

@@ -303,13 +303,16 @@ TEST(RunReportPlot, SmoothingIsADebiasedMovingAverageThatSkipsGaps) {
 TEST(RunReport, UsesTheNewestVersionFolderAndSaysSo) {
   volt_test::TempDir dir;
   const std::string root = dir / "volt_logs";
-  for (const char* v : {"version_0", "version_2", "version_10", "version_11", "version_x"}) {
+  for (const char* v : {"version_0", "version_2", "version_10", "version_11", "version_x",
+                        "version_99999999999999999999"}) {
     mkdir_p(root + "/" + v);
   }
   spit(root + "/version_0/metrics.csv", "step,old_metric\n0,1\n");
   spit(root + "/version_2/metrics.csv", "step,old_metric\n0,2\n");
   spit(root + "/version_10/metrics.csv", "step,train_loss\n0,1\n1,0.5\n");
   spit(root + "/version_x/metrics.csv", "step,not_a_version\n0,1\n");
+  // Past int64: not a version (std::out_of_range escaped before session 22).
+  spit(root + "/version_99999999999999999999/metrics.csv", "step,huge\n0,1\n");
   // version_11 has no metrics.csv (a run that died before logging): skipped.
   const std::string path = volt::write_run_report(root + "/");
   EXPECT_EQ(path, root + "/report.html");
