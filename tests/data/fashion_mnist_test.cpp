@@ -67,4 +67,43 @@ TEST(FashionMnist, TruncatedAndCorruptedFilesAreDataErrors) {
   EXPECT_EQ(volt::read_idx_file(dir / "full.gz").sizes(), (std::vector<int64_t>{2, 28, 28}));
 }
 
+std::string error_of(const std::string& path) {
+  try {
+    volt::read_idx_file(path);
+  } catch (const volt::DataError& e) {
+    return e.what();
+  }
+  return "no DataError";
+}
+
+// Headers that lie (session 22): sizes whose product passes 64 bits (four 65536s make 2^64, which
+// wrapped to 0 and matched an empty body: libtorch then refused the sizes with its own c10::Error),
+// a body longer than promised, and a gzip stream inflating far past the claim, read no further
+// than the claim plus one byte.
+TEST(FashionMnist, HeadersThatLieAreDataErrorsAndBoundTheRead) {
+  volt_test::TempDir dir;
+  const std::string huge(
+      "\x00\x00\x08\x04\x00\x01\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00"
+      "\x00\x01\x00\x00",
+      20);
+  write_gz(dir / "huge.gz", huge);
+  EXPECT_NE(error_of(dir / "huge.gz").find("the sizes in its header overflow 64 bits"),
+            std::string::npos)
+      << error_of(dir / "huge.gz");
+
+  const std::string header("\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x1c\x00\x00\x00\x1c", 16);
+  write_gz(dir / "long.gz", header + std::string(2 * 28 * 28 + 5, '\x05'));
+  EXPECT_NE(error_of(dir / "long.gz")
+                .find("holds more than 1568 data bytes but its header "
+                      "promises 1568"),
+            std::string::npos)
+      << error_of(dir / "long.gz");
+
+  // 10 bytes promised, 64 MiB of zeros behind them (64 KiB of gzip).
+  write_gz(dir / "bomb.gz", std::string("\x00\x00\x08\x01\x00\x00\x00\x0a", 8) +
+                                std::string(size_t{64} << 20, '\0'));
+  EXPECT_NE(error_of(dir / "bomb.gz").find("holds more than 10 data bytes"), std::string::npos)
+      << error_of(dir / "bomb.gz");
+}
+
 }  // namespace
