@@ -224,8 +224,9 @@ Fp8ConversionReport quantize_fp8(torch::nn::Module& model, const QuantConfig& co
   const json j =
       detail::parse_json_bounded(detail::read_bounded(in, "Fp8Inference", source), "Fp8Inference",
                                  source, {}, "re-run the measurement step");
-  VOLT_CHECK(j.is_object() && j.value("format", "") == kFormat && j.contains("modules") &&
-                 j["modules"].is_object(),
+  // Not j.value("format", ""): it throws nlohmann's type_error when "format" is not a string.
+  VOLT_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() &&
+                 j["format"] == kFormat && j.contains("modules") && j["modules"].is_object(),
              ConfigError, "[Fp8Inference] \"", file, "\" is not a volt fp8 measurements file ",
              "(format \"", kFormat, "\" with a \"modules\" object); re-run the measurement step.");
   const json& measured = j["modules"];

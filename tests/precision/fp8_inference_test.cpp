@@ -166,6 +166,9 @@ TEST(Fp8Quantize, EveryWayTheMeasurementsCanBeWrongIsAClearError) {
             std::string::npos);
   EXPECT_NE(quantize(R"({"modules": {}})").find("is not a volt fp8 measurements file"),
             std::string::npos);
+  // A "format" that is not a string (nlohmann's type_error escaped before session 22).
+  EXPECT_NE(quantize(R"({"format": 3, "modules": {}})").find("is not a volt fp8 measurements file"),
+            std::string::npos);
   std::string other = kMeasurements;
   other.replace(other.find("\"fc2\""), 5, "\"enc.fc9\"");
   EXPECT_NE(quantize(other).find("holds measurements of layer \"enc.fc9\", which this model does "
