@@ -433,6 +433,24 @@ Loaded& loaded() {
   return *l;
 }
 
+// What a kernel is, as the loaded and failed maps and the disk cache key it: everything that
+// changes the library (format, volt version, compiler, flags, glibc, CPU model, the generated
+// body) and, for reading, its name and input forms.
+std::string kernel_key(const std::string& name, const std::string& forms, const std::string& body) {
+  std::string flags;
+  for (const auto& f : kFlags) flags += f + " ";
+#ifdef VOLT_VERSION_STRING
+  const char* version = VOLT_VERSION_STRING;
+#else
+  const char* version = "unknown";
+#endif
+  std::ostringstream key;
+  key << kFormat << "|volt " << version << "|" << name << "|" << forms << "|" << compiler().identity
+      << "|" << flags << "|glibc " << ::gnu_get_libc_version() << "|" << detail::cpu_model_name()
+      << "|body " << detail::stable_hash_hex(body);
+  return key.str();
+}
+
 // dlopen of the library at `path`; nullptr with the reason in *why when it fails.
 //
 // dlopen maps a library's code with PROT_EXEC, which a folder mounted noexec refuses ("failed
@@ -892,12 +910,11 @@ std::string FusedElementwise::fused_unavailable_reason(
   const std::string forms = forms_of(inputs, &why);
   if (!why.empty()) return why;
   if (kernel_for(forms) == nullptr) {
+    const std::string key = kernel_key(name_, forms, generate_body(outputs_, forms));
     auto& l = loaded();
     std::lock_guard<std::mutex> lock(l.mu);
-    for (const auto& [key, reason] : l.failed) {
-      if (key.find("|" + name_ + "|" + forms + "|") != std::string::npos) return reason;
-    }
-    return "the kernel could not be built";
+    const auto it = l.failed.find(key);
+    return it != l.failed.end() ? it->second : "the kernel could not be built";
   }
   return "";
 }
@@ -916,22 +933,9 @@ FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms
     if (it != kernels_.end()) return it->second;
   }
   const std::string body = generate_body(outputs_, forms);
+  const std::string key = kernel_key(name_, forms, body);
   auto& l = loaded();
   std::lock_guard<std::mutex> lock(l.mu);
-  const Compiler& cc = compiler();
-  std::ostringstream key_os;
-  std::string flags;
-  for (const auto& f : kFlags) flags += f + " ";
-#ifdef VOLT_VERSION_STRING
-  const char* version = VOLT_VERSION_STRING;
-#else
-  const char* version = "unknown";
-#endif
-  // The name and forms are in the key for fused_unavailable_reason's lookup of failures.
-  key_os << kFormat << "|volt " << version << "|" << name_ << "|" << forms << "|" << cc.identity
-         << "|" << flags << "|glibc " << ::gnu_get_libc_version() << "|" << detail::cpu_model_name()
-         << "|body " << detail::stable_hash_hex(body);
-  const std::string key = key_os.str();
   const std::string entry = name_ + "-" + detail::stable_hash_hex(key) + ".so";
 
   KernelFn fn = nullptr;
