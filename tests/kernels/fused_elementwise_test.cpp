@@ -416,12 +416,16 @@ TEST_F(CompiledElementwise, KernelsRunCompiledFromFoldersMountedNoexec) {
   if (::geteuid() != 0) {
     GTEST_SKIP() << "needs root to mount a noexec tmpfs in a private mount namespace";
   }
+  if (::access("/usr/bin/unshare", X_OK) != 0) GTEST_SKIP() << "needs /usr/bin/unshare";
   volt_test::TempDir dir;
+  const std::string d = "'" + dir.path + "'";
   const std::string worker = "'" + jit_worker() + "' kernel noexec_gelu";
-  const std::string script = "mount -t tmpfs -o noexec,size=64m volt-noexec '" + dir.path +
-                             "' || exit 77\n" + "findmnt -no OPTIONS --target '" + dir.path +
-                             "' | tr , '\\n' | grep -qx noexec || exit 3\n" + "export TMPDIR='" +
-                             dir.path + "' VOLT_KERNEL_CACHE_CONFIG='" + dir.path +
+  // The mount must really be noexec: read from /proc/self/mounts (no findmnt needed).
+  const std::string script = "mount -t tmpfs -o noexec,size=64m volt-noexec " + d +
+                             " || exit 77\n" + "awk -v d=" + d +
+                             " '$2 == d && $4 ~ /(^|,)noexec(,|$)/ {ok = 1} END {exit !ok}' "
+                             "/proc/self/mounts || exit 3\n" +
+                             "export TMPDIR=" + d + " VOLT_KERNEL_CACHE_CONFIG='" + dir.path +
                              "/kernels,false,64'\n" + worker + " && " + worker + "\n";
   volt_test::Process p("/usr/bin/unshare",
                        {"--mount", "--propagation", "private", "sh", "-c", script});
