@@ -171,7 +171,7 @@ struct Reader {
   // (a float such as 1e300 has no int64: casting it would be undefined behaviour).
   int64_t integer(const json& v, const std::string& path, const std::string& what) const {
     if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}) {
-      fail(path, "is too large: at most " + std::to_string(INT64_MAX));
+      fail(path, "is outside the 64-bit integer range");
     }
     if (v.is_number_integer()) return v.get<int64_t>();
     if (!v.is_number_float() || v.get<double>() != std::floor(v.get<double>())) {
@@ -180,7 +180,7 @@ struct Reader {
     const double d = v.get<double>();
     // 2^63 is exactly representable; every double below it (and >= -2^63) fits an int64.
     if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) {
-      fail(path, "is too large: at most " + std::to_string(INT64_MAX));
+      fail(path, "is outside the 64-bit integer range");
     }
     return static_cast<int64_t>(d);
   }

@@ -159,14 +159,19 @@ TEST(DeepSpeedConfig, OutOfRangeNumbersAreConfigErrorsNamingTheKey) {
     const std::string e = error_of(json);
     EXPECT_NE(e.find(phrase), std::string::npos) << json << " gave: " << e;
   };
-  has(R"({"train_batch_size": 1e300})", "\"train_batch_size\" is too large");
-  has(R"({"train_batch_size": 9223372036854775808})", "\"train_batch_size\" is too large");
-  has(R"({"train_batch_size": 18446744073709551615})", "\"train_batch_size\" is too large");
-  has(R"({"zero_optimization": {"sub_group_size": -1e30}})", "sub_group_size\" is too large");
+  has(R"({"train_batch_size": 1e300})", "\"train_batch_size\" is outside the 64-bit integer range");
+  has(R"({"train_batch_size": 9223372036854775808})",
+      "\"train_batch_size\" is outside the 64-bit integer range");
+  has(R"({"train_batch_size": 18446744073709551615})",
+      "\"train_batch_size\" is outside the 64-bit integer range");
+  has(R"({"zero_optimization": {"sub_group_size": -1e30}})",
+      "sub_group_size\" is outside the 64-bit integer range");
   has(R"({"gradient_clipping": 1e400})",
       "malformed JSON ([json.exception.out_of_range.406] number overflow");
   has(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1e300}}})",
-      "warmup_num_steps\" is too large");
+      "warmup_num_steps\" is outside the 64-bit integer range");
+  has(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1e17}}})",
+      "warmup_num_steps\" is too large: at most 2^53");
   has(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2.5}}})",
       "warmup_num_steps\" must be an integer");
   has(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": -3}}})",
