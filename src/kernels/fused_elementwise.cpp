@@ -476,8 +476,9 @@ void* dlopen_anywhere(const std::string& path, std::string* why) {
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n <= 0 && errno != EINTR) break;
-    if (n > 0) done += static_cast<size_t>(n);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
   }
   if (done == bytes.size()) {
     handle = ::dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -494,7 +495,10 @@ void* dlopen_anywhere(const std::string& path, std::string* why) {
                              "; its folder is probably mounted noexec)");
   }
   why->clear();
-  return handle;  // fd stays open with the library
+  // The descriptor stays open with the library. When the caller then finds another kernel's key
+  // in it (a bad cache entry) and closes the library, the descriptor stays open too: one per bad
+  // entry, which is removed and compiled again, so at most one per kernel.
+  return handle;
 }
 
 // Opens the library at `path` and returns its kernel when it carries `key`; "" in *why on success.
