@@ -8,6 +8,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/detail/version_folder.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -36,15 +37,7 @@ int64_t next_version(const std::string& root) {
   int64_t next = 0;
   if (DIR* d = ::opendir(root.c_str())) {
     while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n.rfind("version_", 0) != 0) continue;
-      const std::string digits = n.substr(8);
-      // Not volt's: no number, or one past int64 (18 digits always fit; std::stoll throws beyond).
-      if (digits.empty() || digits.size() > 18 ||
-          digits.find_first_not_of("0123456789") != std::string::npos) {
-        continue;
-      }
-      next = std::max<int64_t>(next, std::stoll(digits) + 1);
+      if (const auto n = version_folder_number(e->d_name)) next = std::max<int64_t>(next, *n + 1);
     }
     ::closedir(d);
   }

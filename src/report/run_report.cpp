@@ -19,6 +19,7 @@
 #include <sstream>
 #include <vector>
 
+#include "../core/detail/version_folder.h"
 #include "../loggers/detail/log_dir.h"
 #include "detail/metrics_csv.h"
 #include "detail/svg_plot.h"
@@ -104,14 +105,10 @@ Source find_source(const std::string& run_dir) {
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
       const std::string name = e->d_name;
-      // version_<up to 18 digits>: every such number fits an int64 (std::stoll throws beyond).
-      if (name.rfind("version_", 0) != 0 || name.size() == 8 || name.size() > 8 + 18 ||
-          name.find_first_not_of("0123456789", 8) != std::string::npos) {
-        continue;
-      }
-      if (!is_file(dir + "/" + name + "/metrics.csv")) continue;
+      const auto n = detail::version_folder_number(name);
+      if (!n || !is_file(dir + "/" + name + "/metrics.csv")) continue;
       ++count;
-      best = std::max<int64_t>(best, std::stoll(name.substr(8)));
+      best = std::max<int64_t>(best, *n);
     }
     ::closedir(d);
   }
