@@ -4,7 +4,14 @@
 // width of 2048, causal and not; the median of R timed repetitions after a warm-up. FLOPs are
 // FlashAttention's count: 4·B·H·L²·D forward, 2.5× that backward, halved when causal.
 //
-//   build/benchmarks/volt_bench_fused_sdpa_cuda [--reps R] [--max-seq L]
+// --varlen: instead, causal attention over padded batches (lengths drawn uniformly from
+// [1, L], so 50% padding on average) at 16k padded tokens per batch: volt::fused_sdpa with
+// valid_seq_len (FlashAttention's variable-length kernel over the valid tokens) against
+// at::scaled_dot_product_attention with the padding as a boolean key mask (what users write
+// without a varlen kernel) and against unmasked causal SDPA over every position; TFLOP/s
+// count the valid tokens' work only.
+//
+//   build/benchmarks/volt_bench_fused_sdpa_cuda [--reps R] [--max-seq L] [--varlen]
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <volt/volt.h>
@@ -33,12 +40,69 @@ double time_ms(const std::function<void()>& step, int reps) {
   return volt_bench::median(ms);
 }
 
+#if defined(VOLT_CUDA) && VOLT_TORCH_AT_LEAST(2, 1)
+void run_varlen(const torch::TensorOptions& opts, int reps, int64_t max_seq) {
+  std::printf("varlen: causal, lengths uniform in [1, L] (50%% padding on average), bf16\n");
+  std::printf("%-5s %-6s %-4s %6s %11s %11s %11s %9s %9s\n", "D", "L", "B", "valid", "varlen ms",
+              "masked ms", "dense ms", "masked/v", "TF/s v");
+  for (const int64_t d : {64, 128}) {
+    for (int64_t l = 1024; l <= std::min<int64_t>(max_seq, 8192); l *= 2) {
+      const int64_t heads = 2048 / d, batch = std::max<int64_t>(2, 16384 / l);
+      torch::manual_seed(l + d);
+      const at::Tensor lens = torch::randint(1, l + 1, {batch}, torch::kLong);
+      auto q = torch::randn({batch, heads, l, d}, opts).requires_grad_();
+      auto k = torch::randn({batch, heads, l, d}, opts).requires_grad_();
+      auto v = torch::randn({batch, heads, l, d}, opts).requires_grad_();
+      const auto g = torch::randn({batch, heads, l, d}, opts);
+      double flops = 0;
+      for (int64_t b = 0; b < batch; ++b) {
+        const double n = static_cast<double>(lens[b].item<int64_t>());
+        flops += 4.0 * static_cast<double>(heads * d) * n * n * 3.5 * 0.5;
+      }
+      const auto opt = volt::SdpaOptions().is_causal(true).valid_seq_len(lens).require_fused(true);
+      const double tv = time_ms(
+          [&] {
+            auto o = volt::fused_sdpa(q, k, v, opt).output;
+            o.backward(g);
+          },
+          reps);
+      // Causal and key padding in one boolean mask [B, 1, L, L] (true = attend).
+      const at::Tensor pos = torch::arange(l, torch::kLong);
+      const at::Tensor key_ok = (pos.unsqueeze(0) < lens.unsqueeze(1)).to(opts.device());
+      const at::Tensor mask =
+          torch::ones({l, l}, opts.dtype(torch::kBool)).tril().unsqueeze(0).unsqueeze(0) &
+          key_ok.unsqueeze(1).unsqueeze(2);
+      const double tm = time_ms(
+          [&] {
+            auto o = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
+            o.backward(g);
+          },
+          reps);
+      const double td = time_ms(
+          [&] {
+            auto o = at::scaled_dot_product_attention(q, k, v, c10::nullopt, 0.0, true);
+            o.backward(g);
+          },
+          reps);
+      std::printf("%-5lld %-6lld %-4lld %5.0f%% %11.3f %11.3f %11.3f %9.2f %9.1f\n",
+                  static_cast<long long>(d), static_cast<long long>(l),
+                  static_cast<long long>(batch),
+                  100.0 * lens.sum().item<double>() / static_cast<double>(batch * l), tv, tm, td,
+                  tm / tv, flops / tv / 1e9);
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int reps = 10;
   int64_t max_seq = 16384;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool varlen = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--varlen")) varlen = true;
+    if (i + 1 >= argc) continue;
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--max-seq")) max_seq = std::atoll(argv[i + 1]);
   }
@@ -48,6 +112,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  if (varlen) {
+    run_varlen(opts, reps, max_seq);
+    return 0;
+  }
   std::printf("%-5s %-6s %-7s %12s %12s %8s\n", "D", "L", "causal", "volt TF/s", "torch TF/s",
               "ratio");
   for (const int64_t d : {64, 128}) {
@@ -81,6 +149,7 @@ int main(int argc, char** argv) {
 #else
   (void)reps;
   (void)max_seq;
+  (void)varlen;
   std::printf("skipped: this build has no CUDA attention path (libtorch >= 2.1 with CUDA)\n");
 #endif
   return 0;

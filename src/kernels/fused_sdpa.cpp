@@ -172,14 +172,19 @@ Call validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 }
 
 // Why the fused kernel cannot run this call; empty when it can.
-std::string fused_unavailable_reason(const at::Tensor& q, const Call& c) {
+std::string fused_unavailable_reason(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const Call& c) {
   if (q.is_cuda()) {
     if (!detail::sdpa_cuda_available()) {
       return "this build has no CUDA attention path (it needs libtorch >= 2.1 with CUDA; "
              "tensors on " +
              q.device().str() + ")";
     }
-    if (c.lens.defined()) return "valid_seq_len has no CUDA kernel yet";
+    if (c.lens.defined()) {
+      std::string why = detail::sdpa_cuda_varlen_unavailable(q, k, v);
+      if (!why.empty()) return why;
+      if (c.lens.sum().item<int64_t>() == 0) return "valid_seq_len is 0 for every batch item";
+    }
     if (c.mask.defined()) {
       return "an attn_mask on CUDA (libtorch's kernels give NaN rather than zeros for a fully "
              "masked row)";
@@ -373,7 +378,7 @@ std::vector<at::Tensor> SdpaResult::to_list() const {
 SdpaResult fused_sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                       const SdpaOptions& options) {
   Call c = validate(query, key, value, options);
-  const std::string reason = fused_unavailable_reason(query, c);
+  const std::string reason = fused_unavailable_reason(query, key, value, c);
   if (!reason.empty()) {
     VOLT_CHECK(!options.require_fused(), NotAvailable,
                "[FusedSDPA] the fused kernel does not "
@@ -393,7 +398,11 @@ SdpaResult fused_sdpa(const at::Tensor& query, const at::Tensor& key, const at::
     // libtorch's fused kernels (FlashAttention / cuDNN / memory-efficient) with its own
     // autograd; they always recompute in backward, and their exp is their own (fast softmax
     // maps to it too).
-    result.output = detail::sdpa_cuda(query, key, value, c.causal, c.dropout_p, c.scale);
+    // valid_seq_len: FlashAttention's variable-length kernel over the valid tokens only.
+    result.output = c.lens.defined()
+                        ? detail::sdpa_cuda_varlen(query, key, value, c.lens, c.left_padding,
+                                                   c.dropout_p, c.scale)
+                        : detail::sdpa_cuda(query, key, value, c.causal, c.dropout_p, c.scale);
     return result;
   }
   ForwardOut r;

@@ -6,6 +6,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <string>
 
 #include "error_text.h"
@@ -69,9 +70,19 @@ TEST(FusedSdpaCuda, ExtrasWithoutACudaKernelFallBackOrRefuseWithRequireFused) {
   const auto q = torch::randn({2, 2, 8, 16}, opts);
   const auto lens = torch::tensor({8, 5}, torch::kLong);
   const auto o = volt::SdpaOptions().is_causal(true).valid_seq_len(lens);
+  // FlashAttention's variable-length kernel takes float16 / bfloat16 only.
   const std::string e = error_of<volt::NotAvailable>(
       [&] { volt::fused_sdpa(q, q, q, volt::SdpaOptions(o).require_fused(true)); });
-  EXPECT_NE(e.find("valid_seq_len has no CUDA kernel"), std::string::npos) << e;
+  EXPECT_NE(e.find("valid_seq_len on CUDA (FlashAttention's variable-length kernel) needs "
+                   "float16 or bfloat16, not Float"),
+            std::string::npos)
+      << e;
+  const auto none = volt::SdpaOptions(o).valid_seq_len(torch::tensor({0, 0}, torch::kLong));
+  const auto qb = q.to(torch::kBFloat16);
+  const std::string z = error_of<volt::NotAvailable>(
+      [&] { volt::fused_sdpa(qb, qb, qb, volt::SdpaOptions(none).require_fused(true)); });
+  EXPECT_NE(z.find("valid_seq_len is 0 for every batch item"), std::string::npos) << z;
+  EXPECT_EQ(volt::fused_sdpa(qb, qb, qb, none).output.abs().sum().item<float>(), 0.0f);
   // Without require_fused the reference composition answers, padded rows zero.
   const at::Tensor out = volt::fused_sdpa(q, q, q, o).output;
   EXPECT_TRUE(torch::equal(out.cpu(), volt::sdpa_reference(q, q, q, o).output.cpu()));
@@ -83,4 +94,62 @@ TEST(FusedSdpaCuda, ExtrasWithoutACudaKernelFallBackOrRefuseWithRequireFused) {
                          .require_fused(true));
   });
   EXPECT_NE(m.find("attn_mask on CUDA"), std::string::npos) << m;
+}
+
+// valid_seq_len on CUDA: FlashAttention's variable-length kernel over the packed valid tokens,
+// against the reference composition (a mask over every position) in float32 on the same GPU
+// from the same bf16 inputs: outputs and gradients, right and left padding, with a full item, a
+// partial one, an empty one and a short one. Padded output rows are exactly zero, and the padded
+// positions of q, k and v get exactly zero gradient.
+TEST(FusedSdpaCuda, ValidSeqLenRunsTheVariableLengthKernelAndMatchesTheReference) {
+  VOLT_REQUIRE_CUDA();
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const int64_t kB = 4, kH = 3, kL = 96, kD = 64;
+  const auto lens = torch::tensor({96, 37, 0, 5}, torch::kLong);
+  {
+    const auto q = torch::randn({kB, kH, kL, kD}, opts);
+    try {
+      volt::fused_sdpa(q, q, q,
+                       volt::SdpaOptions().is_causal(true).valid_seq_len(lens).require_fused(true));
+    } catch (const volt::NotAvailable& e) {
+      GTEST_SKIP() << e.what();  // no CUDA attention path, or a GPU older than sm80
+    }
+  }
+  auto rel = [](const at::Tensor& a, const at::Tensor& ref) {
+    return max_diff(a, ref) / std::max(1e-6, ref.detach().abs().max().item<double>());
+  };
+  for (const bool left : {false, true}) {
+    SCOPED_TRACE(left ? "left padding" : "right padding");
+    torch::manual_seed(7);
+    const auto q0 = torch::randn({kB, kH, kL, kD}, opts), k0 = torch::randn({kB, kH, kL, kD}, opts),
+               v0 = torch::randn({kB, kH, kL, kD}, opts), g = torch::randn({kB, kH, kL, kD}, opts);
+    auto q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
+         v = v0.clone().requires_grad_();
+    auto qr = q0.to(torch::kFloat).requires_grad_(), kr = k0.to(torch::kFloat).requires_grad_(),
+         vr = v0.to(torch::kFloat).requires_grad_();
+    const auto o = volt::SdpaOptions().is_causal(true).valid_seq_len(lens).seq_padding(
+        left ? volt::SeqPadding::kLeft : volt::SeqPadding::kRight);
+    const at::Tensor out =
+        volt::fused_sdpa(q, k, v, volt::SdpaOptions(o).require_fused(true)).output;
+    const at::Tensor ref = volt::sdpa_reference(qr, kr, vr, o).output;
+    ASSERT_EQ(out.sizes(), ref.sizes());
+    EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+    EXPECT_LT(rel(out, ref), 1e-2) << "output";
+    out.backward(g);
+    ref.backward(g.to(torch::kFloat));
+    EXPECT_LT(rel(q.grad(), qr.grad()), 2e-2) << "dq";
+    EXPECT_LT(rel(k.grad(), kr.grad()), 2e-2) << "dk";
+    EXPECT_LT(rel(v.grad(), vr.grad()), 2e-2) << "dv";
+    // Exact zeros at the padded positions, item by item.
+    for (int64_t b = 0; b < kB; ++b) {
+      const int64_t n = lens[b].item<int64_t>();
+      const int64_t lo = left ? 0 : n, hi = left ? kL - n : kL;  // the padded rows
+      if (lo == hi) continue;
+      EXPECT_EQ(out[b].slice(1, lo, hi).abs().sum().item<float>(), 0.0f) << "item " << b;
+      for (const at::Tensor* t : {&q, &k, &v}) {
+        EXPECT_EQ(t->grad()[b].slice(1, lo, hi).abs().sum().item<float>(), 0.0f)
+            << "gradient at padding, item " << b;
+      }
+    }
+  }
 }
