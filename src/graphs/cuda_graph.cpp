@@ -344,7 +344,10 @@ void run_on_side_stream(const std::function<void()>& work, int64_t iters) {
 #if VOLT_CUDA_GRAPHS
   const c10::DeviceIndex index = c10::cuda::current_device();
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(index);
-  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, index);
+  // The capture stream itself, not another pool stream: autograd remembers the stream a leaf's
+  // gradient was first accumulated on, and torch 2.x warns ("AccumulateGrad node's stream does
+  // not match") when a captured backward later produces that gradient on another one.
+  const c10::cuda::CUDAStream side = capture_stream(index);
   at::cuda::CUDAEvent ready;
   ready.record(caller);
   ready.block(side);
