@@ -6,6 +6,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "tiny.h"
 
@@ -92,7 +93,10 @@ TEST(ThroughputMonitor, CountsEveryAccumulatedBatchAndUsesBatchSizeFn) {
   }
 }
 
-// Records how long each validation run takes, as a user's callback would.
+// Records how long each validation run takes, as a user's callback would, and makes each last
+// at least 300 ms (a sleep at its end): far longer than a training batch of 16 even on a loaded
+// machine (without it, a run with 16 tests in parallel measured a 12 ms validation against a
+// 24 ms batch window).
 class ValidationClock : public volt::Callback {
  public:
   std::string state_key() const override { return "ValidationClock"; }
@@ -100,6 +104,7 @@ class ValidationClock : public volt::Callback {
     start_ = std::chrono::steady_clock::now();
   }
   void on_validation_end(volt::RunContext&, volt::Module&) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   }
@@ -117,7 +122,8 @@ TEST(ThroughputMonitor, LeavesValidationTimeOutOfTheWindow) {
   volt::Trainer trainer(
       volt_test::quiet(dir.path).max_epochs(2).log_every_n_steps(1).loggers({mem}).callbacks(
           {clock, std::make_shared<volt::ThroughputMonitor>()}));
-  // Validation (64k samples) takes far longer than one training batch of 16.
+  // Validation (64k samples and the clock's 300 ms) takes far longer than one training batch
+  // of 16; the clock's hooks run before the monitor's, so the sleep is inside validation.
   trainer.fit(model, volt_test::loader(volt_test::blobs(128)),
               volt_test::loader(volt_test::blobs(65536, 8, 1), 4096, false));
   ASSERT_EQ(clock->seconds.size(), 2u);
