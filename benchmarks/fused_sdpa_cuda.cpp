@@ -41,6 +41,11 @@ double time_ms(const std::function<void()>& step, int reps) {
 }
 
 #if defined(VOLT_CUDA) && VOLT_TORCH_AT_LEAST(2, 1)
+// Median ms of `attend` (returning the attention output) plus its backward with gradient g.
+double fwd_bwd_ms(const std::function<at::Tensor()>& attend, const at::Tensor& g, int reps) {
+  return time_ms([&] { attend().backward(g); }, reps);
+}
+
 void run_varlen(const torch::TensorOptions& opts, int reps, int64_t max_seq) {
   std::printf("varlen: causal, lengths uniform in [1, L] (50%% padding on average), bf16\n");
   std::printf("%-5s %-6s %-4s %6s %11s %11s %11s %9s %9s\n", "D", "L", "B", "valid", "varlen ms",
@@ -60,29 +65,17 @@ void run_varlen(const torch::TensorOptions& opts, int reps, int64_t max_seq) {
         flops += 4.0 * static_cast<double>(heads * d) * n * n * 3.5 * 0.5;
       }
       const auto opt = volt::SdpaOptions().is_causal(true).valid_seq_len(lens).require_fused(true);
-      const double tv = time_ms(
-          [&] {
-            auto o = volt::fused_sdpa(q, k, v, opt).output;
-            o.backward(g);
-          },
-          reps);
+      const double tv = fwd_bwd_ms([&] { return volt::fused_sdpa(q, k, v, opt).output; }, g, reps);
       // Causal and key padding in one boolean mask [B, 1, L, L] (true = attend).
       const at::Tensor pos = torch::arange(l, torch::kLong);
       const at::Tensor key_ok = (pos.unsqueeze(0) < lens.unsqueeze(1)).to(opts.device());
       const at::Tensor mask =
           torch::ones({l, l}, opts.dtype(torch::kBool)).tril().unsqueeze(0).unsqueeze(0) &
           key_ok.unsqueeze(1).unsqueeze(2);
-      const double tm = time_ms(
-          [&] {
-            auto o = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
-            o.backward(g);
-          },
-          reps);
-      const double td = time_ms(
-          [&] {
-            auto o = at::scaled_dot_product_attention(q, k, v, c10::nullopt, 0.0, true);
-            o.backward(g);
-          },
+      const double tm = fwd_bwd_ms(
+          [&] { return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false); }, g, reps);
+      const double td = fwd_bwd_ms(
+          [&] { return at::scaled_dot_product_attention(q, k, v, c10::nullopt, 0.0, true); }, g,
           reps);
       std::printf("%-5lld %-6lld %-4lld %5.0f%% %11.3f %11.3f %11.3f %9.2f %9.1f\n",
                   static_cast<long long>(d), static_cast<long long>(l),
@@ -128,17 +121,10 @@ int main(int argc, char** argv) {
         const auto g = torch::randn({batch, heads, l, d}, opts);
         const double flops = 4.0 * batch * heads * l * l * d * 3.5 * (causal ? 0.5 : 1.0);
         const auto opt = volt::SdpaOptions().is_causal(causal).require_fused(true);
-        const double tv = time_ms(
-            [&] {
-              auto o = volt::fused_sdpa(q, k, v, opt).output;
-              o.backward(g);
-            },
-            reps);
-        const double tt = time_ms(
-            [&] {
-              auto o = at::scaled_dot_product_attention(q, k, v, c10::nullopt, 0.0, causal);
-              o.backward(g);
-            },
+        const double tv =
+            fwd_bwd_ms([&] { return volt::fused_sdpa(q, k, v, opt).output; }, g, reps);
+        const double tt = fwd_bwd_ms(
+            [&] { return at::scaled_dot_product_attention(q, k, v, c10::nullopt, 0.0, causal); }, g,
             reps);
         std::printf("%-5lld %-6lld %-7s %12.1f %12.1f %8.3f\n", static_cast<long long>(d),
                     static_cast<long long>(l), causal ? "yes" : "no", flops / tv / 1e9,
