@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <ostream>
 #include <sstream>
 #include <tuple>
@@ -120,6 +121,9 @@ std::string lock_path(const std::string& dir) {
 
 }  // namespace
 
+// The largest cap in MiB whose byte count fits an int64 (the eviction compares bytes).
+constexpr int64_t kMaxSizeMb = std::numeric_limits<int64_t>::max() >> 20;
+
 KernelCacheOptions KernelCacheOptions::from_env() {
   const auto config = env_value("VOLT_KERNEL_CACHE_CONFIG");
   if (!config) {
@@ -147,9 +151,9 @@ KernelCacheOptions KernelCacheOptions::from_env() {
   } catch (const std::exception&) {
     used = 0;
   }
-  VOLT_CHECK(used == fields[2].size() && used > 0 && size_mb >= 1, ConfigError,
-             "[KernelCache] VOLT_KERNEL_CACHE_CONFIG: size \"", fields[2],
-             "\" is not a whole number of MiB >= 1", how);
+  VOLT_CHECK(used == fields[2].size() && used > 0 && size_mb >= 1 && size_mb <= kMaxSizeMb,
+             ConfigError, "[KernelCache] VOLT_KERNEL_CACHE_CONFIG: size \"", fields[2],
+             "\" is not a whole number of MiB from 1 to ", kMaxSizeMb, how);
   return KernelCacheOptions(fields[0])
       .clear_at_start(clear == "true" || clear == "1")
       .size_mb(size_mb);
@@ -164,6 +168,9 @@ std::ostream& operator<<(std::ostream& os, const KernelCacheOptions& o) {
 KernelCache::KernelCache(KernelCacheOptions options) : options_(std::move(options)) {
   VOLT_CHECK(options_.size_mb() >= 1, ConfigError, "[KernelCache] size_mb=", options_.size_mb(),
              " is below 1; give the cache at least 1 MiB.");
+  VOLT_CHECK(options_.size_mb() <= kMaxSizeMb, ConfigError,
+             "[KernelCache] size_mb=", options_.size_mb(),
+             " is more bytes than 64 bits count; give at most ", kMaxSizeMb, " MiB.");
   std::string why = "no cache folder: none of VOLT_CACHE_DIR, XDG_CACHE_HOME, HOME is set";
   std::error_code ec;
   if (!options_.dir().empty()) {

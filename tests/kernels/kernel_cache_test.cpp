@@ -242,6 +242,12 @@ TEST(KernelCache, KeysMustBePlainFileNames) {
   EXPECT_NE(volt_test::error_of<volt::ConfigError>(
                 [&] { KernelCache bad(KernelCacheOptions(dir.path).size_mb(0)); }),
             "");
+  // A cap whose byte count overflows int64 (the eviction multiplies by 2^20).
+  const auto huge = volt_test::error_of<volt::ConfigError>(
+      [&] { KernelCache bad(KernelCacheOptions(dir.path).size_mb(int64_t{1} << 43)); });
+  EXPECT_NE(huge.find("more bytes than 64 bits count; give at most 8796093022207 MiB"),
+            std::string::npos)
+      << huge;
 }
 
 TEST(KernelCache, ConfigFromTheEnvironment) {
@@ -264,7 +270,8 @@ TEST(KernelCache, ConfigFromTheEnvironment) {
       {"/tmp/x,true", "has 2 comma-separated fields, not 3"},
       {",true,10", "names no folder"},
       {"/tmp/x,yes,10", "clear_at_start \"yes\" is not true, false, 1 or 0"},
-      {"/tmp/x,false,0", "size \"0\" is not a whole number of MiB >= 1"},
+      {"/tmp/x,false,0", "size \"0\" is not a whole number of MiB from 1 to 8796093022207"},
+      {"/tmp/x,false,8796093022208", "size \"8796093022208\" is not a whole number of MiB"},
       {"/tmp/x,false,12mb", "size \"12mb\""},
   };
   for (const auto& [value, phrase] : bad) {
