@@ -70,15 +70,24 @@ struct Gpt2Net : torch::nn::Module {
       return u.reshape({b, t, cfg.heads, hd}).transpose(1, 2);
     };
     for (size_t i = 0; i < c_attn.size(); ++i) {
-      auto qkv = c_attn[i]->forward(ln_1[i]->forward(x)).chunk(3, -1);
+      auto qkv = linear(c_attn[i], ln_1[i]->forward(x)).chunk(3, -1);
       auto a = volt::fused_sdpa(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
                                 volt::SdpaOptions().is_causal(true))
                    .output;
-      x = x + attn_proj[i]->forward(a.transpose(1, 2).reshape({b, t, cfg.dim}));
-      x = x + mlp_proj[i]->forward(torch::gelu(c_fc[i]->forward(ln_2[i]->forward(x)), "tanh"));
+      x = x + linear(attn_proj[i], a.transpose(1, 2).reshape({b, t, cfg.dim}));
+      x = x + linear(mlp_proj[i], torch::gelu(linear(c_fc[i], ln_2[i]->forward(x)), "tanh"));
     }
     // The output projection is the token embedding (tied, as GPT-2): one parameter for both.
     return torch::linear(ln_f->forward(x), wte->weight);
+  }
+
+  /// The layer `m` applied through aten::linear, as Python's nn.Linear applies it: for a
+  /// contiguous 3-D input one GEMM with the bias added in it (addmm). The C++ frontend's
+  /// torch::nn::Linear::forward (torch::nn::functional::linear, libtorch 1.13 and 2.11 alike)
+  /// runs matmul and then a separate bias add on any input that is not 2-D: one more pass over
+  /// every activation, forward and backward.
+  static torch::Tensor linear(const torch::nn::Linear& m, const torch::Tensor& x) {
+    return torch::linear(x, m->weight, m->bias);
   }
 
   Gpt2Config cfg;
