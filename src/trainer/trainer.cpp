@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <set>
+#include <string>
 
 #include "trainer/detail/run.h"
 #include "volt/callbacks/host_sync_monitor.h"
@@ -15,6 +16,7 @@
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/loggers/csv.h"
+#include "volt/precision/precision.h"
 #include "volt/trainer/threads.h"
 
 namespace volt {
@@ -34,11 +36,24 @@ void release_device(Module& m) {
   if (on_gpu) m.to(c10::Device(c10::kCPU));
 }
 
+// The intra-op thread count for a run. volt's default (one thread on 2 CPUs with OpenBLAS) was
+// measured where OpenBLAS runs the GEMMs: fp32. Under bf16/fp16 the GEMMs go to oneDNN and the
+// rest to libtorch's own pool, which that default would leave one core: on the 2-CPU machine
+// bf16-mixed steps ran 1.2-1.8x faster at 2 threads (docs/PERFORMANCE.md) and a GPT-2 fit at
+// half the hand loop's speed. So those precisions keep libtorch's count.
+int64_t thread_request(const TrainerOptions& o) {
+  if (o.num_threads() != 0) return o.num_threads();
+  const Spec<Precision>& p = o.precision();
+  const std::string name = p.is_object() && p.object() ? p.object()->name() : p.name();
+  const bool low_precision = name == "bf16-mixed" || name == "16-mixed" || name == "bf16-true";
+  return low_precision ? at::get_num_threads() : 0;
+}
+
 }  // namespace
 
 template <typename F>
 void Run::guarded(Module& m, Stage stage, F&& body) {
-  IntraOpThreads threads(opts.num_threads());
+  IntraOpThreads threads(thread_request(opts));
   try {
     setup_run(m, stage);
     body();

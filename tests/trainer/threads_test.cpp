@@ -3,6 +3,9 @@
 
 #include <ATen/Parallel.h>
 
+#include <memory>
+#include <string>
+
 #include "tiny.h"
 
 namespace {
@@ -24,6 +27,37 @@ TEST(Threads, TrainerSetsThreadsOnlyForTheRunAndRestoresThem) {
   trainer.fit(model, volt_test::loader(volt_test::blobs(32)));
   EXPECT_EQ(probe->during, 1);
   EXPECT_EQ(at::get_num_threads(), 2);
+}
+
+// The default (num_threads 0): volt's fp32 choice under 32-true, libtorch's own count under
+// bf16-mixed and bf16-true, whose GEMMs run in oneDNN, not OpenBLAS (on the 2-CPU machine the
+// fp32 choice of 1 thread halved a bf16-mixed GPT-2 fit).
+TEST(Threads, TheDefaultKeepsLibtorchsCountUnderBf16Precisions) {
+  volt_test::TempDir dir;
+  at::set_num_threads(2);
+  const auto during = [&](const std::string& precision) {
+    volt_test::TinyClassifier model;
+    auto probe = std::make_shared<ThreadProbe>();
+    volt::Trainer trainer(
+        volt_test::quiet(dir.path).max_epochs(1).precision(precision).callbacks({probe}));
+    trainer.fit(model, volt_test::loader(volt_test::blobs(32)));
+    EXPECT_EQ(at::get_num_threads(), 2) << precision;
+    return probe->during;
+  };
+  const int64_t fp32_default = volt::default_num_threads();
+  EXPECT_EQ(during("32-true"), fp32_default > 0 ? fp32_default : 2);
+  EXPECT_EQ(during("bf16-mixed"), 2);
+  EXPECT_EQ(during("bf16-true"), 2);
+  // An explicit count wins under any precision.
+  volt_test::TinyClassifier model;
+  auto probe = std::make_shared<ThreadProbe>();
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .max_epochs(1)
+                            .precision("bf16-mixed")
+                            .num_threads(1)
+                            .callbacks({probe}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(probe->during, 1);
 }
 
 TEST(Threads, RestoredWhenTheRunFails) {

@@ -5,10 +5,11 @@
 
 namespace volt {
 
-/// The intra-op thread count volt uses when TrainerOptions::num_threads is 0, or 0 for "leave
-/// libtorch's setting alone". Measured (docs/PERFORMANCE.md): on 2 CPUs with OpenBLAS doing its
-/// own GEMM threading, one intra-op thread is fastest; on other machines nothing was measured,
-/// so libtorch's default stays.
+/// The intra-op thread count volt uses for fp32 work when TrainerOptions::num_threads is 0, or 0
+/// for "leave libtorch's setting alone". Measured (docs/PERFORMANCE.md): on 2 CPUs with OpenBLAS
+/// doing its own GEMM threading, one intra-op thread is fastest for fp32; on other machines
+/// nothing was measured, so libtorch's default stays. The Trainer does not apply it under
+/// bf16/fp16 precisions, whose GEMMs do not run in OpenBLAS.
 int64_t default_num_threads();
 
 /// Sets torch's intra-op threads for this scope and restores the previous count when it ends.

@@ -106,8 +106,9 @@ struct TrainerOptions {
   TORCH_ARG(bool, graph_training_step) = false;
   /// Warm-up steps and graphs kept for graph_training_step. Default: GraphOptions().
   TORCH_ARG(GraphOptions, graph_options);
-  /// torch intra-op threads; 0 = volt's measured default (1 when OpenBLAS is active, see
-  /// docs/PERFORMANCE.md). Default: 0.
+  /// torch intra-op threads; 0 = volt's measured default: 1 on 2-CPU machines with OpenBLAS
+  /// when the precision computes in fp32 (OpenBLAS threads its GEMMs itself), libtorch's own
+  /// count under bf16-mixed, 16-mixed and bf16-true (see docs/PERFORMANCE.md). Default: 0.
   TORCH_ARG(int64_t, num_threads) = 0;
   /// Progress bar refresh period in seconds (it reads metric values at most this often).
   /// Default: 0.5.
