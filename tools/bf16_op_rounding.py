@@ -5,7 +5,9 @@ kernels (src/kernels/detail/multi_tensor.cpp) repeat what this prints; rerun it 
 changes. 1.13: every scalar rounded to bf16. 2.11 (2026-11-26, AVX512): mul_/div_ keep their
 scalar in float, the rest as 1.13; its Python torch.optim no longer runs the C++ op sequence
 (lerp_), so part 3 checks the model against that sequence (0 mismatches in vector lanes; the 7
-over 5 steps were scalar tails at the ends of the 16 threads' chunks).
+over 5 steps were scalar tails at the ends of the 16 threads' chunks). Part 4 (session 23) does
+the same for SGD: the FusedSGD bf16 tests failed against 2.11's torch::optim::SGD (H200 machine,
+2026-11-26), and part 4 is the check to run there next.
 
     /usr/bin/python3 tools/bf16_op_rounding.py
 
@@ -176,7 +178,53 @@ def part3():
               f" vs the model for this torch: {bad_model}")
 
 
+SGD_CASES = [  # (name, momentum, dampening, nesterov, weight decay)
+    ("momentum", 0.9, 0.0, False, 0.0),
+    ("dampening", 0.8, 0.3, False, 0.0),
+    ("nesterov", 0.9, 0.0, True, 0.0),
+    ("all", 0.9, 0.0, True, 0.01),
+]
+
+
+def part4():
+    """torch::optim's C++ SGD op sequence, op by op on bf16 tensors, against volt's bf16 SGD
+    model for the running torch (src/kernels/detail/multi_tensor.cpp, sgd_body_bf16); the
+    FusedSGD bf16 tests compare the same pair in C++."""
+    ms = f32 if int(torch.__version__.split(".")[0]) >= 2 else bf
+    lr = 0.05
+    for name, mom, damp, nesterov, wd in SGD_CASES:
+        torch.manual_seed(2)
+        p = torch.randn(N).to(BF)
+        pm, buf, bm = p.float(), None, None
+        bad = 0
+        for step in range(6):
+            g = torch.randn(N).to(BF)
+            # torch::optim::SGD::step, as libtorch writes it in C++.
+            d = g.add(p, alpha=wd) if wd != 0 else g
+            if buf is None:
+                buf = d.clone()
+            else:
+                buf.mul_(mom).add_(d, alpha=1 - damp)
+            d = d.add(buf, alpha=mom) if nesterov else buf
+            p.add_(d, alpha=-lr)
+            # The model: one bf16 rounding per op.
+            dm = g.float()
+            if wd != 0:
+                dm = bf(fma(pm, bf(scalar(wd)), dm))
+            bm = dm if bm is None else bf(fma(dm, bf(scalar(1 - damp)), bf(bm * ms(scalar(mom)))))
+            dm = bf(fma(bm, bf(scalar(mom)), dm)) if nesterov else bm
+            pm = bf(fma(dm, bf(scalar(-lr)), pm))
+            where = (pm != p.float()).nonzero().flatten().tolist()
+            bad += len(where)
+            if where and step < 3:
+                i = where[0]
+                print(f"  sgd {name} step {step}: {len(where)} mismatches, first at [{i}]: torch"
+                      f" {p[i].item()!r}, model {pm[i].item()!r}")
+        print(f"C++ SGD sequence vs the model for this torch, {name:9s}: {bad} mismatches")
+
+
 if __name__ == "__main__":
     part1()
     part2()
     part3()
+    part4()
