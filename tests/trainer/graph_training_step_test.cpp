@@ -2,7 +2,6 @@
 // against the same fit run eagerly (same seed, data order and kernels, so bit for bit), the
 // logged eager fallbacks with their reasons, and the optimizer state a checkpoint sees. The
 // CUDA tests skip without a GPU; the fallback on a machine without one is tested everywhere.
-#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -14,6 +13,7 @@
 
 #include "error_text.h"
 #include "log_capture.h"
+#include "precision/detail/quiet_dispatcher.h"
 #include "tiny.h"
 
 using volt_test::capture_logs;
@@ -199,19 +199,9 @@ namespace {
 
 // libtorch's warnings (TORCH_WARN) raised in this thread while it is installed; autograd
 // replays the warnings of its device threads in the thread that called backward.
-class WarningRecorder : public c10::WarningHandler {
+class WarningRecorder : public volt::detail::WarningSink {
  public:
-#if VOLT_TORCH_AT_LEAST(2, 0)
-  using Guard = c10::WarningUtils::WarningHandlerGuard;
-  void process(const c10::Warning& w) override {
-    messages.push_back(w.msg());
-  }
-#else
-  using Guard = c10::Warning::WarningHandlerGuard;
-  void process(const c10::SourceLocation&, const std::string& msg, const bool) override {
-    messages.push_back(msg);
-  }
-#endif
+  void take(const std::string& msg) override { messages.push_back(msg); }
   std::vector<std::string> messages;
 };
 
@@ -303,7 +293,7 @@ TEST(GraphTrainingStepCuda, ManualOptimizationCapturedByTheModuleEqualsEagerFit)
   WarningRecorder warnings;
   int64_t steps = 0;
   {
-    WarningRecorder::Guard guard(&warnings);
+    volt::detail::WarningHandlerGuard guard(&warnings);
     steps = run(graphed);
   }
   EXPECT_EQ(steps, 20);  // 3 eager steps and 17 replays, each counted

@@ -5,17 +5,31 @@
 
 #include <c10/util/Exception.h>
 
+#include <string>
+
 #include "volt/core/version.h"
 
 namespace volt::detail {
 
-class QuietWarnings : public c10::WarningHandler {
+/// A libtorch warning handler that hands each warning's text to take(): the one place for the
+/// handler's signature, which changed in libtorch 2.0. Install it with WarningHandlerGuard.
+class WarningSink : public c10::WarningHandler {
  public:
 #if VOLT_TORCH_AT_LEAST(2, 0)
-  void process(const c10::Warning&) override {}
+  void process(const c10::Warning& w) override {
+    take(w.msg());
+  }
 #else
-  void process(const c10::SourceLocation&, const std::string&, const bool) override {}
+  void process(const c10::SourceLocation&, const std::string& msg, const bool) override {
+    take(msg);
+  }
 #endif
+  virtual void take(const std::string& msg) = 0;
+};
+
+class QuietWarnings : public WarningSink {
+ public:
+  void take(const std::string&) override {}
 };
 
 #if VOLT_TORCH_AT_LEAST(2, 0)
