@@ -40,20 +40,18 @@ void release_device(Module& m) {
 // measured where OpenBLAS runs the GEMMs: fp32. Under bf16/fp16 the GEMMs go to oneDNN and the
 // rest to libtorch's own pool, which that default would leave one core: on the 2-CPU machine
 // bf16-mixed steps ran 1.2-1.8x faster at 2 threads (docs/PERFORMANCE.md) and a GPT-2 fit at
-// half the hand loop's speed. So those precisions keep libtorch's count.
-int64_t thread_request(const TrainerOptions& o) {
+// half the hand loop's speed. So a precision computing below fp32 (Precision::compute_dtype) keeps
+// libtorch's count.
+int64_t thread_request(const TrainerOptions& o, const Precision& precision) {
   if (o.num_threads() != 0) return o.num_threads();
-  const Spec<Precision>& p = o.precision();
-  const std::string name = p.is_object() && p.object() ? p.object()->name() : p.name();
-  const bool low_precision = name == "bf16-mixed" || name == "16-mixed" || name == "bf16-true";
-  return low_precision ? at::get_num_threads() : 0;
+  return precision.compute_dtype() == c10::kFloat ? 0 : at::get_num_threads();
 }
 
 }  // namespace
 
 template <typename F>
 void Run::guarded(Module& m, Stage stage, F&& body) {
-  IntraOpThreads threads(thread_request(opts));
+  IntraOpThreads threads(thread_request(opts, strategy().precision()));
   try {
     setup_run(m, stage);
     body();

@@ -60,6 +60,39 @@ TEST(Threads, TheDefaultKeepsLibtorchsCountUnderBf16Precisions) {
   EXPECT_EQ(probe->during, 1);
 }
 
+// The default follows the precision's compute dtype, not its name: a user's own precision
+// objects get the same choice as the built-in ones they compute like.
+class RenamedHalf : public volt::HalfPrecision {
+ public:
+  std::string name() const override { return "team-bf16"; }
+};
+class PlainFp32 : public volt::Precision {
+ public:
+  std::string name() const override { return "team-fp32"; }
+};
+
+TEST(Threads, TheDefaultFollowsACustomPrecisionsComputeDtype) {
+  volt_test::TempDir dir;
+  at::set_num_threads(2);
+  const auto during = [&](std::shared_ptr<volt::Precision> precision) {
+    volt_test::TinyClassifier model;
+    auto probe = std::make_shared<ThreadProbe>();
+    volt::Trainer trainer(
+        volt_test::quiet(dir.path).max_epochs(1).precision(precision).callbacks({probe}));
+    trainer.fit(model, volt_test::loader(volt_test::blobs(32)));
+    EXPECT_EQ(at::get_num_threads(), 2);
+    return probe->during;
+  };
+  EXPECT_EQ(std::make_shared<RenamedHalf>()->compute_dtype(), c10::kBFloat16);
+  EXPECT_EQ(during(std::make_shared<RenamedHalf>()), 2);
+  const int64_t fp32_default = volt::default_num_threads();
+  EXPECT_EQ(during(std::make_shared<PlainFp32>()), fp32_default > 0 ? fp32_default : 2);
+  // fp8's emulation multiplies in fp32 (OpenBLAS): the fp32 choice.
+  EXPECT_EQ(volt::Fp8Precision().compute_dtype(), c10::kFloat);
+  EXPECT_EQ(volt::MixedPrecision(volt::MixedPrecisionOptions().dtype("fp16")).compute_dtype(),
+            c10::kHalf);
+}
+
 TEST(Threads, RestoredWhenTheRunFails) {
   volt_test::TempDir dir;
   at::set_num_threads(2);

@@ -14,6 +14,7 @@ class HalfPrecision : public Precision {
  public:
   HalfPrecision() = default;
   std::string name() const override { return "bf16-true"; }
+  c10::ScalarType compute_dtype() const override { return c10::kBFloat16; }
   void convert_module(torch::nn::Module& module) override;
   Batch convert_input(const Batch& batch) const override;
 };

@@ -60,6 +60,8 @@ class MixedPrecision : public Precision {
   const MixedPrecisionOptions& options() const { return options_; }
 
   std::string name() const override;
+  /// The autocast dtype: bf16 or fp16.
+  c10::ScalarType compute_dtype() const override { return dtype_; }
   void setup(c10::Device device) override;
   void teardown() override;
   std::shared_ptr<void> forward_context() override;

@@ -23,6 +23,12 @@ class Precision {
   virtual ~Precision() = default;
   /// Registry name ("32-true").
   virtual std::string name() const = 0;
+  /// The dtype the model's floating-point math runs in: fp32 here (32-true, and fp8's
+  /// emulation, whose matmuls run in fp32), bf16 or fp16 for the mixed and half modes. The
+  /// Trainer's default thread count depends on it: below fp32 the GEMMs run in oneDNN, which
+  /// threads through libtorch's pool, so the Trainer keeps libtorch's count instead of its
+  /// fp32 choice (TrainerOptions::num_threads).
+  virtual c10::ScalarType compute_dtype() const { return c10::kFloat; }
   /// Called once per run before convert_module with the device the run trains on (mixed modes
   /// pick the autocast device here and check it is supported).
   virtual void setup(c10::Device device) {}
