@@ -913,14 +913,8 @@ std::string FusedElementwise::fused_unavailable_reason(
   std::string why;
   const std::string forms = forms_of(inputs, &why);
   if (!why.empty()) return why;
-  if (kernel_for(forms) == nullptr) {
-    const std::string key = kernel_key(name_, forms, generate_body(outputs_, forms));
-    auto& l = loaded();
-    std::lock_guard<std::mutex> lock(l.mu);
-    const auto it = l.failed.find(key);
-    return it != l.failed.end() ? it->second : "the kernel could not be built";
-  }
-  return "";
+  kernel_for(forms, &why);
+  return why;
 }
 
 std::string FusedElementwise::source(const std::vector<at::Tensor>& inputs) const {
@@ -930,12 +924,24 @@ std::string FusedElementwise::source(const std::vector<at::Tensor>& inputs) cons
   return generate_body(outputs_, forms);
 }
 
-FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms) const {
+FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms,
+                                                        std::string* failure) const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = kernels_.find(forms);
-    if (it != kernels_.end()) return it->second;
+    if (it != kernels_.end()) {
+      *failure = it->second.why;
+      return it->second.fn;
+    }
   }
+  // Remembered per instance, failures included, so each form is generated once.
+  const auto remember = [&](KernelFn fn, std::string why) {
+    if (fn == nullptr && why.empty()) why = "the kernel could not be built";
+    std::lock_guard<std::mutex> own(mu_);
+    kernels_[forms] = Built{fn, why};
+    *failure = std::move(why);
+    return fn;
+  };
   const std::string body = generate_body(outputs_, forms);
   const std::string key = kernel_key(name_, forms, body);
   auto& l = loaded();
@@ -946,8 +952,8 @@ FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms
   if (auto it = l.kernels.find(key); it != l.kernels.end()) {
     ++l.stats.memory_hits;
     fn = it->second;
-  } else if (l.failed.count(key)) {
-    return nullptr;
+  } else if (auto failed = l.failed.find(key); failed != l.failed.end()) {
+    return remember(nullptr, failed->second);
   } else {
     std::string why;
     KernelCache* cache = options_.use_disk_cache() ? &KernelCache::global() : nullptr;
@@ -974,7 +980,7 @@ FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms
       fn = compile_kernel(source, key, &bytes, &why);
       if (fn == nullptr) {
         l.failed[key] = why;  // operator() warns, with this reason, when it falls back
-        return nullptr;
+        return remember(nullptr, why);
       }
       ++l.stats.compiles;
       log_info(kComponent, "compiled '" + name_ + "' for input forms " + forms + " (" +
@@ -983,18 +989,15 @@ FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms
     }
     l.kernels[key] = fn;
   }
-  std::lock_guard<std::mutex> own(mu_);
-  kernels_[forms] = fn;
-  return fn;
+  return remember(fn, "");
 }
 
 std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tensor>& inputs) const {
   std::string why;
   const auto shape = checked_shape(name_, num_inputs_, inputs);
   const std::string forms = input_forms(inputs, shape, &why);
-  KernelFn fn = why.empty() ? kernel_for(forms) : nullptr;
+  KernelFn fn = why.empty() ? kernel_for(forms, &why) : nullptr;
   if (fn == nullptr) {
-    if (why.empty()) why = fused_unavailable_reason(inputs);
     VOLT_CHECK(!options_.require_fused(), NotAvailable, "[FusedElementwise] '", name_,
                "' cannot run fused: ", why, "; fix that or drop require_fused.");
     {

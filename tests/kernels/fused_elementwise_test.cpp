@@ -233,6 +233,11 @@ TEST_F(CompiledElementwise, AMissingCompilerRunsTheCompositionOrRefuses) {
   EXPECT_TRUE(torch::equal(got[0], torch::sigmoid(x)));
   EXPECT_TRUE(contains(lines, "no usable C compiler")) << (lines.empty() ? "" : lines[0]);
   EXPECT_EQ(volt::jit::stats().fallbacks, 1);
+  // The failure is remembered for this form: the next call falls back at once, with the reason.
+  EXPECT_TRUE(torch::equal(k({x})[0], torch::sigmoid(x)));
+  EXPECT_EQ(volt::jit::stats().fallbacks, 2);
+  EXPECT_EQ(volt::jit::stats().compiles, 0);
+  EXPECT_NE(k.fused_unavailable_reason({x}).find("no usable C compiler"), std::string::npos);
   FusedElementwise strict("no_cc", {sigmoid(input(0))},
                           FusedElementwiseOptions().require_fused(true));
   const auto msg = volt_test::error_of<volt::NotAvailable>([&] { strict({x}); });

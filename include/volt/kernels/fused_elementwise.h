@@ -159,7 +159,9 @@ class FusedElementwise {
   using KernelFn = void (*)(const float* const*, float* const*, int64_t, int64_t, int64_t,
                             const int64_t*);
   std::string forms_of(const std::vector<at::Tensor>& inputs, std::string* why) const;
-  KernelFn kernel_for(const std::string& forms) const;
+  // The kernel for `forms`, compiled or loaded on first use; nullptr with the reason in *why
+  // when it cannot be built (remembered: a fallback does not retry or regenerate every call).
+  KernelFn kernel_for(const std::string& forms, std::string* why) const;
 
   std::vector<at::Tensor> run_kernel(KernelFn fn, const std::string& forms,
                                      const std::vector<at::Tensor>& inputs,
@@ -171,7 +173,11 @@ class FusedElementwise {
   FusedElementwiseOptions options_;
   int64_t num_inputs_ = 0;
   mutable std::mutex mu_;
-  mutable std::map<std::string, KernelFn> kernels_;  // by input forms
+  struct Built {
+    KernelFn fn = nullptr;  // nullptr: it could not be built, for the reason in `why`
+    std::string why;
+  };
+  mutable std::map<std::string, Built> kernels_;  // by input forms
   // Backward kernels, by which inputs need a gradient ('1'/'0' per input).
   mutable std::map<std::string, std::shared_ptr<const FusedElementwise>> backward_;
 };
