@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <ostream>
-#include <typeinfo>
 #include <unordered_map>
 
 #include "detail/fused_common.h"
@@ -37,11 +36,7 @@ void validate(const FusedAdamWOptions& o, const std::string& where) {
 }
 
 FusedAdamWOptions& options_of(torch::optim::OptimizerParamGroup& group, size_t index) {
-  auto* o = dynamic_cast<FusedAdamWOptions*>(&group.options());
-  VOLT_CHECK(o != nullptr, ConfigError, "[FusedAdamW] param group ", index, " has options of type ",
-             typeid(group.options()).name(),
-             "; give each OptimizerParamGroup FusedAdamWOptions, or none to use the defaults.");
-  return *o;
+  return detail::group_options<FusedAdamWOptions>(kName, "FusedAdamWOptions", group, index);
 }
 
 }  // namespace
@@ -151,11 +146,7 @@ FusedAdamW::~FusedAdamW() = default;
 FusedAdamW::FusedAdamW(FusedAdamW&&) noexcept = default;
 
 at::Tensor FusedAdamW::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  at::Tensor loss = detail::run_closure(closure);
   at::NoGradGuard no_grad;
   Impl& s = *impl_;
   s.work.clear();
@@ -181,15 +172,8 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
                    "[FusedAdamW] bias_correction=false has no fused CUDA kernel (libtorch's "
                    "always corrects); keep the default, or use the parameters on CPU.");
       }
-      FusedAdamWParamState* st = nullptr;
-      auto it = state_.find(layout.key(i));
-      if (it != state_.end()) {
-        st = dynamic_cast<FusedAdamWParamState*>(it->second.get());
-        VOLT_CHECK(st != nullptr, ValueError, "[FusedAdamW] the state of a parameter of shape ",
-                   p.sizes(), " has type ", typeid(*it->second).name(),
-                   ", not FusedAdamWParamState; restore state with volt::load_optimizer_state "
-                   "or torch::load into this optimizer.");
-      }
+      FusedAdamWParamState* st = detail::find_state<FusedAdamWParamState>(
+          kName, "FusedAdamWParamState", state_, layout.key(i), p);
       if (cuda) {
         if (st != nullptr) {  // fail here, before any parameter changed, not mid-step
           detail::check_state_size(kName, "exp_avg", st->exp_avg(), p);

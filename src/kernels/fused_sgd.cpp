@@ -4,7 +4,6 @@
 #include <torch/serialize/archive.h>
 
 #include <ostream>
-#include <typeinfo>
 
 #include "detail/fused_common.h"
 #include "detail/fused_cuda.h"
@@ -34,11 +33,7 @@ void validate(const FusedSGDOptions& o, const std::string& where) {
 }
 
 FusedSGDOptions& options_of(torch::optim::OptimizerParamGroup& group, size_t index) {
-  auto* o = dynamic_cast<FusedSGDOptions*>(&group.options());
-  VOLT_CHECK(o != nullptr, ConfigError, "[FusedSGD] param group ", index, " has options of type ",
-             typeid(group.options()).name(),
-             "; give each OptimizerParamGroup FusedSGDOptions, or none to use the defaults.");
-  return *o;
+  return detail::group_options<FusedSGDOptions>(kName, "FusedSGDOptions", group, index);
 }
 
 }  // namespace
@@ -129,11 +124,7 @@ FusedSGD::~FusedSGD() = default;
 FusedSGD::FusedSGD(FusedSGD&&) noexcept = default;
 
 at::Tensor FusedSGD::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  at::Tensor loss = detail::run_closure(closure);
   at::NoGradGuard no_grad;
   Impl& s = *impl_;
   s.work.clear();
@@ -155,14 +146,9 @@ at::Tensor FusedSGD::step(LossClosure closure) {
       const bool cuda = p.is_cuda();
       Impl::Work w{g, i, &o, nullptr, false};
       if (o.momentum() != 0) {
-        auto it = state_.find(layout.key(i));
-        if (it != state_.end()) {
-          w.state = dynamic_cast<FusedSGDParamState*>(it->second.get());
-          VOLT_CHECK(w.state != nullptr, ValueError,
-                     "[FusedSGD] the state of a parameter of shape ", p.sizes(), " has type ",
-                     typeid(*it->second).name(),
-                     ", not FusedSGDParamState; restore state with volt::load_optimizer_state "
-                     "or torch::load into this optimizer.");
+        w.state = detail::find_state<FusedSGDParamState>(kName, "FusedSGDParamState", state_,
+                                                         layout.key(i), p);
+        if (w.state != nullptr) {
           w.has_buffer = w.state->momentum_buffer().defined();
           if (cuda) {
             detail::check_state_size(kName, "momentum_buffer", w.state->momentum_buffer(), p);

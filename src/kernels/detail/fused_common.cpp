@@ -205,5 +205,11 @@ bool equal_or_undefined(const at::Tensor& a, const at::Tensor& b) {
   return a.equal(b);
 }
 
+at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
+  if (closure == nullptr) return {};
+  at::AutoGradMode enable_grad(true);
+  return closure();
+}
+
 }  // namespace detail
 }  // namespace volt

@@ -9,9 +9,11 @@
 
 #include <cstdint>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "../../io/detail/state_key.h"
+#include "volt/core/check.h"
 
 namespace volt {
 namespace detail {
@@ -32,6 +34,37 @@ void check_fusable(const char* component, const char* reference, const at::Tenso
 /// update it twice in parallel (a data race), so the optimizers refuse that.
 void check_params_unique(const char* component,
                          const std::vector<torch::optim::OptimizerParamGroup>& groups);
+
+/// Group `index`'s options as the optimizer's own type `Options` (named `options_name` in the
+/// message); ConfigError when the group carries another optimizer's options.
+template <typename Options>
+Options& group_options(const char* component, const char* options_name,
+                       torch::optim::OptimizerParamGroup& group, size_t index) {
+  auto* o = dynamic_cast<Options*>(&group.options());
+  VOLT_CHECK(o != nullptr, ConfigError, "[", component, "] param group ", index,
+             " has options of type ", typeid(group.options()).name(),
+             "; give each OptimizerParamGroup ", options_name, ", or none to use the defaults.");
+  return *o;
+}
+
+/// The state stored under `key` as the optimizer's own type `State` (named `state_name`), or
+/// nullptr when there is none; ValueError when it is another optimizer's state (p: its
+/// parameter, for the message).
+template <typename State>
+State* find_state(const char* component, const char* state_name, OptimizerStateMap& state,
+                  const OptimizerStateKey& key, const at::Tensor& p) {
+  auto it = state.find(key);
+  if (it == state.end()) return nullptr;
+  auto* st = dynamic_cast<State*>(it->second.get());
+  VOLT_CHECK(st != nullptr, ValueError, "[", component, "] the state of a parameter of shape ",
+             p.sizes(), " has type ", typeid(*it->second).name(), ", not ", state_name,
+             "; restore state with volt::load_optimizer_state or torch::load into this "
+             "optimizer.");
+  return st;
+}
+
+/// A step's closure, run with gradients enabled as torch::optim does; undefined without one.
+at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure);
 
 /// Where one parameter's state lives inside its group's flat buffers.
 struct FlatSlot {
