@@ -2,12 +2,14 @@
 """How libtorch's CPU kernels round bfloat16 arithmetic, measured (Debian's python3-torch 1.13,
 the same libtorch volt links here; and torch 2.11 on the GPU machine). volt's bf16 optimizer
 kernels (src/kernels/detail/multi_tensor.cpp) repeat what this prints; rerun it when libtorch
-changes. 1.13: every scalar rounded to bf16. 2.11 (2026-11-26, AVX512): mul_/div_ keep their
-scalar in float, the rest as 1.13; its Python torch.optim no longer runs the C++ op sequence
-(lerp_), so part 3 checks the model against that sequence (0 mismatches in vector lanes; the 7
-over 5 steps were scalar tails at the ends of the 16 threads' chunks). Part 4 (session 23) does
-the same for SGD: the FusedSGD bf16 tests failed against 2.11's torch::optim::SGD (H200 machine,
-2026-11-26), and part 4 is the check to run there next.
+changes. 1.13: every scalar rounded to bf16. 2.11 (2026-11-26, AVX512): Python's t.mul_(s) and
+div_(s) keep their scalar in float, the rest as 1.13. But C++'s Tensor::mul_(Scalar), which
+torch::optim calls, is at::mul_out(self, wrapped(s), self): the scalar is the first input, which
+2.x's float ("opmath") path does not take, so it is still rounded to bf16 (read in 2.x's source,
+session 24). Python reaches that overload as torch.ops.aten.mul_.Scalar: part 1 compares both,
+and parts 3 and 4 run torch::optim's C++ sequence with it. The model before session 24 took the
+Python rule for mul_ and failed the FusedSGD/FusedAdamW bf16 tests against 2.11's torch::optim
+(H200 machine, 2026-11-26: first step equal, later ones 0.8-4 % of elements apart).
 
     /usr/bin/python3 tools/bf16_op_rounding.py
 
@@ -58,6 +60,9 @@ def part1():
     cases = {
         "mul_(s)": (a.clone().mul_(s), {"s rounded to bf16": bf(fa * sb),
                                         "s in float": bf(fa * sf)}),
+        "C++ mul_(s) (aten::mul_.Scalar)": (torch.ops.aten.mul_.Scalar(a.clone(), s),
+                                            {"s rounded to bf16": bf(fa * sb),
+                                             "s in float": bf(fa * sf)}),
         "add_(x, alpha)": (a.clone().add_(b, alpha=s),
                            {"one fma, alpha bf16": bf(fma(fb, sb, fa)),
                             "one fma, alpha float": bf(fma(fb, sf, fa)),
@@ -102,14 +107,15 @@ def torch_optim(mode, amsgrad):
 
 class Model:
     """torch::optim's AdamW / Adam(L2) step written out in float32 with one bf16 rounding per
-    libtorch op; `ms` gives a mul_/div_ scalar as libtorch uses it (bf16 in 1.13, float in 2.x)."""
+    libtorch op; `ds` gives a div_ scalar as libtorch uses it (bf16 in 1.13, float in 2.x);
+    C++'s mul_(s) rounds s to bf16 in both."""
 
-    def __init__(self, p, mode, amsgrad, ms):
-        self.mode, self.amsgrad, self.ms = mode, amsgrad, ms
+    def __init__(self, p, mode, amsgrad, ds):
+        self.mode, self.amsgrad, self.ds = mode, amsgrad, ds
         self.p, self.m, self.v, self.vmax = p.float(), torch.zeros(N), torch.zeros(N), torch.zeros(N)
 
     def step(self, g, step):
-        ms = self.ms
+        ms, ds = bf, self.ds
         bc1, bc2 = 1 - B1 ** step, 1 - B2 ** step
         gi, pi = g.float(), self.p
         if self.mode == "adamw":
@@ -122,7 +128,7 @@ class Model:
         if self.amsgrad:
             self.vmax = torch.maximum(self.vmax, self.v)
             d = self.vmax
-        d = bf(bf(bf(d.sqrt()) / ms(scalar(math.sqrt(bc2)))) + bf(scalar(EPS)))
+        d = bf(bf(bf(d.sqrt()) / ds(scalar(math.sqrt(bc2)))) + bf(scalar(EPS)))
         self.p = bf((f32(scalar(-(LR / bc1))) * self.m) / d + pi)
         return self.p
 
@@ -144,11 +150,12 @@ def part3():
     """torch::optim's C++ AdamW/Adam op sequence, run here op by op on bf16 tensors, against
     torch.optim (foreach=False): equal in 1.13; in 2.x Python's loop (lerp_, ...) may differ,
     and then only part 1 says what the C++ sequence rounds like."""
-    # The model for the running torch: 2.x keeps mul_/div_ scalars in float.
-    ms = f32 if int(torch.__version__.split(".")[0]) >= 2 else bf
+    # The model for the running torch: 2.x divides by a float scalar.
+    ds = f32 if int(torch.__version__.split(".")[0]) >= 2 else bf
+    cxx_mul_ = torch.ops.aten.mul_.Scalar  # Tensor::mul_(Scalar), as C++ calls it
     for amsgrad, mode in CASES:
         p, ref, opt = torch_optim(mode, amsgrad)
-        model = Model(p, mode, amsgrad, ms)
+        model = Model(p, mode, amsgrad, ds)
         m, v, vmax = (torch.zeros(N, dtype=BF) for _ in range(3))
         bad = bad_model = 0
         for step in range(1, 6):
@@ -158,11 +165,11 @@ def part3():
             pe = model.step(g, step)
             bc1, bc2 = 1 - B1 ** step, 1 - B2 ** step
             if mode == "adamw":
-                p.mul_(1 - LR * WD)
+                cxx_mul_(p, 1 - LR * WD)
             else:
                 g = g.add(p, alpha=WD)
-            m.mul_(B1).add_(g, alpha=1 - B1)
-            v.mul_(B2).addcmul_(g, g, value=1 - B2)
+            cxx_mul_(m, B1).add_(g, alpha=1 - B1)
+            cxx_mul_(v, B2).addcmul_(g, g, value=1 - B2)
             d = v
             if amsgrad:
                 torch.maximum(vmax, v, out=vmax)
@@ -190,7 +197,7 @@ def part4():
     """torch::optim's C++ SGD op sequence, op by op on bf16 tensors, against volt's bf16 SGD
     model for the running torch (src/kernels/detail/multi_tensor.cpp, sgd_body_bf16); the
     FusedSGD bf16 tests compare the same pair in C++."""
-    ms = f32 if int(torch.__version__.split(".")[0]) >= 2 else bf
+    cxx_mul_ = torch.ops.aten.mul_.Scalar  # Tensor::mul_(Scalar), as C++ calls it
     lr = 0.05
     for name, mom, damp, nesterov, wd in SGD_CASES:
         torch.manual_seed(2)
@@ -204,14 +211,14 @@ def part4():
             if buf is None:
                 buf = d.clone()
             else:
-                buf.mul_(mom).add_(d, alpha=1 - damp)
+                cxx_mul_(buf, mom).add_(d, alpha=1 - damp)
             d = d.add(buf, alpha=mom) if nesterov else buf
             p.add_(d, alpha=-lr)
             # The model: one bf16 rounding per op.
             dm = g.float()
             if wd != 0:
                 dm = bf(fma(pm, bf(scalar(wd)), dm))
-            bm = dm if bm is None else bf(fma(dm, bf(scalar(1 - damp)), bf(bm * ms(scalar(mom)))))
+            bm = dm if bm is None else bf(fma(dm, bf(scalar(1 - damp)), bf(bm * bf(scalar(mom)))))
             dm = bf(fma(bm, bf(scalar(mom)), dm)) if nesterov else bm
             pm = bf(fma(dm, bf(scalar(-lr)), pm))
             where = (pm != p.float()).nonzero().flatten().tolist()

@@ -22,10 +22,15 @@
 // result to bf16 once per op. Measured with tools/bf16_op_rounding.py (every element of 1e6,
 // five AdamW/Adam steps, amsgrad or not) on libtorch 1.13: mul_/div_ by a scalar and add_(x,
 // alpha) round the scalar to bf16 first, add_ is one fma; addcmul_/addcdiv_ keep their value in
-// float; sqrt and max are exact up to the one rounding. On libtorch 2.11 (the CUDA wheel's CPU
-// kernels, 2026-11-26) one thing differs: mul_/div_ keep their scalar in float (2.x computes in
-// "opmath"); add_'s alpha and add_(scalar) still round it to bf16. The *_bf16 bodies repeat
-// that; kMulScalarInFloat picks the version (only 1.13 and 2.11 were measured).
+// float; sqrt and max are exact up to the one rounding. libtorch 2.x computes a binary op in
+// float ("opmath") when its *second* input is a wrapped scalar: div_(s) (self.div_(wrapped(s)))
+// does, so it divides by the float scalar. The C++ Tensor::mul_(Scalar) does not: it is
+// at::mul_out(self, wrapped(s), self), the scalar is the first input and is rounded to bf16 as in
+// 1.13 (read in 2.x's BinaryOps.cpp / BinaryOpsKernel.cpp, session 24; Python's t.mul_(s), which
+// the 2.11 probe of session 23 measured, takes the float path, hence the earlier model, whose
+// later steps differed from 2.11's torch::optim). The *_bf16 bodies repeat torch::optim's C++
+// sequence with these roundings; kDivScalarInFloat picks the version (1.13 measured; 2.x's
+// mul_ rule read from its source and still to be measured against 2.11's torch::optim).
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #define VOLT_AVX2_TARGET __attribute__((target("avx2,fma")))
@@ -113,10 +118,10 @@ VOLT_ALWAYS_INLINE float bf(float x) {
 VOLT_ALWAYS_INLINE float bf(double x) {
   return bf(static_cast<float>(x));
 }
-constexpr bool kMulScalarInFloat = VOLT_TORCH_VER >= 200;
-// A scalar operand of mul_/div_ as libtorch uses it.
-VOLT_ALWAYS_INLINE float mul_scalar(double x) {
-  return kMulScalarInFloat ? static_cast<float>(x) : bf(x);
+constexpr bool kDivScalarInFloat = VOLT_TORCH_VER >= 200;
+// The scalar of div_(s) as libtorch uses it (mul_(s)'s is bf(s) in every version).
+VOLT_ALWAYS_INLINE float div_scalar(double x) {
+  return kDivScalarInFloat ? static_cast<float>(x) : bf(x);
 }
 
 template <bool kAmsgrad, AdamDecay kDecay>
@@ -126,12 +131,12 @@ VOLT_ALWAYS_INLINE void adam_body_bf16(const TensorChunk& c) {
   uint16_t* __restrict m = static_cast<uint16_t*>(c.ptr[2]);
   uint16_t* __restrict v = static_cast<uint16_t*>(c.ptr[3]);
   uint16_t* __restrict vmax = static_cast<uint16_t*>(c.ptr[4]);
-  const float decay = mul_scalar(c.scalar[0]);
-  const float b1 = mul_scalar(c.scalar[1]);
+  const float decay = bf(c.scalar[0]);  // mul_ scalars: bf16
+  const float b1 = bf(c.scalar[1]);
   const float omb1 = bf(c.scalar[2]);
-  const float b2 = mul_scalar(c.scalar[3]);
+  const float b2 = bf(c.scalar[3]);
   const float omb2 = static_cast<float>(c.scalar[4]);  // addcmul_'s value: float
-  const float sqrt_bc2 = mul_scalar(c.scalar[5]);      // a divisor
+  const float sqrt_bc2 = div_scalar(c.scalar[5]);      // a divisor
   const float eps = bf(c.scalar[6]);
   const float neg_step = static_cast<float>(c.scalar[7]);  // addcdiv_'s value: float
   const float wd = bf(c.scalar[8]);
@@ -164,8 +169,7 @@ VOLT_ALWAYS_INLINE void sgd_body_bf16(const TensorChunk& c) {
   const uint16_t* __restrict g = static_cast<const uint16_t*>(c.ptr[1]);
   uint16_t* __restrict buf = static_cast<uint16_t*>(c.ptr[2]);
   const float wd = bf(c.scalar[0]);
-  const float momentum = mul_scalar(c.scalar[1]);  // buf.mul_(momentum)
-  const float momentum_alpha = bf(c.scalar[1]);    // d_p.add(buf, momentum)
+  const float momentum = bf(c.scalar[1]);  // buf.mul_(momentum), d_p.add(buf, momentum)
   const float one_minus_dampening = bf(c.scalar[2]);
   const float neg_lr = bf(c.scalar[3]);
   const int64_t n = c.numel;
@@ -182,7 +186,7 @@ VOLT_ALWAYS_INLINE void sgd_body_bf16(const TensorChunk& c) {
         b = bf(std::fma(d, one_minus_dampening, bf(bf_float(buf[i]) * momentum)));
       }
       buf[i] = bf_bits(b);
-      d = kNesterov ? bf(std::fma(b, momentum_alpha, d)) : b;  // d_p.add(buf, momentum) or buf
+      d = kNesterov ? bf(std::fma(b, momentum, d)) : b;  // d_p.add(buf, momentum) or buf
     }
     p[i] = bf_bits(std::fma(d, neg_lr, pi));  // p.add_(d_p, -lr)
   }
@@ -273,7 +277,7 @@ VOLT_ALWAYS_INLINE void scale_body(const TensorChunk& c) {
 
 VOLT_ALWAYS_INLINE void scale_body_bf16(const TensorChunk& c) {
   uint16_t* __restrict g = static_cast<uint16_t*>(c.ptr[0]);
-  const float coef = mul_scalar(c.scalar[0]);
+  const float coef = bf(c.scalar[0]);  // grad.mul_(coef)
   const int64_t n = c.numel;
   for (int64_t i = 0; i < n; ++i) g[i] = bf_bits(bf_float(g[i]) * coef);
 }
