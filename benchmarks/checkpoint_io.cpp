@@ -9,7 +9,8 @@
 // into the file's bytes), and AsyncCheckpointIO's save() (what the caller waits for) and
 // save() + flush() (until the file is on disk), and save() with reuse_buffer=false (a fresh
 // buffer per save). Sides alternate call by call; medians of --rounds. Then one load of the same
-// file: the previous loader against today's.
+// file: the previous loader (no envelope checks) against today's, and what today's spends in
+// the archive check it runs before libtorch (session 24).
 // Part 2: Trainer.fit of an MLP with Adam (10.5 M parameters: a ~126 MB checkpoint), saving
 // every 10 steps (ModelCheckpoint, all kept), with each CheckpointIO (Async with and without
 // reuse_buffer) and with no checkpoints; fits alternate; median wall seconds.
@@ -27,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "io/detail/archive_check.h"
 #include "timing.h"
 #include "volt/volt.h"
 
@@ -62,7 +64,7 @@ torch::serialize::InputArchive previous_load(const std::string& path) {
 void save_archive_rows(const std::string& dir, int rounds) {
   struct LoadRow {
     int64_t mib;
-    double previous, now;
+    double previous, now, check;
   };
   std::vector<LoadRow> loads;
   std::printf("\n## One save (median of %d, ms)\n\n", rounds);
@@ -103,23 +105,30 @@ void save_archive_rows(const std::string& dir, int rounds) {
                 median(a_total), median(f_call), median(s) / median(a_call));
     std::fflush(stdout);
     sync.save(ar, path);
-    std::vector<double> lp, ln;
+    std::vector<double> lp, ln, lc;
+    std::ifstream in(path, std::ios::binary);
+    const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     for (int r = 0; r < rounds + 1; ++r) {
       const double p = time_ms([&] { previous_load(path); });
       const double n = time_ms([&] { sync.load(path); });
+      // The archive check alone (part of load since session 24), on the payload in memory.
+      const double c = time_ms(
+          [&] { volt::detail::check_torch_archive(file.data() + 24, file.size() - 24, path); });
       if (r == 0) continue;
       lp.push_back(p);
       ln.push_back(n);
+      lc.push_back(c);
     }
-    loads.push_back({mib, median(lp), median(ln)});
+    loads.push_back({mib, median(lp), median(ln), median(lc)});
     std::remove(path.c_str());
   }
   std::printf("\n## One load (file in the page cache; median of %d, ms)\n\n", rounds);
   std::printf(
-      "| size | previous loader | TorchCheckpointIO::load | ratio |\n|---|---:|---:|---:|\n");
+      "| size | previous loader | TorchCheckpointIO::load | ratio | of which the archive check "
+      "|\n|---|---:|---:|---:|---:|\n");
   for (const auto& l : loads) {
-    std::printf("| %lld MiB | %.1f | %.1f | %.2fx |\n", static_cast<long long>(l.mib), l.previous,
-                l.now, l.previous / l.now);
+    std::printf("| %lld MiB | %.1f | %.1f | %.2fx | %.2f |\n", static_cast<long long>(l.mib),
+                l.previous, l.now, l.previous / l.now, l.check);
   }
 }
 

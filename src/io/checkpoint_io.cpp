@@ -11,6 +11,7 @@
 #include <exception>
 
 #include "core/detail/atomic_file_writer.h"
+#include "detail/archive_check.h"
 #include "detail/checkpoint_envelope.h"
 #include "volt/core/check.h"
 
@@ -162,6 +163,8 @@ torch::serialize::InputArchive detail::parse_checkpoint(const std::string& file,
   VOLT_CHECK(actual == crc, CheckpointError, "[CheckpointIO] '", path,
              "' is corrupted: CRC-32 mismatch (stored ", crc, ", computed ", actual,
              "); use an intact checkpoint (e.g. an older one).");
+  // libtorch's reader trusts what it reads (docs/HARDENING.md): check the archive's shape first.
+  detail::check_torch_archive(file.data() + kHeaderSize, size, path);
   torch::serialize::InputArchive archive;
   try {
     archive.load_from(file.data() + kHeaderSize, size);

@@ -156,20 +156,24 @@ std::string envelope_around(const std::string& payload) {
 
 TEST(CheckpointIO, ArchiveLibtorchRefusesWithANonC10ErrorIsACheckpointError) {
   // Found by fuzz/envelope_fuzzer.cpp: a TorchScript archive naming a class its code section
-  // lacks makes libtorch throw torch::jit::ErrorReport, which is no c10::Error and escaped.
+  // lacks (its code record's name is mangled) made libtorch throw torch::jit::ErrorReport, which
+  // is no c10::Error and escaped. Since session 24 volt's own archive check refuses it first
+  // (tests/io/archive_check_test.cpp); parse_checkpoint still turns any libtorch error into a
+  // CheckpointError.
   volt_test::TempDir dir;
   const std::string payload =
       read_file(std::string(VOLT_SOURCE_DIR) + "/tests/io/data/ckpt_payload_unknown_type.bin");
   ASSERT_FALSE(payload.empty());
   write_file(dir / "odd.ckpt", envelope_around(payload));
   const std::string m = error_of(dir / "odd.ckpt");
-  EXPECT_NE(m.find("passed its CRC but libtorch cannot read it (Unknown type name"),
+  EXPECT_NE(m.find("passed its CRC but is not an archive torch::serialize writes (a record name "
+                   "that is empty, too long or not printable)"),
             std::string::npos)
       << m;
   EXPECT_EQ(m.find('\n'), std::string::npos) << m;  // one line
 
   write_file(dir / "empty.ckpt", envelope_around(""));
-  EXPECT_NE(error_of(dir / "empty.ckpt").find("libtorch cannot read it"), std::string::npos);
+  EXPECT_NE(error_of(dir / "empty.ckpt").find("no ZIP end-of-directory record"), std::string::npos);
 }
 
 TEST(ModuleState, MismatchListsNamesAndShapes) {
