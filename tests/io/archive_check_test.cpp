@@ -2,13 +2,13 @@
 // indices, code lines and ZIP fields are CheckpointErrors before libtorch reads anything.
 #include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
-#include <zlib.h>
 
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "envelope.h"
 #include "io/detail/archive_check.h"
 #include "io/detail/checkpoint_envelope.h"
 #include "tiny.h"
@@ -85,18 +85,7 @@ std::string& record(Records& r, const std::string& name) {
   return none;
 }
 
-std::string envelope_around(const std::string& payload) {
-  std::string file = "VOLTCKPT";
-  const auto put = [&](uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) file.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  };
-  put(volt::TorchCheckpointIO::kFormatVersion, 4);
-  put(payload.size(), 8);
-  put(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()),
-            static_cast<uInt>(payload.size())),
-      4);
-  return file + payload;
-}
+using volt_test::envelope_around;
 
 // The CheckpointError parse_checkpoint gives for `zip`, or "" when it loads.
 std::string refusal(const std::string& zip) {

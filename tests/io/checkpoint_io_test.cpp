@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/detail/temp_files.h"
+#include "envelope.h"
 #include "tiny.h"
 
 namespace {
@@ -139,20 +140,7 @@ TEST(CheckpointIO, DetectsTruncationCorruptionAndForeignFiles) {
       << error_of(dir.path);
 }
 
-/// `payload` in a correct envelope (magic, format version, size, CRC-32): only libtorch can
-/// object to it.
-std::string envelope_around(const std::string& payload) {
-  std::string file = "VOLTCKPT";
-  const auto put = [&](uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) file.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  };
-  put(volt::TorchCheckpointIO::kFormatVersion, 4);
-  put(payload.size(), 8);
-  put(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()),
-            static_cast<uInt>(payload.size())),
-      4);
-  return file + payload;
-}
+using volt_test::envelope_around;
 
 TEST(CheckpointIO, ArchiveLibtorchRefusesWithANonC10ErrorIsACheckpointError) {
   // Found by fuzz/envelope_fuzzer.cpp: a TorchScript archive naming a class its code section
