@@ -164,6 +164,21 @@ TEST(ArchiveCheck, AClassWhoseFirstAttributeIsNoIdentifierPasses) {
   EXPECT_EQ(refusal(zip), "");
 }
 
+TEST(ArchiveCheck, NamesAreRefusedOnlyWhenTorchScriptReservesThem) {
+  // Python keywords that TorchScript's lexer does not reserve are plain attribute names.
+  torch::serialize::OutputArchive root;
+  root.write("yield", c10::IValue(int64_t(1)));
+  root.write("lambda", torch::ones({1}));
+  std::ostringstream out;
+  root.save_to(out);
+  EXPECT_EQ(refusal(out.str()), "");
+  // The words it reserves would be a parse error inside libtorch.
+  Records r = records_of(out.str());
+  std::string& code = record(r, "code/__torch__.py");
+  code.replace(code.find("yield : int"), 11, "NoneType : int");
+  EXPECT_REFUSED(zip_of(r), "not an attribute declaration");
+}
+
 TEST(ArchiveCheck, PickleLengthsAndMemoIndicesThatLieAreRefused) {
   Records base = records_of(written_archive());
   const std::string pkl = record(base, "data.pkl");

@@ -420,12 +420,15 @@ class Archive {
     return out + "\"";
   }
 
+  // The words TorchScript's lexer reserves (torch/csrc/jit/frontend/lexer.h, the same list in
+  // 1.13 and 2.11): as a class or attribute name they would be a parse error inside libtorch.
+  // Python keywords outside it (yield, lambda, ...) are plain names to TorchScript.
   static bool is_keyword(const std::string& s) {
     static const std::set<std::string> k = {
-        "False", "None",     "True",  "and",    "as",   "assert", "async",  "await",    "break",
-        "class", "continue", "def",   "del",    "elif", "else",   "except", "finally",  "for",
-        "from",  "global",   "if",    "import", "in",   "is",     "lambda", "nonlocal", "not",
-        "or",    "pass",     "raise", "return", "try",  "while",  "with",   "yield"};
+        "Ellipsis", "False", "None",   "NoneType", "True",   "and",   "as",
+        "assert",   "break", "class",  "continue", "def",    "del",   "elif",
+        "else",     "for",   "global", "if",       "import", "in",    "is",
+        "not",      "or",    "pass",   "raise",    "return", "while", "with"};
     return k.count(s) != 0;
   }
 
