@@ -13,6 +13,7 @@
 #include "core/detail/atomic_file_writer.h"
 #include "detail/archive_check.h"
 #include "detail/checkpoint_envelope.h"
+#include "detail/crc32.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -28,21 +29,6 @@ uint64_t get_le(const char* p, int bytes) {
   uint64_t v = 0;
   for (int i = 0; i < bytes; ++i) v |= uint64_t(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
-}
-
-uLong crc_update(uLong crc, const char* data, size_t n) {
-  // zlib's crc32 takes a uInt length: feed large payloads in chunks.
-  while (n > 0) {
-    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
-    data += chunk;
-    n -= chunk;
-  }
-  return crc;
-}
-
-uint32_t crc_of(const char* data, size_t n) {
-  return static_cast<uint32_t>(crc_update(crc32(0L, Z_NULL, 0), data, n));
 }
 
 // The header's first 12 bytes (magic, format version) and zeros where the payload size and CRC
@@ -82,7 +68,7 @@ void detail::serialize_checkpoint(torch::serialize::OutputArchive& archive, std:
 
 void detail::seal_checkpoint(std::string& file) {
   const size_t size = file.size() - kHeaderSize;
-  const std::string fields = sealed_fields(size, crc_of(file.data() + kHeaderSize, size));
+  const std::string fields = sealed_fields(size, detail::crc32_of(file.data() + kHeaderSize, size));
   file.replace(kSealedFieldsOffset, fields.size(), fields);
 }
 
@@ -106,7 +92,7 @@ void TorchCheckpointIO::save(torch::serialize::OutputArchive& archive, const std
       failure = std::current_exception();
       return n;
     }
-    crc = crc_update(crc, static_cast<const char*>(data), n);
+    crc = detail::crc32_update(crc, static_cast<const char*>(data), n);
     return n;
   };
   archive.save_to(sink);
@@ -159,7 +145,7 @@ torch::serialize::InputArchive detail::parse_checkpoint(const std::string& file,
   VOLT_CHECK(file.size() - kHeaderSize == size, CheckpointError, "[CheckpointIO] '", path,
              "' is truncated or padded: header says ", size, " payload bytes, file has ",
              file.size() - kHeaderSize, "; use an intact checkpoint (e.g. an older one).");
-  const uint32_t actual = crc_of(file.data() + kHeaderSize, size);
+  const uint32_t actual = detail::crc32_of(file.data() + kHeaderSize, size);
   VOLT_CHECK(actual == crc, CheckpointError, "[CheckpointIO] '", path,
              "' is corrupted: CRC-32 mismatch (stored ", crc, ", computed ", actual,
              "); use an intact checkpoint (e.g. an older one).");

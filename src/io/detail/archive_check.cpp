@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "crc32.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -200,13 +201,8 @@ class Archive {
       }
       if (!keep) return out;
     }
-    uint32_t c = static_cast<uint32_t>(crc32(0L, Z_NULL, 0));
-    for (size_t off = 0; off < out.size();) {
-      const uInt len = static_cast<uInt>(std::min<size_t>(out.size() - off, 1u << 30));
-      c = static_cast<uint32_t>(crc32(c, reinterpret_cast<const Bytef*>(out.data() + off), len));
-      off += len;
-    }
-    if (c != e.crc) fail("record '" + e.name + "' fails its ZIP CRC-32");
+    if (crc32_of(out.data(), out.size()) != e.crc)
+      fail("record '" + e.name + "' fails its ZIP CRC-32");
     return out;
   }
 
@@ -477,7 +473,6 @@ class Archive {
   // a type names is defined in the archive.
   void check_code() {
     std::set<std::string> defined;
-    std::vector<std::pair<std::string, std::string>>& used = used_;
     for (const auto& file : code_files_) {
       const std::string& rel = file.first;  // a plain reference: lambdas capture it in C++17
       const std::string& text = file.second;
@@ -539,14 +534,14 @@ class Archive {
         const std::string& first = t[0].text;
         if (first == "__parameters__" || first == "__buffers__" || first == "__constants__") {
           // NAME = [ "a", "b", ]
-          size_t i = 1;
           if (t.size() < 4 || t[1].text != "=" || t[2].text != "[" || t.back().text != "]") {
             bad(number, "a broken " + first + " list");
           }
-          for (i = 3; i + 1 < t.size();) {
+          for (size_t i = 3; i + 1 < t.size();) {
             if (t[i].kind != Token::kString) bad(number, "a broken " + first + " list");
-            if (first != "__constants__")
+            if (first != "__constants__") {
               listed.push_back(t[i].text.substr(1, t[i].text.size() - 2));
+            }
             ++i;
             if (t[i].text == ",") {
               ++i;
@@ -591,11 +586,11 @@ class Archive {
         if (type == "Optional" && i == type_start + 4 && t[type_start + 2].text == "Tensor") {
           tensors_declared.insert(attr);
         }
-        for (auto& c : classes) used.emplace_back(std::move(c), rel);
+        for (auto& c : classes) used_.emplace_back(std::move(c), rel);
       }
       end_class(number);
     }
-    for (const auto& [name, rel] : used) {
+    for (const auto& [name, rel] : used_) {
       if (defined.count(name) == 0) {
         fail("'" + rel + "' names class " + name + ", which the archive's code does not define");
       }
