@@ -4,7 +4,8 @@
 // peak RSS and the exact per-rank bytes of parameters, gradients and Adam state.
 //
 //   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
-//                  [--only weak|sweep|overlap|static|zero|offload|zero_overlap|master]
+//                  [--only weak|sweep|overlap|static|zero|offload|zero_overlap|master|
+//                          collectives]
 //                  [--nvme DIR]
 //
 // `zero_overlap`: stages 2 and 3 at 2 ranks with 2 MB gradient buckets, each bucket's reduction
@@ -19,6 +20,10 @@
 // #12), with the parameter bytes in RAM at once during the step; then a deeper MLP (8 hidden
 // layers of 1024) with the parameter chunks stepping in one sub-group against sub-groups of 6e5
 // elements, for both.
+//
+// `collectives` (only when asked for): the reduce-scatter ZeRO's gradient buckets use (one
+// all-to-all and a local sum) against the all-reduce of the whole bucket it replaced, at 2 and 4
+// ranks, for buckets of 64 k to 16 M fp32 elements.
 //
 // The driver runs every configuration as a fresh job of this same binary (`--worker ...`), with
 // OPENBLAS_NUM_THREADS=1 so that "1 thread" holds for OpenBLAS too; with devices=2 the job's
@@ -35,6 +40,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -44,6 +50,9 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
+#include <volt/distributed/cluster_environment.h>
+#include <volt/distributed/local_launcher.h>
+#include <volt/distributed/process_group.h>
 #include <volt/strategies/deepspeed.h>
 #include <volt/volt.h>
 
@@ -156,9 +165,45 @@ class Timing : public volt::Callback {
   Clock::time_point batch_start_, backward_start_;
 };
 
+/// `--collectives 1`: the reduce-scatter that ZeRO's gradient buckets use against what it
+/// replaced (an all-reduce of the whole bucket, then this rank's row) on a process group of
+/// `devices` local ranks, interleaved per size so that noise hits both alike. Rank 0 prints one
+/// COLL line per size.
+int collectives_worker(int64_t devices) {
+  auto env = volt::detect_cluster_environment(volt::process_env(), devices, 1);
+  std::unique_ptr<volt::LocalLauncher> launcher;
+  if (env.launches_workers) {
+    launcher = std::make_unique<volt::LocalLauncher>(env);
+    env = launcher->environment();
+  }
+  volt::ProcessGroup pg(env, volt::ProcessGroupOptions());
+  for (const int64_t n : {int64_t(1) << 16, int64_t(1) << 20, int64_t(1) << 22, int64_t(1) << 24}) {
+    auto bucket = torch::ones({devices, n / devices});
+    std::vector<double> old_ms, new_ms;
+    for (int i = 0; i < 12; ++i) {
+      auto t0 = Clock::now();
+      at::Tensor a_chunk = pg.all_reduce(bucket).select(0, pg.rank()).clone();
+      if (i >= 2) old_ms.push_back(ms_since(t0));
+      t0 = Clock::now();
+      at::Tensor b_chunk = pg.reduce_scatter(bucket).view({-1});
+      if (i >= 2) new_ms.push_back(ms_since(t0));
+      if (!a_chunk.equal(b_chunk)) throw std::runtime_error("reduce_scatter differs");
+    }
+    if (pg.rank() == 0) {
+      std::printf("COLL rank=0 n=%lld allreduce_chunk_ms=%.3f reduce_scatter_ms=%.3f\n",
+                  static_cast<long long>(n), median(old_ms), median(new_ms));
+    }
+  }
+  pg.barrier();
+  if (launcher) launcher->wait_all(std::chrono::seconds(30));
+  std::fflush(stdout);
+  return 0;
+}
+
 int worker(std::map<std::string, std::string>& a) {
   auto num = [&](const char* k, double def) { return a.count(k) ? std::stod(a[k]) : def; };
   const auto devices = static_cast<int64_t>(num("--devices", 1));
+  if (num("--collectives", 0) != 0) return collectives_worker(devices);
   const auto width = static_cast<int64_t>(num("--width", 2048));
   const auto batch = static_cast<int64_t>(num("--batch", 64));
   const auto steps = static_cast<int64_t>(num("--steps", 30));
@@ -278,6 +323,7 @@ struct Result {
   double step_ms = 0, bwd_sync_ms = 0, bwd_nosync_ms = 0, allreduce_ms = 0, rss_mb = 0;
   long long params = 0, grads = 0, state = 0, files = 0, master = 0, pfiles = 0, ppeak = 0;
   int ranks = 0;
+  std::string collectives;  // rank 0's COLL lines (--collectives 1)
 };
 
 /// Runs one job of this binary and folds its ranks' RESULT lines: rank 0's times (the ranks
@@ -302,14 +348,17 @@ Result job(const std::string& self, const std::string& args) {
       if (rank == 0) {
         one.rss_mb = r.rss_mb;
         one.ranks = r.ranks;
+        one.collectives = std::move(r.collectives);
         r = one;
       }
+    } else if (std::strncmp(line, "COLL rank=0 ", 12) == 0) {
+      r.collectives += line + 12;
     } else {
       std::fputs(line, stderr);  // a failing job shows why
     }
   }
   const int status = p != nullptr ? ::pclose(p) : -1;
-  if (status != 0 || r.ranks == 0) {
+  if (status != 0 || (r.ranks == 0 && r.collectives.empty())) {
     std::fprintf(stderr, "job failed (status %d): %s\n", status, cmd.c_str());
     std::exit(1);
   }
@@ -345,6 +394,39 @@ int main(int argc, char** argv) {
 
     const std::string only = a.count("--only") ? a["--only"] : "";
     auto wanted = [&](const char* part) { return only.empty() || only == part; };
+
+    // 0. ZeRO's reduce-scatter (one all-to-all, then a local sum) against the all-reduce and
+    // chunk it replaced, on a DDP run's group at 2 and 4 ranks; the median of each round's
+    // medians. Not in the default set (--only collectives).
+    if (only == "collectives") {
+      std::printf(
+          "reduce-scatter of a [world, n / world] fp32 bucket: all_reduce + this rank's row "
+          "vs reduce_scatter (ms, median)\n");
+      std::printf("  ranks  elements   all_reduce+chunk  reduce_scatter  ratio\n");
+      for (const char* n : {"2", "4"}) {
+        std::map<long long, std::vector<double>> old_ms, new_ms;
+        for (int r = 0; r < rounds; ++r) {
+          const Result res = job(bin, std::string("--devices ") + n + " --collectives 1");
+          std::istringstream lines(res.collectives);
+          std::string line;
+          while (std::getline(lines, line)) {
+            long long elements = 0;
+            double o = 0, m = 0;
+            if (std::sscanf(line.c_str(), "n=%lld allreduce_chunk_ms=%lf reduce_scatter_ms=%lf",
+                            &elements, &o, &m) == 3) {
+              old_ms[elements].push_back(o);
+              new_ms[elements].push_back(m);
+            }
+          }
+        }
+        for (const auto& [elements, o] : old_ms) {
+          std::printf("  %5s  %8lld   %16.3f  %14.3f  %5.2fx\n", n, elements, median(o),
+                      median(new_ms[elements]), median(o) / median(new_ms[elements]));
+        }
+      }
+      std::printf("\n");
+      return 0;
+    }
 
     // 1. Weak scaling, rounds interleaved so that machine noise hits both alike.
     if (wanted("weak")) {

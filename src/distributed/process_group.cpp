@@ -105,7 +105,7 @@ void report_lost_rank(const ClusterEnvironment&, const std::string&,
 
 namespace detail {
 struct PendingCollective::State {};
-PendingCollective start_all_reduce(const std::shared_ptr<ProcessGroup>&, at::Tensor, Reduce) {
+PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>&, at::Tensor, Reduce) {
   VOLT_ASSERT(false);
 }
 PendingCollective start_all_gather(const std::shared_ptr<ProcessGroup>&, const at::Tensor&) {
@@ -655,7 +655,28 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
   VOLT_CHECK(value.dim() >= 1 && value.size(0) % world_size_ == 0, ValueError, kTag,
              " reduce_scatter needs size(0) divisible by world_size=", world_size_, ", got ",
              value.sizes(), "; pad dim 0 to a multiple of ", world_size_, ".");
-  return all_reduce(value, op).chunk(world_size_, 0)[rank_].clone();
+  VOLT_CHECK(op != Reduce::kMean || value.is_floating_point(), ValueError, kTag,
+             " reduce_scatter with kMean needs a floating tensor, got ", value.scalar_type(),
+             "; convert it first or use kSum.");
+  // Gloo has no reduce-scatter (1.13) or emulates it with an all-reduce (2.x): one all-to-all
+  // hands row block j of every rank to rank j, which reduces them itself (detail::reduce_rows).
+  // 16-bit floats are reduced in fp32, as all_reduce does.
+  const bool narrow = value.scalar_type() == at::kBFloat16 || value.scalar_type() == at::kHalf;
+  at::Tensor in = narrow ? value.detach().to(at::kFloat).contiguous() : value.detach().contiguous();
+  in = in.reshape({world_size_, in.numel() / world_size_});
+  at::Tensor received = at::empty_like(in);
+  run_collective(*this, "reduce_scatter", [&] {
+    std::vector<int64_t> equal_split;
+    c10d::AllToAllOptions o;
+    o.timeout = options_.timeout();
+    return impl_->group->alltoall_base(received, in, equal_split, equal_split, o);
+  });
+  auto shape = value.sizes().vec();
+  shape[0] /= world_size_;
+  at::Tensor out =
+      detail::reduce_rows(received, op == Reduce::kMean ? Reduce::kSum : op).view(shape);
+  if (op == Reduce::kMean) out.div_(world_size_);
+  return narrow ? out.to(value.scalar_type()) : out;
 }
 
 void ProcessGroup::barrier() {
@@ -692,8 +713,9 @@ struct PendingCollective::State {
   const char* op = "";
   decltype(std::declval<c10d::ProcessGroup&>().barrier()) work;
   std::vector<std::vector<at::Tensor> > outputs;  // all_gather's, one per rank
-  std::vector<at::Tensor> inputs;                 // all_reduce's buffer
-  c10::optional<c10::ScalarType> view_as;         // bf16 gathered as fp16 bits
+  std::vector<at::Tensor> inputs;  // all_gather's value; reduce_scatter's rows and those received
+  c10::optional<c10::ScalarType> view_as;  // bf16 gathered as fp16 bits
+  c10::optional<Reduce> reduce_received;   // reduce_scatter: how to reduce the received rows
 };
 
 namespace {
@@ -718,17 +740,21 @@ PendingCollective start_collective(const std::shared_ptr<ProcessGroup>& group,
 
 }  // namespace
 
-PendingCollective start_all_reduce(const std::shared_ptr<ProcessGroup>& group, at::Tensor buffer,
-                                   Reduce op) {
-  VOLT_ASSERT(op != Reduce::kMean && buffer.is_contiguous());
+PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>& group, at::Tensor rows,
+                                       Reduce op) {
+  VOLT_ASSERT(op != Reduce::kMean && rows.is_contiguous() && rows.dim() >= 1 &&
+              rows.size(0) == group->world_size());
   auto st = std::make_unique<PendingCollective::State>();
-  st->op = "all_reduce";
-  st->inputs.push_back(std::move(buffer));
+  st->op = "reduce_scatter";
+  st->reduce_received = op;
+  st->inputs.push_back(std::move(rows));
+  st->inputs.push_back(at::empty_like(st->inputs[0]));
   return start_collective(group, std::move(st), [&](PendingCollective::State& s) {
-    c10d::AllreduceOptions o;
-    o.reduceOp = to_c10d(op);
+    std::vector<int64_t> equal_split;
+    c10d::AllToAllOptions o;
     o.timeout = group->options().timeout();
-    return group->impl().group->allreduce(s.inputs, o);
+    return group->impl().group->alltoall_base(s.inputs[1], s.inputs[0], equal_split, equal_split,
+                                              o);
   });
 }
 
@@ -759,7 +785,7 @@ std::vector<at::Tensor> PendingCollective::wait() {
   } catch (const std::exception& e) {
     throw_collective_error(*st->group, st->op, e);
   }
-  if (st->outputs.empty()) return std::move(st->inputs);
+  if (st->reduce_received) return {reduce_rows(st->inputs[1], *st->reduce_received)};
   std::vector<at::Tensor> out = std::move(st->outputs[0]);
   if (st->view_as) {
     for (auto& t : out) t = t.view(*st->view_as);
@@ -782,6 +808,21 @@ PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
 PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
 bool PendingCollective::pending() const {
   return state_ != nullptr;
+}
+
+at::Tensor reduce_rows(const at::Tensor& received, Reduce op) {
+  VOLT_ASSERT(op != Reduce::kMean && received.dim() >= 1 && received.size(0) >= 1);
+  // Rank 0's row first, then each next rank's: the same order on every run.
+  at::Tensor acc = received.select(0, 0).clone();
+  for (int64_t r = 1; r < received.size(0); ++r) {
+    const at::Tensor row = received.select(0, r);
+    switch (op) {
+      case Reduce::kMin: at::minimum_out(acc, acc, row); break;
+      case Reduce::kMax: at::maximum_out(acc, acc, row); break;
+      default: acc.add_(row); break;
+    }
+  }
+  return acc;
 }
 }  // namespace detail
 

@@ -874,9 +874,8 @@ void ZeroEngine::launch_bucket(size_t b) {
     if (options_.stage() >= 2) c.parameter.mutable_grad().reset();
     off += c.chunk;
   }
-  // Gloo 1.13 has no reduce_scatter: all-reduce the rows, keep this rank's (ProcessGroup's shim).
   const bool overlapped = options_.overlap_comm() && armed_;
-  comm_->reductions.push_back({b, detail::start_all_reduce(group_, buffer, Reduce::kSum)});
+  comm_->reductions.push_back({b, detail::start_reduce_scatter(group_, buffer, Reduce::kSum)});
   ++stats_.reductions;
   if (overlapped) ++stats_.overlapped;
   // Double buffering: at most two reductions in flight while backward goes on.
@@ -891,7 +890,7 @@ void ZeroEngine::complete_bucket() {
   Comm::Reduction r = std::move(comm_->reductions.front());
   comm_->reductions.pop_front();
   const auto [first, last] = buckets_[r.bucket];
-  at::Tensor mine = r.work.wait()[0].select(0, group_->rank());
+  at::Tensor mine = r.work.wait()[0];
   mine.div_(static_cast<double>(world));
   int64_t off = 0;
   for (size_t i = first; i < last; ++i) {

@@ -10,6 +10,7 @@
 
 #include <chrono>
 
+#include "distributed/detail/async_collective.h"
 #include "distributed/detail/net.h"
 #include "processes.h"
 #include "volt/core/errors.h"
@@ -92,6 +93,22 @@ TEST(ProcessGroup, WorldOfOneRunsEveryCollective) {
   pg.barrier();
   EXPECT_TRUE(pg.all_of(true));
   EXPECT_FALSE(pg.any_of(false));
+}
+
+TEST(ProcessGroup, ReceivedRowsAreReducedInRankOrder) {
+  // What reduce_scatter does with the rows the all-to-all brought (row r from rank r). In fp32
+  // 1e8 + 1 rounds to 1e8: rank order gives ((1e8 + 1) - 1e8) + 1 = 1, any order that adds the
+  // ones first would give 2 or 0, so a result of 1 shows the order.
+  auto rows = torch::tensor({{1e8f, 2.0f}, {1.0f, -5.0f}, {-1e8f, 7.0f}, {1.0f, 3.0f}});
+  auto sum = volt::detail::reduce_rows(rows, volt::Reduce::kSum);
+  EXPECT_EQ(sum[0].item<float>(), 1.0f);
+  EXPECT_EQ(sum[1].item<float>(), 7.0f);
+  EXPECT_TRUE(
+      volt::detail::reduce_rows(rows, volt::Reduce::kMin).equal(torch::tensor({-1e8f, -5.0f})));
+  EXPECT_TRUE(
+      volt::detail::reduce_rows(rows, volt::Reduce::kMax).equal(torch::tensor({1e8f, 7.0f})));
+  // The input is left as it was (it is the received buffer, not the result).
+  EXPECT_EQ(rows[0][0].item<float>(), 1e8f);
 }
 
 TEST(ProcessGroup, MasterPortInUseOnRankZero) {

@@ -130,6 +130,27 @@ void run_collectives(volt::ProcessGroup& pg) {
   check_close(rs, full.narrow(0, 2 * r, 2), 0, "reduce_scatter");
   expect_throw<volt::ValueError>([&] { pg.reduce_scatter(at::zeros({2 * w + 1})); }, "divisible",
                                  "reduce_scatter size");
+  // Rows of several columns, given transposed (not contiguous), and the other reductions: rank q
+  // holds q - 3 * (q % 2) + i in element i, so the minimum and maximum come from different ranks.
+  auto rows_t = (at::arange(3 * w, at::kFloat).view({3, w}) + float(r - 3 * (r % 2))).t();
+  auto of_rank = [&](int64_t q) {
+    return at::arange(3 * w, at::kFloat).view({3, w}).t() + float(q - 3 * (q % 2));
+  };
+  auto lo = of_rank(0), hi = of_rank(0), total = of_rank(0);
+  for (int64_t q = 1; q < w; ++q) {
+    lo = at::minimum(lo, of_rank(q));
+    hi = at::maximum(hi, of_rank(q));
+    total = total + of_rank(q);
+  }
+  check_close(pg.reduce_scatter(rows_t, volt::Reduce::kMin), lo.narrow(0, r, 1), 0,
+              "reduce_scatter min");
+  check_close(pg.reduce_scatter(rows_t, volt::Reduce::kMax), hi.narrow(0, r, 1), 0,
+              "reduce_scatter max");
+  check_close(pg.reduce_scatter(rows_t, volt::Reduce::kMean), total.narrow(0, r, 1) / w, 0,
+              "reduce_scatter mean");
+  CHECK_TRUE(pg.reduce_scatter(at::full({w}, r + 1, at::kLong))
+                 .equal(at::full({1}, w * (w + 1) / 2, at::kLong)),
+             "reduce_scatter long");
   // bf16, which Gloo in libtorch 1.13 lacks: reduced in fp32 and rounded back, copied as bits.
   // 1/3 + r is not a bf16 value: the results must be exactly the roundings of fp32 arithmetic.
   const auto bf = (at::full({5}, 1.0f / 3) + r).to(at::kBFloat16);
@@ -148,6 +169,10 @@ void run_collectives(volt::ProcessGroup& pg) {
                    bg[q].equal((at::full({5}, 1.0f / 3) + q).to(at::kBFloat16)),
                "all_gather bf16 item");
   }
+  const auto brs = pg.reduce_scatter((at::full({w}, 1.0f / 3) + r).to(at::kBFloat16));
+  CHECK_TRUE(
+      brs.scalar_type() == at::kBFloat16 && brs.equal(at::full({1}, bf_sum).to(at::kBFloat16)),
+      "reduce_scatter bf16 sum");
   pg.barrier();
   CHECK_TRUE(pg.all_of(true), "all_of(true)");
   CHECK_TRUE(pg.all_of(r != 0) == (w == 1), "all_of(r != 0)");

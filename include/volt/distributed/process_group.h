@@ -86,8 +86,10 @@ class ProcessGroup {
   std::vector<at::Tensor> all_gather(const at::Tensor& value);
   /// all_gather concatenated along dim 0 (c10d's _allgather_base, which Gloo lacks in 1.13).
   at::Tensor all_gather_flat(const at::Tensor& value);
-  /// This rank's chunk (size(0) / world_size rows) of the reduction of `value` over ranks
-  /// (reduce_scatter, which Gloo lacks in 1.13: an all-reduce, then this rank's chunk).
+  /// This rank's chunk (size(0) / world_size rows) of the reduction of `value` over ranks.
+  /// Gloo has no reduce-scatter of its own (1.13) or an all-reduce in its place (2.x): volt sends
+  /// each rank its chunks with one all-to-all and reduces them in rank order, moving half the
+  /// bytes of an all-reduce.
   at::Tensor reduce_scatter(const at::Tensor& value, Reduce op = Reduce::kSum);
   /// Returns when every rank has called it.
   void barrier();

@@ -27,8 +27,8 @@ class PendingCollective {
 
   /// Whether it was started and not yet waited for.
   bool pending() const;
-  /// Waits for it. all_reduce: {the reduced buffer}; all_gather: every rank's value, in rank
-  /// order. Throws DistributedError on a timeout or lost peer.
+  /// Waits for it. reduce_scatter: {this rank's reduced row}; all_gather: every rank's value, in
+  /// rank order. Throws DistributedError on a timeout or lost peer.
   std::vector<at::Tensor> wait();
 
   struct State;  // the c10d work and its tensors (process_group.cpp)
@@ -39,10 +39,16 @@ class PendingCollective {
   std::unique_ptr<State> state_;
 };
 
-/// Starts reducing `buffer` (contiguous) over the ranks in place; leave it untouched until
-/// wait(). kSum, kMin, kMax only.
-PendingCollective start_all_reduce(const std::shared_ptr<ProcessGroup>& group, at::Tensor buffer,
-                                   Reduce op);
+/// Starts a reduce-scatter of `rows` (contiguous, size(0) == world size, a dtype Gloo carries):
+/// one all-to-all hands row j of every rank to rank j, which reduces the rows it received
+/// (reduce_rows). Each rank sends and receives (N-1)/N of the buffer, half the bytes of the
+/// all-reduce Gloo would otherwise need, and holds a second buffer of the rows' size until
+/// wait(). wait(): {this rank's reduced row}. kSum, kMin, kMax only.
+PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>& group, at::Tensor rows,
+                                       Reduce op);
+/// Reduces the rows of `received` (row r from rank r) in rank order: a fixed order, so the
+/// result is reproducible (and, for two ranks, bitwise an all-reduce's). kSum, kMin, kMax only.
+at::Tensor reduce_rows(const at::Tensor& received, Reduce op);
 /// Starts gathering `value` from every rank. Unlike ProcessGroup::all_gather the shapes are not
 /// compared first (that costs a collective): every rank must pass the same shape and dtype.
 /// bf16 travels as its bits (Gloo 1.13 has no bf16), any other dtype as itself.
