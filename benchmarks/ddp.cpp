@@ -23,7 +23,7 @@
 //
 // `collectives` (only when asked for): the reduce-scatter ZeRO's gradient buckets use (one
 // all-to-all and a local sum) against the all-reduce of the whole bucket it replaced, at 2 and 4
-// ranks, for buckets of 64 k to 16 M fp32 elements.
+// ranks, for fp32 and bf16 buckets of 64 k to 16 M elements.
 //
 // The driver runs every configuration as a fresh job of this same binary (`--worker ...`), with
 // OPENBLAS_NUM_THREADS=1 so that "1 thread" holds for OpenBLAS too; with devices=2 the job's
@@ -177,21 +177,25 @@ int collectives_worker(int64_t devices) {
     env = launcher->environment();
   }
   volt::ProcessGroup pg(env, volt::ProcessGroupOptions());
-  for (const int64_t n : {int64_t(1) << 16, int64_t(1) << 20, int64_t(1) << 22, int64_t(1) << 24}) {
-    auto bucket = torch::ones({devices, n / devices});
-    std::vector<double> old_ms, new_ms;
-    for (int i = 0; i < 12; ++i) {
-      auto t0 = Clock::now();
-      at::Tensor a_chunk = pg.all_reduce(bucket).select(0, pg.rank()).clone();
-      if (i >= 2) old_ms.push_back(ms_since(t0));
-      t0 = Clock::now();
-      at::Tensor b_chunk = pg.reduce_scatter(bucket).view({-1});
-      if (i >= 2) new_ms.push_back(ms_since(t0));
-      if (!a_chunk.equal(b_chunk)) throw std::runtime_error("reduce_scatter differs");
-    }
-    if (pg.rank() == 0) {
-      std::printf("COLL rank=0 n=%lld allreduce_chunk_ms=%.3f reduce_scatter_ms=%.3f\n",
-                  static_cast<long long>(n), median(old_ms), median(new_ms));
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t n :
+         {int64_t(1) << 16, int64_t(1) << 20, int64_t(1) << 22, int64_t(1) << 24}) {
+      auto bucket = torch::ones({devices, n / devices}, dtype);
+      std::vector<double> old_ms, new_ms;
+      for (int i = 0; i < 12; ++i) {
+        auto t0 = Clock::now();
+        at::Tensor a_chunk = pg.all_reduce(bucket).select(0, pg.rank()).clone();
+        if (i >= 2) old_ms.push_back(ms_since(t0));
+        t0 = Clock::now();
+        at::Tensor b_chunk = pg.reduce_scatter(bucket).view({-1});
+        if (i >= 2) new_ms.push_back(ms_since(t0));
+        if (!a_chunk.equal(b_chunk)) throw std::runtime_error("reduce_scatter differs");
+      }
+      if (pg.rank() == 0) {
+        std::printf("COLL rank=0 %s n=%lld allreduce_chunk_ms=%.3f reduce_scatter_ms=%.3f\n",
+                    dtype == at::kFloat ? "fp32" : "bf16", static_cast<long long>(n),
+                    median(old_ms), median(new_ms));
+      }
     }
   }
   pg.barrier();
@@ -400,28 +404,35 @@ int main(int argc, char** argv) {
     // medians. Not in the default set (--only collectives).
     if (only == "collectives") {
       std::printf(
-          "reduce-scatter of a [world, n / world] fp32 bucket: all_reduce + this rank's row "
-          "vs reduce_scatter (ms, median)\n");
-      std::printf("  ranks  elements   all_reduce+chunk  reduce_scatter  ratio\n");
+          "reduce-scatter of a [world, n / world] bucket: all_reduce + this rank's row vs "
+          "reduce_scatter (ms, median; bf16 all-reduces in fp32)\n");
+      std::printf("  ranks  dtype  elements   all_reduce+chunk  reduce_scatter  ratio\n");
       for (const char* n : {"2", "4"}) {
-        std::map<long long, std::vector<double>> old_ms, new_ms;
+        // "fp32 65536" -> times; std::map orders fp32 after bf16, sizes as text: keep the order
+        // the worker printed them in.
+        std::vector<std::string> order;
+        std::map<std::string, std::vector<double>> old_ms, new_ms;
         for (int r = 0; r < rounds; ++r) {
           const Result res = job(bin, std::string("--devices ") + n + " --collectives 1");
           std::istringstream lines(res.collectives);
           std::string line;
           while (std::getline(lines, line)) {
+            char dtype[8] = {0};
             long long elements = 0;
             double o = 0, m = 0;
-            if (std::sscanf(line.c_str(), "n=%lld allreduce_chunk_ms=%lf reduce_scatter_ms=%lf",
-                            &elements, &o, &m) == 3) {
-              old_ms[elements].push_back(o);
-              new_ms[elements].push_back(m);
+            if (std::sscanf(line.c_str(), "%7s n=%lld allreduce_chunk_ms=%lf reduce_scatter_ms=%lf",
+                            dtype, &elements, &o, &m) == 4) {
+              char key[64];
+              std::snprintf(key, sizeof key, "%5s  %8lld", dtype, elements);
+              if (!old_ms.count(key)) order.push_back(key);
+              old_ms[key].push_back(o);
+              new_ms[key].push_back(m);
             }
           }
         }
-        for (const auto& [elements, o] : old_ms) {
-          std::printf("  %5s  %8lld   %16.3f  %14.3f  %5.2fx\n", n, elements, median(o),
-                      median(new_ms[elements]), median(o) / median(new_ms[elements]));
+        for (const auto& key : order) {
+          const double o = median(old_ms[key]), m = median(new_ms[key]);
+          std::printf("  %5s  %s   %16.3f  %14.3f  %5.2fx\n", n, key.c_str(), o, m, o / m);
         }
       }
       std::printf("\n");

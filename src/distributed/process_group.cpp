@@ -660,10 +660,11 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
              "; convert it first or use kSum.");
   // Gloo has no reduce-scatter (1.13) or emulates it with an all-reduce (2.x): one all-to-all
   // hands row block j of every rank to rank j, which reduces them itself (detail::reduce_rows).
-  // 16-bit floats are reduced in fp32, as all_reduce does.
-  const bool narrow = value.scalar_type() == at::kBFloat16 || value.scalar_type() == at::kHalf;
-  at::Tensor in = narrow ? value.detach().to(at::kFloat).contiguous() : value.detach().contiguous();
-  in = in.reshape({world_size_, in.numel() / world_size_});
+  // The all-to-all only copies, so 16-bit floats travel as themselves (bf16 as fp16 bits) and
+  // are reduced in fp32, as all_reduce does, then rounded back.
+  const c10::ScalarType dtype = value.scalar_type();
+  at::Tensor in = value.detach().contiguous();
+  in = in.reshape({world_size_, in.numel() / world_size_}).view(wire_dtype(dtype));
   at::Tensor received = at::empty_like(in);
   run_collective(*this, "reduce_scatter", [&] {
     std::vector<int64_t> equal_split;
@@ -674,9 +675,10 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
   auto shape = value.sizes().vec();
   shape[0] /= world_size_;
   at::Tensor out =
-      detail::reduce_rows(received, op == Reduce::kMean ? Reduce::kSum : op).view(shape);
+      detail::reduce_rows(received.view(dtype), op == Reduce::kMean ? Reduce::kSum : op)
+          .view(shape);
   if (op == Reduce::kMean) out.div_(world_size_);
-  return narrow ? out.to(value.scalar_type()) : out;
+  return out.scalar_type() == dtype ? out : out.to(dtype);
 }
 
 void ProcessGroup::barrier() {
@@ -747,6 +749,11 @@ PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>& grou
   auto st = std::make_unique<PendingCollective::State>();
   st->op = "reduce_scatter";
   st->reduce_received = op;
+  // Only copied on the wire: bf16 goes as fp16 bits (Gloo 1.13 has no bf16).
+  if (wire_dtype(rows.scalar_type()) != rows.scalar_type()) {
+    st->view_as = rows.scalar_type();
+    rows = rows.view(wire_dtype(rows.scalar_type()));
+  }
   st->inputs.push_back(std::move(rows));
   st->inputs.push_back(at::empty_like(st->inputs[0]));
   return start_collective(group, std::move(st), [&](PendingCollective::State& s) {
@@ -785,7 +792,11 @@ std::vector<at::Tensor> PendingCollective::wait() {
   } catch (const std::exception& e) {
     throw_collective_error(*st->group, st->op, e);
   }
-  if (st->reduce_received) return {reduce_rows(st->inputs[1], *st->reduce_received)};
+  if (st->reduce_received) {
+    const at::Tensor& received = st->inputs[1];
+    return {
+        reduce_rows(st->view_as ? received.view(*st->view_as) : received, *st->reduce_received)};
+  }
   std::vector<at::Tensor> out = std::move(st->outputs[0]);
   if (st->view_as) {
     for (auto& t : out) t = t.view(*st->view_as);
@@ -812,8 +823,11 @@ bool PendingCollective::pending() const {
 
 at::Tensor reduce_rows(const at::Tensor& received, Reduce op) {
   VOLT_ASSERT(op != Reduce::kMean && received.dim() >= 1 && received.size(0) >= 1);
-  // Rank 0's row first, then each next rank's: the same order on every run.
-  at::Tensor acc = received.select(0, 0).clone();
+  // Rank 0's row first, then each next rank's: the same order on every run. 16-bit floats are
+  // reduced in fp32 (exactly what converting them before an fp32 all-reduce gave).
+  const c10::ScalarType t = received.scalar_type();
+  at::Tensor acc = t == at::kBFloat16 || t == at::kHalf ? received.select(0, 0).to(at::kFloat)
+                                                        : received.select(0, 0).clone();
   for (int64_t r = 1; r < received.size(0); ++r) {
     const at::Tensor row = received.select(0, r);
     switch (op) {

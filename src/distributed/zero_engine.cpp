@@ -855,11 +855,10 @@ void ZeroEngine::launch_bucket(size_t b) {
   for (size_t i = first; i < last; ++i) width += chunks_[i].chunk;
   // Rank-major: row j holds chunk j of every gradient in the bucket, so a reduce-scatter leaves
   // each rank the sum of exactly its chunks.
-  // 16-bit gradients are summed in fp32 (more exact, and Gloo has no bf16 sum).
-  const at::Tensor& p0 = chunks_[first].parameter;
-  at::Tensor buffer = torch::zeros(
-      {world, width},
-      p0.options().dtype(low_precision(p0.scalar_type()) ? at::kFloat : p0.scalar_type()));
+  // 16-bit gradients travel as 16 bits (the all-to-all only copies) and are summed in fp32 by
+  // the receiving rank, which is more exact than a 16-bit sum (and Gloo has no bf16 sum).
+  at::Tensor buffer =
+      torch::zeros({world, width}, chunks_[first].parameter.options().requires_grad(false));
   int64_t off = 0;
   for (size_t i = first; i < last; ++i) {
     auto& c = chunks_[i];

@@ -109,6 +109,12 @@ TEST(ProcessGroup, ReceivedRowsAreReducedInRankOrder) {
       volt::detail::reduce_rows(rows, volt::Reduce::kMax).equal(torch::tensor({1e8f, 7.0f})));
   // The input is left as it was (it is the received buffer, not the result).
   EXPECT_EQ(rows[0][0].item<float>(), 1e8f);
+  // bf16 rows (sent as 16 bits) are summed in fp32: 256 + 1 + 1 is 258 there, while a bf16 sum
+  // rounds each 256 + 1 back to 256 (bf16 has 8 significant bits).
+  auto narrow = torch::tensor({{256.0f}, {1.0f}, {1.0f}}).to(torch::kBFloat16);
+  auto wide = volt::detail::reduce_rows(narrow, volt::Reduce::kSum);
+  EXPECT_EQ(wide.scalar_type(), torch::kFloat);
+  EXPECT_EQ(wide[0].item<float>(), 258.0f);
 }
 
 TEST(ProcessGroup, MasterPortInUseOnRankZero) {

@@ -39,15 +39,17 @@ class PendingCollective {
   std::unique_ptr<State> state_;
 };
 
-/// Starts a reduce-scatter of `rows` (contiguous, size(0) == world size, a dtype Gloo carries):
-/// one all-to-all hands row j of every rank to rank j, which reduces the rows it received
-/// (reduce_rows). Each rank sends and receives (N-1)/N of the buffer, half the bytes of the
-/// all-reduce Gloo would otherwise need, and holds a second buffer of the rows' size until
-/// wait(). wait(): {this rank's reduced row}. kSum, kMin, kMax only.
+/// Starts a reduce-scatter of `rows` (contiguous, size(0) == world size): one all-to-all hands
+/// row j of every rank to rank j, which reduces the rows it received (reduce_rows). Each rank
+/// sends and receives (N-1)/N of the buffer, half the bytes of the all-reduce Gloo would
+/// otherwise need, and holds a second buffer of the rows' size until wait(). The wire only
+/// copies, so bf16 and fp16 travel as 16 bits and are summed in fp32. wait(): {this rank's
+/// reduced row} (fp32 for 16-bit rows). kSum, kMin, kMax only.
 PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>& group, at::Tensor rows,
                                        Reduce op);
 /// Reduces the rows of `received` (row r from rank r) in rank order: a fixed order, so the
-/// result is reproducible (and, for two ranks, bitwise an all-reduce's). kSum, kMin, kMax only.
+/// result is reproducible (and, for two ranks, bitwise an all-reduce's). bf16 / fp16 rows are
+/// reduced in fp32 and the result stays fp32. kSum, kMin, kMax only.
 at::Tensor reduce_rows(const at::Tensor& received, Reduce op);
 /// Starts gathering `value` from every rank. Unlike ProcessGroup::all_gather the shapes are not
 /// compared first (that costs a collective): every rank must pass the same shape and dtype.
