@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "host_memory.h"
 #include "io/detail/archive_check.h"
 #include "timing.h"
 #include "volt/volt.h"
@@ -219,6 +220,7 @@ void fit_rows(const std::string& dir, int rounds) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  volt_bench::same_host_malloc_for_every_contender();
   std::string dir = "/tmp";
   int rounds = 5;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench_trainer.h"
+#include "host_memory.h"
 #include "models.h"
 #include "timing.h"
 
@@ -197,6 +198,7 @@ double infer(volt_examples::TransformerNet& net, int64_t batch, int64_t calls, b
 }  // namespace
 
 int main(int argc, char** argv) {
+  volt_bench::same_host_malloc_for_every_contender();
   int rounds = 3;
   int64_t steps = 2000;
   for (int i = 1; i + 1 < argc; i += 2) {

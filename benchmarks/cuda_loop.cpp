@@ -21,6 +21,7 @@
 #include "adam_module.h"
 #include "bench_trainer.h"
 #include "hand_loop.h"
+#include "host_memory.h"
 #include "models.h"
 #include "timing.h"
 
@@ -72,6 +73,7 @@ double run_hand(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t 
 }  // namespace
 
 int main(int argc, char** argv) {
+  volt_bench::same_host_malloc_for_every_contender();
   if (!torch::cuda::is_available()) {
     std::printf("no CUDA device: nothing to measure\n");
     return 0;

@@ -5,7 +5,7 @@
 //
 //   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
 //                  [--only weak|sweep|overlap|static|zero|offload|zero_overlap|master|
-//                          collectives]
+//                          host_memory|collectives]
 //                  [--nvme DIR]
 //
 // `zero_overlap`: stages 2 and 3 at 2 ranks with 2 MB gradient buckets, each bucket's reduction
@@ -20,6 +20,9 @@
 // #12), with the parameter bytes in RAM at once during the step; then a deeper MLP (8 hidden
 // layers of 1024) with the parameter chunks stepping in one sub-group against sub-groups of 6e5
 // elements, for both.
+//
+// `host_memory`: TrainerOptions::reuse_host_memory on and off (the C library's malloc keeping
+// freed blocks or returning them to the kernel), with rank 0's page faults per step.
 //
 // `collectives` (only when asked for): the reduce-scatter ZeRO's gradient buckets use (one
 // all-to-all and a local sum) against the all-reduce of the whole bucket it replaced, at 2 and 4
@@ -66,6 +69,12 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+long minor_faults() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
 }
 
 struct Mlp : torch::nn::Module {
@@ -157,8 +166,16 @@ class Timing : public volt::Callback {
   void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
                           int64_t) override {
     if (run.state().global_step > warmup_) batch_ms.push_back(ms_since(batch_start_));
+    // Minor page faults over the timed steps (this process: rank 0 in the driver's reading).
+    if (run.state().global_step == warmup_) faults_at_warmup = minor_faults();
+    if (run.state().global_step > warmup_) {
+      faults_per_step = static_cast<double>(minor_faults() - faults_at_warmup) /
+                        static_cast<double>(run.state().global_step - warmup_);
+    }
   }
   std::vector<double> batch_ms, backward_sync_ms, backward_nosync_ms;
+  long faults_at_warmup = 0;
+  double faults_per_step = 0;
 
  private:
   int64_t warmup_, accum_, batch_idx_ = 0;
@@ -271,6 +288,7 @@ int worker(std::map<std::string, std::string>& a) {
                                                    : volt::Spec<volt::Strategy>(strategy))
                             .devices(devices)
                             .num_threads(1)
+                            .reuse_host_memory(num("--reuse-host-memory", 1) != 0)
                             .max_steps(warmup + steps)
                             .accumulate_grad_batches(accum)
                             .logger(false)
@@ -310,7 +328,7 @@ int worker(std::map<std::string, std::string>& a) {
   std::printf(
       "RESULT rank=%lld step_ms=%.3f bwd_sync_ms=%.3f bwd_nosync_ms=%.3f "
       "allreduce_ms=%.3f rss_mb=%.1f params=%lld grads=%lld state=%lld files=%lld "
-      "master=%lld pfiles=%lld ppeak=%lld\n",
+      "master=%lld pfiles=%lld ppeak=%lld faults=%.1f\n",
       static_cast<long long>(trainer.strategy().rank()), median(timing->batch_ms),
       median(timing->backward_sync_ms), median(timing->backward_nosync_ms), allreduce_ms,
       ru.ru_maxrss / 1024.0, static_cast<long long>(bytes.parameters),
@@ -318,13 +336,13 @@ int worker(std::map<std::string, std::string>& a) {
       static_cast<long long>(bytes.optimizer_state_in_files),
       static_cast<long long>(bytes.master_weights),
       static_cast<long long>(bytes.parameters_in_files),
-      static_cast<long long>(zero_bytes ? zero_bytes->step_peak : 0));
+      static_cast<long long>(zero_bytes ? zero_bytes->step_peak : 0), timing->faults_per_step);
   std::fflush(stdout);
   return 0;
 }
 
 struct Result {
-  double step_ms = 0, bwd_sync_ms = 0, bwd_nosync_ms = 0, allreduce_ms = 0, rss_mb = 0;
+  double step_ms = 0, bwd_sync_ms = 0, bwd_nosync_ms = 0, allreduce_ms = 0, rss_mb = 0, faults = 0;
   long long params = 0, grads = 0, state = 0, files = 0, master = 0, pfiles = 0, ppeak = 0;
   int ranks = 0;
   std::string collectives;  // rank 0's COLL lines (--collectives 1)
@@ -343,10 +361,10 @@ Result job(const std::string& self, const std::string& args) {
     if (std::sscanf(line,
                     "RESULT rank=%lld step_ms=%lf bwd_sync_ms=%lf bwd_nosync_ms=%lf "
                     "allreduce_ms=%lf rss_mb=%lf params=%lld grads=%lld state=%lld files=%lld "
-                    "master=%lld pfiles=%lld ppeak=%lld",
+                    "master=%lld pfiles=%lld ppeak=%lld faults=%lf",
                     &rank, &one.step_ms, &one.bwd_sync_ms, &one.bwd_nosync_ms, &one.allreduce_ms,
                     &one.rss_mb, &one.params, &one.grads, &one.state, &one.files, &one.master,
-                    &one.pfiles, &one.ppeak) == 13) {
+                    &one.pfiles, &one.ppeak, &one.faults) == 14) {
       ++r.ranks;
       r.rss_mb = std::max(r.rss_mb, one.rss_mb);
       if (rank == 0) {
@@ -627,6 +645,40 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
     // 7. BF16Optimizer: bf16-mixed under ZeRO with and without fp32 master weights.
+    // 9. Host memory reuse (TrainerOptions::reuse_host_memory): the C library's malloc keeping
+    // freed blocks against its defaults, one process, DDP and the ZeRO stages at 2 ranks (Adam),
+    // the two settings alternating in every round.
+    if (wanted("host_memory")) {
+      std::printf(
+          "host memory reuse (glibc malloc keeps freed blocks) vs its defaults, Adam; page "
+          "faults per step of rank 0\n");
+      std::printf(
+          "  configuration   defaults ms  faults/step   reuse ms  faults/step  speed-up  peak "
+          "RSS MB (defaults / reuse)\n");
+      const std::vector<std::pair<const char*, std::string>> configs{
+          {"1 process", "--devices 1"},
+          {"DDP, 2 ranks", "--devices 2"},
+          {"ZeRO-1, 2", "--devices 2 --zero 1"},
+          {"ZeRO-2, 2", "--devices 2 --zero 2"},
+          {"ZeRO-3, 2", "--devices 2 --zero 3"}};
+      for (const auto& [label, args] : configs) {
+        std::vector<double> t[2], f[2], rss[2];
+        for (int r = 0; r < rounds; ++r) {
+          for (int reuse = 0; reuse < 2; ++reuse) {
+            const Result res = job(bin, "--adam 1 " + args + " --reuse-host-memory " +
+                                            std::to_string(reuse) + common.str());
+            t[reuse].push_back(res.step_ms);
+            f[reuse].push_back(res.faults);
+            rss[reuse].push_back(res.rss_mb);
+          }
+        }
+        std::printf("  %-14s  %11.2f  %11.0f  %9.2f  %11.0f  %7.2fx  %6.1f / %.1f\n", label,
+                    median(t[0]), median(f[0]), median(t[1]), median(f[1]),
+                    median(t[0]) / median(t[1]), median(rss[0]), median(rss[1]));
+      }
+      std::printf("\n");
+    }
+
     if (wanted("master")) {
       std::printf(
           "ZeRO stage 2, 2 ranks, Adam: fp32 vs bf16-mixed with master weights (module in bf16) "

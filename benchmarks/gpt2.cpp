@@ -23,6 +23,7 @@
 
 #include "bench_trainer.h"
 #include "gpt2.h"
+#include "host_memory.h"
 #include "timing.h"
 
 namespace {
@@ -123,6 +124,7 @@ double run_hand(const Setup& s, const torch::Tensor& x, const torch::Tensor& y, 
 }  // namespace
 
 int main(int argc, char** argv) {
+  volt_bench::same_host_malloc_for_every_contender();
   Setup s;
   std::string accel = torch::cuda::is_available() ? "cuda" : "cpu";
   int rounds = 2;

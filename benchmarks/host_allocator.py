@@ -4,9 +4,10 @@
     /usr/bin/python3 benchmarks/host_allocator.py [--reps N] [--steps N] [--build DIR]
 
 Each repetition runs `volt fit` of the demo CNN (CnnClassifier, Fashion-MNIST, batch 64, one
-loader worker: what scripts/demo.sh trains) and of the demo MLP once per allocator
-(scripts/with_allocator.sh default | jemalloc | tcmalloc), the order rotating between
-repetitions so that machine drift hits all alike. Steps/s come from ThroughputMonitor in the
+loader worker: what scripts/demo.sh trains) and of the demo MLP once per contender: the C
+library's malloc with its own defaults (`--trainer.reuse_host_memory=false`) and as volt tunes
+it by default (freed memory kept for reuse), jemalloc and tcmalloc (scripts/with_allocator.sh),
+the order rotating between repetitions so that machine drift hits all alike. Steps/s come from ThroughputMonitor in the
 run's metrics.csv, over the steps after the first third (start-up, data loading and warm-up
 excluded); peak RSS from GNU time. The table shows medians over the repetitions.
 """
@@ -20,12 +21,16 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALLOCATORS = ["default", "jemalloc", "tcmalloc"]
+# (label, scripts/with_allocator.sh name, extra volt arguments); the first is the baseline.
+CONTENDERS = [("glibc, its defaults", "default", ["--trainer.reuse_host_memory=false"]),
+              ("glibc, freed memory kept (volt's default)", "default", []),
+              ("jemalloc", "jemalloc", []),
+              ("tcmalloc", "tcmalloc", [])]
 MODELS = {"demo CNN": "CnnClassifier", "demo MLP": "MlpClassifier"}
 
 
-def run(build, allocator, model, steps, workdir):
-    out = os.path.join(workdir, f"{allocator}-{model}")
+def run(build, allocator, extra, model, steps, workdir):
+    out = os.path.join(workdir, f"{allocator}-{len(extra)}-{model}")
     third = max(steps // 3, 1)
     cmd = ["/usr/bin/time", "-f", "maxrss_kb=%M",
            "bash", os.path.join(ROOT, "scripts/with_allocator.sh"), allocator,
@@ -35,7 +40,7 @@ def run(build, allocator, model, steps, workdir):
            "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
            f"--trainer.log_every_n_steps={third}", "--trainer.callbacks+=ThroughputMonitor",
            "--seed_everything=42",
-           f"--trainer.default_root_dir={out}"]
+           f"--trainer.default_root_dir={out}"] + extra
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
@@ -58,28 +63,29 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     a = ap.parse_args()
-    results = {(m, al): ([], []) for m in MODELS for al in ALLOCATORS}
+    results = {(m, c[0]): ([], []) for m in MODELS for c in CONTENDERS}
     with tempfile.TemporaryDirectory() as work:
         for rep in range(a.reps):
-            order = ALLOCATORS[rep % 3:] + ALLOCATORS[:rep % 3]
+            k = rep % len(CONTENDERS)
+            order = CONTENDERS[k:] + CONTENDERS[:k]
             for name, model in MODELS.items():
-                for al in order:
-                    rate, rss = run(a.build, al, model, a.steps, os.path.join(work, str(rep)))
-                    results[(name, al)][0].append(rate)
-                    results[(name, al)][1].append(rss)
-                    print(f"rep {rep} {name} {al}: {rate:.2f} steps/s, peak RSS {rss:.0f} MiB",
+                for label, al, extra in order:
+                    rate, rss = run(a.build, al, extra, model, a.steps,
+                                    os.path.join(work, str(rep)))
+                    results[(name, label)][0].append(rate)
+                    results[(name, label)][1].append(rss)
+                    print(f"rep {rep} {name} {label}: {rate:.2f} steps/s, peak RSS {rss:.0f} MiB",
                           file=sys.stderr)
-    print(f"| model | allocator | steps/s (median of {a.reps}) | min - max | vs default "
-          "| peak RSS (MiB, median) |")
+    print(f"| model | allocator | steps/s (median of {a.reps}) | min - max "
+          f"| vs {CONTENDERS[0][0]} | peak RSS (MiB, median) |")
     print("|---|---|---:|---:|---:|---:|")
     for name in MODELS:
-        base = statistics.median(results[(name, "default")][0])
-        for al in ALLOCATORS:
-            rates, rss = results[(name, al)]
+        base = statistics.median(results[(name, CONTENDERS[0][0])][0])
+        for label, _, _ in CONTENDERS:
+            rates, rss = results[(name, label)]
             med = statistics.median(rates)
-            print(f"| {name} | {al} | {med:.2f} | {min(rates):.2f} - {max(rates):.2f} "
+            print(f"| {name} | {label} | {med:.2f} | {min(rates):.2f} - {max(rates):.2f} "
                   f"| {med / base:.3f}x | {statistics.median(rss):.0f} |")
-
 
 if __name__ == "__main__":
     main()

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "host_memory.h"
 #include "models.h"
 #include "timing.h"
 
@@ -65,6 +66,7 @@ struct Variant {
 }  // namespace
 
 int main(int argc, char** argv) {
+  volt_bench::same_host_malloc_for_every_contender();
   int reps = 5, threads = 0;
   int64_t steps = 20;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "host_memory.h"
 #include "models.h"
 #include "volt/strategies/deepspeed.h"
 
@@ -101,6 +102,7 @@ void run(std::shared_ptr<Net> net, torch::Tensor x, int64_t tp, volt::TpPlan pla
 }  // namespace
 
 int main(int argc, char** argv) {
+  volt_bench::same_host_malloc_for_every_contender();
   std::map<std::string, std::string> a;
   for (int i = 1; i + 1 < argc; i += 2) a[argv[i]] = argv[i + 1];
   const int64_t batches = a.count("--batches") ? std::stoll(a["--batches"]) : 22;

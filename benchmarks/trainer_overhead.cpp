@@ -13,6 +13,7 @@
 #include <string>
 
 #include "hand_loop.h"
+#include "host_memory.h"
 #include "models.h"
 #include "timing.h"
 
@@ -100,6 +101,7 @@ double run_python(const std::string& python, const std::string& model, int64_t b
 }  // namespace
 
 int main(int argc, char** argv) {
+  volt_bench::same_host_malloc_for_every_contender();
   int rounds = 5, threads = 0;
   std::string python = "/usr/bin/python3";
   bool use_python = true;

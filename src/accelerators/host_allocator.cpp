@@ -2,6 +2,18 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include "accelerators/detail/malloc_env.h"
+#include "volt/core/check.h"
+
 namespace volt {
 
 HostAllocator host_allocator() {
@@ -32,6 +44,67 @@ std::string describe(const HostAllocator& a) {
     line += "; to try jemalloc or tcmalloc: scripts/with_allocator.sh (docs/PERFORMANCE.md)";
   }
   return line;
+}
+
+namespace detail {
+
+std::string malloc_configured_by(const std::function<const char*(const char*)>& getenv) {
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                           "MALLOC_MMAP_MAX_"}) {
+    if (getenv(name) != nullptr) return name;
+  }
+  const char* tunables = getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) {
+    return "GLIBC_TUNABLES";
+  }
+  return "";
+}
+
+}  // namespace detail
+
+namespace {
+
+std::string mib(size_t bytes) {
+  return std::to_string(bytes >> 20) + " MiB";
+}
+
+HostMemoryReuse reuse(size_t mmap_threshold, size_t trim_threshold) {
+  const HostAllocator a = host_allocator();
+  if (a.name != "default") {
+    return {false, "host memory reuse: left to the " + a.name +
+                       " allocator (volt tunes only the C library's malloc)"};
+  }
+  const std::string by = detail::malloc_configured_by([](const char* n) { return std::getenv(n); });
+  if (!by.empty()) {
+    return {false, "host memory reuse: left to the environment (" + by +
+                       " configures malloc's thresholds)"};
+  }
+#if defined(__GLIBC__)
+  if (::mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_threshold)) == 1 &&
+      ::mallopt(M_TRIM_THRESHOLD, static_cast<int>(trim_threshold)) == 1) {
+    return {true, "host memory reuse: malloc keeps freed blocks up to " + mib(mmap_threshold) +
+                      " and up to " + mib(trim_threshold) +
+                      " of free heap for reuse instead of returning them to the kernel every "
+                      "step (reuse_host_memory=false keeps the C library's defaults)"};
+  }
+  return {false, "host memory reuse: mallopt refused the thresholds; malloc keeps its defaults"};
+#else
+  return {false, "host memory reuse: not a glibc malloc; nothing changed"};
+#endif
+}
+
+}  // namespace
+
+HostMemoryReuse reuse_freed_host_memory(size_t mmap_threshold, size_t trim_threshold) {
+  constexpr auto kMax = static_cast<size_t>(std::numeric_limits<int>::max());
+  VOLT_CHECK(mmap_threshold <= kMax && trim_threshold <= kMax, ValueError,
+             "[HostAllocator] mmap_threshold=", mmap_threshold,
+             " and trim_threshold=", trim_threshold, " must each be at most ", kMax,
+             " bytes (mallopt takes an int); pass smaller thresholds.");
+  static std::once_flag once;
+  static HostMemoryReuse result;
+  std::call_once(once, [&] { result = reuse(mmap_threshold, trim_threshold); });
+  return result;
 }
 
 }  // namespace volt

@@ -154,6 +154,10 @@ void Run::setup_run(Module& m, Stage stage) {
   // Once per process, after the strategy set the rank (only rank 0 prints info).
   static std::once_flag allocator_logged;
   std::call_once(allocator_logged, [] { log_info("Trainer", describe(host_allocator())); });
+  if (opts.reuse_host_memory()) {
+    static std::once_flag reuse_logged;
+    std::call_once(reuse_logged, [] { log_info("Trainer", reuse_freed_host_memory().detail); });
+  }
   check_environment();  // unknown VOLT_* variables warned once, bad values stop every run
   if (strategy().world_size() > 1) {
     // Rank 0 picks (and creates) the run folder; the others learn its name. Every entry point

@@ -94,6 +94,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
      << ", graph_training_step=" << o.graph_training_step()
      << ", graph_options=" << o.graph_options() << ", num_threads=" << o.num_threads()
+     << ", reuse_host_memory=" << o.reuse_host_memory()
      << ", progress_refresh_s=" << o.progress_refresh_s() << ", callbacks=" << o.callbacks().size()
      << ", loggers=" << o.loggers().size() << ", profiler=" << (o.profiler() ? "set" : "none")
      << ", checkpoint_io=" << (o.checkpoint_io() ? "set" : "strategy's") << ")";

@@ -97,7 +97,7 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       "  enable_model_summary: false\n  logger: false\n  default_root_dir: /tmp/x\n"
       "  deterministic: true\n  benchmark: false\n  detect_nonfinite_loss: false\n"
       "  graph_training_step: true\n"
-      "  num_threads: 2\n  progress_refresh_s: 2.0\n",
+      "  num_threads: 2\n  reuse_host_memory: false\n  progress_refresh_s: 2.0\n",
       r);
   // Every declared field was set above to a non-default value.
   EXPECT_EQ(c.trainer.values().size(), volt::detail::trainer_params(r).specs().size());
@@ -135,6 +135,7 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       .detect_nonfinite_loss(false)
       .graph_training_step(true)
       .num_threads(2)
+      .reuse_host_memory(false)
       .progress_refresh_s(2.0);
   want << w;
   EXPECT_EQ(got.str(), want.str());

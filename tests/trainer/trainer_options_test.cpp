@@ -51,7 +51,8 @@ TEST(TrainerOptions, PrintsFullConfig) {
   EXPECT_NE(s.find("accelerator=\"auto\""), std::string::npos) << s;
   for (const char* part :
        {"max_time=none", "gradient_clip_val=none", "seed=none", "default_root_dir=\".\"",
-        "progress_refresh_s=0.5", "profiler=none", "checkpoint_io=strategy's)"}) {
+        "reuse_host_memory=1", "progress_refresh_s=0.5", "profiler=none",
+        "checkpoint_io=strategy's)"}) {
     EXPECT_NE(s.find(part), std::string::npos) << part << " in " << s;
   }
   os.str("");

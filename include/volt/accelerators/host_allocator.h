@@ -4,6 +4,7 @@
 /// as the reference's "Switch Host Memory Allocator" describes. The Trainer logs it once per
 /// process at the start of the first run.
 
+#include <cstddef>
 #include <string>
 
 namespace volt {
@@ -23,5 +24,33 @@ HostAllocator host_allocator();
 
 /// One line for the run log, e.g. "host allocator: jemalloc (/lib/.../libjemalloc.so.2)".
 std::string describe(const HostAllocator& allocator);
+
+/// What reuse_freed_host_memory() did.
+struct HostMemoryReuse {
+  /// True when this process's malloc now keeps freed memory for reuse.
+  bool applied = false;
+  /// One line for the run log: what was set, or why nothing was.
+  std::string detail;
+};
+
+/// glibc's malloc hands large freed blocks back to the kernel: a block above its mmap threshold
+/// (128 KiB at first, rising with the blocks freed, to 32 MiB at most) is unmapped when freed,
+/// and free memory at the top of the heap beyond its trim threshold is trimmed. A training step
+/// frees its gradients, activations and temporaries and allocates them again in the next step,
+/// whose every page then faults in again, zeroed and charged by the kernel, step after step
+/// (what that costs: docs/PERFORMANCE.md, "Host memory reuse"). This keeps blocks below
+/// `mmap_threshold` bytes in the heap and up to `trim_threshold` bytes of free memory at its top
+/// (mallopt M_MMAP_THRESHOLD, M_TRIM_THRESHOLD), as jemalloc and tcmalloc keep freed memory in
+/// their own caches. Both thresholds must be at most INT_MAX (ValueError otherwise).
+///
+/// It changes the whole process, for good: glibc cannot return to its adaptive thresholds. It
+/// does nothing (applied = false, detail says why) unless glibc's malloc serves the process
+/// (host_allocator().name == "default") and the environment leaves its thresholds alone
+/// (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_, a
+/// glibc.malloc tunable in GLIBC_TUNABLES): whoever set those chose for themselves. Only the
+/// first call acts; later ones return its result. The Trainer calls it at the start of its
+/// first run unless TrainerOptions::reuse_host_memory is false.
+HostMemoryReuse reuse_freed_host_memory(size_t mmap_threshold = size_t(256) << 20,
+                                        size_t trim_threshold = size_t(512) << 20);
 
 }  // namespace volt

@@ -110,6 +110,12 @@ struct TrainerOptions {
   /// when the precision computes in fp32 (OpenBLAS threads its GEMMs itself), libtorch's own
   /// count under bf16-mixed, 16-mixed and bf16-true (see docs/PERFORMANCE.md). Default: 0.
   TORCH_ARG(int64_t, num_threads) = 0;
+  /// Make the C library's malloc keep freed memory for reuse (reuse_freed_host_memory) at the
+  /// start of the first run in this process, instead of returning large blocks to the kernel
+  /// and faulting their pages in again every step. Not done under jemalloc or tcmalloc, or when
+  /// the environment sets malloc's thresholds; logged once. It is process-wide and stays for the
+  /// process's life. Default: true.
+  TORCH_ARG(bool, reuse_host_memory) = true;
   /// Progress bar refresh period in seconds (it reads metric values at most this often).
   /// Default: 0.5.
   TORCH_ARG(double, progress_refresh_s) = 0.5;

@@ -448,6 +448,8 @@ Params trainer_params(const Registry& reg) {
       .add("graph_training_step", d.graph_training_step(),
            "replay the training step from CUDA graphs (eager where it cannot, logged)")
       .add("num_threads", d.num_threads(), "torch intra-op threads; 0 = volt's measured default")
+      .add("reuse_host_memory", d.reuse_host_memory(),
+           "let the C library's malloc keep freed memory for reuse (process-wide)")
       .add("progress_refresh_s", d.progress_refresh_s(), "progress bar refresh period (seconds)");
 }
 
@@ -488,6 +490,7 @@ TrainerOptions trainer_options(const Args& a) {
       .detect_nonfinite_loss(a.get<bool>("detect_nonfinite_loss"))
       .graph_training_step(a.get<bool>("graph_training_step"))
       .num_threads(a.get<int64_t>("num_threads"))
+      .reuse_host_memory(a.get<bool>("reuse_host_memory"))
       .progress_refresh_s(a.get<double>("progress_refresh_s"));
   if (auto v = a.get_optional<double>("max_time")) o.max_time(*v);
   if (auto v = a.get_optional<double>("gradient_clip_val")) o.gradient_clip_val(*v);
