@@ -2,8 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <mutex>
 
@@ -13,6 +11,7 @@
 
 #include "accelerators/detail/malloc_env.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 
 namespace volt {
 
@@ -48,15 +47,14 @@ std::string describe(const HostAllocator& a) {
 
 namespace detail {
 
-std::string malloc_configured_by(const std::function<const char*(const char*)>& getenv) {
+std::string malloc_configured_by(
+    const std::function<std::optional<std::string>(const std::string&)>& env) {
   for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
                            "MALLOC_MMAP_MAX_"}) {
-    if (getenv(name) != nullptr) return name;
+    if (env(name)) return name;
   }
-  const char* tunables = getenv("GLIBC_TUNABLES");
-  if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) {
-    return "GLIBC_TUNABLES";
-  }
+  const std::optional<std::string> tunables = env("GLIBC_TUNABLES");
+  if (tunables && tunables->find("glibc.malloc.") != std::string::npos) return "GLIBC_TUNABLES";
   return "";
 }
 
@@ -74,7 +72,7 @@ HostMemoryReuse reuse(size_t mmap_threshold, size_t trim_threshold) {
     return {false, "host memory reuse: left to the " + a.name +
                        " allocator (volt tunes only the C library's malloc)"};
   }
-  const std::string by = detail::malloc_configured_by([](const char* n) { return std::getenv(n); });
+  const std::string by = detail::malloc_configured_by(&env_value);
   if (!by.empty()) {
     return {false, "host memory reuse: left to the environment (" + by +
                        " configures malloc's thresholds)"};

@@ -15,10 +15,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "accelerators/detail/malloc_env.h"
+#include "volt/core/env.h"
 #include "volt/core/errors.h"
 
 #include "processes.h"
@@ -153,10 +155,12 @@ TEST(HostAllocator, TheCliLeavesMallocAloneWhenToldToOrWhenTheEnvironmentConfigu
 
 TEST(HostAllocator, TheEnvironmentConfiguresMallocThroughItsVariablesOrGlibcTunables) {
   auto with = [](std::map<std::string, std::string> vars) {
-    return volt::detail::malloc_configured_by([&vars](const char* name) -> const char* {
-      auto it = vars.find(name);
-      return it == vars.end() ? nullptr : it->second.c_str();
-    });
+    return volt::detail::malloc_configured_by(
+        [&vars](const std::string& name) -> std::optional<std::string> {
+          auto it = vars.find(name);
+          if (it == vars.end()) return std::nullopt;
+          return it->second;
+        });
   };
   EXPECT_EQ(with({}), "");
   EXPECT_EQ(with({{"MALLOC_ARENA_MAX", "2"}, {"MALLOCSTATS", "1"}}), "");
@@ -193,7 +197,7 @@ TEST(HostAllocator, ReuseKeepsAFreedBlockFromFaultingInAgain) {
   GTEST_SKIP() << "a sanitized build's malloc is the sanitizer's: volt never tunes it";
 #endif
   if (volt::host_allocator().name != "default") GTEST_SKIP() << "malloc is not the C library's";
-  if (!volt::detail::malloc_configured_by([](const char* n) { return std::getenv(n); }).empty()) {
+  if (!volt::detail::malloc_configured_by(&volt::env_value).empty()) {
     GTEST_SKIP() << "the environment configures malloc";
   }
   // In a child process: the tuning is process-wide and for good. 64 MiB is above glibc's
