@@ -90,6 +90,9 @@ TEST(ProcessGroup, WorldOfOneRunsEveryCollective) {
   EXPECT_TRUE(pg.all_reduce(x, volt::Reduce::kMean).equal(x));
   EXPECT_EQ(pg.all_gather(x).size(), 1u);
   EXPECT_TRUE(pg.reduce_scatter(x).equal(x));
+  EXPECT_EQ(pg.reduce_scatter(at::empty({0, 3})).sizes(), (std::vector<int64_t>{0, 3}));
+  EXPECT_TRUE(
+      pg.reduce_scatter(x.to(at::kBFloat16), volt::Reduce::kMean).equal(x.to(at::kBFloat16)));
   pg.barrier();
   EXPECT_TRUE(pg.all_of(true));
   EXPECT_FALSE(pg.any_of(false));

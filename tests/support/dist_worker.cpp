@@ -151,6 +151,7 @@ void run_collectives(volt::ProcessGroup& pg) {
   CHECK_TRUE(pg.reduce_scatter(at::full({w}, r + 1, at::kLong))
                  .equal(at::full({1}, w * (w + 1) / 2, at::kLong)),
              "reduce_scatter long");
+  CHECK_TRUE(pg.reduce_scatter(at::empty({0, 2})).numel() == 0, "reduce_scatter empty");
   // bf16, which Gloo in libtorch 1.13 lacks: reduced in fp32 and rounded back, copied as bits.
   // 1/3 + r is not a bf16 value: the results must be exactly the roundings of fp32 arithmetic.
   const auto bf = (at::full({5}, 1.0f / 3) + r).to(at::kBFloat16);
