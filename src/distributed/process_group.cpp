@@ -824,7 +824,8 @@ bool PendingCollective::pending() const {
 at::Tensor reduce_rows(const at::Tensor& received, Reduce op) {
   VOLT_ASSERT(op != Reduce::kMean && received.dim() >= 1 && received.size(0) >= 1);
   // Rank 0's row first, then each next rank's: the same order on every run. 16-bit floats are
-  // reduced in fp32 (exactly what converting them before an fp32 all-reduce gave).
+  // reduced in fp32, as when they were widened before an fp32 all-reduce (which added them in
+  // an order of its own when there are more than two ranks).
   const c10::ScalarType t = received.scalar_type();
   at::Tensor acc = t == at::kBFloat16 || t == at::kHalf ? received.select(0, 0).to(at::kFloat)
                                                         : received.select(0, 0).clone();

@@ -118,6 +118,8 @@ TEST(ProcessGroup, ReceivedRowsAreReducedInRankOrder) {
   auto wide = volt::detail::reduce_rows(narrow, volt::Reduce::kSum);
   EXPECT_EQ(wide.scalar_type(), torch::kFloat);
   EXPECT_EQ(wide[0].item<float>(), 258.0f);
+  EXPECT_TRUE(volt::detail::reduce_rows(narrow, volt::Reduce::kMax).equal(torch::tensor({256.0f})));
+  EXPECT_TRUE(volt::detail::reduce_rows(narrow, volt::Reduce::kMin).equal(torch::tensor({1.0f})));
 }
 
 TEST(ProcessGroup, MasterPortInUseOnRankZero) {
