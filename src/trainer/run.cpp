@@ -147,6 +147,9 @@ void Run::setup_run(Module& m, Stage stage) {
   st.stage = stage;
   st.status = RunStatus::kRunning;
   m.attach(this);
+  // Before the strategy starts threads of its own: glibc changes its thresholds without
+  // synchronising with other threads' mallocs. Logged below, once the rank is known.
+  if (opts.reuse_host_memory()) reuse_freed_host_memory();
   strategy().set_config_fingerprint(config_fingerprint());
   strategy().set_loop_settings({opts.accumulate_grad_batches(), opts.gradient_clip_val()});
   strategy().launch();

@@ -48,8 +48,10 @@ struct HostMemoryReuse {
 /// (host_allocator().name == "default") and the environment leaves its thresholds alone
 /// (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_, a
 /// glibc.malloc tunable in GLIBC_TUNABLES): whoever set those chose for themselves. Only the
-/// first call acts; later ones return its result. The Trainer calls it at the start of its
-/// first run unless TrainerOptions::reuse_host_memory is false.
+/// first call acts; later ones return its result. Call it early, before the program's threads
+/// allocate (glibc sets the thresholds without synchronising with them); the Trainer calls it
+/// at the start of its first run, before its strategy starts processes or threads, unless
+/// TrainerOptions::reuse_host_memory is false.
 HostMemoryReuse reuse_freed_host_memory(size_t mmap_threshold = size_t(256) << 20,
                                         size_t trim_threshold = size_t(512) << 20);
 
