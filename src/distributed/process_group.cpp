@@ -534,6 +534,15 @@ void run_collective(ProcessGroup& pg, const char* op, Start&& start) {
   }
 }
 
+// Starts reduce-scatter's all-to-all: row block j of `rows` goes to rank j, and row block r of
+// `received` (the same shape) comes from rank r. Both blocking and started reduce-scatters.
+auto alltoall_rows(ProcessGroup& pg, at::Tensor& rows, at::Tensor& received) {
+  std::vector<int64_t> equal_split;
+  c10d::AllToAllOptions o;
+  o.timeout = pg.options().timeout();
+  return pg.impl().group->alltoall_base(received, rows, equal_split, equal_split, o);
+}
+
 }  // namespace
 
 at::Tensor ProcessGroup::all_reduce(const at::Tensor& value, Reduce op) {
@@ -666,12 +675,7 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
   at::Tensor in = value.detach().contiguous();
   in = in.reshape({world_size_, in.numel() / world_size_}).view(wire_dtype(dtype));
   at::Tensor received = at::empty_like(in);
-  run_collective(*this, "reduce_scatter", [&] {
-    std::vector<int64_t> equal_split;
-    c10d::AllToAllOptions o;
-    o.timeout = options_.timeout();
-    return impl_->group->alltoall_base(received, in, equal_split, equal_split, o);
-  });
+  run_collective(*this, "reduce_scatter", [&] { return alltoall_rows(*this, in, received); });
   auto shape = value.sizes().vec();
   shape[0] /= world_size_;
   at::Tensor out =
@@ -757,11 +761,7 @@ PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>& grou
   st->inputs.push_back(std::move(rows));
   st->inputs.push_back(at::empty_like(st->inputs[0]));
   return start_collective(group, std::move(st), [&](PendingCollective::State& s) {
-    std::vector<int64_t> equal_split;
-    c10d::AllToAllOptions o;
-    o.timeout = group->options().timeout();
-    return group->impl().group->alltoall_base(s.inputs[1], s.inputs[0], equal_split, equal_split,
-                                              o);
+    return alltoall_rows(*group, s.inputs[0], s.inputs[1]);
   });
 }
 
