@@ -12,17 +12,14 @@
 
 namespace volt_bench {
 
-constexpr size_t kMmapThreshold = size_t(256) << 20;
-constexpr size_t kTrimThreshold = size_t(512) << 20;
-
 /// Applies volt's host memory reuse to this process before any contender runs, and gives child
 /// processes (the Python loops) the same thresholds through glibc's variables. Prints what it
 /// did.
 inline void same_host_malloc_for_every_contender() {
-  const volt::HostMemoryReuse r = volt::reuse_freed_host_memory(kMmapThreshold, kTrimThreshold);
+  const volt::HostMemoryReuse r = volt::reuse_freed_host_memory();
   if (r.applied) {
-    ::setenv("MALLOC_MMAP_THRESHOLD_", std::to_string(kMmapThreshold).c_str(), 1);
-    ::setenv("MALLOC_TRIM_THRESHOLD_", std::to_string(kTrimThreshold).c_str(), 1);
+    ::setenv("MALLOC_MMAP_THRESHOLD_", std::to_string(volt::kReuseMmapThreshold).c_str(), 1);
+    ::setenv("MALLOC_TRIM_THRESHOLD_", std::to_string(volt::kReuseTrimThreshold).c_str(), 1);
   }
   std::printf("%s%s\n", r.detail.c_str(),
               r.applied ? "; child processes get the same thresholds" : "");

@@ -25,6 +25,11 @@ HostAllocator host_allocator();
 /// One line for the run log, e.g. "host allocator: jemalloc (/lib/.../libjemalloc.so.2)".
 std::string describe(const HostAllocator& allocator);
 
+/// reuse_freed_host_memory()'s thresholds unless given others: blocks below 256 MiB stay in the
+/// heap, and up to 512 MiB of free memory stays at its top.
+inline constexpr size_t kReuseMmapThreshold = size_t(256) << 20;
+inline constexpr size_t kReuseTrimThreshold = size_t(512) << 20;
+
 /// What reuse_freed_host_memory() did.
 struct HostMemoryReuse {
   /// True when this process's malloc now keeps freed memory for reuse.
@@ -52,7 +57,7 @@ struct HostMemoryReuse {
 /// allocate (glibc sets the thresholds without synchronising with them); the Trainer calls it
 /// at the start of its first run, before its strategy starts processes or threads, unless
 /// TrainerOptions::reuse_host_memory is false.
-HostMemoryReuse reuse_freed_host_memory(size_t mmap_threshold = size_t(256) << 20,
-                                        size_t trim_threshold = size_t(512) << 20);
+HostMemoryReuse reuse_freed_host_memory(size_t mmap_threshold = kReuseMmapThreshold,
+                                        size_t trim_threshold = kReuseTrimThreshold);
 
 }  // namespace volt
