@@ -10,6 +10,7 @@
 #define VOLT_SDPA_CUDA 1
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -60,10 +61,72 @@ std::string sdpa_cuda_varlen_unavailable(const at::Tensor& q, const at::Tensor& 
   return {};
 }
 
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// x[b, :, l, :] for every valid token (b, l), as one [tokens, H, D] tensor: one gather kernel
+// straight from x's own layout ([B,H,L,D] or a transposed [B,L,H,D] projection alike).
+at::Tensor gather_tokens(const at::Tensor& x, const at::Tensor& b, const at::Tensor& l) {
+  at::Tensor out = at::empty({b.size(0), x.size(1), x.size(3)}, x.options());
+  at::index_out(out, x.transpose(1, 2), c10::List<c10::optional<at::Tensor>>({b, l}));
+  return out;
+}
+
+// The valid tokens of x [B,H,L,D] packed into [tokens, H, D] (FlashAttention's variable-length
+// layout). Its backward writes each packed row's gradient back to its one position with plain
+// stores into zeros: the positions are distinct, so no atomic adds (index_select's backward,
+// index_add, adds atomically, slow in bf16) and no sort (index's own backward accumulates).
+class PackTokens : public torch::autograd::Function<PackTokens> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& b,
+                            const at::Tensor& l) {
+    ctx->save_for_backward({b, l});
+    // The gradient takes x's layout when x is dense (no copy when it reaches a leaf or a
+    // contiguous producer), else that of a [B,L,H,D] projection viewed as [B,H,L,D].
+    const at::Tensor like =
+        x.is_non_overlapping_and_dense()
+            ? x
+            : at::empty({x.size(0), x.size(2), x.size(1), x.size(3)}, x.options()).transpose(1, 2);
+    ctx->saved_data["sizes"] = like.sizes().vec();
+    ctx->saved_data["strides"] = like.strides().vec();
+    return gather_tokens(x, b, l);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor g = at::empty_strided(ctx->saved_data["sizes"].toIntVector(),
+                                     ctx->saved_data["strides"].toIntVector(), grad[0].options())
+                       .zero_();
+    g.transpose(1, 2).index_put_({saved[0], saved[1]}, grad[0]);
+    return {g, at::Tensor(), at::Tensor()};
+  }
+};
+
+// The inverse: packed rows [tokens, H, D] back to [B,H,L,D] (a view of a [B,L,H,D] tensor)
+// with zeros at the padded positions; backward gathers the packed rows' gradient.
+class UnpackTokens : public torch::autograd::Function<UnpackTokens> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& packed, const at::Tensor& b,
+                            const at::Tensor& l, int64_t batch, int64_t len) {
+    ctx->save_for_backward({b, l});
+    at::Tensor out = at::zeros({batch, len, packed.size(1), packed.size(2)}, packed.options());
+    out.index_put_({b, l}, packed);
+    return out.transpose(1, 2);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    return {gather_tokens(grad[0], saved[0], saved[1]), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
 at::Tensor sdpa_cuda_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& lens, bool left_padding, double dropout_p,
                             double scale) {
-  const int64_t batch = q.size(0), heads = q.size(1), len = q.size(2), dv = v.size(3);
+  const int64_t batch = q.size(0), len = q.size(2);
   VOLT_ASSERT(lens.device().is_cpu() && lens.scalar_type() == at::kLong && lens.numel() == batch);
   const int64_t* n = lens.data_ptr<int64_t>();
   int64_t total = 0, longest = 0;
@@ -72,37 +135,36 @@ at::Tensor sdpa_cuda_varlen(const at::Tensor& q, const at::Tensor& k, const at::
     longest = std::max(longest, n[b]);
   }
   VOLT_ASSERT(total > 0, "sdpa_cuda_varlen needs at least one valid token");
-  // Which rows of the [B*L] flattened sequence are valid, and where each item's tokens start in
-  // the packed one; built on the host (the lengths are there) and copied without a sync.
+  // Each valid token's (batch item, position), and where each item's tokens start in the
+  // packed sequence; built on the host (the lengths are there), copied without a sync.
   const auto pinned = [](at::ScalarType t) {
     return at::TensorOptions().dtype(t).pinned_memory(true);
   };
-  at::Tensor rows_h = at::empty({total}, pinned(at::kLong));
+  at::Tensor where_h = at::empty({2, total}, pinned(at::kLong));
   at::Tensor offsets_h = at::empty({batch + 1}, pinned(at::kInt));
-  int64_t* rows = rows_h.data_ptr<int64_t>();
+  int64_t* items = where_h.data_ptr<int64_t>();
+  int64_t* positions = items + total;
   int32_t* offsets = offsets_h.data_ptr<int32_t>();
   int64_t t = 0;
   offsets[0] = 0;
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t first = b * len + (left_padding ? len - n[b] : 0);
-    for (int64_t i = 0; i < n[b]; ++i) rows[t++] = first + i;
+    const int64_t first = left_padding ? len - n[b] : 0;
+    for (int64_t i = 0; i < n[b]; ++i, ++t) {
+      items[t] = b;
+      positions[t] = first + i;
+    }
     offsets[b + 1] = static_cast<int32_t>(t);
   }
-  const at::Tensor rows_d = rows_h.to(q.device(), /*non_blocking=*/true);
+  const at::Tensor where = where_h.to(q.device(), /*non_blocking=*/true);
   const at::Tensor offsets_d = offsets_h.to(q.device(), /*non_blocking=*/true);
-  const auto pack = [&](const at::Tensor& x) {
-    return x.transpose(1, 2).reshape({batch * len, heads, x.size(3)}).index_select(0, rows_d);
-  };
+  const at::Tensor item = where[0], position = where[1];
   // Self-attention with equal query and key lengths: causal is the same top-left or
   // bottom-right, and valid tokens see exactly the valid tokens before them.
   const auto r = at::_flash_attention_forward(
-      pack(q), pack(k), pack(v), offsets_d, offsets_d, longest, longest, dropout_p,
+      PackTokens::apply(q, item, position), PackTokens::apply(k, item, position),
+      PackTokens::apply(v, item, position), offsets_d, offsets_d, longest, longest, dropout_p,
       /*is_causal=*/true, /*return_debug_mask=*/false, c10::optional<double>(scale));
-  const at::Tensor& packed = std::get<0>(r);  // [total, H, Dv]
-  return at::zeros({batch * len, heads, dv}, packed.options())
-      .index_copy(0, rows_d, packed)
-      .view({batch, len, heads, dv})
-      .transpose(1, 2);
+  return UnpackTokens::apply(std::get<0>(r), item, position, batch, len);  // [B,H,L,Dv]
 }
 
 #else

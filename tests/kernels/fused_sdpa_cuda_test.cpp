@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "error_text.h"
 #include "volt/core/errors.h"
@@ -151,5 +152,43 @@ TEST(FusedSdpaCuda, ValidSeqLenRunsTheVariableLengthKernelAndMatchesTheReference
             << "gradient at padding, item " << b;
       }
     }
+  }
+}
+
+// The packing reads q, k and v in whatever layout they come: here views of one [B, L, 3, H, D]
+// projection (a strided, non-dense [B, H, L, D] each), as attention layers produce them. Output
+// and gradients are bitwise those of the same values as contiguous [B, H, L, D] tensors, and the
+// projection's gradient is zero at every padded position.
+TEST(FusedSdpaCuda, ValidSeqLenTakesProjectionViewsBitwiseAsContiguousInputs) {
+  VOLT_REQUIRE_CUDA();
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const int64_t kB = 3, kH = 2, kL = 80, kD = 32;
+  const auto lens = torch::tensor({80, 19, 41}, torch::kLong);
+  const auto o = volt::SdpaOptions().is_causal(true).valid_seq_len(lens).require_fused(true);
+  torch::manual_seed(11);
+  const auto qkv = torch::randn({kB, kL, 3, kH, kD}, opts).requires_grad_();
+  const auto g = torch::randn({kB, kH, kL, kD}, opts);
+  const auto view = [&](int64_t i) { return qkv.select(2, i).transpose(1, 2); };
+  at::Tensor out;
+  try {
+    out = volt::fused_sdpa(view(0), view(1), view(2), o).output;
+  } catch (const volt::NotAvailable& e) {
+    GTEST_SKIP() << e.what();  // no CUDA attention path, or a GPU older than sm80
+  }
+  out.backward(g);
+  std::vector<at::Tensor> dense;
+  for (int64_t i = 0; i < 3; ++i) {
+    dense.push_back(view(i).detach().contiguous().requires_grad_());
+  }
+  const at::Tensor ref = volt::fused_sdpa(dense[0], dense[1], dense[2], o).output;
+  ref.backward(g);
+  EXPECT_TRUE(torch::equal(out, ref));
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(torch::equal(qkv.grad().select(2, i).transpose(1, 2), dense[i].grad()))
+        << "gradient " << i;
+  }
+  for (int64_t b = 1; b < kB; ++b) {
+    const int64_t n = lens[b].item<int64_t>();
+    EXPECT_EQ(qkv.grad()[b].slice(0, n).abs().sum().item<float>(), 0.0f) << "item " << b;
   }
 }
