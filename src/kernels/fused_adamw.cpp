@@ -126,6 +126,7 @@ struct FusedAdamW::Impl {
   // Per CUDA parameter, its step count as a float32 scalar on the device (what the kernels
   // read) and the host count it was made from: rebuilt when they differ (a checkpoint load).
   std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, int64_t>> device_steps;
+  detail::DeviceLrs device_lrs;  // each group's lr where the CUDA kernels read it
 };
 
 FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -265,12 +266,16 @@ void FusedAdamW::step_cuda() {
   // Consecutive parameters with the same options go to one set of kernel launches.
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
   const FusedAdamWOptions* current = nullptr;
+  size_t current_group = 0;
   auto flush = [&] {
     if (current == nullptr || params.empty()) return;
     const FusedAdamWOptions& o = *current;
-    detail::adam_cuda(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-                      {o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(),
-                       o.eps(), o.amsgrad(), o.adam_w_mode()});
+    const at::Device device = params.front().device();
+    const at::Tensor& lr =
+        detail::device_lr(s.device_lrs[{current_group, device.index()}], o.lr(), device, kName);
+    detail::adam_cuda(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr,
+                      {std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
+                       o.amsgrad(), o.adam_w_mode()});
     for (auto* v : {&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs, &steps}) {
       v->clear();
     }
@@ -296,9 +301,11 @@ void FusedAdamW::step_cuda() {
     }
     dev.second = st.step() + 1;  // the kernels' own increment, mirrored
     st.step(st.step() + 1);
-    if (&o != current) {
+    if (&o != current || w.group != current_group ||
+        (!params.empty() && params.front().device() != p.device())) {
       flush();
       current = &o;
+      current_group = w.group;
     }
     params.push_back(p);
     grads.push_back(p.grad());
@@ -317,6 +324,13 @@ void FusedAdamW::save(torch::serialize::OutputArchive& archive) const {
 void FusedAdamW::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<FusedAdamWParamState, FusedAdamWOptions>(archive, *this);
   impl_->device_steps.clear();  // the next CUDA step starts from the loaded counts
+}
+
+void FusedAdamW::sync_lrs_to_device() {
+  for (auto& [where, slot] : impl_->device_lrs) {
+    const auto& o = static_cast<const FusedAdamWOptions&>(param_groups_[where.first].options());
+    detail::device_lr(slot, o.lr(), slot.value.device(), kName);
+  }
 }
 
 void FusedAdamW::sync_steps_from_device() {

@@ -100,31 +100,41 @@ std::string FusedClipNorm::unsupported_reason(const std::vector<at::Tensor>& par
   return "";
 }
 
-double FusedClipNorm::clip_cuda(const std::vector<at::Tensor>& params) const {
+at::Tensor FusedClipNorm::clip_cuda(const std::vector<at::Tensor>& params) const {
   std::vector<at::Tensor> grads;
   for (const auto& p : params) {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
+  if (grads.empty()) return at::zeros({}, params.front().options().dtype(at::kFloat));
+  // The norm and the coefficient stay on the device: no read unless the check needs one, made
+  // before any scaling.
   const at::Tensor total = detail::norm_cuda(grads, options_.norm_type());
-  // One read of the norm to the host: the returned value, and the check's before any scaling.
-  const double t = total.item<double>();
-  if (options_.error_if_nonfinite()) check_finite_norm(t, options_.norm_type());
+  if (options_.error_if_nonfinite()) check_finite_norm(total.item<double>(), options_.norm_type());
   detail::scale_to_max_norm_cuda(grads, total, options_.max_norm());
-  return t;
+  return total;
+}
+
+bool FusedClipNorm::on_cuda(const std::vector<at::Tensor>& params) {
+  bool cuda = false, device = false;
+  const std::string why = cuda_reason(params, &cuda, &device);
+  if (cuda && !why.empty()) {
+    if (device) throw NotAvailable(why);
+    throw ValueError(why);
+  }
+  return cuda;
 }
 
 double FusedClipNorm::operator()(const std::vector<at::Tensor>& params) const {
-  {
-    bool cuda = false, device = false;
-    const std::string why = cuda_reason(params, &cuda, &device);
-    if (cuda) {
-      if (!why.empty()) {
-        if (device) throw NotAvailable(why);
-        throw ValueError(why);
-      }
-      return clip_cuda(params);
-    }
-  }
+  // On CUDA, the one read of the norm to the host.
+  return on_cuda(params) ? clip_cuda(params).item<double>() : clip_cpu(params);
+}
+
+at::Tensor FusedClipNorm::clip(const std::vector<at::Tensor>& params) const {
+  if (on_cuda(params)) return clip_cuda(params);
+  return at::scalar_tensor(clip_cpu(params), at::TensorOptions().dtype(at::kDouble));
+}
+
+double FusedClipNorm::clip_cpu(const std::vector<at::Tensor>& params) const {
   std::vector<at::Tensor> grads;
   grads.reserve(params.size());
   bool all_float = true, all_bf16 = true;

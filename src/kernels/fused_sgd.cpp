@@ -103,7 +103,8 @@ struct FusedSGD::Impl {
   };
   std::vector<Work> work;  // reused between steps, like chunks
   std::vector<detail::TensorChunk> chunks;
-  std::vector<Work> cuda_work;  // CUDA parameters: libtorch's fused multi-tensor kernels
+  std::vector<Work> cuda_work;   // CUDA parameters: libtorch's fused multi-tensor kernels
+  detail::DeviceLrs device_lrs;  // each group's lr where the CUDA kernels read it
 };
 
 FusedSGD::FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -206,11 +207,15 @@ void FusedSGD::step_cuda() {
   // Consecutive parameters with the same options and first-step flag share their launches.
   std::vector<at::Tensor> params, grads, buffers;
   const FusedSGDOptions* current = nullptr;
+  size_t current_group = 0;
   bool current_first = false;
   auto flush = [&] {
     if (current == nullptr || params.empty()) return;
     const FusedSGDOptions& o = *current;
-    detail::sgd_cuda(params, grads, buffers, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+    const at::Device device = params.front().device();
+    const at::Tensor& lr =
+        detail::device_lr(s.device_lrs[{current_group, device.index()}], o.lr(), device, kName);
+    detail::sgd_cuda(params, grads, buffers, o.weight_decay(), o.momentum(), lr, o.dampening(),
                      o.nesterov(), current_first);
     params.clear();
     grads.clear();
@@ -232,9 +237,11 @@ void FusedSGD::step_cuda() {
       b = first ? at::empty_like(p, at::MemoryFormat::Contiguous)
                 : detail::state_like(kName, "momentum_buffer", b, p);
     }
-    if (&o != current || first != current_first) {
+    if (&o != current || first != current_first || w.group != current_group ||
+        (!params.empty() && params.front().device() != p.device())) {
       flush();
       current = &o;
+      current_group = w.group;
       current_first = first;
     }
     params.push_back(p);
@@ -250,6 +257,13 @@ void FusedSGD::save(torch::serialize::OutputArchive& archive) const {
 
 void FusedSGD::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<FusedSGDParamState, FusedSGDOptions>(archive, *this);
+}
+
+void FusedSGD::sync_lrs_to_device() {
+  for (auto& [where, slot] : impl_->device_lrs) {
+    const auto& o = static_cast<const FusedSGDOptions&>(param_groups_[where.first].options());
+    detail::device_lr(slot, o.lr(), slot.value.device(), kName);
+  }
 }
 
 std::unique_ptr<torch::optim::OptimizerParamState> FusedSGD::make_param_state() const {

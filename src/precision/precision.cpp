@@ -2,8 +2,6 @@
 
 #include <torch/nn/utils/clip_grad.h>
 
-#include <limits>
-
 #include "volt/core/log.h"
 #include "volt/kernels/fused_clip_norm.h"
 
@@ -13,26 +11,29 @@ void Precision::backward(const at::Tensor& loss) {
   loss.backward();
 }
 
-double Precision::clip_gradients(torch::optim::Optimizer& optimizer, double value,
-                                 ClipAlgorithm algorithm) {
+at::Tensor Precision::clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                     ClipAlgorithm algorithm) {
   std::vector<at::Tensor> params;
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
       if (p.grad().defined()) params.push_back(p);
     }
   }
-  if (params.empty()) return 0.0;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  if (params.empty()) return algorithm == ClipAlgorithm::kNorm ? at::zeros({}, f64) : at::Tensor();
   if (algorithm == ClipAlgorithm::kNorm) {
-    // The fused pass reads every gradient once; libtorch's clip_grad_norm_ stays the reference
-    // for what it cannot take (non-CPU, sparse, half, non-contiguous gradients).
+    // The fused pass reads every gradient once (on CUDA it leaves the norm on the device);
+    // libtorch's clip_grad_norm_ stays the reference for what it cannot take (sparse, half,
+    // non-contiguous CPU gradients; CUDA ones in a build without libtorch's fused kernels), and
+    // reads its norm.
     const std::string why = FusedClipNorm::unsupported_reason(params);
-    if (why.empty()) return fused_clip_grad_norm_(params, value, 2.0);
+    if (why.empty()) return FusedClipNorm(FusedClipNormOptions(value)).clip(params);
     warn_once("clip-fallback:" + why, "Precision",
               "gradient clipping uses torch::nn::utils::clip_grad_norm_: " + why);
-    return torch::nn::utils::clip_grad_norm_(params, value, 2.0);
+    return at::scalar_tensor(torch::nn::utils::clip_grad_norm_(params, value, 2.0), f64);
   }
   torch::nn::utils::clip_grad_value_(params, value);
-  return std::numeric_limits<double>::quiet_NaN();
+  return at::Tensor();
 }
 
 bool Precision::optimizer_step(torch::optim::Optimizer& optimizer) {

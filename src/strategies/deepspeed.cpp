@@ -811,11 +811,14 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
   return stepped;
 }
 
-double DeepSpeedStrategy::clip_gradients(torch::optim::Optimizer& optimizer, double value,
-                                         ClipAlgorithm algorithm) {
+at::Tensor DeepSpeedStrategy::clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                             ClipAlgorithm algorithm) {
   ZeroEngine* e = engine(optimizer);
-  // The norm spans every rank's chunks; clipping by value is elementwise.
-  if (e != nullptr && algorithm == ClipAlgorithm::kNorm) return e->clip_grad_norm(value, 2.0);
+  // The norm spans every rank's chunks (the engine reduces it on the host); clipping by value
+  // is elementwise.
+  if (e != nullptr && algorithm == ClipAlgorithm::kNorm) {
+    return at::scalar_tensor(e->clip_grad_norm(value, 2.0), at::TensorOptions().dtype(at::kDouble));
+  }
   return Strategy::clip_gradients(optimizer, value, algorithm);
 }
 

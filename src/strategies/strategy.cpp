@@ -77,8 +77,8 @@ bool Strategy::optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<
   return precision_->optimizer_step(optimizer);
 }
 
-double Strategy::clip_gradients(torch::optim::Optimizer& optimizer, double value,
-                                ClipAlgorithm algorithm) {
+at::Tensor Strategy::clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                    ClipAlgorithm algorithm) {
   return precision_->clip_gradients(optimizer, value, algorithm);
 }
 

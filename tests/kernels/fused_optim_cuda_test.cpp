@@ -170,6 +170,70 @@ TEST(FusedOptimCuda, ClipNormMatchesTorchForEveryNormType) {
   EXPECT_TRUE(a[3].grad().equal(before));
 }
 
+// The learning rate lives on the device (a float32 scalar the kernels read): a change between
+// steps is followed, as torch::optim follows it.
+TEST(FusedOptimCuda, LearningRateChangesBetweenStepsAreFollowed) {
+  VOLT_REQUIRE_CUDA();
+  const torch::Device cuda(torch::kCUDA);
+  auto fa = make_params(cuda), fs = make_params(cuda);
+  auto ra = copies(fa, cuda), rs = copies(fs, cuda);
+  volt::FusedAdamW adam(fa, volt::FusedAdamWOptions(1e-2).weight_decay(0.01));
+  torch::optim::AdamW radam(ra, torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  volt::FusedSGD sgd(fs, volt::FusedSGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD rsgd(rs, torch::optim::SGDOptions(0.05).momentum(0.9));
+  const std::vector<double> lrs = {1e-2, 3e-3, 3e-3, 2e-2, 1e-3, 0.0, 5e-3, 1e-2};
+  for (int k = 0; k < static_cast<int>(lrs.size()); ++k) {
+    for (auto* o : std::initializer_list<torch::optim::Optimizer*>{&adam, &radam, &sgd, &rsgd}) {
+      o->param_groups()[0].options().set_lr(lrs[k] * (o == &sgd || o == &rsgd ? 5 : 1));
+    }
+    run_steps(adam, fa, k, k + 1);
+    run_steps(radam, ra, k, k + 1);
+    run_steps(sgd, fs, k, k + 1);
+    run_steps(rsgd, rs, k, k + 1);
+  }
+  expect_close(fa, ra, 1e-5, 1e-6, "FusedAdamW vs torch::optim::AdamW, lr changing");
+  expect_close(fs, rs, 1e-6, 1e-7, "FusedSGD vs torch::optim::SGD, lr changing");
+}
+
+// A step captured in a CUDA graph reads the learning rate of each replay once
+// sync_lrs_to_device() wrote it: bit for bit the eager steps with the same lrs. A change not
+// written before capturing is refused inside the capture (it would be replayed forever).
+TEST(FusedOptimCuda, AStepCapturedInAGraphReadsTheLearningRateOfEachReplay) {
+  VOLT_REQUIRE_CUDA();
+  if (!volt::CudaGraph::available()) GTEST_SKIP() << volt::CudaGraph::unavailable_reason();
+  const torch::Device cuda(torch::kCUDA);
+  auto graphed = make_params(cuda);
+  auto eager = copies(graphed, cuda);
+  set_grads(graphed, 0);  // the same gradients at every step
+  set_grads(eager, 0);
+  volt::FusedSGD g(graphed, volt::FusedSGDOptions(0.1).momentum(0.9));
+  volt::FusedSGD e(eager, volt::FusedSGDOptions(0.1).momentum(0.9));
+  g.step();  // eager warm-up: the momentum buffers and the device lr exist
+  e.step();
+  const auto set_lr = [](volt::FusedSGD& o, double lr) {
+    o.param_groups()[0].options().set_lr(lr);
+  };
+  set_lr(g, 0.05);
+  volt::CudaGraph refused("stale lr");
+  const std::string err =
+      volt_test::error_of<volt::NotAvailable>([&] { refused.capture([&] { g.step(); }); });
+  EXPECT_NE(err.find("sync_lrs_to_device"), std::string::npos) << err;
+  g.sync_lrs_to_device();
+  volt::CudaGraph graph("FusedSGD step");
+  graph.capture([&] { g.step(); });
+  for (const double lr : {0.05, 0.02, 0.02, 0.2}) {
+    set_lr(g, lr);
+    set_lr(e, lr);
+    g.sync_lrs_to_device();
+    graph.replay();
+    e.step();
+  }
+  for (size_t i = 0; i < graphed.size(); ++i) {
+    EXPECT_TRUE(torch::equal(graphed[i], eager[i]))
+        << "parameter " << i << " max diff " << (graphed[i] - eager[i]).abs().max().item<double>();
+  }
+}
+
 // A run on the GPU saves its optimizer, a CPU run loads it (and the other way round); both then
 // continue like the run that never moved.
 TEST(FusedOptimCuda, CheckpointsMoveBetweenCpuAndCuda) {

@@ -1129,7 +1129,8 @@ TEST(FusedClipNorm, PrecisionClipsWithItAndFallsBackToTorch) {
     const double expected = torch::nn::utils::clip_grad_norm_(ref.parameters(), 0.25);
     torch::optim::SGD opt(fused.parameters(), torch::optim::SGDOptions(0.1));
     volt::Fp32Precision precision;
-    const double got = precision.clip_gradients(opt, 0.25, volt::ClipAlgorithm::kNorm);
+    const double got =
+        precision.clip_gradients(opt, 0.25, volt::ClipAlgorithm::kNorm).item<double>();
     EXPECT_NEAR(got, expected, 1e-6 * expected);
     for (size_t i = 0; i < kShapes.size(); ++i) {
       if (!ref.parameters()[i].grad().defined()) continue;

@@ -7,6 +7,7 @@
 
 #include <volt/volt.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,8 +25,11 @@ namespace {
 // No dropout: the graphed and eager runs must launch the same kernels on the same values.
 class GraphNet : public volt::Module {
  public:
-  explicit GraphNet(std::string optimizer = "fused_adamw", bool host_sync = false)
-      : optimizer_(std::move(optimizer)), host_sync_(host_sync) {
+  explicit GraphNet(std::string optimizer = "fused_adamw", bool host_sync = false,
+                    bool per_step_schedule = false)
+      : optimizer_(std::move(optimizer)),
+        host_sync_(host_sync),
+        per_step_schedule_(per_step_schedule) {
     torch::manual_seed(0);
     fc1 = register_module("fc1", torch::nn::Linear(8, 32));
     fc2 = register_module("fc2", torch::nn::Linear(32, 2));
@@ -40,6 +44,20 @@ class GraphNet : public volt::Module {
     return loss;
   }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    if (per_step_schedule_) {  // the lr decays at every step
+      std::shared_ptr<torch::optim::Optimizer> opt;
+      if (optimizer_ == "sgd") {
+        opt = std::make_shared<torch::optim::SGD>(parameters(),
+                                                  torch::optim::SGDOptions(0.1).momentum(0.9));
+      } else {
+        opt = std::make_shared<volt::FusedSGD>(parameters(),
+                                               volt::FusedSGDOptions(0.1).momentum(0.9));
+      }
+      scheduled = opt;
+      volt::OptimizerConfig c(opt);
+      c.scheduler(std::make_shared<volt::ExponentialLR>(*opt, 0.9)).interval(volt::Interval::kStep);
+      return {c};
+    }
     if (optimizer_ == "sgd") {
       return {std::make_shared<torch::optim::SGD>(parameters(),
                                                   torch::optim::SGDOptions(0.1).momentum(0.9))};
@@ -52,13 +70,16 @@ class GraphNet : public volt::Module {
   }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   std::shared_ptr<volt::FusedAdamW> adamw;
+  std::shared_ptr<torch::optim::Optimizer> scheduled;  // with the per-step schedule
 
  private:
   std::string optimizer_;
   bool host_sync_;
+  bool per_step_schedule_;
 };
 
 struct FitResult {
+  double last_lr = 0;
   std::vector<at::Tensor> params;
   std::vector<double> losses;  // train_loss as logged, step by step
   volt::Metrics metrics;
@@ -66,10 +87,13 @@ struct FitResult {
   int64_t global_step = 0;
 };
 
-FitResult fit(GraphNet& net, bool graphed, const std::string& accelerator, int64_t n = 160) {
+FitResult fit(GraphNet& net, bool graphed, const std::string& accelerator, int64_t n = 160,
+              c10::optional<double> clip_norm = c10::nullopt) {
   auto logger = std::make_shared<volt_test::MemoryLogger>();
-  volt::Trainer trainer(volt::TrainerOptions()
-                            .accelerator(accelerator)
+  volt::TrainerOptions opts;
+  if (clip_norm)
+    opts.gradient_clip_val(*clip_norm).gradient_clip_algorithm(volt::ClipAlgorithm::kNorm);
+  volt::Trainer trainer(opts.accelerator(accelerator)
                             .max_epochs(2)
                             .loggers({logger})
                             .log_every_n_steps(1)
@@ -87,6 +111,7 @@ FitResult fit(GraphNet& net, bool graphed, const std::string& accelerator, int64
     r.losses.push_back(rec.second.at("train_loss"));
   r.metrics = trainer.callback_metrics();
   r.global_step = trainer.state().global_step;
+  if (net.scheduled) r.last_lr = net.scheduled->param_groups().front().options().get_lr();
   return r;
 }
 
@@ -168,6 +193,45 @@ TEST(GraphTrainingStepCuda, ARaggedLastBatchGetsItsOwnGraph) {
   EXPECT_EQ(count_containing(graphed.logs, "graph_training_step: captured the step"), 2u)
       << ::testing::PrintToString(graphed.logs);
   expect_same_training(eager, graphed);
+}
+
+// Clipping by norm is captured with the step: the norm and the coefficient stay on the device
+// (FusedClipNorm's CUDA path), so nothing falls back; the clip is real (SGD, whose step scales
+// with the gradient, ends elsewhere without it).
+TEST(GraphTrainingStepCuda, ClippingByNormIsCapturedAndEqualsEagerFit) {
+  VOLT_REQUIRE_CUDA_GRAPHS();
+  GraphNet a("sgd"), b("sgd"), c("sgd");
+  const FitResult eager = fit(a, false, "cuda", 160, 0.05);
+  const FitResult graphed = fit(b, true, "cuda", 160, 0.05);
+  EXPECT_EQ(count_containing(graphed.logs, "running the training step eagerly"), 0u)
+      << ::testing::PrintToString(graphed.logs);
+  EXPECT_EQ(count_containing(graphed.logs, "graph_training_step: captured the step"), 1u);
+  expect_same_training(eager, graphed);
+  const FitResult unclipped = fit(c, true, "cuda");
+  EXPECT_FALSE(torch::equal(unclipped.params.front(), graphed.params.front()));
+}
+
+// A per-step schedule (the lr changes at every step): volt's fused optimizers read the lr from
+// a device scalar written before each replay, so the step is captured once and each replay
+// uses its own step's lr. Bitwise the eager fit, which itself follows torch::optim::SGD under
+// the same schedule (to float32 rounding of the lr).
+TEST(GraphTrainingStepCuda, APerStepScheduleIsReadFromTheDeviceWithoutCapturingAgain) {
+  VOLT_REQUIRE_CUDA_GRAPHS();
+  GraphNet a("fused_sgd", false, true), b("fused_sgd", false, true), ref("sgd", false, true);
+  const FitResult eager = fit(a, false, "cuda");
+  const FitResult graphed = fit(b, true, "cuda");
+  const FitResult reference = fit(ref, false, "cuda");
+  EXPECT_EQ(count_containing(graphed.logs, "running the training step eagerly"), 0u)
+      << ::testing::PrintToString(graphed.logs);
+  EXPECT_EQ(count_containing(graphed.logs, "capturing again"), 0u);
+  EXPECT_EQ(count_containing(graphed.logs, "graph_training_step: captured the step"), 1u);
+  expect_same_training(eager, graphed);
+  EXPECT_NEAR(graphed.last_lr, 0.1 * std::pow(0.9, 20), 1e-12);
+  for (size_t i = 0; i < eager.params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(eager.params[i], reference.params[i], 1e-4, 1e-5))
+        << "parameter " << i << " max diff "
+        << (eager.params[i] - reference.params[i]).abs().max().item<double>();
+  }
 }
 
 TEST(GraphTrainingStepCuda, AHostSyncInTheStepFallsBackToEagerOnce) {

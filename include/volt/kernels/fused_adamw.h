@@ -95,6 +95,13 @@ class FusedAdamW : public torch::optim::Optimizer, public FusedOptimizer {
   /// (a step replayed from a CUDA graph advances only those), into the states that save() and
   /// state() show. Reads the device (a host sync). The Trainer calls it before checkpoints.
   void sync_steps_from_device();
+  /// Writes each param group's current lr (after a scheduler or the user changed it) to the
+  /// float32 scalar on the device that the CUDA kernels read: one fill per changed group, no
+  /// sync. step() does it itself, outside CUDA graph capture; call it before replaying a step
+  /// captured in a graph (the Trainer's graph_training_step does), so the replay uses today's
+  /// lr without capturing again. Throws NotAvailable while a graph captures. No-op before the
+  /// first CUDA step and for CPU parameters.
+  void sync_lrs_to_device();
   std::unique_ptr<torch::optim::OptimizerParamState> make_param_state() const override;
 
  private:

@@ -36,6 +36,11 @@ class FusedClipNorm {
   /// returns the total norm (0 when no parameter has a gradient). Throws ValueError or
   /// NotAvailable for gradients that unsupported_reason() rejects.
   double operator()(const std::vector<at::Tensor>& params) const;
+  /// As operator(), but the total norm comes back as a 0-dim tensor that is not read: on CUDA
+  /// it stays on the device (float32 or the gradients' dtype, as libtorch's), so nothing waits
+  /// for the GPU and a CUDA graph can capture the clip, unless error_if_nonfinite is set (its
+  /// check reads the norm); on the CPU it is a double tensor holding operator()'s value.
+  at::Tensor clip(const std::vector<at::Tensor>& params) const;
   /// Empty when every defined gradient is a contiguous dense float/double/bfloat16 CPU tensor, or
   /// every one a dense floating CUDA tensor of one device in a build with libtorch's fused kernels
   /// (then the norm and the scaling run as multi-tensor kernels on the device, and only the
@@ -44,7 +49,10 @@ class FusedClipNorm {
   const FusedClipNormOptions& options() const { return options_; }
 
  private:
-  double clip_cuda(const std::vector<at::Tensor>& params) const;
+  at::Tensor clip_cuda(const std::vector<at::Tensor>& params) const;
+  double clip_cpu(const std::vector<at::Tensor>& params) const;
+  // True (after checking) when the gradients take the CUDA path; throws when they cannot.
+  static bool on_cuda(const std::vector<at::Tensor>& params);
   FusedClipNormOptions options_;
 };
 

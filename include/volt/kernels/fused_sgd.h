@@ -74,6 +74,13 @@ class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
   /// torch::save / torch::load support (state keyed by position, as libtorch does).
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  /// Writes each param group's current lr (after a scheduler or the user changed it) to the
+  /// float32 scalar on the device that the CUDA kernels read: one fill per changed group, no
+  /// sync. step() does it itself, outside CUDA graph capture; call it before replaying a step
+  /// captured in a graph (the Trainer's graph_training_step does), so the replay uses today's
+  /// lr without capturing again. Throws NotAvailable while a graph captures. No-op before the
+  /// first CUDA step and for CPU parameters.
+  void sync_lrs_to_device();
   std::unique_ptr<torch::optim::OptimizerParamState> make_param_state() const override;
 
  private:

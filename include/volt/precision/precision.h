@@ -43,9 +43,12 @@ class Precision {
   virtual void backward(const at::Tensor& loss);
   /// Makes gradients true-scale (undoes loss scaling); no-op for fp32.
   virtual void unscale_gradients(torch::optim::Optimizer& optimizer) {}
-  /// Clips this optimizer's gradients in place; returns the total norm for kNorm, else NaN.
-  virtual double clip_gradients(torch::optim::Optimizer& optimizer, double value,
-                                ClipAlgorithm algorithm);
+  /// Clips this optimizer's gradients in place. For kNorm returns the total norm as a 0-dim
+  /// tensor, on the gradients' device and not read (reading it is a host sync on CUDA; the
+  /// built-in precisions never read it, so a CUDA graph can capture the clip); for kValue an
+  /// undefined tensor.
+  virtual at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                    ClipAlgorithm algorithm);
   /// Runs optimizer.step(); returns false when the step was skipped (e.g. inf gradients).
   virtual bool optimizer_step(torch::optim::Optimizer& optimizer);
   virtual void save_state(torch::serialize::OutputArchive& archive) const {}

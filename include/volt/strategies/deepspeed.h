@@ -152,8 +152,8 @@ class DeepSpeedStrategy : public DdpStrategy {
   void backward(const at::Tensor& loss, bool sync_gradients) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
                       ClipAlgorithm algorithm) override;
-  double clip_gradients(torch::optim::Optimizer& optimizer, double value,
-                        ClipAlgorithm algorithm) override;
+  at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                            ClipAlgorithm algorithm) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
   at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx) override;
   void validation_step(Module& module, const Batch& batch, int64_t batch_idx) override;

@@ -107,9 +107,10 @@ class Strategy {
   virtual bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
                               ClipAlgorithm algorithm);
   /// Clips this optimizer's gradients in place; for kNorm returns the total norm over every
-  /// shard of every parameter (sharded strategies reduce it), else NaN.
-  virtual double clip_gradients(torch::optim::Optimizer& optimizer, double value,
-                                ClipAlgorithm algorithm);
+  /// shard of every parameter (sharded strategies reduce it) as a 0-dim tensor, not read (see
+  /// Precision::clip_gradients), else an undefined tensor.
+  virtual at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                    ClipAlgorithm algorithm);
   /// Sets every gradient of the optimizer's parameters to none.
   virtual void zero_grad(torch::optim::Optimizer& optimizer);
 

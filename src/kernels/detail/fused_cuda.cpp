@@ -10,6 +10,8 @@
 
 #if defined(VOLT_CUDA) && VOLT_TORCH_AT_LEAST(2, 1)
 #define VOLT_FUSED_CUDA 1
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #else
 #define VOLT_FUSED_CUDA 0
 #endif
@@ -70,24 +72,51 @@ at::Tensor state_like(const char* component, const char* name, const at::Tensor&
 
 #if VOLT_FUSED_CUDA
 
+bool stream_capturing(const at::Device& device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+const at::Tensor& device_lr(DeviceLr& slot, double lr, const at::Device& device,
+                            const char* component) {
+  const bool fresh = !slot.value.defined() || slot.value.device() != device;
+  if (!fresh && slot.written == lr) return slot.value;
+  VOLT_CHECK(!stream_capturing(device), NotAvailable, "[", component,
+             "] the learning rate changed (or was never written to the device) while a CUDA "
+             "graph captures the step; call sync_lrs_to_device() before capturing, as the "
+             "Trainer's graph_training_step does.");
+  if (fresh) {
+    slot.value = at::full({}, lr, at::TensorOptions().dtype(at::kFloat).device(device));
+  } else {
+    slot.value.fill_(lr);
+  }
+  slot.written = lr;
+  return slot.value;
+}
+
 void adam_cuda(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                const std::vector<at::Tensor>& max_exp_avg_sqs, const std::vector<at::Tensor>& steps,
-               const AdamCudaArgs& a) {
+               const at::Tensor& lr, const AdamCudaArgs& a) {
   if (params.empty()) return;
   at::_foreach_add_(steps, 1);
   if (a.decoupled) {
-    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, a.lr, a.beta1,
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, a.beta1,
                       a.beta2, a.weight_decay, a.eps, a.amsgrad, /*maximize=*/false);
   } else {
-    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, a.lr, a.beta1,
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, a.beta1,
                      a.beta2, a.weight_decay, a.eps, a.amsgrad, /*maximize=*/false);
   }
 }
 
 void sgd_cuda(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
               const std::vector<at::Tensor>& momentum_buffers, double weight_decay, double momentum,
-              double lr, double dampening, bool nesterov, bool first_step) {
+              const at::Tensor& lr, double dampening, bool nesterov, bool first_step) {
   if (params.empty()) return;
   at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov,
                   /*maximize=*/false, first_step);
@@ -111,14 +140,21 @@ void scale_to_max_norm_cuda(const std::vector<at::Tensor>& grads, const at::Tens
   VOLT_ASSERT(false, "the fused CUDA path was reached in a build without it");
   std::abort();
 }
+bool stream_capturing(const at::Device&) {
+  return false;
+}
+const at::Tensor& device_lr(DeviceLr&, double, const at::Device&, const char*) {
+  no_cuda();
+}
 void adam_cuda(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
                const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
-               const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+               const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const at::Tensor&,
                const AdamCudaArgs&) {
   no_cuda();
 }
 void sgd_cuda(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
-              const std::vector<at::Tensor>&, double, double, double, double, bool, bool) {
+              const std::vector<at::Tensor>&, double, double, const at::Tensor&, double, bool,
+              bool) {
   no_cuda();
 }
 at::Tensor norm_cuda(const std::vector<at::Tensor>&, double) {

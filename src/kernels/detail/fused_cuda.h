@@ -7,7 +7,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace volt {
@@ -32,22 +35,43 @@ void check_state_size(const char* component, const char* name, const at::Tensor&
 at::Tensor state_like(const char* component, const char* name, const at::Tensor& t,
                       const at::Tensor& p);
 
+/// A param group's learning rate where the CUDA kernels read it: a float32 scalar on the
+/// device (libtorch's tensor-lr kernel overloads). A step captured in a CUDA graph then reads,
+/// at every replay, the value last written there, not the value at capture.
+struct DeviceLr {
+  at::Tensor value;    // float32, 0-dim, on the parameters' device
+  double written = 0;  // the host lr it holds
+};
+/// Per (param group, device index).
+using DeviceLrs = std::map<std::pair<size_t, int64_t>, DeviceLr>;
+
+/// True while `device`'s current stream is capturing a CUDA graph.
+bool stream_capturing(const at::Device& device);
+
+/// slot.value holding `lr`: made, or filled when the host lr changed (one kernel, no sync).
+/// Never during graph capture (a fill would be recorded with the value of the capture and
+/// replayed ever after): there the slot is read as it stands, and a missing or stale one is
+/// NotAvailable (write it before capturing: the optimizers' sync_lrs_to_device).
+const at::Tensor& device_lr(DeviceLr& slot, double lr, const at::Device& device,
+                            const char* component);
+
 struct AdamCudaArgs {
-  double lr, beta1, beta2, weight_decay, eps;
+  double beta1, beta2, weight_decay, eps;
   bool amsgrad, decoupled;  // decoupled: AdamW (weight decay on the parameter), else L2 (Adam)
 };
 
 /// One fused Adam/AdamW update of every tensor in the lists; `steps` are float32 scalars on the
-/// device, incremented here before the update (as torch.optim does).
+/// device, incremented here before the update (as torch.optim does); `lr` a DeviceLr's value.
 void adam_cuda(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                const std::vector<at::Tensor>& max_exp_avg_sqs, const std::vector<at::Tensor>& steps,
-               const AdamCudaArgs& args);
+               const at::Tensor& lr, const AdamCudaArgs& args);
 
-/// One fused SGD update; `first_step`: the buffers are new and become the (decayed) gradient.
+/// One fused SGD update; `first_step`: the buffers are new and become the (decayed) gradient;
+/// `lr` a DeviceLr's value.
 void sgd_cuda(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
               const std::vector<at::Tensor>& momentum_buffers, double weight_decay, double momentum,
-              double lr, double dampening, bool nesterov, bool first_step);
+              const at::Tensor& lr, double dampening, bool nesterov, bool first_step);
 
 /// Total `norm_type` norm of `grads`: a 0-dim tensor on their device, in their dtype, computed
 /// there (no host read), as torch::nn::utils::clip_grad_norm_ does.

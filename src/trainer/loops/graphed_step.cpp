@@ -45,8 +45,22 @@ struct GraphedStep {
   Batch batch;                         // the static batch the graph reads
   at::Tensor loss;                     // the static loss it writes
   std::vector<Run::CapturedLog> logs;  // what training_step logged, static values
-  std::vector<double> lrs;             // the learning rates baked in
+  std::vector<double> lrs;             // the learning rates baked in (torch::optim::SGD)
 };
+
+// Writes the optimizer's learning rates where its captured kernels read them, when it reads
+// them from the device (volt's fused optimizers); false for one that bakes them into the graph.
+bool sync_device_lrs(torch::optim::Optimizer& opt) {
+  if (auto* adam = dynamic_cast<FusedAdamW*>(&opt)) {
+    adam->sync_lrs_to_device();
+    return true;
+  }
+  if (auto* sgd = dynamic_cast<FusedSGD*>(&opt)) {
+    sgd->sync_lrs_to_device();
+    return true;
+  }
+  return false;
+}
 
 std::vector<at::Tensor> batch_tensors(const Batch& b) {
   std::vector<at::Tensor> out{b.input, b.target};
@@ -91,7 +105,11 @@ class GraphedOptimizationStep : public OptimizationStep {
     auto& opt = *r.optimizers.front().optimizer();
     const std::vector<double> lrs = learning_rates(opt);
     const GraphKey key(batch_tensors(batch), /*training=*/true, /*grad_mode=*/true);
-    if (const GraphedStep* g = cache_.peek(key); g != nullptr && g->lrs != lrs) {
+    // volt's fused optimizers read the lr from the device (written just above, before the
+    // capture or replay); only torch::optim::SGD bakes it into the graph, so a change there
+    // means capturing again.
+    const bool lr_on_device = sync_device_lrs(opt);
+    if (const GraphedStep* g = cache_.peek(key); !lr_on_device && g != nullptr && g->lrs != lrs) {
       if (++lr_recaptures_ > kMaxLrRecaptures) {
         return eager("the learning rate changed " + std::to_string(lr_recaptures_) +
                          " times (a graph holds it as a constant); use a scheduler that "
@@ -134,10 +152,6 @@ class GraphedOptimizationStep : public OptimizationStep {
     if (r.strategy().world_size() > 1) return "several processes (a distributed strategy)";
     const std::string precision = r.strategy().precision().name();
     if (precision != "32-true") return "precision \"" + precision + "\" (only \"32-true\")";
-    if (r.opts.gradient_clip_val() && *r.opts.gradient_clip_val() > 0 &&
-        r.opts.gradient_clip_algorithm() == ClipAlgorithm::kNorm) {
-      return "gradient clipping by norm reads the norm on the host; clip by value";
-    }
     for (const auto& p : r.module->parameters()) {
       if (!p.is_cuda()) {
         std::ostringstream os;
