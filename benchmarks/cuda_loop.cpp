@@ -9,6 +9,11 @@
 //
 // --cudnn-benchmark turns cuDNN autotuning on for every side (volt's TrainerOptions::benchmark,
 // the hand loop's global flag; cuda_loop.py's flag does the same for PyTorch and Lightning).
+//
+// Every side uses torch::optim::Adam / torch.optim.Adam as written, except the rows marked
+// "fused": volt::FusedAdamW in Adam mode (libtorch's multi-tensor _fused_adam_ on CUDA) here,
+// torch.optim.Adam(fused=True) in cuda_loop.py. Python's default Adam on CUDA is its foreach
+// (multi-tensor) implementation; C++'s torch::optim::Adam launches its kernels per parameter.
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -37,8 +42,8 @@ struct Data {
 
 template <typename Net>
 double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps, bool pin,
-                bool cudnn_benchmark) {
-  volt_bench::AdamModule<Net> m(net);
+                bool cudnn_benchmark, bool fused = false) {
+  volt_bench::AdamModule<Net> m(net, fused);
   volt::Trainer t(volt_bench::bench_trainer("cuda", steps).benchmark(cudnn_benchmark));
   auto ds = std::make_shared<volt::TensorDataset>(d.x, d.y);
   volt::DataLoader dl(ds, volt::DataLoaderOptions(batch).shuffle(true).seed(1).pin_memory(pin));
@@ -109,7 +114,7 @@ int main(int argc, char** argv) {
   for (const Row& row :
        {Row{"mlp 784-256-128-10", 128, mlp_steps, true}, Row{"cnn (demo)", 64, cnn_steps, false}}) {
     if (!only.empty() && only != (row.mlp ? "mlp" : "cnn")) continue;
-    std::vector<double> v, vp, h;
+    std::vector<double> v, vp, vf, h;
     auto make_mlp = [] {
       return std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{256, 128});
     };
@@ -123,20 +128,25 @@ int main(int argc, char** argv) {
       const double b = row.mlp ? run_volt(make_mlp(), d, row.batch, row.steps, true, cb)
                                : run_volt(make_cnn(), d, row.batch, row.steps, true, cb);
       torch::manual_seed(r + 1);
+      const double f = row.mlp ? run_volt(make_mlp(), d, row.batch, row.steps, false, cb, true)
+                               : run_volt(make_cnn(), d, row.batch, row.steps, false, cb, true);
+      torch::manual_seed(r + 1);
       const double c = row.mlp ? run_hand(make_mlp(), d, row.batch, row.steps, cb)
                                : run_hand(make_cnn(), d, row.batch, row.steps, cb);
       if (r < 0) continue;
       v.push_back(a);
       vp.push_back(b);
+      vf.push_back(f);
       h.push_back(c);
     }
-    const double mv = median(v), mvp = median(vp), mh = median(h);
+    const double mv = median(v), mvp = median(vp), mvf = median(vf), mh = median(h);
     std::printf("\n%s, batch %lld, Adam, %lld steps x %d rounds%s (median steps/s)\n",
                 row.name.c_str(), static_cast<long long>(row.batch),
                 static_cast<long long>(row.steps), rounds,
                 cudnn_benchmark ? ", cuDNN autotuning on" : "");
     std::printf("  volt Trainer.fit             %9.1f   volt/hand = %.3f\n", mv, mv / mh);
     std::printf("  volt Trainer.fit, pinned     %9.1f   volt/hand = %.3f\n", mvp, mvp / mh);
+    std::printf("  volt Trainer.fit, fused Adam %9.1f   volt/hand = %.3f\n", mvf, mvf / mh);
     std::printf("  hand libtorch loop           %9.1f\n", mh);
   }
   return 0;

@@ -1,6 +1,7 @@
 """The plain PyTorch loop and PyTorch Lightning on a CUDA GPU, for the side-by-side with
 volt_bench_cuda_loop (same models, data, batch sizes and optimizer): the Fashion-MNIST MLP
-784-256-128-10 at batch 128 and the demo CNN at batch 64, Adam(lr=1e-3), the first 16384
+784-256-128-10 at batch 128 and the demo CNN at batch 64, Adam(lr=1e-3) (as written, which is
+the foreach implementation on CUDA, and with fused=True), the first 16384
 training images on the CPU. Prints steps/s (median of the rounds, after a warm-up round).
 
     python3 benchmarks/cuda_loop.py [--rounds R] [--mlp-steps N] [--cnn-steps N] [--no-lightning]
@@ -35,10 +36,10 @@ class Mlp(nn.Module):
         return self.out(F.relu(self.fc1(x)))
 
 
-def plain(make, x, y, batch, steps, cudnn_benchmark):
+def plain(make, x, y, batch, steps, cudnn_benchmark, fused=False):
     torch.backends.cudnn.benchmark = cudnn_benchmark
     net = make().cuda()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, fused=fused or None)
     net.train()
     n, per_epoch, done = x.shape[0], x.shape[0] // batch, 0
     torch.cuda.synchronize()
@@ -59,7 +60,7 @@ def plain(make, x, y, batch, steps, cudnn_benchmark):
     return steps / (time.perf_counter() - t0)
 
 
-def lightning(make, x, y, batch, steps, cudnn_benchmark):
+def lightning(make, x, y, batch, steps, cudnn_benchmark, fused=False):
     import pytorch_lightning as pl
 
     class Lit(pl.LightningModule):
@@ -73,7 +74,7 @@ def lightning(make, x, y, batch, steps, cudnn_benchmark):
             return loss
 
         def configure_optimizers(self):
-            return torch.optim.Adam(self.parameters(), lr=1e-3)
+            return torch.optim.Adam(self.parameters(), lr=1e-3, fused=fused or None)
 
     dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch,
                                      shuffle=True)
@@ -105,14 +106,21 @@ def main():
                                      ("cnn (demo)", Cnn, 64, a.cnn_steps)):
         if a.only and not name.startswith(a.only):
             continue
-        res = {"python torch loop": [], "lightning": []}
+        # Adam as written (foreach on CUDA), then Adam(fused=True), on each side.
+        res = {"python torch loop": [], "lightning": [], "python torch loop, fused Adam": [],
+               "lightning, fused Adam": []}
         for r in range(-1, a.rounds):
-            torch.manual_seed(r + 1)
-            p = plain(make, x, y, batch, steps, a.cudnn_benchmark)
-            lt = 0 if a.no_lightning else lightning(make, x, y, batch, steps, a.cudnn_benchmark)
+            got = {}
+            for fused in (False, True):
+                tag = ", fused Adam" if fused else ""
+                torch.manual_seed(r + 1)
+                got["python torch loop" + tag] = plain(make, x, y, batch, steps,
+                                                       a.cudnn_benchmark, fused)
+                got["lightning" + tag] = 0 if a.no_lightning else lightning(
+                    make, x, y, batch, steps, a.cudnn_benchmark, fused)
             if r >= 0:
-                res["python torch loop"].append(p)
-                res["lightning"].append(lt)
+                for k, v in got.items():
+                    res[k].append(v)
         tuned = ", cuDNN autotuning on" if a.cudnn_benchmark else ""
         print(f"\n{name}, batch {batch}, Adam, {steps} steps x {a.rounds} rounds{tuned} "
               "(median steps/s)")

@@ -7,6 +7,12 @@
 //
 //   volt_bench_gpt2 [--accelerator cuda|cpu] [--layers L] [--dim D] [--heads H] [--vocab V]
 //                   [--seq T] [--batch B] [--steps S] [--warmup W] [--rounds R]
+//                   [--trace FILE]
+//
+// --trace FILE (CUDA builds on torch >= 2.1): after the timed rounds, one more hand loop whose
+// last 3 steps run under libtorch's kineto profiler (GPU activity only), saved as a Chrome
+// trace; `benchmarks/gpt2.py --trace` writes the same for the Python loop, and
+// tools/kernel_table.py compares the two kernel by kernel.
 //
 // Defaults on CUDA: GPT-2 small (124M parameters), batch 16 x 1024 tokens, 30 steps of which 10
 // warm up, 2 rounds. Without CUDA the defaults shrink to a 2-layer model of width 64 (a smoke
@@ -17,6 +23,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +31,7 @@
 #include "bench_trainer.h"
 #include "gpt2.h"
 #include "host_memory.h"
+#include "kineto_trace.h"
 #include "timing.h"
 
 namespace {
@@ -86,7 +94,9 @@ double run_volt(const Setup& s, const torch::Tensor& x, const torch::Tensor& y, 
   return static_cast<double>((s.steps - s.warmup) * s.batch * s.seq) / clock->seconds;
 }
 
-double run_hand(const Setup& s, const torch::Tensor& x, const torch::Tensor& y, double* loss) {
+// The hand loop; `warm` runs after the first `warmup` steps (synchronized), before the rest.
+double run_hand(const Setup& s, const torch::Tensor& x, const torch::Tensor& y, double* loss,
+                const std::function<void()>& warm = {}) {
   torch::manual_seed(1);
   auto net = std::make_shared<volt_examples::Gpt2Net>(s.cfg);
   net->to(s.device);
@@ -112,6 +122,7 @@ double run_hand(const Setup& s, const torch::Tensor& x, const torch::Tensor& y, 
     last = l.detach();
     if (i + 1 == s.warmup) {
       sync(s.device);
+      if (warm) warm();
       t0 = Clock::now();
     }
   }
@@ -121,6 +132,21 @@ double run_hand(const Setup& s, const torch::Tensor& x, const torch::Tensor& y, 
   return static_cast<double>((s.steps - s.warmup) * s.batch * s.seq) / secs;
 }
 
+// The hand loop again, its last 3 steps under kineto (GPU kernels, copies and sets), saved to
+// `path` as a Chrome trace.
+void trace_hand(Setup s, const torch::Tensor& x, const torch::Tensor& y, const std::string& path) {
+  if (!volt_bench::KinetoTrace::available()) {
+    std::printf("  --trace %s: needs a CUDA build on torch >= 2.1 (kineto)\n", path.c_str());
+    return;
+  }
+  volt_bench::KinetoTrace trace;
+  s.warmup = s.steps - 3;
+  double loss = 0;
+  run_hand(s, x, y, &loss, [&] { trace.begin(); });
+  trace.end(path);
+  std::printf("  trace of the hand loop's last 3 steps: %s\n", path.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,6 +154,7 @@ int main(int argc, char** argv) {
   Setup s;
   std::string accel = torch::cuda::is_available() ? "cuda" : "cpu";
   int rounds = 2;
+  std::string trace;
   std::vector<std::pair<std::string, int64_t*>> ints = {
       {"--layers", &s.cfg.layers}, {"--dim", &s.cfg.dim},  {"--heads", &s.cfg.heads},
       {"--vocab", &s.cfg.vocab},   {"--seq", &s.seq},      {"--batch", &s.batch},
@@ -138,6 +165,8 @@ int main(int argc, char** argv) {
       accel = argv[i + 1];
     } else if (a == "--rounds") {
       rounds = std::stoi(argv[i + 1]);
+    } else if (a == "--trace") {
+      trace = argv[i + 1];
     }
   }
   if (accel == "cpu") {  // a smoke run unless the flags say otherwise
@@ -187,5 +216,6 @@ int main(int argc, char** argv) {
               mv / mh, lv);
   std::printf("  hand libtorch loop    %12.0f tokens/s                      last loss %.4f\n", mh,
               lh);
+  if (!trace.empty()) trace_hand(s, x, y, trace);
   return 0;
 }

@@ -89,7 +89,8 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def plain(a, x, y):
+def plain(a, x, y, warm=None):
+    """The plain loop; `warm` runs after the first a.warmup steps (synchronized)."""
     torch.manual_seed(1)
     net = Gpt2(a.vocab, a.context, a.layers, a.heads, a.dim).to(a.device)
     opt = adamw(net.parameters(), a.device)
@@ -105,9 +106,24 @@ def plain(a, x, y):
         opt.step()
         if i + 1 == a.warmup:
             sync(a.device)
+            if warm:
+                warm()
             t0 = time.perf_counter()
     sync(a.device)
     return (a.steps - a.warmup) * a.batch * a.seq / (time.perf_counter() - t0), loss.item()
+
+
+def trace_plain(a, x, y):
+    """The plain loop again, its last 3 steps under torch.profiler (GPU activity only; CPU ops
+    on the CPU), saved as a Chrome trace to a.trace (tools/kernel_table.py compares it with volt_bench_gpt2's)."""
+    from torch.profiler import ProfilerActivity, profile
+    b = argparse.Namespace(**vars(a))
+    b.warmup = b.steps - 3
+    p = profile(activities=[ProfilerActivity.CUDA if a.device == "cuda" else ProfilerActivity.CPU])
+    plain(b, x, y, warm=p.__enter__)
+    p.__exit__(None, None, None)
+    p.export_chrome_trace(a.trace)
+    print(f"  trace of the plain loop's last 3 steps: {a.trace}")
 
 
 def lightning(a, x, y):
@@ -159,6 +175,8 @@ def main():
     for flag in ("layers", "dim", "heads", "vocab", "seq", "batch", "steps", "warmup", "rounds"):
         ap.add_argument("--" + flag, type=int)
     ap.add_argument("--no-lightning", action="store_true")
+    ap.add_argument("--trace", help="after the rounds, a Chrome trace of the plain loop's last "
+                    "3 steps (GPU kernels) to this file")
     a = ap.parse_args()
     big = dict(layers=12, dim=768, heads=12, vocab=50257, seq=1024, batch=16, steps=30,
                warmup=10, rounds=2)
@@ -201,6 +219,8 @@ def main():
             print(f"  {k:22s} skipped (pytorch_lightning {pl_version})")
             continue
         print(f"  {k:22s} {sorted(v)[len(v) // 2]:12.0f} tokens/s   last loss {last[k]:.4f}")
+    if a.trace:
+        trace_plain(a, x, y)
 
 
 if __name__ == "__main__":
