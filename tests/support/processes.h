@@ -34,7 +34,17 @@ inline bool is_cluster_var(const std::string& name) {
   return exact.count(name) || name.rfind("SLURM_", 0) == 0 || name.rfind("OMPI_", 0) == 0;
 }
 
-/// A running program whose output goes into a pipe this object reads.
+/// The variables by which an environment tunes glibc's malloc (detail::malloc_configured_by):
+/// a child starts without them unless the test passes them, so what volt does and logs about
+/// host memory reuse does not depend on the runner's environment.
+inline bool is_malloc_tuning_var(const std::string& name) {
+  static const std::set<std::string> names{"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                                           "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES"};
+  return names.count(name) > 0;
+}
+
+/// A running program whose output goes into a pipe this object reads. It inherits this
+/// process's environment less the cluster and malloc-tuning variables, plus `env`.
 class Process {
  public:
   using Clock = std::chrono::steady_clock;
@@ -45,7 +55,9 @@ class Process {
     for (char** e = environ; *e != nullptr; ++e) {
       std::string kv(*e);
       std::string name = kv.substr(0, kv.find('='));
-      if (!is_cluster_var(name) && env.count(name) == 0) vars.push_back(kv);
+      if (!is_cluster_var(name) && !is_malloc_tuning_var(name) && env.count(name) == 0) {
+        vars.push_back(kv);
+      }
     }
     for (const auto& [k, v] : env) vars.push_back(k + "=" + v);
     std::vector<char*> cenv;
