@@ -1,9 +1,11 @@
 // GPT-2 training throughput (issue #14): volt's Trainer.fit with bf16-mixed and FusedAdamW
 // against a hand-written libtorch loop doing the same (autocast bf16, the same optimizer, the
-// same model: examples/gpt2.h), rounds interleaved; benchmarks/gpt2.py runs the same model as a
-// plain PyTorch loop and under PyTorch Lightning. Tokens per second over the steps after the
-// warm-up ones (CUDA synchronized at both ends), median of the rounds; synthetic token ids, so
-// no data loading is measured beyond the loader's batching and the copy to the device.
+// same model: examples/gpt2.h), rounds interleaved, plus volt's fit with the output layer and
+// loss through volt::fused_linear_cross_entropy (no [tokens, vocab] logits); benchmarks/gpt2.py
+// runs the same model as a plain PyTorch loop and under PyTorch Lightning. Tokens per second over
+// the steps after the warm-up ones (CUDA synchronized at both ends), median of the rounds;
+// synthetic token ids, so no data loading is measured beyond the loader's batching and the copy to
+// the device.
 //
 //   volt_bench_gpt2 [--accelerator cuda|cpu] [--layers L] [--dim D] [--heads H] [--vocab V]
 //                   [--seq T] [--batch B] [--steps S] [--warmup W] [--rounds R]
@@ -80,9 +82,10 @@ std::pair<torch::Tensor, torch::Tensor> tokens(const Setup& s) {
   return {ids.slice(1, 0, s.seq).contiguous(), ids.slice(1, 1, s.seq + 1).contiguous()};
 }
 
-double run_volt(const Setup& s, const torch::Tensor& x, const torch::Tensor& y, double* loss) {
+double run_volt(const Setup& s, const torch::Tensor& x, const torch::Tensor& y, double* loss,
+                bool fused_loss = false) {
   torch::manual_seed(1);
-  volt_examples::Gpt2Module m(std::make_shared<volt_examples::Gpt2Net>(s.cfg));
+  volt_examples::Gpt2Module m(std::make_shared<volt_examples::Gpt2Net>(s.cfg), 6e-4, fused_loss);
   auto clock = std::make_shared<SteadyClock>(s.device, s.warmup);
   volt::Trainer t(volt_bench::bench_trainer(s.device.is_cuda() ? "cuda" : "cpu", s.steps)
                       .precision("bf16-mixed")
@@ -202,18 +205,24 @@ int main(int argc, char** argv) {
       "warm up; %d rounds\n",
       static_cast<long long>(s.batch), static_cast<long long>(s.seq),
       static_cast<long long>(s.steps), static_cast<long long>(s.warmup), rounds);
-  std::vector<double> v, h;
-  double lv = 0, lh = 0;
+  std::vector<double> v, vf, h;
+  double lv = 0, lf = 0, lh = 0;
   for (int r = -1; r < rounds; ++r) {  // round -1 warms up the device, cuBLAS and the allocator
     const double a = run_volt(s, x, y, &lv);
+    const double f = run_volt(s, x, y, &lf, /*fused_loss=*/true);
     const double b = run_hand(s, x, y, &lh);
     if (r < 0) continue;
     v.push_back(a);
+    vf.push_back(f);
     h.push_back(b);
   }
-  const double mv = volt_bench::median(v), mh = volt_bench::median(h);
+  const double mv = volt_bench::median(v), mf = volt_bench::median(vf), mh = volt_bench::median(h);
   std::printf("  volt Trainer.fit      %12.0f tokens/s   volt/hand = %.3f   last loss %.4f\n", mv,
               mv / mh, lv);
+  std::printf(
+      "  volt fit, fused loss  %12.0f tokens/s   volt/hand = %.3f   last loss %.4f\n"
+      "    (output layer + cross-entropy through volt::fused_linear_cross_entropy)\n",
+      mf, mf / mh, lf);
   std::printf("  hand libtorch loop    %12.0f tokens/s                      last loss %.4f\n", mh,
               lh);
   if (!trace.empty()) trace_hand(s, x, y, trace);

@@ -60,7 +60,15 @@ struct Gpt2Net : torch::nn::Module {
     }
   }
 
+  /// The logits [B, T, vocab]: hidden(idx) through the output projection.
   torch::Tensor forward(const torch::Tensor& idx) {
+    // The output projection is the token embedding (tied, as GPT-2): one parameter for both.
+    return torch::linear(hidden(idx), wte->weight);
+  }
+
+  /// The last hidden states [B, T, dim] (after the final LayerNorm), before the output
+  /// projection: what volt::fused_linear_cross_entropy takes with wte->weight.
+  torch::Tensor hidden(const torch::Tensor& idx) {
     const int64_t b = idx.size(0), t = idx.size(1), hd = cfg.dim / cfg.heads;
     TORCH_CHECK(t <= cfg.context, "[Gpt2Net] sequence of ", t, " tokens; the context is ",
                 cfg.context);
@@ -77,8 +85,7 @@ struct Gpt2Net : torch::nn::Module {
       x = x + linear(attn_proj[i], a.transpose(1, 2).reshape({b, t, cfg.dim}));
       x = x + linear(mlp_proj[i], torch::gelu(linear(c_fc[i], ln_2[i]->forward(x)), "tanh"));
     }
-    // The output projection is the token embedding (tied, as GPT-2): one parameter for both.
-    return torch::linear(ln_f->forward(x), wte->weight);
+    return ln_f->forward(x);
   }
 
   /// The layer `m` applied through aten::linear, as Python's nn.Linear applies it: for a
@@ -100,15 +107,23 @@ struct Gpt2Net : torch::nn::Module {
 /// Next-token language modelling on a Gpt2Net: batches hold token ids as input and the same
 /// sequence shifted by one as target; cross-entropy over the vocabulary; AdamW (lr 6e-4 by
 /// default, betas 0.9/0.95, weight decay 0.1, as GPT-2 reproductions train it) through
-/// volt::FusedAdamW.
+/// volt::FusedAdamW. `fused_loss`: the output projection and the loss through
+/// volt::fused_linear_cross_entropy (no [tokens, vocab] logits) instead of the composition.
 class Gpt2Module : public volt::Module {
  public:
-  explicit Gpt2Module(std::shared_ptr<Gpt2Net> net, double lr = 6e-4)
-      : net_(register_module("net", std::move(net))), lr_(lr) {}
+  explicit Gpt2Module(std::shared_ptr<Gpt2Net> net, double lr = 6e-4, bool fused_loss = false)
+      : net_(register_module("net", std::move(net))), lr_(lr), fused_loss_(fused_loss) {}
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-    auto logits = net_->forward(b.input);
-    auto loss = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                          b.target.reshape({-1}));
+    torch::Tensor loss;
+    if (fused_loss_) {
+      const auto h = net_->hidden(b.input);
+      loss = volt::fused_linear_cross_entropy(h.reshape({-1, h.size(-1)}), net_->wte->weight, {},
+                                              b.target.reshape({-1}));
+    } else {
+      auto logits = net_->forward(b.input);
+      loss = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                       b.target.reshape({-1}));
+    }
     log("train_loss", loss);
     return loss;
   }
@@ -122,6 +137,7 @@ class Gpt2Module : public volt::Module {
  private:
   std::shared_ptr<Gpt2Net> net_;
   double lr_;
+  bool fused_loss_;
 };
 
 }  // namespace volt_examples

@@ -49,6 +49,7 @@
 #include "volt/kernels/fused_bias_activation.h"
 #include "volt/kernels/fused_clip_norm.h"
 #include "volt/kernels/fused_elementwise.h"
+#include "volt/kernels/fused_linear_cross_entropy.h"
 #include "volt/kernels/fused_sdpa.h"
 #include "volt/kernels/fused_sgd.h"
 #include "volt/kernels/kernel_cache.h"

@@ -110,4 +110,39 @@ TEST(Gpt2, LearnsARepeatingSequenceUnderBf16MixedWithFusedAdamW) {
   EXPECT_LT(loss, 0.5) << "ln(97) = 4.57 at the start";
 }
 
+// The output projection and loss through volt::fused_linear_cross_entropy train the model as
+// the composition does: the same losses step by step (float32, to rounding) and the same weights.
+TEST(Gpt2, TheFusedOutputLayerAndLossTrainsLikeTheComposition) {
+  auto seq = torch::arange(33, torch::kLong).remainder(11).repeat({32, 1});
+  auto x = seq.slice(1, 0, 32).contiguous(), y = seq.slice(1, 1, 33).contiguous();
+  auto fit = [&](bool fused) {
+    torch::manual_seed(0);
+    auto net = std::make_shared<Gpt2Net>(tiny_config());
+    volt_examples::Gpt2Module m(net, 3e-3, fused);
+    auto logger = std::make_shared<volt_test::MemoryLogger>();
+    volt::Trainer t(volt::TrainerOptions()
+                        .accelerator("cpu")
+                        .max_steps(6)
+                        .loggers({logger})
+                        .log_every_n_steps(1)
+                        .enable_checkpointing(false)
+                        .enable_progress_bar(false)
+                        .enable_model_summary(false));
+    t.fit(m, volt::DataLoader(std::make_shared<volt::TensorDataset>(x, y),
+                              volt::DataLoaderOptions(8)));
+    std::vector<double> losses;
+    for (const auto& rec : logger->with("train_loss"))
+      losses.push_back(rec.second.at("train_loss"));
+    return std::make_pair(losses, net->wte->weight.detach().clone());
+  };
+  const auto [composed, w_composed] = fit(false);
+  const auto [fused, w_fused] = fit(true);
+  ASSERT_EQ(composed.size(), 6u);
+  ASSERT_EQ(fused.size(), composed.size());
+  for (size_t i = 0; i < fused.size(); ++i)
+    EXPECT_NEAR(fused[i], composed[i], 1e-4) << "step " << i;
+  EXPECT_TRUE(torch::allclose(w_fused, w_composed, 1e-3, 1e-5))
+      << (w_fused - w_composed).abs().max().item<double>();
+}
+
 }  // namespace
