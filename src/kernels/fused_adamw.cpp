@@ -271,8 +271,7 @@ void FusedAdamW::step_cuda() {
     if (current == nullptr || params.empty()) return;
     const FusedAdamWOptions& o = *current;
     const at::Device device = params.front().device();
-    const at::Tensor& lr =
-        detail::device_lr(s.device_lrs[{current_group, device.index()}], o.lr(), device, kName);
+    const at::Tensor& lr = detail::group_lr(s.device_lrs, current_group, o.lr(), device, kName);
     detail::adam_cuda(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr,
                       {std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
                        o.amsgrad(), o.adam_w_mode()});
@@ -327,10 +326,7 @@ void FusedAdamW::load(torch::serialize::InputArchive& archive) {
 }
 
 void FusedAdamW::sync_lrs_to_device() {
-  for (auto& [where, slot] : impl_->device_lrs) {
-    const auto& o = static_cast<const FusedAdamWOptions&>(param_groups_[where.first].options());
-    detail::device_lr(slot, o.lr(), slot.value.device(), kName);
-  }
+  detail::sync_device_lrs(impl_->device_lrs, param_groups_, kName);
 }
 
 void FusedAdamW::sync_steps_from_device() {

@@ -105,7 +105,6 @@ at::Tensor FusedClipNorm::clip_cuda(const std::vector<at::Tensor>& params) const
   for (const auto& p : params) {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
-  if (grads.empty()) return at::zeros({}, params.front().options().dtype(at::kFloat));
   // The norm and the coefficient stay on the device: no read unless the check needs one, made
   // before any scaling.
   const at::Tensor total = detail::norm_cuda(grads, options_.norm_type());

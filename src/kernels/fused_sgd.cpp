@@ -213,8 +213,7 @@ void FusedSGD::step_cuda() {
     if (current == nullptr || params.empty()) return;
     const FusedSGDOptions& o = *current;
     const at::Device device = params.front().device();
-    const at::Tensor& lr =
-        detail::device_lr(s.device_lrs[{current_group, device.index()}], o.lr(), device, kName);
+    const at::Tensor& lr = detail::group_lr(s.device_lrs, current_group, o.lr(), device, kName);
     detail::sgd_cuda(params, grads, buffers, o.weight_decay(), o.momentum(), lr, o.dampening(),
                      o.nesterov(), current_first);
     params.clear();
@@ -260,10 +259,7 @@ void FusedSGD::load(torch::serialize::InputArchive& archive) {
 }
 
 void FusedSGD::sync_lrs_to_device() {
-  for (auto& [where, slot] : impl_->device_lrs) {
-    const auto& o = static_cast<const FusedSGDOptions&>(param_groups_[where.first].options());
-    detail::device_lr(slot, o.lr(), slot.value.device(), kName);
-  }
+  detail::sync_device_lrs(impl_->device_lrs, param_groups_, kName);
 }
 
 std::unique_ptr<torch::optim::OptimizerParamState> FusedSGD::make_param_state() const {

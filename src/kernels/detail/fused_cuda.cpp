@@ -1,6 +1,7 @@
 #include "fused_cuda.h"
 
 #include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
 
 #include <cmath>
 #include <sstream>
@@ -68,6 +69,18 @@ at::Tensor state_like(const char* component, const char* name, const at::Tensor&
     return t;
   }
   return t.to(p.device(), p.scalar_type()).reshape(p.sizes()).contiguous();
+}
+
+const at::Tensor& group_lr(DeviceLrs& lrs, size_t group, double lr, const at::Device& device,
+                           const char* component) {
+  return device_lr(lrs[{group, device.index()}], lr, device, component);
+}
+
+void sync_device_lrs(DeviceLrs& lrs, const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                     const char* component) {
+  for (auto& [where, slot] : lrs) {
+    device_lr(slot, groups[where.first].options().get_lr(), slot.value.device(), component);
+  }
 }
 
 #if VOLT_FUSED_CUDA

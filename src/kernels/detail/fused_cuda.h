@@ -13,6 +13,10 @@
 #include <utility>
 #include <vector>
 
+namespace torch::optim {
+class OptimizerParamGroup;
+}  // namespace torch::optim
+
 namespace volt {
 namespace detail {
 
@@ -54,6 +58,15 @@ bool stream_capturing(const at::Device& device);
 /// NotAvailable (write it before capturing: the optimizers' sync_lrs_to_device).
 const at::Tensor& device_lr(DeviceLr& slot, double lr, const at::Device& device,
                             const char* component);
+
+/// device_lr for param group `group` on `device`: its slot in `lrs`, made on first use.
+const at::Tensor& group_lr(DeviceLrs& lrs, size_t group, double lr, const at::Device& device,
+                           const char* component);
+
+/// device_lr on every slot of `lrs` with its group's current lr (the optimizers'
+/// sync_lrs_to_device).
+void sync_device_lrs(DeviceLrs& lrs, const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                     const char* component);
 
 struct AdamCudaArgs {
   double beta1, beta2, weight_decay, eps;
