@@ -108,17 +108,22 @@ struct Gpt2Net : torch::nn::Module {
 /// sequence shifted by one as target; cross-entropy over the vocabulary; AdamW (lr 6e-4 by
 /// default, betas 0.9/0.95, weight decay 0.1, as GPT-2 reproductions train it) through
 /// volt::FusedAdamW. `fused_loss`: the output projection and the loss through
-/// volt::fused_linear_cross_entropy (no [tokens, vocab] logits) instead of the composition.
+/// volt::fused_linear_cross_entropy (no [tokens, vocab] logits) instead of the composition,
+/// with `loss_options` (e.g. pad_classes_to(1) to keep the vocabulary unpadded on CUDA).
 class Gpt2Module : public volt::Module {
  public:
-  explicit Gpt2Module(std::shared_ptr<Gpt2Net> net, double lr = 6e-4, bool fused_loss = false)
-      : net_(register_module("net", std::move(net))), lr_(lr), fused_loss_(fused_loss) {}
+  explicit Gpt2Module(std::shared_ptr<Gpt2Net> net, double lr = 6e-4, bool fused_loss = false,
+                      volt::LinearCrossEntropyOptions loss_options = {})
+      : net_(register_module("net", std::move(net))),
+        lr_(lr),
+        fused_loss_(fused_loss),
+        loss_options_(loss_options) {}
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     torch::Tensor loss;
     if (fused_loss_) {
       const auto h = net_->hidden(b.input);
       loss = volt::fused_linear_cross_entropy(h.reshape({-1, h.size(-1)}), net_->wte->weight, {},
-                                              b.target.reshape({-1}));
+                                              b.target.reshape({-1}), loss_options_);
     } else {
       auto logits = net_->forward(b.input);
       loss = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
@@ -138,6 +143,7 @@ class Gpt2Module : public volt::Module {
   std::shared_ptr<Gpt2Net> net_;
   double lr_;
   bool fused_loss_;
+  volt::LinearCrossEntropyOptions loss_options_;
 };
 
 }  // namespace volt_examples

@@ -9,6 +9,7 @@
 #   bash scripts/gpu/check_syntax.sh                      # every src/**/*.cpp, 2 at a time
 #   bash scripts/gpu/check_syntax.sh src/graphs/cuda_graph.cpp tests/graphs/cuda_graph_test.cpp
 #   bash scripts/gpu/check_syntax.sh --host [files]     # against this machine's libtorch (1.13)
+#   GLOO=0 bash scripts/gpu/check_syntax.sh src/distributed/*.cpp   # NCCL only, as the GPU build
 #
 # Without the precompiled header, so a file that uses what it does not include fails (the
 # build's PCH hides that; -DVOLT_USE_PCH=OFF builds then break).
@@ -40,10 +41,14 @@ else
   flags=("${common[@]}" -DUSE_C10D_GLOO -DUSE_C10D_NCCL -DUSE_DISTRIBUTED -DUSE_RPC
     -DUSE_TENSORPIPE -DVOLT_CUDA -isystem "$t" -isystem "$t/torch/csrc/api/include"
     -isystem "$h/usr/local/cuda/include")
+  # nccl.h as CMake finds it there (the wheel's nvidia/nccl package): the NCCL process group.
+  nccl=$(find "$h" -path '*nvidia/nccl/include/nccl.h' 2>/dev/null | head -1)
+  [ -n "$nccl" ] && flags+=(-DVOLT_HAVE_NCCL_HEADERS -isystem "$(dirname "$nccl")")
 fi
 flags+=(-I"$root/include" -I"$root/src" -I"$root/tests/support" -I"$root/tests" -I"$root/benchmarks"
   -I"$root/examples")
-[ -f /usr/include/gloo/config.h ] && flags+=(-DVOLT_HAVE_GLOO_HEADERS)
+# GLOO=0 leaves the Gloo branch out, as on the GPU machine (NCCL alone).
+[ -f /usr/include/gloo/config.h ] && [ "${GLOO:-1}" != 0 ] && flags+=(-DVOLT_HAVE_GLOO_HEADERS)
 if [ $# -eq 0 ]; then
   mapfile -t files < <(cd "$root" && find src -name '*.cpp' | sort)
 else

@@ -39,7 +39,7 @@ stage() {
 # New this session first (graphs, the graphed Trainer step, CUDA attention), then the older
 # CUDA-specific tests and those that failed on the first GPU run.
 graphs='CudaGraph*:GraphedCallable*:GraphedModule*:WrapInGraph*:DynamicModels*:GraphKey.*'
-graphs+=':GraphCache.*:GraphTrainingStep*:FusedSdpaCuda.*'
+graphs+=':GraphCache.*:GraphTrainingStep*:FusedSdpaCuda.*:FusedLinearCrossEntropy*'
 older='FusedOptimCuda.*:ExactResume.*:HostAllocator.*:FusedBiasActivation.*:AutocastOps.*'
 older+=':PerfScan.*:Fp8InferenceCli.*:FusedClipNorm.*:FusedAdamW.Trainer*'
 # The CPU bf16 fused-optimizer tests, which failed against 2.11 until its rounding was modelled.
@@ -49,8 +49,13 @@ echo "== CUDA and graph tests"
 # prints once per process.
 stage 30 cuda_tests.log $b/tests/volt_tests \
   --gtest_filter='GraphTrainingStepCuda.ManualOptimizationCapturedByTheModuleEqualsEagerFit'
-stage 45 cuda_tests.log $b/tests/volt_tests --gtest_filter="$graphs"
+stage 60 cuda_tests.log $b/tests/volt_tests --gtest_filter="$graphs"
+# NCCL process groups at world size 1: collectives, DDP, ZeRO stages 1-3 (new 2026-11-27).
+stage 60 cuda_tests.log $b/tests/volt_tests --gtest_filter='NcclCuda.*:ResolveBackend.*'
 stage 50 cuda_tests.log $b/tests/volt_tests --gtest_filter="$older"
+# Two bf16 FusedSGD tests failed against 2.11 at ctest's 2 threads only (2026-11-27).
+OMP_NUM_THREADS=2 stage 30 cuda_tests.log $b/tests/volt_tests \
+  --gtest_filter='FusedSGD/SgdVsTorch.EveryStepMatches/*bf16'
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests? ran|Failure|max diff|Expected|Which is" \
   "$out/cuda_tests.log" | head -80
 
@@ -61,9 +66,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 RESERVE_FOR_CTEST=${RESERVE_FOR_CTEST:-90}
 deadline_saved=$deadline
 deadline=$((deadline - RESERVE_FOR_CTEST))
-# How torch 2.11's CPU kernels round bf16, op by op, against volt's model (part 4: SGD); the
-# bf16 FusedSGD/FusedAdamW tests failed against 2.11's torch::optim (2026-11-26). About 3 s.
-stage 30 bench.log python3 tools/bf16_op_rounding.py
+# GPT-2 124M, bf16-mixed, batch 16 x 1024: volt fit, the fit with the fused output layer and
+# loss (its vocabulary padded to 50,304 inside it on CUDA, and unpadded) and a hand loop (#14's
+# goal: >= 1.1x Lightning; 1.00x on 2026-11-27, both running the same 935 kernels per step,
+# 43% of the GPU time in the unaligned vocabulary GEMMs). The trace is the hand loop's.
+stage 110 bench.log $b/benchmarks/volt_bench_gpt2 --trace "$out/gpt2_cpp.json"
 # valid_seq_len through FlashAttention's variable-length kernel against masked SDPA at 50%
 # padding on average (#14's goal: >= 1.5x; 2026-11-27: 1.71-1.83x at L=2048, 1.24-1.34x at
 # L=1024, where the path costs ~1.1 ms more than "kernel ms", the kernel alone). The trace
@@ -71,11 +78,9 @@ stage 30 bench.log python3 tools/bf16_op_rounding.py
 stage 60 bench.log $b/benchmarks/volt_bench_fused_sdpa_cuda --varlen --reps 5 --max-seq 8192 \
   --trace "$out/varlen.json"
 stage 20 bench.log python3 tools/kernel_table.py "$out/varlen.json" --names varlen --top 25
-# GPT-2 124M, bf16-mixed, batch 16 x 1024: volt fit and a hand loop, then plain PyTorch and
-# Lightning (#14's goal: >= 1.1x Lightning; 1.00x on 2026-11-27, both running the same 935
-# kernels per step). Each also writes a kineto trace of 3 steps of its plain loop;
-# tools/kernel_table.py sets the two side by side, kernel by kernel.
-stage 90 bench.log $b/benchmarks/volt_bench_gpt2 --trace "$out/gpt2_cpp.json"
+# Plain PyTorch and Lightning on the same GPT-2 (2026-11-27: 226,349 and 226,080 tokens/s, volt
+# fit 226,379). Each writes a kineto trace of 3 steps of its plain loop; tools/kernel_table.py
+# sets the two side by side, kernel by kernel.
 stage 120 bench.log "${py[@]}" benchmarks/gpt2.py --trace "$out/gpt2_py.json"
 stage 20 bench.log python3 tools/kernel_table.py "$out/gpt2_cpp.json" "$out/gpt2_py.json" \
   --names cpp python --top 40

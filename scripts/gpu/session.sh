@@ -21,6 +21,8 @@ if [ ! -f build-gpu/libvolt.a ]; then
   off=""
   grep -q "FAILED: .*cuda_graph.cpp.o" "$out/build.log" && off+=" -DVOLT_CUDA_GRAPHS=OFF"
   grep -q "FAILED: .*sdpa_cuda.cpp.o" "$out/build.log" && off+=" -DVOLT_CUDA_SDPA=OFF"
+  grep -qE "FAILED: .*src/distributed/(process_group|gradient_reducer).cpp.o" "$out/build.log" &&
+    off+=" -DVOLT_NCCL=OFF"
   cp "$out/build.log" "$out/build_first.log"
   if [ -n "$off" ]; then
     echo "== libvolt failed in CUDA-only code; rebuilding with$off"

@@ -11,7 +11,7 @@
 #include "detail/c10d.h"
 #include "volt/core/check.h"
 
-#if VOLT_DIST_GLOO
+#if VOLT_DIST
 #include <torch/csrc/distributed/c10d/logger.hpp>  // includes reducer.hpp; no include guard
 #endif
 
@@ -22,7 +22,7 @@ constexpr const char* kTag = "[GradientReducer]";
 
 }  // namespace
 
-#if !VOLT_DIST_GLOO
+#if !VOLT_DIST
 
 struct GradientReducer::Impl {};
 
@@ -30,8 +30,8 @@ GradientReducer::GradientReducer(const std::vector<at::Tensor>&, std::shared_ptr
                                  GradientReducerOptions options, const std::vector<std::string>&)
     : options_(options) {
   VOLT_CHECK(false, NotAvailable, kTag,
-             " needs a process group, and this build has none (no gloo headers; NCCL is "
-             "TODO(#14)).");
+             " needs a process group, and this build has none (no gloo headers, and no NCCL: a "
+             "libtorch >= 2.0 with USE_C10D_NCCL and nccl.h).");
 }
 GradientReducer::~GradientReducer() = default;
 void GradientReducer::backward(const at::Tensor&, const std::function<void()>&) {}
@@ -270,7 +270,7 @@ std::vector<at::Tensor> GradientReducer::bucket_buffers() const {
   return out;
 }
 
-#endif  // VOLT_DIST_GLOO
+#endif  // VOLT_DIST
 
 std::ostream& operator<<(std::ostream& os, const GradientReducerOptions& o) {
   return os << "GradientReducerOptions(bucket_cap_mb=" << o.bucket_cap_mb()

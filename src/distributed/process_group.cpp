@@ -16,6 +16,11 @@
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 
+#if VOLT_DIST_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
 namespace volt {
 namespace {
 
@@ -38,15 +43,10 @@ Backend resolve_backend(const std::string& name, c10::DeviceType device) {
     VOLT_CHECK(cuda, NotAvailable, kTag, " backend \"nccl\" needs CUDA tensors but the device is ",
                c10::DeviceTypeName(device, /*lower_case=*/true),
                "; use \"gloo\" (or \"auto\") on CPU.");
-#ifndef USE_C10D_NCCL
-    VOLT_CHECK(false, NotAvailable, kTag,
-               " backend \"nccl\" is not in this build (libtorch without USE_C10D_NCCL); use "
-               "\"gloo\".");
-#else
-    // TODO(#14): create c10d::ProcessGroupNCCL (needs a GPU machine to write and test it).
-    VOLT_CHECK(false, NotAvailable, kTag,
-               " backend \"nccl\" is not implemented by volt yet (TODO(#14)); use \"gloo\".");
-#endif
+    VOLT_CHECK(VOLT_DIST_NCCL, NotAvailable, kTag,
+               " backend \"nccl\" is not in this build (it needs a libtorch >= 2.0 built with "
+               "USE_C10D_NCCL, and nccl.h where CMake looks: NCCL_INCLUDE_DIR); use \"gloo\".");
+    return b;
   }
   VOLT_CHECK(VOLT_DIST_GLOO, NotAvailable, kTag,
              " backend \"gloo\" is not in this build (libtorch without USE_C10D_GLOO, or no gloo "
@@ -59,13 +59,14 @@ bool ProcessGroup::gloo_available() {
   return VOLT_DIST_GLOO != 0;
 }
 
-#if !VOLT_DIST_GLOO
+#if !VOLT_DIST
 
 struct ProcessGroup::Impl {};
 
 ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions options)
     : rank_(env.global_rank), world_size_(env.world_size), options_(std::move(options)) {
-  resolve_backend(to_string(options_.backend()), c10::DeviceType::CPU);
+  const bool nccl = options_.backend() == Backend::kNccl;
+  resolve_backend(to_string(options_.backend()), nccl ? c10::kCUDA : c10::kCPU);
   VOLT_ASSERT(false, "resolve_backend accepted a backend this build cannot create");
 }
 ProcessGroup::~ProcessGroup() = default;
@@ -116,7 +117,7 @@ std::vector<at::Tensor> PendingCollective::wait() {
 }
 }  // namespace detail
 
-#else  // VOLT_DIST_GLOO
+#else  // VOLT_DIST
 
 namespace {
 
@@ -238,6 +239,7 @@ c10::intrusive_ptr<c10d::TCPStore> open_store(const ClusterEnvironment& env, mil
   }
 }
 
+#if VOLT_DIST_GLOO
 std::shared_ptr<gloo::transport::Device> gloo_device(const ClusterEnvironment& env,
                                                      const std::string& option_interface,
                                                      std::string& where) {
@@ -289,12 +291,54 @@ void attach_gloo(ProcessGroup::Impl& impl, const std::string& prefix, int rank, 
   impl.group = gloo;
 #endif
 }
+#endif  // VOLT_DIST_GLOO
+
+#if VOLT_DIST_NCCL
+// This rank's CUDA device: the current one, which the strategy set to the rank's own
+// (DdpStrategy::setup_environment) before it built the group.
+c10::Device nccl_device() {
+  return c10::Device(c10::kCUDA, c10::cuda::current_device());
+}
+
+// Makes a NCCL group of `size` ranks, this one being `rank`, under the key prefix `prefix` of
+// impl.store, and keeps it in impl. NCCL connects lazily, at the group's first collective (and
+// then through the store, bounded by `timeout`).
+void attach_nccl(ProcessGroup::Impl& impl, const std::string& prefix, int rank, int size,
+                 milliseconds timeout) {
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = timeout;
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, impl.store);
+  auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+  impl.backend = nccl;
+  impl.group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  impl.group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+  impl.group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+  impl.wire_device = nccl_device();
+}
+#endif  // VOLT_DIST_NCCL
+
+// Connects the group of `size` ranks (this one `rank`) with `backend`, under key prefix
+// `prefix`. Throws what c10d throws: the callers say which group failed.
+void attach(ProcessGroup::Impl& impl, Backend backend, const std::string& prefix, int rank,
+            int size, milliseconds timeout) {
+#if VOLT_DIST_NCCL
+  if (backend == Backend::kNccl) return attach_nccl(impl, prefix, rank, size, timeout);
+#endif
+#if VOLT_DIST_GLOO
+  if (backend == Backend::kGloo) return attach_gloo(impl, prefix, rank, size, timeout);
+#endif
+  VOLT_ASSERT(false, "resolve_backend accepted a backend this build cannot create");
+}
 
 }  // namespace
 
 ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions options)
     : rank_(env.global_rank), world_size_(env.world_size), options_(std::move(options)) {
-  resolve_backend(to_string(options_.backend()), c10::DeviceType::CPU);
+  const bool nccl = options_.backend() == Backend::kNccl;
+  resolve_backend(to_string(options_.backend()), nccl ? c10::kCUDA : c10::kCPU);
+  VOLT_CHECK(!nccl || torch::cuda::is_available(), NotAvailable, kTag,
+             " backend \"nccl\" needs a CUDA device and this process sees none; use \"gloo\" "
+             "(or check CUDA_VISIBLE_DEVICES).");
   const milliseconds timeout = options_.timeout();
   VOLT_CHECK(timeout.count() > 0, ConfigError, kTag, " timeout=", timeout.count(),
              " ms must be positive.");
@@ -401,6 +445,21 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
                impl_->address, ": ", reason_of(e), "; rank 0 (the store's host) probably exited.");
   }
 
+#if VOLT_DIST_NCCL
+  // 4. NCCL: the group is made now and connects at its first collective.
+  if (nccl) {
+    try {
+      attach(*impl_, Backend::kNccl, "volt/nccl", static_cast<int>(rank_),
+             static_cast<int>(world_size_), timeout);
+    } catch (const std::exception& e) {
+      VOLT_CHECK(false, DistributedError, kTag, " rank ", rank_,
+                 " could not create its NCCL group (", reason_of(e),
+                 "); check that this rank has a CUDA device of its own.");
+    }
+    return;
+  }
+#endif
+#if VOLT_DIST_GLOO
   // 4. Gloo connects every pair of ranks through the store.
   std::shared_ptr<gloo::transport::Device> device;
   try {
@@ -413,8 +472,8 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
   }
   impl_->device = device;
   try {
-    attach_gloo(*impl_, "volt/gloo", static_cast<int>(rank_), static_cast<int>(world_size_),
-                timeout);
+    attach(*impl_, Backend::kGloo, "volt/gloo", static_cast<int>(rank_),
+           static_cast<int>(world_size_), timeout);
   } catch (const std::exception& e) {
     VOLT_CHECK(false, DistributedError, kTag, " rank ", rank_, " could not connect Gloo to its ",
                world_size_ - 1, " peers within ", seconds(timeout), " (listening on ",
@@ -422,6 +481,7 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
                "); check that the nodes can reach each other on that address or set "
                "GLOO_SOCKET_IFNAME.");
   }
+#endif
 }
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl, int64_t rank, int64_t world_size,
@@ -432,7 +492,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
                                                       const std::string& tag) {
   VOLT_CHECK(!ranks.empty(), ValueError, kTag, " new_group needs at least one rank.");
   int64_t me = -1;
-  std::string key = "volt/gloo/group/" + tag;
+  const bool nccl = options_.backend() == Backend::kNccl;
+  std::string key = std::string(nccl ? "volt/nccl" : "volt/gloo") + "/group/" + tag;
   for (size_t i = 0; i < ranks.size(); ++i) {
     VOLT_CHECK(ranks[i] >= 0 && ranks[i] < world_size_ && (i == 0 || ranks[i] > ranks[i - 1]),
                ValueError, kTag, " new_group ranks must be ascending and in [0, ", world_size_,
@@ -444,12 +505,14 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
              " called new_group for ranks it is not among; only members call it.");
   auto impl = std::make_unique<Impl>();
   impl->store = impl_->store;
+#if VOLT_DIST_GLOO
   impl->device = impl_->device;
+#endif
   impl->address = impl_->address;
   impl->gloo_address = impl_->gloo_address;
   const int size = static_cast<int>(ranks.size());
   try {
-    attach_gloo(*impl, key, static_cast<int>(me), size, options_.timeout());
+    attach(*impl, options_.backend(), key, static_cast<int>(me), size, options_.timeout());
   } catch (const std::exception& e) {
     VOLT_CHECK(false, DistributedError, kTag, " rank ", rank_, " could not connect its group of ",
                size, " ranks (", key, ") within ", seconds(options_.timeout()), ": ", reason_of(e),
@@ -463,6 +526,12 @@ ProcessGroup::~ProcessGroup() {
   // The Gloo group first: its destructor lets queued work finish (each bounded by the Gloo
   // timeout) and joins its threads; then the store (rank 0 stops serving).
   try {
+#if VOLT_DIST_NCCL
+    // NCCL's normal exit (its communicators and watchdog); without it 2.x warns at exit.
+    if (options_.backend() == Backend::kNccl && impl_->backend && impl_->broken.empty()) {
+      impl_->backend->shutdown();
+    }
+#endif
     impl_->group.reset();
 #if VOLT_TORCH_AT_LEAST(2, 0)
     impl_->backend.reset();
@@ -534,6 +603,13 @@ void run_collective(ProcessGroup& pg, const char* op, Start&& start) {
   }
 }
 
+// `t` where the group's collectives run: NCCL's CUDA device (a host tensor is copied there);
+// Gloo takes tensors where they are.
+at::Tensor to_wire(const ProcessGroup::Impl& impl, const at::Tensor& t) {
+  if (!impl.wire_device.is_cuda() || t.device() == impl.wire_device) return t;
+  return t.to(impl.wire_device);
+}
+
 // Starts reduce-scatter's all-to-all: row block j of `rows` goes to rank j, and row block r of
 // `received` (the same shape) comes from rank r. Both blocking and started reduce-scatters.
 auto alltoall_rows(ProcessGroup& pg, at::Tensor& rows, at::Tensor& received) {
@@ -552,14 +628,15 @@ at::Tensor ProcessGroup::all_reduce(const at::Tensor& value, Reduce op) {
   // 16-bit floats are reduced in fp32 and rounded back: Gloo in libtorch 1.13 has no bf16, and
   // its fp16 sum accumulates in fp16 (the fp32 sum is also the more accurate one).
   const bool narrow = value.scalar_type() == at::kBFloat16 || value.scalar_type() == at::kHalf;
-  std::vector<at::Tensor> t{narrow ? value.detach().to(at::kFloat).contiguous()
-                                   : value.detach().clone(at::MemoryFormat::Contiguous)};
+  const at::Tensor v = to_wire(*impl_, value.detach());
+  std::vector<at::Tensor> t{narrow ? v.to(at::kFloat).contiguous()
+                                   : v.clone(at::MemoryFormat::Contiguous)};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
   o.timeout = options_.timeout();
   run_collective(*this, "all_reduce", [&] { return impl_->group->allreduce(t, o); });
   if (op == Reduce::kMean) t[0].div_(world_size_);
-  return narrow ? t[0].to(value.scalar_type()) : t[0];
+  return (narrow ? t[0].to(value.scalar_type()) : t[0]).to(value.device());
 }
 
 void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t src) {
@@ -595,10 +672,13 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
       }
       std::vector<at::Tensor> flat_parts;
       for (size_t k = first; k < last; ++k) {
-        flat_parts.push_back(tensors[all[k]].detach().reshape(-1));
+        flat_parts.push_back(to_wire(*impl_, tensors[all[k]].detach().reshape(-1)));
       }
-      // A lone contiguous tensor is broadcast in place (its reshape is a view of it).
-      const bool in_place = last - first == 1 && tensors[all[first]].is_contiguous();
+      // A lone contiguous tensor where the collective runs is broadcast in place (its reshape
+      // is a view of it).
+      const at::Tensor& lone = tensors[all[first]];
+      const bool in_place =
+          last - first == 1 && lone.is_contiguous() && lone.device() == flat_parts[0].device();
       std::vector<at::Tensor> buf{in_place ? flat_parts[0] : at::cat(flat_parts)};
       buf[0] = buf[0].view(wire_dtype(dtype));  // a view: in place stays in place
       c10d::BroadcastOptions o;
@@ -629,8 +709,10 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
   for (int64_t d = 0; d < value.dim(); ++d) m[d + 2] = value.size(d);
   std::vector<std::vector<at::Tensor> > meta_out(1);
   for (int64_t r = 0; r < world_size_; ++r) meta_out[0].push_back(at::empty_like(meta));
-  std::vector<at::Tensor> meta_in{meta};
+  std::vector<at::Tensor> meta_in{to_wire(*impl_, meta)};
+  for (auto& t : meta_out[0]) t = at::empty_like(meta_in[0]);
   run_collective(*this, "all_gather", [&] { return impl_->group->allgather(meta_out, meta_in); });
+  for (auto& t : meta_out[0]) t = t.cpu();
   for (int64_t r = 0; r < world_size_; ++r) {
     if (meta_out[0][r].equal(meta)) continue;
     std::ostringstream os;
@@ -645,13 +727,13 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
                "); pad to a common shape first.");
   }
   std::vector<std::vector<at::Tensor> > out(1);
-  auto in = value.detach().clone(at::MemoryFormat::Contiguous);
+  auto in = to_wire(*impl_, value.detach().clone(at::MemoryFormat::Contiguous));
   const c10::ScalarType dtype = in.scalar_type();
   in = in.view(wire_dtype(dtype));
   for (int64_t r = 0; r < world_size_; ++r) out[0].push_back(at::empty_like(in));
   std::vector<at::Tensor> ins{in};
   run_collective(*this, "all_gather", [&] { return impl_->group->allgather(out, ins); });
-  for (auto& t : out[0]) t = t.view(dtype);
+  for (auto& t : out[0]) t = t.view(dtype).to(value.device());
   return out[0];
 }
 
@@ -672,7 +754,7 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
   // The all-to-all only copies, so 16-bit floats travel as themselves (bf16 as fp16 bits) and
   // are reduced in fp32, as all_reduce does, then rounded back.
   const c10::ScalarType dtype = value.scalar_type();
-  at::Tensor in = value.detach().contiguous();
+  at::Tensor in = to_wire(*impl_, value.detach().contiguous());
   in = in.reshape({world_size_, in.numel() / world_size_}).view(wire_dtype(dtype));
   at::Tensor received = at::empty_like(in);
   run_collective(*this, "reduce_scatter", [&] { return alltoall_rows(*this, in, received); });
@@ -682,7 +764,7 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
       detail::reduce_rows(received.view(dtype), op == Reduce::kMean ? Reduce::kSum : op)
           .view(shape);
   if (op == Reduce::kMean) out.div_(world_size_);
-  return out.scalar_type() == dtype ? out : out.to(dtype);
+  return (out.scalar_type() == dtype ? out : out.to(dtype)).to(value.device());
 }
 
 void ProcessGroup::barrier() {
@@ -720,8 +802,9 @@ struct PendingCollective::State {
   decltype(std::declval<c10d::ProcessGroup&>().barrier()) work;
   std::vector<std::vector<at::Tensor> > outputs;  // all_gather's, one per rank
   std::vector<at::Tensor> inputs;  // all_gather's value; reduce_scatter's rows and those received
-  c10::optional<c10::ScalarType> view_as;  // bf16 gathered as fp16 bits
-  c10::optional<Reduce> reduce_received;   // reduce_scatter: how to reduce the received rows
+  c10::optional<c10::ScalarType> view_as;     // bf16 gathered as fp16 bits
+  c10::optional<Reduce> reduce_received;      // reduce_scatter: how to reduce the received rows
+  c10::Device home = c10::Device(c10::kCPU);  // where the caller's tensor was (results go back)
 };
 
 namespace {
@@ -753,6 +836,8 @@ PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>& grou
   auto st = std::make_unique<PendingCollective::State>();
   st->op = "reduce_scatter";
   st->reduce_received = op;
+  st->home = rows.device();
+  rows = to_wire(group->impl(), rows);
   // Only copied on the wire: bf16 goes as fp16 bits (Gloo 1.13 has no bf16).
   if (wire_dtype(rows.scalar_type()) != rows.scalar_type()) {
     st->view_as = rows.scalar_type();
@@ -769,7 +854,8 @@ PendingCollective start_all_gather(const std::shared_ptr<ProcessGroup>& group,
                                    const at::Tensor& value) {
   auto st = std::make_unique<PendingCollective::State>();
   st->op = "all_gather";
-  at::Tensor in = value.detach().contiguous();
+  st->home = value.device();
+  at::Tensor in = to_wire(group->impl(), value.detach().contiguous());
   if (wire_dtype(in.scalar_type()) != in.scalar_type()) {
     st->view_as = in.scalar_type();
     in = in.view(wire_dtype(in.scalar_type()));
@@ -794,19 +880,17 @@ std::vector<at::Tensor> PendingCollective::wait() {
   }
   if (st->reduce_received) {
     const at::Tensor& received = st->inputs[1];
-    return {
-        reduce_rows(st->view_as ? received.view(*st->view_as) : received, *st->reduce_received)};
+    return {reduce_rows(st->view_as ? received.view(*st->view_as) : received, *st->reduce_received)
+                .to(st->home)};
   }
   std::vector<at::Tensor> out = std::move(st->outputs[0]);
-  if (st->view_as) {
-    for (auto& t : out) t = t.view(*st->view_as);
-  }
+  for (auto& t : out) t = (st->view_as ? t.view(*st->view_as) : t).to(st->home);
   return out;
 }
 
 }  // namespace detail
 
-#endif  // VOLT_DIST_GLOO
+#endif  // VOLT_DIST
 
 namespace detail {
 PendingCollective::PendingCollective() = default;

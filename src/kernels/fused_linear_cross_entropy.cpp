@@ -15,6 +15,10 @@ namespace {
 
 constexpr const char* kName = "FusedLinearCrossEntropy";
 constexpr int64_t kChunkLogitBytes = int64_t{256} << 20;
+// pad_classes_to = 0 on CUDA: classes a multiple of kAlignedClasses stay as they are (16-byte
+// aligned rows in bf16), others are padded to a multiple of kPadClassesTo.
+constexpr int64_t kAlignedClasses = 8;
+constexpr int64_t kPadClassesTo = 64;
 
 std::string shape(const at::Tensor& t) {
   std::ostringstream os;
@@ -26,6 +30,9 @@ void validate(const at::Tensor& input, const at::Tensor& weight, const at::Tenso
               const at::Tensor& target, const LinearCrossEntropyOptions& o) {
   VOLT_CHECK(o.chunk_rows() >= 0, ConfigError, "[", kName, "] chunk_rows=", o.chunk_rows(),
              " must be >= 0; pass 0 to size the chunks by memory.");
+  VOLT_CHECK(o.pad_classes_to() >= 0, ConfigError, "[", kName,
+             "] pad_classes_to=", o.pad_classes_to(),
+             " must be >= 0; pass 0 for the automatic choice or 1 for no padding.");
   VOLT_CHECK(input.defined() && weight.defined() && target.defined(), ValueError, "[", kName,
              "] input, weight and target are required; pass an undefined tensor only as bias.");
   VOLT_CHECK(input.dim() == 2 && weight.dim() == 2 && input.size(1) == weight.size(1) &&
@@ -80,10 +87,26 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     const bool grad_weight = weight.requires_grad();
     const bool grad_bias = bias.defined() && bias.requires_grad();
     const bool any_grad = grad_input || grad_weight || grad_bias;
+    // Classes padded with zero rows of weight and bias, in the dtype linear computes in (probed
+    // on one row, so autocast and its op lists decide as for the composition): every GEMM's
+    // leading dimension is then aligned. The padded logits are left out of the softmax and get
+    // a zero gradient, so they change no value but the GEMMs' summation order.
+    const int64_t align = o.pad_classes_to() > 0                               ? o.pad_classes_to()
+                          : weight.is_cuda() && classes % kAlignedClasses != 0 ? kPadClassesTo
+                                                                               : 1;
+    const int64_t padded = rows == 0 ? classes : (classes + align - 1) / align * align;
+    at::Tensor w = weight, b = bias;
+    if (padded != classes) {
+      const at::ScalarType ct = at::linear(input.narrow(0, 0, 1), weight.narrow(0, 0, 1),
+                                           bias.defined() ? bias.narrow(0, 0, 1) : at::Tensor())
+                                    .scalar_type();
+      w = at::constant_pad_nd(weight.detach().to(ct), {0, 0, 0, padded - classes});
+      if (bias.defined()) b = at::constant_pad_nd(bias.detach().to(ct), {0, padded - classes});
+    }
     const int64_t chunk =
         o.chunk_rows() > 0
             ? o.chunk_rows()
-            : std::max<int64_t>(1, kChunkLogitBytes / (4 * std::max<int64_t>(classes, 1)));
+            : std::max<int64_t>(1, kChunkLogitBytes / (4 * std::max<int64_t>(padded, 1)));
     const auto f32 = input.options().dtype(at::kFloat);
     // The rows the loss counts, known before any chunk (on the device, no sync), so each chunk's
     // gradient is scaled for the mean before it is rounded to the logits' dtype, as autograd
@@ -95,17 +118,19 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     // The gradients: float32 accumulators for weight and bias (summed over chunks), input's
     // own dtype for input (each row is written once).
     at::Tensor d_input = grad_input ? at::empty_like(input) : at::Tensor();
-    at::Tensor d_weight = grad_weight ? at::zeros(weight.sizes(), f32) : at::Tensor();
+    at::Tensor d_weight = grad_weight ? at::zeros({padded, weight.size(1)}, f32) : at::Tensor();
     at::Tensor d_bias = grad_bias ? at::zeros(bias.sizes(), f32) : at::Tensor();
     at::Tensor loss_sum = at::zeros({}, f32);
     for (int64_t start = 0; start < rows; start += chunk) {
       const int64_t n = std::min(chunk, rows - start);
       const at::Tensor x = input.narrow(0, start, n);
       const at::Tensor t = target.narrow(0, start, n);
-      at::Tensor z = at::linear(x, weight, bias);  // autocast picks the dtype
-      const at::ScalarType logits_dtype = z.scalar_type();
+      at::Tensor z_all = at::linear(x, w, b);  // autocast picks the dtype
+      const at::ScalarType logits_dtype = z_all.scalar_type();
       // float32 logits this chunk owns (the lower-precision ones are released at once).
-      if (logits_dtype != at::kFloat) z = z.to(at::kFloat);
+      if (logits_dtype != at::kFloat) z_all = z_all.to(at::kFloat);
+      // The real classes (a strided view when padded; the in-place ops below keep it so).
+      at::Tensor z = padded == classes ? z_all : z_all.narrow(1, 0, classes);
       const at::Tensor keep = t.ne(o.ignore_index());
       const at::Tensor cls = at::where(keep, t, at::zeros({}, t.options())).unsqueeze(1);
       // Row by row: loss = log(sum(exp(z - max))) - (z[target] - max), with z shifted, then
@@ -119,18 +144,19 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       z.div_(total);
       z.scatter_add_(1, cls, at::full({n, 1}, -1.0, f32));
       z.mul_((keep.to(at::kFloat) * scale).unsqueeze(1));
+      if (padded != classes) z_all.narrow(1, classes, padded - classes).zero_();
       // The logits' dtype, as autograd hands the gradient of `logits.to(float)` back to them.
-      const at::Tensor g = z.to(logits_dtype);
+      const at::Tensor g = z_all.to(logits_dtype);
       // Into the outputs when the dtypes allow (no temporary), else through at::mm, which
       // autocast casts as it casts linear's backward in the composition.
       const bool same =
-          g.scalar_type() == input.scalar_type() && g.scalar_type() == weight.scalar_type();
+          g.scalar_type() == input.scalar_type() && g.scalar_type() == w.scalar_type();
       if (grad_input) {
         at::Tensor rows_out = d_input.narrow(0, start, n);
         if (same) {
-          at::mm_out(rows_out, g, weight);
+          at::mm_out(rows_out, g, w);
         } else {
-          rows_out.copy_(at::mm(g, weight));
+          rows_out.copy_(at::mm(g, w));
         }
       }
       if (grad_weight) {
@@ -140,8 +166,10 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
           d_weight.add_(at::mm(g.t(), x));
         }
       }
-      if (grad_bias) d_bias.add_(g.sum(0));
+      if (grad_bias) d_bias.add_((padded == classes ? g : g.narrow(1, 0, classes)).sum(0));
     }
+    // The real classes' rows (contiguous: a prefix of the padded rows).
+    if (grad_weight && padded != classes) d_weight = d_weight.narrow(0, 0, classes);
     // The mean over no counted row is NaN, as torch's.
     const at::Tensor loss = o.reduction() == LossReduction::kMean ? loss_sum / count : loss_sum;
     // Kept as plain data, not saved variables: backward hands them out scaled in place, so
@@ -179,7 +207,8 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
 std::ostream& operator<<(std::ostream& os, const LinearCrossEntropyOptions& o) {
   return os << "LinearCrossEntropyOptions(chunk_rows=" << o.chunk_rows()
             << ", ignore_index=" << o.ignore_index()
-            << ", reduction=" << (o.reduction() == LossReduction::kMean ? "mean" : "sum") << ")";
+            << ", reduction=" << (o.reduction() == LossReduction::kMean ? "mean" : "sum")
+            << ", pad_classes_to=" << o.pad_classes_to() << ")";
 }
 
 at::Tensor fused_linear_cross_entropy(const at::Tensor& input, const at::Tensor& weight,

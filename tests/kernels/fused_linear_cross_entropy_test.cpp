@@ -217,4 +217,69 @@ TEST(FusedLinearCrossEntropy, BadInputIsATypedErrorNamingWhatToFix) {
                                      LinearCrossEntropyOptions().chunk_rows(-1));
   });
   EXPECT_NE(chunk.find("chunk_rows=-1"), std::string::npos) << chunk;
+  const std::string pad = error_of<volt::ConfigError>([&] {
+    volt::fused_linear_cross_entropy(p.input, p.weight, p.bias, p.target,
+                                     LinearCrossEntropyOptions().pad_classes_to(-1));
+  });
+  EXPECT_NE(pad.find("pad_classes_to=-1"), std::string::npos) << pad;
+}
+
+// Classes padded to an aligned count (automatic on CUDA) change nothing but the GEMMs'
+// summation order: the loss and the gradients of the real classes, in their shapes.
+TEST(FusedLinearCrossEntropy, PaddedClassesGiveTheUnpaddedLossAndGradients) {
+  for (const bool with_bias : {true, false}) {
+    SCOPED_TRACE(with_bias ? "bias" : "no bias");
+    const Problem p = problem(37, 16, 53, 7, with_bias);  // 53 classes padded to 64
+    const auto o = LinearCrossEntropyOptions().chunk_rows(8).pad_classes_to(64);
+    const Result want = run(p, [&](auto& x, auto& w, auto& b) {
+      return volt::linear_cross_entropy_reference(x, w, b, p.target, o);
+    });
+    const Result got = run(p, [&](auto& x, auto& w, auto& b) {
+      return volt::fused_linear_cross_entropy(x, w, b, p.target, o);
+    });
+    expect_close(got, want, 1e-5, 1e-6);
+    EXPECT_EQ(got.d_weight.sizes(), p.weight.sizes());
+    EXPECT_TRUE(got.d_weight.is_contiguous());
+    // Under bf16 autocast the padded weight is made in bf16, as autocast casts the weight.
+    const Result want16 = run(p, [&](auto& x, auto& w, auto& b) {
+      volt::AutocastGuard bf16(torch::kCPU, torch::kBFloat16);
+      return volt::linear_cross_entropy_reference(x, w, b, p.target, o);
+    });
+    const Result got16 = run(p, [&](auto& x, auto& w, auto& b) {
+      volt::AutocastGuard bf16(torch::kCPU, torch::kBFloat16);
+      return volt::fused_linear_cross_entropy(x, w, b, p.target, o);
+    });
+    expect_close(got16, want16, 2e-2, 2e-2);
+  }
+}
+
+// On CUDA the padding is automatic for a class count that is not a multiple of 8 (GPT-2's
+// 50,257), with bf16 autocast as GPT-2 trains.
+TEST(FusedLinearCrossEntropyCuda, AutomaticPaddingUnderBf16AutocastMatchesTheComposition) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  Problem p = problem(300, 64, 1001, 8);
+  p.input = p.input.cuda();
+  p.weight = p.weight.cuda();
+  p.bias = p.bias.cuda();
+  p.target = p.target.cuda();
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 autocast" : "float32");
+    const auto o = LinearCrossEntropyOptions().chunk_rows(128);
+    auto in_precision = [&](auto&& fn) {
+      return run(p, [&](auto& x, auto& w, auto& b) {
+        volt::AutocastGuard guard(torch::kCUDA, torch::kBFloat16, bf16);
+        return fn(x, w, b);
+      });
+    };
+    const Result want = in_precision([&](auto& x, auto& w, auto& b) {
+      return volt::linear_cross_entropy_reference(x, w, b, p.target, o);
+    });
+    const Result got = in_precision([&](auto& x, auto& w, auto& b) {
+      return volt::fused_linear_cross_entropy(x, w, b, p.target, o);
+    });
+    // float32 on CUDA may use TF32-free cuBLAS kernels of another summation order.
+    expect_close(got, want, bf16 ? 2e-2 : 1e-4, bf16 ? 2e-2 : 1e-5);
+    EXPECT_EQ(got.d_weight.sizes(), p.weight.sizes());
+    EXPECT_EQ(got.d_weight.device(), p.weight.device());
+  }
 }

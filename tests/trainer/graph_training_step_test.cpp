@@ -88,12 +88,14 @@ struct FitResult {
 };
 
 FitResult fit(GraphNet& net, bool graphed, const std::string& accelerator, int64_t n = 160,
-              c10::optional<double> clip_norm = c10::nullopt) {
+              c10::optional<double> clip_norm = c10::nullopt,
+              const std::string& precision = "32-true") {
   auto logger = std::make_shared<volt_test::MemoryLogger>();
   volt::TrainerOptions opts;
   if (clip_norm)
     opts.gradient_clip_val(*clip_norm).gradient_clip_algorithm(volt::ClipAlgorithm::kNorm);
   volt::Trainer trainer(opts.accelerator(accelerator)
+                            .precision(precision)
                             .max_epochs(2)
                             .loggers({logger})
                             .log_every_n_steps(1)
@@ -232,6 +234,38 @@ TEST(GraphTrainingStepCuda, APerStepScheduleIsReadFromTheDeviceWithoutCapturingA
         << "parameter " << i << " max diff "
         << (eager.params[i] - reference.params[i]).abs().max().item<double>();
   }
+}
+
+// bf16 autocast and bf16 weights are captured with the step: autocast's cast cache is filled
+// and cleared inside the captured forward, so each replay casts the weights the last replay
+// updated. Bitwise the eager fit, and not the fp32 one (the precision is really applied).
+TEST(GraphTrainingStepCuda, Bf16PrecisionsAreCapturedAndEqualEagerFit) {
+  VOLT_REQUIRE_CUDA_GRAPHS();
+  GraphNet fp32;
+  const FitResult full = fit(fp32, true, "cuda");
+  for (const std::string precision : {"bf16-mixed", "bf16-true"}) {
+    SCOPED_TRACE(precision);
+    GraphNet a, b;
+    const FitResult eager = fit(a, false, "cuda", 160, c10::nullopt, precision);
+    const FitResult graphed = fit(b, true, "cuda", 160, c10::nullopt, precision);
+    EXPECT_EQ(count_containing(graphed.logs, "running the training step eagerly"), 0u)
+        << ::testing::PrintToString(graphed.logs);
+    EXPECT_EQ(count_containing(graphed.logs, "graph_training_step: captured the step"), 1u);
+    expect_same_training(eager, graphed);
+    EXPECT_NE(graphed.losses, full.losses);
+  }
+}
+
+// fp16 with loss scaling skips a step on inf/NaN gradients, decided on the host: the step runs
+// eagerly, said once, and trains exactly as without the option.
+TEST(GraphTrainingStepCuda, LossScalingRunsEagerlyWithTheReason) {
+  VOLT_REQUIRE_CUDA_GRAPHS();
+  GraphNet a, b;
+  const FitResult eager = fit(a, false, "cuda", 160, c10::nullopt, "16-mixed");
+  const FitResult graphed = fit(b, true, "cuda", 160, c10::nullopt, "16-mixed");
+  EXPECT_EQ(count_containing(graphed.logs, "with loss scaling (the scaler reads found_inf"), 1u)
+      << ::testing::PrintToString(graphed.logs);
+  expect_same_training(eager, graphed);
 }
 
 TEST(GraphTrainingStepCuda, AHostSyncInTheStepFallsBackToEagerOnce) {

@@ -1,8 +1,10 @@
 #pragma once
-// The c10d headers volt's distributed code uses, and VOLT_DIST_GLOO: 1 when this build can run
-// Gloo (the gloo headers exist, which CMake checks as VOLT_HAVE_GLOO_HEADERS, and libtorch was
-// built with USE_C10D_GLOO). The 2.11 CUDA wheel ships no gloo headers: there it is 0 and the
-// process group throws NotAvailable.
+// The c10d headers volt's distributed code uses, and which process groups this build can run:
+// - VOLT_DIST_GLOO: the gloo headers exist (CMake's VOLT_HAVE_GLOO_HEADERS) and libtorch was
+//   built with USE_C10D_GLOO. Debian's libtorch-dev; not the 2.11 CUDA wheel (no gloo headers).
+// - VOLT_DIST_NCCL: libtorch >= 2.0 built with USE_C10D_NCCL, and nccl.h found
+//   (VOLT_HAVE_NCCL_HEADERS). The CUDA wheel; never the CPU-only Debian libtorch.
+// - VOLT_DIST: either. Without one the process group throws NotAvailable.
 
 #include "volt/core/version.h"
 
@@ -12,12 +14,25 @@
 #define VOLT_DIST_GLOO 0
 #endif
 
-#if VOLT_DIST_GLOO
+#if defined(VOLT_HAVE_NCCL_HEADERS) && defined(USE_C10D_NCCL) && VOLT_TORCH_AT_LEAST(2, 0)
+#define VOLT_DIST_NCCL 1
+#else
+#define VOLT_DIST_NCCL 0
+#endif
+
+#define VOLT_DIST (VOLT_DIST_GLOO || VOLT_DIST_NCCL)
+
+#if VOLT_DIST
+#include <c10/core/Device.h>
+
 #include <chrono>
 #include <string>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if VOLT_DIST_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 
 #include "volt/distributed/process_group.h"
 
@@ -26,14 +41,19 @@ namespace volt {
 // The c10d objects behind a volt::ProcessGroup.
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
-  // What the Reducer takes: in 1.13 the Gloo group itself; since 2.0 (Gloo is a c10d::Backend)
-  // a c10d::ProcessGroup wrapping it.
+  // What the Reducer takes: in 1.13 the Gloo group itself; since 2.0 (Gloo and NCCL are
+  // c10d::Backends) a c10d::ProcessGroup wrapping it.
   c10::intrusive_ptr<c10d::ProcessGroup> group;
 #if VOLT_TORCH_AT_LEAST(2, 0)
   c10::intrusive_ptr<c10d::Backend> backend;
 #endif
+#if VOLT_DIST_GLOO
   std::shared_ptr<gloo::transport::Device> device;  // reused by subgroups (new_group)
-  std::string address;                              // MASTER_ADDR:MASTER_PORT, for messages
+#endif
+  // Where collectives run: the CPU for Gloo; for NCCL this rank's CUDA device, to which volt
+  // moves host tensors for the collective and from which it moves the results back.
+  c10::Device wire_device = c10::Device(c10::kCPU);
+  std::string address;       // MASTER_ADDR:MASTER_PORT, for messages
   std::string gloo_address;  // where this rank's Gloo device listens, for messages
   // Set by the first failed collective; later calls fail at once with it.
   std::string broken;

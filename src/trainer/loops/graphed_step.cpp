@@ -32,6 +32,7 @@
 #include "volt/graphs/graph_cache.h"
 #include "volt/kernels/fused_adamw.h"
 #include "volt/kernels/fused_sgd.h"
+#include "volt/precision/mixed.h"
 
 namespace volt {
 namespace detail {
@@ -47,6 +48,24 @@ struct GraphedStep {
   std::vector<Run::CapturedLog> logs;  // what training_step logged, static values
   std::vector<double> lrs;             // the learning rates baked in (torch::optim::SGD)
 };
+
+// Why precision `p` cannot be captured, or "". fp32 and bf16 weights have nothing to hide;
+// bf16 autocast neither: its cast cache is filled and cleared inside the captured forward (the
+// AutocastGuard region is the forward itself), so every replay casts the weights it updated.
+// A loss scaler reads found_inf on the host to skip a step; fp8 keeps its scaling state on the
+// host.
+std::string precision_reason(const Precision& p) {
+  const std::string name = p.name();
+  if (name == "32-true" || name == "bf16-true") return "";
+  if (name == "bf16-mixed" || name == "16-mixed") {
+    const auto* mixed = dynamic_cast<const MixedPrecision*>(&p);
+    if (mixed != nullptr && mixed->scaler() == nullptr) return "";
+    return "precision \"" + name +
+           "\" with loss scaling (the scaler reads found_inf on the host to skip a step); use "
+           "bf16-mixed without loss scaling";
+  }
+  return "precision \"" + name + "\" (graphed: 32-true, bf16-true, bf16-mixed)";
+}
 
 // Writes the optimizer's learning rates where its captured kernels read them, when it reads
 // them from the device (volt's fused optimizers); false for one that bakes them into the graph.
@@ -150,8 +169,7 @@ class GraphedOptimizationStep : public OptimizationStep {
     if (r.opts.accumulate_grad_batches() > 1) return "accumulate_grad_batches > 1";
     if (r.optimizers.size() != 1) return "more than one optimizer";
     if (r.strategy().world_size() > 1) return "several processes (a distributed strategy)";
-    const std::string precision = r.strategy().precision().name();
-    if (precision != "32-true") return "precision \"" + precision + "\" (only \"32-true\")";
+    if (std::string why = precision_reason(r.strategy().precision()); !why.empty()) return why;
     for (const auto& p : r.module->parameters()) {
       if (!p.is_cuda()) {
         std::ostringstream os;
