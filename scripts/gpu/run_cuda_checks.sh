@@ -50,7 +50,7 @@ echo "== CUDA and graph tests"
 stage 30 cuda_tests.log $b/tests/volt_tests \
   --gtest_filter='GraphTrainingStepCuda.ManualOptimizationCapturedByTheModuleEqualsEagerFit'
 stage 60 cuda_tests.log $b/tests/volt_tests --gtest_filter="$graphs"
-# NCCL process groups at world size 1: collectives, DDP, ZeRO stages 1-3 (new 2026-11-27).
+# NCCL process groups at world size 1: collectives, DDP, ZeRO stages 1 and 2 (H200, 2026-11-27).
 stage 60 cuda_tests.log $b/tests/volt_tests --gtest_filter='NcclCuda.*:ResolveBackend.*'
 stage 50 cuda_tests.log $b/tests/volt_tests --gtest_filter="$older"
 # Two bf16 FusedSGD tests failed against 2.11 at ctest's 2 threads only (2026-11-27).

@@ -39,16 +39,11 @@ bool low_precision(c10::ScalarType t) {
   return t == at::kBFloat16 || t == at::kHalf;
 }
 
-// Gives a storage `nbytes` of fresh memory on its device / takes its memory away, keeping the
-// StorageImpl (and so every tensor and view on it): how partitioned parameters and the swapped
-// parameter shard come and go. Host memory comes from the CPU allocator registered now (tests
-// count it); device memory from the storage's own allocator (CUDA's caching allocator, whose
-// blocks are reused in stream order, so freeing one under queued kernels is safe).
+// Gives a storage `nbytes` of fresh CPU memory / takes its memory away, keeping the StorageImpl
+// (and so every tensor and view on it): how partitioned parameters and the swapped parameter
+// shard come and go.
 void give_memory(c10::StorageImpl* s, size_t nbytes) {
-  c10::Allocator* allocator = s->device_type() == c10::kCPU || s->allocator() == nullptr
-                                  ? c10::GetAllocator(s->device_type())
-                                  : s->allocator();
-  s->set_data_ptr_noswap(allocator->allocate(nbytes));
+  s->set_data_ptr_noswap(c10::GetAllocator(c10::kCPU)->allocate(nbytes));
   s->set_nbytes(nbytes);
 }
 void take_memory(c10::StorageImpl* s, c10::Device device) {
@@ -339,8 +334,11 @@ void ZeroEngine::partition_parameters() {
   for (size_t i = 0; i < chunks_.size(); ++i) {
     auto& c = chunks_[i];
     const at::Tensor& p = c.parameter;
-    VOLT_CHECK(p.device().is_cpu() || p.device().is_cuda(), NotAvailable, kTag, " ZeRO stage 3 on ",
-               p.device(), " parameters is not built; use stage 2.");
+    // On CUDA, ZeroEngine::gather copies the gathered chunks with memcpy and give_memory
+    // allocates host memory: both must become device copies and the storage's own allocator
+    // (tried on an H200, 2026-11-27: the memcpy of device memory crashed).
+    VOLT_CHECK(p.device().is_cpu(), NotAvailable, kTag, " ZeRO stage 3 on ", p.device(),
+               " parameters is not built yet (it needs a GPU to write and test); use stage 2.");
     // Only a parameter that owns its whole storage can give it up.
     const bool own = p.storage_offset() == 0 &&
                      p.storage().nbytes() == static_cast<size_t>(c.numel) * p.element_size();
