@@ -3,7 +3,9 @@
 // composition it replaces, at::cross_entropy_loss(at::linear(x, W).to(float)), on GPT-2's head
 // (768 features, 50,257 classes, no bias). Median ms of R repetitions after a warm-up, and the
 // peak of CPU tensor memory above what existed before the call (volt's counting allocator,
-// exact bytes), in float32 and under bf16 autocast.
+// exact bytes), in float32 and under bf16 autocast; and the fused op with its classes padded to
+// a multiple of 64 (pad_classes_to(64), automatic on CUDA only), to show what padding does on
+// this CPU.
 //
 //   build/benchmarks/volt_bench_fused_linear_ce [--rows N] [--dim D] [--vocab V] [--reps R]
 //                                               [--chunk C]
@@ -94,12 +96,21 @@ int main(int argc, char** argv) {
           return volt::fused_linear_cross_entropy(a, b, {}, t, o);
         },
         x, w, reps, bf16);
+    const auto padded_options = volt::LinearCrossEntropyOptions(o).pad_classes_to(64);
+    const Measured padded = measure(
+        [&](const at::Tensor& a, const at::Tensor& b) {
+          return volt::fused_linear_cross_entropy(a, b, {}, t, padded_options);
+        },
+        x, w, reps, bf16);
     const char* p = bf16 ? "bf16-mixed" : "float32";
     std::printf("%-10s %-34s %10.1f %14.1f %10.4f\n", p, "composition (linear + CE)", ref.ms,
                 ref.peak_mib, ref.loss);
     std::printf("%-10s %-34s %10.1f %14.1f %10.4f   time %.2fx, memory %.2fx less\n", p,
                 "volt::fused_linear_cross_entropy", fused.ms, fused.peak_mib, fused.loss,
                 ref.ms / fused.ms, ref.peak_mib / fused.peak_mib);
+    std::printf("%-10s %-34s %10.1f %14.1f %10.4f   time %.2fx, memory %.2fx less\n", p,
+                "  the same, classes padded to 64", padded.ms, padded.peak_mib, padded.loss,
+                ref.ms / padded.ms, ref.peak_mib / padded.peak_mib);
   }
   return 0;
 }

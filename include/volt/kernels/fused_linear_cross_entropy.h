@@ -43,8 +43,9 @@ struct LinearCrossEntropyOptions {
   /// so every leading dimension is aligned: GPT-2's 50,257 classes make cuBLAS take slow
   /// unaligned kernels (43% of an H200 step). Costs one padded copy of weight per call, in the
   /// GEMMs' dtype; the loss and gradients are those of the unpadded classes. 0 = automatic: 64
-  /// on CUDA when the classes are not a multiple of 8, no padding on the CPU (whose BLAS gains
-  /// nothing from it); 1 = never. Default: 0.
+  /// on CUDA when the classes are not a multiple of 8, no padding on the CPU (GPT-2's head on
+  /// the reference CPU: the same speed for 1.4x the memory in float32, 4% faster under bf16
+  /// autocast); 1 = never. Default: 0.
   TORCH_ARG(int64_t, pad_classes_to) = 0;
 };
 
