@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <deque>
 #include <functional>
 #include <limits>
@@ -334,9 +333,10 @@ void ZeroEngine::partition_parameters() {
   for (size_t i = 0; i < chunks_.size(); ++i) {
     auto& c = chunks_[i];
     const at::Tensor& p = c.parameter;
-    // On CUDA, ZeroEngine::gather copies the gathered chunks with memcpy and give_memory
-    // allocates host memory: both must become device copies and the storage's own allocator
-    // (tried on an H200, 2026-11-27: the memcpy of device memory crashed).
+    // CUDA parameters are refused until a GPU runs them: on an H200 (2026-11-27) the gather
+    // crashed, copying device memory with memcpy (now copy_ through a tensor, which works on
+    // any device); give_memory still allocates host memory (it must take the storage's own
+    // allocator there).
     VOLT_CHECK(p.device().is_cpu(), NotAvailable, kTag, " ZeRO stage 3 on ", p.device(),
                " parameters is not built yet (it needs a GPU to write and test); use stage 2.");
     // Only a parameter that owns its whole storage can give it up.
@@ -664,18 +664,18 @@ void ZeroEngine::gather(size_t u) {
   const int64_t world = group_->world_size();
   for (size_t i : unit.chunks) {
     const auto& c = chunks_[i];
-    const size_t esize = c.parameter.element_size();
     c10::StorageImpl* s = c.parameter.storage().unsafeGetStorageImpl();
-    const size_t nbytes = static_cast<size_t>(c.numel) * esize;
-    give_memory(s, nbytes);
-    char* dst = static_cast<char*>(s->data_ptr().get());
+    give_memory(s, static_cast<size_t>(c.numel) * c.parameter.element_size());
+    // Written through a fresh tensor on the parameter's storage: it has a version counter of
+    // its own, so autograd's check of the parameter's saved uses sees no write (as a raw copy),
+    // and copy_ works on any device (a memcpy only on the CPU).
+    at::Tensor whole = at::empty({0}, c.parameter.options().requires_grad(false));
+    whole.set_(c.parameter.storage(), 0, {c.numel}, {1});
     const int64_t from = shard_offset_[i] - unit.offset;
     for (int64_t j = 0; j < world; ++j) {
       const int64_t len = std::max<int64_t>(0, std::min(c.chunk, c.numel - j * c.chunk));
       if (len == 0) continue;
-      // Raw copies: writing through a tensor would bump the version counter autograd checks.
-      std::memcpy(dst + j * c.chunk * esize,
-                  static_cast<const char*>(all[j].data_ptr()) + from * esize, len * esize);
+      whole.narrow(0, j * c.chunk, len).copy_(all[j].narrow(0, from, len));
     }
   }
   unit.live = true;
