@@ -523,8 +523,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
 
 ProcessGroup::~ProcessGroup() {
   if (!impl_) return;
-  // The Gloo group first: its destructor lets queued work finish (each bounded by the Gloo
-  // timeout) and joins its threads; then the store (rank 0 stops serving).
+  // The group first (Gloo's destructor lets queued work finish, each bounded by the Gloo
+  // timeout, and joins its threads; NCCL is shut down), then the store (rank 0 stops serving).
   try {
 #if VOLT_DIST_NCCL
     // NCCL's normal exit (its communicators and watchdog); without it 2.x warns at exit.

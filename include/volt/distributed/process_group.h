@@ -1,6 +1,7 @@
 #pragma once
 /// ProcessGroup: rendezvous through c10d's TCPStore and collectives over a c10d process group
-/// (Gloo on CPU), every wait bounded by a timeout, every failure a one-line volt error.
+/// (Gloo on CPU, NCCL on CUDA), every wait bounded by a timeout, every failure a one-line volt
+/// error.
 
 #include <ATen/Tensor.h>
 #include <c10/core/DeviceType.h>
@@ -49,7 +50,10 @@ std::ostream& operator<<(std::ostream& os, const ProcessGroupOptions& o);
 ///
 /// The constructor is the rendezvous: global rank 0 hosts a c10d::TCPStore on
 /// MASTER_ADDR:MASTER_PORT, every rank connects, announces its rank and config hash, and the
-/// Gloo group connects all pairs. Collectives wait at most `timeout`; a peer that died or hung
+/// Gloo group connects all pairs (an NCCL group connects at its first collective, on this
+/// process's current CUDA device; host tensors given to it are copied there and the results
+/// back, so every collective returns on its input's device). Collectives wait at most
+/// `timeout`; a peer that died or hung
 /// turns into a DistributedError naming the operation, this rank and, when some process reported
 /// it (report_lost_rank), the lost rank. After a failed collective the group is broken:
 /// later calls throw at once instead of waiting again. Destruction never waits longer than the
