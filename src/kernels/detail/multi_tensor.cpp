@@ -21,7 +21,10 @@
 // bfloat16 tensors: libtorch's CPU kernels load bf16 as float, compute there and round the
 // result to bf16 once per op. Measured with tools/bf16_op_rounding.py (every element of 1e6,
 // five AdamW/Adam steps, amsgrad or not) on libtorch 1.13: mul_/div_ by a scalar and add_(x,
-// alpha) round the scalar to bf16 first, add_ is one fma; addcmul_/addcdiv_ keep their value in
+// alpha) round the scalar to bf16 first, add_ is one fma in the vector lanes (the scalar tail
+// of each thread's chunk rounds alpha * x first, so libtorch's bf16 result moves with the thread
+// count and the vector width; volt rounds every element as the lanes do, at any thread count:
+// tests/kernels/fused_optim_test.cpp, tol_for); addcmul_/addcdiv_ keep their value in
 // float; sqrt and max are exact up to the one rounding. libtorch 2.x computes a binary op in
 // float ("opmath") when its *second* input is a wrapped scalar: div_(s) (self.div_(wrapped(s)))
 // does, so it divides by the float scalar. The C++ Tensor::mul_(Scalar) does not: it is
