@@ -10,10 +10,12 @@
 // training_step logged (recorded at capture) are logged again, the non-finite check records the
 // static loss, the global step and the step-interval schedulers advance.
 //
-// A learning rate is baked into a graph as a constant, so a changed learning rate drops the
-// graphs (they are captured again); a scheduler that changes it more than kMaxLrRecaptures
-// times turns the graphs off. Anything that cannot be captured makes this step eager for the
-// rest of the fit, logged once with the reason.
+// volt's fused optimizers read the learning rate from a device scalar written before each
+// capture and replay; torch::optim::SGD bakes it into the graph as a constant, so there a changed
+// learning rate drops the graphs (they are captured again), and a scheduler that changes it more
+// than kMaxLrRecaptures times turns the graphs off. fp32 and bf16 precisions are captured (the
+// forward's autocast region lies inside the capture); loss scaling and fp8 are not. Anything that
+// cannot be captured makes this step eager for the rest of the fit, logged once with the reason.
 #include <torch/optim/sgd.h>
 
 #include <c10/util/Exception.h>
