@@ -74,13 +74,7 @@ TEST(ResolveBackend, UnknownName) {
 }
 
 TEST(ProcessGroup, NcclBackendWithoutAGpuOrNcclFailsAtConstruction) {
-  bool nccl_built = true;
-  try {
-    volt::resolve_backend("nccl", c10::DeviceType::CUDA);
-  } catch (const volt::NotAvailable&) {
-    nccl_built = false;
-  }
-  if (nccl_built && torch::cuda::is_available()) {
+  if (volt_test::nccl_unavailable_reason().empty()) {
     GTEST_SKIP() << "this machine runs NCCL (tests/distributed/nccl_test.cpp tests it)";
   }
   EXPECT_THROW(volt::ProcessGroup(single(volt::detail::find_free_port()),

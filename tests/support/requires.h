@@ -3,7 +3,10 @@
 // message (ctest lists them as skipped, never as passed).
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <volt/distributed/process_group.h>
+
+#include <string>
 
 /// Skips the test when this build has no Gloo process group (libtorch without gloo headers, as
 /// the CUDA wheels): multi-process CPU tests need it.
@@ -15,14 +18,25 @@
     }                                                                                            \
   } while (0)
 
-/// Skips the test unless this build has NCCL process groups (a CUDA libtorch >= 2.0 with
-/// nccl.h) and a GPU is present.
-#define VOLT_REQUIRE_NCCL()                                                 \
-  do {                                                                      \
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";     \
-    try {                                                                   \
-      volt::resolve_backend("nccl", c10::DeviceType::CUDA);                 \
-    } catch (const std::exception& e) {                                     \
-      GTEST_SKIP() << "this build has no NCCL process group: " << e.what(); \
-    }                                                                       \
+namespace volt_test {
+
+/// Why NCCL process groups cannot run here ("" when they can): no GPU, or a build without them
+/// (a CUDA libtorch >= 2.0 with nccl.h).
+inline std::string nccl_unavailable_reason() {
+  if (!torch::cuda::is_available()) return "no CUDA device";
+  try {
+    volt::resolve_backend("nccl", c10::DeviceType::CUDA);
+  } catch (const std::exception& e) {
+    return std::string("this build has no NCCL process group: ") + e.what();
+  }
+  return "";
+}
+
+}  // namespace volt_test
+
+/// Skips the test unless NCCL process groups can run here (volt_test::nccl_unavailable_reason).
+#define VOLT_REQUIRE_NCCL()                                                     \
+  do {                                                                          \
+    const std::string volt_nccl_missing = volt_test::nccl_unavailable_reason(); \
+    if (!volt_nccl_missing.empty()) GTEST_SKIP() << volt_nccl_missing;          \
   } while (0)
