@@ -1,5 +1,6 @@
 #include "volt/distributed/process_group.h"
 
+#include <signal.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -118,6 +119,24 @@ std::vector<at::Tensor> PendingCollective::wait() {
 }  // namespace detail
 
 #else  // VOLT_DIST
+
+namespace {
+
+// A peer that dies closes its sockets, and the next write to one raises SIGPIPE, whose default
+// action kills this process before Gloo can report the EPIPE as an error: the survivor of a
+// killed rank would die too instead of throwing a DistributedError (seen in the NVMe kill test,
+// now and then). Python ignores SIGPIPE at start-up, so PyTorch users never meet this; a C++
+// program gets the default. Ignored here, unless the program installed its own handler.
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, nullptr);
+}
+
+}  // namespace
 
 namespace {
 
@@ -334,6 +353,7 @@ void attach(ProcessGroup::Impl& impl, Backend backend, const std::string& prefix
 
 ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions options)
     : rank_(env.global_rank), world_size_(env.world_size), options_(std::move(options)) {
+  ignore_sigpipe();
   const bool nccl = options_.backend() == Backend::kNccl;
   resolve_backend(to_string(options_.backend()), nccl ? c10::kCUDA : c10::kCPU);
   VOLT_CHECK(!nccl || torch::cuda::is_available(), NotAvailable, kTag,

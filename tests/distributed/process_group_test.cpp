@@ -4,10 +4,12 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 
 #include "distributed/detail/async_collective.h"
@@ -99,6 +101,39 @@ TEST(ProcessGroup, WorldOfOneRunsEveryCollective) {
   pg.barrier();
   EXPECT_TRUE(pg.all_of(true));
   EXPECT_FALSE(pg.any_of(false));
+}
+
+void count_sigpipe(int) {}
+
+// A write to a dead peer's socket must fail the collective, not kill the survivor with SIGPIPE
+// (whose default action ends the process; Python ignores it, a C++ program does not).
+TEST(ProcessGroup, AWriteToAClosedSocketFailsInsteadOfKillingTheProcess) {
+  VOLT_REQUIRE_GLOO();
+  struct sigaction custom {};
+  custom.sa_handler = &count_sigpipe;
+  sigemptyset(&custom.sa_mask);
+  ASSERT_EQ(::sigaction(SIGPIPE, &custom, nullptr), 0);
+  { volt::ProcessGroup pg(single(volt::detail::find_free_port())); }
+  struct sigaction now {};
+  ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, &count_sigpipe) << "the program's own handler is kept";
+
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ASSERT_EQ(::sigaction(SIGPIPE, &dfl, nullptr), 0);
+  volt::ProcessGroup pg(single(volt::detail::find_free_port()));
+  ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+  // What Gloo meets when a peer died: without the group's setting this write ends the test
+  // process with SIGPIPE.
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  ::close(fds[1]);
+  const char byte = 0;
+  EXPECT_EQ(::write(fds[0], &byte, 1), -1);
+  EXPECT_EQ(errno, EPIPE);
+  ::close(fds[0]);
 }
 
 TEST(ProcessGroup, ReceivedRowsAreReducedInRankOrder) {

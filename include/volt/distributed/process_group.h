@@ -58,6 +58,9 @@ std::ostream& operator<<(std::ostream& os, const ProcessGroupOptions& o);
 /// it (report_lost_rank), the lost rank. After a failed collective the group is broken:
 /// later calls throw at once instead of waiting again. Destruction never waits longer than the
 /// timeout. Not thread-safe: call collectives from one thread, in the same order on every rank.
+/// The first group sets SIGPIPE to ignored when its action is the default (as Python does at
+/// start-up): otherwise a write to a dead peer's socket would kill this process instead of
+/// failing the collective; a handler the program installed is kept.
 class ProcessGroup {
  public:
   /// Joins the group described by `env` (rank, world size, MASTER_ADDR/PORT; the port must be
