@@ -1,6 +1,7 @@
 #include "volt/distributed/zero_engine.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -38,11 +39,18 @@ bool low_precision(c10::ScalarType t) {
   return t == at::kBFloat16 || t == at::kHalf;
 }
 
-// Gives a storage `nbytes` of fresh CPU memory / takes its memory away, keeping the StorageImpl
+// Gives a storage `nbytes` of fresh memory / takes its memory away, keeping the StorageImpl
 // (and so every tensor and view on it): how partitioned parameters and the swapped parameter
-// shard come and go.
+// shard come and go. The memory comes from the allocator that made the storage (a pinned,
+// counting or device allocator stays the one behind the parameter), or from its device's
+// default when the storage has none (a tensor over foreign memory).
 void give_memory(c10::StorageImpl* s, size_t nbytes) {
-  s->set_data_ptr_noswap(c10::GetAllocator(c10::kCPU)->allocate(nbytes));
+  c10::Allocator* allocator = s->allocator();
+  if (allocator == nullptr) allocator = c10::GetAllocator(s->device_type());
+  // A device allocator (CUDA's caching one) allocates on the current device: make it the
+  // storage's own.
+  const c10::DeviceGuard on_its_device(s->device());
+  s->set_data_ptr_noswap(allocator->allocate(nbytes));
   s->set_nbytes(nbytes);
 }
 void take_memory(c10::StorageImpl* s, c10::Device device) {
@@ -295,13 +303,18 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
   }
 
   if (options_.stage() == 3) partition_parameters();
-  if (options_.master_weights() && low_precision(*dtype)) {
-    // DeepSpeed's BF16Optimizer: fp32 masters of this rank's chunks, sharded like the state.
-    // One tensor each (its own storage), so that an NVMe optimizer swapper can swap them with
-    // their state, sub-group by sub-group.
+  const bool fp32_masters = options_.master_weights() && low_precision(*dtype);
+  if (fp32_masters || options_.offload_optimizer()) {
+    // DeepSpeed's BF16Optimizer: fp32 masters of this rank's chunks, sharded like the state;
+    // ZeRO-Offload: the same copies in host memory (fp32 for 16-bit parameters). One tensor
+    // each (its own storage), so that an NVMe optimizer swapper can swap them with their
+    // state, sub-group by sub-group.
     masters_ = true;
+    master_options_ = chunks_.front().parameter.options().requires_grad(false);
+    if (low_precision(*dtype)) master_options_ = master_options_.dtype(torch::kFloat);
+    if (options_.offload_optimizer()) master_options_ = master_options_.device(torch::kCPU);
     for (auto& c : chunks_) {
-      if (c.length > 0) c.master = torch::empty({c.length}, c.view.options().dtype(torch::kFloat));
+      if (c.length > 0) c.master = torch::empty({c.length}, master_options_);
     }
     reset_master_weights();
   }
@@ -334,9 +347,9 @@ void ZeroEngine::partition_parameters() {
     auto& c = chunks_[i];
     const at::Tensor& p = c.parameter;
     // CUDA parameters are refused until a GPU runs them: on an H200 (2026-11-27) the gather
-    // crashed, copying device memory with memcpy (now copy_ through a tensor, which works on
-    // any device); give_memory still allocates host memory (it must take the storage's own
-    // allocator there).
+    // crashed, copying device memory with memcpy into host memory. Both are device-generic now
+    // (copy_ through a tensor; give_memory takes the storage's own allocator), tested on the
+    // CPU only.
     VOLT_CHECK(p.device().is_cpu(), NotAvailable, kTag, " ZeRO stage 3 on ", p.device(),
                " parameters is not built yet (it needs a GPU to write and test); use stage 2.");
     // Only a parameter that owns its whole storage can give it up.
@@ -923,7 +936,7 @@ void ZeroEngine::prepare_step(bool by_sub_group) {
   if (!has_master_weights() || !have_grads_) return;
   for (auto& c : chunks_) {
     if (c.master.defined() && c.view.grad().defined()) {
-      c.master.mutable_grad() = c.view.grad().to(torch::kFloat);
+      c.master.mutable_grad() = c.view.grad().to(c.master.options());  // fp32, to the host
     }
   }
 }
@@ -948,7 +961,8 @@ void ZeroEngine::gather_parameters() {
       c.master.mutable_grad().reset();
     }
   }
-  all_gather_into_parameters([](const ZeroChunk& c) { return c.view; }, false);
+  all_gather_into_parameters([](const ZeroChunk& c) { return c.view; },
+                             chunks_.front().parameter.options(), false);
   swap_out_shard();
 }
 
@@ -969,11 +983,12 @@ void ZeroEngine::write_master_weights() {
   if (!has_master_weights()) return;
   VOLT_CHECK(!partitioning_, ValueError, kTag,
              " write_master_weights needs whole parameters; call restore_parameters() first.");
-  all_gather_into_parameters([](const ZeroChunk& c) { return c.master; }, true);
+  all_gather_into_parameters([](const ZeroChunk& c) { return c.master; }, master_options_, true);
 }
 
 void ZeroEngine::all_gather_into_parameters(
-    const std::function<at::Tensor(const ZeroChunk&)>& source, bool partitioned_too) {
+    const std::function<at::Tensor(const ZeroChunk&)>& source, const at::TensorOptions& wire,
+    bool partitioned_too) {
   torch::NoGradGuard no_grad;
   const int64_t world = group_->world_size();
   auto skip = [&](const ZeroChunk& c) { return c.partitioned && !partitioned_too; };
@@ -991,18 +1006,15 @@ void ZeroEngine::all_gather_into_parameters(
       first = last;
       continue;
     }
-    at::Tensor send;
+    // One dtype and size on every rank, whatever this rank owns of the bucket: a rank without
+    // an element in it must not send the parameters' dtype while the others send the masters'.
+    at::Tensor send = torch::zeros({width}, wire.requires_grad(false));
     int64_t off = 0;
     for (size_t i = first; i < last; ++i) {
       if (skip(chunks_[i])) continue;
-      if (chunks_[i].length > 0) {
-        const at::Tensor src = source(chunks_[i]);
-        if (!send.defined()) send = torch::zeros({width}, src.options());
-        send.narrow(0, off, chunks_[i].length).copy_(src);
-      }
+      if (chunks_[i].length > 0) send.narrow(0, off, chunks_[i].length).copy_(source(chunks_[i]));
       off += chunks_[i].chunk;
     }
-    if (!send.defined()) send = torch::zeros({width}, chunks_[first].parameter.options());
     const std::vector<at::Tensor> all = all_gather_any(group_, send);
     for (int64_t j = 0; j < world; ++j) {
       off = 0;
@@ -1097,6 +1109,7 @@ std::ostream& operator<<(std::ostream& os, const ZeroEngineOptions& o) {
             << ", param_persistence_threshold=" << o.param_persistence_threshold()
             << ", max_live_parameters=" << o.max_live_parameters()
             << ", master_weights=" << o.master_weights()
+            << ", offload_optimizer=" << o.offload_optimizer()
             << ", ignore_unused_parameters=" << o.ignore_unused_parameters() << ")";
 }
 

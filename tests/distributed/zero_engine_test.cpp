@@ -9,12 +9,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <c10/core/impl/alloc_cpu.h>
+
 #include <filesystem>
 
 #include "distributed/detail/net.h"
+#include "io/detail/state_key.h"
+#include "processes.h"
 #include "strategies/detail/optimizer_swapper.h"
 #include "tiny.h"
 #include "volt/core/errors.h"
+#include "volt/core/version.h"
 
 namespace {
 
@@ -139,6 +144,88 @@ TEST(ZeroEngine, SmallParametersStayWholeBelowThePersistenceThreshold) {
   EXPECT_NO_THROW(net[0]->as<torch::nn::Linear>()->bias.sum());
 }
 
+// A CPU allocator that counts what it hands out, standing in for an allocator that is not the
+// process default (CUDA's caching allocator, a pinned one): stage 3 must give a parameter's
+// storage its memory back from the allocator that made it.
+class CountingAllocator final : public c10::Allocator {
+ public:
+#if VOLT_TORCH_AT_LEAST(2, 3)
+  c10::DataPtr allocate(size_t n) override {
+#else
+  c10::DataPtr allocate(size_t n) const override {
+#endif
+    ++allocations;
+    void* p = c10::alloc_cpu(n);
+    return {p, p, &c10::free_cpu, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &c10::free_cpu;
+  }
+#if VOLT_TORCH_AT_LEAST(2, 3)
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
+  mutable int64_t allocations = 0;
+};
+
+TEST(ZeroEngine, StageThreeGathersIntoMemoryFromTheAllocatorThatMadeTheParameter) {
+  VOLT_REQUIRE_GLOO();
+  auto group = world_of_one();
+  auto ref = mlp(), net = mlp();
+  static CountingAllocator counting;  // outlives every tensor it allocates
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) {
+      c10::Storage storage(c10::Storage::use_byte_size_t(), p.nbytes(), &counting,
+                           /*resizable=*/false);
+      at::Tensor moved = at::empty({0}, p.options()).set_(storage, 0, p.sizes(), p.strides());
+      moved.copy_(p);
+      p.set_data(moved);
+    }
+  }
+  const int64_t made = counting.allocations;
+  ASSERT_EQ(made, 4);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  volt::ZeroEngine engine(opt, group,
+                          volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0),
+                          names_of(*net));
+  auto* weight = net[0]->as<torch::nn::Linear>();
+  ASSERT_EQ(weight->weight.storage().nbytes(), 0u);
+  const auto x = torch::randn({5, 6});
+  at::Tensor loss;
+  {
+    volt::ZeroEngine::Scope scope(engine);
+    loss = net->forward(x).pow(2).sum();
+    // Both Linears gathered, each storage from the counting allocator again.
+    EXPECT_EQ(counting.allocations, made + 4);
+    for (const auto& p : net->parameters()) {
+      EXPECT_EQ(p.storage().allocator(), &counting);
+      EXPECT_EQ(p.storage().data_ptr().get_deleter(), &c10::free_cpu);
+    }
+  }
+  EXPECT_TRUE(torch::equal(loss, ref->forward(x).pow(2).sum()));
+  engine.restore_parameters();
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(torch::equal(net->parameters()[i], ref->parameters()[i])) << i;
+  }
+}
+
+TEST(ZeroEngine, TwoRanksWriteMasterWeightsIntoBf16ParametersWhenARankOwnsNoneOfABucket) {
+  VOLT_REQUIRE_GLOO();
+  // tests/support/dist_worker.cpp, run_zero_masters: before the fix, the rank without an
+  // element of the last bucket sent bf16 while the other sent fp32.
+  const int port = volt::detail::find_free_port();
+  auto ranks = volt_test::start_ranks(VOLT_DIST_WORKER, {"zero-masters", "--devices", "2"}, 2,
+                                      [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    EXPECT_EQ(ranks[r]->exit_code(std::chrono::milliseconds(120000)), 0) << ranks[r]->output();
+    EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) + ": zero masters ok"),
+              std::string::npos)
+        << ranks[r]->output();
+  }
+}
+
 // One training step of `net` through the engine on `x` (loss: the sum of squared outputs).
 void engine_step(volt::ZeroEngine& engine, torch::optim::Optimizer& opt, torch::nn::Module& net,
                  const std::function<at::Tensor(const at::Tensor&)>& forward, const at::Tensor& x) {
@@ -215,6 +302,72 @@ TEST(ZeroEngine, MasterWeightsStepBf16ParametersLikeAHandWrittenFp32MasterLoop) 
     engine.write_master_weights();
     for (size_t i = 0; i < params.size(); ++i) {
       EXPECT_TRUE(torch::equal(net->parameters()[i], masters[i])) << "stage " << stage;
+    }
+  }
+}
+
+TEST(ZeroEngine, AnOffloadedOptimizerStepsHostCopiesAndGivesTheSameBits) {
+  VOLT_REQUIRE_GLOO();
+  // ZeRO-Offload: the optimizer steps copies of the chunks kept in host memory and the engine
+  // copies the results back. Here the parameters are in host memory already, so what this
+  // checks is the bookkeeping: the optimizer holds the copies (its state is keyed on them),
+  // gradients reach them, clipping scales them, and every stage gives the bits of the engine
+  // without offload, in fp32 (plain copies) and bf16 (fp32 masters either way).
+  auto group = world_of_one();
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (int stage : {1, 2, 3}) {
+      auto plain = mlp(), offloaded = mlp();
+      plain->to(dtype);
+      offloaded->to(dtype);
+      torch::optim::AdamW plain_opt(plain->parameters(), torch::optim::AdamWOptions(1e-2));
+      torch::optim::AdamW off_opt(offloaded->parameters(), torch::optim::AdamWOptions(1e-2));
+      const auto options = volt::ZeroEngineOptions().stage(stage).param_persistence_threshold(0);
+      volt::ZeroEngine plain_engine(plain_opt, group, options, names_of(*plain));
+      volt::ZeroEngine off_engine(off_opt, group,
+                                  volt::ZeroEngineOptions(options).offload_optimizer(true),
+                                  names_of(*offloaded));
+      const std::string where =
+          std::string(c10::toString(dtype)) + " stage " + std::to_string(stage);
+      ASSERT_TRUE(off_engine.has_master_weights()) << where;
+      int64_t numel = 0;
+      for (const auto& c : off_engine.chunks()) {
+        ASSERT_TRUE(c.master.defined()) << where;
+        EXPECT_TRUE(c.master.device().is_cpu());
+        EXPECT_EQ(c.master.scalar_type(), torch::kFloat) << where;  // fp32 for bf16 too
+        EXPECT_NE(c.master.storage().data(), c.view.storage().data()) << where;
+        EXPECT_TRUE(c.stepped().is_same(c.master));
+        numel += c.length;
+      }
+      EXPECT_EQ(off_engine.memory().master_weights, 4 * numel) << where;
+      torch::manual_seed(5);
+      for (int step = 0; step < 3; ++step) {
+        const auto x = torch::randn({5, 6}).to(dtype);
+        for (auto* e : {&plain_engine, &off_engine}) {
+          auto& net = e == &plain_engine ? plain : offloaded;
+          auto& opt = e == &plain_engine ? plain_opt : off_opt;
+          e->zero_grad();
+          at::Tensor loss;
+          {
+            volt::ZeroEngine::Scope scope(*e);
+            loss = net->forward(x).to(torch::kFloat).pow(2).sum();
+          }
+          e->backward([&] { loss.backward(); }, /*sync=*/true);
+          e->prepare_step();
+          e->clip_grad_norm(0.5, 2.0);  // small enough to scale every step
+          opt.step();
+          e->gather_parameters();
+        }
+      }
+      // The optimizer's state belongs to the host copies.
+      for (const auto& c : off_engine.chunks()) {
+        EXPECT_EQ(off_opt.state().count(volt::detail::state_key_for(c.master)), 1u) << where;
+      }
+      plain_engine.restore_parameters();
+      off_engine.restore_parameters();
+      const auto a = plain->parameters(), b = offloaded->parameters();
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_TRUE(torch::equal(a[i], b[i])) << where << " param " << i;
+      }
     }
   }
 }

@@ -5,9 +5,9 @@
 //   volt_dist_worker SCENARIO [--devices N] [--nodes M] [--timeout-ms T] [--victim R]
 //                    [--config-hash H]
 //
-// Scenarios: collectives, reducer, config-hash, hold, orphan, reap. Each prints one line per
-// finding ("rank R: ...") and exits 0 when every check passed, 1 when a check failed, 3 when
-// the expected volt error was raised (its message printed on one line).
+// Scenarios: collectives, reducer, zero-masters, config-hash, hold, orphan, reap. Each prints one
+// line per finding ("rank R: ...") and exits 0 when every check passed, 1 when a check failed, 3
+// when the expected volt error was raised (its message printed on one line).
 
 #include <signal.h>
 #include <torch/torch.h>
@@ -17,6 +17,7 @@
 #include <volt/distributed/gradient_reducer.h>
 #include <volt/distributed/local_launcher.h>
 #include <volt/distributed/process_group.h>
+#include <volt/distributed/zero_engine.h>
 
 #include <cstdio>
 #include <sstream>
@@ -453,6 +454,48 @@ void run_reducer(std::shared_ptr<volt::ProcessGroup> shared) {
   reducer_model_mismatch(pg, shared);
 }
 
+// ---------------------------------------------------------------------------- zero-masters
+
+// ZeroEngine's master weights at two ranks, bucket by bucket (allgather_bucket_size 1: one
+// parameter per all-gather): the last bias has one element, so rank 1 owns none of it.
+// write_master_weights() with the module still bf16 must send the masters' dtype from both
+// ranks (rank 1 has no master of that bias to take it from) and leave every rank with the
+// masters rounded, which is what gather_parameters() had written.
+void run_zero_masters(const std::shared_ptr<volt::ProcessGroup>& pg) {
+  torch::manual_seed(7);
+  torch::nn::Sequential net(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 1));
+  net->to(torch::kBFloat16);
+  std::map<const c10::TensorImpl*, std::string> names;
+  for (const auto& p : net->named_parameters()) names[p.value().unsafeGetTensorImpl()] = p.key();
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+  volt::ZeroEngine engine(opt, pg, volt::ZeroEngineOptions().stage(2).allgather_bucket_size(1),
+                          names);
+  const auto& bias = engine.chunks().back();
+  CHECK_TRUE(bias.numel == 1 && bias.length == (pg->rank() == 0 ? 1 : 0), "the last bias");
+  torch::manual_seed(100 + pg->rank());
+  const at::Tensor x = torch::randn({4, 6}).to(torch::kBFloat16);
+  engine.zero_grad();
+  at::Tensor loss = net->forward(x).to(torch::kFloat).pow(2).sum();
+  engine.backward([&] { loss.backward(); }, /*sync=*/true);
+  engine.prepare_step();
+  opt.step();
+  engine.gather_parameters();
+  std::vector<at::Tensor> stepped;
+  for (const auto& p : net->parameters()) stepped.push_back(p.detach().clone());
+  engine.write_master_weights();
+  const auto params = net->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    CHECK_TRUE(params[i].scalar_type() == torch::kBFloat16, "the module stays bf16");
+    CHECK_TRUE(
+        torch::equal(params[i], stepped[i]),
+        "write_master_weights rounds the masters as the step did: " + engine.chunks()[i].name);
+  }
+  const auto all = pg->all_gather(
+      torch::cat({params[0].reshape({-1}), params[3].reshape({-1})}).to(torch::kFloat));
+  CHECK_TRUE(torch::equal(all[0], all[1]), "both ranks hold the same weights");
+  say("rank " + std::to_string(pg->rank()) + ": zero masters ok");
+}
+
 // ---------------------------------------------------------------------------- main
 
 Args parse(int argc, char** argv) {
@@ -532,6 +575,8 @@ int run(const Args& a) {
     run_collectives(*pg);
   } else if (a.scenario == "reducer") {
     run_reducer(pg);
+  } else if (a.scenario == "zero-masters") {
+    run_zero_masters(pg);
   } else if (a.scenario == "hold") {
     if (env.global_rank == a.victim) {
       say("rank " + std::to_string(env.global_rank) + ": victim waiting");

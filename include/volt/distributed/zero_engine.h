@@ -61,6 +61,14 @@ struct ZeroEngineOptions {
   /// accumulate instead of rounding away). Gradients stay in the parameters' dtype and are
   /// reduced in fp32. No effect on fp32 parameters. Default: true.
   TORCH_ARG(bool, master_weights) = true;
+  /// ZeRO-Offload (arXiv 2101.06840): the optimizer steps copies of this rank's chunks held in
+  /// host memory (fp32 for bf16/fp16 parameters, else the parameters' dtype), so its state is
+  /// created there too and the step runs on the CPU (volt's FusedAdamW is DeepSpeed's CPU-Adam
+  /// idea). prepare_step() copies the reduced gradient chunks to the host; gather_parameters()
+  /// copies the stepped chunks back into the parameters before all-gathering them. Meant for
+  /// accelerator parameters; on host parameters it only adds a copy and changes no value.
+  /// Default: false.
+  TORCH_ARG(bool, offload_optimizer) = false;
   /// A parameter whose gradient hook did not fire in a backward that reduces (the forward did
   /// not use it): true counts it as a zero gradient, as DeepSpeed does by default (so the
   /// optimizer still steps it: weight decay moves it, unlike DDP and single-process training,
@@ -77,7 +85,8 @@ struct ZeroMemory {
   int64_t parameters = 0;       ///< module parameters (full in stages 1 and 2)
   int64_t gradients = 0;        ///< full gradients (stage 1) or this rank's reduced chunks
   int64_t optimizer_state = 0;  ///< the optimizer's per-parameter state tensors
-  int64_t master_weights = 0;   ///< fp32 master chunks in RAM (bf16/fp16 parameters), else 0
+  int64_t master_weights = 0;   ///< master chunks in RAM (fp32 masters of bf16/fp16
+                                ///< parameters, offload_optimizer's host copies), else 0
   /// Optimizer state swapped out to NVMe swap files (not in RAM; DeepSpeedStrategy::memory),
   /// with the fp32 masters when there are some (they swap with their state).
   int64_t optimizer_state_in_files = 0;
@@ -99,8 +108,10 @@ struct ZeroChunk {
   at::Tensor view;           ///< what the optimizer steps: parameter.view(-1)[start, start+length),
                              ///< or this rank's stored chunk when partitioned (undefined when
                              ///< length == 0)
-  at::Tensor master;         ///< master weights: the fp32 copy of `view` that the optimizer
-                             ///< steps (undefined without master weights or when length == 0)
+  at::Tensor master;         ///< master weights: the copy of `view` that the optimizer steps,
+                             ///< fp32 for 16-bit parameters, in host memory with
+                             ///< offload_optimizer (undefined without master weights or
+                             ///< offload, or when length == 0)
   /// What the optimizer steps: `master` when there is one, else `view`.
   const at::Tensor& stepped() const { return master.defined() ? master : view; }
 };
@@ -191,7 +202,8 @@ class ZeroEngine {
   /// (master weights), then all-gathers the chunks into every rank's parameters (stage 3: only
   /// the persistent ones; the others are gathered when next read).
   void gather_parameters();
-  /// Whether this engine keeps fp32 master weights.
+  /// Whether the optimizer steps master copies of the chunks (ZeroChunk::master): fp32 masters
+  /// of 16-bit parameters, or the host copies of offload_optimizer.
   bool has_master_weights() const { return masters_; }
   /// Master weights: rounds the masters among `stepped` (what the optimizer just stepped) into
   /// their parameter chunks now, while they are in memory. An NVMe optimizer swapper calls it
@@ -266,10 +278,12 @@ class ZeroEngine {
   void prefetch_after(size_t unit);
   void drop_prefetches();
   void start_read_prefetches();
-  // All-gathers source(chunk) (its `length` elements, any dtype) of every chunk into the
-  // parameters, in buckets of allgather_bucket_size; stage 3's partitioned ones only when asked.
+  // All-gathers source(chunk) (its `length` elements) of every chunk into the parameters, in
+  // buckets of allgather_bucket_size; stage 3's partitioned ones only when asked. Every rank
+  // sends `wire` tensors (dtype and device), also a rank that owns no element of a bucket and
+  // so has no source to take them from.
   void all_gather_into_parameters(const std::function<at::Tensor(const ZeroChunk&)>& source,
-                                  bool partitioned_too);
+                                  const at::TensorOptions& wire, bool partitioned_too);
 
   torch::optim::Optimizer& optimizer_;
   std::shared_ptr<ProcessGroup> group_;
@@ -293,7 +307,8 @@ class ZeroEngine {
   struct Swap;  // param_swap_file: the file and whether the shard is out
   std::unique_ptr<Swap> swap_;
   CommStats stats_;
-  bool masters_ = false;  // master weights: ZeroChunk::master holds each chunk's fp32 copy
+  bool masters_ = false;              // ZeroChunk::master holds each chunk's fp32 or host copy
+  at::TensorOptions master_options_;  // the masters' dtype and device (every rank's)
   // Stage 3.
   at::Tensor param_shard_;             // this rank's chunks of the partitioned parameters, padded
   std::vector<int64_t> shard_offset_;  // per chunk: its offset in param_shard_
