@@ -790,6 +790,9 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
 void ProcessGroup::barrier() {
   c10d::BarrierOptions o;
   o.timeout = options_.timeout();
+  // NCCL: this rank's own device. Without it, a barrier before any other collective guesses
+  // the device from the global rank, which is wrong when ranks do not map to devices in order.
+  if (impl_->wire_device.is_cuda()) o.device_ids = {impl_->wire_device.index()};
   run_collective(*this, "barrier", [&] { return impl_->group->barrier(o); });
 }
 
