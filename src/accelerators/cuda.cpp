@@ -2,6 +2,12 @@
 
 #include <ATen/Context.h>
 #include <torch/cuda.h>
+#ifdef VOLT_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
 
 #include <algorithm>
 #include <mutex>
@@ -51,6 +57,34 @@ void CudaAccelerator::setup_device(const c10::Device& device) {
 
 void CudaAccelerator::synchronize() const {
   torch::cuda::synchronize();
+}
+
+std::map<std::string, double> CudaAccelerator::device_stats() const {
+#ifdef VOLT_CUDA
+  const auto index = static_cast<c10::DeviceIndex>(devices_.empty() ? c10::cuda::current_device()
+                                                                    : devices_.front());
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  constexpr size_t kAll = 0;  // StatType::AGGREGATE: both pools
+  size_t free_bytes = 0, total_bytes = 0;
+  {
+    const c10::cuda::CUDAGuard on(index);
+    VOLT_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess, NotAvailable,
+               "[CudaAccelerator] cudaMemGetInfo failed on cuda:", static_cast<int>(index),
+               "; the device or its driver is in a bad state.");
+  }
+  auto d = [](int64_t v) { return static_cast<double>(v); };
+  return {{"Limit", static_cast<double>(total_bytes)},
+          {"InUse", d(stats.allocated_bytes[kAll].current)},
+          {"MaxInUse", d(stats.allocated_bytes[kAll].peak)},
+          {"NumAllocs", d(stats.allocation[kAll].allocated)},
+          {"NumFrees", d(stats.allocation[kAll].freed)},
+          {"ActiveAllocs", d(stats.allocation[kAll].current)},
+          {"TotalSystemAllocs", d(stats.segment[kAll].allocated)},
+          {"TotalSystemFrees", d(stats.segment[kAll].freed)},
+          {"TotalActiveAllocs", d(stats.segment[kAll].current)}};
+#else
+  return {};
+#endif
 }
 
 // Through the device-generic context API: no CUDA headers, and a GPU never used by the run is

@@ -44,9 +44,8 @@ void DeviceStatsMonitor::on_fit_start(RunContext& run, Module&) {
              "nowhere; add a logger (TrainerOptions::logger(true) or loggers({...})) or drop the "
              "callback.");
   VOLT_CHECK(!run.device_stats().empty(), NotAvailable,
-             "[DeviceStatsMonitor] this run's accelerator reports no memory statistics (CUDA's "
-             "caching-allocator stats are not wired up yet, TODO(#11)); train on the CPU or drop "
-             "the callback.");
+             "[DeviceStatsMonitor] this run's accelerator reports no memory statistics; train on "
+             "the CPU or CUDA, or drop the callback.");
   last_step_logged_ = -1;
   last_cpu_s_ = clock_s(CLOCK_PROCESS_CPUTIME_ID);
   last_wall_s_ = clock_s(CLOCK_MONOTONIC);

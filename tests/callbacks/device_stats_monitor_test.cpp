@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "tiny.h"
 
 namespace {
@@ -87,6 +89,53 @@ TEST(DeviceStatsMonitor, WithoutLoggersIsAConfigError) {
               std::string::npos)
         << e.what();
   }
+}
+
+/// Keeps one 1 MiB CUDA tensor per training step alive until the run ends.
+class CudaHoarder : public volt_test::TinyClassifier {
+ public:
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    kept.push_back(torch::empty({256 * 1024}, b.input.options().dtype(torch::kFloat)));
+    return TinyClassifier::training_step(b, i);
+  }
+  std::vector<torch::Tensor> kept;
+};
+
+TEST(DeviceStatsMonitorCuda, LogsTheCachingAllocatorsStatsAndWhatAModuleKeeps) {
+  if (!volt::CudaAccelerator::available()) GTEST_SKIP() << "no CUDA device in this build/machine";
+  volt_test::TempDir dir;
+  auto logger = std::make_shared<volt_test::MemoryLogger>();
+  auto monitor = std::make_shared<volt::DeviceStatsMonitor>();
+  CudaHoarder model;
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .accelerator("cuda")
+                            .devices(1)
+                            .max_epochs(1)
+                            .log_every_n_steps(2)
+                            .loggers({logger})
+                            .callbacks({monitor}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(128), 16, false));
+  const auto recs = logger->with(kInUse);
+  ASSERT_EQ(recs.size(), 4u);
+  for (const auto& r : recs) {
+    const auto& m = r.second;
+    for (const char* k : {"Limit", "InUse", "MaxInUse", "NumAllocs", "NumFrees", "ActiveAllocs",
+                          "TotalSystemAllocs", "TotalSystemFrees", "TotalActiveAllocs"}) {
+      EXPECT_EQ(m.count(std::string("device_stats/") + k), 1u) << k;
+    }
+    EXPECT_EQ(m.count("device_stats/MaxAllocSize"), 0u);  // CUDA's allocator keeps none
+    EXPECT_EQ(m.at("device_stats/ActiveAllocs"),
+              m.at("device_stats/NumAllocs") - m.at("device_stats/NumFrees"));
+    EXPECT_GE(m.at("device_stats/MaxInUse"), m.at("device_stats/InUse"));
+    EXPECT_GT(m.at("device_stats/Limit"), m.at("device_stats/MaxInUse"));
+    EXPECT_GE(m.at("device_stats/TotalActiveAllocs"), 1.0);  // a segment holds the kept tensors
+  }
+  // Two steps between logs keep two 1 MiB tensors (allocated bytes are the rounded block sizes:
+  // 1 MiB exactly); other memory of the steady state comes and goes.
+  const double grew = recs[2].second.at(kInUse) - recs[1].second.at(kInUse);
+  std::printf("[ measured ] InUse grew by %.0f bytes over two steps\n", grew);
+  EXPECT_GE(grew, 2.0 * (1 << 20));
+  EXPECT_LE(grew, 2.0 * (1 << 20) + 64 * 1024);
 }
 
 TEST(DeviceStatsMonitor, BuildsFromTheRegistryWithOptions) {

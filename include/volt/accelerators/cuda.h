@@ -23,6 +23,12 @@ class CudaAccelerator : public Accelerator {
   /// Restores the states rng_states() wrote; a checkpoint written on more GPUs than are visible
   /// restores those that exist, one written on CPU leaves the GPU generators as they are.
   void set_rng_states(const std::map<std::string, at::Tensor>& states) override;
+  /// The caching allocator's statistics for the run's (first) GPU, under the CPU's metric names
+  /// (docs/OBSERVABILITY.md): Limit (the device's total memory), InUse / MaxInUse (allocated
+  /// bytes now / at the peak), NumAllocs, NumFrees, ActiveAllocs, and TotalSystemAllocs /
+  /// TotalSystemFrees / TotalActiveAllocs (cudaMalloc'd segments). No MaxAllocSize: the
+  /// allocator keeps no such statistic. Empty in a build without CUDA.
+  std::map<std::string, double> device_stats() const override;
   /// True when libtorch has CUDA and at least one GPU is visible.
   static bool available();
 
