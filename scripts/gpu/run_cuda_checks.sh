@@ -36,8 +36,8 @@ stage() {
   echo "rc=$? for $*" | tee -a "$out/$log"
 }
 
-# New this session first (graphs, the graphed Trainer step, CUDA attention), then the older
-# CUDA-specific tests and those that failed on the first GPU run.
+# The graph tests (the graphed Trainer step, CUDA attention), then the older CUDA-specific tests
+# and those that failed on the first GPU run.
 graphs='CudaGraph*:GraphedCallable*:GraphedModule*:WrapInGraph*:DynamicModels*:GraphKey.*'
 graphs+=':GraphCache.*:GraphTrainingStep*:FusedSdpaCuda.*:FusedLinearCrossEntropy*'
 older='FusedOptimCuda.*:ExactResume.*:HostAllocator.*:FusedBiasActivation.*:AutocastOps.*'
@@ -45,14 +45,19 @@ older+=':PerfScan.*:Fp8InferenceCli.*:FusedClipNorm.*:FusedAdamW.Trainer*'
 # The CPU bf16 fused-optimizer tests, which failed against 2.11 until its rounding was modelled.
 older+=':BFloat16VsTorch.*:*bf16*:FusedAdamW.CheckpointsMoveToAndFromTorchAdamW:Gpt2.*'
 echo "== CUDA and graph tests"
+# New first (2026-11-27, session 29): ZeRO stage 3 and ZeRO-Offload on CUDA over NCCL, the
+# caching allocator's stats in DeviceStatsMonitor.
+stage 90 cuda_tests.log $b/tests/volt_tests --gtest_filter='NcclCuda.*:ResolveBackend.*:DeviceStatsMonitor*'
+# NEW_ONLY=1 leaves the older CUDA tests to the ctest stage at the end (each test its own
+# process there), and skips the benchmarks measured before.
+if [ -z "${NEW_ONLY:-}" ]; then
 # Alone first: it checks that torch prints no "AccumulateGrad" stream warning, which torch
 # prints once per process.
 stage 30 cuda_tests.log $b/tests/volt_tests \
   --gtest_filter='GraphTrainingStepCuda.ManualOptimizationCapturedByTheModuleEqualsEagerFit'
 stage 60 cuda_tests.log $b/tests/volt_tests --gtest_filter="$graphs"
-# NCCL process groups at world size 1: collectives, DDP, ZeRO stages 1 and 2 (H200, 2026-11-27).
-stage 60 cuda_tests.log $b/tests/volt_tests --gtest_filter='NcclCuda.*:ResolveBackend.*'
 stage 50 cuda_tests.log $b/tests/volt_tests --gtest_filter="$older"
+fi
 # Two bf16 FusedSGD tests failed at 2 threads (2026-11-27): libtorch's reference moved with its
 # thread count; since then it steps with one thread. Checked here against 2.11 at 2 threads.
 OMP_NUM_THREADS=2 stage 30 cuda_tests.log $b/tests/volt_tests \
@@ -67,6 +72,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 RESERVE_FOR_CTEST=${RESERVE_FOR_CTEST:-90}
 deadline_saved=$deadline
 deadline=$((deadline - RESERVE_FOR_CTEST))
+# ZeRO on one GPU (#12): stages 1-3 over NCCL and ZeRO-Offload against the single-device fit and
+# DDP, fp32 and bf16-mixed: ms/step, the GPU's peak allocated bytes, the engine's bytes by kind.
+stage 150 bench.log $b/benchmarks/volt_bench_zero_cuda --threads 8
+# NEW_ONLY=1: the benchmarks measured in earlier sessions are skipped (their figures are in
+# docs/PERFORMANCE.md), leaving the device time to the new ones and ctest.
+if [ -z "${NEW_ONLY:-}" ]; then
 # GPT-2 124M, bf16-mixed, batch 16 x 1024: volt fit, the fit with the fused output layer and
 # loss (its vocabulary padded to 50,304 inside it on CUDA, and unpadded) and a hand loop (#14's
 # goal: >= 1.1x Lightning; 1.00x on 2026-11-27, both running the same 935 kernels per step,
@@ -103,6 +114,7 @@ stage 120 bench.log "${py[@]}" benchmarks/cuda_loop.py --rounds 2 --mlp-steps 10
 stage 70 bench.log $b/benchmarks/volt_bench_cuda_graphs --rounds 3 --steps 1000
 stage 40 bench.log $b/benchmarks/volt_bench_step_ops --accelerator cuda --steps 300
 stage 40 bench.log $b/benchmarks/volt_bench_fused_sdpa_cuda --reps 10
+fi
 deadline=$deadline_saved
 cat "$out/bench.log"
 echo "== torch warnings about AccumulateGrad streams (none expected)"

@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
@@ -228,6 +229,10 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
       VOLT_CHECK(!dtype || *dtype == p.scalar_type(), ConfigError, kTag, " parameter '", it->second,
                  "' is ", p.scalar_type(), " but others are ", *dtype,
                  "; give every parameter one dtype (the precision converts them).");
+      VOLT_CHECK(chunks_.empty() || chunks_.front().parameter.device() == p.device(), ConfigError,
+                 kTag, " parameter '", it->second, "' is on ", p.device(), " but others are on ",
+                 chunks_.front().parameter.device(),
+                 "; move the whole module to one device (the strategy does).");
       dtype = p.scalar_type();
       ZeroChunk c;
       c.name = it->second;
@@ -243,6 +248,12 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
     ++group_index;
   }
   VOLT_CHECK(!chunks_.empty(), ConfigError, kTag, " the optimizer has no parameters.");
+  const c10::Device device = chunks_.front().parameter.device();
+  VOLT_CHECK(!options_.offload_parameters() || device.is_cpu() || options_.offload_optimizer(),
+             ConfigError, kTag, " offload_parameters with parameters on ", device,
+             " needs offload_optimizer too (the optimizer steps the host chunks); set "
+             "offload_optimizer=true.");
+  gather_device_ = device;
 
   // Every rank must partition the same parameters in the same order, or the collectives below
   // would pair different tensors.
@@ -312,7 +323,12 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
     masters_ = true;
     master_options_ = chunks_.front().parameter.options().requires_grad(false);
     if (low_precision(*dtype)) master_options_ = master_options_.dtype(torch::kFloat);
-    if (options_.offload_optimizer()) master_options_ = master_options_.device(torch::kCPU);
+    if (options_.offload_optimizer()) {
+      // Accelerator parameters: page-locked host memory, so that the copies each way
+      // (prepare_step, gather_parameters) run as asynchronous DMA, queued without a sync each.
+      pinned_masters_ = !master_options_.device().is_cpu();
+      master_options_ = master_options_.device(torch::kCPU).pinned_memory(pinned_masters_);
+    }
     for (auto& c : chunks_) {
       if (c.length > 0) c.master = torch::empty({c.length}, master_options_);
     }
@@ -346,12 +362,8 @@ void ZeroEngine::partition_parameters() {
   for (size_t i = 0; i < chunks_.size(); ++i) {
     auto& c = chunks_[i];
     const at::Tensor& p = c.parameter;
-    // CUDA parameters are refused until a GPU runs them: on an H200 (2026-11-27) the gather
-    // crashed, copying device memory with memcpy into host memory. Both are device-generic now
-    // (copy_ through a tensor; give_memory takes the storage's own allocator), tested on the
-    // CPU only.
-    VOLT_CHECK(p.device().is_cpu(), NotAvailable, kTag, " ZeRO stage 3 on ", p.device(),
-               " parameters is not built yet (it needs a GPU to write and test); use stage 2.");
+    // Any device: the gather writes through copy_ and memory comes from the storage's own
+    // allocator (give_memory). CUDA parameters ran on an H200 (NcclCuda tests, 2026-11-27).
     // Only a parameter that owns its whole storage can give it up.
     const bool own = p.storage_offset() == 0 &&
                      p.storage().nbytes() == static_cast<size_t>(c.numel) * p.element_size();
@@ -362,7 +374,13 @@ void ZeroEngine::partition_parameters() {
   }
   if (total == 0) return;  // everything is small enough to stay whole
   install_gather_fallback();
-  param_shard_ = torch::zeros({total}, chunks_.front().parameter.options().requires_grad(false));
+  at::TensorOptions shard_options = chunks_.front().parameter.options().requires_grad(false);
+  if (options_.offload_parameters() && !shard_options.device().is_cpu()) {
+    // ZeRO-Offload's offload_param: the shard in pinned host memory, copied to the device piece
+    // by piece when gathered.
+    shard_options = shard_options.device(torch::kCPU).pinned_memory(true);
+  }
+  param_shard_ = torch::zeros({total}, shard_options);
   // Units: consecutive partitioned parameters of one module (the name without its last part),
   // gathered by one all-gather.
   std::string unit_prefix;
@@ -555,7 +573,10 @@ void ZeroEngine::start_read_prefetches() {
   auto reading = std::move(comm_->reading);
   comm_->reading.clear();
   c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
-  for (auto& [v, buffer] : reading) comm_->gathers[v] = detail::start_all_gather(group_, buffer);
+  for (auto& [v, buffer] : reading) {
+    comm_->gathers[v] = detail::start_all_gather(
+        group_, buffer.device() == gather_device_ ? buffer : for_gather(buffer));
+  }
 }
 
 void ZeroEngine::drop_prefetches() {
@@ -615,7 +636,7 @@ void ZeroEngine::prefetch_after(size_t u) {
       } else {
         // A copy: a dropped prefetch may still be read by Gloo after the shard changed.
         comm_->gathers[v] = detail::start_all_gather(
-            group_, param_shard_.narrow(0, unit.offset, unit.width).clone());
+            group_, for_gather(param_shard_.narrow(0, unit.offset, unit.width)));
       }
     }
     before = at;
@@ -671,7 +692,8 @@ void ZeroEngine::gather(size_t u) {
     all = prefetched.wait();
     ++stats_.prefetched;
   } else {
-    all = all_gather_any(group_, read_shard_range(unit.offset, unit.width));
+    at::Tensor mine = read_shard_range(unit.offset, unit.width);
+    all = all_gather_any(group_, mine.device() == gather_device_ ? mine : for_gather(mine));
   }
   ++stats_.gathers;
   const int64_t world = group_->world_size();
@@ -934,11 +956,31 @@ void ZeroEngine::prepare_step(bool by_sub_group) {
   // each sub-group's through read_step_chunks / hold_step_chunks.
   if (!by_sub_group && swap_in_shard()) stats_.step_chunk_peak = param_shard_.numel();
   if (!has_master_weights() || !have_grads_) return;
+  torch::NoGradGuard no_grad;
   for (auto& c : chunks_) {
     if (c.master.defined() && c.view.grad().defined()) {
-      c.master.mutable_grad() = c.view.grad().to(c.master.options());  // fp32, to the host
+      // fp32 (16-bit parameters), to the host (offload). Into pinned memory the copies are
+      // queued on the device's stream and waited for once, below.
+      at::Tensor g = torch::empty({c.length}, master_options_);
+      g.copy_(c.view.grad().view({-1}), /*non_blocking=*/pinned_masters_);
+      c.master.mutable_grad() = g;
     }
   }
+  // The optimizer steps on the host next: every gradient must have arrived.
+  if (pinned_masters_) wait_for_device();
+}
+
+at::Tensor ZeroEngine::for_gather(const at::Tensor& piece) const {
+  if (piece.device() == gather_device_) return piece.clone();
+  // From pinned memory the copy is queued on the device's stream, which the collective (or the
+  // copies out of its result) follows.
+  return piece.to(gather_device_, /*non_blocking=*/piece.is_pinned(), /*copy=*/true);
+}
+
+void ZeroEngine::wait_for_device() const {
+  const c10::Device device = chunks_.front().parameter.device();
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  impl.getStream(device).synchronize();
 }
 
 void ZeroEngine::gather_parameters() {
@@ -957,9 +999,14 @@ void ZeroEngine::gather_parameters() {
       // (round_masters) while their chunks were in memory: a master swapped out to NVMe holds
       // no elements, and the chunks of a shard in its swap file are not in memory now.
       const bool chunk_in_memory = !c.partitioned || parameters_resident();
-      if (c.master.numel() == c.length && chunk_in_memory) c.view.copy_(c.master);
+      if (c.master.numel() == c.length && chunk_in_memory) {
+        c.view.copy_(c.master, /*non_blocking=*/pinned_masters_);
+      }
       c.master.mutable_grad().reset();
     }
+    // Pinned masters: the host may write them again (a checkpoint load, the next step) only
+    // after their copies to the device are done.
+    if (pinned_masters_) wait_for_device();
   }
   all_gather_into_parameters([](const ZeroChunk& c) { return c.view; },
                              chunks_.front().parameter.options(), false);
@@ -1110,6 +1157,7 @@ std::ostream& operator<<(std::ostream& os, const ZeroEngineOptions& o) {
             << ", max_live_parameters=" << o.max_live_parameters()
             << ", master_weights=" << o.master_weights()
             << ", offload_optimizer=" << o.offload_optimizer()
+            << ", offload_parameters=" << o.offload_parameters()
             << ", ignore_unused_parameters=" << o.ignore_unused_parameters() << ")";
 }
 

@@ -176,9 +176,16 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
   VOLT_CHECK(!options_.offload_parameters() || options_.stage() == 3, ConfigError, kTag,
              " offload_parameters needs stage 3 (only stage 3 partitions parameters); got stage ",
              options_.stage(), ".");
-  VOLT_CHECK(!options_.offload_parameters() || accelerator_->name() == "cpu", NotAvailable, kTag,
-             " offload_parameters with parameters on ", accelerator_->name(),
-             " is not built yet (it needs a GPU to write and test; issue #12).");
+  if (options_.offload_parameters() && accelerator_->name() != "cpu") {
+    VOLT_CHECK(options_.offload_optimizer(), ConfigError, kTag,
+               " offload_parameters with parameters on ", accelerator_->name(),
+               " needs offload_optimizer=true too (the optimizer steps the host copies of the "
+               "parameter chunks; deepspeed_stage_3_offload sets both).");
+    VOLT_CHECK(options_.offload_parameters_device() == "cpu", NotAvailable, kTag,
+               " offload_parameters_device=\"", options_.offload_parameters_device(),
+               "\" with parameters on ", accelerator_->name(),
+               " is not built yet (issue #12); use \"cpu\" (pinned host memory).");
+  }
   VOLT_CHECK(
       options_.param_persistence_threshold() >= 0 && options_.max_live_parameters() >= 0,
       ConfigError, kTag, " param_persistence_threshold=", options_.param_persistence_threshold(),
@@ -231,11 +238,6 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
                "' is not a folder; set nvme_path to a folder on a fast local disk.");
     VOLT_CHECK(::access(path.c_str(), W_OK | X_OK) == 0, ConfigError, kTag, " nvme_path='", path,
                "' is not writable by this user; fix its permissions or choose another folder.");
-  }
-  if (options_.offload_optimizer()) {
-    VOLT_CHECK(accelerator_->name() == "cpu", NotAvailable, kTag,
-               " offload_optimizer with parameters on ", accelerator_->name(),
-               " is not built yet (it needs a GPU to write and test; issue #12).");
   }
 }
 
@@ -671,8 +673,12 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
       cast_back_.reset();
     }
   }
-  if ((options_.offload_optimizer() && !nvme_optimizer()) ||
-      (options_.offload_parameters() && !nvme_parameters())) {
+  // ZeRO-Offload on an accelerator: the engine keeps pinned host copies of its chunks (fp32
+  // masters for 16-bit parameters) that the optimizer steps on the CPU, so the optimizer state
+  // is made in host memory too. On a CPU run everything is in host memory already.
+  const bool offload_to_host = options_.offload_optimizer() && accelerator_->name() != "cpu";
+  if (!offload_to_host && ((options_.offload_optimizer() && !nvme_optimizer()) ||
+                           (options_.offload_parameters() && !nvme_parameters()))) {
     log_info("DeepSpeedStrategy",
              "offload_optimizer / offload_parameters: on a CPU run the parameters, gradients and "
              "optimizer state are in host memory already; nothing moves.");
@@ -702,6 +708,8 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
             .param_persistence_threshold(options_.param_persistence_threshold())
             .max_live_parameters(options_.max_live_parameters())
             .master_weights(options_.master_weights())
+            .offload_optimizer(offload_to_host)
+            .offload_parameters(offload_to_host && options_.offload_parameters())
             .ignore_unused_parameters(options_.ignore_unused_parameters())
             .overlap_comm(options_.overlap_comm())
             .prefetch_bucket_size(options_.prefetch_bucket_size())
@@ -1059,6 +1067,12 @@ void DeepSpeedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
           VOLT_CHECK(t.dim() == 0, CheckpointError, kTag, " optimizer state '", key, "' of '",
                      c.name, "' has shape ", t.sizes(), " but the parameter ", c.parameter.sizes(),
                      "; resume with the same model.");
+        }
+        // Per-element state lives where the optimizer steps: with the chunk on the device, or
+        // in host memory under offload_optimizer, whichever way the checkpoint was written.
+        const at::Tensor& now = v.toTensor();
+        if (now.dim() >= 1 && now.device() != c.stepped().device()) {
+          v = now.to(c.stepped().device());
         }
       }
       for (auto& [key, v] : entries) {

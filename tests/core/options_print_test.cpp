@@ -99,7 +99,8 @@ TEST(OptionsPrinting, DistributedAndFp8BuildingBlocksPrintEveryField) {
        "allgather_bucket_size=200000000", "overlap_comm=1", "prefetch_bucket_size=50000000",
        "param_swap_file=\"/nvme/p.swap\"", "aio_block_size=1048576", "aio_queue_depth=8",
        "aio_use_uring=1", "param_persistence_threshold=100000", "max_live_parameters=1000000000",
-       "master_weights=1", "offload_optimizer=0", "ignore_unused_parameters=1)"});
+       "master_weights=1", "offload_optimizer=0", "offload_parameters=0",
+       "ignore_unused_parameters=1)"});
   expect_has_all(text(volt::GradientReducerOptions().bucket_cap_mb(1.5).static_graph(true)),
                  {"GradientReducerOptions(bucket_cap_mb=1.5", "gradient_as_bucket_view=0",
                   "find_unused_parameters=0", "static_graph=1)"});

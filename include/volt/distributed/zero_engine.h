@@ -65,10 +65,18 @@ struct ZeroEngineOptions {
   /// host memory (fp32 for bf16/fp16 parameters, else the parameters' dtype), so its state is
   /// created there too and the step runs on the CPU (volt's FusedAdamW is DeepSpeed's CPU-Adam
   /// idea). prepare_step() copies the reduced gradient chunks to the host; gather_parameters()
-  /// copies the stepped chunks back into the parameters before all-gathering them. Meant for
-  /// accelerator parameters; on host parameters it only adds a copy and changes no value.
-  /// Default: false.
+  /// copies the stepped chunks back into the parameters before all-gathering them. For
+  /// accelerator parameters the host copies are pinned (page-locked) and both copies are
+  /// asynchronous, waited for once per direction. On host parameters it only adds a copy and
+  /// changes no value. Default: false.
   TORCH_ARG(bool, offload_optimizer) = false;
+  /// Stage 3, ZeRO-Offload's offload_param: this rank's chunks of the partitioned parameters
+  /// (the shard) live in pinned host memory instead of the parameters' device, and a gather
+  /// copies them to the device before all-gathering them there; the device holds only the
+  /// parameters gathered at the moment. Accelerator parameters need offload_optimizer too (the
+  /// optimizer then steps host masters of the host chunks). On host parameters nothing moves.
+  /// Default: false.
+  TORCH_ARG(bool, offload_parameters) = false;
   /// A parameter whose gradient hook did not fire in a backward that reduces (the forward did
   /// not use it): true counts it as a zero gradient, as DeepSpeed does by default (so the
   /// optimizer still steps it: weight decay moves it, unlike DDP and single-process training,
@@ -259,6 +267,8 @@ class ZeroEngine {
     uint64_t pinned = 0;  // the op (serial) reading it now: not evicted for that op
   };
   void partition_parameters();
+  // Waits until the work queued on the parameters' device (its current stream) is done.
+  void wait_for_device() const;
   void on_access(size_t unit, bool writes, const char* op);
   void gather(size_t unit);
   void release(size_t unit);
@@ -309,6 +319,13 @@ class ZeroEngine {
   CommStats stats_;
   bool masters_ = false;              // ZeroChunk::master holds each chunk's fp32 or host copy
   at::TensorOptions master_options_;  // the masters' dtype and device (every rank's)
+  bool pinned_masters_ = false;       // offloaded masters of accelerator parameters: pinned
+  // Stage 3 with offload_parameters on an accelerator: the shard is in pinned host memory and
+  // each gather first copies its piece to this device (the parameters'); else the shard's own.
+  c10::Device gather_device_ = c10::Device(c10::kCPU);
+  // A piece of the shard on gather_device_, ready for the all-gather: always a fresh tensor (a
+  // dropped prefetch may still be read after the shard changed).
+  at::Tensor for_gather(const at::Tensor& piece) const;
   // Stage 3.
   at::Tensor param_shard_;             // this rank's chunks of the partitioned parameters, padded
   std::vector<int64_t> shard_offset_;  // per chunk: its offset in param_shard_

@@ -25,15 +25,20 @@ struct DeepSpeedStrategyOptions {
   TORCH_ARG(bool, zero_optimization) = true;
   /// ZeRO stage: 1 (optimizer state), 2 (and gradients) or 3 (and parameters). Default: 2.
   TORCH_ARG(int64_t, stage) = 2;
-  /// ZeRO-Offload: optimizer state and step in host memory. Parameters on the CPU are there
-  /// already, so on CPU runs nothing moves; with CUDA parameters it is not built yet
-  /// (NotAvailable). Default: false.
+  /// ZeRO-Offload: optimizer state and step in host memory. With CUDA parameters each rank's
+  /// chunks have pinned host copies (fp32 masters under bf16-mixed) that the optimizer steps on
+  /// the CPU; gradients come to the host and stepped chunks go back with asynchronous copies,
+  /// once per step (ZeroEngineOptions::offload_optimizer). Parameters on the CPU are in host
+  /// memory already, so on CPU runs nothing moves. Default: false.
   TORCH_ARG(bool, offload_optimizer) = false;
   /// "cpu" or "nvme" (ZeRO-Infinity: between steps the optimizer state lives in files under
   /// nvme_path, swapped in sub-group by sub-group with asynchronous I/O). Default: "cpu".
   TORCH_ARG(std::string, offload_optimizer_device) = "cpu";
   /// Stage 3 with parameters in host memory (ZeRO-Offload's offload_param). On CPU runs that is
-  /// where they are; with CUDA parameters not built yet (NotAvailable). Default: false.
+  /// where they are. With CUDA parameters each rank's chunks of the partitioned parameters live
+  /// in pinned host memory and are copied to the GPU when gathered, so the GPU holds only the
+  /// modules in use; needs offload_optimizer (deepspeed_stage_3_offload sets both) and device
+  /// "cpu" ("nvme" with CUDA parameters is NotAvailable). Default: false.
   TORCH_ARG(bool, offload_parameters) = false;
   /// Stage 3: parameters of at most this many elements stay whole on every rank. Default: 1e5.
   TORCH_ARG(int64_t, param_persistence_threshold) = 100000;
