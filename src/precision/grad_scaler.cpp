@@ -51,6 +51,12 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
   unscaled_ = true;
 }
 
+void GradScaler::agree_on_found_inf(const std::function<bool(bool)>& any_rank) {
+  VOLT_CHECK(unscaled_, InternalError,
+             "[GradScaler] agree_on_found_inf before unscale(); unscale the gradients first.");
+  found_inf_ = any_rank(found_inf_);
+}
+
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   unscale(optimizer);
   const bool stepped = !found_inf_;

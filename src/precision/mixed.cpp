@@ -308,6 +308,10 @@ void MixedPrecision::unscale_gradients(torch::optim::Optimizer& optimizer) {
   if (scaler_) scaler_->unscale(optimizer);
 }
 
+void MixedPrecision::agree_on_found_inf(const std::function<bool(bool)>& any_rank) {
+  if (scaler_) scaler_->agree_on_found_inf(any_rank);
+}
+
 bool MixedPrecision::optimizer_step(torch::optim::Optimizer& optimizer) {
   if (scaler_) return scaler_->step(optimizer);
   optimizer.step();

@@ -653,9 +653,14 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
     }
   }
   if (!zero_on()) return;
-  VOLT_CHECK(precision_->name() != "16-mixed", NotAvailable, kTag,
-             " precision \"16-mixed\" (dynamic loss scaling) is not built for ZeRO yet; use "
-             "\"bf16-mixed\", \"bf16-true\" or \"32-true\".");
+  // Loss scaling ("16-mixed", or any precision with a GradScaler): each rank unscales and checks
+  // only its chunks, and the ranks agree on the finding before the step (optimizer_step). The
+  // scaler updates once per step, so the NVMe paths, which step sub-group by sub-group, refuse.
+  VOLT_CHECK(!precision_->scales_loss() || !(nvme_optimizer() || nvme_parameters()), NotAvailable,
+             kTag, " precision \"", precision_->name(),
+             "\" scales the loss (dynamic loss scaling), which is not built with NVMe offload yet "
+             "(the step runs sub-group by sub-group there); offload to \"cpu\", or use "
+             "\"bf16-mixed\" without loss scaling.");
   if (options_.master_weights() && precision_->name() == "bf16-mixed" && !cast_back_) {
     // DeepSpeed's bf16 mode (Lightning casts the module for it): bf16 weights and gradients,
     // fp32 masters in the engines; teardown writes the masters back in the module's dtype.
@@ -812,6 +817,15 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
       }
       throw;
     }
+  } else if (e != nullptr) {
+    // Strategy::optimizer_step, with the ranks agreeing on inf/NaN gradients between the
+    // unscale and the step: each one checked only its own chunks, and a rank that skipped the
+    // step while the others gathered would break the collectives.
+    precision_->unscale_gradients(optimizer);
+    precision_->agree_on_found_inf(
+        [this](bool found) { return world_size() > 1 ? group_->any_of(found) : found; });
+    if (clip_value && *clip_value > 0) clip_gradients(optimizer, *clip_value, algorithm);
+    stepped = precision_->optimizer_step(optimizer);
   } else {
     stepped = Strategy::optimizer_step(optimizer, clip_value, algorithm);
   }

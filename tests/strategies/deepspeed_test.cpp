@@ -126,6 +126,47 @@ TEST(DeepSpeed, Bf16MixedWithoutMasterWeightsEqualsDdpWithBf16Mixed) {
   }
 }
 
+TEST(DeepSpeed, LossScalingSkipsTheSameStepOnEveryRankAsDdpDoes) {
+  VOLT_REQUIRE_GLOO();
+  // Dynamic loss scaling with ZeRO (what "16-mixed" needs; bf16 autocast here, since this CPU
+  // libtorch has no fp16 autocast). At the third step one element of b2 gets a NaN gradient,
+  // and after the reduce-scatter only rank 1 holds it: each rank checks only its own chunks, so
+  // the ranks must agree to skip. Had rank 0 stepped and gathered alone, the collectives would
+  // pair wrongly. Every stage must skip that one step as DDP does and end with its weights.
+  volt_test::TempDir dir;
+  const std::vector<std::string> common{
+      "--devices",  "2", "--batch",      "8",    "--epochs",      "1", "--optimizer",      "adam",
+      "--bf16-all", "1", "--loss-scale", "1024", "--nan-grad-at", "2", "--master-weights", "0"};
+  auto ddp = run_job(cat({"--root", dir.path, "--out", dir / "ddp"}, common));
+  ASSERT_EQ(ddp.code, 0) << ddp.output;
+  // 128 samples, 16 per step: 8 batches, one step skipped.
+  EXPECT_NE(ddp.output.find("rank 0 done step=7 "), std::string::npos) << ddp.output;
+  const auto ref = load_flat(dir / "ddp.rank0.pt");
+  for (const char* stage : {"1", "2", "3"}) {
+    SCOPED_TRACE(std::string("stage ") + stage);
+    const std::string out = dir / (std::string("zero") + stage);
+    auto job = run_job(cat({"--root", dir.path, "--out", out, "--zero", stage}, common));
+    ASSERT_EQ(job.code, 0) << job.output;
+    for (const char* rank : {"rank 0 done step=7 ", "rank 1 done step=7 "}) {
+      EXPECT_NE(job.output.find(rank), std::string::npos) << job.output;
+    }
+    expect_ranks_equal_reference(out, 2, ref, 1e-5, 1e-6);
+  }
+}
+
+TEST(DeepSpeed, LossScalingWithNvmeOffloadIsNotAvailable) {
+  VOLT_REQUIRE_GLOO();
+  // The NVMe paths step sub-group by sub-group, and the scaler updates once per step call.
+  volt_test::TempDir dir;
+  auto job = run_job({"--root", dir.path, "--out", dir / "x", "--devices", "2", "--zero", "2",
+                      "--optimizer", "adam", "--bf16-all", "1", "--loss-scale", "1024", "--nvme",
+                      dir.path});
+  EXPECT_EQ(job.code, 1) << job.output;
+  EXPECT_NE(job.output.find("scales the loss (dynamic loss scaling), which is not built with NVMe"),
+            std::string::npos)
+      << job.output;
+}
+
 TEST(DeepSpeed, Fp8PrecisionWithZeroEqualsDdpWithFp8) {
   VOLT_REQUIRE_GLOO();
   // precision "fp8" swaps the Linear layers for Fp8Linear (E4M3 operands, E5M2 gradients) and

@@ -9,6 +9,8 @@
 //       R (--die-step S | --die-batch B)]
 //       [--timeout S] [--samples N] [--sync-dist 0|1] [--max-restarts K]
 //       [--unused 0|1] [--find-unused 0|1] [--static-graph 0|1] [--precision NAME] [--bf16-all 1]
+//       [--loss-scale INIT]  (with --bf16-all: dynamic loss scaling, growth every 2 steps)
+//       [--nan-grad-at CALL]  (that training_step call gives one element of b2 a NaN gradient)
 //       [--profile 0|1]  (a TorchProfiler writing <root>/prof/fit-ddp-rank<R>.pt.trace.json)
 //       [--zero STAGE]  (DeepSpeedStrategy with ZeRO stage 1 or 2 instead of DdpStrategy)
 //       [--optimizer sgd|adam|adamw|fused_adamw|none] [--clip NORM] [--width W] [--bucket ELEMENTS]
@@ -70,8 +72,15 @@ class Net : public volt::Module {
     return head->forward(h);
   }
   bool checkpoint_activations = false;
+  int64_t nan_grad_at = -1;  // this training_step call gives b2's last element a NaN gradient
+  int64_t calls = 0;
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
+    if (calls++ == nan_grad_at) {
+      // sqrt(x - x): 0 forward (the loss stays finite), NaN backward (inf - inf).
+      const auto last = b2.narrow(0, b2.size(0) - 1, 1);
+      loss = loss + torch::sqrt(last - last).sum();
+    }
     log("train_loss", loss, volt::LogOptions().sync_dist(sync_dist_));
     return loss;
   }
@@ -246,6 +255,7 @@ int main(int argc, char** argv) {
               num("--unused", 0) != 0, num("--width", 8),
               a.count("--optimizer") ? a["--optimizer"] : "sgd", num("--depth", 0));
     model.checkpoint_activations = num("--checkpoint-activations", 0) != 0;
+    model.nan_grad_at = num("--nan-grad-at", -1);
     auto train = volt_test::blobs(num("--samples", 128), 8, 1);
     auto val = volt_test::blobs(64, 8, 2);
     volt::DdpStrategyOptions ddp;
@@ -273,8 +283,12 @@ int main(int argc, char** argv) {
     std::shared_ptr<volt::Precision> precision =
         volt::registry().precisions.create(a.count("--precision") ? a["--precision"] : "32-true");
     if (a.count("--bf16-all")) {  // bf16-mixed without the timing-based CPU policy
-      precision = std::make_shared<volt::MixedPrecision>(
-          volt::MixedPrecisionOptions().read_env_lists(false).cpu_policy(false));
+      auto mixed = volt::MixedPrecisionOptions().read_env_lists(false).cpu_policy(false);
+      if (a.count("--loss-scale")) {  // dynamic loss scaling from this initial scale
+        mixed.loss_scaling(true).scaler(
+            volt::GradScalerOptions().init_scale(std::stod(a["--loss-scale"])).growth_interval(2));
+      }
+      precision = std::make_shared<volt::MixedPrecision>(mixed);
     }
     std::shared_ptr<volt::DdpStrategy> strategy;
     std::shared_ptr<volt::DeepSpeedStrategy> zero;

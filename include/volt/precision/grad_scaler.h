@@ -6,6 +6,7 @@
 #include <torch/serialize/archive.h>
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 
 namespace volt {
@@ -40,6 +41,10 @@ class GradScaler {
   /// Unscales if not done yet, runs optimizer.step() unless inf/NaN were found, then updates
   /// the scale. Returns whether the optimizer stepped.
   bool step(torch::optim::Optimizer& optimizer);
+  /// After unscale(), when each process holds only part of the gradients (ZeRO): replaces this
+  /// step's inf/NaN finding with `any_rank(finding)`, whether any process found one, so that
+  /// every process skips or steps together and their scales stay equal.
+  void agree_on_found_inf(const std::function<bool(bool)>& any_rank);
 
   double current_scale() const { return scale_; }
   int64_t growth_tracker() const { return growth_tracker_; }

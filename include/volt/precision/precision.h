@@ -51,6 +51,14 @@ class Precision {
                                     ClipAlgorithm algorithm);
   /// Runs optimizer.step(); returns false when the step was skipped (e.g. inf gradients).
   virtual bool optimizer_step(torch::optim::Optimizer& optimizer);
+  /// Whether optimizer_step() applies dynamic loss scaling (skips steps with inf/NaN gradients
+  /// and updates the scale once per call). Default: false.
+  virtual bool scales_loss() const { return false; }
+  /// Loss scaling with sharded gradients (ZeRO): after unscale_gradients() each rank has
+  /// checked only the gradients it holds. `any_rank(found)` returns whether any rank found
+  /// inf/NaN; the precision takes that as its own finding, so that every rank skips the step or
+  /// none does. Called once per step on every rank. Without loss scaling it calls nothing.
+  virtual void agree_on_found_inf(const std::function<bool(bool)>& any_rank) {}
   virtual void save_state(torch::serialize::OutputArchive& archive) const {}
   virtual void load_state(torch::serialize::InputArchive& archive) {}
   /// State every data-parallel rank must hold alike although each computes it from its own
