@@ -147,6 +147,9 @@ void Fp8Precision::backward(const at::Tensor& loss) {
 void Fp8Precision::unscale_gradients(torch::optim::Optimizer& o) {
   mixed_.unscale_gradients(o);
 }
+void Fp8Precision::agree_on_found_inf(const std::function<bool(bool)>& any_rank) {
+  mixed_.agree_on_found_inf(any_rank);
+}
 bool Fp8Precision::optimizer_step(torch::optim::Optimizer& o) {
   return mixed_.optimizer_step(o);
 }

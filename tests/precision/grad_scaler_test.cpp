@@ -41,6 +41,42 @@ TEST(GradScaler, InfOrNanGradientsSkipTheStepAndBackOff) {
   }
 }
 
+TEST(GradScaler, TheAgreedFindingDecidesTheStep) {
+  // ZeRO: each process checked only its own gradients; the agreed finding is what counts, both
+  // ways (another rank's NaN skips this rank's finite step; the reduction says what happened).
+  for (bool others_found : {true, false}) {
+    volt::GradScaler s(volt::GradScalerOptions().init_scale(8.0));
+    OneParam t;
+    t.grads({8, 8, 8});
+    s.unscale(t.opt);
+    bool asked = false;
+    s.agree_on_found_inf([&](bool mine) {
+      asked = true;
+      EXPECT_FALSE(mine);  // this rank's gradients are finite
+      return others_found;
+    });
+    EXPECT_TRUE(asked);
+    EXPECT_EQ(s.step(t.opt), !others_found);
+    EXPECT_DOUBLE_EQ(s.current_scale(), others_found ? 4.0 : 8.0);
+  }
+  // Before unscale there is no finding to agree on.
+  volt::GradScaler s;
+  EXPECT_THROW(s.agree_on_found_inf([](bool b) { return b; }), volt::InternalError);
+  // The precisions that own a scaler forward it; the others scale nothing.
+  volt::MixedPrecision scaled(volt::MixedPrecisionOptions().loss_scaling(true));
+  volt::Fp8Precision fp8(
+      volt::Fp8PrecisionOptions().mixed(volt::MixedPrecisionOptions().loss_scaling(true)));
+  EXPECT_TRUE(scaled.scales_loss());
+  EXPECT_TRUE(fp8.scales_loss());
+  EXPECT_FALSE(
+      volt::MixedPrecision(volt::MixedPrecisionOptions().loss_scaling(false)).scales_loss());
+  OneParam t;
+  t.grads({1, 1, 1});
+  fp8.unscale_gradients(t.opt);
+  fp8.agree_on_found_inf([](bool) { return true; });
+  EXPECT_FALSE(fp8.optimizer_step(t.opt));
+}
+
 TEST(GradScaler, GrowsAfterGrowthIntervalFiniteStepsAndStaysFinite) {
   volt::GradScaler s(volt::GradScalerOptions().init_scale(4.0).growth_interval(3));
   OneParam t;

@@ -64,6 +64,8 @@ class Fp8Precision : public Precision {
   void backward(const at::Tensor& loss) override;
   void unscale_gradients(torch::optim::Optimizer& optimizer) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
+  bool scales_loss() const override { return mixed_.scales_loss(); }
+  void agree_on_found_inf(const std::function<bool(bool)>& any_rank) override;
   void save_state(torch::serialize::OutputArchive& archive) const override;
   void load_state(torch::serialize::InputArchive& archive) override;
   /// The amax histories and gradient amax of the model's fp8 layers (training), so that every
