@@ -136,10 +136,6 @@ void ignore_sigpipe() {
   ::sigaction(SIGPIPE, &ignore, nullptr);
 }
 
-}  // namespace
-
-namespace {
-
 // Gloo in libtorch 1.13 has no bf16. The collectives that only copy bytes (broadcast,
 // all-gather) send it as fp16 bits: the dtype a tensor of `dtype` is viewed as on the wire.
 // (all_reduce computes, so it reduces 16-bit floats in fp32 instead.)
