@@ -125,11 +125,7 @@ class Probe : public volt::Callback {
 
 volt::Spec<volt::Strategy> with(const std::string& name,
                                 const std::map<std::string, volt::ParamValue>& set) {
-  const auto& entry = volt::registry().strategies.at(name);
-  std::map<std::string, volt::ParamValue> v;
-  for (const auto& spec : entry.params.specs()) v[spec.name] = spec.default_value;
-  for (const auto& kv : set) v[kv.first] = kv.second;
-  return {name, std::make_shared<const volt::Args>("strategy " + name, v)};
+  return volt::named<volt::Strategy>(name, set);
 }
 
 double mib(int64_t bytes) {

@@ -138,6 +138,48 @@ Args default_args(const std::string& owner, const Params& params) {
   return Args(owner, std::move(values));
 }
 
+Args complete_args(const std::string& owner, const Params& params, const Args& given) {
+  std::vector<std::string> names;
+  for (const auto& s : params.specs()) names.push_back(s.name);
+  for (const auto& [name, value] : given.values()) {
+    const ParamSpec* s = params.find(name);
+    VOLT_CHECK(s != nullptr, ConfigError, "[Registry] ", owner, " has no parameter \"", name, "\"",
+               did_you_mean(name, names), "; its parameters: ", quoted_list(names, "(none)"), ".");
+    if (std::holds_alternative<std::monostate>(value)) {
+      VOLT_CHECK(s->nullable, ConfigError, "[Registry] ", owner, " parameter \"", name,
+                 "\" cannot be none; give it a ", param_type_name(s->type), ".");
+      continue;
+    }
+    const ParamType t = param_value_type(value);
+    const bool fits =
+        t == s->type ||
+        (s->type == ParamType::kNumber && (t == ParamType::kInt || t == ParamType::kFloat)) ||
+        (s->type == ParamType::kFloat && t == ParamType::kInt);
+    VOLT_CHECK(fits, ConfigError, "[Registry] ", owner, " parameter \"", name, "\" is ",
+               param_type_name(s->type), " but was given ", param_type_name(t), ".");
+    if (!s->choices.empty()) {
+      const auto& v = std::get<std::string>(value);
+      VOLT_CHECK(std::find(s->choices.begin(), s->choices.end(), v) != s->choices.end(),
+                 ConfigError, "[Registry] ", owner, " parameter \"", name, "\" is \"", v,
+                 "\"; valid values: ", quoted_list(s->choices), did_you_mean(v, s->choices), ".");
+    }
+  }
+  std::map<std::string, ParamValue> values;
+  for (const auto& s : params.specs()) {
+    auto it = given.values().find(s.name);
+    if (it == given.values().end()) {
+      VOLT_CHECK(!s.required, ConfigError, "[Registry] ", owner, " needs parameter \"", s.name,
+                 "\" (", param_type_name(s.type), "); set it.");
+      values[s.name] = s.default_value;
+    } else if (s.type == ParamType::kFloat && std::holds_alternative<int64_t>(it->second)) {
+      values[s.name] = static_cast<double>(std::get<int64_t>(it->second));
+    } else {
+      values[s.name] = it->second;
+    }
+  }
+  return Args(owner, std::move(values));
+}
+
 // ------------------------------------------------------------------------------ suggestions
 
 namespace {

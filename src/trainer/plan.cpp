@@ -58,7 +58,7 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
                "[Trainer] unknown precision \"", precision.name(),
                "\"; valid names: ", quoted_list(precision_names()), ".");
     plan.precision = precision.args() != nullptr
-                         ? reg.precisions.at(precision.name()).make(*precision.args())
+                         ? reg.precisions.create(precision.name(), *precision.args())
                          : reg.precisions.create(precision.name());
   }
 
@@ -81,7 +81,7 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
              "; set devices=1 and num_nodes=1, or use "
              "strategy \"ddp\".");
   StrategyContext ctx{plan.accelerator, plan.precision, plan.devices, plan.num_nodes};
-  plan.strategy = strategy.args() != nullptr ? reg.strategies.at(chosen).make(*strategy.args(), ctx)
+  plan.strategy = strategy.args() != nullptr ? reg.strategies.create(chosen, *strategy.args(), ctx)
                                              : reg.strategies.create(chosen, ctx);
   return plan;
 }

@@ -18,6 +18,7 @@
 #include "kernels/detail/state_tensors.h"
 #include "requires.h"
 #include "tiny.h"
+#include "zero_testing.h"
 
 namespace {
 
@@ -59,11 +60,7 @@ class NcclNet : public volt::Module {
 // YAML's init_args give them.
 volt::Spec<volt::Strategy> with(const std::string& name,
                                 const std::map<std::string, volt::ParamValue>& set) {
-  const auto& entry = volt::registry().strategies.at(name);
-  std::map<std::string, volt::ParamValue> v;
-  for (const auto& spec : entry.params.specs()) v[spec.name] = spec.default_value;
-  for (const auto& kv : set) v[kv.first] = kv.second;
-  return {name, std::make_shared<const volt::Args>("strategy " + name, v)};
+  return volt::named<volt::Strategy>(name, set);
 }
 
 // Fits NcclNet for `epochs` epochs; with `checkpoints` (a folder) saving last.ckpt there after
@@ -249,11 +246,6 @@ TEST(NcclCuda, AnOffloadedEngineKeepsPinnedHostMastersAndStateAndStepsLikeTheDev
     net->to(cuda, dtype);
     return net;
   };
-  auto names_of = [](const torch::nn::Module& m) {
-    std::map<const c10::TensorImpl*, std::string> out;
-    for (const auto& p : m.named_parameters(true)) out[p.value().unsafeGetTensorImpl()] = p.key();
-    return out;
-  };
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
     for (int stage : {1, 2, 3}) {
       const std::string where =
@@ -263,10 +255,10 @@ TEST(NcclCuda, AnOffloadedEngineKeepsPinnedHostMastersAndStateAndStepsLikeTheDev
       torch::optim::AdamW plain_opt(plain->parameters(), torch::optim::AdamWOptions(1e-2));
       torch::optim::AdamW off_opt(offloaded->parameters(), torch::optim::AdamWOptions(1e-2));
       const auto options = volt::ZeroEngineOptions().stage(stage).param_persistence_threshold(0);
-      volt::ZeroEngine plain_engine(plain_opt, group, options, names_of(*plain));
+      volt::ZeroEngine plain_engine(plain_opt, group, options, volt_test::names_of(*plain));
       volt::ZeroEngine off_engine(off_opt, group,
                                   volt::ZeroEngineOptions(options).offload_optimizer(true),
-                                  names_of(*offloaded));
+                                  volt_test::names_of(*offloaded));
       ASSERT_TRUE(off_engine.has_master_weights());
       for (const auto& c : off_engine.chunks()) {
         ASSERT_TRUE(c.master.defined());
@@ -280,24 +272,18 @@ TEST(NcclCuda, AnOffloadedEngineKeepsPinnedHostMastersAndStateAndStepsLikeTheDev
         const auto x = torch::randn({5, 6}).to(cuda, dtype);
         for (auto* e : {&plain_engine, &off_engine}) {
           auto& net = e == &plain_engine ? plain : offloaded;
-          auto& opt = e == &plain_engine ? plain_opt : off_opt;
-          e->zero_grad();
-          at::Tensor loss;
-          {
-            volt::ZeroEngine::Scope scope(*e);
-            loss = net->forward(x).to(torch::kFloat).pow(2).sum();
-          }
-          e->backward([&] { loss.backward(); }, /*sync=*/true);
-          e->prepare_step();
-          if (e == &off_engine) {
-            for (const auto& c : off_engine.chunks()) {
-              ASSERT_TRUE(c.master.grad().defined());
-              EXPECT_TRUE(c.master.grad().is_pinned());
-            }
-          }
-          e->clip_grad_norm(0.5, 2.0);  // small enough to scale every step
-          opt.step();
-          e->gather_parameters();
+          volt_test::engine_step(
+              *e, e == &plain_engine ? plain_opt : off_opt,
+              [&](const at::Tensor& in) { return net->forward(in); }, x,
+              [&] {
+                if (e == &off_engine) {
+                  for (const auto& c : off_engine.chunks()) {
+                    ASSERT_TRUE(c.master.grad().defined());
+                    EXPECT_TRUE(c.master.grad().is_pinned());
+                  }
+                }
+                e->clip_grad_norm(0.5, 2.0);  // small enough to scale every step
+              });
         }
       }
       // The optimizer's state belongs to the host copies and lives there.
@@ -362,28 +348,23 @@ TEST(NcclCuda, OffloadedParameterChunksLiveInPinnedHostMemoryAndGatherOntoTheGpu
     net->to(cuda);
     return net;
   };
-  auto names_of = [](const torch::nn::Module& m) {
-    std::map<const c10::TensorImpl*, std::string> out;
-    for (const auto& p : m.named_parameters(true)) out[p.value().unsafeGetTensorImpl()] = p.key();
-    return out;
-  };
   {
     auto net = make();
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
     EXPECT_THROW(
         volt::ZeroEngine(opt, group, volt::ZeroEngineOptions().stage(3).offload_parameters(true),
-                         names_of(*net)),
+                         volt_test::names_of(*net)),
         volt::ConfigError);
   }
   auto on_gpu = make(), on_host = make();
   torch::optim::Adam gpu_opt(on_gpu->parameters(), torch::optim::AdamOptions(1e-2));
   torch::optim::Adam host_opt(on_host->parameters(), torch::optim::AdamOptions(1e-2));
   const auto options = volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0);
-  volt::ZeroEngine gpu_engine(gpu_opt, group, options, names_of(*on_gpu));
+  volt::ZeroEngine gpu_engine(gpu_opt, group, options, volt_test::names_of(*on_gpu));
   volt::ZeroEngine host_engine(
       host_opt, group,
       volt::ZeroEngineOptions(options).offload_optimizer(true).offload_parameters(true),
-      names_of(*on_host));
+      volt_test::names_of(*on_host));
   for (const auto& c : host_engine.chunks()) {
     ASSERT_TRUE(c.partitioned);
     EXPECT_TRUE(c.view.device().is_cpu());
@@ -396,17 +377,9 @@ TEST(NcclCuda, OffloadedParameterChunksLiveInPinnedHostMemoryAndGatherOntoTheGpu
     const auto x = torch::randn({5, 6}).to(cuda);
     for (auto* e : {&gpu_engine, &host_engine}) {
       auto& net = e == &gpu_engine ? on_gpu : on_host;
-      auto& opt = e == &gpu_engine ? gpu_opt : host_opt;
-      e->zero_grad();
-      at::Tensor loss;
-      {
-        volt::ZeroEngine::Scope scope(*e);
-        loss = net->forward(x).pow(2).sum();
-      }
-      e->backward([&] { loss.backward(); }, /*sync=*/true);
-      e->prepare_step();
-      opt.step();
-      e->gather_parameters();
+      volt_test::engine_step(
+          *e, e == &gpu_engine ? gpu_opt : host_opt,
+          [&](const at::Tensor& in) { return net->forward(in); }, x);
     }
   }
   for (const auto& c : host_engine.chunks()) EXPECT_EQ(c.parameter.storage().nbytes(), 0u);

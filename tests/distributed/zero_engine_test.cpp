@@ -20,22 +20,19 @@
 #include "tiny.h"
 #include "volt/core/errors.h"
 #include "volt/core/version.h"
+#include "zero_testing.h"
 
 namespace {
 
 using volt::detail::AioOptions;
 using volt::detail::OptimizerSwapper;
+using volt_test::engine_step;
+using volt_test::names_of;
 
 std::shared_ptr<volt::ProcessGroup> world_of_one() {
   volt::ClusterEnvironment env;
   env.main_port = volt::detail::find_free_port();
   return std::make_shared<volt::ProcessGroup>(env);
-}
-
-std::map<const c10::TensorImpl*, std::string> names_of(const torch::nn::Module& m) {
-  std::map<const c10::TensorImpl*, std::string> out;
-  for (const auto& p : m.named_parameters(true)) out[p.value().unsafeGetTensorImpl()] = p.key();
-  return out;
 }
 
 torch::nn::Sequential mlp() {
@@ -226,21 +223,6 @@ TEST(ZeroEngine, TwoRanksWriteMasterWeightsIntoBf16ParametersWhenARankOwnsNoneOf
   }
 }
 
-// One training step of `net` through the engine on `x` (loss: the sum of squared outputs).
-void engine_step(volt::ZeroEngine& engine, torch::optim::Optimizer& opt, torch::nn::Module& net,
-                 const std::function<at::Tensor(const at::Tensor&)>& forward, const at::Tensor& x) {
-  engine.zero_grad();
-  at::Tensor loss;
-  {
-    volt::ZeroEngine::Scope scope(engine);
-    loss = forward(x).to(torch::kFloat).pow(2).sum();
-  }
-  engine.backward([&] { loss.backward(); }, /*sync=*/true);
-  engine.prepare_step();
-  opt.step();
-  engine.gather_parameters();
-}
-
 TEST(ZeroEngine, MasterWeightsStepBf16ParametersLikeAHandWrittenFp32MasterLoop) {
   VOLT_REQUIRE_GLOO();
   // DeepSpeed's BF16Optimizer by hand: bf16 model, fp32 copies of its weights stepped by Adam
@@ -283,7 +265,7 @@ TEST(ZeroEngine, MasterWeightsStepBf16ParametersLikeAHandWrittenFp32MasterLoop) 
         for (size_t i = 0; i < masters.size(); ++i) ref_params[i].copy_(masters[i]);
       }
       engine_step(
-          engine, opt, *net, [&](const at::Tensor& in) { return net->forward(in); }, x);
+          engine, opt, [&](const at::Tensor& in) { return net->forward(in); }, x);
     }
     // The fp32 gradients of the masters live only from prepare_step to the step.
     for (const auto& c : engine.chunks()) EXPECT_FALSE(c.master.grad().defined()) << c.name;
@@ -344,18 +326,10 @@ TEST(ZeroEngine, AnOffloadedOptimizerStepsHostCopiesAndGivesTheSameBits) {
         const auto x = torch::randn({5, 6}).to(dtype);
         for (auto* e : {&plain_engine, &off_engine}) {
           auto& net = e == &plain_engine ? plain : offloaded;
-          auto& opt = e == &plain_engine ? plain_opt : off_opt;
-          e->zero_grad();
-          at::Tensor loss;
-          {
-            volt::ZeroEngine::Scope scope(*e);
-            loss = net->forward(x).to(torch::kFloat).pow(2).sum();
-          }
-          e->backward([&] { loss.backward(); }, /*sync=*/true);
-          e->prepare_step();
-          e->clip_grad_norm(0.5, 2.0);  // small enough to scale every step
-          opt.step();
-          e->gather_parameters();
+          volt_test::engine_step(
+              *e, e == &plain_engine ? plain_opt : off_opt,
+              [&](const at::Tensor& in) { return net->forward(in); }, x,
+              [&] { e->clip_grad_norm(0.5, 2.0); });  // small enough to scale every step
         }
       }
       // The optimizer's state belongs to the host copies.
@@ -399,11 +373,11 @@ TEST(ZeroEngine, MasterWeightsKeepTheUpdatesThatBf16WeightsRoundAway) {
     fp32->forward(x).pow(2).sum().backward();
     fp32_opt.step();
     engine_step(
-        with_engine, with_opt, *with, [&](const at::Tensor& in) { return with->forward(in); },
+        with_engine, with_opt, [&](const at::Tensor& in) { return with->forward(in); },
         x.to(torch::kBFloat16));
     engine_step(
-        without_engine, without_opt, *without,
-        [&](const at::Tensor& in) { return without->forward(in); }, x.to(torch::kBFloat16));
+        without_engine, without_opt, [&](const at::Tensor& in) { return without->forward(in); },
+        x.to(torch::kBFloat16));
   }
   auto flat = [](torch::nn::Sequential& m) {
     std::vector<at::Tensor> v;
@@ -564,9 +538,9 @@ TEST(ZeroEngine, ParameterChunksInASwapFileStepLikeChunksInMemory) {
   for (int step = 0; step < 3; ++step) {
     const auto x = torch::randn({4, 6});
     engine_step(
-        in_memory, mem_opt, *mem_net, [&](const at::Tensor& t) { return mem_net->forward(t); }, x);
+        in_memory, mem_opt, [&](const at::Tensor& t) { return mem_net->forward(t); }, x);
     engine_step(
-        swapped, file_opt, *file_net, [&](const at::Tensor& t) { return file_net->forward(t); }, x);
+        swapped, file_opt, [&](const at::Tensor& t) { return file_net->forward(t); }, x);
     EXPECT_FALSE(swapped.parameters_resident()) << "written back after the step";
     EXPECT_EQ(swapped.memory().parameters, 0);
     for (size_t i = 0; i < in_memory.chunks().size(); ++i) {

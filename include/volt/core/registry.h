@@ -22,6 +22,8 @@
 #include <variant>
 #include <vector>
 
+#include "volt/core/spec.h"
+
 namespace volt {
 
 class Accelerator;
@@ -170,6 +172,10 @@ std::string did_you_mean(const std::string& word, const std::vector<std::string>
 std::string quoted_list(const std::vector<std::string>& names, const std::string& empty_text = "");
 /// Args from each parameter's default; throws ConfigError naming a required one.
 Args default_args(const std::string& owner, const Params& params);
+/// `given` checked against `params` and completed with their defaults: a name not declared, a
+/// value of the wrong type (an int passes for a float) or outside its choices, "none" for a
+/// parameter that cannot be none, or a required parameter left out is a ConfigError naming it.
+Args complete_args(const std::string& owner, const Params& params, const Args& given);
 
 /// What a strategy factory gets besides its own parameters: the resolved hardware and precision.
 struct StrategyContext {
@@ -220,6 +226,11 @@ class ComponentRegistry {
     const Entry& e = at(name);
     return e.make(default_args(kind_ + " " + name, e.params), ctx...);
   }
+  /// Builds `name` from `given`, completed with the defaults (complete_args checks it).
+  std::shared_ptr<T> create(const std::string& name, const Args& given, Ctx... ctx) const {
+    const Entry& e = at(name);
+    return e.make(complete_args(kind_ + " " + name, e.params, given), ctx...);
+  }
   std::vector<std::string> names() const {
     std::vector<std::string> out;
     for (const auto& kv : entries_) out.push_back(kv.first);
@@ -249,5 +260,14 @@ struct Registry {
 
 /// The process-wide registry, with volt's built-ins registered.
 Registry& registry();
+
+/// A registered name with some of its parameters set, the others at their defaults; the
+/// Trainer checks them as the CLI checks init_args (complete_args):
+///   volt::TrainerOptions().strategy(volt::named<volt::Strategy>(
+///       "deepspeed_stage_3", {{"param_persistence_threshold", int64_t{0}}}))
+template <typename T>
+Spec<T> named(const std::string& name, std::map<std::string, ParamValue> values) {
+  return Spec<T>(name, std::make_shared<const Args>(name, std::move(values)));
+}
 
 }  // namespace volt

@@ -16,7 +16,8 @@ class Spec {
   Spec(const char* name) : name_(name) {}             // NOLINT: implicit by design
   Spec(std::string name) : name_(std::move(name)) {}  // NOLINT
   /// A registered name with its parameters (checked against the entry's Params, as the CLI's
-  /// `class_path` + `init_args` are); without them the entry's defaults apply.
+  /// `class_path` + `init_args` are; parameters left out keep their defaults: volt::named in
+  /// core/registry.h builds one from a map); without them the entry's defaults apply.
   Spec(std::string name, std::shared_ptr<const Args> args)
       : name_(std::move(name)), args_(std::move(args)) {}
   Spec(std::shared_ptr<T> object) : object_(std::move(object)) {}  // NOLINT
