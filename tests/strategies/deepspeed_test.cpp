@@ -752,16 +752,31 @@ TEST(DeepSpeed, RegisteredNamesBuildTheirStages) {
   }
 }
 
-TEST(DeepSpeed, SixteenBitMixedAndUntestedOptimizersAreRefusedAtSetUp) {
+TEST(DeepSpeed, LossScalingWithNvmeAndUntestedOptimizersAreRefusedAtSetUp) {
   VOLT_REQUIRE_GLOO();
   auto accel = std::make_shared<volt::CpuAccelerator>();
-  volt::DeepSpeedStrategy fp16(volt::DeepSpeedStrategyOptions(), accel,
-                               volt::registry().precisions.create("16-mixed"), 2);
+  volt_test::TempDir dir;
   volt_test::TinyClassifier m;  // never set up: the checks come first
   auto p = torch::zeros({2}, torch::requires_grad());
   std::vector<volt::OptimizerConfig> opts{
       std::make_shared<torch::optim::LBFGS>(std::vector<torch::Tensor>{p})};
-  EXPECT_THROW(fp16.setup_optimizers(m, opts), volt::NotAvailable);
+  // 16-mixed scales the loss: refused with the optimizer on NVMe (sub-group steps)...
+  volt::DeepSpeedStrategy nvme(volt::DeepSpeedStrategyOptions()
+                                   .offload_optimizer(true)
+                                   .offload_optimizer_device("nvme")
+                                   .nvme_path(dir.path),
+                               accel, volt::registry().precisions.create("16-mixed"), 2);
+  EXPECT_THROW(nvme.setup_optimizers(m, opts), volt::NotAvailable);
+  // ...and accepted without it (this strategy was never set up, so the engine then finds no
+  // process group: past the precision check).
+  volt::DeepSpeedStrategy fp16(volt::DeepSpeedStrategyOptions(), accel,
+                               volt::registry().precisions.create("16-mixed"), 2);
+  try {
+    fp16.setup_optimizers(m, opts);
+    FAIL() << "an engine without a process group was built";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a process group"), std::string::npos) << e.what();
+  }
   volt::DeepSpeedStrategy strict(
       volt::DeepSpeedStrategyOptions().zero_allow_untested_optimizer(false), accel,
       volt::registry().precisions.create("32-true"), 2);
