@@ -253,7 +253,7 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
              ConfigError, kTag, " offload_parameters with parameters on ", device,
              " needs offload_optimizer too (the optimizer steps the host chunks); set "
              "offload_optimizer=true.");
-  gather_device_ = device;
+  device_ = device;
 
   // Every rank must partition the same parameters in the same order, or the collectives below
   // would pair different tensors.
@@ -574,8 +574,7 @@ void ZeroEngine::start_read_prefetches() {
   comm_->reading.clear();
   c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);
   for (auto& [v, buffer] : reading) {
-    comm_->gathers[v] = detail::start_all_gather(
-        group_, buffer.device() == gather_device_ ? buffer : for_gather(buffer));
+    comm_->gathers[v] = detail::start_all_gather(group_, for_gather(buffer, /*fresh=*/false));
   }
 }
 
@@ -636,7 +635,7 @@ void ZeroEngine::prefetch_after(size_t u) {
       } else {
         // A copy: a dropped prefetch may still be read by Gloo after the shard changed.
         comm_->gathers[v] = detail::start_all_gather(
-            group_, for_gather(param_shard_.narrow(0, unit.offset, unit.width)));
+            group_, for_gather(param_shard_.narrow(0, unit.offset, unit.width), /*fresh=*/true));
       }
     }
     before = at;
@@ -692,8 +691,8 @@ void ZeroEngine::gather(size_t u) {
     all = prefetched.wait();
     ++stats_.prefetched;
   } else {
-    at::Tensor mine = read_shard_range(unit.offset, unit.width);
-    all = all_gather_any(group_, mine.device() == gather_device_ ? mine : for_gather(mine));
+    all = all_gather_any(group_,
+                         for_gather(read_shard_range(unit.offset, unit.width), /*fresh=*/false));
   }
   ++stats_.gathers;
   const int64_t world = group_->world_size();
@@ -970,17 +969,16 @@ void ZeroEngine::prepare_step(bool by_sub_group) {
   if (pinned_masters_) wait_for_device();
 }
 
-at::Tensor ZeroEngine::for_gather(const at::Tensor& piece) const {
-  if (piece.device() == gather_device_) return piece.clone();
+at::Tensor ZeroEngine::for_gather(const at::Tensor& piece, bool fresh) const {
+  if (piece.device() == device_) return fresh ? piece.clone() : piece;
   // From pinned memory the copy is queued on the device's stream, which the collective (or the
   // copies out of its result) follows.
-  return piece.to(gather_device_, /*non_blocking=*/piece.is_pinned(), /*copy=*/true);
+  return piece.to(device_, /*non_blocking=*/piece.is_pinned(), /*copy=*/true);
 }
 
 void ZeroEngine::wait_for_device() const {
-  const c10::Device device = chunks_.front().parameter.device();
-  const c10::impl::VirtualGuardImpl impl(device.type());
-  impl.getStream(device).synchronize();
+  const c10::impl::VirtualGuardImpl impl(device_.type());
+  impl.getStream(device_).synchronize();
 }
 
 void ZeroEngine::gather_parameters() {

@@ -786,48 +786,47 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
     algorithm = ClipAlgorithm::kNorm;
   }
   bool stepped;
-  if (by_sub_group) {
-    // Strategy::optimizer_step with the step itself run once per sub-group (its state swapped
-    // in when that is on NVMe).
-    precision_->unscale_gradients(optimizer);
-    if (clip_value && *clip_value > 0) clip_gradients(optimizer, *clip_value, algorithm);
-    detail::SubGroupHooks hooks;
-    if (e != nullptr) {
-      hooks.read = [e](const std::vector<at::Tensor>& g) { e->read_step_chunks(g); };
-      hooks.ready = [e](const std::vector<at::Tensor>&) { e->hold_step_chunks(); };
-      hooks.after = [e](const std::vector<at::Tensor>& g) {
-        e->round_masters(g);
-        e->write_step_chunks(g);
-      };
-    }
-    const auto step = [&] { return precision_->optimizer_step(optimizer); };
-    try {
-      stepped = swapped_state
-                    ? sw->second->step(step, hooks)
-                    : detail::step_by_sub_groups(optimizer, options_.sub_group_size(), step, hooks);
-    } catch (...) {
-      // Nothing held stays pointed at a buffer; the step's own error is the one reported.
-      try {
-        if (e != nullptr) e->finish_step_chunks();
-      } catch (const std::exception& cleanup) {
-        log_error("DeepSpeedStrategy",
-                  std::string("after a failed optimizer step, writing the parameter chunks "
-                              "back failed too: ") +
-                      cleanup.what());
-      }
-      throw;
-    }
-  } else if (e != nullptr) {
-    // Strategy::optimizer_step, with the ranks agreeing on inf/NaN gradients between the
-    // unscale and the step: each one checked only its own chunks, and a rank that skipped the
-    // step while the others gathered would break the collectives.
+  if (e == nullptr && !by_sub_group) {
+    stepped = Strategy::optimizer_step(optimizer, clip_value, algorithm);
+  } else {
+    // Strategy::optimizer_step's sequence, with the ranks agreeing on inf/NaN gradients between
+    // the unscale and the step (each one checked only its own chunks, and a rank that skipped
+    // the step while the others gathered would break the collectives), and with the step run
+    // once per sub-group when state or parameters swap (its state swapped in when on NVMe).
     precision_->unscale_gradients(optimizer);
     precision_->agree_on_found_inf(
         [this](bool found) { return world_size() > 1 ? group_->any_of(found) : found; });
     if (clip_value && *clip_value > 0) clip_gradients(optimizer, *clip_value, algorithm);
-    stepped = precision_->optimizer_step(optimizer);
-  } else {
-    stepped = Strategy::optimizer_step(optimizer, clip_value, algorithm);
+    if (!by_sub_group) {
+      stepped = precision_->optimizer_step(optimizer);
+    } else {
+      detail::SubGroupHooks hooks;
+      if (e != nullptr) {
+        hooks.read = [e](const std::vector<at::Tensor>& g) { e->read_step_chunks(g); };
+        hooks.ready = [e](const std::vector<at::Tensor>&) { e->hold_step_chunks(); };
+        hooks.after = [e](const std::vector<at::Tensor>& g) {
+          e->round_masters(g);
+          e->write_step_chunks(g);
+        };
+      }
+      const auto step = [&] { return precision_->optimizer_step(optimizer); };
+      try {
+        stepped = swapped_state ? sw->second->step(step, hooks)
+                                : detail::step_by_sub_groups(optimizer, options_.sub_group_size(),
+                                                             step, hooks);
+      } catch (...) {
+        // Nothing held stays pointed at a buffer; the step's own error is the one reported.
+        try {
+          if (e != nullptr) e->finish_step_chunks();
+        } catch (const std::exception& cleanup) {
+          log_error("DeepSpeedStrategy",
+                    std::string("after a failed optimizer step, writing the parameter chunks "
+                                "back failed too: ") +
+                        cleanup.what());
+        }
+        throw;
+      }
+    }
   }
   if (e != nullptr && stepped) e->gather_parameters();
   return stepped;

@@ -320,12 +320,13 @@ class ZeroEngine {
   bool masters_ = false;              // ZeroChunk::master holds each chunk's fp32 or host copy
   at::TensorOptions master_options_;  // the masters' dtype and device (every rank's)
   bool pinned_masters_ = false;       // offloaded masters of accelerator parameters: pinned
-  // Stage 3 with offload_parameters on an accelerator: the shard is in pinned host memory and
-  // each gather first copies its piece to this device (the parameters'); else the shard's own.
-  c10::Device gather_device_ = c10::Device(c10::kCPU);
-  // A piece of the shard on gather_device_, ready for the all-gather: always a fresh tensor (a
-  // dropped prefetch may still be read after the shard changed).
-  at::Tensor for_gather(const at::Tensor& piece) const;
+  // The parameters' device (every parameter's: checked at construction).
+  c10::Device device_ = c10::Device(c10::kCPU);
+  // A piece of the shard (or a buffer read from its file) on device_, for an all-gather: the
+  // piece itself when it is there already, unless `fresh` asks for a copy (a prefetch, which a
+  // dropped gather may still read after the shard changed); with offload_parameters, a copy
+  // from pinned host memory to the device.
+  at::Tensor for_gather(const at::Tensor& piece, bool fresh) const;
   // Stage 3.
   at::Tensor param_shard_;             // this rank's chunks of the partitioned parameters, padded
   std::vector<int64_t> shard_offset_;  // per chunk: its offset in param_shard_
