@@ -15,9 +15,8 @@ for a in "$@"; do
   esac
 done
 jobs=$(nproc)
-# Let ccache share hits between clones in different folders (CI builds a fresh clone).
-export CCACHE_BASEDIR="$PWD"
-export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
+# ccache's settings (hits shared between clones, the PCH checksum) live in
+# cmake/compiler_launcher.sh, so every build of this tree gets them, not only this script's.
 case "$sanitize" in
   "")
     dir=build
