@@ -150,6 +150,9 @@ void Fp8Precision::unscale_gradients(torch::optim::Optimizer& o) {
 void Fp8Precision::agree_on_found_inf(const std::function<bool(bool)>& any_rank) {
   mixed_.agree_on_found_inf(any_rank);
 }
+void Fp8Precision::configure_loss_scaler(const GradScalerOptions& options) {
+  mixed_.configure_loss_scaler(options);
+}
 bool Fp8Precision::optimizer_step(torch::optim::Optimizer& o) {
   return mixed_.optimizer_step(o);
 }

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ostream>
 
@@ -12,13 +13,28 @@ namespace volt {
 std::ostream& operator<<(std::ostream& os, const GradScalerOptions& o) {
   return os << "GradScalerOptions(init_scale=" << o.init_scale()
             << ", growth_factor=" << o.growth_factor() << ", backoff_factor=" << o.backoff_factor()
-            << ", growth_interval=" << o.growth_interval() << ")";
+            << ", growth_interval=" << o.growth_interval() << ", dynamic=" << o.dynamic()
+            << ", hysteresis=" << o.hysteresis()
+            << ", consecutive_hysteresis=" << o.consecutive_hysteresis()
+            << ", min_scale=" << o.min_scale() << ", error_at_min_scale=" << o.error_at_min_scale()
+            << ")";
 }
 
 GradScaler::GradScaler(GradScalerOptions options)
-    : options_(std::move(options)), scale_(options_.init_scale()) {
+    : options_(std::move(options)),
+      scale_(options_.init_scale()),
+      hysteresis_left_(options_.hysteresis()) {
   VOLT_CHECK(std::isfinite(options_.init_scale()) && options_.init_scale() > 0, ConfigError,
              "[GradScaler] init_scale=", options_.init_scale(), " must be finite and > 0.");
+  VOLT_CHECK(options_.hysteresis() >= 1, ConfigError,
+             "[GradScaler] hysteresis=", options_.hysteresis(),
+             " must be >= 1 (the number of inf/NaN steps that back the scale off; 1: each one).");
+  VOLT_CHECK(std::isfinite(options_.min_scale()) && options_.min_scale() >= 0 &&
+                 options_.min_scale() <= options_.init_scale(),
+             ConfigError, "[GradScaler] min_scale=", options_.min_scale(),
+             " must be in [0, init_scale=", options_.init_scale(), "] (0: no floor).");
+  VOLT_CHECK(!options_.error_at_min_scale() || options_.min_scale() > 0, ConfigError,
+             "[GradScaler] error_at_min_scale needs a floor; set min_scale > 0 (e.g. 1).");
   VOLT_CHECK(options_.growth_factor() > 1.0, ConfigError,
              "[GradScaler] growth_factor=", options_.growth_factor(), " must be > 1 (e.g. 2).");
   VOLT_CHECK(options_.backoff_factor() > 0.0 && options_.backoff_factor() < 1.0, ConfigError,
@@ -60,28 +76,46 @@ void GradScaler::agree_on_found_inf(const std::function<bool(bool)>& any_rank) {
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   unscale(optimizer);
   const bool stepped = !found_inf_;
+  unscaled_ = false;
+  found_inf_ = false;
   if (stepped) {
     optimizer.step();
+    if (!options_.dynamic()) return true;
+    if (options_.consecutive_hysteresis()) hysteresis_left_ = options_.hysteresis();
     if (++growth_tracker_ >= options_.growth_interval()) {
       // Growing past fp32's range would turn every later loss into inf; stay finite.
       const double grown = scale_ * options_.growth_factor();
       if (std::isfinite(static_cast<float>(grown))) scale_ = grown;
       growth_tracker_ = 0;
+      hysteresis_left_ = options_.hysteresis();
     }
-  } else {
-    scale_ *= options_.backoff_factor();
-    growth_tracker_ = 0;
-    ++skipped_;
+    return true;
   }
-  unscaled_ = false;
-  found_inf_ = false;
-  return stepped;
+  // DeepSpeed's DynamicLossScaler.update_scale: while hysteresis is left an inf/NaN step only
+  // skips; then the scale backs off, down to the floor, and at the floor the run stops if asked.
+  growth_tracker_ = 0;
+  if (options_.dynamic()) {
+    if (hysteresis_left_ > 1) {
+      --hysteresis_left_;
+    } else {
+      VOLT_CHECK(!(options_.error_at_min_scale() && scale_ <= options_.min_scale()), ValueError,
+                 "[GradScaler] the gradients hold inf/NaN with the loss scale at its floor "
+                 "(min_scale=",
+                 options_.min_scale(), ", ", skipped_,
+                 " steps skipped so far): the run is diverging; lower the learning rate, clip "
+                 "the gradients, train in bf16-mixed, or lower min_scale.");
+      scale_ = std::max(scale_ * options_.backoff_factor(), options_.min_scale());
+    }
+  }
+  ++skipped_;
+  return false;
 }
 
 void GradScaler::save_state(torch::serialize::OutputArchive& archive) const {
   archive.write("scale", torch::tensor(scale_, torch::kFloat64));
   archive.write("growth_tracker", torch::tensor(growth_tracker_, torch::kInt64));
   archive.write("skipped_steps", torch::tensor(skipped_, torch::kInt64));
+  archive.write("hysteresis_left", torch::tensor(hysteresis_left_, torch::kInt64));
 }
 
 void GradScaler::load_state(torch::serialize::InputArchive& archive) {
@@ -95,6 +129,14 @@ void GradScaler::load_state(torch::serialize::InputArchive& archive) {
   scale_ = s.item<double>();
   growth_tracker_ = g.item<int64_t>();
   skipped_ = k.item<int64_t>();
+  // Checkpoints from before hysteresis existed: none pending.
+  at::Tensor h;
+  hysteresis_left_ =
+      archive.try_read("hysteresis_left", h) ? h.item<int64_t>() : options_.hysteresis();
+  VOLT_CHECK(hysteresis_left_ >= 1 && hysteresis_left_ <= options_.hysteresis(), CheckpointError,
+             "[GradScaler] the checkpoint's hysteresis_left=", hysteresis_left_,
+             " is outside [1, hysteresis=", options_.hysteresis(),
+             "]; resume with the loss-scaling settings it was trained with.");
   VOLT_CHECK(std::isfinite(scale_) && scale_ > 0, CheckpointError,
              "[GradScaler] the checkpoint's loss scale is ", scale_,
              "; it must be finite and > 0 (a corrupt checkpoint?).");

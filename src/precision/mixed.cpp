@@ -312,6 +312,12 @@ void MixedPrecision::agree_on_found_inf(const std::function<bool(bool)>& any_ran
   if (scaler_) scaler_->agree_on_found_inf(any_rank);
 }
 
+void MixedPrecision::configure_loss_scaler(const GradScalerOptions& options) {
+  if (!scaler_) return;
+  scaler_ = std::make_unique<GradScaler>(options);
+  options_.scaler(options);
+}
+
 bool MixedPrecision::optimizer_step(torch::optim::Optimizer& optimizer) {
   if (scaler_) return scaler_->step(optimizer);
   optimizer.step();

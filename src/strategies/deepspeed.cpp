@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -30,6 +31,7 @@
 #include "volt/kernels/fused_optimizer.h"
 #include "volt/nn/checkpoint.h"
 #include "volt/nn/kernel_injection.h"
+#include "volt/precision/grad_scaler.h"
 
 namespace volt {
 namespace {
@@ -211,6 +213,7 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
              "predict_step / test_step instead (docs/CUDA_GRAPHS.md).");
   VOLT_CHECK(options_.replace_method() == "auto", ConfigError, kTag, " replace_method=\"",
              options_.replace_method(), "\"; DeepSpeed's only value is \"auto\".");
+  configure_loss_scaling();
   const std::string& dev = options_.offload_optimizer_device();
   VOLT_CHECK(dev == "cpu" || dev == "nvme", ConfigError, kTag, " offload_optimizer_device=\"", dev,
              "\" is not a device; use \"cpu\" or \"nvme\".");
@@ -239,6 +242,43 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
     VOLT_CHECK(::access(path.c_str(), W_OK | X_OK) == 0, ConfigError, kTag, " nvme_path='", path,
                "' is not writable by this user; fix its permissions or choose another folder.");
   }
+}
+
+// DeepSpeed's fp16 loss scaler for precision "16-mixed" (other precisions keep their own
+// scaler settings): a static scale when loss_scale > 0, else DeepSpeed's DynamicLossScaler
+// (factor 2 up and down, hysteresis, a floor that stops a diverging run).
+void DeepSpeedStrategy::configure_loss_scaling() {
+  const DeepSpeedStrategyOptions& o = options_;
+  VOLT_CHECK(std::isfinite(o.loss_scale()) && o.loss_scale() >= 0, ConfigError, kTag,
+             " loss_scale=", o.loss_scale(), " must be >= 0 (0: dynamic loss scaling).");
+  VOLT_CHECK(o.initial_scale_power() >= 0 && o.initial_scale_power() <= 127, ConfigError, kTag,
+             " initial_scale_power=", o.initial_scale_power(),
+             " must be in [0, 127] (the scale 2^power stays within float32's range; DeepSpeed's "
+             "default is 16).");
+  VOLT_CHECK(o.loss_scale_window() >= 1 && o.hysteresis() >= 1, ConfigError, kTag,
+             " loss_scale_window=", o.loss_scale_window(), " and hysteresis=", o.hysteresis(),
+             " must be >= 1 (DeepSpeed's defaults are 1000 and 2).");
+  const double initial = std::ldexp(1.0, static_cast<int>(o.initial_scale_power()));
+  VOLT_CHECK(std::isfinite(o.min_loss_scale()) && o.min_loss_scale() > 0 &&
+                 (o.loss_scale() > 0 || o.min_loss_scale() <= initial),
+             ConfigError, kTag, " min_loss_scale=", o.min_loss_scale(),
+             " must be > 0 and at most the initial scale 2^", o.initial_scale_power(), " = ",
+             initial, " (DeepSpeed's default is 1).");
+  if (!precision_ || precision_->name() != "16-mixed" || !precision_->scales_loss()) return;
+  if (o.loss_scale() > 0) {
+    precision_->configure_loss_scaler(
+        GradScalerOptions().init_scale(o.loss_scale()).dynamic(false));
+    return;
+  }
+  precision_->configure_loss_scaler(GradScalerOptions()
+                                        .init_scale(initial)
+                                        .growth_factor(2.0)
+                                        .backoff_factor(0.5)
+                                        .growth_interval(o.loss_scale_window())
+                                        .hysteresis(o.hysteresis())
+                                        .consecutive_hysteresis(o.consecutive_hysteresis())
+                                        .min_scale(o.min_loss_scale())
+                                        .error_at_min_scale(true));
 }
 
 DeepSpeedStrategy::~DeepSpeedStrategy() {
@@ -351,6 +391,16 @@ void DeepSpeedStrategy::apply_config() {
     options_.zero_allow_untested_optimizer(*c.zero_allow_untested_optimizer);
   }
   clip_ = c.gradient_clipping;
+  if (c.fp16) {
+    // The JSON's fp16 section is the whole loss-scaling configuration (DeepSpeed's defaults for
+    // the keys it leaves out), as Lightning passes its own arguments only without one.
+    options_.loss_scale(c.loss_scale.value_or(0.0))
+        .initial_scale_power(c.initial_scale_power.value_or(16))
+        .loss_scale_window(c.loss_scale_window.value_or(1000))
+        .hysteresis(c.hysteresis.value_or(2))
+        .consecutive_hysteresis(c.consecutive_hysteresis.value_or(false))
+        .min_loss_scale(c.min_loss_scale.value_or(1.0));
+  }
   options_.cpu_checkpointing(c.cpu_checkpointing);
   options_.offload_parameters(c.offload_param_device != "none");
   if (c.offload_param_device != "none") options_.offload_parameters_device(c.offload_param_device);
@@ -1439,7 +1489,11 @@ std::ostream& operator<<(std::ostream& os, const DeepSpeedStrategyOptions& o) {
             << ", overlap_comm=" << o.overlap_comm()
             << ", prefetch_bucket_size=" << o.prefetch_bucket_size()
             << ", zero_allow_untested_optimizer=" << o.zero_allow_untested_optimizer()
-            << ", master_weights=" << o.master_weights()
+            << ", master_weights=" << o.master_weights() << ", loss_scale=" << o.loss_scale()
+            << ", initial_scale_power=" << o.initial_scale_power()
+            << ", loss_scale_window=" << o.loss_scale_window() << ", hysteresis=" << o.hysteresis()
+            << ", consecutive_hysteresis=" << o.consecutive_hysteresis()
+            << ", min_loss_scale=" << o.min_loss_scale()
             << ", ignore_unused_parameters=" << o.ignore_unused_parameters()
             << ", config=" << detail::quoted(o.config())
             << ", parallel_devices=" << o.parallel_devices() << ", timeout_s=" << o.timeout_s()

@@ -109,8 +109,15 @@ const std::vector<std::string> kOffloadIgnored = {"buffer_count",  "buffer_size"
 const std::vector<std::string> kAio = {"block_size", "queue_depth"};
 const std::vector<std::string> kAioIgnored = {"thread_count", "single_submit", "overlap_events",
                                               "intra_op_parallelism", "use_gds"};
-const std::vector<std::string> kFp = {"enabled"};
-const std::vector<std::string> kFpIgnored = {
+// fp16: enabled and the loss scaler's keys; bf16: enabled (DeepSpeed's bf16 has no loss scaler,
+// so the fp16 scaler keys there are listed as ignored, as before volt read them).
+const std::vector<std::string> kFp16 = {"enabled",           "loss_scale", "initial_scale_power",
+                                        "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+                                        "min_loss_scale"};
+const std::vector<std::string> kFp16Ignored = {"auto_cast", "immediate_grad_update",
+                                               "fp16_master_weights_and_grads"};
+const std::vector<std::string> kBf16 = {"enabled"};
+const std::vector<std::string> kBf16Ignored = {
     "loss_scale", "initial_scale_power",    "loss_scale_window",
     "hysteresis", "consecutive_hysteresis", "min_loss_scale",
     "auto_cast",  "immediate_grad_update",  "fp16_master_weights_and_grads"};
@@ -214,6 +221,36 @@ void read_offload(const Reader& r, const json& obj, const std::string& path, std
   }
   if (obj.contains("nvme_path")) cfg.nvme_path = r.string(obj, "nvme_path", path + ".");
   if (auto b = r.boolean(obj, "pin_memory", path + ".")) cfg.pin_memory = *b;
+}
+
+// fp16: enabled and DeepSpeed's dynamic loss scaler (its keys, checked as DeepSpeed's
+// DynamicLossScaler needs them).
+void read_fp16(const Reader& r, const json& obj, DeepSpeedConfig& cfg) {
+  r.check_keys(obj, "fp16", kFp16, kFp16Ignored, cfg.ignored);
+  cfg.fp16 = r.boolean(obj, "enabled", "fp16.").value_or(false);
+  const auto number = [&](const char* key) -> c10::optional<double> {
+    if (!obj.contains(key) || obj[key].is_null() || r.is_auto(obj[key])) return c10::nullopt;
+    return r.number(obj[key], std::string("fp16.") + key);
+  };
+  if (auto v = number("loss_scale")) {
+    if (*v < 0) r.fail("fp16.loss_scale", "must be >= 0 (0: dynamic loss scaling)");
+    cfg.loss_scale = *v;
+  }
+  cfg.initial_scale_power = r.positive_int(obj, "initial_scale_power", "fp16.", 0);
+  // 2^127 is the largest power of two a float32 loss can be multiplied by.
+  if (cfg.initial_scale_power && *cfg.initial_scale_power > 127) {
+    r.fail("fp16.initial_scale_power",
+           "is " + std::to_string(*cfg.initial_scale_power) +
+               "; the scale 2^power must stay within float32's range: use at most 127 (DeepSpeed's "
+               "default is 16)");
+  }
+  cfg.loss_scale_window = r.positive_int(obj, "loss_scale_window", "fp16.", 1);
+  cfg.hysteresis = r.positive_int(obj, "hysteresis", "fp16.", 1);
+  cfg.consecutive_hysteresis = r.boolean(obj, "consecutive_hysteresis", "fp16.");
+  if (auto v = number("min_loss_scale")) {
+    if (!(*v > 0)) r.fail("fp16.min_loss_scale", "must be > 0 (DeepSpeed's default is 1)");
+    cfg.min_loss_scale = *v;
+  }
 }
 
 void read_typed(const Reader& r, const json& obj, const std::string& path,
@@ -320,12 +357,11 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& text, const std::strin
   cfg.train_micro_batch_size_per_gpu =
       r.positive_int(root, "train_micro_batch_size_per_gpu", "", 1);
   cfg.gradient_accumulation_steps = r.positive_int(root, "gradient_accumulation_steps", "", 1);
-  for (const char* k : {"bf16", "fp16"}) {
-    if (!root.contains(k)) continue;
-    r.check_keys(root[k], k, kFp, kFpIgnored, cfg.ignored);
-    const bool on = r.boolean(root[k], "enabled", std::string(k) + ".").value_or(false);
-    (std::string(k) == "bf16" ? cfg.bf16 : cfg.fp16) = on;
+  if (root.contains("bf16")) {
+    r.check_keys(root["bf16"], "bf16", kBf16, kBf16Ignored, cfg.ignored);
+    cfg.bf16 = r.boolean(root["bf16"], "enabled", "bf16.").value_or(false);
   }
+  if (root.contains("fp16")) read_fp16(r, root["fp16"], cfg);
   if (cfg.bf16 && cfg.fp16) r.fail("fp16", "and bf16 are both enabled; enable one");
   if (root.contains("gradient_clipping") && !r.is_auto(root["gradient_clipping"])) {
     const double c = r.number(root["gradient_clipping"], "gradient_clipping");

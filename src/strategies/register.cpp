@@ -111,6 +111,17 @@ void register_strategies(Registry& r) {
                  "a parameter the forward did not use counts as a zero gradient (false: error)")
             .add("master_weights", o.master_weights(),
                  "bf16 with ZeRO: fp32 master weights of each rank's chunks (BF16Optimizer)")
+            .add("loss_scale", o.loss_scale(), "16-mixed: a static loss scale (0: dynamic)")
+            .add("initial_scale_power", o.initial_scale_power(),
+                 "16-mixed: the dynamic scale starts at 2^power")
+            .add("loss_scale_window", o.loss_scale_window(),
+                 "16-mixed: finite steps before the scale doubles")
+            .add("hysteresis", o.hysteresis(),
+                 "16-mixed: inf/NaN steps before the scale halves (earlier ones only skip)")
+            .add("consecutive_hysteresis", o.consecutive_hysteresis(),
+                 "16-mixed: the hysteresis counts consecutive inf/NaN steps")
+            .add("min_loss_scale", o.min_loss_scale(),
+                 "16-mixed: floor of the scale; an inf/NaN step at the floor stops the run")
             .add("config", o.config(), "DeepSpeed JSON: a file path or inline JSON ('{...}')")
             .add("parallel_devices", o.parallel_devices(), "processes per node (0: devices)")
             .add("timeout_s", o.timeout_s(), "bound on rendezvous and every collective (seconds)")
@@ -153,6 +164,12 @@ void register_strategies(Registry& r) {
                   .prefetch_bucket_size(a.get<int64_t>("prefetch_bucket_size"))
                   .zero_allow_untested_optimizer(a.get<bool>("zero_allow_untested_optimizer"))
                   .master_weights(a.get<bool>("master_weights"))
+                  .loss_scale(a.get<double>("loss_scale"))
+                  .initial_scale_power(a.get<int64_t>("initial_scale_power"))
+                  .loss_scale_window(a.get<int64_t>("loss_scale_window"))
+                  .hysteresis(a.get<int64_t>("hysteresis"))
+                  .consecutive_hysteresis(a.get<bool>("consecutive_hysteresis"))
+                  .min_loss_scale(a.get<double>("min_loss_scale"))
                   .ignore_unused_parameters(a.get<bool>("ignore_unused_parameters"))
                   .config(a.get<std::string>("config"))
                   .parallel_devices(a.get<int64_t>("parallel_devices"))

@@ -36,16 +36,31 @@ TEST(OptionsPrinting, StrategiesPrintEveryField) {
               .tp_size(2)
               .plan({{"qkv_*", volt::TpStyle::kColwiseQkv}})
               .injection_policy({{"Block", {"attn.o", "mlp.fc2"}}})));
-  expect_has_all(
-      ds, {"DeepSpeedStrategyOptions(zero_optimization=1", "stage=3", "offload_optimizer=0",
-           "offload_optimizer_device=\"cpu\"", "nvme_path=\"/x\"",
-           "sub_group_size=", "aio_use_uring=1", "overlap_comm=1",
-           "prefetch_bucket_size=", "master_weights=1", "ignore_unused_parameters=1", "config=\"\"",
-           "tensor_parallel=TensorParallelOptions(tp_size=2, "
-           "plan=[\"qkv_*=colwise_qkv\"], injection_policy=[\"Block\": "
-           "[\"attn.o\", \"mlp.fc2\"]], num_heads=0)",
-           "dtype=\"float32\"", "replace_with_kernel_inject=0", "enable_cuda_graph=0",
-           "replace_method=\"auto\")"});
+  expect_has_all(ds, {"DeepSpeedStrategyOptions(zero_optimization=1",
+                      "stage=3",
+                      "offload_optimizer=0",
+                      "offload_optimizer_device=\"cpu\"",
+                      "nvme_path=\"/x\"",
+                      "sub_group_size=",
+                      "aio_use_uring=1",
+                      "overlap_comm=1",
+                      "prefetch_bucket_size=",
+                      "master_weights=1",
+                      "ignore_unused_parameters=1",
+                      "loss_scale=0",
+                      "initial_scale_power=16",
+                      "loss_scale_window=1000",
+                      "hysteresis=2",
+                      "consecutive_hysteresis=0",
+                      "min_loss_scale=1",
+                      "config=\"\"",
+                      "tensor_parallel=TensorParallelOptions(tp_size=2, "
+                      "plan=[\"qkv_*=colwise_qkv\"], injection_policy=[\"Block\": "
+                      "[\"attn.o\", \"mlp.fc2\"]], num_heads=0)",
+                      "dtype=\"float32\"",
+                      "replace_with_kernel_inject=0",
+                      "enable_cuda_graph=0",
+                      "replace_method=\"auto\")"});
 }
 
 TEST(OptionsPrinting, LogOptionsPrintEveryField) {
@@ -110,6 +125,10 @@ TEST(OptionsPrinting, DistributedAndFp8BuildingBlocksPrintEveryField) {
        "interface=\"veth0\")"});
   expect_has_all(text(volt::Fp8ConvertOptions().skip({"head"})),
                  {"Fp8ConvertOptions(recipe=DelayedScalingOptions(margin=0", "skip=[\"head\"])"});
+  expect_has_all(text(volt::GradScalerOptions().hysteresis(2).min_scale(1)),
+                 {"GradScalerOptions(init_scale=65536", "growth_factor=2", "backoff_factor=0.5",
+                  "growth_interval=2000", "dynamic=1", "hysteresis=2", "consecutive_hysteresis=0",
+                  "min_scale=1", "error_at_min_scale=0)"});
   expect_has_all(
       text(volt::Fp8PrecisionOptions().inference(true).quant_config("q.json")),
       {"Fp8PrecisionOptions(replace_layers=1", "recipe=DelayedScalingOptions(", "skip=[]",

@@ -1,10 +1,14 @@
-// GradScaler: scale, unscale, skip on inf/NaN, growth and backoff, state round trip.
+// GradScaler: scale, unscale, skip on inf/NaN, growth and backoff, state round trip; DeepSpeed's
+// mode (hysteresis, floor, static scale) against tools/deepspeed_loss_scale_reference.py.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <volt/volt.h>
 
+#include <functional>
 #include <limits>
+#include <sstream>
+#include <string>
 
 namespace {
 
@@ -116,9 +120,137 @@ TEST(GradScaler, StateRoundTripsThroughAnArchive) {
   EXPECT_THROW(b.load_state(empty), volt::CheckpointError);
 }
 
+// DeepSpeed's DynamicLossScaler: the scales after each step of an overflow (O) / finite (G)
+// pattern, printed by tools/deepspeed_loss_scale_reference.py.
+TEST(GradScaler, HysteresisAndTheFloorFollowDeepSpeedsDynamicLossScaler) {
+  struct Case {
+    const char* name;
+    double init;
+    int64_t window, hysteresis;
+    bool consecutive;
+    std::string pattern;
+    std::vector<double> scales;  // after each step; fewer than the pattern: the next one throws
+  };
+  const double inf = std::numeric_limits<float>::infinity();
+  for (const Case& c : {Case{"hysteresis",
+                             16,
+                             3,
+                             2,
+                             false,
+                             "OOGGGOGOOGGGOGO",
+                             {16, 8, 8, 8, 16, 16, 16, 8, 4, 4, 4, 8, 8, 8, 4}},
+                        Case{"consecutive",
+                             16,
+                             3,
+                             2,
+                             true,
+                             "OOGGGOGOOGGGOGO",
+                             {16, 8, 8, 8, 16, 16, 16, 16, 8, 8, 8, 16, 16, 16, 16}},
+                        Case{"floor", 4, 4, 1, false, "OOGOO", {2, 1, 1}}}) {
+    volt::GradScaler s(volt::GradScalerOptions()
+                           .init_scale(c.init)
+                           .growth_interval(c.window)
+                           .hysteresis(c.hysteresis)
+                           .consecutive_hysteresis(c.consecutive)
+                           .min_scale(1)
+                           .error_at_min_scale(true));
+    OneParam t;
+    for (size_t i = 0; i < c.pattern.size(); ++i) {
+      const bool overflow = c.pattern[i] == 'O';
+      t.grads({1, overflow ? static_cast<float>(inf) : 1.f, 1});
+      if (i == c.scales.size()) {
+        const auto before = t.w.detach().clone();
+        try {
+          s.step(t.opt);
+          FAIL() << c.name << ": no error at the floor";
+        } catch (const volt::ValueError& e) {
+          EXPECT_NE(std::string(e.what()).find("at its floor (min_scale=1"), std::string::npos)
+              << e.what();
+        }
+        EXPECT_TRUE(torch::equal(t.w.detach(), before)) << c.name;
+        break;
+      }
+      EXPECT_EQ(s.step(t.opt), !overflow) << c.name << " step " << i;
+      EXPECT_DOUBLE_EQ(s.current_scale(), c.scales[i]) << c.name << " step " << i;
+    }
+  }
+  // Without error_at_min_scale the floor holds and the steps are skipped.
+  volt::GradScaler floor(volt::GradScalerOptions().init_scale(2).min_scale(1));
+  OneParam t;
+  for (int i = 0; i < 3; ++i) {
+    t.grads({static_cast<float>(inf), 1, 1});
+    EXPECT_FALSE(floor.step(t.opt));
+  }
+  EXPECT_DOUBLE_EQ(floor.current_scale(), 1.0);
+  EXPECT_EQ(floor.skipped_steps(), 3);
+}
+
+TEST(GradScaler, AStaticScaleNeverMovesButStillSkipsInfSteps) {
+  volt::GradScaler s(volt::GradScalerOptions().init_scale(128).dynamic(false).growth_interval(1));
+  OneParam t;
+  for (const char c : std::string("GOGGO")) {
+    t.grads({128, c == 'O' ? std::numeric_limits<float>::infinity() : 128.f, 128});
+    EXPECT_EQ(s.step(t.opt), c == 'G');
+    EXPECT_DOUBLE_EQ(s.current_scale(), 128.0);
+  }
+  EXPECT_EQ(s.skipped_steps(), 2);
+  EXPECT_TRUE(torch::allclose(t.w.detach(), torch::full({3}, -0.5f)));  // 3 steps of lr 0.5
+}
+
+TEST(GradScaler, PendingHysteresisIsCheckpointed) {
+  const auto opts = volt::GradScalerOptions().init_scale(64).hysteresis(3);
+  volt::GradScaler a(opts);
+  OneParam t;
+  t.grads({std::numeric_limits<float>::infinity(), 1, 1});
+  a.step(t.opt);
+  EXPECT_EQ(a.hysteresis_left(), 2);
+  EXPECT_DOUBLE_EQ(a.current_scale(), 64.0);
+  const auto saved = [&](const std::function<void(torch::serialize::OutputArchive&)>& write) {
+    torch::serialize::OutputArchive out;
+    write(out);
+    auto buf = std::make_shared<std::stringstream>();
+    out.save_to(*buf);
+    return buf;
+  };
+  const auto load = [](volt::GradScaler& s, std::stringstream& buf) {
+    torch::serialize::InputArchive in;
+    in.load_from(buf);
+    s.load_state(in);
+  };
+  auto buf = saved([&](auto& out) { a.save_state(out); });
+  volt::GradScaler b(opts);
+  load(b, *buf);
+  EXPECT_EQ(b.hysteresis_left(), 2);
+  // Two more overflows: the first spends the hysteresis, the second backs off.
+  for (double expect : {64.0, 32.0}) {
+    t.grads({std::numeric_limits<float>::infinity(), 1, 1});
+    b.step(t.opt);
+    EXPECT_DOUBLE_EQ(b.current_scale(), expect);
+  }
+  // A checkpoint from before hysteresis existed has none pending.
+  auto old = saved([](auto& out) {
+    out.write("scale", torch::tensor(8.0, torch::kFloat64));
+    out.write("growth_tracker", torch::tensor(int64_t{0}));
+    out.write("skipped_steps", torch::tensor(int64_t{0}));
+  });
+  volt::GradScaler c(opts);
+  load(c, *old);
+  EXPECT_EQ(c.hysteresis_left(), 3);
+  // More pending than these settings allow: resumed with other settings.
+  buf->seekg(0);
+  volt::GradScaler d(volt::GradScalerOptions().hysteresis(1));
+  EXPECT_THROW(load(d, *buf), volt::CheckpointError);
+}
+
 TEST(GradScaler, BadOptionsAreConfigErrors) {
   EXPECT_THROW(volt::GradScaler(volt::GradScalerOptions().init_scale(0)), volt::ConfigError);
   EXPECT_THROW(volt::GradScaler(volt::GradScalerOptions().growth_factor(1.0)), volt::ConfigError);
   EXPECT_THROW(volt::GradScaler(volt::GradScalerOptions().backoff_factor(1.0)), volt::ConfigError);
   EXPECT_THROW(volt::GradScaler(volt::GradScalerOptions().growth_interval(0)), volt::ConfigError);
+  EXPECT_THROW(volt::GradScaler(volt::GradScalerOptions().hysteresis(0)), volt::ConfigError);
+  EXPECT_THROW(volt::GradScaler(volt::GradScalerOptions().min_scale(-1)), volt::ConfigError);
+  EXPECT_THROW(volt::GradScaler(volt::GradScalerOptions().init_scale(4).min_scale(8)),
+               volt::ConfigError);
+  EXPECT_THROW(volt::GradScaler(volt::GradScalerOptions().error_at_min_scale(true)),
+               volt::ConfigError);
 }

@@ -69,11 +69,44 @@ TEST(DeepSpeedConfig, KnownButUnsupportedKeysAreListedAsIgnored) {
   const auto c = volt::parse_deepspeed_config(
       R"({"steps_per_print": 10, "wall_clock_breakdown": false,
           "zero_optimization": {"stage": 1, "round_robin_gradients": true},
-          "fp16": {"enabled": false, "loss_scale": 0}})",
+          "fp16": {"enabled": false, "auto_cast": false}, "bf16": {"loss_scale": 0}})",
       "x.json");
-  EXPECT_EQ(c.ignored,
-            (std::vector<std::string>{"steps_per_print", "wall_clock_breakdown", "fp16.loss_scale",
-                                      "zero_optimization.round_robin_gradients"}));
+  EXPECT_EQ(c.ignored, (std::vector<std::string>{"steps_per_print", "wall_clock_breakdown",
+                                                 "bf16.loss_scale", "fp16.auto_cast",
+                                                 "zero_optimization.round_robin_gradients"}));
+}
+
+TEST(DeepSpeedConfig, Fp16LossScalingKeysAreReadAndChecked) {
+  const auto c = volt::parse_deepspeed_config(
+      R"({"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+                   "loss_scale_window": 500, "hysteresis": 4, "consecutive_hysteresis": true,
+                   "min_loss_scale": 0.25}})",
+      "fp16.json");
+  EXPECT_TRUE(c.fp16);
+  EXPECT_TRUE(c.ignored.empty());
+  EXPECT_EQ(c.loss_scale.value_or(-1), 0.0);
+  EXPECT_EQ(c.initial_scale_power.value_or(-1), 12);
+  EXPECT_EQ(c.loss_scale_window.value_or(-1), 500);
+  EXPECT_EQ(c.hysteresis.value_or(-1), 4);
+  EXPECT_TRUE(c.consecutive_hysteresis.value_or(false));
+  EXPECT_EQ(c.min_loss_scale.value_or(-1), 0.25);
+  // Absent keys stay unset (DeepSpeed's defaults apply in the strategy).
+  const auto d = volt::parse_deepspeed_config(R"({"fp16": {"enabled": true}})", "d.json");
+  EXPECT_FALSE(d.loss_scale || d.initial_scale_power || d.loss_scale_window || d.hysteresis ||
+               d.consecutive_hysteresis || d.min_loss_scale);
+  auto has = [](const std::string& json, const std::string& phrase) {
+    const std::string e = error_of(json);
+    EXPECT_NE(e.find(phrase), std::string::npos) << json << " gave: " << e;
+  };
+  has(R"({"fp16": {"loss_scale": -1}})", "\"fp16.loss_scale\" must be >= 0");
+  has(R"({"fp16": {"loss_scale": "big"}})", "\"fp16.loss_scale\" must be a number");
+  has(R"({"fp16": {"initial_scale_power": 128}})", "use at most 127");
+  has(R"({"fp16": {"initial_scale_power": -1}})", "initial_scale_power\" must be >= 0");
+  has(R"({"fp16": {"loss_scale_window": 0}})", "loss_scale_window\" must be >= 1");
+  has(R"({"fp16": {"hysteresis": 0}})", "fp16.hysteresis\" must be >= 1");
+  has(R"({"fp16": {"consecutive_hysteresis": 1}})", "must be true or false");
+  has(R"({"fp16": {"min_loss_scale": 0}})", "\"fp16.min_loss_scale\" must be > 0");
+  has(R"({"fp16": {"min_los_scale": 1}})", "did you mean \"min_loss_scale\"");
 }
 
 TEST(DeepSpeedConfig, IgnoreUnusedParametersIsReadNotIgnored) {

@@ -752,6 +752,82 @@ TEST(DeepSpeed, RegisteredNamesBuildTheirStages) {
   }
 }
 
+// Precision "16-mixed" under DeepSpeedStrategy gets DeepSpeed's loss scaler (Lightning's
+// DeepSpeedStrategy arguments, or the JSON's fp16 section with DeepSpeed's defaults for what it
+// leaves out); other precisions keep their own scaler settings.
+TEST(DeepSpeed, SixteenBitMixedGetsDeepSpeedsLossScaler) {
+  VOLT_REQUIRE_GLOO();
+  using O = volt::DeepSpeedStrategyOptions;
+  auto accel = std::make_shared<volt::CpuAccelerator>();
+  auto scaler_of = [&](const O& o, const std::string& precision = "16-mixed") {
+    auto p = volt::registry().precisions.create(precision);
+    volt::DeepSpeedStrategy s(o, accel, p, 2);
+    auto mixed = std::dynamic_pointer_cast<volt::MixedPrecision>(p);
+    EXPECT_NE(mixed, nullptr);
+    EXPECT_NE(mixed->scaler(), nullptr);
+    return mixed->scaler()->options();
+  };
+  // The defaults: DeepSpeed's (2^16, window 1000, hysteresis 2, floor 1 that stops the run).
+  auto d = scaler_of(O());
+  EXPECT_TRUE(d.dynamic());
+  EXPECT_DOUBLE_EQ(d.init_scale(), 65536.0);
+  EXPECT_DOUBLE_EQ(d.growth_factor(), 2.0);
+  EXPECT_DOUBLE_EQ(d.backoff_factor(), 0.5);
+  EXPECT_EQ(d.growth_interval(), 1000);
+  EXPECT_EQ(d.hysteresis(), 2);
+  EXPECT_FALSE(d.consecutive_hysteresis());
+  EXPECT_DOUBLE_EQ(d.min_scale(), 1.0);
+  EXPECT_TRUE(d.error_at_min_scale());
+  // The options (the registered name's parameters are the same, checked below).
+  auto o = scaler_of(O().initial_scale_power(10)
+                         .loss_scale_window(50)
+                         .hysteresis(3)
+                         .min_loss_scale(4)
+                         .consecutive_hysteresis(true));
+  EXPECT_DOUBLE_EQ(o.init_scale(), 1024.0);
+  EXPECT_EQ(o.growth_interval(), 50);
+  EXPECT_EQ(o.hysteresis(), 3);
+  EXPECT_TRUE(o.consecutive_hysteresis());
+  EXPECT_DOUBLE_EQ(o.min_scale(), 4.0);
+  // A static scale: never moves, inf/NaN steps still skipped.
+  auto st = scaler_of(O().loss_scale(128));
+  EXPECT_FALSE(st.dynamic());
+  EXPECT_DOUBLE_EQ(st.init_scale(), 128.0);
+  // The JSON's fp16 section replaces the options, DeepSpeed's defaults filling its gaps.
+  auto j = scaler_of(O().hysteresis(5).initial_scale_power(3).config(
+      R"({"fp16": {"enabled": true, "initial_scale_power": 8, "min_loss_scale": 2}})"));
+  EXPECT_DOUBLE_EQ(j.init_scale(), 256.0);
+  EXPECT_EQ(j.hysteresis(), 2);
+  EXPECT_EQ(j.growth_interval(), 1000);
+  EXPECT_DOUBLE_EQ(j.min_scale(), 2.0);
+  // A JSON without an fp16 section leaves the options.
+  EXPECT_EQ(
+      scaler_of(O().hysteresis(5).config(R"({"zero_optimization": {"stage": 1}})")).hysteresis(),
+      5);
+  // Another precision with loss scaling keeps its own settings.
+  auto bf16 = std::make_shared<volt::MixedPrecision>(
+      volt::MixedPrecisionOptions().dtype("bf16").loss_scaling(true).scaler(
+          volt::GradScalerOptions().init_scale(8)));
+  volt::DeepSpeedStrategy keeps(O(), accel, bf16, 2);
+  EXPECT_DOUBLE_EQ(bf16->scaler()->options().init_scale(), 8.0);
+  EXPECT_EQ(bf16->scaler()->options().hysteresis(), 1);
+  // The registered names take them as parameters.
+  auto& reg = volt::registry();
+  auto p = reg.precisions.create("16-mixed");
+  volt::StrategyContext ctx{accel, p, 2, 1};
+  reg.strategies.create("deepspeed", volt::Args("deepspeed", {{"hysteresis", int64_t{7}}}), ctx);
+  EXPECT_EQ(std::dynamic_pointer_cast<volt::MixedPrecision>(p)->scaler()->options().hysteresis(),
+            7);
+  // Out of range: ConfigErrors in DeepSpeed's words.
+  using volt_test::expect_deepspeed_error;
+  expect_deepspeed_error<volt::ConfigError>(O().initial_scale_power(128), "must be in [0, 127]");
+  expect_deepspeed_error<volt::ConfigError>(O().hysteresis(0), "must be >= 1");
+  expect_deepspeed_error<volt::ConfigError>(O().loss_scale(-2), "loss_scale=-2 must be >= 0");
+  expect_deepspeed_error<volt::ConfigError>(O().min_loss_scale(0), "min_loss_scale=0 must be > 0");
+  expect_deepspeed_error<volt::ConfigError>(O().initial_scale_power(2).min_loss_scale(8),
+                                            "at most the initial scale 2^2 = 4");
+}
+
 TEST(DeepSpeed, LossScalingWithNvmeAndUntestedOptimizersAreRefusedAtSetUp) {
   VOLT_REQUIRE_GLOO();
   auto accel = std::make_shared<volt::CpuAccelerator>();

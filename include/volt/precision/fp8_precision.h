@@ -66,6 +66,7 @@ class Fp8Precision : public Precision {
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
   bool scales_loss() const override { return mixed_.scales_loss(); }
   void agree_on_found_inf(const std::function<bool(bool)>& any_rank) override;
+  void configure_loss_scaler(const GradScalerOptions& options) override;
   void save_state(torch::serialize::OutputArchive& archive) const override;
   void load_state(torch::serialize::InputArchive& archive) override;
   /// The amax histories and gradient amax of the model's fp8 layers (training), so that every

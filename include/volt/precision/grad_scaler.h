@@ -20,6 +20,24 @@ struct GradScalerOptions {
   TORCH_ARG(double, backoff_factor) = 0.5;
   /// Consecutive finite steps before the scale grows. Default: 2000.
   TORCH_ARG(int64_t, growth_interval) = 2000;
+  /// false: a static scale (init_scale throughout); steps with inf/NaN gradients are still
+  /// skipped, as DeepSpeed's ZeRO does with a fixed `loss_scale`. Default: true.
+  TORCH_ARG(bool, dynamic) = true;
+  /// DeepSpeed's `hysteresis` (delayed shift): how many steps with inf/NaN gradients it takes to
+  /// back the scale off; the ones before only skip. 1 backs off at every one, as torch's
+  /// GradScaler. Default: 1.
+  TORCH_ARG(int64_t, hysteresis) = 1;
+  /// DeepSpeed's `consecutive_hysteresis`: true refills the hysteresis after every finite step,
+  /// so it counts consecutive inf/NaN steps; false refills it only when the scale grows.
+  /// Default: false.
+  TORCH_ARG(bool, consecutive_hysteresis) = false;
+  /// Floor of the scale (DeepSpeed's `min_loss_scale`); 0: none, as torch's GradScaler.
+  /// Default: 0.
+  TORCH_ARG(double, min_scale) = 0.0;
+  /// At the floor, a step whose gradients still hold inf/NaN stops the run with a ValueError
+  /// instead of skipping (DeepSpeed raises there: the run is diverging). Needs min_scale > 0.
+  /// Default: false.
+  TORCH_ARG(bool, error_at_min_scale) = false;
 };
 std::ostream& operator<<(std::ostream& os, const GradScalerOptions& o);
 
@@ -48,6 +66,9 @@ class GradScaler {
 
   double current_scale() const { return scale_; }
   int64_t growth_tracker() const { return growth_tracker_; }
+  /// Steps with inf/NaN gradients still allowed before the scale backs off (options'
+  /// hysteresis when none is pending).
+  int64_t hysteresis_left() const { return hysteresis_left_; }
   /// Steps skipped for inf/NaN gradients since construction (or the checkpoint's value).
   int64_t skipped_steps() const { return skipped_; }
 
@@ -58,6 +79,7 @@ class GradScaler {
   GradScalerOptions options_;
   double scale_;
   int64_t growth_tracker_ = 0;
+  int64_t hysteresis_left_;
   int64_t skipped_ = 0;
   bool unscaled_ = false;
   bool found_inf_ = false;

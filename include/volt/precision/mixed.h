@@ -70,6 +70,7 @@ class MixedPrecision : public Precision {
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
   bool scales_loss() const override { return scaler_ != nullptr; }
   void agree_on_found_inf(const std::function<bool(bool)>& any_rank) override;
+  void configure_loss_scaler(const GradScalerOptions& options) override;
   void save_state(torch::serialize::OutputArchive& archive) const override;
   void load_state(torch::serialize::InputArchive& archive) override;
 

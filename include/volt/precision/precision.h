@@ -15,6 +15,8 @@
 
 namespace volt {
 
+struct GradScalerOptions;
+
 /// Base class of all precision modes. The default implementation is plain fp32 ("32-true");
 /// mixed modes override forward_context (autocast), backward (loss scaling) and
 /// optimizer_step (unscale, skip on inf). Precision never talks to process groups.
@@ -59,6 +61,10 @@ class Precision {
   /// inf/NaN; the precision takes that as its own finding, so that every rank skips the step or
   /// none does. Called once per step on every rank. Without loss scaling it calls nothing.
   virtual void agree_on_found_inf(const std::function<bool(bool)>& any_rank) {}
+  /// Replaces the loss scaler's settings before the run (a strategy with its own loss-scaling
+  /// configuration, such as DeepSpeed's fp16 section, calls it at construction). Without loss
+  /// scaling it does nothing.
+  virtual void configure_loss_scaler(const GradScalerOptions& options) {}
   virtual void save_state(torch::serialize::OutputArchive& archive) const {}
   virtual void load_state(torch::serialize::InputArchive& archive) {}
   /// State every data-parallel rank must hold alike although each computes it from its own

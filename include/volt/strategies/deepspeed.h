@@ -94,6 +94,25 @@ struct DeepSpeedStrategyOptions {
   /// with a ValueError naming it. JSON: zero_optimization.ignore_unused_parameters.
   /// Default: true.
   TORCH_ARG(bool, ignore_unused_parameters) = true;
+  // DeepSpeed's fp16 loss scaling (Lightning's DeepSpeedStrategy arguments, DeepSpeed's
+  // defaults): with precision "16-mixed" the strategy sets the precision's loss scaler from
+  // these. A JSON config with an "fp16" section replaces them all (DeepSpeed's defaults for the
+  // keys it leaves out), as Lightning passes them only when the JSON has none.
+  /// A static loss scale; 0: dynamic. Default: 0.
+  TORCH_ARG(double, loss_scale) = 0.0;
+  /// The dynamic scale starts at 2^initial_scale_power. Default: 16.
+  TORCH_ARG(int64_t, initial_scale_power) = 16;
+  /// Steps with finite gradients before the dynamic scale doubles. Default: 1000.
+  TORCH_ARG(int64_t, loss_scale_window) = 1000;
+  /// Steps with inf/NaN gradients before the scale halves; the ones before only skip.
+  /// Default: 2.
+  TORCH_ARG(int64_t, hysteresis) = 2;
+  /// true: the hysteresis counts consecutive inf/NaN steps (refilled after every finite one);
+  /// false: refilled only when the scale grows. Default: false.
+  TORCH_ARG(bool, consecutive_hysteresis) = false;
+  /// Floor of the dynamic scale; an inf/NaN step at the floor stops the run with a ValueError,
+  /// as DeepSpeed raises there. Default: 1.
+  TORCH_ARG(double, min_loss_scale) = 1.0;
   /// A DeepSpeed JSON config: a file path, or inline JSON starting with '{'. When set it is the
   /// whole configuration, as in DeepSpeed: its zero_optimization (absent: no ZeRO), buckets,
   /// offload, gradient_clipping, batch sizes, optimizer and scheduler replace the options above.
@@ -199,6 +218,7 @@ class DeepSpeedStrategy : public DdpStrategy {
  private:
   ZeroEngine& engine_for(const torch::optim::Optimizer& optimizer) const;
   void apply_config();
+  void configure_loss_scaling();
   /// Stage 3 scopes of every engine (gathering allowed while they live).
   std::vector<std::unique_ptr<ZeroEngine::Scope>> scopes();
   // NVMe parameter offload: every engine's chunks in memory while the guards live.

@@ -26,6 +26,13 @@ struct DeepSpeedConfig {
   /// bf16.enabled, fp16.enabled.
   bool bf16 = false;
   bool fp16 = false;
+  /// fp16's loss-scaling keys (absent: nullopt; DeepSpeed's defaults apply when fp16 is on).
+  c10::optional<double> loss_scale;
+  c10::optional<int64_t> initial_scale_power;
+  c10::optional<int64_t> loss_scale_window;
+  c10::optional<int64_t> hysteresis;
+  c10::optional<bool> consecutive_hysteresis;
+  c10::optional<double> min_loss_scale;
   /// Gradient-norm clipping; absent or 0: none.
   c10::optional<double> gradient_clipping;
   c10::optional<bool> zero_allow_untested_optimizer;
