@@ -1,10 +1,11 @@
 // DdpStrategy on this machine's CPUs (issue #9): weak scaling, the bucket size and
 // gradient_as_bucket_view sweep, and how much of the gradient all-reduce hides behind backward;
 // and DeepSpeedStrategy's ZeRO stages against DDP at the same world size (issue #12): step time,
-// peak RSS and the exact per-rank bytes of parameters, gradients and Adam state.
+// peak RSS and the exact per-rank bytes of parameters, gradients and Adam state; and the stages at
+// one rank against the single-device fit (`zero_alone`).
 //
 //   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
-//                  [--only weak|sweep|overlap|static|zero|offload|zero_overlap|master|
+//                  [--only weak|sweep|overlap|static|zero|zero_alone|offload|zero_overlap|master|
 //                          host_memory|collectives]
 //                  [--nvme DIR]
 //
@@ -284,8 +285,9 @@ int worker(std::map<std::string, std::string>& a) {
   volt::Trainer trainer(volt::TrainerOptions()
                             .accelerator(accelerator)
                             .precision(precision)
-                            .strategy(devices == 1 ? volt::Spec<volt::Strategy>("single_device")
-                                                   : volt::Spec<volt::Strategy>(strategy))
+                            .strategy(devices == 1 && zero == 0
+                                          ? volt::Spec<volt::Strategy>("single_device")
+                                          : volt::Spec<volt::Strategy>(strategy))
                             .devices(devices)
                             .num_threads(1)
                             .reuse_host_memory(num("--reuse-host-memory", 1) != 0)
@@ -563,6 +565,27 @@ int main(int argc, char** argv) {
         }
         std::printf("\n");
       }
+    }
+    // 4b. ZeRO at one rank (a DeepSpeed config run in one process, or ZeRO-Infinity on one
+    // machine): the partitions are whole, so the stages can only cost time against the
+    // single-device fit. Rounds interleaved.
+    if (wanted("zero_alone")) {
+      std::printf("ZeRO at 1 rank vs the single-device fit, Adam\n");
+      std::printf("  strategy       ms/step  vs single device\n");
+      std::map<std::string, std::vector<double>> t;
+      for (int r = 0; r < rounds; ++r) {
+        for (const char* stage : {"0", "1", "2", "3"}) {
+          t[stage].push_back(
+              job(bin, std::string("--adam 1 --devices 1 --zero ") + stage + common.str()).step_ms);
+        }
+      }
+      const double single = median(t["0"]);
+      for (const char* stage : {"0", "1", "2", "3"}) {
+        std::printf("  %-13s  %7.2f  %6.2fx\n",
+                    stage[0] == '0' ? "single device" : (std::string("stage ") + stage).c_str(),
+                    median(t[stage]), median(t[stage]) / single);
+      }
+      std::printf("\n");
     }
     // 5. ZeRO-Infinity: stage 3 at 2 ranks, the Adam state in memory, "cpu" or NVMe files.
     if (wanted("offload")) {

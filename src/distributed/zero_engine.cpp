@@ -888,6 +888,13 @@ void ZeroEngine::launch_bucket(size_t b) {
   c10::impl::ExcludeDispatchKeyGuard no_intercept(kGatherKey);  // gradients are never partitioned
   const int64_t world = group_->world_size();
   const auto [first, last] = buckets_[b];
+  const bool overlapped = options_.overlap_comm() && armed_;
+  ++stats_.reductions;
+  if (overlapped) ++stats_.overlapped;
+  if (world == 1) {
+    reduce_alone(first, last);
+    return;
+  }
   int64_t width = 0;
   for (size_t i = first; i < last; ++i) width += chunks_[i].chunk;
   // Rank-major: row j holds chunk j of every gradient in the bucket, so a reduce-scatter leaves
@@ -910,13 +917,33 @@ void ZeroEngine::launch_bucket(size_t b) {
     if (options_.stage() >= 2) c.parameter.mutable_grad().reset();
     off += c.chunk;
   }
-  const bool overlapped = options_.overlap_comm() && armed_;
   comm_->reductions.push_back({b, detail::start_reduce_scatter(group_, buffer, Reduce::kSum)});
-  ++stats_.reductions;
-  if (overlapped) ++stats_.overlapped;
   // Double buffering: at most two reductions in flight while backward goes on.
   const size_t in_flight = overlapped ? 2 : 0;
   while (comm_->reductions.size() > in_flight) complete_bucket();
+}
+
+// One rank: the sum over the group is the gradient itself, so each chunk (the whole parameter)
+// takes it where complete_bucket would put the reduced piece, without the bucket, the collective
+// and the copies around them. Bit for bit the same: a sum of one addend and a division by 1 are
+// exact, and the only other difference, adding a zero for an unused parameter, is skipped.
+void ZeroEngine::reduce_alone(size_t first, size_t last) {
+  for (size_t i = first; i < last; ++i) {
+    auto& c = chunks_[i];
+    at::Tensor& g = c.parameter.mutable_grad();
+    if (options_.stage() >= 2) {
+      if (g.defined() && c.length > 0) {
+        grad_views_[i].add_(g.reshape({-1}).narrow(0, c.start, c.length));
+      }
+      g.reset();
+    } else if (c.length > 0) {
+      if (!g.defined()) {
+        g = torch::zeros_like(c.parameter);
+      } else if (!g.is_contiguous()) {
+        g = g.contiguous();
+      }
+    }
+  }
 }
 
 void ZeroEngine::complete_bucket() {
@@ -1037,6 +1064,23 @@ void ZeroEngine::all_gather_into_parameters(
   torch::NoGradGuard no_grad;
   const int64_t world = group_->world_size();
   auto skip = [&](const ZeroChunk& c) { return c.partitioned && !partitioned_too; };
+  if (world == 1) {
+    // One rank holds every chunk whole: copy each source into its parameter (rounded to the
+    // parameter's dtype as the wire copy would be), and nothing where the source is the
+    // parameter's own memory (`view` of a parameter that is not partitioned).
+    for (const auto& c : chunks_) {
+      if (skip(c) || c.length == 0) continue;
+      const at::Tensor src = source(c);
+      at::Tensor dst = c.parameter.detach().view({-1}).narrow(0, c.start, c.length);
+      if (src.data_ptr() == dst.data_ptr() && src.scalar_type() == dst.scalar_type()) continue;
+      if (wire.dtype() != src.dtype() && wire.dtype() != dst.dtype()) {
+        dst.copy_(src.to(wire.dtype()));  // the wire's rounding, as the collective path
+      } else {
+        dst.copy_(src);
+      }
+    }
+    return;
+  }
   size_t first = 0;
   while (first < chunks_.size()) {
     size_t last = first;

@@ -321,8 +321,9 @@ int main(int argc, char** argv) {
       strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision,
                                                      num("--devices", 2), num("--nodes", 1));
     }
-    // One process on one node is the reference: plain single-device training.
-    const bool one = num("--devices", 2) == 1 && num("--nodes", 1) == 1;
+    // One process on one node is the reference: plain single-device training (with --zero,
+    // ZeRO in a group of one).
+    const bool one = num("--devices", 2) == 1 && num("--nodes", 1) == 1 && !zero;
     volt::Spec<volt::Strategy> chosen =
         one ? volt::Spec<volt::Strategy>("single_device") : volt::Spec<volt::Strategy>(strategy);
     std::shared_ptr<volt::Profiler> profiler;

@@ -277,6 +277,7 @@ class ZeroEngine {
   void on_gradient(size_t index);
   void launch_bucket(size_t bucket);
   void complete_bucket();
+  void reduce_alone(size_t first, size_t last);
   void finish_backward();
   void record_access(size_t unit);
   // param_swap_file: reads the shard in (true when it was out) / writes it and releases it.
