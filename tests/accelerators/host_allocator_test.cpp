@@ -23,12 +23,13 @@
 #include "volt/core/env.h"
 #include "volt/core/errors.h"
 
+#include "build_paths.h"
 #include "processes.h"
 #include "tiny.h"
 
 namespace {
 
-const std::string kScript = std::string(VOLT_SOURCE_DIR) + "/scripts/with_allocator.sh";
+const std::string kScript = volt_test::source_dir() + "/scripts/with_allocator.sh";
 
 TEST(HostAllocator, NamesTheLibraryThatDefinesMalloc) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -68,7 +69,7 @@ CliRun fit_under(const std::string& allocator, const std::string& dir,
                  std::map<std::string, std::string> env = {}) {
   std::vector<std::string> args{kScript,
                                 allocator,
-                                VOLT_CLI_BINARY,
+                                volt_test::cli_binary(),
                                 "fit",
                                 "--model=MlpClassifier",
                                 "--data=FashionMNIST",

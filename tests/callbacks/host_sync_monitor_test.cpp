@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 
+#include "build_paths.h"
 #include "callbacks/detail/op_placement.h"
 #include "log_capture.h"
 #include "processes.h"
@@ -178,7 +179,7 @@ TEST(HostSyncMonitor, TheEnvironmentVariableAddsOneToEveryTrainer) {
 
 TEST(HostSyncMonitor, ABadEnvironmentValueMakesTheCliExitTwo) {
   volt_test::TempDir dir;
-  volt_test::Process p(VOLT_CLI_BINARY,
+  volt_test::Process p(volt_test::cli_binary(),
                        {"fit", "--model=MlpClassifier", "--data=FashionMNIST",
                         "--trainer.max_steps=1", "--trainer.default_root_dir=" + dir.path},
                        {{HostSyncMonitor::kEnvVar, "on"}});

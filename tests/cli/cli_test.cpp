@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "build_paths.h"
 #include "cli/detail/resolve.h"
 #include "log_capture.h"
 #include "requires.h"
@@ -412,8 +413,8 @@ TEST(Cli, RunFailuresExitWithCodeOneAndBugsNeverEscape) {
 /// Runs the CLI binary with `env` ("NAME=value ...") added to its environment.
 Result run_binary_with(const std::string& env, const std::string& args) {
   volt_test::TempDir dir;
-  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(VOLT_CLI_BINARY) +
-                          " " + args + " >" + (dir / "out") + " 2>" + (dir / "err");
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + volt_test::cli_binary() + " " +
+                          args + " >" + (dir / "out") + " 2>" + (dir / "err");
   const int status = std::system(cmd.c_str());
   EXPECT_TRUE(WIFEXITED(status)) << "killed by a signal: " << cmd;
   return {WEXITSTATUS(status), slurp(dir / "out"), slurp(dir / "err")};
@@ -502,7 +503,7 @@ TEST(CliBinary, EnvListsTheVariablesVoltReadsAndRejectsBadValuesWithExitTwo) {
 
 TEST(CliBinary, FitsFashionMnistFromTheCheckedInConfig) {
   volt_test::TempDir dir;
-  auto r = run_binary("fit --config " VOLT_SOURCE_DIR
+  auto r = run_binary("fit --config " + volt_test::source_dir() +
                       "/configs/fashion_mnist_mlp.yaml"
                       " --trainer.default_root_dir=" +
                       dir.path +
@@ -521,7 +522,7 @@ TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {
   // The launching process becomes rank 0 and starts rank 1 itself (the same command line). Only
   // rank 0 logs and prints; both ranks must agree on the run folder.
   volt_test::TempDir dir;
-  auto r = run_binary("fit --config " VOLT_SOURCE_DIR
+  auto r = run_binary("fit --config " + volt_test::source_dir() +
                       "/configs/fashion_mnist_mlp.yaml"
                       " --trainer.default_root_dir=" +
                       dir.path +
@@ -567,12 +568,12 @@ TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoi
   write(dir / "ds.json",
         R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
             "gradient_clipping": 1.0, "wall_clock_breakdown": false})");
-  const std::string common = "fit --config " VOLT_SOURCE_DIR
-                             "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" +
-                             dir.path +
-                             " --trainer.devices=2 --trainer.max_epochs=1"
-                             " --trainer.limit_train_batches=6 --trainer.limit_val_batches=2"
-                             " --trainer.enable_progress_bar=false";
+  const std::string common =
+      "fit --config " + volt_test::source_dir() +
+      "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" + dir.path +
+      " --trainer.devices=2 --trainer.max_epochs=1"
+      " --trainer.limit_train_batches=6 --trainer.limit_val_batches=2"
+      " --trainer.enable_progress_bar=false";
   auto r =
       run_binary(common + " --trainer.strategy=deepspeed --trainer.strategy.init_args.config=" +
                  (dir / "ds.json"));
@@ -586,18 +587,16 @@ TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoi
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_TRUE(fs::is_regular_file(dir / "full.ckpt"));
   // The consolidated file tests in one process like any checkpoint.
-  auto t = run_binary("test --config " VOLT_SOURCE_DIR
-                      "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" +
-                      dir.path +
+  auto t = run_binary("test --config " + volt_test::source_dir() +
+                      "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" + dir.path +
                       " --trainer.limit_test_batches=2 --trainer.enable_progress_bar=false"
                       " --ckpt_path=" +
                       (dir / "full.ckpt"));
   EXPECT_EQ(t.code, 0) << t.err;
   // The folder itself under ZeRO at the same world size in `test`, where nothing partitions the
   // weights: each rank reads the consolidated state instead of its stage-3 chunks.
-  auto z = run_binary("test --config " VOLT_SOURCE_DIR
-                      "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" +
-                      dir.path +
+  auto z = run_binary("test --config " + volt_test::source_dir() +
+                      "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" + dir.path +
                       " --trainer.devices=2 --trainer.limit_test_batches=2"
                       " --trainer.enable_progress_bar=false --trainer.strategy=deepspeed"
                       " --trainer.strategy.init_args.config=" +
@@ -619,7 +618,7 @@ TEST(CliBinary, PredictsWithTensorParallelFromACheckpointLikeOneProcess) {
   // The kwargs form of the reference from the command line: a trained checkpoint is loaded whole
   // into the split model (gather, load, split again) and 2 ranks predict what one process does.
   volt_test::TempDir dir;
-  const std::string cfg = "--config " VOLT_SOURCE_DIR
+  const std::string cfg = "--config " + volt_test::source_dir() +
                           "/configs/fashion_mnist_mlp.yaml "
                           "--trainer.enable_progress_bar=false --trainer.default_root_dir=";
   auto f = run_binary("fit " + cfg + (dir / "fit") +
@@ -712,7 +711,7 @@ constexpr bool kAddressSpaceCapWorks = true;
 Measured run_binary_capped(const std::vector<std::string>& args, size_t cap_bytes) {
   volt_test::TempDir dir;
   const std::string err_path = dir / "err";
-  std::vector<std::string> all = {VOLT_CLI_BINARY};
+  std::vector<std::string> all = {volt_test::cli_binary()};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());
@@ -754,7 +753,8 @@ TEST(CliBinary, BillionLaughsIsRefusedInAFewMegabytes) {
   write(dir / "bomb.yaml", bomb);
   const size_t kCap = size_t{3} << 30;
   const Measured base = run_binary_capped(
-      {"print-config", "--config", VOLT_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml"}, kCap);
+      {"print-config", "--config", volt_test::source_dir() + "/configs/fashion_mnist_mlp.yaml"},
+      kCap);
   ASSERT_EQ(base.code, 0) << base.err;
   const Measured m = run_binary_capped({"print-config", "--config", dir / "bomb.yaml"}, kCap);
   EXPECT_EQ(m.code, 2) << m.err;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "build_paths.h"
 #include "tiny.h"
 #include "volt/core/errors.h"
 
@@ -133,7 +134,8 @@ TEST(PerfScan, EachSymptomGetsItsAdviceAndAHealthyRunNone) {
 // built without kineto, so the autograd profiler's legacy format: no "cat", pid "CPU functions",
 // PyTorch's record_function names with a '#'), three steps of an MLP reading loss.item() each.
 TEST(PerfScan, ReadsARealPyTorchProfilerTrace) {
-  const std::string path = VOLT_SOURCE_DIR "/tests/cli/data/pytorch_1.13_cpu.pt.trace.json";
+  const std::string path =
+      volt_test::source_dir() + "/tests/cli/data/pytorch_1.13_cpu.pt.trace.json";
   const std::string text = slurp(path);
   ASSERT_FALSE(text.empty()) << path;
   const auto s = volt::detail::scan_trace(text, path);
@@ -252,10 +254,10 @@ TEST(PerfScan, TheCliPrintsTheScanAndRejectsBadInput) {
   };
   std::string text;
   // PyTorch's own trace through the command too.
-  ASSERT_EQ(
-      run({"perf", "--trace", VOLT_SOURCE_DIR "/tests/cli/data/pytorch_1.13_cpu.pt.trace.json"},
-          &text),
-      0)
+  ASSERT_EQ(run({"perf", "--trace",
+                 volt_test::source_dir() + "/tests/cli/data/pytorch_1.13_cpu.pt.trace.json"},
+                &text),
+            0)
       << text;
   EXPECT_NE(text.find("steps: 3"), std::string::npos) << text;
   EXPECT_NE(text.find("1.0 host read(s) per step"), std::string::npos) << text;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include "build_paths.h"
 #include "distributed/detail/net.h"
 #include "processes.h"
 #include "volt/core/errors.h"
@@ -15,7 +16,7 @@ namespace {
 using std::chrono::milliseconds;
 using volt_test::Process;
 
-const std::string kWorker = VOLT_DIST_WORKER;
+const std::string kWorker = volt_test::dist_worker();
 constexpr milliseconds kWait{120000};
 
 std::shared_ptr<volt::ProcessGroup> world_of_one() {

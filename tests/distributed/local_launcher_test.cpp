@@ -9,6 +9,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "build_paths.h"
 #include "processes.h"
 #include "volt/core/errors.h"
 
@@ -18,7 +19,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using volt_test::Process;
 
-const std::string kWorker = VOLT_DIST_WORKER;
+const std::string kWorker = volt_test::dist_worker();
 constexpr milliseconds kWait{60000};
 
 // The worker pids the launcher printed ("launcher: pid P started workers a,b,c").

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 
+#include "build_paths.h"
 #include "distributed/detail/async_collective.h"
 #include "distributed/detail/net.h"
 #include "processes.h"
@@ -23,7 +24,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using volt_test::Process;
 
-const std::string kWorker = VOLT_DIST_WORKER;
+const std::string kWorker = volt_test::dist_worker();
 constexpr milliseconds kWait{60000};  // bound on any worker run in these tests
 
 volt::ClusterEnvironment single(int port) {

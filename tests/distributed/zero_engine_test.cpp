@@ -13,6 +13,7 @@
 
 #include <filesystem>
 
+#include "build_paths.h"
 #include "distributed/detail/net.h"
 #include "io/detail/state_key.h"
 #include "processes.h"
@@ -213,8 +214,9 @@ TEST(ZeroEngine, TwoRanksWriteMasterWeightsIntoBf16ParametersWhenARankOwnsNoneOf
   // tests/support/dist_worker.cpp, run_zero_masters: before the fix, the rank without an
   // element of the last bucket sent bf16 while the other sent fp32.
   const int port = volt::detail::find_free_port();
-  auto ranks = volt_test::start_ranks(VOLT_DIST_WORKER, {"zero-masters", "--devices", "2"}, 2,
-                                      [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+  auto ranks =
+      volt_test::start_ranks(volt_test::dist_worker(), {"zero-masters", "--devices", "2"}, 2,
+                             [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
   for (size_t r = 0; r < ranks.size(); ++r) {
     EXPECT_EQ(ranks[r]->exit_code(std::chrono::milliseconds(120000)), 0) << ranks[r]->output();
     EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) + ": zero masters ok"),

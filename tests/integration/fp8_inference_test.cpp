@@ -10,6 +10,7 @@
 #include <regex>
 #include <sstream>
 
+#include "build_paths.h"
 #include "processes.h"
 #include "tiny.h"
 
@@ -24,7 +25,7 @@ struct Run {
 
 Run volt_cli(const std::vector<std::string>& args,
              const std::map<std::string, std::string>& env = {}) {
-  volt_test::Process p(VOLT_CLI_BINARY, args, env);
+  volt_test::Process p(volt_test::cli_binary(), args, env);
   const int code = p.exit_code(600s);
   return {code, p.output()};
 }
@@ -49,7 +50,7 @@ TEST(Fp8InferenceCli, MeasureThenQuantizeInAnotherProcessKeepsAccuracyWithinOneP
   }
   volt_test::TempDir dir;
   const std::vector<std::string> common = {
-      "--config", VOLT_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml",
+      "--config", volt_test::source_dir() + "/configs/fashion_mnist_mlp.yaml",
       "--trainer.default_root_dir=" + dir.path, "--trainer.enable_progress_bar=false",
       "--trainer.accelerator=cpu"};  // the CPU emulation of fp8 (a CUDA build would pick cuda)
   auto with = [&](const char* cmd, std::vector<std::string> extra) {

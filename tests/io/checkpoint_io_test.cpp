@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "build_paths.h"
 #include "core/detail/temp_files.h"
 #include "envelope.h"
 #include "tiny.h"
@@ -150,7 +151,7 @@ TEST(CheckpointIO, ArchiveLibtorchRefusesWithANonC10ErrorIsACheckpointError) {
   // CheckpointError.
   volt_test::TempDir dir;
   const std::string payload =
-      read_file(std::string(VOLT_SOURCE_DIR) + "/tests/io/data/ckpt_payload_unknown_type.bin");
+      read_file(volt_test::source_dir() + "/tests/io/data/ckpt_payload_unknown_type.bin");
   ASSERT_FALSE(payload.empty());
   write_file(dir / "odd.ckpt", envelope_around(payload));
   const std::string m = error_of(dir / "odd.ckpt");

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "build_paths.h"
 #include "core/detail/input_limits.h"
 #include "volt/core/errors.h"
 
@@ -196,7 +197,7 @@ TEST(InputLimits, EveryCheckedInConfigIsWellWithinTheLimits) {
   tight.max_nodes /= 100;
   tight.max_depth /= 10;
   int files = 0;
-  for (const auto& e : std::filesystem::directory_iterator(VOLT_SOURCE_DIR "/configs")) {
+  for (const auto& e : std::filesystem::directory_iterator(volt_test::source_dir() + "/configs")) {
     if (e.path().extension() != ".yaml") continue;
     std::ifstream in(e.path());
     const std::string text = volt::detail::read_bounded(in, "cli", e.path().string(), tight);

@@ -6,12 +6,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "build_paths.h"
 #include "tiny.h"
 
 namespace {
 
-const std::string kFixture =
-    std::string(VOLT_SOURCE_DIR) + "/tests/io/data/python_written.safetensors";
+const std::string kFixture = volt_test::source_dir() + "/tests/io/data/python_written.safetensors";
 
 void write_raw(const std::string& path, const std::string& header, const std::string& data) {
   std::ofstream f(path, std::ios::binary);
@@ -74,8 +74,8 @@ TEST(Safetensors, ModuleRoundTripAndPythonReadsIt) {
   if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "python3-torch not installed; skipping the Python read-back";
   }
-  const std::string cmd = "/usr/bin/python3 " + std::string(VOLT_SOURCE_DIR) +
-                          "/tools/check_safetensors.py '" + path + "'";
+  const std::string cmd =
+      "/usr/bin/python3 " + volt_test::source_dir() + "/tools/check_safetensors.py '" + path + "'";
   FILE* pipe = popen(cmd.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string out;

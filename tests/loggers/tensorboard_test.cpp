@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "build_paths.h"
 #include "tiny.h"
 
 namespace {
@@ -18,8 +19,8 @@ struct ReadResult {
 };
 
 ReadResult read_events(const std::string& path) {
-  const std::string cmd = "/usr/bin/python3 " + std::string(VOLT_SOURCE_DIR) +
-                          "/tools/read_tfevents.py '" + path + "' 2>&1";
+  const std::string cmd =
+      "/usr/bin/python3 " + volt_test::source_dir() + "/tools/read_tfevents.py '" + path + "' 2>&1";
   ReadResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) return r;

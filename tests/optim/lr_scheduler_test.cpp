@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "build_paths.h"
 #include "tiny.h"
 
 // volt's schedulers against the lr sequences torch.optim.lr_scheduler produces
@@ -24,7 +25,7 @@ constexpr double kTolerance = 1e-12;
 const json& reference() {
   static const json doc = [] {
     const std::string path =
-        std::string(VOLT_SOURCE_DIR) + "/tests/optim/data/lr_scheduler_reference.json";
+        volt_test::source_dir() + "/tests/optim/data/lr_scheduler_reference.json";
     std::ifstream f(path);
     EXPECT_TRUE(f.good()) << "missing " << path << "; run tools/lr_scheduler_reference.py";
     return json::parse(f);

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "build_paths.h"
 #include "processes.h"
 #include "requires.h"
 #include "tiny.h"
@@ -413,8 +414,9 @@ TEST(TorchProfiler, BadOptionsAreConfigErrors) {
 TEST(TorchProfiler, TwoDdpRanksWriteOneTraceEach) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
-  volt_test::Process p(VOLT_DDP_WORKER, {"--root", dir.path, "--out", dir / "ddp", "--devices", "2",
-                                         "--batch", "8", "--epochs", "1", "--profile", "1"});
+  volt_test::Process p(volt_test::ddp_worker(),
+                       {"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--profile", "1"});
   ASSERT_EQ(p.exit_code(std::chrono::seconds(180)), 0) << p.output();
   for (int rank = 0; rank < 2; ++rank) {
     const json trace =
@@ -435,12 +437,12 @@ TEST(TorchProfilerCli, ByNameWithOptionsAndBadOptionsExitTwo) {
   volt_test::TempDir dir;
   auto run = [&](const std::string& args) {
     const std::string cmd =
-        std::string(VOLT_CLI_BINARY) + " " + args + " >" + (dir / "out") + " 2>" + (dir / "err");
+        volt_test::cli_binary() + " " + args + " >" + (dir / "out") + " 2>" + (dir / "err");
     const int status = std::system(cmd.c_str());
     EXPECT_TRUE(WIFEXITED(status)) << cmd;
     return WEXITSTATUS(status);
   };
-  const std::string base = "fit --config " VOLT_SOURCE_DIR
+  const std::string base = "fit --config " + volt_test::source_dir() +
                            "/configs/fashion_mnist_mlp.yaml --trainer.max_epochs=1 "
                            "--trainer.limit_train_batches=4 --trainer.limit_val_batches=1 "
                            "--trainer.enable_progress_bar=false --trainer.default_root_dir=" +

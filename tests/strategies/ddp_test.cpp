@@ -12,6 +12,7 @@
 #include <fstream>
 #include <regex>
 
+#include "build_paths.h"
 #include "processes.h"
 #include "requires.h"
 #include "tiny.h"
@@ -24,7 +25,7 @@ using volt_test::cat;
 using volt_test::Job;
 using volt_test::Process;
 
-const std::string kWorker = VOLT_DDP_WORKER;
+const std::string kWorker = volt_test::ddp_worker();
 using volt_test::expect_ranks_equal_reference;
 using volt_test::load_flat;
 using volt_test::single_process_reference;

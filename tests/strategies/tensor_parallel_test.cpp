@@ -8,6 +8,7 @@
 
 #include <regex>
 
+#include "build_paths.h"
 #include "models.h"
 #include "processes.h"
 #include "requires.h"
@@ -27,7 +28,7 @@ struct Job {
 };
 
 Job run_tp(const std::vector<std::string>& args) {
-  volt_test::Process p(VOLT_TP_WORKER, args);
+  volt_test::Process p(volt_test::tp_worker(), args);
   Job j;
   j.code = p.exit_code(std::chrono::seconds(120));
   j.output = p.output();

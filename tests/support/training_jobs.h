@@ -10,11 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "build_paths.h"
 #include "processes.h"
 
 namespace volt_test {
 
-inline const std::string kTrainingWorker = VOLT_DDP_WORKER;
+inline const std::string kTrainingWorker = volt_test::ddp_worker();
 
 /// Worker flags `a` then `b`.
 inline std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string>& b) {

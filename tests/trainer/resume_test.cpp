@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 
+#include "build_paths.h"
 #include "tiny.h"
 
 namespace {
@@ -82,6 +83,7 @@ void expect_sigkill_resume_bit_identical(const std::string& accelerator) {
   auto run_worker = [&](std::vector<std::string> args, int kill_after_batch) {
     args.push_back("--accelerator");
     args.push_back(accelerator);
+    const std::string worker = volt_test::resume_worker();  // before fork: no malloc after it
     int fds[2], in_fds[2];
     EXPECT_EQ(::pipe(fds), 0);
     EXPECT_EQ(::pipe(in_fds), 0);
@@ -91,10 +93,10 @@ void expect_sigkill_resume_bit_identical(const std::string& accelerator) {
       ::dup2(in_fds[0], 0);
       ::close(fds[0]);
       ::close(in_fds[1]);
-      std::vector<char*> argv{const_cast<char*>(VOLT_RESUME_WORKER)};
+      std::vector<char*> argv{const_cast<char*>(worker.c_str())};
       for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      ::execv(VOLT_RESUME_WORKER, argv.data());
+      ::execv(worker.c_str(), argv.data());
       ::_exit(127);
     }
     ::close(fds[1]);
