@@ -17,7 +17,7 @@ shift 3
 sloppiness="pch_defines,time_macros,include_file_mtime,include_file_ctime"
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:+$CCACHE_SLOPPINESS,}$sloppiness"
 export CCACHE_PCH_EXTSUM=true
-# Paths relative to the source folder hash the same in every clone (build.sh sets it too).
+# Paths relative to the source folder hash the same in every clone.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$source_dir}"
 
 header=0 out="" dep=""

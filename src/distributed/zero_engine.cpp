@@ -102,6 +102,19 @@ struct ZeroGather {
 
 namespace {
 
+// Stage 1's whole gradient of `parameter`, dense and contiguous for the reduced chunk to be
+// written into it: zeros for a parameter the forward did not use (DeepSpeed's
+// ignore_unused_parameters counts it as a zero gradient).
+at::Tensor& dense_grad(const at::Tensor& parameter) {
+  at::Tensor& g = parameter.mutable_grad();
+  if (!g.defined()) {
+    g = torch::zeros_like(parameter);
+  } else if (!g.is_contiguous()) {
+    g = g.contiguous();
+  }
+  return g;
+}
+
 bool gather_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                         torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
@@ -937,11 +950,7 @@ void ZeroEngine::reduce_alone(size_t first, size_t last) {
       }
       g.reset();
     } else if (c.length > 0) {
-      if (!g.defined()) {
-        g = torch::zeros_like(c.parameter);
-      } else if (!g.is_contiguous()) {
-        g = g.contiguous();
-      }
+      dense_grad(c.parameter);  // the reduced gradient is the gradient itself
     }
   }
 }
@@ -963,13 +972,7 @@ void ZeroEngine::complete_bucket() {
       if (options_.stage() >= 2) {
         grad_views_[i].add_(piece);
       } else {
-        at::Tensor& g = c.parameter.mutable_grad();
-        if (!g.defined()) {
-          g = torch::zeros_like(c.parameter);
-        } else if (!g.is_contiguous()) {
-          g = g.contiguous();
-        }
-        g.view({-1}).narrow(0, c.start, c.length).copy_(piece);
+        dense_grad(c.parameter).view({-1}).narrow(0, c.start, c.length).copy_(piece);
       }
     }
     off += c.chunk;

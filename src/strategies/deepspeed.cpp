@@ -392,14 +392,16 @@ void DeepSpeedStrategy::apply_config() {
   }
   clip_ = c.gradient_clipping;
   if (c.fp16) {
-    // The JSON's fp16 section is the whole loss-scaling configuration (DeepSpeed's defaults for
-    // the keys it leaves out), as Lightning passes its own arguments only without one.
-    options_.loss_scale(c.loss_scale.value_or(0.0))
-        .initial_scale_power(c.initial_scale_power.value_or(16))
-        .loss_scale_window(c.loss_scale_window.value_or(1000))
-        .hysteresis(c.hysteresis.value_or(2))
-        .consecutive_hysteresis(c.consecutive_hysteresis.value_or(false))
-        .min_loss_scale(c.min_loss_scale.value_or(1.0));
+    // The JSON's fp16 section is the whole loss-scaling configuration (DeepSpeed's defaults, the
+    // options' own, for the keys it leaves out), as Lightning passes its own arguments only
+    // without one.
+    const DeepSpeedStrategyOptions d;
+    options_.loss_scale(c.loss_scale.value_or(d.loss_scale()))
+        .initial_scale_power(c.initial_scale_power.value_or(d.initial_scale_power()))
+        .loss_scale_window(c.loss_scale_window.value_or(d.loss_scale_window()))
+        .hysteresis(c.hysteresis.value_or(d.hysteresis()))
+        .consecutive_hysteresis(c.consecutive_hysteresis.value_or(d.consecutive_hysteresis()))
+        .min_loss_scale(c.min_loss_scale.value_or(d.min_loss_scale()));
   }
   options_.cpu_checkpointing(c.cpu_checkpointing);
   options_.offload_parameters(c.offload_param_device != "none");
