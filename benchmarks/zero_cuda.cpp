@@ -7,10 +7,11 @@
 // where the state and masters live.
 //
 // At world size 1 the partitions are whole, so stages 1 to 3 save no memory here; what they
-// show is the cost of their machinery (bucketed reduce-scatters, stage 3's gathers on read) on
-// one device. Offload is what frees GPU memory at one GPU: the Adam state and masters leave it
-// (offload_optimizer), and the parameter chunks too (deepspeed_stage_3_offload: the GPU holds
-// only the modules gathered at the moment).
+// show is the cost of their machinery on one device (since session 31 stage 3 keeps whole
+// parameters at one rank unless they are offloaded, so it runs like stage 2 here). Offload is what
+// frees GPU memory at one GPU: the Adam state and masters leave it (offload_optimizer), and the
+// parameter chunks too (deepspeed_stage_3_offload: the GPU holds only the modules gathered at the
+// moment).
 //
 //   volt_bench_zero_cuda [--width H] [--depth D] [--batch B] [--steps S] [--warmup W]
 //                        [--threads T]

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "core/detail/print.h"
@@ -740,6 +741,19 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
              "offload_optimizer / offload_parameters: on a CPU run the parameters, gradients and "
              "optimizer state are in host memory already; nothing moves.");
   }
+  // Stage 3 at one rank: this rank's chunks are the whole parameters, so partitioning would keep
+  // a second full copy in the same memory and regather each module on every read. It saves
+  // memory only when the chunks live elsewhere (offload_parameters from an accelerator to host
+  // memory, or to NVMe); otherwise the parameters stay whole (stage 3 then runs like stage 2,
+  // and checkpoints hold whole weights, which load at any world size).
+  const bool whole_at_one_rank = options_.stage() == 3 && world_size() == 1 && !nvme_parameters() &&
+                                 !(offload_to_host && options_.offload_parameters());
+  if (whole_at_one_rank) {
+    log_info("DeepSpeedStrategy",
+             "stage 3 at one rank: the parameters stay whole (partitioning them would only add a "
+             "copy); offload_parameters to \"cpu\" (on an accelerator) or \"nvme\" partitions "
+             "them.");
+  }
   engines_.clear();
   if (nvme_optimizer() || nvme_parameters()) make_nvme_folder();
   int64_t index = 0;
@@ -762,7 +776,8 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
             .stage(options_.stage())
             .reduce_bucket_size(options_.reduce_bucket_size())
             .allgather_bucket_size(options_.allgather_bucket_size())
-            .param_persistence_threshold(options_.param_persistence_threshold())
+            .param_persistence_threshold(whole_at_one_rank ? std::numeric_limits<int64_t>::max()
+                                                           : options_.param_persistence_threshold())
             .max_live_parameters(options_.max_live_parameters())
             .master_weights(options_.master_weights())
             .offload_optimizer(offload_to_host)

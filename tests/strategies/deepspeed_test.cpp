@@ -35,8 +35,24 @@ struct Case {
   int accum;
 };
 
-void expect_zero_equals_one_process(const Case& c, const std::vector<std::string>& extra = {},
-                                    double rtol = 1e-5, double atol = 1e-6) {
+struct Memory {
+  double params, grads, state, numel, master;
+};
+
+Memory memory_of(const std::string& output, int rank) {
+  std::smatch m;
+  const std::regex re("rank " + std::to_string(rank) +
+                      " done .* zero_memory params=(\\d+) grads=(\\d+) state=(\\d+) "
+                      "master=(\\d+) numel=(\\d+)");
+  EXPECT_TRUE(std::regex_search(output, m, re)) << output;
+  if (m.size() < 6) return {};
+  return {std::stod(m[1]), std::stod(m[2]), std::stod(m[3]), std::stod(m[5]), std::stod(m[4])};
+}
+
+// Returns the ZeRO run's output.
+std::string expect_zero_equals_one_process(const Case& c,
+                                           const std::vector<std::string>& extra = {},
+                                           double rtol = 1e-5, double atol = 1e-6) {
   volt_test::TempDir dir;
   const int global = 16;
   const std::vector<std::string> common = cat({"--optimizer", c.optimizer}, extra);
@@ -46,9 +62,11 @@ void expect_zero_equals_one_process(const Case& c, const std::vector<std::string
            "--batch", std::to_string(global / c.devices), "--epochs", "1", "--accum",
            std::to_string(c.accum), "--zero", std::to_string(c.stage)},
           common));
-  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_EQ(job.code, 0) << job.output;
+  if (job.code != 0) return job.output;
   EXPECT_NE(job.output.find("zero_memory"), std::string::npos) << job.output;
   expect_ranks_equal_reference(dir / "zero", c.devices, ref, rtol, atol);
+  return job.output;
 }
 
 // ------------------------------------------------------------------------------ equality
@@ -60,7 +78,17 @@ TEST(DeepSpeed, AtOneRankEveryStageGivesTheSingleProcessBitsExactly) {
   VOLT_REQUIRE_GLOO();
   for (int stage : {1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
-    expect_zero_equals_one_process({stage, 1, "adam", 2}, {}, 0.0, 0.0);
+    const std::string out = expect_zero_equals_one_process({stage, 1, "adam", 2}, {}, 0.0, 0.0);
+    if (stage == 3) {
+      // Stage 3 keeps the parameters whole at one rank (nothing is offloaded): no partitioned
+      // chunk, no gather, and the parameters' bytes are the model's (fp32), not more.
+      EXPECT_NE(out.find("stage 3 at one rank: the parameters stay whole"), std::string::npos)
+          << out;
+      EXPECT_NE(out.find(" gathers=0 "), std::string::npos) << out;
+      EXPECT_NE(out.find(" max_chunk=0"), std::string::npos) << out;
+      const Memory m = memory_of(out, 0);
+      EXPECT_EQ(m.params, 4 * m.numel) << out;
+    }
   }
 }
 
@@ -335,20 +363,6 @@ TEST(DeepSpeed, UnusedParametersCountAsZeroGradientsOrStopTheRunWhenNotIgnored) 
 }
 
 // ------------------------------------------------------------------------------ memory
-
-struct Memory {
-  double params, grads, state, numel, master;
-};
-
-Memory memory_of(const std::string& output, int rank) {
-  std::smatch m;
-  const std::regex re("rank " + std::to_string(rank) +
-                      " done .* zero_memory params=(\\d+) grads=(\\d+) state=(\\d+) "
-                      "master=(\\d+) numel=(\\d+)");
-  EXPECT_TRUE(std::regex_search(output, m, re)) << output;
-  if (m.size() < 6) return {};
-  return {std::stod(m[1]), std::stod(m[2]), std::stod(m[3]), std::stod(m[5]), std::stod(m[4])};
-}
 
 struct Comm {
   int64_t reductions = -1, overlapped = -1, gathers = -1, prefetched = -1, discarded = -1;
@@ -678,8 +692,14 @@ void expect_four_rank_folder_loads_elsewhere(const std::string& stage) {
   auto one = run_job({"--root", dir / "d", "--out", dir / "d/w", "--devices", "1", "--batch", "16",
                       "--epochs", "2", "--optimizer", "adam", "--resume", ckpt});
   ASSERT_EQ(one.code, 0) << one.output;
+  // ZeRO at one rank (stage 3 keeps its parameters whole there): the consolidated state too.
+  auto alone = run_job(cat({"--root", dir / "e", "--out", dir / "e/w", "--devices", "1", "--batch",
+                            "16", "--epochs", "2", "--resume", ckpt},
+                           zero));
+  ASSERT_EQ(alone.code, 0) << alone.output;
+  EXPECT_NE(alone.output.find("rank 0 starts at step 8"), std::string::npos) << alone.output;
   const auto want = load_flat(dir / "a/w.rank0.pt");
-  for (const std::string got : {"c/w.rank0.pt", "c/w.rank1.pt", "d/w.rank0.pt"}) {
+  for (const std::string got : {"c/w.rank0.pt", "c/w.rank1.pt", "d/w.rank0.pt", "e/w.rank0.pt"}) {
     const auto w = load_flat(dir / got);
     EXPECT_TRUE(torch::allclose(w, want, 1e-5, 1e-6))
         << got << " max diff " << (w - want).abs().max().item<double>();

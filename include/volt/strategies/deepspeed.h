@@ -23,7 +23,10 @@ namespace volt {
 struct DeepSpeedStrategyOptions {
   /// Shard with ZeRO; false trains as plain data parallel (gradients all-reduced). Default: true.
   TORCH_ARG(bool, zero_optimization) = true;
-  /// ZeRO stage: 1 (optimizer state), 2 (and gradients) or 3 (and parameters). Default: 2.
+  /// ZeRO stage: 1 (optimizer state), 2 (and gradients) or 3 (and parameters). At one rank,
+  /// stage 3 keeps the parameters whole unless they are offloaded (to host memory from an
+  /// accelerator, or to NVMe): there a rank's chunks are the whole parameters, and partitioning
+  /// would only add a copy and regathers. Default: 2.
   TORCH_ARG(int64_t, stage) = 2;
   /// ZeRO-Offload: optimizer state and step in host memory. With CUDA parameters each rank's
   /// chunks have pinned host copies (fp32 masters under bf16-mixed) that the optimizer steps on
