@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <string>
 
+#include "bench_paths.h"
 #include "hand_loop.h"
 #include "host_memory.h"
 #include "models.h"
@@ -86,8 +87,8 @@ double run_hand(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t 
 
 double run_python(const std::string& python, const std::string& model, int64_t batch, int64_t steps,
                   int threads) {
-  const std::string cmd = python + " " + VOLT_BENCH_DIR + "/python_loop.py --model " + model +
-                          " --batch " + std::to_string(batch) + " --steps " +
+  const std::string cmd = python + " " + volt_bench::source_dir() + "/python_loop.py --model " +
+                          model + " --batch " + std::to_string(batch) + " --steps " +
                           std::to_string(steps) + " --threads " + std::to_string(threads);
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return 0;
