@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <regex>
 #include <vector>
 
 #include "core/detail/print.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 
 namespace volt {
 namespace {
@@ -126,10 +128,34 @@ c10::optional<double> ModelCheckpoint::best_model_score() const {
   return it->second;
 }
 
+namespace {
+// Whether two folder names mean the same folder (relative ones from the current directory).
+bool same_folder(const std::string& a, const std::string& b) {
+  std::error_code ec1, ec2;
+  const auto ca = std::filesystem::weakly_canonical(a, ec1);
+  const auto cb = std::filesystem::weakly_canonical(b, ec2);
+  return ec1 || ec2 ? a == b : ca == cb;
+}
+}  // namespace
+
 void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
   if (dirpath_.empty()) {
     dirpath_ = options_.dirpath().empty() ? run.log_dir() + "/checkpoints" : options_.dirpath();
   }
+  // Resumed from a run that saved elsewhere (another default_root_dir or dirpath): as Lightning,
+  // its top-k files and last checkpoint stay its own (this run neither evicts nor replaces
+  // them) and only best_model_path carries over.
+  if (!restored_dirpath_.empty() && !same_folder(restored_dirpath_, dirpath_)) {
+    log_warning("ModelCheckpoint", "the checkpoint folder changed from '" + restored_dirpath_ +
+                                       "' (the resumed run's) to '" + dirpath_ +
+                                       "': its top-k list, scores and last checkpoint are not "
+                                       "carried over (best_model_path is), and nothing in '" +
+                                       restored_dirpath_ + "' is replaced or deleted.");
+    best_k_models_.clear();
+    last_model_path_.clear();
+    latest_path_.clear();
+  }
+  restored_dirpath_.clear();
 }
 
 std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) const {
@@ -306,7 +332,9 @@ void ModelCheckpoint::load_state(torch::serialize::InputArchive& ar) {
   best_model_path_ = best.toStringRef();
   last_model_path_ = last.toStringRef();
   latest_path_ = latest.toStringRef();
-  if (options_.dirpath().empty()) dirpath_ = dir.toStringRef();
+  // Compared with this run's folder at fit start (on_fit_start), which is resolved from this
+  // run's options and log_dir, not taken from the checkpoint.
+  restored_dirpath_ = dir.toStringRef();
   // Nothing is saved yet in the restored run. A process that lives through an elastic restart
   // (the launching rank) must not keep the failed attempt's "already saved at this step":
   // saving is collective, and the relaunched ranks would save where this one skips.

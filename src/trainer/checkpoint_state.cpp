@@ -172,6 +172,7 @@ void restore_checkpoint(Run& run, const std::string& path, bool full) {
       run.loggers()[i]->load_state(one, st.global_step);
     }
   }
+  run.share_log_dir();  // the restored loggers' folder, which ModelCheckpoint and others use
   torch::serialize::InputArchive prec;
   root.read("precision", prec);
   strategy.precision().load_state(prec);

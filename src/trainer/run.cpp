@@ -1,5 +1,7 @@
 #include "trainer/detail/run.h"
 
+#include <unistd.h>
+
 #include <torch/torch.h>
 
 #include <cstring>
@@ -85,6 +87,19 @@ void Run::remove_checkpoint(const std::string& path) {
   strategy().remove_checkpoint(path);
 }
 
+void Run::share_log_dir() {
+  if (strategy().world_size() <= 1) return;
+  // Rank 0 picks (and creates) the run folder; the others learn its name. Every entry point
+  // broadcasts, even when this process already knows the folder: ranks relaunched by an elastic
+  // restart are fresh processes, and every rank must issue the same collectives.
+  const std::string before = shared_log_dir_;
+  shared_log_dir_.clear();  // rank 0 asks its loggers (again, after a restore)
+  shared_log_dir_ = broadcast_string(is_global_zero() ? log_dir() : std::string());
+  // A restore moved the loggers back into the resumed run's folder: the one rank 0 created at
+  // set-up goes again if nothing was written into it (rmdir removes only an empty folder).
+  if (is_global_zero() && !before.empty() && before != shared_log_dir_) ::rmdir(before.c_str());
+}
+
 std::string Run::log_dir() const {
   if (!shared_log_dir_.empty()) return shared_log_dir_;
   return loggers_.empty() ? opts.default_root_dir() : loggers_.front()->log_dir();
@@ -162,12 +177,7 @@ void Run::setup_run(Module& m, Stage stage) {
     std::call_once(reuse_logged, [] { log_info("Trainer", reuse_freed_host_memory().detail); });
   }
   check_environment();  // unknown VOLT_* variables warned once, bad values stop every run
-  if (strategy().world_size() > 1) {
-    // Rank 0 picks (and creates) the run folder; the others learn its name. Every entry point
-    // broadcasts, even when this process already knows the folder: ranks relaunched by an
-    // elastic restart are fresh processes, and every rank must issue the same collectives.
-    shared_log_dir_ = broadcast_string(is_global_zero() ? log_dir() : std::string());
-  }
+  share_log_dir();
   if (prof != nullptr) prof->setup(to_string(stage), strategy().rank(), log_dir());
   strategy().setup_module(m);
 }

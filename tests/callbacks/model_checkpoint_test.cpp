@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 
+#include "log_capture.h"
 #include "tiny.h"
 
 namespace {
@@ -43,6 +46,74 @@ TEST(ModelCheckpoint, KeepsTopKAndTracksBest) {
   volt::Trainer t2(volt_test::quiet(dir.path));
   EXPECT_NO_THROW(t2.test(fresh, volt_test::loader(volt_test::blobs(32)), ckpt->best_model_path()));
   EXPECT_TRUE(fresh.flat_params().defined());
+}
+
+std::shared_ptr<volt::ModelCheckpoint> top2(const std::string& dirpath) {
+  return std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                     .dirpath(dirpath)
+                                                     .monitor("score")
+                                                     .save_top_k(2)
+                                                     .filename("{epoch}-{score:.1f}")
+                                                     .save_last(true));
+}
+
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(ModelCheckpoint, AResumeIntoTheSameFolderKeepsRankingAcrossTheRestart) {
+  // Scores 5, 3, 4 in the first run, 1, 2 after the resume: the top 2 of all five epochs, so
+  // the resumed run evicts files the first run wrote.
+  volt_test::TempDir dir;
+  Scripted first;
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(3).callbacks({top2(dir / "c")}));
+  t.fit(first, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
+  ASSERT_TRUE(exists(dir / "c/epoch=1-score=3.0.ckpt"));
+  Scripted resumed;
+  auto ckpt = top2(dir / "c");
+  volt::Trainer t2(volt_test::quiet(dir.path).max_epochs(5).callbacks({ckpt}));
+  t2.fit(resumed, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)),
+         dir / "c/last.ckpt");
+  EXPECT_EQ(files_in(dir / "c"), (std::vector<std::string>{"epoch=3-score=1.0.ckpt",
+                                                           "epoch=4-score=2.0.ckpt", "last.ckpt"}));
+  EXPECT_EQ(ckpt->best_model_path(), dir / "c/epoch=3-score=1.0.ckpt");
+}
+
+TEST(ModelCheckpoint, AResumeIntoAnotherFolderLeavesTheResumedRunsFilesAlone) {
+  // As Lightning: the folder is this run's (here another dirpath; by default
+  // <log_dir>/checkpoints of this run's root), the ranking starts again there with a warning, and
+  // the resumed run's files are neither replaced nor evicted. Before, the checkpoint's folder was
+  // restored, so a run resumed under another root wrote into (and evicted from) the old one.
+  volt_test::TempDir dir;
+  Scripted first;
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(3).callbacks({top2(dir / "a")}));
+  t.fit(first, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
+  const auto before = files_in(dir / "a");
+  const auto last_time = std::filesystem::last_write_time(dir / "a/last.ckpt");
+  Scripted resumed;
+  auto ckpt = top2(dir / "b");
+  const auto logs = volt_test::capture_logs([&] {
+    volt::Trainer t2(volt_test::quiet(dir.path).max_epochs(5).callbacks({ckpt}));
+    t2.fit(resumed, volt_test::loader(volt_test::blobs(64)),
+           volt_test::loader(volt_test::blobs(32)), dir / "a/last.ckpt");
+  });
+  EXPECT_EQ(files_in(dir / "a"), before);
+  EXPECT_EQ(std::filesystem::last_write_time(dir / "a/last.ckpt"), last_time);
+  EXPECT_EQ(files_in(dir / "b"), (std::vector<std::string>{"epoch=3-score=1.0.ckpt",
+                                                           "epoch=4-score=2.0.ckpt", "last.ckpt"}));
+  EXPECT_EQ(ckpt->best_model_path(), dir / "b/epoch=3-score=1.0.ckpt");
+  EXPECT_EQ(ckpt->last_model_path(), dir / "b/last.ckpt");
+  bool warned = false;
+  for (const auto& l : logs) {
+    warned =
+        warned || l.find("the checkpoint folder changed from '" + dir / "a") != std::string::npos;
+  }
+  EXPECT_TRUE(warned);
 }
 
 TEST(ModelCheckpoint, EveryNTrainStepsWithoutMonitorKeepsLatest) {

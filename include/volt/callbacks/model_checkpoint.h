@@ -74,7 +74,8 @@ class ModelCheckpoint : public Callback {
   std::map<std::string, double> best_k_models_;  // path -> score
   std::string best_model_path_;
   std::string last_model_path_;
-  std::string latest_path_;  // latest top-k file when monitor is empty
+  std::string latest_path_;       // latest top-k file when monitor is empty
+  std::string restored_dirpath_;  // the folder of the run a checkpoint restored, until fit start
   int64_t last_saved_step_ = -1;
   int64_t last_saved_epoch_ = -1;
 };

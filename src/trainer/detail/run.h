@@ -158,6 +158,9 @@ class Run : public RunContext {
   int64_t resolved_max_epochs() const;
   int64_t val_limit(const DataLoader& val) const;
   void setup_run(Module& m, Stage stage);
+  /// With several processes, every rank learns rank 0's log_dir() (a collective): at set-up,
+  /// and again after a checkpoint restored the loggers' version folder.
+  void share_log_dir();
   /// A digest of what every rank must agree on (loop settings, model parameter shapes).
   std::string config_fingerprint() const;
   /// `text` as rank `src` has it, on every rank (a collective; identity for one process).

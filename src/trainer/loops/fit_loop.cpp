@@ -156,14 +156,16 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   r.prog_bar_epoch.clear();
   r.cache_dirty = true;
   r.fit_start = Clock::now();
-  if (r.is_global_zero()) {
-    for (auto& l : r.loggers()) l->log_hyperparams(m.hparams());
-  }
   // A process relaunched by an elastic restart resumes where the job's last checkpoint is.
   const std::string restart = r.strategy().restart_checkpoint();
   const std::string ckpt =
       !restart.empty() ? restart : resolve_ckpt_path(r, ckpt_path, Stage::kFit);
   if (!ckpt.empty()) restore_checkpoint(r, ckpt, /*full=*/true);
+  // After the restore, as Lightning: a resumed logger writes into its restored version folder,
+  // and logging first would make it open the next free one.
+  if (r.is_global_zero()) {
+    for (auto& l : r.loggers()) l->log_hyperparams(m.hparams());
+  }
 
   r.hook(
       "on_fit_start", [&](Module& mm) { mm.on_fit_start(); },
