@@ -56,7 +56,7 @@ class SineRegressor : public volt::Module {
   }
   void validation_step(const volt::Batch& b, int64_t) override {
     log("val_loss", torch::mse_loss(net_->forward(b.input), b.target),
-        volt::LogOptions().prog_bar(true));
+        volt::LogOptions().prog_bar(true).sync_dist(true));
   }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
     return {volt::OptimizerConfig(

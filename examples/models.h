@@ -134,10 +134,12 @@ class Classifier : public volt::Module {
  private:
   void eval_step(const volt::Batch& b, const std::string& prefix) {
     auto logits = net_->forward(b.input);
+    // sync_dist: with several processes, the value over the whole set (each process evaluates
+    // its shard), as the single-process run reports it.
     log(prefix + "_loss", torch::cross_entropy_loss(logits, b.target),
-        volt::LogOptions().prog_bar(true));
+        volt::LogOptions().prog_bar(true).sync_dist(true));
     log(prefix + "_acc", logits.argmax(1).eq(b.target).to(torch::kFloat).mean(),
-        volt::LogOptions().prog_bar(true));
+        volt::LogOptions().prog_bar(true).sync_dist(true));
   }
   std::shared_ptr<Net> net_;
   double lr_;

@@ -72,6 +72,16 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
   if (on_epoch) {
     active_metrics->add_epoch(both ? name + "_epoch" : name, v, current_batch_size, o.reduce(),
                               o.prog_bar(), o.logger(), sync);
+    const int64_t replicas = strategy().data_shard().world_size;
+    if (!o.sync_dist() && replicas > 1) {
+      // Lightning's PossibleUserWarning for epoch-level values in a distributed run.
+      warn_once("log_without_sync_dist:" + name, "Module",
+                "log(\"" + name + "\") at epoch level without sync_dist in a run of " +
+                    std::to_string(replicas) +
+                    " data-parallel processes: each reduces only its own batches, and the value "
+                    "reported (and monitored by callbacks) is rank 0's; pass "
+                    "LogOptions().sync_dist(true) for the weighted mean over every process.");
+    }
   }
   cache_dirty = true;
 }

@@ -147,6 +147,17 @@ TEST(Ddp, SyncDistGivesEveryRankTheGlobalValidationLoss) {
   std::smatch ms;
   ASSERT_TRUE(std::regex_search(single.output(), ms, std::regex("val_loss=([^ ]+)")));
   EXPECT_NEAR(std::stod(m0[1].str()), std::stod(ms[1].str()), 1e-6);
+  // Without sync_dist each rank reports its own half: the run says so once (rank 0 warns, as
+  // Lightning's PossibleUserWarning); with it, or in one process, nothing is said.
+  const std::string warning = "log(\"val_loss\") at epoch level without sync_dist";
+  EXPECT_EQ(job.output.find(warning), std::string::npos) << job.output;
+  EXPECT_EQ(single.output().find(warning), std::string::npos) << single.output();
+  auto unsynced = run_plain({"--root", dir.path, "--out", dir / "unsynced", "--devices", "2",
+                             "--batch", "8", "--epochs", "1"});
+  ASSERT_EQ(unsynced.code, 0) << unsynced.output;
+  const auto first = unsynced.output.find(warning);
+  EXPECT_NE(first, std::string::npos) << unsynced.output;
+  EXPECT_EQ(unsynced.output.find(warning, first + 1), std::string::npos) << unsynced.output;
 }
 
 // ------------------------------------------------------------------ external launchers
