@@ -129,6 +129,14 @@ c10::optional<double> ModelCheckpoint::best_model_score() const {
 }
 
 namespace {
+// The callback's folder: the one already resolved, else the dirpath option, else the run's
+// <log_dir>/checkpoints.
+std::string resolve_folder(const std::string& resolved, const std::string& option,
+                           const std::string& log_dir) {
+  if (!resolved.empty()) return resolved;
+  return option.empty() ? log_dir + "/checkpoints" : option;
+}
+
 // Whether two folder names mean the same folder (relative ones from the current directory).
 bool same_folder(const std::string& a, const std::string& b) {
   std::error_code ec1, ec2;
@@ -139,9 +147,7 @@ bool same_folder(const std::string& a, const std::string& b) {
 }  // namespace
 
 void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
-  if (dirpath_.empty()) {
-    dirpath_ = options_.dirpath().empty() ? run.log_dir() + "/checkpoints" : options_.dirpath();
-  }
+  dirpath_ = resolve_folder(dirpath_, options_.dirpath(), run.log_dir());
   // Resumed from a run that saved elsewhere (another default_root_dir or dirpath): as Lightning,
   // its top-k files and last checkpoint stay its own (this run neither evicts nor replaces
   // them) and only best_model_path carries over.
@@ -163,9 +169,7 @@ std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) co
   if (!last_model_path_.empty() && ::stat(last_model_path_.c_str(), &st) == 0) {
     return last_model_path_;
   }
-  const std::string dir = !dirpath_.empty()             ? dirpath_
-                          : !options_.dirpath().empty() ? options_.dirpath()
-                                                        : log_dir + "/checkpoints";
+  const std::string dir = resolve_folder(dirpath_, options_.dirpath(), log_dir);
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return "";
   std::string newest;

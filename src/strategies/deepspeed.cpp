@@ -746,8 +746,9 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
   // memory only when the chunks live elsewhere (offload_parameters from an accelerator to host
   // memory, or to NVMe); otherwise the parameters stay whole (stage 3 then runs like stage 2,
   // and checkpoints hold whole weights, which load at any world size).
-  const bool whole_at_one_rank = options_.stage() == 3 && world_size() == 1 && !nvme_parameters() &&
-                                 !(offload_to_host && options_.offload_parameters());
+  const bool parameters_to_host = offload_to_host && options_.offload_parameters();
+  const bool whole_at_one_rank =
+      options_.stage() == 3 && world_size() == 1 && !nvme_parameters() && !parameters_to_host;
   if (whole_at_one_rank) {
     log_info("DeepSpeedStrategy",
              "stage 3 at one rank: the parameters stay whole (partitioning them would only add a "
@@ -781,7 +782,7 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
             .max_live_parameters(options_.max_live_parameters())
             .master_weights(options_.master_weights())
             .offload_optimizer(offload_to_host)
-            .offload_parameters(offload_to_host && options_.offload_parameters())
+            .offload_parameters(parameters_to_host)
             .ignore_unused_parameters(options_.ignore_unused_parameters())
             .overlap_comm(options_.overlap_comm())
             .prefetch_bucket_size(options_.prefetch_bucket_size())
