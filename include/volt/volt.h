@@ -14,6 +14,7 @@
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/model_summary.h"
+#include "volt/callbacks/on_exception_checkpoint.h"
 #include "volt/callbacks/progress_bar.h"
 #include "volt/callbacks/throughput_monitor.h"
 #include "volt/callbacks/timer.h"

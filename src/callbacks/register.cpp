@@ -6,6 +6,7 @@
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/model_summary.h"
+#include "volt/callbacks/on_exception_checkpoint.h"
 #include "volt/callbacks/throughput_monitor.h"
 #include "volt/callbacks/timer.h"
 #include "volt/core/registry.h"
@@ -113,6 +114,21 @@ void register_callbacks(Registry& r) {
         o.interval(a.get<std::string>("interval") == "epoch" ? Interval::kEpoch : Interval::kStep)
             .verbose(a.get<bool>("verbose"));
         return std::make_shared<Timer>(o);
+      });
+
+  const OnExceptionCheckpointOptions oe;
+  r.callbacks.add(
+      "OnExceptionCheckpoint",
+      "saves a checkpoint when fit ends with an exception, e.g. stopped by Ctrl-C or SIGTERM "
+      "(resumes exactly)",
+      Params()
+          .add("dirpath", oe.dirpath(), "folder; \"\" = <log_dir>/checkpoints")
+          .add("filename", oe.filename(), "file name without .ckpt"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        return std::make_shared<OnExceptionCheckpoint>(
+            OnExceptionCheckpointOptions()
+                .dirpath(a.get<std::string>("dirpath"))
+                .filename(a.get<std::string>("filename")));
       });
 
   const ModelSummaryOptions ms;

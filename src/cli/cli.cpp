@@ -188,7 +188,8 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
     }
     os << "\n"
        << prog << " <command> --help lists every option with its type and default.\n"
-       << "Exit codes: 0 success, 1 the run failed, 2 bad command line or config.\n";
+       << "Exit codes: 0 success, 1 the run failed, 2 bad command line or config, 128 + N\n"
+       << "stopped by signal N (130: Ctrl-C, 143: SIGTERM; add OnExceptionCheckpoint to save).\n";
     return;
   }
   if (command == "perf") {
@@ -561,6 +562,9 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
       report() << "predictions: " << save_predictions(preds, trainer.log_dir(), trainer.strategy())
                << " (" << preds.size() << " batches)\n";
     }
+  } catch (const Interrupted& e) {
+    err << e.what() << "\n";
+    return kCliInterruptedBase + e.signal();
   } catch (const Error& e) {
     err << e.what() << "\n";
     return kCliRunFailed;

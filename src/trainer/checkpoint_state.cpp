@@ -56,6 +56,7 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root) {
     loop.write("accumulated", c10::IValue(st.accumulated));
     loop.write("epoch_finished", c10::IValue(st.epoch_finished));
     loop.write("val_pending", c10::IValue(st.val_pending));
+    loop.write("fit_elapsed_s", c10::IValue(run.fit_elapsed()));
   });
 
   write_nested(root, "rng", [&](auto& rng) {
@@ -139,6 +140,8 @@ void restore_checkpoint(Run& run, const std::string& path, bool full) {
   st.accumulated = read("accumulated").toInt();
   st.epoch_finished = read("epoch_finished").toBool();
   st.val_pending = read("val_pending").toBool();
+  c10::IValue elapsed;  // absent from older checkpoints
+  run.fit_elapsed_before = loop.try_read("fit_elapsed_s", elapsed) ? elapsed.toDouble() : 0.0;
 
   torch::serialize::InputArchive rng;
   root.read("rng", rng);

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -11,6 +12,7 @@
 
 #include "trainer/loops/optimization_step.h"
 #include "volt/accelerators/host_allocator.h"
+#include "volt/callbacks/on_exception_checkpoint.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
@@ -190,6 +192,48 @@ void Run::setup_run(Module& m, Stage stage) {
   share_log_dir();
   if (prof != nullptr) prof->setup(to_string(stage), strategy().rank(), log_dir());
   strategy().setup_module(m);
+}
+
+double Run::fit_elapsed() const {
+  if (fit_start == Clock::time_point{}) return fit_elapsed_before;  // no fit yet
+  const Clock::time_point end = fit_end ? *fit_end : Clock::now();
+  return fit_elapsed_before + std::chrono::duration<double>(end - fit_start).count();
+}
+
+void Run::check_stop(bool lagged, bool in_fit) {
+  StopRequest local;
+  local.signal = signals != nullptr ? signals->received() : 0;
+  if (in_fit) {
+    local.should_stop = st.should_stop;
+    local.time_up = opts.max_time() && fit_elapsed() >= *opts.max_time();
+  }
+  const StopRequest agreed = strategy().agree_on_stop(local, lagged);
+  if (in_fit) {
+    if (agreed.should_stop) st.should_stop = true;  // another rank's request is this one's too
+    stop_agreed = agreed.should_stop;
+    time_up = agreed.time_up;
+  }
+  if (agreed.signal == 0) return;
+  std::ostringstream where;
+  if (in_fit) {
+    where << "at epoch " << st.epoch << " after " << st.batches_done << " of "
+          << st.num_training_batches << " training batches (global step " << st.global_step << ")";
+  } else {
+    where << "during " << to_string(st.stage);
+  }
+  std::string next = ".";
+  if (in_fit) {
+    const bool saves = std::any_of(callbacks.begin(), callbacks.end(), [](const auto& c) {
+      return dynamic_cast<const OnExceptionCheckpoint*>(c.get()) != nullptr;
+    });
+    next = saves ? "; OnExceptionCheckpoint saves this state, and ckpt_path= its file resumes it."
+                 : "; to save this state at such a stop, add the OnExceptionCheckpoint callback "
+                   "(--trainer.callbacks+=OnExceptionCheckpoint), or resume from the last "
+                   "checkpoint.";
+  }
+  throw Interrupted(
+      str_cat("[Trainer] stopped by ", signal_text(agreed.signal), " ", where.str(), next),
+      agreed.signal);
 }
 
 std::string Run::config_fingerprint() const {

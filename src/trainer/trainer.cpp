@@ -52,15 +52,25 @@ int64_t thread_request(const TrainerOptions& o, const Precision& precision) {
 template <typename F>
 void Run::guarded(Module& m, Stage stage, F&& body) {
   IntraOpThreads threads(thread_request(opts, strategy().precision()));
+  SignalWatch watch(opts.handle_signals());
+  struct Unwatch {
+    Run& r;
+    ~Unwatch() { r.signals = nullptr; }
+  } unwatch{*this};
+  signals = &watch;
   try {
     setup_run(m, stage);
+    watch.announce(is_global_zero());
     body();
     // Checkpoints written in the background (AsyncCheckpointIO) are on disk before the run
     // counts as finished; a failed write fails the run.
     strategy().flush_checkpoints();
     st.status = RunStatus::kFinished;
   } catch (const std::exception& e) {
-    st.status = RunStatus::kFailed;
+    // Interrupted: every rank stopped at the same batch boundary (a consistent state);
+    // anything else failed wherever it was.
+    const bool interrupted = dynamic_cast<const Interrupted*>(&e) != nullptr;
+    st.status = interrupted ? RunStatus::kInterrupted : RunStatus::kFailed;
     // Pending checkpoint writes still finish (a restart resumes from them); their failures
     // were logged when they happened.
     try {
@@ -68,16 +78,32 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     } catch (...) {
     }
     // The run ends cleanly: callbacks and loggers are told, files are flushed, then the error
-    // propagates. Checkpoints are never touched here: the last one on disk stays valid.
+    // propagates. The checkpoints on disk stay as they are; a callback may add one
+    // (OnExceptionCheckpoint, written atomically under its own name).
     for (auto& c : callbacks) {
       try {
         c->on_exception(*this, m, e);
+      } catch (const std::exception& failed) {
+        log_warning("Trainer", c->state_key() + ".on_exception failed: " + failed.what());
       } catch (...) {
       }
     }
+    try {
+      // What on_exception saved is on disk before the error propagates. After an interrupt
+      // every rank is here, so they also wait for rank 0's writes; after a failure they may
+      // not be, so each process only finishes its own.
+      if (interrupted) {
+        strategy().flush_checkpoints();
+      } else {
+        strategy().checkpoint_io().flush();
+      }
+    } catch (const std::exception& failed) {
+      log_warning("Trainer",
+                  std::string("a checkpoint written on the way out failed: ") + failed.what());
+    }
     for (auto& l : loggers()) {
       try {
-        l->finalize(RunStatus::kFailed);
+        l->finalize(st.status);
       } catch (...) {
       }
     }

@@ -92,6 +92,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", deterministic=" << o.deterministic() << ", benchmark=" << optional_text(o.benchmark())
      << ", seed=" << optional_text(o.seed())
      << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
+     << ", handle_signals=" << o.handle_signals()
      << ", graph_training_step=" << o.graph_training_step()
      << ", graph_options=" << o.graph_options() << ", num_threads=" << o.num_threads()
      << ", reuse_host_memory=" << o.reuse_host_memory()

@@ -17,6 +17,7 @@
 #include "build_paths.h"
 #include "cli/detail/resolve.h"
 #include "log_capture.h"
+#include "processes.h"
 #include "requires.h"
 #include "tiny.h"
 
@@ -515,6 +516,35 @@ TEST(CliBinary, FitsFashionMnistFromTheCheckedInConfig) {
   auto p = run_binary("print-config --config " + dir.path + "/volt_logs/version_0/config.yaml");
   EXPECT_EQ(p.code, 0);
   EXPECT_EQ(p.out, slurp(dir.path + "/volt_logs/version_0/config.yaml"));
+}
+
+TEST(CliBinary, CtrlCExitsWith130AndOnExceptionCheckpointResumesTheRun) {
+  volt_test::TempDir dir;
+  const std::vector<std::string> common{"--config",
+                                        volt_test::source_dir() + "/configs/fashion_mnist_mlp.yaml",
+                                        "--trainer.default_root_dir=" + dir.path,
+                                        "--trainer.max_epochs=1",
+                                        "--trainer.limit_val_batches=2",
+                                        "--trainer.enable_progress_bar=false",
+                                        "--trainer.callbacks+=OnExceptionCheckpoint"};
+  std::vector<std::string> args{"fit"};
+  args.insert(args.end(), common.begin(), common.end());
+  volt_test::Process p(volt_test::cli_binary(), args);
+  ASSERT_TRUE(p.wait_for_output("[Trainer] batch:", std::chrono::seconds(120))) << p.output();
+  ::kill(p.pid(), SIGINT);
+  ASSERT_EQ(p.exit_code(std::chrono::seconds(120)), 128 + SIGINT) << p.output();
+  EXPECT_NE(p.output().find("[Trainer] stopped by SIGINT at epoch 0 after "), std::string::npos)
+      << p.output();
+  const std::string ckpt = dir.path + "/volt_logs/version_0/checkpoints/on_exception.ckpt";
+  ASSERT_TRUE(fs::exists(ckpt)) << p.output();
+  EXPECT_NE(p.output().find("[OnExceptionCheckpoint] saved " + ckpt), std::string::npos)
+      << p.output();
+  std::string resume = "fit --ckpt_path=" + ckpt;
+  for (const auto& a : common) resume += " " + a;
+  auto r = run_binary(resume);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("fit finished"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir.path + "/volt_logs/version_1")) << "the resume continues version_0";
 }
 
 TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {

@@ -10,7 +10,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <regex>
+#include <thread>
 
 #include "build_paths.h"
 #include "processes.h"
@@ -418,6 +420,115 @@ TEST(Ddp, ElasticRestartRelaunchesAfterARankDiesAndEndsWithTheSameWeights) {
         << "rank " << r;
   }
   EXPECT_TRUE(processes_with(dir.path).empty()) << "a worker outlived the job";
+}
+
+// ------------------------------------------------------------------- stopping on request
+
+/// "stopped by ... at epoch E after N of M training batches (global step S)" as rank `r`
+/// printed it, or "" when it did not.
+std::string stop_line(const std::string& output, int r) {
+  const std::regex line("rank " + std::to_string(r) +
+                        " interrupted: (\\[Trainer\\] stopped by "
+                        "[A-Z]+ at epoch [0-9]+ after [0-9]+ of [0-9]+ training batches \\(global "
+                        "step [0-9]+\\))");
+  std::smatch m;
+  return std::regex_search(output, m, line) ? m[1].str() : "";
+}
+
+TEST(Ddp, ASignalToOneRankStopsEveryRankAtTheSameBatchAndResumesExactly) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  // 50 ms per batch: the ranks vote on stop requests about every 0.1 s, i.e. every few batches
+  // here, so the stop lands inside the epoch.
+  const std::vector<std::string> common{"--devices", "2", "--batch",    "8", "--epochs", "2",
+                                        "--dropout", "1", "--sleep-ms", "50"};
+  auto whole = run_plain(cat({"--root", dir / "whole", "--out", dir / "whole/w"}, common));
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  // Rank 1 alone gets SIGTERM at the end of batch 5 (of 8 per epoch). Its request travels with
+  // the ranks' next vote, so both stop after the same later batch, and both take part in the
+  // checkpoint (rank 0 writes the file).
+  auto cut = run_plain(
+      cat({"--root", dir / "cut", "--out", dir / "cut/w", "--die-rank", "1", "--die-batch", "5",
+           "--die-signal", std::to_string(SIGTERM), "--on-exception-ckpt", "1", "--timeout", "20"},
+          common),
+      90s);
+  ASSERT_EQ(cut.code, 128 + SIGTERM) << cut.output;
+  const std::string rank0 = stop_line(cut.output, 0);
+  ASSERT_NE(rank0, "") << cut.output;
+  EXPECT_EQ(stop_line(cut.output, 1), rank0) << cut.output;
+  EXPECT_NE(rank0.find("stopped by SIGTERM at epoch 0 after "), std::string::npos) << rank0;
+  EXPECT_EQ(cut.output.find("error:"), std::string::npos) << cut.output;
+  auto resumed = run_plain(cat(
+      {"--root", dir / "cut", "--out", dir / "cut/w", "--resume", dir / "cut/oe/on_exception.ckpt"},
+      common));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = "/w.rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / "whole" + suffix), load_flat(dir / "cut" + suffix)))
+        << "rank " << r << "; " << rank0;
+  }
+}
+
+TEST(Ddp, AStopRequestedOnOneRankStopsEveryRankAtTheSameBatch) {
+  VOLT_REQUIRE_GLOO();
+  // As a Timer whose rank's clock runs ahead, or a module calling request_stop() on one rank:
+  // alone, that rank would leave the loop while the other waits in its next gradient all-reduce
+  // until the timeout.
+  volt_test::TempDir dir;
+  auto job = run_plain(
+      {"--root", dir.path, "--out", dir / "w", "--devices", "2", "--batch", "8", "--epochs", "2",
+       "--stop-rank", "1", "--stop-batch", "3", "--sleep-ms", "50", "--timeout", "20"},
+      90s);
+  ASSERT_EQ(job.code, 0) << job.output;
+  std::smatch m0, m1;
+  ASSERT_TRUE(std::regex_search(job.output, m0, std::regex("rank 0 done step=([0-9]+)")))
+      << job.output;
+  ASSERT_TRUE(std::regex_search(job.output, m1, std::regex("rank 1 done step=([0-9]+)")))
+      << job.output;
+  EXPECT_EQ(m0[1].str(), m1[1].str()) << job.output;
+  const int step = std::stoi(m0[1].str());
+  EXPECT_GE(step, 4) << "a request is acted on at the ranks' next vote";
+  EXPECT_LT(step, 16) << "it was acted on within the run";
+}
+
+TEST(Ddp, SigtermToTheLaunchingProcessStopsEveryRankAndASecondOneEndsThemAtOnce) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  // Each batch sleeps 300 ms: the signals arrive mid-run, and a graceful stop (at most two
+  // batches) leaves time for the second signal.
+  auto start = [&](const std::string& name) {
+    return std::make_unique<Process>(
+        kWorker, std::vector<std::string>{"--root", dir / name, "--out", dir / (name + "/w"),
+                                          "--devices", "2", "--batch", "8", "--epochs", "50",
+                                          "--sleep-ms", "300", "--timeout", "20"});
+  };
+  // One SIGTERM to the process that launched the job (as a scheduler sends): every rank stops.
+  auto once = start("once");
+  ASSERT_TRUE(once->wait_for_output("rank 0 starts at step 0", 90s)) << once->output();
+  ::kill(once->pid(), SIGTERM);
+  EXPECT_EQ(once->exit_code(60s), 128 + SIGTERM) << once->output();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(once->output().find("rank " + std::to_string(r) +
+                                  " interrupted: [Trainer] stopped by SIGTERM"),
+              std::string::npos)
+        << once->output();
+  }
+  EXPECT_NE(once->output().find("SIGTERM received: stopping at the end of this batch"),
+            std::string::npos)
+      << once->output();
+  // A second SIGTERM ends the process at once, and its worker with it.
+  auto twice = start("twice");
+  ASSERT_TRUE(twice->wait_for_output("rank 0 starts at step 0", 90s)) << twice->output();
+  ::kill(twice->pid(), SIGTERM);
+  ASSERT_TRUE(twice->wait_for_output("SIGTERM received", 10s)) << twice->output();
+  ::kill(twice->pid(), SIGTERM);
+  EXPECT_EQ(twice->exit_code(30s), -SIGTERM) << twice->output();
+  EXPECT_EQ(twice->output().find("interrupted:"), std::string::npos) << twice->output();
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!processes_with(dir / "twice").empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(processes_with(dir / "twice").empty()) << "a worker outlived the launcher";
 }
 
 }  // namespace

@@ -6,7 +6,11 @@
 //   volt_ddp_worker --root DIR --out PREFIX --devices N [--nodes M] [--batch B] [--epochs E]
 //       [--accum K] [--bucket-view 0|1] [--dropout 0|1] [--tied 0|1] [--ckpt-every-step 0|1]
 //       [--ckpt-every-batch 0|1] [--async-ckpt 0|1 (AsyncCheckpointIO)] [--resume CKPT] [--die-rank
-//       R (--die-step S | --die-batch B)]
+//       R (--die-step S | --die-batch B)] [--die-signal N]  (the signal rank R raises; default 9,
+//       SIGKILL; 15 or 2 ask for a graceful stop)
+//       [--stop-rank R --stop-batch B]  (rank R alone calls request_stop() after B batches)
+//       [--on-exception-ckpt 0|1]  (an OnExceptionCheckpoint writing <root>/oe/on_exception.ckpt)
+//       [--sleep-ms MS]  (every training batch sleeps that long: time to send signals)
 //       [--timeout S] [--samples N] [--sync-dist 0|1] [--max-restarts K]
 //       [--unused 0|1] [--find-unused 0|1] [--static-graph 0|1] [--precision NAME] [--bf16-all 1]
 //       [--loss-scale INIT]  (with --bf16-all: dynamic loss scaling, growth every 2 steps)
@@ -24,7 +28,8 @@
 //       (with --zero, rank lines add "zero_memory params=P grads=G state=S master=M numel=N
 //       nvme=F", F: optimizer state bytes in the NVMe swap file)
 //
-// Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage.
+// Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage, 128 + N stopped by signal N
+// (volt::Interrupted; prints "rank R interrupted: <what>").
 
 #include <signal.h>
 
@@ -35,6 +40,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "tiny.h"
 #include "volt/nn/checkpoint.h"
@@ -127,11 +133,13 @@ class Net : public volt::Module {
   std::string optimizer_;
 };
 
-/// SIGKILLs global rank `rank` at the end of the first batch after which optimizer step `step`
-/// is done (or, with `batch` >= 0, after that many training batches).
+/// Raises `signal` (SIGKILL unless told) in global rank `rank` at the end of the first batch
+/// after which optimizer step `step` is done (or, with `batch` >= 0, after that many training
+/// batches).
 class DieAt : public volt::Callback {
  public:
-  DieAt(int64_t rank, int64_t step, int64_t batch) : rank_(rank), step_(step), batch_(batch) {}
+  DieAt(int64_t rank, int64_t step, int64_t batch, int signal)
+      : rank_(rank), step_(step), batch_(batch), signal_(signal) {}
   std::string state_key() const override { return "DieAt"; }
   void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
                           int64_t) override {
@@ -142,15 +150,36 @@ class DieAt : public volt::Callback {
     const char* restart = std::getenv("VOLT_RESTART_COUNT");
     const bool first_attempt = restart == nullptr || std::string(restart) == "0";
     if (rank_ >= 0 && due && first_attempt && volt::log_rank() == rank_) {
-      std::printf("rank %lld dies at step %lld\n", static_cast<long long>(rank_),
+      std::printf("rank %lld %s at step %lld\n", static_cast<long long>(rank_),
+                  signal_ == SIGKILL ? "dies" : "raises its signal",
                   static_cast<long long>(run.state().global_step));
       std::fflush(stdout);
-      ::raise(SIGKILL);
+      ::raise(signal_);
     }
   }
 
  private:
   int64_t rank_, step_, batch_;
+  int signal_;
+};
+
+/// Global rank `rank` alone asks to stop after `batch` training batches (as a Timer on a rank
+/// whose clock runs ahead would); every batch may also sleep `sleep_ms`.
+class StopAt : public volt::Callback {
+ public:
+  StopAt(int64_t rank, int64_t batch, int64_t sleep_ms)
+      : rank_(rank), batch_(batch), sleep_ms_(sleep_ms) {}
+  std::string state_key() const override { return "StopAt"; }
+  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                          int64_t) override {
+    if (sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+    if (rank_ >= 0 && volt::log_rank() == rank_ && run.state().total_batches_done == batch_) {
+      run.request_stop();
+    }
+  }
+
+ private:
+  int64_t rank_, batch_, sleep_ms_;
 };
 
 /// Writes a full checkpoint after every training batch (mid-accumulation included).
@@ -264,8 +293,15 @@ int main(int argc, char** argv) {
         .max_restarts(num("--max-restarts", 0))
         .static_graph(num("--static-graph", 0) != 0)
         .find_unused_parameters(num("--find-unused", 0) != 0);
-    std::vector<std::shared_ptr<volt::Callback>> callbacks{std::make_shared<DieAt>(
-        num("--die-rank", -1), num("--die-step", -1), num("--die-batch", -1))};
+    std::vector<std::shared_ptr<volt::Callback>> callbacks{
+        std::make_shared<DieAt>(num("--die-rank", -1), num("--die-step", -1),
+                                num("--die-batch", -1), static_cast<int>(num("--die-signal", 9))),
+        std::make_shared<StopAt>(num("--stop-rank", -1), num("--stop-batch", -1),
+                                 num("--sleep-ms", 0))};
+    if (num("--on-exception-ckpt", 0) != 0) {
+      callbacks.push_back(std::make_shared<volt::OnExceptionCheckpoint>(
+          volt::OnExceptionCheckpointOptions().dirpath(a["--root"] + "/oe")));
+    }
     if (num("--ckpt-every-batch", 0) != 0) {
       callbacks.push_back(std::make_shared<EveryBatch>(a["--root"] + "/every_batch.ckpt"));
     }
@@ -395,6 +431,10 @@ int main(int argc, char** argv) {
         static_cast<long long>(tensors_peak));
     std::fflush(stdout);
     return 0;
+  } catch (const volt::Interrupted& e) {
+    std::printf("rank %lld interrupted: %s\n", static_cast<long long>(volt::log_rank()), e.what());
+    std::fflush(stdout);
+    return 128 + e.signal();
   } catch (const std::exception& e) {
     std::printf("error: %s\n", e.what());
     std::fflush(stdout);

@@ -24,6 +24,9 @@ enum CliExit : int {
   kCliOk = 0,
   kCliRunFailed = 1,  ///< the run started and failed (data, checkpoint, non-finite loss ...)
   kCliBadUsage = 2,   ///< bad command line or config: nothing was run
+  /// Stopped by a signal (volt::Interrupted): 128 + the signal, as a shell reports a process
+  /// that signal ended, i.e. 130 for SIGINT (Ctrl-C) and 143 for SIGTERM.
+  kCliInterruptedBase = 128,
 };
 
 struct CliOptions {

@@ -49,6 +49,21 @@ class DistributedError : public Error {
   using Error::Error;
 };
 
+/// A run stopped because the process was asked to (SIGINT, e.g. Ctrl-C, or SIGTERM, e.g. a
+/// scheduler's preemption notice) while TrainerOptions::handle_signals was on. Every rank of the
+/// job stopped at the same batch, callbacks ran on_exception (OnExceptionCheckpoint saves there)
+/// and the loggers were finalized as interrupted. Programs usually end with 128 + signal(), as a
+/// shell expects of a process stopped by that signal (the volt CLI does).
+class Interrupted : public Error {
+ public:
+  Interrupted(const std::string& msg, int signal) : Error(msg), signal_(signal) {}
+  /// The signal that asked for the stop (SIGINT = 2, SIGTERM = 15).
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
 /// A profiler region used out of order: stop() of a region that is not open.
 class ProfilerError : public Error {
  public:

@@ -85,6 +85,7 @@ class DdpStrategy : public Strategy {
   std::vector<at::Tensor> all_gather(const at::Tensor& value) const override;
   void barrier(const std::string& name = "") override;
   bool reduce_boolean_decision(bool decision, bool all = true) const override;
+  StopRequest agree_on_stop(const StopRequest& local, bool lagged) override;
 
   /// Every rank's partial gradients (they differ while accumulating without sync).
   void save_accumulated_gradients(const Module& module,
@@ -121,6 +122,9 @@ class DdpStrategy : public Strategy {
   std::unique_ptr<LocalLauncher> launcher_;
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<at::Tensor> buffers_;
+  /// The lagged stop vote under way (agree_on_stop), if any.
+  struct StopVote;
+  std::unique_ptr<StopVote> stop_vote_;
 };
 
 }  // namespace volt

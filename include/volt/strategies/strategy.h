@@ -29,6 +29,14 @@ struct DataShard {
   int64_t world_size = 1;
 };
 
+/// A request to end the loop that every rank must act on at the same batch: a stop signal, a
+/// callback's or module's request_stop(), or max_time.
+struct StopRequest {
+  int signal = 0;            ///< SIGINT / SIGTERM received (0: none)
+  bool should_stop = false;  ///< request_stop() (EarlyStopping, Timer, a module)
+  bool time_up = false;      ///< TrainerOptions::max_time reached
+};
+
 /// The Trainer's loop settings a strategy may check its own configuration against (DeepSpeed's
 /// batch arithmetic and gradient clipping); set by the Trainer before launch().
 struct LoopSettings {
@@ -126,6 +134,15 @@ class Strategy {
   /// One decision for all ranks, so callbacks (EarlyStopping, ModelCheckpoint) never diverge:
   /// true when `decision` holds on every rank (all = true) or on any rank (all = false).
   virtual bool reduce_boolean_decision(bool decision, bool all = true) const { return decision; }
+  /// The ranks' stop requests combined (largest signal; any should_stop; any time_up), so that
+  /// all ranks leave the loop at the same batch. Every rank calls it at the same points (each
+  /// training batch end, epoch boundaries). lagged = true: an empty request, or the combination
+  /// of requests an earlier lagged call sent (multi-process strategies exchange them while
+  /// later batches run, so the loop never waits, and DdpStrategy only about every 0.1 s, on a
+  /// schedule the ranks agree on); a non-empty result sends nothing more, so the ranks stay
+  /// paired. lagged = false: waits for this call's combination (and any exchange still under
+  /// way). One process: `local`.
+  virtual StopRequest agree_on_stop(const StopRequest& local, bool lagged) { return local; }
 
   // ------------------------------------------------------------------ checkpoint state
   virtual void save_model_state(const Module& module, torch::serialize::OutputArchive& ar) const;

@@ -96,6 +96,15 @@ struct TrainerOptions {
   TORCH_ARG(c10::optional<uint64_t>, seed);
   /// Raise ValueError naming the step when a training loss is NaN or inf. Default: true.
   TORCH_ARG(bool, detect_nonfinite_loss) = true;
+  /// Stop gracefully on SIGINT (Ctrl-C) and SIGTERM while an entry point runs, as Lightning's
+  /// graceful shutdown: the first signal lets the current batch finish; then every rank stops
+  /// at the same batch (multi-process runs agree on it with a small collective each batch),
+  /// callbacks run on_exception (OnExceptionCheckpoint saves a checkpoint that resumes
+  /// exactly), loggers are finalized as interrupted and the entry point throws
+  /// volt::Interrupted. A second signal ends the process at once (the default action). Only
+  /// signals left at their default disposition are taken over, and only while the entry point
+  /// runs; a program's own handlers (and ignored signals) are left alone. Default: true.
+  TORCH_ARG(bool, handle_signals) = true;
   /// Replay the whole automatic-optimization step (training_step, backward, clipping by value,
   /// optimizer step) from a CUDA graph after graph_options().warmup_iters() eager steps, one
   /// graph per batch signature (at most graph_options().max_graphs()). What cannot be captured

@@ -445,6 +445,8 @@ Params trainer_params(const Registry& reg) {
       .add("deterministic", d.deterministic(), "use deterministic algorithms only")
       .optional<bool>("benchmark", "cuDNN autotuning; unset: off when deterministic, else kept")
       .add("detect_nonfinite_loss", d.detect_nonfinite_loss(), "fail on a NaN/inf training loss")
+      .add("handle_signals", d.handle_signals(),
+           "SIGINT/SIGTERM stop at a batch boundary (all ranks alike); a second one at once")
       .add("graph_training_step", d.graph_training_step(),
            "replay the training step from CUDA graphs (eager where it cannot, logged)")
       .add("num_threads", d.num_threads(), "torch intra-op threads; 0 = volt's measured default")
@@ -488,6 +490,7 @@ TrainerOptions trainer_options(const Args& a) {
       .use_distributed_sampler(a.get<bool>("use_distributed_sampler"))
       .deterministic(a.get<bool>("deterministic"))
       .detect_nonfinite_loss(a.get<bool>("detect_nonfinite_loss"))
+      .handle_signals(a.get<bool>("handle_signals"))
       .graph_training_step(a.get<bool>("graph_training_step"))
       .num_threads(a.get<int64_t>("num_threads"))
       .reuse_host_memory(a.get<bool>("reuse_host_memory"))

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "trainer/detail/metric_store.h"
+#include "trainer/detail/signals.h"
 #include "volt/callbacks/callback.h"
 #include "volt/core/loop_state.h"
 #include "volt/core/module.h"
@@ -68,7 +69,9 @@ class Run : public RunContext {
   Metrics prog_bar_epoch;
   mutable Metrics cb_cache, pb_cache;
   mutable bool cache_dirty = true;
+  /// When this fit attempt started training, and when it ended (unset while it runs).
   Clock::time_point fit_start;
+  c10::optional<Clock::time_point> fit_end;
   bool fast_dev = false;
   Profiler* prof = nullptr;           // opts.profiler(), or null
   PassThroughProfiler pass_through_;  // profiler() when prof is null
@@ -76,6 +79,15 @@ class Run : public RunContext {
   /// With several processes: the run folder rank 0 chose, shared at set-up (other ranks never
   /// create logger folders themselves).
   std::string shared_log_dir_;
+  /// SIGINT / SIGTERM while an entry point runs (handle_signals); null outside one.
+  const SignalWatch* signals = nullptr;
+  /// Seconds fit trained before this attempt, from the checkpoint it resumed (max_time is a
+  /// budget for the whole run, as Lightning's Timer keeps it).
+  double fit_elapsed_before = 0;
+  /// The stop decisions every rank agreed on at the last check_stop (st.should_stop is this
+  /// rank's own request until then).
+  bool stop_agreed = false;
+  bool time_up = false;
 
   Strategy& strategy() const { return *plan.strategy; }
 
@@ -170,6 +182,14 @@ class Run : public RunContext {
   /// `loader` sharded by the strategy's data_shard() when use_distributed_sampler is on, the
   /// job has several processes and the loader is not sharded already; else `loader` itself.
   DataLoader shard(const DataLoader& loader) const;
+
+  // ---------------------------------------------------------------- stopping
+  /// Seconds of training in this run, resumed attempts included (0 before any fit).
+  double fit_elapsed() const;
+  /// Combines this rank's stop requests (a signal; in fit also request_stop() and max_time)
+  /// with the other ranks' (Strategy::agree_on_stop, `lagged` as there), sets stop_agreed and
+  /// time_up, and throws Interrupted when a rank received a stop signal.
+  void check_stop(bool lagged, bool in_fit);
 
   // ---------------------------------------------------------------- metrics
   void refresh_cache() const;

@@ -23,13 +23,13 @@ bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const c10::optional<D
   return (idx + 1) % every == 0 || (vci.is_fraction() && vci.fraction() == 1.0 && idx + 1 == n);
 }
 
+// Decides on what every rank agreed (Run::check_stop): a rank's own clock or request_stop()
+// alone would let ranks leave the loop at different batches, and the one that goes on would
+// wait in its next gradient all-reduce for peers that are gone.
 bool stop_now(const Run& r) {
   if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) return true;
-  if (r.opts.max_time()) {
-    const double elapsed = std::chrono::duration<double>(Clock::now() - r.fit_start).count();
-    if (elapsed >= *r.opts.max_time()) return true;
-  }
-  return r.st.should_stop && r.st.epoch + 1 >= r.opts.min_epochs();
+  if (r.time_up) return true;
+  return r.stop_agreed && r.st.epoch + 1 >= r.opts.min_epochs();
 }
 
 void validate_now(Run& r, DataLoader& val) {
@@ -73,6 +73,10 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
         r.send_to_loggers(r.train_metrics.step_values(true, false));
       }
       if (validate) validate_now(r, *val);
+      // Signals, request_stop() and max_time, agreed over the ranks. Lagged (the exchange runs
+      // while the next batch computes) except after a validation, whose request (EarlyStopping)
+      // stops this batch as in one process.
+      r.check_stop(/*lagged=*/!validate, /*in_fit=*/true);
       if (stop_now(r)) break;
     }
   }
@@ -150,12 +154,16 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   r.st.epoch_finished = false;
   r.st.val_pending = false;
   r.st.should_stop = false;
+  r.stop_agreed = false;
+  r.time_up = false;
+  r.fit_elapsed_before = 0;
   r.step->reset_checks();
   r.train_metrics.clear();
   r.epoch_metrics.clear();
   r.prog_bar_epoch.clear();
   r.cache_dirty = true;
   r.fit_start = Clock::now();
+  r.fit_end.reset();
   // A process relaunched by an elastic restart resumes where the job's last checkpoint is.
   const std::string restart = r.strategy().restart_checkpoint();
   const std::string ckpt =
@@ -178,6 +186,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   const int64_t max_epochs = r.resolved_max_epochs();
   for (;;) {
     if (r.st.epoch_finished) {
+      r.check_stop(/*lagged=*/false, /*in_fit=*/true);  // the epoch-end hooks' requests too
       if (stop_now(r) || (max_epochs >= 0 && r.st.epoch + 1 >= max_epochs)) break;
       ++r.st.epoch;
       r.st.batches_done = 0;
@@ -188,6 +197,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
     train_epoch(r, train, val);
   }
   r.step->finish();
+  r.fit_end = Clock::now();  // a checkpoint saved after fit counts the training time only
   r.hook(
       "on_train_end", [&](Module& mm) { mm.on_train_end(); },
       [&](Callback& c) { c.on_train_end(r, m); });

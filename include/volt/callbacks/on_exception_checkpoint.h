@@ -1,0 +1,45 @@
+#pragma once
+/// OnExceptionCheckpoint: Lightning's callback of that name. When fit ends with an exception it
+/// saves a checkpoint, so a run stopped by Ctrl-C or a preemption signal (volt::Interrupted)
+/// resumes exactly where it stopped.
+
+#include <torch/arg.h>
+
+#include <iosfwd>
+#include <string>
+
+#include "volt/callbacks/callback.h"
+
+namespace volt {
+
+struct OnExceptionCheckpointOptions {
+  /// Folder of the checkpoint; "" = the run's checkpoint folder, <log_dir>/checkpoints.
+  /// Default: "".
+  TORCH_ARG(std::string, dirpath) = "";
+  /// File name without the ".ckpt" suffix. Default: "on_exception".
+  TORCH_ARG(std::string, filename) = "on_exception";
+};
+
+std::ostream& operator<<(std::ostream& os, const OnExceptionCheckpointOptions& o);
+
+/// Saves <dirpath>/<filename>.ckpt in on_exception during fit (atomically, over the file a
+/// previous run left). When the error is volt::Interrupted every rank stopped at the same batch
+/// boundary, so the checkpoint holds a consistent mid-epoch state and resuming from it is
+/// bit-identical to an uninterrupted run. Any other error leaves the state as the failure found
+/// it (Lightning saves it anyway, and so does this in one process, with a warning); with several
+/// processes the other ranks are not at the same point, and a checkpoint (a collective) would
+/// wait for them, so it is not written and a warning says so.
+class OnExceptionCheckpoint : public Callback {
+ public:
+  explicit OnExceptionCheckpoint(OnExceptionCheckpointOptions options = {});
+  std::string state_key() const override { return "OnExceptionCheckpoint"; }
+  void on_exception(RunContext& run, Module& module, const std::exception& error) override;
+  /// Where the last on_exception saved ("" if it did not).
+  const std::string& saved_path() const { return saved_path_; }
+
+ private:
+  OnExceptionCheckpointOptions options_;
+  std::string saved_path_;
+};
+
+}  // namespace volt

@@ -1,0 +1,242 @@
+// Stopping a run on request (TrainerOptions::handle_signals, volt::Interrupted,
+// OnExceptionCheckpoint) and max_time as a budget for the whole run, in one process with real
+// signals raised in the process. Several processes: tests/strategies/ddp_test.cpp
+// (Ddp.*Stop*), the CLI's exit codes: tests/cli/cli_test.cpp.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "tiny.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using volt_test::quiet;
+using volt_test::TinyClassifier;
+
+bool is_default(int sig) {
+  struct sigaction a {};
+  ::sigaction(sig, nullptr, &a);
+  return (a.sa_flags & SA_SIGINFO) == 0 && a.sa_handler == SIG_DFL;
+}
+
+/// Raises `sig` at the end of training batch number `train_at` (counted over the run) or of
+/// validation batch `val_at`; records whether SIGINT/SIGTERM had their default action while
+/// the run trained, and how many validation batches ran.
+class RaiseAt : public volt::Callback {
+ public:
+  RaiseAt(int sig, int64_t train_at, int64_t val_at = -1)
+      : sig_(sig), train_at_(train_at), val_at_(val_at) {}
+  std::string state_key() const override { return "RaiseAt"; }
+  void on_train_start(volt::RunContext&, volt::Module&) override {
+    default_during_run = is_default(SIGINT) && is_default(SIGTERM);
+  }
+  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                          int64_t) override {
+    if (run.state().total_batches_done == train_at_) ::raise(sig_);
+  }
+  void on_validation_batch_end(volt::RunContext&, volt::Module&, const volt::Batch&,
+                               int64_t idx) override {
+    ++val_batches;
+    if (idx == val_at_) ::raise(sig_);
+  }
+  bool default_during_run = true;
+  int64_t val_batches = 0;
+
+ private:
+  int sig_;
+  int64_t train_at_, val_at_;
+};
+
+volt::DataLoader train_data() {
+  return volt_test::loader(volt_test::blobs(160), 16);  // 10 batches per epoch
+}
+volt::DataLoader val_data() {
+  return volt_test::loader(volt_test::blobs(64, 8, 1), 16, false);
+}
+
+TEST(Interrupt, SigintStopsAtTheBatchBoundaryAndTheCheckpointResumesExactly) {
+  volt_test::TempDir dir;
+  torch::manual_seed(0);
+  TinyClassifier whole;
+  volt::Trainer(quiet(dir / "whole").max_epochs(2)).fit(whole, train_data(), val_data());
+
+  torch::manual_seed(0);
+  TinyClassifier cut;
+  auto raise_at = std::make_shared<RaiseAt>(SIGINT, 13);
+  auto oe = std::make_shared<volt::OnExceptionCheckpoint>(
+      volt::OnExceptionCheckpointOptions().dirpath(dir / "oe"));
+  volt::Trainer t(quiet(dir / "cut").max_epochs(2).callbacks({raise_at, oe}));
+  try {
+    t.fit(cut, train_data(), val_data());
+    FAIL() << "fit returned after SIGINT";
+  } catch (const volt::Interrupted& e) {
+    EXPECT_EQ(e.signal(), SIGINT);
+    EXPECT_NE(std::string(e.what()).find("[Trainer] stopped by SIGINT at epoch 1 after 3 of 10 "
+                                         "training batches (global step 13)"),
+              std::string::npos)
+        << e.what();
+  }
+  // Stopped at the end of the batch that got the signal, not at once and not at the epoch end.
+  EXPECT_EQ(t.state().status, volt::RunStatus::kInterrupted);
+  EXPECT_EQ(t.state().total_batches_done, 13);
+  EXPECT_FALSE(raise_at->default_during_run);
+  EXPECT_TRUE(is_default(SIGINT) && is_default(SIGTERM)) << "the default action is back";
+  ASSERT_EQ(oe->saved_path(), dir / "oe/on_exception.ckpt");
+  ASSERT_TRUE(fs::exists(oe->saved_path()));
+
+  TinyClassifier resumed;
+  volt::Trainer r(quiet(dir / "resumed").max_epochs(2));
+  r.fit(resumed, train_data(), val_data(), oe->saved_path());
+  EXPECT_EQ(r.state().global_step, 20);
+  EXPECT_TRUE(resumed.flat_params().equal(whole.flat_params()))
+      << "max diff " << (resumed.flat_params() - whole.flat_params()).abs().max().item<double>();
+}
+
+TEST(Interrupt, SigtermDuringValidateStopsAtTheNextBatch) {
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  auto raise_at = std::make_shared<RaiseAt>(SIGTERM, -1, 1);
+  volt::Trainer t(quiet(dir.path).callbacks({raise_at}));
+  try {
+    t.validate(model, val_data());
+    FAIL() << "validate returned after SIGTERM";
+  } catch (const volt::Interrupted& e) {
+    EXPECT_EQ(e.signal(), SIGTERM);
+    EXPECT_NE(std::string(e.what()).find("stopped by SIGTERM during validate"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(raise_at->val_batches, 2) << "of 4";
+  EXPECT_EQ(t.state().status, volt::RunStatus::kInterrupted);
+  EXPECT_TRUE(is_default(SIGTERM));
+}
+
+std::atomic<int> g_own_handler_calls{0};
+extern "C" void own_handler(int) {
+  g_own_handler_calls.fetch_add(1);
+}
+
+TEST(Interrupt, AProgramsOwnHandlerIsLeftAlone) {
+  volt_test::TempDir dir;
+  struct sigaction own {};
+  own.sa_handler = own_handler;
+  sigemptyset(&own.sa_mask);
+  ASSERT_EQ(::sigaction(SIGINT, &own, nullptr), 0);
+  g_own_handler_calls = 0;
+  TinyClassifier model;
+  volt::Trainer t(quiet(dir.path).max_epochs(1).callbacks({std::make_shared<RaiseAt>(SIGINT, 3)}));
+  t.fit(model, train_data());
+  EXPECT_EQ(t.state().status, volt::RunStatus::kFinished);
+  EXPECT_EQ(t.state().global_step, 10);
+  EXPECT_EQ(g_own_handler_calls.load(), 1);
+  struct sigaction after {};
+  ::sigaction(SIGINT, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, own_handler);
+  signal(SIGINT, SIG_DFL);
+}
+
+TEST(Interrupt, HandleSignalsFalseKeepsTheDefaultAction) {
+  volt_test::TempDir dir;
+  for (bool handle : {true, false}) {
+    TinyClassifier model;
+    // train_at -1: never raises; it only records the dispositions during the run.
+    auto probe = std::make_shared<RaiseAt>(SIGINT, -1);
+    volt::Trainer t(quiet(dir.path).max_epochs(1).handle_signals(handle).callbacks({probe}));
+    t.fit(model, train_data());
+    EXPECT_EQ(probe->default_during_run, !handle) << "handle_signals=" << handle;
+    EXPECT_TRUE(is_default(SIGINT) && is_default(SIGTERM));
+  }
+}
+
+/// Sleeps in every training batch, so that a fit takes a known least time.
+class Slow : public volt::Callback {
+ public:
+  std::string state_key() const override { return "Slow"; }
+  void on_train_batch_end(volt::RunContext&, volt::Module&, const volt::Batch&,
+                          int64_t) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+};
+
+TEST(Interrupt, MaxTimeIsABudgetForTheWholeRunAcrossResumes) {
+  // As Lightning's Timer (which implements its max_time): the time trained before a resume
+  // counts. The first run trains >= 0.3 s; resumed with max_time 0.2 s it trains no more (the
+  // epoch boundary checks the budget before a batch); without the budget it would train its
+  // 0.2 s, far more than the 40 batches left.
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  volt::Trainer first(quiet(dir.path).max_epochs(1).callbacks({std::make_shared<Slow>()}));
+  first.fit(model, train_data());
+  first.save_checkpoint(dir / "one_epoch.ckpt");
+  volt::Trainer second(quiet(dir.path).max_epochs(5).max_time(0.2));
+  second.fit(model, train_data(), c10::nullopt, dir / "one_epoch.ckpt");
+  EXPECT_EQ(second.state().global_step, 10);
+  EXPECT_EQ(second.state().status, volt::RunStatus::kFinished);
+}
+
+TEST(OnExceptionCheckpoint, RejectsAFileNameThatIsNotOne) {
+  for (const char* bad : {"", "a/b", ".", ".."}) {
+    EXPECT_THROW(volt::OnExceptionCheckpoint(volt::OnExceptionCheckpointOptions().filename(bad)),
+                 volt::ConfigError)
+        << bad;
+  }
+}
+
+/// Fails in training_step on batch `train_at` and in validation_step on batch `val_at`.
+class FailsAt : public TinyClassifier {
+ public:
+  FailsAt(int64_t train_at, int64_t val_at) : train_at_(train_at), val_at_(val_at) {}
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    VOLT_CHECK(i != train_at_, volt::ValueError, "[FailsAt] batch ", i, " is bad");
+    return TinyClassifier::training_step(b, i);
+  }
+  void validation_step(const volt::Batch& b, int64_t i) override {
+    VOLT_CHECK(i != val_at_, volt::ValueError, "[FailsAt] validation batch ", i, " is bad");
+    TinyClassifier::validation_step(b, i);
+  }
+
+ private:
+  int64_t train_at_, val_at_;
+};
+
+TEST(OnExceptionCheckpoint, SavesAFailedFitInOneProcessWithAWarningAndNothingOutsideFit) {
+  volt_test::TempDir dir;
+  FailsAt model(4, 1);
+  auto oe = std::make_shared<volt::OnExceptionCheckpoint>();
+  volt::Trainer t(quiet(dir.path).logger(true).callbacks({oe}));
+  EXPECT_THROW(t.fit(model, train_data()), volt::ValueError);
+  EXPECT_EQ(t.state().status, volt::RunStatus::kFailed);
+  // The default folder: the run's checkpoint folder.
+  ASSERT_EQ(oe->saved_path(), t.log_dir() + "/checkpoints/on_exception.ckpt");
+  EXPECT_TRUE(fs::exists(oe->saved_path()));
+  fs::remove(oe->saved_path());
+
+  EXPECT_THROW(t.validate(model, val_data()), volt::ValueError);
+  EXPECT_EQ(oe->saved_path(), "");
+  EXPECT_FALSE(fs::exists(t.log_dir() + "/checkpoints/on_exception.ckpt"));
+}
+
+TEST(OnExceptionCheckpoint, WarnsThatAFailedStateIsForInspection) {
+  volt_test::TempDir dir;
+  FailsAt model(2, -1);
+  auto oe = std::make_shared<volt::OnExceptionCheckpoint>(
+      volt::OnExceptionCheckpointOptions().dirpath(dir / "oe").filename("crash"));
+  volt::Trainer t(quiet(dir.path).callbacks({oe}));
+  std::vector<std::string> lines;
+  volt::set_log_sink([&](volt::LogLevel, const std::string& l) { lines.push_back(l); });
+  EXPECT_THROW(t.fit(model, train_data()), volt::ValueError);
+  volt::set_log_sink(nullptr);
+  EXPECT_TRUE(fs::exists(dir / "oe/crash.ckpt"));
+  bool warned = false;
+  for (const auto& l : lines) {
+    warned = warned || l.find("use it to inspect the failure rather than to resume") !=
+                           std::string::npos;
+  }
+  EXPECT_TRUE(warned);
+}
+
+}  // namespace
