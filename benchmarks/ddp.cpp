@@ -6,7 +6,7 @@
 //
 //   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
 //                  [--only weak|sweep|overlap|static|zero|zero_alone|offload|zero_overlap|master|
-//                          host_memory|collectives]
+//                          host_memory|stop_vote|collectives]
 //                  [--nvme DIR]
 //
 // `zero_overlap`: stages 2 and 3 at 2 ranks with 2 MB gradient buckets, each bucket's reduction
@@ -24,6 +24,10 @@
 //
 // `host_memory`: TrainerOptions::reuse_host_memory on and off (the C library's malloc keeping
 // freed blocks or returning them to the kernel), with rank 0's page faults per step.
+//
+// `stop_vote`: the per-batch agreement on stop requests (DdpStrategy::agree_on_stop, an
+// all-gather of three ints overlapped with the next batch) against a DdpStrategy whose vote is
+// removed, at 2 ranks on a small MLP (784-256-256-10), where a fixed cost per step shows most.
 //
 // `collectives` (only when asked for): the reduce-scatter ZeRO's gradient buckets use (one
 // all-to-all and a local sum) against the all-reduce of the whole bucket it replaced, at 2 and 4
@@ -222,6 +226,14 @@ int collectives_worker(int64_t devices) {
   return 0;
 }
 
+/// DdpStrategy without the per-batch stop vote: the reference the vote's cost is measured
+/// against (`--no-stop-vote 1`). Only for this benchmark: its ranks could stop apart.
+class NoStopVoteDdp : public volt::DdpStrategy {
+ public:
+  using volt::DdpStrategy::DdpStrategy;
+  volt::StopRequest agree_on_stop(const volt::StopRequest& local, bool) override { return local; }
+};
+
 int worker(std::map<std::string, std::string>& a) {
   auto num = [&](const char* k, double def) { return a.count(k) ? std::stod(a[k]) : def; };
   const auto devices = static_cast<int64_t>(num("--devices", 1));
@@ -280,7 +292,9 @@ int worker(std::map<std::string, std::string>& a) {
     callbacks.push_back(zero_bytes);
     strategy = ds;
   } else {
-    strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision, devices, 1);
+    strategy = num("--no-stop-vote", 0) != 0
+                   ? std::make_shared<NoStopVoteDdp>(ddp, accelerator, precision, devices, 1)
+                   : std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision, devices, 1);
   }
   volt::Trainer trainer(volt::TrainerOptions()
                             .accelerator(accelerator)
@@ -470,6 +484,22 @@ int main(int argc, char** argv) {
       std::printf("  1 rank x 1 thread   %8.2f ms/step\n", median(one));
       std::printf("  2 ranks x 1 thread  %8.2f ms/step   ratio %.3f\n\n", median(two),
                   median(two) / median(one));
+    }
+
+    // 1b. The stop vote's cost on a small model, rounds interleaved.
+    if (wanted("stop_vote")) {
+      const std::string small = " --steps 200 --width 256 --batch 64";
+      std::vector<double> with, without;
+      for (int r = 0; r < rounds; ++r) {
+        // Alternating which goes first, so that drift between the two jobs of a round cancels.
+        if (r % 2 == 1) without.push_back(job(bin, "--devices 2 --no-stop-vote 1" + small).step_ms);
+        with.push_back(job(bin, "--devices 2" + small).step_ms);
+        if (r % 2 == 0) without.push_back(job(bin, "--devices 2 --no-stop-vote 1" + small).step_ms);
+      }
+      std::printf("stop vote per batch, 2 ranks, MLP 784-256-256-10, batch 64, 200 steps\n");
+      std::printf("  without the vote  %8.3f ms/step\n", median(without));
+      std::printf("  with the vote     %8.3f ms/step   ratio %.3f\n\n", median(with),
+                  median(with) / median(without));
     }
 
     // 2. bucket_cap_mb x gradient_as_bucket_view.
