@@ -13,8 +13,7 @@ namespace fs = std::filesystem;
 
 OnExceptionCheckpoint::OnExceptionCheckpoint(OnExceptionCheckpointOptions options)
     : options_(std::move(options)) {
-  VOLT_CHECK(!options_.filename().empty() &&
-                 options_.filename().find('/') == std::string::npos &&
+  VOLT_CHECK(!options_.filename().empty() && options_.filename().find('/') == std::string::npos &&
                  options_.filename() != "." && options_.filename() != "..",
              ConfigError, "[OnExceptionCheckpoint] filename=\"", options_.filename(),
              "\" is not a file name; give a plain name such as \"on_exception\" (the folder "
@@ -35,8 +34,8 @@ void OnExceptionCheckpoint::on_exception(RunContext& run, Module&, const std::ex
     }
     return;
   }
-  const fs::path dir =
-      options_.dirpath().empty() ? fs::path(run.log_dir()) / "checkpoints" : fs::path(options_.dirpath());
+  const fs::path dir = options_.dirpath().empty() ? fs::path(run.log_dir()) / "checkpoints"
+                                                  : fs::path(options_.dirpath());
   const std::string path = (dir / (options_.filename() + ".ckpt")).string();
   run.save_checkpoint(path);
   saved_path_ = path;

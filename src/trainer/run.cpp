@@ -208,11 +208,12 @@ void Run::check_stop(bool lagged, bool in_fit) {
     local.time_up = opts.max_time() && fit_elapsed() >= *opts.max_time();
   }
   const StopRequest agreed = strategy().agree_on_stop(local, lagged);
-  if (in_fit) {
-    if (agreed.should_stop) st.should_stop = true;  // another rank's request is this one's too
-    stop_agreed = agreed.should_stop;
-    time_up = agreed.time_up;
+  // Sticky, as should_stop itself: between DdpStrategy's votes the result is empty.
+  if (in_fit && agreed.should_stop) {
+    st.should_stop = true;  // another rank's request is this one's too
+    stop_agreed = true;
   }
+  if (in_fit && agreed.time_up) time_up = true;
   if (agreed.signal == 0) return;
   std::ostringstream where;
   if (in_fit) {

@@ -75,7 +75,19 @@ class Process {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
     posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-    int rc = ::posix_spawn(&pid_, exe.c_str(), &fa, nullptr, cargv.data(), cenv.data());
+    // SIGINT and SIGTERM start at their default action, as in a program run from a terminal:
+    // a test runner started in the background (`cmd &` in a script) ignores SIGINT, and its
+    // children would inherit that (volt never takes over an ignored signal).
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t defaults;
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGINT);
+    sigaddset(&defaults, SIGTERM);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+    int rc = ::posix_spawn(&pid_, exe.c_str(), &fa, &attr, cargv.data(), cenv.data());
+    posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&fa);
     ::close(fds[1]);
     if (rc != 0) {

@@ -18,6 +18,27 @@ namespace fs = std::filesystem;
 using volt_test::quiet;
 using volt_test::TinyClassifier;
 
+/// SIGINT and SIGTERM at their default action for a test's scope (restored after): a test
+/// runner started in the background (`cmd &` in a script) ignores SIGINT, and volt rightly
+/// leaves an ignored signal alone.
+class DefaultStopSignals {
+ public:
+  DefaultStopSignals() {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(SIGINT, &dfl, &saved_[0]);
+    ::sigaction(SIGTERM, &dfl, &saved_[1]);
+  }
+  ~DefaultStopSignals() {
+    ::sigaction(SIGINT, &saved_[0], nullptr);
+    ::sigaction(SIGTERM, &saved_[1], nullptr);
+  }
+
+ private:
+  struct sigaction saved_[2]{};
+};
+
 bool is_default(int sig) {
   struct sigaction a {};
   ::sigaction(sig, nullptr, &a);
@@ -60,6 +81,7 @@ volt::DataLoader val_data() {
 }
 
 TEST(Interrupt, SigintStopsAtTheBatchBoundaryAndTheCheckpointResumesExactly) {
+  DefaultStopSignals defaults;
   volt_test::TempDir dir;
   torch::manual_seed(0);
   TinyClassifier whole;
@@ -98,6 +120,7 @@ TEST(Interrupt, SigintStopsAtTheBatchBoundaryAndTheCheckpointResumesExactly) {
 }
 
 TEST(Interrupt, SigtermDuringValidateStopsAtTheNextBatch) {
+  DefaultStopSignals defaults;
   volt_test::TempDir dir;
   TinyClassifier model;
   auto raise_at = std::make_shared<RaiseAt>(SIGTERM, -1, 1);
@@ -121,6 +144,7 @@ extern "C" void own_handler(int) {
 }
 
 TEST(Interrupt, AProgramsOwnHandlerIsLeftAlone) {
+  DefaultStopSignals defaults;
   volt_test::TempDir dir;
   struct sigaction own {};
   own.sa_handler = own_handler;
@@ -140,6 +164,7 @@ TEST(Interrupt, AProgramsOwnHandlerIsLeftAlone) {
 }
 
 TEST(Interrupt, HandleSignalsFalseKeepsTheDefaultAction) {
+  DefaultStopSignals defaults;
   volt_test::TempDir dir;
   for (bool handle : {true, false}) {
     TinyClassifier model;
@@ -156,8 +181,7 @@ TEST(Interrupt, HandleSignalsFalseKeepsTheDefaultAction) {
 class Slow : public volt::Callback {
  public:
   std::string state_key() const override { return "Slow"; }
-  void on_train_batch_end(volt::RunContext&, volt::Module&, const volt::Batch&,
-                          int64_t) override {
+  void on_train_batch_end(volt::RunContext&, volt::Module&, const volt::Batch&, int64_t) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
   }
 };
@@ -233,8 +257,8 @@ TEST(OnExceptionCheckpoint, WarnsThatAFailedStateIsForInspection) {
   EXPECT_TRUE(fs::exists(dir / "oe/crash.ckpt"));
   bool warned = false;
   for (const auto& l : lines) {
-    warned = warned || l.find("use it to inspect the failure rather than to resume") !=
-                           std::string::npos;
+    warned = warned ||
+             l.find("use it to inspect the failure rather than to resume") != std::string::npos;
   }
   EXPECT_TRUE(warned);
 }

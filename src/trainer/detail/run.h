@@ -84,8 +84,8 @@ class Run : public RunContext {
   /// Seconds fit trained before this attempt, from the checkpoint it resumed (max_time is a
   /// budget for the whole run, as Lightning's Timer keeps it).
   double fit_elapsed_before = 0;
-  /// The stop decisions every rank agreed on at the last check_stop (st.should_stop is this
-  /// rank's own request until then).
+  /// The stop decisions every rank agreed on so far (st.should_stop is this rank's own request
+  /// until then).
   bool stop_agreed = false;
   bool time_up = false;
 
@@ -188,7 +188,7 @@ class Run : public RunContext {
   double fit_elapsed() const;
   /// Combines this rank's stop requests (a signal; in fit also request_stop() and max_time)
   /// with the other ranks' (Strategy::agree_on_stop, `lagged` as there), sets stop_agreed and
-  /// time_up, and throws Interrupted when a rank received a stop signal.
+  /// time_up once agreed, and throws Interrupted when a rank received a stop signal.
   void check_stop(bool lagged, bool in_fit);
 
   // ---------------------------------------------------------------- metrics
