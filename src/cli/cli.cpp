@@ -563,7 +563,8 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
                << " (" << preds.size() << " batches)\n";
     }
   } catch (const Interrupted& e) {
-    err << e.what() << "\n";
+    // Every rank stopped at the same batch with the same message: rank 0 prints it.
+    if (trainer.strategy().is_global_zero()) err << e.what() << "\n";
     return kCliInterruptedBase + e.signal();
   } catch (const Error& e) {
     err << e.what() << "\n";
