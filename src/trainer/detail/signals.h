@@ -9,7 +9,10 @@ namespace detail {
 /// action. Only a signal whose disposition is the default (SIG_DFL) is taken over: a program's
 /// own handler, an ignored signal (e.g. SIGINT of a background job) and an enclosing watch stay
 /// as they are. The destructor restores what it replaced. The handler is async-signal-safe: an
-/// atomic exchange, and on rank 0 one write(2) to stderr saying what happens next.
+/// atomic exchange, and on rank 0 one write(2) to stderr saying what happens next. Signal
+/// dispositions are per process: Trainer entry points running at once in several threads of
+/// one process share one flag, and the watch that installed the handler restores the default
+/// when its entry point ends, for the others too.
 class SignalWatch {
  public:
   explicit SignalWatch(bool enabled);
