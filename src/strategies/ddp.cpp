@@ -318,7 +318,7 @@ StopRequest DdpStrategy::agree_on_stop(const StopRequest& local, bool lagged) {
   // last vote (1 before there is one).
   const auto now = std::chrono::steady_clock::now();
   int64_t proposal = 1;
-  if (v.calls > 0 && v.last != std::chrono::steady_clock::time_point{}) {
+  if (v.last != std::chrono::steady_clock::time_point{}) {
     const double per_call =
         std::chrono::duration<double>(now - v.last).count() / static_cast<double>(v.calls);
     proposal = per_call <= 0 ? kMaxStopVoteInterval

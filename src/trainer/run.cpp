@@ -237,6 +237,10 @@ void Run::check_stop(bool lagged, bool in_fit) {
       agreed.signal);
 }
 
+void Run::check_stop_in_evaluation(bool pass_done) {
+  if (pass_done == (world_size() > 1)) check_stop(/*lagged=*/false, /*in_fit=*/false);
+}
+
 std::string Run::config_fingerprint() const {
   // What every rank must agree on: the loop's settings and the model's parameters. Paths
   // (default_root_dir) and display settings may differ between nodes.

@@ -71,12 +71,6 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     // anything else failed wherever it was.
     const bool interrupted = dynamic_cast<const Interrupted*>(&e) != nullptr;
     st.status = interrupted ? RunStatus::kInterrupted : RunStatus::kFailed;
-    // Pending checkpoint writes still finish (a restart resumes from them); their failures
-    // were logged when they happened.
-    try {
-      strategy().checkpoint_io().flush();
-    } catch (...) {
-    }
     // The run ends cleanly: callbacks and loggers are told, files are flushed, then the error
     // propagates. The checkpoints on disk stay as they are; a callback may add one
     // (OnExceptionCheckpoint, written atomically under its own name).
@@ -89,17 +83,17 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
       }
     }
     try {
-      // What on_exception saved is on disk before the error propagates. After an interrupt
-      // every rank is here, so they also wait for rank 0's writes; after a failure they may
-      // not be, so each process only finishes its own.
+      // Pending checkpoint writes (a restart resumes from them) and what on_exception saved are
+      // on disk before the error propagates. After an interrupt every rank is here, so they
+      // also wait for rank 0's writes; after a failure they may not be, so each process only
+      // finishes its own. Failures of earlier writes were logged when they happened.
       if (interrupted) {
         strategy().flush_checkpoints();
       } else {
         strategy().checkpoint_io().flush();
       }
     } catch (const std::exception& failed) {
-      log_warning("Trainer",
-                  std::string("a checkpoint written on the way out failed: ") + failed.what());
+      log_warning("Trainer", std::string("a checkpoint write failed: ") + failed.what());
     }
     for (auto& l : loggers()) {
       try {

@@ -190,6 +190,10 @@ class Run : public RunContext {
   /// with the other ranks' (Strategy::agree_on_stop, `lagged` as there), sets stop_agreed and
   /// time_up once agreed, and throws Interrupted when a rank received a stop signal.
   void check_stop(bool lagged, bool in_fit);
+  /// validate/test/predict's check: at each batch end (`pass_done` false) in one process, once
+  /// after the pass (`pass_done` true) with several, since a user's evaluation loaders need not
+  /// give every rank as many batches and a vote per batch could leave one rank waiting.
+  void check_stop_in_evaluation(bool pass_done);
 
   // ---------------------------------------------------------------- metrics
   void refresh_cache() const;

@@ -31,7 +31,7 @@ class SignalWatch {
   bool active_ = false;
 };
 
-/// "SIGINT", "SIGTERM" or "signal N".
+/// "SIGINT", "SIGTERM", or "a signal" for any other.
 const char* signal_text(int signal);
 
 }  // namespace detail

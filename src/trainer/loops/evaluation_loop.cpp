@@ -35,11 +35,9 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
   BatchStream stream = loader.stream(0, 0, limit);
   Batch raw;
   int64_t idx = 0;
-  // A stop signal ends validate()/test() at a batch boundary in one process. With several, the
-  // ranks agree once, after the pass (a user's loaders need not give every rank as many
-  // batches, so a vote per batch could leave one waiting). Inside fit the training loop acts.
+  // A stop signal ends validate()/test() (Run::check_stop_in_evaluation); inside fit the
+  // training loop acts on it.
   const bool entry_point = r.st.stage == stage;
-  const bool check_each_batch = entry_point && r.world_size() == 1;
   while (r.next_batch(stream, raw, is_test ? "get_test_batch" : "get_validation_batch")) {
     Batch batch = r.strategy().batch_to_device(raw);
     r.current_batch_size = batch.size();
@@ -61,9 +59,9 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
       }
     }
     ++idx;
-    if (check_each_batch) r.check_stop(/*lagged=*/false, /*in_fit=*/false);
+    if (entry_point) r.check_stop_in_evaluation(/*pass_done=*/false);
   }
-  if (entry_point && !check_each_batch) r.check_stop(/*lagged=*/false, /*in_fit=*/false);
+  if (entry_point) r.check_stop_in_evaluation(/*pass_done=*/true);
   Metrics result;
   if (!sanity) {
     // The module's epoch-end hook may log: it runs before the reduction, the callbacks after.

@@ -19,11 +19,9 @@ std::vector<at::Tensor> prediction_loop(Run& r, DataLoader& loader, int64_t limi
     Batch batch = r.strategy().batch_to_device(raw);
     ProfileScope p(r.prof, "predict_step");
     out.push_back(r.strategy().predict_step(m, batch, idx++));
-    // As in evaluation_loop: a stop signal ends predict() at a batch boundary in one process,
-    // after the pass with several.
-    if (r.world_size() == 1) r.check_stop(/*lagged=*/false, /*in_fit=*/false);
+    r.check_stop_in_evaluation(/*pass_done=*/false);
   }
-  if (r.world_size() > 1) r.check_stop(/*lagged=*/false, /*in_fit=*/false);
+  r.check_stop_in_evaluation(/*pass_done=*/true);
   r.callback_hook("on_predict_end", [&](Callback& c) { c.on_predict_end(r, m); });
   return out;
 }
