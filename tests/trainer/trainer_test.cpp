@@ -139,6 +139,26 @@ TEST(Trainer, AccumulationMatchesTheLargeBatchStep) {
   EXPECT_TRUE(torch::allclose(a.flat_params(), b.flat_params(), 1e-5, 1e-6));
 }
 
+// The loop zeroes gradients after each step; what the parameters hold when fit() starts (a
+// program's own backward, or an elastic restart's failed attempt) must not reach the first step.
+TEST(Trainer, GradientsLeftBeforeFitDoNotReachTheFirstStep) {
+  volt_test::TempDir dir;
+  auto ds = volt_test::blobs(32);
+  TinyClassifier a, b;
+  a.drop->options.p(0.0);
+  b.drop->options.p(0.0);
+  {
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < a.parameters().size(); ++i) b.parameters()[i].copy_(a.parameters()[i]);
+  }
+  for (auto& p : b.parameters()) p.mutable_grad() = torch::full_like(p, 0.5);
+  volt::Trainer ta(quiet(dir.path + "/a").max_steps(2));
+  ta.fit(a, volt_test::loader(ds, 8, false));
+  volt::Trainer tb(quiet(dir.path + "/b").max_steps(2));
+  tb.fit(b, volt_test::loader(ds, 8, false));
+  EXPECT_TRUE(torch::equal(a.flat_params(), b.flat_params()));
+}
+
 TEST(Trainer, GradientClippingBoundsTheFirstStep) {
   volt_test::TempDir dir;
   for (auto algo : {volt::ClipAlgorithm::kNorm, volt::ClipAlgorithm::kValue}) {

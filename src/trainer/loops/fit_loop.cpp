@@ -164,11 +164,21 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   r.cache_dirty = true;
   r.fit_start = Clock::now();
   r.fit_end.reset();
-  // A process relaunched by an elastic restart resumes where the job's last checkpoint is.
-  const std::string restart = r.strategy().restart_checkpoint();
+  // A process of a restarted attempt resumes where the job's last checkpoint is; rank 0's choice
+  // counts (another node's process may not have found it, or found a stale one), and without
+  // one the attempt starts where fit() was asked to.
+  std::string restart = r.strategy().restart_checkpoint();
+  if (restart == "last") restart = newest_last_checkpoint(r);
+  restart = r.broadcast_string(restart);
   const std::string ckpt =
       !restart.empty() ? restart : resolve_ckpt_path(r, ckpt_path, Stage::kFit);
   if (!ckpt.empty()) restore_checkpoint(r, ckpt, /*full=*/true);
+  // The loop zeroes gradients after each step, not before: whatever the parameters hold now (an
+  // elastic restart's failed attempt died inside a backward; a program's own backward before
+  // fit) must not reach the first step. Gradients of a restored accumulation stay.
+  if (r.st.accumulated == 0) {
+    for (auto& c : r.optimizers) r.strategy().zero_grad(*c.optimizer());
+  }
   // After the restore, as Lightning: a resumed logger writes into its restored version folder,
   // and logging first would make it open the next free one.
   if (r.is_global_zero()) {
