@@ -86,6 +86,11 @@ class Reader {
 
 constexpr int64_t kMaxRanks = std::numeric_limits<int32_t>::max();
 
+// The attempt volt's own restarts give a plain process or worker (restart_after_failure sets it).
+int64_t volt_restart_count(const Reader& r) {
+  return r.integer("VOLT_RESTART_COUNT", 0, kMaxRanks).value_or(0);
+}
+
 // Checks shared by every kind: world size, local size and the rank layout volt assumes.
 void check_layout(const ClusterEnvironment& e, const Reader& r, const std::string& world_var,
                   const std::string& local_size_hint, int64_t devices, int64_t num_nodes) {
@@ -119,6 +124,7 @@ ClusterEnvironment detect_launched_child(const Reader& r, int64_t devices) {
   VOLT_CHECK(e.main_port != 0, ConfigError, kTag, " ", r.who(), ": MASTER_PORT is not set", why,
              ".");
   e.global_rank = e.node_rank * devices + e.local_rank;
+  e.restart_count = volt_restart_count(r);
   return e;
 }
 
@@ -139,6 +145,10 @@ ClusterEnvironment detect_torchrun(const Reader& r, int64_t devices) {
   e.main_port = r.port("MASTER_PORT");
   VOLT_CHECK(e.main_port != 0, ConfigError, kTag, " torchrun: MASTER_PORT is not set", why,
              "; set MASTER_PORT.");
+  e.restart_count = r.integer("TORCHELASTIC_RESTART_COUNT", 0, kMaxRanks).value_or(0);
+  // torchrun's static rendezvous (its default) hosts the store in its agent and says so with
+  // "True" (torch compares with exactly that); its c10d rendezvous leaves it to rank 0 ("False").
+  e.agent_store = r.str("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   return e;
 }
 
@@ -235,6 +245,7 @@ ClusterEnvironment detect_plain(const Reader& r, int64_t devices, int64_t num_no
              " says the processes were started externally; set MASTER_PORT to the same free port "
              "in every process, or unset LOCAL_RANK to let volt start them.");
   e.global_rank = e.node_rank * devices + e.local_rank;
+  e.restart_count = volt_restart_count(r);
   return e;
 }
 
@@ -256,7 +267,8 @@ std::ostream& operator<<(std::ostream& os, const ClusterEnvironment& e) {
             << ", node_rank=" << e.node_rank << ", local_world_size=" << e.local_world_size
             << ", num_nodes=" << e.num_nodes << ", main=" << e.main_address << ":" << e.main_port
             << ", launches_workers=" << e.launches_workers
-            << ", launched_child=" << e.launched_child << ")";
+            << ", launched_child=" << e.launched_child << ", restart_count=" << e.restart_count
+            << ", agent_store=" << e.agent_store << ")";
 }
 
 EnvLookup process_env() {

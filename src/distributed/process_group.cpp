@@ -102,6 +102,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
                                                       const std::string&) {
   VOLT_ASSERT(false);
 }
+std::shared_ptr<RendezvousStore> ProcessGroup::rendezvous_store() const {
+  return nullptr;
+}
 void report_lost_rank(const ClusterEnvironment&, const std::string&,
                       std::chrono::milliseconds) noexcept {}
 
@@ -146,7 +149,8 @@ c10::ScalarType wire_dtype(c10::ScalarType dtype) {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// Store keys (one fresh store per run, so no run id is needed).
+// Store keys, under the attempt's prefix (attempt_prefix): a store serves one job, and a restarted
+// attempt of it finds none of the failed attempt's keys.
 const std::string kClaimKey = "volt/claim/";      // + rank: counts processes claiming a rank
 const std::string kConfigKey = "volt/config/";    // + rank: the rank's configuration line
 const std::string kJoinedKey = "volt/joined";     // counts ranks that wrote their config
@@ -159,6 +163,12 @@ const std::string kLostKey = "volt/lost";  // the first lost rank's description
 constexpr milliseconds kLostReportGrace{2000};
 // How long report_lost_rank tries to reach the store.
 constexpr milliseconds kReportBound{5000};
+
+// The prefix of every key of attempt `restart_count`: torch's own ("/worker/attempt_<k>", what its
+// workers use in torchrun's agent store), so that volt's keys sit where torchrun expects them.
+std::string attempt_prefix(int64_t restart_count) {
+  return "/worker/attempt_" + std::to_string(restart_count);
+}
 
 std::vector<uint8_t> bytes(const std::string& s) {
   return {s.begin(), s.end()};
@@ -368,12 +378,28 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
   impl_->address = env.main_address + ":" + std::to_string(env.main_port);
   const auto deadline = Clock::now() + timeout;
 
-  // 1. The store: rank 0 hosts it, every rank is a client.
+  // 1. The store: rank 0 hosts it (torchrun's agent does when it says so), every rank is a client.
+  // A store rank 0 kept from an earlier attempt serves again (elastic restarts); this group then
+  // talks to it through a connection of its own, as the other ranks do.
+  const bool host = rank_ == 0 && !env.agent_store;
+  const auto& kept = options_.store();
+  const bool reuse = host && kept && kept->server && kept->tcp &&
+                     kept->address == env.main_address && kept->port == env.main_port;
+  c10::intrusive_ptr<c10d::TCPStore> client;
   try {
-    impl_->store = open_store(env, timeout, deadline, rank_ == 0);
+    if (reuse) {
+      impl_->rendezvous = kept;
+      client = open_store(env, timeout, deadline, /*server=*/false);
+    } else {
+      impl_->rendezvous = std::make_shared<RendezvousStore>();
+      impl_->rendezvous->address = env.main_address;
+      impl_->rendezvous->port = env.main_port;
+      impl_->rendezvous->server = host;
+      client = impl_->rendezvous->tcp = open_store(env, timeout, deadline, host);
+    }
   } catch (const std::exception& e) {
     const std::string why = reason_of(e);
-    if (rank_ == 0) {
+    if (host && !reuse) {
       VOLT_CHECK(!contains(why, "Address already in use") && !contains(why, "errno: 98"),
                  ConfigError, kTag, " MASTER_PORT=", env.main_port,
                  " is already in use on this machine (rank 0 hosts the rendezvous store there); "
@@ -384,9 +410,10 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
     VOLT_CHECK(false, DistributedError, kTag, " rank ", rank_,
                " could not reach the rendezvous store at MASTER_ADDR=", env.main_address,
                " MASTER_PORT=", env.main_port, " within ", seconds(timeout), " (", why,
-               "); check that rank 0 is running and that MASTER_ADDR/MASTER_PORT name its "
-               "machine and port.");
+               "); check that ", env.agent_store ? "torchrun's agent" : "rank 0",
+               " is running and that MASTER_ADDR/MASTER_PORT name its machine and port.");
   }
+  impl_->store = c10::make_intrusive<c10d::PrefixStore>(attempt_prefix(env.restart_count), client);
   c10d::Store& store = *impl_->store;
 
   // 2. Join: claim the rank, publish the configuration, wait for everyone.
@@ -434,7 +461,7 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
       }
     }
     if (store.add(kReadKey, 1) == world_size_) store.set(kAllReadKey, bytes("1"));
-    if (rank_ == 0) {
+    if (host) {
       // The store lives in this process: keep it up until everyone has read what they need to
       // fail with the same message (bounded by the deadline).
       poll_key(store, kAllReadKey, deadline);
@@ -520,6 +547,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
   VOLT_CHECK(me >= 0, ValueError, kTag, " rank ", rank_,
              " called new_group for ranks it is not among; only members call it.");
   auto impl = std::make_unique<Impl>();
+  impl->rendezvous = impl_->rendezvous;
   impl->store = impl_->store;
 #if VOLT_DIST_GLOO
   impl->device = impl_->device;
@@ -553,8 +581,13 @@ ProcessGroup::~ProcessGroup() {
     impl_->backend.reset();
 #endif
     impl_->store.reset();
+    impl_->rendezvous.reset();  // rank 0 stops serving, unless someone kept the store
   } catch (...) {
   }
+}
+
+std::shared_ptr<RendezvousStore> ProcessGroup::rendezvous_store() const {
+  return impl_ ? impl_->rendezvous : nullptr;
 }
 
 namespace {
@@ -807,7 +840,9 @@ void report_lost_rank(const ClusterEnvironment& env, const std::string& descript
     // be busy in another thread.
     // Bounded by a few seconds: the store either runs (connecting is immediate) or not yet.
     const milliseconds bound = std::min(timeout, kReportBound);
-    auto store = open_store(env, bound, Clock::now() + bound, /*server=*/false);
+    auto store = c10::make_intrusive<c10d::PrefixStore>(
+        attempt_prefix(env.restart_count),
+        open_store(env, bound, Clock::now() + bound, /*server=*/false));
     if (store->add(kLostCountKey, 1) == 1) store->set(kLostKey, bytes(description));
   } catch (...) {
   }
@@ -948,7 +983,8 @@ std::ostream& operator<<(std::ostream& os, const ProcessGroupOptions& o) {
   return os << "ProcessGroupOptions(backend=" << to_string(o.backend())
             << ", timeout_ms=" << o.timeout().count()
             << ", config_hash=" << detail::quoted(o.config_hash())
-            << ", interface=" << detail::quoted(o.interface()) << ")";
+            << ", interface=" << detail::quoted(o.interface())
+            << ", store=" << (o.store() ? "kept" : "none") << ")";
 }
 
 }  // namespace volt

@@ -105,7 +105,10 @@ DdpStrategy::~DdpStrategy() {
 
 void DdpStrategy::launch() {
   if (launched_) return;
+  // A restarted attempt meets at the store rank 0 kept serving, on the port it had.
+  const int kept_port = rendezvous_ ? env_.main_port : 0;
   env_ = detect_cluster_environment(process_env(), devices_, num_nodes_);
+  if (kept_port != 0 && env_.main_port == 0) env_.main_port = kept_port;
   if (env_.launches_workers) {
     launcher_ = std::make_unique<LocalLauncher>(env_);
     env_ = launcher_->environment();
@@ -119,6 +122,9 @@ void DdpStrategy::launch() {
   if (env_.launched_child) {
     // Set by a restart of the launching process (restart_after_failure).
     restart_checkpoint_ = env_value(kRestartCheckpointVar).value_or("");
+  } else if (env_.kind == ClusterKind::kTorchrun && env_.restart_count > 0) {
+    // torchrun restarted every worker (--max-restarts): resume as volt's own restarts do.
+    restart_checkpoint_ = "last";
   }
   set_log_rank(env_.global_rank);
   launched_ = true;
@@ -128,15 +134,19 @@ bool DdpStrategy::restart_after_failure(const std::exception& error,
                                         const std::string& checkpoint) {
   if (!launcher_ || restarts_ >= options_.max_restarts()) return false;
   ++restarts_;
-  log_warning("DdpStrategy", "restart " + std::to_string(restarts_) + " of " +
-                                 std::to_string(options_.max_restarts()) +
-                                 " after: " + error.what() + "; resuming from " +
-                                 (checkpoint.empty() ? std::string("the start") : checkpoint));
-  // Everything of the failed attempt goes: the reducer, the group (its store and port) and the
-  // surviving workers. The new workers learn the attempt and the checkpoint from their
-  // environment, which they inherit from this process.
+  log_warning("DdpStrategy",
+              "restart " + std::to_string(restarts_) + " of " +
+                  std::to_string(options_.max_restarts()) + " after: " + error.what() +
+                  "; resuming from " +
+                  (checkpoint.empty() ? std::string("where fit() began (no last checkpoint yet)")
+                                      : checkpoint));
+  // Everything of the failed attempt goes: the reducer, the group and the surviving workers; not
+  // the store rank 0 hosts, where every node's ranks of the next attempt meet (under keys of
+  // that attempt), so that no node's processes find a store that is about to close. The new
+  // workers learn the attempt and the checkpoint from their environment, which they inherit.
   stop_vote_.reset();
   reducer_.reset();
+  if (group_ && env_.global_rank == 0) rendezvous_ = group_->rendezvous_store();
   group_.reset();
   launcher_->kill_all();
   launcher_.reset();
@@ -155,7 +165,8 @@ void DdpStrategy::setup_environment() {
   ProcessGroupOptions o;
   o.backend(resolve_backend(options_.process_group_backend(), root_device().type()))
       .timeout(to_ms(options_.timeout_s()))
-      .config_hash(config_fingerprint());
+      .config_hash(config_fingerprint())
+      .store(rendezvous_);
   group_ = std::make_shared<ProcessGroup>(env_, o);
 }
 

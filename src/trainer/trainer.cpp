@@ -216,17 +216,16 @@ void Trainer::fit(Module& module, DataLoader train, c10::optional<DataLoader> va
 
 void Trainer::fit_with_restarts(Module& module, const std::string& ckpt_path,
                                 const std::function<void(const std::string&)>& body) {
-  std::string ckpt = ckpt_path;
   for (;;) {
     try {
-      impl_->guarded(module, Stage::kFit, [&] { body(ckpt); });
+      impl_->guarded(module, Stage::kFit, [&] { body(ckpt_path); });
       return;
     } catch (const DistributedError& e) {
       // A lost or hung rank: the strategy may relaunch its processes (elastic restart); the
-      // run then resumes from the newest last checkpoint.
+      // run then resumes from the newest last checkpoint (the strategy's restart_checkpoint()),
+      // or, when none was written yet, from where this fit() started.
       const std::string last = detail::newest_last_checkpoint(*impl_);
       if (!impl_->strategy().restart_after_failure(e, last)) throw;
-      ckpt = last;
     }
   }
 }

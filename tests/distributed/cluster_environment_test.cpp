@@ -183,6 +183,40 @@ TEST(ClusterEnvironment, Torchrun) {
   EXPECT_FALSE(e.launches_workers);
 }
 
+TEST(ClusterEnvironment, TorchrunAttemptAndAgentStore) {
+  // What torchrun 1.13 gave its workers here (python3 -m torch.distributed.run): the static
+  // rendezvous, its default, hosts the store in the agent; --standalone (c10d) does not.
+  auto v = torchrun(1, 1, 2, 2, 0);
+  auto e = detect(v, 2);
+  EXPECT_EQ(e.restart_count, 0);
+  EXPECT_FALSE(e.agent_store) << "unset: rank 0 hosts the store";
+  v["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  v["TORCHELASTIC_RESTART_COUNT"] = "3";
+  e = detect(v, 2);
+  EXPECT_TRUE(e.agent_store);
+  EXPECT_EQ(e.restart_count, 3);
+  v["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_FALSE(detect(v, 2).agent_store);
+  v["TORCHELASTIC_RESTART_COUNT"] = "-1";
+  expect_error(v, 2, 1, {"torchrun", "TORCHELASTIC_RESTART_COUNT='-1'", "not an integer"});
+}
+
+TEST(ClusterEnvironment, VoltRestartCountIsTheAttempt) {
+  Vars child{{"VOLT_LAUNCHED_CHILD", "1"}, {"LOCAL_RANK", "1"},          {"NODE_RANK", "0"},
+             {"WORLD_SIZE", "2"},          {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "4000"}};
+  EXPECT_EQ(detect(child, 2).restart_count, 0);
+  child["VOLT_RESTART_COUNT"] = "2";
+  EXPECT_EQ(detect(child, 2).restart_count, 2);
+  EXPECT_FALSE(detect(child, 2).agent_store);
+  // The launching process reads it too (restart_after_failure sets it in its own environment).
+  EXPECT_EQ(detect({{"VOLT_RESTART_COUNT", "1"}}, 2).restart_count, 1);
+  expect_error({{"VOLT_RESTART_COUNT", "x"}}, 2, 1, {"plain", "VOLT_RESTART_COUNT='x'"});
+  // torchrun's attempt is torchrun's: a stray VOLT_RESTART_COUNT does not count there.
+  auto t = torchrun(0, 0, 2, 2, 0);
+  t["VOLT_RESTART_COUNT"] = "4";
+  EXPECT_EQ(detect(t, 2).restart_count, 0);
+}
+
 TEST(ClusterEnvironment, TorchrunWithoutGroupRankDerivesTheNode) {
   auto v = torchrun(6, 2, 8, 4, 0);
   v.erase("GROUP_RANK");

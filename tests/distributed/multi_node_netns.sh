@@ -4,7 +4,8 @@
 # the reference's variables: MASTER_ADDR = node 0's veth address, MASTER_PORT, WORLD_SIZE=4,
 # NODE_RANK 0/1. Checks the collectives (all-reduce results included) and the gradient reducer
 # on all 4 ranks; then the Trainer with DdpStrategy (volt_ddp_worker, 2 nodes x 2 ranks, batch 4
-# per rank) must end with the weights of one process trained on the global batch of 16.
+# per rank) must end with the weights of one process trained on the global batch of 16; and
+# after a worker of node 1 is killed, both nodes restart and end with the same weights.
 # Exits 77 (ctest: skipped) when namespaces cannot be created.
 # Usage: multi_node_netns.sh path/to/volt_dist_worker path/to/volt_ddp_worker
 set -uo pipefail
@@ -121,5 +122,49 @@ for rank in 0 1 2 3; do
     fail=1
   fi
 done
-[ "$fail" = 0 ] && echo "multi-node over network namespaces (collectives, reducer, Trainer): OK"
+# Elastic restart across the nodes: node 1's worker (rank 3) is SIGKILLed at step 5. Both
+# launching processes (max_restarts=1 on each node) relaunch their workers; the ranks meet again
+# at the store rank 0 kept serving, under attempt 1's keys, and resume from rank 0's newest last
+# checkpoint (step 4) in the folder the nodes share; the weights must equal the run above's.
+# Node 0's ranks sleep 0.3 s after each batch, so node 1 re-joins while rank 0 is still in the
+# failed attempt: its store must be the one the next attempt uses, under keys of its own.
+pids=()
+for node in 0 1; do
+  ns=$ns0 slow=(--sleep-ms 300)
+  [ "$node" = 1 ] && ns=$ns1 slow=()
+  ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME \
+    MASTER_ADDR=$addr0 MASTER_PORT=$((port + 2)) WORLD_SIZE=4 NODE_RANK=$node \
+    timeout -s KILL 150 "$ddp_worker" --root "$dir/shared" --out "$dir/mnr" --devices 2 \
+    --nodes 2 --batch 4 --epochs 1 --timeout 30 --ckpt-every-step 1 --die-rank 3 --die-step 5 \
+    --max-restarts 1 "${slow[@]}" >"$dir/restart.$node.log" 2>&1 &
+  pids+=($!)
+done
+for i in 0 1; do
+  if ! wait "${pids[$i]}"; then
+    echo "FAIL: restarted trainer on node $i exited non-zero"
+    fail=1
+  fi
+done
+pids=()
+for node in 0 1; do
+  echo "---- elastic restart, node $node ----"
+  cat "$dir/restart.$node.log"
+done
+# Warnings are rank 0's; node 1's restart shows in its relaunched worker (rank 3) resuming below.
+grep -q "restart 1 of 1 after" "$dir/restart.0.log" || { echo "FAIL: rank 0 did not restart"; fail=1; }
+grep -q "rank 3 dies at step 5" "$dir/restart.1.log" || { echo "FAIL: rank 3 did not die"; fail=1; }
+for rank in 0 1 2 3; do
+  node=$((rank / 2))
+  if ! grep -q "^rank $rank starts at step 4" "$dir/restart.$node.log"; then
+    echo "FAIL: rank $rank did not resume at step 4"
+    fail=1
+  fi
+  want=$(cat "$dir/trainer.0.log" "$dir/trainer.1.log" | sed -n "s/^rank $rank done step=8 sum=\([^ ]*\).*/\1/p")
+  got=$(sed -n "s/^rank $rank done step=8 sum=\([^ ]*\).*/\1/p" "$dir/restart.$node.log")
+  if [ -z "$got" ] || [ "$got" != "$want" ]; then
+    echo "FAIL: rank $rank weights sum '$got' after the restart vs '$want' without"
+    fail=1
+  fi
+done
+[ "$fail" = 0 ] && echo "multi-node over network namespaces (collectives, reducer, Trainer, elastic restart): OK"
 exit "$fail"

@@ -227,6 +227,38 @@ TEST(ProcessGroup, MissingRanksAreNamedAfterTheTimeout) {
   }
 }
 
+// A store rank 0 kept from a group serves the job's next attempt (elastic restarts): the group of
+// that attempt joins it (a new server would find the port taken: the kept one still holds it),
+// and each attempt's keys are its own.
+TEST(ProcessGroup, AKeptStoreServesTheNextAttemptUnderKeysOfItsOwn) {
+  VOLT_REQUIRE_GLOO();
+  volt::ClusterEnvironment env = single(volt::detail::find_free_port());
+  const auto opts = volt::ProcessGroupOptions().timeout(seconds(5));
+  std::shared_ptr<volt::RendezvousStore> kept;
+  {
+    volt::ProcessGroup first(env, opts);
+    kept = first.rendezvous_store();
+    ASSERT_NE(kept, nullptr);
+  }
+  EXPECT_THROW(volt::ProcessGroup(env, opts), volt::ConfigError) << "the kept store still serves";
+  env.restart_count = 1;
+  {
+    volt::ProcessGroup second(env, volt::ProcessGroupOptions(opts).store(kept));
+    EXPECT_EQ(second.rendezvous_store(), kept);
+    EXPECT_TRUE(second.all_of(true));
+  }
+  try {
+    volt::ProcessGroup again(env, volt::ProcessGroupOptions(opts).store(kept));
+    ADD_FAILURE() << "attempt 1's rank 0 joined twice";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("two processes claim global rank 0"), std::string::npos)
+        << e.what();
+  }
+  env.restart_count = 2;
+  volt::ProcessGroup third(env, volt::ProcessGroupOptions(opts).store(kept));
+  EXPECT_TRUE(third.all_of(true));
+}
+
 // ---- real processes over loopback ----
 
 TEST(ProcessGroup, CollectivesTwoRanksStartedExternally) {

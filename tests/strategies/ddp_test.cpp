@@ -422,6 +422,48 @@ TEST(Ddp, ElasticRestartRelaunchesAfterARankDiesAndEndsWithTheSameWeights) {
   EXPECT_TRUE(processes_with(dir.path).empty()) << "a worker outlived the job";
 }
 
+// A rank lost before any last checkpoint exists: the restarted attempt resumes where fit() was
+// asked to start (its ckpt_path), not from scratch.
+TEST(Ddp, ElasticRestartBeforeTheFirstCheckpointResumesFromFitsOwnCheckpoint) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::vector<std::string> common{"--devices", "2", "--batch", "8", "--timeout", "20"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  // The first epoch alone, saved after its last batch (global step 8).
+  auto first = run_plain(with(
+      {"--root", dir / "p", "--out", dir / "p/w", "--epochs", "1", "--ckpt-every-batch", "1"}));
+  ASSERT_EQ(first.code, 0) << first.output;
+  // The second epoch from that checkpoint, uninterrupted.
+  auto resumed = run_plain(with({"--root", dir / "a", "--out", dir / "a/w", "--epochs", "2",
+                                 "--resume", dir / "p/every_batch.ckpt"}));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  // Again, and rank 1 dies at step 10, before any last checkpoint.
+  auto elastic = run_plain(with({"--root", dir / "b", "--out", dir / "b/w", "--epochs", "2",
+                                 "--resume", dir / "p/every_batch.ckpt", "--die-rank", "1",
+                                 "--die-step", "10", "--max-restarts", "1"}),
+                           240s);
+  ASSERT_EQ(elastic.code, 0) << elastic.output;
+  EXPECT_NE(elastic.output.find("restart 1 of 1 after"), std::string::npos) << elastic.output;
+  EXPECT_NE(elastic.output.find("resuming from where fit() began"), std::string::npos)
+      << elastic.output;
+  size_t starts = 0;
+  for (size_t at = 0;
+       (at = elastic.output.find("rank 1 starts at step 8", at)) != std::string::npos; ++at) {
+    ++starts;
+  }
+  EXPECT_EQ(starts, 2u) << "both attempts start at step 8:\n" << elastic.output;
+  EXPECT_EQ(elastic.output.find("starts at step 0"), std::string::npos) << elastic.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))
+        << "rank " << r << "\n"
+        << elastic.output;
+  }
+}
+
 // ------------------------------------------------------------------- stopping on request
 
 /// "stopped by ... at epoch E after N of M training batches (global step S)" as rank `r`

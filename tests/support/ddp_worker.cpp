@@ -146,9 +146,12 @@ class DieAt : public volt::Callback {
     const bool due =
         batch_ >= 0 ? run.state().total_batches_done == batch_ : run.state().global_step == step_;
     // Only in the first attempt: a process relaunched by an elastic restart has
-    // VOLT_RESTART_COUNT >= 1.
-    const char* restart = std::getenv("VOLT_RESTART_COUNT");
-    const bool first_attempt = restart == nullptr || std::string(restart) == "0";
+    // VOLT_RESTART_COUNT >= 1 (volt's restarts) or TORCHELASTIC_RESTART_COUNT >= 1 (torchrun's).
+    auto first = [](const char* var) {
+      const char* v = std::getenv(var);
+      return v == nullptr || std::string(v) == "0";
+    };
+    const bool first_attempt = first("VOLT_RESTART_COUNT") && first("TORCHELASTIC_RESTART_COUNT");
     if (rank_ >= 0 && due && first_attempt && volt::log_rank() == rank_) {
       std::printf("rank %lld %s at step %lld\n", static_cast<long long>(rank_),
                   signal_ == SIGKILL ? "dies" : "raises its signal",

@@ -45,6 +45,13 @@ struct ClusterEnvironment {
   bool launches_workers = false;
   /// True in a worker started by volt's local launcher.
   bool launched_child = false;
+  /// The attempt of an elastic job: 0 at first, k after k restarts (VOLT_RESTART_COUNT, set by
+  /// volt's restarts; TORCHELASTIC_RESTART_COUNT under torchrun). A group keeps its rendezvous
+  /// keys apart per attempt, so a store that outlives a failed attempt serves the next one.
+  int64_t restart_count = 0;
+  /// True when the launcher hosts the rendezvous store at MASTER_ADDR:MASTER_PORT (torchrun's
+  /// agent store, TORCHELASTIC_USE_AGENT_STORE=True): rank 0 connects to it instead of hosting one.
+  bool agent_store = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const ClusterEnvironment& env);

@@ -30,6 +30,12 @@ std::string to_string(Backend backend);
 /// cannot run ("nccl" on CPU or in a build without NCCL; "gloo" without gloo headers).
 Backend resolve_backend(const std::string& name, c10::DeviceType device);
 
+/// The rendezvous store a group joined through (c10d's TCPStore, hosted by rank 0); opaque.
+/// Kept by ProcessGroup::rendezvous_store() and passed to a later group (ProcessGroupOptions::
+/// store), rank 0 serves the job's next attempt from the same store: processes of other nodes
+/// that re-join after a failure never meet a store that is about to close.
+struct RendezvousStore;
+
 struct ProcessGroupOptions {
   /// Communication backend. Default: kGloo.
   TORCH_ARG(Backend, backend) = Backend::kGloo;
@@ -42,6 +48,9 @@ struct ProcessGroupOptions {
   /// Network interface Gloo binds to (e.g. "eth0"). Default: "" = GLOO_SOCKET_IFNAME if set, else
   /// loopback on one node, else the local address that routes to MASTER_ADDR.
   TORCH_ARG(std::string, interface) = "";
+  /// A store an earlier group of this process joined through, reused when it serves the same
+  /// MASTER_ADDR:MASTER_PORT (else ignored). Default: none (rank 0 hosts a new store).
+  TORCH_ARG(std::shared_ptr<RendezvousStore>, store);
 };
 
 std::ostream& operator<<(std::ostream& os, const ProcessGroupOptions& o);
@@ -49,7 +58,8 @@ std::ostream& operator<<(std::ostream& os, const ProcessGroupOptions& o);
 /// One process's membership in a group of world_size processes.
 ///
 /// The constructor is the rendezvous: global rank 0 hosts a c10d::TCPStore on
-/// MASTER_ADDR:MASTER_PORT, every rank connects, announces its rank and config hash, and the
+/// MASTER_ADDR:MASTER_PORT (under torchrun's agent store, the agent does), every rank connects,
+/// announces its rank and config hash under keys of its attempt (restart_count), and the
 /// Gloo group connects all pairs (an NCCL group connects at its first collective, on this
 /// process's current CUDA device; host tensors given to it are copied there and the results
 /// back, so every collective returns on its input's device). Collectives wait at most
@@ -79,6 +89,8 @@ class ProcessGroup {
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_size_; }
   const ProcessGroupOptions& options() const { return options_; }
+  /// The store this group joined through; the pointer keeps it serving after the group is gone.
+  std::shared_ptr<RendezvousStore> rendezvous_store() const;
 
   /// The element-wise reduction of `value` over all ranks (a new tensor; `value` is unchanged).
   /// kMean needs a floating dtype. bf16 and fp16 are reduced in fp32 and rounded back (Gloo in
@@ -125,10 +137,10 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Records, once per job, which rank was lost (e.g. "rank 1 (pid 42) was killed by SIGKILL") in
-/// the rendezvous store of `env`, through a connection of its own (safe from a monitor thread);
-/// collectives that fail afterwards on any rank quote it. Gives up silently after `timeout`
-/// (at most 5 s: the store either runs, and answers at once, or it does not).
+/// Records, once per attempt of the job, which rank was lost (e.g. "rank 1 (pid 42) was killed by
+/// SIGKILL") in the rendezvous store of `env`, through a connection of its own (safe from a monitor
+/// thread); collectives that fail afterwards on any rank quote it. Gives up silently after
+/// `timeout` (at most 5 s: the store either runs, and answers at once, or it does not).
 void report_lost_rank(const ClusterEnvironment& env, const std::string& description,
                       std::chrono::milliseconds timeout) noexcept;
 

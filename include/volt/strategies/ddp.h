@@ -17,6 +17,7 @@ namespace volt {
 class GradientReducer;
 class LocalLauncher;
 class ProcessGroup;
+struct RendezvousStore;
 
 struct DdpStrategyOptions {
   /// Gradient bucket size in MiB: each bucket is one all-reduce, overlapped with backward.
@@ -39,10 +40,12 @@ struct DdpStrategyOptions {
   TORCH_ARG(double, timeout_s) = 60.0;
   /// "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl". Default: "auto".
   TORCH_ARG(std::string, process_group_backend) = "auto";
-  /// Elastic restarts: when a local worker dies, the launching process kills the others,
-  /// relaunches them (VOLT_RESTART_COUNT=k in their environment) and fit() resumes from the
-  /// newest last checkpoint of the ModelCheckpoint, up to this many times. Applies where volt
-  /// launched the workers itself (one node); under torchrun use its --max-restarts. Default: 0.
+  /// Elastic restarts: when a rank dies or hangs, each node's launching process kills its local
+  /// workers, relaunches them (VOLT_RESTART_COUNT=k in their environment), the ranks re-form the
+  /// group through the store rank 0 kept serving, and fit() resumes from rank 0's newest last
+  /// checkpoint (on several nodes it must be on a filesystem they share), up to this many times.
+  /// Applies where volt launched the workers itself; give every node the same value. Under
+  /// torchrun use its --max-restarts: its restarted attempts resume the same way. Default: 0.
   TORCH_ARG(int64_t, max_restarts) = 0;
 };
 
@@ -120,6 +123,8 @@ class DdpStrategy : public Strategy {
   int64_t restarts_ = 0;
   std::string restart_checkpoint_;
   std::unique_ptr<LocalLauncher> launcher_;
+  /// The store rank 0 hosts, kept through elastic restarts (the next attempt joins it again).
+  std::shared_ptr<RendezvousStore> rendezvous_;
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<at::Tensor> buffers_;
   /// The lagged stop vote under way (agree_on_stop), if any.

@@ -82,13 +82,15 @@ class Strategy {
   /// Called when a run ends, also after errors; the base tears the precision down.
   virtual void teardown();
   /// Called when fit() failed with a DistributedError (a rank died or hung): true when the
-  /// strategy relaunched its processes and fit() should run again from `checkpoint` (the newest
-  /// last checkpoint, or "" for the start). The default never restarts.
+  /// strategy relaunched its processes and fit() should run again, resuming from `checkpoint`
+  /// (the newest last checkpoint; "" when there is none: fit()'s own ckpt_path, or the start),
+  /// which restart_checkpoint() then returns. The default never restarts.
   virtual bool restart_after_failure(const std::exception& error, const std::string& checkpoint) {
     return false;
   }
-  /// In a process started by such a restart: the checkpoint the job resumes from, which
-  /// overrides fit()'s ckpt_path; "" otherwise.
+  /// In a process of a restarted attempt: the checkpoint the job resumes from, which overrides
+  /// fit()'s ckpt_path ("last": the newest last checkpoint, e.g. after torchrun restarted the
+  /// workers); "" otherwise. With several processes rank 0's answer counts.
   virtual std::string restart_checkpoint() const { return ""; }
 
   // ------------------------------------------------------------------ model and optimizers

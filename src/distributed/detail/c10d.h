@@ -38,9 +38,19 @@
 
 namespace volt {
 
+// The connection to (on rank 0 usually also the server of) a job's rendezvous store.
+struct RendezvousStore {
+  c10::intrusive_ptr<c10d::TCPStore> tcp;
+  std::string address;  // MASTER_ADDR
+  int port = 0;         // MASTER_PORT
+  bool server = false;  // this process hosts it
+};
+
 // The c10d objects behind a volt::ProcessGroup.
 struct ProcessGroup::Impl {
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  std::shared_ptr<RendezvousStore> rendezvous;
+  // The rendezvous store seen through this attempt's key prefix: every key of the group.
+  c10::intrusive_ptr<c10d::Store> store;
   // What the Reducer takes: in 1.13 the Gloo group itself; since 2.0 (Gloo and NCCL are
   // c10d::Backends) a c10d::ProcessGroup wrapping it.
   c10::intrusive_ptr<c10d::ProcessGroup> group;

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# volt under a real torchrun (Debian's python3-torch 1.13, `python3 -m torch.distributed.run`),
+# two workers of volt_ddp_worker (2 epochs, batch 8 per rank, a last checkpoint every step):
+#  1. torchrun's default static rendezvous: its agent hosts the store at MASTER_PORT and says so
+#     (TORCHELASTIC_USE_AGENT_STORE=True); rank 0 must join that store, not host one;
+#  2. --standalone (c10d rendezvous): rank 0 hosts the workers' store;
+#  3. --max_restarts=1 with rank 1 SIGKILLed at step 5: torchrun restarts both workers
+#     (TORCHELASTIC_RESTART_COUNT=1), they meet under attempt 1's keys in the agent's store and
+#     resume from the newest last checkpoint (step 4).
+# Each must end with the weights of the same job launched by volt itself, to the last bit.
+# Exits 77 (ctest: skipped) when no python3 has torch.
+# Usage: torchrun.sh path/to/volt_ddp_worker
+set -uo pipefail
+ddp_worker=${1:?usage: torchrun.sh path/to/volt_ddp_worker}
+python=""
+for p in /usr/bin/python3 python3; do
+  if command -v "$p" >/dev/null && "$p" -c 'import torch.distributed.run' 2>/dev/null; then
+    python=$p
+    break
+  fi
+done
+if [ -z "$python" ]; then
+  echo "SKIP: no python3 with torch (Debian's python3-torch, which scripts/setup.sh installs)"
+  exit 77
+fi
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+# torchrun sets OMP_NUM_THREADS=1 in its workers; the reference run gets the same.
+export OMP_NUM_THREADS=1
+common=(--devices 2 --batch 8 --epochs 2 --ckpt-every-step 1 --timeout 20)
+free_port() {
+  "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# torchrun 1.13 under Python 3.11 fails on its default --redirects/--tee of 0 (Std.from_str finds
+# no member for 0, since Python 3.11 no longer iterates zero-valued IntFlag members); 1 (stdout)
+# works: each worker's stdout reaches the console prefixed with "[default<local rank>]:".
+run_torchrun() {
+  local name=$1
+  shift
+  timeout -s KILL 150 "$python" -m torch.distributed.run --nproc_per_node=2 --redirects 1 \
+    --tee 1 --log_dir "$dir/torchrun_logs_$name" "$@" >"$dir/$name.log" 2>&1
+}
+sums() {
+  grep -o "rank [01] done step=[0-9]* sum=[^ ]*" "$1" | sort
+}
+
+fail=0
+timeout -s KILL 150 "$ddp_worker" --root "$dir/ref" --out "$dir/ref/w" "${common[@]}" \
+  >"$dir/ref.log" 2>&1 || { echo "FAIL: the run volt launched itself failed"; fail=1; }
+want=$(sums "$dir/ref.log")
+echo "---- volt's own launcher ----"
+cat "$dir/ref.log"
+
+run_torchrun static --master_port "$(free_port)" --no_python "$ddp_worker" --root "$dir/static" \
+  --out "$dir/static/w" "${common[@]}"
+code_static=$?
+run_torchrun standalone --standalone --no_python "$ddp_worker" --root "$dir/standalone" \
+  --out "$dir/standalone/w" "${common[@]}"
+code_standalone=$?
+run_torchrun restart --master_port "$(free_port)" --max_restarts 1 --monitor_interval 1 \
+  --no_python "$ddp_worker" --root "$dir/restart" --out "$dir/restart/w" "${common[@]}" \
+  --die-rank 1 --die-step 5
+code_restart=$?
+
+for name in static standalone restart; do
+  code_var=code_$name
+  echo "---- torchrun, $name (exit ${!code_var}) ----"
+  cat "$dir/$name.log"
+  if [ "${!code_var}" != 0 ]; then
+    echo "FAIL: torchrun ($name) exited ${!code_var}"
+    fail=1
+  fi
+  got=$(sums "$dir/$name.log")
+  if [ -z "$want" ] || [ "$got" != "$want" ]; then
+    echo "FAIL: torchrun ($name) ended with '$got', volt's own launcher with '$want'"
+    fail=1
+  fi
+done
+for phrase in "rank 1 dies at step 5" "rank 0 starts at step 4" "rank 1 starts at step 4"; do
+  if ! grep -q "$phrase" "$dir/restart.log"; then
+    echo "FAIL: torchrun (restart) did not print '$phrase'"
+    fail=1
+  fi
+done
+[ "$fail" = 0 ] && echo "torchrun (agent store, standalone, restart after a lost rank): OK"
+exit "$fail"
