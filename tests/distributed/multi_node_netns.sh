@@ -28,6 +28,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Waits for the two nodes' processes in pids; a non-zero exit fails the test naming `what`.
+wait_nodes() {
+  local what=$1 i
+  for i in 0 1; do
+    if ! wait "${pids[$i]}"; then
+      echo "FAIL: $what on node $i exited non-zero"
+      fail=1
+    fi
+  done
+  pids=()
+}
+
 if ! command -v ip >/dev/null; then
   echo "SKIP: the ip command (iproute2) is missing"
   exit 77
@@ -60,13 +72,7 @@ for scenario in collectives reducer; do
       >"$dir/$scenario.$node.log" 2>&1 &
     pids+=($!)
   done
-  for i in 0 1; do
-    if ! wait "${pids[$i]}"; then
-      echo "FAIL: $scenario on node $i exited non-zero"
-      fail=1
-    fi
-  done
-  pids=()
+  wait_nodes "$scenario"
   want="collectives ok"
   [ "$scenario" = reducer ] && want="reducer matches single process"
   for node in 0 1; do
@@ -99,13 +105,7 @@ for node in 0 1; do
 done
 timeout -s KILL 120 "$ddp_worker" --root "$dir/ref" --out "$dir/ref" --devices 1 --batch 16 \
   --epochs 1 >"$dir/trainer.ref.log" 2>&1 || { echo "FAIL: the one-process reference failed"; fail=1; }
-for i in 0 1; do
-  if ! wait "${pids[$i]}"; then
-    echo "FAIL: trainer on node $i exited non-zero"
-    fail=1
-  fi
-done
-pids=()
+wait_nodes "trainer"
 for f in ref 0 1; do
   echo "---- trainer, $f ----"
   cat "$dir/trainer.$f.log"
@@ -139,13 +139,7 @@ for node in 0 1; do
     --max-restarts 1 "${slow[@]}" >"$dir/restart.$node.log" 2>&1 &
   pids+=($!)
 done
-for i in 0 1; do
-  if ! wait "${pids[$i]}"; then
-    echo "FAIL: restarted trainer on node $i exited non-zero"
-    fail=1
-  fi
-done
-pids=()
+wait_nodes "restarted trainer"
 for node in 0 1; do
   echo "---- elastic restart, node $node ----"
   cat "$dir/restart.$node.log"

@@ -121,17 +121,20 @@ TEST(Trainer, AccumulationStepsOncePerKBatchesAndAtEpochEnd) {
             (std::vector<int64_t>{0, 0, 1, 1, 1, 2, 2, 2, 3, 4}));
 }
 
+// Gives `b` the weights of `a` and turns dropout off in both.
+void make_twins(TinyClassifier& a, TinyClassifier& b) {
+  a.drop->options.p(0.0);
+  b.drop->options.p(0.0);
+  torch::NoGradGuard g;
+  for (size_t i = 0; i < a.parameters().size(); ++i) b.parameters()[i].copy_(a.parameters()[i]);
+}
+
 // Accumulating k micro-batches equals one step on their union (mean losses, no dropout).
 TEST(Trainer, AccumulationMatchesTheLargeBatchStep) {
   volt_test::TempDir dir;
   auto ds = volt_test::blobs(32);
   TinyClassifier a, b;
-  a.drop->options.p(0.0);
-  b.drop->options.p(0.0);
-  {
-    torch::NoGradGuard g;
-    for (size_t i = 0; i < a.parameters().size(); ++i) b.parameters()[i].copy_(a.parameters()[i]);
-  }
+  make_twins(a, b);
   volt::Trainer ta(quiet(dir.path).max_steps(1).accumulate_grad_batches(4));
   ta.fit(a, volt_test::loader(ds, 8, false));
   volt::Trainer tb(quiet(dir.path).max_steps(1));
@@ -145,12 +148,7 @@ TEST(Trainer, GradientsLeftBeforeFitDoNotReachTheFirstStep) {
   volt_test::TempDir dir;
   auto ds = volt_test::blobs(32);
   TinyClassifier a, b;
-  a.drop->options.p(0.0);
-  b.drop->options.p(0.0);
-  {
-    torch::NoGradGuard g;
-    for (size_t i = 0; i < a.parameters().size(); ++i) b.parameters()[i].copy_(a.parameters()[i]);
-  }
+  make_twins(a, b);
   for (auto& p : b.parameters()) p.mutable_grad() = torch::full_like(p, 0.5);
   volt::Trainer ta(quiet(dir.path + "/a").max_steps(2));
   ta.fit(a, volt_test::loader(ds, 8, false));
