@@ -6,7 +6,8 @@
 #  2. --standalone (c10d rendezvous): rank 0 hosts the workers' store;
 #  3. --max_restarts=1 with rank 1 SIGKILLed at step 5: torchrun restarts both workers
 #     (TORCHELASTIC_RESTART_COUNT=1), they meet under attempt 1's keys in the agent's store and
-#     resume from the newest last checkpoint (step 4).
+#     resume from the newest last checkpoint (step 4); without a ModelCheckpoint the attempt
+#     starts over, with a warning.
 # Each must end with the weights of the same job launched by volt itself, to the last bit.
 # Exits 77 (ctest: skipped) when no python3 has torch.
 # Usage: torchrun.sh path/to/volt_ddp_worker
@@ -61,8 +62,14 @@ run_torchrun restart --master_port "$(free_port)" --max_restarts 1 --monitor_int
   --no_python "$ddp_worker" --root "$dir/restart" --out "$dir/restart/w" "${common[@]}" \
   --die-rank 1 --die-step 5
 code_restart=$?
+# The same restart without a ModelCheckpoint: the attempt starts over (with a warning saying how
+# to resume instead) and, trained from the same seed, ends with the same weights.
+run_torchrun restart_from_scratch --master_port "$(free_port)" --max_restarts 1 \
+  --monitor_interval 1 --no_python "$ddp_worker" --root "$dir/scratch" --out "$dir/scratch/w" \
+  --devices 2 --batch 8 --epochs 2 --timeout 20 --die-rank 1 --die-step 5
+code_restart_from_scratch=$?
 
-for name in static standalone restart; do
+for name in static standalone restart restart_from_scratch; do
   code_var=code_$name
   echo "---- torchrun, $name (exit ${!code_var}) ----"
   cat "$dir/$name.log"
@@ -82,5 +89,10 @@ for phrase in "rank 1 dies at step 5" "rank 0 starts at step 4" "rank 1 starts a
     fail=1
   fi
 done
+if ! grep -q "no last checkpoint was found" "$dir/restart_from_scratch.log" ||
+  ! grep -q "rank 1 starts at step 0" "$dir/restart_from_scratch.log"; then
+  echo "FAIL: torchrun (restart_from_scratch) did not warn and start over"
+  fail=1
+fi
 [ "$fail" = 0 ] && echo "torchrun (agent store, standalone, restart after a lost rank): OK"
 exit "$fail"

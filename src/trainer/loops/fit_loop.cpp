@@ -168,7 +168,16 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   // counts (another node's process may not have found it, or found a stale one), and without
   // one the attempt starts where fit() was asked to.
   std::string restart = r.strategy().restart_checkpoint();
-  if (restart == "last") restart = newest_last_checkpoint(r);
+  if (restart == "last") {
+    restart = newest_last_checkpoint(r);
+    if (restart.empty() && r.is_global_zero()) {
+      log_warning("Trainer",
+                  "this is a restarted attempt of the job (torchrun restarted its workers) but no "
+                  "last checkpoint was found, so it starts where fit() was asked to; give "
+                  "ModelCheckpoint a dirpath and save_last(true) (a restarted process logs into "
+                  "a new version folder) so that restarted attempts resume.");
+    }
+  }
   restart = r.broadcast_string(restart);
   const std::string ckpt =
       !restart.empty() ? restart : resolve_ckpt_path(r, ckpt_path, Stage::kFit);
