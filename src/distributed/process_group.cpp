@@ -376,6 +376,7 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
              " is not a port; choose one (LocalLauncher picks a free one).");
   impl_ = std::make_unique<Impl>();
   impl_->address = env.main_address + ":" + std::to_string(env.main_port);
+  impl_->agent_store = env.agent_store;
   const auto deadline = Clock::now() + timeout;
 
   // 1. The store: rank 0 hosts it (torchrun's agent does when it says so), every rank is a client.
@@ -553,6 +554,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
   impl->device = impl_->device;
 #endif
   impl->address = impl_->address;
+  impl->agent_store = impl_->agent_store;
   impl->gloo_address = impl_->gloo_address;
   const int size = static_cast<int>(ranks.size());
   try {
@@ -600,6 +602,10 @@ std::string lost_rank_note(ProcessGroup::Impl& impl, int64_t rank, milliseconds 
     }
     return "; lost: " + text(impl.store->get(kLostKey));
   } catch (const std::exception&) {
+    if (impl.agent_store) {
+      return "; torchrun's store (" + impl.address +
+             ") is unreachable too, so its agent (or that node) was probably lost";
+    }
     return rank == 0 ? ""
                      : "; the rendezvous store on rank 0 (" + impl.address +
                            ") is unreachable too, so rank 0 was probably lost";

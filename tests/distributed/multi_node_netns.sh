@@ -5,7 +5,8 @@
 # NODE_RANK 0/1. Checks the collectives (all-reduce results included) and the gradient reducer
 # on all 4 ranks; then the Trainer with DdpStrategy (volt_ddp_worker, 2 nodes x 2 ranks, batch 4
 # per rank) must end with the weights of one process trained on the global batch of 16; and
-# after a worker of node 1 is killed, both nodes restart and end with the same weights.
+# after a worker of node 1 is killed, both nodes restart and end with the same weights; and the
+# same job under a real torchrun on each node (when a python3 with torch exists).
 # Exits 77 (ctest: skipped) when namespaces cannot be created.
 # Usage: multi_node_netns.sh path/to/volt_dist_worker path/to/volt_ddp_worker
 set -uo pipefail
@@ -160,5 +161,45 @@ for rank in 0 1 2 3; do
     fail=1
   fi
 done
-[ "$fail" = 0 ] && echo "multi-node over network namespaces (collectives, reducer, Trainer, elastic restart): OK"
+# The same 2 x 2 job started by a real torchrun on each node (static rendezvous: node 0's agent
+# hosts the store at MASTER_PORT, every volt rank joins it), when a python3 with torch exists.
+python=""
+for p in /usr/bin/python3 python3; do
+  if command -v "$p" >/dev/null && "$p" -c 'import torch.distributed.run' 2>/dev/null; then
+    python=$p
+    break
+  fi
+done
+if [ -z "$python" ]; then
+  echo "SKIP (torchrun part only): no python3 with torch"
+else
+  for node in 0 1; do
+    ns=$ns0
+    [ "$node" = 1 ] && ns=$ns1
+    # --redirects/--tee 1: Debian's torchrun 1.13 fails on their default 0 under Python 3.11.
+    ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME -u MASTER_ADDR \
+      -u MASTER_PORT -u WORLD_SIZE -u NODE_RANK timeout -s KILL 150 "$python" \
+      -m torch.distributed.run --nnodes 2 --node_rank "$node" --nproc_per_node 2 \
+      --master_addr "$addr0" --master_port $((port + 3)) --redirects 1 --tee 1 \
+      --log_dir "$dir/torchrun_logs_$node" --no_python "$ddp_worker" --root "$dir/tr$node" \
+      --out "$dir/mnt" --devices 2 --nodes 2 --batch 4 --epochs 1 --timeout 30 \
+      >"$dir/torchrun.$node.log" 2>&1 &
+    pids+=($!)
+  done
+  wait_nodes "torchrun"
+  for node in 0 1; do
+    echo "---- torchrun, node $node ----"
+    grep -v "^ *File \|^ *^" "$dir/torchrun.$node.log"
+  done
+  for rank in 0 1 2 3; do
+    sum=$(cat "$dir/torchrun.0.log" "$dir/torchrun.1.log" |
+      sed -n "s/.*rank $rank done step=8 sum=\([^ ]*\).*/\1/p")
+    if [ -z "$sum" ] ||
+      ! awk -v a="$sum" -v b="$ref_sum" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }'; then
+      echo "FAIL: under torchrun, rank $rank weights sum '$sum' vs one process '$ref_sum'"
+      fail=1
+    fi
+  done
+fi
+[ "$fail" = 0 ] && echo "multi-node over network namespaces (collectives, reducer, Trainer, elastic restart, torchrun): OK"
 exit "$fail"

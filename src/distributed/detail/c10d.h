@@ -64,6 +64,7 @@ struct ProcessGroup::Impl {
   // moves host tensors for the collective and from which it moves the results back.
   c10::Device wire_device = c10::Device(c10::kCPU);
   std::string address;       // MASTER_ADDR:MASTER_PORT, for messages
+  bool agent_store = false;  // torchrun's agent hosts the store, not rank 0 (for messages)
   std::string gloo_address;  // where this rank's Gloo device listens, for messages
   // Set by the first failed collective; later calls fail at once with it.
   std::string broken;
