@@ -122,7 +122,7 @@ TEST(OptionsPrinting, DistributedAndFp8BuildingBlocksPrintEveryField) {
   expect_has_all(
       text(volt::ProcessGroupOptions().timeout(std::chrono::milliseconds(2500)).interface("veth0")),
       {"ProcessGroupOptions(backend=gloo", "timeout_ms=2500", "config_hash=\"\"",
-       "interface=\"veth0\")"});
+       "interface=\"veth0\"", "store=none)"});
   expect_has_all(text(volt::Fp8ConvertOptions().skip({"head"})),
                  {"Fp8ConvertOptions(recipe=DelayedScalingOptions(margin=0", "skip=[\"head\"])"});
   expect_has_all(text(volt::GradScalerOptions().hysteresis(2).min_scale(1)),
