@@ -163,24 +163,17 @@ for rank in 0 1 2 3; do
 done
 # The same 2 x 2 job started by a real torchrun on each node (static rendezvous: node 0's agent
 # hosts the store at MASTER_PORT, every volt rank joins it), when a python3 with torch exists.
-python=""
-for p in /usr/bin/python3 python3; do
-  if command -v "$p" >/dev/null && "$p" -c 'import torch.distributed.run' 2>/dev/null; then
-    python=$p
-    break
-  fi
-done
+source "$(dirname "$0")/torchrun_env.sh"
 if [ -z "$python" ]; then
   echo "SKIP (torchrun part only): no python3 with torch"
 else
   for node in 0 1; do
     ns=$ns0
     [ "$node" = 1 ] && ns=$ns1
-    # --redirects/--tee 1: Debian's torchrun 1.13 fails on their default 0 under Python 3.11.
     ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME -u MASTER_ADDR \
       -u MASTER_PORT -u WORLD_SIZE -u NODE_RANK timeout -s KILL 150 "$python" \
       -m torch.distributed.run --nnodes 2 --node_rank "$node" --nproc_per_node 2 \
-      --master_addr "$addr0" --master_port $((port + 3)) --redirects 1 --tee 1 \
+      --master_addr "$addr0" --master_port $((port + 3)) "${torchrun_output[@]}" \
       --log_dir "$dir/torchrun_logs_$node" --no_python "$ddp_worker" --root "$dir/tr$node" \
       --out "$dir/mnt" --devices 2 --nodes 2 --batch 4 --epochs 1 --timeout 30 \
       >"$dir/torchrun.$node.log" 2>&1 &

@@ -13,13 +13,7 @@
 # Usage: torchrun.sh path/to/volt_ddp_worker
 set -uo pipefail
 ddp_worker=${1:?usage: torchrun.sh path/to/volt_ddp_worker}
-python=""
-for p in /usr/bin/python3 python3; do
-  if command -v "$p" >/dev/null && "$p" -c 'import torch.distributed.run' 2>/dev/null; then
-    python=$p
-    break
-  fi
-done
+source "$(dirname "$0")/torchrun_env.sh"
 if [ -z "$python" ]; then
   echo "SKIP: no python3 with torch (Debian's python3-torch, which scripts/setup.sh installs)"
   exit 77
@@ -32,14 +26,11 @@ common=(--devices 2 --batch 8 --epochs 2 --ckpt-every-step 1 --timeout 20)
 free_port() {
   "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
-# torchrun 1.13 under Python 3.11 fails on its default --redirects/--tee of 0 (Std.from_str finds
-# no member for 0, since Python 3.11 no longer iterates zero-valued IntFlag members); 1 (stdout)
-# works: each worker's stdout reaches the console prefixed with "[default<local rank>]:".
 run_torchrun() {
   local name=$1
   shift
-  timeout -s KILL 150 "$python" -m torch.distributed.run --nproc_per_node=2 --redirects 1 \
-    --tee 1 --log_dir "$dir/torchrun_logs_$name" "$@" >"$dir/$name.log" 2>&1
+  timeout -s KILL 150 "$python" -m torch.distributed.run --nproc_per_node=2 \
+    "${torchrun_output[@]}" --log_dir "$dir/torchrun_logs_$name" "$@" >"$dir/$name.log" 2>&1
 }
 sums() {
   grep -o "rank [01] done step=[0-9]* sum=[^ ]*" "$1" | sort
