@@ -28,6 +28,8 @@ std::string EarlyStopping::state_key() const {
 }
 
 void EarlyStopping::on_validation_end(RunContext& run, Module& module) {
+  // Trainer::validate() neither counts towards patience nor stops anything.
+  if (run.state().stage != Stage::kFit) return;
   if (!options_.check_on_train_epoch_end()) check(run);
 }
 

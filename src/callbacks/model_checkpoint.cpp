@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <limits>
 #include <regex>
+#include <sstream>
 #include <vector>
 
 #include "core/detail/print.h"
@@ -162,6 +163,7 @@ void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
     latest_path_.clear();
   }
   restored_dirpath_.clear();
+  validated_ = false;
 }
 
 std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) const {
@@ -229,16 +231,33 @@ void ModelCheckpoint::save(RunContext& run) {
   if (st.global_step == last_saved_step_ && st.epoch == last_saved_epoch_) return;
   const Metrics& metrics = run.callback_metrics();
   c10::optional<double> score;
+  bool ranked = true;  // false: the monitored metric is missing, only last.ckpt is written
   if (!options_.monitor().empty()) {
     auto it = metrics.find(options_.monitor());
-    if (it == metrics.end()) return;  // not logged yet (e.g. before the first validation)
-    score = it->second;
+    if (it == metrics.end()) {
+      // As Lightning: an error once a validation has run (the metric will never come), a
+      // warning before (a save every N steps ahead of the first validation, or a run without
+      // validation batches); last.ckpt is still written.
+      std::ostringstream keys;
+      for (const auto& kv : metrics) keys << (keys.tellp() > 0 ? ", " : "") << kv.first;
+      const std::string what = "[ModelCheckpoint] monitor \"" + options_.monitor() +
+                               "\" is not among the logged metrics [" + keys.str() + "]";
+      VOLT_CHECK(!validated_, ConfigError, what, "; log it (log(\"", options_.monitor(),
+                 "\", value) in validation_step or training_step) or set monitor to one of them.");
+      warn_once("ModelCheckpoint.monitor." + options_.monitor(), "ModelCheckpoint",
+                what.substr(std::string("[ModelCheckpoint] ").size()) +
+                    " yet (no validation has run): no top-k checkpoint is saved until it is" +
+                    (options_.save_last() ? "; last.ckpt is." : "."));
+      ranked = false;
+    } else {
+      score = it->second;
+    }
   }
   last_saved_step_ = st.global_step;
   last_saved_epoch_ = st.epoch;
-  const std::string stem = format_filename(metrics, st.epoch, st.global_step);
+  const int64_t k = ranked ? options_.save_top_k() : 0;
+  const std::string stem = k != 0 ? format_filename(metrics, st.epoch, st.global_step) : "";
   std::string path = dirpath_ + "/" + stem + ".ckpt";
-  const int64_t k = options_.save_top_k();
 
   if (k != 0) {
     if (!score) {
@@ -302,6 +321,8 @@ void ModelCheckpoint::on_train_epoch_end(RunContext& run, Module& module) {
 }
 
 void ModelCheckpoint::on_validation_end(RunContext& run, Module& module) {
+  if (run.state().stage != Stage::kFit) return;  // Trainer::validate() saves nothing
+  validated_ = true;
   const int64_t n = *options_.every_n_epochs();
   if (n > 0 && !options_.monitor().empty() && (run.state().epoch + 1) % n == 0) save(run);
 }

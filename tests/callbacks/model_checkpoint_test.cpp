@@ -171,6 +171,76 @@ TEST(ModelCheckpoint, FilenameSpecsFollowPythonAndAreCheckedAtConstruction) {
   EXPECT_NE(error_of("{val_loss:.300f}").find("width or precision 300"), std::string::npos);
 }
 
+TEST(ModelCheckpoint, AMonitorNothingLogsFailsOnceValidationHasRun) {
+  // Before, the callback returned quietly: a typo in monitor meant a run without checkpoints
+  // (and without last.ckpt). As Lightning: a ConfigError once validation has run.
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "c").monitor("val_los").save_last(true));
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(2).callbacks({ckpt}));
+  try {
+    t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
+    ADD_FAILURE() << "fit ran to the end with a monitor nothing logs";
+  } catch (const volt::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("monitor \"val_los\" is not among the logged metrics [train_loss, "
+                        "val_acc, val_loss]"),
+              std::string::npos)
+        << what;
+    EXPECT_EQ(t.state().epoch, 0);  // the first validation's end
+  }
+}
+
+TEST(ModelCheckpoint, AMonitorNotLoggedYetWarnsAndStillWritesLast) {
+  // Saves every 2 steps without validation batches: val_loss never comes, so no top-k file is
+  // written (warned once), but last.ckpt is, and the run resumes from it.
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                          .dirpath(dir / "c")
+                                                          .monitor("val_loss")
+                                                          .every_n_train_steps(2)
+                                                          .save_last(true));
+  const auto logs = volt_test::capture_logs([&] {
+    volt::Trainer t(volt_test::quiet(dir.path).max_steps(6).callbacks({ckpt}));
+    t.fit(model, volt_test::loader(volt_test::blobs(160)));
+  });
+  EXPECT_EQ(files_in(dir / "c"), std::vector<std::string>{"last.ckpt"});
+  EXPECT_TRUE(ckpt->best_model_path().empty());
+  int warnings = 0;
+  for (const auto& l : logs) {
+    warnings += l.find(
+                    "monitor \"val_loss\" is not among the logged metrics [train_loss] yet "
+                    "(no validation has run)") != std::string::npos;
+  }
+  EXPECT_EQ(warnings, 1);
+  volt_test::TinyClassifier resumed;
+  volt::Trainer t2(volt_test::quiet(dir.path).max_steps(8));
+  t2.fit(resumed, volt_test::loader(volt_test::blobs(160)), c10::nullopt, dir / "c/last.ckpt");
+  EXPECT_EQ(t2.state().global_step, 8);
+}
+
+TEST(ModelCheckpoint, ValidateAloneSavesNothing) {
+  // Trainer::validate() with the callbacks of a fit config (the shipped CLI config has a
+  // ModelCheckpoint on val_acc): before, its on_validation_end tried to save and validate()
+  // failed ("save_checkpoint() needs a module set up by fit()"). As Lightning: only fit saves.
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "c").monitor("val_acc").mode(volt::Mode::kMax));
+  auto stop = std::make_shared<volt::EarlyStopping>(
+      volt::EarlyStoppingOptions("val_acc").mode(volt::Mode::kMax).patience(0));
+  volt::Trainer t(volt_test::quiet(dir.path).callbacks({ckpt, stop}));
+  for (int i = 0; i < 3; ++i) {
+    const auto m = t.validate(model, volt_test::loader(volt_test::blobs(32)));
+    EXPECT_EQ(m.count("val_acc"), 1u);
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "c"));
+  EXPECT_EQ(stop->wait_count(), 0);  // validate() does not count towards patience
+  EXPECT_FALSE(t.state().should_stop);
+}
+
 TEST(ModelCheckpoint, InvalidOptions) {
   EXPECT_THROW(volt::ModelCheckpoint(volt::ModelCheckpointOptions().save_top_k(-2)),
                volt::ConfigError);

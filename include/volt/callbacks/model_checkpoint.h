@@ -76,6 +76,7 @@ class ModelCheckpoint : public Callback {
   std::string last_model_path_;
   std::string latest_path_;       // latest top-k file when monitor is empty
   std::string restored_dirpath_;  // the folder of the run a checkpoint restored, until fit start
+  bool validated_ = false;        // a validation of this fit has ended
   int64_t last_saved_step_ = -1;
   int64_t last_saved_epoch_ = -1;
 };
