@@ -156,8 +156,10 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
   s.callbacks = s.opts.callbacks();
   s.prof = s.opts.profiler().get();
   s.loggers_ = s.opts.loggers();
+  // fast_dev_run is a smoke test: no files are written.
+  s.loggers_muted_ = s.fast_dev && (!s.loggers_.empty() || s.opts.logger());
   if (s.fast_dev) {
-    s.loggers_.clear();  // fast_dev_run is a smoke test: no files are written
+    s.loggers_.clear();
   } else if (s.loggers_.empty() && s.opts.logger()) {
     s.loggers_.push_back(std::make_shared<CSVLogger>(CSVLoggerOptions(s.opts.default_root_dir())));
   }

@@ -1,6 +1,8 @@
 // LearningRateMonitor: logged names and values follow the scheduler, per step and per epoch.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "tiny.h"
 
 namespace {
@@ -100,6 +102,33 @@ TEST(LearningRateMonitor, NeedsALogger) {
   } catch (const volt::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("has no logger"), std::string::npos) << e.what();
   }
+  // The same run under fast_dev_run, still without a logger: the same error (Lightning's too).
+  volt::Trainer smoke(volt_test::quiet(dir.path).fast_dev_run(2).callbacks(
+      {std::make_shared<volt::LearningRateMonitor>()}));
+  EXPECT_THROW(smoke.fit(model, volt_test::loader(volt_test::blobs(32))), volt::ConfigError);
+}
+
+TEST(LearningRateMonitor, FastDevRunMutesTheLoggersWithoutFailing) {
+  // fast_dev_run drops the loggers (no files); a config with loggers and a LearningRateMonitor,
+  // such as the shipped configs/fashion_mnist_mlp.yaml, must still pass its smoke test. Before,
+  // it failed with "the Trainer has no logger". As Lightning (DummyLogger): it logs into nothing.
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  auto mem = std::make_shared<MemoryLogger>();
+  for (bool default_logger : {false, true}) {
+    auto options = volt_test::quiet(dir.path).fast_dev_run(2).callbacks(
+        {std::make_shared<volt::LearningRateMonitor>()});
+    if (default_logger) {
+      options.logger(true);  // the CSVLogger the Trainer would add
+    } else {
+      options.loggers({mem});
+    }
+    volt::Trainer trainer(options);
+    EXPECT_NO_THROW(trainer.fit(model, volt_test::loader(volt_test::blobs(64))));
+    EXPECT_EQ(trainer.state().global_step, 2);
+  }
+  EXPECT_TRUE(mem->with("lr-SGD").empty());
+  EXPECT_FALSE(std::filesystem::exists(dir / "volt_logs"));
 }
 
 }  // namespace

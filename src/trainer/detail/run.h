@@ -44,6 +44,7 @@ class Run : public RunContext {
   RunPlan plan;
   std::vector<std::shared_ptr<Callback>> callbacks;
   std::vector<std::shared_ptr<Logger>> loggers_;
+  bool loggers_muted_ = false;  // fast_dev_run dropped the run's loggers
   LoopState st;
   Module* module = nullptr;
   std::vector<OptimizerConfig> optimizers;
@@ -114,7 +115,9 @@ class Run : public RunContext {
   const std::vector<std::shared_ptr<Logger>>& loggers() const override {
     return is_global_zero() ? loggers_ : no_loggers_;
   }
-  bool has_loggers() const override { return !loggers_.empty(); }
+  /// Loggers that fast_dev_run muted count (Lightning's DummyLogger): a LearningRateMonitor
+  /// then logs into nothing instead of failing the smoke test of a config that works.
+  bool has_loggers() const override { return !loggers_.empty() || loggers_muted_; }
   Profiler& profiler() override { return prof != nullptr ? *prof : pass_through_; }
   Metrics device_stats() override { return strategy().accelerator().device_stats(); }
   void manual_backward(const at::Tensor& loss) override;
