@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include <volt/volt.h>
 
 namespace volt_examples {
@@ -191,17 +193,35 @@ inline void register_fashion_mnist(volt::Registry& r) {
     return p.add("lr", 1e-3, "Adam learning rate")
         .add("step_size", step_size, "halve the lr every N epochs (StepLR); 0 = constant");
   };
+  // Checked here, so that a bad value is a config error (exit 2) before anything runs, not a
+  // libtorch error from Adam's constructor or Linear's init at setup.
+  const auto check_common = [](const volt::Args& a, const char* model) {
+    const double lr = a.get<double>("lr");
+    VOLT_CHECK(std::isfinite(lr) && lr > 0, volt::ConfigError, "[", model, "] lr=", lr,
+               " must be a positive number; e.g. --model.lr=0.001.");
+    VOLT_CHECK(a.get<int64_t>("step_size") >= 0, volt::ConfigError, "[", model,
+               "] step_size=", a.get<int64_t>("step_size"),
+               " is negative; pass 0 (constant lr) or a number of epochs.");
+  };
   r.models.add(
       "MlpClassifier", "Fashion-MNIST MLP (784 -> hidden... -> 10)",
       common(volt::Params().add("hidden", std::vector<int64_t>{256, 128}, "hidden layer widths"),
              4),
-      [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+      [check_common](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+        check_common(a, "MlpClassifier");
+        for (int64_t width : a.get<std::vector<int64_t>>("hidden")) {
+          VOLT_CHECK(
+              width > 0, volt::ConfigError, "[MlpClassifier] hidden has a width of ", width,
+              "; every hidden layer needs at least one unit, e.g. --model.hidden=[256,128].");
+        }
         return std::make_shared<Classifier<MlpNet>>(
             std::make_shared<MlpNet>(a.get<std::vector<int64_t>>("hidden")), a.get<double>("lr"),
             a.get<int64_t>("step_size"));
       });
   r.models.add("CnnClassifier", "Fashion-MNIST CNN (two conv-bn-relu-pool blocks)",
-               common(volt::Params(), 2), [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+               common(volt::Params(), 2),
+               [check_common](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+                 check_common(a, "CnnClassifier");
                  return std::make_shared<Classifier<CnnNet>>(
                      std::make_shared<CnnNet>(), a.get<double>("lr"), a.get<int64_t>("step_size"));
                });
@@ -214,11 +234,20 @@ inline void register_fashion_mnist(volt::Registry& r) {
                  .add("fused", true, "attention through fused_sdpa (false: the reference)")
                  .add("attn_dropout", 0.0, "attention dropout probability"),
              2),
-      [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+      [check_common](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+        check_common(a, "TransformerClassifier");
         const int64_t dim = a.get<int64_t>("dim"), heads = a.get<int64_t>("heads");
+        VOLT_CHECK(dim > 0, volt::ConfigError, "[TransformerClassifier] dim=", dim,
+                   " must be positive, e.g. 64.");
         VOLT_CHECK(heads > 0 && dim % heads == 0, volt::ConfigError,
                    "[TransformerClassifier] dim=", dim, " is not divisible by heads=", heads,
                    "; pick heads that divide dim.");
+        VOLT_CHECK(a.get<int64_t>("layers") >= 1, volt::ConfigError,
+                   "[TransformerClassifier] layers=", a.get<int64_t>("layers"),
+                   " builds no transformer block; pass 1 or more.");
+        const double p = a.get<double>("attn_dropout");
+        VOLT_CHECK(p >= 0 && p < 1, volt::ConfigError, "[TransformerClassifier] attn_dropout=", p,
+                   " is outside [0, 1); pass e.g. 0.1, or 0 for none.");
         return std::make_shared<Classifier<TransformerNet>>(
             std::make_shared<TransformerNet>(dim, heads, a.get<int64_t>("layers"),
                                              a.get<bool>("fused"), a.get<double>("attn_dropout")),

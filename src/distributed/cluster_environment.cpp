@@ -296,7 +296,9 @@ ClusterEnvironment detect_cluster_environment(const EnvLookup& env, int64_t devi
              " must be at least 1 (resolve devices=-1 to a count first).");
   VOLT_CHECK(num_nodes >= 1, ConfigError, kTag, " num_nodes=", num_nodes, " must be at least 1.");
   VOLT_CHECK(devices <= kMaxRanks / num_nodes, ConfigError, kTag,
-             " devices × num_nodes = ", devices, " × ", num_nodes, " is too large.");
+             " devices × num_nodes = ", devices, " × ", num_nodes,
+             " is too large; a job has at most ", kMaxRanks,
+             " processes (devices is the count per node).");
   ClusterEnvironment e;
   const Reader child(env, "volt worker"), torchrun(env, "torchrun"), slurm(env, "slurm"),
       mpi(env, "openmpi"), plain(env, "plain");

@@ -52,6 +52,11 @@ void TrainerOptions::validate() const {
              "[Trainer] log_every_n_steps=", log_every_n_steps_, " must be >= 1.");
   VOLT_CHECK(num_threads_ >= 0, ConfigError, "[Trainer] num_threads=", num_threads_,
              " is negative; pass 0 for volt's default or a thread count.");
+  // OpenMP starts every thread asked for: 1e5 hangs the machine, 1e11 aborts in libgomp.
+  constexpr int64_t kMaxThreads = 1024;
+  VOLT_CHECK(num_threads_ <= kMaxThreads, ConfigError, "[Trainer] num_threads=", num_threads_,
+             " is more than ", kMaxThreads,
+             " threads; pass at most the CPU cores to use (0: volt's default).");
   VOLT_CHECK(progress_refresh_s_ > 0, ConfigError,
              "[Trainer] progress_refresh_s=", progress_refresh_s_, " must be > 0.");
   VOLT_CHECK(!default_root_dir_.empty(), ConfigError,

@@ -34,6 +34,12 @@ TEST(TrainerOptions, RejectsInvalidValues) {
             std::string::npos);
   EXPECT_NE(config_error([] { O().log_every_n_steps(0).validate(); }).find("log_every_n_steps"),
             std::string::npos);
+  // OpenMP would start them all: 1e5 threads hung the CLI, 1e11 aborted in libgomp.
+  EXPECT_NE(config_error([] {
+              O().num_threads(100000).validate();
+            }).find("num_threads=100000 is more than 1024 threads"),
+            std::string::npos);
+  EXPECT_NO_THROW(O().num_threads(1024).validate());
 }
 
 TEST(TrainerOptions, TrainerConstructorValidates) {

@@ -118,7 +118,8 @@ struct TrainerOptions {
   TORCH_ARG(GraphOptions, graph_options);
   /// torch intra-op threads; 0 = volt's measured default: 1 on 2-CPU machines with OpenBLAS
   /// when the precision computes in fp32 (OpenBLAS threads its GEMMs itself), libtorch's own
-  /// count under bf16-mixed, 16-mixed and bf16-true (see docs/PERFORMANCE.md). Default: 0.
+  /// count under bf16-mixed, 16-mixed and bf16-true (see docs/PERFORMANCE.md); at most 1024.
+  /// Default: 0.
   TORCH_ARG(int64_t, num_threads) = 0;
   /// Make the C library's malloc keep freed memory for reuse (reuse_freed_host_memory) at the
   /// start of the first run in this process, instead of returning large blocks to the kernel
