@@ -1,10 +1,14 @@
 #include "volt/cli/cli.h"
 
+#include <c10/util/Type.h>
+#include <nlohmann/json.hpp>
+
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -18,8 +22,10 @@
 #include "detail/resolve.h"
 #include "volt/callbacks/callback.h"
 #include "volt/callbacks/model_checkpoint.h"
+#include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
+#include "volt/core/log.h"
 #include "volt/core/module.h"
 #include "volt/core/registry.h"
 #include "volt/data/data_module.h"
@@ -361,7 +367,8 @@ std::vector<detail::ComponentConfig> shared_versions(std::vector<detail::Compone
   for (auto& l : loggers) {
     const auto& v = l.args.values();
     if (!v.count("save_dir") || !v.count("name") || !v.count("version") ||
-        !l.args.holds<int64_t>("version") || l.args.get<int64_t>("version") >= 0) {
+        !l.args.holds<int64_t>("version") || l.args.get<int64_t>("version") != -1) {
+      // A version of its own (or an invalid one, which the logger's constructor refuses).
       continue;
     }
     std::string dir = l.args.get<std::string>("save_dir");
@@ -566,8 +573,21 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
     // Every rank stopped at the same batch with the same message: rank 0 prints it.
     if (trainer.strategy().is_global_zero()) err << e.what() << "\n";
     return kCliInterruptedBase + e.signal();
+  } catch (const ConfigError& e) {
+    // Bad configuration that only the run could see (a monitored metric nobody logs, a
+    // callback that needs a logger): still bad input, not a failed run.
+    err << e.what() << "\n";
+    record_error_for_torchrun(e);
+    return kCliBadUsage;
+  } catch (const NotAvailable& e) {
+    // A config this build or machine cannot run (16-mixed on a libtorch 1.13 CPU): retrying
+    // will not help, changing the config will.
+    err << e.what() << "\n";
+    record_error_for_torchrun(e);
+    return kCliBadUsage;
   } catch (const Error& e) {
     err << e.what() << "\n";
+    record_error_for_torchrun(e);
     return kCliRunFailed;
   }
   if (!save_config->path().empty()) report() << "config: " << save_config->path() << "\n";
@@ -576,6 +596,26 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
 }
 
 }  // namespace
+
+void record_error_for_torchrun(const std::exception& e) noexcept {
+  try {
+    const auto path = env_value("TORCHELASTIC_ERROR_FILE");
+    if (!path || path->empty()) return;
+    // The layout of Python's @record (torch.distributed.elastic's ErrorHandler): torchrun's
+    // agent reads message.extraInfo.py_callstack (shown as the traceback) and the timestamp
+    // that picks the root cause, the first failure.
+    const std::string text = c10::demangle(typeid(e).name()) + ": " + e.what();
+    const nlohmann::json data = {
+        {"message",
+         {{"message", text},
+          {"extraInfo",
+           {{"py_callstack", text}, {"timestamp", std::to_string(std::time(nullptr))}}}}}};
+    atomic_write_file(*path, data.dump(2) + "\n");
+  } catch (const std::exception& write_error) {
+    log_warning("cli", std::string("could not write torchrun's error file: ") + write_error.what());
+  } catch (...) {
+  }
+}
 
 int run_cli(int argc, const char* const* argv, const CliOptions& options) {
   std::ostream& out = options.out ? *options.out : std::cout;
@@ -593,10 +633,12 @@ int run_cli(int argc, const char* const* argv, const CliOptions& options) {
   } catch (const Error& e) {
     // Raised before the run started: the command line, the config, or building its objects.
     err << e.what() << "\n";
+    record_error_for_torchrun(e);
     return kCliBadUsage;
   } catch (const std::exception& e) {
     err << "[cli] unexpected error: " << e.what()
         << "; this is likely a volt bug, please report it with the command line.\n";
+    record_error_for_torchrun(e);
     return kCliRunFailed;
   }
 }

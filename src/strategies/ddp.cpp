@@ -79,11 +79,15 @@ DdpStrategy::DdpStrategy(DdpStrategyOptions options, std::shared_ptr<Accelerator
       options_(std::move(options)),
       devices_(devices),
       num_nodes_(num_nodes) {
-  VOLT_CHECK(options_.bucket_cap_mb() > 0, ConfigError,
+  // The upper bounds refuse inf (and values that overflow the millisecond / byte counts).
+  VOLT_CHECK(options_.bucket_cap_mb() > 0 && options_.bucket_cap_mb() <= 1024 * 1024, ConfigError,
              "[DdpStrategy] bucket_cap_mb=", options_.bucket_cap_mb(),
-             " must be > 0 (MiB per gradient bucket; default 25).");
-  VOLT_CHECK(options_.timeout_s() > 0, ConfigError,
-             "[DdpStrategy] timeout_s=", options_.timeout_s(), " must be > 0 seconds.");
+             " must be > 0 and at most 1048576 (1 TiB) MiB per gradient bucket; default 25.");
+  constexpr double kMaxTimeoutS = 30 * 24 * 3600.0;
+  VOLT_CHECK(options_.timeout_s() > 0 && options_.timeout_s() <= kMaxTimeoutS, ConfigError,
+             "[DdpStrategy] timeout_s=", options_.timeout_s(),
+             " must be > 0 seconds and at most 30 days (", kMaxTimeoutS,
+             "); a rank that died is found only after it, so keep it short (default 60).");
   VOLT_CHECK(options_.max_restarts() >= 0, ConfigError,
              "[DdpStrategy] max_restarts=", options_.max_restarts(), " must be >= 0.");
   VOLT_CHECK(devices_ >= 1 && num_nodes_ >= 1, ConfigError, "[DdpStrategy] devices=", devices_,
@@ -134,7 +138,10 @@ bool DdpStrategy::restart_after_failure(const std::exception& error,
                                         const std::string& checkpoint) {
   if (!launcher_ || restarts_ >= options_.max_restarts()) return false;
   ++restarts_;
-  log_warning("DdpStrategy",
+  // Every node's launching process restarts its own workers, so every node says so: ranks
+  // other than 0 print errors only (the log's rank-zero rule), and a failure is one, prefixed
+  // with the rank ("[volt rank 2] error: ...").
+  log_message(env_.global_rank == 0 ? LogLevel::kWarning : LogLevel::kError, "DdpStrategy",
               "restart " + std::to_string(restarts_) + " of " +
                   std::to_string(options_.max_restarts()) + " after: " + error.what() +
                   "; resuming from " +

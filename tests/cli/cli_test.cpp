@@ -7,8 +7,10 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <ctime>
 
 #include <filesystem>
 #include <fstream>
@@ -393,6 +395,77 @@ TEST(Cli, AnAliasBombIsRefusedWithOneLine) {
                      "more than 1000000 nodes once its aliases (*name) are expanded");
 }
 
+TEST(Cli, AConfigErrorTheRunRaisesExitsTwo) {
+  // Bad config that only the run can see is still bad input: EarlyStopping's monitor that
+  // nothing logs fails at the first validation's end (exit 1 before).
+  volt_test::TempDir dir;
+  auto args = base(dir);
+  args.insert(args.begin(), "fit");
+  args.insert(args.end(), {"--trainer.max_epochs=2", "--trainer.callbacks+=EarlyStopping",
+                           "--trainer.callbacks.0.monitor=val_los"});
+  auto r = run(args);
+  EXPECT_EQ(r.code, volt::kCliBadUsage) << r.err;
+  EXPECT_NE(r.err.find("[EarlyStopping] monitored metric \"val_los\" was not logged"),
+            std::string::npos)
+      << r.err;
+  // A logger version below -1 reached the logger as "next free" (only -1 means that).
+  args = base(dir);
+  args.insert(args.begin(), "fit");
+  args.insert(args.end(), {"--trainer.max_epochs=1", "--trainer.loggers+=CSVLogger",
+                           "--trainer.loggers.0.version=-7"});
+  expect_usage_error(args, "[CSVLogger] version=-7 is invalid");
+}
+
+TEST(Cli, UnderTorchrunAnErrorIsWrittenToTheAgentsErrorFile) {
+  // torchrun's agent names a file per worker (TORCHELASTIC_ERROR_FILE) and reads it for its
+  // failure summary: Python's @record layout, message.extraInfo.{py_callstack, timestamp}.
+  volt_test::TempDir dir;
+  const std::string file = dir / "error.json";
+  ::setenv("TORCHELASTIC_ERROR_FILE", file.c_str(), 1);
+  const auto before = std::time(nullptr);
+  auto args = base(dir);
+  args.insert(args.begin(), "fit");
+  args.push_back("--trainer.max_epochs=-7");
+  auto r = run(args);
+  ::unsetenv("TORCHELASTIC_ERROR_FILE");
+  EXPECT_EQ(r.code, volt::kCliBadUsage) << r.err;
+  const auto data = nlohmann::json::parse(slurp(file));
+  const std::string message = data.at("message").at("message");
+  EXPECT_EQ(message.rfind("volt::ConfigError: [Trainer] max_epochs=-7", 0), 0u) << message;
+  EXPECT_EQ(data.at("message").at("extraInfo").at("py_callstack"), message);
+  const int64_t stamp =
+      std::stoll(data.at("message").at("extraInfo").at("timestamp").get<std::string>());
+  EXPECT_GE(stamp, before);
+  EXPECT_LE(stamp, std::time(nullptr));
+  // A failed run writes it too (exit 1), and without the variable nothing is written.
+  fs::remove(file);
+  ::setenv("TORCHELASTIC_ERROR_FILE", file.c_str(), 1);
+  args = base(dir);
+  args.insert(args.begin(), "fit");
+  args.push_back("--data.broken=true");
+  r = run(args);
+  ::unsetenv("TORCHELASTIC_ERROR_FILE");
+  EXPECT_EQ(r.code, volt::kCliRunFailed) << r.err;
+  EXPECT_NE(slurp(file).find("volt::DataError: [BlobsData] data files are missing"),
+            std::string::npos)
+      << slurp(file);
+  fs::remove(file);
+  r = run(args);
+  EXPECT_EQ(r.code, volt::kCliRunFailed);
+  EXPECT_FALSE(fs::exists(file));
+  // A path that cannot take the file (below a regular file): logged, and the exit code is the
+  // error's.
+  write(dir / "a_file", "x");
+  ::setenv("TORCHELASTIC_ERROR_FILE", (dir / "a_file/error.json").c_str(), 1);
+  const auto logs = volt_test::capture_logs([&] { r = run(args); });
+  ::unsetenv("TORCHELASTIC_ERROR_FILE");
+  EXPECT_EQ(r.code, volt::kCliRunFailed);
+  bool warned = false;
+  for (const auto& l : logs)
+    warned = warned || l.find("could not write torchrun's error file") != std::string::npos;
+  EXPECT_TRUE(warned);
+}
+
 TEST(Cli, RunFailuresExitWithCodeOneAndBugsNeverEscape) {
   volt_test::TempDir dir;
   auto args = base(dir);
@@ -586,10 +659,53 @@ TEST(CliBinary, TakesDdpParametersFromTheConfigAndRejectsBadOnesWithExitTwo) {
   const std::string saved = slurp(dir.path + "/volt_logs/version_0/config.yaml");
   EXPECT_NE(saved.find("bucket_cap_mb: 5.0"), std::string::npos) << saved;
   EXPECT_NE(saved.find("gradient_as_bucket_view: true"), std::string::npos) << saved;
-  r = run_binary("fit --config " + (dir / "ddp.yaml") +
-                 " --trainer.strategy.init_args.bucket_cap_mb=-1");
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find("[DdpStrategy] bucket_cap_mb=-1 must be > 0"), std::string::npos) << r.err;
+  // inf passed "> 0" before: the timeout overflowed into a negative millisecond count at the
+  // rendezvous (exit 1, "timeout=-9223372036854775808 ms"), the bucket size failed later.
+  for (const auto& [arg, phrase] : std::vector<std::pair<std::string, std::string>>{
+           {"bucket_cap_mb=-1", "[DdpStrategy] bucket_cap_mb=-1 must be > 0"},
+           {"timeout_s=inf", "[DdpStrategy] timeout_s=inf must be > 0 seconds and at most 30 days"},
+           {"bucket_cap_mb=inf", "[DdpStrategy] bucket_cap_mb=inf must be > 0 and at most 1048576"},
+       }) {
+    r = run_binary("fit --config " + (dir / "ddp.yaml") + " --trainer.strategy.init_args." + arg);
+    EXPECT_EQ(r.code, 2) << arg << ": " << r.err;
+    EXPECT_NE(r.err.find(phrase), std::string::npos) << arg << ": " << r.err;
+  }
+}
+
+TEST(CliBinary, TheDemoModelsRefuseBadInitArgsBeforeAnythingRuns) {
+  // Before, these reached libtorch ("[cli] unexpected error: Invalid learning rate: -1 ... this
+  // is likely a volt bug", exit 1), failed at the first attention call, or trained a model with
+  // no transformer block at all.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--model.lr=-1", "[MlpClassifier] lr=-1 must be a positive number"},
+      {"--model.lr=nan", "[MlpClassifier] lr=nan must be a positive number"},
+      {"--model.hidden=[256,0]", "[MlpClassifier] hidden has a width of 0"},
+      {"--model.step_size=-1", "[MlpClassifier] step_size=-1 is negative"},
+      {"--model=CnnClassifier --model.lr=-2", "[CnnClassifier] lr=-2 must be a positive number"},
+      {"--model=TransformerClassifier --model.dim=0", "[TransformerClassifier] dim=0 must be"},
+      {"--model=TransformerClassifier --model.layers=0", "[TransformerClassifier] layers=0 builds"},
+      {"--model=TransformerClassifier --model.attn_dropout=2",
+       "[TransformerClassifier] attn_dropout=2 is outside [0, 1)"},
+  };
+  for (const auto& [args, phrase] : cases) {
+    auto r = run_binary("fit --model=MlpClassifier --trainer.max_epochs=1 " + args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(phrase), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("unexpected error"), std::string::npos) << r.err;
+  }
+}
+
+TEST(CliBinary, FastDevRunOfTheShippedConfigPasses) {
+  // The shipped config has loggers and a LearningRateMonitor; fast_dev_run mutes the loggers,
+  // and the monitor failed the smoke test ("the Trainer has no logger", exit 1).
+  volt_test::TempDir dir;
+  auto r = run_binary("fit --config " + volt_test::source_dir() +
+                      "/configs/fashion_mnist_mlp.yaml --trainer.fast_dev_run=2"
+                      " --trainer.default_root_dir=" +
+                      dir.path);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("fit finished"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "volt_logs"));
 }
 
 TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoint) {

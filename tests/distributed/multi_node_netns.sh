@@ -145,8 +145,12 @@ for node in 0 1; do
   echo "---- elastic restart, node $node ----"
   cat "$dir/restart.$node.log"
 done
-# Warnings are rank 0's; node 1's restart shows in its relaunched worker (rank 3) resuming below.
-grep -q "restart 1 of 1 after" "$dir/restart.0.log" || { echo "FAIL: rank 0 did not restart"; fail=1; }
+# Each node's launching process says that it restarts (node 1's, rank 2, as an error: ranks other
+# than 0 print nothing else); its relaunched workers resume below.
+grep -q "^\[volt\] warning: \[DdpStrategy\] restart 1 of 1 after" "$dir/restart.0.log" ||
+  { echo "FAIL: rank 0 did not restart"; fail=1; }
+grep -q "^\[volt rank 2\] error: \[DdpStrategy\] restart 1 of 1 after" "$dir/restart.1.log" ||
+  { echo "FAIL: node 1's launching process (rank 2) did not say it restarts"; fail=1; }
 grep -q "rank 3 dies at step 5" "$dir/restart.1.log" || { echo "FAIL: rank 3 did not die"; fail=1; }
 for rank in 0 1 2 3; do
   node=$((rank / 2))

@@ -9,10 +9,14 @@
 #     resume from the newest last checkpoint (step 4); without a ModelCheckpoint the attempt
 #     starts over, with a warning.
 # Each must end with the weights of the same job launched by volt itself, to the last bit.
+#  4. the `volt` CLI failing under torchrun (a bad config on both workers): each worker writes
+#     its typed error to TORCHELASTIC_ERROR_FILE, so torchrun's failure summary names the file
+#     and shows volt's message as the traceback instead of "error_file: <N/A>".
 # Exits 77 (ctest: skipped) when no python3 has torch.
-# Usage: torchrun.sh path/to/volt_ddp_worker
+# Usage: torchrun.sh path/to/volt_ddp_worker path/to/volt
 set -uo pipefail
-ddp_worker=${1:?usage: torchrun.sh path/to/volt_ddp_worker}
+ddp_worker=${1:?usage: torchrun.sh path/to/volt_ddp_worker path/to/volt}
+volt=${2:?usage: torchrun.sh path/to/volt_ddp_worker path/to/volt}
 source "$(dirname "$0")/torchrun_env.sh"
 if [ -z "$python" ]; then
   echo "SKIP: no python3 with torch (Debian's python3-torch, which scripts/setup.sh installs)"
@@ -60,6 +64,22 @@ run_torchrun restart_from_scratch --master_port "$(free_port)" --max_restarts 1 
   --devices 2 --batch 8 --epochs 2 --timeout 20 --die-rank 1 --die-step 5
 code_restart_from_scratch=$?
 
+# Fails at its config on both workers (exit 2): nothing trains, so it costs a few seconds.
+run_torchrun cli_error --master_port "$(free_port)" --no_python "$volt" fit \
+  --model=MlpClassifier --model.lr=-1 --trainer.devices=2 --trainer.strategy=ddp \
+  --trainer.default_root_dir="$dir/cli_error"
+code_cli_error=$?
+echo "---- torchrun, cli_error (exit $code_cli_error) ----"
+cat "$dir/cli_error.log"
+if [ "$code_cli_error" = 0 ] ||
+  ! grep -q "error_file: $dir/torchrun_logs_cli_error/.*/error.json" "$dir/cli_error.log" ||
+  ! grep -q "traceback : volt::ConfigError: \[MlpClassifier\] lr=-1 must be a positive number" \
+    "$dir/cli_error.log" || ! grep -q "exitcode  : 2" "$dir/cli_error.log" ||
+  grep -q "error_file: <N/A>" "$dir/cli_error.log"; then
+  echo "FAIL: torchrun's summary of a failed volt CLI does not show volt's error from its error file"
+  fail=1
+fi
+
 for name in static standalone restart restart_from_scratch; do
   code_var=code_$name
   echo "---- torchrun, $name (exit ${!code_var}) ----"
@@ -85,5 +105,6 @@ if ! grep -q "no last checkpoint was found" "$dir/restart_from_scratch.log" ||
   echo "FAIL: torchrun (restart_from_scratch) did not warn and start over"
   fail=1
 fi
-[ "$fail" = 0 ] && echo "torchrun (agent store, standalone, restart after a lost rank): OK"
+[ "$fail" = 0 ] &&
+  echo "torchrun (agent store, standalone, restart after a lost rank, error file): OK"
 exit "$fail"

@@ -12,6 +12,7 @@
 /// Then: `my_cli fit --config run.yaml --trainer.max_epochs=3 --model.lr=3e-4`,
 /// `my_cli print-config ...`, `my_cli fit --help`, `my_cli report runs/version_0`.
 
+#include <exception>
 #include <iosfwd>
 #include <string>
 
@@ -23,7 +24,10 @@ struct Registry;
 enum CliExit : int {
   kCliOk = 0,
   kCliRunFailed = 1,  ///< the run started and failed (data, checkpoint, non-finite loss ...)
-  kCliBadUsage = 2,   ///< bad command line or config: nothing was run
+  /// Bad command line or config: a ConfigError, raised before anything ran or by the run
+  /// (e.g. EarlyStopping's monitor was never logged), or a NotAvailable (a config this build or
+  /// machine cannot run, such as 16-mixed on a libtorch 1.13 CPU).
+  kCliBadUsage = 2,
   /// Stopped by a signal (volt::Interrupted): 128 + the signal, as a shell reports a process
   /// that signal ended, i.e. 130 for SIGINT (Ctrl-C) and 143 for SIGTERM.
   kCliInterruptedBase = 128,
@@ -44,5 +48,12 @@ struct CliOptions {
 /// CliExit code; every error is reported as one "[component] what; how to fix" line, never
 /// thrown.
 int run_cli(int argc, const char* const* argv, const CliOptions& options = {});
+
+/// Under torchrun, writes `e` to the file its agent named in TORCHELASTIC_ERROR_FILE, in the
+/// layout of Python's @record, so that torchrun's failure summary shows this worker's error
+/// (and picks the first failure as the root cause) instead of "error_file: <N/A>". Does nothing
+/// when the variable is unset; never throws (a write that fails is logged). run_cli calls it
+/// for every error; call it from your own main's catch when you drive the Trainer directly.
+void record_error_for_torchrun(const std::exception& e) noexcept;
 
 }  // namespace volt
