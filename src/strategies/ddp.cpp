@@ -83,11 +83,11 @@ DdpStrategy::DdpStrategy(DdpStrategyOptions options, std::shared_ptr<Accelerator
   VOLT_CHECK(options_.bucket_cap_mb() > 0 && options_.bucket_cap_mb() <= 1024 * 1024, ConfigError,
              "[DdpStrategy] bucket_cap_mb=", options_.bucket_cap_mb(),
              " must be > 0 and at most 1048576 (1 TiB) MiB per gradient bucket; default 25.");
-  constexpr double kMaxTimeoutS = 30 * 24 * 3600.0;
+  constexpr int64_t kMaxTimeoutS = 30 * 24 * 3600;
   VOLT_CHECK(options_.timeout_s() > 0 && options_.timeout_s() <= kMaxTimeoutS, ConfigError,
              "[DdpStrategy] timeout_s=", options_.timeout_s(),
              " must be > 0 seconds and at most 30 days (", kMaxTimeoutS,
-             "); a rank that died is found only after it, so keep it short (default 60).");
+             " s); a rank that died is found only after it, so keep it short (default 60).");
   VOLT_CHECK(options_.max_restarts() >= 0, ConfigError,
              "[DdpStrategy] max_restarts=", options_.max_restarts(), " must be >= 0.");
   VOLT_CHECK(devices_ >= 1 && num_nodes_ >= 1, ConfigError, "[DdpStrategy] devices=", devices_,

@@ -165,8 +165,9 @@ TEST(ActivationCheckpointingCallback, BuiltFromYaml) {
   };
   std::string err;
   EXPECT_EQ(run("[\"body.*\"]", err), volt::kCliOk) << err;
-  // The model is known only once the run started: a run failure, with the callback's message.
-  EXPECT_EQ(run("[\"head\"]", err), volt::kCliRunFailed) << err;
+  // The model is known only once the run started; a pattern matching nothing is bad config all
+  // the same: exit 2 (1 before session 34), with the callback's message.
+  EXPECT_EQ(run("[\"head\"]", err), volt::kCliBadUsage) << err;
   EXPECT_NE(err.find("[wrap_activation_checkpointing] \"head\""), std::string::npos) << err;
 }
 
