@@ -50,8 +50,7 @@ TEST(CheckpointPath, LastWithoutACheckpointStartsFreshWithAWarning) {
   EXPECT_NE(lines[0].find("no last checkpoint exists; training starts from scratch"),
             std::string::npos)
       << lines[0];
-  EXPECT_NE(lines[1].find("monitor \"val_acc\" is not among the logged metrics"),
-            std::string::npos)
+  EXPECT_NE(lines[1].find("monitor \"val_acc\" is not among the logged metrics"), std::string::npos)
       << lines[1];
 }
 
