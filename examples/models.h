@@ -209,14 +209,17 @@ inline void register_fashion_mnist(volt::Registry& r) {
              4),
       [check_common](const volt::Args& a) -> std::shared_ptr<volt::Module> {
         check_common(a, "MlpClassifier");
-        for (int64_t width : a.get<std::vector<int64_t>>("hidden")) {
-          VOLT_CHECK(
-              width > 0, volt::ConfigError, "[MlpClassifier] hidden has a width of ", width,
-              "; every hidden layer needs at least one unit, e.g. --model.hidden=[256,128].");
+        const auto hidden = a.get<std::vector<int64_t>>("hidden");
+        VOLT_CHECK(hidden.size() <= 1024, volt::ConfigError, "[MlpClassifier] hidden lists ",
+                   hidden.size(), " layers; a demo MLP takes at most 1024.");
+        for (int64_t width : hidden) {
+          VOLT_CHECK(width > 0 && width <= (int64_t{1} << 20), volt::ConfigError,
+                     "[MlpClassifier] hidden has a width of ", width,
+                     "; every hidden layer needs 1 to 1048576 units, e.g. "
+                     "--model.hidden=[256,128].");
         }
         return std::make_shared<Classifier<MlpNet>>(
-            std::make_shared<MlpNet>(a.get<std::vector<int64_t>>("hidden")), a.get<double>("lr"),
-            a.get<int64_t>("step_size"));
+            std::make_shared<MlpNet>(hidden), a.get<double>("lr"), a.get<int64_t>("step_size"));
       });
   r.models.add("CnnClassifier", "Fashion-MNIST CNN (two conv-bn-relu-pool blocks)",
                common(volt::Params(), 2),
@@ -237,20 +240,22 @@ inline void register_fashion_mnist(volt::Registry& r) {
       [check_common](const volt::Args& a) -> std::shared_ptr<volt::Module> {
         check_common(a, "TransformerClassifier");
         const int64_t dim = a.get<int64_t>("dim"), heads = a.get<int64_t>("heads");
-        VOLT_CHECK(dim > 0, volt::ConfigError, "[TransformerClassifier] dim=", dim,
-                   " must be positive, e.g. 64.");
+        VOLT_CHECK(dim > 0 && dim <= 65536, volt::ConfigError, "[TransformerClassifier] dim=", dim,
+                   " must be in [1, 65536], e.g. 64.");
         VOLT_CHECK(heads > 0 && dim % heads == 0, volt::ConfigError,
                    "[TransformerClassifier] dim=", dim, " is not divisible by heads=", heads,
                    "; pick heads that divide dim.");
-        VOLT_CHECK(a.get<int64_t>("layers") >= 1, volt::ConfigError,
-                   "[TransformerClassifier] layers=", a.get<int64_t>("layers"),
-                   " builds no transformer block; pass 1 or more.");
+        const int64_t layers = a.get<int64_t>("layers");
+        VOLT_CHECK(layers >= 1 && layers <= 1024, volt::ConfigError,
+                   "[TransformerClassifier] layers=", layers,
+                   layers < 1 ? " builds no transformer block; pass 1 or more."
+                              : " is more than 1024 transformer blocks; pass fewer.");
         const double p = a.get<double>("attn_dropout");
         VOLT_CHECK(p >= 0 && p < 1, volt::ConfigError, "[TransformerClassifier] attn_dropout=", p,
                    " is outside [0, 1); pass e.g. 0.1, or 0 for none.");
         return std::make_shared<Classifier<TransformerNet>>(
-            std::make_shared<TransformerNet>(dim, heads, a.get<int64_t>("layers"),
-                                             a.get<bool>("fused"), a.get<double>("attn_dropout")),
+            std::make_shared<TransformerNet>(dim, heads, layers, a.get<bool>("fused"),
+                                             a.get<double>("attn_dropout")),
             a.get<double>("lr"), a.get<int64_t>("step_size"));
       });
   r.data_modules.add("FashionMNIST", "Fashion-MNIST IDX files: 55k train / 5k val / 10k test",

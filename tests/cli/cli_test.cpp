@@ -683,6 +683,10 @@ TEST(CliBinary, TheDemoModelsRefuseBadInitArgsBeforeAnythingRuns) {
       {"--model.step_size=-1", "[MlpClassifier] step_size=-1 is negative"},
       {"--model=CnnClassifier --model.lr=-2", "[CnnClassifier] lr=-2 must be a positive number"},
       {"--model=TransformerClassifier --model.dim=0", "[TransformerClassifier] dim=0 must be"},
+      // Both hung building 1e11 modules (or asked for more memory than exists).
+      {"--model=TransformerClassifier --model.layers=99999999999",
+       "[TransformerClassifier] layers=99999999999 is more than 1024"},
+      {"--model.hidden=[99999999999]", "[MlpClassifier] hidden has a width of 99999999999"},
       {"--model=TransformerClassifier --model.layers=0", "[TransformerClassifier] layers=0 builds"},
       {"--model=TransformerClassifier --model.attn_dropout=2",
        "[TransformerClassifier] attn_dropout=2 is outside [0, 1)"},
