@@ -573,22 +573,15 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
     // Every rank stopped at the same batch with the same message: rank 0 prints it.
     if (trainer.strategy().is_global_zero()) err << e.what() << "\n";
     return kCliInterruptedBase + e.signal();
-  } catch (const ConfigError& e) {
-    // Bad configuration that only the run could see (a monitored metric nobody logs, a
-    // callback that needs a logger): still bad input, not a failed run.
-    err << e.what() << "\n";
-    record_error_for_torchrun(e);
-    return kCliBadUsage;
-  } catch (const NotAvailable& e) {
-    // A config this build or machine cannot run (16-mixed on a libtorch 1.13 CPU): retrying
-    // will not help, changing the config will.
-    err << e.what() << "\n";
-    record_error_for_torchrun(e);
-    return kCliBadUsage;
   } catch (const Error& e) {
     err << e.what() << "\n";
     record_error_for_torchrun(e);
-    return kCliRunFailed;
+    // Bad configuration that only the run could see (a monitored metric nobody logs) or that
+    // this build or machine cannot run (16-mixed on a libtorch 1.13 CPU) is still bad input:
+    // retrying will not help, changing the config will.
+    const bool bad_config = dynamic_cast<const ConfigError*>(&e) != nullptr ||
+                            dynamic_cast<const NotAvailable*>(&e) != nullptr;
+    return bad_config ? kCliBadUsage : kCliRunFailed;
   }
   if (!save_config->path().empty()) report() << "config: " << save_config->path() << "\n";
   report() << "logs: " << trainer.log_dir() << "\n";
