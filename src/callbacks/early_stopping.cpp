@@ -16,6 +16,13 @@ EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(
              "[EarlyStopping] patience=", options_.patience(), " is negative.");
   VOLT_CHECK(std::isfinite(options_.min_delta()), ConfigError,
              "[EarlyStopping] min_delta=", options_.min_delta(), " is not finite.");
+  // A nan threshold would never compare true: the stop it asks for could never happen.
+  for (const auto& [name, value] : {std::pair<const char*, c10::optional<double>>{
+                                        "stopping_threshold", options_.stopping_threshold()},
+                                    {"divergence_threshold", options_.divergence_threshold()}}) {
+    VOLT_CHECK(!value || !std::isnan(*value), ConfigError, "[EarlyStopping] ", name,
+               "=nan can never be crossed; give a number or leave it unset.");
+  }
   // Lightning compares against best - |min_delta| in min mode (best + |min_delta| in max).
   options_.min_delta(std::abs(options_.min_delta()) * (options_.mode() == Mode::kMin ? -1 : 1));
   best_score_ = options_.mode() == Mode::kMin ? std::numeric_limits<double>::infinity()
@@ -41,10 +48,8 @@ void EarlyStopping::check(RunContext& run) {
   const Metrics& m = run.callback_metrics();
   auto it = m.find(options_.monitor());
   if (it == m.end()) {
-    std::ostringstream keys;
-    for (const auto& kv : m) keys << (keys.tellp() > 0 ? ", " : "") << kv.first;
     VOLT_CHECK(!options_.strict(), ConfigError, "[EarlyStopping] monitored metric \"",
-               options_.monitor(), "\" was not logged; available: [", keys.str(),
+               options_.monitor(), "\" was not logged; available: [", detail::joined_keys(m),
                "]. Log it or set strict(false).");
     return;
   }

@@ -209,8 +209,8 @@ std::string ModelCheckpoint::format_filename(const Metrics& metrics, int64_t epo
     } else {
       auto it = metrics.find(f.name);
       VOLT_CHECK(it != metrics.end(), ConfigError, "[ModelCheckpoint] filename field {", f.name,
-                 "} is not a logged metric (logged: ", metrics.size(),
-                 " keys); log it or remove it from the filename template.");
+                 "} is not a logged metric (logged: [", detail::joined_keys(metrics),
+                 "]); log it or remove it from the filename template.");
       value = it->second;
     }
     out += f.prefix + f.name + "=" + render(f.name, f.spec, value);
@@ -238,10 +238,9 @@ void ModelCheckpoint::save(RunContext& run) {
       // As Lightning: an error once a validation has run (the metric will never come), a
       // warning before (a save every N steps ahead of the first validation, or a run without
       // validation batches); last.ckpt is still written.
-      std::ostringstream keys;
-      for (const auto& kv : metrics) keys << (keys.tellp() > 0 ? ", " : "") << kv.first;
       const std::string what = "[ModelCheckpoint] monitor \"" + options_.monitor() +
-                               "\" is not among the logged metrics [" + keys.str() + "]";
+                               "\" is not among the logged metrics [" +
+                               detail::joined_keys(metrics) + "]";
       VOLT_CHECK(!validated_, ConfigError, what, "; log it (log(\"", options_.monitor(),
                  "\", value) in validation_step or training_step) or set monitor to one of them.");
       warn_once("ModelCheckpoint.monitor." + options_.monitor(), "ModelCheckpoint",

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "detail/bucket_cap.h"
 #include "detail/c10d.h"
 #include "volt/core/check.h"
 
@@ -106,9 +107,7 @@ GradientReducer::GradientReducer(const std::vector<at::Tensor>& parameters,
   VOLT_CHECK(group_ != nullptr, ValueError, kTag, " needs a process group, got null.");
   VOLT_CHECK(names.empty() || names.size() == parameters.size(), ValueError, kTag, " got ",
              names.size(), " names for ", parameters.size(), " parameters.");
-  VOLT_CHECK(options_.bucket_cap_mb() > 0 && options_.bucket_cap_mb() <= 1024 * 1024, ConfigError,
-             kTag, " bucket_cap_mb=", options_.bucket_cap_mb(),
-             " must be positive (and at most 1 TiB); DDP's default is 25.");
+  detail::check_bucket_cap_mb(options_.bucket_cap_mb(), kTag);
   std::vector<std::string> kept_names;
   dedupe(parameters, names, params_, kept_names);
   VOLT_CHECK(!params_.empty(), ValueError, kTag,

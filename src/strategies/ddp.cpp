@@ -11,6 +11,7 @@
 
 #include "core/detail/print.h"
 #include "distributed/detail/async_collective.h"
+#include "distributed/detail/bucket_cap.h"
 #include "distributed/detail/net.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
@@ -80,9 +81,7 @@ DdpStrategy::DdpStrategy(DdpStrategyOptions options, std::shared_ptr<Accelerator
       devices_(devices),
       num_nodes_(num_nodes) {
   // The upper bounds refuse inf (and values that overflow the millisecond / byte counts).
-  VOLT_CHECK(options_.bucket_cap_mb() > 0 && options_.bucket_cap_mb() <= 1024 * 1024, ConfigError,
-             "[DdpStrategy] bucket_cap_mb=", options_.bucket_cap_mb(),
-             " must be > 0 and at most 1048576 (1 TiB) MiB per gradient bucket; default 25.");
+  detail::check_bucket_cap_mb(options_.bucket_cap_mb(), "[DdpStrategy]");
   constexpr int64_t kMaxTimeoutS = 30 * 24 * 3600;
   VOLT_CHECK(options_.timeout_s() > 0 && options_.timeout_s() <= kMaxTimeoutS, ConfigError,
              "[DdpStrategy] timeout_s=", options_.timeout_s(),

@@ -224,15 +224,19 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
   VOLT_CHECK(!options_.offload_parameters() || pdev == "cpu" || options_.stage() == 3, ConfigError,
              kTag, " offload_parameters_device=\"nvme\" needs stage 3 (stage ", options_.stage(),
              " keeps whole parameters on every rank); set stage=3.");
+  // The NVMe sizes are checked even when nothing goes to NVMe: a value that means nothing should
+  // not pass silently in one config and fail once offload is switched on.
+  VOLT_CHECK(options_.sub_group_size() > 0 && options_.aio_block_size() > 0 &&
+                 options_.aio_queue_depth() > 0 && options_.aio_queue_depth() <= 4096,
+             ConfigError, kTag, " sub_group_size=", options_.sub_group_size(),
+             ", aio_block_size=", options_.aio_block_size(),
+             " and aio_queue_depth=", options_.aio_queue_depth(),
+             " must be > 0 (queue depth at most 4096); DeepSpeed's defaults are 1e9, 1048576 "
+             "and 8.");
+  VOLT_CHECK(tp.num_heads() >= 0, ConfigError, kTag, " tensor_parallel.num_heads=", tp.num_heads(),
+             " must be >= 0 (0: unknown; set it to the model's attention head count).");
   if ((options_.offload_optimizer() && dev == "nvme") ||
       (options_.offload_parameters() && pdev == "nvme")) {
-    VOLT_CHECK(options_.sub_group_size() > 0 && options_.aio_block_size() > 0 &&
-                   options_.aio_queue_depth() > 0 && options_.aio_queue_depth() <= 4096,
-               ConfigError, kTag, " sub_group_size=", options_.sub_group_size(),
-               ", aio_block_size=", options_.aio_block_size(),
-               " and aio_queue_depth=", options_.aio_queue_depth(),
-               " must be > 0 (queue depth at most 4096); DeepSpeed's defaults are 1e9, 1048576 "
-               "and 8.");
     const std::string& path = options_.nvme_path();
     struct stat st;
     VOLT_CHECK(::stat(path.c_str(), &st) == 0, ConfigError, kTag, " nvme_path='", path,

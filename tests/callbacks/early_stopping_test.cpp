@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "tiny.h"
 
 namespace {
@@ -57,6 +59,30 @@ TEST(EarlyStopping, MissingMetricIsAConfigErrorWhenStrict) {
     EXPECT_NE(std::string(e.what()).find("\"nope\" was not logged"), std::string::npos) << e.what();
   }
   EXPECT_THROW(volt::EarlyStopping(volt::EarlyStoppingOptions("")), volt::ConfigError);
+}
+
+TEST(EarlyStopping, RejectsOptionsThatCouldNeverStopOrAreMeaningless) {
+  const auto error_of = [](const volt::EarlyStoppingOptions& o) -> std::string {
+    try {
+      volt::EarlyStopping es(o);
+    } catch (const volt::ConfigError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const double nan = std::nan("");
+  EXPECT_EQ(error_of(volt::EarlyStoppingOptions("m").stopping_threshold(nan)),
+            "[EarlyStopping] stopping_threshold=nan can never be crossed; give a number or leave "
+            "it unset.");
+  EXPECT_NE(error_of(volt::EarlyStoppingOptions("m").divergence_threshold(nan))
+                .find("divergence_threshold=nan can never be crossed"),
+            std::string::npos);
+  EXPECT_NE(error_of(volt::EarlyStoppingOptions("m").patience(-1)).find("patience=-1 is negative"),
+            std::string::npos);
+  EXPECT_NE(error_of(volt::EarlyStoppingOptions("m").min_delta(nan)).find("is not finite"),
+            std::string::npos);
+  // Infinite thresholds are numbers: accepted (divergence at +inf never triggers by design).
+  EXPECT_EQ(error_of(volt::EarlyStoppingOptions("m").divergence_threshold(INFINITY)), "no error");
 }
 
 }  // namespace

@@ -93,7 +93,8 @@ TEST(GradientReducer, RejectsBadOptionsAndParameters) {
                               volt::GradientReducerOptions().bucket_cap_mb(0));
     FAIL() << "no error";
   } catch (const volt::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("bucket_cap_mb=0 must be positive"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("bucket_cap_mb=0 must be > 0 and at most 1048576"),
+              std::string::npos);
   }
   try {
     volt::GradientReducer red({torch::zeros({3})}, pg);

@@ -412,6 +412,15 @@ TEST(DeepSpeedNvme, BadNvmePathsAndAioOptionsAreConfigErrorsNamingThePath) {
                                             "sub_group_size=0");
   expect_deepspeed_error<volt::ConfigError>(O(nvme).nvme_path(dir.path).aio_queue_depth(0),
                                             "aio_queue_depth=0");
+  // Without NVMe offload the sizes mean nothing yet, but a negative one is still refused (it
+  // would fail only once offload is switched on), as is a negative head count for tensor
+  // parallelism that is off.
+  expect_deepspeed_error<volt::ConfigError>(O().sub_group_size(-7), "sub_group_size=-7");
+  expect_deepspeed_error<volt::ConfigError>(O().aio_block_size(0), "aio_block_size=0");
+  expect_deepspeed_error<volt::ConfigError>(O().aio_queue_depth(5000), "aio_queue_depth=5000");
+  expect_deepspeed_error<volt::ConfigError>(
+      O().tensor_parallel(volt::TensorParallelOptions().num_heads(-7)),
+      "tensor_parallel.num_heads=-7");
   expect_deepspeed_error<volt::ConfigError>(O().offload_parameters_device("disk"),
                                             "use \"cpu\" or \"nvme\"");
   const O params = O().offload_parameters(true).offload_parameters_device("nvme");

@@ -1,6 +1,6 @@
 #pragma once
-// Private: small formatters the Options printers (operator<<) share, so every Options type
-// prints unset optionals, strings and lists the same way.
+// Private: small formatters the Options printers (operator<<) and error messages share, so every
+// Options type prints unset optionals, strings and lists the same way.
 
 #include <c10/util/Optional.h>
 
@@ -30,6 +30,14 @@ inline std::string quoted_list(const std::vector<std::string>& items) {
   std::string out = "[";
   for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + quoted(items[i]);
   return out + "]";
+}
+
+/// The keys of a map with string keys, joined by ", " (errors that list what is available).
+template <typename Map>
+std::string joined_keys(const Map& map) {
+  std::string out;
+  for (const auto& kv : map) out += (out.empty() ? "" : ", ") + kv.first;
+  return out;
 }
 
 }  // namespace detail
