@@ -483,6 +483,47 @@ int run_kernel_cache(const Command& cmd, std::ostream& out) {
   return kCliOk;
 }
 
+// An allocation that failed: libtorch raises c10::OutOfMemoryError (CUDA; CPU too in 2.x) or, in
+// 1.13, a plain c10::Error from DefaultCPUAllocator ("can't allocate memory"); the rest of C++
+// raises std::bad_alloc. Not a volt bug and not a bad config: the run does not fit this machine.
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) || dynamic_cast<const c10::OutOfMemoryError*>(&e)) {
+    return true;
+  }
+  const std::string what = e.what();
+  return what.find("can't allocate memory") != std::string::npos ||
+         what.find("not enough memory") != std::string::npos ||
+         what.find("CUDA out of memory") != std::string::npos;
+}
+
+// The first line of libtorch's message (the rest is its C++ backtrace).
+std::string first_line(const char* what) {
+  const std::string text = what;
+  return text.substr(0, text.find('\n'));
+}
+
+// A failure that is not a volt::Error: an allocation, an error raised by the model's code or
+// libtorch during the run (the Trainer logged where: step or hook, epoch and batch), or, before
+// any run, a volt bug.
+int report_foreign_error(const std::exception& e, bool during_run, std::ostream& err) {
+  if (is_out_of_memory(e)) {
+    err << "[cli] out of memory: " << first_line(e.what())
+        << "; the model, its optimizer state or a batch does not fit in this machine's memory: "
+           "lower the batch size or the model's size, or shard the run "
+           "(--trainer.strategy=deepspeed_stage_3 over several processes, or "
+           "deepspeed_stage_3_offload).\n";
+  } else if (during_run) {
+    err << "[cli] the run failed: " << c10::demangle(typeid(e).name()) << ": "
+        << first_line(e.what())
+        << "; the Trainer's error above names the step or hook and the batch that raised it.\n";
+  } else {
+    err << "[cli] unexpected error: " << e.what()
+        << "; this is likely a volt bug, please report it with the command line.\n";
+  }
+  record_error_for_torchrun(e);
+  return kCliRunFailed;
+}
+
 int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std::ostream& err) {
   if (cmd.name == "env") return run_env(cmd, out);
   if (cmd.name == "kernel-cache") return run_kernel_cache(cmd, out);
@@ -582,6 +623,8 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
     const bool bad_config = dynamic_cast<const ConfigError*>(&e) != nullptr ||
                             dynamic_cast<const NotAvailable*>(&e) != nullptr;
     return bad_config ? kCliBadUsage : kCliRunFailed;
+  } catch (const std::exception& e) {
+    return report_foreign_error(e, /*during_run=*/true, err);
   }
   if (!save_config->path().empty()) report() << "config: " << save_config->path() << "\n";
   report() << "logs: " << trainer.log_dir() << "\n";
@@ -629,10 +672,7 @@ int run_cli(int argc, const char* const* argv, const CliOptions& options) {
     record_error_for_torchrun(e);
     return kCliBadUsage;
   } catch (const std::exception& e) {
-    err << "[cli] unexpected error: " << e.what()
-        << "; this is likely a volt bug, please report it with the command line.\n";
-    record_error_for_torchrun(e);
-    return kCliRunFailed;
+    return report_foreign_error(e, /*during_run=*/false, err);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <c10/util/Type.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -49,6 +50,8 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
   VOLT_CHECK(scope != LogScope::kNone, ConfigError, "[Module] log(\"", name,
              "\") called outside a step or epoch-end hook; log from training_step, "
              "validation_step, test_step or an on_*_epoch_end hook.");
+  VOLT_CHECK(!name.empty(), ValueError,
+             "[Module] log() got an empty name; name the metric, e.g. log(\"train_loss\", loss).");
   VOLT_CHECK(value.numel() == 1, ValueError, "[Module] log(\"", name, "\") got a tensor of shape ",
              value.sizes(), "; log a scalar (one element), e.g. loss or acc.mean().");
   if (st.stage == Stage::kSanityCheck) return;  // sanity-check values are discarded
@@ -276,7 +279,10 @@ std::string Run::broadcast_string(const std::string& text, int64_t src) const {
 }
 
 void Run::setup_optimizers() {
-  optimizers = module->configure_optimizers();
+  {
+    Part part(*this, "configure_optimizers");
+    optimizers = module->configure_optimizers();
+  }
   for (auto& c : optimizers) {
     VOLT_CHECK(c.optimizer() != nullptr, ConfigError,
                "[Module] configure_optimizers() returned a null optimizer.");
@@ -348,6 +354,34 @@ Metrics Run::flush_epoch(MetricStore& store, bool add_epoch_number) {
   send_to_loggers(lg);
   cache_dirty = true;
   return reduced;
+}
+
+std::string Run::failure_context(Stage stage, const std::exception& e) const {
+  std::ostringstream out;
+  out << to_string(stage) << " failed in ";
+  if (where_callback != nullptr) out << where_callback->state_key() << ".";
+  out << where;
+  if (std::strcmp(where, "set-up") != 0) {
+    if (eval_pass != nullptr) {
+      if (eval_batch >= 0) {
+        out << " at " << eval_pass << " batch " << eval_batch;
+      } else {
+        out << " in the " << eval_pass << " pass";
+      }
+      if (stage == Stage::kFit) {
+        out << " (epoch " << st.epoch << ", global step " << st.global_step << ")";
+      }
+    } else if (stage == Stage::kFit) {
+      out << " at epoch " << st.epoch;
+      if (train_batch >= 0) out << ", batch " << train_batch;
+      out << " (global step " << st.global_step << ")";
+    }
+  }
+  // The first line: libtorch appends its own C++ backtrace to the message.
+  std::string what = e.what();
+  what = what.substr(0, what.find('\n'));
+  out << ": " << c10::demangle(typeid(e).name()) << ": " << what;
+  return out.str();
 }
 
 }  // namespace detail

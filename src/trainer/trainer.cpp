@@ -58,8 +58,14 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     ~Unwatch() { r.signals = nullptr; }
   } unwatch{*this};
   signals = &watch;
+  where = "set-up";
+  where_callback = nullptr;
+  train_batch = -1;
+  eval_pass = nullptr;
+  eval_batch = -1;
   try {
     setup_run(m, stage);
+    where = "the Trainer's loop";  // between the steps and hooks that mark themselves
     watch.announce(is_global_zero());
     body();
     // Checkpoints written in the background (AsyncCheckpointIO) are on disk before the run
@@ -71,6 +77,11 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     // anything else failed wherever it was.
     const bool interrupted = dynamic_cast<const Interrupted*>(&e) != nullptr;
     st.status = interrupted ? RunStatus::kInterrupted : RunStatus::kFailed;
+    // An error from user code or libtorch says what went wrong but not where (C++ has no
+    // traceback to show): name the step or hook and the batch. volt's own errors name both.
+    if (!interrupted && dynamic_cast<const Error*>(&e) == nullptr) {
+      log_error("Trainer", failure_context(stage, e));
+    }
     // The run ends cleanly: callbacks and loggers are told, files are flushed, then the error
     // propagates. The checkpoints on disk stay as they are; a callback may add one
     // (OnExceptionCheckpoint, written atomically under its own name).

@@ -59,6 +59,10 @@ volt::Registry make_registry() {
                  return std::make_shared<volt_test::TinyClassifier>(8, a.get<double>("lr"),
                                                                     a.get<bool>("adam"));
                });
+  r.models.add("WrongWidth", "a model whose input width is not the data's", volt::Params(),
+               [](const volt::Args&) -> std::shared_ptr<volt::Module> {
+                 return std::make_shared<volt_test::TinyClassifier>(5);
+               });
   r.models.add("Throws", "a factory with a bug", volt::Params(),
                [](const volt::Args&) -> std::shared_ptr<volt::Module> {
                  throw std::out_of_range("vector::at");
@@ -264,9 +268,9 @@ TEST(Cli, BadConfigsExitWithCodeTwo) {
   expect_usage_error(
       {"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs=three"},
       "trainer.max_epochs (--trainer.max_epochs=three): expected int, got \"three\"");
-  expect_usage_error(
-      {"fit", "--model=Tny", "--data=Blobs"},
-      "unknown model \"Tny\"; valid names: \"Throws\", \"Tiny\" (did you mean \"Tiny\"?)");
+  expect_usage_error({"fit", "--model=Tny", "--data=Blobs"},
+                     "unknown model \"Tny\"; valid names: \"Throws\", \"Tiny\", \"WrongWidth\" "
+                     "(did you mean \"Tiny\"?)");
   expect_usage_error({"fit", "--data=Blobs"}, "model is required");
   expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=EarlyStopping"},
                      "trainer.callbacks.0.init_args.monitor is required (str) for callback "
@@ -480,6 +484,29 @@ TEST(Cli, RunFailuresExitWithCodeOneAndBugsNeverEscape) {
   r = run(args);
   EXPECT_EQ(r.code, volt::kCliRunFailed);
   EXPECT_NE(r.err.find("[cli] unexpected error: vector::at"), std::string::npos) << r.err;
+  // An error libtorch raises in the model's code during the run is the run failing, not a
+  // volt bug: one line of libtorch's message (not its C++ backtrace), and the Trainer's error
+  // line names the step and batch.
+  args = base(dir);
+  args.insert(args.begin(), "fit");
+  args.push_back("--model=WrongWidth");
+  const auto logs = volt_test::capture_logs([&] { r = run(args); });
+  EXPECT_EQ(r.code, volt::kCliRunFailed);
+  EXPECT_NE(r.err.find("[cli] the run failed: c10::Error: mat1 and mat2 shapes cannot be "
+                       "multiplied (32x8 and 5x16); the Trainer's error above names the step"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("volt bug"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("frame #"), std::string::npos) << r.err;
+  bool located = false;
+  for (const auto& l : logs) {
+    // The sanity check's validation_step meets the mismatch first.
+    located = located ||
+              l.find(
+                  "fit failed in validation_step at sanity-check validation batch "
+                  "0 (epoch 0, global step 0): c10::Error: mat1 and mat2") != std::string::npos;
+  }
+  EXPECT_TRUE(located);
 }
 
 // ------------------------------------------------------------------ the real `volt` binary
@@ -697,6 +724,29 @@ TEST(CliBinary, TheDemoModelsRefuseBadInitArgsBeforeAnythingRuns) {
     EXPECT_NE(r.err.find(phrase), std::string::npos) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("unexpected error"), std::string::npos) << r.err;
   }
+}
+
+TEST(CliBinary, AModelTooLargeForMemoryIsReportedAsOutOfMemoryNotAsABug) {
+  // Two hidden layers of 2^20 ask for 3.3 GB and then 4 TiB of weights. Under an address-space
+  // limit of ~3 GiB the first allocation fails, whatever the kernel's overcommit policy, before
+  // any BLAS call (OpenBLAS spins instead of failing when its own buffers cannot be had). Before,
+  // this said "[cli] unexpected error ... likely a volt bug".
+  volt_test::TempDir dir;
+  const std::string cmd = "ulimit -v 3000000; " + volt_test::cli_binary() +
+                          " fit --model=MlpClassifier --model.hidden=[1048576,1048576]"
+                          " --trainer.max_steps=1 --trainer.default_root_dir=" +
+                          dir.path + " >" + (dir / "out") + " 2>" + (dir / "err");
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << cmd;
+  EXPECT_EQ(WEXITSTATUS(status), volt::kCliRunFailed);
+  const std::string err = slurp(dir / "err");
+  EXPECT_NE(err.find("[cli] out of memory: "), std::string::npos) << err;
+  EXPECT_NE(err.find("you tried to allocate 3288334336 bytes"), std::string::npos) << err;
+  EXPECT_NE(err.find("lower the batch size or the model's size, or shard the run"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("volt bug"), std::string::npos) << err;
+  EXPECT_EQ(err.find("frame #"), std::string::npos) << err;
 }
 
 TEST(CliBinary, FastDevRunOfTheShippedConfigPasses) {

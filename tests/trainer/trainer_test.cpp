@@ -520,4 +520,213 @@ TEST(Trainer, MaxTimeStops) {
   EXPECT_EQ(t.state().global_step, 1);
 }
 
+// ---------------------------------------------------------------- where a foreign error came from
+
+// Throws std::runtime_error from the hook or step named `at`, at batch `batch` (of the training
+// epoch, or of the validation pass once a step was taken, so the sanity check passes).
+class FailsIn : public TinyClassifier {
+ public:
+  FailsIn(std::string at, int64_t batch) : at_(std::move(at)), batch_(batch) {}
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    if (at_ == "training_step" && i == batch_) throw std::runtime_error("boom");
+    return TinyClassifier::training_step(b, i);
+  }
+  void validation_step(const volt::Batch& b, int64_t i) override {
+    if (at_ == "validation_step" && i == batch_ && global_step() > 0)
+      throw std::runtime_error("boom");
+    TinyClassifier::validation_step(b, i);
+  }
+  torch::Tensor predict_step(const volt::Batch& b, int64_t i) override {
+    if (at_ == "predict_step" && i == batch_) throw std::runtime_error("boom");
+    return TinyClassifier::predict_step(b, i);
+  }
+  void on_train_epoch_end() override {
+    if (at_ == "on_train_epoch_end") throw std::runtime_error("boom");
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    if (at_ == "configure_optimizers") throw std::runtime_error("boom");
+    return TinyClassifier::configure_optimizers();
+  }
+
+ private:
+  std::string at_;
+  int64_t batch_;
+};
+
+class ThrowsAtBatchEnd : public volt::Callback {
+ public:
+  std::string state_key() const override { return "ThrowsAtBatchEnd"; }
+  void on_train_batch_end(volt::RunContext&, volt::Module&, const volt::Batch&,
+                          int64_t i) override {
+    if (i == 2) throw std::out_of_range("map::at");
+  }
+};
+
+// The error lines a run logs while `body` fails with the error it throws.
+std::vector<std::string> failure_lines(const std::function<void()>& body) {
+  std::vector<std::string> out;
+  const auto logs = volt_test::capture_logs([&] {
+    try {
+      body();
+      ADD_FAILURE() << "no error";
+    } catch (const std::exception&) {
+    }
+  });
+  for (const auto& l : logs) {
+    if (l.find(" failed in ") != std::string::npos) out.push_back(l);
+  }
+  return out;
+}
+
+TEST(Trainer, AnErrorFromUserCodeOrLibtorchIsLoggedWithTheStepOrHookAndTheBatch) {
+  // C++ has no traceback: an exception from the model, a callback or libtorch said what went
+  // wrong but not where. The Trainer's error line names the step or hook and the batch.
+  const auto fit = [](const std::string& at, int64_t batch,
+                      std::vector<std::shared_ptr<volt::Callback>> callbacks = {}) {
+    return failure_lines([&] {
+      volt_test::TempDir dir;
+      FailsIn model(at, batch);
+      volt::Trainer t(quiet(dir.path).max_epochs(2).callbacks(callbacks));
+      // 64 samples in batches of 16: four steps per epoch, then validation.
+      t.fit(model, volt_test::loader(volt_test::blobs(64)),
+            volt_test::loader(volt_test::blobs(48)));
+    });
+  };
+  const auto one = [](const std::vector<std::string>& lines) {
+    EXPECT_EQ(lines.size(), 1u);
+    return lines.empty() ? std::string() : lines.front();
+  };
+  EXPECT_NE(one(fit("training_step", 3))
+                .find("fit failed in training_step at epoch 0, batch 3 (global step 3): "
+                      "std::runtime_error: boom"),
+            std::string::npos);
+  EXPECT_NE(one(fit("validation_step", 1))
+                .find("fit failed in validation_step at validation batch 1 (epoch 0, global "
+                      "step 4): std::runtime_error: boom"),
+            std::string::npos);
+  EXPECT_NE(one(fit("on_train_epoch_end", 0))
+                .find("fit failed in on_train_epoch_end at epoch 0 (global step 4): "),
+            std::string::npos);
+  EXPECT_NE(one(fit("configure_optimizers", 0))
+                .find("fit failed in configure_optimizers at epoch 0 (global step 0): "),
+            std::string::npos);
+  EXPECT_NE(one(fit("none", 0, {std::make_shared<ThrowsAtBatchEnd>()}))
+                .find("fit failed in ThrowsAtBatchEnd.on_train_batch_end at epoch 0, batch 2 "
+                      "(global step 3): std::out_of_range: map::at"),
+            std::string::npos);
+  // A libtorch error: its first line only (not libtorch's C++ backtrace).
+  const std::string shape = one(failure_lines([] {
+    volt_test::TempDir dir;
+    TinyClassifier model(5);
+    volt::Trainer t(quiet(dir.path).max_epochs(1));
+    t.fit(model, volt_test::loader(volt_test::blobs(64)));
+  }));
+  EXPECT_NE(shape.find("fit failed in training_step at epoch 0, batch 0 (global step 0): "
+                       "c10::Error: mat1 and mat2 shapes cannot be multiplied (16x8 and 5x16)"),
+            std::string::npos)
+      << shape;
+  EXPECT_EQ(shape.find('\n'), std::string::npos) << shape;
+  // Entry points other than fit: the pass and its batch.
+  EXPECT_NE(one(failure_lines([] {
+              volt_test::TempDir dir;
+              FailsIn model("predict_step", 2);
+              volt::Trainer t(quiet(dir.path));
+              t.predict(model, volt_test::loader(volt_test::blobs(64), 16, false));
+            })).find("predict failed in predict_step at predict batch 2: std::runtime_error"),
+            std::string::npos);
+  // volt's own errors name their component and fix already: no second line.
+  EXPECT_TRUE(failure_lines([] {
+                volt_test::TempDir dir;
+                TinyClassifier model;
+                volt::Trainer t(quiet(dir.path).max_epochs(1));
+                t.fit(model, volt_test::loader(volt_test::blobs(64)), c10::nullopt,
+                      dir / "missing.ckpt");
+              }).empty());
+}
+
+TEST(Trainer, SaysWhyFitStopped) {
+  // Lightning's "`Trainer.fit` stopped: `max_epochs=2` reached." line.
+  const auto stopped = [](volt::TrainerOptions o) {
+    volt_test::TempDir dir;
+    TinyClassifier model;
+    volt::Trainer t(o.default_root_dir(dir.path));
+    std::string line;
+    for (const auto& l :
+         volt_test::capture_logs([&] { t.fit(model, volt_test::loader(volt_test::blobs(64))); })) {
+      if (l.find("fit stopped") != std::string::npos) line += l;
+    }
+    return line;
+  };
+  EXPECT_NE(stopped(quiet("").max_epochs(2))
+                .find("[Trainer] fit stopped: max_epochs=2 reached (epoch 1, global step 8)."),
+            std::string::npos);
+  EXPECT_NE(stopped(quiet("").max_epochs(5).max_steps(3))
+                .find("[Trainer] fit stopped: max_steps=3 reached (epoch 0, global step 3)."),
+            std::string::npos);
+}
+
+TEST(Trainer, AValCheckIntervalAboveTheEpochsBatchesIsRefusedBeforeTraining) {
+  // Lightning's rule: an int val_check_interval counts batches of an epoch. Before, 100 with an
+  // epoch of 4 batches never validated, silently (and a monitored checkpoint then had no metric).
+  volt_test::TempDir dir;
+  const auto fit = [&](volt::TrainerOptions o) {
+    TinyClassifier model;
+    auto rec = std::make_shared<Recorder>();
+    volt::Trainer t(o.default_root_dir(dir.path).callbacks({rec}));
+    t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
+    return rec;
+  };
+  try {
+    fit(quiet("").max_epochs(1).val_check_interval(100));
+    ADD_FAILURE() << "no error";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "[Trainer] val_check_interval=100 is more than the 4 training batches of an "
+                 "epoch, so validation would never run; use a count <= 4, a fraction such as 0.5, "
+                 "or limit_val_batches=0 to turn validation off.");
+  }
+  EXPECT_EQ(fit(quiet("").max_epochs(1).val_check_interval(4))->validations, 1);
+  EXPECT_EQ(fit(quiet("").max_epochs(1).val_check_interval(100).limit_val_batches(0))->validations,
+            0);
+  // fast_dev_run validates once at the end of its batches whatever the interval, as Lightning
+  // (which sets val_check_interval=1.0 for it).
+  EXPECT_EQ(fit(quiet("").fast_dev_run(2).val_check_interval(100))->validations, 1);
+  EXPECT_EQ(fit(quiet("").fast_dev_run(3).val_check_interval(0.25))->validations, 1);
+}
+
+TEST(Trainer, AnEmptyTrainingLoaderWarnsThatNothingIsTrained) {
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  volt::Trainer t(quiet(dir.path).max_epochs(2));
+  bool warned = false;
+  for (const auto& l :
+       volt_test::capture_logs([&] { t.fit(model, volt_test::loader(volt_test::blobs(0))); })) {
+    warned =
+        warned || l.find("[Trainer] the training DataLoader has no batches") != std::string::npos;
+  }
+  EXPECT_TRUE(warned);
+  EXPECT_EQ(t.state().global_step, 0);
+}
+
+TEST(Module, LogRefusesAnEmptyName) {
+  struct LogsEmpty : TinyClassifier {
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      auto loss = TinyClassifier::training_step(b, i);
+      log("", loss);
+      return loss;
+    }
+  };
+  volt_test::TempDir dir;
+  LogsEmpty model;
+  volt::Trainer t(quiet(dir.path).max_epochs(1));
+  try {
+    t.fit(model, volt_test::loader(volt_test::blobs(32)));
+    ADD_FAILURE() << "log(\"\") was accepted";
+  } catch (const volt::ValueError& e) {
+    EXPECT_STREQ(e.what(),
+                 "[Module] log() got an empty name; name the metric, e.g. "
+                 "log(\"train_loss\", loss).");
+  }
+}
+
 }  // namespace

@@ -7,6 +7,7 @@
 #include <c10/util/Optional.h>
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -60,6 +61,44 @@ class Run : public RunContext {
     LogOptions options;
   };
   std::vector<CapturedLog>* capture_log = nullptr;
+
+  // ---------------------------------------------------------------- failure context
+  /// What the run is calling (a step, a module hook, a callback's hook, a batch fetch) and the
+  /// training and evaluation batches, for the error line a failure in user code or libtorch logs
+  /// (failure_context()). Set through Part; a Part left by an exception keeps its mark.
+  const char* where = "set-up";
+  const Callback* where_callback = nullptr;
+  int64_t train_batch = -1;         // the training batch being fetched or run; -1 between
+  const char* eval_pass = nullptr;  // "validation", "test", ... while a pass runs
+  int64_t eval_batch = -1;          // its batch being fetched or run; -1 outside its batches
+  /// Marks the part of the run `what` names (and profiles it as an action when a profiler runs);
+  /// restores the previous mark when left normally.
+  class Part {
+   public:
+    Part(Run& r, const char* what, const Callback* callback = nullptr)
+        : r_(r),
+          prev_(r.where),
+          prev_callback_(r.where_callback),
+          uncaught_(std::uncaught_exceptions()) {
+      r.where = what;
+      r.where_callback = callback;
+    }
+    ~Part() {
+      if (std::uncaught_exceptions() > uncaught_) return;
+      r_.where = prev_;
+      r_.where_callback = prev_callback_;
+    }
+    Part(const Part&) = delete;
+    Part& operator=(const Part&) = delete;
+
+   private:
+    Run& r_;
+    const char* prev_;
+    const Callback* prev_callback_;
+    int uncaught_;
+  };
+  /// "fit failed in training_step at epoch 0, batch 3 (global step 3): <type>: <first line>".
+  std::string failure_context(Stage stage, const std::exception& e) const;
 
   MetricStore train_metrics, eval_metrics;
   MetricStore* active_metrics = &train_metrics;
@@ -135,6 +174,7 @@ class Run : public RunContext {
   }
   template <typename MF>
   void module_hook(const char* name, MF&& module_fn) {
+    Part part(*this, name);
     if (prof == nullptr) {
       module_fn(*module);
       return;
@@ -144,10 +184,14 @@ class Run : public RunContext {
   template <typename CF>
   void callback_hook(const char* name, CF&& callback_fn) {
     if (prof == nullptr) {
-      for (auto& c : callbacks) callback_fn(*c);
+      for (auto& c : callbacks) {
+        Part part(*this, name, c.get());
+        callback_fn(*c);
+      }
       return;
     }
     for (auto& c : callbacks) {
+      Part part(*this, name, c.get());
       timed("[Callback]" + c->state_key() + "." + name, [&] { callback_fn(*c); });
     }
   }
@@ -165,6 +209,7 @@ class Run : public RunContext {
   }
   /// The next batch of a stream, its fetch time profiled as `action`.
   bool next_batch(BatchStream& stream, Batch& batch, const char* action) {
+    Part part(*this, action);
     ProfileScope p(prof, action);
     return stream.next(batch);
   }

@@ -17,6 +17,8 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
   const int64_t saved_bs = r.current_batch_size;
   r.active_metrics = &r.eval_metrics;
   r.eval_metrics.clear();
+  r.eval_pass = sanity ? "sanity-check validation" : is_test ? "test" : "validation";
+  r.eval_batch = -1;
   if (!sanity) {
     if (is_test) {
       r.callback_hook("on_test_start", [&](Callback& c) { c.on_test_start(r, m); });
@@ -38,10 +40,13 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
   // A stop signal ends validate()/test() (Run::check_stop_in_evaluation); inside fit the
   // training loop acts on it.
   const bool entry_point = r.st.stage == stage;
-  while (r.next_batch(stream, raw, is_test ? "get_test_batch" : "get_validation_batch")) {
+  for (r.eval_batch = 0;
+       r.next_batch(stream, raw, is_test ? "get_test_batch" : "get_validation_batch");
+       r.eval_batch = idx) {
     Batch batch = r.strategy().batch_to_device(raw);
     r.current_batch_size = batch.size();
     {
+      Run::Part part(r, is_test ? "test_step" : "validation_step");
       ProfileScope p(r.prof, is_test ? "test_step" : "validation_step");
       if (is_test) {
         r.strategy().test_step(m, batch, idx);
@@ -61,6 +66,7 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
     ++idx;
     if (entry_point) r.check_stop_in_evaluation(/*pass_done=*/false);
   }
+  r.eval_batch = -1;
   if (entry_point) r.check_stop_in_evaluation(/*pass_done=*/true);
   Metrics result;
   if (!sanity) {
@@ -85,6 +91,7 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
   r.active_metrics = saved_store;
   r.scope = saved_scope;
   r.current_batch_size = saved_bs;
+  r.eval_pass = nullptr;
   return result;
 }
 

@@ -15,6 +15,7 @@ namespace {
 
 bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const c10::optional<DataLoader>& val) {
   if (!val || r.val_limit(*val) == 0) return false;
+  if (r.fast_dev) return idx + 1 == n;  // Lightning's fast_dev_run sets val_check_interval=1.0
   if ((r.st.epoch + 1) % r.opts.check_val_every_n_epoch() != 0) return false;
   const Limit& vci = r.opts.val_check_interval();
   int64_t every = vci.is_fraction()
@@ -38,11 +39,35 @@ void validate_now(Run& r, DataLoader& val) {
   r.module->train();
 }
 
+// Training batches per epoch after fast_dev_run and limit_train_batches.
+int64_t train_limit(const Run& r, const DataLoader& train) {
+  return r.fast_dev ? std::min(r.opts.fast_dev_run(), train.num_batches())
+                    : r.opts.limit_train_batches().resolve(train.num_batches());
+}
+
+// Before anything runs, as Lightning's data set-up: a loader without batches trains nothing
+// (warned), and an int val_check_interval above the epoch's batches would never validate.
+void check_loaders(const Run& r, const DataLoader& train, const c10::optional<DataLoader>& val) {
+  if (train.num_batches() == 0) {
+    log_warning("Trainer",
+                "the training DataLoader has no batches (its dataset is empty on this process), "
+                "so fit trains nothing; check the dataset (and, with several processes, that it "
+                "has at least one sample per process).");
+    return;
+  }
+  const int64_t n = train_limit(r, train);
+  const Limit& vci = r.opts.val_check_interval();
+  VOLT_CHECK(r.fast_dev || !val || n == 0 || r.val_limit(*val) == 0 || vci.is_fraction() ||
+                 vci.count() <= n,
+             ConfigError, "[Trainer] val_check_interval=", vci.count(), " is more than the ", n,
+             " training batches of an epoch, so validation would never run; use a count <= ", n,
+             ", a fraction such as 0.5, or limit_val_batches=0 to turn validation off.");
+}
+
 void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
   Module& m = *r.module;
   LoopState& st = r.st;
-  const int64_t n = r.fast_dev ? std::min(r.opts.fast_dev_run(), train.num_batches())
-                               : r.opts.limit_train_batches().resolve(train.num_batches());
+  const int64_t n = train_limit(r, train);
   st.num_training_batches = n;
   m.train();
   r.hook(
@@ -53,7 +78,8 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
   if (st.batches_done < n) {
     BatchStream stream = train.stream(st.epoch, st.batches_done, n - st.batches_done);
     Batch raw;
-    while (r.next_batch(stream, raw, "get_train_batch")) {
+    for (r.train_batch = st.batches_done; r.next_batch(stream, raw, "get_train_batch");
+         r.train_batch = st.batches_done) {
       const int64_t idx = st.batches_done;
       Batch batch = r.strategy().batch_to_device(raw);
       r.scope = LogScope::kTrainStep;
@@ -79,6 +105,7 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
       r.check_stop(/*lagged=*/!validate, /*in_fit=*/true);
       if (stop_now(r)) break;
     }
+    r.train_batch = -1;
   }
   r.step->check_losses();  // before the epoch-end hooks, which may write checkpoints
   r.scope = LogScope::kTrainEpochEnd;
@@ -141,6 +168,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   DataLoader train = r.shard(train_loader);
   c10::optional<DataLoader> val;
   if (val_loader) val = r.shard(*val_loader);
+  check_loaders(r, train, val);
   r.setup_optimizers();
   if (r.opts.graph_training_step()) r.step = make_graphed_step(r);
   log_info("Trainer",
@@ -216,6 +244,23 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
     train_epoch(r, train, val);
   }
   r.step->finish();
+  // Why the loop ended, as Lightning's "`Trainer.fit` stopped: ..." line.
+  if (r.is_global_zero()) {
+    std::string why;
+    if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) {
+      why = "max_steps=" + std::to_string(r.opts.max_steps()) + " reached";
+    } else if (r.time_up) {
+      why = "max_time reached";
+    } else if (r.stop_agreed) {
+      why = "a callback or the module asked to stop";
+    } else if (max_epochs >= 0) {
+      why = "max_epochs=" + std::to_string(max_epochs) + " reached";
+    }
+    if (!why.empty()) {
+      log_info("Trainer", "fit stopped: " + why + " (epoch " + std::to_string(r.st.epoch) +
+                              ", global step " + std::to_string(r.st.global_step) + ").");
+    }
+  }
   r.fit_end = Clock::now();  // a checkpoint saved after fit counts the training time only
   r.hook(
       "on_train_end", [&](Module& mm) { mm.on_train_end(); },

@@ -262,6 +262,7 @@ class GraphedOptimizationStep : public OptimizationStep {
   void replay(GraphedStep& g, const Batch& batch, int64_t batch_idx) {
     Run& r = run_;
     {
+      Run::Part part(r, "graph_replay");
       ProfileScope p(r.prof, "graph_replay");
       at::NoGradGuard no_grad;
       auto put = [](at::Tensor& dst, const at::Tensor& src) {

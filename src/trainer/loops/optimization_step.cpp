@@ -34,6 +34,7 @@ at::Tensor OptimizationStep::forward(const Batch& batch, int64_t batch_idx) {
   Run& r = run_;
   at::Tensor loss;
   {
+    Run::Part part(r, "training_step");
     ProfileScope p(r.prof, "training_step");
     loss = r.strategy().training_step(*r.module, batch, batch_idx);
   }
@@ -63,6 +64,7 @@ void OptimizationStep::backward(const at::Tensor& loss, bool sync_gradients) {
       "on_before_backward", [&](Module& mm) { mm.on_before_backward(loss); },
       [&](Callback& c) { c.on_before_backward(r, m, loss); });
   {
+    Run::Part part(r, "backward");
     ProfileScope p(r.prof, "backward");
     r.strategy().backward(scaled, sync_gradients);
   }
@@ -78,6 +80,7 @@ bool OptimizationStep::strategy_step() {
   r.hook(
       "on_before_optimizer_step", [&](Module& mm) { mm.on_before_optimizer_step(opt); },
       [&](Callback& c) { c.on_before_optimizer_step(r, m, opt); });
+  Run::Part part(r, "optimizer_step");
   ProfileScope p(r.prof, "optimizer_step");
   return r.strategy().optimizer_step(opt, r.opts.gradient_clip_val(),
                                      r.opts.gradient_clip_algorithm());
