@@ -71,8 +71,8 @@ class Run : public RunContext {
   int64_t train_batch = -1;         // the training batch being fetched or run; -1 between
   const char* eval_pass = nullptr;  // "validation", "test", ... while a pass runs
   int64_t eval_batch = -1;          // its batch being fetched or run; -1 outside its batches
-  /// Marks the part of the run `what` names (and profiles it as an action when a profiler runs);
-  /// restores the previous mark when left normally.
+  /// Marks the part of the run `what` names (a callback's hook also names the callback);
+  /// restores the previous mark when left normally, keeps it when an exception leaves.
   class Part {
    public:
     Part(Run& r, const char* what, const Callback* callback = nullptr)
