@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "../core/detail/input_limits.h"
+#include "../core/detail/print.h"
 #include "../loggers/detail/log_dir.h"
 #include "detail/config_tree.h"
 #include "detail/perf_scan.h"
@@ -496,25 +497,18 @@ bool is_out_of_memory(const std::exception& e) {
          what.find("CUDA out of memory") != std::string::npos;
 }
 
-// The first line of libtorch's message (the rest is its C++ backtrace).
-std::string first_line(const char* what) {
-  const std::string text = what;
-  return text.substr(0, text.find('\n'));
-}
-
 // A failure that is not a volt::Error: an allocation, an error raised by the model's code or
 // libtorch during the run (the Trainer logged where: step or hook, epoch and batch), or, before
 // any run, a volt bug.
 int report_foreign_error(const std::exception& e, bool during_run, std::ostream& err) {
   if (is_out_of_memory(e)) {
-    err << "[cli] out of memory: " << first_line(e.what())
+    err << "[cli] out of memory: " << detail::first_line(e.what())
         << "; the model, its optimizer state or a batch does not fit in this machine's memory: "
            "lower the batch size or the model's size, or shard the run "
            "(--trainer.strategy=deepspeed_stage_3 over several processes, or "
            "deepspeed_stage_3_offload).\n";
   } else if (during_run) {
-    err << "[cli] the run failed: " << c10::demangle(typeid(e).name()) << ": "
-        << first_line(e.what())
+    err << "[cli] the run failed: " << detail::exception_summary(e)
         << "; the Trainer's error above names the step or hook and the batch that raised it.\n";
   } else {
     err << "[cli] unexpected error: " << e.what()

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <c10/util/Type.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/detail/print.h"
 #include "trainer/loops/optimization_step.h"
 #include "volt/accelerators/host_allocator.h"
 #include "volt/callbacks/on_exception_checkpoint.h"
@@ -377,10 +377,7 @@ std::string Run::failure_context(Stage stage, const std::exception& e) const {
       out << " (global step " << st.global_step << ")";
     }
   }
-  // The first line: libtorch appends its own C++ backtrace to the message.
-  std::string what = e.what();
-  what = what.substr(0, what.find('\n'));
-  out << ": " << c10::demangle(typeid(e).name()) << ": " << what;
+  out << ": " << exception_summary(e);
   return out.str();
 }
 

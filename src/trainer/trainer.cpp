@@ -58,11 +58,7 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     ~Unwatch() { r.signals = nullptr; }
   } unwatch{*this};
   signals = &watch;
-  where = "set-up";
-  where_callback = nullptr;
-  train_batch = -1;
-  eval_pass = nullptr;
-  eval_batch = -1;
+  reset_failure_context();
   try {
     setup_run(m, stage);
     where = "the Trainer's loop";  // between the steps and hooks that mark themselves

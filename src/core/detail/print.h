@@ -3,9 +3,11 @@
 // Options type prints unset optionals, strings and lists the same way.
 
 #include <c10/util/Optional.h>
+#include <c10/util/Type.h>
 
 #include <sstream>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 namespace volt {
@@ -38,6 +40,18 @@ std::string joined_keys(const Map& map) {
   std::string out;
   for (const auto& kv : map) out += (out.empty() ? "" : ", ") + kv.first;
   return out;
+}
+
+/// The first line of an exception's message: libtorch appends its C++ backtrace to c10::Error's.
+inline std::string first_line(const char* what) {
+  const std::string text = what;
+  return text.substr(0, text.find('\n'));
+}
+
+/// "<exception type>: <first line of its message>", for one-line reports of errors raised by
+/// user code or libtorch (the Trainer's failure line, the CLI's "the run failed").
+inline std::string exception_summary(const std::exception& e) {
+  return c10::demangle(typeid(e).name()) + ": " + first_line(e.what());
 }
 
 }  // namespace detail

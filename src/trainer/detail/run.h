@@ -71,6 +71,14 @@ class Run : public RunContext {
   int64_t train_batch = -1;         // the training batch being fetched or run; -1 between
   const char* eval_pass = nullptr;  // "validation", "test", ... while a pass runs
   int64_t eval_batch = -1;          // its batch being fetched or run; -1 outside its batches
+  /// Back to "set-up" with no batch: each entry point starts here.
+  void reset_failure_context() {
+    where = "set-up";
+    where_callback = nullptr;
+    train_batch = -1;
+    eval_pass = nullptr;
+    eval_batch = -1;
+  }
   /// Marks the part of the run `what` names (a callback's hook also names the callback);
   /// restores the previous mark when left normally, keeps it when an exception leaves.
   class Part {
