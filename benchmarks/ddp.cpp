@@ -5,7 +5,8 @@
 // one rank against the single-device fit (`zero_alone`).
 //
 //   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
-//                  [--only weak|sweep|overlap|static|zero|zero_alone|offload|zero_overlap|master|
+//                  [--only weak|sweep|overlap|static|sync_bn|zero|zero_alone|offload|
+//                          zero_overlap|master|
 //                          host_memory|stop_vote|collectives]
 //                  [--nvme DIR]
 //
@@ -24,6 +25,9 @@
 //
 // `host_memory`: TrainerOptions::reuse_host_memory on and off (the C library's malloc keeping
 // freed blocks or returning them to the kernel), with rank 0's page faults per step.
+//
+// `sync_bn`: TrainerOptions::sync_batchnorm at 2 ranks (BatchNorm over the global batch) against
+// BatchNorm on each rank's share and against the same MLP without BatchNorm.
 //
 // `stop_vote`: the per-batch agreement on stop requests (DdpStrategy::agree_on_stop, an
 // all-gather of three ints overlapped with the next batch) against a DdpStrategy whose vote is
@@ -83,8 +87,9 @@ long minor_faults() {
 }
 
 struct Mlp : torch::nn::Module {
-  // `hidden` width x width layers (fc2, then more.0, more.1, ...).
-  Mlp(int64_t width, int64_t hidden)
+  // `hidden` width x width layers (fc2, then more.0, more.1, ...); with `batchnorm` a
+  // BatchNorm1d after each hidden Linear (fc1 included).
+  Mlp(int64_t width, int64_t hidden, bool batchnorm = false)
       : fc1(register_module("fc1", torch::nn::Linear(784, width))),
         fc2(register_module("fc2", torch::nn::Linear(width, width))),
         fc3(register_module("fc3", torch::nn::Linear(width, 10))) {
@@ -92,22 +97,31 @@ struct Mlp : torch::nn::Module {
       more = register_module("more", torch::nn::ModuleList());
       for (int64_t i = 1; i < hidden; ++i) more->push_back(torch::nn::Linear(width, width));
     }
+    if (batchnorm) {
+      norms = register_module("norms", torch::nn::ModuleList());
+      for (int64_t i = 0; i <= hidden; ++i) norms->push_back(torch::nn::BatchNorm1d(width));
+    }
   }
   torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(fc2(torch::relu(fc1(x))));
+    size_t layer = 0;
+    auto norm = [&](torch::Tensor h) {
+      return norms ? norms[layer++]->as<torch::nn::BatchNorm1d>()->forward(h) : h;
+    };
+    x = torch::relu(norm(fc2(torch::relu(norm(fc1(x))))));
     if (more) {
-      for (const auto& m : *more) x = torch::relu(m->as<torch::nn::Linear>()->forward(x));
+      for (const auto& m : *more) x = torch::relu(norm(m->as<torch::nn::Linear>()->forward(x)));
     }
     return fc3(x);
   }
   torch::nn::Linear fc1, fc2, fc3;
-  torch::nn::ModuleList more{nullptr};
+  torch::nn::ModuleList more{nullptr}, norms{nullptr};
 };
 
 class BenchModule : public volt::Module {
  public:
-  BenchModule(int64_t width, int64_t hidden, bool adam)
-      : adam_(adam), net_(register_module("net", std::make_shared<Mlp>(width, hidden))) {}
+  BenchModule(int64_t width, int64_t hidden, bool adam, bool batchnorm = false)
+      : adam_(adam),
+        net_(register_module("net", std::make_shared<Mlp>(width, hidden, batchnorm))) {}
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     return torch::cross_entropy_loss(net_->forward(b.input), b.target);
   }
@@ -246,7 +260,8 @@ int worker(std::map<std::string, std::string>& a) {
 
   const auto zero = static_cast<int64_t>(num("--zero", 0));
   torch::manual_seed(0);
-  BenchModule model(width, static_cast<int64_t>(num("--hidden", 1)), num("--adam", 0) != 0);
+  BenchModule model(width, static_cast<int64_t>(num("--hidden", 1)), num("--adam", 0) != 0,
+                    num("--batchnorm", 0) != 0);
   auto x = torch::randn({8192, 784});
   auto y = torch::randint(0, 10, {8192});
   auto data = std::make_shared<volt::TensorDataset>(x, y);
@@ -303,6 +318,7 @@ int worker(std::map<std::string, std::string>& a) {
                                           ? volt::Spec<volt::Strategy>("single_device")
                                           : volt::Spec<volt::Strategy>(strategy))
                             .devices(devices)
+                            .sync_batchnorm(num("--sync-bn", 0) != 0)
                             .num_threads(1)
                             .reuse_host_memory(num("--reuse-host-memory", 1) != 0)
                             .max_steps(warmup + steps)
@@ -564,6 +580,29 @@ int main(int argc, char** argv) {
       for (int m = 0; m < 3; ++m) {
         std::printf("  %-28s step %7.2f ms (%.2fx plain)  backward %7.2f ms\n", modes[m][0],
                     median(step[m]), median(step[m]) / median(step[0]), median(bwd[m]));
+      }
+      std::printf("\n");
+    }
+    // 3c. sync_batchnorm: every BatchNorm's statistics over both ranks (two all-reduces of C
+    // values per layer forward, two in backward), against BatchNorm on each rank's share.
+    if (wanted("sync_bn")) {
+      std::printf(
+          "sync_batchnorm, 2 ranks, MLP 784-1024x8-10 with a BatchNorm1d after each of its 9 "
+          "hidden layers, per-rank batch 64: step ms\n");
+      const char* modes[][2] = {{"no BatchNorm", ""},
+                                {"BatchNorm per rank", " --batchnorm 1"},
+                                {"BatchNorm, sync_batchnorm", " --batchnorm 1 --sync-bn 1"}};
+      std::vector<std::vector<double>> step(3);
+      for (int r = 0; r < rounds; ++r) {  // interleaved: machine noise hits every mode alike
+        for (int m = 0; m < 3; ++m) {
+          step[m].push_back(job(bin, std::string("--devices 2") + modes[m][1] + common.str() +
+                                         " --width 1024 --hidden 8")
+                                .step_ms);
+        }
+      }
+      for (int m = 0; m < 3; ++m) {
+        std::printf("  %-28s step %7.2f ms (%.2fx per-rank BatchNorm)\n", modes[m][0],
+                    median(step[m]), median(step[m]) / median(step[1]));
       }
       std::printf("\n");
     }

@@ -20,6 +20,7 @@
 #include "volt/distributed/gradient_reducer.h"
 #include "volt/distributed/local_launcher.h"
 #include "volt/distributed/process_group.h"
+#include "volt/distributed/sync_batchnorm.h"
 #include "volt/io/state.h"
 
 namespace volt {
@@ -186,6 +187,7 @@ void DdpStrategy::teardown() {
   // A vote still under way here belongs to a run that failed (one that ends normally waits for
   // its last vote): abandoned, as the ranks are out of step anyway.
   stop_vote_.reset();
+  sync_bn_.reset();
   Strategy::teardown();
 }
 
@@ -227,6 +229,16 @@ void DdpStrategy::setup_module(Module& module) {
           .find_unused_parameters(options_.find_unused_parameters())
           .static_graph(options_.static_graph()),
       names);
+  sync_bn_.reset();
+  if (sync_batchnorm() && world_size() > 1) {
+    sync_bn_ = std::make_unique<SyncBatchNorm>(module, group_);
+    const auto layers = sync_bn_->layers();
+    if (!layers.empty()) {
+      log_info("DdpStrategy", "sync_batchnorm: " + std::to_string(layers.size()) +
+                                  " BatchNorm layers normalise over all " +
+                                  std::to_string(world_size()) + " processes' batches");
+    }
+  }
 }
 
 at::Tensor DdpStrategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
@@ -234,6 +246,9 @@ at::Tensor DdpStrategy::training_step(Module& module, const Batch& batch, int64_
     torch::NoGradGuard no_grad;
     group().broadcast_(buffers_, 0);
   }
+  // Backward needs no scope: the statistics' gradients are all-reduced by their autograd nodes.
+  c10::optional<SyncBatchNorm::Scope> sync;
+  if (sync_bn_) sync.emplace(*sync_bn_);
   return Strategy::training_step(module, batch, batch_idx);
 }
 

@@ -596,6 +596,14 @@ ZeroEngine& DeepSpeedStrategy::engine_for(const torch::optim::Optimizer& optimiz
   return *e;
 }
 
+void DeepSpeedStrategy::set_sync_batchnorm(bool on) {
+  VOLT_CHECK(!on, ConfigError,
+             "[DeepSpeedStrategy] sync_batchnorm is not supported with ZeRO (its stage-3 "
+             "parameter gathering and BatchNorm's synchronisation would meet at the same "
+             "dispatcher hook); train BatchNorm models with strategy=\"ddp\", or drop "
+             "sync_batchnorm.");
+}
+
 void DeepSpeedStrategy::setup_module(Module& module) {
   tp_.reset();
   injection_.reset();

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 #include "volt/core/module.h"
 #include "volt/io/state.h"
 #include "volt/strategies/deepspeed.h"
@@ -24,6 +25,11 @@ void Strategy::setup_module(Module& module) {
   module.to(root_device());
   precision_->setup(root_device());
   precision_->convert_module(module);
+  if (sync_batchnorm_ && world_size() == 1) {
+    log_info("Trainer",
+             "sync_batchnorm changes nothing in one process (BatchNorm already sees the whole "
+             "batch).");
+  }
 }
 
 void Strategy::teardown() {

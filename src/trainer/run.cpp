@@ -257,7 +257,7 @@ std::string Run::config_fingerprint() const {
     << ";clip_algo=" << static_cast<int>(opts.gradient_clip_algorithm())
     << ";devices=" << plan.devices << ";num_nodes=" << plan.num_nodes
     << ";strategy=" << strategy().name() << ";precision=" << strategy().precision().name()
-    << ";sampler=" << opts.use_distributed_sampler()
+    << ";sampler=" << opts.use_distributed_sampler() << ";sync_bn=" << opts.sync_batchnorm()
     << ";seed=" << (opts.seed() ? std::to_string(*opts.seed()) : "none")
     << ";stage=" << to_string(st.stage);
   for (const auto& p : module->named_parameters(true)) {

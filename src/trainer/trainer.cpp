@@ -160,6 +160,7 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
   s.plan = resolve_plan(s.opts.accelerator(), s.opts.devices(), s.opts.strategy(),
                         s.opts.precision(), s.opts.num_nodes());
   if (s.opts.checkpoint_io()) s.plan.strategy->set_checkpoint_io(s.opts.checkpoint_io());
+  s.plan.strategy->set_sync_batchnorm(s.opts.sync_batchnorm());
   s.callbacks = s.opts.callbacks();
   s.prof = s.opts.profiler().get();
   s.loggers_ = s.opts.loggers();

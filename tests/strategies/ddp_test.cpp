@@ -92,6 +92,28 @@ TEST(Ddp, FourRanksEqualOneProcessOnTheGlobalBatch) {
   expect_ranks_equal_reference(dir / "ddp", 4, ref);
 }
 
+// BatchNorm sees each rank's 8 samples; with sync_batchnorm it normalises over all 16, so the
+// weights and running statistics equal one process on the global batch. Without it they do not
+// (the control: the comparison can fail).
+TEST(Ddp, SyncBatchnormTwoRanksEqualOneProcessOnTheGlobalBatch) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 2, 1, false, {"--batchnorm", "1"});
+  auto job = run_plain({"--root", dir.path, "--out", dir / "sync", "--devices", "2", "--batch", "8",
+                        "--epochs", "2", "--batchnorm", "1", "--sync-bn", "1"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_NE(job.output.find("sync_batchnorm: 1 BatchNorm layers normalise over all 2 processes"),
+            std::string::npos)
+      << job.output;
+  expect_ranks_equal_reference(dir / "sync", 2, ref);
+  auto local = run_plain({"--root", dir.path, "--out", dir / "local", "--devices", "2", "--batch",
+                          "8", "--epochs", "2", "--batchnorm", "1"});
+  ASSERT_EQ(local.code, 0) << local.output;
+  const auto w = load_flat(dir / "local.rank0.pt");
+  EXPECT_FALSE(torch::allclose(w, ref, 1e-3, 1e-4))
+      << "per-rank BatchNorm matched the global batch: the test above could not fail";
+}
+
 TEST(Ddp, AccumulationWithNoSyncEqualsOneProcess) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

@@ -21,6 +21,8 @@
 //       [--ds-config JSON]  (DeepSpeedStrategy configured by a DeepSpeed JSON file or text)
 //       [--persist ELEMENTS] [--max-live ELEMENTS]  (stage 3: persistence threshold, live bound)
 //       [--depth D]  (D more Linear(width, width) layers)
+//       [--batchnorm 0|1]  (a BatchNorm1d after fc1) [--sync-bn 0|1]
+//       (TrainerOptions::sync_batchnorm)
 //       [--checkpoint-activations 0|1]  (fc1+dropout and each deep layer under volt::checkpoint)
 //       [--master-weights 0|1]  (DeepSpeedStrategyOptions::master_weights; default 1)
 //       [--nvme DIR] [--sub-group ELEMENTS] [--aio-uring 0|1]  (optimizer state offloaded to NVMe
@@ -53,9 +55,10 @@ namespace {
 class Net : public volt::Module {
  public:
   Net(bool dropout, bool tied, bool sync_dist, bool unused, int64_t width, std::string optimizer,
-      int64_t depth)
+      int64_t depth, bool batchnorm)
       : sync_dist_(sync_dist), optimizer_(std::move(optimizer)) {
     fc1 = register_module("fc1", torch::nn::Linear(8, width));
+    if (batchnorm) bn = register_module("bn", torch::nn::BatchNorm1d(width));
     // Weight sharing (reference 003 "Weight Sharing"): with `tied` the second layer's weight is
     // fc1's tensor under a second name, as `module.a = module.b` in the reference.
     w2 = register_parameter("w2", tied ? fc1->weight : torch::randn({width, width}) * 0.3);
@@ -67,7 +70,11 @@ class Net : public volt::Module {
     for (int64_t i = 0; i < depth; ++i) deep->push_back(torch::nn::Linear(width, width));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto first = [this](const torch::Tensor& t) { return drop->forward(torch::relu(fc1(t))); };
+    auto first = [this](const torch::Tensor& t) {
+      auto h = fc1(t);
+      if (bn) h = bn(h);
+      return drop->forward(torch::relu(h));
+    };
     auto h = checkpoint_activations ? volt::checkpoint(first, x) : first(x);
     h = torch::relu(torch::linear(h, w2, b2));
     for (const auto& layer : *deep) {
@@ -120,9 +127,14 @@ class Net : public volt::Module {
   torch::Tensor flat() {
     std::vector<torch::Tensor> v;
     for (auto& p : parameters()) v.push_back(p.detach().reshape({-1}));
+    // BatchNorm's running statistics (floating buffers) too.
+    for (auto& b : buffers()) {
+      if (b.is_floating_point()) v.push_back(b.detach().reshape({-1}));
+    }
     return torch::cat(v).clone();
   }
   torch::nn::Linear fc1{nullptr}, head{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};  // --batchnorm 1: after fc1
   torch::Tensor w2, b2;
   torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList deep{nullptr};           // --depth more Linear(width, width) layers
@@ -285,7 +297,8 @@ int main(int argc, char** argv) {
     volt::seed_everything(7);
     Net model(num("--dropout", 0) != 0, num("--tied", 0) != 0, num("--sync-dist", 0) != 0,
               num("--unused", 0) != 0, num("--width", 8),
-              a.count("--optimizer") ? a["--optimizer"] : "sgd", num("--depth", 0));
+              a.count("--optimizer") ? a["--optimizer"] : "sgd", num("--depth", 0),
+              num("--batchnorm", 0) != 0);
     model.checkpoint_activations = num("--checkpoint-activations", 0) != 0;
     model.nan_grad_at = num("--nan-grad-at", -1);
     auto train = volt_test::blobs(num("--samples", 128), 8, 1);
@@ -381,6 +394,7 @@ int main(int argc, char** argv) {
             .strategy(chosen)
             .devices(num("--devices", 2))
             .num_nodes(num("--nodes", 1))
+            .sync_batchnorm(num("--sync-bn", 0) != 0)
             .max_epochs(num("--epochs", 2))
             .accumulate_grad_batches(num("--accum", 1))
             .gradient_clip_val(a.count("--clip") ? c10::optional<double>(std::stod(a["--clip"]))

@@ -18,6 +18,7 @@ class GradientReducer;
 class LocalLauncher;
 class ProcessGroup;
 struct RendezvousStore;
+class SyncBatchNorm;
 
 struct DdpStrategyOptions {
   /// Gradient bucket size in MiB: each bucket is one all-reduce, overlapped with backward.
@@ -126,6 +127,8 @@ class DdpStrategy : public Strategy {
   /// The store rank 0 hosts, kept through elastic restarts (the next attempt joins it again).
   std::shared_ptr<RendezvousStore> rendezvous_;
   std::unique_ptr<GradientReducer> reducer_;
+  /// sync_batchnorm with several processes (after setup_module).
+  std::unique_ptr<SyncBatchNorm> sync_bn_;
   std::vector<at::Tensor> buffers_;
   /// The lagged stop vote under way (agree_on_stop), if any.
   struct StopVote;

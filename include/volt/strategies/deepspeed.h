@@ -174,6 +174,8 @@ class DeepSpeedStrategy : public DdpStrategy {
 
   void setup_environment() override;
   void teardown() override;
+  /// sync_batchnorm is not supported with ZeRO: ConfigError when on (use "ddp").
+  void set_sync_batchnorm(bool on) override;
   void setup_module(Module& module) override;
   void setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) override;
   void backward(const at::Tensor& loss, bool sync_gradients) override;

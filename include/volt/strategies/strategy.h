@@ -176,8 +176,15 @@ class Strategy {
   CheckpointIO& checkpoint_io() const { return *checkpoint_io_; }
   /// Replaces the CheckpointIO (TrainerOptions::checkpoint_io); null is a ConfigError.
   void set_checkpoint_io(std::shared_ptr<CheckpointIO> checkpoint_io);
+  /// Batch normalization over the whole data-parallel batch (TrainerOptions::sync_batchnorm,
+  /// Lightning's sync_batchnorm; volt/distributed/sync_batchnorm.h): data-parallel strategies
+  /// apply it in setup_module when they run several processes; with one process it changes
+  /// nothing (logged). A strategy that cannot throws ConfigError.
+  virtual void set_sync_batchnorm(bool on) { sync_batchnorm_ = on; }
+  bool sync_batchnorm() const { return sync_batchnorm_; }
 
  protected:
+  bool sync_batchnorm_ = false;
   std::string fingerprint_;
   LoopSettings loop_;
   std::shared_ptr<Accelerator> accelerator_;

@@ -81,6 +81,11 @@ struct TrainerOptions {
   /// distributed sampler: disjoint shards, reshuffled per epoch from the loader's seed, padded
   /// to equal length). Loaders that already set world_size > 1 are kept. Default: true.
   TORCH_ARG(bool, use_distributed_sampler) = true;
+  /// With several data-parallel processes, BatchNorm layers normalise with the statistics of the
+  /// whole global batch instead of each process's share (Lightning's sync_batchnorm; PyTorch's
+  /// SyncBatchNorm): training then equals one process on the global batch. DdpStrategy only
+  /// (ConfigError with DeepSpeed); nothing changes in one process. Default: false.
+  TORCH_ARG(bool, sync_batchnorm) = false;
   /// Use deterministic algorithms only (as Lightning's deterministic=True: an op without a
   /// deterministic implementation throws; cuDNN deterministic and not benchmarking; cuBLAS
   /// with a fixed workspace unless CUBLAS_WORKSPACE_CONFIG is set). Default: false.

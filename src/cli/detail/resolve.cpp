@@ -442,6 +442,8 @@ Params trainer_params(const Registry& reg) {
       .add("default_root_dir", d.default_root_dir(), "root folder for logs and checkpoints")
       .add("use_distributed_sampler", d.use_distributed_sampler(),
            "with several processes, shard every loader by rank")
+      .add("sync_batchnorm", d.sync_batchnorm(),
+           "with several processes, BatchNorm normalises over the global batch (ddp)")
       .add("deterministic", d.deterministic(), "use deterministic algorithms only")
       .optional<bool>("benchmark", "cuDNN autotuning; unset: off when deterministic, else kept")
       .add("detect_nonfinite_loss", d.detect_nonfinite_loss(), "fail on a NaN/inf training loss")
@@ -488,6 +490,7 @@ TrainerOptions trainer_options(const Args& a) {
       .logger(a.get<bool>("logger"))
       .default_root_dir(a.get<std::string>("default_root_dir"))
       .use_distributed_sampler(a.get<bool>("use_distributed_sampler"))
+      .sync_batchnorm(a.get<bool>("sync_batchnorm"))
       .deterministic(a.get<bool>("deterministic"))
       .detect_nonfinite_loss(a.get<bool>("detect_nonfinite_loss"))
       .handle_signals(a.get<bool>("handle_signals"))
