@@ -127,9 +127,10 @@ class Net : public volt::Module {
   torch::Tensor flat() {
     std::vector<torch::Tensor> v;
     for (auto& p : parameters()) v.push_back(p.detach().reshape({-1}));
-    // BatchNorm's running statistics (floating buffers) too.
-    for (auto& b : buffers()) {
-      if (b.is_floating_point()) v.push_back(b.detach().reshape({-1}));
+    // With --batchnorm, its running statistics too (not every buffer: fp8 keeps state in some).
+    if (bn) {
+      v.push_back(bn->running_mean.detach().reshape({-1}));
+      v.push_back(bn->running_var.detach().reshape({-1}));
     }
     return torch::cat(v).clone();
   }
