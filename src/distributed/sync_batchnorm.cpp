@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "core/detail/print.h"
 #include "distributed/detail/intercept.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -157,6 +158,11 @@ struct SyncBatchNorm::Impl {
   // Registers the layers under their current storages: a module moved, converted or loaded into
   // new tensors since the last scope is found again, and so is one that another SyncBatchNorm
   // over the same model took over and dropped.
+  // Forgets the layers `owner` registered.
+  static void drop(const void* owner) {
+    layers_by_storage().erase_if([owner](const Layer& l) { return l.owner == owner; });
+  }
+
   void refresh(const void* owner) {
     bool changed = false;
     for (const auto& e : entries) {
@@ -164,7 +170,7 @@ struct SyncBatchNorm::Impl {
       changed = changed || !now || now->owner != owner;
     }
     if (!changed) return;
-    layers_by_storage().erase_if([owner](const Layer& l) { return l.owner == owner; });
+    drop(owner);
     for (const auto& e : entries) {
       layers_by_storage().set(detail::storage_of(key_tensor(e)),
                               Layer{group.get(), owner, e.module.get()});
@@ -189,8 +195,8 @@ SyncBatchNorm::SyncBatchNorm(torch::nn::Module& root, std::shared_ptr<ProcessGro
     take(item.key(), item.value());
   }
   if (!unkeyed.empty()) {
-    std::string names;
-    for (const auto& p : unkeyed) names += (names.empty() ? "" : ", ") + p;
+    const std::string names =
+        detail::joined(unkeyed, [](const std::string& path) -> const std::string& { return path; });
     log_warning("SyncBatchNorm",
                 "not synchronised (no running statistics and no affine weight to recognise them "
                 "by): " +
@@ -205,8 +211,7 @@ SyncBatchNorm::SyncBatchNorm(torch::nn::Module& root, std::shared_ptr<ProcessGro
 }
 
 SyncBatchNorm::~SyncBatchNorm() {
-  const void* owner = this;
-  layers_by_storage().erase_if([owner](const Layer& l) { return l.owner == owner; });
+  Impl::drop(this);
 }
 
 std::vector<std::string> SyncBatchNorm::layers() const {

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/detail/print.h"
 #include "detail/safetensors_parse.h"
 #include "volt/core/check.h"
 #include "volt/io/checkpoint_io.h"
@@ -34,9 +35,7 @@ const DtypeName kDtypes[] = {
 };
 
 std::string valid_dtype_names() {
-  std::string out;
-  for (const auto& d : kDtypes) out += (out.empty() ? "" : ", ") + std::string(d.name);
-  return out;
+  return detail::joined(kDtypes, [](const auto& d) { return d.name; });
 }
 
 const char* name_of(at::ScalarType t) {

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/detail/print.h"
 #include "profiler/detail/op_callback.h"
 
 #include "volt/core/check.h"
@@ -407,8 +408,8 @@ void TorchProfiler::describe(const std::string& stage, const std::string& log_di
     s.close_window(end);
     s.end_session();
     if (!s.open.empty()) {
-      std::string names;
-      for (const auto& kv : s.open) names += (names.empty() ? "\"" : ", \"") + kv.first + "\"";
+      const std::string names =
+          detail::joined(s.open, [](const auto& kv) { return detail::quoted(kv.first); });
       log_warning("TorchProfiler", "regions started but never stopped: " + names +
                                        "; call stop() for each start(), or use profile(\"name\")");
       s.open.clear();

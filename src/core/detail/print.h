@@ -34,12 +34,19 @@ inline std::string quoted_list(const std::vector<std::string>& items) {
   return out + "]";
 }
 
+/// The items of a range joined by ", ", each written as `text(item)` gives it (errors and
+/// warnings that list names).
+template <typename Range, typename Text>
+std::string joined(const Range& items, Text&& text) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + std::string(text(item));
+  return out;
+}
+
 /// The keys of a map with string keys, joined by ", " (errors that list what is available).
 template <typename Map>
 std::string joined_keys(const Map& map) {
-  std::string out;
-  for (const auto& kv : map) out += (out.empty() ? "" : ", ") + kv.first;
-  return out;
+  return joined(map, [](const auto& kv) -> const std::string& { return kv.first; });
 }
 
 /// The first line of an exception's message: libtorch appends its C++ backtrace to c10::Error's.
