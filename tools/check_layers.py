@@ -21,7 +21,7 @@ RANKS = {
     "loggers": 4, "profiler": 4, "strategies": 4,
     "callbacks": 5,
     "trainer": 6,       # Trainer, loops, resolve_plan, built-in registration
-    "cli": 7,
+    "cli": 7, "tuner": 7,  # tuner: lr_find builds a Trainer of its own
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(?:volt/)?([a-z_]+)/')
 

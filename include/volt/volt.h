@@ -10,6 +10,7 @@
 #include "volt/callbacks/callback.h"
 #include "volt/callbacks/device_stats_monitor.h"
 #include "volt/callbacks/early_stopping.h"
+#include "volt/callbacks/gradient_accumulation_scheduler.h"
 #include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
@@ -82,3 +83,4 @@
 #include "volt/trainer/plan.h"
 #include "volt/trainer/threads.h"
 #include "volt/trainer/trainer.h"
+#include "volt/tuner/lr_finder.h"

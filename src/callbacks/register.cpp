@@ -2,6 +2,7 @@
 #include "volt/callbacks/activation_checkpointing.h"
 #include "volt/callbacks/device_stats_monitor.h"
 #include "volt/callbacks/early_stopping.h"
+#include "volt/callbacks/gradient_accumulation_scheduler.h"
 #include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
@@ -114,6 +115,16 @@ void register_callbacks(Registry& r) {
         o.interval(a.get<std::string>("interval") == "epoch" ? Interval::kEpoch : Interval::kStep)
             .verbose(a.get<bool>("verbose"));
         return std::make_shared<Timer>(o);
+      });
+
+  r.callbacks.add(
+      "GradientAccumulationScheduler",
+      "changes the batches accumulated per optimizer step by epoch",
+      Params().required<std::string>(
+          "scheduling", "epoch:factor pairs, e.g. \"0:8, 4:4, 8:1\" (epochs count from 0)"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        return std::make_shared<GradientAccumulationScheduler>(
+            GradientAccumulationScheduler::parse_scheduling(a.get<std::string>("scheduling")));
       });
 
   const OnExceptionCheckpointOptions oe;

@@ -40,7 +40,11 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
 DataLoader DataLoader::sharded(int64_t rank, int64_t world_size) const {
   DataLoaderOptions o = options_;
   o.rank(rank).world_size(world_size);
-  return DataLoader(dataset_, o);
+  return with_options(std::move(o));
+}
+
+DataLoader DataLoader::with_options(DataLoaderOptions options) const {
+  return DataLoader(dataset_, std::move(options));
 }
 
 int64_t DataLoader::num_batches() const {

@@ -604,6 +604,15 @@ void DeepSpeedStrategy::set_sync_batchnorm(bool on) {
              "sync_batchnorm.");
 }
 
+void DeepSpeedStrategy::check_accumulation_change(int64_t accumulate_grad_batches) const {
+  VOLT_CHECK(accumulate_grad_batches == loop_.accumulate_grad_batches, ConfigError,
+             "[DeepSpeedStrategy] the gradient accumulation factor cannot change during fit (",
+             loop_.accumulate_grad_batches, " -> ", accumulate_grad_batches,
+             "): DeepSpeed's batch arithmetic (train_batch_size = micro batch x accumulation x "
+             "processes) fixes it, as in Lightning; drop the GradientAccumulationScheduler and "
+             "set accumulate_grad_batches, or train with strategy=\"ddp\".");
+}
+
 void DeepSpeedStrategy::setup_module(Module& module) {
   tp_.reset();
   injection_.reset();

@@ -167,9 +167,41 @@ int64_t Run::resolved_max_epochs() const {
   return opts.max_steps() >= 0 ? -1 : 1000;  // Lightning's default when nothing is set
 }
 
+bool Run::overfitting() const {
+  const Limit& o = opts.overfit_batches();
+  return o.is_fraction() ? o.fraction() > 0 : o.count() > 0;
+}
+
 int64_t Run::val_limit(const DataLoader& val) const {
-  const int64_t n = opts.limit_val_batches().resolve(val.num_batches());
+  const Limit& limit = overfitting() ? opts.overfit_batches() : opts.limit_val_batches();
+  const int64_t n = limit.resolve(val.num_batches());
   return fast_dev ? std::min(n, opts.fast_dev_run()) : n;
+}
+
+int64_t Run::train_limit(const DataLoader& train) const {
+  if (fast_dev) return std::min(opts.fast_dev_run(), train.num_batches());
+  const Limit& limit = overfitting() ? opts.overfit_batches() : opts.limit_train_batches();
+  return limit.resolve(train.num_batches());
+}
+
+void Run::check_accumulate_grad_batches(int64_t batches) const {
+  VOLT_CHECK(batches >= 1, ConfigError, "[Trainer] accumulate_grad_batches=", batches,
+             " must be >= 1.");
+  VOLT_CHECK(batches == 1 || module == nullptr || module->automatic_optimization(), ConfigError,
+             "[Trainer] gradient accumulation belongs to automatic optimization; with manual "
+             "optimization training_step decides when to step (accumulate there).");
+  strategy().check_accumulation_change(batches);
+}
+
+void Run::set_accumulate_grad_batches(int64_t batches) {
+  check_accumulate_grad_batches(batches);
+  if (batches == st.accumulate_grad_batches) return;
+  VOLT_CHECK(st.accumulated == 0 || train_batch < 0, ValueError,
+             "[Trainer] accumulate_grad_batches changed from ", st.accumulate_grad_batches, " to ",
+             batches, " at batch ", train_batch, " while ", st.accumulated,
+             " batches of the next step are accumulated (scaled by 1/", st.accumulate_grad_batches,
+             "); change it when an epoch starts.");
+  st.accumulate_grad_batches = batches;
 }
 
 void Run::setup_run(Module& m, Stage stage) {
@@ -249,7 +281,8 @@ std::string Run::config_fingerprint() const {
   // (default_root_dir) and display settings may differ between nodes.
   std::ostringstream s;
   s << "max_epochs=" << opts.max_epochs() << ";max_steps=" << opts.max_steps()
-    << ";min_epochs=" << opts.min_epochs() << ";limit_train=" << opts.limit_train_batches()
+    << ";min_epochs=" << opts.min_epochs() << ";min_steps=" << opts.min_steps()
+    << ";limit_train=" << opts.limit_train_batches() << ";overfit=" << opts.overfit_batches()
     << ";limit_val=" << opts.limit_val_batches() << ";val_check=" << opts.val_check_interval()
     << ";every_n_epoch=" << opts.check_val_every_n_epoch()
     << ";accumulate=" << opts.accumulate_grad_batches()

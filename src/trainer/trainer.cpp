@@ -2,6 +2,7 @@
 // points. The loops are in loops/, the checkpoint contents in checkpoint_state.cpp.
 #include "volt/trainer/trainer.h"
 
+#include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -52,6 +53,9 @@ int64_t thread_request(const TrainerOptions& o, const Precision& precision) {
 template <typename F>
 void Run::guarded(Module& m, Stage stage, F&& body) {
   IntraOpThreads threads(thread_request(opts, strategy().precision()));
+  // Lightning's detect_anomaly: the whole entry point, as its set_detect_anomaly context.
+  c10::optional<torch::autograd::DetectAnomalyGuard> anomaly;
+  if (opts.detect_anomaly()) anomaly.emplace();
   SignalWatch watch(opts.handle_signals());
   struct Unwatch {
     Run& r;
@@ -247,11 +251,14 @@ Metrics Trainer::run_eval(Module& module, Stage stage, DataLoader& loader,
   s.guarded(module, stage, [&] {
     const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, stage);
     if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
-    const Limit& lim =
-        stage == Stage::kTest ? s.opts.limit_test_batches() : s.opts.limit_val_batches();
     DataLoader sharded = s.shard(loader);
-    int64_t n = lim.resolve(sharded.num_batches());
-    if (s.fast_dev) n = std::min(n, s.opts.fast_dev_run());
+    int64_t n = 0;
+    if (stage == Stage::kTest) {
+      n = s.opts.limit_test_batches().resolve(sharded.num_batches());
+      if (s.fast_dev) n = std::min(n, s.opts.fast_dev_run());
+    } else {
+      n = s.val_limit(sharded);  // with fast_dev_run and overfit_batches, as in fit
+    }
     out = detail::evaluation_loop(s, stage, sharded, n);
   });
   return out;

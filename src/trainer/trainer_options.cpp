@@ -23,6 +23,11 @@ void TrainerOptions::validate() const {
              "; lower min_epochs.");
   VOLT_CHECK(max_steps_ >= -1, ConfigError, "[Trainer] max_steps=", max_steps_,
              " is invalid; pass a step count >= 0, or -1 for no limit.");
+  VOLT_CHECK(min_steps_ >= 0, ConfigError, "[Trainer] min_steps=", min_steps_,
+             " is negative; pass 0 or more.");
+  VOLT_CHECK(max_steps_ < 0 || min_steps_ <= max_steps_, ConfigError,
+             "[Trainer] min_steps=", min_steps_, " exceeds max_steps=", max_steps_,
+             "; lower min_steps.");
   VOLT_CHECK(!max_time_ || (std::isfinite(*max_time_) && *max_time_ > 0), ConfigError,
              "[Trainer] max_time=", max_time_ ? *max_time_ : 0.0,
              " seconds is invalid; pass a positive number of seconds.");
@@ -30,6 +35,7 @@ void TrainerOptions::validate() const {
   limit_val_batches_.validate("limit_val_batches");
   limit_test_batches_.validate("limit_test_batches");
   limit_predict_batches_.validate("limit_predict_batches");
+  overfit_batches_.validate("overfit_batches");
   val_check_interval_.validate("val_check_interval");
   VOLT_CHECK(val_check_interval_.is_fraction() ? val_check_interval_.fraction() > 0
                                                : val_check_interval_.count() > 0,
@@ -75,7 +81,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", num_nodes=" << o.num_nodes() << ", strategy=" << o.strategy()
      << ", precision=" << o.precision() << ", max_epochs=" << o.max_epochs()
      << ", min_epochs=" << o.min_epochs() << ", max_steps=" << o.max_steps()
-     << ", max_time=" << optional_text(o.max_time())
+     << ", min_steps=" << o.min_steps() << ", max_time=" << optional_text(o.max_time())
      << ", limit_train_batches=" << o.limit_train_batches()
      << ", limit_val_batches=" << o.limit_val_batches()
      << ", limit_test_batches=" << o.limit_test_batches()
@@ -83,7 +89,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", val_check_interval=" << o.val_check_interval()
      << ", check_val_every_n_epoch=" << o.check_val_every_n_epoch()
      << ", num_sanity_val_steps=" << o.num_sanity_val_steps()
-     << ", fast_dev_run=" << o.fast_dev_run()
+     << ", fast_dev_run=" << o.fast_dev_run() << ", overfit_batches=" << o.overfit_batches()
      << ", accumulate_grad_batches=" << o.accumulate_grad_batches()
      << ", gradient_clip_val=" << optional_text(o.gradient_clip_val())
      << ", gradient_clip_algorithm="
@@ -97,7 +103,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", sync_batchnorm=" << o.sync_batchnorm() << ", deterministic=" << o.deterministic()
      << ", benchmark=" << optional_text(o.benchmark()) << ", seed=" << optional_text(o.seed())
      << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
-     << ", handle_signals=" << o.handle_signals()
+     << ", detect_anomaly=" << o.detect_anomaly() << ", handle_signals=" << o.handle_signals()
      << ", graph_training_step=" << o.graph_training_step()
      << ", graph_options=" << o.graph_options() << ", num_threads=" << o.num_threads()
      << ", reuse_host_memory=" << o.reuse_host_memory()

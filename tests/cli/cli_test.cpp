@@ -381,6 +381,41 @@ TEST(Cli, AModelSummaryIsLoggedByDefaultAndConfigurable) {
                      "[ModelSummary] max_depth=-2 is invalid");
 }
 
+TEST(Cli, DebugFlagsAndTheAccumulationScheduleFromTheCommandLine) {
+  volt_test::TempDir dir;
+  auto args = base(dir);
+  args.insert(args.begin(), "fit");
+  // Blobs: 128 rows in batches of 16 = 8 batches; overfit on 2, accumulate 2 from epoch 1.
+  for (const char* a :
+       {"--trainer.max_epochs=3", "--trainer.overfit_batches=2", "--trainer.min_steps=2",
+        "--trainer.detect_anomaly=true", "--trainer.callbacks+=GradientAccumulationScheduler",
+        "--trainer.callbacks.0.scheduling=0:1, 1:2"}) {
+    args.push_back(a);
+  }
+  std::vector<std::string> lines;
+  lines = volt_test::capture_logs([&] {
+    auto r = run(args);
+    EXPECT_EQ(r.code, 0) << r.err;
+  });
+  const auto has = [&](const std::string& phrase) {
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& l) { return l.find(phrase) != std::string::npos; });
+  };
+  EXPECT_TRUE(has("overfit_batches=2: every epoch trains on the same 2 batch(es)"));
+  EXPECT_TRUE(has("epoch 1: 2 batches per optimizer step."));
+  // 2 steps, then 1 and 1: global step 4 in the saved config's run.
+  EXPECT_TRUE(has("global step 4")) << "fit stopped line";
+  expect_usage_error(
+      {"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=GradientAccumulationScheduler",
+       "--trainer.callbacks.0.scheduling=0:8;4:4"},
+      "[GradientAccumulationScheduler] scheduling \"0:8;4:4\": expected ','");
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.overfit_batches=1.5"},
+                     "[Trainer] overfit_batches=1.5 is not a valid fraction");
+  expect_usage_error(
+      {"fit", "--model=Tiny", "--data=Blobs", "--trainer.min_steps=9", "--trainer.max_steps=3"},
+      "[Trainer] min_steps=9 exceeds max_steps=3");
+}
+
 TEST(Cli, AnAliasBombIsRefusedWithOneLine) {
   volt_test::TempDir dir;
   // Five levels of ten aliases: 1.2 million nodes expanded (the full-size bomb runs in the

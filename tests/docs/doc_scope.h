@@ -8,6 +8,7 @@
 #include <volt/volt.h>
 
 #include <functional>
+#include <iostream>
 #include <string>
 #include <utility>
 #include <vector>

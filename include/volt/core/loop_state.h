@@ -11,11 +11,15 @@ namespace volt {
 struct LoopState {
   Stage stage = Stage::kNone;
   RunStatus status = RunStatus::kInitializing;
-  int64_t epoch = 0;                 ///< current epoch (0-based)
-  int64_t global_step = 0;           ///< optimizer steps taken so far
-  int64_t batches_done = 0;          ///< training batches finished in the current epoch
-  int64_t total_batches_done = 0;    ///< training batches finished in the whole run
-  int64_t accumulated = 0;           ///< backward passes accumulated since the last step
+  int64_t epoch = 0;               ///< current epoch (0-based)
+  int64_t global_step = 0;         ///< optimizer steps taken so far
+  int64_t batches_done = 0;        ///< training batches finished in the current epoch
+  int64_t total_batches_done = 0;  ///< training batches finished in the whole run
+  int64_t accumulated = 0;         ///< backward passes accumulated since the last step
+  /// Batches per optimizer step in the current epoch: TrainerOptions::accumulate_grad_batches,
+  /// or what a GradientAccumulationScheduler set (not saved: it is set again when the epoch
+  /// starts).
+  int64_t accumulate_grad_batches = 1;
   int64_t num_training_batches = 0;  ///< batches per epoch after limits
   int64_t num_eval_batches = 0;      ///< batches of the current/last validation or test pass
   bool epoch_finished = false;       ///< the current epoch's training loop has ended

@@ -70,6 +70,14 @@ class RunContext {
   /// Per-step metrics reach the loggers every this many optimizer steps.
   virtual int64_t log_every_n_steps() const = 0;
   virtual std::vector<OptimizerConfig>& optimizer_configs() = 0;
+  /// Changes the batches accumulated per optimizer step from the next batch on
+  /// (state().accumulate_grad_batches); GradientAccumulationScheduler calls it when an epoch
+  /// starts. Throws what check_accumulate_grad_batches throws, and ValueError inside the batch loop
+  /// while a step is part accumulated (its gradients are scaled by the old factor).
+  virtual void set_accumulate_grad_batches(int64_t batches) = 0;
+  /// ConfigError unless set_accumulate_grad_batches(batches) may be called in this run: a value
+  /// below 1, manual optimization, or a strategy that fixes the factor (DeepSpeed).
+  virtual void check_accumulate_grad_batches(int64_t batches) const = 0;
   /// The loggers this process writes to: all of them on global rank 0, none on other ranks
   /// (one set of log files per job).
   virtual const std::vector<std::shared_ptr<Logger>>& loggers() const = 0;

@@ -62,6 +62,8 @@ class DataLoader {
   /// same seeded per-epoch order on every rank, padded to equal length, every
   /// world_size-th index from position `rank`).
   DataLoader sharded(int64_t rank, int64_t world_size) const;
+  /// A loader over the same dataset with other options (e.g. shuffling off).
+  DataLoader with_options(DataLoaderOptions options) const;
   const Dataset& dataset() const { return *dataset_; }
 
  private:

@@ -176,6 +176,7 @@ class DeepSpeedStrategy : public DdpStrategy {
   void teardown() override;
   /// sync_batchnorm is not supported with ZeRO: ConfigError when on (use "ddp").
   void set_sync_batchnorm(bool on) override;
+  void check_accumulation_change(int64_t accumulate_grad_batches) const override;
   void setup_module(Module& module) override;
   void setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) override;
   void backward(const at::Tensor& loss, bool sync_gradients) override;

@@ -182,6 +182,10 @@ class Strategy {
   /// nothing (logged). A strategy that cannot throws ConfigError.
   virtual void set_sync_batchnorm(bool on) { sync_batchnorm_ = on; }
   bool sync_batchnorm() const { return sync_batchnorm_; }
+  /// Called before the gradient accumulation factor changes during fit (a
+  /// GradientAccumulationScheduler); a strategy whose batch arithmetic fixes it throws
+  /// ConfigError. Default: accepts.
+  virtual void check_accumulation_change(int64_t accumulate_grad_batches) const {}
 
  protected:
   bool sync_batchnorm_ = false;

@@ -43,6 +43,9 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, min_epochs) = 0;
   /// Stop after this many optimizer steps; -1 = no limit. Default: -1.
   TORCH_ARG(int64_t, max_steps) = -1;
+  /// Keep training (ignore stop requests) until this many optimizer steps, as min_epochs does
+  /// for epochs; max_steps and max_epochs still end the run. Default: 0.
+  TORCH_ARG(int64_t, min_steps) = 0;
   /// Stop once this many seconds of fit() have passed (checked after each batch). Default: none.
   TORCH_ARG(c10::optional<double>, max_time);
   /// Batches per epoch/pass (int count or float fraction). Default: 1.0 (all).
@@ -58,6 +61,12 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, num_sanity_val_steps) = 2;
   /// N > 0: run N batches of train/val/test once, no checkpoints or loggers. Default: 0.
   TORCH_ARG(int64_t, fast_dev_run) = 0;
+  /// Debugging, as Lightning's overfit_batches: train every epoch on the same first batches (a
+  /// count, or a fraction of the training loader) and validate on as many of the validation
+  /// loader's; it replaces limit_train_batches and limit_val_batches and turns the training
+  /// loader's shuffling off (logged). A model that cannot drive the loss on them towards zero
+  /// has a bug. 0 = off. Default: 0.
+  TORCH_ARG(Limit, overfit_batches) = 0.0;
   /// Accumulate gradients over N batches per optimizer step. Default: 1.
   TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
   /// Clip gradients to this value (norm or value, see algorithm). Default: none.
@@ -101,6 +110,13 @@ struct TrainerOptions {
   TORCH_ARG(c10::optional<uint64_t>, seed);
   /// Raise ValueError naming the step when a training loss is NaN or inf. Default: true.
   TORCH_ARG(bool, detect_nonfinite_loss) = true;
+  /// Run every entry point under autograd's anomaly detection (Lightning's detect_anomaly;
+  /// torch::autograd::DetectAnomalyGuard): a backward function that returns NaN fails the
+  /// step with its name (e.g. "Function 'SqrtBackward0' returned nan values in its 0th
+  /// output"), and a tensor modified in place after autograd saved it is reported. It checks
+  /// every gradient on the host, so steps get much slower; for debugging. Process-wide while
+  /// the entry point runs; graph_training_step then runs eagerly. Default: false.
+  TORCH_ARG(bool, detect_anomaly) = false;
   /// Stop gracefully on SIGINT (Ctrl-C) and SIGTERM while an entry point runs, as Lightning's
   /// graceful shutdown: the first signal lets the current batch finish; then every rank stops
   /// at the same batch (multi-process runs agree on it with a small collective about every

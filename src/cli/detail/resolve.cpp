@@ -413,6 +413,7 @@ Params trainer_params(const Registry& reg) {
            "stop after this many epochs; -1 = 1000 if max_steps unset")
       .add("min_epochs", d.min_epochs(), "ignore stop requests until this many epochs")
       .add("max_steps", d.max_steps(), "stop after this many optimizer steps; -1 = no limit")
+      .add("min_steps", d.min_steps(), "ignore stop requests until this many optimizer steps")
       .optional<double>("max_time", "stop fit after this many seconds")
       .number("limit_train_batches", limit(d.limit_train_batches()),
               "batches per epoch: count (int) or fraction (float)")
@@ -429,6 +430,8 @@ Params trainer_params(const Registry& reg) {
            "validation batches before training; -1 = all")
       .add("fast_dev_run", d.fast_dev_run(),
            "N > 0: run N batches of each stage once, no logs/checkpoints")
+      .number("overfit_batches", limit(d.overfit_batches()),
+              "debug: train on the same batches every epoch, count or fraction; 0 = off")
       .add("accumulate_grad_batches", d.accumulate_grad_batches(), "batches per optimizer step")
       .optional<double>("gradient_clip_val", "clip gradients to this norm/value")
       .choice("gradient_clip_algorithm", "norm", {"norm", "value"}, "total 2-norm or elementwise")
@@ -447,6 +450,8 @@ Params trainer_params(const Registry& reg) {
       .add("deterministic", d.deterministic(), "use deterministic algorithms only")
       .optional<bool>("benchmark", "cuDNN autotuning; unset: off when deterministic, else kept")
       .add("detect_nonfinite_loss", d.detect_nonfinite_loss(), "fail on a NaN/inf training loss")
+      .add("detect_anomaly", d.detect_anomaly(),
+           "debug: autograd anomaly detection (names the backward op giving NaN; slow)")
       .add("handle_signals", d.handle_signals(),
            "SIGINT/SIGTERM stop at a batch boundary (all ranks alike); a second one at once")
       .add("graph_training_step", d.graph_training_step(),
@@ -471,6 +476,7 @@ TrainerOptions trainer_options(const Args& a) {
       .max_epochs(a.get<int64_t>("max_epochs"))
       .min_epochs(a.get<int64_t>("min_epochs"))
       .max_steps(a.get<int64_t>("max_steps"))
+      .min_steps(a.get<int64_t>("min_steps"))
       .limit_train_batches(limit("limit_train_batches"))
       .limit_val_batches(limit("limit_val_batches"))
       .limit_test_batches(limit("limit_test_batches"))
@@ -479,6 +485,7 @@ TrainerOptions trainer_options(const Args& a) {
       .check_val_every_n_epoch(a.get<int64_t>("check_val_every_n_epoch"))
       .num_sanity_val_steps(a.get<int64_t>("num_sanity_val_steps"))
       .fast_dev_run(a.get<int64_t>("fast_dev_run"))
+      .overfit_batches(limit("overfit_batches"))
       .accumulate_grad_batches(a.get<int64_t>("accumulate_grad_batches"))
       .gradient_clip_algorithm(a.get<std::string>("gradient_clip_algorithm") == "value"
                                    ? ClipAlgorithm::kValue
@@ -493,6 +500,7 @@ TrainerOptions trainer_options(const Args& a) {
       .sync_batchnorm(a.get<bool>("sync_batchnorm"))
       .deterministic(a.get<bool>("deterministic"))
       .detect_nonfinite_loss(a.get<bool>("detect_nonfinite_loss"))
+      .detect_anomaly(a.get<bool>("detect_anomaly"))
       .handle_signals(a.get<bool>("handle_signals"))
       .graph_training_step(a.get<bool>("graph_training_step"))
       .num_threads(a.get<int64_t>("num_threads"))

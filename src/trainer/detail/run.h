@@ -136,6 +136,8 @@ class Run : public RunContext {
   /// until then).
   bool stop_agreed = false;
   bool time_up = false;
+  /// An agreed stop waits for min_epochs / min_steps: said once per fit.
+  bool stop_deferral_logged = false;
 
   Strategy& strategy() const { return *plan.strategy; }
 
@@ -157,6 +159,8 @@ class Run : public RunContext {
   int64_t max_steps() const override { return opts.max_steps(); }
   int64_t log_every_n_steps() const override { return opts.log_every_n_steps(); }
   std::vector<OptimizerConfig>& optimizer_configs() override { return optimizers; }
+  void set_accumulate_grad_batches(int64_t batches) override;
+  void check_accumulate_grad_batches(int64_t batches) const override;
   /// The loggers this process writes to: all of them on global rank 0, none elsewhere (one
   /// set of log files per job).
   const std::vector<std::shared_ptr<Logger>>& loggers() const override {
@@ -225,6 +229,11 @@ class Run : public RunContext {
   // ---------------------------------------------------------------- setup and limits
   int64_t resolved_max_epochs() const;
   int64_t val_limit(const DataLoader& val) const;
+  /// overfit_batches is on (a count or fraction above 0).
+  bool overfitting() const;
+  /// The training batches per epoch of `train` after fast_dev_run, overfit_batches and
+  /// limit_train_batches.
+  int64_t train_limit(const DataLoader& train) const;
   void setup_run(Module& m, Stage stage);
   /// With several processes, every rank learns rank 0's log_dir() (a collective): at set-up,
   /// and again after a checkpoint restored the loggers' version folder.

@@ -27,10 +27,21 @@ bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const c10::optional<D
 // Decides on what every rank agreed (Run::check_stop): a rank's own clock or request_stop()
 // alone would let ranks leave the loop at different batches, and the one that goes on would
 // wait in its next gradient all-reduce for peers that are gone.
-bool stop_now(const Run& r) {
+bool stop_now(Run& r) {
   if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) return true;
   if (r.time_up) return true;
-  return r.stop_agreed && r.st.epoch + 1 >= r.opts.min_epochs();
+  if (!r.stop_agreed) return false;
+  // As Lightning: a stop request waits until min_epochs and min_steps are met.
+  if (r.st.epoch + 1 >= r.opts.min_epochs() && r.st.global_step >= r.opts.min_steps()) return true;
+  if (!r.stop_deferral_logged && r.is_global_zero()) {
+    log_info("Trainer", "asked to stop, but min_epochs=" + std::to_string(r.opts.min_epochs()) +
+                            " / min_steps=" + std::to_string(r.opts.min_steps()) +
+                            " are not met yet (epoch " + std::to_string(r.st.epoch) +
+                            ", global step " + std::to_string(r.st.global_step) +
+                            "); training continues until they are.");
+  }
+  r.stop_deferral_logged = true;
+  return false;
 }
 
 void validate_now(Run& r, DataLoader& val) {
@@ -39,10 +50,18 @@ void validate_now(Run& r, DataLoader& val) {
   r.module->train();
 }
 
-// Training batches per epoch after fast_dev_run and limit_train_batches.
-int64_t train_limit(const Run& r, const DataLoader& train) {
-  return r.fast_dev ? std::min(r.opts.fast_dev_run(), train.num_batches())
-                    : r.opts.limit_train_batches().resolve(train.num_batches());
+// overfit_batches trains on the same batches every epoch: the training loader without its
+// shuffling (as Lightning, which warns when it turns it off).
+DataLoader unshuffled_for_overfitting(const Run& r, const DataLoader& train) {
+  if (!train.options().shuffle()) return train;
+  if (r.is_global_zero()) {
+    log_warning("Trainer",
+                "overfit_batches: the training DataLoader shuffles; turning its shuffling off so "
+                "that every epoch trains on the same batches.");
+  }
+  DataLoaderOptions o = train.options();
+  o.shuffle(false);
+  return train.with_options(o);
 }
 
 // Before anything runs, as Lightning's data set-up: a loader without batches trains nothing
@@ -55,7 +74,7 @@ void check_loaders(const Run& r, const DataLoader& train, const c10::optional<Da
                 "has at least one sample per process).");
     return;
   }
-  const int64_t n = train_limit(r, train);
+  const int64_t n = r.train_limit(train);
   const Limit& vci = r.opts.val_check_interval();
   VOLT_CHECK(r.fast_dev || !val || n == 0 || r.val_limit(*val) == 0 || vci.is_fraction() ||
                  vci.count() <= n,
@@ -67,7 +86,7 @@ void check_loaders(const Run& r, const DataLoader& train, const c10::optional<Da
 void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
   Module& m = *r.module;
   LoopState& st = r.st;
-  const int64_t n = train_limit(r, train);
+  const int64_t n = r.train_limit(train);
   st.num_training_batches = n;
   m.train();
   r.hook(
@@ -165,12 +184,21 @@ std::string describe_global_batch(int64_t per_process, int64_t data_parallel, in
 void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_loader,
               const std::string& ckpt_path) {
   Module& m = *r.module;
-  DataLoader train = r.shard(train_loader);
+  DataLoader train =
+      r.shard(r.overfitting() ? unshuffled_for_overfitting(r, train_loader) : train_loader);
   c10::optional<DataLoader> val;
   if (val_loader) val = r.shard(*val_loader);
   check_loaders(r, train, val);
   r.setup_optimizers();
   if (r.opts.graph_training_step()) r.step = make_graphed_step(r);
+  if (r.overfitting() && r.is_global_zero()) {
+    std::ostringstream s;
+    s << "overfit_batches=" << r.opts.overfit_batches() << ": every epoch trains on the same "
+      << r.train_limit(train) << " batch(es)";
+    if (val) s << " and validates on " << r.val_limit(*val);
+    s << " (in place of limit_train_batches and limit_val_batches).";
+    log_info("Trainer", s.str());
+  }
   log_info("Trainer",
            describe_global_batch(train.options().batch_size(), r.strategy().data_shard().world_size,
                                  r.opts.accumulate_grad_batches(), train.last_batch_size()));
@@ -183,7 +211,9 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   r.st.val_pending = false;
   r.st.should_stop = false;
   r.stop_agreed = false;
+  r.stop_deferral_logged = false;
   r.time_up = false;
+  r.st.accumulate_grad_batches = r.opts.accumulate_grad_batches();
   r.fit_elapsed_before = 0;
   r.step->reset_checks();
   r.train_metrics.clear();

@@ -105,6 +105,10 @@ class GraphedOptimizationStep : public OptimizationStep {
   bool run(const Batch& batch, int64_t batch_idx, int64_t num_batches) override {
     Run& r = run_;
     if (eager_) return OptimizationStep::run(batch, batch_idx, num_batches);
+    // Checked per batch: a GradientAccumulationScheduler may raise it at any epoch.
+    if (r.st.accumulate_grad_batches > 1) {
+      return eager("accumulate_grad_batches > 1", batch, batch_idx, num_batches);
+    }
     if (!checked_) {
       checked_ = true;
       const std::string why = static_reason();
@@ -168,7 +172,9 @@ class GraphedOptimizationStep : public OptimizationStep {
       return "manual optimization: capture the step in training_step with volt::CudaGraph "
              "(examples/graphed_training.cpp)";
     }
-    if (r.opts.accumulate_grad_batches() > 1) return "accumulate_grad_batches > 1";
+    if (r.opts.detect_anomaly()) {
+      return "detect_anomaly (autograd checks every gradient for NaN on the host)";
+    }
     if (r.optimizers.size() != 1) return "more than one optimizer";
     if (r.strategy().world_size() > 1) return "several processes (a distributed strategy)";
     if (std::string why = precision_reason(r.strategy().precision()); !why.empty()) return why;

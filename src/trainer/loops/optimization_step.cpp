@@ -19,13 +19,12 @@ bool OptimizationStep::run(const Batch& batch, int64_t batch_idx, int64_t num_ba
   if (loss.defined()) {
     // Gradients are synchronised (all-reduced under DDP) only on the micro-batch that steps.
     const bool steps_next =
-        r.st.accumulated + 1 >= r.opts.accumulate_grad_batches() || batch_idx + 1 == num_batches;
+        r.st.accumulated + 1 >= r.st.accumulate_grad_batches || batch_idx + 1 == num_batches;
     backward(loss, steps_next);
     ++r.st.accumulated;
   }
-  const bool step_now =
-      r.st.accumulated > 0 &&
-      (r.st.accumulated >= r.opts.accumulate_grad_batches() || batch_idx + 1 == num_batches);
+  const bool step_now = r.st.accumulated > 0 && (r.st.accumulated >= r.st.accumulate_grad_batches ||
+                                                 batch_idx + 1 == num_batches);
   if (!step_now) return false;
   return optimizer_step();
 }
@@ -49,7 +48,7 @@ at::Tensor OptimizationStep::forward(const Batch& batch, int64_t batch_idx) {
              "parameters (and not under NoGradGuard).");
   if (r.opts.detect_nonfinite_loss() && !capturing_) {
     // Read on the host once per logging interval (in micro-batches), not per step.
-    nonfinite_.set_every(r.opts.log_every_n_steps() * r.opts.accumulate_grad_batches());
+    nonfinite_.set_every(r.opts.log_every_n_steps() * r.st.accumulate_grad_batches);
     nonfinite_.record(loss, {r.st.global_step, r.st.epoch, batch_idx});
   }
   return loss;
@@ -58,7 +57,7 @@ at::Tensor OptimizationStep::forward(const Batch& batch, int64_t batch_idx) {
 void OptimizationStep::backward(const at::Tensor& loss, bool sync_gradients) {
   Run& r = run_;
   Module& m = *r.module;
-  const int64_t accum = r.opts.accumulate_grad_batches();
+  const int64_t accum = r.st.accumulate_grad_batches;
   at::Tensor scaled = accum > 1 ? loss / static_cast<double>(accum) : loss;
   r.hook(
       "on_before_backward", [&](Module& mm) { mm.on_before_backward(loss); },
