@@ -13,13 +13,13 @@
 namespace volt {
 namespace {
 
-constexpr const char* kExample = "e.g. \"0:8, 4:4, 8:1\" (from epoch 0 accumulate 8 batches, "
-                                 "from epoch 4 four, from epoch 8 none)";
+constexpr const char* kExample =
+    "e.g. \"0:8, 4:4, 8:1\" (from epoch 0 accumulate 8 batches, "
+    "from epoch 4 four, from epoch 8 none)";
 
 }  // namespace
 
-GradientAccumulationScheduler::GradientAccumulationScheduler(
-    std::map<int64_t, int64_t> scheduling)
+GradientAccumulationScheduler::GradientAccumulationScheduler(std::map<int64_t, int64_t> scheduling)
     : scheduling_(std::move(scheduling)) {
   VOLT_CHECK(!scheduling_.empty(), ConfigError,
              "[GradientAccumulationScheduler] scheduling is empty; map epochs to accumulation "
@@ -29,7 +29,8 @@ GradientAccumulationScheduler::GradientAccumulationScheduler(
     VOLT_CHECK(epoch >= 0, ConfigError, "[GradientAccumulationScheduler] epoch ", epoch,
                " is negative; epochs count from 0.");
     VOLT_CHECK(factor >= 1, ConfigError, "[GradientAccumulationScheduler] factor ", factor,
-               " for epoch ", epoch, " is below 1; pass the batches per optimizer step (1 = "
+               " for epoch ", epoch,
+               " is below 1; pass the batches per optimizer step (1 = "
                "no accumulation).");
   }
   // As Lightning: epochs before the first key accumulate nothing.

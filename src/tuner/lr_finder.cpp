@@ -64,9 +64,8 @@ class LrFinderCallback : public Callback {
   void on_train_batch_end(RunContext& run, Module&, const Batch&, int64_t) override {
     const int64_t steps = run.state().global_step - start_step_;
     if (steps == static_cast<int64_t>(result.lrs.size())) return;  // no step on this batch
-    result.lrs.push_back(run.optimizer_configs().front().optimizer()->param_groups()[0]
-                             .options()
-                             .get_lr());
+    result.lrs.push_back(
+        run.optimizer_configs().front().optimizer()->param_groups()[0].options().get_lr());
     // The loss of the step (mean of its micro-batches), smoothed and bias-corrected as Lightning
     // (its step count runs one ahead: the correction uses global_step + 1).
     const double loss = loss_sum_ / static_cast<double>(micro_batches_);
@@ -109,8 +108,8 @@ class Snapshot {
     torch::NoGradGuard no_grad;
     auto params = module_.parameters();
     auto buffers = module_.buffers();
-    VOLT_CHECK(params.size() == params_.size() && buffers.size() == buffers_.size(),
-               InternalError, kTag, " the module's parameters changed during the range test.");
+    VOLT_CHECK(params.size() == params_.size() && buffers.size() == buffers_.size(), InternalError,
+               kTag, " the module's parameters changed during the range test.");
     // In place: tied weights stay tied, and whoever holds the tensors sees the old values.
     for (size_t i = 0; i < params.size(); ++i) {
       params[i].copy_(params_[i]);

@@ -4,6 +4,7 @@
 
 #include "error_text.h"
 #include "log_capture.h"
+#include "manual_module.h"
 #include "tiny.h"
 
 namespace {
@@ -56,14 +57,17 @@ TEST(GradientAccumulationScheduler, FactorByEpochAndItsChecks) {
   EXPECT_EQ(GradientAccumulationScheduler(Schedule{{0, 8}}).accumulate_grad_batches(100), 8);
 
   using volt_test::error_of;
-  EXPECT_NE(error_of<volt::ConfigError>([] { GradientAccumulationScheduler(Schedule{}); })
-                .find("scheduling is empty"),
+  EXPECT_NE(error_of<volt::ConfigError>([] {
+              GradientAccumulationScheduler(Schedule{});
+            }).find("scheduling is empty"),
             std::string::npos);
-  EXPECT_NE(error_of<volt::ConfigError>([] { GradientAccumulationScheduler(Schedule{{-1, 2}}); })
-                .find("epoch -1 is negative"),
+  EXPECT_NE(error_of<volt::ConfigError>([] {
+              GradientAccumulationScheduler(Schedule{{-1, 2}});
+            }).find("epoch -1 is negative"),
             std::string::npos);
-  EXPECT_NE(error_of<volt::ConfigError>([] { GradientAccumulationScheduler(Schedule{{3, 0}}); })
-                .find("factor 0 for epoch 3 is below 1"),
+  EXPECT_NE(error_of<volt::ConfigError>([] {
+              GradientAccumulationScheduler(Schedule{{3, 0}});
+            }).find("factor 0 for epoch 3 is below 1"),
             std::string::npos);
 }
 
@@ -103,8 +107,8 @@ TEST(GradientAccumulationScheduler, TrainsAsTheSameFactorsSetByHand) {
   // Epoch 0: 10 steps; epoch 1: after batches 3, 6, 9, 10; epoch 2: after 5, 10.
   EXPECT_EQ(ts.state().global_step, 16);
   EXPECT_EQ(std::vector<int64_t>(rec->steps.begin() + 10, rec->steps.end()),
-            (std::vector<int64_t>{10, 10, 11, 11, 11, 12, 12, 12, 13, 14, 14, 14, 14, 14, 15, 15,
-                                  15, 15, 15, 16}));
+            (std::vector<int64_t>{10, 10, 11, 11, 11, 12, 12, 12, 13, 14,
+                                  14, 14, 14, 14, 15, 15, 15, 15, 15, 16}));
   EXPECT_EQ(ts.state().accumulate_grad_batches, 5);
   EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
     return l.find("epoch 1: 3 batches per optimizer step.") != std::string::npos;
@@ -144,17 +148,7 @@ TEST(GradientAccumulationScheduler, ResumesExactlyFromACheckpointTakenMidAccumul
   EXPECT_TRUE(torch::equal(whole.flat_params(), resumed.flat_params()));
 }
 
-class ManualModule : public TinyClassifier {
- public:
-  ManualModule() { set_automatic_optimization(false); }
-  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-    auto opt = optimizers().at(0);
-    opt.zero_grad();
-    manual_backward(torch::cross_entropy_loss(forward(b.input), b.target));
-    opt.step();
-    return {};
-  }
-};
+using ManualModule = volt_test::ManualTinyClassifier;
 
 /// Changes the factor between the micro-batches of a step.
 class ChangeMidStep : public volt::Callback {
@@ -185,8 +179,10 @@ TEST(GradientAccumulationScheduler, RefusesWhatLightningRefuses) {
   // DeepSpeed fixes the factor: refused before training, not at the epoch that changes it.
   TinyClassifier zero;
   const auto before = zero.flat_params();
-  EXPECT_NE(fit_error(quiet(dir.path).strategy("deepspeed_stage_2").max_epochs(3).callbacks(
-                          {schedule({{2, 4}})}),
+  EXPECT_NE(fit_error(quiet(dir.path)
+                          .strategy("deepspeed_stage_2")
+                          .max_epochs(3)
+                          .callbacks({schedule({{2, 4}})}),
                       zero)
                 .find("[DeepSpeedStrategy] the gradient accumulation factor cannot change"),
             std::string::npos);

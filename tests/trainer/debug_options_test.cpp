@@ -70,8 +70,8 @@ TEST(MinSteps, MaxStepsStillEndsTheRunAndBothMinimaMustBeMet) {
   volt_test::TempDir dir;
   {
     TinyClassifier model;
-    volt::Trainer t(quiet(dir.path).max_steps(7).min_steps(7).callbacks(
-        {std::make_shared<StopAlways>()}));
+    volt::Trainer t(
+        quiet(dir.path).max_steps(7).min_steps(7).callbacks({std::make_shared<StopAlways>()}));
     t.fit(model, volt_test::loader(volt_test::blobs(160)));
     EXPECT_EQ(t.state().global_step, 7);
   }
@@ -98,8 +98,8 @@ TEST(OverfitBatches, EveryEpochTrainsOnTheSameFirstBatchesUnshuffled) {
   auto train = volt_test::blobs(160);  // 10 batches of 16
   CountingClassifier model;
   auto rec = std::make_shared<BatchRecorder>();
-  volt::Trainer t(quiet(dir.path).max_epochs(3).overfit_batches(3).limit_val_batches(0).callbacks(
-      {rec}));
+  volt::Trainer t(
+      quiet(dir.path).max_epochs(3).overfit_batches(3).limit_val_batches(0).callbacks({rec}));
   const auto lines = volt_test::capture_logs([&] {
     t.fit(model, volt_test::loader(train, 16, /*shuffle=*/true),
           volt_test::loader(volt_test::blobs(160, 8, 1), 16, false));
@@ -115,13 +115,13 @@ TEST(OverfitBatches, EveryEpochTrainsOnTheSameFirstBatchesUnshuffled) {
   // limit_val_batches=0 is replaced too: 3 validation batches per epoch.
   EXPECT_EQ(model.val_batches, 3 * 3);
   const auto has = [&](const std::string& phrase) {
-    return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) {
-      return l.find(phrase) != std::string::npos;
-    });
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& l) { return l.find(phrase) != std::string::npos; });
   };
   EXPECT_TRUE(has("turning its shuffling off")) << "no shuffle warning";
-  EXPECT_TRUE(has("overfit_batches=3: every epoch trains on the same 3 batch(es) and validates "
-                  "on 3"));
+  EXPECT_TRUE(
+      has("overfit_batches=3: every epoch trains on the same 3 batch(es) and validates "
+          "on 3"));
   // validate() takes the same limit; test() does not.
   model.val_batches = 0;
   t.validate(model, volt_test::loader(volt_test::blobs(160, 8, 1), 16, false));

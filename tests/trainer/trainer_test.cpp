@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "log_capture.h"
+#include "manual_module.h"
 #include "tiny.h"
 
 namespace {
@@ -362,18 +363,7 @@ TEST(Trainer, CheckpointFromAnotherModelListsMismatches) {
   }
 }
 
-class ManualModule : public TinyClassifier {
- public:
-  ManualModule() { set_automatic_optimization(false); }
-  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-    auto opt = optimizers().at(0);
-    opt.zero_grad();
-    auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
-    manual_backward(loss);
-    opt.step();
-    return {};
-  }
-};
+using ManualModule = volt_test::ManualTinyClassifier;
 
 TEST(Trainer, ManualOptimization) {
   volt_test::TempDir dir;

@@ -6,6 +6,7 @@
 
 #include "error_text.h"
 #include "log_capture.h"
+#include "manual_module.h"
 #include "tiny.h"
 
 namespace {
@@ -44,10 +45,10 @@ volt::DataLoader four_batches() {  // 4 batches an epoch: the test crosses epoch
 TEST(LrFinder, RatesAndSmoothedLossesAreLightnings) {
   volt_test::TempDir dir;
   Scripted model;
-  const auto r = volt::lr_find(
-      model, four_batches(), quiet(dir.path),
-      LrFinderOptions().min_lr(1e-5).max_lr(10).num_training(40).early_stop_threshold(
-          c10::nullopt));
+  const auto r =
+      volt::lr_find(model, four_batches(), quiet(dir.path),
+                    LrFinderOptions().min_lr(1e-5).max_lr(10).num_training(40).early_stop_threshold(
+                        c10::nullopt));
   ASSERT_EQ(r.lrs.size(), 40u);
   ASSERT_EQ(r.losses.size(), 40u);
   EXPECT_EQ(r.lrs[0], 1e-5);
@@ -72,8 +73,8 @@ TEST(LrFinder, RatesAndSmoothedLossesAreLightnings) {
   for (int64_t k = 1; k < 40; ++k) linear.lrs[k] = 0.01 + (k + 1) / 40.0 * (0.5 - 0.01);
   linear.lrs[0] = 0.01;
   EXPECT_EQ(linear.suggestion_index(), c10::optional<int64_t>(14));
-  const auto lines = volt_test::capture_logs(
-      [&] { EXPECT_FALSE(holed.suggestion_index(39, 1).has_value()); });
+  const auto lines =
+      volt_test::capture_logs([&] { EXPECT_FALSE(holed.suggestion_index(39, 1).has_value()); });
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_NE(lines[0].find("fewer than two loss points"), std::string::npos) << lines[0];
   // The module is as before: its weights (SGD stepped with zero gradients anyway) and no grads.
@@ -100,11 +101,8 @@ TEST(LrFinder, StopsWhenTheLossDivergesAndSchedulesLinearly) {
 
   Scripted linear;
   r = volt::lr_find(linear, four_batches(), quiet(dir.path),
-                    LrFinderOptions()
-                        .min_lr(0.01)
-                        .max_lr(0.5)
-                        .num_training(10)
-                        .mode(volt::LrFinderMode::kLinear));
+                    LrFinderOptions().min_lr(0.01).max_lr(0.5).num_training(10).mode(
+                        volt::LrFinderMode::kLinear));
   const std::vector<double> expect = {0.01,  0.108, 0.157, 0.206, 0.255,
                                       0.304, 0.353, 0.402, 0.451, 0.5};
   ASSERT_EQ(r.lrs.size(), expect.size());
@@ -167,17 +165,7 @@ class TwoOptimizers : public volt_test::TinyClassifier {
   }
 };
 
-class ManualModule : public volt_test::TinyClassifier {
- public:
-  ManualModule() { set_automatic_optimization(false); }
-  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-    auto opt = optimizers().at(0);
-    opt.zero_grad();
-    manual_backward(torch::cross_entropy_loss(forward(b.input), b.target));
-    opt.step();
-    return {};
-  }
-};
+using ManualModule = volt_test::ManualTinyClassifier;
 
 TEST(LrFinder, RefusesBadOptionsTwoOptimizersAndManualOptimizationAndSkipsFastDevRun) {
   volt_test::TempDir dir;
@@ -187,14 +175,15 @@ TEST(LrFinder, RefusesBadOptionsTwoOptimizersAndManualOptimizationAndSkipsFastDe
   };
   EXPECT_NE(options_error(LrFinderOptions().min_lr(0)).find("[lr_find] min_lr=0 must be"),
             std::string::npos);
-  EXPECT_NE(options_error(LrFinderOptions().min_lr(0.1).max_lr(0.01)).find("max_lr=0.01 must be "
-                                                                           "above min_lr=0.1"),
+  EXPECT_NE(options_error(LrFinderOptions().min_lr(0.1).max_lr(0.01))
+                .find("max_lr=0.01 must be "
+                      "above min_lr=0.1"),
             std::string::npos);
   EXPECT_NE(options_error(LrFinderOptions().num_training(1)).find("num_training=1"),
             std::string::npos);
-  EXPECT_NE(options_error(LrFinderOptions().early_stop_threshold(-1.0))
-                .find("early_stop_threshold=-1"),
-            std::string::npos);
+  EXPECT_NE(
+      options_error(LrFinderOptions().early_stop_threshold(-1.0)).find("early_stop_threshold=-1"),
+      std::string::npos);
   EXPECT_NE(options_error(LrFinderOptions().max_lr(std::nan(""))).find("max_lr=nan"),
             std::string::npos);
 
