@@ -7,7 +7,6 @@
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/loop_state.h"
-#include "volt/core/module.h"
 #include "volt/core/run_context.h"
 
 namespace volt {
@@ -86,17 +85,15 @@ int64_t GradientAccumulationScheduler::accumulate_grad_batches(int64_t epoch) co
   return it == scheduling_.begin() ? 1 : std::prev(it)->second;
 }
 
-void GradientAccumulationScheduler::on_train_start(RunContext& run, Module& module) {
-  VOLT_CHECK(module.automatic_optimization(), ConfigError,
-             "[GradientAccumulationScheduler] the module uses manual optimization, where "
-             "training_step decides when to step; accumulate there and drop the callback.");
+void GradientAccumulationScheduler::on_train_start(RunContext& run, Module&) {
   VOLT_CHECK(run.state().accumulate_grad_batches == 1, ConfigError,
              "[GradientAccumulationScheduler] the Trainer's accumulate_grad_batches is ",
              run.state().accumulate_grad_batches,
              " and this callback schedules the factor too; remove accumulate_grad_batches "
              "from the Trainer's options or remove the callback.");
-  // Every factor now, so that a strategy that cannot change it fails before training, not at
-  // the epoch that changes it.
+  // Every factor now (the run refuses any under manual optimization, and a strategy that fixes
+  // the factor refuses a change), so that training fails before it starts, not at the epoch that
+  // changes the factor.
   for (const auto& kv : scheduling_) run.check_accumulate_grad_batches(kv.second);
 }
 

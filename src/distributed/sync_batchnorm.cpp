@@ -155,14 +155,14 @@ struct SyncBatchNorm::Impl {
     return e.running_mean->defined() ? *e.running_mean : *e.weight;
   }
 
-  // Registers the layers under their current storages: a module moved, converted or loaded into
-  // new tensors since the last scope is found again, and so is one that another SyncBatchNorm
-  // over the same model took over and dropped.
   // Forgets the layers `owner` registered.
   static void drop(const void* owner) {
     layers_by_storage().erase_if([owner](const Layer& l) { return l.owner == owner; });
   }
 
+  // Registers the layers under their current storages: a module moved, converted or loaded into
+  // new tensors since the last scope is found again, and so is one that another SyncBatchNorm
+  // over the same model took over and dropped.
   void refresh(const void* owner) {
     bool changed = false;
     for (const auto& e : entries) {

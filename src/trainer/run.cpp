@@ -187,9 +187,10 @@ int64_t Run::train_limit(const DataLoader& train) const {
 void Run::check_accumulate_grad_batches(int64_t batches) const {
   VOLT_CHECK(batches >= 1, ConfigError, "[Trainer] accumulate_grad_batches=", batches,
              " must be >= 1.");
-  VOLT_CHECK(batches == 1 || module == nullptr || module->automatic_optimization(), ConfigError,
+  VOLT_CHECK(module == nullptr || module->automatic_optimization(), ConfigError,
              "[Trainer] gradient accumulation belongs to automatic optimization; with manual "
-             "optimization training_step decides when to step (accumulate there).");
+             "optimization training_step decides when to step (accumulate there and drop the "
+             "GradientAccumulationScheduler).");
   strategy().check_accumulation_change(batches);
 }
 
