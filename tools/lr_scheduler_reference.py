@@ -20,6 +20,7 @@ import warnings
 
 import torch
 from torch.optim import lr_scheduler as S
+from torch.optim import swa_utils
 
 # LambdaLR factors by name; tests/optim/lr_scheduler_test.cpp defines the same functions.
 LAMBDAS = {
@@ -72,6 +73,9 @@ def make_scheduler(spec, opt):
     if k == "SequentialLR":
         subs = [make_scheduler(s, opt) for s in a["schedulers"]]
         return S.SequentialLR(opt, schedulers=subs, milestones=a["milestones"])
+    if k == "SWALR":
+        return swa_utils.SWALR(opt, swa_lr=a["swa_lr"], anneal_epochs=a["anneal_epochs"],
+                               anneal_strategy=a["anneal_strategy"])
     if k == "ReduceLROnPlateau":
         return S.ReduceLROnPlateau(opt, mode=a["mode"], factor=a["factor"],
                                    patience=a["patience"], threshold=a["threshold"],
@@ -221,6 +225,17 @@ def cases():
                                               "total_iters": 4}},
                 onecycle([0.3, 0.2], 30)],
             "milestones": [6]}}, 36, record_momentum=True)
+    # SWALR: cosine and linear annealing to per-group or shared SWA lrs, and the jump at once.
+    add("swalr_cos_10_per_group",
+        {"kind": "SWALR", "args": {"swa_lr": [0.02, 0.2], "anneal_epochs": 10,
+                                   "anneal_strategy": "cos"}}, 30)
+    add("swalr_linear_7_shared",
+        {"kind": "SWALR", "args": {"swa_lr": 0.01, "anneal_epochs": 7,
+                                   "anneal_strategy": "linear"}}, 30)
+    add("swalr_cos_1", {"kind": "SWALR", "args": {"swa_lr": [0.5, 0.001], "anneal_epochs": 1,
+                                                  "anneal_strategy": "cos"}}, 30)
+    add("swalr_no_annealing", {"kind": "SWALR", "args": {"swa_lr": 0.03, "anneal_epochs": 0,
+                                                         "anneal_strategy": "linear"}}, 30)
     # Metric-driven: improvement, plateaus (with sub-threshold changes), cooldown, min_lr floor.
     plateau = ([1.0, 0.9, 0.8, 0.7, 0.65] + [0.65] * 4 + [0.64999, 0.6, 0.6, 0.6, 0.6, 0.6]
                + [0.5, 0.5, 0.5, 0.5, 0.49995, 0.5, 0.5, 0.5, 0.4] + [0.4] * 20

@@ -8,6 +8,7 @@
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/model_summary.h"
 #include "volt/callbacks/on_exception_checkpoint.h"
+#include "volt/callbacks/stochastic_weight_averaging.h"
 #include "volt/callbacks/throughput_monitor.h"
 #include "volt/callbacks/timer.h"
 #include "volt/core/registry.h"
@@ -125,6 +126,38 @@ void register_callbacks(Registry& r) {
       [](const Args& a) -> std::shared_ptr<Callback> {
         return std::make_shared<GradientAccumulationScheduler>(
             GradientAccumulationScheduler::parse_scheduling(a.get<std::string>("scheduling")));
+      });
+
+  const StochasticWeightAveragingOptions swa({1.0});
+  r.callbacks.add(
+      "StochasticWeightAveraging",
+      "averages the weights of the last epochs (SWA) and puts the average in the module at the "
+      "end of fit",
+      Params()
+          .required<std::vector<double>>("swa_lrs",
+                                         "SWA learning rate: [lr] for every param group, or one "
+                                         "per group")
+          .number("swa_epoch_start", swa.swa_epoch_start().fraction(),
+                  "first SWA epoch: a number >= 1 (1 = the first epoch) or a fraction of "
+                  "max_epochs")
+          .add("annealing_epochs", swa.annealing_epochs(),
+               "epochs over which the lr anneals to swa_lrs")
+          .choice("annealing_strategy", "cos", {"cos", "linear"}, "annealing curve")
+          .choice("device", "cpu", {"cpu", "module"},
+                  "where the average is kept: cpu, or with the module's parameters"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        StochasticWeightAveragingOptions o(a.get<std::vector<double>>("swa_lrs"));
+        if (a.holds<int64_t>("swa_epoch_start")) {
+          o.swa_epoch_start(Limit(a.get<int64_t>("swa_epoch_start")));
+        } else {
+          o.swa_epoch_start(Limit(a.get<double>("swa_epoch_start")));
+        }
+        o.annealing_epochs(a.get<int64_t>("annealing_epochs"))
+            .annealing_strategy(a.get<std::string>("annealing_strategy") == "linear"
+                                    ? AnnealStrategy::kLinear
+                                    : AnnealStrategy::kCos);
+        if (a.get<std::string>("device") == "module") o.device(c10::nullopt);
+        return std::make_shared<StochasticWeightAveraging>(o);
       });
 
   const OnExceptionCheckpointOptions oe;

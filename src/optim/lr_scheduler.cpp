@@ -607,6 +607,71 @@ void OneCycleLR::load(torch::serialize::InputArchive& archive) {
 //   which overwrites it with max_lr / div_factor. libtorch's param groups have no such slot,
 //   so each volt scheduler keeps its own base_lrs_; here we replay the construction order to
 //   give every scheduler the base_lrs PyTorch would have given it.
+
+// ------------------------------------------------------------------------------------ SWALR
+
+namespace {
+
+// torch.optim.swa_utils.SWALR's anneal functions.
+double swa_anneal(AnnealStrategy strategy, double t) {
+  return strategy == AnnealStrategy::kCos ? (1 - std::cos(kPi * t)) / 2 : t;
+}
+
+double clamp01(double t) {
+  return std::max(0.0, std::min(1.0, t));
+}
+
+}  // namespace
+
+SWALR::SWALR(torch::optim::Optimizer& optimizer, std::vector<double> swa_lrs, int64_t anneal_epochs,
+             AnnealStrategy anneal_strategy)
+    : LRScheduler(optimizer),
+      swa_lrs_(std::move(swa_lrs)),
+      anneal_epochs_(anneal_epochs),
+      anneal_strategy_(anneal_strategy) {
+  if (swa_lrs_.size() == 1) swa_lrs_.resize(base_lrs_.size(), swa_lrs_[0]);
+  VOLT_CHECK(swa_lrs_.size() == base_lrs_.size(), ConfigError, "[SWALR] got ", swa_lrs_.size(),
+             " swa_lrs for an optimizer with ", base_lrs_.size(),
+             " param groups; pass one value for all groups or one per group.");
+  for (double lr : swa_lrs_) {
+    VOLT_CHECK(std::isfinite(lr) && lr > 0, ConfigError, "[SWALR] swa_lr=", lr,
+               " must be a positive finite number, e.g. 0.05.");
+  }
+  VOLT_CHECK(anneal_epochs_ >= 0, ConfigError, "[SWALR] anneal_epochs=", anneal_epochs_,
+             " must be >= 0 (0 switches to swa_lr at once).");
+  initial_step();
+}
+
+SWALR::SWALR(torch::optim::Optimizer& optimizer, double swa_lr, int64_t anneal_epochs,
+             AnnealStrategy anneal_strategy)
+    : SWALR(optimizer, std::vector<double>{swa_lr}, anneal_epochs, anneal_strategy) {}
+
+double SWALR::lr_at(double lr0, double swa_lr, int64_t step, int64_t anneal_epochs,
+                    AnnealStrategy anneal_strategy) {
+  if (anneal_epochs == 0) step = std::max<int64_t>(1, step);
+  const double alpha = swa_anneal(
+      anneal_strategy, clamp01(static_cast<double>(step) /
+                               static_cast<double>(std::max<int64_t>(1, anneal_epochs))));
+  return swa_lr * alpha + lr0 * (1 - alpha);
+}
+
+std::vector<double> SWALR::compute_lrs(const std::vector<double>& current) {
+  // PyTorch's get_lr(): step = _step_count - 1, which is last_epoch for a scheduler built with
+  // last_epoch -1; the lr before annealing is recovered from the current one.
+  const int64_t step = anneal_epochs_ == 0 ? std::max<int64_t>(1, last_epoch_) : last_epoch_;
+  const double span = static_cast<double>(std::max<int64_t>(1, anneal_epochs_));
+  const double prev_alpha =
+      swa_anneal(anneal_strategy_, clamp01(static_cast<double>(step - 1) / span));
+  const double alpha = swa_anneal(anneal_strategy_, clamp01(static_cast<double>(step) / span));
+  std::vector<double> out;
+  for (size_t g = 0; g < current.size(); ++g) {
+    const double swa = swa_lrs_[g];
+    const double prev = prev_alpha == 1 ? swa : (current[g] - prev_alpha * swa) / (1 - prev_alpha);
+    out.push_back(swa * alpha + prev * (1 - alpha));
+  }
+  return out;
+}
+
 // - At milestone m the next scheduler is stepped with step(0) (epoch argument), which sets its
 //   last_epoch to 0 and uses its closed form where PyTorch has one (StepLR, MultiStepLR,
 //   ExponentialLR, CosineAnnealingLR, LinearLR), so it starts from its base_lrs, not from the

@@ -416,6 +416,38 @@ TEST(Cli, DebugFlagsAndTheAccumulationScheduleFromTheCommandLine) {
       "[Trainer] min_steps=9 exceeds max_steps=3");
 }
 
+TEST(Cli, StochasticWeightAveragingFromTheCommandLine) {
+  volt_test::TempDir dir;
+  auto args = base(dir);
+  args.insert(args.begin(), "fit");
+  for (const char* a :
+       {"--trainer.max_epochs=3", "--trainer.callbacks+=StochasticWeightAveraging",
+        "--trainer.callbacks.0.swa_lrs=[0.05]", "--trainer.callbacks.0.swa_epoch_start=2",
+        "--trainer.callbacks.0.annealing_strategy=linear"}) {
+    args.push_back(a);
+  }
+  std::vector<std::string> lines;
+  lines = volt_test::capture_logs([&] {
+    auto r = run(args);
+    EXPECT_EQ(r.code, 0) << r.err;
+  });
+  const auto has = [&](const std::string& phrase) {
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& l) { return l.find(phrase) != std::string::npos; });
+  };
+  EXPECT_TRUE(has("averaging the weights at the end of epochs 1..2 (0-based)"));
+  EXPECT_TRUE(has("the module now holds the average of the weights at the end of 2 epoch(s)"));
+  expect_usage_error(
+      {"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=StochasticWeightAveraging",
+       "--trainer.callbacks.0.swa_lrs=[0.05,-1]"},
+      "[StochasticWeightAveraging] swa_lrs holds -1");
+  expect_usage_error(
+      {"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs=2",
+       "--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.0.swa_lrs=[0.05]",
+       "--trainer.callbacks.0.swa_epoch_start=7"},
+      "[StochasticWeightAveraging] swa_epoch_start=7 is past the last");
+}
+
 TEST(Cli, AnAliasBombIsRefusedWithOneLine) {
   volt_test::TempDir dir;
   // Five levels of ten aliases: 1.2 million nodes expanded (the full-size bomb runs in the

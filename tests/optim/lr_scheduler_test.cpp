@@ -140,6 +140,11 @@ SchedulerPtr make_scheduler(const json& spec, torch::optim::Optimizer& opt) {
     return std::make_shared<volt::SequentialLR>(opt, subs,
                                                 a["milestones"].get<std::vector<int64_t>>());
   }
+  if (kind == "SWALR") {
+    return std::make_shared<volt::SWALR>(
+        opt, one_or_list<double>(a["swa_lr"]), a["anneal_epochs"].get<int64_t>(),
+        a["anneal_strategy"] == "cos" ? volt::AnnealStrategy::kCos : volt::AnnealStrategy::kLinear);
+  }
   EXPECT_EQ(kind, "ReduceLROnPlateau");
   return std::make_shared<volt::ReduceLROnPlateau>(
       opt, volt::ReduceLROnPlateauOptions()
@@ -274,7 +279,7 @@ TEST(LRScheduler, ReferenceCoversEveryScheduler) {
   }
   for (const char* k : {"StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR",
                         "CosineAnnealingWarmRestarts", "LinearLR", "LambdaLR", "OneCycleLR",
-                        "SequentialLR", "ReduceLROnPlateau"}) {
+                        "SequentialLR", "ReduceLROnPlateau", "SWALR"}) {
     EXPECT_EQ(kinds.count(k), 1u) << k << " has no reference case";
   }
 }

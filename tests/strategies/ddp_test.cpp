@@ -114,6 +114,32 @@ TEST(Ddp, SyncBatchnormTwoRanksEqualOneProcessOnTheGlobalBatch) {
       << "per-rank BatchNorm matched the global batch: the test above could not fail";
 }
 
+// StochasticWeightAveraging at two ranks: with sync_batchnorm both ranks equal one process on the
+// global batch, the final BatchNorm pass included; with per-rank BatchNorm every rank ends with
+// rank 0's statistics (forward_training_data broadcasts them), so the ranks still agree.
+TEST(Ddp, StochasticWeightAveragingTwoRanksEqualOneProcess) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::vector<std::string> swa = {"--batchnorm", "1", "--swa", "2"};
+  const auto ref = single_process_reference(dir.path, 16, 3, 1, false, swa);
+  const auto job_args = [&](const std::string& out, const char* sync_bn) {
+    std::vector<std::string> a = {"--root",  dir.path, "--out",    dir / out, "--devices", "2",
+                                  "--batch", "8",      "--epochs", "3",       "--sync-bn", sync_bn};
+    a.insert(a.end(), swa.begin(), swa.end());
+    return a;
+  };
+  auto job = run_plain(job_args("sync", "1"));
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_NE(job.output.find("the module now holds the average of the weights at the end of 2 "
+                            "epoch(s) (1..2); the running statistics of 1 BatchNorm layer(s)"),
+            std::string::npos)
+      << job.output;
+  expect_ranks_equal_reference(dir / "sync", 2, ref);
+  auto local = run_plain(job_args("local", "0"));
+  ASSERT_EQ(local.code, 0) << local.output;
+  EXPECT_TRUE(torch::equal(load_flat(dir / "local.rank0.pt"), load_flat(dir / "local.rank1.pt")));
+}
+
 TEST(Ddp, AccumulationWithNoSyncEqualsOneProcess) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

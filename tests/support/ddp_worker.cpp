@@ -322,6 +322,12 @@ int main(int argc, char** argv) {
     if (num("--ckpt-every-batch", 0) != 0) {
       callbacks.push_back(std::make_shared<EveryBatch>(a["--root"] + "/every_batch.ckpt"));
     }
+    if (num("--swa", 0) > 0) {  // StochasticWeightAveraging from this (1-based) epoch
+      callbacks.push_back(std::make_shared<volt::StochasticWeightAveraging>(
+          volt::StochasticWeightAveragingOptions({0.05})
+              .swa_epoch_start(static_cast<int64_t>(num("--swa", 0)))
+              .annealing_epochs(1)));
+    }
     auto val_print = std::make_shared<PrintVal>();
     callbacks.push_back(val_print);
     std::shared_ptr<ZeroMemoryProbe> probe;

@@ -91,6 +91,18 @@ class RunContext {
   /// MaxInUse, NumAllocs, ...; docs/OBSERVABILITY.md), from the accelerator. On the CPU the
   /// first call installs volt's counting allocator, so counts start there.
   virtual Metrics device_stats() = 0;
+  /// The strategy's name: "single_device", "ddp", "deepspeed" (callbacks that cannot work with
+  /// a strategy refuse it by name).
+  virtual std::string strategy_name() const = 0;
+  /// One pass of the module's training_step over the current epoch's training batches
+  /// (limit_train_batches applies), through the strategy and precision, in train mode without
+  /// gradients: no backward, optimizer step, logging (log() calls are dropped) or hooks. For
+  /// statistics kept in buffers, e.g. BatchNorm's after StochasticWeightAveraging changed the
+  /// weights (torch.optim.swa_utils.update_bn). With several processes each rank passes over its
+  /// own batches and then every rank takes rank 0's buffers. Call it from a hook of fit:
+  /// ValueError elsewhere (validate(), a step); ConfigError under manual optimization
+  /// (training_step would step).
+  virtual void forward_training_data() = 0;
   /// Manual optimization: backward through the strategy and precision.
   virtual void manual_backward(const at::Tensor& loss) = 0;
   /// Manual optimization: one optimizer step through the strategy (counts as a global step).

@@ -1,7 +1,7 @@
 #pragma once
 /// LR schedulers that reproduce torch.optim.lr_scheduler (PyTorch 1.13) on libtorch optimizers:
 /// StepLR, MultiStepLR, ExponentialLR, CosineAnnealingLR, CosineAnnealingWarmRestarts, LinearLR,
-/// LambdaLR, OneCycleLR, SequentialLR and ReduceLROnPlateau.
+/// LambdaLR, OneCycleLR, SWALR, SequentialLR and ReduceLROnPlateau.
 ///
 ///   std::vector<std::shared_ptr<volt::LRScheduler>> parts = {
 ///       std::make_shared<volt::LinearLR>(*opt, volt::LinearLROptions().start_factor(0.1)),
@@ -324,6 +324,36 @@ class OneCycleLR : public LRScheduler {
   OneCycleLROptions options_;
   std::vector<Phase> phases_;
   std::vector<double> max_lrs_, min_lrs_;
+};
+
+/// Anneals each group's lr to a fixed SWA lr over `anneal_epochs` steps and then holds it, as
+/// torch.optim.swa_utils.SWALR (PyTorch 1.13): step k writes swa_lr * a + lr0 * (1 - a) with
+/// a = anneal(min(k / anneal_epochs, 1)), cos(t) = (1 - cos(pi t)) / 2 or linear(t) = t, lr0 the
+/// lr the group had when the scheduler was built (anneal_epochs 0: swa_lr at once). Chainable as
+/// PyTorch's: it recovers lr0 from the current lr. StochasticWeightAveraging drives the same
+/// schedule through `lr_at`.
+class SWALR : public LRScheduler {
+ public:
+  /// One swa_lr per param group, or one value for all of them. ConfigError when a value is not
+  /// positive and finite, the count differs from the optimizer's groups, or anneal_epochs < 0.
+  SWALR(torch::optim::Optimizer& optimizer, std::vector<double> swa_lrs, int64_t anneal_epochs = 10,
+        AnnealStrategy anneal_strategy = AnnealStrategy::kCos);
+  SWALR(torch::optim::Optimizer& optimizer, double swa_lr, int64_t anneal_epochs = 10,
+        AnnealStrategy anneal_strategy = AnnealStrategy::kCos);
+  std::string name() const override { return "SWALR"; }
+  const std::vector<double>& swa_lrs() const { return swa_lrs_; }
+  /// The schedule in closed form: the lr `step` steps after a group at `lr0` started annealing
+  /// to `swa_lr`.
+  static double lr_at(double lr0, double swa_lr, int64_t step, int64_t anneal_epochs,
+                      AnnealStrategy anneal_strategy);
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+
+ private:
+  std::vector<double> swa_lrs_;
+  int64_t anneal_epochs_;
+  AnnealStrategy anneal_strategy_;
 };
 
 /// Chains schedulers: schedulers[i] drives the lr from milestones[i-1] on, as

@@ -34,7 +34,7 @@ class OptimizationStep;
 using Clock = std::chrono::steady_clock;
 
 /// Which part of the loop is running: decides Module::log's on_step/on_epoch defaults.
-enum class LogScope { kNone, kTrainStep, kTrainEpochEnd, kEval };
+enum class LogScope { kNone, kTrainStep, kTrainEpochEnd, kEval, kDiscard };
 
 class Run : public RunContext {
  public:
@@ -61,6 +61,9 @@ class Run : public RunContext {
     LogOptions options;
   };
   std::vector<CapturedLog>* capture_log = nullptr;
+
+  /// The (sharded) training loader while fit_loop runs; null elsewhere (forward_training_data).
+  DataLoader* fit_train = nullptr;
 
   // ---------------------------------------------------------------- failure context
   /// What the run is calling (a step, a module hook, a callback's hook, a batch fetch) and the
@@ -171,6 +174,8 @@ class Run : public RunContext {
   bool has_loggers() const override { return !loggers_.empty() || loggers_muted_; }
   Profiler& profiler() override { return prof != nullptr ? *prof : pass_through_; }
   Metrics device_stats() override { return strategy().accelerator().device_stats(); }
+  std::string strategy_name() const override { return plan.strategy->name(); }
+  void forward_training_data() override;
   void manual_backward(const at::Tensor& loss) override;
   void manual_step(size_t index) override;
   void manual_zero_grad(size_t index) override;

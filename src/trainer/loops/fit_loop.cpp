@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "trainer/detail/run.h"
@@ -160,6 +161,50 @@ void sanity_check(Run& r, DataLoader& val) {
 
 }  // namespace
 
+void Run::forward_training_data() {
+  // From a hook (the running Part is named on_*), never from inside a step or from itself.
+  VOLT_CHECK(
+      fit_train != nullptr && std::strncmp(where, "on_", 3) == 0 && scope != LogScope::kDiscard,
+      ValueError,
+      "[Trainer] forward_training_data() runs only inside fit, from a hook "
+      "(on_train_batch_end, on_train_epoch_start/end, on_train_end, ...), not from a step; "
+      "call it from one of those.");
+  Module& m = *module;
+  VOLT_CHECK(m.automatic_optimization(), ConfigError,
+             "[Trainer] forward_training_data() under manual optimization would run the "
+             "optimizer steps of training_step; use automatic optimization for this module.");
+  DataLoader& train = *fit_train;
+  const int64_t n = train_limit(train);
+  const bool was_training = m.is_training();
+  const LogScope saved_scope = scope;
+  struct Restore {
+    Run& r;
+    Module& m;
+    LogScope scope;
+    bool training;
+    ~Restore() {
+      r.scope = scope;
+      m.train(training);
+    }
+  } restore{*this, m, saved_scope, was_training};
+  m.train();
+  scope = LogScope::kDiscard;
+  {
+    torch::NoGradGuard no_grad;
+    BatchStream stream = train.stream(st.epoch, 0, n);
+    Batch raw;
+    for (int64_t idx = 0; next_batch(stream, raw, "get_train_batch"); ++idx) {
+      const Batch batch = strategy().batch_to_device(raw);
+      Part part(*this, "training_step");
+      strategy().training_step(m, batch, idx);
+    }
+    // Each rank saw its own batches: every rank takes rank 0's statistics, so the ranks agree.
+    if (world_size() > 1) {
+      for (auto& b : m.named_buffers(true)) b.value().copy_(strategy().broadcast(b.value(), 0));
+    }
+  }
+}
+
 std::string describe_global_batch(int64_t per_process, int64_t data_parallel, int64_t accumulate,
                                   int64_t last_batch) {
   // The reference's batch-size guidance: what converges is the global batch, which grows with
@@ -189,6 +234,11 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   c10::optional<DataLoader> val;
   if (val_loader) val = r.shard(*val_loader);
   check_loaders(r, train, val);
+  r.fit_train = &train;
+  struct ForgetLoader {
+    Run& r;
+    ~ForgetLoader() { r.fit_train = nullptr; }
+  } forget{r};
   r.setup_optimizers();
   if (r.opts.graph_training_step()) r.step = make_graphed_step(r);
   if (r.overfitting() && r.is_global_zero()) {
