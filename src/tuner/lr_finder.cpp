@@ -147,10 +147,20 @@ void LrFinderOptions::validate() const {
              " must be a positive factor (4 stops once the loss is 4x the best), or unset.");
 }
 
-c10::optional<int64_t> LrFinderResult::suggestion_index(int64_t skip_begin,
-                                                        int64_t skip_end) const {
+namespace {
+
+constexpr const char* kNoSuggestion =
+    "no suggestion: fewer than two loss points after the skipped ones; raise num_training or "
+    "give the loader more batches";
+
+// suggestion_index without its warning (lr_find's own summary line says it instead, so a
+// caller who asks again is warned once).
+c10::optional<int64_t> steepest_descent(const LrFinderResult& r, int64_t skip_begin,
+                                        int64_t skip_end) {
   VOLT_CHECK(skip_begin >= 0 && skip_end >= 0, ConfigError, kTag, " skip_begin=", skip_begin,
              " and skip_end=", skip_end, " must be >= 0.");
+  const auto& lrs = r.lrs;
+  const auto& losses = r.losses;
   // The points kept: inside the skips, with a finite loss.
   std::vector<int64_t> idx;
   const int64_t n = static_cast<int64_t>(std::min(lrs.size(), losses.size()));
@@ -158,13 +168,8 @@ c10::optional<int64_t> LrFinderResult::suggestion_index(int64_t skip_begin,
     if (std::isfinite(losses[i])) idx.push_back(i);
   }
   const size_t m = idx.size();
-  if (m < 2) {
-    log_warning("lr_find",
-                "no suggestion: fewer than two loss points after the skipped ones; raise "
-                "num_training or give the loader more batches.");
-    return c10::nullopt;
-  }
-  const bool log_axis = mode == LrFinderMode::kExponential;
+  if (m < 2) return c10::nullopt;
+  const bool log_axis = r.mode == LrFinderMode::kExponential;
   const auto x = [&](size_t j) { return log_axis ? std::log10(lrs[idx[j]]) : lrs[idx[j]]; };
   const auto f = [&](size_t j) { return losses[idx[j]]; };
   // torch.gradient(f, spacing=[x]): one-sided first differences at the ends, the second-order
@@ -188,6 +193,15 @@ c10::optional<int64_t> LrFinderResult::suggestion_index(int64_t skip_begin,
     }
   }
   return idx[arg];
+}
+
+}  // namespace
+
+c10::optional<int64_t> LrFinderResult::suggestion_index(int64_t skip_begin,
+                                                        int64_t skip_end) const {
+  const auto i = steepest_descent(*this, skip_begin, skip_end);
+  if (!i) log_warning("lr_find", std::string(kNoSuggestion) + ".");
+  return i;
 }
 
 c10::optional<double> LrFinderResult::suggestion(int64_t skip_begin, int64_t skip_end) const {
@@ -236,7 +250,11 @@ LrFinderResult run_range_test(Module& module, TrainerOptions options, LrFinderOp
                      format_lr(finder.min_lr()) + " to " +
                      format_lr(result.lrs.empty() ? finder.min_lr() : result.lrs.back());
   if (callback->stopped_early) line += " (stopped early: the loss diverged)";
-  if (const auto lr = result.suggestion()) line += "; suggested learning rate " + format_lr(*lr);
+  if (const auto i = steepest_descent(result, 10, 1)) {
+    line += "; suggested learning rate " + format_lr(result.lrs[*i]);
+  } else {
+    line += std::string("; ") + kNoSuggestion;
+  }
   log_info("lr_find", line + ".");
   return result;
 }

@@ -100,9 +100,22 @@ TEST(LrFinder, StopsWhenTheLossDivergesAndSchedulesLinearly) {
   }));
 
   Scripted linear;
-  r = volt::lr_find(linear, four_batches(), quiet(dir.path),
-                    LrFinderOptions().min_lr(0.01).max_lr(0.5).num_training(10).mode(
-                        volt::LrFinderMode::kLinear));
+  lines = volt_test::capture_logs([&] {
+    r = volt::lr_find(linear, four_batches(), quiet(dir.path),
+                      LrFinderOptions().min_lr(0.01).max_lr(0.5).num_training(10).mode(
+                          volt::LrFinderMode::kLinear));
+  });
+  // 10 points leave none after skip_begin=10: said once, in the summary line, not warned; the
+  // caller who asks is warned.
+  EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
+                          [](const std::string& l) {
+                            return l.find("fewer than two loss points") != std::string::npos;
+                          }),
+            1);
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.find("10 steps from 0.01 to 0.5; no suggestion: fewer than two") != std::string::npos;
+  }));
+  EXPECT_EQ(volt_test::capture_logs([&] { EXPECT_FALSE(r.suggestion().has_value()); }).size(), 1u);
   const std::vector<double> expect = {0.01,  0.108, 0.157, 0.206, 0.255,
                                       0.304, 0.353, 0.402, 0.451, 0.5};
   ASSERT_EQ(r.lrs.size(), expect.size());
