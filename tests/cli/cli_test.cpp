@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "build_paths.h"
@@ -122,6 +123,23 @@ void expect_usage_error(const std::vector<std::string>& args, const std::string&
 std::vector<std::string> base(const volt_test::TempDir& dir) {
   return {"--model=Tiny", "--data=Blobs", "--trainer.default_root_dir=" + dir.path,
           "--trainer.enable_progress_bar=false", "--seed_everything=3"};
+}
+
+/// `volt fit` on the base arguments and `extra` (expected to exit 0); returns whether a line it
+/// logged contains a phrase.
+std::function<bool(const std::string&)> fit_logged(const volt_test::TempDir& dir,
+                                                   const std::vector<std::string>& extra) {
+  auto args = base(dir);
+  args.insert(args.begin(), "fit");
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto lines = std::make_shared<std::vector<std::string>>(volt_test::capture_logs([&] {
+    auto r = run(args);
+    EXPECT_EQ(r.code, 0) << r.err;
+  }));
+  return [lines](const std::string& phrase) {
+    return std::any_of(lines->begin(), lines->end(),
+                       [&](const std::string& l) { return l.find(phrase) != std::string::npos; });
+  };
 }
 
 /// Fits again from a run's saved config.yaml and checkpoints/last.ckpt, to epoch 3.
@@ -383,24 +401,11 @@ TEST(Cli, AModelSummaryIsLoggedByDefaultAndConfigurable) {
 
 TEST(Cli, DebugFlagsAndTheAccumulationScheduleFromTheCommandLine) {
   volt_test::TempDir dir;
-  auto args = base(dir);
-  args.insert(args.begin(), "fit");
   // Blobs: 128 rows in batches of 16 = 8 batches; overfit on 2, accumulate 2 from epoch 1.
-  for (const char* a :
-       {"--trainer.max_epochs=3", "--trainer.overfit_batches=2", "--trainer.min_steps=2",
-        "--trainer.detect_anomaly=true", "--trainer.callbacks+=GradientAccumulationScheduler",
-        "--trainer.callbacks.0.scheduling=0:1, 1:2"}) {
-    args.push_back(a);
-  }
-  std::vector<std::string> lines;
-  lines = volt_test::capture_logs([&] {
-    auto r = run(args);
-    EXPECT_EQ(r.code, 0) << r.err;
-  });
-  const auto has = [&](const std::string& phrase) {
-    return std::any_of(lines.begin(), lines.end(),
-                       [&](const std::string& l) { return l.find(phrase) != std::string::npos; });
-  };
+  const auto has = fit_logged(
+      dir, {"--trainer.max_epochs=3", "--trainer.overfit_batches=2", "--trainer.min_steps=2",
+            "--trainer.detect_anomaly=true", "--trainer.callbacks+=GradientAccumulationScheduler",
+            "--trainer.callbacks.0.scheduling=0:1, 1:2"});
   EXPECT_TRUE(has("overfit_batches=2: every epoch trains on the same 2 batch(es)"));
   EXPECT_TRUE(has("epoch 1: 2 batches per optimizer step."));
   // 2 steps, then 1 and 1: global step 4 in the saved config's run.
@@ -418,23 +423,10 @@ TEST(Cli, DebugFlagsAndTheAccumulationScheduleFromTheCommandLine) {
 
 TEST(Cli, StochasticWeightAveragingFromTheCommandLine) {
   volt_test::TempDir dir;
-  auto args = base(dir);
-  args.insert(args.begin(), "fit");
-  for (const char* a :
-       {"--trainer.max_epochs=3", "--trainer.callbacks+=StochasticWeightAveraging",
-        "--trainer.callbacks.0.swa_lrs=[0.05]", "--trainer.callbacks.0.swa_epoch_start=2",
-        "--trainer.callbacks.0.annealing_strategy=linear"}) {
-    args.push_back(a);
-  }
-  std::vector<std::string> lines;
-  lines = volt_test::capture_logs([&] {
-    auto r = run(args);
-    EXPECT_EQ(r.code, 0) << r.err;
-  });
-  const auto has = [&](const std::string& phrase) {
-    return std::any_of(lines.begin(), lines.end(),
-                       [&](const std::string& l) { return l.find(phrase) != std::string::npos; });
-  };
+  const auto has = fit_logged(
+      dir, {"--trainer.max_epochs=3", "--trainer.callbacks+=StochasticWeightAveraging",
+            "--trainer.callbacks.0.swa_lrs=[0.05]", "--trainer.callbacks.0.swa_epoch_start=2",
+            "--trainer.callbacks.0.annealing_strategy=linear"});
   EXPECT_TRUE(has("averaging the weights at the end of epochs 1..2 (0-based)"));
   EXPECT_TRUE(has("the module now holds the average of the weights at the end of 2 epoch(s)"));
   expect_usage_error(
