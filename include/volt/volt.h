@@ -20,6 +20,7 @@
 #include "volt/callbacks/stochastic_weight_averaging.h"
 #include "volt/callbacks/throughput_monitor.h"
 #include "volt/callbacks/timer.h"
+#include "volt/callbacks/weight_averaging.h"
 #include "volt/cli/cli.h"
 #include "volt/core/batch.h"
 #include "volt/core/check.h"

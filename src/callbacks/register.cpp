@@ -11,6 +11,7 @@
 #include "volt/callbacks/stochastic_weight_averaging.h"
 #include "volt/callbacks/throughput_monitor.h"
 #include "volt/callbacks/timer.h"
+#include "volt/callbacks/weight_averaging.h"
 #include "volt/core/registry.h"
 
 namespace volt::detail {
@@ -158,6 +159,36 @@ void register_callbacks(Registry& r) {
                                     : AnnealStrategy::kCos);
         if (a.get<std::string>("device") == "module") o.device(c10::nullopt);
         return std::make_shared<StochasticWeightAveraging>(o);
+      });
+
+  const EMAWeightAveragingOptions ema;
+  r.callbacks.add(
+      "EMAWeightAveraging",
+      "keeps an exponential moving average of the weights; validation, checkpoints and the "
+      "module after fit use it",
+      Params()
+          .add("decay", ema.decay(), "average <- decay * average + (1 - decay) * weights")
+          .add("update_every_n_steps", ema.update_every_n_steps(),
+               "update after every n-th optimizer step; 0 = never by step")
+          .optional<int64_t>("update_starting_at_step", "first 0-based step to update after")
+          .optional<int64_t>("update_starting_at_epoch",
+                             "also update after every epoch from this 0-based one")
+          .choice("device", "module", {"module", "cpu"},
+                  "where the average is kept: with the module's tensors, or cpu")
+          .add("use_buffers", ema.use_buffers(), "average the buffers (BatchNorm) too"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        EMAWeightAveragingOptions o;
+        o.decay(a.get<double>("decay"))
+            .update_every_n_steps(a.get<int64_t>("update_every_n_steps"))
+            .use_buffers(a.get<bool>("use_buffers"));
+        if (auto v = a.get_optional<int64_t>("update_starting_at_step")) {
+          o.update_starting_at_step(*v);
+        }
+        if (auto v = a.get_optional<int64_t>("update_starting_at_epoch")) {
+          o.update_starting_at_epoch(*v);
+        }
+        if (a.get<std::string>("device") == "cpu") o.device(c10::Device(c10::kCPU));
+        return std::make_shared<EMAWeightAveraging>(o);
       });
 
   const OnExceptionCheckpointOptions oe;

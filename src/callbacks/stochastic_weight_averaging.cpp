@@ -10,6 +10,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "callbacks/detail/averaged_tensors.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -90,8 +91,7 @@ std::vector<double> group_lrs(const torch::optim::Optimizer& optimizer) {
 }  // namespace
 
 struct StochasticWeightAveraging::State {
-  std::vector<std::string> names;  // averaged parameters, in the module's order
-  std::vector<at::Tensor> averaged;
+  detail::AveragedTensors average;  // of the module's parameters
   /// Each group's lr when the first SWA epoch began (empty before).
   std::vector<double> lr0;
   /// swa_lrs, one per param group (at fit start).
@@ -103,7 +103,8 @@ struct StochasticWeightAveraging::State {
   bool batch_norm = false;
   /// load_state ran since the last fit started: on_fit_start adopts what it read.
   bool loaded = false;
-  std::map<std::string, at::Tensor> loaded_averaged;
+  int64_t loaded_count = 0;
+  std::map<std::string, at::Tensor> loaded_average;
 };
 
 std::ostream& operator<<(std::ostream& os, const StochasticWeightAveragingOptions& o) {
@@ -184,36 +185,15 @@ void StochasticWeightAveraging::on_fit_start(RunContext& run, Module& module) {
              " recomputes BatchNorm statistics with a pass of training_step, which under manual "
              "optimization would step the optimizers; use automatic optimization.");
 
-  if (!loaded) {
-    n_averaged_ = 0;
+  s.average.bind(module, /*buffers=*/false, options_.device());
+  if (loaded) {
+    s.average.adopt(s.loaded_average, s.loaded_count, kTag);
+  } else {
     latest_update_epoch_ = -1;
     finished_epoch_ = -1;
-    s.names.clear();
-    s.averaged.clear();
     s.lr0.clear();
-  } else if (n_averaged_ > 0) {
-    // The checkpoint's average, matched to this module's parameters by name.
-    s.names.clear();
-    s.averaged.clear();
-    for (const auto& p : module.named_parameters(true)) {
-      auto it = s.loaded_averaged.find(p.key());
-      VOLT_CHECK(it != s.loaded_averaged.end(), CheckpointError, kTag,
-                 " the checkpoint's average has no parameter '", p.key(),
-                 "'; resume with the module it was saved from.");
-      VOLT_CHECK(it->second.sizes() == p.value().sizes(), CheckpointError, kTag,
-                 " the checkpoint's average of '", p.key(), "' has shape ", it->second.sizes(),
-                 " but the parameter has ", p.value().sizes(),
-                 "; resume with the module it was saved from.");
-      const c10::Device device = options_.device().value_or(p.value().device());
-      s.names.push_back(p.key());
-      s.averaged.push_back(it->second.to(device, p.value().scalar_type()));
-    }
-    VOLT_CHECK(s.names.size() == s.loaded_averaged.size(), CheckpointError, kTag,
-               " the checkpoint's average holds ", s.loaded_averaged.size(),
-               " parameters but the module has ", s.names.size(),
-               "; resume with the module it was saved from.");
   }
-  s.loaded_averaged.clear();
+  s.loaded_average.clear();
   if (run.is_global_zero()) {
     std::ostringstream msg;
     msg << "averaging the weights at the end of epochs " << swa_start_ << ".." << max_epochs - 1
@@ -260,7 +240,7 @@ void StochasticWeightAveraging::finish(RunContext& run, Module& module) {
   const int64_t epoch = run.state().epoch;
   finished_epoch_ = epoch;
   if (epoch >= swa_start_ && latest_update_epoch_ < epoch) update_average(module, epoch);
-  if (n_averaged_ == 0) {
+  if (s.average.count() == 0) {
     if (run.is_global_zero()) {
       log_info("StochasticWeightAveraging", "fit ended before the first SWA epoch (" +
                                                 std::to_string(swa_start_) +
@@ -268,13 +248,7 @@ void StochasticWeightAveraging::finish(RunContext& run, Module& module) {
     }
     return;
   }
-  {
-    torch::NoGradGuard no_grad;
-    size_t i = 0;
-    for (auto& p : module.named_parameters(true)) {
-      p.value().copy_(s.averaged.at(i++).to(p.value().device()));
-    }
-  }
+  s.average.copy_to_module();
   std::string bn_note;
   if (s.batch_norm) {
     std::vector<BatchNormLayer> layers = batch_norm_layers(module);
@@ -302,8 +276,8 @@ void StochasticWeightAveraging::finish(RunContext& run, Module& module) {
   if (run.is_global_zero()) {
     log_info("StochasticWeightAveraging",
              "the module now holds the average of the weights at the end of " +
-                 std::to_string(n_averaged_) + " epoch(s) (" + std::to_string(swa_start_) + ".." +
-                 std::to_string(latest_update_epoch_) + ")" + bn_note + ".");
+                 std::to_string(s.average.count()) + " epoch(s) (" + std::to_string(swa_start_) +
+                 ".." + std::to_string(latest_update_epoch_) + ")" + bn_note + ".");
   }
 }
 
@@ -315,33 +289,8 @@ void StochasticWeightAveraging::on_exception(RunContext& run, Module&, const std
   release_scheduler(run);
 }
 
-void StochasticWeightAveraging::update_average(Module& module, int64_t epoch) {
-  State& s = *state_;
-  torch::NoGradGuard no_grad;
-  if (n_averaged_ == 0) {
-    s.names.clear();
-    s.averaged.clear();
-    for (const auto& p : module.named_parameters(true)) {
-      const c10::Device device = options_.device().value_or(p.value().device());
-      s.names.push_back(p.key());
-      s.averaged.push_back(p.value().detach().to(device, /*non_blocking=*/false, /*copy=*/true));
-    }
-  } else {
-    size_t i = 0;
-    for (const auto& p : module.named_parameters(true)) {
-      VOLT_CHECK(i < s.averaged.size() && s.names[i] == p.key(), ValueError, kTag,
-                 " the module's parameters changed during fit ('", p.key(),
-                 "' was not averaged before); SWA averages a fixed set of parameters.");
-      at::Tensor& avg = s.averaged[i++];
-      const at::Tensor current = p.value().detach().to(avg.device());
-      // torch.optim.swa_utils' default: averaged + (current - averaged) / (n + 1).
-      at::Tensor next = options_.avg_fn()
-                            ? options_.avg_fn()(avg, current, n_averaged_)
-                            : avg + (current - avg) / static_cast<double>(n_averaged_ + 1);
-      avg.copy_(next);
-    }
-  }
-  ++n_averaged_;
+void StochasticWeightAveraging::update_average(Module&, int64_t epoch) {
+  state_->average.update(options_.avg_fn());
   latest_update_epoch_ = epoch;
 }
 
@@ -381,20 +330,23 @@ void StochasticWeightAveraging::release_scheduler(RunContext& run) {
 std::vector<std::pair<std::string, at::Tensor>> StochasticWeightAveraging::averaged_parameters()
     const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (size_t i = 0; i < state_->averaged.size(); ++i) {
-    out.emplace_back(state_->names[i], state_->averaged[i]);
-  }
+  const auto& a = state_->average;
+  for (size_t i = 0; i < a.average().size(); ++i) out.emplace_back(a.names()[i], a.average()[i]);
   return out;
+}
+
+int64_t StochasticWeightAveraging::n_averaged() const {
+  return state_->average.count();
 }
 
 void StochasticWeightAveraging::save_state(torch::serialize::OutputArchive& archive) const {
   const State& s = *state_;
-  archive.write("n_averaged", c10::IValue(n_averaged_));
+  archive.write("n_averaged", c10::IValue(s.average.count()));
   archive.write("latest_update_epoch", c10::IValue(latest_update_epoch_));
   archive.write("finished_epoch", c10::IValue(finished_epoch_));
   archive.write("lr0", c10::IValue(c10::List<double>(s.lr0)));
   torch::serialize::OutputArchive avg;
-  for (size_t i = 0; i < s.averaged.size(); ++i) avg.write(s.names[i], s.averaged[i]);
+  s.average.save(avg);
   archive.write("averaged", avg);
 }
 
@@ -405,21 +357,16 @@ void StochasticWeightAveraging::load_state(torch::serialize::InputArchive& archi
   archive.read("latest_update_epoch", latest);
   archive.read("finished_epoch", finished);
   archive.read("lr0", lr0);
-  n_averaged_ = n.toInt();
+  s.loaded_count = n.toInt();
   latest_update_epoch_ = latest.toInt();
   finished_epoch_ = finished.toInt();
   const auto lrs = lr0.toDoubleList();
   s.lr0.assign(lrs.begin(), lrs.end());
   torch::serialize::InputArchive avg;
   archive.read("averaged", avg);
-  s.loaded_averaged.clear();
-  for (const auto& key : avg.keys()) {
-    at::Tensor t;
-    avg.read(key, t);
-    s.loaded_averaged[key] = t;
-  }
-  VOLT_CHECK(n_averaged_ == 0 || !s.loaded_averaged.empty(), CheckpointError, kTag,
-             " the checkpoint counts ", n_averaged_,
+  s.loaded_average = detail::AveragedTensors::read(avg);
+  VOLT_CHECK(s.loaded_count == 0 || !s.loaded_average.empty(), CheckpointError, kTag,
+             " the checkpoint counts ", s.loaded_count,
              " averaged epochs but holds no average; it is damaged.");
   s.loaded = true;
 }

@@ -94,9 +94,21 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
 
 void Run::save_checkpoint(const std::string& path) {
   step->before_checkpoint();  // never weights a non-finite loss stepped; current optimizer state
-  torch::serialize::OutputArchive root;
-  write_checkpoint(*this, root);
-  strategy().save_checkpoint(root, path);
+  // Callbacks may change what the module holds while its state is taken (write_checkpoint
+  // refuses a run without a module).
+  const auto each = [&](const char* hook, void (Callback::*fn)(RunContext&, Module&)) {
+    if (module != nullptr) callback_hook(hook, [&](Callback& c) { (c.*fn)(*this, *module); });
+  };
+  each("on_save_checkpoint", &Callback::on_save_checkpoint);
+  try {
+    torch::serialize::OutputArchive root;
+    write_checkpoint(*this, root);
+    strategy().save_checkpoint(root, path);
+  } catch (...) {
+    each("on_save_checkpoint_end", &Callback::on_save_checkpoint_end);
+    throw;
+  }
+  each("on_save_checkpoint_end", &Callback::on_save_checkpoint_end);
 }
 
 void Run::remove_checkpoint(const std::string& path) {

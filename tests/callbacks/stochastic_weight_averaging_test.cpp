@@ -335,14 +335,14 @@ TEST(StochasticWeightAveraging, RefusesAStateThatDoesNotFitTheModule) {
   auto wrong_shape = whole;
   wrong_shape["fc1.weight"] = torch::zeros({3, 3});
   EXPECT_TRUE(has(fit_error(swa_state(1, wrong_shape)),
-                  "the checkpoint's average of 'fc1.weight' has shape [3, 3] but the parameter "
+                  "the checkpoint's average of 'fc1.weight' has shape [3, 3] but the module's "
                   "has [16, 8]"));
   auto missing = whole;
   missing.erase("fc2.bias");
-  EXPECT_TRUE(has(fit_error(swa_state(1, missing)), "has no parameter 'fc2.bias'"));
+  EXPECT_TRUE(has(fit_error(swa_state(1, missing)), "the checkpoint's average has no 'fc2.bias'"));
   auto extra = whole;
   extra["fc3.weight"] = torch::zeros({2});
-  EXPECT_TRUE(has(fit_error(swa_state(1, extra)), "holds 5 parameters but the module has 4"));
+  EXPECT_TRUE(has(fit_error(swa_state(1, extra)), "holds 5 tensors but the module has 4"));
   EXPECT_TRUE(has(fit_error(swa_state(0, {}, {0.1, 0.2})),
                   "holds learning rates for 2 param groups but the optimizer has 1"));
 }

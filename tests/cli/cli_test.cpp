@@ -421,7 +421,7 @@ TEST(Cli, DebugFlagsAndTheAccumulationScheduleFromTheCommandLine) {
       "[Trainer] min_steps=9 exceeds max_steps=3");
 }
 
-TEST(Cli, StochasticWeightAveragingFromTheCommandLine) {
+TEST(Cli, WeightAveragingCallbacksFromTheCommandLine) {
   volt_test::TempDir dir;
   const auto has = fit_logged(
       dir, {"--trainer.max_epochs=3", "--trainer.callbacks+=StochasticWeightAveraging",
@@ -438,6 +438,14 @@ TEST(Cli, StochasticWeightAveragingFromTheCommandLine) {
        "--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.0.swa_lrs=[0.05]",
        "--trainer.callbacks.0.swa_epoch_start=7"},
       "[StochasticWeightAveraging] swa_epoch_start=7 is past the last");
+  // Blobs: 8 batches per epoch, 2 epochs; EMA from step 4 on.
+  const auto ema = fit_logged(
+      dir, {"--trainer.max_epochs=2", "--trainer.callbacks+=EMAWeightAveraging",
+            "--trainer.callbacks.0.decay=0.99", "--trainer.callbacks.0.update_starting_at_step=4"});
+  EXPECT_TRUE(ema("[EMAWeightAveraging] the module now holds the average of 12 updates."));
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs",
+                      "--trainer.callbacks+=EMAWeightAveraging", "--trainer.callbacks.0.decay=2"},
+                     "[EMAWeightAveraging] decay=2 must be in [0, 1]");
 }
 
 TEST(Cli, AnAliasBombIsRefusedWithOneLine) {

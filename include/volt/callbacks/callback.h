@@ -49,6 +49,12 @@ class Callback {
                                  int64_t batch_idx) {}
   virtual void on_predict_start(RunContext& run, Module& module) {}
   virtual void on_predict_end(RunContext& run, Module& module) {}
+  /// Before a checkpoint takes the module's state (RunContext::save_checkpoint, so also
+  /// ModelCheckpoint's saves and Trainer::save_checkpoint): a callback may put other values into
+  /// the module's tensors here (WeightAveraging puts its average) and must put them back in
+  /// on_save_checkpoint_end, which runs after the state is written, also when writing failed.
+  virtual void on_save_checkpoint(RunContext& run, Module& module) {}
+  virtual void on_save_checkpoint_end(RunContext& run, Module& module) {}
   /// Called when fit/validate/test/predict ends with an exception, before it propagates.
   virtual void on_exception(RunContext& run, Module& module, const std::exception& error) {}
 

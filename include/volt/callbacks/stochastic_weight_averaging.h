@@ -89,7 +89,7 @@ class StochasticWeightAveraging : public Callback {
   /// 0-based index of the first SWA epoch (resolved at fit start; -1 before).
   int64_t swa_start() const { return swa_start_; }
   /// Epoch weights averaged so far.
-  int64_t n_averaged() const { return n_averaged_; }
+  int64_t n_averaged() const;
   /// The averaged parameters by name (empty before the first average).
   std::vector<std::pair<std::string, at::Tensor>> averaged_parameters() const;
 
@@ -107,7 +107,6 @@ class StochasticWeightAveraging : public Callback {
 
   StochasticWeightAveragingOptions options_;
   int64_t swa_start_ = -1;
-  int64_t n_averaged_ = 0;
   int64_t latest_update_epoch_ = -1;
   /// The epoch after whose training the average went into the module (-1: not yet).
   int64_t finished_epoch_ = -1;

@@ -1,0 +1,106 @@
+#include "callbacks/detail/averaged_tensors.h"
+
+#include <torch/utils.h>
+
+#include "volt/core/check.h"
+#include "volt/core/module.h"
+
+namespace volt {
+namespace detail {
+
+void AveragedTensors::bind(Module& module, bool buffers, c10::optional<c10::Device> device) {
+  names_.clear();
+  module_.clear();
+  average_.clear();
+  count_ = 0;
+  device_ = device;
+  for (const auto& p : module.named_parameters(true)) {
+    names_.push_back(p.key());
+    module_.push_back(p.value());
+  }
+  if (buffers) {
+    for (const auto& b : module.named_buffers(true)) {
+      names_.push_back(b.key());
+      module_.push_back(b.value());
+    }
+  }
+}
+
+void AveragedTensors::update(const Fn& fn) {
+  torch::NoGradGuard no_grad;
+  if (count_ == 0) {
+    average_.clear();
+    for (const auto& t : module_) {
+      average_.push_back(
+          t.detach().to(device_.value_or(t.device()), /*non_blocking=*/false, /*copy=*/true));
+    }
+  } else {
+    for (size_t i = 0; i < module_.size(); ++i) {
+      at::Tensor& avg = average_[i];
+      const at::Tensor current = module_[i].detach().to(avg.device());
+      if (!at::isFloatingType(avg.scalar_type())) {
+        avg.copy_(current);  // counts (BatchNorm's num_batches_tracked) follow the module
+      } else if (fn) {
+        avg.copy_(fn(avg, current, count_));
+      } else {
+        // torch.optim.swa_utils' default: averaged + (current - averaged) / (n + 1).
+        avg.copy_(avg + (current - avg) / static_cast<double>(count_ + 1));
+      }
+    }
+  }
+  ++count_;
+}
+
+void AveragedTensors::copy_to_module() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < average_.size(); ++i) {
+    module_[i].copy_(average_[i].to(module_[i].device()));
+  }
+}
+
+void AveragedTensors::swap() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < average_.size(); ++i) {
+    const at::Tensor held = module_[i].detach().clone();
+    module_[i].copy_(average_[i].to(module_[i].device()));
+    average_[i].copy_(held.to(average_[i].device()));
+  }
+}
+
+void AveragedTensors::save(torch::serialize::OutputArchive& archive) const {
+  for (size_t i = 0; i < average_.size(); ++i) archive.write(names_[i], average_[i]);
+}
+
+std::map<std::string, at::Tensor> AveragedTensors::read(torch::serialize::InputArchive& archive) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& key : archive.keys()) {
+    at::Tensor t;
+    archive.read(key, t);
+    out[key] = t;
+  }
+  return out;
+}
+
+void AveragedTensors::adopt(const std::map<std::string, at::Tensor>& saved, int64_t count,
+                            const char* tag) {
+  count_ = count;
+  average_.clear();
+  if (count == 0) return;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    auto it = saved.find(names_[i]);
+    VOLT_CHECK(it != saved.end(), CheckpointError, tag, " the checkpoint's average has no '",
+               names_[i], "'; resume with the module it was saved from.");
+    VOLT_CHECK(it->second.sizes() == module_[i].sizes(), CheckpointError, tag,
+               " the checkpoint's average of '", names_[i], "' has shape ", it->second.sizes(),
+               " but the module's has ", module_[i].sizes(),
+               "; resume with the module it was saved from.");
+    average_.push_back(
+        it->second.to(device_.value_or(module_[i].device()), module_[i].scalar_type()));
+  }
+  VOLT_CHECK(saved.size() == names_.size(), CheckpointError, tag,
+             " the checkpoint's average holds ", saved.size(), " tensors but the module has ",
+             names_.size(), "; resume with the module it was saved from.");
+}
+
+}  // namespace detail
+}  // namespace volt

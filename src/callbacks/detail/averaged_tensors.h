@@ -1,0 +1,58 @@
+#pragma once
+// The running average of a module's tensors that StochasticWeightAveraging and WeightAveraging
+// keep: which tensors, the average beside them, and the moves between the two.
+
+#include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/util/Optional.h>
+#include <torch/serialize/archive.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace volt {
+
+class Module;
+
+namespace detail {
+
+class AveragedTensors {
+ public:
+  using Fn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>;
+
+  /// Follows `module`'s parameters, and with `buffers` its buffers too (those that are not
+  /// floating point, e.g. BatchNorm's step count, are copied rather than averaged). The average
+  /// is kept on `device` (nullopt: beside each tensor). Forgets any previous average.
+  void bind(Module& module, bool buffers, c10::optional<c10::Device> device);
+  /// Adds the module's values: a copy the first time, then `fn(average, current, n)` or the
+  /// equal-weight mean average + (current - average) / (n + 1).
+  void update(const Fn& fn);
+  /// Weights averaged so far.
+  int64_t count() const { return count_; }
+  /// The module's tensors take the average's values.
+  void copy_to_module();
+  /// The module's tensors and the average trade values (twice restores both).
+  void swap();
+  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<at::Tensor>& average() const { return average_; }
+  /// Writes the average by name under `archive` (nothing before the first update).
+  void save(torch::serialize::OutputArchive& archive) const;
+  /// Reads what save() wrote, for adopt() once the module is bound.
+  static std::map<std::string, at::Tensor> read(torch::serialize::InputArchive& archive);
+  /// Takes `saved` (by name) as the average of `count` values; CheckpointError (tagged `tag`)
+  /// unless it holds exactly the bound tensors with their shapes.
+  void adopt(const std::map<std::string, at::Tensor>& saved, int64_t count, const char* tag);
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> module_;   // the module's own tensors (handles)
+  std::vector<at::Tensor> average_;  // empty until the first update
+  c10::optional<c10::Device> device_;
+  int64_t count_ = 0;
+};
+
+}  // namespace detail
+}  // namespace volt
