@@ -33,11 +33,13 @@ VALUES = {
     "str|null": ["''", "zz"],
     "list[str]": ["[]", "['']"],
     "list[int]": ["[]", "[0]", "[-5]"],
+    "list[float]": ["[]", "[-1]", "[nan]"],
 }
 # Parameters whose runs need a fixed companion value.
 COMPANIONS = {
     ("cb", "EarlyStopping"): ["--trainer.callbacks.0.monitor=val_loss"],
     ("cb", "ActivationCheckpointing"): ["--trainer.callbacks.0.modules=['net.*']"],
+    ("cb", "StochasticWeightAveraging"): ["--trainer.callbacks.0.swa_lrs=[0.05]"],
 }
 # Exit 1 by design: a data folder without the data is a failed run (DataError; cli.h), as a
 # corrupt file found mid-run is.

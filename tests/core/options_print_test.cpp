@@ -102,6 +102,15 @@ TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {
   expect_has_all(text(volt::WarmupLROptions().warmup_type(volt::WarmupType::kLinear)),
                  {"WarmupLROptions(warmup_min_lr=0", "warmup_max_lr=0.001", "warmup_num_steps=1000",
                   "warmup_type=linear", "total_num_steps=0)"});
+  expect_has_all(text(volt::StochasticWeightAveragingOptions({0.05, 0.1}).swa_epoch_start(3)),
+                 {"StochasticWeightAveragingOptions(swa_lrs={0.05, 0.1}", "swa_epoch_start=3",
+                  "annealing_epochs=10", "annealing_strategy=cos", "avg_fn=mean", "device=cpu)"});
+  expect_has_all(text(volt::WeightAveragingOptions().use_buffers(false)),
+                 {"WeightAveragingOptions(device=module's", "use_buffers=0", "avg_fn=mean)"});
+  expect_has_all(text(volt::EMAWeightAveragingOptions().update_starting_at_step(100)),
+                 {"EMAWeightAveragingOptions(decay=0.999", "update_every_n_steps=1",
+                  "update_starting_at_step=100", "update_starting_at_epoch=none",
+                  "device=module's", "use_buffers=1)"});
   expect_has_all(text(volt::ActivationCheckpointingOptions({"blocks.*"}).cpu_checkpointing(true)),
                  {"ActivationCheckpointingOptions(modules=[\"blocks.*\"]", "cpu_checkpointing=1",
                   "preserve_rng_state=1)"});
