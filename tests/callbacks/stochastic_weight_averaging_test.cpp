@@ -13,19 +13,9 @@ namespace {
 
 using volt::StochasticWeightAveraging;
 using volt::StochasticWeightAveragingOptions;
+using volt_test::has;
 using volt_test::quiet;
 using volt_test::TinyClassifier;
-
-bool has(const std::string& text, const std::string& phrase) {
-  return text.find(phrase) != std::string::npos;
-}
-
-bool has(const std::vector<std::string>& lines, const std::string& phrase) {
-  for (const auto& l : lines) {
-    if (has(l, phrase)) return true;
-  }
-  return false;
-}
 
 std::shared_ptr<StochasticWeightAveraging> swa(StochasticWeightAveragingOptions o) {
   return std::make_shared<StochasticWeightAveraging>(std::move(o));

@@ -8,12 +8,9 @@ namespace {
 
 using volt::EMAWeightAveraging;
 using volt::EMAWeightAveragingOptions;
+using volt_test::has;
 using volt_test::quiet;
 using volt_test::TinyClassifier;
-
-bool has(const std::string& text, const std::string& phrase) {
-  return text.find(phrase) != std::string::npos;
-}
 
 /// The trained weights after every optimizer step, and what the module holds during each
 /// validation epoch (listed after the averaging callback, so it sees what validation runs on).
@@ -63,9 +60,7 @@ TEST(WeightAveraging, EmaAfterEveryStepValidatesAndEndsOnTheAverage) {
   EXPECT_TRUE(
       torch::allclose(watch->in_validation[0], ema_of(watch->steps, 0.9, 0, 1, 6), 1e-6, 1e-7));
   EXPECT_TRUE(torch::equal(watch->after_validation[0], watch->steps[5]));
-  bool said = false;
-  for (const auto& l : lines) said = said || has(l, "the module now holds the average of 12");
-  EXPECT_TRUE(said);
+  EXPECT_TRUE(has(lines, "the module now holds the average of 12"));
 }
 
 TEST(WeightAveraging, StepStartEveryNAndEpochUpdates) {

@@ -109,8 +109,8 @@ TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {
                  {"WeightAveragingOptions(device=module's", "use_buffers=0", "avg_fn=mean)"});
   expect_has_all(text(volt::EMAWeightAveragingOptions().update_starting_at_step(100)),
                  {"EMAWeightAveragingOptions(decay=0.999", "update_every_n_steps=1",
-                  "update_starting_at_step=100", "update_starting_at_epoch=none",
-                  "device=module's", "use_buffers=1)"});
+                  "update_starting_at_step=100", "update_starting_at_epoch=none", "device=module's",
+                  "use_buffers=1)"});
   expect_has_all(text(volt::ActivationCheckpointingOptions({"blocks.*"}).cpu_checkpointing(true)),
                  {"ActivationCheckpointingOptions(modules=[\"blocks.*\"]", "cpu_checkpointing=1",
                   "preserve_rng_state=1)"});

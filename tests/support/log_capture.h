@@ -22,4 +22,17 @@ inline std::vector<std::string> capture_logs(const std::function<void()>& body) 
   return lines;
 }
 
+/// Whether `text` contains `phrase`.
+inline bool has(const std::string& text, const std::string& phrase) {
+  return text.find(phrase) != std::string::npos;
+}
+
+/// Whether any of the logged `lines` contains `phrase`.
+inline bool has(const std::vector<std::string>& lines, const std::string& phrase) {
+  for (const auto& l : lines) {
+    if (has(l, phrase)) return true;
+  }
+  return false;
+}
+
 }  // namespace volt_test
