@@ -5,9 +5,12 @@
 #include "error_text.h"
 #include "log_capture.h"
 #include "manual_module.h"
+#include "save_at.h"
 #include "tiny.h"
 
 namespace {
+
+using volt_test::SaveAt;
 
 using volt::GradientAccumulationScheduler;
 using Schedule = std::map<int64_t, int64_t>;
@@ -27,26 +30,6 @@ class StepRecorder : public volt::Callback {
     steps.push_back(run.state().global_step);
   }
   std::vector<int64_t> steps;
-};
-
-/// Saves a checkpoint after batch `batch` of epoch `epoch` (mid-accumulation when it falls so).
-class SaveAt : public volt::Callback {
- public:
-  SaveAt(int64_t epoch, int64_t batch, std::string path)
-      : epoch_(epoch), batch_(batch), path_(std::move(path)) {}
-  std::string state_key() const override { return "SaveAt"; }
-  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
-                          int64_t idx) override {
-    if (run.state().epoch == epoch_ && idx == batch_) {
-      accumulated_at_save = run.state().accumulated;
-      run.save_checkpoint(path_);
-    }
-  }
-  int64_t accumulated_at_save = -1;
-
- private:
-  int64_t epoch_, batch_;
-  std::string path_;
 };
 
 TEST(GradientAccumulationScheduler, FactorByEpochAndItsChecks) {

@@ -7,9 +7,12 @@
 #include "error_text.h"
 #include "log_capture.h"
 #include "manual_module.h"
+#include "save_at.h"
 #include "tiny.h"
 
 namespace {
+
+using volt_test::SaveAt;
 
 using volt::StochasticWeightAveraging;
 using volt::StochasticWeightAveragingOptions;
@@ -83,25 +86,6 @@ class Recorder : public volt::Callback {
   }
   std::vector<double> lrs;
   std::vector<torch::Tensor> params;
-};
-
-/// Saves a checkpoint at the end of epoch `epoch` (batch -1) or after batch `batch` of it.
-class SaveAt : public volt::Callback {
- public:
-  SaveAt(int64_t epoch, int64_t batch, std::string path)
-      : epoch_(epoch), batch_(batch), path_(std::move(path)) {}
-  std::string state_key() const override { return "SaveAt" + path_; }
-  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
-                          int64_t idx) override {
-    if (batch_ >= 0 && run.state().epoch == epoch_ && idx == batch_) run.save_checkpoint(path_);
-  }
-  void on_train_epoch_end(volt::RunContext& run, volt::Module&) override {
-    if (batch_ < 0 && run.state().epoch == epoch_) run.save_checkpoint(path_);
-  }
-
- private:
-  int64_t epoch_, batch_;
-  std::string path_;
 };
 
 TEST(StochasticWeightAveraging, AveragesTheLastEpochsAndAnnealsTheLearningRate) {

@@ -2,9 +2,12 @@
 
 #include "error_text.h"
 #include "log_capture.h"
+#include "save_at.h"
 #include "tiny.h"
 
 namespace {
+
+using volt_test::SaveAt;
 
 using volt::EMAWeightAveraging;
 using volt::EMAWeightAveragingOptions;
@@ -91,22 +94,6 @@ TEST(WeightAveraging, StepStartEveryNAndEpochUpdates) {
   const torch::Tensor avg = (w2->steps[0] + w2->steps[1] + w2->steps[2] + w2->steps[3]) / 4;
   EXPECT_TRUE(torch::allclose(plain_model.flat_params(), avg, 1e-6, 1e-7));
 }
-
-/// Saves a checkpoint after batch `batch` of epoch `epoch`.
-class SaveAt : public volt::Callback {
- public:
-  SaveAt(int64_t epoch, int64_t batch, std::string path)
-      : epoch_(epoch), batch_(batch), path_(std::move(path)) {}
-  std::string state_key() const override { return "SaveAt" + path_; }
-  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
-                          int64_t idx) override {
-    if (run.state().epoch == epoch_ && idx == batch_) run.save_checkpoint(path_);
-  }
-
- private:
-  int64_t epoch_, batch_;
-  std::string path_;
-};
 
 // Checkpoints hold the average as the module's state (what validate/test and inference load)
 // and the training weights in the callback's state: a fit resumed from one, saved before the
