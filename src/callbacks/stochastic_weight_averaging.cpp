@@ -152,10 +152,7 @@ void StochasticWeightAveraging::on_fit_start(RunContext& run, Module& module) {
   State& s = *state_;
   const bool loaded = s.loaded;
   s.loaded = false;
-  VOLT_CHECK(run.strategy_name() != "deepspeed", ConfigError, kTag,
-             " does not work with the deepspeed strategy: ZeRO shards the weights and keeps "
-             "its own fp32 masters, so an average of the module's parameters would be "
-             "incomplete or overwritten (Lightning refuses it too); use ddp or one process.");
+  detail::refuse_sharded_weights(run, kTag);
   auto& configs = run.optimizer_configs();
   VOLT_CHECK(configs.size() == 1, ConfigError, kTag,
              " works with one optimizer, but "
@@ -214,7 +211,7 @@ void StochasticWeightAveraging::on_train_epoch_start(RunContext& run, Module& mo
   // in that epoch's end hooks keeps checkpoints exact whatever order callbacks run in: a
   // checkpoint written at the end of an epoch resumes into this hook.
   if (epoch - 1 >= swa_start_ && latest_update_epoch_ < epoch - 1) {
-    update_average(module, epoch - 1);
+    update_average(epoch - 1);
   }
   if (epoch >= swa_start_) apply_schedule(run, epoch);
 }
@@ -239,7 +236,7 @@ void StochasticWeightAveraging::finish(RunContext& run, Module& module) {
   State& s = *state_;
   const int64_t epoch = run.state().epoch;
   finished_epoch_ = epoch;
-  if (epoch >= swa_start_ && latest_update_epoch_ < epoch) update_average(module, epoch);
+  if (epoch >= swa_start_ && latest_update_epoch_ < epoch) update_average(epoch);
   if (s.average.count() == 0) {
     if (run.is_global_zero()) {
       log_info("StochasticWeightAveraging", "fit ended before the first SWA epoch (" +
@@ -289,7 +286,7 @@ void StochasticWeightAveraging::on_exception(RunContext& run, Module&, const std
   release_scheduler(run);
 }
 
-void StochasticWeightAveraging::update_average(Module&, int64_t epoch) {
+void StochasticWeightAveraging::update_average(int64_t epoch) {
   state_->average.update(options_.avg_fn());
   latest_update_epoch_ = epoch;
 }

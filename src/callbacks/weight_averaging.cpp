@@ -82,10 +82,7 @@ int64_t WeightAveraging::n_averaged() const {
 
 void WeightAveraging::on_fit_start(RunContext& run, Module& module) {
   State& s = *state_;
-  VOLT_CHECK(run.strategy_name() != "deepspeed", ConfigError, kTag,
-             " does not work with the deepspeed strategy: ZeRO shards the weights and keeps "
-             "its own fp32 masters, so an average of the module's tensors would be incomplete; "
-             "use ddp or one process.");
+  detail::refuse_sharded_weights(run, kTag);
   s.average.bind(module, options_.use_buffers(), options_.device());
   s.swapped = s.swapped_for_save = false;
   if (s.loaded && !s.loaded_current.empty()) {

@@ -30,15 +30,12 @@
 #include <string>
 #include <vector>
 
+#include "volt/callbacks/average_fn.h"
 #include "volt/callbacks/callback.h"
 #include "volt/core/limit.h"
 #include "volt/optim/lr_scheduler.h"
 
 namespace volt {
-
-/// averaged <- fn(averaged, current, number of weights averaged so far (>= 1)).
-using AverageFn =
-    std::function<at::Tensor(const at::Tensor& averaged, const at::Tensor& current, int64_t n)>;
 
 /// Lightning's arguments and defaults.
 struct StochasticWeightAveragingOptions {
@@ -96,7 +93,7 @@ class StochasticWeightAveraging : public Callback {
  private:
   struct State;
   /// Adds the module's current weights, which are those at the end of `epoch`, to the average.
-  void update_average(Module& module, int64_t epoch);
+  void update_average(int64_t epoch);
   /// From the first SWA epoch on: the module's scheduler held still, the lr set for `epoch`.
   void apply_schedule(RunContext& run, int64_t epoch);
   /// Adds the weights of the epoch that just ended, puts the average into the module and

@@ -24,8 +24,8 @@
 #include <memory>
 #include <string>
 
+#include "volt/callbacks/average_fn.h"
 #include "volt/callbacks/callback.h"
-#include "volt/callbacks/stochastic_weight_averaging.h"  // AverageFn
 
 namespace volt {
 

@@ -3,7 +3,9 @@
 #include <torch/utils.h>
 
 #include "volt/core/check.h"
+#include "volt/core/errors.h"
 #include "volt/core/module.h"
+#include "volt/core/run_context.h"
 
 namespace volt {
 namespace detail {
@@ -56,6 +58,13 @@ void AveragedTensors::copy_to_module() {
   for (size_t i = 0; i < average_.size(); ++i) {
     module_[i].copy_(average_[i].to(module_[i].device()));
   }
+}
+
+void refuse_sharded_weights(const RunContext& run, const char* tag) {
+  VOLT_CHECK(run.strategy_name() != "deepspeed", ConfigError, tag,
+             " does not work with the deepspeed strategy: ZeRO shards the weights and keeps "
+             "its own fp32 masters, so an average of the module's tensors would be incomplete "
+             "or overwritten (Lightning refuses it too); use ddp or one process.");
 }
 
 void AveragedTensors::swap() {

@@ -16,8 +16,14 @@
 namespace volt {
 
 class Module;
+class RunContext;
 
 namespace detail {
+
+/// ConfigError (messages start with `tag`) under the deepspeed strategy: ZeRO shards the weights
+/// and keeps its own fp32 masters, so an average of the module's tensors would be incomplete or
+/// overwritten (Lightning refuses it too).
+void refuse_sharded_weights(const RunContext& run, const char* tag);
 
 class AveragedTensors {
  public:
@@ -34,7 +40,9 @@ class AveragedTensors {
   int64_t count() const { return count_; }
   /// The module's tensors take the average's values.
   void copy_to_module();
-  /// The module's tensors and the average trade values (twice restores both).
+  /// The module's tensors and the average trade values (twice restores both). By copies, not by
+  /// swapping storages: a parameter may alias a flat buffer (a fused optimizer's, a reducer's
+  /// bucket view) that must keep seeing it.
   void swap();
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<at::Tensor>& average() const { return average_; }
