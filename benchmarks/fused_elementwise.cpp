@@ -3,7 +3,8 @@
 // (forward, and forward + backward) and on a chain of exactly rounded ops; then what a kernel
 // costs the first time a process needs it: compiled, loaded from the KernelCache folder, or
 // already loaded. Each repetition times the variants back to back (interleaved, so drift hits
-// all alike); medians. Markdown.
+// all alike); medians. Markdown. Then the same chain written as libtorch ops and fused by
+// TracedFunction (alone, with its backward, and inside a module with two Linear layers).
 //
 //   build/benchmarks/volt_bench_fused_elementwise [repetitions] [intra-op threads]
 
@@ -11,6 +12,7 @@
 #include <torch/torch.h>
 #include <volt/kernels/fused_elementwise.h>
 #include <volt/kernels/kernel_cache.h>
+#include <volt/kernels/traced_function.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -29,6 +31,32 @@ using volt_bench::time_ms;
 Expr gelu_tanh(const Expr& y) {
   return 0.5 * y * (1.0 + tanh(0.7978845608028654 * (y + 0.044715 * y * y * y)));
 }
+
+// The same chain written with libtorch ops, as a user's forward would: what TracedFunction
+// records and fuses.
+at::Tensor gelu_tanh_ops(const at::Tensor& y) {
+  return 0.5 * y * (1.0 + torch::tanh(0.7978845608028654 * (y + 0.044715 * y * y * y)));
+}
+
+using Tensors = std::vector<at::Tensor>;
+
+Tensors bias_gelu_res_ops(const Tensors& in) {
+  return {gelu_tanh_ops(in[0] + in[1]) + in[2]};
+}
+
+// Linear -> GELU(tanh) as ops -> Linear, gated residual with a learned scale.
+struct Block : torch::nn::Module {
+  explicit Block(int64_t d) {
+    fc1 = register_module("fc1", torch::nn::Linear(d, d));
+    fc2 = register_module("fc2", torch::nn::Linear(d, d));
+    scale = register_parameter("scale", torch::full({d}, 0.5));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return x + scale * torch::sigmoid(fc2->forward(gelu_tanh_ops(fc1->forward(x))));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  at::Tensor scale;
+};
 
 struct Variant {
   std::string name;
@@ -115,6 +143,52 @@ int main(int argc, char** argv) {
     compare("max(a*c + d, 0)*0.5 - min(a, d)*c, [4096, 1024] float32 (bit-identical)", reps,
             {{"op by op (reference(), 7 ops)", [&] { chain.reference(in); }},
              {"FusedElementwise (1 loop)", [&] { chain(in); }}});
+  }
+
+  {
+    // TracedFunction: the chain written as libtorch ops, recorded and fused, against the same
+    // ops run eagerly, the recorded graph run op by op (what the interpreter costs), and the
+    // chain written by hand as one FusedElementwise.
+    volt::TracedFunction traced("bench_traced", bias_gelu_res_ops);
+    volt::TracedFunction unfused("bench_traced_ref", bias_gelu_res_ops,
+                                 volt::TraceOptions().fuse(false));
+    for (int64_t rows : {64, 4096}) {
+      const Tensors in{torch::randn({rows, 1024}), torch::randn({1024}),
+                       torch::randn({rows, 1024})};
+      compare("traced: bias + GELU(tanh) + residual as libtorch ops, [" + std::to_string(rows) +
+                  ", 1024] float32",
+              reps,
+              {{"eager ops (11 ops)", [&] { bias_gelu_res_ops(in); }},
+               {"TracedFunction, fuse(false) (the recorded ops)", [&] { unfused(in); }},
+               {"TracedFunction (1 fused chain)", [&] { traced(in); }},
+               {"FusedElementwise written by hand", [&] { bias_gelu_res(in); }}});
+    }
+    const auto rg = torch::requires_grad();
+    const Tensors in{torch::randn({4096, 1024}, rg), torch::randn({1024}, rg),
+                     torch::randn({4096, 1024}, rg)};
+    const auto up = torch::randn({4096, 1024});
+    auto train = [&](const at::Tensor& out) { torch::autograd::grad({out}, in, {up}); };
+    compare("traced: forward + backward of bias + GELU(tanh) + residual as ops, [4096, 1024]", reps,
+            {{"eager ops + autograd", [&] { train(bias_gelu_res_ops(in)[0]); }},
+             {"TracedFunction (fused backward)", [&] { train(traced(in)[0]); }},
+             {"FusedElementwise written by hand", [&] { train(bias_gelu_res(in)[0]); }}});
+
+    // A module: two matmuls (libtorch's, unchanged) around the chains TracedFunction fuses.
+    auto block = std::make_shared<Block>(1024);
+    volt::TracedFunction traced_block(
+        "bench_block", block, [&](const Tensors& x) { return Tensors{block->forward(x[0])}; });
+    const auto x = torch::randn({512, 1024}, rg);
+    const auto gy = torch::randn({512, 1024});
+    auto step = [&](const at::Tensor& y) {
+      block->zero_grad();
+      y.backward(gy);
+    };
+    compare(
+        "traced module: Linear(1024) -> GELU(tanh) as ops -> Linear(1024), gated residual, "
+        "[512, 1024], forward + backward",
+        reps,
+        {{"eager module", [&] { step(block->forward(x)); }},
+         {"TracedFunction of the module", [&] { step(traced_block({x})[0]); }}});
   }
 
   // The first call of a kernel a process has not loaded. Distinct names are distinct kernels,

@@ -1,0 +1,761 @@
+// TracedFunction: libtorch's tracer records the ops; a partition pass groups elementwise chains
+// into FusedElementwise kernels; a small interpreter runs the steps. See traced_function.h.
+//
+// The partition keeps the graph of steps acyclic: a node joins a group only if none of its
+// other inputs depends on that group (a group cannot both feed and wait for the same node), and
+// all members of a group produce the group's shape (FusedElementwise computes every output at
+// the broadcast shape of all its inputs). The steps then run in a topological order of the
+// groups and single nodes, each value freed after its last use.
+
+#include "volt/kernels/traced_function.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/core/stack.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/jit/frontend/tracer.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cmath>
+#include <list>
+#include <map>
+#include <mutex>
+#include <ostream>
+#include <queue>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "volt/core/check.h"
+#include "volt/core/errors.h"
+#include "volt/core/log.h"
+
+namespace volt {
+
+namespace {
+
+constexpr const char* kComponent = "TracedFunction";
+
+using torch::jit::Node;
+using torch::jit::Value;
+
+// Fused kernels are named "<name>_g<k>", and FusedElementwise takes up to 64 characters.
+bool valid_name(const std::string& name) {
+  if (name.empty() || name.size() > 56) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+// One step of a trace: a recorded node run through its operator, or a fused chain.
+struct Step {
+  mutable torch::jit::Operation op{nullptr};  // a recorded node (its call is not const)
+  std::shared_ptr<FusedElementwise> fused;    // or a fused chain
+  std::vector<int64_t> in;                    // slots read
+  std::vector<int64_t> out;                   // slots written
+  std::vector<int64_t> release;               // slots whose last reader is this step
+};
+
+// The float32 CPU tensor type with known sizes of `v`, or nullptr.
+c10::TensorTypePtr float_cpu_tensor(const Value* v) {
+  auto t = v->type()->cast<c10::TensorType>();
+  if (!t) return nullptr;
+  if (t->scalarType() != c10::ScalarType::Float) return nullptr;
+  if (!t->device() || !t->device()->is_cpu()) return nullptr;
+  if (!t->sizes().concrete_sizes()) return nullptr;
+  return t;
+}
+
+// A constant number input of a node, or nullopt.
+c10::optional<double> constant_number(const Value* v) {
+  auto iv = torch::jit::toIValue(v);
+  if (!iv) return c10::nullopt;
+  if (iv->isDouble()) return iv->toDouble();
+  if (iv->isInt()) return static_cast<double>(iv->toInt());
+  if (iv->isBool()) return iv->toBool() ? 1.0 : 0.0;
+  return c10::nullopt;
+}
+
+bool is_none_constant(const Value* v) {
+  auto iv = torch::jit::toIValue(v);
+  return iv && iv->isNone();
+}
+
+// How one recorded op becomes an expression: `arg(i)` is the expression of input i (a tensor,
+// or the constant number), nullopt when the op (this overload, these constants) is not fused.
+using ArgFn = std::function<jit::Expr(size_t)>;
+
+bool is_tensor_input(const Node* n, size_t i) {
+  return n->inputs()[i]->type()->cast<c10::TensorType>() != nullptr;
+}
+
+// Whether `n` is an op the translation below knows, with the constants it needs.
+bool fusible_op(const Node* n) {
+  if (n->outputs().size() != 1 || !n->maybeSchema()) return false;
+  const std::string kind = n->kind().toQualString();
+  const std::string overload = n->schema().overload_name();
+  auto number = [&](size_t i) { return constant_number(n->inputs()[i]).has_value(); };
+  auto tensor_or_number = [&](size_t i) { return is_tensor_input(n, i) || number(i); };
+  static const std::set<std::string> unary = {
+      "aten::neg",     "aten::abs",    "aten::exp",  "aten::log",   "aten::tanh",
+      "aten::sigmoid", "aten::relu",   "aten::sqrt", "aten::rsqrt", "aten::reciprocal",
+      "aten::erf",     "aten::square", "aten::silu"};
+  if (unary.count(kind)) return n->inputs().size() == 1;
+  if (kind == "aten::add" || kind == "aten::sub" || kind == "aten::rsub") {
+    return (overload == "Tensor" || overload == "Scalar") && n->inputs().size() == 3 &&
+           tensor_or_number(1) && number(2);
+  }
+  if (kind == "aten::mul" || kind == "aten::div") {
+    return (overload == "Tensor" || overload == "Scalar") && n->inputs().size() == 2 &&
+           tensor_or_number(1);
+  }
+  if (kind == "aten::maximum" || kind == "aten::minimum") return n->inputs().size() == 2;
+  if (kind == "aten::clamp_min" || kind == "aten::clamp_max") {
+    return overload.empty() && number(1);
+  }
+  if (kind == "aten::clamp") {
+    return overload.empty() && n->inputs().size() == 3 &&
+           (number(1) || is_none_constant(n->inputs()[1])) &&
+           (number(2) || is_none_constant(n->inputs()[2]));
+  }
+  if (kind == "aten::leaky_relu") return n->inputs().size() == 2 && number(1);
+  if (kind == "aten::pow") {
+    if (overload != "Tensor_Scalar") return false;
+    auto e = constant_number(n->inputs()[1]);
+    return e && (*e == 2 || *e == 3 || *e == 0.5 || *e == -1);
+  }
+  if (kind == "aten::gelu") {
+    auto iv = torch::jit::toIValue(n->inputs()[1]);
+    return n->inputs().size() == 2 && iv && iv->isString() &&
+           (iv->toStringRef() == "none" || iv->toStringRef() == "tanh");
+  }
+  return false;
+}
+
+jit::Expr translate(const Node* n, const ArgFn& input_expr) {
+  using namespace jit;  // NOLINT: the expression language reads as maths
+  const std::string kind = n->kind().toQualString();
+  // The operands in input order, so a chain's kernel inputs are numbered as the graph reads them
+  // (C++ leaves the evaluation order of `arg(0) + arg(1)` to the compiler).
+  std::vector<c10::optional<Expr>> operands(n->inputs().size());
+  for (size_t i = 0; i < operands.size(); ++i) {
+    if (is_tensor_input(n, i) || constant_number(n->inputs()[i])) operands[i] = input_expr(i);
+  }
+  auto arg = [&](size_t i) { return *operands.at(i); };
+  auto scaled = [&](size_t i) {
+    const double alpha = *constant_number(n->inputs()[2]);
+    return alpha == 1 ? arg(i) : arg(i) * Expr(alpha);
+  };
+  if (kind == "aten::add") return arg(0) + scaled(1);
+  if (kind == "aten::sub") return arg(0) - scaled(1);
+  if (kind == "aten::rsub") return arg(1) - scaled(0);
+  if (kind == "aten::mul") return arg(0) * arg(1);
+  if (kind == "aten::div") return arg(0) / arg(1);
+  if (kind == "aten::neg") return -arg(0);
+  if (kind == "aten::abs") return abs(arg(0));
+  if (kind == "aten::exp") return exp(arg(0));
+  if (kind == "aten::log") return log(arg(0));
+  if (kind == "aten::tanh") return tanh(arg(0));
+  if (kind == "aten::sigmoid") return sigmoid(arg(0));
+  if (kind == "aten::relu") return relu(arg(0));
+  if (kind == "aten::sqrt") return sqrt(arg(0));
+  if (kind == "aten::rsqrt") return Expr(1.0) / sqrt(arg(0));
+  if (kind == "aten::reciprocal") return Expr(1.0) / arg(0);
+  if (kind == "aten::erf") return erf(arg(0));
+  if (kind == "aten::square") return arg(0) * arg(0);
+  if (kind == "aten::silu") return arg(0) * sigmoid(arg(0));
+  if (kind == "aten::maximum" || kind == "aten::clamp_min") return maximum(arg(0), arg(1));
+  if (kind == "aten::minimum" || kind == "aten::clamp_max") return minimum(arg(0), arg(1));
+  if (kind == "aten::clamp") {
+    Expr x = arg(0);
+    if (!is_none_constant(n->inputs()[1])) x = maximum(x, arg(1));
+    if (!is_none_constant(n->inputs()[2])) x = minimum(x, arg(2));
+    return x;
+  }
+  if (kind == "aten::leaky_relu") {
+    const Expr x = arg(0);
+    return where_greater(x, Expr(0.0), x, x * arg(1));
+  }
+  if (kind == "aten::pow") {
+    const Expr x = arg(0);
+    const double e = *constant_number(n->inputs()[1]);
+    if (e == 2) return x * x;
+    if (e == 3) return x * x * x;
+    if (e == 0.5) return sqrt(x);
+    return Expr(1.0) / x;  // -1
+  }
+  if (kind == "aten::gelu") {
+    const Expr x = arg(0);
+    if (torch::jit::toIValue(n->inputs()[1])->toStringRef() == "tanh") {
+      return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    }
+    return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
+  }
+  VOLT_ASSERT(false, "translate() called for an op fusible_op() refused: ", kind);
+  return Expr(0.0);
+}
+
+// Whether `n` can be part of a fused chain: a known op whose tensors are all float32 on the CPU
+// with known sizes.
+bool fusible(const Node* n) {
+  if (!fusible_op(n)) return false;
+  if (!float_cpu_tensor(n->output())) return false;
+  for (size_t i = 0; i < n->inputs().size(); ++i) {
+    if (is_tensor_input(n, i) && !float_cpu_tensor(n->inputs()[i])) return false;
+  }
+  return true;
+}
+
+// The operation of the prim nodes a trace records that the interpreter runs itself (they have
+// no registered operator), or nullptr.
+torch::jit::Operation prim_operation(const Node* node) {
+  const size_t num_inputs = node->inputs().size();
+  const size_t num_outputs = node->outputs().size();
+  if (node->kind() == c10::prim::ListConstruct) {
+    const c10::TypePtr element =
+        node->output()->type()->expectRef<c10::ListType>().getElementType();
+    return torch::jit::Operation([element, num_inputs](torch::jit::Stack& stack) {
+      c10::impl::GenericList list(element);
+      list.reserve(num_inputs);
+      for (size_t i = stack.size() - num_inputs; i < stack.size(); ++i) list.push_back(stack[i]);
+      torch::jit::drop(stack, num_inputs);
+      stack.emplace_back(std::move(list));
+    });
+  }
+  if (node->kind() == c10::prim::TupleConstruct) {
+    return torch::jit::Operation([num_inputs](torch::jit::Stack& stack) {
+      std::vector<c10::IValue> elements(stack.end() - static_cast<int64_t>(num_inputs),
+                                        stack.end());
+      torch::jit::drop(stack, num_inputs);
+      stack.emplace_back(c10::ivalue::Tuple::create(std::move(elements)));
+    });
+  }
+  if (node->kind() == c10::prim::ListUnpack || node->kind() == c10::prim::TupleUnpack) {
+    const bool tuple = node->kind() == c10::prim::TupleUnpack;
+    return torch::jit::Operation([tuple, num_outputs](torch::jit::Stack& stack) {
+      c10::IValue whole = torch::jit::pop(stack);
+      std::vector<c10::IValue> elements;
+      if (tuple) {
+        elements = whole.toTupleRef().elements().vec();
+      } else {
+        for (const c10::IValue& e : whole.toListRef()) elements.push_back(e);
+      }
+      TORCH_CHECK(elements.size() == num_outputs, "unpacking ", elements.size(), " values into ",
+                  num_outputs);
+      for (auto& e : elements) stack.push_back(std::move(e));
+    });
+  }
+  return torch::jit::Operation(nullptr);
+}
+
+std::string signature_text(const std::vector<at::Tensor>& inputs) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (i) os << ", ";
+    const auto& t = inputs[i];
+    if (!t.defined()) {
+      os << "undefined";
+      continue;
+    }
+    os << t.scalar_type() << t.sizes();
+    if (!t.device().is_cpu()) os << "@" << t.device();
+    if (t.requires_grad()) os << " requires_grad";
+  }
+  return os.str() + ")";
+}
+
+}  // namespace
+
+std::ostream& operator<<(std::ostream& os, const TraceOptions& o) {
+  return os << "TraceOptions(min_fused_ops=" << o.min_fused_ops()
+            << ", max_traces=" << o.max_traces() << ", fuse=" << (o.fuse() ? "true" : "false")
+            << ", fused_options=" << o.fused_options() << ")";
+}
+
+namespace {
+
+// One trace: the recorded graph turned into steps over numbered value slots.
+struct Trace {
+  std::shared_ptr<torch::jit::Graph> graph;  // keeps the nodes the operations came from
+  std::vector<c10::IValue> initial;          // slot values before a run: the constants
+  std::vector<int64_t> input_slots;
+  std::vector<int64_t> output_slots;
+  std::vector<Step> steps;
+  std::string description;
+};
+
+}  // namespace
+
+struct TracedFunction::Impl {
+  std::string name;
+  Fn fn;
+  std::shared_ptr<torch::nn::Module> module;
+  TraceOptions options;
+
+  std::mutex mu;
+  std::list<std::string> recent;  // most recently used first
+  struct Entry {
+    std::shared_ptr<const Trace> trace;
+    std::list<std::string>::iterator position;
+  };
+  std::map<std::string, Entry> traces;
+  Stats stats;
+
+  std::vector<at::Tensor> captured() const {
+    std::vector<at::Tensor> out;
+    if (!module) return out;
+    for (const auto& p : module->parameters(true)) out.push_back(p);
+    for (const auto& b : module->buffers(true)) out.push_back(b);
+    return out;
+  }
+
+  std::string key(const std::vector<at::Tensor>& inputs, size_t num_captured) const {
+    std::ostringstream os;
+    os << signature_text(inputs) << " grad=" << c10::GradMode::is_enabled()
+       << " captured=" << num_captured;
+    // Autocast decides which ops run in which dtype; a trace is only valid under the state it
+    // was recorded in.
+    if (at::autocast::is_cpu_enabled())
+      os << " autocast_cpu=" << at::autocast::get_autocast_cpu_dtype();
+    if (at::autocast::is_enabled())
+      os << " autocast_cuda=" << at::autocast::get_autocast_gpu_dtype();
+    if (module) os << " training=" << module->is_training();
+    return os.str();
+  }
+
+  // Records fn on `inputs` (+ the captured tensors); returns the trace and fn's outputs.
+  std::pair<std::shared_ptr<const Trace>, std::vector<at::Tensor>> record(
+      const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& extra) const;
+  std::shared_ptr<const Trace> build(std::shared_ptr<torch::jit::Graph> graph,
+                                     const std::string& signature) const;
+};
+
+namespace {
+
+// Runs a trace's steps. `args` are the graph's inputs in order.
+std::vector<at::Tensor> run(const Trace& t, std::vector<c10::IValue> args) {
+  std::vector<c10::IValue> slots = t.initial;
+  for (size_t i = 0; i < args.size(); ++i) slots[t.input_slots[i]] = std::move(args[i]);
+  torch::jit::Stack stack;
+  std::vector<at::Tensor> tensors;
+  for (const Step& s : t.steps) {
+    if (s.fused) {
+      tensors.clear();
+      for (int64_t i : s.in) tensors.push_back(slots[i].toTensor());
+      std::vector<at::Tensor> outs = (*s.fused)(tensors);
+      for (size_t k = 0; k < s.out.size(); ++k) slots[s.out[k]] = std::move(outs[k]);
+    } else {
+      stack.clear();
+      for (int64_t i : s.in) stack.push_back(slots[i]);
+      s.op(stack);
+      VOLT_ASSERT(stack.size() == s.out.size(), "a recorded op returned ", stack.size(),
+                  " values instead of ", s.out.size());
+      for (size_t k = 0; k < s.out.size(); ++k) slots[s.out[k]] = std::move(stack[k]);
+    }
+    for (int64_t i : s.release) slots[i] = c10::IValue();
+  }
+  std::vector<at::Tensor> out;
+  out.reserve(t.output_slots.size());
+  for (int64_t i : t.output_slots) out.push_back(slots[i].toTensor());
+  return out;
+}
+
+}  // namespace
+
+std::pair<std::shared_ptr<const Trace>, std::vector<at::Tensor>> TracedFunction::Impl::record(
+    const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& extra) const {
+  torch::jit::Stack stack;
+  for (const auto& t : inputs) {
+    VOLT_CHECK(t.defined(), ValueError, "[TracedFunction] '", name,
+               "' got an undefined tensor as an input; pass defined tensors only.");
+    stack.emplace_back(t);
+  }
+  for (const auto& t : extra) stack.emplace_back(t);
+  const size_t n = inputs.size();
+  std::shared_ptr<torch::jit::tracer::TracingState> state;
+  torch::jit::Stack outputs;
+  try {
+    std::tie(state, outputs) = torch::jit::tracer::trace(
+        std::move(stack),
+        [&](torch::jit::Stack s) {
+          std::vector<at::Tensor> args;
+          args.reserve(n);
+          for (size_t i = 0; i < n; ++i) args.push_back(s[i].toTensor());
+          std::vector<at::Tensor> outs = fn(args);
+          VOLT_CHECK(!outs.empty(), ValueError, "[TracedFunction] '", name,
+                     "' returned no tensors; return at least one.");
+          torch::jit::Stack r;
+          for (auto& o : outs) {
+            VOLT_CHECK(o.defined(), ValueError, "[TracedFunction] '", name,
+                       "' returned an undefined tensor; return defined tensors only.");
+            r.emplace_back(std::move(o));
+          }
+          return r;
+        },
+        [](const at::Tensor&) { return std::string(); }, /*strict=*/true,
+        /*force_outplace=*/false);
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw ValueError(std::string("[TracedFunction] '") + name +
+                     "' could not be traced: " + e.what_without_backtrace() +
+                     "; pass every tensor the function reads that needs a gradient as an input "
+                     "(or the module to the constructor), and return only tensors.");
+  } catch (const std::exception& e) {
+    // The tracer's own refusals (a captured tensor that requires grad) are runtime_errors.
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    throw ValueError(std::string("[TracedFunction] '") + name + "' could not be traced: " + what +
+                     "; pass every tensor the function reads that needs a gradient as an input "
+                     "(or the module to the constructor), and return only tensors.");
+  }
+  std::vector<at::Tensor> result;
+  for (auto& o : outputs) result.push_back(o.toTensor());
+  return {build(state->graph, signature_text(inputs)), std::move(result)};
+}
+
+std::shared_ptr<const Trace> TracedFunction::Impl::build(std::shared_ptr<torch::jit::Graph> graph,
+                                                         const std::string& signature) const {
+  auto trace = std::make_shared<Trace>();
+  trace->graph = graph;
+  std::vector<Node*> nodes;
+  std::unordered_map<const Node*, size_t> position;
+  for (Node* node : graph->nodes()) {
+    if (node->kind() == c10::prim::Constant) continue;
+    VOLT_CHECK(node->blocks().empty(), ValueError, "[TracedFunction] '", name, "' recorded a ",
+               node->kind().toQualString(),
+               " with sub-blocks, which a trace cannot replay; trace a function without it.");
+    position[node] = nodes.size();
+    nodes.push_back(node);
+  }
+  // Barriers: ops that write memory, draw random numbers or have other side effects run in
+  // their recorded order relative to every other op (nothing is fused across them).
+  std::vector<int64_t> barrier_before(nodes.size(), -1);  // the last barrier before each node
+  std::vector<bool> barrier(nodes.size(), false);
+  for (size_t i = 0, last_barrier = static_cast<size_t>(-1); i < nodes.size(); ++i) {
+    const Node* node = nodes[i];
+    barrier_before[i] = static_cast<int64_t>(last_barrier);
+    const bool aten = node->kind().is_aten();
+    barrier[i] =
+        node->hasSideEffects() || (aten && (!node->maybeSchema() || node->schema().is_mutable() ||
+                                            node->isNondeterministic()));
+    if (barrier[i]) last_barrier = i;
+  }
+
+  // Units: each node starts alone; fusible nodes join a group of a producer when that keeps
+  // the units acyclic and the shapes equal.
+  std::vector<int64_t> unit(nodes.size());
+  std::vector<std::vector<size_t>> members;  // by unit
+  std::vector<bool> is_group;                // by unit
+  std::vector<std::vector<int64_t>> group_shape;
+  auto producer = [&](const Value* v) -> int64_t {
+    auto it = position.find(v->node());
+    return it == position.end() ? -1 : static_cast<int64_t>(it->second);
+  };
+  // Whether unit `from` depends on unit `target` (through any chain of inputs).
+  auto depends_on = [&](int64_t from, int64_t target) {
+    std::vector<int64_t> todo{from};
+    std::unordered_set<int64_t> seen{from};
+    while (!todo.empty()) {
+      const int64_t u = todo.back();
+      todo.pop_back();
+      if (u == target) return true;
+      for (size_t m : members[u]) {
+        for (const Value* v : nodes[m]->inputs()) {
+          const int64_t p = producer(v);
+          if (p < 0) continue;
+          const int64_t pu = unit[p];
+          if (seen.insert(pu).second) todo.push_back(pu);
+        }
+      }
+    }
+    return false;
+  };
+  // Whether merging units a and b (and what they hold) keeps the units acyclic: nothing they
+  // read from outside may depend on either.
+  auto can_merge = [&](int64_t a, int64_t b) {
+    for (int64_t u : {a, b}) {
+      for (size_t m : members[u]) {
+        for (const Value* v : nodes[m]->inputs()) {
+          const int64_t q = producer(v);
+          if (q < 0 || unit[q] == a || unit[q] == b) continue;
+          if (depends_on(unit[q], a) || depends_on(unit[q], b)) return false;
+        }
+      }
+    }
+    return true;
+  };
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    Node* node = nodes[i];
+    const auto u = static_cast<int64_t>(members.size());
+    members.push_back({i});
+    unit[i] = u;
+    is_group.push_back(options.fuse() && fusible(node));
+    group_shape.emplace_back();
+    if (!is_group[u]) continue;
+    group_shape[u] = *float_cpu_tensor(node->output())->sizes().concrete_sizes();
+    // Join the chains this op reads from (each when that keeps the order acyclic).
+    for (const Value* v : node->inputs()) {
+      const int64_t p = producer(v);
+      if (p < 0) continue;
+      const int64_t g = unit[p];
+      if (g == u || !is_group[g] || group_shape[g] != group_shape[u] ||
+          barrier_before[members[g].front()] != barrier_before[i] || !can_merge(u, g)) {
+        continue;
+      }
+      for (size_t m : members[g]) unit[m] = u;
+      members[u].insert(members[u].end(), members[g].begin(), members[g].end());
+      std::sort(members[u].begin(), members[u].end());
+      members[g].clear();
+    }
+  }
+  // Groups too short to fuse run as recorded (splitting a unit keeps the order acyclic).
+  for (size_t g = 0; g < members.size(); ++g) {
+    if (!is_group[g] || members[g].empty() ||
+        static_cast<int64_t>(members[g].size()) >= std::max<int64_t>(options.min_fused_ops(), 1)) {
+      continue;
+    }
+    is_group[g] = false;
+    for (size_t k = 1; k < members[g].size(); ++k) {
+      const size_t m = members[g][k];
+      unit[m] = static_cast<int64_t>(members.size());
+      members.push_back({m});
+      is_group.push_back(false);
+      group_shape.emplace_back();
+    }
+    members[g].resize(1);
+  }
+
+  // Slots: every value the steps read or write.
+  std::unordered_map<const Value*, int64_t> slot;
+  auto slot_of = [&](const Value* v) {
+    auto it = slot.find(v);
+    if (it != slot.end()) return it->second;
+    const auto s = static_cast<int64_t>(trace->initial.size());
+    slot[v] = s;
+    auto constant = v->node()->kind() == c10::prim::Constant ? torch::jit::toIValue(v)
+                                                             : c10::optional<c10::IValue>();
+    trace->initial.push_back(constant ? *constant : c10::IValue());
+    return s;
+  };
+  for (const Value* v : graph->inputs()) trace->input_slots.push_back(slot_of(v));
+
+  // Steps in a topological order of the units, earliest first node first.
+  std::vector<int64_t> waiting(members.size(), 0);
+  std::vector<std::set<int64_t>> consumers(members.size());
+  for (size_t u = 0; u < members.size(); ++u) {
+    std::set<int64_t> needs;
+    for (size_t m : members[u]) {
+      for (const Value* v : nodes[m]->inputs()) {
+        const int64_t p = producer(v);
+        if (p >= 0 && unit[p] != static_cast<int64_t>(u)) needs.insert(unit[p]);
+      }
+      // The order around barriers: after the last one, and a barrier after everything since
+      // the one before it.
+      if (barrier_before[m] >= 0) needs.insert(unit[barrier_before[m]]);
+      if (barrier[m]) {
+        for (size_t j = std::max<int64_t>(barrier_before[m], 0); j < m; ++j) {
+          needs.insert(unit[j]);
+        }
+      }
+    }
+    needs.erase(static_cast<int64_t>(u));
+    waiting[u] = static_cast<int64_t>(needs.size());
+    for (int64_t p : needs) consumers[p].insert(static_cast<int64_t>(u));
+  }
+  using Ready = std::pair<size_t, int64_t>;  // (first member's position, unit)
+  std::priority_queue<Ready, std::vector<Ready>, std::greater<>> ready;
+  for (size_t u = 0; u < members.size(); ++u) {
+    if (!members[u].empty() && waiting[u] == 0) ready.push({members[u].front(), u});
+  }
+  std::ostringstream text;
+  int64_t fused_groups = 0;
+  int64_t fused_ops = 0;
+  std::unordered_set<const Node*> in_unit;
+  while (!ready.empty()) {
+    const int64_t u = ready.top().second;
+    ready.pop();
+    Step step;
+    if (!is_group[u]) {
+      Node* node = nodes[members[u].front()];
+      try {
+        step.op = prim_operation(node);
+        if (!step.op) step.op = node->getOperation();
+      } catch (const c10::Error& e) {
+        throw ValueError(std::string("[TracedFunction] '") + name + "' recorded " +
+                         node->kind().toQualString() + ", which has no operator to replay it (" +
+                         e.what_without_backtrace() + "); trace a function without it.");
+      }
+      for (const Value* v : node->inputs()) step.in.push_back(slot_of(v));
+      for (const Value* v : node->outputs()) step.out.push_back(slot_of(v));
+      text << "  " << node->kind().toQualString() << "\n";
+    } else {
+      in_unit.clear();
+      for (size_t m : members[u]) in_unit.insert(nodes[m]);
+      std::unordered_map<const Value*, jit::Expr> expr;
+      std::vector<const Value*> group_inputs;
+      std::string ops;
+      for (size_t m : members[u]) {
+        Node* node = nodes[m];
+        auto arg = [&](size_t i) -> jit::Expr {
+          const Value* v = node->inputs()[i];
+          auto it = expr.find(v);
+          if (it != expr.end()) return it->second;
+          if (!is_tensor_input(node, i)) return jit::Expr(*constant_number(v));
+          const auto index = static_cast<int64_t>(group_inputs.size());
+          group_inputs.push_back(v);
+          jit::Expr e = jit::input(index);
+          expr.emplace(v, e);
+          return e;
+        };
+        expr.emplace(node->output(), translate(node, arg));
+        ops += std::string(ops.empty() ? "" : " ") + node->kind().toUnqualString();
+      }
+      std::vector<jit::Expr> outputs;
+      for (size_t m : members[u]) {
+        const Value* v = nodes[m]->output();
+        const bool used_outside =
+            std::any_of(v->uses().begin(), v->uses().end(),
+                        [&](const torch::jit::Use& use) { return !in_unit.count(use.user); });
+        if (!used_outside) continue;
+        outputs.push_back(expr.at(v));
+        step.out.push_back(slot_of(v));
+      }
+      for (const Value* v : group_inputs) step.in.push_back(slot_of(v));
+      const std::string kernel = name + "_g" + std::to_string(fused_groups);
+      step.fused =
+          std::make_shared<FusedElementwise>(kernel, std::move(outputs), options.fused_options());
+      ++fused_groups;
+      fused_ops += static_cast<int64_t>(members[u].size());
+      text << "  fused '" << kernel << "': " << members[u].size() << " ops (" << ops << "), "
+           << step.in.size() << " inputs, " << step.out.size() << " outputs\n";
+    }
+    trace->steps.push_back(std::move(step));
+    for (int64_t c : consumers[u]) {
+      if (--waiting[c] == 0) ready.push({members[c].front(), c});
+    }
+  }
+  VOLT_ASSERT(trace->steps.size() ==
+                  static_cast<size_t>(std::count_if(members.begin(), members.end(),
+                                                    [](const auto& m) { return !m.empty(); })),
+              "the partition of '", name, "' is not acyclic");
+  for (const Value* v : graph->outputs()) {
+    VOLT_CHECK(v->type()->cast<c10::TensorType>() != nullptr, ValueError, "[TracedFunction] '",
+               name, "' returns a ", v->type()->str(), "; return tensors only.");
+    trace->output_slots.push_back(slot_of(v));
+  }
+
+  // Release each value after its last reader or writer (never the graph's outputs).
+  std::vector<int64_t> last(trace->initial.size(), -1);
+  for (size_t i = 0; i < trace->steps.size(); ++i) {
+    for (int64_t s : trace->steps[i].in) last[s] = static_cast<int64_t>(i);
+    for (int64_t s : trace->steps[i].out) last[s] = std::max<int64_t>(last[s], i);
+  }
+  for (int64_t s : trace->output_slots) last[s] = -1;
+  for (size_t s = 0; s < last.size(); ++s) {
+    if (last[s] >= 0) trace->steps[last[s]].release.push_back(static_cast<int64_t>(s));
+  }
+
+  const int64_t total = static_cast<int64_t>(nodes.size());
+  std::ostringstream head;
+  head << "trace of '" << name << "' for " << signature << ": " << total << " ops, " << fused_ops
+       << " of them in " << fused_groups << " fused chain" << (fused_groups == 1 ? "" : "s") << ", "
+       << trace->steps.size() << " steps\n";
+  trace->description = head.str() + text.str() + "recorded graph:\n" + graph->toString();
+  return trace;
+}
+
+TracedFunction::TracedFunction(std::string name, Fn fn, TraceOptions options)
+    : TracedFunction(std::move(name), nullptr, std::move(fn), options) {}
+
+TracedFunction::TracedFunction(std::string name, torch::nn::Module& module, Fn fn,
+                               TraceOptions options)
+    : TracedFunction(std::move(name),
+                     std::shared_ptr<torch::nn::Module>(&module, [](torch::nn::Module*) {}),
+                     std::move(fn), options) {}
+
+TracedFunction::TracedFunction(std::string name, std::shared_ptr<torch::nn::Module> module, Fn fn,
+                               TraceOptions options)
+    : impl_(std::make_shared<Impl>()) {
+  VOLT_CHECK(valid_name(name), ValueError, "[TracedFunction] name '", name,
+             "' is not a name: use 1-56 letters, digits and '_' (it names the fused kernels).");
+  VOLT_CHECK(static_cast<bool>(fn), ValueError, "[TracedFunction] '", name,
+             "' got an empty function; pass the function to trace.");
+  VOLT_CHECK(options.min_fused_ops() >= 1, ConfigError,
+             "[TracedFunction] min_fused_ops must be >= 1, got ", options.min_fused_ops(),
+             "; 1 fuses single ops too, 2 (the default) chains of two or more.");
+  VOLT_CHECK(options.max_traces() >= 1, ConfigError,
+             "[TracedFunction] max_traces must be >= 1, got ", options.max_traces(),
+             "; it is how many input signatures keep a trace.");
+  impl_->name = std::move(name);
+  impl_->fn = std::move(fn);
+  impl_->module = std::move(module);
+  impl_->options = options;
+}
+
+std::vector<at::Tensor> TracedFunction::operator()(const std::vector<at::Tensor>& inputs) const {
+  Impl& impl = *impl_;
+  const std::vector<at::Tensor> extra = impl.captured();
+  const std::string key = impl.key(inputs, extra.size());
+  std::shared_ptr<const Trace> trace;
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    auto it = impl.traces.find(key);
+    if (it != impl.traces.end()) {
+      ++impl.stats.hits;
+      impl.recent.splice(impl.recent.begin(), impl.recent, it->second.position);
+      trace = it->second.trace;
+    } else {
+      auto recorded = impl.record(inputs, extra);
+      impl.recent.push_front(key);
+      impl.traces[key] = Impl::Entry{recorded.first, impl.recent.begin()};
+      ++impl.stats.traces;
+      log_info(kComponent,
+               recorded.first->description.substr(0, recorded.first->description.find('\n')));
+      while (static_cast<int64_t>(impl.traces.size()) > impl.options.max_traces()) {
+        impl.traces.erase(impl.recent.back());
+        impl.recent.pop_back();
+        ++impl.stats.evictions;
+      }
+      return std::move(recorded.second);
+    }
+  }
+  std::vector<c10::IValue> args;
+  args.reserve(inputs.size() + extra.size());
+  for (const auto& t : inputs) args.emplace_back(t);
+  for (const auto& t : extra) args.emplace_back(t);
+  return run(*trace, std::move(args));
+}
+
+std::string TracedFunction::describe(const std::vector<at::Tensor>& inputs) const {
+  Impl& impl = *impl_;
+  const std::string key = impl.key(inputs, impl.captured().size());
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    auto it = impl.traces.find(key);
+    if (it != impl.traces.end()) return it->second.trace->description;
+  }
+  (*this)(inputs);
+  std::lock_guard<std::mutex> lock(impl.mu);
+  return impl.traces.at(key).trace->description;
+}
+
+TracedFunction::Stats TracedFunction::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stats s = impl_->stats;
+  s.kept = static_cast<int64_t>(impl_->traces.size());
+  return s;
+}
+
+const std::string& TracedFunction::name() const {
+  return impl_->name;
+}
+const TraceOptions& TracedFunction::options() const {
+  return impl_->options;
+}
+
+}  // namespace volt

@@ -1,0 +1,437 @@
+// TracedFunction: recorded graphs with their elementwise chains fused, against the same function
+// run eagerly (bit for bit where the fused ops are exactly rounded, a few ulp otherwise), with
+// gradients; the partition's rules (shapes, chains around other ops, in-place and random ops in
+// their order); signatures, retraces and eviction; the unfused reference; and the error paths.
+// Each test runs in its own process with a private KernelCache folder.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ATen/autocast_mode.h>
+
+#include <thread>
+
+#include "error_text.h"
+#include "scoped_env.h"
+#include "tiny.h"
+#include "volt/kernels/fused_elementwise.h"
+#include "volt/kernels/traced_function.h"
+
+namespace {
+
+using volt::TracedFunction;
+using volt::TraceOptions;
+using Tensors = std::vector<at::Tensor>;
+
+struct Traced : ::testing::Test {
+  volt_test::TempDir dir;
+  volt_test::ScopedEnv env{"VOLT_KERNEL_CACHE_CONFIG", dir.path + ",false,64"};
+};
+
+bool has(const std::string& text, const std::string& phrase) {
+  return text.find(phrase) != std::string::npos;
+}
+
+// |a - b| <= 1e-6 + 1e-5 |b| everywhere.
+::testing::AssertionResult near(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes()) {
+    return ::testing::AssertionFailure() << "sizes " << a.sizes() << " vs " << b.sizes();
+  }
+  const auto excess =
+      (a.to(at::kDouble) - b.to(at::kDouble)).abs() - (1e-6 + 1e-5 * b.to(at::kDouble).abs());
+  const double worst = excess.numel() ? excess.max().item<double>() : 0.0;
+  if (worst <= 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max |a - b| exceeds 1e-6 + 1e-5 |b| by " << worst;
+}
+
+// Traces fn through `f` (the first call), replays it, and compares each output of the replay
+// with fn's own, bit for bit.
+void expect_replay_equals_eager(const TracedFunction& f, const TracedFunction::Fn& fn,
+                                const Tensors& in) {
+  f(in);
+  const Tensors got = f(in);
+  const Tensors want = fn(in);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].sizes(), want[i].sizes()) << "output " << i;
+    EXPECT_TRUE(torch::equal(got[i], want[i])) << "output " << i;
+  }
+}
+
+// Only exactly rounded ops (+ - * with alpha 1, max, relu): the fused loop gives libtorch's bits.
+Tensors exact_chain(const Tensors& in) {
+  const auto& a = in[0];
+  const auto& b = in[1];
+  const auto& c = in[2];
+  auto y = a * b + c;
+  auto r = torch::relu(y);
+  auto z = r - 0.5 * a;
+  return {torch::maximum(z, c) * 3.0};
+}
+
+TEST_F(Traced, AChainOfExactOpsIsOneFusedLoopWithLibtorchsBits) {
+  TracedFunction f("exact", exact_chain);
+  const Tensors in = {torch::randn({64, 33}), torch::randn({64, 33}), torch::randn({33})};
+  const at::Tensor eager = exact_chain(in)[0];
+  EXPECT_TRUE(torch::equal(f(in)[0], eager));  // the tracing call runs the function itself
+  const auto before = volt::jit::stats();
+  EXPECT_TRUE(torch::equal(f(in)[0], eager));  // replayed: one compiled loop
+  EXPECT_TRUE(torch::equal(f(in)[0], eager));
+  EXPECT_EQ(volt::jit::stats().fallbacks, before.fallbacks);
+  const std::string text = f.describe(in);
+  EXPECT_TRUE(has(text, "7 ops, 7 of them in 1 fused chain")) << text;
+  EXPECT_TRUE(has(text,
+                  "fused 'exact_g0': 7 ops (mul add relu mul sub maximum mul), 3 inputs, "
+                  "1 outputs"))
+      << text;
+  const auto s = f.stats();
+  EXPECT_EQ(s.traces, 1);
+  EXPECT_EQ(s.hits, 2);  // the two replays (describe's lookup is not a call)
+  EXPECT_EQ(s.kept, 1);
+}
+
+// Linear -> GELU(tanh) written as ops -> Linear, plus a residual scaled by a learned vector.
+struct Block : torch::nn::Module {
+  Block() {
+    fc1 = register_module("fc1", torch::nn::Linear(16, 32));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 16));
+    scale = register_parameter("scale", torch::full({16}, 0.5));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    auto h = fc1->forward(x);
+    h = 0.5 * h * (1.0 + torch::tanh(0.7978845608028654 * (h + 0.044715 * h * h * h)));
+    return x + scale * torch::sigmoid(fc2->forward(h));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  at::Tensor scale;
+};
+
+TEST_F(Traced, AModulesForwardAndGradientsMatchEagerAndSeeParameterUpdates) {
+  torch::manual_seed(0);
+  auto block = std::make_shared<Block>();
+  TracedFunction f("block", block,
+                   [&](const Tensors& in) { return Tensors{block->forward(in[0])}; });
+  const auto x = torch::randn({8, 16});
+  f({x});  // the trace
+  EXPECT_TRUE(has(f.describe({x}), "2 fused chains")) << f.describe({x});
+
+  torch::optim::SGD opt(block->parameters(), 0.1);
+  for (int step = 0; step < 3; ++step) {
+    const auto xs = x.clone().requires_grad_(true);
+    opt.zero_grad();
+    const auto eager = block->forward(xs);
+    (eager * eager).sum().backward();
+    Tensors eager_grads{xs.grad().clone()};
+    for (const auto& p : block->parameters()) eager_grads.push_back(p.grad().clone());
+
+    const auto xt = x.clone().requires_grad_(true);
+    opt.zero_grad();
+    const auto traced = f({xt})[0];
+    ASSERT_TRUE(near(traced, eager)) << "step " << step;
+    (traced * traced).sum().backward();
+    ASSERT_TRUE(near(xt.grad(), eager_grads[0]));
+    size_t i = 1;
+    for (const auto& p : block->parameters()) {
+      ASSERT_TRUE(near(p.grad(), eager_grads[i++])) << "step " << step << " parameter " << i - 1;
+    }
+    opt.step();  // in place: the next replay reads the updated parameters
+  }
+  // x without and then with requires_grad: two signatures.
+  EXPECT_EQ(f.stats().traces, 2);
+}
+
+TEST_F(Traced, AChainAroundAnotherOpIsSplitSoNothingRunsBeforeItsInputs) {
+  // v joins u's chain; r cannot (its input m needs u's chain first): r runs after the chain.
+  auto fn = [](const Tensors& in) {
+    auto u = in[0] * 2.0;
+    auto m = torch::mm(u, in[1]);
+    auto v = u + 1.0;
+    auto r = m * v;
+    return Tensors{r, v};
+  };
+  TracedFunction f("around", fn);
+  const Tensors in = {torch::randn({12, 12}), torch::randn({12, 12})};
+  expect_replay_equals_eager(f, fn, in);
+  const std::string text = f.describe(in);
+  EXPECT_TRUE(has(text, "4 ops, 2 of them in 1 fused chain")) << text;
+  EXPECT_TRUE(has(text, "(mul add), 1 inputs, 2 outputs")) << text;
+}
+
+TEST_F(Traced, OpsOfAnotherShapeStartTheirOwnChain) {
+  // bias * 2 has the bias's shape, x + it the batch's: separate chains, each the right shape.
+  auto fn = [](const Tensors& in) {
+    auto b = in[1] * 2.0 + 1.0;
+    return Tensors{torch::relu(in[0] + b) * 3.0, b};
+  };
+  TracedFunction f("shapes", fn);
+  const Tensors in = {torch::randn({5, 7}), torch::randn({7})};
+  expect_replay_equals_eager(f, fn, in);
+  EXPECT_TRUE(has(f.describe(in), "2 fused chains")) << f.describe(in);
+}
+
+TEST_F(Traced, InPlaceAndRandomOpsRunInTheirRecordedOrder) {
+  auto fn = [](const Tensors& in) {
+    auto t = in[0] * 2.0;
+    auto s = t + 1.0;
+    t.mul_(3.0);  // s was computed before this write, u after it
+    auto u = t * s + 1.0;
+    // A write through a view: the trace still names the viewed tensor `a`, so only the order
+    // of the steps keeps `c` (after the write) from being computed with `b` (before it).
+    auto a = in[0] * 0.5;
+    auto b = a + 2.0;
+    a.view({-1}).add_(1.0);
+    auto c = a * 4.0 + b;
+    auto d1 = torch::dropout(u * 0.5 + 0.25, 0.5, /*train=*/true);
+    auto d2 = torch::dropout(d1 * 3.0 - 1.0, 0.3, /*train=*/true);
+    return Tensors{d2, s, c};
+  };
+  TracedFunction f("ordered", fn);
+  const Tensors in = {torch::randn({40, 30})};
+  f(in);
+  torch::manual_seed(7);
+  const Tensors want = fn(in);
+  torch::manual_seed(7);
+  const Tensors got = f(in);
+  EXPECT_TRUE(near(got[0], want[0]));
+  EXPECT_TRUE(torch::equal(got[0] == 0, want[0] == 0));  // the same dropout masks
+  EXPECT_TRUE(torch::equal(got[1], want[1]));
+  EXPECT_TRUE(torch::equal(got[2], want[2]));
+  EXPECT_TRUE(has(f.describe(in), "fused chains")) << f.describe(in);
+}
+
+TEST_F(Traced, ListsAndUnpackedListsRunAsRecorded) {
+  // cat takes a list of tensors, chunk returns one (the trace unpacks it), view a list of ints.
+  auto fn = [](const Tensors& in) {
+    auto parts = torch::chunk(in[0] * 2.0 + 1.0, 2, 1);
+    auto joined = torch::cat({parts[1], torch::relu(parts[0]) * 3.0}, 0);
+    return Tensors{joined.view({-1, 3}) - 1.0, parts[0]};
+  };
+  TracedFunction f("lists", fn);
+  const Tensors in = {torch::randn({4, 6})};
+  expect_replay_equals_eager(f, fn, in);
+  const std::string text = f.describe(in);
+  EXPECT_TRUE(has(text, "prim::ListUnpack")) << text;
+  EXPECT_TRUE(has(text, "prim::ListConstruct")) << text;
+}
+
+TEST_F(Traced, EachSignatureHasItsTraceAndTheLeastRecentlyUsedIsDropped) {
+  TracedFunction f("sig", exact_chain, TraceOptions().max_traces(2));
+  auto inputs = [](int64_t n) {
+    return Tensors{torch::randn({n, 4}), torch::randn({n, 4}), torch::randn({4})};
+  };
+  const auto a = inputs(3);
+  const auto b = inputs(5);
+  const auto c = inputs(9);
+  for (const auto& in : {a, b, a, c, a, b}) {
+    EXPECT_TRUE(torch::equal(f(in)[0], exact_chain(in)[0]));
+  }
+  // a, b traced; a hit; c traced and b dropped; a hit; b traced again and c dropped.
+  const auto s = f.stats();
+  EXPECT_EQ(s.traces, 4);
+  EXPECT_EQ(s.hits, 2);
+  EXPECT_EQ(s.evictions, 2);
+  EXPECT_EQ(s.kept, 2);
+  // A different dtype is another signature too, and runs unfused (float32 only).
+  const Tensors d = {a[0].to(at::kDouble), a[1].to(at::kDouble), a[2].to(at::kDouble)};
+  f(d);
+  EXPECT_TRUE(torch::equal(f(d)[0], exact_chain(d)[0]));
+  EXPECT_TRUE(has(f.describe(d), "0 of them in 0 fused chains")) << f.describe(d);
+}
+
+TEST_F(Traced, TheModulesTrainingModeIsPartOfTheSignature) {
+  auto net =
+      std::make_shared<torch::nn::Sequential>(torch::nn::Linear(6, 6), torch::nn::Dropout(0.5));
+  auto module = net->ptr();
+  TracedFunction f("mode", module, [&](const Tensors& in) {
+    return Tensors{torch::relu((*net)->forward(in[0]) * 2.0 + 1.0)};
+  });
+  const auto x = torch::randn({50, 6});
+  module->eval();
+  f({x});
+  const auto eval_out = f({x})[0];
+  EXPECT_TRUE(near(eval_out, torch::relu((*net)->forward(x) * 2.0 + 1.0)));
+  module->train();
+  const auto train_out = f({x})[0];
+  EXPECT_GT((train_out == 1.0).sum().item<int64_t>(), 0);  // dropped entries: relu(0 * 2 + 1)
+  EXPECT_EQ(f.stats().traces, 2);
+  module->eval();
+  EXPECT_TRUE(near(f({x})[0], eval_out));
+  EXPECT_EQ(f.stats().traces, 2);
+}
+
+TEST_F(Traced, AutocastsStateIsPartOfTheSignature) {
+  auto fn = [](const Tensors& in) { return Tensors{torch::mm(in[0], in[1]) * 2.0 + 1.0}; };
+  TracedFunction f("autocast", fn);
+  const Tensors in = {torch::randn({8, 8}), torch::randn({8, 8})};
+  f(in);
+  EXPECT_TRUE(torch::equal(f(in)[0], fn(in)[0]));
+  {
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    const at::Tensor want = fn(in)[0];
+    f(in);
+    const at::Tensor got = f(in)[0];
+    at::autocast::clear_cache();
+    at::autocast::set_cpu_enabled(false);
+    EXPECT_EQ(got.scalar_type(), want.scalar_type());
+    EXPECT_EQ(want.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(torch::equal(got, want));
+  }
+  EXPECT_EQ(f(in)[0].scalar_type(), at::kFloat);
+  EXPECT_EQ(f.stats().traces, 2);
+}
+
+TEST_F(Traced, TheReferenceRunsTheRecordedOpsUnfused) {
+  TracedFunction f("reference", exact_chain, TraceOptions().fuse(false));
+  const Tensors in = {torch::randn({6, 5}), torch::randn({6, 5}), torch::randn({5})};
+  f(in);
+  EXPECT_TRUE(torch::equal(f(in)[0], exact_chain(in)[0]));
+  EXPECT_TRUE(has(f.describe(in), "7 ops, 0 of them in 0 fused chains, 7 steps")) << f.describe(in);
+  // min_fused_ops 1 fuses a lone op; a high one fuses nothing.
+  TracedFunction one(
+      "single", [](const Tensors& in) { return Tensors{torch::tanh(in[0])}; },
+      TraceOptions().min_fused_ops(1));
+  EXPECT_TRUE(has(one.describe({in[0]}), "1 of them in 1 fused chain")) << one.describe({in[0]});
+  EXPECT_TRUE(near(one({in[0]})[0], torch::tanh(in[0])));
+  TracedFunction none("long", exact_chain, TraceOptions().min_fused_ops(8));
+  EXPECT_TRUE(has(none.describe(in), "0 of them in 0 fused chains")) << none.describe(in);
+}
+
+TEST_F(Traced, TheFusedOpsTranslateAsLibtorchComputesThem) {
+  auto fn = [](const Tensors& in) {
+    const auto& x = in[0];
+    const auto& y = in[1];
+    Tensors out;
+    out.push_back(torch::gelu(x * 1.0, "none") + torch::gelu(x * 1.0, "tanh"));
+    out.push_back(torch::silu(x + 0.0) - torch::leaky_relu(x * 1.0, 0.1));
+    out.push_back(torch::clamp(x * 2.0, -1.0, 1.5) +
+                  torch::clamp_min(x, 0.2) * torch::clamp_max(y, 0.3));
+    out.push_back(torch::pow(x.abs() + 1.0, 2) + torch::pow(y.abs() + 1.0, 3) +
+                  torch::pow(x.abs() + 0.5, 0.5) + torch::pow(y.abs() + 0.5, -1));
+    out.push_back(torch::rsqrt(x.abs() + 1.0) * torch::reciprocal(y.abs() + 1.0) +
+                  torch::square(x - y) + torch::erf(x) / torch::exp(-y.abs()));
+    out.push_back(torch::rsub(x, y, 2.0) + torch::sub(x, 1.5, 0.5) + torch::add(y, x, 3.0) -
+                  torch::log(y.abs() + 1.0) + torch::minimum(x, y).neg() + torch::sigmoid(x));
+    return out;
+  };
+  TracedFunction f(
+      "ops", fn, TraceOptions().fused_options(volt::FusedElementwiseOptions().require_fused(true)));
+  const Tensors in = {torch::randn({32, 17}), torch::randn({32, 17})};
+  f(in);
+  const Tensors got = f(in);
+  const Tensors want = fn(in);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(near(got[i], want[i])) << "output " << i;
+  const std::string text = f.describe(in);
+  EXPECT_FALSE(has(text, "\n  aten::")) << text;  // every op fused, one chain per output
+  EXPECT_TRUE(has(text, "in 6 fused chains")) << text;
+}
+
+TEST_F(Traced, BadFunctionsAndOptionsAreTypedErrors) {
+  using volt_test::error_of;
+  EXPECT_TRUE(has(error_of<volt::ValueError>([] { TracedFunction("bad name", exact_chain); }),
+                  "is not a name"));
+  EXPECT_TRUE(
+      has(error_of<volt::ValueError>([] { TracedFunction(std::string(57, 'a'), exact_chain); }),
+          "1-56 letters"));
+  EXPECT_TRUE(has(error_of<volt::ValueError>([] { TracedFunction("f", TracedFunction::Fn()); }),
+                  "empty function"));
+  EXPECT_TRUE(has(error_of<volt::ConfigError>(
+                      [] { TracedFunction("f", exact_chain, TraceOptions().min_fused_ops(0)); }),
+                  "min_fused_ops must be >= 1"));
+  EXPECT_TRUE(has(error_of<volt::ConfigError>(
+                      [] { TracedFunction("f", exact_chain, TraceOptions().max_traces(0)); }),
+                  "max_traces must be >= 1"));
+
+  // A tensor that needs a gradient read from outside the inputs.
+  const auto w = torch::randn({4}).requires_grad_(true);
+  TracedFunction captures("captures", [&](const Tensors& in) { return Tensors{in[0] * w}; });
+  const std::string e = error_of<volt::ValueError>([&] { captures({torch::randn({4})}); });
+  EXPECT_TRUE(has(e, "could not be traced")) << e;
+  EXPECT_TRUE(has(e, "as an input")) << e;
+  EXPECT_EQ(captures.stats().traces, 0);
+
+  TracedFunction nothing("nothing", [](const Tensors&) { return Tensors{}; });
+  EXPECT_TRUE(has(error_of<volt::ValueError>([&] { nothing({torch::randn({2})}); }),
+                  "returned no tensors"));
+  TracedFunction undefined("undefined", [](const Tensors&) { return Tensors{at::Tensor()}; });
+  EXPECT_TRUE(has(error_of<volt::ValueError>([&] { undefined({torch::randn({2})}); }),
+                  "returned an undefined tensor"));
+  TracedFunction ok("ok", exact_chain);
+  EXPECT_TRUE(has(error_of<volt::ValueError>([&] {
+                    ok({torch::randn({2}), at::Tensor(), torch::randn({2})});
+                  }),
+                  "undefined tensor as an input"));
+
+  std::ostringstream os;
+  os << TraceOptions().max_traces(3);
+  EXPECT_TRUE(has(os.str(), "TraceOptions(min_fused_ops=2, max_traces=3, fuse=true")) << os.str();
+}
+
+}  // namespace
+
+namespace {
+
+// TinyClassifier's layers with GELU(tanh) written as ops, run eagerly or through its own
+// TracedFunction member (the module traces itself).
+class GeluClassifier : public volt_test::TinyClassifier {
+ public:
+  explicit GeluClassifier(bool traced)
+      : traced_(traced), forward_("gelu_classifier", *this, [this](const Tensors& in) {
+          return Tensors{body(in[0])};
+        }) {}
+  at::Tensor body(const at::Tensor& x) {
+    auto h = fc1->forward(x);
+    h = 0.5 * h * (1.0 + torch::tanh(0.7978845608028654 * (h + 0.044715 * h * h * h)));
+    return fc2->forward(drop->forward(h));
+  }
+  at::Tensor training_step(const volt::Batch& b, int64_t) override {
+    const auto logits = traced_ ? forward_({b.input})[0] : body(b.input);
+    return torch::cross_entropy_loss(logits, b.target);
+  }
+  const TracedFunction& traced() const { return forward_; }
+
+ private:
+  bool traced_;
+  TracedFunction forward_;
+};
+
+TEST_F(Traced, AModuleTrainedByTheTrainerThroughItsTraceMatchesEagerTraining) {
+  auto train = [&](bool traced) {
+    GeluClassifier model(traced);
+    torch::manual_seed(3);
+    for (auto& p : model.parameters()) p.data().uniform_(-0.5, 0.5);
+    volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(2));
+    trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
+    if (traced) {
+      // Batches of 16, and dropout on in training: one signature, traced once.
+      EXPECT_EQ(model.traced().stats().traces, 1);
+      EXPECT_EQ(model.traced().stats().hits, 15);
+    }
+    return model.flat_params();
+  };
+  const auto eager = train(false);
+  const auto traced = train(true);
+  // The same dropout masks and the same ops but GELU's tanh (a few ulp) over 16 SGD steps.
+  EXPECT_LT((eager - traced).abs().max().item<double>(), 1e-4);
+}
+
+TEST_F(Traced, ThreadsReplayingOneTraceAtOnceGetTheirOwnResults) {
+  TracedFunction f("threads", exact_chain);
+  std::vector<Tensors> in(4);
+  for (auto& i : in) i = {torch::randn({256, 64}), torch::randn({256, 64}), torch::randn({64})};
+  f(in[0]);  // the trace
+  std::vector<std::thread> threads;
+  std::vector<int> ok(in.size(), 0);
+  for (size_t t = 0; t < in.size(); ++t) {
+    threads.emplace_back([&, t] {
+      bool all = true;
+      for (int r = 0; r < 20; ++r) all = all && torch::equal(f(in[t])[0], exact_chain(in[t])[0]);
+      ok[t] = all ? 1 : 0;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (size_t t = 0; t < in.size(); ++t) EXPECT_EQ(ok[t], 1) << "thread " << t;
+  EXPECT_EQ(f.stats().traces, 1);
+}
+
+}  // namespace
