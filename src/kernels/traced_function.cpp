@@ -17,7 +17,6 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
-#include <cmath>
 #include <list>
 #include <map>
 #include <mutex>
@@ -436,14 +435,15 @@ std::shared_ptr<const Trace> TracedFunction::Impl::build(std::shared_ptr<torch::
   // their recorded order relative to every other op (nothing is fused across them).
   std::vector<int64_t> barrier_before(nodes.size(), -1);  // the last barrier before each node
   std::vector<bool> barrier(nodes.size(), false);
-  for (size_t i = 0, last_barrier = static_cast<size_t>(-1); i < nodes.size(); ++i) {
+  int64_t last_barrier = -1;
+  for (size_t i = 0; i < nodes.size(); ++i) {
     const Node* node = nodes[i];
-    barrier_before[i] = static_cast<int64_t>(last_barrier);
+    barrier_before[i] = last_barrier;
     const bool aten = node->kind().is_aten();
     barrier[i] =
         node->hasSideEffects() || (aten && (!node->maybeSchema() || node->schema().is_mutable() ||
                                             node->isNondeterministic()));
-    if (barrier[i]) last_barrier = i;
+    if (barrier[i]) last_barrier = static_cast<int64_t>(i);
   }
 
   // Units: each node starts alone; fusible nodes join a group of a producer when that keeps

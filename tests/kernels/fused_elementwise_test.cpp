@@ -17,6 +17,7 @@
 
 #include "error_text.h"
 #include "log_capture.h"
+#include "near.h"
 #include "processes.h"
 #include "scoped_env.h"
 #include "tiny.h"
@@ -48,18 +49,7 @@ Expr gelu_tanh(const Expr& y) {
   return 0.5 * y * (1.0 + tanh(0.7978845608028654 * (y + 0.044715 * y * y * y)));
 }
 
-// Within a few ulp of the result or of 1 (GELU's 1 + tanh cancels where tanh is near -1, so
-// one ulp of tanh is an absolute error there): |a - b| <= 1e-6 + 1e-5 |b|.
-::testing::AssertionResult near(const at::Tensor& a, const at::Tensor& b) {
-  const auto excess =
-      (a.to(at::kDouble) - b.to(at::kDouble)).abs() - (1e-6 + 1e-5 * b.to(at::kDouble).abs());
-  const double worst = excess.max().item<double>();
-  if (worst <= 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << "max |a - b| exceeds 1e-6 + 1e-5 |b| by " << worst
-         << " (max |a - b| = " << (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>()
-         << ")";
-}
+using volt_test::near;
 
 // |a - b| <= atol + rtol |b|, for gradients: sums over broadcast dimensions add rounding.
 ::testing::AssertionResult near_tol(const at::Tensor& a, const at::Tensor& b, double atol,

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "error_text.h"
+#include "near.h"
 #include "scoped_env.h"
 #include "tiny.h"
 #include "volt/kernels/fused_elementwise.h"
@@ -32,17 +33,7 @@ bool has(const std::string& text, const std::string& phrase) {
   return text.find(phrase) != std::string::npos;
 }
 
-// |a - b| <= 1e-6 + 1e-5 |b| everywhere.
-::testing::AssertionResult near(const at::Tensor& a, const at::Tensor& b) {
-  if (a.sizes() != b.sizes()) {
-    return ::testing::AssertionFailure() << "sizes " << a.sizes() << " vs " << b.sizes();
-  }
-  const auto excess =
-      (a.to(at::kDouble) - b.to(at::kDouble)).abs() - (1e-6 + 1e-5 * b.to(at::kDouble).abs());
-  const double worst = excess.numel() ? excess.max().item<double>() : 0.0;
-  if (worst <= 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "max |a - b| exceeds 1e-6 + 1e-5 |b| by " << worst;
-}
+using volt_test::near;
 
 // Traces fn through `f` (the first call), replays it, and compares each output of the replay
 // with fn's own, bit for bit.
