@@ -4,7 +4,8 @@
 // costs the first time a process needs it: compiled, loaded from the KernelCache folder, or
 // already loaded. Each repetition times the variants back to back (interleaved, so drift hits
 // all alike); medians. Markdown. Then the same chain written as libtorch ops and fused by
-// TracedFunction (alone, with its backward, and inside a module with two Linear layers).
+// TracedFunction (alone, with its backward, and inside a module with two Linear layers), and
+// a Trainer fit with trace_training_step against the same fit run eagerly.
 //
 //   build/benchmarks/volt_bench_fused_elementwise [repetitions] [intra-op threads]
 
@@ -13,6 +14,7 @@
 #include <volt/kernels/fused_elementwise.h>
 #include <volt/kernels/kernel_cache.h>
 #include <volt/kernels/traced_function.h>
+#include <volt/volt.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_trainer.h"
 #include "timing.h"
 
 namespace {
@@ -56,6 +59,28 @@ struct Block : torch::nn::Module {
   }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   at::Tensor scale;
+};
+
+// A Trainer module whose step is elementwise-heavy: Linear(256 -> 1024), GELU(tanh) and a
+// SiLU gate written as ops at [batch, 1024], Linear(1024 -> 10), cross-entropy; SGD.
+class GeluMlp : public volt::Module {
+ public:
+  GeluMlp() {
+    fc1 = register_module("fc1", torch::nn::Linear(256, 1024));
+    gate = register_parameter("gate", torch::full({1024}, 0.5));
+    head = register_module("head", torch::nn::Linear(1024, 10));
+  }
+  at::Tensor training_step(const volt::Batch& b, int64_t) override {
+    const auto h = fc1->forward(b.input);
+    const auto g = gelu_tanh_ops(h) * torch::sigmoid(gate * h) + 0.1 * h;
+    return torch::cross_entropy_loss(head->forward(g), b.target);
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    return {volt::OptimizerConfig(std::make_shared<torch::optim::SGD>(
+        parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)))};
+  }
+  torch::nn::Linear fc1{nullptr}, head{nullptr};
+  at::Tensor gate;
 };
 
 struct Variant {
@@ -189,6 +214,31 @@ int main(int argc, char** argv) {
         reps,
         {{"eager module", [&] { step(block->forward(x)); }},
          {"TracedFunction of the module", [&] { step(traced_block({x})[0]); }}});
+  }
+
+  {
+    // The Trainer tracing the whole training_step (TrainerOptions::trace_training_step): fits
+    // of 8 steps, batch 2048, the trace (and the kernels' loading) inside the first step of
+    // each fit.
+    const int64_t batch = 2048, steps = 8;
+    auto data = std::make_shared<volt::TensorDataset>(torch::randn({batch * steps, 256}),
+                                                      torch::randint(10, {batch * steps}));
+    const volt::DataLoader loader(data, volt::DataLoaderOptions(batch));
+    auto fit = [&](bool traced) {
+      GeluMlp net;
+      volt::Trainer trainer(volt_bench::bench_trainer("cpu", steps)
+                                .trace_training_step(traced)
+                                .num_threads(at::get_num_threads()));
+      trainer.fit(net, loader);
+    };
+    volt::set_log_sink([](volt::LogLevel, const std::string&) {});  // no trace lines per fit
+    compare(
+        "Trainer.fit, training_step traced (trace_training_step): Linear(256->1024), "
+        "GELU(tanh) and a SiLU gate as ops, Linear(1024->10); 8 steps of batch 2048",
+        std::max(3, reps / 5),
+        {{"eager training_step", [&] { fit(false); }},
+         {"trace_training_step(true)", [&] { fit(true); }}});
+    volt::set_log_sink(nullptr);
   }
 
   // The first call of a kernel a process has not loaded. Distinct names are distinct kernels,

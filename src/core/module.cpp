@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "core/detail/tracing.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -37,6 +38,11 @@ void Module::log(const std::string& name, const at::Tensor& value, const LogOpti
 }
 
 void Module::log(const std::string& name, double value, const LogOptions& opts) {
+  // A trace records the tensor made from the number as a constant: every replay would log
+  // this call's value.
+  VOLT_CHECK(!detail::tracing(), ValueError, "[Module] log(\"", name,
+             "\", number) while the step is traced: the trace would log this value on every "
+             "replay; log a tensor (e.g. the tensor the number came from) instead.");
   require_run("log").log(name, torch::scalar_tensor(value, torch::kDouble), opts);
 }
 

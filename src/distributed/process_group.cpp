@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/detail/print.h"
+#include "core/detail/tracing.h"
 #include "detail/async_collective.h"
 #include "detail/c10d.h"
 #include "detail/net.h"
@@ -646,6 +647,11 @@ namespace {
 // DistributedError and marks the group broken.
 template <typename Start>
 void run_collective(ProcessGroup& pg, const char* op, Start&& start) {
+  // Same on every rank (they run the same code), so all of them refuse at the same call.
+  VOLT_CHECK(!detail::tracing(), ValueError, kTag, " ", op,
+             " while libtorch's tracer records (a TracedFunction, trace_training_step): a trace "
+             "holds libtorch ops, and a replay would skip the collective; run it outside the "
+             "traced function.");
   auto& impl = pg.impl();
   VOLT_CHECK(impl.broken.empty(), DistributedError, kTag, " ", op, " on rank ", pg.rank(),
              ": the group is unusable after an earlier failure (", impl.broken,

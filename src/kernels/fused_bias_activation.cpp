@@ -7,6 +7,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "core/detail/tracing.h"
 #include "detail/bias_act_cpu.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -59,6 +60,7 @@ void run_kernel(at::Tensor& y, const at::Tensor& bias, Activation act) {
 // recording, and with `contiguous` contiguous memory (the in-place pass walks rows; the linear's
 // product reads any strides, so its input may be a view).
 std::string kernel_reason(std::initializer_list<const at::Tensor*> tensors, bool contiguous) {
+  if (detail::tracing()) return detail::kTracingReason;
   bool requires_grad = false;
   for (const at::Tensor* t : tensors) {
     if (!t->defined()) continue;
@@ -155,8 +157,10 @@ at::Tensor fused_linear_activation(const at::Tensor& x, const at::Tensor& weight
   if (!reason.empty()) {
     VOLT_CHECK(!require_fused, NotAvailable, kTag, " the fused kernel does not apply: ", reason,
                "; drop require_fused to use the reference composition.");
-    warn_once("bias-act-fallback:" + reason, "FusedBiasActivation",
-              "using the reference composition: " + reason + ".");
+    if (!detail::tracing()) {
+      warn_once("bias-act-fallback:" + reason, "FusedBiasActivation",
+                "using the reference composition: " + reason + ".");
+    }
     return linear_activation_reference(x, weight, bias, act);
   }
   // mm on the 2-D view: libtorch's own linear adds the bias inside the GEMM (addmm), which the

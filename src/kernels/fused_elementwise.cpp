@@ -36,6 +36,7 @@
 
 #include "core/detail/machine.h"
 #include "core/detail/remove_tree.h"
+#include "core/detail/tracing.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
@@ -913,6 +914,7 @@ std::string FusedElementwise::fused_unavailable_reason(
   std::string why;
   const std::string forms = forms_of(inputs, &why);
   if (!why.empty()) return why;
+  if (detail::tracing()) return detail::kTracingReason;
   kernel_for(forms, &why);
   return why;
 }
@@ -996,6 +998,7 @@ std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tenso
   std::string why;
   const auto shape = checked_shape(name_, num_inputs_, inputs);
   const std::string forms = input_forms(inputs, shape, &why);
+  if (why.empty() && detail::tracing()) why = detail::kTracingReason;
   KernelFn fn = why.empty() ? kernel_for(forms, &why) : nullptr;
   if (fn == nullptr) {
     VOLT_CHECK(!options_.require_fused(), NotAvailable, "[FusedElementwise] '", name_,
@@ -1005,8 +1008,10 @@ std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tenso
       std::lock_guard<std::mutex> lock(l.mu);
       ++l.stats.fallbacks;
     }
-    warn_once("jit-fallback:" + name_ + ":" + why, kComponent,
-              "'" + name_ + "' runs the libtorch composition: " + why);
+    if (!detail::tracing()) {  // under a trace the composition is the design, not a fallback
+      warn_once("jit-fallback:" + name_ + ":" + why, kComponent,
+                "'" + name_ + "' runs the libtorch composition: " + why);
+    }
     return reference(inputs);
   }
   std::vector<bool> needs_grad(inputs.size(), false);

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/detail/tracing.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -215,6 +216,10 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& input, const at::Tensor&
                                       const at::Tensor& bias, const at::Tensor& target,
                                       const LinearCrossEntropyOptions& options) {
   validate(input, weight, bias, target, options);
+  // Its forward computes the gradients too, by chunks a trace would replay with autograd on
+  // top: while traced, the composition (whose elementwise ops the trace can fuse).
+  if (detail::tracing())
+    return linear_cross_entropy_reference(input, weight, bias, target, options);
   return LinearCrossEntropyFunction::apply(
       input, weight, bias.defined() ? bias : at::empty({0}, weight.options()), target, &options);
 }

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <ostream>
 
+#include "core/detail/tracing.h"
 #include "detail/sdpa_cpu.h"
 #include "detail/sdpa_cuda.h"
 #include "volt/core/check.h"
@@ -174,6 +175,7 @@ Call validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 // Why the fused kernel cannot run this call; empty when it can.
 std::string fused_unavailable_reason(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const Call& c) {
+  if (detail::tracing()) return detail::kTracingReason;
   if (q.is_cuda()) {
     if (!detail::sdpa_cuda_available()) {
       return "this build has no CUDA attention path (it needs libtorch >= 2.1 with CUDA; "
@@ -386,8 +388,10 @@ SdpaResult fused_sdpa(const at::Tensor& query, const at::Tensor& key, const at::
                reason,
                "; drop require_fused(true) to use the reference "
                "composition.");
-    warn_once("sdpa-fallback:" + reason, "FusedSDPA",
-              "using the reference composition: " + reason + ".");
+    if (!detail::tracing()) {
+      warn_once("sdpa-fallback:" + reason, "FusedSDPA",
+                "using the reference composition: " + reason + ".");
+    }
     SdpaOptions resolved = options;
     if (c.dropout_p > 0 || c.want_keep) resolved.dropout_seed(c.seed);
     resolved.recompute(c.recompute);

@@ -11,12 +11,15 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/stack.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <list>
 #include <map>
 #include <mutex>
@@ -91,110 +94,141 @@ bool is_tensor_input(const Node* n, size_t i) {
   return n->inputs()[i]->type()->cast<c10::TensorType>() != nullptr;
 }
 
-// Whether `n` is an op the translation below knows, with the constants it needs.
-bool fusible_op(const Node* n) {
-  if (n->outputs().size() != 1 || !n->maybeSchema()) return false;
-  const std::string kind = n->kind().toQualString();
-  const std::string overload = n->schema().overload_name();
-  auto number = [&](size_t i) { return constant_number(n->inputs()[i]).has_value(); };
-  auto tensor_or_number = [&](size_t i) { return is_tensor_input(n, i) || number(i); };
-  static const std::set<std::string> unary = {
-      "aten::neg",     "aten::abs",    "aten::exp",  "aten::log",   "aten::tanh",
-      "aten::sigmoid", "aten::relu",   "aten::sqrt", "aten::rsqrt", "aten::reciprocal",
-      "aten::erf",     "aten::square", "aten::silu"};
-  if (unary.count(kind)) return n->inputs().size() == 1;
-  if (kind == "aten::add" || kind == "aten::sub" || kind == "aten::rsub") {
-    return (overload == "Tensor" || overload == "Scalar") && n->inputs().size() == 3 &&
-           tensor_or_number(1) && number(2);
-  }
-  if (kind == "aten::mul" || kind == "aten::div") {
-    return (overload == "Tensor" || overload == "Scalar") && n->inputs().size() == 2 &&
-           tensor_or_number(1);
-  }
-  if (kind == "aten::maximum" || kind == "aten::minimum") return n->inputs().size() == 2;
-  if (kind == "aten::clamp_min" || kind == "aten::clamp_max") {
-    return overload.empty() && number(1);
-  }
-  if (kind == "aten::clamp") {
-    return overload.empty() && n->inputs().size() == 3 &&
-           (number(1) || is_none_constant(n->inputs()[1])) &&
-           (number(2) || is_none_constant(n->inputs()[2]));
-  }
-  if (kind == "aten::leaky_relu") return n->inputs().size() == 2 && number(1);
-  if (kind == "aten::pow") {
-    if (overload != "Tensor_Scalar") return false;
-    auto e = constant_number(n->inputs()[1]);
-    return e && (*e == 2 || *e == 3 || *e == 0.5 || *e == -1);
-  }
-  if (kind == "aten::gelu") {
-    auto iv = torch::jit::toIValue(n->inputs()[1]);
-    return n->inputs().size() == 2 && iv && iv->isString() &&
-           (iv->toStringRef() == "none" || iv->toStringRef() == "tanh");
-  }
-  return false;
+// One fused op: whether a node of its kind can be fused (its overload, the constants it needs)
+// and the expression it becomes, `arg(i)` being the expression of input i (a tensor, or the
+// constant number). One table, so what is accepted and what is lowered cannot drift apart.
+struct Lowering {
+  std::function<bool(const Node*)> accepts;
+  std::function<jit::Expr(const Node*, const std::function<jit::Expr(size_t)>&)> lower;
+};
+
+const std::map<std::string, Lowering>& lowerings() {
+  using namespace jit;  // NOLINT: the expression language reads as maths
+  using Arg = std::function<Expr(size_t)>;
+  static const std::map<std::string, Lowering> table = [] {
+    auto number = [](const Node* n, size_t i) {
+      return constant_number(n->inputs()[i]).has_value();
+    };
+    auto tensor_or_number = [=](const Node* n, size_t i) {
+      return is_tensor_input(n, i) || number(n, i);
+    };
+    auto overload = [](const Node* n) { return n->schema().overload_name(); };
+    // add/sub/rsub (Tensor or Scalar) with a constant alpha.
+    auto with_alpha = [=](const Node* n) {
+      return (overload(n) == "Tensor" || overload(n) == "Scalar") && n->inputs().size() == 3 &&
+             tensor_or_number(n, 1) && number(n, 2);
+    };
+    auto scaled = [](const Node* n, const Arg& arg, size_t i) {
+      const double alpha = *constant_number(n->inputs()[2]);
+      return alpha == 1 ? arg(i) : arg(i) * Expr(alpha);
+    };
+    auto binary = [=](const Node* n) {
+      return (overload(n) == "Tensor" || overload(n) == "Scalar") && n->inputs().size() == 2 &&
+             tensor_or_number(n, 1);
+    };
+    auto one_input = [](const Node* n) { return n->inputs().size() == 1; };
+    auto unary = [=](Expr (*f)(const Expr&)) {
+      return Lowering{one_input, [f](const Node*, const Arg& arg) { return f(arg(0)); }};
+    };
+    auto clamp_bound = [=](const Node* n) { return overload(n).empty() && number(n, 1); };
+    std::map<std::string, Lowering> t;
+    t["aten::add"] = {with_alpha,
+                      [=](const Node* n, const Arg& arg) { return arg(0) + scaled(n, arg, 1); }};
+    t["aten::sub"] = {with_alpha,
+                      [=](const Node* n, const Arg& arg) { return arg(0) - scaled(n, arg, 1); }};
+    t["aten::rsub"] = {with_alpha,
+                       [=](const Node* n, const Arg& arg) { return arg(1) - scaled(n, arg, 0); }};
+    t["aten::mul"] = {binary, [](const Node*, const Arg& arg) { return arg(0) * arg(1); }};
+    t["aten::div"] = {binary, [](const Node*, const Arg& arg) { return arg(0) / arg(1); }};
+    t["aten::neg"] = {one_input, [](const Node*, const Arg& arg) { return -arg(0); }};
+    t["aten::abs"] = unary(&jit::abs);
+    t["aten::exp"] = unary(&jit::exp);
+    t["aten::log"] = unary(&jit::log);
+    t["aten::tanh"] = unary(&jit::tanh);
+    t["aten::sigmoid"] = unary(&jit::sigmoid);
+    t["aten::relu"] = unary(&jit::relu);
+    t["aten::sqrt"] = unary(&jit::sqrt);
+    t["aten::erf"] = unary(&jit::erf);
+    t["aten::rsqrt"] = {one_input,
+                        [](const Node*, const Arg& arg) { return Expr(1.0) / sqrt(arg(0)); }};
+    t["aten::reciprocal"] = {one_input,
+                             [](const Node*, const Arg& arg) { return Expr(1.0) / arg(0); }};
+    t["aten::square"] = {one_input, [](const Node*, const Arg& arg) { return arg(0) * arg(0); }};
+    t["aten::silu"] = {one_input,
+                       [](const Node*, const Arg& arg) { return arg(0) * sigmoid(arg(0)); }};
+    auto two_inputs = [](const Node* n) { return n->inputs().size() == 2; };
+    auto max_of = [](const Node*, const Arg& arg) { return maximum(arg(0), arg(1)); };
+    auto min_of = [](const Node*, const Arg& arg) { return minimum(arg(0), arg(1)); };
+    t["aten::maximum"] = {two_inputs, max_of};
+    t["aten::minimum"] = {two_inputs, min_of};
+    t["aten::clamp_min"] = {clamp_bound, max_of};
+    t["aten::clamp_max"] = {clamp_bound, min_of};
+    t["aten::clamp"] = {[=](const Node* n) {
+                          return overload(n).empty() && n->inputs().size() == 3 &&
+                                 (number(n, 1) || is_none_constant(n->inputs()[1])) &&
+                                 (number(n, 2) || is_none_constant(n->inputs()[2]));
+                        },
+                        [](const Node* n, const Arg& arg) {
+                          Expr x = arg(0);
+                          if (!is_none_constant(n->inputs()[1])) x = maximum(x, arg(1));
+                          if (!is_none_constant(n->inputs()[2])) x = minimum(x, arg(2));
+                          return x;
+                        }};
+    t["aten::leaky_relu"] = {[=](const Node* n) { return two_inputs(n) && number(n, 1); },
+                             [](const Node*, const Arg& arg) {
+                               const Expr x = arg(0);
+                               return where_greater(x, Expr(0.0), x, x * arg(1));
+                             }};
+    t["aten::pow"] = {[](const Node* n) {
+                        if (n->schema().overload_name() != "Tensor_Scalar") return false;
+                        auto e = constant_number(n->inputs()[1]);
+                        return e && (*e == 2 || *e == 3 || *e == 0.5 || *e == -1);
+                      },
+                      [](const Node* n, const Arg& arg) {
+                        const Expr x = arg(0);
+                        const double e = *constant_number(n->inputs()[1]);
+                        if (e == 2) return x * x;
+                        if (e == 3) return x * x * x;
+                        if (e == 0.5) return sqrt(x);
+                        return Expr(1.0) / x;  // -1
+                      }};
+    t["aten::gelu"] = {[](const Node* n) {
+                         if (n->inputs().size() != 2) return false;
+                         auto iv = torch::jit::toIValue(n->inputs()[1]);
+                         return iv && iv->isString() &&
+                                (iv->toStringRef() == "none" || iv->toStringRef() == "tanh");
+                       },
+                       [](const Node* n, const Arg& arg) {
+                         const Expr x = arg(0);
+                         if (torch::jit::toIValue(n->inputs()[1])->toStringRef() == "tanh") {
+                           return 0.5 * x *
+                                  (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+                         }
+                         return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
+                       }};
+    return t;
+  }();
+  return table;
 }
 
+// Whether `n` is an op the table knows, with the constants it needs.
+bool fusible_op(const Node* n) {
+  if (n->outputs().size() != 1 || !n->maybeSchema()) return false;
+  auto it = lowerings().find(n->kind().toQualString());
+  return it != lowerings().end() && it->second.accepts(n);
+}
+
+// The expression of a node fusible_op() accepted.
 jit::Expr translate(const Node* n, const ArgFn& input_expr) {
-  using namespace jit;  // NOLINT: the expression language reads as maths
-  const std::string kind = n->kind().toQualString();
   // The operands in input order, so a chain's kernel inputs are numbered as the graph reads them
   // (C++ leaves the evaluation order of `arg(0) + arg(1)` to the compiler).
-  std::vector<c10::optional<Expr>> operands(n->inputs().size());
+  std::vector<c10::optional<jit::Expr>> operands(n->inputs().size());
   for (size_t i = 0; i < operands.size(); ++i) {
     if (is_tensor_input(n, i) || constant_number(n->inputs()[i])) operands[i] = input_expr(i);
   }
-  auto arg = [&](size_t i) { return *operands.at(i); };
-  auto scaled = [&](size_t i) {
-    const double alpha = *constant_number(n->inputs()[2]);
-    return alpha == 1 ? arg(i) : arg(i) * Expr(alpha);
-  };
-  if (kind == "aten::add") return arg(0) + scaled(1);
-  if (kind == "aten::sub") return arg(0) - scaled(1);
-  if (kind == "aten::rsub") return arg(1) - scaled(0);
-  if (kind == "aten::mul") return arg(0) * arg(1);
-  if (kind == "aten::div") return arg(0) / arg(1);
-  if (kind == "aten::neg") return -arg(0);
-  if (kind == "aten::abs") return abs(arg(0));
-  if (kind == "aten::exp") return exp(arg(0));
-  if (kind == "aten::log") return log(arg(0));
-  if (kind == "aten::tanh") return tanh(arg(0));
-  if (kind == "aten::sigmoid") return sigmoid(arg(0));
-  if (kind == "aten::relu") return relu(arg(0));
-  if (kind == "aten::sqrt") return sqrt(arg(0));
-  if (kind == "aten::rsqrt") return Expr(1.0) / sqrt(arg(0));
-  if (kind == "aten::reciprocal") return Expr(1.0) / arg(0);
-  if (kind == "aten::erf") return erf(arg(0));
-  if (kind == "aten::square") return arg(0) * arg(0);
-  if (kind == "aten::silu") return arg(0) * sigmoid(arg(0));
-  if (kind == "aten::maximum" || kind == "aten::clamp_min") return maximum(arg(0), arg(1));
-  if (kind == "aten::minimum" || kind == "aten::clamp_max") return minimum(arg(0), arg(1));
-  if (kind == "aten::clamp") {
-    Expr x = arg(0);
-    if (!is_none_constant(n->inputs()[1])) x = maximum(x, arg(1));
-    if (!is_none_constant(n->inputs()[2])) x = minimum(x, arg(2));
-    return x;
-  }
-  if (kind == "aten::leaky_relu") {
-    const Expr x = arg(0);
-    return where_greater(x, Expr(0.0), x, x * arg(1));
-  }
-  if (kind == "aten::pow") {
-    const Expr x = arg(0);
-    const double e = *constant_number(n->inputs()[1]);
-    if (e == 2) return x * x;
-    if (e == 3) return x * x * x;
-    if (e == 0.5) return sqrt(x);
-    return Expr(1.0) / x;  // -1
-  }
-  if (kind == "aten::gelu") {
-    const Expr x = arg(0);
-    if (torch::jit::toIValue(n->inputs()[1])->toStringRef() == "tanh") {
-      return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-    }
-    return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
-  }
-  VOLT_ASSERT(false, "translate() called for an op fusible_op() refused: ", kind);
-  return Expr(0.0);
+  return lowerings().at(n->kind().toQualString()).lower(n, [&](size_t i) {
+    return *operands.at(i);
+  });
 }
 
 // Whether `n` can be part of a fused chain: a known op whose tensors are all float32 on the CPU
@@ -276,6 +310,101 @@ std::ostream& operator<<(std::ostream& os, const TraceOptions& o) {
 }
 
 namespace {
+
+// While fn is traced: the first op on this thread that reads a tensor's value on the host. The
+// tracer keeps such a value as a constant (a C++ number it never sees again), so a replay
+// would repeat the traced call's value and any branch it took.
+thread_local std::string host_read_op;
+
+const char* host_read_source(const std::string& op) {
+  if (op == "aten::_local_scalar_dense") return "item(), float() or bool() of a tensor";
+  if (op == "aten::is_nonzero") return "a tensor used as a condition";
+  return "equal() of two tensors";
+}
+
+class HostReadWatch {
+ public:
+  HostReadWatch() {
+    host_read_op.clear();
+    handle_ = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(&start).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~HostReadWatch() { at::removeCallback(handle_); }
+  HostReadWatch(const HostReadWatch&) = delete;
+  HostReadWatch& operator=(const HostReadWatch&) = delete;
+
+ private:
+  static std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
+    if (!host_read_op.empty()) return nullptr;
+    const char* op = fn.name();
+    if (std::strcmp(op, "aten::_local_scalar_dense") == 0 ||
+        std::strcmp(op, "aten::is_nonzero") == 0 || std::strcmp(op, "aten::equal") == 0) {
+      host_read_op = op;
+    }
+    return nullptr;
+  }
+  at::CallbackHandle handle_;
+};
+
+// Ops that return memory nothing has written.
+bool allocates_unfilled(const Node* n) {
+  static const std::set<std::string> kinds = {"aten::empty", "aten::empty_like", "aten::new_empty",
+                                              "aten::empty_strided", "aten::new_empty_strided"};
+  return kinds.count(n->kind().toQualString()) > 0;
+}
+
+// The first access to `v` or to a view of it, by node position; nullopt when nothing accesses
+// it. Ops that return an alias of an input (views) pass the question on to their outputs; the
+// graph's return reads after every node; at one position a write counts first.
+struct Access {
+  size_t at;
+  bool write;
+};
+
+// Whether `use` reads only its input's sizes, dtype and device (a `*_like` factory's template,
+// the shape argument of view_as, expand_as, reshape_as, and size queries), not its values.
+bool reads_only_sizes(const torch::jit::Use& use) {
+  const std::string kind = use.user->kind().toQualString();
+  static const std::set<std::string> shape_of_second = {"aten::view_as", "aten::expand_as",
+                                                        "aten::reshape_as"};
+  if (shape_of_second.count(kind)) return use.offset == 1;
+  static const std::set<std::string> metadata = {"aten::size", "aten::numel", "aten::dim"};
+  if (metadata.count(kind)) return true;
+  const std::string suffix = "_like";
+  return use.offset == 0 && kind.size() > suffix.size() &&
+         kind.compare(kind.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+c10::optional<Access> first_access(const Value* v,
+                                   const std::unordered_map<const Node*, size_t>& position) {
+  c10::optional<Access> first;
+  auto consider = [&](Access a) {
+    if (!first || a.at < first->at || (a.at == first->at && a.write)) first = a;
+  };
+  for (const torch::jit::Use& use : v->uses()) {
+    auto it = position.find(use.user);
+    if (it == position.end()) {
+      consider({SIZE_MAX, false});
+      continue;
+    }
+    if (reads_only_sizes(use)) continue;
+    const c10::FunctionSchema* schema = use.user->maybeSchema();
+    const c10::AliasInfo* alias = schema != nullptr && use.offset < schema->arguments().size()
+                                      ? schema->arguments()[use.offset].alias_info()
+                                      : nullptr;
+    if (alias != nullptr && alias->isWrite()) {
+      consider({it->second, true});
+    } else if (alias != nullptr) {
+      for (const Value* out : use.user->outputs()) {
+        if (out->type()->cast<c10::TensorType>() == nullptr) continue;
+        if (auto a = first_access(out, position)) consider(*a);
+      }
+    } else {
+      consider({it->second, false});
+    }
+  }
+  return first;
+}
 
 // One trace: the recorded graph turned into steps over numbered value slots.
 struct Trace {
@@ -377,6 +506,7 @@ std::pair<std::shared_ptr<const Trace>, std::vector<at::Tensor>> TracedFunction:
   const size_t n = inputs.size();
   std::shared_ptr<torch::jit::tracer::TracingState> state;
   torch::jit::Stack outputs;
+  HostReadWatch watch;
   try {
     std::tie(state, outputs) = torch::jit::tracer::trace(
         std::move(stack),
@@ -412,6 +542,12 @@ std::pair<std::shared_ptr<const Trace>, std::vector<at::Tensor>> TracedFunction:
                      "; pass every tensor the function reads that needs a gradient as an input "
                      "(or the module to the constructor), and return only tensors.");
   }
+  VOLT_CHECK(host_read_op.empty(), ValueError, "[TracedFunction] '", name,
+             "' read a tensor's value on the host while traced (", host_read_op, ": ",
+             host_read_source(host_read_op),
+             "); a trace keeps that value, and any branch it decided, as a constant. Compute "
+             "with tensor ops instead (e.g. at::where for a branch), or do not trace this "
+             "function.");
   std::vector<at::Tensor> result;
   for (auto& o : outputs) result.push_back(o.toTensor());
   return {build(state->graph, signature_text(inputs)), std::move(result)};
@@ -430,6 +566,19 @@ std::shared_ptr<const Trace> TracedFunction::Impl::build(std::shared_ptr<torch::
                " with sub-blocks, which a trace cannot replay; trace a function without it.");
     position[node] = nodes.size();
     nodes.push_back(node);
+  }
+  // A tensor an `empty` op made and some op reads before any recorded op writes it was filled
+  // outside libtorch's ops (a kernel writing through data pointers): a replay would read
+  // whatever memory it got.
+  for (const Node* node : nodes) {
+    if (!allocates_unfilled(node)) continue;
+    const auto access = first_access(node->output(), position);
+    VOLT_CHECK(!access || access->write, ValueError, "[TracedFunction] '", name,
+               "' reads a tensor made by ", node->kind().toQualString(),
+               " that no recorded op wrote: it was filled outside libtorch's ops (a custom "
+               "kernel writing through data pointers), which a trace cannot replay. Compute it "
+               "with libtorch ops while traced (torch::jit::tracer::isTracing()), or do not "
+               "trace this function.");
   }
   // Barriers: ops that write memory, draw random numbers or have other side effects run in
   // their recorded order relative to every other op (nothing is fused across them).
@@ -742,6 +891,10 @@ std::string TracedFunction::describe(const std::vector<at::Tensor>& inputs) cons
   (*this)(inputs);
   std::lock_guard<std::mutex> lock(impl.mu);
   return impl.traces.at(key).trace->description;
+}
+
+std::string TracedFunction::signature(const std::vector<at::Tensor>& inputs) const {
+  return impl_->key(inputs, impl_->captured().size());
 }
 
 TracedFunction::Stats TracedFunction::stats() const {

@@ -53,6 +53,11 @@ Batch Strategy::batch_to_device(const Batch& batch) const {
 }
 
 at::Tensor Strategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  if (step_call_) return step_call_(module, batch, batch_idx);
+  return module_training_step(module, batch, batch_idx);
+}
+
+at::Tensor Strategy::module_training_step(Module& module, const Batch& batch, int64_t batch_idx) {
   auto ctx = precision_->forward_context();
   return module.training_step(precision_->convert_input(batch), batch_idx);
 }

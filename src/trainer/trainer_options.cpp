@@ -12,6 +12,10 @@ namespace volt {
 
 void TrainerOptions::validate() const {
   graph_options_.validate();
+  VOLT_CHECK(!(graph_training_step_ && trace_training_step_), ConfigError,
+             "[Trainer] graph_training_step and trace_training_step are both set; a CUDA graph "
+             "replays the step's kernels as captured, a trace replaces some of them with fused "
+             "CPU loops: choose one (graphs on CUDA, the trace on CPU).");
   VOLT_CHECK(max_epochs_ >= -1, ConfigError, "[Trainer] max_epochs=", max_epochs_,
              " is invalid; pass a number of epochs >= 0, or -1 for the default.");
   VOLT_CHECK(num_nodes_ >= 1, ConfigError, "[Trainer] num_nodes=", num_nodes_,
@@ -105,7 +109,8 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
      << ", detect_anomaly=" << o.detect_anomaly() << ", handle_signals=" << o.handle_signals()
      << ", graph_training_step=" << o.graph_training_step()
-     << ", graph_options=" << o.graph_options() << ", num_threads=" << o.num_threads()
+     << ", graph_options=" << o.graph_options()
+     << ", trace_training_step=" << o.trace_training_step() << ", num_threads=" << o.num_threads()
      << ", reuse_host_memory=" << o.reuse_host_memory()
      << ", progress_refresh_s=" << o.progress_refresh_s() << ", callbacks=" << o.callbacks().size()
      << ", loggers=" << o.loggers().size() << ", profiler=" << (o.profiler() ? "set" : "none")

@@ -96,7 +96,7 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       "  enable_progress_bar: false\n  enable_checkpointing: false\n"
       "  enable_model_summary: false\n  logger: false\n  default_root_dir: /tmp/x\n"
       "  deterministic: true\n  benchmark: false\n  detect_nonfinite_loss: false\n"
-      "  handle_signals: false\n  graph_training_step: true\n"
+      "  handle_signals: false\n  graph_training_step: true\n  trace_training_step: true\n"
       "  num_threads: 2\n  reuse_host_memory: false\n  progress_refresh_s: 2.0\n",
       r);
   // Every declared field was set above to a non-default value.
@@ -135,6 +135,7 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       .detect_nonfinite_loss(false)
       .handle_signals(false)
       .graph_training_step(true)
+      .trace_training_step(true)
       .num_threads(2)
       .reuse_host_memory(false)
       .progress_refresh_s(2.0);

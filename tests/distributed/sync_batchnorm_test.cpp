@@ -9,12 +9,14 @@
 #include <torch/torch.h>
 
 #include "distributed/detail/net.h"
+#include "error_text.h"
 #include "log_capture.h"
 #include "requires.h"
 #include "tiny.h"
 #include "volt/core/errors.h"
 #include "volt/distributed/cluster_environment.h"
 #include "volt/distributed/process_group.h"
+#include "volt/kernels/traced_function.h"
 #include "volt/trainer/trainer.h"
 
 namespace {
@@ -134,6 +136,27 @@ TEST(SyncBatchNorm, OnlyInsideAScopeAndFollowsTensorsTheModuleReplaced) {
     volt::SyncBatchNorm::Scope scope(sync);
     EXPECT_NE(model->forward(x.to(torch::kDouble)).grad_fn()->name(), "NativeBatchNormBackward0");
   }
+}
+
+// Under libtorch's tracer a collective is refused (a replay would skip it), so tracing a
+// synchronised forward is a ValueError instead of a trace that normalises without the sync.
+TEST(SyncBatchNorm, ATraceOfASynchronisedForwardIsRefused) {
+  VOLT_REQUIRE_GLOO();
+  auto group = one_rank_group();
+  auto model = torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4));
+  volt::SyncBatchNorm sync(*model, group);
+  volt::TracedFunction traced("synced", model.ptr(), [&](const std::vector<at::Tensor>& in) {
+    volt::SyncBatchNorm::Scope scope(sync);
+    return std::vector<at::Tensor>{model->forward(in[0])};
+  });
+  const std::string e = volt_test::error_of<volt::ValueError>([&] {
+    traced({torch::randn({5, 3})});
+  });
+  EXPECT_TRUE(volt_test::has(e, "while libtorch's tracer records")) << e;
+  EXPECT_EQ(traced.stats().traces, 0);
+  // Untraced, the same forward synchronises as before.
+  volt::SyncBatchNorm::Scope scope(sync);
+  EXPECT_NE(model->forward(torch::randn({5, 3})).grad_fn()->name(), "NativeBatchNormBackward0");
 }
 
 TEST(SyncBatchNorm, WarnsAboutWhatItCannotSynchroniseAndRefusesANullGroup) {

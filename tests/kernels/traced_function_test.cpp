@@ -15,7 +15,9 @@
 #include "near.h"
 #include "scoped_env.h"
 #include "tiny.h"
+#include "volt/kernels/fused_bias_activation.h"
 #include "volt/kernels/fused_elementwise.h"
+#include "volt/kernels/kernel_cache.h"
 #include "volt/kernels/traced_function.h"
 
 namespace {
@@ -25,6 +27,8 @@ using volt::TraceOptions;
 using Tensors = std::vector<at::Tensor>;
 
 struct Traced : ::testing::Test {
+  // The cache writes in the background: let it finish before the folder is removed.
+  ~Traced() override { volt::KernelCache::global().flush(); }
   volt_test::TempDir dir;
   volt_test::ScopedEnv env{"VOLT_KERNEL_CACHE_CONFIG", dir.path + ",false,64"};
 };
@@ -353,6 +357,20 @@ TEST_F(Traced, BadFunctionsAndOptionsAreTypedErrors) {
                   }),
                   "undefined tensor as an input"));
 
+  // A value read on the host while traced: the trace would keep it (and the branch) fixed.
+  TracedFunction reads("reads", [](const Tensors& in) {
+    return Tensors{in[0].sum().item<double>() > 0 ? in[0] * 2 : in[0] * 3};
+  });
+  const std::string r = error_of<volt::ValueError>([&] { reads({torch::ones({3})}); });
+  EXPECT_TRUE(has(r, "read a tensor's value on the host while traced")) << r;
+  EXPECT_TRUE(has(r, "item(), float() or bool() of a tensor")) << r;
+  TracedFunction condition("condition", [](const Tensors& in) {
+    return Tensors{in[0].sum().gt(0).is_nonzero() ? in[0] : -in[0]};
+  });
+  EXPECT_TRUE(has(error_of<volt::ValueError>([&] { condition({torch::ones({3})}); }),
+                  "aten::is_nonzero: a tensor used as a condition"));
+  EXPECT_EQ(reads.stats().traces + condition.stats().traces, 0);
+
   std::ostringstream os;
   os << TraceOptions().max_traces(3);
   EXPECT_TRUE(has(os.str(), "TraceOptions(min_fused_ops=2, max_traces=3, fuse=true")) << os.str();
@@ -361,6 +379,73 @@ TEST_F(Traced, BadFunctionsAndOptionsAreTypedErrors) {
 }  // namespace
 
 namespace {
+
+// A result written through a data pointer into a tensor from an `empty` op is invisible to the
+// tracer: a replay would return whatever memory the replayed `empty` got. Refused; filling such
+// a tensor with a recorded op (through a view too) is fine.
+TEST_F(Traced, MemoryFilledOutsideLibtorchsOpsIsRefusedAndRecordedWritesAreNot) {
+  using volt_test::error_of;
+  auto pointer_copy = [](const Tensors& in) {
+    at::Tensor out = at::empty_like(in[0]);
+    const at::Tensor src = (in[0] * 2).contiguous();
+    std::copy(src.data_ptr<float>(), src.data_ptr<float>() + src.numel(), out.data_ptr<float>());
+    return Tensors{out + 1};
+  };
+  TracedFunction hidden("hidden", pointer_copy);
+  const std::string e = error_of<volt::ValueError>([&] { hidden({torch::randn({4, 4})}); });
+  EXPECT_TRUE(has(e, "reads a tensor made by aten::empty_like that no recorded op wrote")) << e;
+  EXPECT_EQ(hidden.stats().traces, 0);
+
+  auto recorded = [](const Tensors& in) {
+    at::Tensor out = at::empty({8, 4});
+    out.narrow(0, 0, 4).copy_(in[0] * 2);  // written through views, by recorded ops
+    out.narrow(0, 4, 4).fill_(1);
+    at::Tensor acc = at::empty_like(in[0]);
+    at::mul_out(acc, in[0], in[0]);              // an out= op writes it
+    const at::Tensor shape = at::empty({4, 4});  // only its sizes are read
+    const at::Tensor z = at::zeros_like(shape) + in[0].view_as(shape);
+    return Tensors{out.sum(0) + acc.sum(0) + z.sum(0)};
+  };
+  TracedFunction visible("visible", recorded);
+  const Tensors in = {torch::randn({4, 4})};
+  visible(in);
+  EXPECT_TRUE(torch::allclose(visible(in)[0], recorded(in)[0]));
+}
+
+// volt's fused kernels run their reference compositions while traced, so the trace holds their
+// computation (and fuses its elementwise part); their own loops run when called eagerly.
+TEST_F(Traced, VoltsFusedKernelsAreTracedThroughTheirReferences) {
+  volt::FusedElementwise kernel("inner", {volt::jit::tanh(volt::jit::input(0) * 2.0)});
+  auto fn = [&](const Tensors& in) {
+    return Tensors{kernel({in[0]})[0] + 1.0,
+                   volt::fused_linear_activation(in[0], in[1], in[2], volt::Activation::kSilu)};
+  };
+  TracedFunction f("outer", fn);
+  const Tensors in = {torch::randn({16, 8}), torch::randn({8, 8}), torch::randn({8})};
+  f(in);
+  const Tensors got = f(in);
+  const Tensors want = fn(in);
+  EXPECT_TRUE(near(got[0], want[0])) << (got[0] - want[0]).abs().max();
+  EXPECT_TRUE(near(got[1], want[1])) << (got[1] - want[1]).abs().max();
+  const std::string text = f.describe(in);
+  EXPECT_TRUE(has(text, "aten::tanh")) << text;  // the reference's ops were recorded
+  EXPECT_TRUE(has(text, "fused 'outer_g")) << text;
+}
+
+TEST_F(Traced, TheSignatureIsTheTracesKey) {
+  TracedFunction f("sig", exact_chain);
+  const Tensors a = {torch::randn({3, 4}), torch::randn({3, 4}), torch::randn({4})};
+  const Tensors b = {torch::randn({3, 4}), torch::randn({3, 4}), torch::randn({4})};
+  const Tensors c = {torch::randn({5, 4}), torch::randn({5, 4}), torch::randn({4})};
+  EXPECT_EQ(f.signature(a), f.signature(b));
+  EXPECT_NE(f.signature(a), f.signature(c));
+  EXPECT_TRUE(has(f.signature(c), "Float[5, 4]")) << f.signature(c);
+  const std::string with_grad = f.signature(a);
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_NE(f.signature(a), with_grad);  // grad mode is part of it
+  }
+}
 
 // TinyClassifier's layers with GELU(tanh) written as ops, run eagerly or through its own
 // TracedFunction member (the module traces itself).

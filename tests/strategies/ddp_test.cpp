@@ -114,6 +114,22 @@ TEST(Ddp, SyncBatchnormTwoRanksEqualOneProcessOnTheGlobalBatch) {
       << "per-rank BatchNorm matched the global batch: the test above could not fail";
 }
 
+// trace_training_step under DDP: the strategy's per-step work stays eager around the traced
+// module step, the gradients of the replayed graph reach the Reducer's hooks, and the values
+// logged with sync_dist come from the replays; both ranks equal one untraced process.
+TEST(Ddp, ATracedTrainingStepAtTwoRanksEqualsOneUntracedProcess) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 2, 1, false);
+  auto job = run_plain({"--root", dir.path, "--out", dir / "traced", "--devices", "2", "--batch",
+                        "8", "--epochs", "2", "--trace", "1", "--sync-dist", "1"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_NE(job.output.find("trace of 'training_step'"), std::string::npos) << job.output;
+  EXPECT_EQ(job.output.find("running training_step eagerly"), std::string::npos) << job.output;
+  EXPECT_NE(job.output.find("rank 1 done step=16"), std::string::npos) << job.output;
+  expect_ranks_equal_reference(dir / "traced", 2, ref);
+}
+
 // StochasticWeightAveraging at two ranks: with sync_batchnorm both ranks equal one process on the
 // global batch, the final BatchNorm pass included; with per-rank BatchNorm every rank ends with
 // rank 0's statistics (forward_training_data broadcasts them), so the ranks still agree.

@@ -22,6 +22,7 @@
 //       [--persist ELEMENTS] [--max-live ELEMENTS]  (stage 3: persistence threshold, live bound)
 //       [--depth D]  (D more Linear(width, width) layers)
 //       [--batchnorm 0|1]  (a BatchNorm1d after fc1) [--sync-bn 0|1]
+//       [--trace 0|1]  (TrainerOptions::trace_training_step)
 //       (TrainerOptions::sync_batchnorm)
 //       [--checkpoint-activations 0|1]  (fc1+dropout and each deep layer under volt::checkpoint)
 //       [--master-weights 0|1]  (DeepSpeedStrategyOptions::master_weights; default 1)
@@ -402,6 +403,7 @@ int main(int argc, char** argv) {
             .devices(num("--devices", 2))
             .num_nodes(num("--nodes", 1))
             .sync_batchnorm(num("--sync-bn", 0) != 0)
+            .trace_training_step(num("--trace", 0) != 0)
             .max_epochs(num("--epochs", 2))
             .accumulate_grad_batches(num("--accum", 1))
             .gradient_clip_val(a.count("--clip") ? c10::optional<double>(std::stod(a["--clip"]))

@@ -15,7 +15,10 @@
 ///   std::cout << fwd.describe({x}); // what got fused
 ///
 /// What a trace is (the same caveats as torch.jit.trace): the ops one call ran. Control flow
-/// that depends on tensor values, or sizes read into C++ integers, are fixed at the trace; a new
+/// that depends on tensor values, or sizes read into C++ integers, are fixed at the trace (a
+/// value read on the host while tracing, item() or a tensor as a condition, is a ValueError, as
+/// is a tensor from an `empty` op read before a recorded op wrote it: a kernel filled it through
+/// data pointers; volt's fused kernels run their reference compositions while traced); a new
 /// trace is taken for each new input signature (count, dtypes, devices, sizes, requires_grad of
 /// the inputs; grad mode; autocast's state; the module's training mode and parameter count), the
 /// least recently used beyond `max_traces` dropped. A function whose ops depend on anything else
@@ -92,6 +95,10 @@ class TracedFunction {
   /// The trace for `inputs`' signature (traced if needed, which runs fn once): the counts, each
   /// step (the fused chains with their ops), and the recorded graph. For reading.
   std::string describe(const std::vector<at::Tensor>& inputs) const;
+
+  /// The key of the trace `inputs` run: their signature (count, dtypes, sizes, devices,
+  /// requires_grad), grad mode, autocast's state and the module's; equal keys share a trace.
+  std::string signature(const std::vector<at::Tensor>& inputs) const;
 
   struct Stats {
     int64_t traces = 0;     ///< traces taken (one per new signature, again after an eviction)

@@ -7,6 +7,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -104,8 +105,16 @@ class Strategy {
   virtual Batch batch_to_device(const Batch& batch) const;
 
   // ------------------------------------------------------------------ steps
-  /// Runs module.training_step inside the precision's forward context.
+  /// The strategy's per-step work (a data-parallel strategy's buffer broadcast, ZeRO's
+  /// gathers), then module_training_step (or the call set_training_step_call installed).
   virtual at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx);
+  /// module.training_step on the batch the precision converted, inside the precision's forward
+  /// context: the part of training_step a traced step records.
+  at::Tensor module_training_step(Module& module, const Batch& batch, int64_t batch_idx);
+  using TrainingStepCall = std::function<at::Tensor(Module&, const Batch&, int64_t)>;
+  /// Makes training_step run `call` instead of module_training_step (the Trainer's
+  /// trace_training_step installs a traced one for each step); an empty call restores it.
+  void set_training_step_call(TrainingStepCall call) { step_call_ = std::move(call); }
   virtual void validation_step(Module& module, const Batch& batch, int64_t batch_idx);
   virtual void test_step(Module& module, const Batch& batch, int64_t batch_idx);
   virtual at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx);
@@ -194,6 +203,9 @@ class Strategy {
   std::shared_ptr<Accelerator> accelerator_;
   std::shared_ptr<Precision> precision_;
   std::shared_ptr<CheckpointIO> checkpoint_io_;
+
+ private:
+  TrainingStepCall step_call_;
 };
 
 }  // namespace volt

@@ -137,6 +137,17 @@ struct TrainerOptions {
   TORCH_ARG(bool, graph_training_step) = false;
   /// Warm-up steps and graphs kept for graph_training_step. Default: GraphOptions().
   TORCH_ARG(GraphOptions, graph_options);
+  /// Trace training_step with volt::TracedFunction (one trace per batch signature, at most 8)
+  /// and replay it with its elementwise float32 CPU chains fused; backward, clipping and the
+  /// optimizer run as usual. The trace is the ops the first step of a signature ran, so
+  /// training_step must run the same ops for every batch of a signature: nothing decided by
+  /// batch_idx, the step count or a tensor's value (a host read while tracing, item() or a
+  /// tensor as a condition, and log(name, number) are refused). Values training_step logs are
+  /// outputs of the trace, logged after each replay. What cannot be traced (manual
+  /// optimization, a module off the CPU, sync_batchnorm, a DeepSpeed strategy, a skipped
+  /// batch, a refusal above) runs eagerly, logged once with the reason. Exclusive with
+  /// graph_training_step (ConfigError). Default: false.
+  TORCH_ARG(bool, trace_training_step) = false;
   /// torch intra-op threads; 0 = volt's measured default: 1 on 2-CPU machines with OpenBLAS
   /// when the precision computes in fp32 (OpenBLAS threads its GEMMs itself), libtorch's own
   /// count under bf16-mixed, 16-mixed and bf16-true (see docs/PERFORMANCE.md); at most 1024.

@@ -456,6 +456,9 @@ Params trainer_params(const Registry& reg) {
            "SIGINT/SIGTERM stop at a batch boundary (all ranks alike); a second one at once")
       .add("graph_training_step", d.graph_training_step(),
            "replay the training step from CUDA graphs (eager where it cannot, logged)")
+      .add("trace_training_step", d.trace_training_step(),
+           "trace training_step and replay it with fused CPU elementwise chains (eager where "
+           "it cannot, logged)")
       .add("num_threads", d.num_threads(), "torch intra-op threads; 0 = volt's measured default")
       .add("reuse_host_memory", d.reuse_host_memory(),
            "let the C library's malloc keep freed memory for reuse (process-wide)")
@@ -503,6 +506,7 @@ TrainerOptions trainer_options(const Args& a) {
       .detect_anomaly(a.get<bool>("detect_anomaly"))
       .handle_signals(a.get<bool>("handle_signals"))
       .graph_training_step(a.get<bool>("graph_training_step"))
+      .trace_training_step(a.get<bool>("trace_training_step"))
       .num_threads(a.get<int64_t>("num_threads"))
       .reuse_host_memory(a.get<bool>("reuse_host_memory"))
       .progress_refresh_s(a.get<double>("progress_refresh_s"));

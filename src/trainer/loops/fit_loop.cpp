@@ -241,6 +241,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   } forget{r};
   r.setup_optimizers();
   if (r.opts.graph_training_step()) r.step = make_graphed_step(r);
+  if (r.opts.trace_training_step()) r.step = make_traced_step(r);
   if (r.overfitting() && r.is_global_zero()) {
     std::ostringstream s;
     s << "overfit_batches=" << r.opts.overfit_batches() << ": every epoch trains on the same "

@@ -63,5 +63,9 @@ class OptimizationStep {
 /// whole step from CUDA graphs, and runs eagerly, logged once, where it cannot.
 std::unique_ptr<OptimizationStep> make_graphed_step(Run& run);
 
+/// The step of TrainerOptions::trace_training_step (loops/traced_step.cpp): training_step
+/// replayed from a trace with fused elementwise chains, eager (logged once) where it cannot.
+std::unique_ptr<OptimizationStep> make_traced_step(Run& run);
+
 }  // namespace detail
 }  // namespace volt

@@ -1,0 +1,223 @@
+// TrainerOptions::trace_training_step: training_step recorded by a TracedFunction and replayed
+// with its elementwise float32 CPU chains fused.
+//
+// The step installs a call in the strategy (Strategy::set_training_step_call) for the length of
+// each step, so a strategy's own per-step work (DDP's buffer broadcast) still runs eagerly and
+// only the module's part (the precision's forward context, the input conversion and
+// module.training_step: Strategy::module_training_step) is traced. The batch's tensors are the
+// trace's inputs, the module's parameters and buffers its captured inputs. What training_step
+// logs while traced is collected (Run::capture_log) and returned as extra outputs of the trace,
+// so each replay logs the values it computed; the names and options are kept per signature
+// beside the trace (one LRU of the same size, touched in the same order, so both keep the same
+// signatures). Backward, clipping, the optimizer and the loop's counters are the eager ones.
+// Whatever cannot be traced runs eagerly for the rest of the fit, logged once with the reason.
+#include <c10/util/Exception.h>
+
+#include <list>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainer/detail/run.h"
+#include "trainer/loops/optimization_step.h"
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/kernels/traced_function.h"
+#include "volt/strategies/deepspeed.h"
+
+namespace volt {
+namespace detail {
+namespace {
+
+constexpr int64_t kMaxTraces = 8;
+
+// Which of a batch's tensors are defined, and the extras' names: a trace holds one layout.
+std::string layout_of(const Batch& b) {
+  std::string s =
+      std::string(b.input.defined() ? "input" : "-") + (b.target.defined() ? " target" : " -");
+  for (const auto& kv : b.extra) s += (kv.second.defined() ? " " : " -") + kv.first;
+  return s;
+}
+
+std::vector<at::Tensor> tensors_of(const Batch& b) {
+  std::vector<at::Tensor> out;
+  if (b.input.defined()) out.push_back(b.input);
+  if (b.target.defined()) out.push_back(b.target);
+  for (const auto& kv : b.extra) {
+    if (kv.second.defined()) out.push_back(kv.second);
+  }
+  return out;
+}
+
+// The batch of `like`'s layout made of `t` (tensors_of's order).
+Batch batch_from(const std::vector<at::Tensor>& t, const Batch& like) {
+  Batch b;
+  size_t i = 0;
+  if (like.input.defined()) b.input = t.at(i++);
+  if (like.target.defined()) b.target = t.at(i++);
+  for (const auto& kv : like.extra)
+    b.extra[kv.first] = kv.second.defined() ? t.at(i++) : at::Tensor();
+  return b;
+}
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+struct LogSpec {
+  std::string name;
+  LogOptions options;
+};
+
+class TracedOptimizationStep : public OptimizationStep {
+ public:
+  explicit TracedOptimizationStep(Run& run)
+      : OptimizationStep(run),
+        traced_(
+            "training_step", *run.module,
+            [this](const std::vector<at::Tensor>& in) { return record(in); },
+            TraceOptions().max_traces(kMaxTraces)) {}
+
+  bool run(const Batch& batch, int64_t batch_idx, int64_t num_batches) override {
+    if (!eager_ && !checked_) {
+      checked_ = true;
+      if (std::string why = static_reason(); !why.empty()) go_eager(why);
+    }
+    if (eager_) return OptimizationStep::run(batch, batch_idx, num_batches);
+    Strategy& s = run_.strategy();
+    s.set_training_step_call(
+        [this](Module& m, const Batch& b, int64_t i) { return call(m, b, i); });
+    struct Restore {
+      Strategy& s;
+      ~Restore() { s.set_training_step_call(nullptr); }
+    } restore{s};
+    return OptimizationStep::run(batch, batch_idx, num_batches);
+  }
+
+ private:
+  // Why this run's training_step cannot be traced at all, or "".
+  std::string static_reason() const {
+    Run& r = run_;
+    if (!r.module->automatic_optimization()) {
+      return "manual optimization (training_step steps the optimizers itself; trace the "
+             "module's forward with volt::TracedFunction instead)";
+    }
+    if (dynamic_cast<const DeepSpeedStrategy*>(&r.strategy()) != nullptr) {
+      return "a DeepSpeed strategy (ZeRO gathers and frees the parameters around the forward)";
+    }
+    if (r.opts.sync_batchnorm()) {
+      return "sync_batchnorm (its statistics are all-reduced outside libtorch's ops)";
+    }
+    for (const auto& p : r.module->parameters()) {
+      if (!p.device().is_cpu()) {
+        return "the module's parameters are on " + p.device().str() +
+               " (the trace fuses CPU float32 ops; on CUDA use graph_training_step)";
+      }
+    }
+    return "";
+  }
+
+  void go_eager(const std::string& why) {
+    if (eager_) return;
+    eager_ = true;
+    log_warning("Trainer", "trace_training_step: running training_step eagerly: " + why);
+  }
+
+  // The strategy's call of the module's step while this step runs.
+  at::Tensor call(Module& m, const Batch& b, int64_t batch_idx) {
+    Strategy& s = run_.strategy();
+    if (eager_) return s.module_training_step(m, b, batch_idx);
+    const std::string layout = layout_of(b);
+    if (layout_.empty()) layout_ = layout;
+    if (layout != layout_) {
+      go_eager("the batch's tensors changed from (" + layout_ + ") to (" + layout + ")");
+      return s.module_training_step(m, b, batch_idx);
+    }
+    const std::vector<at::Tensor> in = tensors_of(b);
+    batch_ = &b;
+    batch_idx_ = batch_idx;
+    recorded_ = false;
+    std::vector<at::Tensor> out;
+    try {
+      out = traced_(in);
+    } catch (const std::exception& e) {
+      if (!recorded_) throw;  // a replay failed: not a tracing matter
+      go_eager(message_of(e));
+      return s.module_training_step(m, b, batch_idx);
+    }
+    const std::vector<LogSpec>& logs = logs_for(traced_.signature(in));
+    VOLT_ASSERT(out.size() == logs.size() + 1, "the trace of training_step returned ", out.size(),
+                " tensors for ", logs.size(), " logged values");
+    for (size_t i = 0; i < logs.size(); ++i) run_.log(logs[i].name, out[i + 1], logs[i].options);
+    return out[0];
+  }
+
+  // The TracedFunction's function: training_step on the traced batch, returning the loss and
+  // the values it logged.
+  std::vector<at::Tensor> record(const std::vector<at::Tensor>& in) {
+    recorded_ = true;
+    const Batch b = batch_from(in, *batch_);
+    std::vector<Run::CapturedLog> logs;
+    struct Capture {
+      Run& r;
+      explicit Capture(Run& run, std::vector<Run::CapturedLog>* to) : r(run) { r.capture_log = to; }
+      ~Capture() { r.capture_log = nullptr; }
+    } capture(run_, &logs);
+    const at::Tensor loss = run_.strategy().module_training_step(*run_.module, b, batch_idx_);
+    VOLT_CHECK(loss.defined(), NotAvailable,
+               "training_step returned no loss for a batch (a skipped batch); a trace replays a "
+               "step that always returns one");
+    std::vector<at::Tensor> out{loss};
+    pending_.clear();
+    for (auto& l : logs) {
+      out.push_back(l.value);
+      pending_.push_back(LogSpec{l.name, l.options});
+    }
+    return out;
+  }
+
+  // The log specs of signature `key`: the ones just recorded when this call traced.
+  const std::vector<LogSpec>& logs_for(const std::string& key) {
+    auto it = logs_.find(key);
+    if (recorded_) {
+      if (it != logs_.end()) {
+        recent_.erase(it->second.second);
+        logs_.erase(it);
+      }
+      recent_.push_front(key);
+      it = logs_.emplace(key, std::make_pair(std::move(pending_), recent_.begin())).first;
+      while (static_cast<int64_t>(logs_.size()) > kMaxTraces) {
+        logs_.erase(recent_.back());
+        recent_.pop_back();
+      }
+      return it->second.first;
+    }
+    VOLT_ASSERT(it != logs_.end(), "no logged names kept for the trace ", key);
+    recent_.splice(recent_.begin(), recent_, it->second.second);
+    return it->second.first;
+  }
+
+  TracedFunction traced_;
+  bool eager_ = false;
+  bool checked_ = false;
+  std::string layout_;
+  // The traced call in flight.
+  const Batch* batch_ = nullptr;
+  int64_t batch_idx_ = 0;
+  bool recorded_ = false;
+  std::vector<LogSpec> pending_;
+  // Logged names and options per trace signature, most recently used first.
+  std::list<std::string> recent_;
+  std::map<std::string, std::pair<std::vector<LogSpec>, std::list<std::string>::iterator>> logs_;
+};
+
+}  // namespace
+
+std::unique_ptr<OptimizationStep> make_traced_step(Run& run) {
+  return std::make_unique<TracedOptimizationStep>(run);
+}
+
+}  // namespace detail
+}  // namespace volt

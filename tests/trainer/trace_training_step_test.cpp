@@ -1,0 +1,230 @@
+// TrainerOptions::trace_training_step: fits whose training_step is traced and replayed with its
+// elementwise chains fused, against the same fits run eagerly (weights and every logged value);
+// a ragged last batch with its own trace; what cannot be traced running eagerly with the reason
+// logged (host reads, numbers logged, skipped batches, manual optimization, a kernel filling
+// memory outside libtorch's ops), volt's own fused kernels traced through their references; the
+// exclusion of graph_training_step. Each test runs in its own process with a private
+// KernelCache folder.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "error_text.h"
+#include "log_capture.h"
+#include "manual_module.h"
+#include "scoped_env.h"
+#include "tiny.h"
+#include "volt/kernels/kernel_cache.h"
+
+namespace {
+
+using volt_test::capture_logs;
+using volt_test::has;
+
+struct TraceStep : ::testing::Test {
+  // The cache writes in the background: let it finish before the folder is removed.
+  ~TraceStep() override { volt::KernelCache::global().flush(); }
+  volt_test::TempDir dir;
+  volt_test::ScopedEnv env{"VOLT_KERNEL_CACHE_CONFIG", dir.path + "/kernels,false,64"};
+};
+
+// GELU(tanh) written as libtorch ops (an 11-op elementwise chain a trace fuses) between the
+// tiny classifier's layers, dropout included; logs the loss and the activations' mean.
+class GeluNet : public volt_test::TinyClassifier {
+ public:
+  at::Tensor training_step(const volt::Batch& b, int64_t) override {
+    auto h = fc1->forward(b.input);
+    h = 0.5 * h * (1.0 + torch::tanh(0.7978845608028654 * (h + 0.044715 * h * h * h)));
+    const auto loss = torch::cross_entropy_loss(fc2->forward(drop->forward(h)), b.target);
+    log("train_loss", loss, volt::LogOptions().prog_bar(true));
+    log("act_mean", h.mean().detach(), volt::LogOptions().on_epoch(true));
+    return loss;
+  }
+};
+
+struct FitResult {
+  at::Tensor weights;
+  std::map<std::string, std::vector<double>> logged;  // per name, in step order
+  std::vector<std::string> lines;                     // what volt logged
+};
+
+template <typename Net>
+FitResult fit(const std::string& root, bool traced, int64_t samples = 128,
+              std::function<void(Net&)> setup = nullptr) {
+  Net net;
+  torch::manual_seed(3);
+  for (auto& p : net.parameters()) p.data().uniform_(-0.5, 0.5);
+  if (setup) setup(net);
+  auto logger = std::make_shared<volt_test::MemoryLogger>();
+  FitResult out;
+  out.lines = capture_logs([&] {
+    volt::Trainer trainer(volt_test::quiet(root)
+                              .max_epochs(2)
+                              .log_every_n_steps(1)
+                              .loggers({logger})
+                              .trace_training_step(traced));
+    trainer.fit(net, volt_test::loader(volt_test::blobs(samples)));
+  });
+  out.weights = net.flat_params();
+  for (const auto& r : logger->records) {
+    for (const auto& kv : r.second) out.logged[kv.first].push_back(kv.second);
+  }
+  return out;
+}
+
+int count(const std::vector<std::string>& lines, const std::string& phrase) {
+  int n = 0;
+  for (const auto& l : lines) n += has(l, phrase) ? 1 : 0;
+  return n;
+}
+
+void expect_logged_equal(const FitResult& a, const FitResult& b, const std::string& name,
+                         double tol) {
+  ASSERT_TRUE(a.logged.count(name)) << name;
+  ASSERT_TRUE(b.logged.count(name)) << name;
+  const auto& x = a.logged.at(name);
+  const auto& y = b.logged.at(name);
+  ASSERT_EQ(x.size(), y.size()) << name;
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR(x[i], y[i], tol * (1 + std::abs(y[i]))) << name << " at record " << i;
+  }
+}
+
+TEST_F(TraceStep, ATracedFitMatchesTheEagerFitWithEveryLoggedValue) {
+  const FitResult eager = fit<GeluNet>(dir / "eager", false);
+  const FitResult traced = fit<GeluNet>(dir / "traced", true);
+  // Batches of 16 from 128 samples: one signature, traced once, with the GELU chain fused.
+  EXPECT_EQ(count(traced.lines, "trace of 'training_step'"), 1);
+  EXPECT_TRUE(has(traced.lines, "fused chain")) << "no fused chain reported";
+  EXPECT_FALSE(has(traced.lines, "running training_step eagerly"));
+  EXPECT_FALSE(has(eager.lines, "trace of 'training_step'"));
+  // The same ops and dropout masks but GELU's tanh (a few ulp) over 16 SGD steps.
+  EXPECT_LT((eager.weights - traced.weights).abs().max().item<double>(), 1e-4);
+  // Every step's values, logged from the replays' outputs.
+  ASSERT_EQ(traced.logged.at("train_loss").size(), 16u);
+  expect_logged_equal(traced, eager, "train_loss", 1e-5);
+  expect_logged_equal(traced, eager, "act_mean_step", 1e-5);
+  expect_logged_equal(traced, eager, "act_mean_epoch", 1e-5);  // the epoch mean of the replays'
+  ASSERT_EQ(traced.logged.at("act_mean_epoch").size(), 2u);
+  // The values change from step to step: a replay logs what it computed, not the trace's.
+  const auto& acts = traced.logged.at("act_mean_step");
+  EXPECT_NE(acts.front(), acts.back());
+}
+
+TEST_F(TraceStep, ARaggedLastBatchGetsItsOwnTrace) {
+  // 120 samples: 7 batches of 16 and one of 8 per epoch, two signatures.
+  const FitResult eager = fit<GeluNet>(dir / "eager", false, 120);
+  const FitResult traced = fit<GeluNet>(dir / "traced", true, 120);
+  EXPECT_EQ(count(traced.lines, "trace of 'training_step'"), 2);
+  EXPECT_TRUE(has(traced.lines, "Float[8, 8]")) << "no trace for the batch of 8";
+  EXPECT_LT((eager.weights - traced.weights).abs().max().item<double>(), 1e-4);
+  expect_logged_equal(traced, eager, "train_loss", 1e-5);
+}
+
+// Without dropout: a step traced and then run eagerly draws no random numbers twice, so the
+// fallback's fit equals the eager fit bit for bit.
+class PlainNet : public volt_test::TinyClassifier {
+ public:
+  PlainNet() { drop->options.p(0.0); }
+  at::Tensor training_step(const volt::Batch& b, int64_t batch_idx) override {
+    const auto logits = forward(b.input);
+    auto loss = torch::cross_entropy_loss(logits, b.target);
+    if (host_read && loss.item<double>() > 1e9) loss = loss * 0;
+    if (log_number) log("lr", 0.1);
+    if (skip_first && batch_idx == 0) return {};
+    if (unfilled) {
+      // A "kernel" writing its result through a data pointer, as custom CPU code does.
+      at::Tensor out = at::empty_like(logits);
+      const at::Tensor src = logits.detach().contiguous();
+      std::copy(src.data_ptr<float>(), src.data_ptr<float>() + src.numel(), out.data_ptr<float>());
+      loss = loss + 0 * out.sum();
+    }
+    log("train_loss", loss);
+    return loss;
+  }
+  bool host_read = false, log_number = false, skip_first = false, unfilled = false;
+};
+
+void expect_eager_fallback(const std::string& root, std::function<void(PlainNet&)> setup,
+                           const std::string& reason) {
+  const FitResult eager = fit<PlainNet>(root + "/eager", false, 128, setup);
+  const FitResult traced = fit<PlainNet>(root + "/traced", true, 128, setup);
+  EXPECT_EQ(count(traced.lines, "trace_training_step: running training_step eagerly"), 1) << reason;
+  EXPECT_TRUE(has(traced.lines, reason)) << "expected the reason: " << reason;
+  EXPECT_TRUE(torch::equal(eager.weights, traced.weights)) << reason;
+  EXPECT_EQ(eager.logged.at("train_loss"), traced.logged.at("train_loss")) << reason;
+}
+
+TEST_F(TraceStep, AHostReadInTrainingStepRunsItEagerlyNamingTheRead) {
+  expect_eager_fallback(
+      dir.path, [](PlainNet& n) { n.host_read = true; },
+      "read a tensor's value on the host while traced (aten::_local_scalar_dense: item(), "
+      "float() or bool() of a tensor)");
+}
+
+TEST_F(TraceStep, ANumberLoggedInTrainingStepRunsItEagerly) {
+  expect_eager_fallback(
+      dir.path, [](PlainNet& n) { n.log_number = true; },
+      "log(\"lr\", number) while the step is traced");
+}
+
+TEST_F(TraceStep, ASkippedBatchRunsTheStepEagerly) {
+  expect_eager_fallback(
+      dir.path, [](PlainNet& n) { n.skip_first = true; }, "a skipped batch");
+}
+
+TEST_F(TraceStep, MemoryFilledOutsideLibtorchsOpsRunsTheStepEagerly) {
+  expect_eager_fallback(
+      dir.path, [](PlainNet& n) { n.unfilled = true; },
+      "reads a tensor made by aten::empty_like that no recorded op wrote");
+}
+
+TEST_F(TraceStep, ManualOptimizationRunsEagerlyWithTheReason) {
+  volt_test::ManualTinyClassifier net;
+  const auto lines = capture_logs([&] {
+    volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).trace_training_step(true));
+    trainer.fit(net, volt_test::loader(volt_test::blobs(64)));
+  });
+  EXPECT_EQ(count(lines, "running training_step eagerly: manual optimization"), 1);
+  EXPECT_FALSE(has(lines, "trace of 'training_step'"));
+}
+
+// volt's fused kernels inside a traced training_step run their reference compositions while
+// traced (their loops write memory a trace cannot see), and the replays match the eager fit,
+// where the kernels themselves run.
+class FusedKernelNet : public volt_test::TinyClassifier {
+ public:
+  FusedKernelNet() { drop->options.p(0.0); }
+  at::Tensor training_step(const volt::Batch& b, int64_t) override {
+    const auto h =
+        volt::fused_linear_activation(b.input, fc1->weight, fc1->bias, volt::Activation::kGeluTanh);
+    const auto loss = volt::fused_linear_cross_entropy(h, fc2->weight, fc2->bias, b.target);
+    log("train_loss", loss);
+    return loss;
+  }
+};
+
+TEST_F(TraceStep, VoltsFusedKernelsAreTracedThroughTheirReferences) {
+  const FitResult eager = fit<FusedKernelNet>(dir / "eager", false);
+  const FitResult traced = fit<FusedKernelNet>(dir / "traced", true);
+  EXPECT_EQ(count(traced.lines, "trace of 'training_step'"), 1);
+  EXPECT_FALSE(has(traced.lines, "running training_step eagerly"));
+  EXPECT_FALSE(has(traced.lines, "using the reference composition"));  // no fallback warning
+  EXPECT_LT((eager.weights - traced.weights).abs().max().item<double>(), 1e-4);
+  expect_logged_equal(traced, eager, "train_loss", 1e-5);
+}
+
+TEST_F(TraceStep, GraphAndTraceTogetherAreAConfigError) {
+  const std::string e = volt_test::error_of<volt::ConfigError>([&] {
+    volt::Trainer trainer(
+        volt_test::quiet(dir.path).graph_training_step(true).trace_training_step(true));
+  });
+  EXPECT_TRUE(has(e, "graph_training_step and trace_training_step are both set")) << e;
+  EXPECT_TRUE(has(e, "choose one")) << e;
+}
+
+}  // namespace
