@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,47 @@ TEST_F(TraceStep, MemoryFilledOutsideLibtorchsOpsRunsTheStepEagerly) {
   expect_eager_fallback(
       dir.path, [](PlainNet& n) { n.unfilled = true; },
       "reads a tensor made by aten::empty_like that no recorded op wrote");
+}
+
+// Every batch a different number of rows (as sequences of varying length give): a new signature
+// each step. After as many traces were dropped as are kept (8), the step runs eagerly.
+class RaggedBatches : public volt::Dataset {
+ public:
+  int64_t size() const override { return 40; }
+  volt::Example get(int64_t) const override {
+    throw std::logic_error("RaggedBatches collates its own batches");
+  }
+  c10::optional<volt::Batch> get_batch(const std::vector<int64_t>& indices) const override {
+    auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(indices.front()));
+    volt::Batch b;
+    b.input = at::randn({1 + indices.front(), 8}, gen);
+    b.target = (b.input.sum(1) > 0).to(torch::kLong);
+    return b;
+  }
+};
+
+TEST_F(TraceStep, ASignatureThatKeepsChangingTurnsTheStepEager) {
+  auto run = [&](bool traced) {
+    PlainNet net;
+    torch::manual_seed(3);
+    for (auto& p : net.parameters()) p.data().uniform_(-0.5, 0.5);
+    FitResult out;
+    out.lines = capture_logs([&] {
+      volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).trace_training_step(traced));
+      trainer.fit(net, volt::DataLoader(std::make_shared<RaggedBatches>(),
+                                        volt::DataLoaderOptions(1).shuffle(false)));
+    });
+    out.weights = net.flat_params();
+    return out;
+  };
+  const FitResult eager = run(false);
+  const FitResult traced = run(true);
+  EXPECT_EQ(count(traced.lines, "trace of 'training_step'"), 16);
+  EXPECT_EQ(count(traced.lines,
+                  "running training_step eagerly: the batch's signature changed 16 "
+                  "times, more than the 8 traces kept"),
+            1);
+  EXPECT_LT((eager.weights - traced.weights).abs().max().item<double>(), 1e-5);
 }
 
 TEST_F(TraceStep, ManualOptimizationRunsEagerlyWithTheReason) {

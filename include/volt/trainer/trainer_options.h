@@ -145,8 +145,9 @@ struct TrainerOptions {
   /// tensor as a condition, and log(name, number) are refused). Values training_step logs are
   /// outputs of the trace, logged after each replay. What cannot be traced (manual
   /// optimization, a module off the CPU, sync_batchnorm, a DeepSpeed strategy, a skipped
-  /// batch, a refusal above) runs eagerly, logged once with the reason. Exclusive with
-  /// graph_training_step (ConfigError). Default: false.
+  /// batch, a refusal above, a signature that keeps changing: 8 traces dropped) runs eagerly,
+  /// logged once with the reason. Exclusive with graph_training_step (ConfigError).
+  /// Default: false.
   TORCH_ARG(bool, trace_training_step) = false;
   /// torch intra-op threads; 0 = volt's measured default: 1 on 2-CPU machines with OpenBLAS
   /// when the precision computes in fp32 (OpenBLAS threads its GEMMs itself), libtorch's own

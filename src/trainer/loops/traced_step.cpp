@@ -151,6 +151,17 @@ class TracedOptimizationStep : public OptimizationStep {
     VOLT_ASSERT(out.size() == logs.size() + 1, "the trace of training_step returned ", out.size(),
                 " tensors for ", logs.size(), " logged values");
     for (size_t i = 0; i < logs.size(); ++i) run_.log(logs[i].name, out[i + 1], logs[i].options);
+    // Signatures that keep changing (sequences of varying length) trace nearly every step:
+    // slower than eager, so stop once as many traces were dropped as are kept.
+    if (recorded_) {
+      const TracedFunction::Stats st = traced_.stats();
+      if (st.evictions >= kMaxTraces) {
+        go_eager("the batch's signature changed " + std::to_string(st.traces) +
+                 " times, more than the " + std::to_string(kMaxTraces) +
+                 " traces kept (e.g. batches of varying length), so the step was traced again "
+                 "and again; pad the batches to a few fixed shapes to trace them");
+      }
+    }
     return out[0];
   }
 
