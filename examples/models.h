@@ -178,6 +178,9 @@ class FashionMnistData : public volt::DataModule {
     return volt::DataLoader(test_, volt::DataLoaderOptions(512));
   }
   c10::optional<volt::DataLoader> predict_dataloader() override { return test_dataloader(); }
+  /// The training batch size, which volt::scale_batch_size can tune.
+  c10::optional<int64_t> batch_size() const override { return batch_size_; }
+  void set_batch_size(int64_t batch_size) override { batch_size_ = batch_size; }
 
  private:
   std::string root_;

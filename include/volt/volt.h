@@ -87,4 +87,5 @@
 #include "volt/trainer/plan.h"
 #include "volt/trainer/threads.h"
 #include "volt/trainer/trainer.h"
+#include "volt/tuner/batch_size_finder.h"
 #include "volt/tuner/lr_finder.h"

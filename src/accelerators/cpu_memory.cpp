@@ -2,6 +2,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,6 +29,7 @@ static_assert(sizeof(Header) <= kHeader, "header must fit in front of the data")
 
 struct Counters {
   std::atomic<int64_t> in_use{0}, max_in_use{0}, num_allocs{0}, num_frees{0}, max_alloc{0};
+  std::atomic<int64_t> cap{0};  // set_cpu_memory_limit; 0 = none
 };
 Counters& counters() {
   static Counters c;
@@ -64,16 +66,32 @@ class CountingAllocator final : public c10::Allocator {
 #endif
     // Zero-byte storages (empty tensors) hold no memory: not counted, as in the wrapped one.
     if (n == 0) return wrapped_->allocate(0);
-    c10::DataPtr inner = wrapped_->allocate(n + kHeader);
+    Counters& c = counters();
+    // The bytes are counted before the block is taken, so that concurrent allocations cannot
+    // pass a cap together; a refused or failed allocation gives them back.
+    const int64_t bytes = static_cast<int64_t>(n);
+    const int64_t now = c.in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    const int64_t cap = c.cap.load(std::memory_order_relaxed);
+    if (cap > 0 && now > cap) {
+      c.in_use.fetch_sub(bytes, std::memory_order_relaxed);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "[CpuMemory] can't allocate memory: ", n,
+                       " bytes would take CPU tensor memory to ", now,
+                       " bytes, above the limit of ", cap,
+                       " bytes that set_cpu_memory_limit() set.");
+    }
+    c10::DataPtr inner;
+    try {
+      inner = wrapped_->allocate(n + kHeader);
+    } catch (...) {
+      c.in_use.fetch_sub(bytes, std::memory_order_relaxed);
+      throw;
+    }
     char* base = static_cast<char*>(inner.get());
     auto* h = reinterpret_cast<Header*>(base);
     h->size = n;
     h->wrapped_deleter = inner.get_deleter();
     h->wrapped_ctx = inner.release_context();
     const c10::Device device = inner.device();
-    Counters& c = counters();
-    const int64_t now = c.in_use.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) +
-                        static_cast<int64_t>(n);
     c.num_allocs.fetch_add(1, std::memory_order_relaxed);
     raise_to(c.max_in_use, now);
     raise_to(c.max_alloc, static_cast<int64_t>(n));
@@ -170,6 +188,17 @@ void reset_cpu_memory_peaks() {
   Counters& c = counters();
   c.max_in_use.store(c.in_use.load(std::memory_order_relaxed), std::memory_order_relaxed);
   c.max_alloc.store(0, std::memory_order_relaxed);
+}
+
+void set_cpu_memory_limit(int64_t bytes) {
+  VOLT_CHECK(bytes >= 0, ConfigError, "[CpuMemory] set_cpu_memory_limit(", bytes,
+             "): the limit must be >= 0 bytes (0 = no limit).");
+  if (bytes > 0) install_counting_cpu_allocator();
+  counters().cap.store(bytes, std::memory_order_relaxed);
+}
+
+int64_t cpu_memory_limit() {
+  return counters().cap.load(std::memory_order_relaxed);
 }
 
 std::map<std::string, double> CpuMemoryStats::to_metrics() const {

@@ -14,7 +14,7 @@
 #include <tuple>
 
 #include "callbacks/detail/op_placement.h"
-#include "profiler/detail/host_syncs.h"
+#include "core/detail/host_syncs.h"
 #include "profiler/detail/op_callback.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "../core/detail/input_limits.h"
+#include "../core/detail/out_of_memory.h"
 #include "../core/detail/print.h"
 #include "../loggers/detail/log_dir.h"
 #include "detail/config_tree.h"
@@ -484,24 +485,11 @@ int run_kernel_cache(const Command& cmd, std::ostream& out) {
   return kCliOk;
 }
 
-// An allocation that failed: libtorch raises c10::OutOfMemoryError (CUDA; CPU too in 2.x) or, in
-// 1.13, a plain c10::Error from DefaultCPUAllocator ("can't allocate memory"); the rest of C++
-// raises std::bad_alloc. Not a volt bug and not a bad config: the run does not fit this machine.
-bool is_out_of_memory(const std::exception& e) {
-  if (dynamic_cast<const std::bad_alloc*>(&e) || dynamic_cast<const c10::OutOfMemoryError*>(&e)) {
-    return true;
-  }
-  const std::string what = e.what();
-  return what.find("can't allocate memory") != std::string::npos ||
-         what.find("not enough memory") != std::string::npos ||
-         what.find("CUDA out of memory") != std::string::npos;
-}
-
 // A failure that is not a volt::Error: an allocation, an error raised by the model's code or
 // libtorch during the run (the Trainer logged where: step or hook, epoch and batch), or, before
 // any run, a volt bug.
 int report_foreign_error(const std::exception& e, bool during_run, std::ostream& err) {
-  if (is_out_of_memory(e)) {
+  if (detail::is_out_of_memory(e)) {
     err << "[cli] out of memory: " << detail::first_line(e.what())
         << "; the model, its optimizer state or a batch does not fit in this machine's memory: "
            "lower the batch size or the model's size, or shard the run "

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <mutex>
 #include <set>
+#include <utility>
 
 #include "core/detail/log_order.h"
 
@@ -85,9 +86,10 @@ void keep_log_alive() {
 
 }  // namespace detail
 
-void set_log_sink(LogSink s) {
+LogSink set_log_sink(LogSink s) {
   std::lock_guard<std::mutex> lock(mutex());
-  sink() = std::move(s);
+  std::swap(sink(), s);
+  return s;
 }
 
 }  // namespace volt

@@ -11,4 +11,11 @@ DataLoader DataModule::train_dataloader() {
   throw InternalError("unreachable");
 }
 
+void DataModule::set_batch_size(int64_t) {
+  VOLT_CHECK(false, ConfigError,
+             "[DataModule] this DataModule's batch size cannot be set; override batch_size() and "
+             "set_batch_size(int64_t) to build its loaders with the size given (scale_batch_size "
+             "needs both).");
+}
+
 }  // namespace volt

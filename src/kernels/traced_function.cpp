@@ -31,6 +31,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "core/detail/host_syncs.h"
 #include "volt/core/check.h"
 #include "volt/core/errors.h"
 #include "volt/core/log.h"
@@ -316,12 +317,6 @@ namespace {
 // would repeat the traced call's value and any branch it took.
 thread_local std::string host_read_op;
 
-const char* host_read_source(const std::string& op) {
-  if (op == "aten::_local_scalar_dense") return "item(), float() or bool() of a tensor";
-  if (op == "aten::is_nonzero") return "a tensor used as a condition";
-  return "equal() of two tensors";
-}
-
 class HostReadWatch {
  public:
   HostReadWatch() {
@@ -544,7 +539,7 @@ std::pair<std::shared_ptr<const Trace>, std::vector<at::Tensor>> TracedFunction:
   }
   VOLT_CHECK(host_read_op.empty(), ValueError, "[TracedFunction] '", name,
              "' read a tensor's value on the host while traced (", host_read_op, ": ",
-             host_read_source(host_read_op),
+             detail::host_sync_source(host_read_op),
              "); a trace keeps that value, and any branch it decided, as a constant. Compute "
              "with tensor ops instead (e.g. at::where for a branch), or do not trace this "
              "function.");

@@ -215,9 +215,15 @@ Trainer::~Trainer() = default;
 void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path) {
   fit_with_restarts(module, ckpt_path, [&](const std::string& ckpt) {
     data.setup(Stage::kFit);
+    data.current_epoch_ = 0;
     DataLoader train = data.train_dataloader();
     c10::optional<DataLoader> val = data.val_dataloader();
-    detail::fit_loop(*impl_, train, val, ckpt);
+    detail::fit_loop(*impl_, train, val, ckpt,
+                     [&](int64_t epoch, DataLoader& t, c10::optional<DataLoader>& v) {
+                       data.current_epoch_ = epoch;
+                       t = data.train_dataloader();
+                       v = data.val_dataloader();
+                     });
     data.teardown(Stage::kFit);
   });
 }

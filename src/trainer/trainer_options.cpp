@@ -47,6 +47,9 @@ void TrainerOptions::validate() const {
              " must be > 0; to skip validation use limit_val_batches=0.");
   VOLT_CHECK(check_val_every_n_epoch_ >= 1, ConfigError,
              "[Trainer] check_val_every_n_epoch=", check_val_every_n_epoch_, " must be >= 1.");
+  VOLT_CHECK(reload_dataloaders_every_n_epochs_ >= 0, ConfigError,
+             "[Trainer] reload_dataloaders_every_n_epochs=", reload_dataloaders_every_n_epochs_,
+             " must be >= 0 (0 = load the loaders once).");
   VOLT_CHECK(num_sanity_val_steps_ >= -1, ConfigError,
              "[Trainer] num_sanity_val_steps=", num_sanity_val_steps_,
              " is invalid; pass >= 0, or -1 for all batches.");
@@ -92,6 +95,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", limit_predict_batches=" << o.limit_predict_batches()
      << ", val_check_interval=" << o.val_check_interval()
      << ", check_val_every_n_epoch=" << o.check_val_every_n_epoch()
+     << ", reload_dataloaders_every_n_epochs=" << o.reload_dataloaders_every_n_epochs()
      << ", num_sanity_val_steps=" << o.num_sanity_val_steps()
      << ", fast_dev_run=" << o.fast_dev_run() << ", overfit_batches=" << o.overfit_batches()
      << ", accumulate_grad_batches=" << o.accumulate_grad_batches()

@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 
+#include "tuner/detail/snapshot.h"
 #include "volt/callbacks/callback.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -90,39 +91,6 @@ class LrFinderCallback : public Callback {
   int64_t micro_batches_ = 0;
   double avg_loss_ = 0;
   double best_ = 0;
-};
-
-at::Generator cpu_generator() {
-  return at::detail::getDefaultCPUGenerator();  // a handle on the process's generator
-}
-
-// What lr_find puts back: the module's tensors and torch's CPU random state.
-class Snapshot {
- public:
-  explicit Snapshot(Module& m) : module_(m), rng_(cpu_generator().get_state()) {
-    torch::NoGradGuard no_grad;
-    for (const auto& p : m.parameters()) params_.push_back(p.detach().clone());
-    for (const auto& b : m.buffers()) buffers_.push_back(b.detach().clone());
-  }
-  void restore() {
-    torch::NoGradGuard no_grad;
-    auto params = module_.parameters();
-    auto buffers = module_.buffers();
-    VOLT_CHECK(params.size() == params_.size() && buffers.size() == buffers_.size(), InternalError,
-               kTag, " the module's parameters changed during the range test.");
-    // In place: tied weights stay tied, and whoever holds the tensors sees the old values.
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i].copy_(params_[i]);
-      params[i].mutable_grad() = at::Tensor();
-    }
-    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(buffers_[i]);
-    cpu_generator().set_state(rng_);
-  }
-
- private:
-  Module& module_;
-  at::Tensor rng_;
-  std::vector<at::Tensor> params_, buffers_;
 };
 
 std::string format_lr(double lr) {
@@ -236,7 +204,7 @@ LrFinderResult run_range_test(Module& module, TrainerOptions options, LrFinderOp
       .logger(false)
       .loggers({})
       .callbacks({callback});
-  Snapshot snapshot(module);
+  detail::ModuleSnapshot snapshot(module, kTag);
   try {
     Trainer trainer(options);
     fit(trainer);

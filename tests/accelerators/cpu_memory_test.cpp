@@ -125,3 +125,38 @@ TEST(CpuMemory, MetricsUseTheReferenceNames) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CpuMemory, ALimitRefusesTheAllocationThatWouldCrossItAndCountsNothingForIt) {
+  const auto before = fresh();
+  volt::set_cpu_memory_limit(before.in_use + (1 << 20));  // 1 MiB more than is alive now
+  EXPECT_EQ(volt::cpu_memory_limit(), before.in_use + (1 << 20));
+  auto fits = torch::empty({1 << 17}, torch::kFloat);  // 512 KiB
+  try {
+    auto too_much = torch::empty({1 << 17}, torch::kFloat);  // another 512 KiB: over by 0
+    auto over = torch::empty({1}, torch::kFloat);            // 4 bytes over
+    ADD_FAILURE() << "an allocation above the limit was served";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("can't allocate memory: 4 bytes would take CPU tensor memory to"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("set_cpu_memory_limit()"), std::string::npos) << what;
+  }
+  // The refused bytes were given back: after the frees in_use is where it was.
+  fits = torch::Tensor();
+  EXPECT_EQ(volt::cpu_memory_stats().in_use, before.in_use);
+  // A failure of the system allocator below gives its bytes back too.
+  volt::set_cpu_memory_limit(0);
+  EXPECT_EQ(volt::cpu_memory_limit(), 0);
+#if !defined(__SANITIZE_ADDRESS__)  // ASan aborts on a 1 PiB request instead of failing it
+  EXPECT_THROW(torch::empty({int64_t{1} << 48}, torch::kFloat), c10::Error);
+  EXPECT_EQ(volt::cpu_memory_stats().in_use, before.in_use);
+#endif
+  // Without a limit anything goes; a negative one is a ConfigError.
+  auto big = torch::empty({1 << 20}, torch::kFloat);
+  EXPECT_THROW(volt::set_cpu_memory_limit(-1), volt::ConfigError);
+}
+
+}  // namespace

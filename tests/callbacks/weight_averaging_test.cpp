@@ -66,6 +66,36 @@ TEST(WeightAveraging, EmaAfterEveryStepValidatesAndEndsOnTheAverage) {
   EXPECT_TRUE(has(lines, "the module now holds the average of 12"));
 }
 
+TEST(WeightAveraging, UnderBf16PrecisionsTheAverageFollowsTheTrainedWeights) {
+  // bf16-mixed trains float32 weights (autocast computes in bfloat16): the average is theirs.
+  // bf16-true trains bfloat16 weights: the average is kept in bfloat16 too, within its rounding
+  // of the exact EMA of the weights each step left.
+  for (const std::string precision : {"bf16-mixed", "bf16-true"}) {
+    volt_test::TempDir dir;
+    TinyClassifier model;
+    auto ema = std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions().decay(0.9));
+    auto watch = std::make_shared<Watch>();
+    volt::Trainer t(quiet(dir.path).max_epochs(2).precision(precision).callbacks({ema, watch}));
+    volt_test::capture_logs([&] { t.fit(model, volt_test::loader(volt_test::blobs(96))); });
+    ASSERT_EQ(watch->steps.size(), 12u) << precision;
+    std::vector<torch::Tensor> exact;
+    for (const auto& w : watch->steps) exact.push_back(w.to(torch::kDouble));
+    const torch::Tensor expect = ema_of(exact, 0.9, 0, 1, 12);
+    const torch::Tensor got = model.flat_params();
+    const bool bf16_true = precision == "bf16-true";
+    EXPECT_EQ(got.scalar_type(), bf16_true ? torch::kBFloat16 : torch::kFloat) << precision;
+    const double err = (got.to(torch::kDouble) - expect).abs().max().item<double>();
+    const double scale = expect.abs().max().item<double>();
+    // bfloat16 rounds each update (2^-9 relative); over the updates that adds up to a few ulps of
+    // the largest weight.
+    EXPECT_LT(err, (bf16_true ? 2e-2 : 1e-6) * scale) << precision;
+    // Far nearer the average than the last weights are: it is the average.
+    const double last = (exact.back() - expect).abs().max().item<double>();
+    EXPECT_LT(err, 0.25 * last) << precision << ": " << err << " vs " << last;
+    EXPECT_EQ(ema->n_averaged(), 12) << precision;
+  }
+}
+
 TEST(WeightAveraging, StepStartEveryNAndEpochUpdates) {
   volt_test::TempDir dir;
   TinyClassifier model;

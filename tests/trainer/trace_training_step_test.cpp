@@ -55,7 +55,8 @@ struct FitResult {
 
 template <typename Net>
 FitResult fit(const std::string& root, bool traced, int64_t samples = 128,
-              std::function<void(Net&)> setup = nullptr) {
+              std::function<void(Net&)> setup = nullptr,
+              volt::Spec<volt::Precision> precision = "32-true") {
   Net net;
   torch::manual_seed(3);
   for (auto& p : net.parameters()) p.data().uniform_(-0.5, 0.5);
@@ -67,6 +68,7 @@ FitResult fit(const std::string& root, bool traced, int64_t samples = 128,
                               .max_epochs(2)
                               .log_every_n_steps(1)
                               .loggers({logger})
+                              .precision(precision)
                               .trace_training_step(traced));
     trainer.fit(net, volt_test::loader(volt_test::blobs(samples)));
   });
@@ -114,6 +116,26 @@ TEST_F(TraceStep, ATracedFitMatchesTheEagerFitWithEveryLoggedValue) {
   // The values change from step to step: a replay logs what it computed, not the trace's.
   const auto& acts = traced.logged.at("act_mean_step");
   EXPECT_NE(acts.front(), acts.back());
+}
+
+TEST_F(TraceStep, UnderBf16MixedATracedFitMatchesTheEagerFit) {
+  // Autocast runs above the tracer: its casts to bfloat16 are recorded as ops of the trace and
+  // the matmuls see bfloat16 inputs, so a replay (under autocast again) computes what the eager
+  // step does. The GELU chain runs in bfloat16 here, which the fuser leaves to libtorch. (Every
+  // linear in bfloat16: this CPU's probe would keep them in fp32.)
+  const auto bf16 = [] {
+    return std::make_shared<volt::MixedPrecision>(volt::MixedPrecisionOptions().cpu_policy(false));
+  };
+  const FitResult eager = fit<GeluNet>(dir / "eager", false, 128, nullptr, bf16());
+  const FitResult traced = fit<GeluNet>(dir / "traced", true, 128, nullptr, bf16());
+  EXPECT_EQ(count(traced.lines, "trace of 'training_step'"), 1);
+  EXPECT_FALSE(has(traced.lines, "running training_step eagerly"));
+  EXPECT_LT((eager.weights - traced.weights).abs().max().item<double>(), 1e-6);
+  expect_logged_equal(traced, eager, "train_loss", 1e-6);
+  expect_logged_equal(traced, eager, "act_mean_step", 1e-6);
+  // And it is bfloat16 training: the fp32 fit differs by more than float32's rounding.
+  const FitResult fp32 = fit<GeluNet>(dir / "fp32", false);
+  EXPECT_GT((eager.weights - fp32.weights).abs().max().item<double>(), 1e-4);
 }
 
 TEST_F(TraceStep, ARaggedLastBatchGetsItsOwnTrace) {

@@ -39,5 +39,12 @@ bool counting_cpu_allocator_installed();
 CpuMemoryStats cpu_memory_stats();
 /// Restarts the peaks: max_in_use = in_use now, max_alloc_size = 0.
 void reset_cpu_memory_peaks();
+/// Caps the counted CPU tensor memory, as a GPU's size caps device memory: an allocation that
+/// would take `in_use` above `bytes` throws c10::OutOfMemoryError ("can't allocate memory")
+/// without allocating. 0 = no cap (the default). Installs the counting allocator when needed;
+/// tensors allocated before it was installed are not counted. Throws ConfigError for bytes < 0.
+void set_cpu_memory_limit(int64_t bytes);
+/// The cap set_cpu_memory_limit() set; 0 = none.
+int64_t cpu_memory_limit();
 
 }  // namespace volt

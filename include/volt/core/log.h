@@ -34,7 +34,8 @@ int64_t log_rank();
 
 /// Replaces the sink that receives each formatted line (without the newline); an empty function
 /// restores stderr. For tests and applications routing volt's output into their own logs.
+/// Returns the sink it replaced (empty = stderr), so that a sink can be put back or chained.
 using LogSink = std::function<void(LogLevel level, const std::string& line)>;
-void set_log_sink(LogSink sink);
+LogSink set_log_sink(LogSink sink);
 
 }  // namespace volt

@@ -20,6 +20,22 @@ class DataModule {
   virtual c10::optional<DataLoader> val_dataloader() { return c10::nullopt; }
   virtual c10::optional<DataLoader> test_dataloader() { return c10::nullopt; }
   virtual c10::optional<DataLoader> predict_dataloader() { return c10::nullopt; }
+
+  /// The batch size the loaders are built with, for scale_batch_size (Lightning's
+  /// `batch_arg_name` attribute): override both methods to let it be tuned. Unset (the default)
+  /// = not tunable.
+  virtual c10::optional<int64_t> batch_size() const { return c10::nullopt; }
+  /// Sets the batch size the next *_dataloader() calls build with. The default throws ConfigError.
+  virtual void set_batch_size(int64_t batch_size);
+
+  /// The epoch the Trainer asks for loaders of: 0 when fit starts (the resumed epoch after a
+  /// restore), then each epoch at which TrainerOptions::reload_dataloaders_every_n_epochs
+  /// reloads them, so that train_dataloader() can build epoch-dependent data (a curriculum).
+  int64_t current_epoch() const { return current_epoch_; }
+
+ private:
+  friend class Trainer;
+  int64_t current_epoch_ = 0;
 };
 
 }  // namespace volt

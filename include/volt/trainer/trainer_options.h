@@ -57,6 +57,11 @@ struct TrainerOptions {
   TORCH_ARG(Limit, val_check_interval) = 1.0;
   /// Validate every N epochs. Default: 1.
   TORCH_ARG(int64_t, check_val_every_n_epoch) = 1;
+  /// With a DataModule, ask it for new training and validation loaders every N epochs of fit
+  /// (DataModule::current_epoch() says which epoch), as Lightning's
+  /// reload_dataloaders_every_n_epochs; loaders passed to fit() directly are kept. 0 = load
+  /// them once. Default: 0.
+  TORCH_ARG(int64_t, reload_dataloaders_every_n_epochs) = 0;
   /// Validation batches run before training as a sanity check; -1 = all. Default: 2.
   TORCH_ARG(int64_t, num_sanity_val_steps) = 2;
   /// N > 0: run N batches of train/val/test once, no checkpoints or loggers. Default: 0.

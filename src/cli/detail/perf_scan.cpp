@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "../../core/detail/input_limits.h"
-#include "profiler/detail/host_syncs.h"
+#include "core/detail/host_syncs.h"
 #include "volt/core/check.h"
 
 namespace volt {

@@ -426,6 +426,8 @@ Params trainer_params(const Registry& reg) {
       .number("val_check_interval", limit(d.val_check_interval()),
               "validate every N batches (int) or epoch fraction (float)")
       .add("check_val_every_n_epoch", d.check_val_every_n_epoch(), "validate every N epochs")
+      .add("reload_dataloaders_every_n_epochs", d.reload_dataloaders_every_n_epochs(),
+           "ask the data module for new loaders every N epochs (0 = once)")
       .add("num_sanity_val_steps", d.num_sanity_val_steps(),
            "validation batches before training; -1 = all")
       .add("fast_dev_run", d.fast_dev_run(),
@@ -486,6 +488,7 @@ TrainerOptions trainer_options(const Args& a) {
       .limit_predict_batches(limit("limit_predict_batches"))
       .val_check_interval(limit("val_check_interval"))
       .check_val_every_n_epoch(a.get<int64_t>("check_val_every_n_epoch"))
+      .reload_dataloaders_every_n_epochs(a.get<int64_t>("reload_dataloaders_every_n_epochs"))
       .num_sanity_val_steps(a.get<int64_t>("num_sanity_val_steps"))
       .fast_dev_run(a.get<int64_t>("fast_dev_run"))
       .overfit_batches(limit("overfit_batches"))

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "profiler/detail/host_syncs.h"
+#include "core/detail/host_syncs.h"
 #include "volt/core/check.h"
 
 namespace volt {

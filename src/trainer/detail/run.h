@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -297,9 +298,13 @@ std::string newest_last_checkpoint(Run& run);
 /// "; the last batch of each epoch has 10 samples per process".
 std::string describe_global_batch(int64_t per_process, int64_t data_parallel, int64_t accumulate,
                                   int64_t last_batch = 0);
-/// loops/fit_loop.cpp: the whole of fit() after set-up.
+/// Asks a DataModule for the loaders of `epoch` (reload_dataloaders_every_n_epochs).
+using LoaderReload =
+    std::function<void(int64_t epoch, DataLoader& train, c10::optional<DataLoader>& val)>;
+/// loops/fit_loop.cpp: the whole of fit() after set-up. `reload`, when set, is how the loop gets
+/// new loaders (fit from a DataModule); without it the given loaders serve every epoch.
 void fit_loop(Run& run, DataLoader& train, c10::optional<DataLoader>& val,
-              const std::string& ckpt_path);
+              const std::string& ckpt_path, const LoaderReload& reload = nullptr);
 /// loops/evaluation_loop.cpp: one validation or test pass over `limit` batches.
 Metrics evaluation_loop(Run& run, Stage stage, DataLoader& loader, int64_t limit);
 /// loops/prediction_loop.cpp: predict_step over `limit` batches.

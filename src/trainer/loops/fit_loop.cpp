@@ -227,13 +227,29 @@ std::string describe_global_batch(int64_t per_process, int64_t data_parallel, in
 }
 
 void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_loader,
-              const std::string& ckpt_path) {
+              const std::string& ckpt_path, const LoaderReload& reload) {
   Module& m = *r.module;
-  DataLoader train =
-      r.shard(r.overfitting() ? unshuffled_for_overfitting(r, train_loader) : train_loader);
+  DataLoader train = train_loader;
   c10::optional<DataLoader> val;
-  if (val_loader) val = r.shard(*val_loader);
-  check_loaders(r, train, val);
+  // The loaders as the loop runs them: sharded over the ranks, unshuffled when overfitting.
+  const auto prepare = [&](const DataLoader& t, const c10::optional<DataLoader>& v) {
+    train = r.shard(r.overfitting() ? unshuffled_for_overfitting(r, t) : t);
+    val.reset();
+    if (v) val = r.shard(*v);
+    check_loaders(r, train, val);
+  };
+  prepare(train_loader, val_loader);
+  // reload_dataloaders_every_n_epochs: new loaders from the DataModule every N epochs, counted
+  // from the epoch fit starts (or resumes) at, as Lightning.
+  const int64_t reload_every = reload ? r.opts.reload_dataloaders_every_n_epochs() : 0;
+  int64_t loaded_epoch = 0;
+  const auto reload_for = [&](int64_t epoch) {
+    DataLoader t = train_loader;
+    c10::optional<DataLoader> v;
+    reload(epoch, t, v);
+    prepare(t, v);
+    loaded_epoch = epoch;
+  };
   r.fit_train = &train;
   struct ForgetLoader {
     Run& r;
@@ -291,6 +307,10 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   const std::string ckpt =
       !restart.empty() ? restart : resolve_ckpt_path(r, ckpt_path, Stage::kFit);
   if (!ckpt.empty()) restore_checkpoint(r, ckpt, /*full=*/true);
+  // A resumed fit asks for the loaders of the epoch it resumes at (the next one when the
+  // checkpoint was written at an epoch's end).
+  const int64_t first_epoch = r.st.epoch + (r.st.epoch_finished ? 1 : 0);
+  if (reload_every > 0 && first_epoch != loaded_epoch) reload_for(first_epoch);
   // The loop zeroes gradients after each step, not before: whatever the parameters hold now (an
   // elastic restart's failed attempt died inside a backward; a program's own backward before
   // fit) must not reach the first step. Gradients of a restored accumulation stay.
@@ -322,6 +342,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
     }
     if (max_epochs >= 0 && r.st.epoch >= max_epochs) break;
     if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) break;
+    if (reload_every > 0 && r.st.epoch - loaded_epoch >= reload_every) reload_for(r.st.epoch);
     train_epoch(r, train, val);
   }
   r.step->finish();

@@ -1,6 +1,7 @@
 #pragma once
 // Private: which libtorch ops make the host wait for an accelerator, shared by HostSyncMonitor
-// (live, inside training steps) and `volt perf` (after the fact, from a trace). No torch.
+// (live, inside training steps), `volt perf` (after the fact, from a trace) and TracedFunction
+// (which refuses the host reads while it traces). No torch.
 
 #include <string_view>
 
@@ -31,6 +32,7 @@ inline const char* host_sync_source(std::string_view name) {
   if (name == "aten::_local_scalar_dense") return "item(), float() or bool() of a tensor";
   if (name == "aten::is_nonzero") return "a tensor used as a condition";
   if (name == "aten::nonzero") return "nonzero() or boolean-mask indexing";
+  if (name == "aten::equal") return "equal() of two tensors";
   return "";
 }
 

@@ -1,0 +1,43 @@
+#include "tuner/detail/snapshot.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <utility>
+
+#include "volt/core/check.h"
+#include "volt/core/module.h"
+
+namespace volt {
+namespace detail {
+namespace {
+
+at::Generator cpu_generator() {
+  return at::detail::getDefaultCPUGenerator();  // a handle on the process's generator
+}
+
+}  // namespace
+
+ModuleSnapshot::ModuleSnapshot(Module& m, std::string tag)
+    : module_(m), tag_(std::move(tag)), rng_(cpu_generator().get_state()) {
+  torch::NoGradGuard no_grad;
+  for (const auto& p : m.parameters()) params_.push_back(p.detach().clone());
+  for (const auto& b : m.buffers()) buffers_.push_back(b.detach().clone());
+}
+
+void ModuleSnapshot::restore() {
+  torch::NoGradGuard no_grad;
+  auto params = module_.parameters();
+  auto buffers = module_.buffers();
+  VOLT_CHECK(params.size() == params_.size() && buffers.size() == buffers_.size(), InternalError,
+             tag_, " the module's parameters changed during the trial runs.");
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].copy_(params_[i]);
+    params[i].mutable_grad() = at::Tensor();
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(buffers_[i]);
+  cpu_generator().set_state(rng_);
+}
+
+}  // namespace detail
+}  // namespace volt
