@@ -11,7 +11,7 @@
 
 #include "core/detail/out_of_memory.h"
 #include "core/detail/print.h"
-#include "tuner/detail/snapshot.h"
+#include "tuner/detail/trial.h"
 #include "volt/accelerators/cpu_memory.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -86,19 +86,8 @@ class MemoryLimitScope {
   int64_t previous_;
 };
 
-TrainerOptions trial_options(TrainerOptions o, const BatchSizeFinderOptions& f) {
-  o.max_epochs(-1)
-      .min_epochs(0)
-      .min_steps(0)
-      .max_time(c10::nullopt)
-      .overfit_batches(0.0)
-      .num_sanity_val_steps(0)
-      .enable_checkpointing(false)
-      .enable_progress_bar(false)
-      .enable_model_summary(false)
-      .logger(false)
-      .loggers({})
-      .callbacks({});
+TrainerOptions stage_trial_options(TrainerOptions options, const BatchSizeFinderOptions& f) {
+  TrainerOptions o = detail::trial_options(std::move(options));
   switch (f.stage()) {
     case Stage::kFit:
       o.max_steps(f.steps_per_trial()).limit_train_batches(1.0).limit_val_batches(0);
@@ -117,7 +106,7 @@ class Search {
          TrainerOptions options, BatchSizeFinderOptions finder)
       : module_(module),
         make_loader_(make_loader),
-        options_(trial_options(std::move(options), finder)),
+        options_(stage_trial_options(std::move(options), finder)),
         finder_(std::move(finder)) {}
 
   BatchSizeFinderResult run() {

@@ -8,7 +8,7 @@
 #include <limits>
 #include <sstream>
 
-#include "tuner/detail/snapshot.h"
+#include "tuner/detail/trial.h"
 #include "volt/callbacks/callback.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -190,20 +190,8 @@ LrFinderResult run_range_test(Module& module, TrainerOptions options, LrFinderOp
   }
   auto callback = std::make_shared<LrFinderCallback>(finder);
   callback->result.mode = finder.mode();
-  options.max_steps(finder.num_training())
-      .max_epochs(-1)
-      .min_epochs(0)
-      .min_steps(0)
-      .max_time(c10::nullopt)
-      .limit_val_batches(0)
-      .num_sanity_val_steps(0)
-      .overfit_batches(0.0)
-      .enable_checkpointing(false)
-      .enable_progress_bar(false)
-      .enable_model_summary(false)
-      .logger(false)
-      .loggers({})
-      .callbacks({callback});
+  options = detail::trial_options(std::move(options));
+  options.max_steps(finder.num_training()).limit_val_batches(0).callbacks({callback});
   detail::ModuleSnapshot snapshot(module, kTag);
   try {
     Trainer trainer(options);

@@ -61,24 +61,31 @@ TEST(ReloadDataloaders, EveryNEpochsTheDataModuleBuildsTheLoadersOfThatEpoch) {
   EXPECT_EQ(b2->batches, (std::vector<int64_t>{2, 2, 2}));
 }
 
-TEST(ReloadDataloaders, AResumedFitLoadsTheResumedEpochsDataAndCountsFromThere) {
+TEST(ReloadDataloaders, AResumedFitUsesTheLoadersTheUninterruptedFitWouldAndEndsBitForBit) {
   volt_test::TempDir dir;
+  const auto opts = [&] { return quiet(dir.path).reload_dataloaders_every_n_epochs(2); };
+  torch::manual_seed(5);
+  volt_test::TinyClassifier whole_model;
+  Curriculum whole;
+  volt::Trainer(opts().max_epochs(6)).fit(whole_model, whole);
+  EXPECT_EQ(whole.train_epochs, (std::vector<int64_t>{0, 2, 4}));
+
+  torch::manual_seed(5);
   volt_test::TinyClassifier model;
   Curriculum first;
-  volt::Trainer t(quiet(dir.path).max_epochs(3).reload_dataloaders_every_n_epochs(2));
+  volt::Trainer t(opts().max_epochs(3));
   t.fit(model, first);
   EXPECT_EQ(first.train_epochs, (std::vector<int64_t>{0, 2}));
   t.save_checkpoint(dir / "epoch2.ckpt");  // after epoch 2: the resumed fit starts at epoch 3
 
   Curriculum resumed;
   auto batches = std::make_shared<EpochBatches>();
-  volt::Trainer(
-      quiet(dir.path).max_epochs(6).reload_dataloaders_every_n_epochs(2).callbacks({batches}))
-      .fit(model, resumed, dir / "epoch2.ckpt");
-  // Built once as fit starts, again for the resumed epoch 3, then every 2 epochs from there
-  // (Lightning counts from the epoch its loaders were loaded at).
-  EXPECT_EQ(resumed.train_epochs, (std::vector<int64_t>{0, 3, 5}));
+  volt::Trainer(opts().max_epochs(6).callbacks({batches})).fit(model, resumed, dir / "epoch2.ckpt");
+  // Built once as fit starts, then for epoch 2, whose loaders the uninterrupted fit trained
+  // epoch 3 with, then at epoch 4 as it did (Lightning would count from 3: 3, 5).
+  EXPECT_EQ(resumed.train_epochs, (std::vector<int64_t>{0, 2, 4}));
   EXPECT_EQ(batches->batches, (std::vector<int64_t>{4, 4, 4}));  // epochs 3, 4 and 5
+  EXPECT_TRUE(torch::equal(model.flat_params(), whole_model.flat_params()));
 }
 
 TEST(ReloadDataloaders, LoadersGivenDirectlyServeEveryEpochAndANegativeNIsAConfigError) {

@@ -28,9 +28,11 @@ class DataModule {
   /// Sets the batch size the next *_dataloader() calls build with. The default throws ConfigError.
   virtual void set_batch_size(int64_t batch_size);
 
-  /// The epoch the Trainer asks for loaders of: 0 when fit starts (the resumed epoch after a
-  /// restore), then each epoch at which TrainerOptions::reload_dataloaders_every_n_epochs
-  /// reloads them, so that train_dataloader() can build epoch-dependent data (a curriculum).
+  /// The epoch the Trainer asks for loaders of, so that train_dataloader() can build
+  /// epoch-dependent data (a curriculum): 0 when fit starts, then N, 2N... with
+  /// TrainerOptions::reload_dataloaders_every_n_epochs = N. A resumed fit asks again for the
+  /// loaders the uninterrupted fit would be using (the last multiple of N at or before the
+  /// resumed epoch).
   int64_t current_epoch() const { return current_epoch_; }
 
  private:

@@ -239,8 +239,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
     check_loaders(r, train, val);
   };
   prepare(train_loader, val_loader);
-  // reload_dataloaders_every_n_epochs: new loaders from the DataModule every N epochs, counted
-  // from the epoch fit starts (or resumes) at, as Lightning.
+  // reload_dataloaders_every_n_epochs: new loaders from the DataModule at epochs 0, N, 2N...
   const int64_t reload_every = reload ? r.opts.reload_dataloaders_every_n_epochs() : 0;
   int64_t loaded_epoch = 0;
   const auto reload_for = [&](int64_t epoch) {
@@ -307,10 +306,15 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   const std::string ckpt =
       !restart.empty() ? restart : resolve_ckpt_path(r, ckpt_path, Stage::kFit);
   if (!ckpt.empty()) restore_checkpoint(r, ckpt, /*full=*/true);
-  // A resumed fit asks for the loaders of the epoch it resumes at (the next one when the
-  // checkpoint was written at an epoch's end).
-  const int64_t first_epoch = r.st.epoch + (r.st.epoch_finished ? 1 : 0);
-  if (reload_every > 0 && first_epoch != loaded_epoch) reload_for(first_epoch);
+  // A resumed fit asks for the loaders the uninterrupted fit would be using: those of the last
+  // multiple of N at or before the epoch it resumes at (the next epoch when the checkpoint was
+  // written at an epoch's end), so that the resume stays exact. Lightning counts N from the
+  // resumed epoch instead.
+  if (reload_every > 0) {
+    const int64_t first_epoch = r.st.epoch + (r.st.epoch_finished ? 1 : 0);
+    const int64_t due = first_epoch - first_epoch % reload_every;
+    if (due != loaded_epoch) reload_for(due);
+  }
   // The loop zeroes gradients after each step, not before: whatever the parameters hold now (an
   // elastic restart's failed attempt died inside a backward; a program's own backward before
   // fit) must not reach the first step. Gradients of a restored accumulation stay.
@@ -342,7 +346,9 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
     }
     if (max_epochs >= 0 && r.st.epoch >= max_epochs) break;
     if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) break;
-    if (reload_every > 0 && r.st.epoch - loaded_epoch >= reload_every) reload_for(r.st.epoch);
+    if (reload_every > 0 && r.st.epoch % reload_every == 0 && r.st.epoch != loaded_epoch) {
+      reload_for(r.st.epoch);
+    }
     train_epoch(r, train, val);
   }
   r.step->finish();

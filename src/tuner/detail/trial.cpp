@@ -1,4 +1,4 @@
-#include "tuner/detail/snapshot.h"
+#include "tuner/detail/trial.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -17,6 +17,22 @@ at::Generator cpu_generator() {
 }
 
 }  // namespace
+
+TrainerOptions trial_options(TrainerOptions o) {
+  o.max_epochs(-1)
+      .min_epochs(0)
+      .min_steps(0)
+      .max_time(c10::nullopt)
+      .overfit_batches(0.0)
+      .num_sanity_val_steps(0)
+      .enable_checkpointing(false)
+      .enable_progress_bar(false)
+      .enable_model_summary(false)
+      .logger(false)
+      .loggers({})
+      .callbacks({});
+  return o;
+}
 
 ModuleSnapshot::ModuleSnapshot(Module& m, std::string tag)
     : module_(m), tag_(std::move(tag)), rng_(cpu_generator().get_state()) {
