@@ -215,15 +215,12 @@ Trainer::~Trainer() = default;
 void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path) {
   fit_with_restarts(module, ckpt_path, [&](const std::string& ckpt) {
     data.setup(Stage::kFit);
-    data.current_epoch_ = 0;
-    DataLoader train = data.train_dataloader();
-    c10::optional<DataLoader> val = data.val_dataloader();
-    detail::fit_loop(*impl_, train, val, ckpt,
-                     [&](int64_t epoch, DataLoader& t, c10::optional<DataLoader>& v) {
-                       data.current_epoch_ = epoch;
-                       t = data.train_dataloader();
-                       v = data.val_dataloader();
-                     });
+    const detail::LoaderReload load = [&](int64_t epoch) {
+      data.current_epoch_ = epoch;
+      return std::make_pair(data.train_dataloader(), data.val_dataloader());
+    };
+    auto [train, val] = load(0);
+    detail::fit_loop(*impl_, train, val, ckpt, load);
     data.teardown(Stage::kFit);
   });
 }

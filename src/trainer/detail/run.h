@@ -298,9 +298,9 @@ std::string newest_last_checkpoint(Run& run);
 /// "; the last batch of each epoch has 10 samples per process".
 std::string describe_global_batch(int64_t per_process, int64_t data_parallel, int64_t accumulate,
                                   int64_t last_batch = 0);
-/// Asks a DataModule for the loaders of `epoch` (reload_dataloaders_every_n_epochs).
-using LoaderReload =
-    std::function<void(int64_t epoch, DataLoader& train, c10::optional<DataLoader>& val)>;
+/// A DataModule's training and validation loaders for `epoch`
+/// (reload_dataloaders_every_n_epochs).
+using LoaderReload = std::function<std::pair<DataLoader, c10::optional<DataLoader>>(int64_t epoch)>;
 /// loops/fit_loop.cpp: the whole of fit() after set-up. `reload`, when set, is how the loop gets
 /// new loaders (fit from a DataModule); without it the given loaders serve every epoch.
 void fit_loop(Run& run, DataLoader& train, c10::optional<DataLoader>& val,

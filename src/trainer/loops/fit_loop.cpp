@@ -243,10 +243,8 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   const int64_t reload_every = reload ? r.opts.reload_dataloaders_every_n_epochs() : 0;
   int64_t loaded_epoch = 0;
   const auto reload_for = [&](int64_t epoch) {
-    DataLoader t = train_loader;
-    c10::optional<DataLoader> v;
-    reload(epoch, t, v);
-    prepare(t, v);
+    const auto loaders = reload(epoch);
+    prepare(loaders.first, loaders.second);
     loaded_epoch = epoch;
   };
   r.fit_train = &train;
