@@ -11,6 +11,7 @@
 #include "volt/callbacks/callback.h"
 #include "volt/callbacks/device_stats_monitor.h"
 #include "volt/callbacks/early_stopping.h"
+#include "volt/callbacks/finetuning.h"
 #include "volt/callbacks/gradient_accumulation_scheduler.h"
 #include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/lr_monitor.h"

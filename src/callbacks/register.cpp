@@ -2,6 +2,7 @@
 #include "volt/callbacks/activation_checkpointing.h"
 #include "volt/callbacks/device_stats_monitor.h"
 #include "volt/callbacks/early_stopping.h"
+#include "volt/callbacks/finetuning.h"
 #include "volt/callbacks/gradient_accumulation_scheduler.h"
 #include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/lr_monitor.h"
@@ -127,6 +128,41 @@ void register_callbacks(Registry& r) {
       [](const Args& a) -> std::shared_ptr<Callback> {
         return std::make_shared<GradientAccumulationScheduler>(
             GradientAccumulationScheduler::parse_scheduling(a.get<std::string>("scheduling")));
+      });
+
+  const BackboneFinetuningOptions bf;
+  r.callbacks.add(
+      "BackboneFinetuning",
+      "freezes the module's backbone submodule until an epoch, then trains it in a param group "
+      "of its own at a rate that grows towards the head's",
+      Params()
+          .add("unfreeze_backbone_at_epoch", bf.unfreeze_backbone_at_epoch(),
+               "epoch (from 0) at which the backbone is unfrozen")
+          .add("backbone_initial_ratio_lr", bf.backbone_initial_ratio_lr(),
+               "the backbone starts at this fraction of the first param group's rate")
+          .optional<double>("backbone_initial_lr",
+                            "the backbone's starting rate (overrides the ratio)")
+          .add("should_align", bf.should_align(),
+               "never raise the backbone's rate above the first group's")
+          .add("initial_denom_lr", bf.initial_denom_lr(),
+               "divides the first group's rate when no starting rate is given")
+          .add("train_bn", bf.train_bn(), "BatchNorm layers of the backbone train while frozen")
+          .add("verbose", bf.verbose(), "log the rates when they change")
+          .add("rounding", bf.rounding(), "decimals of the logged rates")
+          .add("backbone", bf.backbone(),
+               "the submodule to freeze (a registered name or dotted path)"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        BackboneFinetuningOptions o;
+        o.unfreeze_backbone_at_epoch(a.get<int64_t>("unfreeze_backbone_at_epoch"))
+            .backbone_initial_ratio_lr(a.get<double>("backbone_initial_ratio_lr"))
+            .should_align(a.get<bool>("should_align"))
+            .initial_denom_lr(a.get<double>("initial_denom_lr"))
+            .train_bn(a.get<bool>("train_bn"))
+            .verbose(a.get<bool>("verbose"))
+            .rounding(a.get<int64_t>("rounding"))
+            .backbone(a.get<std::string>("backbone"));
+        if (auto v = a.get_optional<double>("backbone_initial_lr")) o.backbone_initial_lr(*v);
+        return std::make_shared<BackboneFinetuning>(o);
       });
 
   const StochasticWeightAveragingOptions swa({1.0});

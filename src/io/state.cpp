@@ -140,7 +140,8 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const torch::nn::M
   VOLT_CHECK(ng.toInt() == static_cast<int64_t>(groups.size()), CheckpointError,
              "[Checkpoint] the checkpoint's optimizer has ", ng.toInt(),
              " param groups but configure_optimizers built ", groups.size(),
-             "; resume with the same optimizer setup.");
+             "; resume with the same optimizer setup (and with the callbacks that added param "
+             "groups during the run, such as BackboneFinetuning).");
   auto& state = optimizer.state();
   for (size_t g = 0; g < groups.size(); ++g) {
     torch::serialize::InputArchive group_ar;

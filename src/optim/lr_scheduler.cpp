@@ -94,21 +94,25 @@ void LRScheduler::restart() {
 }
 
 std::vector<double> LRScheduler::current_lrs() const {
+  // Groups added after the scheduler was built (BackboneFinetuning's) keep the rate their adder
+  // gives them, as in PyTorch, whose closed-form and lambda schedulers zip over base_lrs.
   const auto& groups = optimizer_.param_groups();
-  VOLT_CHECK(groups.size() == base_lrs_.size(), ConfigError, "[", name(), "] the optimizer has ",
+  VOLT_CHECK(groups.size() >= base_lrs_.size(), ConfigError, "[", name(), "] the optimizer has ",
              groups.size(), " param groups but had ", base_lrs_.size(),
-             " when the scheduler was built; build the scheduler after adding all param groups.");
+             " when the scheduler was built; do not remove param groups from a scheduled "
+             "optimizer.");
   std::vector<double> out;
-  out.reserve(groups.size());
-  for (auto& g : groups) out.push_back(g.options().get_lr());
+  out.reserve(base_lrs_.size());
+  for (size_t i = 0; i < base_lrs_.size(); ++i) out.push_back(groups[i].options().get_lr());
   return out;
 }
 
 void LRScheduler::write_lrs(const std::vector<double>& lrs) {
   auto& groups = optimizer_.param_groups();
-  VOLT_ASSERT(lrs.size() == groups.size(), "scheduler computed ", lrs.size(), " lrs for ",
-              groups.size(), " param groups");
-  for (size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(lrs[i]);
+  VOLT_ASSERT(lrs.size() == base_lrs_.size() && lrs.size() <= groups.size(), "scheduler computed ",
+              lrs.size(), " lrs for ", base_lrs_.size(), " scheduled of ", groups.size(),
+              " param groups");
+  for (size_t i = 0; i < lrs.size(); ++i) groups[i].options().set_lr(lrs[i]);
   last_lrs_ = lrs;
 }
 

@@ -213,22 +213,7 @@ void DdpStrategy::broadcast_module_state(Module& module) {
 void DdpStrategy::setup_module(Module& module) {
   Strategy::setup_module(module);
   broadcast_module_state(module);
-  std::vector<at::Tensor> params;
-  std::vector<std::string> names;
-  for (const auto& p : module.named_parameters(true)) {
-    if (p.value().requires_grad()) {
-      params.push_back(p.value());
-      names.push_back(p.key());
-    }
-  }
-  reducer_ = std::make_unique<GradientReducer>(
-      params, group_,
-      GradientReducerOptions()
-          .bucket_cap_mb(options_.bucket_cap_mb())
-          .gradient_as_bucket_view(options_.gradient_as_bucket_view())
-          .find_unused_parameters(options_.find_unused_parameters())
-          .static_graph(options_.static_graph()),
-      names);
+  build_reducer(module);
   sync_bn_.reset();
   if (sync_batchnorm() && world_size() > 1) {
     sync_bn_ = std::make_unique<SyncBatchNorm>(module, group_);
@@ -239,6 +224,34 @@ void DdpStrategy::setup_module(Module& module) {
                                   std::to_string(world_size()) + " processes' batches");
     }
   }
+}
+
+void DdpStrategy::build_reducer(Module& module) {
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& p : module.named_parameters(true)) {
+    if (p.value().requires_grad()) {
+      params.push_back(p.value());
+      names.push_back(p.key());
+    }
+  }
+  reducer_.reset();  // its autograd hooks go before the new reducer registers its own
+  reducer_ = std::make_unique<GradientReducer>(
+      params, group_,
+      GradientReducerOptions()
+          .bucket_cap_mb(options_.bucket_cap_mb())
+          .gradient_as_bucket_view(options_.gradient_as_bucket_view())
+          .find_unused_parameters(options_.find_unused_parameters())
+          .static_graph(options_.static_graph()),
+      names);
+}
+
+void DdpStrategy::trainable_parameters_changed(Module& module) {
+  // Every rank changes the same layers at the same point (the callbacks run everywhere); the
+  // buckets are built from the parameters that require a gradient now, in the same order on
+  // every rank, so the all-reduces keep matching. Gradients accumulated so far (a step resumed
+  // part accumulated) are copied into the new buckets by the Reducer.
+  build_reducer(module);
 }
 
 at::Tensor DdpStrategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {

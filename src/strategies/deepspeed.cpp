@@ -613,6 +613,18 @@ void DeepSpeedStrategy::check_accumulation_change(int64_t accumulate_grad_batche
              "set accumulate_grad_batches, or train with strategy=\"ddp\".");
 }
 
+void DeepSpeedStrategy::trainable_parameters_changed(Module& module) {
+  int64_t now = 0;
+  for (const auto& p : module.parameters(true)) now += p.requires_grad() ? 1 : 0;
+  throw ConfigError(
+      "[DeepSpeedStrategy] the parameters that require a gradient changed during fit (now " +
+      std::to_string(now) +
+      " tensors; a callback such as BackboneFinetuning froze or unfroze layers), but ZeRO "
+      "partitions the trainable parameters and their optimizer state once, when fit starts. "
+      "Use strategy \"ddp\" for this fit, or train each phase in a fit of its own with the "
+      "layers frozen before it starts.");
+}
+
 void DeepSpeedStrategy::setup_module(Module& module) {
   tp_.reset();
   injection_.reset();

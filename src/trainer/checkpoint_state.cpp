@@ -104,6 +104,34 @@ void restore_checkpoint(Run& run, const std::string& path, bool full) {
   }
   if (!full) return;
 
+  torch::serialize::InputArchive loop;
+  root.read("loop", loop);
+  auto read = [&](const char* k) {
+    c10::IValue v;
+    loop.read(k, v);
+    return v;
+  };
+  st.epoch = read("epoch").toInt();
+  st.global_step = read("global_step").toInt();
+  st.batches_done = read("batches_done").toInt();
+  st.total_batches_done = read("total_batches_done").toInt();
+  st.accumulated = read("accumulated").toInt();
+  st.epoch_finished = read("epoch_finished").toBool();
+  st.val_pending = read("val_pending").toBool();
+  c10::IValue elapsed;  // absent from older checkpoints
+  run.fit_elapsed_before = loop.try_read("fit_elapsed_s", elapsed) ? elapsed.toDouble() : 0.0;
+
+  torch::serialize::InputArchive cbs;
+  root.read("callbacks", cbs);
+  for (auto& c : run.callbacks) {
+    torch::serialize::InputArchive one;
+    if (cbs.try_read(c->state_key(), one)) c->load_state(one);
+  }
+  // Before the optimizers' states: a callback that added param groups during the run being
+  // resumed (BaseFinetuning) adds them again, so the saved states fit.
+  run.callback_hook("on_load_optimizer_states",
+                    [&](Callback& c) { c.on_load_optimizer_states(run, module); });
+
   torch::serialize::InputArchive opts_ar;
   root.read("optimizers", opts_ar);
   c10::IValue count;
@@ -126,23 +154,6 @@ void restore_checkpoint(Run& run, const std::string& path, bool full) {
     if (has) config.scheduler()->load(sched);
   }
 
-  torch::serialize::InputArchive loop;
-  root.read("loop", loop);
-  auto read = [&](const char* k) {
-    c10::IValue v;
-    loop.read(k, v);
-    return v;
-  };
-  st.epoch = read("epoch").toInt();
-  st.global_step = read("global_step").toInt();
-  st.batches_done = read("batches_done").toInt();
-  st.total_batches_done = read("total_batches_done").toInt();
-  st.accumulated = read("accumulated").toInt();
-  st.epoch_finished = read("epoch_finished").toBool();
-  st.val_pending = read("val_pending").toBool();
-  c10::IValue elapsed;  // absent from older checkpoints
-  run.fit_elapsed_before = loop.try_read("fit_elapsed_s", elapsed) ? elapsed.toDouble() : 0.0;
-
   torch::serialize::InputArchive rng;
   root.read("rng", rng);
   std::map<std::string, at::Tensor> states;
@@ -161,12 +172,6 @@ void restore_checkpoint(Run& run, const std::string& path, bool full) {
   root.read("train_epoch_metrics", metrics);
   run.train_metrics.load(metrics);
 
-  torch::serialize::InputArchive cbs;
-  root.read("callbacks", cbs);
-  for (auto& c : run.callbacks) {
-    torch::serialize::InputArchive one;
-    if (cbs.try_read(c->state_key(), one)) c->load_state(one);
-  }
   torch::serialize::InputArchive lgs;
   root.read("loggers", lgs);
   for (size_t i = 0; i < run.loggers().size(); ++i) {

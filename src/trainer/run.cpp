@@ -21,6 +21,21 @@
 
 namespace volt {
 namespace detail {
+namespace {
+
+// The parameters that require a gradient, as a set (a callback that wraps submodules may list
+// the same tensors in another order).
+std::vector<const void*> trainable_of(Module& m) {
+  std::vector<const void*> out;
+  for (const auto& p : m.parameters(true)) {
+    if (p.defined() && p.requires_grad()) out.push_back(p.unsafeGetTensorImpl());
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
 
 Run::Run() : step(std::make_unique<OptimizationStep>(*this)) {}
 Run::~Run() = default;
@@ -240,7 +255,25 @@ void Run::setup_run(Module& m, Stage stage) {
   check_environment();  // unknown VOLT_* variables warned once, bad values stop every run
   share_log_dir();
   if (prof != nullptr) prof->setup(to_string(stage), strategy().rank(), log_dir());
+  // Before the strategy takes the module: a callback freezing layers here (BaseFinetuning)
+  // keeps them out of DDP's gradient buckets, and configure_optimizers sees them frozen.
+  callback_hook("setup", [&](Callback& c) { c.setup(*this, m, stage); });
   strategy().setup_module(m);
+  trainable = trainable_of(m);
+}
+
+void Run::check_trainable_parameters() {
+  std::vector<const void*> now = trainable_of(*module);
+  if (now == trainable) return;
+  if (is_global_zero()) {
+    log_info("Trainer", "the parameters that require a gradient changed (" +
+                            std::to_string(trainable.size()) + " -> " + std::to_string(now.size()) +
+                            " tensors) at epoch " + std::to_string(st.epoch) + "; " +
+                            strategy().name() + " follows the new set.");
+  }
+  trainable = std::move(now);
+  strategy().trainable_parameters_changed(*module);
+  if (step) step->trainable_parameters_changed();
 }
 
 double Run::fit_elapsed() const {

@@ -451,6 +451,26 @@ TEST(Cli, WeightAveragingCallbacksFromTheCommandLine) {
                      "[EMAWeightAveraging] decay=2 must be in [0, 1]");
 }
 
+TEST(Cli, BackboneFinetuningFreezesANamedSubmoduleAndRefusesAMissingOne) {
+  volt_test::TempDir dir;
+  // Tiny's optimizer takes every parameter, so the unfrozen fc1 trains in its group (warned).
+  const auto bf =
+      fit_logged(dir, {"--trainer.max_epochs=3", "--trainer.callbacks+=BackboneFinetuning",
+                       "--trainer.callbacks.0.unfreeze_backbone_at_epoch=1",
+                       "--trainer.callbacks.0.backbone=fc1", "--trainer.callbacks.0.verbose=true"});
+  EXPECT_TRUE(bf("[BackboneFinetuning] Current lr: 0.1, Backbone lr: 0.01"));
+  EXPECT_TRUE(bf("[BackboneFinetuning] Current lr: 0.1, Backbone lr: 0.02"));
+  EXPECT_TRUE(bf("2 of the 2 parameters to unfreeze are already in a param group"));
+  expect_usage_error(
+      {"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=BackboneFinetuning"},
+      "[BackboneFinetuning] the module has no submodule 'backbone' (its "
+      "submodules: fc1, drop, fc2)");
+  expect_usage_error(
+      {"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=BackboneFinetuning",
+       "--trainer.callbacks.0.unfreeze_backbone_at_epoch=-1"},
+      "[BackboneFinetuning] unfreeze_backbone_at_epoch=-1 must be >= 0");
+}
+
 TEST(Cli, AnAliasBombIsRefusedWithOneLine) {
   volt_test::TempDir dir;
   // Five levels of ten aliases: 1.2 million nodes expanded (the full-size bomb runs in the

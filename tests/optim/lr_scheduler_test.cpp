@@ -415,12 +415,24 @@ TEST(LRScheduler, LoadErrors) {
                                       "checkpoint chains 2 schedulers but this one chains 3");
 }
 
-TEST(LRScheduler, ParamGroupAddedAfterConstructionIsAnError) {
+// As PyTorch's schedulers, which zip over base_lrs: a group added after the scheduler was built
+// (BackboneFinetuning's) keeps the rate its adder gives it; removing a group is an error.
+TEST(LRScheduler, ParamGroupAddedAfterConstructionKeepsItsRate) {
   auto opt = two_group_sgd();
-  volt::StepLR sched(*opt, 2);
-  opt->add_param_group(torch::optim::OptimizerParamGroup({torch::zeros({2})}));
+  volt::StepLR sched(*opt, 1, 0.5);
+  const double lr0 = opt->param_groups()[0].options().get_lr();
+  const double lr1 = opt->param_groups()[1].options().get_lr();
+  torch::optim::OptimizerParamGroup added({torch::zeros({2})});
+  opt->add_param_group(added);
+  opt->param_groups()[2].options().set_lr(0.125);
+  sched.step();
+  EXPECT_DOUBLE_EQ(opt->param_groups()[0].options().get_lr(), lr0 * 0.5);
+  EXPECT_DOUBLE_EQ(opt->param_groups()[1].options().get_lr(), lr1 * 0.5);
+  EXPECT_DOUBLE_EQ(opt->param_groups()[2].options().get_lr(), 0.125);
+  ASSERT_EQ(sched.last_lrs().size(), 2u);
+  while (opt->param_groups().size() > 1) opt->param_groups().pop_back();
   expect_error<volt::ConfigError>([&] { sched.step(); },
-                                  "build the scheduler after adding all param groups");
+                                  "do not remove param groups from a scheduled optimizer");
 }
 
 TEST(LRScheduler, ConstructorErrors) {

@@ -49,13 +49,15 @@ Job run_plain(const std::vector<std::string>& args, std::chrono::milliseconds ti
   return volt_test::run_job(args, timeout);
 }
 
-// Rank 1 of the 2-rank job `args` (which checkpoints every batch) dies after batch 5, leaving
-// the checkpoint of batch 4; the job is resumed from it in folder `cut`. Each rank's final
-// weights must equal those of the uninterrupted job already run in folder `whole`.
+// Rank 1 of the 2-rank job `args` (which checkpoints every batch) dies after batch `die_batch`
+// (counted over the whole fit), leaving the checkpoint of the batch before; the job is resumed
+// from it in folder `cut`. Each rank's final weights must equal those of the uninterrupted job
+// already run in folder `whole`.
 void expect_killed_job_resumes_like(const std::string& whole, const std::string& cut,
-                                    const std::vector<std::string>& args) {
+                                    const std::vector<std::string>& args,
+                                    const std::string& die_batch = "5") {
   auto killed = run_plain(cat({"--root", cut, "--out", cut + "/w", "--die-rank", "1", "--die-batch",
-                               "5", "--timeout", "20"},
+                               die_batch, "--timeout", "20"},
                               args),
                           60s);
   ASSERT_EQ(killed.code, 1) << killed.output;
@@ -154,6 +156,29 @@ TEST(Ddp, StochasticWeightAveragingTwoRanksEqualOneProcess) {
   auto local = run_plain(job_args("local", "0"));
   ASSERT_EQ(local.code, 0) << local.output;
   EXPECT_TRUE(torch::equal(load_flat(dir / "local.rank0.pt"), load_flat(dir / "local.rank1.pt")));
+}
+
+// BackboneFinetuning at two ranks: fc1 is frozen when DDP builds its buckets and unfrozen at
+// epoch 1, when the Trainer sees the trainable set change and DDP builds its buckets again, so
+// fc1's gradients are averaged from then on and both ranks equal one process on the global
+// batch. A two-rank run killed after the unfreeze resumes bit for bit (the restored param group
+// and the rebuilt buckets).
+TEST(Ddp, BackboneFinetuningTwoRanksEqualOneProcessAndResumeExactly) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 3, 1, false, {"--finetune", "1"});
+  // 8 batches per epoch and rank: killed at batch 11, in epoch 1, after the unfreeze.
+  const std::vector<std::string> args = {
+      "--devices",          "2", "--batch",    "8", "--epochs", "3",
+      "--ckpt-every-batch", "1", "--finetune", "1"};
+  auto whole = run_plain(cat({"--root", dir / "whole", "--out", dir / "whole/w"}, args));
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  EXPECT_NE(whole.output.find("the parameters that require a gradient changed (4 -> 6 tensors) "
+                              "at epoch 1; ddp follows the new set"),
+            std::string::npos)
+      << whole.output;
+  expect_ranks_equal_reference(dir / "whole/w", 2, ref);
+  expect_killed_job_resumes_like(dir / "whole", dir / "cut", args, "11");
 }
 
 TEST(Ddp, AccumulationWithNoSyncEqualsOneProcess) {

@@ -23,6 +23,8 @@
 //       [--depth D]  (D more Linear(width, width) layers)
 //       [--batchnorm 0|1]  (a BatchNorm1d after fc1) [--sync-bn 0|1]
 //       [--trace 0|1]  (TrainerOptions::trace_training_step)
+//       [--finetune E]  (BackboneFinetuning of fc1, unfrozen at epoch E: from then on its
+//       gradients are reduced too, DDP rebuilding its buckets)
 //       (TrainerOptions::sync_batchnorm)
 //       [--checkpoint-activations 0|1]  (fc1+dropout and each deep layer under volt::checkpoint)
 //       [--master-weights 0|1]  (DeepSpeedStrategyOptions::master_weights; default 1)
@@ -104,9 +106,11 @@ class Net : public volt::Module {
         volt::LogOptions().sync_dist(sync_dist_));
   }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
-    // A tied tensor appears under two names: give the optimizer each tensor once.
+    // A tied tensor appears under two names: give the optimizer each tensor once; frozen ones
+    // (--finetune) are added by the callback when unfrozen.
     std::vector<torch::Tensor> unique;
     for (auto& p : parameters()) {
+      if (!p.requires_grad()) continue;
       bool seen = false;
       for (auto& u : unique) seen = seen || u.is_same(p);
       if (!seen) unique.push_back(p);
@@ -328,6 +332,11 @@ int main(int argc, char** argv) {
           volt::StochasticWeightAveragingOptions({0.05})
               .swa_epoch_start(static_cast<int64_t>(num("--swa", 0)))
               .annealing_epochs(1)));
+    }
+    if (a.count("--finetune")) {
+      callbacks.push_back(std::make_shared<volt::BackboneFinetuning>(
+          volt::BackboneFinetuningOptions().backbone("fc1").unfreeze_backbone_at_epoch(
+              num("--finetune", 0))));
     }
     auto val_print = std::make_shared<PrintVal>();
     callbacks.push_back(val_print);

@@ -21,6 +21,11 @@ class Callback {
   /// Key of this callback's state inside checkpoints; must be unique among a run's callbacks.
   virtual std::string state_key() const = 0;
 
+  /// At the start of fit/validate/test/predict, once the processes are up, before the strategy
+  /// takes the module (DDP builds its gradient buckets from the parameters that require a
+  /// gradient then) and before configure_optimizers: the place to freeze parameters
+  /// (BaseFinetuning). Lightning's Callback.setup.
+  virtual void setup(RunContext& run, Module& module, Stage stage) {}
   virtual void on_fit_start(RunContext& run, Module& module) {}
   virtual void on_fit_end(RunContext& run, Module& module) {}
   virtual void on_sanity_check_start(RunContext& run, Module& module) {}
@@ -57,6 +62,10 @@ class Callback {
   virtual void on_save_checkpoint_end(RunContext& run, Module& module) {}
   /// Called when fit/validate/test/predict ends with an exception, before it propagates.
   virtual void on_exception(RunContext& run, Module& module, const std::exception& error) {}
+  /// When fit resumes from a checkpoint: after every callback's load_state and before the
+  /// optimizers' states are read, so that a callback which added param groups during the run
+  /// being resumed (BaseFinetuning) adds them again and the saved state fits the optimizer.
+  virtual void on_load_optimizer_states(RunContext& run, Module& module) {}
 
   /// Checkpointed state of this callback.
   virtual void save_state(torch::serialize::OutputArchive& archive) const {}

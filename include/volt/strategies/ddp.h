@@ -80,6 +80,8 @@ class DdpStrategy : public Strategy {
 
   c10::Device root_device() const override;
   void setup_module(Module& module) override;
+  /// Builds the gradient buckets again over the parameters that now require a gradient.
+  void trainable_parameters_changed(Module& module) override;
   at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx) override;
   void backward(const at::Tensor& loss, bool sync_gradients) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
@@ -112,6 +114,8 @@ class DdpStrategy : public Strategy {
   /// max over the ranks, one all-reduce for all of it, so that every rank derives the same fp8
   /// scales for the next forward. A no-op when the precision has none.
   void agree_on_precision_state();
+  /// (Re)builds the gradient reducer over the module's parameters that require a gradient.
+  void build_reducer(Module& module);
   /// The process group (after setup_environment).
   std::shared_ptr<ProcessGroup> group_;
 

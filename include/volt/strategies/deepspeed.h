@@ -178,6 +178,8 @@ class DeepSpeedStrategy : public DdpStrategy {
   void set_sync_batchnorm(bool on) override;
   void check_accumulation_change(int64_t accumulate_grad_batches) const override;
   void setup_module(Module& module) override;
+  /// ConfigError: ZeRO partitions the trainable parameters once, at setup.
+  void trainable_parameters_changed(Module& module) override;
   void setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) override;
   void backward(const at::Tensor& loss, bool sync_gradients) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,

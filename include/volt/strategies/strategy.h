@@ -195,6 +195,11 @@ class Strategy {
   /// GradientAccumulationScheduler); a strategy whose batch arithmetic fixes it throws
   /// ConfigError. Default: accepts.
   virtual void check_accumulation_change(int64_t accumulate_grad_batches) const {}
+  /// Called during fit when the set of the module's parameters that require a gradient is no
+  /// longer the one setup_module saw (a callback froze or unfroze layers: BackboneFinetuning).
+  /// DDP builds its gradient buckets again; a strategy that cannot follow throws ConfigError.
+  /// Default: nothing to do.
+  virtual void trainable_parameters_changed(Module& module) {}
 
  protected:
   bool sync_batchnorm_ = false;

@@ -63,6 +63,15 @@ class Run : public RunContext {
   };
   std::vector<CapturedLog>* capture_log = nullptr;
 
+  /// The parameters that required a gradient when the strategy took the module (setup_run) or
+  /// when check_trainable_parameters last saw them change.
+  std::vector<const void*> trainable;
+  /// Compares the module's trainable parameters with `trainable`: a change (a callback froze or
+  /// unfroze layers) is logged and passed to the strategy (DDP rebuilds its buckets) and to the
+  /// step (a graphed step stops replaying). The fit loop calls it when a training epoch starts,
+  /// after the epoch-start hooks.
+  void check_trainable_parameters();
+
   /// The (sharded) training loader while fit_loop runs; null elsewhere (forward_training_data).
   DataLoader* fit_train = nullptr;
 

@@ -93,6 +93,8 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
   r.hook(
       "on_train_epoch_start", [&](Module& mm) { mm.on_train_epoch_start(); },
       [&](Callback& c) { c.on_train_epoch_start(r, m); });
+  // A hook may have frozen or unfrozen layers (BaseFinetuning); DDP rebuilds its buckets.
+  r.check_trainable_parameters();
   // Resumed from a checkpoint written just before a due validation: run it first.
   if (st.val_pending) validate_now(r, *val);
   if (st.batches_done < n) {

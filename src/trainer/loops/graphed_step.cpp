@@ -105,6 +105,12 @@ class GraphedOptimizationStep : public OptimizationStep {
   bool run(const Batch& batch, int64_t batch_idx, int64_t num_batches) override {
     Run& r = run_;
     if (eager_) return OptimizationStep::run(batch, batch_idx, num_batches);
+    if (changed_) {
+      return eager(
+          "the parameters that require a gradient changed during fit (the captured graphs "
+          "hold the old set)",
+          batch, batch_idx, num_batches);
+    }
     // Checked per batch: a GradientAccumulationScheduler may raise it at any epoch.
     if (r.st.accumulate_grad_batches > 1) {
       return eager("accumulate_grad_batches > 1", batch, batch_idx, num_batches);
@@ -162,6 +168,10 @@ class GraphedOptimizationStep : public OptimizationStep {
   }
 
   void finish() override { sync_optimizer(); }
+  // The captured backward and optimizer step hold the old set of gradients.
+  void trainable_parameters_changed() override {
+    if (!eager_) changed_ = true;
+  }
 
  private:
   // Why this run's step cannot be graphed at all, or "".
@@ -303,6 +313,7 @@ class GraphedOptimizationStep : public OptimizationStep {
 
   bool eager_ = false;
   bool checked_ = false;
+  bool changed_ = false;  // trainable_parameters_changed() before the next step
   int64_t warmup_left_;
   int lr_recaptures_ = 0;
   GraphCache<GraphedStep> cache_;

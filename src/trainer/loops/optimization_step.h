@@ -38,6 +38,8 @@ class OptimizationStep {
   virtual void before_checkpoint() { check_losses(); }
   /// At the end of fit.
   virtual void finish() {}
+  /// The module's set of trainable parameters changed (Run::check_trainable_parameters).
+  virtual void trainable_parameters_changed() {}
   /// Forgets unchecked losses (a new fit).
   void reset_checks() { nonfinite_.reset(); }
 
