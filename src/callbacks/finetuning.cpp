@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iomanip>
+#include <iterator>
 #include <limits>
 #include <ostream>
 #include <set>
@@ -257,6 +258,13 @@ void BaseFinetuning::setup(RunContext& run, Module& module, Stage stage) {
              "later could not train (Lightning refuses it too); use strategy \"ddp\" or one "
              "process.");
   root_ = &module;
+  // Layers this callback froze in another module (a callback reused for a new model) are
+  // forgotten, so that a layer of this one at a reused address is frozen afresh.
+  std::unordered_set<torch::nn::Module*> here;
+  for (const auto& named : batch_norms_by_name(module)) here.insert(named.second);
+  for (auto it = frozen_bn_.begin(); it != frozen_bn_.end();) {
+    it = here.count(it->first) ? std::next(it) : frozen_bn_.erase(it);
+  }
   if (stage == Stage::kFit) {  // a new fit; a resume loads the state after this
     finetuned_epoch_ = -1;
     groups_.clear();
@@ -338,11 +346,10 @@ void BaseFinetuning::load_state(torch::serialize::InputArchive& archive) {
   c10::IValue batches_iv;
   archive.read("frozen_batch_norm_batches", batches_iv);
   const auto batches = batches_iv.toIntList();
-  VOLT_CHECK(
-      momenta.size() == bn_names.size() && batches.size() == bn_names.size(), CheckpointError,
-      "[BaseFinetuning] the checkpoint "
-      "lists ",
-      bn_names.size(), " frozen BatchNorm layers but ", momenta.size(), " momenta; it is damaged.");
+  VOLT_CHECK(momenta.size() == bn_names.size() && batches.size() == bn_names.size(),
+             CheckpointError, "[BaseFinetuning] the checkpoint lists ", bn_names.size(),
+             " frozen BatchNorm layers but ", momenta.size(), " momenta and ", batches.size(),
+             " batch counts; it is damaged.");
   for (size_t i = 0; i < bn_names.size(); ++i) {
     const double m = momenta.get(i);
     s.frozen_bn[bn_names[i]] = {std::isnan(m) ? c10::nullopt : c10::optional<double>(m),
@@ -507,15 +514,18 @@ void BackboneFinetuning::finetune_function(Module& module, int64_t epoch,
              "parameters in configure_optimizers.");
   const double current_lr = optimizer.param_groups().front().options().get_lr();
   double backbone_lr = 0;
-  if (!previous_backbone_lr_) {
-    // Lightning unfreezes at exactly unfreeze_backbone_at_epoch; a fit that starts later (the
-    // callback added to a resumed run) unfreezes at its first epoch instead of never.
-    if (epoch < o.unfreeze_backbone_at_epoch()) return;
+  const int64_t at = o.unfreeze_backbone_at_epoch();
+  // Lightning unfreezes at exactly unfreeze_backbone_at_epoch (every optimizer: each gets the
+  // backbone's group); a fit that starts later without this callback's state (added to a
+  // resumed run) unfreezes at its first epoch instead of never.
+  if (epoch < at) return;
+  if (epoch == at || !previous_backbone_lr_) {
     backbone_lr = o.backbone_initial_lr() ? *o.backbone_initial_lr()
                                           : current_lr * o.backbone_initial_ratio_lr();
     unfreeze_and_add_param_group(backbone_of(module), optimizer, backbone_lr, o.initial_denom_lr(),
                                  o.train_bn());
   } else {
+    // As Lightning's, once per call: with several optimizers the rate advances once for each.
     backbone_lr = o.lambda_func()(epoch + 1) * *previous_backbone_lr_;
     VOLT_CHECK(backbone_lr > 0 && std::isfinite(backbone_lr), ValueError,
                "[BackboneFinetuning] lambda_func(", epoch + 1, ") made the backbone's rate ",

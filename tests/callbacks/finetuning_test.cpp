@@ -282,6 +282,45 @@ TEST(BackboneFinetuning, AResumeWithoutTheCallbackNamesIt) {
                   "run, such as BackboneFinetuning)"));
 }
 
+// Several optimizers (manual optimization): as Lightning's, each gets the backbone's group at
+// the unfreeze (at its own first group's rate times the ratio) and each call advances the rate,
+// so it grows once per optimizer each epoch.
+TEST(BackboneFinetuning, SeveralOptimizersEachGetTheBackboneAsLightnings) {
+  struct TwoOptimizers : FinetuneNet {
+    TwoOptimizers() { set_automatic_optimization(false); }
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      for (auto& o : optimizers()) o.zero_grad();
+      manual_backward(FinetuneNet::training_step(b, i));
+      for (auto& o : optimizers()) o.step();
+      return {};
+    }
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      std::vector<volt::OptimizerConfig> out;
+      opts.clear();
+      for (double lr : {0.1, 0.2}) {
+        opts.push_back(std::make_shared<torch::optim::SGD>(
+            std::vector<torch::Tensor>{head->weight, head->bias}, torch::optim::SGDOptions(lr)));
+        out.emplace_back(opts.back());
+      }
+      return out;
+    }
+    std::vector<std::shared_ptr<torch::optim::SGD>> opts;
+  } model;
+  volt_test::TempDir dir;
+  auto finetuning = std::make_shared<BackboneFinetuning>(
+      BackboneFinetuningOptions().unfreeze_backbone_at_epoch(1));
+  volt::Trainer t(quiet(dir.path).max_epochs(3).callbacks({finetuning}));
+  t.fit(model, volt_test::loader(volt_test::blobs(32)));
+  std::vector<double> backbone;
+  for (const auto& o : model.opts) {
+    ASSERT_EQ(o->param_groups().size(), 2u);
+    backbone.push_back(o->param_groups()[1].options().get_lr());
+  }
+  // Epoch 1: 0.01 and 0.02; epoch 2: 2 x 0.02 = 0.04, then 2 x 0.04 = 0.08.
+  EXPECT_DOUBLE_EQ(backbone[0], 0.04);
+  EXPECT_DOUBLE_EQ(backbone[1], 0.08);
+}
+
 TEST(BaseFinetuning, HelpersFreezeUnfreezeAndAddAGroupAsLightnings) {
   struct Plain : BaseFinetuning {
     std::string state_key() const override { return "Plain"; }
