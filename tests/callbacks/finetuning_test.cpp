@@ -321,6 +321,29 @@ TEST(BackboneFinetuning, SeveralOptimizersEachGetTheBackboneAsLightnings) {
   EXPECT_DOUBLE_EQ(backbone[1], 0.08);
 }
 
+// A callback of one's own that changes which parameters train during fit: DDP follows (above),
+// ZeRO cannot and says so before the epoch trains.
+TEST(BaseFinetuning, DeepSpeedRefusesATrainableSetThatChangesDuringFit) {
+  struct FreezeFc1AtEpoch1 : volt::Callback {
+    std::string state_key() const override { return "FreezeFc1AtEpoch1"; }
+    void on_train_epoch_start(volt::RunContext& run, volt::Module& m) override {
+      if (run.state().epoch == 1) {
+        static_cast<volt_test::TinyClassifier&>(m).fc1->weight.set_requires_grad(false);
+      }
+    }
+  };
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  volt::Trainer t(quiet(dir.path)
+                      .max_epochs(2)
+                      .strategy("deepspeed_stage_2")
+                      .callbacks({std::make_shared<FreezeFc1AtEpoch1>()}));
+  EXPECT_TRUE(has(
+      error_of<volt::ConfigError>([&] { t.fit(model, volt_test::loader(volt_test::blobs(32))); }),
+      "[DeepSpeedStrategy] the parameters that require a gradient changed during fit "
+      "(now 3 tensors"));
+}
+
 TEST(BaseFinetuning, HelpersFreezeUnfreezeAndAddAGroupAsLightnings) {
   struct Plain : BaseFinetuning {
     std::string state_key() const override { return "Plain"; }
