@@ -1,7 +1,5 @@
 #include "volt/callbacks/finetuning.h"
 
-#include <torch/nn/modules/batchnorm.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <iomanip>
@@ -13,6 +11,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "callbacks/detail/batch_norm.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/loop_state.h"
@@ -22,35 +21,14 @@
 namespace volt {
 namespace {
 
-// A BatchNorm layer's options and batch counter (Lightning's _BatchNorm: BatchNorm1d/2d/3d).
-struct BatchNormRef {
-  torch::nn::BatchNormOptions* options = nullptr;
-  at::Tensor* num_batches_tracked = nullptr;
-  explicit operator bool() const { return options != nullptr; }
-};
+using detail::batch_norm_of;
 
-template <typename Impl>
-bool take(torch::nn::Module& m, BatchNormRef& out) {
-  auto* b = dynamic_cast<Impl*>(&m);
-  if (b == nullptr) return false;
-  out.options = &b->options;
-  out.num_batches_tracked = &b->num_batches_tracked;
-  return true;
-}
-
-BatchNormRef batch_norm_of(torch::nn::Module& m) {
-  BatchNormRef r;
-  take<torch::nn::BatchNorm1dImpl>(m, r) || take<torch::nn::BatchNorm2dImpl>(m, r) ||
-      take<torch::nn::BatchNorm3dImpl>(m, r);
-  return r;
-}
-
-int64_t batches_tracked(const BatchNormRef& bn) {
+int64_t batches_tracked(const detail::BatchNormView& bn) {
   const at::Tensor& t = *bn.num_batches_tracked;
   return t.defined() ? t.item<int64_t>() : 0;
 }
 
-void set_batches_tracked(const BatchNormRef& bn, int64_t value) {
+void set_batches_tracked(const detail::BatchNormView& bn, int64_t value) {
   at::Tensor& t = *bn.num_batches_tracked;
   if (t.defined()) t.fill_(value);
 }
@@ -180,7 +158,7 @@ std::vector<at::Tensor> BaseFinetuning::filter_on_optimizer(
 
 void BaseFinetuning::make_trainable(torch::nn::Module& modules) {
   for (torch::nn::Module* m : flatten_modules(modules)) {
-    if (BatchNormRef bn = batch_norm_of(*m)) {
+    if (detail::BatchNormView bn = batch_norm_of(*m)) {
       auto it = frozen_bn_.find(m);
       if (it != frozen_bn_.end()) {
         bn.options->momentum(it->second.momentum);
@@ -195,7 +173,7 @@ void BaseFinetuning::make_trainable(torch::nn::Module& modules) {
 void BaseFinetuning::freeze_module(torch::nn::Module& module) {
   // libtorch's BatchNorm updates its running statistics whenever it trains, whatever
   // track_running_stats says; momentum 0 keeps them (PyTorch: track_running_stats = False).
-  if (BatchNormRef bn = batch_norm_of(module)) {
+  if (detail::BatchNormView bn = batch_norm_of(module)) {
     const FrozenBatchNorm was{bn.options->momentum(), batches_tracked(bn)};
     if (frozen_bn_.emplace(&module, was).second) bn.options->momentum(0.0);
   }
@@ -380,7 +358,7 @@ void BaseFinetuning::on_load_optimizer_states(RunContext& run, Module& module) {
     if (p.value().defined()) p.value().set_requires_grad(frozen.count(p.key()) == 0);
   }
   for (const auto& [name, m] : batch_norms_by_name(module)) {
-    const BatchNormRef bn = batch_norm_of(*m);
+    const detail::BatchNormView bn = batch_norm_of(*m);
     auto want = s.frozen_bn.find(name);
     auto is = frozen_bn_.find(m);
     if (want != s.frozen_bn.end()) {

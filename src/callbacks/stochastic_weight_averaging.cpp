@@ -1,6 +1,5 @@
 #include "volt/callbacks/stochastic_weight_averaging.h"
 
-#include <torch/nn/modules/batchnorm.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 #include <torch/utils.h>
@@ -11,6 +10,7 @@
 #include <sstream>
 
 #include "callbacks/detail/averaged_tensors.h"
+#include "callbacks/detail/batch_norm.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -61,21 +61,13 @@ struct BatchNormLayer {
   at::Tensor running_mean, running_var, num_batches_tracked;
 };
 
-template <typename Impl>
-bool add_if(torch::nn::Module& m, std::vector<BatchNormLayer>& out) {
-  auto* bn = dynamic_cast<Impl*>(&m);
-  if (bn == nullptr) return false;
-  if (bn->options.track_running_stats() && bn->running_mean.defined()) {
-    out.push_back({&bn->options, bn->running_mean, bn->running_var, bn->num_batches_tracked});
-  }
-  return true;
-}
-
 std::vector<BatchNormLayer> batch_norm_layers(Module& module) {
   std::vector<BatchNormLayer> out;
   const auto add = [&](torch::nn::Module& m) {
-    add_if<torch::nn::BatchNorm1dImpl>(m, out) || add_if<torch::nn::BatchNorm2dImpl>(m, out) ||
-        add_if<torch::nn::BatchNorm3dImpl>(m, out);
+    const detail::BatchNormView bn = detail::batch_norm_of(m);
+    if (bn && bn.options->track_running_stats() && bn.running_mean->defined()) {
+      out.push_back({bn.options, *bn.running_mean, *bn.running_var, *bn.num_batches_tracked});
+    }
   };
   add(module);  // not through modules(true): that needs the module held by a shared_ptr
   for (const auto& m : module.modules(/*include_self=*/false)) add(*m);
