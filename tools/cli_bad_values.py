@@ -44,6 +44,8 @@ COMPANIONS = {
 # Exit 1 by design: a data folder without the data is a failed run (DataError; cli.h), as a
 # corrupt file found mid-run is.
 RUN_FAILURES = {("data", "FashionMNIST", "root")}
+# Step counts the tuner callbacks take as asked: a huge one is a long search, as max_steps.
+LONG_RUNS = {("LearningRateFinder", "num_training_steps"), ("BatchSizeFinder", "steps_per_trial")}
 SECTIONS = {"callbacks": "cb", "loggers": "lg", "profilers": "pf", "checkpoint": "io",
             "strategies": "st", "trainer": "trainer", "models": "model", "data": "data"}
 
@@ -98,6 +100,8 @@ def main():
                 continue
             if section == "trainer" and key in ("max_epochs", "max_steps", "max_time"):
                 continue  # a huge limit is a long run, as asked
+            if (component, key) in LONG_RUNS:
+                continue  # the same for the tuners' step counts
             select, prefix = setup(section, component)
             for value in VALUES.get(kind, []):
                 args = base + select + COMPANIONS.get((section, component), [])

@@ -89,4 +89,5 @@
 #include "volt/trainer/threads.h"
 #include "volt/trainer/trainer.h"
 #include "volt/tuner/batch_size_finder.h"
+#include "volt/tuner/callbacks.h"
 #include "volt/tuner/lr_finder.h"

@@ -48,6 +48,21 @@ std::vector<double> read_doubles(torch::serialize::InputArchive& archive, const 
   return std::vector<double>(list.begin(), list.end());
 }
 
+// restart_at's argument, one lr per scheduled group; ValueError once the schedule stepped.
+std::vector<double> checked_initial_lrs(const std::string& name, int64_t last_epoch,
+                                        const std::vector<double>& lrs, size_t groups) {
+  VOLT_CHECK(last_epoch == 0, ValueError, "[", name, "] restart_at() after ", last_epoch,
+             " step(s); a schedule starts again only before its first step.");
+  VOLT_CHECK(lrs.size() == 1 || lrs.size() == groups, ConfigError, "[", name, "] restart_at() got ",
+             lrs.size(), " lrs for ", groups,
+             " scheduled param groups; pass one per group or a single one for all.");
+  for (double lr : lrs) {
+    VOLT_CHECK(lr > 0 && std::isfinite(lr), ConfigError, "[", name, "] restart_at(): lr=", lr,
+               " must be positive and finite.");
+  }
+  return lrs.size() == 1 ? std::vector<double>(groups, lrs[0]) : lrs;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------ LRScheduler
@@ -91,6 +106,17 @@ void LRScheduler::advance() {
 void LRScheduler::restart() {
   last_epoch_ = 0;
   write_lrs(closed_form_lrs(current_lrs()));
+}
+
+void LRScheduler::restart_at(const std::vector<double>& initial_lrs) {
+  const std::vector<double> lrs =
+      checked_initial_lrs(name(), last_epoch_, initial_lrs, base_lrs_.size());
+  auto& param_groups = optimizer_.param_groups();
+  for (size_t i = 0; i < lrs.size() && i < param_groups.size(); ++i) {
+    param_groups[i].options().set_lr(lrs[i]);
+  }
+  if (!overrides_initial_lr_) base_lrs_ = lrs;
+  initial_step();
 }
 
 std::vector<double> LRScheduler::current_lrs() const {
@@ -713,11 +739,18 @@ SequentialLR::SequentialLR(torch::optim::Optimizer& optimizer,
                "scheduler takes over.");
   }
 
+  const LRScheduler* oldest =
+      std::min_element(schedulers_.begin(), schedulers_.end(), [](const auto& a, const auto& b) {
+        return a->serial_ < b->serial_;
+      })->get();
+  start(oldest->base_lrs_);
+}
+
+void SequentialLR::start(std::vector<double> initial) {
   std::vector<LRScheduler*> by_age;
   for (auto& s : schedulers_) by_age.push_back(s.get());
   std::sort(by_age.begin(), by_age.end(),
             [](const LRScheduler* a, const LRScheduler* b) { return a->serial_ < b->serial_; });
-  std::vector<double> initial = by_age.front()->base_lrs_;
   for (auto* s : by_age) {
     if (s->overrides_initial_lr_) {
       initial = s->base_lrs_;
@@ -727,10 +760,15 @@ SequentialLR::SequentialLR(torch::optim::Optimizer& optimizer,
   }
   base_lrs_ = initial;
   write_lrs(initial);
-  for (auto& s : schedulers_) --s->last_epoch_;
+  // Each chained scheduler took its step 0 when it was built; the first one takes it again.
+  for (auto& s : schedulers_) s->last_epoch_ = -1;
   schedulers_.front()->advance();
   last_epoch_ = 0;
   last_lrs_ = schedulers_.front()->last_lrs_;
+}
+
+void SequentialLR::restart_at(const std::vector<double>& initial_lrs) {
+  start(checked_initial_lrs(name(), last_epoch_, initial_lrs, base_lrs_.size()));
 }
 
 void SequentialLR::step() {

@@ -258,6 +258,7 @@ void Run::setup_run(Module& m, Stage stage) {
   // Before the strategy takes the module: a callback freezing layers here (BaseFinetuning)
   // keeps them out of DDP's gradient buckets, and configure_optimizers sees them frozen.
   callback_hook("setup", [&](Callback& c) { c.setup(*this, m, stage); });
+  m.attach(this);  // a tuner callback's trials ran in Trainers of their own, which detach it
   strategy().setup_module(m);
   trainable = trainable_of(m);
 }

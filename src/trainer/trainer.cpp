@@ -212,7 +212,24 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
 
 Trainer::~Trainer() = default;
 
+namespace {
+
+// The DataModule of the entry point running (RunContext::data_module()), for its duration.
+class UsingData {
+ public:
+  UsingData(detail::Run& run, DataModule* data) : run_(run) { run_.data = data; }
+  ~UsingData() { run_.data = nullptr; }
+  UsingData(const UsingData&) = delete;
+  UsingData& operator=(const UsingData&) = delete;
+
+ private:
+  detail::Run& run_;
+};
+
+}  // namespace
+
 void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path) {
+  UsingData using_data(*impl_, &data);
   fit_with_restarts(module, ckpt_path, [&](const std::string& ckpt) {
     data.setup(Stage::kFit);
     const detail::LoaderReload load = [&](int64_t epoch) {
@@ -247,14 +264,15 @@ void Trainer::fit_with_restarts(Module& module, const std::string& ckpt_path,
   }
 }
 
-Metrics Trainer::run_eval(Module& module, Stage stage, DataLoader& loader,
+Metrics Trainer::run_eval(Module& module, Stage stage,
+                          const std::function<DataLoader()>& make_loader,
                           const std::string& ckpt_path) {
   Impl& s = *impl_;
   Metrics out;
   s.guarded(module, stage, [&] {
     const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, stage);
     if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
-    DataLoader sharded = s.shard(loader);
+    DataLoader sharded = s.shard(make_loader());
     int64_t n = 0;
     if (stage == Stage::kTest) {
       n = s.opts.limit_test_batches().resolve(sharded.num_batches());
@@ -267,38 +285,55 @@ Metrics Trainer::run_eval(Module& module, Stage stage, DataLoader& loader,
   return out;
 }
 
+// The DataModule forms ask for their loader inside the run, after the setup hooks (a
+// BatchSizeFinder sets the size there); a missing loader is a ConfigError from the run.
 Metrics Trainer::validate(Module& module, DataLoader val, const std::string& ckpt_path) {
-  return run_eval(module, Stage::kValidate, val, ckpt_path);
+  return run_eval(
+      module, Stage::kValidate, [&] { return val; }, ckpt_path);
 }
 
 Metrics Trainer::validate(Module& module, DataModule& data, const std::string& ckpt_path) {
   data.setup(Stage::kValidate);
-  auto loader = data.val_dataloader();
-  VOLT_CHECK(loader.has_value(), ConfigError,
-             "[Trainer] validate() needs DataModule::val_dataloader(); override it.");
-  return validate(module, *loader, ckpt_path);
+  UsingData using_data(*impl_, &data);
+  return run_eval(
+      module, Stage::kValidate,
+      [&] {
+        auto loader = data.val_dataloader();
+        VOLT_CHECK(loader.has_value(), ConfigError,
+                   "[Trainer] validate() needs DataModule::val_dataloader(); override it.");
+        return *loader;
+      },
+      ckpt_path);
 }
 
 Metrics Trainer::test(Module& module, DataLoader test, const std::string& ckpt_path) {
-  return run_eval(module, Stage::kTest, test, ckpt_path);
+  return run_eval(
+      module, Stage::kTest, [&] { return test; }, ckpt_path);
 }
 
 Metrics Trainer::test(Module& module, DataModule& data, const std::string& ckpt_path) {
   data.setup(Stage::kTest);
-  auto loader = data.test_dataloader();
-  VOLT_CHECK(loader.has_value(), ConfigError,
-             "[Trainer] test() needs DataModule::test_dataloader(); override it.");
-  return test(module, *loader, ckpt_path);
+  UsingData using_data(*impl_, &data);
+  return run_eval(
+      module, Stage::kTest,
+      [&] {
+        auto loader = data.test_dataloader();
+        VOLT_CHECK(loader.has_value(), ConfigError,
+                   "[Trainer] test() needs DataModule::test_dataloader(); override it.");
+        return *loader;
+      },
+      ckpt_path);
 }
 
-std::vector<at::Tensor> Trainer::predict(Module& module, DataLoader data,
-                                         const std::string& ckpt_path) {
+std::vector<at::Tensor> Trainer::run_predict(Module& module,
+                                             const std::function<DataLoader()>& make_loader,
+                                             const std::string& ckpt_path) {
   Impl& s = *impl_;
   std::vector<at::Tensor> out;
   s.guarded(module, Stage::kPredict, [&] {
     const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, Stage::kPredict);
     if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
-    DataLoader sharded = s.shard(data);
+    DataLoader sharded = s.shard(make_loader());
     int64_t n = s.opts.limit_predict_batches().resolve(sharded.num_batches());
     if (s.fast_dev) n = std::min(n, s.opts.fast_dev_run());
     out = detail::prediction_loop(s, sharded, n);
@@ -306,13 +341,25 @@ std::vector<at::Tensor> Trainer::predict(Module& module, DataLoader data,
   return out;
 }
 
+std::vector<at::Tensor> Trainer::predict(Module& module, DataLoader data,
+                                         const std::string& ckpt_path) {
+  return run_predict(
+      module, [&] { return data; }, ckpt_path);
+}
+
 std::vector<at::Tensor> Trainer::predict(Module& module, DataModule& data,
                                          const std::string& ckpt_path) {
   data.setup(Stage::kPredict);
-  auto loader = data.predict_dataloader();
-  VOLT_CHECK(loader.has_value(), ConfigError,
-             "[Trainer] predict() needs DataModule::predict_dataloader(); override it.");
-  return predict(module, *loader, ckpt_path);
+  UsingData using_data(*impl_, &data);
+  return run_predict(
+      module,
+      [&] {
+        auto loader = data.predict_dataloader();
+        VOLT_CHECK(loader.has_value(), ConfigError,
+                   "[Trainer] predict() needs DataModule::predict_dataloader(); override it.");
+        return *loader;
+      },
+      ckpt_path);
 }
 
 void Trainer::save_checkpoint(const std::string& path) {

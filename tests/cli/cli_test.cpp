@@ -47,6 +47,8 @@ class BlobsData : public volt::DataModule {
   }
   c10::optional<volt::DataLoader> test_dataloader() override { return val_dataloader(); }
   c10::optional<volt::DataLoader> predict_dataloader() override { return val_dataloader(); }
+  c10::optional<int64_t> batch_size() const override { return batch_size_; }
+  void set_batch_size(int64_t batch_size) override { batch_size_ = batch_size; }
 
  private:
   int64_t n_, batch_size_;
@@ -469,6 +471,27 @@ TEST(Cli, BackboneFinetuningFreezesANamedSubmoduleAndRefusesAMissingOne) {
       {"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=BackboneFinetuning",
        "--trainer.callbacks.0.unfreeze_backbone_at_epoch=-1"},
       "[BackboneFinetuning] unfreeze_backbone_at_epoch=-1 must be >= 0");
+}
+
+TEST(Cli, TunerCallbacksSetTheRateAndTheBatchSizeOfTheFit) {
+  volt_test::TempDir dir;
+  const auto lr = fit_logged(
+      dir, {"--trainer.max_epochs=1", "--trainer.callbacks+=LearningRateFinder",
+            "--trainer.callbacks.0.num_training_steps=20", "--trainer.callbacks.0.max_lr=0.5"});
+  EXPECT_TRUE(lr("[lr_find] 20 steps from 1e-08 to"));
+  EXPECT_TRUE(lr("[LearningRateFinder] Learning rate set to "));
+  const auto bs = fit_logged(dir, {"--trainer.max_epochs=1", "--trainer.callbacks+=BatchSizeFinder",
+                                   "--trainer.callbacks.0.max_val=32"});
+  EXPECT_TRUE(
+      bs("[scale_batch_size] batch size 32: the largest that fitted, capped at 32 (max_val)"));
+  EXPECT_TRUE(bs("batch: 32 samples per process per optimizer step"));
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=BatchSizeFinder",
+                      "--trainer.callbacks.0.max_val=1"},
+                     "[scale_batch_size] max_val=1 is below init_val=2");
+  expect_usage_error(
+      {"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=LearningRateFinder",
+       "--trainer.callbacks.0.early_stop_threshold=-1"},
+      "[lr_find] early_stop_threshold=-1 must be a positive factor");
 }
 
 TEST(Cli, AnAliasBombIsRefusedWithOneLine) {

@@ -435,6 +435,47 @@ TEST(LRScheduler, ParamGroupAddedAfterConstructionKeepsItsRate) {
                                   "do not remove param groups from a scheduled optimizer");
 }
 
+// restart_at before the first step: the optimizer and scheduler go on exactly as a pair built
+// at the new rates (every reference case: each scheduler kind, SequentialLR's chains, OneCycleLR
+// keeping its own initial lrs, momenta included); after a step it is refused.
+TEST(LRScheduler, RestartAtIsConstructionAtTheNewRates) {
+  for (const auto& c : reference()["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    json tripled = c["optimizer"];
+    std::vector<double> lrs;
+    for (double lr : c["optimizer"]["lrs"].get<std::vector<double>>()) lrs.push_back(lr * 3);
+    tripled["lrs"] = lrs;
+    auto opt = make_optimizer(c["optimizer"]);
+    auto sched = make_scheduler(c["scheduler"], *opt);
+    sched->restart_at(lrs);
+    auto fresh_opt = make_optimizer(tripled);
+    auto fresh = make_scheduler(c["scheduler"], *fresh_opt);
+    ASSERT_EQ(group_lrs(*opt), group_lrs(*fresh_opt));
+    ASSERT_EQ(sched->base_lrs(), fresh->base_lrs());
+    const size_t steps = c["steps"];
+    for (size_t i = 0; i < steps; ++i) {
+      step_like_reference(*sched, c, i);
+      step_like_reference(*fresh, c, i);
+      ASSERT_EQ(group_lrs(*opt), group_lrs(*fresh_opt)) << "step " << i + 1;
+      ASSERT_EQ(group_momenta(*opt), group_momenta(*fresh_opt)) << "step " << i + 1;
+      ASSERT_EQ(sched->last_lrs(), fresh->last_lrs());
+    }
+    expect_error<volt::ValueError>([&] { sched->restart_at({0.1}); },
+                                   "restart_at() after " + std::to_string(steps) + " step(s)");
+  }
+  auto opt = two_group_sgd();
+  volt::StepLR step(*opt, 2, 0.5);
+  step.restart_at({0.3});  // one rate for every group
+  EXPECT_EQ(group_lrs(*opt), (std::vector<double>{0.3, 0.3}));
+  expect_error<volt::ConfigError>(
+      [&] {
+        step.restart_at({0.1, 0.2, 0.3});
+      },
+      "[StepLR] restart_at() got 3 lrs for 2 scheduled param groups");
+  expect_error<volt::ConfigError>([&] { step.restart_at({-1.0}); },
+                                  "[StepLR] restart_at(): lr=-1 must be positive and finite");
+}
+
 TEST(LRScheduler, ConstructorErrors) {
   auto opt = two_group_sgd();
   auto& o = *opt;

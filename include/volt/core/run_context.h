@@ -15,8 +15,11 @@
 
 namespace volt {
 
+class DataLoader;
+class DataModule;
 class Logger;
 class Profiler;
+struct TrainerOptions;
 
 /// Options of Module::log. on_step / on_epoch default by context: training steps log per step,
 /// validation/test steps and epoch hooks log per epoch (as in Lightning).
@@ -103,6 +106,16 @@ class RunContext {
   /// ValueError elsewhere (validate(), a step); ConfigError under manual optimization
   /// (training_step would step).
   virtual void forward_training_data() = 0;
+  /// The options the Trainer was built with (the tuner callbacks build their trial runs from
+  /// them).
+  virtual const TrainerOptions& trainer_options() const = 0;
+  /// The DataModule this entry point was given, or nullptr when it was given loaders. Its
+  /// setup(stage) has run before the setup hooks for validate/test/predict and before
+  /// on_fit_start for fit.
+  virtual DataModule* data_module() = 0;
+  /// The training loader of the running fit (the one given, or the DataModule's; sharded with
+  /// several processes), or nullptr outside fit and before its loaders exist (setup hooks).
+  virtual const DataLoader* train_dataloader() const = 0;
   /// Manual optimization: backward through the strategy and precision.
   virtual void manual_backward(const at::Tensor& loss) = 0;
   /// Manual optimization: one optimizer step through the strategy (counts as a global step).

@@ -40,6 +40,14 @@ class LRScheduler {
   /// Metric-driven step for schedulers that watch one (ReduceLROnPlateau); the others ignore
   /// the metric and step().
   virtual void step(double metric);
+  /// Starts the schedule again from `initial_lrs` (one per scheduled param group, or one for
+  /// all), as if the optimizer had been built with these rates and this scheduler then: the
+  /// groups take them, base_lrs become them (not where the scheduler sets its own, as
+  /// OneCycleLR from max_lr) and the initial step runs again. Only before the first step():
+  /// ValueError after one; ConfigError for a rate that is not positive and finite or a count
+  /// that matches neither. The LearningRateFinder callback puts its suggestion into a run's
+  /// optimizer with it.
+  virtual void restart_at(const std::vector<double>& initial_lrs);
   /// The lrs written by the last step (by the constructor before any step).
   const std::vector<double>& last_lrs() const { return last_lrs_; }
   /// Each group's initial lr (PyTorch's base_lrs / param_group['initial_lr']).
@@ -369,6 +377,9 @@ class SequentialLR : public LRScheduler {
   std::string name() const override { return "SequentialLR"; }
   using LRScheduler::step;
   void step() override;
+  /// Starts again as if built on an optimizer at `initial_lrs`: the chained schedulers take
+  /// them as their initial lrs (as at construction) and the first one starts.
+  void restart_at(const std::vector<double>& initial_lrs) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
@@ -377,6 +388,10 @@ class SequentialLR : public LRScheduler {
   std::vector<double> compute_lrs(const std::vector<double>& current) override;
 
  private:
+  /// The end of construction, shared with restart_at: the chained schedulers share `initial`
+  /// as their initial lrs (OneCycleLR overwrites it for those built after it) and the first
+  /// one takes its step 0.
+  void start(std::vector<double> initial);
   std::vector<std::shared_ptr<LRScheduler>> schedulers_;
   std::vector<int64_t> milestones_;
 };

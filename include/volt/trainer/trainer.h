@@ -65,7 +65,12 @@ class Trainer {
  private:
   void fit_with_restarts(Module& module, const std::string& ckpt_path,
                          const std::function<void(const std::string&)>& body);
-  Metrics run_eval(Module& module, Stage stage, DataLoader& loader, const std::string& ckpt_path);
+  /// `make_loader` runs after the setup hooks (a BatchSizeFinder may have resized the data).
+  Metrics run_eval(Module& module, Stage stage, const std::function<DataLoader()>& make_loader,
+                   const std::string& ckpt_path);
+  std::vector<at::Tensor> run_predict(Module& module,
+                                      const std::function<DataLoader()>& make_loader,
+                                      const std::string& ckpt_path);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -79,13 +79,13 @@ struct BatchSizeFinderResult {
 
 /// Runs the search with a Trainer built from `options` (its accelerator, precision,
 /// accumulation and clipping count; the trials set their own stop and batch limits and run
-/// without validation, checkpoints, loggers, callbacks, progress bar or summary), and sets the
-/// size found on the DataModule, which must override batch_size() and set_batch_size(). One
-/// process only (ConfigError otherwise, as Lightning does not support DDP here). A trial that
-/// fails with anything but an out-of-memory error ends the search with that error. When even a
-/// batch of one runs out of memory it throws NotAvailable. The module's parameters and buffers
-/// and torch's CPU random state are as before the call, also when it throws; with fast_dev_run
-/// it does nothing (warned), as Lightning.
+/// without validation, checkpoints, loggers, callbacks, profiler, CheckpointIO, progress bar or
+/// summary), and sets the size found on the DataModule, which must override batch_size() and
+/// set_batch_size(). One process only (ConfigError otherwise, as Lightning does not support DDP
+/// here). A trial that fails with anything but an out-of-memory error ends the search with that
+/// error. When even a batch of one runs out of memory it throws NotAvailable. The module's
+/// parameters and buffers and torch's CPU random state are as before the call, also when it throws;
+/// with fast_dev_run it does nothing (warned), as Lightning.
 BatchSizeFinderResult scale_batch_size(Module& module, DataModule& data,
                                        TrainerOptions options = TrainerOptions(),
                                        BatchSizeFinderOptions finder = BatchSizeFinderOptions());

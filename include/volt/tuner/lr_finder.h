@@ -62,10 +62,10 @@ struct LrFinderResult {
 /// Runs the range test on `train` with a Trainer built from `options` (its accelerator,
 /// strategy, precision, accumulation and clipping count; the test sets its own stop, turns off
 /// validation, checkpoints, loggers, the progress bar and the module's LR scheduler, and drops
-/// the options' callbacks). The module needs exactly one optimizer; every param group runs at
-/// the tested rate. Afterwards the module's parameters and buffers and torch's CPU random state
-/// are as before the call, also when it throws. With fast_dev_run it does nothing (warned) and
-/// returns an empty result, as Lightning.
+/// the options' callbacks, profiler and CheckpointIO). The module needs exactly one optimizer;
+/// every param group runs at the tested rate. Afterwards the module's parameters and buffers and
+/// torch's CPU random state are as before the call, also when it throws. With fast_dev_run it does
+/// nothing (warned) and returns an empty result, as Lightning.
 LrFinderResult lr_find(Module& module, DataLoader train, TrainerOptions options = TrainerOptions(),
                        LrFinderOptions finder = LrFinderOptions());
 /// The same with the DataModule's train_dataloader() (after its setup(Stage::kFit)).

@@ -74,6 +74,8 @@ class Run : public RunContext {
 
   /// The (sharded) training loader while fit_loop runs; null elsewhere (forward_training_data).
   DataLoader* fit_train = nullptr;
+  /// The DataModule the running entry point was given; null when it was given loaders.
+  DataModule* data = nullptr;
 
   // ---------------------------------------------------------------- failure context
   /// What the run is calling (a step, a module hook, a callback's hook, a batch fetch) and the
@@ -186,6 +188,9 @@ class Run : public RunContext {
   Metrics device_stats() override { return strategy().accelerator().device_stats(); }
   std::string strategy_name() const override { return plan.strategy->name(); }
   void forward_training_data() override;
+  const TrainerOptions& trainer_options() const override { return opts; }
+  DataModule* data_module() override { return data; }
+  const DataLoader* train_dataloader() const override { return fit_train; }
   void manual_backward(const at::Tensor& loss) override;
   void manual_step(size_t index) override;
   void manual_zero_grad(size_t index) override;

@@ -9,6 +9,7 @@
 #include "trainer/loops/optimization_step.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
+#include "volt/data/data_module.h"
 
 namespace volt {
 namespace detail {
@@ -327,9 +328,20 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
     for (auto& l : r.loggers()) l->log_hyperparams(m.hparams());
   }
 
+  const c10::optional<int64_t> batch_size = r.data != nullptr ? r.data->batch_size() : c10::nullopt;
   r.hook(
       "on_fit_start", [&](Module& mm) { mm.on_fit_start(); },
       [&](Callback& c) { c.on_fit_start(r, m); });
+  // A tuner callback may have run trials in Trainers of its own, which detach the module.
+  m.attach(&r);
+  // A BatchSizeFinder changed the DataModule's batch size: the fit runs on loaders of that
+  // size, as Lightning resets its loaders after the search.
+  if (reload && r.data != nullptr && r.data->batch_size() != batch_size) {
+    reload_for(loaded_epoch);
+    log_info("Trainer", describe_global_batch(
+                            train.options().batch_size(), r.strategy().data_shard().world_size,
+                            r.st.accumulate_grad_batches, train.last_batch_size()));
+  }
   if (val) sanity_check(r, *val);
 
   r.hook(

@@ -7,6 +7,7 @@
 
 #include "volt/core/check.h"
 #include "volt/core/module.h"
+#include "volt/core/run_context.h"
 
 namespace volt {
 namespace detail {
@@ -30,7 +31,9 @@ TrainerOptions trial_options(TrainerOptions o) {
       .enable_model_summary(false)
       .logger(false)
       .loggers({})
-      .callbacks({});
+      .callbacks({})
+      .profiler(nullptr)
+      .checkpoint_io(nullptr);
   return o;
 }
 
@@ -53,6 +56,35 @@ void ModuleSnapshot::restore() {
   }
   for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(buffers_[i]);
   cpu_generator().set_state(rng_);
+}
+
+void check_single_device_run(RunContext& run, const std::string& tag) {
+  const int64_t n = run.world_size();
+  VOLT_CHECK(run.strategy_name() == "single_device", ConfigError, tag, " the run uses strategy \"",
+             run.strategy_name(), "\" (", n, n == 1 ? " process" : " processes",
+             "); the search runs its trials in Trainers of its own and needs strategy "
+             "single_device (one process on one device, as Lightning's tuners). Find the value "
+             "with devices=1 and strategy single_device, then give the real run that value.");
+}
+
+KeepDevice::KeepDevice(Module& module) : module_(module) {
+  for (const auto& p : module_.parameters()) {
+    device_ = p.device();
+    break;
+  }
+}
+
+KeepDevice::~KeepDevice() {
+  if (!device_) return;
+  for (const auto& p : module_.parameters()) {
+    if (p.device() != *device_) {
+      try {
+        module_.to(*device_);
+      } catch (...) {  // a destructor does not throw; the next step names the device mismatch
+      }
+    }
+    break;
+  }
 }
 
 }  // namespace detail

@@ -5,6 +5,8 @@
 // values; gradients dropped) and torch's CPU random state.
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/util/Optional.h>
 
 #include <string>
 #include <vector>
@@ -14,11 +16,13 @@
 namespace volt {
 
 class Module;
+class RunContext;
 
 namespace detail {
 
 /// `options` for a trial: no stop but the trial's own (max_epochs -1, no minima, no max_time),
-/// no sanity check, overfit_batches, checkpoints, progress bar, summary, loggers or callbacks.
+/// no sanity check, overfit_batches, checkpoints, progress bar, summary, loggers, callbacks,
+/// profiler or CheckpointIO (a tuner callback's trials run inside a fit that owns those).
 /// The caller adds its stop and batch limits.
 TrainerOptions trial_options(TrainerOptions options);
 
@@ -33,6 +37,27 @@ class ModuleSnapshot {
   std::string tag_;
   at::Tensor rng_;
   std::vector<at::Tensor> params_, buffers_;
+};
+
+/// For the tuner callbacks (LearningRateFinder, BatchSizeFinder), whose trials run inside an
+/// entry point: ConfigError unless the run is one process on one device (strategy
+/// "single_device"): the trials build Trainers of their own from the run's options and would
+/// share a strategy object given there.
+void check_single_device_run(RunContext& run, const std::string& tag);
+
+/// Puts the module back on the device it is on at construction when it goes out of scope: a
+/// trial's Trainer ends, as every entry point, with a model trained on a GPU moved back to the
+/// CPU, while a tuner callback's fit has its module placed already.
+class KeepDevice {
+ public:
+  explicit KeepDevice(Module& module);
+  ~KeepDevice();
+  KeepDevice(const KeepDevice&) = delete;
+  KeepDevice& operator=(const KeepDevice&) = delete;
+
+ private:
+  Module& module_;
+  c10::optional<c10::Device> device_;
 };
 
 }  // namespace detail
