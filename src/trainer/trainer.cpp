@@ -226,6 +226,18 @@ class UsingData {
   detail::Run& run_;
 };
 
+// The DataModule forms of validate/test/predict ask for their loader inside the run, after the
+// setup hooks (a BatchSizeFinder sets the size there); a missing loader is a ConfigError.
+DataLoader stage_loader(DataModule& data, Stage stage) {
+  c10::optional<DataLoader> loader = stage == Stage::kValidate ? data.val_dataloader()
+                                     : stage == Stage::kTest   ? data.test_dataloader()
+                                                               : data.predict_dataloader();
+  const char* name = stage == Stage::kValidate ? "val" : to_string(stage);
+  VOLT_CHECK(loader.has_value(), ConfigError, "[Trainer] ", to_string(stage),
+             "() needs DataModule::", name, "_dataloader(); override it.");
+  return *loader;
+}
+
 }  // namespace
 
 void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path) {
@@ -285,8 +297,6 @@ Metrics Trainer::run_eval(Module& module, Stage stage,
   return out;
 }
 
-// The DataModule forms ask for their loader inside the run, after the setup hooks (a
-// BatchSizeFinder sets the size there); a missing loader is a ConfigError from the run.
 Metrics Trainer::validate(Module& module, DataLoader val, const std::string& ckpt_path) {
   return run_eval(
       module, Stage::kValidate, [&] { return val; }, ckpt_path);
@@ -296,14 +306,7 @@ Metrics Trainer::validate(Module& module, DataModule& data, const std::string& c
   data.setup(Stage::kValidate);
   UsingData using_data(*impl_, &data);
   return run_eval(
-      module, Stage::kValidate,
-      [&] {
-        auto loader = data.val_dataloader();
-        VOLT_CHECK(loader.has_value(), ConfigError,
-                   "[Trainer] validate() needs DataModule::val_dataloader(); override it.");
-        return *loader;
-      },
-      ckpt_path);
+      module, Stage::kValidate, [&] { return stage_loader(data, Stage::kValidate); }, ckpt_path);
 }
 
 Metrics Trainer::test(Module& module, DataLoader test, const std::string& ckpt_path) {
@@ -315,14 +318,7 @@ Metrics Trainer::test(Module& module, DataModule& data, const std::string& ckpt_
   data.setup(Stage::kTest);
   UsingData using_data(*impl_, &data);
   return run_eval(
-      module, Stage::kTest,
-      [&] {
-        auto loader = data.test_dataloader();
-        VOLT_CHECK(loader.has_value(), ConfigError,
-                   "[Trainer] test() needs DataModule::test_dataloader(); override it.");
-        return *loader;
-      },
-      ckpt_path);
+      module, Stage::kTest, [&] { return stage_loader(data, Stage::kTest); }, ckpt_path);
 }
 
 std::vector<at::Tensor> Trainer::run_predict(Module& module,
@@ -352,14 +348,7 @@ std::vector<at::Tensor> Trainer::predict(Module& module, DataModule& data,
   data.setup(Stage::kPredict);
   UsingData using_data(*impl_, &data);
   return run_predict(
-      module,
-      [&] {
-        auto loader = data.predict_dataloader();
-        VOLT_CHECK(loader.has_value(), ConfigError,
-                   "[Trainer] predict() needs DataModule::predict_dataloader(); override it.");
-        return *loader;
-      },
-      ckpt_path);
+      module, [&] { return stage_loader(data, Stage::kPredict); }, ckpt_path);
 }
 
 void Trainer::save_checkpoint(const std::string& path) {

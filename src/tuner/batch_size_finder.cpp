@@ -270,12 +270,28 @@ BatchSizeFinderResult scale_batch_size(Module& module,
 
 BatchSizeFinderResult scale_batch_size(Module& module, DataModule& data, TrainerOptions options,
                                        BatchSizeFinderOptions finder) {
+  const Stage stage = finder.stage();
+  data.setup(stage);
+  BatchSizeFinderResult result;
+  try {
+    result = detail::scale_data_module(module, data, std::move(options), std::move(finder));
+  } catch (...) {
+    data.teardown(stage);
+    throw;
+  }
+  data.teardown(stage);
+  return result;
+}
+
+namespace detail {
+
+BatchSizeFinderResult scale_data_module(Module& module, DataModule& data, TrainerOptions options,
+                                        BatchSizeFinderOptions finder) {
   const c10::optional<int64_t> original = data.batch_size();
   VOLT_CHECK(original.has_value(), ConfigError, kTag,
              " the DataModule does not say its batch size; override batch_size() and "
              "set_batch_size(int64_t) so that the search can size its loaders.");
   const Stage stage = finder.stage();
-  data.setup(stage);
   const std::function<DataLoader(int64_t)> make_loader = [&](int64_t size) {
     data.set_batch_size(size);
     if (stage == Stage::kFit) return data.train_dataloader();
@@ -291,12 +307,12 @@ BatchSizeFinderResult scale_batch_size(Module& module, DataModule& data, Trainer
     result = search(module, make_loader, std::move(options), std::move(finder));
   } catch (...) {
     data.set_batch_size(*original);
-    data.teardown(stage);
     throw;
   }
   data.set_batch_size(result.batch_size > 0 ? result.batch_size : *original);
-  data.teardown(stage);
   return result;
 }
+
+}  // namespace detail
 
 }  // namespace volt

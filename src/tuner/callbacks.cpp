@@ -183,33 +183,11 @@ void BatchSizeFinder::on_fit_start(RunContext& run, Module& module) {
 }
 
 void BatchSizeFinder::search(RunContext& run, Module& module, Stage stage) {
-  DataModule& data = *run.data_module();
-  const int64_t original = *data.batch_size();
-  const std::function<DataLoader(int64_t)> make_loader = [&](int64_t size) {
-    data.set_batch_size(size);
-    if (stage == Stage::kFit) return data.train_dataloader();
-    c10::optional<DataLoader> l = stage == Stage::kValidate ? data.val_dataloader()
-                                  : stage == Stage::kTest   ? data.test_dataloader()
-                                                            : data.predict_dataloader();
-    VOLT_CHECK(l.has_value(), ConfigError, kBsTag, " ", to_string(stage),
-               " needs the DataModule's ", to_string(stage), " loader; override it.");
-    return *l;
-  };
   BatchSizeFinderOptions o = options_;
   o.stage(stage);
-  try {
-    detail::KeepDevice keep(module);
-    result_ = scale_batch_size(module, make_loader, run.trainer_options(), o);
-  } catch (...) {
-    data.set_batch_size(original);
-    throw;
-  }
-  if (result_.batch_size == 0) {  // fast_dev_run: skipped, warned by scale_batch_size
-    data.set_batch_size(original);
-    return;
-  }
-  data.set_batch_size(result_.batch_size);
-  optimal_batch_size_ = result_.batch_size;
+  detail::KeepDevice keep(module);
+  result_ = detail::scale_data_module(module, *run.data_module(), run.trainer_options(), o);
+  if (result_.batch_size > 0) optimal_batch_size_ = result_.batch_size;
 }
 
 void BatchSizeFinder::save_state(torch::serialize::OutputArchive& archive) const {

@@ -720,3 +720,36 @@ TEST(Module, LogRefusesAnEmptyName) {
 }
 
 }  // namespace
+
+// A DataModule without the loader an evaluation entry point needs: a ConfigError naming the
+// method to override, raised inside the run (the loader is asked for after the setup hooks),
+// where callbacks hear of it.
+TEST(Trainer, AnEvaluationOfADataModuleWithoutItsLoaderNamesTheMethodToOverride) {
+  volt_test::TempDir dir;
+  struct TrainOnly : volt::DataModule {
+    volt::DataLoader train_dataloader() override { return volt_test::loader(volt_test::blobs(32)); }
+  } data;
+  struct Failures : volt::Callback {
+    std::string state_key() const override { return "Failures"; }
+    void on_exception(volt::RunContext&, volt::Module&, const std::exception&) override { ++n; }
+    int n = 0;
+  };
+  auto failures = std::make_shared<Failures>();
+  TinyClassifier model;
+  volt::Trainer trainer(quiet(dir.path).callbacks({failures}));
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const volt::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no ConfigError");
+  };
+  EXPECT_EQ(message([&] { trainer.validate(model, data); }),
+            "[Trainer] validate() needs DataModule::val_dataloader(); override it.");
+  EXPECT_EQ(message([&] { trainer.test(model, data); }),
+            "[Trainer] test() needs DataModule::test_dataloader(); override it.");
+  EXPECT_EQ(message([&] { trainer.predict(model, data); }),
+            "[Trainer] predict() needs DataModule::predict_dataloader(); override it.");
+  EXPECT_EQ(failures->n, 3);
+}

@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "volt/trainer/trainer_options.h"
+#include "volt/tuner/batch_size_finder.h"
 
 namespace volt {
 
+class DataModule;
 class Module;
 class RunContext;
 
@@ -38,6 +40,13 @@ class ModuleSnapshot {
   at::Tensor rng_;
   std::vector<at::Tensor> params_, buffers_;
 };
+
+/// scale_batch_size on a DataModule already set up for finder.stage() (the public form sets
+/// it up and tears it down around this): each trial's loader comes from the DataModule at the
+/// trial's size; afterwards the DataModule has the size found, or the one it had when the search
+/// threw or did not run (fast_dev_run). ConfigError when it does not say its batch size.
+BatchSizeFinderResult scale_data_module(Module& module, DataModule& data, TrainerOptions options,
+                                        BatchSizeFinderOptions finder);
 
 /// For the tuner callbacks (LearningRateFinder, BatchSizeFinder), whose trials run inside an
 /// entry point: ConfigError unless the run is one process on one device (strategy
