@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <sstream>
 
 #include "error_text.h"
 #include "log_capture.h"
@@ -125,6 +126,41 @@ TEST(LearningRateFinder, AResumedFitDoesNotSearchAgainAndIsExact) {
   EXPECT_TRUE(torch::equal(resumed->flat_params(), whole->flat_params()));
 }
 
+// A fit resumed from a checkpoint written without the callback is past its start: the test is
+// skipped (warned) and the fit ends as the uninterrupted one without the callback. A damaged
+// state is refused.
+TEST(LearningRateFinder, AResumeWithoutItsStateSkipsTheTestAndADamagedStateIsRefused) {
+  TempDir dir;
+  auto whole = scheduled(0.1);
+  volt::Trainer(
+      quiet(dir.path).max_epochs(2).callbacks({std::make_shared<SaveAt>(0, 9, dir / "plain.ckpt")}))
+      .fit(*whole, data());
+  auto resumed = scheduled(0.1);
+  auto late = std::make_shared<volt::LearningRateFinder>(finder());
+  const auto lines = volt_test::capture_logs([&] {
+    volt::Trainer(quiet(dir.path).max_epochs(2).callbacks({late}))
+        .fit(*resumed, data(), c10::nullopt, dir / "plain.ckpt");
+  });
+  EXPECT_TRUE(volt_test::has(lines, "[LearningRateFinder] skipped: the fit resumes at step 10"));
+  EXPECT_FALSE(volt_test::has(lines, "[lr_find]"));
+  EXPECT_FALSE(late->optimal_lr().has_value());
+  EXPECT_TRUE(torch::equal(resumed->flat_params(), whole->flat_params()));
+
+  torch::serialize::OutputArchive out;
+  out.write("done", c10::IValue(true));
+  out.write("mode", c10::IValue(int64_t{0}));
+  out.write("lrs", c10::IValue(c10::List<double>({1e-3, 1e-2})));
+  out.write("losses", c10::IValue(c10::List<double>({0.5})));
+  out.write("optimal_lr", c10::IValue());
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
+  const std::string e = volt_test::error_of<volt::CheckpointError>([&] { late->load_state(in); });
+  EXPECT_TRUE(volt_test::has(e, "[LearningRateFinder] the checkpoint holds 2 rates and 1 losses"))
+      << e;
+}
+
 TEST(LearningRateFinder, RefusesOtherStrategiesAndBadOptions) {
   TempDir dir;
   auto m = scheduled(0.1);
@@ -188,6 +224,39 @@ TEST(BatchSizeFinder, TheFitRunsAtTheSizeFoundAndAResumeKeepsIt) {
   EXPECT_TRUE(volt_test::has(resumed_lines, "batch size 32 from the checkpoint"));
   EXPECT_EQ(resumed_data.batch_size(), c10::optional<int64_t>(32));
   EXPECT_TRUE(torch::equal(resumed.flat_params(), tuned.flat_params()));
+}
+
+TEST(BatchSizeFinder, AResumeWithoutItsStateKeepsTheSizeAndADamagedStateIsRefused) {
+  TempDir dir;
+  torch::manual_seed(5);
+  volt_test::Hungry whole;
+  volt_test::SizedData data(256, 16);
+  volt::Trainer(
+      quiet(dir.path).max_epochs(2).callbacks({std::make_shared<SaveAt>(0, 5, dir / "plain.ckpt")}))
+      .fit(whole, data);
+  torch::manual_seed(5);
+  volt_test::Hungry resumed;
+  volt_test::SizedData resumed_data(256, 16);
+  auto late =
+      std::make_shared<volt::BatchSizeFinder>(BatchSizeFinderOptions().max_memory_bytes(10 * kMiB));
+  const auto lines = volt_test::capture_logs([&] {
+    volt::Trainer(quiet(dir.path).max_epochs(2).callbacks({late}))
+        .fit(resumed, resumed_data, dir / "plain.ckpt");
+  });
+  EXPECT_TRUE(volt_test::has(lines, "[BatchSizeFinder] skipped: the fit resumes at step 6"));
+  EXPECT_FALSE(volt_test::has(lines, "[scale_batch_size]"));
+  EXPECT_EQ(resumed_data.batch_size(), c10::optional<int64_t>(16));
+  EXPECT_TRUE(torch::equal(resumed.flat_params(), whole.flat_params()));
+
+  torch::serialize::OutputArchive out;
+  out.write("fit_batch_size", c10::IValue(int64_t{0}));
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
+  const std::string e = volt_test::error_of<volt::CheckpointError>([&] { late->load_state(in); });
+  EXPECT_TRUE(volt_test::has(e, "[BatchSizeFinder] the checkpoint's batch size is not a positive"))
+      << e;
 }
 
 TEST(BatchSizeFinder, ValidateRunsAtTheSizeFoundForItsLoader) {
