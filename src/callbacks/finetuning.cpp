@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "callbacks/detail/batch_norm.h"
+#include "core/detail/archive_values.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/loop_state.h"
@@ -301,7 +302,7 @@ void BaseFinetuning::save_state(torch::serialize::OutputArchive& archive) const 
   }
   archive.write("frozen_params", strings(frozen));
   archive.write("frozen_batch_norms", strings(bn_names));
-  archive.write("frozen_batch_norm_momenta", c10::IValue(c10::List<double>(bn_momenta)));
+  archive.write("frozen_batch_norm_momenta", detail::double_list(bn_momenta));
   archive.write("frozen_batch_norm_batches", c10::IValue(c10::List<int64_t>(bn_batches)));
   archive.write("optimizers", c10::IValue(static_cast<int64_t>(groups_.size())));
   for (size_t i = 0; i < groups_.size(); ++i) {

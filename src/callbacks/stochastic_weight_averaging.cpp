@@ -11,6 +11,7 @@
 
 #include "callbacks/detail/averaged_tensors.h"
 #include "callbacks/detail/batch_norm.h"
+#include "core/detail/archive_values.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -333,7 +334,7 @@ void StochasticWeightAveraging::save_state(torch::serialize::OutputArchive& arch
   archive.write("n_averaged", c10::IValue(s.average.count()));
   archive.write("latest_update_epoch", c10::IValue(latest_update_epoch_));
   archive.write("finished_epoch", c10::IValue(finished_epoch_));
-  archive.write("lr0", c10::IValue(c10::List<double>(s.lr0)));
+  archive.write("lr0", detail::double_list(s.lr0));
   torch::serialize::OutputArchive avg;
   s.average.save(avg);
   archive.write("averaged", avg);

@@ -12,6 +12,7 @@
 #include <ostream>
 #include <tuple>
 
+#include "core/detail/archive_values.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -35,17 +36,6 @@ std::string join(const std::vector<double>& v) {
   std::string s = "{";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
   return s + "}";
-}
-
-c10::IValue doubles(const std::vector<double>& v) {
-  return c10::IValue(c10::List<double>(v));
-}
-
-std::vector<double> read_doubles(torch::serialize::InputArchive& archive, const char* key) {
-  c10::IValue v;
-  archive.read(key, v);
-  auto list = v.toDoubleList();
-  return std::vector<double>(list.begin(), list.end());
 }
 
 // restart_at's argument, one lr per scheduled group; ValueError once the schedule stepped.
@@ -145,8 +135,8 @@ void LRScheduler::write_lrs(const std::vector<double>& lrs) {
 void LRScheduler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("scheduler", c10::IValue(name()));
   archive.write("last_epoch", c10::IValue(last_epoch_));
-  archive.write("base_lrs", doubles(base_lrs_));
-  archive.write("last_lrs", doubles(last_lrs_));
+  archive.write("base_lrs", detail::double_list(base_lrs_));
+  archive.write("last_lrs", detail::double_list(last_lrs_));
 }
 
 void LRScheduler::load(torch::serialize::InputArchive& archive) {
@@ -158,7 +148,7 @@ void LRScheduler::load(torch::serialize::InputArchive& archive) {
                "; resume with the same scheduler.");
   }
   archive.read("last_epoch", le);
-  auto base = read_doubles(archive, "base_lrs");
+  auto base = detail::read_double_list(archive, "base_lrs");
   VOLT_CHECK(base.size() == base_lrs_.size(), CheckpointError, "[", name(), "] checkpoint has ",
              base.size(), " param groups but the optimizer has ", base_lrs_.size(),
              "; resume with the same optimizer setup.");

@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "core/detail/archive_values.h"
 #include "tuner/detail/trial.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -25,17 +26,6 @@ namespace {
 
 constexpr const char* kLrTag = "[LearningRateFinder]";
 constexpr const char* kLrComponent = "LearningRateFinder";
-
-c10::IValue doubles(const std::vector<double>& v) {
-  return c10::IValue(c10::List<double>(v));
-}
-
-std::vector<double> read_doubles(torch::serialize::InputArchive& archive, const char* key) {
-  c10::IValue v;
-  archive.read(key, v);
-  const auto list = v.toDoubleList();
-  return std::vector<double>(list.begin(), list.end());
-}
 
 // Every param group of the fit's optimizers starts at `lr`: a scheduled optimizer's scheduler
 // starts again from it (as if configure_optimizers had used it); groups it does not schedule and
@@ -109,8 +99,8 @@ void LearningRateFinder::on_fit_start(RunContext& run, Module& module) {
 void LearningRateFinder::save_state(torch::serialize::OutputArchive& archive) const {
   archive.write("done", c10::IValue(done_));
   archive.write("mode", c10::IValue(static_cast<int64_t>(result_.mode)));
-  archive.write("lrs", doubles(result_.lrs));
-  archive.write("losses", doubles(result_.losses));
+  archive.write("lrs", detail::double_list(result_.lrs));
+  archive.write("losses", detail::double_list(result_.losses));
   archive.write("optimal_lr", optimal_lr_ ? c10::IValue(*optimal_lr_) : c10::IValue());
 }
 
@@ -123,8 +113,8 @@ void LearningRateFinder::load_state(torch::serialize::InputArchive& archive) {
   result.mode = mode.toInt() == static_cast<int64_t>(LrFinderMode::kLinear)
                     ? LrFinderMode::kLinear
                     : LrFinderMode::kExponential;
-  result.lrs = read_doubles(archive, "lrs");
-  result.losses = read_doubles(archive, "losses");
+  result.lrs = detail::read_double_list(archive, "lrs");
+  result.losses = detail::read_double_list(archive, "losses");
   VOLT_CHECK(result.lrs.size() == result.losses.size(), CheckpointError, kLrTag,
              " the checkpoint holds ", result.lrs.size(), " rates and ", result.losses.size(),
              " losses; it is damaged: resume from another checkpoint.");
