@@ -18,6 +18,7 @@
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/model_summary.h"
 #include "volt/callbacks/on_exception_checkpoint.h"
+#include "volt/callbacks/prediction_writer.h"
 #include "volt/callbacks/progress_bar.h"
 #include "volt/callbacks/stochastic_weight_averaging.h"
 #include "volt/callbacks/throughput_monitor.h"

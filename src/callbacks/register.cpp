@@ -9,6 +9,7 @@
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/model_summary.h"
 #include "volt/callbacks/on_exception_checkpoint.h"
+#include "volt/callbacks/prediction_writer.h"
 #include "volt/callbacks/stochastic_weight_averaging.h"
 #include "volt/callbacks/throughput_monitor.h"
 #include "volt/callbacks/timer.h"
@@ -240,6 +241,22 @@ void register_callbacks(Registry& r) {
             OnExceptionCheckpointOptions()
                 .dirpath(a.get<std::string>("dirpath"))
                 .filename(a.get<std::string>("filename")));
+      });
+
+  const SafetensorsPredictionWriterOptions pw;
+  r.callbacks.add(
+      "SafetensorsPredictionWriter",
+      "writes predict's outputs to safetensors files with their data set indices, per batch "
+      "or per pass (several processes: merged into one file in data set order)",
+      Params()
+          .add("output_dir", pw.output_dir(), "folder; \"\" = <log_dir>/predictions")
+          .choice("write_interval", to_string(pw.write_interval()),
+                  {"batch", "epoch", "batch_and_epoch"}, "a file per batch, one per pass, or both"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        return std::make_shared<SafetensorsPredictionWriter>(
+            SafetensorsPredictionWriterOptions()
+                .output_dir(a.get<std::string>("output_dir"))
+                .write_interval(parse_write_interval(a.get<std::string>("write_interval"))));
       });
 
   const ModelSummaryOptions ms;

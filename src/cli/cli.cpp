@@ -24,6 +24,7 @@
 #include "detail/resolve.h"
 #include "volt/callbacks/callback.h"
 #include "volt/callbacks/model_checkpoint.h"
+#include "volt/callbacks/prediction_writer.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
@@ -589,8 +590,20 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
       print_metrics(report(), "test metrics:", trainer.test(*model, *data, ckpt));
     } else {
       auto preds = trainer.predict(*model, *data, ckpt);
-      report() << "predictions: " << save_predictions(preds, trainer.log_dir(), trainer.strategy())
-               << " (" << preds.size() << " batches)\n";
+      if (trainer.options().return_predictions()) {
+        report() << "predictions: "
+                 << save_predictions(preds, trainer.log_dir(), trainer.strategy()) << " ("
+                 << preds.size() << " batches)\n";
+      } else {
+        // A SafetensorsPredictionWriter (or none) wrote them; say where.
+        std::string where = "not kept (trainer.return_predictions=false)";
+        for (const auto& c : trainer.callbacks()) {
+          if (auto* w = dynamic_cast<const SafetensorsPredictionWriter*>(c.get())) {
+            where = "written by SafetensorsPredictionWriter to " + w->output_dir();
+          }
+        }
+        report() << "predictions: " << where << "\n";
+      }
     }
   } catch (const Interrupted& e) {
     // Every rank stopped at the same batch with the same message: rank 0 prints it.

@@ -163,6 +163,11 @@ int64_t BatchStream::size() const {
   return impl_->count;
 }
 
+std::vector<int64_t> BatchStream::last_indices() const {
+  if (impl_->consumed == 0) return {};
+  return impl_->indices_of(impl_->consumed - 1);
+}
+
 bool BatchStream::next(Batch& out) {
   Impl& s = *impl_;
   if (s.consumed >= s.count) return false;

@@ -96,6 +96,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", val_check_interval=" << o.val_check_interval()
      << ", check_val_every_n_epoch=" << o.check_val_every_n_epoch()
      << ", reload_dataloaders_every_n_epochs=" << o.reload_dataloaders_every_n_epochs()
+     << ", return_predictions=" << o.return_predictions()
      << ", num_sanity_val_steps=" << o.num_sanity_val_steps()
      << ", fast_dev_run=" << o.fast_dev_run() << ", overfit_batches=" << o.overfit_batches()
      << ", accumulate_grad_batches=" << o.accumulate_grad_batches()

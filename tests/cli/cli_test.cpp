@@ -971,6 +971,53 @@ TEST(CliBinary, PredictsWithTensorParallelFromACheckpointLikeOneProcess) {
   EXPECT_NE(bad.err.find("is not \"pattern=style\""), std::string::npos) << bad.err;
 }
 
+TEST(CliBinary, PredictionWriterMergesTheRanksInDataSetOrder) {
+  VOLT_REQUIRE_GLOO();
+  // The 10000 test images over 3 ranks: the distributed sampler pads the shards with images 0
+  // and 1 again, and rank r predicts images r, r + 3, ... The merged file must be one process's.
+  volt_test::TempDir dir;
+  const std::string cfg = "--config " + volt_test::source_dir() +
+                          "/configs/fashion_mnist_mlp.yaml --trainer.enable_progress_bar=false"
+                          " --trainer.return_predictions=false"
+                          " --trainer.callbacks+=SafetensorsPredictionWriter"
+                          " --trainer.default_root_dir=";
+  auto written = [&](const Result& r) {
+    const std::string key = "predictions: written by SafetensorsPredictionWriter to ";
+    const auto pos = r.out.find(key);
+    EXPECT_NE(pos, std::string::npos) << r.out << r.err;
+    if (pos == std::string::npos) return std::string();
+    return r.out.substr(pos + key.size(), r.out.find('\n', pos) - pos - key.size());
+  };
+  auto one = run_binary("predict " + cfg + (dir / "one"));
+  ASSERT_EQ(one.code, 0) << one.err;
+  auto three = run_binary("predict " + cfg + (dir / "three") + " --trainer.devices=3");
+  ASSERT_EQ(three.code, 0) << three.err;
+  const std::string one_dir = written(one), three_dir = written(three);
+  ASSERT_FALSE(one_dir.empty() || three_dir.empty());
+  const auto a = volt::load_safetensors(one_dir + "/predictions.safetensors");
+  const auto b = volt::load_safetensors(three_dir + "/predictions.safetensors");
+  EXPECT_TRUE(torch::equal(a.tensors.at("indices"), torch::arange(10000, torch::kLong)));
+  EXPECT_TRUE(torch::equal(b.tensors.at("indices"), a.tensors.at("indices")));
+  EXPECT_TRUE(torch::equal(b.tensors.at("predictions"), a.tensors.at("predictions")));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(fs::exists(three_dir + "/predictions_rank" + std::to_string(r) + ".safetensors"));
+  }
+  // Per batch, each rank writes its own files, named by rank, with its shard's indices.
+  auto batches = run_binary("predict " + cfg + (dir / "batches") +
+                            " --trainer.devices=3 --trainer.limit_predict_batches=2"
+                            " --trainer.callbacks.2.write_interval=batch");
+  ASSERT_EQ(batches.code, 0) << batches.err;
+  const std::string batch_dir = written(batches);
+  ASSERT_FALSE(batch_dir.empty());
+  EXPECT_EQ(std::distance(fs::directory_iterator(batch_dir), fs::directory_iterator()), 6);
+  const auto f = volt::load_safetensors(batch_dir + "/batch_000001_rank1.safetensors");
+  const at::Tensor ind = f.tensors.at("indices");
+  ASSERT_EQ(ind.numel(), 512);  // the data module's predict batch size
+  EXPECT_TRUE(torch::equal(ind, torch::arange(512, torch::kLong) * 3 + 3 * 512 + 1));
+  EXPECT_TRUE(
+      torch::equal(f.tensors.at("predictions"), a.tensors.at("predictions").index_select(0, ind)));
+}
+
 TEST(CliBinary, TrainsInBf16MixedWithOpListsAndRejectsUnknownOpsWithExitTwo) {
   volt_test::TempDir dir;
   write(dir / "bf16.yaml",

@@ -88,6 +88,10 @@ TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {
        "mode=max", "save_top_k=1", "save_last=0", "every_n_train_steps=0", "every_n_epochs=none)"});
   expect_has_all(text(volt::TimerOptions().duration_s(60.0).interval(volt::Interval::kEpoch)),
                  {"TimerOptions(duration_s=60", "interval=epoch", "verbose=1)"});
+  expect_has_all(
+      text(volt::SafetensorsPredictionWriterOptions().output_dir("p").write_interval(
+          volt::WriteInterval::kBatchAndEpoch)),
+      {"SafetensorsPredictionWriterOptions(output_dir=\"p\"", "write_interval=batch_and_epoch)"});
   expect_has_all(text(volt::LearningRateMonitorOptions().log_momentum(true)),
                  {"LearningRateMonitorOptions(logging_interval=auto", "log_momentum=1",
                   "log_weight_decay=0)"});

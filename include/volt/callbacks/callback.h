@@ -54,6 +54,15 @@ class Callback {
                                  int64_t batch_idx) {}
   virtual void on_predict_start(RunContext& run, Module& module) {}
   virtual void on_predict_end(RunContext& run, Module& module) {}
+  /// Around the one pass predict() makes over its loader (Lightning's predict epoch).
+  virtual void on_predict_epoch_start(RunContext& run, Module& module) {}
+  virtual void on_predict_epoch_end(RunContext& run, Module& module) {}
+  /// Around each predict_step; run.predict_batch_indices() names the batch's samples.
+  virtual void on_predict_batch_start(RunContext& run, Module& module, const Batch& batch,
+                                      int64_t batch_idx) {}
+  /// `prediction` is what predict_step returned for the batch.
+  virtual void on_predict_batch_end(RunContext& run, Module& module, const at::Tensor& prediction,
+                                    const Batch& batch, int64_t batch_idx) {}
   /// Before a checkpoint takes the module's state (RunContext::save_checkpoint, so also
   /// ModelCheckpoint's saves and Trainer::save_checkpoint): a callback may put other values into
   /// the module's tensors here (WeightAveraging puts its average) and must put them back in

@@ -65,6 +65,8 @@ class RunContext {
   virtual bool is_global_zero() const = 0;
   /// Number of processes in the job (1 without a data-parallel strategy).
   virtual int64_t world_size() const = 0;
+  /// This process's rank in the job, 0 .. world_size() - 1.
+  virtual int64_t global_rank() const = 0;
   /// One decision for every rank: true when `decision` holds on all ranks (all = true) or on
   /// any rank (all = false). Callbacks use it so ranks never diverge (e.g. stop or save).
   virtual bool reduce_boolean_decision(bool decision, bool all = true) = 0;
@@ -116,6 +118,11 @@ class RunContext {
   /// The training loader of the running fit (the one given, or the DataModule's; sharded with
   /// several processes), or nullptr outside fit and before its loaders exist (setup hooks).
   virtual const DataLoader* train_dataloader() const = 0;
+  /// During predict(): the dataset indices of the current batch's samples, in the batch's
+  /// order (Lightning's batch_indices), so predictions can be matched to their samples; with
+  /// several processes this rank's shard, where the distributed sampler's padding may repeat
+  /// an index of the data set's start. Empty outside predict().
+  virtual const std::vector<int64_t>& predict_batch_indices() const = 0;
   /// Manual optimization: backward through the strategy and precision.
   virtual void manual_backward(const at::Tensor& loss) = 0;
   /// Manual optimization: one optimizer step through the strategy (counts as a global step).

@@ -85,6 +85,9 @@ class BatchStream {
   bool next(Batch& out);
   /// Number of batches this pass yields in total.
   int64_t size() const;
+  /// The dataset indices of the samples in the batch the latest next() returned, in its order
+  /// (empty before the first batch).
+  std::vector<int64_t> last_indices() const;
 
  private:
   friend class DataLoader;

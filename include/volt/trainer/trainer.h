@@ -43,7 +43,8 @@ class Trainer {
   /// Runs one test pass and returns its epoch metrics.
   Metrics test(Module& module, DataModule& data, const std::string& ckpt_path = "");
   Metrics test(Module& module, DataLoader test, const std::string& ckpt_path = "");
-  /// Returns predict_step's outputs, one per batch.
+  /// Returns predict_step's outputs, one per batch (none with
+  /// TrainerOptions::return_predictions(false)).
   std::vector<at::Tensor> predict(Module& module, DataModule& data,
                                   const std::string& ckpt_path = "");
   std::vector<at::Tensor> predict(Module& module, DataLoader data,

@@ -62,6 +62,10 @@ struct TrainerOptions {
   /// reload_dataloaders_every_n_epochs; loaders passed to fit() directly are kept. 0 = load
   /// them once. Default: 0.
   TORCH_ARG(int64_t, reload_dataloaders_every_n_epochs) = 0;
+  /// predict() returns predict_step's outputs (they stay in memory until the call returns);
+  /// false returns none, for predictions a PredictionWriter callback writes out as they come,
+  /// so memory does not grow with the data set (Lightning's return_predictions). Default: true.
+  TORCH_ARG(bool, return_predictions) = true;
   /// Validation batches run before training as a sanity check; -1 = all. Default: 2.
   TORCH_ARG(int64_t, num_sanity_val_steps) = 2;
   /// N > 0: run N batches of train/val/test once, no checkpoints or loggers. Default: 0.

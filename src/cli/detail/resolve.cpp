@@ -428,6 +428,9 @@ Params trainer_params(const Registry& reg) {
       .add("check_val_every_n_epoch", d.check_val_every_n_epoch(), "validate every N epochs")
       .add("reload_dataloaders_every_n_epochs", d.reload_dataloaders_every_n_epochs(),
            "ask the data module for new loaders every N epochs (0 = once)")
+      .add("return_predictions", d.return_predictions(),
+           "predict keeps every output and writes predictions.safetensors; false keeps none "
+           "(write them with a SafetensorsPredictionWriter callback)")
       .add("num_sanity_val_steps", d.num_sanity_val_steps(),
            "validation batches before training; -1 = all")
       .add("fast_dev_run", d.fast_dev_run(),
@@ -489,6 +492,7 @@ TrainerOptions trainer_options(const Args& a) {
       .val_check_interval(limit("val_check_interval"))
       .check_val_every_n_epoch(a.get<int64_t>("check_val_every_n_epoch"))
       .reload_dataloaders_every_n_epochs(a.get<int64_t>("reload_dataloaders_every_n_epochs"))
+      .return_predictions(a.get<bool>("return_predictions"))
       .num_sanity_val_steps(a.get<int64_t>("num_sanity_val_steps"))
       .fast_dev_run(a.get<int64_t>("fast_dev_run"))
       .overfit_batches(limit("overfit_batches"))

@@ -83,9 +83,10 @@ class Run : public RunContext {
   /// (failure_context()). Set through Part; a Part left by an exception keeps its mark.
   const char* where = "set-up";
   const Callback* where_callback = nullptr;
-  int64_t train_batch = -1;         // the training batch being fetched or run; -1 between
-  const char* eval_pass = nullptr;  // "validation", "test", ... while a pass runs
-  int64_t eval_batch = -1;          // its batch being fetched or run; -1 outside its batches
+  int64_t train_batch = -1;              // the training batch being fetched or run; -1 between
+  const char* eval_pass = nullptr;       // "validation", "test", ... while a pass runs
+  int64_t eval_batch = -1;               // its batch being fetched or run; -1 outside its batches
+  std::vector<int64_t> predict_indices;  // the data set indices of the predict batch being run
   /// Back to "set-up" with no batch: each entry point starts here.
   void reset_failure_context() {
     where = "set-up";
@@ -166,6 +167,7 @@ class Run : public RunContext {
   void request_stop() override { st.should_stop = true; }
   std::string log_dir() const override;
   bool is_global_zero() const override { return plan.strategy->is_global_zero(); }
+  int64_t global_rank() const override { return plan.strategy->rank(); }
   int64_t world_size() const override { return plan.strategy->world_size(); }
   bool reduce_boolean_decision(bool decision, bool all) override {
     return plan.strategy->reduce_boolean_decision(decision, all);
@@ -191,6 +193,7 @@ class Run : public RunContext {
   const TrainerOptions& trainer_options() const override { return opts; }
   DataModule* data_module() override { return data; }
   const DataLoader* train_dataloader() const override { return fit_train; }
+  const std::vector<int64_t>& predict_batch_indices() const override { return predict_indices; }
   void manual_backward(const at::Tensor& loss) override;
   void manual_step(size_t index) override;
   void manual_zero_grad(size_t index) override;

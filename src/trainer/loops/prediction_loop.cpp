@@ -1,4 +1,5 @@
-// The prediction loop: predict_step over a loader, outputs collected in order.
+// The prediction loop: predict_step over a loader, outputs collected in order unless
+// return_predictions is off (a PredictionWriter then writes them as they come).
 #include <torch/torch.h>
 
 #include "trainer/detail/run.h"
@@ -13,19 +14,37 @@ std::vector<at::Tensor> prediction_loop(Run& r, DataLoader& loader, int64_t limi
   m.eval();
   r.eval_pass = "predict";
   r.eval_batch = -1;
+  struct ClearIndices {
+    Run& r;
+    ~ClearIndices() { r.predict_indices.clear(); }
+  } clear_indices{r};
   r.callback_hook("on_predict_start", [&](Callback& c) { c.on_predict_start(r, m); });
+  r.callback_hook("on_predict_epoch_start", [&](Callback& c) { c.on_predict_epoch_start(r, m); });
   BatchStream stream = loader.stream(0, 0, limit);
   Batch raw;
   int64_t idx = 0;
+  const bool keep = r.opts.return_predictions();
   for (r.eval_batch = 0; r.next_batch(stream, raw, "get_predict_batch"); r.eval_batch = idx) {
+    r.predict_indices = stream.last_indices();
     Batch batch = r.strategy().batch_to_device(raw);
-    Run::Part part(r, "predict_step");
-    ProfileScope p(r.prof, "predict_step");
-    out.push_back(r.strategy().predict_step(m, batch, idx++));
+    r.callback_hook("on_predict_batch_start",
+                    [&](Callback& c) { c.on_predict_batch_start(r, m, batch, idx); });
+    at::Tensor prediction;
+    {
+      Run::Part part(r, "predict_step");
+      ProfileScope p(r.prof, "predict_step");
+      prediction = r.strategy().predict_step(m, batch, idx);
+    }
+    r.callback_hook("on_predict_batch_end",
+                    [&](Callback& c) { c.on_predict_batch_end(r, m, prediction, batch, idx); });
+    if (keep) out.push_back(std::move(prediction));
+    ++idx;
     r.check_stop_in_evaluation(/*pass_done=*/false);
   }
   r.eval_batch = -1;
+  r.predict_indices.clear();
   r.check_stop_in_evaluation(/*pass_done=*/true);
+  r.callback_hook("on_predict_epoch_end", [&](Callback& c) { c.on_predict_epoch_end(r, m); });
   r.callback_hook("on_predict_end", [&](Callback& c) { c.on_predict_end(r, m); });
   r.eval_pass = nullptr;
   return out;

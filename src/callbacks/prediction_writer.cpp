@@ -1,0 +1,276 @@
+#include "volt/callbacks/prediction_writer.h"
+
+#include <c10/util/Type.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <ostream>
+#include <system_error>
+#include <typeinfo>
+
+#include "volt/core/check.h"
+#include "volt/core/errors.h"
+#include "volt/core/log.h"
+#include "volt/io/safetensors.h"
+
+namespace volt {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kWriter = "[SafetensorsPredictionWriter] ";
+
+std::string numbered(const char* prefix, int64_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%s%06lld", prefix, static_cast<long long>(n));
+  return buf;
+}
+
+at::Tensor index_tensor(const std::vector<int64_t>& indices) {
+  return torch::tensor(indices, torch::kInt64);
+}
+
+// Whether the predictions are rows of their batches' samples that concatenate: one row per
+// index, the same dtype and trailing shape throughout.
+bool concatenable(const std::vector<at::Tensor>& predictions,
+                  const std::vector<std::vector<int64_t>>& indices) {
+  if (predictions.empty()) return false;
+  const at::Tensor& first = predictions.front();
+  for (size_t i = 0; i < predictions.size(); ++i) {
+    const at::Tensor& p = predictions[i];
+    if (!p.defined() || p.dim() < 1 || p.size(0) != static_cast<int64_t>(indices[i].size()) ||
+        p.scalar_type() != first.scalar_type() || p.sizes().slice(1) != first.sizes().slice(1)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The tensors of an epoch file: "predictions" and "indices" when the rows concatenate (or
+// only an empty "indices" for a pass without batches), else per batch.
+std::map<std::string, at::Tensor> epoch_tensors(
+    const std::vector<at::Tensor>& predictions,
+    const std::vector<std::vector<int64_t>>& batch_indices) {
+  std::map<std::string, at::Tensor> out;
+  if (predictions.empty() || concatenable(predictions, batch_indices)) {
+    std::vector<int64_t> all;
+    for (const auto& b : batch_indices) all.insert(all.end(), b.begin(), b.end());
+    out["indices"] = index_tensor(all);
+    if (!predictions.empty()) out["predictions"] = torch::cat(predictions, 0);
+    return out;
+  }
+  for (size_t i = 0; i < predictions.size(); ++i) {
+    const auto n = static_cast<int64_t>(i);
+    if (predictions[i].defined()) out[numbered("batch_", n)] = predictions[i];
+    out[numbered("indices_", n)] = index_tensor(batch_indices[i]);
+  }
+  return out;
+}
+
+std::string rank_file(const std::string& dir, int64_t rank) {
+  return (fs::path(dir) / ("predictions_rank" + std::to_string(rank) + ".safetensors")).string();
+}
+
+// Rank 0's merge of the ranks' epoch files into one in data set order, each index once (the
+// distributed sampler pads a shard with indices from the data set's start, and ranks that all
+// predicted the same data repeat every index). Returns false, leaving the rank files, when a
+// file holds per-batch tensors or the ranks' rows do not concatenate.
+bool merge_rank_files(const std::string& dir, int64_t world_size) {
+  std::vector<at::Tensor> preds, indices;
+  for (int64_t r = 0; r < world_size; ++r) {
+    const std::string path = rank_file(dir, r);
+    VOLT_CHECK(fs::exists(path), CheckpointError, kWriter, "rank ", r, " wrote '", path,
+               "' but global rank 0 does not see it; with several nodes output_dir must be a "
+               "folder every node shares, or use write_interval=batch.");
+    SafetensorsFile f = load_safetensors(path);
+    auto idx = f.tensors.find("indices");
+    if (idx == f.tensors.end()) return false;  // per-batch tensors
+    auto p = f.tensors.find("predictions");
+    if (p == f.tensors.end()) {
+      if (idx->second.numel() != 0) return false;
+      continue;  // a rank without batches
+    }
+    if (!preds.empty() && (p->second.scalar_type() != preds.front().scalar_type() ||
+                           p->second.sizes().slice(1) != preds.front().sizes().slice(1))) {
+      return false;
+    }
+    preds.push_back(p->second);
+    indices.push_back(idx->second);
+  }
+  std::map<std::string, at::Tensor> out;
+  if (preds.empty()) {
+    out["indices"] = torch::empty({0}, torch::kInt64);
+  } else {
+    at::Tensor all = torch::cat(indices, 0);
+    // A stable sort keeps the lowest rank's row of a repeated index first.
+    auto sorted = all.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
+    at::Tensor keys = std::get<0>(sorted), order = std::get<1>(sorted);
+    at::Tensor keep = torch::ones({keys.size(0)}, torch::kBool);
+    if (keys.size(0) > 1) keep.slice(0, 1).copy_(keys.slice(0, 1) != keys.slice(0, 0, -1));
+    out["indices"] = keys.masked_select(keep);
+    out["predictions"] = torch::cat(preds, 0).index_select(0, order.masked_select(keep));
+  }
+  save_safetensors(out, (fs::path(dir) / "predictions.safetensors").string());
+  for (int64_t r = 0; r < world_size; ++r) {
+    std::error_code ec;
+    fs::remove(rank_file(dir, r), ec);  // the merged file holds them; a leftover is harmless
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* to_string(WriteInterval interval) {
+  switch (interval) {
+    case WriteInterval::kBatch: return "batch";
+    case WriteInterval::kEpoch: return "epoch";
+    case WriteInterval::kBatchAndEpoch: return "batch_and_epoch";
+  }
+  return "?";
+}
+
+WriteInterval parse_write_interval(const std::string& name) {
+  if (name == "batch") return WriteInterval::kBatch;
+  if (name == "epoch") return WriteInterval::kEpoch;
+  if (name == "batch_and_epoch") return WriteInterval::kBatchAndEpoch;
+  VOLT_CHECK(false, ConfigError, "[PredictionWriter] write_interval '", name,
+             "' is not one of batch, epoch, batch_and_epoch.");
+  return WriteInterval::kBatch;
+}
+
+// ---------------------------------------------------------------- PredictionWriter
+
+PredictionWriter::PredictionWriter(WriteInterval write_interval) : interval_(write_interval) {}
+
+std::string PredictionWriter::state_key() const {
+  // The class's name, as Lightning's default state_key, so two writers of different classes
+  // never share a key.
+  return c10::demangle(typeid(*this).name()) + "{write_interval=" + to_string(interval_) + "}";
+}
+
+void PredictionWriter::write_on_batch_end(RunContext&, Module&, const at::Tensor&,
+                                          const std::vector<int64_t>&, const Batch&, int64_t) {
+  VOLT_CHECK(false, ConfigError, "[PredictionWriter] write_interval=", to_string(interval_),
+             " calls write_on_batch_end after every batch; override it in your "
+             "PredictionWriter, or use write_interval epoch.");
+}
+
+void PredictionWriter::write_on_epoch_end(RunContext&, Module&, const std::vector<at::Tensor>&,
+                                          const std::vector<std::vector<int64_t>>&) {
+  VOLT_CHECK(false, ConfigError, "[PredictionWriter] write_interval=", to_string(interval_),
+             " calls write_on_epoch_end when the pass ends; override it in your "
+             "PredictionWriter, or use write_interval batch.");
+}
+
+void PredictionWriter::on_predict_epoch_start(RunContext&, Module&) {
+  predictions_.clear();
+  indices_.clear();
+}
+
+void PredictionWriter::on_predict_batch_end(RunContext& run, Module& module,
+                                            const at::Tensor& prediction, const Batch& batch,
+                                            int64_t batch_idx) {
+  if (interval_ != WriteInterval::kEpoch) {
+    write_on_batch_end(run, module, prediction, run.predict_batch_indices(), batch, batch_idx);
+  }
+  if (interval_ != WriteInterval::kBatch) {
+    predictions_.push_back(prediction);
+    indices_.push_back(run.predict_batch_indices());
+  }
+}
+
+void PredictionWriter::on_predict_epoch_end(RunContext& run, Module& module) {
+  if (interval_ == WriteInterval::kBatch) return;
+  std::vector<at::Tensor> predictions = std::move(predictions_);
+  std::vector<std::vector<int64_t>> indices = std::move(indices_);
+  predictions_.clear();
+  indices_.clear();
+  write_on_epoch_end(run, module, predictions, indices);
+}
+
+// ---------------------------------------------------------------- SafetensorsPredictionWriter
+
+std::ostream& operator<<(std::ostream& os, const SafetensorsPredictionWriterOptions& o) {
+  return os << "SafetensorsPredictionWriterOptions(output_dir=\"" << o.output_dir()
+            << "\", write_interval=" << to_string(o.write_interval()) << ")";
+}
+
+SafetensorsPredictionWriter::SafetensorsPredictionWriter(SafetensorsPredictionWriterOptions options)
+    : PredictionWriter(options.write_interval()), options_(std::move(options)) {}
+
+std::string SafetensorsPredictionWriter::state_key() const {
+  return "SafetensorsPredictionWriter{output_dir=" + options_.output_dir() +
+         ", write_interval=" + to_string(options_.write_interval()) + "}";
+}
+
+void SafetensorsPredictionWriter::on_predict_start(RunContext& run, Module&) {
+  dir_ = options_.output_dir().empty() ? (fs::path(run.log_dir()) / "predictions").string()
+                                       : options_.output_dir();
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  VOLT_CHECK(!ec && fs::is_directory(dir_), ConfigError, kWriter, "cannot create output_dir '",
+             dir_, "' (", ec ? ec.message() : "a file of that name exists",
+             "); choose a folder it may write.");
+}
+
+void SafetensorsPredictionWriter::write_on_batch_end(RunContext& run, Module&,
+                                                     const at::Tensor& prediction,
+                                                     const std::vector<int64_t>& batch_indices,
+                                                     const Batch&, int64_t batch_idx) {
+  std::string name = numbered("batch_", batch_idx);
+  if (run.world_size() > 1) name += "_rank" + std::to_string(run.global_rank());
+  std::map<std::string, at::Tensor> tensors{{"indices", index_tensor(batch_indices)}};
+  if (prediction.defined()) tensors["predictions"] = prediction;
+  save_safetensors(tensors, (fs::path(dir_) / (name + ".safetensors")).string());
+}
+
+void SafetensorsPredictionWriter::write_on_epoch_end(
+    RunContext& run, Module&, const std::vector<at::Tensor>& predictions,
+    const std::vector<std::vector<int64_t>>& batch_indices) {
+  const std::map<std::string, at::Tensor> tensors = epoch_tensors(predictions, batch_indices);
+  if (run.world_size() == 1) {
+    save_safetensors(tensors, (fs::path(dir_) / "predictions.safetensors").string());
+    return;
+  }
+  // Every rank writes its file; all learn whether every rank could (a failure on one rank must
+  // not leave the others waiting), then rank 0 merges and all learn whether that worked.
+  std::exception_ptr error;
+  try {
+    save_safetensors(tensors, rank_file(dir_, run.global_rank()));
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (!run.reduce_boolean_decision(error == nullptr, /*all=*/true)) {
+    if (error) std::rethrow_exception(error);
+    VOLT_CHECK(false, CheckpointError, kWriter,
+               "another rank could not write its predictions file to '", dir_,
+               "'; its error says why.");
+  }
+  bool merged = false;
+  if (run.is_global_zero()) {
+    try {
+      merged = merge_rank_files(dir_, run.world_size());
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (!run.reduce_boolean_decision(error == nullptr, /*all=*/true)) {
+    if (error) std::rethrow_exception(error);
+    VOLT_CHECK(false, CheckpointError, kWriter,
+               "global rank 0 could not merge the ranks' files in '", dir_,
+               "'; its error says why.");
+  }
+  if (run.is_global_zero()) {
+    log_info("SafetensorsPredictionWriter",
+             merged ? "predictions of " + std::to_string(run.world_size()) + " ranks merged into " +
+                          dir_ + "/predictions.safetensors"
+                    : "predictions are not rows of their batches (or differ in dtype or shape "
+                      "between ranks): each rank's are in " +
+                          dir_ + "/predictions_rank<R>.safetensors");
+  }
+}
+
+}  // namespace volt
