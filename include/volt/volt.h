@@ -16,6 +16,7 @@
 #include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
+#include "volt/callbacks/model_pruning.h"
 #include "volt/callbacks/model_summary.h"
 #include "volt/callbacks/on_exception_checkpoint.h"
 #include "volt/callbacks/prediction_writer.h"

@@ -7,6 +7,7 @@
 #include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/lr_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
+#include "volt/callbacks/model_pruning.h"
 #include "volt/callbacks/model_summary.h"
 #include "volt/callbacks/on_exception_checkpoint.h"
 #include "volt/callbacks/prediction_writer.h"
@@ -14,6 +15,8 @@
 #include "volt/callbacks/throughput_monitor.h"
 #include "volt/callbacks/timer.h"
 #include "volt/callbacks/weight_averaging.h"
+#include "volt/core/check.h"
+#include "volt/core/errors.h"
 #include "volt/core/registry.h"
 
 namespace volt::detail {
@@ -241,6 +244,61 @@ void register_callbacks(Registry& r) {
             OnExceptionCheckpointOptions()
                 .dirpath(a.get<std::string>("dirpath"))
                 .filename(a.get<std::string>("filename")));
+      });
+
+  const ModelPruningOptions mp("l1_unstructured");
+  r.callbacks.add(
+      "ModelPruning",
+      "zeroes a share of the weights after each training epoch (torch.nn.utils.prune's methods) "
+      "and keeps them at zero; optionally rewinds the rest to their initial values",
+      Params()
+          .choice("pruning_fn", mp.pruning_fn(),
+                  {"l1_unstructured", "random_unstructured", "ln_structured", "random_structured"},
+                  "how to choose what to prune")
+          .add("parameters_to_prune", std::vector<std::string>{},
+               "layer.parameter names, e.g. [fc1.weight]; [] = parameter_names of every layer")
+          .add("parameter_names", mp.parameter_names(), "names pruned in every layer")
+          .add("use_global_unstructured", mp.use_global_unstructured(),
+               "rank all parameters together (unstructured methods only)")
+          .number("amount", mp.amount().value,
+                  "a fraction (float in [0, 1]) or a count (int) of the unpruned parameters")
+          .add("apply_pruning", mp.apply_pruning(), "prune at all")
+          .add("make_pruning_permanent", mp.make_pruning_permanent(),
+               "stop holding pruned weights at zero when training ends")
+          .add("use_lottery_ticket_hypothesis", mp.use_lottery_ticket_hypothesis(),
+               "rewind the remaining weights to their initial values after each pruning")
+          .add("resample_parameters", mp.resample_parameters(),
+               "rewind to new random values instead (Linear and Conv layers)")
+          .optional<int64_t>("pruning_dim",
+                             "the dimension whose channels structured methods remove")
+          .optional<double>("pruning_norm", "the norm ln_structured ranks channels by")
+          .add("verbose", mp.verbose(), "0 quiet, 1 overall sparsity, 2 also per parameter")
+          .add("prune_on_train_epoch_end", mp.prune_on_train_epoch_end(),
+               "prune after training epochs; false: after fit's validations"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        ModelPruningOptions o(a.get<std::string>("pruning_fn"));
+        std::vector<PrunedParameter> params;
+        for (const auto& full : a.get<std::vector<std::string>>("parameters_to_prune")) {
+          const auto dot = full.rfind('.');
+          VOLT_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < full.size(), ConfigError,
+                     "[ModelPruning] parameters_to_prune entry '", full,
+                     "' is not <layer>.<parameter>, e.g. fc1.weight.");
+          params.emplace_back(full.substr(0, dot), full.substr(dot + 1));
+        }
+        o.parameters_to_prune(params)
+            .parameter_names(a.get<std::vector<std::string>>("parameter_names"))
+            .use_global_unstructured(a.get<bool>("use_global_unstructured"))
+            .amount(a.holds<int64_t>("amount") ? PruningAmount::count(a.get<int64_t>("amount"))
+                                               : PruningAmount::fraction(a.get<double>("amount")))
+            .apply_pruning(a.get<bool>("apply_pruning"))
+            .make_pruning_permanent(a.get<bool>("make_pruning_permanent"))
+            .use_lottery_ticket_hypothesis(a.get<bool>("use_lottery_ticket_hypothesis"))
+            .resample_parameters(a.get<bool>("resample_parameters"))
+            .verbose(a.get<int64_t>("verbose"))
+            .prune_on_train_epoch_end(a.get<bool>("prune_on_train_epoch_end"));
+        if (auto d = a.get_optional<int64_t>("pruning_dim")) o.pruning_dim(*d);
+        if (auto n = a.get_optional<double>("pruning_norm")) o.pruning_norm(*n);
+        return std::make_shared<ModelPruning>(o);
       });
 
   const SafetensorsPredictionWriterOptions pw;

@@ -473,6 +473,32 @@ TEST(Cli, BackboneFinetuningFreezesANamedSubmoduleAndRefusesAMissingOne) {
       "[BackboneFinetuning] unfreeze_backbone_at_epoch=-1 must be >= 0");
 }
 
+TEST(Cli, ModelPruningPrunesTheListedParametersAndRefusesBadOptions) {
+  volt_test::TempDir dir;
+  // A count: 32 of fc1's 128 weights each epoch.
+  const auto mp =
+      fit_logged(dir, {"--trainer.max_epochs=2", "--trainer.callbacks+=ModelPruning",
+                       "--trainer.callbacks.0.parameters_to_prune=[fc1.weight]",
+                       "--trainer.callbacks.0.amount=32", "--trainer.callbacks.0.verbose=1"});
+  EXPECT_TRUE(
+      mp("[ModelPruning] Applied `L1Unstructured`. Pruned: 0/128 (0.00%) -> 32/128 "
+         "(25.00%)"));
+  EXPECT_TRUE(mp("Pruned: 32/128 (25.00%) -> 64/128 (50.00%)"));
+  const std::vector<std::string> fit = {"fit", "--model=Tiny", "--data=Blobs",
+                                        "--trainer.callbacks+=ModelPruning"};
+  auto with = [&](const std::string& extra) {
+    auto args = fit;
+    args.push_back(extra);
+    return args;
+  };
+  expect_usage_error(with("--trainer.callbacks.0.pruning_fn=ln_structured"),
+                     "[ModelPruning] ln_structured needs pruning_dim");
+  expect_usage_error(with("--trainer.callbacks.0.parameters_to_prune=[fc1]"),
+                     "[ModelPruning] parameters_to_prune entry 'fc1' is not <layer>.<parameter>");
+  expect_usage_error(with("--trainer.callbacks.0.amount=1.5"),
+                     "[ModelPruning] amount fraction 1.5 is not in [0, 1]");
+}
+
 TEST(Cli, TunerCallbacksSetTheRateAndTheBatchSizeOfTheFit) {
   volt_test::TempDir dir;
   const auto lr = fit_logged(

@@ -92,6 +92,15 @@ TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {
       text(volt::SafetensorsPredictionWriterOptions().output_dir("p").write_interval(
           volt::WriteInterval::kBatchAndEpoch)),
       {"SafetensorsPredictionWriterOptions(output_dir=\"p\"", "write_interval=batch_and_epoch)"});
+  expect_has_all(
+      text(volt::ModelPruningOptions("ln_structured")
+               .parameters_to_prune({{"fc1", "weight"}})
+               .amount(volt::PruningAmount::count(3))
+               .pruning_dim(1)),
+      {"ModelPruningOptions(pruning_fn=\"ln_structured\"", "parameters_to_prune=[fc1.weight]",
+       "parameter_names=[weight, bias]", "use_global_unstructured=1", "amount=3", "apply_pruning=1",
+       "make_pruning_permanent=1", "use_lottery_ticket_hypothesis=1", "resample_parameters=0",
+       "pruning_dim=1", "pruning_norm=none", "verbose=0", "prune_on_train_epoch_end=1)"});
   expect_has_all(text(volt::LearningRateMonitorOptions().log_momentum(true)),
                  {"LearningRateMonitorOptions(logging_interval=auto", "log_momentum=1",
                   "log_weight_decay=0)"});
