@@ -23,6 +23,8 @@
 //       [--depth D]  (D more Linear(width, width) layers)
 //       [--batchnorm 0|1]  (a BatchNorm1d after fc1) [--sync-bn 0|1]
 //       [--trace 0|1]  (TrainerOptions::trace_training_step)
+//       [--prune F]  (ModelPruning: global L1 pruning of fraction F after each epoch, with the
+//       lottery ticket rewind)
 //       [--finetune E]  (BackboneFinetuning of fc1, unfrozen at epoch E: from then on its
 //       gradients are reduced too, DDP rebuilding its buckets)
 //       (TrainerOptions::sync_batchnorm)
@@ -332,6 +334,11 @@ int main(int argc, char** argv) {
           volt::StochasticWeightAveragingOptions({0.05})
               .swa_epoch_start(static_cast<int64_t>(num("--swa", 0)))
               .annealing_epochs(1)));
+    }
+    if (a.count("--prune")) {  // ModelPruning's defaults (global L1, lottery ticket) at a fraction
+      callbacks.push_back(std::make_shared<volt::ModelPruning>(
+          volt::ModelPruningOptions("l1_unstructured")
+              .amount(volt::PruningAmount::fraction(std::stod(a["--prune"])))));
     }
     if (a.count("--finetune")) {
       callbacks.push_back(std::make_shared<volt::BackboneFinetuning>(
