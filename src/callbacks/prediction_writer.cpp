@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <ostream>
 #include <system_error>
@@ -119,6 +120,20 @@ bool merge_rank_files(const std::string& dir, int64_t world_size) {
     fs::remove(rank_file(dir, r), ec);  // the merged file holds them; a leftover is harmless
   }
   return true;
+}
+
+// Runs `step` on this rank and agrees with the others on whether it worked everywhere: a
+// failure here is rethrown, one elsewhere becomes a CheckpointError saying `elsewhere`.
+void agree(RunContext& run, const std::string& elsewhere, const std::function<void()>& step) {
+  std::exception_ptr error;
+  try {
+    step();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (run.reduce_boolean_decision(error == nullptr, /*all=*/true)) return;
+  if (error) std::rethrow_exception(error);
+  VOLT_CHECK(false, CheckpointError, kWriter, elsewhere, "; its error says why.");
 }
 
 }  // namespace
@@ -237,32 +252,12 @@ void SafetensorsPredictionWriter::write_on_epoch_end(
   }
   // Every rank writes its file; all learn whether every rank could (a failure on one rank must
   // not leave the others waiting), then rank 0 merges and all learn whether that worked.
-  std::exception_ptr error;
-  try {
-    save_safetensors(tensors, rank_file(dir_, run.global_rank()));
-  } catch (...) {
-    error = std::current_exception();
-  }
-  if (!run.reduce_boolean_decision(error == nullptr, /*all=*/true)) {
-    if (error) std::rethrow_exception(error);
-    VOLT_CHECK(false, CheckpointError, kWriter,
-               "another rank could not write its predictions file to '", dir_,
-               "'; its error says why.");
-  }
   bool merged = false;
-  if (run.is_global_zero()) {
-    try {
-      merged = merge_rank_files(dir_, run.world_size());
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  if (!run.reduce_boolean_decision(error == nullptr, /*all=*/true)) {
-    if (error) std::rethrow_exception(error);
-    VOLT_CHECK(false, CheckpointError, kWriter,
-               "global rank 0 could not merge the ranks' files in '", dir_,
-               "'; its error says why.");
-  }
+  agree(run, "another rank could not write its predictions file to '" + dir_ + "'",
+        [&] { save_safetensors(tensors, rank_file(dir_, run.global_rank())); });
+  agree(run, "global rank 0 could not merge the ranks' files in '" + dir_ + "'", [&] {
+    if (run.is_global_zero()) merged = merge_rank_files(dir_, run.world_size());
+  });
   if (run.is_global_zero()) {
     log_info("SafetensorsPredictionWriter",
              merged ? "predictions of " + std::to_string(run.world_size()) + " ranks merged into " +
