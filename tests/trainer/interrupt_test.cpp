@@ -202,6 +202,25 @@ TEST(Interrupt, MaxTimeIsABudgetForTheWholeRunAcrossResumes) {
   EXPECT_EQ(second.state().status, volt::RunStatus::kFinished);
 }
 
+TEST(Interrupt, MaxTimeCountsTrainingNotWhatComesBeforeIt) {
+  // As Lightning's Timer, which starts in on_train_start: on_fit_start (where the tuner
+  // callbacks run their trials) and the sanity check do not spend the budget. 0.3 s there, then
+  // 20 tiny batches well inside 0.25 s of training.
+  struct SlowStart : volt::Callback {
+    std::string state_key() const override { return "SlowStart"; }
+    void on_fit_start(volt::RunContext&, volt::Module&) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  };
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  volt::Trainer t(
+      quiet(dir.path).max_epochs(2).max_time(0.25).callbacks({std::make_shared<SlowStart>()}));
+  t.fit(model, train_data());
+  EXPECT_EQ(t.state().global_step, 20);
+  EXPECT_EQ(t.state().status, volt::RunStatus::kFinished);
+}
+
 TEST(OnExceptionCheckpoint, RejectsAFileNameThatIsNotOne) {
   for (const char* bad : {"", "a/b", ".", ".."}) {
     EXPECT_THROW(volt::OnExceptionCheckpoint(volt::OnExceptionCheckpointOptions().filename(bad)),

@@ -46,7 +46,7 @@ struct TrainerOptions {
   /// Keep training (ignore stop requests) until this many optimizer steps, as min_epochs does
   /// for epochs; max_steps and max_epochs still end the run. Default: 0.
   TORCH_ARG(int64_t, min_steps) = 0;
-  /// Stop once this many seconds of fit() have passed (checked after each batch). Default: none.
+  /// Stop after this many seconds of training, from on_train_start (as Lightning). Default: none.
   TORCH_ARG(c10::optional<double>, max_time);
   /// Batches per epoch/pass (int count or float fraction). Default: 1.0 (all).
   TORCH_ARG(Limit, limit_train_batches) = 1.0;

@@ -344,6 +344,10 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   }
   if (val) sanity_check(r, *val);
 
+  // max_time counts training from here, as Lightning's Timer (which starts in on_train_start):
+  // the set-up, the restore, on_fit_start (a tuner callback's trials) and the sanity check are
+  // not part of it.
+  r.fit_start = Clock::now();
   r.hook(
       "on_train_start", [&](Module& mm) { mm.on_train_start(); },
       [&](Callback& c) { c.on_train_start(r, m); });
