@@ -13,6 +13,7 @@
 
 #include "callbacks/detail/batch_norm.h"
 #include "core/detail/archive_values.h"
+#include "core/detail/parameter_names.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/loop_state.h"
@@ -49,14 +50,6 @@ std::map<std::string, torch::nn::Module*> batch_norms_by_name(torch::nn::Module&
   root.apply([&](const std::string& name, torch::nn::Module& m) {
     if (batch_norm_of(m)) out.emplace(name, &m);
   });
-  return out;
-}
-
-std::unordered_map<const void*, std::string> names_by_impl(torch::nn::Module& root) {
-  std::unordered_map<const void*, std::string> out;
-  for (const auto& p : root.named_parameters(true)) {
-    if (p.value().defined()) out.emplace(p.value().unsafeGetTensorImpl(), p.key());
-  }
   return out;
 }
 
@@ -265,7 +258,7 @@ void BaseFinetuning::on_train_epoch_start(RunContext& run, Module& module) {
 }
 
 void BaseFinetuning::record_groups(RunContext& run, Module& module) {
-  const auto names = names_by_impl(module);
+  const auto names = detail::parameter_names_by_impl(module);
   groups_.clear();
   for (auto& config : run.optimizer_configs()) {
     std::vector<std::vector<std::string>> groups;
@@ -382,7 +375,7 @@ void BaseFinetuning::on_load_optimizer_states(RunContext& run, Module& module) {
              "; resume with the same configure_optimizers.");
   std::map<std::string, at::Tensor> by_name;
   for (const auto& p : module.named_parameters(true)) by_name.emplace(p.key(), p.value());
-  const auto names = names_by_impl(module);
+  const auto names = detail::parameter_names_by_impl(module);
   for (size_t i = 0; i < configs.size(); ++i) {
     torch::optim::Optimizer& opt = *configs[i].optimizer();
     const auto& saved = s.groups[i];

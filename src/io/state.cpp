@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/detail/parameter_names.h"
 #include "detail/state_key.h"
 #include "volt/core/check.h"
 #include "volt/kernels/fused_optimizer.h"
@@ -14,14 +15,6 @@ namespace {
 
 using detail::state_key_for;
 using StateKey = detail::OptimizerStateKey;
-
-std::map<const c10::TensorImpl*, std::string> names_by_impl(const torch::nn::Module& module) {
-  std::map<const c10::TensorImpl*, std::string> out;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    out.emplace(item.value().unsafeGetTensorImpl(), item.key());
-  }
-  return out;
-}
 
 template <typename State>
 std::unique_ptr<torch::optim::OptimizerParamState> make_state() {
@@ -96,7 +89,7 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
 
 void save_optimizer_state(const torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
                           torch::serialize::OutputArchive& archive) {
-  auto names = names_by_impl(module);
+  auto names = detail::parameter_names_by_impl(module);
   const auto& state = optimizer.state();
   const auto& groups = optimizer.param_groups();
   archive.write("num_groups", c10::IValue(static_cast<int64_t>(groups.size())));

@@ -138,7 +138,7 @@ class BackboneFinetuning : public BaseFinetuning {
   /// ConfigError on an option out of range.
   explicit BackboneFinetuning(BackboneFinetuningOptions options = {});
   const BackboneFinetuningOptions& options() const { return options_; }
-  /// The backbone's current rate (none before the unfreeze).
+  /// The rate this callback last gave the backbone's group (none before the unfreeze).
   c10::optional<double> backbone_lr() const { return previous_backbone_lr_; }
 
   std::string state_key() const override { return "BackboneFinetuning"; }
