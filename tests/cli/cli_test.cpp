@@ -1044,6 +1044,31 @@ TEST(CliBinary, PredictionWriterMergesTheRanksInDataSetOrder) {
       torch::equal(f.tensors.at("predictions"), a.tensors.at("predictions").index_select(0, ind)));
 }
 
+TEST(CliBinary, APredictionWriterFailingOnOneRankFailsEveryRankWithoutAHang) {
+  VOLT_REQUIRE_GLOO();
+  // Rank 1 cannot write its file (a folder has its name); rank 0 can, learns of it from the vote
+  // and fails too instead of waiting for a merge.
+  volt_test::TempDir dir;
+  fs::create_directories(dir / "out/predictions_rank1.safetensors");
+  auto r = run_binary("predict --config " + volt_test::source_dir() +
+                      "/configs/fashion_mnist_mlp.yaml --trainer.enable_progress_bar=false"
+                      " --trainer.default_root_dir=" +
+                      (dir / "run") +
+                      " --trainer.devices=2 --trainer.limit_predict_batches=2"
+                      " --trainer.return_predictions=false"
+                      " --trainer.callbacks+=SafetensorsPredictionWriter"
+                      " --trainer.callbacks.2.output_dir=" +
+                      (dir / "out"));
+  EXPECT_NE(r.code, 0) << r.out;
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("another rank could not write its predictions file to '" + (dir / "out") +
+                     "'; its error says why."),
+            std::string::npos)
+      << all;
+  EXPECT_NE(all.find("predictions_rank1.safetensors"), std::string::npos) << all;
+  EXPECT_FALSE(fs::exists(dir / "out/predictions.safetensors"));
+}
+
 TEST(CliBinary, TrainsInBf16MixedWithOpListsAndRejectsUnknownOpsWithExitTwo) {
   volt_test::TempDir dir;
   write(dir / "bf16.yaml",
