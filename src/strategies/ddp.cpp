@@ -97,6 +97,12 @@ DdpStrategy::DdpStrategy(DdpStrategyOptions options, std::shared_ptr<Accelerator
 }
 
 DdpStrategy::~DdpStrategy() {
+  // The run is over. On global rank 0 the group's end also stops the store (unless a restart
+  // kept it, or torchrun's agent hosts it), so a worker failing from here on could not be
+  // reported there: trying would only print connection timeouts for seconds before exiting.
+  if (launcher_ && env_.global_rank == 0 && !env_.agent_store && !rendezvous_) {
+    launcher_->on_failure(nullptr);
+  }
   reducer_.reset();
   group_.reset();
   if (launcher_) {
