@@ -229,6 +229,12 @@ ModelPruning::ModelPruning(ModelPruningOptions options) : options_(std::move(opt
                " is structured; use_global_unstructured=true takes unstructured methods only: "
                "set it to false.");
   }
+  // Lightning ignores them elsewhere; a value that would change nothing is more likely a slip.
+  VOLT_CHECK(structured(fn) || !options_.pruning_dim().has_value(), ConfigError, kTag,
+             "pruning_dim is for the structured methods (ln_structured, random_structured); ", fn,
+             " does not use it: remove it.");
+  VOLT_CHECK(fn == "ln_structured" || !options_.pruning_norm().has_value(), ConfigError, kTag,
+             "pruning_norm is for ln_structured; ", fn, " does not use it: remove it.");
   if (fn == "ln_structured") {
     VOLT_CHECK(options_.pruning_norm().has_value() && !std::isnan(*options_.pruning_norm()),
                ConfigError, kTag,

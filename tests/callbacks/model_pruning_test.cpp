@@ -278,6 +278,17 @@ TEST(ModelPruning, RefusesBadOptionsWithTheFix) {
             ModelPruningOptions("ln_structured").pruning_dim(0).use_global_unstructured(false));
       },
       "ln_structured needs pruning_norm");
+  bad([] { ModelPruning(ModelPruningOptions("l1_unstructured").pruning_dim(0)); },
+      "pruning_dim is for the structured methods (ln_structured, random_structured); "
+      "l1_unstructured does not use it: remove it.");
+  bad(
+      [] {
+        ModelPruning(ModelPruningOptions("random_structured")
+                         .pruning_dim(0)
+                         .pruning_norm(2)
+                         .use_global_unstructured(false));
+      },
+      "pruning_norm is for ln_structured; random_structured does not use it");
   bad([] { ModelPruning(ModelPruningOptions("l1_unstructured").parameter_names({"gamma"})); },
       "parameter_names holds 'gamma'");
   bad([] { ModelPruning(ModelPruningOptions("l1_unstructured").verbose(3)); },
