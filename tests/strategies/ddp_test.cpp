@@ -203,6 +203,24 @@ TEST(Ddp, ModelPruningTwoRanksEqualOneProcessAndResumeExactly) {
   expect_killed_job_resumes_like(dir / "whole", dir / "cut", args, "11");
 }
 
+// EMAWeightAveraging at two ranks: every rank averages the same (all-reduced) weights after each
+// step, so both end with the average one process on the global batch ends with (the module
+// holds it after fit), and a two-rank run killed mid-epoch resumes bit for bit (the average and
+// the training weights from the checkpoint).
+TEST(Ddp, EmaWeightAveragingTwoRanksEqualOneProcessAndResumeExactly) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 3, 1, false, {"--ema", "0.9"});
+  const auto plain = single_process_reference(dir / "plain", 16, 3, 1, false);
+  EXPECT_FALSE(torch::allclose(ref, plain)) << "the average is the last weights";
+  const std::vector<std::string> args = {
+      "--devices", "2", "--batch", "8", "--epochs", "3", "--ckpt-every-batch", "1", "--ema", "0.9"};
+  auto whole = run_plain(cat({"--root", dir / "whole", "--out", dir / "whole/w"}, args));
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  expect_ranks_equal_reference(dir / "whole/w", 2, ref);
+  expect_killed_job_resumes_like(dir / "whole", dir / "cut", args, "11");
+}
+
 TEST(Ddp, AccumulationWithNoSyncEqualsOneProcess) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

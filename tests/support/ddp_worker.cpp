@@ -23,6 +23,7 @@
 //       [--depth D]  (D more Linear(width, width) layers)
 //       [--batchnorm 0|1]  (a BatchNorm1d after fc1) [--sync-bn 0|1]
 //       [--trace 0|1]  (TrainerOptions::trace_training_step)
+//       [--ema D]  (EMAWeightAveraging with decay D: the written weights are the average)
 //       [--prune F]  (ModelPruning: global L1 pruning of fraction F after each epoch, with the
 //       lottery ticket rewind)
 //       [--finetune E]  (BackboneFinetuning of fc1, unfrozen at epoch E: from then on its
@@ -334,6 +335,10 @@ int main(int argc, char** argv) {
           volt::StochasticWeightAveragingOptions({0.05})
               .swa_epoch_start(static_cast<int64_t>(num("--swa", 0)))
               .annealing_epochs(1)));
+    }
+    if (a.count("--ema")) {  // EMAWeightAveraging with this decay, updated every step
+      callbacks.push_back(std::make_shared<volt::EMAWeightAveraging>(
+          volt::EMAWeightAveragingOptions().decay(std::stod(a["--ema"]))));
     }
     if (a.count("--prune")) {  // ModelPruning's defaults (global L1, lottery ticket) at a fraction
       callbacks.push_back(std::make_shared<volt::ModelPruning>(
