@@ -3,7 +3,6 @@
 #include <c10/util/Type.h>
 #include <torch/torch.h>
 
-#include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -12,6 +11,7 @@
 #include <system_error>
 #include <typeinfo>
 
+#include "callbacks/detail/prediction_tensors.h"
 #include "volt/core/check.h"
 #include "volt/core/errors.h"
 #include "volt/core/log.h"
@@ -24,51 +24,8 @@ namespace {
 
 constexpr const char* kWriter = "[SafetensorsPredictionWriter] ";
 
-std::string numbered(const char* prefix, int64_t n) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%s%06lld", prefix, static_cast<long long>(n));
-  return buf;
-}
-
 at::Tensor index_tensor(const std::vector<int64_t>& indices) {
   return torch::tensor(indices, torch::kInt64);
-}
-
-// Whether the predictions are rows of their batches' samples that concatenate: one row per
-// index, the same dtype and trailing shape throughout.
-bool concatenable(const std::vector<at::Tensor>& predictions,
-                  const std::vector<std::vector<int64_t>>& indices) {
-  if (predictions.empty()) return false;
-  const at::Tensor& first = predictions.front();
-  for (size_t i = 0; i < predictions.size(); ++i) {
-    const at::Tensor& p = predictions[i];
-    if (!p.defined() || p.dim() < 1 || p.size(0) != static_cast<int64_t>(indices[i].size()) ||
-        p.scalar_type() != first.scalar_type() || p.sizes().slice(1) != first.sizes().slice(1)) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// The tensors of an epoch file: "predictions" and "indices" when the rows concatenate (or
-// only an empty "indices" for a pass without batches), else per batch.
-std::map<std::string, at::Tensor> epoch_tensors(
-    const std::vector<at::Tensor>& predictions,
-    const std::vector<std::vector<int64_t>>& batch_indices) {
-  std::map<std::string, at::Tensor> out;
-  if (predictions.empty() || concatenable(predictions, batch_indices)) {
-    std::vector<int64_t> all;
-    for (const auto& b : batch_indices) all.insert(all.end(), b.begin(), b.end());
-    out["indices"] = index_tensor(all);
-    if (!predictions.empty()) out["predictions"] = torch::cat(predictions, 0);
-    return out;
-  }
-  for (size_t i = 0; i < predictions.size(); ++i) {
-    const auto n = static_cast<int64_t>(i);
-    if (predictions[i].defined()) out[numbered("batch_", n)] = predictions[i];
-    out[numbered("indices_", n)] = index_tensor(batch_indices[i]);
-  }
-  return out;
 }
 
 std::string rank_file(const std::string& dir, int64_t rank) {
@@ -235,7 +192,7 @@ void SafetensorsPredictionWriter::write_on_batch_end(RunContext& run, Module&,
                                                      const at::Tensor& prediction,
                                                      const std::vector<int64_t>& batch_indices,
                                                      const Batch&, int64_t batch_idx) {
-  std::string name = numbered("batch_", batch_idx);
+  std::string name = detail::numbered("batch_", batch_idx);
   if (run.world_size() > 1) name += "_rank" + std::to_string(run.global_rank());
   std::map<std::string, at::Tensor> tensors{{"indices", index_tensor(batch_indices)}};
   if (prediction.defined()) tensors["predictions"] = prediction;
@@ -245,7 +202,8 @@ void SafetensorsPredictionWriter::write_on_batch_end(RunContext& run, Module&,
 void SafetensorsPredictionWriter::write_on_epoch_end(
     RunContext& run, Module&, const std::vector<at::Tensor>& predictions,
     const std::vector<std::vector<int64_t>>& batch_indices) {
-  const std::map<std::string, at::Tensor> tensors = epoch_tensors(predictions, batch_indices);
+  const std::map<std::string, at::Tensor> tensors =
+      detail::prediction_tensors(predictions, &batch_indices);
   if (run.world_size() == 1) {
     save_safetensors(tensors, (fs::path(dir_) / "predictions.safetensors").string());
     return;

@@ -15,6 +15,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "../callbacks/detail/prediction_tensors.h"
 #include "../core/detail/input_limits.h"
 #include "../core/detail/out_of_memory.h"
 #include "../core/detail/print.h"
@@ -333,24 +334,7 @@ void print_metrics(std::ostream& os, const std::string& title, const Metrics& m)
 
 std::string save_predictions(const std::vector<at::Tensor>& outputs, const std::string& dir,
                              const Strategy& strategy) {
-  std::map<std::string, at::Tensor> tensors;
-  bool same_tail = !outputs.empty();
-  for (const auto& t : outputs) {
-    same_tail = same_tail && t.defined() && t.dim() >= 1 &&
-                t.sizes().slice(1) == outputs.front().sizes().slice(1) &&
-                t.scalar_type() == outputs.front().scalar_type();
-  }
-  if (same_tail) {
-    tensors["predictions"] = torch::cat(outputs, 0);
-  } else {
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].defined()) {
-        std::ostringstream k;
-        k << "batch_" << std::setw(6) << std::setfill('0') << i;
-        tensors[k.str()] = outputs[i];
-      }
-    }
-  }
+  const std::map<std::string, at::Tensor> tensors = detail::prediction_tensors(outputs);
   std::filesystem::create_directories(dir);
   // With several processes each rank predicted its own shard of the data: one file per rank.
   const std::string path =
