@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 #include <iomanip>
 #include <ostream>
 #include <set>
@@ -109,20 +110,22 @@ bool is_container(const torch::nn::Module& m) {
          dynamic_cast<const torch::nn::ModuleDictImpl*>(&m) != nullptr;
 }
 
+// The layer's own reset_parameters() for the kinds volt knows (Linear, Conv1d/2d/3d), or an empty
+// function.
+std::function<void()> parameter_reset(torch::nn::Module& layer) {
+  if (auto* l = dynamic_cast<torch::nn::LinearImpl*>(&layer)) return [l] { l->reset_parameters(); };
+  if (auto* c = dynamic_cast<torch::nn::Conv1dImpl*>(&layer)) return [c] { c->reset_parameters(); };
+  if (auto* c = dynamic_cast<torch::nn::Conv2dImpl*>(&layer)) return [c] { c->reset_parameters(); };
+  if (auto* c = dynamic_cast<torch::nn::Conv3dImpl*>(&layer)) return [c] { c->reset_parameters(); };
+  return {};
+}
+
 // New values from the layer's own initialisation (Lightning resamples with reset_parameters on a
 // copy; here the live layer is reset and its values put back, drawing the same random numbers).
 std::map<std::string, at::Tensor> resampled(torch::nn::Module& layer) {
   std::map<std::string, at::Tensor> held, fresh;
   for (const auto& p : layer.named_parameters(false)) held[p.key()] = p.value().detach().clone();
-  if (auto* l = dynamic_cast<torch::nn::LinearImpl*>(&layer)) {
-    l->reset_parameters();
-  } else if (auto* c1 = dynamic_cast<torch::nn::Conv1dImpl*>(&layer)) {
-    c1->reset_parameters();
-  } else if (auto* c2 = dynamic_cast<torch::nn::Conv2dImpl*>(&layer)) {
-    c2->reset_parameters();
-  } else if (auto* c3 = dynamic_cast<torch::nn::Conv3dImpl*>(&layer)) {
-    c3->reset_parameters();
-  }
+  parameter_reset(layer)();
   torch::NoGradGuard no_grad;
   for (auto& p : layer.named_parameters(false)) {
     fresh[p.key()] = p.value().detach().clone();
@@ -131,11 +134,13 @@ std::map<std::string, at::Tensor> resampled(torch::nn::Module& layer) {
   return fresh;
 }
 
-bool resamplable(const torch::nn::Module& layer) {
-  return dynamic_cast<const torch::nn::LinearImpl*>(&layer) != nullptr ||
-         dynamic_cast<const torch::nn::Conv1dImpl*>(&layer) != nullptr ||
-         dynamic_cast<const torch::nn::Conv2dImpl*>(&layer) != nullptr ||
-         dynamic_cast<const torch::nn::Conv3dImpl*>(&layer) != nullptr;
+// Re-checks an amount not built through fraction()/count() (set by hand, or from amount_fn).
+void check_amount(const PruningAmount& a) {
+  if (a.is_count) {
+    PruningAmount::count(static_cast<int64_t>(a.value));
+  } else {
+    PruningAmount::fraction(a.value);
+  }
 }
 
 std::string text_of(const PruningAmount& a) {
@@ -242,17 +247,7 @@ ModelPruning::ModelPruning(ModelPruningOptions options) : options_(std::move(opt
   }
   VOLT_CHECK(options_.verbose() >= 0 && options_.verbose() <= 2, ConfigError, kTag,
              "verbose=", options_.verbose(), " is not 0, 1 or 2.");
-  // Re-checks an amount built by hand rather than through fraction()/count().
-  const PruningAmount& a = options_.amount();
-  if (a.is_count) {
-    PruningAmount::count(static_cast<int64_t>(a.value));
-  } else {
-    PruningAmount::fraction(a.value);
-  }
-}
-
-std::string ModelPruning::key_of(size_t i) const {
-  return names_[i].first.empty() ? names_[i].second : names_[i].first + "." + names_[i].second;
+  check_amount(options_.amount());
 }
 
 void ModelPruning::setup(RunContext& run, Module& module, Stage stage) {
@@ -297,7 +292,7 @@ void ModelPruning::setup(RunContext& run, Module& module, Stage stage) {
                    (*options_.pruning_dim() < p->dim() && *options_.pruning_dim() >= -p->dim()),
                ConfigError, kTag, "pruning_dim=", *options_.pruning_dim(),
                " is not a dimension of ", path, ".", pname, " (", p->dim(), " dimensions).");
-    VOLT_CHECK(!options_.resample_parameters() || resamplable(*layer), ConfigError, kTag,
+    VOLT_CHECK(!options_.resample_parameters() || parameter_reset(*layer), ConfigError, kTag,
                "resample_parameters draws new values with the layer's own initialisation, which "
                "volt knows for Linear and Conv1d/2d/3d layers; ",
                path, " is another kind (turn resample_parameters off).");
@@ -313,6 +308,9 @@ void ModelPruning::setup(RunContext& run, Module& module, Stage stage) {
              "found nothing to prune (no layer holds a parameter named in parameter_names); "
              "list parameters_to_prune.");
   names_ = std::move(names);
+  keys_.clear();
+  for (const auto& [path, pname] : names_)
+    keys_.push_back(path.empty() ? pname : path + "." + pname);
   params_ = std::move(params);
   layers_ = std::move(layers);
   // The lottery ticket's starting point: the values now (a resumed fit reads them back from the
@@ -323,8 +321,8 @@ void ModelPruning::setup(RunContext& run, Module& module, Stage stage) {
       options_.use_lottery_ticket_hypothesis_fn() || options_.use_lottery_ticket_hypothesis();
   std::map<std::string, at::Tensor> masks;
   for (size_t i = 0; i < names_.size(); ++i) {
-    if (lottery) initial_[key_of(i)] = params_[i].detach().clone();
-    auto it = masks_.find(key_of(i));
+    if (lottery) initial_[keys_[i]] = params_[i].detach().clone();
+    auto it = masks_.find(keys_[i]);
     if (it != masks_.end() && it->second.sizes() == params_[i].sizes())
       masks[it->first] = it->second;
   }
@@ -335,7 +333,7 @@ void ModelPruning::mask_parameters() {
   if (masks_.empty()) return;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
-    auto it = masks_.find(key_of(i));
+    auto it = masks_.find(keys_[i]);
     if (it != masks_.end()) params_[i].mul_(it->second);
   }
 }
@@ -344,7 +342,7 @@ void ModelPruning::on_after_backward(RunContext&, Module&) {
   if (masks_.empty()) return;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
-    auto it = masks_.find(key_of(i));
+    auto it = masks_.find(keys_[i]);
     at::Tensor grad = params_[i].grad();
     if (it != masks_.end() && grad.defined()) grad.mul_(it->second);
   }
@@ -367,7 +365,7 @@ void ModelPruning::apply_pruning(PruningAmount amount) {
   auto stats = [&] {
     std::vector<std::pair<int64_t, int64_t>> out;
     for (size_t i = 0; i < params_.size(); ++i) {
-      auto it = masks_.find(key_of(i));
+      auto it = masks_.find(keys_[i]);
       if (it == masks_.end()) {
         out.emplace_back(0, 1);  // Lightning's count for a parameter not pruned yet
       } else {
@@ -378,7 +376,7 @@ void ModelPruning::apply_pruning(PruningAmount amount) {
   };
   const auto before = options_.verbose() > 0 ? stats() : decltype(stats()){};
   auto mask_of = [&](size_t i) {
-    auto it = masks_.find(key_of(i));
+    auto it = masks_.find(keys_[i]);
     return it != masks_.end() ? it->second : torch::ones_like(params_[i]);
   };
   std::map<std::string, at::Tensor> masks = masks_;
@@ -394,14 +392,14 @@ void ModelPruning::apply_pruning(PruningAmount amount) {
     int64_t at = 0;
     for (size_t i = 0; i < params_.size(); ++i) {
       const int64_t n = params_[i].numel();
-      masks[key_of(i)] =
+      masks[keys_[i]] =
           all.slice(0, at, at + n).view_as(params_[i]).to(params_[i].scalar_type()).clone();
       at += n;
     }
   } else {
     for (size_t i = 0; i < params_.size(); ++i) {
       const at::Tensor& p = params_[i];
-      masks[key_of(i)] =
+      masks[keys_[i]] =
           structured(fn)
               ? prune_structured(p.detach(), mask_of(i), amount, *options_.pruning_dim(),
                                  fn == "ln_structured" ? options_.pruning_norm() : c10::nullopt)
@@ -433,7 +431,7 @@ void ModelPruning::apply_pruning(PruningAmount amount) {
       std::ostringstream a;
       a << amount;
       for (size_t i = 0; i < after.size(); ++i) {
-        log_info("ModelPruning", "Applied `" + method + "` to `" + key_of(i) + "` with amount=" +
+        log_info("ModelPruning", "Applied `" + method + "` to `" + keys_[i] + "` with amount=" +
                                      a.str() + ". Pruned: " + std::to_string(before[i].first) +
                                      " (" + percent(before[i].first, before[i].second) + ") -> " +
                                      std::to_string(after[i].first) + " (" +
@@ -454,8 +452,8 @@ void ModelPruning::apply_lottery_ticket_hypothesis() {
     }
   } else {
     for (size_t i = 0; i < params_.size(); ++i) {
-      auto it = initial_.find(key_of(i));
-      VOLT_CHECK(it != initial_.end(), InternalError, kTag, "no initial value of ", key_of(i));
+      auto it = initial_.find(keys_[i]);
+      VOLT_CHECK(it != initial_.end(), InternalError, kTag, "no initial value of ", keys_[i]);
       params_[i].copy_(it->second);
     }
   }
@@ -472,11 +470,7 @@ void ModelPruning::run_pruning(int64_t epoch) {
       options_.apply_pruning_fn() ? options_.apply_pruning_fn()(epoch) : options_.apply_pruning();
   const PruningAmount amount =
       options_.amount_fn() ? options_.amount_fn()(epoch) : options_.amount();
-  if (amount.is_count) {
-    PruningAmount::count(static_cast<int64_t>(amount.value));
-  } else {
-    PruningAmount::fraction(amount.value);  // amount_fn's value checked as the option's
-  }
+  check_amount(amount);
   if (!prune || amount.value == 0.0) return;
   apply_pruning(amount);
   const bool lottery = options_.use_lottery_ticket_hypothesis_fn()
@@ -524,10 +518,10 @@ void ModelPruning::load_state(torch::serialize::InputArchive& archive) {
   // Checked against the parameters resolved in setup (which runs before a checkpoint is read).
   for (size_t i = 0; i < params_.size(); ++i) {
     for (auto* held : {&masks_, &initial_}) {
-      auto it = held->find(key_of(i));
+      auto it = held->find(keys_[i]);
       if (it == held->end()) continue;
       VOLT_CHECK(it->second.sizes() == params_[i].sizes(), CheckpointError, kTag,
-                 "the checkpoint's ", held == &masks_ ? "mask" : "initial value", " of ", key_of(i),
+                 "the checkpoint's ", held == &masks_ ? "mask" : "initial value", " of ", keys_[i],
                  " has shape ", it->second.sizes(), " but the parameter has ", params_[i].sizes(),
                  "; resume with the model the checkpoint was written by.");
       it->second = it->second.to(params_[i].device(), params_[i].scalar_type());

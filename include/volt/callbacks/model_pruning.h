@@ -135,14 +135,14 @@ class ModelPruning : public Callback {
  private:
   void run_pruning(int64_t epoch);
   void mask_parameters();
-  std::string key_of(size_t i) const;
 
   ModelPruningOptions options_;
   std::vector<PrunedParameter> names_;
+  std::vector<std::string> keys_;              // "<layer path>.<name>", as names_
   std::vector<at::Tensor> params_;             // the live parameters, as names_
   std::vector<torch::nn::Module*> layers_;     // their layers (for resample_parameters)
-  std::map<std::string, at::Tensor> masks_;    // by key_of
-  std::map<std::string, at::Tensor> initial_;  // lottery ticket: values at set-up, by key_of
+  std::map<std::string, at::Tensor> masks_;    // by keys_
+  std::map<std::string, at::Tensor> initial_;  // lottery ticket: values at set-up, by keys_
 };
 
 }  // namespace volt
