@@ -280,9 +280,7 @@ void HostSyncMonitor::on_before_backward(RunContext&, Module&, const at::Tensor&
   impl_->observed.phase.store("backward");
 }
 
-void HostSyncMonitor::on_after_backward(RunContext&, Module&) {
-  // The module's on_after_backward ran before this (module hooks come first) and belongs to
-  // the backward part; its on_before_optimizer_step comes next and belongs to the step.
+void HostSyncMonitor::on_before_optimizer_step(RunContext&, Module&, torch::optim::Optimizer&) {
   impl_->observed.phase.store("optimizer_step");
 }
 

@@ -34,7 +34,7 @@ void ProgressBar::on_train_epoch_end(RunContext& run, Module& module) {
 }
 
 void ProgressBar::on_validation_start(RunContext& run, Module& module) {
-  eval_start("Validation");
+  eval_start(run.sanity_checking() ? "Sanity Checking" : "Validation");  // Lightning's labels
 }
 void ProgressBar::on_validation_batch_end(RunContext& run, Module& module, const Batch& batch,
                                           int64_t batch_idx) {

@@ -60,11 +60,14 @@ void ThroughputMonitor::on_train_batch_end(RunContext& run, Module&, const Batch
 
 // Validation inside a window is not training time: leaving it in would make the throughput
 // drop at every validation check (Lightning excludes it the same way).
-void ThroughputMonitor::on_validation_start(RunContext&, Module&) {
+// The sanity check comes before any window (Lightning's monitor skips it too).
+void ThroughputMonitor::on_validation_start(RunContext& run, Module&) {
+  if (run.sanity_checking()) return;
   validation_start_ = Clock::now();
 }
 
-void ThroughputMonitor::on_validation_end(RunContext&, Module&) {
+void ThroughputMonitor::on_validation_end(RunContext& run, Module&) {
+  if (run.sanity_checking()) return;
   paused_s_ += std::chrono::duration<double>(Clock::now() - validation_start_).count();
 }
 

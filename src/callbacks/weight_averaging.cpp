@@ -126,6 +126,7 @@ void WeightAveraging::on_train_epoch_end(RunContext& run, Module&) {
 }
 
 void WeightAveraging::on_validation_epoch_start(RunContext& run, Module&) {
+  if (run.sanity_checking()) return;  // before training: nothing is due, nothing to swap in
   State& s = *state_;
   catch_up(run);
   if (s.in_fit && s.average.count() > 0 && !s.swapped) {

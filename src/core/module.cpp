@@ -27,6 +27,27 @@ at::Tensor Module::predict_step(const Batch& batch, int64_t batch_idx) {
   return {};
 }
 
+// modules(false) lists the submodules depth first, each before its own submodules, and train(on)
+// sets a module and everything below it: setting them in that order leaves each with its own
+// recorded mode. (modules(true) would need a shared_ptr to this module, which a module on the
+// stack has not.)
+void Module::save_training_modes() {
+  saved_modes_.clear();
+  saved_modes_.push_back(is_training());
+  for (const auto& sub : modules(/*include_self=*/false))
+    saved_modes_.push_back(sub->is_training());
+}
+
+void Module::restore_training_modes() {
+  const auto subs = modules(/*include_self=*/false);
+  if (saved_modes_.size() != subs.size() + 1) {
+    train();
+    return;
+  }
+  train(saved_modes_[0]);
+  for (size_t i = 0; i < subs.size(); ++i) subs[i]->train(saved_modes_[i + 1]);
+}
+
 RunContext& Module::require_run(const char* what) const {
   VOLT_CHECK(run_ != nullptr, ConfigError, "[Module] ", what,
              "() was called outside a Trainer run; call it from training_step or a hook.");

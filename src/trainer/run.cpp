@@ -8,15 +8,20 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <sstream>
+#include <typeinfo>
 
 #include "core/detail/print.h"
+#include "trainer/detail/tuner_trial.h"
 #include "trainer/loops/optimization_step.h"
 #include "volt/accelerators/host_allocator.h"
+#include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/on_exception_checkpoint.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
+#include "volt/data/data_module.h"
 #include "volt/optim/lr_scheduler.h"
 
 namespace volt {
@@ -257,10 +262,136 @@ void Run::setup_run(Module& m, Stage stage) {
   if (prof != nullptr) prof->setup(to_string(stage), strategy().rank(), log_dir());
   // Before the strategy takes the module: a callback freezing layers here (BaseFinetuning)
   // keeps them out of DDP's gradient buckets, and configure_optimizers sees them frozen.
-  callback_hook("setup", [&](Callback& c) { c.setup(*this, m, stage); });
+  callbacks_set_up = 0;
+  module_set_up = false;
+  attach_model_callbacks(m);
+  callback_hook("setup", [&](Callback& c) {
+    c.setup(*this, m, stage);
+    ++callbacks_set_up;
+  });
   m.attach(this);  // a tuner callback's trials ran in Trainers of their own, which detach it
+  module_hook("setup", [&](Module& mm) { mm.setup(stage); });
+  module_set_up = true;
+  module_hook("configure_model", [&](Module& mm) { mm.configure_model(); });
   strategy().setup_module(m);
   trainable = trainable_of(m);
+}
+
+namespace {
+thread_local int tuner_trials = 0;
+}  // namespace
+
+TunerTrialScope::TunerTrialScope() {
+  ++tuner_trials;
+}
+TunerTrialScope::~TunerTrialScope() {
+  --tuner_trials;
+}
+bool TunerTrialScope::active() {
+  return tuner_trials > 0;
+}
+
+void Run::attach_model_callbacks(Module& m) {
+  if (TunerTrialScope::active()) return;
+  std::vector<std::shared_ptr<Callback>> own;
+  {
+    Part part(*this, "configure_callbacks");
+    own = m.configure_callbacks();
+  }
+  if (own.empty()) return;
+  std::vector<std::string> replaced;
+  for (const auto& c : own) {
+    VOLT_CHECK(c != nullptr, ConfigError,
+               "[Trainer] configure_callbacks() returned a null callback; return constructed "
+               "callbacks only.");
+    const std::type_info& type = typeid(*c);
+    auto same_type = [&](const std::shared_ptr<Callback>& x) {
+      if (x == c || typeid(*x) != type) return false;
+      replaced.push_back(c10::demangle(type.name()));
+      return true;
+    };
+    callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(), same_type), callbacks.end());
+    if (std::find(callbacks.begin(), callbacks.end(), c) == callbacks.end()) callbacks.push_back(c);
+  }
+  auto is_checkpoint = [](const std::shared_ptr<Callback>& c) {
+    return dynamic_cast<ModelCheckpoint*>(c.get()) != nullptr;
+  };
+  if (fast_dev) {  // a smoke test writes no checkpoint, whoever configured the callback
+    callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(), is_checkpoint),
+                    callbacks.end());
+  }
+  std::stable_partition(callbacks.begin(), callbacks.end(),
+                        [&](const auto& c) { return !is_checkpoint(c); });
+  std::set<std::string> keys;
+  for (const auto& c : callbacks) {
+    VOLT_CHECK(keys.insert(c->state_key()).second, ConfigError, "[Trainer] the callbacks of ",
+               "configure_callbacks() and the Trainer's share state_key \"", c->state_key(),
+               "\"; give them distinct options (e.g. monitor) or return one of a type.");
+  }
+  if (!replaced.empty() && is_global_zero()) {
+    std::sort(replaced.begin(), replaced.end());
+    replaced.erase(std::unique(replaced.begin(), replaced.end()), replaced.end());
+    std::string names;
+    for (const auto& n : replaced) names += (names.empty() ? "" : ", ") + n;
+    log_info("Trainer", "the module's configure_callbacks() replaces the Trainer's " + names + ".");
+  }
+}
+
+Batch Run::transfer(Batch raw) {
+  Batch batch;
+  module_hook("on_before_batch_transfer",
+              [&](Module& m) { batch = m.on_before_batch_transfer(std::move(raw)); });
+  batch = strategy().batch_to_device(batch);
+  module_hook("on_after_batch_transfer",
+              [&](Module& m) { batch = m.on_after_batch_transfer(std::move(batch)); });
+  return batch;
+}
+
+void Run::teardown_hooks(Module& m, Stage stage, bool failed) {
+  const size_t n = std::min(callbacks_set_up, callbacks.size());
+  const bool module_too = module_set_up;
+  DataModule* data_too = data_set_up ? data : nullptr;
+  callbacks_set_up = 0;
+  module_set_up = false;
+  data_set_up = false;
+  // Every hook runs even when an earlier one throws. After a failure their errors are logged;
+  // after a successful run the first one fails it (thrown once they all ran).
+  std::exception_ptr first;
+  auto call = [&](const std::string& who, const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      if (!failed && !first) {
+        first = std::current_exception();
+      } else {
+        log_warning("Trainer", who + ".teardown failed: " + e.what());
+      }
+    } catch (...) {
+      if (!failed && !first) {
+        first = std::current_exception();
+      } else {
+        log_warning("Trainer", who + ".teardown failed");
+      }
+    }
+  };
+  if (data_too != nullptr) {
+    call("the DataModule", [&] {
+      Part part(*this, "DataModule.teardown");
+      data_too->teardown(stage);
+    });
+  }
+  for (size_t i = 0; i < n; ++i) {
+    Callback& c = *callbacks[i];
+    call(c.state_key(), [&] {
+      Part part(*this, "teardown", &c);
+      if (prof == nullptr) return c.teardown(*this, m, stage);
+      timed("[Callback]" + c.state_key() + ".teardown", [&] { c.teardown(*this, m, stage); });
+    });
+  }
+  if (module_too) {
+    call("the module", [&] { module_hook("teardown", [&](Module& mm) { mm.teardown(stage); }); });
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 void Run::check_trainable_parameters() {

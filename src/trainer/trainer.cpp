@@ -71,6 +71,7 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     // Checkpoints written in the background (AsyncCheckpointIO) are on disk before the run
     // counts as finished; a failed write fails the run.
     strategy().flush_checkpoints();
+    teardown_hooks(m, stage, /*failed=*/false);
     st.status = RunStatus::kFinished;
   } catch (const std::exception& e) {
     // Interrupted: every rank stopped at the same batch boundary (a consistent state);
@@ -93,6 +94,7 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
       } catch (...) {
       }
     }
+    teardown_hooks(m, stage, /*failed=*/true);
     try {
       // Pending checkpoint writes (a restart resumes from them) and what on_exception saved are
       // on disk before the error propagates. After an interrupt every rank is here, so they
@@ -218,7 +220,10 @@ namespace {
 class UsingData {
  public:
   UsingData(detail::Run& run, DataModule* data) : run_(run) { run_.data = data; }
-  ~UsingData() { run_.data = nullptr; }
+  ~UsingData() {
+    run_.data = nullptr;
+    run_.data_set_up = false;
+  }
   UsingData(const UsingData&) = delete;
   UsingData& operator=(const UsingData&) = delete;
 
@@ -244,13 +249,13 @@ void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path
   UsingData using_data(*impl_, &data);
   fit_with_restarts(module, ckpt_path, [&](const std::string& ckpt) {
     data.setup(Stage::kFit);
+    impl_->data_set_up = true;
     const detail::LoaderReload load = [&](int64_t epoch) {
       data.current_epoch_ = epoch;
       return std::make_pair(data.train_dataloader(), data.val_dataloader());
     };
     auto [train, val] = load(0);
     detail::fit_loop(*impl_, train, val, ckpt, load);
-    data.teardown(Stage::kFit);
   });
 }
 
@@ -305,6 +310,7 @@ Metrics Trainer::validate(Module& module, DataLoader val, const std::string& ckp
 Metrics Trainer::validate(Module& module, DataModule& data, const std::string& ckpt_path) {
   data.setup(Stage::kValidate);
   UsingData using_data(*impl_, &data);
+  impl_->data_set_up = true;
   return run_eval(
       module, Stage::kValidate, [&] { return stage_loader(data, Stage::kValidate); }, ckpt_path);
 }
@@ -317,6 +323,7 @@ Metrics Trainer::test(Module& module, DataLoader test, const std::string& ckpt_p
 Metrics Trainer::test(Module& module, DataModule& data, const std::string& ckpt_path) {
   data.setup(Stage::kTest);
   UsingData using_data(*impl_, &data);
+  impl_->data_set_up = true;
   return run_eval(
       module, Stage::kTest, [&] { return stage_loader(data, Stage::kTest); }, ckpt_path);
 }
@@ -347,6 +354,7 @@ std::vector<at::Tensor> Trainer::predict(Module& module, DataModule& data,
                                          const std::string& ckpt_path) {
   data.setup(Stage::kPredict);
   UsingData using_data(*impl_, &data);
+  impl_->data_set_up = true;
   return run_predict(
       module, [&] { return stage_loader(data, Stage::kPredict); }, ckpt_path);
 }

@@ -11,6 +11,7 @@
 
 #include "core/detail/out_of_memory.h"
 #include "core/detail/print.h"
+#include "trainer/detail/tuner_trial.h"
 #include "tuner/detail/trial.h"
 #include "volt/accelerators/cpu_memory.h"
 #include "volt/core/check.h"
@@ -195,6 +196,7 @@ class Search {
     if (finder_.max_memory_bytes()) limit.emplace(before + *finder_.max_memory_bytes());
     HoldErrorLines hold;
     try {
+      detail::TunerTrialScope trial;  // no configure_callbacks() in a trial
       Trainer trainer(options_);
       switch (finder_.stage()) {
         case Stage::kFit: trainer.fit(module_, loader); break;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 
+#include "trainer/detail/tuner_trial.h"
 #include "tuner/detail/trial.h"
 #include "volt/callbacks/callback.h"
 #include "volt/core/check.h"
@@ -194,6 +195,7 @@ LrFinderResult run_range_test(Module& module, TrainerOptions options, LrFinderOp
   options.max_steps(finder.num_training()).limit_val_batches(0).callbacks({callback});
   detail::ModuleSnapshot snapshot(module, kTag);
   try {
+    detail::TunerTrialScope trial;  // no configure_callbacks() in a trial
     Trainer trainer(options);
     fit(trainer);
   } catch (...) {

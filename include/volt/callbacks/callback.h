@@ -14,7 +14,11 @@ namespace volt {
 class Module;
 
 /// Override the hooks you need; every hook defaults to doing nothing. Hooks receive the
-/// RunContext (progress, metrics, save_checkpoint, request_stop), never the Trainer.
+/// RunContext (progress, metrics, save_checkpoint, request_stop), never the Trainer. The Trainer
+/// calls them in Lightning's order (docs/HOOKS.md): at each hook the callbacks in registration
+/// order, then the module's method of the same name; at the end of an epoch the module's method
+/// first, so that what it logs is in the reduced values the callbacks read. The validation hooks
+/// also run during the sanity check (run.sanity_checking() tells it).
 class Callback {
  public:
   virtual ~Callback() = default;
@@ -26,6 +30,9 @@ class Callback {
   /// gradient then) and before configure_optimizers: the place to freeze parameters
   /// (BaseFinetuning). Lightning's Callback.setup.
   virtual void setup(RunContext& run, Module& module, Stage stage) {}
+  /// At the end of fit/validate/test/predict, also when it failed (after on_exception), for
+  /// each callback whose setup ran: the place to release what setup acquired.
+  virtual void teardown(RunContext& run, Module& module, Stage stage) {}
   virtual void on_fit_start(RunContext& run, Module& module) {}
   virtual void on_fit_end(RunContext& run, Module& module) {}
   virtual void on_sanity_check_start(RunContext& run, Module& module) {}
@@ -42,14 +49,24 @@ class Callback {
   virtual void on_after_backward(RunContext& run, Module& module) {}
   virtual void on_before_optimizer_step(RunContext& run, Module& module,
                                         torch::optim::Optimizer& optimizer) {}
+  /// After the optimizer step, before the gradients are zeroed (automatic optimization): the
+  /// updated weights and the step's gradients are both there.
+  virtual void on_before_zero_grad(RunContext& run, Module& module,
+                                   torch::optim::Optimizer& optimizer) {}
   virtual void on_validation_start(RunContext& run, Module& module) {}
   virtual void on_validation_end(RunContext& run, Module& module) {}
   virtual void on_validation_epoch_start(RunContext& run, Module& module) {}
   virtual void on_validation_epoch_end(RunContext& run, Module& module) {}
+  virtual void on_validation_batch_start(RunContext& run, Module& module, const Batch& batch,
+                                         int64_t batch_idx) {}
   virtual void on_validation_batch_end(RunContext& run, Module& module, const Batch& batch,
                                        int64_t batch_idx) {}
   virtual void on_test_start(RunContext& run, Module& module) {}
   virtual void on_test_end(RunContext& run, Module& module) {}
+  virtual void on_test_epoch_start(RunContext& run, Module& module) {}
+  virtual void on_test_epoch_end(RunContext& run, Module& module) {}
+  virtual void on_test_batch_start(RunContext& run, Module& module, const Batch& batch,
+                                   int64_t batch_idx) {}
   virtual void on_test_batch_end(RunContext& run, Module& module, const Batch& batch,
                                  int64_t batch_idx) {}
   virtual void on_predict_start(RunContext& run, Module& module) {}

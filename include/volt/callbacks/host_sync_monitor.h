@@ -41,12 +41,13 @@ class HostSyncMonitor : public Callback {
   struct Row {
     std::string op;    ///< e.g. "aten::_local_scalar_dense"
     std::string kind;  ///< "host sync" or "CPU op"
-    /// The part of the step, by this callback's hooks (the module's hooks run before a
-    /// callback's): "training_step" (from on_train_batch_start: the forward, the module's
-    /// on_before_backward), "non-finite loss check" (the Trainer's own loss read), "backward"
-    /// (from on_before_backward: the backward pass, the module's on_after_backward) or
-    /// "optimizer_step" (from on_after_backward: on_before_optimizer_step hooks, clipping, the
-    /// step, zero_grad, on_train_batch_end hooks).
+    /// The part of the step, by this callback's hooks (a module's hook runs after the
+    /// callbacks' of the same name): "training_step" (from on_train_batch_start: the module's
+    /// on_train_batch_start, the forward), "non-finite loss check" (the Trainer's own loss
+    /// read), "backward" (from on_before_backward: the module's on_before_backward, the backward
+    /// pass, the on_after_backward hooks) or "optimizer_step" (from on_before_optimizer_step: the
+    /// module's on_before_optimizer_step, clipping, the step, the zero-grad hooks, zero_grad,
+    /// the on_train_batch_end hooks of the callbacks before this one).
     std::string where;
     int64_t count = 0;
   };
@@ -64,7 +65,8 @@ class HostSyncMonitor : public Callback {
   void on_train_batch_start(RunContext& run, Module& module, const Batch& batch,
                             int64_t batch_idx) override;
   void on_before_backward(RunContext& run, Module& module, const at::Tensor& loss) override;
-  void on_after_backward(RunContext& run, Module& module) override;
+  void on_before_optimizer_step(RunContext& run, Module& module,
+                                torch::optim::Optimizer& optimizer) override;
   void on_train_batch_end(RunContext& run, Module& module, const Batch& batch,
                           int64_t batch_idx) override;
   /// Stops observing and logs the table (rank 0).

@@ -5,6 +5,7 @@
 #include <torch/serialize/archive.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 
 namespace volt {
 
+class Callback;
 class Module;
 
 /// Manual-optimization handle: zero_grad() and step() go through the Trainer's strategy.
@@ -51,7 +53,30 @@ class Module : public torch::nn::Module {
   virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
   virtual std::vector<OptimizerConfig> configure_optimizers() = 0;
 
-  // Hooks, in the order the fit loop calls them.
+  // Set-up hooks: once per fit/validate/test/predict (and per tuner trial), so make them
+  // idempotent.
+  /// After the callbacks' setup, before configure_model, before the strategy takes the module
+  /// (DDP's gradient buckets, the device) and before configure_optimizers: the place to freeze
+  /// parameters. Lightning's LightningModule.setup.
+  virtual void setup(Stage stage) {}
+  /// After setup, once the processes are up: the place for layers built only then (Lightning's
+  /// configure_model). Skip the ones that exist already: it runs at every entry point.
+  virtual void configure_model() {}
+  /// At the end of the entry point, after the callbacks' teardown, also when it failed.
+  virtual void teardown(Stage stage) {}
+  /// Callbacks this module brings (Lightning's configure_callbacks), asked for at the start of
+  /// every entry point: each joins the Trainer's callbacks, replacing those of its exact type
+  /// (logged), and ModelCheckpoints move to the end of the list, as Lightning.
+  virtual std::vector<std::shared_ptr<Callback>> configure_callbacks() { return {}; }
+
+  /// Around each batch's move to the device, in every loop, before its batch-start hooks:
+  /// on_before_batch_transfer gets it as the loader made it, on_after_batch_transfer on the
+  /// device (augmentation on the GPU goes there). Return the batch, changed or not.
+  virtual Batch on_before_batch_transfer(Batch batch) { return batch; }
+  virtual Batch on_after_batch_transfer(Batch batch) { return batch; }
+
+  // Hooks, in the order the fit loop calls them (docs/HOOKS.md lists it). At each one the
+  // callbacks' hook of the same name runs first, except at an epoch's end.
   virtual void on_fit_start() {}
   virtual void on_fit_end() {}
   virtual void on_train_start() {}
@@ -63,12 +88,40 @@ class Module : public torch::nn::Module {
   virtual void on_before_backward(const at::Tensor& loss) {}
   virtual void on_after_backward() {}
   virtual void on_before_optimizer_step(torch::optim::Optimizer& optimizer) {}
+  /// After the optimizer step, before its gradients are zeroed (automatic optimization).
+  virtual void on_before_zero_grad(torch::optim::Optimizer& optimizer) {}
+
+  /// Before a validation pass (the sanity check's too), after save_training_modes(): the
+  /// default calls eval(); override it to keep, say, dropout on.
+  virtual void on_validation_model_eval() { eval(); }
+  /// After the pass: the default puts every submodule back in the mode it had before it (a
+  /// BatchNorm a callback left in eval mode stays in eval mode), as Lightning.
+  virtual void on_validation_model_train() { restore_training_modes(); }
   virtual void on_validation_start() {}
   virtual void on_validation_end() {}
   virtual void on_validation_epoch_start() {}
   virtual void on_validation_epoch_end() {}
+  virtual void on_validation_batch_start(const Batch& batch, int64_t batch_idx) {}
+  virtual void on_validation_batch_end(const Batch& batch, int64_t batch_idx) {}
+  /// As on_validation_model_eval / on_validation_model_train, around a test pass.
+  virtual void on_test_model_eval() { eval(); }
+  virtual void on_test_model_train() { restore_training_modes(); }
+  virtual void on_test_start() {}
+  virtual void on_test_end() {}
   virtual void on_test_epoch_start() {}
   virtual void on_test_epoch_end() {}
+  virtual void on_test_batch_start(const Batch& batch, int64_t batch_idx) {}
+  virtual void on_test_batch_end(const Batch& batch, int64_t batch_idx) {}
+  /// Before predict's pass; after it the modes are put back as after a validation pass.
+  virtual void on_predict_model_eval() { eval(); }
+  virtual void on_predict_start() {}
+  virtual void on_predict_end() {}
+  virtual void on_predict_epoch_start() {}
+  virtual void on_predict_epoch_end() {}
+  virtual void on_predict_batch_start(const Batch& batch, int64_t batch_idx) {}
+  /// `prediction` is what predict_step returned for the batch.
+  virtual void on_predict_batch_end(const at::Tensor& prediction, const Batch& batch,
+                                    int64_t batch_idx) {}
   /// Add module-specific state to a checkpoint / read it back.
   virtual void on_save_checkpoint(torch::serialize::OutputArchive& archive) {}
   virtual void on_load_checkpoint(torch::serialize::InputArchive& archive) {}
@@ -100,11 +153,18 @@ class Module : public torch::nn::Module {
   /// Set by the Trainer for the duration of a run.
   void attach(RunContext* run) { run_ = run; }
 
+  /// Records the training mode of this module and of each submodule; restore_training_modes()
+  /// puts it back (train() on everything when submodules were added or removed since). The
+  /// evaluation loops record it before the *_model_eval hooks.
+  void save_training_modes();
+  void restore_training_modes();
+
  private:
   RunContext& require_run(const char* what) const;
   RunContext* run_ = nullptr;
   bool automatic_optimization_ = true;
   std::map<std::string, std::string> hparams_;
+  std::vector<bool> saved_modes_;
 };
 
 }  // namespace volt

@@ -47,6 +47,9 @@ class RunContext {
  public:
   virtual ~RunContext() = default;
   virtual const LoopState& state() const = 0;
+  /// True while fit's sanity check runs its validation batches (the validation hooks run then
+  /// too; a callback acting on validation results returns early, as Lightning's).
+  bool sanity_checking() const { return state().stage == Stage::kSanityCheck; }
   /// Latest values of everything logged (monitor keys for callbacks).
   virtual const Metrics& callback_metrics() const = 0;
   /// Values logged with prog_bar=true.

@@ -200,12 +200,13 @@ class Run : public RunContext {
   void manual_count_step(size_t index) override;
 
   // ---------------------------------------------------------------- dispatch
-  // Every hook goes through here: one place to time them and to keep the order fixed: the
-  // module's hook first, then callbacks in registration order.
+  // Every hook goes through here: one place to time them and to keep Lightning's order: the
+  // callbacks in registration order, then the module. (An epoch's end calls module_hook, then
+  // reduces the epoch's values, then callback_hook: the callbacks read what the module logged.)
   template <typename MF, typename CF>
   void hook(const char* name, MF&& module_fn, CF&& callback_fn) {
-    module_hook(name, std::forward<MF>(module_fn));
     callback_hook(name, std::forward<CF>(callback_fn));
+    module_hook(name, std::forward<MF>(module_fn));
   }
   template <typename MF>
   void module_hook(const char* name, MF&& module_fn) {
@@ -258,6 +259,18 @@ class Run : public RunContext {
   /// limit_train_batches.
   int64_t train_limit(const DataLoader& train) const;
   void setup_run(Module& m, Stage stage);
+  /// The module's configure_callbacks() merged into `callbacks` (Lightning's rules).
+  void attach_model_callbacks(Module& m);
+  /// `raw` through the module's on_before_batch_transfer, the strategy's batch_to_device and
+  /// the module's on_after_batch_transfer: every loop's batch.
+  Batch transfer(Batch raw);
+  /// The teardown hooks of the DataModule, the callbacks and the module whose setup ran, in
+  /// Lightning's order (once: the flags are reset). With `failed` a hook's exception is logged
+  /// instead of thrown.
+  void teardown_hooks(Module& m, Stage stage, bool failed);
+  bool data_set_up = false;     // `data`'s setup ran (the Trainer's entry points set it)
+  size_t callbacks_set_up = 0;  // the callbacks whose setup ran, in order
+  bool module_set_up = false;
   /// With several processes, every rank learns rank 0's log_dir() (a collective): at set-up,
   /// and again after a checkpoint restored the loggers' version folder.
   void share_log_dir();

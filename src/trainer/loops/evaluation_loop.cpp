@@ -11,7 +11,6 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
   const bool sanity = r.st.stage == Stage::kSanityCheck;
   const bool is_test = stage == Stage::kTest;
   torch::NoGradGuard no_grad;
-  m.eval();
   MetricStore* saved_store = r.active_metrics;
   const LogScope saved_scope = r.scope;
   const int64_t saved_bs = r.current_batch_size;
@@ -19,18 +18,24 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
   r.eval_metrics.clear();
   r.eval_pass = sanity ? "sanity-check validation" : is_test ? "test" : "validation";
   r.eval_batch = -1;
-  if (!sanity) {
-    if (is_test) {
-      r.callback_hook("on_test_start", [&](Callback& c) { c.on_test_start(r, m); });
-      r.module_hook("on_test_epoch_start", [&](Module& mm) { mm.on_test_epoch_start(); });
-    } else {
-      r.hook(
-          "on_validation_start", [&](Module& mm) { mm.on_validation_start(); },
-          [&](Callback& c) { c.on_validation_start(r, m); });
-      r.hook(
-          "on_validation_epoch_start", [&](Module& mm) { mm.on_validation_epoch_start(); },
-          [&](Callback& c) { c.on_validation_epoch_start(r, m); });
-    }
+  // Lightning's order, the sanity check's pass included (its logged values are dropped).
+  m.save_training_modes();
+  if (is_test) {
+    r.module_hook("on_test_model_eval", [&](Module& mm) { mm.on_test_model_eval(); });
+    r.hook(
+        "on_test_start", [&](Module& mm) { mm.on_test_start(); },
+        [&](Callback& c) { c.on_test_start(r, m); });
+    r.hook(
+        "on_test_epoch_start", [&](Module& mm) { mm.on_test_epoch_start(); },
+        [&](Callback& c) { c.on_test_epoch_start(r, m); });
+  } else {
+    r.module_hook("on_validation_model_eval", [&](Module& mm) { mm.on_validation_model_eval(); });
+    r.hook(
+        "on_validation_start", [&](Module& mm) { mm.on_validation_start(); },
+        [&](Callback& c) { c.on_validation_start(r, m); });
+    r.hook(
+        "on_validation_epoch_start", [&](Module& mm) { mm.on_validation_epoch_start(); },
+        [&](Callback& c) { c.on_validation_epoch_start(r, m); });
   }
   r.scope = LogScope::kEval;
   r.st.num_eval_batches = limit;
@@ -43,8 +48,18 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
   for (r.eval_batch = 0;
        r.next_batch(stream, raw, is_test ? "get_test_batch" : "get_validation_batch");
        r.eval_batch = idx) {
-    Batch batch = r.strategy().batch_to_device(raw);
+    Batch batch = r.transfer(std::move(raw));
     r.current_batch_size = batch.size();
+    if (is_test) {
+      r.hook(
+          "on_test_batch_start", [&](Module& mm) { mm.on_test_batch_start(batch, idx); },
+          [&](Callback& c) { c.on_test_batch_start(r, m, batch, idx); });
+    } else {
+      r.hook(
+          "on_validation_batch_start",
+          [&](Module& mm) { mm.on_validation_batch_start(batch, idx); },
+          [&](Callback& c) { c.on_validation_batch_start(r, m, batch, idx); });
+    }
     {
       Run::Part part(r, is_test ? "test_step" : "validation_step");
       ProfileScope p(r.prof, is_test ? "test_step" : "validation_step");
@@ -54,14 +69,14 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
         r.strategy().validation_step(m, batch, idx);
       }
     }
-    if (!sanity) {
-      if (is_test) {
-        r.callback_hook("on_test_batch_end",
-                        [&](Callback& c) { c.on_test_batch_end(r, m, batch, idx); });
-      } else {
-        r.callback_hook("on_validation_batch_end",
-                        [&](Callback& c) { c.on_validation_batch_end(r, m, batch, idx); });
-      }
+    if (is_test) {
+      r.hook(
+          "on_test_batch_end", [&](Module& mm) { mm.on_test_batch_end(batch, idx); },
+          [&](Callback& c) { c.on_test_batch_end(r, m, batch, idx); });
+    } else {
+      r.hook(
+          "on_validation_batch_end", [&](Module& mm) { mm.on_validation_batch_end(batch, idx); },
+          [&](Callback& c) { c.on_validation_batch_end(r, m, batch, idx); });
     }
     ++idx;
     if (entry_point) r.check_stop_in_evaluation(/*pass_done=*/false);
@@ -69,23 +84,27 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
   r.eval_batch = -1;
   if (entry_point) r.check_stop_in_evaluation(/*pass_done=*/true);
   Metrics result;
-  if (!sanity) {
-    // The module's epoch-end hook may log: it runs before the reduction, the callbacks after.
-    if (is_test) {
-      r.module_hook("on_test_epoch_end", [&](Module& mm) { mm.on_test_epoch_end(); });
-    } else {
-      r.module_hook("on_validation_epoch_end", [&](Module& mm) { mm.on_validation_epoch_end(); });
-    }
-    result = r.flush_epoch(r.eval_metrics, true);
-    if (is_test) {
-      r.callback_hook("on_test_end", [&](Callback& c) { c.on_test_end(r, m); });
-    } else {
-      r.callback_hook("on_validation_epoch_end",
-                      [&](Callback& c) { c.on_validation_epoch_end(r, m); });
-      r.hook(
-          "on_validation_end", [&](Module& mm) { mm.on_validation_end(); },
-          [&](Callback& c) { c.on_validation_end(r, m); });
-    }
+  // The module's epoch-end hook may log: it runs before the reduction, the callbacks after (they
+  // read the reduced values). The sanity check's values are dropped, not reduced.
+  if (is_test) {
+    r.module_hook("on_test_epoch_end", [&](Module& mm) { mm.on_test_epoch_end(); });
+  } else {
+    r.module_hook("on_validation_epoch_end", [&](Module& mm) { mm.on_validation_epoch_end(); });
+  }
+  if (!sanity) result = r.flush_epoch(r.eval_metrics, true);
+  if (is_test) {
+    r.callback_hook("on_test_epoch_end", [&](Callback& c) { c.on_test_epoch_end(r, m); });
+    r.hook(
+        "on_test_end", [&](Module& mm) { mm.on_test_end(); },
+        [&](Callback& c) { c.on_test_end(r, m); });
+    r.module_hook("on_test_model_train", [&](Module& mm) { mm.on_test_model_train(); });
+  } else {
+    r.callback_hook("on_validation_epoch_end",
+                    [&](Callback& c) { c.on_validation_epoch_end(r, m); });
+    r.hook(
+        "on_validation_end", [&](Module& mm) { mm.on_validation_end(); },
+        [&](Callback& c) { c.on_validation_end(r, m); });
+    r.module_hook("on_validation_model_train", [&](Module& mm) { mm.on_validation_model_train(); });
   }
   r.eval_metrics.clear();
   r.active_metrics = saved_store;

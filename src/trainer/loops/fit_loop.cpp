@@ -47,9 +47,8 @@ bool stop_now(Run& r) {
 }
 
 void validate_now(Run& r, DataLoader& val) {
-  evaluation_loop(r, Stage::kValidate, val, r.val_limit(val));
+  evaluation_loop(r, Stage::kValidate, val, r.val_limit(val));  // ends in training mode again
   r.st.val_pending = false;
-  r.module->train();
 }
 
 // overfit_batches trains on the same batches every epoch: the training loader without its
@@ -90,7 +89,7 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
   LoopState& st = r.st;
   const int64_t n = r.train_limit(train);
   st.num_training_batches = n;
-  m.train();
+  m.train();  // as Lightning 1.x; the epoch-start hooks may put submodules in eval mode again
   r.hook(
       "on_train_epoch_start", [&](Module& mm) { mm.on_train_epoch_start(); },
       [&](Callback& c) { c.on_train_epoch_start(r, m); });
@@ -104,7 +103,7 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
     for (r.train_batch = st.batches_done; r.next_batch(stream, raw, "get_train_batch");
          r.train_batch = st.batches_done) {
       const int64_t idx = st.batches_done;
-      Batch batch = r.strategy().batch_to_device(raw);
+      Batch batch = r.transfer(std::move(raw));
       r.scope = LogScope::kTrainStep;
       r.hook(
           "on_train_batch_start", [&](Module& mm) { mm.on_train_batch_start(batch, idx); },
@@ -159,7 +158,6 @@ void sanity_check(Run& r, DataLoader& val) {
   r.callback_hook("on_sanity_check_end", [&](Callback& c) { c.on_sanity_check_end(r, m); });
   r.st.stage = saved;
   r.strategy().set_rng_states(rng);
-  m.train();
 }
 
 }  // namespace
@@ -197,7 +195,7 @@ void Run::forward_training_data() {
     BatchStream stream = train.stream(st.epoch, 0, n);
     Batch raw;
     for (int64_t idx = 0; next_batch(stream, raw, "get_train_batch"); ++idx) {
-      const Batch batch = strategy().batch_to_device(raw);
+      const Batch batch = transfer(std::move(raw));
       Part part(*this, "training_step");
       strategy().training_step(m, batch, idx);
     }

@@ -88,7 +88,12 @@ bool OptimizationStep::strategy_step() {
 bool OptimizationStep::optimizer_step() {
   Run& r = run_;
   const bool stepped = strategy_step();
-  r.strategy().zero_grad(*r.optimizers.front().optimizer());
+  auto& opt = *r.optimizers.front().optimizer();
+  Module& m = *r.module;
+  r.hook(
+      "on_before_zero_grad", [&](Module& mm) { mm.on_before_zero_grad(opt); },
+      [&](Callback& c) { c.on_before_zero_grad(r, m, opt); });
+  r.strategy().zero_grad(opt);
   r.st.accumulated = 0;
   if (!stepped) return false;  // skipped by the precision: no step happened
   ++r.st.global_step;

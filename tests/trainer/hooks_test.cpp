@@ -1,0 +1,770 @@
+// The order of every module and callback hook in fit, validate, test and predict, against the
+// order Lightning's own tests require (tests/tests_pytorch/models/test_hooks.py), with volt's
+// departures spelled out where they are expected; setup/teardown (also after a failure),
+// configure_model, and the training modes around evaluation passes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "error_text.h"
+#include "log_capture.h"
+#include "tiny.h"
+
+namespace {
+
+using Calls = std::vector<std::string>;
+
+std::string with(const std::string& name, int64_t i) {
+  return name + " " + std::to_string(i);
+}
+
+/// Every hook a module has, recorded.
+class HookedModule : public volt_test::TinyClassifier {
+ public:
+  explicit HookedModule(Calls& calls) : calls_(calls) {}
+
+  void setup(volt::Stage stage) override {
+    calls_.push_back(std::string("setup ") + volt::to_string(stage));
+  }
+  void configure_model() override { calls_.push_back("configure_model"); }
+  std::vector<std::shared_ptr<volt::Callback>> configure_callbacks() override {
+    calls_.push_back("configure_callbacks");
+    return {};
+  }
+  volt::Batch on_before_batch_transfer(volt::Batch batch) override {
+    calls_.push_back("on_before_batch_transfer");
+    return batch;
+  }
+  volt::Batch on_after_batch_transfer(volt::Batch batch) override {
+    calls_.push_back("on_after_batch_transfer");
+    return batch;
+  }
+  void teardown(volt::Stage stage) override {
+    calls_.push_back(std::string("teardown ") + volt::to_string(stage));
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    calls_.push_back("configure_optimizers");
+    return TinyClassifier::configure_optimizers();
+  }
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    calls_.push_back(with("training_step", i));
+    return TinyClassifier::training_step(b, i);
+  }
+  void validation_step(const volt::Batch& b, int64_t i) override {
+    calls_.push_back(with("validation_step", i));
+    TinyClassifier::validation_step(b, i);
+  }
+  void test_step(const volt::Batch& b, int64_t i) override {
+    calls_.push_back(with("test_step", i));
+    TinyClassifier::test_step(b, i);
+  }
+  torch::Tensor predict_step(const volt::Batch& b, int64_t i) override {
+    calls_.push_back(with("predict_step", i));
+    return TinyClassifier::predict_step(b, i);
+  }
+  void on_fit_start() override { calls_.push_back("on_fit_start"); }
+  void on_fit_end() override { calls_.push_back("on_fit_end"); }
+  void on_train_start() override { calls_.push_back("on_train_start"); }
+  void on_train_end() override { calls_.push_back("on_train_end"); }
+  void on_train_epoch_start() override { calls_.push_back("on_train_epoch_start"); }
+  void on_train_epoch_end() override { calls_.push_back("on_train_epoch_end"); }
+  void on_train_batch_start(const volt::Batch&, int64_t i) override {
+    calls_.push_back(with("on_train_batch_start", i));
+  }
+  void on_train_batch_end(const volt::Batch&, int64_t i) override {
+    calls_.push_back(with("on_train_batch_end", i));
+  }
+  void on_before_backward(const at::Tensor&) override { calls_.push_back("on_before_backward"); }
+  void on_after_backward() override { calls_.push_back("on_after_backward"); }
+  void on_before_optimizer_step(torch::optim::Optimizer&) override {
+    calls_.push_back("on_before_optimizer_step");
+  }
+  void on_before_zero_grad(torch::optim::Optimizer&) override {
+    calls_.push_back("on_before_zero_grad");
+  }
+  void on_validation_model_eval() override {
+    calls_.push_back("on_validation_model_eval");
+    TinyClassifier::on_validation_model_eval();
+  }
+  void on_validation_model_train() override {
+    calls_.push_back("on_validation_model_train");
+    TinyClassifier::on_validation_model_train();
+  }
+  void on_validation_start() override { calls_.push_back("on_validation_start"); }
+  void on_validation_end() override { calls_.push_back("on_validation_end"); }
+  void on_validation_epoch_start() override { calls_.push_back("on_validation_epoch_start"); }
+  void on_validation_epoch_end() override { calls_.push_back("on_validation_epoch_end"); }
+  void on_validation_batch_start(const volt::Batch&, int64_t i) override {
+    calls_.push_back(with("on_validation_batch_start", i));
+  }
+  void on_validation_batch_end(const volt::Batch&, int64_t i) override {
+    calls_.push_back(with("on_validation_batch_end", i));
+  }
+  void on_test_model_eval() override {
+    calls_.push_back("on_test_model_eval");
+    TinyClassifier::on_test_model_eval();
+  }
+  void on_test_model_train() override {
+    calls_.push_back("on_test_model_train");
+    TinyClassifier::on_test_model_train();
+  }
+  void on_test_start() override { calls_.push_back("on_test_start"); }
+  void on_test_end() override { calls_.push_back("on_test_end"); }
+  void on_test_epoch_start() override { calls_.push_back("on_test_epoch_start"); }
+  void on_test_epoch_end() override { calls_.push_back("on_test_epoch_end"); }
+  void on_test_batch_start(const volt::Batch&, int64_t i) override {
+    calls_.push_back(with("on_test_batch_start", i));
+  }
+  void on_test_batch_end(const volt::Batch&, int64_t i) override {
+    calls_.push_back(with("on_test_batch_end", i));
+  }
+  void on_predict_model_eval() override {
+    calls_.push_back("on_predict_model_eval");
+    TinyClassifier::on_predict_model_eval();
+  }
+  void on_predict_start() override { calls_.push_back("on_predict_start"); }
+  void on_predict_end() override { calls_.push_back("on_predict_end"); }
+  void on_predict_epoch_start() override { calls_.push_back("on_predict_epoch_start"); }
+  void on_predict_epoch_end() override { calls_.push_back("on_predict_epoch_end"); }
+  void on_predict_batch_start(const volt::Batch&, int64_t i) override {
+    calls_.push_back(with("on_predict_batch_start", i));
+  }
+  void on_predict_batch_end(const at::Tensor&, const volt::Batch&, int64_t i) override {
+    calls_.push_back(with("on_predict_batch_end", i));
+  }
+
+ private:
+  Calls& calls_;
+};
+
+/// Every hook a callback has, recorded with a "Callback." prefix.
+class HookedCallback : public volt::Callback {
+ public:
+  explicit HookedCallback(Calls& calls) : calls_(calls) {}
+  std::string state_key() const override { return "HookedCallback"; }
+
+  void setup(volt::RunContext&, volt::Module&, volt::Stage stage) override {
+    add(std::string("setup ") + volt::to_string(stage));
+  }
+  void teardown(volt::RunContext&, volt::Module&, volt::Stage stage) override {
+    add(std::string("teardown ") + volt::to_string(stage));
+  }
+  void on_fit_start(volt::RunContext&, volt::Module&) override { add("on_fit_start"); }
+  void on_fit_end(volt::RunContext&, volt::Module&) override { add("on_fit_end"); }
+  void on_sanity_check_start(volt::RunContext&, volt::Module&) override {
+    add("on_sanity_check_start");
+  }
+  void on_sanity_check_end(volt::RunContext&, volt::Module&) override {
+    add("on_sanity_check_end");
+  }
+  void on_train_start(volt::RunContext&, volt::Module&) override { add("on_train_start"); }
+  void on_train_end(volt::RunContext&, volt::Module&) override { add("on_train_end"); }
+  void on_train_epoch_start(volt::RunContext&, volt::Module&) override {
+    add("on_train_epoch_start");
+  }
+  void on_train_epoch_end(volt::RunContext&, volt::Module&) override { add("on_train_epoch_end"); }
+  void on_train_batch_start(volt::RunContext&, volt::Module&, const volt::Batch&,
+                            int64_t i) override {
+    add(with("on_train_batch_start", i));
+  }
+  void on_train_batch_end(volt::RunContext&, volt::Module&, const volt::Batch&,
+                          int64_t i) override {
+    add(with("on_train_batch_end", i));
+  }
+  void on_before_backward(volt::RunContext&, volt::Module&, const at::Tensor&) override {
+    add("on_before_backward");
+  }
+  void on_after_backward(volt::RunContext&, volt::Module&) override { add("on_after_backward"); }
+  void on_before_optimizer_step(volt::RunContext&, volt::Module&,
+                                torch::optim::Optimizer&) override {
+    add("on_before_optimizer_step");
+  }
+  void on_before_zero_grad(volt::RunContext&, volt::Module&, torch::optim::Optimizer&) override {
+    add("on_before_zero_grad");
+  }
+  void on_validation_start(volt::RunContext&, volt::Module&) override {
+    add("on_validation_start");
+  }
+  void on_validation_end(volt::RunContext&, volt::Module&) override { add("on_validation_end"); }
+  void on_validation_epoch_start(volt::RunContext&, volt::Module&) override {
+    add("on_validation_epoch_start");
+  }
+  void on_validation_epoch_end(volt::RunContext&, volt::Module&) override {
+    add("on_validation_epoch_end");
+  }
+  void on_validation_batch_start(volt::RunContext&, volt::Module&, const volt::Batch&,
+                                 int64_t i) override {
+    add(with("on_validation_batch_start", i));
+  }
+  void on_validation_batch_end(volt::RunContext&, volt::Module&, const volt::Batch&,
+                               int64_t i) override {
+    add(with("on_validation_batch_end", i));
+  }
+  void on_test_start(volt::RunContext&, volt::Module&) override { add("on_test_start"); }
+  void on_test_end(volt::RunContext&, volt::Module&) override { add("on_test_end"); }
+  void on_test_epoch_start(volt::RunContext&, volt::Module&) override {
+    add("on_test_epoch_start");
+  }
+  void on_test_epoch_end(volt::RunContext&, volt::Module&) override { add("on_test_epoch_end"); }
+  void on_test_batch_start(volt::RunContext&, volt::Module&, const volt::Batch&,
+                           int64_t i) override {
+    add(with("on_test_batch_start", i));
+  }
+  void on_test_batch_end(volt::RunContext&, volt::Module&, const volt::Batch&, int64_t i) override {
+    add(with("on_test_batch_end", i));
+  }
+  void on_predict_start(volt::RunContext&, volt::Module&) override { add("on_predict_start"); }
+  void on_predict_end(volt::RunContext&, volt::Module&) override { add("on_predict_end"); }
+  void on_predict_epoch_start(volt::RunContext&, volt::Module&) override {
+    add("on_predict_epoch_start");
+  }
+  void on_predict_epoch_end(volt::RunContext&, volt::Module&) override {
+    add("on_predict_epoch_end");
+  }
+  void on_predict_batch_start(volt::RunContext&, volt::Module&, const volt::Batch&,
+                              int64_t i) override {
+    add(with("on_predict_batch_start", i));
+  }
+  void on_predict_batch_end(volt::RunContext&, volt::Module&, const at::Tensor&, const volt::Batch&,
+                            int64_t i) override {
+    add(with("on_predict_batch_end", i));
+  }
+  void on_exception(volt::RunContext&, volt::Module&, const std::exception&) override {
+    add("on_exception");
+  }
+
+ private:
+  void add(const std::string& name) { calls_.push_back("Callback." + name); }
+  Calls& calls_;
+};
+
+/// Appends `items` to `out`.
+void append(Calls& out, const Calls& items) {
+  out.insert(out.end(), items.begin(), items.end());
+}
+
+/// Lightning's _eval_epoch + _eval_batch for `fn` ("validation"/"test"), between the start and
+/// end hooks. Departure: at the epoch's end volt calls the module's hook before the callbacks'.
+Calls eval_epoch(const std::string& fn, int64_t batches) {
+  Calls out = {"Callback.on_" + fn + "_epoch_start", "on_" + fn + "_epoch_start"};
+  for (int64_t i = 0; i < batches; ++i) {
+    append(out, {"on_before_batch_transfer", "on_after_batch_transfer",
+                 with("Callback.on_" + fn + "_batch_start", i),
+                 with("on_" + fn + "_batch_start", i), with(fn + "_step", i),
+                 with("Callback.on_" + fn + "_batch_end", i), with("on_" + fn + "_batch_end", i)});
+  }
+  append(out, {"on_" + fn + "_epoch_end", "Callback.on_" + fn + "_epoch_end"});
+  return out;
+}
+
+/// A whole validation (or test) pass, model_eval to model_train.
+Calls eval_pass(const std::string& fn, int64_t batches) {
+  Calls out = {"on_" + fn + "_model_eval", "Callback.on_" + fn + "_start", "on_" + fn + "_start"};
+  append(out, eval_epoch(fn, batches));
+  append(out, {"Callback.on_" + fn + "_end", "on_" + fn + "_end", "on_" + fn + "_model_train"});
+  return out;
+}
+
+/// Lightning's _auto_train_batch. Departure: volt zeroes the gradients after the optimizer step,
+/// so on_before_zero_grad comes after on_before_optimizer_step (Lightning zeroes them before the
+/// backward of the step's first micro-batch).
+Calls train_batches(int64_t batches) {
+  Calls out;
+  for (int64_t i = 0; i < batches; ++i) {
+    append(out,
+           {"on_before_batch_transfer", "on_after_batch_transfer",
+            with("Callback.on_train_batch_start", i), with("on_train_batch_start", i),
+            with("training_step", i), "Callback.on_before_backward", "on_before_backward",
+            "Callback.on_after_backward", "on_after_backward", "Callback.on_before_optimizer_step",
+            "on_before_optimizer_step", "Callback.on_before_zero_grad", "on_before_zero_grad",
+            with("Callback.on_train_batch_end", i), with("on_train_batch_end", i)});
+  }
+  return out;
+}
+
+std::string diff_hint(const Calls& got, const Calls& expected) {
+  size_t i = 0;
+  while (i < got.size() && i < expected.size() && got[i] == expected[i]) ++i;
+  return "first difference at " + std::to_string(i) + ": got '" +
+         (i < got.size() ? got[i] : "<end>") + "', expected '" +
+         (i < expected.size() ? expected[i] : "<end>") + "'";
+}
+
+TEST(Hooks, FitCallsThemInLightningsOrder) {
+  volt_test::TempDir dir;
+  Calls calls;
+  HookedModule model(calls);
+  auto cb = std::make_shared<HookedCallback>(calls);
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .max_epochs(1)
+                            .limit_train_batches(int64_t{2})
+                            .limit_val_batches(int64_t{2})
+                            .num_sanity_val_steps(2)
+                            .callbacks({cb}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)),
+              volt_test::loader(volt_test::blobs(64, 8, 1)));
+  Calls expected = {"configure_callbacks",
+                    "Callback.setup fit",
+                    "setup fit",
+                    "configure_model",
+                    "configure_optimizers",
+                    "Callback.on_fit_start",
+                    "on_fit_start",
+                    "Callback.on_sanity_check_start"};
+  append(expected, eval_pass("validation", 2));
+  append(expected, {"Callback.on_sanity_check_end", "Callback.on_train_start", "on_train_start",
+                    "Callback.on_train_epoch_start", "on_train_epoch_start"});
+  append(expected, train_batches(2));
+  append(expected, eval_pass("validation", 2));
+  append(expected, {"on_train_epoch_end", "Callback.on_train_epoch_end", "Callback.on_train_end",
+                    "on_train_end", "Callback.on_fit_end", "on_fit_end", "Callback.teardown fit",
+                    "teardown fit"});
+  EXPECT_EQ(calls, expected) << diff_hint(calls, expected);
+}
+
+TEST(Hooks, ValidateTestAndPredictCallThemInLightningsOrder) {
+  volt_test::TempDir dir;
+  Calls calls;
+  HookedModule model(calls);
+  auto cb = std::make_shared<HookedCallback>(calls);
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .limit_val_batches(int64_t{2})
+                            .limit_test_batches(int64_t{2})
+                            .limit_predict_batches(int64_t{2})
+                            .callbacks({cb}));
+  const auto data = volt_test::loader(volt_test::blobs(64), 16, false);
+
+  trainer.validate(model, data);
+  Calls expected = {"configure_callbacks", "Callback.setup validate", "setup validate",
+                    "configure_model"};
+  append(expected, eval_pass("validation", 2));
+  append(expected, {"Callback.teardown validate", "teardown validate"});
+  EXPECT_EQ(calls, expected) << diff_hint(calls, expected);
+
+  calls.clear();
+  trainer.test(model, data);
+  expected = {"configure_callbacks", "Callback.setup test", "setup test", "configure_model"};
+  append(expected, eval_pass("test", 2));
+  append(expected, {"Callback.teardown test", "teardown test"});
+  EXPECT_EQ(calls, expected) << diff_hint(calls, expected);
+
+  calls.clear();
+  trainer.predict(model, data);
+  expected = {"configure_callbacks", "Callback.setup predict",          "setup predict",
+              "configure_model",     "on_predict_model_eval",           "Callback.on_predict_start",
+              "on_predict_start",    "Callback.on_predict_epoch_start", "on_predict_epoch_start"};
+  for (int64_t i = 0; i < 2; ++i) {
+    append(expected, {"on_before_batch_transfer", "on_after_batch_transfer",
+                      with("Callback.on_predict_batch_start", i), with("on_predict_batch_start", i),
+                      with("predict_step", i), with("Callback.on_predict_batch_end", i),
+                      with("on_predict_batch_end", i)});
+  }
+  append(expected,
+         {"Callback.on_predict_epoch_end", "on_predict_epoch_end", "Callback.on_predict_end",
+          "on_predict_end", "Callback.teardown predict", "teardown predict"});
+  EXPECT_EQ(calls, expected) << diff_hint(calls, expected);
+}
+
+TEST(Hooks, ManualOptimizationHasNoZeroGradHook) {
+  // As Lightning: on_before_zero_grad belongs to automatic optimization; a manual step calls the
+  // backward and optimizer-step hooks from inside training_step.
+  class Manual : public HookedModule {
+   public:
+    explicit Manual(Calls& calls) : HookedModule(calls) { set_automatic_optimization(false); }
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      auto opt = optimizers().front();
+      opt.zero_grad();
+      manual_backward(torch::cross_entropy_loss(forward(b.input), b.target));
+      opt.step();
+      return {};
+    }
+  };
+  volt_test::TempDir dir;
+  Calls calls;
+  Manual model(calls);
+  auto cb = std::make_shared<HookedCallback>(calls);
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).max_epochs(1).limit_train_batches(int64_t{1}).callbacks({cb}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
+  const Calls batch(std::find(calls.begin(), calls.end(), "Callback.on_train_batch_start 0"),
+                    std::find(calls.begin(), calls.end(), "on_train_batch_end 0") + 1);
+  const Calls expected = {"Callback.on_train_batch_start 0",   "on_train_batch_start 0",
+                          "Callback.on_before_backward",       "on_before_backward",
+                          "Callback.on_after_backward",        "on_after_backward",
+                          "Callback.on_before_optimizer_step", "on_before_optimizer_step",
+                          "Callback.on_train_batch_end 0",     "on_train_batch_end 0"};
+  EXPECT_EQ(batch, expected) << diff_hint(batch, expected);
+}
+
+/// A callback whose setup or teardown throws when asked to.
+class Failing : public volt::Callback {
+ public:
+  Failing(Calls& calls, bool in_setup, bool in_teardown)
+      : calls_(calls), in_setup_(in_setup), in_teardown_(in_teardown) {}
+  std::string state_key() const override { return "Failing"; }
+  void setup(volt::RunContext&, volt::Module&, volt::Stage) override {
+    calls_.push_back("Failing.setup");
+    if (in_setup_) throw std::runtime_error("setup broke");
+  }
+  void teardown(volt::RunContext&, volt::Module&, volt::Stage) override {
+    calls_.push_back("Failing.teardown");
+    if (in_teardown_) throw std::runtime_error("teardown broke");
+  }
+
+ private:
+  Calls& calls_;
+  bool in_setup_, in_teardown_;
+};
+
+/// Records its DataModule hooks.
+class HookedData : public volt::DataModule {
+ public:
+  explicit HookedData(Calls& calls) : calls_(calls) {}
+  void setup(volt::Stage stage) override {
+    calls_.push_back(std::string("DataModule.setup ") + volt::to_string(stage));
+  }
+  void teardown(volt::Stage stage) override {
+    calls_.push_back(std::string("DataModule.teardown ") + volt::to_string(stage));
+  }
+  volt::DataLoader train_dataloader() override { return volt_test::loader(volt_test::blobs(64)); }
+  c10::optional<volt::DataLoader> val_dataloader() override { return train_dataloader(); }
+  c10::optional<volt::DataLoader> test_dataloader() override { return train_dataloader(); }
+  c10::optional<volt::DataLoader> predict_dataloader() override { return train_dataloader(); }
+
+ private:
+  Calls& calls_;
+};
+
+Calls only_set_up_and_teardown(const Calls& calls) {
+  Calls out;
+  for (const auto& c : calls) {
+    if (c.find("setup") != std::string::npos || c.find("teardown") != std::string::npos ||
+        c == "Callback.on_exception") {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+TEST(Hooks, TheDataModuleIsTornDownAfterEveryEntryPointBeforeTheCallbacksAndTheModule) {
+  volt_test::TempDir dir;
+  Calls calls;
+  HookedModule model(calls);
+  HookedData data(calls);
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .max_epochs(1)
+                            .limit_train_batches(int64_t{1})
+                            .limit_val_batches(int64_t{1})
+                            .limit_test_batches(int64_t{1})
+                            .limit_predict_batches(int64_t{1})
+                            .callbacks({std::make_shared<HookedCallback>(calls)}));
+  trainer.fit(model, data);
+  trainer.validate(model, data);
+  trainer.test(model, data);
+  trainer.predict(model, data);
+  Calls expected;
+  for (const char* stage : {"fit", "validate", "test", "predict"}) {
+    const std::string s = stage;
+    // fit() sets its DataModule up inside the run, validate/test/predict before it (as before).
+    if (s == "fit") {
+      append(expected, {"Callback.setup fit", "setup fit", "DataModule.setup fit"});
+    } else {
+      append(expected, {"DataModule.setup " + s, "Callback.setup " + s, "setup " + s});
+    }
+    append(expected, {"DataModule.teardown " + s, "Callback.teardown " + s, "teardown " + s});
+  }
+  const Calls got = only_set_up_and_teardown(calls);
+  EXPECT_EQ(got, expected) << diff_hint(got, expected);
+}
+
+TEST(Hooks, AFailedRunTearsDownWhatWasSetUpAfterOnException) {
+  class Breaks : public HookedModule {
+   public:
+    using HookedModule::HookedModule;
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      throw std::runtime_error("step broke");
+    }
+  };
+  volt_test::TempDir dir;
+  Calls calls;
+  Breaks model(calls);
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).callbacks(
+      {std::make_shared<HookedCallback>(calls), std::make_shared<Failing>(calls, false, true)}));
+  const auto logs = volt_test::capture_logs([&] {
+    EXPECT_THROW(trainer.fit(model, volt_test::loader(volt_test::blobs(64))), std::runtime_error);
+  });
+  // A teardown failing after a failure is logged; the run's own error is the one thrown.
+  const Calls expected = {"Callback.setup fit",    "Failing.setup",         "setup fit",
+                          "Callback.on_exception", "Callback.teardown fit", "Failing.teardown",
+                          "teardown fit"};
+  const Calls got = only_set_up_and_teardown(calls);
+  EXPECT_EQ(got, expected) << diff_hint(got, expected);
+  EXPECT_TRUE(volt_test::has(logs, "Failing.teardown failed: teardown broke"));
+}
+
+TEST(Hooks, ASetupThatThrowsLeavesItselfAndWhatCameAfterItUntornDown) {
+  volt_test::TempDir dir;
+  Calls calls;
+  HookedModule model(calls);
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).callbacks(
+      {std::make_shared<HookedCallback>(calls), std::make_shared<Failing>(calls, true, false)}));
+  EXPECT_THROW(trainer.fit(model, volt_test::loader(volt_test::blobs(64))), std::runtime_error);
+  const Calls expected = {"Callback.setup fit", "Failing.setup", "Callback.on_exception",
+                          "Callback.teardown fit"};
+  const Calls got = only_set_up_and_teardown(calls);
+  EXPECT_EQ(got, expected) << diff_hint(got, expected);
+}
+
+TEST(Hooks, ATeardownThatThrowsFailsASuccessfulRunAndTheOthersStillTearDown) {
+  volt_test::TempDir dir;
+  Calls calls;
+  HookedModule model(calls);
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .limit_val_batches(int64_t{1})
+                            .callbacks({std::make_shared<Failing>(calls, false, true),
+                                        std::make_shared<HookedCallback>(calls)}));
+  const std::string what = volt_test::error_of<std::runtime_error>(
+      [&] { trainer.validate(model, volt_test::loader(volt_test::blobs(64))); });
+  EXPECT_EQ(what, "teardown broke");
+  // The others are still torn down, and not twice: the failure path finds nothing left.
+  const Calls expected = {"Failing.setup",        "Callback.setup validate",    "setup validate",
+                          "Failing.teardown",     "Callback.teardown validate", "teardown validate",
+                          "Callback.on_exception"};
+  const Calls got = only_set_up_and_teardown(calls);
+  EXPECT_EQ(got, expected) << diff_hint(got, expected);
+}
+
+/// A module whose head is built in configure_model and whose body is frozen in setup.
+class Lazy : public volt::Module {
+ public:
+  Lazy() { body = register_module("body", torch::nn::Linear(8, 8)); }
+  void setup(volt::Stage) override { body->weight.set_requires_grad(false); }
+  void configure_model() override {
+    if (!head) head = register_module("head", torch::nn::Linear(8, 2));
+    ++configured;
+  }
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    return torch::cross_entropy_loss(head->forward(torch::relu(body->forward(b.input))), b.target);
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    std::vector<torch::Tensor> trainable;
+    for (auto& p : parameters()) {
+      if (p.requires_grad()) trainable.push_back(p);
+    }
+    return {volt::OptimizerConfig(
+        std::make_shared<torch::optim::SGD>(trainable, torch::optim::SGDOptions(0.1)))};
+  }
+  torch::nn::Linear body{nullptr}, head{nullptr};
+  int configured = 0;
+};
+
+TEST(Hooks, SetupFreezesAndConfigureModelBuildsLayersBeforeTheOptimizersAreMade) {
+  volt_test::TempDir dir;
+  Lazy model;
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).limit_train_batches(int64_t{3}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
+  ASSERT_TRUE(model.head);
+  const auto body_w = model.body->weight.clone();
+  const auto head_w = model.head->weight.clone();
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
+  EXPECT_EQ(model.configured, 2);
+  EXPECT_TRUE(torch::equal(model.body->weight, body_w));   // frozen in setup: never stepped
+  EXPECT_FALSE(torch::equal(model.head->weight, head_w));  // built in configure_model: trained
+}
+
+/// Dropout stays on in validation (the override), and a BatchNorm kept in eval mode from
+/// on_train_epoch_start (fit puts the module in training mode just before) stays in eval mode
+/// after each validation inside the epoch (the default on_validation_model_train).
+class Modes : public volt_test::TinyClassifier {
+ public:
+  Modes() { norm = register_module("norm", torch::nn::BatchNorm1d(16)); }
+  void on_validation_model_eval() override {
+    eval();
+    drop->train();
+  }
+  void validation_step(const volt::Batch& b, int64_t i) override {
+    EXPECT_TRUE(drop->is_training());
+    EXPECT_FALSE(fc1->is_training());
+    ++validated;
+  }
+  void on_train_epoch_start() override { norm->eval(); }
+  void on_train_batch_start(const volt::Batch&, int64_t) override {
+    EXPECT_TRUE(is_training());
+    EXPECT_TRUE(fc1->is_training());
+    EXPECT_FALSE(norm->is_training());
+  }
+  torch::nn::BatchNorm1d norm{nullptr};
+  int validated = 0;
+};
+
+TEST(Hooks, EvaluationPassesPutEveryModuleBackInItsModeAndTheEvalHookCanKeepDropoutOn) {
+  volt_test::TempDir dir;
+  Modes model;
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .max_epochs(1)
+                            .limit_train_batches(int64_t{4})
+                            .limit_val_batches(int64_t{1})
+                            .val_check_interval(int64_t{2})
+                            .num_sanity_val_steps(1));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)),
+              volt_test::loader(volt_test::blobs(64, 8, 1)));
+  EXPECT_EQ(model.validated, 3);  // the sanity check and two validations inside the epoch
+  EXPECT_TRUE(model.is_training());
+  EXPECT_FALSE(model.norm->is_training());
+  // validate() and predict() leave the module as they found it, here all in eval mode.
+  model.eval();
+  trainer.validate(model, volt_test::loader(volt_test::blobs(64)));
+  trainer.predict(model, volt_test::loader(volt_test::blobs(64)));
+  EXPECT_FALSE(model.is_training());
+  EXPECT_FALSE(model.drop->is_training());
+}
+
+/// Lightning's recommended pattern: collect in validation_step, reduce and clear in
+/// on_validation_epoch_end. The sanity check runs the epoch hooks too, so its batches never
+/// leak into the first real validation.
+class Collects : public volt_test::TinyClassifier {
+ public:
+  void validation_step(const volt::Batch& b, int64_t i) override {
+    outputs.push_back(b.size());
+    TinyClassifier::validation_step(b, i);
+  }
+  void on_validation_epoch_end() override {
+    seen.push_back(static_cast<int64_t>(outputs.size()));
+    log("val_seen", static_cast<double>(outputs.size()));
+    outputs.clear();
+  }
+  std::vector<int64_t> outputs;
+  std::vector<int64_t> seen;
+};
+
+TEST(Hooks, TheSanityCheckRunsTheValidationEpochHooksAndDropsWhatTheyLog) {
+  volt_test::TempDir dir;
+  Collects model;
+  auto logger = std::make_shared<volt_test::MemoryLogger>();
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .max_epochs(1)
+                            .limit_train_batches(int64_t{2})
+                            .limit_val_batches(int64_t{3})
+                            .num_sanity_val_steps(2)
+                            .loggers({logger}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)),
+              volt_test::loader(volt_test::blobs(64, 8, 1)));
+  EXPECT_EQ(model.seen, (std::vector<int64_t>{2, 3}));
+  const auto logged = logger->with("val_seen");
+  ASSERT_EQ(logged.size(), 1u);  // the sanity check's value went nowhere
+  EXPECT_EQ(logged[0].second.at("val_seen"), 3.0);
+}
+
+/// Brings its own callbacks.
+class Bringing : public volt_test::TinyClassifier {
+ public:
+  std::vector<std::shared_ptr<volt::Callback>> configure_callbacks() override { return own; }
+  std::vector<std::shared_ptr<volt::Callback>> own;
+};
+
+TEST(Hooks, ConfigureCallbacksReplacesTheTrainersOfItsTypeAndCheckpointsGoLast) {
+  volt_test::TempDir dir;
+  Bringing model;
+  auto early = std::make_shared<volt::EarlyStopping>(
+      volt::EarlyStoppingOptions("val_acc").mode(volt::Mode::kMax).patience(10));
+  model.own = {early};
+  auto checkpoint = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "ckpt").monitor("val_loss"));
+  auto trainers_early =
+      std::make_shared<volt::EarlyStopping>(volt::EarlyStoppingOptions("val_loss"));
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .max_epochs(2)
+                            .limit_train_batches(int64_t{2})
+                            .limit_val_batches(int64_t{1})
+                            .callbacks({checkpoint, trainers_early}));
+  const auto lines = volt_test::capture_logs([&] {
+    trainer.fit(model, volt_test::loader(volt_test::blobs(64)),
+                volt_test::loader(volt_test::blobs(64, 8, 1)));
+  });
+  ASSERT_EQ(trainer.callbacks().size(), 2u);
+  EXPECT_EQ(trainer.callbacks()[0], early);       // the module's, in place of the Trainer's
+  EXPECT_EQ(trainer.callbacks()[1], checkpoint);  // checkpoints last
+  EXPECT_TRUE(volt_test::has(
+      lines, "the module's configure_callbacks() replaces the Trainer's volt::EarlyStopping."));
+  EXPECT_EQ(trainer.state().epoch, 1);  // it ran: val_acc, mode max, patience 10
+  // Asked again at the next entry point: the same object stays, nothing is replaced twice.
+  const auto again = volt_test::capture_logs(
+      [&] { trainer.validate(model, volt_test::loader(volt_test::blobs(64))); });
+  EXPECT_EQ(trainer.callbacks()[0], early);
+  EXPECT_FALSE(volt_test::has(again, "replaces"));
+}
+
+TEST(Hooks, ConfigureCallbacksWithANullOrADuplicateStateKeyIsAConfigError) {
+  volt_test::TempDir dir;
+  Bringing model;
+  model.own = {nullptr};
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1));
+  const auto data = volt_test::loader(volt_test::blobs(64));
+  EXPECT_TRUE(
+      volt_test::has(volt_test::error_of<volt::ConfigError>([&] { trainer.fit(model, data); }),
+                     "[Trainer] configure_callbacks() returned a null callback"));
+  Calls calls;
+  volt::Trainer with_one(volt_test::quiet(dir.path).max_epochs(1).callbacks(
+      {std::make_shared<HookedCallback>(calls)}));
+  // A different type with the same key as one the Trainer has.
+  class SameKey : public volt::Callback {
+   public:
+    std::string state_key() const override { return "HookedCallback"; }
+  };
+  model.own = {std::make_shared<SameKey>()};
+  EXPECT_TRUE(
+      volt_test::has(volt_test::error_of<volt::ConfigError>([&] { with_one.fit(model, data); }),
+                     "share state_key \"HookedCallback\""));
+}
+
+TEST(Hooks, ATunersTrialsRunWithoutTheModulesCallbacks) {
+  // As Lightning's tuners, whose trials run without the run's callbacks: a ModelCheckpoint the
+  // module brings saves nothing during lr_find's trial steps, and saves in the fit after it.
+  volt_test::TempDir dir;
+  Bringing model;
+  model.own = {std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "ckpt").every_n_train_steps(1).save_last(true))};
+  const auto data = volt_test::loader(volt_test::blobs(64));
+  const auto found = volt::lr_find(model, data, volt_test::quiet(dir.path),
+                                   volt::LrFinderOptions().num_training(5));
+  EXPECT_FALSE(found.lrs.empty());
+  EXPECT_FALSE(std::filesystem::exists(dir / "ckpt"));
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).limit_train_batches(int64_t{2}));
+  trainer.fit(model, data);
+  EXPECT_TRUE(std::filesystem::exists(dir / "ckpt/last.ckpt"));
+}
+
+/// Marks the batch on the host, checks the mark and replaces the inputs on the device.
+class Transfers : public volt_test::TinyClassifier {
+ public:
+  volt::Batch on_before_batch_transfer(volt::Batch batch) override {
+    EXPECT_TRUE(batch.input.device().is_cpu());
+    batch.extra["seen_on_host"] = torch::ones({1});
+    return batch;
+  }
+  volt::Batch on_after_batch_transfer(volt::Batch batch) override {
+    EXPECT_EQ(batch.extra.count("seen_on_host"), 1u);
+    batch.input = torch::full_like(batch.input, 2.0);
+    return batch;
+  }
+  torch::Tensor predict_step(const volt::Batch& b, int64_t) override { return b.input; }
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    EXPECT_TRUE(torch::all(b.input == 2.0).item<bool>());
+    ++steps;
+    return TinyClassifier::training_step(b, i);
+  }
+  int steps = 0;
+};
+
+TEST(Hooks, TheBatchTransferHooksChangeTheBatchEveryLoopRuns) {
+  volt_test::TempDir dir;
+  Transfers model;
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).limit_train_batches(int64_t{3}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
+  EXPECT_EQ(model.steps, 3);
+  const auto out = trainer.predict(model, volt_test::loader(volt_test::blobs(32), 16, false));
+  ASSERT_EQ(out.size(), 2u);
+  for (const auto& t : out) EXPECT_TRUE(torch::all(t == 2.0).item<bool>());
+}
+
+}  // namespace
