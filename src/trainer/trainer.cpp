@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <set>
 #include <string>
@@ -210,6 +211,11 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
   if (!has_bar && s.opts.enable_progress_bar()) {
     s.callbacks.push_back(std::make_shared<ProgressBar>(s.opts.progress_refresh_s()));
   }
+  // As Lightning: checkpoints last, so that a checkpoint written at a hook holds what the other
+  // callbacks did at it (EarlyStopping's count at on_validation_end).
+  std::stable_partition(s.callbacks.begin(), s.callbacks.end(), [](const auto& c) {
+    return dynamic_cast<ModelCheckpoint*>(c.get()) == nullptr;
+  });
 }
 
 Trainer::~Trainer() = default;

@@ -694,6 +694,50 @@ TEST(Hooks, ConfigureCallbacksReplacesTheTrainersOfItsTypeAndCheckpointsGoLast) 
   EXPECT_FALSE(volt_test::has(again, "replaces"));
 }
 
+TEST(Hooks, ACheckpointAtValidationEndHoldsEarlyStoppingsCountWhicheverOrderTheyAreGiven) {
+  // ModelCheckpoint saves last.ckpt at on_validation_end. Given before EarlyStopping it would
+  // save the count of the validation before; given after, the checkpoint said the validation was
+  // still due, and a resumed fit ran it again and counted it twice (volt until session 45).
+  // Now checkpoints run last (as Lightning) and the checkpoint records the validation as run.
+  for (const bool checkpoint_first : {true, false}) {
+    SCOPED_TRACE(checkpoint_first ? "ModelCheckpoint given first" : "EarlyStopping given first");
+    volt_test::TempDir dir;
+    auto make = [&] {
+      std::vector<std::shared_ptr<volt::Callback>> cbs{
+          std::make_shared<volt::EarlyStopping>(
+              volt::EarlyStoppingOptions("val_loss").min_delta(100.0).patience(100)),
+          std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                      .dirpath(dir / "ckpt")
+                                                      .monitor("val_loss")
+                                                      .save_last(true))};
+      if (checkpoint_first) std::swap(cbs[0], cbs[1]);
+      return cbs;
+    };
+    auto options = [&](const std::vector<std::shared_ptr<volt::Callback>>& cbs, int64_t epochs) {
+      return volt_test::quiet(dir.path)
+          .max_epochs(epochs)
+          .limit_train_batches(int64_t{2})
+          .limit_val_batches(int64_t{1})
+          .callbacks(cbs);
+    };
+    auto early_of = [](const volt::Trainer& t) {
+      return std::dynamic_pointer_cast<volt::EarlyStopping>(t.callbacks().front());
+    };
+    const auto train = volt_test::loader(volt_test::blobs(64));
+    const auto val = volt_test::loader(volt_test::blobs(64, 8, 1));
+    volt::Trainer trainer(options(make(), 3));
+    ASSERT_TRUE(early_of(trainer));  // EarlyStopping first, the checkpoint last
+    volt_test::TinyClassifier model;
+    trainer.fit(model, train, val);
+    EXPECT_EQ(early_of(trainer)->wait_count(), 2);  // the first set the best, two did not improve
+    // Resumed from the last checkpoint for one more epoch: one more validation, counted once.
+    volt::Trainer resumed(options(make(), 4));
+    volt_test::TinyClassifier other;
+    resumed.fit(other, train, val, dir / "ckpt/last.ckpt");
+    EXPECT_EQ(early_of(resumed)->wait_count(), 3);
+  }
+}
+
 TEST(Hooks, ConfigureCallbacksWithANullOrADuplicateStateKeyIsAConfigError) {
   volt_test::TempDir dir;
   Bringing model;

@@ -92,6 +92,10 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
     r.module_hook("on_validation_epoch_end", [&](Module& mm) { mm.on_validation_epoch_end(); });
   }
   if (!sanity) result = r.flush_epoch(r.eval_metrics, true);
+  // The pass has run: a checkpoint written from here on (ModelCheckpoint's at
+  // on_validation_end) records it as done, so a resumed fit does not run it again (its
+  // callbacks would count it twice).
+  if (r.st.stage == Stage::kFit && !is_test) r.st.val_pending = false;
   if (is_test) {
     r.callback_hook("on_test_epoch_end", [&](Callback& c) { c.on_test_epoch_end(r, m); });
     r.hook(
