@@ -6,6 +6,7 @@
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
+#include "volt/data/data_module.h"
 #include "volt/optim/lr_scheduler.h"
 
 namespace volt {
@@ -79,12 +80,18 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root) {
     }
   });
   write_nested(root, "precision", [&](auto& ar) { strategy.precision().save_state(ar); });
+  if (run.data != nullptr) {
+    write_nested(root, "datamodule", [&](auto& ar) {
+      Run::Part part(run, "DataModule.save_state");
+      run.data->save_state(ar);
+    });
+  }
   write_nested(root, "module", [&](auto& user) {
     run.module_hook("on_save_checkpoint", [&](Module& m) { m.on_save_checkpoint(user); });
   });
 }
 
-void restore_checkpoint(Run& run, const std::string& path, bool full) {
+bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   Strategy& strategy = run.strategy();
   Module& module = *run.module;
   LoopState& st = run.st;
@@ -102,7 +109,14 @@ void restore_checkpoint(Run& run, const std::string& path, bool full) {
   } catch (const CheckpointError& e) {
     throw CheckpointError(std::string(e.what()) + " (checkpoint: '" + path + "')");
   }
-  if (!full) return;
+  bool data_restored = false;
+  torch::serialize::InputArchive data_ar;
+  if (run.data != nullptr && root.try_read("datamodule", data_ar)) {
+    Run::Part part(run, "DataModule.load_state");
+    run.data->load_state(data_ar);
+    data_restored = true;
+  }
+  if (!full) return data_restored;
 
   torch::serialize::InputArchive loop;
   root.read("loop", loop);
@@ -187,6 +201,7 @@ void restore_checkpoint(Run& run, const std::string& path, bool full) {
   torch::serialize::InputArchive user;
   root.read("module", user);
   run.module_hook("on_load_checkpoint", [&](Module& m) { m.on_load_checkpoint(user); });
+  return data_restored;
 }
 
 std::string newest_last_checkpoint(Run& run) {

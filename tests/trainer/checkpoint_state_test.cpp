@@ -1,5 +1,8 @@
-// ckpt_path "last" and "best": resolved through the run's ModelCheckpoint.
+// ckpt_path "last" and "best": resolved through the run's ModelCheckpoint; a DataModule's state
+// in checkpoints.
 #include <gtest/gtest.h>
+
+#include <torch/serialize/archive.h>
 
 #include "tiny.h"
 
@@ -93,6 +96,85 @@ TEST(CheckpointPath, LastNeedsAModelCheckpoint) {
     FAIL() << "expected ConfigError";
   } catch (const volt::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("needs a ModelCheckpoint callback"), std::string::npos);
+  }
+}
+
+/// A curriculum: `level` (its checkpointed state) sets how many 16-row batches the training
+/// loader has; Harder raises it at each epoch's end.
+class Curriculum : public volt::DataModule {
+ public:
+  volt::DataLoader train_dataloader() override {
+    ++built;
+    return volt_test::loader(volt_test::blobs(16 * (level + 1)), 16, false);
+  }
+  c10::optional<volt::DataLoader> val_dataloader() override {
+    return volt_test::loader(volt_test::blobs(16 * (level + 1), 8, 1), 16, false);
+  }
+  void save_state(torch::serialize::OutputArchive& ar) const override {
+    ar.write("level", c10::IValue(level));
+  }
+  void load_state(torch::serialize::InputArchive& ar) override {
+    c10::IValue v;
+    ar.read("level", v);
+    level = v.toInt();
+  }
+  int64_t level = 0;
+  int built = 0;
+};
+
+class Harder : public volt::Callback {
+ public:
+  std::string state_key() const override { return "Harder"; }
+  void on_train_epoch_end(volt::RunContext& run, volt::Module&) override {
+    ++dynamic_cast<Curriculum&>(*run.data_module()).level;
+  }
+};
+
+TEST(DataModuleState, AResumedFitBuildsItsLoadersFromTheRestoredState) {
+  for (const int64_t reload_every : {0, 1}) {
+    SCOPED_TRACE("reload_dataloaders_every_n_epochs=" + std::to_string(reload_every));
+    volt_test::TempDir dir;
+    auto options = [&](int64_t epochs) {
+      return quiet(dir.path)
+          .max_epochs(epochs)
+          .limit_val_batches(int64_t{0})
+          .reload_dataloaders_every_n_epochs(reload_every)
+          .callbacks({std::make_shared<Harder>(),
+                      std::make_shared<volt::ModelCheckpoint>(
+                          volt::ModelCheckpointOptions().dirpath(dir / "ckpt").save_last(true))});
+    };
+    // Levels 0, 1, 2 in one run: 1 + 2 + 3 batches with reloads, 3 x 1 without.
+    Curriculum whole;
+    TinyClassifier model;
+    volt::Trainer uninterrupted(options(3));
+    uninterrupted.fit(model, whole);
+    const int64_t steps = uninterrupted.state().global_step;
+    EXPECT_EQ(steps, reload_every == 1 ? 6 : 3);
+    EXPECT_EQ(whole.level, 3);
+    // Two epochs, then a fresh DataModule (level 0) resumed from last.ckpt: level 2 comes back
+    // before the loaders are built again. With reloads the third epoch is the uninterrupted
+    // one; without, the resumed fit builds its loader from the restored level (3 batches, as
+    // Lightning, which restores the state before asking for loaders), where the uninterrupted
+    // fit kept the one it built from level 0.
+    {
+      Curriculum first;
+      TinyClassifier m;
+      volt::Trainer t(options(2));
+      t.fit(m, first);
+    }
+    Curriculum resumed;
+    TinyClassifier m;
+    volt::Trainer t(options(3));
+    t.fit(m, resumed, dir / "ckpt/last.ckpt");
+    EXPECT_EQ(resumed.level, 3);
+    EXPECT_EQ(t.state().global_step, reload_every == 1 ? steps : 2 + 3);
+    EXPECT_EQ(resumed.built, 2);  // before the restore, and from the restored state
+    // validate() with the checkpoint reads the state before asking for its loader.
+    Curriculum evaluated;
+    TinyClassifier e;
+    volt::Trainer v(quiet(dir.path));
+    v.validate(e, evaluated, dir / "ckpt/last.ckpt");
+    EXPECT_EQ(evaluated.level, 3);
   }
 }
 

@@ -6,6 +6,13 @@
 #include "volt/core/types.h"
 #include "volt/data/data_loader.h"
 
+namespace torch {
+namespace serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace serialize
+}  // namespace torch
+
 namespace volt {
 
 /// Override setup() to load data and the *_dataloader() methods the stages you run need.
@@ -27,6 +34,13 @@ class DataModule {
   virtual c10::optional<int64_t> batch_size() const { return c10::nullopt; }
   /// Sets the batch size the next *_dataloader() calls build with. The default throws ConfigError.
   virtual void set_batch_size(int64_t batch_size);
+
+  /// State kept in checkpoints (Lightning's LightningDataModule.state_dict/load_state_dict): every
+  /// checkpoint a run given this DataModule writes holds what save_state writes; load_state
+  /// reads it back when fit resumes (the loaders are then built again from the restored state)
+  /// and when validate/test/predict load a checkpoint (before their loader is asked for).
+  virtual void save_state(torch::serialize::OutputArchive& archive) const {}
+  virtual void load_state(torch::serialize::InputArchive& archive) {}
 
   /// The epoch the Trainer asks for loaders of, so that train_dataloader() can build
   /// epoch-dependent data (a curriculum): 0 when fit starts, then N, 2N... with

@@ -314,7 +314,8 @@ class Run : public RunContext {
 /// Assembles the full checkpoint (weights, optimizers, loop, RNG, callbacks, loggers, ...).
 void write_checkpoint(Run& run, torch::serialize::OutputArchive& root);
 /// Restores a checkpoint; `full` = everything (resume), else weights only (validate/test).
-void restore_checkpoint(Run& run, const std::string& path, bool full);
+/// Returns whether the checkpoint held the running DataModule's state (read into it).
+bool restore_checkpoint(Run& run, const std::string& path, bool full);
 /// Resolves ckpt_path "last" / "best" through the run's ModelCheckpoint callbacks; other paths
 /// are returned unchanged. "last" with no checkpoint on disk returns "" (start fresh, warned).
 std::string resolve_ckpt_path(Run& run, const std::string& ckpt_path, Stage stage);

@@ -304,7 +304,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   restart = r.broadcast_string(restart);
   const std::string ckpt =
       !restart.empty() ? restart : resolve_ckpt_path(r, ckpt_path, Stage::kFit);
-  if (!ckpt.empty()) restore_checkpoint(r, ckpt, /*full=*/true);
+  const bool data_restored = !ckpt.empty() && restore_checkpoint(r, ckpt, /*full=*/true);
   // A resumed fit asks for the loaders the uninterrupted fit would be using: those of the last
   // multiple of N at or before the epoch it resumes at (the next epoch when the checkpoint was
   // written at an epoch's end), so that the resume stays exact. Lightning counts N from the
@@ -312,7 +312,11 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
   if (reload_every > 0) {
     const int64_t first_epoch = r.st.epoch + (r.st.epoch_finished ? 1 : 0);
     const int64_t due = first_epoch - first_epoch % reload_every;
-    if (due != loaded_epoch) reload_for(due);
+    if (due != loaded_epoch || data_restored) reload_for(due);
+  } else if (data_restored && reload) {
+    // The DataModule's restored state is what its loaders are built from (Lightning restores
+    // it before asking for them).
+    reload_for(loaded_epoch);
   }
   // The loop zeroes gradients after each step, not before: whatever the parameters hold now (an
   // elastic restart's failed attempt died inside a backward; a program's own backward before
