@@ -375,7 +375,7 @@ void Run::teardown_hooks(Module& m, Stage stage, bool failed) {
     }
   };
   if (data_too != nullptr) {
-    call("the DataModule", [&] {
+    call("DataModule", [&] {
       Part part(*this, "DataModule.teardown");
       data_too->teardown(stage);
     });
@@ -389,7 +389,7 @@ void Run::teardown_hooks(Module& m, Stage stage, bool failed) {
     });
   }
   if (module_too) {
-    call("the module", [&] { module_hook("teardown", [&](Module& mm) { mm.teardown(stage); }); });
+    call("Module", [&] { module_hook("teardown", [&](Module& mm) { mm.teardown(stage); }); });
   }
   if (first) std::rethrow_exception(first);
 }

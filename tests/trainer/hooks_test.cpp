@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "error_text.h"
 #include "log_capture.h"
@@ -718,6 +719,7 @@ TEST(Hooks, ACheckpointAtValidationEndHoldsEarlyStoppingsCountWhicheverOrderThey
           .max_epochs(epochs)
           .limit_train_batches(int64_t{2})
           .limit_val_batches(int64_t{1})
+          .logger(true)  // a CSVLogger, resumed with the fit
           .callbacks(cbs);
     };
     auto early_of = [](const volt::Trainer& t) {
@@ -735,6 +737,25 @@ TEST(Hooks, ACheckpointAtValidationEndHoldsEarlyStoppingsCountWhicheverOrderThey
     volt_test::TinyClassifier other;
     resumed.fit(other, train, val, dir / "ckpt/last.ckpt");
     EXPECT_EQ(early_of(resumed)->wait_count(), 3);
+    // The CSV has one val_loss row per epoch: the resumed fit did not validate epoch 2 again.
+    std::ifstream csv(resumed.log_dir() + "/metrics.csv");
+    std::string header, line;
+    std::getline(csv, header);
+    size_t column = 0;
+    for (size_t at = 0; at < header.find("val_loss"); ++at) column += header[at] == ',';
+    int rows = 0;
+    while (std::getline(csv, line)) {
+      std::vector<std::string> cells(1);
+      for (char ch : line) {
+        if (ch == ',') {
+          cells.emplace_back();
+        } else {
+          cells.back().push_back(ch);
+        }
+      }
+      rows += column < cells.size() && !cells[column].empty();
+    }
+    EXPECT_EQ(rows, 4) << resumed.log_dir();
   }
 }
 
