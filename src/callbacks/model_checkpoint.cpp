@@ -161,6 +161,8 @@ void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
     best_k_models_.clear();
     last_model_path_.clear();
     latest_path_.clear();
+    last_saved_step_ = -1;  // nothing of this step is in the new folder
+    last_saved_epoch_ = -1;
   }
   restored_dirpath_.clear();
   validated_ = false;
@@ -339,6 +341,11 @@ void ModelCheckpoint::save_state(torch::serialize::OutputArchive& ar) const {
   ar.write("last_model_path", c10::IValue(last_model_path_));
   ar.write("latest_path", c10::IValue(latest_path_));
   ar.write("dirpath", c10::IValue(dirpath_));
+  // Written by save() itself, so a checkpoint this callback writes says it saved its step: a fit
+  // resumed from it does not save that step again (at on_train_epoch_end after a checkpoint
+  // written at on_validation_end, whose validation it does not run again).
+  ar.write("last_saved_step", c10::IValue(last_saved_step_));
+  ar.write("last_saved_epoch", c10::IValue(last_saved_epoch_));
 }
 
 void ModelCheckpoint::load_state(torch::serialize::InputArchive& ar) {
@@ -359,11 +366,13 @@ void ModelCheckpoint::load_state(torch::serialize::InputArchive& ar) {
   // Compared with this run's folder at fit start (on_fit_start), which is resolved from this
   // run's options and log_dir, not taken from the checkpoint.
   restored_dirpath_ = dir.toStringRef();
-  // Nothing is saved yet in the restored run. A process that lives through an elastic restart
-  // (the launching rank) must not keep the failed attempt's "already saved at this step":
-  // saving is collective, and the relaunched ranks would save where this one skips.
-  last_saved_step_ = -1;
-  last_saved_epoch_ = -1;
+  // What the checkpoint says was saved (every rank reads the same file), never what this process
+  // remembers: a process that lives through an elastic restart (the launching rank) must not
+  // keep the failed attempt's "already saved at this step", since saving is collective and the
+  // relaunched ranks would save where this one skips. Older checkpoints: nothing saved.
+  c10::IValue step, epoch;
+  last_saved_step_ = ar.try_read("last_saved_step", step) ? step.toInt() : -1;
+  last_saved_epoch_ = ar.try_read("last_saved_epoch", epoch) ? epoch.toInt() : -1;
 }
 
 std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o) {
