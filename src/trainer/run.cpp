@@ -313,21 +313,7 @@ void Run::attach_model_callbacks(Module& m) {
     callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(), same_type), callbacks.end());
     if (std::find(callbacks.begin(), callbacks.end(), c) == callbacks.end()) callbacks.push_back(c);
   }
-  auto is_checkpoint = [](const std::shared_ptr<Callback>& c) {
-    return dynamic_cast<ModelCheckpoint*>(c.get()) != nullptr;
-  };
-  if (fast_dev) {  // a smoke test writes no checkpoint, whoever configured the callback
-    callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(), is_checkpoint),
-                    callbacks.end());
-  }
-  std::stable_partition(callbacks.begin(), callbacks.end(),
-                        [&](const auto& c) { return !is_checkpoint(c); });
-  std::set<std::string> keys;
-  for (const auto& c : callbacks) {
-    VOLT_CHECK(keys.insert(c->state_key()).second, ConfigError, "[Trainer] the callbacks of ",
-               "configure_callbacks() and the Trainer's share state_key \"", c->state_key(),
-               "\"; give them distinct options (e.g. monitor) or return one of a type.");
-  }
+  arrange_callbacks();
   if (!replaced.empty() && is_global_zero()) {
     std::sort(replaced.begin(), replaced.end());
     replaced.erase(std::unique(replaced.begin(), replaced.end()), replaced.end());
@@ -335,6 +321,32 @@ void Run::attach_model_callbacks(Module& m) {
     for (const auto& n : replaced) names += (names.empty() ? "" : ", ") + n;
     log_info("Trainer", "the module's configure_callbacks() replaces the Trainer's " + names + ".");
   }
+}
+
+void Run::arrange_callbacks() {
+  std::set<std::string> keys;
+  for (const auto& c : callbacks) {
+    VOLT_CHECK(keys.insert(c->state_key()).second, ConfigError,
+               "[Trainer] two callbacks share state_key \"", c->state_key(),
+               "\"; give them distinct options (e.g. monitor); a module's configure_callbacks() "
+               "adds to the Trainer's callbacks (one of a type replaces the Trainer's).");
+  }
+  auto is_checkpoint = [](const std::shared_ptr<Callback>& c) {
+    return dynamic_cast<ModelCheckpoint*>(c.get()) != nullptr;
+  };
+  if (fast_dev) {  // a smoke test writes no checkpoint, whoever configured the callback
+    callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(), is_checkpoint),
+                    callbacks.end());
+  }
+  // As Lightning: checkpoints last, so that a checkpoint written at a hook holds what the other
+  // callbacks did at it (EarlyStopping's count at on_validation_end).
+  std::stable_partition(callbacks.begin(), callbacks.end(),
+                        [&](const auto& c) { return !is_checkpoint(c); });
+}
+
+void Run::setup_data(Stage stage) {
+  data->setup(stage);
+  data_set_up = true;
 }
 
 Batch Run::transfer(Batch raw) {
@@ -380,13 +392,10 @@ void Run::teardown_hooks(Module& m, Stage stage, bool failed) {
       data_too->teardown(stage);
     });
   }
+  auto teardown = [&](Callback& c) { c.teardown(*this, m, stage); };
   for (size_t i = 0; i < n; ++i) {
     Callback& c = *callbacks[i];
-    call(c.state_key(), [&] {
-      Part part(*this, "teardown", &c);
-      if (prof == nullptr) return c.teardown(*this, m, stage);
-      timed("[Callback]" + c.state_key() + ".teardown", [&] { c.teardown(*this, m, stage); });
-    });
+    call(c.state_key(), [&] { call_callback("teardown", c, teardown); });
   }
   if (module_too) {
     call("Module", [&] { module_hook("teardown", [&](Module& mm) { mm.teardown(stage); }); });

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <set>
 #include <string>
 
 #include "trainer/detail/run.h"
@@ -186,23 +185,12 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
     if (!has) s.callbacks.insert(s.callbacks.begin(), monitor);
   }
   bool has_ckpt = false, has_bar = false, has_summary = false;
-  std::set<std::string> keys;
   for (auto& c : s.callbacks) {
     has_ckpt = has_ckpt || dynamic_cast<ModelCheckpoint*>(c.get()) != nullptr;
     has_bar = has_bar || dynamic_cast<ProgressBar*>(c.get()) != nullptr;
     has_summary = has_summary || dynamic_cast<ModelSummary*>(c.get()) != nullptr;
-    VOLT_CHECK(keys.insert(c->state_key()).second, ConfigError,
-               "[Trainer] two callbacks share "
-               "state_key \"",
-               c->state_key(), "\"; give them distinct options (e.g. monitor).");
   }
-  if (s.fast_dev) {
-    s.callbacks.erase(std::remove_if(s.callbacks.begin(), s.callbacks.end(),
-                                     [](const std::shared_ptr<Callback>& c) {
-                                       return dynamic_cast<ModelCheckpoint*>(c.get()) != nullptr;
-                                     }),
-                      s.callbacks.end());
-  } else if (!has_ckpt && s.opts.enable_checkpointing()) {
+  if (!s.fast_dev && !has_ckpt && s.opts.enable_checkpointing()) {
     s.callbacks.push_back(std::make_shared<ModelCheckpoint>());
   }
   if (!has_summary && s.opts.enable_model_summary()) {
@@ -211,11 +199,7 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
   if (!has_bar && s.opts.enable_progress_bar()) {
     s.callbacks.push_back(std::make_shared<ProgressBar>(s.opts.progress_refresh_s()));
   }
-  // As Lightning: checkpoints last, so that a checkpoint written at a hook holds what the other
-  // callbacks did at it (EarlyStopping's count at on_validation_end).
-  std::stable_partition(s.callbacks.begin(), s.callbacks.end(), [](const auto& c) {
-    return dynamic_cast<ModelCheckpoint*>(c.get()) == nullptr;
-  });
+  s.arrange_callbacks();
 }
 
 Trainer::~Trainer() = default;
@@ -254,8 +238,7 @@ DataLoader stage_loader(DataModule& data, Stage stage) {
 void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path) {
   UsingData using_data(*impl_, &data);
   fit_with_restarts(module, ckpt_path, [&](const std::string& ckpt) {
-    data.setup(Stage::kFit);
-    impl_->data_set_up = true;
+    impl_->setup_data(Stage::kFit);
     const detail::LoaderReload load = [&](int64_t epoch) {
       data.current_epoch_ = epoch;
       return std::make_pair(data.train_dataloader(), data.val_dataloader());
@@ -314,9 +297,8 @@ Metrics Trainer::validate(Module& module, DataLoader val, const std::string& ckp
 }
 
 Metrics Trainer::validate(Module& module, DataModule& data, const std::string& ckpt_path) {
-  data.setup(Stage::kValidate);
   UsingData using_data(*impl_, &data);
-  impl_->data_set_up = true;
+  impl_->setup_data(Stage::kValidate);
   return run_eval(
       module, Stage::kValidate, [&] { return stage_loader(data, Stage::kValidate); }, ckpt_path);
 }
@@ -327,9 +309,8 @@ Metrics Trainer::test(Module& module, DataLoader test, const std::string& ckpt_p
 }
 
 Metrics Trainer::test(Module& module, DataModule& data, const std::string& ckpt_path) {
-  data.setup(Stage::kTest);
   UsingData using_data(*impl_, &data);
-  impl_->data_set_up = true;
+  impl_->setup_data(Stage::kTest);
   return run_eval(
       module, Stage::kTest, [&] { return stage_loader(data, Stage::kTest); }, ckpt_path);
 }
@@ -358,9 +339,8 @@ std::vector<at::Tensor> Trainer::predict(Module& module, DataLoader data,
 
 std::vector<at::Tensor> Trainer::predict(Module& module, DataModule& data,
                                          const std::string& ckpt_path) {
-  data.setup(Stage::kPredict);
   UsingData using_data(*impl_, &data);
-  impl_->data_set_up = true;
+  impl_->setup_data(Stage::kPredict);
   return run_predict(
       module, [&] { return stage_loader(data, Stage::kPredict); }, ckpt_path);
 }

@@ -219,17 +219,17 @@ class Run : public RunContext {
   }
   template <typename CF>
   void callback_hook(const char* name, CF&& callback_fn) {
+    for (auto& c : callbacks) call_callback(name, *c, callback_fn);
+  }
+  /// One callback's hook `name`, marked and timed as callback_hook does for each.
+  template <typename CF>
+  void call_callback(const char* name, Callback& c, CF& callback_fn) {
+    Part part(*this, name, &c);
     if (prof == nullptr) {
-      for (auto& c : callbacks) {
-        Part part(*this, name, c.get());
-        callback_fn(*c);
-      }
+      callback_fn(c);
       return;
     }
-    for (auto& c : callbacks) {
-      Part part(*this, name, c.get());
-      timed("[Callback]" + c->state_key() + "." + name, [&] { callback_fn(*c); });
-    }
+    timed("[Callback]" + c.state_key() + "." + name, [&] { callback_fn(c); });
   }
   /// Runs f as profiled action `action` (stop runs on exceptions too).
   template <typename F>
@@ -261,6 +261,11 @@ class Run : public RunContext {
   void setup_run(Module& m, Stage stage);
   /// The module's configure_callbacks() merged into `callbacks` (Lightning's rules).
   void attach_model_callbacks(Module& m);
+  /// The rules every callback list follows (the Trainer's, then with the module's): distinct
+  /// state_keys (ConfigError), no ModelCheckpoint under fast_dev_run, checkpoints last.
+  void arrange_callbacks();
+  /// `data`'s setup(stage), remembered for its teardown.
+  void setup_data(Stage stage);
   /// `raw` through the module's on_before_batch_transfer, the strategy's batch_to_device and
   /// the module's on_after_batch_transfer: every loop's batch.
   Batch transfer(Batch raw);
