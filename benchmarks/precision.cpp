@@ -104,7 +104,7 @@ std::function<void()> step_fn(std::shared_ptr<Net> net, std::shared_ptr<volt::Pr
       auto ctx = precision->forward_context();
       loss = torch::cross_entropy_loss(net->forward(x), y);
     }
-    precision->backward(loss);
+    precision->backward(loss, nullptr);
     precision->optimizer_step(*opt);
     opt->zero_grad();
   };

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "core/detail/default_steps.h"
 #include "core/detail/tracing.h"
 #include "volt/core/check.h"
 
@@ -25,6 +26,41 @@ at::Tensor Module::predict_step(const Batch& batch, int64_t batch_idx) {
              "[Module] predict() needs predict_step; override "
              "Module::predict_step(batch, batch_idx) in your module.");
   return {};
+}
+
+void Module::backward(const at::Tensor& loss) {
+  detail::DefaultSteps::mark(*this, detail::DefaultSteps::kBackward);
+  loss.backward();
+}
+
+void Module::optimizer_step(int64_t /*epoch*/, int64_t /*batch_idx*/,
+                            torch::optim::Optimizer& /*optimizer*/,
+                            const std::function<bool()>& step) {
+  detail::DefaultSteps::mark(*this, detail::DefaultSteps::kOptimizerStep);
+  step();
+}
+
+void Module::optimizer_zero_grad(int64_t /*epoch*/, int64_t /*batch_idx*/,
+                                 torch::optim::Optimizer& optimizer) {
+  require_run("optimizer_zero_grad").zero_grad(optimizer);
+}
+
+void Module::configure_gradient_clipping(torch::optim::Optimizer& optimizer,
+                                         c10::optional<double> gradient_clip_val,
+                                         ClipAlgorithm gradient_clip_algorithm) {
+  detail::DefaultSteps::mark(*this, detail::DefaultSteps::kGradientClipping);
+  clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm);
+}
+
+void Module::lr_scheduler_step(LRScheduler& scheduler, c10::optional<double> metric) {
+  require_run("lr_scheduler_step").step_lr_scheduler(scheduler, metric);
+}
+
+at::Tensor Module::clip_gradients(torch::optim::Optimizer& optimizer,
+                                  c10::optional<double> gradient_clip_val,
+                                  c10::optional<ClipAlgorithm> gradient_clip_algorithm) {
+  return require_run("clip_gradients")
+      .clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm);
 }
 
 // modules(false) lists the submodules depth first, each before its own submodules, and train(on)

@@ -4,8 +4,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <ostream>
 #include <sstream>
 #include <thread>
@@ -97,6 +99,10 @@ bool ProcessGroup::all_of(bool) {
   VOLT_ASSERT(false);
 }
 bool ProcessGroup::any_of(bool) {
+  VOLT_ASSERT(false);
+}
+void ProcessGroup::run_on_leaders(const std::string&, const std::vector<int64_t>&,
+                                  const std::function<void()>&) {
   VOLT_ASSERT(false);
 }
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>&,
@@ -415,7 +421,8 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
                "); check that ", env.agent_store ? "torchrun's agent" : "rank 0",
                " is running and that MASTER_ADDR/MASTER_PORT name its machine and port.");
   }
-  impl_->store = c10::make_intrusive<c10d::PrefixStore>(attempt_prefix(env.restart_count), client);
+  impl_->prefix = attempt_prefix(env.restart_count);
+  impl_->store = c10::make_intrusive<c10d::PrefixStore>(impl_->prefix, client);
   c10d::Store& store = *impl_->store;
 
   // 2. Join: claim the rank, publish the configuration, wait for everyone.
@@ -843,6 +850,146 @@ bool ProcessGroup::all_of(bool local) {
 
 bool ProcessGroup::any_of(bool local) {
   return all_reduce(at::full({1}, local ? 1 : 0, at::kInt), Reduce::kMax).item<int>() == 1;
+}
+
+namespace {
+
+// A leader's heartbeat for run_on_leaders: adds 1 to `key` every kBeatPeriod from a thread with
+// a store connection of its own (the group's client belongs to the calling thread), until
+// destroyed. A store it cannot reach ends the beats: the waiting ranks then time out.
+constexpr milliseconds kBeatPeriod{500};
+
+class Heartbeat {
+ public:
+  Heartbeat(const RendezvousStore& rendezvous, const std::string& prefix, std::string key,
+            milliseconds timeout)
+      : thread_([this, address = rendezvous.address, port = rendezvous.port, prefix,
+                 key = std::move(key), timeout] {
+          try {
+            c10d::TCPStoreOptions so;
+            so.port = static_cast<std::uint16_t>(port);
+            so.isServer = false;
+            so.waitWorkers = false;
+            so.timeout = std::min(timeout, kReportBound);
+            auto store = c10::make_intrusive<c10d::PrefixStore>(
+                prefix, c10::make_intrusive<c10d::TCPStore>(address, so));
+            std::unique_lock<std::mutex> lock(mutex_);
+            while (!stop_) {
+              lock.unlock();
+              store->add(key, 1);
+              lock.lock();
+              stopped_.wait_for(lock, kBeatPeriod, [this] { return stop_; });
+            }
+          } catch (...) {
+          }
+        }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    stopped_.notify_all();
+    thread_.join();
+  }
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable stopped_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+}  // namespace
+
+void ProcessGroup::run_on_leaders(const std::string& name, const std::vector<int64_t>& leaders,
+                                  const std::function<void()>& work) {
+  ProcessGroup::Impl& impl = *impl_;
+  VOLT_CHECK(impl.broken.empty(), DistributedError, kTag, " ", name, " on rank ", rank_,
+             ": the group is unusable after an earlier failure (", impl.broken,
+             "); restart the run.");
+  c10d::Store& store = *impl.store;
+  const milliseconds timeout = options_.timeout();
+  const std::string base = "volt/lead/" + std::to_string(++impl.lead_rounds) + "/";
+  const auto done_key = [&](int64_t r) { return base + "done/" + std::to_string(r); };
+  const auto beat_key = [&](int64_t r) { return base + "beat/" + std::to_string(r); };
+  const bool leading = std::find(leaders.begin(), leaders.end(), rank_) != leaders.end();
+  std::exception_ptr own_failure;
+  if (leading) {
+    std::string outcome = "ok";
+    {
+      Heartbeat beat(*impl.rendezvous, impl.prefix, beat_key(rank_), timeout);
+      try {
+        work();
+      } catch (const std::exception& e) {
+        own_failure = std::current_exception();
+        outcome = "error:" + reason_of(e);
+      } catch (...) {
+        own_failure = std::current_exception();
+        outcome = "error:an exception that is not a std::exception";
+      }
+    }
+    try {
+      store.set(done_key(rank_), bytes(outcome));
+    } catch (const std::exception& e) {
+      if (own_failure) std::rethrow_exception(own_failure);
+      VOLT_CHECK(false, DistributedError, kTag, " ", name, " on rank ", rank_,
+                 ": could not reach the store at ", impl.address, " (", reason_of(e),
+                 "); rank 0 (its host) probably exited.");
+    }
+  }
+  // Every rank waits for every leader (each leader for the others too), watching its beats.
+  std::string failure;  // the first leader's error another leader's rank reports
+  try {
+    for (int64_t leader : leaders) {
+      if (leader == rank_) continue;
+      int64_t beats = -1;
+      auto last_progress = Clock::now();
+      milliseconds pause{1};
+      while (!store.check({done_key(leader)})) {
+        const int64_t now_beats = store.add(beat_key(leader), 0);
+        if (now_beats != beats) {
+          beats = now_beats;
+          last_progress = Clock::now();
+        }
+        VOLT_CHECK(Clock::now() - last_progress < timeout, DistributedError, kTag, " rank ", leader,
+                   " stopped answering while it ran ", name,
+                   " for the others (no "
+                   "heartbeat for ",
+                   seconds(timeout),
+                   "); it died or its machine is "
+                   "unreachable: see its log.");
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, milliseconds(100));
+      }
+      const std::string outcome = text(store.get(done_key(leader)));
+      if (failure.empty() && outcome.rfind("error:", 0) == 0) {
+        failure = detail::str_cat(name, " failed on rank ", leader, ": ", outcome.substr(6));
+      }
+    }
+  } catch (const volt::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    VOLT_CHECK(false, DistributedError, kTag, " ", name, " on rank ", rank_, ": lost the store at ",
+               impl.address, " (", reason_of(e), "); rank 0 (its host) probably exited.");
+  }
+  if (own_failure || !failure.empty()) {
+    // Rank 0 hosts the store: it stays until every rank has read how the work ended (bounded),
+    // so that each fails with the leader's message rather than with a lost connection.
+    try {
+      store.add(base + "read", 1);
+      if (rank_ == 0) {
+        const auto deadline = Clock::now() + timeout;
+        while (store.add(base + "read", 0) < world_size_ && Clock::now() < deadline) {
+          std::this_thread::sleep_for(milliseconds(10));
+        }
+      }
+    } catch (...) {
+    }
+    if (own_failure) std::rethrow_exception(own_failure);
+    throw Error(detail::str_cat(kTag, " ", failure, "; the other ranks stop with it."));
+  }
 }
 
 void report_lost_rank(const ClusterEnvironment& env, const std::string& description,

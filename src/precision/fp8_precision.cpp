@@ -141,8 +141,8 @@ std::shared_ptr<void> Fp8Precision::forward_context() {
   return std::make_shared<Fp8Autocast>(device_);
 }
 
-void Fp8Precision::backward(const at::Tensor& loss) {
-  mixed_.backward(loss);
+void Fp8Precision::backward(const at::Tensor& loss, Module* module) {
+  mixed_.backward(loss, module);
 }
 void Fp8Precision::unscale_gradients(torch::optim::Optimizer& o) {
   mixed_.unscale_gradients(o);

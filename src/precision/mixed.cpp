@@ -296,12 +296,8 @@ std::shared_ptr<void> MixedPrecision::forward_context() {
   return std::make_shared<AutocastGuard>(device_, dtype_);
 }
 
-void MixedPrecision::backward(const at::Tensor& loss) {
-  if (scaler_) {
-    scaler_->scale(loss).backward();
-  } else {
-    loss.backward();
-  }
+void MixedPrecision::backward(const at::Tensor& loss, Module* module) {
+  Precision::backward(scaler_ ? scaler_->scale(loss) : loss, module);
 }
 
 void MixedPrecision::unscale_gradients(torch::optim::Optimizer& optimizer) {

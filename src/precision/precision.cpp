@@ -3,12 +3,17 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include "volt/core/log.h"
+#include "volt/core/module.h"
 #include "volt/kernels/fused_clip_norm.h"
 
 namespace volt {
 
-void Precision::backward(const at::Tensor& loss) {
-  loss.backward();
+void Precision::backward(const at::Tensor& loss, Module* module) {
+  if (module != nullptr) {
+    module->backward(loss);
+  } else {
+    loss.backward();
+  }
 }
 
 at::Tensor Precision::clip_gradients(torch::optim::Optimizer& optimizer, double value,

@@ -271,11 +271,11 @@ at::Tensor DdpStrategy::training_step(Module& module, const Batch& batch, int64_
   return Strategy::training_step(module, batch, batch_idx);
 }
 
-void DdpStrategy::backward(const at::Tensor& loss, bool sync_gradients) {
+void DdpStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
   VOLT_CHECK(reducer_ != nullptr, InternalError,
              "[DdpStrategy] backward before setup_module(); the Trainer sets it up.");
   reducer_->set_sync(sync_gradients);
-  reducer_->backward(loss, [&] { precision_->backward(loss); });
+  reducer_->backward(loss, [&] { precision_->backward(loss, &module); });
   agree_on_precision_state();
 }
 
@@ -324,6 +324,18 @@ std::vector<at::Tensor> DdpStrategy::all_gather(const at::Tensor& value) const {
 
 void DdpStrategy::barrier(const std::string& name) {
   group().barrier();
+}
+
+void DdpStrategy::run_preparation(const std::string& name, bool per_node,
+                                  const std::function<void()>& work) {
+  // global_rank = node_rank * local_world_size + local_rank: each node's local rank 0.
+  std::vector<int64_t> leaders{0};
+  if (per_node) {
+    for (int64_t node = 1; node < env_.num_nodes; ++node) {
+      leaders.push_back(node * env_.local_world_size);
+    }
+  }
+  group().run_on_leaders(name, leaders, work);
 }
 
 bool DdpStrategy::reduce_boolean_decision(bool decision, bool all) const {

@@ -853,9 +853,9 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
   }
 }
 
-void DeepSpeedStrategy::backward(const at::Tensor& loss, bool sync_gradients) {
+void DeepSpeedStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
   if (engines_.empty()) {
-    DdpStrategy::backward(loss, sync_gradients);
+    DdpStrategy::backward(loss, module, sync_gradients);
     return;
   }
   // Each engine arms its hooks around the next one's; the innermost runs the backward.
@@ -864,7 +864,7 @@ void DeepSpeedStrategy::backward(const at::Tensor& loss, bool sync_gradients) {
   auto open = scopes();
   std::function<void(size_t)> run = [&](size_t i) {
     if (i == chain.size()) {
-      precision_->backward(loss);
+      precision_->backward(loss, &module);
       return;
     }
     chain[i]->backward([&] { run(i + 1); }, sync_gradients);
@@ -874,7 +874,8 @@ void DeepSpeedStrategy::backward(const at::Tensor& loss, bool sync_gradients) {
 }
 
 bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
-                                       c10::optional<double> clip_value, ClipAlgorithm algorithm) {
+                                       c10::optional<double> clip_value, ClipAlgorithm algorithm,
+                                       const ClipCall& clip) {
   ZeroEngine* e = engine(optimizer);
   auto sw = swappers_.find(&optimizer);
   const bool swapped_state = sw != swappers_.end();
@@ -888,7 +889,7 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
   }
   bool stepped;
   if (e == nullptr && !by_sub_group) {
-    stepped = Strategy::optimizer_step(optimizer, clip_value, algorithm);
+    stepped = Strategy::optimizer_step(optimizer, clip_value, algorithm, clip);
   } else {
     // Strategy::optimizer_step's sequence, with the ranks agreeing on inf/NaN gradients between
     // the unscale and the step (each one checked only its own chunks, and a rank that skipped
@@ -897,7 +898,7 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
     precision_->unscale_gradients(optimizer);
     precision_->agree_on_found_inf(
         [this](bool found) { return world_size() > 1 ? group_->any_of(found) : found; });
-    if (clip_value && *clip_value > 0) clip_gradients(optimizer, *clip_value, algorithm);
+    clip_for_step(optimizer, clip_value, algorithm, clip);
     if (!by_sub_group) {
       stepped = precision_->optimizer_step(optimizer);
     } else {

@@ -77,15 +77,24 @@ at::Tensor Strategy::predict_step(Module& module, const Batch& batch, int64_t ba
   return module.predict_step(precision_->convert_input(batch), batch_idx);
 }
 
-void Strategy::backward(const at::Tensor& loss, bool sync_gradients) {
-  precision_->backward(loss);
+void Strategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
+  precision_->backward(loss, &module);
 }
 
 bool Strategy::optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
-                              ClipAlgorithm algorithm) {
+                              ClipAlgorithm algorithm, const ClipCall& clip) {
   precision_->unscale_gradients(optimizer);
-  if (clip_value && *clip_value > 0) clip_gradients(optimizer, *clip_value, algorithm);
+  clip_for_step(optimizer, clip_value, algorithm, clip);
   return precision_->optimizer_step(optimizer);
+}
+
+void Strategy::clip_for_step(torch::optim::Optimizer& optimizer, c10::optional<double> value,
+                             ClipAlgorithm algorithm, const ClipCall& clip) {
+  if (clip) {
+    clip(value, algorithm);
+  } else if (value && *value > 0) {
+    clip_gradients(optimizer, *value, algorithm);
+  }
 }
 
 at::Tensor Strategy::clip_gradients(torch::optim::Optimizer& optimizer, double value,

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -161,7 +162,7 @@ void Run::manual_backward(const at::Tensor& loss) {
   hook(
       "on_before_backward", [&](Module& m) { m.on_before_backward(loss); },
       [&](Callback& c) { c.on_before_backward(*this, *module, loss); });
-  strategy().backward(loss, /*sync_gradients=*/true);
+  strategy().backward(loss, *module, /*sync_gradients=*/true);
   hook(
       "on_after_backward", [&](Module& m) { m.on_after_backward(); },
       [&](Callback& c) { c.on_after_backward(*this, *module); });
@@ -184,6 +185,60 @@ void Run::manual_count_step(size_t index) {
              " out of range: configure_optimizers returned ", optimizers.size(), ".");
   ++st.global_step;
   step_schedulers(Interval::kStep);
+}
+
+at::Tensor Run::clip_gradients(torch::optim::Optimizer& optimizer, c10::optional<double> value,
+                               c10::optional<ClipAlgorithm> algorithm) {
+  const c10::optional<double> trainer_value = opts.gradient_clip_val();
+  const auto algorithm_name = [](ClipAlgorithm a) {
+    return a == ClipAlgorithm::kNorm ? "norm" : "value";
+  };
+  if (value) {
+    VOLT_CHECK(std::isfinite(*value), ValueError,
+               "[Module] clip_gradients(gradient_clip_val=", *value,
+               ") is not a finite number; pass a value > 0 to clip, or 0 for none.");
+    VOLT_CHECK(!trainer_value || *trainer_value == *value, ConfigError,
+               "[Module] clip_gradients(gradient_clip_val=", *value,
+               ") while the Trainer has gradient_clip_val=", *trainer_value,
+               "; set only one of them: drop the Trainer's option, or call "
+               "clip_gradients(optimizer) without a value to use the Trainer's.");
+  } else {
+    value = trainer_value;
+  }
+  if (algorithm) {
+    VOLT_CHECK(!trainer_value || *algorithm == opts.gradient_clip_algorithm(), ConfigError,
+               "[Module] clip_gradients(gradient_clip_algorithm=", algorithm_name(*algorithm),
+               ") while the Trainer clips with gradient_clip_algorithm=",
+               algorithm_name(opts.gradient_clip_algorithm()),
+               "; set only one of them: drop the Trainer's gradient_clip_val, or call "
+               "clip_gradients without an algorithm.");
+  } else {
+    algorithm = opts.gradient_clip_algorithm();
+  }
+  if (!value || *value <= 0) return {};
+  if (!module->automatic_optimization()) {
+    // In automatic optimization the step has unscaled the gradients before it asks the module
+    // to clip; a manual training_step clips before its own step() does.
+    VOLT_CHECK(strategy().name() != "deepspeed", NotAvailable,
+               "[Module] clip_gradients under manual optimization with the deepspeed strategy "
+               "(its gradients are partitioned and unscaled inside its step); use automatic "
+               "optimization with gradient_clip_val, or the JSON's gradient_clipping.");
+    strategy().precision().unscale_gradients(optimizer);
+  }
+  Part part(*this, "clip_gradients");
+  return strategy().clip_gradients(optimizer, *value, *algorithm);
+}
+
+void Run::zero_grad(torch::optim::Optimizer& optimizer) {
+  strategy().zero_grad(optimizer);
+}
+
+void Run::step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) {
+  if (metric) {
+    scheduler.step(*metric);
+  } else {
+    scheduler.step();
+  }
 }
 
 void Run::manual_zero_grad(size_t index) {
@@ -265,6 +320,9 @@ void Run::setup_run(Module& m, Stage stage) {
   callbacks_set_up = 0;
   module_set_up = false;
   attach_model_callbacks(m);
+  prepare_data();
+  // Lightning's order: the DataModule's setup, the callbacks', the module's.
+  if (data != nullptr) setup_data(stage);
   callback_hook("setup", [&](Callback& c) {
     c.setup(*this, m, stage);
     ++callbacks_set_up;
@@ -345,8 +403,29 @@ void Run::arrange_callbacks() {
 }
 
 void Run::setup_data(Stage stage) {
+  Part part(*this, "DataModule.setup");
   data->setup(stage);
   data_set_up = true;
+}
+
+void Run::prepare_data() {
+  if (TunerTrialScope::active()) return;
+  // Where it runs (each node's first process, or rank 0) it may draw random numbers; put the
+  // generators back so that the run draws the same on every process either way.
+  const auto prepare = [&](const char* name, bool per_node, const std::function<void()>& call) {
+    Part part(*this, name);
+    strategy().run_preparation(name, per_node, [&] {
+      const auto rng = strategy().Strategy::rng_states();
+      call();
+      strategy().Strategy::set_rng_states(rng);
+    });
+  };
+  if (data != nullptr) {
+    prepare("DataModule.prepare_data", data->prepare_data_per_node(),
+            [&] { data->prepare_data(); });
+  }
+  prepare("prepare_data", module->prepare_data_per_node(),
+          [&] { module_hook("prepare_data", [](Module& m) { m.prepare_data(); }); });
 }
 
 Batch Run::transfer(Batch raw) {
@@ -512,7 +591,8 @@ void Run::setup_optimizers() {
   }
   VOLT_CHECK(module->automatic_optimization() || !opts.gradient_clip_val(), ConfigError,
              "[Trainer] gradient_clip_val is applied by automatic optimization only; with "
-             "manual optimization clip in training_step instead.");
+             "manual optimization call clip_gradients(optimizer, value) in training_step, "
+             "between manual_backward and step().");
   // The strategy may add an optimizer the module left to it (a DeepSpeed JSON's).
   strategy().setup_optimizers(*module, optimizers);
   VOLT_CHECK(!optimizers.empty(), ConfigError,
@@ -538,15 +618,16 @@ void Run::step_schedulers(Interval interval) {
     if (!c.scheduler() || c.interval() != interval) continue;
     const int64_t count = interval == Interval::kStep ? st.global_step : st.epoch + 1;
     if (count % c.frequency() != 0) continue;
+    c10::optional<double> metric;
     if (!c.monitor().empty()) {
       const auto& m = callback_metrics();
       auto it = m.find(c.monitor());
       VOLT_CHECK(it != m.end(), ConfigError, "[Trainer] scheduler monitors \"", c.monitor(),
                  "\" which was not logged; log it or fix OptimizerConfig::monitor.");
-      c.scheduler()->step(it->second);
-    } else {
-      c.scheduler()->step();
+      metric = it->second;
     }
+    module_hook("lr_scheduler_step",
+                [&](Module& m) { m.lr_scheduler_step(*c.scheduler(), metric); });
   }
 }
 

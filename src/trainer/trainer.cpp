@@ -238,7 +238,6 @@ DataLoader stage_loader(DataModule& data, Stage stage) {
 void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path) {
   UsingData using_data(*impl_, &data);
   fit_with_restarts(module, ckpt_path, [&](const std::string& ckpt) {
-    impl_->setup_data(Stage::kFit);
     const detail::LoaderReload load = [&](int64_t epoch) {
       data.current_epoch_ = epoch;
       return std::make_pair(data.train_dataloader(), data.val_dataloader());
@@ -298,7 +297,6 @@ Metrics Trainer::validate(Module& module, DataLoader val, const std::string& ckp
 
 Metrics Trainer::validate(Module& module, DataModule& data, const std::string& ckpt_path) {
   UsingData using_data(*impl_, &data);
-  impl_->setup_data(Stage::kValidate);
   return run_eval(
       module, Stage::kValidate, [&] { return stage_loader(data, Stage::kValidate); }, ckpt_path);
 }
@@ -310,7 +308,6 @@ Metrics Trainer::test(Module& module, DataLoader test, const std::string& ckpt_p
 
 Metrics Trainer::test(Module& module, DataModule& data, const std::string& ckpt_path) {
   UsingData using_data(*impl_, &data);
-  impl_->setup_data(Stage::kTest);
   return run_eval(
       module, Stage::kTest, [&] { return stage_loader(data, Stage::kTest); }, ckpt_path);
 }
@@ -340,7 +337,6 @@ std::vector<at::Tensor> Trainer::predict(Module& module, DataLoader data,
 std::vector<at::Tensor> Trainer::predict(Module& module, DataModule& data,
                                          const std::string& ckpt_path) {
   UsingData using_data(*impl_, &data);
-  impl_->setup_data(Stage::kPredict);
   return run_predict(
       module, [&] { return stage_loader(data, Stage::kPredict); }, ckpt_path);
 }

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "build_paths.h"
@@ -348,6 +349,69 @@ TEST(Ddp, RanksWithDifferentConfigsFailAtRendezvous) {
   EXPECT_EQ(r0.exit_code(60s), 1) << r0.output();
   EXPECT_EQ(r1.exit_code(60s), 1) << r1.output();
   EXPECT_NE(r0.output().find("config"), std::string::npos) << r0.output();
+}
+
+// ------------------------------------------------------------------ prepare_data
+// The ranks are started here as torchrun would (each prints its own result): rank 0 prepares,
+// rank 1 waits.
+
+std::vector<std::string> prepare_args(const std::string& root,
+                                      const std::vector<std::string>& more) {
+  return cat(
+      {"--root", root, "--out", root + "/ddp", "--devices", "2", "--batch", "8", "--epochs", "1"},
+      more);
+}
+
+TEST(Ddp, PrepareDataRunsOnRankZeroWhileRankOneWaitsLongerThanTheCollectiveTimeout) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const int port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  // prepare_data takes 7 s, the group's collectives time out after 5 s: the wait is bounded by
+  // rank 0's heartbeat, not by the timeout. Rank 1's setup throws if it runs before the file.
+  const auto args = prepare_args(dir.path, {"--timeout", "5", "--prepare-ms", "7000"});
+  Process r0(kWorker, args, torchrun_env(0, 2, port));
+  Process r1(kWorker, args, torchrun_env(1, 2, port));
+  ASSERT_EQ(r0.exit_code(120s), 0) << r0.output();
+  ASSERT_EQ(r1.exit_code(120s), 0) << r1.output();
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 7.0);
+  std::ifstream prepared(dir / "prepared");
+  std::stringstream lines;
+  lines << prepared.rdbuf();
+  EXPECT_EQ(lines.str(), "rank 0\n");  // once, on rank 0 (one node: its first process)
+}
+
+TEST(Ddp, APrepareDataThatFailsOnRankZeroStopsRankOneWithItsMessage) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const int port = free_port();
+  const auto args =
+      prepare_args(dir.path, {"--timeout", "20", "--prepare-ms", "500", "--prepare-fail", "1"});
+  Process r0(kWorker, args, torchrun_env(0, 2, port));
+  Process r1(kWorker, args, torchrun_env(1, 2, port));
+  EXPECT_EQ(r0.exit_code(60s), 1) << r0.output();
+  EXPECT_EQ(r1.exit_code(60s), 1) << r1.output();
+  EXPECT_NE(r0.output().find("error: no network to download the data set from"), std::string::npos)
+      << r0.output();
+  EXPECT_NE(r1.output().find("[ProcessGroup] prepare_data failed on rank 0: no network to "
+                             "download the data set from; the other ranks stop with it."),
+            std::string::npos)
+      << r1.output();
+}
+
+TEST(Ddp, ARankThatDiesInPrepareDataEndsTheOthersInBoundedTime) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const int port = free_port();
+  const auto args =
+      prepare_args(dir.path, {"--timeout", "20", "--prepare-ms", "500", "--prepare-die", "1"});
+  const auto start = std::chrono::steady_clock::now();
+  Process r0(kWorker, args, torchrun_env(0, 2, port));
+  Process r1(kWorker, args, torchrun_env(1, 2, port));
+  EXPECT_NE(r0.exit_code(60s), 0) << r0.output();
+  EXPECT_EQ(r1.exit_code(60s), 1) << r1.output();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 40.0);
+  EXPECT_NE(r1.output().find("prepare_data on rank 1"), std::string::npos) << r1.output();
 }
 
 TEST(Ddp, StaticGraphTrainsLikeOneProcess) {

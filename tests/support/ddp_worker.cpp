@@ -35,6 +35,9 @@
 //       swap files under DIR, ZeRO-Infinity)
 //       (with --zero, rank lines add "zero_memory params=P grads=G state=S master=M numel=N
 //       nvme=F", F: optimizer state bytes in the NVMe swap file)
+//       [--prepare-ms MS]  (prepare_data sleeps MS, then appends "rank R" to <root>/prepared;
+//       setup throws unless that file has a line) [--prepare-fail 1] (prepare_data throws after
+//       the sleep) [--prepare-die 1] (its process SIGKILLs itself there)
 //
 // Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage, 128 + N stopped by signal N
 // (volt::Interrupted; prints "rank R interrupted: <what>").
@@ -46,6 +49,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -89,6 +93,23 @@ class Net : public volt::Module {
       h = checkpoint_activations ? volt::checkpoint(block, h) : block(h);
     }
     return head->forward(h);
+  }
+  // --prepare-ms / --prepare-fail / --prepare-die: what prepare_data does ("" log: nothing).
+  std::string prepare_log;
+  int64_t prepare_ms = 0;
+  bool prepare_fail = false, prepare_die = false;
+  void prepare_data() override {
+    if (prepare_log.empty()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(prepare_ms));
+    if (prepare_die) ::raise(SIGKILL);
+    if (prepare_fail) throw std::runtime_error("no network to download the data set from");
+    std::ofstream(prepare_log, std::ios::app) << "rank " << run()->global_rank() << "\n";
+  }
+  void setup(volt::Stage) override {
+    if (prepare_log.empty()) return;
+    std::ifstream in(prepare_log);
+    std::string line;
+    if (!std::getline(in, line)) throw std::runtime_error("setup ran before prepare_data ended");
   }
   bool checkpoint_activations = false;
   int64_t nan_grad_at = -1;  // this training_step call gives b2's last element a NaN gradient
@@ -310,6 +331,12 @@ int main(int argc, char** argv) {
               num("--batchnorm", 0) != 0);
     model.checkpoint_activations = num("--checkpoint-activations", 0) != 0;
     model.nan_grad_at = num("--nan-grad-at", -1);
+    if (a.count("--prepare-ms")) {
+      model.prepare_log = a["--root"] + "/prepared";
+      model.prepare_ms = num("--prepare-ms", 0);
+      model.prepare_fail = num("--prepare-fail", 0) != 0;
+      model.prepare_die = num("--prepare-die", 0) != 0;
+    }
     auto train = volt_test::blobs(num("--samples", 128), 8, 1);
     auto val = volt_test::blobs(64, 8, 2);
     volt::DdpStrategyOptions ddp;

@@ -28,6 +28,10 @@ class HookedModule : public volt_test::TinyClassifier {
     calls_.push_back(std::string("setup ") + volt::to_string(stage));
   }
   void configure_model() override { calls_.push_back("configure_model"); }
+  void prepare_data() override { calls_.push_back("prepare_data"); }
+  void on_validation_model_zero_grad() override {
+    calls_.push_back("on_validation_model_zero_grad");
+  }
   std::vector<std::shared_ptr<volt::Callback>> configure_callbacks() override {
     calls_.push_back("configure_callbacks");
     return {};
@@ -82,6 +86,25 @@ class HookedModule : public volt_test::TinyClassifier {
   }
   void on_before_zero_grad(torch::optim::Optimizer&) override {
     calls_.push_back("on_before_zero_grad");
+  }
+  // The overridable steps, recorded where they start; each then runs its default.
+  void backward(const at::Tensor& loss) override {
+    calls_.push_back("backward");
+    TinyClassifier::backward(loss);
+  }
+  void optimizer_step(int64_t epoch, int64_t i, torch::optim::Optimizer& opt,
+                      const std::function<bool()>& step) override {
+    calls_.push_back(with("optimizer_step", i));
+    TinyClassifier::optimizer_step(epoch, i, opt, step);
+  }
+  void configure_gradient_clipping(torch::optim::Optimizer& opt, c10::optional<double> value,
+                                   volt::ClipAlgorithm algorithm) override {
+    calls_.push_back("configure_gradient_clipping");
+    TinyClassifier::configure_gradient_clipping(opt, value, algorithm);
+  }
+  void optimizer_zero_grad(int64_t epoch, int64_t i, torch::optim::Optimizer& opt) override {
+    calls_.push_back(with("optimizer_zero_grad", i));
+    TinyClassifier::optimizer_zero_grad(epoch, i, opt);
   }
   void on_validation_model_eval() override {
     calls_.push_back("on_validation_model_eval");
@@ -266,9 +289,12 @@ Calls eval_pass(const std::string& fn, int64_t batches) {
   return out;
 }
 
-/// Lightning's _auto_train_batch. Departure: volt zeroes the gradients after the optimizer step,
-/// so on_before_zero_grad comes after on_before_optimizer_step (Lightning zeroes them before the
-/// backward of the step's first micro-batch).
+/// Lightning's _auto_train_batch. The module's optimizer_step starts before, and holds, the
+/// step: on_before_optimizer_step, then the unscale and configure_gradient_clipping (Lightning
+/// lists optimizer_step after them because its test records the hook when it returns).
+/// Departure: volt zeroes the gradients after the optimizer step, so on_before_zero_grad and
+/// optimizer_zero_grad come after it (Lightning zeroes them before the backward of the step's
+/// first micro-batch).
 Calls train_batches(int64_t batches) {
   Calls out;
   for (int64_t i = 0; i < batches; ++i) {
@@ -276,8 +302,10 @@ Calls train_batches(int64_t batches) {
            {"on_before_batch_transfer", "on_after_batch_transfer",
             with("Callback.on_train_batch_start", i), with("on_train_batch_start", i),
             with("training_step", i), "Callback.on_before_backward", "on_before_backward",
-            "Callback.on_after_backward", "on_after_backward", "Callback.on_before_optimizer_step",
-            "on_before_optimizer_step", "Callback.on_before_zero_grad", "on_before_zero_grad",
+            "backward", "Callback.on_after_backward", "on_after_backward",
+            with("optimizer_step", i), "Callback.on_before_optimizer_step",
+            "on_before_optimizer_step", "configure_gradient_clipping",
+            "Callback.on_before_zero_grad", "on_before_zero_grad", with("optimizer_zero_grad", i),
             with("Callback.on_train_batch_end", i), with("on_train_batch_end", i)});
   }
   return out;
@@ -305,6 +333,7 @@ TEST(Hooks, FitCallsThemInLightningsOrder) {
   trainer.fit(model, volt_test::loader(volt_test::blobs(64)),
               volt_test::loader(volt_test::blobs(64, 8, 1)));
   Calls expected = {"configure_callbacks",
+                    "prepare_data",
                     "Callback.setup fit",
                     "setup fit",
                     "configure_model",
@@ -316,6 +345,7 @@ TEST(Hooks, FitCallsThemInLightningsOrder) {
   append(expected, {"Callback.on_sanity_check_end", "Callback.on_train_start", "on_train_start",
                     "Callback.on_train_epoch_start", "on_train_epoch_start"});
   append(expected, train_batches(2));
+  append(expected, {"on_validation_model_zero_grad"});  // in fit, not in the sanity check
   append(expected, eval_pass("validation", 2));
   append(expected, {"on_train_epoch_end", "Callback.on_train_epoch_end", "Callback.on_train_end",
                     "on_train_end", "Callback.on_fit_end", "on_fit_end", "Callback.teardown fit",
@@ -336,24 +366,32 @@ TEST(Hooks, ValidateTestAndPredictCallThemInLightningsOrder) {
   const auto data = volt_test::loader(volt_test::blobs(64), 16, false);
 
   trainer.validate(model, data);
-  Calls expected = {"configure_callbacks", "Callback.setup validate", "setup validate",
-                    "configure_model"};
+  Calls expected = {"configure_callbacks", "prepare_data", "Callback.setup validate",
+                    "setup validate", "configure_model"};
   append(expected, eval_pass("validation", 2));
   append(expected, {"Callback.teardown validate", "teardown validate"});
   EXPECT_EQ(calls, expected) << diff_hint(calls, expected);
 
   calls.clear();
   trainer.test(model, data);
-  expected = {"configure_callbacks", "Callback.setup test", "setup test", "configure_model"};
+  expected = {"configure_callbacks", "prepare_data", "Callback.setup test", "setup test",
+              "configure_model"};
   append(expected, eval_pass("test", 2));
   append(expected, {"Callback.teardown test", "teardown test"});
   EXPECT_EQ(calls, expected) << diff_hint(calls, expected);
 
   calls.clear();
   trainer.predict(model, data);
-  expected = {"configure_callbacks", "Callback.setup predict",          "setup predict",
-              "configure_model",     "on_predict_model_eval",           "Callback.on_predict_start",
-              "on_predict_start",    "Callback.on_predict_epoch_start", "on_predict_epoch_start"};
+  expected = {"configure_callbacks",
+              "prepare_data",
+              "Callback.setup predict",
+              "setup predict",
+              "configure_model",
+              "on_predict_model_eval",
+              "Callback.on_predict_start",
+              "on_predict_start",
+              "Callback.on_predict_epoch_start",
+              "on_predict_epoch_start"};
   for (int64_t i = 0; i < 2; ++i) {
     append(expected, {"on_before_batch_transfer", "on_after_batch_transfer",
                       with("Callback.on_predict_batch_start", i), with("on_predict_batch_start", i),
@@ -367,8 +405,9 @@ TEST(Hooks, ValidateTestAndPredictCallThemInLightningsOrder) {
 }
 
 TEST(Hooks, ManualOptimizationHasNoZeroGradHook) {
-  // As Lightning: on_before_zero_grad belongs to automatic optimization; a manual step calls the
-  // backward and optimizer-step hooks from inside training_step.
+  // As Lightning: on_before_zero_grad, optimizer_step, configure_gradient_clipping and
+  // optimizer_zero_grad belong to automatic optimization; a manual step calls the backward hooks
+  // (the module's backward too) and on_before_optimizer_step from inside training_step.
   class Manual : public HookedModule {
    public:
     explicit Manual(Calls& calls) : HookedModule(calls) { set_automatic_optimization(false); }
@@ -389,11 +428,17 @@ TEST(Hooks, ManualOptimizationHasNoZeroGradHook) {
   trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
   const Calls batch(std::find(calls.begin(), calls.end(), "Callback.on_train_batch_start 0"),
                     std::find(calls.begin(), calls.end(), "on_train_batch_end 0") + 1);
-  const Calls expected = {"Callback.on_train_batch_start 0",   "on_train_batch_start 0",
-                          "Callback.on_before_backward",       "on_before_backward",
-                          "Callback.on_after_backward",        "on_after_backward",
-                          "Callback.on_before_optimizer_step", "on_before_optimizer_step",
-                          "Callback.on_train_batch_end 0",     "on_train_batch_end 0"};
+  const Calls expected = {"Callback.on_train_batch_start 0",
+                          "on_train_batch_start 0",
+                          "Callback.on_before_backward",
+                          "on_before_backward",
+                          "backward",
+                          "Callback.on_after_backward",
+                          "on_after_backward",
+                          "Callback.on_before_optimizer_step",
+                          "on_before_optimizer_step",
+                          "Callback.on_train_batch_end 0",
+                          "on_train_batch_end 0"};
   EXPECT_EQ(batch, expected) << diff_hint(batch, expected);
 }
 
@@ -421,6 +466,7 @@ class Failing : public volt::Callback {
 class HookedData : public volt::DataModule {
  public:
   explicit HookedData(Calls& calls) : calls_(calls) {}
+  void prepare_data() override { calls_.push_back("DataModule.prepare_data"); }
   void setup(volt::Stage stage) override {
     calls_.push_back(std::string("DataModule.setup ") + volt::to_string(stage));
   }
@@ -440,14 +486,14 @@ Calls only_set_up_and_teardown(const Calls& calls) {
   Calls out;
   for (const auto& c : calls) {
     if (c.find("setup") != std::string::npos || c.find("teardown") != std::string::npos ||
-        c == "Callback.on_exception") {
+        c.find("prepare_data") != std::string::npos || c == "Callback.on_exception") {
       out.push_back(c);
     }
   }
   return out;
 }
 
-TEST(Hooks, TheDataModuleIsTornDownAfterEveryEntryPointBeforeTheCallbacksAndTheModule) {
+TEST(Hooks, TheDataModuleIsPreparedAndSetUpFirstAndTornDownFirstAtEveryEntryPoint) {
   volt_test::TempDir dir;
   Calls calls;
   HookedModule model(calls);
@@ -466,12 +512,10 @@ TEST(Hooks, TheDataModuleIsTornDownAfterEveryEntryPointBeforeTheCallbacksAndTheM
   Calls expected;
   for (const char* stage : {"fit", "validate", "test", "predict"}) {
     const std::string s = stage;
-    // fit() sets its DataModule up inside the run, validate/test/predict before it (as before).
-    if (s == "fit") {
-      append(expected, {"Callback.setup fit", "setup fit", "DataModule.setup fit"});
-    } else {
-      append(expected, {"DataModule.setup " + s, "Callback.setup " + s, "setup " + s});
-    }
+    // Lightning's order: prepare_data (the DataModule's, the module's), then the DataModule's
+    // setup, the callbacks', the module's; teardown in the same order.
+    append(expected, {"DataModule.prepare_data", "prepare_data", "DataModule.setup " + s,
+                      "Callback.setup " + s, "setup " + s});
     append(expected, {"DataModule.teardown " + s, "Callback.teardown " + s, "teardown " + s});
   }
   const Calls got = only_set_up_and_teardown(calls);
@@ -495,9 +539,9 @@ TEST(Hooks, AFailedRunTearsDownWhatWasSetUpAfterOnException) {
     EXPECT_THROW(trainer.fit(model, volt_test::loader(volt_test::blobs(64))), std::runtime_error);
   });
   // A teardown failing after a failure is logged; the run's own error is the one thrown.
-  const Calls expected = {"Callback.setup fit",    "Failing.setup",         "setup fit",
-                          "Callback.on_exception", "Callback.teardown fit", "Failing.teardown",
-                          "teardown fit"};
+  const Calls expected = {"prepare_data",     "Callback.setup fit",    "Failing.setup",
+                          "setup fit",        "Callback.on_exception", "Callback.teardown fit",
+                          "Failing.teardown", "teardown fit"};
   const Calls got = only_set_up_and_teardown(calls);
   EXPECT_EQ(got, expected) << diff_hint(got, expected);
   EXPECT_TRUE(volt_test::has(logs, "Failing.teardown failed: teardown broke"));
@@ -510,8 +554,8 @@ TEST(Hooks, ASetupThatThrowsLeavesItselfAndWhatCameAfterItUntornDown) {
   volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).callbacks(
       {std::make_shared<HookedCallback>(calls), std::make_shared<Failing>(calls, true, false)}));
   EXPECT_THROW(trainer.fit(model, volt_test::loader(volt_test::blobs(64))), std::runtime_error);
-  const Calls expected = {"Callback.setup fit", "Failing.setup", "Callback.on_exception",
-                          "Callback.teardown fit"};
+  const Calls expected = {"prepare_data", "Callback.setup fit", "Failing.setup",
+                          "Callback.on_exception", "Callback.teardown fit"};
   const Calls got = only_set_up_and_teardown(calls);
   EXPECT_EQ(got, expected) << diff_hint(got, expected);
 }
@@ -528,9 +572,9 @@ TEST(Hooks, ATeardownThatThrowsFailsASuccessfulRunAndTheOthersStillTearDown) {
       [&] { trainer.validate(model, volt_test::loader(volt_test::blobs(64))); });
   EXPECT_EQ(what, "teardown broke");
   // The others are still torn down, and not twice: the failure path finds nothing left.
-  const Calls expected = {"Failing.setup",        "Callback.setup validate",    "setup validate",
-                          "Failing.teardown",     "Callback.teardown validate", "teardown validate",
-                          "Callback.on_exception"};
+  const Calls expected = {"prepare_data",      "Failing.setup",        "Callback.setup validate",
+                          "setup validate",    "Failing.teardown",     "Callback.teardown validate",
+                          "teardown validate", "Callback.on_exception"};
   const Calls got = only_set_up_and_teardown(calls);
   EXPECT_EQ(got, expected) << diff_hint(got, expected);
 }

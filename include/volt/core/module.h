@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,7 +17,11 @@
 namespace volt {
 
 class Callback;
+class LRScheduler;
 class Module;
+namespace detail {
+struct DefaultSteps;
+}  // namespace detail
 
 /// Manual-optimization handle: zero_grad() and step() go through the Trainer's strategy.
 class ManualOptimizer {
@@ -52,6 +57,17 @@ class Module : public torch::nn::Module {
   /// Default: throws ConfigError asking to override it.
   virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
   virtual std::vector<OptimizerConfig> configure_optimizers() = 0;
+
+  /// Downloads or writes what the data needs, once per node (prepare_data_per_node(), the
+  /// default) or once per job: at every entry point, before any setup hook, on the first process
+  /// of each node (or global rank 0) while the others wait for it, however long it takes. Do not
+  /// set state here that other processes need (they do not run it); setup() is for that. Its
+  /// use of the random generators is undone (the run draws the same either way). Not in tuner
+  /// trials. Lightning's LightningModule.prepare_data.
+  virtual void prepare_data() {}
+  /// true: prepare_data runs on each node's first process (for node-local disks); false: on
+  /// global rank 0 only (a filesystem the nodes share). Default: true.
+  virtual bool prepare_data_per_node() const { return true; }
 
   // Set-up hooks: once per fit/validate/test/predict (and per tuner trial), so make them
   // idempotent.
@@ -91,6 +107,11 @@ class Module : public torch::nn::Module {
   /// After the optimizer step, before its gradients are zeroed (automatic optimization).
   virtual void on_before_zero_grad(torch::optim::Optimizer& optimizer) {}
 
+  /// Before each validation pass of fit (not the sanity check's), before the other validation
+  /// hooks. Lightning's default sets the gradients to none to free their memory during the
+  /// pass; volt's does nothing, as they are none already after each optimizer step, and a
+  /// part-accumulated step's sums must stay (Lightning's would drop them).
+  virtual void on_validation_model_zero_grad() {}
   /// Before a validation pass (the sanity check's too), after save_training_modes(): the
   /// default calls eval(); override it to keep, say, dropout on.
   virtual void on_validation_model_eval() { eval(); }
@@ -122,6 +143,50 @@ class Module : public torch::nn::Module {
   /// `prediction` is what predict_step returned for the batch.
   virtual void on_predict_batch_end(const at::Tensor& prediction, const Batch& batch,
                                     int64_t batch_idx) {}
+  // The steps of automatic optimization, overridable (Lightning's LightningModule.backward,
+  // optimizer_step, optimizer_zero_grad, configure_gradient_clipping, lr_scheduler_step). Each
+  // default does what the Trainer does without it; override one to change that part of a step.
+
+  /// Backpropagates `loss` as the precision hands it over: divided by accumulate_grad_batches,
+  /// scaled under 16-mixed, inside the strategy's gradient hooks (DDP's all-reduce, ZeRO's
+  /// partitioning). Also what manual_backward runs. Default: loss.backward().
+  virtual void backward(const at::Tensor& loss);
+  /// Takes the optimizer step once a step's gradients are in (after on_after_backward; with
+  /// accumulate_grad_batches > 1 on the micro-batch that steps). `step()` runs the
+  /// on_before_optimizer_step hooks, unscales the gradients (16-mixed), calls
+  /// configure_gradient_clipping and steps the optimizer through the strategy; it returns false
+  /// when the precision skipped the step (inf/NaN gradients). The default calls it. An override
+  /// may change the optimizer first (a learning-rate warm-up) or not call step(): then nothing
+  /// steps, global_step and the step-interval schedulers stay, and the gradients are zeroed as
+  /// after a step. Calling step() twice is a ValueError.
+  virtual void optimizer_step(int64_t epoch, int64_t batch_idx, torch::optim::Optimizer& optimizer,
+                              const std::function<bool()>& step);
+  /// After on_before_zero_grad. Default: the optimizer's gradients set to none through the
+  /// strategy (zero_grad(optimizer) of RunContext; ZeRO's gradient shards too).
+  virtual void optimizer_zero_grad(int64_t epoch, int64_t batch_idx,
+                                   torch::optim::Optimizer& optimizer);
+  /// Inside step(), after the unscale, with the run's clip value (TrainerOptions::
+  /// gradient_clip_val, or the strategy's own, e.g. DeepSpeed's JSON gradient_clipping; nullopt
+  /// when neither sets one) and algorithm. Default: clip_gradients(optimizer, value, algorithm).
+  virtual void configure_gradient_clipping(torch::optim::Optimizer& optimizer,
+                                           c10::optional<double> gradient_clip_val,
+                                           ClipAlgorithm gradient_clip_algorithm);
+  /// Steps a scheduler when its interval and frequency say so (automatic optimization; after
+  /// the global step advanced, or at a training epoch's end). `metric`: the value of the
+  /// config's monitor, when it has one. Default: scheduler.step(*metric) or scheduler.step().
+  virtual void lr_scheduler_step(LRScheduler& scheduler, c10::optional<double> metric);
+
+  /// Clips this optimizer's gradients in place through the strategy (under ZeRO the norm spans
+  /// every process's shard) and precision; under manual optimization the gradients are unscaled
+  /// first (16-mixed). `gradient_clip_val`: nullopt takes TrainerOptions::gradient_clip_val
+  /// (nothing is clipped when it has none); another value while the Trainer has one is a
+  /// ConfigError (set one of them, as Lightning); <= 0 clips nothing. `gradient_clip_algorithm`:
+  /// nullopt takes the Trainer's. Returns the total norm before clipping (a 0-dim tensor, not
+  /// read: reading it is a host sync on CUDA) for kNorm, else an undefined tensor.
+  at::Tensor clip_gradients(torch::optim::Optimizer& optimizer,
+                            c10::optional<double> gradient_clip_val = c10::nullopt,
+                            c10::optional<ClipAlgorithm> gradient_clip_algorithm = c10::nullopt);
+
   /// Add module-specific state to a checkpoint / read it back.
   virtual void on_save_checkpoint(torch::serialize::OutputArchive& archive) {}
   virtual void on_load_checkpoint(torch::serialize::InputArchive& archive) {}
@@ -160,6 +225,10 @@ class Module : public torch::nn::Module {
   void restore_training_modes();
 
  private:
+  friend struct detail::DefaultSteps;
+  /// The overridable steps whose default ran since the Trainer last cleared these bits
+  /// (src/core/detail/default_steps.h): how it tells an override from the default.
+  unsigned default_steps_ran_ = 0;
   RunContext& require_run(const char* what) const;
   RunContext* run_ = nullptr;
   bool automatic_optimization_ = true;

@@ -18,6 +18,7 @@ namespace volt {
 class DataLoader;
 class DataModule;
 class Logger;
+class LRScheduler;
 class Profiler;
 struct TrainerOptions;
 
@@ -115,8 +116,7 @@ class RunContext {
   /// them).
   virtual const TrainerOptions& trainer_options() const = 0;
   /// The DataModule this entry point was given, or nullptr when it was given loaders. Its
-  /// setup(stage) has run before the setup hooks for validate/test/predict and before
-  /// on_fit_start for fit.
+  /// prepare_data and setup(stage) run before the callbacks' and the module's setup hooks.
   virtual DataModule* data_module() = 0;
   /// The training loader of the running fit (the one given, or the DataModule's; sharded with
   /// several processes), or nullptr outside fit and before its loaders exist (setup hooks).
@@ -132,6 +132,16 @@ class RunContext {
   virtual void manual_step(size_t optimizer_index) = 0;
   /// Manual optimization: sets this optimizer's gradients to none through the strategy.
   virtual void manual_zero_grad(size_t optimizer_index) = 0;
+  /// Clips this optimizer's gradients through the strategy and precision (Module::clip_gradients
+  /// says how nullopt and a conflicting value resolve).
+  virtual at::Tensor clip_gradients(torch::optim::Optimizer& optimizer,
+                                    c10::optional<double> gradient_clip_val,
+                                    c10::optional<ClipAlgorithm> gradient_clip_algorithm) = 0;
+  /// Sets this optimizer's gradients to none through the strategy (ZeRO's shards too).
+  virtual void zero_grad(torch::optim::Optimizer& optimizer) = 0;
+  /// scheduler.step(*metric), or scheduler.step() without a metric (Module::lr_scheduler_step's
+  /// default).
+  virtual void step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) = 0;
   /// Manual optimization: counts an optimizer step that ran elsewhere (replayed from a CUDA
   /// graph): global_step and step-interval schedulers advance as after manual_step.
   virtual void manual_count_step(size_t optimizer_index) = 0;

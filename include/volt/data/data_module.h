@@ -19,7 +19,13 @@ namespace volt {
 class DataModule {
  public:
   virtual ~DataModule() = default;
-  /// Called once per Trainer entry point before loaders are requested.
+  /// As Module::prepare_data (which runs after this one): downloads or writes what the data
+  /// needs, once per node (prepare_data_per_node() true, the default) or once per job, before
+  /// setup, while the other processes wait.
+  virtual void prepare_data() {}
+  virtual bool prepare_data_per_node() const { return true; }
+  /// Called once per Trainer entry point, after prepare_data and before the callbacks' and the
+  /// module's setup, on every process; the loaders are asked for after it.
   virtual void setup(Stage stage) {}
   virtual void teardown(Stage stage) {}
   /// Required for fit(); the default throws ConfigError.

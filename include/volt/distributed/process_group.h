@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -116,6 +117,17 @@ class ProcessGroup {
   bool all_of(bool local);
   /// True when `local` is true on some rank.
   bool any_of(bool local);
+  /// Runs `work` on the ranks in `leaders` (when this rank is one) while every rank waits until
+  /// each leader has finished it, however long that takes as long as the leaders live: each
+  /// leader's heartbeat goes to the store every 0.5 s from a thread with a connection of its
+  /// own, and a leader silent for the timeout (dead, or its host unreachable) fails the others
+  /// with a DistributedError naming it. An exception from `work` propagates on its leader
+  /// (after the others have read it); on the other ranks it becomes an Error naming the leader,
+  /// `name` and its message. Lightning's prepare_data barrier, without a timeout on the work
+  /// (a download) but never hanging on a dead rank. Every rank calls it, in the same order and
+  /// with the same `leaders` (ascending ranks of this group).
+  void run_on_leaders(const std::string& name, const std::vector<int64_t>& leaders,
+                      const std::function<void()>& work);
 
   /// A group of some of these ranks (`ranks`: ascending, this rank among them) for collectives
   /// among them only, e.g. one tensor-parallel group. Only its members call it, each with the

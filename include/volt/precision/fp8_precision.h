@@ -61,7 +61,7 @@ class Fp8Precision : public Precision {
   void teardown() override;
   void convert_module(torch::nn::Module& module) override;
   std::shared_ptr<void> forward_context() override;
-  void backward(const at::Tensor& loss) override;
+  void backward(const at::Tensor& loss, Module* module) override;
   void unscale_gradients(torch::optim::Optimizer& optimizer) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
   bool scales_loss() const override { return mixed_.scales_loss(); }

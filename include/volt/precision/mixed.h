@@ -65,7 +65,7 @@ class MixedPrecision : public Precision {
   void setup(c10::Device device) override;
   void teardown() override;
   std::shared_ptr<void> forward_context() override;
-  void backward(const at::Tensor& loss) override;
+  void backward(const at::Tensor& loss, Module* module) override;
   void unscale_gradients(torch::optim::Optimizer& optimizer) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
   bool scales_loss() const override { return scaler_ != nullptr; }

@@ -16,6 +16,7 @@
 namespace volt {
 
 struct GradScalerOptions;
+class Module;
 
 /// Base class of all precision modes. The default implementation is plain fp32 ("32-true");
 /// mixed modes override forward_context (autocast), backward (loss scaling) and
@@ -42,7 +43,10 @@ class Precision {
   virtual Batch convert_input(const Batch& batch) const { return batch; }
   /// RAII scope active around every forward (training/validation/test/predict step).
   virtual std::shared_ptr<void> forward_context() { return nullptr; }
-  virtual void backward(const at::Tensor& loss);
+  /// Backpropagates `loss`: mixed modes scale it first, then `module`'s backward hook runs
+  /// (Module::backward, as Lightning's Precision.backward calls the LightningModule's);
+  /// `loss.backward()` when `module` is null (a precision used outside a Trainer).
+  virtual void backward(const at::Tensor& loss, Module* module);
   /// Makes gradients true-scale (undoes loss scaling); no-op for fp32.
   virtual void unscale_gradients(torch::optim::Optimizer& optimizer) {}
   /// Clips this optimizer's gradients in place. For kNorm returns the total norm as a 0-dim

@@ -83,13 +83,15 @@ class DdpStrategy : public Strategy {
   /// Builds the gradient buckets again over the parameters that now require a gradient.
   void trainable_parameters_changed(Module& module) override;
   at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx) override;
-  void backward(const at::Tensor& loss, bool sync_gradients) override;
+  void backward(const at::Tensor& loss, Module& module, bool sync_gradients) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
 
   at::Tensor reduce(const at::Tensor& value, Reduce op) const override;
   at::Tensor broadcast(const at::Tensor& value, int64_t src = 0) const override;
   std::vector<at::Tensor> all_gather(const at::Tensor& value) const override;
   void barrier(const std::string& name = "") override;
+  void run_preparation(const std::string& name, bool per_node,
+                       const std::function<void()>& work) override;
   bool reduce_boolean_decision(bool decision, bool all = true) const override;
   StopRequest agree_on_stop(const StopRequest& local, bool lagged) override;
 

@@ -181,9 +181,9 @@ class DeepSpeedStrategy : public DdpStrategy {
   /// ConfigError: ZeRO partitions the trainable parameters once, at setup.
   void trainable_parameters_changed(Module& module) override;
   void setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) override;
-  void backward(const at::Tensor& loss, bool sync_gradients) override;
+  void backward(const at::Tensor& loss, Module& module, bool sync_gradients) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
-                      ClipAlgorithm algorithm) override;
+                      ClipAlgorithm algorithm, const ClipCall& clip) override;
   at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, double value,
                             ClipAlgorithm algorithm) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;

@@ -118,13 +118,18 @@ class Strategy {
   virtual void validation_step(Module& module, const Batch& batch, int64_t batch_idx);
   virtual void test_step(Module& module, const Batch& batch, int64_t batch_idx);
   virtual at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx);
-  /// Backpropagates `loss` through the precision. `sync_gradients` is false on micro-batches
-  /// that only accumulate: a data-parallel strategy skips its gradient all-reduce there (no_sync).
-  virtual void backward(const at::Tensor& loss, bool sync_gradients = true);
-  /// Unscales, optionally clips (value > 0), then steps; false if precision skipped the step
-  /// (e.g. inf gradients under loss scaling).
+  /// Backpropagates `loss` through the precision, which runs `module`'s backward hook.
+  /// `sync_gradients` is false on micro-batches that only accumulate: a data-parallel strategy
+  /// skips its gradient all-reduce there (no_sync).
+  virtual void backward(const at::Tensor& loss, Module& module, bool sync_gradients = true);
+  /// How a step clips, between the unscale and the step, given the clip value and algorithm the
+  /// strategy resolved (the Trainer passes the module's configure_gradient_clipping).
+  using ClipCall = std::function<void(c10::optional<double> value, ClipAlgorithm algorithm)>;
+  /// Unscales, clips, then steps; false if precision skipped the step (e.g. inf gradients under
+  /// loss scaling). Clipping: `clip(value, algorithm)` when given, else clip_gradients when the
+  /// value is > 0.
   virtual bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
-                              ClipAlgorithm algorithm);
+                              ClipAlgorithm algorithm, const ClipCall& clip = nullptr);
   /// Clips this optimizer's gradients in place; for kNorm returns the total norm over every
   /// shard of every parameter (sharded strategies reduce it) as a 0-dim tensor, not read (see
   /// Precision::clip_gradients), else an undefined tensor.
@@ -142,6 +147,16 @@ class Strategy {
   virtual std::vector<at::Tensor> all_gather(const at::Tensor& value) const { return {value}; }
   /// Waits until every process reaches the barrier.
   virtual void barrier(const std::string& name = "") {}
+  /// Runs `work` where data is prepared for the others (prepare_data): on the first process of
+  /// each node (`per_node`) or on global rank 0 only; every process waits until each of them
+  /// has finished, however long that takes, while they live (a multi-process strategy bounds
+  /// the wait by their heartbeats, not by its collective timeout). `work`'s exception
+  /// propagates where it ran; the other processes fail with an Error naming it. Every process
+  /// calls it. One process: work().
+  virtual void run_preparation(const std::string& name, bool per_node,
+                               const std::function<void()>& work) {
+    work();
+  }
   /// One decision for all ranks, so callbacks (EarlyStopping, ModelCheckpoint) never diverge:
   /// true when `decision` holds on every rank (all = true) or on any rank (all = false).
   virtual bool reduce_boolean_decision(bool decision, bool all = true) const { return decision; }
@@ -202,6 +217,10 @@ class Strategy {
   virtual void trainable_parameters_changed(Module& module) {}
 
  protected:
+  /// optimizer_step's clipping: `clip(value, algorithm)` when given, else clip_gradients when
+  /// the value is > 0.
+  void clip_for_step(torch::optim::Optimizer& optimizer, c10::optional<double> value,
+                     ClipAlgorithm algorithm, const ClipCall& clip);
   bool sync_batchnorm_ = false;
   std::string fingerprint_;
   LoopSettings loop_;

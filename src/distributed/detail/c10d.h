@@ -68,6 +68,10 @@ struct ProcessGroup::Impl {
   std::string gloo_address;  // where this rank's Gloo device listens, for messages
   // Set by the first failed collective; later calls fail at once with it.
   std::string broken;
+  // The key prefix of this attempt (a connection of its own, as run_on_leaders' heartbeat
+  // opens, needs it) and the run_on_leaders calls so far (each call's keys are its own).
+  std::string prefix;
+  int64_t lead_rounds = 0;
 };
 
 namespace detail {

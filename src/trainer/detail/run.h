@@ -198,6 +198,10 @@ class Run : public RunContext {
   void manual_step(size_t index) override;
   void manual_zero_grad(size_t index) override;
   void manual_count_step(size_t index) override;
+  at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, c10::optional<double> value,
+                            c10::optional<ClipAlgorithm> algorithm) override;
+  void zero_grad(torch::optim::Optimizer& optimizer) override;
+  void step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) override;
 
   // ---------------------------------------------------------------- dispatch
   // Every hook goes through here: one place to time them and to keep Lightning's order: the
@@ -264,8 +268,11 @@ class Run : public RunContext {
   /// The rules every callback list follows (the Trainer's, then with the module's): distinct
   /// state_keys (ConfigError), no ModelCheckpoint under fast_dev_run, checkpoints last.
   void arrange_callbacks();
-  /// `data`'s setup(stage), remembered for its teardown.
+  /// `data`'s setup(stage), remembered for its teardown (setup_run calls it).
   void setup_data(Stage stage);
+  /// The DataModule's, then the module's prepare_data, where Strategy::run_preparation runs it
+  /// (not in tuner trials).
+  void prepare_data();
   /// `raw` through the module's on_before_batch_transfer, the strategy's batch_to_device and
   /// the module's on_after_batch_transfer: every loop's batch.
   Batch transfer(Batch raw);

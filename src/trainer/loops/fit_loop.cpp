@@ -47,6 +47,8 @@ bool stop_now(Run& r) {
 }
 
 void validate_now(Run& r, DataLoader& val) {
+  r.module_hook("on_validation_model_zero_grad",
+                [](Module& m) { m.on_validation_model_zero_grad(); });
   evaluation_loop(r, Stage::kValidate, val, r.val_limit(val));  // ends in training mode again
   r.st.val_pending = false;
 }

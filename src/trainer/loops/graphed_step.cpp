@@ -8,7 +8,9 @@
 // with that signature copies its batch into the static tensors and replays. What the loop does
 // around the step happens eagerly after each replay, on the graph's static outputs: the values
 // training_step logged (recorded at capture) are logged again, the non-finite check records the
-// static loss, the global step and the step-interval schedulers advance.
+// static loss, the global step and the step-interval schedulers advance. A module overriding
+// backward, optimizer_step or configure_gradient_clipping runs eagerly (a replay would repeat
+// the override's decisions at capture).
 //
 // volt's fused optimizers read the learning rate from a device scalar written before each
 // capture and replay; torch::optim::SGD bakes it into the graph as a constant, so there a changed
@@ -26,6 +28,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "core/detail/default_steps.h"
 #include "trainer/detail/run.h"
 #include "trainer/loops/optimization_step.h"
 #include "volt/core/check.h"
@@ -254,8 +257,16 @@ class GraphedOptimizationStep : public OptimizationStep {
         VOLT_CHECK(loss.defined(), NotAvailable,
                    "training_step returned no loss for a batch (a skipped batch); a graph "
                    "replays a step that always steps");
+        DefaultSteps::clear(*r.module);
         backward(loss, /*sync_gradients=*/true);
-        VOLT_CHECK(strategy_step(), NotAvailable, "the precision skipped the captured step");
+        const bool stepped = take_step(batch_idx);
+        // A replay repeats what an override did while captured, not what it would decide at
+        // each step (a learning-rate warm-up in optimizer_step would stay where it was).
+        const std::string overridden = DefaultSteps::overridden(*r.module);
+        VOLT_CHECK(overridden.empty(), NotAvailable, "the module overrides ", overridden,
+                   " (a graph replays what it did when captured, not what it decides at each "
+                   "step)");
+        VOLT_CHECK(stepped, NotAvailable, "the precision skipped the captured step");
         g->loss = loss.detach();
       });
     } catch (...) {

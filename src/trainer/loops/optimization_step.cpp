@@ -26,7 +26,7 @@ bool OptimizationStep::run(const Batch& batch, int64_t batch_idx, int64_t num_ba
   const bool step_now = r.st.accumulated > 0 && (r.st.accumulated >= r.st.accumulate_grad_batches ||
                                                  batch_idx + 1 == num_batches);
   if (!step_now) return false;
-  return optimizer_step();
+  return optimizer_step(batch_idx);
 }
 
 at::Tensor OptimizationStep::forward(const Batch& batch, int64_t batch_idx) {
@@ -65,7 +65,7 @@ void OptimizationStep::backward(const at::Tensor& loss, bool sync_gradients) {
   {
     Run::Part part(r, "backward");
     ProfileScope p(r.prof, "backward");
-    r.strategy().backward(scaled, sync_gradients);
+    r.strategy().backward(scaled, m, sync_gradients);
   }
   r.hook(
       "on_after_backward", [&](Module& mm) { mm.on_after_backward(); },
@@ -81,19 +81,43 @@ bool OptimizationStep::strategy_step() {
       [&](Callback& c) { c.on_before_optimizer_step(r, m, opt); });
   Run::Part part(r, "optimizer_step");
   ProfileScope p(r.prof, "optimizer_step");
-  return r.strategy().optimizer_step(opt, r.opts.gradient_clip_val(),
-                                     r.opts.gradient_clip_algorithm());
+  return r.strategy().optimizer_step(
+      opt, r.opts.gradient_clip_val(), r.opts.gradient_clip_algorithm(),
+      [&](c10::optional<double> value, ClipAlgorithm algorithm) {
+        r.module_hook("configure_gradient_clipping",
+                      [&](Module& mm) { mm.configure_gradient_clipping(opt, value, algorithm); });
+      });
 }
 
-bool OptimizationStep::optimizer_step() {
+bool OptimizationStep::take_step(int64_t batch_idx) {
   Run& r = run_;
-  const bool stepped = strategy_step();
+  auto& opt = *r.optimizers.front().optimizer();
+  bool stepped = false;
+  int calls = 0;
+  const std::function<bool()> step = [&] {
+    VOLT_CHECK(++calls == 1, ValueError,
+               "[Trainer] the module's optimizer_step called step() twice at global step ",
+               r.st.global_step,
+               "; call it at most once (each call would be another optimizer step on the same "
+               "gradients).");
+    stepped = strategy_step();
+    return stepped;
+  };
+  r.module_hook("optimizer_step",
+                [&](Module& mm) { mm.optimizer_step(r.st.epoch, batch_idx, opt, step); });
+  return stepped;
+}
+
+bool OptimizationStep::optimizer_step(int64_t batch_idx) {
+  Run& r = run_;
+  const bool stepped = take_step(batch_idx);
   auto& opt = *r.optimizers.front().optimizer();
   Module& m = *r.module;
   r.hook(
       "on_before_zero_grad", [&](Module& mm) { mm.on_before_zero_grad(opt); },
       [&](Callback& c) { c.on_before_zero_grad(r, m, opt); });
-  r.strategy().zero_grad(opt);
+  r.module_hook("optimizer_zero_grad",
+                [&](Module& mm) { mm.optimizer_zero_grad(r.st.epoch, batch_idx, opt); });
   r.st.accumulated = 0;
   if (!stepped) return false;  // skipped by the precision: no step happened
   ++r.st.global_step;

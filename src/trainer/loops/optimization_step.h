@@ -17,12 +17,14 @@ class Run;
 
 /// One training micro-batch under automatic optimization:
 ///   forward (Strategy::training_step) → non-finite check (recorded on the device, read at the
-///   logging cadence: see NonfiniteLossCheck) → loss / k → backward, with the
-///   gradient sync only on the micro-batch that steps (no_sync while accumulating) →
-///   when k micro-batches are in: on_before_optimizer_step → Strategy::optimizer_step (unscale,
-///   clip, step) → zero_grad → global_step and step-interval schedulers.
-/// A step the precision skipped (inf/NaN gradients under loss scaling) advances neither the
-/// global step nor the schedulers.
+///   logging cadence: see NonfiniteLossCheck) → loss / k → backward (the module's backward
+///   hook), with the gradient sync only on the micro-batch that steps (no_sync while
+///   accumulating) → when k micro-batches are in: the module's optimizer_step, whose step()
+///   runs on_before_optimizer_step → Strategy::optimizer_step (unscale, the module's
+///   configure_gradient_clipping, step) → on_before_zero_grad → the module's
+///   optimizer_zero_grad → global_step and step-interval schedulers.
+/// A step the precision skipped (inf/NaN gradients under loss scaling), or that the module's
+/// optimizer_step did not take, advances neither the global step nor the schedulers.
 class OptimizationStep {
  public:
   explicit OptimizationStep(Run& run) : run_(run) {}
@@ -48,10 +50,14 @@ class OptimizationStep {
   at::Tensor forward(const Batch& batch, int64_t batch_idx);
   /// Scales the loss for accumulation and backpropagates it between the backward hooks.
   void backward(const at::Tensor& loss, bool sync_gradients);
-  /// The optimizer step proper; true when the optimizer stepped (precision may skip it).
-  bool optimizer_step();
-  /// on_before_optimizer_step, then Strategy::optimizer_step (unscale, clip, step); no
-  /// zero_grad, no counters: the part of optimizer_step() a graph can hold.
+  /// The optimizer step of micro-batch `batch_idx` with zero_grad and the counters; true when
+  /// the optimizer stepped (precision may skip it, the module's optimizer_step may not take it).
+  bool optimizer_step(int64_t batch_idx);
+  /// The module's optimizer_step, whose step() is strategy_step(); no zero_grad, no counters:
+  /// the part of optimizer_step() a graph can hold. True when the optimizer stepped.
+  bool take_step(int64_t batch_idx);
+  /// on_before_optimizer_step, then Strategy::optimizer_step (unscale, the module's
+  /// configure_gradient_clipping, step).
   bool strategy_step();
 
   Run& run_;

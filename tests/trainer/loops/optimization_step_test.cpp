@@ -15,9 +15,9 @@ class RecordingStrategy : public volt::SingleDeviceStrategy {
   RecordingStrategy()
       : volt::SingleDeviceStrategy(c10::Device(c10::kCPU), std::make_shared<volt::CpuAccelerator>(),
                                    std::make_shared<volt::Fp32Precision>()) {}
-  void backward(const at::Tensor& loss, bool sync_gradients) override {
+  void backward(const at::Tensor& loss, volt::Module& module, bool sync_gradients) override {
     syncs.push_back(sync_gradients);
-    volt::SingleDeviceStrategy::backward(loss, sync_gradients);
+    volt::SingleDeviceStrategy::backward(loss, module, sync_gradients);
   }
   std::vector<bool> syncs;
 };
