@@ -40,6 +40,10 @@ void Module::optimizer_step(int64_t /*epoch*/, int64_t /*batch_idx*/,
   step();
 }
 
+Batch Module::transfer_batch_to_device(Batch batch, c10::Device /*device*/) {
+  return require_run("transfer_batch_to_device").batch_to_device(batch);
+}
+
 void Module::optimizer_zero_grad(int64_t /*epoch*/, int64_t /*batch_idx*/,
                                  torch::optim::Optimizer& optimizer) {
   require_run("optimizer_zero_grad").zero_grad(optimizer);

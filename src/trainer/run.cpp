@@ -13,6 +13,7 @@
 #include <sstream>
 #include <typeinfo>
 
+#include "core/detail/default_steps.h"
 #include "core/detail/print.h"
 #include "trainer/detail/tuner_trial.h"
 #include "trainer/loops/optimization_step.h"
@@ -428,14 +429,50 @@ void Run::prepare_data() {
           [&] { module_hook("prepare_data", [](Module& m) { m.prepare_data(); }); });
 }
 
+namespace {
+
+// One batch hook: the DataModule's when it overrides it (its default marks that it ran and
+// leaves the batch alone), else the module's, as Lightning's _DataHookSelector.
+template <typename DF, typename MF>
+Batch batch_hook(Run& r, DefaultSteps::Bit bit, const char* name, const char* data_name,
+                 Batch batch, DF&& data_fn, MF&& module_fn) {
+  if (r.data != nullptr) {
+    DefaultSteps::clear(*r.data);
+    Batch out;
+    {
+      Run::Part part(r, data_name);
+      out = data_fn(*r.data, batch);
+    }
+    if (!DefaultSteps::ran(*r.data, bit)) return out;
+  }
+  Batch out;
+  r.module_hook(name, [&](Module& m) { out = module_fn(m, std::move(batch)); });
+  return out;
+}
+
+}  // namespace
+
 Batch Run::transfer(Batch raw) {
-  Batch batch;
-  module_hook("on_before_batch_transfer",
-              [&](Module& m) { batch = m.on_before_batch_transfer(std::move(raw)); });
-  batch = strategy().batch_to_device(batch);
-  module_hook("on_after_batch_transfer",
-              [&](Module& m) { batch = m.on_after_batch_transfer(std::move(batch)); });
-  return batch;
+  const c10::Device device = strategy().root_device();
+  Batch batch = batch_hook(
+      *this, DefaultSteps::kBeforeBatchTransfer, "on_before_batch_transfer",
+      "DataModule.on_before_batch_transfer", std::move(raw),
+      [](DataModule& d, Batch b) { return d.on_before_batch_transfer(std::move(b)); },
+      [](Module& m, Batch b) { return m.on_before_batch_transfer(std::move(b)); });
+  batch = batch_hook(
+      *this, DefaultSteps::kTransferBatch, "transfer_batch_to_device",
+      "DataModule.transfer_batch_to_device", std::move(batch),
+      [&](DataModule& d, Batch b) { return d.transfer_batch_to_device(std::move(b), device); },
+      [&](Module& m, Batch b) { return m.transfer_batch_to_device(std::move(b), device); });
+  return batch_hook(
+      *this, DefaultSteps::kAfterBatchTransfer, "on_after_batch_transfer",
+      "DataModule.on_after_batch_transfer", std::move(batch),
+      [](DataModule& d, Batch b) { return d.on_after_batch_transfer(std::move(b)); },
+      [](Module& m, Batch b) { return m.on_after_batch_transfer(std::move(b)); });
+}
+
+Batch Run::batch_to_device(const Batch& batch) const {
+  return strategy().batch_to_device(batch);
 }
 
 void Run::teardown_hooks(Module& m, Stage stage, bool failed) {

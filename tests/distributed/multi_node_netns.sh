@@ -4,7 +4,10 @@
 # the reference's variables: MASTER_ADDR = node 0's veth address, MASTER_PORT, WORLD_SIZE=4,
 # NODE_RANK 0/1. Checks the collectives (all-reduce results included) and the gradient reducer
 # on all 4 ranks; then the Trainer with DdpStrategy (volt_ddp_worker, 2 nodes x 2 ranks, batch 4
-# per rank) must end with the weights of one process trained on the global batch of 16; and
+# per rank) must end with the weights of one process trained on the global batch of 16, with
+# prepare_data run once per node (rank 0 and rank 2, each into its node's folder, while the
+# node's other rank waits); a node's preparer killed inside prepare_data ends the other node's
+# ranks within the timeout (its heartbeat stops); and
 # after a worker of node 1 is killed, both nodes restart and end with the same weights; and the
 # same job under a real torchrun on each node (when a python3 with torch exists).
 # Exits 77 (ctest: skipped) when namespaces cannot be created.
@@ -101,7 +104,7 @@ for node in 0 1; do
   ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME \
     MASTER_ADDR=$addr0 MASTER_PORT=$((port + 1)) WORLD_SIZE=4 NODE_RANK=$node \
     timeout -s KILL 120 "$ddp_worker" --root "$dir/node$node" --out "$dir/mn" --devices 2 \
-    --nodes 2 --batch 4 --epochs 1 --timeout 30 >"$dir/trainer.$node.log" 2>&1 &
+    --nodes 2 --batch 4 --epochs 1 --timeout 30 --prepare-ms 1500 >"$dir/trainer.$node.log" 2>&1 &
   pids+=($!)
 done
 timeout -s KILL 120 "$ddp_worker" --root "$dir/ref" --out "$dir/ref" --devices 1 --batch 16 \
@@ -110,6 +113,15 @@ wait_nodes "trainer"
 for f in ref 0 1; do
   echo "---- trainer, $f ----"
   cat "$dir/trainer.$f.log"
+done
+# prepare_data ran once per node, on its first process (the other rank's setup would have
+# thrown had it not waited).
+for node in 0 1; do
+  got=$(cat "$dir/node$node/prepared" 2>/dev/null)
+  if [ "$got" != "rank $((node * 2))" ]; then
+    echo "FAIL: node $node's prepare_data log is '$got', not 'rank $((node * 2))'"
+    fail=1
+  fi
 done
 ref_sum=$(sed -n 's/^rank 0 done step=8 sum=\([^ ]*\).*/\1/p' "$dir/trainer.ref.log")
 for rank in 0 1 2 3; do
@@ -123,6 +135,33 @@ for rank in 0 1 2 3; do
     fail=1
   fi
 done
+# Node 1's preparer (rank 2, its launching process) dies inside prepare_data: node 0's ranks, which
+# wait for it, stop within the timeout (5 s without a heartbeat), naming it; nothing hangs.
+pids=()
+start=$(date +%s)
+for node in 0 1; do
+  ns=$ns0
+  [ "$node" = 1 ] && ns=$ns1
+  ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME \
+    MASTER_ADDR=$addr0 MASTER_PORT=$((port + 4)) WORLD_SIZE=4 NODE_RANK=$node \
+    timeout -s KILL 60 "$ddp_worker" --root "$dir/dead$node" --out "$dir/dead" --devices 2 \
+    --nodes 2 --batch 4 --epochs 1 --timeout 5 --prepare-ms 1000 --prepare-die 2 \
+    >"$dir/dead.$node.log" 2>&1 &
+  pids+=($!)
+done
+for i in 0 1; do wait "${pids[$i]}"; done
+pids=()
+secs=$(($(date +%s) - start))
+echo "---- preparer killed, node 0 (${secs} s) ----"
+cat "$dir/dead.0.log"
+if ! grep -q "rank 2 stopped answering while it ran prepare_data for the others" "$dir/dead.0.log"; then
+  echo "FAIL: node 0 did not name rank 2, silent in prepare_data"
+  fail=1
+fi
+if [ "$secs" -gt 40 ]; then
+  echo "FAIL: the job took $secs s to end after rank 2 died"
+  fail=1
+fi
 # Elastic restart across the nodes: node 1's worker (rank 3) is SIGKILLed at step 5. Both
 # launching processes (max_restarts=1 on each node) relaunch their workers; the ranks meet again
 # at the store rank 0 kept serving, under attempt 1's keys, and resume from rank 0's newest last

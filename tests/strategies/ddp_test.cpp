@@ -404,7 +404,7 @@ TEST(Ddp, ARankThatDiesInPrepareDataEndsTheOthersInBoundedTime) {
   volt_test::TempDir dir;
   const int port = free_port();
   const auto args =
-      prepare_args(dir.path, {"--timeout", "20", "--prepare-ms", "500", "--prepare-die", "1"});
+      prepare_args(dir.path, {"--timeout", "20", "--prepare-ms", "500", "--prepare-die", "0"});
   const auto start = std::chrono::steady_clock::now();
   Process r0(kWorker, args, torchrun_env(0, 2, port));
   Process r1(kWorker, args, torchrun_env(1, 2, port));

@@ -37,7 +37,7 @@
 //       nvme=F", F: optimizer state bytes in the NVMe swap file)
 //       [--prepare-ms MS]  (prepare_data sleeps MS, then appends "rank R" to <root>/prepared;
 //       setup throws unless that file has a line) [--prepare-fail 1] (prepare_data throws after
-//       the sleep) [--prepare-die 1] (its process SIGKILLs itself there)
+//       the sleep) [--prepare-die R] (rank R SIGKILLs itself there, after the sleep)
 //
 // Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage, 128 + N stopped by signal N
 // (volt::Interrupted; prints "rank R interrupted: <what>").
@@ -97,12 +97,14 @@ class Net : public volt::Module {
   // --prepare-ms / --prepare-fail / --prepare-die: what prepare_data does ("" log: nothing).
   std::string prepare_log;
   int64_t prepare_ms = 0;
-  bool prepare_fail = false, prepare_die = false;
+  bool prepare_fail = false;
+  int64_t prepare_die = -1;
   void prepare_data() override {
     if (prepare_log.empty()) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(prepare_ms));
-    if (prepare_die) ::raise(SIGKILL);
+    if (run()->global_rank() == prepare_die) ::raise(SIGKILL);
     if (prepare_fail) throw std::runtime_error("no network to download the data set from");
+    std::filesystem::create_directories(std::filesystem::path(prepare_log).parent_path());
     std::ofstream(prepare_log, std::ios::app) << "rank " << run()->global_rank() << "\n";
   }
   void setup(volt::Stage) override {
@@ -335,7 +337,7 @@ int main(int argc, char** argv) {
       model.prepare_log = a["--root"] + "/prepared";
       model.prepare_ms = num("--prepare-ms", 0);
       model.prepare_fail = num("--prepare-fail", 0) != 0;
-      model.prepare_die = num("--prepare-die", 0) != 0;
+      model.prepare_die = num("--prepare-die", -1);
     }
     auto train = volt_test::blobs(num("--samples", 128), 8, 1);
     auto val = volt_test::blobs(64, 8, 2);

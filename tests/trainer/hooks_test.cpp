@@ -40,6 +40,10 @@ class HookedModule : public volt_test::TinyClassifier {
     calls_.push_back("on_before_batch_transfer");
     return batch;
   }
+  volt::Batch transfer_batch_to_device(volt::Batch batch, c10::Device device) override {
+    calls_.push_back("transfer_batch_to_device");
+    return TinyClassifier::transfer_batch_to_device(std::move(batch), device);
+  }
   volt::Batch on_after_batch_transfer(volt::Batch batch) override {
     calls_.push_back("on_after_batch_transfer");
     return batch;
@@ -272,7 +276,7 @@ void append(Calls& out, const Calls& items) {
 Calls eval_epoch(const std::string& fn, int64_t batches) {
   Calls out = {"Callback.on_" + fn + "_epoch_start", "on_" + fn + "_epoch_start"};
   for (int64_t i = 0; i < batches; ++i) {
-    append(out, {"on_before_batch_transfer", "on_after_batch_transfer",
+    append(out, {"on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer",
                  with("Callback.on_" + fn + "_batch_start", i),
                  with("on_" + fn + "_batch_start", i), with(fn + "_step", i),
                  with("Callback.on_" + fn + "_batch_end", i), with("on_" + fn + "_batch_end", i)});
@@ -298,15 +302,26 @@ Calls eval_pass(const std::string& fn, int64_t batches) {
 Calls train_batches(int64_t batches) {
   Calls out;
   for (int64_t i = 0; i < batches; ++i) {
-    append(out,
-           {"on_before_batch_transfer", "on_after_batch_transfer",
-            with("Callback.on_train_batch_start", i), with("on_train_batch_start", i),
-            with("training_step", i), "Callback.on_before_backward", "on_before_backward",
-            "backward", "Callback.on_after_backward", "on_after_backward",
-            with("optimizer_step", i), "Callback.on_before_optimizer_step",
-            "on_before_optimizer_step", "configure_gradient_clipping",
-            "Callback.on_before_zero_grad", "on_before_zero_grad", with("optimizer_zero_grad", i),
-            with("Callback.on_train_batch_end", i), with("on_train_batch_end", i)});
+    append(out, {"on_before_batch_transfer",
+                 "transfer_batch_to_device",
+                 "on_after_batch_transfer",
+                 with("Callback.on_train_batch_start", i),
+                 with("on_train_batch_start", i),
+                 with("training_step", i),
+                 "Callback.on_before_backward",
+                 "on_before_backward",
+                 "backward",
+                 "Callback.on_after_backward",
+                 "on_after_backward",
+                 with("optimizer_step", i),
+                 "Callback.on_before_optimizer_step",
+                 "on_before_optimizer_step",
+                 "configure_gradient_clipping",
+                 "Callback.on_before_zero_grad",
+                 "on_before_zero_grad",
+                 with("optimizer_zero_grad", i),
+                 with("Callback.on_train_batch_end", i),
+                 with("on_train_batch_end", i)});
   }
   return out;
 }
@@ -393,10 +408,10 @@ TEST(Hooks, ValidateTestAndPredictCallThemInLightningsOrder) {
               "Callback.on_predict_epoch_start",
               "on_predict_epoch_start"};
   for (int64_t i = 0; i < 2; ++i) {
-    append(expected, {"on_before_batch_transfer", "on_after_batch_transfer",
-                      with("Callback.on_predict_batch_start", i), with("on_predict_batch_start", i),
-                      with("predict_step", i), with("Callback.on_predict_batch_end", i),
-                      with("on_predict_batch_end", i)});
+    append(expected, {"on_before_batch_transfer", "transfer_batch_to_device",
+                      "on_after_batch_transfer", with("Callback.on_predict_batch_start", i),
+                      with("on_predict_batch_start", i), with("predict_step", i),
+                      with("Callback.on_predict_batch_end", i), with("on_predict_batch_end", i)});
   }
   append(expected,
          {"Callback.on_predict_epoch_end", "on_predict_epoch_end", "Callback.on_predict_end",
@@ -855,8 +870,14 @@ class Transfers : public volt_test::TinyClassifier {
     batch.extra["seen_on_host"] = torch::ones({1});
     return batch;
   }
+  volt::Batch transfer_batch_to_device(volt::Batch batch, c10::Device device) override {
+    EXPECT_EQ(device, c10::Device(c10::kCPU));  // the run's device
+    batch.extra["moved"] = torch::ones({1});
+    return TinyClassifier::transfer_batch_to_device(std::move(batch), device);
+  }
   volt::Batch on_after_batch_transfer(volt::Batch batch) override {
     EXPECT_EQ(batch.extra.count("seen_on_host"), 1u);
+    EXPECT_EQ(batch.extra.count("moved"), 1u);
     batch.input = torch::full_like(batch.input, 2.0);
     return batch;
   }
@@ -878,6 +899,49 @@ TEST(Hooks, TheBatchTransferHooksChangeTheBatchEveryLoopRuns) {
   const auto out = trainer.predict(model, volt_test::loader(volt_test::blobs(32), 16, false));
   ASSERT_EQ(out.size(), 2u);
   for (const auto& t : out) EXPECT_TRUE(torch::all(t == 2.0).item<bool>());
+}
+
+/// A module with its own batch hooks, and a DataModule overriding one of them.
+class OwnHooks : public volt_test::TinyClassifier {
+ public:
+  volt::Batch on_before_batch_transfer(volt::Batch batch) override {
+    batch.extra["module_before"] = torch::ones({1});
+    return batch;
+  }
+  volt::Batch on_after_batch_transfer(volt::Batch batch) override {
+    ++module_after;
+    batch.input = torch::full_like(batch.input, 2.0);
+    return batch;
+  }
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    inputs.push_back(b.input[0][0].item<float>());
+    EXPECT_EQ(b.extra.count("module_before"), 1u);  // the DataModule does not override it
+    return TinyClassifier::training_step(b, i);
+  }
+  int module_after = 0;
+  std::vector<float> inputs;
+};
+
+class Augments : public volt::DataModule {
+ public:
+  volt::DataLoader train_dataloader() override { return volt_test::loader(volt_test::blobs(32)); }
+  volt::Batch on_after_batch_transfer(volt::Batch batch) override {
+    batch.input = torch::full_like(batch.input, 3.0);
+    return batch;
+  }
+};
+
+TEST(Hooks, ADataModulesBatchHookReplacesTheModulesAndItsDefaultsLeaveThemToTheModule) {
+  volt_test::TempDir dir;
+  OwnHooks with_data, alone;
+  Augments augments;
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1));
+  trainer.fit(with_data, augments);
+  EXPECT_EQ(with_data.inputs, std::vector<float>(2, 3.0f));  // the DataModule's augmentation
+  EXPECT_EQ(with_data.module_after, 0);                      // in place of the module's
+  trainer.fit(alone, volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(alone.inputs, std::vector<float>(2, 2.0f));
+  EXPECT_EQ(alone.module_after, 2);
 }
 
 }  // namespace

@@ -9,11 +9,13 @@
 
 #include "core/detail/default_steps.h"
 #include "error_text.h"
+#include "lr_at_end.h"
 #include "tiny.h"
 
 namespace {
 
 using volt_test::error_of;
+using volt_test::LrAtEnd;
 using volt_test::quiet;
 using volt_test::TempDir;
 using volt_test::TinyClassifier;
@@ -29,16 +31,6 @@ void reset(volt::Module& m) {
   auto gen = at::detail::createCPUGenerator(42);
   for (auto& p : m.parameters()) p.uniform_(-0.3, 0.3, gen);
 }
-
-// The first optimizer's learning rate when training ends.
-class LrAtEnd : public volt::Callback {
- public:
-  std::string state_key() const override { return "LrAtEnd"; }
-  void on_train_end(volt::RunContext& run, volt::Module&) override {
-    lr = run.optimizer_configs().front().optimizer()->param_groups().front().options().get_lr();
-  }
-  double lr = -1;
-};
 
 struct Fitted {
   int64_t global_step = 0;

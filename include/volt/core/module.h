@@ -87,9 +87,14 @@ class Module : public torch::nn::Module {
 
   /// Around each batch's move to the device, in every loop, before its batch-start hooks:
   /// on_before_batch_transfer gets it as the loader made it, on_after_batch_transfer on the
-  /// device (augmentation on the GPU goes there). Return the batch, changed or not.
+  /// device (augmentation on the GPU goes there). Return the batch, changed or not. A hook the
+  /// run's DataModule overrides is used instead of the module's (Lightning's rule).
   virtual Batch on_before_batch_transfer(Batch batch) { return batch; }
   virtual Batch on_after_batch_transfer(Batch batch) { return batch; }
+  /// The move itself, to `device` (the run's). Default: the strategy's move
+  /// (RunContext::batch_to_device: non-blocking copies, DeepSpeed's bf16 input cast). Override
+  /// for what must stay where it is, or a move of your own.
+  virtual Batch transfer_batch_to_device(Batch batch, c10::Device device);
 
   // Hooks, in the order the fit loop calls them (docs/HOOKS.md lists it). At each one the
   // callbacks' hook of the same name runs first, except at an epoch's end.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "volt/core/batch.h"
 #include "volt/core/loop_state.h"
 #include "volt/core/optimizer_config.h"
 #include "volt/core/types.h"
@@ -139,6 +140,9 @@ class RunContext {
                                     c10::optional<ClipAlgorithm> gradient_clip_algorithm) = 0;
   /// Sets this optimizer's gradients to none through the strategy (ZeRO's shards too).
   virtual void zero_grad(torch::optim::Optimizer& optimizer) = 0;
+  /// `batch` on the run's device, moved as the strategy moves every batch
+  /// (Module::transfer_batch_to_device's default).
+  virtual Batch batch_to_device(const Batch& batch) const = 0;
   /// scheduler.step(*metric), or scheduler.step() without a metric (Module::lr_scheduler_step's
   /// default).
   virtual void step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) = 0;

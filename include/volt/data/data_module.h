@@ -15,6 +15,10 @@ class OutputArchive;
 
 namespace volt {
 
+namespace detail {
+struct DefaultSteps;
+}  // namespace detail
+
 /// Override setup() to load data and the *_dataloader() methods the stages you run need.
 class DataModule {
  public:
@@ -48,6 +52,14 @@ class DataModule {
   virtual void save_state(torch::serialize::OutputArchive& archive) const {}
   virtual void load_state(torch::serialize::InputArchive& archive) {}
 
+  /// The batch hooks of Lightning's LightningDataModule. Each one a DataModule overrides is used
+  /// in place of the Module's hook of the same name (which then does not run for this run's
+  /// batches), so a data set brings its own transfer and augmentation; the defaults leave it to
+  /// the Module.
+  virtual Batch on_before_batch_transfer(Batch batch);
+  virtual Batch transfer_batch_to_device(Batch batch, c10::Device device);
+  virtual Batch on_after_batch_transfer(Batch batch);
+
   /// The epoch the Trainer asks for loaders of, so that train_dataloader() can build
   /// epoch-dependent data (a curriculum): 0 when fit starts, then N, 2N... with
   /// TrainerOptions::reload_dataloaders_every_n_epochs = N. A resumed fit asks again for the
@@ -57,7 +69,11 @@ class DataModule {
 
  private:
   friend class Trainer;
+  friend struct detail::DefaultSteps;
   int64_t current_epoch_ = 0;
+  /// Which batch hooks ran as their default since the Trainer cleared these bits
+  /// (src/core/detail/default_steps.h).
+  unsigned default_steps_ran_ = 0;
 };
 
 }  // namespace volt

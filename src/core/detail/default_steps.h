@@ -1,9 +1,10 @@
 #pragma once
-// Private: which of a Module's overridable steps ran as their default. C++ cannot ask whether
-// a virtual is overridden, so each default marks that it ran; the Trainer clears the marks, runs
-// a step and reads which defaults did not run. A graphed training step needs it: a graph replays
-// what the step did when it was captured, which is all of the default's work but not an
-// override's decisions (a learning-rate warm-up in optimizer_step would be frozen).
+// Private: which of a Module's (or DataModule's) overridable hooks ran as their default. C++
+// cannot ask whether a virtual is overridden, so each default marks that it ran; the Trainer
+// clears the marks, calls the hook and reads whether the default ran. A graphed training step
+// needs it (a graph replays what the step did when it was captured, which is all of the
+// default's work but not an override's decisions: a learning-rate warm-up in optimizer_step would
+// be frozen), and so do the batch-transfer hooks (a DataModule's override replaces the Module's).
 
 #include <string>
 
@@ -17,9 +18,24 @@ struct DefaultSteps {
     kBackward = 1,
     kOptimizerStep = 2,
     kGradientClipping = 4,
+    // The DataModule's batch hooks.
+    kBeforeBatchTransfer = 8,
+    kTransferBatch = 16,
+    kAfterBatchTransfer = 32,
   };
-  static void mark(Module& m, Bit bit) { m.default_steps_ran_ |= bit; }
-  static void clear(Module& m) { m.default_steps_ran_ = 0; }
+  // T: Module or DataModule (both befriend this struct).
+  template <typename T>
+  static void mark(T& t, Bit bit) {
+    t.default_steps_ran_ |= bit;
+  }
+  template <typename T>
+  static void clear(T& t) {
+    t.default_steps_ran_ = 0;
+  }
+  template <typename T>
+  static bool ran(const T& t, Bit bit) {
+    return (t.default_steps_ran_ & bit) != 0;
+  }
   /// The steps among backward, optimizer_step and configure_gradient_clipping that ran since
   /// clear() without their default ("backward, optimizer_step"), "" when every one did: call it
   /// after a step that ran all three.

@@ -201,6 +201,7 @@ class Run : public RunContext {
   at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, c10::optional<double> value,
                             c10::optional<ClipAlgorithm> algorithm) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
+  Batch batch_to_device(const Batch& batch) const override;
   void step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) override;
 
   // ---------------------------------------------------------------- dispatch
@@ -273,8 +274,9 @@ class Run : public RunContext {
   /// The DataModule's, then the module's prepare_data, where Strategy::run_preparation runs it
   /// (not in tuner trials).
   void prepare_data();
-  /// `raw` through the module's on_before_batch_transfer, the strategy's batch_to_device and
-  /// the module's on_after_batch_transfer: every loop's batch.
+  /// `raw` through on_before_batch_transfer, transfer_batch_to_device (default: the strategy's
+  /// batch_to_device) and on_after_batch_transfer, each the DataModule's when it overrides it,
+  /// else the module's: every loop's batch.
   Batch transfer(Batch raw);
   /// The teardown hooks of the DataModule, the callbacks and the module whose setup ran, in
   /// Lightning's order (once: the flags are reset). With `failed` a hook's exception is logged

@@ -2,10 +2,12 @@
 // precision skipped advances neither the global step nor the schedulers.
 #include <gtest/gtest.h>
 
+#include "lr_at_end.h"
 #include "tiny.h"
 
 namespace {
 
+using volt_test::LrAtEnd;
 using volt_test::quiet;
 using volt_test::TinyClassifier;
 
@@ -48,16 +50,6 @@ class SkippingPrecision : public volt::Fp32Precision {
  private:
   std::set<int64_t> skip_;
   int64_t attempts_ = 0;
-};
-
-// Reads the learning rate when training ends.
-class LrAtEnd : public volt::Callback {
- public:
-  std::string state_key() const override { return "LrAtEnd"; }
-  void on_train_end(volt::RunContext& run, volt::Module&) override {
-    lr = run.optimizer_configs().front().optimizer()->param_groups().front().options().get_lr();
-  }
-  double lr = -1;
 };
 
 TEST(OptimizationStep, SkippedStepAdvancesNeitherGlobalStepNorSchedulers) {
