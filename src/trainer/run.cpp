@@ -431,8 +431,20 @@ void Run::prepare_data() {
 
 namespace {
 
-// One batch hook: the DataModule's when it overrides it (its default marks that it ran and
-// leaves the batch alone), else the module's, as Lightning's _DataHookSelector.
+bool same_tensors(const Batch& a, const Batch& b) {
+  if (!a.input.is_same(b.input) || !a.target.is_same(b.target)) return false;
+  if (a.extra.size() != b.extra.size()) return false;
+  for (const auto& kv : a.extra) {
+    auto it = b.extra.find(kv.first);
+    if (it == b.extra.end() || !it->second.is_same(kv.second)) return false;
+  }
+  return true;
+}
+
+// One batch hook: the DataModule's when it overrides it, else the module's, as Lightning's
+// _DataHookSelector. The DataModule's defaults mark that they ran and return the batch as it
+// came; an override that calls the default and then changes the batch still counts (its batch
+// differs), one that changes nothing lets the module's hook run.
 template <typename DF, typename MF>
 Batch batch_hook(Run& r, DefaultSteps::Bit bit, const char* name, const char* data_name,
                  Batch batch, DF&& data_fn, MF&& module_fn) {
@@ -443,7 +455,7 @@ Batch batch_hook(Run& r, DefaultSteps::Bit bit, const char* name, const char* da
       Run::Part part(r, data_name);
       out = data_fn(*r.data, batch);
     }
-    if (!DefaultSteps::ran(*r.data, bit)) return out;
+    if (!DefaultSteps::ran(*r.data, bit) || !same_tensors(out, batch)) return out;
   }
   Batch out;
   r.module_hook(name, [&](Module& m) { out = module_fn(m, std::move(batch)); });

@@ -931,14 +931,28 @@ class Augments : public volt::DataModule {
   }
 };
 
+/// An override that calls the DataModule's default first, then changes the batch.
+class AugmentsAfterTheDefault : public Augments {
+ public:
+  volt::Batch on_after_batch_transfer(volt::Batch batch) override {
+    batch = volt::DataModule::on_after_batch_transfer(std::move(batch));
+    batch.input = torch::full_like(batch.input, 4.0);
+    return batch;
+  }
+};
+
 TEST(Hooks, ADataModulesBatchHookReplacesTheModulesAndItsDefaultsLeaveThemToTheModule) {
   volt_test::TempDir dir;
-  OwnHooks with_data, alone;
+  OwnHooks with_data, with_data_too, alone;
   Augments augments;
+  AugmentsAfterTheDefault after_default;
   volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1));
   trainer.fit(with_data, augments);
   EXPECT_EQ(with_data.inputs, std::vector<float>(2, 3.0f));  // the DataModule's augmentation
   EXPECT_EQ(with_data.module_after, 0);                      // in place of the module's
+  trainer.fit(with_data_too, after_default);
+  EXPECT_EQ(with_data_too.inputs, std::vector<float>(2, 4.0f));
+  EXPECT_EQ(with_data_too.module_after, 0);
   trainer.fit(alone, volt_test::loader(volt_test::blobs(32)));
   EXPECT_EQ(alone.inputs, std::vector<float>(2, 2.0f));
   EXPECT_EQ(alone.module_after, 2);
