@@ -365,4 +365,33 @@ TEST(StochasticWeightAveraging, ForwardTrainingDataRunsOnlyFromHooksOfFit) {
                   "not from a step"));
 }
 
+/// Keeps its dropout in eval mode from each epoch's start, and checks it stays so in the
+/// training steps (forward_training_data's own pass, without gradients, runs all in train mode,
+/// as torch's update_bn).
+class FrozenDropout : public TinyClassifier {
+ public:
+  void on_train_epoch_start() override { drop->eval(); }
+  torch::Tensor training_step(const volt::Batch& b, int64_t idx) override {
+    if (torch::GradMode::is_enabled()) {
+      EXPECT_TRUE(is_training());
+      EXPECT_FALSE(drop->is_training()) << "batch " << idx;
+      ++steps;
+    }
+    return TinyClassifier::training_step(b, idx);
+  }
+  int steps = 0;
+};
+
+TEST(StochasticWeightAveraging, ForwardTrainingDataPutsEverySubmodulesModeBack) {
+  volt_test::TempDir dir;
+  FrozenDropout model;
+  auto hooks = std::make_shared<ForwardFromHooks>();  // also inside each validation pass
+  volt::Trainer t(quiet(dir.path).max_epochs(2).limit_val_batches(int64_t{1}).callbacks({hooks}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(hooks->passes, 8);
+  EXPECT_EQ(model.steps, 8);
+  EXPECT_FALSE(model.drop->is_training());
+  EXPECT_TRUE(model.fc1->is_training());
+}
+
 }  // namespace

@@ -178,18 +178,25 @@ void Run::forward_training_data() {
              "optimizer steps of training_step; use automatic optimization for this module.");
   DataLoader& train = *fit_train;
   const int64_t n = train_limit(train);
-  const bool was_training = m.is_training();
-  const LogScope saved_scope = scope;
+  // Every submodule's mode comes back after the pass (a BatchNorm kept in eval mode stays so).
+  // Not save_training_modes(): this may run inside an evaluation pass, which holds those.
+  // modules(false) lists each submodule before its own, so setting them in order restores each.
+  const auto subs = m.modules(/*include_self=*/false);
+  std::vector<bool> modes;
+  for (const auto& s : subs) modes.push_back(s->is_training());
   struct Restore {
     Run& r;
     Module& m;
     LogScope scope;
     bool training;
+    const std::vector<std::shared_ptr<torch::nn::Module>>& subs;
+    const std::vector<bool>& modes;
     ~Restore() {
       r.scope = scope;
       m.train(training);
+      for (size_t i = 0; i < subs.size(); ++i) subs[i]->train(modes[i]);
     }
-  } restore{*this, m, saved_scope, was_training};
+  } restore{*this, m, scope, m.is_training(), subs, modes};
   m.train();
   scope = LogScope::kDiscard;
   {
