@@ -915,6 +915,8 @@ void ProcessGroup::run_on_leaders(const std::string& name, const std::vector<int
   const auto done_key = [&](int64_t r) { return base + "done/" + std::to_string(r); };
   const auto beat_key = [&](int64_t r) { return base + "beat/" + std::to_string(r); };
   const bool leading = std::find(leaders.begin(), leaders.end(), rank_) != leaders.end();
+  const char* store_host =
+      impl.agent_store ? "torchrun's agent (the store's host)" : "rank 0 (the store's host)";
   std::exception_ptr own_failure;
   if (leading) {
     std::string outcome = "ok";
@@ -935,8 +937,8 @@ void ProcessGroup::run_on_leaders(const std::string& name, const std::vector<int
     } catch (const std::exception& e) {
       if (own_failure) std::rethrow_exception(own_failure);
       VOLT_CHECK(false, DistributedError, kTag, " ", name, " on rank ", rank_,
-                 ": could not reach the store at ", impl.address, " (", reason_of(e),
-                 "); rank 0 (its host) probably exited.");
+                 ": could not reach the store at ", impl.address, " (", reason_of(e), "); ",
+                 store_host, " probably exited.");
     }
   }
   // Every rank waits for every leader (each leader for the others too), watching its beats.
@@ -954,12 +956,8 @@ void ProcessGroup::run_on_leaders(const std::string& name, const std::vector<int
           last_progress = Clock::now();
         }
         VOLT_CHECK(Clock::now() - last_progress < timeout, DistributedError, kTag, " rank ", leader,
-                   " stopped answering while it ran ", name,
-                   " for the others (no "
-                   "heartbeat for ",
-                   seconds(timeout),
-                   "); it died or its machine is "
-                   "unreachable: see its log.");
+                   " stopped answering while it ran ", name, " for the others (no heartbeat for ",
+                   seconds(timeout), "); it died or its machine is unreachable: see its log.");
         std::this_thread::sleep_for(pause);
         pause = std::min(pause * 2, milliseconds(100));
       }
@@ -972,11 +970,11 @@ void ProcessGroup::run_on_leaders(const std::string& name, const std::vector<int
     throw;
   } catch (const std::exception& e) {
     VOLT_CHECK(false, DistributedError, kTag, " ", name, " on rank ", rank_, ": lost the store at ",
-               impl.address, " (", reason_of(e), "); rank 0 (its host) probably exited.");
+               impl.address, " (", reason_of(e), "); ", store_host, " probably exited.");
   }
   if (own_failure || !failure.empty()) {
-    // Rank 0 hosts the store: it stays until every rank has read how the work ended (bounded),
-    // so that each fails with the leader's message rather than with a lost connection.
+    // Rank 0 usually hosts the store: it stays until every rank has read how the work ended
+    // (bounded), so that each fails with the leader's message rather than a lost connection.
     try {
       store.add(base + "read", 1);
       if (rank_ == 0) {
