@@ -71,21 +71,28 @@ at::Tensor Module::clip_gradients(torch::optim::Optimizer& optimizer,
 // sets a module and everything below it: setting them in that order leaves each with its own
 // recorded mode. (modules(true) would need a shared_ptr to this module, which a module on the
 // stack has not.)
-void Module::save_training_modes() {
-  saved_modes_.clear();
-  saved_modes_.push_back(is_training());
-  for (const auto& sub : modules(/*include_self=*/false))
-    saved_modes_.push_back(sub->is_training());
+std::vector<bool> Module::training_modes() const {
+  std::vector<bool> modes{is_training()};
+  for (const auto& sub : modules(/*include_self=*/false)) modes.push_back(sub->is_training());
+  return modes;
 }
 
-void Module::restore_training_modes() {
+void Module::set_training_modes(const std::vector<bool>& modes) {
   const auto subs = modules(/*include_self=*/false);
-  if (saved_modes_.size() != subs.size() + 1) {
+  if (modes.size() != subs.size() + 1) {
     train();
     return;
   }
-  train(saved_modes_[0]);
-  for (size_t i = 0; i < subs.size(); ++i) subs[i]->train(saved_modes_[i + 1]);
+  train(modes[0]);
+  for (size_t i = 0; i < subs.size(); ++i) subs[i]->train(modes[i + 1]);
+}
+
+void Module::save_training_modes() {
+  saved_modes_ = training_modes();
+}
+
+void Module::restore_training_modes() {
+  set_training_modes(saved_modes_);
 }
 
 RunContext& Module::require_run(const char* what) const {

@@ -14,6 +14,10 @@ const char* to_string(Stage s) {
   return "?";
 }
 
+const char* to_string(ClipAlgorithm a) {
+  return a == ClipAlgorithm::kNorm ? "norm" : "value";
+}
+
 const char* to_string(RunStatus s) {
   switch (s) {
     case RunStatus::kInitializing: return "initializing";

@@ -191,9 +191,6 @@ void Run::manual_count_step(size_t index) {
 at::Tensor Run::clip_gradients(torch::optim::Optimizer& optimizer, c10::optional<double> value,
                                c10::optional<ClipAlgorithm> algorithm) {
   const c10::optional<double> trainer_value = opts.gradient_clip_val();
-  const auto algorithm_name = [](ClipAlgorithm a) {
-    return a == ClipAlgorithm::kNorm ? "norm" : "value";
-  };
   if (value) {
     VOLT_CHECK(std::isfinite(*value), ValueError,
                "[Module] clip_gradients(gradient_clip_val=", *value,
@@ -208,9 +205,9 @@ at::Tensor Run::clip_gradients(torch::optim::Optimizer& optimizer, c10::optional
   }
   if (algorithm) {
     VOLT_CHECK(!trainer_value || *algorithm == opts.gradient_clip_algorithm(), ConfigError,
-               "[Module] clip_gradients(gradient_clip_algorithm=", algorithm_name(*algorithm),
+               "[Module] clip_gradients(gradient_clip_algorithm=", to_string(*algorithm),
                ") while the Trainer clips with gradient_clip_algorithm=",
-               algorithm_name(opts.gradient_clip_algorithm()),
+               to_string(opts.gradient_clip_algorithm()),
                "; set only one of them: drop the Trainer's gradient_clip_val, or call "
                "clip_gradients without an algorithm.");
   } else {

@@ -101,8 +101,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", fast_dev_run=" << o.fast_dev_run() << ", overfit_batches=" << o.overfit_batches()
      << ", accumulate_grad_batches=" << o.accumulate_grad_batches()
      << ", gradient_clip_val=" << optional_text(o.gradient_clip_val())
-     << ", gradient_clip_algorithm="
-     << (o.gradient_clip_algorithm() == ClipAlgorithm::kNorm ? "norm" : "value")
+     << ", gradient_clip_algorithm=" << to_string(o.gradient_clip_algorithm())
      << ", log_every_n_steps=" << o.log_every_n_steps()
      << ", enable_progress_bar=" << o.enable_progress_bar()
      << ", enable_checkpointing=" << o.enable_checkpointing()

@@ -223,8 +223,12 @@ class Module : public torch::nn::Module {
   /// Set by the Trainer for the duration of a run.
   void attach(RunContext* run) { run_ = run; }
 
-  /// Records the training mode of this module and of each submodule; restore_training_modes()
-  /// puts it back (train() on everything when submodules were added or removed since). The
+  /// The training mode of this module and of each submodule, in modules() order;
+  /// set_training_modes() puts such a list back (train() on everything when submodules were
+  /// added or removed since).
+  std::vector<bool> training_modes() const;
+  void set_training_modes(const std::vector<bool>& modes);
+  /// training_modes() kept in the module, for restore_training_modes() to put back. The
   /// evaluation loops record it before the *_model_eval hooks.
   void save_training_modes();
   void restore_training_modes();

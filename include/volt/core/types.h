@@ -25,6 +25,8 @@ enum class Reduce { kMean, kSum, kMax, kMin };
 
 /// Gradient clipping algorithms (Lightning's "norm" and "value").
 enum class ClipAlgorithm { kNorm, kValue };
+/// "norm" or "value".
+const char* to_string(ClipAlgorithm a);
 
 /// When a scheduler steps: after every `frequency` optimizer steps, or every `frequency` epochs.
 enum class Interval { kStep, kEpoch };

@@ -49,8 +49,8 @@ bool stop_now(Run& r) {
 void validate_now(Run& r, DataLoader& val) {
   r.module_hook("on_validation_model_zero_grad",
                 [](Module& m) { m.on_validation_model_zero_grad(); });
-  evaluation_loop(r, Stage::kValidate, val, r.val_limit(val));  // ends in training mode again
-  r.st.val_pending = false;
+  // Ends in training mode again, the due validation marked as run (val_pending).
+  evaluation_loop(r, Stage::kValidate, val, r.val_limit(val));
 }
 
 // overfit_batches trains on the same batches every epoch: the training loader without its
@@ -180,23 +180,16 @@ void Run::forward_training_data() {
   const int64_t n = train_limit(train);
   // Every submodule's mode comes back after the pass (a BatchNorm kept in eval mode stays so).
   // Not save_training_modes(): this may run inside an evaluation pass, which holds those.
-  // modules(false) lists each submodule before its own, so setting them in order restores each.
-  const auto subs = m.modules(/*include_self=*/false);
-  std::vector<bool> modes;
-  for (const auto& s : subs) modes.push_back(s->is_training());
   struct Restore {
     Run& r;
     Module& m;
     LogScope scope;
-    bool training;
-    const std::vector<std::shared_ptr<torch::nn::Module>>& subs;
-    const std::vector<bool>& modes;
+    std::vector<bool> modes;
     ~Restore() {
       r.scope = scope;
-      m.train(training);
-      for (size_t i = 0; i < subs.size(); ++i) subs[i]->train(modes[i]);
+      m.set_training_modes(modes);
     }
-  } restore{*this, m, scope, m.is_training(), subs, modes};
+  } restore{*this, m, scope, m.training_modes()};
   m.train();
   scope = LogScope::kDiscard;
   {
