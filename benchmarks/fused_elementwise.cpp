@@ -5,7 +5,9 @@
 // already loaded. Each repetition times the variants back to back (interleaved, so drift hits
 // all alike); medians. Markdown. Then the same chain written as libtorch ops and fused by
 // TracedFunction (alone, with its backward, and inside a module with two Linear layers), and
-// a Trainer fit with trace_training_step against the same fit run eagerly.
+// a Trainer fit with trace_training_step against the same fit run eagerly. Then row
+// reductions: a scaled, masked softmax, a residual LayerNorm and an RMSNorm written as ops,
+// each against libtorch's kernels (forward, and forward + backward), by hand and traced.
 //
 //   build/benchmarks/volt_bench_fused_elementwise [repetitions] [intra-op threads]
 
@@ -214,6 +216,85 @@ int main(int argc, char** argv) {
         reps,
         {{"eager module", [&] { step(block->forward(x)); }},
          {"TracedFunction of the module", [&] { step(traced_block({x})[0]); }}});
+  }
+
+  {
+    // Row reductions (row_sum / row_max): whole rows in one kernel, the row kept in cache
+    // between its passes. libtorch has fast kernels for softmax and layer_norm themselves; the
+    // gain is in fusing their neighbours (the scale and mask, the residual add) and in chains
+    // libtorch has no kernel for (an RMSNorm written as ops: 5 passes over memory eagerly).
+    const int64_t rows = 4096, cols = 1024;
+    const auto opts = volt::FusedElementwiseOptions().require_fused(true);
+    const Expr sx = input(0) * 0.125 + input(1);
+    const Expr se = exp(sx - detach(row_max(sx)));
+    volt::FusedElementwise softmax("bench_masked_softmax", {se / row_sum(se)}, opts);
+    auto softmax_ops = [](const Tensors& in) {
+      return Tensors{torch::softmax(in[0] * 0.125 + in[1], -1)};
+    };
+    volt::TracedFunction softmax_traced("bench_masked_softmax_t", softmax_ops);
+    volt::FusedElementwise plain_softmax("bench_softmax",
+                                         {exp(input(0) - detach(row_max(input(0)))) /
+                                          row_sum(exp(input(0) - detach(row_max(input(0)))))},
+                                         opts);
+    const auto rg = torch::requires_grad();
+    for (bool backward : {false, true}) {
+      const Tensors sin{torch::randn({rows, cols}, rg),
+                        torch::randn({cols}).masked_fill(torch::rand({cols}) > 0.8, -INFINITY)};
+      const Tensors leaf{sin[0]};
+      const auto up = torch::randn({rows, cols});
+      c10::AutoGradMode grad_mode(backward);
+      auto run = [&](const Tensors& out) {
+        if (backward) torch::autograd::grad(out, leaf, {up});
+      };
+      const std::string what = backward ? ", forward + backward" : ", forward";
+      compare("softmax(x, -1), [4096, 1024] float32" + what, reps,
+              {{"at::softmax", [&] { run({torch::softmax(sin[0], -1)}); }},
+               {"FusedElementwise written by hand", [&] { run(plain_softmax(leaf)); }}});
+      compare("softmax(x * 0.125 + mask, -1), [4096, 1024] float32 (mask a row)" + what, reps,
+              {{"eager ops (mul, add, softmax)", [&] { run(softmax_ops(sin)); }},
+               {"TracedFunction (1 fused chain)", [&] { run(softmax_traced(sin)); }},
+               {"FusedElementwise written by hand", [&] { run(softmax(sin)); }}});
+    }
+
+    const Expr h = input(0) + input(1);
+    const Expr d = h - row_sum(h) / row_length();
+    const Expr y =
+        d * (Expr(1.0) / sqrt(row_sum(d * d) / row_length() + 1e-5)) * input(2) + input(3);
+    volt::FusedElementwise res_ln("bench_residual_layer_norm", {y}, opts);
+    auto res_ln_ops = [](const Tensors& in) {
+      return Tensors{torch::layer_norm(in[0] + in[1], {in[0].size(-1)}, in[2], in[3], 1e-5)};
+    };
+    volt::TracedFunction res_ln_traced("bench_residual_layer_norm_t", res_ln_ops);
+    const Expr r = input(0);
+    volt::FusedElementwise rms(
+        "bench_rms_norm", {r * (Expr(1.0) / sqrt(row_sum(r * r) / row_length() + 1e-6)) * input(1)},
+        opts);
+    auto rms_ops = [](const Tensors& in) {
+      return Tensors{in[0] * torch::rsqrt(in[0].pow(2).mean(-1, true) + 1e-6) * in[1]};
+    };
+    volt::TracedFunction rms_traced("bench_rms_norm_t", rms_ops);
+    for (bool backward : {false, true}) {
+      const Tensors lin{torch::randn({rows, cols}, rg), torch::randn({rows, cols}, rg),
+                        torch::randn({cols}, rg), torch::randn({cols}, rg)};
+      const Tensors rin{lin[0], lin[2]};
+      const auto up = torch::randn({rows, cols});
+      c10::AutoGradMode grad_mode(backward);
+      auto run = [&](const Tensors& out, const Tensors& leaves) {
+        if (backward) torch::autograd::grad(out, leaves, {up});
+      };
+      const std::string what = backward ? ", forward + backward" : ", forward";
+      compare("layer_norm(x + residual, w, b), [4096, 1024] float32" + what, reps,
+              {{"eager ops (add, layer_norm)", [&] { run(res_ln_ops(lin), lin); }},
+               {backward ? "TracedFunction (layer_norm kept: gradients)"
+                         : "TracedFunction (1 fused chain)",
+                [&] { run(res_ln_traced(lin), lin); }},
+               {"FusedElementwise written by hand", [&] { run(res_ln(lin), lin); }}});
+      compare("RMSNorm as ops x * rsqrt(mean(x^2, -1) + eps) * g, [4096, 1024] float32" + what,
+              reps,
+              {{"eager ops (pow, mean, add, rsqrt, mul, mul)", [&] { run(rms_ops(rin), rin); }},
+               {"TracedFunction (1 fused chain)", [&] { run(rms_traced(rin), rin); }},
+               {"FusedElementwise written by hand", [&] { run(rms(rin), rin); }}});
+    }
   }
 
   {

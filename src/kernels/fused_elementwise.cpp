@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/accumulate.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <gnu/libc-version.h>
@@ -19,6 +20,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -30,6 +32,7 @@
 #include <iterator>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -122,6 +125,21 @@ Expr where_greater(const Expr& a, const Expr& b, const Expr& x, const Expr& y) {
 }
 Expr where_equal(const Expr& a, const Expr& b, const Expr& x, const Expr& y) {
   return make(Op::kSelectEq, {a.node(), b.node(), x.node(), y.node()});
+}
+Expr row_sum(const Expr& a) {
+  return make(Op::kRowSum, {a.node()});
+}
+Expr row_max(const Expr& a) {
+  return make(Op::kRowMax, {a.node()});
+}
+Expr row_length() {
+  return make(Op::kRowLength, {});
+}
+Expr first_column(const Expr& a) {
+  return make(Op::kFirstColumn, {a.node()});
+}
+Expr detach(const Expr& a) {
+  return make(Op::kDetach, {a.node()});
 }
 
 }  // namespace jit
@@ -223,10 +241,10 @@ std::string c_expr(const jit::Expr::Node* n,
              a(1);
     case Op::kNeg: return "-" + a(0);
     case Op::kAbs: return "fabsf(" + a(0) + ")";
-    case Op::kExp: return "expf(" + a(0) + ")";
+    case Op::kExp: return "volt_expf(" + a(0) + ", volt_lo)";
     case Op::kLog: return "logf(" + a(0) + ")";
     case Op::kTanh: return "tanhf(" + a(0) + ")";
-    case Op::kSigmoid: return "1.0f / (1.0f + expf(-" + a(0) + "))";
+    case Op::kSigmoid: return "1.0f / (1.0f + volt_expf(-" + a(0) + ", volt_lo))";
     // NaN passes through, as at::relu (clamp_min) lets it.
     case Op::kRelu:
       return "(" + a(0) + " > 0.0f || " + a(0) + " != " + a(0) + ") ? " + a(0) + " : 0.0f";
@@ -234,9 +252,293 @@ std::string c_expr(const jit::Expr::Node* n,
     case Op::kErf: return "erff(" + a(0) + ")";
     case Op::kSelectGt: return "(" + a(0) + " > " + a(1) + ") ? " + a(2) + " : " + a(3);
     case Op::kSelectEq: return "(" + a(0) + " == " + a(1) + ") ? " + a(2) + " : " + a(3);
+    // Row operations exist only in the row-by-row kernel, where j is the column.
+    case Op::kRowLength: return "(float)cols";
+    case Op::kFirstColumn: return "(j == 0) ? " + a(0) + " : 0.0f";
+    case Op::kDetach: return a(0);
+    case Op::kRowSum:
+    case Op::kRowMax: break;  // accumulated by the row kernel's passes
   }
-  VOLT_ASSERT(false, "[FusedElementwise] c_expr called on a leaf");
+  VOLT_ASSERT(false, "[FusedElementwise] c_expr called on a leaf or a reduction");
   return "";
+}
+
+bool is_row_op(Op op) {
+  return op == Op::kRowSum || op == Op::kRowMax || op == Op::kRowLength || op == Op::kFirstColumn;
+}
+
+bool uses_row_ops(const std::vector<NodePtr>& order) {
+  return std::any_of(order.begin(), order.end(), [](const NodePtr& n) { return is_row_op(n->op); });
+}
+
+const char* const kKernelHead =
+    "#include <math.h>\n#include <stdint.h>\n\n"
+    "#ifdef VOLT_MVEC\n"
+    "#pragma omp declare simd notinbranch\nfloat expf(float);\n"
+    "#pragma omp declare simd notinbranch\nfloat logf(float);\n"
+    "#pragma omp declare simd notinbranch\nfloat tanhf(float);\n"
+    "#pragma omp declare simd notinbranch\nfloat erff(float);\n"
+    "#define VOLT_SIMD _Pragma(\"omp simd\")\n"
+    "#else\n#define VOLT_SIMD\n#endif\n\n"
+    // expf below -87 (results under 1.7e-38, where glibc's vector expf leaves its fast path
+    // for a scalar call per element: 8x slower on a softmax row masked with -inf) is 0. The
+    // floor is read from memory: with a constant, GCC folds the clamp back into expf(x).
+    "static volatile float volt_exp_floor = -87.0f;\n"
+    "static inline float volt_expf(float x, float lo) {\n"
+    "  const float c = x < lo ? lo : x;\n"
+    "  const float e = expf(c);\n"
+    "  return c == lo ? 0.0f : e;\n"
+    "}\n\n"
+    "__attribute__((visibility(\"default\")))\n"
+    "void volt_jit_kernel(const float* const* in, float* const* out, int64_t begin,\n"
+    "                     int64_t end, int64_t cols, const int64_t* numel) {\n"
+    "  const float volt_lo = volt_exp_floor;\n";
+
+using RawNode = const jit::Expr::Node*;
+
+// Names every value of `order` (v<k> the inputs, c<n> the constants, t<n> the rest) and returns
+// the kernel's start: kKernelHead, the constants, and the reads of one-element inputs.
+std::string kernel_start(const std::vector<NodePtr>& order, const std::string& forms,
+                         std::unordered_map<const void*, std::string>* name) {
+  std::ostringstream s;
+  s << kKernelHead;
+  int64_t next = 0;
+  for (const auto& node : order) {
+    const auto* n = node.get();
+    if (n->op == Op::kInput) {
+      (*name)[n] = "v" + std::to_string(n->index);
+    } else if (n->op == Op::kConstant) {
+      (*name)[n] = "c" + std::to_string(next++);
+      s << "  const float " << (*name)[n] << " = " << float_literal(n->value) << ";\n";
+    } else {
+      (*name)[n] = "t" + std::to_string(next++);
+    }
+  }
+  for (size_t k = 0; k < forms.size(); ++k) {
+    if (forms[k] == 'S') s << "  const float v" << k << " = in[" << k << "][0];\n";
+  }
+  return s.str();
+}
+
+// How a row kernel is laid out (generate_row_body): which values vary along the row, the
+// passes over the row, and which values are kept in scratch rows between passes.
+//
+// Per row, there is one pass per level of reductions (a reduction whose argument reads other
+// reductions is a level above them; the reductions of one level share their pass), the per-row
+// values between them computed once, then one pass writing the full-shape outputs. Values that
+// vary along the row are recomputed in each pass that needs them (the row stays in cache, so
+// memory is read once), except the transcendental ones (exp, log, tanh, sigmoid, erf) that
+// several passes need: the first pass stores them in a scratch row that the later ones read
+// (a softmax computes each exp once).
+struct RowPlan {
+  std::vector<NodePtr> order;
+  std::unordered_map<const void*, bool> varies;  // along the row
+  std::unordered_map<const void*, int> level;    // of the reductions it waits for
+  int top = 0;                                   // the highest level
+  std::vector<RawNode> stored;                   // kept in scratch rows, in this order
+  std::vector<std::vector<RawNode>> roots;       // per pass: what it computes
+};
+
+bool is_reduction(Op op) {
+  return op == Op::kRowSum || op == Op::kRowMax;
+}
+
+bool is_transcendental(Op op) {
+  return op == Op::kExp || op == Op::kLog || op == Op::kTanh || op == Op::kSigmoid ||
+         op == Op::kErf;
+}
+
+// The varying, computed (not input or constant) nodes that `roots` need, in evaluation order;
+// the search stops at nodes in `stop` (read from their scratch rows), which are returned too.
+std::vector<RawNode> pass_nodes(const RowPlan& plan, const std::vector<RawNode>& roots,
+                                const std::unordered_set<const void*>& stop) {
+  std::unordered_set<const void*> need;
+  std::vector<RawNode> todo;
+  for (RawNode r : roots) {
+    if (plan.varies.at(r) && need.insert(r).second) todo.push_back(r);
+  }
+  while (!todo.empty()) {
+    RawNode n = todo.back();
+    todo.pop_back();
+    if (stop.count(n)) continue;
+    for (const auto& a : n->args) {
+      if (plan.varies.at(a.get()) && need.insert(a.get()).second) todo.push_back(a.get());
+    }
+  }
+  std::vector<RawNode> out;
+  for (const auto& n : plan.order) {
+    if (need.count(n.get()) && n->op != Op::kInput && n->op != Op::kConstant) {
+      out.push_back(n.get());
+    }
+  }
+  return out;
+}
+
+RowPlan plan_rows(const std::vector<jit::Expr>& outputs, const std::string& forms) {
+  RowPlan plan;
+  plan.order = topo_order(outputs);
+  for (const auto& node : plan.order) {
+    const auto* n = node.get();
+    int lv = 0;
+    bool v = false;
+    for (const auto& a : n->args) {
+      lv = std::max(lv, plan.level.at(a.get()));
+      v = v || plan.varies.at(a.get());
+    }
+    if (n->op == Op::kInput) {
+      const char f = forms[static_cast<size_t>(n->index)];
+      v = f == 'F' || f == 'R';
+    }
+    if (is_reduction(n->op)) {
+      lv += 1;
+      v = false;
+    }
+    if (n->op == Op::kFirstColumn) v = true;
+    plan.varies[n] = v;
+    plan.level[n] = lv;
+    plan.top = std::max(plan.top, lv);
+  }
+  plan.roots.resize(static_cast<size_t>(plan.top) + 1);
+  for (const auto& n : plan.order) {
+    if (is_reduction(n->op)) {
+      plan.roots[static_cast<size_t>(plan.level.at(n.get())) - 1].push_back(n->args[0].get());
+    }
+  }
+  for (const auto& o : outputs) {
+    if (plan.varies.at(o.node().get())) plan.roots.back().push_back(o.node().get());
+  }
+  // Transcendental values more than one pass needs (without scratch rows) are stored.
+  std::unordered_map<const void*, int> passes;
+  for (const auto& roots : plan.roots) {
+    for (RawNode n : pass_nodes(plan, roots, {})) ++passes[n];
+  }
+  for (const auto& n : plan.order) {
+    if (is_transcendental(n->op) && passes[n.get()] > 1) plan.stored.push_back(n.get());
+  }
+  return plan;
+}
+
+// The kernel of an expression with row operations: [begin, end) are whole rows; `out` holds
+// the outputs and then, for each stored value, a scratch row of `cols` floats (RowPlan).
+std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::string& forms) {
+  const RowPlan plan = plan_rows(outputs, forms);
+  std::unordered_map<const void*, std::string> name;
+  std::ostringstream s;
+  s << kernel_start(plan.order, forms, &name);
+  std::unordered_map<const void*, std::string> scratch;
+  for (size_t k = 0; k < plan.stored.size(); ++k) {
+    scratch[plan.stored[k]] = "m" + std::to_string(k);
+    s << "  float* restrict m" << k << " = out[" << outputs.size() + k << "];\n";
+  }
+  s << "  for (int64_t r = begin / cols; r < end / cols; ++r) {\n"
+    << "    const int64_t i = r * cols;\n";
+  for (size_t k = 0; k < forms.size(); ++k) {
+    if (forms[k] == 'F') s << "    const float* restrict p" << k << " = in[" << k << "] + i;\n";
+    if (forms[k] == 'R') s << "    const float* restrict p" << k << " = in[" << k << "];\n";
+    if (forms[k] == 'C') {
+      s << "    const float v" << k << " = in[" << k << "][r % numel[" << k << "]];\n";
+    }
+  }
+  std::unordered_set<const void*> done;  // stored values some pass has written already
+  // The body of one pass: loads of the varying inputs, then each value, read back from its
+  // scratch row when an earlier pass stored it, else computed (and stored the first time).
+  auto pass = [&](const std::vector<RawNode>& roots) {
+    const std::vector<RawNode> nodes = pass_nodes(plan, roots, done);
+    std::set<int64_t> read;
+    auto consider = [&](RawNode n) {
+      if (n->op == Op::kInput && plan.varies.at(n)) read.insert(n->index);
+    };
+    for (RawNode n : nodes) {
+      if (done.count(n)) continue;
+      for (const auto& a : n->args) consider(a.get());
+    }
+    for (RawNode r : roots) consider(r);
+    for (int64_t k : read) s << "      const float v" << k << " = p" << k << "[j];\n";
+    std::vector<RawNode> stores;
+    for (RawNode n : nodes) {
+      if (done.count(n)) {
+        s << "      const float " << name.at(n) << " = " << scratch.at(n) << "[j];\n";
+        continue;
+      }
+      s << "      const float " << name.at(n) << " = " << c_expr(n, name) << ";\n";
+      if (scratch.count(n)) {
+        s << "      " << scratch.at(n) << "[j] = " << name.at(n) << ";\n";
+        stores.push_back(n);
+      }
+    }
+    done.insert(stores.begin(), stores.end());
+  };
+  // Per-row values of level `lv` that are not reductions, once per row.
+  auto row_values = [&](int lv) {
+    for (const auto& n : plan.order) {
+      const auto* p = n.get();
+      if (plan.varies.at(p) || n->op == Op::kInput || n->op == Op::kConstant ||
+          is_reduction(n->op) || plan.level.at(p) != lv) {
+        continue;
+      }
+      s << "    const float " << name.at(p) << " = " << c_expr(p, name) << ";\n";
+    }
+  };
+  row_values(0);
+  for (int lv = 1; lv <= plan.top; ++lv) {
+    std::vector<RawNode> reductions;
+    for (const auto& n : plan.order) {
+      if (is_reduction(n->op) && plan.level.at(n.get()) == lv) reductions.push_back(n.get());
+    }
+    std::ostringstream sums, maxes, ors, body;
+    for (RawNode n : reductions) {
+      const std::string& t = name.at(n);
+      const std::string x = name.at(n->args[0].get());
+      if (n->op == Op::kRowSum) {
+        s << "    double a" << t << " = 0.0;\n";
+        sums << (sums.tellp() > 0 ? "," : "") << "a" << t;
+        body << "      a" << t << " += (double)" << x << ";\n";
+      } else {
+        s << "    float a" << t << " = -INFINITY;\n    int n" << t << " = 0;\n";
+        maxes << (maxes.tellp() > 0 ? "," : "") << "a" << t;
+        ors << (ors.tellp() > 0 ? "," : "") << "n" << t;
+        body << "      a" << t << " = " << x << " > a" << t << " ? " << x << " : a" << t << ";\n"
+             << "      n" << t << " |= " << x << " != " << x << ";\n";
+      }
+    }
+    s << "#ifdef VOLT_MVEC\n#pragma omp simd";
+    if (sums.tellp() > 0) s << " reduction(+:" << sums.str() << ")";
+    if (maxes.tellp() > 0) {
+      s << " reduction(max:" << maxes.str() << ") reduction(|:" << ors.str() << ")";
+    }
+    s << "\n#endif\n    for (int64_t j = 0; j < cols; ++j) {\n";
+    pass(plan.roots[static_cast<size_t>(lv) - 1]);
+    s << body.str() << "    }\n";
+    for (RawNode n : reductions) {
+      const std::string& t = name.at(n);
+      if (n->op == Op::kRowSum) {
+        s << "    const float " << t << " = (float)a" << t << ";\n";
+      } else {
+        s << "    const float " << t << " = n" << t << " ? (float)NAN : a" << t << ";\n";
+      }
+    }
+    row_values(lv);
+  }
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    const auto* n = outputs[o].node().get();
+    if (!plan.varies.at(n)) s << "    out[" << o << "][r] = " << name.at(n) << ";\n";
+  }
+  if (!plan.roots.back().empty()) {
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      if (plan.varies.at(outputs[o].node().get())) {
+        s << "    float* restrict q" << o << " = out[" << o << "] + i;\n";
+      }
+    }
+    s << "    VOLT_SIMD\n    for (int64_t j = 0; j < cols; ++j) {\n";
+    pass(plan.roots.back());
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      const auto* n = outputs[o].node().get();
+      if (plan.varies.at(n)) s << "      q" << o << "[j] = " << name.at(n) << ";\n";
+    }
+    s << "    }\n";
+  }
+  s << "  }\n}\n";
+  return s.str();
 }
 
 // The kernel's C source for input forms `forms` ('F' full, 'S' one element, 'R' row, 'C'
@@ -245,36 +547,13 @@ std::string c_expr(const jit::Expr::Node* n,
 // inner loop vectorises.
 std::string generate_body(const std::vector<jit::Expr>& outputs, const std::string& forms) {
   const auto order = topo_order(outputs);
+  if (uses_row_ops(order)) return generate_row_body(outputs, forms);
   std::unordered_map<const void*, std::string> name;
-  std::ostringstream hoisted, body;
-  int64_t next = 0;
-  for (const auto& node : order) {
-    const auto* n = node.get();
-    if (n->op == Op::kInput) {
-      name[n] = "v" + std::to_string(n->index);
-    } else if (n->op == Op::kConstant) {
-      name[n] = "c" + std::to_string(next++);
-      hoisted << "  const float " << name[n] << " = " << float_literal(n->value) << ";\n";
-    } else {
-      name[n] = "t" + std::to_string(next++);
-      body << "      const float " << name[n] << " = " << c_expr(n, name) << ";\n";
-    }
-  }
-  std::ostringstream s;
-  s << "#include <math.h>\n#include <stdint.h>\n\n"
-    << "#ifdef VOLT_MVEC\n"
-    << "#pragma omp declare simd notinbranch\nfloat expf(float);\n"
-    << "#pragma omp declare simd notinbranch\nfloat logf(float);\n"
-    << "#pragma omp declare simd notinbranch\nfloat tanhf(float);\n"
-    << "#pragma omp declare simd notinbranch\nfloat erff(float);\n"
-    << "#define VOLT_SIMD _Pragma(\"omp simd\")\n"
-    << "#else\n#define VOLT_SIMD\n#endif\n\n"
-    << "__attribute__((visibility(\"default\")))\n"
-    << "void volt_jit_kernel(const float* const* in, float* const* out, int64_t begin,\n"
-    << "                     int64_t end, int64_t cols, const int64_t* numel) {\n"
-    << hoisted.str();
-  for (size_t k = 0; k < forms.size(); ++k) {
-    if (forms[k] == 'S') s << "  const float v" << k << " = in[" << k << "][0];\n";
+  std::ostringstream s, body;
+  s << kernel_start(order, forms, &name);
+  for (const auto& n : order) {
+    if (n->op == Op::kInput || n->op == Op::kConstant) continue;
+    body << "      const float " << name.at(n.get()) << " = " << c_expr(n.get(), name) << ";\n";
   }
   s << "  int64_t i = begin;\n"
     << "  while (i < end) {\n"
@@ -604,6 +883,7 @@ std::vector<int64_t> checked_shape(const std::string& name, int64_t num_inputs,
 // One node with libtorch ops, its arguments already in `memo` (callers go in evaluation order:
 // no recursion, so deep expressions cannot overflow the stack).
 at::Tensor evaluate(const jit::Expr::Node* n, const std::vector<at::Tensor>& inputs,
+                    const std::vector<int64_t>& shape,
                     std::unordered_map<const void*, at::Tensor>* memo) {
   auto a = [&](size_t i) { return memo->at(n->args[i].get()); };
   at::Tensor r;
@@ -635,6 +915,25 @@ at::Tensor evaluate(const jit::Expr::Node* n, const std::vector<at::Tensor>& inp
       r = at::where(cond, x.to(type), y.to(type));
       break;
     }
+    // The reductions see their argument at the full shape: a value that does not vary along
+    // the row is summed once per column, as the loop sums it.
+    case Op::kRowSum: r = at::sum(a(0).expand(shape), -1, /*keepdim=*/true); break;
+    case Op::kRowMax: r = at::amax(a(0).expand(shape), -1, /*keepdim=*/true); break;
+    case Op::kRowLength:
+      r = at::scalar_tensor(static_cast<float>(shape.empty() ? 1 : shape.back()),
+                            at::TensorOptions(at::kFloat));
+      break;
+    case Op::kFirstColumn: {
+      const at::Tensor x = a(0);
+      if (shape.empty()) {
+        r = x;
+        break;
+      }
+      const at::Tensor first = at::arange(shape.back(), x.options().dtype(at::kLong)).eq(0);
+      r = at::where(first, x, at::zeros({}, x.options()));
+      break;
+    }
+    case Op::kDetach: r = a(0).detach(); break;
   }
   (*memo)[n] = r;
   return r;
@@ -648,18 +947,61 @@ bool is_valid_name(const std::string& s) {
   return true;
 }
 
+// `exprs` with the nodes in `by` replaced by their expressions (the rest rebuilt over them, in
+// evaluation order: no recursion).
+std::vector<jit::Expr> substitute(const std::vector<jit::Expr>& exprs,
+                                  const std::unordered_map<const void*, jit::Expr>& by) {
+  std::unordered_map<const void*, NodePtr> now;
+  for (const auto& n : topo_order(exprs)) {
+    if (auto it = by.find(n.get()); it != by.end()) {
+      now[n.get()] = it->second.node();
+      continue;
+    }
+    bool changed = false;
+    std::vector<NodePtr> args;
+    for (const auto& a : n->args) {
+      args.push_back(now.at(a.get()));
+      changed = changed || args.back() != a;
+    }
+    if (!changed) {
+      now[n.get()] = n;
+      continue;
+    }
+    auto copy = std::make_shared<jit::Expr::Node>();
+    copy->op = n->op;
+    copy->index = n->index;
+    copy->value = n->value;
+    copy->args = std::move(args);
+    now[n.get()] = std::move(copy);
+  }
+  std::vector<jit::Expr> out;
+  for (const auto& e : exprs) out.emplace_back(now.at(e.node().get()));
+  return out;
+}
+
 // The autograd node of a fused call: runs the backward FusedElementwise on the saved inputs and
 // the output gradients, then sums each gradient down to its input's (broadcast) shape. It owns
 // the backward kernel, so the forward object may be gone by the time it runs.
 class FusedElementwiseBackward : public torch::autograd::Node {
  public:
+  // `backward_stats` (may be null) reads `stats`, the forward's reductions, after the output
+  // gradients; `backward` recomputes them.
   FusedElementwiseBackward(std::shared_ptr<const FusedElementwise> backward,
-                           std::vector<size_t> grad_inputs, const std::vector<at::Tensor>& inputs,
-                           std::vector<int64_t> shape)
+                           std::shared_ptr<const FusedElementwise> backward_stats,
+                           std::vector<at::Tensor> stats, std::vector<size_t> grad_inputs,
+                           const std::vector<at::Tensor>& inputs, std::vector<int64_t> shape,
+                           const std::vector<bool>& row_out)
       : backward_(std::move(backward)),
+        backward_stats_(std::move(backward_stats)),
+        stats_(std::move(stats)),
         grad_inputs_(std::move(grad_inputs)),
         num_inputs_(inputs.size()),
         shape_(std::move(shape)) {
+    for (bool row : row_out) {
+      std::vector<int64_t> s = shape_;
+      if (row && !s.empty()) s.back() = 1;
+      out_shapes_.push_back(std::move(s));
+    }
     for (const auto& t : inputs) {
       saved_.emplace_back(t, /*is_output=*/false);
       sizes_.push_back(t.sizes().vec());
@@ -673,12 +1015,19 @@ class FusedElementwiseBackward : public torch::autograd::Node {
                backward_->name(), "' ran twice; pass retain_graph=true to the first.");
     std::vector<at::Tensor> args;
     for (const auto& v : saved_) args.push_back(v.unpack());
-    for (auto& g : grads) {
-      args.push_back(g.defined() ? g : at::zeros(shape_, at::TensorOptions(at::kFloat)));
+    for (size_t o = 0; o < grads.size(); ++o) {
+      args.push_back(grads[o].defined()
+                         ? grads[o]
+                         : at::zeros(out_shapes_.at(o), at::TensorOptions(at::kFloat)));
     }
+    // With create_graph the gradients must be differentiable in the inputs, the reductions
+    // included: then they are recomputed from the inputs instead of read.
+    const bool stats = backward_stats_ != nullptr && !c10::GradMode::is_enabled();
+    const FusedElementwise& kernel = stats ? *backward_stats_ : *backward_;
+    if (stats) args.insert(args.end(), stats_.begin(), stats_.end());
     // The backward reads only the inputs its expressions use: those up to its highest index.
-    args.resize(static_cast<size_t>(backward_->num_inputs()));
-    const auto d = (*backward_)(args);
+    args.resize(static_cast<size_t>(kernel.num_inputs()));
+    const auto d = kernel(args);
     torch::autograd::variable_list out(num_inputs_);
     for (size_t k = 0; k < grad_inputs_.size(); ++k) {
       at::Tensor gk = d[k];
@@ -689,13 +1038,18 @@ class FusedElementwiseBackward : public torch::autograd::Node {
   }
 
   std::string name() const override { return "volt::FusedElementwiseBackward"; }
-  void release_variables() override { saved_.clear(); }
+  void release_variables() override {
+    saved_.clear();
+    stats_.clear();
+  }
 
  private:
-  std::shared_ptr<const FusedElementwise> backward_;
+  std::shared_ptr<const FusedElementwise> backward_, backward_stats_;
+  std::vector<at::Tensor> stats_;
   std::vector<size_t> grad_inputs_;  // the input each backward output belongs to
   size_t num_inputs_;
-  std::vector<int64_t> shape_;  // the outputs' shape
+  std::vector<int64_t> shape_;                    // the full shape
+  std::vector<std::vector<int64_t>> out_shapes_;  // each output's (per-row ones: last size 1)
   std::vector<torch::autograd::SavedVariable> saved_;
   std::vector<std::vector<int64_t>> sizes_;
 };
@@ -704,9 +1058,13 @@ class FusedElementwiseBackward : public torch::autograd::Node {
 
 namespace jit {
 
-std::vector<Expr> gradients(const std::vector<Expr>& outputs, int64_t num_inputs) {
+std::vector<Expr> gradients(const std::vector<Expr>& outputs, int64_t num_inputs,
+                            const std::vector<bool>& row_outputs) {
   VOLT_CHECK(num_inputs >= 0, ValueError, "[FusedElementwise] gradients: num_inputs=", num_inputs,
              " is negative.");
+  VOLT_CHECK(row_outputs.empty() || row_outputs.size() == outputs.size(), ValueError,
+             "[FusedElementwise] gradients: row_outputs has ", row_outputs.size(), " entries for ",
+             outputs.size(), " outputs; pass one per output, or none.");
   for (const auto& out : outputs) {
     VOLT_CHECK(out.node() != nullptr, ValueError, "[FusedElementwise] gradients of an empty Expr.");
   }
@@ -722,8 +1080,11 @@ std::vector<Expr> gradients(const std::vector<Expr>& outputs, int64_t num_inputs
       it->second = it->second + g;
     }
   };
+  // Adjoints are values per element of the full shape. A per-row output's gradient (a last
+  // size of 1) counts once per row, so it enters at the first column only.
   for (size_t o = 0; o < outputs.size(); ++o) {
-    add(outputs[o].node(), input(num_inputs + static_cast<int64_t>(o)));
+    const Expr g = input(num_inputs + static_cast<int64_t>(o));
+    add(outputs[o].node(), !row_outputs.empty() && row_outputs[o] ? first_column(g) : g);
   }
   std::vector<std::optional<Expr>> grads(static_cast<size_t>(num_inputs));
   // Reverse evaluation order: a node's adjoint is complete before it is propagated. The formulas
@@ -762,7 +1123,7 @@ std::vector<Expr> gradients(const std::vector<Expr>& outputs, int64_t num_inputs
         break;
       case Op::kDiv:
         add(args[0], g / x(1));
-        add(args[1], -g * ((x(0) / x(1)) / x(1)));
+        add(args[1], -g * (r / x(1)));  // r is a / b: the same value, one node (saved or not)
         break;
       case Op::kMaximum:
       case Op::kMinimum: {
@@ -796,6 +1157,19 @@ std::vector<Expr> gradients(const std::vector<Expr>& outputs, int64_t num_inputs
         add(args[2], where_equal(x(0), x(1), g, 0.0));
         add(args[3], where_equal(x(0), x(1), 0.0, g));
         break;
+      // A reduction's value is used at every position of its row: its gradient is the sum of
+      // the row's adjoints, which every element of the argument then gets (sum_backward).
+      case Op::kRowSum: add(args[0], row_sum(g)); break;
+      case Op::kRowMax: {
+        // amax_backward: (grad / count) * mask, the gradient split between the row's maxima;
+        // a NaN row has no maximum equal to itself and gets NaN, as in libtorch.
+        const Expr mask = where_equal(x(0), r, 1.0, 0.0);
+        add(args[0], (row_sum(g) / row_sum(mask)) * mask);
+        break;
+      }
+      case Op::kRowLength:
+      case Op::kDetach: break;
+      case Op::kFirstColumn: add(args[0], first_column(g)); break;
     }
   }
   std::vector<Expr> out;
@@ -845,6 +1219,36 @@ FusedElementwise::FusedElementwise(std::string name, std::vector<jit::Expr> outp
   for (const auto& n : order) {
     if (n->op == Op::kInput) num_inputs_ = std::max(num_inputs_, n->index + 1);
   }
+  by_rows_ = uses_row_ops(order);
+  for (const auto& n : order) {
+    if (is_reduction(n->op)) reductions_.emplace_back(n);
+  }
+}
+
+std::vector<bool> FusedElementwise::row_outputs(const std::vector<at::Tensor>& inputs) const {
+  std::vector<bool> out(outputs_.size(), false);
+  if (!by_rows_) return out;
+  // Whether a value is the same along the row: reductions, constants, the row length, inputs
+  // whose last size is 1 (or that have no dimensions), and what is computed from those only.
+  std::unordered_map<const void*, bool> per_row;
+  for (const auto& n : topo_order(outputs_)) {
+    bool p = true;
+    switch (n->op) {
+      case Op::kInput: {
+        const at::Tensor& t = inputs[static_cast<size_t>(n->index)];
+        p = t.dim() == 0 || t.size(-1) == 1;
+        break;
+      }
+      case Op::kRowSum:
+      case Op::kRowMax: p = true; break;
+      case Op::kFirstColumn: p = false; break;
+      default:
+        for (const auto& a : n->args) p = p && per_row.at(a.get());
+    }
+    per_row[n.get()] = p;
+  }
+  for (size_t o = 0; o < outputs_.size(); ++o) out[o] = per_row.at(outputs_[o].node().get());
+  return out;
 }
 
 namespace {
@@ -902,6 +1306,20 @@ std::string input_forms(const std::vector<at::Tensor>& inputs, const std::vector
   return forms;
 }
 
+// The shape of a per-row output: the full shape with a last size of 1.
+std::vector<int64_t> row_shape(std::vector<int64_t> shape) {
+  if (!shape.empty()) shape.back() = 1;
+  return shape;
+}
+
+// Why a kernel with row operations cannot run on `shape`, or "".
+std::string row_problem(bool by_rows, const std::vector<int64_t>& shape) {
+  if (by_rows && !shape.empty() && shape.back() == 0) {
+    return "its rows are empty (the last size is 0), which the row loop does not reduce";
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string FusedElementwise::forms_of(const std::vector<at::Tensor>& inputs,
@@ -913,6 +1331,8 @@ std::string FusedElementwise::fused_unavailable_reason(
     const std::vector<at::Tensor>& inputs) const {
   std::string why;
   const std::string forms = forms_of(inputs, &why);
+  if (!why.empty()) return why;
+  why = row_problem(by_rows_, checked_shape(name_, num_inputs_, inputs));
   if (!why.empty()) return why;
   if (detail::tracing()) return detail::kTracingReason;
   kernel_for(forms, &why);
@@ -927,20 +1347,25 @@ std::string FusedElementwise::source(const std::vector<at::Tensor>& inputs) cons
 }
 
 FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms,
-                                                        std::string* failure) const {
+                                                        std::string* failure,
+                                                        int64_t* scratch_rows) const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = kernels_.find(forms);
     if (it != kernels_.end()) {
       *failure = it->second.why;
+      if (scratch_rows != nullptr) *scratch_rows = it->second.scratch_rows;
       return it->second.fn;
     }
   }
+  const int64_t scratch =
+      by_rows_ ? static_cast<int64_t>(plan_rows(outputs_, forms).stored.size()) : 0;
+  if (scratch_rows != nullptr) *scratch_rows = scratch;
   // Remembered per instance, failures included, so each form is generated once.
   const auto remember = [&](KernelFn fn, std::string why) {
     if (fn == nullptr && why.empty()) why = "the kernel could not be built";
     std::lock_guard<std::mutex> own(mu_);
-    kernels_[forms] = Built{fn, why};
+    kernels_[forms] = Built{fn, why, scratch};
     *failure = std::move(why);
     return fn;
   };
@@ -998,8 +1423,10 @@ std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tenso
   std::string why;
   const auto shape = checked_shape(name_, num_inputs_, inputs);
   const std::string forms = input_forms(inputs, shape, &why);
+  if (why.empty()) why = row_problem(by_rows_, shape);
   if (why.empty() && detail::tracing()) why = detail::kTracingReason;
-  KernelFn fn = why.empty() ? kernel_for(forms, &why) : nullptr;
+  int64_t scratch_rows = 0;
+  KernelFn fn = why.empty() ? kernel_for(forms, &why, &scratch_rows) : nullptr;
   if (fn == nullptr) {
     VOLT_CHECK(!options_.require_fused(), NotAvailable, "[FusedElementwise] '", name_,
                "' cannot run fused: ", why, "; fix that or drop require_fused.");
@@ -1022,14 +1449,28 @@ std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tenso
       any_grad = any_grad || needs_grad[i];
     }
   }
-  std::vector<at::Tensor> out = run_kernel(fn, forms, inputs, shape);
-  if (!any_grad) return out;
+  const std::vector<bool> row_out = row_outputs(inputs);
+  if (!any_grad) return run_kernel(fn, forms, inputs, shape, row_out, scratch_rows);
+  std::vector<at::Tensor> out, stats;
+  if (reductions_.empty()) {
+    out = run_kernel(fn, forms, inputs, shape, row_out, scratch_rows);
+  } else {
+    // The forward keeps its reductions (a float per row each) for the backward, which then
+    // does not make the passes that computed them again.
+    c10::AutoGradMode no_grad(false);
+    out = (*with_stats())(inputs);
+    stats.assign(out.begin() + static_cast<int64_t>(outputs_.size()), out.end());
+    out.resize(outputs_.size());
+  }
   std::vector<size_t> grad_inputs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (needs_grad[i]) grad_inputs.push_back(i);
   }
+  // (Not inside the call below: the vector's move into its parameter may come first.)
+  auto from_stats = stats.empty() ? nullptr : backward_for(needs_grad, row_out, true);
   std::shared_ptr<FusedElementwiseBackward> node(
-      new FusedElementwiseBackward(backward_for(needs_grad), grad_inputs, inputs, shape),
+      new FusedElementwiseBackward(backward_for(needs_grad, row_out, false), std::move(from_stats),
+                                   std::move(stats), grad_inputs, inputs, shape, row_out),
       torch::autograd::deleteNode);
   torch::autograd::edge_list edges;
   for (const auto& t : inputs) {
@@ -1041,27 +1482,53 @@ std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tenso
   return out;
 }
 
+std::shared_ptr<const FusedElementwise> FusedElementwise::with_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!with_stats_) {
+    std::vector<jit::Expr> all = outputs_;
+    all.insert(all.end(), reductions_.begin(), reductions_.end());
+    with_stats_ =
+        std::make_shared<const FusedElementwise>(name_.substr(0, 61) + "_fw", all, options_);
+  }
+  return with_stats_;
+}
+
 std::shared_ptr<const FusedElementwise> FusedElementwise::backward_for(
-    const std::vector<bool>& needs_grad) const {
+    const std::vector<bool>& needs_grad, const std::vector<bool>& row_out, bool with_stats) const {
   std::string key;
   for (bool b : needs_grad) key += b ? '1' : '0';
+  key += '|';
+  for (bool b : row_out) key += b ? '1' : '0';
+  if (with_stats) key += "|stats";
   std::lock_guard<std::mutex> lock(mu_);
   auto it = backward_.find(key);
   if (it != backward_.end()) return it->second;
-  const auto all = jit::gradients(outputs_, num_inputs_);
+  const auto all = jit::gradients(outputs_, num_inputs_, row_out);
   std::vector<jit::Expr> wanted;
   for (size_t i = 0; i < needs_grad.size(); ++i) {
     if (needs_grad[i]) wanted.push_back(all[i]);
   }
-  auto bwd = std::make_shared<const FusedElementwise>(name_.substr(0, 60) + "_bwd",
-                                                      std::move(wanted), options_);
+  if (with_stats) {
+    // The forward's reductions become inputs after the output gradients.
+    std::unordered_map<const void*, jit::Expr> saved;
+    const auto first = num_inputs_ + static_cast<int64_t>(outputs_.size());
+    for (size_t k = 0; k < reductions_.size(); ++k) {
+      saved.emplace(reductions_[k].node().get(), jit::input(first + static_cast<int64_t>(k)));
+    }
+    wanted = substitute(wanted, saved);
+  }
+  auto bwd = std::make_shared<const FusedElementwise>(
+      with_stats ? name_.substr(0, 59) + "_bwds" : name_.substr(0, 60) + "_bwd", std::move(wanted),
+      options_);
   backward_[key] = bwd;
   return bwd;
 }
 
 std::vector<at::Tensor> FusedElementwise::run_kernel(KernelFn fn, const std::string& forms,
                                                      const std::vector<at::Tensor>& inputs,
-                                                     const std::vector<int64_t>& shape) const {
+                                                     const std::vector<int64_t>& shape,
+                                                     const std::vector<bool>& row_out,
+                                                     int64_t scratch_rows) const {
   c10::AutoGradMode no_grad(false);  // raw loops: nothing here is recorded
   std::vector<at::Tensor> in(inputs.size());
   std::vector<const float*> in_ptr(inputs.size());
@@ -1074,11 +1541,31 @@ std::vector<at::Tensor> FusedElementwise::run_kernel(KernelFn fn, const std::str
   std::vector<at::Tensor> out(outputs_.size());
   std::vector<float*> out_ptr(outputs_.size());
   for (size_t o = 0; o < outputs_.size(); ++o) {
-    out[o] = at::empty(shape, at::TensorOptions(at::kFloat));
+    out[o] = at::empty(row_out[o] ? row_shape(shape) : shape, at::TensorOptions(at::kFloat));
     out_ptr[o] = out[o].data_ptr<float>();
   }
-  const int64_t numel = out.empty() ? 0 : out[0].numel();
+  const int64_t numel = c10::multiply_integers(shape);
   if (numel == 0) return out;
+  if (by_rows_) {
+    // Whole rows per chunk: the kernel reduces each row it gets. Its scratch rows follow the
+    // outputs, one set per thread.
+    const int64_t cols = shape.empty() ? 1 : shape.back();
+    const at::Tensor scratch =
+        scratch_rows == 0
+            ? at::Tensor()
+            : at::empty({at::get_num_threads(), scratch_rows, cols}, at::TensorOptions(at::kFloat));
+    at::parallel_for(0, numel / cols, std::max<int64_t>(1, options_.grain_size() / cols),
+                     [&](int64_t begin, int64_t end) {
+                       std::vector<float*> ptrs = out_ptr;
+                       for (int64_t k = 0; k < scratch_rows; ++k) {
+                         ptrs.push_back(scratch.data_ptr<float>() +
+                                        (at::get_thread_num() * scratch_rows + k) * cols);
+                       }
+                       fn(in_ptr.data(), ptrs.data(), begin * cols, end * cols, cols,
+                          in_numel.data());
+                     });
+    return out;
+  }
   const bool by_row = forms.find_first_of("RC") != std::string::npos;
   const int64_t cols = by_row ? shape.back() : numel;
   at::parallel_for(0, numel, options_.grain_size(), [&](int64_t begin, int64_t end) {
@@ -1090,13 +1577,17 @@ std::vector<at::Tensor> FusedElementwise::run_kernel(KernelFn fn, const std::str
 std::vector<at::Tensor> FusedElementwise::reference(const std::vector<at::Tensor>& inputs) const {
   const auto shape = checked_shape(name_, num_inputs_, inputs);
   std::unordered_map<const void*, at::Tensor> memo;
-  for (const auto& n : topo_order(outputs_)) evaluate(n.get(), inputs, &memo);
+  for (const auto& n : topo_order(outputs_)) evaluate(n.get(), inputs, shape, &memo);
+  const std::vector<bool> row_out = row_outputs(inputs);
   std::vector<at::Tensor> out;
-  for (const auto& o : outputs_) {
+  for (size_t k = 0; k < outputs_.size(); ++k) {
+    const auto& o = outputs_[k];
     at::Tensor r = memo.at(o.node().get());
-    // An output that does not depend on every input is broadcast to the common shape, as the
-    // fused loop writes it; contiguous so that both paths return the same layout.
-    if (!r.sizes().equals(shape)) r = r.expand(shape);
+    // An output that does not depend on every input is broadcast to the common shape (its
+    // row shape when it is per row), as the fused loop writes it; contiguous so that both
+    // paths return the same layout.
+    const std::vector<int64_t> want = row_out[k] ? row_shape(shape) : shape;
+    if (!r.sizes().equals(want)) r = r.expand(want);
     const auto op = o.node()->op;
     // An input or constant passed straight through is copied: outputs never alias inputs.
     out.push_back(op == Op::kInput || op == Op::kConstant ? r.clone(at::MemoryFormat::Contiguous)

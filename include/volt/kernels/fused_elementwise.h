@@ -18,6 +18,25 @@
 /// Anything else (other broadcasts, dtypes, devices, no C compiler) runs `reference()`
 /// instead, logged once; `require_fused` turns that into NotAvailable.
 ///
+/// Row reductions: `row_sum` and `row_max` reduce over the last dimension of the outputs' shape
+/// and broadcast back along it, so a softmax or a LayerNorm is one expression and one pass per
+/// row set (the row stays in cache between its passes):
+///
+///   Expr m = row_max(x), e = exp(x - m);
+///   volt::FusedElementwise softmax("softmax", {e / row_sum(e)});
+///
+/// In an expression with a row operation (row_sum, row_max, row_length, first_column), an
+/// output that does not vary along the last dimension (it reads only reductions, constants and
+/// inputs whose last size is 1) comes back with a last size of 1, as a keepdim reduction; the
+/// others have the full shape. Sums accumulate in double, so they are at least as accurate as
+/// libtorch's (equal within rounding, not bit for bit); maxima are exact and propagate NaN.
+/// A forward that needs gradients keeps its reductions (a float per row each) for the
+/// backward, which reads them instead of making those passes again (under create_graph it
+/// recomputes them, so that higher-order gradients see them depend on the inputs).
+///
+/// exp (and sigmoid's) of arguments below -87, whose results are below 1.7e-38, is 0: glibc's
+/// vector expf takes a slow scalar path there, 8x slower on a row masked with -inf.
+///
 /// Autograd: when an input requires grad, the outputs get a backward that is itself a
 /// FusedElementwise, derived symbolically from the expression (libtorch's derivative formulas,
 /// recomputing the forward values from the saved inputs in the same loop); gradients of
@@ -46,6 +65,11 @@ enum class Op {
   kNeg, kAbs, kExp, kLog, kTanh, kSigmoid, kRelu, kSqrt, kErf,
   kSelectGt,  ///< a > b ? x : y
   kSelectEq,  ///< a == b ? x : y
+  kRowSum,      ///< sum of a row (the last dimension), broadcast along it
+  kRowMax,      ///< maximum of a row (NaN if the row has one), broadcast along it
+  kRowLength,   ///< the length of the last dimension, as a float
+  kFirstColumn, ///< a in the first column of each row, 0 elsewhere
+  kDetach,      ///< a, through which no gradient flows
 };
 // clang-format on
 
@@ -95,10 +119,32 @@ Expr where_greater(const Expr& a, const Expr& b, const Expr& x, const Expr& y);
 /// a == b ? x : y, per element (no gradient flows to a and b).
 Expr where_equal(const Expr& a, const Expr& b, const Expr& x, const Expr& y);
 
+/// The sum over the last dimension, the same value at every position of the row (at::sum(a,
+/// -1, true) broadcast back). A value that is already constant along the row is summed as often
+/// as the row is long.
+Expr row_sum(const Expr& a);
+/// The maximum over the last dimension, broadcast along the row; NaN when the row holds one
+/// (at::amax). Its gradient is split evenly between ties, as libtorch's.
+Expr row_max(const Expr& a);
+/// The length of the last dimension (1 for zero-dimensional outputs), e.g. row_sum(x) /
+/// row_length() for a mean.
+Expr row_length();
+/// `a` in the first column of each row and 0 in the others: how a per-row gradient enters a
+/// full-shape expression (row_sum(first_column(g)) == g).
+Expr first_column(const Expr& a);
+/// `a`, but no gradient flows through it (at::Tensor::detach): e.g. the maximum a softmax
+/// subtracts, which does not change the result, so its gradient is zero mathematically and
+/// needs no passes over the row to compute.
+Expr detach(const Expr& a);
+
 /// The gradient expressions of `outputs` with respect to inputs 0 .. num_inputs - 1, given the
 /// output gradients as inputs num_inputs .. num_inputs + outputs.size() - 1 (libtorch's
-/// derivative formulas; an input nothing depends on gets the constant 0).
-std::vector<Expr> gradients(const std::vector<Expr>& outputs, int64_t num_inputs);
+/// derivative formulas; an input nothing depends on gets the constant 0). Gradients are values
+/// per element of the full shape: an input that was broadcast sums its gradient (at::sum_to).
+/// `row_outputs[o]` says output o came back with a last size of 1 (see above); its gradient
+/// then enters through first_column. Empty: none did.
+std::vector<Expr> gradients(const std::vector<Expr>& outputs, int64_t num_inputs,
+                            const std::vector<bool>& row_outputs = {});
 
 }  // namespace jit
 
@@ -140,8 +186,9 @@ class FusedElementwise {
                    FusedElementwiseOptions options = {});
 
   /// The outputs for `inputs` (as many as the largest input index + 1), each of the inputs'
-  /// broadcast shape, contiguous float32. Compiles (or loads) the kernel for this combination
-  /// of input forms on first use.
+  /// broadcast shape (last size 1 for the per-row outputs of an expression with row
+  /// operations), contiguous float32. Compiles (or loads) the kernel for this combination of
+  /// input forms on first use.
   std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs) const;
   /// The same outputs computed with libtorch ops (differentiable; any dtype and device).
   std::vector<at::Tensor> reference(const std::vector<at::Tensor>& inputs) const;
@@ -151,6 +198,9 @@ class FusedElementwise {
   std::string source(const std::vector<at::Tensor>& inputs) const;
 
   int64_t num_inputs() const { return num_inputs_; }
+  /// Whether the expression uses a row operation (row_sum, row_max, row_length, first_column):
+  /// its kernel then runs row by row.
+  bool by_rows() const { return by_rows_; }
   const std::string& name() const { return name_; }
   const FusedElementwiseOptions& options() const { return options_; }
 
@@ -161,24 +211,41 @@ class FusedElementwise {
   std::string forms_of(const std::vector<at::Tensor>& inputs, std::string* why) const;
   // The kernel for `forms`, compiled or loaded on first use; nullptr with the reason in *why
   // when it cannot be built (remembered: a fallback does not retry or regenerate every call).
-  KernelFn kernel_for(const std::string& forms, std::string* why) const;
+  // *scratch_rows: the rows of `cols` floats per thread a row kernel keeps values in.
+  KernelFn kernel_for(const std::string& forms, std::string* why,
+                      int64_t* scratch_rows = nullptr) const;
 
   std::vector<at::Tensor> run_kernel(KernelFn fn, const std::string& forms,
                                      const std::vector<at::Tensor>& inputs,
-                                     const std::vector<int64_t>& shape) const;
-  std::shared_ptr<const FusedElementwise> backward_for(const std::vector<bool>& needs_grad) const;
+                                     const std::vector<int64_t>& shape,
+                                     const std::vector<bool>& row_out, int64_t scratch_rows) const;
+  // Which outputs come back with a last size of 1 for `inputs` (none unless by_rows()).
+  std::vector<bool> row_outputs(const std::vector<at::Tensor>& inputs) const;
+  // The backward kernel; `with_stats`: it reads the forward's reductions (inputs after the
+  // output gradients) instead of recomputing them.
+  std::shared_ptr<const FusedElementwise> backward_for(const std::vector<bool>& needs_grad,
+                                                       const std::vector<bool>& row_out,
+                                                       bool with_stats) const;
+  // This expression with its reductions as extra (per-row) outputs: what a forward that needs
+  // a gradient runs, so that the backward reads them.
+  std::shared_ptr<const FusedElementwise> with_stats() const;
 
   std::string name_;
   std::vector<jit::Expr> outputs_;
   FusedElementwiseOptions options_;
   int64_t num_inputs_ = 0;
+  bool by_rows_ = false;
+  std::vector<jit::Expr> reductions_;  // row_sum / row_max nodes, in evaluation order
   mutable std::mutex mu_;
+  mutable std::shared_ptr<const FusedElementwise> with_stats_;
   struct Built {
     KernelFn fn = nullptr;  // nullptr: it could not be built, for the reason in `why`
     std::string why;
+    int64_t scratch_rows = 0;
   };
   mutable std::map<std::string, Built> kernels_;  // by input forms
-  // Backward kernels, by which inputs need a gradient ('1'/'0' per input).
+  // Backward kernels, by which inputs need a gradient ('1'/'0' per input) and which outputs
+  // are per row.
   mutable std::map<std::string, std::shared_ptr<const FusedElementwise>> backward_;
 };
 

@@ -1,0 +1,497 @@
+// Row reductions in FusedElementwise (row_sum, row_max, row_length, first_column) and their
+// use by TracedFunction (softmax, log_softmax, layer_norm, sum/mean/amax over the last
+// dimension): the compiled row loops against libtorch's own kernels and the composition, their
+// gradients against autograd, the per-row outputs' shapes, NaN and ties, empty rows, and the
+// partition rules that keep a traced group's shapes what the kernel returns.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "error_text.h"
+#include "near.h"
+#include "scoped_env.h"
+#include "tiny.h"
+#include "volt/kernels/fused_elementwise.h"
+#include "volt/kernels/kernel_cache.h"
+#include "volt/kernels/traced_function.h"
+
+namespace {
+
+using namespace volt::jit;  // NOLINT: the expression language reads as maths
+using volt::FusedElementwise;
+using volt::FusedElementwiseOptions;
+using volt_test::ScopedEnv;
+
+struct RowReductions : ::testing::Test {
+  // The cache writes in the background: let it finish before the folder is removed.
+  ~RowReductions() override { volt::KernelCache::global().flush(); }
+  volt_test::TempDir dir;
+  ScopedEnv env{"VOLT_KERNEL_CACHE_CONFIG", dir.path + ",false,64"};
+  // The counters are process-wide: tests compare against their values at the start.
+  volt::jit::Stats before = volt::jit::stats();
+  int64_t compiles() const { return volt::jit::stats().compiles - before.compiles; }
+  int64_t fallbacks() const { return volt::jit::stats().fallbacks - before.fallbacks; }
+};
+
+// |a - b| <= atol + rtol |b|.
+::testing::AssertionResult close(const at::Tensor& a, const at::Tensor& b, double atol,
+                                 double rtol) {
+  if (!a.sizes().equals(b.sizes())) {
+    return ::testing::AssertionFailure() << "sizes " << a.sizes() << " vs " << b.sizes();
+  }
+  const auto diff = (a.to(at::kDouble) - b.to(at::kDouble)).abs();
+  const double worst = (diff - (atol + rtol * b.to(at::kDouble).abs())).max().item<double>();
+  if (worst <= 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max |a - b| = " << diff.max().item<double>();
+}
+
+Expr softmax_of(const Expr& x) {
+  const Expr e = exp(x - row_max(x));
+  return e / row_sum(e);
+}
+
+// LayerNorm over the last dimension as libtorch computes it: (x - mean) * rstd * w + b.
+struct LayerNormExpr {
+  Expr mean, rstd, y;
+};
+LayerNormExpr layer_norm_of(const Expr& x, const Expr& w, const Expr& b, double eps) {
+  const Expr mean = row_sum(x) / row_length();
+  const Expr d = x - mean;
+  const Expr rstd = Expr(1.0) / sqrt(row_sum(d * d) / row_length() + eps);
+  return {mean, rstd, d * rstd * w + b};
+}
+
+TEST_F(RowReductions, ASoftmaxAndALayerNormAreOneKernelEachAndMatchLibtorch) {
+  torch::manual_seed(0);
+  // 300 rows of 1000 with chunks of 7 rows: threads start at row boundaries.
+  const auto x = torch::randn({3, 100, 1000}) * 4, w = torch::randn({1000}),
+             b = torch::randn({1000});
+  const auto opts = FusedElementwiseOptions().require_fused(true).grain_size(7000);
+  FusedElementwise softmax("softmax", {softmax_of(input(0))}, opts);
+  EXPECT_TRUE(softmax.by_rows());
+  const auto got = softmax({x})[0];
+  EXPECT_TRUE(close(got, torch::softmax(x, -1), 1e-8, 1e-5));
+  EXPECT_TRUE(close(got, softmax.reference({x})[0], 1e-8, 1e-5));
+
+  const auto ln = layer_norm_of(input(0), input(1), input(2), 1e-5);
+  FusedElementwise layer_norm("layer_norm", {ln.y, ln.mean, ln.rstd}, opts);
+  const auto out = layer_norm({x, w, b});
+  EXPECT_TRUE(close(out[0], torch::layer_norm(x, {1000}, w, b, 1e-5), 1e-5, 1e-5));
+  // Per-row outputs come back with a last size of 1, as keepdim reductions.
+  EXPECT_EQ(out[1].sizes(), (std::vector<int64_t>{3, 100, 1}));
+  EXPECT_TRUE(close(out[1], x.mean(-1, true), 1e-6, 1e-5));
+  EXPECT_TRUE(close(out[2], torch::rsqrt(x.var(-1, false, true) + 1e-5), 1e-6, 1e-5));
+  const auto ref = layer_norm.reference({x, w, b});
+  for (size_t o = 0; o < out.size(); ++o) EXPECT_TRUE(close(out[o], ref[o], 1e-5, 1e-5)) << o;
+  EXPECT_EQ(compiles(), 2);
+  EXPECT_EQ(fallbacks(), 0);
+}
+
+TEST_F(RowReductions, SumsAreAtLeastAsAccurateAsLibtorchsOnLongRows) {
+  torch::manual_seed(1);
+  const auto x = torch::rand({4, 100000}) + 1000;  // large values with small differences
+  FusedElementwise sum("long_sum", {row_sum(input(0))},
+                       FusedElementwiseOptions().require_fused(true));
+  const auto exact = x.to(at::kDouble).sum(-1, true);
+  const double ours = (sum({x})[0].to(at::kDouble) - exact).abs().max().item<double>();
+  const double torchs = (x.sum(-1, true).to(at::kDouble) - exact).abs().max().item<double>();
+  // Accumulated in double: within the float rounding of the result itself.
+  EXPECT_LE(ours, exact.abs().max().item<double>() * 6e-8);
+  EXPECT_LE(ours, torchs + 1e-9) << "libtorch's error " << torchs;
+}
+
+TEST_F(RowReductions, GradientsMatchAutogradThroughLibtorchsOps) {
+  torch::manual_seed(2);
+  const auto rg = torch::requires_grad();
+  auto x = torch::randn({37, 50}, rg), w = torch::randn({50}, rg), b = torch::randn({50}, rg);
+  auto c = torch::randn({37, 1}, rg);  // a per-row input (a column)
+  const auto opts = FusedElementwiseOptions().require_fused(true).grain_size(100);
+  const auto ln = layer_norm_of(input(0), input(1), input(2), 1e-5);
+  const Expr xs = input(0) * input(3);
+  const Expr log_softmax = (xs - row_max(xs)) - log(row_sum(exp(xs - row_max(xs))));
+  FusedElementwise k("row_grads",
+                     {ln.y, softmax_of(input(0)) * input(3), log_softmax, ln.mean * input(3),
+                      row_sum(input(0) * input(0)) + input(3)},
+                     opts);
+  const std::vector<at::Tensor> in{x, w, b, c};
+  const auto got = k(in);
+  ASSERT_EQ(got[0].grad_fn()->name(), "volt::FusedElementwiseBackward");
+  EXPECT_EQ(got[3].sizes(), (std::vector<int64_t>{37, 1}));  // reads only per-row values
+  EXPECT_EQ(got[4].sizes(), (std::vector<int64_t>{37, 1}));
+  // The same with libtorch's own kernels, differentiated by autograd.
+  const auto xsv = x * c;
+  const std::vector<at::Tensor> want{torch::layer_norm(x, {50}, w, b, 1e-5),
+                                     torch::softmax(x, -1) * c, torch::log_softmax(xsv, -1),
+                                     x.mean(-1, true) * c, (x * x).sum(-1, true) + c};
+  auto loss_of = [](const std::vector<at::Tensor>& outs) {
+    torch::manual_seed(3);  // the same weights for both
+    at::Tensor loss = torch::zeros({});
+    for (const auto& o : outs) loss = loss + (o * torch::randn(o.sizes())).sum();
+    return loss;
+  };
+  for (size_t o = 0; o < got.size(); ++o) EXPECT_TRUE(close(got[o], want[o], 1e-5, 1e-5)) << o;
+  const auto g = torch::autograd::grad({loss_of(got)}, {x, w, b, c});
+  const auto h = torch::autograd::grad({loss_of(want)}, {x, w, b, c});
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_EQ(g[i].sizes(), in[i].sizes()) << i;
+    EXPECT_TRUE(close(g[i], h[i], 1e-4, 1e-4)) << i;
+  }
+  // The forward's kernel, its variant that also writes the reductions for the backward (a
+  // forward that needs gradients runs it), and the backward's kernel, which reads them.
+  EXPECT_EQ(compiles(), 3);
+  EXPECT_EQ(fallbacks(), 0);
+}
+
+TEST_F(RowReductions, MaximaPropagateNanAndSplitTheGradientBetweenTies) {
+  const auto rg = torch::requires_grad();
+  auto x = torch::tensor({{1.0f, 3.0f, 3.0f, 2.0f},
+                          {NAN, 1.0f, 2.0f, 0.0f},
+                          {-INFINITY, -INFINITY, -INFINITY, -INFINITY}},
+                         rg);
+  FusedElementwise k("maxima", {row_max(input(0)) * 2.0},
+                     FusedElementwiseOptions().require_fused(true));
+  const auto got = k({x})[0];
+  const auto want = x.amax(-1, true) * 2;
+  EXPECT_TRUE(torch::equal(got.isnan(), want.isnan()));
+  EXPECT_TRUE(torch::equal(got.nan_to_num(7, 8, 9), want.nan_to_num(7, 8, 9)));
+  const auto up = torch::tensor({{1.0f}, {1.0f}, {1.0f}});
+  const auto g = torch::autograd::grad({got}, {x}, {up})[0];
+  const auto h = torch::autograd::grad({want}, {x}, {up})[0];
+  // Ties get half each; libtorch's formula gives a NaN row NaN everywhere, and so does ours.
+  EXPECT_TRUE(torch::equal(g.isnan(), h.isnan())) << g << h;
+  EXPECT_TRUE(torch::equal(g.nan_to_num(7), h.nan_to_num(7))) << g << h;
+  EXPECT_EQ(g[0][1].item<float>(), 1.0f);
+}
+
+TEST_F(RowReductions, EmptyRowsRunTheCompositionAndZeroDimOutputsAreOneRow) {
+  FusedElementwise k("empty_rows", {row_sum(input(0)) + input(0)});
+  FusedElementwise strict("empty_rows", {row_sum(input(0)) + input(0)},
+                          FusedElementwiseOptions().require_fused(true));
+  const auto e = torch::randn({3, 0});
+  EXPECT_NE(k.fused_unavailable_reason({e}).find("rows are empty"), std::string::npos);
+  EXPECT_EQ(k({e})[0].sizes(), e.sizes());
+  const auto msg = volt_test::error_of<volt::NotAvailable>([&] { strict({e}); });
+  EXPECT_NE(msg.find("rows are empty"), std::string::npos) << msg;
+  // No rows at all: nothing to compute, every output empty.
+  EXPECT_EQ(strict({torch::randn({0, 4})})[0].sizes(), (std::vector<int64_t>{0, 4}));
+  // A zero-dimensional output is one row of one element.
+  const auto s = torch::tensor(2.5f);
+  const auto out = strict({s})[0];
+  EXPECT_EQ(out.dim(), 0);
+  EXPECT_EQ(out.item<float>(), 5.0f);
+  FusedElementwise len("len", {input(0) * row_length(), first_column(input(0))},
+                       FusedElementwiseOptions().require_fused(true));
+  const auto x = torch::ones({2, 3});
+  const auto got = len({x});
+  EXPECT_TRUE(torch::equal(got[0], torch::full({2, 3}, 3.0f)));
+  EXPECT_TRUE(torch::equal(got[1], torch::tensor({{1.0f, 0.0f, 0.0f}, {1.0f, 0.0f, 0.0f}})));
+  const auto ref = len.reference({x});
+  for (size_t o = 0; o < got.size(); ++o) EXPECT_TRUE(torch::equal(got[o], ref[o])) << o;
+}
+
+TEST_F(RowReductions, AReductionOfAPerRowValueSumsItOncePerColumn) {
+  // row_sum of a column input is row length × the value, in both paths.
+  const auto c = torch::tensor({{1.0f}, {2.0f}}), x = torch::zeros({2, 5});
+  FusedElementwise k("sum_of_column", {row_sum(input(1)) + input(0) * 0.0},
+                     FusedElementwiseOptions().require_fused(true));
+  const auto got = k({x, c})[0];
+  EXPECT_TRUE(torch::equal(got, torch::tensor({{5.0f}, {10.0f}}).expand({2, 5}))) << got;
+  EXPECT_TRUE(torch::equal(got, k.reference({x, c})[0]));
+}
+
+TEST_F(RowReductions, TheSourceHasOnePassPerLevelOfReductions) {
+  const auto ln = layer_norm_of(input(0), input(1), input(2), 1e-5);
+  FusedElementwise k("src_rows", {ln.y});
+  const auto s = k.source({torch::randn({4, 8}), torch::randn({8}), torch::randn({8})});
+  // The mean's pass, the variance's pass (it reads the mean), the output's pass.
+  size_t loops = 0;
+  for (size_t at = s.find("for (int64_t j"); at != std::string::npos;
+       at = s.find("for (int64_t j", at + 1)) {
+    ++loops;
+  }
+  EXPECT_EQ(loops, 3u) << s;
+  EXPECT_NE(s.find("reduction(+:"), std::string::npos) << s;
+  EXPECT_NE(s.find("double a"), std::string::npos) << s;  // sums accumulate in double
+}
+
+TEST_F(RowReductions, AValueSeveralPassesNeedIsComputedOnceIfItIsTranscendental) {
+  // softmax: exp(x - max) is summed in the second pass and divided in the last; it is stored
+  // in a scratch row by the first and read by the second. x - max (cheap) is not stored.
+  FusedElementwise k("src_softmax", {softmax_of(input(0))});
+  const auto s = k.source({torch::randn({4, 8})});
+  size_t exps = 0;
+  for (size_t at = s.find("= expf("); at != std::string::npos; at = s.find("= expf(", at + 1)) {
+    ++exps;
+  }
+  EXPECT_EQ(exps, 1u) << s;
+  EXPECT_NE(s.find("m0[j] = "), std::string::npos) << s;
+  EXPECT_NE(s.find(" = m0[j];"), std::string::npos) << s;
+  EXPECT_EQ(s.find("m1"), std::string::npos) << s;
+  // Several threads, each with its own scratch row: the results do not depend on the count.
+  torch::manual_seed(7);
+  const auto x = torch::randn({257, 300});
+  FusedElementwise strict("softmax_threads", {softmax_of(input(0))},
+                          FusedElementwiseOptions().require_fused(true).grain_size(300));
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto one = strict({x})[0];
+  at::set_num_threads(std::max(threads, 2));
+  const auto many = strict({x})[0];
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one, many));
+  EXPECT_TRUE(close(one, torch::softmax(x, -1), 1e-8, 1e-5));
+}
+
+TEST_F(RowReductions, ExpOfArgumentsBelowMinus87IsZeroAsAMaskedSoftmaxNeeds) {
+  // A row masked with -inf: glibc's vector expf would take a scalar path per masked element;
+  // the kernels clamp, and give 0 where libtorch gives 0 or a number below 1.7e-38.
+  const auto x = torch::tensor({-INFINITY, -100.0f, -87.5f, -86.0f, 0.0f, NAN, 3.0f});
+  FusedElementwise k("exp_floor", {exp(input(0)), sigmoid(input(0))},
+                     FusedElementwiseOptions().require_fused(true));
+  const auto got = k({x});
+  const auto want = torch::exp(x);
+  EXPECT_TRUE(torch::equal(got[0].slice(0, 0, 3), torch::zeros({3})));
+  EXPECT_TRUE(close(got[0].slice(0, 3, 5), want.slice(0, 3, 5), 0, 1e-6));
+  EXPECT_TRUE(std::isnan(got[0][5].item<float>()));
+  EXPECT_TRUE(close(got[0].slice(0, 6), want.slice(0, 6), 0, 1e-6));
+  EXPECT_TRUE(close(torch::cat({got[1].slice(0, 0, 5), got[1].slice(0, 6)}),
+                    torch::sigmoid(torch::cat({x.slice(0, 0, 5), x.slice(0, 6)})), 1e-30, 1e-6));
+  // A softmax over rows with masked positions, one row wholly masked (NaN, as libtorch's).
+  auto scores = torch::randn({3, 40});
+  scores.index_put_({0, torch::indexing::Slice(0, 20)}, -INFINITY);
+  scores[2].fill_(-INFINITY);
+  FusedElementwise softmax("masked_softmax", {softmax_of(input(0))},
+                           FusedElementwiseOptions().require_fused(true));
+  const auto p = softmax({scores})[0], q = torch::softmax(scores, -1);
+  EXPECT_TRUE(torch::equal(p.isnan(), q.isnan()));
+  EXPECT_TRUE(close(p.nan_to_num(5), q.nan_to_num(5), 1e-8, 1e-5));
+  EXPECT_TRUE(torch::equal(p[0].slice(0, 0, 20), torch::zeros({20})));
+}
+
+TEST_F(RowReductions, TheBackwardReadsTheForwardsReductionsAndRecomputesThemUnderCreateGraph) {
+  torch::manual_seed(8);
+  const auto rg = torch::requires_grad();
+  auto x = torch::randn({9, 30}, rg), w = torch::randn({30}, rg);
+  const auto ln = layer_norm_of(input(0), input(1), input(1) * 0.0, 1e-5);
+  const Expr sx = input(0) * 2.0;
+  // A softmax whose maximum carries no gradient (detach), as libtorch's formula.
+  const Expr e = exp(sx - detach(row_max(sx)));
+  FusedElementwise k("stats", {ln.y, e / row_sum(e), detach(input(0)) * input(0)},
+                     FusedElementwiseOptions().require_fused(true));
+  const auto got = k({x, w});
+  const std::vector<at::Tensor> want{torch::layer_norm(x, {30}, w, w * 0.0, 1e-5),
+                                     torch::softmax(x * 2.0, -1), x.detach() * x};
+  const std::vector<at::Tensor> up{torch::randn({9, 30}), torch::randn({9, 30}),
+                                   torch::randn({9, 30})};
+  // First order: the backward that reads the saved reductions.
+  const auto g = torch::autograd::grad(got, {x, w}, up, /*retain_graph=*/true);
+  const auto h = torch::autograd::grad(want, {x, w}, up, /*retain_graph=*/true);
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(close(g[i], h[i], 1e-4, 1e-4)) << i;
+  // Second order: the gradients must be differentiable in x through the reductions too, so
+  // under create_graph the backward recomputes them (the saved ones are constants).
+  const auto g2 = torch::autograd::grad(got, {x, w}, up, /*retain_graph=*/true,
+                                        /*create_graph=*/true);
+  const auto h2 = torch::autograd::grad(want, {x, w}, up, true, true);
+  const auto v = torch::randn({9, 30});
+  const auto gg = torch::autograd::grad({(g2[0] * v).sum()}, {x, w});
+  const auto hh = torch::autograd::grad({(h2[0] * v).sum()}, {x, w});
+  for (size_t i = 0; i < gg.size(); ++i) EXPECT_TRUE(close(gg[i], hh[i], 1e-3, 1e-3)) << i;
+  EXPECT_EQ(fallbacks(), 0);
+}
+
+TEST_F(RowReductions, GradientsOfPerRowOutputsEnterAtTheFirstColumn) {
+  const auto g = gradients({row_sum(input(0))}, 1, {true});
+  ASSERT_EQ(g.size(), 1u);
+  FusedElementwise k("grad_expr", {g[0]}, FusedElementwiseOptions().require_fused(true));
+  // d/dx of a row sum is the row's gradient at every element: the row sum of the gradient at
+  // the first column, a per-row value.
+  const auto got = k({torch::randn({2, 3}), torch::tensor({{2.0f}, {5.0f}})})[0];
+  EXPECT_TRUE(torch::equal(got, torch::tensor({{2.0f}, {5.0f}}))) << got;
+  const auto msg = volt_test::error_of<volt::ValueError>([&] {
+    gradients({row_sum(input(0))}, 1, {true, false});
+  });
+  EXPECT_NE(msg.find("one per output"), std::string::npos) << msg;
+}
+
+// ---- TracedFunction: the reductions libtorch records, fused with their neighbours ----
+
+using volt::TracedFunction;
+using volt::TraceOptions;
+using Tensors = std::vector<at::Tensor>;
+
+bool has(const std::string& text, const std::string& phrase) {
+  return text.find(phrase) != std::string::npos;
+}
+
+// A pre-norm attention-like block's row work: a residual add into a LayerNorm, a scaled and
+// masked softmax, an RMSNorm written as ops (no libtorch kernel for it), a log_softmax.
+Tensors row_block(const Tensors& in) {
+  const auto &x = in[0], &res = in[1], &w = in[2], &b = in[3], &mask = in[4], &g = in[5];
+  const auto h = torch::layer_norm(x + res, {x.size(-1)}, w, b, 1e-5);
+  const auto p = torch::softmax(h * 0.125 + mask, -1);
+  const auto rms = x * torch::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * g;
+  const auto lsm = torch::log_softmax(rms - x.amax(-1, true), -1);
+  return {p, rms + h, lsm};
+}
+
+TEST_F(RowReductions, TracedLayerNormSoftmaxAndMeansFuseWithTheirNeighbours) {
+  torch::manual_seed(4);
+  const auto rg = torch::requires_grad();
+  const int64_t n = 64;
+  Tensors in{torch::randn({6, 10, n}, rg),
+             torch::randn({6, 10, n}, rg),
+             torch::randn({n}, rg),
+             torch::randn({n}, rg),
+             torch::randn({n}),
+             torch::randn({n}, rg)};
+  in[4] = in[4].masked_fill(in[4] > 1.0, -INFINITY);  // masked positions (a row input)
+  TracedFunction f("row_block", row_block);
+  {
+    // Inference: everything is one chain.
+    torch::NoGradGuard no_grad;
+    f(in);  // the trace
+    const std::string text = f.describe(in);
+    EXPECT_FALSE(has(text, "\n  aten::layer_norm")) << text;
+    EXPECT_FALSE(has(text, "\n  aten::softmax")) << text;
+    EXPECT_FALSE(has(text, "\n  aten::mean")) << text;
+    EXPECT_FALSE(has(text, "\n  aten::log_softmax")) << text;
+    EXPECT_TRUE(has(text, "1 fused chain,")) << text;
+    const Tensors got = f(in), want = row_block(in);
+    for (size_t o = 0; o < got.size(); ++o) EXPECT_TRUE(close(got[o], want[o], 1e-5, 1e-5)) << o;
+  }
+  // Training: layer_norm stays libtorch's (its own backward is faster than the fused chain's),
+  // the rest fuses, and the gradients match.
+  f(in);
+  const std::string text = f.describe(in);
+  EXPECT_TRUE(has(text, "\n  aten::layer_norm")) << text;
+  EXPECT_FALSE(has(text, "\n  aten::softmax")) << text;
+  EXPECT_FALSE(has(text, "\n  aten::mean")) << text;
+  EXPECT_FALSE(has(text, "\n  aten::log_softmax")) << text;
+  const Tensors got = f(in);
+  const Tensors want = row_block(in);
+  for (size_t o = 0; o < got.size(); ++o) {
+    EXPECT_TRUE(close(got[o], want[o], 1e-5, 1e-5)) << o;
+  }
+  const auto up =
+      Tensors{torch::randn_like(want[0]), torch::randn_like(want[1]), torch::randn_like(want[2])};
+  const Tensors leaves{in[0], in[1], in[2], in[3], in[5]};
+  const auto gg = torch::autograd::grad(got, leaves, up);
+  const auto hh = torch::autograd::grad(want, leaves, up);
+  for (size_t i = 0; i < gg.size(); ++i) EXPECT_TRUE(close(gg[i], hh[i], 1e-4, 1e-4)) << i;
+  EXPECT_EQ(fallbacks(), 0);
+}
+
+TEST_F(RowReductions, OtherReductionsRunAsRecorded) {
+  // Over another dimension, without keepdim, over all dimensions, with a dtype: not row
+  // reductions the kernel makes, so they run through libtorch (and the chains around them
+  // still fuse).
+  auto fn = [](const Tensors& in) {
+    const auto x = in[0] * 2.0 + 1.0;
+    return Tensors{x.sum(0, true) * 3.0 + 1.0,
+                   x.sum(-1) * 2.0 + 1.0,
+                   x.sum() * 2.0,
+                   torch::softmax(x, 0) * 2.0 + 1.0,
+                   torch::softmax(x, -1, torch::kDouble) * 2.0,
+                   x.mean(at::IntArrayRef{0, 1}, true) + 1.0};
+  };
+  TracedFunction f("other_reductions", fn);
+  const Tensors in{torch::randn({5, 7})};
+  f(in);
+  const std::string text = f.describe(in);
+  for (const char* op : {"aten::sum", "aten::softmax", "aten::mean"}) {
+    EXPECT_TRUE(has(text, std::string("\n  ") + op)) << op << "\n" << text;
+  }
+  const Tensors got = f(in), want = fn(in);
+  for (size_t o = 0; o < got.size(); ++o) EXPECT_TRUE(close(got[o], want[o], 1e-6, 1e-6)) << o;
+}
+
+TEST_F(RowReductions, APerRowValueUsedOutsideItsChainKeepsItsRecordedShape) {
+  // The mean is used inside the chain (x - mean) and returned: [4, 1], as recorded.
+  auto fn = [](const Tensors& in) {
+    const auto mean = in[0].mean(-1, true);
+    const auto d = in[0] - mean;
+    return Tensors{d * d * 0.5, mean, (d * d).sum(-1, true) / in[1]};
+  };
+  TracedFunction f("per_row_out", fn);
+  const Tensors in{torch::randn({4, 9}), torch::rand({4, 1}) + 1};
+  f(in);
+  const std::string text = f.describe(in);
+  EXPECT_TRUE(has(text, "1 fused chain,")) << text;
+  const Tensors got = f(in), want = fn(in);
+  for (size_t o = 0; o < got.size(); ++o) EXPECT_TRUE(close(got[o], want[o], 1e-6, 1e-5)) << o;
+}
+
+TEST_F(RowReductions, AReductionOverRowsOfOneIsNotMergedIntoWiderRows) {
+  // c.sum(-1, true) sums rows of length 1 (it is c); in x's chain, whose rows have length 8, the
+  // kernel would sum c eight times: it runs as its own step instead.
+  auto fn = [](const Tensors& in) {
+    const auto s = (in[1] * 2.0).sum(-1, true);
+    return Tensors{(in[0] + s) * 3.0};
+  };
+  TracedFunction f("row_of_one", fn);
+  const Tensors in{torch::randn({3, 8}), torch::randn({3, 1})};
+  f(in);
+  const Tensors got = f(in), want = fn(in);
+  EXPECT_TRUE(close(got[0], want[0], 1e-6, 1e-6)) << f.describe(in);
+}
+
+// A module with a LayerNorm and a softmax head, traced and trained: the parameters' gradients
+// (LayerNorm's weight and bias summed over rows in the kernel's backward) match eager.
+struct NormHead : torch::nn::Module {
+  NormHead()
+      : fc(register_module("fc", torch::nn::Linear(12, 16))),
+        ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    const auto h = ln->forward(torch::gelu(fc->forward(x)));
+    return torch::log_softmax(h - h.mean(-1, true), -1);
+  }
+  torch::nn::Linear fc;
+  torch::nn::LayerNorm ln;
+};
+
+TEST_F(RowReductions, ATracedModuleWithALayerNormTrainsLikeEager) {
+  torch::manual_seed(5);
+  auto eager = std::make_shared<NormHead>();
+  auto traced = std::make_shared<NormHead>();
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < eager->parameters().size(); ++i) {
+      traced->parameters()[i].copy_(eager->parameters()[i]);
+    }
+    // Not the default weights: the LayerNorm's own must get gradients that matter.
+    traced->ln->weight.uniform_(0.5, 1.5);
+    eager->ln->weight.copy_(traced->ln->weight);
+  }
+  TracedFunction f("norm_head", traced,
+                   [&](const Tensors& in) { return Tensors{traced->forward(in[0])}; });
+  torch::optim::SGD opt_e(eager->parameters(), 0.5), opt_t(traced->parameters(), 0.5);
+  const auto x = torch::randn({32, 12});
+  const auto target = torch::randint(0, 16, {32});
+  for (int step = 0; step < 5; ++step) {
+    opt_e.zero_grad();
+    opt_t.zero_grad();
+    const auto le = torch::nll_loss(eager->forward(x), target);
+    const auto lt = torch::nll_loss(f({x})[0], target);
+    le.backward();
+    lt.backward();
+    EXPECT_NEAR(lt.item<double>(), le.item<double>(), 1e-5) << "step " << step;
+    opt_e.step();
+    opt_t.step();
+  }
+  for (size_t i = 0; i < eager->parameters().size(); ++i) {
+    EXPECT_TRUE(close(traced->parameters()[i], eager->parameters()[i], 1e-5, 1e-5)) << i;
+  }
+  // Training keeps libtorch's layer_norm and fuses what follows it; in eval mode without
+  // gradients the layer_norm joins the chain.
+  const std::string training = f.describe({x});
+  EXPECT_TRUE(has(training, "\n  aten::layer_norm")) << training;
+  EXPECT_FALSE(has(training, "\n  aten::log_softmax")) << training;
+  torch::NoGradGuard no_grad;
+  traced->eval();
+  eager->eval();
+  const std::string inference = f.describe({x});
+  EXPECT_FALSE(has(inference, "\n  aten::layer_norm")) << inference;
+  EXPECT_TRUE(close(f({x})[0], eager->forward(x), 1e-5, 1e-5));
+}
+
+}  // namespace
