@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <random>
+
 #include "error_text.h"
 #include "near.h"
 #include "scoped_env.h"
@@ -311,6 +313,74 @@ TEST_F(RowReductions, GradientsOfPerRowOutputsEnterAtTheFirstColumn) {
     gradients({row_sum(input(0))}, 1, {true, false});
   });
   EXPECT_NE(msg.find("one per output"), std::string::npos) << msg;
+}
+
+// Random expressions over a full input, a row, a column and a scalar, with reductions nested
+// at random: the compiled kernels (forward, the variant that keeps reductions, the backward that
+// reads them) against reference() and autograd through it. Values stay in a moderate range
+// (exp of -|y|, division by |y| + 1, means rather than sums) so that tolerances mean something.
+Expr random_expr(std::mt19937& rng, int depth) {
+  std::uniform_int_distribution<int> pick(0, 13);
+  if (depth == 0) {
+    const int leaf = pick(rng) % 5;
+    if (leaf == 4) return Expr(0.25 + 0.5 * (pick(rng) % 4));
+    return input(leaf);
+  }
+  const Expr a = random_expr(rng, depth - 1);
+  switch (pick(rng)) {
+    case 0: return a + random_expr(rng, depth - 1);
+    case 1: return a - random_expr(rng, depth - 1);
+    case 2: return a * random_expr(rng, depth - 1);
+    case 3: return a / (abs(random_expr(rng, depth - 1)) + 1.0);
+    case 4: return exp(-abs(a));
+    case 5: return tanh(a);
+    case 6: return sigmoid(a);
+    case 7: return relu(a) - a * 0.5;
+    case 8: return maximum(a, random_expr(rng, depth - 1));
+    case 9: return row_sum(a) / row_length();
+    case 10: return row_max(a);
+    case 11: return a - detach(row_max(a));
+    case 12: return sqrt(row_sum(a * a) / row_length() + 1.0);
+    default: return a * first_column(random_expr(rng, depth - 1)) + a;
+  }
+}
+
+TEST_F(RowReductions, RandomExpressionsMatchTheCompositionAndItsGradients) {
+  std::mt19937 rng(12345);
+  torch::manual_seed(9);
+  const auto rg = torch::requires_grad();
+  int with_reductions = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    std::vector<Expr> outs{random_expr(rng, 4), random_expr(rng, 3)};
+    // Every expression reads input 0, so that the full shape is the same for both paths.
+    outs[0] = outs[0] + input(0) * 0.5;
+    FusedElementwise k("random_" + std::to_string(trial), outs,
+                       FusedElementwiseOptions().require_fused(true).grain_size(64));
+    with_reductions += k.by_rows() ? 1 : 0;
+    const std::vector<at::Tensor> in{torch::randn({13, 17}, rg), torch::randn({17}, rg),
+                                     torch::randn({13, 1}, rg), torch::randn({}, rg)};
+    const std::vector<at::Tensor> leaves(in.begin(), in.begin() + k.num_inputs());
+    const std::vector<at::Tensor> args(in.begin(), in.begin() + k.num_inputs());
+    const auto got = k(args), want = k.reference(args);
+    ASSERT_EQ(got.size(), want.size());
+    std::vector<at::Tensor> up;
+    for (size_t o = 0; o < got.size(); ++o) {
+      ASSERT_TRUE(close(got[o], want[o], 1e-5, 1e-4)) << "trial " << trial << " output " << o;
+      up.push_back(torch::randn(want[o].sizes()));
+    }
+    const auto g = torch::autograd::grad(got, leaves, up, /*retain_graph=*/false,
+                                         /*create_graph=*/false, /*allow_unused=*/true);
+    const auto h = torch::autograd::grad(want, leaves, up, false, false, true);
+    for (size_t i = 0; i < leaves.size(); ++i) {
+      if (!h[i].defined()) continue;
+      ASSERT_TRUE(g[i].defined()) << "trial " << trial << " input " << i;
+      // Ties in a row maximum split the gradient in both paths; where rounding makes a near tie
+      // a tie in one path only, they differ, so ties are unlikely with random normal values.
+      EXPECT_TRUE(close(g[i], h[i], 1e-4, 1e-3)) << "trial " << trial << " input " << i;
+    }
+  }
+  EXPECT_GE(with_reductions, 12);  // most trials exercise the row kernels
+  EXPECT_EQ(fallbacks(), 0);
 }
 
 // ---- TracedFunction: the reductions libtorch records, fused with their neighbours ----
