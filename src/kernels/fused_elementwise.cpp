@@ -1228,17 +1228,20 @@ FusedElementwise::FusedElementwise(std::string name, std::vector<jit::Expr> outp
 std::vector<bool> FusedElementwise::row_outputs(const std::vector<at::Tensor>& inputs) const {
   std::vector<bool> out(outputs_.size(), false);
   if (!by_rows_) return out;
+  // What follows depends only on which inputs are per row: computed once per pattern.
+  std::string pattern(inputs.size(), '0');
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].dim() == 0 || inputs[i].size(-1) == 1) pattern[i] = '1';
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = row_outputs_.find(pattern); it != row_outputs_.end()) return it->second;
   // Whether a value is the same along the row: reductions, constants, the row length, inputs
   // whose last size is 1 (or that have no dimensions), and what is computed from those only.
   std::unordered_map<const void*, bool> per_row;
   for (const auto& n : topo_order(outputs_)) {
     bool p = true;
     switch (n->op) {
-      case Op::kInput: {
-        const at::Tensor& t = inputs[static_cast<size_t>(n->index)];
-        p = t.dim() == 0 || t.size(-1) == 1;
-        break;
-      }
+      case Op::kInput: p = pattern[static_cast<size_t>(n->index)] == '1'; break;
       case Op::kRowSum:
       case Op::kRowMax: p = true; break;
       case Op::kFirstColumn: p = false; break;
@@ -1248,6 +1251,7 @@ std::vector<bool> FusedElementwise::row_outputs(const std::vector<at::Tensor>& i
     per_row[n.get()] = p;
   }
   for (size_t o = 0; o < outputs_.size(); ++o) out[o] = per_row.at(outputs_[o].node().get());
+  row_outputs_[pattern] = out;
   return out;
 }
 

@@ -282,7 +282,7 @@ const std::map<std::string, Lowering>& lowerings() {
     // variance, rstd = 1 / sqrt(var + eps). Only where no gradient is needed: libtorch's own
     // backward reads its saved statistics and sums the weight's and bias's gradients over rows
     // in one kernel, while a fused chain's backward writes those gradients at full size and
-    // sums them afterwards, which measured 0.7x of eager for a residual + layer_norm forward and
+    // sums them afterwards, which measured 0.6x of eager for a residual + layer_norm forward and
     // backward at [4096, 1024] (2.2x faster forward only; docs/PERFORMANCE.md).
     t["aten::layer_norm"] = {[](const Node* n) {
                                auto out = n->output()->type()->cast<c10::TensorType>();

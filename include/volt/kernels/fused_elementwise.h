@@ -244,6 +244,8 @@ class FusedElementwise {
     int64_t scratch_rows = 0;
   };
   mutable std::map<std::string, Built> kernels_;  // by input forms
+  // row_outputs(), by which inputs have a last size of 1 ('1'/'0' per input).
+  mutable std::map<std::string, std::vector<bool>> row_outputs_;
   // Backward kernels, by which inputs need a gradient ('1'/'0' per input) and which outputs
   // are per row.
   mutable std::map<std::string, std::shared_ptr<const FusedElementwise>> backward_;
