@@ -19,10 +19,10 @@
 /// instead, logged once; `require_fused` turns that into NotAvailable.
 ///
 /// Row reductions: `row_sum` and `row_max` reduce over the last dimension of the outputs' shape
-/// and broadcast back along it, so a softmax or a LayerNorm is one expression and one pass per
-/// row set (the row stays in cache between its passes):
+/// and broadcast back along it, so a softmax or a LayerNorm is one expression, and one kernel
+/// that makes a few passes over each row while the row stays in cache:
 ///
-///   Expr m = row_max(x), e = exp(x - m);
+///   Expr e = exp(x - detach(row_max(x)));  // the max only shifts the row: no gradient
 ///   volt::FusedElementwise softmax("softmax", {e / row_sum(e)});
 ///
 /// In an expression with a row operation (row_sum, row_max, row_length, first_column), an
