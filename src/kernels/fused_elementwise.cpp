@@ -40,6 +40,7 @@
 #include "core/detail/machine.h"
 #include "core/detail/remove_tree.h"
 #include "core/detail/tracing.h"
+#include "kernels/detail/row_shapes.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
@@ -997,11 +998,7 @@ class FusedElementwiseBackward : public torch::autograd::Node {
         grad_inputs_(std::move(grad_inputs)),
         num_inputs_(inputs.size()),
         shape_(std::move(shape)) {
-    for (bool row : row_out) {
-      std::vector<int64_t> s = shape_;
-      if (row && !s.empty()) s.back() = 1;
-      out_shapes_.push_back(std::move(s));
-    }
+    for (bool row : row_out) out_shapes_.push_back(row ? detail::row_shape(shape_) : shape_);
     for (const auto& t : inputs) {
       saved_.emplace_back(t, /*is_output=*/false);
       sizes_.push_back(t.sizes().vec());
@@ -1231,7 +1228,7 @@ std::vector<bool> FusedElementwise::row_outputs(const std::vector<at::Tensor>& i
   // What follows depends only on which inputs are per row: computed once per pattern.
   std::string pattern(inputs.size(), '0');
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].dim() == 0 || inputs[i].size(-1) == 1) pattern[i] = '1';
+    if (detail::per_row_sizes(inputs[i].sizes())) pattern[i] = '1';
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = row_outputs_.find(pattern); it != row_outputs_.end()) return it->second;
@@ -1308,12 +1305,6 @@ std::string input_forms(const std::vector<at::Tensor>& inputs, const std::vector
     *why = os.str();
   }
   return forms;
-}
-
-// The shape of a per-row output: the full shape with a last size of 1.
-std::vector<int64_t> row_shape(std::vector<int64_t> shape) {
-  if (!shape.empty()) shape.back() = 1;
-  return shape;
 }
 
 // Why a kernel with row operations cannot run on `shape`, or "".
@@ -1545,7 +1536,8 @@ std::vector<at::Tensor> FusedElementwise::run_kernel(KernelFn fn, const std::str
   std::vector<at::Tensor> out(outputs_.size());
   std::vector<float*> out_ptr(outputs_.size());
   for (size_t o = 0; o < outputs_.size(); ++o) {
-    out[o] = at::empty(row_out[o] ? row_shape(shape) : shape, at::TensorOptions(at::kFloat));
+    out[o] =
+        at::empty(row_out[o] ? detail::row_shape(shape) : shape, at::TensorOptions(at::kFloat));
     out_ptr[o] = out[o].data_ptr<float>();
   }
   const int64_t numel = c10::multiply_integers(shape);
@@ -1590,7 +1582,7 @@ std::vector<at::Tensor> FusedElementwise::reference(const std::vector<at::Tensor
     // An output that does not depend on every input is broadcast to the common shape (its
     // row shape when it is per row), as the fused loop writes it; contiguous so that both
     // paths return the same layout.
-    const std::vector<int64_t> want = row_out[k] ? row_shape(shape) : shape;
+    const std::vector<int64_t> want = row_out[k] ? detail::row_shape(shape) : shape;
     if (!r.sizes().equals(want)) r = r.expand(want);
     const auto op = o.node()->op;
     // An input or constant passed straight through is copied: outputs never alias inputs.

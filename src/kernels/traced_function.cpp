@@ -33,6 +33,7 @@
 #include <utility>
 
 #include "core/detail/host_syncs.h"
+#include "kernels/detail/row_shapes.h"
 #include "volt/core/check.h"
 #include "volt/core/errors.h"
 #include "volt/core/log.h"
@@ -343,18 +344,13 @@ const Lowering& lowering_of(const Node* n) {
   return lowerings().at(n->kind().toQualString());
 }
 
-std::vector<int64_t> row_shape(std::vector<int64_t> shape) {
-  if (!shape.empty()) shape.back() = 1;
-  return shape;
-}
-
 // The shape of a chain holding chains of shapes a and b, when they can be one: equal shapes,
 // or one the other's row (what a reduction over the last dimension keeps).
 c10::optional<std::vector<int64_t>> merged_shape(const std::vector<int64_t>& a,
                                                  const std::vector<int64_t>& b) {
   if (a == b) return a;
-  if (!b.empty() && a == row_shape(b)) return b;
-  if (!a.empty() && b == row_shape(a)) return a;
+  if (!b.empty() && a == detail::row_shape(b)) return b;
+  if (!a.empty() && b == detail::row_shape(a)) return a;
   return c10::nullopt;
 }
 
@@ -785,12 +781,13 @@ std::shared_ptr<const Trace> TracedFunction::Impl::build(std::shared_ptr<torch::
             p = p && it->second;
           } else {
             const auto sizes = sizes_of(v);
-            p = p && sizes && (sizes->empty() || sizes->back() == 1);
+            p = p && sizes && detail::per_row_sizes(*sizes);
           }
         }
       }
       per_row[node->output()] = p;
-      if (sizes_of(node->output()) != (by_rows && p ? row_shape(shape) : shape)) return false;
+      if (sizes_of(node->output()) != (by_rows && p ? detail::row_shape(shape) : shape))
+        return false;
     }
     return true;
   };
