@@ -1420,8 +1420,20 @@ std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tenso
   const std::string forms = input_forms(inputs, shape, &why);
   if (why.empty()) why = row_problem(by_rows_, shape);
   if (why.empty() && detail::tracing()) why = detail::kTracingReason;
+  std::vector<bool> needs_grad(inputs.size(), false);
+  bool any_grad = false;
+  if (c10::GradMode::is_enabled()) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      needs_grad[i] = inputs[i].requires_grad();
+      any_grad = any_grad || needs_grad[i];
+    }
+  }
+  // A forward that needs gradients runs the variant that also writes its reductions (a float
+  // per row each) for the backward, which then does not make the passes computing them again.
+  const auto with_reductions = any_grad && !reductions_.empty() ? with_stats() : nullptr;
+  const FusedElementwise& runner = with_reductions ? *with_reductions : *this;
   int64_t scratch_rows = 0;
-  KernelFn fn = why.empty() ? kernel_for(forms, &why, &scratch_rows) : nullptr;
+  KernelFn fn = why.empty() ? runner.kernel_for(forms, &why, &scratch_rows) : nullptr;
   if (fn == nullptr) {
     VOLT_CHECK(!options_.require_fused(), NotAvailable, "[FusedElementwise] '", name_,
                "' cannot run fused: ", why, "; fix that or drop require_fused.");
@@ -1436,27 +1448,12 @@ std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tenso
     }
     return reference(inputs);
   }
-  std::vector<bool> needs_grad(inputs.size(), false);
-  bool any_grad = false;
-  if (c10::GradMode::is_enabled()) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      needs_grad[i] = inputs[i].requires_grad();
-      any_grad = any_grad || needs_grad[i];
-    }
-  }
   const std::vector<bool> row_out = row_outputs(inputs);
-  if (!any_grad) return run_kernel(fn, forms, inputs, shape, row_out, scratch_rows);
-  std::vector<at::Tensor> out, stats;
-  if (reductions_.empty()) {
-    out = run_kernel(fn, forms, inputs, shape, row_out, scratch_rows);
-  } else {
-    // The forward keeps its reductions (a float per row each) for the backward, which then
-    // does not make the passes that computed them again.
-    c10::AutoGradMode no_grad(false);
-    out = (*with_stats())(inputs);
-    stats.assign(out.begin() + static_cast<int64_t>(outputs_.size()), out.end());
-    out.resize(outputs_.size());
-  }
+  std::vector<at::Tensor> out =
+      runner.run_kernel(fn, forms, inputs, shape, runner.row_outputs(inputs), scratch_rows);
+  if (!any_grad) return out;
+  std::vector<at::Tensor> stats(out.begin() + static_cast<int64_t>(outputs_.size()), out.end());
+  out.resize(outputs_.size());
   std::vector<size_t> grad_inputs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (needs_grad[i]) grad_inputs.push_back(i);
