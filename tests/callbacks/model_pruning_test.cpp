@@ -8,6 +8,7 @@
 #include "build_paths.h"
 #include "error_text.h"
 #include "log_capture.h"
+#include "requires.h"
 #include "save_at.h"
 #include "tiny.h"
 
@@ -171,6 +172,42 @@ TEST(ModelPruning, FitsMatchLightningsCallbackAroundPyTorchsPrune) {
           << (got.to(torch::kDouble) - want).abs().max().item<double>();
     }
   }
+}
+
+// On a GPU: the weights, their masks and the ranking live on the device; the deterministic
+// methods prune the same entries as PyTorch's prune on the CPU and end within float rounding
+// (the random ones draw from the GPU's generator, so they cannot equal the CPU reference).
+TEST(ModelPruningCuda, DeterministicMethodsMatchTheCpuReferenceOnTheGpu) {
+  VOLT_REQUIRE_CUDA();
+  const json ref = reference();
+  int compared = 0;
+  for (const json& entry : ref["cases"]) {
+    const json& c = entry["case"];
+    const std::string name = c["name"].get<std::string>();
+    if (c["pruning_fn"].get<std::string>().rfind("random", 0) == 0) continue;
+    ++compared;
+    volt_test::TempDir dir;
+    CaseSetup s = setup_of(entry);
+    auto pruning = std::make_shared<ModelPruning>(options_of(c));
+    auto zeros = std::make_shared<Zeros>(*pruning);
+    auto opts = unseeded(dir.path, c["epochs"].get<int64_t>())
+                    .accelerator("cuda")
+                    .callbacks({pruning, zeros});
+    if (c.contains("clip")) opts.gradient_clip_val(c["clip"].get<double>());
+    volt::Trainer t(opts);
+    torch::manual_seed(c["fit_seed"].get<uint64_t>());
+    t.fit(*s.model, s.train(c["batch"].get<int64_t>()), s.val());
+    EXPECT_EQ(zeros->epochs, entry["zeros"].get<std::vector<std::vector<int64_t>>>()) << name;
+    for (const auto& [key, got] : s.model->state()) {
+      const auto values = entry["final"].at(key).get<std::vector<double>>();
+      const torch::Tensor want = torch::tensor(values, torch::kDouble).reshape(got.sizes());
+      const torch::Tensor have = got.cpu().to(torch::kDouble);
+      EXPECT_TRUE(torch::equal(have == 0, want == 0)) << name << ": " << key;
+      EXPECT_TRUE(torch::allclose(have, want, 1e-4, 1e-5))
+          << name << ": " << key << " max diff " << (have - want).abs().max().item<double>();
+    }
+  }
+  EXPECT_EQ(compared, 2);
 }
 
 TEST(ModelPruning, PrunedWeightsStayZeroThroughMomentumAndTheMasksCanBeKept) {

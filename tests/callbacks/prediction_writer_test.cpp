@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "error_text.h"
+#include "requires.h"
 #include "tiny.h"
 
 namespace {
@@ -211,6 +212,32 @@ TEST(SafetensorsPredictionWriter, BatchAndEpochWritesBothAndPerBatchOutputsKeepT
   EXPECT_EQ(f.tensors.count("predictions"), 0u);
   EXPECT_TRUE(torch::equal(f.tensors.at("batch_000003"), out[3]));
   EXPECT_EQ(f.tensors.at("indices_000004").numel(), 5);
+}
+
+// On a GPU the predictions are CUDA tensors: the files hold them, copied to the host, with
+// their indices, batch by batch and for the whole pass.
+TEST(SafetensorsPredictionWriterCuda, WritesTheGpusPredictionsBatchByBatchAndForThePass) {
+  VOLT_REQUIRE_CUDA();
+  volt_test::TempDir dir;
+  Echo model;
+  auto writer = std::make_shared<volt::SafetensorsPredictionWriter>(
+      volt::SafetensorsPredictionWriterOptions()
+          .output_dir(dir / "out")
+          .write_interval(volt::WriteInterval::kBatchAndEpoch));
+  volt::Trainer trainer(volt_test::quiet(dir.path).accelerator("cuda").callbacks({writer}));
+  const auto out = trainer.predict(model, shuffled());
+  ASSERT_EQ(out.size(), 5u);
+  const auto order = volt::Sampler(kRows, true, 11).indices(0);
+  for (int64_t i = 0; i < 5; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "/batch_%06lld.safetensors", static_cast<long long>(i));
+    const auto f = load(dir / ("out" + std::string(name)));
+    EXPECT_TRUE(torch::equal(f.tensors.at("predictions"), out[i].cpu())) << name;
+  }
+  const auto f = load(dir / "out/predictions.safetensors");
+  EXPECT_TRUE(torch::equal(f.tensors.at("indices"), torch::tensor(order, torch::kLong)));
+  EXPECT_TRUE(torch::equal(f.tensors.at("predictions"),
+                           torch::tensor(order, torch::kLong).to(torch::kFloat) * 10));
 }
 
 /// Writes through its own overrides, to check what a subclass is handed.

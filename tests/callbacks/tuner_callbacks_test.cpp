@@ -8,6 +8,7 @@
 
 #include "error_text.h"
 #include "log_capture.h"
+#include "requires.h"
 #include "save_at.h"
 #include "tiny.h"
 #include "tuner_models.h"
@@ -102,6 +103,29 @@ TEST(LearningRateFinder, TheFitTrainsAsIfConfiguredAtTheSuggestedRate) {
   auto untouched = scheduled(0.1);
   volt::Trainer(quiet(dir.path).max_epochs(1)).fit(*untouched, data());
   EXPECT_TRUE(torch::equal(reported->flat_params(), untouched->flat_params()));
+}
+
+// On a GPU: the trials draw dropout masks from the GPU's generator, which is put back with the
+// weights, so the fit is still the fit of a module configured at the suggested rate.
+TEST(LearningRateFinderCuda, TheFitTrainsAsIfConfiguredAtTheSuggestedRate) {
+  VOLT_REQUIRE_CUDA();
+  TempDir dir;
+  auto lr_finder = std::make_shared<volt::LearningRateFinder>(finder());
+  auto rates = std::make_shared<Rates>();
+  auto tuned = scheduled(0.1);
+  const auto cuda = quiet(dir.path).accelerator("cuda").max_epochs(2);
+  torch::cuda::manual_seed_all(5);
+  volt::Trainer(volt::TrainerOptions(cuda).callbacks({lr_finder, rates})).fit(*tuned, data());
+  ASSERT_TRUE(lr_finder->optimal_lr().has_value());
+  const double x = *lr_finder->optimal_lr();
+  auto plain = scheduled(x);
+  auto plain_rates = std::make_shared<Rates>();
+  torch::cuda::manual_seed_all(5);
+  volt::Trainer(volt::TrainerOptions(cuda).callbacks({plain_rates})).fit(*plain, data());
+  ASSERT_EQ(rates->seen.size(), 32u);
+  EXPECT_EQ(rates->seen, plain_rates->seen);
+  EXPECT_TRUE(torch::equal(tuned->flat_params(), plain->flat_params()))
+      << (tuned->flat_params() - plain->flat_params()).abs().max().item<double>();
 }
 
 // A resumed fit takes the rate from its optimizer state and the test's result from the

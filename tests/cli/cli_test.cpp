@@ -741,6 +741,24 @@ TEST(CliBinary, EnvListsTheVariablesVoltReadsAndRejectsBadValuesWithExitTwo) {
       << r.err;
 }
 
+// On a GPU: a batch whose activations do not fit in the GPU's memory (55,000 rows x 2^20 hidden
+// units, 215 GiB) is the same "[cli] out of memory" with libtorch's CUDA message, exit code 1.
+TEST(CliBinaryCuda, AGpuOutOfMemoryIsReportedAsOutOfMemoryNotAsABug) {
+  VOLT_REQUIRE_CUDA();
+  volt_test::TempDir dir;
+  auto r = run_binary("fit --config " + volt_test::source_dir() +
+                      "/configs/fashion_mnist_mlp.yaml --trainer.accelerator=cuda"
+                      " --model.hidden=[1048576] --data.batch_size=1000000"
+                      " --trainer.num_sanity_val_steps=0 --trainer.max_steps=1"
+                      " --trainer.enable_progress_bar=false --trainer.default_root_dir=" +
+                      dir.path);
+  EXPECT_EQ(r.code, volt::kCliRunFailed) << r.err;
+  EXPECT_NE(r.err.find("[cli] out of memory: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("CUDA out of memory"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("volt bug"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("frame #"), std::string::npos) << r.err;
+}
+
 TEST(CliBinary, FitsFashionMnistFromTheCheckedInConfig) {
   volt_test::TempDir dir;
   auto r = run_binary("fit --config " + volt_test::source_dir() +

@@ -185,6 +185,59 @@ TEST(MixedPrecision, ResumeRestoresTheLossScalerAndIsBitExact) {
   EXPECT_THROW(t.fit(m, volt_test::loader(train), c10::nullopt, "last"), volt::CheckpointError);
 }
 
+// 16-mixed on CUDA: autocast to fp16 with the dynamic loss scaler. The forward computes in
+// fp16, weights and gradients stay fp32, and training tracks fp32 (same seed and batches);
+// an inf gradient skips its step (global_step, the scheduler and the scale as on the CPU
+// scaler tests).
+TEST(MixedPrecisionCuda, Fp16MixedComputesInHalfAndTracksFp32Training) {
+  VOLT_REQUIRE_CUDA();
+  volt_test::TempDir dir;
+  auto train = volt_test::blobs(512), val = volt_test::blobs(256, 8, 3);
+  auto run = [&](const char* name, Recording& m) {
+    volt::Trainer t(quiet(dir.path).accelerator("cuda").max_epochs(3).precision(name));
+    t.fit(m, volt_test::loader(train));
+    return val_loss(t, m, val);
+  };
+  torch::manual_seed(1);
+  Recording fp32;
+  torch::manual_seed(1);
+  Recording fp16;
+  const double l32 = run("32-true", fp32), l16 = run("16-mixed", fp16);
+  EXPECT_LT(l32, 0.45);  // it really learned
+  EXPECT_NEAR(l16, l32, 0.03);
+  std::printf("[ measured ] CUDA validation loss after 96 steps: fp32 %.4f, 16-mixed %.4f\n", l32,
+              l16);
+  EXPECT_EQ(fp32.logits_dtype, c10::kFloat);
+  EXPECT_EQ(fp16.logits_dtype, c10::kHalf);
+  EXPECT_EQ(fp16.input_dtype, c10::kFloat);
+  for (auto& p : fp16.parameters()) {
+    EXPECT_EQ(p.scalar_type(), c10::kFloat);
+    EXPECT_TRUE(p.is_cuda());
+  }
+  EXPECT_EQ(fp16.grad_dtype, c10::kFloat);
+}
+
+TEST(MixedPrecisionCuda, Fp16LossScalingSkipsAnInfStepWithoutAdvancingStepOrScheduler) {
+  VOLT_REQUIRE_CUDA();
+  volt_test::TempDir dir;
+  auto precision =
+      std::make_shared<volt::MixedPrecision>(volt::MixedPrecisionOptions().dtype("fp16").scaler(
+          volt::GradScalerOptions().init_scale(256.0).growth_interval(100)));
+  Recording m;
+  m.poison_at = 3;
+  m.scheduler_step_size = 1;
+  m.scheduler_interval = volt::Interval::kStep;
+  volt::Trainer t(quiet(dir.path).accelerator("cuda").max_epochs(1).precision(precision));
+  t.fit(m, volt_test::loader(volt_test::blobs(128)));  // 8 batches
+  EXPECT_EQ(precision->name(), "16-mixed");
+  EXPECT_EQ(t.state().global_step, 7);
+  ASSERT_NE(precision->scaler(), nullptr);
+  EXPECT_EQ(precision->scaler()->skipped_steps(), 1);
+  EXPECT_DOUBLE_EQ(precision->scaler()->current_scale(), 128.0);
+  EXPECT_TRUE(torch::isfinite(m.flat_params()).all().item<bool>());
+  EXPECT_DOUBLE_EQ(m.last_lr, 0.1 * std::pow(0.5, 6));
+}
+
 TEST(MixedPrecision, Bf16TrueRunsTheModelAndItsInputsInBf16) {
   volt_test::TempDir dir;
   Recording m;

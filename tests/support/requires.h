@@ -40,3 +40,11 @@ inline std::string nccl_unavailable_reason() {
     const std::string volt_nccl_missing = volt_test::nccl_unavailable_reason(); \
     if (!volt_nccl_missing.empty()) GTEST_SKIP() << volt_nccl_missing;          \
   } while (0)
+
+/// Skips the test without a CUDA device (a CPU libtorch, or no GPU on this machine).
+#define VOLT_REQUIRE_CUDA()                                                                    \
+  do {                                                                                         \
+    if (!torch::cuda::is_available()) {                                                        \
+      GTEST_SKIP() << "no CUDA device (a CPU libtorch or no GPU here); the test runs on CUDA"; \
+    }                                                                                          \
+  } while (0)

@@ -7,7 +7,9 @@
 
 #include <volt/volt.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,7 +91,8 @@ struct FitResult {
 
 FitResult fit(GraphNet& net, bool graphed, const std::string& accelerator, int64_t n = 160,
               c10::optional<double> clip_norm = c10::nullopt,
-              const std::string& precision = "32-true") {
+              const std::string& precision = "32-true",
+              std::vector<std::shared_ptr<volt::Callback>> callbacks = {}) {
   auto logger = std::make_shared<volt_test::MemoryLogger>();
   volt::TrainerOptions opts;
   if (clip_norm)
@@ -103,6 +106,7 @@ FitResult fit(GraphNet& net, bool graphed, const std::string& accelerator, int64
                             .enable_progress_bar(false)
                             .enable_model_summary(false)
                             .num_sanity_val_steps(0)
+                            .callbacks(std::move(callbacks))
                             .graph_training_step(graphed)
                             .graph_options(volt::GraphOptions().warmup_iters(2)));
   auto dl = volt_test::loader(volt_test::blobs(n), 16, /*shuffle=*/true);
@@ -411,4 +415,97 @@ TEST(GraphTrainingStepCuda, ManualOptimizationCapturedByTheModuleEqualsEagerFit)
   for (const std::string& w : warnings.messages) {
     EXPECT_EQ(w.find("AccumulateGrad"), std::string::npos) << w;
   }
+}
+
+namespace {
+
+// What on_before_zero_grad saw at every step: the step's gradient of fc2's weight and the
+// stepped weight (read on the host, outside any capture).
+class ZeroGradWatcher : public volt::Callback {
+ public:
+  std::string state_key() const override { return "ZeroGradWatcher"; }
+  void on_before_zero_grad(volt::RunContext&, volt::Module& m, torch::optim::Optimizer&) override {
+    const auto& net = static_cast<GraphNet&>(m);
+    grads.push_back(net.fc2->weight.grad().detach().cpu().clone());
+    weights.push_back(net.fc2->weight.detach().cpu().clone());
+  }
+  std::vector<at::Tensor> grads, weights;
+};
+
+// Freezes fc1 when the second epoch starts (as BaseFinetuning would).
+class FreezeFc1AtSecondEpoch : public volt::Callback {
+ public:
+  std::string state_key() const override { return "FreezeFc1AtSecondEpoch"; }
+  void on_train_epoch_start(volt::RunContext& run, volt::Module& m) override {
+    if (run.state().epoch != 1) return;
+    for (auto& p : static_cast<GraphNet&>(m).fc1->parameters()) p.requires_grad_(false);
+  }
+};
+
+// A learning-rate warm-up in optimizer_step: an override a replay cannot repeat.
+class WarmupNet : public GraphNet {
+ public:
+  void optimizer_step(int64_t, int64_t, torch::optim::Optimizer& opt,
+                      const std::function<bool()>& step) override {
+    const double scale = std::min(1.0, static_cast<double>(++calls_) / 10.0);
+    for (auto& g : opt.param_groups()) g.options().set_lr(1e-2 * scale);
+    step();
+  }
+
+ private:
+  int64_t calls_ = 0;
+};
+
+}  // namespace
+
+// on_before_zero_grad runs after every replayed step (outside the graph, as in an eager step),
+// seeing that step's gradients and updated weights: the same values, step for step, as eager.
+TEST(GraphTrainingStepCuda, OnBeforeZeroGradRunsAfterEveryReplayWithItsGradients) {
+  VOLT_REQUIRE_CUDA_GRAPHS();
+  auto eager_watch = std::make_shared<ZeroGradWatcher>();
+  auto graphed_watch = std::make_shared<ZeroGradWatcher>();
+  GraphNet a, b;
+  const FitResult eager = fit(a, false, "cuda", 160, c10::nullopt, "32-true", {eager_watch});
+  const FitResult graphed = fit(b, true, "cuda", 160, c10::nullopt, "32-true", {graphed_watch});
+  EXPECT_EQ(count_containing(graphed.logs, "graph_training_step: captured the step"), 1u)
+      << ::testing::PrintToString(graphed.logs);
+  expect_same_training(eager, graphed);
+  ASSERT_EQ(eager_watch->grads.size(), 20u);
+  ASSERT_EQ(graphed_watch->grads.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_TRUE(torch::equal(eager_watch->grads[i], graphed_watch->grads[i])) << "step " << i;
+    EXPECT_TRUE(torch::equal(eager_watch->weights[i], graphed_watch->weights[i])) << "step " << i;
+  }
+}
+
+// A module overriding optimizer_step (a warm-up that changes the lr at each step) runs eagerly,
+// said once with the override's name, and trains exactly as the eager fit.
+TEST(GraphTrainingStepCuda, AnOverriddenOptimizerStepRunsEagerlyWithTheReason) {
+  VOLT_REQUIRE_CUDA_GRAPHS();
+  WarmupNet a, b;
+  const FitResult eager = fit(a, false, "cuda");
+  const FitResult graphed = fit(b, true, "cuda");
+  EXPECT_EQ(count_containing(graphed.logs, "the module overrides optimizer_step"), 1u)
+      << ::testing::PrintToString(graphed.logs);
+  EXPECT_EQ(count_containing(graphed.logs, "running the training step eagerly"), 1u);
+  expect_same_training(eager, graphed);
+}
+
+// Freezing a layer between epochs changes the set of gradients the captured backward writes:
+// the rest of the fit runs eagerly, said once, and trains exactly as the eager fit (the frozen
+// layer stays where the first epoch left it).
+TEST(GraphTrainingStepCuda, FreezingALayerDuringFitRunsTheRestEagerly) {
+  VOLT_REQUIRE_CUDA_GRAPHS();
+  GraphNet a, b;
+  const FitResult eager = fit(a, false, "cuda", 160, c10::nullopt, "32-true",
+                              {std::make_shared<FreezeFc1AtSecondEpoch>()});
+  const FitResult graphed = fit(b, true, "cuda", 160, c10::nullopt, "32-true",
+                                {std::make_shared<FreezeFc1AtSecondEpoch>()});
+  EXPECT_EQ(count_containing(graphed.logs, "graph_training_step: captured the step"), 1u)
+      << ::testing::PrintToString(graphed.logs);
+  EXPECT_EQ(
+      count_containing(graphed.logs, "the parameters that require a gradient changed during fit"),
+      1u)
+      << ::testing::PrintToString(graphed.logs);
+  expect_same_training(eager, graphed);
 }

@@ -9,6 +9,7 @@
 
 #include "error_text.h"
 #include "log_capture.h"
+#include "requires.h"
 #include "tiny.h"
 
 namespace {
@@ -865,19 +866,23 @@ TEST(Hooks, ATunersTrialsRunWithoutTheModulesCallbacks) {
 /// Marks the batch on the host, checks the mark and replaces the inputs on the device.
 class Transfers : public volt_test::TinyClassifier {
  public:
+  explicit Transfers(c10::Device device = c10::kCPU) : device_(device) {}
   volt::Batch on_before_batch_transfer(volt::Batch batch) override {
     EXPECT_TRUE(batch.input.device().is_cpu());
     batch.extra["seen_on_host"] = torch::ones({1});
     return batch;
   }
   volt::Batch transfer_batch_to_device(volt::Batch batch, c10::Device device) override {
-    EXPECT_EQ(device, c10::Device(c10::kCPU));  // the run's device
+    EXPECT_EQ(device.type(), device_.type());  // the run's device
+    EXPECT_TRUE(batch.input.device().is_cpu());
     batch.extra["moved"] = torch::ones({1});
     return TinyClassifier::transfer_batch_to_device(std::move(batch), device);
   }
   volt::Batch on_after_batch_transfer(volt::Batch batch) override {
     EXPECT_EQ(batch.extra.count("seen_on_host"), 1u);
     EXPECT_EQ(batch.extra.count("moved"), 1u);
+    EXPECT_EQ(batch.input.device().type(), device_.type());
+    EXPECT_EQ(batch.extra.at("moved").device().type(), device_.type());
     batch.input = torch::full_like(batch.input, 2.0);
     return batch;
   }
@@ -888,12 +893,30 @@ class Transfers : public volt_test::TinyClassifier {
     return TinyClassifier::training_step(b, i);
   }
   int steps = 0;
+
+ private:
+  c10::Device device_;
 };
 
 TEST(Hooks, TheBatchTransferHooksChangeTheBatchEveryLoopRuns) {
   volt_test::TempDir dir;
   Transfers model;
   volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).limit_train_batches(int64_t{3}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
+  EXPECT_EQ(model.steps, 3);
+  const auto out = trainer.predict(model, volt_test::loader(volt_test::blobs(32), 16, false));
+  ASSERT_EQ(out.size(), 2u);
+  for (const auto& t : out) EXPECT_TRUE(torch::all(t == 2.0).item<bool>());
+}
+
+// On a GPU: the hooks before the transfer see host tensors, transfer_batch_to_device gets the
+// CUDA device, the hook after it and the steps see CUDA tensors.
+TEST(HooksCuda, TheBatchTransferHooksSeeTheHostThenTheGpu) {
+  VOLT_REQUIRE_CUDA();
+  volt_test::TempDir dir;
+  Transfers model(c10::Device(c10::kCUDA, 0));
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).accelerator("cuda").max_epochs(1).limit_train_batches(int64_t{3}));
   trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
   EXPECT_EQ(model.steps, 3);
   const auto out = trainer.predict(model, volt_test::loader(volt_test::blobs(32), 16, false));

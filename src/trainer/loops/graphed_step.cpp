@@ -7,8 +7,10 @@
 // recorded. Capture records and runs nothing, so the step is then replayed. Every later step
 // with that signature copies its batch into the static tensors and replays. What the loop does
 // around the step happens eagerly after each replay, on the graph's static outputs: the values
-// training_step logged (recorded at capture) are logged again, the non-finite check records the
-// static loss, the global step and the step-interval schedulers advance. A module overriding
+// training_step logged (recorded at capture) are logged again, on_before_zero_grad runs (on the
+// replay's gradients), the non-finite check records the static loss, the global step and the
+// step-interval schedulers advance. The hooks inside the step (on_before_backward,
+// on_after_backward, on_before_optimizer_step) run while it is captured only. A module overriding
 // backward, optimizer_step or configure_gradient_clipping runs eagerly (a replay would repeat
 // the override's decisions at capture).
 //
@@ -133,9 +135,15 @@ class GraphedOptimizationStep : public OptimizationStep {
     if (warmup_left_ > 0) {
       --warmup_left_;
       bool stepped = false;
+      DefaultSteps::clear(*r.module);
       run_on_side_stream([&] { stepped = OptimizationStep::run(batch, batch_idx, num_batches); });
+      // An override is known from a warm-up step that stepped: going eager now spares its host
+      // side a capture that would be thrown away (a warm-up counter would count it).
+      if (stepped && overridden_.empty()) overridden_ = DefaultSteps::overridden(*r.module);
       return stepped;
     }
+    if (!overridden_.empty())
+      return eager(override_reason(overridden_), batch, batch_idx, num_batches);
     auto& opt = *r.optimizers.front().optimizer();
     const std::vector<double> lrs = learning_rates(opt);
     const GraphKey key(batch_tensors(batch), /*training=*/true, /*grad_mode=*/true);
@@ -263,9 +271,7 @@ class GraphedOptimizationStep : public OptimizationStep {
         // A replay repeats what an override did while captured, not what it would decide at
         // each step (a learning-rate warm-up in optimizer_step would stay where it was).
         const std::string overridden = DefaultSteps::overridden(*r.module);
-        VOLT_CHECK(overridden.empty(), NotAvailable, "the module overrides ", overridden,
-                   " (a graph replays what it did when captured, not what it decides at each "
-                   "step)");
+        VOLT_CHECK(overridden.empty(), NotAvailable, override_reason(overridden));
         VOLT_CHECK(stepped, NotAvailable, "the precision skipped the captured step");
         g->loss = loss.detach();
       });
@@ -305,6 +311,13 @@ class GraphedOptimizationStep : public OptimizationStep {
     // A copy each: epoch metrics keep every step's tensor until the epoch ends, and the static
     // one is overwritten by the next replay.
     for (const Run::CapturedLog& l : g.logs) r.log(l.name, l.value.clone(), l.options);
+    // After the step and outside the graph, as in an eager step: the hook sees this replay's
+    // gradients and stepped parameters (the graph needs no zero_grad: its backward assigns).
+    Module& m = *r.module;
+    auto& opt = *r.optimizers.front().optimizer();
+    r.hook(
+        "on_before_zero_grad", [&](Module& mm) { mm.on_before_zero_grad(opt); },
+        [&](Callback& c) { c.on_before_zero_grad(r, m, opt); });
     if (r.opts.detect_nonfinite_loss()) {
       nonfinite_.set_every(r.opts.log_every_n_steps());
       nonfinite_.record(g.loss, {r.st.global_step, r.st.epoch, batch_idx});
@@ -322,9 +335,15 @@ class GraphedOptimizationStep : public OptimizationStep {
     }
   }
 
+  static std::string override_reason(const std::string& overridden) {
+    return "the module overrides " + overridden +
+           " (a graph replays what it did when captured, not what it decides at each step)";
+  }
+
   bool eager_ = false;
   bool checked_ = false;
-  bool changed_ = false;  // trainable_parameters_changed() before the next step
+  std::string overridden_;  // the step hooks a warm-up step saw overridden
+  bool changed_ = false;    // trainable_parameters_changed() before the next step
   int64_t warmup_left_;
   int lr_recaptures_ = 0;
   GraphCache<GraphedStep> cache_;

@@ -1,8 +1,9 @@
 #include "tuner/detail/trial.h"
 
-#include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <mutex>
 #include <utility>
 
 #include "volt/core/check.h"
@@ -13,8 +14,15 @@ namespace volt {
 namespace detail {
 namespace {
 
-at::Generator cpu_generator() {
-  return at::detail::getDefaultCPUGenerator();  // a handle on the process's generator
+// The default generators a trial may draw from: the CPU's and each visible GPU's (a trial moves
+// a module on the CPU to the run's GPU, where dropout draws from that device's generator).
+std::vector<c10::Device> generator_devices() {
+  std::vector<c10::Device> out{c10::Device(c10::kCPU)};
+  const int64_t gpus = static_cast<int64_t>(torch::cuda::device_count());
+  for (int64_t i = 0; i < gpus; ++i) {
+    out.emplace_back(c10::kCUDA, static_cast<c10::DeviceIndex>(i));
+  }
+  return out;
 }
 
 }  // namespace
@@ -37,8 +45,12 @@ TrainerOptions trial_options(TrainerOptions o) {
   return o;
 }
 
-ModuleSnapshot::ModuleSnapshot(Module& m, std::string tag)
-    : module_(m), tag_(std::move(tag)), rng_(cpu_generator().get_state()) {
+ModuleSnapshot::ModuleSnapshot(Module& m, std::string tag) : module_(m), tag_(std::move(tag)) {
+  for (const c10::Device& d : generator_devices()) {
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng_.emplace_back(d, gen.get_state());
+  }
   torch::NoGradGuard no_grad;
   for (const auto& p : m.parameters()) params_.push_back(p.detach().clone());
   for (const auto& b : m.buffers()) buffers_.push_back(b.detach().clone());
@@ -55,7 +67,11 @@ void ModuleSnapshot::restore() {
     params[i].mutable_grad() = at::Tensor();
   }
   for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(buffers_[i]);
-  cpu_generator().set_state(rng_);
+  for (const auto& [device, state] : rng_) {
+    auto gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
 }
 
 void check_single_device_run(RunContext& run, const std::string& tag) {

@@ -2,13 +2,14 @@
 // What the tuners share about their trial runs (short fits in Trainers of their own): the
 // options such a Trainer runs with, and what is put back afterwards: a module's parameters and
 // buffers (copied into the same tensors, so tied weights stay tied and holders see the old
-// values; gradients dropped) and torch's CPU random state.
+// values; gradients dropped) and torch's random state (the CPU generator and each GPU's).
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/util/Optional.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "volt/trainer/trainer_options.h"
@@ -37,7 +38,7 @@ class ModuleSnapshot {
  private:
   Module& module_;
   std::string tag_;
-  at::Tensor rng_;
+  std::vector<std::pair<c10::Device, at::Tensor>> rng_;  // each default generator's state
   std::vector<at::Tensor> params_, buffers_;
 };
 
