@@ -47,11 +47,12 @@ older+=':BFloat16VsTorch.*:*bf16*:FusedAdamW.CheckpointsMoveToAndFromTorchAdamW:
 echo "== CUDA and graph tests"
 # New first (2026-11-29, session 48): the graphed step's hooks and eager fallbacks, 16-mixed
 # against fp32, the batch-transfer hooks, the prediction writer, ModelPruning and the learning
-# rate finder on CUDA, a GPU out-of-memory in the CLI, and the valid_seq_len packing.
+# rate finder on CUDA, a GPU out-of-memory in the CLI, the valid_seq_len packing, and the next
+# batch copied to the device ahead of the step.
 new='GraphTrainingStepCuda.OnBeforeZeroGrad*:GraphTrainingStepCuda.AnOverridden*'
 new+=':GraphTrainingStepCuda.Freezing*:MixedPrecisionCuda.*:HooksCuda.*'
 new+=':SafetensorsPredictionWriterCuda.*:LearningRateFinderCuda.*:ModelPruningCuda.*'
-new+=':CliBinaryCuda.*:FusedSdpaCuda.*'
+new+=':CliBinaryCuda.*:FusedSdpaCuda.*:DevicePrefetch*'
 stage 150 cuda_tests.log $b/tests/volt_tests --gtest_filter="$new"
 # NEW_ONLY=1 leaves the older CUDA tests to the ctest stage at the end (each test its own
 # process there), and skips the benchmarks measured before.
@@ -84,6 +85,9 @@ deadline=$((deadline - RESERVE_FOR_CTEST))
 stage 60 bench.log $b/benchmarks/volt_bench_fused_sdpa_cuda --varlen --reps 5 --max-seq 8192 \
   --trace "$out/varlen.json"
 stage 20 bench.log python3 tools/kernel_table.py "$out/varlen.json" --names varlen --top 25
+# The next batch copied on a side stream while the step runs (prefetch_to_device, #14), against
+# pageable and pinned batches copied in their turn (session 48).
+stage 60 bench.log $b/benchmarks/volt_bench_prefetch_cuda --rounds 3 --steps 60
 # NEW_ONLY=1: the benchmarks measured in earlier sessions are skipped (their figures are in
 # docs/PERFORMANCE.md), leaving the device time to the new ones and ctest.
 if [ -z "${NEW_ONLY:-}" ]; then

@@ -18,6 +18,7 @@ std::ostream& operator<<(std::ostream& os, const DataLoaderOptions& o) {
             << ", seed=" << o.seed() << ", drop_last=" << o.drop_last()
             << ", num_workers=" << o.num_workers() << ", prefetch_factor=" << o.prefetch_factor()
             << ", pin_memory=" << o.pin_memory()
+            << ", prefetch_to_device=" << o.prefetch_to_device()
             << ", collate=" << (o.collate() ? "custom" : "default") << ", rank=" << o.rank()
             << ", world_size=" << o.world_size() << ")";
 }

@@ -15,6 +15,7 @@
 
 #include "core/detail/default_steps.h"
 #include "core/detail/print.h"
+#include "trainer/detail/device_prefetch.h"
 #include "trainer/detail/tuner_trial.h"
 #include "trainer/loops/optimization_step.h"
 #include "volt/accelerators/host_allocator.h"
@@ -481,6 +482,9 @@ Batch Run::transfer(Batch raw) {
 }
 
 Batch Run::batch_to_device(const Batch& batch) const {
+  if (prefetch != nullptr) {
+    if (c10::optional<Batch> ahead = prefetch->take(batch)) return std::move(*ahead);
+  }
   return strategy().batch_to_device(batch);
 }
 

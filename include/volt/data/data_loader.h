@@ -34,6 +34,11 @@ struct DataLoaderOptions {
   TORCH_ARG(int64_t, prefetch_factor) = 2;
   /// Copy batches into page-locked memory (CUDA only; a documented no-op on CPU). Default: false.
   TORCH_ARG(bool, pin_memory) = false;
+  /// With pin_memory, on a CUDA run: fit fetches the next training batch as soon as a step is
+  /// enqueued and copies it to the device on a side stream while that step runs (the transfer
+  /// hooks still see each batch in its turn; a batch they replace is copied as usual).
+  /// Default: true.
+  TORCH_ARG(bool, prefetch_to_device) = true;
   /// Custom collate function; empty uses default_collate (or the dataset's batch fast path).
   TORCH_ARG(CollateFn, collate);
   /// This process's rank and the number of ranks sharing the data. Default: 0 of 1.

@@ -30,6 +30,7 @@
 namespace volt {
 namespace detail {
 
+class DevicePrefetch;
 class OptimizationStep;
 
 using Clock = std::chrono::steady_clock;
@@ -53,6 +54,9 @@ class Run : public RunContext {
   bool optimizers_ready = false;
   /// One automatic-optimization step; replaceable (e.g. by a captured graph of the step).
   std::unique_ptr<OptimizationStep> step;
+  /// While a training epoch copies its next batch ahead (train_epoch's, pinned loaders on CUDA):
+  /// batch_to_device takes the copy when it is handed that batch.
+  DevicePrefetch* prefetch = nullptr;
   /// While graph_training_step captures the step: log() records here instead of in the metric
   /// stores, and the graphed step re-logs these (static, replay-updated) values after each
   /// replay.

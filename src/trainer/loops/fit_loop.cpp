@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "trainer/detail/device_prefetch.h"
 #include "trainer/detail/run.h"
 #include "trainer/loops/optimization_step.h"
 #include "volt/core/check.h"
@@ -101,9 +102,23 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
   if (st.val_pending) validate_now(r, *val);
   if (st.batches_done < n) {
     BatchStream stream = train.stream(st.epoch, st.batches_done, n - st.batches_done);
+    // Pinned batches on a CUDA run: batch i+1 is fetched as soon as step i is enqueued and
+    // copied to the device on a side stream while step i runs (trainer/detail/device_prefetch.h).
+    c10::optional<DevicePrefetch> ahead;
+    const c10::Device device = r.strategy().root_device();
+    if (device.is_cuda() && train.options().pin_memory() && train.options().prefetch_to_device()) {
+      ahead.emplace(device, [&r](const Batch& b) { return r.strategy().batch_to_device(b); });
+    }
+    struct ForgetPrefetch {
+      Run& r;
+      ~ForgetPrefetch() { r.prefetch = nullptr; }
+    } forget_prefetch{r};
+    r.prefetch = ahead ? &*ahead : nullptr;
     Batch raw;
-    for (r.train_batch = st.batches_done; r.next_batch(stream, raw, "get_train_batch");
+    bool fetched = false;  // raw holds the next batch already, its copy in flight
+    for (r.train_batch = st.batches_done; fetched || r.next_batch(stream, raw, "get_train_batch");
          r.train_batch = st.batches_done) {
+      fetched = false;
       const int64_t idx = st.batches_done;
       Batch batch = r.transfer(std::move(raw));
       r.scope = LogScope::kTrainStep;
@@ -111,6 +126,12 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
           "on_train_batch_start", [&](Module& mm) { mm.on_train_batch_start(batch, idx); },
           [&](Callback& c) { c.on_train_batch_start(r, m, batch, idx); });
       const bool stepped = r.step->run(batch, idx, n);
+      if (r.prefetch != nullptr && idx + 1 < n) {
+        r.train_batch = idx + 1;  // a failed fetch names the batch it fetched
+        fetched = r.next_batch(stream, raw, "get_train_batch");
+        if (fetched) r.prefetch->copy_ahead(raw);
+        r.train_batch = idx;
+      }
       ++st.batches_done;
       ++st.total_batches_done;
       const bool validate = is_val_boundary(r, idx, n, val);
