@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -30,6 +29,7 @@
 
 #include "host_memory.h"
 #include "io/detail/archive_check.h"
+#include "remove_dir.h"
 #include "timing.h"
 #include "volt/volt.h"
 
@@ -186,7 +186,7 @@ FitTime fit_seconds(const std::string& root, int mode, int64_t steps, int64_t ev
   }
   volt::Trainer trainer(opts);
   const double ms = time_ms([&] { trainer.fit(model, loader); });
-  std::filesystem::remove_all(root + "/ckpt");
+  volt_bench::remove_dir(root + "/ckpt");
   return {ms / 1000, async ? async->stats().caller_seconds : 0.0};
 }
 
@@ -214,7 +214,7 @@ void fit_rows(const std::string& dir, int rounds) {
                 median(t[mode]) - median(t[0]),
                 mode >= 2 ? std::to_string(median(caller[mode])).substr(0, 4).c_str() : "");
   }
-  std::filesystem::remove_all(root);
+  volt_bench::remove_dir(root);
 }
 
 }  // namespace

@@ -19,12 +19,12 @@
 #include <volt/volt.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "bench_trainer.h"
+#include "remove_dir.h"
 #include "timing.h"
 
 namespace {
@@ -351,7 +351,6 @@ int main(int argc, char** argv) {
       "| compiled (cc) | %.2f |\n| KernelCache folder (dlopen) | %.3f |\n"
       "| loaded already | %.4f |\n",
       median(compile_ms), median(disk_ms), median(memory_ms));
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  volt_bench::remove_dir(dir);
   return 0;
 }

@@ -25,6 +25,7 @@
 
 #include "host_memory.h"
 #include "models.h"
+#include "remove_dir.h"
 #include "timing.h"
 
 namespace {
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
   }
   if (threads > 0) at::set_num_threads(threads);
   const std::string dir = "/tmp/volt_bench_profiler";
-  std::filesystem::remove_all(dir);
+  volt_bench::remove_dir(dir);
 
   // The default allocator first, then volt's counting one (installed once per process); the
   // benchmark switches between the two (same priority), which volt itself never does.

@@ -369,9 +369,11 @@ TEST(ModelPruning, RefusesWhatTheFitCannotPrune) {
                                           .amount(PruningAmount::count(3))
                                           .use_global_unstructured(false));
   EXPECT_TRUE(has(count, "amount=3 is more than the 2 unpruned channels left")) << count;
-  EXPECT_TRUE(has(fit_error(ModelPruningOptions("l1_unstructured"),
-                            volt::TrainerOptions().strategy("deepspeed_stage_2")),
-                  "does not work with DeepSpeed"));
+  if (volt_test::gloo()) {  // a one-process DeepSpeed fit on the CPU makes a Gloo group
+    EXPECT_TRUE(has(fit_error(ModelPruningOptions("l1_unstructured"),
+                              volt::TrainerOptions().strategy("deepspeed_stage_2")),
+                    "does not work with DeepSpeed"));
+  }
   // resample_parameters knows the initialisation of Linear and Conv layers only.
   struct WithNorm : PruneNet {
     WithNorm() : PruneNet(0.1, false) {

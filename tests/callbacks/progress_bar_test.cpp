@@ -6,7 +6,7 @@
 #include <pty.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <thread>
 
@@ -27,8 +27,10 @@ std::string on_terminal(double refresh_s, F&& body) {
   if (::openpty(&master, &slave, nullptr, nullptr, nullptr) != 0) return "<no pty>";
   std::FILE* out = ::fdopen(slave, "w");
   std::string drawn;
-  std::atomic<bool> done{false};
-  // Drain the terminal while the run writes: a full pty buffer would block the writer.
+  // Drain the terminal while the run writes (a full pty buffer would block the writer) until
+  // the writer's side is closed and all it wrote is read: then read() fails with EIO. Stopping
+  // at the first empty read once the run returned lost the last line on a busy machine, where
+  // the pty had not passed it on yet.
   std::thread reader([&] {
     ::fcntl(master, F_SETFL, O_NONBLOCK);
     char buf[4096];
@@ -36,7 +38,7 @@ std::string on_terminal(double refresh_s, F&& body) {
       const ssize_t n = ::read(master, buf, sizeof buf);
       if (n > 0) {
         drawn.append(buf, static_cast<size_t>(n));
-      } else if (done) {
+      } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         break;
       } else {
         std::this_thread::yield();
@@ -44,10 +46,8 @@ std::string on_terminal(double refresh_s, F&& body) {
     }
   });
   body(std::make_shared<volt::ProgressBar>(refresh_s, out));
-  std::fflush(out);
-  done = true;
+  std::fclose(out);  // closes the slave: the reader ends after the last byte
   reader.join();
-  std::fclose(out);
   ::close(master);
   return drawn;
 }

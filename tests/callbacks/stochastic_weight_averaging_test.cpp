@@ -7,6 +7,7 @@
 #include "error_text.h"
 #include "log_capture.h"
 #include "manual_module.h"
+#include "requires.h"
 #include "save_at.h"
 #include "tiny.h"
 
@@ -252,9 +253,11 @@ TEST(StochasticWeightAveraging, RefusesWhatCannotWork) {
                   "swa_epoch_start=5 is past the last of max_epochs=3 epochs"));
   EXPECT_TRUE(has(fit_error(quiet(dir.path).max_epochs(3), {{0.1, 0.2}}, model),
                   "got 2 swa_lrs for an optimizer with 1 param groups"));
-  EXPECT_TRUE(
-      has(fit_error(quiet(dir.path).max_epochs(3).strategy("deepspeed_stage_2"), {{0.1}}, model),
-          "does not work with the deepspeed strategy"));
+  if (volt_test::gloo()) {  // a one-process DeepSpeed fit on the CPU makes a Gloo group
+    EXPECT_TRUE(
+        has(fit_error(quiet(dir.path).max_epochs(3).strategy("deepspeed_stage_2"), {{0.1}}, model),
+            "does not work with the deepspeed strategy"));
+  }
   EXPECT_TRUE(torch::equal(before, model.flat_params()));  // refused before training
 
   struct ManualWithBatchNorm : volt_test::ManualTinyClassifier {

@@ -2,6 +2,7 @@
 
 #include "error_text.h"
 #include "log_capture.h"
+#include "requires.h"
 #include "save_at.h"
 #include "tiny.h"
 
@@ -175,14 +176,16 @@ TEST(WeightAveraging, RefusesBadOptionsDeepSpeedAndADamagedState) {
                   "0-based indices; give values >= 0"));
   volt_test::TempDir dir;
   TinyClassifier model;
-  EXPECT_TRUE(has(error_of<volt::ConfigError>([&] {
-                    volt::Trainer(quiet(dir.path)
-                                      .max_epochs(1)
-                                      .strategy("deepspeed_stage_2")
-                                      .callbacks({std::make_shared<EMAWeightAveraging>()}))
-                        .fit(model, volt_test::loader(volt_test::blobs(64)));
-                  }),
-                  "[WeightAveraging] does not work with the deepspeed strategy"));
+  if (volt_test::gloo()) {  // a one-process DeepSpeed fit on the CPU makes a Gloo group
+    EXPECT_TRUE(has(error_of<volt::ConfigError>([&] {
+                      volt::Trainer(quiet(dir.path)
+                                        .max_epochs(1)
+                                        .strategy("deepspeed_stage_2")
+                                        .callbacks({std::make_shared<EMAWeightAveraging>()}))
+                          .fit(model, volt_test::loader(volt_test::blobs(64)));
+                    }),
+                    "[WeightAveraging] does not work with the deepspeed strategy"));
+  }
   torch::serialize::OutputArchive out;
   out.write("n_averaged", c10::IValue(int64_t{3}));
   out.write("latest_update_step", c10::IValue(int64_t{3}));

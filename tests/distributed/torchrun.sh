@@ -22,6 +22,11 @@ if [ -z "$python" ]; then
   echo "SKIP: no python3 with torch (Debian's python3-torch, which scripts/setup.sh installs)"
   exit 77
 fi
+# The workers train on the CPU over Gloo (ctest passes the build's answer).
+if [ "${VOLT_BUILD_HAS_GLOO:-1}" != 1 ]; then
+  echo "SKIP: this build has no Gloo process group (libtorch without gloo headers, e.g. the CUDA wheels)"
+  exit 77
+fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 # torchrun sets OMP_NUM_THREADS=1 in its workers; the reference run gets the same.

@@ -20,6 +20,12 @@
 
 namespace volt_test {
 
+/// Whether this build has the Gloo process group. A test whose main point needs none keeps its
+/// one-process DeepSpeed or DDP parts on the CPU (which make a Gloo group) under `if (gloo())`.
+inline bool gloo() {
+  return volt::ProcessGroup::gloo_available();
+}
+
 /// Why NCCL process groups cannot run here ("" when they can): no GPU, or a build without them
 /// (a CUDA libtorch >= 2.0 with nccl.h).
 inline std::string nccl_unavailable_reason() {
