@@ -44,6 +44,20 @@ wait_nodes() {
   pids=()
 }
 
+# on_node NODE PORT SECONDS LOG COMMAND...: COMMAND in node NODE's namespace as one node of the
+# two-node job (MASTER_ADDR node 0's address, MASTER_PORT PORT, WORLD_SIZE 4, NODE_RANK NODE, no
+# rank variables from this shell), killed after SECONDS, output to LOG, in the background; its
+# pid is appended to pids for wait_nodes.
+on_node() {
+  local node=$1 port_=$2 seconds=$3 log=$4 ns=$ns0
+  shift 4
+  [ "$node" = 1 ] && ns=$ns1
+  ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME \
+    MASTER_ADDR=$addr0 MASTER_PORT=$port_ WORLD_SIZE=4 NODE_RANK=$node \
+    timeout -s KILL "$seconds" "$@" >"$log" 2>&1 &
+  pids+=($!)
+}
+
 if ! command -v ip >/dev/null; then
   echo "SKIP: the ip command (iproute2) is missing"
   exit 77
@@ -68,13 +82,8 @@ fail=0
 for scenario in collectives reducer; do
   pids=()
   for node in 0 1; do
-    ns=$ns0
-    [ "$node" = 1 ] && ns=$ns1
-    ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME \
-      MASTER_ADDR=$addr0 MASTER_PORT=$port WORLD_SIZE=4 NODE_RANK=$node \
-      timeout -s KILL 120 "$worker" "$scenario" --devices 2 --nodes 2 --timeout-ms 30000 \
-      >"$dir/$scenario.$node.log" 2>&1 &
-    pids+=($!)
+    on_node "$node" "$port" 120 "$dir/$scenario.$node.log" \
+      "$worker" "$scenario" --devices 2 --nodes 2 --timeout-ms 30000
   done
   wait_nodes "$scenario"
   want="collectives ok"
@@ -99,13 +108,9 @@ done
 # nodes); the weights go to one shared prefix, one file per rank.
 pids=()
 for node in 0 1; do
-  ns=$ns0
-  [ "$node" = 1 ] && ns=$ns1
-  ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME \
-    MASTER_ADDR=$addr0 MASTER_PORT=$((port + 1)) WORLD_SIZE=4 NODE_RANK=$node \
-    timeout -s KILL 120 "$ddp_worker" --root "$dir/node$node" --out "$dir/mn" --devices 2 \
-    --nodes 2 --batch 4 --epochs 1 --timeout 30 --prepare-ms 1500 >"$dir/trainer.$node.log" 2>&1 &
-  pids+=($!)
+  on_node "$node" $((port + 1)) 120 "$dir/trainer.$node.log" \
+    "$ddp_worker" --root "$dir/node$node" --out "$dir/mn" --devices 2 \
+    --nodes 2 --batch 4 --epochs 1 --timeout 30 --prepare-ms 1500
 done
 timeout -s KILL 120 "$ddp_worker" --root "$dir/ref" --out "$dir/ref" --devices 1 --batch 16 \
   --epochs 1 >"$dir/trainer.ref.log" 2>&1 || { echo "FAIL: the one-process reference failed"; fail=1; }
@@ -140,14 +145,9 @@ done
 pids=()
 start=$(date +%s)
 for node in 0 1; do
-  ns=$ns0
-  [ "$node" = 1 ] && ns=$ns1
-  ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME \
-    MASTER_ADDR=$addr0 MASTER_PORT=$((port + 4)) WORLD_SIZE=4 NODE_RANK=$node \
-    timeout -s KILL 60 "$ddp_worker" --root "$dir/dead$node" --out "$dir/dead" --devices 2 \
-    --nodes 2 --batch 4 --epochs 1 --timeout 5 --prepare-ms 1000 --prepare-die 2 \
-    >"$dir/dead.$node.log" 2>&1 &
-  pids+=($!)
+  on_node "$node" $((port + 4)) 60 "$dir/dead.$node.log" \
+    "$ddp_worker" --root "$dir/dead$node" --out "$dir/dead" --devices 2 \
+    --nodes 2 --batch 4 --epochs 1 --timeout 5 --prepare-ms 1000 --prepare-die 2
 done
 for i in 0 1; do wait "${pids[$i]}"; done
 pids=()
@@ -170,14 +170,12 @@ fi
 # failed attempt: its store must be the one the next attempt uses, under keys of its own.
 pids=()
 for node in 0 1; do
-  ns=$ns0 slow=(--sleep-ms 300)
-  [ "$node" = 1 ] && ns=$ns1 slow=()
-  ip netns exec "$ns" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME \
-    MASTER_ADDR=$addr0 MASTER_PORT=$((port + 2)) WORLD_SIZE=4 NODE_RANK=$node \
-    timeout -s KILL 150 "$ddp_worker" --root "$dir/shared" --out "$dir/mnr" --devices 2 \
+  slow=(--sleep-ms 300)
+  [ "$node" = 1 ] && slow=()
+  on_node "$node" $((port + 2)) 150 "$dir/restart.$node.log" \
+    "$ddp_worker" --root "$dir/shared" --out "$dir/mnr" --devices 2 \
     --nodes 2 --batch 4 --epochs 1 --timeout 30 --ckpt-every-step 1 --die-rank 3 --die-step 5 \
-    --max-restarts 1 "${slow[@]}" >"$dir/restart.$node.log" 2>&1 &
-  pids+=($!)
+    --max-restarts 1 "${slow[@]}"
 done
 wait_nodes "restarted trainer"
 for node in 0 1; do
