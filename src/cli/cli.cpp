@@ -3,7 +3,9 @@
 #include <c10/util/Type.h>
 #include <nlohmann/json.hpp>
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -33,6 +35,8 @@
 #include "volt/core/module.h"
 #include "volt/core/registry.h"
 #include "volt/data/data_module.h"
+#include "volt/distributed/process_group.h"
+#include "volt/graphs/cuda_graph.h"
 #include "volt/io/checkpoint_io.h"
 #include "volt/io/safetensors.h"
 #include "volt/kernels/kernel_cache.h"
@@ -419,9 +423,34 @@ int run_zero_to_fp32(const Command& cmd, std::ostream& out) {
   return kCliOk;
 }
 
+// What this build of volt and this machine can run: the facts an error like "backend gloo is not
+// in this build" or a skipped GPU test depends on.
+void print_build(std::ostream& out) {
+  const auto yes_or = [](const std::string& why_not) {
+    return why_not.empty() ? std::string("yes") : "no (" + why_not + ")";
+  };
+  std::string nccl;
+  try {
+    resolve_backend("nccl", c10::DeviceType::CUDA);
+  } catch (const std::exception& e) {
+    nccl = detail::first_line(e.what());
+  }
+  const int64_t gpus = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+  out << "[build]\n"
+      << "  libtorch            " << TORCH_VERSION << "\n"
+      << "  CUDA devices        " << gpus << "\n"
+      << "  CUDA graphs         "
+      << yes_or(CudaGraph::available() ? "" : CudaGraph::unavailable_reason()) << "\n"
+      << "  Gloo process group  "
+      << yes_or(ProcessGroup::gloo_available() ? "" : "libtorch without gloo headers") << "\n"
+      << "  NCCL process group  " << yes_or(nccl) << "\n"
+      << "  intra-op threads    " << at::get_num_threads() << "\n\n";
+}
+
 int run_env(const Command& cmd, std::ostream& out) {
   VOLT_CHECK(cmd.positional.empty() && cmd.sources.empty(), ConfigError,
              "[cli] env takes no arguments; run `volt env`.");
+  print_build(out);
   out << "Environment variables volt reads (value in this process, \"-\" when unset):\n";
   size_t width = 0;
   for (const auto& v : env_vars()) width = std::max(width, v.name.size());

@@ -713,6 +713,21 @@ TEST(CliBinary, EnvListsTheVariablesVoltReadsAndRejectsBadValuesWithExitTwo) {
   // The values shown are this process's; a typo is warned with the closest name.
   auto r = run_binary_with("VOLT_LOG_HOST_SYNCS=2 VOLT_LOG_HOST_SYNC=1", "env");
   ASSERT_EQ(r.code, 0) << r.err;
+  // First what this build and machine can run (the binary links the same libtorch as this test).
+  EXPECT_EQ(r.out.rfind(std::string("[build]\n  libtorch            ") + TORCH_VERSION + "\n", 0),
+            0u)
+      << r.out;
+  const int64_t gpus = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+  EXPECT_NE(r.out.find("  CUDA devices        " + std::to_string(gpus) + "\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(volt_test::gloo() ? "  Gloo process group  yes\n"
+                                         : "  Gloo process group  no (libtorch without gloo"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(volt_test::nccl_unavailable_reason().empty() ? "  NCCL process group  yes\n"
+                                                                    : "  NCCL process group  no ("),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("[volt]\n  VOLT_LOG_HOST_SYNCS "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" 2\n      0 | 1 | 2: log host syncs"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[cluster]\n  MASTER_ADDR "), std::string::npos) << r.out;
