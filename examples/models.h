@@ -149,10 +149,17 @@ class Classifier : public volt::Module {
 };
 
 /// Fashion-MNIST as a DataModule: 55k train / 5k validation split of the training files.
+/// `pin_memory`: batches in page-locked memory on a CUDA machine, the training ones copied to
+/// the GPU ahead of their step (DataLoaderOptions::prefetch_to_device).
 class FashionMnistData : public volt::DataModule {
  public:
-  FashionMnistData(std::string root, int64_t batch_size, int64_t num_workers = 0, uint64_t seed = 0)
-      : root_(std::move(root)), batch_size_(batch_size), workers_(num_workers), seed_(seed) {}
+  FashionMnistData(std::string root, int64_t batch_size, int64_t num_workers = 0, uint64_t seed = 0,
+                   bool pin_memory = false)
+      : root_(std::move(root)),
+        batch_size_(batch_size),
+        workers_(num_workers),
+        seed_(seed),
+        pin_(pin_memory) {}
   void setup(volt::Stage stage) override {
     if (!train_) {
       volt::FashionMnist full(root_, volt::FashionMnist::Split::kTrain);
@@ -167,15 +174,17 @@ class FashionMnistData : public volt::DataModule {
     }
   }
   volt::DataLoader train_dataloader() override {
-    return volt::DataLoader(
-        train_,
-        volt::DataLoaderOptions(batch_size_).shuffle(true).seed(seed_).num_workers(workers_));
+    return volt::DataLoader(train_, volt::DataLoaderOptions(batch_size_)
+                                        .shuffle(true)
+                                        .seed(seed_)
+                                        .num_workers(workers_)
+                                        .pin_memory(pin_));
   }
   c10::optional<volt::DataLoader> val_dataloader() override {
-    return volt::DataLoader(val_, volt::DataLoaderOptions(512));
+    return volt::DataLoader(val_, volt::DataLoaderOptions(512).pin_memory(pin_));
   }
   c10::optional<volt::DataLoader> test_dataloader() override {
-    return volt::DataLoader(test_, volt::DataLoaderOptions(512));
+    return volt::DataLoader(test_, volt::DataLoaderOptions(512).pin_memory(pin_));
   }
   c10::optional<volt::DataLoader> predict_dataloader() override { return test_dataloader(); }
   /// The training batch size, which volt::scale_batch_size can tune.
@@ -186,6 +195,7 @@ class FashionMnistData : public volt::DataModule {
   std::string root_;
   int64_t batch_size_, workers_;
   uint64_t seed_;
+  bool pin_;
   std::shared_ptr<volt::TensorDataset> train_, val_, test_;
 };
 
@@ -261,22 +271,25 @@ inline void register_fashion_mnist(volt::Registry& r) {
                                              a.get<double>("attn_dropout")),
             a.get<double>("lr"), a.get<int64_t>("step_size"));
       });
-  r.data_modules.add("FashionMNIST", "Fashion-MNIST IDX files: 55k train / 5k val / 10k test",
-                     volt::Params()
-                         .add("root", std::string(volt::kFashionMnistDefaultRoot),
-                              "folder with the IDX(.gz) files")
-                         .add("batch_size", int64_t{64}, "training batch size")
-                         .add("num_workers", int64_t{1}, "loader worker threads")
-                         .add("seed", int64_t{42}, "shuffle seed"),
-                     [](const volt::Args& a) -> std::shared_ptr<volt::DataModule> {
-                       VOLT_CHECK(a.get<int64_t>("batch_size") > 0, volt::ConfigError,
-                                  "[FashionMNIST] batch_size=", a.get<int64_t>("batch_size"),
-                                  " must be positive.");
-                       return std::make_shared<FashionMnistData>(
-                           a.get<std::string>("root"), a.get<int64_t>("batch_size"),
-                           a.get<int64_t>("num_workers"),
-                           static_cast<uint64_t>(a.get<int64_t>("seed")));
-                     });
+  r.data_modules.add(
+      "FashionMNIST", "Fashion-MNIST IDX files: 55k train / 5k val / 10k test",
+      volt::Params()
+          .add("root", std::string(volt::kFashionMnistDefaultRoot),
+               "folder with the IDX(.gz) files")
+          .add("batch_size", int64_t{64}, "training batch size")
+          .add("num_workers", int64_t{1}, "loader worker threads")
+          .add("seed", int64_t{42}, "shuffle seed")
+          .add("pin_memory", false,
+               "page-locked batches on a CUDA machine, each training batch copied "
+               "to the GPU during the step before it (no-op on CPU)"),
+      [](const volt::Args& a) -> std::shared_ptr<volt::DataModule> {
+        VOLT_CHECK(a.get<int64_t>("batch_size") > 0, volt::ConfigError,
+                   "[FashionMNIST] batch_size=", a.get<int64_t>("batch_size"),
+                   " must be positive.");
+        return std::make_shared<FashionMnistData>(
+            a.get<std::string>("root"), a.get<int64_t>("batch_size"), a.get<int64_t>("num_workers"),
+            static_cast<uint64_t>(a.get<int64_t>("seed")), a.get<bool>("pin_memory"));
+      });
 }
 
 }  // namespace volt_examples

@@ -781,10 +781,13 @@ TEST(CliBinary, FitsFashionMnistFromTheCheckedInConfig) {
                       " --trainer.default_root_dir=" +
                       dir.path +
                       " --trainer.max_epochs=1 --trainer.limit_train_batches=20"
-                      " --trainer.limit_val_batches=4 --trainer.enable_progress_bar=false");
+                      " --trainer.limit_val_batches=4 --trainer.enable_progress_bar=false"
+                      " --data.pin_memory=true");  // a no-op without CUDA, recorded
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("val_acc"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(dir.path + "/volt_logs/version_0/config.yaml"));
+  EXPECT_NE(slurp(dir.path + "/volt_logs/version_0/config.yaml").find("pin_memory: true"),
+            std::string::npos);
   auto p = run_binary("print-config --config " + dir.path + "/volt_logs/version_0/config.yaml");
   EXPECT_EQ(p.code, 0);
   EXPECT_EQ(p.out, slurp(dir.path + "/volt_logs/version_0/config.yaml"));
