@@ -24,8 +24,10 @@ std::vector<at::Tensor> tensors_of(const Batch& b) {
 }  // namespace
 
 struct DevicePrefetch::Pending {
-  std::vector<const void*> host;  // the host tensors' TensorImpls, tensors_of order
-  std::vector<std::string> keys;  // the extras' names
+  // The host tensors, tensors_of order (held, so that their TensorImpls cannot be reused by
+  // other tensors while this copy waits to be taken), and the extras' names.
+  std::vector<at::Tensor> host;
+  std::vector<std::string> keys;
   Batch device;
   c10::Event copied{c10::DeviceType::CUDA};
 };
@@ -48,9 +50,7 @@ bool DevicePrefetch::copy_ahead(const Batch& host) {
     if (t.defined() && (!t.device().is_cpu() || !t.is_pinned())) return false;
   }
   auto p = std::make_unique<Pending>();
-  for (const at::Tensor& t : tensors_of(host)) {
-    p->host.push_back(t.defined() ? t.unsafeGetTensorImpl() : nullptr);
-  }
+  p->host = tensors_of(host);
   for (const auto& kv : host.extra) p->keys.push_back(kv.first);
   {
     c10::StreamGuard on_side(*side_);
@@ -63,13 +63,16 @@ bool DevicePrefetch::copy_ahead(const Batch& host) {
 
 c10::optional<Batch> DevicePrefetch::take(const Batch& host) {
   if (!pending_) return c10::nullopt;
-  std::vector<const void*> impls;
-  for (const at::Tensor& t : tensors_of(host)) {
-    impls.push_back(t.defined() ? t.unsafeGetTensorImpl() : nullptr);
+  const std::vector<at::Tensor> given = tensors_of(host);
+  if (given.size() != pending_->host.size()) return c10::nullopt;
+  for (size_t k = 0; k < given.size(); ++k) {
+    if (given[k].unsafeGetTensorImpl() != pending_->host[k].unsafeGetTensorImpl()) {
+      return c10::nullopt;
+    }
   }
   std::vector<std::string> keys;
   for (const auto& kv : host.extra) keys.push_back(kv.first);
-  if (impls != pending_->host || keys != pending_->keys) return c10::nullopt;
+  if (keys != pending_->keys) return c10::nullopt;
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   const c10::Stream current = impl.getStream(device_);
   pending_->copied.block(current);
