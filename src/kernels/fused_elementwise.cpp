@@ -419,13 +419,33 @@ RowPlan plan_rows(const std::vector<jit::Expr>& outputs, const std::string& form
   return plan;
 }
 
+// Whether output `o` is summed over the rows (FusedElementwise::column_sums_).
+bool summed(const std::vector<bool>& sums, size_t o) {
+  return o < sums.size() && sums[o];
+}
+
+// `t` (of `shape`, or broadcasting to it) summed over every row in double: one row of the row
+// length, as a summed output is returned.
+at::Tensor sum_over_rows(const at::Tensor& t, const std::vector<int64_t>& shape) {
+  const int64_t cols = shape.back();
+  return at::sum(t.expand(shape).reshape({-1, cols}), {0}, false, at::kDouble).to(at::kFloat);
+}
+
 // The kernel of an expression with row operations: [begin, end) are whole rows; `out` holds
-// the outputs and then, for each stored value, a scratch row of `cols` floats (RowPlan).
-std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::string& forms) {
+// the outputs and then, for each stored value, a scratch row of `cols` floats (RowPlan). A
+// summed output that varies along the row is this thread's row of `cols` doubles, which the
+// kernel adds each row's values to (a per-row one is written per row; run_kernel sums it).
+std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::string& forms,
+                              const std::vector<bool>& sums) {
   const RowPlan plan = plan_rows(outputs, forms);
   std::unordered_map<const void*, std::string> name;
   std::ostringstream s;
   s << kernel_start(plan.order, forms, &name);
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    if (summed(sums, o) && plan.varies.at(outputs[o].node().get())) {
+      s << "  double* restrict z" << o << " = (double*)out[" << o << "];\n";
+    }
+  }
   std::unordered_map<const void*, std::string> scratch;
   for (size_t k = 0; k < plan.stored.size(); ++k) {
     scratch[plan.stored[k]] = "m" + std::to_string(k);
@@ -526,7 +546,7 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
   }
   if (!plan.roots.back().empty()) {
     for (size_t o = 0; o < outputs.size(); ++o) {
-      if (plan.varies.at(outputs[o].node().get())) {
+      if (plan.varies.at(outputs[o].node().get()) && !summed(sums, o)) {
         s << "    float* restrict q" << o << " = out[" << o << "] + i;\n";
       }
     }
@@ -534,7 +554,12 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
     pass(plan.roots.back());
     for (size_t o = 0; o < outputs.size(); ++o) {
       const auto* n = outputs[o].node().get();
-      if (plan.varies.at(n)) s << "      q" << o << "[j] = " << name.at(n) << ";\n";
+      if (!plan.varies.at(n)) continue;
+      if (summed(sums, o)) {
+        s << "      z" << o << "[j] += (double)" << name.at(n) << ";\n";
+      } else {
+        s << "      q" << o << "[j] = " << name.at(n) << ";\n";
+      }
     }
     s << "    }\n";
   }
@@ -545,10 +570,16 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
 // The kernel's C source for input forms `forms` ('F' full, 'S' one element, 'R' row, 'C'
 // column), without the key line. The loop runs over [begin, end) of the flat output in
 // stretches that stay in one row, so that row inputs are read at a running column and the
-// inner loop vectorises.
-std::string generate_body(const std::vector<jit::Expr>& outputs, const std::string& forms) {
+// inner loop vectorises. A summed output (`sums`; only with a row or column input, so that
+// `cols` is the row length) is this thread's row of doubles, added to at the running column.
+std::string generate_body(const std::vector<jit::Expr>& outputs, const std::string& forms,
+                          const std::vector<bool>& sums) {
   const auto order = topo_order(outputs);
-  if (uses_row_ops(order)) return generate_row_body(outputs, forms);
+  if (uses_row_ops(order)) return generate_row_body(outputs, forms, sums);
+  // Without a row or column input the loop's `cols` is not the row length: run_kernel sums.
+  if (!sums.empty() && forms.find_first_of("RC") == std::string::npos) {
+    return generate_body(outputs, forms, {});
+  }
   std::unordered_map<const void*, std::string> name;
   std::ostringstream s, body;
   s << kernel_start(order, forms, &name);
@@ -571,7 +602,11 @@ std::string generate_body(const std::vector<jit::Expr>& outputs, const std::stri
     }
   }
   for (size_t o = 0; o < outputs.size(); ++o) {
-    s << "    float* restrict q" << o << " = out[" << o << "] + i;\n";
+    if (summed(sums, o)) {
+      s << "    double* restrict z" << o << " = (double*)out[" << o << "] + col;\n";
+    } else {
+      s << "    float* restrict q" << o << " = out[" << o << "] + i;\n";
+    }
   }
   s << "    VOLT_SIMD\n    for (int64_t j = 0; j < n; ++j) {\n";
   for (size_t k = 0; k < forms.size(); ++k) {
@@ -581,7 +616,12 @@ std::string generate_body(const std::vector<jit::Expr>& outputs, const std::stri
   }
   s << body.str();
   for (size_t o = 0; o < outputs.size(); ++o) {
-    s << "      q" << o << "[j] = " << name.at(outputs[o].node().get()) << ";\n";
+    const std::string& v = name.at(outputs[o].node().get());
+    if (summed(sums, o)) {
+      s << "      z" << o << "[j] += (double)" << v << ";\n";
+    } else {
+      s << "      q" << o << "[j] = " << v << ";\n";
+    }
   }
   s << "    }\n    i += n;\n  }\n}\n";
   return s.str();
@@ -985,17 +1025,20 @@ std::vector<jit::Expr> substitute(const std::vector<jit::Expr>& exprs,
 // the backward kernel, so the forward object may be gone by the time it runs.
 class FusedElementwiseBackward : public torch::autograd::Node {
  public:
-  // `backward_stats` (may be null) reads `stats`, the forward's reductions, after the output
-  // gradients; `backward` recomputes them.
+  // `fast` runs without create_graph: it reads `stats`, the forward's reductions, after the
+  // output gradients (when there are any) and returns the inputs marked in `summed` summed
+  // over the rows; `backward` (under create_graph) recomputes the reductions and returns every
+  // gradient at the full shape.
   FusedElementwiseBackward(std::shared_ptr<const FusedElementwise> backward,
-                           std::shared_ptr<const FusedElementwise> backward_stats,
+                           std::shared_ptr<const FusedElementwise> fast,
                            std::vector<at::Tensor> stats, std::vector<size_t> grad_inputs,
-                           const std::vector<at::Tensor>& inputs, std::vector<int64_t> shape,
-                           const std::vector<bool>& row_out)
+                           std::vector<bool> summed, const std::vector<at::Tensor>& inputs,
+                           std::vector<int64_t> shape, const std::vector<bool>& row_out)
       : backward_(std::move(backward)),
-        backward_stats_(std::move(backward_stats)),
+        fast_(std::move(fast)),
         stats_(std::move(stats)),
         grad_inputs_(std::move(grad_inputs)),
+        summed_(std::move(summed)),
         num_inputs_(inputs.size()),
         shape_(std::move(shape)) {
     for (bool row : row_out) out_shapes_.push_back(row ? detail::row_shape(shape_) : shape_);
@@ -1019,17 +1062,22 @@ class FusedElementwiseBackward : public torch::autograd::Node {
     }
     // With create_graph the gradients must be differentiable in the inputs, the reductions
     // included: then they are recomputed from the inputs instead of read.
-    const bool stats = backward_stats_ != nullptr && !c10::GradMode::is_enabled();
-    const FusedElementwise& kernel = stats ? *backward_stats_ : *backward_;
-    if (stats) args.insert(args.end(), stats_.begin(), stats_.end());
+    const bool fast = !c10::GradMode::is_enabled();
+    const FusedElementwise& kernel = fast ? *fast_ : *backward_;
+    if (fast) args.insert(args.end(), stats_.begin(), stats_.end());
     // The backward reads only the inputs its expressions use: those up to its highest index.
     args.resize(static_cast<size_t>(kernel.num_inputs()));
     const auto d = kernel(args);
     torch::autograd::variable_list out(num_inputs_);
     for (size_t k = 0; k < grad_inputs_.size(); ++k) {
+      const size_t i = grad_inputs_[k];
+      if (fast && summed_[i]) {  // already one row: the input's elements
+        out[i] = d[k].reshape(sizes_[i]);
+        continue;
+      }
       at::Tensor gk = d[k];
       if (!gk.sizes().equals(shape_)) gk = gk.expand(shape_);
-      out[grad_inputs_[k]] = at::sum_to(gk, sizes_[grad_inputs_[k]]);
+      out[i] = at::sum_to(gk, sizes_[i]);
     }
     return out;
   }
@@ -1041,9 +1089,10 @@ class FusedElementwiseBackward : public torch::autograd::Node {
   }
 
  private:
-  std::shared_ptr<const FusedElementwise> backward_, backward_stats_;
+  std::shared_ptr<const FusedElementwise> backward_, fast_;
   std::vector<at::Tensor> stats_;
   std::vector<size_t> grad_inputs_;  // the input each backward output belongs to
+  std::vector<bool> summed_;         // per input: fast_ returns its gradient summed over rows
   size_t num_inputs_;
   std::vector<int64_t> shape_;                    // the full shape
   std::vector<std::vector<int64_t>> out_shapes_;  // each output's (per-row ones: last size 1)
@@ -1338,7 +1387,7 @@ std::string FusedElementwise::source(const std::vector<at::Tensor>& inputs) cons
   std::string why;
   const std::string forms = forms_of(inputs, &why);
   VOLT_CHECK(why.empty(), NotAvailable, "[FusedElementwise] '", name_, "': ", why, ".");
-  return generate_body(outputs_, forms);
+  return generate_body(outputs_, forms, column_sums_);
 }
 
 FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms,
@@ -1364,7 +1413,7 @@ FusedElementwise::KernelFn FusedElementwise::kernel_for(const std::string& forms
     *failure = std::move(why);
     return fn;
   };
-  const std::string body = generate_body(outputs_, forms);
+  const std::string body = generate_body(outputs_, forms, column_sums_);
   const std::string key = kernel_key(name_, forms, body);
   auto& l = loaded();
   std::lock_guard<std::mutex> lock(l.mu);
@@ -1458,11 +1507,16 @@ std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tenso
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (needs_grad[i]) grad_inputs.push_back(i);
   }
-  // (Not inside the call below: the vector's move into its parameter may come first.)
-  auto from_stats = stats.empty() ? nullptr : backward_for(needs_grad, row_out, true);
+  // A backward without create_graph (the usual one) reads the saved reductions and returns each
+  // row input's gradient summed over the rows; with create_graph it recomputes the reductions
+  // and returns full-shape gradients, summed by libtorch (differentiable in the inputs).
+  std::vector<bool> summed_grads(inputs.size(), false);
+  for (size_t i = 0; i < inputs.size(); ++i) summed_grads[i] = needs_grad[i] && forms[i] == 'R';
+  auto fast = backward_for(needs_grad, row_out, !stats.empty(), summed_grads);
   std::shared_ptr<FusedElementwiseBackward> node(
-      new FusedElementwiseBackward(backward_for(needs_grad, row_out, false), std::move(from_stats),
-                                   std::move(stats), grad_inputs, inputs, shape, row_out),
+      new FusedElementwiseBackward(backward_for(needs_grad, row_out, false, {}), std::move(fast),
+                                   std::move(stats), grad_inputs, summed_grads, inputs, shape,
+                                   row_out),
       torch::autograd::deleteNode);
   torch::autograd::edge_list edges;
   for (const auto& t : inputs) {
@@ -1486,19 +1540,27 @@ std::shared_ptr<const FusedElementwise> FusedElementwise::with_stats() const {
 }
 
 std::shared_ptr<const FusedElementwise> FusedElementwise::backward_for(
-    const std::vector<bool>& needs_grad, const std::vector<bool>& row_out, bool with_stats) const {
+    const std::vector<bool>& needs_grad, const std::vector<bool>& row_out, bool with_stats,
+    const std::vector<bool>& summed_grads) const {
   std::string key;
   for (bool b : needs_grad) key += b ? '1' : '0';
   key += '|';
   for (bool b : row_out) key += b ? '1' : '0';
+  if (std::find(summed_grads.begin(), summed_grads.end(), true) != summed_grads.end()) {
+    key += '|';
+    for (bool b : summed_grads) key += b ? '1' : '0';
+  }
   if (with_stats) key += "|stats";
   std::lock_guard<std::mutex> lock(mu_);
   auto it = backward_.find(key);
   if (it != backward_.end()) return it->second;
   const auto all = jit::gradients(outputs_, num_inputs_, row_out);
   std::vector<jit::Expr> wanted;
+  std::vector<bool> sums;
   for (size_t i = 0; i < needs_grad.size(); ++i) {
-    if (needs_grad[i]) wanted.push_back(all[i]);
+    if (!needs_grad[i]) continue;
+    wanted.push_back(all[i]);
+    sums.push_back(summed(summed_grads, i));
   }
   if (with_stats) {
     // The forward's reductions become inputs after the output gradients.
@@ -1509,9 +1571,11 @@ std::shared_ptr<const FusedElementwise> FusedElementwise::backward_for(
     }
     wanted = substitute(wanted, saved);
   }
-  auto bwd = std::make_shared<const FusedElementwise>(
-      with_stats ? name_.substr(0, 59) + "_bwds" : name_.substr(0, 60) + "_bwd", std::move(wanted),
-      options_);
+  const bool any_sum = std::find(sums.begin(), sums.end(), true) != sums.end();
+  auto bwd = std::make_shared<FusedElementwise>(
+      name_.substr(0, 58) + (with_stats ? "_bwds" : "_bwd") + (any_sum ? "c" : ""),
+      std::move(wanted), options_);
+  if (any_sum) bwd->column_sums_ = std::move(sums);
   backward_[key] = bwd;
   return bwd;
 }
@@ -1530,26 +1594,54 @@ std::vector<at::Tensor> FusedElementwise::run_kernel(KernelFn fn, const std::str
     in_ptr[i] = in[i].data_ptr<float>();
     in_numel[i] = in[i].numel();
   }
-  std::vector<at::Tensor> out(outputs_.size());
-  std::vector<float*> out_ptr(outputs_.size());
+  const int64_t numel = c10::multiply_integers(shape);
+  const bool by_row = by_rows_ || forms.find_first_of("RC") != std::string::npos;
+  const int64_t cols = !by_row ? numel : shape.empty() ? 1 : shape.back();
+  // Summed outputs the kernel accumulates (one row of doubles per thread each, added up
+  // below), and those summed here from what it wrote (per-row values; no row input).
+  std::vector<size_t> summed_in_kernel;
+  std::vector<bool> summed_after(outputs_.size(), false);
   for (size_t o = 0; o < outputs_.size(); ++o) {
+    if (!summed(column_sums_, o)) continue;
+    if (by_row && !row_out[o]) {
+      summed_in_kernel.push_back(o);
+    } else {
+      summed_after[o] = true;
+    }
+  }
+  std::vector<at::Tensor> out(outputs_.size());
+  std::vector<float*> out_ptr(outputs_.size(), nullptr);
+  for (size_t o = 0; o < outputs_.size(); ++o) {
+    if (std::find(summed_in_kernel.begin(), summed_in_kernel.end(), o) != summed_in_kernel.end()) {
+      continue;
+    }
     out[o] =
         at::empty(row_out[o] ? detail::row_shape(shape) : shape, at::TensorOptions(at::kFloat));
     out_ptr[o] = out[o].data_ptr<float>();
   }
-  const int64_t numel = c10::multiply_integers(shape);
-  if (numel == 0) return out;
-  if (by_rows_) {
+  const int64_t sums = static_cast<int64_t>(summed_in_kernel.size());
+  const at::Tensor acc =
+      sums == 0 ? at::Tensor()
+                : at::zeros({at::get_num_threads(), sums, cols}, at::TensorOptions(at::kDouble));
+  // This thread's output pointers: its accumulator rows in place of the summed outputs.
+  const auto pointers = [&]() {
+    std::vector<float*> ptrs = out_ptr;
+    for (int64_t k = 0; k < sums; ++k) {
+      ptrs[summed_in_kernel[static_cast<size_t>(k)]] = reinterpret_cast<float*>(
+          acc.data_ptr<double>() + (at::get_thread_num() * sums + k) * cols);
+    }
+    return ptrs;
+  };
+  if (numel > 0 && by_rows_) {
     // Whole rows per chunk: the kernel reduces each row it gets. Its scratch rows follow the
     // outputs, one set per thread.
-    const int64_t cols = shape.empty() ? 1 : shape.back();
     const at::Tensor scratch =
         scratch_rows == 0
             ? at::Tensor()
             : at::empty({at::get_num_threads(), scratch_rows, cols}, at::TensorOptions(at::kFloat));
     at::parallel_for(0, numel / cols, std::max<int64_t>(1, options_.grain_size() / cols),
                      [&](int64_t begin, int64_t end) {
-                       std::vector<float*> ptrs = out_ptr;
+                       std::vector<float*> ptrs = pointers();
                        for (int64_t k = 0; k < scratch_rows; ++k) {
                          ptrs.push_back(scratch.data_ptr<float>() +
                                         (at::get_thread_num() * scratch_rows + k) * cols);
@@ -1557,13 +1649,18 @@ std::vector<at::Tensor> FusedElementwise::run_kernel(KernelFn fn, const std::str
                        fn(in_ptr.data(), ptrs.data(), begin * cols, end * cols, cols,
                           in_numel.data());
                      });
-    return out;
+  } else if (numel > 0) {
+    at::parallel_for(0, numel, options_.grain_size(), [&](int64_t begin, int64_t end) {
+      std::vector<float*> ptrs = pointers();
+      fn(in_ptr.data(), ptrs.data(), begin, end, cols, in_numel.data());
+    });
   }
-  const bool by_row = forms.find_first_of("RC") != std::string::npos;
-  const int64_t cols = by_row ? shape.back() : numel;
-  at::parallel_for(0, numel, options_.grain_size(), [&](int64_t begin, int64_t end) {
-    fn(in_ptr.data(), out_ptr.data(), begin, end, cols, in_numel.data());
-  });
+  for (int64_t k = 0; k < sums; ++k) {
+    out[summed_in_kernel[static_cast<size_t>(k)]] = acc.select(1, k).sum(0).to(at::kFloat);
+  }
+  for (size_t o = 0; o < outputs_.size(); ++o) {
+    if (summed_after[o]) out[o] = sum_over_rows(out[o], shape);
+  }
   return out;
 }
 
@@ -1579,6 +1676,10 @@ std::vector<at::Tensor> FusedElementwise::reference(const std::vector<at::Tensor
     // An output that does not depend on every input is broadcast to the common shape (its
     // row shape when it is per row), as the fused loop writes it; contiguous so that both
     // paths return the same layout.
+    if (summed(column_sums_, k)) {
+      out.push_back(sum_over_rows(r, shape));
+      continue;
+    }
     const std::vector<int64_t> want = row_out[k] ? detail::row_shape(shape) : shape;
     if (!r.sizes().equals(want)) r = r.expand(want);
     const auto op = o.node()->op;

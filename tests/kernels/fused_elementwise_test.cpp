@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <thread>
@@ -302,7 +303,55 @@ TEST_F(CompiledElementwise, ASingleUseChainOfExactOpsGivesAutogradsBits) {
   const auto up = torch::randn({50, 20});
   const auto g = torch::autograd::grad({k({x, b, c})[0]}, {x, b, c}, {up});
   const auto h = torch::autograd::grad({k.reference({x, b, c})[0]}, {x, b, c}, {up});
-  for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(torch::equal(g[i], h[i])) << i;
+  EXPECT_TRUE(torch::equal(g[0], h[0]));
+  EXPECT_TRUE(torch::equal(g[2], h[2]));
+  // The row input's gradient is summed over the rows in the kernel, in double: its per-element
+  // terms are autograd's bits, their sum the double sum of those terms rounded once (libtorch
+  // sums in float), so it equals that double sum to the last bit or so.
+  auto wide = b.detach().expand({50, 20}).clone().requires_grad_();
+  const auto terms = torch::autograd::grad({k.reference({x, wide, c})[0]}, {wide}, {up})[0];
+  const auto exact = terms.to(torch::kDouble).sum(0);
+  EXPECT_LE(
+      ((g[1].to(torch::kDouble) - exact).abs() / exact.abs().clamp_min(1e-30)).max().item<double>(),
+      1.2e-7);
+  EXPECT_TRUE(near(g[1], h[1]));
+}
+
+// A row input (a bias, a LayerNorm weight) gets its gradient summed over the rows inside the
+// backward kernel (one row of doubles per thread), not written at the full shape and summed by
+// libtorch: same values as autograd through the composition, at 1 and 2 threads, the input's own
+// shape ([D] and [1, D]), and still differentiable under create_graph (recomputed there at the
+// full shape).
+TEST_F(CompiledElementwise, ARowInputsGradientIsSummedOverTheRowsInTheKernel) {
+  torch::manual_seed(6);
+  const auto rg = torch::requires_grad();
+  auto x = torch::randn({64, 33}, rg), w = torch::randn({1, 33}, rg), b = torch::randn({33}, rg);
+  FusedElementwise k("row_grads", {tanh(input(0) * input(1) + input(2)) * input(0)},
+                     FusedElementwiseOptions().require_fused(true).grain_size(256));
+  const auto up = torch::randn({64, 33});
+  const auto h = torch::autograd::grad({k.reference({x, w, b})[0]}, {x, w, b}, {up});
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    const auto g = torch::autograd::grad({k({x, w, b})[0]}, {x, w, b}, {up});
+    EXPECT_TRUE(g[1].sizes().equals({1, 33}));
+    EXPECT_TRUE(g[2].sizes().equals({33}));
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(near(g[i], h[i])) << "input " << i << ", " << t;
+  }
+  at::set_num_threads(threads);
+  EXPECT_EQ(volt::jit::stats().compiles, 2);  // the forward and its backward
+  // That backward is the summing variant (its cache entry's name ends in "_bwdc").
+  bool summing = false;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path)) {
+    summing = summing || entry.path().filename().string().rfind("row_grads_bwdc-", 0) == 0;
+  }
+  EXPECT_TRUE(summing);
+  // Second order through the row input: the create_graph backward is another kernel.
+  auto second = [&](const at::Tensor& out) {
+    const auto gb = torch::autograd::grad({out.mul(up).sum()}, {b}, {}, true, true)[0];
+    return torch::autograd::grad({gb.pow(2).sum()}, {x})[0];
+  };
+  EXPECT_TRUE(near_tol(second(k({x, w, b})[0]), second(k.reference({x, w, b})[0]), 1e-5, 1e-5));
 }
 
 TEST_F(CompiledElementwise, SecondOrderGradientsGoThroughAFusedBackwardToo) {

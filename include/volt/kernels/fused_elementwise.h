@@ -222,10 +222,12 @@ class FusedElementwise {
   // Which outputs come back with a last size of 1 for `inputs` (none unless by_rows()).
   std::vector<bool> row_outputs(const std::vector<at::Tensor>& inputs) const;
   // The backward kernel; `with_stats`: it reads the forward's reductions (inputs after the
-  // output gradients) instead of recomputing them.
+  // output gradients) instead of recomputing them; `summed[i]`: input i's gradient comes back
+  // summed over the rows (a row input's, column_sums_), else at the full shape.
   std::shared_ptr<const FusedElementwise> backward_for(const std::vector<bool>& needs_grad,
                                                        const std::vector<bool>& row_out,
-                                                       bool with_stats) const;
+                                                       bool with_stats,
+                                                       const std::vector<bool>& summed) const;
   // This expression with its reductions as extra (per-row) outputs: what a forward that needs
   // a gradient runs, so that the backward reads them.
   std::shared_ptr<const FusedElementwise> with_stats() const;
@@ -236,6 +238,10 @@ class FusedElementwise {
   int64_t num_inputs_ = 0;
   bool by_rows_ = false;
   std::vector<jit::Expr> reductions_;  // row_sum / row_max nodes, in evaluation order
+  // Outputs summed over the rows into one row of the row length (each thread accumulates its
+  // rows in doubles): how a backward kernel returns a row input's gradient (a bias, a
+  // LayerNorm weight) without writing it at the full shape first. Empty: none.
+  std::vector<bool> column_sums_;
   mutable std::mutex mu_;
   mutable std::shared_ptr<const FusedElementwise> with_stats_;
   struct Built {
@@ -246,8 +252,8 @@ class FusedElementwise {
   mutable std::map<std::string, Built> kernels_;  // by input forms
   // row_outputs(), by which inputs have a last size of 1 ('1'/'0' per input).
   mutable std::map<std::string, std::vector<bool>> row_outputs_;
-  // Backward kernels, by which inputs need a gradient ('1'/'0' per input) and which outputs
-  // are per row.
+  // Backward kernels, by which inputs need a gradient ('1'/'0' per input), which outputs are
+  // per row, and which gradients are summed over the rows.
   mutable std::map<std::string, std::shared_ptr<const FusedElementwise>> backward_;
 };
 
