@@ -42,7 +42,8 @@
 /// recomputing the forward values from the saved inputs in the same loop); a row input's
 /// gradient (shape [..., D] of leading 1s, as a bias) is summed over the rows inside that loop,
 /// other broadcast inputs' with at::sum_to. Higher-order gradients (create_graph) work the
-/// same way (every gradient then at the full shape, summed by libtorch). The backward holds what it needs: the object may be destroyed before it runs.
+/// same way (every gradient then at the full shape, summed by libtorch). The backward holds what it
+/// needs: the object may be destroyed before it runs.
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
