@@ -419,6 +419,12 @@ RowPlan plan_rows(const std::vector<jit::Expr>& outputs, const std::string& form
   return plan;
 }
 
+// Whether the elementwise loop walks the output in stretches within rows, its `cols` the row
+// length: with a row ('R') or column ('C') input (else `cols` is the whole output).
+bool loops_by_row(const std::string& forms) {
+  return forms.find_first_of("RC") != std::string::npos;
+}
+
 // Whether output `o` is summed over the rows (FusedElementwise::column_sums_).
 bool summed(const std::vector<bool>& sums, size_t o) {
   return o < sums.size() && sums[o];
@@ -577,7 +583,7 @@ std::string generate_body(const std::vector<jit::Expr>& outputs, const std::stri
   const auto order = topo_order(outputs);
   if (uses_row_ops(order)) return generate_row_body(outputs, forms, sums);
   // Without a row or column input the loop's `cols` is not the row length: run_kernel sums.
-  if (!sums.empty() && forms.find_first_of("RC") == std::string::npos) {
+  if (!sums.empty() && !loops_by_row(forms)) {
     return generate_body(outputs, forms, {});
   }
   std::unordered_map<const void*, std::string> name;
@@ -1595,7 +1601,7 @@ std::vector<at::Tensor> FusedElementwise::run_kernel(KernelFn fn, const std::str
     in_numel[i] = in[i].numel();
   }
   const int64_t numel = c10::multiply_integers(shape);
-  const bool by_row = by_rows_ || forms.find_first_of("RC") != std::string::npos;
+  const bool by_row = by_rows_ || loops_by_row(forms);
   const int64_t cols = !by_row ? numel : shape.empty() ? 1 : shape.back();
   // Summed outputs the kernel accumulates (one row of doubles per thread each, added up
   // below), and those summed here from what it wrote (per-row values; no row input).

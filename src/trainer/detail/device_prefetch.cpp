@@ -8,23 +8,18 @@
 #include <utility>
 #include <vector>
 
+#include "core/detail/batch_tensors.h"
+
 namespace volt {
 namespace detail {
 namespace {
 
 std::atomic<int64_t> g_taken{0};
 
-// The tensors of a batch, in a fixed order (input, target, extras by name).
-std::vector<at::Tensor> tensors_of(const Batch& b) {
-  std::vector<at::Tensor> out{b.input, b.target};
-  for (const auto& kv : b.extra) out.push_back(kv.second);
-  return out;
-}
-
 }  // namespace
 
 struct DevicePrefetch::Pending {
-  // The host tensors, tensors_of order (held, so that their TensorImpls cannot be reused by
+  // The host tensors, batch_tensors order (held, so that their TensorImpls cannot be reused by
   // other tensors while this copy waits to be taken), and the extras' names.
   std::vector<at::Tensor> host;
   std::vector<std::string> keys;
@@ -46,11 +41,11 @@ DevicePrefetch::~DevicePrefetch() = default;
 bool DevicePrefetch::copy_ahead(const Batch& host) {
   pending_.reset();
   if (!active()) return false;
-  for (const at::Tensor& t : tensors_of(host)) {
+  for (const at::Tensor& t : batch_tensors(host)) {
     if (t.defined() && (!t.device().is_cpu() || !t.is_pinned())) return false;
   }
   auto p = std::make_unique<Pending>();
-  p->host = tensors_of(host);
+  p->host = batch_tensors(host);
   for (const auto& kv : host.extra) p->keys.push_back(kv.first);
   {
     c10::StreamGuard on_side(*side_);
@@ -63,7 +58,7 @@ bool DevicePrefetch::copy_ahead(const Batch& host) {
 
 c10::optional<Batch> DevicePrefetch::take(const Batch& host) {
   if (!pending_) return c10::nullopt;
-  const std::vector<at::Tensor> given = tensors_of(host);
+  const std::vector<at::Tensor> given = batch_tensors(host);
   if (given.size() != pending_->host.size()) return c10::nullopt;
   for (size_t k = 0; k < given.size(); ++k) {
     if (given[k].unsafeGetTensorImpl() != pending_->host[k].unsafeGetTensorImpl()) {
@@ -78,7 +73,7 @@ c10::optional<Batch> DevicePrefetch::take(const Batch& host) {
   pending_->copied.block(current);
   // Allocated on the side stream, used on this one: the allocator must not hand the memory to
   // the side stream's next copy before this stream is done with it.
-  for (const at::Tensor& t : tensors_of(pending_->device)) {
+  for (const at::Tensor& t : batch_tensors(pending_->device)) {
     if (t.defined() && t.is_cuda()) t.record_stream(current);
   }
   Batch out = std::move(pending_->device);

@@ -30,6 +30,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "core/detail/batch_tensors.h"
 #include "core/detail/default_steps.h"
 #include "trainer/detail/run.h"
 #include "trainer/loops/optimization_step.h"
@@ -86,12 +87,6 @@ bool sync_device_lrs(torch::optim::Optimizer& opt) {
     return true;
   }
   return false;
-}
-
-std::vector<at::Tensor> batch_tensors(const Batch& b) {
-  std::vector<at::Tensor> out{b.input, b.target};
-  for (const auto& kv : b.extra) out.push_back(kv.second);
-  return out;
 }
 
 std::vector<double> learning_rates(torch::optim::Optimizer& opt) {
@@ -313,11 +308,7 @@ class GraphedOptimizationStep : public OptimizationStep {
     for (const Run::CapturedLog& l : g.logs) r.log(l.name, l.value.clone(), l.options);
     // After the step and outside the graph, as in an eager step: the hook sees this replay's
     // gradients and stepped parameters (the graph needs no zero_grad: its backward assigns).
-    Module& m = *r.module;
-    auto& opt = *r.optimizers.front().optimizer();
-    r.hook(
-        "on_before_zero_grad", [&](Module& mm) { mm.on_before_zero_grad(opt); },
-        [&](Callback& c) { c.on_before_zero_grad(r, m, opt); });
+    before_zero_grad(*r.optimizers.front().optimizer());
     if (r.opts.detect_nonfinite_loss()) {
       nonfinite_.set_every(r.opts.log_every_n_steps());
       nonfinite_.record(g.loss, {r.st.global_step, r.st.epoch, batch_idx});

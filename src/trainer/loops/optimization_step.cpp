@@ -108,14 +108,19 @@ bool OptimizationStep::take_step(int64_t batch_idx) {
   return stepped;
 }
 
-bool OptimizationStep::optimizer_step(int64_t batch_idx) {
+void OptimizationStep::before_zero_grad(torch::optim::Optimizer& opt) {
   Run& r = run_;
-  const bool stepped = take_step(batch_idx);
-  auto& opt = *r.optimizers.front().optimizer();
   Module& m = *r.module;
   r.hook(
       "on_before_zero_grad", [&](Module& mm) { mm.on_before_zero_grad(opt); },
       [&](Callback& c) { c.on_before_zero_grad(r, m, opt); });
+}
+
+bool OptimizationStep::optimizer_step(int64_t batch_idx) {
+  Run& r = run_;
+  const bool stepped = take_step(batch_idx);
+  auto& opt = *r.optimizers.front().optimizer();
+  before_zero_grad(opt);
   r.module_hook("optimizer_zero_grad",
                 [&](Module& mm) { mm.optimizer_zero_grad(r.st.epoch, batch_idx, opt); });
   r.st.accumulated = 0;

@@ -10,6 +10,12 @@
 #include "trainer/detail/nonfinite_check.h"
 #include "volt/core/batch.h"
 
+namespace torch {
+namespace optim {
+class Optimizer;
+}  // namespace optim
+}  // namespace torch
+
 namespace volt {
 namespace detail {
 
@@ -53,6 +59,8 @@ class OptimizationStep {
   /// The optimizer step of micro-batch `batch_idx` with zero_grad and the counters; true when
   /// the optimizer stepped (precision may skip it, the module's optimizer_step may not take it).
   bool optimizer_step(int64_t batch_idx);
+  /// The on_before_zero_grad hooks (callbacks, then the module), after a step.
+  void before_zero_grad(torch::optim::Optimizer& opt);
   /// The module's optimizer_step, whose step() is strategy_step(); no zero_grad, no counters:
   /// the part of optimizer_step() a graph can hold. True when the optimizer stepped.
   bool take_step(int64_t batch_idx);
