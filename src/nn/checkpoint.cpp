@@ -11,6 +11,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/detail/rng_states.h"
 #include "volt/core/check.h"
 #include "volt/precision/autocast.h"
 #include "volt/precision/fp8_modules.h"
@@ -23,10 +24,9 @@ CheckpointOptions g_defaults;
 
 // --------------------------------------------------------------------------- forward state
 
-struct RngState {
-  c10::Device device;
-  at::Tensor state;
-};
+using detail::get_rng_states;
+using detail::RngState;
+using detail::set_rng_states;
 
 // Every RNG the function may draw from: the CPU default generator (CPU ops, and what a CUDA
 // dropout does not use) plus the default generator of each non-CPU device among the inputs,
@@ -38,24 +38,6 @@ std::vector<c10::Device> rng_devices(const std::vector<at::Tensor>& inputs) {
     if (std::find(out.begin(), out.end(), t.device()) == out.end()) out.push_back(t.device());
   }
   return out;
-}
-
-std::vector<RngState> get_rng_states(const std::vector<c10::Device>& devices) {
-  std::vector<RngState> out;
-  for (const auto& d : devices) {
-    auto gen = at::globalContext().defaultGenerator(d);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    out.push_back({d, gen.get_state()});
-  }
-  return out;
-}
-
-void set_rng_states(const std::vector<RngState>& states) {
-  for (const auto& s : states) {
-    auto gen = at::globalContext().defaultGenerator(s.device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(s.state);
-  }
 }
 
 // The autocast state of the forward: the Trainer's autocast region has ended by the time

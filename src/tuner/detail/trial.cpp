@@ -3,7 +3,6 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include <mutex>
 #include <utility>
 
 #include "volt/core/check.h"
@@ -45,12 +44,8 @@ TrainerOptions trial_options(TrainerOptions o) {
   return o;
 }
 
-ModuleSnapshot::ModuleSnapshot(Module& m, std::string tag) : module_(m), tag_(std::move(tag)) {
-  for (const c10::Device& d : generator_devices()) {
-    auto gen = at::globalContext().defaultGenerator(d);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng_.emplace_back(d, gen.get_state());
-  }
+ModuleSnapshot::ModuleSnapshot(Module& m, std::string tag)
+    : module_(m), tag_(std::move(tag)), rng_(get_rng_states(generator_devices())) {
   torch::NoGradGuard no_grad;
   for (const auto& p : m.parameters()) params_.push_back(p.detach().clone());
   for (const auto& b : m.buffers()) buffers_.push_back(b.detach().clone());
@@ -67,11 +62,7 @@ void ModuleSnapshot::restore() {
     params[i].mutable_grad() = at::Tensor();
   }
   for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(buffers_[i]);
-  for (const auto& [device, state] : rng_) {
-    auto gen = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  }
+  set_rng_states(rng_);
 }
 
 void check_single_device_run(RunContext& run, const std::string& tag) {

@@ -9,9 +9,9 @@
 #include <c10/util/Optional.h>
 
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "core/detail/rng_states.h"
 #include "volt/trainer/trainer_options.h"
 #include "volt/tuner/batch_size_finder.h"
 
@@ -38,7 +38,7 @@ class ModuleSnapshot {
  private:
   Module& module_;
   std::string tag_;
-  std::vector<std::pair<c10::Device, at::Tensor>> rng_;  // each default generator's state
+  std::vector<RngState> rng_;  // each default generator's state
   std::vector<at::Tensor> params_, buffers_;
 };
 
