@@ -429,12 +429,6 @@ void print_build(std::ostream& out) {
   const auto yes_or = [](const std::string& why_not) {
     return why_not.empty() ? std::string("yes") : "no (" + why_not + ")";
   };
-  std::string nccl;
-  try {
-    resolve_backend("nccl", c10::DeviceType::CUDA);
-  } catch (const std::exception& e) {
-    nccl = detail::first_line(e.what());
-  }
   const int64_t gpus = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
   out << "[build]\n"
       << "  libtorch            " << TORCH_VERSION << "\n"
@@ -442,8 +436,9 @@ void print_build(std::ostream& out) {
       << "  CUDA graphs         "
       << yes_or(CudaGraph::available() ? "" : CudaGraph::unavailable_reason()) << "\n"
       << "  Gloo process group  "
-      << yes_or(ProcessGroup::gloo_available() ? "" : "libtorch without gloo headers") << "\n"
-      << "  NCCL process group  " << yes_or(nccl) << "\n"
+      << yes_or(ProcessGroup::backend_unavailable_reason(Backend::kGloo)) << "\n"
+      << "  NCCL process group  "
+      << yes_or(ProcessGroup::backend_unavailable_reason(Backend::kNccl)) << "\n"
       << "  intra-op threads    " << at::get_num_threads() << "\n\n";
 }
 

@@ -47,20 +47,29 @@ Backend resolve_backend(const std::string& name, c10::DeviceType device) {
     VOLT_CHECK(cuda, NotAvailable, kTag, " backend \"nccl\" needs CUDA tensors but the device is ",
                c10::DeviceTypeName(device, /*lower_case=*/true),
                "; use \"gloo\" (or \"auto\") on CPU.");
-    VOLT_CHECK(VOLT_DIST_NCCL, NotAvailable, kTag,
-               " backend \"nccl\" is not in this build (it needs a libtorch >= 2.0 built with "
-               "USE_C10D_NCCL, and nccl.h where CMake looks: NCCL_INCLUDE_DIR); use \"gloo\".");
-    return b;
   }
-  VOLT_CHECK(VOLT_DIST_GLOO, NotAvailable, kTag,
-             " backend \"gloo\" is not in this build (libtorch without USE_C10D_GLOO, or no gloo "
-             "headers as in the CUDA wheel)",
-             cuda ? "; use \"nccl\"." : "; use a libtorch with Gloo (Debian's libtorch-dev).");
+  const std::string missing = ProcessGroup::backend_unavailable_reason(b);
+  VOLT_CHECK(missing.empty(), NotAvailable, kTag, " backend \"", to_string(b),
+             "\" is not in this build (", missing, ")",
+             b == Backend::kNccl ? "; use \"gloo\"."
+             : cuda              ? "; use \"nccl\"."
+                                 : "; use a libtorch with Gloo (Debian's libtorch-dev).");
   return b;
 }
 
+std::string ProcessGroup::backend_unavailable_reason(Backend backend) {
+  if (backend == Backend::kNccl && !VOLT_DIST_NCCL) {
+    return "it needs a libtorch >= 2.0 built with USE_C10D_NCCL, and nccl.h where CMake looks: "
+           "NCCL_INCLUDE_DIR";
+  }
+  if (backend == Backend::kGloo && !VOLT_DIST_GLOO) {
+    return "libtorch without USE_C10D_GLOO, or no gloo headers as in the CUDA wheel";
+  }
+  return "";
+}
+
 bool ProcessGroup::gloo_available() {
-  return VOLT_DIST_GLOO != 0;
+  return backend_unavailable_reason(Backend::kGloo).empty();
 }
 
 #if !VOLT_DIST

@@ -30,10 +30,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <ostream>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -1026,6 +1028,46 @@ std::vector<jit::Expr> substitute(const std::vector<jit::Expr>& exprs,
   return out;
 }
 
+// `exprs` with structurally equal sub-expressions made one node (the same op on the same
+// operands; inputs equal by index, constants by value), in evaluation order: a value written
+// twice, as exp(x - m) / row_sum(exp(x - m)) built by two calls, is then computed, kept and
+// differentiated once, as if the caller had reused one Expr.
+std::vector<jit::Expr> merge_common(const std::vector<jit::Expr>& exprs) {
+  using Key = std::tuple<int, int64_t, uint64_t, std::vector<const void*>>;
+  std::map<Key, NodePtr> canonical;
+  std::unordered_map<const void*, NodePtr> now;
+  for (const auto& n : topo_order(exprs)) {
+    std::vector<NodePtr> args;
+    std::vector<const void*> arg_ids;
+    bool changed = false;
+    for (const auto& a : n->args) {
+      args.push_back(now.at(a.get()));
+      arg_ids.push_back(args.back().get());
+      changed = changed || args.back() != a;
+    }
+    uint64_t bits = 0;
+    if (n->op == Op::kConstant) std::memcpy(&bits, &n->value, sizeof bits);
+    Key key{static_cast<int>(n->op), n->op == Op::kInput ? n->index : 0, bits, std::move(arg_ids)};
+    auto [it, fresh] = canonical.emplace(std::move(key), nullptr);
+    if (fresh) {
+      if (changed) {
+        auto copy = std::make_shared<jit::Expr::Node>();
+        copy->op = n->op;
+        copy->index = n->index;
+        copy->value = n->value;
+        copy->args = std::move(args);
+        it->second = std::move(copy);
+      } else {
+        it->second = n;
+      }
+    }
+    now[n.get()] = it->second;
+  }
+  std::vector<jit::Expr> out;
+  for (const auto& e : exprs) out.emplace_back(now.at(e.node().get()));
+  return out;
+}
+
 // The autograd node of a fused call: runs the backward FusedElementwise on the saved inputs and
 // the output gradients, then sums each gradient down to its input's (broadcast) shape. It owns
 // the backward kernel, so the forward object may be gone by the time it runs.
@@ -1035,13 +1077,21 @@ class FusedElementwiseBackward : public torch::autograd::Node {
   // output gradients (when there are any) and returns the inputs marked in `summed` summed
   // over the rows; `backward` (under create_graph) recomputes the reductions and returns every
   // gradient at the full shape.
-  FusedElementwiseBackward(std::shared_ptr<const FusedElementwise> backward,
+  // `fast` reads, after the stats, the outputs marked in `outputs_read` (save_outputs).
+  // Each kernel comes with its slots (FusedElementwise::Backward) and may be nullptr when
+  // every gradient passes an output gradient through.
+  FusedElementwiseBackward(std::string name, std::shared_ptr<const FusedElementwise> backward,
+                           std::vector<int64_t> backward_slots,
                            std::shared_ptr<const FusedElementwise> fast,
-                           std::vector<at::Tensor> stats, std::vector<size_t> grad_inputs,
-                           std::vector<bool> summed, const std::vector<at::Tensor>& inputs,
-                           std::vector<int64_t> shape, const std::vector<bool>& row_out)
-      : backward_(std::move(backward)),
+                           std::vector<int64_t> fast_slots, std::vector<at::Tensor> stats,
+                           std::vector<size_t> grad_inputs, std::vector<bool> summed,
+                           const std::vector<at::Tensor>& inputs, std::vector<int64_t> shape,
+                           const std::vector<bool>& row_out)
+      : name_(std::move(name)),
+        backward_(std::move(backward)),
+        backward_slots_(std::move(backward_slots)),
         fast_(std::move(fast)),
+        fast_slots_(std::move(fast_slots)),
         stats_(std::move(stats)),
         grad_inputs_(std::move(grad_inputs)),
         summed_(std::move(summed)),
@@ -1054,11 +1104,21 @@ class FusedElementwiseBackward : public torch::autograd::Node {
     }
   }
 
+  // Keeps the outputs the fast backward reads (`read[o]`), as their data without autograd
+  // history (an output's own backward holding the output would be a reference cycle) but with
+  // their version counter, so that one modified in place since is noticed.
+  void save_outputs(const std::vector<at::Tensor>& outputs, const std::vector<bool>& read) {
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      const bool r = o < read.size() && read[o];
+      outputs_.push_back(r ? outputs[o].tensor_data() : at::Tensor());
+      versions_.push_back(r ? outputs[o]._version() : 0);
+    }
+  }
+
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     VOLT_CHECK(!saved_.empty() || num_inputs_ == 0, ValueError,
-               "[FusedElementwise] backward "
-               "through '",
-               backward_->name(), "' ran twice; pass retain_graph=true to the first.");
+               "[FusedElementwise] backward through '", name_,
+               "' ran twice; pass retain_graph=true to the first.");
     std::vector<at::Tensor> args;
     for (const auto& v : saved_) args.push_back(v.unpack());
     for (size_t o = 0; o < grads.size(); ++o) {
@@ -1067,21 +1127,38 @@ class FusedElementwiseBackward : public torch::autograd::Node {
                          : at::zeros(out_shapes_.at(o), at::TensorOptions(at::kFloat)));
     }
     // With create_graph the gradients must be differentiable in the inputs, the reductions
-    // included: then they are recomputed from the inputs instead of read.
-    const bool fast = !c10::GradMode::is_enabled();
-    const FusedElementwise& kernel = fast ? *fast_ : *backward_;
-    if (fast) args.insert(args.end(), stats_.begin(), stats_.end());
-    // The backward reads only the inputs its expressions use: those up to its highest index.
-    args.resize(static_cast<size_t>(kernel.num_inputs()));
-    const auto d = kernel(args);
+    // included: then they are recomputed from the inputs instead of read. So they are when an
+    // output the fast kernel reads was modified in place since the forward.
+    bool intact = true;
+    for (size_t o = 0; o < outputs_.size(); ++o) {
+      intact = intact && (!outputs_[o].defined() || outputs_[o]._version() == versions_[o]);
+    }
+    const bool fast = !c10::GradMode::is_enabled() && intact;
+    const FusedElementwise* kernel = fast ? fast_.get() : backward_.get();
+    const std::vector<int64_t>& slots = fast ? fast_slots_ : backward_slots_;
+    if (fast) {
+      args.insert(args.end(), stats_.begin(), stats_.end());
+      // An output the kernel does not read still takes its place: one element, never read.
+      for (const auto& out : outputs_) {
+        args.push_back(out.defined() ? out : at::zeros({}, at::TensorOptions(at::kFloat)));
+      }
+    }
+    std::vector<at::Tensor> d;
+    if (kernel != nullptr) {
+      // The backward reads only the inputs its expressions use: those up to its highest index.
+      d = (*kernel)(std::vector<at::Tensor>(args.begin(), args.begin() + kernel->num_inputs()));
+    }
     torch::autograd::variable_list out(num_inputs_);
     for (size_t k = 0; k < grad_inputs_.size(); ++k) {
       const size_t i = grad_inputs_[k];
+      // A kernel's output, or an output gradient passed through (shared, as AddBackward does).
+      const int64_t slot = slots[k];
+      at::Tensor gk =
+          slot >= 0 ? d[static_cast<size_t>(slot)] : args[static_cast<size_t>(-1 - slot)];
       if (fast && summed_[i]) {  // already one row: the input's elements
-        out[i] = d[k].reshape(sizes_[i]);
+        out[i] = gk.reshape(sizes_[i]);
         continue;
       }
-      at::Tensor gk = d[k];
       if (!gk.sizes().equals(shape_)) gk = gk.expand(shape_);
       out[i] = at::sum_to(gk, sizes_[i]);
     }
@@ -1092,10 +1169,15 @@ class FusedElementwiseBackward : public torch::autograd::Node {
   void release_variables() override {
     saved_.clear();
     stats_.clear();
+    outputs_.clear();
   }
 
  private:
-  std::shared_ptr<const FusedElementwise> backward_, fast_;
+  std::string name_;  // the forward's
+  std::shared_ptr<const FusedElementwise> backward_;
+  std::vector<int64_t> backward_slots_;
+  std::shared_ptr<const FusedElementwise> fast_;
+  std::vector<int64_t> fast_slots_;
   std::vector<at::Tensor> stats_;
   std::vector<size_t> grad_inputs_;  // the input each backward output belongs to
   std::vector<bool> summed_;         // per input: fast_ returns its gradient summed over rows
@@ -1104,6 +1186,8 @@ class FusedElementwiseBackward : public torch::autograd::Node {
   std::vector<std::vector<int64_t>> out_shapes_;  // each output's (per-row ones: last size 1)
   std::vector<torch::autograd::SavedVariable> saved_;
   std::vector<std::vector<int64_t>> sizes_;
+  std::vector<at::Tensor> outputs_;  // save_outputs; undefined: not read
+  std::vector<uint32_t> versions_;   // their versions then
 };
 
 }  // namespace
@@ -1264,12 +1348,17 @@ FusedElementwise::FusedElementwise(std::string name, std::vector<jit::Expr> outp
     VOLT_CHECK(out.node() != nullptr, ValueError, "[FusedElementwise] '", name_,
                "' has an empty output expression.");
   }
+  outputs_ = merge_common(outputs_);
   const auto order = topo_order(outputs_);
   VOLT_CHECK(order.size() <= kMaxNodes, ValueError, "[FusedElementwise] '", name_, "' has ",
              order.size(), " distinct nodes, more than the ", kMaxNodes,
              " one generated loop takes; split it into several kernels.");
   for (const auto& n : order) {
     if (n->op == Op::kInput) num_inputs_ = std::max(num_inputs_, n->index + 1);
+  }
+  reads_.assign(static_cast<size_t>(num_inputs_), false);
+  for (const auto& n : order) {
+    if (n->op == Op::kInput) reads_[static_cast<size_t>(n->index)] = true;
   }
   by_rows_ = uses_row_ops(order);
   for (const auto& n : order) {
@@ -1518,12 +1607,21 @@ std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tenso
   // and returns full-shape gradients, summed by libtorch (differentiable in the inputs).
   std::vector<bool> summed_grads(inputs.size(), false);
   for (size_t i = 0; i < inputs.size(); ++i) summed_grads[i] = needs_grad[i] && forms[i] == 'R';
-  auto fast = backward_for(needs_grad, row_out, !stats.empty(), summed_grads);
+  const auto fast = backward_for(needs_grad, row_out, !stats.empty(), summed_grads, forms);
+  const auto recompute = backward_for(needs_grad, row_out, false, {}, "");
+  // The outputs it reads: its inputs after the forward's inputs, output gradients and stats.
+  std::vector<bool> outputs_read(outputs_.size(), false);
+  const size_t first_output = inputs.size() + outputs_.size() + stats.size();
+  for (size_t o = 0; fast->kernel && o < outputs_.size(); ++o) {
+    const auto& reads = fast->kernel->reads_;
+    outputs_read[o] = first_output + o < reads.size() && reads[first_output + o];
+  }
   std::shared_ptr<FusedElementwiseBackward> node(
-      new FusedElementwiseBackward(backward_for(needs_grad, row_out, false, {}), std::move(fast),
-                                   std::move(stats), grad_inputs, summed_grads, inputs, shape,
-                                   row_out),
+      new FusedElementwiseBackward(name_, recompute->kernel, recompute->slots, fast->kernel,
+                                   fast->slots, std::move(stats), grad_inputs, summed_grads, inputs,
+                                   shape, row_out),
       torch::autograd::deleteNode);
+  node->save_outputs(out, outputs_read);
   torch::autograd::edge_list edges;
   for (const auto& t : inputs) {
     auto e = torch::autograd::collect_next_edges(t);
@@ -1545,9 +1643,10 @@ std::shared_ptr<const FusedElementwise> FusedElementwise::with_stats() const {
   return with_stats_;
 }
 
-std::shared_ptr<const FusedElementwise> FusedElementwise::backward_for(
+std::shared_ptr<const FusedElementwise::Backward> FusedElementwise::backward_for(
     const std::vector<bool>& needs_grad, const std::vector<bool>& row_out, bool with_stats,
-    const std::vector<bool>& summed_grads) const {
+    const std::vector<bool>& summed_grads, const std::string& forms) const {
+  VOLT_ASSERT(!with_stats || !forms.empty(), "the recomputing backward reads no stats");
   std::string key;
   for (bool b : needs_grad) key += b ? '1' : '0';
   key += '|';
@@ -1557,6 +1656,7 @@ std::shared_ptr<const FusedElementwise> FusedElementwise::backward_for(
     for (bool b : summed_grads) key += b ? '1' : '0';
   }
   if (with_stats) key += "|stats";
+  if (!forms.empty()) key += "|" + forms;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = backward_.find(key);
   if (it != backward_.end()) return it->second;
@@ -1568,20 +1668,103 @@ std::shared_ptr<const FusedElementwise> FusedElementwise::backward_for(
     wanted.push_back(all[i]);
     sums.push_back(summed(summed_grads, i));
   }
-  if (with_stats) {
-    // The forward's reductions become inputs after the output gradients.
+  bool reads_outputs = false;
+  if (!forms.empty()) {
+    // The forward's reductions become inputs after the output gradients, its outputs inputs
+    // after those.
     std::unordered_map<const void*, jit::Expr> saved;
-    const auto first = num_inputs_ + static_cast<int64_t>(outputs_.size());
-    for (size_t k = 0; k < reductions_.size(); ++k) {
-      saved.emplace(reductions_[k].node().get(), jit::input(first + static_cast<int64_t>(k)));
+    const auto first_grad = num_inputs_;
+    const auto first_stat = first_grad + static_cast<int64_t>(outputs_.size());
+    const auto first_output =
+        first_stat + (with_stats ? static_cast<int64_t>(reductions_.size()) : 0);
+    if (with_stats) {
+      for (size_t k = 0; k < reductions_.size(); ++k) {
+        saved.emplace(reductions_[k].node().get(),
+                      jit::input(first_stat + static_cast<int64_t>(k)));
+      }
     }
-    wanted = substitute(wanted, saved);
+    const std::vector<jit::Expr> stats_only = substitute(wanted, saved);
+    // Where the derivatives use an output's value (r in gradients()), it is read. An output
+    // a / s whose s reads only reductions and constants gives a back as output * s, so the
+    // values a is computed from (a softmax's exps) need not be computed again.
+    for (size_t o = 0; o < outputs_.size(); ++o) {
+      const jit::Expr out = jit::input(first_output + static_cast<int64_t>(o));
+      const auto& n = outputs_[o].node();
+      if (n->op == Op::kInput || n->op == Op::kConstant) continue;  // a copy: read the input
+      saved.emplace(n.get(), out);
+      if (n->op != Op::kDiv || !with_stats) continue;
+      const auto& a = n->args[0];
+      if (a->op == Op::kInput || a->op == Op::kConstant || saved.count(a.get()) != 0) continue;
+      const jit::Expr s = substitute({jit::Expr(n->args[1])}, saved)[0];
+      bool per_row = true;  // s reads stats and constants only
+      for (const auto& m : topo_order({s})) {
+        if (m->op == Op::kInput) {
+          per_row = per_row && m->index >= first_stat && m->index < first_output;
+        } else if (m->op != Op::kRowLength && is_row_op(m->op)) {
+          per_row = false;
+        }
+      }
+      if (per_row) saved.emplace(a.get(), out * s);
+    }
+    std::vector<jit::Expr> with_outputs = substitute(wanted, saved);
+    // Read the outputs only if that reads no more full-size tensors than the inputs would
+    // (an output read beside the inputs it is computed from is one more stream of memory).
+    bool any_output = false;
+    const auto full_reads = [&](const std::vector<jit::Expr>& exprs) {
+      int64_t count = 0;
+      any_output = false;
+      std::vector<bool> seen(static_cast<size_t>(first_output) + outputs_.size(), false);
+      for (const auto& m : topo_order(exprs)) {
+        if (m->op != Op::kInput || seen[static_cast<size_t>(m->index)]) continue;
+        seen[static_cast<size_t>(m->index)] = true;
+        const int64_t i = m->index;
+        if (i < num_inputs_) count += forms[static_cast<size_t>(i)] == 'F' ? 1 : 0;
+        if (i < first_output) continue;
+        any_output = true;
+        count += row_out[static_cast<size_t>(i - first_output)] ? 0 : 1;
+      }
+      return count;
+    };
+    const int64_t before = full_reads(stats_only);
+    reads_outputs = full_reads(with_outputs) <= before && any_output;
+    wanted = reads_outputs ? std::move(with_outputs) : stats_only;
   }
-  const bool any_sum = std::find(sums.begin(), sums.end(), true) != sums.end();
-  auto bwd = std::make_shared<FusedElementwise>(
-      name_.substr(0, 58) + (with_stats ? "_bwds" : "_bwd") + (any_sum ? "c" : ""),
-      std::move(wanted), options_);
-  if (any_sum) bwd->column_sums_ = std::move(sums);
+  // One kernel output per distinct gradient (equal expressions are one node after
+  // merge_common), none for an output gradient passed through unchanged (not summed: a summed
+  // one is a reduction the kernel makes).
+  wanted = merge_common(wanted);
+  auto bwd = std::make_shared<Backward>();
+  std::vector<jit::Expr> distinct;
+  std::vector<bool> distinct_sums;
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    const auto& n = wanted[k].node();
+    const int64_t grad_index = n->index - num_inputs_;
+    if (n->op == Op::kInput && !sums[k] && grad_index >= 0 &&
+        grad_index < static_cast<int64_t>(outputs_.size())) {
+      bwd->slots.push_back(-1 - n->index);
+      continue;
+    }
+    int64_t slot = -1;
+    for (size_t j = 0; j < distinct.size() && slot < 0; ++j) {
+      if (distinct[j].node() == n && distinct_sums[j] == sums[k]) slot = static_cast<int64_t>(j);
+    }
+    if (slot < 0) {
+      slot = static_cast<int64_t>(distinct.size());
+      distinct.push_back(wanted[k]);
+      distinct_sums.push_back(sums[k]);
+    }
+    bwd->slots.push_back(slot);
+  }
+  if (!distinct.empty()) {
+    const bool any_sum =
+        std::find(distinct_sums.begin(), distinct_sums.end(), true) != distinct_sums.end();
+    auto kernel =
+        std::make_shared<FusedElementwise>(name_.substr(0, 57) + (with_stats ? "_bwds" : "_bwd") +
+                                               (reads_outputs ? "o" : "") + (any_sum ? "c" : ""),
+                                           std::move(distinct), options_);
+    if (any_sum) kernel->column_sums_ = std::move(distinct_sums);
+    bwd->kernel = std::move(kernel);
+  }
   backward_[key] = bwd;
   return bwd;
 }

@@ -354,6 +354,39 @@ TEST_F(CompiledElementwise, ARowInputsGradientIsSummedOverTheRowsInTheKernel) {
   EXPECT_TRUE(near_tol(second(k({x, w, b})[0]), second(k.reference({x, w, b})[0]), 1e-5, 1e-5));
 }
 
+// Inputs whose gradients are one expression share one output of the backward kernel, and an
+// output gradient passed through unchanged (the residual's in ... + residual) is handed on
+// itself, as libtorch's AddBackward does: the same tensors, not copies, and the values autograd
+// computes through the composition.
+TEST_F(CompiledElementwise, EqualGradientsAreOneTensorAndAPassedThroughGradientIsNotCopied) {
+  torch::manual_seed(12);
+  const auto rg = torch::requires_grad();
+  auto x = torch::randn({40, 30}, rg), y = torch::randn({40, 30}, rg),
+       res = torch::randn({40, 30}, rg);
+  FusedElementwise k("shared_grads", {tanh(input(0) + input(1)) + input(2)},
+                     FusedElementwiseOptions().require_fused(true));
+  const auto up = torch::randn({40, 30});
+  const auto g = torch::autograd::grad({k({x, y, res})[0]}, {x, y, res}, {up});
+  const auto h = torch::autograd::grad({k.reference({x, y, res})[0]}, {x, y, res}, {up});
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(near(g[i], h[i])) << i;
+  EXPECT_EQ(g[0].data_ptr(), g[1].data_ptr());  // one output of the kernel for x and y
+  EXPECT_EQ(g[2].data_ptr(), up.data_ptr());    // the output gradient itself
+  // Only passed-through gradients: no backward kernel at all.
+  FusedElementwise sum("pass_through", {input(0) + input(1)},
+                       FusedElementwiseOptions().require_fused(true));
+  const int64_t compiles = volt::jit::stats().compiles;
+  const auto p = torch::autograd::grad({sum({x, res})[0]}, {x, res}, {up});
+  EXPECT_EQ(volt::jit::stats().compiles, compiles + 1);  // the forward only
+  EXPECT_EQ(p[0].data_ptr(), up.data_ptr());
+  EXPECT_EQ(p[1].data_ptr(), up.data_ptr());
+  // Under create_graph the shared gradient stays differentiable.
+  const auto g2 = torch::autograd::grad({k({x, y, res})[0]}, {x}, {up}, true, true)[0];
+  const auto h2 = torch::autograd::grad({k.reference({x, y, res})[0]}, {x}, {up}, true, true)[0];
+  const auto gg = torch::autograd::grad({g2.pow(2).sum()}, {y})[0];
+  const auto hh = torch::autograd::grad({h2.pow(2).sum()}, {y})[0];
+  EXPECT_TRUE(near_tol(gg, hh, 1e-5, 1e-4));
+}
+
 TEST_F(CompiledElementwise, SecondOrderGradientsGoThroughAFusedBackwardToo) {
   torch::manual_seed(5);
   auto x = torch::randn({64}, torch::requires_grad());

@@ -7,7 +7,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
+#include <string>
 
 #include "error_text.h"
 #include "near.h"
@@ -300,6 +304,105 @@ TEST_F(RowReductions, TheBackwardReadsTheForwardsReductionsAndRecomputesThemUnde
   const auto hh = torch::autograd::grad({(h2[0] * v).sum()}, {x, w});
   for (size_t i = 0; i < gg.size(); ++i) EXPECT_TRUE(close(gg[i], hh[i], 1e-3, 1e-3)) << i;
   EXPECT_EQ(fallbacks(), 0);
+}
+
+// The bytes of the cache entry whose name starts with `prefix` followed by its hash ("" when
+// there is none).
+std::string cache_entry(const std::string& dir, const std::string& prefix) {
+  volt::KernelCache::global().flush();
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().filename().string().rfind(prefix + "-", 0) != 0) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return "";
+}
+
+// A softmax's backward reads its output y, as libtorch's does, and the sum s it saved: the exps
+// it divided (e = y * s) are not computed again. Its library then calls no expf at all, where
+// the forward's does; the gradient is autograd's through at::softmax, at 1 and 2 threads.
+TEST_F(RowReductions, ASoftmaxsBackwardReadsItsOutputAndComputesNoExp) {
+  torch::manual_seed(9);
+  const auto x = (torch::randn({64, 300}) * 3).requires_grad_();
+  const Expr e = exp(input(0) - detach(row_max(input(0))));
+  FusedElementwise k("softmax_out", {e / row_sum(e)},
+                     FusedElementwiseOptions().require_fused(true).grain_size(3000));
+  const auto up = torch::randn({64, 300});
+  const auto want = torch::autograd::grad({torch::softmax(x, -1)}, {x}, {up})[0];
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    const auto g = torch::autograd::grad({k({x})[0]}, {x}, {up})[0];
+    EXPECT_TRUE(close(g, want, 1e-6, 1e-5)) << t << " threads";
+  }
+  at::set_num_threads(threads);
+  const std::string forward = cache_entry(dir.path, "softmax_out_fw");
+  const std::string backward = cache_entry(dir.path, "softmax_out_bwdso");
+  ASSERT_FALSE(forward.empty());
+  ASSERT_FALSE(backward.empty()) << "the backward does not read the output";
+  EXPECT_NE(forward.find("expf"), std::string::npos);
+  EXPECT_EQ(backward.find("expf"), std::string::npos);
+  EXPECT_EQ(fallbacks(), 0);
+}
+
+// A sub-expression written twice (built by two calls, not one Expr reused) is one node: the
+// kernel is the one of the shared expression, and the softmax's backward still reads its output.
+TEST_F(RowReductions, ASubExpressionWrittenTwiceIsComputedOnce) {
+  const auto shifted = [] { return exp(input(0) - detach(row_max(input(0)))); };
+  FusedElementwise twice("softmax_twice", {shifted() / row_sum(shifted())},
+                         FusedElementwiseOptions().require_fused(true));
+  const Expr e = shifted();
+  FusedElementwise once("softmax_twice", {e / row_sum(e)});
+  const auto x = torch::randn({8, 50}, torch::requires_grad());
+  EXPECT_EQ(twice.source({x}), once.source({x}));
+  const auto up = torch::randn({8, 50});
+  const auto g = torch::autograd::grad({twice({x})[0]}, {x}, {up})[0];
+  const auto want = torch::autograd::grad({torch::softmax(x, -1)}, {x}, {up})[0];
+  EXPECT_TRUE(close(g, want, 1e-6, 1e-5));
+  EXPECT_FALSE(cache_entry(dir.path, "softmax_twice_bwdso").empty());
+}
+
+// An output modified in place after the forward is not what the forward computed: the backward
+// then recomputes it from the inputs (as the composition's autograd, which saved no output,
+// would), rather than read the modified values or fail.
+TEST_F(RowReductions, AnOutputModifiedInPlaceIsRecomputedNotRead) {
+  torch::manual_seed(10);
+  const auto x = torch::randn({16, 40}, torch::requires_grad());
+  const Expr e = exp(input(0) * 0.5 - detach(row_max(input(0) * 0.5)));
+  FusedElementwise k("softmax_inplace", {e / row_sum(e)},
+                     FusedElementwiseOptions().require_fused(true));
+  const auto up = torch::randn({16, 40});
+  auto y = k({x})[0];
+  y.mul_(3.0);
+  const auto g = torch::autograd::grad({y}, {x}, {up})[0];
+  auto z = torch::softmax(x * 0.5, -1) * 3.0;
+  const auto want = torch::autograd::grad({z}, {x}, {up})[0];
+  EXPECT_TRUE(close(g, want, 1e-6, 1e-5));
+  // Untouched, the same call reads its output.
+  const auto g1 = torch::autograd::grad({k({x})[0]}, {x}, {up})[0];
+  EXPECT_TRUE(close(g1 * 3.0, want, 1e-6, 1e-5));
+  EXPECT_FALSE(cache_entry(dir.path, "softmax_inplace_bwdso").empty());
+}
+
+// An output is read only when that reads no more full-size tensors: sigmoid(x * w)'s backward
+// for x alone reads y and the row w instead of x and w; for x and w it needs x anyway (w's
+// gradient is x * ...), so it recomputes y from x rather than read both. Both equal autograd's.
+TEST_F(RowReductions, AnOutputIsReadOnlyWhenThatReadsNoMoreMemory) {
+  torch::manual_seed(11);
+  const auto x = torch::randn({32, 24}, torch::requires_grad());
+  const auto w = torch::randn({24}, torch::requires_grad());
+  const auto up = torch::randn({32, 24});
+  FusedElementwise k("sigmoid_out", {sigmoid(input(0) * input(1))},
+                     FusedElementwiseOptions().require_fused(true));
+  const auto want = torch::autograd::grad({torch::sigmoid(x * w)}, {x, w}, {up});
+  const auto gx = torch::autograd::grad({k({x, w.detach()})[0]}, {x}, {up})[0];
+  EXPECT_TRUE(close(gx, want[0], 1e-7, 1e-6));
+  EXPECT_FALSE(cache_entry(dir.path, "sigmoid_out_bwdo").empty());
+  const auto g = torch::autograd::grad({k({x, w})[0]}, {x, w}, {up});
+  EXPECT_TRUE(close(g[0], want[0], 1e-7, 1e-6));
+  EXPECT_TRUE(close(g[1], want[1], 1e-6, 1e-5));
+  EXPECT_FALSE(cache_entry(dir.path, "sigmoid_out_bwdc").empty());
+  EXPECT_TRUE(cache_entry(dir.path, "sigmoid_out_bwdoc").empty());
 }
 
 TEST_F(RowReductions, GradientsOfPerRowOutputsEnterAtTheFirstColumn) {

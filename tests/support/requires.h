@@ -30,12 +30,8 @@ inline bool gloo() {
 /// (a CUDA libtorch >= 2.0 with nccl.h).
 inline std::string nccl_unavailable_reason() {
   if (!torch::cuda::is_available()) return "no CUDA device";
-  try {
-    volt::resolve_backend("nccl", c10::DeviceType::CUDA);
-  } catch (const std::exception& e) {
-    return std::string("this build has no NCCL process group: ") + e.what();
-  }
-  return "";
+  const std::string missing = volt::ProcessGroup::backend_unavailable_reason(volt::Backend::kNccl);
+  return missing.empty() ? "" : "this build has no NCCL process group: " + missing;
 }
 
 }  // namespace volt_test

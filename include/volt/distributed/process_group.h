@@ -86,6 +86,10 @@ class ProcessGroup {
   /// True when this build has the Gloo backend (CPU collectives): libtorch with USE_C10D_GLOO
   /// and gloo's headers. The CUDA wheels lack the headers; there NCCL is the backend.
   static bool gloo_available();
+  /// Why this build cannot create groups of `backend` ("" when it can): Gloo needs a libtorch
+  /// with USE_C10D_GLOO and gloo's headers; NCCL a CUDA libtorch >= 2.0 with USE_C10D_NCCL and
+  /// nccl.h. Says nothing of the machine (an NCCL group also needs a CUDA device).
+  static std::string backend_unavailable_reason(Backend backend);
 
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_size_; }

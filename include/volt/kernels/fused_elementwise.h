@@ -41,9 +41,15 @@
 /// FusedElementwise, derived symbolically from the expression (libtorch's derivative formulas,
 /// recomputing the forward values from the saved inputs in the same loop); a row input's
 /// gradient (shape [..., D] of leading 1s, as a bias) is summed over the rows inside that loop,
-/// other broadcast inputs' with at::sum_to. Higher-order gradients (create_graph) work the
-/// same way (every gradient then at the full shape, summed by libtorch). The backward holds what it
-/// needs: the object may be destroyed before it runs.
+/// other broadcast inputs' with at::sum_to. Where a derivative uses an output's value (exp,
+/// tanh, sigmoid, relu, sqrt, a division) the backward reads the saved output instead of
+/// computing it again, when that reads no more full-size tensors; and an output `a / s` whose
+/// `s` is a row reduction gives `a` back as `output * s`: a softmax's backward reads its output
+/// and makes no exp, as libtorch's (values then equal the recomputing backward's within
+/// rounding). An output modified in place after the forward is not read: that backward
+/// recomputes. Higher-order gradients (create_graph) recompute every forward value (every
+/// gradient then at the full shape, summed by libtorch). The backward holds what it needs: the
+/// object may be destroyed before it runs.
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -223,13 +229,26 @@ class FusedElementwise {
                                      const std::vector<bool>& row_out, int64_t scratch_rows) const;
   // Which outputs come back with a last size of 1 for `inputs` (none unless by_rows()).
   std::vector<bool> row_outputs(const std::vector<at::Tensor>& inputs) const;
-  // The backward kernel; `with_stats`: it reads the forward's reductions (inputs after the
-  // output gradients) instead of recomputing them; `summed[i]`: input i's gradient comes back
-  // summed over the rows (a row input's, column_sums_), else at the full shape.
-  std::shared_ptr<const FusedElementwise> backward_for(const std::vector<bool>& needs_grad,
-                                                       const std::vector<bool>& row_out,
-                                                       bool with_stats,
-                                                       const std::vector<bool>& summed) const;
+  // The backward kernel. `forms` empty: the one for create_graph, which recomputes every
+  // forward value from the inputs. Else the usual one, for the forward's input forms `forms`:
+  // with `with_stats` it reads the forward's reductions (inputs after the output gradients)
+  // instead of recomputing them; it reads the forward's outputs (inputs after those) where a
+  // derivative uses them and that reads no more full-size tensors (a softmax's backward reads
+  // its output, as libtorch's, instead of the exps); `summed[i]`: input i's gradient comes
+  // back summed over the rows (a row input's, column_sums_), else at the full shape.
+  // Gradients that are one expression (x's and the residual's in x + residual) are one output
+  // of the kernel, and an output gradient passed through unchanged is no output at all: both
+  // come back as the same tensor, as libtorch's AddBackward hands them on.
+  struct Backward {
+    std::shared_ptr<const FusedElementwise> kernel;  // nullptr: every gradient passes through
+    // Per input needing a gradient, in order: slot >= 0 is that output of the kernel, -1 - k
+    // the backward's input k (an output gradient) itself.
+    std::vector<int64_t> slots;
+  };
+  std::shared_ptr<const Backward> backward_for(const std::vector<bool>& needs_grad,
+                                               const std::vector<bool>& row_out, bool with_stats,
+                                               const std::vector<bool>& summed,
+                                               const std::string& forms) const;
   // This expression with its reductions as extra (per-row) outputs: what a forward that needs
   // a gradient runs, so that the backward reads them.
   std::shared_ptr<const FusedElementwise> with_stats() const;
@@ -244,6 +263,8 @@ class FusedElementwise {
   // rows in doubles): how a backward kernel returns a row input's gradient (a bias, a
   // LayerNorm weight) without writing it at the full shape first. Empty: none.
   std::vector<bool> column_sums_;
+  // reads_[i]: the expression reads input i.
+  std::vector<bool> reads_;
   mutable std::mutex mu_;
   mutable std::shared_ptr<const FusedElementwise> with_stats_;
   struct Built {
@@ -256,7 +277,7 @@ class FusedElementwise {
   mutable std::map<std::string, std::vector<bool>> row_outputs_;
   // Backward kernels, by which inputs need a gradient ('1'/'0' per input), which outputs are
   // per row, and which gradients are summed over the rows.
-  mutable std::map<std::string, std::shared_ptr<const FusedElementwise>> backward_;
+  mutable std::map<std::string, std::shared_ptr<const Backward>> backward_;
 };
 
 }  // namespace volt
