@@ -494,10 +494,17 @@ int run_kernel_cache(const Command& cmd, std::ostream& out) {
   return kCliOk;
 }
 
+// `text` and a newline in one write: std::cerr writes each insertion at once, so the lines of
+// the ranks of a job, which share a terminal, would otherwise interleave mid-line.
+void print_line(std::ostream& err, const std::string& text) {
+  err << text + "\n";
+}
+
 // A failure that is not a volt::Error: an allocation, an error raised by the model's code or
 // libtorch during the run (the Trainer logged where: step or hook, epoch and batch), or, before
 // any run, a volt bug.
-int report_foreign_error(const std::exception& e, bool during_run, std::ostream& err) {
+int report_foreign_error(const std::exception& e, bool during_run, std::ostream& out) {
+  std::ostringstream err;
   if (detail::is_out_of_memory(e)) {
     err << "[cli] out of memory: " << detail::first_line(e.what())
         << "; the model, its optimizer state or a batch does not fit in this machine's memory: "
@@ -511,6 +518,7 @@ int report_foreign_error(const std::exception& e, bool during_run, std::ostream&
     err << "[cli] unexpected error: " << e.what()
         << "; this is likely a volt bug, please report it with the command line.\n";
   }
+  out << err.str();  // one write: the ranks of a job share a terminal
   record_error_for_torchrun(e);
   return kCliRunFailed;
 }
@@ -615,10 +623,10 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
     }
   } catch (const Interrupted& e) {
     // Every rank stopped at the same batch with the same message: rank 0 prints it.
-    if (trainer.strategy().is_global_zero()) err << e.what() << "\n";
+    if (trainer.strategy().is_global_zero()) print_line(err, e.what());
     return kCliInterruptedBase + e.signal();
   } catch (const Error& e) {
-    err << e.what() << "\n";
+    print_line(err, e.what());
     record_error_for_torchrun(e);
     // Bad configuration that only the run could see (a monitored metric nobody logs) or that
     // this build or machine cannot run (16-mixed on a libtorch 1.13 CPU) is still bad input:
@@ -671,7 +679,7 @@ int run_cli(int argc, const char* const* argv, const CliOptions& options) {
     return run_command(cmd, reg, out, err);
   } catch (const Error& e) {
     // Raised before the run started: the command line, the config, or building its objects.
-    err << e.what() << "\n";
+    print_line(err, e.what());
     record_error_for_torchrun(e);
     return kCliBadUsage;
   } catch (const std::exception& e) {

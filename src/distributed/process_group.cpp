@@ -1006,6 +1006,14 @@ void report_lost_rank(const ClusterEnvironment& env, const std::string& descript
     // be busy in another thread.
     // Bounded by a few seconds: the store either runs (connecting is immediate) or not yet.
     const milliseconds bound = std::min(timeout, kReportBound);
+    // c10d's client logs an error line for every failed attempt to connect, ten a second: when
+    // the store is not up yet, or gone (rank 0 ended the run before this worker died), wait
+    // for its port quietly and connect through c10d once it accepts.
+    const auto deadline = Clock::now() + bound;
+    while (!detail::accepts_connections(env.main_address, env.main_port, milliseconds(200))) {
+      if (Clock::now() + milliseconds(100) >= deadline) return;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
     auto store = c10::make_intrusive<c10d::PrefixStore>(
         attempt_prefix(env.restart_count),
         open_store(env, bound, Clock::now() + bound, /*server=*/false));

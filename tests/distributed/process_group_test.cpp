@@ -259,6 +259,23 @@ TEST(ProcessGroup, AKeptStoreServesTheNextAttemptUnderKeysOfItsOwn) {
   EXPECT_TRUE(third.all_of(true));
 }
 
+// A launching process reports a worker that died after rank 0 ended the run and its store: the
+// report waits for the store within its bound and gives up silently, without c10d's client
+// printing a "socket has timed out" line for every attempt to connect (once tens of lines).
+TEST(ProcessGroup, AReportToAStoreThatIsGoneGivesUpQuietlyWithinItsBound) {
+  volt::ClusterEnvironment env = single(volt::detail::find_free_port());  // nothing listens
+  env.world_size = 2;
+  env.global_rank = 1;
+  testing::internal::CaptureStderr();
+  const auto start = std::chrono::steady_clock::now();
+  volt::report_lost_rank(env, "rank 1 (pid 1) was killed by SIGKILL", milliseconds(1500));
+  const auto took = std::chrono::steady_clock::now() - start;
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err, "");
+  EXPECT_GE(took, milliseconds(1400));  // it waited for the store to come up
+  EXPECT_LT(took, seconds(4));
+}
+
 // ---- real processes over loopback ----
 
 TEST(ProcessGroup, CollectivesTwoRanksStartedExternally) {

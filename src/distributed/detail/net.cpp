@@ -3,11 +3,13 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "volt/core/check.h"
 
@@ -89,6 +91,30 @@ std::string local_address_towards(const std::string& host) {
              "[ProcessGroup] no route from this machine to MASTER_ADDR=", host, " (", err,
              "); check the address and the network, or set GLOO_SOCKET_IFNAME.");
   return {};
+}
+
+bool accepts_connections(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool accepted = false;
+  for (addrinfo* ai = res; ai != nullptr && !accepted; ai = ai->ai_next) {
+    Fd s{::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
+    if (s.fd < 0) continue;
+    if (::connect(s.fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      accepted = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{s.fd, POLLOUT, 0};
+      int error = 0;
+      socklen_t len = sizeof(error);
+      accepted = ::poll(&p, 1, static_cast<int>(timeout.count())) == 1 &&
+                 ::getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0 && error == 0;
+    }
+  }
+  ::freeaddrinfo(res);
+  return accepted;
 }
 
 }  // namespace detail
