@@ -236,6 +236,9 @@ int main(int argc, char** argv) {
                                          {exp(input(0) - detach(row_max(input(0)))) /
                                           row_sum(exp(input(0) - detach(row_max(input(0)))))},
                                          opts);
+    const Expr ld = input(0) - detach(row_max(input(0)));
+    volt::FusedElementwise plain_log_softmax("bench_log_softmax", {ld - log(row_sum(exp(ld)))},
+                                             opts);
     const auto rg = torch::requires_grad();
     for (bool backward : {false, true}) {
       const Tensors sin{torch::randn({rows, cols}, rg),
@@ -250,6 +253,9 @@ int main(int argc, char** argv) {
       compare("softmax(x, -1), [4096, 1024] float32" + what, reps,
               {{"at::softmax", [&] { run({torch::softmax(sin[0], -1)}); }},
                {"FusedElementwise written by hand", [&] { run(plain_softmax(leaf)); }}});
+      compare("log_softmax(x, -1), [4096, 1024] float32" + what, reps,
+              {{"at::log_softmax", [&] { run({torch::log_softmax(sin[0], -1)}); }},
+               {"FusedElementwise written by hand", [&] { run(plain_log_softmax(leaf)); }}});
       compare("softmax(x * 0.125 + mask, -1), [4096, 1024] float32 (mask a row)" + what, reps,
               {{"eager ops (mul, add, softmax)", [&] { run(softmax_ops(sin)); }},
                {"TracedFunction (1 fused chain)", [&] { run(softmax_traced(sin)); }},
