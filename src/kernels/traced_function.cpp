@@ -136,6 +136,9 @@ c10::optional<std::vector<int64_t>> constant_ints(const Value* v) {
   return out;
 }
 
+// The shortest rows a traced softmax or log_softmax is fused over (see softmax_over_last).
+constexpr int64_t kShortExpRow = 128;
+
 // Whether `n` reduces input 0 over its last dimension only: `dim` (input i) is that dimension
 // as an int or a one-element list (-1 or dim - 1), and the rows are not empty.
 bool over_last_dim(const Node* n, size_t i) {
@@ -262,9 +265,13 @@ const std::map<std::string, Lowering>& lowerings() {
     // softmax and log_softmax over the last dimension, without a dtype: max, exp, sum, as
     // libtorch's kernels compute them. The maximum only shifts the row (the result does not
     // depend on it), so no gradient flows through it, as in libtorch's backward formulas.
+    // Rows shorter than kShortExpRow stay libtorch's: the row kernel's per-row cost (a pass per
+    // level, horizontal reductions, a log per row) loses to libtorch's kernels there, measured
+    // (batch 512, TracedFunction against eager) for log_softmax(x * 0.5): 0.40x forward at 10
+    // columns, 0.65x at 64, 0.85x at 100, 1.21-1.33x at 128 (docs/PERFORMANCE.md, session 49).
     auto softmax_over_last = [=](const Node* n) {
       return overload(n) == "int" && n->inputs().size() == 3 && over_last_dim(n, 1) &&
-             is_none_constant(n->inputs()[2]);
+             is_none_constant(n->inputs()[2]) && sizes_of(n->inputs()[0])->back() >= kShortExpRow;
     };
     t["aten::softmax"] = {softmax_over_last,
                           [](const Node*, const Arg& arg) {
@@ -282,9 +289,9 @@ const std::map<std::string, Lowering>& lowerings() {
     // layer_norm over the last dimension: (x - mean) * rstd [* weight] [+ bias], the biased
     // variance, rstd = 1 / sqrt(var + eps). Only where no gradient is needed: libtorch's own
     // backward reads its saved statistics and sums the weight's and bias's gradients over rows
-    // in one kernel, while a fused chain's backward writes those gradients at full size and
-    // sums them afterwards, which measured 0.6x of eager for a residual + layer_norm forward and
-    // backward at [4096, 1024] (2.2x faster forward only; docs/PERFORMANCE.md).
+    // in one kernel. A fused chain's backward measured 0.6x of eager for a residual +
+    // layer_norm forward and backward at [4096, 1024] in session 47, and parity (1.00-1.04x)
+    // since session 49 (2x faster forward only; docs/PERFORMANCE.md): no gain to take there.
     t["aten::layer_norm"] = {[](const Node* n) {
                                auto out = n->output()->type()->cast<c10::TensorType>();
                                if (!out || out->requiresGrad().value_or(true)) return false;

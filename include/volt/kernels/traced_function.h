@@ -32,9 +32,10 @@
 /// Fused: add/sub/rsub (Tensor or Scalar), mul, div, neg, abs, exp, log, tanh, sigmoid, relu,
 /// sqrt, rsqrt, reciprocal, erf, square, pow by 0.5/2/3/-1, maximum, minimum, clamp/clamp_min/
 /// clamp_max, leaky_relu, silu, gelu (both approximations), and the reductions over the last
-/// dimension: sum / mean / amax (one dimension, keepdim=true), softmax, log_softmax, and
-/// layer_norm (with or without weight and bias; only where no gradient is needed, since
-/// libtorch's own layer_norm backward is faster), when every tensor is float32 on the CPU and the
+/// dimension: sum / mean / amax (one dimension, keepdim=true), softmax and log_softmax (over
+/// rows of at least 128: over shorter ones libtorch's kernels are faster), and layer_norm (with
+/// or without weight and bias; only where no gradient is needed, since under gradients the fused
+/// chain only matches libtorch's layer_norm), when every tensor is float32 on the CPU and the
 /// op's output has the chain's shape (or, for a value that does not vary along the last
 /// dimension, that shape with a last size of 1). Chains of + - * and max/min/relu with alpha 1
 /// give libtorch's bits; the transcendental ops (and silu, gelu, rsqrt written as their
