@@ -38,6 +38,7 @@
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "core/detail/machine.h"
 #include "core/detail/remove_tree.h"
@@ -996,32 +997,31 @@ bool is_valid_name(const std::string& s) {
   return true;
 }
 
+// `n` over the nodes `now` maps its arguments to: `n` itself when none changed, else a copy.
+NodePtr rebuilt(const NodePtr& n, const std::unordered_map<const void*, NodePtr>& now) {
+  bool changed = false;
+  std::vector<NodePtr> args;
+  for (const auto& a : n->args) {
+    args.push_back(now.at(a.get()));
+    changed = changed || args.back() != a;
+  }
+  if (!changed) return n;
+  auto copy = std::make_shared<jit::Expr::Node>();
+  copy->op = n->op;
+  copy->index = n->index;
+  copy->value = n->value;
+  copy->args = std::move(args);
+  return copy;
+}
+
 // `exprs` with the nodes in `by` replaced by their expressions (the rest rebuilt over them, in
 // evaluation order: no recursion).
 std::vector<jit::Expr> substitute(const std::vector<jit::Expr>& exprs,
                                   const std::unordered_map<const void*, jit::Expr>& by) {
   std::unordered_map<const void*, NodePtr> now;
   for (const auto& n : topo_order(exprs)) {
-    if (auto it = by.find(n.get()); it != by.end()) {
-      now[n.get()] = it->second.node();
-      continue;
-    }
-    bool changed = false;
-    std::vector<NodePtr> args;
-    for (const auto& a : n->args) {
-      args.push_back(now.at(a.get()));
-      changed = changed || args.back() != a;
-    }
-    if (!changed) {
-      now[n.get()] = n;
-      continue;
-    }
-    auto copy = std::make_shared<jit::Expr::Node>();
-    copy->op = n->op;
-    copy->index = n->index;
-    copy->value = n->value;
-    copy->args = std::move(args);
-    now[n.get()] = std::move(copy);
+    auto it = by.find(n.get());
+    now[n.get()] = it != by.end() ? it->second.node() : rebuilt(n, now);
   }
   std::vector<jit::Expr> out;
   for (const auto& e : exprs) out.emplace_back(now.at(e.node().get()));
@@ -1037,31 +1037,13 @@ std::vector<jit::Expr> merge_common(const std::vector<jit::Expr>& exprs) {
   std::map<Key, NodePtr> canonical;
   std::unordered_map<const void*, NodePtr> now;
   for (const auto& n : topo_order(exprs)) {
-    std::vector<NodePtr> args;
+    NodePtr node = rebuilt(n, now);  // over the arguments' canonical nodes
     std::vector<const void*> arg_ids;
-    bool changed = false;
-    for (const auto& a : n->args) {
-      args.push_back(now.at(a.get()));
-      arg_ids.push_back(args.back().get());
-      changed = changed || args.back() != a;
-    }
+    for (const auto& a : node->args) arg_ids.push_back(a.get());
     uint64_t bits = 0;
     if (n->op == Op::kConstant) std::memcpy(&bits, &n->value, sizeof bits);
     Key key{static_cast<int>(n->op), n->op == Op::kInput ? n->index : 0, bits, std::move(arg_ids)};
-    auto [it, fresh] = canonical.emplace(std::move(key), nullptr);
-    if (fresh) {
-      if (changed) {
-        auto copy = std::make_shared<jit::Expr::Node>();
-        copy->op = n->op;
-        copy->index = n->index;
-        copy->value = n->value;
-        copy->args = std::move(args);
-        it->second = std::move(copy);
-      } else {
-        it->second = n;
-      }
-    }
-    now[n.get()] = it->second;
+    now[n.get()] = canonical.emplace(std::move(key), std::move(node)).first->second;
   }
   std::vector<jit::Expr> out;
   for (const auto& e : exprs) out.emplace_back(now.at(e.node().get()));
@@ -1709,10 +1691,10 @@ std::shared_ptr<const FusedElementwise::Backward> FusedElementwise::backward_for
     std::vector<jit::Expr> with_outputs = substitute(wanted, saved);
     // Read the outputs only if that reads no more full-size tensors than the inputs would
     // (an output read beside the inputs it is computed from is one more stream of memory).
-    bool any_output = false;
+    // How many full-size tensors `exprs` read, and whether any of them is an output.
     const auto full_reads = [&](const std::vector<jit::Expr>& exprs) {
       int64_t count = 0;
-      any_output = false;
+      bool any_output = false;
       std::vector<bool> seen(static_cast<size_t>(first_output) + outputs_.size(), false);
       for (const auto& m : topo_order(exprs)) {
         if (m->op != Op::kInput || seen[static_cast<size_t>(m->index)]) continue;
@@ -1723,10 +1705,10 @@ std::shared_ptr<const FusedElementwise::Backward> FusedElementwise::backward_for
         any_output = true;
         count += row_out[static_cast<size_t>(i - first_output)] ? 0 : 1;
       }
-      return count;
+      return std::make_pair(count, any_output);
     };
-    const int64_t before = full_reads(stats_only);
-    reads_outputs = full_reads(with_outputs) <= before && any_output;
+    const auto [count, any_output] = full_reads(with_outputs);
+    reads_outputs = any_output && count <= full_reads(stats_only).first;
     wanted = reads_outputs ? std::move(with_outputs) : stats_only;
   }
   // One kernel output per distinct gradient (equal expressions are one node after
