@@ -7,7 +7,8 @@
 // TracedFunction (alone, with its backward, and inside a module with two Linear layers), and
 // a Trainer fit with trace_training_step against the same fit run eagerly. Then row
 // reductions: a scaled, masked softmax, a residual LayerNorm and an RMSNorm written as ops,
-// each against libtorch's kernels (forward, and forward + backward), by hand and traced.
+// each against libtorch's kernels (forward, and forward + backward), by hand and traced, and a
+// scaled log_softmax over short rows (10-100 columns).
 //
 //   build/benchmarks/volt_bench_fused_elementwise [repetitions] [intra-op threads]
 
@@ -129,6 +130,21 @@ int main(int argc, char** argv) {
              {"at::gelu(x + b, \"tanh\") + r (3 ops)",
               [&] { at::add(at::gelu(at::add(xt, bt), "tanh"), rt); }},
              {"FusedElementwise (1 loop)", [&] { bias_gelu_res(in); }}});
+  }
+  // Short rows (a classifier head's width): rows of at most 31 values run 16 rows at a time.
+  for (int64_t cols : {10, 20, 32}) {
+    const auto rg = torch::requires_grad();
+    const auto xt = torch::randn({4096, cols}, rg), bt = torch::randn({cols}, rg),
+               rt = torch::randn({4096, cols}, rg), up = torch::randn({4096, cols});
+    const std::vector<at::Tensor> in{xt, bt, rt};
+    auto train = [&](const at::Tensor& out) { torch::autograd::grad({out}, {xt, bt, rt}, {up}); };
+    compare("forward + backward of bias + GELU(tanh) + residual, [4096, " + std::to_string(cols) +
+                "] float32",
+            reps,
+            {{"op by op (reference() + autograd)", [&] { train(bias_gelu_res.reference(in)[0]); }},
+             {"at::gelu(x + b, \"tanh\") + r + autograd",
+              [&] { train(at::add(at::gelu(at::add(xt, bt), "tanh"), rt)); }},
+             {"FusedElementwise (fused backward)", [&] { train(bias_gelu_res(in)[0]); }}});
   }
   {
     // Training: forward and backward. Autograd's backward of the op-by-op chain is ~20 more
@@ -300,6 +316,33 @@ int main(int argc, char** argv) {
               {{"eager ops (pow, mean, add, rsqrt, mul, mul)", [&] { run(rms_ops(rin), rin); }},
                {"TracedFunction (1 fused chain)", [&] { run(rms_traced(rin), rin); }},
                {"FusedElementwise written by hand", [&] { run(rms(rin), rin); }}});
+    }
+
+    // Short rows: a temperature-scaled log_softmax over class logits. Rows of at most 31 values
+    // run 16 rows at a time, one per vector lane; longer ones row by row.
+    const Expr ls = input(0) * 0.5;
+    const Expr lsd = ls - detach(row_max(ls));
+    volt::FusedElementwise short_ls("bench_scaled_log_softmax", {lsd - log(row_sum(exp(lsd)))},
+                                    opts);
+    auto short_ls_ops = [](const Tensors& in) {
+      return Tensors{torch::log_softmax(in[0] * 0.5, -1)};
+    };
+    volt::TracedFunction short_ls_traced("bench_scaled_log_softmax_t", short_ls_ops);
+    for (int64_t c : {10, 16, 20, 32, 48, 64, 100}) {
+      for (bool backward : {false, true}) {
+        const Tensors in{torch::randn({rows, c}, rg)};
+        const auto up = torch::randn({rows, c});
+        c10::AutoGradMode grad_mode(backward);
+        auto run = [&](const Tensors& out) {
+          if (backward) torch::autograd::grad(out, in, {up});
+        };
+        compare("log_softmax(x * 0.5, -1), [4096, " + std::to_string(c) + "] float32" +
+                    (backward ? ", forward + backward" : ", forward"),
+                reps,
+                {{"eager ops (mul, log_softmax)", [&] { run(short_ls_ops(in)); }},
+                 {"TracedFunction", [&] { run(short_ls_traced(in)); }},
+                 {"FusedElementwise written by hand", [&] { run(short_ls(in)); }}});
+      }
     }
   }
 

@@ -14,6 +14,7 @@
 #include <ATen/core/stack.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/nn/module.h>
@@ -136,8 +137,20 @@ c10::optional<std::vector<int64_t>> constant_ints(const Value* v) {
   return out;
 }
 
-// The shortest rows a traced softmax or log_softmax is fused over (see softmax_over_last).
+// The shortest rows the row loop runs a traced softmax or log_softmax over (see
+// softmax_over_last); shorter ones are fused only where the lane loop runs them.
 constexpr int64_t kShortExpRow = 128;
+
+// Whether a softmax / log_softmax over `rows` rows of `cols` values is fused: measured against
+// libtorch's kernels (log_softmax(x * 0.5) at [4096, cols], docs/PERFORMANCE.md, session 50).
+// Rows of at most detail::kLaneCols values run in the lane loop when there are at least
+// detail::kLanes of them: 2.4-5.7x libtorch's, except where libtorch's 8-float vectors fill the
+// row exactly (8, 16, 24 values: 0.8-1.1x); fewer rows, or rows of 32-127 values, take the row
+// loop, 0.4-1.1x; from 128 on it wins (1.2-1.7x).
+bool fuse_softmax_over(int64_t rows, int64_t cols) {
+  return cols >= kShortExpRow ||
+         (cols <= detail::kLaneCols && cols % 8 != 0 && rows >= detail::kLanes);
+}
 
 // Whether `n` reduces input 0 over its last dimension only: `dim` (input i) is that dimension
 // as an int or a one-element list (-1 or dim - 1), and the rows are not empty.
@@ -265,13 +278,15 @@ const std::map<std::string, Lowering>& lowerings() {
     // softmax and log_softmax over the last dimension, without a dtype: max, exp, sum, as
     // libtorch's kernels compute them. The maximum only shifts the row (the result does not
     // depend on it), so no gradient flows through it, as in libtorch's backward formulas.
-    // Rows shorter than kShortExpRow stay libtorch's: the row kernel's per-row cost (a pass per
-    // level, horizontal reductions, a log per row) loses to libtorch's kernels there, measured
-    // (batch 512, TracedFunction against eager) for log_softmax(x * 0.5): 0.40x forward at 10
-    // columns, 0.65x at 64, 0.85x at 100, 1.21-1.33x at 128 (docs/PERFORMANCE.md, session 49).
+    // Only over rows where the fused kernel beats libtorch's (fuse_softmax_over); over the
+    // others the op stays libtorch's and its neighbours still fuse.
     auto softmax_over_last = [=](const Node* n) {
-      return overload(n) == "int" && n->inputs().size() == 3 && over_last_dim(n, 1) &&
-             is_none_constant(n->inputs()[2]) && sizes_of(n->inputs()[0])->back() >= kShortExpRow;
+      if (overload(n) != "int" || n->inputs().size() != 3 || !over_last_dim(n, 1) ||
+          !is_none_constant(n->inputs()[2])) {
+        return false;
+      }
+      const std::vector<int64_t> sizes = *sizes_of(n->inputs()[0]);  // not empty: over_last_dim
+      return fuse_softmax_over(c10::multiply_integers(sizes) / sizes.back(), sizes.back());
     };
     t["aten::softmax"] = {softmax_over_last,
                           [](const Node*, const Arg& arg) {

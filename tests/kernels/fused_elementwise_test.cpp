@@ -354,6 +354,49 @@ TEST_F(CompiledElementwise, ARowInputsGradientIsSummedOverTheRowsInTheKernel) {
   EXPECT_TRUE(near_tol(second(k({x, w, b})[0]), second(k.reference({x, w, b})[0]), 1e-5, 1e-5));
 }
 
+// Rows of at most 31 values run 16 whole rows at a time as one stretch (the row input repeated,
+// the column input spread over the block, summed gradients folded at the end); chunks that
+// start mid-row, the rows before a block and after the last one take the row-by-row loop.
+// Every row count around a block, at 1 and 2 threads and chunks of 7 elements, gives the
+// composition's values and gradients, bit for bit where the ops are exactly rounded.
+TEST_F(CompiledElementwise, ShortRowsRunSixteenRowsAtATime) {
+  torch::manual_seed(12);
+  const auto rg = torch::requires_grad();
+  const Expr y = input(0) * input(2) + input(1);
+  FusedElementwise exact("short_exact", {y * input(3) - input(0)},
+                         FusedElementwiseOptions().require_fused(true).grain_size(7));
+  FusedElementwise smooth("short_gelu", {gelu_tanh(y) * input(3)},
+                          FusedElementwiseOptions().require_fused(true).grain_size(7));
+  EXPECT_NE(
+      exact
+          .source({torch::randn({2, 3}), torch::randn({3}), torch::randn({2, 1}), torch::randn({})})
+          .find("short_rows && i % cols == 0"),
+      std::string::npos);
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+             {16, 1}, {15, 10}, {16, 10}, {17, 10}, {53, 10}, {40, 31}, {40, 32}, {3, 7}}) {
+      SCOPED_TRACE(std::to_string(t) + " threads, [" + std::to_string(rows) + ", " +
+                   std::to_string(cols) + "]");
+      auto x = torch::randn({rows, cols}, rg), b = torch::randn({cols}, rg),
+           c = torch::randn({rows, 1}, rg), s = torch::randn({}, rg);
+      const std::vector<at::Tensor> in{x, b, c, s};
+      EXPECT_TRUE(torch::equal(exact(in)[0], exact.reference(in)[0]));
+      const auto got = smooth(in)[0], want = smooth.reference(in)[0];
+      EXPECT_TRUE(near_tol(got, want, 1e-6, 1e-5));
+      const auto up = torch::randn({rows, cols});
+      const auto g = torch::autograd::grad({got}, in, {up});
+      const auto h = torch::autograd::grad({want}, in, {up});
+      for (size_t i = 0; i < g.size(); ++i) {
+        EXPECT_EQ(g[i].sizes(), in[i].sizes()) << i;
+        EXPECT_TRUE(near_tol(g[i], h[i], 1e-4, 1e-4)) << "gradient " << i;
+      }
+    }
+  }
+  at::set_num_threads(threads);
+}
+
 // Inputs whose gradients are one expression share one output of the backward kernel, and an
 // output gradient passed through unchanged (the residual's in ... + residual) is handed on
 // itself, as libtorch's AddBackward does: the same tensors, not copies, and the values autograd

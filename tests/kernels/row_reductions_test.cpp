@@ -12,6 +12,7 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "error_text.h"
 #include "near.h"
@@ -210,13 +211,21 @@ TEST_F(RowReductions, TheSourceHasOnePassPerLevelOfReductions) {
   const auto ln = layer_norm_of(input(0), input(1), input(2), 1e-5);
   FusedElementwise k("src_rows", {ln.y});
   const auto s = k.source({torch::randn({4, 8}), torch::randn({8}), torch::randn({8})});
-  // The mean's pass, the variance's pass (it reads the mean), the output's pass.
-  size_t loops = 0;
-  for (size_t at = s.find("for (int64_t j"); at != std::string::npos;
-       at = s.find("for (int64_t j", at + 1)) {
-    ++loops;
-  }
-  EXPECT_EQ(loops, 3u) << s;
+  // The mean's pass, the variance's pass (it reads the mean), the output's pass: in the row
+  // loop, and in the lane loop (short rows), which also transposes the input in and the output
+  // out.
+  const size_t row_loop = s.find("for (; r < r_end; ++r)");
+  ASSERT_NE(row_loop, std::string::npos) << s;
+  auto loops = [&](size_t from, size_t to) {
+    size_t n = 0;
+    for (size_t at = s.find("for (int64_t j", from); at < to;
+         at = s.find("for (int64_t j", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  EXPECT_EQ(loops(row_loop, std::string::npos), 3u) << s;
+  EXPECT_EQ(loops(0, row_loop), 5u) << s;
   EXPECT_NE(s.find("reduction(+:"), std::string::npos) << s;
   EXPECT_NE(s.find("double a"), std::string::npos) << s;  // sums accumulate in double
 }
@@ -449,7 +458,14 @@ Expr random_expr(std::mt19937& rng, int depth) {
   }
 }
 
-TEST_F(RowReductions, RandomExpressionsMatchTheCompositionAndItsGradients) {
+// Random expressions over inputs of [rows, cols], [cols], [rows, 1] and []: 13 x 17 runs the
+// row loop only; 45 x 17 runs blocks of 16 rows in the lane loop (each thread's rows: a block,
+// then the rest in the row loop), with every input form, per-row and summed outputs.
+class RandomRowExpressions : public RowReductions,
+                             public ::testing::WithParamInterface<std::pair<int64_t, int64_t>> {};
+
+TEST_P(RandomRowExpressions, MatchTheCompositionAndItsGradients) {
+  const int64_t rows = GetParam().first, cols = GetParam().second;
   std::mt19937 rng(12345);
   torch::manual_seed(9);
   const auto rg = torch::requires_grad();
@@ -461,8 +477,8 @@ TEST_F(RowReductions, RandomExpressionsMatchTheCompositionAndItsGradients) {
     FusedElementwise k("random_" + std::to_string(trial), outs,
                        FusedElementwiseOptions().require_fused(true).grain_size(64));
     with_reductions += k.by_rows() ? 1 : 0;
-    const std::vector<at::Tensor> in{torch::randn({13, 17}, rg), torch::randn({17}, rg),
-                                     torch::randn({13, 1}, rg), torch::randn({}, rg)};
+    const std::vector<at::Tensor> in{torch::randn({rows, cols}, rg), torch::randn({cols}, rg),
+                                     torch::randn({rows, 1}, rg), torch::randn({}, rg)};
     const std::vector<at::Tensor> leaves(in.begin(), in.begin() + k.num_inputs());
     const std::vector<at::Tensor> args(in.begin(), in.begin() + k.num_inputs());
     const auto got = k(args), want = k.reference(args);
@@ -484,6 +500,66 @@ TEST_F(RowReductions, RandomExpressionsMatchTheCompositionAndItsGradients) {
     }
   }
   EXPECT_GE(with_reductions, 12);  // most trials exercise the row kernels
+  EXPECT_EQ(fallbacks(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(RowReductions, RandomRowExpressions,
+                         ::testing::Values(std::make_pair<int64_t, int64_t>(13, 17),
+                                           std::make_pair<int64_t, int64_t>(45, 17)));
+
+// Rows of at most 31 values run 16 at a time, one row per vector lane; the rows left over
+// (fewer than 16 in a thread's share) and longer rows take the row loop. Both agree with
+// libtorch's kernels, forward and backward, on every row count around a block, at one and two
+// threads (two threads split the rows mid-block), with NaN, infinite and tied values.
+TEST_F(RowReductions, ShortRowsRunOneRowPerVectorLaneAndMatchLibtorch) {
+  torch::manual_seed(4);
+  const auto rg = torch::requires_grad();
+  const auto opts = FusedElementwiseOptions().require_fused(true).grain_size(1);
+  const Expr xs = input(0) * 0.5;
+  const Expr ld = xs - detach(row_max(xs));
+  const auto ln = layer_norm_of(input(0), input(1), input(2), 1e-5);
+  FusedElementwise k("short_rows", {softmax_of(input(0)), ld - log(row_sum(exp(ld))), ln.y}, opts);
+  EXPECT_NE(k.source({torch::randn({4, 10}), torch::randn({10}), torch::randn({10})})
+                .find("cols <= 31 && r_end - r >= 16"),
+            std::string::npos);
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+             {16, 1}, {15, 10}, {16, 10}, {17, 10}, {40, 10}, {33, 31}, {48, 32}, {21, 7}}) {
+      SCOPED_TRACE(std::to_string(t) + " threads, [" + std::to_string(rows) + ", " +
+                   std::to_string(cols) + "]");
+      auto x = torch::randn({rows, cols}, rg), w = torch::randn({cols}, rg),
+           b = torch::randn({cols}, rg);
+      const auto got = k({x, w, b});
+      const std::vector<at::Tensor> want{torch::softmax(x, -1), torch::log_softmax(x * 0.5, -1),
+                                         torch::layer_norm(x, {cols}, w, b, 1e-5)};
+      std::vector<at::Tensor> up;
+      for (size_t o = 0; o < got.size(); ++o) {
+        EXPECT_TRUE(close(got[o], want[o], 1e-5, 1e-5)) << "output " << o;
+        up.push_back(torch::randn(want[o].sizes()));
+      }
+      const auto g = torch::autograd::grad(got, {x, w, b}, up);
+      const auto h = torch::autograd::grad(want, {x, w, b}, up);
+      for (size_t i = 0; i < g.size(); ++i) {
+        EXPECT_TRUE(close(g[i], h[i], 1e-4, 1e-4)) << "gradient " << i;
+      }
+    }
+    // NaN, -inf, +inf and ties among 20 rows of 5: the block's lanes keep them apart.
+    auto x = torch::randn({20, 5});
+    x[1][2] = NAN;
+    x[4].fill_(-INFINITY);
+    x[7][0] = INFINITY;
+    x[9].fill_(3.0f);
+    x[18][4] = NAN;
+    FusedElementwise maxima("short_maxima", {row_max(input(0)) * 2.0 + row_sum(input(0))},
+                            FusedElementwiseOptions().require_fused(true));
+    const auto got = maxima({x})[0];
+    const auto want = x.amax(-1, true) * 2 + x.sum(-1, true);
+    EXPECT_TRUE(torch::equal(got.isnan(), want.isnan())) << got << want;
+    EXPECT_TRUE(close(got.nan_to_num(7, 8, 9), want.nan_to_num(7, 8, 9), 1e-5, 1e-5));
+  }
+  at::set_num_threads(threads);
   EXPECT_EQ(fallbacks(), 0);
 }
 
@@ -558,6 +634,9 @@ TEST_F(RowReductions, TracedLayerNormSoftmaxAndMeansFuseWithTheirNeighbours) {
 // A softmax or log_softmax over rows shorter than 128 stays libtorch's (the row kernel lost to
 // it there: 0.40x at 10 columns, 0.85x at 100); the chains around it still fuse, and an RMSNorm
 // (no exp) fuses over short rows too. At 128 columns the same function is one chain.
+// A softmax is fused over rows where the kernel beats libtorch's: 128 values or more (the row
+// loop), or at most 31 that are not a multiple of 8, 16 rows or more (the lane loop). Over
+// other rows it stays libtorch's, and its neighbours still fuse.
 TEST_F(RowReductions, ASoftmaxOverShortRowsStaysLibtorchsAndItsNeighboursFuse) {
   auto fn = [](const Tensors& in) {
     const auto x = in[0] * 0.5 + 1.0;
@@ -565,13 +644,19 @@ TEST_F(RowReductions, ASoftmaxOverShortRowsStaysLibtorchsAndItsNeighboursFuse) {
     return Tensors{torch::log_softmax(x, -1) * 2.0 - 1.0, torch::softmax(x, -1), rms};
   };
   TracedFunction f("short_rows", fn);
-  for (int64_t cols : {10, 127, 128}) {
-    const Tensors in{torch::randn({32, cols}, torch::requires_grad())};
+  for (const auto& [rows, cols, fused] : std::vector<std::tuple<int64_t, int64_t, bool>>{
+           {32, 10, true},
+           {16, 31, true},
+           {15, 10, false},  // fewer rows than vector lanes
+           {32, 16, false},  // libtorch's vectors fill the row
+           {32, 32, false},
+           {32, 127, false},
+           {32, 128, true}}) {
+    const Tensors in{torch::randn({rows, cols}, torch::requires_grad())};
     f(in);
     const std::string text = f.describe(in);
-    const bool short_rows = cols < 128;
-    EXPECT_EQ(has(text, "\n  aten::log_softmax"), short_rows) << cols << "\n" << text;
-    EXPECT_EQ(has(text, "\n  aten::softmax"), short_rows) << cols << "\n" << text;
+    EXPECT_NE(has(text, "\n  aten::log_softmax"), fused) << rows << " x " << cols << "\n" << text;
+    EXPECT_NE(has(text, "\n  aten::softmax"), fused) << rows << " x " << cols << "\n" << text;
     EXPECT_FALSE(has(text, "\n  aten::mean")) << cols << "\n" << text;  // the RMSNorm fused
     const Tensors got = f(in), want = fn(in);
     for (size_t o = 0; o < got.size(); ++o) {

@@ -33,7 +33,8 @@
 /// sqrt, rsqrt, reciprocal, erf, square, pow by 0.5/2/3/-1, maximum, minimum, clamp/clamp_min/
 /// clamp_max, leaky_relu, silu, gelu (both approximations), and the reductions over the last
 /// dimension: sum / mean / amax (one dimension, keepdim=true), softmax and log_softmax (over
-/// rows of at least 128: over shorter ones libtorch's kernels are faster), and layer_norm (with
+/// rows of at least 128 values, or of at most 31 that are not a multiple of 8 when there are at
+/// least 16 rows: elsewhere libtorch's kernels are as fast or faster), and layer_norm (with
 /// or without weight and bias; only where no gradient is needed, since under gradients the fused
 /// chain only matches libtorch's layer_norm), when every tensor is float32 on the CPU and the
 /// op's output has the chain's shape (or, for a value that does not vary along the last

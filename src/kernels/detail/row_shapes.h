@@ -11,6 +11,12 @@
 namespace volt {
 namespace detail {
 
+/// Row kernels run rows of at most this many values kLanes at a time, one row per vector lane
+/// (generate_row_body); longer rows one at a time, vectorised along the row. TracedFunction
+/// reads it to know which loop a softmax over its rows would get.
+constexpr int64_t kLaneCols = 31;
+constexpr int64_t kLanes = 16;
+
 /// The shape of a per-row value: `shape` with a last size of 1 (unchanged without dimensions).
 inline std::vector<int64_t> row_shape(std::vector<int64_t> shape) {
   if (!shape.empty()) shape.back() = 1;
