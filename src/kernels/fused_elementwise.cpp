@@ -548,6 +548,21 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
     return out;
   };
   const std::string L = std::to_string(kLanes);
+  // The final pass's stores: each output that varies along the row, a summed one added (as a
+  // double) to <sum><o><sum_at>, the others written to <full><o><full_at>.
+  auto store_outputs = [&](const std::string& pad, const std::string& sum,
+                           const std::string& sum_at, const std::string& full,
+                           const std::string& full_at) {
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      const auto* n = outputs[o].node().get();
+      if (!plan.varies.at(n)) continue;
+      if (summed(sums, o)) {
+        s << pad << sum << o << sum_at << " += (double)" << name.at(n) << ";\n";
+      } else {
+        s << pad << full << o << full_at << " = " << name.at(n) << ";\n";
+      }
+    }
+  };
 
   // The lane loop over blocks of kLanes short rows.
   s << "  int64_t r = begin / cols;\n  const int64_t r_end = end / cols;\n"
@@ -651,15 +666,7 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
       if (zs.tellp() > 0) s << " reduction(+:" << zs.str() << ")";
       s << "\n#endif\n        for (int64_t l = 0; l < " << L << "; ++l) {\n";
       pass(plan.roots.back(), done, true, "          ");
-      for (size_t o = 0; o < outputs.size(); ++o) {
-        const auto* n = outputs[o].node().get();
-        if (!plan.varies.at(n)) continue;
-        if (summed(sums, o)) {
-          s << "          s" << o << " += (double)" << name.at(n) << ";\n";
-        } else {
-          s << "          y" << o << "[j * " << L << " + l] = " << name.at(n) << ";\n";
-        }
-      }
+      store_outputs("          ", "s", "", "y", "[j * " + L + " + l]");
       s << "        }\n";
       for (size_t o = 0; o < outputs.size(); ++o) {
         if (summed(sums, o) && plan.varies.at(outputs[o].node().get())) {
@@ -737,15 +744,7 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
     }
     s << "    VOLT_SIMD\n    for (int64_t j = 0; j < cols; ++j) {\n";
     pass(plan.roots.back(), done, false, "      ");
-    for (size_t o = 0; o < outputs.size(); ++o) {
-      const auto* n = outputs[o].node().get();
-      if (!plan.varies.at(n)) continue;
-      if (summed(sums, o)) {
-        s << "      z" << o << "[j] += (double)" << name.at(n) << ";\n";
-      } else {
-        s << "      q" << o << "[j] = " << name.at(n) << ";\n";
-      }
-    }
+    store_outputs("      ", "z", "[j]", "q", "[j]");
     s << "    }\n";
   }
   s << "  }\n}\n";
