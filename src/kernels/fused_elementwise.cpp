@@ -442,6 +442,8 @@ at::Tensor sum_over_rows(const at::Tensor& t, const std::vector<int64_t>& shape)
 
 using detail::kLaneCols;
 using detail::kLanes;
+// The most stack a kernel's short-row scratch may take (a worker thread's stack is MiBs).
+constexpr int64_t kLaneStackBytes = int64_t{128} << 10;
 
 // The kernel of an expression with row operations: [begin, end) are whole rows; `out` holds
 // the outputs and then, for each stored value, a scratch row of `cols` floats (RowPlan). A
@@ -564,52 +566,68 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
     }
   };
 
-  // The lane loop over blocks of kLanes short rows.
-  s << "  int64_t r = begin / cols;\n  const int64_t r_end = end / cols;\n"
-    << "  if (cols <= " << kLaneCols << " && r_end - r >= " << L << ") {\n";
   std::set<int64_t> used;  // inputs the expression reads
   for (const auto& n : plan.order) {
     if (n->op == Op::kInput) used.insert(n->index);
   }
-  for (size_t k = 0; k < forms.size(); ++k) {
-    if (!used.count(static_cast<int64_t>(k))) continue;
-    if (forms[k] == 'F') s << "    float x" << k << "[" << kLaneCols * kLanes << "];\n";
-    if (forms[k] == 'R') s << "    const float* restrict p" << k << " = in[" << k << "];\n";
-    if (forms[k] == 'C') s << "    float v" << k << "[" << L << "];\n";
-  }
-  for (size_t k = 0; k < plan.stored.size(); ++k) {
-    s << "    float wm" << k << "[" << kLaneCols * kLanes << "];\n";
+  // The lane loop's scratch lives on the stack: column-major blocks for the full inputs, the
+  // stored values and the outputs, lane arrays for the per-row values. A kernel that would need
+  // more than kLaneStackBytes (hundreds of inputs) runs every row in the row loop instead.
+  int64_t blocks = static_cast<int64_t>(plan.stored.size()), lane_arrays = 0;
+  for (int64_t k : used) blocks += forms[static_cast<size_t>(k)] == 'F' ? 1 : 0;
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    blocks += plan.varies.at(outputs[o].node().get()) && !summed(sums, o) ? 1 : 0;
   }
   for (const auto& n : plan.order) {
-    const auto* p = n.get();
-    if (!plan.varies.at(p) && n->op != Op::kInput && n->op != Op::kConstant) {
-      s << "    float " << name.at(p) << "[" << L << "];\n";
-    }
+    lane_arrays +=
+        n->op == Op::kConstant || plan.varies.at(n.get()) ? 0 : 2;  // value, accumulators
   }
-  std::vector<size_t> lane_outputs;  // varying, not summed: written through column-major y<o>
-  for (size_t o = 0; o < outputs.size(); ++o) {
-    if (plan.varies.at(outputs[o].node().get()) && !summed(sums, o)) {
-      lane_outputs.push_back(o);
-      s << "    float y" << o << "[" << kLaneCols * kLanes << "];\n";
+  const bool lanes = blocks * kLaneCols * kLanes * static_cast<int64_t>(sizeof(float)) +
+                         lane_arrays * kLanes * static_cast<int64_t>(sizeof(double)) <=
+                     kLaneStackBytes;
+
+  s << "  int64_t r = begin / cols;\n  const int64_t r_end = end / cols;\n";
+  // The lane loop over blocks of kLanes short rows.
+  auto lane_loop = [&]() {
+    s << "  if (cols <= " << kLaneCols << " && r_end - r >= " << L << ") {\n";
+    for (size_t k = 0; k < forms.size(); ++k) {
+      if (!used.count(static_cast<int64_t>(k))) continue;
+      if (forms[k] == 'F') s << "    float x" << k << "[" << kLaneCols * kLanes << "];\n";
+      if (forms[k] == 'R') s << "    const float* restrict p" << k << " = in[" << k << "];\n";
+      if (forms[k] == 'C') s << "    float v" << k << "[" << L << "];\n";
     }
-  }
-  s << "    for (; r + " << L << " <= r_end; r += " << L << ") {\n"
-    << "      const int64_t i = r * cols;\n";
-  for (size_t k = 0; k < forms.size(); ++k) {
-    if (!used.count(static_cast<int64_t>(k))) continue;
-    // Column by column, the 16 rows' values gathered into one vector (15% faster than row by
-    // row with strided stores, measured at 10-31 columns).
-    if (forms[k] == 'F') {
-      s << "      for (int64_t j = 0; j < cols; ++j) {\n        VOLT_SIMD\n"
-        << "        for (int64_t l = 0; l < " << L << "; ++l) x" << k << "[j * " << L
-        << " + l] = in[" << k << "][i + l * cols + j];\n      }\n";
+    for (size_t k = 0; k < plan.stored.size(); ++k) {
+      s << "    float wm" << k << "[" << kLaneCols * kLanes << "];\n";
     }
-    if (forms[k] == 'C') {
-      s << "      for (int64_t l = 0; l < " << L << "; ++l) v" << k << "[l] = in[" << k
-        << "][(r + l) % numel[" << k << "]];\n";
+    for (const auto& n : plan.order) {
+      const auto* p = n.get();
+      if (!plan.varies.at(p) && n->op != Op::kInput && n->op != Op::kConstant) {
+        s << "    float " << name.at(p) << "[" << L << "];\n";
+      }
     }
-  }
-  {
+    std::vector<size_t> lane_outputs;  // varying, not summed: written through column-major y<o>
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      if (plan.varies.at(outputs[o].node().get()) && !summed(sums, o)) {
+        lane_outputs.push_back(o);
+        s << "    float y" << o << "[" << kLaneCols * kLanes << "];\n";
+      }
+    }
+    s << "    for (; r + " << L << " <= r_end; r += " << L << ") {\n"
+      << "      const int64_t i = r * cols;\n";
+    for (size_t k = 0; k < forms.size(); ++k) {
+      if (!used.count(static_cast<int64_t>(k))) continue;
+      // Column by column, the 16 rows' values gathered into one vector (15% faster than row by
+      // row with strided stores, measured at 10-31 columns).
+      if (forms[k] == 'F') {
+        s << "      for (int64_t j = 0; j < cols; ++j) {\n        VOLT_SIMD\n"
+          << "        for (int64_t l = 0; l < " << L << "; ++l) x" << k << "[j * " << L
+          << " + l] = in[" << k << "][i + l * cols + j];\n      }\n";
+      }
+      if (forms[k] == 'C') {
+        s << "      for (int64_t l = 0; l < " << L << "; ++l) v" << k << "[l] = in[" << k
+          << "][(r + l) % numel[" << k << "]];\n";
+      }
+    }
     std::unordered_set<const void*> done;
     row_values(0, true);
     for (int lv = 1; lv <= plan.top; ++lv) {
@@ -682,7 +700,8 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
       }
     }
     s << "    }\n  }\n";
-  }
+  };
+  if (lanes) lane_loop();
 
   // The row loop: the rest of the rows, or all of them when rows are long.
   s << "  for (; r < r_end; ++r) {\n"
@@ -777,9 +796,15 @@ std::string generate_body(const std::vector<jit::Expr>& outputs, const std::stri
   // a row input is read from its row repeated kLanes times (b<k>, filled once), a column input
   // from its values spread over the block's rows (b<k>, filled per block), and a summed output
   // is added to a block-shaped accumulator (zb<o>) folded into its row at the end.
-  const bool by_row = loops_by_row(forms);
+  // (A kernel whose blocks would take more than kLaneStackBytes keeps the stretch loop.)
+  int64_t block_bytes = 0;
+  for (char f : forms) block_bytes += f == 'R' || f == 'C' ? kLaneCols * kLanes * 4 : 0;
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    block_bytes += summed(sums, o) ? kLaneCols * kLanes * 8 : 0;
+  }
+  const bool row_blocks = loops_by_row(forms) && block_bytes <= kLaneStackBytes;
   const std::string block = std::to_string(kLanes) + " * cols";
-  if (by_row) {
+  if (row_blocks) {
     s << "  const int short_rows = cols <= " << kLaneCols << ";\n  int blocks = 0;\n";
     for (size_t k = 0; k < forms.size(); ++k) {
       if (forms[k] == 'R' || forms[k] == 'C') {
@@ -799,7 +824,7 @@ std::string generate_body(const std::vector<jit::Expr>& outputs, const std::stri
   }
   s << "  int64_t i = begin;\n"
     << "  while (i < end) {\n";
-  if (by_row) {
+  if (row_blocks) {
     s << "    if (short_rows && i % cols == 0 && end - i >= " << block << ") {\n";
     for (size_t k = 0; k < forms.size(); ++k) {
       if (forms[k] == 'F') {
@@ -869,7 +894,7 @@ std::string generate_body(const std::vector<jit::Expr>& outputs, const std::stri
   }
   s << "    }\n    i += n;\n  }\n";
   for (size_t o = 0; o < outputs.size(); ++o) {
-    if (!by_row || !summed(sums, o)) continue;
+    if (!row_blocks || !summed(sums, o)) continue;
     s << "  if (blocks) {\n    double* restrict z = (double*)out[" << o << "];\n"
       << "    for (int64_t j = 0; j < " << block << "; ++j) z[j % cols] += zb" << o << "[j];\n"
       << "  }\n";

@@ -458,6 +458,29 @@ Expr random_expr(std::mt19937& rng, int depth) {
   }
 }
 
+// The short-row loops keep their blocks on the stack, within a cap: a kernel with 70 full
+// inputs (a row kernel) or 69 row inputs (an elementwise one) would exceed it, so every row
+// takes the row-by-row loop, with the same results.
+TEST_F(RowReductions, KernelsWithManyInputsRunShortRowsOneAtATime) {
+  torch::manual_seed(13);
+  Expr sum = input(0);
+  for (int64_t i = 1; i < 70; ++i) sum = sum + input(i) * (0.01 * static_cast<double>(i));
+  const auto opts = FusedElementwiseOptions().require_fused(true);
+  FusedElementwise rows("many_full", {softmax_of(sum)}, opts);
+  FusedElementwise elementwise("many_row_inputs", {sum * 0.5}, opts);
+  std::vector<at::Tensor> full, by_row{torch::randn({40, 10})};
+  for (int64_t i = 0; i < 70; ++i) full.push_back(torch::randn({40, 10}));
+  for (int64_t i = 1; i < 70; ++i) by_row.push_back(torch::randn({10}));
+  EXPECT_EQ(rows.source(full).find("r_end - r >= 16"), std::string::npos);
+  EXPECT_EQ(elementwise.source(by_row).find("short_rows"), std::string::npos);
+  EXPECT_TRUE(close(rows(full)[0], rows.reference(full)[0], 1e-6, 1e-5));
+  EXPECT_TRUE(torch::equal(elementwise(by_row)[0], elementwise.reference(by_row)[0]));
+  // Under the cap (two inputs), both loops are there.
+  const std::vector<at::Tensor> two{full[0], full[1]};
+  FusedElementwise few("few_full", {softmax_of(input(0) + input(1))}, opts);
+  EXPECT_NE(few.source(two).find("r_end - r >= 16"), std::string::npos);
+}
+
 // Random expressions over inputs of [rows, cols], [cols], [rows, 1] and []: 13 x 17 runs the
 // row loop only; 45 x 17 runs blocks of 16 rows in the lane loop (each thread's rows: a block,
 // then the rest in the row loop), with every input form, per-row and summed outputs.
