@@ -474,10 +474,14 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
                                               : n->op != Op::kConstant && !plan.varies.at(p);
     lane_name[p] = per_lane ? name.at(p) + "[l]" : name.at(p);
   }
+  // The outputs that vary along the row: summed over the rows (into z<o>) or written whole.
+  std::vector<size_t> summed_outputs, full_outputs;
   for (size_t o = 0; o < outputs.size(); ++o) {
-    if (summed(sums, o) && plan.varies.at(outputs[o].node().get())) {
-      s << "  double* restrict z" << o << " = (double*)out[" << o << "];\n";
-    }
+    if (!plan.varies.at(outputs[o].node().get())) continue;
+    (summed(sums, o) ? summed_outputs : full_outputs).push_back(o);
+  }
+  for (size_t o : summed_outputs) {
+    s << "  double* restrict z" << o << " = (double*)out[" << o << "];\n";
   }
   std::unordered_map<const void*, std::string> scratch;
   for (size_t k = 0; k < plan.stored.size(); ++k) {
@@ -573,11 +577,9 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
   // The lane loop's scratch lives on the stack: column-major blocks for the full inputs, the
   // stored values and the outputs, lane arrays for the per-row values. A kernel that would need
   // more than kLaneStackBytes (hundreds of inputs) runs every row in the row loop instead.
-  int64_t blocks = static_cast<int64_t>(plan.stored.size()), lane_arrays = 0;
+  int64_t blocks = static_cast<int64_t>(plan.stored.size() + full_outputs.size());
+  int64_t lane_arrays = 0;
   for (int64_t k : used) blocks += forms[static_cast<size_t>(k)] == 'F' ? 1 : 0;
-  for (size_t o = 0; o < outputs.size(); ++o) {
-    blocks += plan.varies.at(outputs[o].node().get()) && !summed(sums, o) ? 1 : 0;
-  }
   for (const auto& n : plan.order) {
     lane_arrays +=
         n->op == Op::kConstant || plan.varies.at(n.get()) ? 0 : 2;  // value, accumulators
@@ -605,12 +607,8 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
         s << "    float " << name.at(p) << "[" << L << "];\n";
       }
     }
-    std::vector<size_t> lane_outputs;  // varying, not summed: written through column-major y<o>
-    for (size_t o = 0; o < outputs.size(); ++o) {
-      if (plan.varies.at(outputs[o].node().get()) && !summed(sums, o)) {
-        lane_outputs.push_back(o);
-        s << "    float y" << o << "[" << kLaneCols * kLanes << "];\n";
-      }
+    for (size_t o : full_outputs) {  // written through column-major y<o>
+      s << "    float y" << o << "[" << kLaneCols * kLanes << "];\n";
     }
     s << "    for (; r + " << L << " <= r_end; r += " << L << ") {\n"
       << "      const int64_t i = r * cols;\n";
@@ -669,30 +667,18 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
     }
     if (final_pass) {
       std::ostringstream zs;
-      for (size_t o = 0; o < outputs.size(); ++o) {
-        if (summed(sums, o) && plan.varies.at(outputs[o].node().get())) {
-          zs << (zs.tellp() > 0 ? "," : "") << "s" << o;
-        }
-      }
+      for (size_t o : summed_outputs) zs << (zs.tellp() > 0 ? "," : "") << "s" << o;
       s << "      for (int64_t j = 0; j < cols; ++j) {\n";
-      for (size_t o = 0; o < outputs.size(); ++o) {
-        if (summed(sums, o) && plan.varies.at(outputs[o].node().get())) {
-          s << "        double s" << o << " = 0.0;\n";
-        }
-      }
+      for (size_t o : summed_outputs) s << "        double s" << o << " = 0.0;\n";
       s << "#ifdef VOLT_MVEC\n#pragma omp simd";
       if (zs.tellp() > 0) s << " reduction(+:" << zs.str() << ")";
       s << "\n#endif\n        for (int64_t l = 0; l < " << L << "; ++l) {\n";
       pass(plan.roots.back(), done, true, "          ");
       store_outputs("          ", "s", "", "y", "[j * " + L + " + l]");
       s << "        }\n";
-      for (size_t o = 0; o < outputs.size(); ++o) {
-        if (summed(sums, o) && plan.varies.at(outputs[o].node().get())) {
-          s << "        z" << o << "[j] += s" << o << ";\n";
-        }
-      }
+      for (size_t o : summed_outputs) s << "        z" << o << "[j] += s" << o << ";\n";
       s << "      }\n";
-      for (size_t o : lane_outputs) {
+      for (size_t o : full_outputs) {
         s << "      for (int64_t l = 0; l < " << L << "; ++l) {\n"
           << "        float* restrict row = out[" << o << "] + i + l * cols;\n"
           << "        for (int64_t j = 0; j < cols; ++j) row[j] = y" << o << "[j * " << L
@@ -756,10 +742,8 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
     if (!plan.varies.at(n)) s << "    out[" << o << "][r] = " << name.at(n) << ";\n";
   }
   if (final_pass) {
-    for (size_t o = 0; o < outputs.size(); ++o) {
-      if (plan.varies.at(outputs[o].node().get()) && !summed(sums, o)) {
-        s << "    float* restrict q" << o << " = out[" << o << "] + i;\n";
-      }
+    for (size_t o : full_outputs) {
+      s << "    float* restrict q" << o << " = out[" << o << "] + i;\n";
     }
     s << "    VOLT_SIMD\n    for (int64_t j = 0; j < cols; ++j) {\n";
     pass(plan.roots.back(), done, false, "      ");
@@ -798,9 +782,11 @@ std::string generate_body(const std::vector<jit::Expr>& outputs, const std::stri
   // is added to a block-shaped accumulator (zb<o>) folded into its row at the end.
   // (A kernel whose blocks would take more than kLaneStackBytes keeps the stretch loop.)
   int64_t block_bytes = 0;
-  for (char f : forms) block_bytes += f == 'R' || f == 'C' ? kLaneCols * kLanes * 4 : 0;
+  for (char f : forms) {
+    block_bytes += f == 'R' || f == 'C' ? kLaneCols * kLanes * int64_t{sizeof(float)} : 0;
+  }
   for (size_t o = 0; o < outputs.size(); ++o) {
-    block_bytes += summed(sums, o) ? kLaneCols * kLanes * 8 : 0;
+    block_bytes += summed(sums, o) ? kLaneCols * kLanes * int64_t{sizeof(double)} : 0;
   }
   const bool row_blocks = loops_by_row(forms) && block_bytes <= kLaneStackBytes;
   const std::string block = std::to_string(kLanes) + " * cols";
