@@ -145,7 +145,7 @@ constexpr int64_t kShortExpRow = 128;
 // libtorch's kernels (log_softmax(x * 0.5) at [4096, cols], docs/PERFORMANCE.md, session 50).
 // Rows of at most detail::kLaneCols values run in the lane loop when there are at least
 // detail::kLanes of them: 2.4-5.7x libtorch's, except where libtorch's 8-float vectors fill the
-// row exactly (8, 16, 24 values: 0.8-1.1x); fewer rows, or rows of 32-127 values, take the row
+// row exactly (8, 16, 24 values: 0.8-1.2x); fewer rows, or rows of 32-127 values, take the row
 // loop, 0.4-1.1x; from 128 on it wins (1.2-1.7x).
 bool fuse_softmax_over(int64_t rows, int64_t cols) {
   return cols >= kShortExpRow ||
