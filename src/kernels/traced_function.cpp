@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iomanip>
 #include <list>
 #include <map>
 #include <mutex>
@@ -463,8 +464,9 @@ std::string signature_text(const std::vector<at::Tensor>& inputs) {
 
 std::ostream& operator<<(std::ostream& os, const TraceOptions& o) {
   return os << "TraceOptions(min_fused_ops=" << o.min_fused_ops()
-            << ", max_traces=" << o.max_traces() << ", fuse=" << (o.fuse() ? "true" : "false")
-            << ", fused_options=" << o.fused_options() << ")";
+            << ", max_traces=" << o.max_traces() << ", check_calls=" << o.check_calls()
+            << ", fuse=" << (o.fuse() ? "true" : "false") << ", fused_options=" << o.fused_options()
+            << ")";
 }
 
 namespace {
@@ -558,6 +560,117 @@ c10::optional<Access> first_access(const Value* v,
   return first;
 }
 
+// What a call ran, in a form two calls can be compared by: one line per recorded op (its kind and
+// its inputs: the graph's inputs by position, other ops' outputs by op and position, constants
+// by value), then the returned values; constant tensors apart, compared by value. (Output types
+// need no comparing: the same ops on inputs of one signature give the same ones.)
+struct OpsRun {
+  std::vector<std::string> lines;
+  std::vector<at::Tensor> constants;
+};
+
+std::string constant_text(const c10::IValue& v) {
+  std::ostringstream os;
+  if (v.isDouble()) {
+    os << std::setprecision(17) << v.toDouble();
+  } else {
+    os << v;
+  }
+  return os.str();
+}
+
+std::string tensor_text(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.scalar_type() << t.sizes();
+  if (!t.device().is_cpu()) os << "@" << t.device();
+  return os.str();
+}
+
+OpsRun ops_run(const torch::jit::Graph& graph) {
+  OpsRun out;
+  std::unordered_map<const Value*, std::string> name;
+  for (size_t i = 0; i < graph.inputs().size(); ++i) {
+    name[graph.inputs()[i]] = "input " + std::to_string(i);
+  }
+  auto text_of = [&](const Value* v) {
+    auto it = name.find(v);
+    return it == name.end() ? std::string("?") : it->second;
+  };
+  for (const Node* n : graph.nodes()) {
+    if (n->kind() == c10::prim::Constant) {
+      const c10::optional<c10::IValue> v = torch::jit::toIValue(n->output());
+      std::string text;
+      if (!v) {
+        text = "a constant " + n->output()->type()->str();
+      } else if (v->isTensor()) {
+        out.constants.push_back(v->toTensor());
+        text = "constant tensor " + std::to_string(out.constants.size()) + " " +
+               tensor_text(v->toTensor());
+      } else {
+        text = constant_text(*v);
+      }
+      name[n->output()] = text;
+      continue;
+    }
+    const size_t op = out.lines.size() + 1;
+    std::ostringstream line;
+    line << n->kind().toQualString() << "(";
+    for (size_t i = 0; i < n->inputs().size(); ++i) {
+      line << (i ? ", " : "") << text_of(n->inputs()[i]);
+    }
+    line << ")";
+    for (const c10::Symbol a : n->attributeNames()) line << " " << a.toUnqualString();
+    for (size_t o = 0; o < n->outputs().size(); ++o) {
+      name[n->outputs()[o]] =
+          "op " + std::to_string(op) +
+          (n->outputs().size() > 1 ? " output " + std::to_string(o) : std::string());
+    }
+    out.lines.push_back(line.str());
+  }
+  std::ostringstream ret;
+  ret << "return (";
+  for (size_t i = 0; i < graph.outputs().size(); ++i) {
+    ret << (i ? ", " : "") << text_of(graph.outputs()[i]);
+  }
+  out.lines.push_back(ret.str() + ")");
+  return out;
+}
+
+// Whether two tensors hold the same values (NaN equal to NaN).
+bool same_values(const at::Tensor& a, const at::Tensor& b) {
+  if (a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl()) return true;
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes() || a.device() != b.device())
+    return false;
+  if (at::equal(a, b)) return true;
+  if (!a.is_floating_point() && !a.is_complex()) return false;
+  return ((a == b) | (at::isnan(a) & at::isnan(b))).all().item<bool>();
+}
+
+std::string clipped(const std::string& s) {
+  constexpr size_t kMax = 240;
+  return s.size() <= kMax ? s : s.substr(0, kMax) + "...";
+}
+
+// How `call` differs from `trace` (two runs of one signature), or "" when it ran the same ops.
+std::string first_difference(const OpsRun& trace, const OpsRun& call) {
+  const size_t n = std::min(trace.lines.size(), call.lines.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (trace.lines[i] == call.lines[i]) continue;
+    const bool ret = i + 1 == trace.lines.size() || i + 1 == call.lines.size();
+    return (ret ? std::string("after ") + std::to_string(i) + " equal ops, this call ran `"
+                : "op " + std::to_string(i + 1) + " of this call is `") +
+           clipped(call.lines[i]) + "` where the trace has `" + clipped(trace.lines[i]) + "`";
+  }
+  for (size_t k = 0; k < trace.constants.size() && k < call.constants.size(); ++k) {
+    if (!same_values(trace.constants[k], call.constants[k])) {
+      return "constant tensor " + std::to_string(k + 1) + " (" + tensor_text(call.constants[k]) +
+             ", a tensor the function read that is not an input) holds other values than at the "
+             "trace";
+    }
+  }
+  return "";
+}
+
 // One trace: the recorded graph turned into steps over numbered value slots.
 struct Trace {
   std::shared_ptr<torch::jit::Graph> graph;  // keeps the nodes the operations came from
@@ -566,6 +679,7 @@ struct Trace {
   std::vector<int64_t> output_slots;
   std::vector<Step> steps;
   std::string description;
+  OpsRun ops;  // what the traced call ran, for checking later calls against
 };
 
 }  // namespace
@@ -581,6 +695,7 @@ struct TracedFunction::Impl {
   struct Entry {
     std::shared_ptr<const Trace> trace;
     std::list<std::string>::iterator position;
+    int64_t checks_left = 0;  // calls still to run fn under the tracer and compare
   };
   std::map<std::string, Entry> traces;
   Stats stats;
@@ -607,8 +722,9 @@ struct TracedFunction::Impl {
     return os.str();
   }
 
-  // Records fn on `inputs` (+ the captured tensors); returns the trace and fn's outputs.
-  std::pair<std::shared_ptr<const Trace>, std::vector<at::Tensor>> record(
+  // Runs fn on `inputs` (+ the captured tensors) under the tracer; returns the recorded graph
+  // and fn's outputs.
+  std::pair<std::shared_ptr<torch::jit::Graph>, std::vector<at::Tensor>> record(
       const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& extra) const;
   std::shared_ptr<const Trace> build(std::shared_ptr<torch::jit::Graph> graph,
                                      const std::string& signature) const;
@@ -646,7 +762,7 @@ std::vector<at::Tensor> run(const Trace& t, std::vector<c10::IValue> args) {
 
 }  // namespace
 
-std::pair<std::shared_ptr<const Trace>, std::vector<at::Tensor>> TracedFunction::Impl::record(
+std::pair<std::shared_ptr<torch::jit::Graph>, std::vector<at::Tensor>> TracedFunction::Impl::record(
     const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& extra) const {
   torch::jit::Stack stack;
   for (const auto& t : inputs) {
@@ -702,13 +818,14 @@ std::pair<std::shared_ptr<const Trace>, std::vector<at::Tensor>> TracedFunction:
              "function.");
   std::vector<at::Tensor> result;
   for (auto& o : outputs) result.push_back(o.toTensor());
-  return {build(state->graph, signature_text(inputs)), std::move(result)};
+  return {state->graph, std::move(result)};
 }
 
 std::shared_ptr<const Trace> TracedFunction::Impl::build(std::shared_ptr<torch::jit::Graph> graph,
                                                          const std::string& signature) const {
   auto trace = std::make_shared<Trace>();
   trace->graph = graph;
+  trace->ops = ops_run(*graph);
   std::vector<Node*> nodes;
   std::unordered_map<const Node*, size_t> position;
   for (Node* node : graph->nodes()) {
@@ -1036,6 +1153,10 @@ TracedFunction::TracedFunction(std::string name, std::shared_ptr<torch::nn::Modu
   VOLT_CHECK(options.min_fused_ops() >= 1, ConfigError,
              "[TracedFunction] min_fused_ops must be >= 1, got ", options.min_fused_ops(),
              "; 1 fuses single ops too, 2 (the default) chains of two or more.");
+  VOLT_CHECK(options.check_calls() >= 0, ConfigError,
+             "[TracedFunction] check_calls must be >= 0, got ", options.check_calls(),
+             "; it is how many calls after a trace run the function again and compare its ops "
+             "(0: none).");
   VOLT_CHECK(options.max_traces() >= 1, ConfigError,
              "[TracedFunction] max_traces must be >= 1, got ", options.max_traces(),
              "; it is how many input signatures keep a trace.");
@@ -1053,14 +1174,50 @@ std::vector<at::Tensor> TracedFunction::operator()(const std::vector<at::Tensor>
   {
     std::lock_guard<std::mutex> lock(impl.mu);
     auto it = impl.traces.find(key);
+    if (it != impl.traces.end() && it->second.checks_left > 0) {
+      // A checked call: fn runs under the tracer again and must record what the trace holds.
+      Impl::Entry& entry = it->second;
+      --entry.checks_left;
+      ++impl.stats.checks;
+      auto drop = [&] {
+        impl.recent.erase(entry.position);
+        impl.traces.erase(it);
+      };
+      std::pair<std::shared_ptr<torch::jit::Graph>, std::vector<at::Tensor>> call;
+      try {
+        call = impl.record(inputs, extra);
+      } catch (...) {
+        drop();  // it behaved otherwise than when traced (e.g. read a value on the host)
+        throw;
+      }
+      const std::string diff = first_difference(entry.trace->ops, ops_run(*call.first));
+      if (!diff.empty()) {
+        drop();
+        throw ValueError(
+            "[TracedFunction] '" + impl.name +
+            "' ran other ops on a later call with the same input signature than when it was "
+            "traced: " +
+            diff +
+            ". Its ops depend on something besides its input tensors (a counter, a step or batch "
+            "index, a value computed on the host, a tensor replaced between calls), so replaying "
+            "the trace would repeat the traced call's choices and values. Pass such values as "
+            "input tensors, compute branches with tensor ops (at::where), or do not trace this "
+            "function.");
+      }
+      impl.recent.splice(impl.recent.begin(), impl.recent, entry.position);
+      return std::move(call.second);
+    }
     if (it != impl.traces.end()) {
       ++impl.stats.hits;
       impl.recent.splice(impl.recent.begin(), impl.recent, it->second.position);
       trace = it->second.trace;
     } else {
-      auto recorded = impl.record(inputs, extra);
+      auto call = impl.record(inputs, extra);
+      std::pair<std::shared_ptr<const Trace>, std::vector<at::Tensor>> recorded{
+          impl.build(call.first, signature_text(inputs)), std::move(call.second)};
       impl.recent.push_front(key);
-      impl.traces[key] = Impl::Entry{recorded.first, impl.recent.begin()};
+      impl.traces[key] =
+          Impl::Entry{recorded.first, impl.recent.begin(), impl.options.check_calls()};
       ++impl.stats.traces;
       log_info(kComponent,
                recorded.first->description.substr(0, recorded.first->description.find('\n')));
@@ -1094,6 +1251,12 @@ std::string TracedFunction::describe(const std::vector<at::Tensor>& inputs) cons
 
 std::string TracedFunction::signature(const std::vector<at::Tensor>& inputs) const {
   return impl_->key(inputs, impl_->captured().size());
+}
+
+void TracedFunction::recheck() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (auto& kv : impl_->traces)
+    kv.second.checks_left = std::max<int64_t>(kv.second.checks_left, 1);
 }
 
 TracedFunction::Stats TracedFunction::stats() const {

@@ -18,6 +18,7 @@
 #include "near.h"
 #include "scoped_env.h"
 #include "tiny.h"
+#include "trace_and_check.h"
 #include "volt/kernels/fused_elementwise.h"
 #include "volt/kernels/kernel_cache.h"
 #include "volt/kernels/traced_function.h"
@@ -590,6 +591,7 @@ TEST_F(RowReductions, ShortRowsRunOneRowPerVectorLaneAndMatchLibtorch) {
 
 using volt::TracedFunction;
 using volt::TraceOptions;
+using volt_test::trace_and_check;
 using Tensors = std::vector<at::Tensor>;
 
 bool has(const std::string& text, const std::string& phrase) {
@@ -622,7 +624,7 @@ TEST_F(RowReductions, TracedLayerNormSoftmaxAndMeansFuseWithTheirNeighbours) {
   {
     // Inference: everything is one chain.
     torch::NoGradGuard no_grad;
-    f(in);  // the trace
+    trace_and_check(f, in);
     const std::string text = f.describe(in);
     EXPECT_FALSE(has(text, "\n  aten::layer_norm")) << text;
     EXPECT_FALSE(has(text, "\n  aten::softmax")) << text;
@@ -634,7 +636,7 @@ TEST_F(RowReductions, TracedLayerNormSoftmaxAndMeansFuseWithTheirNeighbours) {
   }
   // Training: layer_norm stays libtorch's (its own backward is faster than the fused chain's),
   // the rest fuses, and the gradients match.
-  f(in);
+  trace_and_check(f, in);
   const std::string text = f.describe(in);
   EXPECT_TRUE(has(text, "\n  aten::layer_norm")) << text;
   EXPECT_FALSE(has(text, "\n  aten::softmax")) << text;
@@ -676,7 +678,7 @@ TEST_F(RowReductions, ASoftmaxOverShortRowsStaysLibtorchsAndItsNeighboursFuse) {
            {32, 127, false},
            {32, 128, true}}) {
     const Tensors in{torch::randn({rows, cols}, torch::requires_grad())};
-    f(in);
+    trace_and_check(f, in);
     const std::string text = f.describe(in);
     EXPECT_NE(has(text, "\n  aten::log_softmax"), fused) << rows << " x " << cols << "\n" << text;
     EXPECT_NE(has(text, "\n  aten::softmax"), fused) << rows << " x " << cols << "\n" << text;
@@ -706,7 +708,7 @@ TEST_F(RowReductions, OtherReductionsRunAsRecorded) {
   };
   TracedFunction f("other_reductions", fn);
   const Tensors in{torch::randn({5, 7})};
-  f(in);
+  trace_and_check(f, in);
   const std::string text = f.describe(in);
   for (const char* op : {"aten::sum", "aten::softmax", "aten::mean"}) {
     EXPECT_TRUE(has(text, std::string("\n  ") + op)) << op << "\n" << text;
@@ -724,7 +726,7 @@ TEST_F(RowReductions, APerRowValueUsedOutsideItsChainKeepsItsRecordedShape) {
   };
   TracedFunction f("per_row_out", fn);
   const Tensors in{torch::randn({4, 9}), torch::rand({4, 1}) + 1};
-  f(in);
+  trace_and_check(f, in);
   const std::string text = f.describe(in);
   EXPECT_TRUE(has(text, "1 fused chain,")) << text;
   const Tensors got = f(in), want = fn(in);
@@ -740,7 +742,7 @@ TEST_F(RowReductions, AReductionOverRowsOfOneIsNotMergedIntoWiderRows) {
   };
   TracedFunction f("row_of_one", fn);
   const Tensors in{torch::randn({3, 8}), torch::randn({3, 1})};
-  f(in);
+  trace_and_check(f, in);
   const Tensors got = f(in), want = fn(in);
   EXPECT_TRUE(close(got[0], want[0], 1e-6, 1e-6)) << f.describe(in);
 }

@@ -15,6 +15,7 @@
 #include "near.h"
 #include "scoped_env.h"
 #include "tiny.h"
+#include "trace_and_check.h"
 #include "volt/kernels/fused_bias_activation.h"
 #include "volt/kernels/fused_elementwise.h"
 #include "volt/kernels/kernel_cache.h"
@@ -39,12 +40,16 @@ bool has(const std::string& text, const std::string& phrase) {
 
 using volt_test::near;
 
-// Traces fn through `f` (the first call), replays it, and compares each output of the replay
+using volt_test::trace_and_check;
+
+// Traces fn through `f` and checks the trace, replays it, and compares each output of the replay
 // with fn's own, bit for bit.
 void expect_replay_equals_eager(const TracedFunction& f, const TracedFunction::Fn& fn,
                                 const Tensors& in) {
-  f(in);
+  trace_and_check(f, in);
+  const int64_t hits = f.stats().hits;
   const Tensors got = f(in);
+  ASSERT_EQ(f.stats().hits, hits + 1) << "not a replay";
   const Tensors want = fn(in);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
@@ -69,6 +74,7 @@ TEST_F(Traced, AChainOfExactOpsIsOneFusedLoopWithLibtorchsBits) {
   const Tensors in = {torch::randn({64, 33}), torch::randn({64, 33}), torch::randn({33})};
   const at::Tensor eager = exact_chain(in)[0];
   EXPECT_TRUE(torch::equal(f(in)[0], eager));  // the tracing call runs the function itself
+  EXPECT_TRUE(torch::equal(f(in)[0], eager));  // so does the call that checks the trace
   const auto before = volt::jit::stats();
   EXPECT_TRUE(torch::equal(f(in)[0], eager));  // replayed: one compiled loop
   EXPECT_TRUE(torch::equal(f(in)[0], eager));
@@ -81,6 +87,7 @@ TEST_F(Traced, AChainOfExactOpsIsOneFusedLoopWithLibtorchsBits) {
       << text;
   const auto s = f.stats();
   EXPECT_EQ(s.traces, 1);
+  EXPECT_EQ(s.checks, 1);
   EXPECT_EQ(s.hits, 2);  // the two replays (describe's lookup is not a call)
   EXPECT_EQ(s.kept, 1);
 }
@@ -110,8 +117,9 @@ TEST_F(Traced, AModulesForwardAndGradientsMatchEagerAndSeeParameterUpdates) {
   f({x});  // the trace
   EXPECT_TRUE(has(f.describe({x}), "2 fused chains")) << f.describe({x});
 
+  // x with requires_grad is another signature: traced at step 0, checked at step 1, replayed.
   torch::optim::SGD opt(block->parameters(), 0.1);
-  for (int step = 0; step < 3; ++step) {
+  for (int step = 0; step < 4; ++step) {
     const auto xs = x.clone().requires_grad_(true);
     opt.zero_grad();
     const auto eager = block->forward(xs);
@@ -133,6 +141,7 @@ TEST_F(Traced, AModulesForwardAndGradientsMatchEagerAndSeeParameterUpdates) {
   }
   // x without and then with requires_grad: two signatures.
   EXPECT_EQ(f.stats().traces, 2);
+  EXPECT_EQ(f.stats().hits, 2);
 }
 
 TEST_F(Traced, AChainAroundAnotherOpIsSplitSoNothingRunsBeforeItsInputs) {
@@ -182,7 +191,7 @@ TEST_F(Traced, InPlaceAndRandomOpsRunInTheirRecordedOrder) {
   };
   TracedFunction f("ordered", fn);
   const Tensors in = {torch::randn({40, 30})};
-  f(in);
+  trace_and_check(f, in);
   torch::manual_seed(7);
   const Tensors want = fn(in);
   torch::manual_seed(7);
@@ -220,15 +229,16 @@ TEST_F(Traced, EachSignatureHasItsTraceAndTheLeastRecentlyUsedIsDropped) {
   for (const auto& in : {a, b, a, c, a, b}) {
     EXPECT_TRUE(torch::equal(f(in)[0], exact_chain(in)[0]));
   }
-  // a, b traced; a hit; c traced and b dropped; a hit; b traced again and c dropped.
+  // a, b traced; a checked; c traced and b dropped; a hit; b traced again and c dropped.
   const auto s = f.stats();
   EXPECT_EQ(s.traces, 4);
-  EXPECT_EQ(s.hits, 2);
+  EXPECT_EQ(s.checks, 1);
+  EXPECT_EQ(s.hits, 1);
   EXPECT_EQ(s.evictions, 2);
   EXPECT_EQ(s.kept, 2);
   // A different dtype is another signature too, and runs unfused (float32 only).
   const Tensors d = {a[0].to(at::kDouble), a[1].to(at::kDouble), a[2].to(at::kDouble)};
-  f(d);
+  trace_and_check(f, d);
   EXPECT_TRUE(torch::equal(f(d)[0], exact_chain(d)[0]));
   EXPECT_TRUE(has(f.describe(d), "0 of them in 0 fused chains")) << f.describe(d);
 }
@@ -242,7 +252,7 @@ TEST_F(Traced, TheModulesTrainingModeIsPartOfTheSignature) {
   });
   const auto x = torch::randn({50, 6});
   module->eval();
-  f({x});
+  trace_and_check(f, {x});
   const auto eval_out = f({x})[0];
   EXPECT_TRUE(near(eval_out, torch::relu((*net)->forward(x) * 2.0 + 1.0)));
   module->train();
@@ -258,13 +268,13 @@ TEST_F(Traced, AutocastsStateIsPartOfTheSignature) {
   auto fn = [](const Tensors& in) { return Tensors{torch::mm(in[0], in[1]) * 2.0 + 1.0}; };
   TracedFunction f("autocast", fn);
   const Tensors in = {torch::randn({8, 8}), torch::randn({8, 8})};
-  f(in);
+  trace_and_check(f, in);
   EXPECT_TRUE(torch::equal(f(in)[0], fn(in)[0]));
   {
     at::autocast::set_cpu_enabled(true);
     at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
     const at::Tensor want = fn(in)[0];
-    f(in);
+    trace_and_check(f, in);
     const at::Tensor got = f(in)[0];
     at::autocast::clear_cache();
     at::autocast::set_cpu_enabled(false);
@@ -279,7 +289,7 @@ TEST_F(Traced, AutocastsStateIsPartOfTheSignature) {
 TEST_F(Traced, TheReferenceRunsTheRecordedOpsUnfused) {
   TracedFunction f("reference", exact_chain, TraceOptions().fuse(false));
   const Tensors in = {torch::randn({6, 5}), torch::randn({6, 5}), torch::randn({5})};
-  f(in);
+  trace_and_check(f, in);
   EXPECT_TRUE(torch::equal(f(in)[0], exact_chain(in)[0]));
   EXPECT_TRUE(has(f.describe(in), "7 ops, 0 of them in 0 fused chains, 7 steps")) << f.describe(in);
   // min_fused_ops 1 fuses a lone op; a high one fuses nothing.
@@ -312,7 +322,7 @@ TEST_F(Traced, TheFusedOpsTranslateAsLibtorchComputesThem) {
   TracedFunction f(
       "ops", fn, TraceOptions().fused_options(volt::FusedElementwiseOptions().require_fused(true)));
   const Tensors in = {torch::randn({32, 17}), torch::randn({32, 17})};
-  f(in);
+  trace_and_check(f, in);
   const Tensors got = f(in);
   const Tensors want = fn(in);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(near(got[i], want[i])) << "output " << i;
@@ -336,6 +346,9 @@ TEST_F(Traced, BadFunctionsAndOptionsAreTypedErrors) {
   EXPECT_TRUE(has(error_of<volt::ConfigError>(
                       [] { TracedFunction("f", exact_chain, TraceOptions().max_traces(0)); }),
                   "max_traces must be >= 1"));
+  EXPECT_TRUE(has(error_of<volt::ConfigError>(
+                      [] { TracedFunction("f", exact_chain, TraceOptions().check_calls(-1)); }),
+                  "check_calls must be >= 0"));
 
   // A tensor that needs a gradient read from outside the inputs.
   const auto w = torch::randn({4}).requires_grad_(true);
@@ -373,7 +386,8 @@ TEST_F(Traced, BadFunctionsAndOptionsAreTypedErrors) {
 
   std::ostringstream os;
   os << TraceOptions().max_traces(3);
-  EXPECT_TRUE(has(os.str(), "TraceOptions(min_fused_ops=2, max_traces=3, fuse=true")) << os.str();
+  EXPECT_TRUE(has(os.str(), "TraceOptions(min_fused_ops=2, max_traces=3, check_calls=1, fuse=true"))
+      << os.str();
 }
 
 }  // namespace
@@ -408,7 +422,7 @@ TEST_F(Traced, MemoryFilledOutsideLibtorchsOpsIsRefusedAndRecordedWritesAreNot) 
   };
   TracedFunction visible("visible", recorded);
   const Tensors in = {torch::randn({4, 4})};
-  visible(in);
+  trace_and_check(visible, in);
   EXPECT_TRUE(torch::allclose(visible(in)[0], recorded(in)[0]));
 }
 
@@ -422,7 +436,7 @@ TEST_F(Traced, VoltsFusedKernelsAreTracedThroughTheirReferences) {
   };
   TracedFunction f("outer", fn);
   const Tensors in = {torch::randn({16, 8}), torch::randn({8, 8}), torch::randn({8})};
-  f(in);
+  trace_and_check(f, in);
   const Tensors got = f(in);
   const Tensors want = fn(in);
   EXPECT_TRUE(near(got[0], want[0])) << (got[0] - want[0]).abs().max();
@@ -430,6 +444,125 @@ TEST_F(Traced, VoltsFusedKernelsAreTracedThroughTheirReferences) {
   const std::string text = f.describe(in);
   EXPECT_TRUE(has(text, "aten::tanh")) << text;  // the reference's ops were recorded
   EXPECT_TRUE(has(text, "fused 'outer_g")) << text;
+}
+
+// A function whose ops depend on something besides its inputs: the call after the trace runs it
+// under the tracer again, and a difference is a ValueError naming it, the trace dropped (the
+// next call traces again). Random ops and inputs changed in place are no difference.
+TEST_F(Traced, ACallThatRunsOtherOpsThanItsTraceIsAnErrorNamingTheDifference) {
+  using volt_test::error_of;
+  const Tensors in = {torch::randn({4, 6})};
+  int calls = 0;
+  TracedFunction branch("branch", [&](const Tensors& x) {
+    return Tensors{++calls % 2 == 1 ? x[0] * 2.0 : x[0] + 1.0};  // a branch on a counter
+  });
+  EXPECT_TRUE(torch::equal(branch(in)[0], in[0] * 2.0));
+  std::string e = error_of<volt::ValueError>([&] { branch(in); });
+  EXPECT_TRUE(has(e,
+                  "[TracedFunction] 'branch' ran other ops on a later call with the same "
+                  "input signature than when it was traced: op 1 of this call is "
+                  "`aten::add(input 0, 1, 1)` where the trace has `aten::mul(input 0, 2)`"))
+      << e;
+  EXPECT_TRUE(has(e, "a counter, a step or batch index")) << e;
+  EXPECT_EQ(branch.stats().checks, 1);
+  EXPECT_EQ(branch.stats().kept, 0);
+  EXPECT_TRUE(torch::equal(branch(in)[0], in[0] * 2.0));  // traced again
+  EXPECT_EQ(branch.stats().traces, 2);
+  error_of<volt::ValueError>([&] { branch(in); });
+  EXPECT_EQ(branch.stats().hits, 0);  // never replayed
+
+  // A number computed on the host: the same op with another constant.
+  TracedFunction scaled("scaled",
+                        [&](const Tensors& x) { return Tensors{x[0] * (0.5 * ++calls)}; });
+  calls = 0;
+  scaled(in);
+  e = error_of<volt::ValueError>([&] { scaled(in); });
+  EXPECT_TRUE(has(e, "op 1 of this call is `aten::mul(input 0, 1)")) << e;
+  EXPECT_TRUE(has(e, "where the trace has `aten::mul(input 0, 0.5)")) << e;
+
+  // More ops than the trace.
+  TracedFunction longer("longer", [&](const Tensors& x) {
+    auto y = x[0] * 2.0;
+    if (++calls > 1) y = y.exp();
+    return Tensors{y};
+  });
+  calls = 0;
+  longer(in);
+  e = error_of<volt::ValueError>([&] { longer(in); });
+  EXPECT_TRUE(has(e, "after 1 equal ops, this call ran `aten::exp(op 1)")) << e;
+  EXPECT_TRUE(has(e, "where the trace has `return (op 1)`")) << e;
+
+  // A tensor read from outside the inputs, replaced by one with other values: the trace would
+  // keep reading the old one. Changed in place, or replaced by equal values (NaN too), it is
+  // the same.
+  at::Tensor scale = torch::full({6}, 2.0);
+  TracedFunction member("member", [&](const Tensors& x) { return Tensors{x[0] * scale}; });
+  member(in);
+  scale = torch::full({6}, 3.0);
+  e = error_of<volt::ValueError>([&] { member(in); });
+  EXPECT_TRUE(has(e,
+                  "constant tensor 1 (Float[6], a tensor the function read that is not an "
+                  "input) holds other values than at the trace"))
+      << e;
+  member(in);  // traced again with the new tensor
+  scale.mul_(2.0);
+  EXPECT_TRUE(torch::equal(member(in)[0], in[0] * 6.0));  // checked: the same tensor
+  EXPECT_TRUE(torch::equal(member(in)[0], in[0] * 6.0));  // replayed
+  EXPECT_EQ(member.stats().traces, 2);
+  at::Tensor nan = torch::full({6}, NAN);
+  TracedFunction nans("nans", [&](const Tensors& x) { return Tensors{x[0] + nan}; });
+  nans(in);
+  nan = torch::full({6}, NAN);
+  EXPECT_TRUE(nans(in)[0].isnan().all().item<bool>());
+  EXPECT_EQ(nans.stats().checks, 1);
+  EXPECT_EQ(nans.stats().kept, 1);
+
+  // Random ops draw other numbers, not other ops: no difference.
+  TracedFunction dropout("dropout", [](const Tensors& x) {
+    return Tensors{torch::dropout(x[0] * 2.0 + 1.0, 0.5, /*train=*/true)};
+  });
+  for (int i = 0; i < 3; ++i) dropout(in);
+  EXPECT_EQ(dropout.stats().checks, 1);
+  EXPECT_EQ(dropout.stats().hits, 1);
+
+  // A host read that starts after the trace: the checked call's own error, the trace dropped.
+  TracedFunction reads("reads_later", [&](const Tensors& x) {
+    return Tensors{++calls > 1 && x[0].sum().item<double>() > 1e9 ? x[0] : x[0] * 2.0};
+  });
+  calls = 0;
+  reads(in);
+  e = error_of<volt::ValueError>([&] { reads(in); });
+  EXPECT_TRUE(has(e, "read a tensor's value on the host while traced")) << e;
+  EXPECT_EQ(reads.stats().kept, 0);
+}
+
+// How many calls are checked: check_calls after each trace, and the next one after recheck().
+// A difference that first shows on an unchecked call is replayed unseen.
+TEST_F(Traced, CheckCallsAndRecheckChooseTheCheckedCalls) {
+  using volt_test::error_of;
+  const Tensors in = {torch::randn({3, 5})};
+  int step = 0;  // the caller's step: the function changes at step 4
+  auto later = [&](const Tensors& x) { return Tensors{step >= 4 ? x[0] * 3.0 : x[0] * 2.0}; };
+  TracedFunction f("later", later);
+  for (step = 0; step < 6; ++step) EXPECT_TRUE(torch::equal(f(in)[0], in[0] * 2.0)) << step;
+  EXPECT_EQ(f.stats().checks, 1);  // step 1; steps 4 and 5 replayed the stale trace
+  EXPECT_EQ(f.stats().hits, 4);
+  f.recheck();
+  const std::string e = error_of<volt::ValueError>([&] { f(in); });
+  EXPECT_TRUE(has(e, "`aten::mul(input 0, 3)")) << e;
+  EXPECT_EQ(f.stats().checks, 2);
+
+  TracedFunction none("unchecked", later, TraceOptions().check_calls(0));
+  for (step = 0; step < 6; ++step) EXPECT_TRUE(torch::equal(none(in)[0], in[0] * 2.0)) << step;
+  EXPECT_EQ(none.stats().checks, 0);
+  EXPECT_EQ(none.stats().hits, 5);
+
+  TracedFunction three("three", later, TraceOptions().check_calls(3));
+  for (step = 0; step < 4; ++step) three(in);
+  EXPECT_EQ(three.stats().checks, 3);
+  EXPECT_EQ(three.stats().hits, 0);
+  three.recheck();
+  EXPECT_TRUE(has(error_of<volt::ValueError>([&] { three(in); }), "`aten::mul(input 0, 3)"));
 }
 
 TEST_F(Traced, TheSignatureIsTheTracesKey) {
@@ -481,7 +614,8 @@ TEST_F(Traced, AModuleTrainedByTheTrainerThroughItsTraceMatchesEagerTraining) {
     if (traced) {
       // Batches of 16, and dropout on in training: one signature, traced once.
       EXPECT_EQ(model.traced().stats().traces, 1);
-      EXPECT_EQ(model.traced().stats().hits, 15);
+      EXPECT_EQ(model.traced().stats().checks, 1);
+      EXPECT_EQ(model.traced().stats().hits, 14);
     }
     return model.flat_params();
   };
@@ -495,7 +629,7 @@ TEST_F(Traced, ThreadsReplayingOneTraceAtOnceGetTheirOwnResults) {
   TracedFunction f("threads", exact_chain);
   std::vector<Tensors> in(4);
   for (auto& i : in) i = {torch::randn({256, 64}), torch::randn({256, 64}), torch::randn({64})};
-  f(in[0]);  // the trace
+  trace_and_check(f, in[0]);
   std::vector<std::thread> threads;
   std::vector<int> ok(in.size(), 0);
   for (size_t t = 0; t < in.size(); ++t) {

@@ -2,7 +2,8 @@
 // elementwise chains fused, against the same fits run eagerly (weights and every logged value);
 // a ragged last batch with its own trace; what cannot be traced running eagerly with the reason
 // logged (host reads, numbers logged, skipped batches, manual optimization, a kernel filling
-// memory outside libtorch's ops), volt's own fused kernels traced through their references; the
+// memory outside libtorch's ops; branches on batch_idx or the epoch and names logged by batch,
+// found by the checked steps), volt's own fused kernels traced through their references; the
 // exclusion of graph_training_step. Each test runs in its own process with a private
 // KernelCache folder.
 
@@ -159,6 +160,9 @@ class PlainNet : public volt_test::TinyClassifier {
     if (host_read && loss.item<double>() > 1e9) loss = loss * 0;
     if (log_number) log("lr", 0.1);
     if (skip_first && batch_idx == 0) return {};
+    if (branch_on_batch && batch_idx % 2 == 1) loss = loss * 0.5;
+    if (branch_on_epoch && current_epoch() >= 1) loss = loss * 0.5;
+    if (branch_on_step && global_step() >= 5) loss = loss * 0.5;
     if (unfilled) {
       // A "kernel" writing its result through a data pointer, as custom CPU code does.
       at::Tensor out = at::empty_like(logits);
@@ -167,9 +171,12 @@ class PlainNet : public volt_test::TinyClassifier {
       loss = loss + 0 * out.sum();
     }
     log("train_loss", loss);
+    if (name_by_batch) log(batch_idx % 2 == 0 ? "even_loss" : "odd_loss", loss);
     return loss;
   }
   bool host_read = false, log_number = false, skip_first = false, unfilled = false;
+  bool branch_on_batch = false, branch_on_epoch = false, branch_on_step = false;
+  bool name_by_batch = false;
 };
 
 void expect_eager_fallback(const std::string& root, std::function<void(PlainNet&)> setup,
@@ -204,6 +211,55 @@ TEST_F(TraceStep, MemoryFilledOutsideLibtorchsOpsRunsTheStepEagerly) {
   expect_eager_fallback(
       dir.path, [](PlainNet& n) { n.unfilled = true; },
       "reads a tensor made by aten::empty_like that no recorded op wrote");
+}
+
+// A step whose ops depend on batch_idx or the epoch would be replayed with the traced step's
+// choice: the step after the trace and each epoch's first step run it under the tracer again,
+// and a difference turns the step eager, from that step on (so the fit equals the eager one).
+TEST_F(TraceStep, ABranchOnBatchIdxIsFoundAtTheStepAfterTheTrace) {
+  expect_eager_fallback(
+      dir.path, [](PlainNet& n) { n.branch_on_batch = true; },
+      "ran other ops on a later call with the same input signature than when it was traced: "
+      "op ");
+  const FitResult traced =
+      fit<PlainNet>(dir / "again", true, 128, [](PlainNet& n) { n.branch_on_batch = true; });
+  EXPECT_TRUE(has(traced.lines, "(at epoch 0, batch_idx 1)"));
+  EXPECT_TRUE(has(traced.lines, "aten::mul(")) << "the differing op is named";
+}
+
+TEST_F(TraceStep, ABranchOnTheEpochIsFoundAtTheEpochsFirstStep) {
+  expect_eager_fallback(
+      dir.path, [](PlainNet& n) { n.branch_on_epoch = true; },
+      "ran other ops on a later call with the same input signature than when it was traced");
+  const FitResult traced =
+      fit<PlainNet>(dir / "again", true, 128, [](PlainNet& n) { n.branch_on_epoch = true; });
+  EXPECT_TRUE(has(traced.lines, "(at epoch 1, batch_idx 0)"));
+}
+
+TEST_F(TraceStep, ABranchOnTheStepCountIsFoundAtTheNextPowerOfTwo) {
+  // Traced steps 1 (the trace), 2, 4, 8, 16, ... are checked: a branch from global_step 5 on
+  // (the 6th step) is found at the 8th, after two stale replays, which the warning counts
+  // (steps 5-7 since the check at the 4th).
+  const FitResult traced =
+      fit<PlainNet>(dir / "traced", true, 128, [](PlainNet& n) { n.branch_on_step = true; });
+  EXPECT_EQ(count(traced.lines, "running training_step eagerly"), 1);
+  EXPECT_TRUE(has(traced.lines,
+                  "(at epoch 0, batch_idx 7; the 3 steps of this batch signature since its last "
+                  "check (epoch 0, batch_idx 3) replayed the trace and may have repeated its "
+                  "choices)"));
+}
+
+TEST_F(TraceStep, NamesLoggedByBatchIdxAreFoundAtTheStepAfterTheTrace) {
+  // The same ops, but a replay would log every step's value under the traced step's name.
+  const auto odd_even = [](PlainNet& n) { n.name_by_batch = true; };
+  expect_eager_fallback(dir.path, odd_even,
+                        "training_step logged other names or options on a later call than when "
+                        "it was traced (train_loss, even_loss at the trace; train_loss, odd_loss "
+                        "now)");
+  const FitResult eager = fit<PlainNet>(dir / "eager2", false, 128, odd_even);
+  const FitResult traced = fit<PlainNet>(dir / "traced2", true, 128, odd_even);
+  EXPECT_EQ(traced.logged.at("odd_loss"), eager.logged.at("odd_loss"));
+  EXPECT_EQ(traced.logged.at("even_loss"), eager.logged.at("even_loss"));
 }
 
 // Every batch a different number of rows (as sequences of varying length give): a new signature

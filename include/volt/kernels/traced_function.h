@@ -22,7 +22,12 @@
 /// trace is taken for each new input signature (count, dtypes, devices, sizes, requires_grad of
 /// the inputs; grad mode; autocast's state; the module's training mode and parameter count), the
 /// least recently used beyond `max_traces` dropped. A function whose ops depend on anything else
-/// must not be traced.
+/// must not be traced. To catch one that does (a branch on a counter or a step index, a number
+/// computed on the host, a tensor replaced between calls), the call after each new trace
+/// (`check_calls`) and the next call after `recheck()` run fn under the tracer again, return its
+/// own results, and compare what it ran with the trace: other ops, other constants or other
+/// values in a constant tensor are a ValueError naming the first difference, and the trace is
+/// dropped. A difference that first shows on an unchecked call is not seen.
 ///
 /// Tensors the function reads that are not inputs: a module's parameters and buffers (with the
 /// module constructor) become inputs of the graph, so updates to them are seen; any other tensor
@@ -70,6 +75,10 @@ struct TraceOptions {
   /// Traces kept, one per input signature (>= 1); the least recently used beyond this is
   /// dropped. Default: 8.
   TORCH_ARG(int64_t, max_traces) = 8;
+  /// Calls after each new trace that run the function under the tracer again (their own
+  /// results returned) and must record the same ops and constants as the trace, else
+  /// ValueError (>= 0; 0 = none). Default: 1.
+  TORCH_ARG(int64_t, check_calls) = 1;
   /// false: run the recorded graph op by op with nothing fused (the reference). Default: true.
   TORCH_ARG(bool, fuse) = true;
   /// How the fused chains run (require_fused, the disk cache, grain size).
@@ -95,8 +104,13 @@ class TracedFunction {
   TracedFunction(std::string name, torch::nn::Module& module, Fn fn, TraceOptions options = {});
 
   /// fn(inputs), from the trace for this signature (traced on first use: that call runs fn
-  /// itself under the tracer).
+  /// itself under the tracer, as does a checked call). ValueError when a checked call ran
+  /// other ops than the trace (see above).
   std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs) const;
+
+  /// Checks the next call of every kept trace's signature as the one after a trace is checked
+  /// (e.g. at an epoch's start, for a function that might branch on the epoch).
+  void recheck() const;
 
   /// The trace for `inputs`' signature (traced if needed, which runs fn once): the counts, each
   /// step (the fused chains with their ops), and the recorded graph. For reading.
@@ -108,7 +122,8 @@ class TracedFunction {
 
   struct Stats {
     int64_t traces = 0;     ///< traces taken (one per new signature, again after an eviction)
-    int64_t hits = 0;       ///< calls that ran a kept trace
+    int64_t hits = 0;       ///< calls that replayed a kept trace
+    int64_t checks = 0;     ///< calls that ran fn under the tracer to check a kept trace
     int64_t evictions = 0;  ///< traces dropped beyond max_traces
     int64_t kept = 0;       ///< traces kept now
   };

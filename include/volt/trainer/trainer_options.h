@@ -151,7 +151,12 @@ struct TrainerOptions {
   /// optimizer run as usual. The trace is the ops the first step of a signature ran, so
   /// training_step must run the same ops for every batch of a signature: nothing decided by
   /// batch_idx, the step count or a tensor's value (a host read while tracing, item() or a
-  /// tensor as a condition, and log(name, number) are refused). Values training_step logs are
+  /// tensor as a condition, and log(name, number) are refused). The step after each trace, each
+  /// epoch's first step and the 4th, 8th, 16th, ... traced steps run training_step under the
+  /// tracer again and compare: other ops, constants or logged names (a branch on batch_idx, the
+  /// epoch or the step count) turn the step eager, logged with the first difference and the
+  /// replays since the last check, which may have repeated the trace's choice. Values
+  /// training_step logs are
   /// outputs of the trace, logged after each replay. What cannot be traced (manual
   /// optimization, a module off the CPU, sync_batchnorm, a DeepSpeed strategy, a skipped
   /// batch, a refusal above, a signature that keeps changing: 8 traces dropped) runs eagerly,

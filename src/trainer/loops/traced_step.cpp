@@ -11,10 +11,18 @@
 // beside the trace (one LRU of the same size, touched in the same order, so both keep the same
 // signatures). Backward, clipping, the optimizer and the loop's counters are the eager ones.
 // Whatever cannot be traced runs eagerly for the rest of the fit, logged once with the reason.
+//
+// A trace is the first step of its signature; a step that decides something from batch_idx,
+// the epoch or any host value would be replayed with the traced step's decisions. So the step
+// after each new trace, the first step of every later epoch and the 4th, 8th, 16th, ... traced
+// step are checked: training_step runs under the tracer again (its results used as an eager
+// step's), and other ops, constants or logged names than the trace's turn the step eager with
+// the first difference, and how many replays since the last check it may have spoiled.
 #include <c10/util/Exception.h>
 
 #include <list>
 #include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,11 +89,20 @@ class TracedOptimizationStep : public OptimizationStep {
             TraceOptions().max_traces(kMaxTraces)) {}
 
   bool run(const Batch& batch, int64_t batch_idx, int64_t num_batches) override {
-    if (!eager_ && !checked_) {
-      checked_ = true;
+    if (!eager_ && !reasons_checked_) {
+      reasons_checked_ = true;
       if (std::string why = static_reason(); !why.empty()) go_eager(why);
     }
     if (eager_) return OptimizationStep::run(batch, batch_idx, num_batches);
+    // A step that branches on the epoch shows it at an epoch's start, one that branches on the
+    // step count some step: check the traces at each new epoch and at the 4th, 8th, 16th, ...
+    // traced step (a change is seen within twice the steps it took to appear, at log2 cost).
+    const int64_t epoch = run_.module->current_epoch();
+    ++steps_;
+    if ((epoch != epoch_ && epoch_ >= 0) || (steps_ >= 4 && (steps_ & (steps_ - 1)) == 0)) {
+      traced_.recheck();
+    }
+    epoch_ = epoch;
     Strategy& s = run_.strategy();
     s.set_training_step_call(
         [this](Module& m, const Batch& b, int64_t i) { return call(m, b, i); });
@@ -140,14 +157,33 @@ class TracedOptimizationStep : public OptimizationStep {
     batch_idx_ = batch_idx;
     recorded_ = false;
     std::vector<at::Tensor> out;
+    const std::string key = traced_.signature(in);
+    const TracedFunction::Stats before = traced_.stats();
     try {
       out = traced_(in);
     } catch (const std::exception& e) {
       if (!recorded_) throw;  // a replay failed: not a tracing matter
-      go_eager(message_of(e));
+      go_eager(message_of(e) + where(key, batch_idx, traced_.stats().checks > before.checks));
       return s.module_training_step(m, b, batch_idx);
     }
-    const std::vector<LogSpec>& logs = logs_for(traced_.signature(in));
+    const TracedFunction::Stats after = traced_.stats();
+    const bool checked = after.checks > before.checks;  // and its ops matched the trace's
+    if (checked) {
+      // What it logged must match too, since a replay logs under the traced call's names.
+      if (std::string why = other_logs(key); !why.empty()) {
+        for (size_t i = 0; i < pending_.size(); ++i)
+          run_.log(pending_[i].name, out[i + 1], pending_[i].options);
+        go_eager(why + where(key, batch_idx, true));
+        return out[0];
+      }
+    }
+    if (checked || after.traces > before.traces) {
+      marks_[key] =
+          Mark{"epoch " + std::to_string(epoch_) + ", batch_idx " + std::to_string(batch_idx)};
+    } else {
+      ++marks_[key].replays;
+    }
+    const std::vector<LogSpec>& logs = logs_for(key);
     VOLT_ASSERT(out.size() == logs.size() + 1, "the trace of training_step returned ", out.size(),
                 " tensors for ", logs.size(), " logged values");
     for (size_t i = 0; i < logs.size(); ++i) run_.log(logs[i].name, out[i + 1], logs[i].options);
@@ -189,6 +225,44 @@ class TracedOptimizationStep : public OptimizationStep {
     return out;
   }
 
+  // Where a failed trace or check happened, and for a check the replays it may have spoiled.
+  std::string where(const std::string& key, int64_t batch_idx, bool check) const {
+    std::string s =
+        " (at epoch " + std::to_string(epoch_) + ", batch_idx " + std::to_string(batch_idx);
+    auto it = marks_.find(key);
+    if (check && it != marks_.end() && it->second.replays > 0) {
+      s += "; the " + std::to_string(it->second.replays) +
+           " steps of this batch signature since its last check (" + it->second.at +
+           ") replayed the trace and may have repeated its choices";
+    }
+    return s + ")";
+  }
+
+  // Why a checked call's logged values (pending_) differ from those kept for `key`, or "".
+  std::string other_logs(const std::string& key) const {
+    auto it = logs_.find(key);
+    if (it == logs_.end()) return "";  // dropped with its trace; a new trace keeps these
+    const std::vector<LogSpec>& kept = it->second.first;
+    std::string was, now;
+    for (const auto& l : kept) was += (was.empty() ? "" : ", ") + l.name;
+    for (const auto& l : pending_) now += (now.empty() ? "" : ", ") + l.name;
+    auto text = [](const LogOptions& o) {
+      std::ostringstream os;
+      os << o;
+      return os.str();
+    };
+    bool same = kept.size() == pending_.size();
+    for (size_t i = 0; same && i < kept.size(); ++i) {
+      same = kept[i].name == pending_[i].name && text(kept[i].options) == text(pending_[i].options);
+    }
+    if (same) return "";
+    return "training_step logged other names or options on a later call than when it was "
+           "traced (" +
+           was + " at the trace; " + now +
+           " now), and a replay logs under the "
+           "traced call's; log the same names with the same options on every step";
+  }
+
   // The log specs of signature `key`: the ones just recorded when this call traced.
   const std::vector<LogSpec>& logs_for(const std::string& key) {
     auto it = logs_.find(key);
@@ -212,7 +286,15 @@ class TracedOptimizationStep : public OptimizationStep {
 
   TracedFunction traced_;
   bool eager_ = false;
-  bool checked_ = false;
+  bool reasons_checked_ = false;
+  int64_t epoch_ = -1;  // the epoch of the last step, to recheck the traces at a new one
+  int64_t steps_ = 0;   // traced steps, to recheck the traces at powers of two
+  // Per signature: where it was last traced or checked, and the replays since.
+  struct Mark {
+    std::string at;
+    int64_t replays = 0;
+  };
+  std::map<std::string, Mark> marks_;
   std::string layout_;
   // The traced call in flight.
   const Batch* batch_ = nullptr;
