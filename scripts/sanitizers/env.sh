@@ -17,7 +17,10 @@ case "${1:-}" in
     # uninstrumented code) looks like races on every parallel op. The cost is that races
     # *inside* those libraries, including inside OpenMP regions of volt's kernels whose
     # fork/join TSan cannot see, are not reported (docs/HARDENING.md).
-    export TSAN_OPTIONS="ignore_noninstrumented_modules=1:halt_on_error=1:second_deadlock_stack=1:suppressions=$_volt_san_dir/tsan.supp"
+    # allocator_may_return_null: a request beyond what TSan's allocator serves (the tests' 1 PiB
+    # tensors) returns null, so libtorch throws as it does without TSan, instead of a fatal
+    # allocation-size-too-big report.
+    export TSAN_OPTIONS="ignore_noninstrumented_modules=1:halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1:suppressions=$_volt_san_dir/tsan.supp"
     ;;
   *)
     echo "scripts/sanitizers/env.sh: give address (ASan+UBSan) or thread (TSan)." >&2
