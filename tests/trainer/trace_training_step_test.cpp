@@ -162,7 +162,7 @@ class PlainNet : public volt_test::TinyClassifier {
     if (skip_first && batch_idx == 0) return {};
     if (branch_on_batch && batch_idx % 2 == 1) loss = loss * 0.5;
     if (branch_on_epoch && current_epoch() >= 1) loss = loss * 0.5;
-    if (branch_on_step && global_step() >= 5) loss = loss * 0.5;
+    if (branch_on_step && global_step() >= 10) loss = loss * 0.5;
     if (unfilled) {
       // A "kernel" writing its result through a data pointer, as custom CPU code does.
       at::Tensor out = at::empty_like(logits);
@@ -233,19 +233,22 @@ TEST_F(TraceStep, ABranchOnTheEpochIsFoundAtTheEpochsFirstStep) {
       "ran other ops on a later call with the same input signature than when it was traced");
   const FitResult traced =
       fit<PlainNet>(dir / "again", true, 128, [](PlainNet& n) { n.branch_on_epoch = true; });
-  EXPECT_TRUE(has(traced.lines, "(at epoch 1, batch_idx 0)"));
+  // Found at epoch 1's first step, after epoch 0's replays (which took the same branch there).
+  EXPECT_TRUE(has(traced.lines,
+                  "(at epoch 1, batch_idx 0; the 6 steps of this batch signature since its last "
+                  "check (epoch 0, batch_idx 1) replayed the trace"));
 }
 
 TEST_F(TraceStep, ABranchOnTheStepCountIsFoundAtTheNextPowerOfTwo) {
-  // Traced steps 1 (the trace), 2, 4, 8, 16, ... are checked: a branch from global_step 5 on
-  // (the 6th step) is found at the 8th, after two stale replays, which the warning counts
-  // (steps 5-7 since the check at the 4th).
+  // Traced steps 2 (after the trace), 9 (epoch 1's first), 16, 32, ... are checked: a branch
+  // from global_step 10 on (the 11th step) is found at the 16th, after five stale replays,
+  // which the warning counts with the one before them (steps 10-15 since the check at the 9th).
   const FitResult traced =
       fit<PlainNet>(dir / "traced", true, 128, [](PlainNet& n) { n.branch_on_step = true; });
   EXPECT_EQ(count(traced.lines, "running training_step eagerly"), 1);
   EXPECT_TRUE(has(traced.lines,
-                  "(at epoch 0, batch_idx 7; the 3 steps of this batch signature since its last "
-                  "check (epoch 0, batch_idx 3) replayed the trace and may have repeated its "
+                  "(at epoch 1, batch_idx 7; the 6 steps of this batch signature since its last "
+                  "check (epoch 1, batch_idx 0) replayed the trace and may have repeated its "
                   "choices)"));
 }
 

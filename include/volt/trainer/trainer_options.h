@@ -152,7 +152,7 @@ struct TrainerOptions {
   /// training_step must run the same ops for every batch of a signature: nothing decided by
   /// batch_idx, the step count or a tensor's value (a host read while tracing, item() or a
   /// tensor as a condition, and log(name, number) are refused). The step after each trace, each
-  /// epoch's first step and the 4th, 8th, 16th, ... traced steps run training_step under the
+  /// epoch's first step and the 16th, 32nd, 64th, ... traced steps run training_step under the
   /// tracer again and compare: other ops, constants or logged names (a branch on batch_idx, the
   /// epoch or the step count) turn the step eager, logged with the first difference and the
   /// replays since the last check, which may have repeated the trace's choice. Values

@@ -14,7 +14,7 @@
 //
 // A trace is the first step of its signature; a step that decides something from batch_idx,
 // the epoch or any host value would be replayed with the traced step's decisions. So the step
-// after each new trace, the first step of every later epoch and the 4th, 8th, 16th, ... traced
+// after each new trace, the first step of every later epoch and the 16th, 32nd, 64th, ... traced
 // step are checked: training_step runs under the tracer again (its results used as an eager
 // step's), and other ops, constants or logged names than the trace's turn the step eager with
 // the first difference, and how many replays since the last check it may have spoiled.
@@ -95,11 +95,12 @@ class TracedOptimizationStep : public OptimizationStep {
     }
     if (eager_) return OptimizationStep::run(batch, batch_idx, num_batches);
     // A step that branches on the epoch shows it at an epoch's start, one that branches on the
-    // step count some step: check the traces at each new epoch and at the 4th, 8th, 16th, ...
-    // traced step (a change is seen within twice the steps it took to appear, at log2 cost).
+    // step count some step: check the traces at each new epoch and at the 16th, 32nd, 64th, ...
+    // traced step (a change is seen within twice the steps it took to appear, at log2 cost; not
+    // sooner, since each check runs a step unfused).
     const int64_t epoch = run_.module->current_epoch();
     ++steps_;
-    if ((epoch != epoch_ && epoch_ >= 0) || (steps_ >= 4 && (steps_ & (steps_ - 1)) == 0)) {
+    if ((epoch != epoch_ && epoch_ >= 0) || (steps_ >= 16 && (steps_ & (steps_ - 1)) == 0)) {
       traced_.recheck();
     }
     epoch_ = epoch;
