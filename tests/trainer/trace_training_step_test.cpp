@@ -227,6 +227,25 @@ TEST_F(TraceStep, ABranchOnBatchIdxIsFoundAtTheStepAfterTheTrace) {
   EXPECT_TRUE(has(traced.lines, "aten::mul(")) << "the differing op is named";
 }
 
+// With dropout: the step whose check failed runs again eagerly from the random state it started
+// with, so the fit still equals the eager fit bit for bit.
+class DropoutBranchNet : public GeluNet {
+ public:
+  at::Tensor training_step(const volt::Batch& b, int64_t batch_idx) override {
+    const at::Tensor loss = GeluNet::training_step(b, batch_idx);
+    return batch_idx % 2 == 1 ? loss * 0.5 : loss;
+  }
+};
+
+TEST_F(TraceStep, AFallbackStepDrawsTheRandomNumbersTheEagerStepDraws) {
+  const FitResult eager = fit<DropoutBranchNet>(dir / "eager", false);
+  const FitResult traced = fit<DropoutBranchNet>(dir / "traced", true);
+  EXPECT_EQ(count(traced.lines, "running training_step eagerly"), 1);
+  EXPECT_TRUE(has(traced.lines, "(at epoch 0, batch_idx 1)"));
+  EXPECT_TRUE(torch::equal(eager.weights, traced.weights));
+  EXPECT_EQ(eager.logged.at("train_loss"), traced.logged.at("train_loss"));
+}
+
 TEST_F(TraceStep, ABranchOnTheEpochIsFoundAtTheEpochsFirstStep) {
   expect_eager_fallback(
       dir.path, [](PlainNet& n) { n.branch_on_epoch = true; },

@@ -18,6 +18,7 @@
 // step are checked: training_step runs under the tracer again (its results used as an eager
 // step's), and other ops, constants or logged names than the trace's turn the step eager with
 // the first difference, and how many replays since the last check it may have spoiled.
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
 #include <list>
@@ -160,10 +161,15 @@ class TracedOptimizationStep : public OptimizationStep {
     std::vector<at::Tensor> out;
     const std::string key = traced_.signature(in);
     const TracedFunction::Stats before = traced_.stats();
+    // A failed trace or check is followed by the eager step, which must draw the random numbers
+    // (dropout's masks) the failed call drew: the CPU generator goes back to its state before.
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    const at::Tensor rng = cpu.get_state();
     try {
       out = traced_(in);
     } catch (const std::exception& e) {
       if (!recorded_) throw;  // a replay failed: not a tracing matter
+      cpu.set_state(rng);
       go_eager(message_of(e) + where(key, batch_idx, traced_.stats().checks > before.checks));
       return s.module_training_step(m, b, batch_idx);
     }
