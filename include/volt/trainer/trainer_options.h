@@ -156,11 +156,10 @@ struct TrainerOptions {
   /// tracer again and compare: other ops, constants or logged names (a branch on batch_idx, the
   /// epoch or the step count) turn the step eager, logged with the first difference and the
   /// replays since the last check, which may have repeated the trace's choice. Values
-  /// training_step logs are
-  /// outputs of the trace, logged after each replay. What cannot be traced (manual
-  /// optimization, a module off the CPU, sync_batchnorm, a DeepSpeed strategy, a skipped
-  /// batch, a refusal above, a signature that keeps changing: 8 traces dropped) runs eagerly,
-  /// logged once with the reason. Exclusive with graph_training_step (ConfigError).
+  /// training_step logs are outputs of the trace, logged after each replay. What cannot be
+  /// traced (manual optimization, a module off the CPU, sync_batchnorm, a DeepSpeed strategy,
+  /// a skipped batch, a refusal above, a signature that keeps changing: 8 traces dropped) runs
+  /// eagerly, logged once with the reason. Exclusive with graph_training_step (ConfigError).
   /// Default: false.
   TORCH_ARG(bool, trace_training_step) = false;
   /// torch intra-op threads; 0 = volt's measured default: 1 on 2-CPU machines with OpenBLAS

@@ -263,11 +263,10 @@ class TracedOptimizationStep : public OptimizationStep {
       same = kept[i].name == pending_[i].name && text(kept[i].options) == text(pending_[i].options);
     }
     if (same) return "";
-    return "training_step logged other names or options on a later call than when it was "
-           "traced (" +
+    return "training_step logged other names or options on a later call than when it was traced (" +
            was + " at the trace; " + now +
-           " now), and a replay logs under the "
-           "traced call's; log the same names with the same options on every step";
+           " now), and a replay logs under the traced call's; log the same names with the same "
+           "options on every step";
   }
 
   // The log specs of signature `key`: the ones just recorded when this call traced.
