@@ -1213,20 +1213,17 @@ std::vector<at::Tensor> TracedFunction::operator()(const std::vector<at::Tensor>
       trace = it->second.trace;
     } else {
       auto call = impl.record(inputs, extra);
-      std::pair<std::shared_ptr<const Trace>, std::vector<at::Tensor>> recorded{
-          impl.build(call.first, signature_text(inputs)), std::move(call.second)};
+      std::shared_ptr<const Trace> recorded = impl.build(call.first, signature_text(inputs));
       impl.recent.push_front(key);
-      impl.traces[key] =
-          Impl::Entry{recorded.first, impl.recent.begin(), impl.options.check_calls()};
+      impl.traces[key] = Impl::Entry{recorded, impl.recent.begin(), impl.options.check_calls()};
       ++impl.stats.traces;
-      log_info(kComponent,
-               recorded.first->description.substr(0, recorded.first->description.find('\n')));
+      log_info(kComponent, recorded->description.substr(0, recorded->description.find('\n')));
       while (static_cast<int64_t>(impl.traces.size()) > impl.options.max_traces()) {
         impl.traces.erase(impl.recent.back());
         impl.recent.pop_back();
         ++impl.stats.evictions;
       }
-      return std::move(recorded.second);
+      return std::move(call.second);
     }
   }
   std::vector<c10::IValue> args;

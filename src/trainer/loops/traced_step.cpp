@@ -161,15 +161,13 @@ class TracedOptimizationStep : public OptimizationStep {
     std::vector<at::Tensor> out;
     const std::string key = traced_.signature(in);
     const TracedFunction::Stats before = traced_.stats();
-    // A failed trace or check is followed by the eager step, which must draw the random numbers
-    // (dropout's masks) the failed call drew: the CPU generator goes back to its state before.
-    at::Generator cpu = at::detail::getDefaultCPUGenerator();
-    const at::Tensor rng = cpu.get_state();
     try {
       out = traced_(in);
     } catch (const std::exception& e) {
       if (!recorded_) throw;  // a replay failed: not a tracing matter
-      cpu.set_state(rng);
+      // The eager step must draw the random numbers (dropout's masks) the failed call drew.
+      at::Generator cpu = at::detail::getDefaultCPUGenerator();
+      cpu.set_state(rng_before_record_);
       go_eager(message_of(e) + where(key, batch_idx, traced_.stats().checks > before.checks));
       return s.module_training_step(m, b, batch_idx);
     }
@@ -212,6 +210,10 @@ class TracedOptimizationStep : public OptimizationStep {
   // the values it logged.
   std::vector<at::Tensor> record(const std::vector<at::Tensor>& in) {
     recorded_ = true;
+    // Only a trace or a check runs this, before training_step draws anything; a replay does not,
+    // so the steps that replay copy no generator state. (get_state is no dispatched op: the
+    // tracer does not record it.)
+    rng_before_record_ = at::detail::getDefaultCPUGenerator().get_state();
     const Batch b = batch_from(in, *batch_);
     std::vector<Run::CapturedLog> logs;
     struct Capture {
@@ -306,6 +308,7 @@ class TracedOptimizationStep : public OptimizationStep {
   const Batch* batch_ = nullptr;
   int64_t batch_idx_ = 0;
   bool recorded_ = false;
+  at::Tensor rng_before_record_;  // the CPU generator's state when this call began recording
   std::vector<LogSpec> pending_;
   // Logged names and options per trace signature, most recently used first.
   std::list<std::string> recent_;
