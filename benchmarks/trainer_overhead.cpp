@@ -3,7 +3,9 @@
 //
 //   volt_bench_trainer [--rounds R] [--threads T] [--python PATH] [--no-python]
 //
-// Prints one table per model with median steps/s and the ratios volt/hand and volt/python.
+// Prints one table per model with median steps/s and the ratios volt/hand and volt/python, then
+// Trainer.validate's batches/s under inference_mode (c10::InferenceMode, the default) and without
+// it (NoGradGuard), beside a hand-written evaluation loop under each.
 
 #include <torch/torch.h>
 
@@ -38,6 +40,9 @@ class BenchModule : public volt::Module {
     auto loss = torch::cross_entropy_loss(net_->forward(b.input), b.target);
     log("train_loss", loss);
     return loss;
+  }
+  void validation_step(const volt::Batch& b, int64_t) override {
+    log("val_loss", torch::cross_entropy_loss(net_->forward(b.input), b.target));
   }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
     // The same update either way: FusedSGD matches torch::optim::SGD bit for bit (tests).
@@ -83,6 +88,51 @@ double run_hand(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t 
                                opt.step();
                              });
   return steps / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Batches/s of Trainer.validate over every batch of `d`, `passes` times.
+template <typename Net>
+double run_validate(std::shared_ptr<Net> net, const Data& d, int64_t batch, int passes,
+                    bool inference_mode) {
+  BenchModule<Net> m(net, false);
+  volt::Trainer t(volt::TrainerOptions()
+                      .logger(false)
+                      .enable_checkpointing(false)
+                      .enable_progress_bar(false)
+                      .enable_model_summary(false)
+                      .inference_mode(inference_mode)
+                      .num_threads(at::get_num_threads()));
+  auto ds = std::make_shared<volt::TensorDataset>(d.x, d.y);
+  volt::DataLoader dl(ds, volt::DataLoaderOptions(batch));
+  const auto t0 = Clock::now();
+  for (int p = 0; p < passes; ++p) t.validate(m, dl);
+  return passes * (d.x.size(0) / batch) / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The same evaluation by hand: forward and loss per batch, the mean loss read at the end.
+template <typename Net>
+double run_hand_eval(std::shared_ptr<Net> net, const Data& d, int64_t batch, int passes,
+                     bool inference_mode) {
+  net->eval();
+  c10::optional<c10::InferenceMode> inference;
+  c10::optional<torch::NoGradGuard> no_grad;
+  if (inference_mode) {
+    inference.emplace();
+  } else {
+    no_grad.emplace();
+  }
+  const int64_t n = d.x.size(0) / batch;
+  const auto t0 = Clock::now();
+  for (int p = 0; p < passes; ++p) {
+    auto total = torch::zeros({});
+    for (int64_t b = 0; b < n; ++b) {
+      auto x = d.x.slice(0, b * batch, (b + 1) * batch);
+      auto y = d.y.slice(0, b * batch, (b + 1) * batch);
+      total += torch::cross_entropy_loss(net->forward(x), y);
+    }
+    (void)(total / n).item<float>();
+  }
+  return passes * n / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 double run_python(const std::string& python, const std::string& model, int64_t batch, int64_t steps,
@@ -165,6 +215,39 @@ int main(int argc, char** argv) {
       std::printf("  python torch loop     %10.1f   volt/python = %.3f   fused/python = %.3f\n", mp,
                   mv / mp, mf / mp);
     }
+  }
+
+  // Evaluation: the Trainer's validate with and without inference mode, and the hand loop.
+  for (const Row& row : {Row{"mlp 784-128-10", 32, 4, "mlp"}, Row{"cnn (demo)", 32, 1, "cnn"}}) {
+    std::vector<double> vi, vn, hi, hn;
+    const int passes = static_cast<int>(row.steps);
+    for (int r = 0; r < rounds; ++r) {
+      torch::manual_seed(r);
+      if (row.py == "mlp") {
+        auto net = std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128});
+        vi.push_back(run_validate(net, d, row.batch, passes, true));
+        vn.push_back(run_validate(net, d, row.batch, passes, false));
+        hi.push_back(run_hand_eval(net, d, row.batch, passes, true));
+        hn.push_back(run_hand_eval(net, d, row.batch, passes, false));
+      } else {
+        auto net = std::make_shared<volt_examples::CnnNet>();
+        vi.push_back(run_validate(net, d, row.batch, passes, true));
+        vn.push_back(run_validate(net, d, row.batch, passes, false));
+        hi.push_back(run_hand_eval(net, d, row.batch, passes, true));
+        hn.push_back(run_hand_eval(net, d, row.batch, passes, false));
+      }
+    }
+    const double mvi = median(vi), mvn = median(vn), mhi = median(hi), mhn = median(hn);
+    std::printf(
+        "\n%s evaluation, batch %lld, %lld batches x %d passes x %d rounds (median "
+        "batches/s)\n",
+        row.name.c_str(), static_cast<long long>(row.batch),
+        static_cast<long long>(d.x.size(0) / row.batch), passes, rounds);
+    std::printf("  validate, inference_mode   %10.1f   / no_grad = %.3f   / hand = %.3f\n", mvi,
+                mvi / mvn, mvi / mhi);
+    std::printf("  validate, no_grad          %10.1f\n", mvn);
+    std::printf("  hand loop, InferenceMode   %10.1f   / NoGradGuard = %.3f\n", mhi, mhi / mhn);
+    std::printf("  hand loop, NoGradGuard     %10.1f\n", mhn);
   }
   return 0;
 }

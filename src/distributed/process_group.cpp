@@ -680,6 +680,18 @@ void run_collective(ProcessGroup& pg, const char* op, Start&& start) {
   }
 }
 
+// c10d's Gloo runs each collective on a thread of its own, where c10::InferenceMode (thread-local)
+// is off, and a tensor made in inference mode (the Trainer's evaluation loops, a program's own
+// inference) cannot be written there ("Inplace update to inference tensor outside
+// InferenceMode"). So every buffer a collective writes is made with inference mode off (a normal
+// tensor, also where the caller is in inference mode); a caller's inference tensor is written
+// only by the collective itself (its memory, no tensor op) or through detach(), whose alias
+// libtorch lets an in-place copy write.
+struct NormalTensors {
+  c10::InferenceMode off{false};  // turns grad mode on too ...
+  at::NoGradGuard no_grad;        // ... which this turns off again
+};
+
 // `t` where the group's collectives run: NCCL's CUDA device (a host tensor is copied there);
 // Gloo takes tensors where they are.
 at::Tensor to_wire(const ProcessGroup::Impl& impl, const at::Tensor& t) {
@@ -705,6 +717,7 @@ at::Tensor ProcessGroup::all_reduce(const at::Tensor& value, Reduce op) {
   // 16-bit floats are reduced in fp32 and rounded back: Gloo in libtorch 1.13 has no bf16, and
   // its fp16 sum accumulates in fp16 (the fp32 sum is also the more accurate one).
   const bool narrow = value.scalar_type() == at::kBFloat16 || value.scalar_type() == at::kHalf;
+  const NormalTensors normal_tensors;
   const at::Tensor v = to_wire(*impl_, value.detach());
   std::vector<at::Tensor> t{narrow ? v.to(at::kFloat).contiguous()
                                    : v.clone(at::MemoryFormat::Contiguous)};
@@ -724,7 +737,7 @@ void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t src) {
 void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
   VOLT_CHECK(src >= 0 && src < world_size_, ValueError, kTag, " broadcast source rank ", src,
              " is outside world size ", world_size_, ".");
-  torch::NoGradGuard no_grad;
+  const NormalTensors normal_tensors;  // grad mode off as well
   // One flat buffer per dtype: a collective per dtype instead of one per tensor.
   std::map<c10::ScalarType, std::vector<size_t> > by_dtype;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -752,7 +765,7 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
         flat_parts.push_back(to_wire(*impl_, tensors[all[k]].detach().reshape(-1)));
       }
       // A lone contiguous tensor where the collective runs is broadcast in place (its reshape
-      // is a view of it).
+      // is a view of it; the collective writes its memory, no tensor op runs on it).
       const at::Tensor& lone = tensors[all[first]];
       const bool in_place =
           last - first == 1 && lone.is_contiguous() && lone.device() == flat_parts[0].device();
@@ -779,6 +792,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
   constexpr int64_t kMaxDims = 8;
   VOLT_CHECK(value.dim() <= kMaxDims, ValueError, kTag, " all_gather supports up to ", kMaxDims,
              " dimensions, got ", value.sizes(), ".");
+  const NormalTensors normal_tensors;
   auto meta = at::full({kMaxDims + 2}, -1, at::kLong);
   auto m = meta.accessor<int64_t, 1>();
   m[0] = value.dim();
@@ -831,6 +845,7 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
   // The all-to-all only copies, so 16-bit floats travel as themselves (bf16 as fp16 bits) and
   // are reduced in fp32, as all_reduce does, then rounded back.
   const c10::ScalarType dtype = value.scalar_type();
+  const NormalTensors normal_tensors;
   at::Tensor in = to_wire(*impl_, value.detach().contiguous());
   in = in.reshape({world_size_, in.numel() / world_size_}).view(wire_dtype(dtype));
   at::Tensor received = at::empty_like(in);
@@ -1061,6 +1076,7 @@ PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>& grou
                                        Reduce op) {
   VOLT_ASSERT(op != Reduce::kMean && rows.is_contiguous() && rows.dim() >= 1 &&
               rows.size(0) == group->world_size());
+  const NormalTensors normal_tensors;
   auto st = std::make_unique<PendingCollective::State>();
   st->op = "reduce_scatter";
   st->reduce_received = op;
@@ -1080,6 +1096,7 @@ PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>& grou
 
 PendingCollective start_all_gather(const std::shared_ptr<ProcessGroup>& group,
                                    const at::Tensor& value) {
+  const NormalTensors normal_tensors;
   auto st = std::make_unique<PendingCollective::State>();
   st->op = "all_gather";
   st->home = value.device();

@@ -730,6 +730,16 @@ std::string Run::failure_context(Stage stage, const std::exception& e) const {
     }
   }
   out << ": " << exception_summary(e);
+  // libtorch's "Inference tensors cannot be saved for backward" and "Inplace update to inference
+  // tensor outside InferenceMode" name neither where the tensor came from nor the switch.
+  const std::string what = e.what();
+  if (opts.inference_mode() && (what.find("Inference tensor") != std::string::npos ||
+                                what.find("inference tensor") != std::string::npos)) {
+    out << "; a tensor made in validation, test or predict, which run under c10::InferenceMode "
+           "(TrainerOptions::inference_mode, default true), reached autograd or an in-place op "
+           "after it: clone() it where it is made, or set inference_mode(false) "
+           "(--trainer.inference_mode=false)";
+  }
   return out.str();
 }
 

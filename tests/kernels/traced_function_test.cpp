@@ -9,6 +9,7 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <set>
 #include <thread>
 
 #include "error_text.h"
@@ -623,6 +624,94 @@ TEST_F(Traced, AModuleTrainedByTheTrainerThroughItsTraceMatchesEagerTraining) {
   const auto traced = train(true);
   // The same dropout masks and the same ops but GELU's tanh (a few ulp) over 16 SGD steps.
   EXPECT_LT((eager - traced).abs().max().item<double>(), 1e-4);
+}
+
+// The reference's "Dynamic Ops" example (HPU graphs with mark_step around `tmp[torch.where(tmp <
+// 0)]`) on the CPU tracer. A data-dependent libtorch op (nonzero, then index_select) is recorded
+// like any other and replays with the size the data gives, so one trace holds it; an op that
+// reads a value on the host (masked_select's CPU kernel in libtorch 1.13 reads its count with
+// item()) cannot be traced, so the regions before and after it are traced apart and it runs
+// eagerly between them (the tail gets a trace per row count). Both equal eager, gradients too.
+struct DynamicOps : Traced {
+  DynamicOps() {
+    torch::manual_seed(0);
+    both->register_module("head", head);
+    both->register_module("tail", tail);
+  }
+  Tensors head_fn(const Tensors& in) const {
+    return Tensors{torch::relu(head->forward(in[0])) * 2.0 - 1.0};
+  }
+  Tensors tail_fn(const Tensors& in) const {
+    return Tensors{torch::relu(tail->forward(in[0]) * 3.0 + 0.5)};
+  }
+  void zero_grads() const {
+    for (auto& p : both->parameters()) p.mutable_grad() = at::Tensor();
+  }
+  // Runs `run` and its eager twin on 12 batches: outputs equal, gradients within a few ulp.
+  void expect_equals_eager(const std::function<Tensors(const Tensors&)>& run,
+                           const std::function<Tensors(const Tensors&)>& eager,
+                           std::set<int64_t>& sizes) const {
+    for (int step = 0; step < 12; ++step) {
+      const auto x = torch::randn({32, 8});
+      zero_grads();
+      const auto want = eager({x})[0];
+      want.square().sum().backward();
+      Tensors want_grads;
+      for (const auto& p : both->parameters()) want_grads.push_back(p.grad().clone());
+      zero_grads();
+      const auto got = run({x})[0];
+      sizes.insert(got.size(0));
+      ASSERT_TRUE(got.sizes() == want.sizes() && torch::equal(got, want)) << "step " << step;
+      got.square().sum().backward();
+      size_t i = 0;
+      for (const auto& p : both->parameters()) {
+        ASSERT_TRUE(near(p.grad(), want_grads[i++])) << "step " << step << " parameter " << i - 1;
+      }
+    }
+  }
+  std::shared_ptr<torch::nn::LinearImpl> head = std::make_shared<torch::nn::LinearImpl>(8, 16);
+  std::shared_ptr<torch::nn::LinearImpl> tail = std::make_shared<torch::nn::LinearImpl>(16, 4);
+  std::shared_ptr<torch::nn::Module> both = std::make_shared<torch::nn::Module>();
+};
+
+TEST_F(DynamicOps, ADataDependentLibtorchOpReplaysWithTheSizeTheDataGives) {
+  // The rows whose sum is positive: how many depends on the batch.
+  const auto whole = [&](const Tensors& in) {
+    const auto y = head_fn(in)[0];
+    const auto rows = torch::nonzero(y.sum(1) > 0).squeeze(1);
+    return tail_fn({y.index_select(0, rows)});
+  };
+  TracedFunction f("rows", both, whole);
+  std::set<int64_t> sizes;
+  expect_equals_eager([&](const Tensors& in) { return f(in); }, whole, sizes);
+  EXPECT_GT(sizes.size(), 1u);
+  EXPECT_EQ(f.stats().traces, 1);  // then checked once and replayed 10 times
+  EXPECT_EQ(f.stats().hits, 10);
+}
+
+TEST_F(DynamicOps, AnOpThatReadsTheHostRunsEagerlyBetweenTracedRegions) {
+  // The same rows as above, picked with a mask.
+  const auto dynamic = [](const at::Tensor& y) {
+    return y.masked_select((y.sum(1, true) > 0).expand_as(y)).view({-1, y.size(1)});
+  };
+  const auto whole = [&](const Tensors& in) { return tail_fn({dynamic(head_fn(in)[0])}); };
+  TracedFunction all_in_one("all_in_one", both, whole);
+  const std::string refused = volt_test::error_of<volt::ValueError>([&] {
+    all_in_one({torch::randn({32, 8})});
+  });
+  EXPECT_TRUE(has(refused, "read a tensor's value on the host while traced")) << refused;
+
+  TracedFunction first("head", head, [&](const Tensors& in) { return head_fn(in); });
+  TracedFunction second("tail", tail, [&](const Tensors& in) { return tail_fn(in); });
+  std::set<int64_t> sizes;
+  expect_equals_eager([&](const Tensors& in) { return second({dynamic(first(in)[0])}); }, whole,
+                      sizes);
+  EXPECT_GT(sizes.size(), 1u);
+  EXPECT_EQ(first.stats().traces, 1);
+  EXPECT_EQ(first.stats().hits, 10);
+  const auto tail_stats = second.stats();  // a trace per size (evicted beyond 8)
+  EXPECT_GE(tail_stats.traces, static_cast<int64_t>(std::min<size_t>(sizes.size(), 8)));
+  EXPECT_EQ(tail_stats.traces + tail_stats.checks + tail_stats.hits, 12);
 }
 
 TEST_F(Traced, ThreadsReplayingOneTraceAtOnceGetTheirOwnResults) {

@@ -175,6 +175,35 @@ void run_collectives(volt::ProcessGroup& pg) {
   CHECK_TRUE(
       brs.scalar_type() == at::kBFloat16 && brs.equal(at::full({1}, bf_sum).to(at::kBFloat16)),
       "reduce_scatter bf16 sum");
+  // In inference mode (the Trainer's evaluation loops, a program's own inference): Gloo runs
+  // each collective on a thread of its own, outside that mode, where an inference tensor cannot
+  // be written, so every collective must hand it normal buffers and only read the caller's.
+  {
+    c10::InferenceMode inference;
+    const auto x = at::full({3}, static_cast<float>(r + 1));
+    CHECK_TRUE(x.is_inference(), "an inference tensor");
+    check_close(pg.all_reduce(x, volt::Reduce::kSum), at::full({3}, w * (w + 1) / 2.0f), 0,
+                "all_reduce in inference mode");
+    check_close(pg.all_reduce(x.to(at::kBFloat16), volt::Reduce::kMax).to(at::kFloat),
+                at::full({3}, float(w)), 0, "all_reduce bf16 in inference mode");
+    auto xb = at::full({2, 3}, float(r));
+    pg.broadcast_(xb, w - 1);
+    check_close(xb, at::full({2, 3}, float(w - 1)), 0, "broadcast_ in inference mode");
+    // Two floats travel in one buffer and are copied back into the caller's tensors.
+    std::vector<at::Tensor> xs{at::full({2}, float(r)), at::full({3}, r + 0.5f),
+                               at::full({1}, r, at::kLong)};
+    pg.broadcast_(xs, w - 1);
+    check_close(xs[0], at::full({2}, float(w - 1)), 0, "broadcast_ list in inference mode");
+    check_close(xs[1], at::full({3}, w - 0.5f), 0, "broadcast_ list in inference mode");
+    CHECK_TRUE(xs[2].equal(at::full({1}, w - 1, at::kLong)), "broadcast_ list long, inference");
+    const auto xg = pg.all_gather(x);
+    for (int64_t q = 0; q < w; ++q) {
+      check_close(xg[q], at::full({3}, float(q + 1)), 0, "all_gather in inference mode");
+    }
+    check_close(pg.reduce_scatter(at::arange(2 * w, at::kFloat) + r, volt::Reduce::kSum),
+                full.narrow(0, 2 * r, 2), 0, "reduce_scatter in inference mode");
+    CHECK_TRUE(pg.all_of(true) && !pg.any_of(false), "all_of / any_of in inference mode");
+  }
   pg.barrier();
   CHECK_TRUE(pg.all_of(true), "all_of(true)");
   CHECK_TRUE(pg.all_of(r != 0) == (w == 1), "all_of(r != 0)");

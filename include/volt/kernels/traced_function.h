@@ -29,6 +29,12 @@
 /// values in a constant tensor are a ValueError naming the first difference, and the trace is
 /// dropped. A difference that first shows on an unchecked call is not seen.
 ///
+/// Ops whose output size follows the data (nonzero, then index_select by its result) are
+/// recorded like any other and replay with the size the data gives. An op that reads a value on
+/// the host (masked_select's CPU kernel in libtorch 1.13) cannot be traced: trace the regions
+/// before and after it apart and run it between them, as the reference's mark_step around a
+/// dynamic op (tests: DynamicOps.*).
+///
 /// Tensors the function reads that are not inputs: a module's parameters and buffers (with the
 /// module constructor) become inputs of the graph, so updates to them are seen; any other tensor
 /// is recorded as a constant (the same tensor object, so in-place changes are seen, a

@@ -66,6 +66,14 @@ struct TrainerOptions {
   /// false returns none, for predictions a PredictionWriter callback writes out as they come,
   /// so memory does not grow with the data set (Lightning's return_predictions). Default: true.
   TORCH_ARG(bool, return_predictions) = true;
+  /// Run validation, test and predict under c10::InferenceMode, as Lightning's inference_mode
+  /// (torch.inference_mode): autograd keeps no version counters or view records there, so
+  /// evaluation costs less than under NoGradGuard. Tensors made there are inference tensors:
+  /// autograd refuses to save them for a backward later ("Inference tensors cannot be saved for
+  /// backward") and they cannot be modified in place outside inference mode; a step whose
+  /// outputs feed training clones them or runs with false (NoGradGuard). Unlike Lightning's, it
+  /// holds with Gloo too: volt's collectives write only normal tensors. Default: true.
+  TORCH_ARG(bool, inference_mode) = true;
   /// Validation batches run before training as a sanity check; -1 = all. Default: 2.
   TORCH_ARG(int64_t, num_sanity_val_steps) = 2;
   /// N > 0: run N batches of train/val/test once, no checkpoints or loggers. Default: 0.

@@ -455,6 +455,8 @@ Params trainer_params(const Registry& reg) {
       .add("deterministic", d.deterministic(), "use deterministic algorithms only")
       .optional<bool>("benchmark", "cuDNN autotuning; unset: off when deterministic, else kept")
       .add("detect_nonfinite_loss", d.detect_nonfinite_loss(), "fail on a NaN/inf training loss")
+      .add("inference_mode", d.inference_mode(),
+           "evaluate under c10::InferenceMode (false: NoGradGuard, for outputs used in training)")
       .add("detect_anomaly", d.detect_anomaly(),
            "debug: autograd anomaly detection (names the backward op giving NaN; slow)")
       .add("handle_signals", d.handle_signals(),
@@ -510,6 +512,7 @@ TrainerOptions trainer_options(const Args& a) {
       .sync_batchnorm(a.get<bool>("sync_batchnorm"))
       .deterministic(a.get<bool>("deterministic"))
       .detect_nonfinite_loss(a.get<bool>("detect_nonfinite_loss"))
+      .inference_mode(a.get<bool>("inference_mode"))
       .detect_anomaly(a.get<bool>("detect_anomaly"))
       .handle_signals(a.get<bool>("handle_signals"))
       .graph_training_step(a.get<bool>("graph_training_step"))

@@ -4,6 +4,8 @@
 // checkpoint assembly in src/trainer/checkpoint_state.cpp; each takes a Run&.
 
 #include <ATen/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Optional.h>
 
 #include <chrono>
@@ -124,6 +126,22 @@ class Run : public RunContext {
     const char* prev_;
     const Callback* prev_callback_;
     int uncaught_;
+  };
+  /// The autograd state of an evaluation or prediction loop: c10::InferenceMode, or only grad
+  /// mode off (TrainerOptions::inference_mode).
+  class NoAutograd {
+   public:
+    explicit NoAutograd(bool inference_mode) {
+      if (inference_mode) {
+        inference_.emplace();
+      } else {
+        no_grad_.emplace();
+      }
+    }
+
+   private:
+    c10::optional<c10::InferenceMode> inference_;
+    c10::optional<at::NoGradGuard> no_grad_;
   };
   /// "fit failed in training_step at epoch 0, batch 3 (global step 3): <type>: <first line>".
   std::string failure_context(Stage stage, const std::exception& e) const;

@@ -10,7 +10,7 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
   Module& m = *r.module;
   const bool sanity = r.st.stage == Stage::kSanityCheck;
   const bool is_test = stage == Stage::kTest;
-  torch::NoGradGuard no_grad;
+  const Run::NoAutograd no_autograd(r.opts.inference_mode());
   MetricStore* saved_store = r.active_metrics;
   const LogScope saved_scope = r.scope;
   const int64_t saved_bs = r.current_batch_size;

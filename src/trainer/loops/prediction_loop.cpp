@@ -10,7 +10,7 @@ namespace detail {
 std::vector<at::Tensor> prediction_loop(Run& r, DataLoader& loader, int64_t limit) {
   Module& m = *r.module;
   std::vector<at::Tensor> out;
-  torch::NoGradGuard no_grad;
+  const Run::NoAutograd no_autograd(r.opts.inference_mode());
   r.eval_pass = "predict";
   r.eval_batch = -1;
   struct ClearIndices {
