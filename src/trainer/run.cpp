@@ -74,6 +74,9 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
              "\") called outside a step or epoch-end hook; log from training_step, "
              "validation_step, test_step or an on_*_epoch_end hook.");
   if (scope == LogScope::kDiscard) return;  // forward_training_data's pass
+  VOLT_CHECK(!opts.barebones(), ConfigError, "[Module] log(\"", name,
+             "\") was called, but the Trainer runs with barebones=true, where logging is off "
+             "(it can impact raw speed); remove the call or turn barebones off.");
   VOLT_CHECK(!name.empty(), ValueError,
              "[Module] log() got an empty name; name the metric, e.g. log(\"train_loss\", loss).");
   VOLT_CHECK(value.numel() == 1, ValueError, "[Module] log(\"", name, "\") got a tensor of shape ",

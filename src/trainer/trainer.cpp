@@ -190,6 +190,12 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
     has_bar = has_bar || dynamic_cast<ProgressBar*>(c.get()) != nullptr;
     has_summary = has_summary || dynamic_cast<ModelSummary*>(c.get()) != nullptr;
   }
+  VOLT_CHECK(!s.opts.barebones() || !has_ckpt, ConfigError,
+             "[Trainer] barebones=true with a ModelCheckpoint in callbacks: checkpointing can "
+             "impact raw speed, so barebones mode turns it off; drop one of the two.");
+  VOLT_CHECK(!s.opts.barebones() || !has_bar, ConfigError,
+             "[Trainer] barebones=true with a ProgressBar in callbacks: the progress bar can "
+             "impact raw speed, so barebones mode turns it off; drop one of the two.");
   if (!s.fast_dev && !has_ckpt && s.opts.enable_checkpointing()) {
     s.callbacks.push_back(std::make_shared<ModelCheckpoint>());
   }

@@ -10,8 +10,50 @@
 
 namespace volt {
 
+TrainerOptions& TrainerOptions::barebones(bool on) {
+  barebones_ = on;
+  if (on) {
+    enable_checkpointing_ = false;
+    logger_ = false;
+    enable_progress_bar_ = false;
+    enable_model_summary_ = false;
+    num_sanity_val_steps_ = 0;
+    detect_nonfinite_loss_ = false;
+  }
+  return *this;
+}
+
+namespace {
+
+// Lightning's wording: what was passed, and why barebones turns it off.
+void check_barebones(bool off, const char* passed, const char* why) {
+  VOLT_CHECK(off, ConfigError, "[Trainer] barebones=true with ", passed, ": ", why,
+             ", so barebones mode turns it off; drop one of the two.");
+}
+
+}  // namespace
+
 void TrainerOptions::validate() const {
   graph_options_.validate();
+  if (barebones_) {
+    check_barebones(!enable_checkpointing_, "enable_checkpointing=true",
+                    "checkpointing can impact raw speed");
+    check_barebones(!logger_, "logger=true", "logging can impact raw speed");
+    check_barebones(loggers_.empty(), "a logger in loggers", "logging can impact raw speed");
+    check_barebones(!enable_progress_bar_, "enable_progress_bar=true",
+                    "the progress bar can impact raw speed");
+    check_barebones(!enable_model_summary_, "enable_model_summary=true",
+                    "the model summary can impact raw speed");
+    check_barebones(num_sanity_val_steps_ == 0, "num_sanity_val_steps != 0",
+                    "the sanity check can impact raw speed");
+    check_barebones(!detect_nonfinite_loss_, "detect_nonfinite_loss=true",
+                    "reading the loss to check it can impact raw speed");
+    check_barebones(fast_dev_run_ == 0, "fast_dev_run > 0",
+                    "a development run is not a measurement");
+    check_barebones(!detect_anomaly_, "detect_anomaly=true",
+                    "anomaly detection checks every gradient on the host");
+    check_barebones(profiler_ == nullptr, "a profiler", "profiling can impact raw speed");
+  }
   VOLT_CHECK(!(graph_training_step_ && trace_training_step_), ConfigError,
              "[Trainer] graph_training_step and trace_training_step are both set; a CUDA graph "
              "replays the step's kernels as captured, a trace replaces some of them with fused "
@@ -111,8 +153,8 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", sync_batchnorm=" << o.sync_batchnorm() << ", deterministic=" << o.deterministic()
      << ", benchmark=" << optional_text(o.benchmark()) << ", seed=" << optional_text(o.seed())
      << ", detect_nonfinite_loss=" << o.detect_nonfinite_loss()
-     << ", inference_mode=" << o.inference_mode() << ", detect_anomaly=" << o.detect_anomaly()
-     << ", handle_signals=" << o.handle_signals()
+     << ", inference_mode=" << o.inference_mode() << ", barebones=" << o.barebones()
+     << ", detect_anomaly=" << o.detect_anomaly() << ", handle_signals=" << o.handle_signals()
      << ", graph_training_step=" << o.graph_training_step()
      << ", graph_options=" << o.graph_options()
      << ", trace_training_step=" << o.trace_training_step() << ", num_threads=" << o.num_threads()

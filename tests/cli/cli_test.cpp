@@ -424,6 +424,18 @@ TEST(Cli, DebugFlagsAndTheAccumulationScheduleFromTheCommandLine) {
   expect_usage_error(
       {"fit", "--model=Tiny", "--data=Blobs", "--trainer.min_steps=9", "--trainer.max_steps=3"},
       "[Trainer] min_steps=9 exceeds max_steps=3");
+  // barebones: what it excludes is off over the defaults; what it cannot have is refused, and
+  // so is the Tiny model's log() call.
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.barebones=true",
+                      "--trainer.fast_dev_run=1"},
+                     "[Trainer] barebones=true with fast_dev_run > 0");
+  const auto r = run({"fit", "--model=Tiny", "--data=Blobs", "--trainer.barebones=true",
+                      "--trainer.default_root_dir=" + dir.path + "/bare"});
+  EXPECT_EQ(r.code, volt::kCliBadUsage) << r.err;
+  EXPECT_NE(r.err.find("[Module] log(\"train_loss\") was called, but the Trainer runs with "
+                       "barebones=true"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(Cli, WeightAveragingCallbacksFromTheCommandLine) {

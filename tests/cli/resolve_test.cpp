@@ -96,7 +96,7 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       "  enable_progress_bar: false\n  enable_checkpointing: false\n"
       "  enable_model_summary: false\n  logger: false\n  default_root_dir: /tmp/x\n"
       "  deterministic: true\n  benchmark: false\n  detect_nonfinite_loss: false\n"
-      "  inference_mode: false\n"
+      "  inference_mode: false\n  barebones: true\n"
       "  handle_signals: false\n  graph_training_step: true\n  trace_training_step: true\n"
       "  num_threads: 2\n  reuse_host_memory: false\n  progress_refresh_s: 2.0\n",
       r);
@@ -135,6 +135,7 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       .benchmark(false)
       .detect_nonfinite_loss(false)
       .inference_mode(false)
+      .barebones(true)
       .handle_signals(false)
       .graph_training_step(true)
       .trace_training_step(true)

@@ -71,7 +71,8 @@ TEST(InferenceMode, EvaluationRunsInInferenceModeOrWithoutGradAndGivesTheSameRes
     Result r;
     r.predictions = t.predict(model, volt_test::loader(volt_test::blobs(32), 16, false));
     r.weights = model.flat_params();
-    for (const auto& rec : logger->with("val_loss")) r.val_loss.push_back(rec.second.at("val_loss"));
+    for (const auto& rec : logger->with("val_loss"))
+      r.val_loss.push_back(rec.second.at("val_loss"));
     return r;
   };
   torch::manual_seed(1);
@@ -152,8 +153,7 @@ TEST(InferenceMode, ATensorFromValidationUsedInTrainingFailsNamingTheOption) {
       what = e.what();
     }
   });
-  EXPECT_NE(what.find("Inference tensors cannot be saved for backward"), std::string::npos)
-      << what;
+  EXPECT_NE(what.find("Inference tensors cannot be saved for backward"), std::string::npos) << what;
   // The first epoch trained; the first step after its validation failed.
   EXPECT_EQ(t.state().global_step, 4);
   const auto line = std::find_if(lines.begin(), lines.end(), [](const std::string& l) {

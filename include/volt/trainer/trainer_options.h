@@ -194,8 +194,22 @@ struct TrainerOptions {
   TORCH_ARG(std::shared_ptr<CheckpointIO>, checkpoint_io);
 
  public:
+  /// Lightning's barebones mode, for measuring the Trainer's own overhead: every feature that
+  /// may cost speed is off. true turns off checkpointing, the default logger, the progress bar,
+  /// the model summary, the sanity check and the non-finite loss check (enable_checkpointing,
+  /// logger, enable_progress_bar, enable_model_summary, num_sanity_val_steps = 0,
+  /// detect_nonfinite_loss), and Module::log throws. Turning one of them on again afterwards,
+  /// or fast_dev_run, detect_anomaly, a profiler, a logger in loggers, or a ModelCheckpoint or
+  /// ProgressBar in callbacks, is a ConfigError when the Trainer is made. Callbacks of other
+  /// kinds still run. Default: false.
+  TrainerOptions& barebones(bool on);
+  bool barebones() const { return barebones_; }
+
   /// Throws ConfigError on the first invalid value.
   void validate() const;
+
+ private:
+  bool barebones_ = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const TrainerOptions& o);

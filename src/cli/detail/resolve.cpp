@@ -455,6 +455,9 @@ Params trainer_params(const Registry& reg) {
       .add("deterministic", d.deterministic(), "use deterministic algorithms only")
       .optional<bool>("benchmark", "cuDNN autotuning; unset: off when deterministic, else kept")
       .add("detect_nonfinite_loss", d.detect_nonfinite_loss(), "fail on a NaN/inf training loss")
+      .add("barebones", d.barebones(),
+           "measure the Trainer's own overhead: no checkpoints, logger, progress bar, summary, "
+           "sanity check, loss check or log() calls")
       .add("inference_mode", d.inference_mode(),
            "evaluate under c10::InferenceMode (false: NoGradGuard, for outputs used in training)")
       .add("detect_anomaly", d.detect_anomaly(),
@@ -523,6 +526,9 @@ TrainerOptions trainer_options(const Args& a) {
   if (auto v = a.get_optional<double>("max_time")) o.max_time(*v);
   if (auto v = a.get_optional<double>("gradient_clip_val")) o.gradient_clip_val(*v);
   if (auto v = a.get_optional<bool>("benchmark")) o.benchmark(*v);
+  // Last: barebones turns the features it excludes off over their defaults (which are on, so
+  // the config cannot tell a default from a choice there); the others are checked.
+  if (a.get<bool>("barebones")) o.barebones(true);
   return o;
 }
 
