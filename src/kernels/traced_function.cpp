@@ -684,6 +684,27 @@ struct Trace {
 
 }  // namespace
 
+namespace {
+
+// The live TracedFunctions made with a module, for recheck_module(): each by its module and two
+// calls into its state (held weakly: the registry keeps no function alive).
+struct LiveTraces {
+  struct Entry {
+    const torch::nn::Module* module;
+    std::function<bool()> gone;
+    std::function<void()> recheck;
+  };
+  std::mutex mu;
+  std::vector<Entry> entries;
+};
+
+LiveTraces& live_traces() {
+  static auto* live = new LiveTraces();  // never destroyed: functions may outlive static teardown
+  return *live;
+}
+
+}  // namespace
+
 struct TracedFunction::Impl {
   std::string name;
   Fn fn;
@@ -699,6 +720,11 @@ struct TracedFunction::Impl {
   };
   std::map<std::string, Entry> traces;
   Stats stats;
+
+  void recheck() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& kv : traces) kv.second.checks_left = std::max<int64_t>(kv.second.checks_left, 1);
+  }
 
   std::vector<at::Tensor> captured() const {
     std::vector<at::Tensor> out;
@@ -1164,6 +1190,19 @@ TracedFunction::TracedFunction(std::string name, std::shared_ptr<torch::nn::Modu
   impl_->fn = std::move(fn);
   impl_->module = std::move(module);
   impl_->options = options;
+  if (impl_->module) {
+    LiveTraces& live = live_traces();
+    std::lock_guard<std::mutex> lock(live.mu);
+    // Drop the entries of functions gone since (their last copy destroyed).
+    live.entries.erase(std::remove_if(live.entries.begin(), live.entries.end(),
+                                      [](const LiveTraces::Entry& e) { return e.gone(); }),
+                       live.entries.end());
+    const std::weak_ptr<Impl> weak = impl_;
+    live.entries.push_back({impl_->module.get(), [weak] { return weak.expired(); },
+                            [weak] {
+                              if (auto impl = weak.lock()) impl->recheck();
+                            }});
+  }
 }
 
 std::vector<at::Tensor> TracedFunction::operator()(const std::vector<at::Tensor>& inputs) const {
@@ -1251,9 +1290,25 @@ std::string TracedFunction::signature(const std::vector<at::Tensor>& inputs) con
 }
 
 void TracedFunction::recheck() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  for (auto& kv : impl_->traces)
-    kv.second.checks_left = std::max<int64_t>(kv.second.checks_left, 1);
+  impl_->recheck();
+}
+
+void TracedFunction::recheck_module(const torch::nn::Module& module) {
+  std::set<const torch::nn::Module*> modules{&module};
+  for (const auto& m : module.named_modules("", /*include_self=*/false)) {
+    modules.insert(m.value().get());
+  }
+  // Called after the registry's lock is released: a function's own lock is never taken inside
+  // it (a traced fn may construct a TracedFunction, which takes the registry's lock).
+  std::vector<std::function<void()>> due;
+  {
+    LiveTraces& live = live_traces();
+    std::lock_guard<std::mutex> lock(live.mu);
+    for (const auto& entry : live.entries) {
+      if (modules.count(entry.module) != 0) due.push_back(entry.recheck);
+    }
+  }
+  for (const auto& recheck : due) recheck();
 }
 
 TracedFunction::Stats TracedFunction::stats() const {

@@ -613,10 +613,11 @@ TEST_F(Traced, AModuleTrainedByTheTrainerThroughItsTraceMatchesEagerTraining) {
     volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(2));
     trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
     if (traced) {
-      // Batches of 16, and dropout on in training: one signature, traced once.
+      // Batches of 16, and dropout on in training: one signature, traced once, checked on the
+      // next call and again at the second epoch's start (the Trainer's recheck_module).
       EXPECT_EQ(model.traced().stats().traces, 1);
-      EXPECT_EQ(model.traced().stats().checks, 1);
-      EXPECT_EQ(model.traced().stats().hits, 14);
+      EXPECT_EQ(model.traced().stats().checks, 2);
+      EXPECT_EQ(model.traced().stats().hits, 13);
     }
     return model.flat_params();
   };
@@ -712,6 +713,53 @@ TEST_F(DynamicOps, AnOpThatReadsTheHostRunsEagerlyBetweenTracedRegions) {
   const auto tail_stats = second.stats();  // a trace per size (evicted beyond 8)
   EXPECT_GE(tail_stats.traces, static_cast<int64_t>(std::min<size_t>(sizes.size(), 8)));
   EXPECT_EQ(tail_stats.traces + tail_stats.checks + tail_stats.hits, 12);
+}
+
+/// A traced forward that scales its logits by a number that changes with the epoch: a host
+/// value baked into the trace, which replays the first epoch's after it.
+class EpochScaled : public volt_test::TinyClassifier {
+ public:
+  EpochScaled()
+      : forward_("epoch_scaled", *this, [this](const Tensors& in) {
+          return Tensors{forward(in[0]) * (1.0 + 0.5 * epoch_)};
+        }) {}
+  void on_train_epoch_start() override { epoch_ = current_epoch(); }
+  at::Tensor training_step(const volt::Batch& b, int64_t) override {
+    return torch::cross_entropy_loss(forward_({b.input})[0], b.target);
+  }
+  const TracedFunction& traced() const { return forward_; }
+
+ private:
+  int64_t epoch_ = 0;
+  TracedFunction forward_;
+};
+
+TEST_F(Traced, TheTrainerChecksAModulesTracesAtEachEpochsStart) {
+  EpochScaled model;
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(2));
+  const std::string what = volt_test::error_of<volt::ValueError>(
+      [&] { trainer.fit(model, volt_test::loader(volt_test::blobs(64))); });
+  EXPECT_TRUE(has(what, "'epoch_scaled' ran other ops on a later call")) << what;
+  EXPECT_TRUE(has(what, "1.5")) << what;  // the new factor, where the trace has 1
+  // Epoch 0's 4 steps (traced, checked, 2 replays); epoch 1's first step was the check.
+  EXPECT_EQ(trainer.state().global_step, 4);
+  EXPECT_EQ(model.traced().stats().checks, 2);
+  EXPECT_EQ(model.traced().stats().hits, 2);
+
+  // recheck_module reaches functions made with the module or a submodule, not others.
+  auto outer = std::make_shared<torch::nn::Module>();
+  auto inner = outer->register_module("inner", std::make_shared<torch::nn::LinearImpl>(4, 4));
+  TracedFunction of_inner("of_inner", inner,
+                          [&](const Tensors& in) { return Tensors{inner->forward(in[0]) * 2.0}; });
+  TracedFunction of_none("of_none", [&](const Tensors& in) { return Tensors{in[0] * 2.0}; });
+  const auto x = torch::randn({2, 4});
+  for (const TracedFunction* f : {&of_inner, &of_none}) trace_and_check(*f, {x});
+  TracedFunction::recheck_module(*outer);
+  of_inner({x});
+  of_none({x});
+  EXPECT_EQ(of_inner.stats().checks, 2);
+  EXPECT_EQ(of_none.stats().checks, 1);
+  EXPECT_EQ(of_none.stats().hits, 1);
 }
 
 TEST_F(Traced, ThreadsReplayingOneTraceAtOnceGetTheirOwnResults) {

@@ -93,9 +93,8 @@ TEST(Barebones, LoggingAndFeaturesThatCostSpeedAreConfigErrors) {
     return volt::TrainerOptions().accelerator("cpu").default_root_dir(dir.path).barebones(true);
   };
   const auto refused = [&](volt::TrainerOptions options, const std::string& phrase) {
-    const std::string what = volt_test::error_of<volt::ConfigError>([&] {
-      volt::Trainer t(std::move(options));
-    });
+    const std::string what =
+        volt_test::error_of<volt::ConfigError>([&] { volt::Trainer t(std::move(options)); });
     EXPECT_NE(what.find("[Trainer] barebones=true with " + phrase), std::string::npos) << what;
     EXPECT_NE(what.find("drop one of the two"), std::string::npos) << what;
   };

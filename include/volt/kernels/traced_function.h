@@ -24,8 +24,9 @@
 /// least recently used beyond `max_traces` dropped. A function whose ops depend on anything else
 /// must not be traced. To catch one that does (a branch on a counter or a step index, a number
 /// computed on the host, a tensor replaced between calls), the call after each new trace
-/// (`check_calls`) and the next call after `recheck()` run fn under the tracer again, return its
-/// own results, and compare what it ran with the trace: other ops, other constants or other
+/// (`check_calls`) and the next call after `recheck()` (which a fit runs at each epoch's start
+/// for the functions made with its module: `recheck_module`) run fn under the tracer again, return
+/// its own results, and compare what it ran with the trace: other ops, other constants or other
 /// values in a constant tensor are a ValueError naming the first difference, and the trace is
 /// dropped. A difference that first shows on an unchecked call is not seen.
 ///
@@ -117,6 +118,11 @@ class TracedFunction {
   /// Checks the next call of every kept trace's signature as the one after a trace is checked
   /// (e.g. at an epoch's start, for a function that might branch on the epoch).
   void recheck() const;
+  /// recheck() for every live TracedFunction made with `module` or one of its submodules, e.g.
+  /// a module's own traced forward; functions made without a module are not reached. The Trainer
+  /// calls it at the start of each training epoch after the first, so a function whose ops
+  /// depend on the epoch fails at that epoch's first call instead of replaying the old ones.
+  static void recheck_module(const torch::nn::Module& module);
 
   /// The trace for `inputs`' signature (traced if needed, which runs fn once): the counts, each
   /// step (the fused chains with their ops), and the recorded graph. For reading.

@@ -11,6 +11,7 @@
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/data/data_module.h"
+#include "volt/kernels/traced_function.h"
 
 namespace volt {
 namespace detail {
@@ -87,9 +88,12 @@ void check_loaders(const Run& r, const DataLoader& train, const c10::optional<Da
              ", a fraction such as 0.5, or limit_val_batches=0 to turn validation off.");
 }
 
-void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val) {
+void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val, bool first) {
   Module& m = *r.module;
   LoopState& st = r.st;
+  // The module's own traced functions (a traced forward) are checked again at their next call:
+  // one whose ops depend on the epoch fails there instead of replaying the last epoch's.
+  if (!first) TracedFunction::recheck_module(m);
   const int64_t n = r.train_limit(train);
   st.num_training_batches = n;
   m.train();  // as Lightning 1.x; the epoch-start hooks may put submodules in eval mode again
@@ -377,7 +381,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
       "on_train_start", [&](Module& mm) { mm.on_train_start(); },
       [&](Callback& c) { c.on_train_start(r, m); });
   const int64_t max_epochs = r.resolved_max_epochs();
-  for (;;) {
+  for (bool first = true;; first = false) {
     if (r.st.epoch_finished) {
       r.check_stop(/*lagged=*/false, /*in_fit=*/true);  // the epoch-end hooks' requests too
       if (stop_now(r) || (max_epochs >= 0 && r.st.epoch + 1 >= max_epochs)) break;
@@ -390,7 +394,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
     if (reload_every > 0 && r.st.epoch % reload_every == 0 && r.st.epoch != loaded_epoch) {
       reload_for(r.st.epoch);
     }
-    train_epoch(r, train, val);
+    train_epoch(r, train, val, first);
   }
   r.step->finish();
   // Why the loop ended, as Lightning's "`Trainer.fit` stopped: ..." line.
