@@ -95,16 +95,14 @@ class TracedOptimizationStep : public OptimizationStep {
       if (std::string why = static_reason(); !why.empty()) go_eager(why);
     }
     if (eager_) return OptimizationStep::run(batch, batch_idx, num_batches);
-    // A step that branches on the epoch shows it at an epoch's start, one that branches on the
-    // step count some step: check the traces at each new epoch and at the 16th, 32nd, 64th, ...
-    // traced step (a change is seen within twice the steps it took to appear, at log2 cost; not
-    // sooner, since each check runs a step unfused).
-    const int64_t epoch = run_.module->current_epoch();
+    // A step that branches on the epoch shows it at an epoch's start, where the fit loop
+    // rechecks every trace made with the module (TracedFunction::recheck_module), this one
+    // included; one that branches on the step count shows it some step: check the traces at
+    // the 16th, 32nd, 64th, ... traced step too (a change is seen within twice the steps it
+    // took to appear, at log2 cost; not sooner, since each check runs a step unfused).
     ++steps_;
-    if ((epoch != epoch_ && epoch_ >= 0) || (steps_ >= 16 && (steps_ & (steps_ - 1)) == 0)) {
-      traced_.recheck();
-    }
-    epoch_ = epoch;
+    if (steps_ >= 16 && (steps_ & (steps_ - 1)) == 0) traced_.recheck();
+    epoch_ = run_.module->current_epoch();
     Strategy& s = run_.strategy();
     s.set_training_step_call(
         [this](Module& m, const Batch& b, int64_t i) { return call(m, b, i); });
@@ -295,7 +293,7 @@ class TracedOptimizationStep : public OptimizationStep {
   TracedFunction traced_;
   bool eager_ = false;
   bool reasons_checked_ = false;
-  int64_t epoch_ = -1;  // the epoch of the last step, to recheck the traces at a new one
+  int64_t epoch_ = -1;  // the epoch of the last step, for the messages
   int64_t steps_ = 0;   // traced steps, to recheck the traces at powers of two
   // Per signature: where it was last traced or checked, and the replays since.
   struct Mark {
