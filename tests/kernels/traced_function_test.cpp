@@ -639,9 +639,7 @@ struct DynamicOps : Traced {
     both->register_module("head", head);
     both->register_module("tail", tail);
   }
-  Tensors head_fn(const Tensors& in) const {
-    return Tensors{head->forward(in[0]) * 2.0 + 1.0};
-  }
+  Tensors head_fn(const Tensors& in) const { return Tensors{head->forward(in[0]) * 2.0 + 1.0}; }
   Tensors tail_fn(const Tensors& in) const {
     return Tensors{torch::relu(tail->forward(in[0]) * 3.0 + 0.5)};
   }
