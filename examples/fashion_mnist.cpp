@@ -1,5 +1,5 @@
 // Trains a CNN (or an MLP, or a small transformer using volt::fused_sdpa) on Fashion-MNIST with
-// volt and prints the test accuracy.
+// volt, prints the test accuracy and exports the best model as TorchScript.
 //
 //   volt_fashion_mnist [--model cnn|mlp|transformer] [--epochs N] [--batch-size B] [--lr LR]
 //                      [--data DIR] [--out DIR] [--resume CKPT]
@@ -90,12 +90,18 @@ int main(int argc, char** argv) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto metrics = trainer.test(*module, dm, ckpt->best_model_path());
+    // The best weights (test loaded them) as a TorchScript file for programs without volt:
+    // torch::jit::load in C++, torch.jit.load in Python. Its forward(images) returns classes.
+    const std::string exported = out + "/model.pt";
+    volt::to_torchscript(*module, torch::zeros({1, 1, 28, 28}),
+                         volt::TorchScriptOptions().file_path(exported));
     std::cout << "\n== volt Fashion-MNIST " << model << " ==\n"
               << "fit time:        " << secs << " s (" << epochs << " epochs)\n"
               << "test accuracy:   " << metrics["test_acc"] * 100 << " %  (best checkpoint)\n"
               << "test loss:       " << metrics["test_loss"] << "\n"
               << "best checkpoint: " << ckpt->best_model_path() << "\n"
               << "last checkpoint: " << ckpt->last_model_path() << "\n"
+              << "TorchScript:     " << exported << "\n"
               << "CSV logs:        " << trainer.log_dir() << "/metrics.csv\n";
     return 0;
   } catch (const volt::Error& e) {

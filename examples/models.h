@@ -20,8 +20,10 @@ struct MlpNet : torch::nn::Module {
     }
     out = register_module("out", torch::nn::Linear(in, 10));
   }
+  // Sizes from ops (flatten, -1), not x.size(0): a trace keeps a C++ integer as a constant, so
+  // an exported model (volt export) would only take the batch size it was traced with.
   torch::Tensor forward(torch::Tensor x) {
-    x = x.reshape({x.size(0), -1});
+    x = x.flatten(1);
     for (auto& l : layers) x = torch::relu(l->forward(x));
     return out->forward(x);
   }
@@ -46,7 +48,7 @@ struct CnnNet : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) {
     x = torch::max_pool2d(torch::relu(bn1->forward(conv1->forward(x))), 2);
     x = torch::max_pool2d(torch::relu(bn2->forward(conv2->forward(x))), 2);
-    x = drop->forward(torch::relu(fc1->forward(x.reshape({x.size(0), -1}))));
+    x = drop->forward(torch::relu(fc1->forward(x.flatten(1))));
     return fc2->forward(x);
   }
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
@@ -79,19 +81,19 @@ struct TransformerNet : torch::nn::Module {
     head = register_module("head", torch::nn::Linear(dim, 10));
   }
   torch::Tensor forward(torch::Tensor x) {
-    const int64_t b = x.size(0), hd = dim_ / heads_;
-    x = embed->forward(x.reshape({b, 28, 28})) + pos;  // [B, T=28, dim]
+    const int64_t hd = dim_ / heads_;
+    x = embed->forward(x.reshape({-1, 28, 28})) + pos;  // [B, T=28, dim]
     for (size_t i = 0; i < qkv.size(); ++i) {
       auto parts = qkv[i]->forward(ln1[i]->forward(x)).chunk(3, -1);
       // Heads from the tensor (-1), not heads_: under tensor parallelism a rank holds some of them.
       auto split = [&](const torch::Tensor& t) {
-        return t.reshape({b, 28, -1, hd}).transpose(1, 2);
+        return t.reshape({-1, 28, t.size(-1) / hd, hd}).transpose(1, 2);
       };
       auto opts = volt::SdpaOptions().dropout_p(is_training() ? attn_dropout_ : 0.0);
       auto a = fused_
                    ? volt::fused_sdpa(split(parts[0]), split(parts[1]), split(parts[2]), opts)
                    : volt::sdpa_reference(split(parts[0]), split(parts[1]), split(parts[2]), opts);
-      x = x + proj[i]->forward(a.output.transpose(1, 2).reshape({b, 28, -1}));
+      x = x + proj[i]->forward(a.output.transpose(1, 2).flatten(2));
       x = x + fc2[i]->forward(torch::gelu(fc1[i]->forward(ln2[i]->forward(x))));
     }
     return head->forward(norm->forward(x).mean(1));

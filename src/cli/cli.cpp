@@ -39,10 +39,12 @@
 #include "volt/graphs/cuda_graph.h"
 #include "volt/io/checkpoint_io.h"
 #include "volt/io/safetensors.h"
+#include "volt/io/torchscript.h"
 #include "volt/kernels/kernel_cache.h"
 #include "volt/loggers/logger.h"
 #include "volt/report/run_report.h"
 #include "volt/strategies/deepspeed.h"
+#include "volt/trainer/checkpoint.h"
 #include "volt/trainer/plan.h"
 #include "volt/trainer/trainer.h"
 
@@ -53,9 +55,9 @@ using detail::ConfigNode;
 using detail::ResolvedConfig;
 
 const std::vector<std::string> kRunCommands = {"fit", "validate", "test", "predict"};
-const std::vector<std::string> kCommands = {"fit",          "validate",    "test", "predict",
-                                            "print-config", "report",      "perf", "zero-to-fp32",
-                                            "env",          "kernel-cache"};
+const std::vector<std::string> kCommands = {"fit",          "validate", "test",        "predict",
+                                            "print-config", "export",   "report",      "perf",
+                                            "zero-to-fp32", "env",      "kernel-cache"};
 
 const char* command_summary(const std::string& c) {
   if (c == "fit") return "train the model (Trainer::fit); ckpt_path resumes a run";
@@ -64,6 +66,7 @@ const char* command_summary(const std::string& c) {
   if (c == "predict")
     return "run predict_step over the predict data; saves predictions.safetensors";
   if (c == "print-config") return "print the fully resolved config (loadable with --config)";
+  if (c == "export") return "write a checkpoint's model as a TorchScript file (its predict_step)";
   if (c == "report") return "write a self-contained HTML report of a run folder";
   if (c == "perf") return "scan a profiler trace (TorchProfiler / PyTorch) and print advice";
   if (c == "zero-to-fp32") return "consolidate a ZeRO checkpoint folder into one checkpoint file";
@@ -210,6 +213,21 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
     os << "usage: " << prog << " perf --trace FILE\n\n"
        << command_summary(command) << ".\nFILE is a Chrome trace JSON: TorchProfiler's "
        << "<stage>-...-rank<R>.pt.trace.json or torch.profiler's export_chrome_trace.\n";
+    return;
+  }
+  if (command == "export") {
+    os << "usage: " << prog
+       << " export [--config FILE]... --ckpt_path=CKPT --output=FILE [--dynamic_batch=BOOL]\n\n"
+       << command_summary(command) << ".\n\n"
+       << "The config names the model and data as for predict (`" << prog
+       << " predict --help` lists\nthe keys; trainer options are ignored). The model is built, "
+          "CKPT's weights are loaded\ninto it (a checkpoint file fit wrote, a ZeRO folder or a "
+          ".safetensors file), and its\npredict_step is traced on the input of the first batch "
+          "of the predict loader (else\ntest, else validation) into FILE: a TorchScript module "
+          "that torch::jit::load (C++)\nand torch.jit.load (Python) run without volt, whose "
+          "forward(input) returns what\npredict_step returns. FILE is checked against "
+          "predict_step on that batch and, unless\n--dynamic_batch=false, on one row more "
+          "(a size read into a C++ integer is a constant\nof a trace).\n";
     return;
   }
   if (command == "zero-to-fp32") {
@@ -414,6 +432,78 @@ int run_perf(const Command& cmd, std::ostream& out) {
   return kCliOk;
 }
 
+int run_export(Command cmd, const Registry& reg, std::ostream& out) {
+  // --output and --dynamic_batch are export's own; the rest is the run's config.
+  std::string output;
+  bool dynamic_batch = true;
+  std::vector<Source> config;
+  for (const auto& s : cmd.sources) {
+    if (s.kind == Source::Kind::kSet && s.key == "output") {
+      output = s.value;
+    } else if (s.kind == Source::Kind::kSet && s.key == "dynamic_batch") {
+      VOLT_CHECK(s.value == "true" || s.value == "false", ConfigError,
+                 "[cli] --dynamic_batch takes true or false, got \"", s.value, "\".");
+      dynamic_batch = s.value == "true";
+    } else {
+      config.push_back(s);
+    }
+  }
+  cmd.sources = config;
+  VOLT_CHECK(cmd.positional.empty(), ConfigError, "[cli] unexpected argument \"",
+             cmd.positional.front(), "\"; options are --key=value (did you forget the --?).");
+  VOLT_CHECK(!output.empty(), ConfigError,
+             "[cli] export needs --output=FILE, the TorchScript file to write; e.g. volt export "
+             "--config run.yaml --ckpt_path=runs/checkpoints/last.ckpt --output=model.pt.");
+  const ResolvedConfig rc = detail::resolve(build_tree(cmd), reg);
+  const std::string ckpt = rc.ckpt_path.value_or("");
+  VOLT_CHECK(!ckpt.empty(), ConfigError,
+             "[cli] export needs --ckpt_path=CKPT, the checkpoint whose weights to export (a file "
+             "fit wrote, a ZeRO folder or a .safetensors file); without it the model's initial "
+             "weights would be written.");
+  VOLT_CHECK(ckpt != "last" && ckpt != "best", ConfigError,
+             "[cli] export takes a checkpoint's "
+             "path, not \"",
+             ckpt,
+             "\" (that names a checkpoint of a running fit); e.g. "
+             "--ckpt_path=runs/checkpoints/last.ckpt.");
+  if (rc.seed_everything) seed_everything(static_cast<uint64_t>(*rc.seed_everything));
+  std::shared_ptr<Module> model = reg.models.at(rc.model.class_path).make(rc.model.args);
+  std::shared_ptr<DataModule> data = reg.data_modules.at(rc.data.class_path).make(rc.data.args);
+  VOLT_CHECK(model && data, ConfigError, "[cli] the factory of ", model ? "data module " : "model ",
+             model ? rc.data.class_path : rc.model.class_path,
+             " returned null; make it return an object.");
+  data->prepare_data();
+  data->setup(Stage::kPredict);
+  model->setup(Stage::kPredict);
+  model->configure_model();
+  c10::optional<DataLoader> loader = data->predict_dataloader();
+  if (!loader) loader = data->test_dataloader();
+  if (!loader) loader = data->val_dataloader();
+  VOLT_CHECK(loader.has_value(), ConfigError, "[cli] export: data module ", rc.data.class_path,
+             " gives no predict, test or validation loader to take an example batch from; "
+             "give it a predict_dataloader().");
+  Batch example;
+  VOLT_CHECK(loader->stream(0, 0, 1).next(example) && example.input.defined(), ConfigError,
+             "[cli] export: the first loader of data module ", rc.data.class_path,
+             " gave no batch (or one without an input); it needs at least one sample.");
+  std::shared_ptr<CheckpointIO> io;  // the run's own, when its config names one
+  if (rc.checkpoint_io) {
+    io = reg.checkpoint_ios.at(rc.checkpoint_io->class_path).make(rc.checkpoint_io->args);
+  }
+  load_weights(*model, ckpt, /*strict=*/true, io);
+  to_torchscript(*model, example.input,
+                 TorchScriptOptions().file_path(output).dynamic_batch(dynamic_batch));
+  data->teardown(Stage::kPredict);
+  model->teardown(Stage::kPredict);
+  std::ostringstream shape;
+  shape << example.input.sizes() << " " << example.input.dtype();
+  out << "exported: " << output << " (" << rc.model.class_path << "'s predict_step on input "
+      << shape.str() << ", checked against it at " << example.input.size(0)
+      << (dynamic_batch ? " and " + std::to_string(example.input.size(0) + 1) : std::string())
+      << " rows)\n";
+  return kCliOk;
+}
+
 int run_zero_to_fp32(const Command& cmd, std::ostream& out) {
   VOLT_CHECK(cmd.positional.size() == 2 && cmd.sources.empty(), ConfigError,
              "[cli] zero-to-fp32 takes FOLDER and OUT; e.g. volt zero-to-fp32 "
@@ -528,6 +618,7 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
   if (cmd.name == "kernel-cache") return run_kernel_cache(cmd, out);
   if (cmd.name == "report") return run_report(cmd, out);
   if (cmd.name == "zero-to-fp32") return run_zero_to_fp32(cmd, out);
+  if (cmd.name == "export") return run_export(cmd, reg, out);
   if (cmd.name == "perf") return run_perf(cmd, out);
   VOLT_CHECK(cmd.positional.empty(), ConfigError, "[cli] unexpected argument \"",
              cmd.positional.front(), "\"; options are --key=value (did you forget the --?).");

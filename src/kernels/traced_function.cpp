@@ -35,6 +35,7 @@
 #include <utility>
 
 #include "core/detail/host_syncs.h"
+#include "kernels/detail/host_read_watch.h"
 #include "kernels/detail/row_shapes.h"
 #include "volt/core/check.h"
 #include "volt/core/errors.h"
@@ -471,35 +472,6 @@ std::ostream& operator<<(std::ostream& os, const TraceOptions& o) {
 
 namespace {
 
-// While fn is traced: the first op on this thread that reads a tensor's value on the host. The
-// tracer keeps such a value as a constant (a C++ number it never sees again), so a replay
-// would repeat the traced call's value and any branch it took.
-thread_local std::string host_read_op;
-
-class HostReadWatch {
- public:
-  HostReadWatch() {
-    host_read_op.clear();
-    handle_ = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(&start).scopes({at::RecordScope::FUNCTION}));
-  }
-  ~HostReadWatch() { at::removeCallback(handle_); }
-  HostReadWatch(const HostReadWatch&) = delete;
-  HostReadWatch& operator=(const HostReadWatch&) = delete;
-
- private:
-  static std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
-    if (!host_read_op.empty()) return nullptr;
-    const char* op = fn.name();
-    if (std::strcmp(op, "aten::_local_scalar_dense") == 0 ||
-        std::strcmp(op, "aten::is_nonzero") == 0 || std::strcmp(op, "aten::equal") == 0) {
-      host_read_op = op;
-    }
-    return nullptr;
-  }
-  at::CallbackHandle handle_;
-};
-
 // Ops that return memory nothing has written.
 bool allocates_unfilled(const Node* n) {
   static const std::set<std::string> kinds = {"aten::empty", "aten::empty_like", "aten::new_empty",
@@ -800,7 +772,7 @@ std::pair<std::shared_ptr<torch::jit::Graph>, std::vector<at::Tensor>> TracedFun
   const size_t n = inputs.size();
   std::shared_ptr<torch::jit::tracer::TracingState> state;
   torch::jit::Stack outputs;
-  HostReadWatch watch;
+  detail::HostReadWatch watch;
   try {
     std::tie(state, outputs) = torch::jit::tracer::trace(
         std::move(stack),
@@ -836,9 +808,9 @@ std::pair<std::shared_ptr<torch::jit::Graph>, std::vector<at::Tensor>> TracedFun
                      "; pass every tensor the function reads that needs a gradient as an input "
                      "(or the module to the constructor), and return only tensors.");
   }
-  VOLT_CHECK(host_read_op.empty(), ValueError, "[TracedFunction] '", name,
-             "' read a tensor's value on the host while traced (", host_read_op, ": ",
-             detail::host_sync_source(host_read_op),
+  VOLT_CHECK(watch.op().empty(), ValueError, "[TracedFunction] '", name,
+             "' read a tensor's value on the host while traced (", watch.op(), ": ",
+             detail::host_sync_source(watch.op()),
              "); a trace keeps that value, and any branch it decided, as a constant. Compute "
              "with tensor ops instead (e.g. at::where for a branch), or do not trace this "
              "function.");

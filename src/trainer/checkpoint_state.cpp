@@ -2,12 +2,19 @@
 // Everything that depends on how state is placed or partitioned goes through the Strategy.
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+
 #include "trainer/detail/run.h"
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/data/data_module.h"
+#include "volt/io/checkpoint_io.h"
+#include "volt/io/safetensors.h"
+#include "volt/io/state.h"
 #include "volt/optim/lr_scheduler.h"
+#include "volt/strategies/deepspeed.h"
+#include "volt/trainer/checkpoint.h"
 
 namespace volt {
 namespace detail {
@@ -24,6 +31,15 @@ void write_nested(torch::serialize::OutputArchive& parent, const std::string& ke
 }
 
 }  // namespace
+
+void check_format(torch::serialize::InputArchive& root, const std::string& path) {
+  c10::IValue fmt;
+  VOLT_CHECK(root.try_read("volt_format", fmt) && fmt.isInt(), CheckpointError, "[Checkpoint] '",
+             path, "' has no volt_format entry; it was not written by volt's Trainer.");
+  VOLT_CHECK(fmt.toInt() == kCheckpointFormat, CheckpointError, "[Checkpoint] '", path,
+             "' has trainer format ", fmt.toInt(), "; this volt reads format ", kCheckpointFormat,
+             ".");
+}
 
 void write_checkpoint(Run& run, torch::serialize::OutputArchive& root) {
   VOLT_CHECK(run.module != nullptr && run.optimizers_ready, ConfigError,
@@ -96,12 +112,7 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   Module& module = *run.module;
   LoopState& st = run.st;
   torch::serialize::InputArchive root = strategy.load_checkpoint(path);
-  c10::IValue fmt;
-  VOLT_CHECK(root.try_read("volt_format", fmt) && fmt.isInt(), CheckpointError, "[Checkpoint] '",
-             path, "' has no volt_format entry; it was not written by volt's Trainer.");
-  VOLT_CHECK(fmt.toInt() == kCheckpointFormat, CheckpointError, "[Checkpoint] '", path,
-             "' has trainer format ", fmt.toInt(), "; this volt reads format ", kCheckpointFormat,
-             ".");
+  check_format(root, path);
   torch::serialize::InputArchive model_ar;
   root.read("state_dict", model_ar);
   try {
@@ -109,6 +120,11 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   } catch (const CheckpointError& e) {
     throw CheckpointError(std::string(e.what()) + " (checkpoint: '" + path + "')");
   }
+  // Every entry point, as Lightning's restore_model: the module's own state goes with its
+  // weights (a vocabulary that predict needs as much as fit).
+  torch::serialize::InputArchive user;
+  root.read("module", user);
+  run.module_hook("on_load_checkpoint", [&](Module& m) { m.on_load_checkpoint(user); });
   bool data_restored = false;
   torch::serialize::InputArchive data_ar;
   if (run.data != nullptr && root.try_read("datamodule", data_ar)) {
@@ -198,9 +214,6 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   torch::serialize::InputArchive prec;
   root.read("precision", prec);
   strategy.precision().load_state(prec);
-  torch::serialize::InputArchive user;
-  root.read("module", user);
-  run.module_hook("on_load_checkpoint", [&](Module& m) { m.on_load_checkpoint(user); });
   return data_restored;
 }
 
@@ -241,4 +254,42 @@ std::string resolve_ckpt_path(Run& run, const std::string& ckpt_path, Stage stag
 }
 
 }  // namespace detail
+
+void load_weights(torch::nn::Module& module, const std::string& path, bool strict,
+                  std::shared_ptr<CheckpointIO> io) {
+  struct stat st;
+  VOLT_CHECK(!path.empty() && ::stat(path.c_str(), &st) == 0, CheckpointError, "[load_weights] '",
+             path,
+             "' does not exist; pass a checkpoint the Trainer wrote (e.g. "
+             "ModelCheckpoint's best_model_path()), a ZeRO checkpoint folder or a .safetensors "
+             "file.");
+  const std::string ext = ".safetensors";
+  if (S_ISREG(st.st_mode) && path.size() > ext.size() &&
+      path.compare(path.size() - ext.size(), ext.size(), ext) == 0) {
+    load_safetensors(module, path, strict);
+    return;
+  }
+  torch::serialize::InputArchive root;
+  if (is_zero_checkpoint(path)) {
+    root = load_consolidated_zero_checkpoint(path);
+  } else {
+    VOLT_CHECK(S_ISREG(st.st_mode), CheckpointError, "[load_weights] '", path,
+               "' is a folder but not a complete ZeRO checkpoint (no meta file: a save was "
+               "interrupted); pass a checkpoint file or a complete folder.");
+    root = io ? io->load(path) : TorchCheckpointIO().load(path);
+  }
+  detail::check_format(root, path);
+  torch::serialize::InputArchive weights;
+  root.read("state_dict", weights);
+  try {
+    load_module_state(module, weights, strict);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(std::string(e.what()) + " (checkpoint: '" + path + "')");
+  }
+  if (auto* m = dynamic_cast<Module*>(&module)) {
+    torch::serialize::InputArchive user;
+    if (root.try_read("module", user)) m->on_load_checkpoint(user);
+  }
+}
+
 }  // namespace volt

@@ -7,6 +7,7 @@
 
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <torch/script.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -243,6 +244,66 @@ TEST(Cli, ValidateTestAndPredictLoadACheckpoint) {
   auto file = volt::load_safetensors(path);
   ASSERT_EQ(file.tensors.count("predictions"), 1u);
   EXPECT_EQ(file.tensors.at("predictions").size(0), 64);  // the 64-row predict set
+}
+
+TEST(Cli, ExportWritesTheCheckpointsModelAsATorchScriptFile) {
+  volt_test::TempDir dir;
+  auto args = base(dir);
+  args.insert(args.begin(), "fit");
+  args.push_back("--trainer.max_epochs=1");
+  ASSERT_EQ(run(args).code, 0);
+  std::string ckpt;
+  for (auto& e : fs::recursive_directory_iterator(dir.path)) {
+    if (e.path().extension() == ".ckpt") ckpt = e.path().string();
+  }
+  ASSERT_FALSE(ckpt.empty());
+  auto exporting = [&](const std::vector<std::string>& extra) {
+    auto a = base(dir);
+    a.insert(a.begin(), "export");
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run(a);
+  };
+  const std::string file = dir / "tiny.pt";
+  auto r = exporting({"--ckpt_path=" + ckpt, "--output=" + file});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("exported: " + file +
+                       " (Tiny's predict_step on input [32, 8] float, "
+                       "checked against it at 32 and 33 rows)"),
+            std::string::npos)
+      << r.out;
+  // The file runs without volt what the checkpoint's model predicts.
+  torch::jit::Module loaded = torch::jit::load(file);
+  volt_test::TinyClassifier model;
+  volt::load_weights(model, ckpt);
+  model.eval();
+  torch::NoGradGuard no_grad;
+  volt::Batch batch;
+  batch.input = torch::randn({30, 8});
+  EXPECT_TRUE(loaded.forward({batch.input}).toTensor().equal(model.predict_step(batch, 0)));
+
+  // Bad input: exit code 2 and one line saying what to pass; the file is left as it was.
+  struct Case {
+    std::vector<std::string> extra;
+    std::string phrase;
+  };
+  const std::vector<Case> cases = {
+      {{"--ckpt_path=" + ckpt}, "export needs --output=FILE"},
+      {{"--output=" + file}, "export needs --ckpt_path=CKPT"},
+      {{"--ckpt_path=last", "--output=" + file}, "export takes a checkpoint's path, not \"last\""},
+      {{"--ckpt_path=" + ckpt, "--output=" + file, "--dynamic_batch=maybe"},
+       "--dynamic_batch takes true or false"},
+      {{"--ckpt_path=" + (dir / "none.ckpt"), "--output=" + file}, "does not exist"},
+      {{"--ckpt_path=" + ckpt, "--output=" + file, "extra"}, "unexpected argument \"extra\""},
+      {{"--ckpt_path=" + ckpt, "--output=" + file, "--model=WrongWidth"},
+       "[Checkpoint] the checkpoint does not match the model"},
+  };
+  const auto before = fs::last_write_time(file);
+  for (const auto& c : cases) {
+    auto bad = exporting(c.extra);
+    EXPECT_EQ(bad.code, 2) << c.phrase << ": " << bad.err;
+    EXPECT_NE(bad.err.find(c.phrase), std::string::npos) << bad.err;
+  }
+  EXPECT_EQ(fs::last_write_time(file), before);
 }
 
 TEST(Cli, HelpListsEveryOptionWithTypeAndDefault) {

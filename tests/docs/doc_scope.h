@@ -4,6 +4,7 @@
 // ```cpp block of README.md and docs/*.md against volt's real API. Nothing here is run but the
 // whole programs (`<!-- doc-test: program -->`), which declare everything they use.
 
+#include <torch/script.h>  // torch::jit::load (README: a trained model outside volt)
 #include <torch/torch.h>
 #include <volt/volt.h>
 

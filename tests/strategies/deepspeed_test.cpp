@@ -634,6 +634,17 @@ TEST(DeepSpeed, AKilledBf16RunResumesBitIdenticallyWithItsMasterWeights) {
   expect_killed_run_resumes_bit_identically("3", {"--bf16-all", "1"});
 }
 
+// The parameter names and shapes of tests/support/ddp_worker.cpp's Net at its defaults (width 8,
+// depth 0, no batch norm): fc1, w2, b2, head.
+struct WorkerNetShape : torch::nn::Module {
+  WorkerNetShape() {
+    register_module("fc1", torch::nn::Linear(8, 8));
+    register_parameter("w2", torch::zeros({8, 8}));
+    register_parameter("b2", torch::zeros({8}));
+    register_module("head", torch::nn::Linear(8, 2));
+  }
+};
+
 TEST(DeepSpeed, ConsolidatingABf16FolderGivesTheFp32MasterWeights) {
   VOLT_REQUIRE_GLOO();
   // DeepSpeed's zero_to_fp32: the consolidated weights are the fp32 masters, which round to the
@@ -664,6 +675,15 @@ TEST(DeepSpeed, ConsolidatingABf16FolderGivesTheFp32MasterWeights) {
     EXPECT_TRUE(torch::equal(consolidated, final_weights))
         << "stage " << stage << ": max diff "
         << (consolidated - final_weights).abs().max().item<double>();
+    // load_weights takes the folder itself (consolidated on the way) into a module of the
+    // worker's parameter names: the fp32 masters too.
+    WorkerNetShape shape;
+    volt::load_weights(shape, ckpt);
+    for (const auto& p : shape.named_parameters()) {
+      at::Tensor t;
+      weights.read(p.key(), t);
+      EXPECT_TRUE(torch::equal(p.value(), t)) << "stage " << stage << " " << p.key();
+    }
   }
 }
 

@@ -349,8 +349,11 @@ class Run : public RunContext {
 // ---------------------------------------------------------------------- checkpoint_state.cpp
 /// Assembles the full checkpoint (weights, optimizers, loop, RNG, callbacks, loggers, ...).
 void write_checkpoint(Run& run, torch::serialize::OutputArchive& root);
-/// Restores a checkpoint; `full` = everything (resume), else weights only (validate/test).
-/// Returns whether the checkpoint held the running DataModule's state (read into it).
+/// CheckpointError unless `root` is a checkpoint of the format this volt's Trainer writes.
+void check_format(torch::serialize::InputArchive& root, const std::string& path);
+/// Restores a checkpoint; `full` = everything (resume), else the weights, the module's
+/// on_load_checkpoint and the DataModule's state (validate/test/predict). Returns whether the
+/// checkpoint held the running DataModule's state (read into it).
 bool restore_checkpoint(Run& run, const std::string& path, bool full);
 /// Resolves ckpt_path "last" / "best" through the run's ModelCheckpoint callbacks; other paths
 /// are returned unchanged. "last" with no checkpoint on disk returns "" (start fresh, warned).

@@ -1,0 +1,152 @@
+// load_weights: a checkpoint's weights into a module the program built, without a Trainer
+// (Lightning's load_from_checkpoint); and the module's on_load_checkpoint at every entry point
+// given a checkpoint.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "error_text.h"
+#include "tiny.h"
+
+namespace {
+
+using volt_test::error_of;
+using volt_test::quiet;
+using volt_test::TinyClassifier;
+
+// A classifier that keeps its own state in checkpoints (a class-name table, say).
+class WithVocab : public TinyClassifier {
+ public:
+  using TinyClassifier::TinyClassifier;
+  void on_save_checkpoint(torch::serialize::OutputArchive& archive) override {
+    archive.write("vocab", torch::arange(5) * 10);
+  }
+  void on_load_checkpoint(torch::serialize::InputArchive& archive) override {
+    archive.read("vocab", vocab);
+    ++loads;
+  }
+  at::Tensor vocab;
+  int loads = 0;
+};
+
+// Trains a WithVocab for an epoch and returns the path of its last checkpoint.
+std::string fit_and_checkpoint(const volt_test::TempDir& dir, WithVocab& model) {
+  auto checkpoint = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "ckpt").save_last(true));
+  volt::Trainer trainer(
+      quiet(dir.path).max_epochs(1).enable_checkpointing(true).callbacks({checkpoint}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
+  return checkpoint->last_model_path();
+}
+
+void expect_same_weights(const torch::nn::Module& got, const torch::nn::Module& want) {
+  const auto w = want.named_parameters();
+  for (const auto& p : got.named_parameters()) EXPECT_TRUE(p.value().equal(w[p.key()])) << p.key();
+  const auto wb = want.named_buffers();
+  for (const auto& b : got.named_buffers()) EXPECT_TRUE(b.value().equal(wb[b.key()])) << b.key();
+}
+
+TEST(LoadWeights, AFitsCheckpointLoadsIntoANewModuleWithItsOwnState) {
+  volt_test::TempDir dir;
+  torch::manual_seed(1);
+  WithVocab trained;
+  const std::string ckpt = fit_and_checkpoint(dir, trained);
+  ASSERT_FALSE(ckpt.empty());
+
+  torch::manual_seed(2);  // other initial weights
+  WithVocab fresh;
+  EXPECT_FALSE(fresh.fc1->weight.equal(trained.fc1->weight));
+  volt::load_weights(fresh, ckpt);
+  expect_same_weights(fresh, trained);
+  EXPECT_EQ(fresh.loads, 1);
+  ASSERT_TRUE(fresh.vocab.defined());
+  EXPECT_TRUE(fresh.vocab.equal(torch::arange(5) * 10));
+
+  // A plain torch::nn::Module of the same shape takes the weights too (no hook to call).
+  struct Shape : torch::nn::Module {
+    Shape() {
+      register_module("fc1", torch::nn::Linear(8, 16));
+      register_module("drop", torch::nn::Dropout(0.2));
+      register_module("fc2", torch::nn::Linear(16, 2));
+    }
+  } shape;
+  volt::load_weights(shape, ckpt);
+  expect_same_weights(shape, trained);
+
+  // The same weights as a safetensors file.
+  volt::save_safetensors(trained, dir / "w.safetensors");
+  torch::manual_seed(3);
+  TinyClassifier from_safetensors;
+  volt::load_weights(from_safetensors, dir / "w.safetensors");
+  expect_same_weights(from_safetensors, trained);
+}
+
+TEST(LoadWeights, ValidateTestAndPredictCallTheModulesOnLoadCheckpoint) {
+  // As Lightning's restore_model: the module's own state comes with the weights at every entry
+  // point (before session 53 only a resumed fit read it).
+  volt_test::TempDir dir;
+  WithVocab trained;
+  const std::string ckpt = fit_and_checkpoint(dir, trained);
+  ASSERT_FALSE(ckpt.empty());
+  WithVocab other;
+  volt::Trainer trainer(quiet(dir.path));
+  const auto data = volt_test::loader(volt_test::blobs(32), 16, false);
+  trainer.validate(other, data, ckpt);
+  EXPECT_EQ(other.loads, 1);
+  trainer.test(other, data, ckpt);
+  EXPECT_EQ(other.loads, 2);
+  trainer.predict(other, data, ckpt);
+  EXPECT_EQ(other.loads, 3);
+  ASSERT_TRUE(other.vocab.defined());
+  EXPECT_TRUE(other.vocab.equal(torch::arange(5) * 10));
+  trainer.validate(other, data);  // no checkpoint, no hook
+  EXPECT_EQ(other.loads, 3);
+}
+
+TEST(LoadWeights, AMismatchListsEveryNameAndTheCheckpointUnlessNotStrict) {
+  volt_test::TempDir dir;
+  WithVocab trained;
+  const std::string ckpt = fit_and_checkpoint(dir, trained);
+  TinyClassifier wider(5);  // fc1 takes 5 features instead of 8
+  const at::Tensor fc1_before = wider.fc1->weight.clone();
+  const std::string err = error_of<volt::CheckpointError>([&] { volt::load_weights(wider, ckpt); });
+  EXPECT_NE(err.find("shape of 'fc1.weight': checkpoint [16, 8] vs model [16, 5]"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("(checkpoint: '" + ckpt + "')"), std::string::npos) << err;
+  // Not strict: what matches loads, the rest stays.
+  TinyClassifier loose(5);
+  const at::Tensor loose_fc1 = loose.fc1->weight.clone();
+  volt::load_weights(loose, ckpt, /*strict=*/false);
+  EXPECT_TRUE(loose.fc2->weight.equal(trained.fc2->weight));
+  EXPECT_TRUE(loose.fc1->weight.equal(loose_fc1));
+}
+
+TEST(LoadWeights, PathsThatHoldNoCheckpointAreCheckpointErrors) {
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  auto expect = [&](const std::string& path, const std::string& phrase) {
+    const std::string err =
+        error_of<volt::CheckpointError>([&] { volt::load_weights(model, path); });
+    EXPECT_NE(err.find(phrase), std::string::npos) << "expected \"" << phrase << "\" in: " << err;
+  };
+  expect(dir / "missing.ckpt", "does not exist; pass a checkpoint the Trainer wrote");
+  expect("", "does not exist");
+  std::ofstream(dir / "noise.ckpt") << "not a checkpoint at all";
+  expect(dir / "noise.ckpt", "is not a volt checkpoint");
+  ASSERT_EQ(::mkdir((dir / "folder.ckpt").c_str(), 0755), 0);
+  expect(dir / "folder.ckpt", "is a folder but not a complete ZeRO checkpoint");
+  // A volt archive that is not a Trainer checkpoint (no volt_format).
+  torch::serialize::OutputArchive archive;
+  archive.write("weights", torch::ones({2}));
+  volt::TorchCheckpointIO().save(archive, dir / "other.ckpt");
+  expect(dir / "other.ckpt", "has no volt_format entry");
+  std::ofstream(dir / "bad.safetensors") << "12345678";
+  EXPECT_THROW(volt::load_weights(model, dir / "bad.safetensors"), volt::CheckpointError);
+}
+
+}  // namespace
