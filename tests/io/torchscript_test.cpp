@@ -13,6 +13,7 @@
 
 #include "build_paths.h"
 #include "error_text.h"
+#include "models.h"
 #include "tiny.h"
 
 namespace {
@@ -346,6 +347,29 @@ TEST(TorchScript, AFailedExportOrWriteLeavesTheFileAsItWas) {
   std::stringstream still;
   still << std::ifstream(path).rdbuf();
   EXPECT_EQ(still.str(), "the previous export");
+}
+
+TEST(TorchScript, VoltsFusedKernelsExportAsLibtorchsOwnOps) {
+  // The demo transformer's attention runs volt::fused_sdpa; traced, it runs its composition, so
+  // the file holds only aten ops and loads where volt is not.
+  torch::manual_seed(11);
+  auto net = std::make_shared<volt_examples::TransformerNet>(32, 4, 1, /*fused=*/true);
+  torch::jit::Module exported =
+      volt::to_torchscript(*net,
+                           [net](const std::vector<at::Tensor>& in) {
+                             return std::vector<at::Tensor>{net->forward(in[0])};
+                           },
+                           {torch::randn({6, 1, 28, 28})});
+  for (const torch::jit::Node* node : exported.get_method("forward").graph()->nodes()) {
+    const auto kind = node->kind();
+    EXPECT_TRUE(kind.is_aten() || kind.is_prim()) << kind.toQualString();
+  }
+  net->eval();
+  torch::NoGradGuard no_grad;
+  const at::Tensor x = torch::randn({9, 1, 28, 28});
+  const at::Tensor got = run(exported, {x})[0];
+  const at::Tensor want = net->forward(x);  // the fused kernel, eagerly
+  EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-5)) << (got - want).abs().max();
 }
 
 TEST(TorchScript, AVoltModulesPredictStep) {
