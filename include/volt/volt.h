@@ -42,6 +42,7 @@
 #include "volt/data/dataset.h"
 #include "volt/data/fashion_mnist.h"
 #include "volt/distributed/cluster_environment.h"
+#include "volt/distributed/functional.h"
 #include "volt/distributed/gradient_reducer.h"
 #include "volt/distributed/local_launcher.h"
 #include "volt/distributed/process_group.h"

@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <map>
+#include <set>
+
 #include "core/detail/default_steps.h"
 #include "core/detail/tracing.h"
 #include "volt/core/check.h"
@@ -112,6 +115,64 @@ void Module::log(const std::string& name, double value, const LogOptions& opts) 
              "\", number) while the step is traced: the trace would log this value on every "
              "replay; log a tensor (e.g. the tensor the number came from) instead.");
   require_run("log").log(name, torch::scalar_tensor(value, torch::kDouble), opts);
+}
+
+void Module::log_dict(const std::map<std::string, at::Tensor>& values, const LogOptions& opts) {
+  RunContext& run = require_run("log_dict");
+  for (const auto& [name, value] : values) run.log(name, value, opts);
+}
+
+at::Tensor Module::all_gather(const at::Tensor& value, bool sync_grads) {
+  VOLT_CHECK(value.defined(), ValueError,
+             "[Module] all_gather() got an undefined tensor; pass a defined one.");
+  return require_run("all_gather").all_gather(value, sync_grads);
+}
+
+int64_t Module::estimated_stepping_batches() const {
+  return require_run("estimated_stepping_batches").estimated_stepping_batches();
+}
+
+void Module::toggle_optimizer(size_t index) {
+  auto& configs = require_run("toggle_optimizer").optimizer_configs();
+  VOLT_CHECK(index < configs.size(), ConfigError, "[Module] toggle_optimizer(", index,
+             "): configure_optimizers returned ", configs.size(), " optimizer(s).");
+  VOLT_CHECK(toggled_.empty(), ConfigError, "[Module] toggle_optimizer(", index,
+             ") while another is toggled; call untoggle_optimizer first.");
+  // Every parameter of every optimizer off, remembering its setting; then the toggled
+  // optimizer's back to theirs.
+  std::set<const void*> seen;
+  for (auto& c : configs) {
+    for (auto& group : c.optimizer()->param_groups()) {
+      for (auto& p : group.params()) {
+        if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+        toggled_.emplace_back(p, p.requires_grad());
+        p.set_requires_grad(false);
+      }
+    }
+  }
+  std::map<const void*, bool> own;
+  for (const auto& [p, on] : toggled_) own[p.unsafeGetTensorImpl()] = on;
+  for (auto& group : configs[index].optimizer()->param_groups()) {
+    for (auto& p : group.params()) p.set_requires_grad(own[p.unsafeGetTensorImpl()]);
+  }
+}
+
+void Module::untoggle_optimizer(size_t index) {
+  auto& configs = require_run("untoggle_optimizer").optimizer_configs();
+  VOLT_CHECK(index < configs.size(), ConfigError, "[Module] untoggle_optimizer(", index,
+             "): configure_optimizers returned ", configs.size(), " optimizer(s).");
+  for (auto& [p, on] : toggled_) p.set_requires_grad(on);
+  toggled_.clear();
+}
+
+void Module::freeze() {
+  for (auto& p : parameters()) p.set_requires_grad(false);
+  eval();
+}
+
+void Module::unfreeze() {
+  for (auto& p : parameters()) p.set_requires_grad(true);
+  train();
 }
 
 void Module::manual_backward(const at::Tensor& loss) {

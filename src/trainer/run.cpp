@@ -15,6 +15,7 @@
 
 #include "core/detail/default_steps.h"
 #include "core/detail/print.h"
+#include "distributed/detail/stacked_gather.h"
 #include "trainer/detail/device_prefetch.h"
 #include "trainer/detail/tuner_trial.h"
 #include "trainer/loops/optimization_step.h"
@@ -255,6 +256,32 @@ int64_t Run::resolved_max_epochs() const {
   if (fast_dev) return 1;
   if (opts.max_epochs() >= 0) return opts.max_epochs();
   return opts.max_steps() >= 0 ? -1 : 1000;  // Lightning's default when nothing is set
+}
+
+int64_t Run::estimated_stepping_batches() const {
+  VOLT_CHECK(fit_train != nullptr, ConfigError,
+             "[Trainer] estimated_stepping_batches() is known during fit only (from its training "
+             "loader); call it from configure_optimizers or a hook of fit.");
+  const int64_t epochs = resolved_max_epochs();
+  if (epochs < 0) {
+    VOLT_CHECK(opts.max_steps() >= 0, ConfigError,
+               "[Trainer] estimated_stepping_batches(): nothing bounds this fit (max_epochs=-1 "
+               "and max_steps=-1); set max_steps or max_epochs.");
+    return opts.max_steps();
+  }
+  const int64_t batches = train_limit(*fit_train);
+  // The Trainer's setting: a GradientAccumulationScheduler's later changes are not foreseen.
+  const int64_t accumulate = std::max<int64_t>(1, opts.accumulate_grad_batches());
+  const int64_t steps = (batches + accumulate - 1) / accumulate * std::max<int64_t>(epochs, 1);
+  return opts.max_steps() >= 0 ? std::min(steps, opts.max_steps()) : steps;
+}
+
+at::Tensor Run::all_gather(const at::Tensor& value, bool sync_grads) {
+  detail::GatherCollectives c;
+  c.gather = [this](const at::Tensor& v) { return strategy().all_gather(v); };
+  c.sum = [this](const at::Tensor& g) { return strategy().reduce(g, Reduce::kSum); };
+  c.rank = strategy().rank();
+  return detail::stacked_all_gather(value, sync_grads, c);
 }
 
 bool Run::overfitting() const {

@@ -414,6 +414,33 @@ TEST(Ddp, ARankThatDiesInPrepareDataEndsTheOthersInBoundedTime) {
   EXPECT_NE(r1.output().find("prepare_data on rank 1"), std::string::npos) << r1.output();
 }
 
+TEST(Ddp, AllGatherGivesEveryRankTheWholeValidationSetAndTheStepEstimateHolds) {
+  // Module::all_gather in validation_step: both ranks hold the same [2, rows, 2] logits, whose
+  // slice r is rank r's own. estimated_stepping_batches() in configure_optimizers is the steps
+  // each rank then takes (128 samples over 2 ranks at batch 8, accumulating 3: ceil(8 / 3) = 3
+  // a epoch, 2 epochs).
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "2", "--accum", "3", "--gather-val", "1"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(job.output.find("rank " + std::to_string(r) + " done step=6 estimated=6 "),
+              std::string::npos)
+        << job.output;
+  }
+  const auto load = [&](const std::string& name) {
+    torch::Tensor t;
+    torch::load(t, dir / name);
+    return t;
+  };
+  const auto g0 = load("ddp.gathered.rank0.pt"), g1 = load("ddp.gathered.rank1.pt");
+  ASSERT_EQ(g0.sizes(), (std::vector<int64_t>{2, 32, 2}));  // 64 validation rows, 32 a rank
+  EXPECT_TRUE(torch::equal(g0, g1));
+  EXPECT_TRUE(torch::equal(g0[0], load("ddp.own.rank0.pt")));
+  EXPECT_TRUE(torch::equal(g0[1], load("ddp.own.rank1.pt")));
+}
+
 TEST(Ddp, StaticGraphTrainsLikeOneProcess) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

@@ -126,8 +126,20 @@ class Net : public volt::Module {
     log("train_loss", loss, volt::LogOptions().sync_dist(sync_dist_));
     return loss;
   }
+  // --gather-val 1: each validation pass's logits on this rank and as all_gather gives them.
+  bool gather_val = false;
+  std::vector<torch::Tensor> own_logits, gathered_logits;
+  int64_t estimated_steps = -1;  // estimated_stepping_batches() in configure_optimizers
+  void on_validation_epoch_start() override {
+    own_logits.clear();
+    gathered_logits.clear();
+  }
   void validation_step(const volt::Batch& b, int64_t) override {
     auto logits = forward(b.input);
+    if (gather_val) {
+      own_logits.push_back(logits);
+      gathered_logits.push_back(all_gather(logits));  // [world, rows, 2]
+    }
     log("val_loss", torch::cross_entropy_loss(logits, b.target),
         volt::LogOptions().sync_dist(sync_dist_));
   }
@@ -141,6 +153,7 @@ class Net : public volt::Module {
       for (auto& u : unique) seen = seen || u.is_same(p);
       if (!seen) unique.push_back(p);
     }
+    estimated_steps = estimated_stepping_batches();
     if (optimizer_ == "none") return {};  // left to the strategy (a DeepSpeed JSON's optimizer)
     if (optimizer_ == "adam") {
       opt = std::make_shared<torch::optim::Adam>(
@@ -333,6 +346,7 @@ int main(int argc, char** argv) {
               num("--batchnorm", 0) != 0);
     model.checkpoint_activations = num("--checkpoint-activations", 0) != 0;
     model.nan_grad_at = num("--nan-grad-at", -1);
+    model.gather_val = num("--gather-val", 0) != 0;
     if (a.count("--prepare-ms")) {
       model.prepare_log = a["--root"] + "/prepared";
       model.prepare_ms = num("--prepare-ms", 0);
@@ -481,6 +495,12 @@ int main(int argc, char** argv) {
     const int64_t tensors_peak = volt::cpu_memory_stats().max_in_use;
     const int64_t rank = trainer.strategy().rank();
     torch::save(model.flat(), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
+    if (model.gather_val) {
+      torch::save(torch::cat(model.own_logits),
+                  a["--out"] + ".own.rank" + std::to_string(rank) + ".pt");
+      torch::save(torch::cat(model.gathered_logits, 1),
+                  a["--out"] + ".gathered.rank" + std::to_string(rank) + ".pt");
+    }
     bool aliases = true;
     if (auto* reducer = one ? nullptr : strategy->reducer();
         reducer != nullptr && ddp.gradient_as_bucket_view()) {
@@ -499,12 +519,12 @@ int main(int argc, char** argv) {
     const bool tied = model.fc1->weight.data_ptr() == model.w2.data_ptr();
     const std::string zero_memory = probe && !one ? probe->text : "";
     std::printf(
-        "rank %lld done step=%lld sum=%.17g val_loss=%.17g aliases=%d tied=%d%s "
+        "rank %lld done step=%lld estimated=%lld sum=%.17g val_loss=%.17g aliases=%d tied=%d%s "
         "rss_before_kib=%ld rss_peak_kib=%ld tensors_before=%lld tensors_peak=%lld\n",
         static_cast<long long>(rank), static_cast<long long>(trainer.state().global_step),
-        model.flat().abs().sum().item<double>(), val_print->last, aliases ? 1 : 0, tied ? 1 : 0,
-        zero_memory.c_str(), rss_before, rss_peak, static_cast<long long>(tensors_before),
-        static_cast<long long>(tensors_peak));
+        static_cast<long long>(model.estimated_steps), model.flat().abs().sum().item<double>(),
+        val_print->last, aliases ? 1 : 0, tied ? 1 : 0, zero_memory.c_str(), rss_before, rss_peak,
+        static_cast<long long>(tensors_before), static_cast<long long>(tensors_peak));
     std::fflush(stdout);
     return 0;
   } catch (const volt::Interrupted& e) {

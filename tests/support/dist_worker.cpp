@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <volt/core/errors.h>
 #include <volt/distributed/cluster_environment.h>
+#include <volt/distributed/functional.h>
 #include <volt/distributed/gradient_reducer.h>
 #include <volt/distributed/local_launcher.h>
 #include <volt/distributed/process_group.h>
@@ -120,6 +121,24 @@ void run_collectives(volt::ProcessGroup& pg) {
   for (int64_t q = 0; q < w; ++q) check_close(g[q], at::full({2}, float(q)), 0, "all_gather item");
   expect_throw<volt::ValueError>([&] { pg.all_gather(at::zeros({r == 0 ? 3 : 2})); },
                                  "same shape and dtype", "all_gather shape mismatch");
+  // volt::all_gather: stacked in rank order; with sync_grads differentiable. Rank k's loss is
+  // sum_j (j + k + 1) * |x_j|^2 over every rank's x_j, so the gradient one process computing
+  // every rank's loss gives x_r is 2 x_r * sum_k (r + k + 1) = 2 x_r (w (r + 1) + w (w - 1) / 2).
+  {
+    auto mine = (at::arange(6, at::kFloat).view({2, 3}) + 10 * r).requires_grad_();
+    auto plain = volt::all_gather(pg, mine);
+    CHECK_TRUE(plain.sizes() == at::IntArrayRef({w, 2, 3}) && !plain.requires_grad(),
+               "all_gather stacked, no gradient without sync_grads");
+    for (int64_t q = 0; q < w; ++q) {
+      check_close(plain[q], at::arange(6, at::kFloat).view({2, 3}) + 10 * q, 0, "stacked item");
+    }
+    auto gathered = volt::all_gather(pg, mine, /*sync_grads=*/true);
+    CHECK_TRUE(gathered.requires_grad(), "all_gather with sync_grads needs a gradient");
+    auto weights = (at::arange(w, at::kFloat) + r + 1).view({w, 1, 1});
+    (weights * gathered.square()).sum().backward();
+    check_close(mine.grad(), 2 * mine.detach() * static_cast<float>(w * (r + 1) + w * (w - 1) / 2),
+                0, "all_gather sync_grads gradient");
+  }
   auto flat = pg.all_gather_flat(at::full({2, 2}, float(r)));
   CHECK_TRUE(flat.size(0) == 2 * w, "all_gather_flat rows");
   for (int64_t q = 0; q < w; ++q) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "volt/core/batch.h"
@@ -199,6 +200,36 @@ class Module : public torch::nn::Module {
   /// Logs a scalar; see LogOptions for step/epoch defaults.
   void log(const std::string& name, const at::Tensor& value, const LogOptions& opts = {});
   void log(const std::string& name, double value, const LogOptions& opts = {});
+  /// log() of each entry with the same options (Lightning's log_dict).
+  void log_dict(const std::map<std::string, at::Tensor>& values, const LogOptions& opts = {});
+
+  /// Every process's `value` stacked in rank order: [world_size, *value.sizes()] (equal shapes
+  /// on every rank). A whole validation set's predictions for a metric over all of them, say.
+  /// With sync_grads the result is differentiable (a contrastive loss over the global batch):
+  /// each process's value gets the sum over the processes of the gradients for its slice, and
+  /// every process must then run its backward through the result. Departure: one process gets
+  /// [1, *value.sizes()] too (Lightning returns the value unchanged there).
+  at::Tensor all_gather(const at::Tensor& value, bool sync_grads = false);
+
+  /// The optimizer steps the running fit will take (Lightning's
+  /// Trainer.estimated_stepping_batches), for a schedule's length in configure_optimizers
+  /// (OneCycleLR's total_steps): per process, ceil(training batches per epoch after the
+  /// limits / accumulate_grad_batches) times max_epochs, at most max_steps. A
+  /// GradientAccumulationScheduler's later changes are not foreseen (as Lightning).
+  /// ConfigError outside fit, or when neither max_epochs nor max_steps bounds the fit.
+  int64_t estimated_stepping_batches() const;
+
+  /// With several optimizers (manual optimization, a GAN's generator and discriminator):
+  /// parameters of the other optimizers stop requiring gradients until untoggle_optimizer,
+  /// which gives back each its own setting (Lightning's toggle_optimizer /
+  /// untoggle_optimizer), so a backward for one optimizer computes only its gradients.
+  void toggle_optimizer(size_t index);
+  void untoggle_optimizer(size_t index);
+
+  /// Every parameter stops requiring gradients and the module goes to evaluation mode
+  /// (Lightning's freeze); unfreeze() undoes both for every parameter and submodule.
+  void freeze();
+  void unfreeze();
 
   /// Manual optimization (Lightning's automatic_optimization = False).
   bool automatic_optimization() const { return automatic_optimization_; }
@@ -243,6 +274,8 @@ class Module : public torch::nn::Module {
   bool automatic_optimization_ = true;
   std::map<std::string, std::string> hparams_;
   std::vector<bool> saved_modes_;
+  /// toggle_optimizer's record: each parameter of every optimizer with its requires_grad.
+  std::vector<std::pair<at::Tensor, bool>> toggled_;
 };
 
 }  // namespace volt

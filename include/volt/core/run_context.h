@@ -77,6 +77,11 @@ class RunContext {
   virtual bool reduce_boolean_decision(bool decision, bool all = true) = 0;
   virtual int64_t max_epochs() const = 0;
   virtual int64_t max_steps() const = 0;
+  /// The optimizer steps this fit will take (Lightning's Trainer.estimated_stepping_batches):
+  /// see Module::estimated_stepping_batches.
+  virtual int64_t estimated_stepping_batches() const = 0;
+  /// Every process's value stacked in rank order: see Module::all_gather.
+  virtual at::Tensor all_gather(const at::Tensor& value, bool sync_grads) = 0;
   /// Per-step metrics reach the loggers every this many optimizer steps.
   virtual int64_t log_every_n_steps() const = 0;
   virtual std::vector<OptimizerConfig>& optimizer_configs() = 0;

@@ -196,6 +196,8 @@ class Run : public RunContext {
   }
   int64_t max_epochs() const override { return resolved_max_epochs(); }
   int64_t max_steps() const override { return opts.max_steps(); }
+  int64_t estimated_stepping_batches() const override;
+  at::Tensor all_gather(const at::Tensor& value, bool sync_grads) override;
   int64_t log_every_n_steps() const override { return opts.log_every_n_steps(); }
   std::vector<OptimizerConfig>& optimizer_configs() override { return optimizers; }
   void set_accumulate_grad_batches(int64_t batches) override;

@@ -1,0 +1,202 @@
+// Lightning's LightningModule conveniences: estimated_stepping_batches, log_dict, all_gather,
+// toggle_optimizer / untoggle_optimizer, freeze / unfreeze. (all_gather over two real
+// processes: tests/strategies/ddp_test.cpp and the collectives of tests/support/dist_worker.cpp.)
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "error_text.h"
+#include "tiny.h"
+
+namespace {
+
+using volt_test::error_of;
+using volt_test::quiet;
+using volt_test::TinyClassifier;
+
+// Records estimated_stepping_batches() where a schedule would ask for it, and at each epoch.
+class Estimating : public TinyClassifier {
+ public:
+  using TinyClassifier::TinyClassifier;
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    estimates.push_back(estimated_stepping_batches());
+    return TinyClassifier::configure_optimizers();
+  }
+  void on_train_epoch_start() override { estimates.push_back(estimated_stepping_batches()); }
+  std::vector<int64_t> estimates;
+};
+
+TEST(ModuleApi, EstimatedSteppingBatchesIsTheStepsTheFitTakes) {
+  struct Case {
+    const char* what;
+    volt::TrainerOptions options;
+    int64_t expected;
+  };
+  volt_test::TempDir dir;
+  // 100 rows at batch 16: 7 batches an epoch, the last of 4 rows.
+  const std::vector<Case> cases = {
+      {"accumulating 3 over 7 batches, 2 epochs",
+       quiet(dir.path).max_epochs(2).accumulate_grad_batches(3), 6},
+      {"5 batches a epoch, accumulating 2, 3 epochs",
+       quiet(dir.path).max_epochs(3).limit_train_batches(5).accumulate_grad_batches(2), 9},
+      {"half of the batches, 2 epochs", quiet(dir.path).max_epochs(2).limit_train_batches(0.5), 6},
+      {"max_steps below the epochs' steps", quiet(dir.path).max_epochs(5).max_steps(4), 4},
+      {"max_steps alone (max_epochs -1)", quiet(dir.path).max_epochs(-1).max_steps(10), 10},
+      {"fast_dev_run", quiet(dir.path).fast_dev_run(2), 2},
+  };
+  for (const auto& c : cases) {
+    Estimating model;
+    volt::Trainer trainer(c.options);
+    trainer.fit(model, volt_test::loader(volt_test::blobs(100)));
+    ASSERT_FALSE(model.estimates.empty()) << c.what;
+    for (int64_t e : model.estimates) EXPECT_EQ(e, c.expected) << c.what;
+    EXPECT_EQ(trainer.state().global_step, c.expected) << c.what;
+  }
+  // Only a fit has a training loader to count.
+  Estimating model;
+  volt::Trainer trainer(quiet(dir.path));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(32)));
+  const std::string err = error_of<volt::ConfigError>([&] { model.estimated_stepping_batches(); });
+  EXPECT_NE(err.find("outside a Trainer run"), std::string::npos) << err;
+  class ValidateAsks : public TinyClassifier {
+   public:
+    void on_validation_start() override { estimated_stepping_batches(); }
+  } asks;
+  const std::string in_validate = error_of<volt::ConfigError>(
+      [&] { trainer.validate(asks, volt_test::loader(volt_test::blobs(32), 16, false)); });
+  EXPECT_NE(in_validate.find("known during fit only"), std::string::npos) << in_validate;
+}
+
+TEST(ModuleApi, LogDictLogsEveryEntryWithTheOptions) {
+  class LogsTwo : public TinyClassifier {
+   public:
+    void validation_step(const volt::Batch& b, int64_t) override {
+      auto logits = forward(b.input);
+      log_dict({{"val_loss", torch::cross_entropy_loss(logits, b.target)},
+                {"val_acc", logits.argmax(1).eq(b.target).to(torch::kFloat).mean()}},
+               volt::LogOptions().prog_bar(true));
+    }
+  } model;
+  volt_test::TempDir dir;
+  volt::Trainer trainer(quiet(dir.path));
+  const auto metrics = trainer.validate(model, volt_test::loader(volt_test::blobs(64), 16, false));
+  EXPECT_EQ(metrics.count("val_loss"), 1u);
+  EXPECT_EQ(metrics.count("val_acc"), 1u);
+}
+
+TEST(ModuleApi, AllGatherInOneProcessStacksAndPassesGradientsThrough) {
+  class Gathers : public TinyClassifier {
+   public:
+    at::Tensor training_step(const volt::Batch& b, int64_t) override {
+      auto logits = forward(b.input);
+      auto all = all_gather(logits, /*sync_grads=*/true);  // [1, rows, 2]
+      EXPECT_EQ(all.sizes(), (std::vector<int64_t>{1, logits.size(0), 2}));
+      EXPECT_TRUE(all.requires_grad());
+      EXPECT_FALSE(all_gather(logits).requires_grad());
+      return torch::cross_entropy_loss(all[0], b.target);
+    }
+  };
+  // The same fit as without the gather, bit for bit.
+  volt_test::TempDir dir;
+  auto fit = [&](TinyClassifier& model) {
+    volt::Trainer trainer(quiet(dir.path).max_epochs(2));
+    trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
+    return torch::cat({model.fc1->weight.flatten(), model.fc2->weight.flatten()});
+  };
+  torch::manual_seed(4);
+  TinyClassifier plain;
+  torch::manual_seed(4);
+  Gathers gathers;
+  EXPECT_TRUE(torch::equal(fit(plain), fit(gathers)));
+  const std::string err = error_of<volt::ConfigError>([&] { plain.all_gather(torch::ones({2})); });
+  EXPECT_NE(err.find("all_gather() was called outside a Trainer run"), std::string::npos) << err;
+}
+
+// A generator and a discriminator, each with its optimizer (manual optimization).
+class Gan : public volt::Module {
+ public:
+  Gan() {
+    set_automatic_optimization(false);
+    gen = register_module("gen", torch::nn::Linear(4, 8));
+    disc = register_module("disc", torch::nn::Linear(8, 1));
+    frozen = register_parameter("frozen", torch::ones({8}), /*requires_grad=*/false);
+  }
+  at::Tensor training_step(const volt::Batch& b, int64_t) override {
+    auto opts = optimizers();
+    // The generator's turn: the discriminator's parameters stop requiring gradients.
+    toggle_optimizer(0);
+    seen_in_toggle.push_back(gen->weight.requires_grad() && !disc->weight.requires_grad() &&
+                             !disc->bias.requires_grad() && !frozen.requires_grad());
+    opts[0].zero_grad();
+    auto loss = disc(torch::relu(gen(b.input)) * frozen).mean();
+    manual_backward(loss);
+    disc_grad_in_toggle.push_back(disc->weight.grad().defined());
+    opts[0].step();
+    untoggle_optimizer(0);
+    seen_after.push_back(disc->weight.requires_grad() && gen->weight.requires_grad() &&
+                         !frozen.requires_grad());
+    return {};
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    std::vector<at::Tensor> g = gen->parameters();
+    g.push_back(frozen);  // in an optimizer, frozen on purpose: it stays frozen
+    return {volt::OptimizerConfig(std::make_shared<torch::optim::SGD>(g, 0.1)),
+            volt::OptimizerConfig(std::make_shared<torch::optim::SGD>(disc->parameters(), 0.1))};
+  }
+  torch::nn::Linear gen{nullptr}, disc{nullptr};
+  at::Tensor frozen;
+  std::vector<bool> seen_in_toggle, disc_grad_in_toggle, seen_after;
+};
+
+TEST(ModuleApi, ToggleOptimizerFreezesTheOthersParametersUntilUntoggled) {
+  volt_test::TempDir dir;
+  Gan gan;
+  volt::Trainer trainer(quiet(dir.path).max_epochs(1));
+  auto x = torch::randn({32, 4});
+  trainer.fit(gan, volt::DataLoader(std::make_shared<volt::TensorDataset>(x, torch::zeros({32})),
+                                    volt::DataLoaderOptions(8)));
+  ASSERT_EQ(gan.seen_in_toggle.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(gan.seen_in_toggle[i]) << i;
+    EXPECT_FALSE(gan.disc_grad_in_toggle[i]) << i;  // only the generator's gradients computed
+    EXPECT_TRUE(gan.seen_after[i]) << i;
+  }
+
+  class Misuses : public Gan {
+   public:
+    std::string mode;
+    at::Tensor training_step(const volt::Batch&, int64_t) override {
+      if (mode == "range") toggle_optimizer(2);
+      toggle_optimizer(0);
+      toggle_optimizer(1);  // without untoggling
+      return {};
+    }
+  };
+  for (const std::string mode : {"range", "twice"}) {
+    Misuses m;
+    m.mode = mode;
+    volt::Trainer t(quiet(dir.path).max_epochs(1));
+    const std::string err = error_of<volt::ConfigError>([&] {
+      t.fit(m, volt::DataLoader(std::make_shared<volt::TensorDataset>(x, torch::zeros({32})),
+                                volt::DataLoaderOptions(8)));
+    });
+    EXPECT_NE(err.find(mode == "range" ? "toggle_optimizer(2): configure_optimizers returned 2"
+                                       : "while another is toggled; call untoggle_optimizer"),
+              std::string::npos)
+        << err;
+  }
+}
+
+TEST(ModuleApi, FreezeAndUnfreeze) {
+  TinyClassifier model;
+  model.freeze();
+  EXPECT_FALSE(model.is_training());
+  EXPECT_FALSE(model.drop->is_training());
+  for (const auto& p : model.parameters()) EXPECT_FALSE(p.requires_grad());
+  model.unfreeze();
+  EXPECT_TRUE(model.is_training());
+  EXPECT_TRUE(model.drop->is_training());
+  for (const auto& p : model.parameters()) EXPECT_TRUE(p.requires_grad());
+}
+
+}  // namespace
