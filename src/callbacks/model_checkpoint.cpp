@@ -111,8 +111,18 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
              "[ModelCheckpoint] filename is empty; pass a template such as \"{epoch}-{step}\".");
   // Checked now, not at the first save hours into the run.
   check_template(options_.filename());
+  VOLT_CHECK(std::isfinite(options_.train_time_interval()) && options_.train_time_interval() >= 0,
+             ConfigError, "[ModelCheckpoint] train_time_interval=", options_.train_time_interval(),
+             " is not a number of seconds >= 0 (0 = off).");
+  VOLT_CHECK(options_.train_time_interval() == 0 || (options_.every_n_train_steps() == 0 &&
+                                                     options_.every_n_epochs().value_or(0) == 0),
+             ConfigError, "[ModelCheckpoint] train_time_interval=", options_.train_time_interval(),
+             " with every_n_train_steps=", options_.every_n_train_steps(),
+             " and every_n_epochs=", detail::optional_text(options_.every_n_epochs()),
+             ": the three triggers are mutually exclusive (as Lightning); keep one.");
   if (!options_.every_n_epochs()) {
-    options_.every_n_epochs(options_.every_n_train_steps() > 0 ? 0 : 1);
+    options_.every_n_epochs(
+        options_.every_n_train_steps() > 0 || options_.train_time_interval() > 0 ? 0 : 1);
   }
 }
 
@@ -120,7 +130,12 @@ std::string ModelCheckpoint::state_key() const {
   return "ModelCheckpoint{monitor=" + options_.monitor() +
          ",mode=" + (options_.mode() == Mode::kMin ? "min" : "max") +
          ",every_n_train_steps=" + std::to_string(options_.every_n_train_steps()) +
-         ",every_n_epochs=" + std::to_string(*options_.every_n_epochs()) + "}";
+         ",every_n_epochs=" + std::to_string(*options_.every_n_epochs()) +
+         // Lightning's key has it too; absent when off, so older checkpoints' keys still match.
+         (options_.train_time_interval() > 0
+              ? ",train_time_interval=" + std::to_string(options_.train_time_interval())
+              : std::string()) +
+         "}";
 }
 
 c10::optional<double> ModelCheckpoint::best_model_score() const {
@@ -147,7 +162,16 @@ bool same_folder(const std::string& a, const std::string& b) {
 }
 }  // namespace
 
+void ModelCheckpoint::on_train_start(RunContext& run, Module& module) {
+  last_time_check_ = std::chrono::steady_clock::now();
+}
+
 void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
+  // Before training, not at the first save (Run::save_checkpoint refuses it there too).
+  VOLT_CHECK(!options_.save_weights_only() || run.strategy_name() != "deepspeed", ConfigError,
+             "[ModelCheckpoint] save_weights_only with DeepSpeedStrategy: its checkpoints are "
+             "folders of every rank's shards, consolidated with their optimizer state; save full "
+             "checkpoints and take the weights with volt::load_weights or `volt zero-to-fp32`.");
   dirpath_ = resolve_folder(dirpath_, options_.dirpath(), run.log_dir());
   // Resumed from a run that saved elsewhere (another default_root_dir or dirpath): as Lightning,
   // its top-k files and last checkpoint stay its own (this run neither evicts nor replaces
@@ -263,7 +287,7 @@ void ModelCheckpoint::save(RunContext& run) {
   if (k != 0) {
     if (!score) {
       // No monitor: keep the latest checkpoint (k == 1) or all of them (k == -1).
-      run.save_checkpoint(path);
+      run.save_checkpoint(path, options_.save_weights_only());
       if (k == 1 && !latest_path_.empty() && latest_path_ != path) {
         run.remove_checkpoint(latest_path_);
         best_k_models_.erase(latest_path_);
@@ -285,7 +309,7 @@ void ModelCheckpoint::save(RunContext& run) {
       // Saving is collective: every rank takes the same decision (Lightning's all=True; log the
       // monitored metric with sync_dist so that the ranks agree on its value).
       if (run.reduce_boolean_decision(room || better(s, best_k_models_[worst]), /*all=*/true)) {
-        run.save_checkpoint(path);
+        run.save_checkpoint(path, options_.save_weights_only());
         // Delete the evicted file only after its replacement is safely on disk: the strategy's
         // CheckpointIO orders the removal after the save (rank 0 owns the files).
         if (!room && worst != path) {
@@ -304,7 +328,7 @@ void ModelCheckpoint::save(RunContext& run) {
   }
   if (options_.save_last()) {
     last_model_path_ = dirpath_ + "/last.ckpt";
-    run.save_checkpoint(last_model_path_);
+    run.save_checkpoint(last_model_path_, options_.save_weights_only());
   }
 }
 
@@ -312,7 +336,19 @@ void ModelCheckpoint::on_train_batch_end(RunContext& run, Module& module, const 
                                          int64_t batch_idx) {
   const int64_t n = options_.every_n_train_steps();
   const auto& st = run.state();
-  if (n > 0 && st.global_step > 0 && st.global_step % n == 0 && st.accumulated == 0) save(run);
+  if (st.accumulated != 0) return;  // not at an optimizer step
+  if (options_.train_time_interval() > 0) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool due = std::chrono::duration<double>(now - last_time_check_).count() >=
+                     options_.train_time_interval();
+    // Each rank reads its own clock: every rank saves when one is due (saving is collective).
+    if (run.reduce_boolean_decision(due, /*all=*/false)) {
+      last_time_check_ = now;
+      save(run);
+    }
+    return;
+  }
+  if (n > 0 && st.global_step > 0 && st.global_step % n == 0) save(run);
 }
 
 void ModelCheckpoint::on_train_epoch_end(RunContext& run, Module& module) {
@@ -382,7 +418,9 @@ std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o) {
             << ", mode=" << (o.mode() == Mode::kMin ? "min" : "max")
             << ", save_top_k=" << o.save_top_k() << ", save_last=" << o.save_last()
             << ", every_n_train_steps=" << o.every_n_train_steps()
-            << ", every_n_epochs=" << detail::optional_text(o.every_n_epochs()) << ")";
+            << ", every_n_epochs=" << detail::optional_text(o.every_n_epochs())
+            << ", train_time_interval=" << o.train_time_interval()
+            << ", save_weights_only=" << o.save_weights_only() << ")";
 }
 
 }  // namespace volt

@@ -50,7 +50,12 @@ void register_callbacks(Registry& r) {
           .add("save_last", mc.save_last(), "also write last.ckpt")
           .add("every_n_train_steps", mc.every_n_train_steps(),
                "save every N optimizer steps; 0 = off")
-          .optional<int64_t>("every_n_epochs", "save every N epochs; none = 1 unless steps set"),
+          .optional<int64_t>("every_n_epochs",
+                             "save every N epochs; none = 1 unless steps or a time are set")
+          .add("train_time_interval", mc.train_time_interval(),
+               "save every this many seconds of training; 0 = off")
+          .add("save_weights_only", mc.save_weights_only(),
+               "weights-only checkpoints (for validate/test/predict, not to resume)"),
       [](const Args& a) -> std::shared_ptr<Callback> {
         ModelCheckpointOptions o;
         o.dirpath(a.get<std::string>("dirpath"))
@@ -59,7 +64,9 @@ void register_callbacks(Registry& r) {
             .mode(mode_of(a))
             .save_top_k(a.get<int64_t>("save_top_k"))
             .save_last(a.get<bool>("save_last"))
-            .every_n_train_steps(a.get<int64_t>("every_n_train_steps"));
+            .every_n_train_steps(a.get<int64_t>("every_n_train_steps"))
+            .train_time_interval(a.get<double>("train_time_interval"))
+            .save_weights_only(a.get<bool>("save_weights_only"));
         if (auto n = a.get_optional<int64_t>("every_n_epochs")) o.every_n_epochs(*n);
         return std::make_shared<ModelCheckpoint>(o);
       });

@@ -41,7 +41,7 @@ void check_format(torch::serialize::InputArchive& root, const std::string& path)
              ".");
 }
 
-void write_checkpoint(Run& run, torch::serialize::OutputArchive& root) {
+void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weights_only) {
   VOLT_CHECK(run.module != nullptr && run.optimizers_ready, ConfigError,
              "[Trainer] save_checkpoint() needs a module set up by fit(); call it during or "
              "after fit().");
@@ -50,6 +50,25 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root) {
   const LoopState& st = run.st;
   root.write("volt_format", c10::IValue(kCheckpointFormat));
   write_nested(root, "state_dict", [&](auto& ar) { strategy.save_model_state(module, ar); });
+  if (weights_only) {
+    // What validate/test/predict and load_weights read, and the counters for a reader's
+    // information; no optimizer, RNG, callback or logger state to resume from.
+    root.write("weights_only", c10::IValue(true));
+    write_nested(root, "loop", [&](auto& loop) {
+      loop.write("epoch", c10::IValue(st.epoch));
+      loop.write("global_step", c10::IValue(st.global_step));
+    });
+    if (run.data != nullptr) {
+      write_nested(root, "datamodule", [&](auto& ar) {
+        Run::Part part(run, "DataModule.save_state");
+        run.data->save_state(ar);
+      });
+    }
+    write_nested(root, "module", [&](auto& user) {
+      run.module_hook("on_save_checkpoint", [&](Module& m) { m.on_save_checkpoint(user); });
+    });
+    return;
+  }
 
   write_nested(root, "optimizers", [&](auto& ar) {
     ar.write("count", c10::IValue(static_cast<int64_t>(run.optimizers.size())));
@@ -113,6 +132,14 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   LoopState& st = run.st;
   torch::serialize::InputArchive root = strategy.load_checkpoint(path);
   check_format(root, path);
+  if (full) {
+    c10::IValue weights_only;
+    VOLT_CHECK(!root.try_read("weights_only", weights_only), CheckpointError, "[Checkpoint] '",
+               path,
+               "' holds the weights only (ModelCheckpoint's save_weights_only): a fit cannot "
+               "resume from it (no optimizer, loop or random state); resume from a full "
+               "checkpoint, or start a new fit from these weights with volt::load_weights.");
+  }
   torch::serialize::InputArchive model_ar;
   root.read("state_dict", model_ar);
   try {

@@ -27,6 +27,7 @@
 #include "volt/core/log.h"
 #include "volt/data/data_module.h"
 #include "volt/optim/lr_scheduler.h"
+#include "volt/strategies/deepspeed.h"
 
 namespace volt {
 namespace detail {
@@ -119,7 +120,12 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
   cache_dirty = true;
 }
 
-void Run::save_checkpoint(const std::string& path) {
+void Run::save_checkpoint(const std::string& path, bool weights_only) {
+  VOLT_CHECK(!weights_only || dynamic_cast<const DeepSpeedStrategy*>(&strategy()) == nullptr,
+             ConfigError, "[Trainer] a weights-only checkpoint with ", strategy().name(),
+             ": its checkpoints are folders of every rank's shards, consolidated with their "
+             "optimizer state; save full checkpoints (save_weights_only=false) and take the "
+             "weights with volt::load_weights or `volt zero-to-fp32`.");
   step->before_checkpoint();  // never weights a non-finite loss stepped; current optimizer state
   // Callbacks may change what the module holds while its state is taken (write_checkpoint
   // refuses a run without a module).
@@ -129,7 +135,7 @@ void Run::save_checkpoint(const std::string& path) {
   each("on_save_checkpoint", &Callback::on_save_checkpoint);
   try {
     torch::serialize::OutputArchive root;
-    write_checkpoint(*this, root);
+    write_checkpoint(*this, root, weights_only);
     strategy().save_checkpoint(root, path);
   } catch (...) {
     each("on_save_checkpoint_end", &Callback::on_save_checkpoint_end);

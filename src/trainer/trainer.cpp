@@ -347,8 +347,8 @@ std::vector<at::Tensor> Trainer::predict(Module& module, DataModule& data,
       module, [&] { return stage_loader(data, Stage::kPredict); }, ckpt_path);
 }
 
-void Trainer::save_checkpoint(const std::string& path) {
-  impl_->save_checkpoint(path);
+void Trainer::save_checkpoint(const std::string& path, bool weights_only) {
+  impl_->save_checkpoint(path, weights_only);
   impl_->strategy().checkpoint_io().flush();  // on disk when it returns, even when asynchronous
 }
 const LoopState& Trainer::state() const {

@@ -1,10 +1,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <thread>
 
 #include "log_capture.h"
+#include "requires.h"
 #include "tiny.h"
 
 namespace {
@@ -254,6 +259,145 @@ TEST(ModelCheckpoint, InvalidOptions) {
   EXPECT_THROW(volt::ModelCheckpoint(volt::ModelCheckpointOptions().save_top_k(3)),
                volt::ConfigError);
   EXPECT_THROW(volt::ModelCheckpoint(volt::ModelCheckpointOptions().every_n_train_steps(-1)),
+               volt::ConfigError);
+}
+
+}  // namespace
+
+namespace {
+
+// A classifier with AdamW (full checkpoints then hold two moments per weight) whose steps take
+// at least `step_ms` each.
+class Slow : public volt_test::TinyClassifier {
+ public:
+  explicit Slow(int step_ms = 0) : TinyClassifier(8, 0.01, /*adam=*/true), step_ms_(step_ms) {}
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(step_ms_));
+    return TinyClassifier::training_step(b, i);
+  }
+  int step_ms_;
+};
+
+// When each checkpoint write began, and at which step.
+class SaveTimes : public volt::Callback {
+ public:
+  std::string state_key() const override { return "SaveTimes"; }
+  void on_save_checkpoint(volt::RunContext& run, volt::Module&) override {
+    times.push_back(std::chrono::steady_clock::now());
+    steps.push_back(run.state().global_step);
+  }
+  std::vector<std::chrono::steady_clock::time_point> times;
+  std::vector<int64_t> steps;
+};
+
+TEST(ModelCheckpoint, WeightsOnlyCheckpointsServeValidateAndLoadWeightsButNotAResume) {
+  volt_test::TempDir dir;
+  torch::manual_seed(6);
+  Slow model;
+  auto weights = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "w").save_last(true).save_weights_only(true));
+  auto full = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "f").save_last(true).monitor("val_loss"));
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(2).callbacks({weights, full}));
+  const auto val = volt_test::loader(volt_test::blobs(32), 16, false);
+  t.fit(model, volt_test::loader(volt_test::blobs(64)), val);
+  const std::string w = weights->last_model_path(), f = full->last_model_path();
+  ASSERT_TRUE(exists(w) && exists(f));
+  // No optimizer moments, RNG, callback or logger state.
+  EXPECT_LT(std::filesystem::file_size(w) * 2, std::filesystem::file_size(f));
+
+  // The weights, bit for bit, for load_weights and for validate.
+  Slow other;
+  volt::load_weights(other, w);
+  for (const auto& p : other.named_parameters()) {
+    EXPECT_TRUE(p.value().equal(model.named_parameters()[p.key()])) << p.key();
+  }
+  volt::Trainer v(volt_test::quiet(dir.path));
+  Slow fresh;
+  const auto from_weights = v.validate(fresh, val, w);
+  const auto from_full = v.validate(fresh, val, f);
+  EXPECT_EQ(from_weights.at("val_loss"), from_full.at("val_loss"));
+
+  // A fit cannot resume from it: one line saying why and what to do, before anything loads.
+  Slow resumed;
+  const at::Tensor before = resumed.fc1->weight.clone();
+  volt::Trainer r(volt_test::quiet(dir.path).max_epochs(3));
+  try {
+    r.fit(resumed, volt_test::loader(volt_test::blobs(64)), val, w);
+    FAIL() << "a fit resumed from a weights-only checkpoint";
+  } catch (const volt::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds the weights only (ModelCheckpoint's "
+                                         "save_weights_only): a fit cannot resume from it"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(resumed.fc1->weight.equal(before));
+
+  // Trainer::save_checkpoint writes one too.
+  t.save_checkpoint(dir / "by_hand.ckpt", /*weights_only=*/true);
+  EXPECT_THROW(r.fit(resumed, volt_test::loader(volt_test::blobs(64)), val, dir / "by_hand.ckpt"),
+               volt::CheckpointError);
+  volt::load_weights(other, dir / "by_hand.ckpt");
+
+  // DeepSpeed's checkpoints are shard folders: refused before training (a one-process
+  // DeepSpeed fit on the CPU makes a Gloo group).
+  if (volt_test::gloo()) {
+    Slow zero;
+    const at::Tensor untouched = zero.fc1->weight.clone();
+    auto mc = std::make_shared<volt::ModelCheckpoint>(
+        volt::ModelCheckpointOptions().dirpath(dir / "z").save_weights_only(true));
+    volt::Trainer z(
+        volt_test::quiet(dir.path).strategy("deepspeed_stage_2").max_epochs(1).callbacks({mc}));
+    try {
+      z.fit(zero, volt_test::loader(volt_test::blobs(64)));
+      FAIL() << "weights-only checkpoints accepted under DeepSpeed";
+    } catch (const volt::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("save_weights_only with DeepSpeedStrategy"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_TRUE(zero.fc1->weight.equal(untouched));
+  }
+}
+
+TEST(ModelCheckpoint, TrainTimeIntervalSavesOnceEachIntervalOfTraining) {
+  volt_test::TempDir dir;
+  Slow model(/*step_ms=*/25);
+  const double interval = 0.1;
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                          .dirpath(dir / "t")
+                                                          .filename("{step}")
+                                                          .save_top_k(-1)
+                                                          .train_time_interval(interval));
+  auto times = std::make_shared<SaveTimes>();
+  // 2 epochs of 8 steps, 25 ms or more each: 0.4 s or more of training.
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(2).callbacks({ckpt, times}));
+  t.fit(model, volt_test::loader(volt_test::blobs(128)));
+  ASSERT_GE(times->times.size(), 2u);
+  EXPECT_LT(times->times.size(), 16u);  // not at every step (nor at epoch ends)
+  for (size_t i = 1; i < times->times.size(); ++i) {
+    const double gap = std::chrono::duration<double>(times->times[i] - times->times[i - 1]).count();
+    EXPECT_GE(gap, interval * 0.9) << "save " << i << " at step " << times->steps[i];
+    EXPECT_GT(times->steps[i], times->steps[i - 1]);
+  }
+  for (int64_t s : times->steps)
+    EXPECT_TRUE(exists(dir / ("t/step=" + std::to_string(s) + ".ckpt")));
+
+  // Bad values and a second trigger are refused at construction.
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    EXPECT_THROW(volt::ModelCheckpoint(volt::ModelCheckpointOptions().train_time_interval(bad)),
+                 volt::ConfigError)
+        << bad;
+  }
+  try {
+    volt::ModelCheckpoint(
+        volt::ModelCheckpointOptions().train_time_interval(60).every_n_train_steps(10));
+    FAIL() << "two triggers accepted";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("mutually exclusive"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(volt::ModelCheckpoint(
+                   volt::ModelCheckpointOptions().train_time_interval(60).every_n_epochs(1)),
                volt::ConfigError);
 }
 

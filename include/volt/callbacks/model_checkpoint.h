@@ -5,6 +5,7 @@
 #include <torch/arg.h>
 #include <iosfwd>
 
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,8 +35,16 @@ struct ModelCheckpointOptions {
   /// Save every N optimizer steps (at train batch end); 0 = off. Default: 0.
   TORCH_ARG(int64_t, every_n_train_steps) = 0;
   /// Save every N epochs (after validation, or at train epoch end without validation);
-  /// 0 = off. Default: 1 unless every_n_train_steps is set.
+  /// 0 = off. Default: 1 unless every_n_train_steps or train_time_interval is set.
   TORCH_ARG(c10::optional<int64_t>, every_n_epochs);
+  /// Save at the first optimizer step after each this many seconds of training (counted from
+  /// on_train_start; the ranks agree on the moment); 0 = off. Not with every_n_train_steps or
+  /// every_n_epochs set (as Lightning). Default: 0.
+  TORCH_ARG(double, train_time_interval) = 0;
+  /// Write weights-only checkpoints: the weights, the loop counters, the DataModule's and the
+  /// module's own state (validate/test/predict and volt::load_weights read them; a fit cannot
+  /// resume from them). Not with DeepSpeedStrategy. Default: false.
+  TORCH_ARG(bool, save_weights_only) = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o);
@@ -48,6 +57,7 @@ class ModelCheckpoint : public Callback {
   std::string state_key() const override;
 
   void on_fit_start(RunContext& run, Module& module) override;
+  void on_train_start(RunContext& run, Module& module) override;
   void on_train_batch_end(RunContext& run, Module& module, const Batch& batch,
                           int64_t batch_idx) override;
   void on_train_epoch_end(RunContext& run, Module& module) override;
@@ -78,6 +88,7 @@ class ModelCheckpoint : public Callback {
   std::string restored_dirpath_;  // the folder of the run a checkpoint restored, until fit start
   bool validated_ = false;        // a validation of this fit has ended
   int64_t last_saved_step_ = -1;
+  std::chrono::steady_clock::time_point last_time_check_;  // train_time_interval's clock
   int64_t last_saved_epoch_ = -1;
 };
 

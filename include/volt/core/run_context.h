@@ -57,8 +57,12 @@ class RunContext {
   /// Values logged with prog_bar=true.
   virtual const Metrics& progress_bar_metrics() const = 0;
   virtual void log(const std::string& name, const at::Tensor& value, const LogOptions& opts) = 0;
-  /// Writes a full checkpoint (weights, optimizers, loop, RNG, callbacks) atomically to `path`.
-  virtual void save_checkpoint(const std::string& path) = 0;
+  /// Writes a full checkpoint (weights, optimizers, loop, RNG, callbacks) atomically to `path`;
+  /// weights_only: the weights, the loop counters, the DataModule's and the module's own state,
+  /// which validate/test/predict and load_weights read but a fit cannot resume from
+  /// (Lightning's save_weights_only).
+  virtual void save_checkpoint(const std::string& path, bool weights_only) = 0;
+  void save_checkpoint(const std::string& path) { save_checkpoint(path, false); }
   /// Deletes a checkpoint written by save_checkpoint (a file or a sharded folder) through the
   /// strategy's CheckpointIO, after every save issued before it is on disk; rank 0 owns the
   /// files, other ranks do nothing.

@@ -52,7 +52,9 @@ class Trainer {
 
   /// Saves a full checkpoint of the module attached to the current/last fit; the file is on
   /// disk when it returns, whatever the CheckpointIO (an AsyncCheckpointIO is flushed).
-  void save_checkpoint(const std::string& path);
+  /// weights_only: the weights, loop counters, the DataModule's and the module's own state
+  /// (for validate/test/predict and load_weights; a fit cannot resume from it).
+  void save_checkpoint(const std::string& path, bool weights_only = false);
 
   const LoopState& state() const;
   const Metrics& callback_metrics() const;

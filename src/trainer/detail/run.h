@@ -184,7 +184,8 @@ class Run : public RunContext {
   const Metrics& callback_metrics() const override;
   const Metrics& progress_bar_metrics() const override;
   void log(const std::string& name, const at::Tensor& value, const LogOptions& o) override;
-  void save_checkpoint(const std::string& path) override;
+  using RunContext::save_checkpoint;
+  void save_checkpoint(const std::string& path, bool weights_only) override;
   void remove_checkpoint(const std::string& path) override;
   void request_stop() override { st.should_stop = true; }
   std::string log_dir() const override;
@@ -349,8 +350,9 @@ class Run : public RunContext {
 };
 
 // ---------------------------------------------------------------------- checkpoint_state.cpp
-/// Assembles the full checkpoint (weights, optimizers, loop, RNG, callbacks, loggers, ...).
-void write_checkpoint(Run& run, torch::serialize::OutputArchive& root);
+/// Assembles the full checkpoint (weights, optimizers, loop, RNG, callbacks, loggers, ...), or
+/// with weights_only the weights, the loop counters, the DataModule's and the module's state.
+void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weights_only = false);
 /// CheckpointError unless `root` is a checkpoint of the format this volt's Trainer writes.
 void check_format(torch::serialize::InputArchive& root, const std::string& path);
 /// Restores a checkpoint; `full` = everything (resume), else the weights, the module's
