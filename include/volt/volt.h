@@ -40,6 +40,7 @@
 #include "volt/data/data_loader.h"
 #include "volt/data/data_module.h"
 #include "volt/data/dataset.h"
+#include "volt/data/datasets_data_module.h"
 #include "volt/data/fashion_mnist.h"
 #include "volt/distributed/cluster_environment.h"
 #include "volt/distributed/functional.h"
