@@ -41,35 +41,15 @@ void check_format(torch::serialize::InputArchive& root, const std::string& path)
              ".");
 }
 
-void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weights_only) {
-  VOLT_CHECK(run.module != nullptr && run.optimizers_ready, ConfigError,
-             "[Trainer] save_checkpoint() needs a module set up by fit(); call it during or "
-             "after fit().");
+namespace {
+
+// What a fit resumes from beside the weights and counters: optimizers and schedulers, the
+// random state, a part-accumulated gradient, the epoch's metrics, the callbacks', loggers' and
+// precision's state.
+void write_training_state(Run& run, torch::serialize::OutputArchive& root) {
   Strategy& strategy = run.strategy();
   Module& module = *run.module;
   const LoopState& st = run.st;
-  root.write("volt_format", c10::IValue(kCheckpointFormat));
-  write_nested(root, "state_dict", [&](auto& ar) { strategy.save_model_state(module, ar); });
-  if (weights_only) {
-    // What validate/test/predict and load_weights read, and the counters for a reader's
-    // information; no optimizer, RNG, callback or logger state to resume from.
-    root.write("weights_only", c10::IValue(true));
-    write_nested(root, "loop", [&](auto& loop) {
-      loop.write("epoch", c10::IValue(st.epoch));
-      loop.write("global_step", c10::IValue(st.global_step));
-    });
-    if (run.data != nullptr) {
-      write_nested(root, "datamodule", [&](auto& ar) {
-        Run::Part part(run, "DataModule.save_state");
-        run.data->save_state(ar);
-      });
-    }
-    write_nested(root, "module", [&](auto& user) {
-      run.module_hook("on_save_checkpoint", [&](Module& m) { m.on_save_checkpoint(user); });
-    });
-    return;
-  }
-
   write_nested(root, "optimizers", [&](auto& ar) {
     ar.write("count", c10::IValue(static_cast<int64_t>(run.optimizers.size())));
     for (size_t i = 0; i < run.optimizers.size(); ++i) {
@@ -82,17 +62,6 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weig
                      [&](auto& sched) { config.scheduler()->save(sched); });
       }
     }
-  });
-
-  write_nested(root, "loop", [&](auto& loop) {
-    loop.write("epoch", c10::IValue(st.epoch));
-    loop.write("global_step", c10::IValue(st.global_step));
-    loop.write("batches_done", c10::IValue(st.batches_done));
-    loop.write("total_batches_done", c10::IValue(st.total_batches_done));
-    loop.write("accumulated", c10::IValue(st.accumulated));
-    loop.write("epoch_finished", c10::IValue(st.epoch_finished));
-    loop.write("val_pending", c10::IValue(st.val_pending));
-    loop.write("fit_elapsed_s", c10::IValue(run.fit_elapsed()));
   });
 
   write_nested(root, "rng", [&](auto& rng) {
@@ -115,6 +84,35 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weig
     }
   });
   write_nested(root, "precision", [&](auto& ar) { strategy.precision().save_state(ar); });
+}
+
+}  // namespace
+
+void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weights_only) {
+  VOLT_CHECK(run.module != nullptr && run.optimizers_ready, ConfigError,
+             "[Trainer] save_checkpoint() needs a module set up by fit(); call it during or "
+             "after fit().");
+  Strategy& strategy = run.strategy();
+  Module& module = *run.module;
+  const LoopState& st = run.st;
+  root.write("volt_format", c10::IValue(kCheckpointFormat));
+  write_nested(root, "state_dict", [&](auto& ar) { strategy.save_model_state(module, ar); });
+  // A weights-only checkpoint keeps what validate/test/predict and load_weights read, and the
+  // counters for a reader's information: no optimizer, RNG, callback or logger state to resume
+  // from.
+  if (weights_only) root.write("weights_only", c10::IValue(true));
+  write_nested(root, "loop", [&](auto& loop) {
+    loop.write("epoch", c10::IValue(st.epoch));
+    loop.write("global_step", c10::IValue(st.global_step));
+    if (weights_only) return;
+    loop.write("batches_done", c10::IValue(st.batches_done));
+    loop.write("total_batches_done", c10::IValue(st.total_batches_done));
+    loop.write("accumulated", c10::IValue(st.accumulated));
+    loop.write("epoch_finished", c10::IValue(st.epoch_finished));
+    loop.write("val_pending", c10::IValue(st.val_pending));
+    loop.write("fit_elapsed_s", c10::IValue(run.fit_elapsed()));
+  });
+  if (!weights_only) write_training_state(run, root);
   if (run.data != nullptr) {
     write_nested(root, "datamodule", [&](auto& ar) {
       Run::Part part(run, "DataModule.save_state");

@@ -213,17 +213,26 @@ TEST(Cli, FitFromYamlWithOverridesSavesTheResolvedConfig) {
   EXPECT_NE(slurp(run_dir + "/config_1.yaml").find("max_epochs: 3"), std::string::npos);
 }
 
-TEST(Cli, ValidateTestAndPredictLoadACheckpoint) {
-  volt_test::TempDir dir;
+/// `volt fit` for one epoch on the base arguments; the path of a checkpoint it wrote ("" if
+/// none).
+std::string fit_one_epoch(const volt_test::TempDir& dir) {
   auto args = base(dir);
   args.insert(args.begin(), "fit");
   args.push_back("--trainer.max_epochs=1");
-  ASSERT_EQ(run(args).code, 0);
+  const auto r = run(args);
+  EXPECT_EQ(r.code, 0) << r.err;
   std::string ckpt;
   for (auto& e : fs::recursive_directory_iterator(dir.path)) {
     if (e.path().extension() == ".ckpt") ckpt = e.path().string();
   }
+  return ckpt;
+}
+
+TEST(Cli, ValidateTestAndPredictLoadACheckpoint) {
+  volt_test::TempDir dir;
+  const std::string ckpt = fit_one_epoch(dir);
   ASSERT_FALSE(ckpt.empty());
+  std::vector<std::string> args;
   for (const char* cmd : {"validate", "test"}) {
     args = base(dir);
     args.insert(args.begin(), cmd);
@@ -248,14 +257,7 @@ TEST(Cli, ValidateTestAndPredictLoadACheckpoint) {
 
 TEST(Cli, ExportWritesTheCheckpointsModelAsATorchScriptFile) {
   volt_test::TempDir dir;
-  auto args = base(dir);
-  args.insert(args.begin(), "fit");
-  args.push_back("--trainer.max_epochs=1");
-  ASSERT_EQ(run(args).code, 0);
-  std::string ckpt;
-  for (auto& e : fs::recursive_directory_iterator(dir.path)) {
-    if (e.path().extension() == ".ckpt") ckpt = e.path().string();
-  }
+  const std::string ckpt = fit_one_epoch(dir);
   ASSERT_FALSE(ckpt.empty());
   auto exporting = [&](const std::vector<std::string>& extra) {
     auto a = base(dir);

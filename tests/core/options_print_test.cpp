@@ -85,7 +85,8 @@ TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {
   expect_has_all(
       text(volt::ModelCheckpointOptions().monitor("acc").mode(volt::Mode::kMax)),
       {"ModelCheckpointOptions(dirpath=\"\"", "filename=\"{epoch}-{step}\"", "monitor=\"acc\"",
-       "mode=max", "save_top_k=1", "save_last=0", "every_n_train_steps=0", "every_n_epochs=none)"});
+       "mode=max", "save_top_k=1", "save_last=0", "every_n_train_steps=0", "every_n_epochs=none",
+       "train_time_interval=0", "save_weights_only=0)"});
   expect_has_all(text(volt::TimerOptions().duration_s(60.0).interval(volt::Interval::kEpoch)),
                  {"TimerOptions(duration_s=60", "interval=epoch", "verbose=1)"});
   expect_has_all(

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "build_paths.h"
+#include "python_tool.h"
 #include "tiny.h"
 
 namespace {
@@ -71,18 +72,12 @@ TEST(Safetensors, ModuleRoundTripAndPythonReadsIt) {
   EXPECT_EQ(volt::load_safetensors(path).metadata.at("epoch"), "3");
 
   // Python (python3-torch, no volt code) reads the same bytes back.
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+  if (!volt_test::has_python_torch()) {
     GTEST_SKIP() << "python3-torch not installed; skipping the Python read-back";
   }
-  const std::string cmd =
-      "/usr/bin/python3 " + volt_test::source_dir() + "/tools/check_safetensors.py '" + path + "'";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
-  ASSERT_EQ(pclose(pipe), 0) << out;
-  auto j = nlohmann::json::parse(out);
+  const auto run = volt_test::run_python_tool("check_safetensors.py", {path});
+  ASSERT_EQ(run.status, 0) << run.out;
+  auto j = nlohmann::json::parse(run.out);
   EXPECT_EQ(j["__metadata__"]["epoch"], "3");
   auto f = volt::load_safetensors(path);
   for (const auto& [name, t] : f.tensors) {

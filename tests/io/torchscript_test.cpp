@@ -14,6 +14,7 @@
 #include "build_paths.h"
 #include "error_text.h"
 #include "models.h"
+#include "python_tool.h"
 #include "tiny.h"
 
 namespace {
@@ -60,11 +61,6 @@ std::vector<at::Tensor> run(torch::jit::Module& m, const std::vector<at::Tensor>
   return r;
 }
 
-bool has_python_torch() {
-  return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-}
-
-// What Python sees when it runs `model` on each case (tools/check_torchscript.py).
 nlohmann::json python_run(
     const std::string& model, const std::string& cases_path,
     const std::vector<std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>>& cases) {
@@ -79,15 +75,9 @@ nlohmann::json python_run(
   }
   const std::vector<char> bytes = torch::pickle_save(dict);
   std::ofstream(cases_path, std::ios::binary).write(bytes.data(), bytes.size());
-  const std::string cmd = "/usr/bin/python3 " + volt_test::source_dir() +
-                          "/tools/check_torchscript.py '" + model + "' '" + cases_path + "' 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
-  EXPECT_EQ(pclose(pipe), 0) << out;
-  return nlohmann::json::parse(out);
+  const auto run = volt_test::run_python_tool("check_torchscript.py", {model, cases_path});
+  EXPECT_EQ(run.status, 0) << run.out;
+  return nlohmann::json::parse(run.out);
 }
 
 TEST(TorchScript, AModulesForwardRunsWithoutVoltInCppAndPythonAtAnyBatchSize) {
@@ -125,7 +115,7 @@ TEST(TorchScript, AModulesForwardRunsWithoutVoltInCppAndPythonAtAnyBatchSize) {
   EXPECT_TRUE(run(exported, {x})[0].equal(before));
   net->fc1->weight.sub_(1.0);
 
-  if (!has_python_torch()) GTEST_SKIP() << "python3-torch not installed; no Python run";
+  if (!volt_test::has_python_torch()) GTEST_SKIP() << "python3-torch not installed; no Python run";
   const auto j = python_run(path, dir / "cases.pt", cases);
   EXPECT_EQ(j["training"], false);
   std::vector<std::string> names;

@@ -9,25 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "build_paths.h"
+#include "python_tool.h"
 #include "tiny.h"
 
 namespace {
 
-struct ReadResult {
-  int status = -1;
-  std::string out;
-};
-
-ReadResult read_events(const std::string& path) {
-  const std::string cmd =
-      "/usr/bin/python3 " + volt_test::source_dir() + "/tools/read_tfevents.py '" + path + "' 2>&1";
-  ReadResult r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return r;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) r.out.append(buf, n);
-  r.status = pclose(pipe);
-  return r;
+volt_test::ToolRun read_events(const std::string& path) {
+  return volt_test::run_python_tool("read_tfevents.py", {path}, /*merge_stderr=*/true);
 }
 
 std::vector<std::string> event_files(const std::string& dir) {

@@ -519,12 +519,13 @@ int main(int argc, char** argv) {
     const bool tied = model.fc1->weight.data_ptr() == model.w2.data_ptr();
     const std::string zero_memory = probe && !one ? probe->text : "";
     std::printf(
-        "rank %lld done step=%lld estimated=%lld sum=%.17g val_loss=%.17g aliases=%d tied=%d%s "
-        "rss_before_kib=%ld rss_peak_kib=%ld tensors_before=%lld tensors_peak=%lld\n",
+        "rank %lld done step=%lld sum=%.17g val_loss=%.17g aliases=%d tied=%d%s "
+        "rss_before_kib=%ld rss_peak_kib=%ld tensors_before=%lld tensors_peak=%lld "
+        "estimated=%lld\n",
         static_cast<long long>(rank), static_cast<long long>(trainer.state().global_step),
-        static_cast<long long>(model.estimated_steps), model.flat().abs().sum().item<double>(),
-        val_print->last, aliases ? 1 : 0, tied ? 1 : 0, zero_memory.c_str(), rss_before, rss_peak,
-        static_cast<long long>(tensors_before), static_cast<long long>(tensors_peak));
+        model.flat().abs().sum().item<double>(), val_print->last, aliases ? 1 : 0, tied ? 1 : 0,
+        zero_memory.c_str(), rss_before, rss_peak, static_cast<long long>(tensors_before),
+        static_cast<long long>(tensors_peak), static_cast<long long>(model.estimated_steps));
     std::fflush(stdout);
     return 0;
   } catch (const volt::Interrupted& e) {
