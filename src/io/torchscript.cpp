@@ -42,10 +42,12 @@ std::string summary(const std::exception& e) {
   return first_line(text);
 }
 
-// A TorchScript class name from a C++ module's name ("torch::nn::LinearImpl" -> "Linear").
+// A TorchScript class name from a C++ module's name ("torch::nn::LinearImpl" -> "Linear",
+// "ns::Classifier<ns::MlpNet>" -> "Classifier").
 std::string class_name(const std::string& cpp_name) {
-  std::string n =
-      cpp_name.substr(cpp_name.rfind("::") == std::string::npos ? 0 : cpp_name.rfind("::") + 2);
+  const std::string plain = cpp_name.substr(0, cpp_name.find('<'));
+  const size_t colons = plain.rfind("::");
+  std::string n = plain.substr(colons == std::string::npos ? 0 : colons + 2);
   if (n.size() > 4 && n.compare(n.size() - 4, 4, "Impl") == 0) n.resize(n.size() - 4);
   for (char& c : n) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') c = '_';

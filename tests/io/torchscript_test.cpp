@@ -88,6 +88,10 @@ TEST(TorchScript, AModulesForwardRunsWithoutVoltInCppAndPythonAtAnyBatchSize) {
   const at::Tensor example = torch::randn({8, 2, 3});
   torch::jit::Module exported = volt::to_torchscript(*net, forward_of(net), {example},
                                                      volt::TorchScriptOptions().file_path(path));
+  // Classes named after the C++ ones (Python prints `original_name=Net`).
+  EXPECT_EQ(exported.type()->name()->name(), "Net");
+  EXPECT_EQ(exported.attr("fc1").toModule().type()->name()->name(), "Linear");
+  EXPECT_EQ(exported.attr("bn").toModule().type()->name()->name(), "BatchNorm1d");
   // The module is back in training mode, every submodule too.
   EXPECT_TRUE(net->is_training());
   EXPECT_TRUE(net->drop->is_training());
@@ -337,6 +341,14 @@ TEST(TorchScript, AFailedExportOrWriteLeavesTheFileAsItWas) {
   std::stringstream still;
   still << std::ifstream(path).rdbuf();
   EXPECT_EQ(still.str(), "the previous export");
+}
+
+TEST(TorchScript, ATemplatedModulesClassIsNamedWithoutItsArguments) {
+  auto net = std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{16});
+  volt_examples::Classifier<volt_examples::MlpNet> model(net, 1e-3, 1);
+  torch::jit::Module exported = volt::to_torchscript(model, torch::randn({4, 1, 28, 28}));
+  EXPECT_EQ(exported.type()->name()->name(), "Classifier");
+  EXPECT_EQ(exported.attr("net").toModule().type()->name()->name(), "MlpNet");
 }
 
 TEST(TorchScript, VoltsFusedKernelsExportAsLibtorchsOwnOps) {
