@@ -2,11 +2,11 @@
 
 #include <torch/torch.h>
 
-#include <map>
 #include <set>
 
 #include "core/detail/default_steps.h"
 #include "core/detail/tracing.h"
+#include "core/detail/training_modes.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -74,20 +74,35 @@ at::Tensor Module::clip_gradients(torch::optim::Optimizer& optimizer,
 // sets a module and everything below it: setting them in that order leaves each with its own
 // recorded mode. (modules(true) would need a shared_ptr to this module, which a module on the
 // stack has not.)
-std::vector<bool> Module::training_modes() const {
-  std::vector<bool> modes{is_training()};
-  for (const auto& sub : modules(/*include_self=*/false)) modes.push_back(sub->is_training());
+namespace detail {
+
+std::vector<bool> training_modes(const torch::nn::Module& module) {
+  std::vector<bool> modes{module.is_training()};
+  for (const auto& sub : module.modules(/*include_self=*/false)) {
+    modes.push_back(sub->is_training());
+  }
   return modes;
 }
 
-void Module::set_training_modes(const std::vector<bool>& modes) {
-  const auto subs = modules(/*include_self=*/false);
+void set_training_modes(torch::nn::Module& module, const std::vector<bool>& modes) {
+  const auto subs = module.modules(/*include_self=*/false);
   if (modes.size() != subs.size() + 1) {
-    train();
+    module.train();
     return;
   }
-  train(modes[0]);
+  // In tree order: a module's train() also sets its children's, which come after it.
+  module.train(modes[0]);
   for (size_t i = 0; i < subs.size(); ++i) subs[i]->train(modes[i + 1]);
+}
+
+}  // namespace detail
+
+std::vector<bool> Module::training_modes() const {
+  return detail::training_modes(*this);
+}
+
+void Module::set_training_modes(const std::vector<bool>& modes) {
+  detail::set_training_modes(*this, modes);
 }
 
 void Module::save_training_modes() {
@@ -138,22 +153,20 @@ void Module::toggle_optimizer(size_t index) {
              "): configure_optimizers returned ", configs.size(), " optimizer(s).");
   VOLT_CHECK(toggled_.empty(), ConfigError, "[Module] toggle_optimizer(", index,
              ") while another is toggled; call untoggle_optimizer first.");
-  // Every parameter of every optimizer off, remembering its setting; then the toggled
-  // optimizer's back to theirs.
-  std::set<const void*> seen;
+  // Every parameter of every optimizer remembered with its setting; those not in the toggled
+  // optimizer off.
+  std::set<const void*> mine, seen;
+  for (auto& group : configs[index].optimizer()->param_groups()) {
+    for (auto& p : group.params()) mine.insert(p.unsafeGetTensorImpl());
+  }
   for (auto& c : configs) {
     for (auto& group : c.optimizer()->param_groups()) {
       for (auto& p : group.params()) {
         if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
         toggled_.emplace_back(p, p.requires_grad());
-        p.set_requires_grad(false);
+        if (mine.count(p.unsafeGetTensorImpl()) == 0) p.set_requires_grad(false);
       }
     }
-  }
-  std::map<const void*, bool> own;
-  for (const auto& [p, on] : toggled_) own[p.unsafeGetTensorImpl()] = on;
-  for (auto& group : configs[index].optimizer()->param_groups()) {
-    for (auto& p : group.params()) p.set_requires_grad(own[p.unsafeGetTensorImpl()]);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/detail/host_syncs.h"
+#include "core/detail/training_modes.h"
 #include "kernels/detail/host_read_watch.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
@@ -88,21 +89,15 @@ torch::jit::Module mirror(const torch::nn::Module& m,
 // Puts every module of the tree back in the mode it had, whatever happens in between.
 class ModesGuard {
  public:
-  explicit ModesGuard(torch::nn::Module& module) {
-    modes_.emplace_back(&module, module.is_training());
-    for (const auto& m : module.modules(/*include_self=*/false)) {
-      modes_.emplace_back(m.get(), m->is_training());
-    }
-  }
-  ~ModesGuard() {
-    for (auto& [m, training] : modes_) m->train(training);
-  }
+  explicit ModesGuard(torch::nn::Module& module)
+      : module_(module), modes_(detail::training_modes(module)) {}
+  ~ModesGuard() { detail::set_training_modes(module_, modes_); }
   ModesGuard(const ModesGuard&) = delete;
   ModesGuard& operator=(const ModesGuard&) = delete;
 
  private:
-  // In tree order: a module's train() also sets its children's, which are restored after it.
-  std::vector<std::pair<torch::nn::Module*, bool>> modes_;
+  torch::nn::Module& module_;
+  std::vector<bool> modes_;
 };
 
 std::vector<at::Tensor> tensors_of(const c10::IValue& v) {

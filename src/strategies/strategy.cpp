@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "strategies/detail/read_checkpoint.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
@@ -159,10 +160,16 @@ void Strategy::save_checkpoint(torch::serialize::OutputArchive& archive, const s
   if (is_global_zero()) checkpoint_io_->save(archive, path);
 }
 
-torch::serialize::InputArchive Strategy::load_checkpoint(const std::string& path) {
+namespace detail {
+torch::serialize::InputArchive read_checkpoint(const std::string& path, CheckpointIO& io) {
   // A ZeRO folder (every rank's shard) loads anywhere once consolidated.
   if (is_zero_checkpoint(path)) return load_consolidated_zero_checkpoint(path);
-  return checkpoint_io_->load(path);
+  return io.load(path);
+}
+}  // namespace detail
+
+torch::serialize::InputArchive Strategy::load_checkpoint(const std::string& path) {
+  return detail::read_checkpoint(path, *checkpoint_io_);
 }
 
 void Strategy::remove_checkpoint(const std::string& path) {

@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include "strategies/detail/read_checkpoint.h"
 #include "trainer/detail/run.h"
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/core/check.h"
@@ -294,15 +295,12 @@ void load_weights(torch::nn::Module& module, const std::string& path, bool stric
     load_safetensors(module, path, strict);
     return;
   }
-  torch::serialize::InputArchive root;
-  if (is_zero_checkpoint(path)) {
-    root = load_consolidated_zero_checkpoint(path);
-  } else {
-    VOLT_CHECK(S_ISREG(st.st_mode), CheckpointError, "[load_weights] '", path,
-               "' is a folder but not a complete ZeRO checkpoint (no meta file: a save was "
-               "interrupted); pass a checkpoint file or a complete folder.");
-    root = io ? io->load(path) : TorchCheckpointIO().load(path);
-  }
+  VOLT_CHECK(S_ISREG(st.st_mode) || is_zero_checkpoint(path), CheckpointError, "[load_weights] '",
+             path,
+             "' is a folder but not a complete ZeRO checkpoint (no meta file: a save was "
+             "interrupted); pass a checkpoint file or a complete folder.");
+  TorchCheckpointIO volt_format;
+  torch::serialize::InputArchive root = detail::read_checkpoint(path, io ? *io : volt_format);
   detail::check_format(root, path);
   torch::serialize::InputArchive weights;
   root.read("state_dict", weights);

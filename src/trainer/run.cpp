@@ -269,12 +269,7 @@ int64_t Run::estimated_stepping_batches() const {
              "[Trainer] estimated_stepping_batches() is known during fit only (from its training "
              "loader); call it from configure_optimizers or a hook of fit.");
   const int64_t epochs = resolved_max_epochs();
-  if (epochs < 0) {
-    VOLT_CHECK(opts.max_steps() >= 0, ConfigError,
-               "[Trainer] estimated_stepping_batches(): nothing bounds this fit (max_epochs=-1 "
-               "and max_steps=-1); set max_steps or max_epochs.");
-    return opts.max_steps();
-  }
+  if (epochs < 0) return opts.max_steps();  // only max_steps bounds the fit (it is then set)
   const int64_t batches = train_limit(*fit_train);
   // The Trainer's setting: a GradientAccumulationScheduler's later changes are not foreseen.
   const int64_t accumulate = std::max<int64_t>(1, opts.accumulate_grad_batches());

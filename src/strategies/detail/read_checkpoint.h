@@ -1,0 +1,19 @@
+#pragma once
+// Private: how a checkpoint path is opened, for every strategy (Strategy::load_checkpoint) and
+// for load_weights, which has none.
+
+#include <torch/serialize/archive.h>
+
+#include <string>
+
+namespace volt {
+
+class CheckpointIO;
+
+namespace detail {
+
+/// A ZeRO checkpoint folder (every rank's shard) consolidated, else the file read through `io`.
+torch::serialize::InputArchive read_checkpoint(const std::string& path, CheckpointIO& io);
+
+}  // namespace detail
+}  // namespace volt
