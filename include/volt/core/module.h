@@ -216,7 +216,8 @@ class Module : public torch::nn::Module {
   /// (OneCycleLR's total_steps): per process, ceil(training batches per epoch after the
   /// limits / accumulate_grad_batches) times max_epochs, at most max_steps. A
   /// GradientAccumulationScheduler's later changes are not foreseen (as Lightning).
-  /// ConfigError outside fit, or when neither max_epochs nor max_steps bounds the fit.
+  /// ConfigError outside fit. (Neither max_epochs nor max_steps set means max_epochs 1000, as
+  /// Lightning.)
   int64_t estimated_stepping_batches() const;
 
   /// With several optimizers (manual optimization, a GAN's generator and discriminator):
