@@ -104,6 +104,12 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor&, Reduce) {
 void ProcessGroup::barrier() {
   VOLT_ASSERT(false);
 }
+void ProcessGroup::send(const at::Tensor&, int64_t) {
+  VOLT_ASSERT(false);
+}
+void ProcessGroup::recv_(at::Tensor&, int64_t) {
+  VOLT_ASSERT(false);
+}
 bool ProcessGroup::all_of(bool) {
   VOLT_ASSERT(false);
 }
@@ -857,6 +863,33 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
           .view(shape);
   if (op == Reduce::kMean) out.div_(world_size_);
   return (out.scalar_type() == dtype ? out : out.to(dtype)).to(value.device());
+}
+
+void ProcessGroup::send(const at::Tensor& tensor, int64_t dst) {
+  VOLT_CHECK(dst >= 0 && dst < world_size_ && dst != rank_, ValueError, kTag, " send from rank ",
+             rank_, " to rank ", dst, ": the destination must be another rank of the ", world_size_,
+             ".");
+  const NormalTensors normal_tensors;
+  at::Tensor t = to_wire(*impl_, tensor.detach().contiguous());
+  std::vector<at::Tensor> buf{t.view(wire_dtype(t.scalar_type()))};
+  run_collective(*this, "send", [&] { return impl_->group->send(buf, static_cast<int>(dst), 0); });
+}
+
+void ProcessGroup::recv_(at::Tensor& tensor, int64_t src) {
+  VOLT_CHECK(src >= 0 && src < world_size_ && src != rank_, ValueError, kTag, " recv on rank ",
+             rank_, " from rank ", src, ": the source must be another rank of the ", world_size_,
+             ".");
+  VOLT_CHECK(tensor.defined(), ValueError, kTag, " recv_ got an undefined tensor.");
+  const NormalTensors normal_tensors;
+  // A contiguous tensor where the transfer runs is written in place (by the transfer itself,
+  // no tensor op: an inference tensor may be the target); anything else through a buffer.
+  const at::Tensor target = tensor.detach();
+  const bool in_place = target.is_contiguous() && to_wire(*impl_, target).is_same(target);
+  at::Tensor wire =
+      in_place ? target : to_wire(*impl_, at::empty_like(target, at::MemoryFormat::Contiguous));
+  std::vector<at::Tensor> buf{wire.view(wire_dtype(wire.scalar_type()))};
+  run_collective(*this, "recv", [&] { return impl_->group->recv(buf, static_cast<int>(src), 0); });
+  if (!in_place) target.copy_(wire);
 }
 
 void ProcessGroup::barrier() {

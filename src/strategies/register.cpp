@@ -2,6 +2,7 @@
 #include "volt/core/registry.h"
 #include "volt/strategies/ddp.h"
 #include "volt/strategies/deepspeed.h"
+#include "volt/strategies/pipeline.h"
 #include "volt/strategies/single_device.h"
 
 namespace volt::detail {
@@ -40,6 +41,25 @@ void register_strategies(Registry& r) {
                 .timeout_s(a.get<double>("timeout_s"))
                 .process_group_backend(a.get<std::string>("process_group_backend"))
                 .max_restarts(a.get<int64_t>("max_restarts")),
+            c.accelerator, c.precision, c.devices, c.num_nodes);
+      });
+  const PipelineStrategyOptions pl;
+  r.strategies.add(
+      "pipeline",
+      "pipeline parallel: one process per device, each running one stage of the model's "
+      "volt::Pipeline on micro-batches",
+      Params()
+          .add("chunks", pl.chunks(), "micro-batches per batch (0: the model's own setting)")
+          .add("timeout_s", pl.timeout_s(),
+               "bound on rendezvous, every collective and transfer (seconds)")
+          .choice("process_group_backend", pl.process_group_backend(), {"auto", "gloo", "nccl"},
+                  "collective backend; auto = gloo on cpu, nccl on cuda"),
+      [](const Args& a, const StrategyContext& c) -> std::shared_ptr<Strategy> {
+        return std::make_shared<PipelineStrategy>(
+            PipelineStrategyOptions()
+                .chunks(a.get<int64_t>("chunks"))
+                .timeout_s(a.get<double>("timeout_s"))
+                .process_group_backend(a.get<std::string>("process_group_backend")),
             c.accelerator, c.precision, c.devices, c.num_nodes);
       });
   // DeepSpeed's names (Lightning's registry): one parameter set, different defaults.

@@ -18,6 +18,9 @@ std::string dist_worker() {
 std::string tp_worker() {
   return VOLT_TP_WORKER;
 }
+std::string pipeline_worker() {
+  return VOLT_PIPELINE_WORKER;
+}
 std::string resume_worker() {
   return VOLT_RESUME_WORKER;
 }

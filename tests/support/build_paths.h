@@ -14,6 +14,7 @@ std::string cli_binary();
 std::string ddp_worker();
 std::string dist_worker();
 std::string tp_worker();
+std::string pipeline_worker();
 std::string resume_worker();
 
 }  // namespace volt_test

@@ -115,6 +115,13 @@ class ProcessGroup {
   /// each rank its chunks with one all-to-all and reduces them in rank order, moving half the
   /// bytes of an all-reduce.
   at::Tensor reduce_scatter(const at::Tensor& value, Reduce op = Reduce::kSum);
+  /// Point to point: hands `tensor` to rank `dst`, which must call recv_ with a tensor of the
+  /// same shape and dtype (send a small header first when the receiver cannot know them).
+  /// Pairs match in call order. Returns when the transfer is done; a receiver that does not come
+  /// within the timeout, or is gone, is a DistributedError (as for collectives).
+  void send(const at::Tensor& tensor, int64_t dst);
+  /// Fills `tensor` (shape and dtype as the sender's) with what rank `src` sent.
+  void recv_(at::Tensor& tensor, int64_t src);
   /// Returns when every rank has called it.
   void barrier();
   /// True when `local` is true on every rank.

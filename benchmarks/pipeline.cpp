@@ -1,0 +1,159 @@
+// Pipeline parallelism (PipelineStrategy): training steps per second and what each rank holds
+// (parameters it trains, AdamW state, peak bytes of live tensors) for an MLP of eight
+// 1024×1024 layers in a volt::Pipeline, in one process and over 2 stages with 1-8
+// micro-batches. Each configuration is one Trainer fit in a child process; the strategy
+// launches the ranks (this binary re-executed) over Gloo on loopback.
+//
+//   volt_bench_pipeline [--stages S --chunks C] [--steps N] [--batch B]
+//   (without --stages: runs every configuration and prints a table)
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "host_memory.h"
+#include "volt/accelerators/cpu_memory.h"
+#include "volt/distributed/pipeline.h"
+#include "volt/strategies/pipeline.h"
+#include "volt/volt.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class DeepMlp : public volt::Module {
+ public:
+  DeepMlp(int64_t chunks) {
+    torch::nn::Sequential layers;
+    for (int i = 0; i < 8; ++i) {
+      layers->push_back(torch::nn::Linear(1024, 1024));
+      layers->push_back(torch::nn::GELU());
+    }
+    body = register_module("body", volt::Pipeline(layers, volt::PipelineOptions().chunks(chunks)));
+    head = register_module("head", torch::nn::Linear(1024, 10));
+  }
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    return torch::cross_entropy_loss(head->forward(body->forward(b.input)), b.target);
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    optimizer =
+        std::make_shared<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(1e-4));
+    return {volt::OptimizerConfig(optimizer)};
+  }
+  volt::Pipeline body{nullptr};
+  torch::nn::Linear head{nullptr};
+  std::shared_ptr<torch::optim::AdamW> optimizer;
+};
+
+// Times the steps after the warm-up ones and reads what this rank holds at the end.
+class Probe : public volt::Callback {
+ public:
+  Probe(DeepMlp& m, int64_t warmup) : m_(m), warmup_(warmup) {}
+  std::string state_key() const override { return "Probe"; }
+  void on_train_batch_start(volt::RunContext&, volt::Module&, const volt::Batch&,
+                            int64_t idx) override {
+    if (idx == warmup_) {
+      volt::reset_cpu_memory_peaks();
+      t0 = Clock::now();
+    }
+  }
+  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                          int64_t idx) override {
+    t1 = Clock::now();
+    steps = idx + 1 - warmup_;
+    if (state_bytes == 0) {
+      for (const auto& kv : m_.optimizer->state()) {
+        const auto& s = static_cast<const torch::optim::AdamWParamState&>(*kv.second);
+        state_bytes += (s.exp_avg().numel() + s.exp_avg_sq().numel()) * 4;
+      }
+      rank = run.global_rank();
+    }
+  }
+  // Gradients exist between backward and the optimizer's zero_grad.
+  void on_after_backward(volt::RunContext&, volt::Module&) override {
+    if (trained_bytes != 0) return;
+    for (const auto& p : m_.parameters()) {
+      if (p.grad().defined()) trained_bytes += p.numel() * 4;
+    }
+  }
+  Clock::time_point t0, t1;
+  int64_t steps = 0, state_bytes = 0, trained_bytes = 0, rank = 0;
+
+ private:
+  DeepMlp& m_;
+  int64_t warmup_;
+};
+
+void run(int64_t stages, int64_t chunks, int64_t steps, int64_t batch) {
+  volt::install_counting_cpu_allocator();
+  torch::manual_seed(0);
+  DeepMlp model(chunks);
+  const int64_t warmup = 3;
+  auto probe = std::make_shared<Probe>(model, warmup);
+  volt::Trainer trainer(volt::TrainerOptions()
+                            .accelerator("cpu")
+                            .strategy(stages > 1 ? "pipeline" : "single_device")
+                            .devices(stages)
+                            .max_steps(steps)
+                            .callbacks({probe})
+                            .enable_progress_bar(false)
+                            .enable_checkpointing(false)
+                            .enable_model_summary(false)
+                            .logger(false)
+                            .num_sanity_val_steps(0));
+  auto x = torch::randn({batch * steps, 1024});
+  auto y = torch::randint(0, 10, {batch * steps});
+  trainer.fit(model, volt::DataLoader(std::make_shared<volt::TensorDataset>(x, y),
+                                      volt::DataLoaderOptions(batch)));
+  const double s = std::chrono::duration<double>(probe->t1 - probe->t0).count();
+  std::printf(
+      "RESULT stages=%lld chunks=%lld rank=%lld steps_per_s=%.3f trained_bytes=%lld "
+      "state_bytes=%lld peak_bytes=%lld\n",
+      static_cast<long long>(stages), static_cast<long long>(chunks),
+      static_cast<long long>(probe->rank), static_cast<double>(probe->steps) / s,
+      static_cast<long long>(probe->trained_bytes), static_cast<long long>(probe->state_bytes),
+      static_cast<long long>(volt::cpu_memory_stats().max_in_use));
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  volt_bench::same_host_malloc_for_every_contender();
+  std::map<std::string, std::string> a;
+  for (int i = 1; i + 1 < argc; i += 2) a[argv[i]] = argv[i + 1];
+  const int64_t steps = a.count("--steps") ? std::stoll(a["--steps"]) : 20;
+  const int64_t batch = a.count("--batch") ? std::stoll(a["--batch"]) : 128;
+  if (!a.count("--stages")) {
+    std::printf(
+        "| stages | micro-batches | rank | steps/s | parameters with gradients MiB | AdamW state "
+        "MiB | peak tensor MiB |\n|---|---|---|---|---|---|---|\n");
+    const std::vector<std::pair<int, int>> configs{{1, 1}, {2, 1}, {2, 2}, {2, 4}, {2, 8}};
+    for (const auto& [stages, chunks] : configs) {
+      const std::string cmd = std::string(argv[0]) + " --stages " + std::to_string(stages) +
+                              " --chunks " + std::to_string(chunks) + " --steps " +
+                              std::to_string(steps) + " --batch " + std::to_string(batch) +
+                              " 2>/dev/null | grep RESULT";
+      std::FILE* f = popen(cmd.c_str(), "r");
+      char line[512];
+      while (f && std::fgets(line, sizeof line, f)) {
+        long long st, ch, rank, trained, state, peak;
+        double sps;
+        if (std::sscanf(line,
+                        "RESULT stages=%lld chunks=%lld rank=%lld steps_per_s=%lf "
+                        "trained_bytes=%lld state_bytes=%lld peak_bytes=%lld",
+                        &st, &ch, &rank, &sps, &trained, &state, &peak) == 7) {
+          constexpr double kMiB = 1024.0 * 1024.0;
+          std::printf("| %lld | %lld | %lld | %.2f | %.1f | %.1f | %.1f |\n", st, ch, rank, sps,
+                      trained / kMiB, state / kMiB, peak / kMiB);
+        }
+      }
+      if (f) pclose(f);
+    }
+    return 0;
+  }
+  run(std::stoll(a["--stages"]), std::stoll(a["--chunks"]), steps, batch);
+  return 0;
+}

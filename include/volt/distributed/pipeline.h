@@ -1,0 +1,107 @@
+#pragma once
+/// Pipeline: pipeline parallelism (DeepSpeed's PipelineModule, GPipe's schedule) for a model
+/// written as a sequence of layers. Each rank of a process group runs one stage, a contiguous run
+/// of the layers; a batch is cut into micro-batches ("chunks") that flow through the stages, so
+/// stage s works on micro-batch i while stage s+1 works on micro-batch i-1; backward runs the
+/// micro-batches back in reverse order. Activations go forward and their gradients back with
+/// point-to-point transfers (ProcessGroup::send / recv_).
+///
+/// Used as a layer of a model: `forward` returns the whole batch's output on every rank (the
+/// last stage broadcasts it), so the code after it (a loss, metrics, logging) runs unchanged on
+/// every rank, and `loss.backward()` drives the pipeline's backward. Without distribute() it is a
+/// plain torch::nn::Sequential; its parameters have the Sequential's names ("0.weight", ...), so
+/// checkpoints move between the two.
+///
+/// Every rank keeps every layer (parameters are replicated, each rank trains only its stage's:
+/// the others get no gradient); activations, gradients and optimizer state are per stage.
+/// gather() brings every stage's parameters and buffers to every rank.
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace volt {
+
+class ProcessGroup;
+
+struct PipelineOptions {
+  /// Micro-batches each forward cuts its batch into along dim 0 (GPipe's chunks; fewer when the
+  /// batch has fewer rows). More chunks keep more stages busy at once. Default: 1.
+  TORCH_ARG(int64_t, chunks) = 1;
+  /// Layers per stage, in order (GPipe's balance); must have one entry (>= 1) per stage and sum
+  /// to the number of layers. Empty: partition_method decides. Default: {}.
+  TORCH_ARG(std::vector<int64_t>, balance) = {};
+  /// When balance is empty: "parameters" (DeepSpeed's default: contiguous stages whose largest
+  /// parameter count is as small as it can be) or "uniform" (equal layer counts).
+  /// Default: "parameters".
+  TORCH_ARG(std::string, partition_method) = "parameters";
+};
+
+std::ostream& operator<<(std::ostream& os, const PipelineOptions& o);
+
+/// The first layer of each stage and, last, the number of layers (stages + 1 entries) for
+/// `weights` (one per layer) split into `stages` non-empty contiguous runs: by `balance` when
+/// given, else by `method` ("parameters": the largest run's weight as small as it can be, ties
+/// to the earliest cut; "uniform": equal counts, the first stages one more). ConfigError for
+/// more stages than layers, a bad balance or an unknown method.
+std::vector<int64_t> partition_layers(const std::vector<int64_t>& weights, int64_t stages,
+                                      const std::vector<int64_t>& balance,
+                                      const std::string& method);
+
+class PipelineImpl : public torch::nn::Module {
+ public:
+  explicit PipelineImpl(torch::nn::Sequential layers, PipelineOptions options = {});
+
+  /// The layers' output for `x` (one tensor in, one out per layer). Distributed: every rank must
+  /// call it (collective); stage 0 reads `x`, the others only its row count's chunking, and
+  /// every rank gets the last stage's output. Differentiable: the backward through it is a
+  /// collective too.
+  at::Tensor forward(const at::Tensor& x);
+
+  /// Splits the layers over `group`'s ranks, one stage each (ConfigError for a bad partition).
+  /// The group must live while forward and backward run.
+  void distribute(std::shared_ptr<ProcessGroup> group);
+  /// Runs whole again (call gather() first to keep what the other stages learned).
+  void undistribute();
+  bool distributed() const { return group_ != nullptr; }
+  /// Broadcasts each stage's parameters and buffers from its rank (collective): afterwards
+  /// every rank holds the whole trained model.
+  void gather();
+
+  int64_t stage() const { return stage_; }
+  int64_t num_stages() const { return static_cast<int64_t>(bounds_.size()) - 1; }
+  /// [first, last) layer indices of `stage`.
+  std::pair<int64_t, int64_t> stage_layers(int64_t stage) const;
+  /// The parameters of `stage`'s layers.
+  std::vector<at::Tensor> stage_parameters(int64_t stage) const;
+  /// Parameters this rank does not train (the other stages'); empty when not distributed.
+  std::vector<at::Tensor> foreign_parameters() const;
+
+  const PipelineOptions& options() const { return options_; }
+  void set_chunks(int64_t chunks);
+  const torch::nn::Sequential& layers() const { return layers_; }
+
+  void pretty_print(std::ostream& stream) const override;
+
+ private:
+  at::Tensor run_layers(int64_t first, int64_t last, at::Tensor x);
+  std::vector<at::Tensor> stage_state(int64_t stage) const;
+
+  torch::nn::Sequential layers_;
+  PipelineOptions options_;
+  std::shared_ptr<ProcessGroup> group_;
+  int64_t stage_ = 0;
+  std::vector<int64_t> bounds_;
+};
+
+TORCH_MODULE(Pipeline);
+
+}  // namespace volt

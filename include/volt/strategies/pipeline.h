@@ -1,0 +1,85 @@
+#pragma once
+/// PipelineStrategy ("pipeline"): pipeline parallelism under the Trainer. One process per
+/// device, each running one stage of the model's volt::Pipeline (volt/distributed/pipeline.h);
+/// every process reads the same batches (the pipeline is not data parallel), runs the module's
+/// own training_step (the pipeline's output reaches every rank) and steps the optimizer for its
+/// stage's parameters. Gradient-norm clipping spans every stage, loss-scaling ranks agree on
+/// inf/NaN gradients, and checkpoints hold the whole model and every stage's optimizer state (a
+/// pipeline checkpoint resumes at any number of stages, or in one process without a pipeline).
+/// When a fit ends every rank holds the whole trained model.
+
+#include <torch/arg.h>
+
+#include <iosfwd>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "volt/strategies/ddp.h"
+
+namespace volt {
+
+class PipelineImpl;
+
+struct PipelineStrategyOptions {
+  /// Micro-batches per batch; 0 keeps the model's PipelineOptions::chunks. Default: 0.
+  TORCH_ARG(int64_t, chunks) = 0;
+  /// Bound on rendezvous, every collective and every transfer between stages (seconds).
+  /// Default: 60.
+  TORCH_ARG(double, timeout_s) = 60.0;
+  /// "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl". Default: "auto".
+  TORCH_ARG(std::string, process_group_backend) = "auto";
+};
+
+std::ostream& operator<<(std::ostream& os, const PipelineStrategyOptions& o);
+
+class PipelineStrategy : public DdpStrategy {
+ public:
+  PipelineStrategy(PipelineStrategyOptions options, std::shared_ptr<Accelerator> accelerator,
+                   std::shared_ptr<Precision> precision, int64_t devices, int64_t num_nodes = 1,
+                   std::shared_ptr<CheckpointIO> checkpoint_io = nullptr);
+  ~PipelineStrategy() override;
+  std::string name() const override { return "pipeline"; }
+  const PipelineStrategyOptions& pipeline_options() const { return options_; }
+
+  /// Every rank reads every batch.
+  DataShard data_shard() const override { return {0, 1}; }
+  void teardown() override;
+  void setup_module(Module& module) override;
+  void trainable_parameters_changed(Module& module) override {}
+  at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx) override;
+  void backward(const at::Tensor& loss, Module& module, bool sync_gradients) override;
+  bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
+                      ClipAlgorithm algorithm, const ClipCall& clip) override;
+  at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                            ClipAlgorithm algorithm) override;
+  void zero_grad(torch::optim::Optimizer& optimizer) override;
+
+  void save_model_state(const Module& module, torch::serialize::OutputArchive& ar) const override;
+  void save_optimizer_state(const torch::optim::Optimizer& optimizer, const Module& module,
+                            torch::serialize::OutputArchive& ar) const override;
+  void load_optimizer_state(torch::optim::Optimizer& optimizer, const Module& module,
+                            torch::serialize::InputArchive& ar) const override;
+  void save_accumulated_gradients(const Module& module,
+                                  torch::serialize::OutputArchive& ar) const override;
+  void load_accumulated_gradients(Module& module, torch::serialize::InputArchive& ar) override;
+
+  /// The module's pipeline once setup_module ran (nullptr before).
+  PipelineImpl* pipeline() const { return pipe_.get(); }
+
+ private:
+  /// Every rank gets the whole model: each stage's layers from it, the rest from rank 0.
+  void gather_model(const Module& module) const;
+  int64_t owner(const std::string& name) const;
+  bool trains(const at::Tensor& p) const;
+
+  PipelineStrategyOptions options_;
+  std::shared_ptr<PipelineImpl> pipe_;
+  const Module* module_ = nullptr;  // the module set up, until teardown
+  std::unordered_map<const c10::TensorImpl*, int64_t> stage_of_;  // pipeline parameters only
+  std::map<std::string, int64_t> owner_by_name_;  // every parameter: the rank holding its truth
+  bool trained_ = false;
+};
+
+}  // namespace volt

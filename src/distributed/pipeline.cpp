@@ -1,0 +1,366 @@
+// The pipeline's partition, its GPipe forward (micro-batches through the stages, the last
+// stage's output broadcast) and its backward (a Node that runs each stage's micro-batches back in
+// reverse order, gradients handed to the stage before).
+#include "volt/distributed/pipeline.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <ostream>
+
+#include "volt/core/check.h"
+#include "volt/distributed/process_group.h"
+
+namespace volt {
+namespace {
+
+constexpr const char* kTag = "[Pipeline]";
+constexpr int64_t kMaxDims = 8;
+constexpr int64_t kHeader = kMaxDims + 3;  // micro-batches, dims, dtype, sizes
+
+// What travels before an activation: the receiver cannot know its shape or dtype.
+at::Tensor header_of(const at::Tensor& t, int64_t chunks) {
+  VOLT_CHECK(t.dim() <= kMaxDims, ValueError, kTag, " a stage's output has ", t.dim(),
+             " dimensions (", t.sizes(), "); at most ", kMaxDims,
+             " travel between stages: flatten it in the layer that makes it.");
+  at::Tensor h = at::full({kHeader}, -1, at::kLong);
+  auto a = h.accessor<int64_t, 1>();
+  a[0] = chunks;
+  a[1] = t.dim();
+  a[2] = static_cast<int64_t>(t.scalar_type());
+  for (int64_t d = 0; d < t.dim(); ++d) a[3 + d] = t.size(d);
+  return h;
+}
+
+struct Header {
+  int64_t chunks = 0;
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype = at::kFloat;
+};
+
+Header parse_header(const at::Tensor& h, int64_t rank, int64_t from) {
+  auto a = h.accessor<int64_t, 1>();
+  bool ok = a[0] >= 1 && a[1] >= 0 && a[1] <= kMaxDims && a[2] >= 0 &&
+            a[2] < static_cast<int64_t>(c10::ScalarType::NumOptions);
+  Header out;
+  for (int64_t d = 0; ok && d < a[1]; ++d) {
+    ok = a[3 + d] >= 0;
+    out.sizes.push_back(a[3 + d]);
+  }
+  VOLT_CHECK(ok, DistributedError, kTag, " rank ", rank,
+             " got a malformed activation header from rank ", from,
+             "; every rank must run the same model and code.");
+  out.chunks = a[0];
+  out.dtype = static_cast<c10::ScalarType>(a[2]);
+  return out;
+}
+
+void send_with_header(ProcessGroup& g, const at::Tensor& t, int64_t chunks, int64_t dst) {
+  g.send(header_of(t, chunks), dst);
+  g.send(t, dst);
+}
+
+at::Tensor recv_with_header(ProcessGroup& g, int64_t src, c10::Device device, int64_t* chunks) {
+  at::Tensor h = at::empty({kHeader}, at::kLong);
+  g.recv_(h, src);
+  const Header head = parse_header(h, g.rank(), src);
+  at::Tensor t = at::empty(head.sizes, at::TensorOptions().dtype(head.dtype).device(device));
+  g.recv_(t, src);
+  *chunks = head.chunks;
+  return t;
+}
+
+// One forward's micro-batches on this stage, kept for its backward.
+struct Flight {
+  std::shared_ptr<ProcessGroup> group;
+  int64_t stage = 0;
+  int64_t stages = 1;
+  at::Tensor input;                 // stage 0: the detached batch its micro-batches slice
+  std::vector<at::Tensor> inputs;   // per micro-batch: what this stage's layers took ...
+  std::vector<at::Tensor> outputs;  // ... and gave (with their graphs)
+};
+
+class PipelineBackward : public torch::autograd::Node {
+ public:
+  explicit PipelineBackward(std::shared_ptr<Flight> flight) : flight_(std::move(flight)) {}
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    Flight& f = *flight_;
+    VOLT_CHECK(!f.outputs.empty(), ValueError, kTag,
+               " a second backward through the same forward; the pipeline frees its micro-batches "
+               "after the first (retain_graph is not supported): run the forward again.");
+    ProcessGroup& g = *f.group;
+    const int64_t last = f.stages - 1;
+    const int64_t n = static_cast<int64_t>(f.outputs.size());
+    // Only the last stage's gradient of the output counts: every rank computed the same loss from
+    // the same broadcast output, and the last stage's layers made it.
+    std::vector<at::Tensor> from_loss;
+    if (f.stage == last) {
+      std::vector<int64_t> rows;
+      for (const auto& y : f.outputs) rows.push_back(y.size(0));
+      std::vector<int64_t> shape = f.outputs[0].sizes().vec();
+      shape[0] = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+      const at::Tensor whole =
+          grads[0].defined() ? grads[0] : at::zeros(shape, f.outputs[0].options());
+      from_loss = whole.split_with_sizes(rows, 0);
+    }
+    for (int64_t i = n - 1; i >= 0; --i) {
+      const at::Tensor& y = f.outputs[i];
+      at::Tensor gy;
+      if (f.stage == last) {
+        gy = from_loss[i].contiguous();
+      } else {
+        gy = at::empty(y.sizes(), y.options().requires_grad(false));
+        g.recv_(gy, f.stage + 1);
+      }
+      if (y.requires_grad()) torch::autograd::backward({y}, {gy});
+      if (f.stage > 0) {
+        const at::Tensor& x = f.inputs[i];
+        const at::Tensor gx = x.grad().defined() ? x.grad() : at::zeros_like(x);
+        g.send(gx, f.stage - 1);
+      }
+    }
+    at::Tensor gx = f.stage == 0 && f.input.requires_grad() ? f.input.grad() : at::Tensor();
+    f.inputs.clear();
+    f.outputs.clear();
+    f.input = at::Tensor();
+    if (next_edges().empty()) return {};
+    return {gx};
+  }
+  std::string name() const override { return "volt::PipelineBackward"; }
+
+ private:
+  std::shared_ptr<Flight> flight_;
+};
+
+}  // namespace
+
+std::ostream& operator<<(std::ostream& os, const PipelineOptions& o) {
+  os << "PipelineOptions(chunks=" << o.chunks() << ", balance=[";
+  for (size_t i = 0; i < o.balance().size(); ++i) os << (i ? ", " : "") << o.balance()[i];
+  return os << "], partition_method=" << o.partition_method() << ")";
+}
+
+std::vector<int64_t> partition_layers(const std::vector<int64_t>& weights, int64_t stages,
+                                      const std::vector<int64_t>& balance,
+                                      const std::string& method) {
+  const auto n = static_cast<int64_t>(weights.size());
+  VOLT_CHECK(stages >= 1, ConfigError, kTag, " needs at least one stage, got ", stages, ".");
+  VOLT_CHECK(stages <= n, ConfigError, kTag, " ", stages, " stages but only ", n,
+             " layers: every stage needs one. Run at most ", n,
+             " processes or split the model into more layers.");
+  std::vector<int64_t> bounds{0};
+  if (!balance.empty()) {
+    VOLT_CHECK(static_cast<int64_t>(balance.size()) == stages, ConfigError, kTag, " balance has ",
+               balance.size(), " entries for ", stages,
+               " stages; give one layer count per stage (process).");
+    for (int64_t b : balance) {
+      VOLT_CHECK(b >= 1, ConfigError, kTag, " balance entry ", b,
+                 " is not a layer count; every stage needs at least one layer.");
+      bounds.push_back(bounds.back() + b);
+    }
+    VOLT_CHECK(bounds.back() == n, ConfigError, kTag, " balance sums to ", bounds.back(),
+               " layers but the pipeline has ", n, "; the counts must cover every layer once.");
+    return bounds;
+  }
+  if (method == "uniform") {
+    for (int64_t s = 0; s < stages; ++s)
+      bounds.push_back(bounds.back() + n / stages + (s < n % stages));
+    return bounds;
+  }
+  VOLT_CHECK(method == "parameters", ConfigError, kTag, " unknown partition_method '", method,
+             "'; use \"parameters\" or \"uniform\", or give a balance.");
+  // best[k][i]: the smallest largest-run weight of layers [0, i) cut into k runs.
+  std::vector<int64_t> prefix{0};
+  for (int64_t w : weights) prefix.push_back(prefix.back() + w);
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  std::vector<std::vector<int64_t>> best(stages + 1, std::vector<int64_t>(n + 1, kNone));
+  std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (int64_t k = 1; k <= stages; ++k) {
+    for (int64_t i = k; i <= n - (stages - k); ++i) {
+      for (int64_t j = k - 1; j < i; ++j) {
+        if (best[k - 1][j] == kNone) continue;
+        const int64_t v = std::max(best[k - 1][j], prefix[i] - prefix[j]);
+        if (v < best[k][i]) {
+          best[k][i] = v;
+          cut[k][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<int64_t> rev{n};
+  for (int64_t k = stages, i = n; k > 0; --k) {
+    i = cut[k][i];
+    rev.push_back(i);
+  }
+  return {rev.rbegin(), rev.rend()};
+}
+
+PipelineImpl::PipelineImpl(torch::nn::Sequential layers, PipelineOptions options)
+    : torch::nn::Module("volt::Pipeline"),
+      layers_(std::move(layers)),
+      options_(std::move(options)) {
+  VOLT_CHECK(layers_ && !layers_->is_empty(), ConfigError, kTag,
+             " needs a Sequential with at least one layer.");
+  set_chunks(options_.chunks());
+  for (const auto& child : layers_->named_children()) register_module(child.key(), child.value());
+  bounds_ = {0, static_cast<int64_t>(layers_->size())};
+}
+
+void PipelineImpl::set_chunks(int64_t chunks) {
+  VOLT_CHECK(chunks >= 1, ConfigError, kTag,
+             " chunks must be at least 1 (the micro-batches per batch), got ", chunks, ".");
+  options_.chunks(chunks);
+}
+
+void PipelineImpl::distribute(std::shared_ptr<ProcessGroup> group) {
+  VOLT_CHECK(group != nullptr, ValueError, kTag, " distribute() needs a process group.");
+  std::vector<int64_t> weights;
+  for (const auto& layer : layers_->children()) {
+    int64_t w = 0;
+    for (const auto& p : layer->parameters(true)) w += p.numel();
+    weights.push_back(w);
+  }
+  bounds_ = partition_layers(weights, group->world_size(), options_.balance(),
+                             options_.partition_method());
+  stage_ = group->rank();
+  group_ = std::move(group);
+}
+
+void PipelineImpl::undistribute() {
+  group_.reset();
+  stage_ = 0;
+  bounds_ = {0, static_cast<int64_t>(layers_->size())};
+}
+
+std::pair<int64_t, int64_t> PipelineImpl::stage_layers(int64_t stage) const {
+  VOLT_CHECK(stage >= 0 && stage < num_stages(), ValueError, kTag, " stage ", stage,
+             " does not exist; the pipeline has ", num_stages(), ".");
+  return {bounds_[stage], bounds_[stage + 1]};
+}
+
+std::vector<at::Tensor> PipelineImpl::stage_parameters(int64_t stage) const {
+  const auto [first, last] = stage_layers(stage);
+  std::vector<at::Tensor> out;
+  for (int64_t i = first; i < last; ++i) {
+    for (const auto& p : layers_->ptr(i)->parameters(true)) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> PipelineImpl::foreign_parameters() const {
+  std::vector<at::Tensor> out;
+  if (!distributed()) return out;
+  for (int64_t s = 0; s < num_stages(); ++s) {
+    if (s == stage_) continue;
+    for (auto& p : stage_parameters(s)) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> PipelineImpl::stage_state(int64_t stage) const {
+  std::vector<at::Tensor> out = stage_parameters(stage);
+  const auto [first, last] = stage_layers(stage);
+  for (int64_t i = first; i < last; ++i) {
+    for (const auto& b : layers_->ptr(i)->buffers(true)) {
+      if (b.defined()) out.push_back(b);
+    }
+  }
+  return out;
+}
+
+void PipelineImpl::gather() {
+  if (!distributed()) return;
+  at::NoGradGuard no_grad;
+  for (int64_t s = 0; s < num_stages(); ++s) {
+    std::vector<at::Tensor> state = stage_state(s);
+    if (!state.empty()) group_->broadcast_(state, s);
+  }
+}
+
+at::Tensor PipelineImpl::run_layers(int64_t first, int64_t last, at::Tensor x) {
+  for (int64_t i = first; i < last; ++i) x = (layers_->begin() + i)->forward(x);
+  return x;
+}
+
+at::Tensor PipelineImpl::forward(const at::Tensor& x) {
+  if (!distributed() || num_stages() == 1)
+    return run_layers(0, static_cast<int64_t>(layers_->size()), x);
+  ProcessGroup& g = *group_;
+  const int64_t last = num_stages() - 1;
+  const auto [first, end] = stage_layers(stage_);
+  const bool graph = c10::GradMode::is_enabled();
+  auto flight = std::make_shared<Flight>();
+  flight->group = group_;
+  flight->stage = stage_;
+  flight->stages = num_stages();
+
+  std::vector<at::Tensor> pieces;
+  int64_t chunks = 1;
+  if (stage_ == 0) {
+    VOLT_CHECK(x.dim() >= 1 && x.size(0) >= 1, ValueError, kTag,
+               " the input needs a batch dimension with at least one row, got ", x.sizes(), ".");
+    flight->input = x.detach();
+    if (graph && x.requires_grad()) flight->input.requires_grad_(true);
+    pieces = flight->input.chunk(options_.chunks(), 0);
+    chunks = static_cast<int64_t>(pieces.size());
+  }
+  std::vector<at::Tensor> outputs;
+  for (int64_t i = 0; i < chunks; ++i) {
+    at::Tensor xi;
+    if (stage_ == 0) {
+      xi = pieces[i];
+    } else {
+      int64_t told = 0;
+      xi = recv_with_header(g, stage_ - 1, x.device(), &told);
+      VOLT_CHECK(i == 0 || told == chunks, DistributedError, kTag, " rank ", stage_,
+                 " was told of ", told, " micro-batches after ", chunks,
+                 "; every rank must run the same model and code.");
+      chunks = told;
+      if (graph) xi.requires_grad_(true);
+    }
+    at::Tensor yi = run_layers(first, end, xi);
+    if (stage_ < last) send_with_header(g, yi, chunks, stage_ + 1);
+    if (graph) {
+      flight->inputs.push_back(xi);
+      flight->outputs.push_back(yi);
+    }
+    if (stage_ == last) outputs.push_back(yi.detach());
+  }
+
+  // Every rank gets the last stage's output, so the code after the pipeline runs everywhere.
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    if (stage_ == last) out = outputs.size() == 1 ? outputs[0].clone() : at::cat(outputs, 0);
+    at::Tensor h = stage_ == last ? header_of(out, chunks) : at::empty({kHeader}, at::kLong);
+    g.broadcast_(h, last);
+    if (stage_ != last) {
+      const Header head = parse_header(h, stage_, last);
+      out = at::empty(head.sizes, at::TensorOptions().dtype(head.dtype).device(x.device()));
+    }
+    g.broadcast_(out, last);
+  }
+  if (!graph) return out;
+  std::shared_ptr<PipelineBackward> node(new PipelineBackward(flight), torch::autograd::deleteNode);
+  if (stage_ == 0 && flight->input.requires_grad()) {
+    node->set_next_edges(torch::autograd::collect_next_edges(x));
+  }
+  torch::autograd::create_gradient_edge(out, node);
+  return out;
+}
+
+void PipelineImpl::pretty_print(std::ostream& stream) const {
+  stream << "volt::Pipeline(layers=" << layers_->size() << ", chunks=" << options_.chunks();
+  if (distributed()) stream << ", stage=" << stage_ << " of " << num_stages();
+  stream << ")";
+}
+
+}  // namespace volt

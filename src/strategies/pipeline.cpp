@@ -1,0 +1,310 @@
+// PipelineStrategy: the DDP launcher and process group, without gradient all-reduce; the
+// module's volt::Pipeline split over the ranks; clipping, found-inf and checkpoints across stages.
+#include "volt/strategies/pipeline.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <ostream>
+#include <sstream>
+#include <unordered_set>
+
+#include "io/detail/state_key.h"
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/core/module.h"
+#include "volt/distributed/pipeline.h"
+#include "volt/distributed/process_group.h"
+#include "volt/io/state.h"
+#include "volt/precision/fp8_precision.h"
+#include "volt/precision/precision.h"
+
+namespace volt {
+namespace {
+
+constexpr const char* kTag = "[PipelineStrategy]";
+
+DdpStrategyOptions ddp_options(const PipelineStrategyOptions& o) {
+  // No gradient buckets: each parameter is trained by one stage. Buffers stay each stage's own.
+  return DdpStrategyOptions()
+      .timeout_s(o.timeout_s())
+      .process_group_backend(o.process_group_backend())
+      .broadcast_buffers(false);
+}
+
+std::string rank_key(int64_t rank, const std::string& key) {
+  return "rank" + std::to_string(rank) + "." + key;
+}
+
+// Every rank's bytes, in rank order (their lengths may differ).
+std::vector<std::string> all_gather_bytes(ProcessGroup& group, const std::string& mine) {
+  const auto lengths =
+      group.all_gather(at::full({1}, static_cast<int64_t>(mine.size()), at::kLong));
+  int64_t longest = 0;
+  for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
+  at::Tensor padded = at::zeros({longest}, at::kByte);
+  std::memcpy(padded.data_ptr(), mine.data(), mine.size());
+  const auto all = group.all_gather(padded);
+  std::vector<std::string> out;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const auto* data = static_cast<const char*>(all[r].data_ptr());
+    out.emplace_back(data, data + lengths[r].item<int64_t>());
+  }
+  return out;
+}
+
+}  // namespace
+
+std::ostream& operator<<(std::ostream& os, const PipelineStrategyOptions& o) {
+  return os << "PipelineStrategyOptions(chunks=" << o.chunks() << ", timeout_s=" << o.timeout_s()
+            << ", process_group_backend=" << o.process_group_backend() << ")";
+}
+
+PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options,
+                                   std::shared_ptr<Accelerator> accelerator,
+                                   std::shared_ptr<Precision> precision, int64_t devices,
+                                   int64_t num_nodes, std::shared_ptr<CheckpointIO> checkpoint_io)
+    : DdpStrategy(ddp_options(options), std::move(accelerator), std::move(precision), devices,
+                  num_nodes, std::move(checkpoint_io)),
+      options_(std::move(options)) {
+  VOLT_CHECK(options_.chunks() >= 0, ConfigError, kTag, " chunks=", options_.chunks(),
+             " must be >= 0 (0 keeps the model's PipelineOptions::chunks).");
+}
+
+PipelineStrategy::~PipelineStrategy() = default;
+
+void PipelineStrategy::setup_module(Module& module) {
+  VOLT_CHECK(!sync_batchnorm(), ConfigError, kTag,
+             " sync_batchnorm has nothing to synchronise: every stage sees the whole batch. "
+             "Turn sync_batchnorm off.");
+  VOLT_CHECK(dynamic_cast<const Fp8Precision*>(precision_.get()) == nullptr, ConfigError, kTag,
+             " fp8 precision is not supported: its scaling history is per layer and would be "
+             "kept by each stage apart. Use bf16-mixed or 32-true with the pipeline.");
+  Strategy::setup_module(module);
+  std::vector<std::shared_ptr<PipelineImpl>> found;
+  for (const auto& m : module.modules(/*include_self=*/false)) {
+    if (auto p = std::dynamic_pointer_cast<PipelineImpl>(m)) found.push_back(p);
+  }
+  VOLT_CHECK(found.size() == 1, ConfigError, kTag, " the module holds ", found.size(),
+             " volt::Pipeline layers; the pipeline strategy splits exactly one. Put the layers "
+             "to split, in order, into one volt::Pipeline (volt/distributed/pipeline.h).");
+  broadcast_module_state(module);  // every rank starts from rank 0's weights
+  pipe_ = found[0];
+  module_ = &module;
+  if (options_.chunks() > 0) pipe_->set_chunks(options_.chunks());
+  pipe_->distribute(group_);
+  stage_of_.clear();
+  for (int64_t s = 0; s < pipe_->num_stages(); ++s) {
+    for (const auto& p : pipe_->stage_parameters(s)) stage_of_[p.unsafeGetTensorImpl()] = s;
+  }
+  // Outside the pipeline rank 0 holds the truth: layers before it train on stage 0 only (the
+  // others ignore the input), layers after it the same way on every rank.
+  owner_by_name_.clear();
+  for (const auto& p : module.named_parameters(true)) {
+    auto it = stage_of_.find(p.value().unsafeGetTensorImpl());
+    owner_by_name_[p.key()] = it == stage_of_.end() ? 0 : it->second;
+  }
+  const auto [first, last] = pipe_->stage_layers(pipe_->stage());
+  log_info("PipelineStrategy", "rank " + std::to_string(rank()) + " runs stage " +
+                                   std::to_string(pipe_->stage()) + " of " +
+                                   std::to_string(pipe_->num_stages()) + ": layers " +
+                                   std::to_string(first) + "-" + std::to_string(last - 1) + ", " +
+                                   std::to_string(pipe_->options().chunks()) + " micro-batches");
+}
+
+void PipelineStrategy::teardown() {
+  // The Trainer tears down in its error handler too, where the ranks are out of step: nothing
+  // collective runs then. After a normal end every rank gets the whole trained model, and the
+  // pipeline runs whole (a program's own forward after fit must not wait for other ranks).
+  if (pipe_ && pipe_->distributed()) {
+    if (trained_ && module_ != nullptr && std::current_exception() == nullptr) {
+      gather_model(*module_);
+    }
+    pipe_->undistribute();
+  }
+  trained_ = false;
+  module_ = nullptr;
+  DdpStrategy::teardown();
+}
+
+void PipelineStrategy::gather_model(const Module& module) const {
+  pipe_->gather();
+  // What lies outside the pipeline, from rank 0 (see setup_module).
+  std::unordered_set<const c10::TensorImpl*> inside;
+  for (const auto& t : pipe_->parameters(true)) inside.insert(t.unsafeGetTensorImpl());
+  for (const auto& t : pipe_->buffers(true)) inside.insert(t.unsafeGetTensorImpl());
+  std::vector<at::Tensor> outside;
+  for (const auto& t : module.parameters(true)) {
+    if (!inside.count(t.unsafeGetTensorImpl())) outside.push_back(t.detach());
+  }
+  for (const auto& t : module.buffers(true)) {
+    if (t.defined() && !inside.count(t.unsafeGetTensorImpl())) outside.push_back(t.detach());
+  }
+  torch::NoGradGuard no_grad;
+  if (!outside.empty()) group().broadcast_(outside, 0);
+}
+
+int64_t PipelineStrategy::owner(const std::string& name) const {
+  auto it = owner_by_name_.find(name);
+  return it == owner_by_name_.end() ? 0 : it->second;
+}
+
+bool PipelineStrategy::trains(const at::Tensor& p) const {
+  auto it = stage_of_.find(p.unsafeGetTensorImpl());
+  return it == stage_of_.end() || it->second == rank();
+}
+
+at::Tensor PipelineStrategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  return Strategy::training_step(module, batch, batch_idx);
+}
+
+void PipelineStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
+  trained_ = true;
+  Strategy::backward(loss, module, sync_gradients);
+}
+
+bool PipelineStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
+                                      c10::optional<double> clip_value, ClipAlgorithm algorithm,
+                                      const ClipCall& clip) {
+  // Strategy::optimizer_step's sequence, with the ranks agreeing on inf/NaN gradients: each
+  // checked only its own stage's, and a stage that skipped a step the others took would train
+  // a model that is no longer one.
+  precision_->unscale_gradients(optimizer);
+  precision_->agree_on_found_inf(
+      [this](bool found) { return world_size() > 1 ? group().any_of(found) : found; });
+  clip_for_step(optimizer, clip_value, algorithm, clip);
+  return precision_->optimizer_step(optimizer);
+}
+
+at::Tensor PipelineStrategy::clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                            ClipAlgorithm algorithm) {
+  if (algorithm != ClipAlgorithm::kNorm || world_size() == 1) {
+    return Strategy::clip_gradients(optimizer, value, algorithm);
+  }
+  // The norm over every stage's gradients: each stage sums the squares of its own, and of the
+  // parameters outside the pipeline rank 0 does (they have one gradient, or the same on every
+  // rank); the sum over the ranks is the whole model's, as clip_grad_norm_ in one process.
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  at::Tensor squares = at::zeros({}, at::kDouble);
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      grads.push_back(p.grad());
+      const bool counted = stage_of_.count(p.unsafeGetTensorImpl()) ? trains(p) : rank() == 0;
+      if (counted) squares += p.grad().to(at::kDouble).pow(2).sum().cpu();
+    }
+  }
+  const at::Tensor total = group().all_reduce(squares, Reduce::kSum).sqrt();
+  const double coef = value / (total.item<double>() + 1e-6);
+  if (coef < 1.0) {
+    for (auto& g : grads) g.mul_(coef);
+  }
+  return total;
+}
+
+void PipelineStrategy::zero_grad(torch::optim::Optimizer& optimizer) {
+  Strategy::zero_grad(optimizer);
+}
+
+void PipelineStrategy::save_model_state(const Module& module,
+                                        torch::serialize::OutputArchive& ar) const {
+  if (pipe_ && pipe_->distributed()) gather_model(module);
+  Strategy::save_model_state(module, ar);
+}
+
+void PipelineStrategy::save_optimizer_state(const torch::optim::Optimizer& optimizer,
+                                            const Module& module,
+                                            torch::serialize::OutputArchive& ar) const {
+  if (!pipe_ || !pipe_->distributed()) {
+    Strategy::save_optimizer_state(optimizer, module, ar);
+    return;
+  }
+  // Each rank holds the state of what it trains: every rank's archive, then each parameter's
+  // state from its owner, in volt::save_optimizer_state's format (loads anywhere).
+  torch::serialize::OutputArchive mine;
+  volt::save_optimizer_state(optimizer, module, mine);
+  std::ostringstream os;
+  mine.save_to(os);
+  const auto bytes = all_gather_bytes(group(), os.str());
+  std::vector<torch::serialize::InputArchive> parts(bytes.size());
+  for (size_t r = 0; r < bytes.size(); ++r) {
+    std::istringstream is(bytes[r]);
+    parts[r].load_from(is);
+  }
+  c10::IValue num_groups;
+  parts[0].read("num_groups", num_groups);
+  ar.write("num_groups", num_groups);
+  for (int64_t g = 0; g < num_groups.toInt(); ++g) {
+    const std::string key = "group_" + std::to_string(g);
+    std::vector<torch::serialize::InputArchive> groups(parts.size()), states(parts.size());
+    for (size_t r = 0; r < parts.size(); ++r) {
+      parts[r].read(key, groups[r]);
+      groups[r].read("state", states[r]);
+    }
+    torch::serialize::OutputArchive group_ar, options_ar, states_ar;
+    optimizer.param_groups()[g].options().serialize(options_ar);  // the same on every rank
+    group_ar.write("options", options_ar);
+    c10::IValue names;
+    groups[0].read("params", names);
+    group_ar.write("params", names);
+    const auto list = c10::impl::toTypedList<std::string>(names.toList());
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string name = list.get(i);
+      torch::serialize::InputArchive one;
+      if (!states[owner(name)].try_read(name, one)) continue;  // never stepped
+      auto st = new_optimizer_param_state(optimizer);
+      st->serialize(one);
+      torch::serialize::OutputArchive out;
+      st->serialize(out);
+      states_ar.write(name, out);
+    }
+    group_ar.write("state", states_ar);
+    ar.write(key, group_ar);
+  }
+}
+
+void PipelineStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
+                                            const Module& module,
+                                            torch::serialize::InputArchive& ar) const {
+  Strategy::load_optimizer_state(optimizer, module, ar);
+  if (!pipe_ || !pipe_->distributed()) return;
+  // The other stages' state stays with them.
+  auto& state = optimizer.state();
+  for (const auto& p : pipe_->foreign_parameters()) {
+    state.erase(detail::state_key_for<detail::OptimizerStateKey>(p));
+  }
+}
+
+void PipelineStrategy::save_accumulated_gradients(const Module& module,
+                                                  torch::serialize::OutputArchive& ar) const {
+  if (!pipe_ || !pipe_->distributed()) {
+    Strategy::save_accumulated_gradients(module, ar);
+    return;
+  }
+  // Each rank's partial sums under "rank<r>.<name>" (a resume at the same stages), and under the
+  // plain name the owner's: what one process would have accumulated.
+  for (const auto& p : module.named_parameters(true)) {
+    if (!p.value().requires_grad()) continue;
+    const at::Tensor g =
+        p.value().grad().defined() ? p.value().grad() : torch::zeros_like(p.value());
+    const auto all = group().all_gather(g.contiguous());
+    for (size_t r = 0; r < all.size(); ++r) ar.write(rank_key(r, p.key()), all[r]);
+    ar.write(p.key(), all[owner(p.key())]);
+  }
+}
+
+void PipelineStrategy::load_accumulated_gradients(Module& module,
+                                                  torch::serialize::InputArchive& ar) {
+  for (auto& p : module.named_parameters(true)) {
+    if (!trains(p.value())) continue;  // another stage's: it gets no gradient here
+    at::Tensor g;
+    if (ar.try_read(rank_key(rank(), p.key()), g) || ar.try_read(p.key(), g)) {
+      p.value().mutable_grad() = g.to(p.value().device());
+    }
+  }
+}
+
+}  // namespace volt

@@ -1,0 +1,417 @@
+// Pipeline parallelism: the partition, the Pipeline layer against its Sequential (in this process
+// and over 2-4 real processes), and PipelineStrategy fits against one process, resumed at other
+// stage counts, with loss scaling, clipping, accumulation and a dead stage.
+#include "volt/distributed/pipeline.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <regex>
+
+#include "build_paths.h"
+#include "distributed/detail/net.h"
+#include "error_text.h"
+#include "processes.h"
+#include "requires.h"
+#include "tiny.h"
+#include "volt/distributed/process_group.h"
+#include "volt/strategies/pipeline.h"
+
+namespace {
+
+using volt::ConfigError;
+using volt_test::error_of;
+
+// ---------------------------------------------------------------- partition
+
+TEST(PartitionLayers, UniformGivesTheFirstStagesOneLayerMore) {
+  EXPECT_EQ(volt::partition_layers({1, 1, 1, 1, 1, 1, 1}, 3, {}, "uniform"),
+            (std::vector<int64_t>{0, 3, 5, 7}));
+  EXPECT_EQ(volt::partition_layers({5, 5}, 2, {}, "uniform"), (std::vector<int64_t>{0, 1, 2}));
+}
+
+TEST(PartitionLayers, ParametersMakesTheLargestStageAsSmallAsItCanBe) {
+  // Alone, 400 and 408 each need a stage: the smallest possible largest stage is 468 (400+68).
+  EXPECT_EQ(volt::partition_layers({144, 0, 408, 0, 400, 0, 68}, 3, {}, "parameters"),
+            (std::vector<int64_t>{0, 1, 3, 7}));
+  // One heavy layer first: the rest share the second stage.
+  EXPECT_EQ(volt::partition_layers({100, 10, 10, 10}, 2, {}, "parameters"),
+            (std::vector<int64_t>{0, 1, 4}));
+  EXPECT_EQ(volt::partition_layers({1, 2, 3, 4, 5, 6}, 3, {}, "parameters"),
+            (std::vector<int64_t>{0, 3, 5, 6}));
+  // Every stage gets a layer even when weights are zero.
+  EXPECT_EQ(volt::partition_layers({0, 0, 0}, 3, {}, "parameters"),
+            (std::vector<int64_t>{0, 1, 2, 3}));
+}
+
+TEST(PartitionLayers, BalanceIsTakenAsGiven) {
+  EXPECT_EQ(volt::partition_layers({9, 9, 9, 9}, 2, {3, 1}, "ignored"),
+            (std::vector<int64_t>{0, 3, 4}));
+}
+
+TEST(PartitionLayers, BadPartitionsAreConfigErrorsSayingWhatToChange) {
+  auto err = [](std::vector<int64_t> w, int64_t stages, std::vector<int64_t> balance,
+                std::string method) {
+    return error_of<ConfigError>([&] { volt::partition_layers(w, stages, balance, method); });
+  };
+  EXPECT_NE(err({1, 1}, 3, {}, "uniform").find("3 stages but only 2 layers"), std::string::npos);
+  EXPECT_NE(err({1, 1, 1}, 2, {1}, "uniform").find("balance has 1 entries for 2 stages"),
+            std::string::npos);
+  EXPECT_NE(
+      err({1, 1, 1}, 2, {1, 1}, "uniform").find("balance sums to 2 layers but the pipeline has 3"),
+      std::string::npos);
+  EXPECT_NE(err({1, 1, 1}, 2, {3, 0}, "uniform").find("every stage needs at least one layer"),
+            std::string::npos);
+  EXPECT_NE(err({1, 1, 1}, 2, {}, "type:Linear").find("unknown partition_method 'type:Linear'"),
+            std::string::npos);
+  EXPECT_NE(err({1}, 0, {}, "uniform").find("at least one stage"), std::string::npos);
+}
+
+// ---------------------------------------------------------------- the layer in one process
+
+torch::nn::Sequential small_layers() {
+  return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
+}
+
+TEST(Pipeline, UndistributedItIsItsSequentialWithTheSameNames) {
+  torch::manual_seed(0);
+  auto seq = small_layers();
+  torch::manual_seed(0);
+  volt::Pipeline pipe(small_layers(), volt::PipelineOptions().chunks(4));
+  const auto want = seq->named_parameters(true);
+  const auto got = pipe->named_parameters(true);
+  ASSERT_EQ(got.keys(), want.keys());  // "0.weight", ...: checkpoints move between the two
+  const auto x = torch::randn({6, 4});
+  EXPECT_TRUE(torch::equal(pipe->forward(x), seq->forward(x)));
+  EXPECT_FALSE(pipe->distributed());
+  EXPECT_EQ(pipe->num_stages(), 1);
+  EXPECT_EQ(pipe->stage_layers(0), (std::pair<int64_t, int64_t>{0, 3}));
+  EXPECT_EQ(pipe->stage_parameters(0).size(), 4u);
+  EXPECT_TRUE(pipe->foreign_parameters().empty());
+  std::ostringstream os;
+  pipe->pretty_print(os);
+  EXPECT_EQ(os.str(), "volt::Pipeline(layers=3, chunks=4)");
+}
+
+TEST(Pipeline, BadConstructionIsAConfigError) {
+  EXPECT_NE(error_of<ConfigError>([] {
+              volt::Pipeline(torch::nn::Sequential());
+            }).find("at least one layer"),
+            std::string::npos);
+  EXPECT_NE(error_of<ConfigError>([] {
+              volt::Pipeline(small_layers(), volt::PipelineOptions().chunks(0));
+            }).find("chunks must be at least 1"),
+            std::string::npos);
+}
+
+// ---------------------------------------------------------------- the layer over processes
+
+// Starts `world` ranks of the worker's layer check; each must print its "layer ok" line.
+void expect_layer_ok(int world, std::vector<std::string> extra,
+                     const std::vector<std::string>& stage_layers) {
+  VOLT_REQUIRE_GLOO();
+  const int port = volt::detail::find_free_port();
+  std::vector<std::string> args{"layer"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto ranks = volt_test::start_ranks(volt_test::pipeline_worker(), args, world, [&](int r) {
+    return volt_test::plain_rank_env(r, world, port);
+  });
+  for (int r = 0; r < world; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 0) << ranks[r]->output();
+    EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) + " layer ok stage=" +
+                                      std::to_string(r) + " layers=" + stage_layers[r]),
+              std::string::npos)
+        << ranks[r]->output();
+  }
+}
+
+// The worker's model: Linear(8,16) Tanh Linear(16,24) ReLU Linear(24,16) Tanh Linear(16,4).
+TEST(PipelineLayer, TwoStagesGiveTheSequentialsOutputAndGradientsBitForBit) {
+  expect_layer_ok(2, {"--chunks", "1"}, {"0-2", "3-6"});
+}
+
+TEST(PipelineLayer, TwoStagesWithMicroBatchesMatchTheSequential) {
+  expect_layer_ok(2, {"--chunks", "3"}, {"0-2", "3-6"});
+}
+
+TEST(PipelineLayer, ThreeStagesByParameterCount) {
+  expect_layer_ok(3, {"--chunks", "4"}, {"0-0", "1-2", "3-6"});
+}
+
+TEST(PipelineLayer, FourStagesByBalanceWithMoreChunksThanStages) {
+  expect_layer_ok(4, {"--chunks", "5", "--balance", "1,3,2,1"}, {"0-0", "1-3", "4-5", "6-6"});
+}
+
+TEST(PipelineLayer, UniformPartition) {
+  expect_layer_ok(3, {"--method", "uniform"}, {"0-2", "3-4", "5-6"});
+}
+
+TEST(PipelineLayer, AStageRunningOtherCodeIsADistributedErrorNotAHang) {
+  VOLT_REQUIRE_GLOO();
+  const int port = volt::detail::find_free_port();
+  auto ranks =
+      volt_test::start_ranks(volt_test::pipeline_worker(), {"layer", "--bad-header", "1"}, 2,
+                             [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+  EXPECT_EQ(ranks[0]->exit_code(std::chrono::seconds(60)), 0) << ranks[0]->output();
+  EXPECT_EQ(ranks[1]->exit_code(std::chrono::seconds(60)), 1) << ranks[1]->output();
+  EXPECT_NE(ranks[1]->output().find("[Pipeline] rank 1 got a malformed activation header from "
+                                    "rank 0; every rank must run the same model and code."),
+            std::string::npos)
+      << ranks[1]->output();
+}
+
+TEST(ProcessGroupPointToPoint, APeerThatIsNotAnotherRankIsAValueError) {
+  VOLT_REQUIRE_GLOO();
+  volt::ClusterEnvironment env;
+  env.main_port = volt::detail::find_free_port();
+  volt::ProcessGroup group(env);
+  at::Tensor t = torch::zeros({2});
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              group.send(t, 0);
+            }).find("send from rank 0 to rank 0: the destination must be another rank of the 1"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              group.recv_(t, 3);
+            }).find("recv on rank 0 from rank 3: the source must be another rank of the 1"),
+            std::string::npos);
+}
+
+// ---------------------------------------------------------------- Trainer fits
+
+struct Job {
+  std::string output;
+  int code = -1;
+};
+
+Job run_fit(const std::string& root, const std::string& out, std::vector<std::string> extra) {
+  std::vector<std::string> args{"fit", "--root", root, "--out", out};
+  args.insert(args.end(), extra.begin(), extra.end());
+  volt_test::Process p(volt_test::pipeline_worker(), args);
+  Job j;
+  j.code = p.exit_code(std::chrono::seconds(120));
+  j.output = p.output();
+  return j;
+}
+
+torch::Tensor load(const std::string& path) {
+  torch::Tensor t;
+  torch::load(t, path);
+  return t;
+}
+
+int64_t steps_of(const std::string& out, int rank) {
+  std::smatch m;
+  const std::regex re("rank " + std::to_string(rank) + " done step=([0-9]+) stage=([0-9-]+)");
+  if (!std::regex_search(out, m, re)) return -1;
+  return std::stoll(m[1]);
+}
+
+// Every rank of `prefix` (a job of `world` ranks) ends with `want`: bit for bit (tol 0) or
+// within tol.
+void expect_every_rank(const std::string& prefix, int world, const torch::Tensor& want,
+                       double tol) {
+  for (int r = 0; r < world; ++r) {
+    SCOPED_TRACE(prefix + " rank " + std::to_string(r));
+    const torch::Tensor got = load(prefix + ".rank" + std::to_string(r) + ".pt");
+    ASSERT_EQ(got.sizes(), want.sizes());
+    if (tol == 0) {
+      EXPECT_TRUE(torch::equal(got, want))
+          << "max diff " << (got - want).abs().max().item<double>();
+    } else {
+      EXPECT_LE((got - want).abs().max().item<double>(), tol);
+    }
+  }
+}
+
+class PipelineFit : public ::testing::Test {
+ protected:
+  void SetUp() override { VOLT_REQUIRE_GLOO(); }
+  // A fit that must succeed on every rank.
+  Job fit(const std::string& name, std::vector<std::string> extra) {
+    Job j = run_fit(dir / name, dir / ("out/" + name), std::move(extra));
+    EXPECT_EQ(j.code, 0) << j.output;
+    return j;
+  }
+  torch::Tensor weights(const std::string& name, int rank = 0) {
+    return load(dir / ("out/" + name + ".rank" + std::to_string(rank) + ".pt"));
+  }
+  std::string prefix(const std::string& name) { return dir / ("out/" + name); }
+  volt_test::TempDir dir;
+};
+
+TEST_F(PipelineFit, TwoStagesTrainAsOneProcessBitForBitAndEveryRankEndsWithTheWholeModel) {
+  fit("one", {"--devices", "1", "--predict", "1"});
+  const Job two = fit("two", {"--devices", "2", "--predict", "1"});
+  EXPECT_EQ(steps_of(two.output, 0), 12);
+  EXPECT_NE(two.output.find("rank 1 done step=12 stage=1"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("[PipelineStrategy] rank 0 runs stage 0 of 2: layers 0-1, 1 "
+                            "micro-batches"),
+            std::string::npos)
+      << two.output;
+  expect_every_rank(prefix("two"), 2, weights("one"), 0);
+  // A predict after the fit runs through the pipeline again: every rank gets every logit.
+  expect_every_rank(prefix("two.pred"), 2, load(prefix("one.pred.rank0.pt")), 0);
+}
+
+TEST_F(PipelineFit, ThreeStagesWithMicroBatchesClippingAndAccumulationMatchOneProcess) {
+  const std::vector<std::string> common{"--optimizer", "adamw", "--clip", "0.05", "--accum", "2"};
+  std::vector<std::string> one{"--devices", "1"}, three{"--devices", "3", "--chunks", "4"};
+  one.insert(one.end(), common.begin(), common.end());
+  three.insert(three.end(), common.begin(), common.end());
+  fit("one", one);
+  const Job j = fit("three", three);
+  EXPECT_EQ(steps_of(j.output, 2), 6);
+  // Micro-batches sum the gradient in another order, and the cross-stage norm is summed in
+  // double: round-off only.
+  expect_every_rank(prefix("three"), 3, weights("one"), 1e-6);
+}
+
+TEST_F(PipelineFit, TheStrategysChunksOverrideTheModels) {
+  const Job j = fit("two", {"--devices", "2", "--chunks", "1", "--strategy-chunks", "3"});
+  EXPECT_NE(j.output.find("3 micro-batches"), std::string::npos) << j.output;
+}
+
+TEST_F(PipelineFit, WithLossScalingEveryStageSkipsTheStepOneStageFoundInfIn) {
+  // The inf gradient is in the last stage's layer only; stage 0 sees finite gradients and must
+  // skip the step too, or the stages would no longer make one model.
+  fit("one", {"--devices", "1", "--scaling", "1", "--inf-call", "3"});
+  const Job j = fit("two", {"--devices", "2", "--scaling", "1", "--inf-call", "3"});
+  EXPECT_EQ(steps_of(j.output, 0), 11);  // 12 batches, one step skipped
+  EXPECT_EQ(steps_of(j.output, 1), 11);
+  expect_every_rank(prefix("two"), 2, weights("one"), 0);
+}
+
+TEST_F(PipelineFit, ACheckpointResumesAtTwoThreeOrOneStagesBitForBit) {
+  const std::vector<std::string> common{"--optimizer", "adamw", "--accum", "2"};
+  auto with = [&](std::vector<std::string> v) {
+    v.insert(v.end(), common.begin(), common.end());
+    return v;
+  };
+  fit("whole", with({"--devices", "2", "--ckpt-every-step", "1"}));
+  const std::string ckpt = dir / "whole/ckpt/step=3.ckpt";
+  ASSERT_TRUE(std::filesystem::exists(ckpt));
+  // The checkpoint holds the whole model and every stage's optimizer state.
+  const Job two = fit("two", with({"--devices", "2", "--resume", ckpt}));
+  const Job three = fit("three", with({"--devices", "3", "--resume", ckpt}));
+  const Job one = fit("one", with({"--devices", "1", "--resume", ckpt}));
+  // Optimizer state (10 parameters in all) only for the pipeline layers a rank trains, plus the
+  // layers outside the pipeline: the one after it (every rank trains it) and, read from the
+  // checkpoint, the one before it (2 parameters; only stage 0 trains it).
+  EXPECT_NE(one.output.find("rank 0 done step=6 stage=0 states=10"), std::string::npos);
+  EXPECT_NE(two.output.find("rank 0 done step=6 stage=0 states=6"), std::string::npos);
+  EXPECT_NE(two.output.find("rank 1 done step=6 stage=1 states=8"), std::string::npos)
+      << two.output;
+  EXPECT_NE(three.output.find("rank 0 done step=6 stage=0 states=6"), std::string::npos);
+  EXPECT_NE(three.output.find("rank 1 done step=6 stage=1 states=6"), std::string::npos);
+  EXPECT_NE(three.output.find("rank 2 done step=6 stage=2 states=6"), std::string::npos)
+      << three.output;
+  const torch::Tensor want = weights("whole");
+  expect_every_rank(prefix("two"), 2, want, 0);
+  expect_every_rank(prefix("three"), 3, want, 0);
+  expect_every_rank(prefix("one"), 1, want, 0);
+}
+
+TEST_F(PipelineFit, ResumesMidAccumulationWithEachStagesPartialGradients) {
+  const std::vector<std::string> common{"--optimizer", "adamw", "--accum", "4", "--chunks", "3"};
+  auto with = [&](std::vector<std::string> v) {
+    v.insert(v.end(), common.begin(), common.end());
+    return v;
+  };
+  fit("whole", with({"--devices", "2", "--save-at", "0,2"}));  // 3 of 4 micro-steps summed
+  const std::string ckpt = dir / "whole/save_at.ckpt";
+  const Job two = fit("two", with({"--devices", "2", "--resume", ckpt}));
+  fit("one", with({"--devices", "1", "--resume", ckpt}));
+  expect_every_rank(prefix("two"), 2, weights("whole"), 0);
+  // The partial sums of stage 0's layers were not given to stage 1 (its optimizer would keep
+  // state for them).
+  EXPECT_NE(two.output.find("rank 1 done step=4 stage=1 states=8"), std::string::npos)
+      << two.output;
+  expect_every_rank(prefix("one"), 1, weights("whole"), 1e-6);  // one chunk instead of three
+}
+
+TEST_F(PipelineFit, FusedAdamWResumesBitForBit) {
+  const std::vector<std::string> common{"--optimizer", "fused_adamw", "--chunks", "2"};
+  auto with = [&](std::vector<std::string> v) {
+    v.insert(v.end(), common.begin(), common.end());
+    return v;
+  };
+  fit("whole", with({"--devices", "2", "--ckpt-every-step", "1"}));
+  fit("two", with({"--devices", "2", "--resume", dir / "whole/ckpt/step=5.ckpt"}));
+  expect_every_rank(prefix("two"), 2, weights("whole"), 0);
+}
+
+TEST_F(PipelineFit, ATracedStepRunsEagerlyWithTheReasonAndTrainsTheSame) {
+  // The tracer cannot hold transfers between stages: trace_training_step falls back, once logged.
+  fit("one", {"--devices", "1"});
+  const Job j = fit("two", {"--devices", "2", "--trace", "1"});
+  EXPECT_NE(j.output.find("trace_training_step: running training_step eagerly: [ProcessGroup] "
+                          "send while libtorch's tracer records"),
+            std::string::npos)
+      << j.output;
+  expect_every_rank(prefix("two"), 2, weights("one"), 0);
+}
+
+TEST_F(PipelineFit, ADeadStageFailsTheOthersAtOnceNamingIt) {
+  const auto start = std::chrono::steady_clock::now();
+  const Job j =
+      run_fit(dir / "d", dir / "out/d",
+              {"--devices", "2", "--die-rank", "1", "--die-batch", "2", "--timeout", "60"});
+  EXPECT_NE(j.code, 0) << j.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30))
+      << "well before the 60 s timeout";
+  EXPECT_NE(j.output.find("failed on rank 0 of 2"), std::string::npos) << j.output;
+  EXPECT_NE(j.output.find("rank 1 (local rank 1"), std::string::npos) << j.output;
+  EXPECT_NE(j.output.find("killed by signal 9"), std::string::npos) << j.output;
+}
+
+// ---------------------------------------------------------------- strategy errors (one process)
+
+TEST(PipelineStrategy, AModuleWithoutAPipelineIsAConfigError) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  volt::Trainer t(volt_test::quiet(dir.path).strategy("pipeline").devices(1).max_epochs(1));
+  const std::string e =
+      error_of<ConfigError>([&] { t.fit(model, volt_test::loader(volt_test::blobs(32))); });
+  EXPECT_NE(e.find("[PipelineStrategy] the module holds 0 volt::Pipeline layers"),
+            std::string::npos)
+      << e;
+}
+
+TEST(PipelineStrategy, SyncBatchnormIsRefused) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  volt::Trainer t(volt_test::quiet(dir.path)
+                      .strategy("pipeline")
+                      .devices(1)
+                      .max_epochs(1)
+                      .sync_batchnorm(true));
+  const std::string e =
+      error_of<ConfigError>([&] { t.fit(model, volt_test::loader(volt_test::blobs(32))); });
+  EXPECT_NE(e.find("sync_batchnorm has nothing to synchronise"), std::string::npos) << e;
+}
+
+TEST(PipelineStrategy, Fp8PrecisionIsRefused) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  volt::Trainer t(
+      volt_test::quiet(dir.path).strategy("pipeline").devices(1).max_epochs(1).precision("fp8"));
+  const std::string e =
+      error_of<ConfigError>([&] { t.fit(model, volt_test::loader(volt_test::blobs(32))); });
+  EXPECT_NE(e.find("fp8 precision is not supported"), std::string::npos) << e;
+}
+
+TEST(PipelineStrategy, NegativeChunksAreAConfigError) {
+  const std::string e = error_of<ConfigError>([] {
+    volt::Trainer(volt_test::quiet("/tmp").strategy(
+        volt::named<volt::Strategy>("pipeline", {{"chunks", int64_t{-1}}})));
+  });
+  EXPECT_NE(e.find("chunks=-1 must be >= 0"), std::string::npos) << e;
+}
+
+}  // namespace

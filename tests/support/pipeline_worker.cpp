@@ -1,0 +1,334 @@
+// One pipeline-parallel job for tests/strategies/pipeline_test.cpp.
+//
+//   volt_pipeline_worker layer [--chunks C] [--balance A,B,...] [--method parameters|uniform]
+//       One rank of the volt::Pipeline layer alone, started by the test with plain cluster
+//       variables. Every rank builds the same model twice (seeded): a plain Sequential (the
+//       reference, run in this process) and a distributed Pipeline, runs a batch through both,
+//       backward, an SGD step and gather(), and checks: the output on every rank, this stage's
+//       gradients (other stages' stay undefined), the input's gradient on stage 0, the whole
+//       model after gather(), a no-grad forward, bit for bit with one chunk, else within 1e-6.
+//       Prints "rank R layer ok stage=S layers=F-L chunks=C". --bad-header 1: rank 0 sends stage
+//       1 a malformed header instead (stage 1 must fail with a DistributedError).
+//
+//   volt_pipeline_worker fit --root DIR --out PREFIX [--devices N] [--chunks C]
+//       [--balance A,B,...] [--epochs E] [--max-steps S] [--optimizer sgd|adamw|fused_adamw]
+//       [--clip NORM] [--accum K] [--dropout 0|1] [--ckpt-every-step 0|1] [--save-at E,B]
+//       [--predict 0|1] [--resume CKPT]
+//       [--die-rank R --die-batch B] [--timeout S] [--scaling 0|1] [--inf-call K]
+//       [--strategy-chunks C] [--trace 0|1] A Trainer fit of a module whose middle layers are a
+//       volt::Pipeline, with a layer before and after it; --devices 1 is the single-process
+//       reference (single_device). Started as a plain process it launches its ranks itself. Every
+//       rank writes its flat parameters after fit to <out>.rank<R>.pt and prints "rank R done
+//       step=S stage=T states=N" (N: parameters with optimizer state on this rank).
+//       --ckpt-every-step: a ModelCheckpoint keeping every step's checkpoint in <root>/ckpt.
+//       --predict 1: then a predict of the validation data; every rank writes its logits to
+//       <out>.pred.rank<R>.pt.
+//       --save-at E,B: a checkpoint <root>/save_at.ckpt after batch B of epoch E (mid-way
+//       through an accumulation with --accum).
+//       --scaling: bf16-mixed with dynamic loss scaling. --inf-call K: the K-th training_step's
+//       backward gives the pipeline's last layer (the last stage's) an inf gradient.
+//       --die-rank/--die-batch: that rank SIGKILLs itself at that training batch.
+//
+// Exit: 0 done, 1 a volt error or failed check (printed on one line), 2 bad usage.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "save_at.h"
+#include "tiny.h"
+#include "volt/distributed/pipeline.h"
+#include "volt/strategies/pipeline.h"
+
+namespace {
+
+void say(const std::string& line) {
+  std::string s = line + "\n";
+  [[maybe_unused]] auto n = ::write(1, s.data(), s.size());
+}
+
+[[noreturn]] void fail(const std::string& what) {
+  say("CHECK FAILED: " + what);
+  std::_Exit(1);
+}
+
+std::vector<int64_t> parse_list(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
+  return out;
+}
+
+void check_same(const at::Tensor& got, const at::Tensor& want, bool exact,
+                const std::string& what) {
+  if (!got.defined() || !want.defined()) fail(what + ": undefined tensor");
+  if (!got.sizes().equals(want.sizes())) fail(what + ": shapes differ");
+  if (exact) {
+    if (!at::equal(got, want)) fail(what + ": not bit for bit");
+  } else if (!at::allclose(got, want, 1e-6, 1e-6)) {
+    fail(what + ": differs by " + std::to_string((got - want).abs().max().item<double>()));
+  }
+}
+
+torch::nn::Sequential layer_model() {
+  return torch::nn::Sequential(
+      torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 24), torch::nn::ReLU(),
+      torch::nn::Linear(24, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+}
+
+int run_layer(std::map<std::string, std::string>& a) {
+  const int64_t chunks = a.count("--chunks") ? std::stoll(a["--chunks"]) : 1;
+  const char* world = std::getenv("WORLD_SIZE");
+  auto env = volt::detect_cluster_environment(volt::process_env(),
+                                              world != nullptr ? std::stoll(world) : 1, 1);
+  auto group = std::make_shared<volt::ProcessGroup>(
+      env, volt::ProcessGroupOptions().timeout(std::chrono::seconds(30)));
+  torch::manual_seed(0);
+  auto reference = layer_model();
+  torch::manual_seed(0);
+  volt::PipelineOptions options;
+  options.chunks(chunks);
+  if (a.count("--balance")) options.balance(parse_list(a["--balance"]));
+  if (a.count("--method")) options.partition_method(a["--method"]);
+  volt::Pipeline pipe(layer_model(), options);
+  pipe->distribute(group);
+  const int64_t stage = pipe->stage();
+  if (a.count("--bad-header") && group->rank() == 0) {
+    // Stage 0 runs other code: what stage 1 receives first is no activation header.
+    group->send(at::full({11}, 99, at::kLong), 1);
+    say("rank 0 sent a bad header");
+    return 0;
+  }
+  const bool exact = chunks == 1;
+
+  torch::manual_seed(1);
+  const at::Tensor x = torch::randn({10, 8});
+  const at::Tensor target = torch::randn({10, 4});
+  const at::Tensor x_ref = x.clone().requires_grad_(true);
+  const at::Tensor x_pipe = x.clone().requires_grad_(true);
+  const at::Tensor out_ref = reference->forward(x_ref);
+  torch::mse_loss(out_ref, target).backward();
+  const at::Tensor out = pipe->forward(x_pipe);
+  torch::mse_loss(out, target).backward();
+  check_same(out.detach(), out_ref.detach(), exact, "output");
+  if (stage == 0) {
+    check_same(x_pipe.grad(), x_ref.grad(), exact, "input gradient");
+  } else if (x_pipe.grad().defined()) {
+    fail("a later stage gave the input a gradient");
+  }
+  const auto [first, last] = pipe->stage_layers(stage);
+  auto ref_params = reference->named_parameters(true);
+  auto pipe_params = pipe->named_parameters(true);
+  int64_t owned = 0;
+  for (const auto& p : pipe_params) {
+    const int64_t layer = std::stoll(p.key().substr(0, p.key().find('.')));
+    const at::Tensor& want = ref_params[p.key()].grad();
+    if (layer >= first && layer < last) {
+      check_same(p.value().grad(), want, exact, "gradient of " + p.key());
+      ++owned;
+    } else if (p.value().grad().defined()) {
+      fail("stage " + std::to_string(stage) + " has a gradient for another stage's " + p.key());
+    }
+  }
+  if (static_cast<int64_t>(pipe->stage_parameters(stage).size()) != owned) {
+    fail("stage_parameters does not match the stage's layers");
+  }
+  // Each stage steps its own parameters; gather() makes every rank's model whole.
+  torch::optim::SGD(reference->parameters(), 0.1).step();
+  torch::optim::SGD(pipe->parameters(), 0.1).step();
+  pipe->gather();
+  for (const auto& p : pipe_params) {
+    check_same(p.value().detach(), ref_params[p.key()].detach(), exact, "gathered " + p.key());
+  }
+  {
+    torch::NoGradGuard no_grad;
+    check_same(pipe->forward(x), reference->forward(x), exact, "no-grad output");
+  }
+  {
+    c10::InferenceMode inference;
+    check_same(pipe->forward(x), reference->forward(x), exact, "inference-mode output");
+  }
+  say("rank " + std::to_string(group->rank()) + " layer ok stage=" + std::to_string(stage) +
+      " layers=" + std::to_string(first) + "-" + std::to_string(last - 1) +
+      " chunks=" + std::to_string(chunks));
+  return 0;
+}
+
+/// A layer before the pipeline (stage 0 trains it), the pipeline, a layer after it (every
+/// rank computes it alike).
+class PipeNet : public volt::Module {
+ public:
+  PipeNet(volt::PipelineOptions options, std::string optimizer, bool dropout)
+      : optimizer_(std::move(optimizer)) {
+    pre = register_module("pre", torch::nn::Linear(8, 16));
+    torch::nn::Sequential layers(torch::nn::Tanh(), torch::nn::Linear(16, 32), torch::nn::ReLU());
+    if (dropout) layers->push_back(torch::nn::Dropout(0.2));
+    layers->push_back(torch::nn::Linear(32, 32));
+    layers->push_back(torch::nn::Tanh());
+    layers->push_back(torch::nn::Linear(32, 16));
+    net = register_module("net", volt::Pipeline(layers, options));
+    head = register_module("head", torch::nn::Linear(16, 2));
+    // The pipeline's last layer (the last stage's) can be given an inf gradient.
+    auto last = net->layers()->ptr(net->layers()->size() - 1);
+    last->named_parameters()["weight"].register_hook([this](const at::Tensor& g) {
+      return poison_ ? g * std::numeric_limits<float>::infinity() : g;
+    });
+  }
+  at::Tensor forward(const at::Tensor& x) { return head->forward(net->forward(pre->forward(x))); }
+  at::Tensor training_step(const volt::Batch& b, int64_t batch_idx) override {
+    if (die_batch >= 0 && batch_idx == die_batch && rank_ == die_rank) ::raise(SIGKILL);
+    poison_ = calls_++ == inf_call;
+    auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
+    log("train_loss", loss);
+    return loss;
+  }
+  void validation_step(const volt::Batch& b, int64_t) override {
+    log("val_loss", torch::cross_entropy_loss(forward(b.input), b.target));
+  }
+  at::Tensor predict_step(const volt::Batch& b, int64_t) override { return forward(b.input); }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    std::shared_ptr<torch::optim::Optimizer> opt;
+    if (optimizer_ == "adamw") {
+      opt = std::make_shared<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(0.01));
+    } else if (optimizer_ == "fused_adamw") {
+      opt = std::make_shared<volt::FusedAdamW>(parameters(), volt::FusedAdamWOptions(0.01));
+    } else {
+      opt = std::make_shared<torch::optim::SGD>(parameters(),
+                                                torch::optim::SGDOptions(0.1).momentum(0.9));
+    }
+    optimizer = opt;
+    return {volt::OptimizerConfig(opt)};
+  }
+  at::Tensor flat() {
+    std::vector<at::Tensor> v;
+    for (auto& p : parameters()) v.push_back(p.detach().reshape({-1}));
+    return torch::cat(v).clone();
+  }
+  void set_rank(int64_t r) { rank_ = r; }
+
+  torch::nn::Linear pre{nullptr}, head{nullptr};
+  volt::Pipeline net{nullptr};
+  int64_t die_rank = -1, die_batch = -1;
+  int64_t inf_call = -1;  // the training_step call whose backward gets an inf gradient
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+
+ private:
+  std::string optimizer_;
+  int64_t rank_ = 0;
+  int64_t calls_ = 0;
+  bool poison_ = false;
+};
+
+/// Tells the module its rank once the strategy knows it.
+class RankProbe : public volt::Callback {
+ public:
+  explicit RankProbe(PipeNet& net) : net_(net) {}
+  std::string state_key() const override { return "RankProbe"; }
+  void on_fit_start(volt::RunContext& run, volt::Module&) override {
+    net_.set_rank(run.global_rank());
+  }
+  void on_train_start(volt::RunContext&, volt::Module&) override { stage = net_.net->stage(); }
+  int64_t stage = -1;
+
+ private:
+  PipeNet& net_;
+};
+
+int run_fit(std::map<std::string, std::string>& a) {
+  auto num = [&](const std::string& k, int64_t d) { return a.count(k) ? std::stoll(a[k]) : d; };
+  const int64_t devices = num("--devices", 2);
+  volt::PipelineOptions options;
+  options.chunks(num("--chunks", 1));
+  if (a.count("--balance")) options.balance(parse_list(a["--balance"]));
+  torch::manual_seed(0);
+  PipeNet model(options, a.count("--optimizer") ? a["--optimizer"] : "sgd",
+                num("--dropout", 0) != 0);
+  model.die_rank = num("--die-rank", -1);
+  model.die_batch = num("--die-batch", -1);
+  model.inf_call = num("--inf-call", -1);
+  auto probe = std::make_shared<RankProbe>(model);
+  std::vector<std::shared_ptr<volt::Callback>> callbacks{probe};
+  if (num("--ckpt-every-step", 0) != 0) {
+    callbacks.push_back(std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                                    .dirpath(a["--root"] + "/ckpt")
+                                                                    .filename("{step}")
+                                                                    .every_n_train_steps(1)
+                                                                    .save_top_k(-1)));
+  }
+  if (a.count("--save-at")) {
+    const auto at = parse_list(a["--save-at"]);
+    callbacks.push_back(
+        std::make_shared<volt_test::SaveAt>(at.at(0), at.at(1), a["--root"] + "/save_at.ckpt"));
+  }
+  volt::Spec<volt::Strategy> strategy("single_device");
+  if (devices > 1) {
+    strategy = volt::named<volt::Strategy>(
+        "pipeline", {{"timeout_s", static_cast<double>(num("--timeout", 60))},
+                     {"chunks", num("--strategy-chunks", 0)}});
+  }
+  volt::TrainerOptions o = volt_test::quiet(a["--root"])
+                               .strategy(strategy)
+                               .devices(devices)
+                               .max_epochs(num("--epochs", 2))
+                               .max_steps(num("--max-steps", -1))
+                               .accumulate_grad_batches(num("--accum", 1))
+                               .callbacks(callbacks);
+  if (a.count("--clip")) o.gradient_clip_val(std::stod(a["--clip"]));
+  if (num("--trace", 0) != 0) o.trace_training_step(true);
+  if (num("--scaling", 0) != 0) {
+    o.precision(std::make_shared<volt::MixedPrecision>(
+        volt::MixedPrecisionOptions().loss_scaling(true).scaler(
+            volt::GradScalerOptions().init_scale(256.0).growth_interval(100))));
+  }
+  volt::Trainer trainer(o);
+  auto data = volt_test::blobs(96, 8, 3);
+  auto val = volt_test::blobs(32, 8, 4);
+  trainer.fit(model, volt::DataLoader(data, volt::DataLoaderOptions(16).shuffle(true).seed(11)),
+              volt::DataLoader(val, volt::DataLoaderOptions(16)),
+              a.count("--resume") ? a["--resume"] : "");
+  const int64_t rank = trainer.strategy().rank();
+  std::filesystem::create_directories(std::filesystem::path(a["--out"]).parent_path());
+  torch::save(model.flat(), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
+  if (num("--predict", 0) != 0) {
+    // A predict after the fit: through the pipeline again (set up anew), every rank's logits.
+    auto predictions = trainer.predict(model, volt::DataLoader(val, volt::DataLoaderOptions(16)));
+    torch::save(torch::cat(predictions), a["--out"] + ".pred.rank" + std::to_string(rank) + ".pt");
+  }
+  say("rank " + std::to_string(rank) + " done step=" + std::to_string(trainer.state().global_step) +
+      " stage=" + std::to_string(probe->stage) +
+      " states=" + std::to_string(model.optimizer->state().size()));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: volt_pipeline_worker layer|fit [--key value]...\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  std::map<std::string, std::string> a;
+  for (int i = 2; i + 1 < argc; i += 2) a[argv[i]] = argv[i + 1];
+  try {
+    if (mode == "layer") return run_layer(a);
+    if (mode == "fit") return run_fit(a);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    for (auto& c : what) {
+      if (c == '\n') c = ' ';
+    }
+    say(std::string("error: ") + what);
+    return 1;
+  }
+  std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  return 2;
+}
