@@ -6,6 +6,9 @@
 //
 //   volt_bench_pipeline [--stages S --chunks C] [--steps N] [--batch B]
 //   (without --stages: runs every configuration and prints a table)
+//   OPENBLAS_NUM_THREADS=1 volt_bench_pipeline --hand 1 --chunks C [--batch B]
+//   (the layers in a hand-written loop, each phase timed; with plain cluster variables, e.g.
+//   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 NODE_RANK=0 LOCAL_RANK=r, one stage)
 
 #include <chrono>
 #include <cstdio>
@@ -118,14 +121,71 @@ void run(int64_t stages, int64_t chunks, int64_t steps, int64_t batch) {
   std::fflush(stdout);
 }
 
+// The same layers without the Trainer, every phase timed: where a pipelined step's time goes.
+// Started with cluster variables (WORLD_SIZE, ...) it is one stage; without them, one process.
+void hand_loop(int64_t chunks, int64_t rows, int64_t steps) {
+  const char* world = std::getenv("WORLD_SIZE");
+  std::shared_ptr<volt::ProcessGroup> group;
+  if (world != nullptr) {
+    group = std::make_shared<volt::ProcessGroup>(
+        volt::detect_cluster_environment(volt::process_env(), std::stoll(world), 1));
+  }
+  torch::manual_seed(0);
+  torch::nn::Sequential layers;
+  for (int i = 0; i < 8; ++i) {
+    layers->push_back(torch::nn::Linear(1024, 1024));
+    layers->push_back(torch::nn::GELU());
+  }
+  volt::Pipeline pipe(layers, volt::PipelineOptions().chunks(chunks));
+  torch::nn::Linear head(1024, 10);
+  if (group) pipe->distribute(group);
+  std::vector<at::Tensor> params = pipe->parameters();
+  for (const auto& p : head->parameters()) params.push_back(p);
+  torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-4));
+  const auto x = torch::randn({rows, 1024});
+  const auto y = torch::randint(0, 10, {rows});
+  double fwd = 0, bwd = 0, step = 0;
+  const auto ms = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  const int64_t warmup = 5;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    const auto t0 = Clock::now();
+    auto loss = torch::cross_entropy_loss(head->forward(pipe->forward(x)), y);
+    const auto t1 = Clock::now();
+    loss.backward();
+    const auto t2 = Clock::now();
+    opt.step();
+    opt.zero_grad();
+    const auto t3 = Clock::now();
+    if (i >= warmup) {
+      fwd += ms(t0, t1);
+      bwd += ms(t1, t2);
+      step += ms(t2, t3);
+    }
+  }
+  const double n = static_cast<double>(steps);
+  std::printf(
+      "HAND stages=%lld chunks=%lld rows=%lld rank=%lld forward_ms=%.1f backward_ms=%.1f "
+      "optimizer_ms=%.1f total_ms=%.1f\n",
+      static_cast<long long>(group ? group->world_size() : 1), static_cast<long long>(chunks),
+      static_cast<long long>(rows), static_cast<long long>(group ? group->rank() : 0), fwd / n,
+      bwd / n, step / n, (fwd + bwd + step) / n);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  volt_bench::same_host_malloc_for_every_contender();
+  volt_bench::same_host_malloc_for_every_contender();  // the hand loop's too
   std::map<std::string, std::string> a;
   for (int i = 1; i + 1 < argc; i += 2) a[argv[i]] = argv[i + 1];
   const int64_t steps = a.count("--steps") ? std::stoll(a["--steps"]) : 20;
   const int64_t batch = a.count("--batch") ? std::stoll(a["--batch"]) : 128;
+  if (a.count("--hand")) {
+    hand_loop(std::stoll(a["--chunks"]), batch, steps);
+    return 0;
+  }
   if (!a.count("--stages")) {
     std::printf(
         "| stages | micro-batches | rank | steps/s | parameters with gradients MiB | AdamW state "

@@ -9,26 +9,43 @@
 
 namespace volt_examples {
 
-/// Images [N,1,28,28] -> logits [N,10].
+/// Images [N,1,28,28] -> logits [N,10]. With `pipeline_chunks` > 0 the layers are one
+/// volt::Pipeline (`body`: Flatten, Linear, ReLU, ..., Linear) that the "pipeline" strategy splits
+/// into stages, each batch cut into that many micro-batches.
 struct MlpNet : torch::nn::Module {
   static constexpr const char* kName = "MlpNet";
-  explicit MlpNet(std::vector<int64_t> hidden = {128}) {
+  explicit MlpNet(std::vector<int64_t> hidden = {128}, int64_t pipeline_chunks = 0) {
     int64_t in = 784;
+    torch::nn::Sequential seq{torch::nn::Flatten()};
     for (size_t i = 0; i < hidden.size(); ++i) {
-      layers.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(in, hidden[i])));
+      torch::nn::Linear fc(in, hidden[i]);
+      if (pipeline_chunks > 0) {
+        seq->push_back(fc);
+        seq->push_back(torch::nn::ReLU());
+      } else {
+        layers.push_back(register_module("fc" + std::to_string(i), fc));
+      }
       in = hidden[i];
     }
-    out = register_module("out", torch::nn::Linear(in, 10));
+    if (pipeline_chunks > 0) {
+      seq->push_back(torch::nn::Linear(in, 10));
+      body = register_module("body",
+                             volt::Pipeline(seq, volt::PipelineOptions().chunks(pipeline_chunks)));
+    } else {
+      out = register_module("out", torch::nn::Linear(in, 10));
+    }
   }
   // Sizes from ops (flatten, -1), not x.size(0): a trace keeps a C++ integer as a constant, so
   // an exported model (volt export) would only take the batch size it was traced with.
   torch::Tensor forward(torch::Tensor x) {
+    if (body) return body->forward(x);
     x = x.flatten(1);
     for (auto& l : layers) x = torch::relu(l->forward(x));
     return out->forward(x);
   }
   std::vector<torch::nn::Linear> layers;
   torch::nn::Linear out{nullptr};
+  volt::Pipeline body{nullptr};
 };
 
 /// Two conv blocks (conv-bn-relu-pool) and a small classifier head.
@@ -220,7 +237,11 @@ inline void register_fashion_mnist(volt::Registry& r) {
   };
   r.models.add(
       "MlpClassifier", "Fashion-MNIST MLP (784 -> hidden... -> 10)",
-      common(volt::Params().add("hidden", std::vector<int64_t>{256, 128}, "hidden layer widths"),
+      common(volt::Params()
+                 .add("hidden", std::vector<int64_t>{256, 128}, "hidden layer widths")
+                 .add("pipeline_chunks", int64_t{0},
+                      "layers in one volt::Pipeline for --trainer.strategy=pipeline, with this "
+                      "many micro-batches per batch (0: plain layers)"),
              4),
       [check_common](const volt::Args& a) -> std::shared_ptr<volt::Module> {
         check_common(a, "MlpClassifier");
@@ -233,8 +254,13 @@ inline void register_fashion_mnist(volt::Registry& r) {
                      "; every hidden layer needs 1 to 1048576 units, e.g. "
                      "--model.hidden=[256,128].");
         }
-        return std::make_shared<Classifier<MlpNet>>(
-            std::make_shared<MlpNet>(hidden), a.get<double>("lr"), a.get<int64_t>("step_size"));
+        const int64_t chunks = a.get<int64_t>("pipeline_chunks");
+        VOLT_CHECK(chunks >= 0 && chunks <= 65536, volt::ConfigError,
+                   "[MlpClassifier] pipeline_chunks=", chunks,
+                   " must be 0 (plain layers) or a number of micro-batches up to 65536, e.g. 4.");
+        return std::make_shared<Classifier<MlpNet>>(std::make_shared<MlpNet>(hidden, chunks),
+                                                    a.get<double>("lr"),
+                                                    a.get<int64_t>("step_size"));
       });
   r.models.add("CnnClassifier", "Fashion-MNIST CNN (two conv-bn-relu-pool blocks)",
                common(volt::Params(), 2),

@@ -27,6 +27,12 @@ namespace {
 constexpr const char* kTag = "[PipelineStrategy]";
 
 DdpStrategyOptions ddp_options(const PipelineStrategyOptions& o) {
+  VOLT_CHECK(o.chunks() >= 0, ConfigError, kTag, " chunks=", o.chunks(),
+             " must be >= 0 (0 keeps the model's PipelineOptions::chunks).");
+  constexpr int64_t kMaxTimeoutS = 30 * 24 * 3600;
+  VOLT_CHECK(o.timeout_s() > 0 && o.timeout_s() <= kMaxTimeoutS, ConfigError, kTag,
+             " timeout_s=", o.timeout_s(), " must be > 0 seconds and at most 30 days (",
+             kMaxTimeoutS, "); e.g. 60.");
   // No gradient buckets: each parameter is trained by one stage. Buffers stay each stage's own.
   return DdpStrategyOptions()
       .timeout_s(o.timeout_s())
@@ -68,10 +74,7 @@ PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options,
                                    int64_t num_nodes, std::shared_ptr<CheckpointIO> checkpoint_io)
     : DdpStrategy(ddp_options(options), std::move(accelerator), std::move(precision), devices,
                   num_nodes, std::move(checkpoint_io)),
-      options_(std::move(options)) {
-  VOLT_CHECK(options_.chunks() >= 0, ConfigError, kTag, " chunks=", options_.chunks(),
-             " must be >= 0 (0 keeps the model's PipelineOptions::chunks).");
-}
+      options_(std::move(options)) {}
 
 PipelineStrategy::~PipelineStrategy() = default;
 

@@ -955,6 +955,41 @@ TEST(CliBinary, TakesDdpParametersFromTheConfigAndRejectsBadOnesWithExitTwo) {
   }
 }
 
+TEST(CliBinary, TrainsTheDemoMlpAsAPipelineOfTwoStages) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::string common =
+      "fit --config " + volt_test::source_dir() +
+      "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" + dir.path +
+      " --trainer.max_epochs=1 --trainer.limit_train_batches=6"
+      " --trainer.limit_val_batches=2 --trainer.enable_progress_bar=false";
+  auto r = run_binary(common +
+                      " --model.pipeline_chunks=2 --trainer.devices=2 --trainer.strategy=pipeline");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("[PipelineStrategy] rank 0 runs stage 0 of 2"), std::string::npos)
+      << r.out << r.err;
+  const auto first = r.out.find("final metrics:");
+  ASSERT_NE(first, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("val_acc", first), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("final metrics:", first + 1), std::string::npos) << r.out;
+  // Bad values exit 2 before anything trains, each naming the fix.
+  for (const auto& [args, phrase] : std::vector<std::pair<std::string, std::string>>{
+           {" --trainer.strategy=pipeline",
+            "[PipelineStrategy] the module holds 0 volt::Pipeline layers"},
+           {" --model.pipeline_chunks=2 --trainer.strategy=pipeline"
+            " --trainer.strategy.init_args.chunks=-1",
+            "[PipelineStrategy] chunks=-1 must be >= 0"},
+           {" --model.pipeline_chunks=2 --trainer.strategy=pipeline"
+            " --trainer.strategy.init_args.timeout_s=inf",
+            "[PipelineStrategy] timeout_s=inf must be > 0 seconds"},
+           {" --model.pipeline_chunks=-1", "[MlpClassifier] pipeline_chunks=-1 must be 0"},
+       }) {
+    r = run_binary(common + args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find(phrase), std::string::npos) << args << ": " << r.err;
+  }
+}
+
 TEST(CliBinary, TheDemoModelsRefuseBadInitArgsBeforeAnythingRuns) {
   // Before, these reached libtorch ("[cli] unexpected error: Invalid learning rate: -1 ... this
   // is likely a volt bug", exit 1), failed at the first attention call, or trained a model with
