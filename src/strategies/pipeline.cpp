@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <ostream>
 #include <sstream>
 #include <unordered_set>
@@ -29,6 +30,8 @@ constexpr const char* kTag = "[PipelineStrategy]";
 DdpStrategyOptions ddp_options(const PipelineStrategyOptions& o) {
   VOLT_CHECK(o.chunks() >= 0, ConfigError, kTag, " chunks=", o.chunks(),
              " must be >= 0 (0 keeps the model's PipelineOptions::chunks).");
+  VOLT_CHECK(o.stages() >= 0, ConfigError, kTag, " stages=", o.stages(),
+             " must be >= 0 (0: one pipeline of every process).");
   constexpr int64_t kMaxTimeoutS = 30 * 24 * 3600;
   VOLT_CHECK(o.timeout_s() > 0 && o.timeout_s() <= kMaxTimeoutS, ConfigError, kTag,
              " timeout_s=", o.timeout_s(), " must be > 0 seconds and at most 30 days (",
@@ -64,7 +67,8 @@ std::vector<std::string> all_gather_bytes(ProcessGroup& group, const std::string
 }  // namespace
 
 std::ostream& operator<<(std::ostream& os, const PipelineStrategyOptions& o) {
-  return os << "PipelineStrategyOptions(chunks=" << o.chunks() << ", timeout_s=" << o.timeout_s()
+  return os << "PipelineStrategyOptions(chunks=" << o.chunks() << ", stages=" << o.stages()
+            << ", timeout_s=" << o.timeout_s()
             << ", process_group_backend=" << o.process_group_backend() << ")";
 }
 
@@ -77,6 +81,33 @@ PipelineStrategy::PipelineStrategy(PipelineStrategyOptions options,
       options_(std::move(options)) {}
 
 PipelineStrategy::~PipelineStrategy() = default;
+
+void PipelineStrategy::setup_environment() {
+  DdpStrategy::setup_environment();
+  if (pipe_group_) return;  // the groups outlive an entry point, as the world's does
+  const int64_t world = world_size();
+  const int64_t stages = options_.stages() == 0 ? world : options_.stages();
+  VOLT_CHECK(world % stages == 0, ConfigError, kTag, " stages=", stages, " does not divide the ",
+             world,
+             " processes; use a divisor of the world size (the quotient is the number of "
+             "data-parallel replicas of the pipeline), or 0 for one stage per process.");
+  stages_ = stages;
+  replicas_ = world / stages;
+  replica_ = rank() / stages;
+  if (replicas_ == 1) {
+    pipe_group_ = group_;
+    return;
+  }
+  // Consecutive ranks form a pipeline (its transfers stay on one node when devices is a
+  // multiple of stages); the same stage of every replica averages gradients.
+  std::vector<int64_t> pipeline, replicas;
+  for (int64_t s = 0; s < stages_; ++s) pipeline.push_back(replica_ * stages_ + s);
+  for (int64_t d = 0; d < replicas_; ++d) replicas.push_back(d * stages_ + rank() % stages_);
+  pipe_group_ = group().new_group(pipeline, "pipeline");
+  dp_group_ = group().new_group(replicas, "pipeline_replicas");
+  log_info("PipelineStrategy", std::to_string(replicas_) + " replicas of a " +
+                                   std::to_string(stages_) + "-stage pipeline");
+}
 
 void PipelineStrategy::setup_module(Module& module) {
   VOLT_CHECK(!sync_batchnorm(), ConfigError, kTag,
@@ -97,13 +128,13 @@ void PipelineStrategy::setup_module(Module& module) {
   pipe_ = found[0];
   module_ = &module;
   if (options_.chunks() > 0) pipe_->set_chunks(options_.chunks());
-  pipe_->distribute(group_);
+  pipe_->distribute(pipe_group_);
   stage_of_.clear();
   for (int64_t s = 0; s < pipe_->num_stages(); ++s) {
     for (const auto& p : pipe_->stage_parameters(s)) stage_of_[p.unsafeGetTensorImpl()] = s;
   }
-  // Outside the pipeline rank 0 holds the truth: layers before it train on stage 0 only (the
-  // others ignore the input), layers after it the same way on every rank.
+  // Outside the pipeline stage 0 holds the truth: layers before it train on stage 0 only (the
+  // others ignore the input), layers after it the same way on every stage.
   owner_by_name_.clear();
   for (const auto& p : module.named_parameters(true)) {
     auto it = stage_of_.find(p.value().unsafeGetTensorImpl());
@@ -134,7 +165,7 @@ void PipelineStrategy::teardown() {
 
 void PipelineStrategy::gather_model(const Module& module) const {
   pipe_->gather();
-  // What lies outside the pipeline, from rank 0 (see setup_module).
+  // What lies outside the pipeline, from stage 0 (see setup_module).
   std::unordered_set<const c10::TensorImpl*> inside;
   for (const auto& t : pipe_->parameters(true)) inside.insert(t.unsafeGetTensorImpl());
   for (const auto& t : pipe_->buffers(true)) inside.insert(t.unsafeGetTensorImpl());
@@ -146,7 +177,7 @@ void PipelineStrategy::gather_model(const Module& module) const {
     if (t.defined() && !inside.count(t.unsafeGetTensorImpl())) outside.push_back(t.detach());
   }
   torch::NoGradGuard no_grad;
-  if (!outside.empty()) group().broadcast_(outside, 0);
+  if (!outside.empty()) pipe_group_->broadcast_(outside, 0);
 }
 
 int64_t PipelineStrategy::owner(const std::string& name) const {
@@ -156,7 +187,7 @@ int64_t PipelineStrategy::owner(const std::string& name) const {
 
 bool PipelineStrategy::trains(const at::Tensor& p) const {
   auto it = stage_of_.find(p.unsafeGetTensorImpl());
-  return it == stage_of_.end() || it->second == rank();
+  return it == stage_of_.end() || (pipe_ != nullptr && it->second == pipe_->stage());
 }
 
 at::Tensor PipelineStrategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
@@ -166,6 +197,40 @@ at::Tensor PipelineStrategy::training_step(Module& module, const Batch& batch, i
 void PipelineStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
   trained_ = true;
   Strategy::backward(loss, module, sync_gradients);
+  // As DDP's no_sync: accumulating micro-steps keep their own sums, the last one averages.
+  if (dp_group_ && sync_gradients) average_over_replicas(module);
+}
+
+void PipelineStrategy::average_over_replicas(const Module& module) {
+  // The replicas of a stage run the same code, so the same gradients are defined on each, in
+  // module order; flattened per dtype in buckets of at most kBucket elements.
+  constexpr int64_t kBucket = int64_t{1} << 22;
+  torch::NoGradGuard no_grad;
+  std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& p : module.parameters(true)) {
+    if (p.grad().defined()) by_dtype[p.grad().scalar_type()].push_back(p.grad());
+  }
+  for (auto& [dtype, grads] : by_dtype) {
+    size_t first = 0;
+    while (first < grads.size()) {
+      size_t last = first;
+      int64_t total = 0;
+      while (last < grads.size() && (total == 0 || total + grads[last].numel() <= kBucket)) {
+        total += grads[last].numel();
+        ++last;
+      }
+      std::vector<at::Tensor> flat;
+      for (size_t i = first; i < last; ++i) flat.push_back(grads[i].reshape(-1));
+      const at::Tensor mean = dp_group_->all_reduce(at::cat(flat), Reduce::kMean);
+      int64_t offset = 0;
+      for (size_t i = first; i < last; ++i) {
+        const int64_t n = grads[i].numel();
+        grads[i].copy_(mean.narrow(0, offset, n).view_as(grads[i]));
+        offset += n;
+      }
+      first = last;
+    }
+  }
 }
 
 bool PipelineStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
@@ -183,12 +248,13 @@ bool PipelineStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
 
 at::Tensor PipelineStrategy::clip_gradients(torch::optim::Optimizer& optimizer, double value,
                                             ClipAlgorithm algorithm) {
-  if (algorithm != ClipAlgorithm::kNorm || world_size() == 1) {
+  if (algorithm != ClipAlgorithm::kNorm || !pipe_ || !pipe_->distributed()) {
     return Strategy::clip_gradients(optimizer, value, algorithm);
   }
   // The norm over every stage's gradients: each stage sums the squares of its own, and of the
-  // parameters outside the pipeline rank 0 does (they have one gradient, or the same on every
-  // rank); the sum over the ranks is the whole model's, as clip_grad_norm_ in one process.
+  // parameters outside the pipeline stage 0 does (they have one gradient, or the same on every
+  // stage); the sum over the pipeline is the whole model's, as clip_grad_norm_ in one process
+  // (replicas hold the same, averaged, gradients).
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   at::Tensor squares = at::zeros({}, at::kDouble);
@@ -196,11 +262,12 @@ at::Tensor PipelineStrategy::clip_gradients(torch::optim::Optimizer& optimizer, 
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       grads.push_back(p.grad());
-      const bool counted = stage_of_.count(p.unsafeGetTensorImpl()) ? trains(p) : rank() == 0;
+      const bool counted =
+          stage_of_.count(p.unsafeGetTensorImpl()) ? trains(p) : pipe_->stage() == 0;
       if (counted) squares += p.grad().to(at::kDouble).pow(2).sum().cpu();
     }
   }
-  const at::Tensor total = group().all_reduce(squares, Reduce::kSum).sqrt();
+  const at::Tensor total = pipe_group_->all_reduce(squares, Reduce::kSum).sqrt();
   const double coef = value / (total.item<double>() + 1e-6);
   if (coef < 1.0) {
     for (auto& g : grads) g.mul_(coef);
@@ -231,7 +298,7 @@ void PipelineStrategy::save_optimizer_state(const torch::optim::Optimizer& optim
   volt::save_optimizer_state(optimizer, module, mine);
   std::ostringstream os;
   mine.save_to(os);
-  const auto bytes = all_gather_bytes(group(), os.str());
+  const auto bytes = all_gather_bytes(*pipe_group_, os.str());
   std::vector<torch::serialize::InputArchive> parts(bytes.size());
   for (size_t r = 0; r < bytes.size(); ++r) {
     std::istringstream is(bytes[r]);
@@ -287,15 +354,18 @@ void PipelineStrategy::save_accumulated_gradients(const Module& module,
     Strategy::save_accumulated_gradients(module, ar);
     return;
   }
-  // Each rank's partial sums under "rank<r>.<name>" (a resume at the same stages), and under the
-  // plain name the owner's: what one process would have accumulated.
+  // Each rank's partial sums under "rank<r>.<name>" (a resume at the same layout), and under
+  // the plain name the mean of its owning stage's replicas: what one process on the global
+  // batch would have accumulated.
   for (const auto& p : module.named_parameters(true)) {
     if (!p.value().requires_grad()) continue;
     const at::Tensor g =
         p.value().grad().defined() ? p.value().grad() : torch::zeros_like(p.value());
     const auto all = group().all_gather(g.contiguous());
     for (size_t r = 0; r < all.size(); ++r) ar.write(rank_key(r, p.key()), all[r]);
-    ar.write(p.key(), all[owner(p.key())]);
+    std::vector<at::Tensor> owners;
+    for (int64_t d = 0; d < replicas_; ++d) owners.push_back(all[d * stages_ + owner(p.key())]);
+    ar.write(p.key(), owners.size() == 1 ? owners[0] : torch::stack(owners).mean(0));
   }
 }
 

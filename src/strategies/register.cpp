@@ -50,6 +50,9 @@ void register_strategies(Registry& r) {
       "volt::Pipeline on micro-batches",
       Params()
           .add("chunks", pl.chunks(), "micro-batches per batch (0: the model's own setting)")
+          .add("stages", pl.stages(),
+               "stages per pipeline; the world size over it = data-parallel replicas (0: one "
+               "pipeline of every process)")
           .add("timeout_s", pl.timeout_s(),
                "bound on rendezvous, every collective and transfer (seconds)")
           .choice("process_group_backend", pl.process_group_backend(), {"auto", "gloo", "nccl"},
@@ -58,6 +61,7 @@ void register_strategies(Registry& r) {
         return std::make_shared<PipelineStrategy>(
             PipelineStrategyOptions()
                 .chunks(a.get<int64_t>("chunks"))
+                .stages(a.get<int64_t>("stages"))
                 .timeout_s(a.get<double>("timeout_s"))
                 .process_group_backend(a.get<std::string>("process_group_backend")),
             c.accelerator, c.precision, c.devices, c.num_nodes);

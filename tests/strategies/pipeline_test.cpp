@@ -343,6 +343,56 @@ TEST_F(PipelineFit, FusedAdamWResumesBitForBit) {
   expect_every_rank(prefix("two"), 2, weights("whole"), 0);
 }
 
+TEST_F(PipelineFit, TwoReplicasOfATwoStagePipelineTrainAsOneProcessOnTheGlobalBatch) {
+  // 4 processes: ranks 0-1 and 2-3 are pipelines, each reading half of every global batch of
+  // 32; the replicas of a stage average their gradients.
+  fit("one", {"--devices", "1", "--batch", "32", "--optimizer", "adamw", "--clip", "0.05"});
+  const Job j = fit("grid", {"--devices", "4", "--stages", "2", "--batch", "16", "--optimizer",
+                             "adamw", "--clip", "0.05", "--chunks", "2"});
+  EXPECT_NE(j.output.find("2 replicas of a 2-stage pipeline"), std::string::npos) << j.output;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(
+        j.output.find("rank " + std::to_string(r) + " done step=6 stage=" + std::to_string(r % 2)),
+        std::string::npos)
+        << j.output;
+  }
+  // Replica means sum the batch in another order: round-off only.
+  expect_every_rank(prefix("grid"), 4, weights("one"), 2e-6);
+}
+
+TEST_F(PipelineFit, AReplicatedPipelineResumesMidAccumulationBitForBitAndInOneProcess) {
+  // 3 batches per replica and epoch, one optimizer step per 3: the checkpoint after batch 1 holds
+  // two batches' partial sums, different on each replica.
+  const std::vector<std::string> grid{"--devices", "4",  "--stages", "2",
+                                      "--batch",   "16", "--accum",  "3"};
+  auto with = [&](std::vector<std::string> base, std::vector<std::string> more) {
+    base.insert(base.end(), more.begin(), more.end());
+    return base;
+  };
+  fit("whole", with(grid, {"--save-at", "0,1"}));
+  const std::string ckpt = dir / "whole/save_at.ckpt";
+  fit("again", with(grid, {"--resume", ckpt}));
+  // One process on the global batch reads the replicas' mean.
+  fit("one", {"--devices", "1", "--batch", "32", "--accum", "3", "--resume", ckpt});
+  expect_every_rank(prefix("again"), 4, weights("whole"), 0);
+  expect_every_rank(prefix("one"), 1, weights("whole"), 2e-6);
+}
+
+TEST(PipelineStrategy, StagesThatDoNotDivideTheWorldAreAConfigError) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  volt::Trainer t(volt_test::quiet(dir.path)
+                      .strategy(volt::named<volt::Strategy>("pipeline", {{"stages", int64_t{2}}}))
+                      .devices(1)
+                      .max_epochs(1));
+  const std::string e =
+      error_of<ConfigError>([&] { t.fit(model, volt_test::loader(volt_test::blobs(32))); });
+  EXPECT_NE(e.find("[PipelineStrategy] stages=2 does not divide the 1 processes"),
+            std::string::npos)
+      << e;
+}
+
 TEST_F(PipelineFit, ATracedStepRunsEagerlyWithTheReasonAndTrainsTheSame) {
   // The tracer cannot hold transfers between stages: trace_training_step falls back, once logged.
   fit("one", {"--devices", "1"});
@@ -406,12 +456,16 @@ TEST(PipelineStrategy, Fp8PrecisionIsRefused) {
   EXPECT_NE(e.find("fp8 precision is not supported"), std::string::npos) << e;
 }
 
-TEST(PipelineStrategy, NegativeChunksAreAConfigError) {
-  const std::string e = error_of<ConfigError>([] {
-    volt::Trainer(volt_test::quiet("/tmp").strategy(
-        volt::named<volt::Strategy>("pipeline", {{"chunks", int64_t{-1}}})));
-  });
-  EXPECT_NE(e.find("chunks=-1 must be >= 0"), std::string::npos) << e;
+TEST(PipelineStrategy, NegativeChunksOrStagesAreConfigErrors) {
+  for (const char* key : {"chunks", "stages"}) {
+    const std::string e = error_of<ConfigError>([&] {
+      volt::Trainer(volt_test::quiet("/tmp").strategy(
+          volt::named<volt::Strategy>("pipeline", {{key, int64_t{-1}}})));
+    });
+    EXPECT_NE(e.find(std::string("[PipelineStrategy] ") + key + "=-1 must be >= 0"),
+              std::string::npos)
+        << e;
+  }
 }
 
 }  // namespace

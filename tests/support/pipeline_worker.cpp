@@ -28,6 +28,8 @@
 //       --scaling: bf16-mixed with dynamic loss scaling. --inf-call K: the K-th training_step's
 //       backward gives the pipeline's last layer (the last stage's) an inf gradient.
 //       --die-rank/--die-batch: that rank SIGKILLs itself at that training batch.
+//       --stages S: pipelines of S stages, devices / S replicas of it (each reading its shard of
+//       the data, batch B per process, default 16).
 //
 // Exit: 0 done, 1 a volt error or failed check (printed on one line), 2 bad usage.
 
@@ -272,7 +274,8 @@ int run_fit(std::map<std::string, std::string>& a) {
   if (devices > 1) {
     strategy = volt::named<volt::Strategy>(
         "pipeline", {{"timeout_s", static_cast<double>(num("--timeout", 60))},
-                     {"chunks", num("--strategy-chunks", 0)}});
+                     {"chunks", num("--strategy-chunks", 0)},
+                     {"stages", num("--stages", 0)}});
   }
   volt::TrainerOptions o = volt_test::quiet(a["--root"])
                                .strategy(strategy)
@@ -291,9 +294,10 @@ int run_fit(std::map<std::string, std::string>& a) {
   volt::Trainer trainer(o);
   auto data = volt_test::blobs(96, 8, 3);
   auto val = volt_test::blobs(32, 8, 4);
-  trainer.fit(model, volt::DataLoader(data, volt::DataLoaderOptions(16).shuffle(true).seed(11)),
-              volt::DataLoader(val, volt::DataLoaderOptions(16)),
-              a.count("--resume") ? a["--resume"] : "");
+  trainer.fit(
+      model,
+      volt::DataLoader(data, volt::DataLoaderOptions(num("--batch", 16)).shuffle(true).seed(11)),
+      volt::DataLoader(val, volt::DataLoaderOptions(16)), a.count("--resume") ? a["--resume"] : "");
   const int64_t rank = trainer.strategy().rank();
   std::filesystem::create_directories(std::filesystem::path(a["--out"]).parent_path());
   torch::save(model.flat(), a["--out"] + ".rank" + std::to_string(rank) + ".pt");

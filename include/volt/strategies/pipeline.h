@@ -6,7 +6,8 @@
 /// stage's parameters. Gradient-norm clipping spans every stage, loss-scaling ranks agree on
 /// inf/NaN gradients, and checkpoints hold the whole model and every stage's optimizer state (a
 /// pipeline checkpoint resumes at any number of stages, or in one process without a pipeline).
-/// When a fit ends every rank holds the whole trained model.
+/// When a fit ends every rank holds the whole trained model. With `stages` below the world size
+/// the pipeline is replicated (pipeline × data parallel, DeepSpeed's pipe and data axes).
 
 #include <torch/arg.h>
 
@@ -25,6 +26,11 @@ class PipelineImpl;
 struct PipelineStrategyOptions {
   /// Micro-batches per batch; 0 keeps the model's PipelineOptions::chunks. Default: 0.
   TORCH_ARG(int64_t, chunks) = 0;
+  /// Stages per pipeline; the world size divided by it is the number of data-parallel replicas
+  /// of the pipeline (consecutive ranks form a pipeline, rank = replica × stages + stage; each
+  /// replica reads its shard of the data and the replicas of a stage average their gradients).
+  /// 0: one pipeline of every process. Default: 0.
+  TORCH_ARG(int64_t, stages) = 0;
   /// Bound on rendezvous, every collective and every transfer between stages (seconds).
   /// Default: 60.
   TORCH_ARG(double, timeout_s) = 60.0;
@@ -43,8 +49,9 @@ class PipelineStrategy : public DdpStrategy {
   std::string name() const override { return "pipeline"; }
   const PipelineStrategyOptions& pipeline_options() const { return options_; }
 
-  /// Every rank reads every batch.
-  DataShard data_shard() const override { return {0, 1}; }
+  /// The ranks of one pipeline read the same batches; each replica its own shard.
+  DataShard data_shard() const override { return {replica_, replicas_}; }
+  void setup_environment() override;
   void teardown() override;
   void setup_module(Module& module) override;
   void trainable_parameters_changed(Module& module) override {}
@@ -67,6 +74,9 @@ class PipelineStrategy : public DdpStrategy {
 
   /// The module's pipeline once setup_module ran (nullptr before).
   PipelineImpl* pipeline() const { return pipe_.get(); }
+  /// Stages per pipeline and replicas of it, once setup_environment ran.
+  int64_t stages() const { return stages_; }
+  int64_t replicas() const { return replicas_; }
 
  private:
   /// Every rank gets the whole model: each stage's layers from it, the rest from rank 0.
@@ -74,7 +84,13 @@ class PipelineStrategy : public DdpStrategy {
   int64_t owner(const std::string& name) const;
   bool trains(const at::Tensor& p) const;
 
+  /// Averages the gradients of this stage's replicas (one all-reduce per bucket).
+  void average_over_replicas(const Module& module);
+
   PipelineStrategyOptions options_;
+  int64_t stages_ = 1, replicas_ = 1, replica_ = 0;
+  std::shared_ptr<ProcessGroup> pipe_group_;  // this rank's pipeline (the whole group when one)
+  std::shared_ptr<ProcessGroup> dp_group_;    // this stage's replicas (none when one)
   std::shared_ptr<PipelineImpl> pipe_;
   const Module* module_ = nullptr;  // the module set up, until teardown
   std::unordered_map<const c10::TensorImpl*, int64_t> stage_of_;  // pipeline parameters only
