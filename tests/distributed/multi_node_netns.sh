@@ -11,7 +11,8 @@
 # after a worker of node 1 is killed, both nodes restart and end with the same weights; and the
 # same job under a real torchrun on each node (when a python3 with torch exists).
 # Exits 77 (ctest: skipped) when namespaces cannot be created.
-# With the volt command as a third argument, `volt predict` with a SafetensorsPredictionWriter
+# With the volt command as a third argument, `volt fit` with pipelines of 4 stages across the
+# nodes and of 2 stages on each node (PipelineStrategy), and `volt predict` with a SafetensorsPredictionWriter
 # across the nodes: rank 0 merges the 4 ranks' files from a folder both nodes share; when node 1
 # writes into a folder of its own (a tmpfs mounted there in its mount namespace, as another
 # machine's disk), rank 0 names the rank whose file it cannot see and every rank fails.
@@ -270,8 +271,38 @@ if [ -n "$volt" ]; then
     echo "FAIL: node 1 printed c10d's connection timeouts"
     fail=1
   fi
+  # Pipeline parallelism across the nodes (`volt fit --trainer.strategy=pipeline`, the demo
+  # MLP's layers in a volt::Pipeline): a 4-stage pipeline whose activations cross the veth pair
+  # ends with one process's metrics (the same printed validation loss); 2 replicas of a 2-stage
+  # pipeline, one per node, train too.
+  pipe_args=(fit --config "$configs/fashion_mnist_mlp.yaml" --model.pipeline_chunks=1
+    --trainer.enable_progress_bar=false --trainer.max_epochs=1 --trainer.limit_train_batches=4
+    --trainer.limit_val_batches=2 --trainer.strategy=pipeline)
+  "$volt" "${pipe_args[@]}" --trainer.default_root_dir="$dir/pipe_one" >"$dir/pipe_one.log" 2>&1 ||
+    { echo "FAIL: the one-process pipeline fit failed"; cat "$dir/pipe_one.log"; fail=1; }
+  for stages in 4 2; do
+    pids=()
+    for node in 0 1; do
+      on_node "$node" $((port + 6 + stages)) 90 "$dir/pipe$stages.$node.log" "$volt" \
+        "${pipe_args[@]}" --trainer.devices=2 --trainer.num_nodes=2 \
+        --trainer.strategy.init_args.stages=$stages --trainer.default_root_dir="$dir/pipe$stages.$node"
+    done
+    wait_nodes "volt fit with $stages-stage pipelines"
+    echo "---- pipeline, $stages stages, node 0 ----"
+    cat "$dir/pipe$stages.0.log"
+  done
+  want=$(grep -E '^ +val_loss ' "$dir/pipe_one.log" || true)
+  got=$(grep -E '^ +val_loss ' "$dir/pipe4.0.log" || true)
+  if [ -z "$want" ] || [ "$got" != "$want" ]; then
+    echo "FAIL: the 4-stage pipeline across the nodes printed '$got', one process '$want'"
+    fail=1
+  fi
+  if ! grep -q "2 replicas of a 2-stage pipeline" "$dir/pipe2.0.log"; then
+    echo "FAIL: stages=2 on 4 ranks did not make 2 replicas of a 2-stage pipeline"
+    fail=1
+  fi
 else
-  echo "SKIP (predict part only): no volt command given"
+  echo "SKIP (predict and pipeline parts): no volt command given"
 fi
 
 # The same 2 x 2 job started by a real torchrun on each node (static rendezvous: node 0's agent
