@@ -74,6 +74,9 @@ class Probe : public volt::Callback {
       rank = run.global_rank();
     }
   }
+  void on_train_start(volt::RunContext&, volt::Module&) override {
+    for (const auto& p : m_.parameters()) held_bytes += p.numel() * 4;
+  }
   // Gradients exist between backward and the optimizer's zero_grad.
   void on_after_backward(volt::RunContext&, volt::Module&) override {
     if (trained_bytes != 0) return;
@@ -82,7 +85,7 @@ class Probe : public volt::Callback {
     }
   }
   Clock::time_point t0, t1;
-  int64_t steps = 0, state_bytes = 0, trained_bytes = 0, rank = 0;
+  int64_t steps = 0, state_bytes = 0, trained_bytes = 0, held_bytes = 0, rank = 0;
 
  private:
   DeepMlp& m_;
@@ -112,11 +115,13 @@ void run(int64_t stages, int64_t chunks, int64_t steps, int64_t batch) {
                                       volt::DataLoaderOptions(batch)));
   const double s = std::chrono::duration<double>(probe->t1 - probe->t0).count();
   std::printf(
-      "RESULT stages=%lld chunks=%lld rank=%lld steps_per_s=%.3f trained_bytes=%lld "
+      "RESULT stages=%lld chunks=%lld rank=%lld steps_per_s=%.3f held_bytes=%lld "
+      "trained_bytes=%lld "
       "state_bytes=%lld peak_bytes=%lld\n",
       static_cast<long long>(stages), static_cast<long long>(chunks),
       static_cast<long long>(probe->rank), static_cast<double>(probe->steps) / s,
-      static_cast<long long>(probe->trained_bytes), static_cast<long long>(probe->state_bytes),
+      static_cast<long long>(probe->held_bytes), static_cast<long long>(probe->trained_bytes),
+      static_cast<long long>(probe->state_bytes),
       static_cast<long long>(volt::cpu_memory_stats().max_in_use));
   std::fflush(stdout);
 }
@@ -188,8 +193,9 @@ int main(int argc, char** argv) {
   }
   if (!a.count("--stages")) {
     std::printf(
-        "| stages | micro-batches | rank | steps/s | parameters with gradients MiB | AdamW state "
-        "MiB | peak tensor MiB |\n|---|---|---|---|---|---|---|\n");
+        "| stages | micro-batches | rank | steps/s | weights held MiB | weights trained MiB | "
+        "AdamW "
+        "state MiB | peak tensor MiB |\n|---|---|---|---|---|---|---|---|\n");
     const std::vector<std::pair<int, int>> configs{{1, 1}, {2, 1}, {2, 2}, {2, 4}, {2, 8}};
     for (const auto& [stages, chunks] : configs) {
       const std::string cmd = std::string(argv[0]) + " --stages " + std::to_string(stages) +
@@ -199,15 +205,15 @@ int main(int argc, char** argv) {
       std::FILE* f = popen(cmd.c_str(), "r");
       char line[512];
       while (f && std::fgets(line, sizeof line, f)) {
-        long long st, ch, rank, trained, state, peak;
+        long long st, ch, rank, held, trained, state, peak;
         double sps;
         if (std::sscanf(line,
                         "RESULT stages=%lld chunks=%lld rank=%lld steps_per_s=%lf "
-                        "trained_bytes=%lld state_bytes=%lld peak_bytes=%lld",
-                        &st, &ch, &rank, &sps, &trained, &state, &peak) == 7) {
+                        "held_bytes=%lld trained_bytes=%lld state_bytes=%lld peak_bytes=%lld",
+                        &st, &ch, &rank, &sps, &held, &trained, &state, &peak) == 8) {
           constexpr double kMiB = 1024.0 * 1024.0;
-          std::printf("| %lld | %lld | %lld | %.2f | %.1f | %.1f | %.1f |\n", st, ch, rank, sps,
-                      trained / kMiB, state / kMiB, peak / kMiB);
+          std::printf("| %lld | %lld | %lld | %.2f | %.1f | %.1f | %.1f | %.1f |\n", st, ch, rank,
+                      sps, held / kMiB, trained / kMiB, state / kMiB, peak / kMiB);
         }
       }
       if (f) pclose(f);

@@ -235,6 +235,7 @@ void PipelineImpl::distribute(std::shared_ptr<ProcessGroup> group) {
 }
 
 void PipelineImpl::undistribute() {
+  restore_other_stages();  // with unset values unless gather() ran
   group_.reset();
   stage_ = 0;
   bounds_ = {0, static_cast<int64_t>(layers_->size())};
@@ -276,8 +277,34 @@ std::vector<at::Tensor> PipelineImpl::stage_state(int64_t stage) const {
   return out;
 }
 
+void PipelineImpl::release_other_stages() {
+  if (!distributed() || released()) return;
+  at::NoGradGuard no_grad;
+  for (int64_t s = 0; s < num_stages(); ++s) {
+    if (s == stage_) continue;
+    for (auto& t : stage_state(s)) {
+      released_.emplace_back(t, t.sizes().vec());
+      t.set_data(at::empty({0}, t.options()));
+    }
+  }
+}
+
+void PipelineImpl::restore_other_stages() {
+  at::NoGradGuard no_grad;
+  for (auto& [t, shape] : released_) t.set_data(at::zeros(shape, t.options()));
+  released_.clear();
+}
+
+std::vector<int64_t> PipelineImpl::whole_shape(const at::Tensor& t) const {
+  for (const auto& [r, shape] : released_) {
+    if (r.is_same(t)) return shape;
+  }
+  return t.sizes().vec();
+}
+
 void PipelineImpl::gather() {
   if (!distributed()) return;
+  restore_other_stages();
   at::NoGradGuard no_grad;
   for (int64_t s = 0; s < num_stages(); ++s) {
     std::vector<at::Tensor> state = stage_state(s);

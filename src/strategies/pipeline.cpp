@@ -68,6 +68,7 @@ std::vector<std::string> all_gather_bytes(ProcessGroup& group, const std::string
 
 std::ostream& operator<<(std::ostream& os, const PipelineStrategyOptions& o) {
   return os << "PipelineStrategyOptions(chunks=" << o.chunks() << ", stages=" << o.stages()
+            << ", release_other_stages=" << (o.release_other_stages() ? "true" : "false")
             << ", timeout_s=" << o.timeout_s()
             << ", process_group_backend=" << o.process_group_backend() << ")";
 }
@@ -129,6 +130,7 @@ void PipelineStrategy::setup_module(Module& module) {
   module_ = &module;
   if (options_.chunks() > 0) pipe_->set_chunks(options_.chunks());
   pipe_->distribute(pipe_group_);
+  if (options_.release_other_stages()) pipe_->release_other_stages();
   stage_of_.clear();
   for (int64_t s = 0; s < pipe_->num_stages(); ++s) {
     for (const auto& p : pipe_->stage_parameters(s)) stage_of_[p.unsafeGetTensorImpl()] = s;
@@ -281,8 +283,39 @@ void PipelineStrategy::zero_grad(torch::optim::Optimizer& optimizer) {
 
 void PipelineStrategy::save_model_state(const Module& module,
                                         torch::serialize::OutputArchive& ar) const {
-  if (pipe_ && pipe_->distributed()) gather_model(module);
-  Strategy::save_model_state(module, ar);
+  if (!pipe_ || !pipe_->distributed()) {
+    Strategy::save_model_state(module, ar);
+    return;
+  }
+  const bool released = pipe_->released();
+  gather_model(module);
+  if (!released) {
+    Strategy::save_model_state(module, ar);
+    return;
+  }
+  // The archive holds the tensors it is given until it is written: copies of the other stages'
+  // weights, which are freed again here.
+  std::unordered_set<const c10::TensorImpl*> others;
+  for (int64_t s = 0; s < pipe_->num_stages(); ++s) {
+    if (s == pipe_->stage()) continue;
+    for (const auto& t : pipe_->stage_state(s)) others.insert(t.unsafeGetTensorImpl());
+  }
+  const auto keep = [&](const at::Tensor& t) {
+    return others.count(t.unsafeGetTensorImpl()) ? t.detach().clone() : t;
+  };
+  for (const auto& item : module.named_parameters(true)) ar.write(item.key(), keep(item.value()));
+  for (const auto& item : module.named_buffers(true)) {
+    ar.write(item.key(), keep(item.value()), /*is_buffer=*/true);
+  }
+  pipe_->release_other_stages();
+}
+
+void PipelineStrategy::load_model_state(Module& module, torch::serialize::InputArchive& ar) const {
+  // Every tensor whole for the strict load, then the other stages' freed again.
+  const bool released = pipe_ && pipe_->released();
+  if (released) pipe_->restore_other_stages();
+  Strategy::load_model_state(module, ar);
+  if (released) pipe_->release_other_stages();
 }
 
 void PipelineStrategy::save_optimizer_state(const torch::optim::Optimizer& optimizer,
@@ -359,8 +392,9 @@ void PipelineStrategy::save_accumulated_gradients(const Module& module,
   // batch would have accumulated.
   for (const auto& p : module.named_parameters(true)) {
     if (!p.value().requires_grad()) continue;
-    const at::Tensor g =
-        p.value().grad().defined() ? p.value().grad() : torch::zeros_like(p.value());
+    const at::Tensor g = p.value().grad().defined()
+                             ? p.value().grad()
+                             : torch::zeros(pipe_->whole_shape(p.value()), p.value().options());
     const auto all = group().all_gather(g.contiguous());
     for (size_t r = 0; r < all.size(); ++r) ar.write(rank_key(r, p.key()), all[r]);
     std::vector<at::Tensor> owners;

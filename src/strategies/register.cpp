@@ -53,6 +53,8 @@ void register_strategies(Registry& r) {
           .add("stages", pl.stages(),
                "stages per pipeline; the world size over it = data-parallel replicas (0: one "
                "pipeline of every process)")
+          .add("release_other_stages", pl.release_other_stages(),
+               "each rank frees the weights other stages train (false: every weight everywhere)")
           .add("timeout_s", pl.timeout_s(),
                "bound on rendezvous, every collective and transfer (seconds)")
           .choice("process_group_backend", pl.process_group_backend(), {"auto", "gloo", "nccl"},
@@ -62,6 +64,7 @@ void register_strategies(Registry& r) {
             PipelineStrategyOptions()
                 .chunks(a.get<int64_t>("chunks"))
                 .stages(a.get<int64_t>("stages"))
+                .release_other_stages(a.get<bool>("release_other_stages"))
                 .timeout_s(a.get<double>("timeout_s"))
                 .process_group_backend(a.get<std::string>("process_group_backend")),
             c.accelerator, c.precision, c.devices, c.num_nodes);

@@ -269,6 +269,24 @@ TEST_F(PipelineFit, ThreeStagesWithMicroBatchesClippingAndAccumulationMatchOnePr
   expect_every_rank(prefix("three"), 3, weights("one"), 1e-6);
 }
 
+TEST_F(PipelineFit, EachRankHoldsOnlyItsStagesWeightsUnlessToldToKeepThemAll) {
+  // The model's 2,306 parameter elements: 144 before the pipeline (kept everywhere), 2,128 in
+  // it (stage 0 of 2: 544, stage 1: 1,584), 34 after it.
+  const Job released = fit("released", {"--devices", "2"});
+  EXPECT_NE(released.output.find("rank 0 done step=12 stage=0 states=6 held=722"),
+            std::string::npos)
+      << released.output;
+  EXPECT_NE(released.output.find("rank 1 done step=12 stage=1 states=6 held=1762"),
+            std::string::npos)
+      << released.output;
+  const Job kept = fit("kept", {"--devices", "2", "--release", "0"});
+  EXPECT_NE(kept.output.find("rank 1 done step=12 stage=1 states=6 held=2306"), std::string::npos)
+      << kept.output;
+  // Either way the same training, and every rank whole after fit.
+  expect_every_rank(prefix("released"), 2, weights("kept"), 0);
+  expect_every_rank(prefix("kept"), 2, weights("kept"), 0);
+}
+
 TEST_F(PipelineFit, TheStrategysChunksOverrideTheModels) {
   const Job j = fit("two", {"--devices", "2", "--chunks", "1", "--strategy-chunks", "3"});
   EXPECT_NE(j.output.find("3 micro-batches"), std::string::npos) << j.output;

@@ -150,6 +150,22 @@ int run_layer(std::map<std::string, std::string>& a) {
   for (const auto& p : pipe_params) {
     check_same(p.value().detach(), ref_params[p.key()].detach(), exact, "gathered " + p.key());
   }
+  // Freed, the other stages' weights are empty on this rank; gathered, whole again.
+  pipe->release_other_stages();
+  for (const auto& p : pipe->foreign_parameters()) {
+    if (p.numel() != 0) fail("release_other_stages kept another stage's weight");
+  }
+  for (const auto& p : pipe->stage_parameters(stage)) {
+    if (p.numel() == 0) fail("release_other_stages freed this stage's weight");
+  }
+  {
+    torch::NoGradGuard no_grad;
+    check_same(pipe->forward(x), reference->forward(x), exact, "released no-grad output");
+  }
+  pipe->gather();
+  for (const auto& p : pipe_params) {
+    check_same(p.value().detach(), ref_params[p.key()].detach(), exact, "regathered " + p.key());
+  }
   {
     torch::NoGradGuard no_grad;
     check_same(pipe->forward(x), reference->forward(x), exact, "no-grad output");
@@ -237,8 +253,12 @@ class RankProbe : public volt::Callback {
   void on_fit_start(volt::RunContext& run, volt::Module&) override {
     net_.set_rank(run.global_rank());
   }
-  void on_train_start(volt::RunContext&, volt::Module&) override { stage = net_.net->stage(); }
+  void on_train_start(volt::RunContext&, volt::Module&) override {
+    stage = net_.net->stage();
+    for (const auto& p : net_.parameters()) held += p.numel();
+  }
   int64_t stage = -1;
+  int64_t held = 0;  // parameter elements this rank holds while it trains
 
  private:
   PipeNet& net_;
@@ -275,7 +295,8 @@ int run_fit(std::map<std::string, std::string>& a) {
     strategy = volt::named<volt::Strategy>(
         "pipeline", {{"timeout_s", static_cast<double>(num("--timeout", 60))},
                      {"chunks", num("--strategy-chunks", 0)},
-                     {"stages", num("--stages", 0)}});
+                     {"stages", num("--stages", 0)},
+                     {"release_other_stages", num("--release", 1) != 0}});
   }
   volt::TrainerOptions o = volt_test::quiet(a["--root"])
                                .strategy(strategy)
@@ -307,8 +328,8 @@ int run_fit(std::map<std::string, std::string>& a) {
     torch::save(torch::cat(predictions), a["--out"] + ".pred.rank" + std::to_string(rank) + ".pt");
   }
   say("rank " + std::to_string(rank) + " done step=" + std::to_string(trainer.state().global_step) +
-      " stage=" + std::to_string(probe->stage) +
-      " states=" + std::to_string(model.optimizer->state().size()));
+      " stage=" + std::to_string(probe->stage) + " states=" +
+      std::to_string(model.optimizer->state().size()) + " held=" + std::to_string(probe->held));
   return 0;
 }
 

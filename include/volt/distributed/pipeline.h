@@ -12,8 +12,9 @@
 /// plain torch::nn::Sequential; its parameters have the Sequential's names ("0.weight", ...), so
 /// checkpoints move between the two.
 ///
-/// Every rank keeps every layer (parameters are replicated, each rank trains only its stage's:
-/// the others get no gradient); activations, gradients and optimizer state are per stage.
+/// Every rank keeps every layer object; each trains only its stage's parameters (the others get
+/// no gradient), and activations, gradients and optimizer state are per stage. The other stages'
+/// weights stay replicated unless release_other_stages() frees them (PipelineStrategy does);
 /// gather() brings every stage's parameters and buffers to every rank.
 
 #include <torch/arg.h>
@@ -73,8 +74,17 @@ class PipelineImpl : public torch::nn::Module {
   void undistribute();
   bool distributed() const { return group_ != nullptr; }
   /// Broadcasts each stage's parameters and buffers from its rank (collective): afterwards
-  /// every rank holds the whole trained model.
+  /// every rank holds the whole trained model (released tensors are allocated again first).
   void gather();
+  /// Frees the other stages' parameters and buffers on this rank (each becomes an empty tensor
+  /// of its dtype and device, the same tensor object, so optimizers and members still hold it):
+  /// the rank keeps only its stage's weights. restore_other_stages() allocates them again as
+  /// zeros (gather() or a load fills them). No-op when not distributed.
+  void release_other_stages();
+  void restore_other_stages();
+  bool released() const { return !released_.empty(); }
+  /// `t`'s shape, or the shape it had before release_other_stages() freed it.
+  std::vector<int64_t> whole_shape(const at::Tensor& t) const;
 
   int64_t stage() const { return stage_; }
   int64_t num_stages() const { return static_cast<int64_t>(bounds_.size()) - 1; }
@@ -84,6 +94,8 @@ class PipelineImpl : public torch::nn::Module {
   std::vector<at::Tensor> stage_parameters(int64_t stage) const;
   /// Parameters this rank does not train (the other stages'); empty when not distributed.
   std::vector<at::Tensor> foreign_parameters() const;
+  /// The parameters and (defined) buffers of `stage`'s layers.
+  std::vector<at::Tensor> stage_state(int64_t stage) const;
 
   const PipelineOptions& options() const { return options_; }
   void set_chunks(int64_t chunks);
@@ -93,13 +105,13 @@ class PipelineImpl : public torch::nn::Module {
 
  private:
   at::Tensor run_layers(int64_t first, int64_t last, at::Tensor x);
-  std::vector<at::Tensor> stage_state(int64_t stage) const;
 
   torch::nn::Sequential layers_;
   PipelineOptions options_;
   std::shared_ptr<ProcessGroup> group_;
   int64_t stage_ = 0;
   std::vector<int64_t> bounds_;
+  std::vector<std::pair<at::Tensor, std::vector<int64_t>>> released_;  // tensor, whole shape
 };
 
 TORCH_MODULE(Pipeline);

@@ -34,6 +34,11 @@ struct PipelineStrategyOptions {
   /// Bound on rendezvous, every collective and every transfer between stages (seconds).
   /// Default: 60.
   TORCH_ARG(double, timeout_s) = 60.0;
+  /// Each rank frees the weights of the layers the other stages train, keeping its own stage's
+  /// (and what lies outside the pipeline): they are gathered for a checkpoint and when a fit
+  /// ends. false keeps every weight on every rank (a callback that reads all of them during fit
+  /// then sees the other stages' as of the last gather). Default: true.
+  TORCH_ARG(bool, release_other_stages) = true;
   /// "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl". Default: "auto".
   TORCH_ARG(std::string, process_group_backend) = "auto";
 };
@@ -64,6 +69,7 @@ class PipelineStrategy : public DdpStrategy {
   void zero_grad(torch::optim::Optimizer& optimizer) override;
 
   void save_model_state(const Module& module, torch::serialize::OutputArchive& ar) const override;
+  void load_model_state(Module& module, torch::serialize::InputArchive& ar) const override;
   void save_optimizer_state(const torch::optim::Optimizer& optimizer, const Module& module,
                             torch::serialize::OutputArchive& ar) const override;
   void load_optimizer_state(torch::optim::Optimizer& optimizer, const Module& module,
