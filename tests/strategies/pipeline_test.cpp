@@ -16,6 +16,7 @@
 #include "processes.h"
 #include "requires.h"
 #include "tiny.h"
+#include "training_jobs.h"
 #include "volt/distributed/process_group.h"
 #include "volt/strategies/pipeline.h"
 
@@ -181,25 +182,16 @@ TEST(ProcessGroupPointToPoint, APeerThatIsNotAnotherRankIsAValueError) {
 
 // ---------------------------------------------------------------- Trainer fits
 
-struct Job {
-  std::string output;
-  int code = -1;
-};
+using volt_test::Job;
 
 Job run_fit(const std::string& root, const std::string& out, std::vector<std::string> extra) {
-  std::vector<std::string> args{"fit", "--root", root, "--out", out};
-  args.insert(args.end(), extra.begin(), extra.end());
-  volt_test::Process p(volt_test::pipeline_worker(), args);
-  Job j;
-  j.code = p.exit_code(std::chrono::seconds(120));
-  j.output = p.output();
-  return j;
+  return volt_test::run_job(volt_test::pipeline_worker(),
+                            volt_test::cat({"fit", "--root", root, "--out", out}, extra),
+                            std::chrono::seconds(120));
 }
 
 torch::Tensor load(const std::string& path) {
-  torch::Tensor t;
-  torch::load(t, path);
-  return t;
+  return volt_test::load_flat(path);
 }
 
 int64_t steps_of(const std::string& out, int rank) {

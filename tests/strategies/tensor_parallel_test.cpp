@@ -13,6 +13,7 @@
 #include "processes.h"
 #include "requires.h"
 #include "tiny.h"
+#include "training_jobs.h"
 #include "volt/accelerators/cpu.h"
 #include "volt/distributed/tensor_parallel.h"
 #include "volt/strategies/deepspeed.h"
@@ -22,23 +23,14 @@ namespace {
 
 using volt::ConfigError;
 
-struct Job {
-  std::string output;
-  int code = 0;
-};
+using volt_test::Job;
 
 Job run_tp(const std::vector<std::string>& args) {
-  volt_test::Process p(volt_test::tp_worker(), args);
-  Job j;
-  j.code = p.exit_code(std::chrono::seconds(120));
-  j.output = p.output();
-  return j;
+  return volt_test::run_job(volt_test::tp_worker(), args, std::chrono::seconds(120));
 }
 
 torch::Tensor load(const std::string& path) {
-  torch::Tensor t;
-  torch::load(t, path);
-  return t;
+  return volt_test::load_flat(path);
 }
 
 int64_t field(const std::string& out, int rank, const std::string& name) {

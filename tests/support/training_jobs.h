@@ -1,7 +1,7 @@
 #pragma once
-// Training jobs of tests/support/ddp_worker.cpp for the strategy tests (DDP, DeepSpeed): run one
-// (a plain process launching its ranks), its single-process reference on the global batch, and
-// compare the flat weights every rank wrote.
+// Training jobs of tests/support/ddp_worker.cpp (and the other workers) for the strategy tests:
+// run one (a plain process launching its ranks), its single-process reference on the global
+// batch, and compare the flat weights every rank wrote.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -34,13 +34,19 @@ struct Job {
   int code = 0;
 };
 
-inline Job run_job(const std::vector<std::string>& args,
+/// Runs worker `exe` with `args` to its end (killed after `timeout`).
+inline Job run_job(const std::string& exe, const std::vector<std::string>& args,
                    std::chrono::milliseconds timeout = std::chrono::seconds(180)) {
-  Process p(kTrainingWorker, args);
+  Process p(exe, args);
   Job j;
   j.code = p.exit_code(timeout);
   j.output = p.output();
   return j;
+}
+
+inline Job run_job(const std::vector<std::string>& args,
+                   std::chrono::milliseconds timeout = std::chrono::seconds(180)) {
+  return run_job(kTrainingWorker, args, timeout);
 }
 
 /// The kill-and-resume tests' first two runs: the job `common` uninterrupted into root/a (out
