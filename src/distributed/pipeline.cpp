@@ -24,13 +24,26 @@ constexpr const char* kTag = "[Pipeline]";
 constexpr int64_t kMaxDims = 8;
 constexpr int64_t kHeader = kMaxDims + 3;  // micro-batches, dims, dtype, sizes
 
-// What travels before an activation: the receiver cannot know its shape or dtype.
-at::Tensor header_of(const at::Tensor& t, int64_t chunks) {
-  VOLT_CHECK(t.dim() <= kMaxDims, ValueError, kTag, " a stage's output has ", t.dim(),
-             " dimensions (", t.sizes(), "); at most ", kMaxDims,
+constexpr int64_t kTooManyDims = -2;  // in the micro-batch field: the sender is failing
+
+[[noreturn]] void throw_too_many_dims(int64_t stage, int64_t dims) {
+  VOLT_CHECK(false, ValueError, kTag, " stage ", stage, "'s output has ", dims,
+             " dimensions; at most ", kMaxDims,
              " travel between stages: flatten it in the layer that makes it.");
+  std::abort();  // unreachable
+}
+
+// What travels before an activation: the receiver cannot know its shape or dtype. An output of
+// too many dimensions still sends one (saying so), so that the receiver fails with the sender
+// instead of waiting for the timeout.
+at::Tensor header_of(const at::Tensor& t, int64_t chunks) {
   at::Tensor h = at::full({kHeader}, -1, at::kLong);
   auto a = h.accessor<int64_t, 1>();
+  if (t.dim() > kMaxDims) {
+    a[0] = kTooManyDims;
+    a[1] = t.dim();
+    return h;
+  }
   a[0] = chunks;
   a[1] = t.dim();
   a[2] = static_cast<int64_t>(t.scalar_type());
@@ -46,6 +59,7 @@ struct Header {
 
 Header parse_header(const at::Tensor& h, int64_t rank, int64_t from) {
   auto a = h.accessor<int64_t, 1>();
+  if (a[0] == kTooManyDims) throw_too_many_dims(from, a[1]);
   bool ok = a[0] >= 1 && a[1] >= 0 && a[1] <= kMaxDims && a[2] >= 0 &&
             a[2] < static_cast<int64_t>(c10::ScalarType::NumOptions);
   Header out;
@@ -63,6 +77,7 @@ Header parse_header(const at::Tensor& h, int64_t rank, int64_t from) {
 
 void send_with_header(ProcessGroup& g, const at::Tensor& t, int64_t chunks, int64_t dst) {
   g.send(header_of(t, chunks), dst);
+  if (t.dim() > kMaxDims) throw_too_many_dims(g.rank(), t.dim());
   g.send(t, dst);
 }
 
@@ -369,6 +384,7 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
     if (stage_ == last) out = outputs.size() == 1 ? outputs[0].clone() : at::cat(outputs, 0);
     at::Tensor h = stage_ == last ? header_of(out, chunks) : at::empty({kHeader}, at::kLong);
     g.broadcast_(h, last);
+    if (stage_ == last && out.dim() > kMaxDims) throw_too_many_dims(last, out.dim());
     if (stage_ != last) {
       const Header head = parse_header(h, stage_, last);
       out = at::empty(head.sizes, at::TensorOptions().dtype(head.dtype).device(x.device()));

@@ -164,6 +164,29 @@ TEST(PipelineLayer, AStageRunningOtherCodeIsADistributedErrorNotAHang) {
       << ranks[1]->output();
 }
 
+TEST(PipelineLayer, AnActivationOfTooManyDimensionsFailsEveryStageAtOnce) {
+  VOLT_REQUIRE_GLOO();
+  for (const char* where : {"between", "last"}) {
+    SCOPED_TRACE(where);
+    const int port = volt::detail::find_free_port();
+    const auto start = std::chrono::steady_clock::now();
+    auto ranks =
+        volt_test::start_ranks(volt_test::pipeline_worker(), {"layer", "--deep-output", where}, 2,
+                               [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+    const std::string stage = std::string(where) == "last" ? "1" : "0";
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 1) << ranks[r]->output();
+      EXPECT_NE(ranks[r]->output().find("[Pipeline] stage " + stage +
+                                        "'s output has 9 dimensions; at most 8 travel between "
+                                        "stages: flatten it in the layer that makes it."),
+                std::string::npos)
+          << ranks[r]->output();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20))
+        << "well before the 30 s timeout";
+  }
+}
+
 TEST(ProcessGroupPointToPoint, APeerThatIsNotAnotherRankIsAValueError) {
   VOLT_REQUIRE_GLOO();
   volt::ClusterEnvironment env;

@@ -8,7 +8,9 @@
 //       gradients (other stages' stay undefined), the input's gradient on stage 0, the whole
 //       model after gather(), a no-grad forward, bit for bit with one chunk, else within 1e-6.
 //       Prints "rank R layer ok stage=S layers=F-L chunks=C". --bad-header 1: rank 0 sends stage
-//       1 a malformed header instead (stage 1 must fail with a DistributedError).
+//       1 a malformed header instead (stage 1 must fail with a DistributedError). --deep-output
+//       between|last: a model whose stage 0 output (between), or also the pipeline's output
+//       (last), has 9 dimensions: every rank must fail with the same ValueError.
 //
 //   volt_pipeline_worker fit --root DIR --out PREFIX [--devices N] [--chunks C]
 //       [--balance A,B,...] [--epochs E] [--max-steps S] [--optimizer sgd|adamw|fused_adamw]
@@ -86,6 +88,18 @@ torch::nn::Sequential layer_model() {
       torch::nn::Linear(24, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
 }
 
+/// Stage 0 (balance 2,2) ends with a 9-dimensional output, stage 1 (and the pipeline) with a
+/// 2-dimensional one; with `last_too`, stage 0's is 2-dimensional and the pipeline's has 9.
+torch::nn::Sequential deep_output_model(bool last_too) {
+  const torch::nn::UnflattenOptions nine(1, {1, 1, 1, 1, 1, 1, 1, 16});
+  if (last_too) {
+    return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                                 torch::nn::Linear(16, 16), torch::nn::Unflatten(nine));
+  }
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Unflatten(nine),
+                               torch::nn::Flatten(), torch::nn::Linear(16, 4));
+}
+
 int run_layer(std::map<std::string, std::string>& a) {
   const int64_t chunks = a.count("--chunks") ? std::stoll(a["--chunks"]) : 1;
   const char* world = std::getenv("WORLD_SIZE");
@@ -95,6 +109,16 @@ int run_layer(std::map<std::string, std::string>& a) {
       env, volt::ProcessGroupOptions().timeout(std::chrono::seconds(30)));
   torch::manual_seed(0);
   auto reference = layer_model();
+  if (a.count("--deep-output")) {
+    // A 9-dimensional activation between stages or out of the pipeline: every rank fails with
+    // the sender's ValueError (exit 1, printed), none waits for the timeout.
+    volt::Pipeline deep(deep_output_model(a["--deep-output"] == "last"),
+                        volt::PipelineOptions().balance({2, 2}));
+    deep->distribute(group);
+    deep->forward(torch::randn({4, 8}));
+    say("rank " + std::to_string(group->rank()) + " deep output passed");
+    return 0;
+  }
   torch::manual_seed(0);
   volt::PipelineOptions options;
   options.chunks(chunks);
