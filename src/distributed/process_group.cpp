@@ -92,6 +92,9 @@ void ProcessGroup::broadcast_(at::Tensor&, int64_t) {
 void ProcessGroup::broadcast_(std::vector<at::Tensor>&, int64_t) {
   VOLT_ASSERT(false);
 }
+void ProcessGroup::all_reduce_(std::vector<at::Tensor>&, Reduce) {
+  VOLT_ASSERT(false);
+}
 std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor&) {
   VOLT_ASSERT(false);
 }
@@ -705,6 +708,32 @@ at::Tensor to_wire(const ProcessGroup::Impl& impl, const at::Tensor& t) {
   return t.to(impl.wire_device);
 }
 
+// The non-empty `tensors` (all defined) in buckets for a collective each: one dtype per bucket,
+// at most `cap` elements (a larger tensor goes alone), in index order within a dtype. A model's
+// tensors are never copied whole at once, which would double a rank's memory.
+std::vector<std::vector<size_t> > dtype_buckets(const std::vector<at::Tensor>& tensors,
+                                                int64_t cap) {
+  std::map<c10::ScalarType, std::vector<size_t> > by_dtype;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].numel() > 0) by_dtype[tensors[i].scalar_type()].push_back(i);
+  }
+  std::vector<std::vector<size_t> > buckets;
+  for (const auto& [dtype, all] : by_dtype) {
+    size_t first = 0;
+    while (first < all.size()) {
+      size_t last = first;
+      int64_t total = 0;
+      while (last < all.size() && (total == 0 || total + tensors[all[last]].numel() <= cap)) {
+        total += tensors[all[last]].numel();
+        ++last;
+      }
+      buckets.emplace_back(all.begin() + first, all.begin() + last);
+      first = last;
+    }
+  }
+  return buckets;
+}
+
 // Starts reduce-scatter's all-to-all: row block j of `rows` goes to rank j, and row block r of
 // `received` (the same shape) comes from rank r. Both blocking and started reduce-scatters.
 auto alltoall_rows(ProcessGroup& pg, at::Tensor& rows, at::Tensor& received) {
@@ -744,51 +773,57 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
   VOLT_CHECK(src >= 0 && src < world_size_, ValueError, kTag, " broadcast source rank ", src,
              " is outside world size ", world_size_, ".");
   const NormalTensors normal_tensors;  // grad mode off as well
-  // One flat buffer per dtype: a collective per dtype instead of one per tensor.
-  std::map<c10::ScalarType, std::vector<size_t> > by_dtype;
   for (size_t i = 0; i < tensors.size(); ++i) {
     VOLT_CHECK(tensors[i].defined(), ValueError, kTag,
                " broadcast_ got an undefined tensor at "
                "index ",
                i, ".");
-    if (tensors[i].numel() > 0) by_dtype[tensors[i].scalar_type()].push_back(i);
   }
-  // Flat buffers of at most kBroadcastBucket elements (a tensor larger than that goes alone):
-  // a model's weights are never copied whole at once, which would double a rank's memory.
+  // One flat buffer per dtype bucket: a collective per bucket instead of one per tensor.
   constexpr int64_t kBroadcastBucket = int64_t{1} << 20;
-  for (auto& [dtype, all] : by_dtype) {
-    size_t first = 0;
-    while (first < all.size()) {
-      size_t last = first;
-      int64_t total = 0;
-      while (last < all.size() &&
-             (total == 0 || total + tensors[all[last]].numel() <= kBroadcastBucket)) {
-        total += tensors[all[last]].numel();
-        ++last;
-      }
-      std::vector<at::Tensor> flat_parts;
-      for (size_t k = first; k < last; ++k) {
-        flat_parts.push_back(to_wire(*impl_, tensors[all[k]].detach().reshape(-1)));
-      }
-      // A lone contiguous tensor where the collective runs is broadcast in place (its reshape
-      // is a view of it; the collective writes its memory, no tensor op runs on it).
-      const at::Tensor& lone = tensors[all[first]];
-      const bool in_place =
-          last - first == 1 && lone.is_contiguous() && lone.device() == flat_parts[0].device();
-      std::vector<at::Tensor> buf{in_place ? flat_parts[0] : at::cat(flat_parts)};
-      buf[0] = buf[0].view(wire_dtype(dtype));  // a view: in place stays in place
-      c10d::BroadcastOptions o;
-      o.rootRank = src;
-      o.timeout = options_.timeout();
-      run_collective(*this, "broadcast", [&] { return impl_->group->broadcast(buf, o); });
-      int64_t offset = 0;
-      for (size_t k = first; k < last; ++k) {
-        at::Tensor t = tensors[all[k]].detach();
-        const int64_t n = t.numel();
-        if (!in_place) t.copy_(buf[0].narrow(0, offset, n).view(dtype).view(t.sizes()));
-        offset += n;
-      }
-      first = last;
+  for (const auto& bucket : dtype_buckets(tensors, kBroadcastBucket)) {
+    const c10::ScalarType dtype = tensors[bucket[0]].scalar_type();
+    std::vector<at::Tensor> flat_parts;
+    for (size_t k : bucket) flat_parts.push_back(to_wire(*impl_, tensors[k].detach().reshape(-1)));
+    // A lone contiguous tensor where the collective runs is broadcast in place (its reshape
+    // is a view of it; the collective writes its memory, no tensor op runs on it).
+    const at::Tensor& lone = tensors[bucket[0]];
+    const bool in_place =
+        bucket.size() == 1 && lone.is_contiguous() && lone.device() == flat_parts[0].device();
+    std::vector<at::Tensor> buf{in_place ? flat_parts[0] : at::cat(flat_parts)};
+    buf[0] = buf[0].view(wire_dtype(dtype));  // a view: in place stays in place
+    c10d::BroadcastOptions o;
+    o.rootRank = src;
+    o.timeout = options_.timeout();
+    run_collective(*this, "broadcast", [&] { return impl_->group->broadcast(buf, o); });
+    int64_t offset = 0;
+    for (size_t k : bucket) {
+      at::Tensor t = tensors[k].detach();
+      const int64_t n = t.numel();
+      if (!in_place) t.copy_(buf[0].narrow(0, offset, n).view(dtype).view(t.sizes()));
+      offset += n;
+    }
+  }
+}
+
+void ProcessGroup::all_reduce_(std::vector<at::Tensor>& tensors, Reduce op) {
+  const NormalTensors normal_tensors;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    VOLT_CHECK(tensors[i].defined(), ValueError, kTag,
+               " all_reduce_ got an undefined tensor at index ", i, ".");
+  }
+  // One all_reduce per dtype bucket, its flat result copied back into the tensors.
+  constexpr int64_t kReduceBucket = int64_t{1} << 22;
+  for (const auto& bucket : dtype_buckets(tensors, kReduceBucket)) {
+    std::vector<at::Tensor> flat_parts;
+    for (size_t k : bucket) flat_parts.push_back(tensors[k].detach().reshape(-1));
+    const at::Tensor reduced = all_reduce(at::cat(flat_parts), op);
+    int64_t offset = 0;
+    for (size_t k : bucket) {
+      at::Tensor t = tensors[k].detach();
+      const int64_t n = t.numel();
+      t.copy_(reduced.narrow(0, offset, n).view(t.sizes()));
+      offset += n;
     }
   }
 }

@@ -13,6 +13,7 @@
 #include "distributed/detail/async_collective.h"
 #include "distributed/detail/bucket_cap.h"
 #include "distributed/detail/net.h"
+#include "strategies/detail/rank_key.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
@@ -55,10 +56,6 @@ void share_cpus(int64_t local_world_size) {
 
 constexpr const char* kRestartCountVar = "VOLT_RESTART_COUNT";
 constexpr const char* kRestartCheckpointVar = "VOLT_RESTART_CHECKPOINT";
-
-std::string rank_key(int64_t rank, const std::string& key) {
-  return "rank" + std::to_string(rank) + "." + key;
-}
 
 }  // namespace
 
@@ -417,7 +414,7 @@ void DdpStrategy::save_accumulated_gradients(const Module& module,
     const at::Tensor g =
         p.value().grad().defined() ? p.value().grad() : torch::zeros_like(p.value());
     const auto all = group().all_gather(g.contiguous());
-    for (size_t r = 0; r < all.size(); ++r) ar.write(rank_key(r, p.key()), all[r]);
+    for (size_t r = 0; r < all.size(); ++r) ar.write(detail::rank_key(r, p.key()), all[r]);
     ar.write(p.key(), torch::stack(all).mean(0));
   }
 }
@@ -425,7 +422,7 @@ void DdpStrategy::save_accumulated_gradients(const Module& module,
 void DdpStrategy::load_accumulated_gradients(Module& module, torch::serialize::InputArchive& ar) {
   for (auto& p : module.named_parameters(true)) {
     at::Tensor g;
-    if (ar.try_read(rank_key(rank(), p.key()), g) || ar.try_read(p.key(), g)) {
+    if (ar.try_read(detail::rank_key(rank(), p.key()), g) || ar.try_read(p.key(), g)) {
       p.value().mutable_grad() = g.to(p.value().device());
     }
   }
@@ -436,7 +433,7 @@ std::map<std::string, at::Tensor> DdpStrategy::rng_states() const {
   std::map<std::string, at::Tensor> out = own;
   for (const auto& kv : own) {
     const auto all = group().all_gather(kv.second.contiguous());
-    for (size_t r = 0; r < all.size(); ++r) out[rank_key(r, kv.first)] = all[r];
+    for (size_t r = 0; r < all.size(); ++r) out[detail::rank_key(r, kv.first)] = all[r];
   }
   return out;
 }
@@ -446,7 +443,7 @@ void DdpStrategy::set_rng_states(const std::map<std::string, at::Tensor>& states
   std::map<std::string, at::Tensor> mine;
   for (const auto& kv : states) {
     if (kv.first.rfind("rank", 0) == 0) continue;
-    auto it = states.find(rank_key(rank(), kv.first));
+    auto it = states.find(detail::rank_key(rank(), kv.first));
     mine[kv.first] = it != states.end() ? it->second : kv.second;
   }
   Strategy::set_rng_states(mine);

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "io/detail/state_key.h"
+#include "strategies/detail/rank_key.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
@@ -36,15 +37,13 @@ DdpStrategyOptions ddp_options(const PipelineStrategyOptions& o) {
   VOLT_CHECK(o.timeout_s() > 0 && o.timeout_s() <= kMaxTimeoutS, ConfigError, kTag,
              " timeout_s=", o.timeout_s(), " must be > 0 seconds and at most 30 days (",
              kMaxTimeoutS, "); e.g. 60.");
-  // No gradient buckets: each parameter is trained by one stage. Buffers stay each stage's own.
+  // No gradient buckets: each parameter is trained by one stage. Buffers stay each stage's own
+  // (no broadcast before each step), so DdpStrategy's training_step and zero_grad are the plain
+  // Strategy's here (no sync_batchnorm either: setup_module refuses it).
   return DdpStrategyOptions()
       .timeout_s(o.timeout_s())
       .process_group_backend(o.process_group_backend())
       .broadcast_buffers(false);
-}
-
-std::string rank_key(int64_t rank, const std::string& key) {
-  return "rank" + std::to_string(rank) + "." + key;
 }
 
 // Every rank's bytes, in rank order (their lengths may differ).
@@ -192,10 +191,6 @@ bool PipelineStrategy::trains(const at::Tensor& p) const {
   return it == stage_of_.end() || (pipe_ != nullptr && it->second == pipe_->stage());
 }
 
-at::Tensor PipelineStrategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
-  return Strategy::training_step(module, batch, batch_idx);
-}
-
 void PipelineStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
   trained_ = true;
   Strategy::backward(loss, module, sync_gradients);
@@ -205,34 +200,12 @@ void PipelineStrategy::backward(const at::Tensor& loss, Module& module, bool syn
 
 void PipelineStrategy::average_over_replicas(const Module& module) {
   // The replicas of a stage run the same code, so the same gradients are defined on each, in
-  // module order; flattened per dtype in buckets of at most kBucket elements.
-  constexpr int64_t kBucket = int64_t{1} << 22;
-  torch::NoGradGuard no_grad;
-  std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;
+  // module order.
+  std::vector<at::Tensor> grads;
   for (const auto& p : module.parameters(true)) {
-    if (p.grad().defined()) by_dtype[p.grad().scalar_type()].push_back(p.grad());
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
-  for (auto& [dtype, grads] : by_dtype) {
-    size_t first = 0;
-    while (first < grads.size()) {
-      size_t last = first;
-      int64_t total = 0;
-      while (last < grads.size() && (total == 0 || total + grads[last].numel() <= kBucket)) {
-        total += grads[last].numel();
-        ++last;
-      }
-      std::vector<at::Tensor> flat;
-      for (size_t i = first; i < last; ++i) flat.push_back(grads[i].reshape(-1));
-      const at::Tensor mean = dp_group_->all_reduce(at::cat(flat), Reduce::kMean);
-      int64_t offset = 0;
-      for (size_t i = first; i < last; ++i) {
-        const int64_t n = grads[i].numel();
-        grads[i].copy_(mean.narrow(0, offset, n).view_as(grads[i]));
-        offset += n;
-      }
-      first = last;
-    }
-  }
+  dp_group_->all_reduce_(grads, Reduce::kMean);
 }
 
 bool PipelineStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
@@ -275,10 +248,6 @@ at::Tensor PipelineStrategy::clip_gradients(torch::optim::Optimizer& optimizer, 
     for (auto& g : grads) g.mul_(coef);
   }
   return total;
-}
-
-void PipelineStrategy::zero_grad(torch::optim::Optimizer& optimizer) {
-  Strategy::zero_grad(optimizer);
 }
 
 void PipelineStrategy::save_model_state(const Module& module,
@@ -396,7 +365,7 @@ void PipelineStrategy::save_accumulated_gradients(const Module& module,
                              ? p.value().grad()
                              : torch::zeros(pipe_->whole_shape(p.value()), p.value().options());
     const auto all = group().all_gather(g.contiguous());
-    for (size_t r = 0; r < all.size(); ++r) ar.write(rank_key(r, p.key()), all[r]);
+    for (size_t r = 0; r < all.size(); ++r) ar.write(detail::rank_key(r, p.key()), all[r]);
     std::vector<at::Tensor> owners;
     for (int64_t d = 0; d < replicas_; ++d) owners.push_back(all[d * stages_ + owner(p.key())]);
     ar.write(p.key(), owners.size() == 1 ? owners[0] : torch::stack(owners).mean(0));
@@ -408,7 +377,7 @@ void PipelineStrategy::load_accumulated_gradients(Module& module,
   for (auto& p : module.named_parameters(true)) {
     if (!trains(p.value())) continue;  // another stage's: it gets no gradient here
     at::Tensor g;
-    if (ar.try_read(rank_key(rank(), p.key()), g) || ar.try_read(p.key(), g)) {
+    if (ar.try_read(detail::rank_key(rank(), p.key()), g) || ar.try_read(p.key(), g)) {
       p.value().mutable_grad() = g.to(p.value().device());
     }
   }

@@ -105,6 +105,9 @@ class ProcessGroup {
   void broadcast_(at::Tensor& tensor, int64_t src = 0);
   /// Broadcasts many tensors in one collective per dtype (model parameters and buffers).
   void broadcast_(std::vector<at::Tensor>& tensors, int64_t src = 0);
+  /// Overwrites each of `tensors` with its reduction over all ranks, with one all_reduce per
+  /// dtype bucket (as broadcast_; gradients); every rank passes the same shapes and dtypes.
+  void all_reduce_(std::vector<at::Tensor>& tensors, Reduce op = Reduce::kSum);
   /// Every rank's `value`, in rank order. All ranks must pass the same shape and dtype (checked:
   /// ValueError naming the ranks otherwise).
   std::vector<at::Tensor> all_gather(const at::Tensor& value);

@@ -60,13 +60,11 @@ class PipelineStrategy : public DdpStrategy {
   void teardown() override;
   void setup_module(Module& module) override;
   void trainable_parameters_changed(Module& module) override {}
-  at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx) override;
   void backward(const at::Tensor& loss, Module& module, bool sync_gradients) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
                       ClipAlgorithm algorithm, const ClipCall& clip) override;
   at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, double value,
                             ClipAlgorithm algorithm) override;
-  void zero_grad(torch::optim::Optimizer& optimizer) override;
 
   void save_model_state(const Module& module, torch::serialize::OutputArchive& ar) const override;
   void load_model_state(Module& module, torch::serialize::InputArchive& ar) const override;
@@ -90,7 +88,7 @@ class PipelineStrategy : public DdpStrategy {
   int64_t owner(const std::string& name) const;
   bool trains(const at::Tensor& p) const;
 
-  /// Averages the gradients of this stage's replicas (one all-reduce per bucket).
+  /// Averages the gradients of this stage's replicas (ProcessGroup::all_reduce_).
   void average_over_replicas(const Module& module);
 
   PipelineStrategyOptions options_;
