@@ -22,6 +22,7 @@
 #include "../core/detail/out_of_memory.h"
 #include "../core/detail/print.h"
 #include "../loggers/detail/log_dir.h"
+#include "../trainer/detail/batch_hooks.h"
 #include "detail/config_tree.h"
 #include "detail/perf_scan.h"
 #include "detail/resolve.h"
@@ -474,27 +475,51 @@ int run_export(Command cmd, const Registry& reg, std::ostream& out) {
              " returned null; make it return an object.");
   data->prepare_data();
   data->setup(Stage::kPredict);
-  model->setup(Stage::kPredict);
-  model->configure_model();
-  c10::optional<DataLoader> loader = data->predict_dataloader();
-  if (!loader) loader = data->test_dataloader();
-  if (!loader) loader = data->val_dataloader();
-  VOLT_CHECK(loader.has_value(), ConfigError, "[cli] export: data module ", rc.data.class_path,
-             " gives no predict, test or validation loader to take an example batch from; "
-             "give it a predict_dataloader().");
+  // Teardown runs however the export ends, as after a Trainer run (a failure's own error wins
+  // over one from teardown).
+  bool model_set_up = false;
+  auto teardown = [&] {
+    data->teardown(Stage::kPredict);
+    if (model_set_up) model->teardown(Stage::kPredict);
+  };
   Batch example;
-  VOLT_CHECK(loader->stream(0, 0, 1).next(example) && example.input.defined(), ConfigError,
-             "[cli] export: the first loader of data module ", rc.data.class_path,
-             " gave no batch (or one without an input); it needs at least one sample.");
-  std::shared_ptr<CheckpointIO> io;  // the run's own, when its config names one
-  if (rc.checkpoint_io) {
-    io = reg.checkpoint_ios.at(rc.checkpoint_io->class_path).make(rc.checkpoint_io->args);
+  try {
+    model->setup(Stage::kPredict);
+    model_set_up = true;
+    model->configure_model();
+    c10::optional<DataLoader> loader = data->predict_dataloader();
+    if (!loader) loader = data->test_dataloader();
+    if (!loader) loader = data->val_dataloader();
+    VOLT_CHECK(loader.has_value(), ConfigError, "[cli] export: data module ", rc.data.class_path,
+               " gives no predict, test or validation loader to take an example batch from; "
+               "give it a predict_dataloader().");
+    Batch raw;
+    VOLT_CHECK(loader->stream(0, 0, 1).next(raw) && raw.input.defined(), ConfigError,
+               "[cli] export: the first loader of data module ", rc.data.class_path,
+               " gave no batch (or one without an input); it needs at least one sample.");
+    // The batch as predict_step gets it: through the batch hooks before and after the transfer
+    // (the DataModule's or the model's); no transfer, the model stays on the CPU.
+    const auto plain = [](const char*, const std::function<void()>& fn) { fn(); };
+    example =
+        detail::run_batch_hooks(data.get(), *model, std::move(raw), c10::nullopt, plain, plain);
+    VOLT_CHECK(example.input.defined(), ConfigError, "[cli] export: the batch hooks of ",
+               rc.data.class_path, " / ", rc.model.class_path,
+               " left the example batch without an input; return the batch with its input.");
+    std::shared_ptr<CheckpointIO> io;  // the run's own, when its config names one
+    if (rc.checkpoint_io) {
+      io = reg.checkpoint_ios.at(rc.checkpoint_io->class_path).make(rc.checkpoint_io->args);
+    }
+    load_weights(*model, ckpt, /*strict=*/true, io);
+    to_torchscript(*model, example.input,
+                   TorchScriptOptions().file_path(output).dynamic_batch(dynamic_batch));
+  } catch (...) {
+    try {
+      teardown();
+    } catch (...) {  // the first error is the one to report
+    }
+    throw;
   }
-  load_weights(*model, ckpt, /*strict=*/true, io);
-  to_torchscript(*model, example.input,
-                 TorchScriptOptions().file_path(output).dynamic_batch(dynamic_batch));
-  data->teardown(Stage::kPredict);
-  model->teardown(Stage::kPredict);
+  teardown();
   std::ostringstream shape;
   shape << example.input.sizes() << " " << example.input.dtype();
   out << "exported: " << output << " (" << rc.model.class_path << "'s predict_step on input "

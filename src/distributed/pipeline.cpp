@@ -22,7 +22,9 @@ namespace {
 
 constexpr const char* kTag = "[Pipeline]";
 constexpr int64_t kMaxDims = 8;
-constexpr int64_t kHeader = kMaxDims + 3;  // micro-batches, dims, dtype, sizes
+// Before an activation: micro-batches, dims, dtype, what stage 0's input needs (below), sizes.
+constexpr int64_t kSizes = 5;
+constexpr int64_t kHeader = kSizes + kMaxDims;
 
 constexpr int64_t kTooManyDims = -2;  // in the micro-batch field: the sender is failing
 
@@ -33,10 +35,18 @@ constexpr int64_t kTooManyDims = -2;  // in the micro-batch field: the sender is
   std::abort();  // unreachable
 }
 
+// Stage 0's input, when it needs a gradient: every rank gets that gradient in the backward (so
+// the layers before the pipeline train alike everywhere, and a pipeline fed its own output works).
+// The stages after 0 learn of it from the headers, so that each can join that broadcast.
+struct InputGrad {
+  int64_t numel = -1;  // -1: stage 0's input needs no gradient
+  c10::ScalarType dtype = at::kFloat;
+};
+
 // What travels before an activation: the receiver cannot know its shape or dtype. An output of
 // too many dimensions still sends one (saying so), so that the receiver fails with the sender
 // instead of waiting for the timeout.
-at::Tensor header_of(const at::Tensor& t, int64_t chunks) {
+at::Tensor header_of(const at::Tensor& t, int64_t chunks, InputGrad input = {}) {
   at::Tensor h = at::full({kHeader}, -1, at::kLong);
   auto a = h.accessor<int64_t, 1>();
   if (t.dim() > kMaxDims) {
@@ -47,47 +57,55 @@ at::Tensor header_of(const at::Tensor& t, int64_t chunks) {
   a[0] = chunks;
   a[1] = t.dim();
   a[2] = static_cast<int64_t>(t.scalar_type());
-  for (int64_t d = 0; d < t.dim(); ++d) a[3 + d] = t.size(d);
+  a[3] = input.numel;
+  a[4] = static_cast<int64_t>(input.dtype);
+  for (int64_t d = 0; d < t.dim(); ++d) a[kSizes + d] = t.size(d);
   return h;
+}
+
+bool is_dtype(int64_t v) {
+  return v >= 0 && v < static_cast<int64_t>(c10::ScalarType::NumOptions);
 }
 
 struct Header {
   int64_t chunks = 0;
   std::vector<int64_t> sizes;
   c10::ScalarType dtype = at::kFloat;
+  InputGrad input;
 };
 
 Header parse_header(const at::Tensor& h, int64_t rank, int64_t from) {
   auto a = h.accessor<int64_t, 1>();
   if (a[0] == kTooManyDims) throw_too_many_dims(from, a[1]);
-  bool ok = a[0] >= 1 && a[1] >= 0 && a[1] <= kMaxDims && a[2] >= 0 &&
-            a[2] < static_cast<int64_t>(c10::ScalarType::NumOptions);
+  bool ok =
+      a[0] >= 1 && a[1] >= 0 && a[1] <= kMaxDims && is_dtype(a[2]) && a[3] >= -1 && is_dtype(a[4]);
   Header out;
   for (int64_t d = 0; ok && d < a[1]; ++d) {
-    ok = a[3 + d] >= 0;
-    out.sizes.push_back(a[3 + d]);
+    ok = a[kSizes + d] >= 0;
+    out.sizes.push_back(a[kSizes + d]);
   }
   VOLT_CHECK(ok, DistributedError, kTag, " rank ", rank,
              " got a malformed activation header from rank ", from,
              "; every rank must run the same model and code.");
   out.chunks = a[0];
   out.dtype = static_cast<c10::ScalarType>(a[2]);
+  out.input = {a[3], static_cast<c10::ScalarType>(a[4])};
   return out;
 }
 
-void send_with_header(ProcessGroup& g, const at::Tensor& t, int64_t chunks, int64_t dst) {
-  g.send(header_of(t, chunks), dst);
+void send_with_header(ProcessGroup& g, const at::Tensor& t, int64_t chunks, InputGrad input,
+                      int64_t dst) {
+  g.send(header_of(t, chunks, input), dst);
   if (t.dim() > kMaxDims) throw_too_many_dims(g.rank(), t.dim());
   g.send(t, dst);
 }
 
-at::Tensor recv_with_header(ProcessGroup& g, int64_t src, c10::Device device, int64_t* chunks) {
+at::Tensor recv_with_header(ProcessGroup& g, int64_t src, c10::Device device, Header* head) {
   at::Tensor h = at::empty({kHeader}, at::kLong);
   g.recv_(h, src);
-  const Header head = parse_header(h, g.rank(), src);
-  at::Tensor t = at::empty(head.sizes, at::TensorOptions().dtype(head.dtype).device(device));
+  *head = parse_header(h, g.rank(), src);
+  at::Tensor t = at::empty(head->sizes, at::TensorOptions().dtype(head->dtype).device(device));
   g.recv_(t, src);
-  *chunks = head.chunks;
   return t;
 }
 
@@ -96,9 +114,12 @@ struct Flight {
   std::shared_ptr<ProcessGroup> group;
   int64_t stage = 0;
   int64_t stages = 1;
-  at::Tensor input;                 // stage 0: the detached batch its micro-batches slice
-  std::vector<at::Tensor> inputs;   // per micro-batch: what this stage's layers took ...
-  std::vector<at::Tensor> outputs;  // ... and gave (with their graphs)
+  at::Tensor input;                  // stage 0: the detached batch its micro-batches slice
+  std::vector<at::Tensor> inputs;    // per micro-batch: what this stage's layers took ...
+  std::vector<at::Tensor> outputs;   // ... and gave (with their graphs)
+  InputGrad input_grad;              // stage 0's input: its gradient goes to every rank
+  std::vector<int64_t> input_sizes;  // this rank's input, when it takes that gradient
+  c10::Device device = at::kCPU;
 };
 
 class PipelineBackward : public torch::autograd::Node {
@@ -141,12 +162,24 @@ class PipelineBackward : public torch::autograd::Node {
         g.send(gx, f.stage - 1);
       }
     }
-    at::Tensor gx = f.stage == 0 && f.input.requires_grad() ? f.input.grad() : at::Tensor();
+    // The input's gradient exists on stage 0 only; every rank's input was computed alike (the
+    // same code before the pipeline), so every rank takes it: one broadcast.
+    at::Tensor gx;
+    if (f.input_grad.numel >= 0) {
+      if (f.stage == 0) {
+        const at::Tensor& grad = f.input.grad();
+        gx = (grad.defined() ? grad : at::zeros_like(f.input)).reshape({-1}).contiguous();
+      } else {
+        gx = at::empty({f.input_grad.numel},
+                       at::TensorOptions().dtype(f.input_grad.dtype).device(f.device));
+      }
+      g.broadcast_(gx, 0);
+    }
     f.inputs.clear();
     f.outputs.clear();
     f.input = at::Tensor();
     if (next_edges().empty()) return {};
-    return {gx};
+    return {gx.view(f.input_sizes)};
   }
   std::string name() const override { return "volt::PipelineBackward"; }
 
@@ -344,13 +377,17 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   flight->stage = stage_;
   flight->stages = num_stages();
 
+  flight->device = x.device();
   std::vector<at::Tensor> pieces;
   int64_t chunks = 1;
   if (stage_ == 0) {
     VOLT_CHECK(x.dim() >= 1 && x.size(0) >= 1, ValueError, kTag,
                " the input needs a batch dimension with at least one row, got ", x.sizes(), ".");
     flight->input = x.detach();
-    if (graph && x.requires_grad()) flight->input.requires_grad_(true);
+    if (graph && x.requires_grad()) {
+      flight->input.requires_grad_(true);
+      flight->input_grad = {x.numel(), x.scalar_type()};
+    }
     pieces = flight->input.chunk(options_.chunks(), 0);
     chunks = static_cast<int64_t>(pieces.size());
   }
@@ -360,21 +397,33 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
     if (stage_ == 0) {
       xi = pieces[i];
     } else {
-      int64_t told = 0;
-      xi = recv_with_header(g, stage_ - 1, x.device(), &told);
-      VOLT_CHECK(i == 0 || told == chunks, DistributedError, kTag, " rank ", stage_,
-                 " was told of ", told, " micro-batches after ", chunks,
+      Header head;
+      xi = recv_with_header(g, stage_ - 1, x.device(), &head);
+      VOLT_CHECK(i == 0 || head.chunks == chunks, DistributedError, kTag, " rank ", stage_,
+                 " was told of ", head.chunks, " micro-batches after ", chunks,
                  "; every rank must run the same model and code.");
-      chunks = told;
+      chunks = head.chunks;
+      flight->input_grad = head.input;
       if (graph) xi.requires_grad_(true);
     }
     at::Tensor yi = run_layers(first, end, xi);
-    if (stage_ < last) send_with_header(g, yi, chunks, stage_ + 1);
+    if (stage_ < last) send_with_header(g, yi, chunks, flight->input_grad, stage_ + 1);
     if (graph) {
       flight->inputs.push_back(xi);
       flight->outputs.push_back(yi);
     }
     if (stage_ == last) outputs.push_back(yi.detach());
+  }
+  // This rank's input takes stage 0's input gradient when both need one.
+  const bool takes_grad = graph && x.requires_grad() && flight->input_grad.numel >= 0;
+  if (takes_grad) {
+    VOLT_CHECK(x.numel() == flight->input_grad.numel && x.scalar_type() == flight->input_grad.dtype,
+               ValueError, kTag, " rank ", stage_, "'s input (", x.sizes(), ", ", x.scalar_type(),
+               ") is not stage 0's (", flight->input_grad.numel, " elements, ",
+               flight->input_grad.dtype,
+               "), and both need its gradient; every rank must compute the pipeline's input "
+               "with the same code.");
+    flight->input_sizes = x.sizes().vec();
   }
 
   // Every rank gets the last stage's output, so the code after the pipeline runs everywhere.
@@ -393,9 +442,7 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   }
   if (!graph) return out;
   std::shared_ptr<PipelineBackward> node(new PipelineBackward(flight), torch::autograd::deleteNode);
-  if (stage_ == 0 && flight->input.requires_grad()) {
-    node->set_next_edges(torch::autograd::collect_next_edges(x));
-  }
+  if (takes_grad) node->set_next_edges(torch::autograd::collect_next_edges(x));
   torch::autograd::create_gradient_edge(out, node);
   return out;
 }

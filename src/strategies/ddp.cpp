@@ -280,15 +280,7 @@ void DdpStrategy::agree_on_precision_state() {
   std::vector<at::Tensor> state = precision_->rank_max_state();
   if (state.empty() || world_size() == 1) return;
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> flat;
-  for (const auto& t : state) flat.push_back(t.detach().reshape(-1).to(at::kFloat));
-  const at::Tensor agreed = group().all_reduce(at::cat(flat), Reduce::kMax);
-  int64_t offset = 0;
-  for (auto& t : state) {
-    const int64_t n = t.numel();
-    t.detach().copy_(agreed.narrow(0, offset, n).view(t.sizes()));
-    offset += n;
-  }
+  group().all_reduce_(state, Reduce::kMax);  // in place, one all-reduce per dtype
 }
 
 void DdpStrategy::zero_grad(torch::optim::Optimizer& optimizer) {

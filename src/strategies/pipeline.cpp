@@ -134,8 +134,8 @@ void PipelineStrategy::setup_module(Module& module) {
   for (int64_t s = 0; s < pipe_->num_stages(); ++s) {
     for (const auto& p : pipe_->stage_parameters(s)) stage_of_[p.unsafeGetTensorImpl()] = s;
   }
-  // Outside the pipeline stage 0 holds the truth: layers before it train on stage 0 only (the
-  // others ignore the input), layers after it the same way on every stage.
+  // Outside the pipeline every rank trains alike (layers before it get stage 0's input gradient
+  // on every rank, layers after it the same loss's); stage 0's copy is the one saved.
   owner_by_name_.clear();
   for (const auto& p : module.named_parameters(true)) {
     auto it = stage_of_.find(p.value().unsafeGetTensorImpl());
@@ -227,9 +227,9 @@ at::Tensor PipelineStrategy::clip_gradients(torch::optim::Optimizer& optimizer, 
     return Strategy::clip_gradients(optimizer, value, algorithm);
   }
   // The norm over every stage's gradients: each stage sums the squares of its own, and of the
-  // parameters outside the pipeline stage 0 does (they have one gradient, or the same on every
-  // stage); the sum over the pipeline is the whole model's, as clip_grad_norm_ in one process
-  // (replicas hold the same, averaged, gradients).
+  // parameters outside the pipeline stage 0 does (every stage has the same gradients for them);
+  // the sum over the pipeline is the whole model's, as clip_grad_norm_ in one process (replicas
+  // hold the same, averaged, gradients).
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   at::Tensor squares = at::zeros({}, at::kDouble);

@@ -16,10 +16,12 @@
 #include "core/detail/default_steps.h"
 #include "core/detail/print.h"
 #include "distributed/detail/stacked_gather.h"
+#include "trainer/detail/batch_hooks.h"
 #include "trainer/detail/device_prefetch.h"
 #include "trainer/detail/tuner_trial.h"
 #include "trainer/loops/optimization_step.h"
 #include "volt/accelerators/host_allocator.h"
+#include "volt/callbacks/gradient_accumulation_scheduler.h"
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/on_exception_checkpoint.h"
 #include "volt/core/check.h"
@@ -271,9 +273,24 @@ int64_t Run::estimated_stepping_batches() const {
   const int64_t epochs = resolved_max_epochs();
   if (epochs < 0) return opts.max_steps();  // only max_steps bounds the fit (it is then set)
   const int64_t batches = train_limit(*fit_train);
-  // The Trainer's setting: a GradientAccumulationScheduler's later changes are not foreseen.
-  const int64_t accumulate = std::max<int64_t>(1, opts.accumulate_grad_batches());
-  const int64_t steps = (batches + accumulate - 1) / accumulate * std::max<int64_t>(epochs, 1);
+  // The Trainer's factor, or a GradientAccumulationScheduler's for each epoch (it refuses to run
+  // beside a Trainer factor above 1).
+  const GradientAccumulationScheduler* schedule = nullptr;
+  for (const auto& c : callbacks) {
+    if (auto* s = dynamic_cast<const GradientAccumulationScheduler*>(c.get())) schedule = s;
+  }
+  const auto steps_in = [&](int64_t epoch) {
+    const int64_t accumulate =
+        std::max<int64_t>(1, schedule != nullptr ? schedule->accumulate_grad_batches(epoch)
+                                                 : opts.accumulate_grad_batches());
+    return (batches + accumulate - 1) / accumulate;
+  };
+  int64_t steps = 0;
+  if (schedule == nullptr) {
+    steps = steps_in(0) * std::max<int64_t>(epochs, 1);
+  } else {
+    for (int64_t e = 0; e < std::max<int64_t>(epochs, 1); ++e) steps += steps_in(e);
+  }
   return opts.max_steps() >= 0 ? std::min(steps, opts.max_steps()) : steps;
 }
 
@@ -470,46 +487,57 @@ bool same_tensors(const Batch& a, const Batch& b) {
   return true;
 }
 
-// One batch hook: the DataModule's when it overrides it, else the module's, as Lightning's
-// _DataHookSelector. The DataModule's defaults mark that they ran and return the batch as it
-// came; an override that calls the default and then changes the batch still counts (its batch
-// differs), one that changes nothing lets the module's hook run.
+// One batch hook: the DataModule's when it overrides it, else the module's (see
+// run_batch_hooks).
 template <typename DF, typename MF>
-Batch batch_hook(Run& r, DefaultSteps::Bit bit, const char* name, const char* data_name,
-                 Batch batch, DF&& data_fn, MF&& module_fn) {
-  if (r.data != nullptr) {
-    DefaultSteps::clear(*r.data);
+Batch batch_hook(DataModule* data, Module& module, DefaultSteps::Bit bit, const char* name,
+                 const char* data_name, Batch batch, const BatchHookCall& call_data,
+                 const BatchHookCall& call_module, DF&& data_fn, MF&& module_fn) {
+  if (data != nullptr) {
+    DefaultSteps::clear(*data);
     Batch out;
-    {
-      Run::Part part(r, data_name);
-      out = data_fn(*r.data, batch);
-    }
-    if (!DefaultSteps::ran(*r.data, bit) || !same_tensors(out, batch)) return out;
+    call_data(data_name, [&] { out = data_fn(*data, batch); });
+    if (!DefaultSteps::ran(*data, bit) || !same_tensors(out, batch)) return out;
   }
   Batch out;
-  r.module_hook(name, [&](Module& m) { out = module_fn(m, std::move(batch)); });
+  call_module(name, [&] { out = module_fn(module, std::move(batch)); });
   return out;
 }
 
 }  // namespace
 
-Batch Run::transfer(Batch raw) {
-  const c10::Device device = strategy().root_device();
+Batch run_batch_hooks(DataModule* data, Module& module, Batch raw,
+                      c10::optional<c10::Device> device, const BatchHookCall& call_data,
+                      const BatchHookCall& call_module) {
   Batch batch = batch_hook(
-      *this, DefaultSteps::kBeforeBatchTransfer, "on_before_batch_transfer",
-      "DataModule.on_before_batch_transfer", std::move(raw),
+      data, module, DefaultSteps::kBeforeBatchTransfer, "on_before_batch_transfer",
+      "DataModule.on_before_batch_transfer", std::move(raw), call_data, call_module,
       [](DataModule& d, Batch b) { return d.on_before_batch_transfer(std::move(b)); },
       [](Module& m, Batch b) { return m.on_before_batch_transfer(std::move(b)); });
-  batch = batch_hook(
-      *this, DefaultSteps::kTransferBatch, "transfer_batch_to_device",
-      "DataModule.transfer_batch_to_device", std::move(batch),
-      [&](DataModule& d, Batch b) { return d.transfer_batch_to_device(std::move(b), device); },
-      [&](Module& m, Batch b) { return m.transfer_batch_to_device(std::move(b), device); });
+  if (device) {
+    batch = batch_hook(
+        data, module, DefaultSteps::kTransferBatch, "transfer_batch_to_device",
+        "DataModule.transfer_batch_to_device", std::move(batch), call_data, call_module,
+        [&](DataModule& d, Batch b) { return d.transfer_batch_to_device(std::move(b), *device); },
+        [&](Module& m, Batch b) { return m.transfer_batch_to_device(std::move(b), *device); });
+  }
   return batch_hook(
-      *this, DefaultSteps::kAfterBatchTransfer, "on_after_batch_transfer",
-      "DataModule.on_after_batch_transfer", std::move(batch),
+      data, module, DefaultSteps::kAfterBatchTransfer, "on_after_batch_transfer",
+      "DataModule.on_after_batch_transfer", std::move(batch), call_data, call_module,
       [](DataModule& d, Batch b) { return d.on_after_batch_transfer(std::move(b)); },
       [](Module& m, Batch b) { return m.on_after_batch_transfer(std::move(b)); });
+}
+
+Batch Run::transfer(Batch raw) {
+  return run_batch_hooks(
+      data, *module, std::move(raw), strategy().root_device(),
+      [this](const char* name, const std::function<void()>& fn) {
+        Part part(*this, name);
+        fn();
+      },
+      [this](const char* name, const std::function<void()>& fn) {
+        module_hook(name, [&](Module&) { fn(); });
+      });
 }
 
 Batch Run::batch_to_device(const Batch& batch) const {

@@ -31,17 +31,25 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// With `wide`, its loaders give 10 columns and its on_after_batch_transfer keeps the first 8
+/// (what the models take). Counts its teardowns.
 class BlobsData : public volt::DataModule {
  public:
-  BlobsData(int64_t n, int64_t batch_size, bool broken)
-      : n_(n), batch_size_(batch_size), broken_(broken) {}
+  BlobsData(int64_t n, int64_t batch_size, bool broken, bool wide = false)
+      : n_(n), batch_size_(batch_size), broken_(broken), wide_(wide) {}
   void setup(volt::Stage) override {
     VOLT_CHECK(!broken_, volt::DataError, "[BlobsData] data files are missing; generate them.");
     if (!train_) {
-      train_ = volt_test::blobs(n_, 8, 1);
-      val_ = volt_test::blobs(64, 8, 2);
+      train_ = volt_test::blobs(n_, wide_ ? 10 : 8, 1);
+      val_ = volt_test::blobs(64, wide_ ? 10 : 8, 2);
     }
   }
+  volt::Batch on_after_batch_transfer(volt::Batch batch) override {
+    if (wide_) batch.input = batch.input.narrow(1, 0, 8);
+    return batch;
+  }
+  void teardown(volt::Stage) override { ++teardowns; }
+  static inline int teardowns = 0;
   volt::DataLoader train_dataloader() override { return volt_test::loader(train_, batch_size_); }
   c10::optional<volt::DataLoader> val_dataloader() override {
     return volt_test::loader(val_, 32, false);
@@ -53,7 +61,7 @@ class BlobsData : public volt::DataModule {
 
  private:
   int64_t n_, batch_size_;
-  bool broken_;
+  bool broken_, wide_;
   std::shared_ptr<volt::TensorDataset> train_, val_;
 };
 
@@ -77,11 +85,12 @@ volt::Registry make_registry() {
                      volt::Params()
                          .add("n", int64_t{128}, "rows")
                          .add("batch_size", int64_t{16}, "batch")
-                         .add("broken", false, "fail in setup"),
+                         .add("broken", false, "fail in setup")
+                         .add("wide", false, "10 columns, 8 after on_after_batch_transfer"),
                      [](const volt::Args& a) -> std::shared_ptr<volt::DataModule> {
-                       return std::make_shared<BlobsData>(a.get<int64_t>("n"),
-                                                          a.get<int64_t>("batch_size"),
-                                                          a.get<bool>("broken"));
+                       return std::make_shared<BlobsData>(
+                           a.get<int64_t>("n"), a.get<int64_t>("batch_size"), a.get<bool>("broken"),
+                           a.get<bool>("wide"));
                      });
   return r;
 }
@@ -306,6 +315,33 @@ TEST(Cli, ExportWritesTheCheckpointsModelAsATorchScriptFile) {
     EXPECT_NE(bad.err.find(c.phrase), std::string::npos) << bad.err;
   }
   EXPECT_EQ(fs::last_write_time(file), before);
+}
+
+TEST(Cli, ExportTakesItsExampleThroughTheBatchHooksAndTearsDownHoweverItEnds) {
+  volt_test::TempDir dir;
+  const std::string ckpt = fit_one_epoch(dir);
+  ASSERT_FALSE(ckpt.empty());
+  auto exporting = [&](const std::vector<std::string>& extra) {
+    auto a = base(dir);
+    a.insert(a.begin(), "export");
+    a.push_back("--data.wide=true");  // 10 columns the DataModule's hook cuts to the model's 8
+    a.push_back("--ckpt_path=" + ckpt);
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run(a);
+  };
+  const std::string file = dir / "tiny.pt";
+  BlobsData::teardowns = 0;
+  auto r = exporting({"--output=" + file});
+  ASSERT_EQ(r.code, 0) << r.err;
+  // The example is the batch predict_step gets: 8 columns, not the loader's 10.
+  EXPECT_NE(r.out.find("Tiny's predict_step on input [32, 8] float"), std::string::npos) << r.out;
+  EXPECT_EQ(BlobsData::teardowns, 1);
+  // A failed export (the checkpoint does not fit the model) tears the data module down too.
+  auto bad = exporting({"--output=" + file, "--model=WrongWidth"});
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("[Checkpoint] the checkpoint does not match the model"), std::string::npos)
+      << bad.err;
+  EXPECT_EQ(BlobsData::teardowns, 2);
 }
 
 TEST(Cli, HelpListsEveryOptionWithTypeAndDefault) {

@@ -221,6 +221,11 @@ TEST(DeepSpeed, Fp8PrecisionWithZeroEqualsDdpWithFp8) {
   ASSERT_EQ(ddp.code, 0) << ddp.output;
   EXPECT_NE(ddp.output.find("2 Linear layers in fp8"), std::string::npos) << ddp.output;
   const auto ref = load_flat(dir / "ddp.rank0.pt");
+  // Each rank read its own shard, yet both hold the same amax histories (their max, agreed after
+  // every backward), so both quantize with the same scales.
+  const auto amax = load_flat(dir / "ddp.amax.rank0.pt");
+  EXPECT_GT(amax.abs().max().item<double>(), 0);
+  EXPECT_TRUE(torch::equal(load_flat(dir / "ddp.amax.rank1.pt"), amax));
   auto fp32 = run_job(cat({"--root", dir.path, "--out", dir / "fp32"}, model));
   ASSERT_EQ(fp32.code, 0) << fp32.output;
   const double fp8_vs_fp32 = (load_flat(dir / "fp32.rank0.pt") - ref).abs().max().item<double>();

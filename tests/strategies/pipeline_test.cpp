@@ -267,6 +267,9 @@ TEST_F(PipelineFit, TwoStagesTrainAsOneProcessBitForBitAndEveryRankEndsWithTheWh
             std::string::npos)
       << two.output;
   expect_every_rank(prefix("two"), 2, weights("one"), 0);
+  // Every rank trained the layer before the pipeline itself (stage 0's input gradient reaches
+  // every rank), not only stage 0 with the others given its weights at the end.
+  expect_every_rank(prefix("two.pre"), 2, load(prefix("one.pre.rank0.pt")), 0);
   // A predict after the fit runs through the pipeline again: every rank gets every logit.
   expect_every_rank(prefix("two.pred"), 2, load(prefix("one.pred.rank0.pt")), 0);
 }
@@ -291,11 +294,11 @@ TEST_F(PipelineFit, EachRankHoldsOnlyItsStagesWeightsUnlessToldToKeepThemAll) {
   EXPECT_NE(released.output.find("rank 0 done step=12 stage=0 states=6 held=722"),
             std::string::npos)
       << released.output;
-  EXPECT_NE(released.output.find("rank 1 done step=12 stage=1 states=6 held=1762"),
+  EXPECT_NE(released.output.find("rank 1 done step=12 stage=1 states=8 held=1762"),
             std::string::npos)
       << released.output;
   const Job kept = fit("kept", {"--devices", "2", "--release", "0"});
-  EXPECT_NE(kept.output.find("rank 1 done step=12 stage=1 states=6 held=2306"), std::string::npos)
+  EXPECT_NE(kept.output.find("rank 1 done step=12 stage=1 states=8 held=2306"), std::string::npos)
       << kept.output;
   // Either way the same training, and every rank whole after fit.
   expect_every_rank(prefix("released"), 2, weights("kept"), 0);
@@ -331,8 +334,7 @@ TEST_F(PipelineFit, ACheckpointResumesAtTwoThreeOrOneStagesBitForBit) {
   const Job three = fit("three", with({"--devices", "3", "--resume", ckpt}));
   const Job one = fit("one", with({"--devices", "1", "--resume", ckpt}));
   // Optimizer state (10 parameters in all) only for the pipeline layers a rank trains, plus the
-  // layers outside the pipeline: the one after it (every rank trains it) and, read from the
-  // checkpoint, the one before it (2 parameters; only stage 0 trains it).
+  // layers before and after the pipeline (2 parameters each; every rank trains them).
   EXPECT_NE(one.output.find("rank 0 done step=6 stage=0 states=10"), std::string::npos);
   EXPECT_NE(two.output.find("rank 0 done step=6 stage=0 states=6"), std::string::npos);
   EXPECT_NE(two.output.find("rank 1 done step=6 stage=1 states=8"), std::string::npos)

@@ -495,6 +495,16 @@ int main(int argc, char** argv) {
     const int64_t tensors_peak = volt::cpu_memory_stats().max_in_use;
     const int64_t rank = trainer.strategy().rank();
     torch::save(model.flat(), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
+    {
+      // fp8's amax histories (buffers named *amax*), which the ranks agree on after each backward.
+      std::vector<torch::Tensor> amax;
+      for (const auto& b : model.named_buffers(true)) {
+        if (b.key().find("amax") != std::string::npos) amax.push_back(b.value().reshape({-1}));
+      }
+      if (!amax.empty()) {
+        torch::save(torch::cat(amax), a["--out"] + ".amax.rank" + std::to_string(rank) + ".pt");
+      }
+    }
     if (model.gather_val) {
       torch::save(torch::cat(model.own_logits),
                   a["--out"] + ".own.rank" + std::to_string(rank) + ".pt");

@@ -5,8 +5,9 @@
 //       variables. Every rank builds the same model twice (seeded): a plain Sequential (the
 //       reference, run in this process) and a distributed Pipeline, runs a batch through both,
 //       backward, an SGD step and gather(), and checks: the output on every rank, this stage's
-//       gradients (other stages' stay undefined), the input's gradient on stage 0, the whole
-//       model after gather(), a no-grad forward, bit for bit with one chunk, else within 1e-6.
+//       gradients (other stages' stay undefined), the input's gradient on every rank, the whole
+//       model after gather(), a no-grad forward, and a layer before the pipeline fed its own
+//       output (net(tanh(net(pre(x))))), bit for bit with one chunk, else within 1e-6.
 //       Prints "rank R layer ok stage=S layers=F-L chunks=C". --bad-header 1: rank 0 sends stage
 //       1 a malformed header instead (stage 1 must fail with a DistributedError). --deep-output
 //       between|last: a model whose stage 0 output (between), or also the pipeline's output
@@ -21,7 +22,9 @@
 //       volt::Pipeline, with a layer before and after it; --devices 1 is the single-process
 //       reference (single_device). Started as a plain process it launches its ranks itself. Every
 //       rank writes its flat parameters after fit to <out>.rank<R>.pt and prints "rank R done
-//       step=S stage=T states=N" (N: parameters with optimizer state on this rank).
+//       step=S stage=T states=N" (N: parameters with optimizer state on this rank), and the
+//       layer before the pipeline as it trained it (before the strategy's teardown gathers the
+//       model) to <out>.pre.rank<R>.pt.
 //       --ckpt-every-step: a ModelCheckpoint keeping every step's checkpoint in <root>/ckpt.
 //       --predict 1: then a predict of the validation data; every rank writes its logits to
 //       <out>.pred.rank<R>.pt.
@@ -100,6 +103,56 @@ torch::nn::Sequential deep_output_model(bool last_too) {
                                torch::nn::Flatten(), torch::nn::Linear(16, 4));
 }
 
+/// This stage's parameters have the reference's gradients; the other stages' have none.
+void check_stage_gradients(const volt::PipelineImpl& pipe, const torch::nn::Module& reference,
+                           bool exact, const std::string& what) {
+  const int64_t stage = pipe.stage();
+  const auto [first, last] = pipe.stage_layers(stage);
+  auto ref_params = reference.named_parameters(true);
+  int64_t owned = 0;
+  for (const auto& p : pipe.named_parameters(true)) {
+    const int64_t layer = std::stoll(p.key().substr(0, p.key().find('.')));
+    if (layer >= first && layer < last) {
+      check_same(p.value().grad(), ref_params[p.key()].grad(), exact,
+                 what + "gradient of " + p.key());
+      ++owned;
+    } else if (p.value().grad().defined()) {
+      fail(what + "stage " + std::to_string(stage) + " has a gradient for another stage's " +
+           p.key());
+    }
+  }
+  if (static_cast<int64_t>(pipe.stage_parameters(stage).size()) != owned) {
+    fail("stage_parameters does not match the stage's layers");
+  }
+}
+
+/// A layer before the pipeline and the pipeline fed its own output, net(tanh(net(pre(x)))): the
+/// outer call's input gradient reaches the inner call's backward on every rank, and every rank's
+/// `pre` gets the reference's gradient.
+void check_chained(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks, bool exact,
+                   const at::Tensor& x) {
+  auto square = [] {
+    return torch::nn::Sequential(torch::nn::Linear(6, 6), torch::nn::Tanh(),
+                                 torch::nn::Linear(6, 6), torch::nn::Tanh(),
+                                 torch::nn::Linear(6, 6));
+  };
+  torch::manual_seed(3);
+  torch::nn::Linear pre_ref(8, 6);
+  auto net_ref = square();
+  torch::manual_seed(3);
+  torch::nn::Linear pre(8, 6);
+  volt::Pipeline net(square(), volt::PipelineOptions().chunks(chunks));
+  net->distribute(group);
+  const at::Tensor target = torch::randn({x.size(0), 6});
+  const at::Tensor y_ref = net_ref->forward(torch::tanh(net_ref->forward(pre_ref->forward(x))));
+  const at::Tensor y = net->forward(torch::tanh(net->forward(pre->forward(x))));
+  torch::mse_loss(y_ref, target).backward();
+  torch::mse_loss(y, target).backward();
+  check_same(y.detach(), y_ref.detach(), exact, "chained output");
+  check_same(pre->weight.grad(), pre_ref->weight.grad(), exact, "chained: gradient of pre");
+  check_stage_gradients(*net, *net_ref, exact, "chained: ");
+}
+
 int run_layer(std::map<std::string, std::string>& a) {
   const int64_t chunks = a.count("--chunks") ? std::stoll(a["--chunks"]) : 1;
   const char* world = std::getenv("WORLD_SIZE");
@@ -129,7 +182,7 @@ int run_layer(std::map<std::string, std::string>& a) {
   const int64_t stage = pipe->stage();
   if (a.count("--bad-header") && group->rank() == 0) {
     // Stage 0 runs other code: what stage 1 receives first is no activation header.
-    group->send(at::full({11}, 99, at::kLong), 1);
+    group->send(at::full({13}, 99, at::kLong), 1);
     say("rank 0 sent a bad header");
     return 0;
   }
@@ -145,28 +198,12 @@ int run_layer(std::map<std::string, std::string>& a) {
   const at::Tensor out = pipe->forward(x_pipe);
   torch::mse_loss(out, target).backward();
   check_same(out.detach(), out_ref.detach(), exact, "output");
-  if (stage == 0) {
-    check_same(x_pipe.grad(), x_ref.grad(), exact, "input gradient");
-  } else if (x_pipe.grad().defined()) {
-    fail("a later stage gave the input a gradient");
-  }
+  // Every rank's input gets stage 0's input gradient (so layers before the pipeline train alike).
+  check_same(x_pipe.grad(), x_ref.grad(), exact, "input gradient");
+  check_stage_gradients(*pipe, *reference, exact, "");
   const auto [first, last] = pipe->stage_layers(stage);
   auto ref_params = reference->named_parameters(true);
   auto pipe_params = pipe->named_parameters(true);
-  int64_t owned = 0;
-  for (const auto& p : pipe_params) {
-    const int64_t layer = std::stoll(p.key().substr(0, p.key().find('.')));
-    const at::Tensor& want = ref_params[p.key()].grad();
-    if (layer >= first && layer < last) {
-      check_same(p.value().grad(), want, exact, "gradient of " + p.key());
-      ++owned;
-    } else if (p.value().grad().defined()) {
-      fail("stage " + std::to_string(stage) + " has a gradient for another stage's " + p.key());
-    }
-  }
-  if (static_cast<int64_t>(pipe->stage_parameters(stage).size()) != owned) {
-    fail("stage_parameters does not match the stage's layers");
-  }
   // Each stage steps its own parameters; gather() makes every rank's model whole.
   torch::optim::SGD(reference->parameters(), 0.1).step();
   torch::optim::SGD(pipe->parameters(), 0.1).step();
@@ -198,14 +235,14 @@ int run_layer(std::map<std::string, std::string>& a) {
     c10::InferenceMode inference;
     check_same(pipe->forward(x), reference->forward(x), exact, "inference-mode output");
   }
+  check_chained(group, chunks, exact, x);
   say("rank " + std::to_string(group->rank()) + " layer ok stage=" + std::to_string(stage) +
       " layers=" + std::to_string(first) + "-" + std::to_string(last - 1) +
       " chunks=" + std::to_string(chunks));
   return 0;
 }
 
-/// A layer before the pipeline (stage 0 trains it), the pipeline, a layer after it (every
-/// rank computes it alike).
+/// A layer before the pipeline, the pipeline, a layer after it (every rank trains both alike).
 class PipeNet : public volt::Module {
  public:
   PipeNet(volt::PipelineOptions options, std::string optimizer, bool dropout)
@@ -281,8 +318,12 @@ class RankProbe : public volt::Callback {
     stage = net_.net->stage();
     for (const auto& p : net_.parameters()) held += p.numel();
   }
+  void on_train_end(volt::RunContext&, volt::Module&) override {
+    pre = torch::cat({net_.pre->weight.detach().reshape({-1}), net_.pre->bias.detach()});
+  }
   int64_t stage = -1;
   int64_t held = 0;  // parameter elements this rank holds while it trains
+  at::Tensor pre;    // the layer before the pipeline as this rank trained it (before teardown)
 
  private:
   PipeNet& net_;
@@ -346,6 +387,9 @@ int run_fit(std::map<std::string, std::string>& a) {
   const int64_t rank = trainer.strategy().rank();
   std::filesystem::create_directories(std::filesystem::path(a["--out"]).parent_path());
   torch::save(model.flat(), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
+  if (probe->pre.defined()) {
+    torch::save(probe->pre, a["--out"] + ".pre.rank" + std::to_string(rank) + ".pt");
+  }
   if (num("--predict", 0) != 0) {
     // A predict after the fit: through the pipeline again (set up anew), every rank's logits.
     auto predictions = trainer.predict(model, volt::DataLoader(val, volt::DataLoaderOptions(16)));

@@ -43,6 +43,12 @@ TEST(ModuleApi, EstimatedSteppingBatchesIsTheStepsTheFitTakes) {
       {"max_steps below the epochs' steps", quiet(dir.path).max_epochs(5).max_steps(4), 4},
       {"max_steps alone (max_epochs -1)", quiet(dir.path).max_epochs(-1).max_steps(10), 10},
       {"fast_dev_run", quiet(dir.path).fast_dev_run(2), 2},
+      // Every epoch at its own factor: 3 steps, then 7 and 7.
+      {"a GradientAccumulationScheduler of 3 then 1, 3 epochs",
+       quiet(dir.path).max_epochs(3).callbacks(
+           {std::make_shared<volt::GradientAccumulationScheduler>(
+               std::map<int64_t, int64_t>{{0, 3}, {1, 1}})}),
+       17},
   };
   for (const auto& c : cases) {
     Estimating model;

@@ -214,8 +214,9 @@ class Module : public torch::nn::Module {
   /// The optimizer steps the running fit will take (Lightning's
   /// Trainer.estimated_stepping_batches), for a schedule's length in configure_optimizers
   /// (OneCycleLR's total_steps): per process, ceil(training batches per epoch after the
-  /// limits / accumulate_grad_batches) times max_epochs, at most max_steps. A
-  /// GradientAccumulationScheduler's later changes are not foreseen (as Lightning).
+  /// limits / accumulate_grad_batches) times max_epochs, at most max_steps. With a
+  /// GradientAccumulationScheduler each epoch counts at its own factor (Lightning counts every
+  /// epoch at the Trainer's factor, 1 beside a scheduler).
   /// ConfigError outside fit. (Neither max_epochs nor max_steps set means max_epochs 1000, as
   /// Lightning.)
   int64_t estimated_stepping_batches() const;

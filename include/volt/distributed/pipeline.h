@@ -62,9 +62,12 @@ class PipelineImpl : public torch::nn::Module {
   explicit PipelineImpl(torch::nn::Sequential layers, PipelineOptions options = {});
 
   /// The layers' output for `x` (one tensor in, one out per layer). Distributed: every rank must
-  /// call it (collective); stage 0 reads `x`, the others only its row count's chunking, and
-  /// every rank gets the last stage's output. Differentiable: the backward through it is a
-  /// collective too.
+  /// call it (collective); stage 0 reads `x`, and every rank gets the last stage's output.
+  /// Differentiable: the backward through it is a collective too. When stage 0's `x` needs a
+  /// gradient (layers before the pipeline, or a pipeline fed its own output), the backward
+  /// broadcasts it from stage 0 to every rank whose `x` needs one as well, so the code before the
+  /// pipeline trains alike everywhere; such an `x` must have stage 0's element count and dtype
+  /// (ValueError), which the same code on every rank gives.
   at::Tensor forward(const at::Tensor& x);
 
   /// Splits the layers over `group`'s ranks, one stage each (ConfigError for a bad partition).
