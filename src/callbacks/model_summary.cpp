@@ -7,11 +7,13 @@
 #include <functional>
 #include <ostream>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
+#include "volt/distributed/pipeline.h"
 
 namespace volt {
 namespace {
@@ -37,12 +39,35 @@ int64_t depth_of(const std::string& dotted_name) {
   return d;
 }
 
+// A parameter's elements as the model has them: a pipeline rank frees the other stages'
+// weights (volt::Pipeline::release_other_stages), which count with the shapes they had.
+using Numel = std::function<int64_t(const at::Tensor&)>;
+
+Numel whole_numel(const torch::nn::Module& module) {
+  std::unordered_map<const void*, int64_t> released;
+  auto add = [&](const torch::nn::Module& m) {
+    const auto* pipe = dynamic_cast<const PipelineImpl*>(&m);
+    if (pipe == nullptr || !pipe->released()) return;
+    for (const auto& p : pipe->parameters(/*recurse=*/true)) {
+      int64_t n = 1;
+      for (int64_t d : pipe->whole_shape(p)) n *= d;
+      released[p.unsafeGetTensorImpl()] = n;
+    }
+  };
+  add(module);  // (modules(include_self) needs a module held by a shared_ptr)
+  for (const auto& m : module.modules(/*include_self=*/false)) add(*m);
+  return [released = std::move(released)](const at::Tensor& p) {
+    auto it = released.find(p.unsafeGetTensorImpl());
+    return it == released.end() ? p.numel() : it->second;
+  };
+}
+
 // Elements of the distinct parameters of `m` and its children (a tied weight counts once).
-int64_t distinct_params(const torch::nn::Module& m) {
+int64_t distinct_params(const torch::nn::Module& m, const Numel& numel) {
   std::unordered_set<const void*> seen;
   int64_t n = 0;
   for (const auto& p : m.parameters(/*recurse=*/true)) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
+    if (seen.insert(p.unsafeGetTensorImpl()).second) n += numel(p);
   }
   return n;
 }
@@ -79,20 +104,22 @@ ModelSummaryTable summarize(const torch::nn::Module& module, int64_t max_depth) 
   t.model_type = short_type(module.name());
   // As Lightning: the model itself is not counted among the modules in train / eval mode, and
   // a submodule registered under two names is listed once.
+  const Numel numel = whole_numel(module);
   std::unordered_set<const torch::nn::Module*> seen_modules{&module};
   for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
     const torch::nn::Module* m = item.value().get();
     if (!seen_modules.insert(m).second) continue;
     (m->is_training() ? t.modules_in_train_mode : t.modules_in_eval_mode) += 1;
     if (max_depth == -1 || depth_of(item.key()) <= max_depth) {
-      t.rows.push_back({item.key(), short_type(m->name()), distinct_params(*m), m->is_training()});
+      t.rows.push_back(
+          {item.key(), short_type(m->name()), distinct_params(*m, numel), m->is_training()});
     }
   }
   std::unordered_set<const void*> seen;
   for (const auto& p : module.parameters(/*recurse=*/true)) {
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    (p.requires_grad() ? t.trainable_params : t.non_trainable_params) += p.numel();
-    t.total_param_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    (p.requires_grad() ? t.trainable_params : t.non_trainable_params) += numel(p);
+    t.total_param_bytes += numel(p) * static_cast<int64_t>(p.element_size());
   }
   t.total_params = t.trainable_params + t.non_trainable_params;
   int64_t in_rows = 0;

@@ -6,8 +6,9 @@
 //       reference, run in this process) and a distributed Pipeline, runs a batch through both,
 //       backward, an SGD step and gather(), and checks: the output on every rank, this stage's
 //       gradients (other stages' stay undefined), the input's gradient on every rank, the whole
-//       model after gather(), a no-grad forward, and a layer before the pipeline fed its own
-//       output (net(tanh(net(pre(x))))), bit for bit with one chunk, else within 1e-6.
+//       model after gather(), a no-grad forward, a layer before the pipeline fed its own output
+//       (net(tanh(net(pre(x))))), bit for bit with one chunk, else within 1e-6, and the summary
+//       of the pipeline with the other stages' weights freed.
 //       Prints "rank R layer ok stage=S layers=F-L chunks=C". --bad-header 1: rank 0 sends stage
 //       1 a malformed header instead (stage 1 must fail with a DistributedError). --deep-output
 //       between|last: a model whose stage 0 output (between), or also the pipeline's output
@@ -218,6 +219,17 @@ int run_layer(std::map<std::string, std::string>& a) {
   }
   for (const auto& p : pipe->stage_parameters(stage)) {
     if (p.numel() == 0) fail("release_other_stages freed this stage's weight");
+  }
+  // A summary (ModelSummary's table) counts the freed weights with the shapes they had.
+  const volt::ModelSummaryTable summary = volt::summarize(*pipe, -1);
+  const volt::ModelSummaryTable whole = volt::summarize(*reference, -1);
+  if (summary.total_params != whole.total_params ||
+      summary.total_param_bytes != whole.total_param_bytes) {
+    fail("the summary of a released pipeline counts " + std::to_string(summary.total_params) +
+         " parameters, not " + std::to_string(whole.total_params));
+  }
+  for (size_t i = 0; i < whole.rows.size(); ++i) {
+    if (summary.rows.at(i).params != whole.rows[i].params) fail("summary row " + whole.rows[i].name);
   }
   {
     torch::NoGradGuard no_grad;
