@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/detail/fp8_state.h"
 #include "core/detail/print.h"
 #include "detail/safetensors_parse.h"
 #include "volt/core/check.h"
@@ -210,10 +211,17 @@ void load_safetensors(torch::nn::Module& module, const std::string& path, bool s
   SafetensorsFile f = load_safetensors(path);
   std::vector<std::string> problems;
   std::set<std::string> used;
+  const auto buffers = module.named_buffers(true);
+  detail::Fp8StateCrossing fp8(
+      std::any_of(f.tensors.begin(), f.tensors.end(),
+                  [](const auto& kv) { return detail::is_fp8_scaling_state(kv.first); }),
+      std::any_of(buffers.begin(), buffers.end(),
+                  [](const auto& b) { return detail::is_fp8_scaling_state(b.key()); }));
   auto load_one = [&](const std::string& name, at::Tensor& target) {
     auto it = f.tensors.find(name);
     if (it == f.tensors.end()) {
-      problems.push_back("missing '" + name + "' " + shape_str(target));
+      if (!fp8.skip_missing(name))
+        problems.push_back("missing '" + name + "' " + shape_str(target));
       return;
     }
     used.insert(name);
@@ -228,8 +236,11 @@ void load_safetensors(torch::nn::Module& module, const std::string& path, bool s
   for (auto& p : module.named_parameters(true)) load_one(p.key(), p.value());
   for (auto& b : module.named_buffers(true)) load_one(b.key(), b.value());
   for (const auto& kv : f.tensors) {
-    if (!used.count(kv.first)) problems.push_back("unexpected '" + kv.first + "'");
+    if (!used.count(kv.first) && !fp8.skip_unexpected(kv.first)) {
+      problems.push_back("unexpected '" + kv.first + "'");
+    }
   }
+  fp8.log("Safetensors");
   if (strict && !problems.empty()) {
     std::ostringstream os;
     os << "[Safetensors] '" << path << "' does not match the model (" << problems.size()

@@ -2,9 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
+#include "core/detail/fp8_state.h"
 #include "core/detail/parameter_names.h"
 #include "detail/state_key.h"
 #include "volt/core/check.h"
@@ -57,11 +59,17 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
   std::vector<std::string> keys = archive.keys();
   std::set<std::string> expected;
   std::vector<std::string> problems;
+  const auto buffers = module.named_buffers(true);
+  detail::Fp8StateCrossing fp8(std::any_of(keys.begin(), keys.end(), detail::is_fp8_scaling_state),
+                               std::any_of(buffers.begin(), buffers.end(), [](const auto& b) {
+                                 return detail::is_fp8_scaling_state(b.key());
+                               }));
   auto load_one = [&](const std::string& name, at::Tensor& target, bool is_buffer) {
     expected.insert(name);
     at::Tensor saved;
     if (!archive.try_read(name, saved, is_buffer)) {
-      problems.push_back("missing '" + name + "' " + shape_str(target));
+      if (!fp8.skip_missing(name))
+        problems.push_back("missing '" + name + "' " + shape_str(target));
       return;
     }
     if (!saved.sizes().equals(target.sizes())) {
@@ -75,8 +83,9 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
   for (auto& item : module.named_parameters(true)) load_one(item.key(), item.value(), false);
   for (auto& item : module.named_buffers(true)) load_one(item.key(), item.value(), true);
   for (const auto& k : keys) {
-    if (!expected.count(k)) problems.push_back("unexpected '" + k + "'");
+    if (!expected.count(k) && !fp8.skip_unexpected(k)) problems.push_back("unexpected '" + k + "'");
   }
+  fp8.log("Checkpoint");
   if (strict && !problems.empty()) {
     std::ostringstream os;
     os << "[Checkpoint] the checkpoint does not match the model (" << problems.size() << " mismatch"

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/detail/fp8_state.h"
 #include "core/detail/print.h"
 #include "detail/fp8_hooks.h"
 #include "detail/linear_policy.h"
@@ -320,11 +321,12 @@ Fp8ConversionReport convert_to_fp8(torch::nn::Module& model, const Fp8ConvertOpt
     layer->mode = detail::Fp8Mode::kTrain;
     const auto f32 = lin->weight.options().dtype(at::kFloat).requires_grad(false);
     layer->delayed = {
-        detail::ensure_buffer(*lin, "fp8_amax_history",
+        detail::ensure_buffer(*lin, detail::kFp8AmaxHistory,
                               at::zeros({3, recipe.amax_history_len()}, f32)),
-        detail::ensure_buffer(*lin, "fp8_scale", at::ones({3}, f32)),
-        detail::ensure_buffer(*lin, "fp8_grad_amax", at::zeros({1}, f32)),
-        detail::ensure_buffer(*lin, "fp8_steps", at::zeros({1}, f32.dtype(at::kLong))), recipe};
+        detail::ensure_buffer(*lin, detail::kFp8Scale, at::ones({3}, f32)),
+        detail::ensure_buffer(*lin, detail::kFp8GradAmax, at::zeros({1}, f32)),
+        detail::ensure_buffer(*lin, detail::kFp8Steps, at::zeros({1}, f32.dtype(at::kLong))),
+        recipe};
     detail::attach_fp8(lin->weight, std::move(layer));
     report.converted.push_back(name);
   }

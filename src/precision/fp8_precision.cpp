@@ -6,6 +6,7 @@
 #include <ostream>
 #include <set>
 
+#include "core/detail/fp8_state.h"
 #include "core/detail/print.h"
 #include "detail/fp8_hooks.h"
 #include "volt/core/check.h"
@@ -125,8 +126,8 @@ std::vector<at::Tensor> Fp8Precision::rank_max_state() const {
   if (model_ == nullptr || options_.inference()) return out;
   // Fp8Linear's buffers, and those convert_to_fp8 gives the Linear layers it converts in place
   // (by their exact names, not a user's buffer that happens to end alike).
-  static const std::set<std::string> kNames{"amax_history", "grad_amax", "fp8_amax_history",
-                                            "fp8_grad_amax"};
+  static const std::set<std::string> kNames{"amax_history", "grad_amax", detail::kFp8AmaxHistory,
+                                            detail::kFp8GradAmax};
   for (const auto& b : model_->named_buffers(/*recurse=*/true)) {
     const std::string& name = b.key();
     const size_t dot = name.rfind('.');

@@ -7,6 +7,8 @@
 
 #include <volt/volt.h>
 
+#include "error_text.h"
+#include "log_capture.h"
 #include "tiny.h"
 
 namespace {
@@ -71,6 +73,90 @@ TEST(Fp8Convert, ConvertedLinearIsBitExactToFp8LinearForwardBackwardAndScaling) 
   const auto before = net->fc1->named_buffers()["fp8_amax_history"].clone();
   EXPECT_EQ(volt::convert_to_fp8(*net).converted, std::vector<std::string>{"fc1"});
   EXPECT_TRUE(torch::equal(net->fc1->named_buffers()["fp8_amax_history"], before));
+}
+
+namespace {
+
+void save_state(const torch::nn::Module& m, const std::string& path) {
+  torch::serialize::OutputArchive ar;
+  volt::save_module_state(m, ar);
+  ar.save_to(path);
+}
+
+void load_state(torch::nn::Module& m, const std::string& path) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(path);
+  volt::load_module_state(m, ar, /*strict=*/true);
+}
+
+bool same_weights(const torch::nn::Module& a, const torch::nn::Module& b) {
+  auto pb = b.named_parameters(true);
+  for (const auto& p : a.named_parameters(true)) {
+    if (!torch::equal(p.value(), pb[p.key()])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST(Fp8Convert, WeightsLoadAcrossFp8AndPlainModelsBothWaysAndBothFormats) {
+  volt_test::TempDir dir;
+  // An fp8-trained model: fc1 converted, its scaling state moved by a step.
+  torch::manual_seed(0);
+  auto fp8 = std::make_shared<TwoLayer>();
+  volt::convert_to_fp8(*fp8);
+  {
+    volt::Fp8Autocast on;
+    fp8->fc2(fp8->fc1(torch::randn({8, 32}))).to(at::kFloat).sum().backward();
+  }
+  ASSERT_TRUE(fp8->fc1->named_buffers()["fp8_steps"].item<int64_t>() > 0);
+  save_state(*fp8, dir / "fp8.ckpt");
+  volt::save_safetensors(*fp8, dir / "fp8.safetensors");
+
+  // Into a plain model (export, predict in fp32): the weights, without the scaling state.
+  for (const char* file : {"fp8.ckpt", "fp8.safetensors"}) {
+    SCOPED_TRACE(file);
+    torch::manual_seed(1);
+    TwoLayer plain;
+    const auto logs = volt_test::capture_logs([&] {
+      if (std::string(file) == "fp8.ckpt") {
+        load_state(plain, dir / file);
+      } else {
+        volt::load_weights(plain, dir / file);
+      }
+    });
+    EXPECT_TRUE(same_weights(plain, *fp8));
+    EXPECT_TRUE(volt_test::has(logs,
+                               "the file holds fp8 scaling state (4 buffers) that this "
+                               "model, not converted to fp8, does not use"))
+        << logs.size();
+  }
+
+  // A plain checkpoint into a model converted to fp8 (fp8 fine-tuning or inference): the
+  // weights, the scaling state starting fresh.
+  torch::manual_seed(2);
+  TwoLayer plain;
+  save_state(plain, dir / "plain.ckpt");
+  torch::manual_seed(3);
+  auto converted = std::make_shared<TwoLayer>();
+  volt::convert_to_fp8(*converted);
+  const auto logs = volt_test::capture_logs([&] { load_state(*converted, dir / "plain.ckpt"); });
+  EXPECT_TRUE(same_weights(*converted, plain));
+  EXPECT_EQ(converted->fc1->named_buffers()["fp8_steps"].item<int64_t>(), 0);
+  EXPECT_TRUE(volt_test::has(logs, "the model's fp8 layers start theirs fresh (4 buffers)"));
+
+  // Both with fp8 state: it must match like any state (one buffer missing is a mismatch).
+  {
+    torch::serialize::OutputArchive ar;
+    for (const auto& p : fp8->named_parameters(true)) ar.write(p.key(), p.value());
+    for (const auto& b : fp8->named_buffers(true)) {
+      if (b.key() != "fc1.fp8_steps") ar.write(b.key(), b.value(), /*is_buffer=*/true);
+    }
+    ar.save_to(dir / "partial.ckpt");
+  }
+  const std::string err = volt_test::error_of<volt::CheckpointError>(
+      [&] { load_state(*converted, dir / "partial.ckpt"); });
+  EXPECT_NE(err.find("missing 'fc1.fp8_steps'"), std::string::npos) << err;
 }
 
 TEST(Fp8Convert, OutsideRegionsAndInFp8FreeIslandsLayersAreOrdinary) {

@@ -229,7 +229,8 @@ int run_layer(std::map<std::string, std::string>& a) {
          " parameters, not " + std::to_string(whole.total_params));
   }
   for (size_t i = 0; i < whole.rows.size(); ++i) {
-    if (summary.rows.at(i).params != whole.rows[i].params) fail("summary row " + whole.rows[i].name);
+    if (summary.rows.at(i).params != whole.rows[i].params)
+      fail("summary row " + whole.rows[i].name);
   }
   {
     torch::NoGradGuard no_grad;
