@@ -19,6 +19,7 @@
 #include <limits>
 #include <sstream>
 
+#include "core/detail/fp8_state.h"
 #include "core/detail/print.h"
 #include "core/detail/remove_tree.h"
 #include "io/detail/state_key.h"
@@ -1017,10 +1018,16 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
   torch::NoGradGuard no_grad;
   const auto in_memory = resident();  // NVMe parameter chunks: loaded, then written out
   std::vector<std::string> problems;
+  const auto keys = ar.keys();
+  const auto buffers = module.named_buffers(true);
+  detail::Fp8StateCrossing fp8(  // a plain checkpoint into a model converted to fp8
+      std::any_of(keys.begin(), keys.end(), detail::is_fp8_scaling_state),
+      std::any_of(buffers.begin(), buffers.end(),
+                  [](const auto& b) { return detail::is_fp8_scaling_state(b.key()); }));
   auto load = [&](const std::string& name, at::Tensor target, bool buffer) {
     at::Tensor saved;
     if (!ar.try_read(name, saved, buffer)) {
-      problems.push_back("missing '" + name + "'");
+      if (!fp8.skip_missing(name)) problems.push_back("missing '" + name + "'");
       return;
     }
     if (const ZeroChunk* c = buffer ? nullptr : chunk_of(target.unsafeGetTensorImpl())) {
@@ -1043,6 +1050,7 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
   };
   for (auto& p : module.named_parameters(true)) load(p.key(), p.value(), false);
   for (auto& b : module.named_buffers(true)) load(b.key(), b.value(), true);
+  fp8.log("DeepSpeed");
   if (!problems.empty()) {
     std::ostringstream os;
     os << kTag << " the checkpoint does not match the model: ";

@@ -240,6 +240,28 @@ TEST(DeepSpeed, Fp8PrecisionWithZeroEqualsDdpWithFp8) {
   }
 }
 
+TEST(DeepSpeed, AnFp32ShardFolderResumesInFp8WithTheScalingStartingFresh) {
+  VOLT_REQUIRE_GLOO();
+  // Fine-tuning in fp8 from a checkpoint trained without it: the folder holds no fp8 scaling
+  // state, which the converted layers start fresh (before: "missing '...fp8_amax_history'").
+  volt_test::TempDir dir;
+  const std::vector<std::string> model{"--devices",         "2",    "--batch", "8",  "--zero",  "3",
+                                       "--optimizer",       "adam", "--width", "16", "--depth", "2",
+                                       "--ckpt-every-step", "1"};
+  auto fp32 = run_job(cat({"--root", dir / "a", "--out", dir / "a/w", "--epochs", "1"}, model));
+  ASSERT_EQ(fp32.code, 0) << fp32.output;
+  const std::string ckpt = dir / "a/ckpt/last.ckpt";
+  ASSERT_TRUE(volt::is_zero_checkpoint(ckpt)) << fp32.output;
+  auto fp8 = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--epochs", "2", "--resume",
+                          ckpt, "--precision", "fp8"},
+                         model));
+  ASSERT_EQ(fp8.code, 0) << fp8.output;
+  EXPECT_NE(fp8.output.find("2 Linear layers in fp8"), std::string::npos) << fp8.output;
+  EXPECT_NE(fp8.output.find("the model's fp8 layers start theirs fresh (8 buffers)"),
+            std::string::npos)
+      << fp8.output;
+}
+
 TEST(DeepSpeed, Bf16TrueWithZeroKeepsBf16WeightsOnFp32Masters) {
   VOLT_REQUIRE_GLOO();
   // precision "bf16-true": the module is bf16 for the whole run (no autocast, no cast back).
