@@ -211,12 +211,9 @@ void load_safetensors(torch::nn::Module& module, const std::string& path, bool s
   SafetensorsFile f = load_safetensors(path);
   std::vector<std::string> problems;
   std::set<std::string> used;
-  const auto buffers = module.named_buffers(true);
-  detail::Fp8StateCrossing fp8(
-      std::any_of(f.tensors.begin(), f.tensors.end(),
-                  [](const auto& kv) { return detail::is_fp8_scaling_state(kv.first); }),
-      std::any_of(buffers.begin(), buffers.end(),
-                  [](const auto& b) { return detail::is_fp8_scaling_state(b.key()); }));
+  std::vector<std::string> keys;
+  for (const auto& kv : f.tensors) keys.push_back(kv.first);
+  detail::Fp8StateCrossing fp8(keys, module);
   auto load_one = [&](const std::string& name, at::Tensor& target) {
     auto it = f.tensors.find(name);
     if (it == f.tensors.end()) {

@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -59,11 +58,7 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
   std::vector<std::string> keys = archive.keys();
   std::set<std::string> expected;
   std::vector<std::string> problems;
-  const auto buffers = module.named_buffers(true);
-  detail::Fp8StateCrossing fp8(std::any_of(keys.begin(), keys.end(), detail::is_fp8_scaling_state),
-                               std::any_of(buffers.begin(), buffers.end(), [](const auto& b) {
-                                 return detail::is_fp8_scaling_state(b.key());
-                               }));
+  detail::Fp8StateCrossing fp8(keys, module);
   auto load_one = [&](const std::string& name, at::Tensor& target, bool is_buffer) {
     expected.insert(name);
     at::Tensor saved;

@@ -1018,12 +1018,7 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
   torch::NoGradGuard no_grad;
   const auto in_memory = resident();  // NVMe parameter chunks: loaded, then written out
   std::vector<std::string> problems;
-  const auto keys = ar.keys();
-  const auto buffers = module.named_buffers(true);
-  detail::Fp8StateCrossing fp8(  // a plain checkpoint into a model converted to fp8
-      std::any_of(keys.begin(), keys.end(), detail::is_fp8_scaling_state),
-      std::any_of(buffers.begin(), buffers.end(),
-                  [](const auto& b) { return detail::is_fp8_scaling_state(b.key()); }));
+  detail::Fp8StateCrossing fp8(ar.keys(), module);  // a plain checkpoint into an fp8 model
   auto load = [&](const std::string& name, at::Tensor target, bool buffer) {
     at::Tensor saved;
     if (!ar.try_read(name, saved, buffer)) {

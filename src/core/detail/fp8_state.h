@@ -5,8 +5,12 @@
 // fp8-trained checkpoint into a plain model (export, predict in fp32) and a plain checkpoint into
 // a model converted to fp8 (fp8 fine-tuning or inference, the scaling starting fresh).
 
+#include <torch/nn/module.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "volt/core/log.h"
 
@@ -30,8 +34,13 @@ inline bool is_fp8_scaling_state(const std::string& key) {
 /// file has none (kept fresh). A file and a model that both have some must match as any state.
 class Fp8StateCrossing {
  public:
-  Fp8StateCrossing(bool file_has_fp8, bool model_has_fp8)
-      : file_has_fp8_(file_has_fp8), model_has_fp8_(model_has_fp8) {}
+  /// `file_keys`: the state-dict keys the file holds; `model`: the module it loads into.
+  Fp8StateCrossing(const std::vector<std::string>& file_keys, const torch::nn::Module& model) {
+    file_has_fp8_ = std::any_of(file_keys.begin(), file_keys.end(), is_fp8_scaling_state);
+    for (const auto& b : model.named_buffers(/*recurse=*/true)) {
+      model_has_fp8_ = model_has_fp8_ || is_fp8_scaling_state(b.key());
+    }
+  }
   /// `name` is in the model, not in the file: true to leave it as it is.
   bool skip_missing(const std::string& name) {
     if (file_has_fp8_ || !is_fp8_scaling_state(name)) return false;
@@ -60,7 +69,7 @@ class Fp8StateCrossing {
   }
 
  private:
-  bool file_has_fp8_, model_has_fp8_;
+  bool file_has_fp8_ = false, model_has_fp8_ = false;
   int64_t fresh_ = 0, dropped_ = 0;
 };
 
