@@ -264,16 +264,19 @@ TEST(Cli, ValidateTestAndPredictLoadACheckpoint) {
   EXPECT_EQ(file.tensors.at("predictions").size(0), 64);  // the 64-row predict set
 }
 
+/// `volt export` on the base arguments and `extra`.
+Result export_with(const volt_test::TempDir& dir, const std::vector<std::string>& extra) {
+  auto a = base(dir);
+  a.insert(a.begin(), "export");
+  a.insert(a.end(), extra.begin(), extra.end());
+  return run(a);
+}
+
 TEST(Cli, ExportWritesTheCheckpointsModelAsATorchScriptFile) {
   volt_test::TempDir dir;
   const std::string ckpt = fit_one_epoch(dir);
   ASSERT_FALSE(ckpt.empty());
-  auto exporting = [&](const std::vector<std::string>& extra) {
-    auto a = base(dir);
-    a.insert(a.begin(), "export");
-    a.insert(a.end(), extra.begin(), extra.end());
-    return run(a);
-  };
+  auto exporting = [&](const std::vector<std::string>& extra) { return export_with(dir, extra); };
   const std::string file = dir / "tiny.pt";
   auto r = exporting({"--ckpt_path=" + ckpt, "--output=" + file});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -321,13 +324,10 @@ TEST(Cli, ExportTakesItsExampleThroughTheBatchHooksAndTearsDownHoweverItEnds) {
   volt_test::TempDir dir;
   const std::string ckpt = fit_one_epoch(dir);
   ASSERT_FALSE(ckpt.empty());
-  auto exporting = [&](const std::vector<std::string>& extra) {
-    auto a = base(dir);
-    a.insert(a.begin(), "export");
-    a.push_back("--data.wide=true");  // 10 columns the DataModule's hook cuts to the model's 8
-    a.push_back("--ckpt_path=" + ckpt);
-    a.insert(a.end(), extra.begin(), extra.end());
-    return run(a);
+  auto exporting = [&](std::vector<std::string> extra) {
+    // 10 columns the DataModule's hook cuts to the model's 8.
+    extra.insert(extra.begin(), {"--data.wide=true", "--ckpt_path=" + ckpt});
+    return export_with(dir, extra);
   };
   const std::string file = dir / "tiny.pt";
   BlobsData::teardowns = 0;
