@@ -13,6 +13,7 @@
 #include <limits>
 #include <numeric>
 #include <ostream>
+#include <unordered_map>
 
 #include "volt/core/check.h"
 #include "volt/distributed/process_group.h"
@@ -276,8 +277,27 @@ void PipelineImpl::distribute(std::shared_ptr<ProcessGroup> group) {
     for (const auto& p : layer->parameters(true)) w += p.numel();
     weights.push_back(w);
   }
-  bounds_ = partition_layers(weights, group->world_size(), options_.balance(),
-                             options_.partition_method());
+  std::vector<int64_t> bounds = partition_layers(weights, group->world_size(), options_.balance(),
+                                                 options_.partition_method());
+  // A parameter two stages' layers share (tied weights) would train on each stage apart, and
+  // freeing the other stages' weights would take it from the stage that uses it. Every rank
+  // finds the same and fails alike, before any transfer.
+  std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, std::string>> first_user;
+  for (int64_t s = 0; s + 1 < static_cast<int64_t>(bounds.size()); ++s) {
+    for (int64_t i = bounds[s]; i < bounds[s + 1]; ++i) {
+      for (const auto& p : layers_->ptr(i)->named_parameters(true)) {
+        const std::string name = std::to_string(i) + "." + p.key();
+        auto [it, first] =
+            first_user.emplace(p.value().unsafeGetTensorImpl(), std::make_pair(s, name));
+        VOLT_CHECK(first || it->second.first == s, ConfigError, kTag, " layers ", it->second.second,
+                   " (stage ", it->second.first, ") and ", name, " (stage ", s,
+                   ") share one parameter (tied weights), which a pipeline cannot split: put "
+                   "the layers that share it in one stage (balance) or the shared layer outside "
+                   "the pipeline.");
+      }
+    }
+  }
+  bounds_ = std::move(bounds);
   stage_ = group->rank();
   group_ = std::move(group);
 }

@@ -187,6 +187,21 @@ TEST(PipelineLayer, AnActivationOfTooManyDimensionsFailsEveryStageAtOnce) {
   }
 }
 
+TEST(PipelineLayer, WeightsTiedAcrossStagesAreAConfigErrorOnEveryRank) {
+  VOLT_REQUIRE_GLOO();
+  const int port = volt::detail::find_free_port();
+  auto ranks = volt_test::start_ranks(volt_test::pipeline_worker(), {"layer", "--tied", "1"}, 2,
+                                      [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 1) << ranks[r]->output();
+    EXPECT_NE(ranks[r]->output().find(
+                  "[Pipeline] layers 0.weight (stage 0) and 4.weight (stage 1) share one "
+                  "parameter (tied weights), which a pipeline cannot split"),
+              std::string::npos)
+        << ranks[r]->output();
+  }
+}
+
 TEST(ProcessGroupPointToPoint, APeerThatIsNotAnotherRankIsAValueError) {
   VOLT_REQUIRE_GLOO();
   volt::ClusterEnvironment env;

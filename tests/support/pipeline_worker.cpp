@@ -12,7 +12,8 @@
 //       Prints "rank R layer ok stage=S layers=F-L chunks=C". --bad-header 1: rank 0 sends stage
 //       1 a malformed header instead (stage 1 must fail with a DistributedError). --deep-output
 //       between|last: a model whose stage 0 output (between), or also the pipeline's output
-//       (last), has 9 dimensions: every rank must fail with the same ValueError.
+//       (last), has 9 dimensions: every rank must fail with the same ValueError. --tied 1: a
+//       model whose first and last layer are one Linear: every rank fails with a ConfigError.
 //
 //   volt_pipeline_worker fit --root DIR --out PREFIX [--devices N] [--chunks C]
 //       [--balance A,B,...] [--epochs E] [--max-steps S] [--optimizer sgd|adamw|fused_adamw]
@@ -171,6 +172,16 @@ int run_layer(std::map<std::string, std::string>& a) {
     deep->distribute(group);
     deep->forward(torch::randn({4, 8}));
     say("rank " + std::to_string(group->rank()) + " deep output passed");
+    return 0;
+  }
+  if (a.count("--tied")) {
+    // One Linear at both ends: its weight would be split over stages 0 and 1. Every rank fails
+    // with the same ConfigError before any transfer (exit 1, printed).
+    torch::nn::Linear shared(8, 8);
+    volt::Pipeline tied(torch::nn::Sequential(shared, torch::nn::Tanh(), torch::nn::Linear(8, 8),
+                                              torch::nn::Tanh(), shared));
+    tied->distribute(group);
+    say("rank " + std::to_string(group->rank()) + " tied weights passed");
     return 0;
   }
   torch::manual_seed(0);
