@@ -279,8 +279,7 @@ void DdpStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gra
 void DdpStrategy::agree_on_precision_state() {
   std::vector<at::Tensor> state = precision_->rank_max_state();
   if (state.empty() || world_size() == 1) return;
-  torch::NoGradGuard no_grad;
-  group().all_reduce_(state, Reduce::kMax);  // in place, one all-reduce per dtype
+  group().all_reduce_(state, Reduce::kMax);  // in place (grad mode off), one per dtype
 }
 
 void DdpStrategy::zero_grad(torch::optim::Optimizer& optimizer) {
