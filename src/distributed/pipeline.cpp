@@ -4,6 +4,7 @@
 #include "volt/distributed/pipeline.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <ostream>
 #include <unordered_map>
@@ -108,6 +110,27 @@ at::Tensor recv_with_header(ProcessGroup& g, int64_t src, c10::Device device, He
   at::Tensor t = at::empty(head->sizes, at::TensorOptions().dtype(head->dtype).device(device));
   g.recv_(t, src);
   return t;
+}
+
+// The CPU generator's state travels with the activations (see PipelineImpl::forward).
+at::Tensor random_state() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_random_state(const at::Tensor& state) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// A new stream, drawn from the current one.
+void reseed_random() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  auto* cpu = at::check_generator<at::CPUGeneratorImpl>(gen);
+  cpu->set_current_seed(cpu->random64());
 }
 
 // One forward's micro-batches on this stage, kept for its backward.
@@ -380,6 +403,31 @@ void PipelineImpl::gather() {
   }
 }
 
+std::vector<at::Tensor> PipelineImpl::gather_beside(const std::vector<at::Tensor>& tensors,
+                                                    std::vector<at::Tensor> values) const {
+  VOLT_CHECK(tensors.size() == values.size(), ValueError, kTag, " gather_beside got ",
+             tensors.size(), " tensors but ", values.size(), " values; give one value each.");
+  if (!distributed()) return values;
+  std::unordered_map<const c10::TensorImpl*, std::vector<size_t>> at_tensor;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    at_tensor[tensors[i].unsafeGetTensorImpl()].push_back(i);
+  }
+  at::NoGradGuard no_grad;
+  for (int64_t s = 0; s < num_stages(); ++s) {
+    std::vector<at::Tensor> part;
+    for (const auto& t : stage_state(s)) {
+      auto it = at_tensor.find(t.unsafeGetTensorImpl());
+      if (it == at_tensor.end()) continue;
+      for (size_t i : it->second) {
+        if (s != stage_) values[i] = at::zeros(whole_shape(t), values[i].options());
+        part.push_back(values[i]);
+      }
+    }
+    if (!part.empty()) group_->broadcast_(part, s);
+  }
+  return values;
+}
+
 at::Tensor PipelineImpl::run_layers(int64_t first, int64_t last, at::Tensor x) {
   for (int64_t i = first; i < last; ++i) x = (layers_->begin() + i)->forward(x);
   return x;
@@ -411,11 +459,19 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
     pieces = flight->input.chunk(options_.chunks(), 0);
     chunks = static_cast<int64_t>(pieces.size());
   }
+  // Random layers (dropout) draw as one process running the layers in turn would: the CPU
+  // generator's state travels with each micro-batch, so stage s starts micro-batch i where stage
+  // s - 1 ended it, and every rank leaves with the last stage's state, so the code after the
+  // pipeline draws alike everywhere (with one micro-batch, exactly as one process). Stage 0
+  // starts each later micro-batch on a stream drawn from its state, so that its own draws do not
+  // repeat those the next stage makes from the state it was sent.
+  const at::Tensor state_like = random_state();
   std::vector<at::Tensor> outputs;
   for (int64_t i = 0; i < chunks; ++i) {
     at::Tensor xi;
     if (stage_ == 0) {
       xi = pieces[i];
+      if (i > 0) reseed_random();
     } else {
       Header head;
       xi = recv_with_header(g, stage_ - 1, x.device(), &head);
@@ -425,9 +481,15 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
       chunks = head.chunks;
       flight->input_grad = head.input;
       if (graph) xi.requires_grad_(true);
+      at::Tensor state = at::empty_like(state_like);
+      g.recv_(state, stage_ - 1);
+      set_random_state(state);
     }
     at::Tensor yi = run_layers(first, end, xi);
-    if (stage_ < last) send_with_header(g, yi, chunks, flight->input_grad, stage_ + 1);
+    if (stage_ < last) {
+      send_with_header(g, yi, chunks, flight->input_grad, stage_ + 1);
+      g.send(random_state(), stage_ + 1);
+    }
     if (graph) {
       flight->inputs.push_back(xi);
       flight->outputs.push_back(yi);
@@ -459,6 +521,9 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
       out = at::empty(head.sizes, at::TensorOptions().dtype(head.dtype).device(x.device()));
     }
     g.broadcast_(out, last);
+    at::Tensor state = stage_ == last ? random_state() : at::empty_like(state_like);
+    g.broadcast_(state, last);
+    if (stage_ != last) set_random_state(state);
   }
   if (!graph) return out;
   std::shared_ptr<PipelineBackward> node(new PipelineBackward(flight), torch::autograd::deleteNode);

@@ -373,6 +373,11 @@ TEST(ModelPruning, RefusesWhatTheFitCannotPrune) {
     EXPECT_TRUE(has(fit_error(ModelPruningOptions("l1_unstructured"),
                               volt::TrainerOptions().strategy("deepspeed_stage_2")),
                     "does not work with DeepSpeed"));
+    // Each pipeline rank holds only its stage's weights (refused before the module is split).
+    EXPECT_TRUE(has(fit_error(ModelPruningOptions("l1_unstructured"),
+                              volt::TrainerOptions().strategy("pipeline")),
+                    "does not work with the pipeline strategy: each rank holds and trains only "
+                    "its stage's weights"));
   }
   // resample_parameters knows the initialisation of Linear and Conv layers only.
   struct WithNorm : PruneNet {

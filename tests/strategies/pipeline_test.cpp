@@ -428,6 +428,60 @@ TEST_F(PipelineFit, AReplicatedPipelineResumesMidAccumulationBitForBitAndInOnePr
   expect_every_rank(prefix("one"), 1, weights("whole"), 2e-6);
 }
 
+TEST_F(PipelineFit, DropoutDrawsAsOneProcessAndEveryRankAgreesAfterThePipeline) {
+  // Dropout in stage 0's layers, in stage 1's and after the pipeline: the random state travels
+  // with the micro-batch, so at one micro-batch every draw is one process's.
+  fit("one", {"--devices", "1", "--dropout", "1", "--predict", "1"});
+  fit("two", {"--devices", "2", "--dropout", "1", "--predict", "1"});
+  fit("three", {"--devices", "3", "--dropout", "1"});
+  expect_every_rank(prefix("two"), 2, weights("one"), 0);
+  expect_every_rank(prefix("two.outside"), 2, load(prefix("one.outside.rank0.pt")), 0);
+  expect_every_rank(prefix("two.pred"), 2, load(prefix("one.pred.rank0.pt")), 0);
+  expect_every_rank(prefix("three"), 3, weights("one"), 0);
+  // With micro-batches the masks are cut otherwise than one process's, but every rank still
+  // trains the layers before and after the pipeline alike, and a resume is exact.
+  fit("chunked", {"--devices", "2", "--dropout", "1", "--chunks", "3", "--ckpt-every-step", "1"});
+  expect_every_rank(prefix("chunked.outside"), 2, load(prefix("chunked.outside.rank0.pt")), 0);
+  fit("resumed", {"--devices", "2", "--dropout", "1", "--chunks", "3", "--resume",
+                  dir / "chunked/ckpt/step=4.ckpt"});
+  expect_every_rank(prefix("resumed"), 2, weights("chunked"), 0);
+}
+
+TEST_F(PipelineFit, AnEmaAverageIsCheckpointedWholeAndResumesAtAnyStageCountBitForBit) {
+  // Each rank averages only its stage's weights; the checkpoint gathers them, so it holds the
+  // whole model's average and its training weights, as one process's does.
+  fit("one", {"--devices", "1", "--ema", "1"});
+  fit("whole", {"--devices", "2", "--ema", "1", "--ckpt-every-step", "1"});
+  expect_every_rank(prefix("whole"), 2, weights("one"), 0);
+  const std::string ckpt = dir / "whole/ckpt/step=3.ckpt";
+  fit("two", {"--devices", "2", "--ema", "1", "--resume", ckpt});
+  fit("three", {"--devices", "3", "--ema", "1", "--resume", ckpt});
+  fit("back", {"--devices", "1", "--ema", "1", "--resume", ckpt});
+  expect_every_rank(prefix("two"), 2, weights("one"), 0);
+  expect_every_rank(prefix("three"), 3, weights("one"), 0);
+  expect_every_rank(prefix("back"), 1, weights("one"), 0);
+  // With every weight kept on every rank the others' copies are stale (they do not train
+  // there): the checkpoint still takes each stage's average from its own rank.
+  fit("kept", {"--devices", "2", "--ema", "1", "--release", "0", "--ckpt-every-step", "1"});
+  fit("kept_back", {"--devices", "1", "--ema", "1", "--resume", dir / "kept/ckpt/step=3.ckpt"});
+  expect_every_rank(prefix("kept_back"), 1, weights("one"), 0);
+}
+
+TEST_F(PipelineFit, AnSwaAverageResumesAtAnyStageCountBitForBit) {
+  // 3 epochs of 6 steps, averaging from the first epoch's end: step 9's checkpoint holds one
+  // average and the annealed learning rate.
+  const std::vector<std::string> swa{"--swa", "1", "--epochs", "3"};
+  auto with = [&](std::vector<std::string> v) { return volt_test::cat(v, swa); };
+  fit("one", with({"--devices", "1"}));
+  fit("whole", with({"--devices", "2", "--ckpt-every-step", "1"}));
+  expect_every_rank(prefix("whole"), 2, weights("one"), 0);
+  const std::string ckpt = dir / "whole/ckpt/step=9.ckpt";
+  fit("two", with({"--devices", "2", "--resume", ckpt}));
+  fit("back", with({"--devices", "1", "--resume", ckpt}));
+  expect_every_rank(prefix("two"), 2, weights("one"), 0);
+  expect_every_rank(prefix("back"), 1, weights("one"), 0);
+}
+
 TEST(PipelineStrategy, StagesThatDoNotDivideTheWorldAreAConfigError) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

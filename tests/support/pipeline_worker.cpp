@@ -7,8 +7,9 @@
 //       backward, an SGD step and gather(), and checks: the output on every rank, this stage's
 //       gradients (other stages' stay undefined), the input's gradient on every rank, the whole
 //       model after gather(), a no-grad forward, a layer before the pipeline fed its own output
-//       (net(tanh(net(pre(x))))), bit for bit with one chunk, else within 1e-6, and the summary
-//       of the pipeline with the other stages' weights freed.
+//       (net(tanh(net(pre(x))))), bit for bit with one chunk, else within 1e-6, the summary
+//       of the pipeline with the other stages' weights freed, and random draws in the stages
+//       (check_random).
 //       Prints "rank R layer ok stage=S layers=F-L chunks=C". --bad-header 1: rank 0 sends stage
 //       1 a malformed header instead (stage 1 must fail with a DistributedError). --deep-output
 //       between|last: a model whose stage 0 output (between), or also the pipeline's output
@@ -26,7 +27,7 @@
 //       rank writes its flat parameters after fit to <out>.rank<R>.pt and prints "rank R done
 //       step=S stage=T states=N" (N: parameters with optimizer state on this rank), and the
 //       layer before the pipeline as it trained it (before the strategy's teardown gathers the
-//       model) to <out>.pre.rank<R>.pt.
+//       model) to <out>.pre.rank<R>.pt, with the layer after it to <out>.outside.rank<R>.pt.
 //       --ckpt-every-step: a ModelCheckpoint keeping every step's checkpoint in <root>/ckpt.
 //       --predict 1: then a predict of the validation data; every rank writes its logits to
 //       <out>.pred.rank<R>.pt.
@@ -35,6 +36,10 @@
 //       --scaling: bf16-mixed with dynamic loss scaling. --inf-call K: the K-th training_step's
 //       backward gives the pipeline's last layer (the last stage's) an inf gradient.
 //       --die-rank/--die-batch: that rank SIGKILLs itself at that training batch.
+//       --dropout 1: dropout in both stages' layers (at 2 stages) and after the pipeline.
+//       --ema 1: an EMAWeightAveraging callback (decay 0.8, every step); --swa 1: a
+//       StochasticWeightAveraging callback (from the first epoch, annealing over one). The
+//       weights written after fit are then the average.
 //       --stages S: pipelines of S stages, devices / S replicas of it (each reading its shard of
 //       the data, batch B per process, default 16).
 //
@@ -125,6 +130,42 @@ void check_stage_gradients(const volt::PipelineImpl& pipe, const torch::nn::Modu
   }
   if (static_cast<int64_t>(pipe.stage_parameters(stage).size()) != owned) {
     fail("stage_parameters does not match the stage's layers");
+  }
+}
+
+/// Random draws through the stages: one layer per stage appends 4 uniform draws to each row.
+/// With one micro-batch the output and the generator state after it are one process's; with
+/// one row per micro-batch stage 0's draws for micro-batch i + 1 are not stage 1's for i (they
+/// would be if stage 0 went on from the state it sent); every rank leaves in one state.
+void check_random(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks) {
+  const int64_t stages = group->world_size();
+  torch::nn::Sequential layers;
+  for (int64_t s = 0; s < stages; ++s) {
+    layers->push_back(torch::nn::Functional([](const at::Tensor& x) {
+      return torch::cat({x, torch::rand({x.size(0), 4})}, 1);
+    }));
+  }
+  volt::Pipeline pipe(
+      layers, volt::PipelineOptions().chunks(chunks).balance(std::vector<int64_t>(stages, 1)));
+  pipe->distribute(group);
+  const at::Tensor x = torch::zeros({chunks, 1});
+  torch::manual_seed(5);
+  const at::Tensor out = pipe->forward(x);
+  const at::Tensor after = torch::rand({8});
+  for (const auto& other : group->all_gather(after)) {
+    if (!at::equal(other, after)) fail("the ranks leave the pipeline in different random states");
+  }
+  if (chunks == 1) {
+    torch::manual_seed(5);
+    check_same(out, layers->forward(x), true, "random draws");
+    check_same(after, torch::rand({8}), true, "random state after the pipeline");
+    return;
+  }
+  for (int64_t i = 0; i + 1 < chunks; ++i) {
+    if (at::equal(out[i + 1].slice(0, 1, 5), out[i].slice(0, 5, 9))) {
+      fail("stage 0's draws for micro-batch " + std::to_string(i + 1) + " repeat stage 1's for " +
+           std::to_string(i));
+    }
   }
 }
 
@@ -260,6 +301,7 @@ int run_layer(std::map<std::string, std::string>& a) {
     check_same(pipe->forward(x), reference->forward(x), exact, "inference-mode output");
   }
   check_chained(group, chunks, exact, x);
+  check_random(group, chunks);
   say("rank " + std::to_string(group->rank()) + " layer ok stage=" + std::to_string(stage) +
       " layers=" + std::to_string(first) + "-" + std::to_string(last - 1) +
       " chunks=" + std::to_string(chunks));
@@ -276,16 +318,21 @@ class PipeNet : public volt::Module {
     if (dropout) layers->push_back(torch::nn::Dropout(0.2));
     layers->push_back(torch::nn::Linear(32, 32));
     layers->push_back(torch::nn::Tanh());
+    if (dropout) layers->push_back(torch::nn::Dropout(0.3));
     layers->push_back(torch::nn::Linear(32, 16));
     net = register_module("net", volt::Pipeline(layers, options));
     head = register_module("head", torch::nn::Linear(16, 2));
+    if (dropout) drop = register_module("drop", torch::nn::Dropout(0.25));
     // The pipeline's last layer (the last stage's) can be given an inf gradient.
     auto last = net->layers()->ptr(net->layers()->size() - 1);
     last->named_parameters()["weight"].register_hook([this](const at::Tensor& g) {
       return poison_ ? g * std::numeric_limits<float>::infinity() : g;
     });
   }
-  at::Tensor forward(const at::Tensor& x) { return head->forward(net->forward(pre->forward(x))); }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = net->forward(pre->forward(x));
+    return head->forward(drop ? drop->forward(y) : y);
+  }
   at::Tensor training_step(const volt::Batch& b, int64_t batch_idx) override {
     if (die_batch >= 0 && batch_idx == die_batch && rank_ == die_rank) ::raise(SIGKILL);
     poison_ = calls_++ == inf_call;
@@ -318,6 +365,7 @@ class PipeNet : public volt::Module {
   void set_rank(int64_t r) { rank_ = r; }
 
   torch::nn::Linear pre{nullptr}, head{nullptr};
+  torch::nn::Dropout drop{nullptr};  // after the pipeline (--dropout)
   volt::Pipeline net{nullptr};
   int64_t die_rank = -1, die_batch = -1;
   int64_t inf_call = -1;  // the training_step call whose backward gets an inf gradient
@@ -344,10 +392,12 @@ class RankProbe : public volt::Callback {
   }
   void on_train_end(volt::RunContext&, volt::Module&) override {
     pre = torch::cat({net_.pre->weight.detach().reshape({-1}), net_.pre->bias.detach()});
+    outside = torch::cat({pre, net_.head->weight.detach().reshape({-1}), net_.head->bias.detach()});
   }
   int64_t stage = -1;
-  int64_t held = 0;  // parameter elements this rank holds while it trains
-  at::Tensor pre;    // the layer before the pipeline as this rank trained it (before teardown)
+  int64_t held = 0;    // parameter elements this rank holds while it trains
+  at::Tensor pre;      // the layer before the pipeline as this rank trained it (before teardown)
+  at::Tensor outside;  // the layers before and after it
 
  private:
   PipeNet& net_;
@@ -373,6 +423,14 @@ int run_fit(std::map<std::string, std::string>& a) {
                                                                     .filename("{step}")
                                                                     .every_n_train_steps(1)
                                                                     .save_top_k(-1)));
+  }
+  if (num("--ema", 0) != 0) {
+    callbacks.push_back(std::make_shared<volt::EMAWeightAveraging>(
+        volt::EMAWeightAveragingOptions().decay(0.8).update_every_n_steps(1)));
+  }
+  if (num("--swa", 0) != 0) {
+    callbacks.push_back(std::make_shared<volt::StochasticWeightAveraging>(
+        volt::StochasticWeightAveragingOptions({0.05}).swa_epoch_start(1).annealing_epochs(1)));
   }
   if (a.count("--save-at")) {
     const auto at = parse_list(a["--save-at"]);
@@ -413,6 +471,7 @@ int run_fit(std::map<std::string, std::string>& a) {
   torch::save(model.flat(), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
   if (probe->pre.defined()) {
     torch::save(probe->pre, a["--out"] + ".pre.rank" + std::to_string(rank) + ".pt");
+    torch::save(probe->outside, a["--out"] + ".outside.rank" + std::to_string(rank) + ".pt");
   }
   if (num("--predict", 0) != 0) {
     // A predict after the fit: through the pipeline again (set up anew), every rank's logits.

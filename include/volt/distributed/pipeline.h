@@ -67,7 +67,10 @@ class PipelineImpl : public torch::nn::Module {
   /// gradient (layers before the pipeline, or a pipeline fed its own output), the backward
   /// broadcasts it from stage 0 to every rank whose `x` needs one as well, so the code before the
   /// pipeline trains alike everywhere; such an `x` must have stage 0's element count and dtype
-  /// (ValueError), which the same code on every rank gives.
+  /// (ValueError), which the same code on every rank gives. Random layers (dropout) draw from
+  /// the CPU generator as one process running the layers in turn would: its state travels with
+  /// each micro-batch, and every rank returns with the last stage's state, so code after the
+  /// pipeline draws alike on every rank (with one micro-batch the draws are one process's).
   at::Tensor forward(const at::Tensor& x);
 
   /// Splits the layers over `group`'s ranks, one stage each (ConfigError for a bad partition).
@@ -88,6 +91,13 @@ class PipelineImpl : public torch::nn::Module {
   bool released() const { return !released_.empty(); }
   /// `t`'s shape, or the shape it had before release_other_stages() freed it.
   std::vector<int64_t> whole_shape(const at::Tensor& t) const;
+  /// Values kept beside the module's tensors (an average of the weights, say), with the
+  /// pipeline's as their stages hold them: `values[i]` is kept beside `tensors[i]`. Each entry
+  /// beside a stage's parameter or buffer comes from that stage's rank (allocated at its whole
+  /// shape elsewhere); the other entries are returned as given. Collective over the pipeline's
+  /// ranks (every rank passes the same tensors); returns `values` when not distributed.
+  std::vector<at::Tensor> gather_beside(const std::vector<at::Tensor>& tensors,
+                                        std::vector<at::Tensor> values) const;
 
   int64_t stage() const { return stage_; }
   int64_t num_stages() const { return static_cast<int64_t>(bounds_.size()) - 1; }

@@ -6,6 +6,7 @@
 #include "volt/core/errors.h"
 #include "volt/core/module.h"
 #include "volt/core/run_context.h"
+#include "volt/distributed/pipeline.h"
 
 namespace volt {
 namespace detail {
@@ -16,6 +17,11 @@ void AveragedTensors::bind(Module& module, bool buffers, c10::optional<c10::Devi
   average_.clear();
   count_ = 0;
   device_ = device;
+  pipelines_.clear();
+  for (const auto& m : module.modules(/*include_self=*/false)) {
+    auto pipe = std::dynamic_pointer_cast<const PipelineImpl>(m);
+    if (pipe && pipe->distributed()) pipelines_.push_back(std::move(pipe));
+  }
   for (const auto& p : module.named_parameters(true)) {
     names_.push_back(p.key());
     module_.push_back(p.value());
@@ -77,7 +83,10 @@ void AveragedTensors::swap() {
 }
 
 void AveragedTensors::save(torch::serialize::OutputArchive& archive) const {
-  for (size_t i = 0; i < average_.size(); ++i) archive.write(names_[i], average_[i]);
+  if (average_.empty()) return;  // the same on every rank: they count the same updates
+  std::vector<at::Tensor> whole = average_;
+  for (const auto& pipe : pipelines_) whole = pipe->gather_beside(module_, std::move(whole));
+  for (size_t i = 0; i < whole.size(); ++i) archive.write(names_[i], whole[i]);
 }
 
 std::map<std::string, at::Tensor> AveragedTensors::read(torch::serialize::InputArchive& archive) {
@@ -99,12 +108,19 @@ void AveragedTensors::adopt(const std::map<std::string, at::Tensor>& saved, int6
     auto it = saved.find(names_[i]);
     VOLT_CHECK(it != saved.end(), CheckpointError, tag, " the checkpoint's average has no '",
                names_[i], "'; resume with the module it was saved from.");
-    VOLT_CHECK(it->second.sizes() == module_[i].sizes(), CheckpointError, tag,
-               " the checkpoint's average of '", names_[i], "' has shape ", it->second.sizes(),
-               " but the module's has ", module_[i].sizes(),
-               "; resume with the module it was saved from.");
-    average_.push_back(
-        it->second.to(device_.value_or(module_[i].device()), module_[i].scalar_type()));
+    std::vector<int64_t> shape = module_[i].sizes().vec();
+    for (const auto& pipe : pipelines_) {
+      auto whole = pipe->whole_shape(module_[i]);
+      if (c10::IntArrayRef(whole) != module_[i].sizes()) shape = std::move(whole);
+    }
+    VOLT_CHECK(it->second.sizes() == shape, CheckpointError, tag, " the checkpoint's average of '",
+               names_[i], "' has shape ", it->second.sizes(), " but the module's has ",
+               c10::IntArrayRef(shape), "; resume with the module it was saved from.");
+    const c10::Device device = device_.value_or(module_[i].device());
+    // Another stage's freed weight: its average lives on that stage's rank.
+    average_.push_back(module_[i].sizes() != it->second.sizes()
+                           ? at::empty(module_[i].sizes(), module_[i].options().device(device))
+                           : it->second.to(device, module_[i].scalar_type()));
   }
   VOLT_CHECK(saved.size() == names_.size(), CheckpointError, tag,
              " the checkpoint's average holds ", saved.size(), " tensors but the module has ",

@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace volt {
 
 class Module;
+class PipelineImpl;
 class RunContext;
 
 namespace detail {
@@ -46,18 +48,23 @@ class AveragedTensors {
   void swap();
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<at::Tensor>& average() const { return average_; }
-  /// Writes the average by name under `archive` (nothing before the first update).
+  /// Writes the average by name under `archive` (nothing before the first update). A
+  /// distributed volt::Pipeline's entries come from the stages that train them (collective:
+  /// every rank of the pipeline saves), so the archive holds the whole model's average.
   void save(torch::serialize::OutputArchive& archive) const;
   /// Reads what save() wrote, for adopt() once the module is bound.
   static std::map<std::string, at::Tensor> read(torch::serialize::InputArchive& archive);
   /// Takes `saved` (by name) as the average of `count` values; CheckpointError (tagged `tag`)
-  /// unless it holds exactly the bound tensors with their shapes.
+  /// unless it holds exactly the bound tensors with their shapes (a pipeline's freed weights:
+  /// the shapes they had; their average stays freed too).
   void adopt(const std::map<std::string, at::Tensor>& saved, int64_t count, const char* tag);
 
  private:
   std::vector<std::string> names_;
   std::vector<at::Tensor> module_;   // the module's own tensors (handles)
   std::vector<at::Tensor> average_;  // empty until the first update
+  // The distributed pipelines in the module: each rank averages only its stage's weights.
+  std::vector<std::shared_ptr<const PipelineImpl>> pipelines_;
   c10::optional<c10::Device> device_;
   int64_t count_ = 0;
 };
