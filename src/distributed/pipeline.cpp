@@ -16,6 +16,7 @@
 #include <numeric>
 #include <ostream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "volt/core/check.h"
 #include "volt/distributed/process_group.h"
@@ -144,7 +145,40 @@ struct Flight {
   InputGrad input_grad;              // stage 0's input: its gradient goes to every rank
   std::vector<int64_t> input_sizes;  // this rank's input, when it takes that gradient
   c10::Device device = at::kCPU;
+  // Parameters several stages share (those needing a gradient), their whole shapes, and whether
+  // this stage holds them: the backward sums their gradients over the stages.
+  std::vector<at::Tensor> tied;
+  std::vector<std::vector<int64_t>> tied_shapes;
+  std::vector<bool> tied_here;
 };
+
+// The gradients of the tied parameters: this backward's part on each stage that holds one
+// (what it added to the gradient) summed over the pipeline's ranks (zeros from the others), so
+// every stage that holds it has the whole gradient. One all-reduce for every tied parameter.
+void sum_tied_gradients(Flight& f, const std::vector<at::Tensor>& before) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> parts;
+  for (size_t k = 0; k < f.tied.size(); ++k) {
+    const at::Tensor& g = f.tied[k].grad();
+    if (!f.tied_here[k] || !g.defined()) {
+      parts.push_back(at::zeros(f.tied_shapes[k], f.tied[k].options()));
+    } else {
+      parts.push_back(before[k].defined() ? g - before[k] : g.clone());
+    }
+  }
+  f.group->all_reduce_(parts, Reduce::kSum);
+  for (size_t k = 0; k < f.tied.size(); ++k) {
+    if (!f.tied_here[k]) continue;
+    at::Tensor& g = f.tied[k].mutable_grad();
+    if (!g.defined()) {
+      g = parts[k];
+    } else if (before[k].defined()) {
+      g.copy_(before[k] + parts[k]);  // in place: whoever holds the gradient keeps seeing it
+    } else {
+      g.copy_(parts[k]);
+    }
+  }
+}
 
 class PipelineBackward : public torch::autograd::Node {
  public:
@@ -158,6 +192,12 @@ class PipelineBackward : public torch::autograd::Node {
     ProcessGroup& g = *f.group;
     const int64_t last = f.stages - 1;
     const int64_t n = static_cast<int64_t>(f.outputs.size());
+    std::vector<at::Tensor> tied_before;  // what the tied gradients held before this backward
+    for (size_t k = 0; k < f.tied.size(); ++k) {
+      const at::Tensor& grad = f.tied[k].grad();
+      tied_before.push_back(f.tied_here[k] && grad.defined() ? grad.detach().clone()
+                                                             : at::Tensor());
+    }
     // Only the last stage's gradient of the output counts: every rank computed the same loss from
     // the same broadcast output, and the last stage's layers made it.
     std::vector<at::Tensor> from_loss;
@@ -199,6 +239,7 @@ class PipelineBackward : public torch::autograd::Node {
       }
       g.broadcast_(gx, 0);
     }
+    if (!f.tied.empty()) sum_tied_gradients(f, tied_before);
     f.inputs.clear();
     f.outputs.clear();
     f.input = at::Tensor();
@@ -302,25 +343,35 @@ void PipelineImpl::distribute(std::shared_ptr<ProcessGroup> group) {
   }
   std::vector<int64_t> bounds = partition_layers(weights, group->world_size(), options_.balance(),
                                                  options_.partition_method());
-  // A parameter two stages' layers share (tied weights) would train on each stage apart, and
-  // freeing the other stages' weights would take it from the stage that uses it. Every rank
-  // finds the same and fails alike, before any transfer.
-  std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, std::string>> first_user;
+  // Parameters that layers of several stages share (tied weights) are trained by each of those
+  // stages (the backward sums their gradients). A shared buffer (running statistics) would be
+  // updated by each stage apart: every rank finds the same and fails alike, before any transfer.
+  std::unordered_map<const c10::TensorImpl*, int64_t> param_stage;
+  std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, std::string>> buffer_user;
+  std::vector<at::Tensor> tied;
   for (int64_t s = 0; s + 1 < static_cast<int64_t>(bounds.size()); ++s) {
     for (int64_t i = bounds[s]; i < bounds[s + 1]; ++i) {
-      for (const auto& p : layers_->ptr(i)->named_parameters(true)) {
-        const std::string name = std::to_string(i) + "." + p.key();
+      for (const auto& p : layers_->ptr(i)->parameters(true)) {
+        auto [it, first] = param_stage.emplace(p.unsafeGetTensorImpl(), s);
+        if (!first && it->second != s && it->second != -1) {
+          tied.push_back(p);
+          it->second = -1;  // listed once
+        }
+      }
+      for (const auto& b : layers_->ptr(i)->named_buffers(true)) {
+        if (!b.value().defined()) continue;
+        const std::string name = std::to_string(i) + "." + b.key();
         auto [it, first] =
-            first_user.emplace(p.value().unsafeGetTensorImpl(), std::make_pair(s, name));
+            buffer_user.emplace(b.value().unsafeGetTensorImpl(), std::make_pair(s, name));
         VOLT_CHECK(first || it->second.first == s, ConfigError, kTag, " layers ", it->second.second,
                    " (stage ", it->second.first, ") and ", name, " (stage ", s,
-                   ") share one parameter (tied weights), which a pipeline cannot split: put "
-                   "the layers that share it in one stage (balance) or the shared layer outside "
-                   "the pipeline.");
+                   ") share one buffer, which each stage would update apart: put the layers "
+                   "that share it in one stage (balance).");
       }
     }
   }
   bounds_ = std::move(bounds);
+  tied_ = std::move(tied);
   stage_ = group->rank();
   group_ = std::move(group);
 }
@@ -328,6 +379,7 @@ void PipelineImpl::distribute(std::shared_ptr<ProcessGroup> group) {
 void PipelineImpl::undistribute() {
   restore_other_stages();  // with unset values unless gather() ran
   group_.reset();
+  tied_.clear();
   stage_ = 0;
   bounds_ = {0, static_cast<int64_t>(layers_->size())};
 }
@@ -350,9 +402,13 @@ std::vector<at::Tensor> PipelineImpl::stage_parameters(int64_t stage) const {
 std::vector<at::Tensor> PipelineImpl::foreign_parameters() const {
   std::vector<at::Tensor> out;
   if (!distributed()) return out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : stage_parameters(stage_)) seen.insert(p.unsafeGetTensorImpl());
   for (int64_t s = 0; s < num_stages(); ++s) {
     if (s == stage_) continue;
-    for (auto& p : stage_parameters(s)) out.push_back(p);
+    for (auto& p : stage_parameters(s)) {
+      if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+    }
   }
   return out;
 }
@@ -371,9 +427,13 @@ std::vector<at::Tensor> PipelineImpl::stage_state(int64_t stage) const {
 void PipelineImpl::release_other_stages() {
   if (!distributed() || released()) return;
   at::NoGradGuard no_grad;
+  // This stage's tensors stay (a tied weight is its too), and each is freed once.
+  std::unordered_set<const c10::TensorImpl*> kept;
+  for (const auto& t : stage_state(stage_)) kept.insert(t.unsafeGetTensorImpl());
   for (int64_t s = 0; s < num_stages(); ++s) {
     if (s == stage_) continue;
     for (auto& t : stage_state(s)) {
+      if (!kept.insert(t.unsafeGetTensorImpl()).second) continue;
       released_.emplace_back(t, t.sizes().vec());
       t.set_data(at::empty({0}, t.options()));
     }
@@ -446,6 +506,16 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   flight->stages = num_stages();
 
   flight->device = x.device();
+  if (graph && !tied_.empty()) {
+    std::unordered_set<const c10::TensorImpl*> here;
+    for (const auto& p : stage_parameters(stage_)) here.insert(p.unsafeGetTensorImpl());
+    for (const auto& p : tied_) {
+      if (!p.requires_grad()) continue;  // alike on every rank
+      flight->tied.push_back(p);
+      flight->tied_shapes.push_back(whole_shape(p));
+      flight->tied_here.push_back(here.count(p.unsafeGetTensorImpl()) > 0);
+    }
+  }
   std::vector<at::Tensor> pieces;
   int64_t chunks = 1;
   if (stage_ == 0) {

@@ -124,6 +124,27 @@ void PipelineStrategy::setup_module(Module& module) {
   VOLT_CHECK(found.size() == 1, ConfigError, kTag, " the module holds ", found.size(),
              " volt::Pipeline layers; the pipeline strategy splits exactly one. Put the layers "
              "to split, in order, into one volt::Pipeline (volt/distributed/pipeline.h).");
+  // A weight the pipeline shares with the layers outside it would be trained by one stage inside
+  // and by every rank outside, and freed where its stage is not. Every rank fails alike.
+  std::string prefix;
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    if (item.value().get() == found[0].get()) {
+      prefix = item.key() + ".";
+      break;
+    }
+  }
+  std::unordered_map<const c10::TensorImpl*, std::string> inside;
+  for (const auto& p : found[0]->named_parameters(true)) {
+    inside.emplace(p.value().unsafeGetTensorImpl(), prefix + p.key());
+  }
+  for (const auto& p : module.named_parameters(true)) {
+    auto it = inside.find(p.value().unsafeGetTensorImpl());
+    VOLT_CHECK(it == inside.end() || p.key().rfind(prefix, 0) == 0, ConfigError, kTag, " ", p.key(),
+               " is the pipeline's ", it->second,
+               " (a weight shared between the pipeline and the layers outside it), which the "
+               "stages cannot train alike: share weights only between layers inside the "
+               "pipeline (or only outside it).");
+  }
   broadcast_module_state(module);  // every rank starts from rank 0's weights
   pipe_ = found[0];
   module_ = &module;
@@ -131,8 +152,12 @@ void PipelineStrategy::setup_module(Module& module) {
   pipe_->distribute(pipe_group_);
   if (options_.release_other_stages()) pipe_->release_other_stages();
   stage_of_.clear();
+  mine_.clear();
   for (int64_t s = 0; s < pipe_->num_stages(); ++s) {
-    for (const auto& p : pipe_->stage_parameters(s)) stage_of_[p.unsafeGetTensorImpl()] = s;
+    for (const auto& p : pipe_->stage_parameters(s)) stage_of_.emplace(p.unsafeGetTensorImpl(), s);
+  }
+  for (const auto& p : pipe_->stage_parameters(pipe_->stage())) {
+    mine_.insert(p.unsafeGetTensorImpl());
   }
   // Outside the pipeline every rank trains alike (layers before it get stage 0's input gradient
   // on every rank, layers after it the same loss's); stage 0's copy is the one saved.
@@ -187,8 +212,7 @@ int64_t PipelineStrategy::owner(const std::string& name) const {
 }
 
 bool PipelineStrategy::trains(const at::Tensor& p) const {
-  auto it = stage_of_.find(p.unsafeGetTensorImpl());
-  return it == stage_of_.end() || (pipe_ != nullptr && it->second == pipe_->stage());
+  return !stage_of_.count(p.unsafeGetTensorImpl()) || mine_.count(p.unsafeGetTensorImpl());
 }
 
 void PipelineStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
@@ -226,10 +250,10 @@ at::Tensor PipelineStrategy::clip_gradients(torch::optim::Optimizer& optimizer, 
   if (algorithm != ClipAlgorithm::kNorm || !pipe_ || !pipe_->distributed()) {
     return Strategy::clip_gradients(optimizer, value, algorithm);
   }
-  // The norm over every stage's gradients: each stage sums the squares of its own, and of the
-  // parameters outside the pipeline stage 0 does (every stage has the same gradients for them);
-  // the sum over the pipeline is the whole model's, as clip_grad_norm_ in one process (replicas
-  // hold the same, averaged, gradients).
+  // The norm over every stage's gradients: each stage sums the squares of its own (a tied one's
+  // the first stage holding it), and of the parameters outside the pipeline stage 0 does (every
+  // stage has the same gradients for them); the sum over the pipeline is the whole model's, as
+  // clip_grad_norm_ in one process (replicas hold the same, averaged, gradients).
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   at::Tensor squares = at::zeros({}, at::kDouble);
@@ -237,8 +261,8 @@ at::Tensor PipelineStrategy::clip_gradients(torch::optim::Optimizer& optimizer, 
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       grads.push_back(p.grad());
-      const bool counted =
-          stage_of_.count(p.unsafeGetTensorImpl()) ? trains(p) : pipe_->stage() == 0;
+      auto it = stage_of_.find(p.unsafeGetTensorImpl());
+      const bool counted = (it == stage_of_.end() ? 0 : it->second) == pipe_->stage();
       if (counted) squares += p.grad().to(at::kDouble).pow(2).sum().cpu();
     }
   }

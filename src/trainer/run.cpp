@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 #include <typeinfo>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "core/detail/default_steps.h"
 #include "core/detail/print.h"
@@ -687,6 +689,40 @@ std::string Run::broadcast_string(const std::string& text, int64_t src) const {
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), bytes.numel());
 }
 
+namespace {
+
+void check_distinct_parameters(const Module& module,
+                               const std::vector<OptimizerConfig>& optimizers) {
+  // libtorch's parameters() lists a layer that two modules share (tied weights) once per name,
+  // unlike PyTorch's, and torch::optim steps a tensor as often as it is listed: refused, as
+  // PyTorch refuses a parameter in two groups and deprecates one listed twice in a group.
+  std::unordered_map<const c10::TensorImpl*, std::vector<std::string>> names;
+  for (const auto& p : module.named_parameters(true)) {
+    names[p.value().unsafeGetTensorImpl()].push_back(p.key());
+  }
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    std::unordered_set<const c10::TensorImpl*> seen;
+    for (const auto& group : optimizers[i].optimizer()->param_groups()) {
+      for (const auto& p : group.params()) {
+        if (seen.insert(p.unsafeGetTensorImpl()).second) continue;
+        auto it = names.find(p.unsafeGetTensorImpl());
+        std::string which = "a tensor";
+        if (it != names.end()) {
+          which = "the parameter " + it->second[0];
+          for (size_t n = 1; n < it->second.size(); ++n) which += " = " + it->second[n];
+        }
+        VOLT_CHECK(false, ConfigError, "[Module] configure_optimizers(): optimizer ", i, " lists ",
+                   which,
+                   " more than once and would step it once per listing (libtorch's "
+                   "parameters() lists a layer shared by two modules once per name); give "
+                   "each tensor once, e.g. skipping those already listed.");
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void Run::setup_optimizers() {
   {
     Part part(*this, "configure_optimizers");
@@ -698,6 +734,7 @@ void Run::setup_optimizers() {
     VOLT_CHECK(c.frequency() >= 1, ConfigError, "[Module] scheduler frequency=", c.frequency(),
                " must be >= 1.");
   }
+  check_distinct_parameters(*module, optimizers);
   VOLT_CHECK(module->automatic_optimization() || !opts.gradient_clip_val(), ConfigError,
              "[Trainer] gradient_clip_val is applied by automatic optimization only; with "
              "manual optimization call clip_gradients(optimizer, value) in training_step, "

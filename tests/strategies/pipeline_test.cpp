@@ -187,18 +187,21 @@ TEST(PipelineLayer, AnActivationOfTooManyDimensionsFailsEveryStageAtOnce) {
   }
 }
 
-TEST(PipelineLayer, WeightsTiedAcrossStagesAreAConfigErrorOnEveryRank) {
+TEST(PipelineLayer, WeightsTiedAcrossStagesAreHeldAndTrainedByEachStageThatUsesThem) {
   VOLT_REQUIRE_GLOO();
-  const int port = volt::detail::find_free_port();
-  auto ranks = volt_test::start_ranks(volt_test::pipeline_worker(), {"layer", "--tied", "1"}, 2,
-                                      [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 1) << ranks[r]->output();
-    EXPECT_NE(ranks[r]->output().find(
-                  "[Pipeline] layers 0.weight (stage 0) and 4.weight (stage 1) share one "
-                  "parameter (tied weights), which a pipeline cannot split"),
-              std::string::npos)
-        << ranks[r]->output();
+  for (const char* chunks : {"1", "3"}) {
+    SCOPED_TRACE(std::string("chunks ") + chunks);
+    const int port = volt::detail::find_free_port();
+    auto ranks = volt_test::start_ranks(
+        volt_test::pipeline_worker(), {"layer", "--tied", "1", "--chunks", chunks}, 2,
+        [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 0) << ranks[r]->output();
+      EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) +
+                                        " tied ok stage=" + std::to_string(r)),
+                std::string::npos)
+          << ranks[r]->output();
+    }
   }
 }
 
@@ -480,6 +483,83 @@ TEST_F(PipelineFit, AnSwaAverageResumesAtAnyStageCountBitForBit) {
   fit("back", with({"--devices", "1", "--resume", ckpt}));
   expect_every_rank(prefix("two"), 2, weights("one"), 0);
   expect_every_rank(prefix("back"), 1, weights("one"), 0);
+}
+
+TEST_F(PipelineFit, TiedWeightsAcrossStagesTrainAsOneProcessAndResumeAnywhere) {
+  // The pipeline's Linear(32, 32) is layers 3 and 5: one use in each stage. Each stage holds it,
+  // the backward sums the two stages' parts of its gradient, both step it alike.
+  const std::vector<std::string> tied{"--tied", "1", "--balance", "4,4"};
+  auto with = [&](std::vector<std::string> v) { return volt_test::cat(v, tied); };
+  fit("one", {"--devices", "1", "--tied", "1"});
+  const Job two = fit("two", with({"--devices", "2"}));
+  // Stage 1's optimizer state covers the shared layer too (4 parameters of the pipeline: the
+  // shared and the last Linear; plus 2 before and 2 after it).
+  EXPECT_NE(two.output.find("rank 1 done step=12 stage=1 states=8"), std::string::npos)
+      << two.output;
+  EXPECT_NE(two.output.find("rank 0 done step=12 stage=0 states=8"), std::string::npos)
+      << two.output;
+  expect_every_rank(prefix("two"), 2, weights("one"), 0);
+  // AdamW, norm clipping (the shared gradient counted once) and accumulation (each backward's
+  // parts summed in turn: round-off), checkpoints resumed at two stages and in one process.
+  const std::vector<std::string> more{"--optimizer", "adamw", "--clip", "0.05", "--accum", "2"};
+  auto with_more = [&](std::vector<std::string> v) { return volt_test::cat(v, more); };
+  fit("one_more", with_more({"--devices", "1", "--tied", "1"}));
+  fit("whole", with_more(with({"--devices", "2", "--ckpt-every-step", "1", "--save-at", "1,2"})));
+  expect_every_rank(prefix("whole"), 2, weights("one_more"), 1e-6);
+  const std::string step3 = dir / "whole/ckpt/step=3.ckpt";
+  const std::string mid = dir / "whole/save_at.ckpt";  // 1 of 2 micro-steps summed
+  fit("again", with_more(with({"--devices", "2", "--resume", step3})));
+  fit("mid", with_more(with({"--devices", "2", "--resume", mid})));
+  fit("back", with_more({"--devices", "1", "--tied", "1", "--resume", step3}));
+  fit("mid_back", with_more({"--devices", "1", "--tied", "1", "--resume", mid}));
+  expect_every_rank(prefix("again"), 2, weights("whole"), 0);
+  expect_every_rank(prefix("mid"), 2, weights("whole"), 0);
+  expect_every_rank(prefix("back"), 1, weights("whole"), 1e-6);
+  expect_every_rank(prefix("mid_back"), 1, weights("whole"), 1e-6);
+}
+
+TEST(PipelineStrategy, AWeightSharedWithALayerOutsideThePipelineIsAConfigError) {
+  VOLT_REQUIRE_GLOO();
+  struct Net : volt::Module {
+    Net() {
+      pre = register_module("pre", torch::nn::Linear(8, 8));
+      net = register_module("net", volt::Pipeline(torch::nn::Sequential(torch::nn::Tanh(), pre)));
+      head = register_module("head", torch::nn::Linear(8, 2));
+    }
+    at::Tensor training_step(const volt::Batch& b, int64_t) override {
+      return torch::cross_entropy_loss(head->forward(net->forward(pre->forward(b.input))),
+                                       b.target);
+    }
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      return {volt::OptimizerConfig(
+          std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1)))};
+    }
+    torch::nn::Linear pre{nullptr}, head{nullptr};
+    volt::Pipeline net{nullptr};
+  } model;
+  volt_test::TempDir dir;
+  volt::Trainer t(volt_test::quiet(dir.path).strategy("pipeline").devices(1).max_epochs(1));
+  const std::string e =
+      error_of<ConfigError>([&] { t.fit(model, volt_test::loader(volt_test::blobs(32))); });
+  EXPECT_NE(e.find("[PipelineStrategy] pre.weight is the pipeline's net.1.weight (a weight "
+                   "shared between the pipeline and the layers outside it)"),
+            std::string::npos)
+      << e;
+}
+
+TEST(PipelineLayer, ABufferSharedAcrossStagesIsAConfigError) {
+  VOLT_REQUIRE_GLOO();
+  const int port = volt::detail::find_free_port();
+  auto ranks =
+      volt_test::start_ranks(volt_test::pipeline_worker(), {"layer", "--tied", "buffer"}, 2,
+                             [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 1) << ranks[r]->output();
+    EXPECT_NE(ranks[r]->output().find("[Pipeline] layers 1.running_mean (stage 0) and "
+                                      "3.running_mean (stage 1) share one buffer"),
+              std::string::npos)
+        << ranks[r]->output();
+  }
 }
 
 TEST(PipelineStrategy, StagesThatDoNotDivideTheWorldAreAConfigError) {

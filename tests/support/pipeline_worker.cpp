@@ -14,7 +14,9 @@
 //       1 a malformed header instead (stage 1 must fail with a DistributedError). --deep-output
 //       between|last: a model whose stage 0 output (between), or also the pipeline's output
 //       (last), has 9 dimensions: every rank must fail with the same ValueError. --tied 1: a
-//       model whose first and last layer are one Linear: every rank fails with a ConfigError.
+//       model whose first and last layer are one Linear, held by both stages (check_tied);
+//       prints "rank R tied ok stage=S". --tied buffer: one BatchNorm in both stages: every
+//       rank fails with a ConfigError.
 //
 //   volt_pipeline_worker fit --root DIR --out PREFIX [--devices N] [--chunks C]
 //       [--balance A,B,...] [--epochs E] [--max-steps S] [--optimizer sgd|adamw|fused_adamw]
@@ -37,6 +39,8 @@
 //       backward gives the pipeline's last layer (the last stage's) an inf gradient.
 //       --die-rank/--die-batch: that rank SIGKILLs itself at that training batch.
 //       --dropout 1: dropout in both stages' layers (at 2 stages) and after the pipeline.
+//       --tied 1: the pipeline's Linear(32, 32) used again two layers later (with --balance 4,4
+//       one use in each stage).
 //       --ema 1: an EMAWeightAveraging callback (decay 0.8, every step); --swa 1: a
 //       StochasticWeightAveraging callback (from the first epoch, annealing over one). The
 //       weights written after fit are then the average.
@@ -196,6 +200,72 @@ void check_chained(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chu
   check_stage_gradients(*net, *net_ref, exact, "chained: ");
 }
 
+/// Parameters listed once (libtorch's parameters() lists a shared layer's once per name, and an
+/// optimizer given both would step it twice).
+std::vector<at::Tensor> distinct(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : params) {
+    bool seen = false;
+    for (const auto& q : out) seen = seen || q.is_same(p);
+    if (!seen) out.push_back(p);
+  }
+  return out;
+}
+
+/// One Linear at both ends (stage 0's first layer and stage 1's last): both stages hold and
+/// train it. Two forward/backward passes (the second accumulating) and an SGD step give the
+/// Sequential's output, tied gradient (the sum of both uses) and weights on both ranks, bit for
+/// bit with one micro-batch after the first pass; freeing the other stage's weights keeps it.
+int check_tied(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks) {
+  auto model = [] {
+    torch::nn::Linear shared(8, 8);
+    return std::make_pair(shared,
+                          torch::nn::Sequential(shared, torch::nn::Tanh(), torch::nn::Linear(8, 8),
+                                                torch::nn::Tanh(), shared));
+  };
+  torch::manual_seed(3);
+  auto [shared_ref, reference] = model();
+  torch::manual_seed(3);
+  auto [shared, layers] = model();
+  volt::Pipeline pipe(layers, volt::PipelineOptions().chunks(chunks).balance({2, 3}));
+  pipe->distribute(group);
+  const int64_t stage = pipe->stage();
+  if (pipe->stage_layers(stage) != (stage == 0 ? std::make_pair<int64_t, int64_t>(0, 2)
+                                               : std::make_pair<int64_t, int64_t>(2, 5))) {
+    fail("tied: unexpected partition");
+  }
+  pipe->release_other_stages();
+  if (shared->weight.numel() != 64) fail("tied: release_other_stages freed the shared weight");
+  for (const auto& p : pipe->foreign_parameters()) {
+    if (p.is_same(shared->weight)) fail("tied: the shared weight is listed as another stage's");
+  }
+  torch::optim::SGD opt_ref(distinct(reference->parameters()), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD opt(distinct(pipe->parameters()), torch::optim::SGDOptions(0.1));
+  const bool exact = chunks == 1;
+  for (int pass = 0; pass < 2; ++pass) {
+    const at::Tensor x = torch::randn({6, 8});
+    const at::Tensor target = torch::randn({6, 8});
+    const at::Tensor y_ref = reference->forward(x);
+    const at::Tensor y = pipe->forward(x);
+    torch::mse_loss(y_ref, target).backward();
+    torch::mse_loss(y, target).backward();
+    const std::string what = "tied pass " + std::to_string(pass) + ": ";
+    check_same(y.detach(), y_ref.detach(), exact, what + "output");
+    // The second pass adds to the first's sum in another order: round-off only.
+    check_same(shared->weight.grad(), shared_ref->weight.grad(), exact && pass == 0,
+               what + "gradient of the shared weight");
+    check_same(shared->bias.grad(), shared_ref->bias.grad(), exact && pass == 0,
+               what + "gradient of the shared bias");
+  }
+  opt_ref.step();
+  opt.step();
+  const auto both = group->all_gather(shared->weight.detach().contiguous());
+  if (!at::equal(both[0], both[1])) fail("tied: the stages stepped the shared weight apart");
+  check_same(shared->weight.detach(), shared_ref->weight.detach(), false, "tied: stepped weight");
+  say("rank " + std::to_string(group->rank()) + " tied ok stage=" + std::to_string(stage));
+  return 0;
+}
+
 int run_layer(std::map<std::string, std::string>& a) {
   const int64_t chunks = a.count("--chunks") ? std::stoll(a["--chunks"]) : 1;
   const char* world = std::getenv("WORLD_SIZE");
@@ -215,16 +285,18 @@ int run_layer(std::map<std::string, std::string>& a) {
     say("rank " + std::to_string(group->rank()) + " deep output passed");
     return 0;
   }
-  if (a.count("--tied")) {
-    // One Linear at both ends: its weight would be split over stages 0 and 1. Every rank fails
-    // with the same ConfigError before any transfer (exit 1, printed).
-    torch::nn::Linear shared(8, 8);
-    volt::Pipeline tied(torch::nn::Sequential(shared, torch::nn::Tanh(), torch::nn::Linear(8, 8),
-                                              torch::nn::Tanh(), shared));
-    tied->distribute(group);
-    say("rank " + std::to_string(group->rank()) + " tied weights passed");
+  if (a.count("--tied") && a["--tied"] == "buffer") {
+    // One BatchNorm in both stages: its running statistics would be updated by each apart.
+    // Every rank fails with the same ConfigError before any transfer (exit 1, printed).
+    torch::nn::BatchNorm1d norm(8);
+    volt::Pipeline shared(
+        torch::nn::Sequential(torch::nn::Linear(8, 8), norm, torch::nn::Linear(8, 8), norm),
+        volt::PipelineOptions().balance({2, 2}));
+    shared->distribute(group);
+    say("rank " + std::to_string(group->rank()) + " shared buffer passed");
     return 0;
   }
+  if (a.count("--tied")) return check_tied(group, chunks);
   torch::manual_seed(0);
   volt::PipelineOptions options;
   options.chunks(chunks);
@@ -311,13 +383,18 @@ int run_layer(std::map<std::string, std::string>& a) {
 /// A layer before the pipeline, the pipeline, a layer after it (every rank trains both alike).
 class PipeNet : public volt::Module {
  public:
-  PipeNet(volt::PipelineOptions options, std::string optimizer, bool dropout)
+  PipeNet(volt::PipelineOptions options, std::string optimizer, bool dropout, bool tied = false)
       : optimizer_(std::move(optimizer)) {
     pre = register_module("pre", torch::nn::Linear(8, 16));
     torch::nn::Sequential layers(torch::nn::Tanh(), torch::nn::Linear(16, 32), torch::nn::ReLU());
     if (dropout) layers->push_back(torch::nn::Dropout(0.2));
-    layers->push_back(torch::nn::Linear(32, 32));
+    torch::nn::Linear square(32, 32);
+    layers->push_back(square);
     layers->push_back(torch::nn::Tanh());
+    if (tied) {  // the same layer again: layers 3 and 5, one in each stage at balance 4,4
+      layers->push_back(square);
+      layers->push_back(torch::nn::Tanh());
+    }
     if (dropout) layers->push_back(torch::nn::Dropout(0.3));
     layers->push_back(torch::nn::Linear(32, 16));
     net = register_module("net", volt::Pipeline(layers, options));
@@ -346,20 +423,21 @@ class PipeNet : public volt::Module {
   at::Tensor predict_step(const volt::Batch& b, int64_t) override { return forward(b.input); }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
     std::shared_ptr<torch::optim::Optimizer> opt;
+    const std::vector<at::Tensor> params = distinct(parameters());
     if (optimizer_ == "adamw") {
-      opt = std::make_shared<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(0.01));
+      opt = std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01));
     } else if (optimizer_ == "fused_adamw") {
-      opt = std::make_shared<volt::FusedAdamW>(parameters(), volt::FusedAdamWOptions(0.01));
+      opt = std::make_shared<volt::FusedAdamW>(params, volt::FusedAdamWOptions(0.01));
     } else {
-      opt = std::make_shared<torch::optim::SGD>(parameters(),
-                                                torch::optim::SGDOptions(0.1).momentum(0.9));
+      opt =
+          std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
     }
     optimizer = opt;
     return {volt::OptimizerConfig(opt)};
   }
   at::Tensor flat() {
     std::vector<at::Tensor> v;
-    for (auto& p : parameters()) v.push_back(p.detach().reshape({-1}));
+    for (auto& p : distinct(parameters())) v.push_back(p.detach().reshape({-1}));
     return torch::cat(v).clone();
   }
   void set_rank(int64_t r) { rank_ = r; }
@@ -411,7 +489,7 @@ int run_fit(std::map<std::string, std::string>& a) {
   if (a.count("--balance")) options.balance(parse_list(a["--balance"]));
   torch::manual_seed(0);
   PipeNet model(options, a.count("--optimizer") ? a["--optimizer"] : "sgd",
-                num("--dropout", 0) != 0);
+                num("--dropout", 0) != 0, num("--tied", 0) != 0);
   model.die_rank = num("--die-rank", -1);
   model.die_batch = num("--die-batch", -1);
   model.inf_call = num("--inf-call", -1);

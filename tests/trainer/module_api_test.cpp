@@ -193,6 +193,42 @@ TEST(ModuleApi, ToggleOptimizerFreezesTheOthersParametersUntilUntoggled) {
   }
 }
 
+TEST(ModuleApi, AnOptimizerListingATensorTwiceIsAConfigError) {
+  // A layer two modules share (tied weights): libtorch's parameters() lists its tensors once per
+  // name, and torch::optim would step them twice per step.
+  class Tied : public TinyClassifier {
+   public:
+    Tied() { alias = register_module("alias", fc1); }
+    torch::nn::Linear alias{nullptr};
+  } tied;
+  volt_test::TempDir dir;
+  const std::string err = error_of<volt::ConfigError>([&] {
+    volt::Trainer(quiet(dir.path).max_epochs(1)).fit(tied, volt_test::loader(volt_test::blobs(32)));
+  });
+  EXPECT_NE(err.find("[Module] configure_optimizers(): optimizer 0 lists the parameter "
+                     "fc1.weight = alias.weight more than once and would step it once per "
+                     "listing"),
+            std::string::npos)
+      << err;
+  // The same tensors listed once train.
+  class Once : public Tied {
+   public:
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      std::vector<at::Tensor> params;
+      for (const auto& p : parameters()) {
+        bool seen = false;
+        for (const auto& q : params) seen = seen || q.is_same(p);
+        if (!seen) params.push_back(p);
+      }
+      return {volt::OptimizerConfig(
+          std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1)))};
+    }
+  } once;
+  volt::Trainer trainer(quiet(dir.path).max_epochs(1));
+  trainer.fit(once, volt_test::loader(volt_test::blobs(32)));
+  EXPECT_GT(trainer.state().global_step, 0);
+}
+
 TEST(ModuleApi, FreezeAndUnfreeze) {
   TinyClassifier model;
   model.freeze();

@@ -16,6 +16,13 @@
 /// no gradient), and activations, gradients and optimizer state are per stage. The other stages'
 /// weights stay replicated unless release_other_stages() frees them (PipelineStrategy does);
 /// gather() brings every stage's parameters and buffers to every rank.
+///
+/// A parameter that layers of several stages share (tied weights, as DeepSpeed's TiedLayerSpec:
+/// an embedding and the output projection) is held and trained by each of those stages: each
+/// computes the gradient of its own uses, and the pipeline's backward sums those over the stages
+/// (one all-reduce over the pipeline's ranks per backward), so each holds the whole gradient and
+/// steps the weight alike. Optimizers must list it once (libtorch's `parameters()` lists a
+/// shared layer's tensors once per name). Buffers cannot be shared across stages (ConfigError).
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -73,7 +80,8 @@ class PipelineImpl : public torch::nn::Module {
   /// pipeline draws alike on every rank (with one micro-batch the draws are one process's).
   at::Tensor forward(const at::Tensor& x);
 
-  /// Splits the layers over `group`'s ranks, one stage each (ConfigError for a bad partition).
+  /// Splits the layers over `group`'s ranks, one stage each (ConfigError for a bad partition or
+  /// a buffer that layers of two stages share).
   /// The group must live while forward and backward run.
   void distribute(std::shared_ptr<ProcessGroup> group);
   /// Runs whole again (call gather() first to keep what the other stages learned).
@@ -103,9 +111,10 @@ class PipelineImpl : public torch::nn::Module {
   int64_t num_stages() const { return static_cast<int64_t>(bounds_.size()) - 1; }
   /// [first, last) layer indices of `stage`.
   std::pair<int64_t, int64_t> stage_layers(int64_t stage) const;
-  /// The parameters of `stage`'s layers.
+  /// The parameters of `stage`'s layers (a tied one in each stage that holds it).
   std::vector<at::Tensor> stage_parameters(int64_t stage) const;
-  /// Parameters this rank does not train (the other stages'); empty when not distributed.
+  /// Parameters this rank does not train (the other stages' that its own does not share); empty
+  /// when not distributed.
   std::vector<at::Tensor> foreign_parameters() const;
   /// The parameters and (defined) buffers of `stage`'s layers.
   std::vector<at::Tensor> stage_state(int64_t stage) const;
@@ -125,6 +134,7 @@ class PipelineImpl : public torch::nn::Module {
   int64_t stage_ = 0;
   std::vector<int64_t> bounds_;
   std::vector<std::pair<at::Tensor, std::vector<int64_t>>> released_;  // tensor, whole shape
+  std::vector<at::Tensor> tied_;  // parameters that layers of several stages share
 };
 
 TORCH_MODULE(Pipeline);

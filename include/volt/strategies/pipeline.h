@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "volt/strategies/ddp.h"
 
@@ -97,8 +98,10 @@ class PipelineStrategy : public DdpStrategy {
   std::shared_ptr<ProcessGroup> dp_group_;    // this stage's replicas (none when one)
   std::shared_ptr<PipelineImpl> pipe_;
   const Module* module_ = nullptr;  // the module set up, until teardown
-  std::unordered_map<const c10::TensorImpl*, int64_t> stage_of_;  // pipeline parameters only
-  std::map<std::string, int64_t> owner_by_name_;  // every parameter: the rank holding its truth
+  // Pipeline parameters only: the first stage that holds each (a tied one is held by several).
+  std::unordered_map<const c10::TensorImpl*, int64_t> stage_of_;
+  std::unordered_set<const c10::TensorImpl*> mine_;  // the parameters this rank's stage holds
+  std::map<std::string, int64_t> owner_by_name_;     // every parameter: the rank holding its truth
   bool trained_ = false;
 };
 
