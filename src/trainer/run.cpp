@@ -12,7 +12,6 @@
 #include <set>
 #include <sstream>
 #include <typeinfo>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "core/detail/default_steps.h"
@@ -696,23 +695,18 @@ void check_distinct_parameters(const Module& module,
   // libtorch's parameters() lists a layer that two modules share (tied weights) once per name,
   // unlike PyTorch's, and torch::optim steps a tensor as often as it is listed: refused, as
   // PyTorch refuses a parameter in two groups and deprecates one listed twice in a group.
-  std::unordered_map<const c10::TensorImpl*, std::vector<std::string>> names;
-  for (const auto& p : module.named_parameters(true)) {
-    names[p.value().unsafeGetTensorImpl()].push_back(p.key());
-  }
   for (size_t i = 0; i < optimizers.size(); ++i) {
     std::unordered_set<const c10::TensorImpl*> seen;
     for (const auto& group : optimizers[i].optimizer()->param_groups()) {
       for (const auto& p : group.params()) {
         if (seen.insert(p.unsafeGetTensorImpl()).second) continue;
-        auto it = names.find(p.unsafeGetTensorImpl());
-        std::string which = "a tensor";
-        if (it != names.end()) {
-          which = "the parameter " + it->second[0];
-          for (size_t n = 1; n < it->second.size(); ++n) which += " = " + it->second[n];
+        std::string which;  // every name the module has for it
+        for (const auto& named : module.named_parameters(true)) {
+          if (!named.value().is_same(p)) continue;
+          which += (which.empty() ? "the parameter " : " = ") + named.key();
         }
         VOLT_CHECK(false, ConfigError, "[Module] configure_optimizers(): optimizer ", i, " lists ",
-                   which,
+                   which.empty() ? "a tensor" : which,
                    " more than once and would step it once per listing (libtorch's "
                    "parameters() lists a layer shared by two modules once per name); give "
                    "each tensor once, e.g. skipping those already listed.");

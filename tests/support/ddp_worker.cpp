@@ -54,6 +54,7 @@
 #include <string>
 #include <thread>
 
+#include "distinct.h"
 #include "tiny.h"
 #include "volt/nn/checkpoint.h"
 #include "volt/strategies/deepspeed.h"
@@ -147,11 +148,8 @@ class Net : public volt::Module {
     // A tied tensor appears under two names: give the optimizer each tensor once; frozen ones
     // (--finetune) are added by the callback when unfrozen.
     std::vector<torch::Tensor> unique;
-    for (auto& p : parameters()) {
-      if (!p.requires_grad()) continue;
-      bool seen = false;
-      for (auto& u : unique) seen = seen || u.is_same(p);
-      if (!seen) unique.push_back(p);
+    for (auto& p : volt_test::distinct(parameters())) {
+      if (p.requires_grad()) unique.push_back(p);
     }
     estimated_steps = estimated_stepping_batches();
     if (optimizer_ == "none") return {};  // left to the strategy (a DeepSpeed JSON's optimizer)

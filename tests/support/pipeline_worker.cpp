@@ -60,6 +60,7 @@
 #include <string>
 #include <vector>
 
+#include "distinct.h"
 #include "save_at.h"
 #include "tiny.h"
 #include "volt/distributed/pipeline.h"
@@ -200,18 +201,6 @@ void check_chained(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chu
   check_stage_gradients(*net, *net_ref, exact, "chained: ");
 }
 
-/// Parameters listed once (libtorch's parameters() lists a shared layer's once per name, and an
-/// optimizer given both would step it twice).
-std::vector<at::Tensor> distinct(const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> out;
-  for (const auto& p : params) {
-    bool seen = false;
-    for (const auto& q : out) seen = seen || q.is_same(p);
-    if (!seen) out.push_back(p);
-  }
-  return out;
-}
-
 /// One Linear at both ends (stage 0's first layer and stage 1's last): both stages hold and
 /// train it. Two forward/backward passes (the second accumulating) and an SGD step give the
 /// Sequential's output, tied gradient (the sum of both uses) and weights on both ranks, bit for
@@ -239,8 +228,9 @@ int check_tied(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks)
   for (const auto& p : pipe->foreign_parameters()) {
     if (p.is_same(shared->weight)) fail("tied: the shared weight is listed as another stage's");
   }
-  torch::optim::SGD opt_ref(distinct(reference->parameters()), torch::optim::SGDOptions(0.1));
-  torch::optim::SGD opt(distinct(pipe->parameters()), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD opt_ref(volt_test::distinct(reference->parameters()),
+                            torch::optim::SGDOptions(0.1));
+  torch::optim::SGD opt(volt_test::distinct(pipe->parameters()), torch::optim::SGDOptions(0.1));
   const bool exact = chunks == 1;
   for (int pass = 0; pass < 2; ++pass) {
     const at::Tensor x = torch::randn({6, 8});
@@ -424,7 +414,7 @@ class PipeNet : public volt::Module {
   at::Tensor predict_step(const volt::Batch& b, int64_t) override { return forward(b.input); }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
     std::shared_ptr<torch::optim::Optimizer> opt;
-    const std::vector<at::Tensor> params = distinct(parameters());
+    const std::vector<at::Tensor> params = volt_test::distinct(parameters());
     if (optimizer_ == "adamw") {
       opt = std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01));
     } else if (optimizer_ == "fused_adamw") {
@@ -438,7 +428,7 @@ class PipeNet : public volt::Module {
   }
   at::Tensor flat() {
     std::vector<at::Tensor> v;
-    for (auto& p : distinct(parameters())) v.push_back(p.detach().reshape({-1}));
+    for (auto& p : volt_test::distinct(parameters())) v.push_back(p.detach().reshape({-1}));
     return torch::cat(v).clone();
   }
   void set_rank(int64_t r) { rank_ = r; }

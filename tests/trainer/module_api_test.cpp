@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include "distinct.h"
 #include "error_text.h"
 #include "tiny.h"
 
@@ -214,14 +215,8 @@ TEST(ModuleApi, AnOptimizerListingATensorTwiceIsAConfigError) {
   class Once : public Tied {
    public:
     std::vector<volt::OptimizerConfig> configure_optimizers() override {
-      std::vector<at::Tensor> params;
-      for (const auto& p : parameters()) {
-        bool seen = false;
-        for (const auto& q : params) seen = seen || q.is_same(p);
-        if (!seen) params.push_back(p);
-      }
-      return {volt::OptimizerConfig(
-          std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1)))};
+      return {volt::OptimizerConfig(std::make_shared<torch::optim::SGD>(
+          volt_test::distinct(parameters()), torch::optim::SGDOptions(0.1)))};
     }
   } once;
   volt::Trainer trainer(quiet(dir.path).max_epochs(1));
