@@ -1,15 +1,19 @@
 // Pipeline parallelism (PipelineStrategy): training steps per second and what each rank holds
-// (parameters it trains, AdamW state, peak bytes of live tensors) for an MLP of eight
+// (parameters it trains, AdamW state, peak bytes of live tensors, and a step's own peak above
+// what it started with: activations and temporaries) for an MLP of eight
 // 1024×1024 layers in a volt::Pipeline, in one process and over 2 stages with 1-8
 // micro-batches. Each configuration is one Trainer fit in a child process; the strategy
 // launches the ranks (this binary re-executed) over Gloo on loopback.
 //
-//   volt_bench_pipeline [--stages S --chunks C] [--steps N] [--batch B]
+//   volt_bench_pipeline [--stages S --chunks C [--checkpoint MODE]] [--steps N] [--batch B]
 //   (without --stages: runs every configuration and prints a table)
+//   volt_bench_pipeline --table checkpoint [--steps N] [--batch B]
+//   (activation checkpointing: never / except_last / always, one process and 2 stages)
 //   OPENBLAS_NUM_THREADS=1 volt_bench_pipeline --hand 1 --chunks C [--batch B]
 //   (the layers in a hand-written loop, each phase timed; with plain cluster variables, e.g.
 //   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 NODE_RANK=0 LOCAL_RANK=r, one stage)
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -18,7 +22,7 @@
 
 #include "host_memory.h"
 #include "volt/accelerators/cpu_memory.h"
-#include "volt/distributed/pipeline.h"
+#include "volt/nn/pipeline.h"
 #include "volt/strategies/pipeline.h"
 #include "volt/volt.h"
 
@@ -28,13 +32,15 @@ using Clock = std::chrono::steady_clock;
 
 class DeepMlp : public volt::Module {
  public:
-  DeepMlp(int64_t chunks) {
+  DeepMlp(int64_t chunks, const std::string& checkpoint) {
     torch::nn::Sequential layers;
     for (int i = 0; i < 8; ++i) {
       layers->push_back(torch::nn::Linear(1024, 1024));
       layers->push_back(torch::nn::GELU());
     }
-    body = register_module("body", volt::Pipeline(layers, volt::PipelineOptions().chunks(chunks)));
+    body = register_module(
+        "body",
+        volt::Pipeline(layers, volt::PipelineOptions().chunks(chunks).checkpoint(checkpoint)));
     head = register_module("head", torch::nn::Linear(1024, 10));
   }
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
@@ -57,15 +63,22 @@ class Probe : public volt::Callback {
   std::string state_key() const override { return "Probe"; }
   void on_train_batch_start(volt::RunContext&, volt::Module&, const volt::Batch&,
                             int64_t idx) override {
-    if (idx == warmup_) {
+    if (idx == warmup_) t0 = Clock::now();
+    // Each step's own peak above what it started with: activations, gradients, temporaries.
+    if (idx >= warmup_) {
       volt::reset_cpu_memory_peaks();
-      t0 = Clock::now();
+      step_start = volt::cpu_memory_stats().in_use;
     }
   }
   void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
                           int64_t idx) override {
     t1 = Clock::now();
     steps = idx + 1 - warmup_;
+    if (idx >= warmup_) {
+      const auto m = volt::cpu_memory_stats();
+      peak_bytes = std::max(peak_bytes, m.max_in_use);
+      step_bytes = std::max(step_bytes, m.max_in_use - step_start);
+    }
     if (state_bytes == 0) {
       for (const auto& kv : m_.optimizer->state()) {
         const auto& s = static_cast<const torch::optim::AdamWParamState&>(*kv.second);
@@ -86,16 +99,18 @@ class Probe : public volt::Callback {
   }
   Clock::time_point t0, t1;
   int64_t steps = 0, state_bytes = 0, trained_bytes = 0, held_bytes = 0, rank = 0;
+  int64_t step_start = 0, step_bytes = 0, peak_bytes = 0;
 
  private:
   DeepMlp& m_;
   int64_t warmup_;
 };
 
-void run(int64_t stages, int64_t chunks, int64_t steps, int64_t batch) {
+void run(int64_t stages, int64_t chunks, const std::string& checkpoint, int64_t steps,
+         int64_t batch) {
   volt::install_counting_cpu_allocator();
   torch::manual_seed(0);
-  DeepMlp model(chunks);
+  DeepMlp model(chunks, checkpoint);
   const int64_t warmup = 3;
   auto probe = std::make_shared<Probe>(model, warmup);
   volt::Trainer trainer(volt::TrainerOptions()
@@ -115,14 +130,14 @@ void run(int64_t stages, int64_t chunks, int64_t steps, int64_t batch) {
                                       volt::DataLoaderOptions(batch)));
   const double s = std::chrono::duration<double>(probe->t1 - probe->t0).count();
   std::printf(
-      "RESULT stages=%lld chunks=%lld rank=%lld steps_per_s=%.3f held_bytes=%lld "
+      "RESULT stages=%lld chunks=%lld checkpoint=%s rank=%lld steps_per_s=%.3f held_bytes=%lld "
       "trained_bytes=%lld "
-      "state_bytes=%lld peak_bytes=%lld\n",
-      static_cast<long long>(stages), static_cast<long long>(chunks),
+      "state_bytes=%lld peak_bytes=%lld step_bytes=%lld\n",
+      static_cast<long long>(stages), static_cast<long long>(chunks), checkpoint.c_str(),
       static_cast<long long>(probe->rank), static_cast<double>(probe->steps) / s,
       static_cast<long long>(probe->held_bytes), static_cast<long long>(probe->trained_bytes),
       static_cast<long long>(probe->state_bytes),
-      static_cast<long long>(volt::cpu_memory_stats().max_in_use));
+      static_cast<long long>(probe->peak_bytes), static_cast<long long>(probe->step_bytes));
   std::fflush(stdout);
 }
 
@@ -193,33 +208,47 @@ int main(int argc, char** argv) {
   }
   if (!a.count("--stages")) {
     std::printf(
-        "| stages | micro-batches | rank | steps/s | weights held MiB | weights trained MiB | "
-        "AdamW "
-        "state MiB | peak tensor MiB |\n|---|---|---|---|---|---|---|---|\n");
-    const std::vector<std::pair<int, int>> configs{{1, 1}, {2, 1}, {2, 2}, {2, 4}, {2, 8}};
-    for (const auto& [stages, chunks] : configs) {
+        "| stages | micro-batches | checkpoint | rank | steps/s | weights held MiB | weights "
+        "trained MiB | AdamW state MiB | peak tensor MiB | step peak MiB |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n");
+    struct Config {
+      int stages, chunks;
+      const char* checkpoint;
+    };
+    std::vector<Config> configs{
+        {1, 1, "never"}, {2, 1, "never"}, {2, 2, "never"}, {2, 4, "never"}, {2, 8, "never"}};
+    if (a.count("--table") && a["--table"] == "checkpoint") {
+      configs = {{1, 1, "never"},       {1, 1, "always"}, {2, 4, "never"},
+                 {2, 4, "except_last"}, {2, 4, "always"}};
+    }
+    for (const auto& [stages, chunks, checkpoint] : configs) {
       const std::string cmd = std::string(argv[0]) + " --stages " + std::to_string(stages) +
-                              " --chunks " + std::to_string(chunks) + " --steps " +
+                              " --chunks " + std::to_string(chunks) + " --checkpoint " +
+                              checkpoint + " --steps " +
                               std::to_string(steps) + " --batch " + std::to_string(batch) +
                               " 2>/dev/null | grep RESULT";
       std::FILE* f = popen(cmd.c_str(), "r");
       char line[512];
       while (f && std::fgets(line, sizeof line, f)) {
-        long long st, ch, rank, held, trained, state, peak;
+        long long st, ch, rank, held, trained, state, peak, step;
+        char mode[32];
         double sps;
         if (std::sscanf(line,
-                        "RESULT stages=%lld chunks=%lld rank=%lld steps_per_s=%lf "
-                        "held_bytes=%lld trained_bytes=%lld state_bytes=%lld peak_bytes=%lld",
-                        &st, &ch, &rank, &sps, &held, &trained, &state, &peak) == 8) {
+                        "RESULT stages=%lld chunks=%lld checkpoint=%31s rank=%lld steps_per_s=%lf "
+                        "held_bytes=%lld trained_bytes=%lld state_bytes=%lld peak_bytes=%lld "
+                        "step_bytes=%lld",
+                        &st, &ch, mode, &rank, &sps, &held, &trained, &state, &peak, &step) == 10) {
           constexpr double kMiB = 1024.0 * 1024.0;
-          std::printf("| %lld | %lld | %lld | %.2f | %.1f | %.1f | %.1f | %.1f |\n", st, ch, rank,
-                      sps, held / kMiB, trained / kMiB, state / kMiB, peak / kMiB);
+          std::printf("| %lld | %lld | %s | %lld | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                      st, ch, mode, rank, sps, held / kMiB, trained / kMiB, state / kMiB,
+                      peak / kMiB, step / kMiB);
         }
       }
       if (f) pclose(f);
     }
     return 0;
   }
-  run(std::stoll(a["--stages"]), std::stoll(a["--chunks"]), steps, batch);
+  run(std::stoll(a["--stages"]), std::stoll(a["--chunks"]),
+      a.count("--checkpoint") ? a["--checkpoint"] : "never", steps, batch);
   return 0;
 }

@@ -17,7 +17,7 @@ RANKS = {
     "data": 2, "io": 2, "optim": 2, "report": 2, "accelerators": 2, "precision": 2,
     "distributed": 2,   # process groups, launcher, cluster environments
     "graphs": 2,        # graph capture/replay: the shape-keyed cache, options, capture checks
-    "nn": 3,            # model building blocks over precision: activation checkpointing
+    "nn": 3,            # model building blocks over precision: activation checkpointing, Pipeline
     "loggers": 4, "profiler": 4, "strategies": 4,
     "callbacks": 5,
     "trainer": 6,       # Trainer, loops, resolve_plan, built-in registration

@@ -13,7 +13,7 @@
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
-#include "volt/distributed/pipeline.h"
+#include "volt/nn/pipeline.h"
 
 namespace volt {
 namespace {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/detail/rng_states.h"
+#include "nn/detail/recompute_buffers.h"
 #include "volt/core/check.h"
 #include "volt/precision/autocast.h"
 #include "volt/precision/fp8_modules.h"
@@ -248,6 +249,7 @@ class CheckpointWrapperImpl : public torch::nn::Module {
   at::Tensor forward(at::Tensor x) {
     const std::string what = "module '" + path_ + "'";
     CheckpointFunction fn = [this, what](const std::vector<at::Tensor>& in) {
+      detail::RecomputeKeepsBuffers keep({inner_.ptr().get()});  // BatchNorm's statistics
       return std::vector<at::Tensor>{call_entry(inner_, in[0], what)};
     };
     return detail::checkpoint_impl(fn, {x}, options_ ? *options_ : checkpoint_defaults()).at(0);
@@ -371,6 +373,13 @@ std::vector<std::string> wrap(torch::nn::Module& root, const std::vector<std::st
     torch::nn::Module* parent = parent_path.empty() ? &root : named[parent_path].get();
     const auto child = named[path];
     auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(parent);
+    // A volt::Pipeline's layers are checkpointed by the pipeline itself, per stage.
+    VOLT_CHECK(seq != nullptr || parent->name() != "volt::Pipeline", ConfigError, kTag, " \"",
+               path, "\" (", child->name(), ") is a layer of the volt::Pipeline ",
+               parent_path.empty() ? "at the root" : "\"" + parent_path + "\"",
+               ", which checkpoints its stages itself: set PipelineOptions::checkpoint "
+               "(\"always\" or \"except_last\") or activation_checkpoint_interval, or the "
+               "pipeline strategy's checkpoint option, instead of wrapping its layers.");
     VOLT_CHECK(seq != nullptr, ConfigError, kTag, " \"", path, "\" (", child->name(),
                ") is a member of ", parent_path.empty() ? "the root" : "\"" + parent_path + "\"",
                " (", parent->name(),
@@ -474,6 +483,9 @@ at::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, int64_t segm
   for (int64_t start = 0; start < size * (segments - 1); start = end + 1) {
     end = start + size - 1;
     CheckpointFunction run = [seq, entry, start, end](const std::vector<at::Tensor>& in) {
+      std::vector<const torch::nn::Module*> modules;
+      for (int64_t i = start; i <= end; ++i) modules.push_back(entry(*seq, i).ptr().get());
+      detail::RecomputeKeepsBuffers keep(modules);  // BatchNorm's statistics move once
       at::Tensor h = in[0];
       for (int64_t i = start; i <= end; ++i) {
         h = call_entry(entry(*seq, i), h, "Sequential entry " + std::to_string(i));

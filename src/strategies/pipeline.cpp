@@ -17,7 +17,7 @@
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
-#include "volt/distributed/pipeline.h"
+#include "volt/nn/pipeline.h"
 #include "volt/distributed/process_group.h"
 #include "volt/io/state.h"
 #include "volt/precision/fp8_precision.h"
@@ -33,6 +33,15 @@ DdpStrategyOptions ddp_options(const PipelineStrategyOptions& o) {
              " must be >= 0 (0 keeps the model's PipelineOptions::chunks).");
   VOLT_CHECK(o.stages() >= 0, ConfigError, kTag, " stages=", o.stages(),
              " must be >= 0 (0: one pipeline of every process).");
+  VOLT_CHECK(o.checkpoint().empty() || o.checkpoint() == "never" || o.checkpoint() == "always" ||
+                 o.checkpoint() == "except_last",
+             ConfigError, kTag, " checkpoint='", o.checkpoint(),
+             "' is not a checkpointing mode; use never, always or except_last (or leave it "
+             "empty for the model's own setting).");
+  VOLT_CHECK(o.activation_checkpoint_interval() >= -1, ConfigError, kTag,
+             " activation_checkpoint_interval=", o.activation_checkpoint_interval(),
+             " must be >= 0 (layers per checkpointed run; 0: off), or -1 for the model's own "
+             "setting.");
   constexpr int64_t kMaxTimeoutS = 30 * 24 * 3600;
   VOLT_CHECK(o.timeout_s() > 0 && o.timeout_s() <= kMaxTimeoutS, ConfigError, kTag,
              " timeout_s=", o.timeout_s(), " must be > 0 seconds and at most 30 days (",
@@ -63,10 +72,23 @@ std::vector<std::string> all_gather_bytes(ProcessGroup& group, const std::string
   return out;
 }
 
+// For the strategy's log line: how the stages checkpoint their activations, if they do.
+std::string checkpointing(const PipelineOptions& o) {
+  std::string out;
+  if (o.checkpoint() != "never") out += ", checkpoint " + o.checkpoint();
+  if (o.activation_checkpoint_interval() > 0) {
+    out += ", checkpointed every " + std::to_string(o.activation_checkpoint_interval()) +
+           " layers";
+  }
+  return out;
+}
+
 }  // namespace
 
 std::ostream& operator<<(std::ostream& os, const PipelineStrategyOptions& o) {
   return os << "PipelineStrategyOptions(chunks=" << o.chunks() << ", stages=" << o.stages()
+            << ", checkpoint=" << o.checkpoint()
+            << ", activation_checkpoint_interval=" << o.activation_checkpoint_interval()
             << ", release_other_stages=" << (o.release_other_stages() ? "true" : "false")
             << ", timeout_s=" << o.timeout_s()
             << ", process_group_backend=" << o.process_group_backend() << ")";
@@ -123,7 +145,7 @@ void PipelineStrategy::setup_module(Module& module) {
   }
   VOLT_CHECK(found.size() == 1, ConfigError, kTag, " the module holds ", found.size(),
              " volt::Pipeline layers; the pipeline strategy splits exactly one. Put the layers "
-             "to split, in order, into one volt::Pipeline (volt/distributed/pipeline.h).");
+             "to split, in order, into one volt::Pipeline (volt/nn/pipeline.h).");
   // A weight the pipeline shares with the layers outside it would be trained by one stage inside
   // and by every rank outside, and freed where its stage is not. Every rank fails alike.
   std::string prefix;
@@ -149,6 +171,10 @@ void PipelineStrategy::setup_module(Module& module) {
   pipe_ = found[0];
   module_ = &module;
   if (options_.chunks() > 0) pipe_->set_chunks(options_.chunks());
+  if (!options_.checkpoint().empty()) pipe_->set_checkpoint(options_.checkpoint());
+  if (options_.activation_checkpoint_interval() >= 0) {
+    pipe_->set_activation_checkpoint_interval(options_.activation_checkpoint_interval());
+  }
   pipe_->distribute(pipe_group_);
   if (options_.release_other_stages()) pipe_->release_other_stages();
   stage_of_.clear();
@@ -171,7 +197,8 @@ void PipelineStrategy::setup_module(Module& module) {
                                    std::to_string(pipe_->stage()) + " of " +
                                    std::to_string(pipe_->num_stages()) + ": layers " +
                                    std::to_string(first) + "-" + std::to_string(last - 1) + ", " +
-                                   std::to_string(pipe_->options().chunks()) + " micro-batches");
+                                   std::to_string(pipe_->options().chunks()) + " micro-batches" +
+                                   checkpointing(pipe_->options()));
 }
 
 void PipelineStrategy::teardown() {

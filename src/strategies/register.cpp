@@ -53,6 +53,12 @@ void register_strategies(Registry& r) {
           .add("stages", pl.stages(),
                "stages per pipeline; the world size over it = data-parallel replicas (0: one "
                "pipeline of every process)")
+          .add("checkpoint", pl.checkpoint(),
+               "activation checkpointing per micro-batch: never, always or except_last (empty: "
+               "the model's own setting)")
+          .add("activation_checkpoint_interval", pl.activation_checkpoint_interval(),
+               "checkpoint runs of this many layers of a stage (0: off; -1: the model's own "
+               "setting)")
           .add("release_other_stages", pl.release_other_stages(),
                "each rank frees the weights other stages train (false: every weight everywhere)")
           .add("timeout_s", pl.timeout_s(),
@@ -64,6 +70,8 @@ void register_strategies(Registry& r) {
             PipelineStrategyOptions()
                 .chunks(a.get<int64_t>("chunks"))
                 .stages(a.get<int64_t>("stages"))
+                .checkpoint(a.get<std::string>("checkpoint"))
+                .activation_checkpoint_interval(a.get<int64_t>("activation_checkpoint_interval"))
                 .release_other_stages(a.get<bool>("release_other_stages"))
                 .timeout_s(a.get<double>("timeout_s"))
                 .process_group_backend(a.get<std::string>("process_group_backend")),

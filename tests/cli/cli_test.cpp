@@ -1000,9 +1000,12 @@ TEST(CliBinary, TrainsTheDemoMlpAsAPipelineOfTwoStages) {
       " --trainer.max_epochs=1 --trainer.limit_train_batches=6"
       " --trainer.limit_val_batches=2 --trainer.enable_progress_bar=false";
   auto r = run_binary(common +
-                      " --model.pipeline_chunks=2 --trainer.devices=2 --trainer.strategy=pipeline");
+                      " --model.pipeline_chunks=2 --trainer.devices=2 --trainer.strategy=pipeline"
+                      " --trainer.strategy.init_args.checkpoint=except_last");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE((r.out + r.err).find("[PipelineStrategy] rank 0 runs stage 0 of 2"), std::string::npos)
+      << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("2 micro-batches, checkpoint except_last"), std::string::npos)
       << r.out << r.err;
   const auto first = r.out.find("final metrics:");
   ASSERT_NE(first, std::string::npos) << r.out;
@@ -1018,6 +1021,12 @@ TEST(CliBinary, TrainsTheDemoMlpAsAPipelineOfTwoStages) {
            {" --model.pipeline_chunks=2 --trainer.strategy=pipeline"
             " --trainer.strategy.init_args.timeout_s=inf",
             "[PipelineStrategy] timeout_s=inf must be > 0 seconds"},
+           {" --model.pipeline_chunks=2 --trainer.strategy=pipeline"
+            " --trainer.strategy.init_args.checkpoint=sometimes",
+            "[PipelineStrategy] checkpoint='sometimes' is not a checkpointing mode"},
+           {" --model.pipeline_chunks=2 --trainer.strategy=pipeline"
+            " --trainer.strategy.init_args.activation_checkpoint_interval=-2",
+            "[PipelineStrategy] activation_checkpoint_interval=-2 must be >= 0"},
            {" --model.pipeline_chunks=-1", "[MlpClassifier] pipeline_chunks=-1 must be 0"},
        }) {
     r = run_binary(common + args);

@@ -3,12 +3,16 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
+
+#include "error_text.h"
 #include "requires.h"
 #include "tiny.h"
 #include "training_jobs.h"
 #include "volt/accelerators/cpu_memory.h"
 #include "volt/core/errors.h"
 #include "volt/nn/checkpoint.h"
+#include "volt/nn/pipeline.h"
 #include "volt/precision/autocast.h"
 #include "volt/precision/fp8_linear.h"
 
@@ -332,6 +336,48 @@ TEST(ActivationCheckpointSequential, GradientsBitwiseEqualForEverySegmentCount) 
   }
 }
 
+// BatchNorm updates its running statistics (and batch count) in forward; the recomputation is
+// the same forward again, so a checkpointed Sequential entry or segment moves them once, as an
+// ordinary run does. Before session 57 they moved twice per step (momentum applied twice).
+TEST(ActivationCheckpointSequential, BatchNormStatisticsMoveOncePerForward) {
+  auto model = [] {
+    torch::manual_seed(0);
+    return nn::Sequential(nn::Linear(8, 8), nn::BatchNorm1d(8), nn::ReLU(), nn::Linear(8, 4),
+                          nn::BatchNorm1d(4));
+  };
+  auto state = [](nn::Sequential& seq) {
+    std::vector<at::Tensor> out;
+    for (const auto& b : seq->buffers()) out.push_back(b.clone());
+    for (const auto& p : seq->parameters()) out.push_back(p.grad().clone());
+    return out;
+  };
+  auto two_steps = [&](nn::Sequential& seq, const std::function<at::Tensor(const at::Tensor&)>& f) {
+    torch::manual_seed(1);
+    for (int step = 0; step < 2; ++step) f(data()).square().sum().backward();
+    return state(seq);
+  };
+  nn::Sequential plain = model();
+  const auto want = two_steps(plain, [&](const at::Tensor& x) { return plain->forward(x); });
+  auto expect_same = [&](const std::vector<at::Tensor>& got) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(torch::equal(got[i], want[i])) << "buffer or gradient " << i;
+    }
+  };
+  for (int64_t segments : {2, 5}) {
+    SCOPED_TRACE("checkpoint_sequential, segments=" + std::to_string(segments));
+    nn::Sequential seq = model();
+    expect_same(two_steps(
+        seq, [&](const at::Tensor& x) { return volt::checkpoint_sequential(seq, segments, x); }));
+  }
+  {
+    SCOPED_TRACE("wrap_activation_checkpointing");
+    nn::Sequential seq = model();
+    volt::wrap_activation_checkpointing(*seq, {"1", "4"});
+    expect_same(two_steps(seq, [&](const at::Tensor& x) { return seq->forward(x); }));
+  }
+}
+
 TEST(ActivationCheckpointSequential, BadSegmentsIsAConfigError) {
   nn::Sequential seq(nn::Linear(2, 2), nn::ReLU());
   for (int64_t s : {0, -1, 3}) {
@@ -472,6 +518,17 @@ TEST(ActivationCheckpointWrap, MatchOutsideASequentialIsAConfigError) {
     EXPECT_NE(w.find("not an entry of a torch::nn::Sequential"), std::string::npos) << w;
     EXPECT_NE(w.find("call volt::checkpoint(block, x)"), std::string::npos) << w;
   }
+  // A volt::Pipeline's layers: the pipeline's own options checkpoint them.
+  struct Piped : nn::Module {
+    Piped() { register_module("net", volt::Pipeline(nn::Sequential(nn::Linear(2, 2)))); }
+  } piped;
+  const std::string w = volt_test::error_of<volt::ConfigError>(
+      [&] { volt::wrap_activation_checkpointing(piped, {"net.0"}); });
+  EXPECT_NE(w.find("\"net.0\" (torch::nn::LinearImpl) is a layer of the volt::Pipeline \"net\", which "
+                   "checkpoints its stages itself: set PipelineOptions::checkpoint"),
+            std::string::npos)
+      << w;
+  EXPECT_TRUE(volt::checkpointed_modules(piped).empty());
 }
 
 struct Scale : nn::Module {

@@ -1,7 +1,7 @@
 // Pipeline parallelism: the partition, the Pipeline layer against its Sequential (in this process
 // and over 2-4 real processes), and PipelineStrategy fits against one process, resumed at other
 // stage counts, with loss scaling, clipping, accumulation and a dead stage.
-#include "volt/distributed/pipeline.h"
+#include "volt/nn/pipeline.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -9,6 +9,8 @@
 #include <chrono>
 #include <filesystem>
 #include <regex>
+#include <set>
+#include <tuple>
 
 #include "build_paths.h"
 #include "distributed/detail/net.h"
@@ -107,6 +109,108 @@ TEST(Pipeline, BadConstructionIsAConfigError) {
             std::string::npos);
 }
 
+// The activation-checkpoint nodes in `y`'s graph (volt::checkpoint's autograd function).
+int64_t checkpoint_nodes(const at::Tensor& y) {
+  int64_t count = 0;
+  std::vector<torch::autograd::Node*> todo{y.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (node == nullptr || !seen.insert(node).second) continue;
+    count += node->name().find("CheckpointNode") != std::string::npos;
+    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
+  }
+  return count;
+}
+
+TEST(Pipeline, UndistributedCheckpointingRecomputesInBackwardAndGivesTheSameGradients) {
+  // One process: the whole batch is the one (last) micro-batch, so "always" checkpoints it and
+  // "except_last" does not; an interval checkpoints runs of that many layers. Gradients and
+  // BatchNorm's running statistics are the un-checkpointed ones bit for bit.
+  int64_t recomputed = 0;
+  auto layers = [&recomputed] {
+    auto counted = [&recomputed] {
+      return torch::nn::Functional([&recomputed](const at::Tensor& x) {
+        if (volt::in_checkpoint_recompute()) ++recomputed;
+        return torch::dropout(x, 0.5, /*train=*/true);
+      });
+    };
+    return torch::nn::Sequential(torch::nn::Linear(4, 8), counted(), torch::nn::BatchNorm1d(8),
+                                 torch::nn::Linear(8, 3), counted());
+  };
+  const auto x = torch::randn({6, 4});
+  auto run = [&](volt::PipelineOptions options) {
+    torch::manual_seed(0);
+    volt::Pipeline pipe(layers(), options);
+    torch::manual_seed(1);
+    recomputed = 0;
+    const at::Tensor y = pipe->forward(x);
+    const int64_t nodes = checkpoint_nodes(y);
+    y.square().sum().backward();
+    std::vector<at::Tensor> grads;  // and the buffers, which the recomputation leaves alone
+    for (const auto& p : pipe->parameters()) grads.push_back(p.grad());
+    for (const auto& b : pipe->buffers()) grads.push_back(b.clone());
+    return std::make_tuple(recomputed, nodes, grads);
+  };
+  const auto plain = run(volt::PipelineOptions());
+  EXPECT_EQ(std::get<0>(plain), 0);
+  EXPECT_EQ(std::get<1>(plain), 0);
+  struct Case {
+    volt::PipelineOptions options;
+    int64_t recomputed;  // counted layers (1 and 4) recomputed
+    int64_t nodes;       // checkpointed runs
+  };
+  for (const Case& c : std::vector<Case>{
+           {volt::PipelineOptions().checkpoint("always"), 2, 1},
+           {volt::PipelineOptions().checkpoint("except_last"), 0, 0},
+           {volt::PipelineOptions().activation_checkpoint_interval(2), 2, 3},  // 0-1, 2-3, 4
+           {volt::PipelineOptions().activation_checkpoint_interval(4), 2, 2},  // 0-3, 4
+           {volt::PipelineOptions().checkpoint("always").activation_checkpoint_interval(2), 2, 1},
+       }) {
+    SCOPED_TRACE(::testing::PrintToString(c.options));
+    const auto [recomputes, nodes, grads] = run(c.options);
+    EXPECT_EQ(recomputes, c.recomputed);
+    EXPECT_EQ(nodes, c.nodes);
+    const auto& want = std::get<2>(plain);
+    ASSERT_EQ(grads.size(), want.size());
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_TRUE(torch::equal(grads[i], want[i])) << "gradient or buffer " << i;
+    }
+  }
+  {
+    torch::NoGradGuard no_grad;  // nothing to recompute for
+    volt::Pipeline pipe(layers(), volt::PipelineOptions().checkpoint("always"));
+    recomputed = 0;
+    pipe->forward(x);
+    EXPECT_EQ(recomputed, 0);
+  }
+  std::ostringstream os;
+  volt::Pipeline(layers(),
+                 volt::PipelineOptions().checkpoint("except_last").activation_checkpoint_interval(2))
+      ->pretty_print(os);
+  EXPECT_EQ(os.str(),
+            "volt::Pipeline(layers=5, chunks=1, checkpoint=except_last, "
+            "activation_checkpoint_interval=2)");
+}
+
+TEST(Pipeline, BadCheckpointOptionsAreConfigErrors) {
+  EXPECT_NE(error_of<ConfigError>([] {
+              volt::Pipeline(small_layers(), volt::PipelineOptions().checkpoint("sometimes"));
+            }).find("[Pipeline] checkpoint='sometimes' is not a checkpointing mode; use \"never\", "
+                    "\"always\" or \"except_last\""),
+            std::string::npos);
+  EXPECT_NE(error_of<ConfigError>([] {
+              volt::Pipeline(small_layers(),
+                             volt::PipelineOptions().activation_checkpoint_interval(-1));
+            }).find("activation_checkpoint_interval must be >= 0"),
+            std::string::npos);
+  volt::Pipeline pipe(small_layers());
+  EXPECT_NE(error_of<ConfigError>([&] { pipe->set_checkpoint("Always"); }).find("'Always'"),
+            std::string::npos);
+  EXPECT_EQ(pipe->options().checkpoint(), "never");  // unchanged by the refused value
+}
+
 // ---------------------------------------------------------------- the layer over processes
 
 // Starts `world` ranks of the worker's layer check; each must print its "layer ok" line.
@@ -184,6 +288,38 @@ TEST(PipelineLayer, AnActivationOfTooManyDimensionsFailsEveryStageAtOnce) {
     }
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20))
         << "well before the 30 s timeout";
+  }
+}
+
+TEST(PipelineLayer, CheckpointedMicroBatchesRecomputeInBackwardAndGiveTheSameGradients) {
+  // The worker compares against the same pipeline without checkpointing (dropout in every
+  // stage) and counts each stage's recomputations (it fails when they are not what the mode
+  // says: once per checkpointed micro-batch).
+  VOLT_REQUIRE_GLOO();
+  struct Case {
+    int world;
+    std::vector<std::string> args;
+  };
+  for (const Case& c : std::vector<Case>{
+           {2, {"--checkpoint", "always", "--chunks", "3"}},
+           {3, {"--checkpoint", "except_last", "--chunks", "3"}},
+           {2, {"--interval", "2", "--chunks", "2"}},
+           {2, {"--checkpoint", "except_last", "--interval", "1", "--chunks", "2"}},
+           {2, {"--checkpoint", "never", "--chunks", "2"}},
+       }) {
+    SCOPED_TRACE(::testing::PrintToString(c.args));
+    const int port = volt::detail::find_free_port();
+    auto args = volt_test::cat({"layer"}, c.args);
+    auto ranks = volt_test::start_ranks(volt_test::pipeline_worker(), args, c.world, [&](int r) {
+      return volt_test::plain_rank_env(r, c.world, port);
+    });
+    for (int r = 0; r < c.world; ++r) {
+      EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 0) << ranks[r]->output();
+      EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) +
+                                        " checkpoint ok stage=" + std::to_string(r)),
+                std::string::npos)
+          << ranks[r]->output();
+    }
   }
 }
 
@@ -450,6 +586,33 @@ TEST_F(PipelineFit, DropoutDrawsAsOneProcessAndEveryRankAgreesAfterThePipeline) 
   expect_every_rank(prefix("resumed"), 2, weights("chunked"), 0);
 }
 
+TEST_F(PipelineFit, ActivationCheckpointingTrainsBitForBitAsWithout) {
+  // Dropout in both stages, micro-batches, AdamW: each recomputation replays the forward's random
+  // state, so checkpointed fits train exactly as the plain one (the layer test counts the
+  // recomputations; here the strategy's option reaches the pipeline and training is unchanged).
+  const std::vector<std::string> common{"--devices", "2",         "--dropout",  "1",
+                                        "--chunks",  "3",         "--optimizer", "adamw"};
+  fit("plain", common);
+  const Job always = fit("always", volt_test::cat(common, {"--checkpoint", "always"}));
+  EXPECT_NE(always.output.find("3 micro-batches, checkpoint always"),
+            std::string::npos)
+      << always.output;
+  expect_every_rank(prefix("always"), 2, weights("plain"), 0);
+  expect_every_rank(prefix("always.outside"), 2, load(prefix("plain.outside.rank0.pt")), 0);
+  // The model's interval with the strategy's except_last.
+  const Job mixed = fit(
+      "mixed", volt_test::cat(common, {"--checkpoint", "except_last", "--interval", "2"}));
+  EXPECT_NE(mixed.output.find("micro-batches, checkpoint except_last, checkpointed every 2 "
+                              "layers"),
+            std::string::npos)
+      << mixed.output;
+  expect_every_rank(prefix("mixed"), 2, weights("plain"), 0);
+  // One process: the model's own option.
+  fit("one", {"--devices", "1", "--dropout", "1"});
+  fit("one_checkpointed", {"--devices", "1", "--dropout", "1", "--model-checkpoint", "always"});
+  expect_every_rank(prefix("one_checkpointed"), 1, weights("one"), 0);
+}
+
 TEST_F(PipelineFit, AnEmaAverageIsCheckpointedWholeAndResumesAtAnyStageCountBitForBit) {
   // Each rank averages only its stage's weights; the checkpoint gathers them, so it holds the
   // whole model's average and its training weights, as one process's does.
@@ -650,6 +813,24 @@ TEST(PipelineStrategy, NegativeChunksOrStagesAreConfigErrors) {
               std::string::npos)
         << e;
   }
+}
+
+TEST(PipelineStrategy, BadCheckpointOptionsAreConfigErrors) {
+  std::string e = error_of<ConfigError>([&] {
+    volt::Trainer(volt_test::quiet("/tmp").strategy(
+        volt::named<volt::Strategy>("pipeline", {{"checkpoint", std::string("sometimes")}})));
+  });
+  EXPECT_NE(e.find("[PipelineStrategy] checkpoint='sometimes' is not a checkpointing mode; use "
+                   "never, always or except_last"),
+            std::string::npos)
+      << e;
+  e = error_of<ConfigError>([&] {
+    volt::Trainer(volt_test::quiet("/tmp").strategy(volt::named<volt::Strategy>(
+        "pipeline", {{"activation_checkpoint_interval", int64_t{-2}}})));
+  });
+  EXPECT_NE(e.find("[PipelineStrategy] activation_checkpoint_interval=-2 must be >= 0"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace

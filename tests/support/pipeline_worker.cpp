@@ -16,7 +16,9 @@
 //       (last), has 9 dimensions: every rank must fail with the same ValueError. --tied 1: a
 //       model whose first and last layer are one Linear, held by both stages (check_tied);
 //       prints "rank R tied ok stage=S". --tied buffer: one BatchNorm in both stages: every
-//       rank fails with a ConfigError.
+//       rank fails with a ConfigError. --checkpoint never|always|except_last and/or
+//       --interval N: activation checkpointing against the same pipeline without it
+//       (check_checkpointed); prints "rank R checkpoint ok stage=S recomputed=N".
 //
 //   volt_pipeline_worker fit --root DIR --out PREFIX [--devices N] [--chunks C]
 //       [--balance A,B,...] [--epochs E] [--max-steps S] [--optimizer sgd|adamw|fused_adamw]
@@ -44,6 +46,9 @@
 //       --ema 1: an EMAWeightAveraging callback (decay 0.8, every step); --swa 1: a
 //       StochasticWeightAveraging callback (from the first epoch, annealing over one). The
 //       weights written after fit are then the average.
+//       --checkpoint MODE: the strategy's activation checkpointing (never|always|except_last);
+//       --model-checkpoint MODE and --interval N: the model's PipelineOptions::checkpoint and
+//       activation_checkpoint_interval.
 //       --stages S: pipelines of S stages, devices / S replicas of it (each reading its shard of
 //       the data, batch B per process, default 16).
 //
@@ -63,7 +68,7 @@
 #include "distinct.h"
 #include "save_at.h"
 #include "tiny.h"
-#include "volt/distributed/pipeline.h"
+#include "volt/nn/pipeline.h"
 #include "volt/strategies/pipeline.h"
 
 namespace {
@@ -256,6 +261,80 @@ int check_tied(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks)
   return 0;
 }
 
+/// Activation checkpointing: a pipeline checkpointing as `options` say against the same
+/// pipeline without it (the reference), both drawing dropout masks and with a BatchNorm: the
+/// output, the input's gradient, this stage's gradients and the running statistics bit for bit
+/// (the recomputation replays the forward's random state and leaves the statistics as they
+/// were), and each dropout layer of the stage recomputed exactly as often as the mode
+/// says (once per checkpointed micro-batch).
+int check_checkpointed(const std::shared_ptr<volt::ProcessGroup>& group,
+                       volt::PipelineOptions options) {
+  int64_t recomputed = 0;
+  auto model = [&recomputed] {
+    auto drop = [&recomputed] {
+      return torch::nn::Functional([&recomputed](const at::Tensor& x) {
+        if (volt::in_checkpoint_recompute()) ++recomputed;
+        return torch::dropout(x, 0.5, /*train=*/true);
+      });
+    };
+    return torch::nn::Sequential(torch::nn::Linear(8, 16), drop(), torch::nn::BatchNorm1d(16),
+                                 torch::nn::Linear(16, 16), drop(), torch::nn::Tanh(),
+                                 torch::nn::Linear(16, 4), drop());
+  };
+  const int64_t chunks = options.chunks();
+  torch::manual_seed(4);
+  volt::Pipeline plain(model(), volt::PipelineOptions().chunks(chunks));
+  torch::manual_seed(4);
+  volt::Pipeline checkpointed(model(), options);
+  plain->distribute(group);
+  checkpointed->distribute(group);
+  const at::Tensor x = torch::randn({9, 8});
+  const at::Tensor target = torch::randn({9, 4});
+  std::vector<at::Tensor> outs, input_grads;
+  for (volt::Pipeline* pipe : {&plain, &checkpointed}) {
+    const at::Tensor xi = x.clone().requires_grad_(true);
+    torch::manual_seed(6);
+    const at::Tensor y = (*pipe)->forward(xi);
+    if (recomputed != 0) fail("checkpoint: recomputed in forward");
+    torch::mse_loss(y, target).backward();
+    outs.push_back(y.detach());
+    input_grads.push_back(xi.grad());
+  }
+  check_same(outs[1], outs[0], true, "checkpointed output");
+  check_same(input_grads[1], input_grads[0], true, "checkpointed input gradient");
+  const int64_t stage = checkpointed->stage();
+  auto plain_params = plain->named_parameters(true);
+  for (const auto& p : checkpointed->stage_parameters(stage)) {
+    for (const auto& q : checkpointed->named_parameters(true)) {
+      if (q.value().is_same(p)) {
+        check_same(p.grad(), plain_params[q.key()].grad(), true, "checkpointed gradient of " +
+                                                                     q.key());
+      }
+    }
+  }
+  // The recomputation leaves BatchNorm's running statistics as the forward left them.
+  auto plain_buffers = plain->named_buffers(true);
+  for (const auto& b : checkpointed->named_buffers(true)) {
+    check_same(b.value(), plain_buffers[b.key()], true, "checkpointed buffer " + b.key());
+  }
+  const auto [first, last] = checkpointed->stage_layers(stage);
+  int64_t drops = 0;  // dropout layers in this stage: every third layer, from layer 1
+  for (int64_t i = first; i < last; ++i) drops += i % 3 == 1;
+  int64_t runs = 0;  // micro-batches whose run through the stage was checkpointed
+  if (options.checkpoint() == "always" || options.activation_checkpoint_interval() > 0) {
+    runs = chunks;
+  } else if (options.checkpoint() == "except_last") {
+    runs = chunks - 1;
+  }
+  if (recomputed != drops * runs) {
+    fail("checkpoint: stage " + std::to_string(stage) + " recomputed its dropout layers " +
+         std::to_string(recomputed) + " times, not " + std::to_string(drops * runs));
+  }
+  say("rank " + std::to_string(group->rank()) + " checkpoint ok stage=" + std::to_string(stage) +
+      " recomputed=" + std::to_string(recomputed));
+  return 0;
+}
+
 int run_layer(std::map<std::string, std::string>& a) {
   const int64_t chunks = a.count("--chunks") ? std::stoll(a["--chunks"]) : 1;
   const char* world = std::getenv("WORLD_SIZE");
@@ -288,6 +367,14 @@ int run_layer(std::map<std::string, std::string>& a) {
     return 0;
   }
   if (a.count("--tied")) return check_tied(group, chunks);
+  if (a.count("--checkpoint") || a.count("--interval")) {
+    return check_checkpointed(
+        group, volt::PipelineOptions()
+                   .chunks(chunks)
+                   .checkpoint(a.count("--checkpoint") ? a["--checkpoint"] : "never")
+                   .activation_checkpoint_interval(
+                       a.count("--interval") ? std::stoll(a["--interval"]) : 0));
+  }
   torch::manual_seed(0);
   volt::PipelineOptions options;
   options.chunks(chunks);
@@ -477,6 +564,8 @@ int run_fit(std::map<std::string, std::string>& a) {
   const int64_t devices = num("--devices", 2);
   volt::PipelineOptions options;
   options.chunks(num("--chunks", 1));
+  if (a.count("--model-checkpoint")) options.checkpoint(a["--model-checkpoint"]);
+  options.activation_checkpoint_interval(num("--interval", 0));
   if (a.count("--balance")) options.balance(parse_list(a["--balance"]));
   torch::manual_seed(0);
   PipeNet model(options, a.count("--optimizer") ? a["--optimizer"] : "sgd",
@@ -511,6 +600,7 @@ int run_fit(std::map<std::string, std::string>& a) {
     strategy = volt::named<volt::Strategy>(
         "pipeline", {{"timeout_s", static_cast<double>(num("--timeout", 60))},
                      {"chunks", num("--strategy-chunks", 0)},
+                     {"checkpoint", a.count("--checkpoint") ? a["--checkpoint"] : std::string()},
                      {"stages", num("--stages", 0)},
                      {"release_other_stages", num("--release", 1) != 0}});
   }

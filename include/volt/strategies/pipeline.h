@@ -1,6 +1,6 @@
 #pragma once
 /// PipelineStrategy ("pipeline"): pipeline parallelism under the Trainer. One process per
-/// device, each running one stage of the model's volt::Pipeline (volt/distributed/pipeline.h);
+/// device, each running one stage of the model's volt::Pipeline (volt/nn/pipeline.h);
 /// every process reads the same batches (the pipeline is not data parallel), runs the module's
 /// own training_step (the pipeline's output reaches every rank) and steps the optimizer for its
 /// stage's parameters. Gradient-norm clipping spans every stage, loss-scaling ranks agree on
@@ -32,6 +32,12 @@ struct PipelineStrategyOptions {
   /// replica reads its shard of the data and the replicas of a stage average their gradients).
   /// 0: one pipeline of every process. Default: 0.
   TORCH_ARG(int64_t, stages) = 0;
+  /// Activation checkpointing of each micro-batch's run through a stage: "never", "always" or
+  /// "except_last" (PipelineOptions::checkpoint); empty keeps the model's. Default: "".
+  TORCH_ARG(std::string, checkpoint) = "";
+  /// Checkpointed runs of this many layers of a stage (PipelineOptions::
+  /// activation_checkpoint_interval; 0: off); -1 keeps the model's. Default: -1.
+  TORCH_ARG(int64_t, activation_checkpoint_interval) = -1;
   /// Bound on rendezvous, every collective and every transfer between stages (seconds).
   /// Default: 60.
   TORCH_ARG(double, timeout_s) = 60.0;

@@ -6,7 +6,7 @@
 #include "volt/core/errors.h"
 #include "volt/core/module.h"
 #include "volt/core/run_context.h"
-#include "volt/distributed/pipeline.h"
+#include "volt/nn/pipeline.h"
 
 namespace volt {
 namespace detail {

@@ -1,7 +1,8 @@
 // The pipeline's partition, its GPipe forward (micro-batches through the stages, the last
-// stage's output broadcast) and its backward (a Node that runs each stage's micro-batches back in
-// reverse order, gradients handed to the stage before).
-#include "volt/distributed/pipeline.h"
+// stage's output broadcast; each micro-batch's run through a stage checkpointed when asked) and
+// its backward (a Node that runs each stage's micro-batches back in reverse order, gradients
+// handed to the stage before).
+#include "volt/nn/pipeline.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -20,6 +21,8 @@
 
 #include "volt/core/check.h"
 #include "volt/distributed/process_group.h"
+#include "volt/nn/checkpoint.h"
+#include "nn/detail/recompute_buffers.h"
 
 namespace volt {
 namespace {
@@ -257,7 +260,8 @@ class PipelineBackward : public torch::autograd::Node {
 std::ostream& operator<<(std::ostream& os, const PipelineOptions& o) {
   os << "PipelineOptions(chunks=" << o.chunks() << ", balance=[";
   for (size_t i = 0; i < o.balance().size(); ++i) os << (i ? ", " : "") << o.balance()[i];
-  return os << "], partition_method=" << o.partition_method() << ")";
+  return os << "], partition_method=" << o.partition_method() << ", checkpoint=" << o.checkpoint()
+            << ", activation_checkpoint_interval=" << o.activation_checkpoint_interval() << ")";
 }
 
 std::vector<int64_t> partition_layers(const std::vector<int64_t>& weights, int64_t stages,
@@ -323,6 +327,8 @@ PipelineImpl::PipelineImpl(torch::nn::Sequential layers, PipelineOptions options
   VOLT_CHECK(layers_ && !layers_->is_empty(), ConfigError, kTag,
              " needs a Sequential with at least one layer.");
   set_chunks(options_.chunks());
+  set_checkpoint(options_.checkpoint());
+  set_activation_checkpoint_interval(options_.activation_checkpoint_interval());
   for (const auto& child : layers_->named_children()) register_module(child.key(), child.value());
   bounds_ = {0, static_cast<int64_t>(layers_->size())};
 }
@@ -331,6 +337,19 @@ void PipelineImpl::set_chunks(int64_t chunks) {
   VOLT_CHECK(chunks >= 1, ConfigError, kTag,
              " chunks must be at least 1 (the micro-batches per batch), got ", chunks, ".");
   options_.chunks(chunks);
+}
+
+void PipelineImpl::set_checkpoint(const std::string& mode) {
+  VOLT_CHECK(mode == "never" || mode == "always" || mode == "except_last", ConfigError, kTag,
+             " checkpoint='", mode,
+             "' is not a checkpointing mode; use \"never\", \"always\" or \"except_last\".");
+  options_.checkpoint(mode);
+}
+
+void PipelineImpl::set_activation_checkpoint_interval(int64_t layers) {
+  VOLT_CHECK(layers >= 0, ConfigError, kTag, " activation_checkpoint_interval must be >= 0 (",
+             "layers per checkpointed run; 0: off), got ", layers, ".");
+  options_.activation_checkpoint_interval(layers);
 }
 
 void PipelineImpl::distribute(std::shared_ptr<ProcessGroup> group) {
@@ -493,9 +512,29 @@ at::Tensor PipelineImpl::run_layers(int64_t first, int64_t last, at::Tensor x) {
   return x;
 }
 
+at::Tensor PipelineImpl::run_stage(int64_t first, int64_t last, const at::Tensor& x, bool whole) {
+  const int64_t every = whole ? last - first : options_.activation_checkpoint_interval();
+  if (every <= 0 || !c10::GradMode::is_enabled()) return run_layers(first, last, x);
+  at::Tensor y = x;
+  for (int64_t begin = first; begin < last; begin += every) {
+    const int64_t end = std::min(last, begin + every);
+    y = detail::checkpoint_impl(
+            [this, begin, end](const std::vector<at::Tensor>& in) {
+              std::vector<const torch::nn::Module*> layers;
+              for (int64_t i = begin; i < end; ++i) layers.push_back(layers_->ptr(i).get());
+              detail::RecomputeKeepsBuffers keep(layers);  // BatchNorm's statistics move once
+              return std::vector<at::Tensor>{run_layers(begin, end, in[0])};
+            },
+            {y}, checkpoint_defaults())[0];
+  }
+  return y;
+}
+
 at::Tensor PipelineImpl::forward(const at::Tensor& x) {
-  if (!distributed() || num_stages() == 1)
-    return run_layers(0, static_cast<int64_t>(layers_->size()), x);
+  if (!distributed() || num_stages() == 1) {
+    return run_stage(0, static_cast<int64_t>(layers_->size()), x,
+                     options_.checkpoint() == "always");
+  }
   ProcessGroup& g = *group_;
   const int64_t last = num_stages() - 1;
   const auto [first, end] = stage_layers(stage_);
@@ -555,7 +594,10 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
       g.recv_(state, stage_ - 1);
       set_random_state(state);
     }
-    at::Tensor yi = run_layers(first, end, xi);
+    // GPipe's checkpointing: the last micro-batch's backward comes right after its forward.
+    const bool whole = options_.checkpoint() == "always" ||
+                       (options_.checkpoint() == "except_last" && i + 1 < chunks);
+    at::Tensor yi = run_stage(first, end, xi, whole);
     if (stage_ < last) {
       send_with_header(g, yi, chunks, flight->input_grad, stage_ + 1);
       g.send(random_state(), stage_ + 1);
@@ -604,6 +646,9 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
 
 void PipelineImpl::pretty_print(std::ostream& stream) const {
   stream << "volt::Pipeline(layers=" << layers_->size() << ", chunks=" << options_.chunks();
+  if (options_.checkpoint() != "never") stream << ", checkpoint=" << options_.checkpoint();
+  if (options_.activation_checkpoint_interval() > 0)
+    stream << ", activation_checkpoint_interval=" << options_.activation_checkpoint_interval();
   if (distributed()) stream << ", stage=" << stage_ << " of " << num_stages();
   stream << ")";
 }

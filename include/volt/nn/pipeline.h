@@ -23,6 +23,11 @@
 /// (one all-reduce over the pipeline's ranks per backward), so each holds the whole gradient and
 /// steps the weight alike. Optimizers must list it once (libtorch's `parameters()` lists a
 /// shared layer's tensors once per name). Buffers cannot be shared across stages (ConfigError).
+///
+/// Activation memory: GPipe's schedule keeps each micro-batch's activations from its forward to
+/// its backward; PipelineOptions::checkpoint ("always", "except_last") keeps only each
+/// micro-batch's input to the stage and recomputes the rest in backward, and
+/// activation_checkpoint_interval (DeepSpeed's) checkpoints runs of a few layers.
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -51,6 +56,18 @@ struct PipelineOptions {
   /// parameter count is as small as it can be) or "uniform" (equal layer counts).
   /// Default: "parameters".
   TORCH_ARG(std::string, partition_method) = "parameters";
+  /// Activation checkpointing of each micro-batch's run through a stage (GPipe's, as
+  /// torchgpipe's and PyTorch Pipe's `checkpoint`): "never" keeps every micro-batch's
+  /// activations until its backward; "always" keeps only what each micro-batch brings to the
+  /// stage and recomputes the stage's layers in backward (volt::checkpoint: the forward's random
+  /// and autocast state replayed, so the result is the same); "except_last" does so for every
+  /// micro-batch but the last, whose backward comes first. Without distribute() the whole batch
+  /// is the one (last) micro-batch. Default: "never".
+  TORCH_ARG(std::string, checkpoint) = "never";
+  /// DeepSpeed PipelineModule's activation_checkpoint_interval: in micro-batches that
+  /// `checkpoint` leaves, each run of this many consecutive layers of a stage is checkpointed
+  /// on its own (only the activations between runs are kept). 0: off. Default: 0.
+  TORCH_ARG(int64_t, activation_checkpoint_interval) = 0;
 };
 
 std::ostream& operator<<(std::ostream& os, const PipelineOptions& o);
@@ -121,12 +138,20 @@ class PipelineImpl : public torch::nn::Module {
 
   const PipelineOptions& options() const { return options_; }
   void set_chunks(int64_t chunks);
+  /// PipelineOptions::checkpoint (ConfigError for another value than "never", "always" or
+  /// "except_last").
+  void set_checkpoint(const std::string& mode);
+  /// PipelineOptions::activation_checkpoint_interval (ConfigError below 0).
+  void set_activation_checkpoint_interval(int64_t layers);
   const torch::nn::Sequential& layers() const { return layers_; }
 
   void pretty_print(std::ostream& stream) const override;
 
  private:
   at::Tensor run_layers(int64_t first, int64_t last, at::Tensor x);
+  /// run_layers as the checkpoint options say: the whole run checkpointed (`whole`), or in
+  /// checkpointed runs of activation_checkpoint_interval layers, or plain.
+  at::Tensor run_stage(int64_t first, int64_t last, const at::Tensor& x, bool whole);
 
   torch::nn::Sequential layers_;
   PipelineOptions options_;
