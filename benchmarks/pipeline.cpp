@@ -136,8 +136,8 @@ void run(int64_t stages, int64_t chunks, const std::string& checkpoint, int64_t 
       static_cast<long long>(stages), static_cast<long long>(chunks), checkpoint.c_str(),
       static_cast<long long>(probe->rank), static_cast<double>(probe->steps) / s,
       static_cast<long long>(probe->held_bytes), static_cast<long long>(probe->trained_bytes),
-      static_cast<long long>(probe->state_bytes),
-      static_cast<long long>(probe->peak_bytes), static_cast<long long>(probe->step_bytes));
+      static_cast<long long>(probe->state_bytes), static_cast<long long>(probe->peak_bytes),
+      static_cast<long long>(probe->step_bytes));
   std::fflush(stdout);
 }
 
@@ -218,15 +218,17 @@ int main(int argc, char** argv) {
     std::vector<Config> configs{
         {1, 1, "never"}, {2, 1, "never"}, {2, 2, "never"}, {2, 4, "never"}, {2, 8, "never"}};
     if (a.count("--table") && a["--table"] == "checkpoint") {
-      configs = {{1, 1, "never"},       {1, 1, "always"}, {2, 4, "never"},
-                 {2, 4, "except_last"}, {2, 4, "always"}};
+      configs = {{1, 1, "never"},
+                 {1, 1, "always"},
+                 {2, 4, "never"},
+                 {2, 4, "except_last"},
+                 {2, 4, "always"}};
     }
     for (const auto& [stages, chunks, checkpoint] : configs) {
       const std::string cmd = std::string(argv[0]) + " --stages " + std::to_string(stages) +
                               " --chunks " + std::to_string(chunks) + " --checkpoint " +
-                              checkpoint + " --steps " +
-                              std::to_string(steps) + " --batch " + std::to_string(batch) +
-                              " 2>/dev/null | grep RESULT";
+                              checkpoint + " --steps " + std::to_string(steps) + " --batch " +
+                              std::to_string(batch) + " 2>/dev/null | grep RESULT";
       std::FILE* f = popen(cmd.c_str(), "r");
       char line[512];
       while (f && std::fgets(line, sizeof line, f)) {
@@ -239,9 +241,9 @@ int main(int argc, char** argv) {
                         "step_bytes=%lld",
                         &st, &ch, mode, &rank, &sps, &held, &trained, &state, &peak, &step) == 10) {
           constexpr double kMiB = 1024.0 * 1024.0;
-          std::printf("| %lld | %lld | %s | %lld | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-                      st, ch, mode, rank, sps, held / kMiB, trained / kMiB, state / kMiB,
-                      peak / kMiB, step / kMiB);
+          std::printf("| %lld | %lld | %s | %lld | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", st,
+                      ch, mode, rank, sps, held / kMiB, trained / kMiB, state / kMiB, peak / kMiB,
+                      step / kMiB);
         }
       }
       if (f) pclose(f);

@@ -563,7 +563,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
   VOLT_CHECK(!ranks.empty(), ValueError, kTag, " new_group needs at least one rank.");
   int64_t me = -1;
   const bool nccl = options_.backend() == Backend::kNccl;
-  std::string key = std::string(nccl ? "volt/nccl" : "volt/gloo") + "/group/" + tag;
+  std::string key =
+      (impl_->key.empty() ? std::string(nccl ? "volt/nccl" : "volt/gloo") : impl_->key) +
+      "/group/" + tag;
   for (size_t i = 0; i < ranks.size(); ++i) {
     VOLT_CHECK(ranks[i] >= 0 && ranks[i] < world_size_ && (i == 0 || ranks[i] > ranks[i - 1]),
                ValueError, kTag, " new_group ranks must be ascending and in [0, ", world_size_,
@@ -582,6 +584,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
   impl->address = impl_->address;
   impl->agent_store = impl_->agent_store;
   impl->gloo_address = impl_->gloo_address;
+  impl->key = key;
   const int size = static_cast<int>(ranks.size());
   try {
     attach(*impl, options_.backend(), key, static_cast<int>(me), size, options_.timeout());

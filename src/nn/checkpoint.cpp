@@ -374,8 +374,8 @@ std::vector<std::string> wrap(torch::nn::Module& root, const std::vector<std::st
     const auto child = named[path];
     auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(parent);
     // A volt::Pipeline's layers are checkpointed by the pipeline itself, per stage.
-    VOLT_CHECK(seq != nullptr || parent->name() != "volt::Pipeline", ConfigError, kTag, " \"",
-               path, "\" (", child->name(), ") is a layer of the volt::Pipeline ",
+    VOLT_CHECK(seq != nullptr || parent->name() != "volt::Pipeline", ConfigError, kTag, " \"", path,
+               "\" (", child->name(), ") is a layer of the volt::Pipeline ",
                parent_path.empty() ? "at the root" : "\"" + parent_path + "\"",
                ", which checkpoints its stages itself: set PipelineOptions::checkpoint "
                "(\"always\" or \"except_last\") or activation_checkpoint_interval, or the "

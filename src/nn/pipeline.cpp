@@ -12,17 +12,19 @@
 #include <torch/csrc/autograd/functions/utils.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <ostream>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "nn/detail/recompute_buffers.h"
 #include "volt/core/check.h"
 #include "volt/distributed/process_group.h"
 #include "volt/nn/checkpoint.h"
-#include "nn/detail/recompute_buffers.h"
 
 namespace volt {
 namespace {
@@ -116,6 +118,13 @@ at::Tensor recv_with_header(ProcessGroup& g, int64_t src, c10::Device device, He
   return t;
 }
 
+// Tells apart the groups of tied parameters made by each distribute of this process (every rank
+// distributes the same pipelines in the same order).
+int64_t next_tied_tag() {
+  static std::atomic<int64_t> next{0};
+  return next++;
+}
+
 // The CPU generator's state travels with the activations (see PipelineImpl::forward).
 at::Tensor random_state() {
   at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -148,30 +157,40 @@ struct Flight {
   InputGrad input_grad;              // stage 0's input: its gradient goes to every rank
   std::vector<int64_t> input_sizes;  // this rank's input, when it takes that gradient
   c10::Device device = at::kCPU;
-  // Parameters several stages share (those needing a gradient), their whole shapes, and whether
-  // this stage holds them: the backward sums their gradients over the stages.
+  // Parameters this stage shares with others (those needing a gradient) and the group of the
+  // stages holding each: the backward sums their gradients over those stages.
   std::vector<at::Tensor> tied;
-  std::vector<std::vector<int64_t>> tied_shapes;
-  std::vector<bool> tied_here;
+  std::vector<std::shared_ptr<ProcessGroup>> tied_groups;
 };
 
-// The gradients of the tied parameters: this backward's part on each stage that holds one
-// (what it added to the gradient) summed over the pipeline's ranks (zeros from the others), so
-// every stage that holds it has the whole gradient. One all-reduce for every tied parameter.
+// The gradients of the tied parameters this stage holds: this backward's part on each holding
+// stage (what it added to the gradient) summed over the stages that hold it, so each has the
+// whole gradient. One all-reduce per group of holders, taken in the order of the pipeline's
+// tied parameters on every member (alike on every rank: the same model), so no two members wait
+// on different groups.
 void sum_tied_gradients(Flight& f, const std::vector<at::Tensor>& before) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> parts;
   for (size_t k = 0; k < f.tied.size(); ++k) {
     const at::Tensor& g = f.tied[k].grad();
-    if (!f.tied_here[k] || !g.defined()) {
-      parts.push_back(at::zeros(f.tied_shapes[k], f.tied[k].options()));
+    if (!g.defined()) {
+      parts.push_back(at::zeros_like(f.tied[k]));
     } else {
       parts.push_back(before[k].defined() ? g - before[k] : g.clone());
     }
   }
-  f.group->all_reduce_(parts, Reduce::kSum);
+  std::vector<bool> done(f.tied.size(), false);
   for (size_t k = 0; k < f.tied.size(); ++k) {
-    if (!f.tied_here[k]) continue;
+    if (done[k]) continue;
+    std::vector<at::Tensor> same_group;
+    for (size_t j = k; j < f.tied.size(); ++j) {
+      if (f.tied_groups[j] != f.tied_groups[k]) continue;
+      same_group.push_back(parts[j]);
+      done[j] = true;
+    }
+    f.tied_groups[k]->all_reduce_(same_group, Reduce::kSum);
+  }
+  for (size_t k = 0; k < f.tied.size(); ++k) {
     at::Tensor& g = f.tied[k].mutable_grad();
     if (!g.defined()) {
       g = parts[k];
@@ -198,8 +217,7 @@ class PipelineBackward : public torch::autograd::Node {
     std::vector<at::Tensor> tied_before;  // what the tied gradients held before this backward
     for (size_t k = 0; k < f.tied.size(); ++k) {
       const at::Tensor& grad = f.tied[k].grad();
-      tied_before.push_back(f.tied_here[k] && grad.defined() ? grad.detach().clone()
-                                                             : at::Tensor());
+      tied_before.push_back(grad.defined() ? grad.detach().clone() : at::Tensor());
     }
     // Only the last stage's gradient of the output counts: every rank computed the same loss from
     // the same broadcast output, and the last stage's layers made it.
@@ -365,17 +383,15 @@ void PipelineImpl::distribute(std::shared_ptr<ProcessGroup> group) {
   // Parameters that layers of several stages share (tied weights) are trained by each of those
   // stages (the backward sums their gradients). A shared buffer (running statistics) would be
   // updated by each stage apart: every rank finds the same and fails alike, before any transfer.
-  std::unordered_map<const c10::TensorImpl*, int64_t> param_stage;
+  std::unordered_map<const c10::TensorImpl*, std::vector<int64_t>> holders;  // ascending stages
   std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, std::string>> buffer_user;
-  std::vector<at::Tensor> tied;
+  std::vector<at::Tensor> params;  // each once, in order of first use
   for (int64_t s = 0; s + 1 < static_cast<int64_t>(bounds.size()); ++s) {
     for (int64_t i = bounds[s]; i < bounds[s + 1]; ++i) {
       for (const auto& p : layers_->ptr(i)->parameters(true)) {
-        auto [it, first] = param_stage.emplace(p.unsafeGetTensorImpl(), s);
-        if (!first && it->second != s && it->second != -1) {
-          tied.push_back(p);
-          it->second = -1;  // listed once
-        }
+        auto [it, first] = holders.emplace(p.unsafeGetTensorImpl(), std::vector<int64_t>{});
+        if (first) params.push_back(p);
+        if (it->second.empty() || it->second.back() != s) it->second.push_back(s);
       }
       for (const auto& b : layers_->ptr(i)->named_buffers(true)) {
         if (!b.value().defined()) continue;
@@ -389,16 +405,41 @@ void PipelineImpl::distribute(std::shared_ptr<ProcessGroup> group) {
       }
     }
   }
+  const auto stages = static_cast<int64_t>(bounds.size()) - 1;
   bounds_ = std::move(bounds);
-  tied_ = std::move(tied);
   stage_ = group->rank();
   group_ = std::move(group);
+  tied_.clear();
+  tied_groups_.clear();
+  // Each set of stages that share parameters sums their gradients in a group of its own, so the
+  // other stages take no part (the whole pipeline's group when every stage holds them). The
+  // groups are made in the order of the parameters' first use, alike on every rank; the tag
+  // tells them apart from those of another distribute on the same store.
+  std::map<std::vector<int64_t>, std::shared_ptr<ProcessGroup>> groups;
+  const std::string tag = "pipeline_tied_" + std::to_string(next_tied_tag());
+  for (const auto& p : params) {
+    const std::vector<int64_t>& h = holders[p.unsafeGetTensorImpl()];
+    if (h.size() < 2) continue;
+    tied_.push_back(p);
+    std::shared_ptr<ProcessGroup> g;
+    if (std::find(h.begin(), h.end(), stage_) != h.end()) {
+      auto it = groups.find(h);
+      if (it == groups.end()) {
+        g = static_cast<int64_t>(h.size()) == stages ? group_ : group_->new_group(h, tag);
+        groups.emplace(h, g);
+      } else {
+        g = it->second;
+      }
+    }
+    tied_groups_.push_back(g);
+  }
 }
 
 void PipelineImpl::undistribute() {
   restore_other_stages();  // with unset values unless gather() ran
   group_.reset();
   tied_.clear();
+  tied_groups_.clear();
   stage_ = 0;
   bounds_ = {0, static_cast<int64_t>(layers_->size())};
 }
@@ -519,13 +560,13 @@ at::Tensor PipelineImpl::run_stage(int64_t first, int64_t last, const at::Tensor
   for (int64_t begin = first; begin < last; begin += every) {
     const int64_t end = std::min(last, begin + every);
     y = detail::checkpoint_impl(
-            [this, begin, end](const std::vector<at::Tensor>& in) {
-              std::vector<const torch::nn::Module*> layers;
-              for (int64_t i = begin; i < end; ++i) layers.push_back(layers_->ptr(i).get());
-              detail::RecomputeKeepsBuffers keep(layers);  // BatchNorm's statistics move once
-              return std::vector<at::Tensor>{run_layers(begin, end, in[0])};
-            },
-            {y}, checkpoint_defaults())[0];
+        [this, begin, end](const std::vector<at::Tensor>& in) {
+          std::vector<const torch::nn::Module*> layers;
+          for (int64_t i = begin; i < end; ++i) layers.push_back(layers_->ptr(i).get());
+          detail::RecomputeKeepsBuffers keep(layers);  // BatchNorm's statistics move once
+          return std::vector<at::Tensor>{run_layers(begin, end, in[0])};
+        },
+        {y}, checkpoint_defaults())[0];
   }
   return y;
 }
@@ -545,14 +586,12 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   flight->stages = num_stages();
 
   flight->device = x.device();
-  if (graph && !tied_.empty()) {
-    std::unordered_set<const c10::TensorImpl*> here;
-    for (const auto& p : stage_parameters(stage_)) here.insert(p.unsafeGetTensorImpl());
-    for (const auto& p : tied_) {
-      if (!p.requires_grad()) continue;  // alike on every rank
-      flight->tied.push_back(p);
-      flight->tied_shapes.push_back(whole_shape(p));
-      flight->tied_here.push_back(here.count(p.unsafeGetTensorImpl()) > 0);
+  if (graph) {
+    for (size_t k = 0; k < tied_.size(); ++k) {
+      // Held here, and needing a gradient (alike on every holder).
+      if (tied_groups_[k] == nullptr || !tied_[k].requires_grad()) continue;
+      flight->tied.push_back(tied_[k]);
+      flight->tied_groups.push_back(tied_groups_[k]);
     }
   }
   std::vector<at::Tensor> pieces;

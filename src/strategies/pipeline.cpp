@@ -17,9 +17,9 @@
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
-#include "volt/nn/pipeline.h"
 #include "volt/distributed/process_group.h"
 #include "volt/io/state.h"
+#include "volt/nn/pipeline.h"
 #include "volt/precision/fp8_precision.h"
 #include "volt/precision/precision.h"
 
@@ -77,8 +77,7 @@ std::string checkpointing(const PipelineOptions& o) {
   std::string out;
   if (o.checkpoint() != "never") out += ", checkpoint " + o.checkpoint();
   if (o.activation_checkpoint_interval() > 0) {
-    out += ", checkpointed every " + std::to_string(o.activation_checkpoint_interval()) +
-           " layers";
+    out += ", checkpointed every " + std::to_string(o.activation_checkpoint_interval()) + " layers";
   }
   return out;
 }
@@ -193,12 +192,11 @@ void PipelineStrategy::setup_module(Module& module) {
     owner_by_name_[p.key()] = it == stage_of_.end() ? 0 : it->second;
   }
   const auto [first, last] = pipe_->stage_layers(pipe_->stage());
-  log_info("PipelineStrategy", "rank " + std::to_string(rank()) + " runs stage " +
-                                   std::to_string(pipe_->stage()) + " of " +
-                                   std::to_string(pipe_->num_stages()) + ": layers " +
-                                   std::to_string(first) + "-" + std::to_string(last - 1) + ", " +
-                                   std::to_string(pipe_->options().chunks()) + " micro-batches" +
-                                   checkpointing(pipe_->options()));
+  log_info("PipelineStrategy",
+           "rank " + std::to_string(rank()) + " runs stage " + std::to_string(pipe_->stage()) +
+               " of " + std::to_string(pipe_->num_stages()) + ": layers " + std::to_string(first) +
+               "-" + std::to_string(last - 1) + ", " + std::to_string(pipe_->options().chunks()) +
+               " micro-batches" + checkpointing(pipe_->options()));
 }
 
 void PipelineStrategy::teardown() {

@@ -524,9 +524,10 @@ TEST(ActivationCheckpointWrap, MatchOutsideASequentialIsAConfigError) {
   } piped;
   const std::string w = volt_test::error_of<volt::ConfigError>(
       [&] { volt::wrap_activation_checkpointing(piped, {"net.0"}); });
-  EXPECT_NE(w.find("\"net.0\" (torch::nn::LinearImpl) is a layer of the volt::Pipeline \"net\", which "
-                   "checkpoints its stages itself: set PipelineOptions::checkpoint"),
-            std::string::npos)
+  EXPECT_NE(
+      w.find("\"net.0\" (torch::nn::LinearImpl) is a layer of the volt::Pipeline \"net\", which "
+             "checkpoints its stages itself: set PipelineOptions::checkpoint"),
+      std::string::npos)
       << w;
   EXPECT_TRUE(volt::checkpointed_modules(piped).empty());
 }

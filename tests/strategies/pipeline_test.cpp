@@ -186,8 +186,8 @@ TEST(Pipeline, UndistributedCheckpointingRecomputesInBackwardAndGivesTheSameGrad
     EXPECT_EQ(recomputed, 0);
   }
   std::ostringstream os;
-  volt::Pipeline(layers(),
-                 volt::PipelineOptions().checkpoint("except_last").activation_checkpoint_interval(2))
+  volt::Pipeline(
+      layers(), volt::PipelineOptions().checkpoint("except_last").activation_checkpoint_interval(2))
       ->pretty_print(os);
   EXPECT_EQ(os.str(),
             "volt::Pipeline(layers=5, chunks=1, checkpoint=except_last, "
@@ -195,11 +195,12 @@ TEST(Pipeline, UndistributedCheckpointingRecomputesInBackwardAndGivesTheSameGrad
 }
 
 TEST(Pipeline, BadCheckpointOptionsAreConfigErrors) {
-  EXPECT_NE(error_of<ConfigError>([] {
-              volt::Pipeline(small_layers(), volt::PipelineOptions().checkpoint("sometimes"));
-            }).find("[Pipeline] checkpoint='sometimes' is not a checkpointing mode; use \"never\", "
-                    "\"always\" or \"except_last\""),
-            std::string::npos);
+  EXPECT_NE(
+      error_of<ConfigError>(
+          [] { volt::Pipeline(small_layers(), volt::PipelineOptions().checkpoint("sometimes")); })
+          .find("[Pipeline] checkpoint='sometimes' is not a checkpointing mode; use \"never\", "
+                "\"always\" or \"except_last\""),
+      std::string::npos);
   EXPECT_NE(error_of<ConfigError>([] {
               volt::Pipeline(small_layers(),
                              volt::PipelineOptions().activation_checkpoint_interval(-1));
@@ -324,14 +325,17 @@ TEST(PipelineLayer, CheckpointedMicroBatchesRecomputeInBackwardAndGiveTheSameGra
 }
 
 TEST(PipelineLayer, WeightsTiedAcrossStagesAreHeldAndTrainedByEachStageThatUsesThem) {
+  // 2 stages: both hold the shared layer. 3 stages: the middle one does not, and takes no part
+  // in summing its gradient (the other two sum it in a group of their own).
   VOLT_REQUIRE_GLOO();
-  for (const char* chunks : {"1", "3"}) {
-    SCOPED_TRACE(std::string("chunks ") + chunks);
+  for (const auto& [world, chunks] :
+       std::vector<std::pair<int, const char*>>{{2, "1"}, {2, "3"}, {3, "1"}, {3, "2"}}) {
+    SCOPED_TRACE(std::to_string(world) + " stages, chunks " + chunks);
     const int port = volt::detail::find_free_port();
     auto ranks = volt_test::start_ranks(
-        volt_test::pipeline_worker(), {"layer", "--tied", "1", "--chunks", chunks}, 2,
-        [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
-    for (int r = 0; r < 2; ++r) {
+        volt_test::pipeline_worker(), {"layer", "--tied", "1", "--chunks", chunks}, world,
+        [&](int r) { return volt_test::plain_rank_env(r, world, port); });
+    for (int r = 0; r < world; ++r) {
       EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 0) << ranks[r]->output();
       EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) +
                                         " tied ok stage=" + std::to_string(r)),
@@ -590,18 +594,17 @@ TEST_F(PipelineFit, ActivationCheckpointingTrainsBitForBitAsWithout) {
   // Dropout in both stages, micro-batches, AdamW: each recomputation replays the forward's random
   // state, so checkpointed fits train exactly as the plain one (the layer test counts the
   // recomputations; here the strategy's option reaches the pipeline and training is unchanged).
-  const std::vector<std::string> common{"--devices", "2",         "--dropout",  "1",
-                                        "--chunks",  "3",         "--optimizer", "adamw"};
+  const std::vector<std::string> common{"--devices", "2", "--dropout",   "1",
+                                        "--chunks",  "3", "--optimizer", "adamw"};
   fit("plain", common);
   const Job always = fit("always", volt_test::cat(common, {"--checkpoint", "always"}));
-  EXPECT_NE(always.output.find("3 micro-batches, checkpoint always"),
-            std::string::npos)
+  EXPECT_NE(always.output.find("3 micro-batches, checkpoint always"), std::string::npos)
       << always.output;
   expect_every_rank(prefix("always"), 2, weights("plain"), 0);
   expect_every_rank(prefix("always.outside"), 2, load(prefix("plain.outside.rank0.pt")), 0);
   // The model's interval with the strategy's except_last.
-  const Job mixed = fit(
-      "mixed", volt_test::cat(common, {"--checkpoint", "except_last", "--interval", "2"}));
+  const Job mixed =
+      fit("mixed", volt_test::cat(common, {"--checkpoint", "except_last", "--interval", "2"}));
   EXPECT_NE(mixed.output.find("micro-batches, checkpoint except_last, checkpointed every 2 "
                               "layers"),
             std::string::npos)
@@ -679,6 +682,21 @@ TEST_F(PipelineFit, TiedWeightsAcrossStagesTrainAsOneProcessAndResumeAnywhere) {
   expect_every_rank(prefix("mid"), 2, weights("whole"), 0);
   expect_every_rank(prefix("back"), 1, weights("whole"), 1e-6);
   expect_every_rank(prefix("mid_back"), 1, weights("whole"), 1e-6);
+}
+
+TEST_F(PipelineFit, TiedWeightsAreSummedOnlyByTheStagesHoldingThemInEveryReplica) {
+  // Balance 3,2,3: the shared Linear(32, 32) (layers 3 and 5) is in stages 1 and 2, not 0, so
+  // stages 1 and 2 sum its gradient in a group of their own. With 2 replicas of that pipeline (6
+  // processes) each replica makes such a group from its own pipeline's group: same tag, same
+  // stage numbers (before session 57 such groups of sibling groups shared their store keys).
+  fit("one", {"--devices", "1", "--tied", "1"});
+  const Job three = fit("three", {"--devices", "3", "--tied", "1", "--balance", "3,2,3"});
+  expect_every_rank(prefix("three"), 3, weights("one"), 0);
+  fit("one_global", {"--devices", "1", "--tied", "1", "--batch", "32"});
+  const Job grid = fit("grid", {"--devices", "6", "--stages", "3", "--tied", "1", "--balance",
+                                "3,2,3", "--batch", "16"});
+  EXPECT_NE(grid.output.find("2 replicas of a 3-stage pipeline"), std::string::npos) << grid.output;
+  expect_every_rank(prefix("grid"), 6, weights("one_global"), 2e-6);
 }
 
 TEST(PipelineStrategy, AWeightSharedWithALayerOutsideThePipelineIsAConfigError) {

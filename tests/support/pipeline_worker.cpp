@@ -206,10 +206,11 @@ void check_chained(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chu
   check_stage_gradients(*net, *net_ref, exact, "chained: ");
 }
 
-/// One Linear at both ends (stage 0's first layer and stage 1's last): both stages hold and
-/// train it. Two forward/backward passes (the second accumulating) and an SGD step give the
-/// Sequential's output, tied gradient (the sum of both uses) and weights on both ranks, bit for
-/// bit with one micro-batch after the first pass; freeing the other stage's weights keeps it.
+/// One Linear at both ends (stage 0's first layer and the last stage's): both stages hold and
+/// train it; with 3 ranks the middle stage does not hold it and takes no part in its sum. Two
+/// forward/backward passes (the second accumulating) and an SGD step give the Sequential's output,
+/// tied gradient (the sum of both uses) and weights on both ranks, bit for bit with one micro-batch
+/// after the first pass; freeing the other stage's weights keeps it.
 int check_tied(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks) {
   auto model = [] {
     torch::nn::Linear shared(8, 8);
@@ -221,17 +222,26 @@ int check_tied(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks)
   auto [shared_ref, reference] = model();
   torch::manual_seed(3);
   auto [shared, layers] = model();
-  volt::Pipeline pipe(layers, volt::PipelineOptions().chunks(chunks).balance({2, 3}));
+  // Two stages: both hold it. Three: the middle stage (layers 2-3) does not, and takes no part.
+  const bool three = group->world_size() == 3;
+  volt::Pipeline pipe(
+      layers, volt::PipelineOptions().chunks(chunks).balance(three ? std::vector<int64_t>{2, 2, 1}
+                                                                   : std::vector<int64_t>{2, 3}));
   pipe->distribute(group);
   const int64_t stage = pipe->stage();
-  if (pipe->stage_layers(stage) != (stage == 0 ? std::make_pair<int64_t, int64_t>(0, 2)
-                                               : std::make_pair<int64_t, int64_t>(2, 5))) {
-    fail("tied: unexpected partition");
-  }
+  const std::vector<std::pair<int64_t, int64_t>> runs =
+      three ? std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 4}, {4, 5}}
+            : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 5}};
+  if (pipe->stage_layers(stage) != runs.at(stage)) fail("tied: unexpected partition");
+  const bool holds = !(three && stage == 1);
   pipe->release_other_stages();
-  if (shared->weight.numel() != 64) fail("tied: release_other_stages freed the shared weight");
+  if (holds && shared->weight.numel() != 64) {
+    fail("tied: release_other_stages freed the shared weight");
+  }
+  if (!holds && shared->weight.numel() != 0) fail("tied: a stage without it kept the weight");
   for (const auto& p : pipe->foreign_parameters()) {
-    if (p.is_same(shared->weight)) fail("tied: the shared weight is listed as another stage's");
+    if (holds && p.is_same(shared->weight))
+      fail("tied: the shared weight is listed as another stage's");
   }
   torch::optim::SGD opt_ref(volt_test::distinct(reference->parameters()),
                             torch::optim::SGDOptions(0.1));
@@ -246,6 +256,10 @@ int check_tied(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks)
     torch::mse_loss(y, target).backward();
     const std::string what = "tied pass " + std::to_string(pass) + ": ";
     check_same(y.detach(), y_ref.detach(), exact, what + "output");
+    if (!holds) {
+      if (shared->weight.grad().defined()) fail(what + "a stage without it got its gradient");
+      continue;
+    }
     // The second pass adds to the first's sum in another order: round-off only.
     check_same(shared->weight.grad(), shared_ref->weight.grad(), exact && pass == 0,
                what + "gradient of the shared weight");
@@ -254,9 +268,13 @@ int check_tied(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks)
   }
   opt_ref.step();
   opt.step();
-  const auto both = group->all_gather(shared->weight.detach().contiguous());
-  if (!at::equal(both[0], both[1])) fail("tied: the stages stepped the shared weight apart");
-  check_same(shared->weight.detach(), shared_ref->weight.detach(), false, "tied: stepped weight");
+  // Every holder stepped it alike (a stage without it sends the reference's instead).
+  const auto all =
+      group->all_gather((holds ? shared->weight : shared_ref->weight).detach().contiguous());
+  if (!at::equal(all[0], all.back())) fail("tied: the stages stepped the shared weight apart");
+  if (holds) {
+    check_same(shared->weight.detach(), shared_ref->weight.detach(), false, "tied: stepped weight");
+  }
   say("rank " + std::to_string(group->rank()) + " tied ok stage=" + std::to_string(stage));
   return 0;
 }
@@ -307,8 +325,8 @@ int check_checkpointed(const std::shared_ptr<volt::ProcessGroup>& group,
   for (const auto& p : checkpointed->stage_parameters(stage)) {
     for (const auto& q : checkpointed->named_parameters(true)) {
       if (q.value().is_same(p)) {
-        check_same(p.grad(), plain_params[q.key()].grad(), true, "checkpointed gradient of " +
-                                                                     q.key());
+        check_same(p.grad(), plain_params[q.key()].grad(), true,
+                   "checkpointed gradient of " + q.key());
       }
     }
   }
@@ -368,12 +386,12 @@ int run_layer(std::map<std::string, std::string>& a) {
   }
   if (a.count("--tied")) return check_tied(group, chunks);
   if (a.count("--checkpoint") || a.count("--interval")) {
-    return check_checkpointed(
-        group, volt::PipelineOptions()
-                   .chunks(chunks)
-                   .checkpoint(a.count("--checkpoint") ? a["--checkpoint"] : "never")
-                   .activation_checkpoint_interval(
-                       a.count("--interval") ? std::stoll(a["--interval"]) : 0));
+    return check_checkpointed(group,
+                              volt::PipelineOptions()
+                                  .chunks(chunks)
+                                  .checkpoint(a.count("--checkpoint") ? a["--checkpoint"] : "never")
+                                  .activation_checkpoint_interval(
+                                      a.count("--interval") ? std::stoll(a["--interval"]) : 0));
   }
   torch::manual_seed(0);
   volt::PipelineOptions options;

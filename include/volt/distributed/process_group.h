@@ -147,6 +147,8 @@ class ProcessGroup {
   /// among them only, e.g. one tensor-parallel group. Only its members call it, each with the
   /// same `ranks` and `tag` (which tells apart groups made of the same ranks); it connects
   /// through this group's store within the timeout. Its rank() is this rank's index in `ranks`.
+  /// Groups made from different groups never meet, even with the same tag and ranks (each
+  /// replica's subgroups, say).
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int64_t>& ranks,
                                           const std::string& tag);
 

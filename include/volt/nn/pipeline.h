@@ -20,9 +20,10 @@
 /// A parameter that layers of several stages share (tied weights, as DeepSpeed's TiedLayerSpec:
 /// an embedding and the output projection) is held and trained by each of those stages: each
 /// computes the gradient of its own uses, and the pipeline's backward sums those over the stages
-/// (one all-reduce over the pipeline's ranks per backward), so each holds the whole gradient and
-/// steps the weight alike. Optimizers must list it once (libtorch's `parameters()` lists a
-/// shared layer's tensors once per name). Buffers cannot be shared across stages (ConfigError).
+/// that hold it (one all-reduce among them per backward; the other stages take no part), so each
+/// holds the whole gradient and steps the weight alike. Optimizers must list it once (libtorch's
+/// `parameters()` lists a shared layer's tensors once per name). Buffers cannot be shared across
+/// stages (ConfigError).
 ///
 /// Activation memory: GPipe's schedule keeps each micro-batch's activations from its forward to
 /// its backward; PipelineOptions::checkpoint ("always", "except_last") keeps only each
@@ -160,6 +161,9 @@ class PipelineImpl : public torch::nn::Module {
   std::vector<int64_t> bounds_;
   std::vector<std::pair<at::Tensor, std::vector<int64_t>>> released_;  // tensor, whole shape
   std::vector<at::Tensor> tied_;  // parameters that layers of several stages share
+  // Per tied parameter, on a stage that holds it: the group of the stages holding it (the
+  // pipeline's own when every stage does), which sums its gradient; null elsewhere.
+  std::vector<std::shared_ptr<ProcessGroup>> tied_groups_;
 };
 
 TORCH_MODULE(Pipeline);

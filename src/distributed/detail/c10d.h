@@ -72,6 +72,10 @@ struct ProcessGroup::Impl {
   // opens, needs it) and the run_on_leaders calls so far (each call's keys are its own).
   std::string prefix;
   int64_t lead_rounds = 0;
+  // A subgroup's key under the root's store ("volt/gloo/group/<tag>/<ranks>"; empty for the
+  // root): its own subgroups' keys start with it, so sibling groups' subgroups of the same tag
+  // and local ranks (each replica's) do not meet.
+  std::string key;
 };
 
 namespace detail {
