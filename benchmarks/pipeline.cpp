@@ -8,7 +8,8 @@
 //   volt_bench_pipeline [--stages S --chunks C [--checkpoint MODE]] [--steps N] [--batch B]
 //   (without --stages: runs every configuration and prints a table)
 //   volt_bench_pipeline --table checkpoint [--steps N] [--batch B]
-//   (activation checkpointing: never / except_last / always, one process and 2 stages)
+//   (activation checkpointing: never / except_last / always / interval2 (runs of 2 layers:
+//   a Linear and its GELU), one process and 2 stages)
 //   OPENBLAS_NUM_THREADS=1 volt_bench_pipeline --hand 1 --chunks C [--batch B]
 //   (the layers in a hand-written loop, each phase timed; with plain cluster variables, e.g.
 //   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 NODE_RANK=0 LOCAL_RANK=r, one stage)
@@ -30,6 +31,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// "never", "always", "except_last", or "intervalN" (activation_checkpoint_interval N).
+volt::PipelineOptions options(int64_t chunks, const std::string& checkpoint) {
+  auto o = volt::PipelineOptions().chunks(chunks);
+  if (checkpoint.rfind("interval", 0) == 0) {
+    return o.activation_checkpoint_interval(std::stoll(checkpoint.substr(8)));
+  }
+  return o.checkpoint(checkpoint);
+}
+
 class DeepMlp : public volt::Module {
  public:
   DeepMlp(int64_t chunks, const std::string& checkpoint) {
@@ -38,9 +48,7 @@ class DeepMlp : public volt::Module {
       layers->push_back(torch::nn::Linear(1024, 1024));
       layers->push_back(torch::nn::GELU());
     }
-    body = register_module(
-        "body",
-        volt::Pipeline(layers, volt::PipelineOptions().chunks(chunks).checkpoint(checkpoint)));
+    body = register_module("body", volt::Pipeline(layers, options(chunks, checkpoint)));
     head = register_module("head", torch::nn::Linear(1024, 10));
   }
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
@@ -218,11 +226,8 @@ int main(int argc, char** argv) {
     std::vector<Config> configs{
         {1, 1, "never"}, {2, 1, "never"}, {2, 2, "never"}, {2, 4, "never"}, {2, 8, "never"}};
     if (a.count("--table") && a["--table"] == "checkpoint") {
-      configs = {{1, 1, "never"},
-                 {1, 1, "always"},
-                 {2, 4, "never"},
-                 {2, 4, "except_last"},
-                 {2, 4, "always"}};
+      configs = {{1, 1, "never"},       {1, 1, "always"}, {1, 1, "interval2"}, {2, 4, "never"},
+                 {2, 4, "except_last"}, {2, 4, "always"}, {2, 4, "interval2"}};
     }
     for (const auto& [stages, chunks, checkpoint] : configs) {
       const std::string cmd = std::string(argv[0]) + " --stages " + std::to_string(stages) +
