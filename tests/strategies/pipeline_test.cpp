@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "build_paths.h"
+#include "counted_dropout.h"
 #include "distributed/detail/net.h"
 #include "error_text.h"
 #include "processes.h"
@@ -130,14 +131,9 @@ TEST(Pipeline, UndistributedCheckpointingRecomputesInBackwardAndGivesTheSameGrad
   // BatchNorm's running statistics are the un-checkpointed ones bit for bit.
   int64_t recomputed = 0;
   auto layers = [&recomputed] {
-    auto counted = [&recomputed] {
-      return torch::nn::Functional([&recomputed](const at::Tensor& x) {
-        if (volt::in_checkpoint_recompute()) ++recomputed;
-        return torch::dropout(x, 0.5, /*train=*/true);
-      });
-    };
-    return torch::nn::Sequential(torch::nn::Linear(4, 8), counted(), torch::nn::BatchNorm1d(8),
-                                 torch::nn::Linear(8, 3), counted());
+    return torch::nn::Sequential(torch::nn::Linear(4, 8), volt_test::counted_dropout(recomputed),
+                                 torch::nn::BatchNorm1d(8), torch::nn::Linear(8, 3),
+                                 volt_test::counted_dropout(recomputed));
   };
   const auto x = torch::randn({6, 4});
   auto run = [&](volt::PipelineOptions options) {

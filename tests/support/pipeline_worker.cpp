@@ -65,6 +65,7 @@
 #include <string>
 #include <vector>
 
+#include "counted_dropout.h"
 #include "distinct.h"
 #include "save_at.h"
 #include "tiny.h"
@@ -289,12 +290,7 @@ int check_checkpointed(const std::shared_ptr<volt::ProcessGroup>& group,
                        volt::PipelineOptions options) {
   int64_t recomputed = 0;
   auto model = [&recomputed] {
-    auto drop = [&recomputed] {
-      return torch::nn::Functional([&recomputed](const at::Tensor& x) {
-        if (volt::in_checkpoint_recompute()) ++recomputed;
-        return torch::dropout(x, 0.5, /*train=*/true);
-      });
-    };
+    auto drop = [&recomputed] { return volt_test::counted_dropout(recomputed); };
     return torch::nn::Sequential(torch::nn::Linear(8, 16), drop(), torch::nn::BatchNorm1d(16),
                                  torch::nn::Linear(16, 16), drop(), torch::nn::Tanh(),
                                  torch::nn::Linear(16, 4), drop());
