@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <regex>
 #include <set>
 #include <tuple>
@@ -210,24 +211,30 @@ TEST(Pipeline, BadCheckpointOptionsAreConfigErrors) {
 
 // ---------------------------------------------------------------- the layer over processes
 
+// Starts `world` ranks of the worker's layer mode with `extra`; each must exit 0 and print
+// "rank R <what> ok stage=R" followed by `tail(R)`.
+void expect_layer_ranks_ok(
+    int world, const std::vector<std::string>& extra, const std::string& what,
+    const std::function<std::string(int)>& tail = [](int) { return ""; }) {
+  const int port = volt::detail::find_free_port();
+  auto ranks =
+      volt_test::start_ranks(volt_test::pipeline_worker(), volt_test::cat({"layer"}, extra), world,
+                             [&](int r) { return volt_test::plain_rank_env(r, world, port); });
+  for (int r = 0; r < world; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 0) << ranks[r]->output();
+    EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) + " " + what +
+                                      " ok stage=" + std::to_string(r) + tail(r)),
+              std::string::npos)
+        << ranks[r]->output();
+  }
+}
+
 // Starts `world` ranks of the worker's layer check; each must print its "layer ok" line.
 void expect_layer_ok(int world, std::vector<std::string> extra,
                      const std::vector<std::string>& stage_layers) {
   VOLT_REQUIRE_GLOO();
-  const int port = volt::detail::find_free_port();
-  std::vector<std::string> args{"layer"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  auto ranks = volt_test::start_ranks(volt_test::pipeline_worker(), args, world, [&](int r) {
-    return volt_test::plain_rank_env(r, world, port);
-  });
-  for (int r = 0; r < world; ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 0) << ranks[r]->output();
-    EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) + " layer ok stage=" +
-                                      std::to_string(r) + " layers=" + stage_layers[r]),
-              std::string::npos)
-        << ranks[r]->output();
-  }
+  expect_layer_ranks_ok(world, extra, "layer", [&](int r) { return " layers=" + stage_layers[r]; });
 }
 
 // The worker's model: Linear(8,16) Tanh Linear(16,24) ReLU Linear(24,16) Tanh Linear(16,4).
@@ -305,18 +312,7 @@ TEST(PipelineLayer, CheckpointedMicroBatchesRecomputeInBackwardAndGiveTheSameGra
            {2, {"--checkpoint", "never", "--chunks", "2"}},
        }) {
     SCOPED_TRACE(::testing::PrintToString(c.args));
-    const int port = volt::detail::find_free_port();
-    auto args = volt_test::cat({"layer"}, c.args);
-    auto ranks = volt_test::start_ranks(volt_test::pipeline_worker(), args, c.world, [&](int r) {
-      return volt_test::plain_rank_env(r, c.world, port);
-    });
-    for (int r = 0; r < c.world; ++r) {
-      EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 0) << ranks[r]->output();
-      EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) +
-                                        " checkpoint ok stage=" + std::to_string(r)),
-                std::string::npos)
-          << ranks[r]->output();
-    }
+    expect_layer_ranks_ok(c.world, c.args, "checkpoint");
   }
 }
 
@@ -327,17 +323,7 @@ TEST(PipelineLayer, WeightsTiedAcrossStagesAreHeldAndTrainedByEachStageThatUsesT
   for (const auto& [world, chunks] :
        std::vector<std::pair<int, const char*>>{{2, "1"}, {2, "3"}, {3, "1"}, {3, "2"}}) {
     SCOPED_TRACE(std::to_string(world) + " stages, chunks " + chunks);
-    const int port = volt::detail::find_free_port();
-    auto ranks = volt_test::start_ranks(
-        volt_test::pipeline_worker(), {"layer", "--tied", "1", "--chunks", chunks}, world,
-        [&](int r) { return volt_test::plain_rank_env(r, world, port); });
-    for (int r = 0; r < world; ++r) {
-      EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 0) << ranks[r]->output();
-      EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) +
-                                        " tied ok stage=" + std::to_string(r)),
-                std::string::npos)
-          << ranks[r]->output();
-    }
+    expect_layer_ranks_ok(world, {"--tied", "1", "--chunks", chunks}, "tied");
   }
 }
 
