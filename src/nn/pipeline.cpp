@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/nn/modules/batchnorm.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +21,7 @@
 #include <ostream>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "nn/detail/recompute_buffers.h"
 #include "volt/core/check.h"
@@ -273,13 +275,113 @@ class PipelineBackward : public torch::autograd::Node {
   std::shared_ptr<Flight> flight_;
 };
 
+// A BatchNorm entry of a stage under deferred_batch_norm: the mean and sum of squared
+// deviations of every value it normalised in this forward, per channel (in double, combined
+// micro-batch by micro-batch as Chan, Golub and LeVeque's pairwise update).
+struct DeferredNorm {
+  torch::nn::Module* module = nullptr;
+  // The module's members its forward reads for the running statistics.
+  at::Tensor* running_mean = nullptr;
+  at::Tensor* running_var = nullptr;
+  at::Tensor* num_batches_tracked = nullptr;
+  c10::optional<double> momentum;
+  int64_t count = 0;  // values per channel so far
+  at::Tensor mean, m2;
+};
+
+template <class Impl>
+bool as_norm(torch::nn::Module& m, DeferredNorm* out) {
+  auto* bn = dynamic_cast<Impl*>(&m);
+  if (bn == nullptr) return false;
+  if (out != nullptr) {
+    out->module = bn;
+    out->running_mean = &bn->running_mean;
+    out->running_var = &bn->running_var;
+    out->num_batches_tracked = &bn->num_batches_tracked;
+    out->momentum = bn->options.momentum();
+  }
+  return true;
+}
+
+bool as_batch_norm(torch::nn::Module& m, DeferredNorm* out = nullptr) {
+  return as_norm<torch::nn::BatchNorm1dImpl>(m, out) ||
+         as_norm<torch::nn::BatchNorm2dImpl>(m, out) || as_norm<torch::nn::BatchNorm3dImpl>(m, out);
+}
+
+// The norm's own forward with its running statistics out of reach (as track_running_stats=false
+// has them): it normalises `x` by `x`'s statistics, moving nothing; those are added to `n`.
+at::Tensor normalise_deferred(DeferredNorm& n, torch::nn::AnyModule& entry, const at::Tensor& x) {
+  at::Tensor y;
+  {
+    at::Tensor mean = std::exchange(*n.running_mean, at::Tensor());
+    at::Tensor var = std::exchange(*n.running_var, at::Tensor());
+    at::Tensor tracked = std::exchange(*n.num_batches_tracked, at::Tensor());
+    struct PutBack {
+      DeferredNorm& n;
+      at::Tensor &mean, &var, &tracked;
+      ~PutBack() {
+        *n.running_mean = std::move(mean);
+        *n.running_var = std::move(var);
+        *n.num_batches_tracked = std::move(tracked);
+      }
+    } put_back{n, mean, var, tracked};
+    y = entry.forward(x);
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor v = x.detach();
+  if (v.scalar_type() != at::kDouble) v = v.to(at::kFloat);
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < v.dim(); ++d) dims.push_back(d);
+  auto [var, mean] = at::var_mean(v, dims, /*unbiased=*/false, /*keepdim=*/false);
+  const int64_t count = v.numel() / v.size(1);
+  mean = mean.to(at::kDouble);
+  at::Tensor m2 = var.to(at::kDouble) * static_cast<double>(count);
+  if (n.count == 0) {
+    n.mean = mean;
+    n.m2 = m2;
+  } else {
+    const auto total = static_cast<double>(n.count + count);
+    const at::Tensor delta = mean - n.mean;
+    n.m2 = n.m2 + m2 + delta * delta * (static_cast<double>(n.count) * count / total);
+    n.mean = n.mean + delta * (count / total);
+  }
+  n.count += count;
+  return y;
+}
+
+// The running statistics move once, by what the whole batch gave, as libtorch's BatchNorm moves
+// them (the momentum, or 1 / batches tracked without one; the unbiased variance).
+void commit_deferred(DeferredNorm& n) {
+  if (n.count == 0) return;
+  at::NoGradGuard no_grad;
+  double factor = n.momentum.value_or(0.0);
+  if (n.num_batches_tracked->defined()) {
+    n.num_batches_tracked->add_(1);
+    if (!n.momentum) factor = 1.0 / n.num_batches_tracked->item<double>();
+  }
+  const at::Tensor var = n.m2 / static_cast<double>(std::max<int64_t>(n.count - 1, 1));
+  at::Tensor& rm = *n.running_mean;
+  at::Tensor& rv = *n.running_var;
+  rm.copy_(rm.to(at::kDouble) * (1 - factor) + n.mean * factor);
+  rv.copy_(rv.to(at::kDouble) * (1 - factor) + var * factor);
+}
+
 }  // namespace
+
+struct PipelineImpl::DeferredNorms {
+  std::map<int64_t, DeferredNorm> norms;  // by layer index
+};
+
+bool is_checkpoint_mode(const std::string& mode) {
+  return mode == "never" || mode == "always" || mode == "except_last";
+}
 
 std::ostream& operator<<(std::ostream& os, const PipelineOptions& o) {
   os << "PipelineOptions(chunks=" << o.chunks() << ", balance=[";
   for (size_t i = 0; i < o.balance().size(); ++i) os << (i ? ", " : "") << o.balance()[i];
   return os << "], partition_method=" << o.partition_method() << ", checkpoint=" << o.checkpoint()
-            << ", activation_checkpoint_interval=" << o.activation_checkpoint_interval() << ")";
+            << ", activation_checkpoint_interval=" << o.activation_checkpoint_interval()
+            << ", deferred_batch_norm=" << (o.deferred_batch_norm() ? "true" : "false") << ")";
 }
 
 std::vector<int64_t> partition_layers(const std::vector<int64_t>& weights, int64_t stages,
@@ -347,6 +449,7 @@ PipelineImpl::PipelineImpl(torch::nn::Sequential layers, PipelineOptions options
   set_chunks(options_.chunks());
   set_checkpoint(options_.checkpoint());
   set_activation_checkpoint_interval(options_.activation_checkpoint_interval());
+  set_deferred_batch_norm(options_.deferred_batch_norm());
   for (const auto& child : layers_->named_children()) register_module(child.key(), child.value());
   bounds_ = {0, static_cast<int64_t>(layers_->size())};
 }
@@ -358,8 +461,7 @@ void PipelineImpl::set_chunks(int64_t chunks) {
 }
 
 void PipelineImpl::set_checkpoint(const std::string& mode) {
-  VOLT_CHECK(mode == "never" || mode == "always" || mode == "except_last", ConfigError, kTag,
-             " checkpoint='", mode,
+  VOLT_CHECK(is_checkpoint_mode(mode), ConfigError, kTag, " checkpoint='", mode,
              "' is not a checkpointing mode; use \"never\", \"always\" or \"except_last\".");
   options_.checkpoint(mode);
 }
@@ -368,6 +470,23 @@ void PipelineImpl::set_activation_checkpoint_interval(int64_t layers) {
   VOLT_CHECK(layers >= 0, ConfigError, kTag, " activation_checkpoint_interval must be >= 0 (",
              "layers per checkpointed run; 0: off), got ", layers, ".");
   options_.activation_checkpoint_interval(layers);
+}
+
+void PipelineImpl::set_deferred_batch_norm(bool on) {
+  if (on) {
+    for (size_t i = 0; i < layers_->size(); ++i) {
+      for (const auto& m : layers_->ptr(i)->named_modules("", /*include_self=*/false)) {
+        VOLT_CHECK(!as_batch_norm(*m.value()), ConfigError, kTag,
+                   " deferred_batch_norm reaches the BatchNorm layers that are entries of the "
+                   "pipeline's Sequential, but ",
+                   m.value()->name(), " '", i, ".", m.key(), "' is called by layer ", i,
+                   "'s own code, which the pipeline cannot reach: make it an entry of the "
+                   "Sequential (layer ",
+                   i, "'s parts as entries of their own), or leave deferred_batch_norm off.");
+      }
+    }
+  }
+  options_.deferred_batch_norm(on);
 }
 
 void PipelineImpl::distribute(std::shared_ptr<ProcessGroup> group) {
@@ -548,23 +667,38 @@ std::vector<at::Tensor> PipelineImpl::gather_beside(const std::vector<at::Tensor
   return values;
 }
 
-at::Tensor PipelineImpl::run_layers(int64_t first, int64_t last, at::Tensor x) {
-  for (int64_t i = first; i < last; ++i) x = (layers_->begin() + i)->forward(x);
+at::Tensor PipelineImpl::run_layers(int64_t first, int64_t last, at::Tensor x,
+                                    DeferredNorms* deferred) {
+  for (int64_t i = first; i < last; ++i) {
+    torch::nn::AnyModule& entry = *(layers_->begin() + i);
+    DeferredNorm* norm = nullptr;
+    if (deferred != nullptr) {
+      auto it = deferred->norms.find(i);
+      if (it != deferred->norms.end()) norm = &it->second;
+    }
+    x = norm != nullptr ? normalise_deferred(*norm, entry, x) : entry.forward(x);
+  }
   return x;
 }
 
-at::Tensor PipelineImpl::run_stage(int64_t first, int64_t last, const at::Tensor& x, bool whole) {
+at::Tensor PipelineImpl::run_stage(int64_t first, int64_t last, const at::Tensor& x, bool whole,
+                                   DeferredNorms* deferred) {
   const int64_t every = whole ? last - first : options_.activation_checkpoint_interval();
-  if (every <= 0 || !c10::GradMode::is_enabled()) return run_layers(first, last, x);
+  if (every <= 0 || !c10::GradMode::is_enabled()) return run_layers(first, last, x, deferred);
   at::Tensor y = x;
   for (int64_t begin = first; begin < last; begin += every) {
     const int64_t end = std::min(last, begin + every);
+    // `deferred` lives through this forward only: the recomputation in backward runs the norms
+    // plainly (their statistics put back as every buffer's) and adds nothing.
+    auto first_call = std::make_shared<bool>(true);
     y = detail::checkpoint_impl(
-        [this, begin, end](const std::vector<at::Tensor>& in) {
+        [this, begin, end, deferred, first_call](const std::vector<at::Tensor>& in) {
           std::vector<const torch::nn::Module*> layers;
           for (int64_t i = begin; i < end; ++i) layers.push_back(layers_->ptr(i).get());
           detail::RecomputeKeepsBuffers keep(layers);  // BatchNorm's statistics move once
-          return std::vector<at::Tensor>{run_layers(begin, end, in[0])};
+          DeferredNorms* adds = *first_call ? deferred : nullptr;
+          *first_call = false;
+          return std::vector<at::Tensor>{run_layers(begin, end, in[0], adds)};
         },
         {y}, checkpoint_defaults())[0];
   }
@@ -573,8 +707,8 @@ at::Tensor PipelineImpl::run_stage(int64_t first, int64_t last, const at::Tensor
 
 at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   if (!distributed() || num_stages() == 1) {
-    return run_stage(0, static_cast<int64_t>(layers_->size()), x,
-                     options_.checkpoint() == "always");
+    return run_stage(0, static_cast<int64_t>(layers_->size()), x, options_.checkpoint() == "always",
+                     nullptr);
   }
   ProcessGroup& g = *group_;
   const int64_t last = num_stages() - 1;
@@ -614,6 +748,17 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   // starts each later micro-batch on a stream drawn from its state, so that its own draws do not
   // repeat those the next stage makes from the state it was sent.
   const at::Tensor state_like = random_state();
+  // deferred_batch_norm: the stage's training BatchNorm entries with running statistics.
+  DeferredNorms deferred;
+  if (options_.deferred_batch_norm()) {
+    for (int64_t i = first; i < end; ++i) {
+      DeferredNorm n;
+      if (as_batch_norm(*layers_->ptr(i), &n) && n.module->is_training() &&
+          n.running_mean->defined()) {
+        deferred.norms.emplace(i, n);
+      }
+    }
+  }
   std::vector<at::Tensor> outputs;
   for (int64_t i = 0; i < chunks; ++i) {
     at::Tensor xi;
@@ -636,7 +781,9 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
     // GPipe's checkpointing: the last micro-batch's backward comes right after its forward.
     const bool whole = options_.checkpoint() == "always" ||
                        (options_.checkpoint() == "except_last" && i + 1 < chunks);
-    at::Tensor yi = run_stage(first, end, xi, whole);
+    // One micro-batch is the whole batch: the norms move their statistics themselves.
+    at::Tensor yi = run_stage(first, end, xi, whole,
+                              chunks > 1 && !deferred.norms.empty() ? &deferred : nullptr);
     if (stage_ < last) {
       send_with_header(g, yi, chunks, flight->input_grad, stage_ + 1);
       g.send(random_state(), stage_ + 1);
@@ -646,6 +793,9 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
       flight->outputs.push_back(yi);
     }
     if (stage_ == last) outputs.push_back(yi.detach());
+  }
+  if (chunks > 1) {
+    for (auto& [layer, norm] : deferred.norms) commit_deferred(norm);
   }
   // This rank's input takes stage 0's input gradient when both need one.
   const bool takes_grad = graph && x.requires_grad() && flight->input_grad.numel >= 0;
@@ -688,6 +838,7 @@ void PipelineImpl::pretty_print(std::ostream& stream) const {
   if (options_.checkpoint() != "never") stream << ", checkpoint=" << options_.checkpoint();
   if (options_.activation_checkpoint_interval() > 0)
     stream << ", activation_checkpoint_interval=" << options_.activation_checkpoint_interval();
+  if (options_.deferred_batch_norm()) stream << ", deferred_batch_norm";
   if (distributed()) stream << ", stage=" << stage_ << " of " << num_stages();
   stream << ")";
 }

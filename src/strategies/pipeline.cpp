@@ -33,9 +33,8 @@ DdpStrategyOptions ddp_options(const PipelineStrategyOptions& o) {
              " must be >= 0 (0 keeps the model's PipelineOptions::chunks).");
   VOLT_CHECK(o.stages() >= 0, ConfigError, kTag, " stages=", o.stages(),
              " must be >= 0 (0: one pipeline of every process).");
-  VOLT_CHECK(o.checkpoint().empty() || o.checkpoint() == "never" || o.checkpoint() == "always" ||
-                 o.checkpoint() == "except_last",
-             ConfigError, kTag, " checkpoint='", o.checkpoint(),
+  VOLT_CHECK(o.checkpoint().empty() || is_checkpoint_mode(o.checkpoint()), ConfigError, kTag,
+             " checkpoint='", o.checkpoint(),
              "' is not a checkpointing mode; use never, always or except_last (or leave it "
              "empty for the model's own setting).");
   VOLT_CHECK(o.activation_checkpoint_interval() >= -1, ConfigError, kTag,
@@ -72,13 +71,15 @@ std::vector<std::string> all_gather_bytes(ProcessGroup& group, const std::string
   return out;
 }
 
-// For the strategy's log line: how the stages checkpoint their activations, if they do.
-std::string checkpointing(const PipelineOptions& o) {
+// For the strategy's log line: how the stages checkpoint their activations, if they do, and
+// whether BatchNorm's statistics move once per batch.
+std::string stage_options(const PipelineOptions& o) {
   std::string out;
   if (o.checkpoint() != "never") out += ", checkpoint " + o.checkpoint();
   if (o.activation_checkpoint_interval() > 0) {
     out += ", checkpointed every " + std::to_string(o.activation_checkpoint_interval()) + " layers";
   }
+  if (o.deferred_batch_norm()) out += ", deferred BatchNorm";
   return out;
 }
 
@@ -88,6 +89,7 @@ std::ostream& operator<<(std::ostream& os, const PipelineStrategyOptions& o) {
   return os << "PipelineStrategyOptions(chunks=" << o.chunks() << ", stages=" << o.stages()
             << ", checkpoint=" << o.checkpoint()
             << ", activation_checkpoint_interval=" << o.activation_checkpoint_interval()
+            << ", deferred_batch_norm=" << (o.deferred_batch_norm() ? "true" : "false")
             << ", release_other_stages=" << (o.release_other_stages() ? "true" : "false")
             << ", timeout_s=" << o.timeout_s()
             << ", process_group_backend=" << o.process_group_backend() << ")";
@@ -174,6 +176,7 @@ void PipelineStrategy::setup_module(Module& module) {
   if (options_.activation_checkpoint_interval() >= 0) {
     pipe_->set_activation_checkpoint_interval(options_.activation_checkpoint_interval());
   }
+  if (options_.deferred_batch_norm()) pipe_->set_deferred_batch_norm(true);
   pipe_->distribute(pipe_group_);
   if (options_.release_other_stages()) pipe_->release_other_stages();
   stage_of_.clear();
@@ -196,7 +199,7 @@ void PipelineStrategy::setup_module(Module& module) {
            "rank " + std::to_string(rank()) + " runs stage " + std::to_string(pipe_->stage()) +
                " of " + std::to_string(pipe_->num_stages()) + ": layers " + std::to_string(first) +
                "-" + std::to_string(last - 1) + ", " + std::to_string(pipe_->options().chunks()) +
-               " micro-batches" + checkpointing(pipe_->options()));
+               " micro-batches" + stage_options(pipe_->options()));
 }
 
 void PipelineStrategy::teardown() {

@@ -59,6 +59,9 @@ void register_strategies(Registry& r) {
           .add("activation_checkpoint_interval", pl.activation_checkpoint_interval(),
                "checkpoint runs of this many layers of a stage (0: off; -1: the model's own "
                "setting)")
+          .add("deferred_batch_norm", pl.deferred_batch_norm(),
+               "the pipeline's BatchNorm entries move their running statistics once per batch, "
+               "not per micro-batch (false: the model's own setting)")
           .add("release_other_stages", pl.release_other_stages(),
                "each rank frees the weights other stages train (false: every weight everywhere)")
           .add("timeout_s", pl.timeout_s(),
@@ -72,6 +75,7 @@ void register_strategies(Registry& r) {
                 .stages(a.get<int64_t>("stages"))
                 .checkpoint(a.get<std::string>("checkpoint"))
                 .activation_checkpoint_interval(a.get<int64_t>("activation_checkpoint_interval"))
+                .deferred_batch_norm(a.get<bool>("deferred_batch_norm"))
                 .release_other_stages(a.get<bool>("release_other_stages"))
                 .timeout_s(a.get<double>("timeout_s"))
                 .process_group_backend(a.get<std::string>("process_group_backend")),

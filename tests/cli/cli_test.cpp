@@ -1001,11 +1001,13 @@ TEST(CliBinary, TrainsTheDemoMlpAsAPipelineOfTwoStages) {
       " --trainer.limit_val_batches=2 --trainer.enable_progress_bar=false";
   auto r = run_binary(common +
                       " --model.pipeline_chunks=2 --trainer.devices=2 --trainer.strategy=pipeline"
-                      " --trainer.strategy.init_args.checkpoint=except_last");
+                      " --trainer.strategy.init_args.checkpoint=except_last"
+                      " --trainer.strategy.init_args.deferred_batch_norm=true");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE((r.out + r.err).find("[PipelineStrategy] rank 0 runs stage 0 of 2"), std::string::npos)
       << r.out << r.err;
-  EXPECT_NE((r.out + r.err).find("2 micro-batches, checkpoint except_last"), std::string::npos)
+  EXPECT_NE((r.out + r.err).find("2 micro-batches, checkpoint except_last, deferred BatchNorm"),
+            std::string::npos)
       << r.out << r.err;
   const auto first = r.out.find("final metrics:");
   ASSERT_NE(first, std::string::npos) << r.out;

@@ -45,9 +45,7 @@ void expect_reducer_ok(const std::string& out, int world) {
 
 TEST(GradientReducer, TwoRanksAverageGradients) {
   VOLT_REQUIRE_GLOO();
-  const int port = volt::detail::find_free_port();
-  auto ranks = volt_test::start_ranks(kWorker, {"reducer", "--devices", "2"}, 2,
-                                      [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+  auto ranks = volt_test::start_local_ranks(kWorker, {"reducer", "--devices", "2"}, 2);
   std::string all;
   for (auto& p : ranks) {
     EXPECT_EQ(p->exit_code(kWait), 0) << p->output();

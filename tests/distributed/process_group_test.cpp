@@ -280,9 +280,7 @@ TEST(ProcessGroup, AReportToAStoreThatIsGoneGivesUpQuietlyWithinItsBound) {
 
 TEST(ProcessGroup, CollectivesTwoRanksStartedExternally) {
   VOLT_REQUIRE_GLOO();
-  const int port = volt::detail::find_free_port();
-  auto ranks = volt_test::start_ranks(kWorker, {"collectives", "--devices", "2"}, 2,
-                                      [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+  auto ranks = volt_test::start_local_ranks(kWorker, {"collectives", "--devices", "2"}, 2);
   expect_all(ranks, 0, {"collectives ok", "plain"});
 }
 
@@ -386,10 +384,8 @@ TEST(ProcessGroup, HungPeerTimesOut) {
 // fails at once, without waiting for the timeout.
 TEST(ProcessGroup, DeadPeerFailsFast) {
   VOLT_REQUIRE_GLOO();
-  const int port = volt::detail::find_free_port();
-  auto ranks = volt_test::start_ranks(
-      kWorker, {"hold", "--devices", "2", "--victim", "1", "--timeout-ms", "60000"}, 2,
-      [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+  auto ranks = volt_test::start_local_ranks(
+      kWorker, {"hold", "--devices", "2", "--victim", "1", "--timeout-ms", "60000"}, 2);
   ASSERT_TRUE(ranks[1]->wait_for_output("victim waiting", kWait)) << ranks[1]->output();
   ASSERT_TRUE(ranks[0]->wait_for_output("entering all_reduce", kWait)) << ranks[0]->output();
   ::kill(ranks[1]->pid(), SIGKILL);

@@ -213,10 +213,8 @@ TEST(ZeroEngine, TwoRanksWriteMasterWeightsIntoBf16ParametersWhenARankOwnsNoneOf
   VOLT_REQUIRE_GLOO();
   // tests/support/dist_worker.cpp, run_zero_masters: before the fix, the rank without an
   // element of the last bucket sent bf16 while the other sent fp32.
-  const int port = volt::detail::find_free_port();
   auto ranks =
-      volt_test::start_ranks(volt_test::dist_worker(), {"zero-masters", "--devices", "2"}, 2,
-                             [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+      volt_test::start_local_ranks(volt_test::dist_worker(), {"zero-masters", "--devices", "2"}, 2);
   for (size_t r = 0; r < ranks.size(); ++r) {
     EXPECT_EQ(ranks[r]->exit_code(std::chrono::milliseconds(120000)), 0) << ranks[r]->output();
     EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) + ": zero masters ok"),

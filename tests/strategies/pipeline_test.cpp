@@ -191,6 +191,58 @@ TEST(Pipeline, UndistributedCheckpointingRecomputesInBackwardAndGivesTheSameGrad
             "activation_checkpoint_interval=2)");
 }
 
+TEST(Pipeline, DeferredBatchNormUndistributedIsTheSequential) {
+  // One process runs the whole batch as one micro-batch: BatchNorm moves its statistics itself.
+  auto model = [] {
+    return torch::nn::Sequential(torch::nn::Linear(4, 6), torch::nn::BatchNorm1d(6),
+                                 torch::nn::Linear(6, 2));
+  };
+  torch::manual_seed(2);
+  torch::nn::Sequential reference = model();
+  torch::manual_seed(2);
+  volt::Pipeline pipe(model(), volt::PipelineOptions().chunks(3).deferred_batch_norm(true));
+  const at::Tensor x = torch::randn({9, 4});
+  EXPECT_TRUE(at::equal(pipe->forward(x), reference->forward(x)));
+  auto want = reference->named_buffers(true);
+  for (const auto& b : pipe->named_buffers(true)) {
+    EXPECT_TRUE(at::equal(b.value(), want[b.key()])) << b.key();
+  }
+  EXPECT_EQ(pipe->named_buffers(true)["1.num_batches_tracked"].item<int64_t>(), 1);
+}
+
+/// A layer calling its own BatchNorm (as a residual block does).
+struct NormedBlockImpl : torch::nn::Module {
+  NormedBlockImpl() {
+    linear = register_module("linear", torch::nn::Linear(6, 6));
+    norm = register_module("norm", torch::nn::BatchNorm1d(6));
+  }
+  at::Tensor forward(const at::Tensor& x) { return norm->forward(linear->forward(x)); }
+  torch::nn::Linear linear{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+};
+TORCH_MODULE(NormedBlock);
+
+TEST(Pipeline, DeferredBatchNormRefusesABatchNormInsideAnEntry) {
+  // The entry's own code calls it: the pipeline cannot normalise it without moving its
+  // statistics, so it says so instead of leaving it per micro-batch.
+  auto nested = [] {
+    return torch::nn::Sequential(torch::nn::Linear(4, 6), NormedBlock(), torch::nn::Linear(6, 2));
+  };
+  const std::string what = volt_test::error_of<volt::ConfigError>(
+      [&] { volt::Pipeline(nested(), volt::PipelineOptions().deferred_batch_norm(true)); });
+  EXPECT_NE(what.find("[Pipeline] deferred_batch_norm"), std::string::npos) << what;
+  EXPECT_NE(what.find("'1.norm'"), std::string::npos) << what;
+  EXPECT_NE(what.find("leave deferred_batch_norm off"), std::string::npos) << what;
+  volt::Pipeline pipe(nested());  // off: fine
+  EXPECT_EQ(volt_test::error_of<volt::ConfigError>([&] { pipe->set_deferred_batch_norm(true); }),
+            what);
+  EXPECT_FALSE(pipe->options().deferred_batch_norm());
+  // BatchNorm entries of its own are reached.
+  volt::Pipeline flat(torch::nn::Sequential(torch::nn::Linear(4, 6), torch::nn::BatchNorm1d(6)));
+  flat->set_deferred_batch_norm(true);
+  EXPECT_TRUE(flat->options().deferred_batch_norm());
+}
+
 TEST(Pipeline, BadCheckpointOptionsAreConfigErrors) {
   EXPECT_NE(
       error_of<ConfigError>(
@@ -216,10 +268,8 @@ TEST(Pipeline, BadCheckpointOptionsAreConfigErrors) {
 void expect_layer_ranks_ok(
     int world, const std::vector<std::string>& extra, const std::string& what,
     const std::function<std::string(int)>& tail = [](int) { return ""; }) {
-  const int port = volt::detail::find_free_port();
-  auto ranks =
-      volt_test::start_ranks(volt_test::pipeline_worker(), volt_test::cat({"layer"}, extra), world,
-                             [&](int r) { return volt_test::plain_rank_env(r, world, port); });
+  auto ranks = volt_test::start_local_ranks(volt_test::pipeline_worker(),
+                                            volt_test::cat({"layer"}, extra), world);
   for (int r = 0; r < world; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 0) << ranks[r]->output();
@@ -260,10 +310,8 @@ TEST(PipelineLayer, UniformPartition) {
 
 TEST(PipelineLayer, AStageRunningOtherCodeIsADistributedErrorNotAHang) {
   VOLT_REQUIRE_GLOO();
-  const int port = volt::detail::find_free_port();
   auto ranks =
-      volt_test::start_ranks(volt_test::pipeline_worker(), {"layer", "--bad-header", "1"}, 2,
-                             [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+      volt_test::start_local_ranks(volt_test::pipeline_worker(), {"layer", "--bad-header", "1"}, 2);
   EXPECT_EQ(ranks[0]->exit_code(std::chrono::seconds(60)), 0) << ranks[0]->output();
   EXPECT_EQ(ranks[1]->exit_code(std::chrono::seconds(60)), 1) << ranks[1]->output();
   EXPECT_NE(ranks[1]->output().find("[Pipeline] rank 1 got a malformed activation header from "
@@ -276,11 +324,9 @@ TEST(PipelineLayer, AnActivationOfTooManyDimensionsFailsEveryStageAtOnce) {
   VOLT_REQUIRE_GLOO();
   for (const char* where : {"between", "last"}) {
     SCOPED_TRACE(where);
-    const int port = volt::detail::find_free_port();
     const auto start = std::chrono::steady_clock::now();
-    auto ranks =
-        volt_test::start_ranks(volt_test::pipeline_worker(), {"layer", "--deep-output", where}, 2,
-                               [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+    auto ranks = volt_test::start_local_ranks(volt_test::pipeline_worker(),
+                                              {"layer", "--deep-output", where}, 2);
     const std::string stage = std::string(where) == "last" ? "1" : "0";
     for (int r = 0; r < 2; ++r) {
       EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 1) << ranks[r]->output();
@@ -313,6 +359,22 @@ TEST(PipelineLayer, CheckpointedMicroBatchesRecomputeInBackwardAndGiveTheSameGra
        }) {
     SCOPED_TRACE(::testing::PrintToString(c.args));
     expect_layer_ranks_ok(c.world, c.args, "checkpoint");
+  }
+}
+
+TEST(PipelineLayer, DeferredBatchNormMovesTheStatisticsOncePerBatchAsTheWholeBatchWould) {
+  // Outputs and gradients as without it, bit for bit; the running statistics as one BatchNorm
+  // over each whole batch, counting batches (not micro-batches); also when the stages'
+  // micro-batches are checkpointed (the recomputation adds nothing).
+  VOLT_REQUIRE_GLOO();
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--chunks", "3"},
+           {"--chunks", "1"},
+           {"--chunks", "2", "--checkpoint", "always"},
+           {"--chunks", "5", "--checkpoint", "except_last"},
+       }) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    expect_layer_ranks_ok(2, volt_test::cat({"--deferred", "1"}, args), "deferred");
   }
 }
 
@@ -448,6 +510,14 @@ TEST_F(PipelineFit, EachRankHoldsOnlyItsStagesWeightsUnlessToldToKeepThemAll) {
 TEST_F(PipelineFit, TheStrategysChunksOverrideTheModels) {
   const Job j = fit("two", {"--devices", "2", "--chunks", "1", "--strategy-chunks", "3"});
   EXPECT_NE(j.output.find("3 micro-batches"), std::string::npos) << j.output;
+  EXPECT_EQ(j.output.find("deferred BatchNorm"), std::string::npos) << j.output;
+  // The strategy's deferred_batch_norm reaches the pipeline (whose layers have no BatchNorm, so
+  // training is unchanged).
+  const Job deferred = fit(
+      "deferred", {"--devices", "2", "--chunks", "1", "--strategy-chunks", "3", "--deferred", "1"});
+  EXPECT_NE(deferred.output.find("3 micro-batches, deferred BatchNorm"), std::string::npos)
+      << deferred.output;
+  expect_every_rank(prefix("deferred"), 2, weights("two"), 0);
 }
 
 TEST_F(PipelineFit, WithLossScalingEveryStageSkipsTheStepOneStageFoundInfIn) {
@@ -712,10 +782,8 @@ TEST(PipelineStrategy, AWeightSharedWithALayerOutsideThePipelineIsAConfigError) 
 
 TEST(PipelineLayer, ABufferSharedAcrossStagesIsAConfigError) {
   VOLT_REQUIRE_GLOO();
-  const int port = volt::detail::find_free_port();
   auto ranks =
-      volt_test::start_ranks(volt_test::pipeline_worker(), {"layer", "--tied", "buffer"}, 2,
-                             [&](int r) { return volt_test::plain_rank_env(r, 2, port); });
+      volt_test::start_local_ranks(volt_test::pipeline_worker(), {"layer", "--tied", "buffer"}, 2);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 1) << ranks[r]->output();
     EXPECT_NE(ranks[r]->output().find("[Pipeline] layers 1.running_mean (stage 0) and "

@@ -19,6 +19,8 @@
 //       rank fails with a ConfigError. --checkpoint never|always|except_last and/or
 //       --interval N: activation checkpointing against the same pipeline without it
 //       (check_checkpointed); prints "rank R checkpoint ok stage=S recomputed=N".
+//       --deferred 1 [--checkpoint MODE]: deferred_batch_norm against the pipeline without it
+//       and a one-process reference (check_deferred); prints "rank R deferred ok stage=S".
 //
 //   volt_pipeline_worker fit --root DIR --out PREFIX [--devices N] [--chunks C]
 //       [--balance A,B,...] [--epochs E] [--max-steps S] [--optimizer sgd|adamw|fused_adamw]
@@ -48,7 +50,7 @@
 //       weights written after fit are then the average.
 //       --checkpoint MODE: the strategy's activation checkpointing (never|always|except_last);
 //       --model-checkpoint MODE and --interval N: the model's PipelineOptions::checkpoint and
-//       activation_checkpoint_interval.
+//       activation_checkpoint_interval. --deferred 1: the strategy's deferred_batch_norm.
 //       --stages S: pipelines of S stages, devices / S replicas of it (each reading its shard of
 //       the data, batch B per process, default 16).
 //
@@ -349,6 +351,112 @@ int check_checkpointed(const std::shared_ptr<volt::ProcessGroup>& group,
   return 0;
 }
 
+/// deferred_batch_norm's reference: the layers run micro-batch by micro-batch in one process
+/// (each BatchNorm normalising each micro-batch by its own statistics, as the pipeline's do), and
+/// each BatchNorm's running statistics moved once by its own forward over the whole batch of its
+/// inputs: one BatchNorm seeing the whole batch.
+at::Tensor deferred_reference(torch::nn::Sequential& seq, const at::Tensor& x, int64_t chunks) {
+  std::vector<at::Tensor> pieces = x.chunk(chunks, 0);
+  for (size_t i = 0; i < seq->size(); ++i) {
+    torch::nn::AnyModule& layer = *(seq->begin() + static_cast<int64_t>(i));
+    const auto& module = seq->ptr(i);
+    const auto bn1 = std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(module);
+    const auto bn2 = std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(module);
+    if (bn1 || bn2) {
+      torch::NoGradGuard no_grad;
+      layer.forward(at::cat(pieces, 0));  // the whole batch moves the statistics, once
+      const auto params = module->named_parameters(false);
+      const double eps = bn1 ? bn1->options.eps() : bn2->options.eps();
+      for (auto& piece : pieces) {
+        piece =
+            at::batch_norm(piece, params["weight"], params["bias"], {}, {}, true, 0.0, eps, false);
+      }
+    } else {
+      for (auto& piece : pieces) piece = layer.forward(piece);
+    }
+  }
+  return at::cat(pieces, 0);
+}
+
+/// deferred_batch_norm over 2 stages (balance 3,5: a BatchNorm1d in stage 0, a BatchNorm2d with
+/// a cumulative average, momentum none, in stage 1), checkpointed as `checkpoint` says: against
+/// the same pipeline without it, the output, input gradient and this stage's gradients bit for
+/// bit (each micro-batch is normalised as before); after two batches, each of the stage's
+/// BatchNorm's running statistics as deferred_reference's (within 1e-6), counting 2 batches,
+/// where the pipeline without it counted 2 x chunks; then an eval forward through every stage
+/// gives the reference's output.
+int check_deferred(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks,
+                   const std::string& checkpoint) {
+  auto model = [] {
+    return torch::nn::Sequential(
+        torch::nn::Linear(8, 16), torch::nn::BatchNorm1d(16), torch::nn::Tanh(),
+        torch::nn::Linear(16, 32), torch::nn::Unflatten(torch::nn::UnflattenOptions(1, {2, 4, 4})),
+        torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(2).momentum(c10::nullopt)),
+        torch::nn::Flatten(), torch::nn::Linear(32, 4));
+  };
+  const volt::PipelineOptions options =
+      volt::PipelineOptions().chunks(chunks).balance({3, 5}).checkpoint(checkpoint);
+  torch::manual_seed(5);
+  volt::Pipeline plain(model(), options);
+  torch::manual_seed(5);
+  volt::Pipeline deferred(model(), volt::PipelineOptions(options).deferred_batch_norm(true));
+  torch::manual_seed(5);
+  torch::nn::Sequential reference = model();
+  plain->distribute(group);
+  deferred->distribute(group);
+  const int64_t stage = deferred->stage();
+  const std::string what = "deferred (stage " + std::to_string(stage) + "): ";
+  torch::manual_seed(6);
+  for (int pass = 0; pass < 2; ++pass) {
+    const at::Tensor x = torch::randn({10, 8}) * (pass + 1) + pass;
+    const at::Tensor target = torch::randn({10, 4});
+    std::vector<at::Tensor> outs, input_grads;
+    for (volt::Pipeline* pipe : {&plain, &deferred}) {
+      const at::Tensor xi = x.clone().requires_grad_(true);
+      const at::Tensor y = (*pipe)->forward(xi);
+      torch::mse_loss(y, target).backward();
+      outs.push_back(y.detach());
+      input_grads.push_back(xi.grad());
+    }
+    check_same(outs[1], outs[0], true, what + "output");
+    check_same(input_grads[1], input_grads[0], true, what + "input gradient");
+    auto plain_params = plain->named_parameters(true);
+    for (const auto& p : deferred->named_parameters(true)) {
+      if (!p.value().grad().defined()) continue;
+      check_same(p.value().grad(), plain_params[p.key()].grad(), true,
+                 what + "gradient of " + p.key());
+    }
+    deferred_reference(reference, x, chunks);
+  }
+  const auto [first, last] = deferred->stage_layers(stage);
+  auto want = reference->named_buffers(true);
+  auto moved_per_micro_batch = plain->named_buffers(true);
+  int64_t checked = 0;
+  for (const auto& b : deferred->named_buffers(true)) {
+    const int64_t layer = std::stoll(b.key().substr(0, b.key().find('.')));
+    if (layer < first || layer >= last) continue;
+    if (b.key().find("num_batches_tracked") != std::string::npos) {
+      if (b.value().item<int64_t>() != 2 ||
+          moved_per_micro_batch[b.key()].item<int64_t>() != 2 * chunks) {
+        fail(what + b.key() + " is " + std::to_string(b.value().item<int64_t>()) +
+             " (without deferral " +
+             std::to_string(moved_per_micro_batch[b.key()].item<int64_t>()) + "), not 2");
+      }
+    } else {
+      check_same(b.value(), want[b.key()], false, what + b.key());
+    }
+    ++checked;
+  }
+  if (checked != 3) fail(what + "checked " + std::to_string(checked) + " buffers, not 3");
+  deferred->eval();
+  reference->eval();
+  const at::Tensor x = torch::randn({10, 8});
+  check_same(deferred->forward(x).detach(), reference->forward(x).detach(), false,
+             what + "eval output");
+  say("rank " + std::to_string(group->rank()) + " deferred ok stage=" + std::to_string(stage));
+  return 0;
+}
+
 int run_layer(std::map<std::string, std::string>& a) {
   const int64_t chunks = a.count("--chunks") ? std::stoll(a["--chunks"]) : 1;
   const char* world = std::getenv("WORLD_SIZE");
@@ -381,6 +489,9 @@ int run_layer(std::map<std::string, std::string>& a) {
     return 0;
   }
   if (a.count("--tied")) return check_tied(group, chunks);
+  if (a.count("--deferred")) {
+    return check_deferred(group, chunks, a.count("--checkpoint") ? a["--checkpoint"] : "never");
+  }
   if (a.count("--checkpoint") || a.count("--interval")) {
     return check_checkpointed(group,
                               volt::PipelineOptions()
@@ -615,6 +726,7 @@ int run_fit(std::map<std::string, std::string>& a) {
         "pipeline", {{"timeout_s", static_cast<double>(num("--timeout", 60))},
                      {"chunks", num("--strategy-chunks", 0)},
                      {"checkpoint", a.count("--checkpoint") ? a["--checkpoint"] : std::string()},
+                     {"deferred_batch_norm", num("--deferred", 0) != 0},
                      {"stages", num("--stages", 0)},
                      {"release_other_stages", num("--release", 1) != 0}});
   }

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "distributed/detail/net.h"
+
 extern char** environ;
 
 namespace volt_test {
@@ -217,6 +219,14 @@ inline std::map<std::string, std::string> plain_rank_env(int rank, int world, in
           {"WORLD_SIZE", std::to_string(world)},
           {"NODE_RANK", "0"},
           {"LOCAL_RANK", std::to_string(rank)}};
+}
+
+/// Starts `world` ranks of `exe args` as one local job on a free loopback port (plain_rank_env).
+inline std::vector<std::unique_ptr<Process>> start_local_ranks(const std::string& exe,
+                                                               const std::vector<std::string>& args,
+                                                               int world) {
+  const int port = volt::detail::find_free_port();
+  return start_ranks(exe, args, world, [&](int r) { return plain_rank_env(r, world, port); });
 }
 
 }  // namespace volt_test

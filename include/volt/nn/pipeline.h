@@ -29,6 +29,10 @@
 /// its backward; PipelineOptions::checkpoint ("always", "except_last") keeps only each
 /// micro-batch's input to the stage and recomputes the rest in backward, and
 /// activation_checkpoint_interval (DeepSpeed's) checkpoints runs of a few layers.
+///
+/// BatchNorm: each micro-batch is normalised by its own statistics (as GPipe's); with
+/// PipelineOptions::deferred_batch_norm the running statistics move once per batch, as the
+/// whole batch's.
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -69,7 +73,17 @@ struct PipelineOptions {
   /// `checkpoint` leaves, each run of this many consecutive layers of a stage is checkpointed
   /// on its own (only the activations between runs are kept). 0: off. Default: 0.
   TORCH_ARG(int64_t, activation_checkpoint_interval) = 0;
+  /// torchgpipe's deferred_batch_norm: the BatchNorm layers that are entries of the pipeline's
+  /// Sequential update their running statistics once per batch, from all its micro-batches (as
+  /// one BatchNorm over the whole batch would: the mean and the unbiased variance of every row),
+  /// instead of once per micro-batch; each micro-batch is still normalised by its own statistics,
+  /// so outputs and gradients are unchanged. A BatchNorm inside an entry is called by that
+  /// entry's own code, which the pipeline cannot reach: ConfigError. Default: false.
+  TORCH_ARG(bool, deferred_batch_norm) = false;
 };
+
+/// Whether `mode` names a PipelineOptions::checkpoint mode ("never", "always", "except_last").
+bool is_checkpoint_mode(const std::string& mode);
 
 std::ostream& operator<<(std::ostream& os, const PipelineOptions& o);
 
@@ -144,15 +158,24 @@ class PipelineImpl : public torch::nn::Module {
   void set_checkpoint(const std::string& mode);
   /// PipelineOptions::activation_checkpoint_interval (ConfigError below 0).
   void set_activation_checkpoint_interval(int64_t layers);
+  /// PipelineOptions::deferred_batch_norm (ConfigError, when turned on, for a BatchNorm nested
+  /// inside an entry).
+  void set_deferred_batch_norm(bool on);
   const torch::nn::Sequential& layers() const { return layers_; }
 
   void pretty_print(std::ostream& stream) const override;
 
  private:
-  at::Tensor run_layers(int64_t first, int64_t last, at::Tensor x);
+  /// The running statistics of the stage's BatchNorm entries over one forward's micro-batches.
+  struct DeferredNorms;
+  /// Layers [first, last) on `x`; with `deferred`, its BatchNorm entries normalise `x` without
+  /// moving their statistics and add `x`'s to it.
+  at::Tensor run_layers(int64_t first, int64_t last, at::Tensor x, DeferredNorms* deferred);
   /// run_layers as the checkpoint options say: the whole run checkpointed (`whole`), or in
-  /// checkpointed runs of activation_checkpoint_interval layers, or plain.
-  at::Tensor run_stage(int64_t first, int64_t last, const at::Tensor& x, bool whole);
+  /// checkpointed runs of activation_checkpoint_interval layers, or plain (a recomputation adds
+  /// nothing to `deferred`).
+  at::Tensor run_stage(int64_t first, int64_t last, const at::Tensor& x, bool whole,
+                       DeferredNorms* deferred);
 
   torch::nn::Sequential layers_;
   PipelineOptions options_;

@@ -38,6 +38,9 @@ struct PipelineStrategyOptions {
   /// Checkpointed runs of this many layers of a stage (PipelineOptions::
   /// activation_checkpoint_interval; 0: off); -1 keeps the model's. Default: -1.
   TORCH_ARG(int64_t, activation_checkpoint_interval) = -1;
+  /// true: the pipeline's BatchNorm entries move their running statistics once per batch
+  /// (PipelineOptions::deferred_batch_norm); false keeps the model's. Default: false.
+  TORCH_ARG(bool, deferred_batch_norm) = false;
   /// Bound on rendezvous, every collective and every transfer between stages (seconds).
   /// Default: 60.
   TORCH_ARG(double, timeout_s) = 60.0;
