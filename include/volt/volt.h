@@ -70,6 +70,7 @@
 #include "volt/loggers/tensorboard.h"
 #include "volt/nn/checkpoint.h"
 #include "volt/nn/kernel_injection.h"
+#include "volt/nn/parameters.h"
 #include "volt/nn/pipeline.h"
 #include "volt/optim/lr_scheduler.h"
 #include "volt/precision/autocast.h"

@@ -709,7 +709,7 @@ void check_distinct_parameters(const Module& module,
                    which.empty() ? "a tensor" : which,
                    " more than once and would step it once per listing (libtorch's "
                    "parameters() lists a layer shared by two modules once per name); give "
-                   "each tensor once, e.g. skipping those already listed.");
+                   "each tensor once: volt::distinct_parameters(*this) (volt/nn/parameters.h).");
       }
     }
   }

@@ -54,9 +54,9 @@
 #include <string>
 #include <thread>
 
-#include "distinct.h"
 #include "tiny.h"
 #include "volt/nn/checkpoint.h"
+#include "volt/nn/parameters.h"
 #include "volt/strategies/deepspeed.h"
 
 namespace {
@@ -148,7 +148,7 @@ class Net : public volt::Module {
     // A tied tensor appears under two names: give the optimizer each tensor once; frozen ones
     // (--finetune) are added by the callback when unfrozen.
     std::vector<torch::Tensor> unique;
-    for (auto& p : volt_test::distinct(parameters())) {
+    for (auto& p : volt::distinct_parameters(*this)) {
       if (p.requires_grad()) unique.push_back(p);
     }
     estimated_steps = estimated_stepping_batches();

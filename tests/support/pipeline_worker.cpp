@@ -68,9 +68,9 @@
 #include <vector>
 
 #include "counted_dropout.h"
-#include "distinct.h"
 #include "save_at.h"
 #include "tiny.h"
+#include "volt/nn/parameters.h"
 #include "volt/nn/pipeline.h"
 #include "volt/strategies/pipeline.h"
 
@@ -246,9 +246,8 @@ int check_tied(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks)
     if (holds && p.is_same(shared->weight))
       fail("tied: the shared weight is listed as another stage's");
   }
-  torch::optim::SGD opt_ref(volt_test::distinct(reference->parameters()),
-                            torch::optim::SGDOptions(0.1));
-  torch::optim::SGD opt(volt_test::distinct(pipe->parameters()), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD opt_ref(volt::distinct_parameters(*reference), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD opt(volt::distinct_parameters(*pipe), torch::optim::SGDOptions(0.1));
   const bool exact = chunks == 1;
   for (int pass = 0; pass < 2; ++pass) {
     const at::Tensor x = torch::randn({6, 8});
@@ -626,7 +625,7 @@ class PipeNet : public volt::Module {
   at::Tensor predict_step(const volt::Batch& b, int64_t) override { return forward(b.input); }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
     std::shared_ptr<torch::optim::Optimizer> opt;
-    const std::vector<at::Tensor> params = volt_test::distinct(parameters());
+    const std::vector<at::Tensor> params = volt::distinct_parameters(*this);
     if (optimizer_ == "adamw") {
       opt = std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01));
     } else if (optimizer_ == "fused_adamw") {
@@ -640,7 +639,7 @@ class PipeNet : public volt::Module {
   }
   at::Tensor flat() {
     std::vector<at::Tensor> v;
-    for (auto& p : volt_test::distinct(parameters())) v.push_back(p.detach().reshape({-1}));
+    for (auto& p : volt::distinct_parameters(*this)) v.push_back(p.detach().reshape({-1}));
     return torch::cat(v).clone();
   }
   void set_rank(int64_t r) { rank_ = r; }

@@ -5,9 +5,9 @@
 
 #include <torch/torch.h>
 
-#include "distinct.h"
 #include "error_text.h"
 #include "tiny.h"
+#include "volt/nn/parameters.h"
 
 namespace {
 
@@ -194,6 +194,25 @@ TEST(ModuleApi, ToggleOptimizerFreezesTheOthersParametersUntilUntoggled) {
   }
 }
 
+TEST(ModuleApi, DistinctParametersListsATiedLayerOnce) {
+  // libtorch's parameters() lists the shared layer's tensors under both names; each once here,
+  // in the order of the first name.
+  torch::nn::Linear shared(3, 3);
+  torch::nn::Sequential model(torch::nn::Linear(2, 3), shared, torch::nn::Tanh(), shared);
+  ASSERT_EQ(model->parameters().size(), 6u);
+  const std::vector<at::Tensor> once = volt::distinct_parameters(*model);
+  ASSERT_EQ(once.size(), 4u);
+  auto named = model->named_parameters();
+  const std::vector<std::string> order{"0.weight", "0.bias", "1.weight", "1.bias"};
+  for (size_t i = 0; i < order.size(); ++i) EXPECT_TRUE(once[i].is_same(named[order[i]])) << i;
+  EXPECT_TRUE(volt::distinct_parameters(*model, /*recurse=*/false).empty());
+  const at::Tensor a = torch::zeros({2}), b = torch::zeros({2});  // equal values, two tensors
+  const std::vector<at::Tensor> tensors = volt::distinct_tensors({a, b, a, b.view({2}), b});
+  ASSERT_EQ(tensors.size(), 3u);  // a view is a tensor of its own
+  EXPECT_TRUE(tensors[0].is_same(a));
+  EXPECT_TRUE(tensors[1].is_same(b));
+}
+
 TEST(ModuleApi, AnOptimizerListingATensorTwiceIsAConfigError) {
   // A layer two modules share (tied weights): libtorch's parameters() lists its tensors once per
   // name, and torch::optim would step them twice per step.
@@ -211,12 +230,13 @@ TEST(ModuleApi, AnOptimizerListingATensorTwiceIsAConfigError) {
                      "listing"),
             std::string::npos)
       << err;
+  EXPECT_NE(err.find("volt::distinct_parameters(*this)"), std::string::npos) << err;
   // The same tensors listed once train.
   class Once : public Tied {
    public:
     std::vector<volt::OptimizerConfig> configure_optimizers() override {
       return {volt::OptimizerConfig(std::make_shared<torch::optim::SGD>(
-          volt_test::distinct(parameters()), torch::optim::SGDOptions(0.1)))};
+          volt::distinct_parameters(*this), torch::optim::SGDOptions(0.1)))};
     }
   } once;
   volt::Trainer trainer(quiet(dir.path).max_epochs(1));
