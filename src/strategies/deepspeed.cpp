@@ -33,6 +33,7 @@
 #include "volt/kernels/fused_optimizer.h"
 #include "volt/nn/checkpoint.h"
 #include "volt/nn/kernel_injection.h"
+#include "volt/nn/parameters.h"
 #include "volt/precision/grad_scaler.h"
 
 namespace volt {
@@ -708,10 +709,8 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
     // configure_optimizers wins over the JSON (the reference's note), item by item.
     if (optimizers.empty()) {
       std::vector<at::Tensor> params;
-      for (const auto& p : module.parameters()) {
-        bool seen = false;
-        for (const auto& q : params) seen = seen || q.is_same(p);
-        if (p.requires_grad() && !seen) params.push_back(p);
+      for (const auto& p : distinct_parameters(module)) {
+        if (p.requires_grad()) params.push_back(p);
       }
       auto opt = make_deepspeed_optimizer(*config_, params);
       VOLT_CHECK(opt != nullptr, ConfigError, kTag,
