@@ -10,6 +10,9 @@
 //   volt_bench_pipeline --table checkpoint [--steps N] [--batch B]
 //   (activation checkpointing: never / except_last / always / interval2 (runs of 2 layers:
 //   a Linear and its GELU), one process and 2 stages)
+//   volt_bench_pipeline --table batchnorm [--steps N] [--batch B]
+//   (a BatchNorm1d after each Linear: `bn` = each micro-batch moves the running statistics,
+//   `bn_deferred` = deferred_batch_norm, once per batch; 2 stages, 4 and 8 micro-batches)
 //   OPENBLAS_NUM_THREADS=1 volt_bench_pipeline --hand 1 --chunks C [--batch B]
 //   (the layers in a hand-written loop, each phase timed; with plain cluster variables, e.g.
 //   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 NODE_RANK=0 LOCAL_RANK=r, one stage)
@@ -31,9 +34,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// "never", "always", "except_last", or "intervalN" (activation_checkpoint_interval N).
+// "never", "always", "except_last", or "intervalN" (activation_checkpoint_interval N); "bn" and
+// "bn_deferred" (BatchNorm layers, without checkpointing) with deferred_batch_norm off / on.
 volt::PipelineOptions options(int64_t chunks, const std::string& checkpoint) {
   auto o = volt::PipelineOptions().chunks(chunks);
+  if (checkpoint.rfind("bn", 0) == 0) return o.deferred_batch_norm(checkpoint == "bn_deferred");
   if (checkpoint.rfind("interval", 0) == 0) {
     return o.activation_checkpoint_interval(std::stoll(checkpoint.substr(8)));
   }
@@ -46,6 +51,7 @@ class DeepMlp : public volt::Module {
     torch::nn::Sequential layers;
     for (int i = 0; i < 8; ++i) {
       layers->push_back(torch::nn::Linear(1024, 1024));
+      if (checkpoint.rfind("bn", 0) == 0) layers->push_back(torch::nn::BatchNorm1d(1024));
       layers->push_back(torch::nn::GELU());
     }
     body = register_module("body", volt::Pipeline(layers, options(chunks, checkpoint)));
@@ -228,6 +234,9 @@ int main(int argc, char** argv) {
     if (a.count("--table") && a["--table"] == "checkpoint") {
       configs = {{1, 1, "never"},       {1, 1, "always"}, {1, 1, "interval2"}, {2, 4, "never"},
                  {2, 4, "except_last"}, {2, 4, "always"}, {2, 4, "interval2"}};
+    }
+    if (a.count("--table") && a["--table"] == "batchnorm") {
+      configs = {{2, 4, "bn"}, {2, 4, "bn_deferred"}, {2, 8, "bn"}, {2, 8, "bn_deferred"}};
     }
     for (const auto& [stages, chunks, checkpoint] : configs) {
       const std::string cmd = std::string(argv[0]) + " --stages " + std::to_string(stages) +

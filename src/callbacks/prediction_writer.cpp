@@ -3,6 +3,7 @@
 #include <c10/util/Type.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -28,18 +29,24 @@ at::Tensor index_tensor(const std::vector<int64_t>& indices) {
   return torch::tensor(indices, torch::kInt64);
 }
 
-std::string rank_file(const std::string& dir, int64_t rank) {
-  return (fs::path(dir) / ("predictions_rank" + std::to_string(rank) + ".safetensors")).string();
+// The file names of loader `dataloader_idx` of a pass over `loaders`: with several, prefixed.
+std::string prefix(const RunContext& run, int64_t dataloader_idx) {
+  if (run.state().num_dataloaders <= 1) return "";
+  return "dataloader" + std::to_string(dataloader_idx) + "_";
+}
+
+std::string rank_file(const std::string& dir, const std::string& stem, int64_t rank) {
+  return (fs::path(dir) / (stem + "_rank" + std::to_string(rank) + ".safetensors")).string();
 }
 
 // Rank 0's merge of the ranks' epoch files into one in data set order, each index once (the
 // distributed sampler pads a shard with indices from the data set's start, and ranks that all
 // predicted the same data repeat every index). Returns false, leaving the rank files, when a
 // file holds per-batch tensors or the ranks' rows do not concatenate.
-bool merge_rank_files(const std::string& dir, int64_t world_size) {
+bool merge_rank_files(const std::string& dir, const std::string& stem, int64_t world_size) {
   std::vector<at::Tensor> preds, indices;
   for (int64_t r = 0; r < world_size; ++r) {
-    const std::string path = rank_file(dir, r);
+    const std::string path = rank_file(dir, stem, r);
     VOLT_CHECK(fs::exists(path), CheckpointError, kWriter, "rank ", r, " wrote '", path,
                "' but global rank 0 does not see it; with several nodes output_dir must be a "
                "folder every node shares, or use write_interval=batch.");
@@ -71,10 +78,10 @@ bool merge_rank_files(const std::string& dir, int64_t world_size) {
     out["indices"] = keys.masked_select(keep);
     out["predictions"] = torch::cat(preds, 0).index_select(0, order.masked_select(keep));
   }
-  save_safetensors(out, (fs::path(dir) / "predictions.safetensors").string());
+  save_safetensors(out, (fs::path(dir) / (stem + ".safetensors")).string());
   for (int64_t r = 0; r < world_size; ++r) {
     std::error_code ec;
-    fs::remove(rank_file(dir, r), ec);  // the merged file holds them; a leftover is harmless
+    fs::remove(rank_file(dir, stem, r), ec);  // the merged file holds them; a leftover is harmless
   }
   return true;
 }
@@ -124,14 +131,15 @@ std::string PredictionWriter::state_key() const {
 }
 
 void PredictionWriter::write_on_batch_end(RunContext&, Module&, const at::Tensor&,
-                                          const std::vector<int64_t>&, const Batch&, int64_t) {
+                                          const std::vector<int64_t>&, const Batch&, int64_t,
+                                          int64_t) {
   VOLT_CHECK(false, ConfigError, "[PredictionWriter] write_interval=", to_string(interval_),
              " calls write_on_batch_end after every batch; override it in your "
              "PredictionWriter, or use write_interval epoch.");
 }
 
 void PredictionWriter::write_on_epoch_end(RunContext&, Module&, const std::vector<at::Tensor>&,
-                                          const std::vector<std::vector<int64_t>>&) {
+                                          const std::vector<std::vector<int64_t>>&, int64_t) {
   VOLT_CHECK(false, ConfigError, "[PredictionWriter] write_interval=", to_string(interval_),
              " calls write_on_epoch_end when the pass ends; override it in your "
              "PredictionWriter, or use write_interval batch.");
@@ -145,22 +153,37 @@ void PredictionWriter::on_predict_epoch_start(RunContext&, Module&) {
 void PredictionWriter::on_predict_batch_end(RunContext& run, Module& module,
                                             const at::Tensor& prediction, const Batch& batch,
                                             int64_t batch_idx) {
+  const int64_t loader = run.state().dataloader_idx;
   if (interval_ != WriteInterval::kEpoch) {
-    write_on_batch_end(run, module, prediction, run.predict_batch_indices(), batch, batch_idx);
+    write_on_batch_end(run, module, prediction, run.predict_batch_indices(), batch, batch_idx,
+                       loader);
   }
   if (interval_ != WriteInterval::kBatch) {
-    predictions_.push_back(prediction);
-    indices_.push_back(run.predict_batch_indices());
+    const size_t d = static_cast<size_t>(loader);
+    if (predictions_.size() <= d) {
+      predictions_.resize(d + 1);
+      indices_.resize(d + 1);
+    }
+    predictions_[d].push_back(prediction);
+    indices_[d].push_back(run.predict_batch_indices());
   }
 }
 
 void PredictionWriter::on_predict_epoch_end(RunContext& run, Module& module) {
   if (interval_ == WriteInterval::kBatch) return;
-  std::vector<at::Tensor> predictions = std::move(predictions_);
-  std::vector<std::vector<int64_t>> indices = std::move(indices_);
+  auto predictions = std::move(predictions_);
+  auto indices = std::move(indices_);
   predictions_.clear();
   indices_.clear();
-  write_on_epoch_end(run, module, predictions, indices);
+  // Every loader is written, one without batches too (as one loader without batches is).
+  const size_t loaders =
+      std::max(predictions.size(), static_cast<size_t>(run.state().num_dataloaders));
+  predictions.resize(loaders);
+  indices.resize(loaders);
+  for (size_t d = 0; d < loaders; ++d) {
+    write_on_epoch_end(run, module, predictions[d], indices[d], static_cast<int64_t>(d));
+    predictions[d].clear();  // written: its memory goes before the next loader's write
+  }
 }
 
 // ---------------------------------------------------------------- SafetensorsPredictionWriter
@@ -191,8 +214,9 @@ void SafetensorsPredictionWriter::on_predict_start(RunContext& run, Module&) {
 void SafetensorsPredictionWriter::write_on_batch_end(RunContext& run, Module&,
                                                      const at::Tensor& prediction,
                                                      const std::vector<int64_t>& batch_indices,
-                                                     const Batch&, int64_t batch_idx) {
-  std::string name = detail::numbered("batch_", batch_idx);
+                                                     const Batch&, int64_t batch_idx,
+                                                     int64_t dataloader_idx) {
+  std::string name = prefix(run, dataloader_idx) + detail::numbered("batch_", batch_idx);
   if (run.world_size() > 1) name += "_rank" + std::to_string(run.global_rank());
   std::map<std::string, at::Tensor> tensors{{"indices", index_tensor(batch_indices)}};
   if (prediction.defined()) tensors["predictions"] = prediction;
@@ -201,28 +225,29 @@ void SafetensorsPredictionWriter::write_on_batch_end(RunContext& run, Module&,
 
 void SafetensorsPredictionWriter::write_on_epoch_end(
     RunContext& run, Module&, const std::vector<at::Tensor>& predictions,
-    const std::vector<std::vector<int64_t>>& batch_indices) {
+    const std::vector<std::vector<int64_t>>& batch_indices, int64_t dataloader_idx) {
   const std::map<std::string, at::Tensor> tensors =
       detail::prediction_tensors(predictions, &batch_indices);
+  const std::string stem = prefix(run, dataloader_idx) + "predictions";
   if (run.world_size() == 1) {
-    save_safetensors(tensors, (fs::path(dir_) / "predictions.safetensors").string());
+    save_safetensors(tensors, (fs::path(dir_) / (stem + ".safetensors")).string());
     return;
   }
   // Every rank writes its file; all learn whether every rank could (a failure on one rank must
   // not leave the others waiting), then rank 0 merges and all learn whether that worked.
   bool merged = false;
   agree(run, "another rank could not write its predictions file to '" + dir_ + "'",
-        [&] { save_safetensors(tensors, rank_file(dir_, run.global_rank())); });
+        [&] { save_safetensors(tensors, rank_file(dir_, stem, run.global_rank())); });
   agree(run, "global rank 0 could not merge the ranks' files in '" + dir_ + "'", [&] {
-    if (run.is_global_zero()) merged = merge_rank_files(dir_, run.world_size());
+    if (run.is_global_zero()) merged = merge_rank_files(dir_, stem, run.world_size());
   });
   if (run.is_global_zero()) {
     log_info("SafetensorsPredictionWriter",
              merged ? "predictions of " + std::to_string(run.world_size()) + " ranks merged into " +
-                          dir_ + "/predictions.safetensors"
+                          dir_ + "/" + stem + ".safetensors"
                     : "predictions are not rows of their batches (or differ in dtype or shape "
                       "between ranks): each rank's are in " +
-                          dir_ + "/predictions_rank<R>.safetensors");
+                          dir_ + "/" + stem + "_rank<R>.safetensors");
   }
 }
 

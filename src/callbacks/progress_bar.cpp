@@ -57,31 +57,54 @@ void ProgressBar::on_test_end(RunContext& run, Module& module) {
 void ProgressBar::eval_start(const char* label) {
   eval_label_ = label;
   eval_done_ = 0;
+  eval_total_ = 0;
+  eval_loader_ = 0;
+  eval_loaders_ = 1;
   eval_.start = eval_.last_draw = std::chrono::steady_clock::now();
   eval_.start_done = 0;
 }
 
+std::string ProgressBar::eval_head() const {
+  // Lightning's "Validation DataLoader 1" when a pass runs several loaders.
+  if (eval_loaders_ <= 1) return eval_label_;
+  return std::string(eval_label_) + " DataLoader " + std::to_string(eval_loader_);
+}
+
 void ProgressBar::eval_batch(RunContext& run, int64_t done) {
   if (!run.is_global_zero()) return;  // one bar per job: rank 0 draws it
+  const LoopState& st = run.state();
+  if (st.dataloader_idx != eval_loader_) {
+    // The next loader of the pass: the last one's line is done, a new one starts.
+    eval_line_done(run);
+    eval_loader_ = st.dataloader_idx;
+    eval_.start = eval_.last_draw = std::chrono::steady_clock::now();
+  }
+  eval_loaders_ = st.num_dataloaders;
+  eval_total_ = st.num_eval_batches;
   eval_done_ = done;
   // Counts and clocks only: an evaluation line reads no metric value, so it never syncs.
   if (!tty_ || seconds_since(eval_.last_draw) < refresh_s_) return;
   eval_.last_draw = std::chrono::steady_clock::now();
-  emit(progress(eval_label_, eval_, done, run.state().num_eval_batches), false);
+  emit(progress(eval_head(), eval_, done, eval_total_), false);
 }
 
-void ProgressBar::eval_end(RunContext& run) {
-  if (!run.is_global_zero()) return;  // one bar per job: rank 0 draws it
+void ProgressBar::eval_line_done(RunContext& run) {
   if (out_ == nullptr) return;
   const Stage stage = run.state().stage;
   if (stage == Stage::kValidate || stage == Stage::kTest) {
     // A standalone pass: its final line stays.
-    emit(progress(eval_label_, eval_, eval_done_, run.state().num_eval_batches), true);
+    emit(progress(eval_head(), eval_, eval_done_, eval_total_), true);
   } else if (tty_) {
     // Inside fit: clear it; the training line comes back at its next redraw.
     std::fprintf(out_, "\r\033[K");
     std::fflush(out_);
   }
+}
+
+void ProgressBar::eval_end(RunContext& run) {
+  if (!run.is_global_zero()) return;  // one bar per job: rank 0 draws it
+  if (eval_loader_ == 0 && eval_done_ == 0) eval_total_ = run.state().num_eval_batches;
+  eval_line_done(run);
 }
 
 std::string ProgressBar::progress(const std::string& head, const Line& line, int64_t done,

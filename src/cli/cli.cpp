@@ -21,6 +21,7 @@
 #include "../core/detail/input_limits.h"
 #include "../core/detail/out_of_memory.h"
 #include "../core/detail/print.h"
+#include "../data/detail/stage_loaders.h"
 #include "../loggers/detail/log_dir.h"
 #include "../trainer/detail/batch_hooks.h"
 #include "detail/config_tree.h"
@@ -487,9 +488,11 @@ int run_export(Command cmd, const Registry& reg, std::ostream& out) {
     model->setup(Stage::kPredict);
     model_set_up = true;
     model->configure_model();
-    c10::optional<DataLoader> loader = data->predict_dataloader();
-    if (!loader) loader = data->test_dataloader();
-    if (!loader) loader = data->val_dataloader();
+    c10::optional<DataLoader> loader;
+    for (Stage stage : {Stage::kPredict, Stage::kTest, Stage::kValidate}) {
+      auto loaders = detail::stage_loaders(*data, stage, /*required=*/false);
+      if (!loader && !loaders.empty()) loader = loaders.front();
+    }
     VOLT_CHECK(loader.has_value(), ConfigError, "[cli] export: data module ", rc.data.class_path,
                " gives no predict, test or validation loader to take an example batch from; "
                "give it a predict_dataloader().");

@@ -217,5 +217,8 @@ int64_t Module::current_epoch() const {
 int64_t Module::global_step() const {
   return run_ ? run_->state().global_step : 0;
 }
+int64_t Module::dataloader_idx() const {
+  return run_ ? run_->state().dataloader_idx : 0;
+}
 
 }  // namespace volt

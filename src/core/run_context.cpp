@@ -24,7 +24,8 @@ std::ostream& operator<<(std::ostream& os, const LogOptions& o) {
             << ", on_step=" << detail::optional_text(o.on_step())
             << ", on_epoch=" << detail::optional_text(o.on_epoch())
             << ", reduce=" << reduce_name(o.reduce()) << ", logger=" << o.logger()
-            << ", sync_dist=" << o.sync_dist() << ")";
+            << ", sync_dist=" << o.sync_dist() << ", add_dataloader_idx=" << o.add_dataloader_idx()
+            << ")";
 }
 
 }  // namespace volt

@@ -1,6 +1,7 @@
 #include "volt/data/data_module.h"
 
 #include "core/detail/default_steps.h"
+#include "data/detail/stage_loaders.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -10,6 +11,24 @@ DataLoader DataModule::train_dataloader() {
              "[DataModule] fit() needs train_dataloader(); override it in "
              "your DataModule.");
   throw InternalError("unreachable");
+}
+
+namespace {
+std::vector<DataLoader> listed(c10::optional<DataLoader> loader) {
+  std::vector<DataLoader> out;
+  if (loader) out.push_back(std::move(*loader));
+  return out;
+}
+}  // namespace
+
+std::vector<DataLoader> DataModule::val_dataloaders() {
+  return listed(val_dataloader());
+}
+std::vector<DataLoader> DataModule::test_dataloaders() {
+  return listed(test_dataloader());
+}
+std::vector<DataLoader> DataModule::predict_dataloaders() {
+  return listed(predict_dataloader());
 }
 
 void DataModule::set_batch_size(int64_t) {
@@ -35,4 +54,18 @@ Batch DataModule::on_after_batch_transfer(Batch batch) {
   return batch;
 }
 
+namespace detail {
+
+std::vector<DataLoader> stage_loaders(DataModule& data, Stage stage, bool required) {
+  std::vector<DataLoader> loaders = stage == Stage::kValidate ? data.val_dataloaders()
+                                    : stage == Stage::kTest   ? data.test_dataloaders()
+                                                              : data.predict_dataloaders();
+  const char* name = stage == Stage::kValidate ? "val" : to_string(stage);
+  VOLT_CHECK(!required || !loaders.empty(), ConfigError, "[Trainer] ", to_string(stage),
+             "() needs DataModule::", name, "_dataloader() (or ", name,
+             "_dataloaders() for several loaders); override it.");
+  return loaders;
+}
+
+}  // namespace detail
 }  // namespace volt

@@ -87,6 +87,17 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
   VOLT_CHECK(value.numel() == 1, ValueError, "[Module] log(\"", name, "\") got a tensor of shape ",
              value.sizes(), "; log a scalar (one element), e.g. loss or acc.mean().");
   if (st.stage == Stage::kSanityCheck) return;  // sanity-check values are discarded
+  // One of several evaluation loaders: its values are kept apart by name (Lightning's rule).
+  std::string key = name;
+  if (log_dataloader >= 0) {
+    if (o.add_dataloader_idx()) key += "/dataloader_idx_" + std::to_string(log_dataloader);
+    const auto seen = eval_key_loader.emplace(key, log_dataloader);
+    VOLT_CHECK(seen.second || seen.first->second == log_dataloader, ConfigError, "[Module] log(\"",
+               key, "\") with add_dataloader_idx=false from dataloader ", log_dataloader,
+               " after dataloader ", seen.first->second,
+               " logged it: the loaders' values would mix; give each loader its own name, or "
+               "leave add_dataloader_idx on (it appends \"/dataloader_idx_<N>\").");
+  }
   const bool in_train_step = scope == LogScope::kTrainStep;
   const bool on_step = o.on_step().value_or(in_train_step);
   const bool on_epoch = o.on_epoch().value_or(!in_train_step);
@@ -104,16 +115,16 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
   if (on_step) {
     // Step values are synchronised when logged (every rank logs them at the same point).
     at::Tensor s = sync ? strategy().reduce(v.to(torch::kDouble), o.reduce()) : v;
-    active_metrics->add_step(both ? name + "_step" : name, s, o.prog_bar(), o.logger());
+    active_metrics->add_step(both ? key + "_step" : key, s, o.prog_bar(), o.logger());
   }
   if (on_epoch) {
-    active_metrics->add_epoch(both ? name + "_epoch" : name, v, current_batch_size, o.reduce(),
+    active_metrics->add_epoch(both ? key + "_epoch" : key, v, current_batch_size, o.reduce(),
                               o.prog_bar(), o.logger(), sync);
     const int64_t replicas = strategy().data_shard().world_size;
     if (!o.sync_dist() && replicas > 1) {
       // Lightning's PossibleUserWarning for epoch-level values in a distributed run.
-      warn_once("log_without_sync_dist:" + name, "Module",
-                "log(\"" + name + "\") at epoch level without sync_dist in a run of " +
+      warn_once("log_without_sync_dist:" + key, "Module",
+                "log(\"" + key + "\") at epoch level without sync_dist in a run of " +
                     std::to_string(replicas) +
                     " data-parallel processes: each reduces only its own batches, and the value "
                     "reported (and monitored by callbacks) is rank 0's; pass "
@@ -807,6 +818,7 @@ std::string Run::failure_context(Stage stage, const std::exception& e) const {
     if (eval_pass != nullptr) {
       if (eval_batch >= 0) {
         out << " at " << eval_pass << " batch " << eval_batch;
+        if (st.num_dataloaders > 1) out << " of dataloader " << st.dataloader_idx;
       } else {
         out << " in the " << eval_pass << " pass";
       }

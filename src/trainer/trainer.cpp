@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "data/detail/stage_loaders.h"
 #include "trainer/detail/run.h"
 #include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
@@ -227,16 +228,16 @@ class UsingData {
   detail::Run& run_;
 };
 
-// The DataModule forms of validate/test/predict ask for their loader inside the run, after the
-// setup hooks (a BatchSizeFinder sets the size there); a missing loader is a ConfigError.
-DataLoader stage_loader(DataModule& data, Stage stage) {
-  c10::optional<DataLoader> loader = stage == Stage::kValidate ? data.val_dataloader()
-                                     : stage == Stage::kTest   ? data.test_dataloader()
-                                                               : data.predict_dataloader();
-  const char* name = stage == Stage::kValidate ? "val" : to_string(stage);
-  VOLT_CHECK(loader.has_value(), ConfigError, "[Trainer] ", to_string(stage),
-             "() needs DataModule::", name, "_dataloader(); override it.");
-  return *loader;
+// validate/test/predict given loaders need one at least.
+void check_some(const std::vector<DataLoader>& loaders, Stage stage) {
+  VOLT_CHECK(!loaders.empty(), ConfigError, "[Trainer] ", to_string(stage),
+             "() was given an empty list of loaders; pass at least one DataLoader.");
+}
+
+// A DataModule's loaders, asked for inside the run (after the setup hooks, where a
+// BatchSizeFinder sets the size); none is a ConfigError.
+std::function<std::vector<DataLoader>()> stage_loaders(DataModule& data, Stage stage) {
+  return [&data, stage] { return detail::stage_loaders(data, stage, /*required=*/true); };
 }
 
 }  // namespace
@@ -246,7 +247,7 @@ void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path
   fit_with_restarts(module, ckpt_path, [&](const std::string& ckpt) {
     const detail::LoaderReload load = [&](int64_t epoch) {
       data.current_epoch_ = epoch;
-      return std::make_pair(data.train_dataloader(), data.val_dataloader());
+      return std::make_pair(data.train_dataloader(), data.val_dataloaders());
     };
     auto [train, val] = load(0);
     detail::fit_loop(*impl_, train, val, ckpt, load);
@@ -254,6 +255,13 @@ void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path
 }
 
 void Trainer::fit(Module& module, DataLoader train, c10::optional<DataLoader> val,
+                  const std::string& ckpt_path) {
+  std::vector<DataLoader> vals;
+  if (val) vals.push_back(std::move(*val));
+  fit(module, std::move(train), std::move(vals), ckpt_path);
+}
+
+void Trainer::fit(Module& module, DataLoader train, std::vector<DataLoader> val,
                   const std::string& ckpt_path) {
   fit_with_restarts(module, ckpt_path,
                     [&](const std::string& ckpt) { detail::fit_loop(*impl_, train, val, ckpt); });
@@ -275,67 +283,103 @@ void Trainer::fit_with_restarts(Module& module, const std::string& ckpt_path,
   }
 }
 
-Metrics Trainer::run_eval(Module& module, Stage stage,
-                          const std::function<DataLoader()>& make_loader,
-                          const std::string& ckpt_path) {
+std::vector<Metrics> Trainer::run_eval(Module& module, Stage stage,
+                                       const std::function<std::vector<DataLoader>()>& make_loaders,
+                                       const std::string& ckpt_path, Metrics* merged) {
   Impl& s = *impl_;
-  Metrics out;
+  std::vector<Metrics> out;
   s.guarded(module, stage, [&] {
     const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, stage);
     if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
-    DataLoader sharded = s.shard(make_loader());
-    int64_t n = 0;
-    if (stage == Stage::kTest) {
-      n = s.opts.limit_test_batches().resolve(sharded.num_batches());
-      if (s.fast_dev) n = std::min(n, s.opts.fast_dev_run());
-    } else {
-      n = s.val_limit(sharded);  // with fast_dev_run and overfit_batches, as in fit
+    std::vector<DataLoader> loaders;
+    std::vector<int64_t> limits;
+    for (const DataLoader& loader : make_loaders()) {
+      loaders.push_back(s.shard(loader));
+      int64_t n = 0;
+      if (stage == Stage::kTest) {
+        n = s.opts.limit_test_batches().resolve(loaders.back().num_batches());
+        if (s.fast_dev) n = std::min(n, s.opts.fast_dev_run());
+      } else {
+        n = s.val_limit(loaders.back());  // with fast_dev_run and overfit_batches, as in fit
+      }
+      limits.push_back(n);
     }
-    out = detail::evaluation_loop(s, stage, sharded, n);
+    out = detail::evaluation_loop(s, stage, loaders, limits, merged);
   });
   return out;
 }
 
 Metrics Trainer::validate(Module& module, DataLoader val, const std::string& ckpt_path) {
   return run_eval(
+             module, Stage::kValidate, [&] { return std::vector<DataLoader>{val}; }, ckpt_path)
+      .front();
+}
+
+std::vector<Metrics> Trainer::validate(Module& module, std::vector<DataLoader> val,
+                                       const std::string& ckpt_path) {
+  check_some(val, Stage::kValidate);
+  return run_eval(
       module, Stage::kValidate, [&] { return val; }, ckpt_path);
 }
 
 Metrics Trainer::validate(Module& module, DataModule& data, const std::string& ckpt_path) {
   UsingData using_data(*impl_, &data);
-  return run_eval(
-      module, Stage::kValidate, [&] { return stage_loader(data, Stage::kValidate); }, ckpt_path);
+  Metrics all;
+  run_eval(module, Stage::kValidate, stage_loaders(data, Stage::kValidate), ckpt_path, &all);
+  return all;
 }
 
 Metrics Trainer::test(Module& module, DataLoader test, const std::string& ckpt_path) {
+  return run_eval(
+             module, Stage::kTest, [&] { return std::vector<DataLoader>{test}; }, ckpt_path)
+      .front();
+}
+
+std::vector<Metrics> Trainer::test(Module& module, std::vector<DataLoader> test,
+                                   const std::string& ckpt_path) {
+  check_some(test, Stage::kTest);
   return run_eval(
       module, Stage::kTest, [&] { return test; }, ckpt_path);
 }
 
 Metrics Trainer::test(Module& module, DataModule& data, const std::string& ckpt_path) {
   UsingData using_data(*impl_, &data);
-  return run_eval(
-      module, Stage::kTest, [&] { return stage_loader(data, Stage::kTest); }, ckpt_path);
+  Metrics all;
+  run_eval(module, Stage::kTest, stage_loaders(data, Stage::kTest), ckpt_path, &all);
+  return all;
 }
 
-std::vector<at::Tensor> Trainer::run_predict(Module& module,
-                                             const std::function<DataLoader()>& make_loader,
-                                             const std::string& ckpt_path) {
+std::vector<std::vector<at::Tensor>> Trainer::run_predict(
+    Module& module, const std::function<std::vector<DataLoader>()>& make_loaders,
+    const std::string& ckpt_path) {
   Impl& s = *impl_;
-  std::vector<at::Tensor> out;
+  std::vector<std::vector<at::Tensor>> out;
   s.guarded(module, Stage::kPredict, [&] {
     const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, Stage::kPredict);
     if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
-    DataLoader sharded = s.shard(make_loader());
-    int64_t n = s.opts.limit_predict_batches().resolve(sharded.num_batches());
-    if (s.fast_dev) n = std::min(n, s.opts.fast_dev_run());
-    out = detail::prediction_loop(s, sharded, n);
+    std::vector<DataLoader> loaders;
+    std::vector<int64_t> limits;
+    for (const DataLoader& loader : make_loaders()) {
+      loaders.push_back(s.shard(loader));
+      int64_t n = s.opts.limit_predict_batches().resolve(loaders.back().num_batches());
+      if (s.fast_dev) n = std::min(n, s.opts.fast_dev_run());
+      limits.push_back(n);
+    }
+    out = detail::prediction_loop(s, loaders, limits);
   });
   return out;
 }
 
 std::vector<at::Tensor> Trainer::predict(Module& module, DataLoader data,
                                          const std::string& ckpt_path) {
+  return std::move(run_predict(
+                       module, [&] { return std::vector<DataLoader>{data}; }, ckpt_path)
+                       .front());
+}
+
+std::vector<std::vector<at::Tensor>> Trainer::predict(Module& module, std::vector<DataLoader> data,
+                                                      const std::string& ckpt_path) {
+  check_some(data, Stage::kPredict);
   return run_predict(
       module, [&] { return data; }, ckpt_path);
 }
@@ -343,8 +387,11 @@ std::vector<at::Tensor> Trainer::predict(Module& module, DataLoader data,
 std::vector<at::Tensor> Trainer::predict(Module& module, DataModule& data,
                                          const std::string& ckpt_path) {
   UsingData using_data(*impl_, &data);
-  return run_predict(
-      module, [&] { return stage_loader(data, Stage::kPredict); }, ckpt_path);
+  std::vector<at::Tensor> all;
+  for (auto& outputs : run_predict(module, stage_loaders(data, Stage::kPredict), ckpt_path)) {
+    for (auto& t : outputs) all.push_back(std::move(t));
+  }
+  return all;
 }
 
 void Trainer::save_checkpoint(const std::string& path, bool weights_only) {

@@ -11,6 +11,7 @@
 
 #include "core/detail/out_of_memory.h"
 #include "core/detail/print.h"
+#include "data/detail/stage_loaders.h"
 #include "trainer/detail/tuner_trial.h"
 #include "tuner/detail/trial.h"
 #include "volt/accelerators/cpu_memory.h"
@@ -297,12 +298,11 @@ BatchSizeFinderResult scale_data_module(Module& module, DataModule& data, Traine
   const std::function<DataLoader(int64_t)> make_loader = [&](int64_t size) {
     data.set_batch_size(size);
     if (stage == Stage::kFit) return data.train_dataloader();
-    c10::optional<DataLoader> l = stage == Stage::kValidate ? data.val_dataloader()
-                                  : stage == Stage::kTest   ? data.test_dataloader()
-                                                            : data.predict_dataloader();
-    VOLT_CHECK(l.has_value(), ConfigError, kTag, " stage ", to_string(stage),
+    // The first loader, when the DataModule has several (they share the batch size).
+    std::vector<DataLoader> l = stage_loaders(data, stage, /*required=*/false);
+    VOLT_CHECK(!l.empty(), ConfigError, kTag, " stage ", to_string(stage),
                " needs the DataModule's ", to_string(stage), " loader; override it.");
-    return *l;
+    return l.front();
   };
   BatchSizeFinderResult result;
   try {

@@ -246,19 +246,22 @@ class MyWriter : public volt::PredictionWriter {
   using PredictionWriter::PredictionWriter;
   void write_on_batch_end(volt::RunContext&, volt::Module&, const at::Tensor& prediction,
                           const std::vector<int64_t>& indices, const volt::Batch& batch,
-                          int64_t batch_idx) override {
+                          int64_t batch_idx, int64_t dataloader_idx) override {
     EXPECT_EQ(prediction.size(0), batch.size());
     EXPECT_EQ(static_cast<int64_t>(indices.size()), batch.size());
     batches.push_back(batch_idx);
+    batch_loaders.push_back(dataloader_idx);
   }
   void write_on_epoch_end(volt::RunContext&, volt::Module&,
                           const std::vector<at::Tensor>& predictions,
-                          const std::vector<std::vector<int64_t>>& indices) override {
+                          const std::vector<std::vector<int64_t>>& indices,
+                          int64_t dataloader_idx) override {
     epoch_predictions = predictions;
     epoch_indices = indices;
+    epoch_loaders.push_back(dataloader_idx);
   }
-  std::vector<int64_t> batches;
-  std::vector<at::Tensor> epoch_predictions;
+  std::vector<int64_t> batches, batch_loaders, epoch_loaders;
+  std::vector<at::Tensor> epoch_predictions;  // the last loader's
   std::vector<std::vector<int64_t>> epoch_indices;
 };
 
@@ -286,6 +289,46 @@ TEST(PredictionWriter, CallsTheOverridesItsIntervalNames) {
       EXPECT_EQ(writer->epoch_indices[4].size(), 5u);
     }
   }
+}
+
+// Several predict loaders: the writer is told each batch's loader, and the epoch interval
+// writes each loader's predictions, one call (and, for the safetensors writer, one file) per
+// loader.
+TEST(PredictionWriter, SeveralLoadersAreWrittenEachUnderItsIndex) {
+  volt_test::TempDir dir;
+  Echo model;
+  const auto in_order = [] {
+    return volt::DataLoader(numbered_rows(), volt::DataLoaderOptions(10));  // 10, 10, 10, 7
+  };
+  auto mine = std::make_shared<MyWriter>(volt::WriteInterval::kBatchAndEpoch);
+  const auto out = volt::Trainer(volt_test::quiet(dir.path).callbacks({mine}))
+                       .predict(model, {shuffled(), in_order()});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(mine->batches, (std::vector<int64_t>{0, 1, 2, 3, 4, 0, 1, 2, 3}));
+  EXPECT_EQ(mine->batch_loaders, (std::vector<int64_t>{0, 0, 0, 0, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(mine->epoch_loaders, (std::vector<int64_t>{0, 1}));
+  ASSERT_EQ(mine->epoch_predictions.size(), 4u);  // the last call's: loader 1's
+  EXPECT_TRUE(mine->epoch_predictions[3].is_same(out[1][3]));
+
+  auto writer = std::make_shared<volt::SafetensorsPredictionWriter>(
+      volt::SafetensorsPredictionWriterOptions()
+          .output_dir(dir / "out")
+          .write_interval(volt::WriteInterval::kBatchAndEpoch));
+  volt::Trainer(volt_test::quiet(dir.path).callbacks({writer}))
+      .predict(model, {shuffled(), in_order()});
+  EXPECT_TRUE(fs::exists(dir / "out/dataloader0_batch_000004.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "out/dataloader1_batch_000004.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "out/batch_000000.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "out/predictions.safetensors"));
+  const auto last = load(dir / "out/dataloader1_batch_000003.safetensors");
+  EXPECT_TRUE(torch::equal(last.tensors.at("indices"), torch::arange(30, kRows, torch::kLong)));
+  const auto order = volt::Sampler(kRows, true, 11).indices(0);
+  const auto first = load(dir / "out/dataloader0_predictions.safetensors");
+  EXPECT_TRUE(torch::equal(first.tensors.at("indices"), torch::tensor(order, torch::kLong)));
+  const auto second = load(dir / "out/dataloader1_predictions.safetensors");
+  EXPECT_TRUE(torch::equal(second.tensors.at("indices"), torch::arange(kRows, torch::kLong)));
+  EXPECT_TRUE(
+      torch::equal(second.tensors.at("predictions"), torch::arange(kRows, torch::kFloat) * 10));
 }
 
 TEST(PredictionWriter, AnIntervalWhoseMethodIsNotOverriddenAsksToOverrideIt) {

@@ -292,6 +292,42 @@ TEST(Ddp, SyncDistGivesEveryRankTheGlobalValidationLoss) {
   EXPECT_EQ(unsynced.output.find(warning, first + 1), std::string::npos) << unsynced.output;
 }
 
+// Two validation loaders at two ranks: each loader is sharded over the ranks, and with sync_dist
+// each loader's value is the one-process value over all of that loader's data.
+TEST(Ddp, SeveralValidationLoadersAreShardedAndSyncedEach) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--sync-dist", "1", "--val-loaders", "2"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  Process single(kWorker, {"--root", dir.path, "--out", dir / "single", "--devices", "1", "--batch",
+                           "16", "--epochs", "1", "--val-loaders", "2"});
+  ASSERT_EQ(single.exit_code(120s), 0) << single.output();
+  const std::regex values("val_loss=([^ ]+) val_loss1=([^ ]+)");
+  std::smatch ms;
+  ASSERT_TRUE(std::regex_search(single.output(), ms, values)) << single.output();
+  for (int r = 0; r < 2; ++r) {
+    std::smatch m;
+    const std::regex rank("rank " + std::to_string(r) +
+                          " done .* val_loss=([^ ]+) val_loss1=([^ ]+)");
+    ASSERT_TRUE(std::regex_search(job.output, m, rank)) << job.output;
+    EXPECT_NEAR(std::stod(m[1].str()), std::stod(ms[1].str()), 1e-6) << r;
+    EXPECT_NEAR(std::stod(m[2].str()), std::stod(ms[2].str()), 1e-6) << r;
+  }
+  EXPECT_GT(std::stod(ms[2].str()), 0.0);  // the second loader was validated
+  EXPECT_NE(ms[1].str(), ms[2].str());
+  // Without sync_dist each rank reports its own shard of each loader: the ranks differ.
+  auto unsynced = run_plain({"--root", dir.path, "--out", dir / "unsynced", "--devices", "2",
+                             "--batch", "8", "--epochs", "1", "--val-loaders", "2"});
+  ASSERT_EQ(unsynced.code, 0) << unsynced.output;
+  std::smatch u0, u1;
+  ASSERT_TRUE(
+      std::regex_search(unsynced.output, u0, std::regex("rank 0 done .* val_loss1=([^ ]+)")));
+  ASSERT_TRUE(
+      std::regex_search(unsynced.output, u1, std::regex("rank 1 done .* val_loss1=([^ ]+)")));
+  EXPECT_NE(u0[1].str(), u1[1].str()) << unsynced.output;
+}
+
 // ------------------------------------------------------------------ external launchers
 
 std::map<std::string, std::string> torchrun_env(int rank, int world, int port) {

@@ -264,10 +264,15 @@ class PrintVal : public volt::Callback {
     std::fflush(stdout);
   }
   void on_validation_end(volt::RunContext& run, volt::Module&) override {
-    auto it = run.callback_metrics().find("val_loss");
-    if (it != run.callback_metrics().end()) last = it->second;
+    // With several validation loaders (--val-loaders 2) each has its own name.
+    const auto& m = run.callback_metrics();
+    auto it = m.find("val_loss");
+    if (it == m.end()) it = m.find("val_loss/dataloader_idx_0");
+    if (it != m.end()) last = it->second;
+    auto second = m.find("val_loss/dataloader_idx_1");
+    if (second != m.end()) last1 = second->second;
   }
-  double last = -1;
+  double last = -1, last1 = -1;
 };
 
 /// Reads the ZeRO engine's per-rank bytes at the end of training (before stage 3 gathers the
@@ -484,10 +489,13 @@ int main(int argc, char** argv) {
     volt::reset_cpu_memory_peaks();
     const int64_t tensors_before = volt::cpu_memory_stats().in_use;
     std::filesystem::create_directories(std::filesystem::path(a["--out"]).parent_path());
+    std::vector<volt::DataLoader> vals{volt::DataLoader(val, volt::DataLoaderOptions(16))};
+    if (num("--val-loaders", 1) > 1) {  // a second validation set, of 48 samples
+      vals.emplace_back(volt_test::blobs(48, 8, 3), volt::DataLoaderOptions(16));
+    }
     trainer.fit(model,
                 volt::DataLoader(train, volt::DataLoaderOptions(batch).shuffle(true).seed(11)),
-                volt::DataLoader(val, volt::DataLoaderOptions(16)),
-                a.count("--resume") ? a["--resume"] : "");
+                vals, a.count("--resume") ? a["--resume"] : "");
     // fit()'s own peaks, before the flat copy of the weights below adds its own.
     const long rss_peak = status_kib("VmHWM");
     const int64_t tensors_peak = volt::cpu_memory_stats().max_in_use;
@@ -527,13 +535,14 @@ int main(int argc, char** argv) {
     const bool tied = model.fc1->weight.data_ptr() == model.w2.data_ptr();
     const std::string zero_memory = probe && !one ? probe->text : "";
     std::printf(
-        "rank %lld done step=%lld sum=%.17g val_loss=%.17g aliases=%d tied=%d%s "
+        "rank %lld done step=%lld sum=%.17g val_loss=%.17g val_loss1=%.17g aliases=%d tied=%d%s "
         "rss_before_kib=%ld rss_peak_kib=%ld tensors_before=%lld tensors_peak=%lld "
         "estimated=%lld\n",
         static_cast<long long>(rank), static_cast<long long>(trainer.state().global_step),
-        model.flat().abs().sum().item<double>(), val_print->last, aliases ? 1 : 0, tied ? 1 : 0,
-        zero_memory.c_str(), rss_before, rss_peak, static_cast<long long>(tensors_before),
-        static_cast<long long>(tensors_peak), static_cast<long long>(model.estimated_steps));
+        model.flat().abs().sum().item<double>(), val_print->last, val_print->last1, aliases ? 1 : 0,
+        tied ? 1 : 0, zero_memory.c_str(), rss_before, rss_peak,
+        static_cast<long long>(tensors_before), static_cast<long long>(tensors_peak),
+        static_cast<long long>(model.estimated_steps));
     std::fflush(stdout);
     return 0;
   } catch (const volt::Interrupted& e) {

@@ -745,11 +745,17 @@ TEST(Trainer, AnEvaluationOfADataModuleWithoutItsLoaderNamesTheMethodToOverride)
     }
     return std::string("no ConfigError");
   };
-  EXPECT_EQ(message([&] { trainer.validate(model, data); }),
-            "[Trainer] validate() needs DataModule::val_dataloader(); override it.");
-  EXPECT_EQ(message([&] { trainer.test(model, data); }),
-            "[Trainer] test() needs DataModule::test_dataloader(); override it.");
+  EXPECT_EQ(
+      message([&] { trainer.validate(model, data); }),
+      "[Trainer] validate() needs DataModule::val_dataloader() (or val_dataloaders() for several "
+      "loaders); override it.");
+  EXPECT_EQ(
+      message([&] { trainer.test(model, data); }),
+      "[Trainer] test() needs DataModule::test_dataloader() (or test_dataloaders() for several "
+      "loaders); override it.");
   EXPECT_EQ(message([&] { trainer.predict(model, data); }),
-            "[Trainer] predict() needs DataModule::predict_dataloader(); override it.");
+            "[Trainer] predict() needs DataModule::predict_dataloader() (or predict_dataloaders() "
+            "for several "
+            "loaders); override it.");
   EXPECT_EQ(failures->n, 3);
 }

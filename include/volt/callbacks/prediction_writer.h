@@ -35,14 +35,18 @@ class PredictionWriter : public Callback {
   std::string state_key() const override;
   WriteInterval write_interval() const { return interval_; }
 
-  /// After predict_step of batch `batch_idx`: `batch_indices` are its samples' data set indices.
+  /// After predict_step of batch `batch_idx` of loader `dataloader_idx` (0 with one loader):
+  /// `batch_indices` are its samples' data set indices.
   virtual void write_on_batch_end(RunContext& run, Module& module, const at::Tensor& prediction,
                                   const std::vector<int64_t>& batch_indices, const Batch& batch,
-                                  int64_t batch_idx);
-  /// At the end of the pass: every batch's prediction and indices, in batch order.
+                                  int64_t batch_idx, int64_t dataloader_idx);
+  /// At the end of the pass: every batch's prediction and indices, in batch order, of loader
+  /// `dataloader_idx`. With several loaders it is called once per loader, in loader order
+  /// (Lightning calls it once with a list per loader).
   virtual void write_on_epoch_end(RunContext& run, Module& module,
                                   const std::vector<at::Tensor>& predictions,
-                                  const std::vector<std::vector<int64_t>>& batch_indices);
+                                  const std::vector<std::vector<int64_t>>& batch_indices,
+                                  int64_t dataloader_idx);
 
   void on_predict_epoch_start(RunContext& run, Module& module) override;
   void on_predict_batch_end(RunContext& run, Module& module, const at::Tensor& prediction,
@@ -51,8 +55,9 @@ class PredictionWriter : public Callback {
 
  private:
   WriteInterval interval_;
-  std::vector<at::Tensor> predictions_;
-  std::vector<std::vector<int64_t>> indices_;
+  /// Per loader: its batches' predictions and indices, for the epoch interval.
+  std::vector<std::vector<at::Tensor>> predictions_;
+  std::vector<std::vector<std::vector<int64_t>>> indices_;
 };
 
 struct SafetensorsPredictionWriterOptions {
@@ -66,7 +71,9 @@ struct SafetensorsPredictionWriterOptions {
 std::ostream& operator<<(std::ostream& os, const SafetensorsPredictionWriterOptions& o);
 
 /// Writes safetensors files (atomically) holding "predictions" and, as int64, "indices": the
-/// data set index of each row.
+/// data set index of each row. With several predict loaders each file name starts with
+/// `dataloader<D>_` (`dataloader1_batch_000003.safetensors`,
+/// `dataloader1_predictions.safetensors`).
 /// - Batch interval: `batch_<NNNNNN>.safetensors` per batch (`batch_<NNNNNN>_rank<R>` with
 ///   several processes).
 /// - Epoch interval: `predictions.safetensors`, the pass's predictions concatenated. With
@@ -87,10 +94,11 @@ class SafetensorsPredictionWriter : public PredictionWriter {
   void on_predict_start(RunContext& run, Module& module) override;
   void write_on_batch_end(RunContext& run, Module& module, const at::Tensor& prediction,
                           const std::vector<int64_t>& batch_indices, const Batch& batch,
-                          int64_t batch_idx) override;
+                          int64_t batch_idx, int64_t dataloader_idx) override;
   void write_on_epoch_end(RunContext& run, Module& module,
                           const std::vector<at::Tensor>& predictions,
-                          const std::vector<std::vector<int64_t>>& batch_indices) override;
+                          const std::vector<std::vector<int64_t>>& batch_indices,
+                          int64_t dataloader_idx) override;
 
  private:
   SafetensorsPredictionWriterOptions options_;

@@ -42,6 +42,10 @@ class ProgressBar : public Callback {
   void eval_start(const char* label);
   void eval_batch(RunContext& run, int64_t done);
   void eval_end(RunContext& run);
+  /// The evaluation line's head: its label, and "DataLoader <N>" with several loaders.
+  std::string eval_head() const;
+  /// Ends the current loader's line: kept in a standalone pass, cleared inside fit.
+  void eval_line_done(RunContext& run);
   /// "<head> done/total [elapsed<eta, rate it/s]"
   std::string progress(const std::string& head, const Line& line, int64_t done,
                        int64_t total) const;
@@ -51,6 +55,9 @@ class ProgressBar : public Callback {
   Line train_, eval_;
   const char* eval_label_ = "";
   int64_t eval_done_ = 0;
+  int64_t eval_total_ = 0;    // the batches of the loader the line shows
+  int64_t eval_loader_ = 0;   // which loader that is
+  int64_t eval_loaders_ = 1;  // of how many
   int64_t redraws_ = 0;
   bool tty_ = false;
 };

@@ -21,10 +21,16 @@ struct LoopState {
   /// starts).
   int64_t accumulate_grad_batches = 1;
   int64_t num_training_batches = 0;  ///< batches per epoch after limits
-  int64_t num_eval_batches = 0;      ///< batches of the current/last validation or test pass
-  bool epoch_finished = false;       ///< the current epoch's training loop has ended
-  bool val_pending = false;          ///< a due validation check has not yet run
-  bool should_stop = false;          ///< a callback asked to stop
+  int64_t num_eval_batches = 0;      ///< batches of the current/last validation or test loader
+  /// The loader whose batches a validation, test or predict pass runs now (Lightning's
+  /// dataloader_idx): given several loaders, a pass runs them one after the other, each from
+  /// its batch 0. 0 with one loader; between the loaders (the epoch hooks) the last one's.
+  int64_t dataloader_idx = 0;
+  /// The loaders of the current/last validation, test or predict pass (1 without several).
+  int64_t num_dataloaders = 1;
+  bool epoch_finished = false;  ///< the current epoch's training loop has ended
+  bool val_pending = false;     ///< a due validation check has not yet run
+  bool should_stop = false;     ///< a callback asked to stop
 };
 
 }  // namespace volt

@@ -251,6 +251,10 @@ class Module : public torch::nn::Module {
 
   int64_t current_epoch() const;
   int64_t global_step() const;
+  /// In validation_step / test_step / predict_step and their batch hooks: which of the pass's
+  /// loaders the batch came from (Lightning passes it as the steps' `dataloader_idx` argument;
+  /// volt keeps the one-loader signatures and answers here). 0 with one loader and outside a run.
+  int64_t dataloader_idx() const;
   /// The active run, or nullptr outside Trainer calls.
   RunContext* run() const { return run_; }
   /// Set by the Trainer for the duration of a run.

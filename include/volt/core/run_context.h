@@ -39,6 +39,11 @@ struct LogOptions {
   /// Reduce the value across processes with `reduce` (mean, sum, max, min) before it is used,
   /// so every rank sees the same number (a no-op with one process). Default: false.
   TORCH_ARG(bool, sync_dist) = false;
+  /// In a pass over several validation/test loaders, a value logged from a step or batch hook
+  /// is named "<name>/dataloader_idx_<N>" after its loader, so the loaders' values stay apart
+  /// (Lightning's rule). false keeps the name as given: then give each loader its own names
+  /// (one name from two loaders is a ConfigError). No effect with one loader. Default: true.
+  TORCH_ARG(bool, add_dataloader_idx) = true;
 };
 
 std::ostream& operator<<(std::ostream& os, const LogOptions& o);

@@ -3,6 +3,8 @@
 
 #include <c10/util/Optional.h>
 
+#include <vector>
+
 #include "volt/core/types.h"
 #include "volt/data/data_loader.h"
 
@@ -37,6 +39,13 @@ class DataModule {
   virtual c10::optional<DataLoader> val_dataloader() { return c10::nullopt; }
   virtual c10::optional<DataLoader> test_dataloader() { return c10::nullopt; }
   virtual c10::optional<DataLoader> predict_dataloader() { return c10::nullopt; }
+  /// Several validation / test / predict loaders (Lightning's list of loaders): the Trainer asks
+  /// these, whose defaults return the singular method's loader (or none). A pass runs the
+  /// loaders one after the other; Module::dataloader_idx() says whose batch a step has, and
+  /// values logged from the steps are named after their loader (LogOptions::add_dataloader_idx).
+  virtual std::vector<DataLoader> val_dataloaders();
+  virtual std::vector<DataLoader> test_dataloaders();
+  virtual std::vector<DataLoader> predict_dataloaders();
 
   /// The batch size the loaders are built with, for scale_batch_size (Lightning's
   /// `batch_arg_name` attribute): override both methods to let it be tuned. Unset (the default)

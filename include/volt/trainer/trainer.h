@@ -34,21 +34,38 @@ class Trainer {
   /// last*.ckpt of the run's ModelCheckpoint (or starts fresh, with a warning, when there is
   /// none), "best" from its best checkpoint; other entry points load the weights the same way.
   /// Every entry point ends, as Lightning's, with a model trained on a GPU moved back to the CPU.
+  /// Validation runs over every loader of DataModule::val_dataloaders(), one after the other.
   void fit(Module& module, DataModule& data, const std::string& ckpt_path = "");
   void fit(Module& module, DataLoader train, c10::optional<DataLoader> val = c10::nullopt,
            const std::string& ckpt_path = "");
-  /// Runs one validation pass and returns its epoch metrics.
+  /// With several validation loaders (their values logged as "<name>/dataloader_idx_<N>").
+  void fit(Module& module, DataLoader train, std::vector<DataLoader> val,
+           const std::string& ckpt_path = "");
+
+  /// Runs one validation pass and returns its epoch metrics. From a DataModule with several
+  /// val_dataloaders() the pass runs each, and the result holds every loader's values (named
+  /// "<name>/dataloader_idx_<N>") and what the epoch hooks logged.
   Metrics validate(Module& module, DataModule& data, const std::string& ckpt_path = "");
   Metrics validate(Module& module, DataLoader val, const std::string& ckpt_path = "");
-  /// Runs one test pass and returns its epoch metrics.
+  /// One pass over each loader in turn; returns one Metrics per loader (Lightning's list of
+  /// dicts): what was logged during its batches, and what the epoch hooks logged.
+  std::vector<Metrics> validate(Module& module, std::vector<DataLoader> val,
+                                const std::string& ckpt_path = "");
+  /// Runs one test pass and returns its epoch metrics (several loaders: as validate).
   Metrics test(Module& module, DataModule& data, const std::string& ckpt_path = "");
   Metrics test(Module& module, DataLoader test, const std::string& ckpt_path = "");
+  std::vector<Metrics> test(Module& module, std::vector<DataLoader> test,
+                            const std::string& ckpt_path = "");
   /// Returns predict_step's outputs, one per batch (none with
-  /// TrainerOptions::return_predictions(false)).
+  /// TrainerOptions::return_predictions(false)). From a DataModule with several
+  /// predict_dataloaders(): every loader's, in loader order.
   std::vector<at::Tensor> predict(Module& module, DataModule& data,
                                   const std::string& ckpt_path = "");
   std::vector<at::Tensor> predict(Module& module, DataLoader data,
                                   const std::string& ckpt_path = "");
+  /// One list of outputs per loader (Lightning's list of lists).
+  std::vector<std::vector<at::Tensor>> predict(Module& module, std::vector<DataLoader> data,
+                                               const std::string& ckpt_path = "");
 
   /// Saves a full checkpoint of the module attached to the current/last fit; the file is on
   /// disk when it returns, whatever the CheckpointIO (an AsyncCheckpointIO is flushed).
@@ -68,12 +85,14 @@ class Trainer {
  private:
   void fit_with_restarts(Module& module, const std::string& ckpt_path,
                          const std::function<void(const std::string&)>& body);
-  /// `make_loader` runs after the setup hooks (a BatchSizeFinder may have resized the data).
-  Metrics run_eval(Module& module, Stage stage, const std::function<DataLoader()>& make_loader,
-                   const std::string& ckpt_path);
-  std::vector<at::Tensor> run_predict(Module& module,
-                                      const std::function<DataLoader()>& make_loader,
-                                      const std::string& ckpt_path);
+  /// `make_loaders` runs after the setup hooks (a BatchSizeFinder may have resized the data).
+  /// Returns each loader's metrics; `merged`, when given, gets all of them in one map.
+  std::vector<Metrics> run_eval(Module& module, Stage stage,
+                                const std::function<std::vector<DataLoader>()>& make_loaders,
+                                const std::string& ckpt_path, Metrics* merged = nullptr);
+  std::vector<std::vector<at::Tensor>> run_predict(
+      Module& module, const std::function<std::vector<DataLoader>()>& make_loaders,
+      const std::string& ckpt_path);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

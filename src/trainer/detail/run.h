@@ -11,6 +11,7 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -149,6 +150,12 @@ class Run : public RunContext {
   MetricStore train_metrics, eval_metrics;
   MetricStore* active_metrics = &train_metrics;
   LogScope scope = LogScope::kNone;
+  /// While the batches of one of several evaluation loaders run: its index, which log() adds to
+  /// the names (LogOptions::add_dataloader_idx); -1 otherwise.
+  int64_t log_dataloader = -1;
+  /// The names logged during an evaluation pass's loaders' batches, each with its loader: how a
+  /// pass's values are split per loader, and how one name logged from two loaders is caught.
+  std::map<std::string, int64_t> eval_key_loader;
   int64_t current_batch_size = 1;
   Metrics epoch_metrics;  // reduced epoch values (host) visible to callbacks
   Metrics logged;         // last values sent to loggers
@@ -374,15 +381,20 @@ std::string describe_global_batch(int64_t per_process, int64_t data_parallel, in
                                   int64_t last_batch = 0);
 /// A DataModule's training and validation loaders for `epoch`
 /// (reload_dataloaders_every_n_epochs).
-using LoaderReload = std::function<std::pair<DataLoader, c10::optional<DataLoader>>(int64_t epoch)>;
+using LoaderReload = std::function<std::pair<DataLoader, std::vector<DataLoader>>(int64_t epoch)>;
 /// loops/fit_loop.cpp: the whole of fit() after set-up. `reload`, when set, is how the loop gets
 /// new loaders (fit from a DataModule); without it the given loaders serve every epoch.
-void fit_loop(Run& run, DataLoader& train, c10::optional<DataLoader>& val,
+void fit_loop(Run& run, DataLoader& train, std::vector<DataLoader>& val,
               const std::string& ckpt_path, const LoaderReload& reload = nullptr);
-/// loops/evaluation_loop.cpp: one validation or test pass over `limit` batches.
-Metrics evaluation_loop(Run& run, Stage stage, DataLoader& loader, int64_t limit);
-/// loops/prediction_loop.cpp: predict_step over `limit` batches.
-std::vector<at::Tensor> prediction_loop(Run& run, DataLoader& loader, int64_t limit);
+/// loops/evaluation_loop.cpp: one validation or test pass, over `limits[i]` batches of each
+/// loader in turn. Returns each loader's epoch metrics (what was logged during its batches and
+/// what the epoch hooks logged); `merged`, when given, gets them all in one map.
+std::vector<Metrics> evaluation_loop(Run& run, Stage stage, std::vector<DataLoader>& loaders,
+                                     const std::vector<int64_t>& limits, Metrics* merged = nullptr);
+/// loops/prediction_loop.cpp: predict_step over `limits[i]` batches of each loader in turn; the
+/// outputs per loader.
+std::vector<std::vector<at::Tensor>> prediction_loop(Run& run, std::vector<DataLoader>& loaders,
+                                                     const std::vector<int64_t>& limits);
 
 }  // namespace detail
 }  // namespace volt

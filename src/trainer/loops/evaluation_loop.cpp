@@ -6,7 +6,8 @@
 namespace volt {
 namespace detail {
 
-Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) {
+std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader>& loaders,
+                                     const std::vector<int64_t>& limits, Metrics* merged) {
   Module& m = *r.module;
   const bool sanity = r.st.stage == Stage::kSanityCheck;
   const bool is_test = stage == Stage::kTest;
@@ -18,6 +19,10 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
   r.eval_metrics.clear();
   r.eval_pass = sanity ? "sanity-check validation" : is_test ? "test" : "validation";
   r.eval_batch = -1;
+  r.eval_key_loader.clear();
+  r.st.num_dataloaders = static_cast<int64_t>(loaders.size());
+  r.st.dataloader_idx = 0;
+  r.st.num_eval_batches = limits.empty() ? 0 : limits.front();
   // Lightning's order, the sanity check's pass included (its logged values are dropped).
   m.save_training_modes();
   if (is_test) {
@@ -38,49 +43,55 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
         [&](Callback& c) { c.on_validation_epoch_start(r, m); });
   }
   r.scope = LogScope::kEval;
-  r.st.num_eval_batches = limit;
-  BatchStream stream = loader.stream(0, 0, limit);
-  Batch raw;
-  int64_t idx = 0;
   // A stop signal ends validate()/test() (Run::check_stop_in_evaluation); inside fit the
   // training loop acts on it.
   const bool entry_point = r.st.stage == stage;
-  for (r.eval_batch = 0;
-       r.next_batch(stream, raw, is_test ? "get_test_batch" : "get_validation_batch");
-       r.eval_batch = idx) {
-    Batch batch = r.transfer(std::move(raw));
-    r.current_batch_size = batch.size();
-    if (is_test) {
-      r.hook(
-          "on_test_batch_start", [&](Module& mm) { mm.on_test_batch_start(batch, idx); },
-          [&](Callback& c) { c.on_test_batch_start(r, m, batch, idx); });
-    } else {
-      r.hook(
-          "on_validation_batch_start",
-          [&](Module& mm) { mm.on_validation_batch_start(batch, idx); },
-          [&](Callback& c) { c.on_validation_batch_start(r, m, batch, idx); });
-    }
-    {
-      Run::Part part(r, is_test ? "test_step" : "validation_step");
-      ProfileScope p(r.prof, is_test ? "test_step" : "validation_step");
+  // Several loaders run one after the other (Lightning's sequential mode), each from batch 0.
+  for (size_t d = 0; d < loaders.size(); ++d) {
+    r.st.dataloader_idx = static_cast<int64_t>(d);
+    r.st.num_eval_batches = limits[d];
+    r.log_dataloader = loaders.size() > 1 ? static_cast<int64_t>(d) : -1;
+    BatchStream stream = loaders[d].stream(0, 0, limits[d]);
+    Batch raw;
+    int64_t idx = 0;
+    for (r.eval_batch = 0;
+         r.next_batch(stream, raw, is_test ? "get_test_batch" : "get_validation_batch");
+         r.eval_batch = idx) {
+      Batch batch = r.transfer(std::move(raw));
+      r.current_batch_size = batch.size();
       if (is_test) {
-        r.strategy().test_step(m, batch, idx);
+        r.hook(
+            "on_test_batch_start", [&](Module& mm) { mm.on_test_batch_start(batch, idx); },
+            [&](Callback& c) { c.on_test_batch_start(r, m, batch, idx); });
       } else {
-        r.strategy().validation_step(m, batch, idx);
+        r.hook(
+            "on_validation_batch_start",
+            [&](Module& mm) { mm.on_validation_batch_start(batch, idx); },
+            [&](Callback& c) { c.on_validation_batch_start(r, m, batch, idx); });
       }
+      {
+        Run::Part part(r, is_test ? "test_step" : "validation_step");
+        ProfileScope p(r.prof, is_test ? "test_step" : "validation_step");
+        if (is_test) {
+          r.strategy().test_step(m, batch, idx);
+        } else {
+          r.strategy().validation_step(m, batch, idx);
+        }
+      }
+      if (is_test) {
+        r.hook(
+            "on_test_batch_end", [&](Module& mm) { mm.on_test_batch_end(batch, idx); },
+            [&](Callback& c) { c.on_test_batch_end(r, m, batch, idx); });
+      } else {
+        r.hook(
+            "on_validation_batch_end", [&](Module& mm) { mm.on_validation_batch_end(batch, idx); },
+            [&](Callback& c) { c.on_validation_batch_end(r, m, batch, idx); });
+      }
+      ++idx;
+      if (entry_point) r.check_stop_in_evaluation(/*pass_done=*/false);
     }
-    if (is_test) {
-      r.hook(
-          "on_test_batch_end", [&](Module& mm) { mm.on_test_batch_end(batch, idx); },
-          [&](Callback& c) { c.on_test_batch_end(r, m, batch, idx); });
-    } else {
-      r.hook(
-          "on_validation_batch_end", [&](Module& mm) { mm.on_validation_batch_end(batch, idx); },
-          [&](Callback& c) { c.on_validation_batch_end(r, m, batch, idx); });
-    }
-    ++idx;
-    if (entry_point) r.check_stop_in_evaluation(/*pass_done=*/false);
   }
+  r.log_dataloader = -1;
   r.eval_batch = -1;
   if (entry_point) r.check_stop_in_evaluation(/*pass_done=*/true);
   Metrics result;
@@ -115,7 +126,21 @@ Metrics evaluation_loop(Run& r, Stage stage, DataLoader& loader, int64_t limit) 
   r.scope = saved_scope;
   r.current_batch_size = saved_bs;
   r.eval_pass = nullptr;
-  return result;
+  r.st.dataloader_idx = 0;
+  // Each loader's values: those logged during its batches, and those of the epoch hooks (which
+  // belong to no loader), as Lightning's list of one dict per loader.
+  std::vector<Metrics> per_loader(loaders.size());
+  for (const auto& kv : result) {
+    const auto it = r.eval_key_loader.find(kv.first);
+    if (it != r.eval_key_loader.end()) {
+      per_loader[static_cast<size_t>(it->second)].insert(kv);
+    } else {
+      for (auto& m : per_loader) m.insert(kv);
+    }
+  }
+  r.eval_key_loader.clear();
+  if (merged != nullptr) *merged = std::move(result);
+  return per_loader;
 }
 
 }  // namespace detail

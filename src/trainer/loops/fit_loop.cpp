@@ -17,8 +17,21 @@ namespace volt {
 namespace detail {
 namespace {
 
-bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const c10::optional<DataLoader>& val) {
-  if (!val || r.val_limit(*val) == 0) return false;
+// The batches each validation loader runs in a pass, and whether a pass runs any.
+std::vector<int64_t> val_limits(const Run& r, const std::vector<DataLoader>& val) {
+  std::vector<int64_t> limits;
+  for (const auto& v : val) limits.push_back(r.val_limit(v));
+  return limits;
+}
+bool validates(const Run& r, const std::vector<DataLoader>& val) {
+  for (const auto& v : val) {
+    if (r.val_limit(v) > 0) return true;
+  }
+  return false;
+}
+
+bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const std::vector<DataLoader>& val) {
+  if (!validates(r, val)) return false;
   if (r.fast_dev) return idx + 1 == n;  // Lightning's fast_dev_run sets val_check_interval=1.0
   if ((r.st.epoch + 1) % r.opts.check_val_every_n_epoch() != 0) return false;
   const Limit& vci = r.opts.val_check_interval();
@@ -48,11 +61,11 @@ bool stop_now(Run& r) {
   return false;
 }
 
-void validate_now(Run& r, DataLoader& val) {
+void validate_now(Run& r, std::vector<DataLoader>& val) {
   r.module_hook("on_validation_model_zero_grad",
                 [](Module& m) { m.on_validation_model_zero_grad(); });
   // Ends in training mode again, the due validation marked as run (val_pending).
-  evaluation_loop(r, Stage::kValidate, val, r.val_limit(val));
+  evaluation_loop(r, Stage::kValidate, val, val_limits(r, val));
 }
 
 // overfit_batches trains on the same batches every epoch: the training loader without its
@@ -71,7 +84,7 @@ DataLoader unshuffled_for_overfitting(const Run& r, const DataLoader& train) {
 
 // Before anything runs, as Lightning's data set-up: a loader without batches trains nothing
 // (warned), and an int val_check_interval above the epoch's batches would never validate.
-void check_loaders(const Run& r, const DataLoader& train, const c10::optional<DataLoader>& val) {
+void check_loaders(const Run& r, const DataLoader& train, const std::vector<DataLoader>& val) {
   if (train.num_batches() == 0) {
     log_warning("Trainer",
                 "the training DataLoader has no batches (its dataset is empty on this process), "
@@ -81,14 +94,13 @@ void check_loaders(const Run& r, const DataLoader& train, const c10::optional<Da
   }
   const int64_t n = r.train_limit(train);
   const Limit& vci = r.opts.val_check_interval();
-  VOLT_CHECK(r.fast_dev || !val || n == 0 || r.val_limit(*val) == 0 || vci.is_fraction() ||
-                 vci.count() <= n,
+  VOLT_CHECK(r.fast_dev || n == 0 || !validates(r, val) || vci.is_fraction() || vci.count() <= n,
              ConfigError, "[Trainer] val_check_interval=", vci.count(), " is more than the ", n,
              " training batches of an epoch, so validation would never run; use a count <= ", n,
              ", a fraction such as 0.5, or limit_val_batches=0 to turn validation off.");
 }
 
-void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val, bool first) {
+void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool first) {
   Module& m = *r.module;
   LoopState& st = r.st;
   // The module's own traced functions (a traced forward) are checked again at their next call:
@@ -103,7 +115,13 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val, bool
   // A hook may have frozen or unfrozen layers (BaseFinetuning); DDP rebuilds its buckets.
   r.check_trainable_parameters();
   // Resumed from a checkpoint written just before a due validation: run it first.
-  if (st.val_pending) validate_now(r, *val);
+  if (st.val_pending) {
+    if (validates(r, val)) {
+      validate_now(r, val);
+    } else {
+      st.val_pending = false;  // resumed without the validation data it was due on
+    }
+  }
   if (st.batches_done < n) {
     BatchStream stream = train.stream(st.epoch, st.batches_done, n - st.batches_done);
     // Pinned batches on a CUDA run: batch i+1 is fetched as soon as step i is enqueued and
@@ -147,7 +165,7 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val, bool
       if (stepped && st.global_step % r.opts.log_every_n_steps() == 0) {
         r.send_to_loggers(r.train_metrics.step_values(true, false));
       }
-      if (validate) validate_now(r, *val);
+      if (validate) validate_now(r, val);
       // Signals, request_stop() and max_time, agreed over the ranks. Lagged (the exchange runs
       // while the next batch computes) except after a validation, whose request (EarlyStopping)
       // stops this batch as in one process.
@@ -171,17 +189,20 @@ void train_epoch(Run& r, DataLoader& train, c10::optional<DataLoader>& val, bool
 
 /// Validation batches before training. It restores the RNG state afterwards, so enabling it
 /// never changes the training trajectory.
-void sanity_check(Run& r, DataLoader& val) {
+void sanity_check(Run& r, std::vector<DataLoader>& val) {
   const int64_t sanity_steps = r.fast_dev ? 0 : r.opts.num_sanity_val_steps();
-  const int64_t limit = r.val_limit(val);
-  if (sanity_steps == 0 || limit == 0) return;
+  if (sanity_steps == 0 || !validates(r, val)) return;
+  // num_sanity_val_steps batches of each loader, as Lightning.
+  std::vector<int64_t> limits = val_limits(r, val);
+  if (sanity_steps > 0) {
+    for (auto& l : limits) l = std::min(l, sanity_steps);
+  }
   Module& m = *r.module;
   const auto rng = r.strategy().rng_states();
   const Stage saved = r.st.stage;
   r.st.stage = Stage::kSanityCheck;
   r.callback_hook("on_sanity_check_start", [&](Callback& c) { c.on_sanity_check_start(r, m); });
-  evaluation_loop(r, Stage::kValidate, val,
-                  sanity_steps < 0 ? limit : std::min(limit, sanity_steps));
+  evaluation_loop(r, Stage::kValidate, val, limits);
   r.callback_hook("on_sanity_check_end", [&](Callback& c) { c.on_sanity_check_end(r, m); });
   r.st.stage = saved;
   r.strategy().set_rng_states(rng);
@@ -254,19 +275,19 @@ std::string describe_global_batch(int64_t per_process, int64_t data_parallel, in
   return s.str();
 }
 
-void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_loader,
+void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loaders,
               const std::string& ckpt_path, const LoaderReload& reload) {
   Module& m = *r.module;
   DataLoader train = train_loader;
-  c10::optional<DataLoader> val;
+  std::vector<DataLoader> val;
   // The loaders as the loop runs them: sharded over the ranks, unshuffled when overfitting.
-  const auto prepare = [&](const DataLoader& t, const c10::optional<DataLoader>& v) {
+  const auto prepare = [&](const DataLoader& t, const std::vector<DataLoader>& v) {
     train = r.shard(r.overfitting() ? unshuffled_for_overfitting(r, t) : t);
-    val.reset();
-    if (v) val = r.shard(*v);
+    val.clear();
+    for (const auto& l : v) val.push_back(r.shard(l));
     check_loaders(r, train, val);
   };
-  prepare(train_loader, val_loader);
+  prepare(train_loader, val_loaders);
   // reload_dataloaders_every_n_epochs: new loaders from the DataModule at epochs 0, N, 2N...
   const int64_t reload_every = reload ? r.opts.reload_dataloaders_every_n_epochs() : 0;
   int64_t loaded_epoch = 0;
@@ -287,7 +308,10 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
     std::ostringstream s;
     s << "overfit_batches=" << r.opts.overfit_batches() << ": every epoch trains on the same "
       << r.train_limit(train) << " batch(es)";
-    if (val) s << " and validates on " << r.val_limit(*val);
+    if (!val.empty()) {
+      s << " and validates on " << r.val_limit(val.front());
+      if (val.size() > 1) s << " of each of the " << val.size() << " validation loaders";
+    }
     s << " (in place of limit_train_batches and limit_val_batches).";
     log_info("Trainer", s.str());
   }
@@ -371,7 +395,7 @@ void fit_loop(Run& r, DataLoader& train_loader, c10::optional<DataLoader>& val_l
                             train.options().batch_size(), r.strategy().data_shard().world_size,
                             r.st.accumulate_grad_batches, train.last_batch_size()));
   }
-  if (val) sanity_check(r, *val);
+  sanity_check(r, val);
 
   // max_time counts training from here, as Lightning's Timer (which starts in on_train_start):
   // the set-up, the restore, on_fit_start (a tuner callback's trials) and the sanity check are
