@@ -234,6 +234,33 @@ void check_some(const std::vector<DataLoader>& loaders, Stage stage) {
              "() was given an empty list of loaders; pass at least one DataLoader.");
 }
 
+// What validate/test/predict start with inside the run: the weights of `ckpt_path` when it names
+// a checkpoint, then the loaders sharded over the ranks, each with the batches it runs
+// (limit_*_batches and fast_dev_run; validation also overfit_batches, as in fit).
+struct EvalData {
+  std::vector<DataLoader> loaders;
+  std::vector<int64_t> limits;
+};
+EvalData start_eval(detail::Run& s, Stage stage, const std::string& ckpt_path,
+                    const std::vector<DataLoader>& given) {
+  const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, stage);
+  if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
+  EvalData d;
+  for (const DataLoader& loader : given) {
+    d.loaders.push_back(s.shard(loader));
+    const DataLoader& l = d.loaders.back();
+    if (stage == Stage::kValidate) {
+      d.limits.push_back(s.val_limit(l));
+      continue;
+    }
+    const Limit& limit =
+        stage == Stage::kTest ? s.opts.limit_test_batches() : s.opts.limit_predict_batches();
+    const int64_t n = limit.resolve(l.num_batches());
+    d.limits.push_back(s.fast_dev ? std::min(n, s.opts.fast_dev_run()) : n);
+  }
+  return d;
+}
+
 // A DataModule's loaders, asked for inside the run (after the setup hooks, where a
 // BatchSizeFinder sets the size); none is a ConfigError.
 std::function<std::vector<DataLoader>()> stage_loaders(DataModule& data, Stage stage) {
@@ -289,22 +316,8 @@ std::vector<Metrics> Trainer::run_eval(Module& module, Stage stage,
   Impl& s = *impl_;
   std::vector<Metrics> out;
   s.guarded(module, stage, [&] {
-    const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, stage);
-    if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
-    std::vector<DataLoader> loaders;
-    std::vector<int64_t> limits;
-    for (const DataLoader& loader : make_loaders()) {
-      loaders.push_back(s.shard(loader));
-      int64_t n = 0;
-      if (stage == Stage::kTest) {
-        n = s.opts.limit_test_batches().resolve(loaders.back().num_batches());
-        if (s.fast_dev) n = std::min(n, s.opts.fast_dev_run());
-      } else {
-        n = s.val_limit(loaders.back());  // with fast_dev_run and overfit_batches, as in fit
-      }
-      limits.push_back(n);
-    }
-    out = detail::evaluation_loop(s, stage, loaders, limits, merged);
+    EvalData d = start_eval(s, stage, ckpt_path, make_loaders());
+    out = detail::evaluation_loop(s, stage, d.loaders, d.limits, merged);
   });
   return out;
 }
@@ -355,17 +368,8 @@ std::vector<std::vector<at::Tensor>> Trainer::run_predict(
   Impl& s = *impl_;
   std::vector<std::vector<at::Tensor>> out;
   s.guarded(module, Stage::kPredict, [&] {
-    const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, Stage::kPredict);
-    if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
-    std::vector<DataLoader> loaders;
-    std::vector<int64_t> limits;
-    for (const DataLoader& loader : make_loaders()) {
-      loaders.push_back(s.shard(loader));
-      int64_t n = s.opts.limit_predict_batches().resolve(loaders.back().num_batches());
-      if (s.fast_dev) n = std::min(n, s.opts.fast_dev_run());
-      limits.push_back(n);
-    }
-    out = detail::prediction_loop(s, loaders, limits);
+    EvalData d = start_eval(s, Stage::kPredict, ckpt_path, make_loaders());
+    out = detail::prediction_loop(s, d.loaders, d.limits);
   });
   return out;
 }
