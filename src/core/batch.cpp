@@ -2,10 +2,72 @@
 
 #include <torch/torch.h>
 
+#include "volt/core/check.h"
+
 namespace volt {
 
 int64_t Batch::size() const {
-  return input.defined() && input.dim() > 0 ? input.size(0) : 0;
+  if (input.defined()) return input.dim() > 0 ? input.size(0) : 0;
+  int64_t n = 0;
+  for (const auto& name : part_names()) n += part(name).size();
+  return n;
+}
+
+std::vector<std::string> Batch::part_names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : extra) {
+    const auto slash = kv.first.find('/');
+    if (slash == std::string::npos || slash == 0) continue;
+    std::string name = kv.first.substr(0, slash);
+    if (out.empty() || out.back() != name) out.push_back(std::move(name));  // keys are sorted
+  }
+  return out;
+}
+
+namespace {
+
+// The extra entries of part `name`: [first, last) of the sorted map.
+template <typename Map>
+std::pair<typename Map::const_iterator, typename Map::const_iterator> part_range(
+    const Map& extra, const std::string& name) {
+  const std::string prefix = name + "/";
+  auto first = extra.lower_bound(prefix);
+  auto last = first;
+  while (last != extra.end() && last->first.compare(0, prefix.size(), prefix) == 0) ++last;
+  return {first, last};
+}
+
+}  // namespace
+
+bool Batch::has_part(const std::string& name) const {
+  const auto r = part_range(extra, name);
+  return !name.empty() && r.first != r.second;
+}
+
+Batch Batch::part(const std::string& name) const {
+  const auto r = part_range(extra, name);
+  if (name.empty() || r.first == r.second) {
+    const auto names = part_names();
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    throw ValueError(detail::str_cat(
+        "[Batch] this batch has no part '", name, "' (",
+        names.empty() ? std::string("it is not a combined loader's batch") : "its parts: " + list,
+        "); a CombineMode::kMaxSize loader that has run out is absent from the epoch's later "
+        "batches: check has_part() first."));
+  }
+  Batch out;
+  for (auto it = r.first; it != r.second; ++it) {
+    const std::string key = it->first.substr(name.size() + 1);
+    if (key == "input") {
+      out.input = it->second;
+    } else if (key == "target") {
+      out.target = it->second;
+    } else {
+      out.extra.emplace(key, it->second);
+    }
+  }
+  return out;
 }
 
 Batch Batch::to(const c10::Device& device, bool non_blocking) const {

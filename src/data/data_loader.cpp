@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -23,6 +24,106 @@ std::ostream& operator<<(std::ostream& os, const DataLoaderOptions& o) {
             << ", world_size=" << o.world_size() << ")";
 }
 
+std::ostream& operator<<(std::ostream& os, CombineMode mode) {
+  switch (mode) {
+    case CombineMode::kMaxSizeCycle: return os << "max_size_cycle";
+    case CombineMode::kMinSize: return os << "min_size";
+    case CombineMode::kMaxSize: return os << "max_size";
+  }
+  return os << "CombineMode(" << static_cast<int>(mode) << ")";
+}
+
+struct DataLoader::Combined {
+  std::vector<std::string> names;
+  std::vector<DataLoader> loaders;
+  CombineMode mode = CombineMode::kMaxSizeCycle;
+};
+
+namespace {
+
+// Batches per epoch of a combined loader.
+int64_t combined_count(const std::vector<DataLoader>& loaders, CombineMode mode) {
+  int64_t n = loaders.front().num_batches();
+  for (const auto& l : loaders) {
+    n = mode == CombineMode::kMinSize ? std::min(n, l.num_batches()) : std::max(n, l.num_batches());
+  }
+  return n;
+}
+
+// Where batch `i` of a combined epoch comes from in a loader of `n` batches: whether it has one
+// there, which pass over the loader (max_size_cycle starts it again) and which batch of that pass.
+struct PartPosition {
+  bool present;
+  int64_t pass;
+  int64_t index;
+};
+
+PartPosition part_position(CombineMode mode, int64_t n, int64_t i) {
+  if (mode == CombineMode::kMaxSizeCycle) return {n > 0, n > 0 ? i / n : 0, n > 0 ? i % n : 0};
+  return {i < n, 0, i};
+}
+
+// The sampler epoch of pass `pass` in `epoch`: the epoch itself for the first pass, then numbers
+// no real epoch reaches, so each further pass over a shuffling loader has an order of its own.
+int64_t pass_epoch(int64_t epoch, int64_t pass) {
+  return pass == 0 ? epoch : epoch + (pass << 32);
+}
+
+DataLoaderOptions combined_options(const std::vector<DataLoader>& loaders) {
+  DataLoaderOptions o = loaders.front().options();
+  int64_t batch_size = 0;
+  bool shuffle = false, pin = true, prefetch = true;
+  for (const auto& l : loaders) {
+    batch_size += l.options().batch_size();
+    shuffle = shuffle || l.options().shuffle();
+    pin = pin && l.options().pin_memory();
+    prefetch = prefetch && l.options().prefetch_to_device();
+  }
+  return o.batch_size(batch_size).shuffle(shuffle).pin_memory(pin).prefetch_to_device(prefetch);
+}
+
+// Puts one loader's batch into a combined batch as the extra entries `<name>/...`.
+void add_part(Batch& out, const std::string& name, Batch&& b) {
+  if (b.input.defined()) out.extra.emplace(name + "/input", std::move(b.input));
+  if (b.target.defined()) out.extra.emplace(name + "/target", std::move(b.target));
+  for (auto& kv : b.extra) {
+    VOLT_CHECK(kv.first != "input" && kv.first != "target", ConfigError,
+               "[DataLoader] combined loader '", name,
+               "' gives a batch with an extra tensor named '", kv.first, "', which its part's ",
+               kv.first, " would overwrite; rename that extra tensor.");
+    out.extra.emplace(name + "/" + kv.first, std::move(kv.second));
+  }
+}
+
+}  // namespace
+
+DataLoader combined_loader(std::vector<std::pair<std::string, DataLoader>> loaders,
+                           CombineMode mode) {
+  VOLT_CHECK(!loaders.empty(), ConfigError,
+             "[DataLoader] combined_loader was given no loaders; pass at least one (name, "
+             "loader) pair.");
+  auto c = std::make_shared<DataLoader::Combined>();
+  c->mode = mode;
+  for (auto& nl : loaders) {
+    VOLT_CHECK(!nl.first.empty() && nl.first.find('/') == std::string::npos, ConfigError,
+               "[DataLoader] combined_loader: the name '", nl.first,
+               "' is empty or has a '/'; name each loader with a non-empty name without '/' "
+               "(Batch::part(name) reads it back).");
+    VOLT_CHECK(std::find(c->names.begin(), c->names.end(), nl.first) == c->names.end(), ConfigError,
+               "[DataLoader] combined_loader: two loaders are named '", nl.first,
+               "'; give each a name of its own.");
+    c->names.push_back(nl.first);
+    c->loaders.push_back(std::move(nl.second));
+  }
+  return DataLoader(std::shared_ptr<const DataLoader::Combined>(std::move(c)));
+}
+
+DataLoader::DataLoader(std::shared_ptr<const Combined> combined)
+    : dataset_(combined->loaders.front().dataset_),
+      options_(combined_options(combined->loaders)),
+      sampler_(combined->loaders.front().sampler_),
+      combined_(std::move(combined)) {}
+
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options)
     : dataset_(std::move(dataset)),
       options_(std::move(options)),
@@ -38,23 +139,58 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
              "[DataLoader] prefetch_factor=", options_.prefetch_factor(), " must be >= 1.");
 }
 
+// This combined loader with each of its loaders changed by `change`, names and mode kept.
+DataLoader DataLoader::recombined(
+    const std::function<DataLoader(const DataLoader&)>& change) const {
+  std::vector<std::pair<std::string, DataLoader>> parts;
+  for (size_t j = 0; j < combined_->loaders.size(); ++j) {
+    parts.emplace_back(combined_->names[j], change(combined_->loaders[j]));
+  }
+  return combined_loader(std::move(parts), combined_->mode);
+}
+
 DataLoader DataLoader::sharded(int64_t rank, int64_t world_size) const {
+  if (combined_)
+    return recombined([&](const DataLoader& l) { return l.sharded(rank, world_size); });
   DataLoaderOptions o = options_;
   o.rank(rank).world_size(world_size);
   return with_options(std::move(o));
 }
 
 DataLoader DataLoader::with_options(DataLoaderOptions options) const {
+  VOLT_CHECK(!combined_, ConfigError,
+             "[DataLoader] a combined loader's options are its loaders'; set them on each loader "
+             "before combined_loader().");
   return DataLoader(dataset_, std::move(options));
 }
 
+DataLoader DataLoader::with_shuffle(bool shuffle) const {
+  if (combined_) return recombined([&](const DataLoader& l) { return l.with_shuffle(shuffle); });
+  DataLoaderOptions o = options_;
+  o.shuffle(shuffle);
+  return with_options(std::move(o));
+}
+
 int64_t DataLoader::num_batches() const {
+  if (combined_) return combined_count(combined_->loaders, combined_->mode);
   const int64_t n = sampler_.size();
   const int64_t bs = options_.batch_size();
   return options_.drop_last() ? n / bs : (n + bs - 1) / bs;
 }
 
 int64_t DataLoader::last_batch_size() const {
+  if (combined_) {
+    // The parts of the epoch's last batch: each a full batch of its loader, or its last one.
+    const int64_t last = num_batches() - 1;
+    int64_t samples = 0;
+    for (const auto& l : combined_->loaders) {
+      const PartPosition p =
+          part_position(combined_->mode, l.num_batches(), std::max<int64_t>(last, 0));
+      if (last < 0 || !p.present) continue;
+      samples += p.index == l.num_batches() - 1 ? l.last_batch_size() : l.options().batch_size();
+    }
+    return samples;
+  }
   const int64_t n = sampler_.size(), bs = options_.batch_size();
   if (num_batches() == 0) return 0;
   return options_.drop_last() || n % bs == 0 ? bs : n % bs;
@@ -78,6 +214,10 @@ Batch DataLoader::make_batch(const std::vector<int64_t>& indices) const {
 }
 
 struct BatchStream::Impl {
+  // A copy of the loader (shared data set, a few options): a stream may outlive the DataLoader
+  // it came from (`for (auto s = make_loader().stream(0); s.next(b);)`).
+  explicit Impl(const DataLoader& l) : own(l), loader(&own) {}
+  const DataLoader own;
   const DataLoader* loader;
   std::vector<int64_t> order;
   int64_t first = 0;  // first batch index of this pass (within the epoch)
@@ -93,6 +233,36 @@ struct BatchStream::Impl {
   bool stop = false;
   std::exception_ptr error;
   std::vector<std::thread> workers;
+
+  // Combined loader: its loaders and, per loader, the pass being read and its number.
+  std::shared_ptr<const DataLoader::Combined> combined;
+  int64_t epoch = 0;
+  std::vector<std::unique_ptr<BatchStream>> passes;
+  std::vector<int64_t> pass_of;
+
+  Batch next_combined() {
+    const DataLoader::Combined& c = *combined;
+    const int64_t i = first + consumed;
+    Batch out;
+    for (size_t j = 0; j < c.loaders.size(); ++j) {
+      const DataLoader& l = c.loaders[j];
+      const int64_t n = l.num_batches();
+      const PartPosition p = part_position(c.mode, n, i);
+      if (!p.present) continue;
+      if (!passes[j] || pass_of[j] != p.pass) {
+        // Only the batches of this pass that the combined stream will still read, so that a
+        // loader's workers build no batch nobody takes.
+        const int64_t wanted = std::min(n - p.index, count - consumed);
+        passes[j] =
+            std::make_unique<BatchStream>(l.stream(pass_epoch(epoch, p.pass), p.index, wanted));
+        pass_of[j] = p.pass;
+      }
+      Batch b;
+      VOLT_ASSERT(passes[j]->next(b), "combined loader '", c.names[j], "' ran out at batch ", i);
+      add_part(out, c.names[j], std::move(b));
+    }
+    return out;
+  }
 
   std::vector<int64_t> indices_of(int64_t k) const {
     const int64_t bs = loader->options().batch_size();
@@ -139,8 +309,26 @@ BatchStream DataLoader::stream(int64_t epoch, int64_t first_batch, int64_t max_b
   const int64_t total = num_batches();
   VOLT_CHECK(first_batch >= 0 && first_batch <= total, ValueError,
              "[DataLoader] first_batch=", first_batch, " is outside [0, ", total, "].");
-  auto impl = std::make_unique<BatchStream::Impl>();
-  impl->loader = this;
+  auto impl = std::make_unique<BatchStream::Impl>(*this);
+  if (combined_) {
+    if (combined_->mode == CombineMode::kMaxSizeCycle && total > 0) {
+      for (size_t j = 0; j < combined_->loaders.size(); ++j) {
+        VOLT_CHECK(combined_->loaders[j].num_batches() > 0, ConfigError,
+                   "[DataLoader] combined loader '", combined_->names[j],
+                   "' has no batches (its data set is empty on this process), and "
+                   "CombineMode::kMaxSizeCycle cannot start an empty loader again; give it data "
+                   "or combine with CombineMode::kMaxSize.");
+      }
+    }
+    impl->combined = combined_;
+    impl->epoch = epoch;
+    impl->first = first_batch;
+    impl->count = total - first_batch;
+    if (max_batches >= 0) impl->count = std::min(impl->count, max_batches);
+    impl->passes.resize(combined_->loaders.size());
+    impl->pass_of.assign(combined_->loaders.size(), -1);
+    return BatchStream(std::move(impl));
+  }
   impl->order = sampler_.indices(epoch);
   impl->first = first_batch;
   impl->count = total - first_batch;
@@ -165,13 +353,18 @@ int64_t BatchStream::size() const {
 }
 
 std::vector<int64_t> BatchStream::last_indices() const {
-  if (impl_->consumed == 0) return {};
+  if (impl_->consumed == 0 || impl_->combined) return {};
   return impl_->indices_of(impl_->consumed - 1);
 }
 
 bool BatchStream::next(Batch& out) {
   Impl& s = *impl_;
   if (s.consumed >= s.count) return false;
+  if (s.combined) {
+    out = s.next_combined();
+    ++s.consumed;
+    return true;
+  }
   if (s.workers.empty()) {
     out = s.loader->make_batch(s.indices_of(s.consumed));
     ++s.consumed;

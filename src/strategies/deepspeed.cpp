@@ -520,9 +520,17 @@ DataShard DeepSpeedStrategy::data_shard() const {
 
 Batch DeepSpeedStrategy::batch_to_device(const Batch& batch) const {
   Batch b = DdpStrategy::batch_to_device(batch);
-  if ((options_.dtype() == "bfloat16" || cast_for_masters_) && b.input.defined() &&
-      b.input.is_floating_point()) {
-    b.input = b.input.to(at::kBFloat16);
+  if (options_.dtype() != "bfloat16" && !cast_for_masters_) return b;
+  auto cast = [](at::Tensor& t) {
+    if (t.defined() && t.is_floating_point()) t = t.to(at::kBFloat16);
+  };
+  cast(b.input);
+  // A combined loader's batch: each part's input (the extra entries `<part>/input`).
+  const std::string suffix = "/input";
+  for (auto& kv : b.extra) {
+    const std::string& k = kv.first;
+    if (k.size() > suffix.size() && k.compare(k.size() - suffix.size(), suffix.size(), suffix) == 0)
+      cast(kv.second);
   }
   return b;
 }

@@ -45,11 +45,11 @@ void Strategy::set_checkpoint_io(std::shared_ptr<CheckpointIO> checkpoint_io) {
 
 Batch Strategy::batch_to_device(const Batch& batch) const {
   const auto dev = root_device();
-  if (batch.input.defined() && batch.input.device() == dev) {
-    bool all_here = !batch.target.defined() || batch.target.device() == dev;
-    for (const auto& kv : batch.extra) all_here = all_here && kv.second.device() == dev;
-    if (all_here) return batch;  // CPU training: no copy at all
-  }
+  auto here = [&](const at::Tensor& t) { return !t.defined() || t.device() == dev; };
+  // (A combined loader's batch has its parts' tensors in `extra` and no input of its own.)
+  bool all_here = here(batch.input) && here(batch.target);
+  for (const auto& kv : batch.extra) all_here = all_here && here(kv.second);
+  if (all_here) return batch;  // CPU training: no copy at all
   return batch.to(dev, /*non_blocking=*/true);
 }
 

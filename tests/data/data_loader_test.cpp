@@ -11,6 +11,12 @@ std::shared_ptr<volt::TensorDataset> range_ds(int64_t n) {
   return std::make_shared<volt::TensorDataset>(x, torch::arange(n));
 }
 
+std::vector<int64_t> range_ids(int64_t n) {
+  std::vector<int64_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
 std::vector<int64_t> ids(volt::BatchStream s) {
   std::vector<int64_t> out;
   volt::Batch b;
@@ -75,6 +81,19 @@ TEST(DataLoader, WorkersYieldTheSameBatchesInOrder) {
   volt::DataLoader custom(range_ds(100),
                           volt::DataLoaderOptions(opts).num_workers(2).collate(collate));
   EXPECT_EQ(ids(inline_dl.stream(5)), ids(custom.stream(5)));
+}
+
+TEST(DataLoader, AStreamMayOutliveItsLoader) {
+  // `for (auto s = make_loader().stream(0); s.next(b);)`: the loader (and the only reference to
+  // its data set) is gone before the first batch; the stream keeps what it reads.
+  for (int64_t workers : {0, 2}) {
+    volt::BatchStream s =
+        volt::DataLoader(range_ds(64), volt::DataLoaderOptions(8).num_workers(workers)).stream(0);
+    // Memory of the size just freed, filled with something else, in case it is handed back.
+    std::vector<at::Tensor> reuse;
+    for (int i = 0; i < 8; ++i) reuse.push_back(torch::full({64, 1}, -1.0f));
+    EXPECT_EQ(ids(std::move(s)), range_ids(64)) << workers << " workers";
+  }
 }
 
 TEST(DataLoader, EarlyDestructionJoinsWorkers) {

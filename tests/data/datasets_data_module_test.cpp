@@ -96,4 +96,80 @@ TEST(DatasetsDataModule, MissingSetsAndBadSizesAreConfigErrors) {
   EXPECT_EQ(trainer.validate(model, only_val).count("val_acc"), 1u);
 }
 
+TEST(DatasetsDataModule, SeveralSetsPerStageGiveACombinedTrainingLoaderAndSeveralOthers) {
+  // Lightning's from_datasets with a mapping of training sets and sequences of the others.
+  const auto opts = volt::DataLoaderOptions(8).seed(3);
+  volt::DatasetsDataModule data(volt::StageDatasets()
+                                    .train("a", numbered(40))
+                                    .train("b", numbered(24))
+                                    .val(numbered(16))
+                                    .val(numbered(8))
+                                    .test(numbered(8)),
+                                opts);
+  const auto train = data.train_dataloader();
+  ASSERT_TRUE(train.is_combined());
+  EXPECT_EQ(train.num_batches(), 5);  // max_size_cycle: a's 5 batches, b's 3 started again
+  EXPECT_EQ(train.options().batch_size(), 16);
+  // Each set shuffled as a loader of its own with seed + its position.
+  std::vector<float> a, b;
+  auto stream = train.stream(0);
+  volt::Batch batch;
+  while (stream.next(batch)) {
+    for (int64_t i = 0; i < batch.part("a").size(); ++i)
+      a.push_back(batch.part("a").input[i][0].item<float>());
+    for (int64_t i = 0; i < batch.part("b").size(); ++i)
+      b.push_back(batch.part("b").input[i][0].item<float>());
+  }
+  EXPECT_EQ(a,
+            order_of(volt::DataLoader(numbered(40), volt::DataLoaderOptions(opts).shuffle(true))));
+  const auto b_alone =
+      order_of(volt::DataLoader(numbered(24), volt::DataLoaderOptions(opts).shuffle(true).seed(4)));
+  ASSERT_EQ(b.size(), 40u);
+  EXPECT_TRUE(std::equal(b_alone.begin(), b_alone.end(), b.begin()));
+
+  const auto vals = data.val_dataloaders();
+  ASSERT_EQ(vals.size(), 2u);
+  EXPECT_EQ(vals[0].num_batches(), 2);
+  EXPECT_EQ(vals[1].num_batches(), 1);
+  EXPECT_EQ(order_of(vals[1]), (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}));  // in order
+  EXPECT_EQ(data.val_dataloader()->num_batches(), 2);                          // the first
+  EXPECT_EQ(data.test_dataloaders().size(), 1u);
+  EXPECT_TRUE(data.predict_dataloaders().empty());
+  EXPECT_FALSE(data.predict_dataloader().has_value());
+  data.set_batch_size(4);  // every loader's, each part's
+  EXPECT_EQ(data.train_dataloader().options().batch_size(), 8);
+  EXPECT_EQ(data.val_dataloaders()[1].num_batches(), 2);
+
+  volt::DatasetsDataModule min_size(volt::StageDatasets()
+                                        .train("a", numbered(40))
+                                        .train("b", numbered(24))
+                                        .mode(volt::CombineMode::kMinSize),
+                                    opts);
+  EXPECT_EQ(min_size.train_dataloader().num_batches(), 3);
+  // One named set is still combined (Lightning's dict of one loader); an unnamed one is plain.
+  EXPECT_TRUE(volt::DatasetsDataModule(volt::StageDatasets().train("only", numbered(8)))
+                  .train_dataloader()
+                  .is_combined());
+  EXPECT_FALSE(volt::DatasetsDataModule(volt::StageDatasets().train(numbered(8)))
+                   .train_dataloader()
+                   .is_combined());
+}
+
+TEST(DatasetsDataModule, BadSetsPerStageAreConfigErrors) {
+  auto error = [](const volt::StageDatasets& sets) {
+    return error_of<volt::ConfigError>([&] { volt::DatasetsDataModule data(sets); });
+  };
+  auto has = [](const std::string& text, const std::string& phrase) {
+    return text.find(phrase) != std::string::npos;
+  };
+  EXPECT_TRUE(has(error(volt::StageDatasets()), "no data set given"));
+  EXPECT_TRUE(has(error(volt::StageDatasets().train(numbered(8)).train("b", numbered(8))),
+                  "an unnamed training set beside another"));
+  EXPECT_TRUE(has(error(volt::StageDatasets().train("a", numbered(8)).train("a", numbered(8))),
+                  "two loaders are named 'a'"));
+  EXPECT_TRUE(has(error(volt::StageDatasets().train("a", nullptr)), "training set 'a' is null"));
+  EXPECT_TRUE(has(error(volt::StageDatasets().val(numbered(8)).val(nullptr)),
+                  "a validation, test or predict set is null"));
+}
+
 }  // namespace

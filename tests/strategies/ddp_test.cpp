@@ -328,6 +328,22 @@ TEST(Ddp, SeveralValidationLoadersAreShardedAndSyncedEach) {
   EXPECT_NE(u0[1].str(), u1[1].str()) << unsynced.output;
 }
 
+TEST(Ddp, ACombinedTrainingLoaderIsShardedLoaderByLoader) {
+  // Two processes on volt::combined_loader (128 samples in batches of 8 per process, 48 in
+  // batches of 4, the second starting again after 6 batches) equal one process whose loaders
+  // take the global batches (16 and 8): each loader was sharded, in the same order per pass.
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto ref = single_process_reference(dir.path, 16, 2, 1, false, {"--combined", "1"});
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "2", "--combined", "1"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_NE(job.output.find("rank 1 done step=16"), std::string::npos) << job.output;
+  expect_ranks_equal_reference(dir / "ddp", 2, ref);
+  // And not the weights of training on the first loader alone.
+  EXPECT_FALSE(torch::allclose(ref, single_process_reference(dir.path, 16, 2, 1, false), 1e-3));
+}
+
 // ------------------------------------------------------------------ external launchers
 
 std::map<std::string, std::string> torchrun_env(int rank, int world, int port) {

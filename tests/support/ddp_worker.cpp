@@ -23,6 +23,8 @@
 //       [--depth D]  (D more Linear(width, width) layers)
 //       [--batchnorm 0|1]  (a BatchNorm1d after fc1) [--sync-bn 0|1]
 //       [--trace 0|1]  (TrainerOptions::trace_training_step)
+//       [--combined 1]  (trains on volt::combined_loader: "a" the training set, "b" 48 more
+//       samples in batches of half the batch; max_size_cycle; the step sums the parts' losses)
 //       [--ema D]  (EMAWeightAveraging with decay D: the written weights are the average)
 //       [--prune F]  (ModelPruning: global L1 pruning of fraction F after each epoch, with the
 //       lottery ticket rewind)
@@ -118,7 +120,16 @@ class Net : public volt::Module {
   int64_t nan_grad_at = -1;  // this training_step call gives b2's last element a NaN gradient
   int64_t calls = 0;
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-    auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
+    torch::Tensor loss;
+    if (b.input.defined()) {
+      loss = torch::cross_entropy_loss(forward(b.input), b.target);
+    } else {  // --combined: each part's loss
+      loss = torch::zeros({});
+      for (const auto& name : b.part_names()) {
+        const volt::Batch part = b.part(name);
+        loss = loss + torch::cross_entropy_loss(forward(part.input), part.target);
+      }
+    }
     if (calls++ == nan_grad_at) {
       // sqrt(x - x): 0 forward (the loss stays finite), NaN backward (inf - inf).
       const auto last = b2.narrow(0, b2.size(0) - 1, 1);
@@ -493,9 +504,14 @@ int main(int argc, char** argv) {
     if (num("--val-loaders", 1) > 1) {  // a second validation set, of 48 samples
       vals.emplace_back(volt_test::blobs(48, 8, 3), volt::DataLoaderOptions(16));
     }
-    trainer.fit(model,
-                volt::DataLoader(train, volt::DataLoaderOptions(batch).shuffle(true).seed(11)),
-                vals, a.count("--resume") ? a["--resume"] : "");
+    volt::DataLoader train_loader(train, volt::DataLoaderOptions(batch).shuffle(true).seed(11));
+    if (num("--combined", 0) != 0) {
+      train_loader = volt::combined_loader(
+          {{"a", train_loader},
+           {"b", volt::DataLoader(volt_test::blobs(48, 8, 4),
+                                  volt::DataLoaderOptions(batch / 2).shuffle(true).seed(12))}});
+    }
+    trainer.fit(model, train_loader, vals, a.count("--resume") ? a["--resume"] : "");
     // fit()'s own peaks, before the flat copy of the weights below adds its own.
     const long rss_peak = status_kib("VmHWM");
     const int64_t tensors_peak = volt::cpu_memory_stats().max_in_use;

@@ -7,6 +7,8 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "volt/core/batch.h"
@@ -50,6 +52,22 @@ std::ostream& operator<<(std::ostream& os, const DataLoaderOptions& o);
 
 class BatchStream;
 
+/// How a combined loader's epoch ends (Lightning's CombinedLoader modes that training accepts;
+/// for one loader after another, as Lightning's "sequential", pass evaluation loaders as a list).
+enum class CombineMode {
+  /// As many batches as the longest loader; a shorter one starts again when it runs out, each
+  /// new pass over a shuffling loader in a new order (seeded by its seed, the epoch and the
+  /// pass). Lightning's mode for several training loaders.
+  kMaxSizeCycle,
+  /// As many batches as the shortest loader (Lightning's CombinedLoader default).
+  kMinSize,
+  /// As many batches as the longest loader; a loader that has run out is absent from the later
+  /// batches (Batch::has_part), as Lightning's None.
+  kMaxSize,
+};
+
+std::ostream& operator<<(std::ostream& os, CombineMode mode);
+
 /// A resumable loader: stream(epoch, start) yields exactly the batches a full pass would yield
 /// from `start` on, so a run resumed mid-epoch sees the same data as an uninterrupted one.
 class DataLoader {
@@ -67,20 +85,43 @@ class DataLoader {
   /// same seeded per-epoch order on every rank, padded to equal length, every
   /// world_size-th index from position `rank`).
   DataLoader sharded(int64_t rank, int64_t world_size) const;
-  /// A loader over the same dataset with other options (e.g. shuffling off).
+  /// A loader over the same dataset with other options (e.g. shuffling off). ConfigError for a
+  /// combined loader, whose options are its loaders': set them before combining.
   DataLoader with_options(DataLoaderOptions options) const;
+  /// This loader with shuffling on or off (each of a combined loader's loaders).
+  DataLoader with_shuffle(bool shuffle) const;
+  /// For a combined loader: its first loader's data set.
   const Dataset& dataset() const { return *dataset_; }
+  /// Whether this loader combines several (combined_loader).
+  bool is_combined() const { return combined_ != nullptr; }
 
  private:
   friend class BatchStream;
+  friend DataLoader combined_loader(std::vector<std::pair<std::string, DataLoader>>, CombineMode);
+  struct Combined;
+  explicit DataLoader(std::shared_ptr<const Combined> combined);
+  DataLoader recombined(const std::function<DataLoader(const DataLoader&)>& change) const;
   Batch make_batch(const std::vector<int64_t>& indices) const;
 
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
   Sampler sampler_;
+  std::shared_ptr<const Combined> combined_;  // set for a combined loader
 };
 
-/// One pass over part of an epoch. Worker exceptions are rethrown from next().
+/// Several loaders as one (Lightning's CombinedLoader): each batch holds a batch of each loader,
+/// read back with `batch.part(name)`; `mode` says how many batches an epoch has. Pass it where a
+/// DataLoader goes (`Trainer::fit(module, combined_loader({{"a", a}, {"b", b}}), val)`, a
+/// DataModule's train_dataloader()); exact resume, distributed sharding (each loader sharded) and
+/// worker threads (each loader's own) work as for one loader. Its options() are its first
+/// loader's with batch_size the sum of the loaders' (the samples of a full batch); its
+/// BatchStream::last_indices() is empty. Names must be distinct, non-empty and without '/';
+/// otherwise, and for no loaders, a ConfigError.
+DataLoader combined_loader(std::vector<std::pair<std::string, DataLoader>> loaders,
+                           CombineMode mode = CombineMode::kMaxSizeCycle);
+
+/// One pass over part of an epoch. Worker exceptions are rethrown from next(). It holds a copy
+/// of its loader (sharing the data set), so it may outlive the DataLoader it came from.
 class BatchStream {
  public:
   BatchStream(BatchStream&&) noexcept;
@@ -91,7 +132,7 @@ class BatchStream {
   /// Number of batches this pass yields in total.
   int64_t size() const;
   /// The dataset indices of the samples in the batch the latest next() returned, in its order
-  /// (empty before the first batch).
+  /// (empty before the first batch, and for a combined loader).
   std::vector<int64_t> last_indices() const;
 
  private:

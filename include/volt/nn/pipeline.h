@@ -21,8 +21,9 @@
 /// an embedding and the output projection) is held and trained by each of those stages: each
 /// computes the gradient of its own uses, and the pipeline's backward sums those over the stages
 /// that hold it (one all-reduce among them per backward; the other stages take no part), so each
-/// holds the whole gradient and steps the weight alike. Optimizers must list it once (libtorch's
-/// `parameters()` lists a shared layer's tensors once per name). Buffers cannot be shared across
+/// holds the whole gradient and steps the weight alike. Optimizers must list it once: libtorch's
+/// `parameters()` lists a shared layer's tensors once per name, so build them over
+/// volt::distinct_parameters(module) (volt/nn/parameters.h). Buffers cannot be shared across
 /// stages (ConfigError).
 ///
 /// Activation memory: GPipe's schedule keeps each micro-batch's activations from its forward to

@@ -77,9 +77,7 @@ DataLoader unshuffled_for_overfitting(const Run& r, const DataLoader& train) {
                 "overfit_batches: the training DataLoader shuffles; turning its shuffling off so "
                 "that every epoch trains on the same batches.");
   }
-  DataLoaderOptions o = train.options();
-  o.shuffle(false);
-  return train.with_options(o);
+  return train.with_shuffle(false);
 }
 
 // Before anything runs, as Lightning's data set-up: a loader without batches trains nothing
