@@ -342,6 +342,15 @@ TEST(Ddp, ACombinedTrainingLoaderIsShardedLoaderByLoader) {
   expect_ranks_equal_reference(dir / "ddp", 2, ref);
   // And not the weights of training on the first loader alone.
   EXPECT_FALSE(torch::allclose(ref, single_process_reference(dir.path, 16, 2, 1, false), 1e-3));
+  // Rank 1 killed at batch 11 (epoch 1, the second loader in its second pass there) and the
+  // job resumed from the checkpoint before: each rank ends as in the uninterrupted job.
+  const std::vector<std::string> args = {
+      "--devices",          "2", "--batch",    "8", "--epochs", "2",
+      "--ckpt-every-batch", "1", "--combined", "1"};
+  auto whole = run_plain(cat({"--root", dir / "whole", "--out", dir / "whole/w"}, args));
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  expect_ranks_equal_reference(dir / "whole/w", 2, ref);
+  expect_killed_job_resumes_like(dir / "whole", dir / "cut", args, "11");
 }
 
 // ------------------------------------------------------------------ external launchers

@@ -301,6 +301,57 @@ class RaggedBatches : public volt::Dataset {
   }
 };
 
+// Batches whose extra tensors differ by batch: "extra<i % kinds>" beside input and target (an
+// extra the step does not read), so a fit sees `kinds` batch layouts.
+class VaryingExtras : public volt::Dataset {
+ public:
+  explicit VaryingExtras(int64_t kinds) : kinds_(kinds) {}
+  int64_t size() const override { return 48; }
+  volt::Example get(int64_t) const override {
+    throw std::logic_error("VaryingExtras collates its own batches");
+  }
+  c10::optional<volt::Batch> get_batch(const std::vector<int64_t>& indices) const override {
+    auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(indices.front()));
+    volt::Batch b;
+    b.input = at::randn({static_cast<int64_t>(indices.size()), 8}, gen);
+    b.target = (b.input.sum(1) > 0).to(torch::kLong);
+    b.extra["extra" + std::to_string(indices.front() / 4 % kinds_)] = b.input * 2;
+    return b;
+  }
+
+ private:
+  int64_t kinds_;
+};
+
+TEST_F(TraceStep, EachBatchLayoutIsTracedUpToFourThenTheStepRunsEagerly) {
+  // 12 batches of 4 with 3 (then 5) layouts, each layout with its own trace; a fifth layout
+  // turns the step eager, naming the layouts. Both fits end where the eager fit ends.
+  for (int64_t kinds : {3, 5}) {
+    auto run = [&](bool traced) {
+      PlainNet net;
+      torch::manual_seed(3);
+      for (auto& p : net.parameters()) p.data().uniform_(-0.5, 0.5);
+      FitResult out;
+      out.lines = capture_logs([&] {
+        volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(2).trace_training_step(traced));
+        trainer.fit(net, volt::DataLoader(std::make_shared<VaryingExtras>(kinds),
+                                          volt::DataLoaderOptions(4).shuffle(false)));
+      });
+      out.weights = net.flat_params();
+      return out;
+    };
+    const FitResult eager = run(false);
+    const FitResult traced = run(true);
+    EXPECT_EQ(count(traced.lines, "trace of 'training_step'"), kinds == 3 ? 3 : 4);
+    EXPECT_EQ(count(traced.lines,
+                    "running training_step eagerly: the batches came in more than 4 layouts "
+                    "(which tensors they hold): (input target extra0), (input target extra1), "
+                    "(input target extra2), (input target extra3) and now (input target extra4)"),
+              kinds == 3 ? 0 : 1);
+    EXPECT_LT((eager.weights - traced.weights).abs().max().item<double>(), 1e-5) << kinds;
+  }
+}
+
 TEST_F(TraceStep, ASignatureThatKeepsChangingTurnsTheStepEager) {
   auto run = [&](bool traced) {
     PlainNet net;

@@ -23,6 +23,7 @@
 
 #include <list>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -40,6 +41,9 @@ namespace detail {
 namespace {
 
 constexpr int64_t kMaxTraces = 8;
+// Batch layouts (which tensors a batch holds: a combined loader in max_size mode loses a part
+// when that loader runs out) traced before the step runs eagerly.
+constexpr size_t kMaxLayouts = 4;
 
 // Which of a batch's tensors are defined, and the extras' names: a trace holds one layout.
 std::string layout_of(const Batch& b) {
@@ -82,12 +86,7 @@ struct LogSpec {
 
 class TracedOptimizationStep : public OptimizationStep {
  public:
-  explicit TracedOptimizationStep(Run& run)
-      : OptimizationStep(run),
-        traced_(
-            "training_step", *run.module,
-            [this](const std::vector<at::Tensor>& in) { return record(in); },
-            TraceOptions().max_traces(kMaxTraces)) {}
+  explicit TracedOptimizationStep(Run& run) : OptimizationStep(run) {}
 
   bool run(const Batch& batch, int64_t batch_idx, int64_t num_batches) override {
     if (!eager_ && !reasons_checked_) {
@@ -101,7 +100,9 @@ class TracedOptimizationStep : public OptimizationStep {
     // the 16th, 32nd, 64th, ... traced step too (a change is seen within twice the steps it
     // took to appear, at log2 cost; not sooner, since each check runs a step unfused).
     ++steps_;
-    if (steps_ >= 16 && (steps_ & (steps_ - 1)) == 0) traced_.recheck();
+    if (steps_ >= 16 && (steps_ & (steps_ - 1)) == 0) {
+      for (const auto& kv : layouts_) kv.second.fn->recheck();
+    }
     epoch_ = run_.module->current_epoch();
     Strategy& s = run_.strategy();
     s.set_training_step_call(
@@ -147,29 +148,44 @@ class TracedOptimizationStep : public OptimizationStep {
     Strategy& s = run_.strategy();
     if (eager_) return s.module_training_step(m, b, batch_idx);
     const std::string layout = layout_of(b);
-    if (layout_.empty()) layout_ = layout;
-    if (layout != layout_) {
-      go_eager("the batch's tensors changed from (" + layout_ + ") to (" + layout + ")");
-      return s.module_training_step(m, b, batch_idx);
+    auto found = layouts_.find(layout);
+    if (found == layouts_.end()) {
+      if (layouts_.size() >= kMaxLayouts) {
+        std::string seen;
+        for (const auto& kv : layouts_) seen += (seen.empty() ? "(" : ", (") + kv.first + ")";
+        go_eager("the batches came in more than " + std::to_string(kMaxLayouts) +
+                 " layouts (which tensors they hold): " + seen + " and now (" + layout + ")");
+        return s.module_training_step(m, b, batch_idx);
+      }
+      // A trace rebuilds the batch in its layout (batch_from), so each layout has a function
+      // of its own, with its traces per signature.
+      found = layouts_.emplace(layout, Layout{}).first;
+      found->second.fn = std::make_unique<TracedFunction>(
+          "training_step", *run_.module,
+          [this](const std::vector<at::Tensor>& in) { return record(in); },
+          TraceOptions().max_traces(kMaxTraces));
     }
+    layout_ = &found->second;
+    TracedFunction& traced = *layout_->fn;
     const std::vector<at::Tensor> in = tensors_of(b);
     batch_ = &b;
     batch_idx_ = batch_idx;
     recorded_ = false;
     std::vector<at::Tensor> out;
-    const std::string key = traced_.signature(in);
-    const TracedFunction::Stats before = traced_.stats();
+    // (Marks are kept across layouts: the key names both.)
+    const std::string key = "(" + layout + ") " + traced.signature(in);
+    const TracedFunction::Stats before = traced.stats();
     try {
-      out = traced_(in);
+      out = traced(in);
     } catch (const std::exception& e) {
       if (!recorded_) throw;  // a replay failed: not a tracing matter
       // The eager step must draw the random numbers (dropout's masks) the failed call drew.
       at::Generator cpu = at::detail::getDefaultCPUGenerator();
       cpu.set_state(rng_before_record_);
-      go_eager(message_of(e) + where(key, batch_idx, traced_.stats().checks > before.checks));
+      go_eager(message_of(e) + where(key, batch_idx, traced.stats().checks > before.checks));
       return s.module_training_step(m, b, batch_idx);
     }
-    const TracedFunction::Stats after = traced_.stats();
+    const TracedFunction::Stats after = traced.stats();
     const bool checked = after.checks > before.checks;  // and its ops matched the trace's
     if (checked) {
       // What it logged must match too, since a replay logs under the traced call's names.
@@ -193,7 +209,7 @@ class TracedOptimizationStep : public OptimizationStep {
     // Signatures that keep changing (sequences of varying length) trace nearly every step:
     // slower than eager, so stop once as many traces were dropped as are kept.
     if (recorded_) {
-      const TracedFunction::Stats st = traced_.stats();
+      const TracedFunction::Stats st = traced.stats();
       if (st.evictions >= kMaxTraces) {
         go_eager("the batch's signature changed " + std::to_string(st.traces) +
                  " times, more than the " + std::to_string(kMaxTraces) +
@@ -247,8 +263,9 @@ class TracedOptimizationStep : public OptimizationStep {
 
   // Why a checked call's logged values (pending_) differ from those kept for `key`, or "".
   std::string other_logs(const std::string& key) const {
-    auto it = logs_.find(key);
-    if (it == logs_.end()) return "";  // dropped with its trace; a new trace keeps these
+    const auto& logs = layout_->logs;
+    auto it = logs.find(key);
+    if (it == logs.end()) return "";  // dropped with its trace; a new trace keeps these
     const std::vector<LogSpec>& kept = it->second.first;
     std::string was, now;
     for (const auto& l : kept) was += (was.empty() ? "" : ", ") + l.name;
@@ -270,27 +287,38 @@ class TracedOptimizationStep : public OptimizationStep {
   }
 
   // The log specs of signature `key`: the ones just recorded when this call traced.
+  // (Kept per layout, as its function keeps its traces: the same capacity, the same order.)
   const std::vector<LogSpec>& logs_for(const std::string& key) {
-    auto it = logs_.find(key);
+    auto& logs = layout_->logs;
+    auto& recent = layout_->recent;
+    auto it = logs.find(key);
     if (recorded_) {
-      if (it != logs_.end()) {
-        recent_.erase(it->second.second);
-        logs_.erase(it);
+      if (it != logs.end()) {
+        recent.erase(it->second.second);
+        logs.erase(it);
       }
-      recent_.push_front(key);
-      it = logs_.emplace(key, std::make_pair(std::move(pending_), recent_.begin())).first;
-      while (static_cast<int64_t>(logs_.size()) > kMaxTraces) {
-        logs_.erase(recent_.back());
-        recent_.pop_back();
+      recent.push_front(key);
+      it = logs.emplace(key, std::make_pair(std::move(pending_), recent.begin())).first;
+      while (static_cast<int64_t>(logs.size()) > kMaxTraces) {
+        logs.erase(recent.back());
+        recent.pop_back();
       }
       return it->second.first;
     }
-    VOLT_ASSERT(it != logs_.end(), "no logged names kept for the trace ", key);
-    recent_.splice(recent_.begin(), recent_, it->second.second);
+    VOLT_ASSERT(it != logs.end(), "no logged names kept for the trace ", key);
+    recent.splice(recent.begin(), recent, it->second.second);
     return it->second.first;
   }
 
-  TracedFunction traced_;
+  // One batch layout's traced step and the names its traces logged (per signature, most
+  // recently used first).
+  struct Layout {
+    std::unique_ptr<TracedFunction> fn;
+    std::list<std::string> recent;
+    std::map<std::string, std::pair<std::vector<LogSpec>, std::list<std::string>::iterator>> logs;
+  };
+  std::map<std::string, Layout> layouts_;
+  Layout* layout_ = nullptr;  // the layout of the call in flight
   bool eager_ = false;
   bool reasons_checked_ = false;
   int64_t epoch_ = -1;  // the epoch of the last step, for the messages
@@ -301,16 +329,12 @@ class TracedOptimizationStep : public OptimizationStep {
     int64_t replays = 0;
   };
   std::map<std::string, Mark> marks_;
-  std::string layout_;
   // The traced call in flight.
   const Batch* batch_ = nullptr;
   int64_t batch_idx_ = 0;
   bool recorded_ = false;
   at::Tensor rng_before_record_;  // the CPU generator's state when this call began recording
   std::vector<LogSpec> pending_;
-  // Logged names and options per trace signature, most recently used first.
-  std::list<std::string> recent_;
-  std::map<std::string, std::pair<std::vector<LogSpec>, std::list<std::string>::iterator>> logs_;
 };
 
 }  // namespace
