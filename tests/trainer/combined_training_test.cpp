@@ -3,6 +3,7 @@
 // uninterrupted one. The loader itself: tests/data/combined_loader_test.cpp.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,14 +48,22 @@ class TwoSources : public volt_test::TinyClassifier {
   std::vector<int64_t> sizes;
 };
 
+// Two modules with the same initial weights and no dropout (no random numbers to line up).
+struct Twins {
+  static std::unique_ptr<TwoSources> make() {
+    torch::manual_seed(0);
+    auto m = std::make_unique<TwoSources>();
+    m->drop->options.p(0.0);
+    return m;
+  }
+  std::unique_ptr<TwoSources> first = make(), second = make();
+};
+
 TEST(CombinedTraining, FitTrainsOnEveryPartAsAHandWrittenLoop) {
   for (CombineMode mode : {CombineMode::kMaxSizeCycle, CombineMode::kMaxSize}) {
     volt_test::TempDir dir;
-    torch::manual_seed(0);
-    TwoSources fitted;
-    torch::manual_seed(0);
-    TwoSources by_hand;
-    for (auto* m : {&fitted, &by_hand}) m->drop->options.p(0.0);  // no RNG to line up
+    Twins twins;
+    TwoSources &fitted = *twins.first, &by_hand = *twins.second;
     const auto train = two_sources(mode);
 
     volt::Trainer(volt_test::quiet(dir.path).max_epochs(2)).fit(fitted, train);
@@ -84,11 +93,8 @@ TEST(CombinedTraining, TheTracedStepTakesCombinedBatches) {
   // batch, traced as well (a trace rebuilds the batch in its layout).
   for (CombineMode mode : {CombineMode::kMaxSizeCycle, CombineMode::kMaxSize}) {
     volt_test::TempDir dir;
-    torch::manual_seed(0);
-    TwoSources eager;
-    torch::manual_seed(0);
-    TwoSources traced;
-    for (auto* m : {&eager, &traced}) m->drop->options.p(0.0);
+    Twins twins;
+    TwoSources &eager = *twins.first, &traced = *twins.second;
     volt::Trainer(volt_test::quiet(dir.path).max_epochs(2)).fit(eager, two_sources(mode));
     const auto lines = volt_test::capture_logs([&] {
       volt::Trainer(volt_test::quiet(dir.path).max_epochs(2).trace_training_step(true))

@@ -284,64 +284,58 @@ TEST_F(TraceStep, NamesLoggedByBatchIdxAreFoundAtTheStepAfterTheTrace) {
   EXPECT_EQ(traced.logged.at("even_loss"), eager.logged.at("even_loss"));
 }
 
-// Every batch a different number of rows (as sequences of varying length give): a new signature
-// each step. After as many traces were dropped as are kept (8), the step runs eagerly.
-class RaggedBatches : public volt::Dataset {
+// Seeded batches that change from batch to batch. `ragged`: every batch a different number of
+// rows (as sequences of varying length give), a new signature each step; after as many traces
+// were dropped as are kept (8) the step runs eagerly. `extra_kinds` > 0: batches of 4 rows with
+// an extra tensor "extra<k>" (k = batch index % extra_kinds, one the step does not read), so a
+// fit sees that many batch layouts.
+class ChangingBatches : public volt::Dataset {
  public:
-  int64_t size() const override { return 40; }
+  ChangingBatches(int64_t size, bool ragged, int64_t extra_kinds = 0)
+      : size_(size), ragged_(ragged), kinds_(extra_kinds) {}
+  int64_t size() const override { return size_; }
   volt::Example get(int64_t) const override {
-    throw std::logic_error("RaggedBatches collates its own batches");
+    throw std::logic_error("ChangingBatches collates its own batches");
   }
   c10::optional<volt::Batch> get_batch(const std::vector<int64_t>& indices) const override {
     auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(indices.front()));
+    const int64_t rows = ragged_ ? 1 + indices.front() : static_cast<int64_t>(indices.size());
     volt::Batch b;
-    b.input = at::randn({1 + indices.front(), 8}, gen);
+    b.input = at::randn({rows, 8}, gen);
     b.target = (b.input.sum(1) > 0).to(torch::kLong);
-    return b;
-  }
-};
-
-// Batches whose extra tensors differ by batch: "extra<i % kinds>" beside input and target (an
-// extra the step does not read), so a fit sees `kinds` batch layouts.
-class VaryingExtras : public volt::Dataset {
- public:
-  explicit VaryingExtras(int64_t kinds) : kinds_(kinds) {}
-  int64_t size() const override { return 48; }
-  volt::Example get(int64_t) const override {
-    throw std::logic_error("VaryingExtras collates its own batches");
-  }
-  c10::optional<volt::Batch> get_batch(const std::vector<int64_t>& indices) const override {
-    auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(indices.front()));
-    volt::Batch b;
-    b.input = at::randn({static_cast<int64_t>(indices.size()), 8}, gen);
-    b.target = (b.input.sum(1) > 0).to(torch::kLong);
-    b.extra["extra" + std::to_string(indices.front() / 4 % kinds_)] = b.input * 2;
+    if (kinds_ > 0) b.extra["extra" + std::to_string(indices.front() / 4 % kinds_)] = b.input * 2;
     return b;
   }
 
  private:
+  int64_t size_;
+  bool ragged_;
   int64_t kinds_;
 };
+
+// A PlainNet (weights drawn from seed 3) fitted on `data` in order, traced or eagerly.
+FitResult fit_in_order(const std::string& root, bool traced, int64_t epochs,
+                       std::shared_ptr<volt::Dataset> data, int64_t batch) {
+  PlainNet net;
+  torch::manual_seed(3);
+  for (auto& p : net.parameters()) p.data().uniform_(-0.5, 0.5);
+  FitResult out;
+  out.lines = capture_logs([&] {
+    volt::Trainer trainer(volt_test::quiet(root).max_epochs(epochs).trace_training_step(traced));
+    trainer.fit(net,
+                volt::DataLoader(std::move(data), volt::DataLoaderOptions(batch).shuffle(false)));
+  });
+  out.weights = net.flat_params();
+  return out;
+}
 
 TEST_F(TraceStep, EachBatchLayoutIsTracedUpToFourThenTheStepRunsEagerly) {
   // 12 batches of 4 with 3 (then 5) layouts, each layout with its own trace; a fifth layout
   // turns the step eager, naming the layouts. Both fits end where the eager fit ends.
   for (int64_t kinds : {3, 5}) {
-    auto run = [&](bool traced) {
-      PlainNet net;
-      torch::manual_seed(3);
-      for (auto& p : net.parameters()) p.data().uniform_(-0.5, 0.5);
-      FitResult out;
-      out.lines = capture_logs([&] {
-        volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(2).trace_training_step(traced));
-        trainer.fit(net, volt::DataLoader(std::make_shared<VaryingExtras>(kinds),
-                                          volt::DataLoaderOptions(4).shuffle(false)));
-      });
-      out.weights = net.flat_params();
-      return out;
-    };
-    const FitResult eager = run(false);
-    const FitResult traced = run(true);
+    auto data = std::make_shared<ChangingBatches>(48, /*ragged=*/false, kinds);
+    const FitResult eager = fit_in_order(dir.path, false, 2, data, 4);
+    const FitResult traced = fit_in_order(dir.path, true, 2, data, 4);
     EXPECT_EQ(count(traced.lines, "trace of 'training_step'"), kinds == 3 ? 3 : 4);
     EXPECT_EQ(count(traced.lines,
                     "running training_step eagerly: the batches came in more than 4 layouts "
@@ -353,21 +347,9 @@ TEST_F(TraceStep, EachBatchLayoutIsTracedUpToFourThenTheStepRunsEagerly) {
 }
 
 TEST_F(TraceStep, ASignatureThatKeepsChangingTurnsTheStepEager) {
-  auto run = [&](bool traced) {
-    PlainNet net;
-    torch::manual_seed(3);
-    for (auto& p : net.parameters()) p.data().uniform_(-0.5, 0.5);
-    FitResult out;
-    out.lines = capture_logs([&] {
-      volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1).trace_training_step(traced));
-      trainer.fit(net, volt::DataLoader(std::make_shared<RaggedBatches>(),
-                                        volt::DataLoaderOptions(1).shuffle(false)));
-    });
-    out.weights = net.flat_params();
-    return out;
-  };
-  const FitResult eager = run(false);
-  const FitResult traced = run(true);
+  auto data = std::make_shared<ChangingBatches>(40, /*ragged=*/true);
+  const FitResult eager = fit_in_order(dir.path, false, 1, data, 1);
+  const FitResult traced = fit_in_order(dir.path, true, 1, data, 1);
   EXPECT_EQ(count(traced.lines, "trace of 'training_step'"), 16);
   EXPECT_EQ(count(traced.lines,
                   "running training_step eagerly: the batch's signature changed 16 "
