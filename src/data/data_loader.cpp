@@ -171,6 +171,15 @@ DataLoader DataLoader::with_shuffle(bool shuffle) const {
   return with_options(std::move(o));
 }
 
+std::vector<std::pair<std::string, DataLoader>> DataLoader::parts() const {
+  std::vector<std::pair<std::string, DataLoader>> out;
+  if (!combined_) return out;
+  for (size_t j = 0; j < combined_->loaders.size(); ++j) {
+    out.emplace_back(combined_->names[j], combined_->loaders[j]);
+  }
+  return out;
+}
+
 int64_t DataLoader::num_batches() const {
   if (combined_) return combined_count(combined_->loaders, combined_->mode);
   const int64_t n = sampler_.size();

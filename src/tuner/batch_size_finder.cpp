@@ -102,6 +102,15 @@ TrainerOptions stage_trial_options(TrainerOptions options, const BatchSizeFinder
   return o;
 }
 
+// The rows of the loader's data set; for a combined loader its largest loader's (a larger batch
+// changes none of its batches).
+int64_t largest_data_set(const DataLoader& loader) {
+  if (!loader.is_combined()) return loader.dataset().size();
+  int64_t rows = 0;
+  for (const auto& part : loader.parts()) rows = std::max(rows, largest_data_set(part.second));
+  return rows;
+}
+
 class Search {
  public:
   Search(Module& module, const std::function<DataLoader(int64_t)>& make_loader,
@@ -121,7 +130,7 @@ class Search {
                  "size.");
     }
     int64_t size = finder_.init_val();
-    int64_t cap = make_loader_(size).dataset().size();
+    int64_t cap = largest_data_set(make_loader_(size));
     if (finder_.max_val()) cap = std::min(cap, *finder_.max_val());
     cap = std::max<int64_t>(cap, 1);
     size = std::min(size, cap);

@@ -69,6 +69,13 @@ volt::DataLoader lightning_example(CombineMode mode) {
 TEST(CombinedLoader, ModesFollowLightningsExample) {
   const auto cycle = lightning_example(CombineMode::kMaxSizeCycle);
   EXPECT_TRUE(cycle.is_combined());
+  const auto parts = cycle.parts();  // the loaders given, by name, in order
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0].first, "a");
+  EXPECT_EQ(parts[0].second.num_batches(), 2);
+  EXPECT_EQ(parts[1].first, "b");
+  EXPECT_EQ(parts[1].second.num_batches(), 3);
+  EXPECT_TRUE(range_loader(6, 4).parts().empty());
   EXPECT_EQ(cycle.num_batches(), 3);
   EXPECT_EQ(cycle.options().batch_size(), 9);  // a full batch: 4 + 5 samples
   EXPECT_EQ(cycle.last_batch_size(), 9);       // a's first batch again + b's last

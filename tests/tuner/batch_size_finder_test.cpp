@@ -123,6 +123,34 @@ TEST(BatchSizeFinder, ARealAllocationFailureEndsTheSearchLikeABudget) {
   EXPECT_FALSE(volt_test::has(lines, "error:"));
 }
 
+/// The sum of the classification losses of a combined batch's parts.
+class PartsClassifier : public volt_test::TinyClassifier {
+ public:
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    torch::Tensor loss = torch::zeros({});
+    for (const auto& name : b.part_names()) {
+      const volt::Batch part = b.part(name);
+      loss = loss + torch::cross_entropy_loss(forward(part.input), part.target);
+    }
+    return loss;
+  }
+};
+
+TEST(BatchSizeFinder, ACombinedLoaderIsCappedByItsLargestDataSet) {
+  // Two named training sets (40 and 100 rows): sizes double up to the larger set's rows, past
+  // the first loader's 40 (a batch of 100 still changes the larger loader's batches).
+  volt_test::TempDir dir;
+  PartsClassifier model;
+  volt::DatasetsDataModule data(volt::StageDatasets()
+                                    .train("small", volt_test::blobs(40))
+                                    .train("large", volt_test::blobs(100, 8, 2)),
+                                volt::DataLoaderOptions(2));
+  const auto r = volt::scale_batch_size(model, data, quiet(dir.path));
+  EXPECT_EQ(sizes_of(r), (std::vector<int64_t>{2, 4, 8, 16, 32, 64, 100}));
+  EXPECT_EQ(r.batch_size, 100);
+  EXPECT_EQ(data.batch_size(), c10::optional<int64_t>(100));
+}
+
 TEST(BatchSizeFinder, TheDataSetAndMaxValCapTheSizesTried) {
   volt_test::TempDir dir;
   Hungry model;

@@ -90,10 +90,12 @@ class DataLoader {
   DataLoader with_options(DataLoaderOptions options) const;
   /// This loader with shuffling on or off (each of a combined loader's loaders).
   DataLoader with_shuffle(bool shuffle) const;
-  /// For a combined loader: its first loader's data set.
+  /// For a combined loader: its first loader's data set (parts() has each loader).
   const Dataset& dataset() const { return *dataset_; }
   /// Whether this loader combines several (combined_loader).
   bool is_combined() const { return combined_ != nullptr; }
+  /// A combined loader's loaders with their names, in the order given (empty for one loader).
+  std::vector<std::pair<std::string, DataLoader>> parts() const;
 
  private:
   friend class BatchStream;
