@@ -51,6 +51,12 @@ StageDatasets one_each(std::shared_ptr<const Dataset> train, std::shared_ptr<con
   return s;
 }
 
+// The first of a stage's loaders; none without a data set.
+c10::optional<DataLoader> first_of(const std::vector<DataLoader>& loaders) {
+  if (loaders.empty()) return c10::nullopt;
+  return loaders.front();
+}
+
 }  // namespace
 
 DatasetsDataModule::DatasetsDataModule(std::shared_ptr<const Dataset> train,
@@ -116,18 +122,15 @@ DataLoader DatasetsDataModule::train_dataloader() {
 }
 
 c10::optional<DataLoader> DatasetsDataModule::val_dataloader() {
-  if (sets_.val_sets.empty()) return c10::nullopt;
-  return loaders({sets_.val_sets.front()}).front();
+  return first_of(loaders(sets_.val_sets));
 }
 
 c10::optional<DataLoader> DatasetsDataModule::test_dataloader() {
-  if (sets_.test_sets.empty()) return c10::nullopt;
-  return loaders({sets_.test_sets.front()}).front();
+  return first_of(loaders(sets_.test_sets));
 }
 
 c10::optional<DataLoader> DatasetsDataModule::predict_dataloader() {
-  if (sets_.predict_sets.empty()) return c10::nullopt;
-  return loaders({sets_.predict_sets.front()}).front();
+  return first_of(loaders(sets_.predict_sets));
 }
 
 std::vector<DataLoader> DatasetsDataModule::val_dataloaders() {
