@@ -1,5 +1,6 @@
-// Trainer.fit vs a hand-written libtorch loop vs the same loop in Python (Debian python3-torch,
-// the same libtorch build), interleaved round by round so machine noise hits all three alike.
+// Trainer.fit vs a hand-written libtorch loop vs the same loop written with volt::Fabric vs the
+// same loop in Python (Debian python3-torch, the same libtorch build), interleaved round by
+// round so machine noise hits them alike.
 //
 //   volt_bench_trainer [--rounds R] [--threads T] [--python PATH] [--no-python]
 //
@@ -72,6 +73,37 @@ double run_volt(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t 
   volt::DataLoader dl(ds, volt::DataLoaderOptions(batch).shuffle(true).seed(1));
   const auto t0 = Clock::now();
   t.fit(m, dl);
+  return steps / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The same loop written with volt::Fabric (single_device, 32-true): the Trainer's DataLoader,
+// strategy backward and optimizer step, driven by hand.
+template <typename Net>
+double run_fabric(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_t steps) {
+  auto opt = std::make_shared<torch::optim::SGD>(net->parameters(),
+                                                 torch::optim::SGDOptions(0.01).momentum(0.9));
+  volt::Fabric fabric(volt::FabricOptions().accelerator("cpu"));
+  fabric.setup(net, {opt});
+  auto ds = std::make_shared<volt::TensorDataset>(d.x, d.y);
+  volt::DataLoader dl = fabric.setup_dataloader(
+      volt::DataLoader(ds, volt::DataLoaderOptions(batch).shuffle(true).seed(1)));
+  net->train();
+  const auto t0 = Clock::now();
+  int64_t done = 0;
+  for (int64_t epoch = 0; done < steps; ++epoch) {
+    volt::BatchStream s = dl.stream(epoch);
+    for (volt::Batch b; done < steps && s.next(b); ++done) {
+      b = fabric.to_device(b);
+      at::Tensor loss;
+      {
+        auto autocast = fabric.autocast();
+        loss = torch::cross_entropy_loss(net->forward(b.input), b.target);
+      }
+      fabric.backward(loss);
+      fabric.step(*opt);
+      fabric.zero_grad(*opt);
+    }
+  }
   return steps / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
@@ -182,7 +214,7 @@ int main(int argc, char** argv) {
   };
   for (const Row& row :
        {Row{"mlp 784-128-10", 32, 3000, "mlp"}, Row{"cnn (demo)", 32, 60, "cnn"}}) {
-    std::vector<double> v, f, h, py;
+    std::vector<double> v, f, h, fb, py;
     for (int r = 0; r < rounds; ++r) {
       torch::manual_seed(r);
       if (row.py == "mlp") {
@@ -194,6 +226,9 @@ int main(int argc, char** argv) {
         torch::manual_seed(r);
         h.push_back(run_hand(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}), d,
                              row.batch, row.steps));
+        torch::manual_seed(r);
+        fb.push_back(run_fabric(std::make_shared<volt_examples::MlpNet>(std::vector<int64_t>{128}),
+                                d, row.batch, row.steps));
       } else {
         v.push_back(run_volt(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps));
         torch::manual_seed(r);
@@ -201,16 +236,20 @@ int main(int argc, char** argv) {
             run_volt(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps, true));
         torch::manual_seed(r);
         h.push_back(run_hand(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps));
+        torch::manual_seed(r);
+        fb.push_back(
+            run_fabric(std::make_shared<volt_examples::CnnNet>(), d, row.batch, row.steps));
       }
       if (use_python)
         py.push_back(run_python(python, row.py, row.batch, row.steps, static_cast<int>(nthreads)));
     }
-    const double mv = median(v), mf = median(f), mh = median(h), mp = median(py);
+    const double mv = median(v), mf = median(f), mh = median(h), mfb = median(fb), mp = median(py);
     std::printf("\n%s, batch %lld, %lld steps x %d rounds (median steps/s)\n", row.name.c_str(),
                 static_cast<long long>(row.batch), static_cast<long long>(row.steps), rounds);
     std::printf("  volt Trainer.fit      %10.1f\n", mv);
     std::printf("  hand libtorch loop    %10.1f   volt/hand   = %.3f\n", mh, mv / mh);
     std::printf("  volt + FusedSGD       %10.1f   fused/hand  = %.3f\n", mf, mf / mh);
+    std::printf("  volt Fabric loop      %10.1f   fabric/hand = %.3f\n", mfb, mfb / mh);
     if (use_python) {
       std::printf("  python torch loop     %10.1f   volt/python = %.3f   fused/python = %.3f\n", mp,
                   mv / mp, mf / mp);

@@ -22,6 +22,7 @@ RANKS = {
     "callbacks": 5,
     "trainer": 6,       # Trainer, loops, resolve_plan, built-in registration
     "cli": 7, "tuner": 7,  # tuner: lr_find builds a Trainer of its own
+    "fabric": 7,  # Fabric: resolve_plan (trainer/plan.h) for a loop the program writes
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(?:volt/)?([a-z_]+)/')
 

@@ -12,6 +12,9 @@ std::string cli_binary() {
 std::string ddp_worker() {
   return VOLT_DDP_WORKER;
 }
+std::string fabric_worker() {
+  return VOLT_FABRIC_WORKER;
+}
 std::string dist_worker() {
   return VOLT_DIST_WORKER;
 }

@@ -12,6 +12,7 @@ std::string source_dir();
 std::string cli_binary();
 /// Worker programs of the multi-process tests (tests/support/*_worker.cpp).
 std::string ddp_worker();
+std::string fabric_worker();
 std::string dist_worker();
 std::string tp_worker();
 std::string pipeline_worker();

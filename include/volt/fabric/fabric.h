@@ -1,0 +1,236 @@
+#pragma once
+/// Fabric: Lightning Fabric in C++ — volt's accelerators, strategies, precisions and checkpoint
+/// IO for a training loop the program writes itself. The Trainer owns the loop; Fabric hands its
+/// pieces to a loop you keep: launch the processes, set up the module and optimizers, shard the
+/// loaders, then `backward`, `step`, collectives and checkpoints go through the strategy and the
+/// precision exactly as the Trainer's do.
+///
+///   volt::Fabric fabric(volt::FabricOptions().devices(2).precision("bf16-mixed"));
+///   fabric.launch();                    // devices 2: this binary runs again as local rank 1
+///   auto model = std::make_shared<Net>();
+///   auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 0.1);
+///   fabric.setup(model, {opt});         // rank 0's weights everywhere, DDP's gradient buckets
+///   volt::DataLoader train = fabric.setup_dataloader(loader);  // this rank's shard
+///   for (int64_t epoch = 0; epoch < 3; ++epoch) {
+///     volt::BatchStream s = train.stream(epoch);
+///     for (volt::Batch b; s.next(b);) {
+///       b = fabric.to_device(b);
+///       at::Tensor loss;
+///       {
+///         auto autocast = fabric.autocast();
+///         loss = torch::mse_loss(model->forward(b.input), b.target);
+///       }
+///       fabric.backward(loss);          // gradients averaged over the ranks
+///       fabric.step(*opt);              // unscale / clip / step through the precision
+///       fabric.zero_grad(*opt);
+///     }
+///   }
+///
+/// Strategies: "auto", "single_device", "ddp" (by name or as an object, with their options). The
+/// sharded (deepspeed*) and pipeline strategies shard or split the model inside the Trainer's
+/// step and are a ConfigError here: use the Trainer for them.
+///
+/// Departures from Lightning, where C++ differs: `setup` leaves the module and optimizers as
+/// they are (no wrapper objects), so the forward runs under `autocast()` when the precision has
+/// a forward context (Lightning's wrapped forward enters it itself), the optimizer steps through
+/// `step(optimizer)` (Lightning's wrapped optimizer.step), and batches move with `to_device`.
+/// One module per Fabric (put several in one torch::nn::Module: DDP buckets one module).
+
+#include <ATen/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+#include <c10/util/Optional.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "volt/accelerators/accelerator.h"
+#include "volt/core/batch.h"
+#include "volt/core/spec.h"
+#include "volt/core/types.h"
+#include "volt/data/data_loader.h"
+#include "volt/io/checkpoint_io.h"
+#include "volt/loggers/logger.h"
+#include "volt/precision/precision.h"
+#include "volt/strategies/strategy.h"
+
+namespace volt {
+
+class Module;
+
+/// Lightning Fabric's constructor arguments (the Trainer's names and defaults).
+struct FabricOptions {
+  /// "auto" (cuda when available, else cpu), "cpu", "cuda", or an Accelerator object.
+  TORCH_ARG(Spec<Accelerator>, accelerator) = "auto";
+  /// Processes per node (on the CPU: N processes; on CUDA: N GPUs); -1: every device.
+  TORCH_ARG(int64_t, devices) = 1;
+  TORCH_ARG(int64_t, num_nodes) = 1;
+  /// "auto" (ddp for several processes, else single_device), "single_device", "ddp", or a
+  /// SingleDeviceStrategy / DdpStrategy object (DdpStrategyOptions: buckets, timeout, backend).
+  TORCH_ARG(Spec<Strategy>, strategy) = "auto";
+  /// "32-true", "bf16-mixed", "bf16-true", "16-mixed" (CUDA), "fp8", or a Precision object.
+  TORCH_ARG(Spec<Precision>, precision) = "32-true";
+  /// Where save / load read and write (default: the strategy's TorchCheckpointIO).
+  TORCH_ARG(std::shared_ptr<CheckpointIO>, checkpoint_io);
+  /// Receive log / log_dict on global rank 0 (Lightning's loggers argument).
+  TORCH_ARG(std::vector<std::shared_ptr<Logger>>, loggers);
+};
+
+/// What Fabric::save writes and Fabric::load reads back (Lightning's `state` dict): named
+/// references to the set-up module and its optimizers, tensors, and plain values. load()
+/// restores the module, optimizers and tensors in place and the values in this object.
+class FabricState {
+ public:
+  /// The module given to Fabric::setup.
+  FabricState& module(const std::string& name, torch::nn::Module& module);
+  template <typename M>
+  FabricState& module(const std::string& name, const torch::nn::ModuleHolder<M>& holder) {
+    return module(name, *holder.ptr());
+  }
+  /// An optimizer over the set-up module's parameters.
+  FabricState& optimizer(const std::string& name, torch::optim::Optimizer& optimizer);
+  /// A tensor kept outside the module (an EMA copy, a counter on the device); load() copies the
+  /// saved values into it when the shapes and dtypes agree, else replaces it.
+  FabricState& tensor(const std::string& name, at::Tensor& tensor);
+  /// A plain value (an iteration count, a best score); value() reads it after load().
+  FabricState& value(const std::string& name, c10::IValue value);
+  const c10::IValue& value(const std::string& name) const;
+
+ private:
+  friend class Fabric;
+  void check_new(const std::string& name) const;
+  std::vector<std::pair<std::string, torch::nn::Module*>> modules_;
+  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers_;
+  std::vector<std::pair<std::string, at::Tensor*>> tensors_;
+  std::map<std::string, c10::IValue> values_;
+};
+
+class Fabric {
+ public:
+  /// Resolves the accelerator, strategy and precision at once (ConfigError for an unknown name
+  /// or a strategy Fabric does not run, NotAvailable for missing hardware).
+  explicit Fabric(FabricOptions options = {});
+  /// Tears the strategy down (DDP: rank 0 waits for the processes it launched) and finalizes
+  /// the loggers.
+  ~Fabric();
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
+
+  /// Starts the processes and joins the process group (Lightning's launch()). With devices > 1
+  /// on a plain process, the binary runs again as local ranks 1..N-1 (the same argv; the
+  /// program's main runs from the start in each, so everything before launch() runs N times),
+  /// and this process goes on as rank 0; under torchrun, Slurm or mpirun the ranks exist
+  /// already. Called by every method that needs it; a second call does nothing.
+  void launch();
+
+  int64_t global_rank();
+  int64_t local_rank();
+  int64_t node_rank();
+  int64_t world_size();
+  bool is_global_zero();
+  /// The device this process trains on.
+  c10::Device device();
+  Strategy& strategy() { return *strategy_; }
+
+  /// Takes `module` (moved to the device, converted by the precision, every rank starting from
+  /// rank 0's parameters and buffers; DDP's gradient buckets over the parameters that require a
+  /// gradient) and its optimizers. Every optimizer parameter must be one of the module's
+  /// (ConfigError: DDP would not average its gradient). A second setup is a ConfigError.
+  void setup(const std::shared_ptr<torch::nn::Module>& module,
+             const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers = {});
+  template <typename M>
+  void setup(const torch::nn::ModuleHolder<M>& module,
+             const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers = {}) {
+    setup(std::static_pointer_cast<torch::nn::Module>(module.ptr()), optimizers);
+  }
+  /// `loader` over this rank's shard (a distributed sampler; unchanged in one process). Each
+  /// epoch's order comes from stream(epoch), as set_epoch gives a DistributedSampler.
+  DataLoader setup_dataloader(const DataLoader& loader);
+  /// The batch on this process's device (no copy when it is there already), its floating-point
+  /// inputs converted as the precision wants them (bf16-true: bfloat16), as the Trainer hands
+  /// batches to training_step. The tensor form only moves the tensor.
+  Batch to_device(const Batch& batch);
+  at::Tensor to_device(const at::Tensor& tensor);
+
+  /// The precision's forward context (bf16 / fp16 autocast, fp8 regions) while the returned
+  /// object lives; nothing for 32-true and bf16-true. Run the forward and the loss inside it.
+  [[nodiscard]] std::shared_ptr<void> autocast();
+  /// Backpropagates `loss` through the precision (loss scaling) and the strategy (DDP averages
+  /// the gradients over the ranks, overlapped with the backward), calling the module's backward
+  /// hook when it is a volt::Module.
+  void backward(const at::Tensor& loss);
+  /// While the returned guard lives, backward() only accumulates (no all-reduce): the micro-
+  /// batches of a gradient accumulation but the last (Lightning's no_backward_sync). With
+  /// enabled false it changes nothing.
+  class NoBackwardSync {
+   public:
+    NoBackwardSync(NoBackwardSync&& other) noexcept;
+    NoBackwardSync(const NoBackwardSync&) = delete;
+    NoBackwardSync& operator=(const NoBackwardSync&) = delete;
+    NoBackwardSync& operator=(NoBackwardSync&&) = delete;
+    ~NoBackwardSync();
+
+   private:
+    friend class Fabric;
+    NoBackwardSync(Fabric* fabric, bool enabled);
+    Fabric* fabric_;
+    bool previous_;
+  };
+  [[nodiscard]] NoBackwardSync no_backward_sync(bool enabled = true);
+  /// One optimizer step through the precision: gradients unscaled (loss scaling), then the step;
+  /// false when the precision skipped it (inf/NaN gradients under loss scaling).
+  bool step(torch::optim::Optimizer& optimizer);
+  /// Sets the optimizer's gradients to none (in place to zero under gradient_as_bucket_view).
+  void zero_grad(torch::optim::Optimizer& optimizer);
+  /// Clips the optimizer's gradients (unscaled first under loss scaling): by total norm
+  /// (returned, a 0-dim tensor not read on the host) or by value (an undefined tensor).
+  at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                            ClipAlgorithm algorithm = ClipAlgorithm::kNorm);
+
+  /// `value` reduced over the ranks (Lightning's default: the mean); every rank gets it.
+  at::Tensor all_reduce(const at::Tensor& value, Reduce op = Reduce::kMean);
+  /// Every rank's `value`, stacked along a new first dimension of size world_size.
+  at::Tensor all_gather(const at::Tensor& value);
+  /// Rank `src`'s value on every rank.
+  at::Tensor broadcast(const at::Tensor& value, int64_t src = 0);
+  void barrier(const std::string& name = "");
+  /// Prints on global rank 0 only (a line per call).
+  void print(const std::string& text);
+  /// Sends metrics to the loggers (global rank 0 only; other ranks return at once).
+  void log(const std::string& name, double value, int64_t step);
+  void log_dict(const Metrics& metrics, int64_t step);
+
+  /// Writes `state` to `path` (global rank 0 writes, atomically through the CheckpointIO; every
+  /// rank then waits at a barrier, so the file is complete wherever save returns). The module
+  /// goes where a Trainer checkpoint has its weights, so volt::load_weights and the Trainer's
+  /// validate / test / predict with a ckpt_path read it (a Trainer's fit cannot resume from it:
+  /// it holds no loop state). Entry names are non-empty, without '/', and distinct.
+  void save(const std::string& path, const FabricState& state);
+  /// Reads `path` into `state` (every rank reads the file). strict: every entry of `state` must
+  /// be in the file (CheckpointError naming the missing ones); entries of the file that `state`
+  /// lacks are left. The module must have been set up first.
+  void load(const std::string& path, FabricState& state, bool strict = true);
+
+ private:
+  friend class NoBackwardSync;
+  Module& set_up_module(const char* what);
+  bool owns(const torch::nn::Module& module) const;
+
+  FabricOptions options_;
+  std::shared_ptr<Accelerator> accelerator_;
+  std::shared_ptr<Precision> precision_;
+  std::shared_ptr<Strategy> strategy_;
+  bool launched_ = false;
+  bool sync_ = true;
+  std::shared_ptr<torch::nn::Module> user_module_;
+  std::shared_ptr<Module> module_;  // the user's module, or the volt::Module that holds it
+  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
+};
+
+}  // namespace volt

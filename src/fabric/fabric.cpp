@@ -1,0 +1,472 @@
+// Fabric: the strategy, precision and accelerator the Trainer uses, driven by the program's own
+// loop. Everything that touches processes, gradients or checkpoints is the strategy's code; this
+// file only checks the calls and keeps the module and optimizers the strategy set up.
+#include "volt/fabric/fabric.h"
+
+#include <ATen/ATen.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <iostream>
+#include <sstream>
+#include <unordered_set>
+#include <utility>
+
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/core/module.h"
+#include "volt/core/optimizer_config.h"
+#include "volt/trainer/plan.h"
+
+namespace volt {
+namespace {
+
+constexpr const char* kTag = "[Fabric]";
+constexpr int64_t kCheckpointFormat = 1;  // a Trainer checkpoint's volt_format
+constexpr int64_t kFabricFormat = 1;      // this file's own entries
+
+// A torch::nn::Module the program wrote, as the volt::Module the strategies take: the same
+// children, parameters and buffers under the same names (no prefix), so checkpoints hold the
+// program's names and moving or converting it moves the program's tensors.
+class HeldModule : public Module {
+ public:
+  explicit HeldModule(const torch::nn::Module& held) : Module(held.name()) {
+    for (const auto& c : held.named_children()) register_module(c.key(), c.value());
+    for (const auto& p : held.named_parameters(/*recurse=*/false)) {
+      register_parameter(p.key(), p.value(), p.value().requires_grad());
+    }
+    for (const auto& b : held.named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
+  }
+  at::Tensor training_step(const Batch&, int64_t) override {
+    VOLT_CHECK(false, InternalError, kTag, " a held module has no training_step.");
+    return {};
+  }
+  std::vector<OptimizerConfig> configure_optimizers() override { return {}; }
+};
+
+template <typename F>
+void write_nested(torch::serialize::OutputArchive& parent, const std::string& key, F&& fill) {
+  torch::serialize::OutputArchive ar;
+  fill(ar);
+  parent.write(key, ar);
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::ostringstream os;
+  for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << names[i];
+  return os.str();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ FabricState
+
+void FabricState::check_new(const std::string& name) const {
+  VOLT_CHECK(!name.empty() && name.find('/') == std::string::npos, ConfigError, kTag,
+             " state entry name '", name, "' must be non-empty and without '/'.");
+  bool taken = values_.count(name) > 0;
+  for (const auto& m : modules_) taken = taken || m.first == name;
+  for (const auto& o : optimizers_) taken = taken || o.first == name;
+  for (const auto& t : tensors_) taken = taken || t.first == name;
+  VOLT_CHECK(!taken, ConfigError, kTag, " the state has an entry named '", name,
+             "' already; give each entry its own name.");
+}
+
+FabricState& FabricState::module(const std::string& name, torch::nn::Module& module) {
+  check_new(name);
+  VOLT_CHECK(modules_.empty(), ConfigError, kTag, " the state has a module ('", modules_[0].first,
+             "') already; a Fabric sets up one module, so a state holds at most one.");
+  modules_.emplace_back(name, &module);
+  return *this;
+}
+
+FabricState& FabricState::optimizer(const std::string& name, torch::optim::Optimizer& optimizer) {
+  check_new(name);
+  optimizers_.emplace_back(name, &optimizer);
+  return *this;
+}
+
+FabricState& FabricState::tensor(const std::string& name, at::Tensor& tensor) {
+  check_new(name);
+  tensors_.emplace_back(name, &tensor);
+  return *this;
+}
+
+FabricState& FabricState::value(const std::string& name, c10::IValue value) {
+  check_new(name);
+  VOLT_CHECK(value.isInt() || value.isDouble() || value.isBool() || value.isString(), ConfigError,
+             kTag, " state value '", name, "' is a ", value.tagKind(),
+             "; values are ints, doubles, bools or strings (tensors go in tensor()).");
+  values_.emplace(name, std::move(value));
+  return *this;
+}
+
+const c10::IValue& FabricState::value(const std::string& name) const {
+  auto it = values_.find(name);
+  VOLT_CHECK(it != values_.end(), ValueError, kTag, " the state has no value named '", name, "'.");
+  return it->second;
+}
+
+// ------------------------------------------------------------------ Fabric
+
+Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
+  RunPlan plan = resolve_plan(options_.accelerator(), options_.devices(), options_.strategy(),
+                              options_.precision(), options_.num_nodes());
+  const std::string name = plan.strategy->name();
+  VOLT_CHECK(name == "single_device" || name == "ddp", ConfigError, kTag, " strategy \"", name,
+             "\" shards or splits the model inside the Trainer's step; Fabric runs "
+             "\"single_device\" and \"ddp\" (or \"auto\"): use volt::Trainer for \"",
+             name, "\".");
+  accelerator_ = plan.accelerator;
+  precision_ = plan.precision;
+  strategy_ = plan.strategy;
+  if (options_.checkpoint_io()) strategy_->set_checkpoint_io(options_.checkpoint_io());
+}
+
+Fabric::~Fabric() {
+  if (!launched_) return;
+  const bool failed = std::uncaught_exceptions() > 0;
+  try {
+    // Flushing waits for every rank (a collective): not on the way out of an error, where the
+    // other ranks may be gone.
+    if (!failed) strategy_->flush_checkpoints();
+    if (strategy_->is_global_zero()) {
+      for (const auto& l : options_.loggers()) {
+        if (l) l->finalize(failed ? RunStatus::kFailed : RunStatus::kFinished);
+      }
+    }
+    strategy_->teardown();
+  } catch (const std::exception& e) {
+    log_error("Fabric", std::string("teardown: ") + e.what());
+  }
+}
+
+void Fabric::launch() {
+  if (launched_) return;
+  strategy_->launch();
+  strategy_->setup_environment();
+  launched_ = true;
+}
+
+int64_t Fabric::global_rank() {
+  launch();
+  return strategy_->rank();
+}
+
+int64_t Fabric::local_rank() {
+  launch();
+  return strategy_->local_rank();
+}
+
+int64_t Fabric::node_rank() {
+  launch();
+  return strategy_->node_rank();
+}
+
+int64_t Fabric::world_size() {
+  launch();
+  return strategy_->world_size();
+}
+
+bool Fabric::is_global_zero() {
+  return global_rank() == 0;
+}
+
+c10::Device Fabric::device() {
+  launch();
+  return strategy_->root_device();
+}
+
+bool Fabric::owns(const torch::nn::Module& module) const {
+  return module_ != nullptr && (&module == user_module_.get() || &module == module_.get());
+}
+
+Module& Fabric::set_up_module(const char* what) {
+  VOLT_CHECK(module_ != nullptr, ConfigError, kTag, " ", what,
+             " before setup(): call fabric.setup(module, {optimizers}) first.");
+  return *module_;
+}
+
+void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
+                   const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
+  VOLT_CHECK(module != nullptr, ConfigError, kTag, " setup() got a null module.");
+  VOLT_CHECK(module_ == nullptr, ConfigError, kTag,
+             " setup() ran already; a Fabric sets up one module (DDP buckets one module's "
+             "gradients): make the models children of one torch::nn::Module.");
+  std::unordered_set<const c10::TensorImpl*> own;
+  for (const auto& p : module->parameters(/*recurse=*/true)) own.insert(p.unsafeGetTensorImpl());
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    VOLT_CHECK(optimizers[i] != nullptr, ConfigError, kTag, " optimizer ", i, " is null.");
+    for (const auto& group : optimizers[i]->param_groups()) {
+      for (const auto& p : group.params()) {
+        VOLT_CHECK(own.count(p.unsafeGetTensorImpl()) > 0, ConfigError, kTag, " optimizer ", i,
+                   " holds a parameter of shape ", p.sizes(),
+                   " that is not one of the module's, whose gradient no strategy would "
+                   "average; build the optimizer over the module's parameters().");
+      }
+    }
+  }
+  launch();
+  auto as_volt = std::dynamic_pointer_cast<Module>(module);
+  std::shared_ptr<Module> held = as_volt ? as_volt : std::make_shared<HeldModule>(*module);
+  strategy_->setup_module(*held);
+  std::vector<OptimizerConfig> configs(optimizers.begin(), optimizers.end());
+  strategy_->setup_optimizers(*held, configs);
+  user_module_ = module;
+  module_ = std::move(held);
+  optimizers_ = optimizers;
+}
+
+DataLoader Fabric::setup_dataloader(const DataLoader& loader) {
+  launch();
+  const DataShard s = strategy_->data_shard();
+  return s.world_size > 1 ? loader.sharded(s.rank, s.world_size) : loader;
+}
+
+Batch Fabric::to_device(const Batch& batch) {
+  launch();
+  // The precision's input conversion too (bf16-true's inputs in bf16), as Lightning's wrapped
+  // forward applies it.
+  return precision_->convert_input(strategy_->batch_to_device(batch));
+}
+
+at::Tensor Fabric::to_device(const at::Tensor& tensor) {
+  const c10::Device d = device();
+  return tensor.device() == d ? tensor : tensor.to(d, /*non_blocking=*/true);
+}
+
+std::shared_ptr<void> Fabric::autocast() {
+  return precision_->forward_context();
+}
+
+void Fabric::backward(const at::Tensor& loss) {
+  Module& m = set_up_module("backward()");
+  VOLT_CHECK(loss.defined() && loss.numel() == 1, ValueError, kTag,
+             " backward() needs a loss with one element, got ",
+             loss.defined() ? loss.sizes() : c10::IntArrayRef{},
+             loss.defined() ? "" : " (undefined)", "; reduce it (mean or sum) first.");
+  strategy_->backward(loss, m, sync_);
+}
+
+Fabric::NoBackwardSync::NoBackwardSync(Fabric* fabric, bool enabled)
+    : fabric_(fabric), previous_(fabric->sync_) {
+  if (enabled) fabric_->sync_ = false;
+}
+
+Fabric::NoBackwardSync::NoBackwardSync(NoBackwardSync&& other) noexcept
+    : fabric_(std::exchange(other.fabric_, nullptr)), previous_(other.previous_) {}
+
+Fabric::NoBackwardSync::~NoBackwardSync() {
+  if (fabric_ != nullptr) fabric_->sync_ = previous_;
+}
+
+Fabric::NoBackwardSync Fabric::no_backward_sync(bool enabled) {
+  set_up_module("no_backward_sync()");
+  return NoBackwardSync(this, enabled);
+}
+
+namespace {
+bool holds(const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers,
+           const torch::optim::Optimizer& optimizer) {
+  for (const auto& o : optimizers) {
+    if (o.get() == &optimizer) return true;
+  }
+  return false;
+}
+}  // namespace
+
+bool Fabric::step(torch::optim::Optimizer& optimizer) {
+  set_up_module("step()");
+  VOLT_CHECK(holds(optimizers_, optimizer), ConfigError, kTag,
+             " step() got an optimizer that setup() did not take; pass it to "
+             "fabric.setup(module, {optimizer}).");
+  return strategy_->optimizer_step(optimizer, c10::nullopt, ClipAlgorithm::kNorm);
+}
+
+void Fabric::zero_grad(torch::optim::Optimizer& optimizer) {
+  strategy_->zero_grad(optimizer);
+}
+
+at::Tensor Fabric::clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                  ClipAlgorithm algorithm) {
+  set_up_module("clip_gradients()");
+  VOLT_CHECK(holds(optimizers_, optimizer), ConfigError, kTag,
+             " clip_gradients() got an optimizer that setup() did not take; pass it to "
+             "fabric.setup(module, {optimizer}).");
+  VOLT_CHECK(value > 0, ConfigError, kTag, " clip_gradients() needs a value > 0 (the largest ",
+             algorithm == ClipAlgorithm::kNorm ? "total norm" : "gradient element", "), got ",
+             value, ".");
+  precision_->unscale_gradients(optimizer);
+  return strategy_->clip_gradients(optimizer, value, algorithm);
+}
+
+at::Tensor Fabric::all_reduce(const at::Tensor& value, Reduce op) {
+  launch();
+  return strategy_->reduce(to_device(value), op);
+}
+
+at::Tensor Fabric::all_gather(const at::Tensor& value) {
+  launch();
+  return at::stack(strategy_->all_gather(to_device(value)));
+}
+
+at::Tensor Fabric::broadcast(const at::Tensor& value, int64_t src) {
+  const int64_t world = world_size();
+  VOLT_CHECK(src >= 0 && src < world, ValueError, kTag, " broadcast from rank ", src,
+             ", but the ranks are 0..", world - 1, ".");
+  return strategy_->broadcast(to_device(value), src);
+}
+
+void Fabric::barrier(const std::string& name) {
+  launch();
+  strategy_->barrier(name);
+}
+
+void Fabric::print(const std::string& text) {
+  if (is_global_zero()) std::cout << text << std::endl;
+}
+
+void Fabric::log(const std::string& name, double value, int64_t step) {
+  log_dict({{name, value}}, step);
+}
+
+void Fabric::log_dict(const Metrics& metrics, int64_t step) {
+  if (!is_global_zero()) return;
+  for (const auto& l : options_.loggers()) {
+    if (l) l->log_metrics(metrics, step);
+  }
+}
+
+// ------------------------------------------------------------------ checkpoints
+
+void Fabric::save(const std::string& path, const FabricState& state) {
+  launch();
+  VOLT_CHECK(!path.empty(), ConfigError, kTag, " save() needs a path.");
+  for (const auto& [name, m] : state.modules_) {
+    VOLT_CHECK(owns(*m), ConfigError, kTag, " state module '", name,
+               "' is not the module setup() took; save that one (a Fabric sets up one).");
+  }
+  for (const auto& [name, o] : state.optimizers_) {
+    VOLT_CHECK(holds(optimizers_, *o), ConfigError, kTag, " state optimizer '", name,
+               "' is not one setup() took; pass it to fabric.setup(module, {optimizer}).");
+  }
+  torch::serialize::OutputArchive root;
+  root.write("volt_format", c10::IValue(kCheckpointFormat));
+  root.write("fabric_format", c10::IValue(kFabricFormat));
+  // A Trainer's fit cannot resume from it (no loop state); load_weights and evaluation can read
+  // the module, which goes where a Trainer checkpoint has it.
+  root.write("weights_only", c10::IValue(true));
+  if (!state.modules_.empty()) {
+    write_nested(root, "state_dict", [&](auto& ar) { strategy_->save_model_state(*module_, ar); });
+  }
+  write_nested(root, "module",
+               [&](auto& ar) { module_ ? module_->on_save_checkpoint(ar) : void(); });
+  write_nested(root, "fabric", [&](auto& fab) {
+    if (!state.modules_.empty()) fab.write("module_name", c10::IValue(state.modules_[0].first));
+    write_nested(fab, "optimizers", [&](auto& ar) {
+      for (const auto& [name, o] : state.optimizers_) {
+        write_nested(ar, name,
+                     [&](auto& one) { strategy_->save_optimizer_state(*o, *module_, one); });
+      }
+    });
+    write_nested(fab, "tensors", [&](auto& ar) {
+      for (const auto& [name, t] : state.tensors_) {
+        VOLT_CHECK(t->defined(), ConfigError, kTag, " state tensor '", name, "' is undefined.");
+        ar.write(name, t->detach());
+      }
+    });
+    write_nested(fab, "values", [&](auto& ar) {
+      for (const auto& [name, v] : state.values_) ar.write(name, v);
+    });
+  });
+  strategy_->save_checkpoint(root, path);
+  strategy_->flush_checkpoints();
+  strategy_->barrier("Fabric.save");  // the file is complete wherever save() returns
+}
+
+void Fabric::load(const std::string& path, FabricState& state, bool strict) {
+  launch();
+  for (const auto& [name, m] : state.modules_) {
+    VOLT_CHECK(owns(*m), ConfigError, kTag, " state module '", name,
+               "' is not the module setup() took; set it up before load().");
+  }
+  for (const auto& [name, o] : state.optimizers_) {
+    VOLT_CHECK(holds(optimizers_, *o), ConfigError, kTag, " state optimizer '", name,
+               "' is not one setup() took; pass it to fabric.setup(module, {optimizer}).");
+  }
+  torch::serialize::InputArchive root = strategy_->load_checkpoint(path);
+  c10::IValue format;
+  torch::serialize::InputArchive fab;
+  VOLT_CHECK(
+      root.try_read("fabric_format", format) && format.isInt() && root.try_read("fabric", fab),
+      CheckpointError, kTag, " '", path,
+      "' was not written by Fabric::save; a Trainer checkpoint's weights load with "
+      "volt::load_weights(module, path).");
+  VOLT_CHECK(format.toInt() == kFabricFormat, CheckpointError, kTag, " '", path,
+             "' has Fabric format ", format.toInt(), "; this volt reads format ", kFabricFormat,
+             ".");
+  // Everything is found before anything changes, so a strict miss leaves the state as it was.
+  std::vector<std::string> missing;
+  torch::serialize::InputArchive optimizers, tensors, values, model;
+  fab.read("optimizers", optimizers);
+  fab.read("tensors", tensors);
+  fab.read("values", values);
+  c10::IValue module_name;
+  const bool has_module = fab.try_read("module_name", module_name) && module_name.isString() &&
+                          root.try_read("state_dict", model);
+  for (const auto& [name, m] : state.modules_) {
+    if (!has_module || module_name.toStringRef() != name)
+      missing.push_back("module '" + name + "'");
+  }
+  std::vector<std::pair<torch::optim::Optimizer*, torch::serialize::InputArchive>> found_opts;
+  for (const auto& [name, o] : state.optimizers_) {
+    torch::serialize::InputArchive one;
+    if (optimizers.try_read(name, one)) {
+      found_opts.emplace_back(o, std::move(one));
+    } else {
+      missing.push_back("optimizer '" + name + "'");
+    }
+  }
+  std::vector<std::pair<at::Tensor*, at::Tensor>> found_tensors;
+  for (const auto& [name, t] : state.tensors_) {
+    at::Tensor v;
+    if (tensors.try_read(name, v)) {
+      found_tensors.emplace_back(t, v);
+    } else {
+      missing.push_back("tensor '" + name + "'");
+    }
+  }
+  std::map<std::string, c10::IValue> found_values;
+  for (const auto& [name, v] : state.values_) {
+    c10::IValue read;
+    if (values.try_read(name, read)) {
+      found_values.emplace(name, std::move(read));
+    } else {
+      missing.push_back("value '" + name + "'");
+    }
+  }
+  VOLT_CHECK(!strict || missing.empty(), CheckpointError, kTag, " '", path, "' has no ",
+             join(missing), "; save them, or load with strict=false to leave them as they are.");
+  if (has_module && !state.modules_.empty() &&
+      module_name.toStringRef() == state.modules_[0].first) {
+    try {
+      strategy_->load_model_state(*module_, model);
+    } catch (const CheckpointError& e) {
+      throw CheckpointError(std::string(e.what()) + " (checkpoint: '" + path + "')");
+    }
+    torch::serialize::InputArchive user;
+    if (root.try_read("module", user)) module_->on_load_checkpoint(user);
+  }
+  for (auto& [o, ar] : found_opts) strategy_->load_optimizer_state(*o, *module_, ar);
+  at::NoGradGuard no_grad;
+  for (auto& [t, v] : found_tensors) {
+    if (t->defined() && t->sizes() == v.sizes() && t->scalar_type() == v.scalar_type()) {
+      t->copy_(v);
+    } else {
+      *t = t->defined() ? v.to(t->device()) : v;
+    }
+  }
+  for (auto& [name, v] : found_values) state.values_[name] = std::move(v);
+}
+
+}  // namespace volt

@@ -1,0 +1,487 @@
+// volt::Fabric: a hand-written loop through the Trainer's strategy and precision. In one process
+// it equals the Trainer's fit bit for bit (and a plain libtorch loop); over real processes
+// (tests/support/fabric_worker.cpp) two DDP ranks equal one process on the global batch, the
+// launch re-runs the binary as the other rank, save/load resumes bit for bit, and a killed rank
+// fails the other instead of hanging it.
+#include "volt/fabric/fabric.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "build_paths.h"
+#include "error_text.h"
+#include "processes.h"
+#include "requires.h"
+#include "tiny.h"
+#include "training_jobs.h"
+#include "volt/trainer/checkpoint.h"
+#include "volt/trainer/trainer.h"
+
+namespace {
+
+using volt_test::error_of;
+using volt_test::Job;
+using volt_test::load_flat;
+using volt_test::run_job;
+using volt_test::TinyClassifier;
+
+volt::FabricOptions cpu() {
+  return volt::FabricOptions().accelerator("cpu");
+}
+
+// Two classifiers with the same initial weights.
+std::pair<std::shared_ptr<TinyClassifier>, std::shared_ptr<TinyClassifier>> twins() {
+  torch::manual_seed(11);
+  auto a = std::make_shared<TinyClassifier>();
+  auto b = std::make_shared<TinyClassifier>();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < a->parameters().size(); ++i) {
+    b->parameters()[i].copy_(a->parameters()[i]);
+  }
+  return {a, b};
+}
+
+// The Trainer's fit of `m` for `epochs` epochs on `loader`.
+void fit_with_trainer(TinyClassifier& m, const volt::DataLoader& loader, int64_t epochs,
+                      const std::string& precision, int64_t accum = 1, double clip = 0) {
+  volt_test::TempDir dir;
+  auto opts = volt_test::quiet(dir.path).max_epochs(epochs).precision(precision);
+  opts.accumulate_grad_batches(accum);
+  if (clip > 0) opts.gradient_clip_val(clip);
+  volt::Trainer(opts).fit(m, loader);
+}
+
+// TinyClassifier's training_step without its log() (which needs a Trainer's run).
+at::Tensor loss_of(TinyClassifier& m, const volt::Batch& b) {
+  return torch::cross_entropy_loss(m.forward(b.input), b.target);
+}
+
+// The same fit written with Fabric: the module's loss, SGD from its configure_optimizers, the
+// same seed the Trainer's options set.
+void fit_with_fabric(const std::shared_ptr<TinyClassifier>& m, const volt::DataLoader& loader,
+                     int64_t epochs, const std::string& precision, int64_t accum = 1,
+                     double clip = 0) {
+  volt::seed_everything(123);  // volt_test::quiet's seed
+  volt::Fabric fabric(cpu().precision(precision));
+  auto opt = m->configure_optimizers()[0].optimizer();
+  fabric.setup(m, {opt});
+  volt::DataLoader train = fabric.setup_dataloader(loader);
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+    volt::BatchStream s = train.stream(epoch);
+    int64_t i = 0;
+    for (volt::Batch b; s.next(b); ++i) {
+      at::Tensor loss;
+      {
+        auto autocast = fabric.autocast();
+        loss = loss_of(*m, fabric.to_device(b)) / accum;
+      }
+      fabric.backward(loss);
+      if ((i + 1) % accum != 0 && i + 1 != train.num_batches()) continue;
+      if (clip > 0) fabric.clip_gradients(*opt, clip);
+      fabric.step(*opt);
+      fabric.zero_grad(*opt);
+    }
+  }
+}
+
+TEST(Fabric, ALoopEqualsTheTrainersFitBitForBit) {
+  auto loader = volt_test::loader(volt_test::blobs(96), 16);
+  for (const std::string precision : {"32-true", "bf16-mixed", "bf16-true", "fp8"}) {
+    auto [a, b] = twins();
+    fit_with_trainer(*a, loader, 2, precision);
+    fit_with_fabric(b, loader, 2, precision);
+    EXPECT_TRUE(at::equal(a->flat_params(), b->flat_params())) << precision;
+    // Training changed the weights (the comparison is not between two untouched models).
+    auto [c, unused] = twins();
+    EXPECT_FALSE(at::equal(a->flat_params(), c->flat_params())) << precision;
+  }
+}
+
+TEST(Fabric, AccumulationAndClippingEqualTheTrainers) {
+  auto loader = volt_test::loader(volt_test::blobs(112), 16);  // 7 batches: a short last group
+  auto [a, b] = twins();
+  fit_with_trainer(*a, loader, 2, "32-true", /*accum=*/3, /*clip=*/0.05);
+  fit_with_fabric(b, loader, 2, "32-true", 3, 0.05);
+  EXPECT_TRUE(at::equal(a->flat_params(), b->flat_params()));
+}
+
+// A plain torch::nn::Module (not a volt::Module): Fabric's loop is the plain libtorch loop.
+TEST(Fabric, APlainModuleTrainsAsAHandWrittenLoop) {
+  auto make = [] {
+    torch::manual_seed(5);
+    return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(),
+                                 torch::nn::Linear(16, 2));
+  };
+  auto loader = volt_test::loader(volt_test::blobs(64), 16);
+  auto by_hand = make();
+  torch::optim::SGD hand_opt(by_hand->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto with_fabric = make();
+  auto opt = std::make_shared<torch::optim::SGD>(with_fabric->parameters(),
+                                                 torch::optim::SGDOptions(0.1).momentum(0.9));
+  volt::Fabric fabric(cpu());
+  fabric.setup(with_fabric, {opt});
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    volt::BatchStream s1 = loader.stream(epoch);
+    for (volt::Batch b; s1.next(b);) {
+      torch::cross_entropy_loss(by_hand->forward(b.input), b.target).backward();
+      hand_opt.step();
+      hand_opt.zero_grad();
+    }
+    volt::BatchStream s2 = fabric.setup_dataloader(loader).stream(epoch);
+    for (volt::Batch b; s2.next(b);) {
+      fabric.backward(torch::cross_entropy_loss(with_fabric->forward(b.input), b.target));
+      EXPECT_TRUE(fabric.step(*opt));
+      fabric.zero_grad(*opt);
+    }
+  }
+  const auto pa = by_hand->parameters(), pb = with_fabric->parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << i;
+  // The held module names its tensors as the program's module does (no prefix).
+  volt_test::TempDir dir;
+  volt::FabricState state;
+  state.module("model", *with_fabric);
+  fabric.save(dir / "f.ckpt", state);
+  auto plain = make();
+  volt::load_weights(*plain, dir / "f.ckpt");  // strict: every name must match
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(plain->parameters()[i], pb[i]));
+}
+
+// bf16-true converts the module the program holds (its own tensors, through the held module).
+TEST(Fabric, BF16TrueConvertsTheProgramsModule) {
+  auto net = torch::nn::Linear(4, 2);
+  auto opt = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  volt::Fabric fabric(cpu().precision("bf16-true"));
+  fabric.setup(net, {opt});
+  EXPECT_EQ(net->weight.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(opt->param_groups()[0].params()[0].scalar_type(), at::kBFloat16);
+}
+
+// A volt::Module is used as it is: its backward hook runs.
+class CountingBackward : public TinyClassifier {
+ public:
+  void backward(const at::Tensor& loss) override {
+    ++calls;
+    loss.backward();
+  }
+  int calls = 0;
+};
+
+TEST(Fabric, AVoltModulesBackwardHookRuns) {
+  auto m = std::make_shared<CountingBackward>();
+  auto opt = m->configure_optimizers()[0].optimizer();
+  volt::Fabric fabric(cpu());
+  fabric.setup(m, {opt});
+  volt::Batch b;
+  volt::BatchStream s = volt_test::loader(volt_test::blobs(32), 16).stream(0);
+  ASSERT_TRUE(s.next(b));
+  fabric.backward(loss_of(*m, b));
+  EXPECT_EQ(m->calls, 1);
+  EXPECT_TRUE(m->fc1->weight.grad().defined());
+}
+
+TEST(Fabric, SaveAndLoadResumeBitForBit) {
+  volt_test::TempDir dir;
+  auto loader = volt_test::loader(volt_test::blobs(96), 16);
+  // Uninterrupted: 2 epochs. Interrupted: 1 epoch, saved, then a new Fabric and module load it.
+  auto [full, first] = twins();
+  fit_with_fabric(full, loader, 2, "32-true");
+  auto run_epoch = [&](volt::Fabric& fabric, TinyClassifier& m, torch::optim::Optimizer& opt,
+                       int64_t epoch) {
+    volt::BatchStream s = loader.stream(epoch);
+    for (volt::Batch b; s.next(b);) {
+      fabric.backward(loss_of(m, b));
+      fabric.step(opt);
+      fabric.zero_grad(opt);
+    }
+  };
+  at::Tensor rng;
+  {
+    volt::seed_everything(123);
+    volt::Fabric fabric(cpu());
+    auto opt = first->configure_optimizers()[0].optimizer();
+    fabric.setup(first, {opt});
+    run_epoch(fabric, *first, *opt, 0);
+    rng = at::detail::getDefaultCPUGenerator().get_state();
+    volt::FabricState state;
+    state.module("model", *first)
+        .optimizer("opt", *opt)
+        .value("epoch", int64_t{1})
+        .tensor("rng", rng);
+    fabric.save(dir / "mid.ckpt", state);
+  }
+  torch::manual_seed(99);  // the resumed process starts elsewhere
+  auto resumed = std::make_shared<TinyClassifier>();
+  volt::Fabric fabric(cpu());
+  auto opt = resumed->configure_optimizers()[0].optimizer();
+  fabric.setup(resumed, {opt});
+  at::Tensor restored_rng = at::zeros_like(rng);
+  volt::FabricState state;
+  state.module("model", *resumed)
+      .optimizer("opt", *opt)
+      .value("epoch", int64_t{0})
+      .tensor("rng", restored_rng);
+  fabric.load(dir / "mid.ckpt", state);
+  EXPECT_EQ(state.value("epoch").toInt(), 1);
+  ASSERT_TRUE(at::equal(restored_rng, rng));
+  at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();  // a handle: const accessor
+  cpu_gen.set_state(restored_rng);
+  run_epoch(fabric, *resumed, *opt, 1);
+  // Momentum buffers travelled too: without them the second epoch would step differently.
+  EXPECT_TRUE(at::equal(full->flat_params(), resumed->flat_params()));
+}
+
+TEST(Fabric, LoadIsStrictAndLeavesTheStateWhenEntriesAreMissing) {
+  volt_test::TempDir dir;
+  auto m = std::make_shared<TinyClassifier>();
+  auto opt = m->configure_optimizers()[0].optimizer();
+  volt::Fabric fabric(cpu());
+  fabric.setup(m, {opt});
+  volt::FabricState saved;
+  saved.module("model", *m).value("step", int64_t{7});
+  fabric.save(dir / "a.ckpt", saved);
+  const at::Tensor before = m->flat_params();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->parameters()) p.add_(1.0);
+  }
+  const at::Tensor changed = m->flat_params();
+  volt::FabricState wants;
+  wants.module("model", *m).optimizer("opt", *opt).value("step", int64_t{0}).value("best", 0.5);
+  const std::string e =
+      error_of<volt::CheckpointError>([&] { fabric.load(dir / "a.ckpt", wants); });
+  EXPECT_NE(e.find("optimizer 'opt', value 'best'"), std::string::npos) << e;
+  EXPECT_NE(e.find("strict=false"), std::string::npos) << e;
+  EXPECT_TRUE(at::equal(m->flat_params(), changed));  // nothing was loaded
+  EXPECT_EQ(wants.value("step").toInt(), 0);
+  fabric.load(dir / "a.ckpt", wants, /*strict=*/false);
+  EXPECT_TRUE(at::equal(m->flat_params(), before));
+  EXPECT_EQ(wants.value("step").toInt(), 7);
+  EXPECT_DOUBLE_EQ(wants.value("best").toDouble(), 0.5);  // absent from the file: kept
+}
+
+TEST(Fabric, AFabricCheckpointIsReadByTheTrainerButNotResumed) {
+  volt_test::TempDir dir;
+  auto [m, other] = twins();
+  auto opt = m->configure_optimizers()[0].optimizer();
+  volt::Fabric fabric(cpu());
+  fabric.setup(m, {opt});
+  volt::FabricState state;
+  state.module("model", *m).optimizer("opt", *opt);
+  fabric.save(dir / "f.ckpt", state);
+  auto loader = volt_test::loader(volt_test::blobs(32), 16);
+  // validate with ckpt_path reads the weights: the same metrics as the saved module's own.
+  const auto own = volt::Trainer(volt_test::quiet(dir / "v1")).validate(*m, loader);
+  const auto read =
+      volt::Trainer(volt_test::quiet(dir / "v2")).validate(*other, loader, dir / "f.ckpt");
+  EXPECT_DOUBLE_EQ(own.at("val_loss"), read.at("val_loss"));
+  const std::string e = error_of<volt::CheckpointError>([&] {
+    volt::Trainer(volt_test::quiet(dir / "fit").max_epochs(1))
+        .fit(*other, loader, c10::nullopt, dir / "f.ckpt");
+  });
+  EXPECT_NE(e.find("weights only"), std::string::npos) << e;
+}
+
+TEST(Fabric, ATrainerCheckpointIsNotAFabricOne) {
+  volt_test::TempDir dir;
+  auto m = std::make_shared<TinyClassifier>();
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1));
+  trainer.fit(*m, volt_test::loader(volt_test::blobs(32), 16));
+  trainer.save_checkpoint(dir / "t.ckpt");
+  auto opt = m->configure_optimizers()[0].optimizer();
+  volt::Fabric fabric(cpu());
+  fabric.setup(m, {opt});
+  volt::FabricState state;
+  state.module("model", *m);
+  const std::string e =
+      error_of<volt::CheckpointError>([&] { fabric.load(dir / "t.ckpt", state); });
+  EXPECT_NE(e.find("not written by Fabric::save"), std::string::npos) << e;
+  EXPECT_NE(e.find("load_weights"), std::string::npos) << e;
+  const std::string missing =
+      error_of<volt::CheckpointError>([&] { fabric.load(dir / "none.ckpt", state); });
+  EXPECT_NE(missing.find("none.ckpt"), std::string::npos) << missing;
+}
+
+TEST(Fabric, LoggersGetWhatTheLoopLogs) {
+  auto logger = std::make_shared<volt_test::MemoryLogger>();
+  volt::Fabric fabric(cpu().loggers({logger}));
+  fabric.log("loss", 0.25, 3);
+  fabric.log_dict({{"a", 1.0}, {"b", 2.0}}, 4);
+  ASSERT_EQ(logger->records.size(), 2u);
+  EXPECT_EQ(logger->records[0].first, 3);
+  EXPECT_DOUBLE_EQ(logger->records[0].second.at("loss"), 0.25);
+  EXPECT_DOUBLE_EQ(logger->records[1].second.at("b"), 2.0);
+}
+
+TEST(Fabric, CollectivesInOneProcessAreTheValue) {
+  volt::Fabric fabric(cpu());
+  const at::Tensor t = at::arange(3, at::kFloat);
+  EXPECT_EQ(fabric.world_size(), 1);
+  EXPECT_TRUE(fabric.is_global_zero());
+  EXPECT_TRUE(at::equal(fabric.all_reduce(t), t));
+  EXPECT_TRUE(at::equal(fabric.all_gather(t), t.unsqueeze(0)));
+  EXPECT_TRUE(at::equal(fabric.broadcast(t), t));
+  fabric.barrier();
+  EXPECT_NE(error_of<volt::ValueError>([&] { fabric.broadcast(t, 1); }).find("ranks are 0..0"),
+            std::string::npos);
+}
+
+TEST(Fabric, BadCallsAreTypedErrors) {
+  EXPECT_NE(error_of<volt::ConfigError>([] {
+              volt::Fabric(cpu().strategy("deepspeed_stage_2"));
+            }).find("use volt::Trainer"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([] { volt::Fabric(cpu().strategy("nope")); }).find("nope"),
+            std::string::npos);
+  volt::Fabric fabric(cpu());
+  auto m = std::make_shared<TinyClassifier>();
+  auto opt = m->configure_optimizers()[0].optimizer();
+  const at::Tensor loss = m->fc1->weight.sum();
+  EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.backward(loss); }).find("before setup()"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.step(*opt); }).find("before setup()"),
+            std::string::npos);
+  auto stranger = torch::nn::Linear(2, 2);
+  auto foreign =
+      std::make_shared<torch::optim::SGD>(stranger->parameters(), torch::optim::SGDOptions(0.1));
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              fabric.setup(m, {foreign});
+            }).find("not one of the module's"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.setup(nullptr); }).find("null module"),
+            std::string::npos);
+  fabric.setup(m, {opt});
+  EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.setup(m, {opt}); }).find("ran already"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.step(*foreign); }).find("did not take"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.clip_gradients(*opt, 0); }).find("> 0"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of<volt::ValueError>([&] { fabric.backward(m->fc1->weight * 2); }).find("one element"),
+      std::string::npos);
+  volt::FabricState state;
+  EXPECT_NE(error_of<volt::ConfigError>([&] { state.value("a/b", 1); }).find("without '/'"),
+            std::string::npos);
+  state.value("x", 1);
+  EXPECT_NE(error_of<volt::ConfigError>([&] { state.value("x", 2); }).find("already"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              state.value("t", c10::IValue(at::ones({1})));
+            }).find("tensor()"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([&] { state.value("y"); }).find("no value named 'y'"),
+            std::string::npos);
+  volt_test::TempDir dir;
+  volt::FabricState other;
+  other.module("model", *stranger);
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              fabric.save(dir / "x.ckpt", other);
+            }).find("not the module setup() took"),
+            std::string::npos);
+}
+
+// ------------------------------------------------------------------ real processes
+
+std::string out_of(const std::string& root, int rank) {
+  return root + "/w.rank" + std::to_string(rank) + ".pt";
+}
+
+// One process on the global batch (16 rows a step).
+at::Tensor reference(const std::string& root, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{"--out", root + "/ref/w", "--batch", "16"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const Job j = run_job(volt_test::fabric_worker(), args);
+  EXPECT_EQ(j.code, 0) << j.output;
+  return load_flat(root + "/ref/w.rank0.pt");
+}
+
+// Ranks started as one job with rank variables (as torchrun would), batch 8 each.
+std::vector<Job> run_ranks(const std::string& root, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{"--out", root + "/w", "--batch", "8", "--devices", "2"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto ranks = volt_test::start_local_ranks(volt_test::fabric_worker(), args, 2);
+  std::vector<Job> jobs;
+  for (auto& p : ranks) {
+    Job j;
+    j.code = p->exit_code(std::chrono::seconds(120));
+    j.output = p->output();
+    jobs.push_back(j);
+  }
+  return jobs;
+}
+
+TEST(FabricDdp, TwoRanksEqualOneProcessOnTheGlobalBatch) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto jobs = run_ranks(dir.path, {"--clip", "0.5"});
+  for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(jobs[0].output.find("rank 0 world 2"), std::string::npos) << jobs[0].output;
+  EXPECT_NE(jobs[0].output.find("gathered 0,1"), std::string::npos) << jobs[0].output;
+  const at::Tensor r0 = load_flat(out_of(dir.path, 0)), r1 = load_flat(out_of(dir.path, 1));
+  // Each rank built its model from its own seed: setup() gave both rank 0's weights, and the
+  // averaged gradients kept them equal.
+  EXPECT_TRUE(at::equal(r0, r1));
+  const at::Tensor ref = reference(dir.path, {"--clip", "0.5"});
+  EXPECT_TRUE(at::allclose(r0, ref, 0, 2e-6)) << (r0 - ref).abs().max().item<double>();
+}
+
+TEST(FabricDdp, NoBackwardSyncLeavesTheGradientsLocalUntilTheLastMicroBatch) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto jobs = run_ranks(dir.path, {"--accum", "2", "--batch", "4", "--check-no-sync", "1"});
+  for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(jobs[0].output.find("no_sync grads differ=1 synced grads differ=0"), std::string::npos)
+      << jobs[0].output;
+  const at::Tensor ref = reference(dir.path, {"--accum", "2", "--batch", "8"});
+  const at::Tensor r0 = load_flat(out_of(dir.path, 0));
+  EXPECT_TRUE(at::allclose(r0, ref, 0, 2e-6)) << (r0 - ref).abs().max().item<double>();
+}
+
+TEST(FabricDdp, LaunchRunsTheBinaryAgainAsTheOtherRank) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const Job j =
+      run_job(volt_test::fabric_worker(), {"--out", dir / "w", "--batch", "8", "--devices", "2"});
+  ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(j.output.find("rank 0 done"), std::string::npos) << j.output;
+  const at::Tensor r0 = load_flat(out_of(dir.path, 0)), r1 = load_flat(out_of(dir.path, 1));
+  EXPECT_TRUE(at::equal(r0, r1));
+  const at::Tensor ref = reference(dir.path);
+  EXPECT_TRUE(at::allclose(r0, ref, 0, 2e-6)) << (r0 - ref).abs().max().item<double>();
+}
+
+TEST(FabricDdp, SavedMidRunAJobResumesBitForBit) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto full =
+      run_ranks(dir / "full", {"--steps", "10", "--save-at", "5", "--save", dir / "mid.ckpt"});
+  for (const auto& j : full) ASSERT_EQ(j.code, 0) << j.output;
+  const auto resumed = run_ranks(dir / "resumed", {"--steps", "10", "--resume", dir / "mid.ckpt"});
+  for (const auto& j : resumed) ASSERT_EQ(j.code, 0) << j.output;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(
+        at::equal(load_flat(out_of(dir / "full", r)), load_flat(out_of(dir / "resumed", r))))
+        << r;
+  }
+  // The mean of the last losses travelled as a tensor entry: both runs print the same.
+  const auto line = [](const std::string& out) { return out.substr(out.find("rank 0 done")); };
+  EXPECT_EQ(line(full[0].output), line(resumed[0].output));
+}
+
+TEST(FabricDdp, AKilledRankFailsTheOtherInsteadOfHangingIt) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  const Job j = run_job(volt_test::fabric_worker(),
+                        {"--out", dir / "w", "--batch", "8", "--devices", "2", "--die-rank", "1",
+                         "--die-step", "3", "--timeout", "20"},
+                        std::chrono::seconds(90));
+  EXPECT_EQ(j.code, 1) << j.output;
+  EXPECT_NE(j.output.find("rank 1"), std::string::npos) << j.output;
+  EXPECT_EQ(j.output.find("rank 0 done"), std::string::npos) << j.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+}
+
+}  // namespace

@@ -1,0 +1,163 @@
+// A training loop written by hand around volt::Fabric, for tests/fabric/fabric_test.cpp. Started
+// as a plain process with --devices N it launches its other ranks itself (Fabric::launch re-runs
+// this binary); started with rank variables it is one rank of that job. Every rank builds the
+// model from its own seed (so only setup()'s broadcast makes them agree), trains an MLP with SGD
+// on its shard, and writes its final flat parameters to <out>.rank<R>.pt.
+//
+//   volt_fabric_worker --out PREFIX [--devices N] [--steps S] [--batch B] [--accum K]
+//       [--clip NORM] [--save-at STEP --save PATH] [--resume PATH] [--die-rank R --die-step S]
+//       [--check-no-sync 1] [--precision NAME] [--timeout S]
+//
+// Prints "rank R world W" after launch, "gathered a,b,..." (every rank's rank through
+// all_gather), with --check-no-sync "no_sync grads differ=D synced grads differ=E" (0/1: whether
+// the ranks' gradients differ after a backward inside / outside no_backward_sync), and "rank R
+// done step=S loss=L" (L: the last loss averaged over the ranks). Exit 0 done, 1 a volt error
+// (printed), 2 bad usage.
+
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "tiny.h"
+#include "volt/core/registry.h"
+#include "volt/fabric/fabric.h"
+
+namespace {
+
+torch::nn::Sequential make_net() {
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                               torch::nn::Linear(16, 2));
+}
+
+at::Tensor flat(const torch::nn::Module& m) {
+  std::vector<at::Tensor> all;
+  for (const auto& p : m.parameters()) all.push_back(p.detach().reshape({-1}));
+  return at::cat(all);
+}
+
+// 1 when the ranks' values of `t` are not all equal.
+int64_t differ(volt::Fabric& fabric, const at::Tensor& t) {
+  const at::Tensor all = fabric.all_gather(t);
+  for (int64_t r = 1; r < all.size(0); ++r) {
+    if (!at::equal(all[r], all[0])) return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> a;
+  for (int i = 1; i + 1 < argc; i += 2) a[argv[i]] = argv[i + 1];
+  auto num = [&](const char* k, int64_t def) { return a.count(k) ? std::stoll(a[k]) : def; };
+  if (!a.count("--out")) {
+    std::fprintf(stderr, "usage: volt_fabric_worker --out PREFIX [--devices N] ...\n");
+    return 2;
+  }
+  try {
+    std::filesystem::create_directories(std::filesystem::path(a["--out"]).parent_path());
+    // The registry's "ddp" with its arguments (a DdpStrategy object would also take the
+    // accelerator, precision and device count).
+    volt::Fabric fabric(volt::FabricOptions()
+                            .accelerator("cpu")
+                            .devices(num("--devices", 1))
+                            .strategy(volt::named<volt::Strategy>(
+                                "ddp", {{"timeout_s", static_cast<double>(num("--timeout", 30))}}))
+                            .precision(a.count("--precision") ? a["--precision"] : "32-true"));
+    fabric.launch();
+    const int64_t rank = fabric.global_rank();
+    std::printf("rank %ld world %ld\n", static_cast<long>(rank),
+                static_cast<long>(fabric.world_size()));
+    std::fflush(stdout);
+    const at::Tensor gathered = fabric.all_gather(at::full({1}, rank, at::kLong));
+    if (fabric.is_global_zero()) {
+      std::string line = "gathered ";
+      for (int64_t r = 0; r < gathered.size(0); ++r) {
+        line += (r ? "," : "") + std::to_string(gathered[r][0].item<int64_t>());
+      }
+      fabric.print(line);
+    }
+
+    torch::manual_seed(1000 + static_cast<uint64_t>(rank));  // rank 0's weights must win
+    auto net = make_net();
+    auto opt = std::make_shared<torch::optim::SGD>(net->parameters(),
+                                                   torch::optim::SGDOptions(0.1).momentum(0.9));
+    fabric.setup(net, {opt});
+    const int64_t accum = num("--accum", 1);
+    volt::DataLoader train = fabric.setup_dataloader(
+        volt::DataLoader(volt_test::blobs(128, 8, 1),
+                         volt::DataLoaderOptions(num("--batch", 8)).shuffle(true).seed(5)));
+
+    int64_t step = 0;
+    at::Tensor last_loss = at::zeros({});
+    if (a.count("--resume")) {
+      volt::FabricState state;
+      state.module("model", *net)
+          .optimizer("opt", *opt)
+          .value("step", int64_t{0})
+          .tensor("last_loss", last_loss);
+      fabric.load(a["--resume"], state);
+      step = state.value("step").toInt();
+    }
+    const int64_t steps = num("--steps", 12);
+    const int64_t per_epoch = train.num_batches() / accum;
+    const int64_t save_at = num("--save-at", -1);
+    while (step < steps) {
+      const int64_t epoch = step / per_epoch;
+      volt::BatchStream stream = train.stream(epoch, (step % per_epoch) * accum);
+      volt::Batch b;
+      for (; step < steps && stream.next(b);) {
+        if (rank == num("--die-rank", -1) && step == num("--die-step", -1)) ::raise(SIGKILL);
+        for (int64_t k = 0; k < accum; ++k) {
+          if (k > 0 && !stream.next(b)) break;
+          b = fabric.to_device(b);
+          at::Tensor loss;
+          {
+            auto autocast = fabric.autocast();
+            loss = torch::cross_entropy_loss(net->forward(b.input), b.target) / accum;
+          }
+          const bool last = k + 1 == accum;
+          {
+            auto no_sync = fabric.no_backward_sync(!last);
+            fabric.backward(loss);
+          }
+          if (num("--check-no-sync", 0) != 0 && accum == 2 && step == 0) {
+            const int64_t d = differ(fabric, net->parameters()[0].grad());
+            if (k == 0) {
+              std::printf("no_sync grads differ=%ld", static_cast<long>(d));
+            } else {
+              std::printf(" synced grads differ=%ld\n", static_cast<long>(d));
+            }
+            std::fflush(stdout);
+          }
+          last_loss = loss.detach() * accum;
+        }
+        if (a.count("--clip")) fabric.clip_gradients(*opt, std::stod(a["--clip"]));
+        fabric.step(*opt);
+        fabric.zero_grad(*opt);
+        ++step;
+        if (step == save_at) {
+          volt::FabricState state;
+          state.module("model", *net)
+              .optimizer("opt", *opt)
+              .value("step", step)
+              .tensor("last_loss", last_loss);
+          fabric.save(a["--save"], state);
+        }
+      }
+    }
+    const double mean_loss = fabric.all_reduce(last_loss.to(at::kFloat)).item<double>();
+    torch::save(flat(*net), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
+    std::printf("rank %ld done step=%ld loss=%.9g\n", static_cast<long>(rank),
+                static_cast<long>(step), mean_loss);
+    std::fflush(stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    std::printf("error: %s\n", e.what());
+    std::fflush(stdout);
+    return 1;
+  }
+}
