@@ -391,4 +391,20 @@ bool BatchStream::next(Batch& out) {
   return true;
 }
 
+BatchStream::iterator::iterator(BatchStream* stream) : stream_(stream) {
+  ++*this;
+}
+
+BatchStream::iterator& BatchStream::iterator::operator++() {
+  if (stream_ != nullptr && !stream_->next(batch_)) {
+    stream_ = nullptr;
+    batch_ = Batch();
+  }
+  return *this;
+}
+
+BatchStream::iterator BatchStream::begin() {
+  return iterator(this);
+}
+
 }  // namespace volt

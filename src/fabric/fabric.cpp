@@ -7,19 +7,27 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <exception>
 #include <iostream>
 #include <sstream>
 #include <unordered_set>
 #include <utility>
 
+#include "distributed/detail/stacked_gather.h"
+#include "io/detail/nested_archive.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
 #include "volt/core/optimizer_config.h"
+#include "volt/core/run_context.h"
+#include "volt/optim/lr_scheduler.h"
+#include "volt/profiler/profiler.h"
 #include "volt/trainer/plan.h"
 
 namespace volt {
 namespace {
+
+using detail::write_nested;
 
 constexpr const char* kTag = "[Fabric]";
 constexpr int64_t kCheckpointFormat = 1;  // a Trainer checkpoint's volt_format
@@ -44,13 +52,6 @@ class HeldModule : public Module {
   std::vector<OptimizerConfig> configure_optimizers() override { return {}; }
 };
 
-template <typename F>
-void write_nested(torch::serialize::OutputArchive& parent, const std::string& key, F&& fill) {
-  torch::serialize::OutputArchive ar;
-  fill(ar);
-  parent.write(key, ar);
-}
-
 std::string join(const std::vector<std::string>& names) {
   std::ostringstream os;
   for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << names[i];
@@ -58,6 +59,138 @@ std::string join(const std::vector<std::string>& names) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------ FabricRun
+
+namespace detail {
+
+// What a set-up volt::Module sees as its run inside a Fabric loop (Lightning's LightningModule
+// with `_fabric` set): logging, manual optimization, collectives and rank queries go through
+// the Fabric; what only the Trainer's loop has is a ConfigError naming it.
+class FabricRun : public RunContext {
+ public:
+  FabricRun(Fabric& fabric, const FabricOptions& options) : fabric_(fabric), options_(options) {}
+
+  LoopState st;                          // global_step: the steps taken through Fabric::step
+  std::vector<OptimizerConfig> configs;  // the optimizers setup() took, in its order
+
+  const LoopState& state() const override { return st; }
+  const Metrics& callback_metrics() const override { return callback_metrics_; }
+  const Metrics& progress_bar_metrics() const override { return progress_bar_; }
+
+  void log(const std::string& name, const at::Tensor& value, const LogOptions& opts) override {
+    VOLT_CHECK(!name.empty(), ValueError, "[Module] log() needs a name.");
+    VOLT_CHECK(value.defined() && value.numel() == 1, ValueError, "[Module] log(\"", name,
+               "\") needs a tensor of one element, got ",
+               value.defined() ? value.sizes() : c10::IntArrayRef{},
+               "; reduce it (mean or sum) first.");
+    at::Tensor v = value.detach();
+    if (opts.sync_dist()) v = fabric_.all_reduce(v.to(at::kDouble), opts.reduce());
+    const double d = v.item<double>();
+    callback_metrics_[name] = d;
+    if (opts.prog_bar()) progress_bar_[name] = d;
+    // Lightning under Fabric: fabric.log_dict, once per call (no epoch aggregation).
+    if (opts.logger()) fabric_.log_dict({{name, d}}, st.global_step);
+  }
+
+  bool is_global_zero() const override { return fabric_.strategy().is_global_zero(); }
+  int64_t world_size() const override { return fabric_.strategy().world_size(); }
+  int64_t global_rank() const override { return fabric_.strategy().rank(); }
+  bool reduce_boolean_decision(bool decision, bool all) override {
+    return fabric_.strategy().reduce_boolean_decision(decision, all);
+  }
+  at::Tensor all_gather(const at::Tensor& value, bool sync_grads) override {
+    GatherCollectives c;
+    Strategy& s = fabric_.strategy();
+    c.gather = [&s](const at::Tensor& v) { return s.all_gather(v); };
+    c.sum = [&s](const at::Tensor& g) { return s.reduce(g, Reduce::kSum); };
+    c.rank = s.rank();
+    return stacked_all_gather(value, sync_grads, c);
+  }
+  const std::vector<std::shared_ptr<Logger>>& loggers() const override {
+    return fabric_.strategy().is_global_zero() ? options_.loggers() : no_loggers_;
+  }
+  bool has_loggers() const override { return !options_.loggers().empty(); }
+  Profiler& profiler() override { return profiler_; }
+  Metrics device_stats() override {
+    Metrics out;
+    for (const auto& [k, v] : fabric_.strategy().accelerator().device_stats()) out[k] = v;
+    return out;
+  }
+  std::string strategy_name() const override { return fabric_.strategy().name(); }
+  std::vector<OptimizerConfig>& optimizer_configs() override { return configs; }
+
+  // Manual optimization (Lightning: manual_backward is fabric.backward; the optimizers step
+  // through the Fabric).
+  void manual_backward(const at::Tensor& loss) override { fabric_.backward(loss); }
+  void manual_step(size_t index) override { fabric_.step(optimizer(index)); }
+  void manual_zero_grad(size_t index) override { fabric_.zero_grad(optimizer(index)); }
+  void manual_count_step(size_t index) override {
+    optimizer(index);
+    ++st.global_step;
+  }
+  at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, c10::optional<double> value,
+                            c10::optional<ClipAlgorithm> algorithm) override {
+    if (!value || *value == 0) return {};  // no Trainer option to fall back on
+    return fabric_.clip_gradients(optimizer, *value, algorithm.value_or(ClipAlgorithm::kNorm));
+  }
+  void zero_grad(torch::optim::Optimizer& optimizer) override { fabric_.zero_grad(optimizer); }
+  Batch batch_to_device(const Batch& batch) const override {
+    return fabric_.strategy().batch_to_device(batch);
+  }
+  void step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) override {
+    if (metric) {
+      scheduler.step(*metric);
+    } else {
+      scheduler.step();
+    }
+  }
+  DataModule* data_module() override { return nullptr; }
+  const DataLoader* train_dataloader() const override { return nullptr; }
+  const std::vector<int64_t>& predict_batch_indices() const override { return no_indices_; }
+
+  // The Trainer's loop only.
+  void save_checkpoint(const std::string&, bool) override { trainer_only("save_checkpoint()"); }
+  void remove_checkpoint(const std::string&) override { trainer_only("remove_checkpoint()"); }
+  void request_stop() override { trainer_only("request_stop()"); }
+  std::string log_dir() const override { trainer_only("log_dir()"); }
+  int64_t max_epochs() const override { trainer_only("max_epochs()"); }
+  int64_t max_steps() const override { trainer_only("max_steps()"); }
+  int64_t estimated_stepping_batches() const override {
+    trainer_only("estimated_stepping_batches()");
+  }
+  int64_t log_every_n_steps() const override { trainer_only("log_every_n_steps()"); }
+  void set_accumulate_grad_batches(int64_t) override {
+    trainer_only("set_accumulate_grad_batches()");
+  }
+  void check_accumulate_grad_batches(int64_t) const override {
+    trainer_only("check_accumulate_grad_batches()");
+  }
+  void forward_training_data() override { trainer_only("forward_training_data()"); }
+  const TrainerOptions& trainer_options() const override { trainer_only("trainer_options()"); }
+
+ private:
+  torch::optim::Optimizer& optimizer(size_t index) const {
+    VOLT_CHECK(index < configs.size(), ConfigError, "[Module] optimizer index ", index,
+               " out of range: fabric.setup() took ", configs.size(), " optimizer(s).");
+    return *configs[index].optimizer();
+  }
+  [[noreturn]] static void trainer_only(const char* what) {
+    throw ConfigError(std::string("[Fabric] ") + what +
+                      " belongs to the Trainer's loop; a module set up by Fabric runs in the "
+                      "program's loop: do it there (e.g. fabric.save for a checkpoint), or "
+                      "train with volt::Trainer.");
+  }
+
+  Fabric& fabric_;
+  const FabricOptions& options_;
+  Metrics callback_metrics_, progress_bar_;
+  PassThroughProfiler profiler_;
+  const std::vector<std::shared_ptr<Logger>> no_loggers_;
+  const std::vector<int64_t> no_indices_;
+};
+
+}  // namespace detail
 
 // ------------------------------------------------------------------ FabricState
 
@@ -117,13 +250,18 @@ Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
              "\" shards or splits the model inside the Trainer's step; Fabric runs "
              "\"single_device\" and \"ddp\" (or \"auto\"): use volt::Trainer for \"",
              name, "\".");
-  accelerator_ = plan.accelerator;
+  for (size_t i = 0; i < options_.callbacks().size(); ++i) {
+    VOLT_CHECK(options_.callbacks()[i] != nullptr, ConfigError, kTag, " callback ", i,
+               " is null; pass objects derived from volt::FabricCallback.");
+  }
   precision_ = plan.precision;
   strategy_ = plan.strategy;
+  run_ = std::make_unique<detail::FabricRun>(*this, options_);
   if (options_.checkpoint_io()) strategy_->set_checkpoint_io(options_.checkpoint_io());
 }
 
 Fabric::~Fabric() {
+  if (module_ != nullptr && module_->run() == run_.get()) module_->attach(nullptr);
   if (!launched_) return;
   const bool failed = std::uncaught_exceptions() > 0;
   try {
@@ -215,6 +353,9 @@ void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
   user_module_ = module;
   module_ = std::move(held);
   optimizers_ = optimizers;
+  run_->configs = configs;
+  // A volt::Module's log(), manual_backward(), optimizers() ... come here while it is set up.
+  if (as_volt) module_->attach(run_.get());
 }
 
 DataLoader Fabric::setup_dataloader(const DataLoader& loader) {
@@ -280,7 +421,9 @@ bool Fabric::step(torch::optim::Optimizer& optimizer) {
   VOLT_CHECK(holds(optimizers_, optimizer), ConfigError, kTag,
              " step() got an optimizer that setup() did not take; pass it to "
              "fabric.setup(module, {optimizer}).");
-  return strategy_->optimizer_step(optimizer, c10::nullopt, ClipAlgorithm::kNorm);
+  const bool stepped = strategy_->optimizer_step(optimizer, c10::nullopt, ClipAlgorithm::kNorm);
+  if (stepped) ++run_->st.global_step;  // a volt::Module's global_step() and log steps
+  return stepped;
 }
 
 void Fabric::zero_grad(torch::optim::Optimizer& optimizer) {
@@ -320,6 +463,32 @@ at::Tensor Fabric::broadcast(const at::Tensor& value, int64_t src) {
 void Fabric::barrier(const std::string& name) {
   launch();
   strategy_->barrier(name);
+}
+
+Fabric::RankZeroFirst::RankZeroFirst(Fabric* fabric, bool first)
+    : fabric_(fabric), first_(first), exceptions_(std::uncaught_exceptions()) {
+  // The others wait here until the first ones have run the block and reached the same barrier
+  // in their destructor.
+  if (!first_) fabric_->barrier("Fabric.rank_zero_first");
+}
+
+Fabric::RankZeroFirst::RankZeroFirst(RankZeroFirst&& other) noexcept
+    : fabric_(std::exchange(other.fabric_, nullptr)),
+      first_(other.first_),
+      exceptions_(other.exceptions_) {}
+
+Fabric::RankZeroFirst::~RankZeroFirst() noexcept(false) {
+  // A block left by an exception does not release the others: they would run on what it failed
+  // to prepare. They fail when this process ends instead.
+  if (fabric_ != nullptr && first_ && std::uncaught_exceptions() == exceptions_) {
+    fabric_->barrier("Fabric.rank_zero_first");
+  }
+}
+
+Fabric::RankZeroFirst Fabric::rank_zero_first(bool local) {
+  launch();
+  if (world_size() == 1) return RankZeroFirst(nullptr, true);
+  return RankZeroFirst(this, (local ? local_rank() : global_rank()) == 0);
 }
 
 void Fabric::print(const std::string& text) {

@@ -5,6 +5,7 @@
 #include <optional>
 #include <ostream>
 #include <sstream>
+#include <utility>
 
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -34,10 +35,12 @@ std::string describe(const at::Tensor& t) {
 
 }  // namespace
 
-GraphKey::GraphKey(at::ArrayRef<at::Tensor> inputs, bool training, bool grad_mode)
-    : training_(training), grad_mode_(grad_mode) {
+GraphKey::GraphKey(at::ArrayRef<at::Tensor> inputs, bool training, bool grad_mode,
+                   std::string layout)
+    : training_(training), grad_mode_(grad_mode), layout_(std::move(layout)) {
   inputs_.reserve(inputs.size());
   hash_ = combine(std::hash<bool>()(training) + 2 * std::hash<bool>()(grad_mode), inputs.size());
+  hash_ = combine(hash_, std::hash<std::string>()(layout_));
   for (const at::Tensor& t : inputs) {
     Input in;
     in.defined = t.defined();
@@ -58,7 +61,7 @@ GraphKey::GraphKey(at::ArrayRef<at::Tensor> inputs, bool training, bool grad_mod
 
 bool operator==(const GraphKey& a, const GraphKey& b) {
   if (a.hash_ != b.hash_ || a.training_ != b.training_ || a.grad_mode_ != b.grad_mode_ ||
-      a.inputs_.size() != b.inputs_.size()) {
+      a.layout_ != b.layout_ || a.inputs_.size() != b.inputs_.size()) {
     return false;
   }
   for (size_t i = 0; i < a.inputs_.size(); ++i) {
@@ -74,7 +77,9 @@ bool operator==(const GraphKey& a, const GraphKey& b) {
 
 std::string GraphKey::str() const {
   std::ostringstream os;
-  os << (training_ ? "train" : "eval") << (grad_mode_ ? "+grad(" : "(");
+  os << (training_ ? "train" : "eval") << (grad_mode_ ? "+grad" : "");
+  if (!layout_.empty()) os << '[' << layout_ << ']';
+  os << '(';
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const Input& in = inputs_[i];
     if (i > 0) os << ", ";

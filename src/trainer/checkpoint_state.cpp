@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include "io/detail/nested_archive.h"
 #include "strategies/detail/read_checkpoint.h"
 #include "trainer/detail/run.h"
 #include "volt/callbacks/model_checkpoint.h"
@@ -22,14 +23,6 @@ namespace detail {
 namespace {
 
 constexpr int64_t kCheckpointFormat = 1;
-
-/// Writes a nested archive under `key`, filled by `fill(archive)`.
-template <typename F>
-void write_nested(torch::serialize::OutputArchive& parent, const std::string& key, F&& fill) {
-  torch::serialize::OutputArchive ar;
-  fill(ar);
-  parent.write(key, ar);
-}
 
 }  // namespace
 

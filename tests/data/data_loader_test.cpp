@@ -96,6 +96,47 @@ TEST(DataLoader, AStreamMayOutliveItsLoader) {
   }
 }
 
+TEST(DataLoader, RangeForYieldsWhatNextYields) {
+  const auto opts = volt::DataLoaderOptions(7).shuffle(true).seed(3);
+  for (int64_t workers : {0, 2}) {
+    volt::DataLoader dl(range_ds(50), volt::DataLoaderOptions(opts).num_workers(workers));
+    // Over a temporary stream (range-for keeps it alive), the whole epoch in next()'s order.
+    std::vector<int64_t> seen, sizes;
+    for (volt::Batch& b : dl.stream(1)) {
+      sizes.push_back(b.size());
+      for (int64_t i = 0; i < b.size(); ++i) seen.push_back(b.target[i].item<int64_t>());
+    }
+    EXPECT_EQ(seen, ids(dl.stream(1))) << workers << " workers";
+    EXPECT_EQ(sizes, (std::vector<int64_t>{7, 7, 7, 7, 7, 7, 7, 1})) << workers << " workers";
+    // Part of an epoch, and what is left of a stream next() has started.
+    seen.clear();
+    for (const volt::Batch& b : dl.stream(1, 2, 3)) {
+      for (int64_t i = 0; i < b.size(); ++i) seen.push_back(b.target[i].item<int64_t>());
+    }
+    const auto full = ids(dl.stream(1));
+    EXPECT_EQ(seen, std::vector<int64_t>(full.begin() + 14, full.begin() + 35));
+    volt::BatchStream s = dl.stream(1);
+    volt::Batch first;
+    ASSERT_TRUE(s.next(first));
+    seen.clear();
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      for (int64_t i = 0; i < it->size(); ++i) seen.push_back(it->target[i].item<int64_t>());
+    }
+    EXPECT_EQ(seen, std::vector<int64_t>(full.begin() + 7, full.end()));
+    EXPECT_TRUE(s.begin() == s.end());  // nothing left
+    // Leaving the loop early leaves the stream (and its workers) to be destroyed as usual.
+    int64_t batches = 0;
+    for (volt::Batch& b : dl.stream(0)) {
+      EXPECT_TRUE(b.input.defined());
+      if (++batches == 2) break;
+    }
+    EXPECT_EQ(batches, 2);
+  }
+  // An empty pass never enters the loop.
+  volt::DataLoader dl(range_ds(10), volt::DataLoaderOptions(4));
+  for (volt::Batch& b : dl.stream(0, 3)) ADD_FAILURE() << "a batch of " << b.size();
+}
+
 TEST(DataLoader, EarlyDestructionJoinsWorkers) {
   volt::DataLoader dl(range_ds(1000), volt::DataLoaderOptions(3).num_workers(2));
   auto s = dl.stream(0);

@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 
 #include "build_paths.h"
 #include "error_text.h"
+#include "manual_module.h"
 #include "processes.h"
 #include "requires.h"
 #include "tiny.h"
@@ -57,13 +59,13 @@ at::Tensor loss_of(TinyClassifier& m, const volt::Batch& b) {
   return torch::cross_entropy_loss(m.forward(b.input), b.target);
 }
 
-// The same fit written with Fabric: the module's loss, SGD from its configure_optimizers, the
-// same seed the Trainer's options set.
+// The same fit written with Fabric: the module's own training_step (its log() reaches the
+// Fabric's loggers), SGD from its configure_optimizers, the same seed the Trainer's options set.
 void fit_with_fabric(const std::shared_ptr<TinyClassifier>& m, const volt::DataLoader& loader,
                      int64_t epochs, const std::string& precision, int64_t accum = 1,
-                     double clip = 0) {
+                     double clip = 0, std::vector<std::shared_ptr<volt::Logger>> loggers = {}) {
   volt::seed_everything(123);  // volt_test::quiet's seed
-  volt::Fabric fabric(cpu().precision(precision));
+  volt::Fabric fabric(cpu().precision(precision).loggers(std::move(loggers)));
   auto opt = m->configure_optimizers()[0].optimizer();
   fabric.setup(m, {opt});
   volt::DataLoader train = fabric.setup_dataloader(loader);
@@ -74,7 +76,7 @@ void fit_with_fabric(const std::shared_ptr<TinyClassifier>& m, const volt::DataL
       at::Tensor loss;
       {
         auto autocast = fabric.autocast();
-        loss = loss_of(*m, fabric.to_device(b)) / accum;
+        loss = m->training_step(fabric.to_device(b), i) / accum;
       }
       fabric.backward(loss);
       if ((i + 1) % accum != 0 && i + 1 != train.num_batches()) continue;
@@ -96,6 +98,82 @@ TEST(Fabric, ALoopEqualsTheTrainersFitBitForBit) {
     auto [c, unused] = twins();
     EXPECT_FALSE(at::equal(a->flat_params(), c->flat_params())) << precision;
   }
+}
+
+// A volt::Module set up by Fabric logs, counts its steps and answers its rank queries through
+// the Fabric (Lightning's LightningModule under Fabric).
+TEST(Fabric, AVoltModulesLogReachesTheFabricsLoggers) {
+  auto loader = volt_test::loader(volt_test::blobs(64), 16);  // 4 batches an epoch
+  auto logger = std::make_shared<volt_test::MemoryLogger>();
+  auto [m, unused] = twins();
+  fit_with_fabric(m, loader, 2, "32-true", /*accum=*/2, /*clip=*/0, {logger});
+  // training_step logs train_loss once per call: 8 calls, at the steps taken before each (two
+  // micro-batches a step).
+  ASSERT_EQ(logger->records.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(logger->records[i].first, static_cast<int64_t>(i / 2)) << i;
+    EXPECT_EQ(logger->records[i].second.count("train_loss"), 1u) << i;
+  }
+  // The Fabric is gone: the module is no longer attached to it.
+  EXPECT_EQ(m->run(), nullptr);
+
+  volt::Fabric fabric(cpu().loggers({logger}));
+  auto opt = m->configure_optimizers()[0].optimizer();
+  fabric.setup(m, {opt});
+  ASSERT_NE(m->run(), nullptr);
+  volt::Batch b;
+  volt::BatchStream s = loader.stream(0);
+  ASSERT_TRUE(s.next(b));
+  const at::Tensor loss = m->training_step(b, 0);
+  EXPECT_DOUBLE_EQ(m->run()->callback_metrics().at("train_loss"), loss.item<double>());
+  EXPECT_DOUBLE_EQ(m->run()->progress_bar_metrics().at("train_loss"), loss.item<double>());
+  fabric.backward(loss);
+  fabric.step(*opt);
+  EXPECT_EQ(m->global_step(), 1);
+  EXPECT_EQ(m->current_epoch(), 0);
+  EXPECT_TRUE(m->run()->is_global_zero());
+  EXPECT_EQ(m->run()->world_size(), 1);
+  EXPECT_TRUE(at::equal(m->all_gather(at::ones({2})), at::ones({1, 2})));
+  m->log("hidden", 1.5, volt::LogOptions().logger(false));  // metrics only
+  EXPECT_EQ(logger->records.back().second.count("hidden"), 0u);
+  EXPECT_DOUBLE_EQ(m->run()->callback_metrics().at("hidden"), 1.5);
+  // What only the Trainer's loop has says so.
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              m->estimated_stepping_batches();
+            }).find("[Fabric] estimated_stepping_batches() belongs to the Trainer's loop"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] { m->run()->request_stop(); }).find("fabric.save"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([&] { m->log("v", at::ones({3})); }).find("one element"),
+            std::string::npos);
+}
+
+// Manual optimization: the module's training_step steps its optimizer itself; under Fabric its
+// optimizers() and manual_backward() go through the Fabric, as the Trainer's run does.
+TEST(Fabric, AManualOptimizationModuleTrainsAsUnderTheTrainer) {
+  auto make = [] {
+    torch::manual_seed(11);
+    return std::make_shared<volt_test::ManualTinyClassifier>();
+  };
+  auto loader = volt_test::loader(volt_test::blobs(96), 16);
+  auto a = make();
+  {
+    volt_test::TempDir dir;
+    volt::Trainer(volt_test::quiet(dir.path).max_epochs(2)).fit(*a, loader);
+  }
+  auto b = make();
+  volt::seed_everything(123);
+  volt::Fabric fabric(cpu());
+  fabric.setup(b, {b->configure_optimizers()[0].optimizer()});
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    int64_t i = 0;
+    for (volt::Batch& batch : fabric.setup_dataloader(loader).stream(epoch)) {
+      b->training_step(fabric.to_device(batch), i++);
+    }
+  }
+  EXPECT_TRUE(at::equal(a->flat_params(), b->flat_params()));
+  EXPECT_FALSE(at::equal(a->flat_params(), make()->flat_params()));  // it trained
+  EXPECT_EQ(b->global_step(), 12);  // 6 batches an epoch, one step each
 }
 
 TEST(Fabric, AccumulationAndClippingEqualTheTrainers) {
@@ -327,6 +405,67 @@ TEST(Fabric, CollectivesInOneProcessAreTheValue) {
             std::string::npos);
 }
 
+// Two hook interfaces of a program's own, and callbacks with one, both, or neither.
+struct EpochHooks : virtual volt::FabricCallback {
+  virtual void on_epoch_end(int64_t epoch, double loss) = 0;
+};
+struct SaveHooks : virtual volt::FabricCallback {
+  virtual int on_save(const std::string& path) const = 0;
+};
+struct Recorder : EpochHooks, SaveHooks {
+  explicit Recorder(std::string name, std::vector<std::string>* out)
+      : name(std::move(name)), out(out) {}
+  void on_epoch_end(int64_t epoch, double loss) override {
+    out->push_back(name + " epoch " + std::to_string(epoch) + " " + std::to_string(loss));
+  }
+  int on_save(const std::string& path) const override {
+    out->push_back(name + " save " + path);
+    return 1;
+  }
+  std::string name;
+  std::vector<std::string>* out;
+};
+struct EpochOnly : EpochHooks {
+  explicit EpochOnly(std::vector<std::string>* out) : out(out) {}
+  void on_epoch_end(int64_t epoch, double) override {
+    out->push_back("epoch-only " + std::to_string(epoch));
+  }
+  std::vector<std::string>* out;
+};
+struct Unrelated : volt::FabricCallback {};
+
+TEST(Fabric, CallReachesTheCallbacksThatHaveTheHookInOrder) {
+  std::vector<std::string> out;
+  volt::Fabric fabric(
+      cpu().callbacks({std::make_shared<Recorder>("a", &out), std::make_shared<Unrelated>(),
+                       std::make_shared<EpochOnly>(&out), std::make_shared<Recorder>("b", &out)}));
+  fabric.call(&EpochHooks::on_epoch_end, int64_t{3}, 0.5);
+  fabric.call(&SaveHooks::on_save, std::string("x.ckpt"));  // a const hook; its result dropped
+  EXPECT_EQ(out,
+            (std::vector<std::string>{"a epoch 3 0.500000", "epoch-only 3", "b epoch 3 0.500000",
+                                      "a save x.ckpt", "b save x.ckpt"}));
+  volt::Fabric none(cpu());
+  none.call(&EpochHooks::on_epoch_end, int64_t{0}, 0.0);  // no callbacks: nothing to reach
+  EXPECT_NE(error_of<volt::ConfigError>([] {
+              volt::Fabric(cpu().callbacks({nullptr}));
+            }).find("callback 0 is null"),
+            std::string::npos);
+}
+
+TEST(Fabric, RankZeroFirstInOneProcessRunsTheBlock) {
+  volt::Fabric fabric(cpu());
+  int ran = 0;
+  {
+    auto first = fabric.rank_zero_first();
+    ++ran;
+  }
+  {
+    auto first = fabric.rank_zero_first(/*local=*/true);
+    ++ran;
+  }
+  EXPECT_EQ(ran, 2);
+}
+
 TEST(Fabric, BadCallsAreTypedErrors) {
   EXPECT_NE(error_of<volt::ConfigError>([] {
               volt::Fabric(cpu().strategy("deepspeed_stage_2"));
@@ -468,6 +607,54 @@ TEST(FabricDdp, SavedMidRunAJobResumesBitForBit) {
   // The mean of the last losses travelled as a tensor entry: both runs print the same.
   const auto line = [](const std::string& out) { return out.substr(out.find("rank 0 done")); };
   EXPECT_EQ(line(full[0].output), line(resumed[0].output));
+}
+
+// A volt::Module's log(sync_dist) under Fabric: every rank keeps the mean of the ranks' values.
+TEST(FabricDdp, AVoltModulesSyncDistLogIsTheRanksMean) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto jobs = run_ranks(dir.path, {"--volt-module", "1"});
+  std::vector<double> logged, local;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(jobs[r].code, 0) << jobs[r].output;
+    const std::string key = "rank " + std::to_string(r) + " logged loss=";
+    const size_t at = jobs[r].output.find(key);
+    ASSERT_NE(at, std::string::npos) << jobs[r].output;
+    double x = 0, y = 0;
+    ASSERT_EQ(std::sscanf(jobs[r].output.c_str() + at + key.size(), "%lf local=%lf", &x, &y), 2);
+    logged.push_back(x);
+    local.push_back(y);
+  }
+  EXPECT_EQ(logged[0], logged[1]);
+  EXPECT_NE(local[0], local[1]);  // each rank's own batch: the reduction mattered
+  EXPECT_NEAR(logged[0], (local[0] + local[1]) / 2, 1e-6);
+}
+
+TEST(FabricDdp, RankZeroFirstRunsRankZerosBlockBeforeTheOthers) {
+  VOLT_REQUIRE_GLOO();
+  for (const std::string local : {"0", "1"}) {
+    volt_test::TempDir dir;
+    // Rank 0 writes a file late in its block; the other rank looks for it in its own.
+    const auto jobs =
+        run_ranks(dir.path, {"--rank-zero-first", dir / "prepared", "--local", local});
+    for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
+    EXPECT_NE(jobs[1].output.find("rank 1 found the file: 1"), std::string::npos)
+        << "local " << local << ": " << jobs[1].output;
+  }
+}
+
+TEST(FabricDdp, RankZeroFailingFirstFailsTheOthersInsteadOfHangingThem) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  const auto jobs = run_ranks(dir.path, {"--rank-zero-first", dir / "prepared", "--local", "0",
+                                         "--first-fails", "1", "--timeout", "60"});
+  EXPECT_EQ(jobs[0].code, 1) << jobs[0].output;
+  EXPECT_NE(jobs[0].output.find("could not prepare"), std::string::npos) << jobs[0].output;
+  EXPECT_EQ(jobs[1].code, 1) << jobs[1].output;
+  EXPECT_EQ(jobs[1].output.find("found the file"), std::string::npos) << jobs[1].output;
+  // Well inside the process group's 60 s timeout: rank 0's end is noticed.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
 }
 
 TEST(FabricDdp, AKilledRankFailsTheOtherInsteadOfHangingIt) {

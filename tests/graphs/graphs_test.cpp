@@ -69,6 +69,12 @@ TEST(GraphKey, IsTheSignatureNotTheValues) {
   EXPECT_NE(GraphKey({x, at::Tensor()}, true), GraphKey({at::Tensor(), x}, true));  // position
   EXPECT_EQ(GraphKey({x, at::Tensor()}, false).str(), "eval(float[4, 3] cpu, undefined)");
   EXPECT_EQ(GraphKey({x.detach().requires_grad_()}, true).str(), "train(float[4, 3] cpu grad)");
+  // The layout: the same tensors under other names (a combined batch's parts) are another key.
+  EXPECT_NE(GraphKey({x, x}, true, true, "input target a/input"),
+            GraphKey({x, x}, true, true, "input target b/input"));
+  EXPECT_EQ(GraphKey({x}, true, true, "input -"), GraphKey({x}, true, true, "input -"));
+  EXPECT_NE(GraphKey({x}, true, true, "input -"), GraphKey({x}, true, true));
+  EXPECT_EQ(GraphKey({x}, true, true, "input -").str(), "train+grad[input -](float[4, 3] cpu)");
   std::ostringstream os;
   os << GraphKey({}, true);
   EXPECT_EQ(os.str(), "train()");

@@ -7,19 +7,28 @@
 //   volt_fabric_worker --out PREFIX [--devices N] [--steps S] [--batch B] [--accum K]
 //       [--clip NORM] [--save-at STEP --save PATH] [--resume PATH] [--die-rank R --die-step S]
 //       [--check-no-sync 1] [--precision NAME] [--timeout S]
+//   volt_fabric_worker --out PREFIX --devices N --rank-zero-first FILE [--local 0|1]
+//       [--first-fails 1]
+//   --volt-module 1: the net is set up inside a volt::Module whose training_step computes the
+//       loss and logs it with sync_dist; prints "rank R logged loss=X local=Y" at the end (X:
+//       what log() kept, Y: this rank's own last loss).
 //
 // Prints "rank R world W" after launch, "gathered a,b,..." (every rank's rank through
 // all_gather), with --check-no-sync "no_sync grads differ=D synced grads differ=E" (0/1: whether
 // the ranks' gradients differ after a backward inside / outside no_backward_sync), and "rank R
-// done step=S loss=L" (L: the last loss averaged over the ranks). Exit 0 done, 1 a volt error
-// (printed), 2 bad usage.
+// done step=S loss=L" (L: the last loss averaged over the ranks). With --rank-zero-first it only
+// runs a rank_zero_first block: rank 0 writes FILE after 300 ms (or throws "could not prepare"
+// with --first-fails), the other ranks print "rank R found the file: 0/1". Exit 0 done, 1 a volt
+// error (printed), 2 bad usage.
 
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "tiny.h"
 #include "volt/core/registry.h"
@@ -46,6 +55,20 @@ int64_t differ(volt::Fabric& fabric, const at::Tensor& t) {
   }
   return 0;
 }
+
+// The net inside a volt::Module, as a LightningModule driven by Fabric: its training_step
+// logs the loss reduced over the ranks.
+class NetModule : public volt::Module {
+ public:
+  explicit NetModule(torch::nn::Sequential net) : net(register_module("net", std::move(net))) {}
+  at::Tensor training_step(const volt::Batch& b, int64_t) override {
+    const at::Tensor loss = torch::cross_entropy_loss(net->forward(b.input), b.target);
+    log("loss", loss, volt::LogOptions().sync_dist(true));
+    return loss;
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override { return {}; }
+  torch::nn::Sequential net;
+};
 
 }  // namespace
 
@@ -81,11 +104,33 @@ int main(int argc, char** argv) {
       fabric.print(line);
     }
 
+    if (a.count("--rank-zero-first")) {
+      const std::string file = a["--rank-zero-first"];
+      auto first = fabric.rank_zero_first(num("--local", 0) != 0);
+      if (rank == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        if (num("--first-fails", 0) != 0) throw volt::DataError("could not prepare " + file);
+        std::FILE* f = std::fopen(file.c_str(), "w");
+        if (f != nullptr) std::fclose(f);
+      } else {
+        std::printf("rank %ld found the file: %d\n", static_cast<long>(rank),
+                    std::filesystem::exists(file) ? 1 : 0);
+        std::fflush(stdout);
+      }
+      return 0;
+    }
+
     torch::manual_seed(1000 + static_cast<uint64_t>(rank));  // rank 0's weights must win
     auto net = make_net();
     auto opt = std::make_shared<torch::optim::SGD>(net->parameters(),
                                                    torch::optim::SGDOptions(0.1).momentum(0.9));
-    fabric.setup(net, {opt});
+    std::shared_ptr<NetModule> as_module;
+    if (num("--volt-module", 0) != 0) {
+      as_module = std::make_shared<NetModule>(net);
+      fabric.setup(as_module, {opt});
+    } else {
+      fabric.setup(net, {opt});
+    }
     const int64_t accum = num("--accum", 1);
     volt::DataLoader train = fabric.setup_dataloader(
         volt::DataLoader(volt_test::blobs(128, 8, 1),
@@ -117,7 +162,9 @@ int main(int argc, char** argv) {
           at::Tensor loss;
           {
             auto autocast = fabric.autocast();
-            loss = torch::cross_entropy_loss(net->forward(b.input), b.target) / accum;
+            loss = (as_module ? as_module->training_step(b, step)
+                              : torch::cross_entropy_loss(net->forward(b.input), b.target)) /
+                   accum;
           }
           const bool last = k + 1 == accum;
           {
@@ -151,6 +198,10 @@ int main(int argc, char** argv) {
     }
     const double mean_loss = fabric.all_reduce(last_loss.to(at::kFloat)).item<double>();
     torch::save(flat(*net), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
+    if (as_module) {
+      std::printf("rank %ld logged loss=%.9g local=%.9g\n", static_cast<long>(rank),
+                  as_module->run()->callback_metrics().at("loss"), last_loss.item<double>());
+    }
     std::printf("rank %ld done step=%ld loss=%.9g\n", static_cast<long>(rank),
                 static_cast<long>(step), mean_loss);
     std::fflush(stdout);

@@ -3,9 +3,11 @@
 
 #include <torch/arg.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <utility>
@@ -136,6 +138,37 @@ class BatchStream {
   /// The dataset indices of the samples in the batch the latest next() returned, in its order
   /// (empty before the first batch, and for a combined loader).
   std::vector<int64_t> last_indices() const;
+
+  /// Range-for over the rest of the pass, one next() per step:
+  ///
+  ///   for (volt::Batch& b : loader.stream(epoch)) { ... }
+  ///
+  /// An input iterator: the batch it points to is replaced by the next one when it advances.
+  class iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using pointer = Batch*;
+    using reference = Batch&;
+
+    iterator() = default;
+    Batch& operator*() { return batch_; }
+    Batch* operator->() { return &batch_; }
+    iterator& operator++();
+    /// Equal when both are at the end (or both are the same stream's position).
+    friend bool operator==(const iterator& a, const iterator& b) { return a.stream_ == b.stream_; }
+    friend bool operator!=(const iterator& a, const iterator& b) { return !(a == b); }
+
+   private:
+    friend class BatchStream;
+    explicit iterator(BatchStream* stream);
+    BatchStream* stream_ = nullptr;  // null at the end
+    Batch batch_;
+  };
+  /// Reads the first batch of what is left.
+  iterator begin();
+  iterator end() { return iterator(); }
 
  private:
   friend class DataLoader;

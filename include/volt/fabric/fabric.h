@@ -48,6 +48,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "volt/accelerators/accelerator.h"
@@ -63,6 +64,26 @@
 namespace volt {
 
 class Module;
+namespace detail {
+class FabricRun;
+}
+
+/// The base of the objects Fabric::call reaches (Lightning Fabric's `callbacks`). A callback
+/// declares its hooks as member functions, usually through interfaces of the program's own
+/// derived virtually from this class (so one callback may implement several):
+///
+///   struct EpochHooks : virtual volt::FabricCallback {
+///     virtual void on_train_epoch_end(int64_t epoch, double loss) {}
+///   };
+///   struct Printer : EpochHooks {
+///     void on_train_epoch_end(int64_t epoch, double loss) override { ... }
+///   };
+///   volt::Fabric fabric(volt::FabricOptions().callbacks({std::make_shared<Printer>()}));
+///   fabric.call(&EpochHooks::on_train_epoch_end, epoch, loss);
+class FabricCallback {
+ public:
+  virtual ~FabricCallback() = default;
+};
 
 /// Lightning Fabric's constructor arguments (the Trainer's names and defaults).
 struct FabricOptions {
@@ -80,6 +101,8 @@ struct FabricOptions {
   TORCH_ARG(std::shared_ptr<CheckpointIO>, checkpoint_io);
   /// Receive log / log_dict on global rank 0 (Lightning's loggers argument).
   TORCH_ARG(std::vector<std::shared_ptr<Logger>>, loggers);
+  /// What call() reaches, in this order (Lightning's callbacks argument).
+  TORCH_ARG(std::vector<std::shared_ptr<FabricCallback>>, callbacks);
 };
 
 /// What Fabric::save writes and Fabric::load reads back (Lightning's `state` dict): named
@@ -142,6 +165,14 @@ class Fabric {
   /// rank 0's parameters and buffers; DDP's gradient buckets over the parameters that require a
   /// gradient) and its optimizers. Every optimizer parameter must be one of the module's
   /// (ConfigError: DDP would not average its gradient). A second setup is a ConfigError.
+  /// A volt::Module is used as it is and attached to this Fabric while both live, so its
+  /// training_step can be called from the loop (Lightning's LightningModule under Fabric):
+  /// log() / log_dict() reach the loggers on rank 0 at the step count (the optimizer steps
+  /// taken through step(); sync_dist reduces over the ranks; epoch aggregation is the loop's
+  /// business), callback_metrics() holds the latest values, manual_backward() is backward(),
+  /// optimizers() / manual steps / clip_gradients() / all_gather() and the rank queries go
+  /// through this Fabric; what needs the Trainer's loop (save_checkpoint, request_stop,
+  /// estimated_stepping_batches, ...) is a ConfigError saying so.
   void setup(const std::shared_ptr<torch::nn::Module>& module,
              const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers = {});
   template <typename M>
@@ -200,6 +231,42 @@ class Fabric {
   /// Rank `src`'s value on every rank.
   at::Tensor broadcast(const at::Tensor& value, int64_t src = 0);
   void barrier(const std::string& name = "");
+  /// While the returned guard lives, rank 0 runs alone; the other ranks start the same block
+  /// when it has left it (Lightning's rank_zero_first: rank 0 downloads or prepares a data set,
+  /// the others then read it). local: the first process of each node goes first instead. The
+  /// others wait at a barrier, so rank 0's block must end within the process group's timeout
+  /// (DdpStrategyOptions::timeout); when it throws, its guard does not wait and the waiting
+  /// ranks fail when its process ends. In one process it changes nothing.
+  class RankZeroFirst {
+   public:
+    RankZeroFirst(RankZeroFirst&& other) noexcept;
+    RankZeroFirst(const RankZeroFirst&) = delete;
+    RankZeroFirst& operator=(const RankZeroFirst&) = delete;
+    RankZeroFirst& operator=(RankZeroFirst&&) = delete;
+    ~RankZeroFirst() noexcept(false);
+
+   private:
+    friend class Fabric;
+    RankZeroFirst(Fabric* fabric, bool first);
+    Fabric* fabric_;
+    bool first_;
+    int exceptions_;  // uncaught exceptions when the block began
+  };
+  [[nodiscard]] RankZeroFirst rank_zero_first(bool local = false);
+
+  /// Calls `hook` with `args` on each of the options' callbacks that is a `C` (derives from the
+  /// class that declares the hook), in their order; the others are skipped (Lightning's
+  /// call(hook_name, ...) skips callbacks without a method of that name).
+  /// What a hook returns is dropped, as Lightning's call does.
+  template <typename R, typename C, typename... Params, typename... Args>
+  void call(R (C::*hook)(Params...), Args&&... args) {
+    call_each<C>([&](C& c) { (c.*hook)(args...); });
+  }
+  template <typename R, typename C, typename... Params, typename... Args>
+  void call(R (C::*hook)(Params...) const, Args&&... args) {
+    call_each<C>([&](C& c) { (c.*hook)(args...); });
+  }
+
   /// Prints on global rank 0 only (a line per call).
   void print(const std::string& text);
   /// Sends metrics to the loggers (global rank 0 only; other ranks return at once).
@@ -219,11 +286,19 @@ class Fabric {
 
  private:
   friend class NoBackwardSync;
+  template <typename C, typename F>
+  void call_each(F&& f) {
+    static_assert(std::is_base_of<FabricCallback, C>::value,
+                  "Fabric::call reaches FabricCallback objects: declare the hook in a class "
+                  "derived from volt::FabricCallback");
+    for (const auto& cb : options_.callbacks()) {
+      if (auto* c = dynamic_cast<C*>(cb.get())) f(*c);
+    }
+  }
   Module& set_up_module(const char* what);
   bool owns(const torch::nn::Module& module) const;
 
   FabricOptions options_;
-  std::shared_ptr<Accelerator> accelerator_;
   std::shared_ptr<Precision> precision_;
   std::shared_ptr<Strategy> strategy_;
   bool launched_ = false;
@@ -231,6 +306,8 @@ class Fabric {
   std::shared_ptr<torch::nn::Module> user_module_;
   std::shared_ptr<Module> module_;  // the user's module, or the volt::Module that holds it
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
+  // What a set-up volt::Module's log(), manual_backward(), optimizers() ... reach.
+  std::unique_ptr<detail::FabricRun> run_;
 };
 
 }  // namespace volt

@@ -32,17 +32,22 @@ namespace volt {
 
 /// What a graph was captured for: each input's shape, dtype, device and requires_grad (an
 /// undefined tensor, an absent optional input, counts too), the training mode, and whether
-/// autograd was recording (a graph captured under no_grad has no backward).
+/// autograd was recording (a graph captured under no_grad has no backward), and a `layout`: what
+/// the positions of `inputs` mean when that is not fixed (the Trainer's graphed step passes the
+/// names of a batch's extra tensors, so batches whose tensors agree in shape but not in name
+/// get graphs of their own).
 class GraphKey {
  public:
-  GraphKey(at::ArrayRef<at::Tensor> inputs, bool training, bool grad_mode = false);
+  GraphKey(at::ArrayRef<at::Tensor> inputs, bool training, bool grad_mode = false,
+           std::string layout = "");
 
   bool training() const { return training_; }
   bool grad_mode() const { return grad_mode_; }
+  const std::string& layout() const { return layout_; }
   size_t num_inputs() const { return inputs_.size(); }
   size_t hash() const { return hash_; }
   /// e.g. "train(float[128, 784] cpu, long[128] cpu)"; "eval(...)" outside training;
-  /// "train+grad(...)" when captured with grad mode on.
+  /// "train+grad(...)" when captured with grad mode on; "train[<layout>](...)" with a layout.
   std::string str() const;
 
   friend bool operator==(const GraphKey& a, const GraphKey& b);
@@ -59,6 +64,7 @@ class GraphKey {
   std::vector<Input> inputs_;
   bool training_ = false;
   bool grad_mode_ = false;
+  std::string layout_;
   size_t hash_ = 0;
 };
 

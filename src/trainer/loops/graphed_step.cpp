@@ -141,7 +141,10 @@ class GraphedOptimizationStep : public OptimizationStep {
       return eager(override_reason(overridden_), batch, batch_idx, num_batches);
     auto& opt = *r.optimizers.front().optimizer();
     const std::vector<double> lrs = learning_rates(opt);
-    const GraphKey key(batch_tensors(batch), /*training=*/true, /*grad_mode=*/true);
+    // The layout too: two batches whose tensors agree in shape may name their extras
+    // differently (a combined loader's parts), and a replay copies each extra by name.
+    const GraphKey key(batch_tensors(batch), /*training=*/true, /*grad_mode=*/true,
+                       batch_layout(batch));
     // volt's fused optimizers read the lr from the device (written just above, before the
     // capture or replay); only torch::optim::SGD bakes it into the graph, so a change there
     // means capturing again.

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/detail/batch_tensors.h"
 #include "trainer/detail/run.h"
 #include "trainer/loops/optimization_step.h"
 #include "volt/core/check.h"
@@ -44,14 +45,6 @@ constexpr int64_t kMaxTraces = 8;
 // Batch layouts (which tensors a batch holds: a combined loader in max_size mode loses a part
 // when that loader runs out) traced before the step runs eagerly.
 constexpr size_t kMaxLayouts = 4;
-
-// Which of a batch's tensors are defined, and the extras' names: a trace holds one layout.
-std::string layout_of(const Batch& b) {
-  std::string s =
-      std::string(b.input.defined() ? "input" : "-") + (b.target.defined() ? " target" : " -");
-  for (const auto& kv : b.extra) s += (kv.second.defined() ? " " : " -") + kv.first;
-  return s;
-}
 
 std::vector<at::Tensor> tensors_of(const Batch& b) {
   std::vector<at::Tensor> out;
@@ -147,7 +140,7 @@ class TracedOptimizationStep : public OptimizationStep {
   at::Tensor call(Module& m, const Batch& b, int64_t batch_idx) {
     Strategy& s = run_.strategy();
     if (eager_) return s.module_training_step(m, b, batch_idx);
-    const std::string layout = layout_of(b);
+    const std::string layout = batch_layout(b);
     auto found = layouts_.find(layout);
     if (found == layouts_.end()) {
       if (layouts_.size() >= kMaxLayouts) {
