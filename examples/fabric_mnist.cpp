@@ -121,11 +121,11 @@ void train(const Args& args) {
       ++step;
       loss_sum += loss.detach().to(at::kDouble);
       ++batches;
-      if (step % 50 == 0) fabric.log("train_loss", loss.item<double>(), step);
+      if (step % 50 == 0) fabric.log("train_loss", loss);  // at the steps taken (= step)
     }
     const double mean_loss =
         fabric.all_reduce(loss_sum / std::max<int64_t>(batches, 1)).item<double>();
-    fabric.log("epoch_loss", mean_loss, step);
+    fabric.log("epoch_loss", mean_loss);
     fabric.call(&EpochHooks::on_train_epoch_end, fabric, epoch, step, mean_loss);
     volt::FabricState state;
     state.module("model", *net)
@@ -152,7 +152,7 @@ void train(const Args& args) {
   }
   counts = fabric.all_reduce(counts, volt::Reduce::kSum);
   const double accuracy = (counts[0] / counts[1]).item<double>();
-  fabric.log("test_acc", accuracy, step);
+  fabric.log("test_acc", accuracy);
   char line[96];
   std::snprintf(line, sizeof line, "test accuracy %.4f after %ld steps on %ld process(es)",
                 accuracy, static_cast<long>(step), static_cast<long>(fabric.world_size()));

@@ -244,7 +244,7 @@ const c10::IValue& FabricState::value(const std::string& name) const {
 
 Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
   RunPlan plan = resolve_plan(options_.accelerator(), options_.devices(), options_.strategy(),
-                              options_.precision(), options_.num_nodes());
+                              options_.precision(), options_.num_nodes(), "Fabric");
   const std::string name = plan.strategy->name();
   VOLT_CHECK(name == "single_device" || name == "ddp", ConfigError, kTag, " strategy \"", name,
              "\" shards or splits the model inside the Trainer's step; Fabric runs "
@@ -495,14 +495,23 @@ void Fabric::print(const std::string& text) {
   if (is_global_zero()) std::cout << text << std::endl;
 }
 
-void Fabric::log(const std::string& name, double value, int64_t step) {
+void Fabric::log(const std::string& name, double value, c10::optional<int64_t> step) {
   log_dict({{name, value}}, step);
 }
 
-void Fabric::log_dict(const Metrics& metrics, int64_t step) {
+void Fabric::log(const std::string& name, const at::Tensor& value, c10::optional<int64_t> step) {
+  VOLT_CHECK(value.defined() && value.numel() == 1, ValueError, kTag, " log(\"", name,
+             "\") needs a tensor of one element, got ",
+             value.defined() ? value.sizes() : c10::IntArrayRef{}, "; reduce it first.");
+  if (!is_global_zero()) return;  // the value is read on the host on rank 0 only
+  log_dict({{name, value.item<double>()}}, step);
+}
+
+void Fabric::log_dict(const Metrics& metrics, c10::optional<int64_t> step) {
   if (!is_global_zero()) return;
+  const int64_t at = step.value_or(run_->st.global_step);
   for (const auto& l : options_.loggers()) {
-    if (l) l->log_metrics(metrics, step);
+    if (l) l->log_metrics(metrics, at);
   }
 }
 
@@ -532,6 +541,9 @@ void Fabric::save(const std::string& path, const FabricState& state) {
                [&](auto& ar) { module_ ? module_->on_save_checkpoint(ar) : void(); });
   write_nested(root, "fabric", [&](auto& fab) {
     if (!state.modules_.empty()) fab.write("module_name", c10::IValue(state.modules_[0].first));
+    // The steps taken (log()'s default step, a volt::Module's global_step): a loaded run goes on
+    // counting from here.
+    fab.write("global_step", c10::IValue(run_->st.global_step));
     write_nested(fab, "optimizers", [&](auto& ar) {
       for (const auto& [name, o] : state.optimizers_) {
         write_nested(ar, name,
@@ -636,6 +648,10 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
     }
   }
   for (auto& [name, v] : found_values) state.values_[name] = std::move(v);
+  c10::IValue global_step;
+  if (fab.try_read("global_step", global_step) && global_step.isInt()) {
+    run_->st.global_step = global_step.toInt();
+  }
 }
 
 }  // namespace volt

@@ -392,6 +392,47 @@ TEST(Fabric, LoggersGetWhatTheLoopLogs) {
   EXPECT_DOUBLE_EQ(logger->records[1].second.at("b"), 2.0);
 }
 
+// log()'s default step is the steps taken through step(), carried by save/load.
+TEST(Fabric, LogStepsDefaultToTheStepsTakenAcrossASaveAndLoad) {
+  volt_test::TempDir dir;
+  auto loader = volt_test::loader(volt_test::blobs(48), 16);  // 3 batches
+  auto logger = std::make_shared<volt_test::MemoryLogger>();
+  auto [m, again] = twins();
+  {
+    volt::Fabric fabric(cpu().loggers({logger}));
+    auto opt = m->configure_optimizers()[0].optimizer();
+    fabric.setup(m, {opt});
+    for (volt::Batch& b : loader.stream(0)) {
+      fabric.backward(loss_of(*m, b));
+      fabric.step(*opt);
+      fabric.zero_grad(*opt);
+    }
+    fabric.log("x", 1.0);
+    fabric.log("t", at::scalar_tensor(2.5));
+    fabric.log("given", 1.0, 7);
+    EXPECT_NE(
+        error_of<volt::ValueError>([&] { fabric.log("v", at::ones({2})); }).find("one element"),
+        std::string::npos);
+    volt::FabricState state;
+    state.module("model", *m).optimizer("opt", *opt);
+    fabric.save(dir / "s.ckpt", state);
+  }
+  ASSERT_EQ(logger->records.size(), 3u);
+  EXPECT_EQ(logger->records[0].first, 3);
+  EXPECT_EQ(logger->records[1].first, 3);
+  EXPECT_DOUBLE_EQ(logger->records[1].second.at("t"), 2.5);
+  EXPECT_EQ(logger->records[2].first, 7);
+  volt::Fabric resumed(cpu().loggers({logger}));
+  auto opt = again->configure_optimizers()[0].optimizer();
+  resumed.setup(again, {opt});
+  volt::FabricState state;
+  state.module("model", *again).optimizer("opt", *opt);
+  resumed.load(dir / "s.ckpt", state);
+  resumed.log("y", 1.0);
+  EXPECT_EQ(logger->records.back().first, 3);
+  EXPECT_EQ(again->global_step(), 3);
+}
+
 TEST(Fabric, CollectivesInOneProcessAreTheValue) {
   volt::Fabric fabric(cpu());
   const at::Tensor t = at::arange(3, at::kFloat);
@@ -472,6 +513,10 @@ TEST(Fabric, BadCallsAreTypedErrors) {
             }).find("use volt::Trainer"),
             std::string::npos);
   EXPECT_NE(error_of<volt::ConfigError>([] { volt::Fabric(cpu().strategy("nope")); }).find("nope"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([] {
+              volt::Fabric(cpu().precision("nope"));
+            }).find("[Fabric] unknown precision \"nope\""),
             std::string::npos);
   volt::Fabric fabric(cpu());
   auto m = std::make_shared<TinyClassifier>();

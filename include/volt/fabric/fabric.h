@@ -269,9 +269,13 @@ class Fabric {
 
   /// Prints on global rank 0 only (a line per call).
   void print(const std::string& text);
-  /// Sends metrics to the loggers (global rank 0 only; other ranks return at once).
-  void log(const std::string& name, double value, int64_t step);
-  void log_dict(const Metrics& metrics, int64_t step);
+  /// Sends metrics to the loggers (global rank 0 only; other ranks return at once) at `step`,
+  /// by default the optimizer steps taken so far through step() (Lightning's loggers count
+  /// their own calls instead). The tensor form reads a one-element tensor on rank 0.
+  void log(const std::string& name, double value, c10::optional<int64_t> step = c10::nullopt);
+  void log(const std::string& name, const at::Tensor& value,
+           c10::optional<int64_t> step = c10::nullopt);
+  void log_dict(const Metrics& metrics, c10::optional<int64_t> step = c10::nullopt);
 
   /// Writes `state` to `path` (global rank 0 writes, atomically through the CheckpointIO; every
   /// rank then waits at a barrier, so the file is complete wherever save returns). The module

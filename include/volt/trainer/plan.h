@@ -24,10 +24,11 @@ struct RunPlan {
 /// "auto" accelerator: cuda when available, else cpu. devices -1: every device of the
 /// accelerator (1 on the CPU, where an explicit N runs N processes). Strategy "auto":
 /// single_device for one process, ddp for devices x num_nodes > 1. Unknown names throw
-/// ConfigError listing the valid ones; unavailable hardware throws NotAvailable.
+/// ConfigError listing the valid ones; unavailable hardware throws NotAvailable. `component`
+/// tags the messages ("[Trainer] unknown precision ..."; Fabric passes "Fabric").
 RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
                      const Spec<Strategy>& strategy, const Spec<Precision>& precision,
-                     int64_t num_nodes = 1);
+                     int64_t num_nodes = 1, const std::string& component = "Trainer");
 
 /// Registered names, for messages and the CLI.
 std::vector<std::string> accelerator_names();
