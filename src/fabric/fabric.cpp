@@ -13,8 +13,8 @@
 #include <unordered_set>
 #include <utility>
 
-#include "distributed/detail/stacked_gather.h"
 #include "io/detail/nested_archive.h"
+#include "strategies/detail/stacked_gather_of.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
@@ -100,23 +100,14 @@ class FabricRun : public RunContext {
     return fabric_.strategy().reduce_boolean_decision(decision, all);
   }
   at::Tensor all_gather(const at::Tensor& value, bool sync_grads) override {
-    GatherCollectives c;
-    Strategy& s = fabric_.strategy();
-    c.gather = [&s](const at::Tensor& v) { return s.all_gather(v); };
-    c.sum = [&s](const at::Tensor& g) { return s.reduce(g, Reduce::kSum); };
-    c.rank = s.rank();
-    return stacked_all_gather(value, sync_grads, c);
+    return stacked_all_gather(fabric_.strategy(), value, sync_grads);
   }
   const std::vector<std::shared_ptr<Logger>>& loggers() const override {
     return fabric_.strategy().is_global_zero() ? options_.loggers() : no_loggers_;
   }
   bool has_loggers() const override { return !options_.loggers().empty(); }
   Profiler& profiler() override { return profiler_; }
-  Metrics device_stats() override {
-    Metrics out;
-    for (const auto& [k, v] : fabric_.strategy().accelerator().device_stats()) out[k] = v;
-    return out;
-  }
+  Metrics device_stats() override { return fabric_.strategy().accelerator().device_stats(); }
   std::string strategy_name() const override { return fabric_.strategy().name(); }
   std::vector<OptimizerConfig>& optimizer_configs() override { return configs; }
 

@@ -16,7 +16,7 @@
 
 #include "core/detail/default_steps.h"
 #include "core/detail/print.h"
-#include "distributed/detail/stacked_gather.h"
+#include "strategies/detail/stacked_gather_of.h"
 #include "trainer/detail/batch_hooks.h"
 #include "trainer/detail/device_prefetch.h"
 #include "trainer/detail/tuner_trial.h"
@@ -307,11 +307,7 @@ int64_t Run::estimated_stepping_batches() const {
 }
 
 at::Tensor Run::all_gather(const at::Tensor& value, bool sync_grads) {
-  detail::GatherCollectives c;
-  c.gather = [this](const at::Tensor& v) { return strategy().all_gather(v); };
-  c.sum = [this](const at::Tensor& g) { return strategy().reduce(g, Reduce::kSum); };
-  c.rank = strategy().rank();
-  return detail::stacked_all_gather(value, sync_grads, c);
+  return detail::stacked_all_gather(strategy(), value, sync_grads);
 }
 
 bool Run::overfitting() const {
