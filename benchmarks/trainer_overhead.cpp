@@ -4,7 +4,9 @@
 //
 //   volt_bench_trainer [--rounds R] [--threads T] [--python PATH] [--no-python]
 //
-// Prints one table per model with median steps/s and the ratios volt/hand and volt/python, then
+// Prints one table per model with median steps/s and the ratios volt/hand and volt/python, a
+// GAN (two modules set up in one Fabric, whose backward finds the modules each loss reaches)
+// written with Fabric and by hand, then
 // Trainer.validate's batches/s under inference_mode (c10::InferenceMode, the default) and without
 // it (NoGradGuard), beside a hand-written evaluation loop under each.
 
@@ -167,6 +169,54 @@ double run_hand_eval(std::shared_ptr<Net> net, const Data& d, int64_t batch, int
   return passes * n / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// A GAN on the images: generator 64-256-784, discriminator 784-256-1, SGD each. The alternating
+// loop of two steps per batch, with `backward` and `step` Fabric's (two modules set up, so each
+// backward walks the loss's graph for the modules it reaches) or plain libtorch's.
+struct Gan {
+  torch::nn::Sequential g{torch::nn::Linear(64, 256), torch::nn::ReLU(),
+                          torch::nn::Linear(256, 784), torch::nn::Tanh()};
+  torch::nn::Sequential d{torch::nn::Linear(784, 256), torch::nn::LeakyReLU(),
+                          torch::nn::Linear(256, 1)};
+  std::shared_ptr<torch::optim::SGD> opt_g = std::make_shared<torch::optim::SGD>(
+      g->parameters(), torch::optim::SGDOptions(0.01).momentum(0.5));
+  std::shared_ptr<torch::optim::SGD> opt_d = std::make_shared<torch::optim::SGD>(
+      d->parameters(), torch::optim::SGDOptions(0.01).momentum(0.5));
+};
+
+double run_gan(const Data& d, int64_t batch, int64_t steps, bool with_fabric) {
+  Gan m;
+  c10::optional<volt::Fabric> fabric;
+  if (with_fabric) {
+    fabric.emplace(volt::FabricOptions().accelerator("cpu"));
+    fabric->setup(m.g, {m.opt_g});
+    fabric->setup(m.d, {m.opt_d});
+  }
+  const auto backward = [&](const at::Tensor& loss) {
+    with_fabric ? fabric->backward(loss) : loss.backward();
+  };
+  const auto step = [&](torch::optim::Optimizer& o) {
+    with_fabric ? void(fabric->step(o)) : void(o.step());
+  };
+  const auto bce = [](const at::Tensor& logits, double target) {
+    return torch::binary_cross_entropy_with_logits(logits, at::full_like(logits, target));
+  };
+  const auto t0 = Clock::now();
+  volt_bench::for_each_batch(
+      d.x, d.y, batch, steps, c10::nullopt, [&](const torch::Tensor& x, const torch::Tensor&) {
+        const at::Tensor real = x.flatten(1) * 2 - 1;
+        const at::Tensor z = torch::randn({real.size(0), 64});
+        m.opt_d->zero_grad();
+        const at::Tensor fake = m.g->forward(z);
+        backward(bce(m.d->forward(real), 1) + bce(m.d->forward(fake.detach()), 0));
+        step(*m.opt_d);
+        m.opt_g->zero_grad();
+        m.opt_d->zero_grad();
+        backward(bce(m.d->forward(fake), 1));
+        step(*m.opt_g);
+      });
+  return steps / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 double run_python(const std::string& python, const std::string& model, int64_t batch, int64_t steps,
                   int threads) {
   const std::string cmd = python + " " + volt_bench::source_dir() + "/python_loop.py --model " +
@@ -254,6 +304,27 @@ int main(int argc, char** argv) {
       std::printf("  python torch loop     %10.1f   volt/python = %.3f   fused/python = %.3f\n", mp,
                   mv / mp, mf / mp);
     }
+  }
+
+  {
+    // Two modules in one Fabric: the graph walk of each backward, against the hand loop.
+    const int64_t batch = 64, steps = 600;
+    std::vector<double> fb, h;
+    for (int r = 0; r < rounds; ++r) {
+      // Each goes first in every other round: this VM's speed drifts within a round.
+      const bool fabric_first = r % 2 == 1;
+      for (const bool with_fabric : {fabric_first, !fabric_first}) {
+        torch::manual_seed(r);
+        (with_fabric ? fb : h).push_back(run_gan(d, batch, steps, with_fabric));
+      }
+    }
+    std::printf(
+        "\ngan g 64-256-784 / d 784-256-1, batch %lld, %lld steps x %d rounds (median "
+        "steps/s)\n",
+        static_cast<long long>(batch), static_cast<long long>(steps), rounds);
+    std::printf("  hand libtorch loop    %10.1f\n", median(h));
+    std::printf("  volt Fabric loop      %10.1f   fabric/hand = %.3f\n", median(fb),
+                median(fb) / median(h));
   }
 
   // Evaluation: the Trainer's validate with and without inference mode, and the hand loop.

@@ -8,6 +8,7 @@
 #include "core/detail/tracing.h"
 #include "core/detail/training_modes.h"
 #include "volt/core/check.h"
+#include "volt/optim/lr_scheduler.h"
 
 namespace volt {
 
@@ -60,7 +61,11 @@ void Module::configure_gradient_clipping(torch::optim::Optimizer& optimizer,
 }
 
 void Module::lr_scheduler_step(LRScheduler& scheduler, c10::optional<double> metric) {
-  require_run("lr_scheduler_step").step_lr_scheduler(scheduler, metric);
+  if (metric) {
+    scheduler.step(*metric);
+  } else {
+    scheduler.step();
+  }
 }
 
 at::Tensor Module::clip_gradients(torch::optim::Optimizer& optimizer,

@@ -4,6 +4,8 @@
 #include "volt/fabric/fabric.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -20,7 +22,6 @@
 #include "volt/core/module.h"
 #include "volt/core/optimizer_config.h"
 #include "volt/core/run_context.h"
-#include "volt/optim/lr_scheduler.h"
 #include "volt/profiler/profiler.h"
 #include "volt/trainer/plan.h"
 
@@ -71,8 +72,8 @@ class FabricRun : public RunContext {
  public:
   FabricRun(Fabric& fabric, const FabricOptions& options) : fabric_(fabric), options_(options) {}
 
-  LoopState st;                          // global_step: the steps taken through Fabric::step
-  std::vector<OptimizerConfig> configs;  // the optimizers setup() took, in its order
+  LoopState st;                          // global_step: the Fabric's steps, kept by count_step
+  std::vector<OptimizerConfig> configs;  // the optimizers setup() took with this module
 
   const LoopState& state() const override { return st; }
   const Metrics& callback_metrics() const override { return callback_metrics_; }
@@ -118,7 +119,7 @@ class FabricRun : public RunContext {
   void manual_zero_grad(size_t index) override { fabric_.zero_grad(optimizer(index)); }
   void manual_count_step(size_t index) override {
     optimizer(index);
-    ++st.global_step;
+    fabric_.count_step();
   }
   at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, c10::optional<double> value,
                             c10::optional<ClipAlgorithm> algorithm) override {
@@ -128,13 +129,6 @@ class FabricRun : public RunContext {
   void zero_grad(torch::optim::Optimizer& optimizer) override { fabric_.zero_grad(optimizer); }
   Batch batch_to_device(const Batch& batch) const override {
     return fabric_.strategy().batch_to_device(batch);
-  }
-  void step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) override {
-    if (metric) {
-      scheduler.step(*metric);
-    } else {
-      scheduler.step();
-    }
   }
   DataModule* data_module() override { return nullptr; }
   const DataLoader* train_dataloader() const override { return nullptr; }
@@ -198,8 +192,10 @@ void FabricState::check_new(const std::string& name) const {
 
 FabricState& FabricState::module(const std::string& name, torch::nn::Module& module) {
   check_new(name);
-  VOLT_CHECK(modules_.empty(), ConfigError, kTag, " the state has a module ('", modules_[0].first,
-             "') already; a Fabric sets up one module, so a state holds at most one.");
+  for (const auto& m : modules_) {
+    VOLT_CHECK(m.second != &module, ConfigError, kTag, " the state has this module already (as '",
+               m.first, "'); name each module once.");
+  }
   modules_.emplace_back(name, &module);
   return *this;
 }
@@ -233,6 +229,13 @@ const c10::IValue& FabricState::value(const std::string& name) const {
 
 // ------------------------------------------------------------------ Fabric
 
+struct Fabric::SetUp {
+  std::shared_ptr<torch::nn::Module> user;  // what the program passed
+  std::shared_ptr<Module> module;           // it, or the volt::Module holding its tensors
+  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
+  std::unique_ptr<detail::FabricRun> run;  // attached when the program's module is a volt::Module
+};
+
 Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
   RunPlan plan = resolve_plan(options_.accelerator(), options_.devices(), options_.strategy(),
                               options_.precision(), options_.num_nodes(), "Fabric");
@@ -247,12 +250,13 @@ Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
   }
   precision_ = plan.precision;
   strategy_ = plan.strategy;
-  run_ = std::make_unique<detail::FabricRun>(*this, options_);
   if (options_.checkpoint_io()) strategy_->set_checkpoint_io(options_.checkpoint_io());
 }
 
 Fabric::~Fabric() {
-  if (module_ != nullptr && module_->run() == run_.get()) module_->attach(nullptr);
+  for (const auto& s : set_up_) {
+    if (s->module->run() == s->run.get()) s->module->attach(nullptr);
+  }
   if (!launched_) return;
   const bool failed = std::uncaught_exceptions() > 0;
   try {
@@ -306,24 +310,47 @@ c10::Device Fabric::device() {
   return strategy_->root_device();
 }
 
-bool Fabric::owns(const torch::nn::Module& module) const {
-  return module_ != nullptr && (&module == user_module_.get() || &module == module_.get());
+Fabric::SetUp* Fabric::set_up_of(const torch::nn::Module& module) const {
+  for (const auto& s : set_up_) {
+    if (&module == s->user.get() || &module == s->module.get()) return s.get();
+  }
+  return nullptr;
 }
 
-Module& Fabric::set_up_module(const char* what) {
-  VOLT_CHECK(module_ != nullptr, ConfigError, kTag, " ", what,
+Fabric::SetUp* Fabric::owner_of(const torch::optim::Optimizer& optimizer) const {
+  for (const auto& s : set_up_) {
+    for (const auto& o : s->optimizers) {
+      if (o.get() == &optimizer) return s.get();
+    }
+  }
+  return nullptr;
+}
+
+void Fabric::check_set_up(const char* what) const {
+  VOLT_CHECK(!set_up_.empty(), ConfigError, kTag, " ", what,
              " before setup(): call fabric.setup(module, {optimizers}) first.");
-  return *module_;
+}
+
+void Fabric::count_step() {
+  ++steps_;
+  for (const auto& s : set_up_) s->run->st.global_step = steps_;
 }
 
 void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
                    const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
   VOLT_CHECK(module != nullptr, ConfigError, kTag, " setup() got a null module.");
-  VOLT_CHECK(module_ == nullptr, ConfigError, kTag,
-             " setup() ran already; a Fabric sets up one module (DDP buckets one module's "
-             "gradients): make the models children of one torch::nn::Module.");
+  VOLT_CHECK(set_up_of(*module) == nullptr, ConfigError, kTag,
+             " setup() got a module that is set up already; set each module up once.");
   std::unordered_set<const c10::TensorImpl*> own;
   for (const auto& p : module->parameters(/*recurse=*/true)) own.insert(p.unsafeGetTensorImpl());
+  for (size_t k = 0; k < set_up_.size(); ++k) {
+    for (const auto& p : set_up_[k]->module->parameters(/*recurse=*/true)) {
+      // Two gradient reducers would average one gradient twice.
+      VOLT_CHECK(own.count(p.unsafeGetTensorImpl()) == 0, ConfigError, kTag,
+                 " setup() got a module sharing a parameter of shape ", p.sizes(), " with module ",
+                 k, " set up already; set up one module holding both.");
+    }
+  }
   for (size_t i = 0; i < optimizers.size(); ++i) {
     VOLT_CHECK(optimizers[i] != nullptr, ConfigError, kTag, " optimizer ", i, " is null.");
     for (const auto& group : optimizers[i]->param_groups()) {
@@ -337,16 +364,19 @@ void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
   }
   launch();
   auto as_volt = std::dynamic_pointer_cast<Module>(module);
-  std::shared_ptr<Module> held = as_volt ? as_volt : std::make_shared<HeldModule>(*module);
-  strategy_->setup_module(*held);
+  auto s = std::make_unique<SetUp>();
+  s->user = module;
+  s->module = as_volt ? as_volt : std::make_shared<HeldModule>(*module);
+  strategy_->setup_module(*s->module);
   std::vector<OptimizerConfig> configs(optimizers.begin(), optimizers.end());
-  strategy_->setup_optimizers(*held, configs);
-  user_module_ = module;
-  module_ = std::move(held);
-  optimizers_ = optimizers;
-  run_->configs = configs;
+  strategy_->setup_optimizers(*s->module, configs);
+  s->optimizers = optimizers;
+  s->run = std::make_unique<detail::FabricRun>(*this, options_);
+  s->run->configs = std::move(configs);
+  s->run->st.global_step = steps_;
   // A volt::Module's log(), manual_backward(), optimizers() ... come here while it is set up.
-  if (as_volt) module_->attach(run_.get());
+  if (as_volt) s->module->attach(s->run.get());
+  set_up_.push_back(std::move(s));
 }
 
 DataLoader Fabric::setup_dataloader(const DataLoader& loader) {
@@ -371,13 +401,44 @@ std::shared_ptr<void> Fabric::autocast() {
   return precision_->forward_context();
 }
 
+std::vector<Module*> Fabric::reached_by(const at::Tensor& loss) const {
+  // The nodes of the loss's graph, then each set-up module's parameters' gradient accumulators
+  // among them (a parameter the graph uses has one; it lives as long as the graph).
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo;
+  if (auto root = torch::autograd::impl::gradient_edge(loss).function) todo.push_back(root.get());
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (const auto& e : n->next_edges()) {
+      if (e.function && seen.count(e.function.get()) == 0) todo.push_back(e.function.get());
+    }
+  }
+  std::vector<Module*> reached;
+  for (const auto& s : set_up_) {
+    for (const auto& p : s->module->parameters(/*recurse=*/true)) {
+      auto acc = torch::autograd::impl::try_get_grad_accumulator(p);
+      if (acc && seen.count(acc.get()) > 0) {
+        reached.push_back(s->module.get());
+        break;
+      }
+    }
+  }
+  return reached;
+}
+
 void Fabric::backward(const at::Tensor& loss) {
-  Module& m = set_up_module("backward()");
+  check_set_up("backward()");
   VOLT_CHECK(loss.defined() && loss.numel() == 1, ValueError, kTag,
              " backward() needs a loss with one element, got ",
              loss.defined() ? loss.sizes() : c10::IntArrayRef{},
              loss.defined() ? "" : " (undefined)", "; reduce it (mean or sum) first.");
-  strategy_->backward(loss, m, sync_);
+  if (set_up_.size() == 1) {
+    strategy_->backward(loss, *set_up_.front()->module, sync_);
+  } else {
+    strategy_->backward_through(loss, reached_by(loss), sync_);
+  }
 }
 
 Fabric::NoBackwardSync::NoBackwardSync(Fabric* fabric, bool enabled)
@@ -393,27 +454,17 @@ Fabric::NoBackwardSync::~NoBackwardSync() {
 }
 
 Fabric::NoBackwardSync Fabric::no_backward_sync(bool enabled) {
-  set_up_module("no_backward_sync()");
+  check_set_up("no_backward_sync()");
   return NoBackwardSync(this, enabled);
 }
 
-namespace {
-bool holds(const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers,
-           const torch::optim::Optimizer& optimizer) {
-  for (const auto& o : optimizers) {
-    if (o.get() == &optimizer) return true;
-  }
-  return false;
-}
-}  // namespace
-
 bool Fabric::step(torch::optim::Optimizer& optimizer) {
-  set_up_module("step()");
-  VOLT_CHECK(holds(optimizers_, optimizer), ConfigError, kTag,
+  check_set_up("step()");
+  VOLT_CHECK(owner_of(optimizer) != nullptr, ConfigError, kTag,
              " step() got an optimizer that setup() did not take; pass it to "
              "fabric.setup(module, {optimizer}).");
   const bool stepped = strategy_->optimizer_step(optimizer, c10::nullopt, ClipAlgorithm::kNorm);
-  if (stepped) ++run_->st.global_step;  // a volt::Module's global_step() and log steps
+  if (stepped) count_step();  // a volt::Module's global_step() and log steps
   return stepped;
 }
 
@@ -423,8 +474,8 @@ void Fabric::zero_grad(torch::optim::Optimizer& optimizer) {
 
 at::Tensor Fabric::clip_gradients(torch::optim::Optimizer& optimizer, double value,
                                   ClipAlgorithm algorithm) {
-  set_up_module("clip_gradients()");
-  VOLT_CHECK(holds(optimizers_, optimizer), ConfigError, kTag,
+  check_set_up("clip_gradients()");
+  VOLT_CHECK(owner_of(optimizer) != nullptr, ConfigError, kTag,
              " clip_gradients() got an optimizer that setup() did not take; pass it to "
              "fabric.setup(module, {optimizer}).");
   VOLT_CHECK(value > 0, ConfigError, kTag, " clip_gradients() needs a value > 0 (the largest ",
@@ -500,7 +551,7 @@ void Fabric::log(const std::string& name, const at::Tensor& value, c10::optional
 
 void Fabric::log_dict(const Metrics& metrics, c10::optional<int64_t> step) {
   if (!is_global_zero()) return;
-  const int64_t at = step.value_or(run_->st.global_step);
+  const int64_t at = step.value_or(steps_);
   for (const auto& l : options_.loggers()) {
     if (l) l->log_metrics(metrics, at);
   }
@@ -511,34 +562,50 @@ void Fabric::log_dict(const Metrics& metrics, c10::optional<int64_t> step) {
 void Fabric::save(const std::string& path, const FabricState& state) {
   launch();
   VOLT_CHECK(!path.empty(), ConfigError, kTag, " save() needs a path.");
+  std::vector<Module*> modules;  // the state's, as the strategy holds them
   for (const auto& [name, m] : state.modules_) {
-    VOLT_CHECK(owns(*m), ConfigError, kTag, " state module '", name,
-               "' is not the module setup() took; save that one (a Fabric sets up one).");
+    SetUp* s = set_up_of(*m);
+    VOLT_CHECK(s != nullptr, ConfigError, kTag, " state module '", name,
+               "' is not one setup() took; pass it to fabric.setup(module, {optimizers}).");
+    modules.push_back(s->module.get());
   }
   for (const auto& [name, o] : state.optimizers_) {
-    VOLT_CHECK(holds(optimizers_, *o), ConfigError, kTag, " state optimizer '", name,
+    VOLT_CHECK(owner_of(*o) != nullptr, ConfigError, kTag, " state optimizer '", name,
                "' is not one setup() took; pass it to fabric.setup(module, {optimizer}).");
   }
   torch::serialize::OutputArchive root;
   root.write("volt_format", c10::IValue(kCheckpointFormat));
   root.write("fabric_format", c10::IValue(kFabricFormat));
   // A Trainer's fit cannot resume from it (no loop state); load_weights and evaluation can read
-  // the module, which goes where a Trainer checkpoint has it.
+  // the first module, which goes where a Trainer checkpoint has its module.
   root.write("weights_only", c10::IValue(true));
-  if (!state.modules_.empty()) {
-    write_nested(root, "state_dict", [&](auto& ar) { strategy_->save_model_state(*module_, ar); });
+  if (!modules.empty()) {
+    write_nested(root, "state_dict",
+                 [&](auto& ar) { strategy_->save_model_state(*modules.front(), ar); });
   }
-  write_nested(root, "module",
-               [&](auto& ar) { module_ ? module_->on_save_checkpoint(ar) : void(); });
+  write_nested(root, "module", [&](auto& ar) {
+    if (!modules.empty()) modules.front()->on_save_checkpoint(ar);
+  });
   write_nested(root, "fabric", [&](auto& fab) {
-    if (!state.modules_.empty()) fab.write("module_name", c10::IValue(state.modules_[0].first));
+    if (!modules.empty()) fab.write("module_name", c10::IValue(state.modules_.front().first));
+    // The state's other modules: each one's weights and on_save_checkpoint entries.
+    write_nested(fab, "modules", [&](auto& ar) {
+      for (size_t i = 1; i < modules.size(); ++i) {
+        write_nested(ar, state.modules_[i].first, [&](auto& one) {
+          write_nested(one, "state_dict",
+                       [&](auto& w) { strategy_->save_model_state(*modules[i], w); });
+          write_nested(one, "module", [&](auto& h) { modules[i]->on_save_checkpoint(h); });
+        });
+      }
+    });
     // The steps taken (log()'s default step, a volt::Module's global_step): a loaded run goes on
     // counting from here.
-    fab.write("global_step", c10::IValue(run_->st.global_step));
+    fab.write("global_step", c10::IValue(steps_));
     write_nested(fab, "optimizers", [&](auto& ar) {
       for (const auto& [name, o] : state.optimizers_) {
-        write_nested(ar, name,
-                     [&](auto& one) { strategy_->save_optimizer_state(*o, *module_, one); });
+        write_nested(ar, name, [&](auto& one) {
+          strategy_->save_optimizer_state(*o, *owner_of(*o)->module, one);
+        });
       }
     });
     write_nested(fab, "tensors", [&](auto& ar) {
@@ -558,12 +625,15 @@ void Fabric::save(const std::string& path, const FabricState& state) {
 
 void Fabric::load(const std::string& path, FabricState& state, bool strict) {
   launch();
+  std::vector<Module*> modules;
   for (const auto& [name, m] : state.modules_) {
-    VOLT_CHECK(owns(*m), ConfigError, kTag, " state module '", name,
-               "' is not the module setup() took; set it up before load().");
+    SetUp* s = set_up_of(*m);
+    VOLT_CHECK(s != nullptr, ConfigError, kTag, " state module '", name,
+               "' is not one setup() took; set it up before load().");
+    modules.push_back(s->module.get());
   }
   for (const auto& [name, o] : state.optimizers_) {
-    VOLT_CHECK(holds(optimizers_, *o), ConfigError, kTag, " state optimizer '", name,
+    VOLT_CHECK(owner_of(*o) != nullptr, ConfigError, kTag, " state optimizer '", name,
                "' is not one setup() took; pass it to fabric.setup(module, {optimizer}).");
   }
   torch::serialize::InputArchive root = strategy_->load_checkpoint(path);
@@ -579,16 +649,35 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
              ".");
   // Everything is found before anything changes, so a strict miss leaves the state as it was.
   std::vector<std::string> missing;
-  torch::serialize::InputArchive optimizers, tensors, values, model;
+  torch::serialize::InputArchive optimizers, tensors, values, others;
   fab.read("optimizers", optimizers);
   fab.read("tensors", tensors);
   fab.read("values", values);
-  c10::IValue module_name;
-  const bool has_module = fab.try_read("module_name", module_name) && module_name.isString() &&
-                          root.try_read("state_dict", model);
-  for (const auto& [name, m] : state.modules_) {
-    if (!has_module || module_name.toStringRef() != name)
+  c10::IValue first_name;
+  fab.try_read("module_name", first_name);
+  const bool has_others = fab.try_read("modules", others);
+  struct FoundModule {
+    Module* module;
+    torch::serialize::InputArchive weights, hooks;
+    bool has_hooks;
+  };
+  std::vector<FoundModule> found_modules;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const std::string& name = state.modules_[i].first;
+    FoundModule f{modules[i], {}, {}, false};
+    bool found = false;
+    if (first_name.isString() && first_name.toStringRef() == name) {
+      found = root.try_read("state_dict", f.weights);
+      f.has_hooks = root.try_read("module", f.hooks);
+    } else if (torch::serialize::InputArchive one; has_others && others.try_read(name, one)) {
+      found = one.try_read("state_dict", f.weights);
+      f.has_hooks = one.try_read("module", f.hooks);
+    }
+    if (found) {
+      found_modules.push_back(std::move(f));
+    } else {
       missing.push_back("module '" + name + "'");
+    }
   }
   std::vector<std::pair<torch::optim::Optimizer*, torch::serialize::InputArchive>> found_opts;
   for (const auto& [name, o] : state.optimizers_) {
@@ -619,17 +708,17 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
   }
   VOLT_CHECK(!strict || missing.empty(), CheckpointError, kTag, " '", path, "' has no ",
              join(missing), "; save them, or load with strict=false to leave them as they are.");
-  if (has_module && !state.modules_.empty() &&
-      module_name.toStringRef() == state.modules_[0].first) {
+  for (auto& f : found_modules) {
     try {
-      strategy_->load_model_state(*module_, model);
+      strategy_->load_model_state(*f.module, f.weights);
     } catch (const CheckpointError& e) {
       throw CheckpointError(std::string(e.what()) + " (checkpoint: '" + path + "')");
     }
-    torch::serialize::InputArchive user;
-    if (root.try_read("module", user)) module_->on_load_checkpoint(user);
+    if (f.has_hooks) f.module->on_load_checkpoint(f.hooks);
   }
-  for (auto& [o, ar] : found_opts) strategy_->load_optimizer_state(*o, *module_, ar);
+  for (auto& [o, ar] : found_opts) {
+    strategy_->load_optimizer_state(*o, *owner_of(*o)->module, ar);
+  }
   at::NoGradGuard no_grad;
   for (auto& [t, v] : found_tensors) {
     if (t->defined() && t->sizes() == v.sizes() && t->scalar_type() == v.scalar_type()) {
@@ -641,7 +730,8 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
   for (auto& [name, v] : found_values) state.values_[name] = std::move(v);
   c10::IValue global_step;
   if (fab.try_read("global_step", global_step) && global_step.isInt()) {
-    run_->st.global_step = global_step.toInt();
+    steps_ = global_step.toInt();
+    for (const auto& s : set_up_) s->run->st.global_step = steps_;
   }
 }
 

@@ -59,6 +59,14 @@ constexpr const char* kRestartCheckpointVar = "VOLT_RESTART_CHECKPOINT";
 
 }  // namespace
 
+// One set-up module's gradient reducer, SyncBatchNorm layers and buffers.
+struct DdpStrategy::ModuleSync {
+  const Module* module = nullptr;
+  std::unique_ptr<GradientReducer> reducer;
+  std::unique_ptr<SyncBatchNorm> sync_bn;
+  std::vector<at::Tensor> buffers;
+};
+
 // The ranks' agreement on stop requests (agree_on_stop). A vote every batch cost 8-12 % of a
 // 3 ms step on this 2-CPU machine (volt_bench_ddp --only stop_vote), so the ranks vote about
 // every kStopVotePeriod seconds instead: each vote also carries every rank's proposal for the
@@ -100,7 +108,7 @@ DdpStrategy::~DdpStrategy() {
   if (launcher_ && env_.global_rank == 0 && !env_.agent_store && !rendezvous_) {
     launcher_->on_failure(nullptr);
   }
-  reducer_.reset();
+  synced_.clear();  // the reducers' autograd hooks and their group go first
   group_.reset();
   if (launcher_) {
     // Local ranks finish the same program; give them the timeout to exit, then the launcher
@@ -155,7 +163,7 @@ bool DdpStrategy::restart_after_failure(const std::exception& error,
   // that attempt), so that no node's processes find a store that is about to close. The new
   // workers learn the attempt and the checkpoint from their environment, which they inherit.
   stop_vote_.reset();
-  reducer_.reset();
+  synced_.clear();  // setup_module of the next attempt builds them again over its group
   if (group_ && env_.global_rank == 0) rendezvous_ = group_->rendezvous_store();
   group_.reset();
   launcher_->kill_all();
@@ -190,7 +198,7 @@ void DdpStrategy::teardown() {
   // A vote still under way here belongs to a run that failed (one that ends normally waits for
   // its last vote): abandoned, as the ranks are out of step anyway.
   stop_vote_.reset();
-  sync_bn_.reset();
+  for (auto& m : synced_) m->sync_bn.reset();
   Strategy::teardown();
 }
 
@@ -200,14 +208,34 @@ c10::Device DdpStrategy::root_device() const {
   return accelerator_->device(env_.local_rank);
 }
 
+DdpStrategy::ModuleSync* DdpStrategy::find_sync(const Module& module) const {
+  for (const auto& m : synced_) {
+    if (m->module == &module) return m.get();
+  }
+  return nullptr;
+}
+
+DdpStrategy::ModuleSync& DdpStrategy::sync_of(const Module& module) {
+  if (ModuleSync* m = find_sync(module)) return *m;
+  synced_.push_back(std::make_unique<ModuleSync>());
+  synced_.back()->module = &module;
+  return *synced_.back();
+}
+
+GradientReducer* DdpStrategy::reducer(const Module& module) const {
+  const ModuleSync* m = find_sync(module);
+  return m != nullptr ? m->reducer.get() : nullptr;
+}
+
 void DdpStrategy::broadcast_module_state(Module& module) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> state;
   for (const auto& p : module.named_parameters(true)) state.push_back(p.value().detach());
-  buffers_.clear();
+  std::vector<at::Tensor>& buffers = sync_of(module).buffers;
+  buffers.clear();
   for (const auto& b : module.named_buffers(true)) {
     state.push_back(b.value().detach());
-    buffers_.push_back(b.value().detach());
+    buffers.push_back(b.value().detach());
   }
   // Every rank starts from rank 0's weights and buffers.
   if (!state.empty()) group().broadcast_(state, 0);
@@ -217,10 +245,11 @@ void DdpStrategy::setup_module(Module& module) {
   Strategy::setup_module(module);
   broadcast_module_state(module);
   build_reducer(module);
-  sync_bn_.reset();
+  std::unique_ptr<SyncBatchNorm>& sync_bn = sync_of(module).sync_bn;
+  sync_bn.reset();
   if (sync_batchnorm() && world_size() > 1) {
-    sync_bn_ = std::make_unique<SyncBatchNorm>(module, group_);
-    const auto layers = sync_bn_->layers();
+    sync_bn = std::make_unique<SyncBatchNorm>(module, group_);
+    const auto layers = sync_bn->layers();
     if (!layers.empty()) {
       log_info("DdpStrategy", "sync_batchnorm: " + std::to_string(layers.size()) +
                                   " BatchNorm layers normalise over all " +
@@ -238,8 +267,9 @@ void DdpStrategy::build_reducer(Module& module) {
       names.push_back(p.key());
     }
   }
-  reducer_.reset();  // its autograd hooks go before the new reducer registers its own
-  reducer_ = std::make_unique<GradientReducer>(
+  std::unique_ptr<GradientReducer>& reducer = sync_of(module).reducer;
+  reducer.reset();  // its autograd hooks go before the new reducer registers its own
+  reducer = std::make_unique<GradientReducer>(
       params, group_,
       GradientReducerOptions()
           .bucket_cap_mb(options_.bucket_cap_mb())
@@ -258,21 +288,36 @@ void DdpStrategy::trainable_parameters_changed(Module& module) {
 }
 
 at::Tensor DdpStrategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
-  if (options_.broadcast_buffers() && !buffers_.empty()) {
+  ModuleSync* m = find_sync(module);
+  if (m != nullptr && options_.broadcast_buffers() && !m->buffers.empty()) {
     torch::NoGradGuard no_grad;
-    group().broadcast_(buffers_, 0);
+    group().broadcast_(m->buffers, 0);
   }
   // Backward needs no scope: the statistics' gradients are all-reduced by their autograd nodes.
   c10::optional<SyncBatchNorm::Scope> sync;
-  if (sync_bn_) sync.emplace(*sync_bn_);
+  if (m != nullptr && m->sync_bn) sync.emplace(*m->sync_bn);
   return Strategy::training_step(module, batch, batch_idx);
 }
 
 void DdpStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
-  VOLT_CHECK(reducer_ != nullptr, InternalError,
-             "[DdpStrategy] backward before setup_module(); the Trainer sets it up.");
-  reducer_->set_sync(sync_gradients);
-  reducer_->backward(loss, [&] { precision_->backward(loss, &module); });
+  backward_through(loss, {&module}, sync_gradients);
+}
+
+void DdpStrategy::backward_through(const at::Tensor& loss, const std::vector<Module*>& modules,
+                                   bool sync_gradients) {
+  // Each reducer arms its buckets and runs the next one's backward inside its own, the last
+  // running the one real backward: the modules' gradients all reach their buckets in one pass.
+  std::function<void()> run = [&] {
+    precision_->backward(loss, modules.empty() ? nullptr : modules.front());
+  };
+  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+    GradientReducer* r = reducer(**it);
+    VOLT_CHECK(r != nullptr, InternalError,
+               "[DdpStrategy] backward before setup_module(); the Trainer sets it up.");
+    r->set_sync(sync_gradients);
+    run = [r, &loss, inner = std::move(run)] { r->backward(loss, inner); };
+  }
+  run();
   agree_on_precision_state();
 }
 

@@ -82,6 +82,15 @@ void Strategy::backward(const at::Tensor& loss, Module& module, bool sync_gradie
   precision_->backward(loss, &module);
 }
 
+void Strategy::backward_through(const at::Tensor& loss, const std::vector<Module*>& modules,
+                                bool sync_gradients) {
+  if (modules.size() == 1) {
+    backward(loss, *modules.front(), sync_gradients);
+  } else {
+    precision_->backward(loss, modules.empty() ? nullptr : modules.front());
+  }
+}
+
 bool Strategy::optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
                               ClipAlgorithm algorithm, const ClipCall& clip) {
   precision_->unscale_gradients(optimizer);

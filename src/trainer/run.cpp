@@ -256,14 +256,6 @@ void Run::zero_grad(torch::optim::Optimizer& optimizer) {
   strategy().zero_grad(optimizer);
 }
 
-void Run::step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) {
-  if (metric) {
-    scheduler.step(*metric);
-  } else {
-    scheduler.step();
-  }
-}
-
 void Run::manual_zero_grad(size_t index) {
   VOLT_CHECK(index < optimizers.size(), ConfigError, "[Module] optimizer index ", index,
              " out of range: configure_optimizers returned ", optimizers.size(), ".");

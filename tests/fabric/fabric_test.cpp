@@ -259,6 +259,148 @@ TEST(Fabric, AVoltModulesBackwardHookRuns) {
   EXPECT_TRUE(m->fc1->weight.grad().defined());
 }
 
+// A generator and a discriminator, each with its own optimizer (SGD with momentum).
+struct Gan {
+  torch::nn::Sequential g{torch::nn::Linear(4, 16), torch::nn::Tanh(), torch::nn::Linear(16, 8)};
+  torch::nn::Sequential d{torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1)};
+  std::shared_ptr<torch::optim::SGD> opt_g = std::make_shared<torch::optim::SGD>(
+      g->parameters(), torch::optim::SGDOptions(0.05).momentum(0.5));
+  std::shared_ptr<torch::optim::SGD> opt_d = std::make_shared<torch::optim::SGD>(
+      d->parameters(), torch::optim::SGDOptions(0.05).momentum(0.5));
+  at::Tensor flat() const {
+    std::vector<at::Tensor> all;
+    for (const auto& p : g->parameters()) all.push_back(p.detach().reshape({-1}));
+    for (const auto& p : d->parameters()) all.push_back(p.detach().reshape({-1}));
+    return at::cat(all);
+  }
+};
+
+// The alternating GAN loop: the discriminator's loss over a detached fake, then the generator's
+// through the discriminator. `backward` and `step` are Fabric's or plain libtorch's.
+template <typename Backward, typename Step>
+void gan_loop(Gan& m, int64_t steps, Backward backward, Step step) {
+  const auto bce = [](const at::Tensor& logits, double target) {
+    return torch::binary_cross_entropy_with_logits(logits, at::full_like(logits, target));
+  };
+  auto loader = volt_test::loader(volt_test::blobs(64, 8), 16);
+  int64_t i = 0;
+  for (volt::Batch& b : loader.stream(0)) {
+    if (i++ == steps) break;
+    const at::Tensor z = at::sin(b.input.narrow(1, 0, 4) * 3);
+    m.opt_d->zero_grad();
+    const at::Tensor fake = m.g->forward(z);
+    backward(bce(m.d->forward(b.input), 1) + bce(m.d->forward(fake.detach()), 0));
+    step(*m.opt_d);
+    m.opt_g->zero_grad();
+    m.opt_d->zero_grad();
+    backward(bce(m.d->forward(fake), 1));
+    step(*m.opt_g);
+  }
+}
+
+TEST(Fabric, SeveralModulesTrainAsAHandWrittenLoop) {
+  torch::manual_seed(5);
+  Gan plain;
+  torch::manual_seed(5);
+  Gan with_fabric;
+  gan_loop(
+      plain, 4, [](const at::Tensor& loss) { loss.backward(); },
+      [](torch::optim::Optimizer& o) { o.step(); });
+  volt::Fabric fabric(cpu());
+  fabric.setup(with_fabric.g, {with_fabric.opt_g});
+  fabric.setup(with_fabric.d, {with_fabric.opt_d});
+  gan_loop(
+      with_fabric, 4, [&](const at::Tensor& loss) { fabric.backward(loss); },
+      [&](torch::optim::Optimizer& o) { fabric.step(o); });
+  EXPECT_TRUE(at::equal(plain.flat(), with_fabric.flat()));
+}
+
+// With several modules, backward finds the ones the loss reaches; the first of them (in setup
+// order) gives the backward hook.
+TEST(Fabric, BackwardRunsTheHookOfTheFirstModuleTheLossReaches) {
+  auto a = std::make_shared<CountingBackward>();
+  auto b = std::make_shared<CountingBackward>();
+  volt::Fabric fabric(cpu());
+  fabric.setup(a, {a->configure_optimizers()[0].optimizer()});
+  fabric.setup(b, {b->configure_optimizers()[0].optimizer()});
+  volt::Batch batch;
+  volt::BatchStream s = volt_test::loader(volt_test::blobs(32), 16).stream(0);
+  ASSERT_TRUE(s.next(batch));
+  fabric.backward(loss_of(*b, batch));
+  EXPECT_EQ(a->calls, 0);
+  EXPECT_EQ(b->calls, 1);
+  EXPECT_FALSE(a->fc1->weight.grad().defined());
+  fabric.backward(loss_of(*a, batch) + loss_of(*b, batch));
+  EXPECT_EQ(a->calls, 1);
+  EXPECT_EQ(b->calls, 1);
+  EXPECT_TRUE(a->fc1->weight.grad().defined());
+  // A loss over neither module still backpropagates (into its own leaf).
+  const at::Tensor leaf = at::ones({2}).requires_grad_();
+  fabric.backward(leaf.sum() * 3);
+  EXPECT_TRUE(at::equal(leaf.grad(), at::full({2}, 3.0)));
+  EXPECT_EQ(a->calls + b->calls, 2);
+}
+
+TEST(Fabric, SeveralModulesSaveAndLoad) {
+  volt_test::TempDir dir;
+  auto [g, g_again] = twins();
+  auto [d, d_again] = twins();
+  {
+    torch::NoGradGuard no_grad;  // the discriminator starts elsewhere than the generator
+    for (auto& p : d->parameters()) p.mul_(0.5);
+    for (auto& p : d_again->parameters()) p.mul_(0.5);
+  }
+  auto opt_g = g->configure_optimizers()[0].optimizer();
+  auto opt_d = d->configure_optimizers()[0].optimizer();
+  auto loader = volt_test::loader(volt_test::blobs(64), 16);
+  const auto train = [&](volt::Fabric& fabric, TinyClassifier& gm, TinyClassifier& dm,
+                         torch::optim::Optimizer& og, torch::optim::Optimizer& od, int64_t epoch) {
+    for (volt::Batch& b : loader.stream(epoch)) {
+      fabric.backward(loss_of(gm, b) + loss_of(dm, b) * 0.5);
+      fabric.step(og);
+      fabric.step(od);
+      fabric.zero_grad(og);
+      fabric.zero_grad(od);
+    }
+  };
+  {
+    volt::Fabric fabric(cpu());
+    fabric.setup(g, {opt_g});
+    fabric.setup(d, {opt_d});
+    train(fabric, *g, *d, *opt_g, *opt_d, 0);
+    at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();  // dropout's stream
+    volt::FabricState state;
+    state.module("g", *g).module("d", *d).optimizer("opt_g", *opt_g).optimizer("opt_d", *opt_d);
+    fabric.save(dir / "gan.ckpt", state.tensor("rng", rng));
+    train(fabric, *g, *d, *opt_g, *opt_d, 1);
+  }
+  // The first module of the state is where load_weights (a Trainer checkpoint's) looks.
+  auto weights_only = std::make_shared<TinyClassifier>();
+  volt::load_weights(*weights_only, dir / "gan.ckpt");
+  volt::Fabric fabric(cpu());
+  auto og = g_again->configure_optimizers()[0].optimizer();
+  auto od = d_again->configure_optimizers()[0].optimizer();
+  fabric.setup(g_again, {og});
+  fabric.setup(d_again, {od});
+  at::Tensor rng;
+  volt::FabricState state;
+  state.module("g", *g_again).module("d", *d_again).optimizer("opt_g", *og).optimizer("opt_d", *od);
+  fabric.load(dir / "gan.ckpt", state.tensor("rng", rng));
+  at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
+  cpu_gen.set_state(rng);
+  EXPECT_TRUE(at::equal(weights_only->flat_params(), g_again->flat_params()));
+  EXPECT_FALSE(at::equal(g_again->flat_params(), d_again->flat_params()));
+  train(fabric, *g_again, *d_again, *og, *od, 1);
+  // Both modules' weights and both optimizers' momentum came back.
+  EXPECT_TRUE(at::equal(g->flat_params(), g_again->flat_params()));
+  EXPECT_TRUE(at::equal(d->flat_params(), d_again->flat_params()));
+  volt::FabricState renamed;
+  renamed.module("g", *g_again).module("critic", *d_again);
+  const std::string e =
+      error_of<volt::CheckpointError>([&] { fabric.load(dir / "gan.ckpt", renamed); });
+  EXPECT_NE(e.find("has no module 'critic'"), std::string::npos) << e;
+}
+
 TEST(Fabric, SaveAndLoadResumeBitForBit) {
   volt_test::TempDir dir;
   auto loader = volt_test::loader(volt_test::blobs(96), 16);
@@ -536,7 +678,11 @@ TEST(Fabric, BadCallsAreTypedErrors) {
   EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.setup(nullptr); }).find("null module"),
             std::string::npos);
   fabric.setup(m, {opt});
-  EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.setup(m, {opt}); }).find("ran already"),
+  EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.setup(m, {opt}); }).find("set up already"),
+            std::string::npos);
+  auto sharing = std::make_shared<torch::nn::Module>();
+  sharing->register_module("fc", m->fc1);
+  EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.setup(sharing); }).find("sharing a parameter"),
             std::string::npos);
   EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.step(*foreign); }).find("did not take"),
             std::string::npos);
@@ -562,7 +708,11 @@ TEST(Fabric, BadCallsAreTypedErrors) {
   other.module("model", *stranger);
   EXPECT_NE(error_of<volt::ConfigError>([&] {
               fabric.save(dir / "x.ckpt", other);
-            }).find("not the module setup() took"),
+            }).find("not one setup() took"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              other.module("again", *stranger);
+            }).find("has this module already"),
             std::string::npos);
 }
 
@@ -609,6 +759,27 @@ TEST(FabricDdp, TwoRanksEqualOneProcessOnTheGlobalBatch) {
   EXPECT_TRUE(at::equal(r0, r1));
   const at::Tensor ref = reference(dir.path, {"--clip", "0.5"});
   EXPECT_TRUE(at::allclose(r0, ref, 0, 2e-6)) << (r0 - ref).abs().max().item<double>();
+}
+
+// A generator and a discriminator set up one after the other on two ranks: each keeps its own
+// gradient buckets, the discriminator's loss (over a detached fake) syncs it alone, the
+// generator's syncs both; the ranks stay equal and equal one process on the global batch.
+TEST(FabricDdp, SeveralModulesOnTwoRanksEqualOneProcessOnTheGlobalBatch) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const at::Tensor ref = reference(dir.path, {"--gan", "1"});
+  // static_graph: each module's reducer must see the same parameters reached in every backward
+  // it takes part in, so a module a loss does not reach must not be armed.
+  for (const std::string static_graph : {"0", "1"}) {
+    const std::string root = dir / ("static" + static_graph);
+    const auto jobs = run_ranks(root, {"--gan", "1", "--static-graph", static_graph});
+    for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
+    EXPECT_NE(jobs[0].output.find("gan d grads differ=0"), std::string::npos) << jobs[0].output;
+    const at::Tensor r0 = load_flat(out_of(root, 0)), r1 = load_flat(out_of(root, 1));
+    EXPECT_TRUE(at::equal(r0, r1)) << static_graph;
+    EXPECT_TRUE(at::allclose(r0, ref, 0, 5e-6))
+        << static_graph << ": " << (r0 - ref).abs().max().item<double>();
+  }
 }
 
 TEST(FabricDdp, NoBackwardSyncLeavesTheGradientsLocalUntilTheLastMicroBatch) {

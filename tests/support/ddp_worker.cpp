@@ -534,7 +534,7 @@ int main(int argc, char** argv) {
                   a["--out"] + ".gathered.rank" + std::to_string(rank) + ".pt");
     }
     bool aliases = true;
-    if (auto* reducer = one ? nullptr : strategy->reducer();
+    if (auto* reducer = one ? nullptr : strategy->reducer(model);
         reducer != nullptr && ddp.gradient_as_bucket_view()) {
       // Each .grad must live inside one of the reducer's bucket buffers.
       for (auto& p : model.parameters()) {

@@ -12,6 +12,11 @@
 //   --volt-module 1: the net is set up inside a volt::Module whose training_step computes the
 //       loss and logs it with sync_dist; prints "rank R logged loss=X local=Y" at the end (X:
 //       what log() kept, Y: this rank's own last loss).
+//   --gan 1: two modules set up one after the other, a generator and a discriminator, each
+//       with its own optimizer, trained by the alternating GAN loop; writes the generator's and
+//       then the discriminator's flat parameters, and prints "gan d grads differ=D" (0/1: whether
+//       the ranks' discriminator gradients differ after the generator's backward).
+//   --static-graph 1: DDP's static_graph option.
 //
 // Prints "rank R world W" after launch, "gathered a,b,..." (every rank's rank through
 // all_gather), with --check-no-sync "no_sync grads differ=D synced grads differ=E" (0/1: whether
@@ -70,6 +75,52 @@ class NetModule : public volt::Module {
   torch::nn::Sequential net;
 };
 
+// The classic GAN loop over two set-up modules: the discriminator steps on real rows and on
+// the generator's detached output (its loss does not reach the generator), then the generator
+// steps through the discriminator (its loss reaches both). The noise comes from the batch rows,
+// so one process on the global batch sees the same noise as two ranks on its halves.
+int run_gan(volt::Fabric& fabric, int64_t rank, const volt::DataLoader& train, int64_t steps,
+            const std::string& out) {
+  torch::manual_seed(2000 + static_cast<uint64_t>(rank));  // rank 0's weights must win
+  torch::nn::Sequential g(torch::nn::Linear(4, 16), torch::nn::Tanh(), torch::nn::Linear(16, 8));
+  torch::nn::Sequential d(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
+  auto opt_g = std::make_shared<torch::optim::SGD>(g->parameters(),
+                                                   torch::optim::SGDOptions(0.05).momentum(0.5));
+  auto opt_d = std::make_shared<torch::optim::SGD>(d->parameters(),
+                                                   torch::optim::SGDOptions(0.05).momentum(0.5));
+  fabric.setup(g, {opt_g});
+  fabric.setup(d, {opt_d});
+  const auto bce = [](const at::Tensor& logits, double target) {
+    return torch::binary_cross_entropy_with_logits(logits, at::full_like(logits, target));
+  };
+  int64_t step = 0;
+  for (int64_t epoch = 0; step < steps; ++epoch) {
+    for (volt::Batch& b : train.stream(epoch)) {
+      if (step == steps) break;
+      const at::Tensor real = fabric.to_device(b).input;
+      const at::Tensor z = at::sin(real.narrow(1, 0, 4) * 3);
+      fabric.zero_grad(*opt_d);
+      const at::Tensor fake = g->forward(z);
+      fabric.backward(bce(d->forward(real), 1) + bce(d->forward(fake.detach()), 0));
+      fabric.step(*opt_d);
+      fabric.zero_grad(*opt_g);
+      fabric.zero_grad(*opt_d);
+      fabric.backward(bce(d->forward(fake), 1));
+      if (step == 0) {
+        std::printf("gan d grads differ=%ld\n",
+                    static_cast<long>(differ(fabric, d->parameters()[0].grad())));
+        std::fflush(stdout);
+      }
+      fabric.step(*opt_g);
+      ++step;
+    }
+  }
+  torch::save(at::cat({flat(*g), flat(*d)}), out + ".rank" + std::to_string(rank) + ".pt");
+  std::printf("rank %ld done step=%ld\n", static_cast<long>(rank), static_cast<long>(step));
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,7 +139,8 @@ int main(int argc, char** argv) {
                             .accelerator("cpu")
                             .devices(num("--devices", 1))
                             .strategy(volt::named<volt::Strategy>(
-                                "ddp", {{"timeout_s", static_cast<double>(num("--timeout", 30))}}))
+                                "ddp", {{"timeout_s", static_cast<double>(num("--timeout", 30))},
+                                        {"static_graph", num("--static-graph", 0) != 0}}))
                             .precision(a.count("--precision") ? a["--precision"] : "32-true"));
     fabric.launch();
     const int64_t rank = fabric.global_rank();
@@ -118,6 +170,13 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
       return 0;
+    }
+
+    if (num("--gan", 0) != 0) {
+      const volt::DataLoader train = fabric.setup_dataloader(
+          volt::DataLoader(volt_test::blobs(128, 8, 1),
+                           volt::DataLoaderOptions(num("--batch", 8)).shuffle(true).seed(5)));
+      return run_gan(fabric, rank, train, num("--steps", 12), a["--out"]);
     }
 
     torch::manual_seed(1000 + static_cast<uint64_t>(rank));  // rank 0's weights must win

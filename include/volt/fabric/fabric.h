@@ -34,7 +34,8 @@
 /// they are (no wrapper objects), so the forward runs under `autocast()` when the precision has
 /// a forward context (Lightning's wrapped forward enters it itself), the optimizer steps through
 /// `step(optimizer)` (Lightning's wrapped optimizer.step), and batches move with `to_device`.
-/// One module per Fabric (put several in one torch::nn::Module: DDP buckets one module).
+/// Several modules, each set up with its own optimizers (a GAN's generator and discriminator),
+/// keep their own gradient buckets; `backward` finds the ones a loss reaches in its graph.
 
 #include <ATen/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -110,13 +111,14 @@ struct FabricOptions {
 /// restores the module, optimizers and tensors in place and the values in this object.
 class FabricState {
  public:
-  /// The module given to Fabric::setup.
+  /// A module given to Fabric::setup. The first goes where a Trainer checkpoint has its weights
+  /// (volt::load_weights reads it), the others beside it under their names.
   FabricState& module(const std::string& name, torch::nn::Module& module);
   template <typename M>
   FabricState& module(const std::string& name, const torch::nn::ModuleHolder<M>& holder) {
     return module(name, *holder.ptr());
   }
-  /// An optimizer over the set-up module's parameters.
+  /// An optimizer given to Fabric::setup.
   FabricState& optimizer(const std::string& name, torch::optim::Optimizer& optimizer);
   /// A tensor kept outside the module (an EMA copy, a counter on the device); load() copies the
   /// saved values into it when the shapes and dtypes agree, else replaces it.
@@ -164,11 +166,13 @@ class Fabric {
   /// Takes `module` (moved to the device, converted by the precision, every rank starting from
   /// rank 0's parameters and buffers; DDP's gradient buckets over the parameters that require a
   /// gradient) and its optimizers. Every optimizer parameter must be one of the module's
-  /// (ConfigError: DDP would not average its gradient). A second setup is a ConfigError.
-  /// A volt::Module is used as it is and attached to this Fabric while both live, so its
-  /// training_step can be called from the loop (Lightning's LightningModule under Fabric):
-  /// log() / log_dict() reach the loggers on rank 0 at the step count (the optimizer steps
-  /// taken through step(); sync_dist reduces over the ranks; epoch aggregation is the loop's
+  /// (ConfigError: DDP would not average its gradient). Call it once per module: several
+  /// modules (a generator and a discriminator) each keep their own buckets and optimizers; a
+  /// module set up already, or one sharing a parameter with one, is a ConfigError (set up the
+  /// module that holds both instead). A volt::Module is used as it is and attached to this Fabric
+  /// while both live, so its training_step can be called from the loop (Lightning's LightningModule
+  /// under Fabric): log() / log_dict() reach the loggers on rank 0 at the step count (the optimizer
+  /// steps taken through step(); sync_dist reduces over the ranks; epoch aggregation is the loop's
   /// business), callback_metrics() holds the latest values, manual_backward() is backward(),
   /// optimizers() / manual steps / clip_gradients() / all_gather() and the rank queries go
   /// through this Fabric; what needs the Trainer's loop (save_checkpoint, request_stop,
@@ -194,7 +198,11 @@ class Fabric {
   [[nodiscard]] std::shared_ptr<void> autocast();
   /// Backpropagates `loss` through the precision (loss scaling) and the strategy (DDP averages
   /// the gradients over the ranks, overlapped with the backward), calling the module's backward
-  /// hook when it is a volt::Module.
+  /// hook when it is a volt::Module. With several modules set up, the ones whose parameters the
+  /// loss reaches are found in its autograd graph (a discriminator loss over a detached fake
+  /// leaves the generator out) and have their gradients averaged, the first of them (in setup
+  /// order) giving the backward hook; every rank's loss must reach the same modules, as under
+  /// PyTorch's DDP.
   void backward(const at::Tensor& loss);
   /// While the returned guard lives, backward() only accumulates (no all-reduce): the micro-
   /// batches of a gradient accumulation but the last (Lightning's no_backward_sync). With
@@ -278,14 +286,14 @@ class Fabric {
   void log_dict(const Metrics& metrics, c10::optional<int64_t> step = c10::nullopt);
 
   /// Writes `state` to `path` (global rank 0 writes, atomically through the CheckpointIO; every
-  /// rank then waits at a barrier, so the file is complete wherever save returns). The module
-  /// goes where a Trainer checkpoint has its weights, so volt::load_weights and the Trainer's
-  /// validate / test / predict with a ckpt_path read it (a Trainer's fit cannot resume from it:
-  /// it holds no loop state). Entry names are non-empty, without '/', and distinct.
+  /// rank then waits at a barrier, so the file is complete wherever save returns). The state's
+  /// first module goes where a Trainer checkpoint has its weights, so volt::load_weights and the
+  /// Trainer's validate / test / predict with a ckpt_path read it (a Trainer's fit cannot resume
+  /// from it: it holds no loop state). Entry names are non-empty, without '/', and distinct.
   void save(const std::string& path, const FabricState& state);
   /// Reads `path` into `state` (every rank reads the file). strict: every entry of `state` must
   /// be in the file (CheckpointError naming the missing ones); entries of the file that `state`
-  /// lacks are left. The module must have been set up first.
+  /// lacks are left. The state's modules must have been set up first.
   void load(const std::string& path, FabricState& state, bool strict = true);
 
  private:
@@ -299,19 +307,23 @@ class Fabric {
       if (auto* c = dynamic_cast<C*>(cb.get())) f(*c);
     }
   }
-  Module& set_up_module(const char* what);
-  bool owns(const torch::nn::Module& module) const;
+  friend class detail::FabricRun;
+  // One set-up module: the program's, the volt::Module the strategy holds, its optimizers and
+  // what a volt::Module's log(), manual_backward(), optimizers() ... reach.
+  struct SetUp;
+  void check_set_up(const char* what) const;
+  SetUp* set_up_of(const torch::nn::Module& module) const;
+  SetUp* owner_of(const torch::optim::Optimizer& optimizer) const;
+  std::vector<Module*> reached_by(const at::Tensor& loss) const;
+  void count_step();
 
   FabricOptions options_;
   std::shared_ptr<Precision> precision_;
   std::shared_ptr<Strategy> strategy_;
   bool launched_ = false;
   bool sync_ = true;
-  std::shared_ptr<torch::nn::Module> user_module_;
-  std::shared_ptr<Module> module_;  // the user's module, or the volt::Module that holds it
-  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
-  // What a set-up volt::Module's log(), manual_backward(), optimizers() ... reach.
-  std::unique_ptr<detail::FabricRun> run_;
+  std::vector<std::unique_ptr<SetUp>> set_up_;
+  int64_t steps_ = 0;  // optimizer steps taken through step(): log()'s default step
 };
 
 }  // namespace volt

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "volt/distributed/cluster_environment.h"
 #include "volt/strategies/strategy.h"
@@ -79,11 +80,18 @@ class DdpStrategy : public Strategy {
   std::string restart_checkpoint() const override { return restart_checkpoint_; }
 
   c10::Device root_device() const override;
+  /// Broadcasts rank 0's parameters and buffers and builds the module's gradient buckets (and
+  /// its SyncBatchNorm layers). Several modules may be set up (Fabric: a generator and a
+  /// discriminator); each keeps its own buckets, and setting one up again replaces its own.
   void setup_module(Module& module) override;
   /// Builds the gradient buckets again over the parameters that now require a gradient.
   void trainable_parameters_changed(Module& module) override;
   at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx) override;
   void backward(const at::Tensor& loss, Module& module, bool sync_gradients) override;
+  /// Arms the buckets of every module in `modules`, then runs one backward: each module's
+  /// gradients are averaged over the ranks as backward(loss, module) would average them.
+  void backward_through(const at::Tensor& loss, const std::vector<Module*>& modules,
+                        bool sync_gradients) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
 
   at::Tensor reduce(const at::Tensor& value, Reduce op) const override;
@@ -105,12 +113,14 @@ class DdpStrategy : public Strategy {
   void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path) override;
   void flush_checkpoints() override;
 
-  /// The gradient reducer (after setup_module): bucket buffers, parameters.
-  GradientReducer* reducer() const { return reducer_.get(); }
+  /// The gradient reducer of `module` (after setup_module; null before): bucket buffers,
+  /// parameters.
+  GradientReducer* reducer(const Module& module) const;
 
  protected:
   ProcessGroup& group() const;
-  /// Broadcasts the module's parameters and buffers from rank 0 (every rank starts alike).
+  /// Broadcasts the module's parameters and buffers from rank 0 (every rank starts alike) and
+  /// keeps its buffers for the broadcast before each training forward.
   void broadcast_module_state(Module& module);
   /// After a backward: replaces the precision's rank_max_state() (fp8 amax histories) with its
   /// max over the ranks, one all-reduce for all of it, so that every rank derives the same fp8
@@ -132,10 +142,12 @@ class DdpStrategy : public Strategy {
   std::unique_ptr<LocalLauncher> launcher_;
   /// The store rank 0 hosts, kept through elastic restarts (the next attempt joins it again).
   std::shared_ptr<RendezvousStore> rendezvous_;
-  std::unique_ptr<GradientReducer> reducer_;
-  /// sync_batchnorm with several processes (after setup_module).
-  std::unique_ptr<SyncBatchNorm> sync_bn_;
-  std::vector<at::Tensor> buffers_;
+  /// What each set-up module synchronizes: its gradient reducer, SyncBatchNorm layers
+  /// (sync_batchnorm with several processes) and buffers; created by setup_module.
+  struct ModuleSync;
+  ModuleSync* find_sync(const Module& module) const;
+  ModuleSync& sync_of(const Module& module);
+  std::vector<std::unique_ptr<ModuleSync>> synced_;
   /// The lagged stop vote under way (agree_on_stop), if any.
   struct StopVote;
   std::unique_ptr<StopVote> stop_vote_;

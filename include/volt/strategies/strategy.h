@@ -122,6 +122,13 @@ class Strategy {
   /// `sync_gradients` is false on micro-batches that only accumulate: a data-parallel strategy
   /// skips its gradient all-reduce there (no_sync).
   virtual void backward(const at::Tensor& loss, Module& module, bool sync_gradients = true);
+  /// One backward through several set-up modules (a Fabric loop's generator and discriminator
+  /// step): the gradients of each module in `modules` are synchronized as backward(loss, module)
+  /// would synchronize them, and the precision runs the first module's backward hook (none when
+  /// `modules` is empty). Every rank must pass the same modules. Default: backward(loss,
+  /// *modules[0]) for one module, else the precision's backward.
+  virtual void backward_through(const at::Tensor& loss, const std::vector<Module*>& modules,
+                                bool sync_gradients = true);
   /// How a step clips, between the unscale and the step, given the clip value and algorithm the
   /// strategy resolved (the Trainer passes the module's configure_gradient_clipping).
   using ClipCall = std::function<void(c10::optional<double> value, ClipAlgorithm algorithm)>;

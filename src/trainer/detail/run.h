@@ -234,7 +234,6 @@ class Run : public RunContext {
                             c10::optional<ClipAlgorithm> algorithm) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
   Batch batch_to_device(const Batch& batch) const override;
-  void step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) override;
 
   // ---------------------------------------------------------------- dispatch
   // Every hook goes through here: one place to time them and to keep Lightning's order: the
