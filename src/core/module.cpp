@@ -5,10 +5,10 @@
 #include <set>
 
 #include "core/detail/default_steps.h"
+#include "core/detail/scheduler_step.h"
 #include "core/detail/tracing.h"
 #include "core/detail/training_modes.h"
 #include "volt/core/check.h"
-#include "volt/optim/lr_scheduler.h"
 
 namespace volt {
 
@@ -61,11 +61,7 @@ void Module::configure_gradient_clipping(torch::optim::Optimizer& optimizer,
 }
 
 void Module::lr_scheduler_step(LRScheduler& scheduler, c10::optional<double> metric) {
-  if (metric) {
-    scheduler.step(*metric);
-  } else {
-    scheduler.step();
-  }
+  detail::step_scheduler(scheduler, metric);
 }
 
 at::Tensor Module::clip_gradients(torch::optim::Optimizer& optimizer,
