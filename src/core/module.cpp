@@ -5,7 +5,6 @@
 #include <set>
 
 #include "core/detail/default_steps.h"
-#include "core/detail/scheduler_step.h"
 #include "core/detail/tracing.h"
 #include "core/detail/training_modes.h"
 #include "volt/core/check.h"
@@ -61,7 +60,7 @@ void Module::configure_gradient_clipping(torch::optim::Optimizer& optimizer,
 }
 
 void Module::lr_scheduler_step(LRScheduler& scheduler, c10::optional<double> metric) {
-  detail::step_scheduler(scheduler, metric);
+  require_run("lr_scheduler_step").step_lr_scheduler(scheduler, metric);
 }
 
 at::Tensor Module::clip_gradients(torch::optim::Optimizer& optimizer,

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "io/detail/nested_archive.h"
+#include "optim/detail/step_scheduler.h"
 #include "strategies/detail/stacked_gather_of.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -72,10 +73,13 @@ class FabricRun : public RunContext {
  public:
   FabricRun(Fabric& fabric, const FabricOptions& options) : fabric_(fabric), options_(options) {}
 
-  LoopState st;                          // global_step: the Fabric's steps, kept by count_step
   std::vector<OptimizerConfig> configs;  // the optimizers setup() took with this module
 
-  const LoopState& state() const override { return st; }
+  // global_step: the optimizer steps taken through the Fabric (read from it, not kept here).
+  const LoopState& state() const override {
+    st_.global_step = fabric_.steps_;
+    return st_;
+  }
   const Metrics& callback_metrics() const override { return callback_metrics_; }
   const Metrics& progress_bar_metrics() const override { return progress_bar_; }
 
@@ -91,7 +95,7 @@ class FabricRun : public RunContext {
     callback_metrics_[name] = d;
     if (opts.prog_bar()) progress_bar_[name] = d;
     // Lightning under Fabric: fabric.log_dict, once per call (no epoch aggregation).
-    if (opts.logger()) fabric_.log_dict({{name, d}}, st.global_step);
+    if (opts.logger()) fabric_.log_dict({{name, d}}, fabric_.steps_);
   }
 
   bool is_global_zero() const override { return fabric_.strategy().is_global_zero(); }
@@ -119,7 +123,7 @@ class FabricRun : public RunContext {
   void manual_zero_grad(size_t index) override { fabric_.zero_grad(optimizer(index)); }
   void manual_count_step(size_t index) override {
     optimizer(index);
-    fabric_.count_step();
+    ++fabric_.steps_;
   }
   at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, c10::optional<double> value,
                             c10::optional<ClipAlgorithm> algorithm) override {
@@ -129,6 +133,9 @@ class FabricRun : public RunContext {
   void zero_grad(torch::optim::Optimizer& optimizer) override { fabric_.zero_grad(optimizer); }
   Batch batch_to_device(const Batch& batch) const override {
     return fabric_.strategy().batch_to_device(batch);
+  }
+  void step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) override {
+    detail::step_scheduler(scheduler, metric);
   }
   DataModule* data_module() override { return nullptr; }
   const DataLoader* train_dataloader() const override { return nullptr; }
@@ -169,6 +176,7 @@ class FabricRun : public RunContext {
 
   Fabric& fabric_;
   const FabricOptions& options_;
+  mutable LoopState st_;  // what state() returns
   Metrics callback_metrics_, progress_bar_;
   PassThroughProfiler profiler_;
   const std::vector<std::shared_ptr<Logger>> no_loggers_;
@@ -331,11 +339,6 @@ void Fabric::check_set_up(const char* what) const {
              " before setup(): call fabric.setup(module, {optimizers}) first.");
 }
 
-void Fabric::count_step() {
-  ++steps_;
-  for (const auto& s : set_up_) s->run->st.global_step = steps_;
-}
-
 void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
                    const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
   VOLT_CHECK(module != nullptr, ConfigError, kTag, " setup() got a null module.");
@@ -373,7 +376,6 @@ void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
   s->optimizers = optimizers;
   s->run = std::make_unique<detail::FabricRun>(*this, options_);
   s->run->configs = std::move(configs);
-  s->run->st.global_step = steps_;
   // A volt::Module's log(), manual_backward(), optimizers() ... come here while it is set up.
   if (as_volt) s->module->attach(s->run.get());
   set_up_.push_back(std::move(s));
@@ -464,7 +466,7 @@ bool Fabric::step(torch::optim::Optimizer& optimizer) {
              " step() got an optimizer that setup() did not take; pass it to "
              "fabric.setup(module, {optimizer}).");
   const bool stepped = strategy_->optimizer_step(optimizer, c10::nullopt, ClipAlgorithm::kNorm);
-  if (stepped) count_step();  // a volt::Module's global_step() and log steps
+  if (stepped) ++steps_;  // a volt::Module's global_step() and log steps
   return stepped;
 }
 
@@ -731,7 +733,6 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
   c10::IValue global_step;
   if (fab.try_read("global_step", global_step) && global_step.isInt()) {
     steps_ = global_step.toInt();
-    for (const auto& s : set_up_) s->run->st.global_step = steps_;
   }
 }
 

@@ -14,7 +14,6 @@
 
 #include "core/detail/archive_values.h"
 #include "core/detail/print.h"
-#include "core/detail/scheduler_step.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/kernels/fused_adamw.h"
@@ -27,14 +26,6 @@
 // the closed form by rounding, and by design when something else changes the lr in between.
 
 namespace volt {
-
-void detail::step_scheduler(LRScheduler& scheduler, c10::optional<double> metric) {
-  if (metric) {
-    scheduler.step(*metric);
-  } else {
-    scheduler.step();
-  }
-}
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;

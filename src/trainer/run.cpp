@@ -16,6 +16,7 @@
 
 #include "core/detail/default_steps.h"
 #include "core/detail/print.h"
+#include "optim/detail/step_scheduler.h"
 #include "strategies/detail/stacked_gather_of.h"
 #include "trainer/detail/batch_hooks.h"
 #include "trainer/detail/device_prefetch.h"
@@ -254,6 +255,10 @@ at::Tensor Run::clip_gradients(torch::optim::Optimizer& optimizer, c10::optional
 
 void Run::zero_grad(torch::optim::Optimizer& optimizer) {
   strategy().zero_grad(optimizer);
+}
+
+void Run::step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) {
+  detail::step_scheduler(scheduler, metric);
 }
 
 void Run::manual_zero_grad(size_t index) {

@@ -19,6 +19,7 @@ namespace volt {
 class DataLoader;
 class DataModule;
 class Logger;
+class LRScheduler;
 class Profiler;
 struct TrainerOptions;
 
@@ -156,6 +157,9 @@ class RunContext {
   /// `batch` on the run's device, moved as the strategy moves every batch
   /// (Module::transfer_batch_to_device's default).
   virtual Batch batch_to_device(const Batch& batch) const = 0;
+  /// scheduler.step(*metric), or scheduler.step() without a metric (Module::lr_scheduler_step's
+  /// default).
+  virtual void step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) = 0;
   /// Manual optimization: counts an optimizer step that ran elsewhere (replayed from a CUDA
   /// graph): global_step and step-interval schedulers advance as after manual_step.
   virtual void manual_count_step(size_t optimizer_index) = 0;

@@ -315,7 +315,6 @@ class Fabric {
   SetUp* set_up_of(const torch::nn::Module& module) const;
   SetUp* owner_of(const torch::optim::Optimizer& optimizer) const;
   std::vector<Module*> reached_by(const at::Tensor& loss) const;
-  void count_step();
 
   FabricOptions options_;
   std::shared_ptr<Precision> precision_;

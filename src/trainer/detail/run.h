@@ -230,6 +230,7 @@ class Run : public RunContext {
   void manual_step(size_t index) override;
   void manual_zero_grad(size_t index) override;
   void manual_count_step(size_t index) override;
+  void step_lr_scheduler(LRScheduler& scheduler, c10::optional<double> metric) override;
   at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, c10::optional<double> value,
                             c10::optional<ClipAlgorithm> algorithm) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
