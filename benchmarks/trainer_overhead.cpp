@@ -98,7 +98,7 @@ double run_fabric(std::shared_ptr<Net> net, const Data& d, int64_t batch, int64_
       b = fabric.to_device(b);
       at::Tensor loss;
       {
-        auto autocast = fabric.autocast();
+        auto forward = fabric.forward_context(net);
         loss = torch::cross_entropy_loss(net->forward(b.input), b.target);
       }
       fabric.backward(loss);

@@ -111,7 +111,7 @@ void train(const Args& args) {
       const volt::Batch b = fabric.to_device(batch);
       at::Tensor loss;
       {
-        auto autocast = fabric.autocast();
+        auto forward = fabric.forward_context(net);  // autocast, DDP's buffer broadcast
         loss = torch::cross_entropy_loss(net->forward(b.input), b.target);
       }
       fabric.backward(loss);

@@ -242,6 +242,8 @@ struct Fabric::SetUp {
   std::shared_ptr<Module> module;           // it, or the volt::Module holding its tensors
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
   std::unique_ptr<detail::FabricRun> run;  // attached when the program's module is a volt::Module
+  bool sync = true;                        // false inside no_backward_sync(module)
+  bool forward_seen = false;               // a forward_context(module) was entered
 };
 
 Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
@@ -259,6 +261,7 @@ Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
   precision_ = plan.precision;
   strategy_ = plan.strategy;
   if (options_.checkpoint_io()) strategy_->set_checkpoint_io(options_.checkpoint_io());
+  strategy_->set_sync_batchnorm(options_.sync_batchnorm());
 }
 
 Fabric::~Fabric() {
@@ -339,6 +342,19 @@ void Fabric::check_set_up(const char* what) const {
              " before setup(): call fabric.setup(module, {optimizers}) first.");
 }
 
+torch::nn::Module* Fabric::checked(torch::nn::Module* module, const char* what) {
+  VOLT_CHECK(module != nullptr, ConfigError, kTag, " ", what, " got a null module.");
+  return module;
+}
+
+Fabric::SetUp& Fabric::set_up_for(const torch::nn::Module& module, const char* what) const {
+  SetUp* s = set_up_of(module);
+  VOLT_CHECK(s != nullptr, ConfigError, kTag, " ", what,
+             " got a module that setup() did not take; pass it to fabric.setup(module, "
+             "{optimizers}) first.");
+  return *s;
+}
+
 void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
                    const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
   VOLT_CHECK(module != nullptr, ConfigError, kTag, " setup() got a null module.");
@@ -403,7 +419,21 @@ std::shared_ptr<void> Fabric::autocast() {
   return precision_->forward_context();
 }
 
-std::vector<Module*> Fabric::reached_by(const at::Tensor& loss) const {
+std::shared_ptr<void> Fabric::forward_context(torch::nn::Module& module) {
+  SetUp& s = set_up_for(module, "forward_context()");
+  // Lightning's _FabricModule.forward: the strategy's wrapped forward (DDP's buffer broadcast
+  // and SyncBatchNorm) inside, the precision's forward context around the call.
+  std::shared_ptr<void> strategy = strategy_->training_forward_context(*s.module);
+  std::shared_ptr<void> precision = precision_->forward_context();
+  s.forward_seen = true;
+  if (!strategy) return precision;
+  if (!precision) return strategy;
+  // A pair's members go in reverse order: the precision's context closes first.
+  return std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
+      std::move(strategy), std::move(precision));
+}
+
+std::vector<Fabric::SetUp*> Fabric::reached_by(const at::Tensor& loss) const {
   // The nodes of the loss's graph, then each set-up module's parameters' gradient accumulators
   // among them (a parameter the graph uses has one; it lives as long as the graph).
   std::unordered_set<const torch::autograd::Node*> seen;
@@ -417,12 +447,12 @@ std::vector<Module*> Fabric::reached_by(const at::Tensor& loss) const {
       if (e.function && seen.count(e.function.get()) == 0) todo.push_back(e.function.get());
     }
   }
-  std::vector<Module*> reached;
+  std::vector<SetUp*> reached;
   for (const auto& s : set_up_) {
     for (const auto& p : s->module->parameters(/*recurse=*/true)) {
       auto acc = torch::autograd::impl::try_get_grad_accumulator(p);
       if (acc && seen.count(acc.get()) > 0) {
-        reached.push_back(s->module.get());
+        reached.push_back(s.get());
         break;
       }
     }
@@ -436,28 +466,45 @@ void Fabric::backward(const at::Tensor& loss) {
              " backward() needs a loss with one element, got ",
              loss.defined() ? loss.sizes() : c10::IntArrayRef{},
              loss.defined() ? "" : " (undefined)", "; reduce it (mean or sum) first.");
-  if (set_up_.size() == 1) {
-    strategy_->backward(loss, *set_up_.front()->module, sync_);
-  } else {
-    strategy_->backward_through(loss, reached_by(loss), sync_);
+  const std::vector<SetUp*> modules =
+      set_up_.size() == 1 ? std::vector<SetUp*>{set_up_.front().get()} : reached_by(loss);
+  if (options_.sync_batchnorm() && strategy_->world_size() > 1) {
+    for (const SetUp* s : modules) {
+      // The strategy can only synchronize the BatchNorm layers of forwards it sees.
+      VOLT_CHECK(s->forward_seen, ConfigError, kTag,
+                 " backward() through a module whose forward ran outside "
+                 "fabric.forward_context(module) while sync_batchnorm is on: its BatchNorm "
+                 "layers used this rank's statistics alone; run its training forward inside "
+                 "the context.");
+    }
   }
+  if (set_up_.size() == 1) {
+    strategy_->backward(loss, *modules.front()->module, sync_ && modules.front()->sync);
+    return;
+  }
+  std::vector<Strategy::Reached> reached;
+  for (SetUp* s : modules) reached.push_back({s->module.get(), sync_ && s->sync});
+  strategy_->backward_through(loss, reached);
 }
 
-Fabric::NoBackwardSync::NoBackwardSync(Fabric* fabric, bool enabled)
-    : fabric_(fabric), previous_(fabric->sync_) {
-  if (enabled) fabric_->sync_ = false;
+Fabric::NoBackwardSync::NoBackwardSync(bool* sync, bool enabled) : sync_(sync), previous_(*sync) {
+  if (enabled) *sync_ = false;
 }
 
 Fabric::NoBackwardSync::NoBackwardSync(NoBackwardSync&& other) noexcept
-    : fabric_(std::exchange(other.fabric_, nullptr)), previous_(other.previous_) {}
+    : sync_(std::exchange(other.sync_, nullptr)), previous_(other.previous_) {}
 
 Fabric::NoBackwardSync::~NoBackwardSync() {
-  if (fabric_ != nullptr) fabric_->sync_ = previous_;
+  if (sync_ != nullptr) *sync_ = previous_;
 }
 
 Fabric::NoBackwardSync Fabric::no_backward_sync(bool enabled) {
   check_set_up("no_backward_sync()");
-  return NoBackwardSync(this, enabled);
+  return NoBackwardSync(&sync_, enabled);
+}
+
+Fabric::NoBackwardSync Fabric::no_backward_sync(torch::nn::Module& module, bool enabled) {
+  return NoBackwardSync(&set_up_for(module, "no_backward_sync()").sync, enabled);
 }
 
 bool Fabric::step(torch::optim::Optimizer& optimizer) {

@@ -288,33 +288,37 @@ void DdpStrategy::trainable_parameters_changed(Module& module) {
 }
 
 at::Tensor DdpStrategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  auto context = training_forward_context(module);
+  return Strategy::training_step(module, batch, batch_idx);
+}
+
+std::shared_ptr<void> DdpStrategy::training_forward_context(Module& module) {
   ModuleSync* m = find_sync(module);
-  if (m != nullptr && options_.broadcast_buffers() && !m->buffers.empty()) {
+  if (m == nullptr) return nullptr;
+  if (options_.broadcast_buffers() && !m->buffers.empty()) {
     torch::NoGradGuard no_grad;
     group().broadcast_(m->buffers, 0);
   }
   // Backward needs no scope: the statistics' gradients are all-reduced by their autograd nodes.
-  c10::optional<SyncBatchNorm::Scope> sync;
-  if (m != nullptr && m->sync_bn) sync.emplace(*m->sync_bn);
-  return Strategy::training_step(module, batch, batch_idx);
+  if (!m->sync_bn) return nullptr;
+  return std::make_shared<SyncBatchNorm::Scope>(*m->sync_bn);
 }
 
 void DdpStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
-  backward_through(loss, {&module}, sync_gradients);
+  backward_through(loss, {{&module, sync_gradients}});
 }
 
-void DdpStrategy::backward_through(const at::Tensor& loss, const std::vector<Module*>& modules,
-                                   bool sync_gradients) {
+void DdpStrategy::backward_through(const at::Tensor& loss, const std::vector<Reached>& modules) {
   // Each reducer arms its buckets and runs the next one's backward inside its own, the last
   // running the one real backward: the modules' gradients all reach their buckets in one pass.
   std::function<void()> run = [&] {
-    precision_->backward(loss, modules.empty() ? nullptr : modules.front());
+    precision_->backward(loss, modules.empty() ? nullptr : modules.front().module);
   };
   for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
-    GradientReducer* r = reducer(**it);
+    GradientReducer* r = reducer(*it->module);
     VOLT_CHECK(r != nullptr, InternalError,
                "[DdpStrategy] backward before setup_module(); the Trainer sets it up.");
-    r->set_sync(sync_gradients);
+    r->set_sync(it->sync_gradients);
     run = [r, &loss, inner = std::move(run)] { r->backward(loss, inner); };
   }
   run();

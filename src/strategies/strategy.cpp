@@ -82,12 +82,11 @@ void Strategy::backward(const at::Tensor& loss, Module& module, bool sync_gradie
   precision_->backward(loss, &module);
 }
 
-void Strategy::backward_through(const at::Tensor& loss, const std::vector<Module*>& modules,
-                                bool sync_gradients) {
+void Strategy::backward_through(const at::Tensor& loss, const std::vector<Reached>& modules) {
   if (modules.size() == 1) {
-    backward(loss, *modules.front(), sync_gradients);
+    backward(loss, *modules.front().module, modules.front().sync_gradients);
   } else {
-    precision_->backward(loss, modules.empty() ? nullptr : modules.front());
+    precision_->backward(loss, modules.empty() ? nullptr : modules.front().module);
   }
 }
 

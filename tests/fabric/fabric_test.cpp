@@ -5,6 +5,8 @@
 // fails the other instead of hanging it.
 #include "volt/fabric/fabric.h"
 
+#include <ATen/autocast_mode.h>
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -75,7 +77,7 @@ void fit_with_fabric(const std::shared_ptr<TinyClassifier>& m, const volt::DataL
     for (volt::Batch b; s.next(b); ++i) {
       at::Tensor loss;
       {
-        auto autocast = fabric.autocast();
+        auto forward = fabric.forward_context(m);  // the precision's context, as the Trainer's
         loss = m->training_step(fabric.to_device(b), i) / accum;
       }
       fabric.backward(loss);
@@ -97,6 +99,30 @@ TEST(Fabric, ALoopEqualsTheTrainersFitBitForBit) {
     // Training changed the weights (the comparison is not between two untouched models).
     auto [c, unused] = twins();
     EXPECT_FALSE(at::equal(a->flat_params(), c->flat_params())) << precision;
+  }
+}
+
+// forward_context holds the precision's forward context (the fits above cannot show it: CPU
+// autocast keeps GEMMs below its measured size in fp32, so their bf16-mixed fits are fp32's).
+// With one process the strategy adds nothing: the forward gets what autocast() gives.
+TEST(Fabric, ForwardContextHoldsThePrecisionsContext) {
+  for (const std::string precision : {"32-true", "bf16-mixed"}) {
+    volt::Fabric fabric(cpu().precision(precision));
+    auto net = torch::nn::Linear(64, 64);
+    fabric.setup(net);
+    const at::Tensor x = at::randn({32, 64});
+    at::Tensor inside, plain;
+    {
+      auto forward = fabric.forward_context(net);
+      EXPECT_EQ(at::autocast::is_cpu_enabled(), precision == "bf16-mixed") << precision;
+      inside = net->forward(x);
+    }
+    EXPECT_FALSE(at::autocast::is_cpu_enabled()) << precision;
+    {
+      auto autocast = fabric.autocast();
+      plain = net->forward(x);
+    }
+    EXPECT_TRUE(at::equal(inside, plain)) << precision;
   }
 }
 
@@ -686,6 +712,18 @@ TEST(Fabric, BadCallsAreTypedErrors) {
             std::string::npos);
   EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.step(*foreign); }).find("did not take"),
             std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              auto c = fabric.forward_context(stranger);
+            }).find("forward_context() got a module that setup() did not take"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              auto c = fabric.forward_context(std::shared_ptr<torch::nn::Module>());
+            }).find("null module"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              auto g = fabric.no_backward_sync(stranger);
+            }).find("no_backward_sync() got a module that setup() did not take"),
+            std::string::npos);
   EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.clip_gradients(*opt, 0); }).find("> 0"),
             std::string::npos);
   EXPECT_NE(
@@ -792,6 +830,59 @@ TEST(FabricDdp, NoBackwardSyncLeavesTheGradientsLocalUntilTheLastMicroBatch) {
   const at::Tensor ref = reference(dir.path, {"--accum", "2", "--batch", "8"});
   const at::Tensor r0 = load_flat(out_of(dir.path, 0));
   EXPECT_TRUE(at::allclose(r0, ref, 0, 2e-6)) << (r0 - ref).abs().max().item<double>();
+}
+
+TEST(FabricDdp, NoBackwardSyncOfOneModuleLeavesTheOthersSynced) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto jobs = run_ranks(dir.path, {"--gan", "1", "--check-module-no-sync", "1"});
+  for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
+  // The generator's loss reaches both modules; only the generator skipped its all-reduce.
+  EXPECT_NE(jobs[0].output.find("module no_sync g differ=1 d differ=0"), std::string::npos)
+      << jobs[0].output;
+}
+
+// Lightning's DDP broadcasts rank 0's buffers before each forward; Fabric's forward_context
+// does. Each rank's BatchNorm updates its running statistics from its own shard, so they differ
+// after a step, and agree again inside the next forward's context.
+TEST(FabricDdp, ForwardContextBroadcastsRankZerosBuffers) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto jobs = run_ranks(dir.path, {"--batchnorm", "1", "--check-buffers", "1"});
+  for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(jobs[0].output.find("buffers differ before=1 inside=0"), std::string::npos)
+      << jobs[0].output;
+}
+
+TEST(FabricDdp, SyncBatchNormOnTwoRanksEqualsOneProcessOnTheGlobalBatch) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const at::Tensor ref = reference(dir.path, {"--batchnorm", "1"});
+  const std::string synced = dir / "synced";
+  const auto jobs = run_ranks(synced, {"--batchnorm", "1", "--sync-bn", "1"});
+  for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
+  const at::Tensor r0 = load_flat(out_of(synced, 0)), r1 = load_flat(out_of(synced, 1));
+  // Weights, running statistics and count: the same on both ranks, and one process's.
+  EXPECT_TRUE(at::equal(r0, r1));
+  EXPECT_TRUE(at::allclose(r0, ref, 0, 5e-6)) << (r0 - ref).abs().max().item<double>();
+  // Without it each rank normalizes by its own half batch: far from one process.
+  const std::string local = dir / "local";
+  const auto plain = run_ranks(local, {"--batchnorm", "1"});
+  for (const auto& j : plain) ASSERT_EQ(j.code, 0) << j.output;
+  const at::Tensor p0 = load_flat(out_of(local, 0));
+  EXPECT_GT((p0 - ref).abs().max().item<double>(), 1e-3);
+}
+
+TEST(FabricDdp, SyncBatchNormRefusesAForwardOutsideForwardContext) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto jobs = run_ranks(dir.path, {"--batchnorm", "1", "--sync-bn", "1", "--outside", "1"});
+  for (const auto& j : jobs) {
+    EXPECT_EQ(j.code, 1) << j.output;
+    EXPECT_NE(j.output.find("outside fabric.forward_context(module) while sync_batchnorm is on"),
+              std::string::npos)
+        << j.output;
+  }
 }
 
 TEST(FabricDdp, LaunchRunsTheBinaryAgainAsTheOtherRank) {

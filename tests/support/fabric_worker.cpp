@@ -16,7 +16,14 @@
 //       with its own optimizer, trained by the alternating GAN loop; writes the generator's and
 //       then the discriminator's flat parameters, and prints "gan d grads differ=D" (0/1: whether
 //       the ranks' discriminator gradients differ after the generator's backward).
+//       --check-module-no-sync 1: the first generator backward runs inside
+//       no_backward_sync(g); prints "module no_sync g differ=G d differ=D" and stops.
 //   --static-graph 1: DDP's static_graph option.
+//   --batchnorm 1: a BatchNorm1d after the first layer (its running statistics are written
+//       after the parameters); --sync-bn 1: FabricOptions::sync_batchnorm; --check-buffers 1:
+//       prints "buffers differ before=B inside=I" at the second step (whether the ranks'
+//       running means differ before forward_context and inside it); --outside 1: the forward
+//       under autocast() instead of forward_context(net).
 //
 // Prints "rank R world W" after launch, "gathered a,b,..." (every rank's rank through
 // all_gather), with --check-no-sync "no_sync grads differ=D synced grads differ=E" (0/1: whether
@@ -41,14 +48,20 @@
 
 namespace {
 
-torch::nn::Sequential make_net() {
+torch::nn::Sequential make_net(bool batchnorm) {
+  if (batchnorm) {
+    return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::BatchNorm1d(16),
+                                 torch::nn::Tanh(), torch::nn::Linear(16, 2));
+  }
   return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
                                torch::nn::Linear(16, 2));
 }
 
+// The parameters, then the buffers (BatchNorm's running statistics and count), as floats.
 at::Tensor flat(const torch::nn::Module& m) {
   std::vector<at::Tensor> all;
   for (const auto& p : m.parameters()) all.push_back(p.detach().reshape({-1}));
+  for (const auto& b : m.buffers()) all.push_back(b.detach().reshape({-1}).to(at::kFloat));
   return at::cat(all);
 }
 
@@ -79,8 +92,11 @@ class NetModule : public volt::Module {
 // the generator's detached output (its loss does not reach the generator), then the generator
 // steps through the discriminator (its loss reaches both). The noise comes from the batch rows,
 // so one process on the global batch sees the same noise as two ranks on its halves.
+// check_module_no_sync: the generator's backward of the first step runs inside
+// no_backward_sync(g); the run prints whether each module's gradients differ over the ranks and
+// stops there.
 int run_gan(volt::Fabric& fabric, int64_t rank, const volt::DataLoader& train, int64_t steps,
-            const std::string& out) {
+            const std::string& out, bool check_module_no_sync) {
   torch::manual_seed(2000 + static_cast<uint64_t>(rank));  // rank 0's weights must win
   torch::nn::Sequential g(torch::nn::Linear(4, 16), torch::nn::Tanh(), torch::nn::Linear(16, 8));
   torch::nn::Sequential d(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
@@ -105,6 +121,17 @@ int run_gan(volt::Fabric& fabric, int64_t rank, const volt::DataLoader& train, i
       fabric.step(*opt_d);
       fabric.zero_grad(*opt_g);
       fabric.zero_grad(*opt_d);
+      if (check_module_no_sync) {
+        {
+          auto no_sync = fabric.no_backward_sync(g);
+          fabric.backward(bce(d->forward(fake), 1));
+        }
+        std::printf("module no_sync g differ=%ld d differ=%ld\n",
+                    static_cast<long>(differ(fabric, g->parameters()[0].grad())),
+                    static_cast<long>(differ(fabric, d->parameters()[0].grad())));
+        std::fflush(stdout);
+        return 0;
+      }
       fabric.backward(bce(d->forward(fake), 1));
       if (step == 0) {
         std::printf("gan d grads differ=%ld\n",
@@ -141,7 +168,8 @@ int main(int argc, char** argv) {
                             .strategy(volt::named<volt::Strategy>(
                                 "ddp", {{"timeout_s", static_cast<double>(num("--timeout", 30))},
                                         {"static_graph", num("--static-graph", 0) != 0}}))
-                            .precision(a.count("--precision") ? a["--precision"] : "32-true"));
+                            .precision(a.count("--precision") ? a["--precision"] : "32-true")
+                            .sync_batchnorm(num("--sync-bn", 0) != 0));
     fabric.launch();
     const int64_t rank = fabric.global_rank();
     std::printf("rank %ld world %ld\n", static_cast<long>(rank),
@@ -176,11 +204,12 @@ int main(int argc, char** argv) {
       const volt::DataLoader train = fabric.setup_dataloader(
           volt::DataLoader(volt_test::blobs(128, 8, 1),
                            volt::DataLoaderOptions(num("--batch", 8)).shuffle(true).seed(5)));
-      return run_gan(fabric, rank, train, num("--steps", 12), a["--out"]);
+      return run_gan(fabric, rank, train, num("--steps", 12), a["--out"],
+                     num("--check-module-no-sync", 0) != 0);
     }
 
     torch::manual_seed(1000 + static_cast<uint64_t>(rank));  // rank 0's weights must win
-    auto net = make_net();
+    auto net = make_net(num("--batchnorm", 0) != 0);
     auto opt = std::make_shared<torch::optim::SGD>(net->parameters(),
                                                    torch::optim::SGDOptions(0.1).momentum(0.9));
     std::shared_ptr<NetModule> as_module;
@@ -218,9 +247,27 @@ int main(int argc, char** argv) {
         for (int64_t k = 0; k < accum; ++k) {
           if (k > 0 && !stream.next(b)) break;
           b = fabric.to_device(b);
+          const bool check_buffers = num("--check-buffers", 0) != 0 && step == 1 && k == 0;
+          int64_t buffers_before = 0;
+          if (check_buffers) buffers_before = differ(fabric, net->buffers()[0]);
           at::Tensor loss;
           {
-            auto autocast = fabric.autocast();
+            // --outside 1: the forward under the precision's context alone (no buffer broadcast,
+            // no SyncBatchNorm), which sync_batchnorm refuses at backward.
+            std::shared_ptr<void> context;
+            if (num("--outside", 0) != 0) {
+              context = fabric.autocast();
+            } else if (as_module) {
+              context = fabric.forward_context(as_module);
+            } else {
+              context = fabric.forward_context(net);
+            }
+            if (check_buffers) {
+              std::printf("buffers differ before=%ld inside=%ld\n",
+                          static_cast<long>(buffers_before),
+                          static_cast<long>(differ(fabric, net->buffers()[0])));
+              std::fflush(stdout);
+            }
             loss = (as_module ? as_module->training_step(b, step)
                               : torch::cross_entropy_loss(net->forward(b.input), b.target)) /
                    accum;

@@ -17,7 +17,7 @@
 ///       b = fabric.to_device(b);
 ///       at::Tensor loss;
 ///       {
-///         auto autocast = fabric.autocast();
+///         auto forward = fabric.forward_context(model);  // autocast, DDP's buffers
 ///         loss = torch::mse_loss(model->forward(b.input), b.target);
 ///       }
 ///       fabric.backward(loss);          // gradients averaged over the ranks
@@ -31,9 +31,10 @@
 /// step and are a ConfigError here: use the Trainer for them.
 ///
 /// Departures from Lightning, where C++ differs: `setup` leaves the module and optimizers as
-/// they are (no wrapper objects), so the forward runs under `autocast()` when the precision has
-/// a forward context (Lightning's wrapped forward enters it itself), the optimizer steps through
-/// `step(optimizer)` (Lightning's wrapped optimizer.step), and batches move with `to_device`.
+/// they are (no wrapper objects), so the training forward runs under `forward_context(module)`
+/// (what Lightning's wrapped forward does itself: the precision's autocast, DDP's buffer
+/// broadcast and SyncBatchNorm), the optimizer steps through `step(optimizer)` (Lightning's
+/// wrapped optimizer.step), and batches move with `to_device`.
 /// Several modules, each set up with its own optimizers (a GAN's generator and discriminator),
 /// keep their own gradient buckets; `backward` finds the ones a loss reaches in its graph.
 
@@ -104,6 +105,12 @@ struct FabricOptions {
   TORCH_ARG(std::vector<std::shared_ptr<Logger>>, loggers);
   /// What call() reaches, in this order (Lightning's callbacks argument).
   TORCH_ARG(std::vector<std::shared_ptr<FabricCallback>>, callbacks);
+  /// BatchNorm over the whole data-parallel batch (the Trainer's sync_batchnorm; Lightning
+  /// Fabric's users convert the model with torch.nn.SyncBatchNorm first): with several
+  /// processes, the BatchNorm1d/2d/3d layers of each set-up module normalize by every rank's
+  /// statistics in forwards run inside forward_context(module); a backward through such a
+  /// module whose forward ran outside it is a ConfigError. One process: nothing changes.
+  TORCH_ARG(bool, sync_batchnorm) = false;
 };
 
 /// What Fabric::save writes and Fabric::load reads back (Lightning's `state` dict): named
@@ -193,8 +200,25 @@ class Fabric {
   Batch to_device(const Batch& batch);
   at::Tensor to_device(const at::Tensor& tensor);
 
-  /// The precision's forward context (bf16 / fp16 autocast, fp8 regions) while the returned
-  /// object lives; nothing for 32-true and bf16-true. Run the forward and the loss inside it.
+  /// What Lightning's wrapped forward does around `module`'s training forward, while the
+  /// returned object lives: the strategy's part (DDP: rank 0's buffers, such as BatchNorm's
+  /// running statistics, broadcast to every rank, as DDP's broadcast_buffers; SyncBatchNorm with
+  /// the sync_batchnorm option), then the precision's autocast. Run the forward and the loss
+  /// inside it. Every rank must enter it for the same forwards (it may broadcast). `module` must
+  /// be set up (ConfigError).
+  [[nodiscard]] std::shared_ptr<void> forward_context(torch::nn::Module& module);
+  template <typename M>
+  [[nodiscard]] std::shared_ptr<void> forward_context(const std::shared_ptr<M>& module) {
+    return forward_context(*checked(module.get(), "forward_context()"));
+  }
+  template <typename M>
+  [[nodiscard]] std::shared_ptr<void> forward_context(const torch::nn::ModuleHolder<M>& module) {
+    return forward_context(*checked(module.ptr().get(), "forward_context()"));
+  }
+  /// The precision's forward context alone (bf16 / fp16 autocast, fp8 regions) while the
+  /// returned object lives; nothing for 32-true and bf16-true (Lightning's fabric.autocast()).
+  /// For a forward that is not a set-up module's training forward (an evaluation, a frozen
+  /// teacher's logits); forward_context(module) includes it.
   [[nodiscard]] std::shared_ptr<void> autocast();
   /// Backpropagates `loss` through the precision (loss scaling) and the strategy (DDP averages
   /// the gradients over the ranks, overlapped with the backward), calling the module's backward
@@ -204,9 +228,10 @@ class Fabric {
   /// order) giving the backward hook; every rank's loss must reach the same modules, as under
   /// PyTorch's DDP.
   void backward(const at::Tensor& loss);
-  /// While the returned guard lives, backward() only accumulates (no all-reduce): the micro-
-  /// batches of a gradient accumulation but the last (Lightning's no_backward_sync). With
-  /// enabled false it changes nothing.
+  /// While the returned guard lives, backward() only accumulates `module`'s gradients (no
+  /// all-reduce): the micro-batches of a gradient accumulation but the last (Lightning's
+  /// no_backward_sync(module)); the other set-up modules sync as usual. The form without a
+  /// module covers every set-up module. With enabled false it changes nothing.
   class NoBackwardSync {
    public:
     NoBackwardSync(NoBackwardSync&& other) noexcept;
@@ -217,11 +242,22 @@ class Fabric {
 
    private:
     friend class Fabric;
-    NoBackwardSync(Fabric* fabric, bool enabled);
-    Fabric* fabric_;
+    NoBackwardSync(bool* sync, bool enabled);
+    bool* sync_;
     bool previous_;
   };
   [[nodiscard]] NoBackwardSync no_backward_sync(bool enabled = true);
+  [[nodiscard]] NoBackwardSync no_backward_sync(torch::nn::Module& module, bool enabled = true);
+  template <typename M>
+  [[nodiscard]] NoBackwardSync no_backward_sync(const std::shared_ptr<M>& module,
+                                                bool enabled = true) {
+    return no_backward_sync(*checked(module.get(), "no_backward_sync()"), enabled);
+  }
+  template <typename M>
+  [[nodiscard]] NoBackwardSync no_backward_sync(const torch::nn::ModuleHolder<M>& module,
+                                                bool enabled = true) {
+    return no_backward_sync(*checked(module.ptr().get(), "no_backward_sync()"), enabled);
+  }
   /// One optimizer step through the precision: gradients unscaled (loss scaling), then the step;
   /// false when the precision skipped it (inf/NaN gradients under loss scaling).
   bool step(torch::optim::Optimizer& optimizer);
@@ -297,7 +333,6 @@ class Fabric {
   void load(const std::string& path, FabricState& state, bool strict = true);
 
  private:
-  friend class NoBackwardSync;
   template <typename C, typename F>
   void call_each(F&& f) {
     static_assert(std::is_base_of<FabricCallback, C>::value,
@@ -312,9 +347,13 @@ class Fabric {
   // what a volt::Module's log(), manual_backward(), optimizers() ... reach.
   struct SetUp;
   void check_set_up(const char* what) const;
+  /// `module`, or a ConfigError naming `what` when it is null.
+  static torch::nn::Module* checked(torch::nn::Module* module, const char* what);
+  /// The set-up entry of `module`, or a ConfigError naming `what`.
+  SetUp& set_up_for(const torch::nn::Module& module, const char* what) const;
   SetUp* set_up_of(const torch::nn::Module& module) const;
   SetUp* owner_of(const torch::optim::Optimizer& optimizer) const;
-  std::vector<Module*> reached_by(const at::Tensor& loss) const;
+  std::vector<SetUp*> reached_by(const at::Tensor& loss) const;
 
   FabricOptions options_;
   std::shared_ptr<Precision> precision_;

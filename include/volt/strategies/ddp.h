@@ -87,11 +87,14 @@ class DdpStrategy : public Strategy {
   /// Builds the gradient buckets again over the parameters that now require a gradient.
   void trainable_parameters_changed(Module& module) override;
   at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx) override;
+  /// Broadcasts rank 0's buffers of `module` (broadcast_buffers), then, with sync_batchnorm over
+  /// several processes, runs its BatchNorm layers over the whole batch while the object lives.
+  std::shared_ptr<void> training_forward_context(Module& module) override;
   void backward(const at::Tensor& loss, Module& module, bool sync_gradients) override;
-  /// Arms the buckets of every module in `modules`, then runs one backward: each module's
-  /// gradients are averaged over the ranks as backward(loss, module) would average them.
-  void backward_through(const at::Tensor& loss, const std::vector<Module*>& modules,
-                        bool sync_gradients) override;
+  /// Arms the buckets of every module in `modules` (those that sync), then runs one backward:
+  /// each module's gradients are averaged over the ranks as backward(loss, module) would
+  /// average them.
+  void backward_through(const at::Tensor& loss, const std::vector<Reached>& modules) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
 
   at::Tensor reduce(const at::Tensor& value, Reduce op) const override;

@@ -105,9 +105,15 @@ class Strategy {
   virtual Batch batch_to_device(const Batch& batch) const;
 
   // ------------------------------------------------------------------ steps
-  /// The strategy's per-step work (a data-parallel strategy's buffer broadcast, ZeRO's
-  /// gathers), then module_training_step (or the call set_training_step_call installed).
+  /// The strategy's per-step work (training_forward_context, ZeRO's gathers), then
+  /// module_training_step (or the call set_training_step_call installed).
   virtual at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx);
+  /// What the strategy does around a training forward of `module` while the returned object
+  /// lives: DdpStrategy broadcasts rank 0's buffers (broadcast_buffers) and runs the module's
+  /// BatchNorm layers over the whole batch (sync_batchnorm). training_step holds it around the
+  /// module's step, Fabric::forward_context around the program's forward. It may run
+  /// collectives: every rank enters it for the same forwards. Default: nothing (null).
+  virtual std::shared_ptr<void> training_forward_context(Module& module) { return nullptr; }
   /// module.training_step on the batch the precision converted, inside the precision's forward
   /// context: the part of training_step a traced step records.
   at::Tensor module_training_step(Module& module, const Batch& batch, int64_t batch_idx);
@@ -122,13 +128,18 @@ class Strategy {
   /// `sync_gradients` is false on micro-batches that only accumulate: a data-parallel strategy
   /// skips its gradient all-reduce there (no_sync).
   virtual void backward(const at::Tensor& loss, Module& module, bool sync_gradients = true);
+  /// A module a backward reaches, and whether its gradients are synchronized in that backward
+  /// (false while it only accumulates).
+  struct Reached {
+    Module* module;
+    bool sync_gradients;
+  };
   /// One backward through several set-up modules (a Fabric loop's generator and discriminator
-  /// step): the gradients of each module in `modules` are synchronized as backward(loss, module)
-  /// would synchronize them, and the precision runs the first module's backward hook (none when
-  /// `modules` is empty). Every rank must pass the same modules. Default: backward(loss,
-  /// *modules[0]) for one module, else the precision's backward.
-  virtual void backward_through(const at::Tensor& loss, const std::vector<Module*>& modules,
-                                bool sync_gradients = true);
+  /// step): the gradients of each module in `modules` are synchronized as backward(loss, module,
+  /// sync_gradients) would synchronize them, and the precision runs the first module's backward
+  /// hook (none when `modules` is empty). Every rank must pass the same modules. Default:
+  /// backward(loss, module, sync) for one module, else the precision's backward.
+  virtual void backward_through(const at::Tensor& loss, const std::vector<Reached>& modules);
   /// How a step clips, between the unscale and the step, given the clip value and algorithm the
   /// strategy resolved (the Trainer passes the module's configure_gradient_clipping).
   using ClipCall = std::function<void(c10::optional<double> value, ClipAlgorithm algorithm)>;
