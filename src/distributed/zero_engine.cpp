@@ -673,7 +673,7 @@ void ZeroEngine::on_access(size_t u, bool writes, const char* op) {
              "' outside a training, validation, test or predict step; ZeRO stage 3 gathers "
              "partitioned parameters only inside steps, where every rank takes part. Read it in "
              "a step, or after the Trainer's entry point returns (the parameters are whole "
-             "again then).");
+             "again then); in a Fabric loop, inside fabric.forward_context(module).");
   gather(u);
   prefetch_after(u);
 }

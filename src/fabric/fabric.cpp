@@ -54,6 +54,11 @@ class HeldModule : public Module {
   std::vector<OptimizerConfig> configure_optimizers() override { return {}; }
 };
 
+// ZeRO (DeepSpeedStrategy): one module, and clipping inside its step.
+bool sharded(const Strategy& strategy) {
+  return strategy.name() == "deepspeed";
+}
+
 std::string join(const std::vector<std::string>& names) {
   std::ostringstream os;
   for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << names[i];
@@ -250,9 +255,10 @@ Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
   RunPlan plan = resolve_plan(options_.accelerator(), options_.devices(), options_.strategy(),
                               options_.precision(), options_.num_nodes(), "Fabric");
   const std::string name = plan.strategy->name();
-  VOLT_CHECK(name == "single_device" || name == "ddp", ConfigError, kTag, " strategy \"", name,
-             "\" shards or splits the model inside the Trainer's step; Fabric runs "
-             "\"single_device\" and \"ddp\" (or \"auto\"): use volt::Trainer for \"",
+  VOLT_CHECK(name == "single_device" || name == "ddp" || name == "deepspeed", ConfigError, kTag,
+             " strategy \"", name,
+             "\" splits the model inside the Trainer's step; Fabric runs \"single_device\", "
+             "\"ddp\" and \"deepspeed*\" (or \"auto\"): use volt::Trainer for \"",
              name, "\".");
   for (size_t i = 0; i < options_.callbacks().size(); ++i) {
     VOLT_CHECK(options_.callbacks()[i] != nullptr, ConfigError, kTag, " callback ", i,
@@ -381,6 +387,10 @@ void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
       }
     }
   }
+  // ZeRO keeps one set of engines (partitions, hooks, checkpoint shards) for the module it set up.
+  VOLT_CHECK(!sharded(*strategy_) || set_up_.empty(), ConfigError, kTag,
+             " setup() of a second module under \"deepspeed\": ZeRO partitions one module; set "
+             "up one module holding both, or use strategy \"ddp\" for several.");
   launch();
   auto as_volt = std::dynamic_pointer_cast<Module>(module);
   auto s = std::make_unique<SetUp>();
@@ -389,6 +399,11 @@ void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
   strategy_->setup_module(*s->module);
   std::vector<OptimizerConfig> configs(optimizers.begin(), optimizers.end());
   strategy_->setup_optimizers(*s->module, configs);
+  // A DeepSpeed config may make an optimizer of its own, which the program could not step.
+  VOLT_CHECK(configs.size() == optimizers.size(), ConfigError, kTag, " the strategy made ",
+             configs.size() - optimizers.size(),
+             " optimizer(s) of its own (the DeepSpeed config's \"optimizer\") that the loop "
+             "cannot reach; build the optimizer in the program and pass it to setup().");
   s->optimizers = optimizers;
   s->run = std::make_unique<detail::FabricRun>(*this, options_);
   s->run->configs = std::move(configs);
@@ -530,6 +545,11 @@ at::Tensor Fabric::clip_gradients(torch::optim::Optimizer& optimizer, double val
   VOLT_CHECK(value > 0, ConfigError, kTag, " clip_gradients() needs a value > 0 (the largest ",
              algorithm == ClipAlgorithm::kNorm ? "total norm" : "gradient element", "), got ",
              value, ".");
+  // Lightning Fabric's DeepSpeed strategy refuses it too: ZeRO's step prepares the gradients
+  // (reduced chunks, fp32 masters) it clips.
+  VOLT_CHECK(!sharded(*strategy_), ConfigError, kTag,
+             " clip_gradients() under \"deepspeed\": ZeRO clips inside its step; set "
+             "\"gradient_clipping\" in the DeepSpeed config (DeepSpeedStrategyOptions::config).");
   precision_->unscale_gradients(optimizer);
   return strategy_->clip_gradients(optimizer, value, algorithm);
 }

@@ -479,8 +479,18 @@ at::Tensor DeepSpeedStrategy::training_step(Module& module, const Batch& batch, 
                batch.size(), " samples; make them agree.");
     micro_batch_ = 0;  // only the first batch: an epoch's last batch may be smaller
   }
-  auto open = scopes();
-  return DdpStrategy::training_step(module, batch, batch_idx);
+  return DdpStrategy::training_step(module, batch, batch_idx);  // our training_forward_context
+}
+
+std::shared_ptr<void> DeepSpeedStrategy::training_forward_context(Module& module) {
+  struct Both {
+    std::vector<std::unique_ptr<ZeroEngine::Scope>> zero;
+    std::shared_ptr<void> ddp;  // closes first
+  };
+  auto both = std::make_shared<Both>();
+  both->zero = scopes();
+  both->ddp = DdpStrategy::training_forward_context(module);
+  return both;
 }
 
 std::vector<std::unique_ptr<ZeroEngine::Scope>> DeepSpeedStrategy::scopes() {

@@ -18,7 +18,8 @@
 //       the ranks' discriminator gradients differ after the generator's backward).
 //       --check-module-no-sync 1: the first generator backward runs inside
 //       no_backward_sync(g); prints "module no_sync g differ=G d differ=D" and stops.
-//   --static-graph 1: DDP's static_graph option.
+//   --static-graph 1: DDP's static_graph option. --strategy NAME: "ddp" (default) or a
+//       "deepspeed_stage_N" (parameters partitioned whatever their size).
 //   --batchnorm 1: a BatchNorm1d after the first layer (its running statistics are written
 //       after the parameters); --sync-bn 1: FabricOptions::sync_batchnorm; --check-buffers 1:
 //       prints "buffers differ before=B inside=I" at the second step (whether the ranks'
@@ -39,6 +40,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -160,16 +162,25 @@ int main(int argc, char** argv) {
   }
   try {
     std::filesystem::create_directories(std::filesystem::path(a["--out"]).parent_path());
-    // The registry's "ddp" with its arguments (a DdpStrategy object would also take the
-    // accelerator, precision and device count).
-    volt::Fabric fabric(volt::FabricOptions()
-                            .accelerator("cpu")
-                            .devices(num("--devices", 1))
-                            .strategy(volt::named<volt::Strategy>(
-                                "ddp", {{"timeout_s", static_cast<double>(num("--timeout", 30))},
-                                        {"static_graph", num("--static-graph", 0) != 0}}))
-                            .precision(a.count("--precision") ? a["--precision"] : "32-true")
-                            .sync_batchnorm(num("--sync-bn", 0) != 0));
+    // The registry's "ddp" or "deepspeed_stage_N" with its arguments (a strategy object would
+    // also take the accelerator, precision and device count).
+    const std::string strategy = a.count("--strategy") ? a["--strategy"] : "ddp";
+    std::map<std::string, volt::ParamValue> args{
+        {"timeout_s", static_cast<double>(num("--timeout", 30))}};
+    if (strategy == "ddp") {
+      args["static_graph"] = num("--static-graph", 0) != 0;
+    } else {
+      args["param_persistence_threshold"] = int64_t{0};  // stage 3 partitions every parameter
+    }
+    // Destroyed before the weights are written: its teardown makes a stage-3 module whole.
+    auto fabric_holder = std::make_unique<volt::Fabric>(
+        volt::FabricOptions()
+            .accelerator("cpu")
+            .devices(num("--devices", 1))
+            .strategy(volt::named<volt::Strategy>(strategy, std::move(args)))
+            .precision(a.count("--precision") ? a["--precision"] : "32-true")
+            .sync_batchnorm(num("--sync-bn", 0) != 0));
+    volt::Fabric& fabric = *fabric_holder;
     fabric.launch();
     const int64_t rank = fabric.global_rank();
     std::printf("rank %ld world %ld\n", static_cast<long>(rank),
@@ -303,11 +314,12 @@ int main(int argc, char** argv) {
       }
     }
     const double mean_loss = fabric.all_reduce(last_loss.to(at::kFloat)).item<double>();
-    torch::save(flat(*net), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
     if (as_module) {
       std::printf("rank %ld logged loss=%.9g local=%.9g\n", static_cast<long>(rank),
                   as_module->run()->callback_metrics().at("loss"), last_loss.item<double>());
     }
+    fabric_holder.reset();
+    torch::save(flat(*net), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
     std::printf("rank %ld done step=%ld loss=%.9g\n", static_cast<long>(rank),
                 static_cast<long>(step), mean_loss);
     std::fflush(stdout);

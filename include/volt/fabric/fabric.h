@@ -26,9 +26,9 @@
 ///     }
 ///   }
 ///
-/// Strategies: "auto", "single_device", "ddp" (by name or as an object, with their options). The
-/// sharded (deepspeed*) and pipeline strategies shard or split the model inside the Trainer's
-/// step and are a ConfigError here: use the Trainer for them.
+/// Strategies: "auto", "single_device", "ddp", ZeRO's "deepspeed*" (one module; the forward inside
+/// forward_context, clipping by the DeepSpeed config), by name or as an object with its options;
+/// "pipeline" splits the model inside the Trainer's step: a ConfigError here (use the Trainer).
 ///
 /// Departures from Lightning, where C++ differs: `setup` leaves the module and optimizers as
 /// they are (no wrapper objects), so the training forward runs under `forward_context(module)`
@@ -94,8 +94,8 @@ struct FabricOptions {
   /// Processes per node (on the CPU: N processes; on CUDA: N GPUs); -1: every device.
   TORCH_ARG(int64_t, devices) = 1;
   TORCH_ARG(int64_t, num_nodes) = 1;
-  /// "auto" (ddp for several processes, else single_device), "single_device", "ddp", or a
-  /// SingleDeviceStrategy / DdpStrategy object (DdpStrategyOptions: buckets, timeout, backend).
+  /// "auto" (ddp for several processes, else single_device), "single_device", "ddp", "deepspeed*"
+  /// or a SingleDeviceStrategy / DdpStrategy / DeepSpeedStrategy object with its options.
   TORCH_ARG(Spec<Strategy>, strategy) = "auto";
   /// "32-true", "bf16-mixed", "bf16-true", "16-mixed" (CUDA), "fp8", or a Precision object.
   TORCH_ARG(Spec<Precision>, precision) = "32-true";

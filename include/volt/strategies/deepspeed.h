@@ -188,6 +188,9 @@ class DeepSpeedStrategy : public DdpStrategy {
                             ClipAlgorithm algorithm) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
   at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx) override;
+  /// ZeRO's scopes (stage 3 gathers partitioned parameters as the forward reads them), then
+  /// DdpStrategy's (buffers, SyncBatchNorm).
+  std::shared_ptr<void> training_forward_context(Module& module) override;
   void validation_step(Module& module, const Batch& batch, int64_t batch_idx) override;
   void test_step(Module& module, const Batch& batch, int64_t batch_idx) override;
   at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx) override;
