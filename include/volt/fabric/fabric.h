@@ -200,12 +200,12 @@ class Fabric {
   Batch to_device(const Batch& batch);
   at::Tensor to_device(const at::Tensor& tensor);
 
-  /// What Lightning's wrapped forward does around `module`'s training forward, while the
-  /// returned object lives: the strategy's part (DDP: rank 0's buffers, such as BatchNorm's
-  /// running statistics, broadcast to every rank, as DDP's broadcast_buffers; SyncBatchNorm with
-  /// the sync_batchnorm option), then the precision's autocast. Run the forward and the loss
-  /// inside it. Every rank must enter it for the same forwards (it may broadcast). `module` must
-  /// be set up (ConfigError).
+  /// What Lightning's wrapped forward does around a forward of `module`, while the returned
+  /// object lives: the strategy's part (DDP: rank 0's buffers broadcast to every rank, as DDP's
+  /// broadcast_buffers; SyncBatchNorm with the sync_batchnorm option; ZeRO stage 3: partitioned
+  /// parameters gathered as the forward reads them), then the precision's autocast. Run the
+  /// forward and the loss inside it (under ZeRO stage 3, evaluations too). Every rank must enter
+  /// it for the same forwards (it may broadcast). `module` must be set up (ConfigError).
   [[nodiscard]] std::shared_ptr<void> forward_context(torch::nn::Module& module);
   template <typename M>
   [[nodiscard]] std::shared_ptr<void> forward_context(const std::shared_ptr<M>& module) {
@@ -217,8 +217,8 @@ class Fabric {
   }
   /// The precision's forward context alone (bf16 / fp16 autocast, fp8 regions) while the
   /// returned object lives; nothing for 32-true and bf16-true (Lightning's fabric.autocast()).
-  /// For a forward that is not a set-up module's training forward (an evaluation, a frozen
-  /// teacher's logits); forward_context(module) includes it.
+  /// For a forward through modules Fabric did not set up (a frozen teacher's logits) or an
+  /// evaluation outside ZeRO stage 3; forward_context(module) includes it.
   [[nodiscard]] std::shared_ptr<void> autocast();
   /// Backpropagates `loss` through the precision (loss scaling) and the strategy (DDP averages
   /// the gradients over the ranks, overlapped with the backward), calling the module's backward
