@@ -959,14 +959,18 @@ TEST(FabricDdp, ZeroStagesOnTwoRanksEqualOneProcessOnTheGlobalBatch) {
   }
 }
 
-// A ZeRO checkpoint (each rank's shard of the weights and the optimizer state) saved mid-run
-// and loaded by a new job ends as the uninterrupted run, on both ranks.
+// A ZeRO checkpoint (each rank's shard of the weights and the optimizer state; under
+// bf16-mixed, bf16 weights and their fp32 masters) saved mid-run and loaded by a new job ends as
+// the uninterrupted run, on both ranks.
 TEST(FabricDdp, ZeroSavedMidRunResumesBitForBit) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
-  for (const std::string stage : {"2", "3"}) {
-    const std::string root = dir / ("stage" + stage), mid = root + "/mid.ckpt";
-    const std::vector<std::string> zero{"--strategy", "deepspeed_stage_" + stage, "--steps", "10"};
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"2", "32-true"}, {"3", "32-true"}, {"3", "bf16-mixed"}};
+  for (const auto& [stage, precision] : cases) {
+    const std::string root = dir / ("stage" + stage + precision), mid = root + "/mid.ckpt";
+    const std::vector<std::string> zero{
+        "--strategy", "deepspeed_stage_" + stage, "--steps", "10", "--precision", precision};
     auto with = [&](std::vector<std::string> more) {
       more.insert(more.begin(), zero.begin(), zero.end());
       return more;
@@ -978,7 +982,7 @@ TEST(FabricDdp, ZeroSavedMidRunResumesBitForBit) {
     for (int r = 0; r < 2; ++r) {
       EXPECT_TRUE(
           at::equal(load_flat(out_of(root + "/full", r)), load_flat(out_of(root + "/resumed", r))))
-          << stage << " rank " << r;
+          << stage << " " << precision << " rank " << r;
     }
   }
 }
