@@ -809,6 +809,21 @@ std::vector<Job> run_ranks(const std::string& root, const std::vector<std::strin
   return jobs;
 }
 
+// Two ranks run with `flags` under `root`: both succeed and end with the same weights, within
+// 5e-6 of one process on the global batch (`ref`). Returns rank 0's output.
+std::string expect_ranks_equal_one_process(const std::string& root,
+                                           const std::vector<std::string>& flags,
+                                           const at::Tensor& ref, const std::string& label) {
+  const auto jobs = run_ranks(root, flags);
+  for (const auto& j : jobs) EXPECT_EQ(j.code, 0) << label << ": " << j.output;
+  if (jobs[0].code != 0 || jobs[1].code != 0) return jobs[0].output;
+  const at::Tensor r0 = load_flat(out_of(root, 0)), r1 = load_flat(out_of(root, 1));
+  EXPECT_TRUE(at::equal(r0, r1)) << label;
+  EXPECT_TRUE(at::allclose(r0, ref, 0, 5e-6))
+      << label << ": " << (r0 - ref).abs().max().item<double>();
+  return jobs[0].output;
+}
+
 TEST(FabricDdp, TwoRanksEqualOneProcessOnTheGlobalBatch) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
@@ -834,14 +849,10 @@ TEST(FabricDdp, SeveralModulesOnTwoRanksEqualOneProcessOnTheGlobalBatch) {
   // static_graph: each module's reducer must see the same parameters reached in every backward
   // it takes part in, so a module a loss does not reach must not be armed.
   for (const std::string static_graph : {"0", "1"}) {
-    const std::string root = dir / ("static" + static_graph);
-    const auto jobs = run_ranks(root, {"--gan", "1", "--static-graph", static_graph});
-    for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
-    EXPECT_NE(jobs[0].output.find("gan d grads differ=0"), std::string::npos) << jobs[0].output;
-    const at::Tensor r0 = load_flat(out_of(root, 0)), r1 = load_flat(out_of(root, 1));
-    EXPECT_TRUE(at::equal(r0, r1)) << static_graph;
-    EXPECT_TRUE(at::allclose(r0, ref, 0, 5e-6))
-        << static_graph << ": " << (r0 - ref).abs().max().item<double>();
+    const std::string out = expect_ranks_equal_one_process(
+        dir / ("static" + static_graph), {"--gan", "1", "--static-graph", static_graph}, ref,
+        "static_graph " + static_graph);
+    EXPECT_NE(out.find("gan d grads differ=0"), std::string::npos) << out;
   }
 }
 
@@ -857,14 +868,19 @@ TEST(FabricDdp, NoBackwardSyncLeavesTheGradientsLocalUntilTheLastMicroBatch) {
   EXPECT_TRUE(at::allclose(r0, ref, 0, 2e-6)) << (r0 - ref).abs().max().item<double>();
 }
 
+// Two ranks run with `flags`; both succeed and rank 0 prints `line`.
+void expect_rank_zero_prints(const std::vector<std::string>& flags, const std::string& line) {
+  volt_test::TempDir dir;
+  const auto jobs = run_ranks(dir.path, flags);
+  for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(jobs[0].output.find(line), std::string::npos) << jobs[0].output;
+}
+
 TEST(FabricDdp, NoBackwardSyncOfOneModuleLeavesTheOthersSynced) {
   VOLT_REQUIRE_GLOO();
-  volt_test::TempDir dir;
-  const auto jobs = run_ranks(dir.path, {"--gan", "1", "--check-module-no-sync", "1"});
-  for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
   // The generator's loss reaches both modules; only the generator skipped its all-reduce.
-  EXPECT_NE(jobs[0].output.find("module no_sync g differ=1 d differ=0"), std::string::npos)
-      << jobs[0].output;
+  expect_rank_zero_prints({"--gan", "1", "--check-module-no-sync", "1"},
+                          "module no_sync g differ=1 d differ=0");
 }
 
 // Lightning's DDP broadcasts rank 0's buffers before each forward; Fabric's forward_context
@@ -872,24 +888,17 @@ TEST(FabricDdp, NoBackwardSyncOfOneModuleLeavesTheOthersSynced) {
 // after a step, and agree again inside the next forward's context.
 TEST(FabricDdp, ForwardContextBroadcastsRankZerosBuffers) {
   VOLT_REQUIRE_GLOO();
-  volt_test::TempDir dir;
-  const auto jobs = run_ranks(dir.path, {"--batchnorm", "1", "--check-buffers", "1"});
-  for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
-  EXPECT_NE(jobs[0].output.find("buffers differ before=1 inside=0"), std::string::npos)
-      << jobs[0].output;
+  expect_rank_zero_prints({"--batchnorm", "1", "--check-buffers", "1"},
+                          "buffers differ before=1 inside=0");
 }
 
 TEST(FabricDdp, SyncBatchNormOnTwoRanksEqualsOneProcessOnTheGlobalBatch) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const at::Tensor ref = reference(dir.path, {"--batchnorm", "1"});
-  const std::string synced = dir / "synced";
-  const auto jobs = run_ranks(synced, {"--batchnorm", "1", "--sync-bn", "1"});
-  for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
-  const at::Tensor r0 = load_flat(out_of(synced, 0)), r1 = load_flat(out_of(synced, 1));
   // Weights, running statistics and count: the same on both ranks, and one process's.
-  EXPECT_TRUE(at::equal(r0, r1));
-  EXPECT_TRUE(at::allclose(r0, ref, 0, 5e-6)) << (r0 - ref).abs().max().item<double>();
+  expect_ranks_equal_one_process(dir / "synced", {"--batchnorm", "1", "--sync-bn", "1"}, ref,
+                                 "sync_batchnorm");
   // Without it each rank normalizes by its own half batch: far from one process.
   const std::string local = dir / "local";
   const auto plain = run_ranks(local, {"--batchnorm", "1"});
@@ -947,15 +956,10 @@ TEST(FabricDdp, ZeroStagesOnTwoRanksEqualOneProcessOnTheGlobalBatch) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   const at::Tensor ref = reference(dir.path);
+  // Each rank builds its model from its own seed; setup gives both rank 0's weights.
   for (const std::string stage : {"1", "2", "3"}) {
-    const std::string root = dir / ("stage" + stage);
-    const auto jobs = run_ranks(root, {"--strategy", "deepspeed_stage_" + stage});
-    for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
-    // Each rank built its model from its own seed; setup gave both rank 0's weights.
-    const at::Tensor r0 = load_flat(out_of(root, 0)), r1 = load_flat(out_of(root, 1));
-    EXPECT_TRUE(at::equal(r0, r1)) << stage;
-    EXPECT_TRUE(at::allclose(r0, ref, 0, 5e-6))
-        << stage << ": " << (r0 - ref).abs().max().item<double>();
+    expect_ranks_equal_one_process(
+        dir / ("stage" + stage), {"--strategy", "deepspeed_stage_" + stage}, ref, "stage " + stage);
   }
 }
 
