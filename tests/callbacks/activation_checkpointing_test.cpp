@@ -56,7 +56,7 @@ struct Fitted {
 };
 
 Fitted fit(std::vector<std::shared_ptr<volt::Callback>> callbacks, SeqClassifier& model,
-           const std::string& precision = "32-true") {
+           const volt::Spec<volt::Precision>& precision = "32-true") {
   volt_test::TempDir dir;
   auto mem = std::make_shared<volt_test::MemoryLogger>();
   volt::Trainer trainer(volt_test::quiet(dir.path)
@@ -96,12 +96,19 @@ TEST(ActivationCheckpointingCallback, FitEqualsFitWithoutIt) {
 TEST(ActivationCheckpointingCallback, Bf16MixedFitEqualsFitWithoutIt) {
   // The Trainer's autocast region has ended when backward recomputes: the callback's
   // checkpoints replay it (the fp32 recomputation would give other losses after step 1).
-  SeqClassifier plain_model, ckpt_model;
-  const Fitted plain = fit({}, plain_model, "bf16-mixed");
+  // The CPU policy is off, so the Linears really compute in bf16 (it keeps them in fp32 where
+  // its probe finds bf16 slower, and the test would then compare fp32 fits).
+  const auto bf16 = [] {
+    return std::make_shared<volt::MixedPrecision>(
+        volt::MixedPrecisionOptions().cpu_policy(false).read_env_lists(false));
+  };
+  SeqClassifier plain_model, ckpt_model, fp32_model;
+  const Fitted plain = fit({}, plain_model, bf16());
   const Fitted ckpt = fit({std::make_shared<volt::ActivationCheckpointing>(
                               volt::ActivationCheckpointingOptions({"body.*"}))},
-                          ckpt_model, "bf16-mixed");
+                          ckpt_model, bf16());
   ASSERT_EQ(plain.losses.size(), 12u);
+  EXPECT_FALSE(torch::equal(plain.params, fit({}, fp32_model).params));  // bf16 did compute
   EXPECT_EQ(plain.losses, ckpt.losses);
   EXPECT_TRUE(torch::equal(plain.params, ckpt.params));
 }
