@@ -287,11 +287,6 @@ void DdpStrategy::trainable_parameters_changed(Module& module) {
   build_reducer(module);
 }
 
-at::Tensor DdpStrategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
-  auto context = training_forward_context(module);
-  return Strategy::training_step(module, batch, batch_idx);
-}
-
 std::shared_ptr<void> DdpStrategy::training_forward_context(Module& module) {
   ModuleSync* m = find_sync(module);
   if (m == nullptr) return nullptr;

@@ -479,7 +479,7 @@ at::Tensor DeepSpeedStrategy::training_step(Module& module, const Batch& batch, 
                batch.size(), " samples; make them agree.");
     micro_batch_ = 0;  // only the first batch: an epoch's last batch may be smaller
   }
-  return DdpStrategy::training_step(module, batch, batch_idx);  // our training_forward_context
+  return DdpStrategy::training_step(module, batch, batch_idx);  // holds training_forward_context
 }
 
 std::shared_ptr<void> DeepSpeedStrategy::training_forward_context(Module& module) {

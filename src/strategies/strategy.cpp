@@ -54,6 +54,7 @@ Batch Strategy::batch_to_device(const Batch& batch) const {
 }
 
 at::Tensor Strategy::training_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  auto context = training_forward_context(module);
   if (step_call_) return step_call_(module, batch, batch_idx);
   return module_training_step(module, batch, batch_idx);
 }

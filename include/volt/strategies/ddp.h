@@ -86,7 +86,6 @@ class DdpStrategy : public Strategy {
   void setup_module(Module& module) override;
   /// Builds the gradient buckets again over the parameters that now require a gradient.
   void trainable_parameters_changed(Module& module) override;
-  at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx) override;
   /// Broadcasts rank 0's buffers of `module` (broadcast_buffers), then, with sync_batchnorm over
   /// several processes, runs its BatchNorm layers over the whole batch while the object lives.
   std::shared_ptr<void> training_forward_context(Module& module) override;

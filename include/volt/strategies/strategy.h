@@ -105,8 +105,8 @@ class Strategy {
   virtual Batch batch_to_device(const Batch& batch) const;
 
   // ------------------------------------------------------------------ steps
-  /// The strategy's per-step work (training_forward_context, ZeRO's gathers), then
-  /// module_training_step (or the call set_training_step_call installed).
+  /// module_training_step (or the call set_training_step_call installed) inside the strategy's
+  /// training_forward_context (DDP's buffer broadcast and SyncBatchNorm, ZeRO's gathers).
   virtual at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx);
   /// What the strategy does around a training forward of `module` while the returned object
   /// lives: DdpStrategy broadcasts rank 0's buffers (broadcast_buffers) and runs the module's
