@@ -88,26 +88,37 @@ TEST(Gpt2, TheTiedEmbeddingGetsTheGradientOfBothUses) {
 }
 
 // bf16-mixed fit with FusedAdamW on a repeating sequence: the loss falls well below ln(vocab).
+// The CPU policy is off, so the GEMMs really compute in bf16 (it keeps them in fp32 where its
+// probe finds bf16 slower: every size at one thread on this machine).
 TEST(Gpt2, LearnsARepeatingSequenceUnderBf16MixedWithFusedAdamW) {
-  torch::manual_seed(0);
-  auto cfg = tiny_config();
   auto seq = torch::arange(33, torch::kLong).remainder(11).repeat({64, 1});  // period 11
   auto x = seq.slice(1, 0, 32).contiguous(), y = seq.slice(1, 1, 33).contiguous();
-  volt_examples::Gpt2Module m(std::make_shared<Gpt2Net>(cfg), 3e-3);
-  volt_test::TempDir dir;
-  volt::Trainer t(volt::TrainerOptions()
-                      .accelerator("cpu")
-                      .precision("bf16-mixed")
-                      .max_epochs(30)
-                      .default_root_dir(dir.path)
-                      .logger(false)
-                      .enable_checkpointing(false)
-                      .enable_progress_bar(false)
-                      .enable_model_summary(false));
-  t.fit(m, volt::DataLoader(std::make_shared<volt::TensorDataset>(x, y),
-                            volt::DataLoaderOptions(16).shuffle(true).seed(1)));
-  const double loss = t.callback_metrics().at("train_loss");
+  auto fit = [&](const volt::Spec<volt::Precision>& precision, int64_t epochs) {
+    torch::manual_seed(0);
+    auto net = std::make_shared<Gpt2Net>(tiny_config());
+    volt_examples::Gpt2Module m(net, 3e-3);
+    volt_test::TempDir dir;
+    volt::Trainer t(volt::TrainerOptions()
+                        .accelerator("cpu")
+                        .precision(precision)
+                        .max_epochs(epochs)
+                        .default_root_dir(dir.path)
+                        .logger(false)
+                        .enable_checkpointing(false)
+                        .enable_progress_bar(false)
+                        .enable_model_summary(false));
+    t.fit(m, volt::DataLoader(std::make_shared<volt::TensorDataset>(x, y),
+                              volt::DataLoaderOptions(16).shuffle(true).seed(1)));
+    return std::make_pair(t.callback_metrics().at("train_loss"), net->wte->weight.detach().clone());
+  };
+  const auto bf16 = [] {
+    return std::make_shared<volt::MixedPrecision>(
+        volt::MixedPrecisionOptions().cpu_policy(false).read_env_lists(false));
+  };
+  const double loss = fit(bf16(), 30).first;
   EXPECT_LT(loss, 0.5) << "ln(97) = 4.57 at the start";
+  // bf16 did compute: one epoch already ends elsewhere than fp32's.
+  EXPECT_FALSE(torch::equal(fit(bf16(), 1).second, fit("32-true", 1).second));
 }
 
 // The output projection and loss through volt::fused_linear_cross_entropy train the model as

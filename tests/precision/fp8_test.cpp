@@ -183,8 +183,13 @@ TEST(Fp8Linear, TrainsWithinToleranceOfBf16AndResumesExactly) {
   auto train = volt_test::blobs(512), val = volt_test::blobs(256, 8, 3);
   auto fit = [&](Fp8Classifier& m, int64_t epochs, const std::string& ckpt = "",
                  std::vector<std::shared_ptr<volt::Callback>> cbs = {}) {
-    volt::Trainer t(
-        volt_test::quiet(dir.path).max_epochs(epochs).precision("bf16-mixed").callbacks(cbs));
+    // The CPU policy is off, so the plain layers really compute in bf16 (it keeps them in fp32
+    // where its probe finds bf16 slower: every size at one thread on this machine).
+    volt::Trainer t(volt_test::quiet(dir.path)
+                        .max_epochs(epochs)
+                        .precision(std::make_shared<volt::MixedPrecision>(
+                            volt::MixedPrecisionOptions().cpu_policy(false).read_env_lists(false)))
+                        .callbacks(cbs));
     t.fit(m, volt_test::loader(train), volt_test::loader(val, 64, false), ckpt);
     return t.callback_metrics().at("val_loss");
   };
