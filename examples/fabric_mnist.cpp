@@ -7,7 +7,8 @@
 //                     [--resume]
 //
 // --devices 2 runs this binary again as rank 1 (Fabric::launch); --strategy takes "auto",
-// "ddp" or ZeRO's "deepspeed_stage_1/2/3" (the checkpoint then a folder of shards); --resume
+// "ddp", ZeRO's "deepspeed_stage_1/2/3" (the checkpoint then a folder of shards) or "pipeline"
+// (the MLP's layers in a volt::Pipeline, one stage per process, 4 micro-batches); --resume
 // continues from <out>/last.ckpt. Metrics go to <out>/fabric/version_N/metrics.csv. Exit 0 done, 1
 // a failure while training, 2 bad arguments or options.
 
@@ -45,7 +46,16 @@ struct PrintProgress : EpochHooks {
   }
 };
 
-torch::nn::Sequential make_mlp() {
+torch::nn::Sequential make_mlp(bool pipeline) {
+  if (pipeline) {
+    // The layers split into one stage per process; each batch flows as 4 micro-batches.
+    return torch::nn::Sequential(
+        torch::nn::Flatten(),
+        volt::Pipeline(torch::nn::Sequential(torch::nn::Linear(784, 256), torch::nn::ReLU(),
+                                             torch::nn::Linear(256, 128), torch::nn::ReLU(),
+                                             torch::nn::Linear(128, 10)),
+                       volt::PipelineOptions().chunks(4)));
+  }
   return torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(784, 256), torch::nn::ReLU(),
                                torch::nn::Linear(256, 128), torch::nn::ReLU(),
                                torch::nn::Linear(128, 10));
@@ -83,7 +93,7 @@ void train(const Args& args) {
   }
 
   torch::manual_seed(42);  // the same on every rank; setup() would make them agree anyway
-  auto net = make_mlp();
+  auto net = make_mlp(fabric.strategy().name() == "pipeline");
   auto opt =
       std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(args.lr));
   fabric.setup(net, {opt});
@@ -140,7 +150,8 @@ void train(const Args& args) {
   }
 
   // Test accuracy over the whole test set: each rank counts its shard, the counts are summed
-  // (the distributed sampler pads the last shard with samples from the start, as PyTorch's).
+  // (the distributed sampler pads the last shard with samples from the start, as PyTorch's;
+  // a pipeline's ranks all read the whole set, which the ratio does not mind).
   net->eval();
   torch::NoGradGuard no_grad;
   at::Tensor counts = at::zeros({2}, at::kDouble);  // correct, seen

@@ -59,6 +59,14 @@ bool sharded(const Strategy& strategy) {
   return strategy.name() == "deepspeed";
 }
 
+// The strategies that split one module (ZeRO's partitions, the pipeline's stages), or "" when
+// several modules may be set up.
+std::string splits_one_module(const Strategy& strategy) {
+  if (sharded(strategy)) return "ZeRO partitions one module";
+  if (strategy.name() == "pipeline") return "the pipeline strategy splits one module's pipeline";
+  return "";
+}
+
 std::string join(const std::vector<std::string>& names) {
   std::ostringstream os;
   for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << names[i];
@@ -254,12 +262,6 @@ struct Fabric::SetUp {
 Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
   RunPlan plan = resolve_plan(options_.accelerator(), options_.devices(), options_.strategy(),
                               options_.precision(), options_.num_nodes(), "Fabric");
-  const std::string name = plan.strategy->name();
-  VOLT_CHECK(name == "single_device" || name == "ddp" || name == "deepspeed", ConfigError, kTag,
-             " strategy \"", name,
-             "\" splits the model inside the Trainer's step; Fabric runs \"single_device\", "
-             "\"ddp\" and \"deepspeed*\" (or \"auto\"): use volt::Trainer for \"",
-             name, "\".");
   for (size_t i = 0; i < options_.callbacks().size(); ++i) {
     VOLT_CHECK(options_.callbacks()[i] != nullptr, ConfigError, kTag, " callback ", i,
                " is null; pass objects derived from volt::FabricCallback.");
@@ -387,10 +389,12 @@ void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
       }
     }
   }
-  // ZeRO keeps one set of engines (partitions, hooks, checkpoint shards) for the module it set up.
-  VOLT_CHECK(!sharded(*strategy_) || set_up_.empty(), ConfigError, kTag,
-             " setup() of a second module under \"deepspeed\": ZeRO partitions one module; set "
-             "up one module holding both, or use strategy \"ddp\" for several.");
+  // ZeRO keeps one set of engines (partitions, hooks, checkpoint shards) for the module it set
+  // up, the pipeline strategy one split of one volt::Pipeline.
+  const std::string one = splits_one_module(*strategy_);
+  VOLT_CHECK(one.empty() || set_up_.empty(), ConfigError, kTag,
+             " setup() of a second module under \"", strategy_->name(), "\": ", one,
+             "; set up one module holding both, or use strategy \"ddp\" for several.");
   launch();
   auto as_volt = std::dynamic_pointer_cast<Module>(module);
   auto s = std::make_unique<SetUp>();
@@ -428,6 +432,14 @@ Batch Fabric::to_device(const Batch& batch) {
 at::Tensor Fabric::to_device(const at::Tensor& tensor) {
   const c10::Device d = device();
   return tensor.device() == d ? tensor : tensor.to(d, /*non_blocking=*/true);
+}
+
+std::shared_ptr<void> Fabric::init_module() {
+  return precision_->tensor_init_context();
+}
+
+std::shared_ptr<void> Fabric::init_tensor() {
+  return precision_->tensor_init_context();
 }
 
 std::shared_ptr<void> Fabric::autocast() {

@@ -9,7 +9,25 @@ at::Tensor lower(const at::Tensor& t) {
   return t.defined() && t.is_floating_point() ? t.to(at::kBFloat16) : t;
 }
 
+// The process's default dtype set for a scope, the previous one restored at its end.
+class DefaultDtype {
+ public:
+  explicit DefaultDtype(caffe2::TypeMeta dtype) : previous_(c10::get_default_dtype()) {
+    c10::set_default_dtype(dtype);
+  }
+  ~DefaultDtype() { c10::set_default_dtype(previous_); }
+  DefaultDtype(const DefaultDtype&) = delete;
+  DefaultDtype& operator=(const DefaultDtype&) = delete;
+
+ private:
+  caffe2::TypeMeta previous_;
+};
+
 }  // namespace
+
+std::shared_ptr<void> HalfPrecision::tensor_init_context() {
+  return std::make_shared<DefaultDtype>(caffe2::TypeMeta::Make<c10::BFloat16>());
+}
 
 void HalfPrecision::convert_module(torch::nn::Module& module) {
   // Module::to(dtype) would also turn integer buffers (BatchNorm's num_batches_tracked) into

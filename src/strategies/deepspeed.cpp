@@ -547,9 +547,21 @@ Batch DeepSpeedStrategy::batch_to_device(const Batch& batch) const {
 
 void DeepSpeedStrategy::teardown() {
   injection_.reset();  // the original modules back before the layers are gathered
+  // The Trainer tears down in its error handler too, and a Fabric destroyed by an exception on
+  // its way out, where the ranks are out of step: a gather then would meet another rank's
+  // collective of the loop (or wait for it until the timeout). Nothing collective runs; the
+  // module keeps its partitions (the last checkpoint has the whole state).
+  const bool failing = std::current_exception() != nullptr || std::uncaught_exceptions() > 0;
+  if (failing && world_size() > 1 && (!engines_.empty() || tp_)) {
+    log_warning("DeepSpeedStrategy",
+                "the run failed, so nothing is gathered: a stage-3 module keeps only this rank's "
+                "partition, tensor-parallel layers their slices, bf16 weights their roundings of "
+                "the fp32 masters; the last checkpoint has the whole state.");
+  }
+  const bool collectives = !failing || world_size() == 1;
   if (tp_) {
     try {
-      tp_->restore();
+      if (collectives) tp_->restore();
     } catch (const std::exception& e) {
       log_error("DeepSpeedStrategy", std::string("could not gather the tensor-parallel slices "
                                                  "at the end of the run (layers stay split): ") +
@@ -571,6 +583,7 @@ void DeepSpeedStrategy::teardown() {
   // Stage 3: the module leaves the run whole (every rank gathers every parameter; NVMe
   // parameter chunks are read from their files).
   for (auto& kv : engines_) {
+    if (!collectives) break;
     try {
       kv.second->restore_parameters();
     } catch (const std::exception& e) {
@@ -582,7 +595,7 @@ void DeepSpeedStrategy::teardown() {
   remove_nvme_files();
   if (cast_back_) {
     if (cast_module_ != nullptr) cast_module_->to(*cast_back_);
-    if (cast_for_masters_) {
+    if (cast_for_masters_ && collectives) {
       // bf16-mixed: the module gets the fp32 masters, not their bf16 roundings.
       for (auto& kv : engines_) {
         try {
@@ -889,6 +902,14 @@ void DeepSpeedStrategy::backward(const at::Tensor& loss, Module& module, bool sy
   };
   run(0);
   agree_on_precision_state();
+}
+
+void DeepSpeedStrategy::backward_through(const at::Tensor& loss,
+                                         const std::vector<Reached>& modules) {
+  VOLT_CHECK(modules.size() == 1, ConfigError, kTag, " one backward through ", modules.size(),
+             " set-up modules: ZeRO partitions one module; put the models in one module (a "
+             "GAN's generator and discriminator as its members) or use strategy \"ddp\".");
+  backward(loss, *modules.front().module, modules.front().sync_gradients);
 }
 
 bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,

@@ -417,6 +417,9 @@ const TrainerOptions& Trainer::options() const {
 Strategy& Trainer::strategy() const {
   return *impl_->plan.strategy;
 }
+std::shared_ptr<void> Trainer::init_module() const {
+  return impl_->plan.strategy->precision().tensor_init_context();
+}
 const std::vector<std::shared_ptr<Callback>>& Trainer::callbacks() const {
   return impl_->callbacks;
 }

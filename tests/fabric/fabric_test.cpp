@@ -19,6 +19,8 @@
 #include "requires.h"
 #include "tiny.h"
 #include "training_jobs.h"
+#include "volt/accelerators/cpu_memory.h"
+#include "volt/nn/pipeline.h"
 #include "volt/trainer/checkpoint.h"
 #include "volt/trainer/trainer.h"
 
@@ -260,6 +262,135 @@ TEST(Fabric, BF16TrueConvertsTheProgramsModule) {
   fabric.setup(net, {opt});
   EXPECT_EQ(net->weight.scalar_type(), at::kBFloat16);
   EXPECT_EQ(opt->param_groups()[0].params()[0].scalar_type(), at::kBFloat16);
+}
+
+// init_module() builds a bf16-true model in bfloat16 from the start: the only tensor memory the
+// build allocates is the bf16 parameters' (built in fp32 and converted, the peak is about three
+// times that); under the mixed precisions the weights stay fp32. The default dtype comes back.
+TEST(Fabric, InitModuleBuildsInTheDtypeThePrecisionTrains) {
+  volt::install_counting_cpu_allocator();
+  constexpr int64_t kIn = 512, kOut = 256, kBf16Bytes = 2 * (kIn * kOut + kOut);
+  auto build = [&](volt::Fabric& fabric, bool inside) {
+    torch::manual_seed(3);
+    volt::reset_cpu_memory_peaks();
+    const int64_t before = volt::cpu_memory_stats().in_use;
+    torch::nn::Linear net{nullptr};
+    {
+      auto init = inside ? fabric.init_module() : nullptr;
+      net = torch::nn::Linear(kIn, kOut);
+    }
+    fabric.setup(net);
+    return std::make_pair(net, volt::cpu_memory_stats().max_in_use - before);
+  };
+  volt::Fabric bf16_true(cpu().precision("bf16-true")), converted(cpu().precision("bf16-true"));
+  const auto [inside, inside_peak] = build(bf16_true, true);
+  const auto [outside, outside_peak] = build(converted, false);
+  EXPECT_EQ(at::get_default_dtype(), caffe2::TypeMeta::Make<float>());
+  EXPECT_EQ(inside->weight.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(inside->bias.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(outside->weight.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(inside_peak, kBf16Bytes);
+  // Built in fp32 then converted one by one: the fp32 parameters and the weight's bf16 copy.
+  EXPECT_EQ(outside_peak, 4 * (kIn * kOut + kOut) + 2 * kIn * kOut);
+  // The model trains: a step through the Fabric moves its bf16 weights.
+  volt::Fabric trains(cpu().precision("bf16-true"));
+  torch::nn::Linear net{nullptr};
+  {
+    auto init = trains.init_module();
+    net = torch::nn::Linear(4, 2);
+  }
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  trains.setup(net, {sgd});
+  const at::Tensor before = net->weight.detach().clone();
+  {
+    auto tensors = trains.init_tensor();
+    const at::Tensor x = at::ones({3, 4});
+    EXPECT_EQ(x.scalar_type(), at::kBFloat16);
+    at::Tensor loss;
+    {
+      auto forward = trains.forward_context(net);
+      loss = net->forward(x).pow(2).mean();
+    }
+    trains.backward(loss);
+  }
+  EXPECT_TRUE(trains.step(*sgd));
+  EXPECT_FALSE(at::equal(before, net->weight.detach()));
+  EXPECT_EQ(net->weight.scalar_type(), at::kBFloat16);
+  // Weights that stay fp32: nothing changes.
+  for (const std::string precision : {"32-true", "bf16-mixed", "fp8"}) {
+    volt::Fabric fabric(cpu().precision(precision));
+    auto init = fabric.init_module();
+    EXPECT_EQ(init, nullptr) << precision;
+    EXPECT_EQ(torch::nn::Linear(2, 2)->weight.scalar_type(), at::kFloat) << precision;
+  }
+  // An exception inside restores the default dtype too.
+  EXPECT_THROW(
+      {
+        auto init = bf16_true.init_module();
+        throw std::runtime_error("model constructor failed");
+      },
+      std::runtime_error);
+  EXPECT_EQ(at::empty({1}).scalar_type(), at::kFloat);
+}
+
+// The pipeline strategy under Fabric splits one module holding one volt::Pipeline: a module
+// without one is the strategy's ConfigError, a second module Fabric's. In one process the
+// pipeline is one stage and the loop trains.
+TEST(Fabric, PipelineTakesOneModuleHoldingOnePipeline) {
+  VOLT_REQUIRE_GLOO();
+  {
+    volt::Fabric fabric(cpu().strategy("pipeline"));
+    EXPECT_NE(error_of<volt::ConfigError>([&] {
+                fabric.setup(torch::nn::Linear(4, 2));
+              }).find("holds 0 volt::Pipeline layers"),
+              std::string::npos);
+  }
+  volt::Fabric fabric(cpu().strategy("pipeline"));
+  auto net = torch::nn::Sequential(volt::Pipeline(
+      torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2)),
+      volt::PipelineOptions().chunks(2)));
+  auto opt = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  fabric.setup(net, {opt});
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              fabric.setup(torch::nn::Linear(4, 2));
+            }).find("the pipeline strategy splits one module's pipeline"),
+            std::string::npos);
+  at::Tensor loss;
+  {
+    auto forward = fabric.forward_context(net);
+    loss = net->forward(at::ones({4, 4})).pow(2).mean();
+  }
+  fabric.backward(loss);
+  fabric.clip_gradients(*opt, 1.0);
+  const at::Tensor before = net->parameters()[0].detach().clone();
+  EXPECT_TRUE(fabric.step(*opt));
+  EXPECT_FALSE(at::equal(before, net->parameters()[0].detach()));
+}
+
+// Under ZeRO, a backward through one module is that module's ZeRO backward; through several it is
+// a ConfigError (ZeRO's engines are not DDP's per-module reducers).
+TEST(Fabric, ZeroBackwardThroughTakesOneModule) {
+  VOLT_REQUIRE_GLOO();
+  volt::Fabric fabric(cpu().strategy("deepspeed_stage_2"));
+  auto m = std::make_shared<TinyClassifier>();
+  auto opt = m->configure_optimizers()[0].optimizer();
+  fabric.setup(m, {opt});
+  volt::Batch b;
+  volt::BatchStream s = volt_test::loader(volt_test::blobs(32), 16).stream(0);
+  ASSERT_TRUE(s.next(b));
+  auto loss = [&] {
+    auto forward = fabric.forward_context(m);
+    return loss_of(*m, b);
+  };
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              fabric.strategy().backward_through(loss(), {{m.get(), true}, {m.get(), true}});
+            }).find("ZeRO partitions one module"),
+            std::string::npos);
+  fabric.zero_grad(*opt);
+  fabric.strategy().backward_through(loss(), {{m.get(), true}});
+  const at::Tensor before = m->fc1->weight.detach().clone();
+  EXPECT_TRUE(fabric.step(*opt));
+  EXPECT_FALSE(at::equal(before, m->fc1->weight.detach()));
 }
 
 // A volt::Module is used as it is: its backward hook runs.
@@ -701,10 +832,6 @@ TEST(Fabric, RankZeroFirstInOneProcessRunsTheBlock) {
 }
 
 TEST(Fabric, BadCallsAreTypedErrors) {
-  EXPECT_NE(error_of<volt::ConfigError>([] {
-              volt::Fabric(cpu().strategy("pipeline"));
-            }).find("use volt::Trainer for \"pipeline\""),
-            std::string::npos);
   EXPECT_NE(error_of<volt::ConfigError>([] { volt::Fabric(cpu().strategy("nope")); }).find("nope"),
             std::string::npos);
   EXPECT_NE(error_of<volt::ConfigError>([] {
@@ -991,6 +1118,80 @@ TEST(FabricDdp, ZeroSavedMidRunResumesBitForBit) {
   }
 }
 
+// The pipeline strategy under Fabric: the program's loop over a net whose layers are a
+// volt::Pipeline, one stage per rank (both ranks read the same batches). Both ranks end with the
+// whole model (Fabric's teardown gathers it), equal to one process running the same layers
+// whole: bit for bit with one micro-batch, within 1e-6 with two and norm clipping across the
+// stages (its norm sums each stage's squares). A run saved mid-way and resumed by a new job ends
+// bit for bit as the uninterrupted one.
+TEST(FabricPipeline, TwoStagesEqualOneProcessAndResumeBitForBit) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  for (const std::string chunks : {"1", "2"}) {
+    const std::string root = dir / ("chunks" + chunks);
+    std::vector<std::string> flags{"--chunks", chunks};
+    if (chunks == "2") flags.insert(flags.end(), {"--clip", "0.5"});
+    std::vector<std::string> one{"--out", root + "/ref/w", "--batch", "8", "--pipeline", "1"};
+    one.insert(one.end(), flags.begin(), flags.end());
+    const Job ref_job = run_job(volt_test::fabric_worker(), one);
+    ASSERT_EQ(ref_job.code, 0) << ref_job.output;
+    const at::Tensor ref = load_flat(root + "/ref/w.rank0.pt");
+    flags.insert(flags.begin(), {"--strategy", "pipeline"});
+    const auto jobs = run_ranks(root, flags);
+    for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
+    EXPECT_NE(jobs[0].output.find("rank 0 runs stage 0 of 2"), std::string::npos) << jobs[0].output;
+    const at::Tensor r0 = load_flat(out_of(root, 0)), r1 = load_flat(out_of(root, 1));
+    EXPECT_TRUE(at::equal(r0, r1)) << chunks;
+    if (chunks == "1") {
+      EXPECT_TRUE(at::equal(r0, ref)) << (r0 - ref).abs().max().item<double>();
+    } else {
+      EXPECT_TRUE(at::allclose(r0, ref, 0, 1e-6)) << (r0 - ref).abs().max().item<double>();
+      const at::Tensor unclipped = load_flat(out_of(dir / "chunks1", 0));
+      EXPECT_GT((r0 - unclipped).abs().max().item<double>(), 1e-4);  // clipping did act
+    }
+  }
+  const std::vector<std::string> pipe{"--strategy", "pipeline", "--chunks", "2", "--steps", "10"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), pipe.begin(), pipe.end());
+    return more;
+  };
+  const auto full = run_ranks(dir / "full", with({"--save-at", "5", "--save", dir / "mid.ckpt"}));
+  for (const auto& j : full) ASSERT_EQ(j.code, 0) << j.output;
+  const auto resumed = run_ranks(dir / "resumed", with({"--resume", dir / "mid.ckpt"}));
+  for (const auto& j : resumed) ASSERT_EQ(j.code, 0) << j.output;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(
+        at::equal(load_flat(out_of(dir / "full", r)), load_flat(out_of(dir / "resumed", r))))
+        << r;
+  }
+}
+
+// A rank whose loop throws fails the job within seconds under every strategy: its Fabric,
+// destroyed on the exception's way out, runs nothing collective in its teardown (the pipeline's
+// and ZeRO's gathers would meet the other rank's step, or wait for it until the timeout: the
+// pipeline job took the 20 s timeout before session 65), and the other rank fails naming it.
+TEST(FabricDdp, ARankThrowingFailsTheOtherInsteadOfHangingIt) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  for (const std::string strategy : {"ddp", "deepspeed_stage_3", "pipeline"}) {
+    const auto start = std::chrono::steady_clock::now();
+    const Job j =
+        run_job(volt_test::fabric_worker(),
+                {"--out", dir / strategy, "--batch", "8", "--devices", "2", "--throw-rank", "1",
+                 "--throw-step", "3", "--timeout", "20", "--strategy", strategy},
+                std::chrono::seconds(90));
+    EXPECT_EQ(j.code, 1) << strategy << ": " << j.output;
+    EXPECT_NE(j.output.find("rank 1 could not read step 3"), std::string::npos) << j.output;
+    EXPECT_NE(j.output.find("rank 1 (local rank 1"), std::string::npos) << j.output;
+    EXPECT_EQ(j.output.find("timed out"), std::string::npos) << strategy << ": " << j.output;
+    if (strategy == "deepspeed_stage_3") {
+      EXPECT_NE(j.output.find("the run failed, so nothing is gathered"), std::string::npos)
+          << j.output;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << strategy;
+  }
+}
+
 // A volt::Module's log(sync_dist) under Fabric: every rank keeps the mean of the ranks' values.
 TEST(FabricDdp, AVoltModulesSyncDistLogIsTheRanksMean) {
   VOLT_REQUIRE_GLOO();
@@ -1042,8 +1243,9 @@ TEST(FabricDdp, RankZeroFailingFirstFailsTheOthersInsteadOfHangingThem) {
 TEST(FabricDdp, AKilledRankFailsTheOtherInsteadOfHangingIt) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
-  // ZeRO stage 3 too: the survivor is inside a gather or a reduce-scatter when its peer dies.
-  for (const std::string strategy : {"ddp", "deepspeed_stage_3"}) {
+  // ZeRO stage 3 too: the survivor is inside a gather or a reduce-scatter when its peer dies;
+  // and the pipeline, whose survivor waits for an activation or a gradient.
+  for (const std::string strategy : {"ddp", "deepspeed_stage_3", "pipeline"}) {
     const auto start = std::chrono::steady_clock::now();
     const Job j = run_job(volt_test::fabric_worker(),
                           {"--out", dir / strategy, "--batch", "8", "--devices", "2", "--die-rank",

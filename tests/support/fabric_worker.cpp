@@ -6,6 +6,7 @@
 //
 //   volt_fabric_worker --out PREFIX [--devices N] [--steps S] [--batch B] [--accum K]
 //       [--clip NORM] [--save-at STEP --save PATH] [--resume PATH] [--die-rank R --die-step S]
+//       [--throw-rank R --throw-step S]
 //       [--check-no-sync 1] [--precision NAME] [--timeout S]
 //   volt_fabric_worker --out PREFIX --devices N --rank-zero-first FILE [--local 0|1]
 //       [--first-fails 1]
@@ -18,8 +19,11 @@
 //       the ranks' discriminator gradients differ after the generator's backward).
 //       --check-module-no-sync 1: the first generator backward runs inside
 //       no_backward_sync(g); prints "module no_sync g differ=G d differ=D" and stops.
-//   --static-graph 1: DDP's static_graph option. --strategy NAME: "ddp" (default) or a
-//       "deepspeed_stage_N" (parameters partitioned whatever their size).
+//   --static-graph 1: DDP's static_graph option. --strategy NAME: "ddp" (default), a
+//       "deepspeed_stage_N" (parameters partitioned whatever their size) or "pipeline" (the net's
+//       layers in a volt::Pipeline, one stage per rank). --pipeline 1: the layers in a
+//       volt::Pipeline under any strategy (in one process it runs whole: the reference);
+//       --chunks C: its micro-batches (default 1).
 //   --batchnorm 1: a BatchNorm1d after the first layer (its running statistics are written
 //       after the parameters); --sync-bn 1: FabricOptions::sync_batchnorm; --check-buffers 1:
 //       prints "buffers differ before=B inside=I" at the second step (whether the ranks'
@@ -47,6 +51,7 @@
 #include "tiny.h"
 #include "volt/core/registry.h"
 #include "volt/fabric/fabric.h"
+#include "volt/nn/pipeline.h"
 
 namespace {
 
@@ -169,7 +174,7 @@ int main(int argc, char** argv) {
         {"timeout_s", static_cast<double>(num("--timeout", 30))}};
     if (strategy == "ddp") {
       args["static_graph"] = num("--static-graph", 0) != 0;
-    } else {
+    } else if (strategy != "pipeline") {
       args["param_persistence_threshold"] = int64_t{0};  // stage 3 partitions every parameter
     }
     // Destroyed before the weights are written: its teardown makes a stage-3 module whole.
@@ -221,6 +226,11 @@ int main(int argc, char** argv) {
 
     torch::manual_seed(1000 + static_cast<uint64_t>(rank));  // rank 0's weights must win
     auto net = make_net(num("--batchnorm", 0) != 0);
+    if (strategy == "pipeline" || num("--pipeline", 0) != 0) {
+      // The same layers (and so the same initial weights and flat order), one stage per rank.
+      net = torch::nn::Sequential(
+          volt::Pipeline(net, volt::PipelineOptions().chunks(num("--chunks", 1))));
+    }
     auto opt = std::make_shared<torch::optim::SGD>(net->parameters(),
                                                    torch::optim::SGDOptions(0.1).momentum(0.9));
     std::shared_ptr<NetModule> as_module;
@@ -255,6 +265,10 @@ int main(int argc, char** argv) {
       volt::Batch b;
       for (; step < steps && stream.next(b);) {
         if (rank == num("--die-rank", -1) && step == num("--die-step", -1)) ::raise(SIGKILL);
+        if (rank == num("--throw-rank", -1) && step == num("--throw-step", -1)) {
+          throw volt::DataError("rank " + std::to_string(rank) + " could not read step " +
+                                std::to_string(step));
+        }
         for (int64_t k = 0; k < accum; ++k) {
           if (k > 0 && !stream.next(b)) break;
           b = fabric.to_device(b);

@@ -309,6 +309,25 @@ class ThrowingCallback : public volt::Callback {
   }
 };
 
+// The Trainer's init_module(): a bf16-true model built inside is bfloat16 before fit and trains.
+TEST(Trainer, InitModuleBuildsBf16TrueModelsInBfloat16) {
+  volt_test::TempDir dir;
+  volt::Trainer trainer(volt_test::quiet(dir.path).precision("bf16-true").max_epochs(1));
+  std::shared_ptr<TinyClassifier> m;
+  {
+    auto init = trainer.init_module();
+    m = std::make_shared<TinyClassifier>();
+  }
+  EXPECT_EQ(at::empty({1}).scalar_type(), at::kFloat);
+  EXPECT_EQ(m->fc1->weight.scalar_type(), at::kBFloat16);
+  const at::Tensor before = m->fc1->weight.detach().clone();
+  trainer.fit(*m, volt_test::loader(volt_test::blobs(64), 16));
+  EXPECT_EQ(m->fc1->weight.scalar_type(), at::kBFloat16);
+  EXPECT_FALSE(at::equal(before, m->fc1->weight));
+  volt::Trainer fp32(volt_test::quiet(dir.path));
+  EXPECT_EQ(fp32.init_module(), nullptr);
+}
+
 TEST(Trainer, ExceptionInAHookEndsCleanlyAndKeepsTheLastCheckpoint) {
   volt_test::TempDir dir;
   TinyClassifier model;

@@ -27,8 +27,8 @@
 ///   }
 ///
 /// Strategies: "auto", "single_device", "ddp", ZeRO's "deepspeed*" (one module; the forward inside
-/// forward_context, clipping by the DeepSpeed config), by name or as an object with its options;
-/// "pipeline" splits the model inside the Trainer's step: a ConfigError here (use the Trainer).
+/// forward_context, clipping by the DeepSpeed config) and "pipeline" (one module holding one
+/// volt::Pipeline, a stage per process), by name or as an object with its options.
 ///
 /// Departures from Lightning, where C++ differs: `setup` leaves the module and optimizers as
 /// they are (no wrapper objects), so the training forward runs under `forward_context(module)`
@@ -94,8 +94,8 @@ struct FabricOptions {
   /// Processes per node (on the CPU: N processes; on CUDA: N GPUs); -1: every device.
   TORCH_ARG(int64_t, devices) = 1;
   TORCH_ARG(int64_t, num_nodes) = 1;
-  /// "auto" (ddp for several processes, else single_device), "single_device", "ddp", "deepspeed*"
-  /// or a SingleDeviceStrategy / DdpStrategy / DeepSpeedStrategy object with its options.
+  /// "auto" (ddp for several processes, else single_device), "single_device", "ddp", "deepspeed*",
+  /// "pipeline", or a strategy object with its options (DdpStrategy, DeepSpeedStrategy, ...).
   TORCH_ARG(Spec<Strategy>, strategy) = "auto";
   /// "32-true", "bf16-mixed", "bf16-true", "16-mixed" (CUDA), "fp8", or a Precision object.
   TORCH_ARG(Spec<Precision>, precision) = "32-true";
@@ -169,6 +169,24 @@ class Fabric {
   /// The device this process trains on.
   c10::Device device();
   Strategy& strategy() { return *strategy_; }
+
+  /// Build the model inside the returned object's life (Lightning's fabric.init_module()): its
+  /// parameters and buffers are made in the dtype the precision trains them in (bf16-true:
+  /// bfloat16), so a large model never holds an fp32 copy; nothing changes under the precisions
+  /// whose weights stay fp32. Departure: C++ has no default device, so the tensors are made on
+  /// the CPU and setup() moves them (a CUDA run's model passes through host memory), and there
+  /// is no empty_init (torch::nn's initializers cannot be skipped from outside). The dtype is
+  /// the process's default while the object lives (as torch.set_default_dtype): build on one
+  /// thread, with no other thread making tensors meanwhile.
+  ///
+  ///   std::shared_ptr<Net> model;
+  ///   {
+  ///     auto init = fabric.init_module();
+  ///     model = std::make_shared<Net>();  // bfloat16 parameters under "bf16-true"
+  ///   }
+  [[nodiscard]] std::shared_ptr<void> init_module();
+  /// The same for tensors the loop makes (Lightning's fabric.init_tensor()).
+  [[nodiscard]] std::shared_ptr<void> init_tensor();
 
   /// Takes `module` (moved to the device, converted by the precision, every rank starting from
   /// rank 0's parameters and buffers; DDP's gradient buckets over the parameters that require a

@@ -15,6 +15,8 @@ class HalfPrecision : public Precision {
   HalfPrecision() = default;
   std::string name() const override { return "bf16-true"; }
   c10::ScalarType compute_dtype() const override { return c10::kBFloat16; }
+  /// bfloat16 as the default dtype while the returned object lives.
+  std::shared_ptr<void> tensor_init_context() override;
   void convert_module(torch::nn::Module& module) override;
   Batch convert_input(const Batch& batch) const override;
 };

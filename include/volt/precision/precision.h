@@ -37,6 +37,12 @@ class Precision {
   virtual void setup(c10::Device device) {}
   /// Called when the run ends (also on errors): undoes process-wide changes made in setup.
   virtual void teardown() {}
+  /// While the returned object lives, floating tensors made without a dtype (a module's
+  /// parameters and buffers as it is built) are made in the dtype convert_module would give them
+  /// (Lightning's Precision.tensor_init_context / module_init_context): bf16-true's bfloat16, so
+  /// a model built inside never holds an fp32 copy. Null for the modes whose weights stay fp32
+  /// (32-true, the mixed modes, fp8). Process-wide, as torch.set_default_dtype.
+  virtual std::shared_ptr<void> tensor_init_context() { return nullptr; }
   /// Converts parameters/buffers of `module` as the mode requires (no-op for fp32).
   virtual void convert_module(torch::nn::Module& module) {}
   /// Converts a batch's floating tensors as the mode requires (bf16-true: to bf16).

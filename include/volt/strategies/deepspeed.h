@@ -182,6 +182,9 @@ class DeepSpeedStrategy : public DdpStrategy {
   void trainable_parameters_changed(Module& module) override;
   void setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) override;
   void backward(const at::Tensor& loss, Module& module, bool sync_gradients) override;
+  /// ZeRO partitions one module: backward(loss, module, sync) for it; several modules are a
+  /// ConfigError (DDP's per-module reducers are not ZeRO's engines).
+  void backward_through(const at::Tensor& loss, const std::vector<Reached>& modules) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
                       ClipAlgorithm algorithm, const ClipCall& clip) override;
   at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, double value,

@@ -73,6 +73,13 @@ class Trainer {
   /// (for validate/test/predict and load_weights; a fit cannot resume from it).
   void save_checkpoint(const std::string& path, bool weights_only = false);
 
+  /// Build the model inside the returned object's life (Lightning's trainer.init_module()): its
+  /// parameters and buffers are made in the dtype the precision trains them in (bf16-true:
+  /// bfloat16), so a large model never holds an fp32 copy; nothing changes under the precisions
+  /// whose weights stay fp32. Made on the CPU (C++ has no default device; fit moves them). The
+  /// dtype is the process's default while the object lives (as torch.set_default_dtype).
+  [[nodiscard]] std::shared_ptr<void> init_module() const;
+
   const LoopState& state() const;
   const Metrics& callback_metrics() const;
   const Metrics& logged_metrics() const;
