@@ -287,6 +287,7 @@ Fabric::~Fabric() {
         if (l) l->finalize(failed ? RunStatus::kFailed : RunStatus::kFinished);
       }
     }
+    strategy_->set_run_failed(failed);
     strategy_->teardown();
   } catch (const std::exception& e) {
     log_error("Fabric", std::string("teardown: ") + e.what());

@@ -547,11 +547,11 @@ Batch DeepSpeedStrategy::batch_to_device(const Batch& batch) const {
 
 void DeepSpeedStrategy::teardown() {
   injection_.reset();  // the original modules back before the layers are gathered
-  // The Trainer tears down in its error handler too, and a Fabric destroyed by an exception on
-  // its way out, where the ranks are out of step: a gather then would meet another rank's
-  // collective of the loop (or wait for it until the timeout). Nothing collective runs; the
-  // module keeps its partitions (the last checkpoint has the whole state).
-  const bool failing = std::current_exception() != nullptr || std::uncaught_exceptions() > 0;
+  // After a failed run (the Trainer's error handler, a Fabric destroyed by an exception) the
+  // ranks are out of step: a gather would meet another rank's collective of the loop (or wait
+  // for it until the timeout). Nothing collective runs; the module keeps its partitions (the
+  // last checkpoint has the whole state).
+  const bool failing = run_failed();
   if (failing && world_size() > 1 && (!engines_.empty() || tp_)) {
     log_warning("DeepSpeedStrategy",
                 "the run failed, so nothing is gathered: a stage-3 module keeps only this rank's "

@@ -203,13 +203,12 @@ void PipelineStrategy::setup_module(Module& module) {
 }
 
 void PipelineStrategy::teardown() {
-  // The Trainer tears down in its error handler too, and a Fabric destroyed by an exception on its
-  // way out, where the ranks are out of step: nothing collective runs then. After a normal end
-  // every rank gets the whole trained model, and the pipeline runs whole (a program's own
-  // forward after fit must not wait for other ranks).
-  const bool failing = std::current_exception() != nullptr || std::uncaught_exceptions() > 0;
+  // After a failed run (the Trainer's error handler, a Fabric destroyed by an exception) the
+  // ranks are out of step: nothing collective runs then. After a normal end every rank gets the
+  // whole trained model, and the pipeline runs whole (a program's own forward after fit must not
+  // wait for other ranks).
   if (pipe_ && pipe_->distributed()) {
-    if (trained_ && module_ != nullptr && !failing) {
+    if (trained_ && module_ != nullptr && !run_failed()) {
       gather_model(*module_);
     }
     pipe_->undistribute();

@@ -118,6 +118,7 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     scope = LogScope::kNone;
     m.attach(nullptr);
     try {
+      strategy().set_run_failed(true);
       strategy().teardown();
       release_device(m);
     } catch (...) {
@@ -129,6 +130,7 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
   for (auto& l : loggers()) l->finalize(RunStatus::kFinished);
   scope = LogScope::kNone;
   m.attach(nullptr);
+  strategy().set_run_failed(false);
   strategy().teardown();
   release_device(m);
 }

@@ -476,6 +476,16 @@ TEST_F(PipelineFit, TwoStagesTrainAsOneProcessBitForBitAndEveryRankEndsWithTheWh
   expect_every_rank(prefix("two.pred"), 2, load(prefix("one.pred.rank0.pt")), 0);
 }
 
+// A fit that runs inside a catch block of the program's (a retry after an error it handled)
+// ended as a failed one before session 65: the teardown took the caught exception for the fit's
+// and gathered nothing, so rank 0 kept stage 1's weights freed. The Trainer now says whether
+// its run failed.
+TEST_F(PipelineFit, AFitInsideTheProgramsCatchBlockStillEndsWithTheWholeModel) {
+  fit("one", {"--devices", "1"});
+  fit("caught", {"--devices", "2", "--inside-catch", "1"});
+  expect_every_rank(prefix("caught"), 2, weights("one"), 0);
+}
+
 TEST_F(PipelineFit, ThreeStagesWithMicroBatchesClippingAndAccumulationMatchOneProcess) {
   const std::vector<std::string> common{"--optimizer", "adamw", "--clip", "0.05", "--accum", "2"};
   std::vector<std::string> one{"--devices", "1"}, three{"--devices", "3", "--chunks", "4"};

@@ -27,8 +27,9 @@
 //       [--clip NORM] [--accum K] [--dropout 0|1] [--ckpt-every-step 0|1] [--save-at E,B]
 //       [--predict 0|1] [--resume CKPT]
 //       [--die-rank R --die-batch B] [--timeout S] [--scaling 0|1] [--inf-call K]
-//       [--strategy-chunks C] [--trace 0|1] A Trainer fit of a module whose middle layers are a
-//       volt::Pipeline, with a layer before and after it; --devices 1 is the single-process
+//       [--strategy-chunks C] [--trace 0|1] [--inside-catch 1] A Trainer fit of a module whose
+//       middle layers are a volt::Pipeline, with a layer before and after it (inside a catch
+//       block of the program's with --inside-catch); --devices 1 is the single-process
 //       reference (single_device). Started as a plain process it launches its ranks itself. Every
 //       rank writes its flat parameters after fit to <out>.rank<R>.pt and prints "rank R done
 //       step=S stage=T states=N" (N: parameters with optimizer state on this rank), and the
@@ -746,10 +747,24 @@ int run_fit(std::map<std::string, std::string>& a) {
   volt::Trainer trainer(o);
   auto data = volt_test::blobs(96, 8, 3);
   auto val = volt_test::blobs(32, 8, 4);
-  trainer.fit(
-      model,
-      volt::DataLoader(data, volt::DataLoaderOptions(num("--batch", 16)).shuffle(true).seed(11)),
-      volt::DataLoader(val, volt::DataLoaderOptions(16)), a.count("--resume") ? a["--resume"] : "");
+  auto fit = [&] {
+    trainer.fit(
+        model,
+        volt::DataLoader(data, volt::DataLoaderOptions(num("--batch", 16)).shuffle(true).seed(11)),
+        volt::DataLoader(val, volt::DataLoaderOptions(16)),
+        a.count("--resume") ? a["--resume"] : "");
+  };
+  if (num("--inside-catch", 0) != 0) {
+    // A program retrying after an error it handled: the fit runs inside its catch block, where
+    // std::current_exception() is that error's, not the fit's.
+    try {
+      throw std::runtime_error("an earlier error the program handled");
+    } catch (const std::exception&) {
+      fit();
+    }
+  } else {
+    fit();
+  }
   const int64_t rank = trainer.strategy().rank();
   std::filesystem::create_directories(std::filesystem::path(a["--out"]).parent_path());
   torch::save(model.flat(), a["--out"] + ".rank" + std::to_string(rank) + ".pt");

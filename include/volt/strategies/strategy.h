@@ -82,6 +82,11 @@ class Strategy {
   virtual DataShard data_shard() const { return {rank(), world_size()}; }
   /// Called when a run ends, also after errors; the base tears the precision down.
   virtual void teardown();
+  /// Set before teardown(): whether the run failed (the Trainer's error handler, a Fabric
+  /// destroyed by an exception). The ranks may then be out of step, so a teardown runs nothing
+  /// collective (a gather would meet another rank's collective of the loop, or wait for it).
+  void set_run_failed(bool failed) { run_failed_ = failed; }
+  bool run_failed() const { return run_failed_; }
   /// Called when fit() failed with a DistributedError (a rank died or hung): true when the
   /// strategy relaunched its processes and fit() should run again, resuming from `checkpoint`
   /// (the newest last checkpoint; "" when there is none: fit()'s own ckpt_path, or the start),
@@ -248,6 +253,7 @@ class Strategy {
 
  private:
   TrainingStepCall step_call_;
+  bool run_failed_ = false;
 };
 
 }  // namespace volt
