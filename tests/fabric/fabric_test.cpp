@@ -912,9 +912,11 @@ std::string out_of(const std::string& root, int rank) {
   return root + "/w.rank" + std::to_string(rank) + ".pt";
 }
 
-// One process on the global batch (16 rows a step).
-at::Tensor reference(const std::string& root, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args{"--out", root + "/ref/w", "--batch", "16"};
+// One process on the global batch (16 rows a step; a pipeline's ranks read 8 rows each, the
+// same ones: `rows` 8).
+at::Tensor reference(const std::string& root, const std::vector<std::string>& extra = {},
+                     const std::string& rows = "16") {
+  std::vector<std::string> args{"--out", root + "/ref/w", "--batch", rows};
   args.insert(args.end(), extra.begin(), extra.end());
   const Job j = run_job(volt_test::fabric_worker(), args);
   EXPECT_EQ(j.code, 0) << j.output;
@@ -1131,11 +1133,9 @@ TEST(FabricPipeline, TwoStagesEqualOneProcessAndResumeBitForBit) {
     const std::string root = dir / ("chunks" + chunks);
     std::vector<std::string> flags{"--chunks", chunks};
     if (chunks == "2") flags.insert(flags.end(), {"--clip", "0.5"});
-    std::vector<std::string> one{"--out", root + "/ref/w", "--batch", "8", "--pipeline", "1"};
+    std::vector<std::string> one{"--pipeline", "1"};
     one.insert(one.end(), flags.begin(), flags.end());
-    const Job ref_job = run_job(volt_test::fabric_worker(), one);
-    ASSERT_EQ(ref_job.code, 0) << ref_job.output;
-    const at::Tensor ref = load_flat(root + "/ref/w.rank0.pt");
+    const at::Tensor ref = reference(root, one, "8");
     flags.insert(flags.begin(), {"--strategy", "pipeline"});
     const auto jobs = run_ranks(root, flags);
     for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
