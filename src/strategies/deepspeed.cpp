@@ -479,7 +479,7 @@ at::Tensor DeepSpeedStrategy::training_step(Module& module, const Batch& batch, 
                batch.size(), " samples; make them agree.");
     micro_batch_ = 0;  // only the first batch: an epoch's last batch may be smaller
   }
-  return DdpStrategy::training_step(module, batch, batch_idx);  // holds training_forward_context
+  return Strategy::training_step(module, batch, batch_idx);  // holds training_forward_context
 }
 
 std::shared_ptr<void> DeepSpeedStrategy::training_forward_context(Module& module) {
@@ -551,14 +551,13 @@ void DeepSpeedStrategy::teardown() {
   // ranks are out of step: a gather would meet another rank's collective of the loop (or wait
   // for it until the timeout). Nothing collective runs; the module keeps its partitions (the
   // last checkpoint has the whole state).
-  const bool failing = run_failed();
-  if (failing && world_size() > 1 && (!engines_.empty() || tp_)) {
+  const bool collectives = !run_failed() || world_size() == 1;
+  if (!collectives && (!engines_.empty() || tp_)) {
     log_warning("DeepSpeedStrategy",
                 "the run failed, so nothing is gathered: a stage-3 module keeps only this rank's "
                 "partition, tensor-parallel layers their slices, bf16 weights their roundings of "
                 "the fp32 masters; the last checkpoint has the whole state.");
   }
-  const bool collectives = !failing || world_size() == 1;
   if (tp_) {
     try {
       if (collectives) tp_->restore();
