@@ -54,15 +54,14 @@ class HeldModule : public Module {
   std::vector<OptimizerConfig> configure_optimizers() override { return {}; }
 };
 
-// ZeRO (DeepSpeedStrategy): one module, and clipping inside its step.
+// ZeRO (DeepSpeedStrategy): clipping inside its step.
 bool sharded(const Strategy& strategy) {
   return strategy.name() == "deepspeed";
 }
 
-// The strategies that split one module (ZeRO's partitions, the pipeline's stages), or "" when
-// several modules may be set up.
+// The strategies that split one module (the pipeline's stages), or "" when several modules may
+// be set up (ZeRO keeps engines per module).
 std::string splits_one_module(const Strategy& strategy) {
-  if (sharded(strategy)) return "ZeRO partitions one module";
   if (strategy.name() == "pipeline") return "the pipeline strategy splits one module's pipeline";
   return "";
 }
@@ -390,8 +389,7 @@ void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
       }
     }
   }
-  // ZeRO keeps one set of engines (partitions, hooks, checkpoint shards) for the module it set
-  // up, the pipeline strategy one split of one volt::Pipeline.
+  // The pipeline strategy keeps one split of one volt::Pipeline.
   const std::string one = splits_one_module(*strategy_);
   VOLT_CHECK(one.empty() || set_up_.empty(), ConfigError, kTag,
              " setup() of a second module under \"", strategy_->name(), "\": ", one,
@@ -685,8 +683,19 @@ void Fabric::save(const std::string& path, const FabricState& state) {
     fab.write("global_step", c10::IValue(steps_));
     write_nested(fab, "optimizers", [&](auto& ar) {
       for (const auto& [name, o] : state.optimizers_) {
+        const Module* owner = owner_of(*o)->module.get();
         write_nested(ar, name, [&](auto& one) {
-          strategy_->save_optimizer_state(*o, *owner_of(*o)->module, one);
+          strategy_->save_optimizer_state(*o, *owner, one);
+          // Where its module's weights are in this file (a ZeRO folder's consolidation puts
+          // the fp32 master weights there).
+          for (size_t i = 0; i < modules.size(); ++i) {
+            if (modules[i] != owner) continue;
+            one.write(
+                "weights_at",
+                c10::IValue(i == 0 ? std::string("state_dict")
+                                   : "fabric/modules/" + state.modules_[i].first + "/state_dict"));
+            break;
+          }
         });
       }
     });

@@ -331,6 +331,7 @@ void remove_stale_swap_folders(const std::string& nvme_path) noexcept {
 
 void DeepSpeedStrategy::make_nvme_folder() {
   remove_nvme_files();
+  nvme_files_ = 0;
   at::Tensor id = torch::zeros({2}, torch::kLong);
   if (rank() == 0) {
     id[0] = static_cast<int64_t>(::getpid());
@@ -530,7 +531,7 @@ DataShard DeepSpeedStrategy::data_shard() const {
 
 Batch DeepSpeedStrategy::batch_to_device(const Batch& batch) const {
   Batch b = DdpStrategy::batch_to_device(batch);
-  if (options_.dtype() != "bfloat16" && !cast_for_masters_) return b;
+  if (options_.dtype() != "bfloat16" && master_casts_.empty()) return b;
   auto cast = [](at::Tensor& t) {
     if (t.defined() && t.is_floating_point()) t = t.to(at::kBFloat16);
   };
@@ -594,25 +595,40 @@ void DeepSpeedStrategy::teardown() {
   remove_nvme_files();
   if (cast_back_) {
     if (cast_module_ != nullptr) cast_module_->to(*cast_back_);
-    if (cast_for_masters_ && collectives) {
-      // bf16-mixed: the module gets the fp32 masters, not their bf16 roundings.
-      for (auto& kv : engines_) {
-        try {
-          kv.second->write_master_weights();
-        } catch (const std::exception& e) {
-          log_error("DeepSpeedStrategy",
-                    std::string("could not gather the fp32 master weights at the end of the "
-                                "run (the module keeps their bf16 roundings): ") +
-                        e.what());
-        }
-      }
-    }
     cast_module_ = nullptr;
     cast_back_.reset();
-    cast_for_masters_ = false;
   }
+  // After a failed run a stage-3 module keeps its partition, which cannot be converted (its
+  // parameters are read only inside a step): it stays bf16, as the warning above says.
+  const bool convertible = collectives || !partitions_parameters();
+  for (auto& [module, dtype] : master_casts_) {
+    if (convertible) module->to(dtype);
+    if (!collectives) continue;
+    // bf16-mixed: the module gets the fp32 masters, not their bf16 roundings.
+    for (ZeroEngine* e : engines_of(*module)) {
+      try {
+        e->write_master_weights();
+      } catch (const std::exception& err) {
+        log_error("DeepSpeedStrategy",
+                  std::string("could not gather the fp32 master weights at the end of the "
+                              "run (the module keeps their bf16 roundings): ") +
+                      err.what());
+      }
+    }
+  }
+  master_casts_.clear();
+  modules_.clear();  // the next setup_module starts a new run
   checkpoint_defaults_.reset();
   DdpStrategy::teardown();
+}
+
+std::vector<ZeroEngine*> DeepSpeedStrategy::engines_of(const Module& module) const {
+  std::vector<ZeroEngine*> out;
+  for (const auto& kv : engines_) {
+    auto it = owners_.find(kv.first);
+    if (it != owners_.end() && it->second == &module) out.push_back(kv.second.get());
+  }
+  return out;
 }
 
 ZeroEngine* DeepSpeedStrategy::engine(const torch::optim::Optimizer& optimizer) const {
@@ -658,8 +674,22 @@ void DeepSpeedStrategy::trainable_parameters_changed(Module& module) {
 }
 
 void DeepSpeedStrategy::setup_module(Module& module) {
-  tp_.reset();
-  injection_.reset();
+  // The first module of a run (or one set up again) starts afresh; a Fabric loop's further
+  // modules join the run's (each with its own engines).
+  const bool again = std::find(modules_.begin(), modules_.end(), &module) != modules_.end();
+  if (modules_.empty() || again) {
+    modules_.clear();
+    engines_.clear();
+    owners_.clear();
+    names_.clear();
+    tp_.reset();
+    injection_.reset();
+  }
+  VOLT_CHECK(modules_.empty() || !inference_only(), ConfigError, kTag,
+             " a second module under DeepSpeed inference settings (tensor_parallel, dtype, "
+             "replace_with_kernel_inject) that split or convert one model; put the models in "
+             "one module.");
+  modules_.push_back(&module);
   if (inference_only()) {
     // Inference: every rank starts from rank 0's weights, then keeps its slice of each split
     // layer. No reducer: nothing is trained.
@@ -720,11 +750,11 @@ void DeepSpeedStrategy::setup_module(Module& module) {
   }
   Strategy::setup_module(module);
   broadcast_module_state(module);
-  names_.clear();
+  auto& names = names_[&module];
+  names.clear();
   for (const auto& p : module.named_parameters(true)) {
-    names_.emplace(p.value().unsafeGetTensorImpl(), p.key());
+    names.emplace(p.value().unsafeGetTensorImpl(), p.key());
   }
-  engines_.clear();
 }
 
 void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) {
@@ -777,21 +807,19 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
              "\" scales the loss (dynamic loss scaling), which is not built with NVMe offload yet "
              "(the step runs sub-group by sub-group there); offload to \"cpu\", or use "
              "\"bf16-mixed\" without loss scaling.");
-  if (options_.master_weights() && precision_->name() == "bf16-mixed" && !cast_back_) {
+  const bool cast_already =
+      std::any_of(master_casts_.begin(), master_casts_.end(),
+                  [&](const std::pair<Module*, at::ScalarType>& c) { return c.first == &module; });
+  if (options_.master_weights() && precision_->name() == "bf16-mixed" && !cast_already) {
     // DeepSpeed's bf16 mode (Lightning casts the module for it): bf16 weights and gradients,
     // fp32 masters in the engines; teardown writes the masters back in the module's dtype.
     for (const auto& p : module.parameters()) {
-      if (p.is_floating_point()) {
-        cast_back_ = p.scalar_type();
-        break;
+      if (!p.is_floating_point()) continue;
+      if (p.scalar_type() != at::kBFloat16) {
+        master_casts_.emplace_back(&module, p.scalar_type());
+        module.to(at::kBFloat16);
       }
-    }
-    if (cast_back_ && *cast_back_ != at::kBFloat16) {
-      module.to(at::kBFloat16);
-      cast_module_ = &module;
-      cast_for_masters_ = true;
-    } else {
-      cast_back_.reset();
+      break;
     }
   }
   // ZeRO-Offload on an accelerator: the engine keeps pinned host copies of its chunks (fp32
@@ -818,9 +846,18 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
              "copy); offload_parameters to \"cpu\" (on an accelerator) or \"nvme\" partitions "
              "them.");
   }
-  engines_.clear();
-  if (nvme_optimizer() || nvme_parameters()) make_nvme_folder();
-  int64_t index = 0;
+  // This module's engines from an earlier call go (the other modules' stay).
+  for (auto it = owners_.begin(); it != owners_.end();) {
+    if (it->second != &module) {
+      ++it;
+      continue;
+    }
+    engines_.erase(it->first);
+    swappers_.erase(it->first);
+    it = owners_.erase(it);
+  }
+  if ((nvme_optimizer() || nvme_parameters()) && nvme_rank_dir_.empty()) make_nvme_folder();
+  const int64_t first_file = nvme_files_;
   for (auto& config : optimizers) {
     auto& opt = *config.optimizer();
     if (!tested_optimizer(opt)) {
@@ -849,14 +886,15 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
             .ignore_unused_parameters(options_.ignore_unused_parameters())
             .overlap_comm(options_.overlap_comm())
             .prefetch_bucket_size(options_.prefetch_bucket_size())
-            .param_swap_file(nvme_parameters()
-                                 ? nvme_rank_dir_ + "/parameters" + std::to_string(index) + ".swp"
-                                 : "")
+            .param_swap_file(nvme_parameters() ? nvme_rank_dir_ + "/parameters" +
+                                                     std::to_string(nvme_files_) + ".swp"
+                                               : "")
             .aio_block_size(options_.aio_block_size())
             .aio_queue_depth(options_.aio_queue_depth())
             .aio_use_uring(options_.aio_use_uring()),
-        names_);
-    ++index;
+        names_[&module]);
+    owners_[&opt] = &module;
+    ++nvme_files_;
   }
   if (nvme_parameters()) {
     log_info(
@@ -864,7 +902,7 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
         "offload_parameters to nvme: stage 3's parameter chunks swap to '" + nvme_rank_dir_ + "'.");
   }
   if (nvme_optimizer()) {
-    int64_t i = 0;
+    int64_t i = first_file;
     for (auto& config : optimizers) {
       auto& opt = *config.optimizer();
       // The fp32 masters (bf16 runs) swap with their state, as DeepSpeed's swapper does.
@@ -884,31 +922,33 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
 }
 
 void DeepSpeedStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
-  if (engines_.empty()) {
-    DdpStrategy::backward(loss, module, sync_gradients);
-    return;
-  }
-  // Each engine arms its hooks around the next one's; the innermost runs the backward.
-  std::vector<ZeroEngine*> chain;
-  for (auto& kv : engines_) chain.push_back(kv.second.get());
-  auto open = scopes();
-  std::function<void(size_t)> run = [&](size_t i) {
-    if (i == chain.size()) {
-      precision_->backward(loss, &module);
-      return;
-    }
-    chain[i]->backward([&] { run(i + 1); }, sync_gradients);
-  };
-  run(0);
-  agree_on_precision_state();
+  backward_through(loss, {{&module, sync_gradients}});
 }
 
 void DeepSpeedStrategy::backward_through(const at::Tensor& loss,
                                          const std::vector<Reached>& modules) {
-  VOLT_CHECK(modules.size() == 1, ConfigError, kTag, " one backward through ", modules.size(),
-             " set-up modules: ZeRO partitions one module; put the models in one module (a "
-             "GAN's generator and discriminator as its members) or use strategy \"ddp\".");
-  backward(loss, *modules.front().module, modules.front().sync_gradients);
+  if (engines_.empty()) {
+    DdpStrategy::backward_through(loss, modules);
+    return;
+  }
+  // The reached modules' engines, each arming its hooks around the next one's; the innermost
+  // runs the backward. A module without engines (set up without an optimizer) has nothing to
+  // reduce.
+  std::vector<std::pair<ZeroEngine*, bool>> chain;
+  for (const Reached& r : modules) {
+    for (ZeroEngine* e : engines_of(*r.module)) chain.emplace_back(e, r.sync_gradients);
+  }
+  auto open = scopes();
+  Module* hook = modules.empty() ? nullptr : modules.front().module;
+  std::function<void(size_t)> run = [&](size_t i) {
+    if (i == chain.size()) {
+      precision_->backward(loss, hook);
+      return;
+    }
+    chain[i].first->backward([&] { run(i + 1); }, chain[i].second);
+  };
+  run(0);
+  agree_on_precision_state();
 }
 
 bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
@@ -1046,7 +1086,7 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
   }
   if (!partitions_parameters()) {
     Strategy::load_model_state(module, ar);
-    load_master_weights(ar, /*chunks=*/false);
+    load_master_weights(module, ar, /*chunks=*/false);
     return;
   }
   // This rank's chunks (a stage-3 folder at this world size) or whole tensors (anything else).
@@ -1090,7 +1130,7 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
     os << ". Load a checkpoint written by the same model.";
     throw CheckpointError(os.str());
   }
-  load_master_weights(ar, chunks);
+  load_master_weights(module, ar, chunks);
 }
 
 std::vector<std::unique_ptr<ZeroEngine::Resident>> DeepSpeedStrategy::resident() const {
@@ -1099,14 +1139,15 @@ std::vector<std::unique_ptr<ZeroEngine::Resident>> DeepSpeedStrategy::resident()
   return out;
 }
 
-void DeepSpeedStrategy::load_master_weights(InputArchive& ar, bool chunks) const {
+void DeepSpeedStrategy::load_master_weights(const Module& module, InputArchive& ar,
+                                            bool chunks) const {
   const auto in_memory = resident();
   for (const auto& kv : swappers_) kv.second->swap_in_all();  // NVMe: the masters come back
   // The masters start from the checkpoint's weights at the precision it holds them in (fp32
   // from a consolidated or fp32 checkpoint); a shard's optimizer state then sets them exactly.
   torch::NoGradGuard no_grad;
-  for (const auto& kv : engines_) {
-    for (const auto& c : kv.second->chunks()) {
+  for (const ZeroEngine* e : engines_of(module)) {  // names are the module's own
+    for (const auto& c : e->chunks()) {
       if (!c.master.defined()) continue;
       at::Tensor saved;
       if (!ar.try_read(c.name, saved)) {
@@ -1136,6 +1177,12 @@ void DeepSpeedStrategy::save_optimizer_state(const torch::optim::Optimizer& opti
   // The full format of volt::save_optimizer_state, with this rank's chunks as the tensors.
   ar.write("zero_world_size", c10::IValue(e->world_size()));
   ar.write("zero_rank", c10::IValue(e->rank()));
+  // Each parameter's whole shape, so consolidation needs no state dict beside the shards.
+  OutputArchive shapes;
+  for (const auto& c : e->chunks()) {
+    shapes.write(c.name, torch::tensor(c.parameter.sizes().vec(), torch::kLong));
+  }
+  ar.write("zero_shapes", shapes);
   const auto& groups = optimizer.param_groups();
   ar.write("num_groups", c10::IValue(static_cast<int64_t>(groups.size())));
   const auto& state = optimizer.state();
@@ -1254,8 +1301,8 @@ void DeepSpeedStrategy::save_accumulated_gradients(const Module& module, OutputA
   }
   // Stage 2 reduces every micro-batch: each rank holds the mean's chunks. The full mean is what
   // one process on the global batch would hold.
-  for (const auto& kv : engines_) {
-    const ZeroEngine& e = *kv.second;
+  for (const ZeroEngine* engine : engines_of(module)) {
+    const ZeroEngine& e = *engine;
     for (size_t i = 0; i < e.chunks().size(); ++i) {
       const auto& c = e.chunks()[i];
       // Gathered as fp32 (Gloo has no bf16; the round trip is exact), saved in the grads' dtype.
@@ -1273,8 +1320,8 @@ void DeepSpeedStrategy::load_accumulated_gradients(Module& module, InputArchive&
     return;
   }
   torch::NoGradGuard no_grad;
-  for (auto& kv : engines_) {
-    ZeroEngine& e = *kv.second;
+  for (ZeroEngine* engine : engines_of(module)) {
+    ZeroEngine& e = *engine;
     for (size_t i = 0; i < e.chunks().size(); ++i) {
       const auto& c = e.chunks()[i];
       at::Tensor g;
@@ -1396,29 +1443,49 @@ bool is_zero_checkpoint(const std::string& path) {
   return is_directory(path) && ::stat((path + "/" + kMetaFile).c_str(), &st) == 0;
 }
 
-void consolidate_zero_checkpoint(const std::string& folder, const std::string& out) {
-  VOLT_CHECK(is_zero_checkpoint(folder), CheckpointError, kTag, " '", folder,
-             "' is not a complete ZeRO checkpoint folder (no ", kMetaFile, ").");
-  const int64_t world = folder_meta(folder).world_size;
-  TorchCheckpointIO io;
-  for (int64_t r = 0; r < world; ++r) {
-    const std::string file = shard_file(folder, r, world);
-    struct stat st;
-    VOLT_CHECK(::stat(file.c_str(), &st) == 0, CheckpointError, kTag, " '", folder,
-               "' lacks the shard of rank ", r, " ('", file, "'); the checkpoint is incomplete.");
+namespace {
+
+// A place in a checkpoint's tree of archives: the keys from the root.
+using ArchivePath = std::vector<std::string>;
+
+InputArchive sub_at(InputArchive& root, const ArchivePath& path) {
+  VOLT_CHECK(!path.empty(), InternalError, kTag, " sub_at() needs a path below the root.");
+  InputArchive at = read_sub(root, path[0], "a shard");
+  for (size_t i = 1; i < path.size(); ++i) {
+    InputArchive next = read_sub(at, path[i], "a shard");
+    at = std::move(next);
   }
-  std::vector<InputArchive> shards;
-  for (int64_t r = 0; r < world; ++r) shards.push_back(io.load(shard_file(folder, r, world)));
-  // Everything but the optimizers comes from rank 0 (the ranks hold the same full weights, loop
-  // state and callbacks; their generator states are all in every shard).
-  OutputArchive root;
-  copy_archive(shards[0], root, {"optimizers", "state_dict"});
-  // Weights: whole in every shard (stages 1, 2), or chunks to concatenate (stage 3).
-  std::vector<InputArchive> dicts;
-  for (auto& sh : shards) dicts.push_back(read_sub(sh, "state_dict", "a shard"));
+  return at;
+}
+
+// The places of rank 0's tree (`at` below `path`) holding stage 3's chunked weights (with
+// kStage3Shapes) and partitioned optimizer states (with zero_world_size): the Trainer's
+// "state_dict" and "optimizers/optimizer_<i>", a Fabric checkpoint's modules and optimizers.
+void find_partitioned(InputArchive& at, const ArchivePath& path, std::vector<ArchivePath>& dicts,
+                      std::vector<ArchivePath>& optimizers) {
+  c10::IValue marker;
+  if (at.try_read("zero_world_size", marker)) {
+    optimizers.push_back(path);
+    return;
+  }
+  InputArchive shapes;
+  if (at.try_read(kStage3Shapes, shapes)) {
+    dicts.push_back(path);
+    return;
+  }
+  for (const auto& key : at.keys()) {
+    InputArchive sub;
+    if (!at.try_read(key, sub)) continue;
+    ArchivePath next = path;
+    next.push_back(key);
+    find_partitioned(sub, next, dicts, optimizers);
+  }
+}
+
+// A chunked state dict made whole: its tensors by name, in the shards' order.
+Entries whole_weights(std::vector<InputArchive>& dicts) {
   InputArchive stage3;
   const bool chunked = dicts[0].try_read(kStage3Shapes, stage3);
-  OutputArchive state_out;
   std::map<std::string, at::Tensor> full;  // partitioned weights, whole again
   if (chunked) {
     for (const auto& name : stage3.keys()) {
@@ -1440,7 +1507,7 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
       full[name] = whole.reshape(sizes);
     }
   }
-  std::vector<std::pair<std::string, at::Tensor>> weights;  // in the shards' order
+  Entries weights;
   for (const auto& key : dicts[0].keys()) {
     if (key == kStage3Shapes) continue;
     auto it = full.find(key);
@@ -1450,114 +1517,220 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
     } else if (!dicts[0].try_read(key, v) || !v.isTensor()) {
       continue;
     }
-    state_out.write(key, v.toTensor());
-    weights.emplace_back(key, v.toTensor());
+    weights.emplace_back(key, v);
   }
-  // The optimizer consolidation below needs every parameter's shape: read them back.
-  std::stringstream sd_buf;
-  state_out.save_to(sd_buf);
-  InputArchive state_dict;
-  state_dict.load_from(sd_buf);
+  return weights;
+}
 
-  std::vector<InputArchive> opts;
-  for (auto& s : shards) opts.push_back(read_sub(s, "optimizers", "a shard"));
-  std::map<std::string, at::Tensor> masters;  // full fp32 master weights by parameter name
-  OutputArchive opts_out;
-  const c10::IValue count = read_value(opts[0], "count", "the optimizers");
-  opts_out.write("count", count);
-  for (int64_t i = 0; i < count.toInt(); ++i) {
-    const std::string key = "optimizer_" + std::to_string(i);
-    std::vector<InputArchive> parts;
-    for (auto& o : opts) parts.push_back(read_sub(o, key, "the optimizers"));
-    OutputArchive full;
-    c10::IValue w;
-    if (!parts[0].try_read("zero_world_size", w)) {
-      // Not partitioned (zero_optimization off): rank 0's state is everyone's.
-      copy_archive(parts[0], full);
-      opts_out.write(key, full);
+// Every rank's shard of one optimizer's state (`parts`) as the full one-process state; its
+// parameters' shapes from `shape_of`; each parameter's fp32 master, when it has one, into
+// `masters`.
+void whole_optimizer_state(std::vector<InputArchive>& parts, int64_t world,
+                           const std::function<std::vector<int64_t>(const std::string&)>& shape_of,
+                           OutputArchive& full, std::map<std::string, at::Tensor>& masters) {
+  const c10::IValue num_groups = read_value(parts[0], "num_groups", "an optimizer shard");
+  full.write("num_groups", num_groups);
+  for (int64_t g = 0; g < num_groups.toInt(); ++g) {
+    const std::string gk = "group_" + std::to_string(g);
+    std::vector<InputArchive> groups, states;
+    for (auto& p : parts) {
+      groups.push_back(read_sub(p, gk, "an optimizer shard"));
+      states.push_back(read_sub(groups.back(), "state", gk));
+    }
+    OutputArchive group_out, options_out, states_out;
+    InputArchive options_in = read_sub(groups[0], "options", gk);
+    copy_archive(options_in, options_out);
+    group_out.write("options", options_out);
+    const c10::IValue names_iv = read_value(groups[0], "params", gk);
+    group_out.write("params", names_iv);
+    for (const auto& name : names_of(names_iv)) {
+      const std::vector<int64_t> sizes = shape_of(name);
+      const int64_t numel = c10::multiply_integers(sizes);
+      // Each rank's chunk state in rank order: 1-D tensors of that rank's chunk length are
+      // concatenated; anything else (a 0-dim step count) is the same everywhere.
+      const int64_t chunk = (numel + world - 1) / world;
+      std::vector<std::pair<int64_t, Entries>> per_rank;  // (chunk length, entries)
+      for (int64_t r = 0; r < world; ++r) {
+        InputArchive one;
+        if (states[r].try_read(name, one)) {
+          per_rank.emplace_back(std::max<int64_t>(0, std::min(chunk, numel - r * chunk)),
+                                entries_of(one));
+        }
+      }
+      if (per_rank.empty()) continue;  // never stepped
+      Entries merged = per_rank.front().second;
+      for (auto& [k, v] : merged) {
+        if (!v.isTensor()) continue;
+        std::vector<at::Tensor> pieces;
+        bool chunked = true;
+        for (auto& [length, e] : per_rank) {
+          for (auto& [k2, v2] : e) {
+            if (k2 != k) continue;
+            const at::Tensor t = v2.toTensor();
+            chunked = chunked && t.dim() == 1 && t.numel() == length;
+            pieces.push_back(t);
+          }
+        }
+        if (!chunked) continue;
+        at::Tensor cat = torch::cat(pieces);
+        VOLT_CHECK(cat.numel() == numel, CheckpointError, kTag, " the chunks of '", k, "' for '",
+                   name, "' add up to ", cat.numel(), " elements, not ", numel,
+                   "; a shard is from another run.");
+        v = cat.reshape(sizes);
+      }
+      for (auto& [k, v] : merged) {
+        if (k == kMasterKey && v.isTensor()) masters[name] = v.toTensor();
+      }
+      InputArchive merged_in = archive_of(merged);
+      OutputArchive one_out;
+      copy_archive(merged_in, one_out);
+      states_out.write(name, one_out);
+    }
+    group_out.write("state", states_out);
+    full.write(gk, group_out);
+  }
+}
+
+// Rank 0's tree (`in` at `path`) written to `out`, with the whole weights and optimizer states
+// in place of their shards.
+void write_consolidated(InputArchive& in, const ArchivePath& path, OutputArchive& out,
+                        const std::map<ArchivePath, Entries>& weights,
+                        const std::map<ArchivePath, std::string>& optimizers) {
+  for (const auto& key : in.keys()) {
+    InputArchive sub;
+    if (!in.try_read(key, sub)) {
+      c10::IValue v;
+      if (!in.try_read(key, v)) continue;
+      if (v.isTensor()) {
+        out.write(key, v.toTensor());
+      } else {
+        out.write(key, v);
+      }
       continue;
     }
-    const c10::IValue num_groups = read_value(parts[0], "num_groups", key);
-    full.write("num_groups", num_groups);
-    for (int64_t g = 0; g < num_groups.toInt(); ++g) {
-      const std::string gk = "group_" + std::to_string(g);
-      std::vector<InputArchive> groups, states;
-      for (auto& p : parts) {
-        groups.push_back(read_sub(p, gk, key));
-        states.push_back(read_sub(groups.back(), "state", gk));
-      }
-      OutputArchive group_out, options_out, states_out;
-      InputArchive options_in = read_sub(groups[0], "options", gk);
-      copy_archive(options_in, options_out);
-      group_out.write("options", options_out);
-      const c10::IValue names_iv = read_value(groups[0], "params", gk);
-      group_out.write("params", names_iv);
-      for (const auto& name : names_of(names_iv)) {
-        at::Tensor param;
-        VOLT_CHECK(state_dict.try_read(name, param), CheckpointError, kTag, " the weights lack '",
-                   name, "' which the optimizer state names.");
-        const int64_t numel = param.numel();
-        // Each rank's chunk state in rank order: 1-D tensors of that rank's chunk length are
-        // concatenated; anything else (a 0-dim step count) is the same everywhere.
-        const int64_t chunk = (numel + world - 1) / world;
-        std::vector<std::pair<int64_t, Entries>> per_rank;  // (chunk length, entries)
-        for (int64_t r = 0; r < world; ++r) {
-          InputArchive one;
-          if (states[r].try_read(name, one)) {
-            per_rank.emplace_back(std::max<int64_t>(0, std::min(chunk, numel - r * chunk)),
-                                  entries_of(one));
-          }
-        }
-        if (per_rank.empty()) continue;  // never stepped
-        Entries merged = per_rank.front().second;
-        for (auto& [k, v] : merged) {
-          if (!v.isTensor()) continue;
-          std::vector<at::Tensor> pieces;
-          bool chunked = true;
-          for (auto& [length, e] : per_rank) {
-            for (auto& [k2, v2] : e) {
-              if (k2 != k) continue;
-              const at::Tensor t = v2.toTensor();
-              chunked = chunked && t.dim() == 1 && t.numel() == length;
-              pieces.push_back(t);
-            }
-          }
-          if (!chunked) continue;
-          at::Tensor cat = torch::cat(pieces);
-          VOLT_CHECK(cat.numel() == numel, CheckpointError, kTag, " the chunks of '", k, "' for '",
-                     name, "' add up to ", cat.numel(), " elements, not ", numel,
-                     "; a shard is from another run.");
-          v = cat.reshape(param.sizes());
-        }
-        for (auto& [k, v] : merged) {
-          if (k == kMasterKey && v.isTensor()) masters[name] = v.toTensor();
-        }
-        InputArchive merged_in = archive_of(merged);
-        OutputArchive one_out;
-        copy_archive(merged_in, one_out);
-        states_out.write(name, one_out);
-      }
-      group_out.write("state", states_out);
-      full.write(gk, group_out);
+    ArchivePath next = path;
+    next.push_back(key);
+    OutputArchive sub_out;
+    if (auto w = weights.find(next); w != weights.end()) {
+      for (const auto& [name, v] : w->second) sub_out.write(name, v.toTensor());
+    } else if (auto o = optimizers.find(next); o != optimizers.end()) {
+      std::istringstream bytes(o->second);
+      InputArchive whole;
+      whole.load_from(bytes);
+      copy_archive(whole, sub_out);
+    } else {
+      write_consolidated(sub, next, sub_out, weights, optimizers);
     }
-    opts_out.write(key, full);
-    InputArchive sched;
-    const std::string sk = "scheduler_" + std::to_string(i);
-    if (opts[0].try_read(sk, sched)) {
-      OutputArchive sched_out;
-      copy_archive(sched, sched_out);
-      opts_out.write(sk, sched_out);
-    }
+    out.write(key, sub_out);
   }
-  root.write("optimizers", opts_out);
+}
+
+}  // namespace
+
+void consolidate_zero_checkpoint(const std::string& folder, const std::string& out) {
+  VOLT_CHECK(is_zero_checkpoint(folder), CheckpointError, kTag, " '", folder,
+             "' is not a complete ZeRO checkpoint folder (no ", kMetaFile, ").");
+  const int64_t world = folder_meta(folder).world_size;
+  TorchCheckpointIO io;
+  for (int64_t r = 0; r < world; ++r) {
+    const std::string file = shard_file(folder, r, world);
+    struct stat st;
+    VOLT_CHECK(::stat(file.c_str(), &st) == 0, CheckpointError, kTag, " '", folder,
+               "' lacks the shard of rank ", r, " ('", file, "'); the checkpoint is incomplete.");
+  }
+  std::vector<InputArchive> shards;
+  for (int64_t r = 0; r < world; ++r) shards.push_back(io.load(shard_file(folder, r, world)));
+  // Everything but the partitioned entries comes from rank 0 (the ranks hold the same full
+  // weights below stage 3, loop state and callbacks; their generator states are all in every
+  // shard). The partitioned entries are found wherever the checkpoint keeps them: the Trainer's
+  // "state_dict" and "optimizers", each module and optimizer of a Fabric state.
+  std::vector<ArchivePath> dict_paths, optimizer_paths;
+  find_partitioned(shards[0], {}, dict_paths, optimizer_paths);
+  const auto across_ranks = [&](const ArchivePath& path) {
+    std::vector<InputArchive> at;
+    for (auto& sh : shards) at.push_back(sub_at(sh, path));
+    return at;
+  };
+  std::map<ArchivePath, Entries> weights;  // whole weights, by the state dict's place
+  for (const auto& path : dict_paths) {
+    auto dicts = across_ranks(path);
+    weights[path] = whole_weights(dicts);
+  }
+  // An optimizer's parameter shapes: from its shard (written since session 66), else from the
+  // Trainer's state dict, which the Trainer's optimizers belong to.
+  const auto weight_of = [&](const ArchivePath& dict, const std::string& name) -> at::Tensor {
+    if (auto w = weights.find(dict); w != weights.end()) {
+      for (const auto& [k, v] : w->second) {
+        if (k == name) return v.toTensor();
+      }
+      return {};
+    }
+    at::Tensor t;
+    try {
+      InputArchive plain = sub_at(shards[0], dict);
+      if (plain.try_read(name, t)) return t;
+    } catch (const CheckpointError&) {
+      // no such state dict: the shape is unknown (the caller says so)
+    }
+    return {};
+  };
+  std::map<ArchivePath, std::string> optimizers;  // whole states, serialized, by place
+  std::map<ArchivePath, std::map<std::string, at::Tensor>> masters;  // by their weights' place
+  for (const auto& path : optimizer_paths) {
+    auto parts = across_ranks(path);
+    // The state dict of the optimizer's module: named by the shard (Fabric), else the Trainer's.
+    ArchivePath dict{"state_dict"};
+    c10::IValue at_iv;
+    if (parts[0].try_read("weights_at", at_iv) && at_iv.isString()) {
+      dict.clear();
+      std::istringstream keys(at_iv.toStringRef());
+      for (std::string k; std::getline(keys, k, '/');) dict.push_back(k);
+    }
+    InputArchive shapes;
+    const bool own_shapes = parts[0].try_read("zero_shapes", shapes);
+    const auto shape_of = [&](const std::string& name) -> std::vector<int64_t> {
+      at::Tensor t;
+      if (own_shapes && shapes.try_read(name, t)) {
+        return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+      }
+      const at::Tensor w = weight_of(dict, name);
+      VOLT_CHECK(w.defined(), CheckpointError, kTag, " the weights lack '", name,
+                 "' which the optimizer state names.");
+      return w.sizes().vec();
+    };
+    OutputArchive full;
+    whole_optimizer_state(parts, world, shape_of, full, masters[dict]);
+    std::ostringstream bytes;
+    full.save_to(bytes);
+    optimizers[path] = bytes.str();
+  }
   // bf16 runs with master weights: the weights are the fp32 masters (DeepSpeed's zero_to_fp32);
   // loading them into the bf16 module rounds them to exactly the weights it trained with.
-  OutputArchive weights_out;
-  for (auto& [key, v] : weights) {
-    auto it = masters.find(key);
-    weights_out.write(key, it != masters.end() ? it->second : v);
+  for (auto& [dict, by_name] : masters) {
+    if (by_name.empty()) continue;
+    auto w = weights.find(dict);
+    if (w == weights.end()) {
+      // Whole in every shard (stages 1 and 2): rank 0's, with the masters put in.
+      InputArchive plain;
+      try {
+        plain = sub_at(shards[0], dict);
+      } catch (const CheckpointError&) {
+        continue;  // the optimizer's module was not saved beside it
+      }
+      Entries entries;
+      for (const auto& key : plain.keys()) {
+        c10::IValue v;
+        if (plain.try_read(key, v) && v.isTensor()) entries.emplace_back(key, v);
+      }
+      w = weights.emplace(dict, std::move(entries)).first;
+    }
+    for (auto& [name, v] : w->second) {
+      auto m = by_name.find(name);
+      if (m != by_name.end()) v = m->second;
+    }
   }
-  root.write("state_dict", weights_out);
+  OutputArchive root;
+  write_consolidated(shards[0], {}, root, weights, optimizers);
   io.save(root, out);
 }
 

@@ -18,7 +18,9 @@
 //       then the discriminator's flat parameters, and prints "gan d grads differ=D" (0/1: whether
 //       the ranks' discriminator gradients differ after the generator's backward).
 //       --check-module-no-sync 1: the first generator backward runs inside
-//       no_backward_sync(g); prints "module no_sync g differ=G d differ=D" and stops.
+//       no_backward_sync(g); prints "module no_sync g differ=G d differ=D" and stops. Under
+//       ZeRO too (each module's forwards inside its forward_context), with --save-at / --save
+//       and --resume (both modules and both optimizers in the state).
 //   --static-graph 1: DDP's static_graph option. --strategy NAME: "ddp" (default), a
 //       "deepspeed_stage_N" (parameters partitioned whatever their size) or "pipeline" (the net's
 //       layers in a volt::Pipeline, one stage per rank). --pipeline 1: the layers in a
@@ -98,12 +100,19 @@ class NetModule : public volt::Module {
 // The classic GAN loop over two set-up modules: the discriminator steps on real rows and on
 // the generator's detached output (its loss does not reach the generator), then the generator
 // steps through the discriminator (its loss reaches both). The noise comes from the batch rows,
-// so one process on the global batch sees the same noise as two ranks on its halves.
+// so one process on the global batch sees the same noise as two ranks on its halves. Each
+// module's forwards run inside its forward_context (ZeRO-3 gathers its parameters there).
 // check_module_no_sync: the generator's backward of the first step runs inside
 // no_backward_sync(g); the run prints whether each module's gradients differ over the ranks and
-// stops there.
-int run_gan(volt::Fabric& fabric, int64_t rank, const volt::DataLoader& train, int64_t steps,
-            const std::string& out, bool check_module_no_sync) {
+// stops there. The weights are written after the Fabric is destroyed (ZeRO-3's teardown makes
+// the modules whole).
+int run_gan(std::unique_ptr<volt::Fabric>& holder, int64_t rank,
+            std::map<std::string, std::string>& a, bool ddp) {
+  volt::Fabric& fabric = *holder;
+  auto num = [&](const char* k, int64_t def) { return a.count(k) ? std::stoll(a[k]) : def; };
+  const volt::DataLoader train = fabric.setup_dataloader(
+      volt::DataLoader(volt_test::blobs(128, 8, 1),
+                       volt::DataLoaderOptions(num("--batch", 8)).shuffle(true).seed(5)));
   torch::manual_seed(2000 + static_cast<uint64_t>(rank));  // rank 0's weights must win
   torch::nn::Sequential g(torch::nn::Linear(4, 16), torch::nn::Tanh(), torch::nn::Linear(16, 8));
   torch::nn::Sequential d(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
@@ -116,22 +125,52 @@ int run_gan(volt::Fabric& fabric, int64_t rank, const volt::DataLoader& train, i
   const auto bce = [](const at::Tensor& logits, double target) {
     return torch::binary_cross_entropy_with_logits(logits, at::full_like(logits, target));
   };
+  const auto state_of = [&](int64_t step) {
+    volt::FabricState state;
+    state.module("g", *g)
+        .module("d", *d)
+        .optimizer("opt_g", *opt_g)
+        .optimizer("opt_d", *opt_d)
+        .value("step", step);
+    return state;
+  };
   int64_t step = 0;
-  for (int64_t epoch = 0; step < steps; ++epoch) {
-    for (volt::Batch& b : train.stream(epoch)) {
-      if (step == steps) break;
+  if (a.count("--resume")) {
+    volt::FabricState state = state_of(0);
+    fabric.load(a["--resume"], state);
+    step = state.value("step").toInt();
+  }
+  const int64_t steps = num("--steps", 12), save_at = num("--save-at", -1);
+  const int64_t per_epoch = train.num_batches();
+  while (step < steps) {
+    volt::BatchStream stream = train.stream(step / per_epoch, step % per_epoch);
+    volt::Batch b;
+    for (; step < steps && stream.next(b);) {
       const at::Tensor real = fabric.to_device(b).input;
       const at::Tensor z = at::sin(real.narrow(1, 0, 4) * 3);
       fabric.zero_grad(*opt_d);
-      const at::Tensor fake = g->forward(z);
-      fabric.backward(bce(d->forward(real), 1) + bce(d->forward(fake.detach()), 0));
+      at::Tensor fake, loss_d;
+      {
+        auto forward = fabric.forward_context(g);
+        fake = g->forward(z);
+      }
+      {
+        auto forward = fabric.forward_context(d);
+        loss_d = bce(d->forward(real), 1) + bce(d->forward(fake.detach()), 0);
+      }
+      fabric.backward(loss_d);
       fabric.step(*opt_d);
       fabric.zero_grad(*opt_g);
       fabric.zero_grad(*opt_d);
-      if (check_module_no_sync) {
+      at::Tensor loss_g;
+      {
+        auto forward = fabric.forward_context(d);
+        loss_g = bce(d->forward(fake), 1);
+      }
+      if (num("--check-module-no-sync", 0) != 0) {
         {
           auto no_sync = fabric.no_backward_sync(g);
-          fabric.backward(bce(d->forward(fake), 1));
+          fabric.backward(loss_g);
         }
         std::printf("module no_sync g differ=%ld d differ=%ld\n",
                     static_cast<long>(differ(fabric, g->parameters()[0].grad())),
@@ -139,17 +178,19 @@ int run_gan(volt::Fabric& fabric, int64_t rank, const volt::DataLoader& train, i
         std::fflush(stdout);
         return 0;
       }
-      fabric.backward(bce(d->forward(fake), 1));
-      if (step == 0) {
+      fabric.backward(loss_g);
+      if (step == 0 && ddp) {  // ZeRO keeps each rank's chunk of the gradients
         std::printf("gan d grads differ=%ld\n",
                     static_cast<long>(differ(fabric, d->parameters()[0].grad())));
         std::fflush(stdout);
       }
       fabric.step(*opt_g);
       ++step;
+      if (step == save_at) fabric.save(a["--save"], state_of(step));
     }
   }
-  torch::save(at::cat({flat(*g), flat(*d)}), out + ".rank" + std::to_string(rank) + ".pt");
+  holder.reset();
+  torch::save(at::cat({flat(*g), flat(*d)}), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
   std::printf("rank %ld done step=%ld\n", static_cast<long>(rank), static_cast<long>(step));
   std::fflush(stdout);
   return 0;
@@ -216,13 +257,7 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    if (num("--gan", 0) != 0) {
-      const volt::DataLoader train = fabric.setup_dataloader(
-          volt::DataLoader(volt_test::blobs(128, 8, 1),
-                           volt::DataLoaderOptions(num("--batch", 8)).shuffle(true).seed(5)));
-      return run_gan(fabric, rank, train, num("--steps", 12), a["--out"],
-                     num("--check-module-no-sync", 0) != 0);
-    }
+    if (num("--gan", 0) != 0) return run_gan(fabric_holder, rank, a, strategy == "ddp");
 
     torch::manual_seed(1000 + static_cast<uint64_t>(rank));  // rank 0's weights must win
     auto net = make_net(num("--batchnorm", 0) != 0);

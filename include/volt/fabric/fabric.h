@@ -26,8 +26,8 @@
 ///     }
 ///   }
 ///
-/// Strategies: "auto", "single_device", "ddp", ZeRO's "deepspeed*" (one module; the forward inside
-/// forward_context, clipping by the DeepSpeed config) and "pipeline" (one module holding one
+/// Strategies: "auto", "single_device", "ddp", ZeRO's "deepspeed*" (engines per module; forwards
+/// in forward_context, clipping by the DeepSpeed config) and "pipeline" (one module holding one
 /// volt::Pipeline, a stage per process), by name or as an object with its options.
 ///
 /// Departures from Lightning, where C++ differs: `setup` leaves the module and optimizers as

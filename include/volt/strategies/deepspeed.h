@@ -182,8 +182,9 @@ class DeepSpeedStrategy : public DdpStrategy {
   void trainable_parameters_changed(Module& module) override;
   void setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) override;
   void backward(const at::Tensor& loss, Module& module, bool sync_gradients) override;
-  /// ZeRO partitions one module: backward(loss, module, sync) for it; several modules are a
-  /// ConfigError (DDP's per-module reducers are not ZeRO's engines).
+  /// Each module keeps its own engines (one per optimizer set up with it): the engines of the
+  /// modules `modules` names arm their gradient hooks around one backward (with each module's
+  /// sync flag), the others take no part, as DDP's per-module reducers.
   void backward_through(const at::Tensor& loss, const std::vector<Reached>& modules) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
                       ClipAlgorithm algorithm, const ClipCall& clip) override;
@@ -239,9 +240,12 @@ class DeepSpeedStrategy : public DdpStrategy {
   std::vector<std::unique_ptr<ZeroEngine::Resident>> resident() const;
   /// Whether some engine keeps parameters partitioned (stage 3).
   bool partitions_parameters() const;
-  /// Master weights: sets each engine's masters from the weights just loaded from `ar` (whole
-  /// tensors, or this rank's chunks of stage 3's partitioned ones when `chunks`).
-  void load_master_weights(torch::serialize::InputArchive& ar, bool chunks) const;
+  /// Master weights: sets the masters of `module`'s engines from the weights just loaded from
+  /// `ar` (whole tensors, or this rank's chunks of stage 3's partitioned ones when `chunks`).
+  void load_master_weights(const Module& module, torch::serialize::InputArchive& ar,
+                           bool chunks) const;
+  /// The engines of the optimizers set up with `module`.
+  std::vector<ZeroEngine*> engines_of(const Module& module) const;
   /// The chunk of parameter `impl` in some engine, or nullptr.
   const ZeroChunk* chunk_of(const c10::TensorImpl* impl) const;
   bool zero_on() const { return options_.zero_optimization() && options_.stage() > 0; }
@@ -252,16 +256,23 @@ class DeepSpeedStrategy : public DdpStrategy {
   }
   std::unique_ptr<TensorParallelEngine> tp_;
   std::unique_ptr<KernelInjection> injection_;  // replace_with_kernel_inject's swaps, this run
-  c10::optional<at::ScalarType> cast_back_;     // the module's dtype before a bfloat16 run
+  c10::optional<at::ScalarType> cast_back_;  // the module's dtype before a bfloat16 inference run
   Module* cast_module_ = nullptr;
-  bool cast_for_masters_ = false;  // bf16-mixed with master weights: cast by setup_module
-  int64_t tp_groups_made_ = 0;     // names each run's tensor-parallel group uniquely in the store
+  // bf16-mixed with master weights: the modules setup_optimizers cast to bf16, and their dtype
+  // before (teardown casts them back and writes their engines' fp32 masters into them).
+  std::vector<std::pair<Module*, at::ScalarType>> master_casts_;
+  int64_t tp_groups_made_ = 0;  // names each run's tensor-parallel group uniquely in the store
   DeepSpeedStrategyOptions options_;
   c10::optional<DeepSpeedConfig> config_;
   c10::optional<double> clip_;  // the JSON's gradient_clipping
   int64_t micro_batch_ = 0;     // the JSON's micro batch, checked on the first batch
   std::map<const torch::optim::Optimizer*, std::unique_ptr<ZeroEngine>> engines_;
-  std::map<const c10::TensorImpl*, std::string> names_;
+  // The modules set up in this run (a Fabric loop's several), each optimizer's module, and each
+  // module's parameter names (its engines name their chunks by them).
+  std::vector<const Module*> modules_;
+  std::map<const torch::optim::Optimizer*, const Module*> owners_;
+  std::map<const Module*, std::map<const c10::TensorImpl*, std::string>> names_;
+  int64_t nvme_files_ = 0;  // swap files made in this run's folder (each one's number)
   std::unique_ptr<CheckpointDefaultsGuard> checkpoint_defaults_;  // cpu_checkpointing's run
   // NVMe offload: per optimizer, its state swapper; this run's folders (removed at teardown).
   bool nvme_optimizer() const {
@@ -279,8 +290,11 @@ class DeepSpeedStrategy : public DdpStrategy {
 
 /// Reads a ZeRO checkpoint folder (every rank's shard) and writes one ordinary volt checkpoint
 /// file at `out`: full weights and full optimizer state by parameter name, plus everything else
-/// rank 0 saved (DeepSpeed's zero_to_fp32, with the optimizer state kept). Any strategy and any
-/// world size loads the result. Throws CheckpointError naming a missing or inconsistent shard.
+/// rank 0 saved (DeepSpeed's zero_to_fp32, with the optimizer state kept). The partitioned
+/// entries are found wherever the checkpoint keeps them (a Trainer's weights and optimizers, each
+/// module and optimizer of a Fabric state); with bf16 master weights, the weights are the fp32
+/// masters. Any strategy and any world size loads the result. Throws CheckpointError naming a
+/// missing or inconsistent shard.
 void consolidate_zero_checkpoint(const std::string& folder, const std::string& out);
 
 /// consolidate_zero_checkpoint into a temporary file, read back: how every strategy (and
