@@ -9,8 +9,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "build_paths.h"
 #include "error_text.h"
@@ -22,6 +24,7 @@
 #include "volt/accelerators/cpu_memory.h"
 #include "volt/core/registry.h"
 #include "volt/nn/pipeline.h"
+#include "volt/strategies/deepspeed.h"
 #include "volt/trainer/checkpoint.h"
 #include "volt/trainer/trainer.h"
 
@@ -407,14 +410,35 @@ struct Gan {
   }
 };
 
+// How gan_loop trains: plain libtorch by default, or through a Fabric (through()).
+struct GanCalls {
+  std::function<void(const at::Tensor&)> backward = [](const at::Tensor& loss) {
+    loss.backward();
+  };
+  std::function<void(torch::optim::Optimizer&)> step = [](torch::optim::Optimizer& o) {
+    o.step();
+  };
+  std::function<void(torch::optim::Optimizer&)> zero_grad = [](torch::optim::Optimizer& o) {
+    o.zero_grad();
+  };
+  // Held around each module's forwards.
+  std::function<std::shared_ptr<void>(torch::nn::Module&)> context = [](torch::nn::Module&) {
+    return std::shared_ptr<void>();
+  };
+};
+
+GanCalls through(volt::Fabric& fabric) {
+  GanCalls c;
+  c.backward = [&fabric](const at::Tensor& loss) { fabric.backward(loss); };
+  c.step = [&fabric](torch::optim::Optimizer& o) { fabric.step(o); };
+  c.zero_grad = [&fabric](torch::optim::Optimizer& o) { fabric.zero_grad(o); };
+  c.context = [&fabric](torch::nn::Module& m) { return fabric.forward_context(m); };
+  return c;
+}
+
 // The alternating GAN loop: the discriminator's loss over a detached fake, then the generator's
-// through the discriminator. `backward` and `step` are Fabric's or plain libtorch's; so is
-// `zero_grad` (default: the optimizer's own).
-template <typename Backward, typename Step>
-void gan_loop(
-    Gan& m, int64_t steps, Backward backward, Step step,
-    const std::function<void(torch::optim::Optimizer&)>& zero_grad =
-        [](torch::optim::Optimizer& o) { o.zero_grad(); }) {
+// through the discriminator.
+void gan_loop(Gan& m, int64_t steps, const GanCalls& calls = {}) {
   const auto bce = [](const at::Tensor& logits, double target) {
     return torch::binary_cross_entropy_with_logits(logits, at::full_like(logits, target));
   };
@@ -423,14 +447,26 @@ void gan_loop(
   for (volt::Batch& b : loader.stream(0)) {
     if (i++ == steps) break;
     const at::Tensor z = at::sin(b.input.narrow(1, 0, 4) * 3);
-    zero_grad(*m.opt_d);
-    const at::Tensor fake = m.g->forward(z);
-    backward(bce(m.d->forward(b.input), 1) + bce(m.d->forward(fake.detach()), 0));
-    step(*m.opt_d);
-    zero_grad(*m.opt_g);
-    zero_grad(*m.opt_d);
-    backward(bce(m.d->forward(fake), 1));
-    step(*m.opt_g);
+    calls.zero_grad(*m.opt_d);
+    at::Tensor fake, loss_d, loss_g;
+    {
+      auto context = calls.context(*m.g);
+      fake = m.g->forward(z);
+    }
+    {
+      auto context = calls.context(*m.d);
+      loss_d = bce(m.d->forward(b.input), 1) + bce(m.d->forward(fake.detach()), 0);
+    }
+    calls.backward(loss_d);
+    calls.step(*m.opt_d);
+    calls.zero_grad(*m.opt_g);
+    calls.zero_grad(*m.opt_d);
+    {
+      auto context = calls.context(*m.d);
+      loss_g = bce(m.d->forward(fake), 1);
+    }
+    calls.backward(loss_g);
+    calls.step(*m.opt_g);
   }
 }
 
@@ -439,15 +475,11 @@ TEST(Fabric, SeveralModulesTrainAsAHandWrittenLoop) {
   Gan plain;
   torch::manual_seed(5);
   Gan with_fabric;
-  gan_loop(
-      plain, 4, [](const at::Tensor& loss) { loss.backward(); },
-      [](torch::optim::Optimizer& o) { o.step(); });
+  gan_loop(plain, 4);
   volt::Fabric fabric(cpu());
   fabric.setup(with_fabric.g, {with_fabric.opt_g});
   fabric.setup(with_fabric.d, {with_fabric.opt_d});
-  gan_loop(
-      with_fabric, 4, [&](const at::Tensor& loss) { fabric.backward(loss); },
-      [&](torch::optim::Optimizer& o) { fabric.step(o); });
+  gan_loop(with_fabric, 4, through(fabric));
   EXPECT_TRUE(at::equal(plain.flat(), with_fabric.flat()));
 }
 
@@ -459,9 +491,7 @@ TEST(Fabric, ZeroTrainsSeveralModulesAsAHandWrittenLoop) {
   VOLT_REQUIRE_GLOO();
   torch::manual_seed(5);
   Gan plain;
-  gan_loop(
-      plain, 4, [](const at::Tensor& loss) { loss.backward(); },
-      [](torch::optim::Optimizer& o) { o.step(); });
+  gan_loop(plain, 4);
   for (const std::string stage : {"deepspeed_stage_2", "deepspeed_stage_3"}) {
     torch::manual_seed(5);
     Gan zero;
@@ -469,13 +499,42 @@ TEST(Fabric, ZeroTrainsSeveralModulesAsAHandWrittenLoop) {
         cpu().strategy(volt::named<volt::Strategy>(stage, {{"ignore_unused_parameters", false}})));
     fabric.setup(zero.g, {zero.opt_g});
     fabric.setup(zero.d, {zero.opt_d});
-    gan_loop(
-        zero, 4, [&](const at::Tensor& loss) { fabric.backward(loss); },
-        [&](torch::optim::Optimizer& o) { fabric.step(o); },
-        [&](torch::optim::Optimizer& o) { fabric.zero_grad(o); });
+    gan_loop(zero, 4, through(fabric));
     EXPECT_TRUE(at::allclose(plain.flat(), zero.flat(), 0, 1e-6))
         << stage << ": " << (plain.flat() - zero.flat()).abs().max().item<double>();
   }
+}
+
+// Stage 3 with the optimizer state and the parameter chunks swapped to NVMe files: each module's
+// engine and swapper has its own files in the run's folder (numbered across modules), and the
+// folder is gone when the Fabric is destroyed.
+TEST(Fabric, ZeroNvmeOffloadGivesEachModuleItsOwnSwapFiles) {
+  VOLT_REQUIRE_GLOO();
+  torch::manual_seed(5);
+  Gan plain;
+  gan_loop(plain, 4);
+  volt_test::TempDir nvme;
+  torch::manual_seed(5);
+  Gan zero;
+  {
+    volt::Fabric fabric(cpu().strategy(volt::named<volt::Strategy>(
+        "deepspeed_stage_3_offload_nvme",
+        {{"nvme_path", nvme.path}, {"param_persistence_threshold", int64_t{0}}})));
+    fabric.setup(zero.g, {zero.opt_g});
+    fabric.setup(zero.d, {zero.opt_d});
+    gan_loop(zero, 4, through(fabric));
+    const auto& ds = dynamic_cast<const volt::DeepSpeedStrategy&>(fabric.strategy());
+    std::vector<std::string> files;
+    for (const auto& f : std::filesystem::directory_iterator(ds.nvme_folder())) {
+      files.push_back(f.path().filename().string());
+    }
+    std::sort(files.begin(), files.end());
+    EXPECT_EQ(files, (std::vector<std::string>{"optimizer0.swp", "optimizer1.swp", "owner.lock",
+                                               "parameters0.swp", "parameters1.swp"}));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(nvme.path));
+  EXPECT_TRUE(at::allclose(plain.flat(), zero.flat(), 0, 1e-6))
+      << (plain.flat() - zero.flat()).abs().max().item<double>();
 }
 
 // bf16-mixed under ZeRO (master weights): each set-up module trains in bf16 against fp32
