@@ -412,12 +412,8 @@ struct Gan {
 
 // How gan_loop trains: plain libtorch by default, or through a Fabric (through()).
 struct GanCalls {
-  std::function<void(const at::Tensor&)> backward = [](const at::Tensor& loss) {
-    loss.backward();
-  };
-  std::function<void(torch::optim::Optimizer&)> step = [](torch::optim::Optimizer& o) {
-    o.step();
-  };
+  std::function<void(const at::Tensor&)> backward = [](const at::Tensor& loss) { loss.backward(); };
+  std::function<void(torch::optim::Optimizer&)> step = [](torch::optim::Optimizer& o) { o.step(); };
   std::function<void(torch::optim::Optimizer&)> zero_grad = [](torch::optim::Optimizer& o) {
     o.zero_grad();
   };
