@@ -104,6 +104,17 @@ bool tested_optimizer(const torch::optim::Optimizer& o) {
 
 using Entries = std::vector<std::pair<std::string, c10::IValue>>;
 
+// One entry that is not a sub-archive.
+void copy_value(InputArchive& in, const std::string& key, OutputArchive& out) {
+  c10::IValue v;
+  if (!in.try_read(key, v)) return;
+  if (v.isTensor()) {
+    out.write(key, v.toTensor());
+  } else {
+    out.write(key, v);
+  }
+}
+
 void copy_archive(InputArchive& in, OutputArchive& out, const std::vector<std::string>& skip = {}) {
   for (const auto& key : in.keys()) {
     if (std::find(skip.begin(), skip.end(), key) != skip.end()) continue;
@@ -114,13 +125,7 @@ void copy_archive(InputArchive& in, OutputArchive& out, const std::vector<std::s
       out.write(key, sub_out);
       continue;
     }
-    c10::IValue v;
-    if (!in.try_read(key, v)) continue;
-    if (v.isTensor()) {
-      out.write(key, v.toTensor());
-    } else {
-      out.write(key, v);
-    }
+    copy_value(in, key, out);
   }
 }
 
@@ -1599,13 +1604,7 @@ void write_consolidated(InputArchive& in, const ArchivePath& path, OutputArchive
   for (const auto& key : in.keys()) {
     InputArchive sub;
     if (!in.try_read(key, sub)) {
-      c10::IValue v;
-      if (!in.try_read(key, v)) continue;
-      if (v.isTensor()) {
-        out.write(key, v.toTensor());
-      } else {
-        out.write(key, v);
-      }
+      copy_value(in, key, out);
       continue;
     }
     ArchivePath next = path;

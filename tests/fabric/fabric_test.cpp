@@ -1175,6 +1175,33 @@ TEST(FabricDdp, SavedMidRunAJobResumesBitForBit) {
   EXPECT_EQ(line(full[0].output), line(resumed[0].output));
 }
 
+// For each (stage, precision) of `cases`, two-rank jobs of the worker with `model` flags under
+// ZeRO: one saved at step 5 of 10 and one resumed from that folder by a new job end with the same
+// weights, bit for bit, on both ranks.
+void expect_zero_resume_bit_for_bit(const std::vector<std::string>& model,
+                                    const std::vector<std::pair<std::string, std::string>>& cases) {
+  volt_test::TempDir dir;
+  for (const auto& [stage, precision] : cases) {
+    const std::string root = dir / ("stage" + stage + precision), mid = root + "/mid.ckpt";
+    auto with = [&](const std::vector<std::string>& more) {
+      std::vector<std::string> all = model;
+      all.insert(all.end(), {"--strategy", "deepspeed_stage_" + stage, "--steps", "10",
+                             "--precision", precision});
+      all.insert(all.end(), more.begin(), more.end());
+      return all;
+    };
+    const auto full = run_ranks(root + "/full", with({"--save-at", "5", "--save", mid}));
+    for (const auto& j : full) ASSERT_EQ(j.code, 0) << j.output;
+    const auto resumed = run_ranks(root + "/resumed", with({"--resume", mid}));
+    for (const auto& j : resumed) ASSERT_EQ(j.code, 0) << j.output;
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(
+          at::equal(load_flat(out_of(root + "/full", r)), load_flat(out_of(root + "/resumed", r))))
+          << stage << " " << precision << " rank " << r;
+    }
+  }
+}
+
 // ZeRO under Fabric: the program's loop with stage 1, 2 and 3 (every parameter partitioned, the
 // forward inside forward_context gathering them) trains as one process on the global batch.
 TEST(FabricDdp, ZeroStagesOnTwoRanksEqualOneProcessOnTheGlobalBatch) {
@@ -1193,27 +1220,7 @@ TEST(FabricDdp, ZeroStagesOnTwoRanksEqualOneProcessOnTheGlobalBatch) {
 // the uninterrupted run, on both ranks.
 TEST(FabricDdp, ZeroSavedMidRunResumesBitForBit) {
   VOLT_REQUIRE_GLOO();
-  volt_test::TempDir dir;
-  const std::vector<std::pair<std::string, std::string>> cases{
-      {"2", "32-true"}, {"3", "32-true"}, {"3", "bf16-mixed"}};
-  for (const auto& [stage, precision] : cases) {
-    const std::string root = dir / ("stage" + stage + precision), mid = root + "/mid.ckpt";
-    const std::vector<std::string> zero{
-        "--strategy", "deepspeed_stage_" + stage, "--steps", "10", "--precision", precision};
-    auto with = [&](std::vector<std::string> more) {
-      more.insert(more.begin(), zero.begin(), zero.end());
-      return more;
-    };
-    const auto full = run_ranks(root + "/full", with({"--save-at", "5", "--save", mid}));
-    for (const auto& j : full) ASSERT_EQ(j.code, 0) << j.output;
-    const auto resumed = run_ranks(root + "/resumed", with({"--resume", mid}));
-    for (const auto& j : resumed) ASSERT_EQ(j.code, 0) << j.output;
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_TRUE(
-          at::equal(load_flat(out_of(root + "/full", r)), load_flat(out_of(root + "/resumed", r))))
-          << stage << " " << precision << " rank " << r;
-    }
-  }
+  expect_zero_resume_bit_for_bit({}, {{"2", "32-true"}, {"3", "32-true"}, {"3", "bf16-mixed"}});
 }
 
 // Several modules under ZeRO (Lightning Fabric's setup per model with DeepSpeed): the GAN
@@ -1236,27 +1243,7 @@ TEST(FabricDdp, SeveralModulesUnderZeroEqualOneProcessOnTheGlobalBatch) {
 // uninterrupted run on both ranks.
 TEST(FabricDdp, SeveralModulesUnderZeroResumeBitForBit) {
   VOLT_REQUIRE_GLOO();
-  volt_test::TempDir dir;
-  const std::vector<std::pair<std::string, std::string>> cases{{"2", "32-true"},
-                                                               {"3", "bf16-mixed"}};
-  for (const auto& [stage, precision] : cases) {
-    const std::string root = dir / ("stage" + stage + precision), mid = root + "/mid.ckpt";
-    const std::vector<std::string> gan{"--gan",   "1",  "--strategy",  "deepspeed_stage_" + stage,
-                                       "--steps", "10", "--precision", precision};
-    auto with = [&](std::vector<std::string> more) {
-      more.insert(more.begin(), gan.begin(), gan.end());
-      return more;
-    };
-    const auto full = run_ranks(root + "/full", with({"--save-at", "5", "--save", mid}));
-    for (const auto& j : full) ASSERT_EQ(j.code, 0) << j.output;
-    const auto resumed = run_ranks(root + "/resumed", with({"--resume", mid}));
-    for (const auto& j : resumed) ASSERT_EQ(j.code, 0) << j.output;
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_TRUE(
-          at::equal(load_flat(out_of(root + "/full", r)), load_flat(out_of(root + "/resumed", r))))
-          << stage << " " << precision << " rank " << r;
-    }
-  }
+  expect_zero_resume_bit_for_bit({"--gan", "1"}, {{"2", "32-true"}, {"3", "bf16-mixed"}});
 }
 
 // A Fabric ZeRO folder loads at another world size (DeepSpeedStrategy's load consolidates the
