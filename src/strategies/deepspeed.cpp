@@ -1650,31 +1650,21 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
     for (auto& sh : shards) at.push_back(sub_at(sh, path));
     return at;
   };
-  std::map<ArchivePath, Entries> weights;  // whole weights, by the state dict's place
-  for (const auto& path : dict_paths) {
-    auto dicts = across_ranks(path);
-    weights[path] = whole_weights(dicts);
-  }
-  // An optimizer's parameter shapes: from its shard (written since session 66), else from the
-  // Trainer's state dict, which the Trainer's optimizers belong to.
-  const auto weight_of = [&](const ArchivePath& dict, const std::string& name) -> at::Tensor {
-    if (auto w = weights.find(dict); w != weights.end()) {
-      for (const auto& [k, v] : w->second) {
-        if (k == name) return v.toTensor();
-      }
-      return {};
-    }
-    at::Tensor t;
+  // Whole weights, by the state dict's place: stage 3's chunks joined, or rank 0's whole
+  // tensors (stages 1 and 2). weights_at reads one on first use (nullptr where rank 0 has none).
+  std::map<ArchivePath, Entries> weights;
+  const auto weights_at = [&](const ArchivePath& path) -> Entries* {
+    if (auto w = weights.find(path); w != weights.end()) return &w->second;
     try {
-      InputArchive plain = sub_at(shards[0], dict);
-      if (plain.try_read(name, t)) return t;
+      sub_at(shards[0], path);
     } catch (const CheckpointError&) {
-      // no such state dict: the shape is unknown (the caller says so)
+      return nullptr;  // the optimizer's module was not saved beside it
     }
-    return {};
+    auto dicts = across_ranks(path);
+    return &weights.emplace(path, whole_weights(dicts)).first->second;
   };
+  for (const auto& path : dict_paths) weights_at(path);
   std::map<ArchivePath, std::string> optimizers;  // whole states, serialized, by place
-  std::map<ArchivePath, std::map<std::string, at::Tensor>> masters;  // by their weights' place
   for (const auto& path : optimizer_paths) {
     auto parts = across_ranks(path);
     // The state dict of the optimizer's module: named by the shard (Fabric), else the Trainer's.
@@ -1685,6 +1675,7 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
       std::istringstream keys(at_iv.toStringRef());
       for (std::string k; std::getline(keys, k, '/');) dict.push_back(k);
     }
+    // Parameter shapes: from the shard (written since session 66), else from the state dict.
     InputArchive shapes;
     const bool own_shapes = parts[0].try_read("zero_shapes", shapes);
     const auto shape_of = [&](const std::string& name) -> std::vector<int64_t> {
@@ -1692,40 +1683,29 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
       if (own_shapes && shapes.try_read(name, t)) {
         return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
       }
-      const at::Tensor w = weight_of(dict, name);
-      VOLT_CHECK(w.defined(), CheckpointError, kTag, " the weights lack '", name,
+      if (const Entries* w = weights_at(dict)) {
+        for (const auto& [k, v] : *w) {
+          if (k == name) return v.toTensor().sizes().vec();
+        }
+      }
+      VOLT_CHECK(false, CheckpointError, kTag, " the weights lack '", name,
                  "' which the optimizer state names.");
-      return w.sizes().vec();
+      return {};
     };
     OutputArchive full;
-    whole_optimizer_state(parts, world, shape_of, full, masters[dict]);
+    std::map<std::string, at::Tensor> masters;
+    whole_optimizer_state(parts, world, shape_of, full, masters);
     std::ostringstream bytes;
     full.save_to(bytes);
     optimizers[path] = bytes.str();
-  }
-  // bf16 runs with master weights: the weights are the fp32 masters (DeepSpeed's zero_to_fp32);
-  // loading them into the bf16 module rounds them to exactly the weights it trained with.
-  for (auto& [dict, by_name] : masters) {
-    if (by_name.empty()) continue;
-    auto w = weights.find(dict);
-    if (w == weights.end()) {
-      // Whole in every shard (stages 1 and 2): rank 0's, with the masters put in.
-      InputArchive plain;
-      try {
-        plain = sub_at(shards[0], dict);
-      } catch (const CheckpointError&) {
-        continue;  // the optimizer's module was not saved beside it
-      }
-      Entries entries;
-      for (const auto& key : plain.keys()) {
-        c10::IValue v;
-        if (plain.try_read(key, v) && v.isTensor()) entries.emplace_back(key, v);
-      }
-      w = weights.emplace(dict, std::move(entries)).first;
-    }
-    for (auto& [name, v] : w->second) {
-      auto m = by_name.find(name);
-      if (m != by_name.end()) v = m->second;
+    // bf16 runs with master weights: the weights are the fp32 masters (DeepSpeed's
+    // zero_to_fp32); loading them into the bf16 module rounds them to exactly the weights it
+    // trained with.
+    Entries* w = masters.empty() ? nullptr : weights_at(dict);
+    if (w == nullptr) continue;
+    for (auto& [name, v] : *w) {
+      auto m = masters.find(name);
+      if (m != masters.end()) v = m->second;
     }
   }
   OutputArchive root;
