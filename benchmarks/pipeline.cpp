@@ -13,6 +13,9 @@
 //   volt_bench_pipeline --table batchnorm [--steps N] [--batch B]
 //   (a BatchNorm1d after each Linear: `bn` = each micro-batch moves the running statistics,
 //   `bn_deferred` = deferred_batch_norm, once per batch; 2 stages, 4 and 8 micro-batches)
+//   volt_bench_pipeline --table schedule [--steps N] [--batch B]
+//   (the head in the pipeline; `gpipe` = the loss from forward(), `1f1b` = from forward_loss(),
+//   the 1F1B schedule; 2 stages, 4 and 8 micro-batches)
 //   OPENBLAS_NUM_THREADS=1 volt_bench_pipeline --hand 1 --chunks C [--batch B]
 //   (the layers in a hand-written loop, each phase timed; with plain cluster variables, e.g.
 //   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 NODE_RANK=0 LOCAL_RANK=r, one stage)
@@ -35,9 +38,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // "never", "always", "except_last", or "intervalN" (activation_checkpoint_interval N); "bn" and
-// "bn_deferred" (BatchNorm layers, without checkpointing) with deferred_batch_norm off / on.
+// "bn_deferred" (BatchNorm layers, without checkpointing) with deferred_batch_norm off / on;
+// "gpipe" and "1f1b" (the head in the pipeline, the loss from forward() or forward_loss()).
+bool schedule_mode(const std::string& mode) {
+  return mode == "gpipe" || mode == "1f1b";
+}
+
 volt::PipelineOptions options(int64_t chunks, const std::string& checkpoint) {
   auto o = volt::PipelineOptions().chunks(chunks);
+  if (schedule_mode(checkpoint)) return o;
   if (checkpoint.rfind("bn", 0) == 0) return o.deferred_batch_norm(checkpoint == "bn_deferred");
   if (checkpoint.rfind("interval", 0) == 0) {
     return o.activation_checkpoint_interval(std::stoll(checkpoint.substr(8)));
@@ -47,18 +56,25 @@ volt::PipelineOptions options(int64_t chunks, const std::string& checkpoint) {
 
 class DeepMlp : public volt::Module {
  public:
-  DeepMlp(int64_t chunks, const std::string& checkpoint) {
+  DeepMlp(int64_t chunks, const std::string& checkpoint) : mode_(checkpoint) {
     torch::nn::Sequential layers;
     for (int i = 0; i < 8; ++i) {
       layers->push_back(torch::nn::Linear(1024, 1024));
       if (checkpoint.rfind("bn", 0) == 0) layers->push_back(torch::nn::BatchNorm1d(1024));
       layers->push_back(torch::nn::GELU());
     }
+    if (schedule_mode(mode_)) layers->push_back(torch::nn::Linear(1024, 10));
     body = register_module("body", volt::Pipeline(layers, options(chunks, checkpoint)));
-    head = register_module("head", torch::nn::Linear(1024, 10));
+    if (!schedule_mode(mode_)) head = register_module("head", torch::nn::Linear(1024, 10));
   }
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-    return torch::cross_entropy_loss(head->forward(body->forward(b.input)), b.target);
+    if (mode_ == "1f1b") {
+      return body->forward_loss(b.input, b.target, [](const at::Tensor& out, const at::Tensor& t) {
+        return torch::cross_entropy_loss(out, t);
+      });
+    }
+    const at::Tensor out = body->forward(b.input);
+    return torch::cross_entropy_loss(head ? head->forward(out) : out, b.target);
   }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
     optimizer =
@@ -66,8 +82,11 @@ class DeepMlp : public volt::Module {
     return {volt::OptimizerConfig(optimizer)};
   }
   volt::Pipeline body{nullptr};
-  torch::nn::Linear head{nullptr};
+  torch::nn::Linear head{nullptr};  // after the pipeline, but in it under "gpipe" and "1f1b"
   std::shared_ptr<torch::optim::AdamW> optimizer;
+
+ private:
+  std::string mode_;
 };
 
 // Times the steps after the warm-up ones and reads what this rank holds at the end.
@@ -237,6 +256,9 @@ int main(int argc, char** argv) {
     }
     if (a.count("--table") && a["--table"] == "batchnorm") {
       configs = {{2, 4, "bn"}, {2, 4, "bn_deferred"}, {2, 8, "bn"}, {2, 8, "bn_deferred"}};
+    }
+    if (a.count("--table") && a["--table"] == "schedule") {
+      configs = {{2, 4, "gpipe"}, {2, 4, "1f1b"}, {2, 8, "gpipe"}, {2, 8, "1f1b"}};
     }
     for (const auto& [stages, chunks, checkpoint] : configs) {
       const std::string cmd = std::string(argv[0]) + " --stages " + std::to_string(stages) +

@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include <volt/volt.h>
 
@@ -11,10 +13,13 @@ namespace volt_examples {
 
 /// Images [N,1,28,28] -> logits [N,10]. With `pipeline_chunks` > 0 the layers are one
 /// volt::Pipeline (`body`: Flatten, Linear, ReLU, ..., Linear) that the "pipeline" strategy splits
-/// into stages, each batch cut into that many micro-batches.
+/// into stages, each batch cut into that many micro-batches; `pipeline_schedule` "1f1b" computes
+/// the training loss with Pipeline::forward_loss (the 1F1B schedule) instead of GPipe's.
 struct MlpNet : torch::nn::Module {
   static constexpr const char* kName = "MlpNet";
-  explicit MlpNet(std::vector<int64_t> hidden = {128}, int64_t pipeline_chunks = 0) {
+  explicit MlpNet(std::vector<int64_t> hidden = {128}, int64_t pipeline_chunks = 0,
+                  std::string pipeline_schedule = "gpipe")
+      : schedule(std::move(pipeline_schedule)) {
     int64_t in = 784;
     torch::nn::Sequential seq{torch::nn::Flatten()};
     for (size_t i = 0; i < hidden.size(); ++i) {
@@ -43,6 +48,15 @@ struct MlpNet : torch::nn::Module {
     for (auto& l : layers) x = torch::relu(l->forward(x));
     return out->forward(x);
   }
+  torch::Tensor training_loss(const torch::Tensor& x, const torch::Tensor& target) {
+    if (body && schedule == "1f1b") {
+      return body->forward_loss(x, target, [](const torch::Tensor& y, const torch::Tensor& t) {
+        return torch::cross_entropy_loss(y, t);
+      });
+    }
+    return torch::cross_entropy_loss(forward(x), target);
+  }
+  std::string schedule;
   std::vector<torch::nn::Linear> layers;
   torch::nn::Linear out{nullptr};
   volt::Pipeline body{nullptr};
@@ -125,6 +139,15 @@ struct TransformerNet : torch::nn::Module {
   torch::nn::LayerNorm norm{nullptr};
 };
 
+/// The cross-entropy a network's training step minimises (MlpNet's may run a pipeline schedule).
+template <typename Net>
+torch::Tensor training_loss(Net& net, const volt::Batch& b) {
+  return torch::cross_entropy_loss(net.forward(b.input), b.target);
+}
+inline torch::Tensor training_loss(MlpNet& net, const volt::Batch& b) {
+  return net.training_loss(b.input, b.target);
+}
+
 /// A volt::Module wrapping either network: cross-entropy, accuracy, Adam.
 template <typename Net>
 class Classifier : public volt::Module {
@@ -136,7 +159,7 @@ class Classifier : public volt::Module {
   torch::Tensor forward(const torch::Tensor& x) { return net_->forward(x); }
 
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-    auto loss = torch::cross_entropy_loss(net_->forward(b.input), b.target);
+    auto loss = training_loss(*net_, b);
     log("train_loss", loss, volt::LogOptions().prog_bar(true));
     return loss;
   }
@@ -241,7 +264,11 @@ inline void register_fashion_mnist(volt::Registry& r) {
                  .add("hidden", std::vector<int64_t>{256, 128}, "hidden layer widths")
                  .add("pipeline_chunks", int64_t{0},
                       "layers in one volt::Pipeline for --trainer.strategy=pipeline, with this "
-                      "many micro-batches per batch (0: plain layers)"),
+                      "many micro-batches per batch (0: plain layers)")
+                 .add("pipeline_schedule", std::string("gpipe"),
+                      "with pipeline_chunks: gpipe (every micro-batch's forward, then the "
+                      "backwards) or 1f1b (the loss in the pipeline, each micro-batch's backward "
+                      "as soon as it can run: fewer activations held)"),
              4),
       [check_common](const volt::Args& a) -> std::shared_ptr<volt::Module> {
         check_common(a, "MlpClassifier");
@@ -258,9 +285,13 @@ inline void register_fashion_mnist(volt::Registry& r) {
         VOLT_CHECK(chunks >= 0 && chunks <= 65536, volt::ConfigError,
                    "[MlpClassifier] pipeline_chunks=", chunks,
                    " must be 0 (plain layers) or a number of micro-batches up to 65536, e.g. 4.");
-        return std::make_shared<Classifier<MlpNet>>(std::make_shared<MlpNet>(hidden, chunks),
-                                                    a.get<double>("lr"),
-                                                    a.get<int64_t>("step_size"));
+        const auto schedule = a.get<std::string>("pipeline_schedule");
+        VOLT_CHECK(schedule == "gpipe" || schedule == "1f1b", volt::ConfigError,
+                   "[MlpClassifier] pipeline_schedule='", schedule,
+                   "' is not a schedule; use gpipe or 1f1b.");
+        return std::make_shared<Classifier<MlpNet>>(
+            std::make_shared<MlpNet>(hidden, chunks, schedule), a.get<double>("lr"),
+            a.get<int64_t>("step_size"));
       });
   r.models.add("CnnClassifier", "Fashion-MNIST CNN (two conv-bn-relu-pool blocks)",
                common(volt::Params(), 2),

@@ -113,6 +113,14 @@ void ProcessGroup::send(const at::Tensor&, int64_t) {
 void ProcessGroup::recv_(at::Tensor&, int64_t) {
   VOLT_ASSERT(false);
 }
+struct ProcessGroup::Transfer::State {};
+void ProcessGroup::Transfer::wait() {}
+ProcessGroup::Transfer ProcessGroup::isend(const at::Tensor&, int64_t) {
+  VOLT_ASSERT(false);
+}
+ProcessGroup::Transfer ProcessGroup::irecv_(at::Tensor&, int64_t) {
+  VOLT_ASSERT(false);
+}
 bool ProcessGroup::all_of(bool) {
   VOLT_ASSERT(false);
 }
@@ -671,19 +679,22 @@ void throw_collective_error(ProcessGroup& pg, const char* op, const std::excepti
 
 namespace {
 
-// Runs one collective: starts it, waits at most the timeout, turns any failure into a
-// DistributedError and marks the group broken.
-template <typename Start>
-void run_collective(ProcessGroup& pg, const char* op, Start&& start) {
-  // Same on every rank (they run the same code), so all of them refuse at the same call.
+// Refuses a collective the group cannot run now (alike on every rank: the same code).
+void check_runnable(ProcessGroup& pg, const char* op) {
   VOLT_CHECK(!detail::tracing(), ValueError, kTag, " ", op,
              " while libtorch's tracer records (a TracedFunction, trace_training_step): a trace "
              "holds libtorch ops, and a replay would skip the collective; run it outside the "
              "traced function.");
-  auto& impl = pg.impl();
-  VOLT_CHECK(impl.broken.empty(), DistributedError, kTag, " ", op, " on rank ", pg.rank(),
-             ": the group is unusable after an earlier failure (", impl.broken,
+  VOLT_CHECK(pg.impl().broken.empty(), DistributedError, kTag, " ", op, " on rank ", pg.rank(),
+             ": the group is unusable after an earlier failure (", pg.impl().broken,
              "); restart the run.");
+}
+
+// Runs one collective: starts it, waits at most the timeout, turns any failure into a
+// DistributedError and marks the group broken.
+template <class Start>
+void run_collective(ProcessGroup& pg, const char* op, Start&& start) {
+  check_runnable(pg, op);
   try {
     auto work = start();
     work->wait(pg.options().timeout());
@@ -928,6 +939,80 @@ void ProcessGroup::recv_(at::Tensor& tensor, int64_t src) {
   std::vector<at::Tensor> buf{wire.view(wire_dtype(wire.scalar_type()))};
   run_collective(*this, "recv", [&] { return impl_->group->recv(buf, static_cast<int>(src), 0); });
   if (!in_place) target.copy_(wire);
+}
+
+struct ProcessGroup::Transfer::State {
+  ProcessGroup* group = nullptr;
+  const char* op = "";
+  c10::intrusive_ptr<c10d::Work> work;
+  std::vector<at::Tensor> buffers;  // what the transfer reads or writes, alive until it ends
+  at::Tensor target;                // irecv_ through a buffer: the caller's tensor, ...
+  at::Tensor wire;                  // ... written from this one after the wait
+};
+
+void ProcessGroup::Transfer::wait() {
+  if (!state_) return;
+  const std::unique_ptr<State> s = std::move(state_);  // done (or failed) either way
+  try {
+    s->work->wait(s->group->options().timeout());
+  } catch (const std::exception& e) {
+    detail::throw_collective_error(*s->group, s->op, e);
+  }
+  if (s->target.defined()) {
+    const NormalTensors normal_tensors;
+    s->target.copy_(s->wire);
+  }
+}
+
+ProcessGroup::Transfer ProcessGroup::isend(const at::Tensor& tensor, int64_t dst) {
+  VOLT_CHECK(dst >= 0 && dst < world_size_ && dst != rank_, ValueError, kTag, " isend from rank ",
+             rank_, " to rank ", dst, ": the destination must be another rank of the ", world_size_,
+             ".");
+  check_runnable(*this, "isend");
+  const NormalTensors normal_tensors;
+  Transfer out;
+  out.state_ = std::make_unique<Transfer::State>();
+  Transfer::State& s = *out.state_;
+  s.group = this;
+  s.op = "isend";
+  const at::Tensor t = to_wire(*impl_, tensor.detach().contiguous());
+  s.buffers = {t.view(wire_dtype(t.scalar_type()))};
+  try {
+    s.work = impl_->group->send(s.buffers, static_cast<int>(dst), 0);
+  } catch (const std::exception& e) {
+    detail::throw_collective_error(*this, s.op, e);
+  }
+  return out;
+}
+
+ProcessGroup::Transfer ProcessGroup::irecv_(at::Tensor& tensor, int64_t src) {
+  VOLT_CHECK(src >= 0 && src < world_size_ && src != rank_, ValueError, kTag, " irecv on rank ",
+             rank_, " from rank ", src, ": the source must be another rank of the ", world_size_,
+             ".");
+  VOLT_CHECK(tensor.defined(), ValueError, kTag, " irecv_ got an undefined tensor.");
+  check_runnable(*this, "irecv");
+  const NormalTensors normal_tensors;
+  Transfer out;
+  out.state_ = std::make_unique<Transfer::State>();
+  Transfer::State& s = *out.state_;
+  s.group = this;
+  s.op = "irecv";
+  // As recv_: a contiguous tensor where the transfer runs is written in place.
+  const at::Tensor target = tensor.detach();
+  const bool in_place = target.is_contiguous() && to_wire(*impl_, target).is_same(target);
+  const at::Tensor wire =
+      in_place ? target : to_wire(*impl_, at::empty_like(target, at::MemoryFormat::Contiguous));
+  if (!in_place) {
+    s.target = target;
+    s.wire = wire;
+  }
+  s.buffers = {wire.view(wire_dtype(wire.scalar_type()))};
+  try {
+    s.work = impl_->group->recv(s.buffers, static_cast<int>(src), 0);
+  } catch (const std::exception& e) {
+    detail::throw_collective_error(*this, s.op, e);
+  }
+  return out;
 }
 
 void ProcessGroup::barrier() {
@@ -1247,6 +1332,17 @@ std::ostream& operator<<(std::ostream& os, const ProcessGroupOptions& o) {
             << ", config_hash=" << detail::quoted(o.config_hash())
             << ", interface=" << detail::quoted(o.interface())
             << ", store=" << (o.store() ? "kept" : "none") << ")";
+}
+
+ProcessGroup::Transfer::Transfer() = default;
+ProcessGroup::Transfer::Transfer(Transfer&& other) noexcept = default;
+
+ProcessGroup::Transfer& ProcessGroup::Transfer::operator=(Transfer&& other) noexcept = default;
+// Gloo holds a transfer's buffer weakly: freeing it drops what was still pending.
+ProcessGroup::Transfer::~Transfer() = default;
+
+bool ProcessGroup::Transfer::pending() const {
+  return state_ != nullptr;
 }
 
 }  // namespace volt

@@ -9,11 +9,13 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/nn/modules/batchnorm.h>
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -148,6 +150,26 @@ void reseed_random() {
   cpu->set_current_seed(cpu->random64());
 }
 
+// The last stage's `out` (and its CPU generator state) on every rank of the pipeline's group.
+at::Tensor from_last_stage(ProcessGroup& g, at::Tensor out, int64_t chunks, c10::Device device,
+                           const at::Tensor& state_like) {
+  at::NoGradGuard no_grad;
+  const int64_t last = g.world_size() - 1;
+  const bool is_last = g.rank() == last;
+  at::Tensor h = is_last ? header_of(out, chunks) : at::empty({kHeader}, at::kLong);
+  g.broadcast_(h, last);
+  if (is_last && out.dim() > kMaxDims) throw_too_many_dims(last, out.dim());
+  if (!is_last) {
+    const Header head = parse_header(h, g.rank(), last);
+    out = at::empty(head.sizes, at::TensorOptions().dtype(head.dtype).device(device));
+  }
+  g.broadcast_(out, last);
+  at::Tensor state = is_last ? random_state() : at::empty_like(state_like);
+  g.broadcast_(state, last);
+  if (!is_last) set_random_state(state);
+  return out;
+}
+
 // One forward's micro-batches on this stage, kept for its backward.
 struct Flight {
   std::shared_ptr<ProcessGroup> group;
@@ -170,30 +192,32 @@ struct Flight {
 // whole gradient. One all-reduce per group of holders, taken in the order of the pipeline's
 // tied parameters on every member (alike on every rank: the same model), so no two members wait
 // on different groups.
-void sum_tied_gradients(Flight& f, const std::vector<at::Tensor>& before) {
+void sum_tied_gradients(const std::vector<at::Tensor>& tied,
+                        const std::vector<std::shared_ptr<ProcessGroup>>& groups,
+                        const std::vector<at::Tensor>& before) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> parts;
-  for (size_t k = 0; k < f.tied.size(); ++k) {
-    const at::Tensor& g = f.tied[k].grad();
+  for (size_t k = 0; k < tied.size(); ++k) {
+    const at::Tensor& g = tied[k].grad();
     if (!g.defined()) {
-      parts.push_back(at::zeros_like(f.tied[k]));
+      parts.push_back(at::zeros_like(tied[k]));
     } else {
       parts.push_back(before[k].defined() ? g - before[k] : g.clone());
     }
   }
-  std::vector<bool> done(f.tied.size(), false);
-  for (size_t k = 0; k < f.tied.size(); ++k) {
+  std::vector<bool> done(tied.size(), false);
+  for (size_t k = 0; k < tied.size(); ++k) {
     if (done[k]) continue;
     std::vector<at::Tensor> same_group;
-    for (size_t j = k; j < f.tied.size(); ++j) {
-      if (f.tied_groups[j] != f.tied_groups[k]) continue;
+    for (size_t j = k; j < tied.size(); ++j) {
+      if (groups[j] != groups[k]) continue;
       same_group.push_back(parts[j]);
       done[j] = true;
     }
-    f.tied_groups[k]->all_reduce_(same_group, Reduce::kSum);
+    groups[k]->all_reduce_(same_group, Reduce::kSum);
   }
-  for (size_t k = 0; k < f.tied.size(); ++k) {
-    at::Tensor& g = f.tied[k].mutable_grad();
+  for (size_t k = 0; k < tied.size(); ++k) {
+    at::Tensor& g = tied[k].mutable_grad();
     if (!g.defined()) {
       g = parts[k];
     } else if (before[k].defined()) {
@@ -262,7 +286,7 @@ class PipelineBackward : public torch::autograd::Node {
       }
       g.broadcast_(gx, 0);
     }
-    if (!f.tied.empty()) sum_tied_gradients(f, tied_before);
+    if (!f.tied.empty()) sum_tied_gradients(f.tied, f.tied_groups, tied_before);
     f.inputs.clear();
     f.outputs.clear();
     f.input = at::Tensor();
@@ -274,6 +298,69 @@ class PipelineBackward : public torch::autograd::Node {
  private:
   std::shared_ptr<Flight> flight_;
 };
+
+// The gradients forward_loss's schedule computed with a gradient of 1, held until the returned
+// loss's backward: it adds them, scaled by the gradient the loss receives, to the parameters'
+// gradients (and hands the input its part), as a backward through forward() would have.
+class PipelineLossBackward : public torch::autograd::Node {
+ public:
+  PipelineLossBackward(std::vector<at::Tensor> params, std::vector<at::Tensor> grads,
+                       at::Tensor input_grad, std::vector<int64_t> input_sizes)
+      : params_(std::move(params)),
+        grads_(std::move(grads)),
+        input_grad_(std::move(input_grad)),
+        input_sizes_(std::move(input_sizes)) {}
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    VOLT_CHECK(!done_, ValueError, kTag,
+               " a second backward through the same forward_loss; its gradients were given to "
+               "the parameters by the first (retain_graph is not supported): run it again.");
+    done_ = true;
+    at::NoGradGuard no_grad;
+    // No gradient reached the loss: nothing changes.
+    const at::Tensor seed = grads[0].defined() ? grads[0].detach() : at::Tensor();
+    if (seed.defined()) {
+      for (size_t k = 0; k < params_.size(); ++k) {
+        if (!grads_[k].defined()) continue;
+        at::Tensor part = grads_[k].mul_(seed);
+        at::Tensor& g = params_[k].mutable_grad();
+        if (g.defined()) {
+          g.add_(part);  // in place, as autograd accumulates: whoever holds it keeps seeing it
+        } else {
+          g = part;
+        }
+      }
+    }
+    params_.clear();
+    grads_.clear();
+    at::Tensor gx = std::move(input_grad_);
+    if (next_edges().empty()) return {};
+    if (!seed.defined()) return {at::Tensor()};
+    return {gx.mul_(seed).view(input_sizes_)};
+  }
+  std::string name() const override { return "volt::PipelineLossBackward"; }
+
+ private:
+  std::vector<at::Tensor> params_, grads_;  // a parameter, and what the schedule gave it
+  at::Tensor input_grad_;                   // stage 0's input's, flat; undefined: none
+  std::vector<int64_t> input_sizes_;
+  bool done_ = false;
+};
+
+// The leaf tensors `root`'s graph accumulates gradients into, short of `stop`'s graph.
+std::vector<at::Tensor> graph_leaves(const at::Tensor& root, const at::Tensor& stop) {
+  std::vector<at::Tensor> out;
+  std::vector<torch::autograd::Node*> todo{root.grad_fn().get()};
+  std::unordered_set<torch::autograd::Node*> seen{stop.grad_fn().get()};
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(n)) out.push_back(acc->variable);
+    for (const auto& e : n->next_edges()) todo.push_back(e.function.get());
+  }
+  return out;
+}
 
 // A BatchNorm entry of a stage under deferred_batch_norm: the mean and sum of squared
 // deviations of every value it normalised in this forward, per channel (in double, combined
@@ -708,6 +795,23 @@ at::Tensor PipelineImpl::run_stage(int64_t first, int64_t last, const at::Tensor
   return y;
 }
 
+void PipelineImpl::collect_deferred(int64_t first, int64_t last, DeferredNorms* out) {
+  if (!options_.deferred_batch_norm()) return;
+  for (int64_t i = first; i < last; ++i) {
+    DeferredNorm n;
+    if (as_batch_norm(*layers_->ptr(i), &n) && n.module->is_training() &&
+        n.running_mean->defined()) {
+      out->norms.emplace(i, n);
+    }
+  }
+}
+
+// GPipe's checkpointing: the last micro-batch's backward comes right after its forward.
+bool PipelineImpl::checkpointed(int64_t i, int64_t chunks) const {
+  return options_.checkpoint() == "always" ||
+         (options_.checkpoint() == "except_last" && i + 1 < chunks);
+}
+
 at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   if (!distributed() || num_stages() == 1) {
     return run_stage(0, static_cast<int64_t>(layers_->size()), x, options_.checkpoint() == "always",
@@ -751,17 +855,8 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   // starts each later micro-batch on a stream drawn from its state, so that its own draws do not
   // repeat those the next stage makes from the state it was sent.
   const at::Tensor state_like = random_state();
-  // deferred_batch_norm: the stage's training BatchNorm entries with running statistics.
   DeferredNorms deferred;
-  if (options_.deferred_batch_norm()) {
-    for (int64_t i = first; i < end; ++i) {
-      DeferredNorm n;
-      if (as_batch_norm(*layers_->ptr(i), &n) && n.module->is_training() &&
-          n.running_mean->defined()) {
-        deferred.norms.emplace(i, n);
-      }
-    }
-  }
+  collect_deferred(first, end, &deferred);
   std::vector<at::Tensor> outputs;
   for (int64_t i = 0; i < chunks; ++i) {
     at::Tensor xi;
@@ -781,11 +876,8 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
       g.recv_(state, stage_ - 1);
       set_random_state(state);
     }
-    // GPipe's checkpointing: the last micro-batch's backward comes right after its forward.
-    const bool whole = options_.checkpoint() == "always" ||
-                       (options_.checkpoint() == "except_last" && i + 1 < chunks);
     // One micro-batch is the whole batch: the norms move their statistics themselves.
-    at::Tensor yi = run_stage(first, end, xi, whole,
+    at::Tensor yi = run_stage(first, end, xi, checkpointed(i, chunks),
                               chunks > 1 && !deferred.norms.empty() ? &deferred : nullptr);
     if (stage_ < last) {
       send_with_header(g, yi, chunks, flight->input_grad, stage_ + 1);
@@ -814,23 +906,218 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
 
   // Every rank gets the last stage's output, so the code after the pipeline runs everywhere.
   at::Tensor out;
-  {
-    at::NoGradGuard no_grad;
-    if (stage_ == last) out = outputs.size() == 1 ? outputs[0].clone() : at::cat(outputs, 0);
-    at::Tensor h = stage_ == last ? header_of(out, chunks) : at::empty({kHeader}, at::kLong);
-    g.broadcast_(h, last);
-    if (stage_ == last && out.dim() > kMaxDims) throw_too_many_dims(last, out.dim());
-    if (stage_ != last) {
-      const Header head = parse_header(h, stage_, last);
-      out = at::empty(head.sizes, at::TensorOptions().dtype(head.dtype).device(x.device()));
-    }
-    g.broadcast_(out, last);
-    at::Tensor state = stage_ == last ? random_state() : at::empty_like(state_like);
-    g.broadcast_(state, last);
-    if (stage_ != last) set_random_state(state);
-  }
+  if (stage_ == last) out = outputs.size() == 1 ? outputs[0].clone() : at::cat(outputs, 0);
+  out = from_last_stage(g, out, chunks, x.device(), state_like);
   if (!graph) return out;
   std::shared_ptr<PipelineBackward> node(new PipelineBackward(flight), torch::autograd::deleteNode);
+  if (takes_grad) node->set_next_edges(torch::autograd::collect_next_edges(x));
+  torch::autograd::create_gradient_edge(out, node);
+  return out;
+}
+
+at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& target,
+                                      const LossFn& loss_fn) {
+  VOLT_CHECK(static_cast<bool>(loss_fn), ValueError, kTag,
+             " forward_loss got no loss function; pass one giving the loss of an output and its "
+             "target (a mean over rows).");
+  auto one_element = [](const at::Tensor& loss) {
+    VOLT_CHECK(loss.defined() && loss.numel() == 1, ValueError, kTag, " the loss function gave ",
+               loss.defined() ? loss.sizes() : at::IntArrayRef{},
+               loss.defined() ? "" : " (an undefined tensor)",
+               "; it must give one element: reduce the loss (a mean over rows).");
+    return loss;
+  };
+  if (!distributed() || num_stages() == 1 || !c10::GradMode::is_enabled()) {
+    return one_element(loss_fn(forward(x), target));
+  }
+  ProcessGroup& g = *group_;
+  const int64_t stages = num_stages();
+  const int64_t last = stages - 1;
+  const auto [first, end] = stage_layers(stage_);
+  const c10::Device device = x.device();
+
+  // The schedule backpropagates each micro-batch with a gradient of 1 into this stage's
+  // parameters (each once here), whose own gradients wait aside until it is over, whatever
+  // happens; the returned loss's backward adds what it gave them, scaled.
+  std::vector<at::Tensor> params;
+  {
+    std::unordered_set<const c10::TensorImpl*> seen;
+    for (const auto& p : stage_parameters(stage_)) {
+      if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+    }
+  }
+  struct PutBack {
+    std::vector<at::Tensor>& params;
+    std::vector<at::Tensor> held;
+    ~PutBack() {
+      for (size_t k = 0; k < held.size(); ++k) params[k].mutable_grad() = std::move(held[k]);
+    }
+  } put_back{params, {}};
+  for (auto& p : params) put_back.held.push_back(std::exchange(p.mutable_grad(), at::Tensor()));
+
+  const at::Tensor state_like = random_state();  // as forward(): the generator travels along
+  DeferredNorms deferred;
+  collect_deferred(first, end, &deferred);
+  at::Tensor input;  // stage 0: the detached batch its micro-batches slice
+  InputGrad input_grad;
+  std::vector<at::Tensor> pieces;
+  int64_t chunks = 1;  // stages after 0 learn it from the first activation
+  if (stage_ == 0) {
+    VOLT_CHECK(x.dim() >= 1 && x.size(0) >= 1, ValueError, kTag,
+               " the input needs a batch dimension with at least one row, got ", x.sizes(), ".");
+    input = x.detach();
+    if (x.requires_grad()) {
+      input.requires_grad_(true);
+      input_grad = {x.numel(), x.scalar_type()};
+    }
+    pieces = input.chunk(options_.chunks(), 0);
+    chunks = static_cast<int64_t>(pieces.size());
+  }
+  // Sends run while the stage goes on (two neighbours send to each other at once: activations
+  // one way, gradients the other). One is waited for once a message back shows that its receiver
+  // got past it, so the tensor it holds is freed; the others at the end.
+  std::deque<std::pair<int64_t, ProcessGroup::Transfer>> sent_on, sent_back;
+  auto settle = [](std::deque<std::pair<int64_t, ProcessGroup::Transfer>>& sent, int64_t upto) {
+    while (!sent.empty() && sent.front().first <= upto) {
+      sent.front().second.wait();
+      sent.pop_front();
+    }
+  };
+  // The warm-up forwards of `stage`: min(stages - stage - 1, micro-batches) (PipeDream-Flush).
+  auto warmup_of = [&](int64_t stage) { return std::min(stages - stage - 1, chunks); };
+  struct Held {
+    at::Tensor input, output;  // the output is the weighted loss on the last stage
+  };
+  std::deque<Held> held;  // forwarded, not yet backpropagated, oldest first
+  at::Tensor loss_sum;    // the last stage's: the weighted losses so far
+  int64_t rows = 0;       // the last stage's: target rows taken so far
+  int64_t forwards = 0, backwards = 0;
+
+  auto forward_one = [&] {
+    const int64_t i = forwards++;
+    at::Tensor xi;
+    if (stage_ == 0) {
+      xi = pieces[i];
+      if (i > 0) reseed_random();
+    } else {
+      Header head;
+      xi = recv_with_header(g, stage_ - 1, device, &head);
+      VOLT_CHECK(i == 0 || head.chunks == chunks, DistributedError, kTag, " rank ", stage_,
+                 " was told of ", head.chunks, " micro-batches after ", chunks,
+                 "; every rank must run the same model and code.");
+      chunks = head.chunks;
+      input_grad = head.input;
+      xi.requires_grad_(true);
+      at::Tensor state = at::empty_like(state_like);
+      g.recv_(state, stage_ - 1);
+      set_random_state(state);
+      // Stage s - 1 runs this forward after the backwards up to i - warm-up - 1.
+      settle(sent_back, i - warmup_of(stage_ - 1) - 1);
+    }
+    at::Tensor yi = run_stage(first, end, xi, checkpointed(i, chunks),
+                              chunks > 1 && !deferred.norms.empty() ? &deferred : nullptr);
+    if (stage_ < last) {
+      if (yi.dim() > kMaxDims) send_with_header(g, yi, chunks, input_grad, stage_ + 1);  // throws
+      sent_on.emplace_back(i, g.isend(header_of(yi, chunks, input_grad), stage_ + 1));
+      sent_on.emplace_back(i, g.isend(yi, stage_ + 1));
+      sent_on.emplace_back(i, g.isend(random_state(), stage_ + 1));
+    } else {
+      const int64_t n = yi.dim() >= 1 ? yi.size(0) : 0;
+      VOLT_CHECK(n >= 1 && target.dim() >= 1 && rows + n <= target.size(0), ValueError, kTag,
+                 " the target has ", target.dim() >= 1 ? target.size(0) : 0,
+                 " rows, fewer than the pipeline's output of ", rows + n,
+                 " so far; forward_loss needs one target row per output row (dim 0).");
+      const at::Tensor loss = one_element(loss_fn(yi, target.narrow(0, rows, n)));
+      if (i == 0) {
+        std::unordered_set<const c10::TensorImpl*> own{xi.unsafeGetTensorImpl()};
+        for (const auto& p : params) own.insert(p.unsafeGetTensorImpl());
+        for (const auto& leaf : graph_leaves(loss, yi)) {
+          VOLT_CHECK(own.count(leaf.unsafeGetTensorImpl()) != 0, ConfigError, kTag,
+                     " the loss function uses a tensor that needs a gradient and is not the "
+                     "last stage's (",
+                     leaf.sizes(),
+                     "); it runs on the last stage only, so the other ranks would never train "
+                     "it: move that layer into the pipeline, or compute the loss from forward().");
+        }
+      }
+      yi = loss.reshape({}) * (static_cast<double>(n) / static_cast<double>(target.size(0)));
+      rows += n;
+      loss_sum = loss_sum.defined() ? loss_sum + yi.detach() : yi.detach();
+    }
+    held.push_back({xi, yi});
+  };
+
+  auto backward_one = [&] {
+    const int64_t i = backwards++;
+    const Held mb = std::move(held.front());
+    held.pop_front();
+    if (stage_ == last) {
+      if (mb.output.requires_grad()) torch::autograd::backward({mb.output});
+    } else {
+      at::Tensor gy = at::empty(mb.output.sizes(), mb.output.options().requires_grad(false));
+      g.recv_(gy, stage_ + 1);
+      // Stage s + 1 runs this backward after the forwards up to i + warm-up.
+      settle(sent_on, i + warmup_of(stage_ + 1));
+      if (mb.output.requires_grad()) torch::autograd::backward({mb.output}, {gy});
+    }
+    if (stage_ > 0) {
+      const at::Tensor& gx = mb.input.grad();
+      sent_back.emplace_back(i, g.isend(gx.defined() ? gx : at::zeros_like(mb.input), stage_ - 1));
+    }
+  };
+
+  forward_one();  // brings the number of micro-batches to the stages after 0
+  const int64_t warmup = warmup_of(stage_);
+  while (forwards < warmup) forward_one();
+  if (warmup == 0) backward_one();  // the last stage: each backward right after its forward
+  while (forwards < chunks) {
+    forward_one();
+    backward_one();
+  }
+  while (backwards < chunks) backward_one();
+  settle(sent_on, chunks);
+  settle(sent_back, chunks);
+  VOLT_CHECK(stage_ != last || rows == target.size(0), ValueError, kTag, " the target has ",
+             target.size(0), " rows but the pipeline's output ", rows,
+             "; forward_loss needs one target row per output row (dim 0).");
+  if (chunks > 1) {
+    for (auto& [layer, norm] : deferred.norms) commit_deferred(norm);
+  }
+  std::vector<at::Tensor> tied;
+  std::vector<std::shared_ptr<ProcessGroup>> tied_groups;
+  for (size_t k = 0; k < tied_.size(); ++k) {
+    if (tied_groups_[k] == nullptr || !tied_[k].requires_grad()) continue;
+    tied.push_back(tied_[k]);
+    tied_groups.push_back(tied_groups_[k]);
+  }
+  if (!tied.empty()) sum_tied_gradients(tied, tied_groups, std::vector<at::Tensor>(tied.size()));
+  // Stage 0's input gradient goes to every rank (as forward()'s backward gives it).
+  at::Tensor gx;
+  if (input_grad.numel >= 0) {
+    if (stage_ == 0) {
+      const at::Tensor& grad = input.grad();
+      gx = (grad.defined() ? grad : at::zeros_like(input)).reshape({-1}).contiguous();
+    } else {
+      gx =
+          at::empty({input_grad.numel}, at::TensorOptions().dtype(input_grad.dtype).device(device));
+    }
+    g.broadcast_(gx, 0);
+  }
+  const bool takes_grad = x.requires_grad() && input_grad.numel >= 0;
+  VOLT_CHECK(!takes_grad || (x.numel() == input_grad.numel && x.scalar_type() == input_grad.dtype),
+             ValueError, kTag, " rank ", stage_, "'s input (", x.sizes(), ", ", x.scalar_type(),
+             ") is not stage 0's (", input_grad.numel, " elements, ", input_grad.dtype,
+             "), and both need its gradient; every rank must compute the pipeline's input with "
+             "the same code.");
+  at::Tensor out = from_last_stage(g, stage_ == last ? loss_sum.clone() : at::Tensor(), chunks,
+                                   device, state_like);
+
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) grads.push_back(p.grad());  // put_back restores the held ones
+  std::shared_ptr<PipelineLossBackward> node(
+      new PipelineLossBackward(params, std::move(grads), takes_grad ? gx : at::Tensor(),
+                               takes_grad ? x.sizes().vec() : std::vector<int64_t>{}),
+      torch::autograd::deleteNode);
   if (takes_grad) node->set_next_edges(torch::autograd::collect_next_edges(x));
   torch::autograd::create_gradient_edge(out, node);
   return out;

@@ -1013,10 +1013,28 @@ TEST(CliBinary, TrainsTheDemoMlpAsAPipelineOfTwoStages) {
   ASSERT_NE(first, std::string::npos) << r.out;
   EXPECT_NE(r.out.find("val_acc", first), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("final metrics:", first + 1), std::string::npos) << r.out;
+  // The 1F1B schedule trains as GPipe's: the same validation loss but for round-off.
+  auto val_loss = [](const std::string& out) {
+    const auto at = out.find("final metrics:");
+    const std::string tail = at == std::string::npos ? "" : out.substr(at);
+    std::smatch m;
+    return std::regex_search(tail, m, std::regex("val_loss +([-0-9.e]+)")) ? std::stod(m[1]) : -1.0;
+  };
+  const std::string pipeline =
+      " --model.pipeline_chunks=2 --trainer.devices=2"
+      " --trainer.strategy=pipeline --model.pipeline_schedule=";
+  const auto gpipe = run_binary(common + pipeline + "gpipe");
+  const auto ofob = run_binary(common + pipeline + "1f1b");
+  ASSERT_EQ(gpipe.code, 0) << gpipe.out << gpipe.err;
+  ASSERT_EQ(ofob.code, 0) << ofob.out << ofob.err;
+  ASSERT_GT(val_loss(gpipe.out), 0) << gpipe.out;
+  EXPECT_NEAR(val_loss(ofob.out), val_loss(gpipe.out), 1e-5) << ofob.out;
   // Bad values exit 2 before anything trains, each naming the fix.
   for (const auto& [args, phrase] : std::vector<std::pair<std::string, std::string>>{
            {" --trainer.strategy=pipeline",
             "[PipelineStrategy] the module holds 0 volt::Pipeline layers"},
+           {" --model.pipeline_chunks=2 --model.pipeline_schedule=1f2b",
+            "[MlpClassifier] pipeline_schedule='1f2b' is not a schedule; use gpipe or 1f1b."},
            {" --model.pipeline_chunks=2 --trainer.strategy=pipeline"
             " --trainer.strategy.init_args.chunks=-1",
             "[PipelineStrategy] chunks=-1 must be >= 0"},

@@ -228,6 +228,36 @@ void run_collectives(volt::ProcessGroup& pg) {
   CHECK_TRUE(pg.all_of(r != 0) == (w == 1), "all_of(r != 0)");
   CHECK_TRUE(pg.any_of(r == w - 1), "any_of(last)");
   CHECK_TRUE(!pg.any_of(false), "any_of(false)");
+  if (w > 1) {
+    // Every rank sends to the next and receives from the one before, both started before either
+    // is waited for (with blocking sends each rank would wait for the next to receive: a cycle).
+    const int64_t next = (r + 1) % w, prev = (r + w - 1) % w;
+    const at::Tensor mine = at::arange(12, at::kFloat).view({3, 4}) * (r + 1);
+    at::Tensor got = at::zeros({3, 4});
+    at::Tensor got_t = at::zeros({4, 3}).t();  // not contiguous: through a buffer
+    at::Tensor got_bf16 = at::zeros({5}, at::kBFloat16);
+    volt::ProcessGroup::Transfer s1 = pg.isend(mine, next);
+    volt::ProcessGroup::Transfer s2 = pg.isend(mine * 2, next);
+    volt::ProcessGroup::Transfer s3 = pg.isend(at::full({5}, 0.5 + r, at::kBFloat16), next);
+    volt::ProcessGroup::Transfer r1 = pg.irecv_(got, prev);
+    volt::ProcessGroup::Transfer r2 = pg.irecv_(got_t, prev);
+    volt::ProcessGroup::Transfer r3;
+    CHECK_TRUE(!r3.pending(), "an empty transfer is not pending");
+    r3 = pg.irecv_(got_bf16, prev);
+    CHECK_TRUE(r1.pending() && r3.pending() && s1.pending(), "started transfers are pending");
+    for (auto* t : {&r3, &r2, &r1, &s3, &s2, &s1}) t->wait();
+    CHECK_TRUE(!r1.pending() && !s3.pending(), "waited transfers are not pending");
+    r1.wait();  // at once
+    const at::Tensor theirs = at::arange(12, at::kFloat).view({3, 4}) * (prev + 1);
+    check_close(got, theirs, 0, "irecv_");
+    check_close(got_t, theirs * 2, 0, "irecv_ into a non-contiguous tensor");
+    check_close(got_bf16, at::full({5}, 0.5 + prev, at::kBFloat16), 0, "irecv_ of bf16");
+    expect_throw<volt::ValueError>([&] { pg.isend(mine, r); }, "must be another rank",
+                                   "isend to itself");
+    expect_throw<volt::ValueError>([&] { pg.irecv_(got, w); }, "must be another rank",
+                                   "irecv_ from a rank outside the group");
+    pg.barrier();
+  }
   say("rank " + std::to_string(r) + ": collectives ok");
 }
 

@@ -21,6 +21,12 @@
 //       (check_checkpointed); prints "rank R checkpoint ok stage=S recomputed=N".
 //       --deferred 1 [--checkpoint MODE]: deferred_batch_norm against the pipeline without it
 //       and a one-process reference (check_deferred); prints "rank R deferred ok stage=S".
+//       --schedule 1f1b [--model plain|dropout|tied|norm] [--checkpoint MODE]: forward_loss's
+//       1F1B schedule against forward()'s GPipe (check_one_f_one_b); prints "rank R 1f1b ok
+//       stage=S". --bad-loss param|rows: forward_loss with a loss function holding a parameter,
+//       or a target with too few rows (the last stage fails, and so do the others).
+//       --schedule-memory 1: peak bytes of a step under each schedule (check_schedule_memory);
+//       prints "rank R memory gpipe=G 1f1b=O".
 //
 //   volt_pipeline_worker fit --root DIR --out PREFIX [--devices N] [--chunks C]
 //       [--balance A,B,...] [--epochs E] [--max-steps S] [--optimizer sgd|adamw|fused_adamw]
@@ -54,6 +60,8 @@
 //       activation_checkpoint_interval. --deferred 1: the strategy's deferred_batch_norm.
 //       --stages S: pipelines of S stages, devices / S replicas of it (each reading its shard of
 //       the data, batch B per process, default 16).
+//       --schedule 1f1b: the training loss through Pipeline::forward_loss (the 1F1B schedule),
+//       the head's layers (and its dropout) the pipeline's last layers instead of after it.
 //
 // Exit: 0 done, 1 a volt error or failed check (printed on one line), 2 bad usage.
 
@@ -71,6 +79,7 @@
 #include "counted_dropout.h"
 #include "save_at.h"
 #include "tiny.h"
+#include "volt/accelerators/cpu_memory.h"
 #include "volt/nn/parameters.h"
 #include "volt/nn/pipeline.h"
 #include "volt/strategies/pipeline.h"
@@ -457,6 +466,178 @@ int check_deferred(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chu
   return 0;
 }
 
+/// The layers check_one_f_one_b runs: "plain" (layer_model), "dropout" (dropout in both
+/// stages), "tied" (one Linear at both ends: stages 0 and 1 of 2, or 0 and 2 of 3) or "norm"
+/// (BatchNorm in both stages, deferred_batch_norm on).
+std::pair<torch::nn::Sequential, volt::PipelineOptions> schedule_model(const std::string& kind,
+                                                                       int64_t stages) {
+  namespace nn = torch::nn;
+  if (kind == "dropout") {
+    return {nn::Sequential(nn::Linear(8, 16), nn::Tanh(), nn::Dropout(0.2), nn::Linear(16, 24),
+                           nn::ReLU(), nn::Dropout(0.3), nn::Linear(24, 16), nn::Tanh(),
+                           nn::Linear(16, 4)),
+            {}};
+  }
+  if (kind == "tied") {
+    nn::Linear shared(8, 8);
+    return {nn::Sequential(shared, nn::Tanh(), nn::Linear(8, 8), nn::Tanh(), shared),
+            volt::PipelineOptions().balance(stages == 3 ? std::vector<int64_t>{2, 2, 1}
+                                                        : std::vector<int64_t>{2, 3})};
+  }
+  if (kind == "norm") {
+    return {nn::Sequential(nn::Linear(8, 16), nn::BatchNorm1d(16), nn::Tanh(), nn::Linear(16, 24),
+                           nn::ReLU(), nn::Linear(24, 16), nn::BatchNorm1d(16), nn::Tanh(),
+                           nn::Linear(16, 4)),
+            volt::PipelineOptions().deferred_batch_norm(true)};
+  }
+  if (kind != "plain") fail("unknown --model " + kind);
+  return {layer_model(), {}};
+}
+
+/// forward_loss (the 1F1B schedule) against forward() (GPipe) on the same layers, both fed the
+/// same two batches (the second accumulating), each loss scaled by 0.5 before its backward (a
+/// gradient the schedule cannot know in advance): the loss on every rank, every parameter's
+/// gradient (this stage's, a tied one on each stage holding it; none elsewhere), the input's
+/// gradient on every rank, the random state after the pipeline, BatchNorm's running statistics,
+/// bit for bit with one micro-batch, else within 1e-6 (the micro-batches' gradients sum in
+/// another order). Also: until its backward, forward_loss leaves the gradients as they were;
+/// a second backward is a ValueError; without gradients it is forward's loss. Prints
+/// "rank R 1f1b ok stage=S".
+int check_one_f_one_b(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks,
+                      std::map<std::string, std::string>& a) {
+  const std::string kind = a.count("--model") ? a["--model"] : "plain";
+  auto make = [&] {
+    torch::manual_seed(0);
+    auto [layers, options] = schedule_model(kind, group->world_size());
+    options.chunks(chunks).checkpoint(a.count("--checkpoint") ? a["--checkpoint"] : "never");
+    volt::Pipeline pipe(layers, options);
+    pipe->distribute(group);
+    return pipe;
+  };
+  auto mse = [](const at::Tensor& out, const at::Tensor& t) { return torch::mse_loss(out, t); };
+  if (a.count("--bad-loss")) {
+    // The last stage fails (exit 1, printed); the others with it, none at the timeout.
+    volt::Pipeline pipe = make();
+    const at::Tensor x = torch::randn({6, 8});
+    if (a["--bad-loss"] == "param") {
+      torch::nn::Linear extra(4, 4);
+      pipe->forward_loss(x, torch::randn({6, 4}), [&](const at::Tensor& out, const at::Tensor& t) {
+        return mse(extra->forward(out), t);
+      });
+    } else {
+      pipe->forward_loss(x, torch::randn({4, 4}), mse);
+    }
+    say("rank " + std::to_string(group->rank()) + " bad loss passed");
+    return 0;
+  }
+  volt::Pipeline gpipe = make(), ofob = make();
+  const int64_t stage = ofob->stage();
+  const bool exact = chunks == 1;
+  const int64_t width = kind == "tied" ? 8 : 4;
+  auto grads_of = [](volt::PipelineImpl& p) {
+    std::vector<at::Tensor> out;
+    for (const auto& t : p.parameters(true)) {
+      out.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
+    }
+    return out;
+  };
+  torch::manual_seed(1);
+  for (int step = 0; step < 2; ++step) {
+    const std::string what = "1f1b step " + std::to_string(step) + ": ";
+    const at::Tensor x = torch::randn({10, 8});
+    const at::Tensor target = torch::randn({10, width});
+    const at::Tensor xg = x.clone().requires_grad_(true), xo = x.clone().requires_grad_(true);
+    torch::manual_seed(10 + step);
+    const at::Tensor lg = mse(gpipe->forward(xg), target);
+    const at::Tensor after_g = torch::rand({4});
+    torch::manual_seed(10 + step);
+    const std::vector<at::Tensor> before = grads_of(*ofob);
+    const at::Tensor lo = ofob->forward_loss(xo, target, mse);
+    const at::Tensor after_o = torch::rand({4});
+    check_same(lo.detach(), lg.detach(), exact, what + "loss");
+    check_same(after_o, after_g, true, what + "random state after the pipeline");
+    if (!lo.requires_grad()) fail(what + "the loss needs no gradient");
+    const std::vector<at::Tensor> waiting = grads_of(*ofob);
+    for (size_t k = 0; k < before.size(); ++k) {
+      if (before[k].defined() != waiting[k].defined() ||
+          (before[k].defined() && !at::equal(before[k], waiting[k]))) {
+        fail(what + "forward_loss changed a gradient before its backward");
+      }
+    }
+    (lg * 0.5).backward();
+    (lo * 0.5).backward();
+    check_same(xo.grad(), xg.grad(), exact, what + "input gradient");
+    auto want = gpipe->named_parameters(true);
+    for (const auto& p : ofob->named_parameters(true)) {
+      const at::Tensor& w = want[p.key()].grad();
+      if (p.value().grad().defined() != w.defined()) {
+        fail(what + "gradient of " + p.key() + (w.defined() ? " missing" : " not expected"));
+      }
+      // The second step adds to the first's in another order: round-off only.
+      if (w.defined()) check_same(p.value().grad(), w, exact && step == 0, what + p.key());
+    }
+    if (step == 1) {
+      bool refused = false;
+      try {
+        lo.backward();
+      } catch (const volt::ValueError& e) {
+        refused = std::string(e.what()).find(
+                      "a second backward through the same "
+                      "forward_loss") != std::string::npos;
+      }
+      if (!refused) fail("a second backward through forward_loss was not a ValueError");
+    }
+  }
+  auto want_buffers = gpipe->named_buffers(true);
+  for (const auto& b : ofob->named_buffers(true)) {
+    check_same(b.value(), want_buffers[b.key()], true, "1f1b buffer " + b.key());
+  }
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor x = torch::randn({6, 8}), target = torch::randn({6, width});
+    torch::manual_seed(20);
+    const at::Tensor lo = ofob->forward_loss(x, target, mse);
+    torch::manual_seed(20);
+    check_same(lo, mse(gpipe->forward(x), target), true, "1f1b no-grad loss");
+  }
+  say("rank " + std::to_string(group->rank()) + " 1f1b ok stage=" + std::to_string(stage));
+  return 0;
+}
+
+/// Peak tensor bytes of a training step through two stages of 8 Linear(256, 256) + Tanh each, a
+/// batch of 512 rows in 8 micro-batches, with forward() (GPipe: every micro-batch's activations
+/// held until the backward) and with forward_loss() (1F1B: stage s holds at most 2 - s). Prints
+/// "rank R memory gpipe=G 1f1b=O" (bytes above what the step starts with, gradients unset).
+int check_schedule_memory(const std::shared_ptr<volt::ProcessGroup>& group) {
+  volt::install_counting_cpu_allocator();
+  torch::nn::Sequential layers;
+  for (int i = 0; i < 16; ++i) {
+    layers->push_back(torch::nn::Linear(256, 256));
+    layers->push_back(torch::nn::Tanh());
+  }
+  torch::manual_seed(0);
+  volt::Pipeline pipe(layers, volt::PipelineOptions().chunks(8));
+  pipe->distribute(group);
+  pipe->release_other_stages();
+  const at::Tensor x = torch::randn({512, 256}), target = torch::randn({512, 256});
+  auto mse = [](const at::Tensor& out, const at::Tensor& t) { return torch::mse_loss(out, t); };
+  auto peak = [&](bool one_f_one_b) {
+    for (auto& p : pipe->parameters()) p.mutable_grad() = at::Tensor();
+    group->barrier();
+    const int64_t base = volt::cpu_memory_stats().in_use;
+    volt::reset_cpu_memory_peaks();
+    const at::Tensor loss =
+        one_f_one_b ? pipe->forward_loss(x, target, mse) : mse(pipe->forward(x), target);
+    loss.backward();
+    return volt::cpu_memory_stats().max_in_use - base;
+  };
+  peak(false);  // warm-up
+  const int64_t gpipe = peak(false), ofob = peak(true);
+  say("rank " + std::to_string(group->rank()) + " memory gpipe=" + std::to_string(gpipe) +
+      " 1f1b=" + std::to_string(ofob));
+  return 0;
+}
+
 int run_layer(std::map<std::string, std::string>& a) {
   const int64_t chunks = a.count("--chunks") ? std::stoll(a["--chunks"]) : 1;
   const char* world = std::getenv("WORLD_SIZE");
@@ -488,6 +669,8 @@ int run_layer(std::map<std::string, std::string>& a) {
     say("rank " + std::to_string(group->rank()) + " shared buffer passed");
     return 0;
   }
+  if (a.count("--schedule-memory")) return check_schedule_memory(group);
+  if (a.count("--schedule")) return check_one_f_one_b(group, chunks, a);
   if (a.count("--tied")) return check_tied(group, chunks);
   if (a.count("--deferred")) {
     return check_deferred(group, chunks, a.count("--checkpoint") ? a["--checkpoint"] : "never");
@@ -586,8 +769,9 @@ int run_layer(std::map<std::string, std::string>& a) {
 /// A layer before the pipeline, the pipeline, a layer after it (every rank trains both alike).
 class PipeNet : public volt::Module {
  public:
-  PipeNet(volt::PipelineOptions options, std::string optimizer, bool dropout, bool tied = false)
-      : optimizer_(std::move(optimizer)) {
+  PipeNet(volt::PipelineOptions options, std::string optimizer, bool dropout, bool tied = false,
+          bool one_f_one_b = false)
+      : optimizer_(std::move(optimizer)), one_f_one_b_(one_f_one_b) {
     pre = register_module("pre", torch::nn::Linear(8, 16));
     torch::nn::Sequential layers(torch::nn::Tanh(), torch::nn::Linear(16, 32), torch::nn::ReLU());
     if (dropout) layers->push_back(torch::nn::Dropout(0.2));
@@ -600,9 +784,16 @@ class PipeNet : public volt::Module {
     }
     if (dropout) layers->push_back(torch::nn::Dropout(0.3));
     layers->push_back(torch::nn::Linear(32, 16));
+    if (one_f_one_b) {
+      // forward_loss computes the loss in the last stage: the head's layers belong to it.
+      if (dropout) layers->push_back(torch::nn::Dropout(0.25));
+      layers->push_back(torch::nn::Linear(16, 2));
+    }
     net = register_module("net", volt::Pipeline(layers, options));
-    head = register_module("head", torch::nn::Linear(16, 2));
-    if (dropout) drop = register_module("drop", torch::nn::Dropout(0.25));
+    if (!one_f_one_b) {
+      head = register_module("head", torch::nn::Linear(16, 2));
+      if (dropout) drop = register_module("drop", torch::nn::Dropout(0.25));
+    }
     // The pipeline's last layer (the last stage's) can be given an inf gradient.
     auto last = net->layers()->ptr(net->layers()->size() - 1);
     last->named_parameters()["weight"].register_hook([this](const at::Tensor& g) {
@@ -611,12 +802,18 @@ class PipeNet : public volt::Module {
   }
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor y = net->forward(pre->forward(x));
+    if (one_f_one_b_) return y;
     return head->forward(drop ? drop->forward(y) : y);
   }
   at::Tensor training_step(const volt::Batch& b, int64_t batch_idx) override {
     if (die_batch >= 0 && batch_idx == die_batch && rank_ == die_rank) ::raise(SIGKILL);
     poison_ = calls_++ == inf_call;
-    auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
+    const at::Tensor loss =
+        one_f_one_b_ ? net->forward_loss(pre->forward(b.input), b.target,
+                                         [](const at::Tensor& out, const at::Tensor& target) {
+                                           return torch::cross_entropy_loss(out, target);
+                                         })
+                     : torch::cross_entropy_loss(forward(b.input), b.target);
     log("train_loss", loss);
     return loss;
   }
@@ -654,6 +851,7 @@ class PipeNet : public volt::Module {
 
  private:
   std::string optimizer_;
+  bool one_f_one_b_ = false;  // the training loss through forward_loss (the 1F1B schedule)
   int64_t rank_ = 0;
   int64_t calls_ = 0;
   bool poison_ = false;
@@ -673,7 +871,10 @@ class RankProbe : public volt::Callback {
   }
   void on_train_end(volt::RunContext&, volt::Module&) override {
     pre = torch::cat({net_.pre->weight.detach().reshape({-1}), net_.pre->bias.detach()});
-    outside = torch::cat({pre, net_.head->weight.detach().reshape({-1}), net_.head->bias.detach()});
+    outside =
+        net_.head
+            ? torch::cat({pre, net_.head->weight.detach().reshape({-1}), net_.head->bias.detach()})
+            : pre;
   }
   int64_t stage = -1;
   int64_t held = 0;    // parameter elements this rank holds while it trains
@@ -694,7 +895,8 @@ int run_fit(std::map<std::string, std::string>& a) {
   if (a.count("--balance")) options.balance(parse_list(a["--balance"]));
   torch::manual_seed(0);
   PipeNet model(options, a.count("--optimizer") ? a["--optimizer"] : "sgd",
-                num("--dropout", 0) != 0, num("--tied", 0) != 0);
+                num("--dropout", 0) != 0, num("--tied", 0) != 0,
+                a.count("--schedule") != 0 && a["--schedule"] == "1f1b");
   model.die_rank = num("--die-rank", -1);
   model.die_batch = num("--die-batch", -1);
   model.inf_call = num("--inf-call", -1);

@@ -125,6 +125,33 @@ class ProcessGroup {
   void send(const at::Tensor& tensor, int64_t dst);
   /// Fills `tensor` (shape and dtype as the sender's) with what rank `src` sent.
   void recv_(at::Tensor& tensor, int64_t src);
+  /// A transfer isend or irecv_ started, running while the program goes on. wait() returns when
+  /// it is done: within the group's timeout, else a DistributedError, as for send / recv_ (and
+  /// the group is broken). Destroyed before wait() (an exception on its way out, say), it is
+  /// cancelled: a received tensor is then left as it was. The group must outlive it.
+  class Transfer {
+   public:
+    Transfer();
+    Transfer(Transfer&& other) noexcept;
+    Transfer& operator=(Transfer&& other) noexcept;
+    ~Transfer();
+    /// Returns when the transfer is done (at once for a finished or empty one).
+    void wait();
+    /// True until wait() has returned.
+    bool pending() const;
+
+   private:
+    friend class ProcessGroup;
+    struct State;
+    std::unique_ptr<State> state_;
+  };
+  /// send, without waiting: `tensor` must not change until the transfer is done. Schedules in
+  /// which two ranks send to each other at once (a pipeline's activations one way, gradients the
+  /// other) need it: with Gloo a send waits for its receiver, so two blocking sends would wait
+  /// for each other. Pairs match recv_ / irecv_ in call order.
+  Transfer isend(const at::Tensor& tensor, int64_t dst);
+  /// recv_, without waiting: `tensor` holds what rank `src` sent once wait() has returned.
+  Transfer irecv_(at::Tensor& tensor, int64_t src);
   /// Returns when every rank has called it.
   void barrier();
   /// True when `local` is true on every rank.

@@ -27,9 +27,11 @@
 /// stages (ConfigError).
 ///
 /// Activation memory: GPipe's schedule keeps each micro-batch's activations from its forward to
-/// its backward; PipelineOptions::checkpoint ("always", "except_last") keeps only each
-/// micro-batch's input to the stage and recomputes the rest in backward, and
-/// activation_checkpoint_interval (DeepSpeed's) checkpoints runs of a few layers.
+/// its backward; forward_loss() runs the 1F1B schedule instead (the loss computed inside the
+/// pipeline, each micro-batch's backward started before the later ones' forwards), so stage s
+/// holds at most stages - s micro-batches at once; PipelineOptions::checkpoint ("always",
+/// "except_last") keeps only each micro-batch's input to the stage and recomputes the rest in
+/// backward, and activation_checkpoint_interval (DeepSpeed's) checkpoints runs of a few layers.
 ///
 /// BatchNorm: each micro-batch is normalised by its own statistics (as GPipe's); with
 /// PipelineOptions::deferred_batch_norm the running statistics move once per batch, as the
@@ -41,6 +43,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -113,6 +116,27 @@ class PipelineImpl : public torch::nn::Module {
   /// pipeline draws alike on every rank (with one micro-batch the draws are one process's).
   at::Tensor forward(const at::Tensor& x);
 
+  /// The loss of a batch: a mean over its rows, as `loss_fn(output, target)` gives it.
+  using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+  /// `loss_fn(forward(x), target)`, with the stages running the 1F1B schedule (PipeDream-Flush,
+  /// as DeepSpeed's TrainSchedule and Megatron's) when distributed and recording gradients:
+  /// stage s runs min(stages - s - 1, micro-batches) forwards, then one forward and one backward
+  /// in turn, then the remaining backwards, so it holds the activations of at most stages - s
+  /// micro-batches at once where forward()'s GPipe schedule holds all of them. The last stage
+  /// computes `loss_fn` on each micro-batch's output and its rows of `target` (dim 0, as `x` is
+  /// cut) and backpropagates it at once, weighted by the micro-batch's share of the rows; every
+  /// rank returns the weighted sum, which equals `loss_fn` over the whole batch when `loss_fn`
+  /// is a mean over rows (cross entropy, MSE: the default reductions). The backward runs inside
+  /// this call, with a gradient of 1; the returned loss's own backward scales those gradients by
+  /// the gradient it receives (the accumulation factor, a loss scale) and adds them to the
+  /// parameters' (and `x`'s, as forward() gives it) gradients, so `loss.backward()` and the code
+  /// around it work as with forward(); without a backward the gradients stay as they were.
+  /// `loss_fn` runs on the last stage only: it may hold no parameters (put trainable layers in
+  /// the pipeline; ConfigError otherwise) and must return one element (ValueError). `target` is
+  /// read on the last stage; every rank must call it (collective). Undistributed, or without
+  /// gradients: exactly `loss_fn(forward(x), target)`.
+  at::Tensor forward_loss(const at::Tensor& x, const at::Tensor& target, const LossFn& loss_fn);
+
   /// Splits the layers over `group`'s ranks, one stage each (ConfigError for a bad partition or
   /// a buffer that layers of two stages share).
   /// The group must live while forward and backward run.
@@ -177,6 +201,11 @@ class PipelineImpl : public torch::nn::Module {
   /// nothing to `deferred`).
   at::Tensor run_stage(int64_t first, int64_t last, const at::Tensor& x, bool whole,
                        DeferredNorms* deferred);
+  /// Under deferred_batch_norm, the training BatchNorm entries with running statistics among
+  /// layers [first, last) into `out`.
+  void collect_deferred(int64_t first, int64_t last, DeferredNorms* out);
+  /// Whether micro-batch `i` of `chunks` runs checkpointed whole (PipelineOptions::checkpoint).
+  bool checkpointed(int64_t i, int64_t chunks) const;
 
   torch::nn::Sequential layers_;
   PipelineOptions options_;
