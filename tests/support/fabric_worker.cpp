@@ -25,7 +25,8 @@
 //       "deepspeed_stage_N" (parameters partitioned whatever their size) or "pipeline" (the net's
 //       layers in a volt::Pipeline, one stage per rank). --pipeline 1: the layers in a
 //       volt::Pipeline under any strategy (in one process it runs whole: the reference);
-//       --chunks C: its micro-batches (default 1).
+//       --chunks C: its micro-batches (default 1). --schedule 1f1b: the loss through the
+//       Pipeline's forward_loss (the 1F1B schedule).
 //   --batchnorm 1: a BatchNorm1d after the first layer (its running statistics are written
 //       after the parameters); --sync-bn 1: FabricOptions::sync_batchnorm; --check-buffers 1:
 //       prints "buffers differ before=B inside=I" at the second step (whether the ranks'
@@ -261,11 +262,13 @@ int main(int argc, char** argv) {
 
     torch::manual_seed(1000 + static_cast<uint64_t>(rank));  // rank 0's weights must win
     auto net = make_net(num("--batchnorm", 0) != 0);
+    volt::Pipeline pipe{nullptr};
     if (strategy == "pipeline" || num("--pipeline", 0) != 0) {
       // The same layers (and so the same initial weights and flat order), one stage per rank.
-      net = torch::nn::Sequential(
-          volt::Pipeline(net, volt::PipelineOptions().chunks(num("--chunks", 1))));
+      pipe = volt::Pipeline(net, volt::PipelineOptions().chunks(num("--chunks", 1)));
+      net = torch::nn::Sequential(pipe);
     }
+    const bool one_f_one_b = pipe && a.count("--schedule") != 0 && a["--schedule"] == "1f1b";
     auto opt = std::make_shared<torch::optim::SGD>(net->parameters(),
                                                    torch::optim::SGDOptions(0.1).momentum(0.9));
     std::shared_ptr<NetModule> as_module;
@@ -328,9 +331,17 @@ int main(int argc, char** argv) {
                           static_cast<long>(differ(fabric, net->buffers()[0])));
               std::fflush(stdout);
             }
-            loss = (as_module ? as_module->training_step(b, step)
-                              : torch::cross_entropy_loss(net->forward(b.input), b.target)) /
-                   accum;
+            if (one_f_one_b) {
+              loss = pipe->forward_loss(b.input, b.target,
+                                        [](const at::Tensor& out, const at::Tensor& target) {
+                                          return torch::cross_entropy_loss(out, target);
+                                        });
+            } else if (as_module) {
+              loss = as_module->training_step(b, step);
+            } else {
+              loss = torch::cross_entropy_loss(net->forward(b.input), b.target);
+            }
+            loss = loss / accum;
           }
           const bool last = k + 1 == accum;
           {
