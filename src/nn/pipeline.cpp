@@ -1014,7 +1014,10 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
       // Stage s - 1 runs this forward after the backwards up to i - warm-up - 1.
       settle(sent_back, i - warmup_of(stage_ - 1) - 1);
     }
-    at::Tensor yi = run_stage(first, end, xi, checkpointed(i, chunks),
+    // except_last: the last stage runs each micro-batch's backward right after its forward, so
+    // recomputing would buy it nothing.
+    const bool whole = stage_ == last ? options_.checkpoint() == "always" : checkpointed(i, chunks);
+    at::Tensor yi = run_stage(first, end, xi, whole,
                               chunks > 1 && !deferred.norms.empty() ? &deferred : nullptr);
     if (stage_ < last) {
       if (yi.dim() > kMaxDims) send_with_header(g, yi, chunks, input_grad, stage_ + 1);  // throws

@@ -425,8 +425,10 @@ TEST(PipelineSchedule, OneFOneBGivesGPipesLossAndGradients) {
   // The worker runs forward_loss beside forward() on the same layers and batches (the second
   // accumulating, each loss's backward seeded with 0.5): it fails on any difference in the loss,
   // the gradients, the input's gradient, the random state after the pipeline or BatchNorm's
-  // statistics (bit for bit at one micro-batch), on gradients changed before the backward, and
-  // when a second backward is not refused.
+  // statistics (bit for bit at one micro-batch), on gradients changed before the backward, when
+  // a second backward is not refused, and when a checkpointed stage recomputes its dropout
+  // layers another number of times than its checkpointed micro-batches (except_last: none on the
+  // last stage, whose backwards follow their forwards).
   VOLT_REQUIRE_GLOO();
   struct Case {
     int world;
@@ -440,6 +442,8 @@ TEST(PipelineSchedule, OneFOneBGivesGPipesLossAndGradients) {
            {4, {"--chunks", "6"}},
            {2, {"--chunks", "1", "--model", "dropout"}},
            {3, {"--chunks", "4", "--model", "dropout", "--checkpoint", "except_last"}},
+           {2, {"--chunks", "3", "--model", "dropout", "--checkpoint", "except_last"}},
+           {2, {"--chunks", "3", "--model", "dropout", "--checkpoint", "always"}},
            {2, {"--chunks", "3", "--model", "tied"}},
            {3, {"--chunks", "3", "--model", "tied"}},  // the middle stage does not hold it
            {2, {"--chunks", "3", "--model", "norm"}},

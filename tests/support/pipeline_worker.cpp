@@ -466,16 +466,18 @@ int check_deferred(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chu
   return 0;
 }
 
-/// The layers check_one_f_one_b runs: "plain" (layer_model), "dropout" (dropout in both
-/// stages), "tied" (one Linear at both ends: stages 0 and 1 of 2, or 0 and 2 of 3) or "norm"
-/// (BatchNorm in both stages, deferred_batch_norm on).
+/// The layers check_one_f_one_b runs: "plain" (layer_model), "dropout" (dropout in every stage
+/// of up to 3 by parameters, counting its recomputations in `recomputed`), "tied" (one Linear at
+/// both ends: stages 0 and 1 of 2, or 0 and 2 of 3) or "norm" (BatchNorm in both stages,
+/// deferred_batch_norm on).
 std::pair<torch::nn::Sequential, volt::PipelineOptions> schedule_model(const std::string& kind,
-                                                                       int64_t stages) {
+                                                                       int64_t stages,
+                                                                       int64_t& recomputed) {
   namespace nn = torch::nn;
   if (kind == "dropout") {
-    return {nn::Sequential(nn::Linear(8, 16), nn::Tanh(), nn::Dropout(0.2), nn::Linear(16, 24),
-                           nn::ReLU(), nn::Dropout(0.3), nn::Linear(24, 16), nn::Tanh(),
-                           nn::Linear(16, 4)),
+    auto drop = [&recomputed] { return volt_test::counted_dropout(recomputed); };
+    return {nn::Sequential(nn::Linear(8, 16), nn::Tanh(), drop(), nn::Linear(16, 24), nn::ReLU(),
+                           drop(), nn::Linear(24, 16), nn::Tanh(), nn::Linear(16, 4), drop()),
             {}};
   }
   if (kind == "tied") {
@@ -506,10 +508,12 @@ std::pair<torch::nn::Sequential, volt::PipelineOptions> schedule_model(const std
 int check_one_f_one_b(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks,
                       std::map<std::string, std::string>& a) {
   const std::string kind = a.count("--model") ? a["--model"] : "plain";
+  const std::string checkpoint = a.count("--checkpoint") ? a["--checkpoint"] : "never";
+  int64_t recomputed = 0;  // by the dropout layers of either pipeline
   auto make = [&] {
     torch::manual_seed(0);
-    auto [layers, options] = schedule_model(kind, group->world_size());
-    options.chunks(chunks).checkpoint(a.count("--checkpoint") ? a["--checkpoint"] : "never");
+    auto [layers, options] = schedule_model(kind, group->world_size(), recomputed);
+    options.chunks(chunks).checkpoint(checkpoint);
     volt::Pipeline pipe(layers, options);
     pipe->distribute(group);
     return pipe;
@@ -552,8 +556,25 @@ int check_one_f_one_b(const std::shared_ptr<volt::ProcessGroup>& group, int64_t 
     const at::Tensor after_g = torch::rand({4});
     torch::manual_seed(10 + step);
     const std::vector<at::Tensor> before = grads_of(*ofob);
+    const int64_t recomputed_before = recomputed;
     const at::Tensor lo = ofob->forward_loss(xo, target, mse);
     const at::Tensor after_o = torch::rand({4});
+    if (kind == "dropout") {
+      // Each checkpointed micro-batch recomputes the stage's dropout layers once, inside the
+      // schedule; except_last spares the last micro-batch, and every one on the last stage.
+      const auto [first, last] = ofob->stage_layers(stage);
+      int64_t drops = 0;
+      for (int64_t l = first; l < last; ++l) drops += l == 2 || l == 5 || l == 9;
+      const bool last_stage = stage == group->world_size() - 1;
+      const int64_t runs = checkpoint == "always"                       ? chunks
+                           : checkpoint == "except_last" && !last_stage ? chunks - 1
+                                                                        : 0;
+      if (recomputed - recomputed_before != drops * runs) {
+        fail(what + "stage " + std::to_string(stage) + " recomputed its dropout layers " +
+             std::to_string(recomputed - recomputed_before) + " times, not " +
+             std::to_string(drops * runs));
+      }
+    }
     check_same(lo.detach(), lg.detach(), exact, what + "loss");
     check_same(after_o, after_g, true, what + "random state after the pipeline");
     if (!lo.requires_grad()) fail(what + "the loss needs no gradient");

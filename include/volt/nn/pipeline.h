@@ -68,10 +68,10 @@ struct PipelineOptions {
   /// Activation checkpointing of each micro-batch's run through a stage (GPipe's, as
   /// torchgpipe's and PyTorch Pipe's `checkpoint`): "never" keeps every micro-batch's
   /// activations until its backward; "always" keeps only what each micro-batch brings to the
-  /// stage and recomputes the stage's layers in backward (volt::checkpoint: the forward's random
-  /// and autocast state replayed, so the result is the same); "except_last" does so for every
-  /// micro-batch but the last, whose backward comes first. Without distribute() the whole batch
-  /// is the one (last) micro-batch. Default: "never".
+  /// stage and recomputes its layers in backward (volt::checkpoint: the forward's random and
+  /// autocast state replayed, the result the same); "except_last" spares the last micro-batch,
+  /// whose backward comes first (and under forward_loss's 1F1B every one of the last stage,
+  /// whose backward follows its forward). Undistributed: one (last) micro-batch. Default: "never".
   TORCH_ARG(std::string, checkpoint) = "never";
   /// DeepSpeed PipelineModule's activation_checkpoint_interval: in micro-batches that
   /// `checkpoint` leaves, each run of this many consecutive layers of a stage is checkpointed
