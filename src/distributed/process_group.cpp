@@ -914,31 +914,13 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
   return (out.scalar_type() == dtype ? out : out.to(dtype)).to(value.device());
 }
 
+// The blocking forms are the others waited for at once: the same checks, timeout and errors.
 void ProcessGroup::send(const at::Tensor& tensor, int64_t dst) {
-  VOLT_CHECK(dst >= 0 && dst < world_size_ && dst != rank_, ValueError, kTag, " send from rank ",
-             rank_, " to rank ", dst, ": the destination must be another rank of the ", world_size_,
-             ".");
-  const NormalTensors normal_tensors;
-  at::Tensor t = to_wire(*impl_, tensor.detach().contiguous());
-  std::vector<at::Tensor> buf{t.view(wire_dtype(t.scalar_type()))};
-  run_collective(*this, "send", [&] { return impl_->group->send(buf, static_cast<int>(dst), 0); });
+  isend(tensor, dst).wait();
 }
 
 void ProcessGroup::recv_(at::Tensor& tensor, int64_t src) {
-  VOLT_CHECK(src >= 0 && src < world_size_ && src != rank_, ValueError, kTag, " recv on rank ",
-             rank_, " from rank ", src, ": the source must be another rank of the ", world_size_,
-             ".");
-  VOLT_CHECK(tensor.defined(), ValueError, kTag, " recv_ got an undefined tensor.");
-  const NormalTensors normal_tensors;
-  // A contiguous tensor where the transfer runs is written in place (by the transfer itself,
-  // no tensor op: an inference tensor may be the target); anything else through a buffer.
-  const at::Tensor target = tensor.detach();
-  const bool in_place = target.is_contiguous() && to_wire(*impl_, target).is_same(target);
-  at::Tensor wire =
-      in_place ? target : to_wire(*impl_, at::empty_like(target, at::MemoryFormat::Contiguous));
-  std::vector<at::Tensor> buf{wire.view(wire_dtype(wire.scalar_type()))};
-  run_collective(*this, "recv", [&] { return impl_->group->recv(buf, static_cast<int>(src), 0); });
-  if (!in_place) target.copy_(wire);
+  irecv_(tensor, src).wait();
 }
 
 struct ProcessGroup::Transfer::State {
@@ -965,16 +947,16 @@ void ProcessGroup::Transfer::wait() {
 }
 
 ProcessGroup::Transfer ProcessGroup::isend(const at::Tensor& tensor, int64_t dst) {
-  VOLT_CHECK(dst >= 0 && dst < world_size_ && dst != rank_, ValueError, kTag, " isend from rank ",
+  VOLT_CHECK(dst >= 0 && dst < world_size_ && dst != rank_, ValueError, kTag, " send from rank ",
              rank_, " to rank ", dst, ": the destination must be another rank of the ", world_size_,
              ".");
-  check_runnable(*this, "isend");
+  check_runnable(*this, "send");
   const NormalTensors normal_tensors;
   Transfer out;
   out.state_ = std::make_unique<Transfer::State>();
   Transfer::State& s = *out.state_;
   s.group = this;
-  s.op = "isend";
+  s.op = "send";
   const at::Tensor t = to_wire(*impl_, tensor.detach().contiguous());
   s.buffers = {t.view(wire_dtype(t.scalar_type()))};
   try {
@@ -986,18 +968,20 @@ ProcessGroup::Transfer ProcessGroup::isend(const at::Tensor& tensor, int64_t dst
 }
 
 ProcessGroup::Transfer ProcessGroup::irecv_(at::Tensor& tensor, int64_t src) {
-  VOLT_CHECK(src >= 0 && src < world_size_ && src != rank_, ValueError, kTag, " irecv on rank ",
+  VOLT_CHECK(src >= 0 && src < world_size_ && src != rank_, ValueError, kTag, " recv on rank ",
              rank_, " from rank ", src, ": the source must be another rank of the ", world_size_,
              ".");
-  VOLT_CHECK(tensor.defined(), ValueError, kTag, " irecv_ got an undefined tensor.");
-  check_runnable(*this, "irecv");
+  VOLT_CHECK(tensor.defined(), ValueError, kTag, " recv_ got an undefined tensor.");
+  check_runnable(*this, "recv");
   const NormalTensors normal_tensors;
   Transfer out;
   out.state_ = std::make_unique<Transfer::State>();
   Transfer::State& s = *out.state_;
   s.group = this;
-  s.op = "irecv";
-  // As recv_: a contiguous tensor where the transfer runs is written in place.
+  s.op = "recv";
+  // A contiguous tensor where the transfer runs is written in place (by the transfer itself, no
+  // tensor op: an inference tensor may be the target); anything else through a buffer, copied
+  // into it by wait().
   const at::Tensor target = tensor.detach();
   const bool in_place = target.is_contiguous() && to_wire(*impl_, target).is_same(target);
   const at::Tensor wire =

@@ -170,6 +170,31 @@ at::Tensor from_last_stage(ProcessGroup& g, at::Tensor out, int64_t chunks, c10:
   return out;
 }
 
+// Micro-batch i's input to this stage: on stage 0 its own piece (each after the first on a new
+// random stream, drawn from the current one), elsewhere what the stage before sent, whose header
+// tells the micro-batch count and what stage 0's input needs, the generator going on from the
+// state the sender ended in (see PipelineImpl::forward).
+at::Tensor micro_batch_in(ProcessGroup& g, int64_t i, const std::vector<at::Tensor>& pieces,
+                          c10::Device device, const at::Tensor& state_like, int64_t* chunks,
+                          InputGrad* input_grad) {
+  const int64_t stage = g.rank();
+  if (stage == 0) {
+    if (i > 0) reseed_random();
+    return pieces[i];
+  }
+  Header head;
+  at::Tensor xi = recv_with_header(g, stage - 1, device, &head);
+  VOLT_CHECK(i == 0 || head.chunks == *chunks, DistributedError, kTag, " rank ", stage,
+             " was told of ", head.chunks, " micro-batches after ", *chunks,
+             "; every rank must run the same model and code.");
+  *chunks = head.chunks;
+  *input_grad = head.input;
+  at::Tensor state = at::empty_like(state_like);
+  g.recv_(state, stage - 1);
+  set_random_state(state);
+  return xi;
+}
+
 // One forward's micro-batches on this stage, kept for its backward.
 struct Flight {
   std::shared_ptr<ProcessGroup> group;
@@ -859,23 +884,9 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   collect_deferred(first, end, &deferred);
   std::vector<at::Tensor> outputs;
   for (int64_t i = 0; i < chunks; ++i) {
-    at::Tensor xi;
-    if (stage_ == 0) {
-      xi = pieces[i];
-      if (i > 0) reseed_random();
-    } else {
-      Header head;
-      xi = recv_with_header(g, stage_ - 1, x.device(), &head);
-      VOLT_CHECK(i == 0 || head.chunks == chunks, DistributedError, kTag, " rank ", stage_,
-                 " was told of ", head.chunks, " micro-batches after ", chunks,
-                 "; every rank must run the same model and code.");
-      chunks = head.chunks;
-      flight->input_grad = head.input;
-      if (graph) xi.requires_grad_(true);
-      at::Tensor state = at::empty_like(state_like);
-      g.recv_(state, stage_ - 1);
-      set_random_state(state);
-    }
+    at::Tensor xi =
+        micro_batch_in(g, i, pieces, x.device(), state_like, &chunks, &flight->input_grad);
+    if (graph && stage_ > 0) xi.requires_grad_(true);
     // One micro-batch is the whole batch: the norms move their statistics themselves.
     at::Tensor yi = run_stage(first, end, xi, checkpointed(i, chunks),
                               chunks > 1 && !deferred.norms.empty() ? &deferred : nullptr);
@@ -916,7 +927,7 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& target,
-                                      const LossFn& loss_fn) {
+                                      const LossFn& loss_fn, at::Tensor* output) {
   VOLT_CHECK(static_cast<bool>(loss_fn), ValueError, kTag,
              " forward_loss got no loss function; pass one giving the loss of an output and its "
              "target (a mean over rows).");
@@ -928,7 +939,9 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
     return loss;
   };
   if (!distributed() || num_stages() == 1 || !c10::GradMode::is_enabled()) {
-    return one_element(loss_fn(forward(x), target));
+    const at::Tensor y = forward(x);
+    if (output != nullptr) *output = y.detach();
+    return one_element(loss_fn(y, target));
   }
   ProcessGroup& g = *group_;
   const int64_t stages = num_stages();
@@ -988,30 +1001,18 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
   struct Held {
     at::Tensor input, output;  // the output is the weighted loss on the last stage
   };
-  std::deque<Held> held;  // forwarded, not yet backpropagated, oldest first
-  at::Tensor loss_sum;    // the last stage's: the weighted losses so far
-  int64_t rows = 0;       // the last stage's: target rows taken so far
+  std::deque<Held> held;            // forwarded, not yet backpropagated, oldest first
+  at::Tensor loss_sum;              // the last stage's: the weighted losses so far
+  std::vector<at::Tensor> outputs;  // the last stage's, when `output` asks for them
+  int64_t rows = 0;                 // the last stage's: target rows taken so far
   int64_t forwards = 0, backwards = 0;
 
   auto forward_one = [&] {
     const int64_t i = forwards++;
-    at::Tensor xi;
-    if (stage_ == 0) {
-      xi = pieces[i];
-      if (i > 0) reseed_random();
-    } else {
-      Header head;
-      xi = recv_with_header(g, stage_ - 1, device, &head);
-      VOLT_CHECK(i == 0 || head.chunks == chunks, DistributedError, kTag, " rank ", stage_,
-                 " was told of ", head.chunks, " micro-batches after ", chunks,
-                 "; every rank must run the same model and code.");
-      chunks = head.chunks;
-      input_grad = head.input;
+    at::Tensor xi = micro_batch_in(g, i, pieces, device, state_like, &chunks, &input_grad);
+    if (stage_ > 0) {
       xi.requires_grad_(true);
-      at::Tensor state = at::empty_like(state_like);
-      g.recv_(state, stage_ - 1);
-      set_random_state(state);
-      // Stage s - 1 runs this forward after the backwards up to i - warm-up - 1.
+      // Stage s - 1 ran this forward after the backwards up to i - warm-up - 1.
       settle(sent_back, i - warmup_of(stage_ - 1) - 1);
     }
     // except_last: the last stage runs each micro-batch's backward right after its forward, so
@@ -1030,6 +1031,7 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
                  " the target has ", target.dim() >= 1 ? target.size(0) : 0,
                  " rows, fewer than the pipeline's output of ", rows + n,
                  " so far; forward_loss needs one target row per output row (dim 0).");
+      if (output != nullptr) outputs.push_back(yi.detach());
       const at::Tensor loss = one_element(loss_fn(yi, target.narrow(0, rows, n)));
       if (i == 0) {
         std::unordered_set<const c10::TensorImpl*> own{xi.unsafeGetTensorImpl()};
@@ -1112,6 +1114,12 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
              ") is not stage 0's (", input_grad.numel, " elements, ", input_grad.dtype,
              "), and both need its gradient; every rank must compute the pipeline's input with "
              "the same code.");
+  if (output != nullptr) {
+    // As forward() returns it (the generator state it carries is the one the loss carries).
+    at::Tensor whole;
+    if (stage_ == last) whole = outputs.size() == 1 ? outputs[0].clone() : at::cat(outputs, 0);
+    *output = from_last_stage(g, whole, chunks, device, state_like);
+  }
   at::Tensor out = from_last_stage(g, stage_ == last ? loss_sum.clone() : at::Tensor(), chunks,
                                    device, state_like);
 

@@ -268,8 +268,11 @@ TEST(Pipeline, UndistributedForwardLossIsTheLossOfForward) {
       volt::PipelineOptions().chunks(2));
   const at::Tensor x = torch::randn({5, 4}), target = torch::randn({5, 3});
   auto mse = [](const at::Tensor& out, const at::Tensor& t) { return torch::mse_loss(out, t); };
-  const at::Tensor loss = pipe->forward_loss(x, target, mse);
+  at::Tensor output;
+  const at::Tensor loss = pipe->forward_loss(x, target, mse, &output);
   EXPECT_TRUE(torch::equal(loss, torch::mse_loss(pipe->forward(x), target)));
+  EXPECT_TRUE(torch::equal(output, pipe->forward(x)));
+  EXPECT_FALSE(output.requires_grad());
   loss.backward();
   const at::Tensor weight = pipe->named_parameters()["0.weight"];
   const at::Tensor grad = weight.grad().clone();

@@ -502,7 +502,8 @@ std::pair<torch::nn::Sequential, volt::PipelineOptions> schedule_model(const std
 /// gradient (this stage's, a tied one on each stage holding it; none elsewhere), the input's
 /// gradient on every rank, the random state after the pipeline, BatchNorm's running statistics,
 /// bit for bit with one micro-batch, else within 1e-6 (the micro-batches' gradients sum in
-/// another order). Also: until its backward, forward_loss leaves the gradients as they were;
+/// another order); the output asked for, bit for bit. Also: until its backward, forward_loss
+/// leaves the gradients as they were;
 /// a second backward is a ValueError; without gradients it is forward's loss. Prints
 /// "rank R 1f1b ok stage=S".
 int check_one_f_one_b(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks,
@@ -552,12 +553,19 @@ int check_one_f_one_b(const std::shared_ptr<volt::ProcessGroup>& group, int64_t 
     const at::Tensor target = torch::randn({10, width});
     const at::Tensor xg = x.clone().requires_grad_(true), xo = x.clone().requires_grad_(true);
     torch::manual_seed(10 + step);
-    const at::Tensor lg = mse(gpipe->forward(xg), target);
+    const at::Tensor yg = gpipe->forward(xg);
+    const at::Tensor lg = mse(yg, target);
     const at::Tensor after_g = torch::rand({4});
     torch::manual_seed(10 + step);
     const std::vector<at::Tensor> before = grads_of(*ofob);
     const int64_t recomputed_before = recomputed;
-    const at::Tensor lo = ofob->forward_loss(xo, target, mse);
+    at::Tensor yo;  // the second step asks for the output too
+    const at::Tensor lo = ofob->forward_loss(xo, target, mse, step == 1 ? &yo : nullptr);
+    if (step == 0 && yo.defined()) fail(what + "an output nobody asked for");
+    if (step == 1) {
+      check_same(yo, yg.detach(), true, what + "output");
+      if (yo.requires_grad()) fail(what + "the output has a graph");
+    }
     const at::Tensor after_o = torch::rand({4});
     if (kind == "dropout") {
       // Each checkpointed micro-batch recomputes the stage's dropout layers once, inside the

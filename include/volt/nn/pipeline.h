@@ -134,8 +134,11 @@ class PipelineImpl : public torch::nn::Module {
   /// `loss_fn` runs on the last stage only: it may hold no parameters (put trainable layers in
   /// the pipeline; ConfigError otherwise) and must return one element (ValueError). `target` is
   /// read on the last stage; every rank must call it (collective). Undistributed, or without
-  /// gradients: exactly `loss_fn(forward(x), target)`.
-  at::Tensor forward_loss(const at::Tensor& x, const at::Tensor& target, const LossFn& loss_fn);
+  /// gradients: exactly `loss_fn(forward(x), target)`. `output`, when given, receives what
+  /// forward() would have returned, without its graph, on every rank (for metrics such as
+  /// accuracy; it costs one more broadcast, and the last stage keeps each micro-batch's output).
+  at::Tensor forward_loss(const at::Tensor& x, const at::Tensor& target, const LossFn& loss_fn,
+                          at::Tensor* output = nullptr);
 
   /// Splits the layers over `group`'s ranks, one stage each (ConfigError for a bad partition or
   /// a buffer that layers of two stages share).
