@@ -27,6 +27,7 @@
 
 #include "nn/detail/recompute_buffers.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 #include "volt/distributed/process_group.h"
 #include "volt/nn/checkpoint.h"
 
@@ -1073,6 +1074,13 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
 
   forward_one();  // brings the number of micro-batches to the stages after 0
   const int64_t warmup = warmup_of(stage_);
+  static std::atomic<bool> told{false};  // once per process: which schedule runs, and how
+  if (!told.exchange(true)) {
+    log_info("Pipeline", "stage " + std::to_string(stage_) + " of " + std::to_string(stages) +
+                             " runs the 1F1B schedule: " + std::to_string(chunks) +
+                             " micro-batches, at most " +
+                             std::to_string(std::min(stages - stage_, chunks)) + " held at once");
+  }
   while (forwards < warmup) forward_one();
   if (warmup == 0) backward_one();  // the last stage: each backward right after its forward
   while (forwards < chunks) {

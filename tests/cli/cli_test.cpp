@@ -1029,6 +1029,10 @@ TEST(CliBinary, TrainsTheDemoMlpAsAPipelineOfTwoStages) {
   ASSERT_EQ(ofob.code, 0) << ofob.out << ofob.err;
   ASSERT_GT(val_loss(gpipe.out), 0) << gpipe.out;
   EXPECT_NEAR(val_loss(ofob.out), val_loss(gpipe.out), 1e-5) << ofob.out;
+  const std::string told =
+      "[Pipeline] stage 0 of 2 runs the 1F1B schedule: 2 micro-batches, at most 2 held at once";
+  EXPECT_NE((ofob.out + ofob.err).find(told), std::string::npos) << ofob.out << ofob.err;
+  EXPECT_EQ((gpipe.out + gpipe.err).find("1F1B"), std::string::npos) << gpipe.err;
   // Bad values exit 2 before anything trains, each naming the fix.
   for (const auto& [args, phrase] : std::vector<std::pair<std::string, std::string>>{
            {" --trainer.strategy=pipeline",

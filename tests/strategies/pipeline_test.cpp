@@ -748,6 +748,13 @@ TEST_F(PipelineFit, TwoReplicasOfATwoStagePipelineTrainAsOneProcessOnTheGlobalBa
   }
   // Replica means sum the batch in another order: round-off only.
   expect_every_rank(prefix("grid"), 4, weights("one"), 2e-6);
+  // Under 1F1B the replicas average what the loss's backward gave (the schedule's gradients).
+  const std::vector<std::string> ofob{"--optimizer", "adamw",      "--clip",
+                                      "0.05",        "--schedule", "1f1b"};
+  fit("one_1f1b", volt_test::cat({"--devices", "1", "--batch", "32"}, ofob));
+  fit("grid_1f1b",
+      volt_test::cat({"--devices", "4", "--stages", "2", "--batch", "16", "--chunks", "2"}, ofob));
+  expect_every_rank(prefix("grid_1f1b"), 4, weights("one_1f1b"), 2e-6);
 }
 
 TEST_F(PipelineFit, AReplicatedPipelineResumesMidAccumulationBitForBitAndInOneProcess) {

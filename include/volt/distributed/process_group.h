@@ -128,7 +128,7 @@ class ProcessGroup {
   /// A transfer isend or irecv_ started, running while the program goes on. wait() returns when
   /// it is done: within the group's timeout, else a DistributedError, as for send / recv_ (and
   /// the group is broken). Destroyed before wait() (an exception on its way out, say), it is
-  /// cancelled: a received tensor is then left as it was. The group must outlive it.
+  /// cancelled (a receive's tensor then holds whatever arrived). The group must outlive it.
   class Transfer {
    public:
     Transfer();
