@@ -289,6 +289,9 @@ inline void register_fashion_mnist(volt::Registry& r) {
         VOLT_CHECK(schedule == "gpipe" || schedule == "1f1b", volt::ConfigError,
                    "[MlpClassifier] pipeline_schedule='", schedule,
                    "' is not a schedule; use gpipe or 1f1b.");
+        VOLT_CHECK(schedule == "gpipe" || chunks > 0, volt::ConfigError,
+                   "[MlpClassifier] pipeline_schedule=1f1b needs the layers in a pipeline; set "
+                   "--model.pipeline_chunks to a number of micro-batches, e.g. 4.");
         return std::make_shared<Classifier<MlpNet>>(
             std::make_shared<MlpNet>(hidden, chunks, schedule), a.get<double>("lr"),
             a.get<int64_t>("step_size"));

@@ -1039,6 +1039,9 @@ TEST(CliBinary, TrainsTheDemoMlpAsAPipelineOfTwoStages) {
             "[PipelineStrategy] the module holds 0 volt::Pipeline layers"},
            {" --model.pipeline_chunks=2 --model.pipeline_schedule=1f2b",
             "[MlpClassifier] pipeline_schedule='1f2b' is not a schedule; use gpipe or 1f1b."},
+           {" --model.pipeline_schedule=1f1b",
+            "[MlpClassifier] pipeline_schedule=1f1b needs the layers in a pipeline; set "
+            "--model.pipeline_chunks to a number of micro-batches, e.g. 4."},
            {" --model.pipeline_chunks=2 --trainer.strategy=pipeline"
             " --trainer.strategy.init_args.chunks=-1",
             "[PipelineStrategy] chunks=-1 must be >= 0"},
