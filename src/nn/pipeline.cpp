@@ -151,9 +151,10 @@ void reseed_random() {
   cpu->set_current_seed(cpu->random64());
 }
 
-// The last stage's `out` (and its CPU generator state) on every rank of the pipeline's group.
+// The last stage's `out` (and, with `state`, its CPU generator state) on every rank of the
+// pipeline's group.
 at::Tensor from_last_stage(ProcessGroup& g, at::Tensor out, int64_t chunks, c10::Device device,
-                           const at::Tensor& state_like) {
+                           const at::Tensor& state_like, bool state = true) {
   at::NoGradGuard no_grad;
   const int64_t last = g.world_size() - 1;
   const bool is_last = g.rank() == last;
@@ -165,9 +166,10 @@ at::Tensor from_last_stage(ProcessGroup& g, at::Tensor out, int64_t chunks, c10:
     out = at::empty(head.sizes, at::TensorOptions().dtype(head.dtype).device(device));
   }
   g.broadcast_(out, last);
-  at::Tensor state = is_last ? random_state() : at::empty_like(state_like);
-  g.broadcast_(state, last);
-  if (!is_last) set_random_state(state);
+  if (!state) return out;
+  at::Tensor s = is_last ? random_state() : at::empty_like(state_like);
+  g.broadcast_(s, last);
+  if (!is_last) set_random_state(s);
   return out;
 }
 
@@ -194,6 +196,66 @@ at::Tensor micro_batch_in(ProcessGroup& g, int64_t i, const std::vector<at::Tens
   g.recv_(state, stage - 1);
   set_random_state(state);
   return xi;
+}
+
+// Stage 0's batch, detached (needing a gradient when `x` does and the forward records one: its
+// gradient then goes to every rank), and its micro-batches.
+std::vector<at::Tensor> cut_input(const at::Tensor& x, bool graph, int64_t chunks,
+                                  at::Tensor* input, InputGrad* input_grad) {
+  VOLT_CHECK(x.dim() >= 1 && x.size(0) >= 1, ValueError, kTag,
+             " the input needs a batch dimension with at least one row, got ", x.sizes(), ".");
+  *input = x.detach();
+  if (graph && x.requires_grad()) {
+    input->requires_grad_(true);
+    *input_grad = {x.numel(), x.scalar_type()};
+  }
+  return input->chunk(chunks, 0);
+}
+
+// Whether this rank's `x` takes stage 0's input gradient: both need one (and `x` must then be
+// what stage 0's input was).
+bool takes_input_grad(const at::Tensor& x, const InputGrad& input_grad, int64_t stage) {
+  if (!x.requires_grad() || input_grad.numel < 0) return false;
+  VOLT_CHECK(x.numel() == input_grad.numel && x.scalar_type() == input_grad.dtype, ValueError, kTag,
+             " rank ", stage, "'s input (", x.sizes(), ", ", x.scalar_type(),
+             ") is not stage 0's (", input_grad.numel, " elements, ", input_grad.dtype,
+             "), and both need its gradient; every rank must compute the pipeline's input with "
+             "the same code.");
+  return true;
+}
+
+// Stage 0's input gradient, flat, on every rank (undefined when that input needs none): it
+// exists on stage 0 only, and every rank computed its input alike (the same code before the
+// pipeline), so every rank takes it: one broadcast.
+at::Tensor input_grad_everywhere(ProcessGroup& g, const at::Tensor& input,
+                                 const InputGrad& input_grad, c10::Device device) {
+  if (input_grad.numel < 0) return {};
+  at::Tensor gx;
+  if (g.rank() == 0) {
+    const at::Tensor& grad = input.grad();
+    gx = (grad.defined() ? grad : at::zeros_like(input)).reshape({-1}).contiguous();
+  } else {
+    gx = at::empty({input_grad.numel}, at::TensorOptions().dtype(input_grad.dtype).device(device));
+  }
+  g.broadcast_(gx, 0);
+  return gx;
+}
+
+// The tied parameters this stage holds that need a gradient (alike on every holder), with the
+// group of the stages holding each.
+void held_tied(const std::vector<at::Tensor>& all,
+               const std::vector<std::shared_ptr<ProcessGroup>>& all_groups,
+               std::vector<at::Tensor>* tied, std::vector<std::shared_ptr<ProcessGroup>>* groups) {
+  for (size_t k = 0; k < all.size(); ++k) {
+    if (all_groups[k] == nullptr || !all[k].requires_grad()) continue;
+    tied->push_back(all[k]);
+    groups->push_back(all_groups[k]);
+  }
+}
+
+// The last stage's micro-batch outputs as one batch (a copy: the caller may write it).
+at::Tensor joined(const std::vector<at::Tensor>& outputs) {
+  return outputs.size() == 1 ? outputs[0].clone() : at::cat(outputs, 0);
 }
 
 // One forward's micro-batches on this stage, kept for its backward.
@@ -299,19 +361,7 @@ class PipelineBackward : public torch::autograd::Node {
         g.send(gx, f.stage - 1);
       }
     }
-    // The input's gradient exists on stage 0 only; every rank's input was computed alike (the
-    // same code before the pipeline), so every rank takes it: one broadcast.
-    at::Tensor gx;
-    if (f.input_grad.numel >= 0) {
-      if (f.stage == 0) {
-        const at::Tensor& grad = f.input.grad();
-        gx = (grad.defined() ? grad : at::zeros_like(f.input)).reshape({-1}).contiguous();
-      } else {
-        gx = at::empty({f.input_grad.numel},
-                       at::TensorOptions().dtype(f.input_grad.dtype).device(f.device));
-      }
-      g.broadcast_(gx, 0);
-    }
+    const at::Tensor gx = input_grad_everywhere(g, f.input, f.input_grad, f.device);
     if (!f.tied.empty()) sum_tied_gradients(f.tied, f.tied_groups, tied_before);
     f.inputs.clear();
     f.outputs.clear();
@@ -853,25 +903,11 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   flight->stages = num_stages();
 
   flight->device = x.device();
-  if (graph) {
-    for (size_t k = 0; k < tied_.size(); ++k) {
-      // Held here, and needing a gradient (alike on every holder).
-      if (tied_groups_[k] == nullptr || !tied_[k].requires_grad()) continue;
-      flight->tied.push_back(tied_[k]);
-      flight->tied_groups.push_back(tied_groups_[k]);
-    }
-  }
+  if (graph) held_tied(tied_, tied_groups_, &flight->tied, &flight->tied_groups);
   std::vector<at::Tensor> pieces;
   int64_t chunks = 1;
   if (stage_ == 0) {
-    VOLT_CHECK(x.dim() >= 1 && x.size(0) >= 1, ValueError, kTag,
-               " the input needs a batch dimension with at least one row, got ", x.sizes(), ".");
-    flight->input = x.detach();
-    if (graph && x.requires_grad()) {
-      flight->input.requires_grad_(true);
-      flight->input_grad = {x.numel(), x.scalar_type()};
-    }
-    pieces = flight->input.chunk(options_.chunks(), 0);
+    pieces = cut_input(x, graph, options_.chunks(), &flight->input, &flight->input_grad);
     chunks = static_cast<int64_t>(pieces.size());
   }
   // Random layers (dropout) draw as one process running the layers in turn would: the CPU
@@ -905,20 +941,12 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
     for (auto& [layer, norm] : deferred.norms) commit_deferred(norm);
   }
   // This rank's input takes stage 0's input gradient when both need one.
-  const bool takes_grad = graph && x.requires_grad() && flight->input_grad.numel >= 0;
-  if (takes_grad) {
-    VOLT_CHECK(x.numel() == flight->input_grad.numel && x.scalar_type() == flight->input_grad.dtype,
-               ValueError, kTag, " rank ", stage_, "'s input (", x.sizes(), ", ", x.scalar_type(),
-               ") is not stage 0's (", flight->input_grad.numel, " elements, ",
-               flight->input_grad.dtype,
-               "), and both need its gradient; every rank must compute the pipeline's input "
-               "with the same code.");
-    flight->input_sizes = x.sizes().vec();
-  }
+  const bool takes_grad = graph && takes_input_grad(x, flight->input_grad, stage_);
+  if (takes_grad) flight->input_sizes = x.sizes().vec();
 
   // Every rank gets the last stage's output, so the code after the pipeline runs everywhere.
   at::Tensor out;
-  if (stage_ == last) out = outputs.size() == 1 ? outputs[0].clone() : at::cat(outputs, 0);
+  if (stage_ == last) out = joined(outputs);
   out = from_last_stage(g, out, chunks, x.device(), state_like);
   if (!graph) return out;
   std::shared_ptr<PipelineBackward> node(new PipelineBackward(flight), torch::autograd::deleteNode);
@@ -977,14 +1005,7 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
   std::vector<at::Tensor> pieces;
   int64_t chunks = 1;  // stages after 0 learn it from the first activation
   if (stage_ == 0) {
-    VOLT_CHECK(x.dim() >= 1 && x.size(0) >= 1, ValueError, kTag,
-               " the input needs a batch dimension with at least one row, got ", x.sizes(), ".");
-    input = x.detach();
-    if (x.requires_grad()) {
-      input.requires_grad_(true);
-      input_grad = {x.numel(), x.scalar_type()};
-    }
-    pieces = input.chunk(options_.chunks(), 0);
+    pieces = cut_input(x, /*graph=*/true, options_.chunks(), &input, &input_grad);
     chunks = static_cast<int64_t>(pieces.size());
   }
   // Sends run while the stage goes on (two neighbours send to each other at once: activations
@@ -1098,35 +1119,16 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
   }
   std::vector<at::Tensor> tied;
   std::vector<std::shared_ptr<ProcessGroup>> tied_groups;
-  for (size_t k = 0; k < tied_.size(); ++k) {
-    if (tied_groups_[k] == nullptr || !tied_[k].requires_grad()) continue;
-    tied.push_back(tied_[k]);
-    tied_groups.push_back(tied_groups_[k]);
-  }
+  held_tied(tied_, tied_groups_, &tied, &tied_groups);
   if (!tied.empty()) sum_tied_gradients(tied, tied_groups, std::vector<at::Tensor>(tied.size()));
   // Stage 0's input gradient goes to every rank (as forward()'s backward gives it).
-  at::Tensor gx;
-  if (input_grad.numel >= 0) {
-    if (stage_ == 0) {
-      const at::Tensor& grad = input.grad();
-      gx = (grad.defined() ? grad : at::zeros_like(input)).reshape({-1}).contiguous();
-    } else {
-      gx =
-          at::empty({input_grad.numel}, at::TensorOptions().dtype(input_grad.dtype).device(device));
-    }
-    g.broadcast_(gx, 0);
-  }
-  const bool takes_grad = x.requires_grad() && input_grad.numel >= 0;
-  VOLT_CHECK(!takes_grad || (x.numel() == input_grad.numel && x.scalar_type() == input_grad.dtype),
-             ValueError, kTag, " rank ", stage_, "'s input (", x.sizes(), ", ", x.scalar_type(),
-             ") is not stage 0's (", input_grad.numel, " elements, ", input_grad.dtype,
-             "), and both need its gradient; every rank must compute the pipeline's input with "
-             "the same code.");
+  const at::Tensor gx = input_grad_everywhere(g, input, input_grad, device);
+  const bool takes_grad = takes_input_grad(x, input_grad, stage_);
   if (output != nullptr) {
-    // As forward() returns it (the generator state it carries is the one the loss carries).
+    // As forward() returns it; the generator state comes with the loss.
     at::Tensor whole;
-    if (stage_ == last) whole = outputs.size() == 1 ? outputs[0].clone() : at::cat(outputs, 0);
-    *output = from_last_stage(g, whole, chunks, device, state_like);
+    if (stage_ == last) whole = joined(outputs);
+    *output = from_last_stage(g, whole, chunks, device, state_like, /*state=*/false);
   }
   at::Tensor out = from_last_stage(g, stage_ == last ? loss_sum.clone() : at::Tensor(), chunks,
                                    device, state_like);
