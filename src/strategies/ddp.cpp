@@ -118,6 +118,21 @@ DdpStrategy::~DdpStrategy() {
   }
 }
 
+std::shared_ptr<DdpStrategy> DdpStrategy::sharing_processes_of(
+    const DdpStrategy& run, std::shared_ptr<Precision> precision) {
+  VOLT_CHECK(run.group_ != nullptr, InternalError,
+             "[DdpStrategy] a trial strategy needs the run's process group; make it once the run "
+             "has set up its environment (on_fit_start and later).");
+  auto trial = std::make_shared<DdpStrategy>(run.options_, run.accelerator_, std::move(precision),
+                                             run.devices_, run.num_nodes_);
+  // Launched and joined already: launch() and setup_environment() return at once, no launcher
+  // (nothing to wait for at its end) and no store of its own.
+  trial->env_ = run.env_;
+  trial->group_ = run.group_;
+  trial->launched_ = true;
+  return trial;
+}
+
 void DdpStrategy::launch() {
   if (launched_) return;
   // A restarted attempt meets at the store rank 0 kept serving, on the port it had.

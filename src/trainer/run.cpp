@@ -401,6 +401,13 @@ bool TunerTrialScope::active() {
   return tuner_trials > 0;
 }
 
+std::shared_ptr<Strategy> run_strategy(RunContext& run) {
+  auto* r = dynamic_cast<Run*>(&run);
+  VOLT_CHECK(r != nullptr, InternalError,
+             "[Trainer] a tuner callback ran outside a Trainer's entry point.");
+  return r->plan.strategy;
+}
+
 void Run::attach_model_callbacks(Module& m) {
   if (TunerTrialScope::active()) return;
   std::vector<std::shared_ptr<Callback>> own;

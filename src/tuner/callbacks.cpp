@@ -48,7 +48,7 @@ LearningRateFinder::LearningRateFinder(LrFinderOptions options, bool update_attr
 
 void LearningRateFinder::setup(RunContext& run, Module&, Stage stage) {
   if (stage != Stage::kFit) return;
-  detail::check_single_device_run(run, kLrTag);
+  detail::check_trial_strategy(run, kLrTag, /*ddp=*/true);
   // A new fit searches again; a resumed one gets the checkpoint's state after this.
   done_ = false;
   result_ = LrFinderResult();
@@ -83,7 +83,7 @@ void LearningRateFinder::on_fit_start(RunContext& run, Module& module) {
   VOLT_CHECK(train.has_value(), InternalError, kLrTag, " fit started without a training loader.");
   {
     detail::KeepDevice keep(module);
-    result_ = lr_find(module, *train, run.trainer_options(), options_);
+    result_ = detail::lr_find_in_run(module, *train, detail::run_trial_options(run), options_);
   }
   done_ = true;
   if (result_.lrs.empty()) return;  // fast_dev_run: skipped, warned by lr_find
@@ -135,7 +135,7 @@ BatchSizeFinder::BatchSizeFinder(BatchSizeFinderOptions options) : options_(std:
 }
 
 void BatchSizeFinder::setup(RunContext& run, Module& module, Stage stage) {
-  detail::check_single_device_run(run, kBsTag);
+  detail::check_trial_strategy(run, kBsTag, /*ddp=*/false);
   DataModule* data = run.data_module();
   VOLT_CHECK(data != nullptr, ConfigError, kBsTag, " the ", to_string(stage),
              " entry point was given loaders; the search builds loaders at the sizes it tries, so "

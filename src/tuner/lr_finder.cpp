@@ -16,6 +16,7 @@
 #include "volt/core/module.h"
 #include "volt/core/optimizer_config.h"
 #include "volt/core/run_context.h"
+#include "volt/strategies/strategy.h"
 #include "volt/trainer/trainer.h"
 
 namespace volt {
@@ -69,8 +70,15 @@ class LrFinderCallback : public Callback {
     result.lrs.push_back(
         run.optimizer_configs().front().optimizer()->param_groups()[0].options().get_lr());
     // The loss of the step (mean of its micro-batches), smoothed and bias-corrected as Lightning
-    // (its step count runs one ahead: the correction uses global_step + 1).
-    const double loss = loss_sum_ / static_cast<double>(micro_batches_);
+    // (its step count runs one ahead: the correction uses global_step + 1). Over several
+    // processes (DDP) it is the mean of the ranks' losses, the loss of the global batch, so
+    // every rank records the same values (Lightning records rank 0's own loss and broadcasts
+    // its result).
+    double loss = loss_sum_ / static_cast<double>(micro_batches_);
+    if (run.world_size() > 1) {
+      const at::Tensor all = run.all_gather(torch::tensor({loss}, torch::kDouble), false);
+      loss = all.sum().item<double>() / static_cast<double>(run.world_size());
+    }
     avg_loss_ = kBeta * avg_loss_ + (1 - kBeta) * loss;
     const double smoothed = avg_loss_ / (1 - std::pow(kBeta, static_cast<double>(steps + 1)));
     if (o_.early_stop_threshold() && steps > 1 && smoothed > *o_.early_stop_threshold() * best_) {
@@ -181,9 +189,11 @@ c10::optional<double> LrFinderResult::suggestion(int64_t skip_begin, int64_t ski
 
 namespace {
 
+// `in_run`: the trial of a LearningRateFinder, whose options may hold a strategy over the run's
+// processes (run_trial_options); lr_find itself runs one process on one device.
 template <typename Fit>
 LrFinderResult run_range_test(Module& module, TrainerOptions options, LrFinderOptions finder,
-                              Fit&& fit) {
+                              bool in_run, Fit&& fit) {
   finder.validate();
   if (options.fast_dev_run() > 0) {
     log_warning("lr_find", "skipped: fast_dev_run is on (as Lightning).");
@@ -197,6 +207,13 @@ LrFinderResult run_range_test(Module& module, TrainerOptions options, LrFinderOp
   try {
     detail::TunerTrialScope trial;  // no configure_callbacks() in a trial
     Trainer trainer(options);
+    // A Trainer of its own would launch (and at its end wait for) processes of its own, which
+    // run the rest of the program meanwhile.
+    VOLT_CHECK(in_run || trainer.strategy().name() == "single_device", ConfigError, kTag,
+               " the options make a run with strategy \"", trainer.strategy().name(),
+               "\"; lr_find runs one process on one device. Over several processes add "
+               "LearningRateFinder to the run's callbacks (its trials run on the run's processes, "
+               "as Lightning's lr_find under DDP), or find the rate with devices=1 first.");
     fit(trainer);
   } catch (...) {
     snapshot.restore();
@@ -221,14 +238,24 @@ LrFinderResult run_range_test(Module& module, TrainerOptions options, LrFinderOp
 
 LrFinderResult lr_find(Module& module, DataLoader train, TrainerOptions options,
                        LrFinderOptions finder) {
-  return run_range_test(module, std::move(options), std::move(finder),
+  return run_range_test(module, std::move(options), std::move(finder), /*in_run=*/false,
                         [&](Trainer& t) { t.fit(module, train); });
 }
 
 LrFinderResult lr_find(Module& module, DataModule& data, TrainerOptions options,
                        LrFinderOptions finder) {
-  return run_range_test(module, std::move(options), std::move(finder),
+  return run_range_test(module, std::move(options), std::move(finder), /*in_run=*/false,
                         [&](Trainer& t) { t.fit(module, data); });
 }
+
+namespace detail {
+
+LrFinderResult lr_find_in_run(Module& module, DataLoader train, TrainerOptions options,
+                              LrFinderOptions finder) {
+  return run_range_test(module, std::move(options), std::move(finder), /*in_run=*/true,
+                        [&](Trainer& t) { t.fit(module, train); });
+}
+
+}  // namespace detail
 
 }  // namespace volt

@@ -185,9 +185,47 @@ TEST(LearningRateFinder, AResumeWithoutItsStateSkipsTheTestAndADamagedStateIsRef
       << e;
 }
 
+// Under strategy "ddp" the trial runs on the fit's process group (a strategy sharing it, with a
+// precision of its own): in one process it records the same test as under single_device and the
+// fit ends with the same weights; the fit's own DDP buckets still average its gradients after.
+// (Two ranks: Ddp.LearningRateFinderTwoRanksEqualOneProcess.)
+TEST(LearningRateFinder, AOneProcessDdpFitFindsWhatASingleDeviceFitFinds) {
+  VOLT_REQUIRE_GLOO();
+  TempDir dir;
+  auto single = std::make_shared<volt::LearningRateFinder>(finder());
+  auto a = scheduled(0.1);
+  volt::Trainer(quiet(dir.path).max_epochs(1).callbacks({single})).fit(*a, data());
+  auto ddp = std::make_shared<volt::LearningRateFinder>(finder());
+  auto b = scheduled(0.1);
+  volt::Trainer t(quiet(dir.path).strategy("ddp").max_epochs(1).callbacks({ddp}));
+  t.fit(*b, data());
+  ASSERT_TRUE(single->optimal_lr().has_value());
+  EXPECT_EQ(ddp->result().lrs, single->result().lrs);
+  EXPECT_EQ(ddp->result().losses, single->result().losses);
+  EXPECT_EQ(ddp->optimal_lr(), single->optimal_lr());
+  EXPECT_TRUE(torch::allclose(b->flat_params(), a->flat_params(), 1e-6, 1e-7));
+  // The same Trainer fits again (the trial's strategy is gone, the run's group stays) and ends
+  // where the first fit ended (the generator seeded as the Trainer's constructor seeded it).
+  auto c = scheduled(0.1);
+  torch::manual_seed(123);  // quiet()'s seed
+  t.fit(*c, data());
+  EXPECT_EQ(ddp->result().losses, single->result().losses);
+  EXPECT_TRUE(torch::equal(c->flat_params(), b->flat_params()));
+}
+
 TEST(LearningRateFinder, RefusesOtherStrategiesAndBadOptions) {
   TempDir dir;
   auto m = scheduled(0.1);
+  if (volt_test::gloo()) {
+    // lr_find's own Trainer would launch processes of its own.
+    const std::string e = volt_test::error_of<volt::ConfigError>(
+        [&] { volt::lr_find(*m, data(), quiet(dir.path).devices(2), finder()); });
+    EXPECT_TRUE(volt_test::has(e,
+                               "[lr_find] the options make a run with strategy \"ddp\"; "
+                               "lr_find runs one process on one device. Over several processes "
+                               "add LearningRateFinder to the run's callbacks"))
+        << e;
+  }
   if (volt_test::gloo()) {  // a one-process DeepSpeed fit on the CPU makes a Gloo group
     const std::string e = volt_test::error_of<volt::ConfigError>([&] {
       volt::Trainer(quiet(dir.path)
@@ -317,6 +355,17 @@ TEST(BatchSizeFinder, RefusesLoadersPassedDirectlyAndAnUnsizedDataModule) {
       volt::Trainer(quiet(dir.path).max_epochs(1).callbacks({bs_finder})).fit(m, unsized);
     });
     EXPECT_TRUE(volt_test::has(e, "[BatchSizeFinder] the DataModule does not say its batch size"))
+        << e;
+  }
+  if (volt_test::gloo()) {  // as Lightning's, the search refuses DDP (here a one-process group)
+    const std::string e = volt_test::error_of<volt::ConfigError>([&] {
+      volt::Trainer(quiet(dir.path).strategy("ddp").max_epochs(1).callbacks({bs_finder}))
+          .fit(m, data());
+    });
+    EXPECT_TRUE(volt_test::has(e,
+                               "[BatchSizeFinder] the run uses strategy \"ddp\" (1 process); "
+                               "the search runs its trials in Trainers of its own and supports "
+                               "strategy single_device (one process on one device"))
         << e;
   }
   {

@@ -942,7 +942,8 @@ TEST(CliBinary, CtrlCExitsWith130AndOnExceptionCheckpointResumesTheRun) {
 TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {
   VOLT_REQUIRE_GLOO();
   // The launching process becomes rank 0 and starts rank 1 itself (the same command line). Only
-  // rank 0 logs and prints; both ranks must agree on the run folder.
+  // rank 0 logs and prints; both ranks must agree on the run folder. A LearningRateFinder runs
+  // its test on the two processes first (its trial writes no folder of its own).
   volt_test::TempDir dir;
   auto r = run_binary("fit --config " + volt_test::source_dir() +
                       "/configs/fashion_mnist_mlp.yaml"
@@ -950,8 +951,17 @@ TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {
                       dir.path +
                       " --trainer.devices=2 --trainer.strategy=ddp --trainer.max_epochs=1"
                       " --trainer.limit_train_batches=10 --trainer.limit_val_batches=2"
-                      " --trainer.enable_progress_bar=false");
+                      " --trainer.enable_progress_bar=false"
+                      " --trainer.callbacks+=LearningRateFinder"
+                      " --trainer.callbacks.2.num_training_steps=15");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string both = r.out + r.err;
+  const auto set = both.find("[LearningRateFinder] Learning rate set to ");
+  EXPECT_NE(set, std::string::npos) << both;
+  EXPECT_EQ(both.find("[LearningRateFinder] Learning rate set to ", set + 1), std::string::npos)
+      << "logged by both ranks:\n"
+      << both;
+  EXPECT_NE(both.find("[lr_find] 15 steps from 1e-08 to"), std::string::npos) << both;
   const auto first = r.out.find("final metrics:");
   ASSERT_NE(first, std::string::npos) << r.out;
   EXPECT_NE(r.out.find("val_acc", first), std::string::npos) << r.out;

@@ -222,6 +222,32 @@ TEST(Ddp, EmaWeightAveragingTwoRanksEqualOneProcessAndResumeExactly) {
   expect_killed_job_resumes_like(dir / "whole", dir / "cut", args, "11");
 }
 
+// LearningRateFinder in a 2-rank fit: its trial runs on the fit's processes and records each
+// step's loss as the mean over the ranks (the loss of the global batch), so both ranks record
+// what one process records on the global batch, suggest the same rate and train from it to the
+// same weights. With each rank's own loss (Lightning records rank 0's) the ranks' records differ.
+TEST(Ddp, LearningRateFinderTwoRanksEqualOneProcess) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::vector<std::string> find = {"--lr-find", "20"};
+  const auto ref = single_process_reference(dir.path, 16, 2, 1, false, find);
+  auto job = run_plain(cat(
+      {"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8", "--epochs", "2"},
+      find));
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_NE(job.output.find("[lr_find] 20 steps from 0.001 to 1; suggested learning rate"),
+            std::string::npos)
+      << job.output;
+  expect_ranks_equal_reference(dir / "ddp", 2, ref);
+  const auto one = load_flat(dir / "single.lrfind.rank0.pt");
+  ASSERT_EQ(one.numel(), 2 * 20 + 1);
+  EXPECT_GT(one[40].item<double>(), 0) << "no rate suggested";
+  const auto r0 = load_flat(dir / "ddp.lrfind.rank0.pt");
+  EXPECT_TRUE(torch::equal(load_flat(dir / "ddp.lrfind.rank1.pt"), r0));
+  EXPECT_TRUE(torch::allclose(r0, one, 1e-6, 0)) << (r0 - one).abs().max().item<double>();
+  EXPECT_EQ(r0[40].item<double>(), one[40].item<double>());
+}
+
 TEST(Ddp, AccumulationWithNoSyncEqualsOneProcess) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

@@ -37,6 +37,8 @@
 //       swap files under DIR, ZeRO-Infinity)
 //       (with --zero, rank lines add "zero_memory params=P grads=G state=S master=M numel=N
 //       nvme=F", F: optimizer state bytes in the NVMe swap file)
+//       [--lr-find N]  (LearningRateFinder: N rates from 1e-3 to 1 when fit starts; every rank
+//       writes its lrs, losses and the suggested rate to <out>.lrfind.rank<R>.pt)
 //       [--prepare-ms MS]  (prepare_data sleeps MS, then appends "rank R" to <root>/prepared;
 //       setup throws unless that file has a line) [--prepare-fail 1] (prepare_data throws after
 //       the sleep) [--prepare-die R] (rank R SIGKILLs itself there, after the sleep)
@@ -407,6 +409,12 @@ int main(int argc, char** argv) {
           volt::BackboneFinetuningOptions().backbone("fc1").unfreeze_backbone_at_epoch(
               num("--finetune", 0))));
     }
+    std::shared_ptr<volt::LearningRateFinder> lr_finder;
+    if (a.count("--lr-find")) {
+      lr_finder = std::make_shared<volt::LearningRateFinder>(
+          volt::LrFinderOptions().num_training(num("--lr-find", 0)).min_lr(1e-3).max_lr(1.0));
+      callbacks.push_back(lr_finder);
+    }
     auto val_print = std::make_shared<PrintVal>();
     callbacks.push_back(val_print);
     std::shared_ptr<ZeroMemoryProbe> probe;
@@ -526,6 +534,14 @@ int main(int argc, char** argv) {
       if (!amax.empty()) {
         torch::save(torch::cat(amax), a["--out"] + ".amax.rank" + std::to_string(rank) + ".pt");
       }
+    }
+    if (lr_finder) {
+      std::vector<double> found = lr_finder->result().lrs;
+      const auto& losses = lr_finder->result().losses;
+      found.insert(found.end(), losses.begin(), losses.end());
+      found.push_back(lr_finder->optimal_lr().value_or(-1.0));
+      torch::save(torch::tensor(found, torch::kDouble),
+                  a["--out"] + ".lrfind.rank" + std::to_string(rank) + ".pt");
     }
     if (model.gather_val) {
       torch::save(torch::cat(model.own_logits),

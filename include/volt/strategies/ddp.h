@@ -64,6 +64,13 @@ class DdpStrategy : public Strategy {
               std::shared_ptr<Precision> precision, int64_t devices, int64_t num_nodes = 1,
               std::shared_ptr<CheckpointIO> checkpoint_io = nullptr);
   ~DdpStrategy() override;
+  /// For a tuner's trial inside a run of `run` (LearningRateFinder in a DDP fit): a strategy
+  /// over the same processes, already launched and joined (`run`'s options, accelerator, cluster
+  /// environment and process group), with `precision` and gradient buckets of its own, so the
+  /// trial's Trainer leaves `run` as it was. It launches nothing and rendezvouses with no one;
+  /// `run` must have its process group already (InternalError otherwise).
+  static std::shared_ptr<DdpStrategy> sharing_processes_of(const DdpStrategy& run,
+                                                           std::shared_ptr<Precision> precision);
   std::string name() const override { return "ddp"; }
   const DdpStrategyOptions& options() const { return options_; }
 

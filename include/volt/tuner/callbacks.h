@@ -25,8 +25,10 @@ namespace volt {
 /// module has none, so read optimal_lr().
 ///
 /// The result is checkpointed: a resumed fit does not run the test again (its optimizer state
-/// holds the rate). One process on one device (strategy single_device: ConfigError in setup
-/// otherwise); with fast_dev_run it does nothing (warned), as Lightning. Runs for fit only.
+/// holds the rate). Strategy single_device or ddp (ConfigError in setup otherwise): in a DDP fit
+/// the trial runs on the fit's processes, each rank on its shard with averaged gradients, and
+/// each step's loss is the mean over the ranks (Lightning records rank 0's), so every rank
+/// finds the same rate. With fast_dev_run it does nothing (warned), as Lightning. Fit only.
 class LearningRateFinder : public Callback {
  public:
   explicit LearningRateFinder(LrFinderOptions options = LrFinderOptions(), bool update_attr = true);

@@ -65,7 +65,9 @@ struct LrFinderResult {
 /// the options' callbacks, profiler and CheckpointIO). The module needs exactly one optimizer;
 /// every param group runs at the tested rate. Afterwards the module's parameters and buffers and
 /// torch's CPU random state are as before the call, also when it throws. With fast_dev_run it does
-/// nothing (warned) and returns an empty result, as Lightning.
+/// nothing (warned) and returns an empty result, as Lightning. One process on one device
+/// (ConfigError for options that make another strategy: its Trainer would launch processes of
+/// its own); for a multi-process run add LearningRateFinder to that run's callbacks.
 LrFinderResult lr_find(Module& module, DataLoader train, TrainerOptions options = TrainerOptions(),
                        LrFinderOptions finder = LrFinderOptions());
 /// The same with the DataModule's train_dataloader() (after its setup(Stage::kFit)).

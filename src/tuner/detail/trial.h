@@ -14,6 +14,7 @@
 #include "core/detail/rng_states.h"
 #include "volt/trainer/trainer_options.h"
 #include "volt/tuner/batch_size_finder.h"
+#include "volt/tuner/lr_finder.h"
 
 namespace volt {
 
@@ -50,10 +51,23 @@ BatchSizeFinderResult scale_data_module(Module& module, DataModule& data, Traine
                                         BatchSizeFinderOptions finder);
 
 /// For the tuner callbacks (LearningRateFinder, BatchSizeFinder), whose trials run inside an
-/// entry point: ConfigError unless the run is one process on one device (strategy
-/// "single_device"): the trials build Trainers of their own from the run's options and would
-/// share a strategy object given there.
-void check_single_device_run(RunContext& run, const std::string& tag);
+/// entry point in Trainers of their own: ConfigError unless the run's strategy is
+/// "single_device", or "ddp" where `ddp` is true (LearningRateFinder, as Lightning's lr_find
+/// under DDP; Lightning's batch size finder refuses DDP).
+void check_trial_strategy(RunContext& run, const std::string& tag, bool ddp);
+
+/// The options a tuner callback's trials run with (before trial_options): the run's, with a DDP
+/// run's strategy replaced by one over the run's processes and group
+/// (DdpStrategy::sharing_processes_of) holding a precision of its own, made from the options'
+/// precision name (the options' object itself when they hold one), so that the trials leave
+/// the run's strategy and precision as they were.
+TrainerOptions run_trial_options(RunContext& run);
+
+/// lr_find inside a run (LearningRateFinder): `options` from run_trial_options, so a DDP run's
+/// trial shares its processes. Each step's loss is the mean over the ranks, so every rank
+/// records the same result. The public lr_find refuses every strategy but single_device.
+LrFinderResult lr_find_in_run(Module& module, DataLoader train, TrainerOptions options,
+                              LrFinderOptions finder);
 
 /// Puts the module back on the device it is on at construction when it goes out of scope: a
 /// trial's Trainer ends, as every entry point, with a model trained on a GPU moved back to the
