@@ -3,6 +3,7 @@
 #include <functional>
 #include <map>
 
+#include "trainer/detail/tuner_trial.h"
 #include "volt/accelerators/cuda.h"
 #include "volt/core/check.h"
 #include "volt/core/registry.h"
@@ -21,6 +22,21 @@ std::vector<std::string> strategy_names() {
 std::vector<std::string> precision_names() {
   return registry().precisions.names();
 }
+
+namespace detail {
+
+std::shared_ptr<Precision> make_precision(const Spec<Precision>& precision,
+                                          const std::string& component) {
+  if (precision.is_object()) return precision.object();
+  const Registry& reg = registry();
+  VOLT_CHECK(reg.precisions.contains(precision.name()), ConfigError, "[", component,
+             "] unknown precision \"", precision.name(),
+             "\"; valid names: ", quoted_list(precision_names()), ".");
+  return precision.args() != nullptr ? reg.precisions.create(precision.name(), *precision.args())
+                                     : reg.precisions.create(precision.name());
+}
+
+}  // namespace detail
 
 RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
                      const Spec<Strategy>& strategy, const Spec<Precision>& precision,
@@ -52,15 +68,7 @@ RunPlan resolve_plan(const Spec<Accelerator>& accelerator, int64_t devices,
              plan.accelerator->device_count(), " device(s); lower devices.");
   const int64_t world = plan.devices * plan.num_nodes;
 
-  if (precision.is_object()) {
-    plan.precision = precision.object();
-  } else {
-    VOLT_CHECK(reg.precisions.contains(precision.name()), ConfigError, tag, " unknown precision \"",
-               precision.name(), "\"; valid names: ", quoted_list(precision_names()), ".");
-    plan.precision = precision.args() != nullptr
-                         ? reg.precisions.create(precision.name(), *precision.args())
-                         : reg.precisions.create(precision.name());
-  }
+  plan.precision = detail::make_precision(precision, component);
 
   if (strategy.is_object()) {
     plan.strategy = strategy.object();

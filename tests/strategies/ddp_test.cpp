@@ -246,6 +246,21 @@ TEST(Ddp, LearningRateFinderTwoRanksEqualOneProcess) {
   EXPECT_TRUE(torch::equal(load_flat(dir / "ddp.lrfind.rank1.pt"), r0));
   EXPECT_TRUE(torch::allclose(r0, one, 1e-6, 0)) << (r0 - one).abs().max().item<double>();
   EXPECT_EQ(r0[40].item<double>(), one[40].item<double>());
+
+  // With sync_batchnorm the trial's forwards normalise over both ranks' batches too (its
+  // strategy synchronises the layers over the fit's group, beside the fit's own SyncBatchNorm).
+  const std::vector<std::string> bn = {"--lr-find", "20", "--batchnorm", "1"};
+  volt_test::TempDir bn_dir;
+  const auto bn_ref = single_process_reference(bn_dir.path, 16, 2, 1, false, bn);
+  auto synced = run_plain(cat({"--root", bn_dir.path, "--out", bn_dir / "ddp", "--devices", "2",
+                               "--batch", "8", "--epochs", "2", "--sync-bn", "1"},
+                              bn));
+  ASSERT_EQ(synced.code, 0) << synced.output;
+  expect_ranks_equal_reference(bn_dir / "ddp", 2, bn_ref);
+  const auto bn_one = load_flat(bn_dir / "single.lrfind.rank0.pt");
+  const auto bn_r0 = load_flat(bn_dir / "ddp.lrfind.rank0.pt");
+  EXPECT_TRUE(torch::allclose(bn_r0, bn_one, 1e-6, 0))
+      << (bn_r0 - bn_one).abs().max().item<double>();
 }
 
 TEST(Ddp, AccumulationWithNoSyncEqualsOneProcess) {

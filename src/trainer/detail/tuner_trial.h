@@ -3,13 +3,23 @@
 // run it is part of (the tuners live above the Trainer, in tuner/).
 
 #include <memory>
+#include <string>
+
+#include "volt/core/spec.h"
 
 namespace volt {
 
+class Precision;
 class RunContext;
 class Strategy;
 
 namespace detail {
+
+/// The precision a Spec names (its object, or a new one from the registry): resolve_plan's rule,
+/// also for a tuner's trial that needs a precision of its own. ConfigError naming `component`
+/// for an unknown name.
+std::shared_ptr<Precision> make_precision(const Spec<Precision>& precision,
+                                          const std::string& component);
 
 /// The strategy of the Trainer run behind `run`: a tuner callback's trials in a DDP fit run on
 /// its processes (DdpStrategy::sharing_processes_of). InternalError for a RunContext that is not

@@ -8,7 +8,6 @@
 #include "trainer/detail/tuner_trial.h"
 #include "volt/core/check.h"
 #include "volt/core/module.h"
-#include "volt/core/registry.h"
 #include "volt/core/run_context.h"
 #include "volt/strategies/ddp.h"
 
@@ -71,13 +70,11 @@ void ModuleSnapshot::restore() {
 void check_trial_strategy(RunContext& run, const std::string& tag, bool ddp) {
   const int64_t n = run.world_size();
   const std::string name = run.strategy_name();
-  if (name == "single_device" || (ddp && name == "ddp")) return;
-  VOLT_CHECK(false, ConfigError, tag, " the run uses strategy \"", name, "\" (", n,
-             n == 1 ? " process" : " processes",
-             "); the search runs its trials in Trainers of its "
-             "own and supports strategy single_device",
-             ddp ? " or ddp" : "",
-             ddp ? "" : " (one process on one device, as Lightning's batch size finder)",
+  VOLT_CHECK(name == "single_device" || (ddp && name == "ddp"), ConfigError, tag,
+             " the run uses strategy \"", name, "\" (", n, n == 1 ? " process" : " processes",
+             "); the search runs its trials in Trainers of its own and supports strategy ",
+             ddp ? "single_device or ddp"
+                 : "single_device (one process on one device, as Lightning's batch size finder)",
              ". Find the value with devices=1 and strategy single_device, then give the real run "
              "that value.");
 }
@@ -87,16 +84,8 @@ TrainerOptions run_trial_options(RunContext& run) {
   if (run.strategy_name() != "ddp") return options;
   const auto* ddp = dynamic_cast<const DdpStrategy*>(run_strategy(run).get());
   VOLT_CHECK(ddp != nullptr, InternalError, "[tuner] a run named \"ddp\" without a DdpStrategy.");
-  const Spec<Precision>& p = options.precision();
-  std::shared_ptr<Precision> precision;
-  if (p.is_object()) {
-    precision = p.object();
-  } else if (p.args() != nullptr) {
-    precision = registry().precisions.create(p.name(), *p.args());
-  } else {
-    precision = registry().precisions.create(p.name());
-  }
-  options.strategy(DdpStrategy::sharing_processes_of(*ddp, std::move(precision)));
+  options.strategy(
+      DdpStrategy::sharing_processes_of(*ddp, make_precision(options.precision(), "tuner")));
   return options;
 }
 
