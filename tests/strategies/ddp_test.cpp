@@ -671,6 +671,27 @@ TEST(Ddp, ARankKilledMidRunEndsEveryRankNamingItAndTheLastCheckpointLoads) {
   EXPECT_NE(resumed.output.find("rank 0 done step=24"), std::string::npos) << resumed.output;
 }
 
+// A rank killed inside LearningRateFinder's trial (which runs on the fit's processes and group):
+// the survivor's trial collective fails within the timeout naming the lost rank, the error ends
+// its fit, and no worker outlives the job.
+TEST(Ddp, ARankKilledDuringTheLearningRateFindersTrialEndsEveryRankNamingIt) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  auto job = run_plain(
+      {"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8", "--epochs", "1",
+       "--lr-find", "20", "--die-rank", "1", "--die-call", "5", "--timeout", "20"},
+      60s);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(job.code, 1) << job.output;
+  EXPECT_LT(secs, 40.0) << "the survivor must fail within the timeout";
+  EXPECT_NE(job.output.find("rank 1 dies in call 5"), std::string::npos) << job.output;
+  EXPECT_NE(job.output.find("rank 1 (local rank 1"), std::string::npos) << job.output;
+  EXPECT_EQ(job.output.find("Learning rate set to"), std::string::npos) << job.output;
+  EXPECT_TRUE(processes_with(dir.path).empty()) << "a worker outlived the job";
+}
+
 TEST(Ddp, ATwoRankRunKilledMidEpochResumesBitIdentically) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

@@ -39,6 +39,8 @@
 //       nvme=F", F: optimizer state bytes in the NVMe swap file)
 //       [--lr-find N]  (LearningRateFinder: N rates from 1e-3 to 1 when fit starts; every rank
 //       writes its lrs, losses and the suggested rate to <out>.lrfind.rank<R>.pt)
+//       [--die-call K]  (with --die-rank R: rank R SIGKILLs itself in training_step call K,
+//       counted from 0 over the process's trials and fit; prints "rank R dies in call K")
 //       [--prepare-ms MS]  (prepare_data sleeps MS, then appends "rank R" to <root>/prepared;
 //       setup throws unless that file has a line) [--prepare-fail 1] (prepare_data throws after
 //       the sleep) [--prepare-die R] (rank R SIGKILLs itself there, after the sleep)
@@ -120,8 +122,15 @@ class Net : public volt::Module {
   }
   bool checkpoint_activations = false;
   int64_t nan_grad_at = -1;  // this training_step call gives b2's last element a NaN gradient
+  int64_t die_rank = -1, die_call = -1;  // --die-rank with --die-call
   int64_t calls = 0;
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    if (calls == die_call && run()->global_rank() == die_rank) {
+      std::printf("rank %lld dies in call %lld\n", static_cast<long long>(die_rank),
+                  static_cast<long long>(calls));
+      std::fflush(stdout);
+      ::raise(SIGKILL);
+    }
     torch::Tensor loss;
     if (b.input.defined()) {
       loss = torch::cross_entropy_loss(forward(b.input), b.target);
@@ -362,6 +371,10 @@ int main(int argc, char** argv) {
               num("--batchnorm", 0) != 0);
     model.checkpoint_activations = num("--checkpoint-activations", 0) != 0;
     model.nan_grad_at = num("--nan-grad-at", -1);
+    if (a.count("--die-call")) {  // the step callback (DieAt) does not reach a tuner's trials
+      model.die_rank = num("--die-rank", -1);
+      model.die_call = num("--die-call", -1);
+    }
     model.gather_val = num("--gather-val", 0) != 0;
     if (a.count("--prepare-ms")) {
       model.prepare_log = a["--root"] + "/prepared";
