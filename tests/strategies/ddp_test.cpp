@@ -647,21 +647,32 @@ std::vector<int> processes_with(const std::string& marker) {
   return out;
 }
 
-TEST(Ddp, ARankKilledMidRunEndsEveryRankNamingItAndTheLastCheckpointLoads) {
-  VOLT_REQUIRE_GLOO();
-  volt_test::TempDir dir;
+// Runs the 2-rank job `args` (in folder `root`, 20 s collective timeout) in which rank 1 kills
+// itself, printing `died`: the job fails within the timeout, its output names the lost rank and
+// no worker outlives it.
+Job expect_killed_rank_ends_job(const std::string& root, const std::vector<std::string>& args,
+                                const std::string& died) {
   const auto start = std::chrono::steady_clock::now();
-  auto job = run_plain(
-      {"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8", "--epochs", "3",
-       "--die-rank", "1", "--die-step", "5", "--timeout", "20", "--ckpt-every-step", "1"},
-      60s);
+  auto job = run_plain(cat({"--root", root, "--out", root + "/ddp", "--devices", "2", "--batch",
+                            "8", "--die-rank", "1", "--timeout", "20"},
+                           args),
+                       60s);
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(job.code, 1) << job.output;
   EXPECT_LT(secs, 40.0) << "the survivor must fail within the timeout";
-  EXPECT_NE(job.output.find("rank 1 dies at step 5"), std::string::npos) << job.output;
+  EXPECT_NE(job.output.find(died), std::string::npos) << job.output;
   EXPECT_NE(job.output.find("rank 1 (local rank 1"), std::string::npos) << job.output;
-  EXPECT_TRUE(processes_with(dir.path).empty()) << "a worker outlived the job";
+  EXPECT_TRUE(processes_with(root).empty()) << "a worker outlived the job";
+  return job;
+}
+
+TEST(Ddp, ARankKilledMidRunEndsEveryRankNamingItAndTheLastCheckpointLoads) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  expect_killed_rank_ends_job(dir.path,
+                              {"--epochs", "3", "--die-step", "5", "--ckpt-every-step", "1"},
+                              "rank 1 dies at step 5");
   // The last checkpoint written before the failure (step 4) resumes in a one-process run on the
   // same global batch (128 samples / 16 = 8 steps per epoch, 3 epochs).
   auto resumed = run_plain({"--root", dir / "single", "--out", dir / "single", "--devices", "1",
@@ -677,19 +688,9 @@ TEST(Ddp, ARankKilledMidRunEndsEveryRankNamingItAndTheLastCheckpointLoads) {
 TEST(Ddp, ARankKilledDuringTheLearningRateFindersTrialEndsEveryRankNamingIt) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
-  const auto start = std::chrono::steady_clock::now();
-  auto job = run_plain(
-      {"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8", "--epochs", "1",
-       "--lr-find", "20", "--die-rank", "1", "--die-call", "5", "--timeout", "20"},
-      60s);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_EQ(job.code, 1) << job.output;
-  EXPECT_LT(secs, 40.0) << "the survivor must fail within the timeout";
-  EXPECT_NE(job.output.find("rank 1 dies in call 5"), std::string::npos) << job.output;
-  EXPECT_NE(job.output.find("rank 1 (local rank 1"), std::string::npos) << job.output;
+  const Job job = expect_killed_rank_ends_job(
+      dir.path, {"--epochs", "1", "--lr-find", "20", "--die-call", "5"}, "rank 1 dies in call 5");
   EXPECT_EQ(job.output.find("Learning rate set to"), std::string::npos) << job.output;
-  EXPECT_TRUE(processes_with(dir.path).empty()) << "a worker outlived the job";
 }
 
 TEST(Ddp, ATwoRankRunKilledMidEpochResumesBitIdentically) {
