@@ -1,6 +1,7 @@
 #pragma once
-// Marks the Trainers a tuner runs as its trials, and gives a tuner callback the strategy of the
-// run it is part of (the tuners live above the Trainer, in tuner/).
+// Marks the Trainers a tuner runs as its trials, gives a tuner callback the strategy of the run
+// it is part of, and makes a precision from its Spec as resolve_plan does (the tuners live above
+// the Trainer, in tuner/; plan.cpp defines make_precision and uses it itself).
 
 #include <memory>
 #include <string>
