@@ -1,7 +1,8 @@
 // bf16-mixed against fp32 on this CPU. (1) Per op: forward + backward of each op the demo models
 // use, in fp32 and under bf16 autocast. (2) Whole training steps (forward, backward, SGD step)
 // of a Linear-heavy MLP, the demo MLP and the demo CNN in fp32, bf16-mixed with libtorch's
-// built-in autocast policy, and bf16-mixed with volt's CPU policy (the "bf16-mixed" default).
+// built-in autocast policy, bf16-mixed with volt's CPU policy (the "bf16-mixed" default), and
+// 64-true (the model and its inputs in float64).
 // Every repetition runs each variant once, back to back (interleaved, so drift hits all alike);
 // tables show medians. Prints markdown.
 //
@@ -95,9 +96,11 @@ void op_table(int reps) {
 template <typename Net>
 std::function<void()> step_fn(std::shared_ptr<Net> net, std::shared_ptr<volt::Precision> precision,
                               at::Tensor x, at::Tensor y) {
+  precision->setup(torch::kCPU);
+  precision->convert_module(*net);  // 64-true: float64 weights (the others keep fp32's)
+  x = precision->convert_input(volt::Batch{x, y, {}}).input;
   auto opt = std::make_shared<torch::optim::SGD>(net->parameters(),
                                                  torch::optim::SGDOptions(0.01).momentum(0.9));
-  precision->setup(torch::kCPU);
   return [=] {
     at::Tensor loss;
     {
@@ -123,10 +126,12 @@ void step_row(const std::string& name, Make make, int64_t batch, std::vector<int
   auto volt_default =
       std::make_shared<volt::MixedPrecision>(volt::MixedPrecisionOptions().read_env_lists(false));
   auto t = interleaved({step_fn(make(), std::make_shared<volt::Fp32Precision>(), x, y),
-                        step_fn(make(), builtin, x, y), step_fn(make(), volt_default, x, y)},
+                        step_fn(make(), builtin, x, y), step_fn(make(), volt_default, x, y),
+                        step_fn(make(), std::make_shared<volt::DoublePrecision>(), x, y)},
                        reps);
-  std::printf("| %s, batch %lld | %.2f | %.2f (%.2fx) | %.2f (%.2fx) |\n", name.c_str(),
-              static_cast<long long>(batch), t[0], t[1], t[0] / t[1], t[2], t[0] / t[2]);
+  std::printf("| %s, batch %lld | %.2f | %.2f (%.2fx) | %.2f (%.2fx) | %.2f (%.2fx) |\n",
+              name.c_str(), static_cast<long long>(batch), t[0], t[1], t[0] / t[1], t[2],
+              t[0] / t[2], t[3], t[0] / t[3]);
 }
 
 }  // namespace
@@ -143,8 +148,8 @@ int main(int argc, char** argv) {
   op_table(reps);
   std::printf("### Training step (forward, backward, SGD), median ms; speed vs fp32 in ()\n\n");
   std::printf(
-      "| model | fp32 | bf16-mixed, libtorch policy | bf16-mixed, volt CPU policy |\n"
-      "|---|---:|---:|---:|\n");
+      "| model | fp32 | bf16-mixed, libtorch policy | bf16-mixed, volt CPU policy | 64-true |\n"
+      "|---|---:|---:|---:|---:|\n");
   using volt_examples::CnnNet;
   using volt_examples::MlpNet;
   step_row<MlpNet>(

@@ -1,5 +1,6 @@
 // Registers this folder's built-in names; called once from registry() (src/trainer/builtins.cpp).
 #include "volt/core/registry.h"
+#include "volt/precision/double.h"
 #include "volt/precision/fp32.h"
 #include "volt/precision/fp8_precision.h"
 #include "volt/precision/half.h"
@@ -38,28 +39,36 @@ void register_precisions(Registry& r) {
   r.precisions.add("32-true", "fp32 weights and compute",
                    [] { return std::make_shared<Fp32Precision>(); });
   r.precisions.add("32", "same as 32-true", [] { return std::make_shared<Fp32Precision>(); });
+  // Lightning's short names ("64", "32", "16", "bf16") are the same entries under a second name.
+  const auto bf16_mixed = [](const Args& a) -> std::shared_ptr<Precision> {
+    return std::make_shared<MixedPrecision>(op_list_options(a, "bf16"));
+  };
   r.precisions.add("bf16-mixed", "autocast to bf16 in forward; fp32 weights, grads, optimizer",
-                   op_list_params(), [](const Args& a) -> std::shared_ptr<Precision> {
-                     return std::make_shared<MixedPrecision>(op_list_options(a, "bf16"));
-                   });
+                   op_list_params(), bf16_mixed);
+  r.precisions.add("bf16", "same as bf16-mixed", op_list_params(), bf16_mixed);
   const GradScalerOptions s;
-  r.precisions.add(
-      "16-mixed", "autocast to fp16 in forward with dynamic loss scaling (CUDA)",
+  const auto fp16_params =
       op_list_params()
           .add("init_scale", s.init_scale(), "first loss scale")
           .add("growth_factor", s.growth_factor(), "scale growth after growth_interval good steps")
           .add("backoff_factor", s.backoff_factor(), "scale shrink on inf/NaN gradients")
-          .add("growth_interval", s.growth_interval(), "finite steps before the scale grows"),
-      [](const Args& a) -> std::shared_ptr<Precision> {
-        return std::make_shared<MixedPrecision>(op_list_options(a, "fp16").scaler(
-            GradScalerOptions()
-                .init_scale(a.get<double>("init_scale"))
-                .growth_factor(a.get<double>("growth_factor"))
-                .backoff_factor(a.get<double>("backoff_factor"))
-                .growth_interval(a.get<int64_t>("growth_interval"))));
-      });
+          .add("growth_interval", s.growth_interval(), "finite steps before the scale grows");
+  const auto fp16_mixed = [](const Args& a) -> std::shared_ptr<Precision> {
+    return std::make_shared<MixedPrecision>(
+        op_list_options(a, "fp16").scaler(GradScalerOptions()
+                                              .init_scale(a.get<double>("init_scale"))
+                                              .growth_factor(a.get<double>("growth_factor"))
+                                              .backoff_factor(a.get<double>("backoff_factor"))
+                                              .growth_interval(a.get<int64_t>("growth_interval"))));
+  };
+  r.precisions.add("16-mixed", "autocast to fp16 in forward with dynamic loss scaling (CUDA)",
+                   fp16_params, fp16_mixed);
+  r.precisions.add("16", "same as 16-mixed", fp16_params, fp16_mixed);
   r.precisions.add("bf16-true", "weights, gradients and compute in bf16",
                    [] { return std::make_shared<HalfPrecision>(); });
+  r.precisions.add("64-true", "weights, gradients and compute in float64",
+                   [] { return std::make_shared<DoublePrecision>(); });
+  r.precisions.add("64", "same as 64-true", [] { return std::make_shared<DoublePrecision>(); });
   const DelayedScalingOptions d;
   r.precisions.add(
       "fp8",

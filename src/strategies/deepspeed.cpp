@@ -183,6 +183,11 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
   if (!options_.config().empty()) apply_config();
   VOLT_CHECK(options_.stage() >= 0 && options_.stage() <= 3, ConfigError, kTag,
              " stage=", options_.stage(), " is not a ZeRO stage; use 1, 2 or 3.");
+  VOLT_CHECK(!precision_ || precision_->compute_dtype() != c10::kDouble, ConfigError, kTag,
+             " precision \"", precision_->name(),
+             "\" (float64) is not supported: ZeRO's partitions, fp32 masters and offload buffers "
+             "are built for fp32, bf16 and fp16 weights (as DeepSpeed's). Train in float64 with "
+             "strategy=\"ddp\", or keep ZeRO with precision 32-true or bf16-mixed.");
   VOLT_CHECK(!options_.offload_parameters() || options_.stage() == 3, ConfigError, kTag,
              " offload_parameters needs stage 3 (only stage 3 partitions parameters); got stage ",
              options_.stage(), ".");

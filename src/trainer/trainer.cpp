@@ -43,10 +43,11 @@ void release_device(Module& m) {
 // rest to libtorch's own pool, which that default would leave one core: on the 2-CPU machine
 // bf16-mixed steps ran 1.2-1.8x faster at 2 threads (docs/PERFORMANCE.md) and a GPT-2 fit at
 // half the hand loop's speed. So a precision computing below fp32 (Precision::compute_dtype) keeps
-// libtorch's count.
+// libtorch's count; float64 (64-true) runs its GEMMs in OpenBLAS as fp32 does and takes volt's.
 int64_t thread_request(const TrainerOptions& o, const Precision& precision) {
   if (o.num_threads() != 0) return o.num_threads();
-  return precision.compute_dtype() == c10::kFloat ? 0 : at::get_num_threads();
+  const c10::ScalarType dtype = precision.compute_dtype();
+  return dtype == c10::kFloat || dtype == c10::kDouble ? 0 : at::get_num_threads();
 }
 
 }  // namespace

@@ -1351,6 +1351,9 @@ TEST(CliBinary, TrainsInBf16MixedWithOpListsAndRejectsUnknownOpsWithExitTwo) {
   // The plain name from the command line, as in the reference.
   r = run_binary("fit --config " + (dir / "bf16.yaml") + " --trainer.precision=bf16-true");
   EXPECT_EQ(r.code, 0) << r.err;
+  // Lightning's short name for float64.
+  r = run_binary("fit --config " + (dir / "bf16.yaml") + " --trainer.precision=64");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 struct Measured {

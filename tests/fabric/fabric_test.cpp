@@ -97,7 +97,7 @@ void fit_with_fabric(const std::shared_ptr<TinyClassifier>& m, const volt::DataL
 
 TEST(Fabric, ALoopEqualsTheTrainersFitBitForBit) {
   auto loader = volt_test::loader(volt_test::blobs(96), 16);
-  for (const std::string precision : {"32-true", "bf16-mixed", "bf16-true", "fp8"}) {
+  for (const std::string precision : {"32-true", "bf16-mixed", "bf16-true", "64-true", "fp8"}) {
     auto [a, b] = twins();
     fit_with_trainer(*a, loader, 2, precision);
     fit_with_fabric(b, loader, 2, precision);

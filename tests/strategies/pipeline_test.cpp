@@ -594,6 +594,19 @@ TEST_F(PipelineFit, TwoStagesTrainAsOneProcessBitForBitAndEveryRankEndsWithTheWh
   expect_every_rank(prefix("two.pred"), 2, load(prefix("one.pred.rank0.pt")), 0);
 }
 
+// float64 (64-true): the activations travel as float64 (the stage header carries the dtype), the
+// stages' weights, gradients and optimizer state are float64, and the whole model gathered at the
+// end is what one process trains: bit for bit with one micro-batch, to float64's round-off with
+// two (fp32's micro-batches match to ~1e-6).
+TEST_F(PipelineFit, Float64TrainsAsOneProcess) {
+  fit("one", {"--devices", "1", "--precision", "64-true"});
+  ASSERT_EQ(weights("one").scalar_type(), torch::kDouble);
+  fit("two", {"--devices", "2", "--precision", "64-true"});
+  expect_every_rank(prefix("two"), 2, weights("one"), 0);
+  fit("chunks", {"--devices", "2", "--precision", "64-true", "--chunks", "2"});
+  expect_every_rank(prefix("chunks"), 2, weights("one"), 1e-12);
+}
+
 // A fit that runs inside a catch block of the program's (a retry after an error it handled)
 // ended as a failed one before session 65: the teardown took the caught exception for the fit's
 // and gathered nothing, so rank 0 kept stage 1's weights freed. The Trainer now says whether

@@ -976,6 +976,7 @@ int run_fit(std::map<std::string, std::string>& a) {
         volt::MixedPrecisionOptions().loss_scaling(true).scaler(
             volt::GradScalerOptions().init_scale(256.0).growth_interval(100))));
   }
+  if (a.count("--precision")) o.precision(volt::Spec<volt::Precision>(a["--precision"]));
   volt::Trainer trainer(o);
   auto data = volt_test::blobs(96, 8, 3);
   auto val = volt_test::blobs(32, 8, 4);

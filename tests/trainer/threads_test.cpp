@@ -48,6 +48,8 @@ TEST(Threads, TheDefaultKeepsLibtorchsCountUnderBf16Precisions) {
   EXPECT_EQ(during("32-true"), fp32_default > 0 ? fp32_default : 2);
   EXPECT_EQ(during("bf16-mixed"), 2);
   EXPECT_EQ(during("bf16-true"), 2);
+  // float64's GEMMs are OpenBLAS's, as fp32's: volt's choice.
+  EXPECT_EQ(during("64-true"), fp32_default > 0 ? fp32_default : 2);
   // An explicit count wins under any precision.
   volt_test::TinyClassifier model;
   auto probe = std::make_shared<ThreadProbe>();

@@ -97,7 +97,8 @@ struct FabricOptions {
   /// "auto" (ddp for several processes, else single_device), "single_device", "ddp", "deepspeed*",
   /// "pipeline", or a strategy object with its options (DdpStrategy, DeepSpeedStrategy, ...).
   TORCH_ARG(Spec<Strategy>, strategy) = "auto";
-  /// "32-true", "bf16-mixed", "bf16-true", "16-mixed" (CUDA), "fp8", or a Precision object.
+  /// "32-true", "bf16-mixed", "bf16-true", "16-mixed" (CUDA), "64-true", "fp8" (or Lightning's
+  /// short names "32", "bf16", "16", "64"), or a Precision object.
   TORCH_ARG(Spec<Precision>, precision) = "32-true";
   /// Where save / load read and write (default: the strategy's TorchCheckpointIO).
   TORCH_ARG(std::shared_ptr<CheckpointIO>, checkpoint_io);

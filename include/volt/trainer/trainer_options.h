@@ -35,7 +35,9 @@ struct TrainerOptions {
   /// "auto" (single_device for one process, ddp for more), "single_device", "ddp" or a Strategy
   /// object. Default: "auto".
   TORCH_ARG(Spec<Strategy>, strategy) = "auto";
-  /// "32-true" or a Precision object. Default: "32-true".
+  /// "32-true", "bf16-mixed", "bf16-true", "16-mixed" (CUDA), "64-true", "fp8" (Lightning's
+  /// short names "32", "bf16", "16" and "64" too; `volt fit --help` lists them with their
+  /// parameters) or a Precision object. Default: "32-true".
   TORCH_ARG(Spec<Precision>, precision) = "32-true";
   /// Stop after this many epochs; -1 = 1000 when max_steps is also unset. Default: -1.
   TORCH_ARG(int64_t, max_epochs) = -1;
@@ -171,8 +173,9 @@ struct TrainerOptions {
   /// Default: false.
   TORCH_ARG(bool, trace_training_step) = false;
   /// torch intra-op threads; 0 = volt's measured default: 1 on 2-CPU machines with OpenBLAS
-  /// when the precision computes in fp32 (OpenBLAS threads its GEMMs itself), libtorch's own
-  /// count under bf16-mixed, 16-mixed and bf16-true (see docs/PERFORMANCE.md); at most 1024.
+  /// when the precision computes in fp32 or float64 (OpenBLAS threads its GEMMs itself),
+  /// libtorch's own count under bf16-mixed, 16-mixed and bf16-true (see docs/PERFORMANCE.md);
+  /// at most 1024.
   /// Default: 0.
   TORCH_ARG(int64_t, num_threads) = 0;
   /// Make the C library's malloc keep freed memory for reuse (reuse_freed_host_memory) at the
