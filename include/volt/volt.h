@@ -21,6 +21,7 @@
 #include "volt/callbacks/on_exception_checkpoint.h"
 #include "volt/callbacks/prediction_writer.h"
 #include "volt/callbacks/progress_bar.h"
+#include "volt/callbacks/spike_detection.h"
 #include "volt/callbacks/stochastic_weight_averaging.h"
 #include "volt/callbacks/throughput_monitor.h"
 #include "volt/callbacks/timer.h"

@@ -11,6 +11,7 @@
 #include "volt/callbacks/model_summary.h"
 #include "volt/callbacks/on_exception_checkpoint.h"
 #include "volt/callbacks/prediction_writer.h"
+#include "volt/callbacks/spike_detection.h"
 #include "volt/callbacks/stochastic_weight_averaging.h"
 #include "volt/callbacks/throughput_monitor.h"
 #include "volt/callbacks/timer.h"
@@ -129,6 +130,34 @@ void register_callbacks(Registry& r) {
         o.interval(a.get<std::string>("interval") == "epoch" ? Interval::kEpoch : Interval::kStep)
             .verbose(a.get<bool>("verbose"));
         return std::make_shared<Timer>(o);
+      });
+
+  const SpikeDetectionOptions sd;
+  r.callbacks.add(
+      "SpikeDetection",
+      "ends fit with TrainingSpikeError when the loss jumps from its running mean; writes the "
+      "batches to leave out",
+      Params()
+          .choice("mode", mode_name(sd.mode()), {"min", "max"},
+                  "min: a spike is a jump up of the loss; max: a drop")
+          .add("window", sd.window(), "losses in the running mean")
+          .add("warmup", sd.warmup(), "batches before spikes are looked for")
+          .add("atol", sd.atol(), "smallest distance above the mean that is a spike; 0 = none")
+          .add("rtol", sd.rtol(), "smallest multiple of |mean| above it that is a spike; 0 = none")
+          .add("exclude_batches_path", sd.exclude_batches_path(),
+               "JSON file (or folder) for the batches to leave out; \"\" = "
+               "<log_dir>/skip_batches.json")
+          .add("finite_only", sd.finite_only(), "a NaN or infinite loss is a spike"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        return std::make_shared<SpikeDetection>(
+            SpikeDetectionOptions()
+                .mode(mode_of(a))
+                .window(a.get<int64_t>("window"))
+                .warmup(a.get<int64_t>("warmup"))
+                .atol(a.get<double>("atol"))
+                .rtol(a.get<double>("rtol"))
+                .exclude_batches_path(a.get<std::string>("exclude_batches_path"))
+                .finite_only(a.get<bool>("finite_only")));
       });
 
   r.callbacks.add(

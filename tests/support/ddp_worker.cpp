@@ -39,6 +39,8 @@
 //       nvme=F", F: optimizer state bytes in the NVMe swap file)
 //       [--lr-find N]  (LearningRateFinder: N rates from 1e-3 to 1 when fit starts; every rank
 //       writes its lrs, losses and the suggested rate to <out>.lrfind.rank<R>.pt)
+//       [--spike-rank R --spike-call K]  (rank R's loss is 50 times its value in training_step
+//                                         call K; with SpikeDetection writing <root>/skip.json)
 //       [--die-call K]  (with --die-rank R: rank R SIGKILLs itself in training_step call K,
 //       counted from 0 over the process's trials and fit; prints "rank R dies in call K")
 //       [--prepare-ms MS]  (prepare_data sleeps MS, then appends "rank R" to <root>/prepared;
@@ -122,7 +124,8 @@ class Net : public volt::Module {
   }
   bool checkpoint_activations = false;
   int64_t nan_grad_at = -1;  // this training_step call gives b2's last element a NaN gradient
-  int64_t die_rank = -1, die_call = -1;  // --die-rank with --die-call
+  int64_t die_rank = -1, die_call = -1;      // --die-rank with --die-call
+  int64_t spike_rank = -1, spike_call = -1;  // --spike-rank with --spike-call
   int64_t calls = 0;
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
     if (calls == die_call && run()->global_rank() == die_rank) {
@@ -141,6 +144,7 @@ class Net : public volt::Module {
         loss = loss + torch::cross_entropy_loss(forward(part.input), part.target);
       }
     }
+    if (calls == spike_call && run()->global_rank() == spike_rank) loss = loss * 50.0;
     if (calls++ == nan_grad_at) {
       // sqrt(x - x): 0 forward (the loss stays finite), NaN backward (inf - inf).
       const auto last = b2.narrow(0, b2.size(0) - 1, 1);
@@ -376,6 +380,8 @@ int main(int argc, char** argv) {
       model.die_call = num("--die-call", -1);
     }
     model.gather_val = num("--gather-val", 0) != 0;
+    model.spike_rank = num("--spike-rank", -1);
+    model.spike_call = num("--spike-call", -1);
     if (a.count("--prepare-ms")) {
       model.prepare_log = a["--root"] + "/prepared";
       model.prepare_ms = num("--prepare-ms", 0);
@@ -427,6 +433,10 @@ int main(int argc, char** argv) {
       lr_finder = std::make_shared<volt::LearningRateFinder>(
           volt::LrFinderOptions().num_training(num("--lr-find", 0)).min_lr(1e-3).max_lr(1.0));
       callbacks.push_back(lr_finder);
+    }
+    if (a.count("--spike-call")) {
+      callbacks.push_back(std::make_shared<volt::SpikeDetection>(
+          volt::SpikeDetectionOptions().exclude_batches_path(a["--root"] + "/skip.json")));
     }
     auto val_print = std::make_shared<PrintVal>();
     callbacks.push_back(val_print);
