@@ -160,8 +160,7 @@ TEST(DoublePrecision, DeepSpeedRefusesFloat64) {
   EXPECT_TRUE(volt_test::has(err, "[DeepSpeedStrategy] precision \"64-true\" (float64)")) << err;
   EXPECT_TRUE(volt_test::has(err, "strategy=\"ddp\"")) << err;
   volt_test::TempDir dir;
-  const auto trainer_err = volt_test::error_of<volt::ConfigError>([&] {
-    volt::Trainer t(quiet(dir.path).strategy("deepspeed_stage_3").precision("64"));
-  });
+  const auto trainer_err = volt_test::error_of<volt::ConfigError>(
+      [&] { volt::Trainer t(quiet(dir.path).strategy("deepspeed_stage_3").precision("64")); });
   EXPECT_TRUE(volt_test::has(trainer_err, "float64")) << trainer_err;
 }

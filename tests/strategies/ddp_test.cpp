@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -590,6 +591,30 @@ TEST(Ddp, Bf16MixedComposesWithDdpUnchanged) {
   EXPECT_GT(diff, 1e-5);  // really ran in bf16: fp32 DDP matches one process to ~1e-6
 }
 
+namespace {
+
+// A 2-rank job at `precision` (global batch 16, one epoch) against one process on the global
+// batch: both ranks' weights in `dtype` and bitwise equal; returns the largest difference from
+// the one process (infinity when the job failed).
+double two_ranks_vs_one_process(const volt_test::TempDir& dir, const std::string& precision,
+                                torch::ScalarType dtype) {
+  const auto ref = single_process_reference(dir.path, 16, 1, 1, false, {"--precision", precision});
+  EXPECT_EQ(ref.scalar_type(), dtype);
+  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--precision", precision});
+  EXPECT_EQ(job.code, 0) << job.output;
+  if (job.code != 0) return std::numeric_limits<double>::infinity();
+  const auto r0 = load_flat(dir / "ddp.rank0.pt"), r1 = load_flat(dir / "ddp.rank1.pt");
+  EXPECT_EQ(r0.scalar_type(), dtype);
+  EXPECT_TRUE(torch::equal(r0, r1)) << "the ranks diverged";
+  const double diff = (r0.to(torch::kDouble) - ref.to(torch::kDouble)).abs().max().item<double>();
+  std::printf("[ measured ] %s, 2 ranks vs 1 process: max weight diff %.2e\n", precision.c_str(),
+              diff);
+  return diff;
+}
+
+}  // namespace
+
 TEST(Ddp, Bf16TrueWeightsAreBroadcastAndReducedInFp32) {
   VOLT_REQUIRE_GLOO();
   // bf16-true makes the module bf16; Gloo in libtorch 1.13 has no bf16, so this once failed at
@@ -597,18 +622,7 @@ TEST(Ddp, Bf16TrueWeightsAreBroadcastAndReducedInFp32) {
   // bits and the gradient buckets are reduced in fp32 (a comm hook). Ranks stay bitwise equal
   // and near one bf16 process on the global batch (bf16 round-off of half batches).
   volt_test::TempDir dir;
-  const auto ref =
-      single_process_reference(dir.path, 16, 1, 1, false, {"--precision", "bf16-true"});
-  ASSERT_EQ(ref.scalar_type(), torch::kBFloat16);
-  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
-                        "--epochs", "1", "--precision", "bf16-true"});
-  ASSERT_EQ(job.code, 0) << job.output;
-  const auto r0 = load_flat(dir / "ddp.rank0.pt"), r1 = load_flat(dir / "ddp.rank1.pt");
-  EXPECT_EQ(r0.scalar_type(), torch::kBFloat16);
-  EXPECT_TRUE(torch::equal(r0, r1)) << "the ranks diverged";
-  const double diff = (r0.to(torch::kFloat) - ref.to(torch::kFloat)).abs().max().item<double>();
-  std::printf("[ measured ] bf16-true, 2 ranks vs 1 process: max weight diff %.2e\n", diff);
-  EXPECT_LT(diff, 1e-2);
+  EXPECT_LT(two_ranks_vs_one_process(dir, "bf16-true", torch::kBFloat16), 1e-2);
 }
 
 TEST(Ddp, Bf16TrueRunKilledMidAccumulationResumesBitIdentically) {
@@ -637,17 +651,7 @@ TEST(Ddp, Bf16TrueRunKilledMidAccumulationResumesBitIdentically) {
 TEST(Ddp, Float64RanksEqualOneProcessToFloat64RoundOffAndResumeBitIdentically) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
-  const auto ref = single_process_reference(dir.path, 16, 1, 1, false, {"--precision", "64-true"});
-  ASSERT_EQ(ref.scalar_type(), torch::kDouble);
-  auto job = run_plain({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch", "8",
-                        "--epochs", "1", "--precision", "64-true"});
-  ASSERT_EQ(job.code, 0) << job.output;
-  const auto r0 = load_flat(dir / "ddp.rank0.pt"), r1 = load_flat(dir / "ddp.rank1.pt");
-  EXPECT_EQ(r0.scalar_type(), torch::kDouble);
-  EXPECT_TRUE(torch::equal(r0, r1)) << "the ranks diverged";
-  const double diff = (r0 - ref).abs().max().item<double>();
-  std::printf("[ measured ] 64-true, 2 ranks vs 1 process: max weight diff %.2e\n", diff);
-  EXPECT_LT(diff, 1e-12);
+  EXPECT_LT(two_ranks_vs_one_process(dir, "64-true", torch::kDouble), 1e-12);
 
   const std::vector<std::string> common{
       "--devices", "2", "--batch",     "8",       "--epochs",    "2", "--dropout",          "1",
