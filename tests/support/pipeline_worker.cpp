@@ -33,7 +33,8 @@
 //       [--clip NORM] [--accum K] [--dropout 0|1] [--ckpt-every-step 0|1] [--save-at E,B]
 //       [--predict 0|1] [--resume CKPT]
 //       [--die-rank R --die-batch B] [--timeout S] [--scaling 0|1] [--inf-call K]
-//       [--strategy-chunks C] [--trace 0|1] [--inside-catch 1] A Trainer fit of a module whose
+//       [--strategy-chunks C] [--trace 0|1] [--inside-catch 1] [--precision NAME]
+//       A Trainer fit of a module whose
 //       middle layers are a volt::Pipeline, with a layer before and after it (inside a catch
 //       block of the program's with --inside-catch); --devices 1 is the single-process
 //       reference (single_device). Started as a plain process it launches its ranks itself. Every
