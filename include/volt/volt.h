@@ -50,6 +50,7 @@
 #include "volt/distributed/process_group.h"
 #include "volt/distributed/sync_batchnorm.h"
 #include "volt/fabric/fabric.h"
+#include "volt/fabric/spike_detection.h"
 #include "volt/graphs/cuda_graph.h"
 #include "volt/graphs/graph_cache.h"
 #include "volt/graphs/graph_options.h"

@@ -49,43 +49,36 @@ std::ostream& operator<<(std::ostream& os, const SpikeDetectionOptions& o) {
             << ", finite_only=" << o.finite_only() << ")";
 }
 
-SpikeDetection::SpikeDetection(SpikeDetectionOptions options) : options_(std::move(options)) {
+SpikeDetector::SpikeDetector(SpikeDetectionOptions options) : options_(std::move(options)) {
   options_.validate();
 }
 
-double SpikeDetection::running_mean() const {
+void SpikeDetector::reset() {
+  window_.clear();
+  bad_batches_.clear();
+  seen_ = 0;
+}
+
+double SpikeDetector::running_mean() const {
   if (window_.empty()) return std::numeric_limits<double>::quiet_NaN();
   return std::accumulate(window_.begin(), window_.end(), 0.0) / static_cast<double>(window_.size());
 }
 
-std::string SpikeDetection::exclude_batches_file(const std::string& root) const {
+std::string SpikeDetector::exclude_batches_file(const std::string& root) const {
   const std::string& p = options_.exclude_batches_path();
   if (p.empty()) return (std::filesystem::path(root) / "skip_batches.json").string();
   const bool json = p.size() >= 5 && p.compare(p.size() - 5, 5, ".json") == 0;
   return json ? p : (std::filesystem::path(p) / "skip_batches.json").string();
 }
 
-void SpikeDetection::setup(RunContext&, Module&, Stage stage) {
-  if (stage != Stage::kFit) return;
-  // A new fit judges from scratch; a resumed one gets the checkpoint's state after this.
-  window_.clear();
-  has_last_ = false;
-  last_ = 0.0;
-  bad_batches_.clear();
-  seen_ = 0;
-  loss_ = at::Tensor();
-}
-
-void SpikeDetection::on_before_backward(RunContext&, Module&, const at::Tensor& loss) {
-  loss_ = loss.detach();
-}
-
-bool SpikeDetection::is_spike(double loss) const {
+bool SpikeDetector::is_spike(double loss) const {
   if (!std::isfinite(loss)) return options_.finite_only();
   if (window_.empty()) return false;
   const bool min = options_.mode() == Mode::kMin;
-  // No worse than the previous batch's loss: not a spike (Lightning's first test).
-  if (has_last_ && (min ? loss <= last_ : loss >= last_)) return false;
+  // No worse than the previous batch's loss (the window's latest): not a spike (Lightning's
+  // first test).
+  const double last = window_.back();
+  if (min ? loss <= last : loss >= last) return false;
   const double mean = running_mean();
   const double worse = min ? loss - mean : mean - loss;  // how far on the bad side of the mean
   if (worse <= 0) return false;
@@ -94,34 +87,29 @@ bool SpikeDetection::is_spike(double loss) const {
   return true;
 }
 
-void SpikeDetection::on_train_batch_end(RunContext& run, Module&, const Batch&, int64_t batch_idx) {
-  // A skipped batch (training_step returned no loss) ran no backward: nothing to judge, but
-  // every rank still takes part in the decision below so that the ranks' collectives pair up.
-  const bool have = loss_.defined();
-  const double loss = have ? loss_.item<double>() : 0.0;
-  loss_ = at::Tensor();
+void SpikeDetector::judge(const at::Tensor& loss_tensor, const SpikeSite& site) {
+  const bool have = loss_tensor.defined();
+  const double loss = have ? loss_tensor.item<double>() : 0.0;
   const bool judged = have && seen_ >= options_.warmup();
   const bool spike_here = judged && is_spike(loss);
   const double mean = running_mean();
+  const size_t averaged = window_.size();
   if (have) ++seen_;
-  const bool spike =
-      run.world_size() > 1 ? run.reduce_boolean_decision(spike_here, false) : spike_here;
+  const bool spike = site.any_rank ? site.any_rank(spike_here) : spike_here;
   if (!spike) {
     if (have && std::isfinite(loss)) {
       window_.push_back(loss);
       while (static_cast<int64_t>(window_.size()) > options_.window()) window_.pop_front();
-      last_ = loss;
-      has_last_ = true;
     }
     return;
   }
   // The spike's batch, and the one before it: that one's update may be what made the weights
   // produce the spike (Lightning leaves out both).
-  if (batch_idx > 0) bad_batches_.push_back(batch_idx - 1);
-  bad_batches_.push_back(batch_idx);
-  const std::string file = exclude_batches_file(run.log_dir());
+  if (site.batch_idx > 0) bad_batches_.push_back(site.batch_idx - 1);
+  bad_batches_.push_back(site.batch_idx);
+  const std::string file = exclude_batches_file(site.root);
   std::string written = " written to " + file;
-  if (run.is_global_zero()) {
+  if (site.writes) {
     try {
       const auto parent = std::filesystem::path(file).parent_path();
       if (!parent.empty()) std::filesystem::create_directories(parent);
@@ -132,47 +120,82 @@ void SpikeDetection::on_train_batch_end(RunContext& run, Module&, const Batch&, 
     }
   }
   std::ostringstream msg;
-  msg << kTag << " training spike in batch " << batch_idx << " of epoch " << run.state().epoch
-      << " (global step " << run.state().global_step << "): ";
+  msg << kTag << " training spike in batch " << site.batch_idx << site.position << ": ";
   if (spike_here) {
-    msg << "loss " << loss << " against a running mean of " << mean << " over the last "
-        << window_.size() << " batches";
+    msg << "loss " << loss << " against a running mean of " << mean << " over the last " << averaged
+        << " batches";
   } else {
     msg << "another rank's loss spiked (this rank's: " << loss << ")";
   }
   msg << ". Batches to leave out";
   for (size_t i = 0; i < bad_batches_.size(); ++i) msg << (i == 0 ? " [" : ", ") << bad_batches_[i];
-  msg << "]" << (run.is_global_zero() ? written : " (written by rank 0)")
+  msg << "]" << (site.writes ? written : " (written by rank 0)")
       << "; resume from a checkpoint written before the spike without those batches, lower "
          "the learning rate, or loosen atol / rtol.";
-  throw TrainingSpikeError(msg.str(), batch_idx);
+  throw TrainingSpikeError(msg.str(), site.batch_idx);
 }
 
-void SpikeDetection::save_state(torch::serialize::OutputArchive& archive) const {
+void SpikeDetector::save_state(torch::serialize::OutputArchive& archive) const {
   archive.write("window", detail::double_list({window_.begin(), window_.end()}));
-  archive.write("last", has_last_ ? c10::IValue(last_) : c10::IValue());
   archive.write("bad_batches", c10::IValue(c10::List<int64_t>(bad_batches_)));
   archive.write("seen", c10::IValue(seen_));
 }
 
-void SpikeDetection::load_state(torch::serialize::InputArchive& archive) {
+void SpikeDetector::load_state(torch::serialize::InputArchive& archive) {
   const std::vector<double> window = detail::read_double_list(archive, "window");
-  c10::IValue last, bad, seen;
-  archive.read("last", last);
+  c10::IValue bad, seen;
   archive.read("bad_batches", bad);
   archive.read("seen", seen);
-  VOLT_CHECK((last.isNone() || last.isDouble()) && bad.isIntList() && seen.isInt(), CheckpointError,
-             kTag,
+  VOLT_CHECK(bad.isIntList() && seen.isInt(), CheckpointError, kTag,
              " the checkpoint's state has values of the wrong types; it is damaged: resume from "
              "another checkpoint.");
   window_.assign(window.begin(), window.end());
   // A checkpoint of a run with a longer window: its latest losses.
   while (static_cast<int64_t>(window_.size()) > options_.window()) window_.pop_front();
-  has_last_ = !last.isNone();
-  last_ = has_last_ ? last.toDouble() : 0.0;
   const auto list = bad.toIntList();
   bad_batches_.assign(list.begin(), list.end());
   seen_ = seen.toInt();
+}
+
+SpikeDetection::SpikeDetection(SpikeDetectionOptions options) : detector_(std::move(options)) {}
+
+void SpikeDetection::setup(RunContext&, Module&, Stage stage) {
+  if (stage != Stage::kFit) return;
+  // A new fit judges from scratch; a resumed one gets the checkpoint's state after this.
+  detector_.reset();
+  loss_ = at::Tensor();
+}
+
+void SpikeDetection::on_before_backward(RunContext&, Module&, const at::Tensor& loss) {
+  loss_ = loss.detach();
+}
+
+void SpikeDetection::on_train_batch_end(RunContext& run, Module&, const Batch&, int64_t batch_idx) {
+  // A skipped batch (training_step returned no loss) ran no backward: nothing to judge, but
+  // every rank still takes part in the decision so that the ranks' collectives pair up.
+  const at::Tensor loss = std::move(loss_);
+  loss_ = at::Tensor();
+  SpikeSite site;
+  site.batch_idx = batch_idx;
+  site.position = " of epoch " + std::to_string(run.state().epoch) + " (global step " +
+                  std::to_string(run.state().global_step) + ")";
+  site.root = run.log_dir();
+  site.writes = run.is_global_zero();
+  // One process makes no collective (a one-rank all-reduce per batch would be pure cost).
+  if (run.world_size() > 1) {
+    site.any_rank = [&run](bool spike_here) {
+      return run.reduce_boolean_decision(spike_here, false);
+    };
+  }
+  detector_.judge(loss, site);
+}
+
+void SpikeDetection::save_state(torch::serialize::OutputArchive& archive) const {
+  detector_.save_state(archive);
+}
+
+void SpikeDetection::load_state(torch::serialize::InputArchive& archive) {
+  detector_.load_state(archive);
 }
 
 }  // namespace volt

@@ -8,7 +8,9 @@
 
 #include <volt/volt.h>
 
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -256,4 +258,89 @@ TEST(SpikeDetection, ASpikeOnOneRankEndsEveryRankAtThatBatch) {
   EXPECT_TRUE(volt_test::has(job.output, "another rank's loss spiked")) << job.output;
   EXPECT_TRUE(volt_test::has(job.output, "against a running mean")) << job.output;
   EXPECT_EQ(nlohmann::json::parse(read(dir / "skip.json")), nlohmann::json::parse("[4, 5]"));
+}
+
+// Fabric's form (Lightning Fabric's SpikeDetection, reached through fabric.call) judges as the
+// Trainer's callback: the same scripted losses stop a Fabric loop at the same batch with the
+// same verdict and list; a callback without the hook is skipped; by default the list goes to
+// the working directory (Lightning Fabric's default).
+TEST(FabricSpikeDetection, AFabricLoopStopsAtTheBatchTheTrainersFitDoes) {
+  volt_test::TempDir dir;
+  std::vector<double> losses = ones(8);
+  losses[5] = 3.5;
+  const Outcome trainer = fit(dir / "trainer", losses);
+  ASSERT_EQ(trainer.batch_idx, 5) << trainer.error;
+
+  struct Other : volt::FabricCallback {};
+  const auto run = [&](volt::SpikeDetectionOptions options, std::string& error) {
+    auto spikes = std::make_shared<volt::FabricSpikeDetection>(options);
+    volt::Fabric fabric(
+        volt::FabricOptions().accelerator("cpu").callbacks({std::make_shared<Other>(), spikes}));
+    volt::seed_everything(123);
+    auto net = torch::nn::Linear(8, 2);
+    auto opt = std::make_shared<torch::optim::SGD>(net->parameters(), 0.01);
+    fabric.setup(net, {opt});
+    int64_t i = 0;
+    error = volt_test::error_of<volt::TrainingSpikeError>([&] {
+      for (volt::Batch& b : fabric.setup_dataloader(data()).stream(0)) {
+        b = fabric.to_device(b);
+        const at::Tensor loss = net->forward(b.input).sum() * 0.0 + losses[i];
+        fabric.backward(loss);
+        fabric.step(*opt);
+        fabric.zero_grad(*opt);
+        fabric.call(&volt::FabricSpikeDetection::on_train_batch_end, fabric, loss, i);
+        ++i;
+      }
+    });
+    EXPECT_EQ(i, 5) << error;  // the call for batch 5 threw
+    return spikes;
+  };
+  std::string error;
+  auto spikes = run(volt::SpikeDetectionOptions().exclude_batches_path(dir / "f.json"), error);
+  EXPECT_TRUE(volt_test::has(
+      error,
+      "[SpikeDetection] training spike in batch 5: loss 3.5 against a running mean of 1 "
+      "over the last 5 batches. Batches to leave out [4, 5] written to " +
+          (dir / "f.json")))
+      << error;
+  EXPECT_EQ(spikes->detector().bad_batches(), trainer.callback->bad_batches());
+  EXPECT_EQ(nlohmann::json::parse(read(dir / "f.json")), nlohmann::json::parse("[4, 5]"));
+
+  // The default: skip_batches.json in the working directory.
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::create_directories(dir / "cwd");
+  std::filesystem::current_path(dir / "cwd");
+  run(volt::SpikeDetectionOptions(), error);
+  std::filesystem::current_path(cwd);
+  EXPECT_EQ(nlohmann::json::parse(read(dir / "cwd/skip_batches.json")),
+            nlohmann::json::parse("[4, 5]"));
+  EXPECT_TRUE(volt_test::has(error, "written to " + (dir / "cwd/skip_batches.json"))) << error;
+}
+
+// Two ranks of a Fabric loop (tests/support/fabric_worker.cpp): rank 1's loss spikes alone at
+// step 5; both ranks' loops end there within seconds (the ranks agree on the verdict through the
+// strategy), and rank 0 wrote the list.
+TEST(FabricSpikeDetection, ASpikeOnOneRankEndsEveryRanksLoopAtThatBatch) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  const auto job = volt_test::run_job(
+      volt_test::fabric_worker(),
+      {"--out", dir / "w", "--devices", "2", "--batch", "8", "--spike-file", dir / "skip.json",
+       "--spike-rank", "1", "--spike-step", "5", "--timeout", "20"},
+      std::chrono::seconds(60));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(job.code, 1) << job.output;
+  EXPECT_LT(secs, 15.0) << job.output;
+  EXPECT_TRUE(volt_test::has(job.output, "training spike in batch 5: loss")) << job.output;
+  EXPECT_TRUE(volt_test::has(job.output, "training spike in batch 5: another rank's loss spiked"))
+      << job.output;
+  EXPECT_EQ(nlohmann::json::parse(read(dir / "skip.json")), nlohmann::json::parse("[4, 5]"));
+  // Without a spike the same loop runs to its end with the callback judging every step.
+  const auto clean = volt_test::run_job(volt_test::fabric_worker(),
+                                        {"--out", dir / "c", "--devices", "2", "--batch", "8",
+                                         "--spike-file", dir / "clean.json", "--timeout", "20"});
+  EXPECT_EQ(clean.code, 0) << clean.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "clean.json"));
 }

@@ -8,6 +8,7 @@
 //       [--clip NORM] [--save-at STEP --save PATH] [--resume PATH] [--die-rank R --die-step S]
 //       [--throw-rank R --throw-step S]
 //       [--check-no-sync 1] [--precision NAME] [--timeout S]
+//       [--spike-file F [--spike-rank R --spike-step S]]
 //   volt_fabric_worker --out PREFIX --devices N --rank-zero-first FILE [--local 0|1]
 //       [--first-fails 1]
 //   --volt-module 1: the net is set up inside a volt::Module whose training_step computes the
@@ -27,6 +28,9 @@
 //       volt::Pipeline under any strategy (in one process it runs whole: the reference);
 //       --chunks C: its micro-batches (default 1). --schedule 1f1b: the loss through the
 //       Pipeline's forward_loss (the 1F1B schedule).
+//   --spike-file F: a FabricSpikeDetection callback writing to F, called after each step's
+//       backward with the step's loss and its index within the epoch; with --spike-rank and
+//       --spike-step rank R passes 50 times its loss at step S.
 //   --batchnorm 1: a BatchNorm1d after the first layer (its running statistics are written
 //       after the parameters); --sync-bn 1: FabricOptions::sync_batchnorm; --check-buffers 1:
 //       prints "buffers differ before=B inside=I" at the second step (whether the ranks'
@@ -50,10 +54,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tiny.h"
 #include "volt/core/registry.h"
 #include "volt/fabric/fabric.h"
+#include "volt/fabric/spike_detection.h"
 #include "volt/nn/pipeline.h"
 
 namespace {
@@ -220,8 +226,14 @@ int main(int argc, char** argv) {
       args["param_persistence_threshold"] = int64_t{0};  // stage 3 partitions every parameter
     }
     // Destroyed before the weights are written: its teardown makes a stage-3 module whole.
+    std::vector<std::shared_ptr<volt::FabricCallback>> callbacks;
+    if (a.count("--spike-file")) {
+      callbacks.push_back(std::make_shared<volt::FabricSpikeDetection>(
+          volt::SpikeDetectionOptions().exclude_batches_path(a["--spike-file"])));
+    }
     auto fabric_holder = std::make_unique<volt::Fabric>(
         volt::FabricOptions()
+            .callbacks(callbacks)
             .accelerator("cpu")
             .devices(num("--devices", 1))
             .strategy(volt::named<volt::Strategy>(strategy, std::move(args)))
@@ -359,6 +371,9 @@ int main(int argc, char** argv) {
           }
           last_loss = loss.detach() * accum;
         }
+        const bool spiked = rank == num("--spike-rank", -1) && step == num("--spike-step", -1);
+        fabric.call(&volt::FabricSpikeDetection::on_train_batch_end, fabric,
+                    spiked ? last_loss * 50.0 : last_loss, step % per_epoch);
         if (a.count("--clip")) fabric.clip_gradients(*opt, std::stod(a["--clip"]));
         fabric.step(*opt);
         fabric.zero_grad(*opt);

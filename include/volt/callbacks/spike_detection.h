@@ -1,12 +1,14 @@
 #pragma once
 /// SpikeDetection: ends a fit with TrainingSpikeError when the training loss jumps far from its
 /// running mean, and writes the batches to leave out when the run is resumed (Lightning's
-/// SpikeDetection callback, from lightning.fabric.utilities.spike).
+/// SpikeDetection callback, from lightning.fabric.utilities.spike). SpikeDetector is the judging
+/// itself, which the Trainer's callback and Fabric's (volt/fabric/spike_detection.h) share.
 
 #include <ATen/Tensor.h>
 #include <torch/arg.h>
 
 #include <deque>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -61,20 +63,69 @@ class TrainingSpikeError : public Error {
   int64_t batch_idx_;
 };
 
-/// Watches each training batch's loss (the one its backward ran on, before accumulation
-/// scaling; under manual optimization the last manual_backward's). A loss is a spike when it is
-/// no better than the previous batch's and worse than the mean of the last `window` losses by at
-/// least atol and by at least rtol × |mean| (or, with finite_only, when it is not finite). Each
-/// rank judges its own loss; when any rank finds a spike every rank appends the batch and the one
-/// before it to the list, rank 0 writes the list atomically to the JSON file, and every rank
-/// throws TrainingSpikeError at the same batch. The running mean, the previous loss, the list and
-/// the batches seen are checkpointed, so a resumed fit goes on judging where it stopped.
+/// What a loop tells SpikeDetector about the batch it judges.
+struct SpikeSite {
+  /// The batch's index within its epoch: what the list of batches to leave out holds.
+  int64_t batch_idx = 0;
+  /// Words after "training spike in batch N" in the error, e.g. " of epoch 0 (global step 4)".
+  std::string position;
+  /// The folder of skip_batches.json when exclude_batches_path is "".
+  std::string root;
+  /// This process writes the list (global rank 0).
+  bool writes = true;
+  /// With several processes: true when `spike_here` is true on any rank (every rank calls it
+  /// once per judged batch, so it may be a collective). Empty for one process.
+  std::function<bool(bool spike_here)> any_rank;
+};
+
+/// The judging both SpikeDetection forms share (Lightning's lightning.fabric SpikeDetection,
+/// which its Trainer callback derives from): a batch's loss is a spike when it is no better than
+/// the previous batch's and worse than the mean of the last `window` losses by at least atol and
+/// by at least rtol × |mean| (or, with finite_only, when it is not finite). Each rank judges its
+/// own loss; when any rank finds a spike every rank appends the batch and the one before it to
+/// the list, the writing process writes the list atomically to the JSON file, and every rank
+/// throws TrainingSpikeError. A hand-written loop may use it directly.
 ///
-/// Reads each batch's loss on the host (a device sync per batch on CUDA) and, with several
-/// processes, makes one small all-reduce per batch (Lightning's makes a barrier and one).
 /// Departure from Lightning: the spike must lie on the bad side of the mean (above it for kMin);
 /// Lightning compares the absolute distance, so a loss far *below* the mean but above the
-/// previous batch's counted as a spike. Warmup counts the fit's batches, not each epoch's.
+/// previous batch's counted as a spike. Warmup counts the batches judged so far, not the epoch's
+/// batch index; non-finite losses never enter the mean.
+class SpikeDetector {
+ public:
+  explicit SpikeDetector(SpikeDetectionOptions options = SpikeDetectionOptions());
+  /// Judges one batch's loss (a one-element tensor, read on the host: a device sync on CUDA).
+  /// An undefined `loss` (a batch that ran no backward) is not judged but still takes part in
+  /// the ranks' agreement. Throws TrainingSpikeError when this or another rank's loss spiked.
+  void judge(const at::Tensor& loss, const SpikeSite& site);
+  /// Forgets every loss and batch (a new fit).
+  void reset();
+
+  const SpikeDetectionOptions& options() const { return options_; }
+  /// Batches (indices within their epoch) found bad so far: each spike's and the one before it.
+  const std::vector<int64_t>& bad_batches() const { return bad_batches_; }
+  /// The mean of the last `window` finite losses; NaN before the first.
+  double running_mean() const;
+  /// Where the list is written when the site's root is `root`.
+  std::string exclude_batches_file(const std::string& root) const;
+  /// The running mean's losses (the latest is the previous batch's), the list and the batches
+  /// seen.
+  void save_state(torch::serialize::OutputArchive& archive) const;
+  void load_state(torch::serialize::InputArchive& archive);
+
+ private:
+  bool is_spike(double loss) const;
+  SpikeDetectionOptions options_;
+  std::deque<double> window_;  // the latest finite losses; back(): the previous judged batch's
+  std::vector<int64_t> bad_batches_;
+  int64_t seen_ = 0;
+};
+
+/// The Trainer's SpikeDetection callback: judges each training batch's loss (the one its
+/// backward ran on, before accumulation scaling; under manual optimization the last
+/// manual_backward's) with a SpikeDetector at the end of the batch, in the run's log_dir by
+/// default. The detector's state is checkpointed, so a resumed fit goes on judging where it
+/// stopped. With several processes it makes one small all-reduce per batch (Lightning's makes a
+/// barrier and one). Warmup counts the fit's batches, not each epoch's.
 class SpikeDetection : public Callback {
  public:
   explicit SpikeDetection(SpikeDetectionOptions options = SpikeDetectionOptions());
@@ -86,22 +137,16 @@ class SpikeDetection : public Callback {
   void save_state(torch::serialize::OutputArchive& archive) const override;
   void load_state(torch::serialize::InputArchive& archive) override;
 
-  const SpikeDetectionOptions& options() const { return options_; }
-  /// Batches (indices within their epoch) found bad so far: each spike's and the one before it.
-  const std::vector<int64_t>& bad_batches() const { return bad_batches_; }
-  /// The mean of the last `window` finite losses; NaN before the first.
-  double running_mean() const;
-  /// Where the list is written for a run whose log_dir is `root`.
-  std::string exclude_batches_file(const std::string& root) const;
+  const SpikeDetector& detector() const { return detector_; }
+  const SpikeDetectionOptions& options() const { return detector_.options(); }
+  const std::vector<int64_t>& bad_batches() const { return detector_.bad_batches(); }
+  double running_mean() const { return detector_.running_mean(); }
+  std::string exclude_batches_file(const std::string& root) const {
+    return detector_.exclude_batches_file(root);
+  }
 
  private:
-  bool is_spike(double loss) const;
-  SpikeDetectionOptions options_;
-  std::deque<double> window_;
-  double last_ = 0.0;
-  bool has_last_ = false;
-  std::vector<int64_t> bad_batches_;
-  int64_t seen_ = 0;
+  SpikeDetector detector_;
   at::Tensor loss_;  // this batch's loss, detached; undefined until its backward
 };
 
