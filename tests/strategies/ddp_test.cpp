@@ -239,7 +239,12 @@ TEST(Ddp, LearningRateFinderTwoRanksEqualOneProcess) {
   EXPECT_NE(job.output.find("[lr_find] 20 steps from 0.001 to 1; suggested learning rate"),
             std::string::npos)
       << job.output;
-  expect_ranks_equal_reference(dir / "ddp", 2, ref);
+  // fp32 round-off of the whole fit at the suggested (large) rate depends on OpenBLAS's kernel:
+  // within atol 1e-6 with its SkylakeX kernel, measured max differences 2.1e-6 with Haswell/Zen
+  // (what it picks on an AMD EPYC of family 26), 3.2e-6 with Sandybridge; a missing gradient
+  // average is orders of magnitude above.
+  const double atol = 5e-6;
+  expect_ranks_equal_reference(dir / "ddp", 2, ref, 1e-5, atol);
   const auto one = load_flat(dir / "single.lrfind.rank0.pt");
   ASSERT_EQ(one.numel(), 2 * 20 + 1);
   EXPECT_GT(one[40].item<double>(), 0) << "no rate suggested";
@@ -257,7 +262,7 @@ TEST(Ddp, LearningRateFinderTwoRanksEqualOneProcess) {
                                "--batch", "8", "--epochs", "2", "--sync-bn", "1"},
                               bn));
   ASSERT_EQ(synced.code, 0) << synced.output;
-  expect_ranks_equal_reference(bn_dir / "ddp", 2, bn_ref);
+  expect_ranks_equal_reference(bn_dir / "ddp", 2, bn_ref, 1e-5, atol);
   const auto bn_one = load_flat(bn_dir / "single.lrfind.rank0.pt");
   const auto bn_r0 = load_flat(bn_dir / "ddp.lrfind.rank0.pt");
   EXPECT_TRUE(torch::allclose(bn_r0, bn_one, 1e-6, 0))

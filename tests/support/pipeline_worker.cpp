@@ -973,9 +973,16 @@ int run_fit(std::map<std::string, std::string>& a) {
   if (a.count("--clip")) o.gradient_clip_val(std::stod(a["--clip"]));
   if (num("--trace", 0) != 0) o.trace_training_step(true);
   if (num("--scaling", 0) != 0) {
+    // The GEMMs in fp32 whatever this CPU's bf16 probe measured (cpu_policy off, the matmul
+    // family listed): what the probe decides on a CPU where bf16 is slower, so that the tests
+    // compare stage splits to fp32 round-off on every machine (on a CPU with fast bf16 the
+    // probe would lower them, and micro-batches round differently in bf16).
     o.precision(std::make_shared<volt::MixedPrecision>(
-        volt::MixedPrecisionOptions().loss_scaling(true).scaler(
-            volt::GradScalerOptions().init_scale(256.0).growth_interval(100))));
+        volt::MixedPrecisionOptions()
+            .cpu_policy(false)
+            .fp32_ops({"mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "matmul"})
+            .loss_scaling(true)
+            .scaler(volt::GradScalerOptions().init_scale(256.0).growth_interval(100))));
   }
   if (a.count("--precision")) o.precision(volt::Spec<volt::Precision>(a["--precision"]));
   volt::Trainer trainer(o);
