@@ -9,6 +9,7 @@
 #include <limits>
 #include <numeric>
 #include <sstream>
+#include <utility>
 
 #include "core/detail/archive_values.h"
 #include "core/detail/print.h"
@@ -93,7 +94,6 @@ void SpikeDetector::judge(const at::Tensor& loss_tensor, const SpikeSite& site) 
   const bool judged = have && seen_ >= options_.warmup();
   const bool spike_here = judged && is_spike(loss);
   const double mean = running_mean();
-  const size_t averaged = window_.size();
   if (have) ++seen_;
   const bool spike = site.any_rank ? site.any_rank(spike_here) : spike_here;
   if (!spike) {
@@ -122,8 +122,8 @@ void SpikeDetector::judge(const at::Tensor& loss_tensor, const SpikeSite& site) 
   std::ostringstream msg;
   msg << kTag << " training spike in batch " << site.batch_idx << site.position << ": ";
   if (spike_here) {
-    msg << "loss " << loss << " against a running mean of " << mean << " over the last " << averaged
-        << " batches";
+    msg << "loss " << loss << " against a running mean of " << mean << " over the last "
+        << window_.size() << " batches";
   } else {
     msg << "another rank's loss spiked (this rank's: " << loss << ")";
   }
@@ -173,8 +173,7 @@ void SpikeDetection::on_before_backward(RunContext&, Module&, const at::Tensor& 
 void SpikeDetection::on_train_batch_end(RunContext& run, Module&, const Batch&, int64_t batch_idx) {
   // A skipped batch (training_step returned no loss) ran no backward: nothing to judge, but
   // every rank still takes part in the decision so that the ranks' collectives pair up.
-  const at::Tensor loss = std::move(loss_);
-  loss_ = at::Tensor();
+  const at::Tensor loss = std::exchange(loss_, at::Tensor());
   SpikeSite site;
   site.batch_idx = batch_idx;
   site.position = " of epoch " + std::to_string(run.state().epoch) + " (global step " +

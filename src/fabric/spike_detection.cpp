@@ -19,7 +19,7 @@ void FabricSpikeDetection::on_train_batch_end(Fabric& fabric, const at::Tensor& 
       return fabric.strategy().reduce_boolean_decision(spike_here, /*all=*/false);
     };
   }
-  detector_.judge(loss.detach(), site);
+  detector_.judge(loss, site);
 }
 
 }  // namespace volt
