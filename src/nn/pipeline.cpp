@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -1078,6 +1079,11 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
     const int64_t i = backwards++;
     const Held mb = std::move(held.front());
     held.pop_front();
+    // These backwards run inside the caller's forward (the training_step, under the precision's
+    // autocast), and autograd runs them with the caller's autocast state: out of autocast, as the
+    // loss's backward after a plain forward runs, or GEMMs a forward kept in fp32 (the CPU size
+    // rule) would differentiate in bf16. Checkpointed layers recompute under the forward's state.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     if (stage_ == last) {
       if (mb.output.requires_grad()) torch::autograd::backward({mb.output});
     } else {

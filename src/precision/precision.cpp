@@ -1,5 +1,6 @@
 #include "volt/precision/precision.h"
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include "volt/core/log.h"
@@ -9,6 +10,12 @@
 namespace volt {
 
 void Precision::backward(const at::Tensor& loss, Module* module) {
+  // Out of autocast, wherever it is called from (manual_backward inside a training_step runs
+  // under the forward's autocast, and autograd runs the backward with the caller's state): the
+  // backward of manual optimization then equals automatic optimization's, and GEMMs a forward
+  // kept in fp32 (the CPU size rule) are not differentiated in bf16. PyTorch's AMP guidance:
+  // backward passes under autocast are not recommended.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   if (module != nullptr) {
     module->backward(loss);
   } else {

@@ -979,8 +979,7 @@ int run_fit(std::map<std::string, std::string>& a) {
     // probe would lower them, and micro-batches round differently in bf16).
     o.precision(std::make_shared<volt::MixedPrecision>(
         volt::MixedPrecisionOptions()
-            .cpu_policy(false)
-            .fp32_ops({"mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "matmul"})
+            .linear_min_macs(std::numeric_limits<int64_t>::max())
             .loss_scaling(true)
             .scaler(volt::GradScalerOptions().init_scale(256.0).growth_interval(100))));
   }

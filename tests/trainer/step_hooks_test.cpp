@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "core/detail/default_steps.h"
@@ -320,6 +321,26 @@ TEST(StepHooks, ManualOptimizationClipsWithClipGradientsAsTheTrainerWould) {
     EXPECT_TRUE(torch::equal(manual.flat_params(), automatic.flat_params()))
         << "loss scaling " << scaling;
   }
+}
+
+TEST(StepHooks, ManualBackwardRunsOutOfAutocastAsAutomaticOptimizationsBackward) {
+  // manual_backward runs inside training_step, under the forward's autocast. With every linear
+  // kept in fp32 by the size rule (which covers linear, addmm and matmul, not the backward's mm),
+  // a backward under autocast would differentiate them in bf16; out of it, manual optimization
+  // equals automatic optimization bit for bit, whatever this CPU's bf16 probe measured.
+  TempDir dir;
+  const auto fp32_linears = [] {
+    return std::make_shared<volt::MixedPrecision>(
+        volt::MixedPrecisionOptions()
+            .linear_min_macs(std::numeric_limits<int64_t>::max())
+            .loss_scaling(true)
+            .scaler(volt::GradScalerOptions().init_scale(1024.0)));
+  };
+  ManualClip manual;
+  TinyClassifier automatic;
+  fit(manual, quiet(dir.path).max_epochs(1).precision(fp32_linears()));
+  fit(automatic, quiet(dir.path).max_epochs(1).precision(fp32_linears()).gradient_clip_val(0.05));
+  EXPECT_TRUE(torch::equal(manual.flat_params(), automatic.flat_params()));
 }
 
 TEST(StepHooks, UnderZeroTheHooksClipGradientsIsTheStrategysShardedClip) {

@@ -51,7 +51,9 @@ class Precision {
   virtual std::shared_ptr<void> forward_context() { return nullptr; }
   /// Backpropagates `loss`: mixed modes scale it first, then `module`'s backward hook runs
   /// (Module::backward, as Lightning's Precision.backward calls the LightningModule's);
-  /// `loss.backward()` when `module` is null (a precision used outside a Trainer).
+  /// `loss.backward()` when `module` is null (a precision used outside a Trainer). The backward
+  /// runs out of autocast even when called inside a forward context (manual_backward in a
+  /// training_step), as automatic optimization's does.
   virtual void backward(const at::Tensor& loss, Module* module);
   /// Makes gradients true-scale (undoes loss scaling); no-op for fp32.
   virtual void unscale_gradients(torch::optim::Optimizer& optimizer) {}
