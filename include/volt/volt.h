@@ -72,6 +72,7 @@
 #include "volt/loggers/csv.h"
 #include "volt/loggers/tensorboard.h"
 #include "volt/nn/checkpoint.h"
+#include "volt/nn/empty_init.h"
 #include "volt/nn/kernel_injection.h"
 #include "volt/nn/parameters.h"
 #include "volt/nn/pipeline.h"

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "io/detail/nested_archive.h"
+#include "nn/detail/empty_init.h"
 #include "optim/detail/step_scheduler.h"
 #include "strategies/detail/stacked_gather_of.h"
 #include "volt/core/check.h"
@@ -433,8 +434,8 @@ at::Tensor Fabric::to_device(const at::Tensor& tensor) {
   return tensor.device() == d ? tensor : tensor.to(d, /*non_blocking=*/true);
 }
 
-std::shared_ptr<void> Fabric::init_module() {
-  return precision_->tensor_init_context();
+std::shared_ptr<void> Fabric::init_module(bool empty_init) {
+  return detail::init_module_context(precision_->tensor_init_context(), empty_init);
 }
 
 std::shared_ptr<void> Fabric::init_tensor() {

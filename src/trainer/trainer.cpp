@@ -10,6 +10,7 @@
 #include <string>
 
 #include "data/detail/stage_loaders.h"
+#include "nn/detail/empty_init.h"
 #include "trainer/detail/run.h"
 #include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
@@ -420,8 +421,9 @@ const TrainerOptions& Trainer::options() const {
 Strategy& Trainer::strategy() const {
   return *impl_->plan.strategy;
 }
-std::shared_ptr<void> Trainer::init_module() const {
-  return impl_->plan.strategy->precision().tensor_init_context();
+std::shared_ptr<void> Trainer::init_module(bool empty_init) const {
+  return detail::init_module_context(impl_->plan.strategy->precision().tensor_init_context(),
+                                     empty_init);
 }
 const std::vector<std::shared_ptr<Callback>>& Trainer::callbacks() const {
   return impl_->callbacks;

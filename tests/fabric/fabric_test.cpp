@@ -23,6 +23,7 @@
 #include "training_jobs.h"
 #include "volt/accelerators/cpu_memory.h"
 #include "volt/core/registry.h"
+#include "volt/nn/empty_init.h"
 #include "volt/nn/pipeline.h"
 #include "volt/strategies/deepspeed.h"
 #include "volt/trainer/checkpoint.h"
@@ -335,6 +336,45 @@ TEST(Fabric, InitModuleBuildsInTheDtypeThePrecisionTrains) {
       },
       std::runtime_error);
   EXPECT_EQ(at::empty({1}).scalar_type(), at::kFloat);
+}
+
+// init_module(true) (Lightning's empty_init=True): no initializer runs on the parameters (the
+// generator draws nothing for them) and fabric.load gives the model its weights; with bf16-true
+// the parameters are bfloat16 as well.
+TEST(Fabric, InitModuleWithEmptyInitLeavesTheWeightsToTheCheckpoint) {
+  volt_test::TempDir dir;
+  torch::manual_seed(11);
+  auto ref = std::make_shared<TinyClassifier>();
+  {
+    volt::Fabric fabric(cpu().precision("bf16-true"));
+    fabric.setup(ref);
+    volt::FabricState state;
+    fabric.save(dir / "ref.ckpt", state.module("model", *ref));
+  }
+  volt::Fabric fabric(cpu().precision("bf16-true"));
+  torch::manual_seed(5);
+  const at::Tensor fresh = torch::rand({8});
+  torch::manual_seed(5);
+  std::shared_ptr<TinyClassifier> empty;
+  {
+    auto init = fabric.init_module(/*empty_init=*/true);
+    ASSERT_NE(init, nullptr);
+    EXPECT_TRUE(volt::EmptyInit::active());
+    empty = std::make_shared<TinyClassifier>();
+  }
+  EXPECT_FALSE(volt::EmptyInit::active());
+  EXPECT_TRUE(torch::equal(torch::rand({8}), fresh)) << "an initializer ran";
+  EXPECT_EQ(empty->fc1->weight.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(at::empty({1}).scalar_type(), at::kFloat);
+  fabric.setup(empty);
+  volt::FabricState state;
+  fabric.load(dir / "ref.ckpt", state.module("model", *empty));
+  EXPECT_TRUE(torch::equal(empty->flat_params(), ref->flat_params()));
+  // Under 32-true the guard alone (the precision has no context of its own).
+  volt::Fabric fp32(cpu());
+  auto init = fp32.init_module(true);
+  EXPECT_NE(init, nullptr);
+  EXPECT_TRUE(volt::EmptyInit::active());
 }
 
 // The pipeline strategy under Fabric splits one module holding one volt::Pipeline: a module

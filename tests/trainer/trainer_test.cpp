@@ -328,6 +328,32 @@ TEST(Trainer, InitModuleBuildsBf16TrueModelsInBfloat16) {
   EXPECT_EQ(fp32.init_module(), nullptr);
 }
 
+// init_module(true): a model whose weights a checkpoint replaces is built without running its
+// initializers (the generator draws nothing for them), in bfloat16 under bf16-true, and
+// load_weights gives it the trained weights.
+TEST(Trainer, InitModuleWithEmptyInitLeavesTheWeightsToTheCheckpoint) {
+  volt_test::TempDir dir;
+  volt::Trainer first(volt_test::quiet(dir.path).precision("bf16-true").max_epochs(1));
+  auto trained = std::make_shared<TinyClassifier>();
+  first.fit(*trained, volt_test::loader(volt_test::blobs(64), 16));
+  first.save_checkpoint(dir / "trained.ckpt", /*weights_only=*/true);
+  volt::Trainer trainer(volt_test::quiet(dir.path).precision("bf16-true"));
+  torch::manual_seed(5);
+  const at::Tensor fresh = torch::rand({8});
+  torch::manual_seed(5);
+  std::shared_ptr<TinyClassifier> m;
+  {
+    auto init = trainer.init_module(/*empty_init=*/true);
+    m = std::make_shared<TinyClassifier>();
+  }
+  EXPECT_TRUE(torch::equal(torch::rand({8}), fresh)) << "an initializer ran";
+  EXPECT_FALSE(volt::EmptyInit::active());
+  EXPECT_EQ(m->fc1->weight.scalar_type(), at::kBFloat16);
+  volt::load_weights(*m, dir / "trained.ckpt");
+  EXPECT_TRUE(torch::equal(m->flat_params(), trained->flat_params()));
+  EXPECT_NE(volt::Trainer(volt_test::quiet(dir.path)).init_module(true), nullptr);
+}
+
 TEST(Trainer, ExceptionInAHookEndsCleanlyAndKeepsTheLastCheckpoint) {
   volt_test::TempDir dir;
   TinyClassifier model;

@@ -175,17 +175,19 @@ class Fabric {
   /// parameters and buffers are made in the dtype the precision trains them in (bf16-true:
   /// bfloat16), so a large model never holds an fp32 copy; nothing changes under the precisions
   /// whose weights stay fp32. Departure: C++ has no default device, so the tensors are made on
-  /// the CPU and setup() moves them (a CUDA run's model passes through host memory), and there
-  /// is no empty_init (torch::nn's initializers cannot be skipped from outside). The dtype is
-  /// the process's default while the object lives (as torch.set_default_dtype): build on one
-  /// thread, with no other thread making tensors meanwhile.
+  /// the CPU and setup() moves them (a CUDA run's model passes through host memory). The dtype
+  /// is the process's default while the object lives (as torch.set_default_dtype): build on one
+  /// thread, with no other thread making tensors meanwhile. `empty_init`: the parameters'
+  /// initializers do not run (volt::EmptyInit, volt/nn/empty_init.h), for a model whose
+  /// weights a checkpoint replaces next (`fabric.load`); Lightning's default (None) is false
+  /// under every volt strategy.
   ///
   ///   std::shared_ptr<Net> model;
   ///   {
   ///     auto init = fabric.init_module();
   ///     model = std::make_shared<Net>();  // bfloat16 parameters under "bf16-true"
   ///   }
-  [[nodiscard]] std::shared_ptr<void> init_module();
+  [[nodiscard]] std::shared_ptr<void> init_module(bool empty_init = false);
   /// The same for tensors the loop makes (Lightning's fabric.init_tensor()).
   [[nodiscard]] std::shared_ptr<void> init_tensor();
 

@@ -78,7 +78,9 @@ class Trainer {
   /// bfloat16), so a large model never holds an fp32 copy; nothing changes under the precisions
   /// whose weights stay fp32. Made on the CPU (C++ has no default device; fit moves them). The
   /// dtype is the process's default while the object lives (as torch.set_default_dtype).
-  [[nodiscard]] std::shared_ptr<void> init_module() const;
+  /// `empty_init`: the parameters' initializers do not run (volt::EmptyInit,
+  /// volt/nn/empty_init.h), for a model whose weights a checkpoint replaces before use.
+  [[nodiscard]] std::shared_ptr<void> init_module(bool empty_init = false) const;
 
   const LoopState& state() const;
   const Metrics& callback_metrics() const;
