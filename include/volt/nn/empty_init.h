@@ -18,9 +18,8 @@ namespace volt {
 ///
 ///   std::shared_ptr<Net> model;
 ///   {
-///     volt::EmptyInit empty;             // or trainer.init_module(true) /
-///     fabric.init_module(true) model = std::make_shared<Net>();  // no initializer runs on its
-///     parameters
+///     volt::EmptyInit empty;            // or: auto init = trainer.init_module(true);
+///     model = std::make_shared<Net>();  // its parameters' initializers do not run
 ///   }
 ///   volt::load_weights(*model, "last.ckpt");
 class EmptyInit {

@@ -1,11 +1,13 @@
 #pragma once
 // One dispatcher fallback shared by the components that must see ops on tensors they do not
 // own the code of (C++ modules have no forward hooks and `forward` is not virtual):
-// ZeroEngine (stage 3 gathers a parameter before an op reads it) and TensorParallelEngine
-// (a row-parallel Linear all-reduces its output). A boxed fallback on one functionality key sees
-// every op while that key is in the thread's included set (autograd carries the set into
-// backward). DeferredInit is torchdistx's key; libtorch registers nothing on it, so in a C++
-// process this fallback is the only kernel there (registering a second one would fail loudly).
+// ZeroEngine (stage 3 gathers a parameter before an op reads it), TensorParallelEngine
+// (a row-parallel Linear all-reduces its output), SyncBatchNorm and EmptyInit (src/nn: an
+// initializer writing a parameter is skipped while a guard lives on the thread). A boxed fallback
+// on one functionality key sees every op while that key is in the thread's included set (autograd
+// carries the set into backward). DeferredInit is torchdistx's key; libtorch registers nothing on
+// it, so in a C++ process this fallback is the only kernel there (registering a second one would
+// fail loudly).
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
