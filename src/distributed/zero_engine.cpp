@@ -202,10 +202,34 @@ struct ZeroEngine::Hooks {
 ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<ProcessGroup> group,
                        ZeroEngineOptions options,
                        const std::map<const c10::TensorImpl*, std::string>& names)
-    : optimizer_(optimizer),
+    : optimizer_(&optimizer),
       group_(std::move(group)),
       options_(options),
       comm_(std::make_unique<Comm>()) {
+  VOLT_CHECK(optimizer.state().empty(), ConfigError, kTag,
+             " the optimizer has already stepped; partition it before its first step.");
+  std::vector<std::vector<at::Tensor>> groups;
+  for (auto& pg : optimizer.param_groups()) groups.push_back(pg.params());
+  partition(groups, names);
+}
+
+ZeroEngine::ZeroEngine(const std::vector<at::Tensor>& parameters,
+                       std::shared_ptr<ProcessGroup> group, ZeroEngineOptions options,
+                       const std::map<const c10::TensorImpl*, std::string>& names)
+    : optimizer_(nullptr),
+      group_(std::move(group)),
+      options_(options),
+      comm_(std::make_unique<Comm>()) {
+  VOLT_CHECK(options_.stage() == 3, ConfigError, kTag, " stage=", options_.stage(),
+             " without an optimizer partitions nothing that a forward reads; ZeRO-Inference "
+             "needs stage 3 (or pass the optimizer to partition its state).");
+  // Nothing is stepped: no master copies to keep.
+  options_.master_weights(false).offload_optimizer(false);
+  partition({parameters}, names);
+}
+
+void ZeroEngine::partition(const std::vector<std::vector<at::Tensor>>& param_groups,
+                           const std::map<const c10::TensorImpl*, std::string>& names) {
   VOLT_CHECK(group_ != nullptr, ConfigError, kTag, " needs a process group.");
   VOLT_CHECK(options_.stage() >= 1 && options_.stage() <= 3, ConfigError, kTag,
              " stage=", options_.stage(), " is not a ZeRO stage; use 1, 2 or 3.");
@@ -220,20 +244,19 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
              kTag, " reduce_bucket_size=", options_.reduce_bucket_size(),
              " and allgather_bucket_size=", options_.allgather_bucket_size(),
              " must be > 0 (elements).");
-  VOLT_CHECK(optimizer_.state().empty(), ConfigError, kTag,
-             " the optimizer has already stepped; partition it before its first step.");
   const int64_t world = group_->world_size();
   const int64_t rank = group_->rank();
   std::unordered_set<const c10::TensorImpl*> seen;
   c10::optional<c10::ScalarType> dtype;
   int64_t group_index = 0;
-  for (auto& pg : optimizer_.param_groups()) {
-    for (const auto& p : pg.params()) {
+  for (const auto& params : param_groups) {
+    for (const auto& p : params) {
       if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied: one owner
       auto it = names.find(p.unsafeGetTensorImpl());
       VOLT_CHECK(it != names.end(), ConfigError, kTag, " an optimizer parameter (shape ", p.sizes(),
                  ") is not a parameter of the module; optimize module parameters.");
-      VOLT_CHECK(p.requires_grad() && p.is_leaf(), ConfigError, kTag, " parameter '", it->second,
+      VOLT_CHECK(!trains() || (p.requires_grad() && p.is_leaf()), ConfigError, kTag, " parameter '",
+                 it->second,
                  "' does not require grad; leave frozen parameters out of the optimizer.");
       VOLT_CHECK(p.is_floating_point() && p.is_contiguous() && !p.is_sparse(), ConfigError, kTag,
                  " parameter '", it->second, "' is ", p.scalar_type(),
@@ -260,9 +283,11 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
     }
     ++group_index;
   }
-  VOLT_CHECK(!chunks_.empty(), ConfigError, kTag, " the optimizer has no parameters.");
+  VOLT_CHECK(!chunks_.empty(), ConfigError, kTag,
+             trains() ? " the optimizer has no parameters." : " the module has no parameters.");
   const c10::Device device = chunks_.front().parameter.device();
-  VOLT_CHECK(!options_.offload_parameters() || device.is_cpu() || options_.offload_optimizer(),
+  VOLT_CHECK(!options_.offload_parameters() || device.is_cpu() || options_.offload_optimizer() ||
+                 !trains(),
              ConfigError, kTag, " offload_parameters with parameters on ", device,
              " needs offload_optimizer too (the optimizer steps the host chunks); set "
              "offload_optimizer=true.");
@@ -301,7 +326,7 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
   pending_.assign(buckets_.size(), 0);
   ready_.assign(chunks_.size(), false);
 
-  if (options_.stage() >= 2) {
+  if (options_.stage() >= 2 && trains()) {
     int64_t total = 0;
     for (const auto& c : chunks_) total += c.length;
     grad_shard_ = torch::zeros({total}, chunks_.front().parameter.options().requires_grad(false));
@@ -313,7 +338,7 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
   }
 
   hooks_ = std::make_unique<Hooks>();
-  for (size_t i = 0; i < chunks_.size(); ++i) {
+  for (size_t i = 0; i < chunks_.size() && trains(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(chunks_[i].parameter);
     VOLT_ASSERT(acc != nullptr, "a leaf parameter has no gradient accumulator");
     hooks_->keys.push_back(
@@ -348,8 +373,9 @@ ZeroEngine::ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<Proce
     reset_master_weights();
   }
   swap_out_shard();  // param_swap_file: the chunks live in the file from now on
+  if (!trains()) return;
   // The optimizer steps this rank's chunks (or their masters) from now on.
-  auto& groups = optimizer_.param_groups();
+  auto& groups = optimizer_->param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
     std::vector<at::Tensor> views;
     for (const auto& c : chunks_) {
@@ -817,6 +843,9 @@ int64_t ZeroEngine::world_size() const {
 }
 
 void ZeroEngine::backward(const std::function<void()>& run_backward, bool sync) {
+  VOLT_CHECK(trains(), ValueError, kTag,
+             " backward() through a ZeRO-Inference engine (set up without an optimizer): it "
+             "reduces no gradients; set the module up with its optimizer to train it.");
   if (options_.stage() == 1 && !sync) {
     // Accumulate full gradients locally; the synced backward reduces their sum.
     run_backward();
@@ -1173,8 +1202,10 @@ ZeroMemory ZeroEngine::memory() const {
     if (c.master.defined()) grads.push_back(c.master.grad());  // only between prepare and step
   }
   if (param_shard_.defined()) params.push_back(param_shard_);
-  for (const auto& kv : optimizer_.state()) {
-    for (auto& t : detail::state_tensors(*kv.second)) state.push_back(t);
+  if (optimizer_ != nullptr) {
+    for (const auto& kv : optimizer_->state()) {
+      for (auto& t : detail::state_tensors(*kv.second)) state.push_back(t);
+    }
   }
   m.parameters = detail::storage_bytes(params);
   m.gradients = detail::storage_bytes(grads);

@@ -400,6 +400,11 @@ void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
   auto s = std::make_unique<SetUp>();
   s->user = module;
   s->module = as_volt ? as_volt : std::make_shared<HeldModule>(*module);
+  // A module set up without optimizers is only evaluated: ZeRO stage 3 partitions its weights
+  // alone (ZeRO-Inference).
+  LoopSettings loop = strategy_->loop_settings();
+  loop.fitting = !optimizers.empty();
+  strategy_->set_loop_settings(loop);
   strategy_->setup_module(*s->module);
   std::vector<OptimizerConfig> configs(optimizers.begin(), optimizers.end());
   strategy_->setup_optimizers(*s->module, configs);

@@ -765,9 +765,89 @@ void DeepSpeedStrategy::setup_module(Module& module) {
   for (const auto& p : module.named_parameters(true)) {
     names.emplace(p.value().unsafeGetTensorImpl(), p.key());
   }
+  // validate / test / predict (or a Fabric module without optimizers): no optimizer will come,
+  // so stage 3 partitions the weights now.
+  if (!loop_.fitting && options_.stage() == 3) setup_inference_engine(module);
+}
+
+void DeepSpeedStrategy::setup_inference_engine(Module& module) {
+  // This module's engine from an earlier call goes.
+  engines_.erase(&module);
+  owners_.erase(&module);
+  const bool offload_to_host = options_.offload_parameters() && accelerator_->name() != "cpu";
+  if (world_size() == 1 && !nvme_parameters() && !offload_to_host) {
+    log_info("DeepSpeedStrategy",
+             "stage 3 at one rank without an optimizer: the weights stay whole (partitioning "
+             "them would only add a copy); offload_parameters to \"nvme\" streams them from "
+             "files.");
+    return;
+  }
+  // One dtype per engine: the weights in the first floating-point parameter's dtype are
+  // partitioned, any other stays whole (as do non-contiguous ones).
+  std::vector<at::Tensor> params;
+  int64_t whole = 0;
+  c10::optional<at::ScalarType> dtype;
+  for (const auto& p : distinct_parameters(module)) {
+    if (!p.is_floating_point()) continue;
+    if (!dtype) dtype = p.scalar_type();
+    if (p.scalar_type() == *dtype && p.is_contiguous() && !p.is_sparse()) {
+      params.push_back(p);
+    } else {
+      ++whole;
+    }
+  }
+  if (params.empty()) return;
+  if (whole > 0) {
+    log_info("DeepSpeedStrategy", std::to_string(whole) + " parameter(s) in another dtype than " +
+                                      c10::toString(*dtype) + " or not contiguous stay whole.");
+  }
+  if (nvme_parameters() && nvme_rank_dir_.empty()) make_nvme_folder();
+  auto engine = std::make_unique<ZeroEngine>(
+      params, group_, engine_options().stage(3).offload_parameters(offload_to_host),
+      names_[&module]);
+  ++nvme_files_;
+  const ZeroMemory m = engine->memory();
+  int64_t full = 0;
+  for (const auto& c : engine->chunks()) full += c.numel * c.parameter.element_size();
+  log_info("DeepSpeedStrategy",
+           "ZeRO-Inference (stage 3 without an optimizer): parameters " +
+               std::to_string(m.parameters) + " bytes in memory" +
+               (m.parameters_in_files > 0 ? " and " + std::to_string(m.parameters_in_files) +
+                                                " in '" + nvme_rank_dir_ + "'"
+                                          : std::string()) +
+               " of " + std::to_string(full) +
+               " on this rank; each module's weights are gathered while it runs.");
+  engines_[&module] = std::move(engine);
+  owners_[&module] = &module;
+}
+
+ZeroEngineOptions DeepSpeedStrategy::engine_options() const {
+  return ZeroEngineOptions()
+      .stage(options_.stage())
+      .reduce_bucket_size(options_.reduce_bucket_size())
+      .allgather_bucket_size(options_.allgather_bucket_size())
+      .param_persistence_threshold(options_.param_persistence_threshold())
+      .max_live_parameters(options_.max_live_parameters())
+      .master_weights(options_.master_weights())
+      .ignore_unused_parameters(options_.ignore_unused_parameters())
+      .overlap_comm(options_.overlap_comm())
+      .prefetch_bucket_size(options_.prefetch_bucket_size())
+      .param_swap_file(nvme_parameters()
+                           ? nvme_rank_dir_ + "/parameters" + std::to_string(nvme_files_) + ".swp"
+                           : "")
+      .aio_block_size(options_.aio_block_size())
+      .aio_queue_depth(options_.aio_queue_depth())
+      .aio_use_uring(options_.aio_use_uring());
+}
+
+ZeroEngine* DeepSpeedStrategy::inference_engine(const Module& module) const {
+  auto it = engines_.find(&module);
+  return it == engines_.end() ? nullptr : it->second.get();
 }
 
 void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) {
+  // A Fabric module set up without optimizers (setup_module partitioned it for inference).
+  if (!loop_.fitting && optimizers.empty()) return;
   VOLT_CHECK(!inference_only(), NotAvailable, kTag,
              " tensor_parallel (tp_size=", options_.tensor_parallel().tp_size(), "), dtype=\"",
              options_.dtype(),
@@ -863,7 +943,7 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
       continue;
     }
     engines_.erase(it->first);
-    swappers_.erase(it->first);
+    swappers_.erase(static_cast<const torch::optim::Optimizer*>(it->first));
     it = owners_.erase(it);
   }
   if ((nvme_optimizer() || nvme_parameters()) && nvme_rank_dir_.empty()) make_nvme_folder();
@@ -881,27 +961,10 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
                     "' is untested with ZeRO: the partitioned step equals "
                     "the unpartitioned one only for elementwise updates.");
     }
+    ZeroEngineOptions o = engine_options();
+    if (whole_at_one_rank) o.param_persistence_threshold(std::numeric_limits<int64_t>::max());
     engines_[&opt] = std::make_unique<ZeroEngine>(
-        opt, group_,
-        ZeroEngineOptions()
-            .stage(options_.stage())
-            .reduce_bucket_size(options_.reduce_bucket_size())
-            .allgather_bucket_size(options_.allgather_bucket_size())
-            .param_persistence_threshold(whole_at_one_rank ? std::numeric_limits<int64_t>::max()
-                                                           : options_.param_persistence_threshold())
-            .max_live_parameters(options_.max_live_parameters())
-            .master_weights(options_.master_weights())
-            .offload_optimizer(offload_to_host)
-            .offload_parameters(parameters_to_host)
-            .ignore_unused_parameters(options_.ignore_unused_parameters())
-            .overlap_comm(options_.overlap_comm())
-            .prefetch_bucket_size(options_.prefetch_bucket_size())
-            .param_swap_file(nvme_parameters() ? nvme_rank_dir_ + "/parameters" +
-                                                     std::to_string(nvme_files_) + ".swp"
-                                               : "")
-            .aio_block_size(options_.aio_block_size())
-            .aio_queue_depth(options_.aio_queue_depth())
-            .aio_use_uring(options_.aio_use_uring()),
+        opt, group_, o.offload_optimizer(offload_to_host).offload_parameters(parameters_to_host),
         names_[&module]);
     owners_[&opt] = &module;
     ++nvme_files_;
@@ -946,7 +1009,10 @@ void DeepSpeedStrategy::backward_through(const at::Tensor& loss,
   // reduce.
   std::vector<std::pair<ZeroEngine*, bool>> chain;
   for (const Reached& r : modules) {
-    for (ZeroEngine* e : engines_of(*r.module)) chain.emplace_back(e, r.sync_gradients);
+    for (ZeroEngine* e : engines_of(*r.module)) {
+      // A ZeRO-Inference engine (a module set up without optimizers) reduces nothing.
+      if (e->trains()) chain.emplace_back(e, r.sync_gradients);
+    }
   }
   auto open = scopes();
   Module* hook = modules.empty() ? nullptr : modules.front().module;
@@ -1408,9 +1474,13 @@ InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
   }
   const FolderMeta meta = folder_meta(path);
   // This rank's own shard at the same world size, unless it holds stage-3 weight chunks and
-  // nothing partitions the weights now (validate/test/predict, another stage); else the full
-  // state, from which this rank takes its chunks.
-  if (meta.world_size == world_size() && (meta.stage < 3 || partitions_parameters())) {
+  // nothing partitions the weights for training now (another stage, or ZeRO-Inference, whose
+  // partition differs: frozen parameters too, and the weights are the fp32 masters rather than
+  // their bf16 roundings); else the full state, from which this rank takes its chunks.
+  const bool inference = std::any_of(engines_.begin(), engines_.end(),
+                                     [](const auto& kv) { return !kv.second->trains(); });
+  if (meta.world_size == world_size() &&
+      (meta.stage < 3 || (partitions_parameters() && !inference))) {
     return checkpoint_io_->load(shard_file(path, rank(), meta.world_size));
   }
   return load_consolidated_zero_checkpoint(path);

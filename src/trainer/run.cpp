@@ -354,7 +354,8 @@ void Run::setup_run(Module& m, Stage stage) {
   // synchronising with other threads' mallocs. Logged below, once the rank is known.
   if (opts.reuse_host_memory()) reuse_freed_host_memory();
   strategy().set_config_fingerprint(config_fingerprint());
-  strategy().set_loop_settings({opts.accumulate_grad_batches(), opts.gradient_clip_val()});
+  strategy().set_loop_settings(
+      {opts.accumulate_grad_batches(), opts.gradient_clip_val(), stage == Stage::kFit});
   strategy().launch();
   strategy().setup_environment();
   // Once per process, after the strategy set the rank (only rank 0 prints info).

@@ -397,6 +397,67 @@ TEST(ZeroEngine, MasterWeightsKeepTheUpdatesThatBf16WeightsRoundAway) {
   EXPECT_GT(unmoved, 0.5);
 }
 
+// ZeRO-Inference: without an optimizer, stage 3 partitions every weight (a frozen one too),
+// gathers a module's weights while an op reads them inside a scope, reduces nothing, and gives
+// the module back whole and unchanged.
+TEST(ZeroEngine, WithoutAnOptimizerStageThreePartitionsTheWeightsForInference) {
+  VOLT_REQUIRE_GLOO();
+  auto group = world_of_one();
+  auto ref = mlp(), net = mlp();
+  auto* first = net[0]->as<torch::nn::Linear>();
+  first->bias.set_requires_grad(false);  // frozen: partitioned all the same
+  const auto x = torch::randn({5, 6});
+  const auto want = ref->forward(x);
+  volt::ZeroEngine engine(net->parameters(), group,
+                          volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0),
+                          names_of(*net));
+  EXPECT_FALSE(engine.trains());
+  ASSERT_EQ(engine.chunks().size(), 4u);
+  for (const auto& c : engine.chunks()) EXPECT_TRUE(c.partitioned) << c.name;
+  EXPECT_EQ(first->weight.storage().nbytes(), 0u);
+  EXPECT_EQ(first->bias.storage().nbytes(), 0u);
+  const volt::ZeroMemory m = engine.memory();
+  EXPECT_EQ(m.parameters, static_cast<int64_t>(sizeof(float)) * (6 * 8 + 8 + 8 * 3 + 3));
+  EXPECT_EQ(m.gradients, 0);
+  EXPECT_EQ(m.optimizer_state, 0);
+  EXPECT_EQ(m.master_weights, 0);
+  {
+    volt::ZeroEngine::Scope scope(engine);
+    c10::InferenceMode inference;
+    EXPECT_TRUE(torch::equal(net->forward(x), want));
+  }
+  EXPECT_EQ(first->weight.storage().nbytes(), 0u);  // released again
+  // Nothing to reduce: a backward through it is a misuse, named.
+  try {
+    engine.backward([] {}, /*sync=*/true);
+    FAIL() << "an inference engine ran a backward";
+  } catch (const volt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("without an optimizer"), std::string::npos) << e.what();
+  }
+  engine.restore_parameters();
+  const auto ref_params = ref->parameters(), params = net->parameters();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], ref_params[i]));
+  EXPECT_FALSE(first->bias.requires_grad());
+}
+
+TEST(ZeroEngine, InferenceWithoutStageThreeIsAConfigError) {
+  VOLT_REQUIRE_GLOO();
+  auto group = world_of_one();
+  auto net = mlp();
+  for (int64_t stage : {1, 2}) {
+    try {
+      volt::ZeroEngine engine(net->parameters(), group, volt::ZeroEngineOptions().stage(stage),
+                              names_of(*net));
+      FAIL() << "stage " << stage << " without an optimizer was accepted";
+    } catch (const volt::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("needs stage 3"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(volt::ZeroEngine(std::vector<at::Tensor>{}, group,
+                                volt::ZeroEngineOptions().stage(3), names_of(*net)),
+               volt::ConfigError);
+}
+
 TEST(ZeroEngine, BadOptionsAndASteppedOptimizerAreConfigErrors) {
   VOLT_REQUIRE_GLOO();
   auto group = world_of_one();

@@ -573,6 +573,81 @@ TEST(Fabric, ZeroNvmeOffloadGivesEachModuleItsOwnSwapFiles) {
       << (plain.flat() - zero.flat()).abs().max().item<double>();
 }
 
+// A module set up without optimizers is only evaluated: stage 3 partitions its weights alone
+// (ZeRO-Inference; at one rank into NVMe files, the first swap file of the run), a distillation
+// loop trains the student as the hand-written loop does, and the teacher leaves whole and
+// unchanged.
+TEST(Fabric, ZeroPartitionsAModuleSetUpWithoutOptimizersForInference) {
+  VOLT_REQUIRE_GLOO();
+  const auto make = [] {
+    torch::manual_seed(9);
+    torch::nn::Sequential teacher(torch::nn::Linear(8, 32), torch::nn::Tanh(),
+                                  torch::nn::Linear(32, 4));
+    torch::nn::Sequential student(torch::nn::Linear(8, 4));
+    return std::make_pair(teacher, student);
+  };
+  const auto flat = [](const torch::nn::Module& m) {
+    std::vector<at::Tensor> all;
+    for (const auto& p : m.parameters()) all.push_back(p.detach().reshape({-1}));
+    return at::cat(all);
+  };
+  const auto distill = [](torch::nn::Sequential& teacher, torch::nn::Sequential& student,
+                          torch::optim::Optimizer& opt, volt::Fabric* fabric) {
+    auto loader = volt_test::loader(volt_test::blobs(64, 8), 16);
+    for (volt::Batch& b : loader.stream(0)) {
+      at::Tensor target, loss;
+      {
+        auto context = fabric ? fabric->forward_context(teacher) : nullptr;
+        torch::NoGradGuard no_grad;
+        target = teacher->forward(b.input);
+      }
+      {
+        auto context = fabric ? fabric->forward_context(student) : nullptr;
+        loss = torch::mse_loss(student->forward(b.input), target);
+      }
+      if (fabric) {
+        fabric->backward(loss);
+        fabric->step(opt);
+        fabric->zero_grad(opt);
+      } else {
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+      }
+    }
+  };
+  auto [plain_teacher, plain_student] = make();
+  torch::optim::SGD plain_opt(plain_student->parameters(), torch::optim::SGDOptions(0.1));
+  distill(plain_teacher, plain_student, plain_opt, nullptr);
+
+  auto [teacher, student] = make();
+  const at::Tensor teacher_before = flat(*teacher);
+  auto opt =
+      std::make_shared<torch::optim::SGD>(student->parameters(), torch::optim::SGDOptions(0.1));
+  volt_test::TempDir nvme;
+  {
+    volt::Fabric fabric(cpu().strategy(volt::named<volt::Strategy>(
+        "deepspeed_stage_3_offload_nvme",
+        {{"nvme_path", nvme.path}, {"param_persistence_threshold", int64_t{0}}})));
+    fabric.setup(teacher);
+    fabric.setup(student, {opt});
+    EXPECT_EQ(teacher[0]->as<torch::nn::Linear>()->weight.storage().nbytes(), 0u);
+    distill(teacher, student, *opt, &fabric);
+    EXPECT_EQ(teacher[0]->as<torch::nn::Linear>()->weight.storage().nbytes(), 0u);
+    const auto& ds = dynamic_cast<const volt::DeepSpeedStrategy&>(fabric.strategy());
+    std::vector<std::string> files;
+    for (const auto& f : std::filesystem::directory_iterator(ds.nvme_folder())) {
+      files.push_back(f.path().filename().string());
+    }
+    std::sort(files.begin(), files.end());
+    EXPECT_EQ(files, (std::vector<std::string>{"optimizer1.swp", "owner.lock", "parameters0.swp",
+                                               "parameters1.swp"}));
+  }
+  EXPECT_TRUE(torch::equal(flat(*teacher), teacher_before));
+  EXPECT_TRUE(at::allclose(flat(*student), flat(*plain_student), 0, 1e-6))
+      << (flat(*student) - flat(*plain_student)).abs().max().item<double>();
+}
+
 // bf16-mixed under ZeRO (master weights): each set-up module trains in bf16 against fp32
 // masters, and each is fp32 again, with its masters' values, when the Fabric is destroyed.
 TEST(Fabric, ZeroBf16MixedCastsEachModuleAndGivesEachItsMastersBack) {

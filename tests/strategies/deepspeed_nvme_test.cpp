@@ -505,4 +505,75 @@ TEST(DeepSpeedNvme, TheRegisteredNameAndTheJsonKeysReachTheOptions) {
   EXPECT_EQ(p->deepspeed_options().nvme_path(), dir.path);
 }
 
+// One process fits with stage 3's parameter chunks in an NVMe file, then validates and predicts.
+// Those entry points set up no optimizer and keep the weights in a file too (ZeRO-Inference:
+// nothing of them in memory between batches), the validation loss is fit's last one bit for
+// bit, the predictions are the whole module's, and no swap file is left.
+TEST(DeepSpeedNvme, AfterFitValidateAndPredictKeepTheWeightsInTheirFile) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::string nvme = dir / "nvme";
+  std::filesystem::create_directories(nvme);
+  auto strategy =
+      std::make_shared<volt::DeepSpeedStrategy>(volt::DeepSpeedStrategyOptions()
+                                                    .stage(3)
+                                                    .offload_parameters(true)
+                                                    .offload_parameters_device("nvme")
+                                                    .nvme_path(nvme)
+                                                    .param_persistence_threshold(0),
+                                                volt::registry().accelerators.create("cpu"),
+                                                volt::registry().precisions.create("32-true"), 1);
+  // At each evaluation batch's end: the inference engine's bytes, and whether fc1 is released.
+  struct Probe : volt::Callback {
+    explicit Probe(volt::DeepSpeedStrategy* s) : strategy(s) {}
+    std::string state_key() const override { return "Probe"; }
+    void read(volt::Module& module) {
+      const volt::ZeroEngine* e = strategy->inference_engine(module);
+      if (e == nullptr) return;
+      ++batches;
+      in_memory = std::max(in_memory, e->memory().parameters);
+      in_files = e->memory().parameters_in_files;
+      auto& net = dynamic_cast<volt_test::TinyClassifier&>(module);
+      released = released && net.fc1->weight.storage().nbytes() == 0;
+    }
+    void on_validation_batch_end(volt::RunContext&, volt::Module& m, const volt::Batch&,
+                                 int64_t) override {
+      read(m);
+    }
+    void on_predict_batch_end(volt::RunContext&, volt::Module& m, const at::Tensor&,
+                              const volt::Batch&, int64_t) override {
+      read(m);
+    }
+    volt::DeepSpeedStrategy* strategy;
+    int64_t batches = 0, in_memory = 0, in_files = 0;
+    bool released = true;
+  };
+  auto probe = std::make_shared<Probe>(strategy.get());
+  volt_test::TinyClassifier model;
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .max_epochs(2)
+                            .strategy(volt::Spec<volt::Strategy>(strategy))
+                            .callbacks({probe}));
+  const auto val_data = volt_test::blobs(48, 8, 5);
+  const auto val = volt_test::loader(val_data, 16, /*shuffle=*/false);
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)), val);
+  const double fit_val_loss = trainer.callback_metrics().at("val_loss");
+  EXPECT_EQ(probe->batches, 0);  // fit's validation runs on the training engine
+  const volt::Metrics metrics = trainer.validate(model, val);
+  EXPECT_EQ(metrics.at("val_loss"), fit_val_loss);
+  EXPECT_EQ(probe->batches, 3);
+  const auto predictions = trainer.predict(model, val);
+  EXPECT_EQ(probe->batches, 6);
+  EXPECT_EQ(probe->in_memory, 0);
+  const int64_t weights = (8 * 16 + 16 + 16 * 2 + 2) * static_cast<int64_t>(sizeof(float));
+  EXPECT_EQ(probe->in_files, weights);
+  EXPECT_TRUE(probe->released);
+  // The module is whole again: its own forward gives the predictions.
+  model.eval();
+  torch::NoGradGuard no_grad;
+  ASSERT_EQ(predictions.size(), 3u);
+  EXPECT_TRUE(torch::equal(torch::cat(predictions), model.forward(val_data->inputs()).argmax(1)));
+  EXPECT_TRUE(empty_dir(nvme));
+}
+
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
 #include <regex>
 
@@ -712,6 +713,86 @@ TEST(DeepSpeed, ConsolidatingABf16FolderGivesTheFp32MasterWeights) {
       EXPECT_TRUE(torch::equal(p.value(), t)) << "stage " << stage << " " << p.key();
     }
   }
+}
+
+// ------------------------------------------------------------------------------ ZeRO-Inference
+
+struct Evaluated {
+  double val_loss = -1, params = -1, in_files = -1, full = -1, pred_diff = -1;
+  int batches = -1, released = -1;
+};
+
+Evaluated evaluated(const std::string& output, int rank) {
+  std::smatch m;
+  const std::regex re("rank " + std::to_string(rank) +
+                      " evaluated val_loss=(\\S+) batches=(\\d+) infer_params=(-?\\d+) "
+                      "infer_in_files=(-?\\d+) infer_full=(-?\\d+) released=(\\d) "
+                      "pred_diff=(\\S+)");
+  EXPECT_TRUE(std::regex_search(output, m, re)) << output;
+  if (m.size() < 8) return {};
+  Evaluated e;
+  e.val_loss = std::stod(m[1]);
+  e.batches = std::stoi(m[2]);
+  e.params = std::stod(m[3]);
+  e.in_files = std::stod(m[4]);
+  e.full = std::stod(m[5]);
+  e.released = std::stoi(m[6]);
+  e.pred_diff = std::stod(m[7]);
+  return e;
+}
+
+// validate and predict under stage 3 (no optimizer: ZeRO-Inference) keep each rank's chunks of
+// the weights and gather a layer's weights while it runs, as training does: the validation loss
+// equals one process's from the same shard folder, each prediction equals what the whole module
+// computes, each rank holds half the weights between steps, and the module leaves whole with the
+// checkpoint's weights. At one rank the weights partition into NVMe files (in memory there
+// would be nothing to save).
+TEST(DeepSpeed, Stage3ValidatesAndPredictsWithEachRankHoldingItsChunksOfTheWeights) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  auto train = run_job({"--root", dir / "a", "--out", dir / "a/w", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--ckpt-every-step", "1", "--zero", "3", "--optimizer",
+                        "adam", "--width", "32"});
+  ASSERT_EQ(train.code, 0) << train.output;
+  const std::string ckpt = dir / "a/ckpt/last.ckpt";
+  ASSERT_TRUE(volt::is_zero_checkpoint(ckpt)) << train.output;
+  const std::vector<std::string> eval{"--width", "32", "--sync-dist", "1", "--evaluate", ckpt};
+  auto one = run_job(cat({"--root", dir / "c", "--out", dir / "c/w", "--devices", "1"}, eval));
+  ASSERT_EQ(one.code, 0) << one.output;
+  const Evaluated ref = evaluated(one.output, 0);
+  EXPECT_EQ(ref.released, 0);  // no engine in one plain process
+  auto zero = run_job(
+      cat({"--root", dir / "b", "--out", dir / "b/w", "--devices", "2", "--zero", "3"}, eval));
+  ASSERT_EQ(zero.code, 0) << zero.output;
+  EXPECT_NE(zero.output.find("ZeRO-Inference"), std::string::npos) << zero.output;
+  const auto want = load_flat(dir / "c/w.rank0.pt");
+  for (int r = 0; r < 2; ++r) {
+    const Evaluated e = evaluated(zero.output, r);
+    EXPECT_NEAR(e.val_loss, ref.val_loss, 1e-6 * std::abs(ref.val_loss)) << "rank " << r;
+    EXPECT_EQ(e.batches, 2) << "rank " << r;  // 64 samples, 16 a batch, half each
+    EXPECT_EQ(e.released, 1) << "rank " << r;
+    EXPECT_EQ(e.pred_diff, 0.0) << "rank " << r;
+    // Each rank's chunks: half of every weight (six fp32 parameters, each rounded up by at
+    // most one element).
+    EXPECT_GE(2 * e.params, e.full) << "rank " << r;
+    EXPECT_LE(2 * e.params, e.full + 6 * 4) << "rank " << r;
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("b/w.rank" + std::to_string(r) + ".pt")), want))
+        << "rank " << r << ": the module did not leave whole with the checkpoint's weights";
+  }
+  // One rank, the chunks in files.
+  std::filesystem::create_directories(dir / "nvme");
+  auto nvme =
+      run_job(cat({"--root", dir / "d", "--out", dir / "d/w", "--devices", "1", "--zero", "3",
+                   "--nvme-params", "1", "--nvme-optimizer", "0", "--nvme", dir / "nvme"},
+                  eval));
+  ASSERT_EQ(nvme.code, 0) << nvme.output;
+  const Evaluated e = evaluated(nvme.output, 0);
+  EXPECT_NEAR(e.val_loss, ref.val_loss, 1e-6 * std::abs(ref.val_loss));
+  EXPECT_EQ(e.released, 1);
+  EXPECT_EQ(e.params, 0);
+  EXPECT_EQ(e.in_files, e.full);
+  EXPECT_EQ(e.pred_diff, 0.0);
+  EXPECT_TRUE(torch::equal(load_flat(dir / "d/w.rank0.pt"), want));
 }
 
 void expect_four_rank_folder_loads_elsewhere(const std::string& stage) {

@@ -12,6 +12,9 @@
 //       [--on-exception-ckpt 0|1]  (an OnExceptionCheckpoint writing <root>/oe/on_exception.ckpt)
 //       [--sleep-ms MS]  (every training batch sleeps that long: time to send signals)
 //       [--timeout S] [--samples N] [--sync-dist 0|1] [--max-restarts K]
+//       [--evaluate CKPT]  (no fit: validate from CKPT and predict the validation set; prints
+//                           "rank R evaluated val_loss=... infer_params=..." and writes the
+//                           weights and predictions)
 //       [--unused 0|1] [--find-unused 0|1] [--static-graph 0|1] [--precision NAME] [--bf16-all 1]
 //       [--loss-scale INIT]  (with --bf16-all: dynamic loss scaling, growth every 2 steps)
 //       [--nan-grad-at CALL]  (that training_step call gives one element of b2 a NaN gradient)
@@ -170,6 +173,7 @@ class Net : public volt::Module {
     log("val_loss", torch::cross_entropy_loss(logits, b.target),
         volt::LogOptions().sync_dist(sync_dist_));
   }
+  torch::Tensor predict_step(const volt::Batch& b, int64_t) override { return forward(b.input); }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
     // A tied tensor appears under two names: give the optimizer each tensor once; frozen ones
     // (--finetune) are added by the callback when unfrozen.
@@ -340,6 +344,46 @@ class ZeroMemoryProbe : public volt::Callback {
   volt::DeepSpeedStrategy* strategy_;
 };
 
+/// --evaluate: in validate and predict, the ZeRO-Inference engine's bytes (read at each batch's
+/// end, between the steps' scopes, when stage 3 has released the gathered weights), whether
+/// fc1's weight was released then, and each predict batch's input and prediction.
+class InferenceProbe : public volt::Callback {
+ public:
+  InferenceProbe(volt::DeepSpeedStrategy* strategy, torch::nn::Linear fc1)
+      : strategy_(strategy), fc1_(std::move(fc1)) {}
+  std::string state_key() const override { return "InferenceProbe"; }
+  void on_validation_batch_end(volt::RunContext&, volt::Module& module, const volt::Batch&,
+                               int64_t) override {
+    read(module);
+  }
+  void on_predict_batch_end(volt::RunContext&, volt::Module& module, const at::Tensor& prediction,
+                            const volt::Batch& batch, int64_t) override {
+    read(module);
+    inputs.push_back(batch.input.clone());
+    predictions.push_back(prediction.clone());
+  }
+  int64_t params = -1, params_in_files = -1, full = -1;
+  bool released = true;
+  std::vector<at::Tensor> inputs, predictions;
+
+ private:
+  void read(volt::Module& module) {
+    const volt::ZeroEngine* e = strategy_ ? strategy_->inference_engine(module) : nullptr;
+    if (e == nullptr) {
+      released = false;
+      return;
+    }
+    const volt::ZeroMemory m = e->memory();
+    params = m.parameters;
+    params_in_files = m.parameters_in_files;
+    full = 0;
+    for (const auto& c : e->chunks()) full += c.numel * c.parameter.element_size();
+    released = released && fc1_->weight.storage().nbytes() == 0;
+  }
+  volt::DeepSpeedStrategy* strategy_;
+  torch::nn::Linear fc1_;
+};
+
 /// A /proc/self/status field in KiB (VmRSS, VmHWM), or -1.
 long status_kib(const char* field) {
   FILE* f = std::fopen("/proc/self/status", "r");
@@ -490,6 +534,11 @@ int main(int argc, char** argv) {
       strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision,
                                                      num("--devices", 2), num("--nodes", 1));
     }
+    std::shared_ptr<InferenceProbe> inference;
+    if (a.count("--evaluate")) {
+      inference = std::make_shared<InferenceProbe>(zero.get(), model.fc1);
+      callbacks.push_back(inference);
+    }
     // One process on one node is the reference: plain single-device training (with --zero,
     // ZeRO in a group of one).
     const bool one = num("--devices", 2) == 1 && num("--nodes", 1) == 1 && !zero;
@@ -541,6 +590,34 @@ int main(int argc, char** argv) {
           {{"a", train_loader},
            {"b", volt::DataLoader(volt_test::blobs(48, 8, 4),
                                   volt::DataLoaderOptions(batch / 2).shuffle(true).seed(12))}});
+    }
+    if (a.count("--evaluate")) {
+      // validate and predict from the checkpoint (stage 3: ZeRO-Inference), then the module,
+      // whole again, recomputes each prediction.
+      const volt::Metrics metrics = trainer.validate(model, vals.front(), a["--evaluate"]);
+      const auto predictions =
+          trainer.predict(model, volt::DataLoader(val, volt::DataLoaderOptions(16)));
+      const int64_t rank = trainer.strategy().rank();
+      double diff = inference->predictions.empty() ? -1 : 0;
+      {
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < inference->inputs.size(); ++i) {
+          const auto again = model.forward(inference->inputs[i]);
+          diff = std::max(diff, (again - inference->predictions[i]).abs().max().item<double>());
+        }
+      }
+      torch::save(model.flat(), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
+      torch::save(torch::cat(predictions),
+                  a["--out"] + ".pred.rank" + std::to_string(rank) + ".pt");
+      std::printf(
+          "rank %lld evaluated val_loss=%.17g batches=%zu infer_params=%lld "
+          "infer_in_files=%lld infer_full=%lld released=%d pred_diff=%.17g\n",
+          static_cast<long long>(rank), metrics.at("val_loss"), predictions.size(),
+          static_cast<long long>(inference->params),
+          static_cast<long long>(inference->params_in_files),
+          static_cast<long long>(inference->full), inference->released ? 1 : 0, diff);
+      std::fflush(stdout);
+      return 0;
     }
     trainer.fit(model, train_loader, vals, a.count("--resume") ? a["--resume"] : "");
     // fit()'s own peaks, before the flat copy of the weights below adds its own.

@@ -136,7 +136,17 @@ class ZeroEngine {
   /// `names` maps each parameter's TensorImpl to its module name (for errors and checkpoints).
   ZeroEngine(torch::optim::Optimizer& optimizer, std::shared_ptr<ProcessGroup> group,
              ZeroEngineOptions options, const std::map<const c10::TensorImpl*, std::string>& names);
+  /// ZeRO-Inference: stage 3 without an optimizer, for a model that is only evaluated. Each rank
+  /// keeps its chunks of `parameters` (dense floating-point module parameters, frozen ones too;
+  /// the persistence threshold and param_swap_file apply as in training) and gathers a module's
+  /// parameters while an op reads them inside a Scope. Nothing is reduced or stepped: no
+  /// gradient hooks, no master weights, and backward() is a ValueError. ConfigError unless
+  /// options.stage() is 3 (stages 1 and 2 partition nothing a forward reads).
+  ZeroEngine(const std::vector<at::Tensor>& parameters, std::shared_ptr<ProcessGroup> group,
+             ZeroEngineOptions options, const std::map<const c10::TensorImpl*, std::string>& names);
   ~ZeroEngine();
+  /// Whether an optimizer steps the chunks (false for a ZeRO-Inference engine).
+  bool trains() const { return optimizer_ != nullptr; }
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
 
@@ -266,6 +276,9 @@ class ZeroEngine {
     size_t pending = 0;   // gradients not yet produced in this backward
     uint64_t pinned = 0;  // the op (serial) reading it now: not evicted for that op
   };
+  // Both constructors: `groups` are the optimizer's parameter groups (one group for inference).
+  void partition(const std::vector<std::vector<at::Tensor>>& groups,
+                 const std::map<const c10::TensorImpl*, std::string>& names);
   void partition_parameters();
   // Waits until the work queued on the parameters' device (its current stream) is done.
   void wait_for_device() const;
@@ -296,7 +309,7 @@ class ZeroEngine {
   void all_gather_into_parameters(const std::function<at::Tensor(const ZeroChunk&)>& source,
                                   const at::TensorOptions& wire, bool partitioned_too);
 
-  torch::optim::Optimizer& optimizer_;
+  torch::optim::Optimizer* optimizer_;  // nullptr: ZeRO-Inference
   std::shared_ptr<ProcessGroup> group_;
   ZeroEngineOptions options_;
   std::vector<ZeroChunk> chunks_;

@@ -197,14 +197,16 @@ class Fabric {
   /// (ConfigError: DDP would not average its gradient). Call it once per module: several
   /// modules (a generator and a discriminator) each keep their own buckets and optimizers; a
   /// module set up already, or one sharing a parameter with one, is a ConfigError (set up the
-  /// module that holds both instead). A volt::Module is used as it is and attached to this Fabric
-  /// while both live, so its training_step can be called from the loop (Lightning's LightningModule
-  /// under Fabric): log() / log_dict() reach the loggers on rank 0 at the step count (the optimizer
-  /// steps taken through step(); sync_dist reduces over the ranks; epoch aggregation is the loop's
-  /// business), callback_metrics() holds the latest values, manual_backward() is backward(),
-  /// optimizers() / manual steps / clip_gradients() / all_gather() and the rank queries go
-  /// through this Fabric; what needs the Trainer's loop (save_checkpoint, request_stop,
-  /// estimated_stepping_batches, ...) is a ConfigError saying so.
+  /// module that holds both instead). A module set up without optimizers is only evaluated (a
+  /// distillation teacher): under ZeRO stage 3 its weights are partitioned alone
+  /// (ZeRO-Inference) and no backward reduces its gradients. A volt::Module is used as it is and
+  /// attached to this Fabric while both live, so its training_step can be called from the loop
+  /// (Lightning's LightningModule under Fabric): log() / log_dict() reach the loggers on rank 0
+  /// at the step count (the optimizer steps taken through step(); sync_dist reduces over the
+  /// ranks; epoch aggregation is the loop's business), callback_metrics() holds the latest
+  /// values, manual_backward() is backward(), optimizers() / manual steps / clip_gradients() /
+  /// all_gather() and the rank queries go through this Fabric; what needs the Trainer's loop
+  /// (save_checkpoint, request_stop, estimated_stepping_batches, ...) is a ConfigError saying so.
   void setup(const std::shared_ptr<torch::nn::Module>& module,
              const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers = {});
   template <typename M>

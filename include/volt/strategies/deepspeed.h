@@ -216,6 +216,10 @@ class DeepSpeedStrategy : public DdpStrategy {
   const DeepSpeedConfig* config() const { return config_ ? &*config_ : nullptr; }
   /// The engine partitioning `optimizer` (nullptr without ZeRO or before setup_optimizers).
   ZeroEngine* engine(const torch::optim::Optimizer& optimizer) const;
+  /// ZeRO-Inference: the engine partitioning `module`'s weights without an optimizer (stage 3
+  /// in validate / test / predict, or a module given to Fabric::setup without optimizers), or
+  /// nullptr.
+  ZeroEngine* inference_engine(const Module& module) const;
   /// The engine's memory() for `optimizer`, plus the optimizer state its NVMe swap file holds.
   ZeroMemory memory(const torch::optim::Optimizer& optimizer) const;
   /// The folder of this rank's NVMe swap files in the current run ("" without NVMe offload).
@@ -234,6 +238,11 @@ class DeepSpeedStrategy : public DdpStrategy {
   ZeroEngine& engine_for(const torch::optim::Optimizer& optimizer) const;
   void apply_config();
   void configure_loss_scaling();
+  /// The engine options these settings give (the next NVMe swap file's name included); the
+  /// callers set what differs by engine (offload, persistence at one rank, stage).
+  ZeroEngineOptions engine_options() const;
+  /// Stage 3 without an optimizer (ZeRO-Inference): partitions `module`'s weights.
+  void setup_inference_engine(Module& module);
   /// Stage 3 scopes of every engine (gathering allowed while they live).
   std::vector<std::unique_ptr<ZeroEngine::Scope>> scopes();
   // NVMe parameter offload: every engine's chunks in memory while the guards live.
@@ -266,11 +275,13 @@ class DeepSpeedStrategy : public DdpStrategy {
   c10::optional<DeepSpeedConfig> config_;
   c10::optional<double> clip_;  // the JSON's gradient_clipping
   int64_t micro_batch_ = 0;     // the JSON's micro batch, checked on the first batch
-  std::map<const torch::optim::Optimizer*, std::unique_ptr<ZeroEngine>> engines_;
-  // The modules set up in this run (a Fabric loop's several), each optimizer's module, and each
+  // Keyed by the optimizer whose state the engine partitions, or by the module for a
+  // ZeRO-Inference engine (no optimizer).
+  std::map<const void*, std::unique_ptr<ZeroEngine>> engines_;
+  // The modules set up in this run (a Fabric loop's several), each engine's module, and each
   // module's parameter names (its engines name their chunks by them).
   std::vector<const Module*> modules_;
-  std::map<const torch::optim::Optimizer*, const Module*> owners_;
+  std::map<const void*, const Module*> owners_;
   std::map<const Module*, std::map<const c10::TensorImpl*, std::string>> names_;
   int64_t nvme_files_ = 0;  // swap files made in this run's folder (each one's number)
   std::unique_ptr<CheckpointDefaultsGuard> checkpoint_defaults_;  // cpu_checkpointing's run

@@ -39,10 +39,15 @@ struct StopRequest {
 };
 
 /// The Trainer's loop settings a strategy may check its own configuration against (DeepSpeed's
-/// batch arithmetic and gradient clipping); set by the Trainer before launch().
+/// batch arithmetic and gradient clipping); set by the Trainer before launch() and, for
+/// `fitting`, by Fabric::setup.
 struct LoopSettings {
   int64_t accumulate_grad_batches = 1;
   c10::optional<double> gradient_clip_val;
+  /// Whether the entry point trains (fit); under Fabric, whether the module being set up came
+  /// with optimizers. false (validate / test / predict): no optimizer is set up, and ZeRO
+  /// stage 3 partitions the weights alone (ZeRO-Inference).
+  bool fitting = true;
 };
 
 /// The Trainer talks to devices, numeric formats and process groups only through this class
