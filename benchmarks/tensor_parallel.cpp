@@ -23,6 +23,7 @@
 
 #include "host_memory.h"
 #include "models.h"
+#include "remove_dir.h"
 #include "volt/strategies/deepspeed.h"
 
 namespace {
@@ -118,8 +119,7 @@ void run(std::shared_ptr<Net> net, torch::Tensor x, const std::string& layout, i
     std::fflush(stdout);
   }
   if (layout == "zero3_nvme" && trainer.strategy().rank() == 0) {
-    std::error_code ec;
-    std::filesystem::remove_all(nvme, ec);
+    volt_bench::remove_dir(nvme);
   }
 }
 
