@@ -4,18 +4,38 @@
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <atomic>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
 #include "distributed/detail/intercept.h"
 #include "nn/detail/empty_init.h"
+#include "volt/core/log.h"
 
 namespace volt {
 namespace {
 
-thread_local int t_depth = 0;
+// Each thread's count of live guards, shared with the guards it made: a guard destroyed on
+// another thread (a shared_ptr from init_module released elsewhere) still ends its own thread's
+// skipping. Atomic for that case alone.
+thread_local std::shared_ptr<std::atomic<int>> t_depth = std::make_shared<std::atomic<int>>(0);
 thread_local bool t_was_included = false;
+
+// The thread and counter of each live guard (guards have no members: the header stays as it is).
+struct Made {
+  std::thread::id thread;
+  std::shared_ptr<std::atomic<int>> depth;
+};
+std::mutex g_mutex;
+std::unordered_map<const EmptyInit*, Made>& made() {
+  static auto* m = new std::unordered_map<const EmptyInit*, Made>();  // never destroyed
+  return *m;
+}
 
 bool is_initializer(const std::string& name) {
   static const std::unordered_set<std::string> names{
@@ -29,7 +49,7 @@ bool is_initializer(const std::string& name) {
 // that tensor untouched, as the op would after writing it.
 bool skip_initializer(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
                       torch::jit::Stack* stack) {
-  if (t_depth == 0 || !is_initializer(op.schema().name())) return false;
+  if (t_depth->load() == 0 || !is_initializer(op.schema().name())) return false;
   const size_t n = op.schema().arguments().size();
   if (n == 0 || stack->size() < n) return false;
   const c10::IValue& self = (*stack)[stack->size() - n];
@@ -43,19 +63,40 @@ bool skip_initializer(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*
 }  // namespace
 
 EmptyInit::EmptyInit() {
-  if (t_depth++ > 0) return;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    made().emplace(this, Made{std::this_thread::get_id(), t_depth});
+  }
+  if (t_depth->fetch_add(1) > 0) return;
   detail::add_interceptor(&skip_initializer);
   t_was_included = c10::impl::tls_is_dispatch_key_included(detail::kInterceptKey);
   c10::impl::tls_set_dispatch_key_included(detail::kInterceptKey, true);
 }
 
 EmptyInit::~EmptyInit() {
-  if (--t_depth > 0) return;
+  Made m;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = made().find(this);
+    m = std::move(it->second);
+    made().erase(it);
+  }
+  if (m.thread != std::this_thread::get_id()) {
+    // This thread's dispatch state is not the guard's to change; its own thread's count drops
+    // (its intercept key stays on, passing every op through once the count is zero).
+    m.depth->fetch_sub(1);
+    log_warning("EmptyInit",
+                "a guard was destroyed on another thread than the one that made it; the "
+                "initializers on its thread run again from now. Destroy the guard (or release "
+                "init_module()'s context) on the thread that built the model.");
+    return;
+  }
+  if (t_depth->fetch_sub(1) > 1) return;
   c10::impl::tls_set_dispatch_key_included(detail::kInterceptKey, t_was_included);
 }
 
 bool EmptyInit::active() {
-  return t_depth > 0;
+  return t_depth->load() > 0;
 }
 
 namespace detail {

@@ -7,8 +7,12 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "log_capture.h"
 #include "tiny.h"
 
 namespace {
@@ -101,6 +105,44 @@ TEST(EmptyInit, SkipsTheParametersInitializersAndRunsTheRest) {
     EXPECT_TRUE(torch::equal(there->weight, torch::full({2, 2}, 3.0)));
   });
   other.join();
+}
+
+// A guard released on another thread (init_module()'s context handed to a worker) ends the
+// skipping on the thread that made it, leaves the releasing thread's own state alone, and says so.
+TEST(EmptyInit, AGuardDestroyedOnAnotherThreadEndsItsOwnThreadsSkipping) {
+  auto guard = std::make_unique<volt::EmptyInit>();
+  torch::nn::Linear lin(2, 2);
+  const auto initialized = [&] {
+    torch::NoGradGuard no_grad;
+    torch::nn::init::constant_(lin->weight, 3.0);
+    return torch::equal(lin->weight, torch::full({2, 2}, 3.0));
+  };
+  ASSERT_FALSE(initialized());
+  std::vector<std::string> lines;
+  bool other_active_after = true, other_initializes = false;
+  std::thread other([&] {
+    volt::EmptyInit own;  // the releasing thread's own guard stays in force
+    lines = volt_test::capture_logs([&] { guard.reset(); });
+    other_active_after = volt::EmptyInit::active();
+    torch::nn::Linear there(2, 2);
+    torch::NoGradGuard no_grad;
+    torch::nn::init::constant_(there->weight, 3.0);
+    other_initializes = torch::equal(there->weight, torch::full({2, 2}, 3.0));
+  });
+  other.join();
+  EXPECT_TRUE(volt_test::has(lines, "destroyed on another thread")) << lines.size();
+  EXPECT_TRUE(other_active_after);
+  EXPECT_FALSE(other_initializes);
+  EXPECT_FALSE(volt::EmptyInit::active());
+  EXPECT_TRUE(initialized());
+  // A new guard on this thread works as before.
+  {
+    volt::EmptyInit again;
+    torch::NoGradGuard no_grad;
+    torch::nn::init::constant_(lin->weight, 7.0);
+  }
+  EXPECT_TRUE(torch::equal(lin->weight, torch::full({2, 2}, 3.0)));
+  EXPECT_TRUE(initialized());
 }
 
 TEST(EmptyInit, AModelBuiltEmptyTakesItsWeightsFromACheckpoint) {
