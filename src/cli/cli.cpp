@@ -233,10 +233,13 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
     return;
   }
   if (command == "zero-to-fp32") {
-    os << "usage: " << prog << " zero-to-fp32 FOLDER OUT\n\n"
+    os << "usage: " << prog << " zero-to-fp32 FOLDER OUT [--weights_only=BOOL]\n\n"
        << command_summary(command) << ".\nFOLDER is a checkpoint DeepSpeedStrategy wrote (every "
        << "rank's shard); OUT gets full weights and optimizer state by parameter name, loadable "
-       << "by any strategy and world size (DeepSpeed's zero_to_fp32.py).\n";
+       << "by any strategy and world size (DeepSpeed's zero_to_fp32.py). With "
+       << "--weights_only=true the optimizers' states are left out (what validate, test, "
+       << "predict and export read; Lightning's convert_zero_checkpoint_to_fp32_state_dict), "
+       << "reading one shard at a time.\n";
     return;
   }
   if (command == "env") {
@@ -533,11 +536,21 @@ int run_export(Command cmd, const Registry& reg, std::ostream& out) {
 }
 
 int run_zero_to_fp32(const Command& cmd, std::ostream& out) {
-  VOLT_CHECK(cmd.positional.size() == 2 && cmd.sources.empty(), ConfigError,
+  bool weights_only = false;
+  for (const auto& s : cmd.sources) {
+    VOLT_CHECK(s.kind == Source::Kind::kSet && s.key == "weights_only", ConfigError,
+               "[cli] zero-to-fp32 takes FOLDER, OUT and --weights_only=BOOL only; e.g. volt "
+               "zero-to-fp32 runs/checkpoints/last.ckpt full.ckpt.");
+    VOLT_CHECK(s.value == "true" || s.value == "false", ConfigError,
+               "[cli] --weights_only takes true or false, got \"", s.value, "\".");
+    weights_only = s.value == "true";
+  }
+  VOLT_CHECK(cmd.positional.size() == 2, ConfigError,
              "[cli] zero-to-fp32 takes FOLDER and OUT; e.g. volt zero-to-fp32 "
              "runs/checkpoints/last.ckpt full.ckpt.");
-  consolidate_zero_checkpoint(cmd.positional[0], cmd.positional[1]);
-  out << "consolidated: " << cmd.positional[1] << "\n";
+  consolidate_zero_checkpoint(cmd.positional[0], cmd.positional[1],
+                              weights_only ? ZeroContents::kWeights : ZeroContents::kEverything);
+  out << "consolidated" << (weights_only ? " (weights)" : "") << ": " << cmd.positional[1] << "\n";
   return kCliOk;
 }
 

@@ -338,17 +338,19 @@ void ZeroEngine::partition(const std::vector<std::vector<at::Tensor>>& param_gro
   }
 
   hooks_ = std::make_unique<Hooks>();
-  for (size_t i = 0; i < chunks_.size() && trains(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(chunks_[i].parameter);
-    VOLT_ASSERT(acc != nullptr, "a leaf parameter has no gradient accumulator");
-    hooks_->keys.push_back(
-        acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, i](const torch::autograd::variable_list& outputs,
-                      const torch::autograd::variable_list&) {
-              on_gradient(i);
-              return outputs;
-            })));
-    hooks_->accumulators.push_back(std::move(acc));
+  if (trains()) {  // an inference engine has no gradients to reduce
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(chunks_[i].parameter);
+      VOLT_ASSERT(acc != nullptr, "a leaf parameter has no gradient accumulator");
+      hooks_->keys.push_back(
+          acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+              [this, i](const torch::autograd::variable_list& outputs,
+                        const torch::autograd::variable_list&) {
+                on_gradient(i);
+                return outputs;
+              })));
+      hooks_->accumulators.push_back(std::move(acc));
+    }
   }
 
   if (options_.stage() == 3) partition_parameters();

@@ -733,7 +733,22 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
     VOLT_CHECK(owner_of(*o) != nullptr, ConfigError, kTag, " state optimizer '", name,
                "' is not one setup() took; pass it to fabric.setup(module, {optimizer}).");
   }
-  torch::serialize::InputArchive root = strategy_->load_checkpoint(path);
+  // Optimizer states are read when the state names optimizers: a ZeRO folder's are consolidated
+  // then, and only then (LoopSettings::fitting, which the last setup() set for its module).
+  LoopSettings loop = strategy_->loop_settings();
+  const bool fitting = loop.fitting;
+  loop.fitting = !state.optimizers_.empty();
+  strategy_->set_loop_settings(loop);
+  torch::serialize::InputArchive root;
+  try {
+    root = strategy_->load_checkpoint(path);
+  } catch (...) {
+    loop.fitting = fitting;
+    strategy_->set_loop_settings(loop);
+    throw;
+  }
+  loop.fitting = fitting;
+  strategy_->set_loop_settings(loop);
   c10::IValue format;
   torch::serialize::InputArchive fab;
   VOLT_CHECK(

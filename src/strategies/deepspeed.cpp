@@ -17,6 +17,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "core/detail/fp8_state.h"
@@ -1180,9 +1182,12 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
     }
     if (const ZeroChunk* c = buffer ? nullptr : chunk_of(target.unsafeGetTensorImpl())) {
       if (c->length == 0) return;
+      // A chunk (this rank's of a stage-3 shard) or the whole tensor: weights that were frozen
+      // in training are whole in a shard that ZeRO-Inference reads, and partitioned here.
+      const bool whole = saved.numel() == c->numel;
       const at::Tensor mine =
-          chunks ? saved.reshape({-1}) : saved.reshape({-1}).narrow(0, c->start, c->length);
-      if (mine.numel() != c->length || (!chunks && saved.numel() != c->numel)) {
+          whole ? saved.reshape({-1}).narrow(0, c->start, c->length) : saved.reshape({-1});
+      if (mine.numel() != c->length || (!chunks && !whole)) {
         problems.push_back("size of '" + name + "'");
         return;
       }
@@ -1465,6 +1470,13 @@ void DeepSpeedStrategy::save_checkpoint(OutputArchive& archive, const std::strin
   barrier("zero_save_done");
 }
 
+namespace {
+// Why this rank's shard of a same-world stage-3 folder cannot serve ZeRO-Inference as it is
+// ("" when it can). `partitioned`: the names and dtypes of the weights partitioned now.
+std::string unfit_for_inference(InputArchive& shard,
+                                const std::map<std::string, at::ScalarType>& partitioned);
+}  // namespace
+
 InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
   if (!is_zero_checkpoint(path)) {
     VOLT_CHECK(!is_directory(path), CheckpointError, kTag, " '", path, "' is a folder without ",
@@ -1474,16 +1486,37 @@ InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
   }
   const FolderMeta meta = folder_meta(path);
   // This rank's own shard at the same world size, unless it holds stage-3 weight chunks and
-  // nothing partitions the weights for training now (another stage, or ZeRO-Inference, whose
-  // partition differs: frozen parameters too, and the weights are the fp32 masters rather than
-  // their bf16 roundings); else the full state, from which this rank takes its chunks.
+  // nothing partitions the weights now (another stage, or one process); else the full state,
+  // from which this rank takes its chunks.
   const bool inference = std::any_of(engines_.begin(), engines_.end(),
                                      [](const auto& kv) { return !kv.second->trains(); });
+  const bool training = std::any_of(engines_.begin(), engines_.end(),
+                                    [](const auto& kv) { return kv.second->trains(); });
   if (meta.world_size == world_size() &&
       (meta.stage < 3 || (partitions_parameters() && !inference))) {
     return checkpoint_io_->load(shard_file(path, rank(), meta.world_size));
   }
-  return load_consolidated_zero_checkpoint(path);
+  if (meta.world_size == world_size() && meta.stage == 3 && inference && !training) {
+    // ZeRO-Inference from its own world size's folder: this rank's shard holds the chunks it
+    // needs (weights frozen in training are whole there and narrowed on load), unless the two
+    // partitions differ or the shard's weights are rounded copies of fp32 masters the
+    // inference weights are wider than. Consolidating would materialise every rank's weights
+    // and optimizer state on each rank.
+    std::map<std::string, at::ScalarType> partitioned;
+    for (const auto& kv : engines_) {
+      for (const auto& c : kv.second->chunks()) {
+        if (c.partitioned) partitioned.emplace(c.name, c.parameter.scalar_type());
+      }
+    }
+    InputArchive shard = checkpoint_io_->load(shard_file(path, rank(), meta.world_size));
+    const std::string unfit = unfit_for_inference(shard, partitioned);
+    if (unfit.empty()) return shard;
+    log_info("DeepSpeedStrategy",
+             "ZeRO-Inference reads '" + path + "' consolidated: " + unfit + ".");
+  }
+  // validate / test / predict read no optimizer state: the weights alone are consolidated.
+  return load_consolidated_zero_checkpoint(
+      path, loop_.fitting || training ? ZeroContents::kEverything : ZeroContents::kWeights);
 }
 
 void DeepSpeedStrategy::remove_checkpoint(const std::string& path) {
@@ -1499,7 +1532,7 @@ void DeepSpeedStrategy::remove_checkpoint(const std::string& path) {
 
 // ============================================================================ consolidation
 
-InputArchive load_consolidated_zero_checkpoint(const std::string& folder) {
+InputArchive load_consolidated_zero_checkpoint(const std::string& folder, ZeroContents contents) {
   // Consolidated into a private temporary file, read back like any full checkpoint.
   char tmpl[] = "/tmp/volt-zero-XXXXXX";
   const int fd = ::mkstemp(tmpl);
@@ -1508,7 +1541,7 @@ InputArchive load_consolidated_zero_checkpoint(const std::string& folder) {
   ::close(fd);
   const std::string tmp = tmpl;
   try {
-    consolidate_zero_checkpoint(folder, tmp);
+    consolidate_zero_checkpoint(folder, tmp, contents);
     InputArchive in = TorchCheckpointIO().load(tmp);
     std::remove(tmp.c_str());
     return in;
@@ -1560,6 +1593,54 @@ void find_partitioned(InputArchive& at, const ArchivePath& path, std::vector<Arc
     next.push_back(key);
     find_partitioned(sub, next, dicts, optimizers);
   }
+}
+
+// Calls `fn(name, master)` for each fp32 master chunk among an optimizer shard's states (a
+// bf16 run's), by parameter name, until `fn` returns false.
+template <typename Fn>
+void for_each_master(InputArchive& opt, Fn fn) {
+  const int64_t groups = read_value(opt, "num_groups", "an optimizer shard").toInt();
+  for (int64_t g = 0; g < groups; ++g) {
+    InputArchive group = read_sub(opt, "group_" + std::to_string(g), "an optimizer shard");
+    InputArchive states = read_sub(group, "state", "an optimizer group");
+    for (const auto& name : states.keys()) {
+      InputArchive one;
+      at::Tensor master;
+      if (states.try_read(name, one) && one.try_read(kMasterKey, master) && !fn(name, master)) {
+        return;
+      }
+    }
+  }
+}
+
+std::string unfit_for_inference(InputArchive& shard,
+                                const std::map<std::string, at::ScalarType>& partitioned) {
+  std::vector<ArchivePath> dict_paths, optimizer_paths;
+  find_partitioned(shard, {}, dict_paths, optimizer_paths);
+  bool masters = false;  // bf16 training: the shard's weights are roundings of fp32 masters
+  for (const auto& path : optimizer_paths) {
+    InputArchive opt = sub_at(shard, path);
+    for_each_master(opt, [&](const std::string&, const at::Tensor&) {
+      masters = true;
+      return false;
+    });
+  }
+  for (const auto& path : dict_paths) {
+    InputArchive dict = sub_at(shard, path);
+    InputArchive shapes = read_sub(dict, kStage3Shapes, "a stage-3 shard");
+    for (const auto& name : shapes.keys()) {
+      const auto it = partitioned.find(name);
+      if (it == partitioned.end()) {
+        return "'" + name + "' is partitioned in the checkpoint but whole here";
+      }
+      at::Tensor chunk;
+      if (masters && dict.try_read(name, chunk) && chunk.scalar_type() != it->second) {
+        return "its weights are " + std::string(c10::toString(chunk.scalar_type())) +
+               " roundings of fp32 masters and the weights here are " + c10::toString(it->second);
+      }
+    }
+  }
+  return "";
 }
 
 // A chunked state dict made whole: its tensors by name, in the shards' order.
@@ -1673,9 +1754,11 @@ void whole_optimizer_state(std::vector<InputArchive>& parts, int64_t world,
 
 // Rank 0's tree (`in` at `path`) written to `out`, with the whole weights and optimizer states
 // in place of their shards.
+// Entries at the places in `drop` are left out.
 void write_consolidated(InputArchive& in, const ArchivePath& path, OutputArchive& out,
                         const std::map<ArchivePath, Entries>& weights,
-                        const std::map<ArchivePath, std::string>& optimizers) {
+                        const std::map<ArchivePath, std::string>& optimizers,
+                        const std::set<ArchivePath>& drop = {}) {
   for (const auto& key : in.keys()) {
     InputArchive sub;
     if (!in.try_read(key, sub)) {
@@ -1684,6 +1767,7 @@ void write_consolidated(InputArchive& in, const ArchivePath& path, OutputArchive
     }
     ArchivePath next = path;
     next.push_back(key);
+    if (drop.count(next) != 0) continue;
     OutputArchive sub_out;
     if (auto w = weights.find(next); w != weights.end()) {
       for (const auto& [name, v] : w->second) sub_out.write(name, v.toTensor());
@@ -1693,15 +1777,120 @@ void write_consolidated(InputArchive& in, const ArchivePath& path, OutputArchive
       whole.load_from(bytes);
       copy_archive(whole, sub_out);
     } else {
-      write_consolidated(sub, next, sub_out, weights, optimizers);
+      write_consolidated(sub, next, sub_out, weights, optimizers, drop);
     }
     out.write(key, sub_out);
   }
 }
 
+// The state dict an optimizer shard belongs to: named by the shard (Fabric), else the Trainer's.
+ArchivePath dict_of_optimizer(InputArchive& optimizer) {
+  ArchivePath dict{"state_dict"};
+  c10::IValue at_iv;
+  if (optimizer.try_read("weights_at", at_iv) && at_iv.isString()) {
+    dict.clear();
+    std::istringstream keys(at_iv.toStringRef());
+    for (std::string k; std::getline(keys, k, '/');) dict.push_back(k);
+  }
+  return dict;
+}
+
+// ZeroContents::kWeights: rank 0's tree without the optimizers' partitioned states, its weights
+// whole (stage 3's chunks joined; the fp32 masters where a bf16 run kept them). The shards are
+// read one at a time, rank 0's last: its tree, the pieces and one other shard are in memory.
+void consolidate_weights(const std::string& folder, int64_t world, const std::string& out) {
+  TorchCheckpointIO io;
+  // By state dict place and name, in the order the shards are read: each rank's chunk of a
+  // partitioned weight, and of an fp32 master.
+  std::map<ArchivePath, std::map<std::string, std::vector<at::Tensor>>> chunks, masters;
+  std::vector<ArchivePath> dict_paths, optimizer_paths;
+  const auto take = [&](InputArchive& shard) {
+    dict_paths.clear();
+    optimizer_paths.clear();
+    find_partitioned(shard, {}, dict_paths, optimizer_paths);
+    for (const auto& path : dict_paths) {
+      InputArchive dict = sub_at(shard, path);
+      InputArchive shapes = read_sub(dict, kStage3Shapes, "a stage-3 shard");
+      for (const auto& name : shapes.keys()) {
+        at::Tensor piece;
+        VOLT_CHECK(dict.try_read(name, piece), CheckpointError, kTag,
+                   " a shard lacks its chunk of '", name, "'; the folder mixes checkpoints.");
+        chunks[path][name].push_back(piece.reshape({-1}));
+      }
+    }
+    for (const auto& path : optimizer_paths) {
+      InputArchive opt = sub_at(shard, path);
+      const ArchivePath dict = dict_of_optimizer(opt);
+      for_each_master(opt, [&](const std::string& name, const at::Tensor& master) {
+        masters[dict][name].push_back(master.reshape({-1}));
+        return true;
+      });
+    }
+  };
+  for (int64_t r = 1; r < world; ++r) {
+    InputArchive shard = io.load(shard_file(folder, r, world));
+    take(shard);
+  }
+  InputArchive first = io.load(shard_file(folder, 0, world));
+  take(first);
+  // Rank 0's piece came last (a rank whose chunk is empty has no master: the order holds).
+  const auto joined = [&](std::vector<at::Tensor>& pieces, const std::string& name,
+                          c10::IntArrayRef sizes) {
+    std::rotate(pieces.begin(), pieces.end() - 1, pieces.end());
+    const at::Tensor whole = torch::cat(pieces);
+    pieces.clear();
+    const int64_t numel = c10::multiply_integers(sizes);
+    VOLT_CHECK(whole.numel() == numel, CheckpointError, kTag, " the chunks of '", name, "' hold ",
+               whole.numel(), " elements, its shape ", numel, "; a shard is from another run.");
+    return whole.reshape(sizes);
+  };
+  std::set<ArchivePath> places(dict_paths.begin(), dict_paths.end());
+  for (const auto& kv : masters) places.insert(kv.first);
+  std::map<ArchivePath, Entries> weights;
+  for (const auto& path : places) {
+    InputArchive dict;
+    try {
+      dict = sub_at(first, path);
+    } catch (const CheckpointError&) {
+      continue;  // the optimizer's module was not saved beside it
+    }
+    InputArchive shapes;
+    const bool chunked = dict.try_read(kStage3Shapes, shapes);
+    auto& my_chunks = chunks[path];
+    auto& my_masters = masters[path];
+    Entries& entries = weights[path];
+    for (const auto& key : dict.keys()) {
+      if (key == kStage3Shapes) continue;
+      c10::IValue v;
+      if (!dict.try_read(key, v) || !v.isTensor()) continue;
+      std::vector<int64_t> sizes = v.toTensor().sizes().vec();
+      at::Tensor shape;
+      if (chunked && shapes.try_read(key, shape)) {
+        sizes.assign(shape.data_ptr<int64_t>(), shape.data_ptr<int64_t>() + shape.numel());
+      }
+      // bf16 runs: the weights are the fp32 masters (as the full consolidation's).
+      auto m = my_masters.find(key);
+      auto c = my_chunks.find(key);
+      if (m != my_masters.end() && !m->second.empty()) {
+        v = joined(m->second, key, sizes);
+      } else if (c != my_chunks.end() && !c->second.empty()) {
+        v = joined(c->second, key, sizes);
+      }
+      entries.emplace_back(key, v);
+    }
+  }
+  chunks.clear();
+  masters.clear();
+  OutputArchive root;
+  const std::set<ArchivePath> drop(optimizer_paths.begin(), optimizer_paths.end());
+  write_consolidated(first, {}, root, weights, {}, drop);
+  io.save(root, out);
+}
+
 }  // namespace
 
-void consolidate_zero_checkpoint(const std::string& folder, const std::string& out) {
+void consolidate_zero_checkpoint(const std::string& folder, const std::string& out,
+                                 ZeroContents contents) {
   VOLT_CHECK(is_zero_checkpoint(folder), CheckpointError, kTag, " '", folder,
              "' is not a complete ZeRO checkpoint folder (no ", kMetaFile, ").");
   const int64_t world = folder_meta(folder).world_size;
@@ -1711,6 +1900,10 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
     struct stat st;
     VOLT_CHECK(::stat(file.c_str(), &st) == 0, CheckpointError, kTag, " '", folder,
                "' lacks the shard of rank ", r, " ('", file, "'); the checkpoint is incomplete.");
+  }
+  if (contents == ZeroContents::kWeights) {
+    consolidate_weights(folder, world, out);
+    return;
   }
   std::vector<InputArchive> shards;
   for (int64_t r = 0; r < world; ++r) shards.push_back(io.load(shard_file(folder, r, world)));
@@ -1742,14 +1935,7 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
   std::map<ArchivePath, std::string> optimizers;  // whole states, serialized, by place
   for (const auto& path : optimizer_paths) {
     auto parts = across_ranks(path);
-    // The state dict of the optimizer's module: named by the shard (Fabric), else the Trainer's.
-    ArchivePath dict{"state_dict"};
-    c10::IValue at_iv;
-    if (parts[0].try_read("weights_at", at_iv) && at_iv.isString()) {
-      dict.clear();
-      std::istringstream keys(at_iv.toStringRef());
-      for (std::string k; std::getline(keys, k, '/');) dict.push_back(k);
-    }
+    const ArchivePath dict = dict_of_optimizer(parts[0]);
     // Parameter shapes: from the shard (written since session 66), else from the state dict.
     InputArchive shapes;
     const bool own_shapes = parts[0].try_read("zero_shapes", shapes);

@@ -170,15 +170,20 @@ void Strategy::save_checkpoint(torch::serialize::OutputArchive& archive, const s
 }
 
 namespace detail {
-torch::serialize::InputArchive read_checkpoint(const std::string& path, CheckpointIO& io) {
+torch::serialize::InputArchive read_checkpoint(const std::string& path, CheckpointIO& io,
+                                               bool weights_only) {
   // A ZeRO folder (every rank's shard) loads anywhere once consolidated.
-  if (is_zero_checkpoint(path)) return load_consolidated_zero_checkpoint(path);
+  if (is_zero_checkpoint(path)) {
+    return load_consolidated_zero_checkpoint(
+        path, weights_only ? ZeroContents::kWeights : ZeroContents::kEverything);
+  }
   return io.load(path);
 }
 }  // namespace detail
 
 torch::serialize::InputArchive Strategy::load_checkpoint(const std::string& path) {
-  return detail::read_checkpoint(path, *checkpoint_io_);
+  // validate / test / predict read no optimizer state.
+  return detail::read_checkpoint(path, *checkpoint_io_, /*weights_only=*/!loop_.fitting);
 }
 
 void Strategy::remove_checkpoint(const std::string& path) {

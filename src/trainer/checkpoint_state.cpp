@@ -293,7 +293,8 @@ void load_weights(torch::nn::Module& module, const std::string& path, bool stric
              "' is a folder but not a complete ZeRO checkpoint (no meta file: a save was "
              "interrupted); pass a checkpoint file or a complete folder.");
   TorchCheckpointIO volt_format;
-  torch::serialize::InputArchive root = detail::read_checkpoint(path, io ? *io : volt_format);
+  torch::serialize::InputArchive root =
+      detail::read_checkpoint(path, io ? *io : volt_format, /*weights_only=*/true);
   detail::check_format(root, path);
   torch::serialize::InputArchive weights;
   root.read("state_dict", weights);

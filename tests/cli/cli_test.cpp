@@ -1181,12 +1181,32 @@ TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoi
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_TRUE(fs::is_regular_file(dir / "full.ckpt"));
   // The consolidated file tests in one process like any checkpoint.
-  auto t = run_binary("test --config " + volt_test::source_dir() +
+  const auto test_from = [&](const std::string& ckpt) {
+    return run_binary("test --config " + volt_test::source_dir() +
                       "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" + dir.path +
                       " --trainer.limit_test_batches=2 --trainer.enable_progress_bar=false"
                       " --ckpt_path=" +
-                      (dir / "full.ckpt"));
+                      ckpt);
+  };
+  auto t = test_from(dir / "full.ckpt");
   EXPECT_EQ(t.code, 0) << t.err;
+  // The weights alone: smaller, and `test` reads it as it reads the full one.
+  auto w =
+      run_binary("zero-to-fp32 " + last + " " + (dir / "weights.ckpt") + " --weights_only=true");
+  ASSERT_EQ(w.code, 0) << w.err;
+  EXPECT_NE(w.out.find("consolidated (weights)"), std::string::npos) << w.out;
+  EXPECT_LT(fs::file_size(dir / "weights.ckpt"), fs::file_size(dir / "full.ckpt") / 2);
+  auto tw = test_from(dir / "weights.ckpt");
+  EXPECT_EQ(tw.code, 0) << tw.err;
+  const auto metric_line = [](const std::string& text) {
+    const auto at = text.find("test_loss");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+  };
+  EXPECT_FALSE(metric_line(t.out).empty()) << t.out;
+  EXPECT_EQ(metric_line(tw.out), metric_line(t.out));
+  w = run_binary("zero-to-fp32 " + last + " " + (dir / "w2.ckpt") + " --weights_only=maybe");
+  EXPECT_EQ(w.code, 2) << w.err;
+  EXPECT_NE(w.err.find("--weights_only takes true or false"), std::string::npos) << w.err;
   // The folder itself under ZeRO at the same world size in `test`, where nothing partitions the
   // weights: each rank reads the consolidated state instead of its stage-3 chunks.
   auto z = run_binary("test --config " + volt_test::source_dir() +

@@ -96,6 +96,16 @@ void fit_with_fabric(const std::shared_ptr<TinyClassifier>& m, const volt::DataL
   }
 }
 
+/// The names of the files in `folder`, sorted.
+std::vector<std::string> files_in(const std::string& folder) {
+  std::vector<std::string> files;
+  for (const auto& f : std::filesystem::directory_iterator(folder)) {
+    files.push_back(f.path().filename().string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 TEST(Fabric, ALoopEqualsTheTrainersFitBitForBit) {
   auto loader = volt_test::loader(volt_test::blobs(96), 16);
   for (const std::string precision : {"32-true", "bf16-mixed", "bf16-true", "64-true", "fp8"}) {
@@ -560,13 +570,9 @@ TEST(Fabric, ZeroNvmeOffloadGivesEachModuleItsOwnSwapFiles) {
     fabric.setup(zero.d, {zero.opt_d});
     gan_loop(zero, 4, through(fabric));
     const auto& ds = dynamic_cast<const volt::DeepSpeedStrategy&>(fabric.strategy());
-    std::vector<std::string> files;
-    for (const auto& f : std::filesystem::directory_iterator(ds.nvme_folder())) {
-      files.push_back(f.path().filename().string());
-    }
-    std::sort(files.begin(), files.end());
-    EXPECT_EQ(files, (std::vector<std::string>{"optimizer0.swp", "optimizer1.swp", "owner.lock",
-                                               "parameters0.swp", "parameters1.swp"}));
+    EXPECT_EQ(files_in(ds.nvme_folder()),
+              (std::vector<std::string>{"optimizer0.swp", "optimizer1.swp", "owner.lock",
+                                        "parameters0.swp", "parameters1.swp"}));
   }
   EXPECT_TRUE(std::filesystem::is_empty(nvme.path));
   EXPECT_TRUE(at::allclose(plain.flat(), zero.flat(), 0, 1e-6))
@@ -635,13 +641,9 @@ TEST(Fabric, ZeroPartitionsAModuleSetUpWithoutOptimizersForInference) {
     distill(teacher, student, *opt, &fabric);
     EXPECT_EQ(teacher[0]->as<torch::nn::Linear>()->weight.storage().nbytes(), 0u);
     const auto& ds = dynamic_cast<const volt::DeepSpeedStrategy&>(fabric.strategy());
-    std::vector<std::string> files;
-    for (const auto& f : std::filesystem::directory_iterator(ds.nvme_folder())) {
-      files.push_back(f.path().filename().string());
-    }
-    std::sort(files.begin(), files.end());
-    EXPECT_EQ(files, (std::vector<std::string>{"optimizer1.swp", "owner.lock", "parameters0.swp",
-                                               "parameters1.swp"}));
+    EXPECT_EQ(files_in(ds.nvme_folder()),
+              (std::vector<std::string>{"optimizer1.swp", "owner.lock", "parameters0.swp",
+                                        "parameters1.swp"}));
   }
   EXPECT_TRUE(torch::equal(flat(*teacher), teacher_before));
   EXPECT_TRUE(at::allclose(flat(*student), flat(*plain_student), 0, 1e-6))

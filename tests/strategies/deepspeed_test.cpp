@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 
 #include "deepspeed_testing.h"
@@ -16,6 +17,7 @@
 #include "requires.h"
 #include "tiny.h"
 #include "training_jobs.h"
+#include "volt/accelerators/cpu_memory.h"
 #include "volt/io/checkpoint_io.h"
 #include "volt/strategies/deepspeed.h"
 
@@ -718,7 +720,7 @@ TEST(DeepSpeed, ConsolidatingABf16FolderGivesTheFp32MasterWeights) {
 // ------------------------------------------------------------------------------ ZeRO-Inference
 
 struct Evaluated {
-  double val_loss = -1, params = -1, in_files = -1, full = -1, pred_diff = -1;
+  double val_loss = -1, params = -1, in_files = -1, full = -1, pred_diff = -1, load_peak = -1;
   int batches = -1, released = -1;
 };
 
@@ -738,6 +740,9 @@ Evaluated evaluated(const std::string& output, int rank) {
   e.full = std::stod(m[5]);
   e.released = std::stoi(m[6]);
   e.pred_diff = std::stod(m[7]);
+  std::smatch peak;
+  const std::regex peak_re("rank " + std::to_string(rank) + " evaluated .* load_peak=(-?\\d+)");
+  if (std::regex_search(output, peak, peak_re)) e.load_peak = std::stod(peak[1]);
   return e;
 }
 
@@ -793,6 +798,136 @@ TEST(DeepSpeed, Stage3ValidatesAndPredictsWithEachRankHoldingItsChunksOfTheWeigh
   EXPECT_EQ(e.in_files, e.full);
   EXPECT_EQ(e.pred_diff, 0.0);
   EXPECT_TRUE(torch::equal(load_flat(dir / "d/w.rank0.pt"), want));
+}
+
+// ZeRO-Inference from a folder of its own world size reads this rank's shard alone: no rank
+// materialises the others' weights and optimizer state (consolidation would). A bf16 run with
+// fp32 masters: its shard holds the bf16 roundings the bf16 inference weights equal; inference
+// in fp32 needs the masters and reads the folder consolidated, saying so.
+TEST(DeepSpeed, Stage3InferenceReadsOnlyItsOwnShardOfItsWorldSizesFolder) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::vector<std::string> net{"--width", "128", "--depth", "2", "--sync-dist", "1"};
+  auto train = run_job(
+      cat({"--root", dir / "a", "--out", dir / "a/w", "--devices", "2", "--batch", "8", "--epochs",
+           "1", "--ckpt-every-step", "1", "--zero", "3", "--optimizer", "adam", "--bf16-all", "1"},
+          net));
+  ASSERT_EQ(train.code, 0) << train.output;
+  const std::string ckpt = dir / "a/ckpt/last.ckpt";
+  ASSERT_TRUE(volt::is_zero_checkpoint(ckpt)) << train.output;
+  const double shard = static_cast<double>(std::filesystem::file_size(ckpt + "/rank_0_of_2.ckpt"));
+  const std::vector<std::string> eval = cat(net, {"--evaluate", ckpt});
+  // The reference: one process, the folder consolidated (the weights are the fp32 masters).
+  auto one = run_job(cat({"--root", dir / "c", "--out", dir / "c/w", "--devices", "1"}, eval));
+  ASSERT_EQ(one.code, 0) << one.output;
+  const at::Tensor masters = load_flat(dir / "c/w.rank0.pt");
+  // Two ranks in bf16 (bf16-true: the weights are bf16): each reads its own shard.
+  auto bf16 = run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--devices", "2", "--zero",
+                           "3", "--precision", "bf16-true"},
+                          eval));
+  ASSERT_EQ(bf16.code, 0) << bf16.output;
+  EXPECT_EQ(bf16.output.find("consolidated"), std::string::npos) << bf16.output;
+  // Two ranks in fp32: the masters, consolidated.
+  auto fp32 = run_job(
+      cat({"--root", dir / "d", "--out", dir / "d/w", "--devices", "2", "--zero", "3"}, eval));
+  ASSERT_EQ(fp32.code, 0) << fp32.output;
+  EXPECT_NE(fp32.output.find("reads '" + ckpt +
+                             "' consolidated: its weights are BFloat16 "
+                             "roundings of fp32 masters"),
+            std::string::npos)
+      << fp32.output;
+  const Evaluated ref = evaluated(one.output, 0);
+  for (int r = 0; r < 2; ++r) {
+    const std::string rank = std::to_string(r);
+    const Evaluated b = evaluated(bf16.output, r), f = evaluated(fp32.output, r);
+    EXPECT_EQ(b.released, 1) << "rank " << r;
+    EXPECT_EQ(f.released, 1) << "rank " << r;
+    EXPECT_EQ(b.pred_diff, 0.0) << "rank " << r;
+    // The bf16 weights are the masters' roundings; the fp32 ones the masters themselves.
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("b/w.rank" + rank + ".pt")).to(torch::kFloat),
+                             masters.to(torch::kBFloat16).to(torch::kFloat)))
+        << "rank " << r;
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("d/w.rank" + rank + ".pt")), masters))
+        << "rank " << r;
+    EXPECT_NEAR(f.val_loss, ref.val_loss, 1e-6 * std::abs(ref.val_loss)) << "rank " << r;
+    // Memory: this rank's chunks of the weights read from its own shard (the optimizer's part
+    // is skipped), against each shard read whole in turn and every weight built in fp32 when
+    // consolidating the weights.
+    std::printf(
+        "[ measured ] rank %d: setup + load peak %.0f bytes from its own shard, %.0f "
+        "consolidated (shard file %.0f bytes)\n",
+        r, b.load_peak, f.load_peak, shard);
+    EXPECT_GT(b.load_peak, 0) << "rank " << r;
+    EXPECT_LT(b.load_peak, shard) << "rank " << r;
+    EXPECT_GT(f.load_peak, shard) << "rank " << r;
+    EXPECT_GT(f.load_peak, 2 * b.load_peak) << "rank " << r;
+  }
+}
+
+// The tensors of `ar`'s sub-archive `key` ("state_dict"), by name.
+std::map<std::string, at::Tensor> tensors_at(torch::serialize::InputArchive& ar,
+                                             const std::string& key) {
+  torch::serialize::InputArchive sub;
+  EXPECT_TRUE(ar.try_read(key, sub)) << key;
+  std::map<std::string, at::Tensor> out;
+  for (const auto& name : sub.keys()) {
+    at::Tensor t;
+    if (sub.try_read(name, t)) out[name] = t;
+  }
+  return out;
+}
+
+// Consolidating the weights alone (what validate / test / predict and load_weights read) gives
+// the full consolidation's weights (the fp32 masters of a bf16 run, stage 3's chunks joined;
+// stage 2's whole weights replaced by their masters) and everything but the optimizers' states,
+// reading one shard at a time: its peak tensor bytes are well below the full one's.
+TEST(DeepSpeed, ConsolidatingTheWeightsAloneKeepsAllButTheOptimizerStates) {
+  VOLT_REQUIRE_GLOO();
+  volt::install_counting_cpu_allocator();
+  for (const std::string stage : {"3", "2"}) {
+    volt_test::TempDir dir;
+    auto train =
+        run_job({"--root",  dir / "a", "--out",       dir / "a/w", "--devices",         "2",
+                 "--batch", "8",       "--epochs",    "1",         "--ckpt-every-step", "1",
+                 "--zero",  stage,     "--optimizer", "adam",      "--bf16-all",        "1",
+                 "--width", "128",     "--depth",     "2"});
+    ASSERT_EQ(train.code, 0) << train.output;
+    const std::string ckpt = dir / "a/ckpt/last.ckpt";
+    ASSERT_TRUE(volt::is_zero_checkpoint(ckpt)) << train.output;
+    const auto peak_of = [&](volt::ZeroContents contents, torch::serialize::InputArchive& out) {
+      volt::reset_cpu_memory_peaks();
+      const int64_t before = volt::cpu_memory_stats().in_use;
+      out = volt::load_consolidated_zero_checkpoint(ckpt, contents);
+      return volt::cpu_memory_stats().max_in_use - before;
+    };
+    torch::serialize::InputArchive full, weights;
+    const int64_t full_peak = peak_of(volt::ZeroContents::kEverything, full);
+    const int64_t weights_peak = peak_of(volt::ZeroContents::kWeights, weights);
+    const auto want = tensors_at(full, "state_dict");
+    const auto got = tensors_at(weights, "state_dict");
+    ASSERT_EQ(got.size(), want.size()) << "stage " << stage;
+    ASSERT_FALSE(want.empty());
+    for (const auto& [name, t] : want) {
+      ASSERT_TRUE(got.count(name)) << name;
+      EXPECT_EQ(got.at(name).scalar_type(), torch::kFloat) << name;  // the masters
+      EXPECT_TRUE(torch::equal(got.at(name), t)) << "stage " << stage << " " << name;
+    }
+    // The optimizer's state is left out; its scheduler count, the loop and callbacks stay.
+    torch::serialize::InputArchive opt, none, loop;
+    ASSERT_TRUE(full.try_read("optimizers", opt));
+    EXPECT_TRUE(opt.try_read("optimizer_0", none));
+    ASSERT_TRUE(weights.try_read("optimizers", opt));
+    EXPECT_FALSE(opt.try_read("optimizer_0", none)) << "stage " << stage;
+    c10::IValue count;
+    EXPECT_TRUE(opt.try_read("count", count));
+    EXPECT_TRUE(weights.try_read("loop", loop));
+    std::printf(
+        "[ measured ] stage %s, 2 shards: peak tensor bytes consolidating the weights "
+        "alone %lld, everything %lld (%.2fx)\n",
+        stage.c_str(), static_cast<long long>(weights_peak), static_cast<long long>(full_peak),
+        static_cast<double>(weights_peak) / static_cast<double>(full_peak));
+    EXPECT_LT(weights_peak, full_peak * 6 / 10) << "stage " << stage;
+  }
 }
 
 void expect_four_rank_folder_loads_elsewhere(const std::string& stage) {

@@ -352,6 +352,16 @@ class InferenceProbe : public volt::Callback {
   InferenceProbe(volt::DeepSpeedStrategy* strategy, torch::nn::Linear fc1)
       : strategy_(strategy), fc1_(std::move(fc1)) {}
   std::string state_key() const override { return "InferenceProbe"; }
+  // The peak tensor bytes the first entry point adds between the callbacks' setup and its start:
+  // the strategy's setup and reading the checkpoint.
+  void setup(volt::RunContext&, volt::Module&, volt::Stage) override {
+    if (load_peak >= 0) return;
+    volt::reset_cpu_memory_peaks();
+    base_ = volt::cpu_memory_stats().in_use;
+  }
+  void on_validation_start(volt::RunContext&, volt::Module&) override {
+    if (load_peak < 0) load_peak = volt::cpu_memory_stats().max_in_use - base_;
+  }
   void on_validation_batch_end(volt::RunContext&, volt::Module& module, const volt::Batch&,
                                int64_t) override {
     read(module);
@@ -362,7 +372,7 @@ class InferenceProbe : public volt::Callback {
     inputs.push_back(batch.input.clone());
     predictions.push_back(prediction.clone());
   }
-  int64_t params = -1, params_in_files = -1, full = -1;
+  int64_t params = -1, params_in_files = -1, full = -1, load_peak = -1;
   bool released = true;
   std::vector<at::Tensor> inputs, predictions;
 
@@ -382,6 +392,7 @@ class InferenceProbe : public volt::Callback {
   }
   volt::DeepSpeedStrategy* strategy_;
   torch::nn::Linear fc1_;
+  int64_t base_ = 0;
 };
 
 /// A /proc/self/status field in KiB (VmRSS, VmHWM), or -1.
@@ -602,7 +613,9 @@ int main(int argc, char** argv) {
       {
         torch::NoGradGuard no_grad;
         for (size_t i = 0; i < inference->inputs.size(); ++i) {
-          const auto again = model.forward(inference->inputs[i]);
+          // bf16-true feeds the module bf16 inputs; so does this recomputation.
+          const auto dtype = model.parameters().front().scalar_type();
+          const auto again = model.forward(inference->inputs[i].to(dtype));
           diff = std::max(diff, (again - inference->predictions[i]).abs().max().item<double>());
         }
       }
@@ -611,11 +624,12 @@ int main(int argc, char** argv) {
                   a["--out"] + ".pred.rank" + std::to_string(rank) + ".pt");
       std::printf(
           "rank %lld evaluated val_loss=%.17g batches=%zu infer_params=%lld "
-          "infer_in_files=%lld infer_full=%lld released=%d pred_diff=%.17g\n",
+          "infer_in_files=%lld infer_full=%lld released=%d pred_diff=%.17g load_peak=%lld\n",
           static_cast<long long>(rank), metrics.at("val_loss"), predictions.size(),
           static_cast<long long>(inference->params),
           static_cast<long long>(inference->params_in_files),
-          static_cast<long long>(inference->full), inference->released ? 1 : 0, diff);
+          static_cast<long long>(inference->full), inference->released ? 1 : 0, diff,
+          static_cast<long long>(inference->load_peak));
       std::fflush(stdout);
       return 0;
     }

@@ -299,18 +299,34 @@ class DeepSpeedStrategy : public DdpStrategy {
   int nvme_lock_fd_ = -1;  // flock held on nvme_rank_dir_/owner.lock while the folder is in use
 };
 
+/// What a consolidated ZeRO checkpoint keeps.
+enum class ZeroContents {
+  /// The whole weights and the whole optimizer states: a fit resumes from it at any world size.
+  kEverything,
+  /// The whole weights and every entry that is not an optimizer's partitioned state (loop state,
+  /// callbacks, the module's and the data module's own): what validate / test / predict and
+  /// load_weights read, as Lightning's convert_zero_checkpoint_to_fp32_state_dict drops
+  /// DeepSpeed's optimizer states. Read one shard at a time: rank 0's shard, the whole weights
+  /// and one other shard are in memory at once, where kEverything holds every shard and the
+  /// whole optimizer states.
+  kWeights,
+};
+
 /// Reads a ZeRO checkpoint folder (every rank's shard) and writes one ordinary volt checkpoint
-/// file at `out`: full weights and full optimizer state by parameter name, plus everything else
-/// rank 0 saved (DeepSpeed's zero_to_fp32, with the optimizer state kept). The partitioned
-/// entries are found wherever the checkpoint keeps them (a Trainer's weights and optimizers, each
-/// module and optimizer of a Fabric state); with bf16 master weights, the weights are the fp32
-/// masters. Any strategy and any world size loads the result. Throws CheckpointError naming a
-/// missing or inconsistent shard.
-void consolidate_zero_checkpoint(const std::string& folder, const std::string& out);
+/// file at `out`: full weights and (kEverything) full optimizer state by parameter name, plus
+/// everything else rank 0 saved (DeepSpeed's zero_to_fp32, with the optimizer state kept unless
+/// `contents` is kWeights). The partitioned entries are found wherever the checkpoint keeps them
+/// (a Trainer's weights and optimizers, each module and optimizer of a Fabric state); with bf16
+/// master weights, the weights are the fp32 masters. Any strategy and any world size loads the
+/// result. Throws CheckpointError naming a missing or inconsistent shard.
+void consolidate_zero_checkpoint(const std::string& folder, const std::string& out,
+                                 ZeroContents contents = ZeroContents::kEverything);
 
 /// consolidate_zero_checkpoint into a temporary file, read back: how every strategy (and
-/// DeepSpeedStrategy at another world size) loads a ZeRO folder.
-torch::serialize::InputArchive load_consolidated_zero_checkpoint(const std::string& folder);
+/// DeepSpeedStrategy at another world size) loads a ZeRO folder; kWeights when no optimizer
+/// state will be read (validate / test / predict, load_weights).
+torch::serialize::InputArchive load_consolidated_zero_checkpoint(
+    const std::string& folder, ZeroContents contents = ZeroContents::kEverything);
 
 /// True when `path` is a ZeRO checkpoint folder written by DeepSpeedStrategy.
 bool is_zero_checkpoint(const std::string& path);

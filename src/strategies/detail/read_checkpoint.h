@@ -13,7 +13,10 @@ class CheckpointIO;
 namespace detail {
 
 /// A ZeRO checkpoint folder (every rank's shard) consolidated, else the file read through `io`.
-torch::serialize::InputArchive read_checkpoint(const std::string& path, CheckpointIO& io);
+/// `weights_only`: the folder's optimizer states are not consolidated (nothing will read them:
+/// validate / test / predict, load_weights).
+torch::serialize::InputArchive read_checkpoint(const std::string& path, CheckpointIO& io,
+                                               bool weights_only);
 
 }  // namespace detail
 }  // namespace volt
