@@ -96,6 +96,7 @@
 #include "volt/profiler/torch.h"
 #include "volt/report/run_report.h"
 #include "volt/strategies/ddp.h"
+#include "volt/strategies/model_parallel.h"
 #include "volt/strategies/pipeline.h"
 #include "volt/strategies/single_device.h"
 #include "volt/strategies/strategy.h"

@@ -1,5 +1,6 @@
 #include "volt/distributed/tensor_parallel.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <fnmatch.h>
@@ -8,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <set>
@@ -270,9 +272,26 @@ void register_row(const at::Tensor& weight, RowWeight info) {
   rows().set(detail::storage_of(weight), info);
 }
 
-void unregister_row(const at::Tensor& weight) {
+// A column-parallel weight: its layer's input gets Megatron's "f" (identity forward, gradient
+// summed over the group in backward) when autograd records.
+struct ColWeight {
+  const c10::StorageImpl* storage;
+  ProcessGroup* group;
+};
+
+detail::StorageMap<ColWeight>& cols() {
+  static auto* m = new detail::StorageMap<ColWeight>();
+  return *m;
+}
+
+void register_col(const at::Tensor& weight, ProcessGroup* group) {
+  cols().set(detail::storage_of(weight), ColWeight{detail::storage_of(weight), group});
+}
+
+void unregister_weight(const at::Tensor& weight) {
   const c10::StorageImpl* s = detail::storage_of(weight);
   rows().erase_if([&](const RowWeight& r) { return r.storage == s; });
+  cols().erase_if([&](const ColWeight& c) { return c.storage == s; });
 }
 
 // The ops a Linear's forward reaches its weight through (2.x: linear; 1.13's C++ functional:
@@ -309,9 +328,155 @@ at::Tensor input_slice(at::Tensor x, const RowWeight& info) {
   return x;
 }
 
-bool tp_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+// ------------------------------------------------------------------- autograd for training
+// Megatron-LM's two conjugate operators, expressed as autograd Functions so that training
+// through a split model gives one process's gradients: "f" in front of a column-parallel layer
+// (identity forward, the input gradient summed over the group: every rank's slice of the output
+// contributes to it) and "g" inside a row-parallel layer (the partial products summed forward,
+// the gradient passed through: every rank's part feeds the same sum). The Functions' bodies run
+// with the intercept key excluded, so the ops they call are plain ones.
+
+ProcessGroup* group_of(const torch::autograd::AutogradContext* ctx) {
+  return reinterpret_cast<ProcessGroup*>(ctx->saved_data.at("group").toInt());
+}
+
+c10::IValue group_value(ProcessGroup* group) {
+  return c10::IValue(static_cast<int64_t>(reinterpret_cast<intptr_t>(group)));
+}
+
+struct CopyToGroup : torch::autograd::Function<CopyToGroup> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            ProcessGroup* group) {
+    ctx->saved_data["group"] = group_value(group);
+    return x.alias();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+    return {sum_across(*group_of(ctx), grads[0].contiguous()), at::Tensor()};
+  }
+};
+
+// One row-parallel op whose partial products are summed: y = beta * self + alpha * sum_r(x_r w_r)
+// (addmm), y = sum_r(x_r W_r^T) + bias (linear), y = sum_r(x_r w_r) (matmul, mm). `w` is the
+// argument as the op got it (for addmm / matmul / mm a transposed view of the weight, so its
+// gradient reaches the weight through that view). `x` is whole or this rank's slice.
+struct RowParallel : torch::autograd::Function<RowParallel> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& w, const at::Tensor& extra, RowOp op,
+                            const RowWeight& info, const c10::Scalar& beta,
+                            const c10::Scalar& alpha) {
+    c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+    const at::Tensor xs = input_slice(x, info);
+    const at::Tensor product = op == RowOp::kLinear   ? at::linear(xs, w)
+                               : op == RowOp::kMatmul ? at::matmul(xs, w)
+                                                      : at::mm(xs, w);
+    const at::Tensor summed = sum_across(*info.group, product);
+    at::Tensor out = summed;
+    if (op == RowOp::kLinear && extra.numel() > 0) out = summed + extra;
+    if (op == RowOp::kAddmm) out = at::add(extra.mul(beta), summed, alpha);
+    ctx->save_for_backward({x, w, extra});
+    // The dtype the products ran in (bf16 under autocast, which the interceptor runs above and
+    // autograd never sees): backward computes in it too and returns each input's own dtype.
+    ctx->saved_data["dtype"] = static_cast<int64_t>(product.scalar_type());
+    ctx->saved_data["group"] = group_value(info.group);
+    ctx->saved_data["op"] = static_cast<int64_t>(op);
+    ctx->saved_data["full"] = info.full;
+    ctx->saved_data["shard"] = info.shard;
+    ctx->saved_data["offset"] = info.offset;
+    ctx->saved_data["beta"] = beta;
+    ctx->saved_data["alpha"] = alpha;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &extra = saved[2];
+    const auto op = static_cast<RowOp>(ctx->saved_data.at("op").toInt());
+    const RowWeight info{nullptr, group_of(ctx), ctx->saved_data.at("full").toInt(),
+                         ctx->saved_data.at("shard").toInt(), ctx->saved_data.at("offset").toInt()};
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data.at("dtype").toInt());
+    const at::Tensor g = grads[0].to(dtype), w = saved[1].to(dtype);
+    at::Tensor grad_x, grad_w, grad_extra;
+    // The gradient of the summed part (identity through the sum: g's backward).
+    const at::Tensor gp = op == RowOp::kAddmm ? g * ctx->saved_data.at("alpha").toScalar() : g;
+    const bool linear = op == RowOp::kLinear;  // w is [out, in_shard]; else [in_shard, out]
+    if (ctx->needs_input_grad(0)) {
+      const at::Tensor gxs =
+          (linear ? at::matmul(gp, w) : at::matmul(gp, w.t())).to(x.scalar_type());
+      if (x.size(-1) == info.shard) {
+        grad_x = gxs;
+      } else {
+        // Whole input: each rank has the gradient of its slice; their sum is the whole one.
+        grad_x = at::zeros(x.sizes(), gxs.options());
+        grad_x.narrow(-1, info.offset, info.shard).copy_(gxs);
+        grad_x = sum_across(*info.group, grad_x);
+      }
+    }
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor xs = input_slice(x, info).to(dtype);
+      const at::Tensor x2 = xs.reshape({-1, xs.size(-1)}), g2 = gp.reshape({-1, gp.size(-1)});
+      grad_w = (linear ? at::mm(g2.t(), x2) : at::mm(x2.t(), g2)).to(saved[1].scalar_type());
+    }
+    if (extra.numel() > 0 && ctx->needs_input_grad(2)) {
+      const at::Tensor ge = op == RowOp::kAddmm ? g * ctx->saved_data.at("beta").toScalar() : g;
+      grad_extra = at::sum_to(ge, extra.sizes()).to(extra.scalar_type());
+    }
+    return {grad_x, grad_w, grad_extra, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// A vocabulary-split embedding: each rank looks up the ids in its rows, zeros elsewhere, and
+// the lookups are summed; the weight's gradient is the rows this rank holds.
+struct RowParallelEmbedding : torch::autograd::Function<RowParallelEmbedding> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& weight,
+                            const at::Tensor& idx, const RowWeight& info, int64_t padding_idx) {
+    c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+    const at::Tensor mine = idx.ge(info.offset).logical_and(idx.lt(info.offset + info.shard));
+    const at::Tensor local = (idx - info.offset).masked_fill(mine.logical_not(), 0);
+    const at::Tensor out = at::embedding(weight, local);
+    // The padding row's gradient stays zero (as aten::embedding's backward).
+    const at::Tensor learns = padding_idx >= 0 ? mine.logical_and(idx.ne(padding_idx)) : mine;
+    ctx->save_for_backward({local, learns});
+    ctx->saved_data["rows"] = weight.size(0);
+    return sum_across(*info.group, out * mine.unsqueeze(-1).to(out.scalar_type()));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor local = saved[0].reshape({-1}), learns = saved[1].reshape({-1});
+    const at::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
+    at::Tensor grad_w = at::zeros({ctx->saved_data.at("rows").toInt(), g.size(1)}, g.options());
+    grad_w.index_add_(0, local.masked_select(learns), g.index({learns}));
+    return {grad_w, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+bool records(const at::Tensor& t) {
+  return t.defined() && t.requires_grad();
+}
+
+// A column-parallel op whose input autograd records: the op runs on f(input).
+bool column_op(const c10::OperatorHandle& op, const RowOpInfo& which, const ColWeight& col,
+               torch::jit::Stack* stack) {
+  if (!at::GradMode::is_enabled() || which.op == RowOp::kEmbedding) return false;
+  const size_t n = which.nargs, xi = which.op == RowOp::kAddmm ? 1 : 0;
+  c10::IValue& slot = (*stack)[stack->size() - n + xi];
+  if (!slot.isTensor() || !records(slot.toTensor())) return false;
+  // Excluded for the whole op, so the ops it is made of (matmul's mm) are not intercepted
+  // again (that would sum the input gradient twice).
+  c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+  slot = CopyToGroup::apply(slot.toTensor(), col.group);
+  op.callBoxed(stack);
+  return true;
+}
+
+bool tp_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
                     torch::jit::Stack* stack) {
-  if (rows().empty()) return false;
+  if (rows().empty() && cols().empty()) return false;
   const c10::OperatorName& name = op.operator_name();
   const RowOpInfo* which = nullptr;
   for (const auto& r : row_ops()) {
@@ -322,42 +487,65 @@ bool tp_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   const c10::IValue& w = torch::jit::peek(*stack, which->weight, n);
   if (!w.isTensor()) return false;
   const c10::optional<RowWeight> found = rows().find(w.toTensor());
-  if (!found) return false;
+  if (!found) {
+    const c10::optional<ColWeight> col = cols().find(w.toTensor());
+    return col ? column_op(op, *which, *col, stack) : false;
+  }
   const RowWeight info = *found;
   const at::Tensor weight = w.toTensor();
+  const bool grad_mode = at::GradMode::is_enabled();
   c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
   at::Tensor out;
   if (which->op == RowOp::kEmbedding) {
     const at::Tensor idx = torch::jit::peek(*stack, 1, n).toTensor();
-    const at::Tensor mine = idx.ge(info.offset).logical_and(idx.lt(info.offset + info.shard));
-    const at::Tensor local = (idx - info.offset).masked_fill(mine.logical_not(), 0);
-    out = at::embedding(weight, local);
-    out = sum_across(*info.group, out * mine.unsqueeze(-1).to(out.scalar_type()));
+    const int64_t padding_idx = torch::jit::peek(*stack, 2, n).toInt();
+    if (grad_mode && records(weight)) {
+      VOLT_CHECK(
+          !torch::jit::peek(*stack, 3, n).toBool() && !torch::jit::peek(*stack, 4, n).toBool(),
+          ValueError, kTag,
+          " a vocabulary-split Embedding trains only with dense gradients and "
+          "scale_grad_by_freq=false (each rank sees only its rows' counts); build the "
+          "Embedding without sparse / scale_grad_by_freq, or keep it replicated.");
+      out = RowParallelEmbedding::apply(weight, idx, info, padding_idx);
+    } else {
+      const at::Tensor mine = idx.ge(info.offset).logical_and(idx.lt(info.offset + info.shard));
+      const at::Tensor local = (idx - info.offset).masked_fill(mine.logical_not(), 0);
+      out = at::embedding(weight, local);
+      out = sum_across(*info.group, out * mine.unsqueeze(-1).to(out.scalar_type()));
+    }
   } else {
     const size_t xi = which->op == RowOp::kAddmm ? 1 : 0;
     const at::Tensor x_in = torch::jit::peek(*stack, xi, n).toTensor();
-    VOLT_CHECK(!at::GradMode::is_enabled() || !(x_in.requires_grad() || weight.requires_grad()),
-               ValueError, kTag,
-               " a row-parallel Linear ran with autograd recording; tensor "
-               "parallelism is for inference (predict/validate/test), not training.");
-    const at::Tensor x = input_slice(x_in, info);
-    switch (which->op) {
-      case RowOp::kLinear: {
-        out = sum_across(*info.group, at::linear(x, weight));
-        const c10::IValue& bias = torch::jit::peek(*stack, 2, n);
-        if (bias.isTensor() && bias.toTensor().defined()) out = out + bias.toTensor();
-        break;
+    at::Tensor extra;  // linear's bias, addmm's self
+    if (which->op == RowOp::kLinear) {
+      const c10::IValue& bias = torch::jit::peek(*stack, 2, n);
+      if (bias.isTensor()) extra = bias.toTensor();
+    } else if (which->op == RowOp::kAddmm) {
+      extra = torch::jit::peek(*stack, 0, n).toTensor();
+    }
+    c10::Scalar beta = 1, alpha = 1;
+    if (which->op == RowOp::kAddmm) {
+      beta = torch::jit::peek(*stack, 3, n).toScalar();
+      alpha = torch::jit::peek(*stack, 4, n).toScalar();
+    }
+    if (grad_mode && (records(x_in) || records(weight) || records(extra))) {
+      // libtorch 1.13's Function::apply needs defined tensors: no bias is an empty one.
+      const at::Tensor arg = extra.defined() ? extra : at::empty({0}, weight.options());
+      out = RowParallel::apply(x_in, weight, arg, which->op, info, beta, alpha);
+    } else {
+      const at::Tensor x = input_slice(x_in, info);
+      switch (which->op) {
+        case RowOp::kLinear:
+          out = sum_across(*info.group, at::linear(x, weight));
+          if (extra.defined()) out = out + extra;
+          break;
+        case RowOp::kAddmm:
+          out = at::add(extra.mul(beta), sum_across(*info.group, at::mm(x, weight)), alpha);
+          break;
+        case RowOp::kMatmul: out = sum_across(*info.group, at::matmul(x, weight)); break;
+        case RowOp::kMm: out = sum_across(*info.group, at::mm(x, weight)); break;
+        case RowOp::kEmbedding: break;
       }
-      case RowOp::kAddmm: {
-        const at::Tensor self = torch::jit::peek(*stack, 0, n).toTensor();
-        const c10::Scalar beta = torch::jit::peek(*stack, 3, n).toScalar();
-        const c10::Scalar alpha = torch::jit::peek(*stack, 4, n).toScalar();
-        out = at::add(self.mul(beta), sum_across(*info.group, at::mm(x, weight)), alpha);
-        break;
-      }
-      case RowOp::kMatmul: out = sum_across(*info.group, at::matmul(x, weight)); break;
-      case RowOp::kMm: out = sum_across(*info.group, at::mm(x, weight)); break;
-      case RowOp::kEmbedding: break;
     }
   }
   torch::jit::drop(*stack, n);
@@ -384,6 +572,86 @@ TensorParallelEngine::TensorParallelEngine(torch::nn::Module& root,
   reshard();
 }
 
+namespace {
+
+// This rank's part of `whole` (shaped as the shard's parameter whole).
+at::Tensor slice_of(const TensorParallelEngine::Shard& s, const at::Tensor& whole, int64_t tp,
+                    int64_t rank) {
+  VOLT_CHECK(whole.sizes().vec() == s.full_sizes, ValueError, kTag,
+             " expected a tensor of the "
+             "whole parameter's shape ",
+             c10::IntArrayRef(s.full_sizes), ", got ", whole.sizes(), ".");
+  if (s.packed) {
+    const int64_t third = whole.size(0) / 3, n = third / tp;
+    std::vector<int64_t> split_shape = {3, third};
+    for (int64_t d = 1; d < whole.dim(); ++d) split_shape.push_back(whole.size(d));
+    std::vector<int64_t> out_shape = whole.sizes().vec();
+    out_shape[0] = 3 * n;
+    return whole.reshape(split_shape).narrow(1, rank * n, n).reshape(out_shape);
+  }
+  const int64_t n = whole.size(s.dim) / tp;
+  return whole.narrow(s.dim, rank * n, n);
+}
+
+// Every rank's `part` (shaped as the shard) joined whole; collective.
+at::Tensor join_parts(const TensorParallelEngine::Shard& s, const at::Tensor& part,
+                      ProcessGroup& group) {
+  // Gathered in float32 where Gloo lacks the dtype (bfloat16 runs); exact either way.
+  const bool widen = part.scalar_type() == at::kBFloat16 || part.scalar_type() == at::kHalf;
+  std::vector<at::Tensor> parts = group.all_gather(widen ? part.to(at::kFloat) : part);
+  if (widen) {
+    for (auto& p : parts) p = p.to(part.scalar_type());
+  }
+  at::Tensor full;
+  if (s.packed) {
+    // Every rank holds [q_r; k_r; v_r]: regroup by third.
+    std::vector<at::Tensor> thirds;
+    for (auto& p : parts) thirds.push_back(p.reshape({3, p.size(0) / 3, -1}));
+    full = at::cat(thirds, 1).reshape(s.full_sizes);
+  } else {
+    full = at::cat(parts, s.dim);
+  }
+  VOLT_ASSERT(full.sizes().vec() == s.full_sizes, kTag, " joined shape ", full.sizes(),
+              " differs from ", c10::IntArrayRef(s.full_sizes), " (", group.world_size(),
+              " ranks)");
+  return full;
+}
+
+}  // namespace
+
+const TensorParallelEngine::Shard* TensorParallelEngine::find_shard(const at::Tensor& param) const {
+  for (const auto& s : shards_) {
+    if (s->param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return s.get();
+  }
+  return nullptr;
+}
+
+std::vector<int64_t> TensorParallelEngine::whole_sizes(const at::Tensor& param) const {
+  const Shard* s = find_shard(param);
+  return s != nullptr ? s->full_sizes : param.sizes().vec();
+}
+
+at::Tensor TensorParallelEngine::gather_whole(const at::Tensor& param,
+                                              const at::Tensor& part) const {
+  const Shard* s = find_shard(param);
+  if (s == nullptr || !part.defined()) return part;
+  VOLT_CHECK(part.sizes() == param.sizes(), ValueError, kTag,
+             " gather_whole: expected a tensor of "
+             "the shard's shape ",
+             param.sizes(), ", got ", part.sizes(), ".");
+  torch::NoGradGuard no_grad;
+  c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+  return join_parts(*s, part.contiguous(), *group_);
+}
+
+at::Tensor TensorParallelEngine::shard_of(const at::Tensor& param, const at::Tensor& whole) const {
+  const Shard* s = find_shard(param);
+  if (s == nullptr || !whole.defined()) return whole;
+  torch::NoGradGuard no_grad;
+  c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+  return slice_of(*s, whole, options_.tp_size(), group_->rank()).contiguous().clone();
+}
+
 void TensorParallelEngine::reshard() {
   if (split_) return;
   const int64_t tp = options_.tp_size(), rank = group_->rank();
@@ -398,19 +666,7 @@ void TensorParallelEngine::reshard() {
     s->full_sizes = p.sizes().vec();
     s->dim = dim;
     s->packed = packed;
-    at::Tensor part;
-    if (packed) {
-      const int64_t third = p.size(0) / 3, n = third / tp;
-      std::vector<int64_t> split_shape = {3, third};
-      for (int64_t d = 1; d < p.dim(); ++d) split_shape.push_back(p.size(d));
-      std::vector<int64_t> out_shape = p.sizes().vec();
-      out_shape[0] = 3 * n;
-      part = p.reshape(split_shape).narrow(1, rank * n, n).reshape(out_shape);
-    } else {
-      const int64_t n = p.size(dim) / tp;
-      part = p.narrow(dim, rank * n, n);
-    }
-    p.set_data(part.contiguous().clone());
+    p.set_data(slice_of(*s, p, tp, rank).contiguous().clone());
     shards_.push_back(std::move(s));
   };
   for (const TpLayer& layer : layers_) {
@@ -430,6 +686,7 @@ void TensorParallelEngine::reshard() {
         const bool packed = layer.style == TpStyle::kColwiseQkv;
         reshard(l.weight, 0, packed);
         if (l.bias.defined()) reshard(l.bias, 0, packed);
+        register_col(l.weight, group_.get());
         break;
       }
       case TpStyle::kRowwise: {
@@ -447,7 +704,7 @@ void TensorParallelEngine::reshard() {
 }
 
 TensorParallelEngine::~TensorParallelEngine() {
-  for (const auto& s : shards_) unregister_row(s->param);
+  for (const auto& s : shards_) unregister_weight(s->param);
 }
 
 struct TensorParallelEngine::Scope::Impl {
@@ -462,33 +719,51 @@ TensorParallelEngine::Scope::~Scope() = default;
 
 void TensorParallelEngine::restore() {
   if (!split_) return;
-  for (const auto& s : shards_) unregister_row(s->param);
+  for (const auto& s : shards_) unregister_weight(s->param);
   torch::NoGradGuard no_grad;
   c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
-  const int64_t tp = options_.tp_size();
-  for (auto& s : shards_) {
-    // Gathered in float32 where Gloo lacks the dtype (bfloat16 runs); exact either way.
-    const bool widen =
-        s->param.scalar_type() == at::kBFloat16 || s->param.scalar_type() == at::kHalf;
-    std::vector<at::Tensor> parts = group_->all_gather(widen ? s->param.to(at::kFloat) : s->param);
-    if (widen) {
-      for (auto& p : parts) p = p.to(s->param.scalar_type());
-    }
-    at::Tensor full;
-    if (s->packed) {
-      // Every rank holds [q_r; k_r; v_r]: regroup by third.
-      std::vector<at::Tensor> thirds;
-      for (auto& p : parts) thirds.push_back(p.reshape({3, p.size(0) / 3, -1}));
-      full = at::cat(thirds, 1).reshape(s->full_sizes);
-    } else {
-      full = at::cat(parts, s->dim);
-    }
-    VOLT_ASSERT(full.sizes().vec() == s->full_sizes, kTag, " restored shape ", full.sizes(),
-                " differs from ", s->full_sizes, " (tp_size ", tp, ")");
-    s->param.set_data(full.contiguous());
-  }
+  for (auto& s : shards_) s->param.set_data(join_parts(*s, s->param, *group_).contiguous());
   shards_.clear();
   split_ = false;
+}
+
+double TensorParallelEngine::grad_norm(const std::vector<at::Tensor>& parameters,
+                                       double norm_type) const {
+  const bool inf = std::isinf(norm_type) && norm_type > 0;
+  VOLT_CHECK(norm_type == 2.0 || inf, ValueError, kTag, " grad_norm: norm_type=", norm_type,
+             " is not supported; use 2 or infinity.");
+  std::unordered_set<const c10::TensorImpl*> split;
+  for (const auto& s : shards_) split.insert(s->param.unsafeGetTensorImpl());
+  torch::NoGradGuard no_grad;
+  c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+  at::Tensor parts = at::zeros({2}, at::kDouble);  // [split, whole]
+  for (const auto& p : parameters) {
+    if (!p.grad().defined()) continue;
+    const at::Tensor g = p.grad().to(at::kDouble);
+    const at::Tensor v = (inf ? g.abs().max() : g.pow(2).sum()).cpu();
+    const int64_t i = split.count(p.unsafeGetTensorImpl()) ? 0 : 1;
+    parts[i] = inf ? at::maximum(parts[i], v) : parts[i] + v;
+  }
+  at::Tensor shards = parts[0];
+  if (split_ && options_.tp_size() > 1) {
+    shards = group_->all_reduce(shards.reshape({1}), inf ? Reduce::kMax : Reduce::kSum)[0];
+  }
+  const double a = shards.item<double>(), b = parts[1].item<double>();
+  return inf ? std::max(a, b) : std::sqrt(a + b);
+}
+
+double TensorParallelEngine::clip_grad_norm_(const std::vector<at::Tensor>& parameters,
+                                             double max_norm, double norm_type) {
+  const double norm = grad_norm(parameters, norm_type);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    torch::NoGradGuard no_grad;
+    c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+    for (const auto& p : parameters) {
+      if (p.grad().defined()) p.grad().mul_(coef);
+    }
+  }
+  return norm;
 }
 
 int64_t TensorParallelEngine::parameter_bytes() const {

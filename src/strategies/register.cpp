@@ -2,6 +2,7 @@
 #include "volt/core/registry.h"
 #include "volt/strategies/ddp.h"
 #include "volt/strategies/deepspeed.h"
+#include "volt/strategies/model_parallel.h"
 #include "volt/strategies/pipeline.h"
 #include "volt/strategies/single_device.h"
 
@@ -77,6 +78,37 @@ void register_strategies(Registry& r) {
                 .activation_checkpoint_interval(a.get<int64_t>("activation_checkpoint_interval"))
                 .deferred_batch_norm(a.get<bool>("deferred_batch_norm"))
                 .release_other_stages(a.get<bool>("release_other_stages"))
+                .timeout_s(a.get<double>("timeout_s"))
+                .process_group_backend(a.get<std::string>("process_group_backend")),
+            c.accelerator, c.precision, c.devices, c.num_nodes);
+      });
+  const ModelParallelStrategyOptions mp;
+  r.strategies.add(
+      "model_parallel",
+      "tensor parallel (Megatron-style split Linear/Embedding layers) x data parallel: "
+      "consecutive ranks split the layers a plan names, the groups split the data",
+      Params()
+          .add("tensor_parallel_size", mp.tensor_parallel_size(),
+               "ranks each split layer is split across; the world size over it = data-parallel "
+               "size (0: the processes of one node)")
+          .add("tp_plan", std::vector<std::string>{},
+               "'pattern=colwise|colwise_qkv|rowwise|replicated' (module path glob)")
+          .add("injection_policy", std::vector<std::string>{},
+               "'Module: member, ...' (the members are row-parallel, the other Linears "
+               "column-parallel)")
+          .add("num_heads", mp.num_heads(),
+               "attention heads (checked against the split; 0: unknown)")
+          .add("timeout_s", mp.timeout_s(), "bound on rendezvous and every collective (seconds)")
+          .choice("process_group_backend", mp.process_group_backend(), {"auto", "gloo", "nccl"},
+                  "collective backend; auto = gloo on cpu, nccl on cuda"),
+      [](const Args& a, const StrategyContext& c) -> std::shared_ptr<Strategy> {
+        return std::make_shared<ModelParallelStrategy>(
+            ModelParallelStrategyOptions()
+                .tensor_parallel_size(a.get<int64_t>("tensor_parallel_size"))
+                .plan(parse_tp_plan(a.get<std::vector<std::string>>("tp_plan")))
+                .injection_policy(
+                    parse_injection_policy(a.get<std::vector<std::string>>("injection_policy")))
+                .num_heads(a.get<int64_t>("num_heads"))
                 .timeout_s(a.get<double>("timeout_s"))
                 .process_group_backend(a.get<std::string>("process_group_backend")),
             c.accelerator, c.precision, c.devices, c.num_nodes);

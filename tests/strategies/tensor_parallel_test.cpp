@@ -92,6 +92,27 @@ TEST(TensorParallel, MlpTwoAndFourRanksPredictLikeOneProcess) {
   }
 }
 
+TEST(TensorParallelTraining, TwoAndFourRanksTrainLikeOneProcess) {
+  VOLT_REQUIRE_GLOO();
+  // tests/support/dist_worker.cpp, run_tp_train: an MLP (input gradient through "f", a
+  // row-parallel layer on a whole input) and a small language model (vocabulary-split
+  // embedding, heads split by packed q/k/v, row-parallel projections) train 4 SGD-momentum
+  // steps with norm clipping on every rank: losses, norms, input gradients and the gathered
+  // weights equal one process's; a split Embedding with scale_grad_by_freq refuses to train.
+  for (int tp : {2, 4}) {
+    auto ranks = volt_test::start_local_ranks(volt_test::dist_worker(),
+                                              {"tp-train", "--devices", std::to_string(tp)}, tp);
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const std::string rank = "rank " + std::to_string(r);
+      EXPECT_EQ(ranks[r]->exit_code(std::chrono::milliseconds(120000)), 0) << ranks[r]->output();
+      const std::string out = ranks[r]->output();
+      EXPECT_NE(out.find(rank + ": tp-train mlp ok (3 layers split)"), std::string::npos) << out;
+      EXPECT_NE(out.find(rank + ": tp-train lm ok (5 layers split)"), std::string::npos) << out;
+      EXPECT_NE(out.find(rank + ": tp-train errors ok"), std::string::npos) << out;
+    }
+  }
+}
+
 TEST(TensorParallel, MlpInjectionPolicyOnAPathEqualsThePlan) {
   VOLT_REQUIRE_GLOO();
   const std::string o = expect_tp_matches("mlp", "policy", 2);

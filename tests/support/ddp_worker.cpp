@@ -20,6 +20,8 @@
 //       [--nan-grad-at CALL]  (that training_step call gives one element of b2 a NaN gradient)
 //       [--profile 0|1]  (a TorchProfiler writing <root>/prof/fit-ddp-rank<R>.pt.trace.json)
 //       [--zero STAGE]  (DeepSpeedStrategy with ZeRO stage 1 or 2 instead of DdpStrategy)
+//       [--tp N]  (ModelParallelStrategy, tensor_parallel_size N: fc1 rowwise, deep.0 colwise,
+//       head rowwise; needs --depth >= 1)
 //       [--optimizer sgd|adam|adamw|fused_adamw|none] [--clip NORM] [--width W] [--bucket ELEMENTS]
 //       [--ds-config JSON]  (DeepSpeedStrategy configured by a DeepSpeed JSON file or text)
 //       [--persist ELEMENTS] [--max-live ELEMENTS]  (stage 3: persistence threshold, live bound)
@@ -69,6 +71,7 @@
 #include "volt/nn/checkpoint.h"
 #include "volt/nn/parameters.h"
 #include "volt/strategies/deepspeed.h"
+#include "volt/strategies/model_parallel.h"
 
 namespace {
 
@@ -541,6 +544,15 @@ int main(int argc, char** argv) {
       strategy = zero;
       probe = std::make_shared<ZeroMemoryProbe>(zero.get());
       callbacks.push_back(probe);
+    } else if (a.count("--tp")) {
+      // fc1 row-parallel on the whole input, deep.0 column-parallel, head row-parallel after it
+      // (--depth >= 1); w2 and the rest whole.
+      strategy = std::make_shared<volt::ModelParallelStrategy>(
+          volt::ModelParallelStrategyOptions()
+              .tensor_parallel_size(num("--tp", 0))
+              .plan(volt::parse_tp_plan({"fc1=rowwise", "deep.0=colwise", "head=rowwise"}))
+              .timeout_s(static_cast<double>(num("--timeout", 30))),
+          accelerator, precision, num("--devices", 2), num("--nodes", 1));
     } else {
       strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision,
                                                      num("--devices", 2), num("--nodes", 1));

@@ -5,9 +5,9 @@
 //   volt_dist_worker SCENARIO [--devices N] [--nodes M] [--timeout-ms T] [--victim R]
 //                    [--config-hash H]
 //
-// Scenarios: collectives, reducer, zero-masters, config-hash, hold, orphan, reap. Each prints one
-// line per finding ("rank R: ...") and exits 0 when every check passed, 1 when a check failed, 3
-// when the expected volt error was raised (its message printed on one line).
+// Scenarios: collectives, reducer, zero-masters, tp-train, config-hash, hold, orphan, reap. Each
+// prints one line per finding ("rank R: ...") and exits 0 when every check passed, 1 when a check
+// failed, 3 when the expected volt error was raised (its message printed on one line).
 
 #include <signal.h>
 #include <torch/torch.h>
@@ -18,6 +18,7 @@
 #include <volt/distributed/gradient_reducer.h>
 #include <volt/distributed/local_launcher.h>
 #include <volt/distributed/process_group.h>
+#include <volt/distributed/tensor_parallel.h>
 #include <volt/distributed/zero_engine.h>
 
 #include <cstdio>
@@ -574,6 +575,152 @@ void run_zero_masters(const std::shared_ptr<volt::ProcessGroup>& pg) {
   say("rank " + std::to_string(pg->rank()) + ": zero masters ok");
 }
 
+// ---------------------------------------------------------------------------- tp-train
+// Tensor-parallel training (TensorParallelEngine with autograd): every rank holds the same data
+// and a split model; each step's loss, gradient norm and input gradient, and the weights after
+// the steps, equal one process training the whole model (built alike here on every rank).
+
+// A small language-model block: vocabulary-split embedding, packed q/k/v (heads split), a
+// row-parallel projection and a column/row MLP, LayerNorms and the head whole. The attention
+// computes the heads it is given (q's features / head_dim), as a tensor-parallel model must.
+struct TinyLmImpl : torch::nn::Module {
+  TinyLmImpl() {
+    embed = register_module("embed", torch::nn::Embedding(40, 32));
+    norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})));
+    qkv = register_module("qkv", torch::nn::Linear(32, 96));
+    proj = register_module("proj", torch::nn::Linear(32, 32));
+    norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})));
+    l1 = register_module("l1", torch::nn::Linear(32, 64));
+    l2 = register_module("l2", torch::nn::Linear(64, 32));
+    head = register_module("head", torch::nn::Linear(32, 5));
+  }
+  at::Tensor forward(const at::Tensor& ids) {
+    at::Tensor h = embed->forward(ids);  // [B, T, 32]
+    const auto parts = qkv->forward(norm1->forward(h)).chunk(3, -1);
+    const int64_t b = ids.size(0), t = ids.size(1), dh = 8, heads = parts[0].size(-1) / dh;
+    auto split = [&](const at::Tensor& z) { return z.reshape({b, t, heads, dh}).transpose(1, 2); };
+    const at::Tensor q = split(parts[0]), k = split(parts[1]), v = split(parts[2]);
+    const at::Tensor att = torch::softmax(q.matmul(k.transpose(-2, -1)) / std::sqrt(8.0), -1);
+    h = h + proj->forward(att.matmul(v).transpose(1, 2).reshape({b, t, heads * dh}));
+    h = h + l2->forward(torch::gelu(l1->forward(norm2->forward(h))));
+    return head->forward(h.mean(1));
+  }
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  torch::nn::Linear qkv{nullptr}, proj{nullptr}, l1{nullptr}, l2{nullptr}, head{nullptr};
+};
+TORCH_MODULE(TinyLm);
+
+template <typename Make, typename Batch, typename Loss>
+void tp_train_case(const std::shared_ptr<volt::ProcessGroup>& pg, const std::string& what,
+                   Make make, const std::vector<std::string>& plan, Batch batch, Loss loss_of,
+                   bool input_grad) {
+  const int64_t tp = pg->world_size();
+  auto ref = make(), net = make();
+  volt::TensorParallelEngine engine(
+      *net, pg,
+      volt::TensorParallelOptions().tp_size(tp).plan(volt::parse_tp_plan(plan)).num_heads(4));
+  // Built after the split: the momentum buffers have the shards' shapes.
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  const double max_norm = 0.5;
+  bool clipped = false;
+  for (int step = 0; step < 4; ++step) {
+    auto [x, y] = batch(step);
+    at::Tensor rx = x.clone(), tx = x.clone();
+    if (input_grad) {
+      rx.requires_grad_(true);
+      tx.requires_grad_(true);
+    }
+    ref_opt.zero_grad();
+    const at::Tensor ref_loss = loss_of(ref->forward(rx), y);
+    ref_loss.backward();
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm);
+    ref_opt.step();
+
+    opt.zero_grad();
+    at::Tensor loss;
+    {
+      volt::TensorParallelEngine::Scope scope(engine);
+      loss = loss_of(net->forward(tx), y);
+    }
+    loss.backward();
+    const double norm = engine.clip_grad_norm_(net->parameters(), max_norm);
+    opt.step();
+
+    const std::string at_step = what + " step " + std::to_string(step);
+    check_close(loss.detach(), ref_loss.detach(), 1e-5, at_step + " loss");
+    CHECK_TRUE(std::abs(norm - ref_norm) <= 1e-5 * std::max(1.0, ref_norm),
+               at_step + " gradient norm " + std::to_string(norm) + " vs one process's " +
+                   std::to_string(ref_norm));
+    clipped = clipped || ref_norm > max_norm;
+    if (input_grad) check_close(tx.grad(), rx.grad(), 1e-6, at_step + " input gradient");
+  }
+  CHECK_TRUE(clipped, what + ": the norm exceeded max_norm at least once (clipping ran)");
+  // Every rank trained only its shards; whole again, they are one process's weights.
+  engine.restore();
+  const auto ref_params = ref->named_parameters(), params = net->named_parameters();
+  for (const auto& p : ref_params) {
+    check_close(params[p.key()], p.value(), 1e-5, what + " weight " + p.key());
+  }
+  say("rank " + std::to_string(pg->rank()) + ": tp-train " + what + " ok (" +
+      std::to_string(engine.layers().size()) + " layers split)");
+}
+
+void run_tp_train(const std::shared_ptr<volt::ProcessGroup>& pg) {
+  // An MLP: the first layer's input gradient goes through "f", the chain colwise -> rowwise,
+  // and a row-parallel layer taking a whole input (each rank its slice).
+  tp_train_case(
+      pg, "mlp",
+      [] {
+        torch::manual_seed(11);
+        return torch::nn::Sequential(torch::nn::Linear(12, 16), torch::nn::Tanh(),
+                                     torch::nn::Linear(16, 8), torch::nn::Tanh(),
+                                     torch::nn::Linear(8, 4));
+      },
+      {"0=colwise", "2=rowwise", "4=rowwise"},
+      [](int step) {
+        torch::manual_seed(100 + step);
+        return std::make_pair(torch::randn({6, 12}), torch::randn({6, 4}));
+      },
+      [](const at::Tensor& out, const at::Tensor& y) { return (out - y).pow(2).mean(); },
+      /*input_grad=*/true);
+  tp_train_case(
+      pg, "lm",
+      [] {
+        torch::manual_seed(12);
+        return TinyLm();
+      },
+      {"embed=rowwise", "qkv=colwise_qkv", "proj=rowwise", "l1=colwise", "l2=rowwise"},
+      [](int step) {
+        torch::manual_seed(200 + step);
+        return std::make_pair(torch::randint(0, 40, {3, 7}), torch::randint(0, 5, {3}));
+      },
+      [](const at::Tensor& out, const at::Tensor& y) {
+        return torch::nn::functional::cross_entropy(out, y);
+      },
+      /*input_grad=*/false);
+
+  // A vocabulary-split Embedding cannot count frequencies across ranks: a ValueError when it
+  // would train, while inference still works.
+  torch::manual_seed(13);
+  torch::nn::Sequential freq(
+      torch::nn::Embedding(torch::nn::EmbeddingOptions(8, 4).scale_grad_by_freq(true)));
+  volt::TensorParallelEngine engine(*freq, pg,
+                                    volt::TensorParallelOptions()
+                                        .tp_size(pg->world_size())
+                                        .plan(volt::parse_tp_plan({"0=rowwise"})));
+  const auto ids = torch::tensor({1, 6, 3}, torch::kLong);
+  volt::TensorParallelEngine::Scope scope(engine);
+  expect_throw<volt::ValueError>([&] { freq->forward(ids); }, "scale_grad_by_freq",
+                                 "training a split Embedding with scale_grad_by_freq");
+  {
+    torch::NoGradGuard no_grad;
+    CHECK_TRUE(freq->forward(ids).sizes() == at::IntArrayRef({3, 4}), "inference still works");
+  }
+  say("rank " + std::to_string(pg->rank()) + ": tp-train errors ok");
+}
+
 // ---------------------------------------------------------------------------- main
 
 Args parse(int argc, char** argv) {
@@ -655,6 +802,8 @@ int run(const Args& a) {
     run_reducer(pg);
   } else if (a.scenario == "zero-masters") {
     run_zero_masters(pg);
+  } else if (a.scenario == "tp-train") {
+    run_tp_train(pg);
   } else if (a.scenario == "hold") {
     if (env.global_rank == a.victim) {
       say("rank " + std::to_string(env.global_rank) + ": victim waiting");

@@ -1,11 +1,21 @@
 #pragma once
-/// TensorParallelEngine: Megatron-style tensor parallelism for inference (DeepSpeed inference's
-/// `tensor_parallel: {tp_size: N}`), on any C++ model without editing it. Linear layers are split
-/// across the ranks of a process group: a column-parallel layer keeps a slice of its output
-/// features (its output stays split), the row-parallel layer after it a slice of its input
-/// features, and its partial outputs are summed with one all-reduce. Embeddings can be split by
-/// vocabulary rows (one all-reduce). Parameters are resharded in place (same tensors, so the
-/// model's members and state dicts still point at them); restore() gathers them back.
+/// TensorParallelEngine: Megatron-style tensor parallelism (DeepSpeed inference's
+/// `tensor_parallel: {tp_size: N}`, and Megatron-LM's training), on any C++ model without editing
+/// it. Linear layers are split across the ranks of a process group: a column-parallel layer keeps
+/// a slice of its output features (its output stays split), the row-parallel layer after it a
+/// slice of its input features, and its partial outputs are summed with one all-reduce.
+/// Embeddings can be split by vocabulary rows (one all-reduce). Parameters are resharded in place
+/// (same tensors, so the model's members and state dicts still point at them); restore() gathers
+/// them back.
+///
+/// Training: where autograd records, the split layers are differentiated as Megatron's
+/// conjugate operators: a column-parallel layer's input gradient is summed over the group in
+/// backward ("f"), a row-parallel layer's sum passes its gradient through ("g"), so every rank
+/// gets one process's gradients for the whole weights it holds and its slice of the split ones,
+/// with the same data on every rank. Build the optimizer after the engine (its state then has the
+/// shards' shapes) and clip with clip_grad_norm_ below (the norm needs every rank's shards).
+/// Random ops on split activations (dropout after a column-parallel layer) draw per rank, so
+/// such a model trains correctly but not bit-alike one process.
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -87,8 +97,9 @@ class TensorParallelEngine {
   TensorParallelEngine(const TensorParallelEngine&) = delete;
   TensorParallelEngine& operator=(const TensorParallelEngine&) = delete;
 
-  /// While a Scope lives on this thread, row-parallel layers all-reduce (forward only: the
-  /// engine is for inference). Outside one, forward on a split model is wrong: use a Scope.
+  /// While a Scope lives on this thread, row-parallel layers all-reduce (and, where autograd
+  /// records, the split layers are differentiated across the group). Outside one, forward on a
+  /// split model is wrong: use a Scope around forward (backward needs none).
   class Scope {
    public:
     explicit Scope(TensorParallelEngine& engine);
@@ -100,6 +111,28 @@ class TensorParallelEngine {
     struct Impl;
     std::unique_ptr<Impl> impl_;
   };
+
+  /// The norm of the gradients of `parameters` over the whole model: each split parameter's
+  /// shards (one per rank) and every whole parameter once (its gradient is the same on every
+  /// rank), as torch::nn::utils::clip_grad_norm_ computes it in one process. norm_type 2 or
+  /// infinity (ValueError otherwise). Collective: every rank of the group calls it.
+  double grad_norm(const std::vector<at::Tensor>& parameters, double norm_type = 2.0) const;
+  /// grad_norm, then the gradients scaled by max_norm / (norm + 1e-6) where that is below 1
+  /// (torch's clip_grad_norm_); returns the norm before clipping. Collective.
+  double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                         double norm_type = 2.0);
+
+  /// Whether `param` is split across the group now.
+  bool is_split(const at::Tensor& param) const { return find_shard(param) != nullptr; }
+  /// The whole shape of `param` (its own shape when it is not split).
+  std::vector<int64_t> whole_sizes(const at::Tensor& param) const;
+  /// `part` (shaped as this rank's shard of `param`: the parameter, its gradient, its optimizer
+  /// state) joined with every rank's into the whole tensor. Collective: every rank calls it for
+  /// the same parameters in the same order. A parameter not split gives `part` itself.
+  at::Tensor gather_whole(const at::Tensor& param, const at::Tensor& part) const;
+  /// This rank's shard of `whole` (shaped as `param` whole), a new tensor; what reshard keeps.
+  /// A parameter not split gives `whole` itself.
+  at::Tensor shard_of(const at::Tensor& param, const at::Tensor& whole) const;
 
   /// Gathers every split parameter back to its full shape (collective: all ranks call it).
   void restore();
@@ -115,6 +148,8 @@ class TensorParallelEngine {
   struct Shard;  // one split parameter (public for the interceptor)
 
  private:
+  const Shard* find_shard(const at::Tensor& param) const;
+
   torch::nn::Module& root_;
   std::shared_ptr<ProcessGroup> group_;
   TensorParallelOptions options_;

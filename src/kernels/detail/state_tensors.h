@@ -6,6 +6,7 @@
 
 #include <torch/optim.h>
 
+#include <functional>
 #include <vector>
 
 #include "volt/kernels/fused_adamw.h"
@@ -32,6 +33,36 @@ inline std::vector<at::Tensor> state_tensors(const torch::optim::OptimizerParamS
   }
   if (auto* a = dynamic_cast<const FusedSGDParamState*>(&s)) return {a->momentum_buffer()};
   return {};
+}
+
+/// Replaces each per-element tensor of `s` (as state_tensors lists them) with fn(tensor); an
+/// undefined one stays undefined. torch::optim's states only (volt's fused optimizers keep
+/// theirs as views of flat buffers): false for any other type (nothing changed).
+inline bool map_state_tensors(torch::optim::OptimizerParamState& s,
+                              const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  using namespace torch::optim;
+  auto f = [&](const at::Tensor& t) { return t.defined() ? fn(t) : t; };
+  auto adam = [&](auto* a) {
+    a->exp_avg(f(a->exp_avg()));
+    a->exp_avg_sq(f(a->exp_avg_sq()));
+    a->max_exp_avg_sq(f(a->max_exp_avg_sq()));
+  };
+  if (auto* a = dynamic_cast<AdamWParamState*>(&s)) {
+    adam(a);
+  } else if (auto* a = dynamic_cast<AdamParamState*>(&s)) {
+    adam(a);
+  } else if (auto* a = dynamic_cast<SGDParamState*>(&s)) {
+    a->momentum_buffer(f(a->momentum_buffer()));
+  } else if (auto* a = dynamic_cast<RMSpropParamState*>(&s)) {
+    a->square_avg(f(a->square_avg()));
+    a->momentum_buffer(f(a->momentum_buffer()));
+    a->grad_avg(f(a->grad_avg()));
+  } else if (auto* a = dynamic_cast<AdagradParamState*>(&s)) {
+    a->sum(f(a->sum()));
+  } else {
+    return false;
+  }
+  return true;
 }
 
 }  // namespace detail

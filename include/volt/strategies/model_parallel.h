@@ -1,0 +1,99 @@
+#pragma once
+/// ModelParallelStrategy ("model_parallel"): tensor-parallel training under the Trainer, with
+/// data parallelism across the tensor-parallel groups (Lightning's ModelParallelStrategy: a 2-D
+/// mesh of data_parallel_size × tensor_parallel_size processes; Megatron-LM's tensor and data
+/// axes). Consecutive ranks form a tensor-parallel group that splits the model's Linear (and
+/// Embedding) layers by a plan (TensorParallelEngine); the groups read different shards of the
+/// data, and the ranks holding the same shard of a layer in different groups average their
+/// gradients after backward. Checkpoints hold the whole model and whole optimizer state (in
+/// the single-process format: they resume at any layout and load in one process), and every
+/// rank holds the whole trained model when a run ends.
+
+#include <torch/arg.h>
+
+#include <iosfwd>
+#include <memory>
+#include <string>
+
+#include "volt/distributed/tensor_parallel.h"
+#include "volt/strategies/ddp.h"
+
+namespace volt {
+
+struct ModelParallelStrategyOptions {
+  /// Ranks each split layer is split across; the world size over it is the data-parallel size.
+  /// 0: every process of a node (Lightning's "auto": devices per node). Default: 0.
+  TORCH_ARG(int64_t, tensor_parallel_size) = 0;
+  /// Which layers are split and how: TensorParallelOptions' plan (module path glob -> style),
+  /// injection_policy (module type -> its row-parallel members) and num_heads (checked against
+  /// the tensor-parallel size). One of plan / injection_policy must name a layer.
+  TORCH_ARG(TpPlan, plan) = {};
+  TORCH_ARG(TpInjectionPolicy, injection_policy) = {};
+  TORCH_ARG(int64_t, num_heads) = 0;
+  /// Bound on rendezvous and every collective (seconds). Default: 60.
+  TORCH_ARG(double, timeout_s) = 60.0;
+  /// "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl". Default: "auto".
+  TORCH_ARG(std::string, process_group_backend) = "auto";
+};
+
+std::ostream& operator<<(std::ostream& os, const ModelParallelStrategyOptions& o);
+
+class ModelParallelStrategy : public DdpStrategy {
+ public:
+  ModelParallelStrategy(ModelParallelStrategyOptions options,
+                        std::shared_ptr<Accelerator> accelerator,
+                        std::shared_ptr<Precision> precision, int64_t devices,
+                        int64_t num_nodes = 1,
+                        std::shared_ptr<CheckpointIO> checkpoint_io = nullptr);
+  ~ModelParallelStrategy() override;
+  std::string name() const override { return "model_parallel"; }
+  const ModelParallelStrategyOptions& model_parallel_options() const { return options_; }
+
+  /// The ranks of a tensor-parallel group read the same batches; each group its own shard.
+  DataShard data_shard() const override { return {dp_rank_, dp_size_}; }
+  void setup_environment() override;
+  void teardown() override;
+  void setup_module(Module& module) override;
+  void setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) override;
+  void trainable_parameters_changed(Module& module) override {}
+  std::shared_ptr<void> training_forward_context(Module& module) override;
+  void validation_step(Module& module, const Batch& batch, int64_t batch_idx) override;
+  void test_step(Module& module, const Batch& batch, int64_t batch_idx) override;
+  at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx) override;
+  void backward(const at::Tensor& loss, Module& module, bool sync_gradients) override;
+  void backward_through(const at::Tensor& loss, const std::vector<Reached>& modules) override;
+  bool optimizer_step(torch::optim::Optimizer& optimizer, c10::optional<double> clip_value,
+                      ClipAlgorithm algorithm, const ClipCall& clip) override;
+  at::Tensor clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                            ClipAlgorithm algorithm) override;
+
+  void save_model_state(const Module& module, torch::serialize::OutputArchive& ar) const override;
+  void load_model_state(Module& module, torch::serialize::InputArchive& ar) const override;
+  void save_optimizer_state(const torch::optim::Optimizer& optimizer, const Module& module,
+                            torch::serialize::OutputArchive& ar) const override;
+  void load_optimizer_state(torch::optim::Optimizer& optimizer, const Module& module,
+                            torch::serialize::InputArchive& ar) const override;
+  void save_accumulated_gradients(const Module& module,
+                                  torch::serialize::OutputArchive& ar) const override;
+  void load_accumulated_gradients(Module& module, torch::serialize::InputArchive& ar) override;
+
+  /// The tensor-parallel engine of the module set up (nullptr before setup_module / after
+  /// teardown).
+  TensorParallelEngine* engine() const { return engine_.get(); }
+  /// The mesh, once setup_environment ran.
+  int64_t tensor_parallel_size() const { return tp_size_; }
+  int64_t data_parallel_size() const { return dp_size_; }
+
+ private:
+  void average_over_replicas(const Module& module);
+
+  ModelParallelStrategyOptions options_;
+  int64_t devices_;  // processes per node
+  int64_t tp_size_ = 1, dp_size_ = 1, dp_rank_ = 0;
+  std::shared_ptr<ProcessGroup> tp_group_;  // this rank's tensor-parallel group
+  std::shared_ptr<ProcessGroup> dp_group_;  // the same shard in every group (none when one)
+  std::unique_ptr<TensorParallelEngine> engine_;
+  const Module* module_ = nullptr;  // the module set up, until teardown
+};
+
+}  // namespace volt

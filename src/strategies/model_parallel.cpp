@@ -1,0 +1,351 @@
+// ModelParallelStrategy: the DDP launcher and process group; a tensor-parallel group of
+// consecutive ranks splits the module (TensorParallelEngine, differentiated across the group),
+// the groups split the data and average their gradients; clipping, found-inf and checkpoints
+// see the whole model.
+#include "volt/strategies/model_parallel.h"
+
+#include <torch/torch.h>
+
+#include <ostream>
+#include <utility>
+
+#include "io/detail/state_key.h"
+#include "kernels/detail/state_tensors.h"
+#include "strategies/detail/rank_key.h"
+#include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/core/module.h"
+#include "volt/distributed/process_group.h"
+#include "volt/io/state.h"
+#include "volt/precision/fp8_precision.h"
+#include "volt/precision/precision.h"
+
+namespace volt {
+namespace {
+
+constexpr const char* kTag = "[ModelParallelStrategy]";
+
+DdpStrategyOptions ddp_options(const ModelParallelStrategyOptions& o) {
+  VOLT_CHECK(o.tensor_parallel_size() >= 0, ConfigError, kTag,
+             " tensor_parallel_size=", o.tensor_parallel_size(),
+             " must be >= 0 (0: every process of a node).");
+  VOLT_CHECK(o.num_heads() >= 0, ConfigError, kTag, " num_heads=", o.num_heads(),
+             " must be >= 0 (0: unknown).");
+  constexpr int64_t kMaxTimeoutS = 30 * 24 * 3600;
+  VOLT_CHECK(o.timeout_s() > 0 && o.timeout_s() <= kMaxTimeoutS, ConfigError, kTag,
+             " timeout_s=", o.timeout_s(), " must be > 0 seconds and at most 30 days (",
+             kMaxTimeoutS, "); e.g. 60.");
+  // No gradient buckets (the replicas average after backward); buffers are each rank's own, the
+  // same on every rank of a group (no broadcast before each step).
+  return DdpStrategyOptions()
+      .timeout_s(o.timeout_s())
+      .process_group_backend(o.process_group_backend())
+      .broadcast_buffers(false);
+}
+
+// A per-parameter optimizer state with each tensor replaced by fn(tensor) where it has the
+// parameter's shape (`from`); a copy, the optimizer's own left as it was.
+std::unique_ptr<torch::optim::OptimizerParamState> mapped_state(
+    const torch::optim::OptimizerParamState& state, c10::IntArrayRef from,
+    const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  auto copy = state.clone();
+  const bool known = detail::map_state_tensors(
+      *copy, [&](const at::Tensor& t) { return t.sizes() == from ? fn(t) : t; });
+  VOLT_ASSERT(known, kTag, " unknown optimizer state type (setup_optimizers admits it)");
+  return copy;
+}
+
+}  // namespace
+
+std::ostream& operator<<(std::ostream& os, const ModelParallelStrategyOptions& o) {
+  return os << "ModelParallelStrategyOptions(tensor_parallel_size=" << o.tensor_parallel_size()
+            << ", " << TensorParallelOptions().plan(o.plan()).injection_policy(o.injection_policy())
+            << ", num_heads=" << o.num_heads() << ", timeout_s=" << o.timeout_s()
+            << ", process_group_backend=" << o.process_group_backend() << ")";
+}
+
+ModelParallelStrategy::ModelParallelStrategy(ModelParallelStrategyOptions options,
+                                             std::shared_ptr<Accelerator> accelerator,
+                                             std::shared_ptr<Precision> precision, int64_t devices,
+                                             int64_t num_nodes,
+                                             std::shared_ptr<CheckpointIO> checkpoint_io)
+    : DdpStrategy(ddp_options(options), std::move(accelerator), std::move(precision), devices,
+                  num_nodes, std::move(checkpoint_io)),
+      options_(std::move(options)),
+      devices_(devices) {
+  VOLT_CHECK(!options_.plan().empty() || !options_.injection_policy().empty(), ConfigError, kTag,
+             " neither a plan nor an injection_policy names a layer to split; give e.g. "
+             "plan {\"fc1\": colwise, \"fc2\": rowwise} (module path -> style).");
+}
+
+ModelParallelStrategy::~ModelParallelStrategy() = default;
+
+void ModelParallelStrategy::setup_environment() {
+  DdpStrategy::setup_environment();
+  if (tp_group_) return;  // the groups outlive an entry point, as the world's does
+  const int64_t world = world_size();
+  const int64_t tp = options_.tensor_parallel_size() == 0 ? std::min(devices_, world)
+                                                          : options_.tensor_parallel_size();
+  VOLT_CHECK(tp <= world && world % tp == 0, ConfigError, kTag, " tensor_parallel_size=", tp,
+             " does not divide the ", world,
+             " processes; use a divisor of the world size (the quotient is the data-parallel "
+             "size), or 0 for the processes of one node.");
+  tp_size_ = tp;
+  dp_size_ = world / tp;
+  dp_rank_ = rank() / tp;
+  if (dp_size_ == 1) {
+    tp_group_ = group_;
+  } else {
+    // Consecutive ranks form a tensor-parallel group (on one node when devices is a multiple of
+    // the size: its all-reduces run every layer); the same position in every group averages
+    // gradients once per step.
+    std::vector<int64_t> mine, replicas;
+    for (int64_t t = 0; t < tp_size_; ++t) mine.push_back(dp_rank_ * tp_size_ + t);
+    for (int64_t d = 0; d < dp_size_; ++d) replicas.push_back(d * tp_size_ + rank() % tp_size_);
+    tp_group_ = group().new_group(mine, "tensor_parallel");
+    dp_group_ = group().new_group(replicas, "tensor_parallel_replicas");
+  }
+  log_info("ModelParallelStrategy", std::to_string(dp_size_) + " data-parallel x " +
+                                        std::to_string(tp_size_) + " tensor-parallel processes");
+}
+
+void ModelParallelStrategy::setup_module(Module& module) {
+  VOLT_CHECK(!sync_batchnorm(), ConfigError, kTag,
+             " sync_batchnorm is not supported with tensor parallelism yet; turn it off.");
+  VOLT_CHECK(dynamic_cast<const Fp8Precision*>(precision_.get()) == nullptr, ConfigError, kTag,
+             " fp8 precision is not supported with tensor parallelism (its Linear kernels are "
+             "not split); use bf16-mixed or 32-true.");
+  VOLT_CHECK(engine_ == nullptr || module_ == &module, ConfigError, kTag,
+             " a second module: the strategy splits one module per run; set up the others "
+             "with another strategy.");
+  if (engine_ != nullptr) return;
+  Strategy::setup_module(module);
+  broadcast_module_state(module);  // every rank splits the same weights
+  engine_ =
+      std::make_unique<TensorParallelEngine>(module, tp_group_,
+                                             TensorParallelOptions()
+                                                 .tp_size(tp_size_)
+                                                 .plan(options_.plan())
+                                                 .injection_policy(options_.injection_policy())
+                                                 .num_heads(options_.num_heads()));
+  module_ = &module;
+  log_info("ModelParallelStrategy",
+           "rank " + std::to_string(rank()) + ": " + std::to_string(engine_->layers().size()) +
+               " layers split " + std::to_string(tp_size_) + " ways, holding " +
+               std::to_string(engine_->parameter_bytes()) + " of " +
+               std::to_string(engine_->full_parameter_bytes()) + " parameter bytes");
+}
+
+void ModelParallelStrategy::setup_optimizers(Module& module,
+                                             std::vector<OptimizerConfig>& optimizers) {
+  // Checkpoints gather and split each state tensor of the split weights: torch::optim's
+  // optimizers (volt's fused ones keep theirs as views of flat buffers, not handled yet).
+  for (const auto& config : optimizers) {
+    auto probe = new_optimizer_param_state(*config.optimizer());
+    VOLT_CHECK(detail::map_state_tensors(*probe, [](const at::Tensor& t) { return t; }),
+               ConfigError, kTag,
+               " this optimizer type is not supported with tensor "
+               "parallelism yet; use torch::optim's SGD, Adam, AdamW, RMSprop or Adagrad.");
+  }
+  DdpStrategy::setup_optimizers(module, optimizers);
+}
+
+void ModelParallelStrategy::teardown() {
+  // After a normal end every rank gets the whole trained model (and a program's own forward
+  // after fit runs unsplit); after a failed run the ranks are out of step: nothing collective.
+  if (engine_ != nullptr && !run_failed()) engine_->restore();
+  engine_.reset();
+  module_ = nullptr;
+  DdpStrategy::teardown();
+}
+
+std::shared_ptr<void> ModelParallelStrategy::training_forward_context(Module& module) {
+  if (engine_ == nullptr) return nullptr;
+  return std::make_shared<TensorParallelEngine::Scope>(*engine_);
+}
+
+void ModelParallelStrategy::validation_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  auto scope = training_forward_context(module);
+  DdpStrategy::validation_step(module, batch, batch_idx);
+}
+
+void ModelParallelStrategy::test_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  auto scope = training_forward_context(module);
+  DdpStrategy::test_step(module, batch, batch_idx);
+}
+
+at::Tensor ModelParallelStrategy::predict_step(Module& module, const Batch& batch,
+                                               int64_t batch_idx) {
+  auto scope = training_forward_context(module);
+  return DdpStrategy::predict_step(module, batch, batch_idx);
+}
+
+void ModelParallelStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
+  Strategy::backward(loss, module, sync_gradients);
+  // As DDP's no_sync: accumulating micro-steps keep their own sums, the last one averages.
+  if (dp_group_ && sync_gradients) average_over_replicas(module);
+}
+
+void ModelParallelStrategy::backward_through(const at::Tensor& loss,
+                                             const std::vector<Reached>& modules) {
+  if (modules.size() == 1) {
+    backward(loss, *modules[0].module, modules[0].sync_gradients);
+    return;
+  }
+  Strategy::backward_through(loss, modules);
+  for (const auto& r : modules) {
+    if (dp_group_ && r.sync_gradients) average_over_replicas(*r.module);
+  }
+}
+
+void ModelParallelStrategy::average_over_replicas(const Module& module) {
+  // Every replica runs the same code on the same layout, so the same gradients are defined on
+  // each, in module order.
+  std::vector<at::Tensor> grads;
+  for (const auto& p : module.parameters(true)) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  dp_group_->all_reduce_(grads, Reduce::kMean);
+}
+
+bool ModelParallelStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
+                                           c10::optional<double> clip_value,
+                                           ClipAlgorithm algorithm, const ClipCall& clip) {
+  // Strategy::optimizer_step's sequence, with the ranks agreeing on inf/NaN gradients: each
+  // checked only its own shards, and a rank that skipped a step its group took would hold a
+  // shard of another model.
+  precision_->unscale_gradients(optimizer);
+  precision_->agree_on_found_inf(
+      [this](bool found) { return world_size() > 1 ? group().any_of(found) : found; });
+  clip_for_step(optimizer, clip_value, algorithm, clip);
+  return precision_->optimizer_step(optimizer);
+}
+
+at::Tensor ModelParallelStrategy::clip_gradients(torch::optim::Optimizer& optimizer, double value,
+                                                 ClipAlgorithm algorithm) {
+  if (algorithm != ClipAlgorithm::kNorm || engine_ == nullptr) {
+    return Strategy::clip_gradients(optimizer, value, algorithm);  // elementwise: local
+  }
+  // The norm over the whole model: each split weight's shards once, the whole ones once (the
+  // replicas hold the same, averaged, gradients).
+  std::vector<at::Tensor> params;
+  for (const auto& g : optimizer.param_groups()) {
+    for (const auto& p : g.params()) params.push_back(p);
+  }
+  return at::scalar_tensor(engine_->clip_grad_norm_(params, value), at::kDouble);
+}
+
+void ModelParallelStrategy::save_model_state(const Module& module,
+                                             torch::serialize::OutputArchive& ar) const {
+  if (engine_ == nullptr || !engine_->split()) {
+    Strategy::save_model_state(module, ar);
+    return;
+  }
+  // The whole weights (in the single-process format); the archive keeps what it is given until
+  // it is written, and the joined tensors are new ones.
+  for (const auto& item : module.named_parameters(true)) {
+    ar.write(item.key(), engine_->gather_whole(item.value(), item.value().detach()));
+  }
+  for (const auto& item : module.named_buffers(true)) {
+    ar.write(item.key(), item.value(), /*is_buffer=*/true);
+  }
+}
+
+void ModelParallelStrategy::load_model_state(Module& module,
+                                             torch::serialize::InputArchive& ar) const {
+  if (engine_ == nullptr || !engine_->split()) {
+    Strategy::load_model_state(module, ar);
+    return;
+  }
+  // Whole for the strict load (every rank reads the same file), then split again: the same
+  // TensorImpls, so the optimizer's state stays attached.
+  engine_->restore();
+  Strategy::load_model_state(module, ar);
+  engine_->reshard();
+}
+
+void ModelParallelStrategy::save_optimizer_state(const torch::optim::Optimizer& optimizer,
+                                                 const Module& module,
+                                                 torch::serialize::OutputArchive& ar) const {
+  if (engine_ == nullptr || !engine_->split()) {
+    Strategy::save_optimizer_state(optimizer, module, ar);
+    return;
+  }
+  // The split weights' state joined whole (collective, in the optimizer's parameter order on
+  // every rank), swapped in while the state is written, then the shards' put back.
+  auto& state = const_cast<torch::optim::Optimizer&>(optimizer).state();
+  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> saved;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      if (!engine_->is_split(p)) continue;
+      auto it = state.find(detail::state_key_for<detail::OptimizerStateKey>(p));
+      // Every rank steps the same parameters, so each has state for the same ones.
+      if (it == state.end()) continue;
+      auto whole = mapped_state(*it->second, p.sizes(),
+                                [&](const at::Tensor& t) { return engine_->gather_whole(p, t); });
+      saved.emplace_back(it->first, std::move(it->second));
+      it->second = std::move(whole);
+    }
+  }
+  struct PutBack {
+    decltype(state)& s;
+    decltype(saved)& kept;
+    ~PutBack() {
+      for (auto& kv : kept) s[kv.first] = std::move(kv.second);
+    }
+  } put_back{state, saved};
+  Strategy::save_optimizer_state(optimizer, module, ar);
+}
+
+void ModelParallelStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
+                                                 const Module& module,
+                                                 torch::serialize::InputArchive& ar) const {
+  Strategy::load_optimizer_state(optimizer, module, ar);
+  if (engine_ == nullptr || !engine_->split()) return;
+  // The checkpoint's state is whole: each rank keeps its shard's part.
+  auto& state = optimizer.state();
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      if (!engine_->is_split(p)) continue;
+      auto it = state.find(detail::state_key_for<detail::OptimizerStateKey>(p));
+      if (it == state.end()) continue;
+      it->second = mapped_state(*it->second, engine_->whole_sizes(p),
+                                [&](const at::Tensor& t) { return engine_->shard_of(p, t); });
+    }
+  }
+}
+
+void ModelParallelStrategy::save_accumulated_gradients(const Module& module,
+                                                       torch::serialize::OutputArchive& ar) const {
+  if (engine_ == nullptr || !engine_->split()) {
+    DdpStrategy::save_accumulated_gradients(module, ar);
+    return;
+  }
+  // Each rank's partial sums made whole over its group, under "rank<r>.<name>" (a resume at the
+  // same layout), and under the plain name the mean over the replicas: what one process on the
+  // global batch would have accumulated.
+  for (const auto& p : module.named_parameters(true)) {
+    if (!p.value().requires_grad()) continue;
+    const at::Tensor part =
+        p.value().grad().defined() ? p.value().grad() : torch::zeros_like(p.value());
+    const at::Tensor whole = engine_->gather_whole(p.value(), part.contiguous());
+    const auto all = group().all_gather(whole.contiguous());
+    for (size_t r = 0; r < all.size(); ++r) ar.write(detail::rank_key(r, p.key()), all[r]);
+    std::vector<at::Tensor> replicas;
+    for (int64_t d = 0; d < dp_size_; ++d) replicas.push_back(all[d * tp_size_]);
+    ar.write(p.key(), replicas.size() == 1 ? replicas[0] : torch::stack(replicas).mean(0));
+  }
+}
+
+void ModelParallelStrategy::load_accumulated_gradients(Module& module,
+                                                       torch::serialize::InputArchive& ar) {
+  for (auto& p : module.named_parameters(true)) {
+    at::Tensor g;
+    if (ar.try_read(detail::rank_key(rank(), p.key()), g) || ar.try_read(p.key(), g)) {
+      g = engine_ != nullptr ? engine_->shard_of(p.value(), g) : g;
+      p.value().mutable_grad() = g.to(p.value().device());
+    }
+  }
+}
+
+}  // namespace volt

@@ -1,0 +1,140 @@
+// ModelParallelStrategy end to end with real processes over loopback (Gloo): tensor-parallel
+// training under the Trainer, alone and across data-parallel replicas, equals one process on
+// the global batch; its checkpoints hold the whole model and optimizer state, resume bit for bit
+// at the same layout (also mid-accumulation) and in one process; bad settings fail on every
+// rank with a ConfigError. (The engine's autograd alone: tests/strategies/
+// tensor_parallel_test.cpp, TensorParallelTraining.)
+#include <gtest/gtest.h>
+
+#include "build_paths.h"
+#include "processes.h"
+#include "requires.h"
+#include "tiny.h"
+#include "training_jobs.h"
+#include "volt/strategies/model_parallel.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using volt_test::cat;
+using volt_test::expect_ranks_equal_reference;
+using volt_test::Job;
+using volt_test::load_flat;
+using volt_test::run_job;
+
+// The worker's model (tests/support/ddp_worker.cpp) with one deep layer: fc1 row-parallel on
+// the whole input, deep.0 column-parallel, head row-parallel after it; w2 and b2 whole. AdamW
+// with norm clipping at 0.5 (every step clips: the norm spans every rank's shards).
+const std::vector<std::string> kModel = {"--depth", "1", "--optimizer", "adamw", "--clip", "0.5"};
+
+TEST(ModelParallel, TwoTensorParallelRanksEqualOneProcess) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto ref = volt_test::single_process_reference(dir.path, 16, 2, 1, false, kModel);
+  const Job j = run_job(cat({"--root", dir.path, "--out", dir / "tp", "--devices", "2", "--tp", "2",
+                             "--batch", "16", "--epochs", "2"},
+                            kModel));
+  ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(j.output.find("1 data-parallel x 2 tensor-parallel processes"), std::string::npos)
+      << j.output;
+  // fc1 (8x8 weight split by columns, its bias whole): 40 elements; deep.0 (rows): 36; head
+  // (columns, its bias whole): 10; w2 and b2 whole: 72. 158 of 234 floats.
+  EXPECT_NE(j.output.find("rank 0: 3 layers split 2 ways, holding 632 of 936 parameter bytes"),
+            std::string::npos)
+      << j.output;
+  expect_ranks_equal_reference(dir / "tp", 2, ref);  // every rank leaves with the whole model
+}
+
+TEST(ModelParallel, TwoReplicasOfTwoTensorParallelRanksEqualOneProcessOnTheGlobalBatch) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto ref = volt_test::single_process_reference(dir.path, 16, 1, 1, false, kModel);
+  // 4 processes: ranks {0, 1} and {2, 3} split the layers, each pair reads half the data.
+  const Job j = run_job(cat({"--root", dir.path, "--out", dir / "tp", "--devices", "4", "--tp", "2",
+                             "--batch", "8", "--epochs", "1"},
+                            kModel));
+  ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(j.output.find("2 data-parallel x 2 tensor-parallel processes"), std::string::npos)
+      << j.output;
+  expect_ranks_equal_reference(dir / "tp", 4, ref);
+}
+
+TEST(ModelParallel, FourTensorParallelRanksWithAccumulationEqualOneProcess) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto ref = volt_test::single_process_reference(dir.path, 8, 1, 2, false, kModel);
+  const Job j = run_job(cat({"--root", dir.path, "--out", dir / "tp", "--devices", "4", "--tp", "4",
+                             "--batch", "8", "--epochs", "1", "--accum", "2"},
+                            kModel));
+  ASSERT_EQ(j.code, 0) << j.output;
+  expect_ranks_equal_reference(dir / "tp", 4, ref);
+}
+
+TEST(ModelParallel, AKilledRankResumesBitForBitMidAccumulationAndTheCheckpointLoadsInOneProcess) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  // 2 replicas of 2 tensor-parallel ranks, accumulating 2 batches: rank 1 dies after batch 5,
+  // so the newest checkpoint (batch 4) holds half an accumulation.
+  const auto common = cat({"--devices", "4", "--tp", "2", "--batch", "4", "--epochs", "1",
+                           "--accum", "2", "--ckpt-every-batch", "1"},
+                          kModel);
+  volt_test::run_full_then_killed(dir.path, common);
+  const Job resumed = run_job(cat(
+      {"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"}, common));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  for (int r = 0; r < 4; ++r) {
+    const std::string suffix = "/w.rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("a" + suffix)), load_flat(dir / ("b" + suffix))))
+        << "rank " << r;
+  }
+  // The checkpoint is the single-process format (whole weights and optimizer state; the
+  // accumulated gradients' mean over the replicas): one process resumes it and ends where the
+  // 4 processes ended, to fp32 round-off.
+  const Job one = run_job(
+      cat({"--root", dir / "c", "--out", dir / "c/w", "--resume", dir / "b/every_batch.ckpt",
+           "--devices", "1", "--batch", "8", "--epochs", "1", "--accum", "2"},
+          kModel));
+  ASSERT_EQ(one.code, 0) << one.output;
+  const auto whole = load_flat(dir / "a/w.rank0.pt"), single = load_flat(dir / "c/w.rank0.pt");
+  EXPECT_TRUE(torch::allclose(single, whole, 1e-5, 1e-6))
+      << "max diff " << (single - whole).abs().max().item<double>();
+}
+
+TEST(ModelParallel, BadSettingsAreConfigErrors) {
+  auto cpu = volt::registry().accelerators.create("cpu");
+  auto fp32 = volt::registry().precisions.create("32-true");
+  auto make = [&](volt::ModelParallelStrategyOptions o) {
+    volt::ModelParallelStrategy s(std::move(o), cpu, fp32, 2);
+  };
+  const auto plan = volt::parse_tp_plan({"fc1=colwise"});
+  EXPECT_THROW(make(volt::ModelParallelStrategyOptions()), volt::ConfigError);  // nothing split
+  EXPECT_THROW(make(volt::ModelParallelStrategyOptions().plan(plan).tensor_parallel_size(-1)),
+               volt::ConfigError);
+  EXPECT_THROW(make(volt::ModelParallelStrategyOptions().plan(plan).num_heads(-2)),
+               volt::ConfigError);
+  EXPECT_THROW(make(volt::ModelParallelStrategyOptions().plan(plan).timeout_s(0)),
+               volt::ConfigError);
+  EXPECT_NO_THROW(make(volt::ModelParallelStrategyOptions().plan(plan)));
+}
+
+TEST(ModelParallel, ASizeNotDividingTheWorldOrAFusedOptimizerFailsEveryRank) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const Job three = run_job(cat({"--root", dir.path, "--out", dir / "x", "--devices", "2", "--tp",
+                                 "3", "--batch", "8", "--epochs", "1"},
+                                kModel),
+                            60s);
+  EXPECT_EQ(three.code, 1) << three.output;
+  EXPECT_NE(three.output.find("tensor_parallel_size=3 does not divide the 2 processes"),
+            std::string::npos)
+      << three.output;
+  const Job fused =
+      run_job({"--root", dir.path, "--out", dir / "y", "--devices", "2", "--tp", "2", "--batch",
+               "8", "--epochs", "1", "--depth", "1", "--optimizer", "fused_adamw"},
+              60s);
+  EXPECT_EQ(fused.code, 1) << fused.output;
+  EXPECT_NE(fused.output.find("not supported with tensor parallelism yet"), std::string::npos)
+      << fused.output;
+}
+
+}  // namespace
