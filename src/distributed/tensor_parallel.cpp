@@ -328,6 +328,36 @@ at::Tensor input_slice(at::Tensor x, const RowWeight& info) {
   return x;
 }
 
+// The forward of one row-parallel op (the one place for it, with or without autograd):
+// y = beta * extra + alpha * sum_r(x_r w_r) (addmm), y = sum_r(x_r W_r^T) + extra (linear, extra
+// the bias or empty), y = sum_r(x_r w_r) (matmul, mm). `product_dtype` gets the dtype the
+// products ran in. The caller excludes the intercept key.
+at::Tensor row_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& extra, RowOp op,
+                       const RowWeight& info, const c10::Scalar& beta, const c10::Scalar& alpha,
+                       at::ScalarType* product_dtype = nullptr) {
+  const at::Tensor xs = input_slice(x, info);
+  const at::Tensor product = op == RowOp::kLinear   ? at::linear(xs, w)
+                             : op == RowOp::kMatmul ? at::matmul(xs, w)
+                                                    : at::mm(xs, w);
+  if (product_dtype != nullptr) *product_dtype = product.scalar_type();
+  const at::Tensor summed = sum_across(*info.group, product);
+  if (op == RowOp::kLinear && extra.defined() && extra.numel() > 0) return summed + extra;
+  if (op == RowOp::kAddmm) return at::add(extra.mul(beta), summed, alpha);
+  return summed;
+}
+
+// A vocabulary-split embedding's lookup: ids outside this rank's rows read row 0 and are
+// masked out before the sum. `mine` gets the mask of this rank's ids, `local` their rows.
+at::Tensor embedding_forward(const at::Tensor& weight, const at::Tensor& idx, const RowWeight& info,
+                             at::Tensor* mine_out = nullptr, at::Tensor* local_out = nullptr) {
+  const at::Tensor mine = idx.ge(info.offset).logical_and(idx.lt(info.offset + info.shard));
+  const at::Tensor local = (idx - info.offset).masked_fill(mine.logical_not(), 0);
+  const at::Tensor out = at::embedding(weight, local);
+  if (mine_out != nullptr) *mine_out = mine;
+  if (local_out != nullptr) *local_out = local;
+  return sum_across(*info.group, out * mine.unsqueeze(-1).to(out.scalar_type()));
+}
+
 // ------------------------------------------------------------------- autograd for training
 // Megatron-LM's two conjugate operators, expressed as autograd Functions so that training
 // through a split model gives one process's gradients: "f" in front of a column-parallel layer
@@ -367,18 +397,12 @@ struct RowParallel : torch::autograd::Function<RowParallel> {
                             const RowWeight& info, const c10::Scalar& beta,
                             const c10::Scalar& alpha) {
     c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
-    const at::Tensor xs = input_slice(x, info);
-    const at::Tensor product = op == RowOp::kLinear   ? at::linear(xs, w)
-                               : op == RowOp::kMatmul ? at::matmul(xs, w)
-                                                      : at::mm(xs, w);
-    const at::Tensor summed = sum_across(*info.group, product);
-    at::Tensor out = summed;
-    if (op == RowOp::kLinear && extra.numel() > 0) out = summed + extra;
-    if (op == RowOp::kAddmm) out = at::add(extra.mul(beta), summed, alpha);
+    at::ScalarType dtype = at::kFloat;
+    at::Tensor out = row_forward(x, w, extra, op, info, beta, alpha, &dtype);
     ctx->save_for_backward({x, w, extra});
     // The dtype the products ran in (bf16 under autocast, which the interceptor runs above and
     // autograd never sees): backward computes in it too and returns each input's own dtype.
-    ctx->saved_data["dtype"] = static_cast<int64_t>(product.scalar_type());
+    ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
     ctx->saved_data["group"] = group_value(info.group);
     ctx->saved_data["op"] = static_cast<int64_t>(op);
     ctx->saved_data["full"] = info.full;
@@ -434,14 +458,13 @@ struct RowParallelEmbedding : torch::autograd::Function<RowParallelEmbedding> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& weight,
                             const at::Tensor& idx, const RowWeight& info, int64_t padding_idx) {
     c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
-    const at::Tensor mine = idx.ge(info.offset).logical_and(idx.lt(info.offset + info.shard));
-    const at::Tensor local = (idx - info.offset).masked_fill(mine.logical_not(), 0);
-    const at::Tensor out = at::embedding(weight, local);
+    at::Tensor mine, local;
+    at::Tensor out = embedding_forward(weight, idx, info, &mine, &local);
     // The padding row's gradient stays zero (as aten::embedding's backward).
     const at::Tensor learns = padding_idx >= 0 ? mine.logical_and(idx.ne(padding_idx)) : mine;
     ctx->save_for_backward({local, learns});
     ctx->saved_data["rows"] = weight.size(0);
-    return sum_across(*info.group, out * mine.unsqueeze(-1).to(out.scalar_type()));
+    return out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -508,10 +531,7 @@ bool tp_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
           "Embedding without sparse / scale_grad_by_freq, or keep it replicated.");
       out = RowParallelEmbedding::apply(weight, idx, info, padding_idx);
     } else {
-      const at::Tensor mine = idx.ge(info.offset).logical_and(idx.lt(info.offset + info.shard));
-      const at::Tensor local = (idx - info.offset).masked_fill(mine.logical_not(), 0);
-      out = at::embedding(weight, local);
-      out = sum_across(*info.group, out * mine.unsqueeze(-1).to(out.scalar_type()));
+      out = embedding_forward(weight, idx, info);
     }
   } else {
     const size_t xi = which->op == RowOp::kAddmm ? 1 : 0;
@@ -533,19 +553,7 @@ bool tp_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
       const at::Tensor arg = extra.defined() ? extra : at::empty({0}, weight.options());
       out = RowParallel::apply(x_in, weight, arg, which->op, info, beta, alpha);
     } else {
-      const at::Tensor x = input_slice(x_in, info);
-      switch (which->op) {
-        case RowOp::kLinear:
-          out = sum_across(*info.group, at::linear(x, weight));
-          if (extra.defined()) out = out + extra;
-          break;
-        case RowOp::kAddmm:
-          out = at::add(extra.mul(beta), sum_across(*info.group, at::mm(x, weight)), alpha);
-          break;
-        case RowOp::kMatmul: out = sum_across(*info.group, at::matmul(x, weight)); break;
-        case RowOp::kMm: out = sum_across(*info.group, at::mm(x, weight)); break;
-        case RowOp::kEmbedding: break;
-      }
+      out = row_forward(x_in, weight, extra, which->op, info, beta, alpha);
     }
   }
   torch::jit::drop(*stack, n);

@@ -26,6 +26,7 @@
 #include "core/detail/remove_tree.h"
 #include "io/detail/state_key.h"
 #include "strategies/detail/optimizer_swapper.h"
+#include "strategies/detail/replica_mesh.h"
 #include "strategies/detail/sub_groups.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
@@ -856,7 +857,8 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
              "\" and replace_with_kernel_inject=", options_.replace_with_kernel_inject(),
              " are DeepSpeed inference settings: use them with predict, validate or test; "
              "train with tp_size 1, dtype \"float32\", no kernel injection, and "
-             "precision=\"bf16-mixed\" for bf16.");
+             "precision=\"bf16-mixed\" for bf16; to train tensor-parallel use strategy "
+             "\"model_parallel\" (tensor_parallel_size, tp_plan / injection_policy).");
   if (config_) {
     // configure_optimizers wins over the JSON (the reference's note), item by item.
     if (optimizers.empty()) {
@@ -1051,9 +1053,7 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
     // the unscale and the step (each one checked only its own chunks, and a rank that skipped
     // the step while the others gathered would break the collectives), and with the step run
     // once per sub-group when state or parameters swap (its state swapped in when on NVMe).
-    precision_->unscale_gradients(optimizer);
-    precision_->agree_on_found_inf(
-        [this](bool found) { return world_size() > 1 ? group_->any_of(found) : found; });
+    detail::unscale_agreeing_on_found_inf(*precision_, *group_, optimizer);
     clip_for_step(optimizer, clip_value, algorithm, clip);
     if (!by_sub_group) {
       stepped = precision_->optimizer_step(optimizer);

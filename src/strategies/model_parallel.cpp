@@ -12,6 +12,7 @@
 #include "io/detail/state_key.h"
 #include "kernels/detail/state_tensors.h"
 #include "strategies/detail/rank_key.h"
+#include "strategies/detail/replica_mesh.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
@@ -90,21 +91,15 @@ void ModelParallelStrategy::setup_environment() {
              " does not divide the ", world,
              " processes; use a divisor of the world size (the quotient is the data-parallel "
              "size), or 0 for the processes of one node.");
-  tp_size_ = tp;
-  dp_size_ = world / tp;
-  dp_rank_ = rank() / tp;
-  if (dp_size_ == 1) {
-    tp_group_ = group_;
-  } else {
-    // Consecutive ranks form a tensor-parallel group (on one node when devices is a multiple of
-    // the size: its all-reduces run every layer); the same position in every group averages
-    // gradients once per step.
-    std::vector<int64_t> mine, replicas;
-    for (int64_t t = 0; t < tp_size_; ++t) mine.push_back(dp_rank_ * tp_size_ + t);
-    for (int64_t d = 0; d < dp_size_; ++d) replicas.push_back(d * tp_size_ + rank() % tp_size_);
-    tp_group_ = group().new_group(mine, "tensor_parallel");
-    dp_group_ = group().new_group(replicas, "tensor_parallel_replicas");
-  }
+  // Consecutive ranks split the layers (their all-reduces run every layer), the same position
+  // in every group averages gradients once per step.
+  const detail::ReplicaMesh mesh =
+      detail::make_replica_mesh(group_, tp, "tensor_parallel", "tensor_parallel_replicas");
+  tp_size_ = mesh.inner;
+  dp_size_ = mesh.replicas;
+  dp_rank_ = mesh.replica;
+  tp_group_ = mesh.inner_group;
+  dp_group_ = mesh.replica_group;
   log_info("ModelParallelStrategy", std::to_string(dp_size_) + " data-parallel x " +
                                         std::to_string(tp_size_) + " tensor-parallel processes");
 }
@@ -199,13 +194,7 @@ void ModelParallelStrategy::backward_through(const at::Tensor& loss,
 }
 
 void ModelParallelStrategy::average_over_replicas(const Module& module) {
-  // Every replica runs the same code on the same layout, so the same gradients are defined on
-  // each, in module order.
-  std::vector<at::Tensor> grads;
-  for (const auto& p : module.parameters(true)) {
-    if (p.grad().defined()) grads.push_back(p.grad());
-  }
-  dp_group_->all_reduce_(grads, Reduce::kMean);
+  detail::average_over_replicas(dp_group_.get(), module);
 }
 
 bool ModelParallelStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
@@ -214,9 +203,7 @@ bool ModelParallelStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
   // Strategy::optimizer_step's sequence, with the ranks agreeing on inf/NaN gradients: each
   // checked only its own shards, and a rank that skipped a step its group took would hold a
   // shard of another model.
-  precision_->unscale_gradients(optimizer);
-  precision_->agree_on_found_inf(
-      [this](bool found) { return world_size() > 1 ? group().any_of(found) : found; });
+  detail::unscale_agreeing_on_found_inf(*precision_, group(), optimizer);
   clip_for_step(optimizer, clip_value, algorithm, clip);
   return precision_->optimizer_step(optimizer);
 }

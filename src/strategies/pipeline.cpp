@@ -14,6 +14,7 @@
 
 #include "io/detail/state_key.h"
 #include "strategies/detail/rank_key.h"
+#include "strategies/detail/replica_mesh.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
@@ -114,20 +115,16 @@ void PipelineStrategy::setup_environment() {
              world,
              " processes; use a divisor of the world size (the quotient is the number of "
              "data-parallel replicas of the pipeline), or 0 for one stage per process.");
-  stages_ = stages;
-  replicas_ = world / stages;
-  replica_ = rank() / stages;
-  if (replicas_ == 1) {
-    pipe_group_ = group_;
-    return;
-  }
   // Consecutive ranks form a pipeline (its transfers stay on one node when devices is a
   // multiple of stages); the same stage of every replica averages gradients.
-  std::vector<int64_t> pipeline, replicas;
-  for (int64_t s = 0; s < stages_; ++s) pipeline.push_back(replica_ * stages_ + s);
-  for (int64_t d = 0; d < replicas_; ++d) replicas.push_back(d * stages_ + rank() % stages_);
-  pipe_group_ = group().new_group(pipeline, "pipeline");
-  dp_group_ = group().new_group(replicas, "pipeline_replicas");
+  const detail::ReplicaMesh mesh =
+      detail::make_replica_mesh(group_, stages, "pipeline", "pipeline_replicas");
+  stages_ = mesh.inner;
+  replicas_ = mesh.replicas;
+  replica_ = mesh.replica;
+  pipe_group_ = mesh.inner_group;
+  dp_group_ = mesh.replica_group;
+  if (replicas_ == 1) return;
   log_info("PipelineStrategy", std::to_string(replicas_) + " replicas of a " +
                                    std::to_string(stages_) + "-stage pipeline");
 }
@@ -252,13 +249,7 @@ void PipelineStrategy::backward(const at::Tensor& loss, Module& module, bool syn
 }
 
 void PipelineStrategy::average_over_replicas(const Module& module) {
-  // The replicas of a stage run the same code, so the same gradients are defined on each, in
-  // module order.
-  std::vector<at::Tensor> grads;
-  for (const auto& p : module.parameters(true)) {
-    if (p.grad().defined()) grads.push_back(p.grad());
-  }
-  dp_group_->all_reduce_(grads, Reduce::kMean);
+  detail::average_over_replicas(dp_group_.get(), module);
 }
 
 bool PipelineStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
@@ -267,9 +258,7 @@ bool PipelineStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
   // Strategy::optimizer_step's sequence, with the ranks agreeing on inf/NaN gradients: each
   // checked only its own stage's, and a stage that skipped a step the others took would train
   // a model that is no longer one.
-  precision_->unscale_gradients(optimizer);
-  precision_->agree_on_found_inf(
-      [this](bool found) { return world_size() > 1 ? group().any_of(found) : found; });
+  detail::unscale_agreeing_on_found_inf(*precision_, group(), optimizer);
   clip_for_step(optimizer, clip_value, algorithm, clip);
   return precision_->optimizer_step(optimizer);
 }

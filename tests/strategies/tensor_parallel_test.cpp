@@ -249,6 +249,8 @@ TEST(TensorParallel, FitWithTensorParallelIsNotAvailable) {
                   "--tp", "2", "--stage", "fit"});
   EXPECT_EQ(j.code, 1) << j.output;
   EXPECT_NE(j.output.find("DeepSpeed inference settings"), std::string::npos) << j.output;
+  // Names the strategy that trains tensor-parallel.
+  EXPECT_NE(j.output.find("use strategy \"model_parallel\""), std::string::npos) << j.output;
 }
 
 TEST(TensorParallel, FitWithKernelInjectionIsNotAvailable) {
