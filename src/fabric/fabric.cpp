@@ -60,10 +60,13 @@ bool sharded(const Strategy& strategy) {
   return strategy.name() == "deepspeed";
 }
 
-// The strategies that split one module (the pipeline's stages), or "" when several modules may
-// be set up (ZeRO keeps engines per module).
+// The strategies that split one module (the pipeline's stages, tensor parallelism's layers), or
+// "" when several modules may be set up (ZeRO keeps engines per module).
 std::string splits_one_module(const Strategy& strategy) {
   if (strategy.name() == "pipeline") return "the pipeline strategy splits one module's pipeline";
+  if (strategy.name() == "model_parallel") {
+    return "the model_parallel strategy splits one module's layers";
+  }
   return "";
 }
 
@@ -390,7 +393,7 @@ void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
       }
     }
   }
-  // The pipeline strategy keeps one split of one volt::Pipeline.
+  // The pipeline strategy keeps one split of one volt::Pipeline, model_parallel one engine.
   const std::string one = splits_one_module(*strategy_);
   VOLT_CHECK(one.empty() || set_up_.empty(), ConfigError, kTag,
              " setup() of a second module under \"", strategy_->name(), "\": ", one,

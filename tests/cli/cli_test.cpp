@@ -1272,6 +1272,44 @@ TEST(CliBinary, PredictsWithTensorParallelFromACheckpointLikeOneProcess) {
   EXPECT_NE(bad.err.find("is not \"pattern=style\""), std::string::npos) << bad.err;
 }
 
+// Tensor-parallel training from the command line: 2 ranks splitting the MLP's first two Linears
+// train as one process (the same validation loss but for round-off), the layout is logged, and
+// a size that does not divide the world is a usage error (exit 2) naming the fix.
+TEST(CliBinary, FitsTensorParallelLikeOneProcess) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::string common =
+      "fit --config " + volt_test::source_dir() +
+      "/configs/fashion_mnist_mlp.yaml --trainer.max_epochs=1 --trainer.limit_train_batches=6"
+      " --trainer.limit_val_batches=2 --trainer.enable_progress_bar=false"
+      " --trainer.default_root_dir=";
+  const std::string tp =
+      " --trainer.devices=2 --trainer.strategy=model_parallel"
+      " --trainer.strategy.init_args.tp_plan='[\"fc0=colwise\", \"fc1=rowwise\"]'";
+  auto val_loss = [](const std::string& out) {
+    const auto at = out.find("final metrics:");
+    const std::string tail = at == std::string::npos ? "" : out.substr(at);
+    std::smatch m;
+    return std::regex_search(tail, m, std::regex("val_loss +([-0-9.e]+)")) ? std::stod(m[1]) : -1.0;
+  };
+  const auto one = run_binary(common + (dir / "one"));
+  const auto split = run_binary(common + (dir / "tp") + tp);
+  ASSERT_EQ(one.code, 0) << one.out << one.err;
+  ASSERT_EQ(split.code, 0) << split.out << split.err;
+  EXPECT_NE((split.out + split.err).find("1 data-parallel x 2 tensor-parallel processes"),
+            std::string::npos)
+      << split.err;
+  EXPECT_NE((split.out + split.err).find("2 layers split 2 ways"), std::string::npos) << split.err;
+  ASSERT_GT(val_loss(one.out), 0) << one.out;
+  EXPECT_NEAR(val_loss(split.out), val_loss(one.out), 1e-5) << split.out;
+  const auto bad = run_binary(common + (dir / "bad") + tp +
+                              " --trainer.strategy.init_args.tensor_parallel_size=3");
+  EXPECT_EQ(bad.code, 2) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find("tensor_parallel_size=3 does not divide the 2 processes"),
+            std::string::npos)
+      << bad.err;
+}
+
 TEST(CliBinary, PredictionWriterMergesTheRanksInDataSetOrder) {
   VOLT_REQUIRE_GLOO();
   // The 10000 test images over 3 ranks: the distributed sampler pads the shards with images 0

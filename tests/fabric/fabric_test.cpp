@@ -1119,6 +1119,32 @@ TEST(Fabric, BadCallsAreTypedErrors) {
             std::string::npos);
 }
 
+// The model_parallel strategy under Fabric splits one module: a second module is Fabric's
+// ConfigError. In one process the tensor-parallel group is one rank and the loop trains.
+TEST(Fabric, ModelParallelTakesOneModule) {
+  VOLT_REQUIRE_GLOO();
+  volt::Fabric fabric(cpu().strategy(volt::named<volt::Strategy>(
+      "model_parallel", {{"tp_plan", std::vector<std::string>{"0=colwise", "2=rowwise"}}})));
+  auto net =
+      torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
+  auto opt = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  fabric.setup(net, {opt});
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              fabric.setup(torch::nn::Linear(4, 2));
+            }).find("the model_parallel strategy splits one module's layers"),
+            std::string::npos);
+  at::Tensor loss;
+  {
+    auto forward = fabric.forward_context(net);
+    loss = net->forward(at::ones({4, 4})).pow(2).mean();
+  }
+  fabric.backward(loss);
+  fabric.clip_gradients(*opt, 1.0);
+  const at::Tensor before = net->parameters()[0].detach().clone();
+  EXPECT_TRUE(fabric.step(*opt));
+  EXPECT_FALSE(at::equal(before, net->parameters()[0]));
+}
+
 // ------------------------------------------------------------------ real processes
 
 std::string out_of(const std::string& root, int rank) {
@@ -1479,6 +1505,48 @@ TEST(FabricPipeline, TheOneFOneBScheduleEqualsOneProcess) {
   }
 }
 
+// The model_parallel strategy under Fabric: the program's loop over an MLP whose first Linear is
+// split by its outputs and the last by its inputs across 2 ranks (both read the same batches).
+// Both ranks end with the whole model (Fabric's teardown joins it), within 1e-6 of one process on
+// the same batches, with accumulation over 2 batches and norm clipping across the shards; a run
+// saved mid-way (whole weights and optimizer state) and resumed by a new job ends bit for bit as
+// the uninterrupted one.
+TEST(FabricModelParallel, TwoRanksEqualOneProcessAndResumeBitForBit) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::vector<std::string> flags{"--clip", "0.5", "--accum", "2"};
+  const at::Tensor ref = reference(dir.path, flags, "8");
+  const auto jobs = run_ranks(dir.path, volt_test::cat({"--strategy", "model_parallel"}, flags));
+  for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(jobs[0].output.find("1 data-parallel x 2 tensor-parallel processes"), std::string::npos)
+      << jobs[0].output;
+  EXPECT_NE(jobs[0].output.find("2 layers split 2 ways"), std::string::npos) << jobs[0].output;
+  const at::Tensor r0 = load_flat(out_of(dir.path, 0)), r1 = load_flat(out_of(dir.path, 1));
+  EXPECT_TRUE(at::equal(r0, r1));
+  EXPECT_TRUE(at::allclose(r0, ref, 0, 1e-6)) << (r0 - ref).abs().max().item<double>();
+
+  const std::vector<std::string> mp{"--strategy", "model_parallel", "--steps", "10"};
+  const auto full =
+      run_ranks(dir / "full", volt_test::cat(mp, {"--save-at", "5", "--save", dir / "mid.ckpt"}));
+  for (const auto& j : full) ASSERT_EQ(j.code, 0) << j.output;
+  const auto resumed =
+      run_ranks(dir / "resumed", volt_test::cat(mp, {"--resume", dir / "mid.ckpt"}));
+  for (const auto& j : resumed) ASSERT_EQ(j.code, 0) << j.output;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(
+        at::equal(load_flat(out_of(dir / "full", r)), load_flat(out_of(dir / "resumed", r))))
+        << r;
+  }
+  // The checkpoint is the single-process format: one process resumes it and ends within 1e-6.
+  const Job one = run_job(volt_test::fabric_worker(),
+                          volt_test::cat({"--out", dir / "one/w", "--batch", "8", "--steps", "10"},
+                                         {"--resume", dir / "mid.ckpt"}));
+  ASSERT_EQ(one.code, 0) << one.output;
+  const at::Tensor whole = load_flat(dir / "one/w.rank0.pt");
+  const at::Tensor split = load_flat(out_of(dir / "full", 0));
+  EXPECT_TRUE(at::allclose(whole, split, 0, 1e-6)) << (whole - split).abs().max().item<double>();
+}
+
 // A rank whose loop throws fails the job within seconds under every strategy: its Fabric,
 // destroyed on the exception's way out, runs nothing collective in its teardown (the pipeline's
 // and ZeRO's gathers would meet the other rank's step, or wait for it until the timeout: the
@@ -1486,7 +1554,7 @@ TEST(FabricPipeline, TheOneFOneBScheduleEqualsOneProcess) {
 TEST(FabricDdp, ARankThrowingFailsTheOtherInsteadOfHangingIt) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
-  for (const std::string strategy : {"ddp", "deepspeed_stage_3", "pipeline"}) {
+  for (const std::string strategy : {"ddp", "deepspeed_stage_3", "pipeline", "model_parallel"}) {
     const auto start = std::chrono::steady_clock::now();
     const Job j =
         run_job(volt_test::fabric_worker(),
@@ -1557,8 +1625,9 @@ TEST(FabricDdp, AKilledRankFailsTheOtherInsteadOfHangingIt) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
   // ZeRO stage 3 too: the survivor is inside a gather or a reduce-scatter when its peer dies;
-  // and the pipeline, whose survivor waits for an activation or a gradient.
-  for (const std::string strategy : {"ddp", "deepspeed_stage_3", "pipeline"}) {
+  // the pipeline, whose survivor waits for an activation or a gradient, and model_parallel, whose
+  // survivor is inside a layer's all-reduce.
+  for (const std::string strategy : {"ddp", "deepspeed_stage_3", "pipeline", "model_parallel"}) {
     const auto start = std::chrono::steady_clock::now();
     const Job j = run_job(volt_test::fabric_worker(),
                           {"--out", dir / strategy, "--batch", "8", "--devices", "2", "--die-rank",

@@ -23,9 +23,11 @@
 //       ZeRO too (each module's forwards inside its forward_context), with --save-at / --save
 //       and --resume (both modules and both optimizers in the state).
 //   --static-graph 1: DDP's static_graph option. --strategy NAME: "ddp" (default), a
-//       "deepspeed_stage_N" (parameters partitioned whatever their size) or "pipeline" (the net's
-//       layers in a volt::Pipeline, one stage per rank). --pipeline 1: the layers in a
-//       volt::Pipeline under any strategy (in one process it runs whole: the reference);
+//       "deepspeed_stage_N" (parameters partitioned whatever their size), "pipeline" (the net's
+//       layers in a volt::Pipeline, one stage per rank) or "model_parallel" (the first Linear
+//       column-parallel, the last row-parallel, across --tp ranks: default 2). --pipeline 1: the
+//       layers in a volt::Pipeline under any strategy (in one process it runs whole: the
+//       reference);
 //       --chunks C: its micro-batches (default 1). --schedule 1f1b: the loss through the
 //       Pipeline's forward_loss (the 1F1B schedule).
 //   --spike-file F: a FabricSpikeDetection callback writing to F, called after each step's
@@ -222,6 +224,10 @@ int main(int argc, char** argv) {
         {"timeout_s", static_cast<double>(num("--timeout", 30))}};
     if (strategy == "ddp") {
       args["static_graph"] = num("--static-graph", 0) != 0;
+    } else if (strategy == "model_parallel") {
+      // The first Linear split by its outputs, the last by its inputs (Megatron's MLP pair).
+      args["tensor_parallel_size"] = num("--tp", 2);
+      args["tp_plan"] = std::vector<std::string>{"0=colwise", "2=rowwise"};
     } else if (strategy != "pipeline") {
       args["param_persistence_threshold"] = int64_t{0};  // stage 3 partitions every parameter
     }
