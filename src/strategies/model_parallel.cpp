@@ -133,14 +133,16 @@ void ModelParallelStrategy::setup_module(Module& module) {
 
 void ModelParallelStrategy::setup_optimizers(Module& module,
                                              std::vector<OptimizerConfig>& optimizers) {
-  // Checkpoints gather and split each state tensor of the split weights: torch::optim's
-  // optimizers (volt's fused ones keep theirs as views of flat buffers, not handled yet).
+  // Checkpoints gather and split each state tensor of the split weights: the optimizers whose
+  // state types are known (torch::optim's and volt's fused ones, whose flat buffers are laid out
+  // at their first step, after the split).
   for (const auto& config : optimizers) {
     auto probe = new_optimizer_param_state(*config.optimizer());
     VOLT_CHECK(detail::map_state_tensors(*probe, [](const at::Tensor& t) { return t; }),
                ConfigError, kTag,
-               " this optimizer type is not supported with tensor "
-               "parallelism yet; use torch::optim's SGD, Adam, AdamW, RMSprop or Adagrad.");
+               " this optimizer type is not supported with tensor parallelism (its state "
+               "could not be split and joined in checkpoints); use torch::optim's SGD, Adam, "
+               "AdamW, RMSprop or Adagrad, or volt's FusedSGD or FusedAdamW.");
   }
   DdpStrategy::setup_optimizers(module, optimizers);
 }

@@ -36,8 +36,10 @@ inline std::vector<at::Tensor> state_tensors(const torch::optim::OptimizerParamS
 }
 
 /// Replaces each per-element tensor of `s` (as state_tensors lists them) with fn(tensor); an
-/// undefined one stays undefined. torch::optim's states only (volt's fused optimizers keep
-/// theirs as views of flat buffers): false for any other type (nothing changed).
+/// undefined one stays undefined; false for an unknown state type (nothing changed). On a state
+/// object a fused optimizer holds, the replacement detaches it from the optimizer's flat buffer:
+/// the optimizer copies the new tensor's values in on its next step (as after a checkpoint
+/// load), so map a copy (`clone()`) unless that is what is wanted.
 inline bool map_state_tensors(torch::optim::OptimizerParamState& s,
                               const std::function<at::Tensor(const at::Tensor&)>& fn) {
   using namespace torch::optim;
@@ -59,6 +61,10 @@ inline bool map_state_tensors(torch::optim::OptimizerParamState& s,
     a->grad_avg(f(a->grad_avg()));
   } else if (auto* a = dynamic_cast<AdagradParamState*>(&s)) {
     a->sum(f(a->sum()));
+  } else if (auto* a = dynamic_cast<FusedAdamWParamState*>(&s)) {
+    adam(a);
+  } else if (auto* a = dynamic_cast<FusedSGDParamState*>(&s)) {
+    a->momentum_buffer(f(a->momentum_buffer()));
   } else {
     return false;
   }
