@@ -11,6 +11,15 @@
 //                              [--model mlp|transformer] [--batches B]
 //   (without --layout: runs single, tp at 2, zero3 at 2 and zero3_nvme at 1 for both models,
 //   one child process each, and prints a table)
+//
+// Training (ModelParallelStrategy beside one process and DDP): steps per second at the same
+// global batch of 32, and what each rank holds (parameter bytes, AdamW state bytes, the peak of
+// live tensor bytes during a step on volt's counting allocator: parameters, gradients, state,
+// activations; the data set is made first and not counted), one Trainer fit per row.
+//
+//   volt_bench_tensor_parallel --table train [--steps N]
+//   volt_bench_tensor_parallel --train single|ddp|model_parallel --ranks N --model mlp|transformer
+//                              [--steps N]
 
 #include <algorithm>
 #include <chrono>
@@ -24,7 +33,9 @@
 #include "host_memory.h"
 #include "models.h"
 #include "remove_dir.h"
+#include "volt/accelerators/cpu_memory.h"
 #include "volt/strategies/deepspeed.h"
+#include "volt/strategies/model_parallel.h"
 
 namespace {
 
@@ -123,6 +134,144 @@ void run(std::shared_ptr<Net> net, torch::Tensor x, const std::string& layout, i
   }
 }
 
+// ---------------------------------------------------------------------------- training
+
+// The net trained with AdamW: WideMlp regresses a random target (MSE), TransformerNet classifies.
+template <typename Net>
+class Trained : public volt::Module {
+ public:
+  explicit Trained(std::shared_ptr<Net> net) : net_(register_module("net", std::move(net))) {}
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    const auto y = net_->forward(b.input);
+    return b.target.dim() > 1 ? torch::mse_loss(y, b.target)
+                              : torch::cross_entropy_loss(y, b.target);
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    optimizer =
+        std::make_shared<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(1e-4));
+    return {volt::OptimizerConfig(optimizer)};
+  }
+  std::shared_ptr<torch::optim::AdamW> optimizer;
+
+ private:
+  std::shared_ptr<Net> net_;
+};
+
+// Times the steps after the warm-up ones; reads what this rank holds.
+template <typename Net>
+class TrainProbe : public volt::Callback {
+ public:
+  TrainProbe(Trained<Net>& m, int64_t warmup) : m_(m), warmup_(warmup) {}
+  std::string state_key() const override { return "TrainProbe"; }
+  void on_train_start(volt::RunContext& run, volt::Module&) override {
+    for (const auto& p : m_.parameters()) held_bytes += p.numel() * p.element_size();
+    rank = run.global_rank();
+  }
+  void on_train_batch_start(volt::RunContext&, volt::Module&, const volt::Batch&,
+                            int64_t idx) override {
+    if (idx == warmup_) t0 = std::chrono::steady_clock::now();
+    if (idx >= warmup_) volt::reset_cpu_memory_peaks();
+  }
+  void on_train_batch_end(volt::RunContext&, volt::Module&, const volt::Batch&,
+                          int64_t idx) override {
+    t1 = std::chrono::steady_clock::now();
+    steps = idx + 1 - warmup_;
+    if (idx >= warmup_) peak_bytes = std::max(peak_bytes, volt::cpu_memory_stats().max_in_use);
+    if (state_bytes == 0) {
+      for (const auto& kv : m_.optimizer->state()) {
+        const auto& st = static_cast<const torch::optim::AdamWParamState&>(*kv.second);
+        state_bytes += (st.exp_avg().numel() + st.exp_avg_sq().numel()) * 4;
+      }
+    }
+  }
+  std::chrono::steady_clock::time_point t0, t1;
+  int64_t steps = 0, held_bytes = 0, state_bytes = 0, peak_bytes = 0, rank = 0;
+
+ private:
+  Trained<Net>& m_;
+  int64_t warmup_;
+};
+
+template <typename Net>
+void train(std::shared_ptr<Net> net, torch::Tensor x, torch::Tensor y, const std::string& layout,
+           int64_t ranks, int64_t steps, volt::TpPlan plan) {
+  Trained<Net> model(net);
+  const int64_t warmup = 3, global_batch = 32;
+  auto probe = std::make_shared<TrainProbe<Net>>(model, warmup);
+  auto accelerator = volt::registry().accelerators.create("cpu");
+  auto precision = volt::registry().precisions.create("32-true");
+  volt::Spec<volt::Strategy> strategy("single_device");
+  int64_t batch = global_batch;
+  if (layout == "model_parallel") {
+    strategy = volt::Spec<volt::Strategy>(std::make_shared<volt::ModelParallelStrategy>(
+        volt::ModelParallelStrategyOptions().tensor_parallel_size(ranks).plan(plan), accelerator,
+        precision, ranks));
+  } else if (layout == "ddp") {
+    strategy = volt::Spec<volt::Strategy>("ddp");
+    batch = global_batch / ranks;  // each rank its shard of the global batch
+  }
+  volt::Trainer trainer(volt::TrainerOptions()
+                            .accelerator("cpu")
+                            .strategy(strategy)
+                            .devices(ranks)
+                            .max_steps(warmup + steps)
+                            .callbacks({probe})
+                            .enable_progress_bar(false)
+                            .enable_checkpointing(false)
+                            .enable_model_summary(false)
+                            .logger(false)
+                            .num_sanity_val_steps(0));
+  trainer.fit(model, volt::DataLoader(std::make_shared<volt::TensorDataset>(x, y),
+                                      volt::DataLoaderOptions(batch)));
+  if (probe->rank != 0) return;
+  const double s = std::chrono::duration<double>(probe->t1 - probe->t0).count();
+  std::printf(
+      "RESULT model=%s layout=%s ranks=%lld steps_per_s=%.3f held_bytes=%lld state_bytes=%lld "
+      "peak_bytes=%lld\n",
+      Net::kName, layout.c_str(), static_cast<long long>(ranks),
+      static_cast<double>(probe->steps) / s, static_cast<long long>(probe->held_bytes),
+      static_cast<long long>(probe->state_bytes), static_cast<long long>(probe->peak_bytes));
+  std::fflush(stdout);
+}
+
+volt::TpPlan mlp_plan() {
+  return volt::parse_tp_plan({"*up*=colwise", "*down*=rowwise"});
+}
+volt::TpPlan transformer_plan() {
+  return volt::parse_tp_plan(
+      {"*qkv_*=colwise_qkv", "*proj_*=rowwise", "*fc1_*=colwise", "*fc2_*=rowwise"});
+}
+
+void train_table(const char* self, int64_t steps) {
+  std::printf(
+      "| model | layout | ranks | steps/s (global batch 32) | parameter bytes / rank | AdamW "
+      "state bytes / rank | peak live bytes / rank |\n|---|---|---|---|---|---|---|\n");
+  const std::vector<std::pair<std::string, int>> layouts{
+      {"single", 1}, {"ddp", 2}, {"model_parallel", 2}};
+  for (const char* model : {"mlp", "transformer"}) {
+    for (const auto& [layout, ranks] : layouts) {
+      const std::string cmd = std::string(self) + " --train " + layout + " --ranks " +
+                              std::to_string(ranks) + " --model " + model + " --steps " +
+                              std::to_string(steps) + " 2>/dev/null | grep RESULT";
+      std::FILE* f = popen(cmd.c_str(), "r");
+      char line[512];
+      while (f && std::fgets(line, sizeof line, f)) {
+        char name[64], how[64];
+        long long r, held, state, peak;
+        double sps;
+        if (std::sscanf(line,
+                        "RESULT model=%63s layout=%63s ranks=%lld steps_per_s=%lf held_bytes=%lld "
+                        "state_bytes=%lld peak_bytes=%lld",
+                        name, how, &r, &sps, &held, &state, &peak) == 7) {
+          std::printf("| %s | %s | %lld | %.2f | %lld | %lld | %lld |\n", name, how, r, sps, held,
+                      state, peak);
+        }
+      }
+      if (f) pclose(f);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,6 +279,28 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> a;
   for (int i = 1; i + 1 < argc; i += 2) a[argv[i]] = argv[i + 1];
   const int64_t batches = a.count("--batches") ? std::stoll(a["--batches"]) : 22;
+  const int64_t steps = a.count("--steps") ? std::stoll(a["--steps"]) : 20;
+  if (a.count("--table") && a["--table"] == "train") {
+    train_table(argv[0], steps);
+    return 0;
+  }
+  if (a.count("--train")) {
+    const int64_t ranks = a.count("--ranks") ? std::stoll(a["--ranks"]) : 1;
+    const int64_t rows = 32 * (steps + 3);
+    torch::manual_seed(0);
+    const bool mlp = a["--model"] == "mlp";
+    const auto x = mlp ? torch::randn({rows, 1024}) : torch::randn({rows, 1, 28, 28});
+    const auto y = mlp ? torch::randn({rows, 1024}) : torch::randint(0, 10, {rows});
+    // After the data, before the model: its parameters count in the peak, the data set not.
+    volt::install_counting_cpu_allocator();
+    if (mlp) {
+      train(std::make_shared<WideMlp>(), x, y, a["--train"], ranks, steps, mlp_plan());
+    } else {
+      train(std::make_shared<volt_examples::TransformerNet>(256, 8, 4), x, y, a["--train"], ranks,
+            steps, transformer_plan());
+    }
+    return 0;
+  }
   if (!a.count("--layout")) {
     std::printf(
         "| model | layout | ranks | weight bytes / rank | of whole | median forward ms (batch "
