@@ -134,6 +134,17 @@ void run(std::shared_ptr<Net> net, torch::Tensor x, const std::string& layout, i
   }
 }
 
+// The lines a child run of this binary (`args`) prints, its stderr dropped.
+std::vector<std::string> child_lines(const char* self, const std::string& args) {
+  const std::string cmd = std::string(self) + " " + args + " 2>/dev/null | grep RESULT";
+  std::vector<std::string> out;
+  std::FILE* f = popen(cmd.c_str(), "r");
+  char line[512];
+  while (f && std::fgets(line, sizeof line, f)) out.emplace_back(line);
+  if (f) pclose(f);
+  return out;
+}
+
 // ---------------------------------------------------------------------------- training
 
 // The net trained with AdamW: WideMlp regresses a random target (MSE), TransformerNet classifies.
@@ -250,16 +261,13 @@ void train_table(const char* self, int64_t steps) {
       {"single", 1}, {"ddp", 2}, {"model_parallel", 2}};
   for (const char* model : {"mlp", "transformer"}) {
     for (const auto& [layout, ranks] : layouts) {
-      const std::string cmd = std::string(self) + " --train " + layout + " --ranks " +
-                              std::to_string(ranks) + " --model " + model + " --steps " +
-                              std::to_string(steps) + " 2>/dev/null | grep RESULT";
-      std::FILE* f = popen(cmd.c_str(), "r");
-      char line[512];
-      while (f && std::fgets(line, sizeof line, f)) {
+      for (const auto& line :
+           child_lines(self, "--train " + layout + " --ranks " + std::to_string(ranks) +
+                                 " --model " + model + " --steps " + std::to_string(steps))) {
         char name[64], how[64];
         long long r, held, state, peak;
         double sps;
-        if (std::sscanf(line,
+        if (std::sscanf(line.c_str(),
                         "RESULT model=%63s layout=%63s ranks=%lld steps_per_s=%lf held_bytes=%lld "
                         "state_bytes=%lld peak_bytes=%lld",
                         name, how, &r, &sps, &held, &state, &peak) == 7) {
@@ -267,7 +275,6 @@ void train_table(const char* self, int64_t steps) {
                       state, peak);
         }
       }
-      if (f) pclose(f);
     }
   }
 }
@@ -309,16 +316,13 @@ int main(int argc, char** argv) {
         {"single", 1}, {"tp", 2}, {"zero3", 2}, {"zero3_nvme", 1}};
     for (const char* model : {"mlp", "transformer"}) {
       for (const auto& [layout, ranks] : layouts) {
-        const std::string cmd = std::string(argv[0]) + " --layout " + layout + " --ranks " +
-                                std::to_string(ranks) + " --model " + model + " --batches " +
-                                std::to_string(batches) + " 2>/dev/null | grep RESULT";
-        std::FILE* f = popen(cmd.c_str(), "r");
-        char line[512];
-        while (f && std::fgets(line, sizeof line, f)) {
+        for (const auto& line : child_lines(
+                 argv[0], "--layout " + layout + " --ranks " + std::to_string(ranks) + " --model " +
+                              model + " --batches " + std::to_string(batches))) {
           char name[64], how[64];
           long long r, b, full;
           double med;
-          if (std::sscanf(line,
+          if (std::sscanf(line.c_str(),
                           "RESULT model=%63s layout=%63s ranks=%lld weight_bytes_rank=%lld "
                           "full_bytes=%lld median_ms=%lf",
                           name, how, &r, &b, &full, &med) == 6) {
@@ -326,7 +330,6 @@ int main(int argc, char** argv) {
                         static_cast<double>(b) / static_cast<double>(full), med);
           }
         }
-        if (f) pclose(f);
       }
     }
     return 0;

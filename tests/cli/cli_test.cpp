@@ -971,6 +971,14 @@ TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {
   EXPECT_FALSE(fs::exists(dir.path + "/volt_logs/version_1")) << "a second rank made a folder";
 }
 
+// The validation loss a `volt fit` printed under "final metrics:" (-1 when it printed none).
+double final_val_loss(const std::string& out) {
+  const auto at = out.find("final metrics:");
+  const std::string tail = at == std::string::npos ? "" : out.substr(at);
+  std::smatch m;
+  return std::regex_search(tail, m, std::regex("val_loss +([-0-9.e]+)")) ? std::stod(m[1]) : -1.0;
+}
+
 TEST(CliBinary, TakesDdpParametersFromTheConfigAndRejectsBadOnesWithExitTwo) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
@@ -1024,12 +1032,6 @@ TEST(CliBinary, TrainsTheDemoMlpAsAPipelineOfTwoStages) {
   EXPECT_NE(r.out.find("val_acc", first), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("final metrics:", first + 1), std::string::npos) << r.out;
   // The 1F1B schedule trains as GPipe's: the same validation loss but for round-off.
-  auto val_loss = [](const std::string& out) {
-    const auto at = out.find("final metrics:");
-    const std::string tail = at == std::string::npos ? "" : out.substr(at);
-    std::smatch m;
-    return std::regex_search(tail, m, std::regex("val_loss +([-0-9.e]+)")) ? std::stod(m[1]) : -1.0;
-  };
   const std::string pipeline =
       " --model.pipeline_chunks=2 --trainer.devices=2"
       " --trainer.strategy=pipeline --model.pipeline_schedule=";
@@ -1037,8 +1039,8 @@ TEST(CliBinary, TrainsTheDemoMlpAsAPipelineOfTwoStages) {
   const auto ofob = run_binary(common + pipeline + "1f1b");
   ASSERT_EQ(gpipe.code, 0) << gpipe.out << gpipe.err;
   ASSERT_EQ(ofob.code, 0) << ofob.out << ofob.err;
-  ASSERT_GT(val_loss(gpipe.out), 0) << gpipe.out;
-  EXPECT_NEAR(val_loss(ofob.out), val_loss(gpipe.out), 1e-5) << ofob.out;
+  ASSERT_GT(final_val_loss(gpipe.out), 0) << gpipe.out;
+  EXPECT_NEAR(final_val_loss(ofob.out), final_val_loss(gpipe.out), 1e-5) << ofob.out;
   const std::string told =
       "[Pipeline] stage 0 of 2 runs the 1F1B schedule: 2 micro-batches, at most 2 held at once";
   EXPECT_NE((ofob.out + ofob.err).find(told), std::string::npos) << ofob.out << ofob.err;
@@ -1286,12 +1288,6 @@ TEST(CliBinary, FitsTensorParallelLikeOneProcess) {
   const std::string tp =
       " --trainer.devices=2 --trainer.strategy=model_parallel"
       " --trainer.strategy.init_args.tp_plan='[\"fc0=colwise\", \"fc1=rowwise\"]'";
-  auto val_loss = [](const std::string& out) {
-    const auto at = out.find("final metrics:");
-    const std::string tail = at == std::string::npos ? "" : out.substr(at);
-    std::smatch m;
-    return std::regex_search(tail, m, std::regex("val_loss +([-0-9.e]+)")) ? std::stod(m[1]) : -1.0;
-  };
   const auto one = run_binary(common + (dir / "one"));
   const auto split = run_binary(common + (dir / "tp") + tp);
   ASSERT_EQ(one.code, 0) << one.out << one.err;
@@ -1300,8 +1296,8 @@ TEST(CliBinary, FitsTensorParallelLikeOneProcess) {
             std::string::npos)
       << split.err;
   EXPECT_NE((split.out + split.err).find("2 layers split 2 ways"), std::string::npos) << split.err;
-  ASSERT_GT(val_loss(one.out), 0) << one.out;
-  EXPECT_NEAR(val_loss(split.out), val_loss(one.out), 1e-5) << split.out;
+  ASSERT_GT(final_val_loss(one.out), 0) << one.out;
+  EXPECT_NEAR(final_val_loss(split.out), final_val_loss(one.out), 1e-5) << split.out;
   const auto bad = run_binary(common + (dir / "bad") + tp +
                               " --trainer.strategy.init_args.tensor_parallel_size=3");
   EXPECT_EQ(bad.code, 2) << bad.out << bad.err;

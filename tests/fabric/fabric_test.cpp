@@ -387,6 +387,27 @@ TEST(Fabric, InitModuleWithEmptyInitLeavesTheWeightsToTheCheckpoint) {
   EXPECT_TRUE(volt::EmptyInit::active());
 }
 
+// Under a strategy that splits one module (`fabric`'s): `net` set up with SGD, a second module is
+// a ConfigError saying `why`, and a step (forward in the module's context, backward, norm
+// clipping) moves the weights.
+void expect_one_module_that_trains(volt::Fabric& fabric, torch::nn::Sequential net,
+                                   const std::string& why) {
+  auto opt = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+  fabric.setup(net, {opt});
+  EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.setup(torch::nn::Linear(4, 2)); }).find(why),
+            std::string::npos);
+  at::Tensor loss;
+  {
+    auto forward = fabric.forward_context(net);
+    loss = net->forward(at::ones({4, 4})).pow(2).mean();
+  }
+  fabric.backward(loss);
+  fabric.clip_gradients(*opt, 1.0);
+  const at::Tensor before = net->parameters()[0].detach().clone();
+  EXPECT_TRUE(fabric.step(*opt));
+  EXPECT_FALSE(at::equal(before, net->parameters()[0].detach()));
+}
+
 // The pipeline strategy under Fabric splits one module holding one volt::Pipeline: a module
 // without one is the strategy's ConfigError, a second module Fabric's. In one process the
 // pipeline is one stage and the loop trains.
@@ -400,25 +421,13 @@ TEST(Fabric, PipelineTakesOneModuleHoldingOnePipeline) {
               std::string::npos);
   }
   volt::Fabric fabric(cpu().strategy("pipeline"));
-  auto net = torch::nn::Sequential(volt::Pipeline(
-      torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2)),
-      volt::PipelineOptions().chunks(2)));
-  auto opt = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
-  fabric.setup(net, {opt});
-  EXPECT_NE(error_of<volt::ConfigError>([&] {
-              fabric.setup(torch::nn::Linear(4, 2));
-            }).find("the pipeline strategy splits one module's pipeline"),
-            std::string::npos);
-  at::Tensor loss;
-  {
-    auto forward = fabric.forward_context(net);
-    loss = net->forward(at::ones({4, 4})).pow(2).mean();
-  }
-  fabric.backward(loss);
-  fabric.clip_gradients(*opt, 1.0);
-  const at::Tensor before = net->parameters()[0].detach().clone();
-  EXPECT_TRUE(fabric.step(*opt));
-  EXPECT_FALSE(at::equal(before, net->parameters()[0].detach()));
+  expect_one_module_that_trains(
+      fabric,
+      torch::nn::Sequential(
+          volt::Pipeline(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(),
+                                               torch::nn::Linear(8, 2)),
+                         volt::PipelineOptions().chunks(2))),
+      "the pipeline strategy splits one module's pipeline");
 }
 
 // A volt::Module is used as it is: its backward hook runs.
@@ -1125,24 +1134,10 @@ TEST(Fabric, ModelParallelTakesOneModule) {
   VOLT_REQUIRE_GLOO();
   volt::Fabric fabric(cpu().strategy(volt::named<volt::Strategy>(
       "model_parallel", {{"tp_plan", std::vector<std::string>{"0=colwise", "2=rowwise"}}})));
-  auto net =
-      torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
-  auto opt = std::make_shared<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
-  fabric.setup(net, {opt});
-  EXPECT_NE(error_of<volt::ConfigError>([&] {
-              fabric.setup(torch::nn::Linear(4, 2));
-            }).find("the model_parallel strategy splits one module's layers"),
-            std::string::npos);
-  at::Tensor loss;
-  {
-    auto forward = fabric.forward_context(net);
-    loss = net->forward(at::ones({4, 4})).pow(2).mean();
-  }
-  fabric.backward(loss);
-  fabric.clip_gradients(*opt, 1.0);
-  const at::Tensor before = net->parameters()[0].detach().clone();
-  EXPECT_TRUE(fabric.step(*opt));
-  EXPECT_FALSE(at::equal(before, net->parameters()[0]));
+  expect_one_module_that_trains(
+      fabric,
+      torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2)),
+      "the model_parallel strategy splits one module's layers");
 }
 
 // ------------------------------------------------------------------ real processes

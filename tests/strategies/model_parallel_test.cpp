@@ -27,6 +27,32 @@ using volt_test::run_job;
 // with norm clipping at 0.5 (every step clips: the norm spans every rank's shards).
 const std::vector<std::string> kModel = {"--depth", "1", "--optimizer", "adamw", "--clip", "0.5"};
 
+// Runs `common` (world `ranks`, checkpoints every batch) whole under <dir>/a and with rank 1
+// SIGKILLed after batch 5 under <dir>/b, resumes b from its newest checkpoint: every rank ends
+// bit for bit as in a. Then one process (`model` flags, global batch 8, accumulating 2) resumes
+// the same checkpoint, the single-process format, and ends where a ended, to fp32 round-off.
+void expect_killed_run_resumes(const volt_test::TempDir& dir,
+                               const std::vector<std::string>& common, int ranks,
+                               const std::vector<std::string>& model) {
+  volt_test::run_full_then_killed(dir.path, common);
+  const Job resumed = run_job(cat(
+      {"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"}, common));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string suffix = "/w.rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("a" + suffix)), load_flat(dir / ("b" + suffix))))
+        << "rank " << r;
+  }
+  const Job one = run_job(
+      cat({"--root", dir / "c", "--out", dir / "c/w", "--resume", dir / "b/every_batch.ckpt",
+           "--devices", "1", "--batch", "8", "--epochs", "1", "--accum", "2"},
+          model));
+  ASSERT_EQ(one.code, 0) << one.output;
+  const auto whole = load_flat(dir / "a/w.rank0.pt"), single = load_flat(dir / "c/w.rank0.pt");
+  EXPECT_TRUE(torch::allclose(single, whole, 1e-5, 1e-6))
+      << "max diff " << (single - whole).abs().max().item<double>();
+}
+
 TEST(ModelParallel, TwoTensorParallelRanksEqualOneProcess) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
@@ -78,26 +104,8 @@ TEST(ModelParallel, AKilledRankResumesBitForBitMidAccumulationAndTheCheckpointLo
   const auto common = cat({"--devices", "4", "--tp", "2", "--batch", "4", "--epochs", "1",
                            "--accum", "2", "--ckpt-every-batch", "1"},
                           kModel);
-  volt_test::run_full_then_killed(dir.path, common);
-  const Job resumed = run_job(cat(
-      {"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"}, common));
-  ASSERT_EQ(resumed.code, 0) << resumed.output;
-  for (int r = 0; r < 4; ++r) {
-    const std::string suffix = "/w.rank" + std::to_string(r) + ".pt";
-    EXPECT_TRUE(torch::equal(load_flat(dir / ("a" + suffix)), load_flat(dir / ("b" + suffix))))
-        << "rank " << r;
-  }
-  // The checkpoint is the single-process format (whole weights and optimizer state; the
-  // accumulated gradients' mean over the replicas): one process resumes it and ends where the
-  // 4 processes ended, to fp32 round-off.
-  const Job one = run_job(
-      cat({"--root", dir / "c", "--out", dir / "c/w", "--resume", dir / "b/every_batch.ckpt",
-           "--devices", "1", "--batch", "8", "--epochs", "1", "--accum", "2"},
-          kModel));
-  ASSERT_EQ(one.code, 0) << one.output;
-  const auto whole = load_flat(dir / "a/w.rank0.pt"), single = load_flat(dir / "c/w.rank0.pt");
-  EXPECT_TRUE(torch::allclose(single, whole, 1e-5, 1e-6))
-      << "max diff " << (single - whole).abs().max().item<double>();
+  // The checkpoint's accumulated gradients are the replicas' mean for the one-process resume.
+  expect_killed_run_resumes(dir, common, 4, kModel);
 }
 
 TEST(ModelParallel, BadSettingsAreConfigErrors) {
@@ -165,24 +173,8 @@ TEST(ModelParallel, VoltsFusedAdamWTrainsSplitAndResumes) {
   const auto common = cat({"--devices", "2", "--tp", "2", "--batch", "8", "--epochs", "1",
                            "--accum", "2", "--ckpt-every-batch", "1"},
                           fused);
-  volt_test::run_full_then_killed(dir.path, common);
+  expect_killed_run_resumes(dir, common, 2, fused);
   expect_ranks_equal_reference(dir / "a/w", 2, ref);
-  const Job resumed = run_job(cat(
-      {"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"}, common));
-  ASSERT_EQ(resumed.code, 0) << resumed.output;
-  for (int r = 0; r < 2; ++r) {
-    const std::string suffix = "/w.rank" + std::to_string(r) + ".pt";
-    EXPECT_TRUE(torch::equal(load_flat(dir / ("a" + suffix)), load_flat(dir / ("b" + suffix))))
-        << "rank " << r;
-  }
-  const Job one = run_job(
-      cat({"--root", dir / "c", "--out", dir / "c/w", "--resume", dir / "b/every_batch.ckpt",
-           "--devices", "1", "--batch", "8", "--epochs", "1", "--accum", "2"},
-          fused));
-  ASSERT_EQ(one.code, 0) << one.output;
-  const auto whole = load_flat(dir / "a/w.rank0.pt"), single = load_flat(dir / "c/w.rank0.pt");
-  EXPECT_TRUE(torch::allclose(single, whole, 1e-5, 1e-6))
-      << "max diff " << (single - whole).abs().max().item<double>();
 }
 
 }  // namespace
