@@ -121,6 +121,10 @@ struct TransformerNet : torch::nn::Module {
         return t.reshape({-1, 28, t.size(-1) / hd, hd}).transpose(1, 2);
       };
       auto opts = volt::SdpaOptions().dropout_p(is_training() ? attn_dropout_ : 0.0);
+      // Under tensor parallelism a rank holds some of the heads: their dropout masks are its own
+      // (outside a tensor-parallel forward the guard does nothing).
+      c10::optional<volt::SplitRegionRng> split_rng;
+      if (opts.dropout_p() > 0) split_rng.emplace();
       auto a = fused_
                    ? volt::fused_sdpa(split(parts[0]), split(parts[1]), split(parts[2]), opts)
                    : volt::sdpa_reference(split(parts[0]), split(parts[1]), split(parts[2]), opts);

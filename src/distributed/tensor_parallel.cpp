@@ -1,5 +1,6 @@
 #include "volt/distributed/tensor_parallel.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -716,14 +717,51 @@ TensorParallelEngine::~TensorParallelEngine() {
 }
 
 struct TensorParallelEngine::Scope::Impl {
+  explicit Impl(int64_t rank) : previous_rank(detail::split_rank()) {
+    detail::set_split_rank(rank);  // SplitRegionRng forks by it
+  }
+  ~Impl() { detail::set_split_rank(previous_rank); }
   c10::impl::IncludeDispatchKeyGuard include{detail::kInterceptKey};
+  int64_t previous_rank;
 };
 
 TensorParallelEngine::Scope::Scope(TensorParallelEngine& engine) {
-  if (engine.split_ && engine.options_.tp_size() > 1) impl_ = std::make_unique<Impl>();
+  if (engine.split_ && engine.options_.tp_size() > 1) {
+    impl_ = std::make_unique<Impl>(engine.group_->rank());
+  }
 }
 
 TensorParallelEngine::Scope::~Scope() = default;
+
+namespace {
+
+// splitmix64's finalizer: well-mixed 64-bit values from nearby inputs.
+uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+SplitRegionRng::SplitRegionRng() {
+  const int64_t rank = detail::split_rank();
+  if (rank < 0) return;
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  auto* cpu = at::check_generator<at::CPUGeneratorImpl>(gen);
+  const uint64_t draw = cpu->random64();  // the shared stream's one draw, alike on every rank
+  shared_ = at::Tensor(cpu->get_state());
+  cpu->set_current_seed(mix64(draw ^ mix64(static_cast<uint64_t>(rank) + 1)));
+}
+
+SplitRegionRng::~SplitRegionRng() {
+  if (!shared_.defined()) return;
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(shared_);
+}
 
 void TensorParallelEngine::restore() {
   if (!split_) return;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/detail/rng_states.h"
+#include "distributed/detail/intercept.h"
 #include "nn/detail/recompute_buffers.h"
 #include "volt/core/check.h"
 #include "volt/precision/autocast.h"
@@ -95,6 +96,9 @@ struct CheckpointState : torch::CustomClassHolder {
   std::vector<bool> defined;         // per input
   std::vector<RngState> rng;         // at forward entry
   AutocastState autocast;
+  // The interception the forward ran under (a tensor-parallel Scope's row-parallel sums and
+  // split rank, ZeRO's), gone by the time backward recomputes.
+  detail::InterceptState intercept;
 };
 
 // A host copy of `t` for cpu_checkpointing: pinned when it comes from CUDA, so the copy back
@@ -127,6 +131,7 @@ class CheckpointNode : public torch::autograd::Function<CheckpointNode> {
     }
     if (state->options.preserve_rng_state()) state->rng = get_rng_states(rng_devices(inputs));
     state->autocast = AutocastState::current();
+    state->intercept = detail::InterceptState::current();
     std::vector<at::Tensor> outputs;
     {
       // No autocast cast cache here: a weight cast under no_grad would be cached without a
@@ -191,6 +196,7 @@ class CheckpointNode : public torch::autograd::Function<CheckpointNode> {
       } restore{now};
       torch::AutoGradMode grad(true);
       AutocastReplay replay(state->autocast);
+      detail::InterceptReplay intercepting(state->intercept);
       CheckpointRecomputeScope recomputing;
       outputs = state->fn(inputs);
     }

@@ -651,6 +651,15 @@ TEST(ActivationCheckpointDistributed, DeepSpeedStage3TwoRanksEqualWithoutCheckpo
   expect_job_unchanged_by_checkpointing({"--zero", "3"});
 }
 
+// Tensor parallelism (ModelParallelStrategy at 2 ranks: fc1 row-parallel on the whole input,
+// deep.0 column-parallel, the head row-parallel): the recomputation in backward runs under the
+// forward's tensor-parallel scope, so its row-parallel layers sum over the ranks again (before
+// session 76 they did not, and the gradients were wrong).
+TEST(ActivationCheckpointDistributed, ModelParallelTwoRanksEqualWithoutCheckpointing) {
+  VOLT_REQUIRE_GLOO();
+  expect_job_unchanged_by_checkpointing({"--tp", "2", "--depth", "1"});
+}
+
 TEST(ActivationCheckpointDistributed, Fp8WithDeepSpeedStage3TwoRanksEqualWithoutCheckpointing) {
   VOLT_REQUIRE_GLOO();
   // The three deep 16x16 layers run in fp8 (stateful delayed scaling), partitioned by ZeRO-3.

@@ -96,9 +96,11 @@ TEST(TensorParallelTraining, TwoAndFourRanksTrainLikeOneProcess) {
   VOLT_REQUIRE_GLOO();
   // tests/support/dist_worker.cpp, run_tp_train: an MLP (input gradient through "f", a
   // row-parallel layer on a whole input) and a small language model (vocabulary-split
-  // embedding, heads split by packed q/k/v, row-parallel projections) train 4 SGD-momentum
-  // steps with norm clipping on every rank: losses, norms, input gradients and the gathered
-  // weights equal one process's; a split Embedding with scale_grad_by_freq refuses to train.
+  // embedding, heads split by packed q/k/v, row-parallel projections) and an MLP whose split
+  // layers are activation-checkpointed train 4 SGD-momentum steps with norm clipping on every
+  // rank: losses, norms, input gradients and the gathered weights equal one process's; a split
+  // Embedding with scale_grad_by_freq refuses to train; SplitRegionRng draws per rank inside a
+  // Scope (and is replayed by the recomputation), the shared stream alike.
   for (int tp : {2, 4}) {
     auto ranks = volt_test::start_local_ranks(volt_test::dist_worker(),
                                               {"tp-train", "--devices", std::to_string(tp)}, tp);
@@ -109,6 +111,7 @@ TEST(TensorParallelTraining, TwoAndFourRanksTrainLikeOneProcess) {
       EXPECT_NE(out.find(rank + ": tp-train mlp ok (3 layers split)"), std::string::npos) << out;
       EXPECT_NE(out.find(rank + ": tp-train lm ok (5 layers split)"), std::string::npos) << out;
       EXPECT_NE(out.find(rank + ": tp-train errors ok"), std::string::npos) << out;
+      EXPECT_NE(out.find(rank + ": tp-train rng ok"), std::string::npos) << out;
     }
   }
 }

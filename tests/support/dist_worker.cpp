@@ -20,6 +20,7 @@
 #include <volt/distributed/process_group.h>
 #include <volt/distributed/tensor_parallel.h>
 #include <volt/distributed/zero_engine.h>
+#include <volt/nn/checkpoint.h>
 
 #include <cstdio>
 #include <sstream>
@@ -611,6 +612,24 @@ struct TinyLmImpl : torch::nn::Module {
 };
 TORCH_MODULE(TinyLm);
 
+// The MLP's split layers inside activation checkpointing: backward recomputes them, and the
+// recomputation must run as the forward did (the row-parallel sums over the group).
+struct CheckpointedMlpImpl : torch::nn::Module {
+  CheckpointedMlpImpl() {
+    body =
+        register_module("body", torch::nn::Sequential(torch::nn::Linear(12, 16), torch::nn::Tanh(),
+                                                      torch::nn::Linear(16, 8), torch::nn::Tanh()));
+    out = register_module("out", torch::nn::Linear(8, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return out->forward(
+        volt::checkpoint([this](const at::Tensor& t) { return body->forward(t); }, x));
+  }
+  torch::nn::Sequential body{nullptr};
+  torch::nn::Linear out{nullptr};
+};
+TORCH_MODULE(CheckpointedMlp);
+
 template <typename Make, typename Batch, typename Loss>
 void tp_train_case(const std::shared_ptr<volt::ProcessGroup>& pg, const std::string& what,
                    Make make, const std::vector<std::string>& plan, Batch batch, Loss loss_of,
@@ -667,6 +686,78 @@ void tp_train_case(const std::shared_ptr<volt::ProcessGroup>& pg, const std::str
       std::to_string(engine.layers().size()) + " layers split)");
 }
 
+// SplitRegionRng: inside a split Scope each rank draws masks of its own, outside the guard the
+// ranks draw alike and their shared streams stay in step; without a Scope the guard does
+// nothing; activation checkpointing recomputes the split masks the forward drew.
+void tp_rng_case(const std::shared_ptr<volt::ProcessGroup>& pg) {
+  const int64_t tp = pg->world_size();
+  torch::manual_seed(21);  // the same stream on every rank
+  torch::nn::Linear col(6, 16), row(16, 6);
+  torch::nn::Sequential net(col, row);
+  volt::TensorParallelEngine engine(*net, pg,
+                                    volt::TensorParallelOptions().tp_size(tp).plan(
+                                        volt::parse_tp_plan({"0=colwise", "1=rowwise"})));
+  auto differs = [&](const at::Tensor& t) {  // whether any two ranks' t differ
+    const auto all = pg->all_gather(t.contiguous());
+    bool any = false;
+    for (const auto& other : all) any = any || !torch::equal(other, all[0]);
+    return any;
+  };
+  auto shared_state = [] { return at::Tensor(at::detail::getDefaultCPUGenerator().get_state()); };
+  {
+    volt::TensorParallelEngine::Scope scope(engine);
+    at::Tensor split_mask;
+    {
+      volt::SplitRegionRng split_rng;
+      split_mask = torch::dropout(torch::ones({64, 16 / tp}), 0.5, true);
+    }
+    const at::Tensor whole_mask = torch::dropout(torch::ones({64, 16}), 0.5, true);
+    CHECK_TRUE(differs(split_mask), "inside SplitRegionRng the ranks draw different masks");
+    CHECK_TRUE(!differs(whole_mask), "outside it the ranks draw the same mask");
+    CHECK_TRUE(!differs(shared_state()), "the shared streams stay in step across the ranks");
+  }
+  {
+    const at::Tensor before = shared_state();
+    at::Tensor guarded;
+    {
+      volt::SplitRegionRng split_rng;
+      guarded = torch::rand({8});
+    }
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(before);
+    CHECK_TRUE(torch::equal(guarded, torch::rand({8})),
+               "without a Scope the guard draws from the shared stream");
+  }
+  auto block = [&](const at::Tensor& x) {
+    at::Tensor h = col->forward(x);  // this rank's features
+    {
+      volt::SplitRegionRng split_rng;
+      h = torch::dropout(h, 0.5, true);
+    }
+    return row->forward(h);  // summed over the ranks
+  };
+  auto grads = [&](bool checkpointed) {
+    torch::manual_seed(33);
+    net->zero_grad();
+    const at::Tensor x = torch::randn({5, 6}).requires_grad_(true);
+    at::Tensor y;
+    {
+      volt::TensorParallelEngine::Scope scope(engine);
+      y = checkpointed ? volt::checkpoint(block, x) : block(x);
+    }
+    y.pow(2).sum().backward();
+    std::vector<at::Tensor> g{x.grad().clone()};
+    for (const auto& p : net->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  const auto plain = grads(false), checkpointed = grads(true);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    CHECK_TRUE(torch::equal(plain[i], checkpointed[i]),
+               "gradient " + std::to_string(i) + " through recomputed split masks");
+  }
+  say("rank " + std::to_string(pg->rank()) + ": tp-train rng ok");
+}
+
 void run_tp_train(const std::shared_ptr<volt::ProcessGroup>& pg) {
   // An MLP: the first layer's input gradient goes through "f", the chain colwise -> rowwise,
   // and a row-parallel layer taking a whole input (each rank its slice).
@@ -681,6 +772,19 @@ void run_tp_train(const std::shared_ptr<volt::ProcessGroup>& pg) {
       {"0=colwise", "2=rowwise", "4=rowwise"},
       [](int step) {
         torch::manual_seed(100 + step);
+        return std::make_pair(torch::randn({6, 12}), torch::randn({6, 4}));
+      },
+      [](const at::Tensor& out, const at::Tensor& y) { return (out - y).pow(2).mean(); },
+      /*input_grad=*/true);
+  tp_train_case(
+      pg, "checkpointed",
+      [] {
+        torch::manual_seed(14);
+        return CheckpointedMlp();
+      },
+      {"body.0=colwise", "body.2=rowwise"},
+      [](int step) {
+        torch::manual_seed(300 + step);
         return std::make_pair(torch::randn({6, 12}), torch::randn({6, 4}));
       },
       [](const at::Tensor& out, const at::Tensor& y) { return (out - y).pow(2).mean(); },
@@ -804,6 +908,7 @@ int run(const Args& a) {
     run_zero_masters(pg);
   } else if (a.scenario == "tp-train") {
     run_tp_train(pg);
+    tp_rng_case(pg);
   } else if (a.scenario == "hold") {
     if (env.global_rank == a.victim) {
       say("rank " + std::to_string(env.global_rank) + ": victim waiting");

@@ -14,8 +14,11 @@
 /// gets one process's gradients for the whole weights it holds and its slice of the split ones,
 /// with the same data on every rank. Build the optimizer after the engine (its state then has the
 /// shards' shapes) and clip with clip_grad_norm_ below (the norm needs every rank's shards).
-/// Random ops on split activations (dropout after a column-parallel layer) draw per rank, so
-/// such a model trains correctly but not bit-alike one process.
+/// Random ops draw from the CPU generator, whose stream is the same on every rank of the group
+/// (as dropout on whole activations needs: they stay equal across the group); dropout on split
+/// activations (a rank's attention heads, a column-parallel layer's output) belongs inside a
+/// SplitRegionRng, which gives each rank a stream of its own (below). Either way such a model
+/// trains correctly but not bit-alike one process (its masks are drawn differently).
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -157,6 +160,34 @@ class TensorParallelEngine {
   std::vector<std::unique_ptr<Shard>> shards_;
   int64_t full_bytes_ = 0;
   bool split_ = false;
+};
+
+/// Megatron-LM's model-parallel random state (`get_cuda_rng_tracker().fork()`), for dropout on
+/// split activations: while a guard lives inside a TensorParallelEngine::Scope of a split
+/// engine on this thread, the CPU generator draws from a stream of this rank's own, so the
+/// ranks draw different masks for their different parts (with the shared stream the same mask
+/// would repeat in every rank's part: attention head h and head h + heads/2 dropped alike at 2
+/// ranks). Dropout outside the guard, on whole activations, keeps drawing the same on every
+/// rank, as it must. The rank's stream is seeded from one draw of the shared stream and the
+/// rank, then the shared stream is put back as it was after that draw: every rank's shared
+/// stream advances alike, activation checkpointing replays the masks (it replays the shared
+/// stream and the Scope), and a checkpoint's generator states resume them. Without such a Scope
+/// (one process, tp_size 1, a forward outside one) it does nothing, so the model's code runs
+/// unchanged. The CPU generator only (CUDA tensors draw from the CUDA generator: not run here).
+///
+///   {
+///     volt::SplitRegionRng split_rng;  // this rank's heads get masks of their own
+///     probs = torch::dropout(probs, 0.1, is_training());
+///   }
+class SplitRegionRng {
+ public:
+  SplitRegionRng();
+  ~SplitRegionRng();
+  SplitRegionRng(const SplitRegionRng&) = delete;
+  SplitRegionRng& operator=(const SplitRegionRng&) = delete;
+
+ private:
+  at::Tensor shared_;  // the shared stream's state to put back (undefined: nothing forked)
 };
 
 }  // namespace volt

@@ -25,7 +25,30 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   redispatch_below(op, keys, stack);
 }
 
+thread_local int64_t t_split_rank = -1;
+
 }  // namespace
+
+InterceptState InterceptState::current() {
+  return {c10::impl::tls_is_dispatch_key_included(kInterceptKey), t_split_rank};
+}
+
+int64_t split_rank() {
+  return t_split_rank;
+}
+
+void set_split_rank(int64_t rank) {
+  t_split_rank = rank;
+}
+
+InterceptReplay::InterceptReplay(const InterceptState& state) : previous_rank_(t_split_rank) {
+  if (state.included) include_.emplace(kInterceptKey);
+  t_split_rank = state.split_rank;
+}
+
+InterceptReplay::~InterceptReplay() {
+  t_split_rank = previous_rank_;
+}
 
 void redispatch_below(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                       torch::jit::Stack* stack) {

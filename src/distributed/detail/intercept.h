@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DispatchKey.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Optional.h>
 
 #include <atomic>
@@ -34,6 +35,36 @@ using Interceptor = bool (*)(const c10::OperatorHandle& op, c10::DispatchKeySet 
 /// Registers `fn` once (later calls with the same fn are no-ops); interceptors run in the order
 /// they were added and live as long as the process.
 void add_interceptor(Interceptor fn);
+
+/// What the interceptors read of the thread besides their registries: whether the intercept key
+/// is included, and this rank in the tensor-parallel group of the Scope on the thread (-1: none;
+/// SplitRegionRng reads it). Captured where a forward runs and replayed where it runs again
+/// (activation checkpointing's recomputation in backward, where neither is set any more), so
+/// the recomputed forward is the forward: row-parallel sums, ZeRO-3 gathers, split-region masks.
+struct InterceptState {
+  bool included = false;
+  int64_t split_rank = -1;
+  static InterceptState current();
+};
+
+/// This thread's tensor-parallel rank for SplitRegionRng (-1: no split Scope); set by
+/// TensorParallelEngine::Scope and InterceptReplay, each restoring the previous value.
+int64_t split_rank();
+void set_split_rank(int64_t rank);
+
+/// Sets `state` on this thread while it lives (the key included if it was; the split rank),
+/// then puts back what was there.
+class InterceptReplay {
+ public:
+  explicit InterceptReplay(const InterceptState& state);
+  ~InterceptReplay();
+  InterceptReplay(const InterceptReplay&) = delete;
+  InterceptReplay& operator=(const InterceptReplay&) = delete;
+
+ private:
+  c10::optional<c10::impl::IncludeDispatchKeyGuard> include_;
+  int64_t previous_rank_;
+};
 
 /// Runs `op` below the intercept key (what an interceptor that declines would get).
 void redispatch_below(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
