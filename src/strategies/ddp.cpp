@@ -14,6 +14,7 @@
 #include "distributed/detail/bucket_cap.h"
 #include "distributed/detail/net.h"
 #include "strategies/detail/rank_key.h"
+#include "strategies/detail/timeout.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
@@ -88,11 +89,7 @@ DdpStrategy::DdpStrategy(DdpStrategyOptions options, std::shared_ptr<Accelerator
       num_nodes_(num_nodes) {
   // The upper bounds refuse inf (and values that overflow the millisecond / byte counts).
   detail::check_bucket_cap_mb(options_.bucket_cap_mb(), "[DdpStrategy]");
-  constexpr int64_t kMaxTimeoutS = 30 * 24 * 3600;
-  VOLT_CHECK(options_.timeout_s() > 0 && options_.timeout_s() <= kMaxTimeoutS, ConfigError,
-             "[DdpStrategy] timeout_s=", options_.timeout_s(),
-             " must be > 0 seconds and at most 30 days (", kMaxTimeoutS,
-             " s); a rank that died is found only after it, so keep it short (default 60).");
+  detail::check_timeout_s(options_.timeout_s(), "[DdpStrategy]");
   VOLT_CHECK(options_.max_restarts() >= 0, ConfigError,
              "[DdpStrategy] max_restarts=", options_.max_restarts(), " must be >= 0.");
   VOLT_CHECK(devices_ >= 1 && num_nodes_ >= 1, ConfigError, "[DdpStrategy] devices=", devices_,

@@ -13,6 +13,7 @@
 #include "kernels/detail/state_tensors.h"
 #include "strategies/detail/rank_key.h"
 #include "strategies/detail/replica_mesh.h"
+#include "strategies/detail/timeout.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
@@ -32,10 +33,7 @@ DdpStrategyOptions ddp_options(const ModelParallelStrategyOptions& o) {
              " must be >= 0 (0: every process of a node).");
   VOLT_CHECK(o.num_heads() >= 0, ConfigError, kTag, " num_heads=", o.num_heads(),
              " must be >= 0 (0: unknown).");
-  constexpr int64_t kMaxTimeoutS = 30 * 24 * 3600;
-  VOLT_CHECK(o.timeout_s() > 0 && o.timeout_s() <= kMaxTimeoutS, ConfigError, kTag,
-             " timeout_s=", o.timeout_s(), " must be > 0 seconds and at most 30 days (",
-             kMaxTimeoutS, "); e.g. 60.");
+  detail::check_timeout_s(o.timeout_s(), kTag);
   // No gradient buckets (the replicas average after backward); buffers are each rank's own, the
   // same on every rank of a group (no broadcast before each step).
   return DdpStrategyOptions()

@@ -15,6 +15,7 @@
 #include "io/detail/state_key.h"
 #include "strategies/detail/rank_key.h"
 #include "strategies/detail/replica_mesh.h"
+#include "strategies/detail/timeout.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
@@ -42,10 +43,7 @@ DdpStrategyOptions ddp_options(const PipelineStrategyOptions& o) {
              " activation_checkpoint_interval=", o.activation_checkpoint_interval(),
              " must be >= 0 (layers per checkpointed run; 0: off), or -1 for the model's own "
              "setting.");
-  constexpr int64_t kMaxTimeoutS = 30 * 24 * 3600;
-  VOLT_CHECK(o.timeout_s() > 0 && o.timeout_s() <= kMaxTimeoutS, ConfigError, kTag,
-             " timeout_s=", o.timeout_s(), " must be > 0 seconds and at most 30 days (",
-             kMaxTimeoutS, "); e.g. 60.");
+  detail::check_timeout_s(o.timeout_s(), kTag);
   // No gradient buckets: each parameter is trained by one stage. Buffers stay each stage's own
   // (no broadcast before each step), so DdpStrategy's training_step and zero_grad are the plain
   // Strategy's here (no sync_batchnorm either: setup_module refuses it).
