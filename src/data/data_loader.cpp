@@ -37,9 +37,21 @@ struct DataLoader::Combined {
   std::vector<std::string> names;
   std::vector<DataLoader> loaders;
   CombineMode mode = CombineMode::kMaxSizeCycle;
+  // Where each loader's data set starts when the data sets are laid end to end in loader order
+  // (torch's ConcatDataset): a combined batch's row indices are in that index space.
+  std::vector<int64_t> offsets;
 };
 
 namespace {
+
+// The size of the index space of `loader`'s rows: its data set's, or its loaders' data sets'
+// laid end to end for a combined one.
+int64_t index_space(const DataLoader& loader) {
+  if (!loader.is_combined()) return loader.dataset().size();
+  int64_t n = 0;
+  for (const auto& part : loader.parts()) n += index_space(part.second);
+  return n;
+}
 
 // Batches per epoch of a combined loader.
 int64_t combined_count(const std::vector<DataLoader>& loaders, CombineMode mode) {
@@ -113,6 +125,8 @@ DataLoader combined_loader(std::vector<std::pair<std::string, DataLoader>> loade
                "[DataLoader] combined_loader: two loaders are named '", nl.first,
                "'; give each a name of its own.");
     c->names.push_back(nl.first);
+    c->offsets.push_back(c->offsets.empty() ? 0
+                                            : c->offsets.back() + index_space(c->loaders.back()));
     c->loaders.push_back(std::move(nl.second));
   }
   return DataLoader(std::shared_ptr<const DataLoader::Combined>(std::move(c)));
@@ -248,11 +262,13 @@ struct BatchStream::Impl {
   int64_t epoch = 0;
   std::vector<std::unique_ptr<BatchStream>> passes;
   std::vector<int64_t> pass_of;
+  std::vector<int64_t> combined_indices;  // the latest combined batch's rows, offset per loader
 
   Batch next_combined() {
     const DataLoader::Combined& c = *combined;
     const int64_t i = first + consumed;
     Batch out;
+    combined_indices.clear();
     for (size_t j = 0; j < c.loaders.size(); ++j) {
       const DataLoader& l = c.loaders[j];
       const int64_t n = l.num_batches();
@@ -268,6 +284,7 @@ struct BatchStream::Impl {
       }
       Batch b;
       VOLT_ASSERT(passes[j]->next(b), "combined loader '", c.names[j], "' ran out at batch ", i);
+      for (int64_t k : passes[j]->last_indices()) combined_indices.push_back(c.offsets[j] + k);
       add_part(out, c.names[j], std::move(b));
     }
     return out;
@@ -362,7 +379,8 @@ int64_t BatchStream::size() const {
 }
 
 std::vector<int64_t> BatchStream::last_indices() const {
-  if (impl_->consumed == 0 || impl_->combined) return {};
+  if (impl_->consumed == 0) return {};
+  if (impl_->combined) return impl_->combined_indices;
   return impl_->indices_of(impl_->consumed - 1);
 }
 

@@ -172,6 +172,42 @@ TEST(SafetensorsPredictionWriter, EpochFileHoldsThePassRowsAndTheirIndices) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir / "out"), fs::directory_iterator()), 1);
 }
 
+/// predict_step over a combined batch: 10 x each part's row values, the parts in loader order.
+class PartsEcho : public volt_test::TinyClassifier {
+ public:
+  PartsEcho() : TinyClassifier(1) {}
+  torch::Tensor predict_step(const volt::Batch& b, int64_t) override {
+    std::vector<at::Tensor> rows;
+    for (const auto& name : b.part_names()) rows.push_back(b.part(name).input.select(1, 0) * 10);
+    return torch::cat(rows);
+  }
+};
+
+TEST(SafetensorsPredictionWriter, ACombinedLoadersRowsKeepTheirPlaceInItsDataSetsLaidEndToEnd) {
+  // {"a": rows 0..36 shuffled, batches of 8; "b": 20 rows holding 100..119, batches of 6} in
+  // max_size mode: 5 batches, the last without b. Each row's index is its place in a and b laid
+  // end to end (b's row k is 37 + k), so every row of both data sets is there once with its
+  // prediction.
+  volt_test::TempDir dir;
+  PartsEcho model;
+  auto x = torch::arange(100, 120, torch::kFloat).unsqueeze(1);
+  auto b = std::make_shared<volt::TensorDataset>(x, torch::zeros({20}, torch::kLong));
+  const auto loader = volt::combined_loader(
+      {{"a", shuffled()},
+       {"b", volt::DataLoader(b, volt::DataLoaderOptions(6).shuffle(true).seed(3))}},
+      volt::CombineMode::kMaxSize);
+  auto writer = std::make_shared<volt::SafetensorsPredictionWriter>(
+      volt::SafetensorsPredictionWriterOptions().output_dir(dir / "out"));
+  volt::Trainer trainer(volt_test::quiet(dir.path).return_predictions(false).callbacks({writer}));
+  trainer.predict(model, loader);
+  const auto f = load(dir / "out/predictions.safetensors");
+  const at::Tensor indices = f.tensors.at("indices"), predictions = f.tensors.at("predictions");
+  ASSERT_EQ(indices.numel(), kRows + 20);
+  EXPECT_TRUE(torch::equal(std::get<0>(indices.sort()), torch::arange(kRows + 20)));
+  const at::Tensor value = torch::where(indices < kRows, indices, indices - kRows + 100);
+  EXPECT_TRUE(torch::equal(predictions, value.to(torch::kFloat) * 10));
+}
+
 TEST(SafetensorsPredictionWriter, BatchFilesEachHoldTheirBatchAndTheDefaultFolderIsTheRuns) {
   volt_test::TempDir dir;
   Echo model;

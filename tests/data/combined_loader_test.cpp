@@ -226,6 +226,58 @@ TEST(CombinedLoader, PartsTravelAsExtraTensors) {
   EXPECT_NE(plain.find("not a combined loader's batch"), std::string::npos) << plain;
 }
 
+TEST(CombinedLoader, LastIndicesNumberTheRowsAsTheDataSetsLaidEndToEnd) {
+  // range_ds(n)'s target is the sample's index, so a batch's parts say which samples it holds:
+  // the indices are theirs in loader order, each loader's offset by the sizes before it (torch's
+  // ConcatDataset), in every mode, with workers, sharded, and nested.
+  auto expected_of = [](const volt::Batch& b, const std::vector<std::string>& names,
+                        const std::vector<int64_t>& offsets) {
+    std::vector<int64_t> out;
+    for (size_t j = 0; j < names.size(); ++j) {
+      if (!b.has_part(names[j])) continue;
+      for (int64_t t : targets(b.part(names[j]).target)) out.push_back(offsets[j] + t);
+    }
+    return out;
+  };
+  for (CombineMode mode :
+       {CombineMode::kMaxSizeCycle, CombineMode::kMinSize, CombineMode::kMaxSize}) {
+    for (int64_t workers : {0, 2}) {
+      for (int64_t rank : {-1, 1}) {
+        auto c = volt::combined_loader({{"short", range_loader(9, 2, true, workers, 1)},
+                                        {"long", range_loader(30, 4, true, workers, 2)}},
+                                       mode);
+        if (rank >= 0) c = c.sharded(rank, 2);
+        auto s = c.stream(3);
+        EXPECT_TRUE(s.last_indices().empty());  // before the first batch
+        volt::Batch b;
+        int64_t batches = 0;
+        std::set<int64_t> seen;
+        while (s.next(b)) {
+          const auto got = s.last_indices();
+          EXPECT_EQ(got, expected_of(b, {"short", "long"}, {0, 9}))
+              << mode << ", " << workers << " workers, rank " << rank << ", batch " << batches;
+          EXPECT_EQ(static_cast<int64_t>(got.size()), b.size());
+          seen.insert(got.begin(), got.end());
+          ++batches;
+        }
+        EXPECT_EQ(batches, c.num_batches());
+        if (rank < 0 && mode != CombineMode::kMinSize) {
+          EXPECT_EQ(seen.size(), 39u) << mode;  // every sample of both data sets, each once
+        }
+      }
+    }
+  }
+  // Nested: the inner loader's rows come first, numbered over its two data sets (6 + 6).
+  const auto inner = volt::combined_loader({{"x", range_loader(6, 3)}, {"y", range_loader(6, 2)}});
+  const auto outer = volt::combined_loader({{"in", inner}, {"z", range_loader(4, 4, true)}});
+  auto s = outer.stream(0);
+  volt::Batch b;
+  ASSERT_TRUE(s.next(b));
+  std::vector<int64_t> expected = {0, 1, 2, 6, 7};
+  for (int64_t t : targets(b.part("z").target)) expected.push_back(12 + t);
+  EXPECT_EQ(s.last_indices(), expected);
+}
+
 TEST(CombinedLoader, BadInputIsATypedError) {
   auto has = [](const std::string& text, const std::string& phrase) {
     return text.find(phrase) != std::string::npos;

@@ -118,9 +118,12 @@ class DataLoader {
 /// DataLoader goes (`Trainer::fit(module, combined_loader({{"a", a}, {"b", b}}), val)`, a
 /// DataModule's train_dataloader()); exact resume, distributed sharding (each loader sharded) and
 /// worker threads (each loader's own) work as for one loader. Its options() are its first
-/// loader's with batch_size the sum of the loaders' (the samples of a full batch); its
-/// BatchStream::last_indices() is empty. Names must be distinct, non-empty and without '/';
-/// otherwise, and for no loaders, a ConfigError.
+/// loader's with batch_size the sum of the loaders' (the samples of a full batch). A combined
+/// batch's rows are its parts' in loader order, and BatchStream::last_indices() numbers them as
+/// torch's ConcatDataset would the loaders' data sets laid end to end in that order (loader j's
+/// sample k is k plus the sizes of the data sets before it), so a PredictionWriter gets every
+/// row's place. Names must be distinct, non-empty and without '/'; otherwise, and for no
+/// loaders, a ConfigError.
 DataLoader combined_loader(std::vector<std::pair<std::string, DataLoader>> loaders,
                            CombineMode mode = CombineMode::kMaxSizeCycle);
 
@@ -136,7 +139,8 @@ class BatchStream {
   /// Number of batches this pass yields in total.
   int64_t size() const;
   /// The dataset indices of the samples in the batch the latest next() returned, in its order
-  /// (empty before the first batch, and for a combined loader).
+  /// (empty before the first batch; for a combined loader, in the loaders' data sets laid end
+  /// to end: combined_loader).
   std::vector<int64_t> last_indices() const;
 
   /// Range-for over the rest of the pass, one next() per step:
