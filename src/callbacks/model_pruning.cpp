@@ -259,6 +259,10 @@ void ModelPruning::setup(RunContext& run, Module& module, Stage stage) {
              "does not work with the pipeline strategy: each rank holds and trains only its "
              "stage's weights, so it can neither rank every weight nor keep the other stages' "
              "masks; prune with ddp or single_device.");
+  VOLT_CHECK(run.strategy_name() != "model_parallel", ConfigError, kTag,
+             "does not work with the model_parallel strategy: each rank holds a shard of the "
+             "split layers, so it can neither rank every weight nor mask the whole tensors; "
+             "prune with ddp or single_device.");
   VOLT_CHECK(run.world_size() == 1 || options_.pruning_fn().rfind("random", 0) != 0, ConfigError,
              kTag, options_.pruning_fn(),
              " with several processes would draw a different mask on each rank; use "

@@ -9,6 +9,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <map>
@@ -19,6 +20,7 @@
 
 #include "core/detail/print.h"
 #include "distributed/detail/intercept.h"
+#include "distributed/detail/split_parameters.h"
 #include "volt/core/check.h"
 #include "volt/distributed/process_group.h"
 
@@ -289,6 +291,17 @@ void register_col(const at::Tensor& weight, ProcessGroup* group) {
   cols().set(detail::storage_of(weight), ColWeight{detail::storage_of(weight), group});
 }
 
+// The live engines, for engine_splitting.
+struct Engines {
+  std::mutex mu;
+  std::vector<const TensorParallelEngine*> live;
+};
+
+Engines& engines() {
+  static auto* e = new Engines();
+  return *e;
+}
+
 void unregister_weight(const at::Tensor& weight) {
   const c10::StorageImpl* s = detail::storage_of(weight);
   rows().erase_if([&](const RowWeight& r) { return r.storage == s; });
@@ -337,9 +350,12 @@ at::Tensor row_forward(const at::Tensor& x, const at::Tensor& w, const at::Tenso
                        const RowWeight& info, const c10::Scalar& beta, const c10::Scalar& alpha,
                        at::ScalarType* product_dtype = nullptr) {
   const at::Tensor xs = input_slice(x, info);
-  const at::Tensor product = op == RowOp::kLinear   ? at::linear(xs, w)
-                             : op == RowOp::kMatmul ? at::matmul(xs, w)
-                                                    : at::mm(xs, w);
+  // addmm's product as matmul, not mm: under bf16-mixed on CPU autocast's GEMM size rule (small
+  // GEMMs stay fp32 where bf16 is slower) covers linear, addmm and matmul, as for the op whole;
+  // mm would always run in bf16.
+  const at::Tensor product = op == RowOp::kLinear ? at::linear(xs, w)
+                             : op == RowOp::kMm   ? at::mm(xs, w)
+                                                  : at::matmul(xs, w);
   if (product_dtype != nullptr) *product_dtype = product.scalar_type();
   const at::Tensor summed = sum_across(*info.group, product);
   if (op == RowOp::kLinear && extra.defined() && extra.numel() > 0) return summed + extra;
@@ -579,6 +595,8 @@ TensorParallelEngine::TensorParallelEngine(torch::nn::Module& root,
              "naming the model's Linear layers.");
   full_bytes_ = parameter_bytes();
   reshard();
+  std::lock_guard<std::mutex> lock(engines().mu);
+  engines().live.push_back(this);
 }
 
 namespace {
@@ -714,6 +732,17 @@ void TensorParallelEngine::reshard() {
 
 TensorParallelEngine::~TensorParallelEngine() {
   for (const auto& s : shards_) unregister_weight(s->param);
+  std::lock_guard<std::mutex> lock(engines().mu);
+  auto& live = engines().live;
+  live.erase(std::remove(live.begin(), live.end(), this), live.end());
+}
+
+const TensorParallelEngine* detail::engine_splitting(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(engines().mu);
+  for (const TensorParallelEngine* e : engines().live) {
+    if (e->is_split(param)) return e;
+  }
+  return nullptr;
 }
 
 struct TensorParallelEngine::Scope::Impl {

@@ -2,10 +2,12 @@
 
 #include <torch/utils.h>
 
+#include "distributed/detail/split_parameters.h"
 #include "volt/core/check.h"
 #include "volt/core/errors.h"
 #include "volt/core/module.h"
 #include "volt/core/run_context.h"
+#include "volt/distributed/tensor_parallel.h"
 #include "volt/nn/pipeline.h"
 
 namespace volt {
@@ -86,6 +88,13 @@ void AveragedTensors::save(torch::serialize::OutputArchive& archive) const {
   if (average_.empty()) return;  // the same on every rank: they count the same updates
   std::vector<at::Tensor> whole = average_;
   for (const auto& pipe : pipelines_) whole = pipe->gather_beside(module_, std::move(whole));
+  // A tensor-parallel shard's average joined whole (collective over its group: every rank
+  // saves the same tensors in the same order), as the strategy saves the weights.
+  for (size_t i = 0; i < whole.size(); ++i) {
+    if (const TensorParallelEngine* e = engine_splitting(module_[i])) {
+      whole[i] = e->gather_whole(module_[i], whole[i].to(module_[i].device()));
+    }
+  }
   for (size_t i = 0; i < whole.size(); ++i) archive.write(names_[i], whole[i]);
 }
 
@@ -108,7 +117,8 @@ void AveragedTensors::adopt(const std::map<std::string, at::Tensor>& saved, int6
     auto it = saved.find(names_[i]);
     VOLT_CHECK(it != saved.end(), CheckpointError, tag, " the checkpoint's average has no '",
                names_[i], "'; resume with the module it was saved from.");
-    std::vector<int64_t> shape = module_[i].sizes().vec();
+    const TensorParallelEngine* split = engine_splitting(module_[i]);
+    std::vector<int64_t> shape = split ? split->whole_sizes(module_[i]) : module_[i].sizes().vec();
     for (const auto& pipe : pipelines_) {
       auto whole = pipe->whole_shape(module_[i]);
       if (c10::IntArrayRef(whole) != module_[i].sizes()) shape = std::move(whole);
@@ -117,6 +127,11 @@ void AveragedTensors::adopt(const std::map<std::string, at::Tensor>& saved, int6
                names_[i], "' has shape ", it->second.sizes(), " but the module's has ",
                c10::IntArrayRef(shape), "; resume with the module it was saved from.");
     const c10::Device device = device_.value_or(module_[i].device());
+    if (split != nullptr) {  // saved whole: this rank's shard of it
+      average_.push_back(
+          split->shard_of(module_[i], it->second).to(device, module_[i].scalar_type()));
+      continue;
+    }
     // Another stage's freed weight: its average lives on that stage's rank.
     average_.push_back(module_[i].sizes() != it->second.sizes()
                            ? at::empty(module_[i].sizes(), module_[i].options().device(device))

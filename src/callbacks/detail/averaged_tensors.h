@@ -49,14 +49,16 @@ class AveragedTensors {
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<at::Tensor>& average() const { return average_; }
   /// Writes the average by name under `archive` (nothing before the first update). A
-  /// distributed volt::Pipeline's entries come from the stages that train them (collective:
-  /// every rank of the pipeline saves), so the archive holds the whole model's average.
+  /// distributed volt::Pipeline's entries come from the stages that train them, and the
+  /// averages of tensor-parallel shards are joined whole (collective: every rank saves), so the
+  /// archive holds the whole model's average in the single-process shapes.
   void save(torch::serialize::OutputArchive& archive) const;
   /// Reads what save() wrote, for adopt() once the module is bound.
   static std::map<std::string, at::Tensor> read(torch::serialize::InputArchive& archive);
   /// Takes `saved` (by name) as the average of `count` values; CheckpointError (tagged `tag`)
   /// unless it holds exactly the bound tensors with their shapes (a pipeline's freed weights:
-  /// the shapes they had; their average stays freed too).
+  /// the shapes they had; their average stays freed too; a tensor-parallel shard: its whole
+  /// shape, of which it takes its part).
   void adopt(const std::map<std::string, at::Tensor>& saved, int64_t count, const char* tag);
 
  private:
