@@ -257,6 +257,14 @@ void GradientReducer::backward(const at::Tensor& loss, const std::function<void(
                " some parameters got no gradient in the previous synced step, so its reduction "
                "never finished; set find_unused_parameters(true) or make every parameter "
                "contribute to the loss.");
+    // A parameter used inside volt::checkpoint gets its gradient in the recomputation, after
+    // find_unused_parameters' search (which cannot see through the checkpoint) marked it unused.
+    const bool twice = why.find("mark a variable ready only once") != std::string::npos;
+    VOLT_CHECK(!(twice && options_.find_unused_parameters()), ValueError, kTag,
+               " a parameter got a gradient after find_unused_parameters had marked it unused: "
+               "with activation checkpointing (volt::checkpoint) the search cannot see the "
+               "recomputed layers; use static_graph(true) instead (it also covers parameters "
+               "the forward skips), or turn find_unused_parameters off.");
     VOLT_CHECK(false, ValueError, kTag, " backward failed: ", why);
   }
 }

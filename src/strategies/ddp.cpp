@@ -270,7 +270,7 @@ void DdpStrategy::setup_module(Module& module) {
   }
 }
 
-void DdpStrategy::build_reducer(Module& module) {
+void DdpStrategy::build_reducer(Module& module, std::shared_ptr<ProcessGroup> over) {
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
   for (const auto& p : module.named_parameters(true)) {
@@ -282,13 +282,17 @@ void DdpStrategy::build_reducer(Module& module) {
   std::unique_ptr<GradientReducer>& reducer = sync_of(module).reducer;
   reducer.reset();  // its autograd hooks go before the new reducer registers its own
   reducer = std::make_unique<GradientReducer>(
-      params, group_,
+      params, over ? std::move(over) : group_,
       GradientReducerOptions()
           .bucket_cap_mb(options_.bucket_cap_mb())
           .gradient_as_bucket_view(options_.gradient_as_bucket_view())
           .find_unused_parameters(options_.find_unused_parameters())
           .static_graph(options_.static_graph()),
       names);
+}
+
+void DdpStrategy::drop_reducer(const Module& module) {
+  if (ModuleSync* m = find_sync(module)) m->reducer.reset();
 }
 
 void DdpStrategy::trainable_parameters_changed(Module& module) {

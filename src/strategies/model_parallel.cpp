@@ -9,6 +9,7 @@
 #include <ostream>
 #include <utility>
 
+#include "distributed/detail/bucket_cap.h"
 #include "io/detail/state_key.h"
 #include "kernels/detail/state_tensors.h"
 #include "strategies/detail/rank_key.h"
@@ -34,9 +35,14 @@ DdpStrategyOptions ddp_options(const ModelParallelStrategyOptions& o) {
   VOLT_CHECK(o.num_heads() >= 0, ConfigError, kTag, " num_heads=", o.num_heads(),
              " must be >= 0 (0: unknown).");
   detail::check_timeout_s(o.timeout_s(), kTag);
-  // No gradient buckets (the replicas average after backward); buffers are each rank's own, the
-  // same on every rank of a group (no broadcast before each step).
+  detail::check_bucket_cap_mb(o.bucket_cap_mb(), kTag);
+  // The gradient buckets average over the replicas (setup_module builds them over that group);
+  // buffers are each rank's own, the same on every rank of a group (no broadcast before each
+  // step).
   return DdpStrategyOptions()
+      .bucket_cap_mb(o.bucket_cap_mb())
+      .find_unused_parameters(o.find_unused_parameters())
+      .static_graph(o.static_graph())
       .timeout_s(o.timeout_s())
       .process_group_backend(o.process_group_backend())
       .broadcast_buffers(false);
@@ -59,7 +65,10 @@ std::unique_ptr<torch::optim::OptimizerParamState> mapped_state(
 std::ostream& operator<<(std::ostream& os, const ModelParallelStrategyOptions& o) {
   return os << "ModelParallelStrategyOptions(tensor_parallel_size=" << o.tensor_parallel_size()
             << ", " << TensorParallelOptions().plan(o.plan()).injection_policy(o.injection_policy())
-            << ", num_heads=" << o.num_heads() << ", timeout_s=" << o.timeout_s()
+            << ", num_heads=" << o.num_heads() << ", bucket_cap_mb=" << o.bucket_cap_mb()
+            << ", find_unused_parameters=" << (o.find_unused_parameters() ? "true" : "false")
+            << ", static_graph=" << (o.static_graph() ? "true" : "false")
+            << ", timeout_s=" << o.timeout_s()
             << ", process_group_backend=" << o.process_group_backend() << ")";
 }
 
@@ -122,6 +131,9 @@ void ModelParallelStrategy::setup_module(Module& module) {
                                                  .injection_policy(options_.injection_policy())
                                                  .num_heads(options_.num_heads()));
   module_ = &module;
+  // The replicas of this rank's shards average their gradients during backward (DDP's buckets,
+  // over the split parameters: the same shapes on every replica).
+  if (dp_group_) build_reducer(module, dp_group_);
   log_info("ModelParallelStrategy",
            "rank " + std::to_string(rank()) + ": " + std::to_string(engine_->layers().size()) +
                " layers split " + std::to_string(tp_size_) + " ways, holding " +
@@ -149,6 +161,8 @@ void ModelParallelStrategy::teardown() {
   // After a normal end every rank gets the whole trained model (and a program's own forward
   // after fit runs unsplit); after a failed run the ranks are out of step: nothing collective.
   if (engine_ != nullptr && !run_failed()) engine_->restore();
+  // The buckets were laid out for the shards (a next fit splits again and builds new ones).
+  if (module_ != nullptr) drop_reducer(*module_);
   engine_.reset();
   module_ = nullptr;
   DdpStrategy::teardown();
@@ -176,25 +190,27 @@ at::Tensor ModelParallelStrategy::predict_step(Module& module, const Batch& batc
 }
 
 void ModelParallelStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
-  Strategy::backward(loss, module, sync_gradients);
-  // As DDP's no_sync: accumulating micro-steps keep their own sums, the last one averages.
-  if (dp_group_ && sync_gradients) average_over_replicas(module);
+  // With replicas DDP's backward: the reducer over them arms its buckets (not when accumulating
+  // without sync, as DDP's no_sync: the last micro-batch averages the sums).
+  if (dp_group_) {
+    DdpStrategy::backward(loss, module, sync_gradients);
+  } else {
+    Strategy::backward(loss, module, sync_gradients);
+  }
 }
 
 void ModelParallelStrategy::backward_through(const at::Tensor& loss,
                                              const std::vector<Reached>& modules) {
-  if (modules.size() == 1) {
-    backward(loss, *modules[0].module, modules[0].sync_gradients);
-    return;
-  }
-  Strategy::backward_through(loss, modules);
-  for (const auto& r : modules) {
-    if (dp_group_ && r.sync_gradients) average_over_replicas(*r.module);
+  if (dp_group_) {
+    DdpStrategy::backward_through(loss, modules);
+  } else {
+    Strategy::backward_through(loss, modules);
   }
 }
 
-void ModelParallelStrategy::average_over_replicas(const Module& module) {
-  detail::average_over_replicas(dp_group_.get(), module);
+void ModelParallelStrategy::trainable_parameters_changed(Module& module) {
+  // The buckets hold the parameters that require a gradient (a callback froze or thawed some).
+  if (dp_group_ && engine_ != nullptr) build_reducer(module, dp_group_);
 }
 
 bool ModelParallelStrategy::optimizer_step(torch::optim::Optimizer& optimizer,

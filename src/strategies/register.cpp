@@ -38,6 +38,7 @@ void register_strategies(Registry& r) {
                 .gradient_as_bucket_view(a.get<bool>("gradient_as_bucket_view"))
                 .static_graph(a.get<bool>("static_graph"))
                 .find_unused_parameters(a.get<bool>("find_unused_parameters"))
+                .static_graph(a.get<bool>("static_graph"))
                 .broadcast_buffers(a.get<bool>("broadcast_buffers"))
                 .timeout_s(a.get<double>("timeout_s"))
                 .process_group_backend(a.get<std::string>("process_group_backend"))
@@ -98,6 +99,13 @@ void register_strategies(Registry& r) {
                "column-parallel)")
           .add("num_heads", mp.num_heads(),
                "attention heads (checked against the split; 0: unknown)")
+          .add("bucket_cap_mb", mp.bucket_cap_mb(),
+               "MiB per gradient bucket of the data-parallel replicas")
+          .add("find_unused_parameters", mp.find_unused_parameters(),
+               "search each backward for parameters without a gradient (not with activation "
+               "checkpointing: use static_graph)")
+          .add("static_graph", mp.static_graph(),
+               "the used parameters and the gradient order never change")
           .add("timeout_s", mp.timeout_s(), "bound on rendezvous and every collective (seconds)")
           .choice("process_group_backend", mp.process_group_backend(), {"auto", "gloo", "nccl"},
                   "collective backend; auto = gloo on cpu, nccl on cuda"),
@@ -109,6 +117,8 @@ void register_strategies(Registry& r) {
                 .injection_policy(
                     parse_injection_policy(a.get<std::vector<std::string>>("injection_policy")))
                 .num_heads(a.get<int64_t>("num_heads"))
+                .bucket_cap_mb(a.get<double>("bucket_cap_mb"))
+                .find_unused_parameters(a.get<bool>("find_unused_parameters"))
                 .timeout_s(a.get<double>("timeout_s"))
                 .process_group_backend(a.get<std::string>("process_group_backend")),
             c.accelerator, c.precision, c.devices, c.num_nodes);

@@ -68,7 +68,25 @@ TEST(ModelParallel, TwoTensorParallelRanksEqualOneProcess) {
   EXPECT_NE(j.output.find("rank 0: 3 layers split 2 ways, holding 632 of 936 parameter bytes"),
             std::string::npos)
       << j.output;
+  // One replica: nothing to average over, no buckets.
+  EXPECT_NE(j.output.find("rank 1 gradient reducer: none, 0 elements"), std::string::npos)
+      << j.output;
   expect_ranks_equal_reference(dir / "tp", 2, ref);  // every rank leaves with the whole model
+}
+
+// bf16-mixed with a GEMM size rule keeping every GEMM of this small model in fp32: the split
+// layers follow it as one process does, so the runs agree to fp32 round-off (a row-parallel
+// addmm's product used to run as mm, which autocast always lowers: 1e-3 away).
+TEST(ModelParallel, Bf16MixedSplitLayersFollowTheCpuGemmSizeRule) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto model = cat(kModel, {"--linear-min-macs", "1000000000"});
+  const auto ref = volt_test::single_process_reference(dir.path, 16, 1, 1, false, model);
+  const Job j = run_job(cat({"--root", dir.path, "--out", dir / "tp", "--devices", "2", "--tp", "2",
+                             "--batch", "16", "--epochs", "1"},
+                            model));
+  ASSERT_EQ(j.code, 0) << j.output;
+  expect_ranks_equal_reference(dir / "tp", 2, ref);
 }
 
 TEST(ModelParallel, TwoReplicasOfTwoTensorParallelRanksEqualOneProcessOnTheGlobalBatch) {
@@ -82,7 +100,72 @@ TEST(ModelParallel, TwoReplicasOfTwoTensorParallelRanksEqualOneProcessOnTheGloba
   ASSERT_EQ(j.code, 0) << j.output;
   EXPECT_NE(j.output.find("2 data-parallel x 2 tensor-parallel processes"), std::string::npos)
       << j.output;
+  // The replicas average during backward with DDP's buckets, laid out over each rank's shards
+  // (158 of the model's 234 gradient elements).
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(j.output.find("rank " + std::to_string(r) +
+                            " gradient reducer: buckets of 158 "
+                            "elements"),
+              std::string::npos)
+        << j.output;
+  }
   expect_ranks_equal_reference(dir / "tp", 4, ref);
+}
+
+// BackboneFinetuning over 2 replicas of 2 tensor-parallel ranks: fc1 (row-parallel) is frozen
+// when the replicas' buckets are built and unfrozen at epoch 1, when the strategy builds them
+// again over the new set, so fc1's shards are averaged over the replicas from then on (not
+// rebuilding leaves them each replica's own: the ranks drift apart).
+TEST(ModelParallel, BackboneFinetuningOverReplicasEqualsOneProcess) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto model = cat(kModel, {"--finetune", "1"});
+  const auto ref = volt_test::single_process_reference(dir.path, 16, 3, 1, false, model);
+  const Job j = run_job(cat({"--root", dir.path, "--out", dir / "tp", "--devices", "4", "--tp", "2",
+                             "--batch", "8", "--epochs", "3"},
+                            model));
+  ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(j.output.find("the parameters that require a gradient changed"), std::string::npos)
+      << j.output;
+  expect_ranks_equal_reference(dir / "tp", 4, ref);
+}
+
+// The replicas' buckets are DDP's, with its options (tests/strategies/ddp_test.cpp has DDP's
+// side). A parameter the forward never uses ("spare") over 2 replicas of 2 tensor-parallel
+// ranks: find_unused_parameters trains it as one process does; without it DDP's reducer stops
+// the job at the second step, naming the option. Activation checkpointing trains with the
+// defaults, and with find_unused_parameters it fails naming static_graph, which covers both.
+TEST(ModelParallel, ReplicaBucketsTakeDdpsOptionsForUnusedParametersAndCheckpointing) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto common = cat({"--root", dir.path, "--devices", "4", "--tp", "2", "--batch", "8",
+                           "--epochs", "1", "--timeout", "20"},
+                          kModel);
+  const auto unused = volt_test::single_process_reference(dir.path, 16, 1, 1, false,
+                                                          cat(kModel, {"--unused", "1"}));
+  const Job found =
+      run_job(cat({"--out", dir / "found", "--unused", "1", "--find-unused", "1"}, common));
+  ASSERT_EQ(found.code, 0) << found.output;
+  expect_ranks_equal_reference(dir / "found", 4, unused);
+  const Job missing = run_job(cat({"--out", dir / "missing", "--unused", "1"}, common), 90s);
+  EXPECT_EQ(missing.code, 1) << missing.output;
+  EXPECT_NE(missing.output.find("set find_unused_parameters(true)"), std::string::npos)
+      << missing.output;
+
+  const auto plain = volt_test::single_process_reference(dir.path, 16, 1, 1, false, kModel);
+  const Job ckpt = run_job(cat({"--out", dir / "ckpt", "--checkpoint-activations", "1"}, common));
+  ASSERT_EQ(ckpt.code, 0) << ckpt.output;
+  expect_ranks_equal_reference(dir / "ckpt", 4, plain);
+  const Job both = run_job(
+      cat({"--out", dir / "both", "--checkpoint-activations", "1", "--find-unused", "1"}, common),
+      90s);
+  EXPECT_EQ(both.code, 1) << both.output;
+  EXPECT_NE(both.output.find("use static_graph(true) instead"), std::string::npos) << both.output;
+  const Job fixed = run_job(cat({"--out", dir / "static", "--checkpoint-activations", "1",
+                                 "--unused", "1", "--static-graph", "1"},
+                                common));
+  ASSERT_EQ(fixed.code, 0) << fixed.output;
+  expect_ranks_equal_reference(dir / "static", 4, unused);
 }
 
 TEST(ModelParallel, FourTensorParallelRanksWithAccumulationEqualOneProcess) {
@@ -108,6 +191,35 @@ TEST(ModelParallel, AKilledRankResumesBitForBitMidAccumulationAndTheCheckpointLo
   expect_killed_run_resumes(dir, common, 4, kModel);
 }
 
+// EMAWeightAveraging under tensor parallelism: each rank averages its shards, and checkpoints
+// hold the average whole (joined over the group, as the weights), so a killed run resumes bit
+// for bit and one process resumes the same checkpoint (before, the shards' shapes were saved and
+// one process refused them).
+TEST(ModelParallel, WeightAveragesAreSavedWholeAndResumeAtAnyLayout) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto model = cat(kModel, {"--ema", "0.9"});
+  const auto common = cat({"--devices", "2", "--tp", "2", "--batch", "8", "--epochs", "1",
+                           "--accum", "2", "--ckpt-every-batch", "1"},
+                          model);
+  expect_killed_run_resumes(dir, common, 2, model);
+}
+
+// ModelPruning ranks and masks whole weights: refused before training (it used to fail after
+// the first epoch with a shape mismatch).
+TEST(ModelParallel, ModelPruningIsAConfigErrorBeforeTraining) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const Job j = run_job(cat({"--root", dir.path, "--out", dir / "x", "--devices", "2", "--tp", "2",
+                             "--batch", "8", "--epochs", "1", "--prune", "0.5"},
+                            kModel),
+                        60s);
+  EXPECT_EQ(j.code, 1) << j.output;
+  EXPECT_NE(j.output.find("does not work with the model_parallel strategy"), std::string::npos)
+      << j.output;
+  EXPECT_EQ(j.output.find("on_train_epoch_end"), std::string::npos) << j.output;  // at setup
+}
+
 TEST(ModelParallel, BadSettingsAreConfigErrors) {
   auto cpu = volt::registry().accelerators.create("cpu");
   auto fp32 = volt::registry().precisions.create("32-true");
@@ -121,6 +233,8 @@ TEST(ModelParallel, BadSettingsAreConfigErrors) {
   EXPECT_THROW(make(volt::ModelParallelStrategyOptions().plan(plan).num_heads(-2)),
                volt::ConfigError);
   EXPECT_THROW(make(volt::ModelParallelStrategyOptions().plan(plan).timeout_s(0)),
+               volt::ConfigError);
+  EXPECT_THROW(make(volt::ModelParallelStrategyOptions().plan(plan).bucket_cap_mb(0)),
                volt::ConfigError);
   EXPECT_NO_THROW(make(volt::ModelParallelStrategyOptions().plan(plan)));
 }

@@ -17,11 +17,13 @@
 //                           weights and predictions)
 //       [--unused 0|1] [--find-unused 0|1] [--static-graph 0|1] [--precision NAME] [--bf16-all 1]
 //       [--loss-scale INIT]  (with --bf16-all: dynamic loss scaling, growth every 2 steps)
+//       [--linear-min-macs N]  (bf16-mixed whose GEMMs under N multiply-adds stay fp32)
 //       [--nan-grad-at CALL]  (that training_step call gives one element of b2 a NaN gradient)
 //       [--profile 0|1]  (a TorchProfiler writing <root>/prof/fit-ddp-rank<R>.pt.trace.json)
 //       [--zero STAGE]  (DeepSpeedStrategy with ZeRO stage 1 or 2 instead of DdpStrategy)
 //       [--tp N]  (ModelParallelStrategy, tensor_parallel_size N: fc1 rowwise, deep.0 colwise,
-//       head rowwise; needs --depth >= 1)
+//       head rowwise; needs --depth >= 1; --find-unused and --static-graph set its options; each
+//       rank prints its gradient reducer's bucket elements at the first step)
 //       [--optimizer sgd|adam|adamw|fused_adamw|none] [--clip NORM] [--width W] [--bucket ELEMENTS]
 //       [--ds-config JSON]  (DeepSpeedStrategy configured by a DeepSpeed JSON file or text)
 //       [--persist ELEMENTS] [--max-live ELEMENTS]  (stage 3: persistence threshold, live bound)
@@ -287,6 +289,32 @@ class EveryBatch : public volt::Callback {
   std::string path_;
 };
 
+/// Prints, at the first optimizer step, what the strategy's gradient reducer of the module
+/// averages: its bucket elements (the rank's shards under model_parallel), or that it has none.
+class ReducerProbe : public volt::Callback {
+ public:
+  explicit ReducerProbe(const volt::DdpStrategy* strategy) : strategy_(strategy) {}
+  std::string state_key() const override { return "ReducerProbe"; }
+  void on_before_optimizer_step(volt::RunContext&, volt::Module& module,
+                                torch::optim::Optimizer&) override {
+    if (printed_) return;
+    printed_ = true;
+    const volt::GradientReducer* r = strategy_->reducer(module);
+    int64_t elements = 0;
+    if (r != nullptr) {
+      for (const auto& b : r->bucket_buffers()) elements += b.numel();
+    }
+    std::printf("rank %lld gradient reducer: %s %lld elements\n",
+                static_cast<long long>(volt::log_rank()), r != nullptr ? "buckets of" : "none,",
+                static_cast<long long>(elements));
+    std::fflush(stdout);
+  }
+
+ private:
+  const volt::DdpStrategy* strategy_;
+  bool printed_ = false;
+};
+
 /// Prints where training starts (after a resume) and the val_loss every rank sees.
 class PrintVal : public volt::Callback {
  public:
@@ -517,6 +545,11 @@ int main(int argc, char** argv) {
       }
       precision = std::make_shared<volt::MixedPrecision>(mixed);
     }
+    if (a.count("--linear-min-macs")) {  // bf16-mixed with this GEMM size rule (not measured)
+      precision = std::make_shared<volt::MixedPrecision>(
+          volt::MixedPrecisionOptions().read_env_lists(false).linear_min_macs(
+              num("--linear-min-macs", 0)));
+    }
     std::shared_ptr<volt::DdpStrategy> strategy;
     std::shared_ptr<volt::DeepSpeedStrategy> zero;
     if (num("--zero", 0) > 0 || a.count("--ds-config")) {
@@ -547,12 +580,16 @@ int main(int argc, char** argv) {
     } else if (a.count("--tp")) {
       // fc1 row-parallel on the whole input, deep.0 column-parallel, head row-parallel after it
       // (--depth >= 1); w2 and the rest whole.
-      strategy = std::make_shared<volt::ModelParallelStrategy>(
+      auto mp = std::make_shared<volt::ModelParallelStrategy>(
           volt::ModelParallelStrategyOptions()
               .tensor_parallel_size(num("--tp", 0))
               .plan(volt::parse_tp_plan({"fc1=rowwise", "deep.0=colwise", "head=rowwise"}))
+              .find_unused_parameters(num("--find-unused", 0) != 0)
+              .static_graph(num("--static-graph", 0) != 0)
               .timeout_s(static_cast<double>(num("--timeout", 30))),
           accelerator, precision, num("--devices", 2), num("--nodes", 1));
+      callbacks.push_back(std::make_shared<ReducerProbe>(mp.get()));
+      strategy = mp;
     } else {
       strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision,
                                                      num("--devices", 2), num("--nodes", 1));

@@ -135,8 +135,13 @@ class DdpStrategy : public Strategy {
   /// max over the ranks, one all-reduce for all of it, so that every rank derives the same fp8
   /// scales for the next forward. A no-op when the precision has none.
   void agree_on_precision_state();
-  /// (Re)builds the gradient reducer over the module's parameters that require a gradient.
-  void build_reducer(Module& module);
+  /// (Re)builds the gradient reducer over the module's parameters that require a gradient,
+  /// averaging over `over` (default: every process; ModelParallelStrategy: the data-parallel
+  /// replicas of this rank's shards).
+  void build_reducer(Module& module, std::shared_ptr<ProcessGroup> over = nullptr);
+  /// Removes `module`'s gradient reducer (its autograd hooks and buckets), e.g. when the
+  /// parameters it was built over change shape for good.
+  void drop_reducer(const Module& module);
   /// The process group (after setup_environment).
   std::shared_ptr<ProcessGroup> group_;
 

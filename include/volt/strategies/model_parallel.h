@@ -5,9 +5,10 @@
 /// axes). Consecutive ranks form a tensor-parallel group that splits the model's Linear (and
 /// Embedding) layers by a plan (TensorParallelEngine); the groups read different shards of the
 /// data, and the ranks holding the same shard of a layer in different groups average their
-/// gradients after backward. Checkpoints hold the whole model and whole optimizer state (in
-/// the single-process format: they resume at any layout and load in one process), and every
-/// rank holds the whole trained model when a run ends.
+/// gradients during backward (c10d's Reducer over those ranks: buckets all-reduced as they fill,
+/// overlapped with the rest of backward, as DDP). Checkpoints hold the whole model and whole
+/// optimizer state (in the single-process format: they resume at any layout and load in one
+/// process), and every rank holds the whole trained model when a run ends.
 
 #include <torch/arg.h>
 
@@ -30,6 +31,14 @@ struct ModelParallelStrategyOptions {
   TORCH_ARG(TpPlan, plan) = {};
   TORCH_ARG(TpInjectionPolicy, injection_policy) = {};
   TORCH_ARG(int64_t, num_heads) = 0;
+  /// The data-parallel replicas' gradient buckets (DDP's, over each rank's shards; none with
+  /// one replica), with DdpStrategyOptions' meanings: bucket size in MiB; find_unused_parameters
+  /// for a forward that skips some parameters (not with activation checkpointing, whose
+  /// recomputation DDP's search cannot see); static_graph for a graph that never changes (also
+  /// covers skipped parameters, and activation checkpointing). Defaults: 25, false, false.
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  TORCH_ARG(bool, static_graph) = false;
   /// Bound on rendezvous and every collective (seconds). Default: 60.
   TORCH_ARG(double, timeout_s) = 60.0;
   /// "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl". Default: "auto".
@@ -55,7 +64,7 @@ class ModelParallelStrategy : public DdpStrategy {
   void teardown() override;
   void setup_module(Module& module) override;
   void setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) override;
-  void trainable_parameters_changed(Module& module) override {}
+  void trainable_parameters_changed(Module& module) override;
   std::shared_ptr<void> training_forward_context(Module& module) override;
   void validation_step(Module& module, const Batch& batch, int64_t batch_idx) override;
   void test_step(Module& module, const Batch& batch, int64_t batch_idx) override;
@@ -85,8 +94,6 @@ class ModelParallelStrategy : public DdpStrategy {
   int64_t data_parallel_size() const { return dp_size_; }
 
  private:
-  void average_over_replicas(const Module& module);
-
   ModelParallelStrategyOptions options_;
   int64_t devices_;  // processes per node
   int64_t tp_size_ = 1, dp_size_ = 1, dp_rank_ = 0;
