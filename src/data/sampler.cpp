@@ -3,6 +3,7 @@
 #include <numeric>
 #include <random>
 
+#include "core/detail/mix64.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -29,11 +30,10 @@ std::vector<int64_t> Sampler::indices(int64_t epoch) const {
   std::vector<int64_t> all(dataset_size_);
   std::iota(all.begin(), all.end(), 0);
   if (shuffle_ && dataset_size_ > 1) {
-    // splitmix-style mixing so that nearby (seed, epoch) pairs give unrelated streams.
-    uint64_t z = seed_ + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(epoch + 1);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    std::mt19937_64 gen(z ^ (z >> 31));
+    // splitmix64's output for the state seed + epoch increments (the first add is mix64's),
+    // so that nearby (seed, epoch) pairs give unrelated streams.
+    std::mt19937_64 gen(
+        detail::mix64(seed_ + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(epoch)));
     // Fisher-Yates with our own bounded draw: std::uniform_int_distribution and std::shuffle
     // are implementation-defined, and the order must be reproducible everywhere.
     for (int64_t i = dataset_size_ - 1; i > 0; --i) {

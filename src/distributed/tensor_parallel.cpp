@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/detail/mix64.h"
 #include "core/detail/print.h"
 #include "distributed/detail/intercept.h"
 #include "distributed/detail/split_parameters.h"
@@ -762,18 +763,6 @@ TensorParallelEngine::Scope::Scope(TensorParallelEngine& engine) {
 
 TensorParallelEngine::Scope::~Scope() = default;
 
-namespace {
-
-// splitmix64's finalizer: well-mixed 64-bit values from nearby inputs.
-uint64_t mix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
-
 SplitRegionRng::SplitRegionRng() {
   const int64_t rank = detail::split_rank();
   if (rank < 0) return;
@@ -782,7 +771,7 @@ SplitRegionRng::SplitRegionRng() {
   auto* cpu = at::check_generator<at::CPUGeneratorImpl>(gen);
   const uint64_t draw = cpu->random64();  // the shared stream's one draw, alike on every rank
   shared_ = at::Tensor(cpu->get_state());
-  cpu->set_current_seed(mix64(draw ^ mix64(static_cast<uint64_t>(rank) + 1)));
+  cpu->set_current_seed(detail::mix64(draw ^ detail::mix64(static_cast<uint64_t>(rank) + 1)));
 }
 
 SplitRegionRng::~SplitRegionRng() {
