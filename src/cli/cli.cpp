@@ -46,6 +46,7 @@
 #include "volt/loggers/logger.h"
 #include "volt/report/run_report.h"
 #include "volt/strategies/deepspeed.h"
+#include "volt/strategies/model_parallel.h"
 #include "volt/trainer/checkpoint.h"
 #include "volt/trainer/plan.h"
 #include "volt/trainer/trainer.h"
@@ -57,9 +58,9 @@ using detail::ConfigNode;
 using detail::ResolvedConfig;
 
 const std::vector<std::string> kRunCommands = {"fit", "validate", "test", "predict"};
-const std::vector<std::string> kCommands = {"fit",          "validate", "test",        "predict",
-                                            "print-config", "export",   "report",      "perf",
-                                            "zero-to-fp32", "env",      "kernel-cache"};
+const std::vector<std::string> kCommands = {
+    "fit",    "validate", "test",         "predict",     "print-config", "export",
+    "report", "perf",     "zero-to-fp32", "consolidate", "env",          "kernel-cache"};
 
 const char* command_summary(const std::string& c) {
   if (c == "fit") return "train the model (Trainer::fit); ckpt_path resumes a run";
@@ -72,6 +73,9 @@ const char* command_summary(const std::string& c) {
   if (c == "report") return "write a self-contained HTML report of a run folder";
   if (c == "perf") return "scan a profiler trace (TorchProfiler / PyTorch) and print advice";
   if (c == "zero-to-fp32") return "consolidate a ZeRO checkpoint folder into one checkpoint file";
+  if (c == "consolidate") {
+    return "join a folder of shards (ZeRO or model_parallel) into one checkpoint file";
+  }
   if (c == "env") return "list the environment variables volt reads, with their values here";
   if (c == "kernel-cache") return "list or clear the JIT's compiled-kernel cache folder";
   return "";
@@ -240,6 +244,16 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
        << "--weights_only=true the optimizers' states are left out (what validate, test, "
        << "predict and export read; Lightning's convert_zero_checkpoint_to_fp32_state_dict), "
        << "reading one shard at a time.\n";
+    return;
+  }
+  if (command == "consolidate") {
+    os << "usage: " << prog << " consolidate FOLDER OUT [--weights_only=BOOL]\n\n"
+       << command_summary(command) << ".\nFOLDER is a checkpoint DeepSpeedStrategy wrote (every "
+       << "rank's shard; as zero-to-fp32) or ModelParallelStrategy wrote with "
+       << "save_distributed_checkpoint (each tensor-parallel rank's shards, joined by the "
+       << "layouts recorded beside them); OUT gets the whole weights and optimizer state by "
+       << "parameter name, loadable by any strategy and layout and by one process. With "
+       << "--weights_only=true the optimizers' states are left out.\n";
     return;
   }
   if (command == "env") {
@@ -535,21 +549,33 @@ int run_export(Command cmd, const Registry& reg, std::ostream& out) {
   return kCliOk;
 }
 
-int run_zero_to_fp32(const Command& cmd, std::ostream& out) {
+// zero-to-fp32 and consolidate: a folder of shards into one file (consolidate also takes
+// model_parallel's folders).
+int run_consolidate(const Command& cmd, std::ostream& out) {
   bool weights_only = false;
+  const std::string& name = cmd.name;
   for (const auto& s : cmd.sources) {
-    VOLT_CHECK(s.kind == Source::Kind::kSet && s.key == "weights_only", ConfigError,
-               "[cli] zero-to-fp32 takes FOLDER, OUT and --weights_only=BOOL only; e.g. volt "
-               "zero-to-fp32 runs/checkpoints/last.ckpt full.ckpt.");
+    VOLT_CHECK(s.kind == Source::Kind::kSet && s.key == "weights_only", ConfigError, "[cli] ", name,
+               " takes FOLDER, OUT and --weights_only=BOOL only; e.g. volt ", name,
+               " runs/checkpoints/last.ckpt full.ckpt.");
     VOLT_CHECK(s.value == "true" || s.value == "false", ConfigError,
                "[cli] --weights_only takes true or false, got \"", s.value, "\".");
     weights_only = s.value == "true";
   }
-  VOLT_CHECK(cmd.positional.size() == 2, ConfigError,
-             "[cli] zero-to-fp32 takes FOLDER and OUT; e.g. volt zero-to-fp32 "
-             "runs/checkpoints/last.ckpt full.ckpt.");
-  consolidate_zero_checkpoint(cmd.positional[0], cmd.positional[1],
-                              weights_only ? ZeroContents::kWeights : ZeroContents::kEverything);
+  VOLT_CHECK(cmd.positional.size() == 2, ConfigError, "[cli] ", name,
+             " takes FOLDER and OUT; e.g. volt ", name, " runs/checkpoints/last.ckpt full.ckpt.");
+  const std::string& folder = cmd.positional[0];
+  if (name == "consolidate" && is_model_parallel_checkpoint(folder)) {
+    consolidate_model_parallel_checkpoint(folder, cmd.positional[1], weights_only);
+  } else {
+    VOLT_CHECK(name != "consolidate" || is_zero_checkpoint(folder), CheckpointError, "[cli] '",
+               folder,
+               "' is not a complete ZeRO or model_parallel checkpoint folder (no metadata file: "
+               "not a folder of shards, or a save was interrupted); pass a folder a "
+               "DeepSpeedStrategy or ModelParallelStrategy run wrote.");
+    consolidate_zero_checkpoint(folder, cmd.positional[1],
+                                weights_only ? ZeroContents::kWeights : ZeroContents::kEverything);
+  }
   out << "consolidated" << (weights_only ? " (weights)" : "") << ": " << cmd.positional[1] << "\n";
   return kCliOk;
 }
@@ -658,7 +684,7 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
   if (cmd.name == "env") return run_env(cmd, out);
   if (cmd.name == "kernel-cache") return run_kernel_cache(cmd, out);
   if (cmd.name == "report") return run_report(cmd, out);
-  if (cmd.name == "zero-to-fp32") return run_zero_to_fp32(cmd, out);
+  if (cmd.name == "zero-to-fp32" || cmd.name == "consolidate") return run_consolidate(cmd, out);
   if (cmd.name == "export") return run_export(cmd, reg, out);
   if (cmd.name == "perf") return run_perf(cmd, out);
   VOLT_CHECK(cmd.positional.empty(), ConfigError, "[cli] unexpected argument \"",

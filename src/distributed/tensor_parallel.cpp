@@ -630,15 +630,7 @@ at::Tensor join_parts(const TensorParallelEngine::Shard& s, const at::Tensor& pa
   if (widen) {
     for (auto& p : parts) p = p.to(part.scalar_type());
   }
-  at::Tensor full;
-  if (s.packed) {
-    // Every rank holds [q_r; k_r; v_r]: regroup by third.
-    std::vector<at::Tensor> thirds;
-    for (auto& p : parts) thirds.push_back(p.reshape({3, p.size(0) / 3, -1}));
-    full = at::cat(thirds, 1).reshape(s.full_sizes);
-  } else {
-    full = at::cat(parts, s.dim);
-  }
+  const at::Tensor full = TensorParallelEngine::join_shards(parts, {s.dim, s.packed});
   VOLT_ASSERT(full.sizes().vec() == s.full_sizes, kTag, " joined shape ", full.sizes(),
               " differs from ", c10::IntArrayRef(s.full_sizes), " (", group.world_size(),
               " ranks)");
@@ -646,6 +638,34 @@ at::Tensor join_parts(const TensorParallelEngine::Shard& s, const at::Tensor& pa
 }
 
 }  // namespace
+
+TensorParallelEngine::SplitLayout TensorParallelEngine::split_layout(
+    const at::Tensor& param) const {
+  const Shard* s = find_shard(param);
+  return s == nullptr ? SplitLayout{} : SplitLayout{s->dim, s->packed};
+}
+
+at::Tensor TensorParallelEngine::join_shards(const std::vector<at::Tensor>& shards,
+                                             const SplitLayout& layout) {
+  VOLT_CHECK(!shards.empty(), ValueError, kTag, " join_shards: no shards to join.");
+  const int64_t dim = layout.packed ? 0 : layout.dim;
+  VOLT_CHECK(dim >= 0 && dim < shards[0].dim(), ValueError, kTag, " join_shards: split dimension ",
+             layout.dim, " for shards of shape ", shards[0].sizes(), ".");
+  for (const auto& p : shards) {
+    VOLT_CHECK(p.sizes().equals(shards[0].sizes()), ValueError, kTag,
+               " join_shards: the shards' shapes differ (", shards[0].sizes(), " and ", p.sizes(),
+               "); they are not one parameter's.");
+  }
+  if (!layout.packed) return at::cat(shards, dim);
+  // Every rank holds [q_r; k_r; v_r]: regroup by third.
+  VOLT_CHECK(shards[0].size(0) % 3 == 0, ValueError, kTag, " join_shards: a packed q/k/v shard of ",
+             shards[0].size(0), " rows is not three equal parts.");
+  std::vector<int64_t> whole = shards[0].sizes().vec();
+  whole[0] *= static_cast<int64_t>(shards.size());
+  std::vector<at::Tensor> thirds;
+  for (const auto& p : shards) thirds.push_back(p.reshape({3, p.size(0) / 3, -1}));
+  return at::cat(thirds, 1).reshape(whole);
+}
 
 const TensorParallelEngine::Shard* TensorParallelEngine::find_shard(const at::Tensor& param) const {
   for (const auto& s : shards_) {

@@ -25,6 +25,7 @@
 #include "core/detail/print.h"
 #include "core/detail/remove_tree.h"
 #include "io/detail/state_key.h"
+#include "strategies/detail/checkpoint_folder.h"
 #include "strategies/detail/optimizer_swapper.h"
 #include "strategies/detail/replica_mesh.h"
 #include "strategies/detail/sub_groups.h"
@@ -38,11 +39,25 @@
 #include "volt/nn/kernel_injection.h"
 #include "volt/nn/parameters.h"
 #include "volt/precision/grad_scaler.h"
+#include "volt/strategies/model_parallel.h"
 
 namespace volt {
 namespace {
 
 namespace fs = std::filesystem;
+using detail::archive_of;
+using detail::ArchivePath;
+using detail::copy_archive;
+using detail::copy_value;
+using detail::dict_of_optimizer;
+using detail::Entries;
+using detail::entries_of;
+using detail::is_directory;
+using detail::names_of;
+using detail::read_sub;
+using detail::read_value;
+using detail::sub_at;
+using detail::write_consolidated;
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
 
@@ -64,11 +79,6 @@ DdpStrategyOptions ddp_options(const DeepSpeedStrategyOptions& o) {
 
 std::string shard_file(const std::string& folder, int64_t rank, int64_t world) {
   return folder + "/rank_" + std::to_string(rank) + "_of_" + std::to_string(world) + ".ckpt";
-}
-
-bool is_directory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 // What a complete ZeRO folder's metadata file says (world_size 0: no such file).
@@ -99,76 +109,6 @@ bool tested_optimizer(const torch::optim::Optimizer& o) {
   return dynamic_cast<const SGD*>(&o) || dynamic_cast<const Adam*>(&o) ||
          dynamic_cast<const AdamW*>(&o) || dynamic_cast<const RMSprop*>(&o) ||
          dynamic_cast<const Adagrad*>(&o) || dynamic_cast<const FusedOptimizer*>(&o);
-}
-
-// ------------------------------------------------------------------ archives as values
-// libtorch archives cannot be edited: these copy them key by key (sub-archives recursively;
-// every other entry, tensors included, as an IValue, which every reader accepts).
-
-using Entries = std::vector<std::pair<std::string, c10::IValue>>;
-
-// One entry that is not a sub-archive.
-void copy_value(InputArchive& in, const std::string& key, OutputArchive& out) {
-  c10::IValue v;
-  if (!in.try_read(key, v)) return;
-  if (v.isTensor()) {
-    out.write(key, v.toTensor());
-  } else {
-    out.write(key, v);
-  }
-}
-
-void copy_archive(InputArchive& in, OutputArchive& out, const std::vector<std::string>& skip = {}) {
-  for (const auto& key : in.keys()) {
-    if (std::find(skip.begin(), skip.end(), key) != skip.end()) continue;
-    InputArchive sub;
-    if (in.try_read(key, sub)) {
-      OutputArchive sub_out;
-      copy_archive(sub, sub_out);
-      out.write(key, sub_out);
-      continue;
-    }
-    copy_value(in, key, out);
-  }
-}
-
-Entries entries_of(InputArchive& in) {
-  Entries out;
-  for (const auto& key : in.keys()) {
-    c10::IValue v;
-    if (in.try_read(key, v)) out.emplace_back(key, v);
-  }
-  return out;
-}
-
-InputArchive archive_of(const Entries& entries) {
-  OutputArchive out;
-  for (const auto& [k, v] : entries) out.write(k, v);
-  std::stringstream buffer;
-  out.save_to(buffer);
-  InputArchive in;
-  in.load_from(buffer);
-  return in;
-}
-
-c10::IValue read_value(InputArchive& ar, const std::string& key, const std::string& where) {
-  c10::IValue v;
-  VOLT_CHECK(ar.try_read(key, v), CheckpointError, kTag, " ", where, " has no '", key,
-             "'; the checkpoint is damaged or was not written by volt.");
-  return v;
-}
-
-InputArchive read_sub(InputArchive& ar, const std::string& key, const std::string& where) {
-  InputArchive sub;
-  VOLT_CHECK(ar.try_read(key, sub), CheckpointError, kTag, " ", where, " has no '", key,
-             "'; the checkpoint is damaged or was not written by volt.");
-  return sub;
-}
-
-std::vector<std::string> names_of(const c10::IValue& v) {
-  std::vector<std::string> out;
-  for (const auto& s : c10::impl::toTypedList<std::string>(v.toList())) out.push_back(s);
-  return out;
 }
 
 }  // namespace
@@ -1421,53 +1361,18 @@ void DeepSpeedStrategy::save_checkpoint(OutputArchive& archive, const std::strin
     DdpStrategy::save_checkpoint(archive, path);
     return;
   }
-  // Every rank writes its shard into a staging folder; rank 0 adds the metadata last and swaps
-  // the folder in with one rename, so `path` always holds a complete checkpoint (the previous
-  // one until the swap). A job killed mid-save leaves only the staging folder, which the next
-  // save removes.
-  const std::string staging = path + ".partial";
+  // Every rank writes its shard; `path` holds a complete checkpoint at every moment.
   const int64_t world = world_size();
-  barrier("zero_save_begin");
-  if (is_global_zero()) {
-    std::error_code ec;
-    detail::remove_tree(staging);
-    const fs::path parent = fs::path(path).parent_path();
-    if (!parent.empty()) fs::create_directories(parent, ec);
-    VOLT_CHECK(::mkdir(staging.c_str(), 0755) == 0, CheckpointError, kTag,
-               " cannot create the checkpoint folder '", staging, "' (", std::strerror(errno),
-               "); check that the folder is writable.");
-  }
-  barrier("zero_save_staged");
-  checkpoint_io_->save(archive, shard_file(staging, rank(), world));
-  // The folder is swapped in below only once every shard is on disk: a CheckpointIO that
-  // writes in the background (AsyncCheckpointIO) finishes here.
-  checkpoint_io_->flush();
-  barrier("zero_save_written");
-  if (is_global_zero()) {
-    std::ostringstream meta;
-    meta << "format " << kZeroFormat << "\nworld_size " << world << "\nstage " << options_.stage()
-         << "\n";
-    atomic_write_file(staging + "/" + kMetaFile, meta.str());
-    std::error_code ec;
-    if (is_directory(path)) {
-      // Exchange the two folders atomically, then drop the old one.
-      VOLT_CHECK(
-          ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0,
-          CheckpointError, kTag, " cannot replace '", path, "' (", std::strerror(errno), ").");
-      detail::remove_tree(staging);
-    } else {
-      if (fs::exists(path, ec)) fs::remove(path, ec);  // a single-file checkpoint before
-      VOLT_CHECK(::rename(staging.c_str(), path.c_str()) == 0, CheckpointError, kTag,
-                 " cannot move the checkpoint into '", path, "' (", std::strerror(errno), ").");
-    }
-    const fs::path parent = fs::path(path).parent_path();
-    const int dir = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY);
-    if (dir >= 0) {
-      ::fsync(dir);
-      ::close(dir);
-    }
-  }
-  barrier("zero_save_done");
+  std::ostringstream meta;
+  meta << "format " << kZeroFormat << "\nworld_size " << world << "\nstage " << options_.stage()
+       << "\n";
+  detail::FolderSave save;
+  save.path = path;
+  save.shard = fs::path(shard_file(path, rank(), world)).filename().string();
+  save.meta_file = kMetaFile;
+  save.meta = meta.str();
+  save.tag = kTag;
+  detail::save_checkpoint_folder(*this, archive, save);
 }
 
 namespace {
@@ -1479,8 +1384,8 @@ std::string unfit_for_inference(InputArchive& shard,
 
 InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
   if (!is_zero_checkpoint(path)) {
-    VOLT_CHECK(!is_directory(path), CheckpointError, kTag, " '", path, "' is a folder without ",
-               kMetaFile,
+    VOLT_CHECK(!is_directory(path) || is_model_parallel_checkpoint(path), CheckpointError, kTag,
+               " '", path, "' is a folder without ", kMetaFile,
                ": an incomplete ZeRO checkpoint (a save was interrupted); load the previous one.");
     return Strategy::load_checkpoint(path);
   }
@@ -1520,14 +1425,7 @@ InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
 }
 
 void DeepSpeedStrategy::remove_checkpoint(const std::string& path) {
-  if (!is_directory(path)) {
-    Strategy::remove_checkpoint(path);
-    return;
-  }
-  if (is_global_zero()) {
-    checkpoint_io_->flush();  // after every save issued before it, as CheckpointIO::remove
-    detail::remove_tree(path);
-  }
+  Strategy::remove_checkpoint(path);  // a folder or a file
 }
 
 // ============================================================================ consolidation
@@ -1557,19 +1455,6 @@ bool is_zero_checkpoint(const std::string& path) {
 }
 
 namespace {
-
-// A place in a checkpoint's tree of archives: the keys from the root.
-using ArchivePath = std::vector<std::string>;
-
-InputArchive sub_at(InputArchive& root, const ArchivePath& path) {
-  VOLT_CHECK(!path.empty(), InternalError, kTag, " sub_at() needs a path below the root.");
-  InputArchive at = read_sub(root, path[0], "a shard");
-  for (size_t i = 1; i < path.size(); ++i) {
-    InputArchive next = read_sub(at, path[i], "a shard");
-    at = std::move(next);
-  }
-  return at;
-}
 
 // The places of rank 0's tree (`at` below `path`) holding stage 3's chunked weights (with
 // kStage3Shapes) and partitioned optimizer states (with zero_world_size): the Trainer's
@@ -1750,49 +1635,6 @@ void whole_optimizer_state(std::vector<InputArchive>& parts, int64_t world,
     group_out.write("state", states_out);
     full.write(gk, group_out);
   }
-}
-
-// Rank 0's tree (`in` at `path`) written to `out`, with the whole weights and optimizer states
-// in place of their shards.
-// Entries at the places in `drop` are left out.
-void write_consolidated(InputArchive& in, const ArchivePath& path, OutputArchive& out,
-                        const std::map<ArchivePath, Entries>& weights,
-                        const std::map<ArchivePath, std::string>& optimizers,
-                        const std::set<ArchivePath>& drop = {}) {
-  for (const auto& key : in.keys()) {
-    InputArchive sub;
-    if (!in.try_read(key, sub)) {
-      copy_value(in, key, out);
-      continue;
-    }
-    ArchivePath next = path;
-    next.push_back(key);
-    if (drop.count(next) != 0) continue;
-    OutputArchive sub_out;
-    if (auto w = weights.find(next); w != weights.end()) {
-      for (const auto& [name, v] : w->second) sub_out.write(name, v.toTensor());
-    } else if (auto o = optimizers.find(next); o != optimizers.end()) {
-      std::istringstream bytes(o->second);
-      InputArchive whole;
-      whole.load_from(bytes);
-      copy_archive(whole, sub_out);
-    } else {
-      write_consolidated(sub, next, sub_out, weights, optimizers, drop);
-    }
-    out.write(key, sub_out);
-  }
-}
-
-// The state dict an optimizer shard belongs to: named by the shard (Fabric), else the Trainer's.
-ArchivePath dict_of_optimizer(InputArchive& optimizer) {
-  ArchivePath dict{"state_dict"};
-  c10::IValue at_iv;
-  if (optimizer.try_read("weights_at", at_iv) && at_iv.isString()) {
-    dict.clear();
-    std::istringstream keys(at_iv.toStringRef());
-    for (std::string k; std::getline(keys, k, '/');) dict.push_back(k);
-  }
-  return dict;
 }
 
 // ZeroContents::kWeights: rank 0's tree without the optimizers' partitioned states, its weights

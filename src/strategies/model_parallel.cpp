@@ -1,17 +1,20 @@
 // ModelParallelStrategy: the DDP launcher and process group; a tensor-parallel group of
 // consecutive ranks splits the module (TensorParallelEngine, differentiated across the group),
-// the groups split the data and average their gradients; clipping, found-inf and checkpoints
-// see the whole model.
+// the groups split the data and average their gradients; clipping and found-inf see the whole
+// model; checkpoints are the first group's shards in a folder (save_distributed_checkpoint) or
+// the whole model in one file.
 #include "volt/strategies/model_parallel.h"
 
 #include <torch/torch.h>
 
 #include <ostream>
+#include <sstream>
 #include <utility>
 
 #include "distributed/detail/bucket_cap.h"
 #include "io/detail/state_key.h"
 #include "kernels/detail/state_tensors.h"
+#include "strategies/detail/checkpoint_folder.h"
 #include "strategies/detail/rank_key.h"
 #include "strategies/detail/replica_mesh.h"
 #include "strategies/detail/timeout.h"
@@ -68,6 +71,8 @@ std::ostream& operator<<(std::ostream& os, const ModelParallelStrategyOptions& o
             << ", num_heads=" << o.num_heads() << ", bucket_cap_mb=" << o.bucket_cap_mb()
             << ", find_unused_parameters=" << (o.find_unused_parameters() ? "true" : "false")
             << ", static_graph=" << (o.static_graph() ? "true" : "false")
+            << ", save_distributed_checkpoint="
+            << (o.save_distributed_checkpoint() ? "true" : "false")
             << ", timeout_s=" << o.timeout_s()
             << ", process_group_backend=" << o.process_group_backend() << ")";
 }
@@ -238,10 +243,45 @@ at::Tensor ModelParallelStrategy::clip_gradients(torch::optim::Optimizer& optimi
   return at::scalar_tensor(engine_->clip_grad_norm_(params, value), at::kDouble);
 }
 
+bool ModelParallelStrategy::shards_checkpoints() const {
+  return options_.save_distributed_checkpoint() && engine_ != nullptr && engine_->split();
+}
+
+std::string ModelParallelStrategy::split_difference(const Module& module,
+                                                    torch::serialize::InputArchive& record) const {
+  torch::serialize::InputArchive layouts = detail::read_sub(record, "layouts", "the record");
+  for (const auto& item : module.named_parameters(true)) {
+    const auto mine = engine_->split_layout(item.value());
+    at::Tensor saved;
+    const bool recorded = layouts.try_read(item.key(), saved);
+    if (recorded != (mine.dim >= 0) ||
+        (recorded && (saved[0].item<int64_t>() != mine.dim ||
+                      (saved[1].item<int64_t>() != 0) != mine.packed))) {
+      return item.key();
+    }
+  }
+  return "";
+}
+
 void ModelParallelStrategy::save_model_state(const Module& module,
                                              torch::serialize::OutputArchive& ar) const {
   if (engine_ == nullptr || !engine_->split()) {
     Strategy::save_model_state(module, ar);
+    return;
+  }
+  if (shards_checkpoints()) {
+    // This rank's shards as they are, and how each is split (to join them without the group).
+    Strategy::save_model_state(module, ar);
+    torch::serialize::OutputArchive record, layouts;
+    record.write("rank", c10::IValue(tp_group_->rank()));
+    record.write("size", c10::IValue(tp_size_));
+    for (const auto& item : module.named_parameters(true)) {
+      const auto layout = engine_->split_layout(item.value());
+      if (layout.dim < 0) continue;
+      layouts.write(item.key(), torch::tensor({layout.dim, int64_t{layout.packed}}, torch::kLong));
+    }
+    record.write("layouts", layouts);
+    ar.write(detail::kTpRecord, record);
     return;
   }
   // The whole weights (in the single-process format); the archive keeps what it is given until
@@ -256,6 +296,28 @@ void ModelParallelStrategy::save_model_state(const Module& module,
 
 void ModelParallelStrategy::load_model_state(Module& module,
                                              torch::serialize::InputArchive& ar) const {
+  torch::serialize::InputArchive record;
+  if (ar.try_read(detail::kTpRecord, record)) {
+    // One rank's shards (load_checkpoint reads this rank's own from a folder of its size).
+    const int64_t rank = detail::read_value(record, "rank", "the shard's record").toInt();
+    const int64_t size = detail::read_value(record, "size", "the shard's record").toInt();
+    VOLT_CHECK(
+        engine_ != nullptr && engine_->split() && size == tp_size_ && rank == tp_group_->rank(),
+        CheckpointError, kTag, " these weights are tensor-parallel rank ", rank, " of ", size,
+        "'s shards, but this is rank ", engine_ != nullptr ? tp_group_->rank() : int64_t{0}, " of ",
+        engine_ != nullptr && engine_->split() ? tp_size_ : int64_t{1},
+        "; load the folder with the strategy's load_checkpoint (it consolidates the "
+        "shards for another layout).");
+    const std::string differs = split_difference(module, record);
+    VOLT_CHECK(differs.empty(), CheckpointError, kTag, " '", differs,
+               "' is split differently in the checkpoint than by this plan; load the folder with "
+               "the strategy's load_checkpoint (it consolidates the shards then).");
+    torch::serialize::OutputArchive rest;
+    detail::copy_archive(ar, rest, {detail::kTpRecord});
+    torch::serialize::InputArchive shards = detail::reread(rest);
+    Strategy::load_model_state(module, shards);  // the shapes are the shards'
+    return;
+  }
   if (engine_ == nullptr || !engine_->split()) {
     Strategy::load_model_state(module, ar);
     return;
@@ -272,6 +334,13 @@ void ModelParallelStrategy::save_optimizer_state(const torch::optim::Optimizer& 
                                                  torch::serialize::OutputArchive& ar) const {
   if (engine_ == nullptr || !engine_->split()) {
     Strategy::save_optimizer_state(optimizer, module, ar);
+    return;
+  }
+  if (shards_checkpoints()) {
+    // This rank's state as it is: the split weights' per-element state has their shards' shapes.
+    Strategy::save_optimizer_state(optimizer, module, ar);
+    ar.write(detail::kTpOptimizerRank, c10::IValue(tp_group_->rank()));
+    ar.write(detail::kTpOptimizerSize, c10::IValue(tp_size_));
     return;
   }
   // The split weights' state joined whole (collective, in the optimizer's parameter order on
@@ -303,6 +372,20 @@ void ModelParallelStrategy::save_optimizer_state(const torch::optim::Optimizer& 
 void ModelParallelStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
                                                  const Module& module,
                                                  torch::serialize::InputArchive& ar) const {
+  c10::IValue rank;
+  if (ar.try_read(detail::kTpOptimizerRank, rank)) {
+    // This rank's own state from a folder of its size (load_checkpoint consolidates others).
+    const int64_t size =
+        detail::read_value(ar, detail::kTpOptimizerSize, "the optimizer shard").toInt();
+    VOLT_CHECK(engine_ != nullptr && engine_->split() && size == tp_size_ &&
+                   rank.toInt() == tp_group_->rank(),
+               CheckpointError, kTag, " this optimizer state is tensor-parallel rank ",
+               rank.toInt(), " of ", size,
+               "'s shard, not this rank's; load the folder with the strategy's load_checkpoint "
+               "(it consolidates the shards for another layout).");
+    Strategy::load_optimizer_state(optimizer, module, ar);
+    return;
+  }
   Strategy::load_optimizer_state(optimizer, module, ar);
   if (engine_ == nullptr || !engine_->split()) return;
   // The checkpoint's state is whole: each rank keeps its shard's part.
@@ -349,6 +432,53 @@ void ModelParallelStrategy::load_accumulated_gradients(Module& module,
       p.value().mutable_grad() = g.to(p.value().device());
     }
   }
+}
+
+// ------------------------------------------------------------------ checkpoint folders
+
+void ModelParallelStrategy::save_checkpoint(torch::serialize::OutputArchive& archive,
+                                            const std::string& path) {
+  if (!shards_checkpoints()) {
+    DdpStrategy::save_checkpoint(archive, path);  // whole, rank 0 writes
+    return;
+  }
+  // The first replica's ranks write their shards (the other replicas hold the same); every
+  // rank's own generator states and partial gradient sums are in each (saved by rank).
+  std::ostringstream meta;
+  meta << "format 1\ntensor_parallel_size " << tp_size_ << "\nworld_size " << world_size() << "\n";
+  detail::FolderSave save;
+  save.path = path;
+  save.shard = dp_rank_ == 0 ? detail::tp_shard_name(tp_group_->rank(), tp_size_) : "";
+  save.meta_file = detail::kTpMetaFile;
+  save.meta = meta.str();
+  save.tag = kTag;
+  detail::save_checkpoint_folder(*this, archive, save);
+}
+
+torch::serialize::InputArchive ModelParallelStrategy::load_checkpoint(const std::string& path) {
+  if (is_model_parallel_checkpoint(path) && engine_ != nullptr && engine_->split() &&
+      module_ != nullptr && detail::tp_folder_size(path) == tp_size_) {
+    // This tensor-parallel rank's file: its shards as they are, no rank joins the model. The
+    // ranks agree on it: a plan that splits differently (e.g. the weights of a layer another
+    // plan kept whole) makes every rank read the folder consolidated.
+    auto shard =
+        checkpoint_io_->load(path + "/" + detail::tp_shard_name(tp_group_->rank(), tp_size_));
+    torch::serialize::InputArchive dict, record;
+    const bool fits = shard.try_read("state_dict", dict) &&
+                      dict.try_read(detail::kTpRecord, record) &&
+                      split_difference(*module_, record).empty();
+    if (reduce_boolean_decision(fits, /*all=*/true)) {
+      if (is_global_zero()) {
+        log_info("ModelParallelStrategy", "each rank reads its own shards of '" + path +
+                                              "' (tensor-parallel size " +
+                                              std::to_string(tp_size_) + ")");
+      }
+      return shard;
+    }
+    log_info("ModelParallelStrategy",
+             "'" + path + "' was split by another plan: reading it consolidated.");
+  }
+  return DdpStrategy::load_checkpoint(path);  // a file, or a folder consolidated
 }
 
 }  // namespace volt

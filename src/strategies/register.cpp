@@ -106,6 +106,9 @@ void register_strategies(Registry& r) {
                "checkpointing: use static_graph)")
           .add("static_graph", mp.static_graph(),
                "the used parameters and the gradient order never change")
+          .add("save_distributed_checkpoint", mp.save_distributed_checkpoint(),
+               "checkpoints are a folder of each tensor-parallel rank's shards (false: one file "
+               "of the whole model, gathered on rank 0)")
           .add("timeout_s", mp.timeout_s(), "bound on rendezvous and every collective (seconds)")
           .choice("process_group_backend", mp.process_group_backend(), {"auto", "gloo", "nccl"},
                   "collective backend; auto = gloo on cpu, nccl on cuda"),
@@ -119,6 +122,8 @@ void register_strategies(Registry& r) {
                 .num_heads(a.get<int64_t>("num_heads"))
                 .bucket_cap_mb(a.get<double>("bucket_cap_mb"))
                 .find_unused_parameters(a.get<bool>("find_unused_parameters"))
+                .static_graph(a.get<bool>("static_graph"))
+                .save_distributed_checkpoint(a.get<bool>("save_distributed_checkpoint"))
                 .timeout_s(a.get<double>("timeout_s"))
                 .process_group_backend(a.get<std::string>("process_group_backend")),
             c.accelerator, c.precision, c.devices, c.num_nodes);

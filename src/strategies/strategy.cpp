@@ -2,12 +2,15 @@
 
 #include <torch/torch.h>
 
+#include "core/detail/remove_tree.h"
+#include "strategies/detail/checkpoint_folder.h"
 #include "strategies/detail/read_checkpoint.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
 #include "volt/io/state.h"
 #include "volt/strategies/deepspeed.h"
+#include "volt/strategies/model_parallel.h"
 
 namespace volt {
 
@@ -172,11 +175,18 @@ void Strategy::save_checkpoint(torch::serialize::OutputArchive& archive, const s
 namespace detail {
 torch::serialize::InputArchive read_checkpoint(const std::string& path, CheckpointIO& io,
                                                bool weights_only) {
-  // A ZeRO folder (every rank's shard) loads anywhere once consolidated.
+  // A folder of shards (ZeRO's: every rank's; model_parallel's: every tensor-parallel rank's)
+  // loads anywhere once consolidated.
   if (is_zero_checkpoint(path)) {
     return load_consolidated_zero_checkpoint(
         path, weights_only ? ZeroContents::kWeights : ZeroContents::kEverything);
   }
+  if (is_model_parallel_checkpoint(path)) {
+    return read_model_parallel_checkpoint(path, weights_only);
+  }
+  VOLT_CHECK(!is_directory(path), CheckpointError, "[Checkpoint] '", path,
+             "' is a folder without its metadata file: an incomplete checkpoint folder (a save "
+             "was interrupted); load the previous checkpoint.");
   return io.load(path);
 }
 }  // namespace detail
@@ -187,7 +197,15 @@ torch::serialize::InputArchive Strategy::load_checkpoint(const std::string& path
 }
 
 void Strategy::remove_checkpoint(const std::string& path) {
-  if (is_global_zero()) checkpoint_io_->remove(path);
+  if (!is_global_zero()) return;
+  if (detail::is_directory(path)) {
+    // A folder of shards (a ZeRO or model_parallel checkpoint): after every save issued before
+    // it, as CheckpointIO::remove.
+    checkpoint_io_->flush();
+    detail::remove_tree(path);
+    return;
+  }
+  checkpoint_io_->remove(path);
 }
 
 void Strategy::flush_checkpoints() {

@@ -16,6 +16,7 @@
 #include "volt/io/state.h"
 #include "volt/optim/lr_scheduler.h"
 #include "volt/strategies/deepspeed.h"
+#include "volt/strategies/model_parallel.h"
 #include "volt/trainer/checkpoint.h"
 
 namespace volt {
@@ -288,10 +289,10 @@ void load_weights(torch::nn::Module& module, const std::string& path, bool stric
     load_safetensors(module, path, strict);
     return;
   }
-  VOLT_CHECK(S_ISREG(st.st_mode) || is_zero_checkpoint(path), CheckpointError, "[load_weights] '",
-             path,
-             "' is a folder but not a complete ZeRO checkpoint (no meta file: a save was "
-             "interrupted); pass a checkpoint file or a complete folder.");
+  VOLT_CHECK(S_ISREG(st.st_mode) || is_zero_checkpoint(path) || is_model_parallel_checkpoint(path),
+             CheckpointError, "[load_weights] '", path,
+             "' is a folder but not a complete ZeRO or model_parallel checkpoint (no meta file: "
+             "a save was interrupted); pass a checkpoint file or a complete folder.");
   TorchCheckpointIO volt_format;
   torch::serialize::InputArchive root =
       detail::read_checkpoint(path, io ? *io : volt_format, /*weights_only=*/true);

@@ -26,6 +26,7 @@
 #include "processes.h"
 #include "requires.h"
 #include "tiny.h"
+#include "volt/strategies/model_parallel.h"
 
 namespace fs = std::filesystem;
 
@@ -1298,6 +1299,44 @@ TEST(CliBinary, FitsTensorParallelLikeOneProcess) {
   EXPECT_NE((split.out + split.err).find("2 layers split 2 ways"), std::string::npos) << split.err;
   ASSERT_GT(final_val_loss(one.out), 0) << one.out;
   EXPECT_NEAR(final_val_loss(split.out), final_val_loss(one.out), 1e-5) << split.out;
+  // Its checkpoints are folders of the two ranks' shards (save_distributed_checkpoint, the
+  // default): `volt consolidate` joins one into a file, and one process tests the folder and the
+  // file to the same metrics.
+  const std::string last = dir.path + "/tp/volt_logs/version_0/checkpoints/last.ckpt";
+  ASSERT_TRUE(volt::is_model_parallel_checkpoint(last)) << split.out;
+  auto c = run_binary("consolidate " + last + " " + (dir / "full.ckpt"));
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_TRUE(fs::is_regular_file(dir / "full.ckpt"));
+  const auto test_from = [&](const std::string& ckpt) {
+    return run_binary("test --config " + volt_test::source_dir() +
+                      "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" + dir.path +
+                      " --trainer.limit_test_batches=2 --trainer.enable_progress_bar=false"
+                      " --ckpt_path=" +
+                      ckpt);
+  };
+  const auto from_folder = test_from(last), from_file = test_from(dir / "full.ckpt");
+  ASSERT_EQ(from_folder.code, 0) << from_folder.err;
+  ASSERT_EQ(from_file.code, 0) << from_file.err;
+  const auto metric_line = [](const std::string& text) {
+    const auto at = text.find("test_loss");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+  };
+  EXPECT_FALSE(metric_line(from_file.out).empty()) << from_file.out;
+  EXPECT_EQ(metric_line(from_folder.out), metric_line(from_file.out));
+  // A folder of neither kind exits 2, naming both.
+  c = run_binary("consolidate " + dir.path + " " + (dir / "x.ckpt"));
+  EXPECT_EQ(c.code, 2) << c.err;
+  EXPECT_NE(c.err.find("is not a complete ZeRO or model_parallel checkpoint folder"),
+            std::string::npos)
+      << c.err;
+  // save_distributed_checkpoint=false: one file, gathered on rank 0.
+  const auto gathered =
+      run_binary(common + (dir / "gathered") + tp +
+                 " --trainer.limit_train_batches=2"
+                 " --trainer.strategy.init_args.save_distributed_checkpoint=false");
+  ASSERT_EQ(gathered.code, 0) << gathered.err;
+  EXPECT_TRUE(
+      fs::is_regular_file(dir.path + "/gathered/volt_logs/version_0/checkpoints/last.ckpt"));
   const auto bad = run_binary(common + (dir / "bad") + tp +
                               " --trainer.strategy.init_args.tensor_parallel_size=3");
   EXPECT_EQ(bad.code, 2) << bad.out << bad.err;

@@ -1,17 +1,26 @@
 // ModelParallelStrategy end to end with real processes over loopback (Gloo): tensor-parallel
 // training under the Trainer, alone and across data-parallel replicas, equals one process on
-// the global batch; its checkpoints hold the whole model and optimizer state, resume bit for bit
-// at the same layout (also mid-accumulation) and in one process; bad settings fail on every
-// rank with a ConfigError. (The engine's autograd alone: tests/strategies/
-// tensor_parallel_test.cpp, TensorParallelTraining.)
+// the global batch; its checkpoints (folders of the tensor-parallel ranks' shards, or one file
+// gathered on rank 0) resume bit for bit at the same layout (also mid-accumulation), at other
+// layouts and in one process; bad settings fail on every rank with a ConfigError. (The engine's
+// autograd alone: tests/strategies/ tensor_parallel_test.cpp, TensorParallelTraining.)
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
 #include "build_paths.h"
+#include "error_text.h"
 #include "processes.h"
 #include "requires.h"
 #include "tiny.h"
 #include "training_jobs.h"
+#include "volt/core/registry.h"
+#include "volt/io/checkpoint_io.h"
 #include "volt/strategies/model_parallel.h"
+#include "volt/strategies/single_device.h"
 
 namespace {
 
@@ -29,8 +38,9 @@ const std::vector<std::string> kModel = {"--depth", "1", "--optimizer", "adamw",
 
 // Runs `common` (world `ranks`, checkpoints every batch) whole under <dir>/a and with rank 1
 // SIGKILLed after batch 5 under <dir>/b, resumes b from its newest checkpoint: every rank ends
-// bit for bit as in a. Then one process (`model` flags, global batch 8, accumulating 2) resumes
-// the same checkpoint, the single-process format, and ends where a ended, to fp32 round-off.
+// bit for bit as in a, each rank reading its own shards of the folder. Then one process (`model`
+// flags, global batch 8, accumulating 2) resumes the same folder (consolidated) and ends where a
+// ended, to fp32 round-off.
 void expect_killed_run_resumes(const volt_test::TempDir& dir,
                                const std::vector<std::string>& common, int ranks,
                                const std::vector<std::string>& model) {
@@ -38,6 +48,10 @@ void expect_killed_run_resumes(const volt_test::TempDir& dir,
   const Job resumed = run_job(cat(
       {"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"}, common));
   ASSERT_EQ(resumed.code, 0) << resumed.output;
+  // The checkpoint is a folder of shards (save_distributed_checkpoint, the default), which the
+  // same layout reads without joining the model.
+  EXPECT_NE(resumed.output.find("each rank reads its own shards of"), std::string::npos)
+      << resumed.output;
   for (int r = 0; r < ranks; ++r) {
     const std::string suffix = "/w.rank" + std::to_string(r) + ".pt";
     EXPECT_TRUE(torch::equal(load_flat(dir / ("a" + suffix)), load_flat(dir / ("b" + suffix))))
@@ -205,6 +219,166 @@ TEST(ModelParallel, WeightAveragesAreSavedWholeAndResumeAtAnyLayout) {
   expect_killed_run_resumes(dir, common, 2, model);
 }
 
+// Every entry of a checkpoint's tree by its path ("state_dict/fc1.weight"), sub-archives
+// flattened.
+void flatten(torch::serialize::InputArchive& ar, const std::string& prefix,
+             std::map<std::string, c10::IValue>& out) {
+  for (const auto& key : ar.keys()) {
+    torch::serialize::InputArchive sub;
+    if (ar.try_read(key, sub)) {
+      flatten(sub, prefix + key + "/", out);
+      continue;
+    }
+    c10::IValue v;
+    if (ar.try_read(key, v)) out[prefix + key] = v;
+  }
+}
+
+std::map<std::string, c10::IValue> entries_of_file(const std::string& path) {
+  auto in = volt::TorchCheckpointIO().load(path);
+  std::map<std::string, c10::IValue> out;
+  flatten(in, "", out);
+  return out;
+}
+
+// save_distributed_checkpoint (the default): a 2x2 run's checkpoint is a folder of the first
+// group's two shard files and the metadata file; a shard holds its rank's half of a split weight
+// and its optimizer state; consolidated, the folder is the file the same run writes with the
+// option off (weights and optimizer state gathered on rank 0), entry for entry and bit for bit.
+// A damaged folder is a CheckpointError naming what is wrong.
+TEST(ModelParallel, DistributedCheckpointsAreShardFoldersThatConsolidateToTheGatheredFile) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto common = cat({"--devices", "4", "--tp", "2", "--batch", "4", "--epochs", "1",
+                           "--accum", "2", "--ckpt-every-batch", "1"},
+                          kModel);
+  const Job sharded = run_job(cat({"--root", dir / "s", "--out", dir / "s/w"}, common));
+  ASSERT_EQ(sharded.code, 0) << sharded.output;
+  const Job gathered =
+      run_job(cat({"--root", dir / "g", "--out", dir / "g/w", "--save-distributed", "0"}, common));
+  ASSERT_EQ(gathered.code, 0) << gathered.output;
+  const std::string folder = dir / "s/every_batch.ckpt";
+  ASSERT_TRUE(volt::is_model_parallel_checkpoint(folder));
+  EXPECT_FALSE(volt::is_model_parallel_checkpoint(dir / "g/every_batch.ckpt"));
+  std::set<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(folder)) {
+    files.insert(e.path().filename().string());
+  }
+  EXPECT_EQ(files, (std::set<std::string>{"model_parallel_checkpoint.txt", "tp_rank_0_of_2.ckpt",
+                                          "tp_rank_1_of_2.ckpt"}));
+  // The worker's deep.0 (8 x 8 whole) is column-parallel: each shard holds 4 output rows.
+  auto shard = entries_of_file(folder + "/tp_rank_1_of_2.ckpt");
+  auto whole = entries_of_file(dir / "g/every_batch.ckpt");
+  ASSERT_TRUE(shard.count("state_dict/deep.0.weight") && whole.count("state_dict/deep.0.weight"));
+  const at::Tensor w_shard = shard["state_dict/deep.0.weight"].toTensor();
+  const at::Tensor w_whole = whole["state_dict/deep.0.weight"].toTensor();
+  EXPECT_EQ(w_shard.size(0) * 2, w_whole.size(0));
+  EXPECT_TRUE(at::equal(w_shard, w_whole.narrow(0, w_shard.size(0), w_shard.size(0))));
+
+  volt::consolidate_model_parallel_checkpoint(folder, dir / "c.ckpt");
+  auto joined = entries_of_file(dir / "c.ckpt");
+  std::set<std::string> joined_keys, whole_keys;
+  for (const auto& kv : joined) joined_keys.insert(kv.first);
+  for (const auto& kv : whole) whole_keys.insert(kv.first);
+  EXPECT_EQ(joined_keys, whole_keys);
+  int tensors = 0;
+  for (const auto& [key, v] : whole) {
+    auto it = joined.find(key);
+    if (it == joined.end() || key == "loop/fit_elapsed_s") continue;  // the runs' own clocks
+    if (v.isTensor()) {
+      ++tensors;
+      EXPECT_TRUE(it->second.isTensor() && at::equal(it->second.toTensor(), v.toTensor())) << key;
+    } else {
+      EXPECT_EQ(it->second, v) << key;
+    }
+  }
+  EXPECT_GT(tensors, 20);
+  volt::consolidate_model_parallel_checkpoint(folder, dir / "weights.ckpt", /*weights_only=*/true);
+  for (const auto& kv : entries_of_file(dir / "weights.ckpt")) {
+    EXPECT_NE(kv.first.rfind("optimizers/optimizer_", 0), 0u) << kv.first;  // the count stays
+  }
+
+  // Damage, on copies of the folder.
+  const auto copy = [&](const std::string& name) {
+    const std::string to = dir / name;
+    std::filesystem::copy(folder, to, std::filesystem::copy_options::recursive);
+    return to;
+  };
+  const auto consolidate_error = [&](const std::string& f) {
+    return volt_test::error_of<volt::CheckpointError>(
+        [&] { volt::consolidate_model_parallel_checkpoint(f, dir / "out.ckpt"); });
+  };
+  const std::string partial = copy("partial.ckpt");
+  std::filesystem::remove(partial + "/model_parallel_checkpoint.txt");
+  EXPECT_FALSE(volt::is_model_parallel_checkpoint(partial));
+  EXPECT_NE(consolidate_error(partial).find("is not a complete model_parallel checkpoint folder"),
+            std::string::npos);
+  // Any strategy refuses it as incomplete (before, a folder reached torch's reader).
+  volt::SingleDeviceStrategy one(c10::Device(c10::kCPU),
+                                 volt::registry().accelerators.create("cpu"),
+                                 volt::registry().precisions.create("32-true"));
+  EXPECT_NE(volt_test::error_of<volt::CheckpointError>([&] {
+              one.load_checkpoint(partial);
+            }).find("an incomplete checkpoint folder"),
+            std::string::npos);
+  // A complete folder loads in one process consolidated: the gathered file's weights.
+  auto loaded = one.load_checkpoint(folder);
+  torch::serialize::InputArchive dict;
+  loaded.read("state_dict", dict);
+  at::Tensor w;
+  dict.read("deep.0.weight", w);
+  EXPECT_TRUE(at::equal(w, w_whole));
+  const std::string missing = copy("missing.ckpt");
+  std::filesystem::remove(missing + "/tp_rank_1_of_2.ckpt");
+  EXPECT_NE(consolidate_error(missing).find("lacks the shard of tensor-parallel rank 1 of 2"),
+            std::string::npos)
+      << consolidate_error(missing);
+  const std::string swapped = copy("swapped.ckpt");
+  std::filesystem::rename(swapped + "/tp_rank_0_of_2.ckpt", swapped + "/x");
+  std::filesystem::rename(swapped + "/tp_rank_1_of_2.ckpt", swapped + "/tp_rank_0_of_2.ckpt");
+  std::filesystem::rename(swapped + "/x", swapped + "/tp_rank_1_of_2.ckpt");
+  EXPECT_NE(consolidate_error(swapped).find("the folder mixes checkpoints"), std::string::npos)
+      << consolidate_error(swapped);
+  const std::string damaged = copy("damaged.ckpt");
+  std::ofstream(damaged + "/model_parallel_checkpoint.txt", std::ios::trunc) << "format 7\n";
+  EXPECT_NE(consolidate_error(damaged).find("is damaged or from another volt"), std::string::npos)
+      << consolidate_error(damaged);
+}
+
+// A folder resumes wherever a file does: at another tensor-parallel size (4 ranks of one
+// replica: consolidated, then split four ways) and under a plan that splits fewer layers at the
+// same size (the shards do not fit: consolidated), each ending within fp32 round-off of the
+// uninterrupted run.
+TEST(ModelParallel, AShardFolderResumesAtAnotherSizeAndUnderAnotherPlan) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto common = cat({"--devices", "4", "--tp", "2", "--batch", "4", "--epochs", "1",
+                           "--accum", "2", "--ckpt-every-batch", "1"},
+                          kModel);
+  volt_test::run_full_then_killed(dir.path, common);
+  const std::string folder = dir / "b/every_batch.ckpt";
+  ASSERT_TRUE(volt::is_model_parallel_checkpoint(folder));
+  const auto whole = load_flat(dir / "a/w.rank0.pt");
+  const Job four =
+      run_job(cat({"--root", dir / "t", "--out", dir / "t/w", "--resume", folder, "--devices", "4",
+                   "--tp", "4", "--batch", "8", "--epochs", "1", "--accum", "2"},
+                  kModel));
+  ASSERT_EQ(four.code, 0) << four.output;
+  const Job other = run_job(
+      cat({"--root", dir / "p", "--out", dir / "p/w", "--resume", folder, "--devices", "2", "--tp",
+           "2", "--tp-plan", "fc1=rowwise", "--batch", "8", "--epochs", "1", "--accum", "2"},
+          kModel));
+  ASSERT_EQ(other.code, 0) << other.output;
+  EXPECT_NE(other.output.find("was split by another plan: reading it consolidated"),
+            std::string::npos)
+      << other.output;
+  for (const std::string got : {"t/w.rank0.pt", "t/w.rank3.pt", "p/w.rank0.pt", "p/w.rank1.pt"}) {
+    const auto w = load_flat(dir / got);
+    EXPECT_TRUE(torch::allclose(w, whole, 1e-5, 1e-6))
+        << got << " max diff " << (w - whole).abs().max().item<double>();
+  }
+}
+
 // ModelPruning ranks and masks whole weights: refused before training (it used to fail after
 // the first epoch with a shape mismatch).
 TEST(ModelParallel, ModelPruningIsAConfigErrorBeforeTraining) {
@@ -237,6 +411,36 @@ TEST(ModelParallel, BadSettingsAreConfigErrors) {
   EXPECT_THROW(make(volt::ModelParallelStrategyOptions().plan(plan).bucket_cap_mb(0)),
                volt::ConfigError);
   EXPECT_NO_THROW(make(volt::ModelParallelStrategyOptions().plan(plan)));
+}
+
+// The registered name (CLI / YAML) passes every option on; static_graph did not reach the
+// strategy before session 78.
+TEST(ModelParallel, TheRegisteredNameTakesEveryOption) {
+  auto& reg = volt::registry();
+  volt::StrategyContext ctx{reg.accelerators.create("cpu"), reg.precisions.create("32-true"), 2, 1};
+  auto s = std::dynamic_pointer_cast<volt::ModelParallelStrategy>(reg.strategies.create(
+      "model_parallel",
+      volt::Args("model_parallel", {{"tp_plan", std::vector<std::string>{"fc1=colwise"}},
+                                    {"static_graph", true},
+                                    {"find_unused_parameters", true},
+                                    {"bucket_cap_mb", 5.0},
+                                    {"save_distributed_checkpoint", false},
+                                    {"tensor_parallel_size", int64_t{2}},
+                                    {"num_heads", int64_t{4}},
+                                    {"timeout_s", 9.0}}),
+      ctx));
+  ASSERT_NE(s, nullptr);
+  const auto& o = s->model_parallel_options();
+  EXPECT_TRUE(o.static_graph());
+  EXPECT_TRUE(o.find_unused_parameters());
+  EXPECT_DOUBLE_EQ(o.bucket_cap_mb(), 5.0);
+  EXPECT_FALSE(o.save_distributed_checkpoint());
+  EXPECT_EQ(o.tensor_parallel_size(), 2);
+  EXPECT_EQ(o.num_heads(), 4);
+  EXPECT_DOUBLE_EQ(o.timeout_s(), 9.0);
+  EXPECT_EQ(o.plan().size(), 1u);
+  // The defaults are Lightning's: a checkpoint is a folder of shards.
+  EXPECT_TRUE(volt::ModelParallelStrategyOptions().save_distributed_checkpoint());
 }
 
 TEST(ModelParallel, ASizeNotDividingTheWorldFailsEveryRank) {
@@ -275,7 +479,7 @@ TEST(ModelParallel, AnOptimizerWithUnknownStateIsAConfigError) {
 }
 
 // volt's fused AdamW (state in flat buffers laid out at its first step, after the split) trains
-// split as one process does with it, and its checkpoints hold the whole state: 2 tensor-parallel
+// split as one process does with it, and its checkpoints hold its state: 2 tensor-parallel
 // ranks accumulating 2 batches, a rank SIGKILLed mid-accumulation, resume bit for bit, and one
 // process resumes the checkpoint to where the 2 processes ended.
 TEST(ModelParallel, VoltsFusedAdamWTrainsSplitAndResumes) {

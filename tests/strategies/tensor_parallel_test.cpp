@@ -79,6 +79,39 @@ void expect_bytes(const std::string& out, int tp, int64_t expected_rank_bytes) {
   }
 }
 
+// join_shards (what consolidating a model_parallel checkpoint folder joins with, and
+// gather_whole after its all-gather) undoes the split: rows or columns in rank order, and a packed
+// [q; k; v] weight whose every third is split (rank r holds rows r*n..(r+1)*n of each third).
+TEST(TensorParallel, JoinShardsUndoesEachSplit) {
+  using Layout = volt::TensorParallelEngine::SplitLayout;
+  const at::Tensor whole = torch::arange(12 * 4, torch::kFloat).reshape({12, 4});
+  for (int64_t tp : {2, 3}) {
+    std::vector<at::Tensor> rows;
+    for (int64_t r = 0; r < tp; ++r) rows.push_back(whole.chunk(tp, 0)[r]);
+    EXPECT_TRUE(at::equal(volt::TensorParallelEngine::join_shards(rows, Layout{0, false}), whole))
+        << tp;
+  }
+  std::vector<at::Tensor> cols{whole.narrow(1, 0, 2), whole.narrow(1, 2, 2)};
+  EXPECT_TRUE(at::equal(volt::TensorParallelEngine::join_shards(cols, Layout{1, false}), whole));
+  // Packed at 2 ranks: each third has 4 rows, 2 per rank.
+  std::vector<at::Tensor> packed;
+  for (int64_t r = 0; r < 2; ++r) {
+    std::vector<at::Tensor> mine;
+    for (int64_t third = 0; third < 3; ++third)
+      mine.push_back(whole.narrow(0, third * 4 + r * 2, 2));
+    packed.push_back(torch::cat(mine));
+  }
+  EXPECT_TRUE(at::equal(volt::TensorParallelEngine::join_shards(packed, Layout{0, true}), whole));
+  // Read as plain rows, the same shards give another tensor: the layout matters.
+  EXPECT_FALSE(at::equal(volt::TensorParallelEngine::join_shards(packed, Layout{0, false}), whole));
+  EXPECT_THROW(
+      volt::TensorParallelEngine::join_shards({whole, whole.narrow(0, 0, 6)}, Layout{0, false}),
+      volt::ValueError);
+  EXPECT_THROW(volt::TensorParallelEngine::join_shards({}, Layout{0, false}), volt::ValueError);
+  EXPECT_THROW(volt::TensorParallelEngine::join_shards({whole}, Layout{2, false}),
+               volt::ValueError);
+}
+
 TEST(TensorParallel, MlpTwoAndFourRanksPredictLikeOneProcess) {
   VOLT_REQUIRE_GLOO();
   // MlpNet{64, 48}: fc0 784->64 colwise, fc1 64->48 rowwise, out 48->10 whole.

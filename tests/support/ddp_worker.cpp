@@ -24,6 +24,8 @@
 //       [--tp N]  (ModelParallelStrategy, tensor_parallel_size N: fc1 rowwise, deep.0 colwise,
 //       head rowwise; needs --depth >= 1; --find-unused and --static-graph set its options; each
 //       rank prints its gradient reducer's bucket elements at the first step)
+//       [--tp-plan "ENTRY,ENTRY"]  (another plan for --tp, e.g. "fc1=rowwise")
+//       [--save-distributed 0|1]  (--tp: save_distributed_checkpoint; default the option's)
 //       [--optimizer sgd|adam|adamw|fused_adamw|none] [--clip NORM] [--width W] [--bucket ELEMENTS]
 //       [--ds-config JSON]  (DeepSpeedStrategy configured by a DeepSpeed JSON file or text)
 //       [--persist ELEMENTS] [--max-live ELEMENTS]  (stage 3: persistence threshold, live bound)
@@ -66,6 +68,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -580,14 +583,23 @@ int main(int argc, char** argv) {
     } else if (a.count("--tp")) {
       // fc1 row-parallel on the whole input, deep.0 column-parallel, head row-parallel after it
       // (--depth >= 1); w2 and the rest whole.
+      std::vector<std::string> plan{"fc1=rowwise", "deep.0=colwise", "head=rowwise"};
+      if (a.count("--tp-plan")) {
+        plan.clear();
+        std::istringstream entries(a["--tp-plan"]);
+        for (std::string e; std::getline(entries, e, ',');) plan.push_back(e);
+      }
+      volt::ModelParallelStrategyOptions mp_options;
+      mp_options.tensor_parallel_size(num("--tp", 0))
+          .plan(volt::parse_tp_plan(plan))
+          .find_unused_parameters(num("--find-unused", 0) != 0)
+          .static_graph(num("--static-graph", 0) != 0)
+          .timeout_s(static_cast<double>(num("--timeout", 30)));
+      if (a.count("--save-distributed")) {
+        mp_options.save_distributed_checkpoint(num("--save-distributed", 1) != 0);
+      }
       auto mp = std::make_shared<volt::ModelParallelStrategy>(
-          volt::ModelParallelStrategyOptions()
-              .tensor_parallel_size(num("--tp", 0))
-              .plan(volt::parse_tp_plan({"fc1=rowwise", "deep.0=colwise", "head=rowwise"}))
-              .find_unused_parameters(num("--find-unused", 0) != 0)
-              .static_graph(num("--static-graph", 0) != 0)
-              .timeout_s(static_cast<double>(num("--timeout", 30))),
-          accelerator, precision, num("--devices", 2), num("--nodes", 1));
+          mp_options, accelerator, precision, num("--devices", 2), num("--nodes", 1));
       callbacks.push_back(std::make_shared<ReducerProbe>(mp.get()));
       strategy = mp;
     } else {

@@ -139,7 +139,7 @@ TEST(LoadWeights, PathsThatHoldNoCheckpointAreCheckpointErrors) {
   std::ofstream(dir / "noise.ckpt") << "not a checkpoint at all";
   expect(dir / "noise.ckpt", "is not a volt checkpoint");
   ASSERT_EQ(::mkdir((dir / "folder.ckpt").c_str(), 0755), 0);
-  expect(dir / "folder.ckpt", "is a folder but not a complete ZeRO checkpoint");
+  expect(dir / "folder.ckpt", "is a folder but not a complete ZeRO or model_parallel checkpoint");
   // A volt archive that is not a Trainer checkpoint (no volt_format).
   torch::serialize::OutputArchive archive;
   archive.write("weights", torch::ones({2}));

@@ -148,6 +148,18 @@ class TensorParallelEngine {
   /// Bytes the same parameters take whole (before splitting).
   int64_t full_parameter_bytes() const { return full_bytes_; }
 
+  /// How a parameter is split, as a distributed checkpoint records it beside each shard:
+  /// dim -1 when it is whole; packed for [q; k; v] along dim 0 with each third split.
+  struct SplitLayout {
+    int64_t dim = -1;
+    bool packed = false;
+  };
+  SplitLayout split_layout(const at::Tensor& param) const;
+  /// Every rank's shard (rank order) of a parameter split as `layout`, joined into the whole
+  /// tensor as gather_whole joins them; no group needed (a checkpoint's consolidation).
+  /// ValueError for shards whose shapes differ or an empty list.
+  static at::Tensor join_shards(const std::vector<at::Tensor>& shards, const SplitLayout& layout);
+
   struct Shard;  // one split parameter (public for the interceptor)
 
  private:

@@ -6,9 +6,11 @@
 /// Embedding) layers by a plan (TensorParallelEngine); the groups read different shards of the
 /// data, and the ranks holding the same shard of a layer in different groups average their
 /// gradients during backward (c10d's Reducer over those ranks: buckets all-reduced as they fill,
-/// overlapped with the rest of backward, as DDP). Checkpoints hold the whole model and whole
-/// optimizer state (in the single-process format: they resume at any layout and load in one
-/// process), and every rank holds the whole trained model when a run ends.
+/// overlapped with the rest of backward, as DDP). Checkpoints are a folder of the
+/// tensor-parallel ranks' shards (save_distributed_checkpoint, Lightning's default: no rank holds
+/// the whole model to save it), or one file of the whole model and optimizer state; either
+/// resumes at any layout and loads in one process. Every rank holds the whole trained model when
+/// a run ends.
 
 #include <torch/arg.h>
 
@@ -39,6 +41,13 @@ struct ModelParallelStrategyOptions {
   TORCH_ARG(double, bucket_cap_mb) = 25.0;
   TORCH_ARG(bool, find_unused_parameters) = false;
   TORCH_ARG(bool, static_graph) = false;
+  /// Lightning's save_distributed_checkpoint. true: a checkpoint is a folder in which each rank
+  /// of the first tensor-parallel group writes its shards of the weights and optimizer state
+  /// (the other replicas hold the same); the same tensor-parallel size resumes from each rank's
+  /// own file, anything else (another size, one process, load_weights, other strategies) joins
+  /// the shards first (consolidate_model_parallel_checkpoint). false: the weights and optimizer
+  /// state are gathered whole and rank 0 writes one file. Default: true.
+  TORCH_ARG(bool, save_distributed_checkpoint) = true;
   /// Bound on rendezvous and every collective (seconds). Default: 60.
   TORCH_ARG(double, timeout_s) = 60.0;
   /// "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl". Default: "auto".
@@ -85,6 +94,11 @@ class ModelParallelStrategy : public DdpStrategy {
   void save_accumulated_gradients(const Module& module,
                                   torch::serialize::OutputArchive& ar) const override;
   void load_accumulated_gradients(Module& module, torch::serialize::InputArchive& ar) override;
+  /// save_distributed_checkpoint: a folder of shards, written by the first tensor-parallel
+  /// group's ranks, swapped in whole (the previous checkpoint stays until then).
+  void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path) override;
+  /// A folder of this tensor-parallel size: this rank's own shards; anything else consolidated.
+  torch::serialize::InputArchive load_checkpoint(const std::string& path) override;
 
   /// The tensor-parallel engine of the module set up (nullptr before setup_module / after
   /// teardown).
@@ -101,6 +115,25 @@ class ModelParallelStrategy : public DdpStrategy {
   std::shared_ptr<ProcessGroup> dp_group_;  // the same shard in every group (none when one)
   std::unique_ptr<TensorParallelEngine> engine_;
   const Module* module_ = nullptr;  // the module set up, until teardown
+
+  // Whether checkpoints are written as shards now (the option, and the weights are split).
+  bool shards_checkpoints() const;
+  // The first of `module`'s parameters a shard's record (detail::kTpRecord) splits otherwise
+  // than the engine does now ("" when none).
+  std::string split_difference(const Module& module, torch::serialize::InputArchive& record) const;
 };
+
+/// True when `path` is a complete checkpoint folder ModelParallelStrategy wrote with
+/// save_distributed_checkpoint (its metadata file is written last).
+bool is_model_parallel_checkpoint(const std::string& path);
+
+/// Joins such a folder's shards into one ordinary volt checkpoint file at `out`: the whole
+/// weights, the whole optimizer states (unless weights_only) and everything else rank 0 saved,
+/// wherever the checkpoint keeps them (a Trainer's weights and optimizers, a Fabric state's
+/// modules and optimizers). Any strategy, any layout and one process load the result; every
+/// strategy also reads the folder itself this way. CheckpointError for an incomplete folder or
+/// a missing or inconsistent shard.
+void consolidate_model_parallel_checkpoint(const std::string& folder, const std::string& out,
+                                           bool weights_only = false);
 
 }  // namespace volt

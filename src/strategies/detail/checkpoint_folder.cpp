@@ -1,0 +1,201 @@
+#include "strategies/detail/checkpoint_folder.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "core/detail/remove_tree.h"
+#include "volt/core/atomic_file.h"
+#include "volt/core/check.h"
+#include "volt/io/checkpoint_io.h"
+#include "volt/strategies/strategy.h"
+
+namespace volt {
+namespace detail {
+
+namespace fs = std::filesystem;
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
+
+namespace {
+constexpr const char* kTag = "[Checkpoint]";
+}  // namespace
+
+void copy_value(InputArchive& in, const std::string& key, OutputArchive& out) {
+  c10::IValue v;
+  if (!in.try_read(key, v)) return;
+  if (v.isTensor()) {
+    out.write(key, v.toTensor());
+  } else {
+    out.write(key, v);
+  }
+}
+
+void copy_archive(InputArchive& in, OutputArchive& out, const std::vector<std::string>& skip) {
+  for (const auto& key : in.keys()) {
+    if (std::find(skip.begin(), skip.end(), key) != skip.end()) continue;
+    InputArchive sub;
+    if (in.try_read(key, sub)) {
+      OutputArchive sub_out;
+      copy_archive(sub, sub_out);
+      out.write(key, sub_out);
+      continue;
+    }
+    copy_value(in, key, out);
+  }
+}
+
+Entries entries_of(InputArchive& in) {
+  Entries out;
+  for (const auto& key : in.keys()) {
+    c10::IValue v;
+    if (in.try_read(key, v)) out.emplace_back(key, v);
+  }
+  return out;
+}
+
+InputArchive reread(OutputArchive& out) {
+  std::stringstream buffer;
+  out.save_to(buffer);
+  InputArchive in;
+  in.load_from(buffer);
+  return in;
+}
+
+InputArchive archive_of(const Entries& entries) {
+  OutputArchive out;
+  for (const auto& [k, v] : entries) out.write(k, v);
+  return reread(out);
+}
+
+c10::IValue read_value(InputArchive& ar, const std::string& key, const std::string& where) {
+  c10::IValue v;
+  VOLT_CHECK(ar.try_read(key, v), CheckpointError, kTag, " ", where, " has no '", key,
+             "'; the checkpoint is damaged or was not written by volt.");
+  return v;
+}
+
+InputArchive read_sub(InputArchive& ar, const std::string& key, const std::string& where) {
+  InputArchive sub;
+  VOLT_CHECK(ar.try_read(key, sub), CheckpointError, kTag, " ", where, " has no '", key,
+             "'; the checkpoint is damaged or was not written by volt.");
+  return sub;
+}
+
+InputArchive sub_at(InputArchive& root, const ArchivePath& path) {
+  VOLT_CHECK(!path.empty(), InternalError, kTag, " sub_at() needs a path below the root.");
+  InputArchive at = read_sub(root, path[0], "a shard");
+  for (size_t i = 1; i < path.size(); ++i) {
+    InputArchive next = read_sub(at, path[i], "a shard");
+    at = std::move(next);
+  }
+  return at;
+}
+
+std::vector<std::string> names_of(const c10::IValue& v) {
+  std::vector<std::string> out;
+  for (const auto& s : c10::impl::toTypedList<std::string>(v.toList())) out.push_back(s);
+  return out;
+}
+
+ArchivePath dict_of_optimizer(InputArchive& optimizer) {
+  ArchivePath dict{"state_dict"};
+  c10::IValue at_iv;
+  if (optimizer.try_read("weights_at", at_iv) && at_iv.isString()) {
+    dict.clear();
+    std::istringstream keys(at_iv.toStringRef());
+    for (std::string k; std::getline(keys, k, '/');) dict.push_back(k);
+  }
+  return dict;
+}
+
+// Rank 0's tree (`in` at `path`) written to `out`, with the whole weights and optimizer states
+// in place of their shards.
+// Entries at the places in `drop` are left out.
+void write_consolidated(InputArchive& in, const ArchivePath& path, OutputArchive& out,
+                        const std::map<ArchivePath, Entries>& weights,
+                        const std::map<ArchivePath, std::string>& optimizers,
+                        const std::set<ArchivePath>& drop) {
+  for (const auto& key : in.keys()) {
+    InputArchive sub;
+    if (!in.try_read(key, sub)) {
+      copy_value(in, key, out);
+      continue;
+    }
+    ArchivePath next = path;
+    next.push_back(key);
+    if (drop.count(next) != 0) continue;
+    OutputArchive sub_out;
+    if (auto w = weights.find(next); w != weights.end()) {
+      for (const auto& [name, v] : w->second) sub_out.write(name, v.toTensor());
+    } else if (auto o = optimizers.find(next); o != optimizers.end()) {
+      std::istringstream bytes(o->second);
+      InputArchive whole;
+      whole.load_from(bytes);
+      copy_archive(whole, sub_out);
+    } else {
+      write_consolidated(sub, next, sub_out, weights, optimizers, drop);
+    }
+    out.write(key, sub_out);
+  }
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void save_checkpoint_folder(Strategy& strategy, OutputArchive& archive, const FolderSave& save) {
+  const std::string& path = save.path;
+  const std::string staging = path + ".partial";
+  strategy.barrier("checkpoint_folder_begin");
+  if (strategy.is_global_zero()) {
+    std::error_code ec;
+    remove_tree(staging);
+    const fs::path parent = fs::path(path).parent_path();
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    VOLT_CHECK(::mkdir(staging.c_str(), 0755) == 0, CheckpointError, save.tag,
+               " cannot create the checkpoint folder '", staging, "' (", std::strerror(errno),
+               "); check that the folder is writable.");
+  }
+  strategy.barrier("checkpoint_folder_staged");
+  if (!save.shard.empty()) {
+    strategy.checkpoint_io().save(archive, staging + "/" + save.shard);
+    // The folder is swapped in below only once every shard is on disk: a CheckpointIO that
+    // writes in the background (AsyncCheckpointIO) finishes here.
+    strategy.checkpoint_io().flush();
+  }
+  strategy.barrier("checkpoint_folder_written");
+  if (strategy.is_global_zero()) {
+    atomic_write_file(staging + "/" + save.meta_file, save.meta);
+    std::error_code ec;
+    if (is_directory(path)) {
+      // Exchange the two folders atomically, then drop the old one.
+      VOLT_CHECK(
+          ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0,
+          CheckpointError, save.tag, " cannot replace '", path, "' (", std::strerror(errno), ").");
+      remove_tree(staging);
+    } else {
+      if (fs::exists(path, ec)) fs::remove(path, ec);  // a single-file checkpoint before
+      VOLT_CHECK(::rename(staging.c_str(), path.c_str()) == 0, CheckpointError, save.tag,
+                 " cannot move the checkpoint into '", path, "' (", std::strerror(errno), ").");
+    }
+    const fs::path parent = fs::path(path).parent_path();
+    const int dir = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY);
+    if (dir >= 0) {
+      ::fsync(dir);
+      ::close(dir);
+    }
+  }
+  strategy.barrier("checkpoint_folder_done");
+}
+
+}  // namespace detail
+}  // namespace volt

@@ -1,0 +1,104 @@
+#pragma once
+// Private: checkpoint folders of per-rank shards (DeepSpeedStrategy's ZeRO folders,
+// ModelParallelStrategy's distributed checkpoints), and the archive copying their consolidation
+// needs. libtorch archives cannot be edited: the helpers copy them key by key (sub-archives
+// recursively; every other entry, tensors included, as an IValue, which every reader accepts).
+
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace volt {
+
+class Strategy;
+
+namespace detail {
+
+using Entries = std::vector<std::pair<std::string, c10::IValue>>;
+/// A place in a checkpoint's tree of archives: the keys from the root.
+using ArchivePath = std::vector<std::string>;
+
+/// One entry that is not a sub-archive.
+void copy_value(torch::serialize::InputArchive& in, const std::string& key,
+                torch::serialize::OutputArchive& out);
+/// Every entry of `in` but those named in `skip` (sub-archives recursively).
+void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
+                  const std::vector<std::string>& skip = {});
+/// The entries of `in` that are not sub-archives, in its order.
+Entries entries_of(torch::serialize::InputArchive& in);
+/// An archive holding `entries` (written and read back in memory).
+torch::serialize::InputArchive archive_of(const Entries& entries);
+/// An OutputArchive read back as an InputArchive (in memory).
+torch::serialize::InputArchive reread(torch::serialize::OutputArchive& out);
+/// Entry `key` of `ar`; CheckpointError naming `where` when it is missing.
+c10::IValue read_value(torch::serialize::InputArchive& ar, const std::string& key,
+                       const std::string& where);
+/// Sub-archive `key` of `ar`; CheckpointError naming `where` when it is missing.
+torch::serialize::InputArchive read_sub(torch::serialize::InputArchive& ar, const std::string& key,
+                                        const std::string& where);
+/// The sub-archive of `root` at `path` (not empty); CheckpointError when a key is missing.
+torch::serialize::InputArchive sub_at(torch::serialize::InputArchive& root,
+                                      const ArchivePath& path);
+/// The strings of a list value (an optimizer group's parameter names).
+std::vector<std::string> names_of(const c10::IValue& v);
+/// The state dict an optimizer's archive belongs to: the place its "weights_at" names (a
+/// Fabric state's), else the Trainer's "state_dict".
+ArchivePath dict_of_optimizer(torch::serialize::InputArchive& optimizer);
+
+/// Rank 0's tree (`in` at `path`) written to `out`, with whole weights (`weights`: a state
+/// dict's entries by its place) and whole optimizer states (`optimizers`: a serialized archive
+/// by its place) in place of their shards; the places in `drop` are left out.
+void write_consolidated(torch::serialize::InputArchive& in, const ArchivePath& path,
+                        torch::serialize::OutputArchive& out,
+                        const std::map<ArchivePath, Entries>& weights,
+                        const std::map<ArchivePath, std::string>& optimizers,
+                        const std::set<ArchivePath>& drop = {});
+
+bool is_directory(const std::string& path);
+
+/// One save of a folder of shards.
+struct FolderSave {
+  std::string path;       ///< the folder
+  std::string shard;      ///< this rank's file inside it ("": this rank writes none)
+  std::string meta_file;  ///< the metadata file's name, written last
+  std::string meta;       ///< its contents
+  std::string tag;        ///< the component, for errors
+};
+
+/// Every rank of `strategy` calls it. Global rank 0 makes `<path>.partial`; the ranks with a
+/// shard write `archive` there (and flush the CheckpointIO, so a background writer is done);
+/// rank 0 writes the metadata file last and swaps the staging folder in with one rename
+/// (exchanged with an earlier folder at `path`, which is then removed; a file at `path` is
+/// replaced). `path` always holds a complete checkpoint; a job killed mid-save leaves only the
+/// staging folder, which the next save removes. CheckpointError when a folder cannot be made
+/// or moved.
+void save_checkpoint_folder(Strategy& strategy, torch::serialize::OutputArchive& archive,
+                            const FolderSave& save);
+
+// ------------------------------------------- ModelParallelStrategy's distributed checkpoints
+// A folder of one shard file per tensor-parallel rank (the first group's) and the metadata file,
+// written last: "format 1", "tensor_parallel_size T", "world_size W".
+
+/// In each state dict of a shard: "rank" and "size" (tensor-parallel), and "layouts": each
+/// split parameter's [dim, packed] (TensorParallelEngine::SplitLayout).
+constexpr const char* kTpRecord = "__tensor_parallel__";
+/// In each optimizer state of a shard: the tensor-parallel rank and size that wrote it.
+constexpr const char* kTpOptimizerRank = "tensor_parallel_rank";
+constexpr const char* kTpOptimizerSize = "tensor_parallel_size";
+constexpr const char* kTpMetaFile = "model_parallel_checkpoint.txt";
+
+/// The shard file's name inside the folder.
+std::string tp_shard_name(int64_t tp_rank, int64_t tp_size);
+/// The folder's tensor-parallel size (its metadata); CheckpointError when it is damaged.
+int64_t tp_folder_size(const std::string& folder);
+/// The folder consolidated in memory (consolidate_model_parallel_checkpoint's contents).
+torch::serialize::InputArchive read_model_parallel_checkpoint(const std::string& folder,
+                                                              bool weights_only);
+
+}  // namespace detail
+}  // namespace volt
