@@ -1461,23 +1461,7 @@ namespace {
 // "state_dict" and "optimizers/optimizer_<i>", a Fabric checkpoint's modules and optimizers.
 void find_partitioned(InputArchive& at, const ArchivePath& path, std::vector<ArchivePath>& dicts,
                       std::vector<ArchivePath>& optimizers) {
-  c10::IValue marker;
-  if (at.try_read("zero_world_size", marker)) {
-    optimizers.push_back(path);
-    return;
-  }
-  InputArchive shapes;
-  if (at.try_read(kStage3Shapes, shapes)) {
-    dicts.push_back(path);
-    return;
-  }
-  for (const auto& key : at.keys()) {
-    InputArchive sub;
-    if (!at.try_read(key, sub)) continue;
-    ArchivePath next = path;
-    next.push_back(key);
-    find_partitioned(sub, next, dicts, optimizers);
-  }
+  detail::find_sharded_places(at, path, kStage3Shapes, "zero_world_size", dicts, optimizers);
 }
 
 // Calls `fn(name, master)` for each fp32 master chunk among an optimizer shard's states (a

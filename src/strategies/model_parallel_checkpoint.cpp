@@ -27,30 +27,6 @@ using Layout = TensorParallelEngine::SplitLayout;
 constexpr const char* kTag = "[ModelParallelStrategy]";
 constexpr int64_t kFormat = 1;
 
-// The places in a shard's tree (`at` below `path`) of the state dicts (with kTpRecord) and the
-// optimizer states (with kTpOptimizerRank): the Trainer's "state_dict" and
-// "optimizers/optimizer_<i>", a Fabric state's modules and optimizers.
-void find_sharded(InputArchive& at, const ArchivePath& path, std::vector<ArchivePath>& dicts,
-                  std::vector<ArchivePath>& optimizers) {
-  c10::IValue marker;
-  if (at.try_read(detail::kTpOptimizerRank, marker)) {
-    optimizers.push_back(path);
-    return;
-  }
-  InputArchive record;
-  if (at.try_read(detail::kTpRecord, record)) {
-    dicts.push_back(path);
-    return;
-  }
-  for (const auto& key : at.keys()) {
-    InputArchive sub;
-    if (!at.try_read(key, sub)) continue;
-    ArchivePath next = path;
-    next.push_back(key);
-    find_sharded(sub, next, dicts, optimizers);
-  }
-}
-
 std::string where(const ArchivePath& path) {
   std::string s;
   for (const auto& k : path) s += (s.empty() ? "" : "/") + k;
@@ -194,7 +170,8 @@ OutputArchive consolidated(const std::string& folder, bool weights_only) {
     shards.push_back(io.load(file));
   }
   std::vector<ArchivePath> dict_paths, optimizer_paths;
-  find_sharded(shards[0], {}, dict_paths, optimizer_paths);
+  detail::find_sharded_places(shards[0], {}, detail::kTpRecord, detail::kTpOptimizerRank,
+                              dict_paths, optimizer_paths);
   std::map<ArchivePath, Entries> weights;
   std::map<ArchivePath, Splits> splits;
   for (const auto& path : dict_paths) {

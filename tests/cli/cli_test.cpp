@@ -980,6 +980,21 @@ double final_val_loss(const std::string& out) {
   return std::regex_search(tail, m, std::regex("val_loss +([-0-9.e]+)")) ? std::stod(m[1]) : -1.0;
 }
 
+// `volt test` of the MLP config from `ckpt` in one process (2 batches, logs under `root`).
+Result test_mlp_from(const std::string& root, const std::string& ckpt) {
+  return run_binary("test --config " + volt_test::source_dir() +
+                    "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" + root +
+                    " --trainer.limit_test_batches=2 --trainer.enable_progress_bar=false"
+                    " --ckpt_path=" +
+                    ckpt);
+}
+
+// The line of test metrics a `volt test` printed ("" when none).
+std::string test_loss_line(const std::string& text) {
+  const auto at = text.find("test_loss");
+  return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+}
+
 TEST(CliBinary, TakesDdpParametersFromTheConfigAndRejectsBadOnesWithExitTwo) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
@@ -1184,13 +1199,7 @@ TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoi
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_TRUE(fs::is_regular_file(dir / "full.ckpt"));
   // The consolidated file tests in one process like any checkpoint.
-  const auto test_from = [&](const std::string& ckpt) {
-    return run_binary("test --config " + volt_test::source_dir() +
-                      "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" + dir.path +
-                      " --trainer.limit_test_batches=2 --trainer.enable_progress_bar=false"
-                      " --ckpt_path=" +
-                      ckpt);
-  };
+  const auto test_from = [&](const std::string& ckpt) { return test_mlp_from(dir.path, ckpt); };
   auto t = test_from(dir / "full.ckpt");
   EXPECT_EQ(t.code, 0) << t.err;
   // The weights alone: smaller, and `test` reads it as it reads the full one.
@@ -1201,10 +1210,7 @@ TEST(CliBinary, TrainsWithZeroStage3FromADeepSpeedJsonAndConsolidatesItsCheckpoi
   EXPECT_LT(fs::file_size(dir / "weights.ckpt"), fs::file_size(dir / "full.ckpt") / 2);
   auto tw = test_from(dir / "weights.ckpt");
   EXPECT_EQ(tw.code, 0) << tw.err;
-  const auto metric_line = [](const std::string& text) {
-    const auto at = text.find("test_loss");
-    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
-  };
+  const auto metric_line = test_loss_line;
   EXPECT_FALSE(metric_line(t.out).empty()) << t.out;
   EXPECT_EQ(metric_line(tw.out), metric_line(t.out));
   w = run_binary("zero-to-fp32 " + last + " " + (dir / "w2.ckpt") + " --weights_only=maybe");
@@ -1307,20 +1313,11 @@ TEST(CliBinary, FitsTensorParallelLikeOneProcess) {
   auto c = run_binary("consolidate " + last + " " + (dir / "full.ckpt"));
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_TRUE(fs::is_regular_file(dir / "full.ckpt"));
-  const auto test_from = [&](const std::string& ckpt) {
-    return run_binary("test --config " + volt_test::source_dir() +
-                      "/configs/fashion_mnist_mlp.yaml --trainer.default_root_dir=" + dir.path +
-                      " --trainer.limit_test_batches=2 --trainer.enable_progress_bar=false"
-                      " --ckpt_path=" +
-                      ckpt);
-  };
+  const auto test_from = [&](const std::string& ckpt) { return test_mlp_from(dir.path, ckpt); };
   const auto from_folder = test_from(last), from_file = test_from(dir / "full.ckpt");
   ASSERT_EQ(from_folder.code, 0) << from_folder.err;
   ASSERT_EQ(from_file.code, 0) << from_file.err;
-  const auto metric_line = [](const std::string& text) {
-    const auto at = text.find("test_loss");
-    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
-  };
+  const auto metric_line = test_loss_line;
   EXPECT_FALSE(metric_line(from_file.out).empty()) << from_file.out;
   EXPECT_EQ(metric_line(from_folder.out), metric_line(from_file.out));
   // A folder of neither kind exits 2, naming both.

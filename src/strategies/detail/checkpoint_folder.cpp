@@ -99,6 +99,28 @@ InputArchive sub_at(InputArchive& root, const ArchivePath& path) {
   return at;
 }
 
+void find_sharded_places(InputArchive& at, const ArchivePath& path, const std::string& dict_marker,
+                         const std::string& optimizer_marker, std::vector<ArchivePath>& dicts,
+                         std::vector<ArchivePath>& optimizers) {
+  c10::IValue marker;
+  if (at.try_read(optimizer_marker, marker)) {
+    optimizers.push_back(path);
+    return;
+  }
+  InputArchive record;
+  if (at.try_read(dict_marker, record)) {
+    dicts.push_back(path);
+    return;
+  }
+  for (const auto& key : at.keys()) {
+    InputArchive sub;
+    if (!at.try_read(key, sub)) continue;
+    ArchivePath next = path;
+    next.push_back(key);
+    find_sharded_places(sub, next, dict_marker, optimizer_marker, dicts, optimizers);
+  }
+}
+
 std::vector<std::string> names_of(const c10::IValue& v) {
   std::vector<std::string> out;
   for (const auto& s : c10::impl::toTypedList<std::string>(v.toList())) out.push_back(s);

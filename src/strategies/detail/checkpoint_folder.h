@@ -44,6 +44,13 @@ torch::serialize::InputArchive read_sub(torch::serialize::InputArchive& ar, cons
 /// The sub-archive of `root` at `path` (not empty); CheckpointError when a key is missing.
 torch::serialize::InputArchive sub_at(torch::serialize::InputArchive& root,
                                       const ArchivePath& path);
+/// The places in a checkpoint's tree (`at`, below `path`) of the state dicts a shard folder keeps
+/// in pieces (those holding a sub-archive `dict_marker`) and of the optimizer states (those
+/// holding an entry `optimizer_marker`), depth first: the Trainer's "state_dict" and
+/// "optimizers/optimizer_<i>", a Fabric state's modules and optimizers.
+void find_sharded_places(torch::serialize::InputArchive& at, const ArchivePath& path,
+                         const std::string& dict_marker, const std::string& optimizer_marker,
+                         std::vector<ArchivePath>& dicts, std::vector<ArchivePath>& optimizers);
 /// The strings of a list value (an optimizer group's parameter names).
 std::vector<std::string> names_of(const c10::IValue& v);
 /// The state dict an optimizer's archive belongs to: the place its "weights_at" names (a
