@@ -20,6 +20,17 @@
 //   volt_bench_tensor_parallel --table train [--steps N]
 //   volt_bench_tensor_parallel --train single|ddp|model_parallel --ranks N --model mlp|transformer
 //                              [--steps N]
+//
+// Saving a checkpoint under ModelParallelStrategy at 2 ranks (WideMlp and AdamW after 2 steps):
+// a folder of each rank's shards (save_distributed_checkpoint, the default) against one file
+// gathered on rank 0: rank 0's save time (the Trainer's save_checkpoint, barriers included; 5
+// saves, the median), the tensor bytes the save allocates above what rank 0 held before it (the
+// counting allocator's peak), and the bytes rank 0 writes.
+//
+//   volt_bench_tensor_parallel --table save
+//   volt_bench_tensor_parallel --save folder|file --dir DIR
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -245,6 +256,83 @@ void train(std::shared_ptr<Net> net, torch::Tensor x, torch::Tensor y, const std
   std::fflush(stdout);
 }
 
+// After the last training step: 5 saves, timed, with the allocation peak above the bytes held.
+class SaveProbe : public volt::Callback {
+ public:
+  SaveProbe(std::string path, int64_t at) : path_(std::move(path)), at_(at) {}
+  std::string state_key() const override { return "SaveProbe"; }
+  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                          int64_t idx) override {
+    if (idx + 1 != at_) return;
+    rank = run.global_rank();
+    for (int i = 0; i < 5; ++i) {
+      const int64_t before = volt::cpu_memory_stats().in_use;
+      volt::reset_cpu_memory_peaks();
+      const auto t0 = std::chrono::steady_clock::now();
+      run.save_checkpoint(path_);
+      seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      extra_bytes = std::max(extra_bytes, volt::cpu_memory_stats().max_in_use - before);
+    }
+  }
+  std::vector<double> seconds;
+  int64_t extra_bytes = 0, rank = 0;
+
+ private:
+  std::string path_;
+  int64_t at_;
+};
+
+// Bytes of the regular files at `path` (a file, or a folder's files) that rank 0 wrote: a folder's
+// shard of tensor-parallel rank 0 and its metadata.
+int64_t rank0_bytes(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(path)) return static_cast<int64_t>(fs::file_size(path));
+  int64_t total = 0;
+  for (const auto& e : fs::directory_iterator(path)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("tp_rank_0_", 0) == 0 || name == "model_parallel_checkpoint.txt") {
+      total += static_cast<int64_t>(e.file_size());
+    }
+  }
+  return total;
+}
+
+void save(const std::string& how, const std::string& dir, const torch::Tensor& x,
+          const torch::Tensor& y) {
+  Trained<WideMlp> model(std::make_shared<WideMlp>());
+  auto probe = std::make_shared<SaveProbe>(dir + "/" + how + ".ckpt", 2);
+  auto accelerator = volt::registry().accelerators.create("cpu");
+  auto precision = volt::registry().precisions.create("32-true");
+  auto strategy = std::make_shared<volt::ModelParallelStrategy>(
+      volt::ModelParallelStrategyOptions()
+          .tensor_parallel_size(2)
+          .plan(volt::parse_tp_plan({"*up*=colwise", "*down*=rowwise"}))
+          .save_distributed_checkpoint(how == "folder"),
+      accelerator, precision, 2);
+  volt::Trainer trainer(volt::TrainerOptions()
+                            .accelerator("cpu")
+                            .strategy(volt::Spec<volt::Strategy>(strategy))
+                            .devices(2)
+                            .max_steps(2)
+                            .callbacks({probe})
+                            .enable_progress_bar(false)
+                            .enable_checkpointing(false)
+                            .enable_model_summary(false)
+                            .logger(false)
+                            .num_sanity_val_steps(0));
+  trainer.fit(model, volt::DataLoader(std::make_shared<volt::TensorDataset>(x, y),
+                                      volt::DataLoaderOptions(32)));
+  if (probe->rank != 0) return;
+  std::sort(probe->seconds.begin(), probe->seconds.end());
+  const int64_t written = rank0_bytes(dir + "/" + how + ".ckpt");
+  volt_bench::remove_dir(dir);
+  std::printf("RESULT how=%s median_s=%.4f extra_bytes=%lld written_bytes=%lld\n", how.c_str(),
+              probe->seconds[probe->seconds.size() / 2], static_cast<long long>(probe->extra_bytes),
+              static_cast<long long>(written));
+  std::fflush(stdout);
+}
+
 volt::TpPlan mlp_plan() {
   return volt::parse_tp_plan({"*up*=colwise", "*down*=rowwise"});
 }
@@ -289,6 +377,33 @@ int main(int argc, char** argv) {
   const int64_t steps = a.count("--steps") ? std::stoll(a["--steps"]) : 20;
   if (a.count("--table") && a["--table"] == "train") {
     train_table(argv[0], steps);
+    return 0;
+  }
+  if (a.count("--table") && a["--table"] == "save") {
+    std::printf(
+        "| checkpoint | rank 0's save, median s | tensor bytes the save allocates on rank 0 | "
+        "bytes rank 0 writes |\n|---|---|---|---|\n");
+    for (const char* how : {"folder", "file"}) {
+      const std::string dir = "/tmp/volt_bench_tp_save_" + std::to_string(::getpid());
+      for (const auto& line :
+           child_lines(argv[0], std::string("--save ") + how + " --dir " + dir)) {
+        char name[64];
+        double med;
+        long long extra, written;
+        if (std::sscanf(line.c_str(),
+                        "RESULT how=%63s median_s=%lf extra_bytes=%lld written_bytes=%lld", name,
+                        &med, &extra, &written) == 4) {
+          std::printf("| %s | %.3f | %lld | %lld |\n", name, med, extra, written);
+        }
+      }
+    }
+    return 0;
+  }
+  if (a.count("--save")) {
+    torch::manual_seed(0);
+    const auto x = torch::randn({64, 1024}), y = torch::randn({64, 1024});
+    volt::install_counting_cpu_allocator();
+    save(a["--save"], a["--dir"], x, y);
     return 0;
   }
   if (a.count("--train")) {
