@@ -210,7 +210,7 @@ std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) co
       continue;
     }
     const std::string path = dir + "/" + name;
-    // A file, or a folder of per-rank shards (DeepSpeedStrategy with ZeRO).
+    // A file, or a folder of shards (ZeRO, model_parallel's save_distributed_checkpoint).
     if (::stat(path.c_str(), &st) != 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) continue;
     if (newest.empty() || st.st_mtim.tv_sec > newest_time.tv_sec ||
         (st.st_mtim.tv_sec == newest_time.tv_sec && st.st_mtim.tv_nsec > newest_time.tv_nsec)) {

@@ -461,12 +461,18 @@ torch::serialize::InputArchive ModelParallelStrategy::load_checkpoint(const std:
     // This tensor-parallel rank's file: its shards as they are, no rank joins the model. The
     // ranks agree on it: a plan that splits differently (e.g. the weights of a layer another
     // plan kept whole) makes every rank read the folder consolidated.
-    auto shard =
-        checkpoint_io_->load(path + "/" + detail::tp_shard_name(tp_group_->rank(), tp_size_));
-    torch::serialize::InputArchive dict, record;
-    const bool fits = shard.try_read("state_dict", dict) &&
-                      dict.try_read(detail::kTpRecord, record) &&
-                      split_difference(*module_, record).empty();
+    // A shard this rank cannot read (missing, damaged) sends every rank to the consolidation,
+    // which names it, instead of leaving the others waiting in the agreement.
+    torch::serialize::InputArchive shard;
+    bool fits = false;
+    try {
+      shard = checkpoint_io_->load(path + "/" + detail::tp_shard_name(tp_group_->rank(), tp_size_));
+      torch::serialize::InputArchive dict, record;
+      fits = shard.try_read("state_dict", dict) && dict.try_read(detail::kTpRecord, record) &&
+             split_difference(*module_, record).empty();
+    } catch (const std::exception&) {
+      fits = false;
+    }
     if (reduce_boolean_decision(fits, /*all=*/true)) {
       if (is_global_zero()) {
         log_info("ModelParallelStrategy", "each rank reads its own shards of '" + path +
@@ -475,8 +481,11 @@ torch::serialize::InputArchive ModelParallelStrategy::load_checkpoint(const std:
       }
       return shard;
     }
-    log_info("ModelParallelStrategy",
-             "'" + path + "' was split by another plan: reading it consolidated.");
+    if (is_global_zero()) {
+      log_info("ModelParallelStrategy", "'" + path +
+                                            "' does not fit this layout's shards (another plan, "
+                                            "or a shard unreadable): reading it consolidated.");
+    }
   }
   return DdpStrategy::load_checkpoint(path);  // a file, or a folder consolidated
 }

@@ -348,7 +348,7 @@ TEST(ModelParallel, DistributedCheckpointsAreShardFoldersThatConsolidateToTheGat
 // A folder resumes wherever a file does: at another tensor-parallel size (4 ranks of one
 // replica: consolidated, then split four ways) and under a plan that splits fewer layers at the
 // same size (the shards do not fit: consolidated), each ending within fp32 round-off of the
-// uninterrupted run.
+// uninterrupted run; a folder missing a shard fails every rank quickly, naming it.
 TEST(ModelParallel, AShardFolderResumesAtAnotherSizeAndUnderAnotherPlan) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
@@ -369,9 +369,22 @@ TEST(ModelParallel, AShardFolderResumesAtAnotherSizeAndUnderAnotherPlan) {
            "2", "--tp-plan", "fc1=rowwise", "--batch", "8", "--epochs", "1", "--accum", "2"},
           kModel));
   ASSERT_EQ(other.code, 0) << other.output;
-  EXPECT_NE(other.output.find("was split by another plan: reading it consolidated"),
-            std::string::npos)
+  EXPECT_NE(other.output.find("does not fit this layout's shards (another plan"), std::string::npos)
       << other.output;
+  // A shard missing at the same size fails every rank, naming it, well inside the timeout (the
+  // rank that cannot read its file does not leave the other waiting).
+  std::filesystem::copy(folder, dir / "half.ckpt", std::filesystem::copy_options::recursive);
+  std::filesystem::remove(dir / "half.ckpt/tp_rank_1_of_2.ckpt");
+  const auto start = std::chrono::steady_clock::now();
+  const Job half = run_job(
+      cat({"--root", dir / "h", "--out", dir / "h/w", "--resume", dir / "half.ckpt", "--devices",
+           "2", "--tp", "2", "--batch", "8", "--epochs", "1", "--accum", "2", "--timeout", "20"},
+          kModel),
+      60s);
+  EXPECT_EQ(half.code, 1) << half.output;
+  EXPECT_NE(half.output.find("lacks the shard of tensor-parallel rank 1 of 2"), std::string::npos)
+      << half.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
   for (const std::string got : {"t/w.rank0.pt", "t/w.rank3.pt", "p/w.rank0.pt", "p/w.rank1.pt"}) {
     const auto w = load_flat(dir / got);
     EXPECT_TRUE(torch::allclose(w, whole, 1e-5, 1e-6))
