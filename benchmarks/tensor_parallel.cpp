@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_trainer.h"
 #include "host_memory.h"
 #include "models.h"
 #include "remove_dir.h"
@@ -232,17 +233,10 @@ void train(std::shared_ptr<Net> net, torch::Tensor x, torch::Tensor y, const std
     strategy = volt::Spec<volt::Strategy>("ddp");
     batch = global_batch / ranks;  // each rank its shard of the global batch
   }
-  volt::Trainer trainer(volt::TrainerOptions()
-                            .accelerator("cpu")
+  volt::Trainer trainer(volt_bench::bench_trainer("cpu", warmup + steps)
                             .strategy(strategy)
                             .devices(ranks)
-                            .max_steps(warmup + steps)
-                            .callbacks({probe})
-                            .enable_progress_bar(false)
-                            .enable_checkpointing(false)
-                            .enable_model_summary(false)
-                            .logger(false)
-                            .num_sanity_val_steps(0));
+                            .callbacks({probe}));
   trainer.fit(model, volt::DataLoader(std::make_shared<volt::TensorDataset>(x, y),
                                       volt::DataLoaderOptions(batch)));
   if (probe->rank != 0) return;
@@ -310,17 +304,10 @@ void save(const std::string& how, const std::string& dir, const torch::Tensor& x
           .plan(volt::parse_tp_plan({"*up*=colwise", "*down*=rowwise"}))
           .save_distributed_checkpoint(how == "folder"),
       accelerator, precision, 2);
-  volt::Trainer trainer(volt::TrainerOptions()
-                            .accelerator("cpu")
+  volt::Trainer trainer(volt_bench::bench_trainer("cpu", 2)
                             .strategy(volt::Spec<volt::Strategy>(strategy))
                             .devices(2)
-                            .max_steps(2)
-                            .callbacks({probe})
-                            .enable_progress_bar(false)
-                            .enable_checkpointing(false)
-                            .enable_model_summary(false)
-                            .logger(false)
-                            .num_sanity_val_steps(0));
+                            .callbacks({probe}));
   trainer.fit(model, volt::DataLoader(std::make_shared<volt::TensorDataset>(x, y),
                                       volt::DataLoaderOptions(32)));
   if (probe->rank != 0) return;
