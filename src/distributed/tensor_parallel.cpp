@@ -78,10 +78,16 @@ std::string kind_of(torch::nn::Module& m) {
 void check_divides(const TpLayer& layer, torch::nn::Module& m, const TensorParallelOptions& o) {
   const int64_t tp = o.tp_size();
   if (layer.kind == "Embedding") {
-    const int64_t rows = dynamic_cast<torch::nn::EmbeddingImpl&>(m).weight.size(0);
+    const auto& e = dynamic_cast<torch::nn::EmbeddingImpl&>(m);
+    const int64_t rows = e.weight.size(0);
     VOLT_CHECK(rows % tp == 0, ConfigError, kTag, " embedding '", layer.path, "' has ", rows,
                " rows, not divisible by tp_size=", tp, "; use a tp_size dividing ", rows,
                " or keep it replicated.");
+    // libtorch renormalises the rows an id names before the lookup, on the weight it is given:
+    // a rank's shard, with ids of the whole vocabulary.
+    VOLT_CHECK(!e.options.max_norm().has_value(), ConfigError, kTag, " embedding '", layer.path,
+               "' has max_norm, which renormalises rows by id before the lookup and cannot run "
+               "on a vocabulary split; build it without max_norm, or keep it replicated.");
     return;
   }
   const auto& w = dynamic_cast<torch::nn::LinearImpl&>(m).weight;
@@ -184,6 +190,7 @@ std::vector<TpLayer> resolve_tensor_parallel_plan(torch::nn::Module& root,
     modules.emplace_back(item.key(), item.value().get());
   }
   std::map<std::string, TpLayer> chosen;  // by path
+  std::set<std::string> packed_by_name;   // the policy's packed q/k/v guesses
   std::map<std::string, torch::nn::Module*> by_path;
   for (auto& m : modules) by_path[m.first] = m.second;
 
@@ -205,6 +212,7 @@ std::vector<TpLayer> resolve_tensor_parallel_plan(torch::nn::Module& root,
           }
         }
         const std::string path = join_path(m.first, sub.key());
+        if (style == TpStyle::kColwiseQkv) packed_by_name.insert(path);
         chosen[path] = TpLayer{path, "Linear", style};
       }
       for (size_t r = 0; r < entry.second.size(); ++r) {
@@ -232,15 +240,46 @@ std::vector<TpLayer> resolve_tensor_parallel_plan(torch::nn::Module& root,
           "; volt splits Linear layers (any style) and Embedding layers "
           "(rowwise: vocabulary rows). Narrow the pattern.");
       chosen[m.first] = TpLayer{m.first, kind, entry.second};
+      packed_by_name.erase(m.first);  // the plan says what it is
     }
     VOLT_CHECK(any, ConfigError, kTag, " plan entry \"", entry.first, "\" matches no module of ",
                root.name(), "; patterns are module paths such as net.fc1 or blocks.*.fc1.");
+  }
+  // A packed q/k/v projection guessed by its name: q, k and v each as wide as the input.
+  // Grouped-query attention's narrower k and v would be cut across their boundaries.
+  for (const std::string& path : packed_by_name) {
+    const auto& w = dynamic_cast<torch::nn::LinearImpl&>(*by_path.at(path)).weight;
+    VOLT_CHECK(w.size(0) == 3 * w.size(1), ConfigError, kTag, " '", path,
+               "' is taken for a packed q/k/v projection by its name but has ", w.size(0),
+               " outputs for ", w.size(1),
+               " inputs, not three parts as wide as the input (grouped-query attention?). Keep "
+               "it whole with a plan entry \"",
+               path, "=replicated\", or, if it is packed q/k/v of equal widths, say so with \"",
+               path, "=colwise_qkv\".");
   }
   std::vector<TpLayer> out;
   for (auto& kv : chosen) {
     if (kv.second.style == TpStyle::kReplicated) continue;
     if (o.tp_size() > 1) check_divides(kv.second, *by_path.at(kv.first), o);
     out.push_back(kv.second);
+  }
+  // A split tensor belongs to one layer: a weight tied to another layer (an embedding and the
+  // output projection) or a module registered at two paths would be split once per path, or
+  // read whole where the other layer expects it whole.
+  std::unordered_map<const c10::TensorImpl*, std::string> split_tensors;  // -> its name
+  for (const TpLayer& layer : out) {
+    for (const auto& p : by_path.at(layer.path)->named_parameters(/*recurse=*/false)) {
+      if (p.key() == "weight" || (p.key() == "bias" && layer.style != TpStyle::kRowwise)) {
+        split_tensors.emplace(p.value().unsafeGetTensorImpl(), join_path(layer.path, p.key()));
+      }
+    }
+  }
+  for (const auto& p : root.named_parameters(/*recurse=*/true)) {
+    const auto it = split_tensors.find(p.value().unsafeGetTensorImpl());
+    VOLT_CHECK(it == split_tensors.end() || it->second == p.key(), ConfigError, kTag, " '", p.key(),
+               "' is the same tensor as '", it->second,
+               "', which the plan splits (a tied weight, or one module at two paths); a split "
+               "tensor must belong to one layer: keep both unsplit (replicated), or untie them.");
   }
   return out;
 }
@@ -252,6 +291,10 @@ struct TensorParallelEngine::Shard {
   std::vector<int64_t> full_sizes;  // its shape whole
   int64_t dim = 0;                  // split dimension
   bool packed = false;              // [q; k; v] along dim 0, each third split
+  // A split Embedding with a padding row: its option, cleared while split (libtorch checks it
+  // against the shard's rows before the lookup) and put back by restore().
+  torch::nn::EmbeddingImpl* embedding = nullptr;
+  c10::optional<int64_t> padding_idx;
 };
 
 namespace {
@@ -263,6 +306,7 @@ struct RowWeight {
   int64_t full;   // Linear: input features whole; Embedding: vocabulary rows whole
   int64_t shard;  // this rank's part
   int64_t offset;
+  int64_t padding_idx = -1;  // Embedding: the padding row in the whole vocabulary (-1: none)
 };
 
 // By storage, so views of the weight (libtorch 1.13's C++ Linear computes addmm(b, x, W.t()) or
@@ -539,7 +583,9 @@ bool tp_interceptor(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
   at::Tensor out;
   if (which->op == RowOp::kEmbedding) {
     const at::Tensor idx = torch::jit::peek(*stack, 1, n).toTensor();
-    const int64_t padding_idx = torch::jit::peek(*stack, 2, n).toInt();
+    // The module's padding row is kept by the engine (its option is cleared while split).
+    const int64_t padding_idx =
+        info.padding_idx >= 0 ? info.padding_idx : torch::jit::peek(*stack, 2, n).toInt();
     if (grad_mode && records(weight)) {
       VOLT_CHECK(
           !torch::jit::peek(*stack, 3, n).toBool() && !torch::jit::peek(*stack, 4, n).toBool(),
@@ -723,8 +769,12 @@ void TensorParallelEngine::reshard() {
       auto& e = dynamic_cast<torch::nn::EmbeddingImpl&>(*m);
       const int64_t full = e.weight.size(0), n = full / tp;
       reshard(e.weight, 0, false);
-      register_row(e.weight,
-                   RowWeight{detail::storage_of(e.weight), group_.get(), full, n, rank * n});
+      Shard& shard = *shards_.back();
+      shard.embedding = &e;
+      shard.padding_idx = e.options.padding_idx();  // the whole vocabulary's row (reset())
+      e.options.padding_idx(c10::nullopt);
+      register_row(e.weight, RowWeight{detail::storage_of(e.weight), group_.get(), full, n,
+                                       rank * n, shard.padding_idx.value_or(-1)});
       continue;
     }
     auto& l = dynamic_cast<torch::nn::LinearImpl&>(*m);
@@ -752,7 +802,10 @@ void TensorParallelEngine::reshard() {
 }
 
 TensorParallelEngine::~TensorParallelEngine() {
-  for (const auto& s : shards_) unregister_weight(s->param);
+  for (const auto& s : shards_) {
+    unregister_weight(s->param);
+    if (s->embedding != nullptr) s->embedding->options.padding_idx(s->padding_idx);
+  }
   std::lock_guard<std::mutex> lock(engines().mu);
   auto& live = engines().live;
   live.erase(std::remove(live.begin(), live.end(), this), live.end());
@@ -806,7 +859,10 @@ void TensorParallelEngine::restore() {
   for (const auto& s : shards_) unregister_weight(s->param);
   torch::NoGradGuard no_grad;
   c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
-  for (auto& s : shards_) s->param.set_data(join_parts(*s, s->param, *group_).contiguous());
+  for (auto& s : shards_) {
+    s->param.set_data(join_parts(*s, s->param, *group_).contiguous());
+    if (s->embedding != nullptr) s->embedding->options.padding_idx(s->padding_idx);
+  }
   shards_.clear();
   split_ = false;
 }

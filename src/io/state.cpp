@@ -54,9 +54,9 @@ void save_module_state(const torch::nn::Module& module, torch::serialize::Output
 }
 
 void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive,
-                       bool strict) {
+                       bool strict, const std::vector<std::string>& ignore) {
   std::vector<std::string> keys = archive.keys();
-  std::set<std::string> expected;
+  std::set<std::string> expected(ignore.begin(), ignore.end());
   std::vector<std::string> problems;
   detail::Fp8StateCrossing fp8(keys, module);
   auto load_one = [&](const std::string& name, at::Tensor& target, bool is_buffer) {

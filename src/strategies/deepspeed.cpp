@@ -63,7 +63,7 @@ using torch::serialize::OutputArchive;
 
 constexpr const char* kTag = "[DeepSpeedStrategy]";
 // Written by rank 0 after every shard, so a folder with it is complete.
-constexpr const char* kMetaFile = "zero_checkpoint.txt";
+constexpr const char* kMetaFile = detail::kZeroMetaFile;
 constexpr int64_t kZeroFormat = 1;
 // Master weights (bf16 with ZeRO) in a parameter's optimizer state: this rank's fp32 chunk in a
 // shard, the whole fp32 tensor once consolidated.
@@ -1424,10 +1424,6 @@ InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
       path, loop_.fitting || training ? ZeroContents::kEverything : ZeroContents::kWeights);
 }
 
-void DeepSpeedStrategy::remove_checkpoint(const std::string& path) {
-  Strategy::remove_checkpoint(path);  // a folder or a file
-}
-
 // ============================================================================ consolidation
 
 InputArchive load_consolidated_zero_checkpoint(const std::string& folder, ZeroContents contents) {
@@ -1450,8 +1446,7 @@ InputArchive load_consolidated_zero_checkpoint(const std::string& folder, ZeroCo
 }
 
 bool is_zero_checkpoint(const std::string& path) {
-  struct stat st;
-  return is_directory(path) && ::stat((path + "/" + kMetaFile).c_str(), &st) == 0;
+  return detail::is_complete_folder(path, kMetaFile);
 }
 
 namespace {
@@ -1558,67 +1553,48 @@ Entries whole_weights(std::vector<InputArchive>& dicts) {
 void whole_optimizer_state(std::vector<InputArchive>& parts, int64_t world,
                            const std::function<std::vector<int64_t>(const std::string&)>& shape_of,
                            OutputArchive& full, std::map<std::string, at::Tensor>& masters) {
-  const c10::IValue num_groups = read_value(parts[0], "num_groups", "an optimizer shard");
-  full.write("num_groups", num_groups);
-  for (int64_t g = 0; g < num_groups.toInt(); ++g) {
-    const std::string gk = "group_" + std::to_string(g);
-    std::vector<InputArchive> groups, states;
-    for (auto& p : parts) {
-      groups.push_back(read_sub(p, gk, "an optimizer shard"));
-      states.push_back(read_sub(groups.back(), "state", gk));
-    }
-    OutputArchive group_out, options_out, states_out;
-    InputArchive options_in = read_sub(groups[0], "options", gk);
-    copy_archive(options_in, options_out);
-    group_out.write("options", options_out);
-    const c10::IValue names_iv = read_value(groups[0], "params", gk);
-    group_out.write("params", names_iv);
-    for (const auto& name : names_of(names_iv)) {
-      const std::vector<int64_t> sizes = shape_of(name);
-      const int64_t numel = c10::multiply_integers(sizes);
-      // Each rank's chunk state in rank order: 1-D tensors of that rank's chunk length are
-      // concatenated; anything else (a 0-dim step count) is the same everywhere.
-      const int64_t chunk = (numel + world - 1) / world;
-      std::vector<std::pair<int64_t, Entries>> per_rank;  // (chunk length, entries)
-      for (int64_t r = 0; r < world; ++r) {
-        InputArchive one;
-        if (states[r].try_read(name, one)) {
-          per_rank.emplace_back(std::max<int64_t>(0, std::min(chunk, numel - r * chunk)),
-                                entries_of(one));
-        }
-      }
-      if (per_rank.empty()) continue;  // never stepped
-      Entries merged = per_rank.front().second;
-      for (auto& [k, v] : merged) {
-        if (!v.isTensor()) continue;
-        std::vector<at::Tensor> pieces;
-        bool chunked = true;
-        for (auto& [length, e] : per_rank) {
-          for (auto& [k2, v2] : e) {
-            if (k2 != k) continue;
-            const at::Tensor t = v2.toTensor();
-            chunked = chunked && t.dim() == 1 && t.numel() == length;
-            pieces.push_back(t);
+  detail::join_optimizer_state(
+      parts, full,
+      [&](const std::string& name, std::vector<InputArchive>& states) -> c10::optional<Entries> {
+        const std::vector<int64_t> sizes = shape_of(name);
+        const int64_t numel = c10::multiply_integers(sizes);
+        // Each rank's chunk state in rank order: 1-D tensors of that rank's chunk length are
+        // concatenated; anything else (a 0-dim step count) is the same everywhere.
+        const int64_t chunk = (numel + world - 1) / world;
+        std::vector<std::pair<int64_t, Entries>> per_rank;  // (chunk length, entries)
+        for (int64_t r = 0; r < world; ++r) {
+          InputArchive one;
+          if (states[r].try_read(name, one)) {
+            per_rank.emplace_back(std::max<int64_t>(0, std::min(chunk, numel - r * chunk)),
+                                  entries_of(one));
           }
         }
-        if (!chunked) continue;
-        at::Tensor cat = torch::cat(pieces);
-        VOLT_CHECK(cat.numel() == numel, CheckpointError, kTag, " the chunks of '", k, "' for '",
-                   name, "' add up to ", cat.numel(), " elements, not ", numel,
-                   "; a shard is from another run.");
-        v = cat.reshape(sizes);
-      }
-      for (auto& [k, v] : merged) {
-        if (k == kMasterKey && v.isTensor()) masters[name] = v.toTensor();
-      }
-      InputArchive merged_in = archive_of(merged);
-      OutputArchive one_out;
-      copy_archive(merged_in, one_out);
-      states_out.write(name, one_out);
-    }
-    group_out.write("state", states_out);
-    full.write(gk, group_out);
-  }
+        if (per_rank.empty()) return c10::nullopt;  // never stepped
+        Entries merged = per_rank.front().second;
+        for (auto& [k, v] : merged) {
+          if (!v.isTensor()) continue;
+          std::vector<at::Tensor> pieces;
+          bool chunked = true;
+          for (auto& [length, e] : per_rank) {
+            for (auto& [k2, v2] : e) {
+              if (k2 != k) continue;
+              const at::Tensor t = v2.toTensor();
+              chunked = chunked && t.dim() == 1 && t.numel() == length;
+              pieces.push_back(t);
+            }
+          }
+          if (!chunked) continue;
+          at::Tensor cat = torch::cat(pieces);
+          VOLT_CHECK(cat.numel() == numel, CheckpointError, kTag, " the chunks of '", k, "' for '",
+                     name, "' add up to ", cat.numel(), " elements, not ", numel,
+                     "; a shard is from another run.");
+          v = cat.reshape(sizes);
+        }
+        for (auto& [k, v] : merged) {
+          if (k == kMasterKey && v.isTensor()) masters[name] = v.toTensor();
+        }
+        return merged;
+      });
 }
 
 // ZeroContents::kWeights: rank 0's tree without the optimizers' partitioned states, its weights

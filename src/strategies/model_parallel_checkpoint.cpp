@@ -10,7 +10,6 @@
 #include <sstream>
 
 #include "strategies/detail/checkpoint_folder.h"
-#include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
 #include "volt/io/checkpoint_io.h"
 #include "volt/strategies/model_parallel.h"
@@ -100,27 +99,14 @@ Entries whole_dict(std::vector<InputArchive>& dicts, const Splits& splits) {
 // step count) rank 0's.
 std::string whole_optimizer(std::vector<InputArchive>& parts, const Splits& splits) {
   OutputArchive full;
-  const c10::IValue num_groups = detail::read_value(parts[0], "num_groups", "an optimizer shard");
-  full.write("num_groups", num_groups);
-  for (int64_t g = 0; g < num_groups.toInt(); ++g) {
-    const std::string gk = "group_" + std::to_string(g);
-    std::vector<InputArchive> states;
-    InputArchive group0 = detail::read_sub(parts[0], gk, "an optimizer shard");
-    for (auto& p : parts) {
-      InputArchive group = detail::read_sub(p, gk, "an optimizer shard");
-      states.push_back(detail::read_sub(group, "state", gk));
-    }
-    OutputArchive group_out, options_out, states_out;
-    InputArchive options_in = detail::read_sub(group0, "options", gk);
-    detail::copy_archive(options_in, options_out);
-    group_out.write("options", options_out);
-    group_out.write("params", detail::read_value(group0, "params", gk));
-    for (const auto& name : states[0].keys()) {
-      InputArchive one0;
-      if (!states[0].try_read(name, one0)) continue;
-      Entries merged = detail::entries_of(one0);
-      const auto s = splits.find(name);
-      if (s != splits.end()) {
+  detail::join_optimizer_state(
+      parts, full,
+      [&](const std::string& name, std::vector<InputArchive>& states) -> c10::optional<Entries> {
+        InputArchive one0;
+        if (!states[0].try_read(name, one0)) return c10::nullopt;  // never stepped
+        Entries merged = detail::entries_of(one0);
+        const auto s = splits.find(name);
+        if (s == splits.end()) return merged;  // whole: rank 0's
         std::vector<Entries> per_rank;
         for (size_t r = 0; r < states.size(); ++r) {
           InputArchive one;
@@ -140,15 +126,8 @@ std::string whole_optimizer(std::vector<InputArchive>& parts, const Splits& spli
           v = joined(pieces, s->second.layout,
                      "the optimizer state '" + key + "' of '" + name + "'");
         }
-      }
-      InputArchive merged_in = detail::archive_of(merged);
-      OutputArchive one_out;
-      detail::copy_archive(merged_in, one_out);
-      states_out.write(name, one_out);
-    }
-    group_out.write("state", states_out);
-    full.write(gk, group_out);
-  }
+        return merged;
+      });
   std::ostringstream bytes;
   full.save_to(bytes);
   return bytes.str();
@@ -241,8 +220,7 @@ InputArchive read_model_parallel_checkpoint(const std::string& folder, bool weig
 }  // namespace detail
 
 bool is_model_parallel_checkpoint(const std::string& path) {
-  struct stat st;
-  return detail::is_directory(path) && ::stat((path + "/" + detail::kTpMetaFile).c_str(), &st) == 0;
+  return detail::is_complete_folder(path, detail::kTpMetaFile);
 }
 
 void consolidate_model_parallel_checkpoint(const std::string& folder, const std::string& out,

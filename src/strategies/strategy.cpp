@@ -200,7 +200,9 @@ void Strategy::remove_checkpoint(const std::string& path) {
   if (!is_global_zero()) return;
   if (detail::is_directory(path)) {
     // A folder of shards (a ZeRO or model_parallel checkpoint): after every save issued before
-    // it, as CheckpointIO::remove.
+    // it, as CheckpointIO::remove. Any other folder is not volt's to delete.
+    VOLT_CHECK(detail::is_checkpoint_folder(path), CheckpointError, "[Checkpoint] '", path,
+               "' is a folder that holds no volt checkpoint; it is not removed.");
     checkpoint_io_->flush();
     detail::remove_tree(path);
     return;

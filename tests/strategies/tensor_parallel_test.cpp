@@ -131,9 +131,11 @@ TEST(TensorParallelTraining, TwoAndFourRanksTrainLikeOneProcess) {
   // row-parallel layer on a whole input) and a small language model (vocabulary-split
   // embedding, heads split by packed q/k/v, row-parallel projections) and an MLP whose split
   // layers are activation-checkpointed train 4 SGD-momentum steps with norm clipping on every
-  // rank: losses, norms, input gradients and the gathered weights equal one process's; a split
-  // Embedding with scale_grad_by_freq refuses to train; SplitRegionRng draws per rank inside a
-  // Scope (and is replayed by the recomputation), the shared stream alike.
+  // rank: losses, norms, input gradients and the gathered weights equal one process's, also for
+  // a split Embedding whose padding row lies in the last rank's shard (a split Embedding with
+  // max_norm is a ConfigError); a split Embedding with scale_grad_by_freq refuses to train;
+  // SplitRegionRng draws per rank inside a Scope (and is replayed by the recomputation), the shared
+  // stream alike.
   for (int tp : {2, 4}) {
     auto ranks = volt_test::start_local_ranks(volt_test::dist_worker(),
                                               {"tp-train", "--devices", std::to_string(tp)}, tp);
@@ -143,6 +145,7 @@ TEST(TensorParallelTraining, TwoAndFourRanksTrainLikeOneProcess) {
       const std::string out = ranks[r]->output();
       EXPECT_NE(out.find(rank + ": tp-train mlp ok (3 layers split)"), std::string::npos) << out;
       EXPECT_NE(out.find(rank + ": tp-train lm ok (5 layers split)"), std::string::npos) << out;
+      EXPECT_NE(out.find(rank + ": tp-train padded ok (1 layers split)"), std::string::npos) << out;
       EXPECT_NE(out.find(rank + ": tp-train errors ok"), std::string::npos) << out;
       EXPECT_NE(out.find(rank + ": tp-train rng ok"), std::string::npos) << out;
     }
@@ -357,6 +360,53 @@ TEST(TensorParallel, PlanErrorsNameThePatternAndTheFix) {
             std::string::npos);
   EXPECT_NE(plan_error(net, volt::TensorParallelOptions().tp_size(0)).find("tp_size=0"),
             std::string::npos);
+  // A tensor split for one layer and used by another (tied weights) or a module at two paths.
+  {
+    struct Tied : torch::nn::Module {
+      Tied() {
+        a = register_module("a", torch::nn::Linear(8, 8));
+        out = register_parameter("out", a->weight);  // e.g. an output projection tied to it
+        shared = register_module("shared", torch::nn::Linear(8, 4));
+        again = register_module("again", shared);
+      }
+      torch::nn::Linear a{nullptr}, shared{nullptr}, again{nullptr};
+      at::Tensor out;
+    } tied;
+    const std::string e = plan_error(
+        tied, volt::TensorParallelOptions().tp_size(2).plan(volt::parse_tp_plan({"a=colwise"})));
+    EXPECT_NE(e.find("'out' is the same tensor as 'a.weight', which the plan splits"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(plan_error(tied, volt::TensorParallelOptions().tp_size(2).plan(
+                                   volt::parse_tp_plan({"shared=rowwise"})))
+                  .find("'again.weight' is the same tensor as 'shared.weight'"),
+              std::string::npos);
+    EXPECT_EQ(plan_error(tied, volt::TensorParallelOptions().tp_size(2).plan(
+                                   volt::parse_tp_plan({"a=replicated"}))),
+              "");
+  }
+  // A projection the policy takes for packed q/k/v by its name, whose k and v are narrower
+  // (grouped-query attention): equal thirds would cut across them. The plan may say otherwise.
+  {
+    struct Gqa : torch::nn::Module {
+      Gqa() {
+        qkv = register_module("qkv", torch::nn::Linear(32, 64));  // q 32, k 16, v 16
+        o = register_module("o", torch::nn::Linear(32, 32));
+      }
+      torch::nn::Linear qkv{nullptr}, o{nullptr};
+    } gqa;
+    const auto policy = volt::parse_injection_policy({"Gqa: o"});
+    const std::string e =
+        plan_error(gqa, volt::TensorParallelOptions().tp_size(2).injection_policy(policy));
+    EXPECT_NE(e.find("'qkv' is taken for a packed q/k/v projection by its name but has 64 "
+                     "outputs for 32 inputs"),
+              std::string::npos)
+        << e;
+    EXPECT_EQ(
+        plan_error(gqa, volt::TensorParallelOptions().tp_size(2).injection_policy(policy).plan(
+                            volt::parse_tp_plan({"qkv=replicated"}))),
+        "");
+  }
   // The policy by class name: MlpNet's Linears, fc1 row-parallel, the others column-parallel.
   auto layers = volt::resolve_tensor_parallel_plan(
       net, volt::TensorParallelOptions().tp_size(2).injection_policy(

@@ -612,6 +612,22 @@ struct TinyLmImpl : torch::nn::Module {
 };
 TORCH_MODULE(TinyLm);
 
+// A vocabulary-split Embedding with a padding row in the last rank's shard (libtorch checks the
+// row against the weight it is given, a shard: before, every forward failed) and one with
+// max_norm (refused: libtorch renormalises rows by id on the shard).
+struct PaddedEmbeddingImpl : torch::nn::Module {
+  explicit PaddedEmbeddingImpl(double max_norm = 0) {
+    auto o = torch::nn::EmbeddingOptions(40, 8).padding_idx(-1);  // row 39
+    if (max_norm > 0) o.max_norm(max_norm);
+    embed = register_module("embed", torch::nn::Embedding(o));
+    head = register_module("head", torch::nn::Linear(8, 3));
+  }
+  at::Tensor forward(const at::Tensor& ids) { return head->forward(embed->forward(ids).mean(1)); }
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(PaddedEmbedding);
+
 // The MLP's split layers inside activation checkpointing: backward recomputes them, and the
 // recomputation must run as the forward did (the row-parallel sums over the group).
 struct CheckpointedMlpImpl : torch::nn::Module {
@@ -804,6 +820,46 @@ void run_tp_train(const std::shared_ptr<volt::ProcessGroup>& pg) {
         return torch::nn::functional::cross_entropy(out, y);
       },
       /*input_grad=*/false);
+
+  tp_train_case(
+      pg, "padded",
+      [] {
+        torch::manual_seed(15);
+        return PaddedEmbedding();
+      },
+      {"embed=rowwise"},
+      [](int step) {
+        torch::manual_seed(400 + step);
+        at::Tensor ids = torch::randint(0, 40, {4, 6});
+        ids.select(1, 0).fill_(39);  // the padding row in every sequence
+        return std::make_pair(ids, torch::randint(0, 3, {4}));
+      },
+      [](const at::Tensor& out, const at::Tensor& y) {
+        return torch::nn::functional::cross_entropy(out, y);
+      },
+      /*input_grad=*/false);
+  {
+    PaddedEmbedding padded;
+    {
+      volt::TensorParallelEngine split(*padded, pg,
+                                       volt::TensorParallelOptions()
+                                           .tp_size(pg->world_size())
+                                           .plan(volt::parse_tp_plan({"embed=rowwise"})));
+      CHECK_TRUE(padded->embed->weight.size(0) == 40 / pg->world_size(), "the rows are split");
+      split.restore();
+    }
+    CHECK_TRUE(padded->embed->options.padding_idx() == c10::optional<int64_t>(39),
+               "restore() puts the padding row back");
+    PaddedEmbedding normed(1.0);
+    expect_throw<volt::ConfigError>(
+        [&] {
+          volt::TensorParallelEngine e(*normed, pg,
+                                       volt::TensorParallelOptions()
+                                           .tp_size(pg->world_size())
+                                           .plan(volt::parse_tp_plan({"embed=rowwise"})));
+        },
+        "max_norm", "splitting an Embedding with max_norm");
+  }
 
   // A vocabulary-split Embedding cannot count frequencies across ranks: a ValueError when it
   // would train, while inference still works.

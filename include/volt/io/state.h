@@ -5,14 +5,19 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include <string>
+#include <vector>
+
 namespace volt {
 
 /// Writes every named parameter and buffer of `module`.
 void save_module_state(const torch::nn::Module& module, torch::serialize::OutputArchive& archive);
 /// Loads parameters and buffers in place. With strict=true a missing, unexpected or differently
-/// shaped entry throws CheckpointError listing every mismatch (name and both shapes).
+/// shaped entry throws CheckpointError listing every mismatch (name and both shapes). Entries
+/// named in `ignore` are neither loaded nor unexpected (records a strategy keeps beside the
+/// weights, e.g. a tensor-parallel shard's layout).
 void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive,
-                       bool strict = true);
+                       bool strict = true, const std::vector<std::string>& ignore = {});
 
 /// Writes the optimizer's param-group options (lr, betas, ...) and per-parameter state keyed
 /// by the parameter's name in `module` (libtorch itself keys it by pointer address).

@@ -210,7 +210,6 @@ class DeepSpeedStrategy : public DdpStrategy {
   void load_accumulated_gradients(Module& module, torch::serialize::InputArchive& ar) override;
   void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path) override;
   torch::serialize::InputArchive load_checkpoint(const std::string& path) override;
-  void remove_checkpoint(const std::string& path) override;
 
   /// The parsed DeepSpeed JSON (nullptr without `config`).
   const DeepSpeedConfig* config() const { return config_ ? &*config_ : nullptr; }

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <functional>
 #include <sstream>
 
 #include "core/detail/remove_tree.h"
@@ -174,49 +176,146 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+void join_optimizer_state(
+    std::vector<InputArchive>& parts, OutputArchive& full,
+    const std::function<c10::optional<Entries>(const std::string&, std::vector<InputArchive>&)>&
+        join) {
+  const c10::IValue num_groups = read_value(parts[0], "num_groups", "an optimizer shard");
+  full.write("num_groups", num_groups);
+  for (int64_t g = 0; g < num_groups.toInt(); ++g) {
+    const std::string gk = "group_" + std::to_string(g);
+    std::vector<InputArchive> states;
+    InputArchive group0 = read_sub(parts[0], gk, "an optimizer shard");
+    for (auto& p : parts) {
+      InputArchive group = read_sub(p, gk, "an optimizer shard");
+      states.push_back(read_sub(group, "state", gk));
+    }
+    OutputArchive group_out, options_out, states_out;
+    InputArchive options_in = read_sub(group0, "options", gk);
+    copy_archive(options_in, options_out);
+    group_out.write("options", options_out);
+    const c10::IValue names = read_value(group0, "params", gk);
+    group_out.write("params", names);
+    for (const auto& name : names_of(names)) {
+      const c10::optional<Entries> merged = join(name, states);
+      if (!merged) continue;
+      InputArchive merged_in = archive_of(*merged);
+      OutputArchive one_out;
+      copy_archive(merged_in, one_out);
+      states_out.write(name, one_out);
+    }
+    group_out.write("state", states_out);
+    full.write(gk, group_out);
+  }
+}
+
+bool is_complete_folder(const std::string& path, const std::string& meta_file) {
+  struct stat st;
+  return is_directory(path) && ::stat((path + "/" + meta_file).c_str(), &st) == 0;
+}
+
+bool is_checkpoint_folder(const std::string& path) {
+  return is_complete_folder(path, kZeroMetaFile) || is_complete_folder(path, kTpMetaFile);
+}
+
+namespace {
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+void fsync_parent(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  const int dir = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+// Rank 0's part before any shard is written: the staging folder made, `path` checked.
+void stage(const FolderSave& save, const std::string& staging, const std::string& old) {
+  const std::string& path = save.path;
+  // A save that stopped between the two renames of the fallback below left the previous
+  // checkpoint at <path>.old and nothing at <path>: put it back first.
+  if (!exists(path) && exists(old)) ::rename(old.c_str(), path.c_str());
+  VOLT_CHECK(!is_directory(path) || is_checkpoint_folder(path), CheckpointError, save.tag, " '",
+             path,
+             "' is a folder that holds no volt checkpoint; a checkpoint folder would replace it "
+             "(and delete what it holds). Save to another path.");
+  remove_tree(staging);
+  std::error_code ec;
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  VOLT_CHECK(::mkdir(staging.c_str(), 0755) == 0, CheckpointError, save.tag,
+             " cannot create the checkpoint folder '", staging, "' (", std::strerror(errno),
+             "); check that the folder is writable.");
+}
+
+// Rank 0's last part: the staged folder, complete with its metadata, put at `path`. A folder
+// there is exchanged with it in one renameat2; where the file system has no exchange (NFS,
+// some FUSE ones), and for a single-file checkpoint at `path`, the old one is moved aside to
+// <path>.old, the new one moved in, and the old one removed: `path` is missing only between
+// those two renames, and the next save puts <path>.old back if it stopped there.
+void swap_in(const FolderSave& save, const std::string& staging, const std::string& old) {
+  const std::string& path = save.path;
+  atomic_write_file(staging + "/" + save.meta_file, save.meta);
+  if (is_directory(path) &&
+      ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_parent(path);
+    remove_tree(staging);  // the old folder now
+    return;
+  }
+  if (exists(path)) {
+    remove_tree(old);
+    VOLT_CHECK(::rename(path.c_str(), old.c_str()) == 0, CheckpointError, save.tag,
+               " cannot move the previous checkpoint '", path, "' aside (", std::strerror(errno),
+               "); it is kept, the new one is in '", staging, "'.");
+  }
+  VOLT_CHECK(::rename(staging.c_str(), path.c_str()) == 0, CheckpointError, save.tag,
+             " cannot move the checkpoint into '", path, "' (", std::strerror(errno),
+             "); the previous one is in '", old, "'.");
+  fsync_parent(path);
+  remove_tree(old);
+}
+
+}  // namespace
+
 void save_checkpoint_folder(Strategy& strategy, OutputArchive& archive, const FolderSave& save) {
   const std::string& path = save.path;
-  const std::string staging = path + ".partial";
+  const std::string staging = path + ".partial", old = path + ".old";
+  // Each part runs where it belongs, then every rank learns whether all of them succeeded (one
+  // boolean reduction in place of a barrier): a rank that failed rethrows its own error, the
+  // others stop at once naming the part, and the previous checkpoint at `path` stays.
+  std::exception_ptr error;
+  auto part = [&](bool mine, const std::function<void()>& work, const char* what) {
+    if (mine) {
+      try {
+        work();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    const bool everyone = strategy.reduce_boolean_decision(error == nullptr);
+    if (error) std::rethrow_exception(error);
+    VOLT_CHECK(everyone, CheckpointError, save.tag, " another rank failed ", what, " '", path,
+               "' (its error says why); the previous checkpoint there is kept.");
+  };
   strategy.barrier("checkpoint_folder_begin");
-  if (strategy.is_global_zero()) {
-    std::error_code ec;
-    remove_tree(staging);
-    const fs::path parent = fs::path(path).parent_path();
-    if (!parent.empty()) fs::create_directories(parent, ec);
-    VOLT_CHECK(::mkdir(staging.c_str(), 0755) == 0, CheckpointError, save.tag,
-               " cannot create the checkpoint folder '", staging, "' (", std::strerror(errno),
-               "); check that the folder is writable.");
-  }
-  strategy.barrier("checkpoint_folder_staged");
-  if (!save.shard.empty()) {
-    strategy.checkpoint_io().save(archive, staging + "/" + save.shard);
-    // The folder is swapped in below only once every shard is on disk: a CheckpointIO that
-    // writes in the background (AsyncCheckpointIO) finishes here.
-    strategy.checkpoint_io().flush();
-  }
-  strategy.barrier("checkpoint_folder_written");
-  if (strategy.is_global_zero()) {
-    atomic_write_file(staging + "/" + save.meta_file, save.meta);
-    std::error_code ec;
-    if (is_directory(path)) {
-      // Exchange the two folders atomically, then drop the old one.
-      VOLT_CHECK(
-          ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0,
-          CheckpointError, save.tag, " cannot replace '", path, "' (", std::strerror(errno), ").");
-      remove_tree(staging);
-    } else {
-      if (fs::exists(path, ec)) fs::remove(path, ec);  // a single-file checkpoint before
-      VOLT_CHECK(::rename(staging.c_str(), path.c_str()) == 0, CheckpointError, save.tag,
-                 " cannot move the checkpoint into '", path, "' (", std::strerror(errno), ").");
-    }
-    const fs::path parent = fs::path(path).parent_path();
-    const int dir = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY);
-    if (dir >= 0) {
-      ::fsync(dir);
-      ::close(dir);
-    }
-  }
-  strategy.barrier("checkpoint_folder_done");
+  part(
+      strategy.is_global_zero(), [&] { stage(save, staging, old); }, "to stage");
+  part(
+      !save.shard.empty(),
+      [&] {
+        strategy.checkpoint_io().save(archive, staging + "/" + save.shard);
+        // The folder is swapped in below only once every shard is on disk: a CheckpointIO that
+        // writes in the background (AsyncCheckpointIO) finishes here.
+        strategy.checkpoint_io().flush();
+      },
+      "to write its shard of");
+  part(
+      strategy.is_global_zero(), [&] { swap_in(save, staging, old); }, "to swap in");
 }
 
 }  // namespace detail

@@ -7,6 +7,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -53,6 +54,15 @@ void find_sharded_places(torch::serialize::InputArchive& at, const ArchivePath& 
                          std::vector<ArchivePath>& dicts, std::vector<ArchivePath>& optimizers);
 /// The strings of a list value (an optimizer group's parameter names).
 std::vector<std::string> names_of(const c10::IValue& v);
+/// An optimizer's state whole, in volt::save_optimizer_state's format, from the shards' `parts`
+/// (rank order): each param group's options and parameter names are rank 0's, each parameter's
+/// state `join(name, states)`, `states` being every shard's state archive of that group (nullopt:
+/// the parameter has no state, it never stepped). The consolidations of ZeRO and tensor-parallel
+/// folders differ only in `join`.
+void join_optimizer_state(
+    std::vector<torch::serialize::InputArchive>& parts, torch::serialize::OutputArchive& full,
+    const std::function<c10::optional<Entries>(
+        const std::string& name, std::vector<torch::serialize::InputArchive>& states)>& join);
 /// The state dict an optimizer's archive belongs to: the place its "weights_at" names (a
 /// Fabric state's), else the Trainer's "state_dict".
 ArchivePath dict_of_optimizer(torch::serialize::InputArchive& optimizer);
@@ -67,6 +77,13 @@ void write_consolidated(torch::serialize::InputArchive& in, const ArchivePath& p
                         const std::set<ArchivePath>& drop = {});
 
 bool is_directory(const std::string& path);
+/// Whether `path` is a complete checkpoint folder: a directory holding `meta_file` (every kind
+/// of folder writes its metadata file last).
+bool is_complete_folder(const std::string& path, const std::string& meta_file);
+/// A complete checkpoint folder of any kind (ZeRO's or model_parallel's).
+bool is_checkpoint_folder(const std::string& path);
+/// ZeRO folders' metadata file (DeepSpeedStrategy).
+constexpr const char* kZeroMetaFile = "zero_checkpoint.txt";
 
 /// One save of a folder of shards.
 struct FolderSave {
@@ -80,10 +97,13 @@ struct FolderSave {
 /// Every rank of `strategy` calls it. Global rank 0 makes `<path>.partial`; the ranks with a
 /// shard write `archive` there (and flush the CheckpointIO, so a background writer is done);
 /// rank 0 writes the metadata file last and swaps the staging folder in with one rename
-/// (exchanged with an earlier folder at `path`, which is then removed; a file at `path` is
-/// replaced). `path` always holds a complete checkpoint; a job killed mid-save leaves only the
-/// staging folder, which the next save removes. CheckpointError when a folder cannot be made
-/// or moved.
+/// (exchanged with an earlier folder at `path`, which is then removed; a file at `path`, or a
+/// folder where the file system cannot exchange, is moved aside to `<path>.old` first).
+/// `path` always holds a complete checkpoint; a job killed mid-save leaves only the staging
+/// folder, which the next save removes. After each part the ranks agree on its success, so a
+/// failure on one rank is a CheckpointError on every rank at once. CheckpointError when a
+/// folder cannot be made or moved, and for a folder at `path` that is no checkpoint folder
+/// (it would be replaced, its contents deleted).
 void save_checkpoint_folder(Strategy& strategy, torch::serialize::OutputArchive& archive,
                             const FolderSave& save);
 
