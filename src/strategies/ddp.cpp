@@ -257,17 +257,29 @@ void DdpStrategy::setup_module(Module& module) {
   Strategy::setup_module(module);
   broadcast_module_state(module);
   build_reducer(module);
+  sync_batchnorm_over(module, sync_batchnorm() && world_size() > 1 ? group_ : nullptr);
+}
+
+void DdpStrategy::sync_batchnorm_over(Module& module, std::shared_ptr<ProcessGroup> over) {
   std::unique_ptr<SyncBatchNorm>& sync_bn = sync_of(module).sync_bn;
   sync_bn.reset();
-  if (sync_batchnorm() && world_size() > 1) {
-    sync_bn = std::make_unique<SyncBatchNorm>(module, group_);
-    const auto layers = sync_bn->layers();
-    if (!layers.empty()) {
-      log_info("DdpStrategy", "sync_batchnorm: " + std::to_string(layers.size()) +
-                                  " BatchNorm layers normalise over all " +
-                                  std::to_string(world_size()) + " processes' batches");
-    }
+  if (!over) return;
+  sync_bn = std::make_unique<SyncBatchNorm>(module, over);
+  const auto layers = sync_bn->layers();
+  if (!layers.empty()) {
+    const std::string n = std::to_string(over->world_size());
+    log_info("DdpStrategy",
+             "sync_batchnorm: " + std::to_string(layers.size()) +
+                 " BatchNorm layers normalise over " +
+                 (over->world_size() == world_size() ? "all " + n + " processes' batches"
+                                                     : n + " data-parallel replicas' batches"));
   }
+}
+
+std::shared_ptr<void> DdpStrategy::sync_batchnorm_scope(const Module& module) {
+  ModuleSync* m = find_sync(module);
+  if (m == nullptr || !m->sync_bn) return nullptr;
+  return std::make_shared<SyncBatchNorm::Scope>(*m->sync_bn);
 }
 
 void DdpStrategy::build_reducer(Module& module, std::shared_ptr<ProcessGroup> over) {
@@ -311,8 +323,7 @@ std::shared_ptr<void> DdpStrategy::training_forward_context(Module& module) {
     group().broadcast_(m->buffers, 0);
   }
   // Backward needs no scope: the statistics' gradients are all-reduced by their autograd nodes.
-  if (!m->sync_bn) return nullptr;
-  return std::make_shared<SyncBatchNorm::Scope>(*m->sync_bn);
+  return sync_batchnorm_scope(module);
 }
 
 void DdpStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {

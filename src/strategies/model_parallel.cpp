@@ -117,8 +117,6 @@ void ModelParallelStrategy::setup_environment() {
 }
 
 void ModelParallelStrategy::setup_module(Module& module) {
-  VOLT_CHECK(!sync_batchnorm(), ConfigError, kTag,
-             " sync_batchnorm is not supported with tensor parallelism yet; turn it off.");
   VOLT_CHECK(dynamic_cast<const Fp8Precision*>(precision_.get()) == nullptr, ConfigError, kTag,
              " fp8 precision is not supported with tensor parallelism (its Linear kernels are "
              "not split); use bf16-mixed or 32-true.");
@@ -139,6 +137,10 @@ void ModelParallelStrategy::setup_module(Module& module) {
   // The replicas of this rank's shards average their gradients during backward (DDP's buckets,
   // over the split parameters: the same shapes on every replica).
   if (dp_group_) build_reducer(module, dp_group_);
+  // BatchNorm sees whole activations (a split layer's output has a share of the features, which
+  // a BatchNorm over all of them refuses), the same batch on every rank of a tensor-parallel
+  // group: the statistics are those of the replicas' batches.
+  sync_batchnorm_over(module, sync_batchnorm() ? dp_group_ : nullptr);
   log_info("ModelParallelStrategy",
            "rank " + std::to_string(rank()) + ": " + std::to_string(engine_->layers().size()) +
                " layers split " + std::to_string(tp_size_) + " ways, holding " +
@@ -175,7 +177,13 @@ void ModelParallelStrategy::teardown() {
 
 std::shared_ptr<void> ModelParallelStrategy::training_forward_context(Module& module) {
   if (engine_ == nullptr) return nullptr;
-  return std::make_shared<TensorParallelEngine::Scope>(*engine_);
+  auto split = std::make_shared<TensorParallelEngine::Scope>(*engine_);
+  std::shared_ptr<void> sync_bn = sync_batchnorm_scope(module);
+  if (!sync_bn) return split;
+  // Both while the context lives (each only includes the intercept key; their registries tell
+  // the ops apart).
+  return std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
+      std::move(split), std::move(sync_bn));
 }
 
 void ModelParallelStrategy::validation_step(Module& module, const Batch& batch, int64_t batch_idx) {
@@ -312,10 +320,8 @@ void ModelParallelStrategy::load_model_state(Module& module,
     VOLT_CHECK(differs.empty(), CheckpointError, kTag, " '", differs,
                "' is split differently in the checkpoint than by this plan; load the folder with "
                "the strategy's load_checkpoint (it consolidates the shards then).");
-    torch::serialize::OutputArchive rest;
-    detail::copy_archive(ar, rest, {detail::kTpRecord});
-    torch::serialize::InputArchive shards = detail::reread(rest);
-    Strategy::load_model_state(module, shards);  // the shapes are the shards'
+    // Strictly, the shapes being the shards'; the record is no weight.
+    load_module_state(module, ar, /*strict=*/true, {detail::kTpRecord});
     return;
   }
   if (engine_ == nullptr || !engine_->split()) {
@@ -325,7 +331,14 @@ void ModelParallelStrategy::load_model_state(Module& module,
   // Whole for the strict load (every rank reads the same file), then split again: the same
   // TensorImpls, so the optimizer's state stays attached.
   engine_->restore();
-  Strategy::load_model_state(module, ar);
+  try {
+    Strategy::load_model_state(module, ar);
+  } catch (...) {
+    // A checkpoint that does not match leaves the model split as it was (its buckets and
+    // optimizer state are the shards'), for a program that catches the error and goes on.
+    engine_->reshard();
+    throw;
+  }
   engine_->reshard();
 }
 
@@ -347,6 +360,14 @@ void ModelParallelStrategy::save_optimizer_state(const torch::optim::Optimizer& 
   // every rank), swapped in while the state is written, then the shards' put back.
   auto& state = const_cast<torch::optim::Optimizer&>(optimizer).state();
   std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> saved;
+  // Before the gathers: one that fails (a peer gone) still leaves every state as it was.
+  struct PutBack {
+    decltype(state)& s;
+    decltype(saved)& kept;
+    ~PutBack() {
+      for (auto& kv : kept) s[kv.first] = std::move(kv.second);
+    }
+  } put_back{state, saved};
   for (const auto& group : optimizer.param_groups()) {
     for (const auto& p : group.params()) {
       if (!engine_->is_split(p)) continue;
@@ -359,13 +380,6 @@ void ModelParallelStrategy::save_optimizer_state(const torch::optim::Optimizer& 
       it->second = std::move(whole);
     }
   }
-  struct PutBack {
-    decltype(state)& s;
-    decltype(saved)& kept;
-    ~PutBack() {
-      for (auto& kv : kept) s[kv.first] = std::move(kv.second);
-    }
-  } put_back{state, saved};
   Strategy::save_optimizer_state(optimizer, module, ar);
 }
 

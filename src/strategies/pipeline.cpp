@@ -128,7 +128,7 @@ void PipelineStrategy::setup_environment() {
 }
 
 void PipelineStrategy::setup_module(Module& module) {
-  VOLT_CHECK(!sync_batchnorm(), ConfigError, kTag,
+  VOLT_CHECK(!sync_batchnorm() || replicas_ > 1, ConfigError, kTag,
              " sync_batchnorm has nothing to synchronise: every stage sees the whole batch. "
              "Turn sync_batchnorm off.");
   VOLT_CHECK(dynamic_cast<const Fp8Precision*>(precision_.get()) == nullptr, ConfigError, kTag,
@@ -172,6 +172,9 @@ void PipelineStrategy::setup_module(Module& module) {
     pipe_->set_activation_checkpoint_interval(options_.activation_checkpoint_interval());
   }
   if (options_.deferred_batch_norm()) pipe_->set_deferred_batch_norm(true);
+  VOLT_CHECK(!sync_batchnorm() || !pipe_->options().deferred_batch_norm(), ConfigError, kTag,
+             " sync_batchnorm and deferred_batch_norm together are not supported (the deferred "
+             "statistics are the pipeline's own, not the replicas'); use one of them.");
   pipe_->distribute(pipe_group_);
   if (options_.release_other_stages()) pipe_->release_other_stages();
   stage_of_.clear();
@@ -195,6 +198,9 @@ void PipelineStrategy::setup_module(Module& module) {
                " of " + std::to_string(pipe_->num_stages()) + ": layers " + std::to_string(first) +
                "-" + std::to_string(last - 1) + ", " + std::to_string(pipe_->options().chunks()) +
                " micro-batches" + stage_options(pipe_->options()));
+  // The BatchNorm layers of this rank's stage (and outside the pipeline) normalise over the
+  // stage's replicas: each micro-batch by the statistics of that micro-batch on every replica.
+  sync_batchnorm_over(module, sync_batchnorm() ? dp_group_ : nullptr);
 }
 
 void PipelineStrategy::teardown() {

@@ -126,6 +126,42 @@ TEST(ModelParallel, TwoReplicasOfTwoTensorParallelRanksEqualOneProcessOnTheGloba
   expect_ranks_equal_reference(dir / "tp", 4, ref);
 }
 
+// sync_batchnorm: the BatchNorm after fc1 (on its summed, whole output) normalises over both
+// replicas' batches, so every rank of 2 replicas of 2 tensor-parallel ranks ends as one process
+// on the global batch, weights and running statistics; with one replica there is nothing to
+// synchronise and the same holds. Without it each replica's statistics are its own half's (the
+// control: the comparison can fail).
+TEST(ModelParallel, SyncBatchnormOverReplicasEqualsOneProcessOnTheGlobalBatch) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  // SGD: behind the BatchNorm one hidden unit's gradient is round-off around zero, which AdamW
+  // scales up to a whole step (one process and tensor parallelism sum in another order, 7e-3
+  // apart with AdamW even without replicas).
+  const std::vector<std::string> model = {"--depth", "1",   "--optimizer", "sgd",
+                                          "--clip",  "0.5", "--batchnorm", "1"};
+  const auto ref = volt_test::single_process_reference(dir.path, 16, 1, 1, false, model);
+  const Job j = run_job(cat({"--root", dir.path, "--out", dir / "sync", "--devices", "4", "--tp",
+                             "2", "--batch", "8", "--epochs", "1", "--sync-bn", "1"},
+                            model));
+  ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(j.output.find("sync_batchnorm: 1 BatchNorm layers normalise over 2 data-parallel "
+                          "replicas' batches"),
+            std::string::npos)
+      << j.output;
+  expect_ranks_equal_reference(dir / "sync", 4, ref);
+  const Job one = run_job(cat({"--root", dir.path, "--out", dir / "one", "--devices", "2", "--tp",
+                               "2", "--batch", "16", "--epochs", "1", "--sync-bn", "1"},
+                              model));
+  ASSERT_EQ(one.code, 0) << one.output;
+  expect_ranks_equal_reference(dir / "one", 2, ref);
+  const Job local = run_job(cat({"--root", dir.path, "--out", dir / "local", "--devices", "4",
+                                 "--tp", "2", "--batch", "8", "--epochs", "1"},
+                                model));
+  ASSERT_EQ(local.code, 0) << local.output;
+  EXPECT_FALSE(torch::allclose(load_flat(dir / "local.rank0.pt"), ref, 1e-3, 1e-4))
+      << "per-replica BatchNorm matched the global batch: the test above could not fail";
+}
+
 // BackboneFinetuning over 2 replicas of 2 tensor-parallel ranks: fc1 (row-parallel) is frozen
 // when the replicas' buckets are built and unfrozen at epoch 1, when the strategy builds them
 // again over the new set, so fc1's shards are averaged over the replicas from then on (not
@@ -394,6 +430,27 @@ TEST(ModelParallel, AShardFolderResumesAtAnotherSizeAndUnderAnotherPlan) {
 
 // ModelPruning ranks and masks whole weights: refused before training (it used to fail after
 // the first epoch with a shape mismatch).
+// A checkpoint path naming a folder that holds no checkpoint (a log folder, say): rank 0 refuses
+// to replace it (the swap would have deleted what it holds) and every rank stops at once, the
+// other one told that rank 0 failed, long before the 60 s collective timeout; the folder is kept.
+TEST(ModelParallel, ASaveOverAFolderThatIsNoCheckpointFailsEveryRankAtOnce) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  std::filesystem::create_directories(dir / "every_batch.ckpt");
+  std::ofstream(dir / "every_batch.ckpt/notes.txt") << "mine";
+  const Job j = run_job(cat({"--root", dir.path, "--out", dir / "w", "--devices", "2", "--tp", "2",
+                             "--batch", "8", "--epochs", "1", "--ckpt-every-batch", "1"},
+                            kModel),
+                        40s);
+  EXPECT_EQ(j.code, 1) << j.output;
+  EXPECT_NE(j.output.find("holds no volt checkpoint"), std::string::npos) << j.output;
+  EXPECT_NE(j.output.find("another rank failed to stage"), std::string::npos) << j.output;
+  std::ifstream kept(dir / "every_batch.ckpt/notes.txt");
+  std::string text;
+  kept >> text;
+  EXPECT_EQ(text, "mine");
+}
+
 TEST(ModelParallel, ModelPruningIsAConfigErrorBeforeTraining) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

@@ -577,6 +577,33 @@ class PipelineFit : public ::testing::Test {
   volt_test::TempDir dir;
 };
 
+// sync_batchnorm over 2 replicas of a 2-stage pipeline with a BatchNorm in each stage: each
+// normalises over both replicas' batches (each stage's replicas synchronise), so every rank trains
+// as one process on the global batch; without it each replica normalises its own half (the
+// control: the comparison can fail). deferred_batch_norm keeps statistics of its own: refused
+// with it. (One replica has nothing to synchronise: SyncBatchnormIsRefused.)
+TEST_F(PipelineFit, SyncBatchnormOverReplicasTrainsAsOneProcessOnTheGlobalBatch) {
+  fit("one", {"--devices", "1", "--batch", "32", "--batchnorm", "1"});
+  const std::vector<std::string> grid{"--devices",   "4", "--stages",  "2",  "--batch", "16",
+                                      "--batchnorm", "1", "--balance", "4,4"};
+  const Job j = fit("grid", volt_test::cat(grid, {"--sync-bn", "1"}));
+  EXPECT_NE(j.output.find("sync_batchnorm: 2 BatchNorm layers normalise over 2 data-parallel "
+                          "replicas' batches"),
+            std::string::npos)
+      << j.output;
+  expect_every_rank(prefix("grid"), 4, weights("one"), 2e-6);
+  fit("local", grid);
+  EXPECT_FALSE(torch::allclose(weights("local"), weights("one"), 1e-3, 1e-4))
+      << "per-replica BatchNorm matched the global batch: the comparison above could not fail";
+  const Job deferred = run_fit(dir / "deferred", dir / "out/deferred",
+                               volt_test::cat(grid, {"--sync-bn", "1", "--deferred", "1"}));
+  EXPECT_EQ(deferred.code, 1) << deferred.output;
+  EXPECT_NE(deferred.output.find("sync_batchnorm and deferred_batch_norm together are not "
+                                 "supported"),
+            std::string::npos)
+      << deferred.output;
+}
+
 TEST_F(PipelineFit, TwoStagesTrainAsOneProcessBitForBitAndEveryRankEndsWithTheWholeModel) {
   fit("one", {"--devices", "1", "--predict", "1"});
   const Job two = fit("two", {"--devices", "2", "--predict", "1"});

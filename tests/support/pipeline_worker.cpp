@@ -63,6 +63,9 @@
 //       the data, batch B per process, default 16).
 //       --schedule 1f1b: the training loss through Pipeline::forward_loss (the 1F1B schedule),
 //       the head's layers (and its dropout) the pipeline's last layers instead of after it.
+//       --batchnorm 1: a BatchNorm1d after the pipeline's first Linear and one after its
+//       Linear(32, 32)'s Tanh (8 layers: --balance 4,4 puts one in each of 2 stages).
+//       --sync-bn 1: TrainerOptions::sync_batchnorm.
 //
 // Exit: 0 done, 1 a volt error or failed check (printed on one line), 2 bad usage.
 
@@ -801,14 +804,17 @@ int run_layer(std::map<std::string, std::string>& a) {
 class PipeNet : public volt::Module {
  public:
   PipeNet(volt::PipelineOptions options, std::string optimizer, bool dropout, bool tied = false,
-          bool one_f_one_b = false)
+          bool one_f_one_b = false, bool batchnorm = false)
       : optimizer_(std::move(optimizer)), one_f_one_b_(one_f_one_b) {
     pre = register_module("pre", torch::nn::Linear(8, 16));
-    torch::nn::Sequential layers(torch::nn::Tanh(), torch::nn::Linear(16, 32), torch::nn::ReLU());
+    torch::nn::Sequential layers(torch::nn::Tanh(), torch::nn::Linear(16, 32));
+    if (batchnorm) layers->push_back(torch::nn::BatchNorm1d(32));
+    layers->push_back(torch::nn::ReLU());
     if (dropout) layers->push_back(torch::nn::Dropout(0.2));
     torch::nn::Linear square(32, 32);
     layers->push_back(square);
     layers->push_back(torch::nn::Tanh());
+    if (batchnorm) layers->push_back(torch::nn::BatchNorm1d(32));
     if (tied) {  // the same layer again: layers 3 and 5, one in each stage at balance 4,4
       layers->push_back(square);
       layers->push_back(torch::nn::Tanh());
@@ -927,7 +933,8 @@ int run_fit(std::map<std::string, std::string>& a) {
   torch::manual_seed(0);
   PipeNet model(options, a.count("--optimizer") ? a["--optimizer"] : "sgd",
                 num("--dropout", 0) != 0, num("--tied", 0) != 0,
-                a.count("--schedule") != 0 && a["--schedule"] == "1f1b");
+                a.count("--schedule") != 0 && a["--schedule"] == "1f1b",
+                num("--batchnorm", 0) != 0);
   model.die_rank = num("--die-rank", -1);
   model.die_batch = num("--die-batch", -1);
   model.inf_call = num("--inf-call", -1);
@@ -972,6 +979,7 @@ int run_fit(std::map<std::string, std::string>& a) {
                                .callbacks(callbacks);
   if (a.count("--clip")) o.gradient_clip_val(std::stod(a["--clip"]));
   if (num("--trace", 0) != 0) o.trace_training_step(true);
+  if (num("--sync-bn", 0) != 0) o.sync_batchnorm(true);
   if (num("--scaling", 0) != 0) {
     // The GEMMs in fp32 whatever this CPU's bf16 probe measured (cpu_policy off, the matmul
     // family listed): what the probe decides on a CPU where bf16 is slower, so that the tests

@@ -142,6 +142,13 @@ class DdpStrategy : public Strategy {
   /// Removes `module`'s gradient reducer (its autograd hooks and buckets), e.g. when the
   /// parameters it was built over change shape for good.
   void drop_reducer(const Module& module);
+  /// Synchronises `module`'s BatchNorm layers over `over` (SyncBatchNorm; logged with the
+  /// number of layers), replacing what it synchronised before; DdpStrategy's setup_module calls
+  /// it over every process with sync_batchnorm, ModelParallelStrategy over the data-parallel
+  /// replicas.
+  void sync_batchnorm_over(Module& module, std::shared_ptr<ProcessGroup> over);
+  /// The SyncBatchNorm scope of `module` for a training forward (nullptr when none).
+  std::shared_ptr<void> sync_batchnorm_scope(const Module& module);
   /// The process group (after setup_environment).
   std::shared_ptr<ProcessGroup> group_;
 

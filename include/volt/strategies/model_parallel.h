@@ -10,7 +10,8 @@
 /// tensor-parallel ranks' shards (save_distributed_checkpoint, Lightning's default: no rank holds
 /// the whole model to save it), or one file of the whole model and optimizer state; either
 /// resumes at any layout and loads in one process. Every rank holds the whole trained model when
-/// a run ends.
+/// a run ends. With sync_batchnorm, BatchNorm layers (on whole activations: the ranks of a
+/// tensor-parallel group see the same batch) normalise over the data-parallel replicas' batches.
 
 #include <torch/arg.h>
 
