@@ -403,8 +403,14 @@ at::Tensor row_forward(const at::Tensor& x, const at::Tensor& w, const at::Tenso
                                                   : at::matmul(xs, w);
   if (product_dtype != nullptr) *product_dtype = product.scalar_type();
   const at::Tensor summed = sum_across(*info.group, product);
-  if (op == RowOp::kLinear && extra.defined() && extra.numel() > 0) return summed + extra;
-  if (op == RowOp::kAddmm) return at::add(extra.mul(beta), summed, alpha);
+  // The bias (addmm's self) in the products' dtype, as autocast casts it for the op whole: a
+  // bf16 product gives a bf16 output, not an fp32 one promoted by an fp32 bias.
+  const at::Tensor e =
+      extra.defined() && extra.numel() > 0 && extra.scalar_type() != summed.scalar_type()
+          ? extra.to(summed.scalar_type())
+          : extra;
+  if (op == RowOp::kLinear && e.defined() && e.numel() > 0) return summed + e;
+  if (op == RowOp::kAddmm) return at::add(e.mul(beta), summed, alpha);
   return summed;
 }
 

@@ -21,6 +21,7 @@
 #include <volt/distributed/tensor_parallel.h>
 #include <volt/distributed/zero_engine.h>
 #include <volt/nn/checkpoint.h>
+#include <volt/precision/autocast.h>
 
 #include <cstdio>
 #include <sstream>
@@ -859,6 +860,33 @@ void run_tp_train(const std::shared_ptr<volt::ProcessGroup>& pg) {
                                            .plan(volt::parse_tp_plan({"embed=rowwise"})));
         },
         "max_norm", "splitting an Embedding with max_norm");
+  }
+
+  // Under bf16 autocast a row-parallel Linear returns the dtype the whole one returns (before,
+  // its fp32 bias promoted the bf16 sum to fp32), with and without autograd recording.
+  for (const bool grad : {true, false}) {
+    torch::manual_seed(16);
+    torch::nn::Linear whole(16, 8);
+    torch::manual_seed(16);
+    torch::nn::Sequential split(torch::nn::Linear(16, 8));
+    volt::TensorParallelEngine e(*split, pg,
+                                 volt::TensorParallelOptions()
+                                     .tp_size(pg->world_size())
+                                     .plan(volt::parse_tp_plan({"0=rowwise"})));
+    torch::manual_seed(17);
+    const at::Tensor x = torch::randn({4, 16});
+    torch::AutoGradMode mode(grad);
+    volt::AutocastGuard bf16(c10::kCPU);
+    const at::Tensor want = whole->forward(x);
+    at::Tensor got;
+    {
+      volt::TensorParallelEngine::Scope scope(e);
+      got = split->forward(x);
+    }
+    CHECK_TRUE(want.scalar_type() == at::kBFloat16 && got.scalar_type() == want.scalar_type(),
+               std::string("a row-parallel Linear under bf16 autocast gives bf16") +
+                   (grad ? " (recording)" : " (no grad)"));
+    check_close(got.to(at::kFloat), want.to(at::kFloat), 0.05, "its bf16 output");
   }
 
   // A vocabulary-split Embedding cannot count frequencies across ranks: a ValueError when it
