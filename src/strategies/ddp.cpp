@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 
 #include "core/detail/print.h"
 #include "distributed/detail/async_collective.h"
@@ -311,7 +312,14 @@ void DdpStrategy::trainable_parameters_changed(Module& module) {
   // Every rank changes the same layers at the same point (the callbacks run everywhere); the
   // buckets are built from the parameters that require a gradient now, in the same order on
   // every rank, so the all-reduces keep matching. Gradients accumulated so far (a step resumed
-  // part accumulated) are copied into the new buckets by the Reducer.
+  // part accumulated) are copied into the new buckets by the Reducer. With gradients as bucket
+  // views a frozen parameter still holds a zeroed view of the old buckets, which the optimizer
+  // would step (momentum, weight decay) where one process holds none: it goes.
+  if (options_.gradient_as_bucket_view()) {
+    for (auto& p : module.parameters()) {
+      if (!p.requires_grad() && p.grad().defined()) p.mutable_grad() = at::Tensor();
+    }
+  }
   build_reducer(module);
 }
 
@@ -358,11 +366,18 @@ void DdpStrategy::zero_grad(torch::optim::Optimizer& optimizer) {
     Strategy::zero_grad(optimizer);
     return;
   }
-  // Setting .grad to none would break its aliasing with the bucket: zero it in place.
+  // Setting .grad to none would break its aliasing with the bucket: zero it in place. A frozen
+  // parameter has no bucket any more (trainable_parameters_changed built them without it): its
+  // gradient goes, or the optimizer would go on stepping it (weight decay, momentum) on zeros.
   torch::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
-      if (p.grad().defined()) p.mutable_grad().zero_();
+      if (!p.grad().defined()) continue;
+      if (p.requires_grad()) {
+        p.mutable_grad().zero_();
+      } else {
+        p.mutable_grad() = at::Tensor();
+      }
     }
   }
 }
@@ -511,24 +526,35 @@ void DdpStrategy::set_rng_states(const std::map<std::string, at::Tensor>& states
   Strategy::set_rng_states(mine);
 }
 
-void DdpStrategy::save_checkpoint(torch::serialize::OutputArchive& archive,
-                                  const std::string& path) {
-  // Rank 0 writes, or queues the write (AsyncCheckpointIO; flush_checkpoints waits for it).
-  Strategy::save_checkpoint(archive, path);
-  barrier("save_checkpoint");
-}
+namespace {
 
-void DdpStrategy::flush_checkpoints() {
-  // Rank 0 reports a failed write only after the barrier, so the others never wait for a rank
-  // that left.
+// `write` on this rank, then every rank learns whether rank 0's succeeded (one boolean reduction
+// where a barrier stood): rank 0 rethrows its own error, the others stop at once with a
+// CheckpointError saying so, instead of going on into collectives rank 0 never reaches.
+void agree_on_write(DdpStrategy& s, const std::string& path, const std::function<void()>& write) {
   std::exception_ptr failure;
   try {
-    Strategy::flush_checkpoints();
+    write();
   } catch (...) {
     failure = std::current_exception();
   }
-  barrier("checkpoints_on_disk");
+  const bool written = s.reduce_boolean_decision(failure == nullptr);
   if (failure) std::rethrow_exception(failure);
+  VOLT_CHECK(written, CheckpointError, "[DdpStrategy] rank 0 could not write the checkpoint",
+             path.empty() ? std::string() : " '" + path + "'",
+             " (its error says why); every rank stops.");
+}
+
+}  // namespace
+
+void DdpStrategy::save_checkpoint(torch::serialize::OutputArchive& archive,
+                                  const std::string& path) {
+  // Rank 0 writes, or queues the write (AsyncCheckpointIO; flush_checkpoints waits for it).
+  agree_on_write(*this, path, [&] { Strategy::save_checkpoint(archive, path); });
+}
+
+void DdpStrategy::flush_checkpoints() {
+  agree_on_write(*this, "", [&] { Strategy::flush_checkpoints(); });
 }
 
 std::ostream& operator<<(std::ostream& os, const DdpStrategyOptions& o) {

@@ -209,7 +209,9 @@ void PipelineStrategy::teardown() {
   // whole trained model, and the pipeline runs whole (a program's own forward after fit must not
   // wait for other ranks).
   if (pipe_ && pipe_->distributed()) {
-    if (trained_ && module_ != nullptr && !run_failed()) {
+    // Also after validate / test / predict: the other stages' weights were released there too,
+    // and undistribute() would leave zeros in their place.
+    if (module_ != nullptr && !run_failed()) {
       gather_model(*module_);
     }
     pipe_->undistribute();

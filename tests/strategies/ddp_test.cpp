@@ -8,7 +8,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -181,6 +183,42 @@ TEST(Ddp, BackboneFinetuningTwoRanksEqualOneProcessAndResumeExactly) {
       << whole.output;
   expect_ranks_equal_reference(dir / "whole/w", 2, ref);
   expect_killed_job_resumes_like(dir / "whole", dir / "cut", args, "11");
+}
+
+// gradient_as_bucket_view with a layer frozen mid-fit (a callback's own schedule): zero_grad
+// zeroes the other gradients in place (they alias the buckets) but drops the frozen layer's, so
+// AdamW leaves it as one process does (with a zero gradient its weight decay and momentum went
+// on moving it).
+TEST(Ddp, ALayerFrozenMidFitStaysFrozenWithGradientsAsBucketViews) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::vector<std::string> model{"--optimizer", "adamw", "--freeze-at", "1"};
+  const auto ref = single_process_reference(dir.path, 16, 2, 1, false, model);
+  auto job = run_plain(cat({"--root", dir.path, "--out", dir / "ddp", "--devices", "2", "--batch",
+                            "8", "--epochs", "2", "--bucket-view", "1"},
+                           model));
+  ASSERT_EQ(job.code, 0) << job.output;
+  EXPECT_NE(job.output.find("the parameters that require a gradient changed (6 -> 4 tensors) at "
+                            "epoch 1"),
+            std::string::npos)
+      << job.output;
+  expect_ranks_equal_reference(dir / "ddp", 2, ref);
+}
+
+// A checkpoint rank 0 cannot write (its path is a folder): every rank stops at once, rank 0 with
+// its own error, the other told so, instead of going on into collectives rank 0 never reaches.
+TEST(Ddp, ACheckpointRankZeroCannotWriteStopsEveryRankAtOnce) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  std::filesystem::create_directories(dir / "every_batch.ckpt/inside");
+  const auto start = std::chrono::steady_clock::now();
+  auto job = run_plain({"--root", dir.path, "--out", dir / "w", "--devices", "2", "--batch", "8",
+                        "--epochs", "1", "--ckpt-every-batch", "1", "--timeout", "60"});
+  EXPECT_EQ(job.code, 1) << job.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << job.output;
+  EXPECT_NE(job.output.find("rank 0 could not write the checkpoint"), std::string::npos)
+      << job.output;
+  EXPECT_TRUE(std::filesystem::exists(dir / "every_batch.ckpt/inside"));
 }
 
 // ModelPruning at two ranks: every rank ranks the same averaged weights, so the masks agree, the

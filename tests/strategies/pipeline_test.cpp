@@ -619,6 +619,9 @@ TEST_F(PipelineFit, TwoStagesTrainAsOneProcessBitForBitAndEveryRankEndsWithTheWh
   expect_every_rank(prefix("two.pre"), 2, load(prefix("one.pre.rank0.pt")), 0);
   // A predict after the fit runs through the pipeline again: every rank gets every logit.
   expect_every_rank(prefix("two.pred"), 2, load(prefix("one.pred.rank0.pt")), 0);
+  // And leaves every rank the whole model: the stages it released are gathered back (before,
+  // a run without a backward put zeros there: rank 0's stage-1 layers, rank 1's stage-0 ones).
+  expect_every_rank(prefix("two.after_predict"), 2, weights("one"), 0);
 }
 
 // float64 (64-true): the activations travel as float64 (the stage header carries the dtype), the

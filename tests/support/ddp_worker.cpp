@@ -37,6 +37,7 @@
 //       [--ema D]  (EMAWeightAveraging with decay D: the written weights are the average)
 //       [--prune F]  (ModelPruning: global L1 pruning of fraction F after each epoch, with the
 //       lottery ticket rewind)
+//       [--freeze-at E]  (a callback freezing fc1 when epoch E starts)
 //       [--finetune E]  (BackboneFinetuning of fc1, unfrozen at epoch E: from then on its
 //       gradients are reduced too, DDP rebuilding its buckets)
 //       (TrainerOptions::sync_batchnorm)
@@ -292,6 +293,21 @@ class EveryBatch : public volt::Callback {
   std::string path_;
 };
 
+/// Freezes fc1 when epoch `epoch` starts (a program's own fine-tuning schedule): from then on
+/// the optimizer must leave it as it is, whatever the strategy keeps its gradients in.
+class FreezeAt : public volt::Callback {
+ public:
+  explicit FreezeAt(int64_t epoch) : epoch_(epoch) {}
+  std::string state_key() const override { return "FreezeAt"; }
+  void on_train_epoch_start(volt::RunContext& run, volt::Module& m) override {
+    if (run.state().epoch != epoch_) return;
+    for (auto& p : dynamic_cast<Net&>(m).fc1->parameters()) p.set_requires_grad(false);
+  }
+
+ private:
+  int64_t epoch_;
+};
+
 /// Prints, at the first optimizer step, what the strategy's gradient reducer of the module
 /// averages: its bucket elements (the rank's shards under model_parallel), or that it has none.
 class ReducerProbe : public volt::Callback {
@@ -511,6 +527,9 @@ int main(int argc, char** argv) {
       callbacks.push_back(std::make_shared<volt::ModelPruning>(
           volt::ModelPruningOptions("l1_unstructured")
               .amount(volt::PruningAmount::fraction(std::stod(a["--prune"])))));
+    }
+    if (a.count("--freeze-at")) {
+      callbacks.push_back(std::make_shared<FreezeAt>(num("--freeze-at", 0)));
     }
     if (a.count("--finetune")) {
       callbacks.push_back(std::make_shared<volt::BackboneFinetuning>(

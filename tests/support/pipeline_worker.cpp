@@ -44,7 +44,7 @@
 //       model) to <out>.pre.rank<R>.pt, with the layer after it to <out>.outside.rank<R>.pt.
 //       --ckpt-every-step: a ModelCheckpoint keeping every step's checkpoint in <root>/ckpt.
 //       --predict 1: then a predict of the validation data; every rank writes its logits to
-//       <out>.pred.rank<R>.pt.
+//       <out>.pred.rank<R>.pt and its flat parameters after it to <out>.after_predict.rank<R>.pt.
 //       --save-at E,B: a checkpoint <root>/save_at.ckpt after batch B of epoch E (mid-way
 //       through an accumulation with --accum).
 //       --scaling: bf16-mixed with dynamic loss scaling. --inf-call K: the K-th training_step's
@@ -1024,6 +1024,8 @@ int run_fit(std::map<std::string, std::string>& a) {
     // A predict after the fit: through the pipeline again (set up anew), every rank's logits.
     auto predictions = trainer.predict(model, volt::DataLoader(val, volt::DataLoaderOptions(16)));
     torch::save(torch::cat(predictions), a["--out"] + ".pred.rank" + std::to_string(rank) + ".pt");
+    // The model as the predict left it (the other stages' weights were released there too).
+    torch::save(model.flat(), a["--out"] + ".after_predict.rank" + std::to_string(rank) + ".pt");
   }
   say("rank " + std::to_string(rank) + " done step=" + std::to_string(trainer.state().global_step) +
       " stage=" + std::to_string(probe->stage) + " states=" +
