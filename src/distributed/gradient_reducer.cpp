@@ -10,6 +10,7 @@
 
 #include "detail/bucket_cap.h"
 #include "detail/c10d.h"
+#include "detail/link_failure.h"
 #include "volt/core/check.h"
 
 #if VOLT_DIST
@@ -130,10 +131,7 @@ GradientReducer::GradientReducer(const std::vector<at::Tensor>& parameters,
     std::string why = e.what();
     if (auto* c = dynamic_cast<const c10::Error*>(&e)) why = c->what_without_backtrace();
     why = why.substr(0, why.find('\n'));
-    const bool comm = why.find("Connection") != std::string::npos ||
-                      why.find("imed out") != std::string::npos ||
-                      why.find("Timeout") != std::string::npos;
-    if (comm) detail::throw_collective_error(*group_, "parameter check", e);
+    if (detail::link_failure(why)) detail::throw_collective_error(*group_, "parameter check", e);
     mismatch = why;
   }
   auto flags = group_->all_gather(at::full({1}, mismatch.empty() ? 0 : 1, at::kInt));
@@ -240,10 +238,7 @@ void GradientReducer::backward(const at::Tensor& loss, const std::function<void(
     std::string why = e.what();
     if (auto* c = dynamic_cast<const c10::Error*>(&e)) why = c->what_without_backtrace();
     why = why.substr(0, why.find('\n'));
-    const bool comm =
-        why.find("Connection") != std::string::npos || why.find("imed out") != std::string::npos ||
-        why.find("Timeout") != std::string::npos || why.find("Broken pipe") != std::string::npos;
-    if (comm) {
+    if (detail::link_failure(why)) {
       try {
         detail::throw_collective_error(*group_, "gradient all-reduce", e);
       } catch (const DistributedError& d) {

@@ -497,9 +497,20 @@ void DdpStrategy::save_accumulated_gradients(const Module& module,
 }
 
 void DdpStrategy::load_accumulated_gradients(Module& module, torch::serialize::InputArchive& ar) {
-  for (auto& p : module.named_parameters(true)) {
+  // Each rank's own partial sum when the checkpoint's world was this one or smaller (a rank it
+  // lacks reads the mean, so the next average is the mean of the micro-batches seen); a larger
+  // world's partial sums are all in the mean only, so every rank reads that (its own would drop
+  // the ranks beyond this world's).
+  auto params = module.named_parameters(true);
+  bool larger_world = false;
+  for (const auto& p : params) {
+    at::Tensor probe;
+    larger_world = larger_world || ar.try_read(detail::rank_key(world_size(), p.key()), probe);
+  }
+  for (auto& p : params) {
     at::Tensor g;
-    if (ar.try_read(detail::rank_key(rank(), p.key()), g) || ar.try_read(p.key(), g)) {
+    if ((!larger_world && ar.try_read(detail::rank_key(rank(), p.key()), g)) ||
+        ar.try_read(p.key(), g)) {
       p.value().mutable_grad() = g.to(p.value().device());
     }
   }

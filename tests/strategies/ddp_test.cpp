@@ -205,6 +205,23 @@ TEST(Ddp, ALayerFrozenMidFitStaysFrozenWithGradientsAsBucketViews) {
   expect_ranks_equal_reference(dir / "ddp", 2, ref);
 }
 
+// A 4-rank checkpoint written mid-accumulation (two of three micro-batches summed, each rank
+// its own) resumed by 2 ranks on the same global batch: every rank takes the mean of the 4
+// partial sums, so the job ends as the uninterrupted 4-rank one (before, ranks 0 and 1 took
+// their own sums and ranks 2 and 3's micro-batches were lost).
+TEST(Ddp, AMidAccumulationCheckpointResumesAtFewerRanks) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::vector<std::string> common{
+      "--devices", "4", "--batch", "4", "--epochs", "1", "--accum", "3", "--ckpt-every-batch", "1"};
+  volt_test::run_full_then_killed(dir.path, common);
+  auto two =
+      run_plain({"--root", dir / "c", "--out", dir / "c/w", "--resume", dir / "b/every_batch.ckpt",
+                 "--devices", "2", "--batch", "8", "--epochs", "1", "--accum", "3"});
+  ASSERT_EQ(two.code, 0) << two.output;
+  expect_ranks_equal_reference(dir / "c/w", 2, load_flat(dir / "a/w.rank0.pt"));
+}
+
 // A checkpoint rank 0 cannot write (its path is a folder): every rank stops at once, rank 0 with
 // its own error, the other told so, instead of going on into collectives rank 0 never reaches.
 TEST(Ddp, ACheckpointRankZeroCannotWriteStopsEveryRankAtOnce) {
