@@ -14,6 +14,7 @@
 #include "distributed/detail/async_collective.h"
 #include "distributed/detail/bucket_cap.h"
 #include "distributed/detail/net.h"
+#include "strategies/detail/agree.h"
 #include "strategies/detail/rank_key.h"
 #include "strategies/detail/timeout.h"
 #include "volt/core/check.h"
@@ -539,19 +540,12 @@ void DdpStrategy::set_rng_states(const std::map<std::string, at::Tensor>& states
 
 namespace {
 
-// `write` on this rank, then every rank learns whether rank 0's succeeded (one boolean reduction
-// where a barrier stood): rank 0 rethrows its own error, the others stop at once with a
-// CheckpointError saying so, instead of going on into collectives rank 0 never reaches.
+// `write` on this rank, then every rank learns whether rank 0's succeeded (where a barrier
+// stood): rank 0 rethrows its own error, the others stop at once with a CheckpointError saying
+// so, instead of going on into collectives rank 0 never reaches.
 void agree_on_write(DdpStrategy& s, const std::string& path, const std::function<void()>& write) {
-  std::exception_ptr failure;
-  try {
-    write();
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  const bool written = s.reduce_boolean_decision(failure == nullptr);
-  if (failure) std::rethrow_exception(failure);
-  VOLT_CHECK(written, CheckpointError, "[DdpStrategy] rank 0 could not write the checkpoint",
+  VOLT_CHECK(detail::run_agreeing(s, /*mine=*/true, write), CheckpointError,
+             "[DdpStrategy] rank 0 could not write the checkpoint",
              path.empty() ? std::string() : " '" + path + "'",
              " (its error says why); every rank stops.");
 }

@@ -8,12 +8,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <exception>
 #include <filesystem>
 #include <functional>
 #include <sstream>
 
 #include "core/detail/remove_tree.h"
+#include "strategies/detail/agree.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
 #include "volt/io/checkpoint_io.h"
@@ -285,21 +285,12 @@ void swap_in(const FolderSave& save, const std::string& staging, const std::stri
 void save_checkpoint_folder(Strategy& strategy, OutputArchive& archive, const FolderSave& save) {
   const std::string& path = save.path;
   const std::string staging = path + ".partial", old = path + ".old";
-  // Each part runs where it belongs, then every rank learns whether all of them succeeded (one
-  // boolean reduction in place of a barrier): a rank that failed rethrows its own error, the
-  // others stop at once naming the part, and the previous checkpoint at `path` stays.
-  std::exception_ptr error;
+  // Each part runs where it belongs, then every rank learns whether all of them succeeded: a
+  // rank that failed rethrows its own error, the others stop at once naming the part, and the
+  // previous checkpoint at `path` stays.
   auto part = [&](bool mine, const std::function<void()>& work, const char* what) {
-    if (mine) {
-      try {
-        work();
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    const bool everyone = strategy.reduce_boolean_decision(error == nullptr);
-    if (error) std::rethrow_exception(error);
-    VOLT_CHECK(everyone, CheckpointError, save.tag, " another rank failed ", what, " '", path,
+    VOLT_CHECK(run_agreeing(strategy, mine, work), CheckpointError, save.tag,
+               " another rank failed ", what, " '", path,
                "' (its error says why); the previous checkpoint there is kept.");
   };
   strategy.barrier("checkpoint_folder_begin");
