@@ -800,6 +800,19 @@ TEST_F(PipelineFit, TwoReplicasOfATwoStagePipelineTrainAsOneProcessOnTheGlobalBa
   expect_every_rank(prefix("grid_1f1b"), 4, weights("one_1f1b"), 2e-6);
 }
 
+// A layer only the second replica uses (as a data-dependent branch would skip it on the
+// first): the replicas agree on which gradients exist and average the first's as zeros, as
+// DDP's unused parameters (before, they all-reduced different lists: a mismatched collective);
+// every rank ends with the same weights.
+TEST_F(PipelineFit, ReplicasAverageAGradientOnlySomeOfThemHave) {
+  const Job j = fit("side", {"--devices", "4", "--stages", "2", "--batch", "16", "--side-from", "2",
+                             "--epochs", "1"});
+  ASSERT_EQ(j.code, 0) << j.output;
+  for (int r = 1; r < 4; ++r) {
+    EXPECT_TRUE(torch::equal(weights("side", r), weights("side", 0))) << "rank " << r;
+  }
+}
+
 TEST_F(PipelineFit, AReplicatedPipelineResumesMidAccumulationBitForBitAndInOneProcess) {
   // 3 batches per replica and epoch, one optimizer step per 3: the checkpoint after batch 1 holds
   // two batches' partial sums, different on each replica.

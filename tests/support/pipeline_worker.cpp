@@ -66,6 +66,7 @@
 //       --batchnorm 1: a BatchNorm1d after the pipeline's first Linear and one after its
 //       Linear(32, 32)'s Tanh (8 layers: --balance 4,4 puts one in each of 2 stages).
 //       --sync-bn 1: TrainerOptions::sync_batchnorm.
+//       --side-from R: a Linear(16, 16) after the pipeline that only ranks >= R use.
 //
 // Exit: 0 done, 1 a volt error or failed check (printed on one line), 2 bad usage.
 
@@ -840,7 +841,14 @@ class PipeNet : public volt::Module {
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor y = net->forward(pre->forward(x));
     if (one_f_one_b_) return y;
+    // --side-from R: ranks from R on (a later replica) add a layer the others never use, as a
+    // data-dependent branch would.
+    if (side && rank_ >= side_from) y = y + side->forward(y);
     return head->forward(drop ? drop->forward(y) : y);
+  }
+  void add_side(int64_t from_rank) {
+    side_from = from_rank;
+    side = register_module("side", torch::nn::Linear(16, 16));
   }
   at::Tensor training_step(const volt::Batch& b, int64_t batch_idx) override {
     if (die_batch >= 0 && batch_idx == die_batch && rank_ == die_rank) ::raise(SIGKILL);
@@ -879,7 +887,8 @@ class PipeNet : public volt::Module {
   }
   void set_rank(int64_t r) { rank_ = r; }
 
-  torch::nn::Linear pre{nullptr}, head{nullptr};
+  torch::nn::Linear pre{nullptr}, head{nullptr}, side{nullptr};
+  int64_t side_from = 0;
   torch::nn::Dropout drop{nullptr};  // after the pipeline (--dropout)
   volt::Pipeline net{nullptr};
   int64_t die_rank = -1, die_batch = -1;
@@ -935,6 +944,7 @@ int run_fit(std::map<std::string, std::string>& a) {
                 num("--dropout", 0) != 0, num("--tied", 0) != 0,
                 a.count("--schedule") != 0 && a["--schedule"] == "1f1b",
                 num("--batchnorm", 0) != 0);
+  if (a.count("--side-from")) model.add_side(num("--side-from", 0));
   model.die_rank = num("--die-rank", -1);
   model.die_batch = num("--die-batch", -1);
   model.inf_call = num("--inf-call", -1);

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include <torch/torch.h>
+
 #include "volt/core/module.h"
 #include "volt/distributed/process_group.h"
 #include "volt/precision/precision.h"
@@ -32,9 +34,23 @@ ReplicaMesh make_replica_mesh(const std::shared_ptr<ProcessGroup>& world, int64_
 
 void average_over_replicas(ProcessGroup* replica_group, const Module& module) {
   if (replica_group == nullptr) return;
+  // The replicas first agree on which gradients exist: a parameter the forward used on some
+  // replicas only (a data-dependent branch) is averaged with zeros where it was not used, as
+  // DDP's unused parameters are; otherwise the replicas would all-reduce different lists (a
+  // mismatched collective). Gradients no replica has (another stage's weights) stay undefined.
+  std::vector<at::Tensor> params = module.parameters(true);
+  at::Tensor defined = at::zeros({static_cast<int64_t>(params.size())}, at::kFloat);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].grad().defined()) defined[i] = 1.0f;
+  }
+  if (!params.empty()) defined = replica_group->all_reduce(defined, Reduce::kMax);
+  const auto anywhere = defined.accessor<float, 1>();
   std::vector<at::Tensor> grads;
-  for (const auto& p : module.parameters(true)) {
-    if (p.grad().defined()) grads.push_back(p.grad());
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (anywhere[static_cast<int64_t>(i)] == 0.0f) continue;
+    at::Tensor& p = params[i];
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    grads.push_back(p.grad());
   }
   replica_group->all_reduce_(grads, Reduce::kMean);
 }

@@ -36,9 +36,10 @@ struct ReplicaMesh {
 ReplicaMesh make_replica_mesh(const std::shared_ptr<ProcessGroup>& world, int64_t inner,
                               const std::string& inner_tag, const std::string& replica_tag);
 
-/// Averages `module`'s defined gradients over `replica_group` (a mesh's; nothing when null: one
-/// replica). The replicas run the same code on the same layout, so the same gradients are
-/// defined on each, in module order.
+/// Averages `module`'s gradients over `replica_group` (a mesh's; nothing when null: one
+/// replica), in module order: every gradient some replica has, a replica without it taking
+/// part with zeros (a parameter a data-dependent forward skipped there, as DDP's unused ones).
+/// One small all-reduce agrees on the list first.
 void average_over_replicas(ProcessGroup* replica_group, const Module& module);
 
 /// Strategy::optimizer_step's first half when each rank checked only some of the gradients:
