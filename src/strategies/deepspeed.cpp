@@ -47,13 +47,10 @@ namespace {
 namespace fs = std::filesystem;
 using detail::archive_of;
 using detail::ArchivePath;
-using detail::copy_archive;
-using detail::copy_value;
 using detail::dict_of_optimizer;
 using detail::Entries;
 using detail::entries_of;
 using detail::is_directory;
-using detail::names_of;
 using detail::read_sub;
 using detail::read_value;
 using detail::sub_at;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "io/detail/nested_archive.h"
+#include "strategies/detail/checkpoint_folder.h"
 #include "strategies/detail/read_checkpoint.h"
 #include "trainer/detail/run.h"
 #include "volt/callbacks/model_checkpoint.h"
@@ -15,8 +16,6 @@
 #include "volt/io/safetensors.h"
 #include "volt/io/state.h"
 #include "volt/optim/lr_scheduler.h"
-#include "volt/strategies/deepspeed.h"
-#include "volt/strategies/model_parallel.h"
 #include "volt/trainer/checkpoint.h"
 
 namespace volt {
@@ -289,8 +288,8 @@ void load_weights(torch::nn::Module& module, const std::string& path, bool stric
     load_safetensors(module, path, strict);
     return;
   }
-  VOLT_CHECK(S_ISREG(st.st_mode) || is_zero_checkpoint(path) || is_model_parallel_checkpoint(path),
-             CheckpointError, "[load_weights] '", path,
+  VOLT_CHECK(S_ISREG(st.st_mode) || detail::is_checkpoint_folder(path), CheckpointError,
+             "[load_weights] '", path,
              "' is a folder but not a complete ZeRO or model_parallel checkpoint (no meta file: "
              "a save was interrupted); pass a checkpoint file or a complete folder.");
   TorchCheckpointIO volt_format;

@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -40,9 +39,8 @@ void copy_value(InputArchive& in, const std::string& key, OutputArchive& out) {
   }
 }
 
-void copy_archive(InputArchive& in, OutputArchive& out, const std::vector<std::string>& skip) {
+void copy_archive(InputArchive& in, OutputArchive& out) {
   for (const auto& key : in.keys()) {
-    if (std::find(skip.begin(), skip.end(), key) != skip.end()) continue;
     InputArchive sub;
     if (in.try_read(key, sub)) {
       OutputArchive sub_out;

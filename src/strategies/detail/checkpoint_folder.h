@@ -27,9 +27,8 @@ using ArchivePath = std::vector<std::string>;
 /// One entry that is not a sub-archive.
 void copy_value(torch::serialize::InputArchive& in, const std::string& key,
                 torch::serialize::OutputArchive& out);
-/// Every entry of `in` but those named in `skip` (sub-archives recursively).
-void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
-                  const std::vector<std::string>& skip = {});
+/// Every entry of `in` (sub-archives recursively).
+void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out);
 /// The entries of `in` that are not sub-archives, in its order.
 Entries entries_of(torch::serialize::InputArchive& in);
 /// An archive holding `entries` (written and read back in memory).
