@@ -274,6 +274,7 @@ struct Flight {
   // stages holding each: the backward sums their gradients over those stages.
   std::vector<at::Tensor> tied;
   std::vector<std::shared_ptr<ProcessGroup>> tied_groups;
+  bool backward_ran = false;  // the micro-batches are freed by the first
 };
 
 // The gradients of the tied parameters this stage holds: this backward's part on each holding
@@ -323,9 +324,10 @@ class PipelineBackward : public torch::autograd::Node {
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     Flight& f = *flight_;
-    VOLT_CHECK(!f.outputs.empty(), ValueError, kTag,
+    VOLT_CHECK(!f.backward_ran, ValueError, kTag,
                " a second backward through the same forward; the pipeline frees its micro-batches "
                "after the first (retain_graph is not supported): run the forward again.");
+    f.backward_ran = true;
     ProcessGroup& g = *f.group;
     const int64_t last = f.stages - 1;
     const int64_t n = static_cast<int64_t>(f.outputs.size());
@@ -361,6 +363,10 @@ class PipelineBackward : public torch::autograd::Node {
         const at::Tensor gx = x.grad().defined() ? x.grad() : at::zeros_like(x);
         g.send(gx, f.stage - 1);
       }
+      // Done with this micro-batch: its activations (and input gradient) go now, not when the
+      // whole backward ends.
+      f.inputs[i] = at::Tensor();
+      f.outputs[i] = at::Tensor();
     }
     const at::Tensor gx = input_grad_everywhere(g, f.input, f.input_grad, f.device);
     if (!f.tied.empty()) sum_tied_gradients(f.tied, f.tied_groups, tied_before);

@@ -398,34 +398,62 @@ void PipelineStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
   }
 }
 
+namespace {
+// Beside the accumulated gradients: the layout (stages, replicas) whose ranks' partial sums the
+// "rank<r>." entries hold. A rank's own entry is its partial sum only under that layout.
+constexpr const char* kLayoutKey = "__pipeline_layout__";
+}  // namespace
+
 void PipelineStrategy::save_accumulated_gradients(const Module& module,
                                                   torch::serialize::OutputArchive& ar) const {
   if (!pipe_ || !pipe_->distributed()) {
     Strategy::save_accumulated_gradients(module, ar);
     return;
   }
-  // Each rank's partial sums under "rank<r>.<name>" (a resume at the same layout), and under
-  // the plain name the mean of its owning stage's replicas: what one process on the global
-  // batch would have accumulated.
+  // Each rank's partial sums of what it trains under "rank<r>.<name>" (a resume at the same
+  // layout), and under the plain name the mean of its owning stage's replicas: what one process
+  // on the global batch would have accumulated (a resume at any other layout, or one process).
+  std::unordered_map<const c10::TensorImpl*, std::vector<bool>> held_by;  // pipeline parameters
+  for (int64_t s = 0; s < stages_; ++s) {
+    for (const auto& p : pipe_->stage_parameters(s)) {
+      auto& stages = held_by[p.unsafeGetTensorImpl()];
+      stages.resize(stages_, false);
+      stages[s] = true;
+    }
+  }
   for (const auto& p : module.named_parameters(true)) {
     if (!p.value().requires_grad()) continue;
     const at::Tensor g = p.value().grad().defined()
                              ? p.value().grad()
                              : torch::zeros(pipe_->whole_shape(p.value()), p.value().options());
     const auto all = group().all_gather(g.contiguous());
-    for (size_t r = 0; r < all.size(); ++r) ar.write(detail::rank_key(r, p.key()), all[r]);
+    auto held = held_by.find(p.value().unsafeGetTensorImpl());
+    for (size_t r = 0; r < all.size(); ++r) {
+      // Outside the pipeline every rank trains it; inside, the ranks of the stages holding it.
+      if (held != held_by.end() && !held->second[r % stages_]) continue;
+      ar.write(detail::rank_key(r, p.key()), all[r]);
+    }
     std::vector<at::Tensor> owners;
     for (int64_t d = 0; d < replicas_; ++d) owners.push_back(all[d * stages_ + owner(p.key())]);
     ar.write(p.key(), owners.size() == 1 ? owners[0] : torch::stack(owners).mean(0));
   }
+  ar.write(kLayoutKey, torch::tensor({stages_, replicas_}, torch::kLong));
 }
 
 void PipelineStrategy::load_accumulated_gradients(Module& module,
                                                   torch::serialize::InputArchive& ar) {
+  // This rank's own partial sums when the checkpoint's ranks ran this layout (the same stages and
+  // replicas); under another one a rank's entry holds other layers' sums or misses ranks', so
+  // every rank reads the mean (as does a checkpoint written before the layout was recorded).
+  at::Tensor layout;
+  const bool same_layout = ar.try_read(kLayoutKey, layout) && layout.numel() == 2 &&
+                           layout[0].item<int64_t>() == stages_ &&
+                           layout[1].item<int64_t>() == replicas_;
   for (auto& p : module.named_parameters(true)) {
     if (!trains(p.value())) continue;  // another stage's: it gets no gradient here
     at::Tensor g;
-    if (ar.try_read(detail::rank_key(rank(), p.key()), g) || ar.try_read(p.key(), g)) {
+    if ((same_layout && ar.try_read(detail::rank_key(rank(), p.key()), g)) ||
+        ar.try_read(p.key(), g)) {
       p.value().mutable_grad() = g.to(p.value().device());
     }
   }

@@ -765,6 +765,16 @@ TEST_F(PipelineFit, ResumesMidAccumulationWithEachStagesPartialGradients) {
   expect_every_rank(prefix("one"), 1, weights("whole"), 1e-6);  // one chunk instead of three
 }
 
+// Three stages' partial sums resumed at two: a rank's own entry held other layers' sums under
+// the old layout (rank 1 then trains layers stage 2 had summed, and read zeros for them: 0.05
+// off); at another layout every rank reads the owning stage's sums.
+TEST_F(PipelineFit, AMidAccumulationCheckpointOfThreeStagesResumesAtTwoBitForBit) {
+  const std::vector<std::string> common{"--optimizer", "adamw", "--accum", "4", "--chunks", "3"};
+  fit("whole", volt_test::cat({"--devices", "3", "--save-at", "0,2"}, common));
+  fit("two", volt_test::cat({"--devices", "2", "--resume", dir / "whole/save_at.ckpt"}, common));
+  expect_every_rank(prefix("two"), 2, weights("whole"), 0);
+}
+
 TEST_F(PipelineFit, FusedAdamWResumesBitForBit) {
   const std::vector<std::string> common{"--optimizer", "fused_adamw", "--chunks", "2"};
   auto with = [&](std::vector<std::string> v) {
@@ -829,6 +839,11 @@ TEST_F(PipelineFit, AReplicatedPipelineResumesMidAccumulationBitForBitAndInOnePr
   fit("one", {"--devices", "1", "--batch", "32", "--accum", "3", "--resume", ckpt});
   expect_every_rank(prefix("again"), 4, weights("whole"), 0);
   expect_every_rank(prefix("one"), 1, weights("whole"), 2e-6);
+  // The same 4 ranks as one 4-stage pipeline on the global batch read the replicas' mean too
+  // (each rank's own entry held another stage's layers under the 2x2 layout: 6e-3 off).
+  fit("four_stages",
+      {"--devices", "4", "--stages", "4", "--batch", "32", "--accum", "3", "--resume", ckpt});
+  expect_every_rank(prefix("four_stages"), 4, weights("whole"), 2e-6);
 }
 
 TEST_F(PipelineFit, DropoutDrawsAsOneProcessAndEveryRankAgreesAfterThePipeline) {
@@ -1038,6 +1053,28 @@ TEST_F(PipelineFit, ADeadStageFailsTheOthersAtOnceNamingIt) {
   EXPECT_NE(j.output.find("failed on rank 0 of 2"), std::string::npos) << j.output;
   EXPECT_NE(j.output.find("rank 1 (local rank 1"), std::string::npos) << j.output;
   EXPECT_NE(j.output.find("killed by signal 9"), std::string::npos) << j.output;
+}
+
+// A stage whose training_step throws (its process exits with the error): the other learns at
+// once, told which rank was lost and how, not at the timeout.
+TEST_F(PipelineFit, AStageThatThrowsFailsTheOthersAtOnceNamingIt) {
+  for (const char* rank : {"0", "1"}) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string name = std::string("t") + rank;
+    const Job j =
+        run_fit(dir / name, dir / ("out/" + name),
+                {"--devices", "2", "--throw-rank", rank, "--throw-batch", "2", "--timeout", "60"});
+    EXPECT_NE(j.code, 0) << j.output;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30))
+        << "well before the 60 s timeout";
+    EXPECT_NE(j.output.find(std::string("[PipeNet] rank ") + rank + " fails at batch 2"),
+              std::string::npos)
+        << j.output;
+    // The other rank's error names the lost one (rank 0 held the store: it is unreachable).
+    const std::string lost =
+        std::string(rank) == "1" ? "lost: rank 1 (local rank 1" : "so rank 0 was probably lost";
+    EXPECT_NE(j.output.find(lost), std::string::npos) << j.output;
+  }
 }
 
 // ---------------------------------------------------------------- strategy errors (one process)

@@ -32,7 +32,8 @@
 //       [--balance A,B,...] [--epochs E] [--max-steps S] [--optimizer sgd|adamw|fused_adamw]
 //       [--clip NORM] [--accum K] [--dropout 0|1] [--ckpt-every-step 0|1] [--save-at E,B]
 //       [--predict 0|1] [--resume CKPT]
-//       [--die-rank R --die-batch B] [--timeout S] [--scaling 0|1] [--inf-call K]
+//       [--die-rank R --die-batch B] [--throw-rank R --throw-batch B] [--timeout S] [--scaling 0|1]
+//       [--inf-call K]
 //       [--strategy-chunks C] [--trace 0|1] [--inside-catch 1] [--precision NAME]
 //       A Trainer fit of a module whose
 //       middle layers are a volt::Pipeline, with a layer before and after it (inside a catch
@@ -49,7 +50,8 @@
 //       through an accumulation with --accum).
 //       --scaling: bf16-mixed with dynamic loss scaling. --inf-call K: the K-th training_step's
 //       backward gives the pipeline's last layer (the last stage's) an inf gradient.
-//       --die-rank/--die-batch: that rank SIGKILLs itself at that training batch.
+//       --die-rank/--die-batch: that rank SIGKILLs itself at that training batch;
+//       --throw-rank/--throw-batch: its training_step throws a ValueError there.
 //       --dropout 1: dropout in both stages' layers (at 2 stages) and after the pipeline.
 //       --tied 1: the pipeline's Linear(32, 32) used again two layers later (with --balance 4,4
 //       one use in each stage).
@@ -852,6 +854,8 @@ class PipeNet : public volt::Module {
   }
   at::Tensor training_step(const volt::Batch& b, int64_t batch_idx) override {
     if (die_batch >= 0 && batch_idx == die_batch && rank_ == die_rank) ::raise(SIGKILL);
+    VOLT_CHECK(!(throw_batch >= 0 && batch_idx == throw_batch && rank_ == throw_rank),
+               volt::ValueError, "[PipeNet] rank ", rank_, " fails at batch ", batch_idx, ".");
     poison_ = calls_++ == inf_call;
     const at::Tensor loss =
         one_f_one_b_ ? net->forward_loss(pre->forward(b.input), b.target,
@@ -892,6 +896,7 @@ class PipeNet : public volt::Module {
   torch::nn::Dropout drop{nullptr};  // after the pipeline (--dropout)
   volt::Pipeline net{nullptr};
   int64_t die_rank = -1, die_batch = -1;
+  int64_t throw_rank = -1, throw_batch = -1;
   int64_t inf_call = -1;  // the training_step call whose backward gets an inf gradient
   std::shared_ptr<torch::optim::Optimizer> optimizer;
 
@@ -947,6 +952,8 @@ int run_fit(std::map<std::string, std::string>& a) {
   if (a.count("--side-from")) model.add_side(num("--side-from", 0));
   model.die_rank = num("--die-rank", -1);
   model.die_batch = num("--die-batch", -1);
+  model.throw_rank = num("--throw-rank", -1);
+  model.throw_batch = num("--throw-batch", -1);
   model.inf_call = num("--inf-call", -1);
   auto probe = std::make_shared<RankProbe>(model);
   std::vector<std::shared_ptr<volt::Callback>> callbacks{probe};
