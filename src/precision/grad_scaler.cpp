@@ -46,14 +46,28 @@ GradScaler::GradScaler(GradScalerOptions options)
 }
 
 at::Tensor GradScaler::scale(const at::Tensor& loss) const {
+  ++backwards_;
+  scaled_with_ = scale_;
   return loss * scale_;
 }
 
 void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
-  if (unscaled_) return;
+  auto done = unscaled_.find(&optimizer);
+  if (done != unscaled_.end()) {
+    VOLT_CHECK(done->second.backwards == backwards_, ValueError,
+               "[GradScaler] an optimizer's gradients were unscaled (clip_gradients, or the "
+               "precision's unscale) and another backward ran before its step: that backward "
+               "added gradients scaled by ",
+               scale_,
+               " to unscaled ones. Unscale (clip) once per optimizer step, after the last "
+               "backward before the step (torch's GradScaler refuses this too); an accumulation "
+               "clips at its last micro-batch only.");
+    last_unscaled_ = &optimizer;
+    return;
+  }
   // Multiply by the reciprocal in fp32 (as torch's _amp_foreach_non_finite_check_and_unscale_);
   // the finiteness flags stay tensors until one host read at the end.
-  const double inv = 1.0 / scale_;
+  const double inv = 1.0 / scaled_with_.value_or(scale_);
   std::vector<at::Tensor> finite;
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
@@ -63,21 +77,26 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
       finite.push_back(at::isfinite(g).all());
     }
   }
-  found_inf_ = !finite.empty() && !at::stack(finite).all().item<bool>();
-  unscaled_ = true;
+  Unscaled u;
+  u.found_inf = !finite.empty() && !at::stack(finite).all().item<bool>();
+  u.backwards = backwards_;
+  unscaled_[&optimizer] = u;
+  last_unscaled_ = &optimizer;
 }
 
 void GradScaler::agree_on_found_inf(const std::function<bool(bool)>& any_rank) {
-  VOLT_CHECK(unscaled_, InternalError,
+  auto it = unscaled_.find(last_unscaled_);
+  VOLT_CHECK(it != unscaled_.end(), InternalError,
              "[GradScaler] agree_on_found_inf before unscale(); unscale the gradients first.");
-  found_inf_ = any_rank(found_inf_);
+  it->second.found_inf = any_rank(it->second.found_inf);
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   unscale(optimizer);
-  const bool stepped = !found_inf_;
-  unscaled_ = false;
-  found_inf_ = false;
+  auto it = unscaled_.find(&optimizer);
+  const bool stepped = !it->second.found_inf;
+  unscaled_.erase(it);
+  if (last_unscaled_ == &optimizer) last_unscaled_ = nullptr;
   if (stepped) {
     optimizer.step();
     if (!options_.dynamic()) return true;
@@ -140,8 +159,9 @@ void GradScaler::load_state(torch::serialize::InputArchive& archive) {
   VOLT_CHECK(std::isfinite(scale_) && scale_ > 0, CheckpointError,
              "[GradScaler] the checkpoint's loss scale is ", scale_,
              "; it must be finite and > 0 (a corrupt checkpoint?).");
-  unscaled_ = false;
-  found_inf_ = false;
+  unscaled_.clear();
+  last_unscaled_ = nullptr;
+  scaled_with_.reset();
 }
 
 }  // namespace volt

@@ -32,6 +32,67 @@ TEST(GradScaler, ScalesTheLossAndUnscalesGradientsOncePerStep) {
   EXPECT_TRUE(torch::allclose(t.w.detach(), torch::tensor({0.5f, 0.f, 1.5f})));
 }
 
+// Each optimizer has its own unscale: clipping two optimizers before stepping either unscales
+// both (one shared flag left the second scaled: clipped at 64x and stepped at 1/8 of its
+// gradient), and one optimizer's inf skips only its own step.
+TEST(GradScaler, EachOptimizerIsUnscaledOnceAndSkipsOnItsOwnFinding) {
+  volt::GradScaler s(volt::GradScalerOptions().init_scale(8.0));
+  s.scale(torch::tensor(1.f));  // the backward that made both optimizers' gradients
+  OneParam a, b;
+  a.grads({8, 16, -8});
+  b.grads({16, 8, 8});
+  s.unscale(a.opt);
+  s.unscale(b.opt);
+  s.unscale(a.opt);  // again before its step, no backward since: a no-op
+  EXPECT_TRUE(torch::equal(a.w.grad(), torch::tensor({1.f, 2.f, -1.f})));
+  EXPECT_TRUE(torch::equal(b.w.grad(), torch::tensor({2.f, 1.f, 1.f})));
+  EXPECT_TRUE(s.step(a.opt));
+  EXPECT_TRUE(s.step(b.opt));
+  EXPECT_TRUE(torch::allclose(a.w.detach(), torch::tensor({0.5f, 0.f, 1.5f})));
+  EXPECT_TRUE(torch::allclose(b.w.detach(), torch::tensor({0.f, 0.5f, 0.5f})));
+
+  // a's gradients hold inf: a skips and the scale backs off to 4, b (not unscaled yet) still
+  // divides by the 8 its backward used, and steps.
+  s.scale(torch::tensor(1.f));
+  a.grads({std::numeric_limits<float>::infinity(), 8, 8});
+  b.grads({8, 8, 8});
+  EXPECT_FALSE(s.step(a.opt));
+  EXPECT_DOUBLE_EQ(s.current_scale(), 4.0);
+  EXPECT_TRUE(s.step(b.opt));
+  EXPECT_TRUE(torch::allclose(b.w.detach(), torch::tensor({-0.5f, 0.f, 0.f})));
+}
+
+// Unscaled, then another backward before the step (a step skipped after clipping, or clipping
+// every micro-batch of an accumulation): the new gradients came scaled on top of unscaled ones.
+// torch's GradScaler raises here; a shared flag let the scaled sum through to the step.
+TEST(GradScaler, AnotherBackwardAfterUnscalingWithoutAStepIsAValueError) {
+  volt::GradScaler s(volt::GradScalerOptions().init_scale(8.0));
+  OneParam t;
+  s.scale(torch::tensor(1.f));
+  t.grads({8, 8, 8});
+  s.unscale(t.opt);
+  s.scale(torch::tensor(1.f));
+  t.w.mutable_grad().add_(torch::full({3}, 8.f));
+  try {
+    s.unscale(t.opt);
+    ADD_FAILURE() << "no error";
+  } catch (const volt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("[GradScaler] an optimizer's gradients were unscaled"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(s.step(t.opt), volt::ValueError);
+  // After a step the next backward starts afresh.
+  volt::GradScaler fresh(volt::GradScalerOptions().init_scale(8.0));
+  fresh.scale(torch::tensor(1.f));
+  t.grads({8, 8, 8});
+  EXPECT_TRUE(fresh.step(t.opt));
+  fresh.scale(torch::tensor(1.f));
+  t.grads({8, 8, 8});
+  fresh.unscale(t.opt);
+  EXPECT_TRUE(torch::equal(t.w.grad(), torch::ones({3})));
+}
+
 TEST(GradScaler, InfOrNanGradientsSkipTheStepAndBackOff) {
   for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
     volt::GradScaler s(volt::GradScalerOptions().init_scale(1024.0).growth_interval(2));

@@ -1,6 +1,7 @@
 #pragma once
 /// GradScaler: dynamic loss scaling for fp16 training (torch.cuda.amp.GradScaler's algorithm).
 
+#include <c10/util/Optional.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <unordered_map>
 
 namespace volt {
 
@@ -51,17 +53,22 @@ class GradScaler {
   explicit GradScaler(GradScalerOptions options = {});
   const GradScalerOptions& options() const { return options_; }
 
-  /// loss × scale.
+  /// loss × scale (each call counts as a backward to come: see unscale()).
   at::Tensor scale(const at::Tensor& loss) const;
-  /// Divides this optimizer's gradients by the scale in place (once per step: a second call
-  /// before step() is a no-op) and records whether any of them is inf/NaN.
+  /// Divides this optimizer's gradients by the scale in place and records whether any of them is
+  /// inf/NaN. Each optimizer keeps its own state until its step(): a second call before it, with
+  /// no backward in between, is a no-op (clipping then stepping unscales once). Unscaling an
+  /// optimizer again after a backward that came after its first unscale, with no step between,
+  /// is a ValueError (that backward added scaled gradients to unscaled ones), as torch's
+  /// GradScaler raises there.
   void unscale(torch::optim::Optimizer& optimizer);
-  /// Unscales if not done yet, runs optimizer.step() unless inf/NaN were found, then updates
-  /// the scale. Returns whether the optimizer stepped.
+  /// Unscales if not done yet, runs optimizer.step() unless this optimizer's gradients hold
+  /// inf/NaN, then updates the scale by that finding (as Lightning's precision plugin updates
+  /// after each optimizer's step). Returns whether the optimizer stepped.
   bool step(torch::optim::Optimizer& optimizer);
-  /// After unscale(), when each process holds only part of the gradients (ZeRO): replaces this
-  /// step's inf/NaN finding with `any_rank(finding)`, whether any process found one, so that
-  /// every process skips or steps together and their scales stay equal.
+  /// After unscale(), when each process holds only part of the gradients (ZeRO): replaces the
+  /// inf/NaN finding of the optimizer unscaled last with `any_rank(finding)`, whether any process
+  /// found one, so that every process skips or steps together and their scales stay equal.
   void agree_on_found_inf(const std::function<bool(bool)>& any_rank);
 
   double current_scale() const { return scale_; }
@@ -81,8 +88,17 @@ class GradScaler {
   int64_t growth_tracker_ = 0;
   int64_t hysteresis_left_;
   int64_t skipped_ = 0;
-  bool unscaled_ = false;
-  bool found_inf_ = false;
+  // Per optimizer, from its unscale() to its step().
+  struct Unscaled {
+    bool found_inf = false;
+    int64_t backwards = 0;  // backwards_ when it was unscaled
+  };
+  std::unordered_map<const torch::optim::Optimizer*, Unscaled> unscaled_;
+  const torch::optim::Optimizer* last_unscaled_ = nullptr;  // compared, never dereferenced
+  mutable int64_t backwards_ = 0;                           // scale() calls
+  // The scale the last scale() used: gradients are divided by what multiplied them, even when
+  // another optimizer's step has moved the scale since (none yet: the current scale).
+  mutable c10::optional<double> scaled_with_;
 };
 
 }  // namespace volt
