@@ -37,11 +37,19 @@ std::string EarlyStopping::state_key() const {
 void EarlyStopping::on_validation_end(RunContext& run, Module& module) {
   // Trainer::validate() neither counts towards patience nor stops anything.
   if (run.state().stage != Stage::kFit) return;
-  if (!options_.check_on_train_epoch_end()) check(run);
+  if (!checks_on_train_epoch_end(run)) check(run);
 }
 
 void EarlyStopping::on_train_epoch_end(RunContext& run, Module& module) {
-  if (options_.check_on_train_epoch_end()) check(run);
+  if (checks_on_train_epoch_end(run)) check(run);
+}
+
+// Lightning's EarlyStopping.setup: unset, at the epoch's end when it validates once per epoch
+// at its end (the epoch's metrics then reduced, the validation's current), else after each
+// validation.
+bool EarlyStopping::checks_on_train_epoch_end(const RunContext& run) const {
+  if (options_.check_on_train_epoch_end()) return *options_.check_on_train_epoch_end();
+  return run.state().val_check_at_epoch_end && run.state().val_every_epoch;
 }
 
 void EarlyStopping::check(RunContext& run) {
@@ -117,8 +125,9 @@ std::ostream& operator<<(std::ostream& os, const EarlyStoppingOptions& o) {
             << ", check_finite=" << o.check_finite()
             << ", stopping_threshold=" << detail::optional_text(o.stopping_threshold())
             << ", divergence_threshold=" << detail::optional_text(o.divergence_threshold())
-            << ", strict=" << o.strict()
-            << ", check_on_train_epoch_end=" << o.check_on_train_epoch_end() << ")";
+            << ", strict=" << o.strict() << ", check_on_train_epoch_end="
+            << (o.check_on_train_epoch_end() ? (*o.check_on_train_epoch_end() ? "1" : "0") : "none")
+            << ")";
 }
 
 }  // namespace volt

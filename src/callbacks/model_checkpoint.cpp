@@ -282,11 +282,11 @@ void ModelCheckpoint::save(RunContext& run) {
   last_saved_epoch_ = st.epoch;
   const int64_t k = ranked ? options_.save_top_k() : 0;
   const std::string stem = k != 0 ? format_filename(metrics, st.epoch, st.global_step) : "";
-  std::string path = dirpath_ + "/" + stem + ".ckpt";
 
   if (k != 0) {
     if (!score) {
       // No monitor: keep the latest checkpoint (k == 1) or all of them (k == -1).
+      const std::string path = free_path(run, stem, k == 1 ? latest_path_ : "");
       run.save_checkpoint(path, options_.save_weights_only());
       if (k == 1 && !latest_path_.empty() && latest_path_ != path) {
         run.remove_checkpoint(latest_path_);
@@ -306,6 +306,7 @@ void ModelCheckpoint::save(RunContext& run) {
         if (worst.empty() || better(best_k_models_[worst], kv.second)) worst = kv.first;
       }
       const bool room = k < 0 || static_cast<int64_t>(best_k_models_.size()) < k;
+      const std::string path = free_path(run, stem, room ? "" : worst);
       // Saving is collective: every rank takes the same decision (Lightning's all=True; log the
       // monitored metric with sync_dist so that the ranks agree on its value).
       if (run.reduce_boolean_decision(room || better(s, best_k_models_[worst]), /*all=*/true)) {
@@ -351,8 +352,36 @@ void ModelCheckpoint::on_train_batch_end(RunContext& run, Module& module, const 
   if (n > 0 && st.global_step > 0 && st.global_step % n == 0) save(run);
 }
 
+std::string ModelCheckpoint::free_path(RunContext& run, const std::string& stem,
+                                       const std::string& evicted) {
+  std::string path = dirpath_ + "/" + stem + ".ckpt";
+  if (!options_.enable_version_counter()) return path;
+  // Rank 0 holds the files; any rank that sees one counts (every rank takes the same name).
+  auto taken = [&](const std::string& p) {
+    if (p == evicted) return false;
+    std::error_code ec;
+    const bool here = best_k_models_.count(p) != 0 || std::filesystem::exists(p, ec);
+    return run.reduce_boolean_decision(here, /*all=*/false);
+  };
+  for (int64_t v = 1; taken(path); ++v) {
+    path = dirpath_ + "/" + stem + "-v" + std::to_string(v) + ".ckpt";
+  }
+  return path;
+}
+
+// Lightning's ModelCheckpoint._should_save_on_train_epoch_end.
+bool ModelCheckpoint::saves_on_train_epoch_end(const RunContext& run) const {
+  if (options_.save_on_train_epoch_end()) return *options_.save_on_train_epoch_end();
+  const LoopState& st = run.state();
+  if (!st.val_every_epoch) return false;  // when a validation comes is not known
+  if (st.num_val_batches == 0) return true;
+  return st.val_check_at_epoch_end;  // else after each of the epoch's validations
+}
+
 void ModelCheckpoint::on_train_epoch_end(RunContext& run, Module& module) {
-  // With validation, epoch checkpoints are written after it (on_validation_end) instead.
+  // Here the epoch's validation has run and its training metrics are reduced: a monitor on
+  // either is current.
+  if (!saves_on_train_epoch_end(run)) return;
   const int64_t n = *options_.every_n_epochs();
   if (n > 0 && (run.state().epoch + 1) % n == 0) save(run);
 }
@@ -360,8 +389,9 @@ void ModelCheckpoint::on_train_epoch_end(RunContext& run, Module& module) {
 void ModelCheckpoint::on_validation_end(RunContext& run, Module& module) {
   if (run.state().stage != Stage::kFit) return;  // Trainer::validate() saves nothing
   validated_ = true;
+  if (saves_on_train_epoch_end(run)) return;
   const int64_t n = *options_.every_n_epochs();
-  if (n > 0 && !options_.monitor().empty() && (run.state().epoch + 1) % n == 0) save(run);
+  if (n > 0 && (run.state().epoch + 1) % n == 0) save(run);
 }
 
 void ModelCheckpoint::save_state(torch::serialize::OutputArchive& ar) const {
@@ -420,7 +450,9 @@ std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o) {
             << ", every_n_train_steps=" << o.every_n_train_steps()
             << ", every_n_epochs=" << detail::optional_text(o.every_n_epochs())
             << ", train_time_interval=" << o.train_time_interval()
-            << ", save_weights_only=" << o.save_weights_only() << ")";
+            << ", save_weights_only=" << o.save_weights_only() << ", save_on_train_epoch_end="
+            << (o.save_on_train_epoch_end() ? (*o.save_on_train_epoch_end() ? "1" : "0") : "none")
+            << ", enable_version_counter=" << o.enable_version_counter() << ")";
 }
 
 }  // namespace volt

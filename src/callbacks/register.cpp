@@ -56,7 +56,12 @@ void register_callbacks(Registry& r) {
           .add("train_time_interval", mc.train_time_interval(),
                "save every this many seconds of training; 0 = off")
           .add("save_weights_only", mc.save_weights_only(),
-               "weights-only checkpoints (for validate/test/predict, not to resume)"),
+               "weights-only checkpoints (for validate/test/predict, not to resume)")
+          .optional<bool>("save_on_train_epoch_end",
+                          "epoch checkpoints at train epoch end (true) or after validation "
+                          "(false); unset: Lightning's rule")
+          .add("enable_version_counter", mc.enable_version_counter(),
+               "a taken file name gets -v1, -v2... instead of being overwritten"),
       [](const Args& a) -> std::shared_ptr<Callback> {
         ModelCheckpointOptions o;
         o.dirpath(a.get<std::string>("dirpath"))
@@ -67,8 +72,12 @@ void register_callbacks(Registry& r) {
             .save_last(a.get<bool>("save_last"))
             .every_n_train_steps(a.get<int64_t>("every_n_train_steps"))
             .train_time_interval(a.get<double>("train_time_interval"))
-            .save_weights_only(a.get<bool>("save_weights_only"));
+            .save_weights_only(a.get<bool>("save_weights_only"))
+            .enable_version_counter(a.get<bool>("enable_version_counter"));
         if (auto n = a.get_optional<int64_t>("every_n_epochs")) o.every_n_epochs(*n);
+        if (auto v = a.get_optional<bool>("save_on_train_epoch_end")) {
+          o.save_on_train_epoch_end(*v);
+        }
         return std::make_shared<ModelCheckpoint>(o);
       });
 
@@ -84,16 +93,19 @@ void register_callbacks(Registry& r) {
           .optional<double>("stopping_threshold", "stop as soon as the metric reaches this")
           .optional<double>("divergence_threshold", "stop as soon as the metric is worse than this")
           .add("strict", es.strict(), "fail when the monitored metric is missing")
-          .add("check_on_train_epoch_end", es.check_on_train_epoch_end(),
-               "check after training epochs, not validation"),
+          .optional<bool>("check_on_train_epoch_end",
+                          "check after training epochs (true) or after validation (false); "
+                          "unset: at epoch end when validating once per epoch"),
       [](const Args& a) -> std::shared_ptr<Callback> {
         EarlyStoppingOptions o(a.get<std::string>("monitor"));
         o.min_delta(a.get<double>("min_delta"))
             .patience(a.get<int64_t>("patience"))
             .mode(mode_of(a))
             .check_finite(a.get<bool>("check_finite"))
-            .strict(a.get<bool>("strict"))
-            .check_on_train_epoch_end(a.get<bool>("check_on_train_epoch_end"));
+            .strict(a.get<bool>("strict"));
+        if (auto v = a.get_optional<bool>("check_on_train_epoch_end")) {
+          o.check_on_train_epoch_end(*v);
+        }
         if (auto v = a.get_optional<double>("stopping_threshold")) o.stopping_threshold(*v);
         if (auto v = a.get_optional<double>("divergence_threshold")) o.divergence_threshold(*v);
         return std::make_shared<EarlyStopping>(o);

@@ -765,9 +765,10 @@ DataLoader Run::shard(const DataLoader& loader) const {
   return loader.sharded(s.rank, s.world_size);
 }
 
-void Run::step_schedulers(Interval interval) {
+void Run::step_schedulers(Interval interval, bool monitored) {
   for (auto& c : optimizers) {
     if (!c.scheduler() || c.interval() != interval) continue;
+    if (c.monitor().empty() == monitored) continue;
     const int64_t count = interval == Interval::kStep ? st.global_step : st.epoch + 1;
     if (count % c.frequency() != 0) continue;
     c10::optional<double> metric;

@@ -39,6 +39,59 @@ TEST(EarlyStopping, PatienceCountsChecksWithoutImprovement) {
   EXPECT_EQ(epochs_run({5, 5, 5, 5, 5, 5, 5}, volt::EarlyStoppingOptions("m").patience(1), 6), 6);
 }
 
+// A metric the training logs per epoch: by default (one validation per epoch, or none) the
+// check is at the train epoch's end, where that epoch's mean exists, as Lightning. Before, it was
+// after validation only: without a validation loader it never ran (all 20 epochs), with one the
+// metric was missing there (a ConfigError).
+class EpochMetric : public volt_test::TinyClassifier {
+ public:
+  explicit EpochMetric(std::vector<double> seq) : seq_(std::move(seq)) {}
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    log("m", seq_[std::min<size_t>(current_epoch(), seq_.size() - 1)],
+        volt::LogOptions().on_step(false).on_epoch(true));
+    return volt_test::TinyClassifier::training_step(b, i);
+  }
+  std::vector<double> seq_;
+};
+
+TEST(EarlyStopping, ByDefaultAMetricOfTheTrainingEpochIsCheckedAtItsEnd) {
+  for (bool with_validation : {false, true}) {
+    volt_test::TempDir dir;
+    EpochMetric model({5, 4, 4, 4, 4});
+    auto es = std::make_shared<volt::EarlyStopping>(volt::EarlyStoppingOptions("m").patience(1));
+    volt::Trainer t(volt_test::quiet(dir.path).max_epochs(20).callbacks({es}));
+    if (with_validation) {
+      t.fit(model, volt_test::loader(volt_test::blobs(32)),
+            volt_test::loader(volt_test::blobs(32)));
+    } else {
+      t.fit(model, volt_test::loader(volt_test::blobs(32)));
+    }
+    EXPECT_EQ(t.state().epoch + 1, 3) << "with validation: " << with_validation;
+    EXPECT_EQ(es->stopped_epoch(), 2);
+  }
+  // Asked to check after validation, a metric of the training epoch is not there yet.
+  volt_test::TempDir dir;
+  EpochMetric model({5});
+  auto es = std::make_shared<volt::EarlyStopping>(
+      volt::EarlyStoppingOptions("m").check_on_train_epoch_end(false));
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(2).callbacks({es}));
+  EXPECT_THROW(t.fit(model, volt_test::loader(volt_test::blobs(32)),
+                     volt_test::loader(volt_test::blobs(32))),
+               volt::ConfigError);
+}
+
+// Several validations per epoch: the default checks after each (patience counts validations).
+TEST(EarlyStopping, ByDefaultSeveralValidationsPerEpochAreEachChecked) {
+  volt_test::TempDir dir;
+  Const model({5});  // the same value at every validation: no improvement after the first
+  auto es = std::make_shared<volt::EarlyStopping>(volt::EarlyStoppingOptions("m").patience(1));
+  volt::Trainer t(
+      volt_test::quiet(dir.path).max_epochs(20).val_check_interval(0.5).callbacks({es}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(t.state().epoch, 0);  // the second validation of epoch 0 stops it
+  EXPECT_EQ(t.state().global_step, 4);
+}
+
 TEST(EarlyStopping, ThresholdsAndFiniteCheck) {
   EXPECT_EQ(epochs_run({5, 4, 0.5, 0.1}, volt::EarlyStoppingOptions("m").stopping_threshold(1.0)),
             3);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <thread>
 
 #include "log_capture.h"
@@ -119,6 +120,115 @@ TEST(ModelCheckpoint, AResumeIntoAnotherFolderLeavesTheResumedRunsFilesAlone) {
         warned || l.find("the checkpoint folder changed from '" + dir / "a") != std::string::npos;
   }
   EXPECT_TRUE(warned);
+}
+
+// A monitor on a training metric logged per epoch, with validation every epoch: as Lightning the
+// epoch's checkpoint is written at the train epoch's end, after its validation and with the
+// epoch's metrics reduced (before, it was written at the validation's end, where the epoch's
+// training mean did not exist yet: the fit failed with a ConfigError).
+class EpochLogged : public volt_test::TinyClassifier {
+ public:
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    auto loss = volt_test::TinyClassifier::training_step(b, i);
+    log("epoch_loss", loss, volt::LogOptions().on_step(false).on_epoch(true));
+    return loss;
+  }
+};
+
+class EpochEndValues : public volt::Callback {
+ public:
+  explicit EpochEndValues(std::string key) : key_(std::move(key)) {}
+  std::string state_key() const override { return "EpochEndValues"; }
+  void on_train_epoch_end(volt::RunContext& run, volt::Module&) override {
+    values.push_back(run.callback_metrics().at(key_));
+  }
+  std::vector<double> values;
+
+ private:
+  std::string key_;
+};
+
+TEST(ModelCheckpoint, AMonitorOnAnEpochMeanOfTrainingIsRankedByThatEpochsMean) {
+  volt_test::TempDir dir;
+  EpochLogged model;
+  auto seen = std::make_shared<EpochEndValues>("epoch_loss");
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "c").monitor("epoch_loss").save_top_k(-1));
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(3).callbacks({seen, ckpt}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
+  ASSERT_EQ(seen->values.size(), 3u);
+  ASSERT_EQ(ckpt->best_k_models().size(), 3u);
+  for (int e = 0; e < 3; ++e) {
+    const std::string path =
+        dir / ("c/epoch=" + std::to_string(e) + "-step=" + std::to_string(4 * (e + 1)) + ".ckpt");
+    ASSERT_EQ(ckpt->best_k_models().count(path), 1u) << path;
+    EXPECT_DOUBLE_EQ(ckpt->best_k_models().at(path), seen->values[e]);
+  }
+}
+
+// check_val_every_n_epoch=2: the checkpoints come after each validation only. Before, the
+// epochs without one saved too, ranked by the score of the validation before them.
+TEST(ModelCheckpoint, EpochsWithoutAValidationAreNotRankedByAnOlderOnesScore) {
+  volt_test::TempDir dir;
+  Scripted model;  // validations at epochs 1 and 3: scores 3 and 1
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "c").monitor("score").save_top_k(-1).filename(
+          "{epoch}-{score:.1f}"));
+  volt::Trainer t(
+      volt_test::quiet(dir.path).max_epochs(4).check_val_every_n_epoch(2).callbacks({ckpt}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(files_in(dir / "c"),
+            (std::vector<std::string>{"epoch=1-score=3.0.ckpt", "epoch=3-score=1.0.ckpt"}));
+}
+
+// Two validations per epoch and a filename of the epoch alone: the second gets "-v1" instead of
+// overwriting the first (which kept the first's rank: a worse file under a better score); a
+// name whose file this save evicts is reused.
+class ScoredPerValidation : public volt_test::TinyClassifier {
+ public:
+  void validation_step(const volt::Batch&, int64_t) override {
+    static const double s[] = {5, 3, 4, 1};
+    log("score", s[calls_]);
+  }
+  void on_validation_epoch_end() override { ++calls_; }
+
+ private:
+  int calls_ = 0;
+};
+
+TEST(ModelCheckpoint, ATakenFileNameGetsAVersionInsteadOfBeingOverwritten) {
+  volt_test::TempDir dir;
+  ScoredPerValidation model;
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "c").monitor("score").save_top_k(2).filename(
+          "{epoch}"));
+  volt::Trainer t(volt_test::quiet(dir.path)
+                      .max_epochs(2)
+                      .val_check_interval(0.5)
+                      .num_sanity_val_steps(0)
+                      .callbacks({ckpt}));
+  t.fit(model, volt_test::loader(volt_test::blobs(128)), volt_test::loader(volt_test::blobs(32)));
+  // Scores 5 (epoch=0), 3 (epoch=0-v1), 4 (epoch=1, evicting 5), 1 (epoch=1 again: the evicted
+  // name is free).
+  EXPECT_EQ(files_in(dir / "c"), (std::vector<std::string>{"epoch=0-v1.ckpt", "epoch=1.ckpt"}));
+  EXPECT_EQ(ckpt->best_k_models(), (std::map<std::string, double>{{dir / "c/epoch=0-v1.ckpt", 3.0},
+                                                                  {dir / "c/epoch=1.ckpt", 1.0}}));
+  // Without the counter the name is overwritten, as asked.
+  volt_test::TempDir other;
+  ScoredPerValidation again;
+  auto plain = std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                           .dirpath(other / "c")
+                                                           .monitor("score")
+                                                           .save_top_k(2)
+                                                           .filename("{epoch}")
+                                                           .enable_version_counter(false));
+  volt::Trainer t2(volt_test::quiet(other.path)
+                       .max_epochs(1)
+                       .val_check_interval(0.5)
+                       .num_sanity_val_steps(0)
+                       .callbacks({plain}));
+  t2.fit(again, volt_test::loader(volt_test::blobs(128)), volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(files_in(other / "c"), (std::vector<std::string>{"epoch=0.ckpt"}));
 }
 
 TEST(ModelCheckpoint, EveryNTrainStepsWithoutMonitorKeepsLatest) {

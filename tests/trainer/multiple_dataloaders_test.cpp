@@ -169,6 +169,30 @@ TEST(MultipleDataloaders, FitValidatesOnEveryLoaderAndACallbackMonitorsOne) {
           logger->with("val_loss/dataloader_idx_1")[1].second.at("val_loss/dataloader_idx_1")));
 }
 
+// A validation that fails in its second loader leaves the Trainer as it found it: a fit after it
+// logs its training values under their own names into the training store. Before, the pass's
+// store and loader stayed set: "train_loss" went to the evaluation's store as
+// "train_loss/dataloader_idx_1" and was lost at the next validation.
+TEST(MultipleDataloaders, AValidationThatFailsLeavesNoLoaderOrStoreBehind) {
+  class FailsInTheSecond : public volt_test::TinyClassifier {
+   public:
+    void validation_step(const volt::Batch& b, int64_t idx) override {
+      VOLT_CHECK(!fail || dataloader_idx() == 0, volt::ValueError,
+                 "[Test] the second loader fails.");
+      TinyClassifier::validation_step(b, idx);
+    }
+    bool fail = true;
+  };
+  volt_test::TempDir dir;
+  FailsInTheSecond model;
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(1));
+  EXPECT_ANY_THROW(trainer.validate(model, {first_loader(), second_loader()}));
+  model.fail = false;
+  trainer.fit(model, volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(trainer.callback_metrics().count("train_loss"), 1u);
+  EXPECT_EQ(trainer.callback_metrics().count("train_loss/dataloader_idx_1"), 0u);
+}
+
 TEST(MultipleDataloaders, TestAndPredictRunEachLoader) {
   volt_test::TempDir dir;
   Multi model;

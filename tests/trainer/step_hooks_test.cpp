@@ -451,6 +451,71 @@ TEST(StepHooks, LrSchedulerStepGetsTheMonitoredValue) {
   EXPECT_DOUBLE_EQ(m.best, std::min(m.metrics[0], m.metrics[1]));  // the default stepped it
 }
 
+// A scheduler that monitors a metric steps when its value exists and is current (Lightning's
+// update_plateau_schedulers): per step after that step's validation (before, the first due step
+// came before the first validation: a ConfigError; later ones read the validation before), per
+// epoch after the epoch's metrics are reduced (before, a metric the training logs per epoch was
+// missing at the first epoch's end).
+TEST(StepHooks, AMonitoringSchedulerStepsOnTheValueOfItsOwnStepOrEpoch) {
+  class Plateau : public TinyClassifier {
+   public:
+    Plateau(std::string monitor, volt::Interval interval, int64_t frequency)
+        : monitor_(std::move(monitor)), interval_(interval), frequency_(frequency) {}
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      auto loss = TinyClassifier::training_step(b, i);
+      log("epoch_loss", loss, volt::LogOptions().on_step(false).on_epoch(true));
+      return loss;
+    }
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      auto opt = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+      auto plateau = std::make_shared<volt::ReduceLROnPlateau>(*opt);
+      return {volt::OptimizerConfig(opt)
+                  .scheduler(plateau)
+                  .monitor(monitor_)
+                  .interval(interval_)
+                  .frequency(frequency_)};
+    }
+    void lr_scheduler_step(volt::LRScheduler& s, c10::optional<double> metric) override {
+      ASSERT_TRUE(metric.has_value());
+      metrics.push_back(*metric);
+      steps.push_back(global_step());
+      TinyClassifier::lr_scheduler_step(s, metric);
+    }
+    void on_validation_end() override {
+      validated.push_back(run()->callback_metrics().at("val_loss"));
+    }
+    std::vector<double> metrics, validated;
+    std::vector<int64_t> steps;
+
+   private:
+    std::string monitor_;
+    volt::Interval interval_;
+    int64_t frequency_;
+  };
+  TempDir dir;
+  // Validation every 4 of the 8 batches, the scheduler every 4 steps: each reads its own.
+  Plateau per_step("val_loss", volt::Interval::kStep, 4);
+  volt::Trainer t(quiet(dir.path).max_epochs(2).val_check_interval(int64_t{4}));
+  t.fit(per_step, data(), volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(per_step.steps, (std::vector<int64_t>{4, 8, 12, 16}));
+  EXPECT_EQ(per_step.metrics, per_step.validated);
+  // Per epoch, on the epoch's mean of a value the training logs.
+  class EpochEnd : public volt::Callback {
+   public:
+    std::string state_key() const override { return "EpochEnd"; }
+    void on_train_epoch_end(volt::RunContext& run, volt::Module&) override {
+      values.push_back(run.callback_metrics().at("epoch_loss"));
+    }
+    std::vector<double> values;
+  };
+  auto seen = std::make_shared<EpochEnd>();
+  Plateau per_epoch("epoch_loss", volt::Interval::kEpoch, 1);
+  volt::Trainer t2(quiet(dir.path).max_epochs(2).callbacks({seen}));
+  t2.fit(per_epoch, data());
+  EXPECT_EQ(per_epoch.metrics, seen->values);
+  EXPECT_EQ(per_epoch.metrics.size(), 2u);
+}
+
 TEST(StepHooks, OptimizerZeroGradDecidesHowGradientsAreCleared) {
   class InPlace : public TinyClassifier {
    public:

@@ -30,8 +30,11 @@ struct EarlyStoppingOptions {
   TORCH_ARG(c10::optional<double>, divergence_threshold);
   /// Throw ConfigError when the monitored metric is missing. Default: true.
   TORCH_ARG(bool, strict) = true;
-  /// Check at train epoch end instead of after validation. Default: false.
-  TORCH_ARG(bool, check_on_train_epoch_end) = false;
+  /// true: check at each train epoch's end (after its validation, the epoch's metrics reduced);
+  /// false: at each validation's end. Unset: Lightning's rule, at the epoch's end when
+  /// val_check_interval is 1.0 and check_val_every_n_epoch is 1 (also when the fit does not
+  /// validate), else after each validation. Default: unset.
+  TORCH_ARG(c10::optional<bool>, check_on_train_epoch_end);
 };
 
 std::ostream& operator<<(std::ostream& os, const EarlyStoppingOptions& o);
@@ -54,6 +57,7 @@ class EarlyStopping : public Callback {
 
  private:
   void check(RunContext& run);
+  bool checks_on_train_epoch_end(const RunContext& run) const;
   EarlyStoppingOptions options_;
   int64_t wait_count_ = 0;
   double best_score_;

@@ -34,9 +34,19 @@ struct ModelCheckpointOptions {
   TORCH_ARG(bool, save_last) = false;
   /// Save every N optimizer steps (at train batch end); 0 = off. Default: 0.
   TORCH_ARG(int64_t, every_n_train_steps) = 0;
-  /// Save every N epochs (after validation, or at train epoch end without validation);
+  /// Save every N epochs (at train epoch end or after validation: see save_on_train_epoch_end);
   /// 0 = off. Default: 1 unless every_n_train_steps or train_time_interval is set.
   TORCH_ARG(c10::optional<int64_t>, every_n_epochs);
+  /// Where the every_n_epochs checkpoints are written: true at each train epoch's end (after its
+  /// validation, the epoch's metrics reduced), false at each validation's end in fit. Unset:
+  /// Lightning's rule: after validation when check_val_every_n_epoch != 1, at the epoch's end
+  /// when the fit does not validate, else at the epoch's end when val_check_interval is 1.0 (one
+  /// validation per epoch) and after each validation when it runs several. Default: unset.
+  TORCH_ARG(c10::optional<bool>, save_on_train_epoch_end);
+  /// A checkpoint file name that is taken (on disk, or by a kept top-k file that is not the one
+  /// this save evicts) gets "-v1", "-v2"... before ".ckpt" instead of overwriting it, as
+  /// Lightning. Default: true.
+  TORCH_ARG(bool, enable_version_counter) = true;
   /// Save at the first optimizer step after each this many seconds of training (counted from
   /// on_train_start; the ranks agree on the moment); 0 = off. Not with every_n_train_steps or
   /// every_n_epochs set (as Lightning). Default: 0.
@@ -78,6 +88,9 @@ class ModelCheckpoint : public Callback {
 
  private:
   void save(RunContext& run);
+  bool saves_on_train_epoch_end(const RunContext& run) const;
+  /// `stem`.ckpt, or its first free "-vN" version (the evicted file's name counts as free).
+  std::string free_path(RunContext& run, const std::string& stem, const std::string& evicted);
   bool better(double a, double b) const;
   ModelCheckpointOptions options_;
   std::string dirpath_;

@@ -22,6 +22,13 @@ struct LoopState {
   int64_t accumulate_grad_batches = 1;
   int64_t num_training_batches = 0;  ///< batches per epoch after limits
   int64_t num_eval_batches = 0;      ///< batches of the current/last validation or test loader
+  /// The fit's validation schedule, for the callbacks that act after validation: the batches of
+  /// one validation check over its loaders after the limits (0: the fit does not validate), and
+  /// whether TrainerOptions::val_check_interval is 1.0 (once per epoch, at its end) and
+  /// check_val_every_n_epoch is 1.
+  int64_t num_val_batches = 0;
+  bool val_check_at_epoch_end = true;
+  bool val_every_epoch = true;
   /// The loader whose batches a validation, test or predict pass runs now (Lightning's
   /// dataloader_idx): given several loaders, a pass runs them one after the other, each from
   /// its batch 0. 0 with one loader; between the loaders (the epoch hooks) the last one's.

@@ -325,7 +325,13 @@ class Run : public RunContext {
   /// `text` as rank `src` has it, on every rank (a collective; identity for one process).
   std::string broadcast_string(const std::string& text, int64_t src = 0) const;
   void setup_optimizers();
-  void step_schedulers(Interval interval);
+  /// Steps the schedulers of `interval` that are due: those monitoring no metric, or with
+  /// `monitored` those that monitor one (ReduceLROnPlateau's kind), which the loop steps after
+  /// what they read exists: after the step's validation, after the epoch's metrics are reduced
+  /// and its end hooks ran (Lightning's update_plateau_schedulers).
+  void step_schedulers(Interval interval, bool monitored = false);
+  /// The fit loop's step whose validation runs now still owes its monitored schedulers a step.
+  bool monitored_step_due = false;
   /// `loader` sharded by the strategy's data_shard() when use_distributed_sampler is on, the
   /// job has several processes and the loader is not sharded already; else `loader` itself.
   DataLoader shard(const DataLoader& loader) const;

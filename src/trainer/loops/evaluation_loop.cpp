@@ -12,9 +12,22 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   const bool sanity = r.st.stage == Stage::kSanityCheck;
   const bool is_test = stage == Stage::kTest;
   const Run::NoAutograd no_autograd(r.opts.inference_mode());
-  MetricStore* saved_store = r.active_metrics;
-  const LogScope saved_scope = r.scope;
-  const int64_t saved_bs = r.current_batch_size;
+  // Where the values logged go is restored however the pass ends: after an error caught outside
+  // (an elastic restart's next attempt on this Run, a fit after a failed validate()), training
+  // logs must not land in the evaluation's store under a loader's name. (The pass, batch and
+  // loader stay after an error: the failure's message names them; each entry point resets them.)
+  struct Restore {
+    Run& r;
+    MetricStore* store;
+    LogScope scope;
+    int64_t batch_size;
+    ~Restore() {
+      r.active_metrics = store;
+      r.scope = scope;
+      r.current_batch_size = batch_size;
+      r.log_dataloader = -1;
+    }
+  } restore{r, r.active_metrics, r.scope, r.current_batch_size};
   r.active_metrics = &r.eval_metrics;
   r.eval_metrics.clear();
   r.eval_pass = sanity ? "sanity-check validation" : is_test ? "test" : "validation";
@@ -107,6 +120,12 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   // on_validation_end) records it as done, so a resumed fit does not run it again (its
   // callbacks would count it twice).
   if (r.st.stage == Stage::kFit && !is_test) r.st.val_pending = false;
+  // The fit's step whose validation this is: its schedulers that monitor a metric step now, on
+  // the reduced values (Lightning's update_plateau_schedulers), before the end hooks' checkpoint.
+  if (!sanity && r.monitored_step_due) {
+    r.monitored_step_due = false;
+    r.step_schedulers(Interval::kStep, /*monitored=*/true);
+  }
   if (is_test) {
     r.callback_hook("on_test_epoch_end", [&](Callback& c) { c.on_test_epoch_end(r, m); });
     r.hook(
@@ -122,9 +141,6 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
     r.module_hook("on_validation_model_train", [&](Module& mm) { mm.on_validation_model_train(); });
   }
   r.eval_metrics.clear();
-  r.active_metrics = saved_store;
-  r.scope = saved_scope;
-  r.current_batch_size = saved_bs;
   r.eval_pass = nullptr;
   r.st.dataloader_idx = 0;
   // Each loader's values: those logged during its batches, and those of the epoch hooks (which

@@ -145,6 +145,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
       r.hook(
           "on_train_batch_start", [&](Module& mm) { mm.on_train_batch_start(batch, idx); },
           [&](Callback& c) { c.on_train_batch_start(r, m, batch, idx); });
+      const int64_t step_before = st.global_step;
       const bool stepped = r.step->run(batch, idx, n);
       if (r.prefetch != nullptr && idx + 1 < n) {
         r.train_batch = idx + 1;  // a failed fetch names the batch it fetched
@@ -156,6 +157,12 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
       ++st.total_batches_done;
       const bool validate = is_val_boundary(r, idx, n, val);
       st.val_pending = validate;
+      // The schedulers that monitor a metric step after the validation of this step when one is
+      // due (the evaluation loop steps them once its metrics are reduced, before its end hooks),
+      // else now, before the batch-end hooks: a checkpoint written by either holds the step.
+      const bool monitored_due = st.global_step != step_before;
+      if (monitored_due && !validate) r.step_schedulers(Interval::kStep, /*monitored=*/true);
+      r.monitored_step_due = monitored_due && validate;
       r.cache_dirty = true;
       r.hook(
           "on_train_batch_end", [&](Module& mm) { mm.on_train_batch_end(batch, idx); },
@@ -164,6 +171,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
         r.send_to_loggers(r.train_metrics.step_values(true, false));
       }
       if (validate) validate_now(r, val);
+      r.monitored_step_due = false;
       // Signals, request_stop() and max_time, agreed over the ranks. Lagged (the exchange runs
       // while the next batch computes) except after a validation, whose request (EarlyStopping)
       // stops this batch as in one process.
@@ -180,6 +188,10 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   // after (ModelCheckpoint and EarlyStopping read the reduced values).
   r.module_hook("on_train_epoch_end", [&](Module& mm) { mm.on_train_epoch_end(); });
   r.flush_epoch(r.train_metrics, true);
+  // Those that monitor a metric read the epoch's reduced ones (its validation's, what the
+  // module's end hook logged), before the callbacks' hooks, so that a checkpoint written there
+  // holds the step (Lightning steps them after those hooks: its checkpoint misses the step).
+  r.step_schedulers(Interval::kEpoch, /*monitored=*/true);
   r.callback_hook("on_train_epoch_end", [&](Callback& c) { c.on_train_epoch_end(r, m); });
   for (auto& l : r.loggers()) l->save();
   r.scope = LogScope::kNone;
@@ -284,7 +296,13 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
     val.clear();
     for (const auto& l : v) val.push_back(r.shard(l));
     check_loaders(r, train, val);
+    r.st.num_val_batches = 0;
+    for (int64_t n : val_limits(r, val)) r.st.num_val_batches += n;
   };
+  // fast_dev_run validates once at the epoch's end, as Lightning (is_val_boundary).
+  const Limit& every = r.opts.val_check_interval();
+  r.st.val_check_at_epoch_end = r.fast_dev || (every.is_fraction() && every.fraction() == 1.0);
+  r.st.val_every_epoch = r.fast_dev || r.opts.check_val_every_n_epoch() == 1;
   prepare(train_loader, val_loaders);
   // reload_dataloaders_every_n_epochs: new loaders from the DataModule at epochs 0, N, 2N...
   const int64_t reload_every = reload ? r.opts.reload_dataloaders_every_n_epochs() : 0;
