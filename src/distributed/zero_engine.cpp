@@ -161,6 +161,8 @@ struct ZeroEngine::Comm {
     detail::PendingCollective work;
   };
   std::deque<Reduction> reductions;
+  // Chunks whose gradient came again after their bucket's reduction had started (this backward).
+  std::vector<size_t> late;
   // Stage 3: per unit, a prefetch in flight, and their elements together.
   std::vector<detail::PendingCollective> gathers;
   int64_t prefetch_elements = 0;
@@ -176,8 +178,9 @@ struct ZeroEngine::Comm {
 
 struct ZeroEngine::Swap {
   std::unique_ptr<detail::AioFile> file;
-  int64_t bytes = 0;  // of param_shard_
-  bool out = false;   // param_shard_'s storage is released; the file holds the chunks
+  int64_t bytes = 0;     // of param_shard_
+  bool out = false;      // param_shard_'s storage is released; the file holds the chunks
+  bool written = false;  // the file holds param_shard_ as it is (the first write, at set-up)
   // The optimizer step sub-group by sub-group (the shard stays out): per chunk index, its
   // buffer, being read, held (the chunk's view points into it) or being written back.
   std::vector<std::pair<size_t, at::Tensor>> reading;
@@ -337,23 +340,9 @@ void ZeroEngine::partition(const std::vector<std::vector<at::Tensor>>& param_gro
     }
   }
 
-  hooks_ = std::make_unique<Hooks>();
-  if (trains()) {  // an inference engine has no gradients to reduce
-    for (size_t i = 0; i < chunks_.size(); ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(chunks_[i].parameter);
-      VOLT_ASSERT(acc != nullptr, "a leaf parameter has no gradient accumulator");
-      hooks_->keys.push_back(
-          acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-              [this, i](const torch::autograd::variable_list& outputs,
-                        const torch::autograd::variable_list&) {
-                on_gradient(i);
-                return outputs;
-              })));
-      hooks_->accumulators.push_back(std::move(acc));
-    }
-  }
-
-  if (options_.stage() == 3) partition_parameters();
+  // What may fail (the masters' host memory, the swap file's first write) runs before stage 3
+  // releases the parameters' memory, and the gradient hooks (which point at this engine) come
+  // last: a constructor that throws leaves the parameters whole and nothing pointing at it.
   const bool fp32_masters = options_.master_weights() && low_precision(*dtype);
   if (fp32_masters || options_.offload_optimizer()) {
     // DeepSpeed's BF16Optimizer: fp32 masters of this rank's chunks, sharded like the state;
@@ -372,10 +361,25 @@ void ZeroEngine::partition(const std::vector<std::vector<at::Tensor>>& param_gro
     for (auto& c : chunks_) {
       if (c.length > 0) c.master = torch::empty({c.length}, master_options_);
     }
-    reset_master_weights();
   }
-  swap_out_shard();  // param_swap_file: the chunks live in the file from now on
-  if (!trains()) return;
+  if (options_.stage() == 3) partition_parameters();
+  if (masters_) reset_master_weights();
+  swap_out_shard();       // param_swap_file: the chunks live in the file from now on
+  if (!trains()) return;  // an inference engine has no gradients to reduce
+  hooks_ = std::make_unique<Hooks>();
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(chunks_[i].parameter);
+    VOLT_ASSERT(acc != nullptr, "a leaf parameter has no gradient accumulator");
+    hooks_->keys.push_back(
+        acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, i](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list&) {
+              on_gradient(i);
+              return outputs;
+            })));
+    hooks_->accumulators.push_back(std::move(acc));
+  }
+
   // The optimizer steps this rank's chunks (or their masters) from now on.
   auto& groups = optimizer_->param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -448,13 +452,9 @@ void ZeroEngine::partition_parameters() {
       c.view = param_shard_.narrow(0, shard_offset_[i], c.length);
     }
   }
-  for (size_t u = 0; u < units_.size(); ++u) {
-    for (size_t i : units_[u].chunks) {
-      owners().set(detail::storage_of(chunks_[i].parameter), Owner{this, u});
-    }
-  }
-  comm_->gathers.resize(units_.size());
   if (!options_.param_swap_file().empty()) {
+    // Created and written before anything points at this engine or memory is released: a full
+    // disk fails here with the parameters as they were.
     swap_ = std::make_unique<Swap>();
     swap_->bytes = param_shard_.numel() * static_cast<int64_t>(param_shard_.element_size());
     swap_->file = std::make_unique<detail::AioFile>(options_.param_swap_file(),
@@ -463,7 +463,16 @@ void ZeroEngine::partition_parameters() {
                                                         .queue_depth(options_.aio_queue_depth())
                                                         .use_uring(options_.aio_use_uring()),
                                                     /*create=*/true);
+    swap_->file->submit_write(param_shard_.data_ptr(), swap_->bytes, 0);
+    swap_->file->wait();
+    swap_->written = true;
   }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (size_t i : units_[u].chunks) {
+      owners().set(detail::storage_of(chunks_[i].parameter), Owner{this, u});
+    }
+  }
+  comm_->gathers.resize(units_.size());
   c10::impl::tls_set_dispatch_key_included(kGatherKey, true);
   partitioning_ = true;
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -504,9 +513,13 @@ bool ZeroEngine::swap_in_shard() {
 void ZeroEngine::swap_out_shard() {
   if (!swap_ || swap_->out) return;
   c10::StorageImpl* s = param_shard_.storage().unsafeGetStorageImpl();
-  // Written in full before the memory goes: a failed write leaves the shard in memory.
-  swap_->file->submit_write(s->data_ptr().get(), swap_->bytes, 0);
-  swap_->file->wait();
+  // Written in full before the memory goes: a failed write leaves the shard in memory. The
+  // set-up's write needs no second one.
+  if (!swap_->written) {
+    swap_->file->submit_write(s->data_ptr().get(), swap_->bytes, 0);
+    swap_->file->wait();
+  }
+  swap_->written = false;  // the shard changes once it is back in memory
   take_memory(s, param_shard_.device());
   swap_->out = true;
 }
@@ -859,7 +872,8 @@ void ZeroEngine::backward(const std::function<void()>& run_backward, bool sync) 
   }
   for (auto& u : units_) u.pending = u.chunks.size();
   comm_->reductions.clear();  // left by a backward that threw: that step is abandoned
-  Scope scope(*this);         // stage 3: backward regathers what its saved tensors point at
+  comm_->late.clear();
+  Scope scope(*this);  // stage 3: backward regathers what its saved tensors point at
   next_bucket_ = 0;
   armed_ = true;
   try {
@@ -873,7 +887,14 @@ void ZeroEngine::backward(const std::function<void()>& run_backward, bool sync) 
 }
 
 void ZeroEngine::on_gradient(size_t index) {
-  if (!armed_ || ready_[index]) return;
+  if (!armed_) return;
+  if (ready_[index]) {
+    // A second gradient in one backward (reentrant activation checkpointing backpropagates a
+    // recomputed segment apart, so a parameter used there and elsewhere gets two): harmless
+    // while its bucket waits (the gradient sums first), lost once the bucket was reduced.
+    if (bucket_of_[index] < next_bucket_) comm_->late.push_back(index);
+    return;
+  }
   ready_[index] = true;
   const int64_t unit = chunks_[index].unit;
   if (unit >= 0 && --units_[unit].pending == 0) {
@@ -892,16 +913,40 @@ void ZeroEngine::finish_backward() {
   // Parameters the forward did not use never fire their hook: they count as zero gradients.
   while (next_bucket_ < buckets_.size()) launch_bucket(next_bucket_++);
   while (!comm_->reductions.empty()) complete_bucket();
+  if (!comm_->late.empty()) {
+    // Every rank runs the same model, so each finds the same parameters here.
+    std::string names = "'" + chunks_[comm_->late.front()].name + "'";
+    for (size_t i = 1; i < comm_->late.size() && i < 4; ++i) {
+      names += ", '" + chunks_[comm_->late[i]].name + "'";
+    }
+    if (comm_->late.size() > 4) names += " and " + std::to_string(comm_->late.size() - 4) + " more";
+    VOLT_CHECK(false, ValueError, kTag, " rank ", rank(), ": ", names,
+               " got a second gradient in one backward after its bucket was reduced (a parameter "
+               "used inside volt::checkpoint and also outside it, or in two checkpointed "
+               "segments, is backpropagated once per use); ZeRO reduces each gradient once: use "
+               "the parameter in one checkpointed segment only, or leave it out of the "
+               "checkpoint.");
+  }
   if (!options_.ignore_unused_parameters()) {
-    // After the reductions, so that every rank (each of which sees the same unused parameters
-    // when the forward is the same) stops at the same point instead of leaving collectives
-    // half-done.
+    // After the reductions, and agreed: a forward that skipped a parameter on some ranks only
+    // (a data-dependent branch) stops every rank at the same point with this error, instead of
+    // the others going on into collectives the stopped ones never join.
     std::vector<std::string> unused;
     for (size_t i = 0; i < chunks_.size(); ++i) {
       if (!ready_[i] && chunks_[i].numel > 0 && chunks_[i].parameter.requires_grad()) {
         unused.push_back("'" + chunks_[i].name + "'");
       }
     }
+    const bool any_rank =
+        group_->world_size() == 1
+            ? !unused.empty()
+            : group_->all_reduce(torch::tensor({unused.empty() ? 0 : 1}, torch::kLong),
+                                 Reduce::kMax)
+                      .item<int64_t>() != 0;
+    VOLT_CHECK(!any_rank || !unused.empty(), ValueError, kTag, " rank ", rank(),
+               ": another rank's forward left parameters without a gradient in this backward "
+               "(its error names them); make every parameter contribute to the loss on every "
+               "rank, or set ignore_unused_parameters=true.");
     if (!unused.empty()) {
       std::string names = unused[0];
       for (size_t i = 1; i < unused.size() && i < 4; ++i) names += ", " + unused[i];

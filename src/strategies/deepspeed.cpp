@@ -572,6 +572,24 @@ void DeepSpeedStrategy::teardown() {
   DdpStrategy::teardown();
 }
 
+ZeroEngine* DeepSpeedStrategy::Engines::find(const void* key) const {
+  for (const auto& item : items_) {
+    if (item.first == key) return item.second.get();
+  }
+  return nullptr;
+}
+
+void DeepSpeedStrategy::Engines::put(const void* key, std::unique_ptr<ZeroEngine> engine) {
+  erase(key);
+  items_.emplace_back(key, std::move(engine));
+}
+
+void DeepSpeedStrategy::Engines::erase(const void* key) {
+  items_.erase(std::remove_if(items_.begin(), items_.end(),
+                              [key](const Item& item) { return item.first == key; }),
+               items_.end());
+}
+
 std::vector<ZeroEngine*> DeepSpeedStrategy::engines_of(const Module& module) const {
   std::vector<ZeroEngine*> out;
   for (const auto& kv : engines_) {
@@ -582,8 +600,7 @@ std::vector<ZeroEngine*> DeepSpeedStrategy::engines_of(const Module& module) con
 }
 
 ZeroEngine* DeepSpeedStrategy::engine(const torch::optim::Optimizer& optimizer) const {
-  auto it = engines_.find(&optimizer);
-  return it == engines_.end() ? nullptr : it->second.get();
+  return engines_.find(&optimizer);
 }
 
 ZeroEngine& DeepSpeedStrategy::engine_for(const torch::optim::Optimizer& optimizer) const {
@@ -757,7 +774,7 @@ void DeepSpeedStrategy::setup_inference_engine(Module& module) {
                                           : std::string()) +
                " of " + std::to_string(full) +
                " on this rank; each module's weights are gathered while it runs.");
-  engines_[&module] = std::move(engine);
+  engines_.put(&module, std::move(engine));
   owners_[&module] = &module;
 }
 
@@ -781,8 +798,7 @@ ZeroEngineOptions DeepSpeedStrategy::engine_options() const {
 }
 
 ZeroEngine* DeepSpeedStrategy::inference_engine(const Module& module) const {
-  auto it = engines_.find(&module);
-  return it == engines_.end() ? nullptr : it->second.get();
+  return engines_.find(&module);
 }
 
 void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerConfig>& optimizers) {
@@ -904,9 +920,11 @@ void DeepSpeedStrategy::setup_optimizers(Module& module, std::vector<OptimizerCo
     }
     ZeroEngineOptions o = engine_options();
     if (whole_at_one_rank) o.param_persistence_threshold(std::numeric_limits<int64_t>::max());
-    engines_[&opt] = std::make_unique<ZeroEngine>(
-        opt, group_, o.offload_optimizer(offload_to_host).offload_parameters(parameters_to_host),
-        names_[&module]);
+    engines_.put(&opt,
+                 std::make_unique<ZeroEngine>(
+                     opt, group_,
+                     o.offload_optimizer(offload_to_host).offload_parameters(parameters_to_host),
+                     names_[&module]));
     owners_[&opt] = &module;
     ++nvme_files_;
   }
@@ -978,6 +996,12 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
   // sub-group (with their state when that is on NVMe too) instead of the whole shard at once.
   const bool by_sub_group = swapped_state || (e != nullptr && nvme_parameters());
   if (e != nullptr) e->prepare_step(by_sub_group);
+  // The set-up checked the values agree; DeepSpeed's gradient_clipping is a norm clip.
+  VOLT_CHECK(!clip_ || !clip_value || algorithm == ClipAlgorithm::kNorm, ConfigError, kTag, " ",
+             config_->origin, ": gradient_clipping=", *clip_,
+             " clips the gradients' norm but the Trainer clips by value "
+             "(gradient_clip_algorithm=value); drop the Trainer's gradient_clip_val, or the "
+             "JSON's gradient_clipping.");
   if (!clip_value && clip_) {
     clip_value = clip_;  // the JSON's gradient_clipping: a norm, as in DeepSpeed
     algorithm = ClipAlgorithm::kNorm;
@@ -1388,14 +1412,16 @@ InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
   }
   const FolderMeta meta = folder_meta(path);
   // This rank's own shard at the same world size, unless it holds stage-3 weight chunks and
-  // nothing partitions the weights now (another stage, or one process); else the full state,
-  // from which this rank takes its chunks.
+  // nothing partitions the weights now (another stage, or one process), or its optimizer state
+  // is chunks and a fit without ZeRO (no engine trains) would take them for whole tensors; else
+  // the full state, from which this rank takes its chunks.
   const bool inference = std::any_of(engines_.begin(), engines_.end(),
                                      [](const auto& kv) { return !kv.second->trains(); });
   const bool training = std::any_of(engines_.begin(), engines_.end(),
                                     [](const auto& kv) { return kv.second->trains(); });
   if (meta.world_size == world_size() &&
-      (meta.stage < 3 || (partitions_parameters() && !inference))) {
+      ((meta.stage < 3 && (training || !loop_.fitting)) ||
+       (meta.stage == 3 && partitions_parameters() && !inference))) {
     return checkpoint_io_->load(shard_file(path, rank(), meta.world_size));
   }
   if (meta.world_size == world_size() && meta.stage == 3 && inference && !training) {

@@ -11,6 +11,9 @@
 
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <sys/resource.h>
+
+#include <csignal>
 #include <filesystem>
 
 #include "build_paths.h"
@@ -622,6 +625,86 @@ TEST(ZeroEngine, ParameterChunksInASwapFileStepLikeChunksInMemory) {
   EXPECT_FALSE(std::filesystem::exists(file)) << "the swap file outlived the partitioning";
   for (size_t i = 0; i < mem_net->parameters().size(); ++i) {
     EXPECT_TRUE(torch::equal(mem_net->parameters()[i], file_net->parameters()[i])) << i;
+  }
+}
+
+// The swap file's first write fails (the file size limit stands in for a full disk): the
+// engine's constructor throws before it released anything or registered the parameters, so
+// they keep their values and every op reads them (before, the chunks' only copy had been
+// freed with the engine, and the parameters still pointed at it).
+TEST(ZeroEngine, AFailedFirstSwapWriteLeavesTheParametersWhole) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  auto group = world_of_one();
+  auto net = square_mlp();
+  std::vector<at::Tensor> before;
+  for (const auto& p : net->parameters()) before.push_back(p.detach().clone());
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(0.01));
+  struct rlimit old_limit {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old_limit;
+  small.rlim_cur = 64;  // bytes; the shard is 672
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  bool threw = false;
+  try {
+    volt::ZeroEngine engine(
+        opt, group,
+        volt::ZeroEngineOptions().stage(3).param_persistence_threshold(0).param_swap_file(
+            dir / "params.swp"),
+        names_of(*net));
+  } catch (const volt::Error& e) {
+    threw = true;
+    EXPECT_NE(std::string(e.what()).find("params.swp"), std::string::npos) << e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  ASSERT_TRUE(threw);
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(torch::equal(net->parameters()[i], before[i])) << i;
+  }
+  EXPECT_NO_THROW(net->forward(torch::randn({2, 6})));
+  // And a new engine partitions them as if the failed one never was.
+  volt::ZeroEngine again(opt, group, InMemoryAndSwapped::base(), names_of(*net));
+  again.restore_parameters();
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(torch::equal(net->parameters()[i], before[i])) << i;
+  }
+}
+
+// A layer used inside volt::checkpoint and again outside it: the recomputation backpropagates
+// the checkpointed use apart, so its parameters get a second gradient after their bucket was
+// reduced. Each stage says so, naming them (before, that gradient was silently lost).
+TEST(ZeroEngine, ASecondGradientAfterItsBucketWasReducedIsAValueError) {
+  VOLT_REQUIRE_GLOO();
+  auto group = world_of_one();
+  for (int64_t stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    torch::manual_seed(1);
+    torch::nn::Linear lin(6, 6);
+    torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
+    volt::ZeroEngine engine(opt, group,
+                            volt::ZeroEngineOptions().stage(stage).param_persistence_threshold(0),
+                            names_of(*lin));
+    const auto x = torch::randn({4, 6});
+    at::Tensor loss;
+    {
+      volt::ZeroEngine::Scope scope(engine);
+      const auto h =
+          volt::checkpoint([&](const at::Tensor& t) { return torch::relu(lin->forward(t)); }, x);
+      loss = lin->forward(h).sum();
+    }
+    std::string error = "no error";
+    try {
+      engine.backward([&] { loss.backward(); }, /*sync=*/true);
+    } catch (const volt::ValueError& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find("got a second gradient in one backward after its bucket was reduced"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("'weight'"), std::string::npos) << error;
+    engine.restore_parameters();
   }
 }
 

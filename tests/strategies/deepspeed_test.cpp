@@ -390,6 +390,41 @@ TEST(DeepSpeed, UnusedParametersCountAsZeroGradientsOrStopTheRunWhenNotIgnored) 
       << job.output;
   EXPECT_NE(job.output.find("set ignore_unused_parameters=true"), std::string::npos) << job.output;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 60s) << "a rank waited for the other";
+  // Unused on one rank only (rank 1's forward uses the spare layer): rank 1 stops with rank 0,
+  // told why, instead of going on into collectives rank 0 never joins (before: a lost-peer
+  // DistributedError there, which hid the cause).
+  const auto one_sided = std::chrono::steady_clock::now();
+  job = run_job({"--root",
+                 dir.path,
+                 "--out",
+                 dir / "one_sided",
+                 "--devices",
+                 "2",
+                 "--batch",
+                 "8",
+                 "--epochs",
+                 "1",
+                 "--unused",
+                 "1",
+                 "--spare-on-rank",
+                 "1",
+                 "--optimizer",
+                 "sgd",
+                 "--timeout",
+                 "20",
+                 "--ds-config",
+                 R"({"zero_optimization": {"stage": 2, "ignore_unused_parameters": false}})"});
+  EXPECT_EQ(job.code, 1) << job.output;
+  EXPECT_NE(job.output.find("[ZeroEngine] rank 0: parameters 'spare.weight', 'spare.bias' got no "
+                            "gradient in this backward"),
+            std::string::npos)
+      << job.output;
+  EXPECT_NE(job.output.find("[ZeroEngine] rank 1: another rank's forward left parameters without "
+                            "a gradient"),
+            std::string::npos)
+      << job.output;
+  EXPECT_EQ(job.output.find("[ProcessGroup]"), std::string::npos) << job.output;  // no lost peer
+  EXPECT_LT(std::chrono::steady_clock::now() - one_sided, 60s) << "a rank waited for the other";
 }
 
 // ------------------------------------------------------------------------------ memory

@@ -15,7 +15,8 @@
 //       [--evaluate CKPT]  (no fit: validate from CKPT and predict the validation set; prints
 //                           "rank R evaluated val_loss=... infer_params=..." and writes the
 //                           weights and predictions)
-//       [--unused 0|1] [--find-unused 0|1] [--static-graph 0|1] [--precision NAME] [--bf16-all 1]
+//       [--unused 0|1] [--spare-on-rank R] [--find-unused 0|1] [--static-graph 0|1] [--precision
+//       NAME] [--bf16-all 1]
 //       [--loss-scale INIT]  (with --bf16-all: dynamic loss scaling, growth every 2 steps)
 //       [--linear-min-macs N]  (bf16-mixed whose GEMMs under N multiply-adds stay fp32)
 //       [--nan-grad-at CALL]  (that training_step call gives one element of b2 a NaN gradient)
@@ -96,7 +97,7 @@ class Net : public volt::Module {
     b2 = register_parameter("b2", torch::zeros({width}));
     head = register_module("head", torch::nn::Linear(width, 2));
     drop = register_module("drop", torch::nn::Dropout(dropout ? 0.2 : 0.0));
-    if (unused) register_module("spare", torch::nn::Linear(8, 8));  // gets no gradient
+    if (unused) spare = register_module("spare", torch::nn::Linear(8, 8));  // gets no gradient
     deep = register_module("deep", torch::nn::ModuleList());
     for (int64_t i = 0; i < depth; ++i) deep->push_back(torch::nn::Linear(width, width));
   }
@@ -113,7 +114,12 @@ class Net : public volt::Module {
       auto block = [lin](const torch::Tensor& t) { return torch::relu(lin->forward(t)); };
       h = checkpoint_activations ? volt::checkpoint(block, h) : block(h);
     }
-    return head->forward(h);
+    auto out = head->forward(h);
+    // --spare-on-rank R: only rank R's forward uses the spare layer (a data-dependent branch).
+    if (spare && spare_on_rank >= 0 && run() != nullptr && run()->global_rank() == spare_on_rank) {
+      out = out + 0.1 * spare->forward(x).mean();
+    }
+    return out;
   }
   // --prepare-ms / --prepare-fail / --prepare-die: what prepare_data does ("" log: nothing).
   std::string prepare_log;
@@ -215,7 +221,8 @@ class Net : public volt::Module {
     }
     return torch::cat(v).clone();
   }
-  torch::nn::Linear fc1{nullptr}, head{nullptr};
+  torch::nn::Linear fc1{nullptr}, head{nullptr}, spare{nullptr};
+  int64_t spare_on_rank = -1;
   torch::nn::BatchNorm1d bn{nullptr};  // --batchnorm 1: after fc1
   torch::Tensor w2, b2;
   torch::nn::Dropout drop{nullptr};
@@ -480,6 +487,7 @@ int main(int argc, char** argv) {
               num("--batchnorm", 0) != 0);
     model.checkpoint_activations = num("--checkpoint-activations", 0) != 0;
     model.nan_grad_at = num("--nan-grad-at", -1);
+    model.spare_on_rank = num("--spare-on-rank", -1);
     if (a.count("--die-call")) {  // the step callback (DieAt) does not reach a tuner's trials
       model.die_rank = num("--die-rank", -1);
       model.die_call = num("--die-call", -1);

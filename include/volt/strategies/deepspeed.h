@@ -274,9 +274,28 @@ class DeepSpeedStrategy : public DdpStrategy {
   c10::optional<DeepSpeedConfig> config_;
   c10::optional<double> clip_;  // the JSON's gradient_clipping
   int64_t micro_batch_ = 0;     // the JSON's micro batch, checked on the first batch
-  // Keyed by the optimizer whose state the engine partitions, or by the module for a
-  // ZeRO-Inference engine (no optimizer).
-  std::map<const void*, std::unique_ptr<ZeroEngine>> engines_;
+  // The engines, keyed by the optimizer whose state each partitions, or by the module for a
+  // ZeRO-Inference engine (no optimizer), in the order they were made: their collectives run in
+  // this order, alike on every rank (the keys' address order can differ between ranks, which
+  // would pair one engine's all-gathers with another's).
+  class Engines {
+   public:
+    using Item = std::pair<const void*, std::unique_ptr<ZeroEngine>>;
+    ZeroEngine* find(const void* key) const;
+    /// Made anew for a key: it goes last.
+    void put(const void* key, std::unique_ptr<ZeroEngine> engine);
+    void erase(const void* key);
+    void clear() { items_.clear(); }
+    bool empty() const { return items_.empty(); }
+    std::vector<Item>::iterator begin() { return items_.begin(); }
+    std::vector<Item>::iterator end() { return items_.end(); }
+    std::vector<Item>::const_iterator begin() const { return items_.begin(); }
+    std::vector<Item>::const_iterator end() const { return items_.end(); }
+
+   private:
+    std::vector<Item> items_;
+  };
+  Engines engines_;
   // The modules set up in this run (a Fabric loop's several), each engine's module, and each
   // module's parameter names (its engines name their chunks by them).
   std::vector<const Module*> modules_;
