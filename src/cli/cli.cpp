@@ -363,6 +363,19 @@ class SaveConfig : public Callback {
   std::string path_;
 };
 
+/// The data set indices of each predicted batch (`volt predict` writes them beside the rows: with
+/// several ranks each predicts its shard, where the sampler's padding repeats the first samples).
+class PredictIndices : public Callback {
+ public:
+  std::string state_key() const override { return "PredictIndices"; }
+  void on_predict_start(RunContext&, Module&) override { indices.clear(); }
+  void on_predict_batch_end(RunContext& run, Module&, const at::Tensor&, const Batch&,
+                            int64_t) override {
+    indices.push_back(run.predict_batch_indices());
+  }
+  std::vector<std::vector<int64_t>> indices;
+};
+
 void print_metrics(std::ostream& os, const std::string& title, const Metrics& m) {
   os << title << "\n";
   size_t w = 6;
@@ -374,8 +387,12 @@ void print_metrics(std::ostream& os, const std::string& title, const Metrics& m)
 }
 
 std::string save_predictions(const std::vector<at::Tensor>& outputs, const std::string& dir,
-                             const Strategy& strategy) {
-  const std::map<std::string, at::Tensor> tensors = detail::prediction_tensors(outputs);
+                             const Strategy& strategy,
+                             const std::vector<std::vector<int64_t>>& indices) {
+  // With the samples' indices (one list per batch) the ranks' rows can be put in data set order
+  // and the padding's repeats dropped.
+  const std::map<std::string, at::Tensor> tensors =
+      detail::prediction_tensors(outputs, indices.size() == outputs.size() ? &indices : nullptr);
   std::filesystem::create_directories(dir);
   // With several processes each rank predicted its own shard of the data: one file per rank.
   const std::string path =
@@ -726,6 +743,8 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
   }
   auto save_config = std::make_shared<SaveConfig>(yaml, opts.fast_dev_run() == 0);
   callbacks.push_back(save_config);
+  auto predict_indices = std::make_shared<PredictIndices>();
+  if (cmd.name == "predict") callbacks.push_back(predict_indices);
   opts.callbacks(callbacks).loggers(loggers);
   Trainer trainer(opts);
   std::shared_ptr<Module> model = reg.models.at(rc.model.class_path).make(rc.model.args);
@@ -766,8 +785,9 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
       auto preds = trainer.predict(*model, *data, ckpt);
       if (trainer.options().return_predictions()) {
         report() << "predictions: "
-                 << save_predictions(preds, trainer.log_dir(), trainer.strategy()) << " ("
-                 << preds.size() << " batches)\n";
+                 << save_predictions(preds, trainer.log_dir(), trainer.strategy(),
+                                     predict_indices->indices)
+                 << " (" << preds.size() << " batches)\n";
       } else {
         // A SafetensorsPredictionWriter (or none) wrote them; say where.
         std::string where = "not kept (trainer.return_predictions=false)";

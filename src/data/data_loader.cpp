@@ -151,6 +151,17 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
              " must be >= 0 (0 loads batches on the calling thread).");
   VOLT_CHECK(options_.prefetch_factor() >= 1, ConfigError,
              "[DataLoader] prefetch_factor=", options_.prefetch_factor(), " must be >= 1.");
+  // One thread per worker and num_workers x prefetch_factor batches held: past these bounds a
+  // typo, not a setting (the product overflowed to a negative capacity, and every thread waited
+  // forever).
+  constexpr int64_t kMaxWorkers = 1024, kMaxAhead = int64_t{1} << 20;
+  VOLT_CHECK(options_.num_workers() <= kMaxWorkers, ConfigError,
+             "[DataLoader] num_workers=", options_.num_workers(), " is more than ", kMaxWorkers,
+             " threads; use at most the cores that load data (e.g. 4).");
+  VOLT_CHECK(options_.prefetch_factor() <= kMaxAhead / std::max<int64_t>(1, options_.num_workers()),
+             ConfigError, "[DataLoader] prefetch_factor=", options_.prefetch_factor(), " with ",
+             options_.num_workers(), " workers holds more than ", kMaxAhead,
+             " batches ahead; use a small factor (2 is the default).");
 }
 
 // This combined loader with each of its loaders changed by `change`, names and mode kept.
@@ -198,7 +209,7 @@ int64_t DataLoader::num_batches() const {
   if (combined_) return combined_count(combined_->loaders, combined_->mode);
   const int64_t n = sampler_.size();
   const int64_t bs = options_.batch_size();
-  return options_.drop_last() ? n / bs : (n + bs - 1) / bs;
+  return options_.drop_last() ? n / bs : n / bs + (n % bs != 0);  // n + bs - 1 could overflow
 }
 
 int64_t DataLoader::last_batch_size() const {

@@ -101,7 +101,10 @@ DatasetsDataModule::DatasetsDataModule(StageDatasets sets, DataLoaderOptions loa
 std::vector<DataLoader> DatasetsDataModule::loaders(
     const std::vector<std::shared_ptr<const Dataset>>& sets) const {
   std::vector<DataLoader> out;
-  for (const auto& data : sets) out.emplace_back(data, DataLoaderOptions(loader_).shuffle(false));
+  // Evaluation reads every sample in order: drop_last is the training loader's only.
+  for (const auto& data : sets) {
+    out.emplace_back(data, DataLoaderOptions(loader_).shuffle(false).drop_last(false));
+  }
   return out;
 }
 

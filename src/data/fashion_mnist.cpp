@@ -116,9 +116,16 @@ std::pair<at::Tensor, at::Tensor> load_split(const std::string& root, FashionMni
   const std::string prefix = split == FashionMnist::Split::kTrain ? "train" : "t10k";
   auto images = read_idx_file(find_file(root, prefix + "-images-idx3-ubyte"));
   auto labels = read_idx_file(find_file(root, prefix + "-labels-idx1-ubyte"));
-  VOLT_CHECK(images.dim() == 3 && labels.dim() == 1 && images.size(0) == labels.size(0), DataError,
-             "[FashionMnist] images ", images.sizes(), " and labels ", labels.sizes(), " under '",
-             root, "' do not match; expected [N,28,28] and [N].");
+  VOLT_CHECK(images.dim() == 3 && labels.dim() == 1 && images.size(0) == labels.size(0) &&
+                 images.size(1) == 28 && images.size(2) == 28,
+             DataError, "[FashionMnist] images ", images.sizes(), " and labels ", labels.sizes(),
+             " under '", root, "' do not match; expected [N,28,28] and [N].");
+  // A label past the 10 classes (another data set's files, a damaged file of the right length)
+  // would fail deep in the loss, or assert on a CUDA device.
+  VOLT_CHECK(labels.numel() == 0 || labels.max().item<int64_t>() < 10, DataError,
+             "[FashionMnist] '", root, "' has labels up to ", labels.max().item<int64_t>(),
+             " in its ", prefix,
+             " label file; Fashion-MNIST has classes 0-9: point root at Fashion-MNIST's files.");
   auto x = images.to(torch::kFloat32).div_(255.0f).unsqueeze_(1).contiguous();
   if (normalize) x.sub_(0.2860f).div_(0.3530f);
   return {x, labels.to(torch::kInt64)};

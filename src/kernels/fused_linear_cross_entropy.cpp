@@ -1,6 +1,7 @@
 #include "volt/kernels/fused_linear_cross_entropy.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -79,14 +80,17 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
   // needs a defined tensor in every tensor argument).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input_,
                             const at::Tensor& weight, const at::Tensor& bias_or_empty,
-                            const at::Tensor& target, const LinearCrossEntropyOptions* options) {
+                            const at::Tensor& target, const LinearCrossEntropyOptions* options,
+                            bool grad_mode) {
     const at::Tensor bias = bias_or_empty.numel() > 0 ? bias_or_empty : at::Tensor();
     const LinearCrossEntropyOptions& o = *options;
     const at::Tensor input = input_.contiguous();
     const int64_t rows = input.size(0), classes = weight.size(0);
-    const bool grad_input = input_.requires_grad();
-    const bool grad_weight = weight.requires_grad();
-    const bool grad_bias = bias.defined() && bias.requires_grad();
+    // Inside a Function's forward grad mode is always off: the caller's (a validation's
+    // no_grad) decides whether any gradient is computed.
+    const bool grad_input = grad_mode && input_.requires_grad();
+    const bool grad_weight = grad_mode && weight.requires_grad();
+    const bool grad_bias = grad_mode && bias.defined() && bias.requires_grad();
     const bool any_grad = grad_input || grad_weight || grad_bias;
     // Classes padded with zero rows of weight and bias, in the dtype linear computes in (probed
     // on one row, so autocast and its op lists decide as for the composition): every GEMM's
@@ -139,12 +143,15 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       z.sub_(std::get<0>(z.max(1, /*keepdim=*/true)));
       const at::Tensor picked = z.gather(1, cls);
       const at::Tensor total = z.exp_().sum(1, /*keepdim=*/true);
-      loss_sum.add_(((total.log() - picked).squeeze(1) * keep).sum());
+      // Ignored rows are left out, not multiplied by 0: their logits may be inf (a padding
+      // position), and inf - inf is NaN (torch's nll_loss never reads them either).
+      loss_sum.add_(at::where(keep, (total.log() - picked).squeeze(1), at::zeros({}, f32)).sum());
       if (!any_grad) continue;
       // d(loss)/d(logits) = (softmax - one_hot(target)) * scale, zero on ignored rows; in place.
       z.div_(total);
       z.scatter_add_(1, cls, at::full({n, 1}, -1.0, f32));
-      z.mul_((keep.to(at::kFloat) * scale).unsqueeze(1));
+      z.mul_(scale);
+      z.masked_fill_(keep.logical_not().unsqueeze(1), 0.0);  // not * 0: NaN rows stay out
       if (padded != classes) z_all.narrow(1, classes, padded - classes).zero_();
       // The logits' dtype, as autograd hands the gradient of `logits.to(float)` back to them.
       const at::Tensor g = z_all.to(logits_dtype);
@@ -198,8 +205,12 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       d.mul_(g.to(d.scalar_type()));
       return d.to(static_cast<at::ScalarType>(data[dtype].toInt()));
     };
-    return {scaled("d_input", "input_dtype"), scaled("d_weight", "weight_dtype"),
-            scaled("d_bias", "bias_dtype"), at::Tensor(), at::Tensor()};
+    return {scaled("d_input", "input_dtype"),
+            scaled("d_weight", "weight_dtype"),
+            scaled("d_bias", "bias_dtype"),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -220,8 +231,9 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& input, const at::Tensor&
   // top: while traced, the composition (whose elementwise ops the trace can fuse).
   if (detail::tracing())
     return linear_cross_entropy_reference(input, weight, bias, target, options);
-  return LinearCrossEntropyFunction::apply(
-      input, weight, bias.defined() ? bias : at::empty({0}, weight.options()), target, &options);
+  return LinearCrossEntropyFunction::apply(input, weight,
+                                           bias.defined() ? bias : at::empty({0}, weight.options()),
+                                           target, &options, c10::GradMode::is_enabled());
 }
 
 at::Tensor linear_cross_entropy_reference(const at::Tensor& input, const at::Tensor& weight,

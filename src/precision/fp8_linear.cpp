@@ -15,6 +15,18 @@ at::Tensor fake_quant(const at::Tensor& x, const at::Tensor& scale, Fp8Format f)
   return fp8_round(x.to(at::kFloat) * scale, f) / scale;
 }
 
+// max |t| in fp32; 0 for an empty tensor (a batch of no rows: nothing to record, and 0 leaves a
+// history's maximum as it was).
+at::Tensor amax_of(const at::Tensor& t) {
+  if (t.numel() == 0) return at::zeros({}, t.options().dtype(at::kFloat));
+  return t.detach().abs().max().to(at::kFloat);
+}
+
+// `t` as rows of its last dimension (reshape({-1, n}) cannot size a tensor of no elements).
+at::Tensor as_rows(const at::Tensor& t) {
+  return t.dim() == 1 ? t.reshape({1, t.size(0)}) : t.flatten(0, -2);
+}
+
 // Autograd node of the emulated fp8 matmul: operands on the fp8 grid in forward, the incoming
 // gradient on the fp8 grid in backward; gradients reach the fp32 master weight unchanged
 // otherwise (straight-through, as real fp8 training does).
@@ -25,7 +37,10 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
                             int64_t grad_format) {
     const auto xq = fake_quant(x, scale[0], Fp8Format::kE4M3);
     const auto wq = fake_quant(weight, scale[1], Fp8Format::kE4M3);
-    ctx->save_for_backward({xq, wq, scale, grad_amax});
+    ctx->save_for_backward({xq, wq, scale});
+    // Not saved for backward: every backward through the layer writes it (a layer called twice
+    // before one backward: the second node's saved copy would fail the version check).
+    ctx->saved_data["grad_amax"] = grad_amax;
     ctx->saved_data["grad_format"] = grad_format;
     ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
@@ -38,20 +53,24 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const auto& xq = saved[0];
     const auto& wq = saved[1];
     const auto& scale = saved[2];
-    auto grad_amax = saved[3];
+    at::Tensor grad_amax = ctx->saved_data["grad_amax"].toTensor();
     const auto f = static_cast<Fp8Format>(ctx->saved_data["grad_format"].toInt());
     const at::Tensor g = grads[0].to(at::kFloat);
     {
+      // The largest of this step's backwards (the forward rolls it into the history and clears
+      // it), as the amax of one call covering all of them.
       torch::NoGradGuard no_grad;
-      grad_amax.copy_(g.abs().max().reshape({1}));
+      grad_amax.copy_(at::maximum(grad_amax, amax_of(g).reshape({1})));
     }
     const at::Tensor gq = fake_quant(g, scale[2], f);
-    const auto g2 = gq.reshape({-1, gq.size(-1)});
-    const auto x2 = xq.reshape({-1, xq.size(-1)});
+    const auto g2 = as_rows(gq);
+    const auto x2 = as_rows(xq);
     const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     at::Tensor gx = gq.matmul(wq).to(x_dtype);
     at::Tensor gw = g2.t().mm(x2);
-    at::Tensor gb = ctx->saved_data["has_bias"].toBool() ? g2.sum(0) : at::Tensor();
+    // The bias gradient from the incoming gradient itself, not its fp8 image (Transformer
+    // Engine's fused cast-transpose-bgrad reduces the high-precision gradient).
+    at::Tensor gb = ctx->saved_data["has_bias"].toBool() ? as_rows(g).sum(0) : at::Tensor();
     return {gx, gw, gb, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -81,14 +100,17 @@ at::Tensor fp8_linear_delayed(const at::Tensor& x, const at::Tensor& weight, con
       h.copy_(at::cat({h.slice(0, 1), value.reshape({1}).to(h.scalar_type())}));
     };
     const int64_t step = s.steps.item<int64_t>();
-    if (step > 0) roll_in(2, s.grad_amax);
+    if (step > 0) {
+      roll_in(2, s.grad_amax);
+      s.grad_amax.zero_();
+    }
     if (step % recipe.interval() == 0) {
       s.scale[0].copy_(delayed_scale(s.amax_history[0], s.scale[0], Fp8Format::kE4M3, recipe));
       s.scale[1].copy_(delayed_scale(s.amax_history[1], s.scale[1], Fp8Format::kE4M3, recipe));
       s.scale[2].copy_(delayed_scale(s.amax_history[2], s.scale[2], grad_format, recipe));
     }
-    roll_in(0, x.detach().abs().max().to(at::kFloat));
-    roll_in(1, weight.detach().abs().max().to(at::kFloat));
+    roll_in(0, amax_of(x));
+    roll_in(1, amax_of(weight));
     s.steps.add_(1);
   }
   return Fp8LinearFunction::apply(x, weight, bias, s.scale.clone(), s.grad_amax,

@@ -114,9 +114,11 @@ class Fp8GemmKernel final : public c10::OperatorKernel {
       if (layer != nullptr) {
         torch::NoGradGuard no_grad;
         const at::Tensor out = stack->back().toTensor();
-        auto now =
-            at::stack({x.detach().abs().max().to(at::kFloat), w.detach().abs().max().to(at::kFloat),
-                       out.detach().abs().max().to(at::kFloat)});
+        auto amax = [](const at::Tensor& t) {  // 0 for a batch of no rows: nothing measured
+          return t.numel() == 0 ? at::zeros({}, t.options().dtype(at::kFloat))
+                                : t.detach().abs().max().to(at::kFloat);
+        };
+        auto now = at::stack({amax(x), amax(w), amax(out)});
         layer->stats.copy_(at::maximum(layer->stats, now));
         layer->calls.fetch_add(1);
       }

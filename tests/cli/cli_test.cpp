@@ -1389,6 +1389,32 @@ TEST(CliBinary, PredictionWriterMergesTheRanksInDataSetOrder) {
       torch::equal(f.tensors.at("predictions"), a.tensors.at("predictions").index_select(0, ind)));
 }
 
+// Without a writer, each rank's predictions file holds its shard's data set indices beside the
+// rows (before, rows only: the sampler's padding repeats and the ranks' interleaving could not
+// be undone).
+TEST(CliBinary, PredictionsOfSeveralRanksCarryTheirDataSetIndices) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  auto r = run_binary("predict --config " + volt_test::source_dir() +
+                      "/configs/fashion_mnist_mlp.yaml --trainer.enable_progress_bar=false"
+                      " --trainer.default_root_dir=" +
+                      (dir / "run") + " --trainer.devices=3 --trainer.limit_predict_batches=2");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  int found = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir / "run")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("predictions_rank", 0) != 0) continue;
+    const int64_t rank = name[std::string("predictions_rank").size()] - '0';
+    const auto f = volt::load_safetensors(e.path().string());
+    const at::Tensor ind = f.tensors.at("indices");
+    ASSERT_EQ(ind.numel(), 2 * 512) << name;  // two batches of the data module's 512
+    EXPECT_EQ(f.tensors.at("predictions").size(0), ind.numel()) << name;
+    EXPECT_TRUE(torch::equal(ind, torch::arange(2 * 512, torch::kLong) * 3 + rank)) << name;
+    ++found;
+  }
+  EXPECT_EQ(found, 3);
+}
+
 TEST(CliBinary, APredictionWriterFailingOnOneRankFailsEveryRankWithoutAHang) {
   VOLT_REQUIRE_GLOO();
   // Rank 1 cannot write its file (a folder has its name); rank 0 can, learns of it from the vote

@@ -57,6 +57,19 @@ TEST(ConfigTree, MalformedYamlNamesLineAndColumn) {
   EXPECT_NE(u.find("u.yaml:"), std::string::npos) << u;
 }
 
+// A second document was dropped unread (its settings, unknown keys and syntax errors alike).
+TEST(ConfigTree, ASecondYamlDocumentIsAnError) {
+  const auto m = error_of([&] {
+    parse_yaml("trainer: {max_epochs: 1}\n---\ntrainer: {max_epochs: 50}\n", "run.yaml");
+  });
+  EXPECT_NE(m.find("[cli] run.yaml: more than one YAML document"), std::string::npos) << m;
+  // A second document with a syntax error is read (and refused) too.
+  const auto bad = error_of([&] { parse_yaml("a: 1\n---\n[[[\n", "run.yaml"); });
+  EXPECT_NE(bad.find("[cli] run.yaml:"), std::string::npos) << bad;
+  // One document, with or without its markers, is fine.
+  EXPECT_EQ(at(parse_yaml("---\na: 1\n...\n", "one.yaml"), {"a"}).scalar, "1");
+}
+
 TEST(ConfigTree, DuplicateKeysAreAnError) {
   const auto m = error_of([] { parse_yaml("a: 1\na: 2\n", "d.yaml"); });
   EXPECT_NE(m.find("\"a\" appears twice"), std::string::npos) << m;
@@ -170,6 +183,26 @@ TEST(ConfigTree, OverrideErrorsSayWhatToDo) {
               apply_override(root, "trainer..x", "1", false, "--o");
             }).find("empty key segment"),
             std::string::npos);
+}
+
+// Text YAML would read as something else is taken as typed: before, "/data/run #2" became
+// "/data/run" (a comment) and "&a v1" or "!x v1" became "v1"; quoted text and numbers stay YAML's.
+TEST(ConfigTree, AnOverrideYamlWouldChangeIsTakenAsTyped) {
+  const std::vector<std::pair<std::string, std::string>> cases{{"/data/run #2", "/data/run #2"},
+                                                               {"&a v1", "&a v1"},
+                                                               {"!x v1", "!x v1"},
+                                                               {" plain ", "plain"},
+                                                               {"'quoted'", "quoted"},
+                                                               {"3e-4", "3e-4"}};
+  for (const auto& [typed, want] : cases) {
+    ConfigNode root = parse_yaml("trainer: {default_root_dir: x}\n", "run.yaml");
+    canonicalize(root);
+    apply_override(root, "trainer.default_root_dir", typed, false,
+                   "--trainer.default_root_dir=" + typed);
+    const ConfigNode& got = at(root, {"trainer", "default_root_dir"});
+    ASSERT_TRUE(got.is_scalar()) << typed;
+    EXPECT_EQ(got.scalar, want) << typed;
+  }
 }
 
 TEST(ConfigTree, AnEmptyOverrideIsTheEmptyStringAndNullIsNull) {

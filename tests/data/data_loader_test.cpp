@@ -195,6 +195,15 @@ TEST(DataLoader, InvalidOptions) {
                volt::ConfigError);
   EXPECT_THROW(volt::DataLoader(nullptr, volt::DataLoaderOptions(2)), volt::ConfigError);
   EXPECT_THROW(volt::TensorDataset(torch::ones({4, 2}), torch::ones({3})), volt::ValueError);
+  // Settings that overflowed: workers x prefetch_factor wrapped negative (every thread then
+  // waited forever), a batch size near 2^63 made the batch count negative.
+  EXPECT_THROW(
+      volt::DataLoader(range_ds(6),
+                       volt::DataLoaderOptions(2).num_workers(2).prefetch_factor(int64_t{1} << 62)),
+      volt::ConfigError);
+  EXPECT_THROW(volt::DataLoader(range_ds(6), volt::DataLoaderOptions(2).num_workers(100000)),
+               volt::ConfigError);
+  EXPECT_EQ(volt::DataLoader(range_ds(6), volt::DataLoaderOptions(INT64_MAX)).num_batches(), 1);
 }
 
 TEST(Sampler, RanksSplitThePaddedEpoch) {

@@ -54,6 +54,19 @@ TEST(DatasetsDataModule, LoadersForTheGivenSetsTheTrainingOneShuffled) {
   EXPECT_EQ(data.val_dataloader()->num_batches(), 2);
 }
 
+// drop_last is for training: the evaluation loaders read every sample (before, the last partial
+// batch of validation, test and predict data was dropped silently).
+TEST(DatasetsDataModule, DropLastDropsTrainingSamplesOnly) {
+  auto set = numbered(10);
+  volt::DatasetsDataModule data(set, set, set, set, volt::DataLoaderOptions(4).drop_last(true));
+  EXPECT_EQ(data.train_dataloader().num_batches(), 2);
+  for (const auto& loader :
+       {*data.val_dataloader(), *data.test_dataloader(), *data.predict_dataloader()}) {
+    EXPECT_EQ(loader.num_batches(), 3);
+    EXPECT_EQ(order_of(loader).size(), 10u);
+  }
+}
+
 TEST(DatasetsDataModule, TheTrainerRunsEveryStageFromIt) {
   volt_test::TempDir dir;
   auto data = std::make_shared<volt::DatasetsDataModule>(

@@ -67,6 +67,34 @@ TEST(FashionMnist, TruncatedAndCorruptedFilesAreDataErrors) {
   EXPECT_EQ(volt::read_idx_file(dir / "full.gz").sizes(), (std::vector<int64_t>{2, 28, 28}));
 }
 
+// Files that parse but are not Fashion-MNIST: images of another size, a label past the 10
+// classes (before, accepted: the label failed deep in the loss, or asserted on a CUDA device).
+TEST(FashionMnist, ImagesOfAnotherSizeOrLabelsPastNineAreDataErrors) {
+  volt_test::TempDir dir;
+  const std::string labels_ok("\x00\x00\x08\x01\x00\x00\x00\x02\x01\x02", 10);
+  const std::string images28("\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x1c\x00\x00\x00\x1c",
+                             16);
+  const std::string images32("\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x20\x00\x00\x00\x20",
+                             16);
+  auto error = [&] {
+    try {
+      volt::FashionMnist ds(dir.path, volt::FashionMnist::Split::kTest);
+    } catch (const volt::DataError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no DataError");
+  };
+  write_gz(dir / "t10k-images-idx3-ubyte.gz", images32 + std::string(2 * 32 * 32, '\x01'));
+  write_gz(dir / "t10k-labels-idx1-ubyte.gz", labels_ok);
+  EXPECT_NE(error().find("expected [N,28,28] and [N]"), std::string::npos) << error();
+  write_gz(dir / "t10k-images-idx3-ubyte.gz", images28 + std::string(2 * 28 * 28, '\x01'));
+  write_gz(dir / "t10k-labels-idx1-ubyte.gz",
+           std::string("\x00\x00\x08\x01\x00\x00\x00\x02\x01\xc8", 10));  // 1 and 200
+  EXPECT_NE(error().find("has labels up to 200"), std::string::npos) << error();
+  write_gz(dir / "t10k-labels-idx1-ubyte.gz", labels_ok);
+  EXPECT_EQ(volt::FashionMnist(dir.path, volt::FashionMnist::Split::kTest).size(), 2);
+}
+
 std::string error_of(const std::string& path) {
   try {
     volt::read_idx_file(path);

@@ -126,6 +126,51 @@ TEST(FusedLinearCrossEntropy, IgnoredRowsGetNoGradientAndAllIgnoredIsNanLikeTorc
   EXPECT_EQ(ref.d_input.abs().sum().item<float>(), 0.0f);
 }
 
+// An ignored row whose logits overflow (an fp16 padding position): the loss leaves it out as
+// torch's does (before, NaN: inf - inf times 0), and its gradient row is 0 (torch's composition
+// gives that row NaN through log_softmax's backward, which the fused op does not copy).
+TEST(FusedLinearCrossEntropy, AnIgnoredRowWithInfiniteLogitsStaysOutOfTheLoss) {
+  Problem p = problem(10, 6, 7, 8);
+  p.input[5] = torch::full({6}, 3e38);  // row 5 is ignored (every 5th): all its logits inf
+  p.weight = p.weight.abs() + 0.5;
+  ASSERT_EQ(p.target[5].item<int64_t>(), -100);
+  ASSERT_TRUE(torch::isinf(torch::linear(p.input[5], p.weight, p.bias)).all().item<bool>());
+  const Result want = run(p, [&](auto& x, auto& w, auto& b) {
+    return volt::linear_cross_entropy_reference(x, w, b, p.target);
+  });
+  const Result got = run(p, [&](auto& x, auto& w, auto& b) {
+    return volt::fused_linear_cross_entropy(x, w, b, p.target,
+                                            LinearCrossEntropyOptions().chunk_rows(4));
+  });
+  ASSERT_TRUE(std::isfinite(want.loss.item<float>()));
+  EXPECT_TRUE(torch::allclose(got.loss, want.loss, 1e-5, 1e-6))
+      << got.loss.item<double>() << " vs " << want.loss.item<double>();
+  EXPECT_TRUE(torch::isfinite(got.d_weight).all().item<bool>());
+  EXPECT_EQ(got.d_input[5].abs().sum().item<float>(), 0.0f);
+  // The other rows' input gradients are the composition's.
+  for (int64_t i : {0, 1, 2, 3, 4, 6, 7, 8, 9}) {
+    EXPECT_TRUE(torch::allclose(got.d_input[i], want.d_input[i], 1e-5, 1e-6)) << "row " << i;
+  }
+}
+
+// Under no_grad (a validation step) only the loss is computed: no gradient buffers (before, the
+// weight's float32 gradient was allocated and filled, then dropped).
+TEST(FusedLinearCrossEntropy, UnderNoGradOnlyTheLossIsComputed) {
+  volt::install_counting_cpu_allocator();
+  const int64_t n = 64, d = 32, v = 4096;
+  const Problem p = problem(n, d, v, 9);
+  auto w = p.weight.clone().requires_grad_();
+  torch::NoGradGuard no_grad;
+  volt::reset_cpu_memory_peaks();
+  const int64_t before = volt::cpu_memory_stats().in_use;
+  const at::Tensor loss = volt::fused_linear_cross_entropy(
+      p.input, w, p.bias, p.target, LinearCrossEntropyOptions().chunk_rows(8));
+  const int64_t peak = volt::cpu_memory_stats().max_in_use - before;
+  EXPECT_LT(peak, v * d * 4) << "the weight's gradient alone is " << v * d * 4 << " bytes";
+  EXPECT_TRUE(torch::allclose(
+      loss, volt::linear_cross_entropy_reference(p.input, w, p.bias, p.target), 1e-5, 1e-6));
+}
+
 TEST(FusedLinearCrossEntropy, UnderBf16AutocastItFollowsTheCompositionsDtypes) {
   const Problem p = problem(64, 32, 70, 4);
   const auto o = LinearCrossEntropyOptions().chunk_rows(24);

@@ -276,6 +276,15 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
       throw YAML::Exception(YAML::Mark::null_mark(), "");
     }
     val = convert(load_yaml_bounded(value, "cli", origin), origin);
+    // A plain scalar YAML read differently from what was typed (a " #" comment cut off, an
+    // "&anchor" or "!tag" dropped): the text is meant literally, as for text that is no YAML.
+    const auto first = value.find_first_not_of(" \t");
+    const auto last = value.find_last_not_of(" \t");
+    const std::string typed =
+        first == std::string::npos ? std::string() : value.substr(first, last - first + 1);
+    if (val.is_scalar() && !val.quoted && val.scalar != typed) {
+      throw YAML::Exception(YAML::Mark::null_mark(), "");
+    }
   } catch (const YAML::Exception&) {
     // Empty, or not YAML (e.g. the file name template {epoch}-{step}): take the text literally.
     val = ConfigNode::make_scalar(value, origin);

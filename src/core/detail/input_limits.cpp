@@ -156,6 +156,12 @@ YAML::Node load_yaml_bounded(const std::string& text, const std::string& compone
     YAML::Parser parser(in);
     YamlBudget budget(component, source, limits);
     parser.HandleNextDocument(budget);
+    // YAML::Load reads the first document only: what follows a "---" would be dropped unread
+    // (PyYAML's safe_load, LightningCLI's reader, refuses a second document too).
+    YamlBudget rest(component, source, limits);
+    VOLT_CHECK(!parser.HandleNextDocument(rest), ConfigError, "[", component, "] ", source,
+               ": more than one YAML document (a line \"---\" starts another); keep one, or "
+               "split them into files of their own (--config takes several).");
   }
   // Within the limits: yaml-cpp's own tree keeps aliases shared, so loading costs O(text).
   return YAML::Load(text);
