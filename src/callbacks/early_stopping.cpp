@@ -46,10 +46,12 @@ void EarlyStopping::on_train_epoch_end(RunContext& run, Module& module) {
 
 // Lightning's EarlyStopping.setup: unset, at the epoch's end when it validates once per epoch
 // at its end (the epoch's metrics then reduced, the validation's current), else after each
-// validation.
+// validation; and at the epoch's end in a fit without validation whatever the schedule says
+// (Lightning would then never check).
 bool EarlyStopping::checks_on_train_epoch_end(const RunContext& run) const {
   if (options_.check_on_train_epoch_end()) return *options_.check_on_train_epoch_end();
-  return run.state().val_check_at_epoch_end && run.state().val_every_epoch;
+  const LoopState& st = run.state();
+  return st.num_val_batches == 0 || (st.val_check_at_epoch_end && st.val_every_epoch);
 }
 
 void EarlyStopping::check(RunContext& run) {

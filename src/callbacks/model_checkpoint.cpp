@@ -369,13 +369,15 @@ std::string ModelCheckpoint::free_path(RunContext& run, const std::string& stem,
   return path;
 }
 
-// Lightning's ModelCheckpoint._should_save_on_train_epoch_end.
+// Lightning's ModelCheckpoint._should_save_on_train_epoch_end, except that a fit without
+// validation saves at each epoch's end whatever check_val_every_n_epoch says (Lightning asks that
+// first and then saves no epoch checkpoint at all).
 bool ModelCheckpoint::saves_on_train_epoch_end(const RunContext& run) const {
   if (options_.save_on_train_epoch_end()) return *options_.save_on_train_epoch_end();
   const LoopState& st = run.state();
-  if (!st.val_every_epoch) return false;  // when a validation comes is not known
   if (st.num_val_batches == 0) return true;
-  return st.val_check_at_epoch_end;  // else after each of the epoch's validations
+  if (!st.val_every_epoch) return false;  // when a validation comes is not known
+  return st.val_check_at_epoch_end;       // else after each of the epoch's validations
 }
 
 void ModelCheckpoint::on_train_epoch_end(RunContext& run, Module& module) {

@@ -914,7 +914,10 @@ void ZeroEngine::finish_backward() {
   while (next_bucket_ < buckets_.size()) launch_bucket(next_bucket_++);
   while (!comm_->reductions.empty()) complete_bucket();
   if (!comm_->late.empty()) {
-    // Every rank runs the same model, so each finds the same parameters here.
+    // Decided on this rank alone: agreeing would cost a collective in every backward for a
+    // misuse. Where the checkpointing is the same on every rank, each finds the same parameters;
+    // where it depends on the data, the ranks without one fail at their next collective on the
+    // lost peer (this process ends with the error), naming this rank.
     std::string names = "'" + chunks_[comm_->late.front()].name + "'";
     for (size_t i = 1; i < comm_->late.size() && i < 4; ++i) {
       names += ", '" + chunks_[comm_->late[i]].name + "'";

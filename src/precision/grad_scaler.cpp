@@ -92,7 +92,9 @@ void GradScaler::agree_on_found_inf(const std::function<bool(bool)>& any_rank) {
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
-  unscale(optimizer);
+  // Unscaled already (clipped): its finding stands, as torch's step() uses the recorded one
+  // (a backward since may have been another optimizer's: a GAN's second loss).
+  if (unscaled_.count(&optimizer) == 0) unscale(optimizer);
   auto it = unscaled_.find(&optimizer);
   const bool stepped = !it->second.found_inf;
   unscaled_.erase(it);

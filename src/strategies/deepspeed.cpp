@@ -989,6 +989,13 @@ void DeepSpeedStrategy::backward_through(const at::Tensor& loss,
 bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
                                        c10::optional<double> clip_value, ClipAlgorithm algorithm,
                                        const ClipCall& clip) {
+  // The set-up checked that the values agree (the Trainer's algorithm reaches the strategy only
+  // here, before anything of the step ran); DeepSpeed's gradient_clipping is a norm clip.
+  VOLT_CHECK(!clip_ || !clip_value || algorithm == ClipAlgorithm::kNorm, ConfigError, kTag, " ",
+             config_->origin, ": gradient_clipping=", *clip_,
+             " clips the gradients' norm but the Trainer clips by value "
+             "(gradient_clip_algorithm=value); drop the Trainer's gradient_clip_val, or the "
+             "JSON's gradient_clipping.");
   ZeroEngine* e = engine(optimizer);
   auto sw = swappers_.find(&optimizer);
   const bool swapped_state = sw != swappers_.end();
@@ -996,12 +1003,6 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
   // sub-group (with their state when that is on NVMe too) instead of the whole shard at once.
   const bool by_sub_group = swapped_state || (e != nullptr && nvme_parameters());
   if (e != nullptr) e->prepare_step(by_sub_group);
-  // The set-up checked the values agree; DeepSpeed's gradient_clipping is a norm clip.
-  VOLT_CHECK(!clip_ || !clip_value || algorithm == ClipAlgorithm::kNorm, ConfigError, kTag, " ",
-             config_->origin, ": gradient_clipping=", *clip_,
-             " clips the gradients' norm but the Trainer clips by value "
-             "(gradient_clip_algorithm=value); drop the Trainer's gradient_clip_val, or the "
-             "JSON's gradient_clipping.");
   if (!clip_value && clip_) {
     clip_value = clip_;  // the JSON's gradient_clipping: a norm, as in DeepSpeed
     algorithm = ClipAlgorithm::kNorm;

@@ -104,6 +104,9 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weig
     loop.write("accumulated", c10::IValue(st.accumulated));
     loop.write("epoch_finished", c10::IValue(st.epoch_finished));
     loop.write("val_pending", c10::IValue(st.val_pending));
+    // A checkpoint written before that validation (its batch-end hooks) carries what it owes
+    // the monitored schedulers, so a resume steps them as the uninterrupted fit does.
+    loop.write("monitored_steps_since", c10::IValue(run.monitored_steps_since));
     loop.write("fit_elapsed_s", c10::IValue(run.fit_elapsed()));
   });
   if (!weights_only) write_training_state(run, root);
@@ -167,6 +170,9 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   st.accumulated = read("accumulated").toInt();
   st.epoch_finished = read("epoch_finished").toBool();
   st.val_pending = read("val_pending").toBool();
+  c10::IValue since;  // absent from older checkpoints
+  run.monitored_steps_since =
+      st.val_pending && loop.try_read("monitored_steps_since", since) ? since.toInt() : -1;
   c10::IValue elapsed;  // absent from older checkpoints
   run.fit_elapsed_before = loop.try_read("fit_elapsed_s", elapsed) ? elapsed.toDouble() : 0.0;
 

@@ -765,6 +765,18 @@ DataLoader Run::shard(const DataLoader& loader) const {
   return loader.sharded(s.rank, s.world_size);
 }
 
+void Run::step_monitored_schedulers(int64_t since) {
+  struct PutBack {
+    int64_t& step;
+    int64_t now;
+    ~PutBack() { step = now; }
+  } put_back{st.global_step, st.global_step};
+  for (int64_t s = since + 1; s <= put_back.now; ++s) {
+    st.global_step = s;  // the count step_schedulers checks the frequency against
+    step_schedulers(Interval::kStep, /*monitored=*/true);
+  }
+}
+
 void Run::step_schedulers(Interval interval, bool monitored) {
   for (auto& c : optimizers) {
     if (!c.scheduler() || c.interval() != interval) continue;

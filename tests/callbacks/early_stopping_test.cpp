@@ -69,6 +69,17 @@ TEST(EarlyStopping, ByDefaultAMetricOfTheTrainingEpochIsCheckedAtItsEnd) {
     EXPECT_EQ(t.state().epoch + 1, 3) << "with validation: " << with_validation;
     EXPECT_EQ(es->stopped_epoch(), 2);
   }
+  // Without validation it checks at each epoch's end whatever check_val_every_n_epoch says
+  // (Lightning never would).
+  {
+    volt_test::TempDir dir;
+    EpochMetric model({5, 4, 4, 4, 4});
+    auto es = std::make_shared<volt::EarlyStopping>(volt::EarlyStoppingOptions("m").patience(1));
+    volt::Trainer t(
+        volt_test::quiet(dir.path).max_epochs(20).check_val_every_n_epoch(3).callbacks({es}));
+    t.fit(model, volt_test::loader(volt_test::blobs(32)));
+    EXPECT_EQ(t.state().epoch + 1, 3);
+  }
   // Asked to check after validation, a metric of the training epoch is not there yet.
   volt_test::TempDir dir;
   EpochMetric model({5});

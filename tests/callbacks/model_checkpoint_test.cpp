@@ -179,6 +179,17 @@ TEST(ModelCheckpoint, EpochsWithoutAValidationAreNotRankedByAnOlderOnesScore) {
   t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
   EXPECT_EQ(files_in(dir / "c"),
             (std::vector<std::string>{"epoch=1-score=3.0.ckpt", "epoch=3-score=1.0.ckpt"}));
+  // Without validation data the epoch checkpoints come at each epoch's end whatever the schedule
+  // says (Lightning would save none).
+  volt_test::TempDir none;
+  volt_test::TinyClassifier plain;
+  auto every = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(none / "c").save_top_k(-1));
+  volt::Trainer t2(
+      volt_test::quiet(none.path).max_epochs(2).check_val_every_n_epoch(2).callbacks({every}));
+  t2.fit(plain, volt_test::loader(volt_test::blobs(64)));
+  EXPECT_EQ(files_in(none / "c"),
+            (std::vector<std::string>{"epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"}));
 }
 
 // Two validations per epoch and a filename of the epoch alone: the second gets "-v1" instead of

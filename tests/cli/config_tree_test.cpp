@@ -193,7 +193,8 @@ TEST(ConfigTree, AnOverrideYamlWouldChangeIsTakenAsTyped) {
                                                                {"!x v1", "!x v1"},
                                                                {" plain ", "plain"},
                                                                {"'quoted'", "quoted"},
-                                                               {"3e-4", "3e-4"}};
+                                                               {"3e-4", "3e-4"},
+                                                               {"!!str 123", "123"}};
   for (const auto& [typed, want] : cases) {
     ConfigNode root = parse_yaml("trainer: {default_root_dir: x}\n", "run.yaml");
     canonicalize(root);

@@ -496,9 +496,25 @@ TEST(StepHooks, AMonitoringSchedulerStepsOnTheValueOfItsOwnStepOrEpoch) {
   // Validation every 4 of the 8 batches, the scheduler every 4 steps: each reads its own.
   Plateau per_step("val_loss", volt::Interval::kStep, 4);
   volt::Trainer t(quiet(dir.path).max_epochs(2).val_check_interval(int64_t{4}));
+  reset(per_step);
   t.fit(per_step, data(), volt_test::loader(volt_test::blobs(32)));
   EXPECT_EQ(per_step.steps, (std::vector<int64_t>{4, 8, 12, 16}));
   EXPECT_EQ(per_step.metrics, per_step.validated);
+  // A checkpoint written at step 4's batch end (before its validation, which the resume runs
+  // first) owes the scheduler that step: the resumed fit takes it as the uninterrupted one did.
+  Plateau saving("val_loss", volt::Interval::kStep, 4);
+  auto every4 = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "c").every_n_train_steps(4).save_top_k(-1));
+  volt::Trainer first(
+      quiet(dir.path).max_steps(4).val_check_interval(int64_t{4}).callbacks({every4}));
+  reset(saving);
+  first.fit(saving, data(), volt_test::loader(volt_test::blobs(32)));
+  Plateau resumed("val_loss", volt::Interval::kStep, 4);
+  volt::Trainer again(quiet(dir.path).max_epochs(2).val_check_interval(int64_t{4}));
+  again.fit(resumed, data(), volt_test::loader(volt_test::blobs(32)),
+            dir / "c/epoch=0-step=4.ckpt");
+  EXPECT_EQ(resumed.steps, (std::vector<int64_t>{4, 8, 12, 16}));
+  EXPECT_EQ(resumed.metrics, per_step.metrics);
   // Per epoch, on the epoch's mean of a value the training logs.
   class EpochEnd : public volt::Callback {
    public:

@@ -282,7 +282,8 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
     const auto last = value.find_last_not_of(" \t");
     const std::string typed =
         first == std::string::npos ? std::string() : value.substr(first, last - first + 1);
-    if (val.is_scalar() && !val.quoted && val.scalar != typed) {
+    // ("!!str 123": YAML's own tags say how to read the text: kept.)
+    if (val.is_scalar() && !val.quoted && val.scalar != typed && typed.rfind("!!", 0) != 0) {
       throw YAML::Exception(YAML::Mark::null_mark(), "");
     }
   } catch (const YAML::Exception&) {

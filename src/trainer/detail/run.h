@@ -330,8 +330,13 @@ class Run : public RunContext {
   /// what they read exists: after the step's validation, after the epoch's metrics are reduced
   /// and its end hooks ran (Lightning's update_plateau_schedulers).
   void step_schedulers(Interval interval, bool monitored = false);
-  /// The fit loop's step whose validation runs now still owes its monitored schedulers a step.
-  bool monitored_step_due = false;
+  /// The step-interval schedulers that monitor a metric, for the optimizer steps after
+  /// `since` up to the global step (each due step once: manual optimization may step several
+  /// times in a batch).
+  void step_monitored_schedulers(int64_t since);
+  /// The steps after this one up to the global step still owe the monitored schedulers their
+  /// steps, which the validation due now takes (-1: none). Checkpointed with val_pending.
+  int64_t monitored_steps_since = -1;
   /// `loader` sharded by the strategy's data_shard() when use_distributed_sampler is on, the
   /// job has several processes and the loader is not sharded already; else `loader` itself.
   DataLoader shard(const DataLoader& loader) const;

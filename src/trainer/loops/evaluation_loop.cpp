@@ -1,6 +1,8 @@
 // The evaluation loop: one validation or test pass (also the sanity check before training).
 #include <torch/torch.h>
 
+#include <utility>
+
 #include "trainer/detail/run.h"
 
 namespace volt {
@@ -122,9 +124,9 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   if (r.st.stage == Stage::kFit && !is_test) r.st.val_pending = false;
   // The fit's step whose validation this is: its schedulers that monitor a metric step now, on
   // the reduced values (Lightning's update_plateau_schedulers), before the end hooks' checkpoint.
-  if (!sanity && r.monitored_step_due) {
-    r.monitored_step_due = false;
-    r.step_schedulers(Interval::kStep, /*monitored=*/true);
+  if (!sanity && r.st.stage == Stage::kFit && !is_test && r.monitored_steps_since >= 0) {
+    const int64_t since = std::exchange(r.monitored_steps_since, -1);
+    r.step_monitored_schedulers(since);
   }
   if (is_test) {
     r.callback_hook("on_test_epoch_end", [&](Callback& c) { c.on_test_epoch_end(r, m); });

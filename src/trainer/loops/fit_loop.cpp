@@ -160,9 +160,13 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
       // The schedulers that monitor a metric step after the validation of this step when one is
       // due (the evaluation loop steps them once its metrics are reduced, before its end hooks),
       // else now, before the batch-end hooks: a checkpoint written by either holds the step.
-      const bool monitored_due = st.global_step != step_before;
-      if (monitored_due && !validate) r.step_schedulers(Interval::kStep, /*monitored=*/true);
-      r.monitored_step_due = monitored_due && validate;
+      if (st.global_step != step_before) {
+        if (validate) {
+          r.monitored_steps_since = step_before;
+        } else {
+          r.step_monitored_schedulers(step_before);
+        }
+      }
       r.cache_dirty = true;
       r.hook(
           "on_train_batch_end", [&](Module& mm) { mm.on_train_batch_end(batch, idx); },
@@ -171,7 +175,6 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
         r.send_to_loggers(r.train_metrics.step_values(true, false));
       }
       if (validate) validate_now(r, val);
-      r.monitored_step_due = false;
       // Signals, request_stop() and max_time, agreed over the ranks. Lagged (the exchange runs
       // while the next batch computes) except after a validation, whose request (EarlyStopping)
       // stops this batch as in one process.
@@ -341,6 +344,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   r.st.accumulated = 0;
   r.st.epoch_finished = false;
   r.st.val_pending = false;
+  r.monitored_steps_since = -1;
   r.st.should_stop = false;
   r.stop_agreed = false;
   r.stop_deferral_logged = false;
