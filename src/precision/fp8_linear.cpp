@@ -15,13 +15,6 @@ at::Tensor fake_quant(const at::Tensor& x, const at::Tensor& scale, Fp8Format f)
   return fp8_round(x.to(at::kFloat) * scale, f) / scale;
 }
 
-// max |t| in fp32; 0 for an empty tensor (a batch of no rows: nothing to record, and 0 leaves a
-// history's maximum as it was).
-at::Tensor amax_of(const at::Tensor& t) {
-  if (t.numel() == 0) return at::zeros({}, t.options().dtype(at::kFloat));
-  return t.detach().abs().max().to(at::kFloat);
-}
-
 // `t` as rows of its last dimension (reshape({-1, n}) cannot size a tensor of no elements).
 at::Tensor as_rows(const at::Tensor& t) {
   return t.dim() == 1 ? t.reshape({1, t.size(0)}) : t.flatten(0, -2);
@@ -60,7 +53,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       // The largest of this step's backwards (the forward rolls it into the history and clears
       // it), as the amax of one call covering all of them.
       torch::NoGradGuard no_grad;
-      grad_amax.copy_(at::maximum(grad_amax, amax_of(g).reshape({1})));
+      grad_amax.copy_(at::maximum(grad_amax, detail::amax_of(g).reshape({1})));
     }
     const at::Tensor gq = fake_quant(g, scale[2], f);
     const auto g2 = as_rows(gq);
@@ -78,6 +71,11 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
 }  // namespace
 
 namespace detail {
+
+at::Tensor amax_of(const at::Tensor& t) {
+  if (t.numel() == 0) return at::zeros({}, t.options().dtype(at::kFloat));
+  return t.detach().abs().max().to(at::kFloat);
+}
 
 at::Tensor fp8_linear_delayed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                               const Fp8DelayedState& s, bool training) {

@@ -114,11 +114,7 @@ class Fp8GemmKernel final : public c10::OperatorKernel {
       if (layer != nullptr) {
         torch::NoGradGuard no_grad;
         const at::Tensor out = stack->back().toTensor();
-        auto amax = [](const at::Tensor& t) {  // 0 for a batch of no rows: nothing measured
-          return t.numel() == 0 ? at::zeros({}, t.options().dtype(at::kFloat))
-                                : t.detach().abs().max().to(at::kFloat);
-        };
-        auto now = at::stack({amax(x), amax(w), amax(out)});
+        auto now = at::stack({amax_of(x), amax_of(w), amax_of(out)});
         layer->stats.copy_(at::maximum(layer->stats, now));
         layer->calls.fetch_add(1);
       }

@@ -16,6 +16,10 @@ struct Fp8DelayedState {
   DelayedScalingOptions recipe;
 };
 
+/// max |t| in fp32; 0 for an empty tensor (a batch of no rows: nothing to record, and 0 leaves
+/// an amax history's maximum as it was).
+at::Tensor amax_of(const at::Tensor& t);
+
 /// y = x W^T + b with x, W on the E4M3 grid and the incoming gradient on the E5M2 (or E4M3)
 /// grid, scales from the amax history; `training` records this step's amax and advances the
 /// recipe. Output bf16.
