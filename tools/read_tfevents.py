@@ -92,7 +92,8 @@ def f64(b):
 def main():
     blob = open(sys.argv[1], "rb").read()
     result = {"records": 0, "file_version": None, "scalars": [], "hparams": {},
-              "experiment_hparams": [], "session_end_status": None, "session_log_start_steps": []}
+              "experiment_hparams": [], "session_end_status": None, "session_log_start_steps": [],
+              "log_messages": 0}
     try:
         for data in records(blob):
             result["records"] += 1
@@ -100,7 +101,11 @@ def main():
             step = ev.get(2, [0])[0]
             if 3 in ev:
                 result["file_version"] = ev[3][0].decode()
-            if 6 in ev and decode(ev[6][0]).get(1, [0])[0] == 1:
+            # Event (tensorflow/core/util/event.proto): log_message=6, session_log=7;
+            # SessionLog.status=1, START=1.
+            if 6 in ev:
+                result["log_messages"] += 1
+            if 7 in ev and decode(ev[7][0]).get(1, [0])[0] == 1:
                 result["session_log_start_steps"].append(step)
             for summary in ev.get(5, []):
                 for value in decode(summary).get(1, []):

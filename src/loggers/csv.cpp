@@ -22,10 +22,12 @@
 namespace volt {
 namespace {
 
+// The shortest text that reads back as the same double (Python's repr, which Lightning's
+// CSVLogger writes); "%.10g" cut 12345678901.0 to 1.23456789e+10 before session 81.
 std::string fmt_value(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.10g", v);
-  return buf;
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 // YAML 1.1 readers (PyYAML, hence Lightning and TensorBoard tooling) resolve these plain words
@@ -61,10 +63,7 @@ int64_t CSVLogger::version() {
   if (options_.version() >= 0) return version_ = options_.version();
   // Next free version_N under save_dir/name.
   const std::string root = options_.save_dir() + "/" + options_.name();
-  version_ = detail::next_version(root);
-  detail::make_dirs(root + "/version_" + std::to_string(version_),
-                    "CSVLogger");  // claim it at once
-  return version_;
+  return version_ = detail::claim_next_version(root, "CSVLogger");
 }
 
 std::string CSVLogger::log_dir() {
@@ -101,10 +100,12 @@ void CSVLogger::log_metrics(const Metrics& metrics, int64_t step) {
       header_dirty_ = true;
     }
   }
+  // Flushed when the step passes a multiple of flush_logs_every_n_steps since the last flush:
+  // Lightning's (step + 1) % n == 0, also for logging intervals that do not divide n.
+  const int64_t n = options_.flush_logs_every_n_steps();
+  const int64_t flushed_step = flushed_ > 0 ? rows_[flushed_ - 1].step : -1;
   rows_.push_back({step, metrics});
-  if (static_cast<int64_t>(rows_.size() - flushed_) >= options_.flush_logs_every_n_steps()) {
-    save();
-  }
+  if ((step + 1) / n > (flushed_step + 1) / n) save();
 }
 
 void CSVLogger::rewrite_all() {
@@ -132,19 +133,28 @@ void CSVLogger::save() {
     return;
   }
   // Same columns: append only the new rows.
+  std::string lines;
+  for (size_t i = flushed_; i < rows_.size(); ++i) {
+    lines += std::to_string(rows_[i].step);
+    for (const auto& c : columns_) {
+      auto it = rows_[i].values.find(c);
+      lines += "," + (it == rows_[i].values.end() ? std::string() : fmt_value(it->second));
+    }
+    lines += "\n";
+  }
   std::FILE* f = std::fopen(metrics_path().c_str(), "a");
   VOLT_CHECK(f != nullptr, ConfigError, "[CSVLogger] cannot append to '", metrics_path(), "' (",
              std::strerror(errno), ").");
-  for (size_t i = flushed_; i < rows_.size(); ++i) {
-    std::string line = std::to_string(rows_[i].step);
-    for (const auto& c : columns_) {
-      auto it = rows_[i].values.find(c);
-      line += "," + (it == rows_[i].values.end() ? std::string() : fmt_value(it->second));
-    }
-    line += "\n";
-    std::fputs(line.c_str(), f);
+  // A short write (disk full) is an error, not rows silently lost; the rows stay buffered and
+  // the next save rewrites the whole file.
+  const bool written = std::fwrite(lines.data(), 1, lines.size(), f) == lines.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!written || !closed) {
+    const int err = errno;
+    header_dirty_ = true;
+    VOLT_CHECK(false, ConfigError, "[CSVLogger] appending to '", metrics_path(), "' failed (",
+               std::strerror(err), "); free disk space or choose another save_dir.");
   }
-  std::fclose(f);
   flushed_ = rows_.size();
 }
 

@@ -44,5 +44,15 @@ int64_t next_version(const std::string& root) {
   return next;
 }
 
+int64_t claim_next_version(const std::string& root, const std::string& component) {
+  make_dirs(root, component);
+  for (int64_t n = next_version(root);; ++n) {
+    const std::string dir = root + "/version_" + std::to_string(n);
+    if (::mkdir(dir.c_str(), 0755) == 0) return n;
+    VOLT_CHECK(errno == EEXIST, ConfigError, "[", component, "] cannot create folder '", dir, "' (",
+               std::strerror(errno), "); choose a writable save_dir.");
+  }
+}
+
 }  // namespace detail
 }  // namespace volt

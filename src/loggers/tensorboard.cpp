@@ -145,9 +145,12 @@ TensorBoardLogger::~TensorBoardLogger() {
 int64_t TensorBoardLogger::version() {
   if (version_ >= 0) return version_;
   const std::string root = options_.save_dir() + "/" + options_.name();
-  version_ = options_.version() >= 0 ? options_.version() : detail::next_version(root);
-  detail::make_dirs(root + "/version_" + std::to_string(version_), "TensorBoardLogger");
-  return version_;
+  if (options_.version() >= 0) {
+    version_ = options_.version();
+    detail::make_dirs(root + "/version_" + std::to_string(version_), "TensorBoardLogger");
+    return version_;
+  }
+  return version_ = detail::claim_next_version(root, "TensorBoardLogger");
 }
 
 std::string TensorBoardLogger::log_dir() {
@@ -183,7 +186,9 @@ void TensorBoardLogger::open_file() {
   if (resume_step_ >= 0) {
     Proto session_log;
     session_log.varint_field(1, 1);  // SessionLog.status = START
-    write_event(event(resume_step_).message_field(6, session_log).bytes());
+    // Event.session_log is field 7 (6 is the deprecated log_message, which TensorBoard shows
+    // as a log line and never purges by; before session 81 the marker went there).
+    write_event(event(resume_step_).message_field(7, session_log).bytes());
     resume_step_ = -1;
   }
   pending_ += queued;
@@ -251,11 +256,13 @@ void TensorBoardLogger::save() {
 }
 
 void TensorBoardLogger::finalize(RunStatus status) {
-  if (hparams_logged_) {
-    // SessionEndInfo{status=1}: STATUS_SUCCESS=1, STATUS_FAILURE=2, STATUS_ABORTED=3.
+  // SessionEndInfo{status=1, end_time_secs=2}; tensorboard/plugins/hparams/api.proto's Status:
+  // UNKNOWN=0, SUCCESS=1, FAILURE=2, RUNNING=3 (no "aborted"). TensorBoard keeps the first end
+  // status a session records: an interrupted run, which may be resumed, records none (it shows
+  // as unknown until the resumed run ends).
+  if (hparams_logged_ && status != RunStatus::kInterrupted) {
     Proto end;
-    end.varint_field(
-        1, status == RunStatus::kFinished ? 1 : (status == RunStatus::kInterrupted ? 3 : 2));
+    end.varint_field(1, status == RunStatus::kFinished ? 1 : 2);
     end.double_field(2, now_secs());
     Proto end_data;
     end_data.varint_field(1, 0).message_field(4, end);

@@ -6,15 +6,24 @@
 
 namespace volt {
 
-ProfileRegion::~ProfileRegion() {
-  if (profiler_ == nullptr) return;
+namespace detail {
+void stop_logging_errors(Profiler& profiler, const std::string& action) noexcept {
   try {
-    profiler_->stop(name_);
+    profiler.stop(action);
   } catch (const std::exception& e) {
     // A destructor must not throw (it may run during unwinding); the region was already
     // stopped by hand, which the user learns here.
-    log_warning("Profiler", e.what());
+    try {
+      log_warning("Profiler", e.what());
+    } catch (...) {
+    }
+  } catch (...) {
   }
+}
+}  // namespace detail
+
+ProfileRegion::~ProfileRegion() {
+  if (profiler_ != nullptr) detail::stop_logging_errors(*profiler_, name_);
 }
 
 }  // namespace volt

@@ -70,16 +70,24 @@ std::string SimpleProfiler::summary(const std::string& stage) const {
   return os.str();
 }
 
+void SimpleProfiler::setup(const std::string& /*stage*/, int64_t rank,
+                           const std::string& /*log_dir*/) {
+  rank_ = rank;
+}
+
 void SimpleProfiler::describe(const std::string& stage, const std::string& log_dir) {
   const std::string text = summary(stage);
   last_path_.clear();
   try {
     if (options_.filename().empty()) {
-      std::fprintf(stderr, "%s", text.c_str());
+      // As Lightning's rank-zero report: one table on the job's terminal, not one per rank.
+      if (rank_ == 0) std::fprintf(stderr, "%s", text.c_str());
     } else {
+      // Each rank its own file (the ranks share the log folder; Lightning adds the rank too).
       const std::string dir = options_.dirpath().empty() ? log_dir : options_.dirpath();
       std::filesystem::create_directories(dir);
-      last_path_ = dir + "/" + stage + "-" + options_.filename() + ".txt";
+      last_path_ = dir + "/" + stage + "-" + options_.filename() +
+                   (rank_ > 0 ? "-rank" + std::to_string(rank_) : "") + ".txt";
       atomic_write_file(last_path_, text);
     }
   } catch (const std::exception& e) {

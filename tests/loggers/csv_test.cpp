@@ -2,8 +2,13 @@
 #include <yaml-cpp/yaml.h>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "tiny.h"
 
@@ -145,6 +150,80 @@ TEST(CSVLogger, ResumeFromACorruptedFileIsADataError) {
     EXPECT_NE(std::string(e.what()).find("metrics.csv:3: step 'x1' is not an integer"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// Values are written as the shortest text that reads back as the same double (Python's repr,
+// which Lightning writes); "%.10g" before session 81 turned 12345678901 into 1.23456789e+10.
+TEST(CSVLogger, ValuesRoundTripExactly) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
+  const double big = 12345678901.0, sum = 0.1 + 0.2, tiny = 1e-300;
+  a.log_metrics({{"a", big}, {"b", sum}, {"c", tiny}}, 0);
+  a.save();
+  const auto got = lines(a.metrics_path());
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1], "0,12345678901,0.30000000000000004,1e-300");
+}
+
+// Rows reach the disk when the step passes a multiple of flush_logs_every_n_steps (Lightning's
+// (step + 1) % n == 0), not after n log calls: with log_every_n_steps=50 that was one write per
+// 5000 steps before session 81.
+TEST(CSVLogger, RowsAreFlushedWhenTheStepPassesAMultipleOfTheFlushInterval) {
+  volt_test::TempDir dir;
+  volt::CSVLogger every50(volt::CSVLoggerOptions(dir / "a"));  // default 100
+  every50.log_metrics({{"loss", 1.0}}, 49);
+  EXPECT_FALSE(std::ifstream(every50.metrics_path()).good());
+  every50.log_metrics({{"loss", 2.0}}, 99);
+  EXPECT_EQ(lines(every50.metrics_path()).size(), 3u);  // header and both rows
+  every50.log_metrics({{"loss", 3.0}}, 149);
+  EXPECT_EQ(lines(every50.metrics_path()).size(), 3u);
+  // An interval that does not divide 100: written at the first step past each multiple.
+  volt::CSVLogger every30(volt::CSVLoggerOptions(dir / "b"));
+  for (int64_t step : {29, 59, 89}) every30.log_metrics({{"loss", 1.0}}, step);
+  EXPECT_FALSE(std::ifstream(every30.metrics_path()).good());
+  every30.log_metrics({{"loss", 1.0}}, 119);
+  EXPECT_EQ(lines(every30.metrics_path()).size(), 5u);
+}
+
+// An append that fails (a full disk: /dev/full) is an error and loses no row: the next save
+// rewrites the file with every row (before session 81 the rows were dropped without a word).
+TEST(CSVLogger, AFailedAppendIsAnErrorAndTheRowsAreWrittenLater) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
+  a.log_metrics({{"loss", 1.0}}, 0);
+  a.save();
+  const std::string path = a.metrics_path();
+  ASSERT_EQ(std::remove(path.c_str()), 0);
+  ASSERT_EQ(::symlink("/dev/full", path.c_str()), 0);
+  a.log_metrics({{"loss", 2.0}}, 1);
+  EXPECT_THROW(a.save(), volt::ConfigError);
+  ASSERT_EQ(std::remove(path.c_str()), 0);  // the disk has room again
+  a.save();
+  EXPECT_EQ(lines(path), (std::vector<std::string>{"step,loss", "0,1", "1,2"}));
+}
+
+// Loggers started at once in one root take different versions: each claims its folder with its
+// own mkdir (before session 81 both could read the same next free number).
+TEST(CSVLogger, LoggersStartedAtOnceTakeDifferentVersions) {
+  for (int round = 0; round < 20; ++round) {
+    volt_test::TempDir dir;
+    constexpr int kThreads = 4;
+    std::vector<int64_t> versions(kThreads, -1);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        volt::CSVLogger logger(volt::CSVLoggerOptions(dir.path));
+        ++ready;
+        while (ready.load() < kThreads) {
+        }
+        versions[t] = logger.version();
+      });
+    }
+    for (auto& th : threads) th.join();
+    std::sort(versions.begin(), versions.end());
+    EXPECT_EQ(versions, (std::vector<int64_t>{0, 1, 2, 3})) << "round " << round;
   }
 }
 

@@ -77,6 +77,25 @@ TEST(TensorBoardLogger, IndependentReaderVerifiesEveryRecordAndValue) {
   EXPECT_EQ(i, j["scalars"].size());
 }
 
+// The hparams plugin's Status has no "aborted": 3 is RUNNING. A failed run ends FAILURE (2); an
+// interrupted one records no end (TensorBoard keeps the first, and the run may be resumed).
+TEST(TensorBoardLogger, SessionEndStatusIsTheHparamsPluginsOwn) {
+  volt_test::TempDir dir;
+  for (const auto& [status, expected] : std::vector<std::pair<volt::RunStatus, nlohmann::json>>{
+           {volt::RunStatus::kFinished, 1},
+           {volt::RunStatus::kFailed, 2},
+           {volt::RunStatus::kInterrupted, nullptr}}) {
+    volt::TensorBoardLogger logger(volt::TensorBoardLoggerOptions(dir.path));
+    logger.log_hyperparams({{"lr", "0.1"}});
+    logger.log_metrics({{"loss", 0.5}}, 0);
+    logger.finalize(status);
+    auto r = read_events(logger.events_path());
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["session_end_status"], expected)
+        << static_cast<int>(status);
+  }
+}
+
 TEST(TensorBoardLogger, ReaderRejectsACorruptedRecord) {
   volt_test::TempDir dir;
   std::string path;
@@ -131,6 +150,9 @@ TEST(TensorBoardLogger, TrainerRunAndResumeWriteStartMarker) {
   EXPECT_NE(resumed.events_path(), tb->events_path());
   auto j2 = nlohmann::json::parse(read_events(resumed.events_path()).out);
   EXPECT_EQ(j2["session_log_start_steps"], nlohmann::json::array({8}));
+  // In Event.session_log (field 7), not in the deprecated log_message (6), which TensorBoard
+  // never purges by (written there before session 81).
+  EXPECT_EQ(j2["log_messages"], 0);
   EXPECT_EQ(event_files(tb->log_dir()).size(), 2u);
 }
 

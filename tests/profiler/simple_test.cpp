@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "log_capture.h"
 #include "tiny.h"
 
 namespace {
@@ -105,6 +106,64 @@ TEST(SimpleProfiler, RejectsAFileNameWithAFolder) {
     EXPECT_NE(std::string(e.what()).find("[SimpleProfiler] filename \"a/b\" contains a '/'"),
               std::string::npos);
   }
+}
+
+// The ranks of a job share the log folder: each writes its own report (rank 0 the name a single
+// process uses), and a printed report comes from rank 0 alone. Before session 81 every rank
+// wrote <stage>-<filename>.txt over the others' and printed its table to the shared terminal.
+TEST(SimpleProfiler, EachRankWritesItsOwnReportAndOnlyRankZeroPrints) {
+  volt_test::TempDir dir;
+  for (int64_t rank : {0, 1, 3}) {
+    volt::SimpleProfiler p(volt::SimpleProfilerOptions().filename("perf"));
+    p.setup("fit", rank, dir.path);
+    p.start("step");
+    p.stop("step");
+    p.describe("fit", dir.path);
+    EXPECT_EQ(p.last_report_path(),
+              dir / (rank == 0 ? std::string("fit-perf.txt")
+                               : "fit-perf-rank" + std::to_string(rank) + ".txt"));
+    EXPECT_TRUE(std::ifstream(p.last_report_path()).good());
+  }
+  for (int64_t rank : {0, 1}) {
+    volt::SimpleProfiler printed;
+    printed.setup("fit", rank, dir.path);
+    printed.start("step");
+    printed.stop("step");
+    testing::internal::CaptureStderr();
+    printed.describe("fit", dir.path);
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err.find("FIT Profiler Report") != std::string::npos, rank == 0) << err;
+  }
+}
+
+// A module that stops an action the Trainer opened breaks the Trainer's own stop of it. Before
+// session 81 that stop ran in a destructor and threw: std::terminate ended the process. Now a
+// hook's action fails the run with the ProfilerError, and the step's (timed by a scope guard)
+// is logged and the run goes on.
+TEST(SimpleProfiler, AModuleStoppingATrainerActionIsAnErrorNotAnAbort) {
+  struct StopsItsHook : volt_test::TinyClassifier {
+    void on_train_epoch_start() override { profiler().stop("[Module]on_train_epoch_start"); }
+  };
+  struct StopsItsStep : volt_test::TinyClassifier {
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      profiler().stop("training_step");
+      return volt_test::TinyClassifier::training_step(b, i);
+    }
+  };
+  volt_test::TempDir dir;
+  {
+    StopsItsHook model;
+    volt::Trainer trainer(options(dir / "hook", std::make_shared<volt::SimpleProfiler>()));
+    EXPECT_THROW(trainer.fit(model, volt_test::loader(volt_test::blobs(32))), volt::ProfilerError);
+  }
+  StopsItsStep model;
+  volt::Trainer trainer(
+      options(dir / "step", std::make_shared<volt::SimpleProfiler>()).max_epochs(1));
+  const auto logs =
+      volt_test::capture_logs([&] { trainer.fit(model, volt_test::loader(volt_test::blobs(32))); });
+  EXPECT_EQ(trainer.state().status, volt::RunStatus::kFinished);
+  EXPECT_TRUE(volt_test::has(logs, "stop(\"training_step\") without a matching start"))
+      << logs.size();
 }
 
 }  // namespace

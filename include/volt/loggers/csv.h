@@ -22,7 +22,8 @@ struct CSVLoggerOptions {
   TORCH_ARG(std::string, name) = "volt_logs";
   /// Version number; -1 picks max(existing version_N) + 1. Default: -1.
   TORCH_ARG(int64_t, version) = -1;
-  /// Buffered rows flushed to disk every this many log_metrics calls. Default: 100.
+  /// Buffered rows are written when the logged step passes a multiple of this (Lightning's
+  /// (step + 1) % n == 0), and at each epoch's end. Default: 100.
   TORCH_ARG(int64_t, flush_logs_every_n_steps) = 100;
 };
 

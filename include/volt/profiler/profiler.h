@@ -66,6 +66,12 @@ class PassThroughProfiler : public Profiler {
   void stop(const std::string&) override {}
 };
 
+namespace detail {
+/// profiler.stop(action), an error logged instead of thrown: for destructors, which must not
+/// throw (a user's own stop of a Trainer action would otherwise end the process).
+void stop_logging_errors(Profiler& profiler, const std::string& action) noexcept;
+}  // namespace detail
+
 /// Times one action when a profiler is set; free (one branch) when it is not.
 class ProfileScope {
  public:
@@ -73,7 +79,7 @@ class ProfileScope {
     if (profiler_ != nullptr) profiler_->start(action_);
   }
   ~ProfileScope() {
-    if (profiler_ != nullptr) profiler_->stop(action_);
+    if (profiler_ != nullptr) detail::stop_logging_errors(*profiler_, action_);
   }
   ProfileScope(const ProfileScope&) = delete;
   ProfileScope& operator=(const ProfileScope&) = delete;

@@ -1,6 +1,7 @@
 #pragma once
 /// SimpleProfiler: wall time per action (calls, mean, total, share of the run), as Lightning's
-/// SimpleProfiler; the report is printed or written to <dirpath>/<stage>-<filename>.txt.
+/// SimpleProfiler; the report is printed (by global rank 0) or written to
+/// <dirpath>/<stage>-<filename>.txt (global rank R > 0: <stage>-<filename>-rank<R>.txt).
 
 #include <torch/arg.h>
 #include <iosfwd>
@@ -18,7 +19,8 @@ namespace volt {
 struct SimpleProfilerOptions {
   /// Folder for the report file; "" = the run's log folder. Default: "".
   TORCH_ARG(std::string, dirpath);
-  /// Report file name stem; "" prints the report to stderr instead. Default: "".
+  /// Report file name stem; "" prints the report to stderr instead (global rank 0 only; with
+  /// a name each rank writes its own file). Default: "".
   TORCH_ARG(std::string, filename);
 };
 
@@ -27,6 +29,7 @@ std::ostream& operator<<(std::ostream& os, const SimpleProfilerOptions& o);
 class SimpleProfiler : public Profiler {
  public:
   explicit SimpleProfiler(SimpleProfilerOptions options = {});
+  void setup(const std::string& stage, int64_t rank, const std::string& log_dir) override;
   void start(const std::string& action) override;
   void stop(const std::string& action) override;
   void describe(const std::string& stage, const std::string& log_dir) override;
@@ -50,6 +53,7 @@ class SimpleProfiler : public Profiler {
   std::map<std::string, std::vector<Clock::time_point>> open_;
   Clock::time_point first_start_{};
   bool started_ = false;
+  int64_t rank_ = 0;  // global rank, from setup()
   std::string last_path_;
 };
 

@@ -268,17 +268,18 @@ class Run : public RunContext {
     }
     timed("[Callback]" + c.state_key() + "." + name, [&] { callback_fn(c); });
   }
-  /// Runs f as profiled action `action` (stop runs on exceptions too).
+  /// Runs f as profiled action `action` (stop runs on exceptions too: f's error is the one
+  /// thrown; a stop that fails after f returned, because f stopped the action itself, throws).
   template <typename F>
   void timed(const std::string& action, F&& f) {
-    struct Stop {
-      Profiler* p;
-      const std::string& a;
-      ~Stop() { p->stop(a); }
-    };
     prof->start(action);
-    Stop stop{prof, action};
-    f();
+    try {
+      f();
+    } catch (...) {
+      detail::stop_logging_errors(*prof, action);
+      throw;
+    }
+    prof->stop(action);
   }
   /// The next batch of a stream, its fetch time profiled as `action`.
   bool next_batch(BatchStream& stream, Batch& batch, const char* action) {
