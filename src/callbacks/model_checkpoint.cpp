@@ -204,7 +204,7 @@ std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) co
   struct timespec newest_time {};
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    // last.ckpt, last-v1.ckpt, ...: never temp files (they end in .tmp.<pid>).
+    // last.ckpt, last-v1.ckpt, ...: never temp files (they end in .volt-tmp.<pid>).
     if (name.rfind("last", 0) != 0 || name.size() < 9 ||
         name.compare(name.size() - 5, 5, ".ckpt") != 0) {
       continue;

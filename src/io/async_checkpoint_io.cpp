@@ -43,6 +43,8 @@ struct AsyncCheckpointIO::Impl {
     bool save = true;
     std::string path;
     std::string bytes;  // the unsealed file (saves)
+    // Removals: the failed saves the caller had been told of when it queued this one.
+    int64_t failed_saves_known = 0;
   };
 
   std::mutex mu;
@@ -52,7 +54,9 @@ struct AsyncCheckpointIO::Impl {
   int64_t pending_saves = 0;  // queued or being written
   int64_t pending_bytes = 0;
   bool stop = false;
-  std::string error;  // the first failure not yet thrown to the caller
+  std::string error;               // the first failure not yet thrown to the caller
+  int64_t failed_saves = 0;        // saves that failed, by the writer's count
+  int64_t failed_saves_known = 0;  // of those, the ones a rethrow had told the caller of
   // A written checkpoint's buffer, kept for the next save (reuse_buffer): serialising into
   // memory already touched skips the allocation and its page faults, which cost more than the
   // copy itself (docs/PERFORMANCE.md "Checkpoint writing").
@@ -72,8 +76,10 @@ struct AsyncCheckpointIO::Impl {
       if (queue.empty()) return;  // stop, and nothing left to write
       Task task = std::move(queue.front());
       queue.pop_front();
-      if (!task.save && !error.empty()) {
-        // A save before this removal failed: the file it was to replace stays.
+      if (!task.save && failed_saves > task.failed_saves_known) {
+        // A save queued before this removal failed, unknown to the caller when it asked for the
+        // removal: the file that save was to replace stays. (Whether the failure was thrown
+        // since does not matter; before session 81 a rethrow in between let the removal run.)
         log_warning(kTag, "kept '" + task.path + "' (not removed): an earlier save failed");
         changed.notify_all();  // flush() may be waiting for the queue to empty
         continue;
@@ -87,7 +93,7 @@ struct AsyncCheckpointIO::Impl {
           detail::seal_checkpoint(task.bytes);
           atomic_write_file(task.path, task.bytes);
         } else {
-          ::unlink(task.path.c_str());  // CheckpointIO::remove: a missing file is fine
+          detail::remove_file(task.path);  // CheckpointIO::remove: a missing file is fine
         }
       } catch (const std::exception& e) {
         failure = e.what();
@@ -108,6 +114,7 @@ struct AsyncCheckpointIO::Impl {
       }
       if (!failure.empty()) {
         ++stats.failures;
+        if (task.save) ++failed_saves;
         if (error.empty()) {
           error = std::string("the background ") + (task.save ? "save of '" : "removal of '") +
                   task.path + "' failed: " + failure;
@@ -122,6 +129,7 @@ struct AsyncCheckpointIO::Impl {
     if (error.empty()) return;
     const std::string what = std::move(error);
     error.clear();
+    failed_saves_known = failed_saves;
     VOLT_CHECK(false, CheckpointError, "[AsyncCheckpointIO] ", what,
                " (the files it would have replaced are intact; fix the cause and save again).");
   }
@@ -187,7 +195,7 @@ torch::serialize::InputArchive AsyncCheckpointIO::load(const std::string& path) 
 void AsyncCheckpointIO::remove(const std::string& path) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->rethrow_locked();
-  impl_->queue.push_back(Impl::Task{false, path, {}});
+  impl_->queue.push_back(Impl::Task{false, path, {}, impl_->failed_saves_known});
   impl_->start_locked();
   impl_->changed.notify_all();
 }

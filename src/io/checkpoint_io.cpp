@@ -52,8 +52,14 @@ constexpr uint64_t kSealedFieldsOffset = 12;
 
 }  // namespace
 
+void detail::remove_file(const std::string& path) {
+  VOLT_CHECK(::unlink(path.c_str()) == 0 || errno == ENOENT, CheckpointError,
+             "[CheckpointIO] cannot remove '", path, "' (", std::strerror(errno),
+             "); check the folder's permissions (the file stays).");
+}
+
 void CheckpointIO::remove(const std::string& path) {
-  ::unlink(path.c_str());
+  detail::remove_file(path);
 }
 
 void detail::serialize_checkpoint(torch::serialize::OutputArchive& archive, std::string& file) {

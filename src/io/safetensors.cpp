@@ -22,7 +22,8 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace volt {
 namespace {
 
-constexpr uint64_t kMaxHeaderBytes = 100u * 1024u * 1024u;  // the format's own limit
+// The format's own limit (the reference implementation's MAX_HEADER_SIZE).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 struct DtypeName {
   const char* name;
@@ -61,30 +62,56 @@ void save_safetensors(const std::map<std::string, at::Tensor>& tensors, const st
                       const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> data;
-  uint64_t offset = 0;
+  struct Laid {
+    const std::string* name;
+    at::Tensor t;
+  };
+  std::vector<Laid> data;
   for (const auto& [name, tensor] : tensors) {
     VOLT_CHECK(!name.empty() && name != "__metadata__", ValueError, "[Safetensors] tensor name '",
                name, "' is reserved or empty; rename it.");
     VOLT_CHECK(tensor.defined(), ValueError, "[Safetensors] tensor '", name,
                "' is undefined; drop it or give it a value.");
     at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    name_of(t.scalar_type());  // a dtype the format has, before anything is laid out
+    data.push_back({&name, std::move(t)});
+  }
+  // Widest element first (then by name), as the reference writer lays tensors out: every tensor
+  // starts at a multiple of its element size, so readers that map the file cast in place.
+  std::stable_sort(data.begin(), data.end(), [](const Laid& a, const Laid& b) {
+    return a.t.element_size() > b.t.element_size();
+  });
+  std::map<std::string, std::pair<uint64_t, uint64_t>> offsets;
+  uint64_t offset = 0;
+  for (const auto& d : data) {
+    const uint64_t bytes = static_cast<uint64_t>(d.t.numel()) * d.t.element_size();
+    offsets[*d.name] = {offset, offset + bytes};
+    offset += bytes;
+  }
+  for (const auto& [name, span] : offsets) {
+    const at::Tensor& t = tensors.at(name);
     header[name] = {{"dtype", name_of(t.scalar_type())},
                     {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    data.push_back(std::move(t));
+                    {"data_offsets", {span.first, span.second}}};
   }
-  std::string json = header.dump();
+  std::string json;
+  try {
+    json = header.dump();
+  } catch (const nlohmann::json::type_error& e) {
+    VOLT_CHECK(false, ValueError, "[Safetensors] a tensor name or metadata text is not UTF-8 (",
+               e.what(), "); the header is JSON: give names and metadata as UTF-8 text.");
+  }
   json.append((8 - json.size() % 8) % 8, ' ');  // keep the data 8-byte aligned, as Python does
+  VOLT_CHECK(json.size() <= kMaxHeaderBytes, ValueError, "[Safetensors] the header of '", path,
+             "' would be ", json.size(), " bytes, over the format's limit of ", kMaxHeaderBytes,
+             " (readers refuse it); split the tensors over several files.");
   std::string file;
   file.reserve(8 + json.size() + offset);
   const uint64_t n = json.size();
   file.append(reinterpret_cast<const char*>(&n), 8);
   file += json;
-  for (const auto& t : data) {
-    file.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  for (const auto& d : data) {
+    file.append(static_cast<const char*>(d.t.data_ptr()), d.t.numel() * d.t.element_size());
   }
   atomic_write_file(path, file);
 }
@@ -111,9 +138,10 @@ SafetensorsFile detail::parse_safetensors(const std::string& file, const std::st
              " bytes, shorter than the 8-byte header length; it is truncated or not safetensors.");
   uint64_t n = 0;
   std::memcpy(&n, file.data(), 8);
-  VOLT_CHECK(n <= kMaxHeaderBytes && n <= file.size() - 8, CheckpointError, where, "header length ",
-             n, " exceeds the file (", file.size(),
-             " bytes) or the format's 100 MiB limit; the file is truncated or not safetensors.");
+  VOLT_CHECK(
+      n <= kMaxHeaderBytes && n <= file.size() - 8, CheckpointError, where, "header length ", n,
+      " exceeds the file (", file.size(),
+      " bytes) or the format's 100,000,000-byte limit; the file is truncated or not safetensors.");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(file.begin() + 8, file.begin() + 8 + n);
@@ -214,7 +242,9 @@ void load_safetensors(torch::nn::Module& module, const std::string& path, bool s
   std::vector<std::string> keys;
   for (const auto& kv : f.tensors) keys.push_back(kv.first);
   detail::Fp8StateCrossing fp8(keys, module);
-  auto load_one = [&](const std::string& name, at::Tensor& target) {
+  // Copied only once every entry was checked, so a strict mismatch changes nothing.
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  auto load_one = [&](const std::string& name, const at::Tensor& target) {
     auto it = f.tensors.find(name);
     if (it == f.tensors.end()) {
       if (!fp8.skip_missing(name))
@@ -227,8 +257,7 @@ void load_safetensors(torch::nn::Module& module, const std::string& path, bool s
                          shape_str(target));
       return;
     }
-    torch::NoGradGuard no_grad;
-    target.copy_(it->second);
+    copies.emplace_back(target, it->second);
   };
   for (auto& p : module.named_parameters(true)) load_one(p.key(), p.value());
   for (auto& b : module.named_buffers(true)) load_one(b.key(), b.value());
@@ -246,6 +275,8 @@ void load_safetensors(torch::nn::Module& module, const std::string& path, bool s
     os << ". Load weights saved from the same model, or pass strict=false.";
     throw CheckpointError(os.str());
   }
+  torch::NoGradGuard no_grad;
+  for (auto& [target, saved] : copies) target.copy_(saved);
 }
 
 }  // namespace volt

@@ -58,8 +58,10 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
   std::vector<std::string> keys = archive.keys();
   std::set<std::string> expected(ignore.begin(), ignore.end());
   std::vector<std::string> problems;
+  // Copied only once every entry was checked, so a strict mismatch changes nothing.
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
   detail::Fp8StateCrossing fp8(keys, module);
-  auto load_one = [&](const std::string& name, at::Tensor& target, bool is_buffer) {
+  auto load_one = [&](const std::string& name, const at::Tensor& target, bool is_buffer) {
     expected.insert(name);
     at::Tensor saved;
     if (!archive.try_read(name, saved, is_buffer)) {
@@ -72,8 +74,7 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
                          shape_str(target));
       return;
     }
-    torch::NoGradGuard no_grad;
-    target.copy_(saved);
+    copies.emplace_back(target, std::move(saved));
   };
   for (auto& item : module.named_parameters(true)) load_one(item.key(), item.value(), false);
   for (auto& item : module.named_buffers(true)) load_one(item.key(), item.value(), true);
@@ -89,6 +90,8 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
     os << ". Load a checkpoint written by the same model class and hyper-parameters.";
     throw CheckpointError(os.str());
   }
+  torch::NoGradGuard no_grad;
+  for (auto& [target, saved] : copies) target.copy_(saved);
 }
 
 void save_optimizer_state(const torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
@@ -139,13 +142,18 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const torch::nn::M
              " param groups but configure_optimizers built ", groups.size(),
              "; resume with the same optimizer setup (and with the callbacks that added param "
              "groups during the run, such as BackboneFinetuning).");
-  auto& state = optimizer.state();
+  // Everything is read and checked first, then applied: a checkpoint that does not fit leaves
+  // the optimizer as it was. As torch's load_state_dict, the loaded state replaces the old
+  // one: a parameter without state in the checkpoint (never stepped there) has none after.
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
+  std::vector<std::pair<StateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> loaded;
   for (size_t g = 0; g < groups.size(); ++g) {
     torch::serialize::InputArchive group_ar;
     archive.read("group_" + std::to_string(g), group_ar);
     torch::serialize::InputArchive options_ar;
     group_ar.read("options", options_ar);
-    groups[g].options().serialize(options_ar);
+    options.push_back(groups[g].options().clone());
+    options.back()->serialize(options_ar);
     c10::IValue names_iv;
     group_ar.read("params", names_iv);
     auto names = c10::impl::toTypedList<std::string>(names_iv.toList());
@@ -165,9 +173,15 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const torch::nn::M
       if (!states_ar.try_read(name, one)) continue;  // no state yet (never stepped)
       auto st = new_optimizer_param_state(optimizer);
       st->serialize(one);
-      state[state_key_for<StateKey>(it->second)] = std::move(st);
+      loaded.emplace_back(state_key_for<StateKey>(it->second), std::move(st));
     }
   }
+  auto& state = optimizer.state();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].set_options(std::move(options[g]));
+    for (const auto& p : groups[g].params()) state.erase(state_key_for<StateKey>(p));
+  }
+  for (auto& [key, st] : loaded) state[key] = std::move(st);
 }
 
 void zero_grad(torch::optim::Optimizer& optimizer) {

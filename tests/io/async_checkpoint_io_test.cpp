@@ -3,8 +3,10 @@
 // are never silent and never cost the file they were to replace. Real files, real Trainer runs.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "io/detail/checkpoint_envelope.h"
 #include "log_capture.h"
@@ -159,6 +161,68 @@ TEST(AsyncCheckpointIO, AFailedSaveKeepsTheFileItWasToReplace) {
   EXPECT_EQ(errors, 1);
   EXPECT_TRUE(exists(dir / "old.ckpt"));
   EXPECT_TRUE(read_tensor(io, dir / "old.ckpt", "w").equal(torch::ones({1 << 16})));
+}
+
+// A removal queued behind a save that fails stays skipped even when the failure has been thrown
+// to the caller in between (by a later call, while the writer was busy with another save):
+// before session 81 the rethrow cleared the error the writer looked at, and the file that
+// failed save was to replace was deleted.
+TEST(AsyncCheckpointIO, ARemovalBehindAFailedSaveIsSkippedEvenAfterTheFailureWasThrown) {
+  volt_test::TempDir dir;
+  const std::string bad = unwritable(dir);
+  volt::AsyncCheckpointIO io(volt::AsyncCheckpointIOOptions().max_pending(3));
+  torch::serialize::OutputArchive small, big, bigger;
+  small.write("w", torch::ones({16}));
+  big.write("w", torch::zeros({48 << 20}));      // 192 MiB: the writer is busy with it a while
+  bigger.write("w", torch::zeros({128 << 20}));  // 512 MiB: longer than queueing the next three
+  io.save(small, dir / "old.ckpt");
+  io.flush();
+  int thrown = 0;
+  volt_test::capture_logs([&] {
+    // Queued while the writer is busy with the first: the failing save, a long save behind it,
+    // then the removal (the caller knows of no failure yet).
+    io.save(bigger, dir / "first.ckpt");
+    io.save(small, bad);
+    io.save(big, dir / "big.ckpt");
+    io.remove(dir / "old.ckpt");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (io.stats().failures == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    try {
+      io.save(small, dir / "next.ckpt");  // throws the failure, probably while big is written
+    } catch (const volt::CheckpointError&) {
+      ++thrown;
+    }
+    io.flush();
+  });
+  EXPECT_EQ(thrown, 1);
+  EXPECT_TRUE(exists(dir / "old.ckpt"));
+  EXPECT_TRUE(exists(dir / "big.ckpt"));
+  EXPECT_TRUE(exists(dir / "first.ckpt"));
+  // A removal asked for after the failure was thrown is the caller's informed choice: it runs.
+  io.remove(dir / "old.ckpt");
+  io.flush();
+  EXPECT_FALSE(exists(dir / "old.ckpt"));
+}
+
+// A file that cannot be deleted (a read-only folder) is an error, not silently kept: the caller
+// believes it gone. A missing file is fine.
+TEST(AsyncCheckpointIO, ARemovalThatFailsIsReportedBothSynchronousAndInTheBackground) {
+  // A path whose parent is a file: unlink fails with ENOTDIR, not ENOENT (folder permissions
+  // would not do: the tests run as root, which ignores them).
+  volt_test::TempDir dir;
+  std::ofstream(dir / "file") << "x";
+  const std::string impossible = dir / "file/child.ckpt";
+  EXPECT_THROW(volt::TorchCheckpointIO().remove(impossible), volt::CheckpointError);
+  EXPECT_NO_THROW(volt::TorchCheckpointIO().remove(dir / "missing.ckpt"));
+  volt::AsyncCheckpointIO io;
+  volt_test::capture_logs([&] {
+    io.remove(impossible);
+    EXPECT_THROW(io.flush(), volt::CheckpointError);
+  });
+  io.remove(dir / "missing.ckpt");
+  EXPECT_NO_THROW(io.flush());
 }
 
 TEST(AsyncCheckpointIO, HoldsAtMostMaxPendingCheckpoints) {

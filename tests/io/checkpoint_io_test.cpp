@@ -1,10 +1,12 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
+
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
+#include <sstream>
 
 #include <atomic>
 #include <fstream>
@@ -227,6 +229,49 @@ TEST(OptimizerState, ByNameRoundTripContinuesBitExactly) {
   EXPECT_TRUE(a.flat_params().equal(b.flat_params()));
 }
 
+// As torch's load_state_dict, a loaded state replaces the optimizer's: a state saved before the
+// first step leaves none behind (before session 81 the stepped Adam kept its moments and step
+// counts), and a state that does not fit changes nothing (the lr was overwritten before the
+// parameter count was checked).
+TEST(OptimizerState, LoadingReplacesTheStateAndAMismatchChangesNothing) {
+  torch::manual_seed(0);
+  volt_test::TinyClassifier m(8);
+  torch::optim::Adam fresh(m.parameters(), torch::optim::AdamOptions(0.01));
+  torch::serialize::OutputArchive fresh_out;
+  volt::save_optimizer_state(fresh, m, fresh_out);
+  std::stringstream fresh_bytes;
+  fresh_out.save_to(fresh_bytes);
+
+  torch::optim::Adam stepped(m.parameters(), torch::optim::AdamOptions(0.5));
+  for (int i = 0; i < 3; ++i) {
+    volt::zero_grad(stepped);
+    m.forward(torch::randn({4, 8})).sum().backward();
+    stepped.step();
+  }
+  ASSERT_FALSE(stepped.state().empty());
+  // A checkpoint of one parameter fewer: refused, and the lr and state stay.
+  {
+    const std::vector<at::Tensor> params = m.parameters();
+    torch::optim::Adam fewer(std::vector<at::Tensor>(params.begin() + 1, params.end()),
+                             torch::optim::AdamOptions(0.01));
+    torch::serialize::OutputArchive out;
+    volt::save_optimizer_state(fewer, m, out);
+    std::stringstream bytes;
+    out.save_to(bytes);
+    torch::serialize::InputArchive in;
+    in.load_from(bytes);
+    const size_t states = stepped.state().size();
+    EXPECT_THROW(volt::load_optimizer_state(stepped, m, in), volt::CheckpointError);
+    EXPECT_DOUBLE_EQ(stepped.param_groups()[0].options().get_lr(), 0.5);
+    EXPECT_EQ(stepped.state().size(), states);
+  }
+  torch::serialize::InputArchive in;
+  in.load_from(fresh_bytes);
+  volt::load_optimizer_state(stepped, m, in);
+  EXPECT_DOUBLE_EQ(stepped.param_groups()[0].options().get_lr(), 0.01);
+  EXPECT_TRUE(stepped.state().empty());
+}
+
 /// A writer in another process, stopped mid-write: the child creates and locks the temp file of
 /// `path` exactly as atomic_write_file does, writes a little, tells the parent through a pipe and
 /// waits to be killed.
@@ -253,7 +298,7 @@ ChildWriter start_child_writer(const std::string& path) {
   EXPECT_EQ(::read(ready[0], &c, 1), 1);  // blocks until the child holds its temp file
   EXPECT_EQ(c, 'r');
   ::close(ready[0]);
-  return {pid, path + ".tmp." + std::to_string(pid)};
+  return {pid, path + ".volt-tmp." + std::to_string(pid)};
 }
 
 void kill_child(const ChildWriter& w) {
@@ -273,11 +318,14 @@ TEST(CheckpointIO, WritesRemoveTempFilesOfDeadWritersButNotOfLiveOnes) {
   ASSERT_TRUE(exists(live.temp));
   // Debris of writers that died before: unlocked temp files, one named with this very process's
   // pid (a liveness check by pid would keep it), and files that only look similar.
-  const std::string stale = dir / "epoch=3.ckpt.tmp.4194000";
-  const std::string own_pid = dir / ("last.ckpt.tmp." + std::to_string(::getpid()));
+  const std::string stale = dir / "epoch=3.ckpt.volt-tmp.4194000";
+  const std::string own_pid = dir / ("last.ckpt.volt-tmp." + std::to_string(::getpid()));
   for (const auto& p : {stale, own_pid}) write_file(p, std::string(1000, 'x'));
-  const std::vector<std::string> kept = {dir / "notes.tmp", dir / "a.ckpt.tmp.12x",
-                                         dir / ".tmp.123", dir / "a.ckpt.tmp."};
+  // Another program's temporary file ("<name>.tmp.<digits>" was volt's own pattern before
+  // session 81, and every write in the folder deleted such files) stays.
+  const std::vector<std::string> kept = {dir / "notes.tmp",          dir / "a.ckpt.volt-tmp.12x",
+                                         dir / ".volt-tmp.123",      dir / "a.ckpt.volt-tmp.",
+                                         dir / "other.out.tmp.4242", dir / "x.tmp.7"};
   for (const auto& p : kept) write_file(p, "keep");
 
   volt::atomic_write_file(dir / "config.yaml", "a: 1\n");
@@ -300,7 +348,7 @@ TEST(CheckpointIO, WritesRemoveTempFilesOfDeadWritersButNotOfLiveOnes) {
 }
 
 TEST(CheckpointIO, TwoThreadsWritingOnePathTakeTurnsAndReadersSeeOnlyWholeFiles) {
-  // Both writers name their temp file "<path>.tmp.<pid>": the second waits on the first's lock
+  // Both writers name their temp file "<path>.volt-tmp.<pid>": the second waits on the first's lock
   // (and starts over once the name is renamed away), so neither writes into the other's file.
   volt_test::TempDir dir;
   const std::string path = dir / "shared.bin";
@@ -341,14 +389,32 @@ TEST(CheckpointIO, TwoThreadsWritingOnePathTakeTurnsAndReadersSeeOnlyWholeFiles)
 }
 
 TEST(CheckpointIO, TempFileNames) {
-  EXPECT_TRUE(volt::detail::is_temp_name("last.ckpt.tmp.123"));
-  EXPECT_TRUE(volt::detail::is_temp_name("a.tmp.b.tmp.7"));
-  EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt.tmp."));
-  EXPECT_FALSE(volt::detail::is_temp_name(".tmp.5"));
-  EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt.tmp.1a"));
+  EXPECT_TRUE(volt::detail::is_temp_name("last.ckpt.volt-tmp.123"));
+  EXPECT_TRUE(volt::detail::is_temp_name("a.volt-tmp.b.volt-tmp.7"));
+  EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt.volt-tmp."));
+  EXPECT_FALSE(volt::detail::is_temp_name(".volt-tmp.5"));
+  EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt.volt-tmp.1a"));
+  EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt.tmp.123"));  // not volt's
   EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt"));
   EXPECT_EQ(volt::detail::temp_path_for("/x/a.ckpt"),
-            "/x/a.ckpt.tmp." + std::to_string(::getpid()));
+            "/x/a.ckpt.volt-tmp." + std::to_string(::getpid()));
+}
+
+// A symbolic link planted at the name of a write's temporary file (the pid is predictable) is
+// not followed: before session 81 its target was truncated and overwritten, and the rename left
+// the checkpoint a link to it.
+TEST(CheckpointIO, ALinkAtTheTemporaryNameIsNotFollowed) {
+  volt_test::TempDir dir;
+  const std::string target = dir / "precious.txt";
+  write_file(target, "keep me");
+  const std::string path = dir / "model.ckpt";
+  ASSERT_EQ(::symlink(target.c_str(), volt::detail::temp_path_for(path).c_str()), 0);
+  volt::atomic_write_file(path, "new contents");
+  EXPECT_EQ(read_file(target), "keep me");
+  EXPECT_EQ(read_file(path), "new contents");
+  struct stat st;
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
 }
 
 }  // namespace

@@ -108,7 +108,8 @@ TEST(Safetensors, RejectsMalformedFiles) {
   expect_load_error(dir / "missing.safetensors", "cannot open");
   std::ofstream(p) << "abc";
   expect_load_error(p, "shorter than the 8-byte header length");
-  write_raw(p, "{}", "");
+  write_raw(p, "{}", "");  // no tensors: a valid file
+  EXPECT_TRUE(volt::load_safetensors(p).tensors.empty());
   {
     std::ofstream f(p, std::ios::binary);
     const uint64_t n = 1000;
@@ -172,12 +173,15 @@ TEST(Safetensors, ModuleMismatchIsReportedOrSkipped) {
     EXPECT_NE(std::string(e.what()).find("shape of 'weight'"), std::string::npos) << e.what();
   }
   auto no_bias = torch::nn::Linear(torch::nn::LinearOptions(3, 2).bias(false));
+  const at::Tensor before = no_bias->weight.clone();
   try {
     volt::load_safetensors(*no_bias, dir / "w.safetensors");
     FAIL() << "expected CheckpointError";
   } catch (const volt::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("unexpected 'bias'"), std::string::npos) << e.what();
   }
+  // A strict mismatch changes nothing (before session 81 the matching weight was copied).
+  EXPECT_TRUE(no_bias->weight.equal(before));
   volt::load_safetensors(*no_bias, dir / "w.safetensors", /*strict=*/false);
   EXPECT_TRUE(no_bias->weight.equal(small->weight));
 }
@@ -193,6 +197,41 @@ TEST(Safetensors, RejectsUnsupportedDtypesAndNames) {
   EXPECT_THROW(volt::save_safetensors({{"__metadata__", at::zeros({1})}}, dir / "m.safetensors"),
                volt::ValueError);
   EXPECT_FALSE(std::ifstream(dir / "c.safetensors").good());  // nothing partial left behind
+  // The header is JSON: a name or metadata value that is not UTF-8 is a ValueError (it escaped
+  // as nlohmann's type_error before session 81).
+  EXPECT_THROW(volt::save_safetensors({{"\xff", at::zeros({1})}}, dir / "u.safetensors"),
+               volt::ValueError);
+  EXPECT_THROW(
+      volt::save_safetensors({{"a", at::zeros({1})}}, dir / "u.safetensors", {{"k", "\xfe"}}),
+      volt::ValueError);
+  EXPECT_FALSE(std::ifstream(dir / "u.safetensors").good());
+}
+
+// Each tensor starts at a multiple of its element size (the reference writer's layout: widest
+// dtype first), so a reader that maps the file casts in place. Before session 81 the tensors lay
+// in name order: "a" (3 bytes) put "b" (float) at offset 3.
+TEST(Safetensors, EveryTensorIsAlignedToItsElementSize) {
+  volt_test::TempDir dir;
+  const std::string p = dir / "mixed.safetensors";
+  const std::map<std::string, at::Tensor> tensors{{"a", at::arange(3).to(at::kByte)},
+                                                  {"b", at::arange(2).to(at::kFloat)},
+                                                  {"c", at::arange(3).to(at::kShort)},
+                                                  {"d", at::arange(5).to(at::kDouble)},
+                                                  {"e", at::ones({1}, at::kBool)}};
+  volt::save_safetensors(tensors, p);
+  std::ifstream in(p, std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  std::string json(n, ' ');
+  in.read(json.data(), static_cast<std::streamsize>(n));
+  EXPECT_EQ((8 + n) % 8, 0u);
+  const auto header = nlohmann::json::parse(json);
+  for (const auto& [name, t] : tensors) {
+    const uint64_t begin = header.at(name).at("data_offsets")[0].get<uint64_t>();
+    EXPECT_EQ(begin % t.element_size(), 0u) << name << " at " << begin;
+  }
+  const auto back = volt::load_safetensors(p);
+  for (const auto& [name, t] : tensors) EXPECT_TRUE(back.tensors.at(name).equal(t)) << name;
 }
 
 }  // namespace

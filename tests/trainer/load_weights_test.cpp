@@ -112,8 +112,11 @@ TEST(LoadWeights, AMismatchListsEveryNameAndTheCheckpointUnlessNotStrict) {
   WithVocab trained;
   const std::string ckpt = fit_and_checkpoint(dir, trained);
   TinyClassifier wider(5);  // fc1 takes 5 features instead of 8
-  const at::Tensor fc1_before = wider.fc1->weight.clone();
+  const at::Tensor fc2_before = wider.fc2->weight.clone();
+  ASSERT_FALSE(fc2_before.equal(trained.fc2->weight));
   const std::string err = error_of<volt::CheckpointError>([&] { volt::load_weights(wider, ckpt); });
+  // Strict: nothing changed, not even the entries that match (fc2 was loaded before session 81).
+  EXPECT_TRUE(wider.fc2->weight.equal(fc2_before));
   EXPECT_NE(err.find("shape of 'fc1.weight': checkpoint [16, 8] vs model [16, 5]"),
             std::string::npos)
       << err;

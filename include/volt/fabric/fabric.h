@@ -352,7 +352,9 @@ class Fabric {
   void save(const std::string& path, const FabricState& state);
   /// Reads `path` into `state` (every rank reads the file). strict: every entry of `state` must
   /// be in the file (CheckpointError naming the missing ones); entries of the file that `state`
-  /// lacks are left. The state's modules must have been set up first.
+  /// lacks are left. The state's modules must have been set up first. A strict miss changes
+  /// nothing; a module whose weights do not match the file (CheckpointError) is left as it was,
+  /// but the modules before it in `state` are loaded by then: load again or rebuild them.
   void load(const std::string& path, FabricState& state, bool strict = true);
 
  private:

@@ -18,7 +18,8 @@ class CheckpointIO {
   virtual void save(torch::serialize::OutputArchive& archive, const std::string& path) = 0;
   /// Throws CheckpointError when the file is missing, truncated or fails its integrity check.
   virtual torch::serialize::InputArchive load(const std::string& path) = 0;
-  /// Deletes the checkpoint file at `path` (a missing file is not an error).
+  /// Deletes the checkpoint file at `path` (a missing file is not an error; one that cannot be
+  /// deleted, e.g. in a read-only folder, is a CheckpointError).
   virtual void remove(const std::string& path);
   /// Returns once every save and remove issued so far is on disk, and throws (CheckpointError)
   /// the first of their failures not reported yet. The Trainer calls it when a run ends.

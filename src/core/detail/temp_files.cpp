@@ -23,11 +23,11 @@ bool same_file(const struct stat& a, const struct stat& b) {
 }  // namespace
 
 std::string temp_path_for(const std::string& path) {
-  return path + ".tmp." + std::to_string(::getpid());
+  return path + ".volt-tmp." + std::to_string(::getpid());
 }
 
 bool is_temp_name(const std::string& name) {
-  static const std::string kInfix = ".tmp.";
+  static const std::string kInfix = ".volt-tmp.";
   const size_t pos = name.rfind(kInfix);
   if (pos == std::string::npos || pos == 0 || pos + kInfix.size() == name.size()) return false;
   for (size_t i = pos + kInfix.size(); i < name.size(); ++i) {
@@ -38,7 +38,12 @@ bool is_temp_name(const std::string& name) {
 
 int create_locked_temp(const std::string& tmp) {
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    // O_NOFOLLOW: a link planted at this (predictable) name is removed, never written through.
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ELOOP) {
+      ::unlink(tmp.c_str());
+      continue;
+    }
     VOLT_CHECK(fd >= 0, CheckpointError, "[CheckpointIO] cannot create '", tmp, "' (",
                std::strerror(errno), "); check that the folder is writable.");
     int rc;

@@ -1,5 +1,5 @@
 #pragma once
-// The temporary files of atomic_write_file: "<path>.tmp.<pid>", locked while being written, so
+// The temporary files of atomic_write_file: "<path>.volt-tmp.<pid>", locked while being written, so
 // that a writer killed mid-write (SIGKILL, OOM, power) leaves debris that the next writer in
 // the folder can recognise as dead and remove, without ever touching a live writer's file.
 // No torch includes.
@@ -9,10 +9,11 @@
 namespace volt {
 namespace detail {
 
-/// "<path>.tmp.<this process's pid>".
+/// "<path>.volt-tmp.<this process's pid>".
 std::string temp_path_for(const std::string& path);
 
-/// True for names volt's temporary files have: "<name>.tmp.<digits>" with a non-empty name.
+/// True for names volt's temporary files have: "<name>.volt-tmp.<digits>" with a non-empty
+/// name (an infix of its own: other programs' "x.tmp.123" are not volt's to remove).
 bool is_temp_name(const std::string& file_name);
 
 /// Creates (or truncates) `tmp` for writing and returns its descriptor holding an exclusive

@@ -23,5 +23,9 @@ void serialize_checkpoint(torch::serialize::OutputArchive& archive, std::string&
 /// Fills in the header of serialize_checkpoint's bytes (payload size, CRC-32 of the payload).
 void seal_checkpoint(std::string& file);
 
+/// unlink(path); a missing file is fine, any other failure (a read-only folder) a
+/// CheckpointError: the caller believed the file gone.
+void remove_file(const std::string& path);
+
 }  // namespace detail
 }  // namespace volt
