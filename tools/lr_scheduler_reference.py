@@ -225,6 +225,15 @@ def cases():
                                               "total_iters": 4}},
                 onecycle([0.3, 0.2], 30)],
             "milestones": [6]}}, 36, record_momentum=True)
+    # SWALR counts its steps by _step_count, which its own constructor advanced: after a
+    # milestone it is one step into its annealing at once (volt was one behind before session 81).
+    add("sequential_step_swalr",
+        {"kind": "SequentialLR", "args": {
+            "schedulers": [
+                {"kind": "StepLR", "args": {"step_size": 100, "gamma": 0.1}},
+                {"kind": "SWALR", "args": {"swa_lr": 0.1, "anneal_epochs": 4,
+                                           "anneal_strategy": "linear"}}],
+            "milestones": [3]}}, 12)
     # SWALR: cosine and linear annealing to per-group or shared SWA lrs, and the jump at once.
     add("swalr_cos_10_per_group",
         {"kind": "SWALR", "args": {"swa_lr": [0.02, 0.2], "anneal_epochs": 10,

@@ -87,6 +87,8 @@ struct StochasticWeightAveraging::State {
   detail::AveragedTensors average;  // of the module's parameters
   /// Each group's lr when the first SWA epoch began (empty before).
   std::vector<double> lr0;
+  /// lr0 came from a checkpoint (not from this fit's optimizer).
+  bool lr0_from_checkpoint = false;
   /// swa_lrs, one per param group (at fit start).
   std::vector<double> swa_lrs;
   /// The wrapper standing in the optimizer config for the module's scheduler (null if none).
@@ -293,11 +295,21 @@ void StochasticWeightAveraging::apply_schedule(RunContext& run, int64_t epoch) {
     s.held_run = &run;
     config.scheduler(s.held);
   }
-  if (s.lr0.empty()) s.lr0 = group_lrs(optimizer);
-  VOLT_CHECK(s.lr0.size() == optimizer.param_groups().size(), CheckpointError, kTag,
-             " the checkpoint holds learning rates for ", s.lr0.size(),
+  if (s.lr0.empty()) {
+    s.lr0 = group_lrs(optimizer);
+    s.lr0_from_checkpoint = false;
+  }
+  VOLT_CHECK(!s.lr0_from_checkpoint || s.lr0.size() == optimizer.param_groups().size(),
+             CheckpointError, kTag, " the checkpoint holds learning rates for ", s.lr0.size(),
              " param groups but the optimizer has ", optimizer.param_groups().size(),
              "; resume with the same optimizer setup.");
+  // A group added once SWA runs (BackboneFinetuning unfreezing after swa_epoch_start) has no
+  // rate to anneal from (Lightning fails there too, with a KeyError).
+  VOLT_CHECK(s.lr0.size() == optimizer.param_groups().size(), ConfigError, kTag,
+             " the optimizer had ", s.lr0.size(), " param groups when SWA started and has ",
+             optimizer.param_groups().size(),
+             " now; a param group added after swa_epoch_start cannot be annealed: add it before "
+             "(e.g. BackboneFinetuning's unfreeze_backbone_at_epoch before swa_epoch_start).");
   for (size_t g = 0; g < s.lr0.size(); ++g) {
     optimizer.param_groups()[g].options().set_lr(
         SWALR::lr_at(s.lr0[g], s.swa_lrs[g], epoch - swa_start_, options_.annealing_epochs(),
@@ -352,6 +364,7 @@ void StochasticWeightAveraging::load_state(torch::serialize::InputArchive& archi
   finished_epoch_ = finished.toInt();
   const auto lrs = lr0.toDoubleList();
   s.lr0.assign(lrs.begin(), lrs.end());
+  s.lr0_from_checkpoint = !s.lr0.empty();
   torch::serialize::InputArchive avg;
   archive.read("averaged", avg);
   s.loaded_average = detail::AveragedTensors::read(avg);

@@ -678,7 +678,8 @@ double SWALR::lr_at(double lr0, double swa_lr, int64_t step, int64_t anneal_epoc
 std::vector<double> SWALR::compute_lrs(const std::vector<double>& current) {
   // PyTorch's get_lr(): step = _step_count - 1, which is last_epoch for a scheduler built with
   // last_epoch -1; the lr before annealing is recovered from the current one.
-  const int64_t step = anneal_epochs_ == 0 ? std::max<int64_t>(1, last_epoch_) : last_epoch_;
+  const int64_t steps = last_epoch_ + step_offset_;
+  const int64_t step = anneal_epochs_ == 0 ? std::max<int64_t>(1, steps) : steps;
   const double span = static_cast<double>(std::max<int64_t>(1, anneal_epochs_));
   const double prev_alpha =
       swa_anneal(anneal_strategy_, clamp01(static_cast<double>(step - 1) / span));
@@ -690,6 +691,22 @@ std::vector<double> SWALR::compute_lrs(const std::vector<double>& current) {
     out.push_back(swa * alpha + prev * (1 - alpha));
   }
   return out;
+}
+
+std::vector<double> SWALR::closed_form_lrs(const std::vector<double>& current) {
+  step_offset_ = 1;
+  return compute_lrs(current);
+}
+
+void SWALR::save(torch::serialize::OutputArchive& archive) const {
+  LRScheduler::save(archive);
+  archive.write("step_offset", c10::IValue(step_offset_));
+}
+
+void SWALR::load(torch::serialize::InputArchive& archive) {
+  LRScheduler::load(archive);
+  c10::IValue offset;  // absent in checkpoints before session 81: 0
+  step_offset_ = archive.try_read("step_offset", offset) ? offset.toInt() : 0;
 }
 
 // - At milestone m the next scheduler is stepped with step(0) (epoch argument), which sets its

@@ -260,6 +260,29 @@ TEST(StochasticWeightAveraging, RefusesWhatCannotWork) {
   }
   EXPECT_TRUE(torch::equal(before, model.flat_params()));  // refused before training
 
+  // A param group added once SWA runs has no rate to anneal from: a ConfigError saying so (a
+  // CheckpointError about "the checkpoint" before session 81, with no checkpoint involved).
+  struct AddsAGroupAt : volt::Callback {
+    int64_t epoch;
+    at::Tensor extra = torch::zeros({1}, torch::requires_grad());
+    explicit AddsAGroupAt(int64_t e) : epoch(e) {}
+    std::string state_key() const override { return "AddsAGroupAt"; }
+    void on_train_epoch_start(volt::RunContext& run, volt::Module&) override {
+      if (run.state().epoch != epoch) return;
+      run.optimizer_configs().front().optimizer()->add_param_group(
+          torch::optim::OptimizerParamGroup(
+              {extra}, std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(0.01))));
+    }
+  };
+  TinyClassifier grows;
+  const std::string grown = error_of<volt::ConfigError>([&] {
+    volt::Trainer(quiet(dir.path).max_epochs(3).callbacks(
+                      {std::make_shared<AddsAGroupAt>(2),
+                       swa(StochasticWeightAveragingOptions({0.1}).swa_epoch_start(2))}))
+        .fit(grows, data);
+  });
+  EXPECT_TRUE(has(grown, "had 1 param groups when SWA started and has 2 now")) << grown;
+
   struct ManualWithBatchNorm : volt_test::ManualTinyClassifier {
     ManualWithBatchNorm() { register_module("bn", torch::nn::BatchNorm1d(16)); }
   } manual;

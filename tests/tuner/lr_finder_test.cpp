@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "error_text.h"
 #include "log_capture.h"
@@ -26,8 +27,10 @@ class Scripted : public volt::Module {
  public:
   Scripted() { w = register_parameter("w", torch::ones({3}, torch::kDouble)); }
   torch::Tensor training_step(const volt::Batch&, int64_t) override {
-    return w.sum() * 0 + raw_loss(calls++);
+    const int64_t i = calls++;
+    return w.sum() * 0 + (i >= inf_from ? INFINITY : raw_loss(i));
   }
+  int64_t inf_from = std::numeric_limits<int64_t>::max();  // calls from here on: an inf loss
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
     auto opt = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
     return {volt::OptimizerConfig(opt)
@@ -80,6 +83,45 @@ TEST(LrFinder, RatesAndSmoothedLossesAreLightnings) {
   // The module is as before: its weights (SGD stepped with zero gradients anyway) and no grads.
   EXPECT_TRUE(torch::equal(model.w, torch::ones({3}, torch::kDouble)));
   EXPECT_FALSE(model.w.grad().defined());
+}
+
+// Driving the loss to inf is what the range test is for: Lightning records the point and stops
+// (inf is more than 4x the best), or goes on without a threshold and suggests from the finite
+// points. Before session 81 the trial's non-finite loss check threw a ValueError and the whole
+// result was lost.
+TEST(LrFinder, AnInfiniteLossEndsTheTestInsteadOfFailingIt) {
+  volt_test::TempDir dir;
+  Scripted model;
+  model.inf_from = 25;
+  const auto r = volt::lr_find(model, four_batches(), quiet(dir.path),
+                               LrFinderOptions().min_lr(1e-5).max_lr(10).num_training(40));
+  ASSERT_EQ(r.lrs.size(), 26u);
+  EXPECT_FALSE(std::isfinite(r.losses.back()));
+  Scripted unbounded;
+  unbounded.inf_from = 25;
+  const auto all =
+      volt::lr_find(unbounded, four_batches(), quiet(dir.path),
+                    LrFinderOptions().min_lr(1e-5).max_lr(10).num_training(40).early_stop_threshold(
+                        c10::nullopt));
+  ASSERT_EQ(all.lrs.size(), 40u);
+  EXPECT_TRUE(all.suggestion().has_value());
+}
+
+// A trial under a precision that converts the module in place (64-true, bf16-true) gives it
+// back in its own dtype with its own values; before session 81 it stayed float64.
+TEST(LrFinder, TheModuleKeepsItsDtypeAfterATrialInAnotherPrecision) {
+  volt_test::TempDir dir;
+  for (const char* precision : {"64-true", "bf16-true"}) {
+    SCOPED_TRACE(precision);
+    torch::manual_seed(3);
+    volt_test::TinyClassifier model;
+    const at::Tensor before = model.flat_params().clone();
+    volt::lr_find(model, four_batches(), quiet(dir.path).precision(precision),
+                  LrFinderOptions().num_training(5));
+    for (const auto& p : model.parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);
+    EXPECT_TRUE(torch::equal(model.flat_params(), before));
+    volt::Trainer(quiet(dir.path).max_epochs(1)).fit(model, four_batches());  // fp32 again
+  }
 }
 
 TEST(LrFinder, StopsWhenTheLossDivergesAndSchedulesLinearly) {

@@ -354,14 +354,22 @@ class SWALR : public LRScheduler {
   /// to `swa_lr`.
   static double lr_at(double lr0, double swa_lr, int64_t step, int64_t anneal_epochs,
                       AnnealStrategy anneal_strategy);
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
 
  protected:
   std::vector<double> compute_lrs(const std::vector<double>& current) override;
+  /// At a SequentialLR milestone: one step into the annealing (see step_offset_).
+  std::vector<double> closed_form_lrs(const std::vector<double>& current) override;
 
  private:
   std::vector<double> swa_lrs_;
   int64_t anneal_epochs_;
   AnnealStrategy anneal_strategy_;
+  /// PyTorch's SWALR counts its steps by _step_count, not last_epoch: behind a SequentialLR
+  /// milestone (whose step(0) resets last_epoch but not _step_count, which this scheduler's own
+  /// construction advanced) it runs one step ahead of last_epoch.
+  int64_t step_offset_ = 0;
 };
 
 /// Chains schedulers: schedulers[i] drives the lr from milestones[i-1] on, as

@@ -42,7 +42,10 @@ TrainerOptions trial_options(TrainerOptions o) {
       .loggers({})
       .callbacks({})
       .profiler(nullptr)
-      .checkpoint_io(nullptr);
+      .checkpoint_io(nullptr)
+      // A rate range test drives the loss to inf on purpose (Lightning records it and stops),
+      // and a batch-size trial is judged on memory, not on its loss.
+      .detect_nonfinite_loss(false);
   return o;
 }
 
@@ -59,11 +62,20 @@ void ModuleSnapshot::restore() {
   auto buffers = module_.buffers();
   VOLT_CHECK(params.size() == params_.size() && buffers.size() == buffers_.size(), InternalError,
              tag_, " the module's parameters changed during the trial runs.");
+  // A trial's precision may have converted the tensors in place (bf16-true, 64-true): they get
+  // their own dtype back, on the device they are on now (KeepDevice moves the module back).
+  auto put_back = [](at::Tensor& t, const at::Tensor& saved) {
+    if (t.scalar_type() == saved.scalar_type()) {
+      t.copy_(saved);
+    } else {
+      t.set_data(saved.to(t.device(), saved.scalar_type(), /*non_blocking=*/false, /*copy=*/true));
+    }
+  };
   for (size_t i = 0; i < params.size(); ++i) {
-    params[i].copy_(params_[i]);
+    put_back(params[i], params_[i]);
     params[i].mutable_grad() = at::Tensor();
   }
-  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(buffers_[i]);
+  for (size_t i = 0; i < buffers.size(); ++i) put_back(buffers[i], buffers_[i]);
   set_rng_states(rng_);
 }
 
