@@ -1,5 +1,7 @@
 #include "volt/kernels/fused_bias_activation.h"
 
+#include <c10/util/accumulate.h>
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
@@ -129,6 +131,9 @@ at::Tensor& fused_bias_activation_(at::Tensor& y, const at::Tensor& bias, Activa
   VOLT_CHECK(reason.empty(), NotAvailable, kTag, " the fused kernel does not apply: ", reason,
              "; use volt::bias_activation_reference.");
   run_kernel(y, bias, act);
+  // Written through the data pointer: tell autograd, as an in-place op would (a tensor saved
+  // for backward and changed here under NoGradGuard then fails backward, not its gradient).
+  y.unsafeGetTensorImpl()->bump_version();
   return y;
 }
 
@@ -165,7 +170,9 @@ at::Tensor fused_linear_activation(const at::Tensor& x, const at::Tensor& weight
   }
   // mm on the 2-D view: libtorch's own linear adds the bias inside the GEMM (addmm), which the
   // epilogue does instead, while the activation's separate pass is gone.
-  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  // Rows counted, not -1: reshape({-1, 0}) of an input with no features is ambiguous.
+  const at::Tensor x2 =
+      x.reshape({c10::multiply_integers(x.sizes().slice(0, x.dim() - 1)), x.size(-1)});
   at::Tensor y = at::mm(x2, weight.t());
   if (!y.is_contiguous()) y = y.contiguous();
   run_kernel(y, bias.defined() ? bias.contiguous() : bias, act);

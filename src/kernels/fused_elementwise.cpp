@@ -1822,7 +1822,16 @@ std::vector<at::Tensor> FusedElementwise::operator()(const std::vector<at::Tenso
       ++l.stats.fallbacks;
     }
     if (!detail::tracing()) {  // under a trace the composition is the design, not a fallback
-      warn_once("jit-fallback:" + name_ + ":" + why, kComponent,
+      // Keyed by the reason without its shapes ("[B, 1, D]"): inputs of changing shapes warn
+      // once, not once per shape into a set that never shrinks.
+      std::string kind;
+      int depth = 0;
+      for (char c : why) {
+        depth += c == '[' ? 1 : 0;
+        if (depth == 0) kind += c;
+        depth -= (c == ']' && depth > 0) ? 1 : 0;
+      }
+      warn_once("jit-fallback:" + name_ + ":" + kind, kComponent,
                 "'" + name_ + "' runs the libtorch composition: " + why);
     }
     return reference(inputs);

@@ -195,4 +195,28 @@ TEST(FusedBiasActivation, ActivationNamesRoundTripAndUnknownOnesAreConfigErrors)
   EXPECT_THROW(volt::parse_activation("swish"), volt::ConfigError);
 }
 
+// The in-place kernel writes through the data pointer; before session 81 it left the version
+// counter alone, so a tensor autograd had saved, changed under NoGradGuard, gave a silently wrong
+// gradient (exp(w) + 1 here) instead of torch's in-place error.
+TEST(FusedBiasActivation, TheInPlaceKernelBumpsTheVersionCounterAsAnInPlaceOpWould) {
+  const at::Tensor w = torch::randn({4}, torch::requires_grad());
+  at::Tensor z = w.exp();  // ExpBackward saves its result
+  const int64_t before = z._version();
+  {
+    torch::NoGradGuard no_grad;
+    volt::fused_bias_activation_(z, torch::ones({4}), Activation::kIdentity);
+  }
+  EXPECT_EQ(z._version(), before + 1);
+  EXPECT_THROW(z.sum().backward(), c10::Error);
+}
+
+// No input features: linear gives the bias broadcast to every row (reshape({-1, 0}) threw).
+TEST(FusedBiasActivation, ALinearWithoutInputFeaturesGivesTheActivatedBias) {
+  torch::NoGradGuard no_grad;
+  const at::Tensor x = torch::zeros({3, 0}), w = torch::zeros({4, 0}), b = torch::ones({4});
+  const at::Tensor got = volt::fused_linear_activation(x, w, b, Activation::kIdentity, true);
+  EXPECT_TRUE(got.equal(volt::linear_activation_reference(x, w, b, Activation::kIdentity)));
+  EXPECT_TRUE(got.equal(torch::ones({3, 4})));
+}
+
 }  // namespace
