@@ -107,7 +107,7 @@ TEST(ConfigTree, CanonicalizeMovesShorthandUnderInitArgs) {
   EXPECT_EQ(at(cbs.items[1], {"init_args", "b"}).scalar, "2");
 }
 
-TEST(ConfigTree, MergeLaterWinsAndANewClassDropsOldInitArgs) {
+TEST(ConfigTree, MergeLaterWinsAndANewClassMarksOldInitArgsCarried) {
   auto a = parse_yaml(
       "trainer: {max_epochs: 1, max_steps: 5}\nmodel: {class_path: A, init_args: {lr: 1}}\n", "a");
   auto same =
@@ -123,7 +123,14 @@ TEST(ConfigTree, MergeLaterWinsAndANewClassDropsOldInitArgs) {
   canonicalize(other);
   merge(a, other);
   EXPECT_EQ(at(a, {"model", "class_path"}).scalar, "B");
-  EXPECT_EQ(a.find("model")->find("init_args"), nullptr);  // A's args do not leak into B
+  // A's args stay, marked: resolve keeps those B takes (tests/cli/resolve_test.cpp).
+  EXPECT_TRUE(at(a, {"model", "init_args", "lr"}).carried);
+  EXPECT_TRUE(at(a, {"model", "init_args", "w"}).carried);
+  auto again = parse_yaml("model: {init_args: {lr: 2}}\n", "d");
+  canonicalize(again);
+  merge(a, again);
+  EXPECT_FALSE(at(a, {"model", "init_args", "lr"}).carried);  // set for B now
+  EXPECT_TRUE(at(a, {"model", "init_args", "w"}).carried);
 }
 
 TEST(ConfigTree, OverridesUseShorthandIndexesAndAppend) {

@@ -310,4 +310,77 @@ TEST(Resolve, UnknownRegisteredNamesListTheValidOnes) {
   EXPECT_NE(m.find("valid keys under model.init_args: (none)"), std::string::npos) << m;
 }
 
+// jsonargparse's rule for a changed class_path (--model=X, --model.class_path=X or a later
+// config file): the init_args set so far stay where the new class takes a parameter of that
+// name and are dropped where it does not. Before session 81 --model=X dropped them all and
+// --model.class_path=X kept them all (an unknown-key error for the new class).
+TEST(Resolve, AChangedClassKeepsTheInitArgsItTakesAndDropsTheRest) {
+  volt::Registry r = test_registry();
+  r.models.add("Narrow", "lr and name only",
+               volt::Params().add("lr", 0.1, "lr").add("name", "n", "a string"),
+               [](const volt::Args&) -> std::shared_ptr<volt::Module> {
+                 return std::make_shared<volt_test::TinyClassifier>();
+               });
+  const std::string yaml = "model: {class_path: Everything, init_args: {width: 8, lr: 0.5}}\n";
+  for (const std::string how : {"--model=", "--model.class_path=", "file"}) {
+    SCOPED_TRACE(how);
+    ConfigNode n = parse_yaml(yaml, "run.yaml");
+    volt::detail::canonicalize(n);
+    if (how == "file") {
+      ConfigNode later = parse_yaml("model: Narrow\n", "later.yaml");
+      volt::detail::canonicalize(later);
+      volt::detail::merge(n, later);
+    } else {
+      volt::detail::apply_override(n, how == "--model=" ? "model" : "model.class_path", "Narrow",
+                                   false, how + "Narrow");
+    }
+    const ResolvedConfig c = volt::detail::resolve(n, r);
+    EXPECT_EQ(c.model.class_path, "Narrow");
+    EXPECT_DOUBLE_EQ(c.model.args.get<double>("lr"), 0.5);  // Narrow takes lr: kept
+    EXPECT_EQ(c.model.args.get<std::string>("name"), "n");
+    // Narrow's resolution dropped width; the config still holds it, so changing back to a class
+    // that takes it finds it (jsonargparse would have dropped it at the first change).
+    volt::detail::apply_override(n, "model", "Everything", false, "--model=Everything");
+    EXPECT_EQ(volt::detail::resolve(n, r).model.args.get<int64_t>("width"), 8);
+  }
+  // A key set explicitly for the new class is checked as always.
+  ConfigNode n = parse_yaml(yaml, "run.yaml");
+  volt::detail::canonicalize(n);
+  volt::detail::apply_override(n, "model", "Narrow", false, "--model=Narrow");
+  volt::detail::apply_override(n, "model.width", "4", false, "--model.width=4");
+  try {
+    volt::detail::resolve(n, r);
+    ADD_FAILURE() << "an explicit unknown key passed";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown key \"model.init_args.width\""),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A command-line value YAML reads as a mapping or list is taken as typed by a string parameter:
+// --model.name={epoch} is the text "{epoch}", not the mapping {epoch: null}.
+TEST(Resolve, AStringParameterTakesAFlowCollectionOfTheCommandLineAsTyped) {
+  const auto r = test_registry();
+  ConfigNode n = parse_yaml("model: {width: 8}\n", "run.yaml");
+  volt::detail::canonicalize(n);
+  volt::detail::apply_override(n, "model.name", "{epoch}", false, "--model.name={epoch}");
+  volt::detail::apply_override(n, "model.tags", "[x, '{y}']", false, "--model.tags=[x, '{y}']");
+  volt::detail::apply_override(n, "model.mode", "[max]", false, "--model.mode=[max]");
+  try {
+    volt::detail::resolve(n, r);
+    ADD_FAILURE() << "the choice took \"[max]\"";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"[max]\" is not one of"), std::string::npos) << e.what();
+  }
+  volt::detail::apply_override(n, "model.mode", "max", false, "--model.mode=max");
+  const ResolvedConfig c = volt::detail::resolve(n, r);
+  EXPECT_EQ(c.model.args.get<std::string>("name"), "{epoch}");
+  EXPECT_EQ(c.model.args.get<std::vector<std::string>>("tags"),
+            (std::vector<std::string>{"x", "{y}"}));  // a list parameter still takes the list
+  // A config file's mapping is no string: YAML asks for quotes there.
+  EXPECT_NE(error_of("model: {width: 8, name: {epoch}}\n", r).find("expected str"),
+            std::string::npos);
+}
+
 }  // namespace

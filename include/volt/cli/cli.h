@@ -24,9 +24,11 @@ struct Registry;
 enum CliExit : int {
   kCliOk = 0,
   kCliRunFailed = 1,  ///< the run started and failed (data, checkpoint, non-finite loss ...)
-  /// Bad command line or config: a ConfigError, raised before anything ran or by the run
-  /// (e.g. EarlyStopping's monitor was never logged), or a NotAvailable (a config this build or
-  /// machine cannot run, such as 16-mixed on a libtorch 1.13 CPU).
+  /// Bad command line or config: any volt error raised before the run started (the command
+  /// line, the config, building its objects, e.g. a data module whose data path is not there), a
+  /// ConfigError raised by the run (e.g. EarlyStopping's monitor was never logged), or a
+  /// NotAvailable (a config this build or machine cannot run, such as 16-mixed on a libtorch
+  /// 1.13 CPU).
   kCliBadUsage = 2,
   /// Stopped by a signal (volt::Interrupted): 128 + the signal, as a shell reports a process
   /// that signal ended, i.e. 130 for SIGINT (Ctrl-C) and 143 for SIGTERM.

@@ -239,10 +239,17 @@ void merge(ConfigNode& dst, const ConfigNode& src, const std::vector<std::string
     dst = src;
     return;
   }
+  dst.typed.clear();  // a union of two mappings is no longer the text typed for one
+  dst.carried = false;
   if (is_component_path(path)) {
     const ConfigNode* a = dst.find("class_path");
     const ConfigNode* b = src.find("class_path");
-    if (a && b && a->scalar != b->scalar) dst.erase("init_args");
+    if (a && b && a->scalar != b->scalar) {
+      // Another class: its init_args keep what it takes (resolve drops the rest).
+      if (ConfigNode* args = dst.find("init_args"); args != nullptr && args->is_map()) {
+        for (auto& f : args->fields) f.second.carried = true;
+      }
+    }
   }
   auto child = path;
   child.emplace_back();
@@ -258,6 +265,13 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
   for (const auto& seg : path) {
     VOLT_CHECK(!seg.empty(), ConfigError, "[cli] ", origin,
                ": empty key segment; write --section.key=value.");
+  }
+  // --model.class_path=X is --model=X: the class changes the same way (see merge).
+  bool class_path_only = false;
+  if (path.size() >= 2 && path.back() == "class_path" &&
+      is_component_path(std::vector<std::string>(path.begin(), path.end() - 1))) {
+    path.pop_back();
+    class_path_only = true;
   }
   // Shorthand: model.lr means model.init_args.lr.
   for (size_t i = 1; i < path.size(); ++i) {
@@ -286,12 +300,20 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
     if (val.is_scalar() && !val.quoted && val.scalar != typed && typed.rfind("!!", 0) != 0) {
       throw YAML::Exception(YAML::Mark::null_mark(), "");
     }
+    if (val.is_map() || val.is_list()) val.typed = typed;
   } catch (const YAML::Exception&) {
     // Empty, or not YAML (e.g. the file name template {epoch}-{step}): take the text literally.
     val = ConfigNode::make_scalar(value, origin);
     val.quoted = true;
   }
   set_origin(val, origin);
+  if (class_path_only) {
+    VOLT_CHECK(val.is_scalar() || val.is_null(), ConfigError, "[cli] ", origin,
+               ": a class_path is a name; got ", val.describe(), ".");
+    ConfigNode m = ConfigNode::make_map(origin);
+    m.fields.emplace_back("class_path", std::move(val));
+    val = std::move(m);
+  }
 
   ConfigNode* cur = &root;
   std::vector<std::string> walked;

@@ -18,6 +18,12 @@ struct ConfigNode {
   std::vector<ConfigNode> items;  // kList
   std::vector<std::pair<std::string, ConfigNode>> fields;  // kMap, in file order
   std::string origin;  // "run.yaml:3:15" or "--trainer.max_epochs=3"
+  /// A mapping or list read from a command-line value: the text as typed, which a string
+  /// parameter takes as it is (--filename={epoch} is a file name, not the mapping {epoch: null}).
+  std::string typed;
+  /// An init_args entry set for an earlier class_path of its component: as in jsonargparse, the
+  /// new class keeps it when it takes a parameter of that name, and it is dropped otherwise.
+  bool carried = false;
 
   bool is_map() const { return kind == Kind::kMap; }
   bool is_list() const { return kind == Kind::kList; }

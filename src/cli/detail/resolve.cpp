@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 #include "volt/trainer/plan.h"
 #include "volt/trainer/trainer_options.h"
 
@@ -140,6 +141,11 @@ ParamValue parse_value(const std::string& key, const ConfigNode& n, const ParamS
                   : "") +
              (spec.required ? "" : " or remove the key to use the default") + ".");
   }
+  if (spec.type == ParamType::kString && !n.is_scalar() && !n.typed.empty()) {
+    // A command-line value that YAML reads as a mapping or list ({epoch}, [x]) but that a
+    // string parameter takes as it was typed, as jsonargparse does.
+    return parse_value(key, ConfigNode::make_scalar(n.typed, n.origin), spec);
+  }
   switch (spec.type) {
     case ParamType::kIntList:
     case ParamType::kFloatList:
@@ -190,6 +196,12 @@ Args parse_args(const std::string& prefix, const std::string& owner, const Confi
     for (const auto& f : node->fields) {
       if (params.find(f.first) == nullptr &&
           std::find(extra_keys.begin(), extra_keys.end(), f.first) == extra_keys.end()) {
+        if (f.second.carried) {
+          // Set for the class this component had before (jsonargparse drops it the same way).
+          log_info("cli", prefix + "." + f.first + " (" + f.second.origin + ") dropped: " + owner +
+                              " takes no such parameter; it was set for an earlier class_path.");
+          continue;
+        }
         std::vector<std::string> all = valid;
         all.insert(all.end(), extra_keys.begin(), extra_keys.end());
         unknown_key(prefix, f.first, f.second, all);
