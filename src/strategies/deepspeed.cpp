@@ -1049,6 +1049,11 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
     }
   }
   if (e != nullptr && stepped) e->gather_parameters();
+  // As DeepSpeed's engine.step(): the engine's gradients are cleared with the step (taken or
+  // skipped), so a module whose optimizer_zero_grad calls optimizer.zero_grad() itself, which
+  // reaches only this rank's chunk views and not the full gradients (stage 1) or the reduced
+  // shard they alias (stages 2 and 3), cannot carry stale sums into the next step.
+  if (e != nullptr) e->zero_grad();
   return stepped;
 }
 
@@ -1135,7 +1140,8 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
   torch::NoGradGuard no_grad;
   const auto in_memory = resident();  // NVMe parameter chunks: loaded, then written out
   std::vector<std::string> problems;
-  detail::Fp8StateCrossing fp8(ar.keys(), module);  // a plain checkpoint into an fp8 model
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // made once everything matched
+  detail::Fp8StateCrossing fp8(ar.keys(), module);        // a plain checkpoint into an fp8 model
   auto load = [&](const std::string& name, at::Tensor target, bool buffer) {
     at::Tensor saved;
     if (!ar.try_read(name, saved, buffer)) {
@@ -1153,15 +1159,14 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
         problems.push_back("size of '" + name + "'");
         return;
       }
-      at::Tensor view = c->view;
-      view.copy_(mine);
+      copies.emplace_back(c->view, mine);
       return;
     }
     if (!saved.sizes().equals(target.sizes())) {
       problems.push_back("shape of '" + name + "'");
       return;
     }
-    target.copy_(saved);
+    copies.emplace_back(target, saved);
   };
   for (auto& p : module.named_parameters(true)) load(p.key(), p.value(), false);
   for (auto& b : module.named_buffers(true)) load(b.key(), b.value(), true);
@@ -1173,6 +1178,7 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
     os << ". Load a checkpoint written by the same model.";
     throw CheckpointError(os.str());
   }
+  for (auto& [target, saved] : copies) target.copy_(saved);
   load_master_weights(module, ar, chunks);
 }
 
@@ -1400,8 +1406,8 @@ void DeepSpeedStrategy::save_checkpoint(OutputArchive& archive, const std::strin
 namespace {
 // Why this rank's shard of a same-world stage-3 folder cannot serve ZeRO-Inference as it is
 // ("" when it can). `partitioned`: the names and dtypes of the weights partitioned now.
-std::string unfit_for_inference(InputArchive& shard,
-                                const std::map<std::string, at::ScalarType>& partitioned);
+std::string unfit_shard(InputArchive& shard,
+                        const std::map<std::string, at::ScalarType>& partitioned, bool inference);
 }  // namespace
 
 InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
@@ -1420,17 +1426,18 @@ InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
                                      [](const auto& kv) { return !kv.second->trains(); });
   const bool training = std::any_of(engines_.begin(), engines_.end(),
                                     [](const auto& kv) { return kv.second->trains(); });
-  if (meta.world_size == world_size() &&
-      ((meta.stage < 3 && (training || !loop_.fitting)) ||
-       (meta.stage == 3 && partitions_parameters() && !inference))) {
+  if (meta.world_size == world_size() && meta.stage < 3 && (training || !loop_.fitting)) {
     return checkpoint_io_->load(shard_file(path, rank(), meta.world_size));
   }
-  if (meta.world_size == world_size() && meta.stage == 3 && inference && !training) {
-    // ZeRO-Inference from its own world size's folder: this rank's shard holds the chunks it
-    // needs (weights frozen in training are whole there and narrowed on load), unless the two
-    // partitions differ or the shard's weights are rounded copies of fp32 masters the
-    // inference weights are wider than. Consolidating would materialise every rank's weights
-    // and optimizer state on each rank.
+  const bool own_stage3 = meta.world_size == world_size() && meta.stage == 3 &&
+                          ((partitions_parameters() && !inference) || (inference && !training));
+  if (own_stage3) {
+    // A stage-3 folder of this world size: this rank's shard holds the chunks it needs (weights
+    // whole there, such as those frozen in training or kept whole by a persistence threshold,
+    // are narrowed on load), unless a weight partitioned there is whole here (a raised
+    // param_persistence_threshold), or, for ZeRO-Inference, the shard's weights are rounded
+    // copies of fp32 masters the inference weights are wider than. Consolidating materialises
+    // every rank's weights and optimizer state on each rank: only then.
     std::map<std::string, at::ScalarType> partitioned;
     for (const auto& kv : engines_) {
       for (const auto& c : kv.second->chunks()) {
@@ -1438,10 +1445,10 @@ InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
       }
     }
     InputArchive shard = checkpoint_io_->load(shard_file(path, rank(), meta.world_size));
-    const std::string unfit = unfit_for_inference(shard, partitioned);
+    const std::string unfit = unfit_shard(shard, partitioned, inference);
     if (unfit.empty()) return shard;
-    log_info("DeepSpeedStrategy",
-             "ZeRO-Inference reads '" + path + "' consolidated: " + unfit + ".");
+    log_info("DeepSpeedStrategy", std::string(inference ? "ZeRO-Inference reads '" : "reads '") +
+                                      path + "' consolidated: " + unfit + ".");
   }
   // validate / test / predict read no optimizer state: the weights alone are consolidated.
   return load_consolidated_zero_checkpoint(
@@ -1501,12 +1508,14 @@ void for_each_master(InputArchive& opt, Fn fn) {
   }
 }
 
-std::string unfit_for_inference(InputArchive& shard,
-                                const std::map<std::string, at::ScalarType>& partitioned) {
+std::string unfit_shard(InputArchive& shard,
+                        const std::map<std::string, at::ScalarType>& partitioned, bool inference) {
   std::vector<ArchivePath> dict_paths, optimizer_paths;
   find_partitioned(shard, {}, dict_paths, optimizer_paths);
-  bool masters = false;  // bf16 training: the shard's weights are roundings of fp32 masters
-  for (const auto& path : optimizer_paths) {
+  // bf16 training: the shard's weights are roundings of fp32 masters (a fit restores the masters
+  // from the optimizer state; inference has only the weights).
+  bool masters = false;
+  for (const auto& path : inference ? optimizer_paths : std::vector<ArchivePath>{}) {
     InputArchive opt = sub_at(shard, path);
     for_each_master(opt, [&](const std::string&, const at::Tensor&) {
       masters = true;
@@ -1519,7 +1528,8 @@ std::string unfit_for_inference(InputArchive& shard,
     for (const auto& name : shapes.keys()) {
       const auto it = partitioned.find(name);
       if (it == partitioned.end()) {
-        return "'" + name + "' is partitioned in the checkpoint but whole here";
+        return "'" + name + "' is partitioned in the checkpoint but whole here (another " +
+               "param_persistence_threshold, or a weight frozen now)";
       }
       at::Tensor chunk;
       if (masters && dict.try_read(name, chunk) && chunk.scalar_type() != it->second) {

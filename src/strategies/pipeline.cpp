@@ -216,7 +216,6 @@ void PipelineStrategy::teardown() {
     }
     pipe_->undistribute();
   }
-  trained_ = false;
   module_ = nullptr;
   DdpStrategy::teardown();
 }
@@ -248,7 +247,6 @@ bool PipelineStrategy::trains(const at::Tensor& p) const {
 }
 
 void PipelineStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
-  trained_ = true;
   Strategy::backward(loss, module, sync_gradients);
   // As DDP's no_sync: accumulating micro-steps keep their own sums, the last one averages.
   if (dp_group_ && sync_gradients) average_over_replicas(module);

@@ -123,6 +123,18 @@ TEST(DeepSpeed, AccumulationStage1NoSyncAndStage2PerMicroBatchEqualOneProcess) {
   expect_zero_equals_one_process({2, 2, "adam", 2});
 }
 
+// A module whose optimizer_zero_grad calls optimizer.zero_grad() itself clears only the chunk
+// views the optimizer holds: before session 81 the full gradients (stage 1) and the reduced
+// shard (stage 2) kept their sums into the next step. The engine clears them with the step, as
+// DeepSpeed's does.
+TEST(DeepSpeed, AnOptimizerZeroGradOverrideCallingTheOptimizerClearsTheEnginesGradients) {
+  VOLT_REQUIRE_GLOO();
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    expect_zero_equals_one_process({stage, 2, "adam", 2}, {"--own-zero-grad", "1"});
+  }
+}
+
 TEST(DeepSpeed, GradientClippingByNormSpansEveryRanksChunks) {
   VOLT_REQUIRE_GLOO();
   // A norm of 0.05 clips every step: a per-rank norm would clip differently.
@@ -640,8 +652,10 @@ bool is_dir(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+// `resume_extra`: flags only the resumed run gets (a later flag wins in the worker).
 void expect_killed_run_resumes_bit_identically(const std::string& stage,
-                                               const std::vector<std::string>& extra = {}) {
+                                               const std::vector<std::string>& extra = {},
+                                               const std::vector<std::string>& resume_extra = {}) {
   volt_test::TempDir dir;
   // Mid-epoch, mid-accumulation (3 micro-batches), dropout: each rank's generator and its
   // accumulated gradient chunks are part of the state (stage 3: its parameter chunks too).
@@ -656,8 +670,8 @@ void expect_killed_run_resumes_bit_identically(const std::string& stage,
   EXPECT_TRUE(volt::is_zero_checkpoint(ckpt));
   std::ifstream shard0(ckpt + "/rank_0_of_2.ckpt"), shard1(ckpt + "/rank_1_of_2.ckpt");
   EXPECT_TRUE(shard0.good() && shard1.good());
-  auto resumed =
-      run_job(cat({"--root", dir / "b", "--out", dir / "b/w", "--resume", ckpt}, common));
+  auto resumed = run_job(cat(
+      cat({"--root", dir / "b", "--out", dir / "b/w", "--resume", ckpt}, common), resume_extra));
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   for (int r = 0; r < 2; ++r) {
     const std::string suffix = ".rank" + std::to_string(r) + ".pt";
@@ -674,6 +688,15 @@ TEST(DeepSpeed, AKilledTwoRankRunResumesBitIdenticallyFromItsShardFolder) {
 TEST(DeepSpeed, AKilledStage3RunResumesBitIdenticallyFromItsParameterChunks) {
   VOLT_REQUIRE_GLOO();
   expect_killed_run_resumes_bit_identically("3");
+}
+
+// A raised param_persistence_threshold keeps weights whole that the folder holds as chunks
+// (Net's biases and head: 20 elements or fewer): each rank's shard no longer fits, so the folder
+// is read consolidated (before session 81: "the checkpoint does not match the model: shape of
+// 'b2'"). Persistence changes no arithmetic: the resumed run is still bit-identical.
+TEST(DeepSpeed, AStage3FolderResumesUnderARaisedPersistenceThreshold) {
+  VOLT_REQUIRE_GLOO();
+  expect_killed_run_resumes_bit_identically("3", {}, {"--persist", "20"});
 }
 
 TEST(DeepSpeed, AKilledBf16RunResumesBitIdenticallyWithItsMasterWeights) {

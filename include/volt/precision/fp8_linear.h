@@ -34,7 +34,7 @@ class Fp8LinearImpl : public torch::nn::Cloneable<Fp8LinearImpl> {
   /// [3, amax_history_len]: rows input, weight, grad_output; newest last.
   at::Tensor amax_history;
   at::Tensor scale;      ///< [3]
-  at::Tensor grad_amax;  ///< [1]: amax of the last backward's incoming gradient
+  at::Tensor grad_amax;  ///< [1]: max |incoming gradient| over the backwards since the last step
   at::Tensor steps;      ///< [1] int64: training forwards so far
 
  private:

@@ -111,7 +111,6 @@ class PipelineStrategy : public DdpStrategy {
   std::unordered_map<const c10::TensorImpl*, int64_t> stage_of_;
   std::unordered_set<const c10::TensorImpl*> mine_;  // the parameters this rank's stage holds
   std::map<std::string, int64_t> owner_by_name_;     // every parameter: the rank holding its truth
-  bool trained_ = false;
 };
 
 }  // namespace volt
