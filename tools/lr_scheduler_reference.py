@@ -233,7 +233,7 @@ def cases():
                 {"kind": "StepLR", "args": {"step_size": 100, "gamma": 0.1}},
                 {"kind": "SWALR", "args": {"swa_lr": 0.1, "anneal_epochs": 4,
                                            "anneal_strategy": "linear"}}],
-            "milestones": [3]}}, 12)
+            "milestones": [3]}}, 30)
     # SWALR: cosine and linear annealing to per-group or shared SWA lrs, and the jump at once.
     add("swalr_cos_10_per_group",
         {"kind": "SWALR", "args": {"swa_lr": [0.02, 0.2], "anneal_epochs": 10,

@@ -171,6 +171,7 @@ void CSVLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
   // that died) are dropped so the file reads as one uninterrupted run.
   rows_.clear();
   columns_.clear();
+  flushed_ = 0;
   std::FILE* f = std::fopen(metrics_path().c_str(), "r");
   if (f == nullptr) return;
   std::string content;

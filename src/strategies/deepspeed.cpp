@@ -1049,11 +1049,6 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
     }
   }
   if (e != nullptr && stepped) e->gather_parameters();
-  // As DeepSpeed's engine.step(): the engine's gradients are cleared with the step (taken or
-  // skipped), so a module whose optimizer_zero_grad calls optimizer.zero_grad() itself, which
-  // reaches only this rank's chunk views and not the full gradients (stage 1) or the reduced
-  // shard they alias (stages 2 and 3), cannot carry stale sums into the next step.
-  if (e != nullptr) e->zero_grad();
   return stepped;
 }
 

@@ -207,7 +207,13 @@ void Strategy::remove_checkpoint(const std::string& path) {
     detail::remove_tree(path);
     return;
   }
-  checkpoint_io_->remove(path);
+  try {
+    checkpoint_io_->remove(path);
+  } catch (const CheckpointError& e) {
+    // Rank 0 alone removes: throwing here would stop it while the other ranks go on into the
+    // next collective. An old checkpoint that stays costs disk space, not the run.
+    log_warning("Checkpoint", std::string(e.what()) + " The run goes on; delete it by hand.");
+  }
 }
 
 void Strategy::flush_checkpoints() {

@@ -131,6 +131,14 @@ TEST(ConfigTree, MergeLaterWinsAndANewClassMarksOldInitArgsCarried) {
   merge(a, again);
   EXPECT_FALSE(at(a, {"model", "init_args", "lr"}).carried);  // set for B now
   EXPECT_TRUE(at(a, {"model", "init_args", "w"}).carried);
+  // Appending to a carried list sets it for B too.
+  auto tagged = parse_yaml("model: {class_path: A, init_args: {tags: [a]}}\n", "e");
+  canonicalize(tagged);
+  apply_override(tagged, "model", "B", false, "--model=B");
+  EXPECT_TRUE(at(tagged, {"model", "init_args", "tags"}).carried);
+  apply_override(tagged, "model.tags", "b", true, "--model.tags+=b");
+  EXPECT_FALSE(at(tagged, {"model", "init_args", "tags"}).carried);
+  EXPECT_EQ(at(tagged, {"model", "init_args", "tags"}).items.size(), 2u);
 }
 
 TEST(ConfigTree, OverridesUseShorthandIndexesAndAppend) {

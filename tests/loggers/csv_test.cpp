@@ -227,6 +227,26 @@ TEST(CSVLogger, LoggersStartedAtOnceTakeDifferentVersions) {
   }
 }
 
+// A resume into a version folder without metrics.csv (nothing flushed before the checkpoint)
+// starts the rows afresh: the logger used before kept its count of flushed rows, which the
+// flush rule then read past the emptied rows with.
+TEST(CSVLogger, AResumeWithoutAFileStartsTheRowsAfresh) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
+  a.log_metrics({{"loss", 1.0}}, 0);
+  a.save();
+  torch::serialize::OutputArchive out;
+  a.save_state(out);
+  std::stringstream buf;
+  out.save_to(buf);
+  torch::serialize::InputArchive in;
+  in.load_from(buf);
+  ASSERT_EQ(std::remove(a.metrics_path().c_str()), 0);
+  a.load_state(in, 0);
+  a.log_metrics({{"loss", 5.0}}, 99);  // passes a multiple of 100: saved
+  EXPECT_EQ(lines(a.metrics_path()), (std::vector<std::string>{"step,loss", "99,5"}));
+}
+
 TEST(CSVLogger, InvalidOptions) {
   EXPECT_THROW(volt::CSVLogger(volt::CSVLoggerOptions("")), volt::ConfigError);
   EXPECT_THROW(volt::CSVLogger(volt::CSVLoggerOptions("x").version(-3)), volt::ConfigError);

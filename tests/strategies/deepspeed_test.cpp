@@ -123,18 +123,6 @@ TEST(DeepSpeed, AccumulationStage1NoSyncAndStage2PerMicroBatchEqualOneProcess) {
   expect_zero_equals_one_process({2, 2, "adam", 2});
 }
 
-// A module whose optimizer_zero_grad calls optimizer.zero_grad() itself clears only the chunk
-// views the optimizer holds: before session 81 the full gradients (stage 1) and the reduced
-// shard (stage 2) kept their sums into the next step. The engine clears them with the step, as
-// DeepSpeed's does.
-TEST(DeepSpeed, AnOptimizerZeroGradOverrideCallingTheOptimizerClearsTheEnginesGradients) {
-  VOLT_REQUIRE_GLOO();
-  for (int stage : {1, 2, 3}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
-    expect_zero_equals_one_process({stage, 2, "adam", 2}, {"--own-zero-grad", "1"});
-  }
-}
-
 TEST(DeepSpeed, GradientClippingByNormSpansEveryRanksChunks) {
   VOLT_REQUIRE_GLOO();
   // A norm of 0.05 clips every step: a per-rank norm would clip differently.

@@ -358,6 +358,8 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
     }
     VOLT_CHECK(cur->is_list(), ConfigError, "[cli] ", origin, ": += appends to a list but ",
                dotted_key, " is ", cur->describe(), "; use = to replace it.");
+    cur->carried = false;  // set for the class in force now
+    cur->typed.clear();
     std::vector<ConfigNode> add = val.is_list() ? val.items : std::vector<ConfigNode>{val};
     for (auto& n : add) {
       auto item_path = walked;
