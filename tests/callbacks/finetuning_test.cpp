@@ -9,6 +9,7 @@
 #include "error_text.h"
 #include "log_capture.h"
 #include "requires.h"
+#include "reread.h"
 #include "save_at.h"
 #include "tiny.h"
 
@@ -509,10 +510,7 @@ TEST(BackboneFinetuning, LateStartsUnfreezeAndAHeldBackboneLeavesTheHeadsRate) {
   out.write("frozen_batch_norm_batches", c10::IValue(c10::List<int64_t>()));
   out.write("optimizers", c10::IValue(int64_t{0}));
   out.write("previous_backbone_lr", c10::IValue(0.1));
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
+  auto in = volt_test::reread(out);
   EXPECT_TRUE(has(error_of<volt::CheckpointError>([&] { BackboneFinetuning().load_state(in); }),
                   "[BaseFinetuning] the checkpoint lists 1 frozen BatchNorm layers but 0 momenta"));
 }

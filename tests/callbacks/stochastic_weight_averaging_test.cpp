@@ -8,6 +8,7 @@
 #include "log_capture.h"
 #include "manual_module.h"
 #include "requires.h"
+#include "reread.h"
 #include "save_at.h"
 #include "tiny.h"
 
@@ -305,11 +306,7 @@ torch::serialize::InputArchive swa_state(int64_t n, const std::map<std::string, 
   out.write("lr0", c10::IValue(c10::List<double>(lr0)));
   for (const auto& kv : avg) averaged.write(kv.first, kv.second);
   out.write("averaged", averaged);
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
-  return in;
+  return volt_test::reread(out);
 }
 
 TEST(StochasticWeightAveraging, RefusesAStateThatDoesNotFitTheModule) {

@@ -9,6 +9,7 @@
 #include "error_text.h"
 #include "log_capture.h"
 #include "requires.h"
+#include "reread.h"
 #include "save_at.h"
 #include "tiny.h"
 #include "tuner_models.h"
@@ -176,10 +177,7 @@ TEST(LearningRateFinder, AResumeWithoutItsStateSkipsTheTestAndADamagedStateIsRef
   out.write("lrs", c10::IValue(c10::List<double>({1e-3, 1e-2})));
   out.write("losses", c10::IValue(c10::List<double>({0.5})));
   out.write("optimal_lr", c10::IValue());
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
+  auto in = volt_test::reread(out);
   const std::string e = volt_test::error_of<volt::CheckpointError>([&] { late->load_state(in); });
   EXPECT_TRUE(volt_test::has(e, "[LearningRateFinder] the checkpoint holds 2 rates and 1 losses"))
       << e;
@@ -312,10 +310,7 @@ TEST(BatchSizeFinder, AResumeWithoutItsStateKeepsTheSizeAndADamagedStateIsRefuse
 
   torch::serialize::OutputArchive out;
   out.write("fit_batch_size", c10::IValue(int64_t{0}));
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
+  auto in = volt_test::reread(out);
   const std::string e = volt_test::error_of<volt::CheckpointError>([&] { late->load_state(in); });
   EXPECT_TRUE(volt_test::has(e, "[BatchSizeFinder] the checkpoint's batch size is not a positive"))
       << e;

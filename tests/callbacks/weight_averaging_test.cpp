@@ -3,6 +3,7 @@
 #include "error_text.h"
 #include "log_capture.h"
 #include "requires.h"
+#include "reread.h"
 #include "save_at.h"
 #include "tiny.h"
 
@@ -190,10 +191,7 @@ TEST(WeightAveraging, RefusesBadOptionsDeepSpeedAndADamagedState) {
   out.write("n_averaged", c10::IValue(int64_t{3}));
   out.write("latest_update_step", c10::IValue(int64_t{3}));
   out.write("latest_update_epoch", c10::IValue(int64_t{-1}));
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
+  auto in = volt_test::reread(out);
   EXPECT_TRUE(has(error_of<volt::CheckpointError>([&] { EMAWeightAveraging().load_state(in); }),
                   "counts 3 averaged updates but holds no weights; it is damaged"));
 }

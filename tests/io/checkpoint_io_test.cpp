@@ -15,6 +15,7 @@
 #include "build_paths.h"
 #include "core/detail/temp_files.h"
 #include "envelope.h"
+#include "reread.h"
 #include "tiny.h"
 
 namespace {
@@ -256,10 +257,7 @@ TEST(OptimizerState, LoadingReplacesTheStateAndAMismatchChangesNothing) {
                              torch::optim::AdamOptions(0.01));
     torch::serialize::OutputArchive out;
     volt::save_optimizer_state(fewer, m, out);
-    std::stringstream bytes;
-    out.save_to(bytes);
-    torch::serialize::InputArchive in;
-    in.load_from(bytes);
+    auto in = volt_test::reread(out);
     const size_t states = stepped.state().size();
     EXPECT_THROW(volt::load_optimizer_state(stepped, m, in), volt::CheckpointError);
     EXPECT_DOUBLE_EQ(stepped.param_groups()[0].options().get_lr(), 0.5);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "reread.h"
 #include "tiny.h"
 
 namespace {
@@ -58,10 +59,7 @@ TEST(CSVLogger, ResumeDropsRowsAfterTheCheckpoint) {
   a.save();
   torch::serialize::OutputArchive out;
   a.save_state(out);
-  std::stringstream buf;
-  out.save_to(buf);
-  torch::serialize::InputArchive in;
-  in.load_from(buf);
+  auto in = volt_test::reread(out);
   volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
   b.load_state(in, /*step=*/3);
   EXPECT_EQ(b.version(), 0);
@@ -116,10 +114,7 @@ TEST(CSVLogger, ResumeReadsQuotedMetricNames) {
   EXPECT_EQ(lines(a.metrics_path()).front(), "step,acc,\"val,loss \"\"top\"\"\"");
   torch::serialize::OutputArchive out;
   a.save_state(out);
-  std::stringstream buf;
-  out.save_to(buf);
-  torch::serialize::InputArchive in;
-  in.load_from(buf);
+  auto in = volt_test::reread(out);
   // A run killed while appending leaves half a line behind.
   std::ofstream(a.metrics_path(), std::ios::app) << "4,0.4,4";
   volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
@@ -137,11 +132,8 @@ TEST(CSVLogger, ResumeFromACorruptedFileIsADataError) {
   a.save();
   torch::serialize::OutputArchive out;
   a.save_state(out);
-  std::stringstream buf;
-  out.save_to(buf);
   std::ofstream(a.metrics_path(), std::ios::app) << "x1,2\n";
-  torch::serialize::InputArchive in;
-  in.load_from(buf);
+  auto in = volt_test::reread(out);
   volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
   try {
     b.load_state(in, 5);
@@ -237,10 +229,7 @@ TEST(CSVLogger, AResumeWithoutAFileStartsTheRowsAfresh) {
   a.save();
   torch::serialize::OutputArchive out;
   a.save_state(out);
-  std::stringstream buf;
-  out.save_to(buf);
-  torch::serialize::InputArchive in;
-  in.load_from(buf);
+  auto in = volt_test::reread(out);
   ASSERT_EQ(std::remove(a.metrics_path().c_str()), 0);
   a.load_state(in, 0);
   a.log_metrics({{"loss", 5.0}}, 99);  // passes a multiple of 100: saved

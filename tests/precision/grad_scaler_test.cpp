@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include "reread.h"
+
 namespace {
 
 struct OneParam {
@@ -184,10 +186,7 @@ TEST(GradScaler, StateRoundTripsThroughAnArchive) {
   a.step(t.opt);
   torch::serialize::OutputArchive out;
   a.save_state(out);
-  std::stringstream buf;
-  out.save_to(buf);
-  torch::serialize::InputArchive in;
-  in.load_from(buf);
+  auto in = volt_test::reread(out);
   volt::GradScaler b;
   b.load_state(in);
   EXPECT_DOUBLE_EQ(b.current_scale(), 32.0);

@@ -1,6 +1,7 @@
 // The Strategy seam's single-process defaults.
 #include <gtest/gtest.h>
 
+#include "reread.h"
 #include "tiny.h"
 
 namespace {
@@ -48,10 +49,7 @@ TEST(Strategy, AccumulatedGradientsRoundTripByName) {
   for (auto& p : a.parameters()) p.mutable_grad() = torch::full_like(p, 0.5);
   torch::serialize::OutputArchive out;
   s.save_accumulated_gradients(a, out);
-  std::stringstream buf;
-  out.save_to(buf);
-  torch::serialize::InputArchive in;
-  in.load_from(buf);
+  auto in = volt_test::reread(out);
   s.load_accumulated_gradients(b, in);
   for (auto& p : b.parameters()) {
     ASSERT_TRUE(p.grad().defined());
