@@ -34,6 +34,13 @@
 namespace volt {
 namespace {
 
+// The memory of `t` without autograd's view link, for the gradients the optimizer holds: its
+// zero_grad() detaches each gradient in place (libtorch 1.13), which a view refuses ("Can't
+// detach views in-place"), so a module calling optimizer.zero_grad() itself would fail.
+at::Tensor same_memory(const at::Tensor& t) {
+  return at::empty({0}, t.options()).set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+}
+
 constexpr const char* kTag = "[ZeroEngine]";
 
 bool low_precision(c10::ScalarType t) {
@@ -861,6 +868,7 @@ void ZeroEngine::backward(const std::function<void()>& run_backward, bool sync) 
   VOLT_CHECK(trains(), ValueError, kTag,
              " backward() through a ZeRO-Inference engine (set up without an optimizer): it "
              "reduces no gradients; set the module up with its optimizer to train it.");
+  if (window_ended_) zero_grad();  // a new window whose zero_grad() did not reach the engine
   if (options_.stage() == 1 && !sync) {
     // Accumulate full gradients locally; the synced backward reduces their sum.
     run_backward();
@@ -966,11 +974,9 @@ void ZeroEngine::finish_backward() {
   for (size_t i = 0; i < chunks_.size(); ++i) {
     auto& c = chunks_[i];
     if (c.length == 0) continue;
-    if (options_.stage() >= 2) {
-      c.view.mutable_grad() = grad_views_[i];
-    } else {
-      c.view.mutable_grad() = c.parameter.grad().view({-1}).narrow(0, c.start, c.length);
-    }
+    c.view.mutable_grad() = same_memory(
+        options_.stage() >= 2 ? grad_views_[i]
+                              : c.parameter.grad().view({-1}).narrow(0, c.start, c.length));
   }
   have_grads_ = true;
 }
@@ -1232,6 +1238,7 @@ double ZeroEngine::clip_grad_norm(double max_norm, double norm_type) {
 
 void ZeroEngine::zero_grad() {
   have_grads_ = false;
+  window_ended_ = false;
   for (auto& c : chunks_) {
     if (c.view.defined()) c.view.mutable_grad().reset();
     if (c.master.defined()) c.master.mutable_grad().reset();

@@ -1049,6 +1049,7 @@ bool DeepSpeedStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
     }
   }
   if (e != nullptr && stepped) e->gather_parameters();
+  if (e != nullptr) e->end_window();
   return stepped;
 }
 

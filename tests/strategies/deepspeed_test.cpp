@@ -95,6 +95,19 @@ TEST(DeepSpeed, AtOneRankEveryStageGivesTheSingleProcessBitsExactly) {
   }
 }
 
+// A module whose optimizer_zero_grad calls optimizer.zero_grad() itself clears only the chunk
+// views the optimizer holds: before session 82 the full gradients (stage 1) and the reduced
+// shard (stage 2) carried their sums into the next window. The engine clears them at the
+// window's first backward, as DeepSpeed's step does, and the step's gradients stay readable
+// until then.
+TEST(DeepSpeed, AnOptimizerZeroGradOverrideCallingTheOptimizerClearsTheEnginesGradients) {
+  VOLT_REQUIRE_GLOO();
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    expect_zero_equals_one_process({stage, 2, "adam", 2}, {"--own-zero-grad", "1"});
+  }
+}
+
 TEST(DeepSpeed, Stage1TwoRanksWithSgdMomentumEqualOneProcess) {
   VOLT_REQUIRE_GLOO();
   expect_zero_equals_one_process({1, 2, "sgd", 1});

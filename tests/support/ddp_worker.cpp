@@ -15,6 +15,7 @@
 //       [--evaluate CKPT]  (no fit: validate from CKPT and predict the validation set; prints
 //                           "rank R evaluated val_loss=... infer_params=..." and writes the
 //                           weights and predictions)
+//       [--own-zero-grad 1]  (optimizer_zero_grad calls optimizer.zero_grad() itself)
 //       [--unused 0|1] [--spare-on-rank R] [--find-unused 0|1] [--static-graph 0|1] [--precision
 //       NAME] [--bf16-all 1]
 //       [--loss-scale INIT]  (with --bf16-all: dynamic loss scaling, growth every 2 steps)
@@ -189,6 +190,16 @@ class Net : public volt::Module {
         volt::LogOptions().sync_dist(sync_dist_));
   }
   torch::Tensor predict_step(const volt::Batch& b, int64_t) override { return forward(b.input); }
+  // --own-zero-grad 1: the override a user writes, clearing the optimizer's own tensors.
+  bool own_zero_grad = false;
+  void optimizer_zero_grad(int64_t epoch, int64_t batch_idx,
+                           torch::optim::Optimizer& optimizer) override {
+    if (own_zero_grad) {
+      optimizer.zero_grad();
+    } else {
+      volt::Module::optimizer_zero_grad(epoch, batch_idx, optimizer);
+    }
+  }
   std::vector<volt::OptimizerConfig> configure_optimizers() override {
     // A tied tensor appears under two names: give the optimizer each tensor once; frozen ones
     // (--finetune) are added by the callback when unfrozen.
@@ -488,6 +499,7 @@ int main(int argc, char** argv) {
     model.checkpoint_activations = num("--checkpoint-activations", 0) != 0;
     model.nan_grad_at = num("--nan-grad-at", -1);
     model.spare_on_rank = num("--spare-on-rank", -1);
+    model.own_zero_grad = num("--own-zero-grad", 0) != 0;
     if (a.count("--die-call")) {  // the step callback (DieAt) does not reach a tuner's trials
       model.die_rank = num("--die-rank", -1);
       model.die_call = num("--die-call", -1);

@@ -239,6 +239,12 @@ class ZeroEngine {
   double clip_grad_norm(double max_norm, double norm_type);
   /// Drops the gradients (stage 2 zeroes its chunk buffers in place).
   void zero_grad();
+  /// The optimizer step (taken or skipped) ended the accumulation window: the next backward
+  /// starts from zero gradients even when zero_grad() was not called in between, as DeepSpeed's
+  /// engine.step() clears them itself. Until then the step's gradients stay readable
+  /// (on_before_zero_grad). An optimizer_zero_grad override calling optimizer.zero_grad() reaches
+  /// only this rank's chunk views, not the full gradients (stage 1) or the shard they alias.
+  void end_window() { window_ended_ = true; }
 
   const std::vector<ZeroChunk>& chunks() const { return chunks_; }
   /// Stage 2: the reduced gradient accumulated for chunks()[i] since the last zero_grad, a
@@ -322,6 +328,7 @@ class ZeroEngine {
   size_t next_bucket_ = 0;       // the next bucket to reduce
   bool armed_ = false;           // hooks act only inside backward()
   bool have_grads_ = false;
+  bool window_ended_ = false;           // end_window() since the last zero_grad()
   at::Tensor grad_shard_;               // stage 2: this rank's reduced chunks, flat
   std::vector<at::Tensor> grad_views_;  // stage 2: per chunk, a view into grad_shard_
   struct Hooks;
