@@ -359,7 +359,9 @@ void ModelParallelStrategy::save_optimizer_state(const torch::optim::Optimizer& 
   // The split weights' state joined whole (collective, in the optimizer's parameter order on
   // every rank), swapped in while the state is written, then the shards' put back.
   auto& state = const_cast<torch::optim::Optimizer&>(optimizer).state();
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> saved;
+  std::vector<
+      std::pair<detail::OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>>
+      saved;
   // Before the gathers: one that fails (a peer gone) still leaves every state as it was.
   struct PutBack {
     decltype(state)& s;
