@@ -90,6 +90,9 @@ bool SpikeDetector::is_spike(double loss) const {
 
 void SpikeDetector::judge(const at::Tensor& loss_tensor, const SpikeSite& site) {
   const bool have = loss_tensor.defined();
+  VOLT_CHECK(!have || loss_tensor.numel() == 1, ValueError, kTag, " the loss has ",
+             loss_tensor.numel(), " values (shape ", loss_tensor.sizes(),
+             "); pass the batch's scalar loss (reduce a per-sample loss with mean() first).");
   const double loss = have ? loss_tensor.item<double>() : 0.0;
   const bool judged = have && seen_ >= options_.warmup();
   const bool spike_here = judged && is_spike(loss);

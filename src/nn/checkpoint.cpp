@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/custom_class.h>
 #include <torch/torch.h>
 
@@ -160,6 +161,13 @@ class CheckpointNode : public torch::autograd::Function<CheckpointNode> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
+    // The recomputation runs an ordinary backward that accumulates into .grad; under grad() or
+    // backward(inputs) it would write gradients no one asked for and return none for the inputs
+    // named (PyTorch's reentrant checkpoint refuses the same; the engine knows which it is).
+    VOLT_CHECK(torch::autograd::Engine::get_default_engine().is_checkpoint_valid(), ValueError,
+               "[checkpoint] a backward through volt::checkpoint computes gradients for every "
+               "leaf; torch::autograd::grad() and backward(inputs) are not supported. Call "
+               "backward() without inputs, or run this part without checkpointing.");
     auto state =
         c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
     // Unpacking checks the version counters: an input modified in place after forward throws

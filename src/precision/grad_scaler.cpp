@@ -147,20 +147,41 @@ void GradScaler::load_state(torch::serialize::InputArchive& archive) {
              "[GradScaler] the checkpoint has no loss-scaler state (scale, growth_tracker, "
              "skipped_steps); it was written without loss scaling; resume with the precision "
              "it was trained with.");
-  scale_ = s.item<double>();
-  growth_tracker_ = g.item<int64_t>();
-  skipped_ = k.item<int64_t>();
+  // Each entry one number (a corrupt or foreign checkpoint fails here, not in item()), all
+  // checked before any is assigned: a refused checkpoint leaves the scaler as it was.
+  const auto one = [](const at::Tensor& t, const char* name) {
+    VOLT_CHECK(t.defined() && t.numel() == 1, CheckpointError, "[GradScaler] the checkpoint's ",
+               name, " holds ", t.defined() ? t.numel() : 0,
+               " values, not one (a corrupt checkpoint?); resume from another checkpoint.");
+  };
+  one(s, "scale");
+  one(g, "growth_tracker");
+  one(k, "skipped_steps");
+  const double scale = s.item<double>();
+  const int64_t growth_tracker = g.item<int64_t>();
+  const int64_t skipped = k.item<int64_t>();
   // Checkpoints from before hysteresis existed: none pending.
   at::Tensor h;
-  hysteresis_left_ =
-      archive.try_read("hysteresis_left", h) ? h.item<int64_t>() : options_.hysteresis();
-  VOLT_CHECK(hysteresis_left_ >= 1 && hysteresis_left_ <= options_.hysteresis(), CheckpointError,
-             "[GradScaler] the checkpoint's hysteresis_left=", hysteresis_left_,
+  int64_t hysteresis_left = options_.hysteresis();
+  if (archive.try_read("hysteresis_left", h)) {
+    one(h, "hysteresis_left");
+    hysteresis_left = h.item<int64_t>();
+  }
+  VOLT_CHECK(hysteresis_left >= 1 && hysteresis_left <= options_.hysteresis(), CheckpointError,
+             "[GradScaler] the checkpoint's hysteresis_left=", hysteresis_left,
              " is outside [1, hysteresis=", options_.hysteresis(),
              "]; resume with the loss-scaling settings it was trained with.");
-  VOLT_CHECK(std::isfinite(scale_) && scale_ > 0, CheckpointError,
-             "[GradScaler] the checkpoint's loss scale is ", scale_,
+  VOLT_CHECK(std::isfinite(scale) && scale > 0, CheckpointError,
+             "[GradScaler] the checkpoint's loss scale is ", scale,
              "; it must be finite and > 0 (a corrupt checkpoint?).");
+  VOLT_CHECK(growth_tracker >= 0 && skipped >= 0, CheckpointError,
+             "[GradScaler] the checkpoint's growth_tracker=", growth_tracker,
+             " and skipped_steps=", skipped,
+             " must be >= 0 (a corrupt checkpoint?); resume from another checkpoint.");
+  scale_ = scale;
+  growth_tracker_ = growth_tracker;
+  skipped_ = skipped;
+  hysteresis_left_ = hysteresis_left;
   unscaled_.clear();
   last_unscaled_ = nullptr;
   scaled_with_.reset();

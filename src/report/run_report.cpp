@@ -464,7 +464,10 @@ std::string render(const MetricsTable& run, const Source& src, const std::string
     write_tile(os, "Epochs", format_step(last_epoch + 1), "from the epoch column");
   }
   write_tile(os, "Metrics", std::to_string(run.series.size()),
-             std::to_string(run.rows) + " rows in metrics.csv");
+             std::to_string(run.rows) + " rows in metrics.csv" +
+                 (run.unfinished_line
+                      ? "; line " + std::to_string(run.unfinished_line) + " left out, unfinished"
+                      : ""));
   for (Group g : {Group::kLoss, Group::kAccuracy, Group::kThroughput}) {
     const Series* s = headline(run, g);
     if (!s) continue;

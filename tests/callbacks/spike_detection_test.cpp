@@ -317,6 +317,22 @@ TEST(FabricSpikeDetection, AFabricLoopStopsAtTheBatchTheTrainersFitDoes) {
   EXPECT_TRUE(volt_test::has(error, "written to " + (dir / "cwd/skip_batches.json"))) << error;
 }
 
+// A per-sample loss handed to Fabric's hook is a ValueError naming the fix (it was libtorch's
+// raw error from item()), and the detector has seen nothing.
+TEST(FabricSpikeDetection, ALossOfSeveralValuesIsAValueError) {
+  auto spikes = std::make_shared<volt::FabricSpikeDetection>(volt::SpikeDetectionOptions());
+  volt::Fabric fabric(volt::FabricOptions().accelerator("cpu").callbacks({spikes}));
+  const std::string error = volt_test::error_of<volt::ValueError>([&] {
+    fabric.call(&volt::FabricSpikeDetection::on_train_batch_end, fabric, torch::ones({4}),
+                int64_t{0});
+  });
+  EXPECT_TRUE(volt_test::has(error,
+                             "[SpikeDetection] the loss has 4 values (shape [4]); pass "
+                             "the batch's scalar loss"))
+      << error;
+  EXPECT_TRUE(spikes->detector().bad_batches().empty());
+}
+
 // Two ranks of a Fabric loop (tests/support/fabric_worker.cpp): rank 1's loss spikes alone at
 // step 5; both ranks' loops end there within seconds (the ranks agree on the verdict through the
 // strategy), and rank 0 wrote the list.

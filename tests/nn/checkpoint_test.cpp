@@ -301,6 +301,27 @@ TEST(ActivationCheckpoint, DefaultsGuardRestores) {
   EXPECT_EQ(os.str(), "CheckpointOptions(preserve_rng_state=true, cpu_checkpointing=false)");
 }
 
+TEST(ActivationCheckpoint, GradAndBackwardWithInputsAreValueErrorsLeavingNoGradients) {
+  // The recomputed backward accumulates into every leaf's .grad: grad() and backward(inputs)
+  // would get gradients written where they did not ask and none returned for what they named.
+  nn::Linear lin(4, 4);
+  const at::Tensor x = torch::randn({2, 4}).requires_grad_(true);
+  const at::Tensor y = volt::checkpoint(lin, x).sum();
+  EXPECT_NE(volt_test::error_of<volt::ValueError>([&] {
+              torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true);
+            }).find("torch::autograd::grad() and backward(inputs) are not supported"),
+            std::string::npos);
+  EXPECT_NE(volt_test::error_of<volt::ValueError>([&] {
+              y.backward({}, /*retain_graph=*/true, false, {x});
+            }).find("Call backward() without inputs"),
+            std::string::npos);
+  EXPECT_FALSE(lin->weight.grad().defined());
+  EXPECT_FALSE(x.grad().defined());
+  y.backward();  // the supported call still works on the same graph
+  EXPECT_TRUE(lin->weight.grad().defined());
+  EXPECT_TRUE(x.grad().defined());
+}
+
 TEST(ActivationCheckpoint, InputModifiedInPlaceBeforeBackwardIsAnError) {
   nn::Linear lin(4, 4);
   at::Tensor x = torch::randn({2, 4}).requires_grad_(true);

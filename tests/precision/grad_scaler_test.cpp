@@ -5,11 +5,15 @@
 
 #include <volt/volt.h>
 
+#include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "error_text.h"
 #include "reread.h"
 
 namespace {
@@ -316,6 +320,39 @@ TEST(GradScaler, PendingHysteresisIsCheckpointed) {
   buf->seekg(0);
   volt::GradScaler d(volt::GradScalerOptions().hysteresis(1));
   EXPECT_THROW(load(d, *buf), volt::CheckpointError);
+}
+
+TEST(GradScaler, ACorruptStateIsACheckpointErrorAndLeavesTheScalerAsItWas) {
+  // Each bad entry alone: a tensor of several values (item() would throw libtorch's raw error),
+  // a negative count, a NaN scale, an out-of-range hysteresis. Nothing is assigned before the
+  // checks, so the scaler goes on with its own state.
+  struct Bad {
+    const char* key;
+    at::Tensor value;
+    const char* phrase;
+  };
+  const std::vector<Bad> bad = {
+      {"scale", torch::ones({2}, torch::kFloat64), "scale holds 2 values"},
+      {"scale", torch::tensor(std::nan(""), torch::kFloat64), "must be finite"},
+      {"growth_tracker", torch::tensor(int64_t{-1}), "must be >= 0"},
+      {"skipped_steps", torch::tensor(int64_t{-3}), "must be >= 0"},
+      {"hysteresis_left", torch::zeros({0}, torch::kInt64), "hysteresis_left holds 0 values"},
+  };
+  for (const Bad& b : bad) {
+    torch::serialize::OutputArchive out;
+    const std::map<std::string, at::Tensor> good = {{"scale", torch::tensor(8.0, torch::kFloat64)},
+                                                    {"growth_tracker", torch::tensor(int64_t{2})},
+                                                    {"skipped_steps", torch::tensor(int64_t{1})},
+                                                    {"hysteresis_left", torch::tensor(int64_t{1})}};
+    for (const auto& [key, value] : good) out.write(key, key == b.key ? b.value : value);
+    auto in = volt_test::reread(out);
+    volt::GradScaler s(volt::GradScalerOptions().init_scale(64.0));
+    const std::string what = volt_test::error_of<volt::CheckpointError>([&] { s.load_state(in); });
+    EXPECT_NE(what.find(b.phrase), std::string::npos) << b.key << ": " << what;
+    EXPECT_DOUBLE_EQ(s.current_scale(), 64.0) << b.key;
+    EXPECT_EQ(s.growth_tracker(), 0) << b.key;
+    EXPECT_EQ(s.skipped_steps(), 0) << b.key;
+  }
 }
 
 TEST(GradScaler, BadOptionsAreConfigErrors) {

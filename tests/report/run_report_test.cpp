@@ -338,6 +338,24 @@ TEST(RunReport, HeaderOnlyFileGivesAnEmptyButValidPage) {
   EXPECT_NE(html.find("</html>"), std::string::npos);
 }
 
+TEST(RunReport, AnUnfinishedLastLineOfALiveRunIsLeftOutAndSaid) {
+  // A run killed (or still running) while CSVLogger wrote a row: the row has no newline yet.
+  // Cut inside its cells it is ragged ("2,0.") and would fail the page; cut inside a number it
+  // would parse as another value. Either way it is left out and the page says so.
+  volt_test::TempDir dir;
+  for (const std::string tail : {"2,0.", "2,0.25,0.7"}) {
+    SCOPED_TRACE(tail);
+    spit(dir / "metrics.csv", "step,loss,acc\n0,0.5,0.1\n1,0.4,0.2\n" + tail);
+    const std::string html = slurp(volt::write_run_report(dir.path));
+    EXPECT_NE(html.find("2 rows in metrics.csv; line 4 left out, unfinished"), std::string::npos);
+    EXPECT_NE(html.find("last logged step 1"), std::string::npos);
+  }
+  // Complete rows keep every value: no note.
+  spit(dir / "metrics.csv", "step,loss\n0,0.5\n1,0.4\n");
+  const std::string html = slurp(volt::write_run_report(dir.path));
+  EXPECT_NE(html.find("2 rows in metrics.csv<"), std::string::npos);
+}
+
 TEST(RunReport, MissingRunFolderOrMetrics) {
   volt_test::TempDir dir;
   expect_error<volt::DataError>([&] { volt::write_run_report(dir / "nope"); }, "does not exist");

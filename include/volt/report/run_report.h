@@ -11,7 +11,9 @@
 namespace volt {
 
 struct ReportOptions {
-  /// File to write; empty means "<metrics folder>/report.html". Default: "".
+  /// File to write; empty means "<run_dir>/report.html", in the folder passed to
+  /// write_run_report (also when its metrics.csv was found in a version_N sub-folder).
+  /// Default: "".
   TORCH_ARG(std::string, output) = "";
   /// Page title; empty means the run folder's name. Default: "".
   TORCH_ARG(std::string, title) = "";

@@ -48,7 +48,14 @@ bool parse_number(const std::string& text, double* out) {
 }  // namespace
 
 MetricsTable read_metrics_csv(const std::string& path) {
-  const std::vector<CsvRecord> records = parse_csv(read_text(path), "[report] " + path);
+  std::string text = read_text(path);
+  int64_t unfinished_line = 0;
+  const size_t last_newline = text.rfind('\n');
+  if (last_newline != std::string::npos && last_newline + 1 < text.size()) {
+    unfinished_line = std::count(text.begin(), text.end(), '\n') + 1;
+    text.resize(last_newline + 1);
+  }
+  const std::vector<CsvRecord> records = parse_csv(text, "[report] " + path);
   size_t r = 0;
   while (r < records.size() && is_blank(records[r])) ++r;
   VOLT_CHECK(r < records.size(), DataError, "[report] ", path,
@@ -71,6 +78,7 @@ MetricsTable read_metrics_csv(const std::string& path) {
 
   MetricsTable run;
   run.path = path;
+  run.unfinished_line = unfinished_line;
   std::vector<Series> columns(header.size());
   for (++r; r < records.size(); ++r) {
     if (is_blank(records[r])) continue;

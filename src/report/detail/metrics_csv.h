@@ -19,14 +19,18 @@ struct Series {
 
 struct MetricsTable {
   std::string path;
-  std::vector<Series> series;  // header order, without "epoch"; columns with no value dropped
-  std::vector<Point> epochs;   // (step, epoch) from the "epoch" column
-  int64_t rows = 0;            // data rows
-  double max_step = -1;        // -1 when there are no rows
+  std::vector<Series> series;   // header order, without "epoch"; columns with no value dropped
+  std::vector<Point> epochs;    // (step, epoch) from the "epoch" column
+  int64_t rows = 0;             // data rows
+  double max_step = -1;         // -1 when there are no rows
+  int64_t unfinished_line = 0;  // the last line, left out: no newline yet (0: none)
 };
 
 /// Parses `path` (header "step,<metric>,..."; empty cell = not logged in that row). Throws
 /// DataError "[report] <path>:<line>: ..." for a missing header, ragged rows, non-numeric cells.
+/// A last line without its newline after a complete header is left out (`unfinished_line`):
+/// CSVLogger ends every row with one, so it is a row still being written (a live or killed
+/// run), and a number cut short there would parse as another number.
 MetricsTable read_metrics_csv(const std::string& path);
 
 /// The whole file; DataError when it cannot be read.
