@@ -9,6 +9,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -324,6 +325,14 @@ class PipelineBackward : public torch::autograd::Node {
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     Flight& f = *flight_;
+    // Each stage's backward is an ordinary one that accumulates into .grad (as volt::checkpoint's
+    // recomputation): under grad() or backward(inputs) every rank refuses here, before any
+    // transfer, instead of writing gradients no one asked for.
+    VOLT_CHECK(torch::autograd::Engine::get_default_engine().is_checkpoint_valid(), ValueError,
+               kTag,
+               " a backward through a pipeline computes gradients for every leaf; "
+               "torch::autograd::grad() and backward(inputs) are not supported. Call backward() "
+               "without inputs.");
     VOLT_CHECK(!f.backward_ran, ValueError, kTag,
                " a second backward through the same forward; the pipeline frees its micro-batches "
                "after the first (retain_graph is not supported): run the forward again.");

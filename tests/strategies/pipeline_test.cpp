@@ -374,6 +374,28 @@ TEST(PipelineLayer, AnActivationOfTooManyDimensionsFailsEveryStageAtOnce) {
   }
 }
 
+TEST(PipelineLayer, GradThroughAPipelineIsAValueErrorOnEveryRankNotAHang) {
+  // Each stage's backward accumulates into .grad: torch::autograd::grad() would write gradients
+  // it was not asked for. Every rank refuses before any transfer, well within the timeout.
+  VOLT_REQUIRE_GLOO();
+  const auto start = std::chrono::steady_clock::now();
+  auto ranks =
+      volt_test::start_local_ranks(volt_test::pipeline_worker(), {"layer", "--grad-call", "1"}, 2);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 0) << ranks[r]->output();
+    EXPECT_NE(ranks[r]->output().find("[Pipeline] a backward through a pipeline computes "
+                                      "gradients for every leaf; torch::autograd::grad() and "
+                                      "backward(inputs) are not supported"),
+              std::string::npos)
+        << ranks[r]->output();
+    EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) + " grad-call ok"),
+              std::string::npos)
+        << ranks[r]->output();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20))
+      << "well before the 30 s timeout";
+}
+
 TEST(PipelineLayer, CheckpointedMicroBatchesRecomputeInBackwardAndGiveTheSameGradients) {
   // The worker compares against the same pipeline without checkpointing (dropout in every
   // stage) and counts each stage's recomputations (it fails when they are not what the mode

@@ -25,6 +25,8 @@
 //       1F1B schedule against forward()'s GPipe (check_one_f_one_b); prints "rank R 1f1b ok
 //       stage=S". --bad-loss param|rows: forward_loss with a loss function holding a parameter,
 //       or a target with too few rows (the last stage fails, and so do the others).
+//       --grad-call 1: torch::autograd::grad through the pipeline is a ValueError on every
+//       rank, then a plain backward works; prints the error and "rank R grad-call ok".
 //       --schedule-memory 1: peak bytes of a step under each schedule (check_schedule_memory);
 //       prints "rank R memory gpipe=G 1f1b=O".
 //
@@ -732,6 +734,27 @@ int run_layer(std::map<std::string, std::string>& a) {
     // Stage 0 runs other code: what stage 1 receives first is no activation header.
     group->send(at::full({13}, 99, at::kLong), 1);
     say("rank 0 sent a bad header");
+    return 0;
+  }
+  if (a.count("--grad-call")) {
+    // torch::autograd::grad through the pipeline: every rank fails with the same ValueError
+    // before any transfer (none waits for the timeout), leaving no gradient; then a plain
+    // backward through a new forward works.
+    const at::Tensor x = torch::randn({4, 8}).requires_grad_(true);
+    const at::Tensor loss = pipe->forward(x).sum();
+    try {
+      torch::autograd::grad({loss}, {x});
+      say("rank " + std::to_string(group->rank()) + " grad() passed");
+      return 1;
+    } catch (const volt::ValueError& e) {
+      say(e.what());
+    }
+    for (const auto& p : pipe->parameters()) {
+      if (p.grad().defined()) fail("a gradient was written by the refused grad()");
+    }
+    pipe->forward(x).sum().backward();
+    if (!x.grad().defined()) fail("no input gradient after the plain backward");
+    say("rank " + std::to_string(group->rank()) + " grad-call ok");
     return 0;
   }
   const bool exact = chunks == 1;
