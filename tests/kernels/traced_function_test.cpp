@@ -322,11 +322,16 @@ TEST_F(Traced, TheFusedOpsTranslateAsLibtorchComputesThem) {
   };
   TracedFunction f(
       "ops", fn, TraceOptions().fused_options(volt::FusedElementwiseOptions().require_fused(true)));
+  torch::manual_seed(5);
   const Tensors in = {torch::randn({32, 17}), torch::randn({32, 17})};
   trace_and_check(f, in);
   const Tensors got = f(in);
   const Tensors want = fn(in);
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(near(got[i], want[i])) << "output " << i;
+  // The terms of each output cancel: an ulp of a term of 20 can be 40 ulp of a sum of 0.1 (CI
+  // drew such inputs, session 83, before the seed), so the tolerance follows the largest value.
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(volt_test::near_in_scale(got[i], want[i])) << "output " << i;
+  }
   const std::string text = f.describe(in);
   EXPECT_FALSE(has(text, "\n  aten::")) << text;  // every op fused, one chain per output
   EXPECT_TRUE(has(text, "in 6 fused chains")) << text;
