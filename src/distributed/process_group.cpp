@@ -431,7 +431,11 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
       impl_->rendezvous->server = host;
       client = impl_->rendezvous->tcp = open_store(env, timeout, deadline, host);
     }
+    // The store listens on the port now; find_free_port's hold on it, if this process picked
+    // it, has done its job.
+    if (host) detail::release_port(env.main_port);
   } catch (const std::exception& e) {
+    if (host) detail::release_port(env.main_port);
     const std::string why = reason_of(e);
     if (host && !reuse) {
       VOLT_CHECK(!contains(why, "Address already in use") && !contains(why, "errno: 98"),

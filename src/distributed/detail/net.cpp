@@ -9,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "volt/core/check.h"
@@ -25,16 +27,38 @@ struct Fd {
   }
 };
 
+// The ports find_free_port holds for this process: port -> the bound socket holding it.
+std::mutex& reserved_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<int, int>& reserved_ports() {
+  static std::map<int, int> ports;
+  return ports;
+}
+
 }  // namespace
 
 int find_free_port() {
-  // IPv6 dual-stack when available, like the TCPStore server that will listen on it.
+  // IPv6 dual-stack when available, like the TCPStore server that will listen on it. The socket
+  // stays bound with SO_REUSEADDR and never listens: the kernel gives the port to no other
+  // bind(0) and to no outgoing connection's ephemeral end, yet a TCPStore server (which sets
+  // SO_REUSEADDR too) can bind and listen on it, here or in another process. Released at once,
+  // as before, the port could be taken in the time between the pick and the store's listen by
+  // anything on the machine (another job's Gloo connections, say).
+  int last_errno = 0;
   for (int family : {AF_INET6, AF_INET}) {
     Fd s{::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0)};
-    if (s.fd < 0) continue;
+    if (s.fd < 0) {
+      last_errno = errno;
+      continue;
+    }
+    const int on = 1, off = 0;
+    ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
     sockaddr_storage addr{};
     socklen_t len = 0;
     if (family == AF_INET6) {
+      ::setsockopt(s.fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
       auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
       a->sin6_family = AF_INET6;
       a->sin6_addr = in6addr_any;
@@ -45,14 +69,32 @@ int find_free_port() {
       a->sin_addr.s_addr = htonl(INADDR_ANY);
       len = sizeof(*a);
     }
-    if (::bind(s.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) continue;
-    if (::getsockname(s.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;
-    return family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                              : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    if (::bind(s.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        ::getsockname(s.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      last_errno = errno;
+      continue;
+    }
+    const int port = family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                        : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    std::lock_guard<std::mutex> lock(reserved_mutex());
+    auto& held = reserved_ports()[port];
+    if (held > 0) ::close(held);  // cannot happen while held; keep one socket per port anyway
+    held = s.fd;
+    s.fd = -1;
+    return port;
   }
   VOLT_CHECK(false, DistributedError, "[ProcessGroup] could not find a free TCP port (",
-             std::strerror(errno), "); set MASTER_PORT to a free port.");
+             std::strerror(last_errno), "); set MASTER_PORT to a free port.");
   return 0;
+}
+
+bool release_port(int port) {
+  std::lock_guard<std::mutex> lock(reserved_mutex());
+  auto it = reserved_ports().find(port);
+  if (it == reserved_ports().end()) return false;
+  ::close(it->second);
+  reserved_ports().erase(it);
+  return true;
 }
 
 std::string local_address_towards(const std::string& host) {

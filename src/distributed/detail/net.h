@@ -8,9 +8,16 @@
 namespace volt {
 namespace detail {
 
-/// A TCP port that was free on every interface when asked (bind to port 0, then release it).
-/// Another process may take it before it is used again, as with Lightning's free-port pick.
+/// A TCP port free on every interface, held for this process until release_port(port) or exit:
+/// a bound socket (SO_REUSEADDR, never listening) keeps the kernel from giving it to any other
+/// bind(0) or outgoing connection, while a TCPStore server, here or in a child, can still listen
+/// on it. (Lightning's pick binds port 0 and closes at once; the port is then anyone's until the
+/// store listens.)
 int find_free_port();
+
+/// Ends find_free_port's hold on `port` (the rendezvous store listens there now, or it is no
+/// longer wanted). Returns whether this process held it.
+bool release_port(int port);
 
 /// The local IP address the kernel would use to send to `host` (a UDP connect: no packet is
 /// sent). Throws DistributedError naming `host` when it cannot be resolved or has no route.
