@@ -9,7 +9,9 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 
+#include "detail/cgroup_memory.h"
 #include "volt/core/check.h"
 #include "volt/core/version.h"
 
@@ -113,27 +115,16 @@ class CountingAllocator final : public c10::Allocator {
   c10::Allocator* wrapped_;
 };
 
-int64_t read_limit_file(const char* path) {
-  std::ifstream in(path);
-  std::string s;
-  if (!(in >> s) || s.empty() || s == "max") return -1;
-  try {
-    return std::stoll(s);
-  } catch (...) {
-    return -1;
-  }
-}
-
 int64_t memory_limit() {
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page = ::sysconf(_SC_PAGESIZE);
   int64_t limit = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-  // A container's memory limit (cgroup v2, then v1) is what the process can really use.
-  for (const char* f :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    const int64_t l = read_limit_file(f);
-    if (l > 0 && (limit == 0 || l < limit)) limit = l;
-  }
+  // A container's memory limit is what the process can really use.
+  std::ifstream in("/proc/self/cgroup");
+  std::stringstream text;
+  text << in.rdbuf();
+  const int64_t l = detail::cgroup_memory_limit("/sys/fs/cgroup", text.str());
+  if (l > 0 && (limit == 0 || l < limit)) limit = l;
   return limit;
 }
 

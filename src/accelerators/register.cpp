@@ -9,6 +9,9 @@ void register_accelerators(Registry& r) {
   r.accelerators.add("cpu", "the host CPU", [] { return std::make_shared<CpuAccelerator>(); });
   r.accelerators.add("cuda", "NVIDIA GPUs (needs a CUDA build of libtorch)",
                      [] { return std::make_shared<CudaAccelerator>(); });
+  // Lightning's accelerator="gpu" (CUDA or Apple's MPS there; CUDA is volt's only GPU).
+  r.accelerators.add("gpu", "Lightning's name for the GPU: cuda",
+                     [] { return std::make_shared<CudaAccelerator>(); });
 }
 
 }  // namespace volt::detail

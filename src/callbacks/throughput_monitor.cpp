@@ -49,8 +49,15 @@ void ThroughputMonitor::on_train_batch_end(RunContext& run, Module&, const Batch
   const double seconds = std::chrono::duration<double>(now - window_start_).count() - paused_s_;
   if (seconds <= 0) return;  // a clock that did not advance: keep counting into the next window
   Metrics stats;
-  stats[kSamplesPerSec] = static_cast<double>(samples_) / seconds;
-  stats[kBatchesPerSec] = static_cast<double>(batches_) / seconds;
+  const double samples = static_cast<double>(samples_) / seconds;
+  const double batches = static_cast<double>(batches_) / seconds;
+  const int64_t replicas = run.data_parallel_size();
+  stats[kSamplesPerSec] = samples * static_cast<double>(replicas);
+  stats[kBatchesPerSec] = batches * static_cast<double>(replicas);
+  if (replicas > 1) {
+    stats[kDeviceSamplesPerSec] = samples;
+    stats[kDeviceBatchesPerSec] = batches;
+  }
   if (run.is_global_zero()) {
     for (const auto& l : run.loggers()) l->log_metrics(stats, step - 1);
   }

@@ -116,6 +116,7 @@ class FabricRun : public RunContext {
 
   bool is_global_zero() const override { return fabric_.strategy().is_global_zero(); }
   int64_t world_size() const override { return fabric_.strategy().world_size(); }
+  int64_t data_parallel_size() const override { return fabric_.strategy().data_shard().world_size; }
   int64_t global_rank() const override { return fabric_.strategy().rank(); }
   bool reduce_boolean_decision(bool decision, bool all) override {
     return fabric_.strategy().reduce_boolean_decision(decision, all);
@@ -623,7 +624,7 @@ Fabric::RankZeroFirst Fabric::rank_zero_first(bool local) {
 }
 
 void Fabric::print(const std::string& text) {
-  if (is_global_zero()) std::cout << text << std::endl;
+  if (local_rank() == 0) std::cout << text << std::endl;
 }
 
 void Fabric::log(const std::string& name, double value, c10::optional<int64_t> step) {

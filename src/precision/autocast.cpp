@@ -51,10 +51,17 @@ void set_dtype(c10::DeviceType d, c10::ScalarType t) {
 #endif
 }
 
-void check_supported(c10::DeviceType device, c10::ScalarType dtype) {
+// Also for a disabled guard, as torch.autocast checks device_type whatever `enabled` says: a
+// disabled guard on another device type would switch off (and later restore) CUDA's autocast,
+// which libtorch's per-device flags below 2.4 give every non-CPU device.
+void check_device_type(c10::DeviceType device) {
   VOLT_CHECK(device == c10::kCPU || device == c10::kCUDA, ConfigError,
              "[AutocastGuard] autocast on device type ", device,
              " is not supported; use c10::kCPU or c10::kCUDA.");
+}
+
+// An enabled guard: the dtype, and a device this process can run.
+void check_supported(c10::DeviceType device, c10::ScalarType dtype) {
   VOLT_CHECK(dtype == c10::kBFloat16 || dtype == c10::kHalf, ConfigError,
              "[AutocastGuard] autocast lowers to bf16 or fp16, not ", dtype,
              "; pass at::kBFloat16 or at::kHalf.");
@@ -78,6 +85,7 @@ void check_supported(c10::DeviceType device, c10::ScalarType dtype) {
 AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled,
                              bool cache_enabled)
     : device_(device) {
+  check_device_type(device);
   if (enabled) check_supported(device, dtype);
   prev_enabled_ = get_enabled(device);
   prev_dtype_ = get_dtype(device);

@@ -199,6 +199,7 @@ void Run::manual_step(size_t index) {
   VOLT_CHECK(index < optimizers.size(), ConfigError, "[Module] optimizer index ", index,
              " out of range: configure_optimizers returned ", optimizers.size(), ".");
   auto& opt = *optimizers[index].optimizer();
+  unscale_for_hooks(opt);
   hook(
       "on_before_optimizer_step", [&](Module& m) { m.on_before_optimizer_step(opt); },
       [&](Callback& c) { c.on_before_optimizer_step(*this, *module, opt); });
@@ -251,6 +252,10 @@ at::Tensor Run::clip_gradients(torch::optim::Optimizer& optimizer, c10::optional
   }
   Part part(*this, "clip_gradients");
   return strategy().clip_gradients(optimizer, *value, *algorithm);
+}
+
+void Run::unscale_for_hooks(torch::optim::Optimizer& optimizer) {
+  if (strategy().name() != "deepspeed") strategy().precision().unscale_gradients(optimizer);
 }
 
 void Run::zero_grad(torch::optim::Optimizer& optimizer) {

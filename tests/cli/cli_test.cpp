@@ -954,7 +954,8 @@ TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {
                       " --trainer.limit_train_batches=10 --trainer.limit_val_batches=2"
                       " --trainer.enable_progress_bar=false"
                       " --trainer.callbacks+=LearningRateFinder"
-                      " --trainer.callbacks.2.num_training_steps=15");
+                      " --trainer.callbacks.2.num_training_steps=15"
+                      " --trainer.callbacks+=ThroughputMonitor --trainer.log_every_n_steps=2");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string both = r.out + r.err;
   const auto set = both.find("[LearningRateFinder] Learning rate set to ");
@@ -970,6 +971,37 @@ TEST(CliBinary, FitsWithDdpOnTwoProcessesWritingOneRunFolder) {
                                                                         << r.out;
   EXPECT_TRUE(fs::exists(dir.path + "/volt_logs/version_0/config.yaml"));
   EXPECT_FALSE(fs::exists(dir.path + "/volt_logs/version_1")) << "a second rank made a folder";
+
+  // ThroughputMonitor: the job's samples and batches per second are rank 0's times the two
+  // replicas, logged beside rank 0's own (Lightning's device/ figures), on every step it logs.
+  std::ifstream csv(dir.path + "/volt_logs/version_0/metrics.csv");
+  std::string line;
+  ASSERT_TRUE(std::getline(csv, line));
+  const auto split = [](const std::string& text) {
+    std::vector<std::string> cells;
+    std::stringstream ss(text);
+    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+    if (!text.empty() && text.back() == ',') cells.emplace_back();
+    return cells;
+  };
+  const auto header = split(line);
+  const auto col = [&](const std::string& name) {
+    return std::find(header.begin(), header.end(), name) - header.begin();
+  };
+  const auto job = col("train_samples_per_sec"), device = col("train_device_samples_per_sec");
+  const auto job_b = col("train_batches_per_sec"), device_b = col("train_device_batches_per_sec");
+  const auto n = static_cast<long>(header.size());
+  ASSERT_TRUE(job < n && device < n && job_b < n && device_b < n) << line;
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    const auto cells = split(line);
+    if (static_cast<long>(cells.size()) != n || cells[job].empty()) continue;
+    ++rows;
+    EXPECT_GT(std::stod(cells[device]), 0) << line;
+    EXPECT_DOUBLE_EQ(std::stod(cells[job]), 2 * std::stod(cells[device])) << line;
+    EXPECT_DOUBLE_EQ(std::stod(cells[job_b]), 2 * std::stod(cells[device_b])) << line;
+  }
+  EXPECT_EQ(rows, 5) << "10 steps logged every 2";
 }
 
 // The validation loss a `volt fit` printed under "final metrics:" (-1 when it printed none).

@@ -83,6 +83,18 @@ TEST(Resolve, NumbersKeepIntVersusFloat) {
   EXPECT_TRUE(o.limit_val_batches().is_fraction());
 }
 
+// Lightning's devices: auto is -1 (every device of the accelerator); any other word stays an
+// error naming an int.
+TEST(Resolve, DevicesAutoIsEveryDevice) {
+  const auto r = test_registry();
+  auto c = resolve_text("model: {width: 1}\ntrainer: {devices: auto, num_nodes: 1}\n", r);
+  EXPECT_EQ(volt::detail::trainer_options(c.trainer).devices(), -1);
+  c = resolve_text("model: {width: 1}\ntrainer: {devices: 3}\n", r);
+  EXPECT_EQ(volt::detail::trainer_options(c.trainer).devices(), 3);
+  const std::string e = error_of("model: {width: 1}\ntrainer: {devices: many}\n", r);
+  EXPECT_NE(e.find("expected int, got \"many\""), std::string::npos) << e;
+}
+
 TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
   const auto r = test_registry();
   auto c = resolve_text(

@@ -1602,6 +1602,34 @@ TEST(FabricDdp, RankZeroFirstRunsRankZerosBlockBeforeTheOthers) {
   }
 }
 
+// Fabric::print prints once per machine, on local rank 0 (Lightning's): two ranks on one node
+// print one line; two single-process nodes (NODE_RANK 0 and 1 over loopback) print one each.
+TEST(FabricDdp, PrintPrintsOnTheFirstProcessOfEachNode) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto one_node = run_ranks(dir.path, {"--print-on-every-rank", "1"});
+  for (const auto& j : one_node) ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(one_node[0].output.find("printed by rank 0"), std::string::npos) << one_node[0].output;
+  EXPECT_EQ(one_node[1].output.find("printed by rank"), std::string::npos) << one_node[1].output;
+
+  const int port = volt::detail::find_free_port();
+  auto ranks = volt_test::start_ranks(volt_test::fabric_worker(),
+                                      {"--out", dir / "nodes/w", "--batch", "8", "--devices", "1",
+                                       "--num-nodes", "2", "--print-on-every-rank", "1"},
+                                      2, [&](int r) {
+                                        auto env = volt_test::plain_rank_env(0, 2, port);
+                                        env["NODE_RANK"] = std::to_string(r);
+                                        return env;
+                                      });
+  for (int r = 0; r < 2; ++r) {
+    const int code = ranks[r]->exit_code(std::chrono::seconds(120));
+    const std::string out = ranks[r]->output();
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("rank " + std::to_string(r) + " world 2"), std::string::npos) << out;
+    EXPECT_NE(out.find("printed by rank " + std::to_string(r)), std::string::npos) << out;
+  }
+}
+
 TEST(FabricDdp, RankZeroFailingFirstFailsTheOthersInsteadOfHangingThem) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

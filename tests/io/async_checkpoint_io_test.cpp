@@ -1,7 +1,10 @@
 // AsyncCheckpointIO: the same files as TorchCheckpointIO, a snapshot taken at save(), call-order
 // semantics (remove after save, load after save), bounded memory, and background failures that
 // are never silent and never cost the file they were to replace. Real files, real Trainer runs.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -163,39 +166,67 @@ TEST(AsyncCheckpointIO, AFailedSaveKeepsTheFileItWasToReplace) {
   EXPECT_TRUE(read_tensor(io, dir / "old.ckpt", "w").equal(torch::ones({1 << 16})));
 }
 
+// Stalls the background writer's next write of `path`: holds the lock on the temporary file
+// that atomic_write_file locks before writing ("<path>.volt-tmp.<pid>"), until release().
+class WriteStall {
+ public:
+  explicit WriteStall(const std::string& path)
+      : fd_(::open((path + ".volt-tmp." + std::to_string(::getpid())).c_str(),
+                   O_WRONLY | O_CREAT | O_CLOEXEC, 0644)) {
+    EXPECT_GE(fd_, 0);
+    EXPECT_EQ(::flock(fd_, LOCK_EX), 0);
+  }
+  ~WriteStall() { release(); }
+  void release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
 // A removal queued behind a save that fails stays skipped even when the failure has been thrown
 // to the caller in between (by a later call, while the writer was busy with another save):
 // before session 81 the rethrow cleared the error the writer looked at, and the file that
-// failed save was to replace was deleted.
+// failed save was to replace was deleted. The writer is held at two writes so that the calls
+// happen in that order whatever the machine's load (it used to be raced with large writes, and
+// lost on a loaded CI machine: the failure came before the removal was queued).
 TEST(AsyncCheckpointIO, ARemovalBehindAFailedSaveIsSkippedEvenAfterTheFailureWasThrown) {
   volt_test::TempDir dir;
   const std::string bad = unwritable(dir);
-  volt::AsyncCheckpointIO io(volt::AsyncCheckpointIOOptions().max_pending(3));
-  torch::serialize::OutputArchive small, big, bigger;
+  volt::AsyncCheckpointIO io(volt::AsyncCheckpointIOOptions().max_pending(4));
+  torch::serialize::OutputArchive small;
   small.write("w", torch::ones({16}));
-  big.write("w", torch::zeros({48 << 20}));      // 192 MiB: the writer is busy with it a while
-  bigger.write("w", torch::zeros({128 << 20}));  // 512 MiB: longer than queueing the next three
   io.save(small, dir / "old.ckpt");
   io.flush();
+  WriteStall first_held(dir / "first.ckpt"), big_held(dir / "big.ckpt");
   int thrown = 0;
+  bool failure_seen = false;
   volt_test::capture_logs([&] {
-    // Queued while the writer is busy with the first: the failing save, a long save behind it,
+    // Queued while the writer waits at the first: the failing save, another save behind it,
     // then the removal (the caller knows of no failure yet).
-    io.save(bigger, dir / "first.ckpt");
+    io.save(small, dir / "first.ckpt");
     io.save(small, bad);
-    io.save(big, dir / "big.ckpt");
+    io.save(small, dir / "big.ckpt");
     io.remove(dir / "old.ckpt");
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    EXPECT_EQ(io.stats().failures, 0);
+    // The writer writes the first, fails the bad one, and waits at big.ckpt.
+    first_held.release();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (io.stats().failures == 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    failure_seen = io.stats().failures == 1;
     try {
-      io.save(small, dir / "next.ckpt");  // throws the failure, probably while big is written
+      io.save(small, dir / "next.ckpt");  // throws the failure while big.ckpt is held
     } catch (const volt::CheckpointError&) {
       ++thrown;
     }
+    big_held.release();
     io.flush();
   });
+  ASSERT_TRUE(failure_seen);
   EXPECT_EQ(thrown, 1);
   EXPECT_TRUE(exists(dir / "old.ckpt"));
   EXPECT_TRUE(exists(dir / "big.ckpt"));

@@ -67,6 +67,12 @@ TEST(Autocast, DecoratorFormRunsTheCallableUnderAutocast) {
 TEST(Autocast, UnsupportedDevicesAndDtypesAreTypedErrors) {
   EXPECT_THROW(volt::AutocastGuard(c10::kCPU, at::kFloat), volt::ConfigError);
   EXPECT_THROW(volt::AutocastGuard(c10::kMeta), volt::ConfigError);
+  // Disabled too, as torch.autocast(device_type="meta", enabled=False) raises.
+  EXPECT_THROW(volt::AutocastGuard(c10::kMeta, at::kBFloat16, /*enabled=*/false),
+               volt::ConfigError);
+  // A disabled guard needs no usable dtype or device: it switches autocast off.
+  { volt::AutocastGuard off(c10::kCPU, at::kFloat, /*enabled=*/false); }
+  { volt::AutocastGuard off(c10::kCUDA, at::kBFloat16, /*enabled=*/false); }
 #if !VOLT_TORCH_AT_LEAST(2, 4)
   const auto msg = error_of([] { volt::AutocastGuard g(c10::kCPU, at::kHalf); });
   EXPECT_NE(msg.find("supports bf16 only"), std::string::npos) << msg;

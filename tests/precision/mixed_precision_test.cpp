@@ -124,6 +124,77 @@ TEST(MixedPrecision, LossScalingSkipsAnInfStepWithoutAdvancingStepOrScheduler) {
   EXPECT_DOUBLE_EQ(m.last_lr, 0.1 * std::pow(0.5, 6));
 }
 
+// Lightning's MixedPrecision unscales "after the closure is executed, but before the
+// on_before_optimizer_step hook": the module's and the callbacks' hook see the true gradients
+// (on_after_backward still sees the scaled ones), automatic and manual optimization alike.
+class GradsSeen : public TinyClassifier {
+ public:
+  explicit GradsSeen(bool manual) {
+    if (manual) set_automatic_optimization(false);
+  }
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    if (automatic_optimization()) return TinyClassifier::training_step(b, i);
+    auto opt = optimizers().front();
+    opt.zero_grad();
+    manual_backward(torch::cross_entropy_loss(forward(b.input), b.target));
+    opt.step();
+    return {};
+  }
+  void on_after_backward() override {
+    if (after_backward.empty()) after_backward.push_back(fc1->weight.grad().clone());
+  }
+  void on_before_optimizer_step(torch::optim::Optimizer&) override {
+    if (before_step.empty()) before_step.push_back(fc1->weight.grad().clone());
+  }
+  std::vector<at::Tensor> after_backward, before_step;
+};
+
+class CallbackGradsSeen : public volt::Callback {
+ public:
+  std::string state_key() const override { return "CallbackGradsSeen"; }
+  void on_before_optimizer_step(volt::RunContext&, volt::Module&,
+                                torch::optim::Optimizer& opt) override {
+    if (!seen.defined()) seen = opt.param_groups()[0].params()[0].grad().clone();
+  }
+  at::Tensor seen;
+};
+
+TEST(MixedPrecision, OnBeforeOptimizerStepSeesUnscaledGradients) {
+  for (bool manual : {false, true}) {
+    SCOPED_TRACE(manual ? "manual optimization" : "automatic optimization");
+    volt_test::TempDir dir;
+    // The policy off: both runs below compute in bf16 whatever the probe's timing says.
+    const auto options = volt::MixedPrecisionOptions().read_env_lists(false).cpu_policy(false);
+    auto precision = std::make_shared<volt::MixedPrecision>(
+        volt::MixedPrecisionOptions(options).loss_scaling(true).scaler(
+            volt::GradScalerOptions().init_scale(256.0)));
+    torch::manual_seed(3);
+    GradsSeen m(manual);
+    auto cb = std::make_shared<CallbackGradsSeen>();
+    volt::Trainer t(quiet(dir.path).max_steps(2).precision(precision).callbacks({cb}));
+    t.fit(m, volt_test::loader(volt_test::blobs(128)));
+    ASSERT_EQ(t.state().global_step, 2);
+    ASSERT_EQ(m.before_step.size(), 1u);
+    ASSERT_EQ(m.after_backward.size(), 1u);
+    const at::Tensor seen = m.before_step[0];
+    EXPECT_GT(seen.abs().max().item<double>(), 0);
+    // Multiplying by 1/256 is exact: the hook's gradients are the backward's over 256.
+    EXPECT_TRUE(at::equal(seen, m.after_backward[0] / 256.0));
+    ASSERT_TRUE(cb->seen.defined());
+    EXPECT_TRUE(at::equal(cb->seen, seen)) << "the callbacks' hook saw other gradients";
+    // And the same step without a scaler sees the same gradients (a fresh run from the seed).
+    volt_test::TempDir dir2;
+    torch::manual_seed(3);
+    GradsSeen plain(manual);
+    volt::Trainer t2(
+        quiet(dir2.path).max_steps(2).precision(std::make_shared<volt::MixedPrecision>(options)));
+    t2.fit(plain, volt_test::loader(volt_test::blobs(128)));
+    ASSERT_EQ(plain.before_step.size(), 1u);
+    EXPECT_TRUE(at::allclose(seen, plain.before_step[0], 1e-5, 1e-7))
+        << (seen - plain.before_step[0]).abs().max().item<double>();
+  }
+}
+
 std::shared_ptr<volt::MixedPrecision> scaled(double init, int64_t interval) {
   return std::make_shared<volt::MixedPrecision>(
       volt::MixedPrecisionOptions().loss_scaling(true).scaler(

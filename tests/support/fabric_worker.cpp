@@ -242,6 +242,7 @@ int main(int argc, char** argv) {
             .callbacks(callbacks)
             .accelerator("cpu")
             .devices(num("--devices", 1))
+            .num_nodes(num("--num-nodes", 1))
             .strategy(volt::named<volt::Strategy>(strategy, std::move(args)))
             .precision(a.count("--precision") ? a["--precision"] : "32-true")
             .sync_batchnorm(num("--sync-bn", 0) != 0));
@@ -259,6 +260,10 @@ int main(int argc, char** argv) {
       }
       fabric.print(line);
     }
+
+    // Every rank asks; Fabric::print decides which print.
+    if (num("--print-on-every-rank", 0) != 0)
+      fabric.print("printed by rank " + std::to_string(rank));
 
     if (a.count("--rank-zero-first")) {
       const std::string file = a["--rank-zero-first"];

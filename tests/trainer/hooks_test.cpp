@@ -295,7 +295,7 @@ Calls eval_pass(const std::string& fn, int64_t batches) {
 }
 
 /// Lightning's _auto_train_batch. The module's optimizer_step starts before, and holds, the
-/// step: on_before_optimizer_step, then the unscale and configure_gradient_clipping (Lightning
+/// step: the unscale, on_before_optimizer_step, then configure_gradient_clipping (Lightning
 /// lists optimizer_step after them because its test records the hook when it returns).
 /// Departure: volt zeroes the gradients after the optimizer step, so on_before_zero_grad and
 /// optimizer_zero_grad come after it (Lightning zeroes them before the backward of the step's

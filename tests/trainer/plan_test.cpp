@@ -46,6 +46,22 @@ TEST(ResolvePlan, CudaWithoutCudaIsNotAvailable) {
   }
 }
 
+// Lightning's accelerator="gpu" is CUDA: the CUDA accelerator where a GPU is, its NotAvailable
+// (naming the CPU as the fix) where none is.
+TEST(ResolvePlan, GpuIsLightningsNameForCuda) {
+  if (volt::CudaAccelerator::available()) {
+    EXPECT_EQ(volt::resolve_plan("gpu", 1, "auto", "32-true").accelerator->name(), "cuda");
+    return;
+  }
+  try {
+    volt::resolve_plan("gpu", -1, "auto", "32-true");
+    FAIL();
+  } catch (const volt::NotAvailable& e) {
+    EXPECT_NE(std::string(e.what()).find("[CudaAccelerator]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("accelerator=\"cpu\""), std::string::npos) << e.what();
+  }
+}
+
 TEST(ResolvePlan, BadDeviceCounts) {
   EXPECT_THROW(volt::resolve_plan("cpu", 0, "auto", "32-true"), volt::ConfigError);
   EXPECT_THROW(volt::resolve_plan("cpu", 1, "auto", "32-true", 0), volt::ConfigError);

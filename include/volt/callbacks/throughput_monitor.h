@@ -25,11 +25,17 @@ std::ostream& operator<<(std::ostream& os, const ThroughputMonitorOptions& o);
 /// Logs "train_samples_per_sec" and "train_batches_per_sec" at the Trainer's per-step logging
 /// cadence (the steps where (step + 1) % log_every_n_steps == 0), each measured over the wall
 /// time since the previous log, not counting validation. Reads only batch sizes, so it adds no
-/// device synchronisation.
+/// device synchronisation. With several data-parallel replicas (RunContext::data_parallel_size)
+/// those are the job's rates, rank 0's times the replicas (each trains a shard of equal length,
+/// as Lightning's monitor assumes), and "train_device_samples_per_sec" /
+/// "train_device_batches_per_sec" are rank 0's own (Lightning's device/ figures); the processes
+/// of one pipeline or tensor-parallel group share their samples and count once.
 class ThroughputMonitor : public Callback {
  public:
   static constexpr const char* kSamplesPerSec = "train_samples_per_sec";
   static constexpr const char* kBatchesPerSec = "train_batches_per_sec";
+  static constexpr const char* kDeviceSamplesPerSec = "train_device_samples_per_sec";
+  static constexpr const char* kDeviceBatchesPerSec = "train_device_batches_per_sec";
 
   explicit ThroughputMonitor(ThroughputMonitorOptions options = {});
   std::string state_key() const override { return "ThroughputMonitor"; }

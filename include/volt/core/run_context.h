@@ -81,6 +81,10 @@ class RunContext {
   virtual int64_t world_size() const = 0;
   /// This process's rank in the job, 0 .. world_size() - 1.
   virtual int64_t global_rank() const = 0;
+  /// Processes training distinct samples, the data-parallel replicas (Strategy::data_shard):
+  /// world_size() under DDP and ZeRO, world_size() / stages under the pipeline, world_size() /
+  /// tensor_parallel_size under model_parallel, 1 in one process.
+  virtual int64_t data_parallel_size() const { return world_size(); }
   /// One decision for every rank: true when `decision` holds on all ranks (all = true) or on
   /// any rank (all = false). Callbacks use it so ranks never diverge (e.g. stop or save).
   virtual bool reduce_boolean_decision(bool decision, bool all = true) = 0;

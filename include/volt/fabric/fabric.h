@@ -334,7 +334,8 @@ class Fabric {
     call_each<C>([&](C& c) { (c.*hook)(args...); });
   }
 
-  /// Prints on global rank 0 only (a line per call).
+  /// Prints on the first process of each node, local rank 0 (Lightning's Fabric.print), a line
+  /// per call: each machine's console gets the line once.
   void print(const std::string& text);
   /// Sends metrics to the loggers (global rank 0 only; other ranks return at once) at `step`,
   /// by default the optimizer steps taken so far through step() (Lightning's loggers count

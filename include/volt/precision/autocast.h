@@ -13,7 +13,8 @@ namespace volt {
 /// for one device type for the guard's lifetime, then restores exactly what was there before.
 /// Nestable. The autocast cast cache is cleared when the outermost region on the thread ends.
 /// CPU accepts bf16 (libtorch 1.13's CPU autocast has no fp16); CUDA accepts bf16 and fp16 and
-/// needs a CUDA build and device. Bad arguments throw ConfigError / NotAvailable.
+/// needs a CUDA build and device (a disabled guard needs neither, only one of the two device
+/// types). Bad arguments throw ConfigError / NotAvailable.
 ///
 ///   { volt::AutocastGuard bf16(c10::kCPU);             // matmuls, convs in bf16
 ///     auto h = net->forward(x);

@@ -417,7 +417,8 @@ Params trainer_params(const Registry& reg) {
   for (const auto& n : reg.accelerators.names()) accelerators.push_back(n);
   return Params()
       .choice("accelerator", d.accelerator().name(), accelerators, "hardware to run on")
-      .add("devices", d.devices(), "processes (devices) per node; -1 = all devices (1 on cpu)")
+      .add("devices", d.devices(),
+           "processes (devices) per node; -1 or auto = all devices (1 on cpu)")
       .add("num_nodes", d.num_nodes(), "nodes taking part (world size = devices x num_nodes)")
       .choice("strategy", d.strategy().name(), strategies, "how work spreads over devices")
       .choice("precision", d.precision().name(), reg.precisions.names(), "numeric precision")
@@ -586,6 +587,16 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
   };
   take_component("strategy", reg.strategies, out.strategy);
   take_component("precision", reg.precisions, out.precision);
+  // devices: auto is Lightning's spelling of -1 (every device of the accelerator).
+  if (const ConfigNode* dev = t != nullptr && t->is_map() ? t->find("devices") : nullptr;
+      dev != nullptr && dev->is_scalar() && dev->scalar == "auto") {
+    if (trainer_node != &trimmed) {
+      trimmed = *t;
+      trainer_node = &trimmed;
+    }
+    trimmed.find("devices")->scalar = "-1";
+    trimmed.find("devices")->quoted = false;
+  }
   out.trainer = parse_args("trainer", "trainer", trainer_node, root, out.trainer_params,
                            {"callbacks", "loggers", "profiler", "checkpoint_io"});
   const ConfigNode* prof = t != nullptr && t->is_map() ? t->find("profiler") : nullptr;

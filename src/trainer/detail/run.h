@@ -199,6 +199,7 @@ class Run : public RunContext {
   bool is_global_zero() const override { return plan.strategy->is_global_zero(); }
   int64_t global_rank() const override { return plan.strategy->rank(); }
   int64_t world_size() const override { return plan.strategy->world_size(); }
+  int64_t data_parallel_size() const override { return plan.strategy->data_shard().world_size; }
   bool reduce_boolean_decision(bool decision, bool all) override {
     return plan.strategy->reduce_boolean_decision(decision, all);
   }
@@ -235,6 +236,11 @@ class Run : public RunContext {
                             c10::optional<ClipAlgorithm> algorithm) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
   Batch batch_to_device(const Batch& batch) const override;
+  /// Before on_before_optimizer_step: the loss scaler unscales the optimizer's gradients, so
+  /// the hooks see true gradients (Lightning's MixedPrecision unscales "before the
+  /// on_before_optimizer_step hook"); the step's own unscale is then a no-op. Not under the
+  /// deepspeed strategy, whose step unscales its partitioned gradients.
+  void unscale_for_hooks(torch::optim::Optimizer& optimizer);
 
   // ---------------------------------------------------------------- dispatch
   // Every hook goes through here: one place to time them and to keep Lightning's order: the

@@ -76,6 +76,7 @@ bool OptimizationStep::strategy_step() {
   Run& r = run_;
   Module& m = *r.module;
   auto& opt = *r.optimizers.front().optimizer();
+  r.unscale_for_hooks(opt);
   r.hook(
       "on_before_optimizer_step", [&](Module& mm) { mm.on_before_optimizer_step(opt); },
       [&](Callback& c) { c.on_before_optimizer_step(r, m, opt); });

@@ -1,0 +1,75 @@
+#include "detail/cgroup_memory.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace volt {
+namespace detail {
+namespace {
+
+// A limit file's bytes, or -1 for none ("max", a missing or unreadable file, v1's "unlimited":
+// 2^63 - 1 rounded down to a page, far beyond any machine).
+int64_t read_limit(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  if (!(in >> s) || s.empty() || s == "max") return -1;
+  try {
+    const int64_t v = std::stoll(s);
+    return v > 0 && v < (int64_t{1} << 62) ? v : -1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// The tightest limit in `dir` + `path` and each of its ancestors up to `dir` itself.
+int64_t tightest_on_path(const std::string& dir, std::string path, const std::string& file) {
+  int64_t best = -1;
+  while (true) {
+    while (!path.empty() && path.back() == '/') path.pop_back();
+    const int64_t l = read_limit(dir + path + "/" + file);
+    if (l > 0 && (best < 0 || l < best)) best = l;
+    if (path.empty()) return best;
+    path.erase(path.rfind('/') == std::string::npos ? 0 : path.rfind('/'));
+  }
+}
+
+}  // namespace
+
+int64_t cgroup_memory_limit(const std::string& root, const std::string& proc_self_cgroup) {
+  // Lines "hierarchy-ID:controller-list:path"; v2's is "0::path".
+  std::string v2_path, v1_path;
+  bool v2 = false, v1 = false;
+  std::istringstream lines(proc_self_cgroup);
+  for (std::string line; std::getline(lines, line);) {
+    const auto a = line.find(':');
+    const auto b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    if (id == "0" && controllers.empty()) {
+      v2 = true;
+      v2_path = path;
+      continue;
+    }
+    std::istringstream names(controllers);
+    for (std::string c; std::getline(names, c, ',');) {
+      if (c == "memory") {
+        v1 = true;
+        v1_path = path;
+      }
+    }
+  }
+  int64_t best = -1;
+  const auto take = [&](int64_t l) {
+    if (l > 0 && (best < 0 || l < best)) best = l;
+  };
+  // Without /proc/self/cgroup (or a line for the memory controller) only the roots are read, as
+  // volt did before it walked the process's own path.
+  take(tightest_on_path(root, v2 ? v2_path : "", "memory.max"));
+  take(tightest_on_path(root + "/memory", v1 ? v1_path : "", "memory.limit_in_bytes"));
+  return best;
+}
+
+}  // namespace detail
+}  // namespace volt
