@@ -1,5 +1,6 @@
 #include "detail/cgroup_memory.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -22,24 +23,31 @@ int64_t read_limit(const std::string& path) {
   }
 }
 
+// The tighter of two limits, -1 meaning none.
+int64_t tighter(int64_t a, int64_t b) {
+  if (a < 0) return b;
+  return b < 0 ? a : std::min(a, b);
+}
+
 // The tightest limit in `dir` + `path` and each of its ancestors up to `dir` itself.
 int64_t tightest_on_path(const std::string& dir, std::string path, const std::string& file) {
   int64_t best = -1;
   while (true) {
     while (!path.empty() && path.back() == '/') path.pop_back();
-    const int64_t l = read_limit(dir + path + "/" + file);
-    if (l > 0 && (best < 0 || l < best)) best = l;
+    best = tighter(best, read_limit(dir + path + "/" + file));
     if (path.empty()) return best;
-    path.erase(path.rfind('/') == std::string::npos ? 0 : path.rfind('/'));
+    const size_t slash = path.rfind('/');
+    path.erase(slash == std::string::npos ? 0 : slash);
   }
 }
 
 }  // namespace
 
 int64_t cgroup_memory_limit(const std::string& root, const std::string& proc_self_cgroup) {
-  // Lines "hierarchy-ID:controller-list:path"; v2's is "0::path".
+  // Lines "hierarchy-ID:controller-list:path"; v2's is "0::path". A missing line leaves its
+  // path empty, the hierarchy's root: only the roots are read without /proc/self/cgroup, as volt
+  // did before it walked the process's own path.
   std::string v2_path, v1_path;
-  bool v2 = false, v1 = false;
   std::istringstream lines(proc_self_cgroup);
   for (std::string line; std::getline(lines, line);) {
     const auto a = line.find(':');
@@ -48,27 +56,16 @@ int64_t cgroup_memory_limit(const std::string& root, const std::string& proc_sel
     const std::string id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1);
     const std::string path = line.substr(b + 1);
     if (id == "0" && controllers.empty()) {
-      v2 = true;
       v2_path = path;
       continue;
     }
     std::istringstream names(controllers);
     for (std::string c; std::getline(names, c, ',');) {
-      if (c == "memory") {
-        v1 = true;
-        v1_path = path;
-      }
+      if (c == "memory") v1_path = path;
     }
   }
-  int64_t best = -1;
-  const auto take = [&](int64_t l) {
-    if (l > 0 && (best < 0 || l < best)) best = l;
-  };
-  // Without /proc/self/cgroup (or a line for the memory controller) only the roots are read, as
-  // volt did before it walked the process's own path.
-  take(tightest_on_path(root, v2 ? v2_path : "", "memory.max"));
-  take(tightest_on_path(root + "/memory", v1 ? v1_path : "", "memory.limit_in_bytes"));
-  return best;
+  return tighter(tightest_on_path(root, v2_path, "memory.max"),
+                 tightest_on_path(root + "/memory", v1_path, "memory.limit_in_bytes"));
 }
 
 }  // namespace detail

@@ -1158,10 +1158,8 @@ at::Tensor reference(const std::string& root, const std::vector<std::string>& ex
 }
 
 // Ranks started as one job with rank variables (as torchrun would), batch 8 each.
-std::vector<Job> run_ranks(const std::string& root, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args{"--out", root + "/w", "--batch", "8", "--devices", "2"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  auto ranks = volt_test::start_local_ranks(volt_test::fabric_worker(), args, 2);
+// Each started rank's exit code and output, in rank order (at most 120 s each).
+std::vector<Job> jobs_of(std::vector<std::unique_ptr<volt_test::Process>>& ranks) {
   std::vector<Job> jobs;
   for (auto& p : ranks) {
     Job j;
@@ -1170,6 +1168,13 @@ std::vector<Job> run_ranks(const std::string& root, const std::vector<std::strin
     jobs.push_back(j);
   }
   return jobs;
+}
+
+std::vector<Job> run_ranks(const std::string& root, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{"--out", root + "/w", "--batch", "8", "--devices", "2"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto ranks = volt_test::start_local_ranks(volt_test::fabric_worker(), args, 2);
+  return jobs_of(ranks);
 }
 
 // Two ranks run with `flags` under `root`: both succeed and end with the same weights, within
@@ -1621,10 +1626,10 @@ TEST(FabricDdp, PrintPrintsOnTheFirstProcessOfEachNode) {
                                         env["NODE_RANK"] = std::to_string(r);
                                         return env;
                                       });
+  const auto nodes = jobs_of(ranks);
   for (int r = 0; r < 2; ++r) {
-    const int code = ranks[r]->exit_code(std::chrono::seconds(120));
-    const std::string out = ranks[r]->output();
-    ASSERT_EQ(code, 0) << out;
+    const std::string& out = nodes[r].output;
+    ASSERT_EQ(nodes[r].code, 0) << out;
     EXPECT_NE(out.find("rank " + std::to_string(r) + " world 2"), std::string::npos) << out;
     EXPECT_NE(out.find("printed by rank " + std::to_string(r)), std::string::npos) << out;
   }

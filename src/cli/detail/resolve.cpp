@@ -572,16 +572,20 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
   // checks the plain names, parse_component the components.
   ConfigNode trimmed;
   const ConfigNode* trainer_node = t;
+  // The trainer mapping as parse_args will read it: a copy of `t` from the first change on.
+  auto edited = [&]() -> ConfigNode& {
+    if (trainer_node != &trimmed) {
+      trimmed = *t;
+      trainer_node = &trimmed;
+    }
+    return trimmed;
+  };
   auto take_component = [&](const std::string& name, const auto& registry,
                             std::optional<ComponentConfig>& slot) {
     const ConfigNode* node = t != nullptr && t->is_map() ? t->find(name) : nullptr;
     if (node == nullptr || !node->is_map()) return;
     slot = parse_component("trainer." + name, node, *t, registry);
-    if (trainer_node != &trimmed) {
-      trimmed = *t;
-      trainer_node = &trimmed;
-    }
-    auto& f = trimmed.fields;
+    auto& f = edited().fields;
     f.erase(std::remove_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == name; }),
             f.end());
   };
@@ -590,12 +594,9 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
   // devices: auto is Lightning's spelling of -1 (every device of the accelerator).
   if (const ConfigNode* dev = t != nullptr && t->is_map() ? t->find("devices") : nullptr;
       dev != nullptr && dev->is_scalar() && dev->scalar == "auto") {
-    if (trainer_node != &trimmed) {
-      trimmed = *t;
-      trainer_node = &trimmed;
-    }
-    trimmed.find("devices")->scalar = "-1";
-    trimmed.find("devices")->quoted = false;
+    ConfigNode& devices = *edited().find("devices");
+    devices.scalar = "-1";
+    devices.quoted = false;
   }
   out.trainer = parse_args("trainer", "trainer", trainer_node, root, out.trainer_params,
                            {"callbacks", "loggers", "profiler", "checkpoint_io"});
