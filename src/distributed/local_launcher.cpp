@@ -87,6 +87,26 @@ struct LocalLauncher::Monitor {
   int stop_fd = -1;
   std::thread thread;
 
+  // Stops the monitor thread (the workers it watches must have been killed first, or they die
+  // with it: PR_SET_PDEATHSIG), reaps what is left and closes every descriptor. Once, by the
+  // destructor or by a constructor that could not start every worker.
+  void stop_thread() {
+    const uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(stop_fd, &one, sizeof(one));
+    if (thread.joinable()) thread.join();
+    for (auto& c : children) {
+      if (c.running && c.pidfd >= 0) {
+        pollfd p{c.pidfd, POLLIN, 0};
+        ::poll(&p, 1, 1000);
+        ::waitpid(c.pid, nullptr, WNOHANG);
+      }
+      if (c.pidfd >= 0) ::close(c.pidfd);
+      c.pidfd = -1;
+    }
+    ::close(stop_fd);
+    stop_fd = -1;
+  }
+
   size_t running() const {
     size_t n = 0;
     for (const auto& c : children) n += c.running ? 1 : 0;
@@ -129,6 +149,12 @@ struct LocalLauncher::Monitor {
         if (children[i].pidfd < 0) {
           start_error =
               std::string("pidfd_open failed (Linux >= 5.3 needed): ") + std::strerror(errno);
+          // Unwatched, the loop could not reap it: ended here (the launcher then kills the
+          // workers started before it).
+          ::kill(pid, SIGKILL);
+          while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+          }
+          children[i].running = false;
           break;
         }
       }
@@ -247,9 +273,12 @@ LocalLauncher::LocalLauncher(ClusterEnvironment env) : env_(std::move(env)) {
   std::unique_lock<std::mutex> lock(m->mu);
   m->cv.wait(lock, [&] { return m->started; });
   if (!m->start_error.empty()) {
+    // No destructor runs for a constructor that throws: the workers started so far, the
+    // thread and the descriptors end here.
     const std::string why = m->start_error;
     lock.unlock();
     kill_all();
+    m->stop_thread();
     VOLT_CHECK(false, NotAvailable, kTag, " cannot start the local workers: ", why, ".");
   }
 }
@@ -258,20 +287,9 @@ LocalLauncher::~LocalLauncher() {
   if (!monitor_) return;
   try {
     kill_all();
-    const uint64_t one = 1;
-    [[maybe_unused]] auto n = ::write(monitor_->stop_fd, &one, sizeof(one));
-    if (monitor_->thread.joinable()) monitor_->thread.join();
-    // The thread's end SIGKILLs any worker kill_all could not reap (PR_SET_PDEATHSIG); collect
-    // what is collectable so that no zombie stays.
-    for (auto& c : monitor_->children) {
-      if (c.running && c.pidfd >= 0) {
-        pollfd p{c.pidfd, POLLIN, 0};
-        ::poll(&p, 1, 1000);
-        ::waitpid(c.pid, nullptr, WNOHANG);
-      }
-      if (c.pidfd >= 0) ::close(c.pidfd);
-    }
-    ::close(monitor_->stop_fd);
+    // The thread's end SIGKILLs any worker kill_all could not reap (PR_SET_PDEATHSIG); what is
+    // collectable is collected so that no zombie stays.
+    monitor_->stop_thread();
   } catch (...) {
   }
 }

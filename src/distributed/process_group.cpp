@@ -172,11 +172,54 @@ void ignore_sigpipe() {
   ::sigaction(SIGPIPE, &ignore, nullptr);
 }
 
-// Gloo in libtorch 1.13 has no bf16. The collectives that only copy bytes (broadcast,
-// all-gather) send it as fp16 bits: the dtype a tensor of `dtype` is viewed as on the wire.
-// (all_reduce computes, so it reduces 16-bit floats in fp32 instead.)
-c10::ScalarType wire_dtype(c10::ScalarType dtype) {
-  return dtype == at::kBFloat16 ? at::kHalf : dtype;
+// The dtypes libtorch 1.13's Gloo moves and reduces itself (2.x adds bool and bf16; NCCL lacks
+// int16 and complex). The collectives that only copy (broadcast, all-gather, the all-to-all under
+// reduce-scatter, send and recv) carry any other dtype as its bytes; all_reduce, which computes,
+// widens it instead (all_reduce_operand).
+bool carried_as_is(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong: return true;
+    default: return false;
+  }
+}
+
+// Contiguous `t` as a copying collective carries it: itself, or a view of its bytes (1-D at
+// least: a scalar becomes one element). A view: what the collective writes lands in `t`.
+at::Tensor wire_form(const at::Tensor& t) {
+  if (carried_as_is(t.scalar_type())) return t;
+  return (t.dim() == 0 ? t.reshape({1}) : t).view(at::kByte);
+}
+
+// What wire_form(a tensor of `dtype` and `shape`) carried, as that tensor again (a view).
+at::Tensor from_wire_form(const at::Tensor& w, c10::ScalarType dtype, at::IntArrayRef shape) {
+  return w.scalar_type() == dtype ? w.view(shape) : w.view(dtype).view(shape);
+}
+
+// What every collective takes: a defined, dense, non-quantized tensor (a ValueError up front,
+// not a backend error that would leave the group broken).
+void check_operand(const at::Tensor& t, const char* op, const char* where = "") {
+  VOLT_CHECK(t.defined(), ValueError, kTag, " ", op, " got an undefined tensor", where,
+             "; pass a tensor (at::empty for a receive buffer).");
+  VOLT_CHECK(t.layout() == at::kStrided && !at::isQIntType(t.scalar_type()), ValueError, kTag, " ",
+             op, " takes dense tensors, got a ", t.layout(), " ", t.scalar_type(), " one", where,
+             "; convert it first (to_dense(), dequantize()).");
+}
+
+// Reducing `op` over `dtype` means something: no mean of integers, no order of complex numbers.
+void check_reduction(c10::ScalarType dtype, Reduce op, const char* name) {
+  VOLT_CHECK(op != Reduce::kMean || at::isFloatingType(dtype) || at::isComplexType(dtype),
+             ValueError, kTag, " ", name, " with kMean needs a floating tensor, got ", dtype,
+             "; convert it first or use kSum.");
+  VOLT_CHECK(!at::isComplexType(dtype) || op == Reduce::kSum || op == Reduce::kMean, ValueError,
+             kTag, " ", name, " of a ", dtype,
+             " tensor takes kSum or kMean (complex numbers have no order); reduce its real and "
+             "imaginary parts (at::view_as_real) yourself for anything else.");
 }
 
 using Clock = std::chrono::steady_clock;
@@ -596,6 +639,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
   impl->address = impl_->address;
   impl->agent_store = impl_->agent_store;
   impl->gloo_address = impl_->gloo_address;
+  impl->prefix = impl_->prefix;
   impl->key = key;
   const int size = static_cast<int>(ranks.size());
   try {
@@ -764,22 +808,31 @@ auto alltoall_rows(ProcessGroup& pg, at::Tensor& rows, at::Tensor& received) {
 }  // namespace
 
 at::Tensor ProcessGroup::all_reduce(const at::Tensor& value, Reduce op) {
-  VOLT_CHECK(op != Reduce::kMean || value.is_floating_point(), ValueError, kTag,
-             " all_reduce with kMean needs a floating tensor, got ", value.scalar_type(),
-             "; convert it first or use kSum.");
-  // 16-bit floats are reduced in fp32 and rounded back: Gloo in libtorch 1.13 has no bf16, and
-  // its fp16 sum accumulates in fp16 (the fp32 sum is also the more accurate one).
-  const bool narrow = value.scalar_type() == at::kBFloat16 || value.scalar_type() == at::kHalf;
+  check_operand(value, "all_reduce");
+  const c10::ScalarType dtype = value.scalar_type();
+  check_reduction(dtype, op, "all_reduce");
   const NormalTensors normal_tensors;
-  const at::Tensor v = to_wire(*impl_, value.detach());
-  std::vector<at::Tensor> t{narrow ? v.to(at::kFloat).contiguous()
-                                   : v.clone(at::MemoryFormat::Contiguous)};
+  // Complex tensors are reduced as their real and imaginary parts. Then 16-bit floats in fp32,
+  // rounded back (Gloo in libtorch 1.13 has no bf16, and its fp16 sum accumulates in fp16: the
+  // fp32 sum is also the more accurate one); bool and int16, which Gloo lacks, in int32 (a sum
+  // of bools is their "or", as in torch; int16 wraps as its own arithmetic would).
+  const bool complex = at::isComplexType(dtype);
+  at::Tensor v = to_wire(*impl_, value.detach());
+  if (complex) v = at::view_as_real(v.resolve_conj());
+  const c10::ScalarType part = v.scalar_type();
+  const c10::ScalarType reduce_as = part == at::kBFloat16 || part == at::kHalf ? at::kFloat
+                                    : part == at::kBool || part == at::kShort  ? at::kInt
+                                                                               : part;
+  std::vector<at::Tensor> t{
+      v.to(reduce_as, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous)};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
   o.timeout = options_.timeout();
   run_collective(*this, "all_reduce", [&] { return impl_->group->allreduce(t, o); });
   if (op == Reduce::kMean) t[0].div_(world_size_);
-  return (narrow ? t[0].to(value.scalar_type()) : t[0]).to(value.device());
+  at::Tensor out = reduce_as == part ? t[0] : t[0].to(part);
+  if (complex) out = at::view_as_complex(out);
+  return out.to(value.device());
 }
 
 void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t src) {
@@ -792,15 +845,11 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
              " is outside world size ", world_size_, ".");
   const NormalTensors normal_tensors;  // grad mode off as well
   for (size_t i = 0; i < tensors.size(); ++i) {
-    VOLT_CHECK(tensors[i].defined(), ValueError, kTag,
-               " broadcast_ got an undefined tensor at "
-               "index ",
-               i, ".");
+    check_operand(tensors[i], "broadcast_", detail::str_cat(" at index ", i).c_str());
   }
   // One flat buffer per dtype bucket: a collective per bucket instead of one per tensor.
   constexpr int64_t kBroadcastBucket = int64_t{1} << 20;
   for (const auto& bucket : dtype_buckets(tensors, kBroadcastBucket)) {
-    const c10::ScalarType dtype = tensors[bucket[0]].scalar_type();
     std::vector<at::Tensor> flat_parts;
     for (size_t k : bucket) flat_parts.push_back(to_wire(*impl_, tensors[k].detach().reshape(-1)));
     // A lone contiguous tensor where the collective runs is broadcast in place (its reshape
@@ -809,7 +858,8 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
     const bool in_place =
         bucket.size() == 1 && lone.is_contiguous() && lone.device() == flat_parts[0].device();
     std::vector<at::Tensor> buf{in_place ? flat_parts[0] : at::cat(flat_parts)};
-    buf[0] = buf[0].view(wire_dtype(dtype));  // a view: in place stays in place
+    const at::Tensor flat = buf[0];
+    buf[0] = wire_form(flat);  // a view: in place stays in place
     c10d::BroadcastOptions o;
     o.rootRank = src;
     o.timeout = options_.timeout();
@@ -818,7 +868,7 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
     for (size_t k : bucket) {
       at::Tensor t = tensors[k].detach();
       const int64_t n = t.numel();
-      if (!in_place) t.copy_(buf[0].narrow(0, offset, n).view(dtype).view(t.sizes()));
+      if (!in_place) t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
       offset += n;
     }
   }
@@ -827,8 +877,8 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
 void ProcessGroup::all_reduce_(std::vector<at::Tensor>& tensors, Reduce op) {
   const NormalTensors normal_tensors;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    VOLT_CHECK(tensors[i].defined(), ValueError, kTag,
-               " all_reduce_ got an undefined tensor at index ", i, ".");
+    check_operand(tensors[i], "all_reduce_", detail::str_cat(" at index ", i).c_str());
+    check_reduction(tensors[i].scalar_type(), op, "all_reduce_");
   }
   // One all_reduce per dtype bucket, its flat result copied back into the tensors.
   constexpr int64_t kReduceBucket = int64_t{1} << 22;
@@ -849,6 +899,7 @@ void ProcessGroup::all_reduce_(std::vector<at::Tensor>& tensors, Reduce op) {
 std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
   // Shapes first: Gloo with mismatched sizes corrupts or hangs, a ValueError is clearer.
   constexpr int64_t kMaxDims = 8;
+  check_operand(value, "all_gather");
   VOLT_CHECK(value.dim() <= kMaxDims, ValueError, kTag, " all_gather supports up to ", kMaxDims,
              " dimensions, got ", value.sizes(), ".");
   const NormalTensors normal_tensors;
@@ -877,13 +928,14 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
                "); pad to a common shape first.");
   }
   std::vector<std::vector<at::Tensor> > out(1);
-  auto in = to_wire(*impl_, value.detach().clone(at::MemoryFormat::Contiguous));
-  const c10::ScalarType dtype = in.scalar_type();
-  in = in.view(wire_dtype(dtype));
+  const at::Tensor in =
+      wire_form(to_wire(*impl_, value.detach().clone(at::MemoryFormat::Contiguous)));
   for (int64_t r = 0; r < world_size_; ++r) out[0].push_back(at::empty_like(in));
   std::vector<at::Tensor> ins{in};
   run_collective(*this, "all_gather", [&] { return impl_->group->allgather(out, ins); });
-  for (auto& t : out[0]) t = t.view(dtype).to(value.device());
+  for (auto& t : out[0]) {
+    t = from_wire_form(t, value.scalar_type(), value.sizes()).to(value.device());
+  }
   return out[0];
 }
 
@@ -893,12 +945,11 @@ at::Tensor ProcessGroup::all_gather_flat(const at::Tensor& value) {
 }
 
 at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
+  check_operand(value, "reduce_scatter");
   VOLT_CHECK(value.dim() >= 1 && value.size(0) % world_size_ == 0, ValueError, kTag,
              " reduce_scatter needs size(0) divisible by world_size=", world_size_, ", got ",
              value.sizes(), "; pad dim 0 to a multiple of ", world_size_, ".");
-  VOLT_CHECK(op != Reduce::kMean || value.is_floating_point(), ValueError, kTag,
-             " reduce_scatter with kMean needs a floating tensor, got ", value.scalar_type(),
-             "; convert it first or use kSum.");
+  check_reduction(value.scalar_type(), op, "reduce_scatter");
   // Gloo has no reduce-scatter (1.13) or emulates it with an all-reduce (2.x): one all-to-all
   // hands row block j of every rank to rank j, which reduces them itself (detail::reduce_rows).
   // The all-to-all only copies, so 16-bit floats travel as themselves (bf16 as fp16 bits) and
@@ -906,14 +957,16 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
   const c10::ScalarType dtype = value.scalar_type();
   const NormalTensors normal_tensors;
   at::Tensor in = to_wire(*impl_, value.detach().contiguous());
-  in = in.reshape({world_size_, in.numel() / world_size_}).view(wire_dtype(dtype));
+  in = in.reshape({world_size_, in.numel() / world_size_});
+  const std::vector<int64_t> rows = in.sizes().vec();
+  in = wire_form(in);
   at::Tensor received = at::empty_like(in);
   run_collective(*this, "reduce_scatter", [&] { return alltoall_rows(*this, in, received); });
   auto shape = value.sizes().vec();
   shape[0] /= world_size_;
-  at::Tensor out =
-      detail::reduce_rows(received.view(dtype), op == Reduce::kMean ? Reduce::kSum : op)
-          .view(shape);
+  at::Tensor out = detail::reduce_rows(from_wire_form(received, dtype, rows),
+                                       op == Reduce::kMean ? Reduce::kSum : op)
+                       .view(shape);
   if (op == Reduce::kMean) out.div_(world_size_);
   return (out.scalar_type() == dtype ? out : out.to(dtype)).to(value.device());
 }
@@ -954,6 +1007,7 @@ ProcessGroup::Transfer ProcessGroup::isend(const at::Tensor& tensor, int64_t dst
   VOLT_CHECK(dst >= 0 && dst < world_size_ && dst != rank_, ValueError, kTag, " send from rank ",
              rank_, " to rank ", dst, ": the destination must be another rank of the ", world_size_,
              ".");
+  check_operand(tensor, "send");
   check_runnable(*this, "send");
   const NormalTensors normal_tensors;
   Transfer out;
@@ -962,7 +1016,7 @@ ProcessGroup::Transfer ProcessGroup::isend(const at::Tensor& tensor, int64_t dst
   s.group = this;
   s.op = "send";
   const at::Tensor t = to_wire(*impl_, tensor.detach().contiguous());
-  s.buffers = {t.view(wire_dtype(t.scalar_type()))};
+  s.buffers = {wire_form(t)};
   try {
     s.work = impl_->group->send(s.buffers, static_cast<int>(dst), 0);
   } catch (const std::exception& e) {
@@ -975,7 +1029,7 @@ ProcessGroup::Transfer ProcessGroup::irecv_(at::Tensor& tensor, int64_t src) {
   VOLT_CHECK(src >= 0 && src < world_size_ && src != rank_, ValueError, kTag, " recv on rank ",
              rank_, " from rank ", src, ": the source must be another rank of the ", world_size_,
              ".");
-  VOLT_CHECK(tensor.defined(), ValueError, kTag, " recv_ got an undefined tensor.");
+  check_operand(tensor, "recv_");
   check_runnable(*this, "recv");
   const NormalTensors normal_tensors;
   Transfer out;
@@ -994,7 +1048,7 @@ ProcessGroup::Transfer ProcessGroup::irecv_(at::Tensor& tensor, int64_t src) {
     s.target = target;
     s.wire = wire;
   }
-  s.buffers = {wire.view(wire_dtype(wire.scalar_type()))};
+  s.buffers = {wire_form(wire)};
   try {
     s.work = impl_->group->recv(s.buffers, static_cast<int>(src), 0);
   } catch (const std::exception& e) {
@@ -1022,10 +1076,13 @@ bool ProcessGroup::any_of(bool local) {
 
 namespace {
 
-// A leader's heartbeat for run_on_leaders: adds 1 to `key` every kBeatPeriod from a thread with
-// a store connection of its own (the group's client belongs to the calling thread), until
-// destroyed. A store it cannot reach ends the beats: the waiting ranks then time out.
-constexpr milliseconds kBeatPeriod{500};
+// A leader's heartbeat for run_on_leaders: adds 1 to `key` every beat_period(timeout) from a
+// thread with a store connection of its own (the group's client belongs to the calling thread),
+// until destroyed. A store it cannot reach ends the beats: the waiting ranks then time out.
+// Half a second, or a quarter of a short timeout, so that several beats fall within it.
+milliseconds beat_period(milliseconds timeout) {
+  return std::clamp(timeout / 4, milliseconds(10), milliseconds(500));
+}
 
 class Heartbeat {
  public:
@@ -1046,7 +1103,7 @@ class Heartbeat {
               lock.unlock();
               store->add(key, 1);
               lock.lock();
-              stopped_.wait_for(lock, kBeatPeriod, [this] { return stop_; });
+              stopped_.wait_for(lock, beat_period(timeout), [this] { return stop_; });
             }
           } catch (...) {
           }
@@ -1077,9 +1134,18 @@ void ProcessGroup::run_on_leaders(const std::string& name, const std::vector<int
   VOLT_CHECK(impl.broken.empty(), DistributedError, kTag, " ", name, " on rank ", rank_,
              ": the group is unusable after an earlier failure (", impl.broken,
              "); restart the run.");
+  for (size_t i = 0; i < leaders.size(); ++i) {
+    VOLT_CHECK(
+        leaders[i] >= 0 && leaders[i] < world_size_ && (i == 0 || leaders[i] > leaders[i - 1]),
+        ValueError, kTag, " ", name, ": leaders must be ascending ranks in [0, ", world_size_,
+        "), got rank ", leaders[i], " at position ", i, "; every rank passes the same list.");
+  }
+  VOLT_CHECK(!leaders.empty(), ValueError, kTag, " ", name,
+             ": no leader to run it; name at least one rank (0 for the whole group).");
   c10d::Store& store = *impl.store;
   const milliseconds timeout = options_.timeout();
-  const std::string base = "volt/lead/" + std::to_string(++impl.lead_rounds) + "/";
+  // A subgroup's rounds are its own: its key tells them from the root's and its siblings'.
+  const std::string base = impl.key + "/volt/lead/" + std::to_string(++impl.lead_rounds) + "/";
   const auto done_key = [&](int64_t r) { return base + "done/" + std::to_string(r); };
   const auto beat_key = [&](int64_t r) { return base + "beat/" + std::to_string(r); };
   const bool leading = std::find(leaders.begin(), leaders.end(), rank_) != leaders.end();
@@ -1189,7 +1255,8 @@ struct PendingCollective::State {
   decltype(std::declval<c10d::ProcessGroup&>().barrier()) work;
   std::vector<std::vector<at::Tensor> > outputs;  // all_gather's, one per rank
   std::vector<at::Tensor> inputs;  // all_gather's value; reduce_scatter's rows and those received
-  c10::optional<c10::ScalarType> view_as;     // bf16 gathered as fp16 bits
+  c10::ScalarType dtype = at::kFloat;         // the caller's tensor's, ...
+  std::vector<int64_t> shape;                 // ... and its shape (reduce_scatter: its rows)
   c10::optional<Reduce> reduce_received;      // reduce_scatter: how to reduce the received rows
   c10::Device home = c10::Device(c10::kCPU);  // where the caller's tensor was (results go back)
 };
@@ -1225,13 +1292,10 @@ PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>& grou
   st->op = "reduce_scatter";
   st->reduce_received = op;
   st->home = rows.device();
-  rows = to_wire(group->impl(), rows);
-  // Only copied on the wire: bf16 goes as fp16 bits (Gloo 1.13 has no bf16).
-  if (wire_dtype(rows.scalar_type()) != rows.scalar_type()) {
-    st->view_as = rows.scalar_type();
-    rows = rows.view(wire_dtype(rows.scalar_type()));
-  }
-  st->inputs.push_back(std::move(rows));
+  st->dtype = rows.scalar_type();
+  st->shape = rows.sizes().vec();
+  // Only copied on the wire (a dtype Gloo lacks as its bytes).
+  st->inputs.push_back(wire_form(to_wire(group->impl(), rows)));
   st->inputs.push_back(at::empty_like(st->inputs[0]));
   return start_collective(group, std::move(st), [&](PendingCollective::State& s) {
     return alltoall_rows(*group, s.inputs[0], s.inputs[1]);
@@ -1244,11 +1308,9 @@ PendingCollective start_all_gather(const std::shared_ptr<ProcessGroup>& group,
   auto st = std::make_unique<PendingCollective::State>();
   st->op = "all_gather";
   st->home = value.device();
-  at::Tensor in = to_wire(group->impl(), value.detach().contiguous());
-  if (wire_dtype(in.scalar_type()) != in.scalar_type()) {
-    st->view_as = in.scalar_type();
-    in = in.view(wire_dtype(in.scalar_type()));
-  }
+  st->dtype = value.scalar_type();
+  st->shape = value.sizes().vec();
+  const at::Tensor in = wire_form(to_wire(group->impl(), value.detach().contiguous()));
   st->inputs.push_back(in);
   st->outputs.resize(1);
   for (int64_t r = 0; r < group->world_size(); ++r) st->outputs[0].push_back(at::empty_like(in));
@@ -1269,11 +1331,11 @@ std::vector<at::Tensor> PendingCollective::wait() {
   }
   if (st->reduce_received) {
     const at::Tensor& received = st->inputs[1];
-    return {reduce_rows(st->view_as ? received.view(*st->view_as) : received, *st->reduce_received)
+    return {reduce_rows(from_wire_form(received, st->dtype, st->shape), *st->reduce_received)
                 .to(st->home)};
   }
   std::vector<at::Tensor> out = std::move(st->outputs[0]);
-  for (auto& t : out) t = (st->view_as ? t.view(*st->view_as) : t).to(st->home);
+  for (auto& t : out) t = from_wire_form(t, st->dtype, st->shape).to(st->home);
   return out;
 }
 

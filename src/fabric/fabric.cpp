@@ -575,17 +575,30 @@ at::Tensor Fabric::clip_gradients(torch::optim::Optimizer& optimizer, double val
   return strategy_->clip_gradients(optimizer, value, algorithm);
 }
 
+namespace {
+
+// A collective's operand: defined (the same error with one process as with several).
+void check_operand(const at::Tensor& value, const char* op) {
+  VOLT_CHECK(value.defined(), ValueError, kTag, " ", op,
+             "() got an undefined tensor; pass a tensor on every rank.");
+}
+
+}  // namespace
+
 at::Tensor Fabric::all_reduce(const at::Tensor& value, Reduce op) {
+  check_operand(value, "all_reduce");
   launch();
   return strategy_->reduce(to_device(value), op);
 }
 
 at::Tensor Fabric::all_gather(const at::Tensor& value) {
+  check_operand(value, "all_gather");
   launch();
   return at::stack(strategy_->all_gather(to_device(value)));
 }
 
 at::Tensor Fabric::broadcast(const at::Tensor& value, int64_t src) {
+  check_operand(value, "broadcast");
   const int64_t world = world_size();
   VOLT_CHECK(src >= 0 && src < world, ValueError, kTag, " broadcast from rank ", src,
              ", but the ranks are 0..", world - 1, ".");

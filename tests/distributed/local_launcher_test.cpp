@@ -128,6 +128,15 @@ TEST(LocalLauncher, DestructionKillsAndReapsWorkers) {
       << parent.output();
 }
 
+// A constructor that fails half way (a worker started, its pidfd refused) throws NotAvailable
+// at once and leaves no worker, thread or descriptor (start_fails in dist_worker.cpp).
+TEST(LocalLauncher, AFailedStartLeavesNothingBehind) {
+  Process parent(kWorker, {"start-fails", "--devices", "3"});
+  EXPECT_EQ(parent.exit_code(kWait), 0) << parent.output();
+  EXPECT_NE(parent.output().find("launcher: a failed start left nothing behind"), std::string::npos)
+      << parent.output();
+}
+
 // The parent SIGKILLed: its workers die with it (PR_SET_PDEATHSIG). This test process becomes a
 // child subreaper, so the orphans are reparented here and reaped by waitpid, proving they died.
 TEST(LocalLauncher, KilledParentLeavesNoWorkers) {

@@ -106,6 +106,41 @@ TEST(ProcessGroup, WorldOfOneRunsEveryCollective) {
   EXPECT_FALSE(pg.any_of(false));
 }
 
+TEST(ProcessGroup, RunOnLeadersChecksItsLeaders) {
+  VOLT_REQUIRE_GLOO();
+  volt::ProcessGroup pg(single(volt::detail::find_free_port()));
+  int runs = 0;
+  pg.run_on_leaders("prepare", {0}, [&] { ++runs; });
+  EXPECT_EQ(runs, 1);
+  const auto refused = [&](std::vector<int64_t> leaders, const std::string& phrase) {
+    try {
+      pg.run_on_leaders("prepare", leaders, [&] { ++runs; });
+      ADD_FAILURE() << "no error for " << leaders.size() << " leaders";
+    } catch (const volt::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+    }
+  };
+  refused({1}, "[ProcessGroup] prepare: leaders must be ascending ranks in [0, 1), got rank 1");
+  refused({0, 0}, "got rank 0 at position 1");
+  refused({-1}, "got rank -1 at position 0");
+  refused({}, "no leader to run it");
+  EXPECT_EQ(runs, 1) << "a refused call runs nothing";
+  pg.run_on_leaders("prepare", {0}, [&] { ++runs; });  // the group is still usable
+  EXPECT_EQ(runs, 2);
+}
+
+// Three ranks: the whole group's leaders, a subgroup's leader nested in them, work longer than
+// the timeout (run_leaders in dist_worker.cpp).
+TEST(ProcessGroup, RunOnLeadersOnTheGroupAndOnASubgroup) {
+  VOLT_REQUIRE_GLOO();
+  auto ranks = volt_test::start_local_ranks(
+      kWorker, {"leaders", "--devices", "3", "--timeout-ms", "3000"}, 3);
+  expect_all(ranks, 0, {"leaders ok"});
+  for (int r : {1, 2}) {
+    EXPECT_NE(ranks[r]->output().find("pair rounds ok"), std::string::npos) << ranks[r]->output();
+  }
+}
+
 void count_sigpipe(int) {}
 
 // A write to a dead peer's socket must fail the collective, not kill the survivor with SIGPIPE

@@ -968,6 +968,18 @@ TEST(Fabric, CollectivesInOneProcessAreTheValue) {
   fabric.barrier();
   EXPECT_NE(error_of<volt::ValueError>([&] { fabric.broadcast(t, 1); }).find("ranks are 0..0"),
             std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              fabric.all_reduce(at::Tensor());
+            }).find("[Fabric] all_reduce() got an undefined tensor; pass a tensor on every rank."),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              fabric.all_gather(at::Tensor());
+            }).find("all_gather() got an undefined tensor"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              fabric.broadcast(at::Tensor());
+            }).find("broadcast() got an undefined tensor"),
+            std::string::npos);
 }
 
 // Two hook interfaces of a program's own, and callbacks with one, both, or neither.

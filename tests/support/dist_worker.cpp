@@ -5,11 +5,14 @@
 //   volt_dist_worker SCENARIO [--devices N] [--nodes M] [--timeout-ms T] [--victim R]
 //                    [--config-hash H]
 //
-// Scenarios: collectives, reducer, zero-masters, tp-train, config-hash, hold, orphan, reap. Each
-// prints one line per finding ("rank R: ...") and exits 0 when every check passed, 1 when a check
-// failed, 3 when the expected volt error was raised (its message printed on one line).
+// Scenarios: collectives, leaders, reducer, start-fails, zero-masters, tp-train, config-hash, hold,
+// orphan, reap. Each prints one line per finding ("rank R: ...") and exits 0 when every check
+// passed, 1 when a check failed, 3 when the expected volt error was raised (its message printed on
+// one line).
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 #include <unistd.h>
 #include <volt/core/errors.h>
@@ -23,9 +26,15 @@
 #include <volt/nn/checkpoint.h>
 #include <volt/precision/autocast.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -83,6 +92,120 @@ void expect_throw(F&& fn, const std::string& phrase, const std::string& what) {
 }
 
 // ---------------------------------------------------------------------------- collectives
+
+// Dtypes Gloo (1.13) lacks, each through every collective: bool, int16 and complex travel as
+// their bytes where a collective only copies and are widened where it computes. Mistakes (an
+// undefined or sparse tensor, an order of complex numbers) are ValueErrors that leave the group
+// usable.
+void run_other_dtypes(volt::ProcessGroup& pg) {
+  const int64_t r = pg.rank(), w = pg.world_size();
+  const auto bools = [](std::vector<int64_t> v) { return at::tensor(v).to(at::kBool); };
+  const auto flags = bools({r == 0, r == w - 1, false, true});  // rank r's
+  CHECK_TRUE(pg.all_reduce(flags, volt::Reduce::kSum).equal(bools({true, true, false, true})),
+             "all_reduce bool sum is or");
+  CHECK_TRUE(pg.all_reduce(flags, volt::Reduce::kMin).equal(bools({w == 1, w == 1, false, true})),
+             "all_reduce bool min is and");
+  CHECK_TRUE(pg.all_reduce(flags, volt::Reduce::kMax).scalar_type() == at::kBool,
+             "bool stays bool");
+  // int16 near its limit: the sum wraps as int16 arithmetic does, the extremes are exact.
+  const auto shorts = at::tensor(std::vector<int64_t>{30000, -7, r}).to(at::kShort);
+  const auto short_sum = pg.all_reduce(shorts, volt::Reduce::kSum);
+  CHECK_TRUE(
+      short_sum.scalar_type() == at::kShort &&
+          short_sum.equal(
+              at::tensor(std::vector<int64_t>{30000 * w, -7 * w, w * (w - 1) / 2}).to(at::kShort)),
+      "all_reduce int16 sum");
+  CHECK_TRUE(pg.all_reduce(shorts, volt::Reduce::kMax)[2].item<int64_t>() == w - 1,
+             "all_reduce int16 max");
+  // Complex: a scalar too (0-dim), and a conjugate view.
+  const auto z = at::complex(at::full({3}, float(r)), at::full({3}, float(-2 * r - 1)));
+  const float re = w * (w - 1) / 2.0f, im = -float(w * w);
+  const auto z_sum = pg.all_reduce(z, volt::Reduce::kSum);
+  CHECK_TRUE(z_sum.scalar_type() == at::kComplexFloat &&
+                 z_sum.equal(at::complex(at::full({3}, re), at::full({3}, im))),
+             "all_reduce complex sum");
+  CHECK_TRUE(pg.all_reduce(z.conj(), volt::Reduce::kSum)
+                 .equal(at::complex(at::full({3}, re), at::full({3}, -im))),
+             "all_reduce of a conjugate view");
+  const auto z0 = at::scalar_tensor(c10::complex<double>(1.0, r), at::kComplexDouble);
+  const auto z0_mean = pg.all_reduce(z0, volt::Reduce::kMean);
+  CHECK_TRUE(z0_mean.dim() == 0 && z0_mean.scalar_type() == at::kComplexDouble &&
+                 z0_mean.item<c10::complex<double>>() == c10::complex<double>(1.0, (w - 1) / 2.0),
+             "all_reduce complex128 scalar mean");
+  // Copied: broadcast_ (alone, in place; and in a list), all_gather, reduce_scatter, send/recv.
+  auto bflags = flags.clone();
+  pg.broadcast_(bflags, w - 1);
+  CHECK_TRUE(bflags.equal(bools({w == 1, true, false, true})), "broadcast_ bool");
+  std::vector<at::Tensor> mixed{shorts.clone(), z.clone(), z0.clone(), flags.clone()};
+  pg.broadcast_(mixed, 0);
+  CHECK_TRUE(
+      mixed[0].equal(at::tensor(std::vector<int64_t>{30000, -7, 0}).to(at::kShort)) &&
+          mixed[1].equal(at::complex(at::zeros({3}), at::full({3}, -1.0f))) &&
+          mixed[2].equal(at::scalar_tensor(c10::complex<double>(1.0, 0.0), at::kComplexDouble)) &&
+          mixed[3].equal(bools({true, w == 1, false, true})),
+      "broadcast_ of a list of other dtypes");
+  const auto zg = pg.all_gather(z0);
+  const auto fg = pg.all_gather(flags.view({2, 2}));
+  for (int64_t q = 0; q < w; ++q) {
+    CHECK_TRUE(
+        zg[q].dim() == 0 && zg[q].item<c10::complex<double>>() == c10::complex<double>(1.0, q),
+        "all_gather complex128 scalar");
+    CHECK_TRUE(fg[q].equal(bools({q == 0, q == w - 1, false, true}).view({2, 2})),
+               "all_gather bool");
+  }
+  const auto zr = pg.reduce_scatter(
+      at::complex(at::arange(2 * w, at::kFloat), at::full({2 * w}, float(r))).view({w, 2}));
+  CHECK_TRUE(zr.equal(at::complex(at::arange(2 * r, 2 * r + 2, at::kFloat) * w,
+                                  at::full({2}, w * (w - 1) / 2.0f))
+                          .view({1, 2})),
+             "reduce_scatter complex");
+  CHECK_TRUE(pg.reduce_scatter(at::full({w, 3}, r + 1, at::kShort), volt::Reduce::kMax)
+                 .equal(at::full({1, 3}, w, at::kShort)),
+             "reduce_scatter int16 max");
+  if (w > 1) {
+    const int64_t next = (r + 1) % w, prev = (r + w - 1) % w;
+    auto got = at::zeros({2}, at::kComplexDouble);
+    auto got_flags = at::zeros({4}, at::kBool);
+    auto s1 = pg.isend(at::full({2}, c10::complex<double>(r, 1), at::kComplexDouble), next);
+    auto s2 = pg.isend(flags, next);
+    auto r1 = pg.irecv_(got, prev);
+    auto r2 = pg.irecv_(got_flags, prev);
+    for (auto* t : {&r1, &r2, &s1, &s2}) t->wait();
+    CHECK_TRUE(got.equal(at::full({2}, c10::complex<double>(prev, 1), at::kComplexDouble)),
+               "send/recv complex128");
+    CHECK_TRUE(got_flags.equal(bools({prev == 0, prev == w - 1, false, true})), "send/recv bool");
+  }
+  // Mistakes: ValueErrors, on every rank alike, and the group goes on.
+  expect_throw<volt::ValueError>([&] { pg.all_reduce(z, volt::Reduce::kMax); },
+                                 "complex numbers have no order", "all_reduce max of complex");
+  expect_throw<volt::ValueError>(
+      [&] {
+        pg.reduce_scatter(at::zeros({w, 1}, at::kComplexFloat), volt::Reduce::kMin);
+      },
+      "complex numbers have no order", "reduce_scatter min of complex");
+  expect_throw<volt::ValueError>([&] { pg.all_reduce(shorts, volt::Reduce::kMean); }, "floating",
+                                 "all_reduce mean of int16");
+  expect_throw<volt::ValueError>([&] { pg.all_reduce(at::Tensor(), volt::Reduce::kSum); },
+                                 "all_reduce got an undefined tensor", "all_reduce undefined");
+  expect_throw<volt::ValueError>([&] { pg.all_gather(at::Tensor()); },
+                                 "all_gather got an undefined tensor", "all_gather undefined");
+  expect_throw<volt::ValueError>([&] { pg.reduce_scatter(at::Tensor()); },
+                                 "reduce_scatter got an undefined tensor",
+                                 "reduce_scatter undefined");
+  std::vector<at::Tensor> with_hole{at::ones({2}), at::Tensor()};
+  expect_throw<volt::ValueError>([&] { pg.broadcast_(with_hole, 0); },
+                                 "broadcast_ got an undefined tensor at index 1",
+                                 "broadcast_ list with an undefined tensor");
+  expect_throw<volt::ValueError>([&] { pg.all_reduce(at::eye(3).to_sparse(), volt::Reduce::kSum); },
+                                 "to_dense()", "all_reduce of a sparse tensor");
+  if (w > 1) {
+    expect_throw<volt::ValueError>([&] { pg.isend(at::Tensor(), (r + 1) % w); },
+                                   "send got an undefined tensor", "isend undefined");
+  }
+  check_close(pg.all_reduce(at::ones({2}), volt::Reduce::kSum), at::full({2}, float(w)), 0,
+              "the group still works after the ValueErrors");
+  say("rank " + std::to_string(r) + ": other dtypes ok");
+}
 
 void run_collectives(volt::ProcessGroup& pg) {
   const int64_t r = pg.rank(), w = pg.world_size();
@@ -261,7 +384,48 @@ void run_collectives(volt::ProcessGroup& pg) {
                                    "irecv_ from a rank outside the group");
     pg.barrier();
   }
+  run_other_dtypes(pg);
   say("rank " + std::to_string(r) + ": collectives ok");
+}
+
+// ---------------------------------------------------------------------------- leaders
+
+// run_on_leaders on three ranks: on the whole group (ranks 0 and 2 lead), then ranks 1 and 2 lead
+// a call whose work is two rounds of their own subgroup's run_on_leaders (its rank 0, global 1,
+// leads, its work outlasting the timeout). Each call's keys are its own (the subgroup's first
+// call is not the root's first), the subgroup's leader beats where its members look, and a
+// member returns only after its leader's work ended.
+void run_leaders(const std::shared_ptr<volt::ProcessGroup>& pg, milliseconds timeout) {
+  const int64_t r = pg->rank();
+  const std::string me = "rank " + std::to_string(r);
+  CHECK_TRUE(pg->world_size() == 3, "three ranks");
+  const auto now_ms = [] {
+    using namespace std::chrono;
+    return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();
+  };
+  int64_t led = 0;
+  pg->run_on_leaders("world", {0, 2}, [&] { ++led; });
+  CHECK_TRUE(led == (r != 1 ? 1 : 0), "the world's leaders ran its work, once");
+  std::shared_ptr<volt::ProcessGroup> pair;
+  if (r != 0) pair = pg->new_group({1, 2}, "pair");
+  pg->run_on_leaders("pairs", {1, 2}, [&] {
+    for (int round = 1; round <= 2; ++round) {
+      int64_t finished = 0;
+      pair->run_on_leaders("pair", {0}, [&] {
+        std::this_thread::sleep_for(timeout * 3 / 2);
+        finished = now_ms();
+      });
+      const int64_t returned = now_ms();
+      auto when = at::full({1}, finished, at::kLong);
+      pair->broadcast_(when, 0);
+      CHECK_TRUE(returned >= when.item<int64_t>(), me + " returned from the pair's round " +
+                                                       std::to_string(round) +
+                                                       " before its leader's work ended");
+    }
+    say(me + ": pair rounds ok");
+  });
+  pg->barrier();
+  say(me + ": leaders ok");
 }
 
 // ---------------------------------------------------------------------------- reducer
@@ -933,8 +1097,82 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
+// The names in a /proc folder (thread ids, descriptors), the listing's own descriptor left out.
+std::set<std::string> proc_entries(const char* dir) {
+  std::set<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.insert(e.path().filename());
+  return names;
+}
+
+// The processes whose parent is this one, zombies included.
+std::vector<int> children_of_this_process() {
+  std::vector<int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    std::istringstream rest(line.substr(line.rfind(')') + 2));  // after "pid (comm) "
+    char state = 0;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == ::getpid()) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// A launcher whose constructor fails after starting a worker (this process may open one more
+// descriptor: the launcher's eventfd takes it, the worker's pidfd finds none) throws
+// NotAvailable and leaves nothing behind: no worker (not even a zombie), no thread, no
+// descriptor, and it does not wait for a worker it cannot watch.
+int start_fails(volt::ClusterEnvironment env) {
+  // A port of its own, so that the launcher opens no socket to pick one (nothing listens on it:
+  // this process makes no group, its worker is killed at once).
+  env.main_port = 29500;
+  const auto threads = proc_entries("/proc/self/task"), fds = proc_entries("/proc/self/fd");
+  rlimit old{};
+  CHECK_TRUE(::getrlimit(RLIMIT_NOFILE, &old) == 0, "getrlimit");
+  rlim_t limit = 0;
+  for (int free_slots = 0; free_slots < 1; ++limit) {
+    if (::fcntl(static_cast<int>(limit), F_GETFD) < 0) ++free_slots;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::string error;
+  rlimit tight = old;
+  tight.rlim_cur = limit;
+  CHECK_TRUE(::setrlimit(RLIMIT_NOFILE, &tight) == 0, "setrlimit");
+  try {
+    volt::LocalLauncher launcher(env);
+  } catch (const volt::NotAvailable& e) {
+    error = e.what();
+  }
+  CHECK_TRUE(::setrlimit(RLIMIT_NOFILE, &old) == 0, "setrlimit back");
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  say("launcher: " + (error.empty() ? std::string("no error") : error));
+  CHECK_TRUE(error.find("[LocalLauncher] cannot start the local workers: pidfd_open failed") !=
+                 std::string::npos,
+             "the constructor's error");
+  CHECK_TRUE(took < 5.0, "the failed start took " + std::to_string(took) + " s");
+  CHECK_TRUE(children_of_this_process().empty(), "no worker left, not even a zombie");
+  // No thread of its own (one of libtorch's start-up may have ended meanwhile), and the same
+  // descriptors (the listing's own is a new one each time: one may differ).
+  for (const auto& t : proc_entries("/proc/self/task")) {
+    CHECK_TRUE(threads.count(t) == 1, "no thread left: " + t + " is new");
+  }
+  std::vector<std::string> fd_change;
+  const auto fds_after = proc_entries("/proc/self/fd");
+  std::set_symmetric_difference(fds.begin(), fds.end(), fds_after.begin(), fds_after.end(),
+                                std::back_inserter(fd_change));
+  CHECK_TRUE(fd_change.size() <= 2 && fds.size() == fds_after.size(), "no descriptor left");
+  say("launcher: a failed start left nothing behind");
+  return 0;
+}
+
 int run(const Args& a) {
   auto env = volt::detect_cluster_environment(volt::process_env(), a.devices, a.nodes);
+  if (a.scenario == "start-fails") return start_fails(env);
   std::unique_ptr<volt::LocalLauncher> launcher;
   if (env.launches_workers) {
     launcher = std::make_unique<volt::LocalLauncher>(env);
@@ -988,6 +1226,8 @@ int run(const Args& a) {
     run_collectives(*pg);
   } else if (a.scenario == "reducer") {
     run_reducer(pg);
+  } else if (a.scenario == "leaders") {
+    run_leaders(pg, milliseconds(a.timeout_ms));
   } else if (a.scenario == "zero-masters") {
     run_zero_masters(pg);
   } else if (a.scenario == "tp-train") {
