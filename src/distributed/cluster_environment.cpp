@@ -108,7 +108,8 @@ void check_layout(const ClusterEnvironment& e, const Reader& r, const std::strin
              " is not node_rank × devices + local_rank = ", e.node_rank, " × ", devices, " + ",
              e.local_rank, " = ", e.node_rank * devices + e.local_rank,
              "; volt needs ranks placed in blocks of devices per node (e.g. srun "
-             "--distribution=block, mpirun --map-by slot).");
+             "--distribution=block, mpirun --map-by slot, mpiexec -ppn ",
+             devices, ").");
 }
 
 ClusterEnvironment detect_launched_child(const Reader& r, int64_t devices) {
@@ -211,6 +212,37 @@ ClusterEnvironment detect_openmpi(const Reader& r, int64_t devices, int64_t num_
   return e;
 }
 
+// MPICH and Intel MPI, whose Hydra launcher gives the local rank and count too; the node index
+// and MASTER_ADDR/PORT as for Open MPI.
+ClusterEnvironment detect_mpich(const Reader& r, int64_t devices, int64_t num_nodes) {
+  const std::string why = " (mpiexec sets it)";
+  ClusterEnvironment e;
+  e.kind = ClusterKind::kMpich;
+  e.global_rank = r.required_int("PMI_RANK", 0, kMaxRanks, why);
+  e.world_size = r.required_int("PMI_SIZE", 1, kMaxRanks, why);
+  VOLT_CHECK(e.global_rank < e.world_size, ConfigError, kTag, " mpich: PMI_RANK=", e.global_rank,
+             " is not below PMI_SIZE=", e.world_size, "; start the program with mpiexec.");
+  e.local_rank = r.required_int("MPI_LOCALRANKID", 0, kMaxRanks,
+                                " (Hydra's mpiexec sets it; another process manager may not: run "
+                                "under Hydra, or set MPI_LOCALRANKID and MPI_LOCALNRANKS)");
+  if (auto local_size = r.integer("MPI_LOCALNRANKS", 1, kMaxRanks)) {
+    VOLT_CHECK(*local_size == devices, ConfigError, kTag, " mpich: MPI_LOCALNRANKS=", *local_size,
+               " but devices=", devices, "; start ", devices, " processes per node (mpiexec -ppn ",
+               devices, ").");
+  }
+  // Hydra's default placement fills a node before the next (block): the rank's block.
+  e.node_rank = e.global_rank / devices;
+  if (num_nodes > 1) {
+    e.main_address =
+        r.required_str("MASTER_ADDR", " (needed on several nodes: the address of rank 0's node)");
+  } else if (auto addr = r.str("MASTER_ADDR")) {
+    e.main_address = *addr;
+  }
+  e.main_port = r.port("MASTER_PORT");
+  if (e.main_port == 0) e.main_port = kDefaultMpiPort;
+  return e;
+}
+
 ClusterEnvironment detect_plain(const Reader& r, int64_t devices, int64_t num_nodes) {
   ClusterEnvironment e;
   e.kind = ClusterKind::kPlain;
@@ -257,6 +289,7 @@ std::string to_string(ClusterKind kind) {
     case ClusterKind::kTorchrun: return "torchrun";
     case ClusterKind::kSlurm: return "slurm";
     case ClusterKind::kOpenMpi: return "openmpi";
+    case ClusterKind::kMpich: return "mpich";
   }
   return "unknown";
 }
@@ -301,7 +334,11 @@ ClusterEnvironment detect_cluster_environment(const EnvLookup& env, int64_t devi
              " processes (devices is the count per node).");
   ClusterEnvironment e;
   const Reader child(env, "volt worker"), torchrun(env, "torchrun"), slurm(env, "slurm"),
-      mpi(env, "openmpi"), plain(env, "plain");
+      mpi(env, "openmpi"), mpich(env, "mpich"), plain(env, "plain");
+  // An interactive Slurm allocation (salloc, srun --pty bash) sets SLURM_* in the shell, but the
+  // program in it was not started by srun: Lightning's rule (SLURMEnvironment) by the job name.
+  const std::string job_name = env("SLURM_JOB_NAME").value_or("");
+  const bool slurm_interactive = job_name == "bash" || job_name == "interactive";
   if (env(kLaunchedChildVar).value_or("") == "1") {
     e = detect_launched_child(child, devices);
     check_layout(e, child, "WORLD_SIZE", "", devices, num_nodes);
@@ -309,12 +346,15 @@ ClusterEnvironment detect_cluster_environment(const EnvLookup& env, int64_t devi
              torchrun.has("LOCAL_WORLD_SIZE")) {
     e = detect_torchrun(torchrun, devices);
     check_layout(e, torchrun, "WORLD_SIZE", " (LOCAL_WORLD_SIZE)", devices, num_nodes);
-  } else if (slurm.has("SLURM_PROCID") && slurm.has("SLURM_NTASKS")) {
+  } else if (slurm.has("SLURM_PROCID") && slurm.has("SLURM_NTASKS") && !slurm_interactive) {
     e = detect_slurm(slurm);
     check_layout(e, slurm, "SLURM_NTASKS", " (srun --ntasks-per-node)", devices, num_nodes);
   } else if (mpi.has("OMPI_COMM_WORLD_RANK") && mpi.has("OMPI_COMM_WORLD_SIZE")) {
     e = detect_openmpi(mpi, devices, num_nodes);
     check_layout(e, mpi, "OMPI_COMM_WORLD_SIZE", "", devices, num_nodes);
+  } else if (mpich.has("PMI_RANK") && mpich.has("PMI_SIZE")) {
+    e = detect_mpich(mpich, devices, num_nodes);
+    check_layout(e, mpich, "PMI_SIZE", "", devices, num_nodes);
   } else {
     e = detect_plain(plain, devices, num_nodes);
     check_layout(e, plain, "WORLD_SIZE", "", devices, num_nodes);

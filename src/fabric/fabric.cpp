@@ -839,7 +839,7 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
              join(missing), "; save them, or load with strict=false to leave them as they are.");
   for (auto& f : found_modules) {
     try {
-      strategy_->load_model_state(*f.module, f.weights);
+      strategy_->load_model_state(*f.module, f.weights, strict);
     } catch (const CheckpointError& e) {
       throw CheckpointError(std::string(e.what()) + " (checkpoint: '" + path + "')");
     }

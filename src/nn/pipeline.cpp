@@ -214,6 +214,12 @@ std::vector<at::Tensor> cut_input(const at::Tensor& x, bool graph, int64_t chunk
   return input->chunk(chunks, 0);
 }
 
+// Whether an activation a stage receives can take a gradient (autograd's rule: floating or
+// complex). Integer ones (token ids) cross without: the stage sends zeros back, unused.
+bool takes_gradient(const at::Tensor& x) {
+  return x.is_floating_point() || x.is_complex();
+}
+
 // Whether this rank's `x` takes stage 0's input gradient: both need one (and `x` must then be
 // what stage 0's input was).
 bool takes_input_grad(const at::Tensor& x, const InputGrad& input_grad, int64_t stage) {
@@ -939,7 +945,8 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   for (int64_t i = 0; i < chunks; ++i) {
     at::Tensor xi =
         micro_batch_in(g, i, pieces, x.device(), state_like, &chunks, &flight->input_grad);
-    if (graph && stage_ > 0) xi.requires_grad_(true);
+    // An integer activation (token ids) takes no gradient: nothing flows back through it.
+    if (graph && stage_ > 0 && takes_gradient(xi)) xi.requires_grad_(true);
     // One micro-batch is the whole batch: the norms move their statistics themselves.
     at::Tensor yi = run_stage(first, end, xi, checkpointed(i, chunks),
                               chunks > 1 && !deferred.norms.empty() ? &deferred : nullptr);
@@ -1049,7 +1056,7 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
     const int64_t i = forwards++;
     at::Tensor xi = micro_batch_in(g, i, pieces, device, state_like, &chunks, &input_grad);
     if (stage_ > 0) {
-      xi.requires_grad_(true);
+      if (takes_gradient(xi)) xi.requires_grad_(true);
       // Stage s - 1 ran this forward after the backwards up to i - warm-up - 1.
       settle(sent_back, i - warmup_of(stage_ - 1) - 1);
     }

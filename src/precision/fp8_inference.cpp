@@ -71,7 +71,7 @@ bool selected(const QuantConfig& c, const std::string& name) {
 using Linears = std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>>;
 
 Linears selected_linears(torch::nn::Module& model, const QuantConfig& c) {
-  const auto all = detail::linear_layers(model);
+  const auto all = detail::convertible_linears(model, "Fp8Inference");
   detail::check_linear_names(c.allowlist_names(), all, "Fp8Inference", "the allowlist");
   detail::check_linear_names(c.blocklist_names(), all, "Fp8Inference", "the blocklist");
   Linears out;

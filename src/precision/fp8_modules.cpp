@@ -246,6 +246,15 @@ std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>> line
   return out;
 }
 
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>> convertible_linears(
+    torch::nn::Module& model, const char* component) {
+  VOLT_CHECK(dynamic_cast<torch::nn::LinearImpl*>(&model) == nullptr, ConfigError, "[", component,
+             "] the model is a Linear itself: fp8 converts the Linear layers inside a model (as "
+             "Lightning's convert_module, which replaces its children), so nothing would be "
+             "converted; hold it in one, e.g. torch::nn::Sequential(linear).");
+  return linear_layers(model);
+}
+
 void check_linear_names(
     const std::vector<std::string>& names,
     const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>>& linears,
@@ -292,7 +301,7 @@ std::string Fp8ConversionReport::str() const {
 
 Fp8ConversionReport convert_to_fp8(torch::nn::Module& model, const Fp8ConvertOptions& options) {
   validate(options.recipe());
-  const auto linears = detail::linear_layers(model);
+  const auto linears = detail::convertible_linears(model, "Fp8");
   detail::check_linear_names(options.skip(), linears, "Fp8", "skip");
   Fp8ConversionReport report;
   const auto& recipe = options.recipe();
@@ -310,6 +319,13 @@ Fp8ConversionReport convert_to_fp8(torch::nn::Module& model, const Fp8ConvertOpt
     }
     const auto existing = detail::find_fp8(lin->weight);
     if (existing && existing->mode == detail::Fp8Mode::kTrain) {
+      // Converted already: kept as it is, which must be what this call asks for.
+      const std::string had = detail::str_cat(existing->delayed.recipe),
+                        asked = detail::str_cat(recipe);
+      VOLT_CHECK(had == asked, ConfigError, "[Fp8] '", name, "' is converted already with ", had,
+                 ", not ", asked,
+                 "; call release_fp8(model) first to convert it with another "
+                 "recipe.");
       report.converted.push_back(name);
       continue;
     }

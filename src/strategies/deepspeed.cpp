@@ -1117,16 +1117,16 @@ void DeepSpeedStrategy::save_model_state(const Module& module, OutputArchive& ar
   ar.write(kStage3Shapes, shapes);
 }
 
-void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const {
+void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar, bool strict) const {
   if (tp_) {
     // Checkpoints hold whole weights: gather, load, split again (every rank loads the same).
     tp_->restore();
-    Strategy::load_model_state(module, ar);
+    Strategy::load_model_state(module, ar, strict);
     tp_->reshard();
     return;
   }
   if (!partitions_parameters()) {
-    Strategy::load_model_state(module, ar);
+    Strategy::load_model_state(module, ar, strict);
     load_master_weights(module, ar, /*chunks=*/false);
     return;
   }
@@ -1167,7 +1167,7 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar) const
   for (auto& p : module.named_parameters(true)) load(p.key(), p.value(), false);
   for (auto& b : module.named_buffers(true)) load(b.key(), b.value(), true);
   fp8.log("DeepSpeed");
-  if (!problems.empty()) {
+  if (strict && !problems.empty()) {
     std::ostringstream os;
     os << kTag << " the checkpoint does not match the model: ";
     for (size_t i = 0; i < problems.size(); ++i) os << (i ? "; " : "") << problems[i];

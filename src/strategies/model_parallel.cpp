@@ -302,8 +302,8 @@ void ModelParallelStrategy::save_model_state(const Module& module,
   }
 }
 
-void ModelParallelStrategy::load_model_state(Module& module,
-                                             torch::serialize::InputArchive& ar) const {
+void ModelParallelStrategy::load_model_state(Module& module, torch::serialize::InputArchive& ar,
+                                             bool strict) const {
   torch::serialize::InputArchive record;
   if (ar.try_read(detail::kTpRecord, record)) {
     // One rank's shards (load_checkpoint reads this rank's own from a folder of its size).
@@ -320,19 +320,19 @@ void ModelParallelStrategy::load_model_state(Module& module,
     VOLT_CHECK(differs.empty(), CheckpointError, kTag, " '", differs,
                "' is split differently in the checkpoint than by this plan; load the folder with "
                "the strategy's load_checkpoint (it consolidates the shards then).");
-    // Strictly, the shapes being the shards'; the record is no weight.
-    load_module_state(module, ar, /*strict=*/true, {detail::kTpRecord});
+    // The shapes being the shards'; the record is no weight.
+    load_module_state(module, ar, strict, {detail::kTpRecord});
     return;
   }
   if (engine_ == nullptr || !engine_->split()) {
-    Strategy::load_model_state(module, ar);
+    Strategy::load_model_state(module, ar, strict);
     return;
   }
   // Whole for the strict load (every rank reads the same file), then split again: the same
   // TensorImpls, so the optimizer's state stays attached.
   engine_->restore();
   try {
-    Strategy::load_model_state(module, ar);
+    Strategy::load_model_state(module, ar, strict);
   } catch (...) {
     // A checkpoint that does not match leaves the model split as it was (its buckets and
     // optimizer state are the shards'), for a program that catches the error and goes on.

@@ -325,11 +325,12 @@ void PipelineStrategy::save_model_state(const Module& module,
   pipe_->release_other_stages();
 }
 
-void PipelineStrategy::load_model_state(Module& module, torch::serialize::InputArchive& ar) const {
-  // Every tensor whole for the strict load, then the other stages' freed again.
+void PipelineStrategy::load_model_state(Module& module, torch::serialize::InputArchive& ar,
+                                        bool strict) const {
+  // Every tensor whole for the load, then the other stages' freed again.
   const bool released = pipe_ && pipe_->released();
   if (released) pipe_->restore_other_stages();
-  Strategy::load_model_state(module, ar);
+  Strategy::load_model_state(module, ar, strict);
   if (released) pipe_->release_other_stages();
 }
 

@@ -123,8 +123,9 @@ void Strategy::save_model_state(const Module& module, torch::serialize::OutputAr
   save_module_state(module, ar);
 }
 
-void Strategy::load_model_state(Module& module, torch::serialize::InputArchive& ar) const {
-  load_module_state(module, ar, /*strict=*/true);
+void Strategy::load_model_state(Module& module, torch::serialize::InputArchive& ar,
+                                bool strict) const {
+  load_module_state(module, ar, strict);
 }
 
 void Strategy::save_optimizer_state(const torch::optim::Optimizer& optimizer, const Module& module,

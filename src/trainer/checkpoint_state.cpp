@@ -138,7 +138,7 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   torch::serialize::InputArchive model_ar;
   root.read("state_dict", model_ar);
   try {
-    strategy.load_model_state(module, model_ar);
+    strategy.load_model_state(module, model_ar, module.strict_loading());
   } catch (const CheckpointError& e) {
     throw CheckpointError(std::string(e.what()) + " (checkpoint: '" + path + "')");
   }

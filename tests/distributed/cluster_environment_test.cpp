@@ -332,6 +332,72 @@ TEST(ClusterEnvironment, OpenMpiErrors) {
   expect_error(v, 2, 2, {"global rank 1", "--map-by slot"});
 }
 
+// ---- MPICH and Intel MPI (Hydra) ----
+
+Vars mpich(int rank, int size, int local, int local_size) {
+  return {{"PMI_RANK", std::to_string(rank)},
+          {"PMI_SIZE", std::to_string(size)},
+          {"MPI_LOCALRANKID", std::to_string(local)},
+          {"MPI_LOCALNRANKS", std::to_string(local_size)}};
+}
+
+TEST(ClusterEnvironment, Mpich) {
+  auto e = detect(mpich(1, 2, 1, 2), 2, 1);
+  EXPECT_EQ(e.kind, ClusterKind::kMpich);
+  EXPECT_EQ(volt::to_string(e.kind), "mpich");
+  EXPECT_EQ(e.global_rank, 1);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_FALSE(e.launches_workers) << "mpiexec started every process";
+  EXPECT_EQ(e.main_address, "127.0.0.1");
+  EXPECT_EQ(e.main_port, 29500);
+  auto v = mpich(5, 6, 1, 2);
+  v["MASTER_ADDR"] = "10.0.0.2";
+  v["MASTER_PORT"] = "30001";
+  e = detect(v, 2, 3);
+  EXPECT_EQ(e.node_rank, 2);
+  EXPECT_EQ(e.main_address, "10.0.0.2");
+  EXPECT_EQ(e.main_port, 30001);
+}
+
+TEST(ClusterEnvironment, MpichErrors) {
+  expect_error(mpich(3, 4, 1, 2), 2, 2, {"mpich", "MASTER_ADDR is not set", "several nodes"});
+  expect_error(mpich(0, 4, 0, 4), 2, 2, {"MPI_LOCALNRANKS=4", "devices=2", "mpiexec -ppn 2"});
+  expect_error(mpich(4, 4, 0, 2), 2, 2, {"PMI_RANK=4 is not below PMI_SIZE=4"});
+  expect_error(mpich(0, 3, 0, 2), 2, 1, {"mpich: PMI_SIZE=3 but devices × num_nodes"});
+  auto v = mpich(1, 4, 0, 2);  // round-robin: rank 1 is local rank 0 of node 1
+  v["MASTER_ADDR"] = "h";
+  expect_error(v, 2, 2, {"global rank 1", "mpiexec -ppn 2"});
+  Vars no_local = mpich(0, 2, 0, 2);
+  no_local.erase("MPI_LOCALRANKID");
+  expect_error(no_local, 2, 1, {"MPI_LOCALRANKID", "Hydra"});
+}
+
+TEST(ClusterEnvironment, PrecedenceOpenMpiOverMpich) {
+  // Open MPI's PMIx may set PMI_RANK too: its own variables decide.
+  auto v = ompi(1, 2, 1, 2);
+  auto m = mpich(1, 2, 1, 2);
+  v.insert(m.begin(), m.end());
+  EXPECT_EQ(detect(v, 2, 1).kind, ClusterKind::kOpenMpi);
+}
+
+// Lightning's SLURMEnvironment: in an interactive allocation (SLURM_JOB_NAME bash or
+// interactive) the program was not started by srun; it is a plain process, which starts its
+// local workers itself.
+TEST(ClusterEnvironment, AnInteractiveSlurmShellIsPlain) {
+  for (const char* name : {"bash", "interactive"}) {
+    SCOPED_TRACE(name);
+    auto v = slurm(0, 1, 0, 0);
+    v["SLURM_JOB_NAME"] = name;
+    auto e = detect(v, 2, 1);
+    EXPECT_EQ(e.kind, ClusterKind::kPlain);
+    EXPECT_TRUE(e.launches_workers);
+    EXPECT_EQ(e.world_size, 2);
+  }
+  auto batch = slurm(0, 2, 0, 0);
+  batch["SLURM_JOB_NAME"] = "train";
+  EXPECT_EQ(detect(batch, 2, 1).kind, ClusterKind::kSlurm);
+}
+
 TEST(ClusterEnvironment, PrecedenceTorchrunOverSlurm) {
   auto v = slurm(0, 2, 0, 0);
   auto t = torchrun(1, 1, 2, 2, 0);

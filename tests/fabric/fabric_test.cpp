@@ -863,6 +863,34 @@ TEST(Fabric, LoadIsStrictAndLeavesTheStateWhenEntriesAreMissing) {
   EXPECT_DOUBLE_EQ(wants.value("best").toDouble(), 0.5);  // absent from the file: kept
 }
 
+// strict also covers a module's weights (Lightning's load_state_dict(strict=strict)): a module
+// with a parameter the file lacks is refused by default and takes the rest with strict=false.
+TEST(Fabric, LoadStrictFalseLoadsTheWeightsThatMatch) {
+  struct WithExtra : TinyClassifier {
+    WithExtra() { extra = register_parameter("extra", torch::full({2}, 3.0f)); }
+    torch::Tensor extra;
+  };
+  volt_test::TempDir dir;
+  auto m = std::make_shared<TinyClassifier>();
+  volt::Fabric fabric(cpu());
+  fabric.setup(m);
+  volt::FabricState saved;
+  saved.module("model", *m);
+  fabric.save(dir / "a.ckpt", saved);
+  auto wider = std::make_shared<WithExtra>();
+  fabric.setup(wider);
+  const at::Tensor before = wider->flat_params();
+  volt::FabricState wants;
+  wants.module("model", *wider);
+  const std::string e =
+      error_of<volt::CheckpointError>([&] { fabric.load(dir / "a.ckpt", wants); });
+  EXPECT_NE(e.find("missing 'extra'"), std::string::npos) << e;
+  EXPECT_TRUE(at::equal(wider->flat_params(), before));
+  fabric.load(dir / "a.ckpt", wants, /*strict=*/false);
+  EXPECT_TRUE(at::equal(wider->fc1->weight, m->fc1->weight));
+  EXPECT_TRUE(at::equal(wider->extra, torch::full({2}, 3.0f)));
+}
+
 TEST(Fabric, AFabricCheckpointIsReadByTheTrainerButNotResumed) {
   volt_test::TempDir dir;
   auto [m, other] = twins();

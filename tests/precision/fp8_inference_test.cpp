@@ -282,4 +282,10 @@ TEST(Fp8Measure, StatisticsAreTheMaxAbsOverBatchesAndQuantizingHereIsRefused) {
               volt::quantize_fp8(*fc3, volt::QuantConfig(cfg).mode(volt::QuantConfig::kQuantize));
             }).find("this process ran the fp8 measurement; quantization must run in a new process"),
             std::string::npos);
+  // A model that is a Linear itself has no Linear inside to observe: said, not skipped.
+  torch::nn::Linear lone(32, 64);
+  EXPECT_NE(error_of([&] {
+              volt::prepare_fp8_measurement(*lone, cfg);
+            }).find("[Fp8Inference] the model is a Linear itself"),
+            std::string::npos);
 }

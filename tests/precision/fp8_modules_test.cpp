@@ -218,6 +218,32 @@ TEST(Fp8Convert, SkipListAndErrors) {
   EXPECT_THROW(volt::convert_to_fp8(*other, volt::Fp8ConvertOptions().recipe(
                                                 volt::DelayedScalingOptions().amax_history_len(4))),
                volt::ConfigError);
+  // Converted already, it is kept as it is: the same recipe again is fine, another one is a
+  // ConfigError (it would be ignored).
+  auto twice = std::make_shared<TwoLayer>();
+  volt::convert_to_fp8(*twice);
+  EXPECT_EQ(volt::convert_to_fp8(*twice).converted, (std::vector<std::string>{"fc1"}));
+  try {
+    volt::convert_to_fp8(*twice,
+                         volt::Fp8ConvertOptions().recipe(volt::DelayedScalingOptions().margin(1)));
+    FAIL() << "expected ConfigError";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("[Fp8] 'fc1' is converted already with "
+                                         "DelayedScalingOptions(margin=0"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("call release_fp8(model) first"), std::string::npos);
+  }
+  volt::release_fp8(*twice);
+  // A model that is a Linear itself: nothing inside it to convert, which is said.
+  torch::nn::Linear lone(16, 16);
+  try {
+    volt::convert_to_fp8(*lone);
+    FAIL() << "expected ConfigError";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("[Fp8] the model is a Linear itself"), std::string::npos)
+        << e.what();
+  }
   EXPECT_THROW(volt::Fp8Autocast g(c10::kCUDA), volt::NotAvailable);
   volt::Fp8Precision p;
   EXPECT_THROW(p.setup(c10::Device(c10::kCUDA, 0)), volt::NotAvailable);

@@ -478,6 +478,17 @@ TEST(PipelineSchedule, OneFOneBGivesGPipesLossAndGradients) {
   }
 }
 
+// Integer activations between the stages (bucket ids into an Embedding): stage 1's input takes
+// no gradient (it was refused: only floating tensors can require one), nothing flows back, and
+// GPipe and 1F1B equal one process (check_integer_between in pipeline_worker.cpp).
+TEST(PipelineSchedule, IntegerActivationsCrossTheStagesWithoutAGradient) {
+  VOLT_REQUIRE_GLOO();
+  for (const char* chunks : {"1", "3"}) {
+    SCOPED_TRACE(std::string("chunks ") + chunks);
+    expect_layer_ranks_ok(2, {"--integer-between", "1", "--chunks", chunks}, "integer");
+  }
+}
+
 TEST(PipelineSchedule, OneFOneBHoldsFewerMicroBatchesThanGPipe) {
   // Two stages of 8 Linear(256, 256) + Tanh, 8 micro-batches of 64 rows: GPipe holds every
   // micro-batch's activations until the backward; under 1F1B stage 0 holds at most 2 and the

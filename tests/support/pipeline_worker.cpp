@@ -28,7 +28,8 @@
 //       --grad-call 1: torch::autograd::grad through the pipeline is a ValueError on every
 //       rank, then a plain backward works; prints the error and "rank R grad-call ok".
 //       --schedule-memory 1: peak bytes of a step under each schedule (check_schedule_memory);
-//       prints "rank R memory gpipe=G 1f1b=O".
+//       prints "rank R memory gpipe=G 1f1b=O". --integer-between 1: bucket ids between the two
+//       stages, under both schedules (check_integer_between); prints "rank R integer ok stage=S".
 //
 //   volt_pipeline_worker fit --root DIR --out PREFIX [--devices N] [--chunks C]
 //       [--balance A,B,...] [--epochs E] [--max-steps S] [--optimizer sgd|adamw|fused_adamw]
@@ -140,6 +141,58 @@ torch::nn::Sequential deep_output_model(bool last_too) {
   }
   return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Unflatten(nine),
                                torch::nn::Flatten(), torch::nn::Linear(16, 4));
+}
+
+/// Integers between the stages (balance 2,3): stage 0 turns its features into bucket ids, stage
+/// 1 embeds them. No gradient crosses back (stage 0's Linear gets none, as in one process), and
+/// both schedules give the one-process output, loss and stage 1's gradients bit for bit.
+/// Prints "rank R integer ok stage=S".
+int check_integer_between(const std::shared_ptr<volt::ProcessGroup>& group, int64_t chunks) {
+  const auto model = [] {
+    torch::manual_seed(5);
+    return torch::nn::Sequential(
+        torch::nn::Linear(8, 8), torch::nn::Functional([](const at::Tensor& h) {
+          return (torch::sigmoid(h) * 8).floor().clamp(0, 7).to(at::kLong);
+        }),
+        torch::nn::Embedding(8, 4), torch::nn::Flatten(), torch::nn::Linear(32, 2));
+  };
+  const auto mse = [](const at::Tensor& out, const at::Tensor& t) {
+    return (out - t).pow(2).mean();
+  };
+  torch::manual_seed(6);
+  const at::Tensor x = torch::randn({6, 8}), target = torch::randn({6, 2});
+  auto reference = model();
+  const at::Tensor want = reference->forward(x);
+  const at::Tensor want_loss = mse(want, target);
+  want_loss.backward();
+  const auto ref_params = reference->named_parameters(true);
+  for (const bool one_f_one_b : {false, true}) {
+    const std::string what = one_f_one_b ? "1f1b: " : "gpipe: ";
+    volt::Pipeline pipe(model(), volt::PipelineOptions().balance({2, 3}).chunks(chunks));
+    pipe->distribute(group);
+    at::Tensor out, loss;
+    if (one_f_one_b) {
+      loss = pipe->forward_loss(x, target, mse, &out);
+    } else {
+      out = pipe->forward(x);
+      loss = mse(out, target);
+    }
+    loss.backward();
+    check_same(out, want, chunks == 1, what + "output");
+    check_same(loss, want_loss, chunks == 1, what + "loss");
+    for (const auto& p : pipe->named_parameters(true)) {
+      const bool later = p.key().rfind("0.", 0) != 0;  // layer 0 is stage 0's Linear
+      if (!later) {
+        if (p.value().grad().defined()) fail(what + "a gradient crossed the integers: " + p.key());
+      } else if (pipe->stage() == 1) {
+        check_same(p.value().grad(), ref_params[p.key()].grad(), chunks == 1,
+                   what + "gradient of " + p.key());
+      }
+    }
+  }
+  say("rank " + std::to_string(group->rank()) +
+      " integer ok stage=" + std::to_string(group->rank()));
+  return 0;
 }
 
 /// This stage's parameters have the reference's gradients; the other stages' have none.
@@ -708,6 +761,7 @@ int run_layer(std::map<std::string, std::string>& a) {
     say("rank " + std::to_string(group->rank()) + " shared buffer passed");
     return 0;
   }
+  if (a.count("--integer-between")) return check_integer_between(group, chunks);
   if (a.count("--schedule-memory")) return check_schedule_memory(group);
   if (a.count("--schedule")) return check_one_f_one_b(group, chunks, a);
   if (a.count("--tied")) return check_tied(group, chunks);

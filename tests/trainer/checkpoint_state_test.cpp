@@ -75,6 +75,44 @@ TEST(CheckpointPath, BestLoadsTheBestWeightsForTest) {
   EXPECT_DOUBLE_EQ(m.at("val_acc"), best);
 }
 
+// TinyClassifier and one parameter more: a checkpoint of the plain one lacks it.
+struct WithExtra : TinyClassifier {
+  WithExtra() { extra = register_parameter("extra", torch::full({3}, 7.0f)); }
+  torch::Tensor extra;
+};
+
+// Lightning's strict_loading: a module that sets it false takes a checkpoint's matching weights
+// and keeps the rest; by default the mismatch is a CheckpointError that changes nothing.
+TEST(CheckpointPath, StrictLoadingFalseLoadsTheWeightsThatMatch) {
+  volt_test::TempDir dir;
+  auto train = volt_test::blobs(64), val = volt_test::blobs(32, 8, 3);
+  TinyClassifier trained;
+  auto ckpt = checkpoint_to(dir / "ckpt");
+  volt::Trainer trainer(quiet(dir.path).max_epochs(1).callbacks({ckpt}));
+  trainer.fit(trained, volt_test::loader(train), volt_test::loader(val, 32, false));
+  const std::string path = dir / "ckpt/last.ckpt";
+
+  WithExtra strict;
+  const at::Tensor before = strict.flat_params();
+  volt::Trainer other(quiet(dir / "b"));
+  try {
+    other.validate(strict, volt_test::loader(val, 32, false), path);
+    ADD_FAILURE() << "no CheckpointError";
+  } catch (const volt::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing 'extra'"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(at::equal(strict.flat_params(), before)) << "a refused load changes nothing";
+
+  WithExtra lenient;
+  lenient.set_strict_loading(false);
+  const auto m = other.validate(lenient, volt_test::loader(val, 32, false), path);
+  EXPECT_TRUE(at::equal(lenient.fc1->weight, trained.fc1->weight));
+  EXPECT_TRUE(at::equal(lenient.fc2->bias, trained.fc2->bias));
+  EXPECT_TRUE(at::equal(lenient.extra, torch::full({3}, 7.0f))) << "not in the file: kept";
+  EXPECT_DOUBLE_EQ(m.at("val_acc"),
+                   trainer.validate(trained, volt_test::loader(val, 32, false)).at("val_acc"));
+}
+
 TEST(CheckpointPath, BestBeforeAnyFitIsAConfigError) {
   volt_test::TempDir dir;
   TinyClassifier model;

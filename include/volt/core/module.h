@@ -236,6 +236,12 @@ class Module : public torch::nn::Module {
   /// Manual optimization (Lightning's automatic_optimization = False).
   bool automatic_optimization() const { return automatic_optimization_; }
   void set_automatic_optimization(bool on) { automatic_optimization_ = on; }
+  /// Whether a checkpoint's weights must match this module's exactly (Lightning's
+  /// strict_loading): true (the default) refuses a missing, unexpected or differently shaped
+  /// entry with a CheckpointError; false loads the entries that match and leaves the rest, e.g.
+  /// for a module that added a layer (a fit's resume still needs optimizer state that matches).
+  bool strict_loading() const { return strict_loading_; }
+  void set_strict_loading(bool on) { strict_loading_ = on; }
   void manual_backward(const at::Tensor& loss);
   std::vector<ManualOptimizer> optimizers();
   std::vector<std::shared_ptr<LRScheduler>> lr_schedulers();
@@ -278,6 +284,7 @@ class Module : public torch::nn::Module {
   RunContext& require_run(const char* what) const;
   RunContext* run_ = nullptr;
   bool automatic_optimization_ = true;
+  bool strict_loading_ = true;
   std::map<std::string, std::string> hparams_;
   std::vector<bool> saved_modes_;
   /// toggle_optimizer's record: each parameter of every optimizer with its requires_grad.

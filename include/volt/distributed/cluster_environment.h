@@ -18,9 +18,10 @@ enum class ClusterKind {
   kTorchrun,  ///< torchrun / torch.distributed.run
   kSlurm,     ///< srun
   kOpenMpi,   ///< Open MPI's mpirun
+  kMpich,     ///< MPICH's or Intel MPI's mpiexec (Hydra: PMI_RANK, MPI_LOCALRANKID)
 };
 
-/// "plain", "torchrun", "slurm" or "openmpi".
+/// "plain", "torchrun", "slurm", "openmpi" or "mpich".
 std::string to_string(ClusterKind kind);
 
 /// The environment variable volt's local launcher sets to "1" in the workers it starts.
@@ -71,9 +72,13 @@ EnvLookup env_from_map(std::map<std::string, std::string> vars);
 ///   MASTER_ADDR, MASTER_PORT);
 /// - torchrun (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT);
 /// - Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NODELIST; MASTER_ADDR
-///   and MASTER_PORT override the first node and the port derived from SLURM_JOB_ID);
+///   and MASTER_PORT override the first node and the port derived from SLURM_JOB_ID), unless
+///   SLURM_JOB_NAME is "bash" or "interactive" (an interactive allocation, as Lightning's
+///   SLURMEnvironment: the program was not started by srun, so it is a plain process);
 /// - Open MPI (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE; MASTER_ADDR, needed on
 ///   several nodes, and MASTER_PORT, default 29500);
+/// - MPICH and Intel MPI (Hydra's PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS; MASTER_ADDR
+///   and MASTER_PORT as for Open MPI);
 /// - plain, as the reference describes: MASTER_PORT (a free port on node 0), MASTER_ADDR
 ///   (required except on NODE_RANK 0), WORLD_SIZE and NODE_RANK, all required on several nodes;
 ///   on one node none is needed. Without LOCAL_RANK this process is local rank 0 and launches

@@ -352,10 +352,12 @@ class Fabric {
   /// from it: it holds no loop state). Entry names are non-empty, without '/', and distinct.
   void save(const std::string& path, const FabricState& state);
   /// Reads `path` into `state` (every rank reads the file). strict: every entry of `state` must
-  /// be in the file (CheckpointError naming the missing ones); entries of the file that `state`
-  /// lacks are left. The state's modules must have been set up first. A strict miss changes
-  /// nothing; a module whose weights do not match the file (CheckpointError) is left as it was,
-  /// but the modules before it in `state` are loaded by then: load again or rebuild them.
+  /// be in the file (CheckpointError naming the missing ones) and each module's weights must
+  /// match it exactly; strict=false loads what is there and matches (Lightning's). Entries of
+  /// the file that `state` lacks are left. The state's modules must have been set up first. A
+  /// strict miss changes nothing; a module whose weights do not match the file (CheckpointError) is
+  /// left as it was, but the modules before it in `state` are loaded by then: load again or rebuild
+  /// them.
   void load(const std::string& path, FabricState& state, bool strict = true);
 
  private:

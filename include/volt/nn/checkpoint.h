@@ -95,8 +95,10 @@ std::vector<at::Tensor> checkpoint(Fn&& fn, In&& inputs);
 
 /// The one- or several-tensor form, e.g. DeepSpeed's `checkpoint(self.l2, l1_out)`:
 ///   at::Tensor y = volt::checkpoint(l2, h);                    // a module holder
-///   at::Tensor z = volt::checkpoint([&](const at::Tensor& a, const at::Tensor& b) {
-///     return block(a, b, /*causal=*/true); }, a, b);             // non-tensors captured
+///   at::Tensor z = volt::checkpoint([this, causal](const at::Tensor& a, const at::Tensor& b) {
+///     return block(a, b, causal); }, a, b);                      // non-tensors captured
+/// `fn` is kept until the backward pass, which runs it again: capture by value (and `this`),
+/// never a local by reference ([&]), which is gone when a later backward() recomputes.
 /// `fn` takes the tensors and returns at::Tensor (the result is a Tensor) or
 /// std::vector<at::Tensor> (the result is that vector).
 template <typename Fn, typename... Rest,

@@ -199,7 +199,8 @@ class DeepSpeedStrategy : public DdpStrategy {
   void test_step(Module& module, const Batch& batch, int64_t batch_idx) override;
   at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx) override;
   void save_model_state(const Module& module, torch::serialize::OutputArchive& ar) const override;
-  void load_model_state(Module& module, torch::serialize::InputArchive& ar) const override;
+  void load_model_state(Module& module, torch::serialize::InputArchive& ar,
+                        bool strict) const override;
 
   void save_optimizer_state(const torch::optim::Optimizer& optimizer, const Module& module,
                             torch::serialize::OutputArchive& ar) const override;

@@ -77,7 +77,8 @@ class PipelineStrategy : public DdpStrategy {
                             ClipAlgorithm algorithm) override;
 
   void save_model_state(const Module& module, torch::serialize::OutputArchive& ar) const override;
-  void load_model_state(Module& module, torch::serialize::InputArchive& ar) const override;
+  void load_model_state(Module& module, torch::serialize::InputArchive& ar,
+                        bool strict) const override;
   void save_optimizer_state(const torch::optim::Optimizer& optimizer, const Module& module,
                             torch::serialize::OutputArchive& ar) const override;
   void load_optimizer_state(torch::optim::Optimizer& optimizer, const Module& module,

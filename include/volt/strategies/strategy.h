@@ -200,7 +200,10 @@ class Strategy {
 
   // ------------------------------------------------------------------ checkpoint state
   virtual void save_model_state(const Module& module, torch::serialize::OutputArchive& ar) const;
-  virtual void load_model_state(Module& module, torch::serialize::InputArchive& ar) const;
+  /// strict: as volt::load_module_state (false loads the entries that match, Lightning's
+  /// strict_loading / Fabric's load(strict=False)).
+  virtual void load_model_state(Module& module, torch::serialize::InputArchive& ar,
+                                bool strict) const;
   virtual void save_optimizer_state(const torch::optim::Optimizer& optimizer, const Module& module,
                                     torch::serialize::OutputArchive& ar) const;
   virtual void load_optimizer_state(torch::optim::Optimizer& optimizer, const Module& module,

@@ -53,6 +53,10 @@ void set_fp8_fallback_dtype(Fp8GemmOp op, c10::optional<c10::ScalarType> dtype);
 /// Every torch::nn::Linear below `model`, with its qualified name.
 std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>> linear_layers(
     torch::nn::Module& model);
+/// linear_layers(model), or a ConfigError naming `component` when `model` is a Linear itself
+/// (a conversion would find no layer inside it and do nothing).
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::LinearImpl>>> convertible_linears(
+    torch::nn::Module& model, const char* component);
 /// Throws ConfigError "[component] <list> names "x", which is not a Linear of this model; its
 /// Linear layers are: ..." for the first of `names` that is none of `linears`.
 void check_linear_names(
