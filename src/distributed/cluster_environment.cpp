@@ -186,6 +186,19 @@ ClusterEnvironment detect_slurm(const Reader& r) {
   return e;
 }
 
+// An MPI launcher names no rendezvous: MASTER_ADDR (required on several nodes; else loopback)
+// and MASTER_PORT (default kDefaultMpiPort).
+void set_mpi_rendezvous(ClusterEnvironment& e, const Reader& r, int64_t num_nodes) {
+  if (num_nodes > 1) {
+    e.main_address =
+        r.required_str("MASTER_ADDR", " (needed on several nodes: the address of rank 0's node)");
+  } else if (auto addr = r.str("MASTER_ADDR")) {
+    e.main_address = *addr;
+  }
+  e.main_port = r.port("MASTER_PORT");
+  if (e.main_port == 0) e.main_port = kDefaultMpiPort;
+}
+
 ClusterEnvironment detect_openmpi(const Reader& r, int64_t devices, int64_t num_nodes) {
   const std::string why = " (mpirun sets it)";
   ClusterEnvironment e;
@@ -201,19 +214,12 @@ ClusterEnvironment detect_openmpi(const Reader& r, int64_t devices, int64_t num_
   // Open MPI gives no node index that counts only this job's nodes; with block placement (the
   // default --map-by slot) it is the rank's block.
   e.node_rank = e.global_rank / devices;
-  if (num_nodes > 1) {
-    e.main_address =
-        r.required_str("MASTER_ADDR", " (needed on several nodes: the address of rank 0's node)");
-  } else if (auto addr = r.str("MASTER_ADDR")) {
-    e.main_address = *addr;
-  }
-  e.main_port = r.port("MASTER_PORT");
-  if (e.main_port == 0) e.main_port = kDefaultMpiPort;
+  set_mpi_rendezvous(e, r, num_nodes);
   return e;
 }
 
 // MPICH and Intel MPI, whose Hydra launcher gives the local rank and count too; the node index
-// and MASTER_ADDR/PORT as for Open MPI.
+// and the rendezvous as for Open MPI.
 ClusterEnvironment detect_mpich(const Reader& r, int64_t devices, int64_t num_nodes) {
   const std::string why = " (mpiexec sets it)";
   ClusterEnvironment e;
@@ -232,14 +238,7 @@ ClusterEnvironment detect_mpich(const Reader& r, int64_t devices, int64_t num_no
   }
   // Hydra's default placement fills a node before the next (block): the rank's block.
   e.node_rank = e.global_rank / devices;
-  if (num_nodes > 1) {
-    e.main_address =
-        r.required_str("MASTER_ADDR", " (needed on several nodes: the address of rank 0's node)");
-  } else if (auto addr = r.str("MASTER_ADDR")) {
-    e.main_address = *addr;
-  }
-  e.main_port = r.port("MASTER_PORT");
-  if (e.main_port == 0) e.main_port = kDefaultMpiPort;
+  set_mpi_rendezvous(e, r, num_nodes);
   return e;
 }
 

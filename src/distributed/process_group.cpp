@@ -175,7 +175,7 @@ void ignore_sigpipe() {
 // The dtypes libtorch 1.13's Gloo moves and reduces itself (2.x adds bool and bf16; NCCL lacks
 // int16 and complex). The collectives that only copy (broadcast, all-gather, the all-to-all under
 // reduce-scatter, send and recv) carry any other dtype as its bytes; all_reduce, which computes,
-// widens it instead (all_reduce_operand).
+// widens it instead (ProcessGroup::all_reduce).
 bool carried_as_is(c10::ScalarType t) {
   switch (t) {
     case at::kFloat:
@@ -952,8 +952,8 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
   check_reduction(value.scalar_type(), op, "reduce_scatter");
   // Gloo has no reduce-scatter (1.13) or emulates it with an all-reduce (2.x): one all-to-all
   // hands row block j of every rank to rank j, which reduces them itself (detail::reduce_rows).
-  // The all-to-all only copies, so 16-bit floats travel as themselves (bf16 as fp16 bits) and
-  // are reduced in fp32, as all_reduce does, then rounded back.
+  // The all-to-all only copies, so each dtype travels as itself (one Gloo lacks as its bytes);
+  // 16-bit floats are reduced in fp32, as all_reduce does, then rounded back.
   const c10::ScalarType dtype = value.scalar_type();
   const NormalTensors normal_tensors;
   at::Tensor in = to_wire(*impl_, value.detach().contiguous());
@@ -1145,7 +1145,8 @@ void ProcessGroup::run_on_leaders(const std::string& name, const std::vector<int
   c10d::Store& store = *impl.store;
   const milliseconds timeout = options_.timeout();
   // A subgroup's rounds are its own: its key tells them from the root's and its siblings'.
-  const std::string base = impl.key + "/volt/lead/" + std::to_string(++impl.lead_rounds) + "/";
+  const std::string base = (impl.key.empty() ? "" : impl.key + "/") + "volt/lead/" +
+                           std::to_string(++impl.lead_rounds) + "/";
   const auto done_key = [&](int64_t r) { return base + "done/" + std::to_string(r); };
   const auto beat_key = [&](int64_t r) { return base + "beat/" + std::to_string(r); };
   const bool leading = std::find(leaders.begin(), leaders.end(), rank_) != leaders.end();
