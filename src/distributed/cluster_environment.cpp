@@ -186,6 +186,16 @@ ClusterEnvironment detect_slurm(const Reader& r) {
   return e;
 }
 
+// An MPI launcher's count of processes on this node (`var`, optional) must be `devices`;
+// `option` is its flag that sets it.
+void check_local_size(const Reader& r, const char* var, int64_t devices, const char* option) {
+  if (auto local_size = r.integer(var, 1, kMaxRanks)) {
+    VOLT_CHECK(*local_size == devices, ConfigError, kTag, " ", r.who(), ": ", var, "=", *local_size,
+               " but devices=", devices, "; start ", devices, " processes per node (", option,
+               devices, ").");
+  }
+}
+
 // An MPI launcher names no rendezvous: MASTER_ADDR (required on several nodes; else loopback)
 // and MASTER_PORT (default kDefaultMpiPort).
 void set_mpi_rendezvous(ClusterEnvironment& e, const Reader& r, int64_t num_nodes) {
@@ -206,11 +216,7 @@ ClusterEnvironment detect_openmpi(const Reader& r, int64_t devices, int64_t num_
   e.global_rank = r.required_int("OMPI_COMM_WORLD_RANK", 0, kMaxRanks, why);
   e.world_size = r.required_int("OMPI_COMM_WORLD_SIZE", 1, kMaxRanks, why);
   e.local_rank = r.required_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, kMaxRanks, why);
-  if (auto local_size = r.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kMaxRanks)) {
-    VOLT_CHECK(*local_size == devices, ConfigError, kTag,
-               " openmpi: OMPI_COMM_WORLD_LOCAL_SIZE=", *local_size, " but devices=", devices,
-               "; start ", devices, " processes per node (mpirun --npernode ", devices, ").");
-  }
+  check_local_size(r, "OMPI_COMM_WORLD_LOCAL_SIZE", devices, "mpirun --npernode ");
   // Open MPI gives no node index that counts only this job's nodes; with block placement (the
   // default --map-by slot) it is the rank's block.
   e.node_rank = e.global_rank / devices;
@@ -231,11 +237,7 @@ ClusterEnvironment detect_mpich(const Reader& r, int64_t devices, int64_t num_no
   e.local_rank = r.required_int("MPI_LOCALRANKID", 0, kMaxRanks,
                                 " (Hydra's mpiexec sets it; another process manager may not: run "
                                 "under Hydra, or set MPI_LOCALRANKID and MPI_LOCALNRANKS)");
-  if (auto local_size = r.integer("MPI_LOCALNRANKS", 1, kMaxRanks)) {
-    VOLT_CHECK(*local_size == devices, ConfigError, kTag, " mpich: MPI_LOCALNRANKS=", *local_size,
-               " but devices=", devices, "; start ", devices, " processes per node (mpiexec -ppn ",
-               devices, ").");
-  }
+  check_local_size(r, "MPI_LOCALNRANKS", devices, "mpiexec -ppn ");
   // Hydra's default placement fills a node before the next (block): the rank's block.
   e.node_rank = e.global_rank / devices;
   set_mpi_rendezvous(e, r, num_nodes);

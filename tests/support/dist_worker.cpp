@@ -1097,7 +1097,7 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// The names in a /proc folder (thread ids, descriptors), the listing's own descriptor left out.
+// The names in a /proc folder (thread ids, descriptors; the listing's own descriptor among them).
 std::set<std::string> proc_entries(const char* dir) {
   std::set<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(dir)) names.insert(e.path().filename());
