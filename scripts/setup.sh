@@ -13,6 +13,7 @@ packages=(
   python3-torch
   chromium  # headless: checks that `volt report` pages render (ctest report_renders_in_chromium)
   iproute2  # `ip netns`: two network namespaces as two nodes (ctest multi_node_netns)
+  mpich openmpi-bin  # real MPI launchers starting volt's ranks (ctest mpi_launchers)
   clang libclang-rt-14-dev  # libFuzzer + sanitizer runtimes: fuzz/ targets (ctests fuzz_*)
   clang-format  # the source's format (ctest source_is_clang_formatted, scripts/check_format.sh)
 )

@@ -81,6 +81,11 @@ std::vector<EnvVar> make_table() {
       {"MPI_LOCALRANKID", G::kCluster, "N", "MPICH / Intel MPI (Hydra): local rank", {}},
       {"MPI_LOCALNRANKS", G::kCluster, "N", "MPICH / Intel MPI (Hydra): processes on this node",
        {}},
+      {"TORCH_DISTRIBUTED_DEBUG", G::kSystem, "OFF | INFO | DETAIL",
+       "DETAIL (any case): before each collective the ranks compare their calls (op, shapes, "
+       "dtypes) and all fail with a ValueError naming them when they differ (PyTorch's switch; "
+       "INFO as OFF)",
+       {}},
       {"GLOO_SOCKET_IFNAME", G::kSystem, "IFACE",
        "network interface Gloo uses when ProcessGroupOptions::interface is empty", {}},
       {"OMP_NUM_THREADS", G::kSystem, "N",

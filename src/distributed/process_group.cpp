@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cctype>
 #include <condition_variable>
 #include <cstdlib>
 #include <map>
@@ -220,6 +221,23 @@ void check_reduction(c10::ScalarType dtype, Reduce op, const char* name) {
              kTag, " ", name, " of a ", dtype,
              " tensor takes kSum or kMean (complex numbers have no order); reduce its real and "
              "imaginary parts (at::view_as_real) yourself for anything else.");
+}
+
+// TORCH_DISTRIBUTED_DEBUG=DETAIL, PyTorch's switch for its ProcessGroupWrapper: before each
+// collective the ranks compare what they are about to call (one small all-gather). Ranks that
+// call different collectives, or one with tensors of other shapes or dtypes, then all get the
+// same ValueError naming each rank's call, where Gloo would abort a process (a receive larger
+// than its buffer fails an assertion on Gloo's own thread), mix up the data or hang.
+bool checks_calls() {
+  static const bool on = [] {
+    std::string level = env_value("TORCH_DISTRIBUTED_DEBUG").value_or("OFF");
+    for (char& c : level) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    VOLT_CHECK(level == "OFF" || level == "INFO" || level == "DETAIL", ConfigError, kTag,
+               " TORCH_DISTRIBUTED_DEBUG=", env_value("TORCH_DISTRIBUTED_DEBUG").value_or(""),
+               " is not a level; use OFF, INFO or DETAIL (as PyTorch).");
+    return level == "DETAIL";
+  }();
+  return on;
 }
 
 using Clock = std::chrono::steady_clock;
@@ -444,6 +462,7 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
   const milliseconds timeout = options_.timeout();
   VOLT_CHECK(timeout.count() > 0, ConfigError, kTag, " timeout=", timeout.count(),
              " ms must be positive.");
+  checks_calls();  // a bad TORCH_DISTRIBUTED_DEBUG fails here, before the rendezvous
   VOLT_CHECK(env.world_size >= 1 && env.global_rank >= 0 && env.global_rank < env.world_size,
              ConfigError, kTag, " global rank ", env.global_rank, " is outside world size ",
              env.world_size, ".");
@@ -807,10 +826,104 @@ auto alltoall_rows(ProcessGroup& pg, at::Tensor& rows, at::Tensor& received) {
 
 }  // namespace
 
+namespace {
+
+constexpr int64_t kCallDims = 8;  // a call's first tensor's sizes kept in its record
+
+// What a rank is about to call: [op, argument, tensors, dtype, elements, dims, sizes (8),
+// a digest of every tensor's dtype and sizes].
+at::Tensor call_record(int64_t op, int64_t arg, const std::vector<at::Tensor>& tensors) {
+  at::Tensor record = at::full({6 + kCallDims + 1}, -1, at::kLong);
+  auto r = record.accessor<int64_t, 1>();
+  r[0] = op;
+  r[1] = arg;
+  r[2] = static_cast<int64_t>(tensors.size());
+  int64_t elements = 0;
+  uint64_t digest = 1469598103934665603ull;  // FNV-1a over (dtype, dims, sizes...)
+  const auto mix = [&digest](int64_t v) {
+    digest = (digest ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+  };
+  for (const at::Tensor& t : tensors) {
+    elements += t.numel();
+    mix(static_cast<int64_t>(t.scalar_type()));
+    mix(t.dim());
+    for (int64_t d : t.sizes()) mix(d);
+  }
+  r[4] = elements;
+  if (!tensors.empty()) {
+    const at::Tensor& first = tensors.front();
+    r[3] = static_cast<int64_t>(first.scalar_type());
+    r[5] = first.dim();
+    for (int64_t d = 0; d < std::min(first.dim(), kCallDims); ++d) r[6 + d] = first.size(d);
+  }
+  r[6 + kCallDims] = static_cast<int64_t>(digest >> 1);  // non-negative
+  return record;
+}
+
+std::string describe_call(const at::Tensor& record) {
+  static const char* const kOps[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter",
+                                     "barrier"};
+  const auto r = record.accessor<int64_t, 1>();
+  std::ostringstream os;
+  os << (r[0] >= 0 && r[0] < 5 ? kOps[r[0]] : "?");
+  static const char* const kReduces[] = {"mean", "sum", "max", "min"};  // Reduce's order
+  if ((r[0] == 0 || r[0] == 3) && r[1] >= 0 && r[1] < 4) os << " (" << kReduces[r[1]] << ")";
+  if (r[0] == 1) os << " from rank " << r[1];
+  if (r[0] == 4) return os.str();
+  os << " of " << r[2] << (r[2] == 1 ? " tensor" : " tensors");
+  if (r[2] > 0) {
+    os << ", the first [";
+    for (int64_t d = 0; d < std::min(r[5], kCallDims); ++d) os << (d ? ", " : "") << r[6 + d];
+    if (r[5] > kCallDims) os << ", ...";
+    os << "] " << static_cast<c10::ScalarType>(r[3]) << ", " << r[4]
+       << (r[4] == 1 ? " element" : " elements") << " in all";
+  }
+  return os.str();
+}
+
+enum CallOp : int64_t {
+  kCallAllReduce,
+  kCallBroadcast,
+  kCallAllGather,
+  kCallReduceScatter,
+  kCallBarrier
+};
+
+// With checks_calls(): every rank's record of the call it is about to make, compared; a
+// ValueError on every rank (they all see the same records) when they differ.
+void check_same_call(ProcessGroup& pg, CallOp op, int64_t arg,
+                     const std::vector<at::Tensor>& tensors) {
+  if (!checks_calls() || pg.world_size() == 1) return;
+  const NormalTensors normal_tensors;
+  const at::Tensor mine = call_record(op, arg, tensors);
+  std::vector<at::Tensor> in{to_wire(pg.impl(), mine)};
+  std::vector<std::vector<at::Tensor> > out(1);
+  for (int64_t q = 0; q < pg.world_size(); ++q) out[0].push_back(at::empty_like(in[0]));
+  run_collective(pg, "collective check (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
+                 [&] { return pg.impl().group->allgather(out, in); });
+  bool same = true;
+  for (auto& t : out[0]) {
+    t = t.cpu();
+    same = same && t.equal(out[0][0].cpu());
+  }
+  if (same) return;
+  std::ostringstream os;
+  for (int64_t q = 0; q < pg.world_size(); ++q) {
+    os << (q ? "; " : "") << "rank " << q << ": " << describe_call(out[0][q]);
+  }
+  VOLT_CHECK(false, ValueError, kTag,
+             " the ranks' collective calls differ (TORCH_DISTRIBUTED_DEBUG=DETAIL): ", os.str(),
+             "; every rank must call the same collectives in the same order, with tensors of the "
+             "same shapes and dtypes.");
+}
+
+}  // namespace
+
 at::Tensor ProcessGroup::all_reduce(const at::Tensor& value, Reduce op) {
   check_operand(value, "all_reduce");
   const c10::ScalarType dtype = value.scalar_type();
   check_reduction(dtype, op, "all_reduce");
+  check_same_call(*this, kCallAllReduce, static_cast<int64_t>(op), {value});
   const NormalTensors normal_tensors;
   // Complex tensors are reduced as their real and imaginary parts. Then 16-bit floats in fp32,
   // rounded back (Gloo in libtorch 1.13 has no bf16, and its fp16 sum accumulates in fp16: the
@@ -847,6 +960,7 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     check_operand(tensors[i], "broadcast_", detail::str_cat(" at index ", i).c_str());
   }
+  check_same_call(*this, kCallBroadcast, src, tensors);
   // One flat buffer per dtype bucket: a collective per bucket instead of one per tensor.
   constexpr int64_t kBroadcastBucket = int64_t{1} << 20;
   for (const auto& bucket : dtype_buckets(tensors, kBroadcastBucket)) {
@@ -902,6 +1016,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
   check_operand(value, "all_gather");
   VOLT_CHECK(value.dim() <= kMaxDims, ValueError, kTag, " all_gather supports up to ", kMaxDims,
              " dimensions, got ", value.sizes(), ".");
+  check_same_call(*this, kCallAllGather, 0, {value});
   const NormalTensors normal_tensors;
   auto meta = at::full({kMaxDims + 2}, -1, at::kLong);
   auto m = meta.accessor<int64_t, 1>();
@@ -950,6 +1065,7 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& value, Reduce op) {
              " reduce_scatter needs size(0) divisible by world_size=", world_size_, ", got ",
              value.sizes(), "; pad dim 0 to a multiple of ", world_size_, ".");
   check_reduction(value.scalar_type(), op, "reduce_scatter");
+  check_same_call(*this, kCallReduceScatter, static_cast<int64_t>(op), {value});
   // Gloo has no reduce-scatter (1.13) or emulates it with an all-reduce (2.x): one all-to-all
   // hands row block j of every rank to rank j, which reduces them itself (detail::reduce_rows).
   // The all-to-all only copies, so each dtype travels as itself (one Gloo lacks as its bytes);
@@ -1063,6 +1179,7 @@ void ProcessGroup::barrier() {
   // NCCL: this rank's own device. Without it, a barrier before any other collective guesses
   // the device from the global rank, which is wrong when ranks do not map to devices in order.
   if (impl_->wire_device.is_cuda()) o.device_ids = {impl_->wire_device.index()};
+  check_same_call(*this, kCallBarrier, 0, {});
   run_collective(*this, "barrier", [&] { return impl_->group->barrier(o); });
 }
 

@@ -6,9 +6,11 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <algorithm>
 #include <exception>
 #include <iostream>
 #include <sstream>
@@ -469,9 +471,10 @@ std::shared_ptr<void> Fabric::forward_context(torch::nn::Module& module) {
       std::move(strategy), std::move(precision));
 }
 
-std::vector<Fabric::SetUp*> Fabric::reached_by(const at::Tensor& loss) const {
-  // The nodes of the loss's graph, then each set-up module's parameters' gradient accumulators
-  // among them (a parameter the graph uses has one; it lives as long as the graph).
+namespace {
+
+// The nodes of `loss`'s autograd graph.
+std::unordered_set<const torch::autograd::Node*> graph_of(const at::Tensor& loss) {
   std::unordered_set<const torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> todo;
   if (auto root = torch::autograd::impl::gradient_edge(loss).function) todo.push_back(root.get());
@@ -483,6 +486,69 @@ std::vector<Fabric::SetUp*> Fabric::reached_by(const at::Tensor& loss) const {
       if (e.function && seen.count(e.function.get()) == 0) todo.push_back(e.function.get());
     }
   }
+  return seen;
+}
+
+template <typename Impl>
+bool batch_norm_weight(const torch::nn::Module& m, at::Tensor& weight) {
+  const auto* bn = dynamic_cast<const Impl*>(&m);
+  if (bn != nullptr) weight = bn->weight;
+  return bn != nullptr;
+}
+
+// The path of a training-mode BatchNorm layer of `module` whose weight `graph` reaches through
+// libtorch's own batch-norm backward (NativeBatchNormBackward0, CudnnBatchNormBackward0, ...):
+// that forward normalised by this rank's statistics alone. SyncBatchNorm's forward is built of
+// other operations, so a synchronised layer has no such node. Layers without a weight cannot be
+// told apart and are not reported.
+c10::optional<std::string> unsynced_batch_norm(
+    const torch::nn::Module& module,
+    const std::unordered_set<const torch::autograd::Node*>& graph) {
+  std::unordered_set<const torch::autograd::Node*> fed;  // accumulators a batch-norm node feeds
+  for (const torch::autograd::Node* n : graph) {
+    if (n->name().find("BatchNorm") == std::string::npos) continue;
+    for (const auto& e : n->next_edges()) {
+      if (e.function) fed.insert(e.function.get());
+    }
+  }
+  if (fed.empty()) return c10::nullopt;
+  const auto unsynced = [&](const torch::nn::Module& m) {
+    at::Tensor weight;
+    if (!m.is_training() || !(batch_norm_weight<torch::nn::BatchNorm1dImpl>(m, weight) ||
+                              batch_norm_weight<torch::nn::BatchNorm2dImpl>(m, weight) ||
+                              batch_norm_weight<torch::nn::BatchNorm3dImpl>(m, weight))) {
+      return false;
+    }
+    auto acc = weight.defined() ? torch::autograd::impl::try_get_grad_accumulator(weight) : nullptr;
+    return acc && fed.count(acc.get()) > 0;
+  };
+  // The module itself apart: named_modules(include_self) needs it held by a shared_ptr.
+  if (unsynced(module)) return std::string("(the module itself)");
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    if (unsynced(*item.value())) return item.key();
+  }
+  return c10::nullopt;
+}
+
+// Where each parameter's gradient stands: which tensor, at which version. A backward that adds to
+// a gradient changes one or the other (accumulated in place, or a new tensor).
+std::vector<std::pair<const c10::TensorImpl*, uint32_t>> gradient_marks(
+    const torch::nn::Module& module) {
+  std::vector<std::pair<const c10::TensorImpl*, uint32_t>> marks;
+  for (const auto& p : module.parameters(/*recurse=*/true)) {
+    const at::Tensor& g = p.grad();
+    marks.emplace_back(g.defined() ? g.unsafeGetTensorImpl() : nullptr,
+                       g.defined() ? g._version() : 0);
+  }
+  return marks;
+}
+
+}  // namespace
+
+std::vector<Fabric::SetUp*> Fabric::reached_by(const at::Tensor& loss) const {
+  // Each set-up module's parameters' gradient accumulators among the graph's nodes (a parameter
+  // the graph uses has one; it lives as long as the graph).
+  const auto seen = graph_of(loss);
   std::vector<SetUp*> reached;
   for (const auto& s : set_up_) {
     for (const auto& p : s->module->parameters(/*recurse=*/true)) {
@@ -497,14 +563,32 @@ std::vector<Fabric::SetUp*> Fabric::reached_by(const at::Tensor& loss) const {
 }
 
 void Fabric::backward(const at::Tensor& loss) {
+  backward_with(loss, {});
+}
+
+void Fabric::backward_with(const at::Tensor& loss,
+                           const std::vector<const torch::nn::Module*>& named) {
   check_set_up("backward()");
   VOLT_CHECK(loss.defined() && loss.numel() == 1, ValueError, kTag,
              " backward() needs a loss with one element, got ",
              loss.defined() ? loss.sizes() : c10::IntArrayRef{},
              loss.defined() ? "" : " (undefined)", "; reduce it (mean or sum) first.");
-  const std::vector<SetUp*> modules =
-      set_up_.size() == 1 ? std::vector<SetUp*>{set_up_.front().get()} : reached_by(loss);
-  if (options_.sync_batchnorm() && strategy_->world_size() > 1) {
+  std::vector<SetUp*> modules;
+  if (set_up_.size() == 1) {
+    for (const torch::nn::Module* m : named) set_up_for(*m, "backward()");
+    modules.push_back(set_up_.front().get());
+  } else {
+    // The modules the graph shows and those named, in setup order.
+    std::unordered_set<const SetUp*> wanted;
+    for (const torch::nn::Module* m : named) wanted.insert(&set_up_for(*m, "backward()"));
+    for (const SetUp* s : reached_by(loss)) wanted.insert(s);
+    for (const auto& s : set_up_) {
+      if (wanted.count(s.get()) > 0) modules.push_back(s.get());
+    }
+  }
+  const bool distributed = strategy_->world_size() > 1;
+  if (options_.sync_batchnorm() && distributed) {
+    const auto graph = graph_of(loss);
     for (const SetUp* s : modules) {
       // The strategy can only synchronize the BatchNorm layers of forwards it sees.
       VOLT_CHECK(s->forward_seen, ConfigError, kTag,
@@ -512,15 +596,42 @@ void Fabric::backward(const at::Tensor& loss) {
                  "fabric.forward_context(module) while sync_batchnorm is on: its BatchNorm "
                  "layers used this rank's statistics alone; run its training forward inside "
                  "the context.");
+      const auto layer = unsynced_batch_norm(*s->module, graph);
+      VOLT_CHECK(!layer, ConfigError, kTag, " backward() through BatchNorm layer '", *layer,
+                 "' of a set-up module whose training forward ran outside "
+                 "fabric.forward_context(module) while sync_batchnorm is on: it normalized by "
+                 "this rank's statistics alone; run every training forward of the module "
+                 "inside the context.");
     }
   }
   if (set_up_.size() == 1) {
     strategy_->backward(loss, *modules.front()->module, sync_ && modules.front()->sync);
     return;
   }
+  // A module left out here whose parameters still get gradients ran where the graph did not
+  // show it (wholly inside volt::checkpoint): its gradients would silently differ across ranks.
+  std::vector<std::pair<const SetUp*, std::vector<std::pair<const c10::TensorImpl*, uint32_t>>>>
+      left_out;
+  if (distributed && sync_) {
+    for (const auto& s : set_up_) {
+      if (s->sync && std::find(modules.begin(), modules.end(), s.get()) == modules.end()) {
+        left_out.emplace_back(s.get(), gradient_marks(*s->module));
+      }
+    }
+  }
   std::vector<Strategy::Reached> reached;
   for (SetUp* s : modules) reached.push_back({s->module.get(), sync_ && s->sync});
   strategy_->backward_through(loss, reached);
+  for (const auto& [s, marks] : left_out) {
+    const auto index =
+        std::find_if(set_up_.begin(), set_up_.end(), [&](const auto& u) { return u.get() == s; }) -
+        set_up_.begin();
+    VOLT_CHECK(gradient_marks(*s->module) == marks, ConfigError, kTag,
+               " backward() gave gradients to set-up module ", index, " (", s->user->name(),
+               "), which the loss's graph does not show (did it run wholly inside "
+               "volt::checkpoint?): they were not averaged over the ranks. Name it: "
+               "fabric.backward(loss, module).");
+  }
 }
 
 Fabric::NoBackwardSync::NoBackwardSync(bool* sync, bool enabled) : sync_(sync), previous_(*sync) {
@@ -598,11 +709,47 @@ at::Tensor Fabric::all_gather(const at::Tensor& value) {
 }
 
 at::Tensor Fabric::broadcast(const at::Tensor& value, int64_t src) {
-  check_operand(value, "broadcast");
   const int64_t world = world_size();
   VOLT_CHECK(src >= 0 && src < world, ValueError, kTag, " broadcast from rank ", src,
              ", but the ranks are 0..", world - 1, ".");
-  return strategy_->broadcast(to_device(value), src);
+  if (world == 1) {
+    check_operand(value, "broadcast");
+    return strategy_->broadcast(to_device(value), src);
+  }
+  // Rank src's dtype and shape go first, so the other ranks receive into a tensor of its kind
+  // whatever they passed; a value rank src cannot send is sent as an error code, so every rank
+  // fails alike instead of the others waiting for data that never comes.
+  constexpr int64_t kMaxDims = 16, kUndefined = -1, kNotDense = -2, kTooManyDims = -3;
+  at::Tensor header = at::zeros({2 + kMaxDims}, at::kLong);
+  if (global_rank() == src) {
+    auto h = header.accessor<int64_t, 1>();
+    if (!value.defined()) {
+      h[0] = kUndefined;
+    } else if (value.layout() != at::kStrided || value.is_quantized()) {
+      h[0] = kNotDense;
+    } else if (value.dim() > kMaxDims) {
+      h[0] = kTooManyDims;
+    } else {
+      h[0] = static_cast<int64_t>(value.scalar_type());
+      h[1] = value.dim();
+      for (int64_t d = 0; d < value.dim(); ++d) h[2 + d] = value.size(d);
+    }
+  }
+  header = strategy_->broadcast(to_device(header), src).cpu().contiguous();
+  const int64_t* h = header.data_ptr<int64_t>();
+  VOLT_CHECK(h[0] >= 0, ValueError, kTag, " broadcast from rank ", src, ": its value is ",
+             h[0] == kUndefined  ? std::string("undefined")
+             : h[0] == kNotDense ? std::string("sparse or quantized")
+                                 : "of more than " + std::to_string(kMaxDims) + " dimensions",
+             "; rank ", src,
+             " must pass a defined dense tensor (make it dense with .to_dense(), "
+             ".dequantize() or reshape it).");
+  const std::vector<int64_t> sizes(h + 2, h + 2 + h[1]);
+  const at::Tensor sent =
+      global_rank() == src
+          ? to_device(value)
+          : at::empty(sizes, at::TensorOptions(static_cast<at::ScalarType>(h[0])).device(device()));
+  return strategy_->broadcast(sent, src);
 }
 
 void Fabric::barrier(const std::string& name) {

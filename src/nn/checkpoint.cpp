@@ -248,6 +248,19 @@ at::Tensor call_entry(torch::nn::AnyModule& any, const at::Tensor& x, const std:
   return *t;
 }
 
+// Whether running `modules` on `input` can produce a gradient: the input needs one or one of
+// their parameters trains. When neither does (a fine-tuned model's frozen backbone), there is
+// nothing to save or recompute: the modules run once, as they would without checkpointing.
+bool needs_gradient(const at::Tensor& input, const std::vector<const torch::nn::Module*>& modules) {
+  if (input.requires_grad()) return true;
+  for (const torch::nn::Module* m : modules) {
+    for (const auto& p : m->parameters(/*recurse=*/true)) {
+      if (p.requires_grad()) return true;
+    }
+  }
+  return false;
+}
+
 // Stands in for one Sequential entry: calls the original under checkpoint. The original stays
 // registered in the Sequential under its name; this module has no parameters of its own and is
 // registered nowhere, so parameter names and state dicts do not change.
@@ -262,6 +275,7 @@ class CheckpointWrapperImpl : public torch::nn::Module {
 
   at::Tensor forward(at::Tensor x) {
     const std::string what = "module '" + path_ + "'";
+    if (!needs_gradient(x, {inner_.ptr().get()})) return call_entry(inner_, x, what);
     CheckpointFunction fn = [this, what](const std::vector<at::Tensor>& in) {
       detail::RecomputeKeepsBuffers keep({inner_.ptr().get()});  // BatchNorm's statistics
       return std::vector<at::Tensor>{call_entry(inner_, in[0], what)};
@@ -496,6 +510,14 @@ at::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, int64_t segm
   int64_t end = -1;
   for (int64_t start = 0; start < size * (segments - 1); start = end + 1) {
     end = start + size - 1;
+    std::vector<const torch::nn::Module*> segment;
+    for (int64_t i = start; i <= end; ++i) segment.push_back(entry(*seq, i).ptr().get());
+    if (!needs_gradient(x, segment)) {
+      for (int64_t i = start; i <= end; ++i) {
+        x = call_entry(entry(*seq, i), x, "Sequential entry " + std::to_string(i));
+      }
+      continue;
+    }
     CheckpointFunction run = [seq, entry, start, end](const std::vector<at::Tensor>& in) {
       std::vector<const torch::nn::Module*> modules;
       for (int64_t i = start; i <= end; ++i) modules.push_back(entry(*seq, i).ptr().get());

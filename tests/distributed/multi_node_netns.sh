@@ -15,7 +15,9 @@
 # nodes and of 2 stages on each node (PipelineStrategy), and `volt predict` with a SafetensorsPredictionWriter
 # across the nodes: rank 0 merges the 4 ranks' files from a folder both nodes share; when node 1
 # writes into a folder of its own (a tmpfs mounted there in its mount namespace, as another
-# machine's disk), rank 0 names the rank whose file it cannot see and every rank fails.
+# machine's disk), rank 0 names the rank whose file it cannot see and every rank fails. Last, the
+# 2 x 2 Trainer job under real MPI launchers (mpiexec.hydra, mpirun.openmpi) reaching node 1
+# through an agent script that enters its namespace.
 # Usage: multi_node_netns.sh path/to/volt_dist_worker path/to/volt_ddp_worker [path/to/volt]
 set -uo pipefail
 usage="usage: multi_node_netns.sh path/to/volt_dist_worker path/to/volt_ddp_worker [path/to/volt]"
@@ -338,5 +340,62 @@ else
     fi
   done
 fi
-[ "$fail" = 0 ] && echo "multi-node over network namespaces (collectives, reducer, Trainer, elastic restart, predict, torchrun): OK"
+
+# The same 2 x 2 job under real MPI launchers (Debian's mpich and openmpi-bin), started in node
+# 0's namespace with both nodes as hosts. A launcher reaches a remote host through its agent
+# (ssh for Hydra, rsh for Open MPI); here the agent is a script that enters that host's
+# namespace. The ranks read the launcher's variables (the node is the block of ranks), meet at
+# MASTER_ADDR (node 0) and must end with the weights of volt's own launch above, to the last bit.
+agent=$dir/enter_node.sh
+cat >"$agent" <<AGENT
+#!/usr/bin/env bash
+# Called as "[-x] HOST COMMAND...", as ssh would be: runs COMMAND in HOST's namespace.
+[ "\$1" = -x ] && shift
+case "\$1" in
+  $addr0) ns=$ns0 ;;
+  $addr1) ns=$ns1 ;;
+  *) echo "enter_node: unknown host \$1" >&2; exit 1 ;;
+esac
+shift
+exec ip netns exec "\$ns" bash -c "\$*"
+AGENT
+chmod +x "$agent"
+mpi_launchers=()
+for launcher in mpiexec.hydra mpirun.openmpi; do
+  if command -v "$launcher" >/dev/null; then
+    mpi_launchers+=("$launcher")
+  else
+    echo "SKIP ($launcher part only): $launcher is not installed (scripts/setup.sh installs it)"
+  fi
+done
+mpi_port=$((port + 11))
+for launcher in "${mpi_launchers[@]}"; do
+  mpi_port=$((mpi_port + 1))
+  if [ "$launcher" = mpiexec.hydra ]; then
+    mpi=(mpiexec.hydra -hosts "$addr0,$addr1" -ppn 2 -launcher ssh -launcher-exec "$agent"
+      -genv MASTER_ADDR "$addr0" -genv MASTER_PORT "$mpi_port")
+  else
+    mpi=(mpirun.openmpi --allow-run-as-root --host "$addr0:2,$addr1:2" -n 4
+      --mca plm_rsh_agent "$agent" -x MASTER_ADDR="$addr0" -x MASTER_PORT="$mpi_port")
+  fi
+  log=$dir/$launcher.log
+  ip netns exec "$ns0" env -u LOCAL_RANK -u RANK -u GLOO_SOCKET_IFNAME -u MASTER_ADDR \
+    -u MASTER_PORT -u WORLD_SIZE -u NODE_RANK timeout -s KILL 150 "${mpi[@]}" \
+    "$ddp_worker" --root "$dir/$launcher" --out "$dir/$launcher/w" --devices 2 --nodes 2 \
+    --batch 4 --epochs 1 --timeout 30 >"$log" 2>&1
+  code=$?
+  echo "---- $launcher across the nodes (exit $code) ----"
+  cat "$log"
+  [ "$code" = 0 ] || { echo "FAIL: $launcher across the nodes exited $code"; fail=1; }
+  for rank in 0 1 2 3; do
+    want=$(cat "$dir/trainer.0.log" "$dir/trainer.1.log" |
+      sed -n "s/^rank $rank done step=8 sum=\([^ ]*\).*/\1/p")
+    got=$(grep -o "rank $rank done step=8 sum=[^ ]*" "$log" | sed 's/.*sum=//')
+    if [ -z "$got" ] || [ "$got" != "$want" ]; then
+      echo "FAIL: under $launcher, rank $rank weights sum '$got' vs '$want' under volt's own launch"
+      fail=1
+    fi
+  done
+done
+[ "$fail" = 0 ] && echo "multi-node over network namespaces (collectives, reducer, Trainer, elastic restart, predict, torchrun, MPI launchers): OK"
 exit "$fail"

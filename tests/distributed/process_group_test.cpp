@@ -364,6 +364,39 @@ TEST(ProcessGroup, CollectivesUnderOpenMpiVariables) {
   expect_all(ranks, 0, {"collectives ok", "openmpi"});
 }
 
+// TORCH_DISTRIBUTED_DEBUG=DETAIL (PyTorch's switch): ranks whose collective calls differ all get
+// one ValueError naming every rank's call, and the group stays usable. Without it, a broadcast
+// into a smaller buffer aborts the receiving rank inside Gloo.
+TEST(ProcessGroup, DetailDebugNamesRanksWhoseCallsDiffer) {
+  VOLT_REQUIRE_GLOO();
+  const int port = volt::detail::find_free_port();
+  auto ranks = volt_test::start_ranks(kWorker, {"call-checks", "--devices", "2"}, 2, [&](int r) {
+    auto env = volt_test::plain_rank_env(r, 2, port);
+    env["TORCH_DISTRIBUTED_DEBUG"] = r == 0 ? "DETAIL" : "detail";
+    return env;
+  });
+  expect_all(
+      ranks, 0,
+      {"call error: [ProcessGroup] the ranks' collective calls differ (TORCH_DISTRIBUTED_DEBUG="
+       "DETAIL): rank 0: broadcast from rank 0 of 1 tensor, the first [6] Float, 6 elements in "
+       "all; rank 1: broadcast from rank 0 of 1 tensor, the first [1] Float, 1 element in all; "
+       "every rank must call the same collectives in the same order, with tensors of the same "
+       "shapes and dtypes.",
+       "rank 0: all_reduce (sum) of 1 tensor, the first [2, 3] Float, 6 elements in all; rank 1: "
+       "all_reduce (sum) of 1 tensor, the first [2, 3] Double",
+       "rank 0: barrier; rank 1: all_reduce (max) of 1 tensor", "call checks ok"});
+  // Any case, as PyTorch; an unknown level fails every rank before the rendezvous.
+  const int bad_port = volt::detail::find_free_port();
+  auto bad = volt_test::start_ranks(kWorker, {"collectives", "--devices", "2"}, 2, [&](int r) {
+    auto env = volt_test::plain_rank_env(r, 2, bad_port);
+    env["TORCH_DISTRIBUTED_DEBUG"] = "LOUD";
+    return env;
+  });
+  expect_all(bad, 3,
+             {"error: [ProcessGroup] TORCH_DISTRIBUTED_DEBUG=LOUD is not a level; use OFF, INFO "
+              "or DETAIL (as PyTorch)."});
+}
+
 TEST(ProcessGroup, RanksWithDifferentConfigsFailNamingThem) {
   VOLT_REQUIRE_GLOO();
   const int port = volt::detail::find_free_port();

@@ -1138,6 +1138,15 @@ TEST(Fabric, BadCallsAreTypedErrors) {
               auto g = fabric.no_backward_sync(stranger);
             }).find("no_backward_sync() got a module that setup() did not take"),
             std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              fabric.backward(m->fc1->weight.sum(), stranger);
+            }).find("backward() got a module that setup() did not take"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              fabric.backward(m->fc1->weight.sum(), m, std::shared_ptr<torch::nn::Module>());
+            }).find("backward() got a null module"),
+            std::string::npos);
+  EXPECT_FALSE(m->fc1->weight.grad().defined()) << "no backward ran";
   EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.clip_gradients(*opt, 0); }).find("> 0"),
             std::string::npos);
   EXPECT_NE(
@@ -1264,6 +1273,51 @@ TEST(FabricDdp, SeveralModulesOnTwoRanksEqualOneProcessOnTheGlobalBatch) {
   }
 }
 
+// A generator run wholly inside volt::checkpoint: its parameters join the generator loss's graph
+// only when backward recomputes, so Fabric cannot find it there. Unnamed, its gradients would
+// stay each rank's own: an error after that backward, on every rank. Named in backward(loss, g),
+// it syncs, and the run equals one process (recomputation is bitwise on the CPU).
+TEST(FabricDdp, AModuleRunWhollyInsideACheckpointIsNamedInBackward) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto unnamed = run_ranks(dir / "unnamed", {"--gan", "1", "--checkpoint-g", "1"});
+  for (const auto& j : unnamed) {
+    EXPECT_EQ(j.code, 1) << j.output;
+    EXPECT_NE(j.output.find("[Fabric] backward() gave gradients to set-up module 0 ("),
+              std::string::npos)
+        << j.output;
+    EXPECT_NE(j.output.find("which the loss's graph does not show (did it run wholly inside "
+                            "volt::checkpoint?): they were not averaged over the ranks. Name it: "
+                            "fabric.backward(loss, module)."),
+              std::string::npos)
+        << j.output;
+  }
+  const at::Tensor ref = reference(dir.path, {"--gan", "1"});
+  expect_ranks_equal_one_process(dir / "named", {"--gan", "1", "--checkpoint-g", "2"}, ref,
+                                 "generator named in backward");
+}
+
+// Lightning's broadcast(obj, src) ignores the other ranks' obj: here the source's shape and
+// dtype come with its value, so the others may pass any placeholder or none.
+TEST(FabricDdp, BroadcastTakesTheSourcesShapeAndDtype) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto jobs = run_ranks(dir.path, {"--check-broadcast", "1"});
+  for (size_t r = 0; r < jobs.size(); ++r) {
+    const std::string& out = jobs[r].output;
+    EXPECT_EQ(jobs[r].code, 0) << out;
+    const std::string me = "rank " + std::to_string(r) + " ";
+    for (const std::string& line :
+         {me + "other sizes=[2, 3] dtype=Float sum=15",
+          me + "undefined sizes=[2, 3] dtype=Float sum=15",
+          me + "error: [Fabric] broadcast from rank 0: its value is undefined; rank 0 must pass a "
+               "defined dense tensor",
+          me + "bool sizes=[2, 2] dtype=Bool sum=2"}) {
+      EXPECT_NE(out.find(line), std::string::npos) << "'" << line << "' in\n" << out;
+    }
+  }
+}
+
 TEST(FabricDdp, NoBackwardSyncLeavesTheGradientsLocalUntilTheLastMicroBatch) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
@@ -1318,10 +1372,23 @@ TEST(FabricDdp, SyncBatchNormOnTwoRanksEqualsOneProcessOnTheGlobalBatch) {
 TEST(FabricDdp, SyncBatchNormRefusesAForwardOutsideForwardContext) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
-  const auto jobs = run_ranks(dir.path, {"--batchnorm", "1", "--sync-bn", "1", "--outside", "1"});
+  const auto jobs =
+      run_ranks(dir / "never", {"--batchnorm", "1", "--sync-bn", "1", "--outside", "1"});
   for (const auto& j : jobs) {
     EXPECT_EQ(j.code, 1) << j.output;
     EXPECT_NE(j.output.find("outside fabric.forward_context(module) while sync_batchnorm is on"),
+              std::string::npos)
+        << j.output;
+  }
+  // The first step inside the context, the second outside: its BatchNorm layer (the
+  // Sequential's child "1") normalized by each rank's half batch, which backward finds in the
+  // loss's graph.
+  const auto later =
+      run_ranks(dir / "later", {"--batchnorm", "1", "--sync-bn", "1", "--outside-from", "1"});
+  for (const auto& j : later) {
+    EXPECT_EQ(j.code, 1) << j.output;
+    EXPECT_NE(j.output.find("[Fabric] backward() through BatchNorm layer '1' of a set-up module "
+                            "whose training forward ran outside fabric.forward_context(module)"),
               std::string::npos)
         << j.output;
   }

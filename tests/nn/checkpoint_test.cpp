@@ -462,6 +462,54 @@ TEST(ActivationCheckpointWrap, WrappingTwiceRecomputesOnce) {
   EXPECT_EQ(counter->calls, 2);  // forward + one recomputation (a double wrap would make it 3)
 }
 
+// x * w, counting its forwards.
+struct ScaledCounter : nn::Module {
+  ScaledCounter() : w(register_parameter("w", torch::full({3}, 2.0))) {}
+  int calls = 0;
+  at::Tensor w;
+  at::Tensor forward(at::Tensor x) {
+    ++calls;
+    return x * w;
+  }
+};
+
+// A frozen entry whose input needs no gradient (fine-tuning's frozen backbone) has nothing to
+// recompute: it runs once a step, wrapped or as a checkpoint_sequential segment; the trainable
+// entry after it is still recomputed, and the gradients are those of the unwrapped model.
+TEST(ActivationCheckpointWrap, AFrozenEntryWithoutAGradientInputRunsOnce) {
+  auto frozen = std::make_shared<ScaledCounter>();
+  auto trained = std::make_shared<ScaledCounter>();
+  nn::Sequential seq(frozen, trained);
+  frozen->w.requires_grad_(false);
+  const at::Tensor x = torch::arange(6, at::kFloat).reshape({2, 3});
+  seq->forward(x).square().sum().backward();
+  const at::Tensor want = trained->w.grad().clone();
+  trained->w.mutable_grad() = at::Tensor();
+  EXPECT_EQ(volt::wrap_activation_checkpointing(*seq, {"*"}), (std::vector<std::string>{"0", "1"}));
+  frozen->calls = trained->calls = 0;
+  seq->forward(x).square().sum().backward();
+  EXPECT_EQ(frozen->calls, 1);
+  EXPECT_EQ(trained->calls, 2);
+  EXPECT_TRUE(at::equal(trained->w.grad(), want));
+  // An input that needs a gradient, or a parameter that trains: recomputed.
+  frozen->calls = 0;
+  seq->forward(x.clone().requires_grad_(true)).sum().backward();
+  EXPECT_EQ(frozen->calls, 2);
+  frozen->w.requires_grad_(true);
+  frozen->calls = 0;
+  seq->forward(x).sum().backward();
+  EXPECT_EQ(frozen->calls, 2);
+  frozen->w.requires_grad_(false);
+  // checkpoint_sequential: the first segment frozen, the last never checkpointed.
+  nn::Sequential plain(frozen, trained);
+  trained->w.mutable_grad() = at::Tensor();
+  frozen->calls = trained->calls = 0;
+  volt::checkpoint_sequential(plain, 2, x).square().sum().backward();
+  EXPECT_EQ(frozen->calls, 1);
+  EXPECT_EQ(trained->calls, 1);
+  EXPECT_TRUE(at::equal(trained->w.grad(), want));
+}
+
 // An entry with children of its own (a Sequential cannot hold a Sequential).
 struct NormedLinearImpl : nn::Cloneable<NormedLinearImpl> {
   NormedLinearImpl() { reset(); }

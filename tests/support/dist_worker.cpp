@@ -5,10 +5,10 @@
 //   volt_dist_worker SCENARIO [--devices N] [--nodes M] [--timeout-ms T] [--victim R]
 //                    [--config-hash H]
 //
-// Scenarios: collectives, leaders, reducer, start-fails, zero-masters, tp-train, config-hash, hold,
-// orphan, reap. Each prints one line per finding ("rank R: ...") and exits 0 when every check
-// passed, 1 when a check failed, 3 when the expected volt error was raised (its message printed on
-// one line).
+// Scenarios: collectives, call-checks (run it with TORCH_DISTRIBUTED_DEBUG=DETAIL), leaders,
+// reducer, start-fails, zero-masters, tp-train, config-hash, hold, orphan, reap. Each prints one
+// line per finding ("rank R: ...") and exits 0 when every check passed, 1 when a check failed, 3
+// when the expected volt error was raised (its message printed on one line).
 
 #include <fcntl.h>
 #include <signal.h>
@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <set>
 #include <sstream>
@@ -395,6 +396,42 @@ void run_collectives(volt::ProcessGroup& pg) {
 // leads, its work outlasting the timeout). Each call's keys are its own (the subgroup's first
 // call is not the root's first), the subgroup's leader beats where its members look, and a
 // member returns only after its leader's work ended.
+// With TORCH_DISTRIBUTED_DEBUG=DETAIL: ranks whose calls differ (a broadcast of another size,
+// an all_reduce of another dtype, different collectives) all get the ValueError naming each
+// rank's call, and the group goes on working. Without the switch the first case aborts a rank
+// inside Gloo. Prints "rank R: call error: MESSAGE" for each and "rank R: call checks ok".
+void run_call_checks(volt::ProcessGroup& pg) {
+  const int64_t r = pg.rank();
+  const std::string me = "rank " + std::to_string(r);
+  const auto expect_error = [&](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const volt::ValueError& e) {
+      say(me + ": call error: " + e.what());
+      return;
+    }
+    fail("the mismatched call succeeded");
+  };
+  at::Tensor sized = at::zeros({r == 0 ? 6 : 1});
+  expect_error([&] { pg.broadcast_(sized, 0); });
+  expect_error([&] { pg.all_reduce(at::ones({2, 3}, r == 0 ? at::kFloat : at::kDouble)); });
+  expect_error([&] {
+    if (r == 0) {
+      pg.barrier();
+    } else {
+      pg.all_reduce(at::ones({4}), volt::Reduce::kMax);
+    }
+  });
+  // Matching calls pass the check and run.
+  at::Tensor value = at::full({3}, static_cast<float>(r + 1));
+  pg.broadcast_(value, 1);
+  check_close(value, at::full({3}, 2.0f), 0, "broadcast after the errors");
+  pg.barrier();
+  check_close(pg.all_reduce(at::ones({2}), volt::Reduce::kSum),
+              at::full({2}, static_cast<float>(pg.world_size())), 0, "all_reduce after them");
+  say(me + ": call checks ok");
+}
+
 void run_leaders(const std::shared_ptr<volt::ProcessGroup>& pg, milliseconds timeout) {
   const int64_t r = pg->rank();
   const std::string me = "rank " + std::to_string(r);
@@ -1226,6 +1263,8 @@ int run(const Args& a) {
     run_collectives(*pg);
   } else if (a.scenario == "reducer") {
     run_reducer(pg);
+  } else if (a.scenario == "call-checks") {
+    run_call_checks(*pg);
   } else if (a.scenario == "leaders") {
     run_leaders(pg, milliseconds(a.timeout_ms));
   } else if (a.scenario == "zero-masters") {

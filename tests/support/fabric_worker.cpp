@@ -37,7 +37,13 @@
 //       after the parameters); --sync-bn 1: FabricOptions::sync_batchnorm; --check-buffers 1:
 //       prints "buffers differ before=B inside=I" at the second step (whether the ranks'
 //       running means differ before forward_context and inside it); --outside 1: the forward
-//       under autocast() instead of forward_context(net).
+//       under autocast() instead of forward_context(net); --outside-from S: so from step S on.
+//   --check-broadcast 1: broadcasts whose ranks pass tensors of other shapes and dtypes, or none;
+//       prints "rank R WHAT sizes=S dtype=D sum=X" for each and "rank R error: E" for the one
+//       from an undefined source, then stops.
+//   --checkpoint-g 1 (with --gan 1): the generator runs wholly inside volt::checkpoint, so the
+//       generator loss's graph does not show it; --checkpoint-g 2: and the generator's backward
+//       names it (fabric.backward(loss, g)).
 //
 // Prints "rank R world W" after launch, "gathered a,b,..." (every rank's rank through
 // all_gather), with --check-no-sync "no_sync grads differ=D synced grads differ=E" (0/1: whether
@@ -62,6 +68,7 @@
 #include "volt/core/registry.h"
 #include "volt/fabric/fabric.h"
 #include "volt/fabric/spike_detection.h"
+#include "volt/nn/checkpoint.h"
 #include "volt/nn/pipeline.h"
 
 namespace {
@@ -150,6 +157,7 @@ int run_gan(std::unique_ptr<volt::Fabric>& holder, int64_t rank,
     step = state.value("step").toInt();
   }
   const int64_t steps = num("--steps", 12), save_at = num("--save-at", -1);
+  const int64_t checkpoint_g = num("--checkpoint-g", 0);
   const int64_t per_epoch = train.num_batches();
   while (step < steps) {
     volt::BatchStream stream = train.stream(step / per_epoch, step % per_epoch);
@@ -161,7 +169,10 @@ int run_gan(std::unique_ptr<volt::Fabric>& holder, int64_t rank,
       at::Tensor fake, loss_d;
       {
         auto forward = fabric.forward_context(g);
-        fake = g->forward(z);
+        fake =
+            checkpoint_g > 0
+                ? volt::checkpoint([s = g.ptr()](const at::Tensor& x) { return s->forward(x); }, z)
+                : g->forward(z);
       }
       {
         auto forward = fabric.forward_context(d);
@@ -187,7 +198,11 @@ int run_gan(std::unique_ptr<volt::Fabric>& holder, int64_t rank,
         std::fflush(stdout);
         return 0;
       }
-      fabric.backward(loss_g);
+      if (checkpoint_g == 2) {
+        fabric.backward(loss_g, g);
+      } else {
+        fabric.backward(loss_g);
+      }
       if (step == 0 && ddp) {  // ZeRO keeps each rank's chunk of the gradients
         std::printf("gan d grads differ=%ld\n",
                     static_cast<long>(differ(fabric, d->parameters()[0].grad())));
@@ -265,6 +280,29 @@ int main(int argc, char** argv) {
     if (num("--print-on-every-rank", 0) != 0)
       fabric.print("printed by rank " + std::to_string(rank));
 
+    if (num("--check-broadcast", 0) != 0) {
+      // Rank 0's value reaches rank 1 whatever rank 1 passed (another shape and dtype, or
+      // nothing); an undefined value on the source is every rank's ValueError, and the group
+      // goes on working; rank 1 sends a bool tensor to rank 0's float placeholder.
+      const at::Tensor mine = at::arange(6, at::kFloat).reshape({2, 3}) * (rank + 1);
+      const auto show = [&](const std::string& what, const at::Tensor& t) {
+        std::printf("rank %ld %s sizes=%s dtype=%s sum=%g\n", static_cast<long>(rank), what.c_str(),
+                    c10::str(t.sizes()).c_str(), c10::toString(t.scalar_type()),
+                    t.to(at::kDouble).sum().item<double>());
+        std::fflush(stdout);
+      };
+      show("other", fabric.broadcast(rank == 0 ? mine : at::zeros({1}, at::kLong)));
+      show("undefined", fabric.broadcast(rank == 0 ? mine : at::Tensor()));
+      try {
+        fabric.broadcast(rank == 0 ? at::Tensor() : mine);
+      } catch (const volt::ValueError& e) {
+        std::printf("rank %ld error: %s\n", static_cast<long>(rank), e.what());
+      }
+      const at::Tensor flags = at::arange(4).reshape({2, 2}).remainder(3).to(at::kBool);
+      show("bool", fabric.broadcast(rank == 1 ? flags : at::ones({7}), 1));
+      return 0;
+    }
+
     if (a.count("--rank-zero-first")) {
       const std::string file = a["--rank-zero-first"];
       auto first = fabric.rank_zero_first(num("--local", 0) != 0);
@@ -339,9 +377,10 @@ int main(int argc, char** argv) {
           at::Tensor loss;
           {
             // --outside 1: the forward under the precision's context alone (no buffer broadcast,
-            // no SyncBatchNorm), which sync_batchnorm refuses at backward.
+            // no SyncBatchNorm), which sync_batchnorm refuses at backward; --outside-from S: so
+            // from step S on.
             std::shared_ptr<void> context;
-            if (num("--outside", 0) != 0) {
+            if (num("--outside", 0) != 0 || step >= num("--outside-from", steps)) {
               context = fabric.autocast();
             } else if (as_module) {
               context = fabric.forward_context(as_module);

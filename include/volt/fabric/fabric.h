@@ -109,8 +109,10 @@ struct FabricOptions {
   /// BatchNorm over the whole data-parallel batch (the Trainer's sync_batchnorm; Lightning
   /// Fabric's users convert the model with torch.nn.SyncBatchNorm first): with several
   /// processes, the BatchNorm1d/2d/3d layers of each set-up module normalize by every rank's
-  /// statistics in forwards run inside forward_context(module); a backward through such a
-  /// module whose forward ran outside it is a ConfigError. One process: nothing changes.
+  /// statistics in forwards run inside forward_context(module). A backward through a
+  /// training-mode BatchNorm layer (one with a weight) that ran outside it, or through a module
+  /// that never ran inside it, is a ConfigError naming the layer or module. One process:
+  /// nothing changes.
   TORCH_ARG(bool, sync_batchnorm) = false;
 };
 
@@ -251,6 +253,17 @@ class Fabric {
   /// order) giving the backward hook; every rank's loss must reach the same modules, as under
   /// PyTorch's DDP.
   void backward(const at::Tensor& loss);
+  /// backward(loss) that also averages the gradients of `modules` (set up; references,
+  /// shared_ptrs or holders, any number): modules the loss reaches where its graph cannot show
+  /// them, i.e. run wholly inside volt::checkpoint, whose parameters join the graph only when
+  /// backward recomputes (Lightning's backward(loss, model=...)). A set-up module that gets
+  /// gradients from a backward which neither found nor named it is a ConfigError after that
+  /// backward, with several processes (its gradients were not averaged).
+  ///   fabric.backward(loss, encoder);  // encoder ran under volt::checkpoint
+  template <typename... M>
+  void backward(const at::Tensor& loss, const M&... modules) {
+    backward_with(loss, {module_of(modules)...});
+  }
   /// While the returned guard lives, backward() only accumulates `module`'s gradients (no
   /// all-reduce): the micro-batches of a gradient accumulation but the last (Lightning's
   /// no_backward_sync(module)); the other set-up modules sync as usual. The form without a
@@ -295,7 +308,11 @@ class Fabric {
   at::Tensor all_reduce(const at::Tensor& value, Reduce op = Reduce::kMean);
   /// Every rank's `value`, stacked along a new first dimension of size world_size.
   at::Tensor all_gather(const at::Tensor& value);
-  /// Rank `src`'s value on every rank.
+  /// Rank `src`'s value on every rank, with its shape and dtype: the other ranks' `value` is a
+  /// placeholder of any shape or dtype, or undefined (as Lightning's broadcast(obj, src), whose
+  /// other ranks' obj is ignored). Rank src's value must be a defined dense tensor of at most
+  /// 16 dimensions; otherwise every rank gets the ValueError.
+  ///   at::Tensor best = fabric.broadcast(rank == 0 ? chosen : at::Tensor());
   at::Tensor broadcast(const at::Tensor& value, int64_t src = 0);
   void barrier(const std::string& name = "");
   /// While the returned guard lives, rank 0 runs alone; the other ranks start the same block
@@ -382,6 +399,16 @@ class Fabric {
   SetUp* set_up_of(const torch::nn::Module& module) const;
   SetUp* owner_of(const torch::optim::Optimizer& optimizer) const;
   std::vector<SetUp*> reached_by(const at::Tensor& loss) const;
+  void backward_with(const at::Tensor& loss, const std::vector<const torch::nn::Module*>& named);
+  static const torch::nn::Module* module_of(const torch::nn::Module& module) { return &module; }
+  template <typename M>
+  static const torch::nn::Module* module_of(const std::shared_ptr<M>& module) {
+    return checked(module.get(), "backward()");
+  }
+  template <typename M>
+  static const torch::nn::Module* module_of(const torch::nn::ModuleHolder<M>& module) {
+    return checked(module.ptr().get(), "backward()");
+  }
 
   FabricOptions options_;
   std::shared_ptr<Precision> precision_;

@@ -117,6 +117,10 @@ auto checkpoint(const CheckpointOptions& options, Fn&& fn, const at::Tensor& x,
                 const Rest&... rest) {
   using R =
       std::decay_t<std::invoke_result_t<std::decay_t<Fn>&, const at::Tensor&, const Rest&...>>;
+  static_assert(!std::is_void_v<R>,
+                "volt::checkpoint: the callable returns void. A torch::nn::Sequential holder "
+                "cannot deduce its forward's return type: pass "
+                "[s = seq.ptr()](const at::Tensor& x) { return s->forward(x); } instead");
   auto held = std::make_shared<std::decay_t<Fn>>(std::forward<Fn>(fn));
   CheckpointFunction f = [held](const std::vector<at::Tensor>& in) {
     return detail::invoke_on_list(*held, in, std::make_index_sequence<1 + sizeof...(Rest)>{});
@@ -148,7 +152,8 @@ std::vector<at::Tensor> checkpoint(Fn&& fn, In&& inputs) {
 /// torch.utils.checkpoint.checkpoint_sequential: splits `sequential` into `segments` runs of
 /// consecutive modules and checkpoints each but the last (its activations are needed at once).
 /// segments must be in [1, sequential->size()] (else ConfigError). Each entry must take and
-/// return one Tensor.
+/// return one Tensor. A segment with no trainable parameter whose input needs no gradient (a
+/// frozen backbone) just runs: there is nothing to recompute for.
 at::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, int64_t segments,
                                  const at::Tensor& input, const CheckpointOptions& options);
 at::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, int64_t segments,
@@ -166,7 +171,8 @@ at::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, int64_t segm
 /// original under volt::checkpoint; the original stays registered under its name. Throws
 /// ConfigError when a pattern matches nothing or a match is not an entry of a Sequential (then
 /// call volt::checkpoint(block, x) in the parent's forward instead). A wrapped entry must take
-/// and return one Tensor (else ConfigError when wrapping). Without `options` the
+/// and return one Tensor (else ConfigError when wrapping); a call whose input needs no gradient
+/// into an entry with no trainable parameter (frozen) runs it directly. Without `options` the
 /// wrapped modules use checkpoint_defaults() at each call.
 std::vector<std::string> wrap_activation_checkpointing(torch::nn::Module& root,
                                                        const std::vector<std::string>& patterns,
