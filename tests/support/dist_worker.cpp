@@ -389,13 +389,8 @@ void run_collectives(volt::ProcessGroup& pg) {
   say("rank " + std::to_string(r) + ": collectives ok");
 }
 
-// ---------------------------------------------------------------------------- leaders
+// ---------------------------------------------------------------------------- call checks
 
-// run_on_leaders on three ranks: on the whole group (ranks 0 and 2 lead), then ranks 1 and 2 lead
-// a call whose work is two rounds of their own subgroup's run_on_leaders (its rank 0, global 1,
-// leads, its work outlasting the timeout). Each call's keys are its own (the subgroup's first
-// call is not the root's first), the subgroup's leader beats where its members look, and a
-// member returns only after its leader's work ended.
 // With TORCH_DISTRIBUTED_DEBUG=DETAIL: ranks whose calls differ (a broadcast of another size,
 // an all_reduce of another dtype, different collectives) all get the ValueError naming each
 // rank's call, and the group goes on working. Without the switch the first case aborts a rank
@@ -432,6 +427,13 @@ void run_call_checks(volt::ProcessGroup& pg) {
   say(me + ": call checks ok");
 }
 
+// ---------------------------------------------------------------------------- leaders
+
+// run_on_leaders on three ranks: on the whole group (ranks 0 and 2 lead), then ranks 1 and 2 lead
+// a call whose work is two rounds of their own subgroup's run_on_leaders (its rank 0, global 1,
+// leads, its work outlasting the timeout). Each call's keys are its own (the subgroup's first
+// call is not the root's first), the subgroup's leader beats where its members look, and a
+// member returns only after its leader's work ended.
 void run_leaders(const std::shared_ptr<volt::ProcessGroup>& pg, milliseconds timeout) {
   const int64_t r = pg->rank();
   const std::string me = "rank " + std::to_string(r);
