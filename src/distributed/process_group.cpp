@@ -890,10 +890,11 @@ enum CallOp : int64_t {
 };
 
 // With checks_calls(): every rank's record of the call it is about to make, compared; a
-// ValueError on every rank (they all see the same records) when they differ.
-void check_same_call(ProcessGroup& pg, CallOp op, int64_t arg,
+// ValueError on every rank (they all see the same records) when they differ. True when the
+// records were compared (and were the same).
+bool check_same_call(ProcessGroup& pg, CallOp op, int64_t arg,
                      const std::vector<at::Tensor>& tensors) {
-  if (!checks_calls() || pg.world_size() == 1) return;
+  if (!checks_calls() || pg.world_size() == 1) return false;
   const NormalTensors normal_tensors;
   const at::Tensor mine = call_record(op, arg, tensors);
   std::vector<at::Tensor> in{to_wire(pg.impl(), mine)};
@@ -906,7 +907,7 @@ void check_same_call(ProcessGroup& pg, CallOp op, int64_t arg,
     t = t.cpu();
     same = same && t.equal(out[0][0].cpu());
   }
-  if (same) return;
+  if (same) return true;
   std::ostringstream os;
   for (int64_t q = 0; q < pg.world_size(); ++q) {
     os << (q ? "; " : "") << "rank " << q << ": " << describe_call(out[0][q]);
@@ -915,6 +916,7 @@ void check_same_call(ProcessGroup& pg, CallOp op, int64_t arg,
              " the ranks' collective calls differ (TORCH_DISTRIBUTED_DEBUG=DETAIL): ", os.str(),
              "; every rank must call the same collectives in the same order, with tensors of the "
              "same shapes and dtypes.");
+  return false;  // not reached
 }
 
 }  // namespace
@@ -1016,31 +1018,35 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
   check_operand(value, "all_gather");
   VOLT_CHECK(value.dim() <= kMaxDims, ValueError, kTag, " all_gather supports up to ", kMaxDims,
              " dimensions, got ", value.sizes(), ".");
-  check_same_call(*this, kCallAllGather, 0, {value});
+  // A call check that passed compared every rank's dtype and sizes (all kMaxDims of them).
+  static_assert(kMaxDims <= kCallDims, "the call record keeps all_gather's sizes");
+  const bool checked = check_same_call(*this, kCallAllGather, 0, {value});
   const NormalTensors normal_tensors;
-  auto meta = at::full({kMaxDims + 2}, -1, at::kLong);
-  auto m = meta.accessor<int64_t, 1>();
-  m[0] = value.dim();
-  m[1] = static_cast<int64_t>(value.scalar_type());
-  for (int64_t d = 0; d < value.dim(); ++d) m[d + 2] = value.size(d);
-  std::vector<std::vector<at::Tensor> > meta_out(1);
-  for (int64_t r = 0; r < world_size_; ++r) meta_out[0].push_back(at::empty_like(meta));
-  std::vector<at::Tensor> meta_in{to_wire(*impl_, meta)};
-  for (auto& t : meta_out[0]) t = at::empty_like(meta_in[0]);
-  run_collective(*this, "all_gather", [&] { return impl_->group->allgather(meta_out, meta_in); });
-  for (auto& t : meta_out[0]) t = t.cpu();
-  for (int64_t r = 0; r < world_size_; ++r) {
-    if (meta_out[0][r].equal(meta)) continue;
-    std::ostringstream os;
-    for (int64_t q = 0; q < world_size_; ++q) {
-      auto mq = meta_out[0][q].accessor<int64_t, 1>();
-      os << (q ? "; " : "") << "rank " << q << ": [";
-      for (int64_t d = 0; d < mq[0]; ++d) os << (d ? ", " : "") << mq[d + 2];
-      os << "] " << static_cast<c10::ScalarType>(mq[1]);
+  if (!checked) {
+    auto meta = at::full({kMaxDims + 2}, -1, at::kLong);
+    auto m = meta.accessor<int64_t, 1>();
+    m[0] = value.dim();
+    m[1] = static_cast<int64_t>(value.scalar_type());
+    for (int64_t d = 0; d < value.dim(); ++d) m[d + 2] = value.size(d);
+    std::vector<std::vector<at::Tensor> > meta_out(1);
+    for (int64_t r = 0; r < world_size_; ++r) meta_out[0].push_back(at::empty_like(meta));
+    std::vector<at::Tensor> meta_in{to_wire(*impl_, meta)};
+    for (auto& t : meta_out[0]) t = at::empty_like(meta_in[0]);
+    run_collective(*this, "all_gather", [&] { return impl_->group->allgather(meta_out, meta_in); });
+    for (auto& t : meta_out[0]) t = t.cpu();
+    for (int64_t r = 0; r < world_size_; ++r) {
+      if (meta_out[0][r].equal(meta)) continue;
+      std::ostringstream os;
+      for (int64_t q = 0; q < world_size_; ++q) {
+        auto mq = meta_out[0][q].accessor<int64_t, 1>();
+        os << (q ? "; " : "") << "rank " << q << ": [";
+        for (int64_t d = 0; d < mq[0]; ++d) os << (d ? ", " : "") << mq[d + 2];
+        os << "] " << static_cast<c10::ScalarType>(mq[1]);
+      }
+      VOLT_CHECK(false, ValueError, kTag,
+                 " all_gather needs the same shape and dtype on every rank (", os.str(),
+                 "); pad to a common shape first.");
     }
-    VOLT_CHECK(false, ValueError, kTag,
-               " all_gather needs the same shape and dtype on every rank (", os.str(),
-               "); pad to a common shape first.");
   }
   std::vector<std::vector<at::Tensor> > out(1);
   const at::Tensor in =
@@ -1405,6 +1411,7 @@ PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>& grou
                                        Reduce op) {
   VOLT_ASSERT(op != Reduce::kMean && rows.is_contiguous() && rows.dim() >= 1 &&
               rows.size(0) == group->world_size());
+  check_same_call(*group, kCallReduceScatter, static_cast<int64_t>(op), {rows});
   const NormalTensors normal_tensors;
   auto st = std::make_unique<PendingCollective::State>();
   st->op = "reduce_scatter";
@@ -1422,6 +1429,7 @@ PendingCollective start_reduce_scatter(const std::shared_ptr<ProcessGroup>& grou
 
 PendingCollective start_all_gather(const std::shared_ptr<ProcessGroup>& group,
                                    const at::Tensor& value) {
+  check_same_call(*group, kCallAllGather, 0, {value});
   const NormalTensors normal_tensors;
   auto st = std::make_unique<PendingCollective::State>();
   st->op = "all_gather";

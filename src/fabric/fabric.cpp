@@ -543,24 +543,18 @@ std::vector<std::pair<const c10::TensorImpl*, uint32_t>> gradient_marks(
   return marks;
 }
 
-}  // namespace
-
-std::vector<Fabric::SetUp*> Fabric::reached_by(const at::Tensor& loss) const {
-  // Each set-up module's parameters' gradient accumulators among the graph's nodes (a parameter
-  // the graph uses has one; it lives as long as the graph).
-  const auto seen = graph_of(loss);
-  std::vector<SetUp*> reached;
-  for (const auto& s : set_up_) {
-    for (const auto& p : s->module->parameters(/*recurse=*/true)) {
-      auto acc = torch::autograd::impl::try_get_grad_accumulator(p);
-      if (acc && seen.count(acc.get()) > 0) {
-        reached.push_back(s.get());
-        break;
-      }
-    }
+// Whether `graph` reaches one of `module`'s parameters' gradient accumulators (a parameter the
+// graph uses has one; it lives as long as the graph).
+bool reaches(const std::unordered_set<const torch::autograd::Node*>& graph,
+             const torch::nn::Module& module) {
+  for (const auto& p : module.parameters(/*recurse=*/true)) {
+    auto acc = torch::autograd::impl::try_get_grad_accumulator(p);
+    if (acc && graph.count(acc.get()) > 0) return true;
   }
-  return reached;
+  return false;
 }
+
+}  // namespace
 
 void Fabric::backward(const at::Tensor& loss) {
   backward_with(loss, {});
@@ -573,6 +567,12 @@ void Fabric::backward_with(const at::Tensor& loss,
              " backward() needs a loss with one element, got ",
              loss.defined() ? loss.sizes() : c10::IntArrayRef{},
              loss.defined() ? "" : " (undefined)", "; reduce it (mean or sum) first.");
+  // The loss's graph, walked once and only when needed.
+  c10::optional<std::unordered_set<const torch::autograd::Node*>> walked;
+  const auto graph = [&]() -> const std::unordered_set<const torch::autograd::Node*>& {
+    if (!walked) walked = graph_of(loss);
+    return *walked;
+  };
   std::vector<SetUp*> modules;
   if (set_up_.size() == 1) {
     for (const torch::nn::Module* m : named) set_up_for(*m, "backward()");
@@ -581,14 +581,12 @@ void Fabric::backward_with(const at::Tensor& loss,
     // The modules the graph shows and those named, in setup order.
     std::unordered_set<const SetUp*> wanted;
     for (const torch::nn::Module* m : named) wanted.insert(&set_up_for(*m, "backward()"));
-    for (const SetUp* s : reached_by(loss)) wanted.insert(s);
     for (const auto& s : set_up_) {
-      if (wanted.count(s.get()) > 0) modules.push_back(s.get());
+      if (wanted.count(s.get()) > 0 || reaches(graph(), *s->module)) modules.push_back(s.get());
     }
   }
   const bool distributed = strategy_->world_size() > 1;
   if (options_.sync_batchnorm() && distributed) {
-    const auto graph = graph_of(loss);
     for (const SetUp* s : modules) {
       // The strategy can only synchronize the BatchNorm layers of forwards it sees.
       VOLT_CHECK(s->forward_seen, ConfigError, kTag,
@@ -596,7 +594,7 @@ void Fabric::backward_with(const at::Tensor& loss,
                  "fabric.forward_context(module) while sync_batchnorm is on: its BatchNorm "
                  "layers used this rank's statistics alone; run its training forward inside "
                  "the context.");
-      const auto layer = unsynced_batch_norm(*s->module, graph);
+      const auto layer = unsynced_batch_norm(*s->module, graph());
       VOLT_CHECK(!layer, ConfigError, kTag, " backward() through BatchNorm layer '", *layer,
                  "' of a set-up module whose training forward ran outside "
                  "fabric.forward_context(module) while sync_batchnorm is on: it normalized by "

@@ -248,11 +248,14 @@ at::Tensor call_entry(torch::nn::AnyModule& any, const at::Tensor& x, const std:
   return *t;
 }
 
-// Whether running `modules` on `input` can produce a gradient: the input needs one or one of
+// Whether running `modules` on `inputs` can produce a gradient: an input needs one or one of
 // their parameters trains. When neither does (a fine-tuned model's frozen backbone), there is
 // nothing to save or recompute: the modules run once, as they would without checkpointing.
-bool needs_gradient(const at::Tensor& input, const std::vector<const torch::nn::Module*>& modules) {
-  if (input.requires_grad()) return true;
+bool needs_gradient(const std::vector<at::Tensor>& inputs,
+                    const std::vector<const torch::nn::Module*>& modules) {
+  for (const at::Tensor& input : inputs) {
+    if (input.defined() && input.requires_grad()) return true;
+  }
   for (const torch::nn::Module* m : modules) {
     for (const auto& p : m->parameters(/*recurse=*/true)) {
       if (p.requires_grad()) return true;
@@ -275,7 +278,7 @@ class CheckpointWrapperImpl : public torch::nn::Module {
 
   at::Tensor forward(at::Tensor x) {
     const std::string what = "module '" + path_ + "'";
-    if (!needs_gradient(x, {inner_.ptr().get()})) return call_entry(inner_, x, what);
+    if (!needs_gradient({x}, {inner_.ptr().get()})) return call_entry(inner_, x, what);
     CheckpointFunction fn = [this, what](const std::vector<at::Tensor>& in) {
       detail::RecomputeKeepsBuffers keep({inner_.ptr().get()});  // BatchNorm's statistics
       return std::vector<at::Tensor>{call_entry(inner_, in[0], what)};
@@ -490,6 +493,21 @@ std::vector<at::Tensor> checkpoint_impl(const CheckpointFunction& fn,
   return CheckpointNode::apply(at::TensorList(tensors), std::move(state));
 }
 
+std::vector<at::Tensor> checkpoint_module_impl(std::shared_ptr<const torch::nn::Module> module,
+                                               const CheckpointFunction& fn,
+                                               const std::vector<at::Tensor>& inputs,
+                                               const CheckpointOptions& options) {
+  VOLT_CHECK(module != nullptr, ConfigError,
+             "[checkpoint] the module holder is empty; construct the module before checkpointing "
+             "it.");
+  if (!needs_gradient(inputs, {module.get()})) return fn(inputs);
+  CheckpointFunction run = [module, fn](const std::vector<at::Tensor>& in) {
+    RecomputeKeepsBuffers keep({module.get()});  // BatchNorm's statistics move once
+    return fn(in);
+  };
+  return checkpoint_impl(run, inputs, options);
+}
+
 }  // namespace detail
 
 at::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, int64_t segments,
@@ -512,16 +530,15 @@ at::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, int64_t segm
     end = start + size - 1;
     std::vector<const torch::nn::Module*> segment;
     for (int64_t i = start; i <= end; ++i) segment.push_back(entry(*seq, i).ptr().get());
-    if (!needs_gradient(x, segment)) {
+    if (!needs_gradient({x}, segment)) {
       for (int64_t i = start; i <= end; ++i) {
         x = call_entry(entry(*seq, i), x, "Sequential entry " + std::to_string(i));
       }
       continue;
     }
-    CheckpointFunction run = [seq, entry, start, end](const std::vector<at::Tensor>& in) {
-      std::vector<const torch::nn::Module*> modules;
-      for (int64_t i = start; i <= end; ++i) modules.push_back(entry(*seq, i).ptr().get());
-      detail::RecomputeKeepsBuffers keep(modules);  // BatchNorm's statistics move once
+    // `seq` keeps the segment's modules alive for the raw pointers in `segment`.
+    CheckpointFunction run = [seq, entry, start, end, segment](const std::vector<at::Tensor>& in) {
+      detail::RecomputeKeepsBuffers keep(segment);  // BatchNorm's statistics move once
       at::Tensor h = in[0];
       for (int64_t i = start; i <= end; ++i) {
         h = call_entry(entry(*seq, i), h, "Sequential entry " + std::to_string(i));

@@ -33,9 +33,7 @@ if [ ${#launchers[@]} = 0 ]; then
 fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+source "$(dirname "$0")/free_port.sh"
 # mpi <launcher> <ranks> <program> [args...]: the program under that launcher, on this machine,
 # with a fresh MASTER_PORT (Hydra passes the environment on; Open MPI only what -x names).
 mpi() {

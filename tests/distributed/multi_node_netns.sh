@@ -53,6 +53,15 @@ wait_nodes() {
   pids=()
 }
 
+# final_sum ANCHOR RANK FILE...: the |w| sum rank RANK reported at the end ("rank R done step=8
+# sum=S") in the files; ANCHOR '^' takes only lines starting with the report, '.*' also lines a
+# launcher prefixed (torchrun's "[default0]:").
+final_sum() {
+  local anchor=$1 rank=$2
+  shift 2
+  cat "$@" | sed -n "s/${anchor}rank $rank done step=8 sum=\([^ ]*\).*/\1/p"
+}
+
 # on_node NODE PORT SECONDS LOG COMMAND...: COMMAND in node NODE's namespace as one node of the
 # two-node job (MASTER_ADDR node 0's address, MASTER_PORT PORT, WORLD_SIZE 4, NODE_RANK NODE, no
 # rank variables from this shell), killed after SECONDS, output to LOG, in the background; its
@@ -137,10 +146,9 @@ for node in 0 1; do
     fail=1
   fi
 done
-ref_sum=$(sed -n 's/^rank 0 done step=8 sum=\([^ ]*\).*/\1/p' "$dir/trainer.ref.log")
+ref_sum=$(final_sum '^' 0 "$dir/trainer.ref.log")
 for rank in 0 1 2 3; do
-  sum=$(cat "$dir/trainer.0.log" "$dir/trainer.1.log" |
-    sed -n "s/^rank $rank done step=8 sum=\([^ ]*\).*/\1/p")
+  sum=$(final_sum '^' "$rank" "$dir/trainer.0.log" "$dir/trainer.1.log")
   # Every rank holds the same weights; their |w| sum matches the one-process run to rounding
   # (the all-reduce adds the four partial gradients in another order).
   if [ -z "$sum" ] || [ -z "$ref_sum" ] ||
@@ -204,8 +212,8 @@ for rank in 0 1 2 3; do
     echo "FAIL: rank $rank did not resume at step 4"
     fail=1
   fi
-  want=$(cat "$dir/trainer.0.log" "$dir/trainer.1.log" | sed -n "s/^rank $rank done step=8 sum=\([^ ]*\).*/\1/p")
-  got=$(sed -n "s/^rank $rank done step=8 sum=\([^ ]*\).*/\1/p" "$dir/restart.$node.log")
+  want=$(final_sum '^' "$rank" "$dir/trainer.0.log" "$dir/trainer.1.log")
+  got=$(final_sum '^' "$rank" "$dir/restart.$node.log")
   if [ -z "$got" ] || [ "$got" != "$want" ]; then
     echo "FAIL: rank $rank weights sum '$got' after the restart vs '$want' without"
     fail=1
@@ -331,8 +339,7 @@ else
     grep -v "^ *File \|^ *^" "$dir/torchrun.$node.log"
   done
   for rank in 0 1 2 3; do
-    sum=$(cat "$dir/torchrun.0.log" "$dir/torchrun.1.log" |
-      sed -n "s/.*rank $rank done step=8 sum=\([^ ]*\).*/\1/p")
+    sum=$(final_sum '.*' "$rank" "$dir/torchrun.0.log" "$dir/torchrun.1.log")
     if [ -z "$sum" ] ||
       ! awk -v a="$sum" -v b="$ref_sum" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }'; then
       echo "FAIL: under torchrun, rank $rank weights sum '$sum' vs one process '$ref_sum'"
@@ -388,9 +395,8 @@ for launcher in "${mpi_launchers[@]}"; do
   cat "$log"
   [ "$code" = 0 ] || { echo "FAIL: $launcher across the nodes exited $code"; fail=1; }
   for rank in 0 1 2 3; do
-    want=$(cat "$dir/trainer.0.log" "$dir/trainer.1.log" |
-      sed -n "s/^rank $rank done step=8 sum=\([^ ]*\).*/\1/p")
-    got=$(grep -o "rank $rank done step=8 sum=[^ ]*" "$log" | sed 's/.*sum=//')
+    want=$(final_sum '^' "$rank" "$dir/trainer.0.log" "$dir/trainer.1.log")
+    got=$(final_sum '.*' "$rank" "$log")
     if [ -z "$got" ] || [ "$got" != "$want" ]; then
       echo "FAIL: under $launcher, rank $rank weights sum '$got' vs '$want' under volt's own launch"
       fail=1

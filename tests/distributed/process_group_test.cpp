@@ -384,7 +384,14 @@ TEST(ProcessGroup, DetailDebugNamesRanksWhoseCallsDiffer) {
        "shapes and dtypes.",
        "rank 0: all_reduce (sum) of 1 tensor, the first [2, 3] Float, 6 elements in all; rank 1: "
        "all_reduce (sum) of 1 tensor, the first [2, 3] Double",
-       "rank 0: barrier; rank 1: all_reduce (max) of 1 tensor", "call checks ok"});
+       "rank 0: barrier; rank 1: all_reduce (max) of 1 tensor",
+       "rank 0: all_gather of 1 tensor, the first [2, 2] Float, 4 elements in all; rank 1: "
+       "all_gather of 1 tensor, the first [2, 5] Float, 10 elements in all;",
+       "rank 0: all_gather of 1 tensor, the first [3] Float, 3 elements in all; rank 1: "
+       "all_gather of 1 tensor, the first [4] Float, 4 elements in all;",
+       "rank 0: reduce_scatter (sum) of 1 tensor, the first [2, 2] Float, 4 elements in all; "
+       "rank 1: reduce_scatter (max) of 1 tensor",
+       "call checks ok"});
   // Any case, as PyTorch; an unknown level fails every rank before the rendezvous.
   const int bad_port = volt::detail::find_free_port();
   auto bad = volt_test::start_ranks(kWorker, {"collectives", "--devices", "2"}, 2, [&](int r) {

@@ -32,9 +32,7 @@ trap 'rm -rf "$dir"' EXIT
 # torchrun sets OMP_NUM_THREADS=1 in its workers; the reference run gets the same.
 export OMP_NUM_THREADS=1
 common=(--devices 2 --batch 8 --epochs 2 --ckpt-every-step 1 --timeout 20)
-free_port() {
-  "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+source "$(dirname "$0")/free_port.sh"
 run_torchrun() {
   local name=$1
   shift

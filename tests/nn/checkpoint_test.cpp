@@ -355,6 +355,10 @@ TEST(ActivationCheckpointSequential, GradientsBitwiseEqualForEverySegmentCount) 
     SCOPED_TRACE("segments=" + std::to_string(s));
     expect_bitwise_equal(plain, ckpt);
   }
+  // The whole Sequential under one checkpoint: volt::checkpoint takes its holder as it is.
+  const Grads whole =
+      run(*seq, x, true, [&](const at::Tensor& t) { return volt::checkpoint(seq, t); });
+  expect_bitwise_equal(plain, whole);
 }
 
 // BatchNorm updates its running statistics (and batch count) in forward; the recomputation is
@@ -396,6 +400,22 @@ TEST(ActivationCheckpointSequential, BatchNormStatisticsMoveOncePerForward) {
     nn::Sequential seq = model();
     volt::wrap_activation_checkpointing(*seq, {"1", "4"});
     expect_same(two_steps(seq, [&](const at::Tensor& x) { return seq->forward(x); }));
+  }
+  {
+    SCOPED_TRACE("volt::checkpoint of the Sequential holder");
+    nn::Sequential seq = model();
+    expect_same(two_steps(seq, [&](const at::Tensor& x) { return volt::checkpoint(seq, x); }));
+  }
+  {
+    // A module holder is known to checkpoint (a lambda's modules are not, as in PyTorch).
+    SCOPED_TRACE("volt::checkpoint of each BatchNorm1d holder");
+    nn::Sequential seq = model();
+    nn::BatchNorm1d bn1(std::dynamic_pointer_cast<nn::BatchNorm1dImpl>(seq->ptr(1)));
+    nn::BatchNorm1d bn2(std::dynamic_pointer_cast<nn::BatchNorm1dImpl>(seq->ptr(4)));
+    expect_same(two_steps(seq, [&](const at::Tensor& x) {
+      at::Tensor h = volt::checkpoint(bn1, seq[0]->as<nn::Linear>()->forward(x));
+      return volt::checkpoint(bn2, seq[3]->as<nn::Linear>()->forward(torch::relu(h)));
+    }));
   }
 }
 
@@ -508,6 +528,26 @@ TEST(ActivationCheckpointWrap, AFrozenEntryWithoutAGradientInputRunsOnce) {
   EXPECT_EQ(frozen->calls, 1);
   EXPECT_EQ(trained->calls, 1);
   EXPECT_TRUE(at::equal(trained->w.grad(), want));
+  // volt::checkpoint of a module holder: the frozen one runs once, the trained one twice.
+  nn::Sequential frozen_alone(frozen), trained_alone(trained);
+  trained->w.mutable_grad() = at::Tensor();
+  frozen->calls = trained->calls = 0;
+  volt::checkpoint(trained_alone, volt::checkpoint(frozen_alone, x)).square().sum().backward();
+  EXPECT_EQ(frozen->calls, 1);
+  EXPECT_EQ(trained->calls, 2);
+  EXPECT_TRUE(at::equal(trained->w.grad(), want));
+}
+
+TEST(ActivationCheckpoint, AnEmptyModuleHolderIsAConfigError) {
+  nn::Linear empty(nullptr);
+  try {
+    volt::checkpoint(empty, torch::randn({2, 2}));
+    ADD_FAILURE() << "an empty holder was run";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "[checkpoint] the module holder is empty; construct the module before "
+              "checkpointing it.");
+  }
 }
 
 // An entry with children of its own (a Sequential cannot hold a Sequential).

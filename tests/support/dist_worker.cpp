@@ -26,6 +26,8 @@
 #include <volt/nn/checkpoint.h>
 #include <volt/precision/autocast.h>
 
+#include "distributed/detail/async_collective.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -392,10 +394,12 @@ void run_collectives(volt::ProcessGroup& pg) {
 // ---------------------------------------------------------------------------- call checks
 
 // With TORCH_DISTRIBUTED_DEBUG=DETAIL: ranks whose calls differ (a broadcast of another size,
-// an all_reduce of another dtype, different collectives) all get the ValueError naming each
-// rank's call, and the group goes on working. Without the switch the first case aborts a rank
-// inside Gloo. Prints "rank R: call error: MESSAGE" for each and "rank R: call checks ok".
-void run_call_checks(volt::ProcessGroup& pg) {
+// an all_reduce of another dtype, different collectives, an all_gather of another shape) all get
+// the ValueError naming each rank's call, and the group goes on working. Without the switch the
+// first case aborts a rank inside Gloo. Prints "rank R: call error: MESSAGE" for each and "rank R:
+// call checks ok".
+void run_call_checks(const std::shared_ptr<volt::ProcessGroup>& group) {
+  volt::ProcessGroup& pg = *group;
   const int64_t r = pg.rank();
   const std::string me = "rank " + std::to_string(r);
   const auto expect_error = [&](const std::function<void()>& call) {
@@ -417,6 +421,15 @@ void run_call_checks(volt::ProcessGroup& pg) {
       pg.all_reduce(at::ones({4}), volt::Reduce::kMax);
     }
   });
+  // all_gather's own shape check is left to the call check here.
+  expect_error([&] { pg.all_gather(at::zeros({2, r == 0 ? 2 : 5})); });
+  // The collectives ZeRO starts and waits for later are checked when they start.
+  expect_error([&] { volt::detail::start_all_gather(group, at::zeros({r == 0 ? 3 : 4})).wait(); });
+  expect_error([&] {
+    volt::detail::start_reduce_scatter(group, at::zeros({pg.world_size(), 2}),
+                                       r == 0 ? volt::Reduce::kSum : volt::Reduce::kMax)
+        .wait();
+  });
   // Matching calls pass the check and run.
   at::Tensor value = at::full({3}, static_cast<float>(r + 1));
   pg.broadcast_(value, 1);
@@ -424,6 +437,11 @@ void run_call_checks(volt::ProcessGroup& pg) {
   pg.barrier();
   check_close(pg.all_reduce(at::ones({2}), volt::Reduce::kSum),
               at::full({2}, static_cast<float>(pg.world_size())), 0, "all_reduce after them");
+  const auto gathered = pg.all_gather(at::full({2, 2}, static_cast<float>(r)));
+  CHECK_TRUE(static_cast<int64_t>(gathered.size()) == pg.world_size(), "all_gather's size");
+  for (int64_t q = 0; q < pg.world_size(); ++q) {
+    check_close(gathered[q], at::full({2, 2}, static_cast<float>(q)), 0, "all_gather after them");
+  }
   say(me + ": call checks ok");
 }
 
@@ -1266,7 +1284,7 @@ int run(const Args& a) {
   } else if (a.scenario == "reducer") {
     run_reducer(pg);
   } else if (a.scenario == "call-checks") {
-    run_call_checks(*pg);
+    run_call_checks(pg);
   } else if (a.scenario == "leaders") {
     run_leaders(pg, milliseconds(a.timeout_ms));
   } else if (a.scenario == "zero-masters") {

@@ -398,7 +398,6 @@ class Fabric {
   SetUp& set_up_for(const torch::nn::Module& module, const char* what) const;
   SetUp* set_up_of(const torch::nn::Module& module) const;
   SetUp* owner_of(const torch::optim::Optimizer& optimizer) const;
-  std::vector<SetUp*> reached_by(const at::Tensor& loss) const;
   void backward_with(const at::Tensor& loss, const std::vector<const torch::nn::Module*>& named);
   static const torch::nn::Module* module_of(const torch::nn::Module& module) { return &module; }
   template <typename M>

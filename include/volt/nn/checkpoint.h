@@ -7,6 +7,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <functional>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <type_traits>
@@ -54,6 +55,13 @@ namespace detail {
 std::vector<at::Tensor> checkpoint_impl(const CheckpointFunction& fn,
                                         const std::vector<at::Tensor>& inputs,
                                         const CheckpointOptions& options);
+/// checkpoint_impl for `fn` running `module`: the recomputation leaves the module's buffers as
+/// the forward left them (BatchNorm's statistics move once per forward), and a module with no
+/// trainable parameter whose inputs need no gradient just runs (nothing to recompute for).
+std::vector<at::Tensor> checkpoint_module_impl(std::shared_ptr<const torch::nn::Module> module,
+                                               const CheckpointFunction& fn,
+                                               const std::vector<at::Tensor>& inputs,
+                                               const CheckpointOptions& options);
 template <typename R>
 std::vector<at::Tensor> to_list(R&& r) {
   using T = std::decay_t<R>;
@@ -95,12 +103,18 @@ std::vector<at::Tensor> checkpoint(Fn&& fn, In&& inputs);
 
 /// The one- or several-tensor form, e.g. DeepSpeed's `checkpoint(self.l2, l1_out)`:
 ///   at::Tensor y = volt::checkpoint(l2, h);                    // a module holder
+///   at::Tensor s = volt::checkpoint(seq, h);                   // a whole torch::nn::Sequential
 ///   at::Tensor z = volt::checkpoint([this, causal](const at::Tensor& a, const at::Tensor& b) {
 ///     return block(a, b, causal); }, a, b);                      // non-tensors captured
 /// `fn` is kept until the backward pass, which runs it again: capture by value (and `this`),
 /// never a local by reference ([&]), which is gone when a later backward() recomputes.
 /// `fn` takes the tensors and returns at::Tensor (the result is a Tensor) or
-/// std::vector<at::Tensor> (the result is that vector).
+/// std::vector<at::Tensor> (the result is that vector). A module holder (any
+/// torch::nn::ModuleHolder, Sequential included) is called through its forward and known to
+/// checkpoint: its buffers do not move again in the recomputation (BatchNorm's running
+/// statistics count each forward once), and a frozen module whose inputs need no gradient just
+/// runs. A lambda's modules are unknown to checkpoint, as to torch.utils.checkpoint: their
+/// buffers move again when backward recomputes.
 template <typename Fn, typename... Rest,
           typename = std::enable_if_t<std::conjunction_v<
               std::is_same<std::decay_t<Rest>, at::Tensor>...,
@@ -115,21 +129,38 @@ template <typename Fn, typename... Rest,
               std::is_invocable<std::decay_t<Fn>&, const at::Tensor&, const Rest&...>>>>
 auto checkpoint(const CheckpointOptions& options, Fn&& fn, const at::Tensor& x,
                 const Rest&... rest) {
-  using R =
-      std::decay_t<std::invoke_result_t<std::decay_t<Fn>&, const at::Tensor&, const Rest&...>>;
-  static_assert(!std::is_void_v<R>,
-                "volt::checkpoint: the callable returns void. A torch::nn::Sequential holder "
-                "cannot deduce its forward's return type: pass "
-                "[s = seq.ptr()](const at::Tensor& x) { return s->forward(x); } instead");
-  auto held = std::make_shared<std::decay_t<Fn>>(std::forward<Fn>(fn));
-  CheckpointFunction f = [held](const std::vector<at::Tensor>& in) {
-    return detail::invoke_on_list(*held, in, std::make_index_sequence<1 + sizeof...(Rest)>{});
-  };
-  std::vector<at::Tensor> out = detail::checkpoint_impl(f, {x, rest...}, options);
-  if constexpr (std::is_same_v<R, at::Tensor>) {
-    return out.at(0);
+  constexpr auto kInputs = std::make_index_sequence<1 + sizeof...(Rest)>{};
+  if constexpr (torch::detail::is_module_holder<Fn>::value) {
+    // Through the module's forward: a Sequential holder's operator() cannot name its return
+    // type (its forward is a template), the module's own forward defaults to Tensor.
+    auto module = fn.is_empty() ? nullptr : fn.ptr();  // empty: checkpoint_module_impl says so
+    auto forward = [module](const auto&... in) { return module->forward(in...); };
+    using R = std::decay_t<decltype(forward(x, rest...))>;
+    CheckpointFunction f = [forward, kInputs](const std::vector<at::Tensor>& in) {
+      return detail::invoke_on_list(forward, in, kInputs);
+    };
+    auto out = detail::checkpoint_module_impl(module, f, {x, rest...}, options);
+    if constexpr (std::is_same_v<R, at::Tensor>) {
+      return out.at(0);
+    } else {
+      return out;
+    }
   } else {
-    return out;
+    using R =
+        std::decay_t<std::invoke_result_t<std::decay_t<Fn>&, const at::Tensor&, const Rest&...>>;
+    static_assert(!std::is_void_v<R>,
+                  "volt::checkpoint: the callable returns void; it must return at::Tensor or "
+                  "std::vector<at::Tensor>");
+    auto held = std::make_shared<std::decay_t<Fn>>(std::forward<Fn>(fn));
+    CheckpointFunction f = [held, kInputs](const std::vector<at::Tensor>& in) {
+      return detail::invoke_on_list(*held, in, kInputs);
+    };
+    std::vector<at::Tensor> out = detail::checkpoint_impl(f, {x, rest...}, options);
+    if constexpr (std::is_same_v<R, at::Tensor>) {
+      return out.at(0);
+    } else {
+      return out;
+    }
   }
 }
 

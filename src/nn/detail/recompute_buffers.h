@@ -2,10 +2,10 @@
 // Activation checkpointing runs a forward twice; the second run (the recomputation in
 // backward) is the same forward, so buffers a layer updates in its forward (BatchNorm's running
 // statistics and batch count) must not move again. The module-aware callers of checkpoint_impl
-// (Sequential entries, checkpoint_sequential, the pipeline's stages) hold one of these around
-// their layers: during a recomputation it copies the buffers and writes them back afterwards.
-// (A plain volt::checkpoint(fn, x) does not know which modules fn runs, as torch.utils.checkpoint
-// does not.)
+// (Sequential entries, checkpoint_sequential, checkpointed module holders, the pipeline's
+// stages) hold one of these around their layers: during a recomputation it copies the buffers
+// and writes them back afterwards. (volt::checkpoint(fn, x) with a callable does not know which
+// modules fn runs, as torch.utils.checkpoint does not.)
 
 #include <ATen/ATen.h>
 #include <ATen/core/LegacyTypeDispatch.h>
