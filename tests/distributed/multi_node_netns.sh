@@ -62,6 +62,15 @@ final_sum() {
   cat "$@" | sed -n "s/${anchor}rank $rank done step=8 sum=\([^ ]*\).*/\1/p"
 }
 
+# expect_own_sum RANK SUM WHERE: SUM, rank RANK's final sum in a later job (WHERE), must be the
+# one of volt's own launch of the same job (own_sum, filled below) to the last digit.
+expect_own_sum() {
+  if [ -z "$2" ] || [ "$2" != "${own_sum[$1]}" ]; then
+    echo "FAIL: rank $1 weights sum '$2' $3 vs '${own_sum[$1]}' under volt's own launch"
+    fail=1
+  fi
+}
+
 # on_node NODE PORT SECONDS LOG COMMAND...: COMMAND in node NODE's namespace as one node of the
 # two-node job (MASTER_ADDR node 0's address, MASTER_PORT PORT, WORLD_SIZE 4, NODE_RANK NODE, no
 # rank variables from this shell), killed after SECONDS, output to LOG, in the background; its
@@ -147,8 +156,10 @@ for node in 0 1; do
   fi
 done
 ref_sum=$(final_sum '^' 0 "$dir/trainer.ref.log")
+own_sum=()  # each rank's final sum under volt's own launch: the later jobs must end on it
 for rank in 0 1 2 3; do
-  sum=$(final_sum '^' "$rank" "$dir/trainer.0.log" "$dir/trainer.1.log")
+  own_sum[rank]=$(final_sum '^' "$rank" "$dir/trainer.0.log" "$dir/trainer.1.log")
+  sum=${own_sum[rank]}
   # Every rank holds the same weights; their |w| sum matches the one-process run to rounding
   # (the all-reduce adds the four partial gradients in another order).
   if [ -z "$sum" ] || [ -z "$ref_sum" ] ||
@@ -212,12 +223,7 @@ for rank in 0 1 2 3; do
     echo "FAIL: rank $rank did not resume at step 4"
     fail=1
   fi
-  want=$(final_sum '^' "$rank" "$dir/trainer.0.log" "$dir/trainer.1.log")
-  got=$(final_sum '^' "$rank" "$dir/restart.$node.log")
-  if [ -z "$got" ] || [ "$got" != "$want" ]; then
-    echo "FAIL: rank $rank weights sum '$got' after the restart vs '$want' without"
-    fail=1
-  fi
+  expect_own_sum "$rank" "$(final_sum '^' "$rank" "$dir/restart.$node.log")" "after the restart"
 done
 # volt predict across the nodes with the prediction writer (the 2 x 2 job, 2 batches a rank).
 if [ -n "$volt" ]; then
@@ -395,12 +401,7 @@ for launcher in "${mpi_launchers[@]}"; do
   cat "$log"
   [ "$code" = 0 ] || { echo "FAIL: $launcher across the nodes exited $code"; fail=1; }
   for rank in 0 1 2 3; do
-    want=$(final_sum '^' "$rank" "$dir/trainer.0.log" "$dir/trainer.1.log")
-    got=$(final_sum '.*' "$rank" "$log")
-    if [ -z "$got" ] || [ "$got" != "$want" ]; then
-      echo "FAIL: under $launcher, rank $rank weights sum '$got' vs '$want' under volt's own launch"
-      fail=1
-    fi
+    expect_own_sum "$rank" "$(final_sum '.*' "$rank" "$log")" "under $launcher"
   done
 done
 [ "$fail" = 0 ] && echo "multi-node over network namespaces (collectives, reducer, Trainer, elastic restart, predict, torchrun, MPI launchers): OK"
