@@ -13,6 +13,7 @@
 
 #include "callbacks/detail/batch_norm.h"
 #include "core/detail/archive_values.h"
+#include "core/detail/numbers.h"
 #include "core/detail/parameter_names.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -80,7 +81,7 @@ std::string rounded(double value, int64_t decimals) {
     std::ostringstream os;
     os << std::setprecision(digits) << r;
     text = os.str();
-    if (std::strtod(text.c_str(), nullptr) == r) break;
+    if (detail::c_strtod(text.c_str(), nullptr) == r) break;
   }
   return text;
 }

@@ -1,9 +1,9 @@
 #include "volt/callbacks/gradient_accumulation_scheduler.h"
 
-#include <cctype>
 #include <iterator>
 #include <string>
 
+#include "core/detail/ascii.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/loop_state.h"
@@ -46,12 +46,12 @@ std::map<int64_t, int64_t> GradientAccumulationScheduler::parse_scheduling(
                       "; write epoch:factor pairs separated by commas, " + kExample + ".");
   };
   const auto skip_space = [&] {
-    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+    while (i < text.size() && detail::ascii_space(text[i])) ++i;
   };
   const auto number = [&](const char* what) -> int64_t {
     skip_space();
     const size_t start = i;
-    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+    while (i < text.size() && detail::ascii_digit(text[i])) ++i;
     if (i == start) fail(std::string("expected ") + what);
     if (i - start > 12) {
       i = start;

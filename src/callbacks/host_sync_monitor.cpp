@@ -15,6 +15,7 @@
 
 #include "callbacks/detail/op_placement.h"
 #include "core/detail/host_syncs.h"
+#include "core/detail/numbers.h"
 #include "profiler/detail/op_callback.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
@@ -201,6 +202,7 @@ struct HostSyncMonitor::Impl {
                  ? "; each sync is a read an accelerator would wait for)"
                  : ")") +
             ", most frequent first:\n";
+    const detail::CNumbers c_numbers;  // the table's numbers
     char buf[512];
     std::snprintf(buf, sizeof buf, "  %8s  %8s  %-9s  %-22s  %s", "count", "per step", "kind",
                   "where", "op");

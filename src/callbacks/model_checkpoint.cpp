@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +13,8 @@
 #include <sstream>
 #include <vector>
 
+#include "core/detail/ascii.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -71,12 +72,12 @@ void check_template(const std::string& tmpl) {
     // A file name holds at most 255 bytes: a larger width or precision is a mistake, and
     // {val_loss:999999999} would build a 1 GB string.
     for (size_t i = 0; i < f.spec.size();) {
-      if (!std::isdigit(static_cast<unsigned char>(f.spec[i]))) {
+      if (!detail::ascii_digit(f.spec[i])) {
         ++i;
         continue;
       }
       size_t j = i;
-      while (j < f.spec.size() && std::isdigit(static_cast<unsigned char>(f.spec[j]))) ++j;
+      while (j < f.spec.size() && detail::ascii_digit(f.spec[j])) ++j;
       VOLT_CHECK(j - i <= 3 && std::stoi(f.spec.substr(i, j - i)) <= 255, ConfigError,
                  "[ModelCheckpoint] filename \"", tmpl, "\": {", f.name, ":", f.spec,
                  "} asks for width or precision ", f.spec.substr(i, j - i),
@@ -133,7 +134,7 @@ std::string ModelCheckpoint::state_key() const {
          ",every_n_epochs=" + std::to_string(*options_.every_n_epochs()) +
          // Lightning's key has it too; absent when off, so older checkpoints' keys still match.
          (options_.train_time_interval() > 0
-              ? ",train_time_interval=" + std::to_string(options_.train_time_interval())
+              ? ",train_time_interval=" + detail::c_format("%f", options_.train_time_interval())
               : std::string()) +
          "}";
 }

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
@@ -142,9 +143,7 @@ std::string human_readable_count(int64_t count) {
   if (index < 1 || scaled >= 100) {
     text = grouped(static_cast<int64_t>(scaled));
   } else {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f", scaled);
-    text = buf;
+    text = detail::c_format("%.1f", scaled);
   }
   return index == 0 ? text : text + " " + kLabels[index];
 }
@@ -191,9 +190,7 @@ std::string format_summary(const ModelSummaryTable& t) {
   const double mb = static_cast<double>(t.total_param_bytes) / 1e6;
   // "1,234.567" as Python's {:,.3f}: printf rounds (0.9996 -> "1.000"), then the units are grouped.
   const std::string rounded = [&] {
-    char buf[48];
-    std::snprintf(buf, sizeof buf, "%.3f", mb);
-    const std::string full = buf;
+    const std::string full = detail::c_format("%.3f", mb);
     const size_t dot = full.find('.');
     return grouped(std::stoll(full.substr(0, dot))) + full.substr(dot);
   }();

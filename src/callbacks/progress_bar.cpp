@@ -5,6 +5,8 @@
 #include <cmath>
 #include <string>
 
+#include "core/detail/numbers.h"
+
 namespace volt {
 
 namespace {
@@ -112,10 +114,9 @@ std::string ProgressBar::progress(const std::string& head, const Line& line, int
   const double elapsed = seconds_since(line.start);
   const double rate = elapsed > 0 ? (done - line.start_done) / elapsed : 0.0;
   const double eta = rate > 0 ? (total - done) / rate : 0.0;
-  char buf[160];
-  std::snprintf(buf, sizeof buf, " %lld/%lld [%.0fs<%.0fs, %.1f it/s]",
-                static_cast<long long>(done), static_cast<long long>(total), elapsed, eta, rate);
-  return head + buf;
+  return head + detail::c_format(" %lld/%lld [%.0fs<%.0fs, %.1f it/s]",
+                                 static_cast<long long>(done), static_cast<long long>(total),
+                                 elapsed, eta, rate);
 }
 
 void ProgressBar::emit(const std::string& text, bool final_line) {
@@ -136,10 +137,8 @@ void ProgressBar::draw(RunContext& run, int64_t done, bool final_line) {
   if (run.max_epochs() > 0) head += "/" + std::to_string(run.max_epochs() - 1);
   std::string line = progress(head, train_, done, st.num_training_batches);
   // Reading metric values is what may sync a device: it happens only here, throttled.
-  char buf[160];
   for (const auto& kv : run.progress_bar_metrics()) {
-    std::snprintf(buf, sizeof buf, " %s=%.4g", kv.first.c_str(), kv.second);
-    line += buf;
+    line += detail::c_format(" %s=%.4g", kv.first.c_str(), kv.second);
   }
   emit(line, final_line);
 }

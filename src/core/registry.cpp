@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/detail/ascii.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -189,7 +190,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t i = 1; i <= a.size(); ++i) {
     cur[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t sub = prev[j - 1] + (std::tolower(a[i - 1]) == std::tolower(b[j - 1]) ? 0 : 1);
+      const size_t sub =
+          prev[j - 1] + (detail::ascii_lower(a[i - 1]) == detail::ascii_lower(b[j - 1]) ? 0 : 1);
       cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
     }
     std::swap(prev, cur);
@@ -212,13 +214,11 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   const size_t limit = std::max<size_t>(2, std::max(word.size(), best.size()) / 3);
   if (best_d <= limit) return best;
   // Or an abbreviation: "Mlp" for "MlpClassifier" (a unique candidate starting with the word).
-  std::string lower_word = word, found;
-  for (auto& ch : lower_word) ch = static_cast<char>(std::tolower(ch));
+  const std::string lower_word = detail::ascii_lower(word);
+  std::string found;
   if (lower_word.size() < 2) return "";
   for (const auto& c : candidates) {
-    std::string lc = c;
-    for (auto& ch : lc) ch = static_cast<char>(std::tolower(ch));
-    if (lc.rfind(lower_word, 0) == 0) {
+    if (detail::ascii_lower(c).rfind(lower_word, 0) == 0) {
       if (!found.empty()) return "";
       found = c;
     }

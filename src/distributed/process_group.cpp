@@ -4,7 +4,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cctype>
 #include <condition_variable>
 #include <cstdlib>
 #include <map>
@@ -13,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/detail/ascii.h"
 #include "core/detail/print.h"
 #include "core/detail/tracing.h"
 #include "detail/async_collective.h"
@@ -230,8 +230,8 @@ void check_reduction(c10::ScalarType dtype, Reduce op, const char* name) {
 // than its buffer fails an assertion on Gloo's own thread), mix up the data or hang.
 bool checks_calls() {
   static const bool on = [] {
-    std::string level = env_value("TORCH_DISTRIBUTED_DEBUG").value_or("OFF");
-    for (char& c : level) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    const std::string level =
+        detail::ascii_upper(env_value("TORCH_DISTRIBUTED_DEBUG").value_or("OFF"));
     VOLT_CHECK(level == "OFF" || level == "INFO" || level == "DETAIL", ConfigError, kTag,
                " TORCH_DISTRIBUTED_DEBUG=", env_value("TORCH_DISTRIBUTED_DEBUG").value_or(""),
                " is not a level; use OFF, INFO or DETAIL (as PyTorch).");
@@ -1028,10 +1028,9 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
     m[0] = value.dim();
     m[1] = static_cast<int64_t>(value.scalar_type());
     for (int64_t d = 0; d < value.dim(); ++d) m[d + 2] = value.size(d);
-    std::vector<std::vector<at::Tensor> > meta_out(1);
-    for (int64_t r = 0; r < world_size_; ++r) meta_out[0].push_back(at::empty_like(meta));
     std::vector<at::Tensor> meta_in{to_wire(*impl_, meta)};
-    for (auto& t : meta_out[0]) t = at::empty_like(meta_in[0]);
+    std::vector<std::vector<at::Tensor> > meta_out(1);
+    for (int64_t r = 0; r < world_size_; ++r) meta_out[0].push_back(at::empty_like(meta_in[0]));
     run_collective(*this, "all_gather", [&] { return impl_->group->allgather(meta_out, meta_in); });
     for (auto& t : meta_out[0]) t = t.cpu();
     for (int64_t r = 0; r < world_size_; ++r) {

@@ -1,12 +1,12 @@
 #include <c10/core/Layout.h>
 
-#include <cctype>
 #include <functional>
 #include <optional>
 #include <ostream>
 #include <sstream>
 #include <utility>
 
+#include "core/detail/ascii.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/graphs/graph_cache.h"
@@ -21,9 +21,7 @@ size_t combine(size_t seed, size_t v) {
 
 // "float", "long", "bfloat16": libtorch's dtype names, lower case.
 std::string dtype_name(c10::ScalarType t) {
-  std::string s = c10::toString(t);
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+  return detail::ascii_lower(c10::toString(t));
 }
 
 // "float[128, 784]"

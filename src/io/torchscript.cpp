@@ -8,12 +8,12 @@
 #include <torch/nn/module.h>
 #include <torch/script.h>
 
-#include <cctype>
 #include <memory>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
 
+#include "core/detail/ascii.h"
 #include "core/detail/host_syncs.h"
 #include "core/detail/training_modes.h"
 #include "kernels/detail/host_read_watch.h"
@@ -51,9 +51,9 @@ std::string class_name(const std::string& cpp_name) {
   std::string n = plain.substr(colons == std::string::npos ? 0 : colons + 2);
   if (n.size() > 4 && n.compare(n.size() - 4, 4, "Impl") == 0) n.resize(n.size() - 4);
   for (char& c : n) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') c = '_';
+    if (!detail::ascii_alnum(c) && c != '_') c = '_';
   }
-  if (n.empty() || std::isdigit(static_cast<unsigned char>(n.front()))) n = "Module_" + n;
+  if (n.empty() || detail::ascii_digit(n.front())) n = "Module_" + n;
   return n;
 }
 
@@ -161,9 +161,9 @@ c10::optional<std::vector<at::Tensor>> one_more_row(const std::vector<at::Tensor
 }
 
 bool identifier(const std::string& s) {
-  if (s.empty() || std::isdigit(static_cast<unsigned char>(s.front()))) return false;
+  if (s.empty() || detail::ascii_digit(s.front())) return false;
   for (char c : s) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+    if (!detail::ascii_alnum(c) && c != '_') return false;
   }
   return true;
 }

@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -40,7 +39,9 @@
 #include <unordered_set>
 #include <utility>
 
+#include "core/detail/ascii.h"
 #include "core/detail/machine.h"
+#include "core/detail/numbers.h"
 #include "core/detail/remove_tree.h"
 #include "core/detail/tracing.h"
 #include "kernels/detail/row_shapes.h"
@@ -219,10 +220,9 @@ std::string float_literal(double v) {
   const float f = static_cast<float>(v);
   if (std::isnan(f)) return "((float)NAN)";
   if (std::isinf(f)) return f > 0 ? "((float)INFINITY)" : "(-(float)INFINITY)";
-  char buf[64];
-  // %.9g round-trips a float; the cast keeps it float (no double arithmetic in the loop).
-  std::snprintf(buf, sizeof(buf), "((float)%.9g)", static_cast<double>(f));
-  return buf;
+  // %.9g round-trips a float; the cast keeps it float (no double arithmetic in the loop). In
+  // the "C" locale: under de_DE, "(float)0,5" would be the comma operator, 5.
+  return detail::c_format("((float)%.9g)", static_cast<double>(f));
 }
 
 // The loop body's expression for one node, over the values named v<k> (inputs) and t<id>.
@@ -1245,7 +1245,7 @@ at::Tensor evaluate(const jit::Expr::Node* n, const std::vector<at::Tensor>& inp
 bool is_valid_name(const std::string& s) {
   if (s.empty() || s.size() > 64) return false;
   for (char c : s) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+    if (!detail::ascii_alnum(c) && c != '_') return false;
   }
   return true;
 }

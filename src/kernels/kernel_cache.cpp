@@ -15,6 +15,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "core/detail/ascii.h"
 #include "core/detail/file_lock.h"
 #include "core/detail/log_order.h"
 #include "core/detail/machine.h"
@@ -34,8 +35,7 @@ constexpr const char* kComponent = "KernelCache";
 bool is_valid_key(const std::string& key) {
   if (key.empty() || key[0] == '.' || key == kLockName) return false;
   return std::all_of(key.begin(), key.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-           c == '_' || c == '-';
+    return detail::ascii_alnum(c) || c == '.' || c == '_' || c == '-';
   });
 }
 

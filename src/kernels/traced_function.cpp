@@ -34,6 +34,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "core/detail/ascii.h"
 #include "core/detail/host_syncs.h"
 #include "kernels/detail/host_read_watch.h"
 #include "kernels/detail/row_shapes.h"
@@ -53,9 +54,8 @@ using torch::jit::Value;
 // Fused kernels are named "<name>_g<k>", and FusedElementwise takes up to 64 characters.
 bool valid_name(const std::string& name) {
   if (name.empty() || name.size() > 56) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-  });
+  return std::all_of(name.begin(), name.end(),
+                     [](char c) { return detail::ascii_alnum(c) || c == '_'; });
 }
 
 // One step of a trace: a recorded node run through its operator, or a fused chain.

@@ -5,7 +5,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -13,6 +12,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/detail/ascii.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "detail/csv_format.h"
 #include "detail/log_dir.h"
@@ -34,8 +35,7 @@ std::string fmt_value(double v) {
 // to booleans or null; yaml-cpp's emitter quotes only some of them. Values are strings here.
 bool yaml_reads_as_non_string(const std::string& s) {
   static const char* kWords[] = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"};
-  std::string lower;
-  for (char c : s) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string lower = detail::ascii_lower(s);
   for (const char* w : kWords) {
     if (lower == w) return true;
   }
@@ -201,7 +201,7 @@ void CSVLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
     for (size_t c = 1; c < cells.size() && c < header.size(); ++c) {
       if (cells[c].empty()) continue;
       char* stop = nullptr;
-      const double v = std::strtod(cells[c].c_str(), &stop);
+      const double v = detail::c_strtod(cells[c].c_str(), &stop);
       VOLT_CHECK(stop == cells[c].c_str() + cells[c].size(), DataError, "[CSVLogger] ",
                  metrics_path(), ":", records[r].line, ": '", cells[c], "' in column '", header[c],
                  "' is not a number; repair or delete that line to resume.");

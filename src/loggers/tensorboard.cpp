@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "detail/log_dir.h"
 #include "volt/core/check.h"
@@ -93,7 +94,7 @@ Proto event(int64_t step) {
 Proto proto_value(const std::string& s) {
   Proto v;
   char* end = nullptr;
-  const double d = std::strtod(s.c_str(), &end);
+  const double d = detail::c_strtod(s.c_str(), &end);
   if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d)) {
     v.double_field(2, d);
   } else {

@@ -498,8 +498,8 @@ std::vector<at::Tensor> checkpoint_module_impl(std::shared_ptr<const torch::nn::
                                                const std::vector<at::Tensor>& inputs,
                                                const CheckpointOptions& options) {
   VOLT_CHECK(module != nullptr, ConfigError,
-             "[checkpoint] the module holder is empty; construct the module before checkpointing "
-             "it.");
+             "[checkpoint] the module is null (an empty holder or a null pointer); construct "
+             "the module before checkpointing it.");
   if (!needs_gradient(inputs, {module.get()})) return fn(inputs);
   CheckpointFunction run = [module, fn](const std::vector<at::Tensor>& in) {
     RecomputeKeepsBuffers keep({module.get()});  // BatchNorm's statistics move once

@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include "core/detail/ascii.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -41,6 +43,7 @@ void SimpleProfiler::stop(const std::string& action) {
 }
 
 std::string SimpleProfiler::summary(const std::string& stage) const {
+  const detail::CNumbers c_numbers;  // the table's numbers
   const double run_s =
       started_ ? std::chrono::duration<double>(Clock::now() - first_start_).count() : 0.0;
   std::vector<std::pair<std::string, Stats>> rows(stats_.begin(), stats_.end());
@@ -50,9 +53,8 @@ std::string SimpleProfiler::summary(const std::string& stage) const {
   for (const auto& r : rows) w = std::max(w, r.first.size());
   std::ostringstream os;
   char buf[256];
-  std::string upper = stage;
-  for (auto& c : upper) c = static_cast<char>(std::toupper(c));
-  os << upper << " Profiler Report (wall time; actions nest, so shares add up to more than 100%)\n";
+  os << detail::ascii_upper(stage)
+     << " Profiler Report (wall time; actions nest, so shares add up to more than 100%)\n";
   std::snprintf(buf, sizeof buf, "%-*s | %14s | %10s | %12s | %12s | %8s\n", static_cast<int>(w),
                 "Action", "Mean (s)", "Calls", "Max (s)", "Total (s)", "Share");
   os << buf << std::string(w + 75, '-') << "\n";

@@ -16,6 +16,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/detail/ascii.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "profiler/detail/op_callback.h"
 
@@ -511,9 +513,7 @@ void TorchProfiler::describe(const std::string& stage, const std::string& log_di
     std::sort(s.rows.begin(), s.rows.end(),
               [](const Row& a, const Row& b) { return a.self_us > b.self_us; });
     std::ostringstream os;
-    std::string upper = stage;
-    for (auto& c : upper) c = static_cast<char>(std::toupper(c));
-    os << upper << " TorchProfiler summary (rank " << s.rank << ", "
+    os << detail::ascii_upper(stage) << " TorchProfiler summary (rank " << s.rank << ", "
        << (s.scheduled() ? std::to_string(s.recorded_steps) + " recorded steps"
                          : std::string("whole run"))
        << ", host time; top " << s.opts.row_limit() << " of " << s.rows.size()
@@ -522,6 +522,7 @@ void TorchProfiler::describe(const std::string& stage, const std::string& log_di
     const size_t shown = std::min<size_t>(s.rows.size(), static_cast<size_t>(s.opts.row_limit()));
     for (size_t i = 0; i < shown; ++i) w = std::max(w, s.rows[i].name.size());
     w = std::min<size_t>(w, 60);
+    const detail::CNumbers c_numbers;  // the table's numbers
     char buf[512];
     std::snprintf(buf, sizeof buf, "%-*s | %-6s | %8s | %12s | %7s | %12s | %10s\n",
                   static_cast<int>(w), "Name", "Kind", "Calls", "Self (ms)", "Self %", "Total (ms)",

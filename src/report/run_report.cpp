@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include <sstream>
 #include <vector>
 
+#include "../core/detail/ascii.h"
 #include "../core/detail/version_folder.h"
 #include "../loggers/detail/log_dir.h"
 #include "detail/metrics_csv.h"
@@ -151,8 +151,7 @@ bool ends_with(const std::string& s, const std::string& p) {
 }
 
 Group group_of(const std::string& name) {
-  std::string n = name;
-  for (char& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string n = detail::ascii_lower(name);
   // LearningRateMonitor names: "lr-<Optimizer>[/pg<i>][-momentum|-weight_decay]".
   if (n == "lr" || starts_with(n, "lr-") || starts_with(n, "lr_") || starts_with(n, "lr/") ||
       contains(n, "learning_rate")) {

@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
+#include <type_traits>
 
 #include "error_text.h"
 #include "requires.h"
@@ -417,6 +419,17 @@ TEST(ActivationCheckpointSequential, BatchNormStatisticsMoveOncePerForward) {
       return volt::checkpoint(bn2, seq[3]->as<nn::Linear>()->forward(torch::relu(h)));
     }));
   }
+  {
+    // So is a std::shared_ptr to a module (a module written without TORCH_MODULE).
+    SCOPED_TRACE("volt::checkpoint of each std::shared_ptr<BatchNorm1dImpl>");
+    nn::Sequential seq = model();
+    auto bn1 = std::dynamic_pointer_cast<nn::BatchNorm1dImpl>(seq->ptr(1));
+    auto bn2 = std::dynamic_pointer_cast<nn::BatchNorm1dImpl>(seq->ptr(4));
+    expect_same(two_steps(seq, [&](const at::Tensor& x) {
+      at::Tensor h = volt::checkpoint(bn1, seq[0]->as<nn::Linear>()->forward(x));
+      return volt::checkpoint(bn2, seq[3]->as<nn::Linear>()->forward(torch::relu(h)));
+    }));
+  }
 }
 
 TEST(ActivationCheckpointSequential, BadSegmentsIsAConfigError) {
@@ -538,16 +551,67 @@ TEST(ActivationCheckpointWrap, AFrozenEntryWithoutAGradientInputRunsOnce) {
   EXPECT_TRUE(at::equal(trained->w.grad(), want));
 }
 
-TEST(ActivationCheckpoint, AnEmptyModuleHolderIsAConfigError) {
-  nn::Linear empty(nullptr);
+TEST(ActivationCheckpoint, AnEmptyModuleHolderOrANullModulePointerIsAConfigError) {
+  const std::string want =
+      "[checkpoint] the module is null (an empty holder or a null pointer); construct the module "
+      "before checkpointing it.";
   try {
-    volt::checkpoint(empty, torch::randn({2, 2}));
+    volt::checkpoint(nn::Linear(nullptr), torch::randn({2, 2}));
     ADD_FAILURE() << "an empty holder was run";
   } catch (const volt::ConfigError& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "[checkpoint] the module holder is empty; construct the module before "
-              "checkpointing it.");
+    EXPECT_EQ(std::string(e.what()), want);
   }
+  try {
+    volt::checkpoint(std::shared_ptr<nn::LinearImpl>(), torch::randn({2, 2}));
+    ADD_FAILURE() << "a null module pointer was run";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), want);
+  }
+}
+
+// Which targets the one- or several-tensor form takes (the others name no candidate).
+template <typename Void, typename F, typename... In>
+struct Checkpointable : std::false_type {};
+template <typename F, typename... In>
+struct Checkpointable<
+    std::void_t<decltype(volt::checkpoint(std::declval<F>(), std::declval<const In&>()...))>, F,
+    In...> : std::true_type {};
+static_assert(Checkpointable<void, std::shared_ptr<nn::LinearImpl>, at::Tensor>::value);
+static_assert(Checkpointable<void, nn::Linear, at::Tensor>::value);
+static_assert(!Checkpointable<void, std::shared_ptr<nn::LinearImpl>, at::Tensor, at::Tensor>::value,
+              "Linear's forward takes one tensor");
+static_assert(!Checkpointable<void, std::shared_ptr<int>, at::Tensor>::value, "not a module");
+
+// A module's std::shared_ptr with a several-tensor forward: the result and the gradients equal
+// the plain call's, and the recomputation runs the forward again.
+struct GatedImpl : nn::Module {
+  GatedImpl() : fc(register_module("fc", nn::Linear(4, 4))) {}
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& gate) {
+    ++calls;
+    return fc(x) * torch::sigmoid(gate);
+  }
+  nn::Linear fc;
+  int calls = 0;
+};
+
+TEST(ActivationCheckpoint, AModulePointerWithSeveralInputsGradientsBitwiseEqual) {
+  torch::manual_seed(0);
+  auto gated = std::make_shared<GatedImpl>();
+  const at::Tensor x = torch::randn({3, 4}, torch::requires_grad());
+  const at::Tensor gate = torch::randn({3, 4}, torch::requires_grad());
+  gated->forward(x, gate).square().sum().backward();
+  std::vector<at::Tensor> want{x.grad().clone(), gate.grad().clone(),
+                               gated->fc->weight.grad().clone()};
+  x.mutable_grad() = at::Tensor();
+  gate.mutable_grad() = at::Tensor();
+  gated->zero_grad();
+  gated->calls = 0;
+  at::Tensor y = volt::checkpoint(gated, x, gate);
+  EXPECT_EQ(gated->calls, 1);
+  y.square().sum().backward();
+  EXPECT_EQ(gated->calls, 2) << "backward recomputes the forward";
+  const std::vector<at::Tensor> got{x.grad(), gate.grad(), gated->fc->weight.grad()};
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << i;
 }
 
 // An entry with children of its own (a Sequential cannot hold a Sequential).

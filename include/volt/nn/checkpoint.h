@@ -79,6 +79,34 @@ std::vector<at::Tensor> invoke_on_list(Fn& fn, const std::vector<at::Tensor>& in
                                        std::index_sequence<I...>) {
   return to_list(fn(in[I]...));
 }
+/// Whether M's forward takes the tensors (detected, so a mismatch names no candidate).
+template <typename Void, typename M, typename... In>
+struct module_forwards : std::false_type {};
+template <typename M, typename... In>
+struct module_forwards<
+    std::void_t<decltype(std::declval<M&>().forward(std::declval<const In&>()...))>, M, In...>
+    : std::true_type {};
+/// A std::shared_ptr to a module (what register_module returns for a module without a holder).
+template <typename F>
+struct is_module_pointer : std::false_type {};
+template <typename M>
+struct is_module_pointer<std::shared_ptr<M>> : std::is_base_of<torch::nn::Module, M> {};
+/// The module a holder or a module pointer names; null when the holder is empty.
+template <typename M>
+std::shared_ptr<M> module_pointer(const std::shared_ptr<M>& module) {
+  return module;
+}
+template <typename M>
+std::shared_ptr<M> module_pointer(const torch::nn::ModuleHolder<M>& holder) {
+  return holder.is_empty() ? nullptr : holder.ptr();
+}
+/// What the one- or several-tensor checkpoint calls: a callable taking the tensors, or a module
+/// pointer whose forward takes them.
+template <typename F, typename... In>
+struct checkpoint_callable : std::is_invocable<F&, const In&...> {};
+template <typename M, typename... In>
+struct checkpoint_callable<std::shared_ptr<M>, In...>
+    : std::conjunction<std::is_base_of<torch::nn::Module, M>, module_forwards<void, M, In...>> {};
 }  // namespace detail
 
 /// Runs `fn(inputs)` keeping none of its intermediate activations; backward re-runs it (with
@@ -104,21 +132,23 @@ std::vector<at::Tensor> checkpoint(Fn&& fn, In&& inputs);
 /// The one- or several-tensor form, e.g. DeepSpeed's `checkpoint(self.l2, l1_out)`:
 ///   at::Tensor y = volt::checkpoint(l2, h);                    // a module holder
 ///   at::Tensor s = volt::checkpoint(seq, h);                   // a whole torch::nn::Sequential
+///   at::Tensor b = volt::checkpoint(block_impl, h);            // a std::shared_ptr<BlockImpl>
 ///   at::Tensor z = volt::checkpoint([this, causal](const at::Tensor& a, const at::Tensor& b) {
 ///     return block(a, b, causal); }, a, b);                      // non-tensors captured
 /// `fn` is kept until the backward pass, which runs it again: capture by value (and `this`),
 /// never a local by reference ([&]), which is gone when a later backward() recomputes.
 /// `fn` takes the tensors and returns at::Tensor (the result is a Tensor) or
 /// std::vector<at::Tensor> (the result is that vector). A module holder (any
-/// torch::nn::ModuleHolder, Sequential included) is called through its forward and known to
-/// checkpoint: its buffers do not move again in the recomputation (BatchNorm's running
-/// statistics count each forward once), and a frozen module whose inputs need no gradient just
-/// runs. A lambda's modules are unknown to checkpoint, as to torch.utils.checkpoint: their
+/// torch::nn::ModuleHolder, Sequential included) or a std::shared_ptr to a module
+/// (`std::shared_ptr<BlockImpl>`, for modules without TORCH_MODULE) is called through its
+/// forward and known to checkpoint: its buffers do not move again in the recomputation (BatchNorm's
+/// running statistics count each forward once), and a frozen module whose inputs need no gradient
+/// just runs. A lambda's modules are unknown to checkpoint, as to torch.utils.checkpoint: their
 /// buffers move again when backward recomputes.
 template <typename Fn, typename... Rest,
           typename = std::enable_if_t<std::conjunction_v<
               std::is_same<std::decay_t<Rest>, at::Tensor>...,
-              std::is_invocable<std::decay_t<Fn>&, const at::Tensor&, const Rest&...>>>>
+              detail::checkpoint_callable<std::decay_t<Fn>, at::Tensor, Rest...>>>>
 auto checkpoint(Fn&& fn, const at::Tensor& x, const Rest&... rest);
 
 /// The same with explicit options: `volt::checkpoint(CheckpointOptions().cpu_checkpointing(true),
@@ -126,14 +156,15 @@ auto checkpoint(Fn&& fn, const at::Tensor& x, const Rest&... rest);
 template <typename Fn, typename... Rest,
           typename = std::enable_if_t<std::conjunction_v<
               std::is_same<std::decay_t<Rest>, at::Tensor>...,
-              std::is_invocable<std::decay_t<Fn>&, const at::Tensor&, const Rest&...>>>>
+              detail::checkpoint_callable<std::decay_t<Fn>, at::Tensor, Rest...>>>>
 auto checkpoint(const CheckpointOptions& options, Fn&& fn, const at::Tensor& x,
                 const Rest&... rest) {
   constexpr auto kInputs = std::make_index_sequence<1 + sizeof...(Rest)>{};
-  if constexpr (torch::detail::is_module_holder<Fn>::value) {
+  if constexpr (torch::detail::is_module_holder<Fn>::value ||
+                detail::is_module_pointer<std::decay_t<Fn>>::value) {
     // Through the module's forward: a Sequential holder's operator() cannot name its return
     // type (its forward is a template), the module's own forward defaults to Tensor.
-    auto module = fn.is_empty() ? nullptr : fn.ptr();  // empty: checkpoint_module_impl says so
+    auto module = detail::module_pointer(fn);  // null: checkpoint_module_impl says so
     auto forward = [module](const auto&... in) { return module->forward(in...); };
     using R = std::decay_t<decltype(forward(x, rest...))>;
     CheckpointFunction f = [forward, kInputs](const std::vector<at::Tensor>& in) {

@@ -3,11 +3,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cctype>
 #include <fstream>
 #include <sstream>
 
 #include "../../core/detail/input_limits.h"
+#include "core/detail/ascii.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -116,7 +116,7 @@ void set_origin(ConfigNode& n, const std::string& origin) {
 
 bool is_index(const std::string& s) {
   return !s.empty() && s.size() < 9 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(c) != 0; });
+         std::all_of(s.begin(), s.end(), [](char c) { return detail::ascii_digit(c); });
 }
 
 /// False for text that starts with a flow collection but goes on after it closes, such as

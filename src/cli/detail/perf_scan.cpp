@@ -1,14 +1,15 @@
 #include "cli/detail/perf_scan.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "../../core/detail/input_limits.h"
+#include "core/detail/ascii.h"
 #include "core/detail/host_syncs.h"
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -29,8 +30,7 @@ Kind kind_of(const std::string& cat, const std::string& name) {
   // PyTorch's own record_function names carry a '#' (enumerate(DataLoader)#..., Optimizer.step#
   // SGD.step); everything else in a legacy trace is an op.
   if (cat.empty()) return name.find('#') != std::string::npos ? Kind::kRegion : Kind::kOp;
-  std::string c = cat;
-  for (char& ch : c) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string c = detail::ascii_lower(cat);
   if (c == "cpu_op" || c == "operator") return Kind::kOp;
   if (c == "user_annotation") return Kind::kRegion;
   if (c == "cuda_runtime" || c == "runtime" || c == "cuda_driver") return Kind::kRuntime;
@@ -91,14 +91,13 @@ double union_length(std::vector<std::pair<double, double>> iv) {
 }
 
 std::string pct(double share) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f%%", 100.0 * share);
-  return b;
+  return c_format("%.1f%%", 100.0 * share);
 }
 
 }  // namespace
 
 PerfScan scan_trace(const std::string& text, const std::string& source) {
+  const CNumbers c_numbers;  // the advice's numbers
   InputLimits limits;
   limits.max_bytes = kTraceMaxBytes;
   limits.max_nodes = kTraceMaxNodes;
@@ -287,6 +286,7 @@ PerfScan scan_trace(const std::string& text, const std::string& source) {
 }
 
 std::string format_scan(const PerfScan& s, const std::string& source) {
+  const CNumbers c_numbers;
   std::ostringstream os;
   char b[256];
   os << "perf scan of " << source << "\n";

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/detail/ascii.h"
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/trainer/plan.h"
@@ -62,10 +64,10 @@ bool parse_float(const std::string& s, double* out) {
   if (s == ".inf" || s == "+.inf" || s == ".Inf" || s == "inf") return *out = INFINITY, true;
   if (s == "-.inf" || s == "-.Inf" || s == "-inf") return *out = -INFINITY, true;
   if (s == ".nan" || s == ".NaN" || s == "nan") return *out = NAN, true;
-  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return false;
+  if (s.empty() || detail::ascii_space(s[0])) return false;
   char* end = nullptr;
   errno = 0;
-  *out = std::strtod(s.c_str(), &end);
+  *out = detail::c_strtod(s.c_str(), &end);
   return end == s.c_str() + s.size() && errno != ERANGE;
 }
 
@@ -313,10 +315,9 @@ bool plain_safe(const std::string& s) {
   for (const char* r : kReserved) {
     if (s == r) return false;
   }
-  if (!(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_' || s[0] == '/')) return false;
+  if (!(detail::ascii_alpha(s[0]) || s[0] == '_' || s[0] == '/')) return false;
   for (char c : s) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' ||
-          c == '/')) {
+    if (!(detail::ascii_alnum(c) || c == '_' || c == '-' || c == '.' || c == '/')) {
       return false;
     }
   }

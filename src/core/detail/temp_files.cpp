@@ -6,10 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 
+#include "core/detail/ascii.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -31,7 +31,7 @@ bool is_temp_name(const std::string& name) {
   const size_t pos = name.rfind(kInfix);
   if (pos == std::string::npos || pos == 0 || pos + kInfix.size() == name.size()) return false;
   for (size_t i = pos + kInfix.size(); i < name.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return false;
+    if (!ascii_digit(name[i])) return false;
   }
   return true;
 }

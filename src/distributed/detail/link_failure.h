@@ -6,15 +6,14 @@
 // DistributedError (the group marked broken, the job restartable), anything else into the
 // model's ValueError.
 
-#include <algorithm>
-#include <cctype>
 #include <string>
+
+#include "core/detail/ascii.h"
 
 namespace volt::detail {
 
-inline bool link_failure(std::string why) {
-  std::transform(why.begin(), why.end(), why.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+inline bool link_failure(const std::string& message) {
+  const std::string why = ascii_lower(message);
   for (const char* word : {"connection", "timed out", "timeout", "broken pipe", "pair closure",
                            "remote process exited"}) {
     if (why.find(word) != std::string::npos) return true;

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/detail/ascii.h"
 #include "crc32.h"
 #include "volt/core/check.h"
 
@@ -339,10 +340,8 @@ class Archive {
 
   // Splits one line after its indentation; false when it holds anything the writer never prints.
   static bool tokenize(const std::string& s, size_t from, std::vector<Token>* out) {
-    const auto ident_start = [](char c) {
-      return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-    };
-    const auto ident_char = [&](char c) { return ident_start(c) || (c >= '0' && c <= '9'); };
+    const auto ident_start = [](char c) { return ascii_alpha(c) || c == '_'; };
+    const auto ident_char = [&](char c) { return ident_start(c) || ascii_digit(c); };
     for (size_t i = from; i < s.size();) {
       const char c = s[i];
       if (c == ' ') {

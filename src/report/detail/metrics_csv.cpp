@@ -1,7 +1,6 @@
 #include "metrics_csv.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -9,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "../../core/detail/ascii.h"
+#include "../../core/detail/numbers.h"
 #include "../../loggers/detail/csv_format.h"
 #include "volt/core/check.h"
 
@@ -28,8 +29,8 @@ namespace {
 
 std::string trim(const std::string& s) {
   size_t b = 0, e = s.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  while (b < e && detail::ascii_space(s[b])) ++b;
+  while (e > b && detail::ascii_space(s[e - 1])) --e;
   return s.substr(b, e - b);
 }
 
@@ -41,7 +42,7 @@ bool parse_number(const std::string& text, double* out) {
   const std::string s = trim(text);
   if (s.empty()) return false;
   char* end = nullptr;
-  *out = std::strtod(s.c_str(), &end);
+  *out = c_strtod(s.c_str(), &end);
   return end == s.c_str() + s.size();
 }
 

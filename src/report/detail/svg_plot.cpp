@@ -6,6 +6,8 @@
 #include <limits>
 #include <ostream>
 
+#include "../../core/detail/numbers.h"
+
 namespace volt {
 namespace detail {
 
@@ -45,9 +47,7 @@ std::string json_escape(const std::string& s) {
 }
 
 std::string format_number(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
+  return c_format(format, v);
 }
 
 // A metric value for tables and legends: 5 significant digits, big values (throughputs) as
@@ -127,21 +127,15 @@ std::string format_tick(double v, const Axis& a) {
     const double unit = mag >= 1e9 ? 1e9 : mag >= 1e6 ? 1e6 : 1e3;
     const int decimals =
         std::max(0, -static_cast<int>(std::floor(std::log10(a.step / unit) + 1e-9)));
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.*f%s", decimals, v / unit, suffix);
-    return buf;
+    return c_format("%.*f%s", decimals, v / unit, suffix);
   }
   if (mag < 1e-3 && mag > 0) {
     if (v == 0) return "0";
     const int v_exp = static_cast<int>(std::floor(std::log10(std::fabs(v)) + 1e-9));
     const int digits = std::max(0, std::min(6, v_exp - step_exp));
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.*e", digits, v);
-    return buf;
+    return c_format("%.*e", digits, v);
   }
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", std::max(0, -step_exp), v);
-  return buf;
+  return c_format("%.*f", std::max(0, -step_exp), v);
 }
 
 // Keeps each bucket's minimum and maximum (in step order), so spikes survive thinning; a
