@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../core/detail/ascii.h"
+#include "../core/detail/numbers.h"
 #include "../core/detail/version_folder.h"
 #include "../loggers/detail/log_dir.h"
 #include "detail/metrics_csv.h"
@@ -36,7 +37,7 @@ std::ostream& operator<<(std::ostream& os, const ReportOptions& o) {
 
 namespace {
 
-using detail::format_number;
+using detail::c_format;
 using detail::format_step;
 using detail::format_value;
 using detail::html_escape;
@@ -486,7 +487,7 @@ std::string render(const MetricsTable& run, const Source& src, const std::string
     } else {
       const Point best = g == Group::kLoss ? st.min : st.max;
       write_tile(os, "Best " + s->name, format_value(best.y),
-                 "step " + format_step(best.x) + " · last " + format_number("%.4g", st.last.y));
+                 "step " + format_step(best.x) + " · last " + c_format("%.4g", st.last.y));
     }
   }
   os << "</div>\n";
@@ -528,7 +529,7 @@ std::string render(const MetricsTable& run, const Source& src, const std::string
                           });
     if (smoothed) {
       os << "<span class=\"hint\">faint: raw · solid: moving average ("
-         << format_number("%g", options.smoothing()) << ")</span>";
+         << c_format("%g", options.smoothing()) << ")</span>";
     }
     os << "</div>\n";
     PlotSpec spec;

@@ -46,23 +46,19 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
-std::string format_number(const char* format, double v) {
-  return c_format(format, v);
-}
-
 // A metric value for tables and legends: 5 significant digits, big values (throughputs) as
 // whole numbers with thousands separators, inf/nan spelled out.
 std::string format_value(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+inf" : "-inf";
-  if (std::fabs(v) < 1e4 || std::fabs(v) >= 1e15) return format_number("%.5g", v);
-  std::string digits = format_number("%.0f", std::fabs(v));
+  if (std::fabs(v) < 1e4 || std::fabs(v) >= 1e15) return c_format("%.5g", v);
+  std::string digits = c_format("%.0f", std::fabs(v));
   for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(i, ",");
   return (v < 0 ? "-" : "") + digits;
 }
 
 std::string format_step(double s) {
-  return format_number("%.0f", s);
+  return c_format("%.0f", s);
 }
 
 namespace {
@@ -190,7 +186,7 @@ const char* series_colour(size_t k) {
 }
 
 void write_svg_plot(const PlotSpec& spec, std::ostream& os, std::ostream& json) {
-  auto f1 = [](double v) { return format_number("%.1f", v); };
+  auto f1 = [](double v) { return c_format("%.1f", v); };
   std::vector<std::vector<Point>> drawn;
   double xlo = std::numeric_limits<double>::infinity(), xhi = -xlo, ylo = xlo, yhi = -xlo;
   for (const Series* s : spec.lines) {
@@ -260,10 +256,10 @@ void write_svg_plot(const PlotSpec& spec, std::ostream& os, std::ostream& json) 
        << "\" text-anchor=\"middle\">no finite values</text>\n";
   }
 
-  json << "{\"id\":\"" << json_escape(spec.id) << "\",\"x\":[" << format_number("%.10g", ax.lo)
-       << "," << format_number("%.10g", ax.hi) << "],\"y\":[" << format_number("%.10g", ay.lo)
-       << "," << format_number("%.10g", ay.hi) << "],\"box\":[" << kLeft << "," << kTop << "," << pw
-       << "," << ph << "],\"series\":[";
+  json << "{\"id\":\"" << json_escape(spec.id) << "\",\"x\":[" << c_format("%.10g", ax.lo) << ","
+       << c_format("%.10g", ax.hi) << "],\"y\":[" << c_format("%.10g", ay.lo) << ","
+       << c_format("%.10g", ay.hi) << "],\"box\":[" << kLeft << "," << kTop << "," << pw << ","
+       << ph << "],\"series\":[";
   for (size_t k = 0; k < spec.lines.size(); ++k) {
     const std::string& name = spec.lines[k]->name;
     const char* colour = series_colour(k);
@@ -310,8 +306,8 @@ void write_svg_plot(const PlotSpec& spec, std::ostream& os, std::ostream& json) 
     json << (k ? "," : "") << "{\"name\":\"" << json_escape(name) << "\",\"color\":\"" << colour
          << "\",\"p\":[";
     for (size_t j = 0; j < pts.size(); ++j) {
-      json << (j ? "," : "") << "[" << format_number("%.0f", pts[j].x) << ","
-           << (std::isfinite(pts[j].y) ? format_number("%.6g", pts[j].y) : "null") << "]";
+      json << (j ? "," : "") << "[" << c_format("%.0f", pts[j].x) << ","
+           << (std::isfinite(pts[j].y) ? c_format("%.6g", pts[j].y) : "null") << "]";
     }
     json << "]}";
   }

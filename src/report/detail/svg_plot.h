@@ -17,8 +17,6 @@ namespace detail {
 std::string html_escape(const std::string& s);
 /// A JSON string body; "<" is escaped too, so "</script>" never appears in a data block.
 std::string json_escape(const std::string& s);
-/// snprintf of one double.
-std::string format_number(const char* format, double v);
 /// 5 significant digits; >= 1e4 as a whole number with thousands separators; NaN, +inf, -inf.
 std::string format_value(double v);
 /// A step as an integer.
