@@ -17,12 +17,14 @@
 #include <volt/callbacks/model_summary.h>
 #include <volt/core/registry.h>
 #include <volt/kernels/fused_elementwise.h>
+#include <volt/loggers/csv.h>
 #include <volt/report/run_report.h>
 
 #include "cli/detail/resolve.h"
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
 #include "error_text.h"
+#include "reread.h"
 #include "scoped_env.h"
 #include "tiny.h"
 
@@ -197,6 +199,26 @@ TEST_F(GermanLocale, TheRunReportReadsAndPlotsAsInTheCLocale) {
   // The plot's points, as its script reads them.
   EXPECT_NE(html.str().find("[1,0.25]"), std::string::npos);
   EXPECT_NE(html.str().find("[2,0.125]"), std::string::npos);
+}
+
+TEST_F(GermanLocale, TheCsvLoggersResumeReadsItsNumbers) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
+  for (int s = 0; s < 4; ++s) a.log_metrics({{"loss", 0.5 * s}}, s);
+  a.save();
+  torch::serialize::OutputArchive out;
+  a.save_state(out);
+  auto in = volt_test::reread(out);
+  // Resuming at step 3 reads the rows before it back (a ',' decimal point read "0.5" as a
+  // number followed by garbage: a DataError asking to repair the file).
+  volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
+  b.load_state(in, /*step=*/3);
+  b.log_metrics({{"loss", 2.5}}, 3);
+  b.save();
+  std::ifstream file(b.metrics_path());
+  std::stringstream text;
+  text << file.rdbuf();
+  EXPECT_EQ(text.str(), "step,loss\n0,0\n1,0.5\n2,1\n3,2.5\n");
 }
 
 }  // namespace
