@@ -11,6 +11,12 @@
 # - strtod and its kin (std::stod, atof, ...; in src/ and include/): they read LC_NUMERIC, so
 #   under a program's de_DE locale "0.5" stops at the '.'. Use detail::c_strtod
 #   (src/core/detail/numbers.h, the one place that calls strtod), or std::from_chars.
+# - std's string and file streams made directly (std::ostringstream os; std::ifstream(p); in
+#   src/): a stream takes the C++ global locale when it is made, so after the program's
+#   std::locale::global(std::locale("")) one writes 1000 as "1.000" and 0.5 as "0,5" under de_DE.
+#   Make them with detail::c_stream<std::ostringstream>() (numbers.h): the "C" locale.
+#   src/io/detail/state_key.h keeps std::ostringstream on purpose: it must make the same text as
+#   libtorch's own optimizer-state keys, which follow the global locale.
 # Lines that are comments are skipped.
 # Usage: banned_calls.sh <repository root>  |  banned_calls.sh --self-test
 set -uo pipefail
@@ -18,30 +24,32 @@ set -uo pipefail
 # A call: at a line's start, after std:: or ::, or after a character that cannot end a name or
 # a member access.
 call='(^|std::|[^[:alnum:]_]::|[^[:alnum:]_:.>])'
-rule_names=(remove_all cctype strtod)
+rule_names=(remove_all cctype strtod streams)
 rule_patterns=(
   'remove_all[[:space:]]*\('
   "${call}(is(alpha|alnum|digit|xdigit|space|upper|lower|punct|print|graph|cntrl|blank)|to(lower|upper))[[:space:]]*\\("
   "${call}(strto(d|f|ld)|atof|sto(d|f|ld))[[:space:]]*\\("
+  'std::(o|i)?(stringstream|fstream)([[:space:]]*[({]|[[:space:]]+[[:alpha:]_])'
 )
-rule_dirs=("src include tests benchmarks examples tools" "src include" "src include")
-# The one file each rule lets call it (relative to the root; "" for none).
-rule_home=("" "" "src/core/detail/numbers.h")
+rule_dirs=("src include tests benchmarks examples tools" "src include" "src include" "src")
+# The files each rule lets call it (relative to the root, space-separated; "" for none).
+rule_home=("" "" "src/core/detail/numbers.h" "src/io/detail/state_key.h")
 rule_advice=(
   "std::filesystem::remove_all called (use volt::detail::remove_tree or rm -rf)"
   "<cctype> call in the library (use src/core/detail/ascii.h: locale-free, defined for every char)"
   "strtod-family call in the library (use detail::c_strtod of src/core/detail/numbers.h: the C locale)"
+  "std string or file stream made in the library (make it with detail::c_stream<std::...>(...) of src/core/detail/numbers.h: the C locale)"
 )
 
 check() {
-  local root=$1 failed=0 i dirs hits
+  local root=$1 failed=0 i d h dirs hits
   for i in "${!rule_names[@]}"; do
     dirs=()
     for d in ${rule_dirs[$i]}; do [ -d "$root/$d" ] && dirs+=("$root/$d"); done
     [ ${#dirs[@]} -eq 0 ] && continue
     hits=$(grep -rnE "${rule_patterns[$i]}" --include='*.cpp' --include='*.h' "${dirs[@]}" |
-      grep -vE '^[^:]+:[0-9]+:[[:space:]]*//' |
-      { if [ -n "${rule_home[$i]}" ]; then grep -vF "$root/${rule_home[$i]}:"; else cat; fi; })
+      grep -vE '^[^:]+:[0-9]+:[[:space:]]*//')
+    for h in ${rule_home[$i]}; do hits=$(grep -vF "$root/$h:" <<<"$hits"); done
     if [ -n "$hits" ]; then
       echo "${rule_advice[$i]}:"
       echo "$hits"
@@ -63,11 +71,16 @@ if [ "${1:-}" = "--self-test" ]; then
   check "$tmp" > /dev/null || { echo "self-test: a comment or a member was flagged"; exit 1; }
   printf 'double c_strtod(const char* t) { return std::strtod(t, nullptr); }\n' \
     > "$tmp/src/home.cpp"
-  rule_home[2]=src/home.cpp  # the strtod rule's own file may call it
+  printf 'std::ostringstream os;\n' > "$tmp/src/home2.cpp"
+  printf 'auto os = detail::c_stream<std::ostringstream>();\nvoid f(std::ostringstream& os);\n' \
+    > "$tmp/src/made.cpp"
+  rule_home[2]=src/home.cpp  # a rule's own files may call it
+  rule_home[3]="src/other.cpp src/home2.cpp"
   check "$tmp" > /dev/null || { echo "self-test: a rule's own file was flagged"; exit 1; }
   for planted in 'std::filesystem::remove_all(p);' 'c = std::tolower(c);' \
     'if (isdigit(c)) {}' 'x = ::toupper(c);' 'd = std::strtod(s, &e);' 'd = std::stod(s);' \
-    'x = atof(s);'; do
+    'x = atof(s);' 'std::ostringstream os;' 'std::ifstream in(p);' 'std::ofstream(p) << 1;' \
+    'std::stringstream{} << 1;'; do
     printf 'void g() { %s }\n' "$planted" > "$tmp/src/bad.cpp"
     if check "$tmp" > /dev/null; then
       echo "self-test: '$planted' was not caught"

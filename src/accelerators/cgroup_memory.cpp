@@ -1,9 +1,9 @@
 #include "detail/cgroup_memory.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <string>
+
+#include "core/detail/numbers.h"
 
 namespace volt {
 namespace detail {
@@ -12,7 +12,7 @@ namespace {
 // A limit file's bytes, or -1 for none ("max", a missing or unreadable file, v1's "unlimited":
 // 2^63 - 1 rounded down to a page, far beyond any machine).
 int64_t read_limit(const std::string& path) {
-  std::ifstream in(path);
+  auto in = detail::c_stream<std::ifstream>(path);
   std::string s;
   if (!(in >> s) || s.empty() || s == "max") return -1;
   try {
@@ -48,7 +48,7 @@ int64_t cgroup_memory_limit(const std::string& root, const std::string& proc_sel
   // path empty, the hierarchy's root: only the roots are read without /proc/self/cgroup, as volt
   // did before it walked the process's own path.
   std::string v2_path, v1_path;
-  std::istringstream lines(proc_self_cgroup);
+  auto lines = detail::c_stream<std::istringstream>(proc_self_cgroup);
   for (std::string line; std::getline(lines, line);) {
     const auto a = line.find(':');
     const auto b = a == std::string::npos ? a : line.find(':', a + 1);
@@ -59,7 +59,7 @@ int64_t cgroup_memory_limit(const std::string& root, const std::string& proc_sel
       v2_path = path;
       continue;
     }
-    std::istringstream names(controllers);
+    auto names = detail::c_stream<std::istringstream>(controllers);
     for (std::string c; std::getline(names, c, ',');) {
       if (c == "memory") v1_path = path;
     }

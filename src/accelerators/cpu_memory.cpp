@@ -7,10 +7,9 @@
 
 #include <atomic>
 #include <cstring>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "detail/cgroup_memory.h"
 #include "volt/core/check.h"
 #include "volt/core/version.h"
@@ -120,8 +119,8 @@ int64_t memory_limit() {
   const long page = ::sysconf(_SC_PAGESIZE);
   int64_t limit = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
   // A container's memory limit is what the process can really use.
-  std::ifstream in("/proc/self/cgroup");
-  std::stringstream text;
+  auto in = detail::c_stream<std::ifstream>("/proc/self/cgroup");
+  auto text = detail::c_stream<std::stringstream>();
   text << in.rdbuf();
   const int64_t l = detail::cgroup_memory_limit("/sys/fs/cgroup", text.str());
   if (l > 0 && (limit == 0 || l < limit)) limit = l;

@@ -1,7 +1,6 @@
 #include "volt/callbacks/activation_checkpointing.h"
 
-#include <sstream>
-
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -36,7 +35,7 @@ void ActivationCheckpointing::on_fit_start(RunContext& run, Module& module) {
     wrapped = wrap_activation_checkpointing(module, options_.modules());
   }
   if (!wrapped.empty()) {
-    std::ostringstream os;
+    auto os = detail::c_stream<std::ostringstream>();
     os << "checkpointing " << wrapped.size() << " module(s):";
     for (const auto& p : wrapped) os << " " << p;
     log_info("ActivationCheckpointing", os.str());

@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <ostream>
 
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 #include "volt/core/run_context.h"
 #include "volt/loggers/logger.h"
@@ -22,7 +22,7 @@ double clock_s(clockid_t id) {
 
 // Resident set size: the second field of /proc/self/statm, in pages.
 double rss_bytes() {
-  std::ifstream in("/proc/self/statm");
+  auto in = detail::c_stream<std::ifstream>("/proc/self/statm");
   long long size = 0, resident = 0;
   if (!(in >> size >> resident)) return 0;
   return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));

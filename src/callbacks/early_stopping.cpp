@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <limits>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
 
@@ -66,7 +66,7 @@ void EarlyStopping::check(RunContext& run) {
   const double current = it->second;
   const bool min_mode = options_.mode() == Mode::kMin;
   auto improves = [&](double a, double b) { return min_mode ? a < b : a > b; };
-  std::ostringstream why;
+  auto why = detail::c_stream<std::ostringstream>();
   bool stop = false;
   if (options_.check_finite() && !std::isfinite(current)) {
     stop = true;

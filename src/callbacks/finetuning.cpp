@@ -7,7 +7,6 @@
 #include <limits>
 #include <ostream>
 #include <set>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -78,7 +77,7 @@ std::string rounded(double value, int64_t decimals) {
   const double r = std::isfinite(value * scale) ? std::round(value * scale) / scale : value;
   std::string text;
   for (int digits = 15; digits <= 17; ++digits) {
-    std::ostringstream os;
+    auto os = detail::c_stream<std::ostringstream>();
     os << std::setprecision(digits) << r;
     text = os.str();
     if (detail::c_strtod(text.c_str(), nullptr) == r) break;
@@ -461,7 +460,7 @@ torch::nn::Module& BackboneFinetuning::backbone_of(Module& module) const {
     if (found == nullptr && name == options_.backbone()) found = &m;
   });
   if (found != nullptr) return *found;
-  std::ostringstream children;
+  auto children = detail::c_stream<std::ostringstream>();
   for (const auto& c : module.named_children())
     children << (children.tellp() ? ", " : "") << c.key();
   throw ConfigError("[BackboneFinetuning] the module has no submodule '" + options_.backbone() +

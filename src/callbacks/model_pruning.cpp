@@ -10,8 +10,8 @@
 #include <iomanip>
 #include <ostream>
 #include <set>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 #include "volt/core/errors.h"
 #include "volt/core/log.h"
@@ -144,13 +144,13 @@ void check_amount(const PruningAmount& a) {
 }
 
 std::string text_of(const PruningAmount& a) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << a;
   return os.str();
 }
 
 std::string percent(int64_t part, int64_t whole) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << std::fixed << std::setprecision(2) << 100.0 * static_cast<double>(part) / whole << "%";
   return os.str();
 }
@@ -436,7 +436,7 @@ void ModelPruning::apply_pruning(PruningAmount amount) {
                                    " (" + percent(zeros_after, total) + ")");
     }
     if (options_.verbose() == 2) {
-      std::ostringstream a;
+      auto a = detail::c_stream<std::ostringstream>();
       a << amount;
       for (size_t i = 0; i < after.size(); ++i) {
         log_info("ModelPruning", "Applied `" + method + "` to `" + keys_[i] + "` with amount=" +

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <functional>
 #include <ostream>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -177,7 +176,7 @@ std::string format_summary(const ModelSummaryTable& t) {
     total_width += w + 3;
   }
   const size_t n_rows = cols[0].second.size();
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   auto line = [&](const std::function<std::string(size_t)>& cell) {
     for (size_t c = 0; c < cols.size(); ++c) os << (c ? " | " : "") << pad(cell(c), width[c]);
     os << "\n";

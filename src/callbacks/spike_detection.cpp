@@ -8,10 +8,10 @@
 #include <iostream>
 #include <limits>
 #include <numeric>
-#include <sstream>
 #include <utility>
 
 #include "core/detail/archive_values.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
@@ -122,7 +122,7 @@ void SpikeDetector::judge(const at::Tensor& loss_tensor, const SpikeSite& site) 
       written = " NOT written to " + file + " (" + e.what() + ")";
     }
   }
-  std::ostringstream msg;
+  auto msg = detail::c_stream<std::ostringstream>();
   msg << kTag << " training spike in batch " << site.batch_idx << site.position << ": ";
   if (spike_here) {
     msg << "loss " << loss << " against a running mean of " << mean << " over the last "

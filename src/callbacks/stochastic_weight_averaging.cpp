@@ -7,11 +7,11 @@
 #include <cmath>
 #include <map>
 #include <ostream>
-#include <sstream>
 
 #include "callbacks/detail/averaged_tensors.h"
 #include "callbacks/detail/batch_norm.h"
 #include "core/detail/archive_values.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -25,7 +25,7 @@ constexpr const char* kTag = "[StochasticWeightAveraging]";
 
 std::string numbers(const std::vector<double>& values) {
   return detail::joined(values, [](double v) {
-    std::ostringstream s;
+    auto s = detail::c_stream<std::ostringstream>();
     s << v;
     return s.str();
   });
@@ -187,7 +187,7 @@ void StochasticWeightAveraging::on_fit_start(RunContext& run, Module& module) {
   }
   s.loaded_average.clear();
   if (run.is_global_zero()) {
-    std::ostringstream msg;
+    auto msg = detail::c_stream<std::ostringstream>();
     msg << "averaging the weights at the end of epochs " << swa_start_ << ".." << max_epochs - 1
         << " (0-based); from epoch " << swa_start_ << " the learning rate anneals to {"
         << numbers(s.swa_lrs) << "} over " << options_.annealing_epochs() << " epoch(s) ("

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
 #include "volt/core/run_context.h"
@@ -20,7 +20,7 @@ Timer::Timer(TimerOptions options) : options_(options) {
 }
 
 double Timer::parse_duration(const std::string& s) {
-  std::stringstream ss(s);
+  auto ss = detail::c_stream<std::stringstream>(s);
   std::string part;
   std::vector<int64_t> parts;
   bool ok = true;

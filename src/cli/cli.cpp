@@ -12,10 +12,8 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <sstream>
 
 #include "../callbacks/detail/prediction_tensors.h"
 #include "../core/detail/input_limits.h"
@@ -24,6 +22,7 @@
 #include "../data/detail/stage_loaders.h"
 #include "../loggers/detail/log_dir.h"
 #include "../trainer/detail/batch_hooks.h"
+#include "core/detail/numbers.h"
 #include "detail/config_tree.h"
 #include "detail/perf_scan.h"
 #include "detail/resolve.h"
@@ -349,8 +348,8 @@ class SaveConfig : public Callback {
     fs::create_directories(dir);
     fs::path p = dir / "config.yaml";
     for (int n = 1; fs::exists(p); ++n) {
-      std::ifstream in(p, std::ios::binary);
-      std::stringstream ss;
+      auto in = detail::c_stream<std::ifstream>(p, std::ios::binary);
+      auto ss = detail::c_stream<std::stringstream>();
       ss << in.rdbuf();
       if (ss.str() == yaml_) break;  // the same config (a resumed run): keep it
       p = dir / ("config_" + std::to_string(n) + ".yaml");
@@ -458,7 +457,7 @@ int run_perf(const Command& cmd, std::ostream& out) {
   VOLT_CHECK(cmd.positional.empty() && !trace.empty(), ConfigError,
              "[cli] perf needs one --trace FILE; e.g. volt perf --trace "
              "runs/volt_logs/version_0/fit-rank0.pt.trace.json.");
-  std::ifstream in(trace, std::ios::binary);
+  auto in = detail::c_stream<std::ifstream>(trace, std::ios::binary);
   VOLT_CHECK(in.good(), ConfigError, "[cli] perf: cannot read ", trace,
              "; check the path (TorchProfiler writes it into the run's log folder).");
   detail::InputLimits limits;
@@ -557,7 +556,7 @@ int run_export(Command cmd, const Registry& reg, std::ostream& out) {
     throw;
   }
   teardown();
-  std::ostringstream shape;
+  auto shape = detail::c_stream<std::ostringstream>();
   shape << example.input.sizes() << " " << example.input.dtype();
   out << "exported: " << output << " (" << rc.model.class_path << "'s predict_step on input "
       << shape.str() << ", checked against it at " << example.input.size(0)
@@ -678,7 +677,7 @@ void print_line(std::ostream& err, const std::string& text) {
 // libtorch during the run (the Trainer logged where: step or hook, epoch and batch), or, before
 // any run, a volt bug.
 int report_foreign_error(const std::exception& e, bool during_run, std::ostream& out) {
-  std::ostringstream err;
+  auto err = detail::c_stream<std::ostringstream>();
   if (detail::is_out_of_memory(e)) {
     err << "[cli] out of memory: " << detail::first_line(e.what())
         << "; the model, its optimizer state or a batch does not fit in this machine's memory: "

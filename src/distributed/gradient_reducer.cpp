@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <ostream>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/detail/numbers.h"
 #include "detail/bucket_cap.h"
 #include "detail/c10d.h"
 #include "detail/link_failure.h"
@@ -140,7 +140,7 @@ GradientReducer::GradientReducer(const std::vector<at::Tensor>& parameters,
     if (flags[r].item<int>() != 0) differ.push_back(static_cast<int64_t>(r));
   }
   if (!differ.empty()) {
-    std::ostringstream os;
+    auto os = detail::c_stream<std::ostringstream>();
     for (size_t i = 0; i < differ.size(); ++i) os << (i ? ", " : "") << differ[i];
     VOLT_CHECK(false, ConfigError, kTag, " the model differs across ranks (parameters of rank(s) ",
                os.str(), " do not match rank 0's", mismatch.empty() ? "" : ": " + mismatch,

@@ -11,12 +11,12 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <mutex>
 #include <set>
 #include <thread>
 
+#include "core/detail/numbers.h"
 #include "detail/net.h"
 #include "volt/core/check.h"
 
@@ -31,7 +31,7 @@ constexpr const char* kTag = "[LocalLauncher]";
 constexpr std::chrono::seconds kReapBound{10};
 
 std::vector<std::string> read_cmdline() {
-  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  auto f = detail::c_stream<std::ifstream>("/proc/self/cmdline", std::ios::binary);
   std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::vector<std::string> argv;
   size_t start = 0;

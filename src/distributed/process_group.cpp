@@ -9,10 +9,10 @@
 #include <map>
 #include <mutex>
 #include <ostream>
-#include <sstream>
 #include <thread>
 
 #include "core/detail/ascii.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "core/detail/tracing.h"
 #include "detail/async_collective.h"
@@ -272,7 +272,7 @@ std::string text(const std::vector<uint8_t>& b) {
 }
 
 std::string seconds(milliseconds t) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << static_cast<double>(t.count()) / 1000.0 << " s";
   return os.str();
 }
@@ -296,7 +296,7 @@ bool contains(const std::string& s, const char* what) {
 }
 
 std::string rank_list(const std::vector<int64_t>& ranks) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << (ranks.size() == 1 ? "rank " : "ranks ");
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (i == 8) {
@@ -518,7 +518,7 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
   c10d::Store& store = *impl_->store;
 
   // 2. Join: claim the rank, publish the configuration, wait for everyone.
-  std::ostringstream cfg;
+  auto cfg = detail::c_stream<std::ostringstream>();
   cfg << "world_size=" << world_size_ << " backend=" << to_string(options_.backend())
       << " config_hash=" << (options_.config_hash().empty() ? "''" : options_.config_hash());
   const std::string me = std::to_string(rank_);
@@ -572,7 +572,7 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
                " processes did (some process has another WORLD_SIZE or rank); start every rank "
                "with the same WORLD_SIZE.");
     if (groups.size() > 1) {
-      std::ostringstream os;
+      auto os = detail::c_stream<std::ostringstream>();
       os << kTag << " ranks' configurations differ:";
       const char* sep = " ";
       for (const auto& g : groups) {
@@ -864,7 +864,7 @@ std::string describe_call(const at::Tensor& record) {
   static const char* const kOps[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter",
                                      "barrier"};
   const auto r = record.accessor<int64_t, 1>();
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << (r[0] >= 0 && r[0] < 5 ? kOps[r[0]] : "?");
   static const char* const kReduces[] = {"mean", "sum", "max", "min"};  // Reduce's order
   if ((r[0] == 0 || r[0] == 3) && r[1] >= 0 && r[1] < 4) os << " (" << kReduces[r[1]] << ")";
@@ -908,7 +908,7 @@ bool check_same_call(ProcessGroup& pg, CallOp op, int64_t arg,
     same = same && t.equal(out[0][0].cpu());
   }
   if (same) return true;
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   for (int64_t q = 0; q < pg.world_size(); ++q) {
     os << (q ? "; " : "") << "rank " << q << ": " << describe_call(out[0][q]);
   }
@@ -1035,7 +1035,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
     for (auto& t : meta_out[0]) t = t.cpu();
     for (int64_t r = 0; r < world_size_; ++r) {
       if (meta_out[0][r].equal(meta)) continue;
-      std::ostringstream os;
+      auto os = detail::c_stream<std::ostringstream>();
       for (int64_t q = 0; q < world_size_; ++q) {
         auto mq = meta_out[0][q].accessor<int64_t, 1>();
         os << (q ? "; " : "") << "rank " << q << ": [";

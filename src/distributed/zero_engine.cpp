@@ -19,11 +19,11 @@
 #include <mutex>
 #include <ostream>
 #include <set>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "core/detail/aio.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "distributed/detail/async_collective.h"
 #include "distributed/detail/intercept.h"
@@ -305,7 +305,7 @@ void ZeroEngine::partition(const std::vector<std::vector<at::Tensor>>& param_gro
 
   // Every rank must partition the same parameters in the same order, or the collectives below
   // would pair different tensors.
-  std::ostringstream layout;
+  auto layout = detail::c_stream<std::ostringstream>();
   for (const auto& c : chunks_) layout << c.name << ':' << c.numel << ';';
   const int64_t digest =
       static_cast<int64_t>(std::hash<std::string>()(layout.str()) & 0x7fffffffffffffffULL);

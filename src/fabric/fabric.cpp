@@ -13,10 +13,10 @@
 #include <algorithm>
 #include <exception>
 #include <iostream>
-#include <sstream>
 #include <unordered_set>
 #include <utility>
 
+#include "core/detail/numbers.h"
 #include "io/detail/nested_archive.h"
 #include "nn/detail/empty_init.h"
 #include "optim/detail/step_scheduler.h"
@@ -73,7 +73,7 @@ std::string splits_one_module(const Strategy& strategy) {
 }
 
 std::string join(const std::vector<std::string>& names) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << names[i];
   return os.str();
 }

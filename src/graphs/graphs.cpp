@@ -3,10 +3,10 @@
 #include <functional>
 #include <optional>
 #include <ostream>
-#include <sstream>
 #include <utility>
 
 #include "core/detail/ascii.h"
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/graphs/graph_cache.h"
@@ -26,7 +26,7 @@ std::string dtype_name(c10::ScalarType t) {
 
 // "float[128, 784]"
 std::string describe(const at::Tensor& t) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << dtype_name(t.scalar_type()) << t.sizes();
   return os.str();
 }
@@ -74,7 +74,7 @@ bool operator==(const GraphKey& a, const GraphKey& b) {
 }
 
 std::string GraphKey::str() const {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << (training_ ? "train" : "eval") << (grad_mode_ ? "+grad" : "");
   if (!layout_.empty()) os << '[' << layout_ << ']';
   os << '(';

@@ -4,13 +4,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <vector>
 
 #include "core/detail/fp8_state.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "detail/safetensors_parse.h"
 #include "volt/core/check.h"
@@ -51,7 +50,7 @@ const char* name_of(at::ScalarType t) {
 }
 
 std::string shape_str(const at::Tensor& t) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << t.sizes();
   return os.str();
 }
@@ -125,7 +124,7 @@ void save_safetensors(const torch::nn::Module& module, const std::string& path,
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  auto in = detail::c_stream<std::ifstream>(path, std::ios::binary);
   VOLT_CHECK(in.good(), CheckpointError, "[Safetensors] cannot open '", path,
              "'; check the path and permissions.");
   std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -268,7 +267,7 @@ void load_safetensors(torch::nn::Module& module, const std::string& path, bool s
   }
   fp8.log("Safetensors");
   if (strict && !problems.empty()) {
-    std::ostringstream os;
+    auto os = detail::c_stream<std::ostringstream>();
     os << "[Safetensors] '" << path << "' does not match the model (" << problems.size()
        << " mismatch" << (problems.size() > 1 ? "es" : "") << "): ";
     for (size_t i = 0; i < problems.size(); ++i) os << (i ? "; " : "") << problems[i];

@@ -3,9 +3,9 @@
 #include <torch/torch.h>
 
 #include <map>
-#include <sstream>
 
 #include "core/detail/fp8_state.h"
+#include "core/detail/numbers.h"
 #include "core/detail/parameter_names.h"
 #include "detail/state_key.h"
 #include "volt/core/check.h"
@@ -23,7 +23,7 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_state() {
 }
 
 std::string shape_str(const at::Tensor& t) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << t.sizes();
   return os.str();
 }
@@ -83,7 +83,7 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
   }
   fp8.log("Checkpoint");
   if (strict && !problems.empty()) {
-    std::ostringstream os;
+    auto os = detail::c_stream<std::ostringstream>();
     os << "[Checkpoint] the checkpoint does not match the model (" << problems.size() << " mismatch"
        << (problems.size() > 1 ? "es" : "") << "): ";
     for (size_t i = 0; i < problems.size(); ++i) os << (i ? "; " : "") << problems[i];

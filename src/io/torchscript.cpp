@@ -9,12 +9,12 @@
 #include <torch/script.h>
 
 #include <memory>
-#include <sstream>
 #include <unordered_map>
 #include <utility>
 
 #include "core/detail/ascii.h"
 #include "core/detail/host_syncs.h"
+#include "core/detail/numbers.h"
 #include "core/detail/training_modes.h"
 #include "kernels/detail/host_read_watch.h"
 #include "volt/core/atomic_file.h"
@@ -108,7 +108,7 @@ std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
 }
 
 std::string shape(const at::Tensor& t) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << t.sizes() << " " << t.dtype();
   return os.str();
 }
@@ -131,7 +131,7 @@ std::string difference(const std::vector<at::Tensor>& got, const std::vector<at:
                                          /*equal_nan=*/true)
                           : at::equal(a, b.to(a.device()));
     if (!same) {
-      std::ostringstream os;
+      auto os = detail::c_stream<std::ostringstream>();
       os << which << " differs";
       if (a.is_floating_point() && a.numel() > 0) {
         os << " (largest difference "
@@ -310,7 +310,7 @@ torch::jit::Module to_torchscript(torch::nn::Module& module, const ExportFunctio
   }
 
   if (!options.file_path().empty()) {
-    std::ostringstream bytes;
+    auto bytes = detail::c_stream<std::ostringstream>();
     jm.save(bytes);
     atomic_write_file(options.file_path(), bytes.str());
   }

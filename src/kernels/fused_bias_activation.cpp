@@ -7,8 +7,8 @@
 
 #include <initializer_list>
 #include <ostream>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "core/detail/tracing.h"
 #include "detail/bias_act_cpu.h"
 #include "volt/core/check.h"
@@ -71,7 +71,7 @@ std::string kernel_reason(std::initializer_list<const at::Tensor*> tensors, bool
     }
     if (t->scalar_type() != at::kFloat || t->layout() != at::kStrided ||
         (contiguous && !t->is_contiguous())) {
-      std::ostringstream os;
+      auto os = detail::c_stream<std::ostringstream>();
       os << "the kernel needs " << (contiguous ? "contiguous" : "dense") << " float32 tensors (got "
          << t->scalar_type() << (t->is_contiguous() ? "" : ", non-contiguous") << ")";
       return os.str();

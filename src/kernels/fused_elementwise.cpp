@@ -27,13 +27,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <optional>
 #include <ostream>
 #include <set>
-#include <sstream>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
@@ -304,7 +302,7 @@ using RawNode = const jit::Expr::Node*;
 // the kernel's start: kKernelHead, the constants, and the reads of one-element inputs.
 std::string kernel_start(const std::vector<NodePtr>& order, const std::string& forms,
                          std::unordered_map<const void*, std::string>* name) {
-  std::ostringstream s;
+  auto s = detail::c_stream<std::ostringstream>();
   s << kKernelHead;
   int64_t next = 0;
   for (const auto& node : order) {
@@ -462,7 +460,7 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
                               const std::vector<bool>& sums) {
   const RowPlan plan = plan_rows(outputs, forms);
   std::unordered_map<const void*, std::string> name;
-  std::ostringstream s;
+  auto s = detail::c_stream<std::ostringstream>();
   s << kernel_start(plan.order, forms, &name);
   // In the lane loop a per-row value (reductions, values computed from them, column inputs) is
   // an array over the lanes, read at lane l; what varies along the row stays a scalar of the
@@ -528,7 +526,7 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
   };
   // Per-row values of level `lv` that are not reductions, once per row (per lane).
   auto row_values = [&](int lv, bool lanes) {
-    std::ostringstream body;
+    auto body = detail::c_stream<std::ostringstream>();
     for (const auto& n : plan.order) {
       const auto* p = n.get();
       if (plan.varies.at(p) || n->op == Op::kInput || n->op == Op::kConstant ||
@@ -630,7 +628,9 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
     row_values(0, true);
     for (int lv = 1; lv <= plan.top; ++lv) {
       const std::vector<RawNode> reductions = reductions_of(lv);
-      std::ostringstream init, body, fin;
+      auto init = detail::c_stream<std::ostringstream>();
+      auto body = detail::c_stream<std::ostringstream>();
+      auto fin = detail::c_stream<std::ostringstream>();
       for (RawNode n : reductions) {
         const std::string& t = name.at(n);
         const std::string x = lane_name.at(n->args[0].get());
@@ -666,7 +666,7 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
       }
     }
     if (final_pass) {
-      std::ostringstream zs;
+      auto zs = detail::c_stream<std::ostringstream>();
       for (size_t o : summed_outputs) zs << (zs.tellp() > 0 ? "," : "") << "s" << o;
       s << "      for (int64_t j = 0; j < cols; ++j) {\n";
       for (size_t o : summed_outputs) s << "        double s" << o << " = 0.0;\n";
@@ -703,7 +703,10 @@ std::string generate_row_body(const std::vector<jit::Expr>& outputs, const std::
   row_values(0, false);
   for (int lv = 1; lv <= plan.top; ++lv) {
     const std::vector<RawNode> reductions = reductions_of(lv);
-    std::ostringstream sums_list, maxes, ors, body;
+    auto sums_list = detail::c_stream<std::ostringstream>();
+    auto maxes = detail::c_stream<std::ostringstream>();
+    auto ors = detail::c_stream<std::ostringstream>();
+    auto body = detail::c_stream<std::ostringstream>();
     for (RawNode n : reductions) {
       const std::string& t = name.at(n);
       const std::string x = name.at(n->args[0].get());
@@ -768,7 +771,8 @@ std::string generate_body(const std::vector<jit::Expr>& outputs, const std::stri
     return generate_body(outputs, forms, {});
   }
   std::unordered_map<const void*, std::string> name;
-  std::ostringstream s, body;
+  auto s = detail::c_stream<std::ostringstream>();
+  auto body = detail::c_stream<std::ostringstream>();
   s << kernel_start(order, forms, &name);
   for (const auto& n : order) {
     if (n->op == Op::kInput || n->op == Op::kConstant) continue;
@@ -832,7 +836,7 @@ std::string generate_body(const std::vector<jit::Expr>& outputs, const std::stri
     for (size_t k = 0; k < forms.size(); ++k) {
       if (forms[k] != 'S') s << "        const float v" << k << " = p" << k << "[j];\n";
     }
-    std::istringstream lines(body.str());
+    auto lines = detail::c_stream<std::istringstream>(body.str());
     for (std::string line; std::getline(lines, line);) s << "  " << line << "\n";
     for (size_t o = 0; o < outputs.size(); ++o) {
       const std::string& v = name.at(outputs[o].node().get());
@@ -904,7 +908,7 @@ std::string escape_c_string(const std::string& s) {
 
 std::vector<std::string> compiler_command() {
   std::vector<std::string> words;
-  std::istringstream in(env_value("VOLT_JIT_CC").value_or("cc"));
+  auto in = detail::c_stream<std::istringstream>(env_value("VOLT_JIT_CC").value_or("cc"));
   for (std::string w; in >> w;) words.push_back(w);
   if (words.empty()) words.push_back("cc");
   return words;
@@ -943,7 +947,7 @@ std::string run_program(const std::vector<std::string>& argv, const std::string&
   }
   if (!done) return "'" + argv[0] + "' ran longer than " + std::to_string(timeout_s) + " s";
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
-  std::ifstream log(log_path);
+  auto log = detail::c_stream<std::ifstream>(log_path);
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   if (text.size() > 2000) text = "..." + text.substr(text.size() - 2000);
   const std::string how = WIFEXITED(status)
@@ -994,7 +998,7 @@ const Compiler& compiler() {
           "no usable C compiler: " + why + " (install gcc or clang, or point VOLT_JIT_CC at one)";
       return c;
     }
-    std::ifstream in(log);
+    auto in = detail::c_stream<std::ifstream>(log);
     std::getline(in, c.identity);
     if (c.identity.empty()) c.identity = "unknown compiler";
     return c;
@@ -1027,7 +1031,7 @@ std::string kernel_key(const std::string& name, const std::string& forms, const 
 #else
   const char* version = "unknown";
 #endif
-  std::ostringstream key;
+  auto key = detail::c_stream<std::ostringstream>();
   key << kFormat << "|volt " << version << "|" << name << "|" << forms << "|" << compiler().identity
       << "|" << flags << "|glibc " << ::gnu_get_libc_version() << "|" << detail::cpu_model_name()
       << "|body " << detail::stable_hash_hex(body);
@@ -1047,7 +1051,7 @@ void* dlopen_anywhere(const std::string& path, std::string* why) {
   if (handle != nullptr) return handle;
   const char* e = ::dlerror();
   *why = std::string("dlopen failed: ") + (e ? e : "?");
-  std::ifstream in(path, std::ios::binary);
+  auto in = detail::c_stream<std::ifstream>(path, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (!in.good() && !in.eof()) return nullptr;
   const int fd = ::memfd_create("volt-jit-kernel", MFD_CLOEXEC);
@@ -1117,7 +1121,7 @@ KernelFn compile_kernel(const std::string& source, const std::string& key, std::
   const std::string stem = dir.path() + "/kernel-" + detail::stable_hash_hex(key);
   const std::string src = stem + ".c", lib = stem + ".so";
   {
-    std::ofstream out(src);
+    auto out = detail::c_stream<std::ofstream>(src);
     out << source;
     if (!out) {
       *why = "cannot write " + src;
@@ -1150,13 +1154,13 @@ KernelFn compile_kernel(const std::string& source, const std::string& key, std::
   }
   KernelFn fn = open_kernel(lib, key, why);
   if (fn == nullptr) return nullptr;
-  std::ifstream in(lib, std::ios::binary);
+  auto in = detail::c_stream<std::ifstream>(lib, std::ios::binary);
   bytes->assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return fn;
 }
 
 std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << s;
   return os.str();
 }
@@ -1641,7 +1645,7 @@ std::string input_forms(const std::vector<at::Tensor>& inputs, const std::vector
   why->clear();
   for (size_t i = 0; i < inputs.size() && why->empty(); ++i) {
     const at::Tensor& t = inputs[i];
-    std::ostringstream os;
+    auto os = detail::c_stream<std::ostringstream>();
     os << "input " << i << " ";
     if (!t.device().is_cpu()) {
       os << "is on " << t.device() << " (the compiled loop is CPU-only)";

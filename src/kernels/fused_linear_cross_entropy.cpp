@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <ostream>
-#include <sstream>
 #include <string>
 
+#include "core/detail/numbers.h"
 #include "core/detail/tracing.h"
 #include "volt/core/check.h"
 
@@ -23,7 +23,7 @@ constexpr int64_t kAlignedClasses = 8;
 constexpr int64_t kPadClassesTo = 64;
 
 std::string shape(const at::Tensor& t) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << t.sizes();
   return os.str();
 }

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <ostream>
 
+#include "core/detail/numbers.h"
 #include "core/detail/tracing.h"
 #include "detail/sdpa_cpu.h"
 #include "detail/sdpa_cuda.h"
@@ -22,7 +23,7 @@ std::atomic<bool> g_recompute{true};
 thread_local int t_recompute_scope = -1;  // -1: no guard on this thread
 
 std::string shape(const at::Tensor& t) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << t.sizes();
   return os.str();
 }

@@ -9,16 +9,15 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <ostream>
-#include <sstream>
 #include <tuple>
 
 #include "core/detail/ascii.h"
 #include "core/detail/file_lock.h"
 #include "core/detail/log_order.h"
 #include "core/detail/machine.h"
+#include "core/detail/numbers.h"
 #include "core/detail/temp_files.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
@@ -47,7 +46,7 @@ void check_key(const std::string& key) {
 }
 
 std::string human_bytes(int64_t b) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os.setf(std::ios::fixed);
   os.precision(1);
   if (b >= (int64_t{1} << 20)) {
@@ -65,18 +64,18 @@ std::string human_bytes(int64_t b) {
 struct timespec process_start_time() {
   struct timespec ts {};
   ::clock_gettime(CLOCK_REALTIME, &ts);  // fallback: now
-  std::ifstream stat_file("/proc/self/stat");
+  auto stat_file = detail::c_stream<std::ifstream>("/proc/self/stat");
   std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
   const auto paren = stat.rfind(')');
   if (paren == std::string::npos) return ts;
-  std::istringstream fields(stat.substr(paren + 2));
+  auto fields = detail::c_stream<std::istringstream>(stat.substr(paren + 2));
   std::string field;
   unsigned long long start_ticks = 0;
   // Fields after the command name start at field 3 (state); starttime is field 22.
   for (int i = 3; i <= 22 && fields >> field; ++i) {
     if (i == 22) start_ticks = std::stoull(field);
   }
-  std::ifstream proc_stat("/proc/stat");
+  auto proc_stat = detail::c_stream<std::ifstream>("/proc/stat");
   long long btime = -1;
   for (std::string line; std::getline(proc_stat, line);) {
     if (line.rfind("btime ", 0) == 0) btime = std::stoll(line.substr(6));
@@ -131,7 +130,7 @@ KernelCacheOptions KernelCacheOptions::from_env() {
     return KernelCacheOptions(root.empty() ? std::string() : root + "/kernels");
   }
   std::vector<std::string> fields;
-  std::stringstream in(*config);
+  auto in = detail::c_stream<std::stringstream>(*config);
   for (std::string f; std::getline(in, f, ',');) fields.push_back(f);
   const char* how =
       "; write VOLT_KERNEL_CACHE_CONFIG=<folder>,<clear_at_start: true|false>,<size cap in MiB>, "

@@ -29,13 +29,13 @@
 #include <ostream>
 #include <queue>
 #include <set>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
 #include "core/detail/ascii.h"
 #include "core/detail/host_syncs.h"
+#include "core/detail/numbers.h"
 #include "kernels/detail/host_read_watch.h"
 #include "kernels/detail/row_shapes.h"
 #include "volt/core/check.h"
@@ -445,7 +445,7 @@ torch::jit::Operation prim_operation(const Node* node) {
 }
 
 std::string signature_text(const std::vector<at::Tensor>& inputs) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << "(";
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (i) os << ", ";
@@ -542,7 +542,7 @@ struct OpsRun {
 };
 
 std::string constant_text(const c10::IValue& v) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   if (v.isDouble()) {
     os << std::setprecision(17) << v.toDouble();
   } else {
@@ -552,7 +552,7 @@ std::string constant_text(const c10::IValue& v) {
 }
 
 std::string tensor_text(const at::Tensor& t) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << t.scalar_type() << t.sizes();
   if (!t.device().is_cpu()) os << "@" << t.device();
   return os.str();
@@ -585,7 +585,7 @@ OpsRun ops_run(const torch::jit::Graph& graph) {
       continue;
     }
     const size_t op = out.lines.size() + 1;
-    std::ostringstream line;
+    auto line = detail::c_stream<std::ostringstream>();
     line << n->kind().toQualString() << "(";
     for (size_t i = 0; i < n->inputs().size(); ++i) {
       line << (i ? ", " : "") << text_of(n->inputs()[i]);
@@ -599,7 +599,7 @@ OpsRun ops_run(const torch::jit::Graph& graph) {
     }
     out.lines.push_back(line.str());
   }
-  std::ostringstream ret;
+  auto ret = detail::c_stream<std::ostringstream>();
   ret << "return (";
   for (size_t i = 0; i < graph.outputs().size(); ++i) {
     ret << (i ? ", " : "") << text_of(graph.outputs()[i]);
@@ -707,7 +707,7 @@ struct TracedFunction::Impl {
   }
 
   std::string key(const std::vector<at::Tensor>& inputs, size_t num_captured) const {
-    std::ostringstream os;
+    auto os = detail::c_stream<std::ostringstream>();
     os << signature_text(inputs) << " grad=" << c10::GradMode::is_enabled()
        << " captured=" << num_captured;
     // Autocast decides which ops run in which dtype; a trace is only valid under the state it
@@ -1035,7 +1035,7 @@ std::shared_ptr<const Trace> TracedFunction::Impl::build(std::shared_ptr<torch::
   for (size_t u = 0; u < members.size(); ++u) {
     if (!members[u].empty() && waiting[u] == 0) ready.push({members[u].front(), u});
   }
-  std::ostringstream text;
+  auto text = detail::c_stream<std::ostringstream>();
   int64_t fused_groups = 0;
   int64_t fused_ops = 0;
   std::unordered_set<const Node*> in_unit;
@@ -1124,7 +1124,7 @@ std::shared_ptr<const Trace> TracedFunction::Impl::build(std::shared_ptr<torch::
   }
 
   const int64_t total = static_cast<int64_t>(nodes.size());
-  std::ostringstream head;
+  auto head = detail::c_stream<std::ostringstream>();
   head << "trace of '" << name << "' for " << signature << ": " << total << " ops, " << fused_ops
        << " of them in " << fused_groups << " fused chain" << (fused_groups == 1 ? "" : "s") << ", "
        << trace->steps.size() << " steps\n";

@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
@@ -109,7 +108,7 @@ void CSVLogger::log_metrics(const Metrics& metrics, int64_t step) {
 }
 
 void CSVLogger::rewrite_all() {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << "step";
   for (const auto& c : columns_) os << "," << detail::csv_escape(c);
   os << "\n";

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "core/detail/version_folder.h"
 #include "volt/core/check.h"
 
@@ -16,7 +16,7 @@ namespace detail {
 
 void make_dirs(const std::string& path, const std::string& component) {
   std::string cur;
-  std::stringstream ss(path);
+  auto ss = detail::c_stream<std::stringstream>(path);
   std::string part;
   if (!path.empty() && path[0] == '/') cur = "/";
   while (std::getline(ss, part, '/')) {

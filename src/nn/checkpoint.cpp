@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <mutex>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "core/detail/rng_states.h"
 #include "distributed/detail/intercept.h"
 #include "nn/detail/recompute_buffers.h"
@@ -382,7 +382,7 @@ std::vector<std::string> wrap(torch::nn::Module& root, const std::vector<std::st
       if (std::find(matched.begin(), matched.end(), path) == matched.end()) matched.push_back(path);
     }
     if (!any) {
-      std::ostringstream os;
+      auto os = detail::c_stream<std::ostringstream>();
       const size_t shown = std::min<size_t>(paths.size(), 12);
       for (size_t i = 0; i < shown; ++i) os << (i ? ", " : "") << '"' << paths[i] << '"';
       if (paths.size() > shown) os << ", ... (" << paths.size() << " in all)";

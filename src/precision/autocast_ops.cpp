@@ -6,12 +6,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <tuple>
 
+#include "core/detail/numbers.h"
 #include "detail/quiet_dispatcher.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
@@ -107,7 +106,7 @@ std::vector<std::string> resolve(const std::string& raw,
     std::vector<std::pair<size_t, std::string>> near;
     for (const auto& kv : ops) near.emplace_back(edit_distance(base, kv.first), kv.first);
     std::sort(near.begin(), near.end());
-    std::ostringstream close;
+    auto close = detail::c_stream<std::ostringstream>();
     for (size_t i = 0; i < near.size() && i < 3 && near[i].first <= 3; ++i) {
       close << (i ? ", " : "") << near[i].second;
     }
@@ -195,14 +194,14 @@ AutocastOpLists::~AutocastOpLists() {
 }
 
 std::vector<std::string> AutocastOpLists::read_list_file(const std::string& path) {
-  std::ifstream in(path);
+  auto in = detail::c_stream<std::ifstream>(path);
   VOLT_CHECK(in.good(), ConfigError, "[MixedPrecision] cannot read the op-list file \"", path,
              "\"; give a readable text file with one operator name per line.");
   std::vector<std::string> names;
   std::string line;
   while (std::getline(in, line)) {
     line = line.substr(0, line.find('#'));
-    std::stringstream ss(line);
+    auto ss = detail::c_stream<std::stringstream>(line);
     std::string item;
     while (std::getline(ss, item, ',')) {
       item = strip(item);

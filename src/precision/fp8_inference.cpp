@@ -5,11 +5,10 @@
 
 #include <atomic>
 #include <cmath>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "core/detail/input_limits.h"
+#include "core/detail/numbers.h"
 #include "detail/fp8_hooks.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
@@ -140,7 +139,7 @@ QuantConfig QuantConfig::parse(const std::string& text, const std::string& origi
 }
 
 QuantConfig QuantConfig::from_file(const std::string& path) {
-  std::ifstream in(path);
+  auto in = detail::c_stream<std::ifstream>(path);
   VOLT_CHECK(in.good(), ConfigError, "[Fp8Inference] cannot read the quantization config \"", path,
              "\"; give a readable JSON file (option quant_config or QUANT_CONFIG).");
   return parse(detail::read_bounded(in, "Fp8Inference", "quantization config \"" + path + "\""),
@@ -216,7 +215,7 @@ Fp8ConversionReport quantize_fp8(torch::nn::Module& model, const QuantConfig& co
              "cannot share one, as in the reference). Start another process with quant=true and ",
              "the same dump_stats_path.");
   const auto file = config.measurements_file();
-  std::ifstream in(file);
+  auto in = detail::c_stream<std::ifstream>(file);
   VOLT_CHECK(in.good(), ConfigError, "[Fp8Inference] the measurements file \"", file,
              "\" cannot be read; run the measurement step first (mode MEASURE) with the same ",
              "dump_stats_path.");

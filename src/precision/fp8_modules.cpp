@@ -8,10 +8,10 @@
 #include <map>
 #include <mutex>
 #include <ostream>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/detail/fp8_state.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "detail/fp8_hooks.h"
 #include "detail/linear_policy.h"
@@ -263,7 +263,7 @@ void check_linear_names(
     const bool found =
         std::any_of(linears.begin(), linears.end(), [&](const auto& l) { return l.first == name; });
     if (found) continue;
-    std::ostringstream all;
+    auto all = detail::c_stream<std::ostringstream>();
     for (const auto& l : linears) all << (&l == &linears.front() ? "" : ", ") << l.first;
     VOLT_CHECK(false, ConfigError, "[", component, "] ", list, " names \"", name,
                "\", which is not a Linear of this model; its Linear layers are: ",
@@ -289,7 +289,7 @@ at::Tensor ensure_buffer(torch::nn::Module& module, const std::string& name,
 }  // namespace detail
 
 std::string Fp8ConversionReport::str() const {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << converted.size() << " Linear layer" << (converted.size() == 1 ? "" : "s") << " in fp8";
   if (!kept.empty()) {
     os << "; kept as they were:";
@@ -312,7 +312,7 @@ Fp8ConversionReport convert_to_fp8(torch::nn::Module& model, const Fp8ConvertOpt
     }
     const int64_t in = lin->options.in_features(), out = lin->options.out_features();
     if (in % 16 != 0 || out % 16 != 0) {
-      std::ostringstream why;
+      auto why = detail::c_stream<std::ostringstream>();
       why << in << "x" << out << " features, not multiples of 16";
       report.kept.emplace_back(name, why.str());
       continue;

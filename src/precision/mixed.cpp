@@ -7,14 +7,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <ostream>
-#include <sstream>
 
 #include "core/detail/file_lock.h"
 #include "core/detail/machine.h"
+#include "core/detail/numbers.h"
 #include "detail/linear_policy.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
@@ -88,7 +87,7 @@ void MixedPrecision::setup(c10::Device device) {
     CpuProbe decided = probe;
     if (options_.linear_min_macs()) decided.matmul_speedup = std::max(1.0, probe.matmul_speedup);
     const auto slow = cpu_fp32_ops(decided);
-    std::ostringstream figures;
+    auto figures = detail::c_stream<std::ostringstream>();
     figures << std::fixed << std::setprecision(2) << "bf16 matmuls at " << probe.matmul_speedup
             << "x and convolutions at " << probe.conv_speedup << "x fp32 speed";
     if (slow.empty()) {
@@ -154,7 +153,7 @@ namespace {
 // version; the first process measures under an exclusive flock while the others wait for it
 // (a dead holder releases the lock), then everyone reads the file.
 std::string probe_cache_key() {
-  std::ostringstream key;
+  auto key = detail::c_stream<std::ostringstream>();
   key << "bf16 probe v1|" << detail::cpu_model_name() << "|threads " << at::get_num_threads()
       << "|torch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "."
       << TORCH_VERSION_PATCH;
@@ -163,7 +162,7 @@ std::string probe_cache_key() {
 
 c10::optional<MixedPrecision::CpuProbe> read_probe(const std::string& path,
                                                    const std::string& key) {
-  std::ifstream in(path);
+  auto in = detail::c_stream<std::ifstream>(path);
   std::string line;
   if (!std::getline(in, line) || line != key) return c10::nullopt;
   MixedPrecision::CpuProbe p;
@@ -253,7 +252,7 @@ const MixedPrecision::CpuProbe& MixedPrecision::cpu_probe() {
       return *cached;
     }
     const CpuProbe p = measure_cpu_probe();
-    std::ostringstream text;
+    auto text = detail::c_stream<std::ostringstream>();
     text << key << "\n"
          << std::setprecision(17) << "matmul_speedup " << p.matmul_speedup << "\nconv_speedup "
          << p.conv_speedup << "\nmatmul_min_macs " << p.matmul_min_macs << "\n";

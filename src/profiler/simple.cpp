@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <sstream>
 
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
@@ -51,7 +50,7 @@ std::string SimpleProfiler::summary(const std::string& stage) const {
             [](const auto& a, const auto& b) { return a.second.total_s > b.second.total_s; });
   size_t w = 6;
   for (const auto& r : rows) w = std::max(w, r.first.size());
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   char buf[256];
   os << detail::ascii_upper(stage)
      << " Profiler Report (wall time; actions nest, so shares add up to more than 100%)\n";

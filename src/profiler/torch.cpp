@@ -13,7 +13,6 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/detail/ascii.h"
@@ -512,7 +511,7 @@ void TorchProfiler::describe(const std::string& stage, const std::string& log_di
     for (auto& kv : by_name) s.rows.push_back(std::move(kv.second));
     std::sort(s.rows.begin(), s.rows.end(),
               [](const Row& a, const Row& b) { return a.self_us > b.self_us; });
-    std::ostringstream os;
+    auto os = detail::c_stream<std::ostringstream>();
     os << detail::ascii_upper(stage) << " TorchProfiler summary (rank " << s.rank << ", "
        << (s.scheduled() ? std::to_string(s.recorded_steps) + " recorded steps"
                          : std::string("whole run"))

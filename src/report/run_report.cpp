@@ -15,13 +15,13 @@
 #include <cstring>
 #include <ctime>
 #include <ostream>
-#include <sstream>
 #include <vector>
 
 #include "../core/detail/ascii.h"
 #include "../core/detail/numbers.h"
 #include "../core/detail/version_folder.h"
 #include "../loggers/detail/log_dir.h"
+#include "core/detail/numbers.h"
 #include "detail/metrics_csv.h"
 #include "detail/svg_plot.h"
 #include "volt/core/atomic_file.h"
@@ -444,7 +444,7 @@ std::string render(const MetricsTable& run, const Source& src, const std::string
   const std::string hparams = text_file_or_empty(src.dir + "/hparams.yaml");
   const auto plots = make_plots(run);
 
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
      << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
      << "<title>" << html_escape(title) << " · volt report</title>\n<style>" << kStyle
@@ -493,7 +493,7 @@ std::string render(const MetricsTable& run, const Source& src, const std::string
   os << "</div>\n";
 
   // Plots: one grid, in group order, so two plots sit side by side on a laptop screen.
-  std::ostringstream data_js;
+  auto data_js = detail::c_stream<std::ostringstream>();
   os << "<h2>Metrics</h2>\n";
   if (run.series.empty()) {
     os << "<div class=\"card\"><p class=\"muted\">metrics.csv has no metric values yet.</p>"

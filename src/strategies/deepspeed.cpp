@@ -15,13 +15,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "core/detail/fp8_state.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "core/detail/remove_tree.h"
 #include "io/detail/state_key.h"
@@ -85,7 +84,7 @@ struct FolderMeta {
 };
 
 FolderMeta folder_meta(const std::string& folder) {
-  std::ifstream f(folder + "/" + kMetaFile);
+  auto f = detail::c_stream<std::ifstream>(folder + "/" + kMetaFile);
   if (!f) return {};
   std::string key;
   int64_t format = 0;
@@ -1168,7 +1167,7 @@ void DeepSpeedStrategy::load_model_state(Module& module, InputArchive& ar, bool 
   for (auto& b : module.named_buffers(true)) load(b.key(), b.value(), true);
   fp8.log("DeepSpeed");
   if (strict && !problems.empty()) {
-    std::ostringstream os;
+    auto os = detail::c_stream<std::ostringstream>();
     os << kTag << " the checkpoint does not match the model: ";
     for (size_t i = 0; i < problems.size(); ++i) os << (i ? "; " : "") << problems[i];
     os << ". Load a checkpoint written by the same model.";
@@ -1387,7 +1386,7 @@ void DeepSpeedStrategy::save_checkpoint(OutputArchive& archive, const std::strin
   }
   // Every rank writes its shard; `path` holds a complete checkpoint at every moment.
   const int64_t world = world_size();
-  std::ostringstream meta;
+  auto meta = detail::c_stream<std::ostringstream>();
   meta << "format " << kZeroFormat << "\nworld_size " << world << "\nstage " << options_.stage()
        << "\n";
   detail::FolderSave save;
@@ -1788,7 +1787,7 @@ void consolidate_zero_checkpoint(const std::string& folder, const std::string& o
     OutputArchive full;
     std::map<std::string, at::Tensor> masters;
     whole_optimizer_state(parts, world, shape_of, full, masters);
-    std::ostringstream bytes;
+    auto bytes = detail::c_stream<std::ostringstream>();
     full.save_to(bytes);
     optimizers[path] = bytes.str();
     // bf16 runs with master weights: the weights are the fp32 masters (DeepSpeed's

@@ -6,11 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "core/detail/input_limits.h"
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 #include "volt/core/registry.h"
 #include "volt/kernels/fused_adamw.h"
@@ -261,7 +260,7 @@ void read_typed(const Reader& r, const json& obj, const std::string& path,
   if (!obj.contains("type")) r.fail(path, "needs a \"type\"");
   type = r.string(obj, "type", path + ".");
   if (std::find(types.begin(), types.end(), type) == types.end()) {
-    std::ostringstream os;
+    auto os = detail::c_stream<std::ostringstream>();
     os << "type \"" << type << "\" is not supported" << did_you_mean(type, types) << "; use one of";
     for (const auto& t : types) os << " " << t;
     r.fail(path + ".type", os.str());
@@ -482,7 +481,7 @@ DeepSpeedConfig load_deepspeed_config(const std::string& config) {
   if (first != std::string::npos && config[first] == '{') {
     return parse_deepspeed_config(config, "inline JSON");
   }
-  std::ifstream in(config, std::ios::binary);
+  auto in = detail::c_stream<std::ifstream>(config, std::ios::binary);
   VOLT_CHECK(in.good(), ConfigError, kTag, " cannot read the DeepSpeed config file '", config,
              "'; pass an existing JSON file or inline JSON starting with '{'.");
   return parse_deepspeed_config(detail::read_bounded(in, "DeepSpeedConfig", config), config);

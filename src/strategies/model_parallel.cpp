@@ -8,9 +8,9 @@
 #include <torch/torch.h>
 
 #include <ostream>
-#include <sstream>
 #include <utility>
 
+#include "core/detail/numbers.h"
 #include "distributed/detail/bucket_cap.h"
 #include "io/detail/state_key.h"
 #include "kernels/detail/state_tensors.h"
@@ -460,7 +460,7 @@ void ModelParallelStrategy::save_checkpoint(torch::serialize::OutputArchive& arc
   }
   // The first replica's ranks write their shards (the other replicas hold the same); every
   // rank's own generator states and partial gradient sums are in each (saved by rank).
-  std::ostringstream meta;
+  auto meta = detail::c_stream<std::ostringstream>();
   meta << "format 1\ntensor_parallel_size " << tp_size_ << "\nworld_size " << world_size() << "\n";
   detail::FolderSave save;
   save.path = path;

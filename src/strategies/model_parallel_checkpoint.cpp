@@ -4,11 +4,10 @@
 
 #include <torch/torch.h>
 
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "strategies/detail/checkpoint_folder.h"
 #include "volt/core/check.h"
 #include "volt/io/checkpoint_io.h"
@@ -128,7 +127,7 @@ std::string whole_optimizer(std::vector<InputArchive>& parts, const Splits& spli
         }
         return merged;
       });
-  std::ostringstream bytes;
+  auto bytes = detail::c_stream<std::ostringstream>();
   full.save_to(bytes);
   return bytes.str();
 }
@@ -199,7 +198,7 @@ std::string tp_shard_name(int64_t tp_rank, int64_t tp_size) {
 }
 
 int64_t tp_folder_size(const std::string& folder) {
-  std::ifstream f(folder + "/" + kTpMetaFile);
+  auto f = detail::c_stream<std::ifstream>(folder + "/" + kTpMetaFile);
   std::string key;
   int64_t format = 0, size = 0;
   while (f >> key) {

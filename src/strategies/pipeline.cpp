@@ -9,9 +9,9 @@
 #include <exception>
 #include <map>
 #include <ostream>
-#include <sstream>
 #include <unordered_set>
 
+#include "core/detail/numbers.h"
 #include "io/detail/state_key.h"
 #include "strategies/detail/rank_key.h"
 #include "strategies/detail/replica_mesh.h"
@@ -345,12 +345,12 @@ void PipelineStrategy::save_optimizer_state(const torch::optim::Optimizer& optim
   // state from its owner, in volt::save_optimizer_state's format (loads anywhere).
   torch::serialize::OutputArchive mine;
   volt::save_optimizer_state(optimizer, module, mine);
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   mine.save_to(os);
   const auto bytes = all_gather_bytes(*pipe_group_, os.str());
   std::vector<torch::serialize::InputArchive> parts(bytes.size());
   for (size_t r = 0; r < bytes.size(); ++r) {
-    std::istringstream is(bytes[r]);
+    auto is = detail::c_stream<std::istringstream>(bytes[r]);
     parts[r].load_from(is);
   }
   c10::IValue num_groups;

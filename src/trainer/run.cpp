@@ -10,11 +10,11 @@
 #include <functional>
 #include <mutex>
 #include <set>
-#include <sstream>
 #include <typeinfo>
 #include <unordered_set>
 
 #include "core/detail/default_steps.h"
+#include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "optim/detail/step_scheduler.h"
 #include "strategies/detail/stacked_gather_of.h"
@@ -644,7 +644,7 @@ void Run::check_stop(bool lagged, bool in_fit) {
   }
   if (in_fit && agreed.time_up) time_up = true;
   if (agreed.signal == 0) return;
-  std::ostringstream where;
+  auto where = detail::c_stream<std::ostringstream>();
   if (in_fit) {
     where << "at epoch " << st.epoch << " after " << st.batches_done << " of "
           << st.num_training_batches << " training batches (global step " << st.global_step << ")";
@@ -673,7 +673,7 @@ void Run::check_stop_in_evaluation(bool pass_done) {
 std::string Run::config_fingerprint() const {
   // What every rank must agree on: the loop's settings and the model's parameters. Paths
   // (default_root_dir) and display settings may differ between nodes.
-  std::ostringstream s;
+  auto s = detail::c_stream<std::ostringstream>();
   s << "max_epochs=" << opts.max_epochs() << ";max_steps=" << opts.max_steps()
     << ";min_epochs=" << opts.min_epochs() << ";min_steps=" << opts.min_steps()
     << ";limit_train=" << opts.limit_train_batches() << ";overfit=" << opts.overfit_batches()
@@ -829,7 +829,7 @@ Metrics Run::flush_epoch(MetricStore& store, bool add_epoch_number) {
 }
 
 std::string Run::failure_context(Stage stage, const std::exception& e) const {
-  std::ostringstream out;
+  auto out = detail::c_stream<std::ostringstream>();
   out << to_string(stage) << " failed in ";
   if (where_callback != nullptr) out << where_callback->state_key() << ".";
   out << where;

@@ -3,8 +3,9 @@
 #include <ATen/Parallel.h>
 #include <sched.h>
 
-#include <fstream>
 #include <string>
+
+#include "core/detail/numbers.h"
 
 namespace volt {
 namespace {
@@ -14,7 +15,7 @@ namespace {
 enum class Blas { kOpenBlas, kOther, kReference };
 
 Blas loaded_blas() {
-  std::ifstream maps("/proc/self/maps");
+  auto maps = detail::c_stream<std::ifstream>("/proc/self/maps");
   std::string line;
   bool reference = false;
   while (std::getline(maps, line)) {

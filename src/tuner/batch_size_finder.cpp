@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <sstream>
 #include <string>
 #include <utility>
 
+#include "core/detail/numbers.h"
 #include "core/detail/out_of_memory.h"
 #include "core/detail/print.h"
 #include "data/detail/stage_loaders.h"
@@ -27,7 +27,7 @@ constexpr const char* kTag = "[scale_batch_size]";
 constexpr const char* kComponent = "scale_batch_size";
 
 std::string mib(int64_t bytes) {
-  std::ostringstream s;
+  auto s = detail::c_stream<std::ostringstream>();
   s.precision(3);
   s << static_cast<double>(bytes) / (1 << 20) << " MiB";
   return s.str();

@@ -5,11 +5,11 @@
 #include <torch/torch.h>
 
 #include <functional>
-#include <sstream>
 #include <string>
 #include <utility>
 
 #include "core/detail/archive_values.h"
+#include "core/detail/numbers.h"
 #include "tuner/detail/trial.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -58,7 +58,7 @@ void LearningRateFinder::setup(RunContext& run, Module&, Stage stage) {
 void LearningRateFinder::on_fit_start(RunContext& run, Module& module) {
   if (done_) {
     if (optimal_lr_ && run.is_global_zero()) {
-      std::ostringstream s;
+      auto s = detail::c_stream<std::ostringstream>();
       s << "the range test ran before this checkpoint (suggested " << *optimal_lr_
         << "); the resumed fit keeps its optimizer's rates.";
       log_info(kLrComponent, s.str());
@@ -91,7 +91,7 @@ void LearningRateFinder::on_fit_start(RunContext& run, Module& module) {
   if (!optimal_lr_) return;  // lr_find said why
   if (!update_attr_) return;
   apply(run, *optimal_lr_);
-  std::ostringstream s;
+  auto s = detail::c_stream<std::ostringstream>();
   s << "Learning rate set to " << *optimal_lr_ << ".";
   log_info(kLrComponent, s.str());
 }

@@ -6,8 +6,8 @@
 
 #include <cmath>
 #include <limits>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "trainer/detail/tuner_trial.h"
 #include "tuner/detail/trial.h"
 #include "volt/callbacks/callback.h"
@@ -103,7 +103,7 @@ class LrFinderCallback : public Callback {
 };
 
 std::string format_lr(double lr) {
-  std::ostringstream s;
+  auto s = detail::c_stream<std::ostringstream>();
   s << lr;
   return s.str();
 }

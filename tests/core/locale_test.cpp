@@ -1,7 +1,8 @@
 // volt inside a program that chose a locale (setlocale(LC_ALL, ""), as Qt's QCoreApplication
-// does): names, levels, numbers and generated code read and write as in the "C" locale
-// (src/core/detail/ascii.h, src/core/detail/numbers.h). The locales are built here with
-// localedef into a temp folder, so the test needs no locale installed system-wide.
+// does, or std::locale::global(std::locale("")) for iostreams): names, levels, numbers and
+// generated code read and write as in the "C" locale (src/core/detail/ascii.h,
+// src/core/detail/numbers.h). The locales are built here with localedef into a temp folder, so
+// the test needs no locale installed system-wide.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -9,7 +10,10 @@
 #include <clocale>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <locale>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -18,13 +22,18 @@
 #include <volt/callbacks/model_summary.h>
 #include <volt/core/registry.h>
 #include <volt/kernels/fused_elementwise.h>
+#include <volt/kernels/kernel_cache.h>
 #include <volt/loggers/csv.h>
+#include <volt/precision/mixed.h>
 #include <volt/report/run_report.h>
 
+#include "build_paths.h"
 #include "cli/detail/resolve.h"
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
 #include "error_text.h"
+#include "io/detail/state_key.h"
+#include "processes.h"
 #include "reread.h"
 #include "scoped_env.h"
 #include "tiny.h"
@@ -71,28 +80,48 @@ TEST(CNumbers, FormatAndParseAsPrintfAndStrtod) {
 
 // ------------------------------------------------------------------------- under a locale
 
-// Builds `name` (e.g. "de_DE.UTF-8") with localedef once into a folder of its own and selects
-// it for the whole process (LC_ALL) for the test; the "C" locale again afterwards.
+// The folder holding locale `input`.`charset` (e.g. de_DE.UTF-8), built there with localedef
+// once per process (LOCPATH=<folder> makes it selectable); empty if localedef failed.
+std::string built_locales(const std::string& input, const std::string& charset) {
+  static volt_test::TempDir dir;
+  static std::set<std::string> built;
+  const std::string name = input + "." + charset;
+  const std::string build =
+      "localedef -i " + input + " -f " + charset + " '" + dir / name + "' >/dev/null 2>&1";
+  if (built.count(name) == 0 && std::system(build.c_str()) != 0) return "";
+  built.insert(name);
+  return dir.path;
+}
+
+constexpr const char* kNoLocaledef =
+    " (its sources come with the Debian package `locales`, which scripts/setup.sh installs)";
+
+// Selects locale `input`.`charset` for the whole process (LC_ALL) for the test; with `cpp`,
+// through std::locale::global, which also makes it the locale of every iostream constructed
+// afterwards. The "C" locale again after.
 class HostLocale : public ::testing::Test {
  protected:
-  void select(const std::string& input, const std::string& charset) {
-    static volt_test::TempDir dir;
-    static std::set<std::string> built;
-    const std::string name = input + "." + charset;
-    const std::string build =
-        "localedef -i " + input + " -f " + charset + " '" + dir / name + "' >/dev/null 2>&1";
-    if (built.count(name) == 0 && std::system(build.c_str()) != 0) {
-      GTEST_SKIP() << "localedef could not build " << name
-                   << " (its sources come with the Debian package `locales`, which "
-                      "scripts/setup.sh installs)";
+  void select(const std::string& input, const std::string& charset, bool cpp = false) {
+    const std::string name = input + "." + charset, dir = built_locales(input, charset);
+    if (dir.empty()) GTEST_SKIP() << "localedef could not build " << name << kNoLocaledef;
+    ::setenv("LOCPATH", dir.c_str(), 1);
+    bool set = true;
+    if (cpp) {
+      try {
+        std::locale::global(std::locale(name));
+      } catch (const std::runtime_error&) {
+        set = false;
+      }
+    } else {
+      set = std::setlocale(LC_ALL, name.c_str()) != nullptr;
     }
-    built.insert(name);
-    ::setenv("LOCPATH", dir.path.c_str(), 1);
-    const bool set = std::setlocale(LC_ALL, name.c_str()) != nullptr;
     ::unsetenv("LOCPATH");
-    ASSERT_TRUE(set) << "setlocale(LC_ALL, \"" << name << "\") failed";
+    ASSERT_TRUE(set) << "selecting the locale \"" << name << "\" failed";
   }
-  void TearDown() override { std::setlocale(LC_ALL, "C"); }
+  void TearDown() override {
+    std::locale::global(std::locale::classic());
+    std::setlocale(LC_ALL, "C");
+  }
 };
 
 class TurkishLocale : public HostLocale {
@@ -222,6 +251,138 @@ TEST_F(GermanLocale, TheCsvLoggersResumeReadsItsNumbers) {
   std::stringstream text;
   text << file.rdbuf();
   EXPECT_EQ(text.str(), "step,loss\n0,0\n1,0.5\n2,1\n3,2.5\n");
+}
+
+// std::locale::global(std::locale("de_DE.UTF-8")): iostreams made afterwards group digits with
+// '.' and write a decimal comma.
+class GermanIostreams : public HostLocale {
+ protected:
+  void SetUp() override {
+    select("de_DE", "UTF-8", /*cpp=*/true);
+    if (IsSkipped() || HasFatalFailure()) return;
+    std::ostringstream os;
+    os << 1000 << ' ' << 0.5;
+    ASSERT_EQ(os.str(), "1.000 0,5");
+  }
+};
+
+TEST_F(GermanIostreams, VoltsStreamsWriteAndReadAsInTheCLocale) {
+  auto os = d::c_stream<std::ostringstream>();
+  os << 1000 << ' ' << 0.5 << ' ' << at::IntArrayRef{1024, 64};
+  EXPECT_EQ(os.str(), "1000 0.5 [1024, 64]");
+  auto in = d::c_stream<std::istringstream>("0.25 1000");
+  double x = 0;
+  int64_t n = 0;
+  EXPECT_TRUE(in >> x >> n);
+  EXPECT_EQ(x, 0.25);
+  EXPECT_EQ(n, 1000);
+  // File streams too: what one program writes, another reads whatever its locale.
+  volt_test::TempDir dir;
+  d::c_stream<std::ofstream>(dir / "n.txt") << 0.75 << ' ' << 123456;
+  std::locale::global(std::locale::classic());
+  std::ifstream back(dir / "n.txt");
+  EXPECT_TRUE(back >> x >> n);
+  EXPECT_EQ(x, 0.75);
+  EXPECT_EQ(n, 123456);
+}
+
+TEST_F(GermanIostreams, TheBf16ProbeCacheIsWrittenAsInTheCLocale) {
+  // Every process on the machine reads this file (so ranks and resumed runs decide the same bf16
+  // ops): a process with another locale must read the same figures. Under de_DE it was written
+  // "matmul_speedup 0,87...", which a "C" process reads as 0 and rejects.
+  volt_test::TempDir cache;
+  volt_test::ScopedEnv env{"VOLT_CACHE_DIR", cache.path};
+  const volt::MixedPrecision::CpuProbe& p = volt::MixedPrecision::cpu_probe();
+  std::locale::global(std::locale::classic());
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(cache.path)) {
+    if (e.path().extension() == ".txt") files.push_back(e.path());
+  }
+  ASSERT_EQ(files.size(), 1u) << "expected one bf16_probe_*.txt in " << cache.path;
+  // The name holds a hash of the machine's key, in hex digits (grouped, "3a9.f0c...", it named
+  // another file than the "C" locale's processes read).
+  EXPECT_TRUE(
+      std::regex_match(files[0].filename().string(), std::regex("bf16_probe_[0-9a-f]{16}\\.txt")))
+      << files[0];
+  std::ifstream in(files[0]);
+  std::string key, a, b, c;
+  double matmul = 0, conv = 0;
+  int64_t min_macs = -1;
+  ASSERT_TRUE(std::getline(in, key));
+  EXPECT_NE(key.find("bf16 probe"), std::string::npos) << key;
+  ASSERT_TRUE(in >> a >> matmul >> b >> conv >> c >> min_macs) << "unreadable: " << files[0];
+  EXPECT_EQ(a + b + c, "matmul_speedupconv_speedupmatmul_min_macs");
+  EXPECT_EQ(matmul, p.matmul_speedup);  // 17 digits: the same double
+  EXPECT_EQ(conv, p.conv_speedup);
+  EXPECT_EQ(min_macs, p.matmul_min_macs);
+}
+
+TEST_F(GermanIostreams, TheCsvLoggerWritesStepsAsIntegers) {
+  // A rewrite (a new column, or the first save after a resume) wrote step 1000 as "1.000": the
+  // run report plotted it at step 1 and the next resume refused the file.
+  volt_test::TempDir dir;
+  volt::CSVLogger csv(volt::CSVLoggerOptions(dir.path));
+  csv.log_metrics({{"loss", 1}}, 1000);
+  csv.log_metrics({{"loss", 0.5}, {"val_loss", 0.25}}, 12345);
+  csv.save();
+  std::ifstream file(csv.metrics_path());
+  std::stringstream text;
+  text << file.rdbuf();
+  EXPECT_EQ(text.str(), "step,loss,val_loss\n1000,1,\n12345,0.5,0.25\n");
+}
+
+TEST_F(GermanIostreams, AFusedKernelWithAThousandInputsCompilesAndIsCachedByItsHash) {
+  // The generated source indexes inputs with integers ("in[1.000]" does not compile), and the
+  // cache entry is named by a hex hash that every process must spell alike.
+  volt_test::TempDir cache;
+  volt_test::ScopedEnv env{"VOLT_KERNEL_CACHE_CONFIG", cache.path + ",false,64"};
+  volt::FusedElementwise wide("wide", {volt::jit::input(0) + volt::jit::input(1000) * 0.5},
+                              volt::FusedElementwiseOptions().require_fused(true));
+  std::vector<at::Tensor> xs(1001, torch::zeros({4}));
+  xs[0] = torch::arange(4, torch::kFloat);
+  xs[1000] = torch::full({4}, 2.0f);
+  EXPECT_NE(wide.source(xs).find("in[1000]"), std::string::npos);
+  EXPECT_TRUE(torch::equal(wide(xs)[0], xs[0] + 1));
+  volt::KernelCache::global().flush();  // entries are written in the background
+  std::vector<std::string> entries;
+  for (const auto& e : std::filesystem::directory_iterator(cache.path)) {
+    if (e.path().extension() == ".so") entries.push_back(e.path().filename().string());
+  }
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_TRUE(std::regex_match(entries[0], std::regex("wide-[0-9a-f]{16}\\.so"))) << entries[0];
+}
+
+TEST_F(GermanIostreams, OptimizerStateKeysAreLibtorchsOwn) {
+  // libtorch 1.13 keys optimizer state by the parameter's address as text made under the global
+  // locale ("0x7ff.d9f.dc5..." here); volt's key must be that same text, or a fused optimizer's
+  // and ZeRO's state would not be found. (In 2.x the key is the pointer itself.)
+  auto w = torch::randn({4}, torch::requires_grad());
+  torch::optim::Adam adam({w});
+  w.sum().backward();
+  adam.step();
+  EXPECT_EQ(adam.state().count(d::state_key_for(w)), 1u);
+}
+
+TEST(MixedLocaleRanks, AgreeOnTheirConfigurationUnderDdpAndZero) {
+  // Rank 1 runs with the C++ global locale de_DE (nodes of one job may differ in LANG). Every
+  // rank's fingerprint of its configuration (parameter shapes: fc1 is [1000, 8]) and ZeRO's
+  // partition layout (element counts) must be the same text: written "[1.000, 8]" on rank 1,
+  // they were refused as configurations that differ between ranks.
+  const std::string locales = built_locales("de_DE", "UTF-8");
+  if (locales.empty()) GTEST_SKIP() << "localedef could not build de_DE.UTF-8" << kNoLocaledef;
+  for (const std::vector<std::string> strategy :
+       {std::vector<std::string>{}, std::vector<std::string>{"--zero", "1"}}) {
+    volt_test::TempDir root;
+    std::vector<std::string> args = {"--root",       root.path,     "--out",         root / "w",
+                                     "--devices",    "2",           "--width",       "1000",
+                                     "--samples",    "32",          "--timeout",     "30",
+                                     "--cxx-locale", "de_DE.UTF-8", "--locale-rank", "1"};
+    args.insert(args.end(), strategy.begin(), strategy.end());
+    volt_test::Process job(volt_test::ddp_worker(), args, {{"LOCPATH", locales}});
+    const int code = job.exit_code(std::chrono::seconds(120));
+    EXPECT_EQ(code, 0) << job.output();
+    EXPECT_NE(job.output().find("rank 1 done"), std::string::npos) << job.output();
+  }
 }
 
 }  // namespace

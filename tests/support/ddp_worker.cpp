@@ -16,6 +16,8 @@
 //                           "rank R evaluated val_loss=... infer_params=..." and writes the
 //                           weights and predictions)
 //       [--own-zero-grad 1]  (optimizer_zero_grad calls optimizer.zero_grad() itself)
+//       [--cxx-locale NAME --locale-rank R]  (local rank R, default 1, first makes NAME the C++
+//       global locale, as a program calling std::locale::global(std::locale("")) does)
 //       [--unused 0|1] [--spare-on-rank R] [--find-unused 0|1] [--static-graph 0|1] [--precision
 //       NAME] [--bf16-all 1]
 //       [--loss-scale INIT]  (with --bf16-all: dynamic loss scaling, growth every 2 steps)
@@ -70,6 +72,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <locale>
 #include <map>
 #include <sstream>
 #include <string>
@@ -488,6 +491,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (a.count("--cxx-locale")) {
+      const char* local = std::getenv("LOCAL_RANK");
+      if ((local != nullptr ? std::atoll(local) : 0) == num("--locale-rank", 1)) {
+        std::locale::global(std::locale(a["--cxx-locale"]));
+      }
+    }
     // Every tensor counted from the start: fit()'s peak tensor bytes are exact (RSS also holds
     // what the C allocator keeps after frees).
     volt::install_counting_cpu_allocator();

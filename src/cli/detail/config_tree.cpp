@@ -3,11 +3,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "../../core/detail/input_limits.h"
 #include "core/detail/ascii.h"
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -154,7 +153,7 @@ ConfigNode parse_yaml(const std::string& text, const std::string& source) {
 }
 
 ConfigNode load_yaml_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  auto in = detail::c_stream<std::ifstream>(path, std::ios::binary);
   VOLT_CHECK(in.good(), ConfigError, "[cli] cannot read config file \"", path,
              "\"; check the path given to --config.");
   return parse_config_text(read_bounded(in, "cli", path), path);

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "../../core/detail/input_limits.h"
 #include "core/detail/ascii.h"
@@ -287,7 +286,7 @@ PerfScan scan_trace(const std::string& text, const std::string& source) {
 
 std::string format_scan(const PerfScan& s, const std::string& source) {
   const CNumbers c_numbers;
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   char b[256];
   os << "perf scan of " << source << "\n";
   std::snprintf(b, sizeof b, "  steps: %lld (%.3f ms scanned)\n", static_cast<long long>(s.steps),

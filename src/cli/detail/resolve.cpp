@@ -5,7 +5,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
-#include <sstream>
 
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
@@ -619,7 +618,7 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
 }
 
 std::string to_yaml(const ResolvedConfig& c) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << "# volt resolved config: every option with its value; load it with --config.\n";
   os << "seed_everything: "
      << (c.seed_everything ? std::to_string(*c.seed_everything) : std::string("null")) << "\n";

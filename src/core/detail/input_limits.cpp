@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <istream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <vector>
 
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -152,7 +152,7 @@ YAML::Node load_yaml_bounded(const std::string& text, const std::string& compone
                              const std::string& source, const InputLimits& limits) {
   check_size(text.size(), component, source, limits);
   {
-    std::istringstream in(text);
+    auto in = detail::c_stream<std::istringstream>(text);
     YAML::Parser parser(in);
     YamlBudget budget(component, source, limits);
     parser.HandleNextDocument(budget);

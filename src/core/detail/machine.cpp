@@ -1,10 +1,9 @@
 #include "core/detail/machine.h"
 
 #include <cstdint>
-#include <fstream>
 #include <iomanip>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "volt/core/env.h"
 
 namespace volt {
@@ -18,7 +17,7 @@ std::string volt_cache_dir() {
 }
 
 std::string cpu_model_name() {
-  std::ifstream in("/proc/cpuinfo");
+  auto in = detail::c_stream<std::ifstream>("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("model name", 0) == 0) {
       const auto colon = line.find(':');
@@ -31,7 +30,7 @@ std::string cpu_model_name() {
 std::string stable_hash_hex(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << std::hex << std::setw(16) << std::setfill('0') << h;
   return os.str();
 }

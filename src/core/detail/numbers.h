@@ -5,12 +5,22 @@
 // strtod("0.5") stops at the '.'. The numbers volt writes or reads as text go through here:
 // generated kernel source (where "(float)0,5" is the comma operator: 5), the run report's JSON
 // and SVG, config values, metrics files, checkpoint keys and the tables it prints.
+//
+// iostreams follow a second switch: the C++ global locale, which a program sets with
+// std::locale::global(std::locale("")). Every stream constructed afterwards takes it, and under
+// de_DE writes 1000 as "1.000", 0.5 as "0,5" and a pointer as "0x7ff.d9f.dc5", and reads "0.5"
+// as a failure. volt makes its streams with c_stream below (ctest banned_calls keeps other
+// streams out of src/), so they write and read the "C" locale's text whatever the program chose.
 
 #include <locale.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <locale>
+#include <sstream>
 #include <string>
+#include <utility>
 
 namespace volt::detail {
 
@@ -49,6 +59,19 @@ std::string c_format(const char* format, Args... args) {
 inline double c_strtod(const char* text, char** end) {
   const CNumbers c;
   return std::strtod(text, end);
+}
+
+/// A standard string or file stream made with `args`, imbued with the "C" locale
+/// (std::locale::classic()) instead of the C++ global locale of the moment: it writes and reads
+/// numbers as the "C" locale does. `auto os = c_stream<std::ostringstream>();`,
+/// `auto in = c_stream<std::ifstream>(path, std::ios::binary);`. (A function, not a class
+/// derived from the stream: such a class has construction vtables, which GCC and Clang emit
+/// differently, and the fuzzers, linking Clang objects with GCC's libvolt.a, failed to link.)
+template <typename Stream, typename... Args>
+Stream c_stream(Args&&... args) {
+  Stream stream(std::forward<Args>(args)...);
+  stream.imbue(std::locale::classic());
+  return stream;
 }
 
 }  // namespace volt::detail

@@ -5,10 +5,11 @@
 #include <c10/util/Optional.h>
 #include <c10/util/Type.h>
 
-#include <sstream>
 #include <string>
 #include <typeinfo>
 #include <vector>
+
+#include "core/detail/numbers.h"
 
 namespace volt {
 namespace detail {
@@ -17,7 +18,7 @@ namespace detail {
 template <typename T>
 std::string optional_text(const c10::optional<T>& v) {
   if (!v) return "none";
-  std::ostringstream s;
+  auto s = detail::c_stream<std::ostringstream>();
   s << *v;
   return s.str();
 }

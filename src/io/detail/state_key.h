@@ -18,6 +18,8 @@ using OptimizerStateKey = typename OptimizerStateMap::key_type;
 template <typename K = OptimizerStateKey>
 K state_key_for(const at::Tensor& p) {
   if constexpr (std::is_same<K, std::string>::value) {
+    // A plain std::ostringstream, not detail::c_stream: libtorch makes its keys with one under
+    // the C++ global locale (c10::guts::to_string), and this text must equal theirs.
     std::ostringstream os;
     os << p.unsafeGetTensorImpl();
     return os.str();

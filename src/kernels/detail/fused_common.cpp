@@ -2,9 +2,9 @@
 
 #include <ATen/ATen.h>
 
-#include <sstream>
 #include <unordered_set>
 
+#include "core/detail/numbers.h"
 #include "fused_cuda.h"
 #include "volt/core/check.h"
 
@@ -32,7 +32,7 @@ std::string fusable_reason(const char* component, const char* reference, const c
   // Hot path (every parameter, every step): no message, no allocation.
   if (on_cpu && strided && floating && t.is_contiguous()) return {};
 
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << "[" << component << "] a " << what;
   if (!on_cpu) {
     if (device) *device = true;

@@ -4,8 +4,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <cmath>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 #include "volt/core/version.h"
 
@@ -26,7 +26,7 @@ bool fused_cuda_available() {
 
 std::string cuda_fusable_reason(const char* component, const char* reference, const at::Tensor& p,
                                 const at::Tensor& grad) {
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   if (!fused_cuda_available()) {
     os << "[" << component << "] a parameter is on " << p.device()
        << "; this build has no fused CUDA kernels (they need libtorch >= 2.1 with CUDA); use "

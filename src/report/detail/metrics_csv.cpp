@@ -5,22 +5,21 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "../../core/detail/ascii.h"
 #include "../../core/detail/numbers.h"
 #include "../../loggers/detail/csv_format.h"
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 
 namespace volt {
 namespace detail {
 
 std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  auto in = detail::c_stream<std::ifstream>(path, std::ios::binary);
   VOLT_CHECK(in.good(), DataError, "[report] cannot read '", path, "' (", std::strerror(errno),
              "); check the file's permissions.");
-  std::ostringstream os;
+  auto os = detail::c_stream<std::ostringstream>();
   os << in.rdbuf();
   return os.str();
 }

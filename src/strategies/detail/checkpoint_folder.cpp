@@ -9,8 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "core/detail/remove_tree.h"
 #include "strategies/detail/agree.h"
 #include "volt/core/atomic_file.h"
@@ -62,7 +62,7 @@ Entries entries_of(InputArchive& in) {
 }
 
 InputArchive reread(OutputArchive& out) {
-  std::stringstream buffer;
+  auto buffer = detail::c_stream<std::stringstream>();
   out.save_to(buffer);
   InputArchive in;
   in.load_from(buffer);
@@ -132,7 +132,7 @@ ArchivePath dict_of_optimizer(InputArchive& optimizer) {
   c10::IValue at_iv;
   if (optimizer.try_read("weights_at", at_iv) && at_iv.isString()) {
     dict.clear();
-    std::istringstream keys(at_iv.toStringRef());
+    auto keys = detail::c_stream<std::istringstream>(at_iv.toStringRef());
     for (std::string k; std::getline(keys, k, '/');) dict.push_back(k);
   }
   return dict;
@@ -158,7 +158,7 @@ void write_consolidated(InputArchive& in, const ArchivePath& path, OutputArchive
     if (auto w = weights.find(next); w != weights.end()) {
       for (const auto& [name, v] : w->second) sub_out.write(name, v.toTensor());
     } else if (auto o = optimizers.find(next); o != optimizers.end()) {
-      std::istringstream bytes(o->second);
+      auto bytes = detail::c_stream<std::istringstream>(o->second);
       InputArchive whole;
       whole.load_from(bytes);
       copy_archive(whole, sub_out);

@@ -3,8 +3,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <sstream>
 
+#include "core/detail/numbers.h"
 #include "trainer/detail/device_prefetch.h"
 #include "trainer/detail/run.h"
 #include "trainer/loops/optimization_step.h"
@@ -271,7 +271,7 @@ std::string describe_global_batch(int64_t per_process, int64_t data_parallel, in
                                   int64_t last_batch) {
   // The reference's batch-size guidance: what converges is the global batch, which grows with
   // every process added unless the per-device batch shrinks.
-  std::ostringstream s;
+  auto s = detail::c_stream<std::ostringstream>();
   s << "batch: " << per_process << " samples per process";
   if (data_parallel > 1) s << " x " << data_parallel << " data-parallel processes";
   if (accumulate > 1) s << " x " << accumulate << " accumulated batches";
@@ -324,7 +324,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   if (r.opts.graph_training_step()) r.step = make_graphed_step(r);
   if (r.opts.trace_training_step()) r.step = make_traced_step(r);
   if (r.overfitting() && r.is_global_zero()) {
-    std::ostringstream s;
+    auto s = detail::c_stream<std::ostringstream>();
     s << "overfit_batches=" << r.opts.overfit_batches() << ": every epoch trains on the same "
       << r.train_limit(train) << " batch(es)";
     if (!val.empty()) {

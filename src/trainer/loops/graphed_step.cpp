@@ -25,13 +25,13 @@
 #include <c10/util/Exception.h>
 
 #include <map>
-#include <sstream>
 #include <string>
 #include <typeinfo>
 #include <vector>
 
 #include "core/detail/batch_tensors.h"
 #include "core/detail/default_steps.h"
+#include "core/detail/numbers.h"
 #include "trainer/detail/run.h"
 #include "trainer/loops/optimization_step.h"
 #include "volt/core/check.h"
@@ -122,7 +122,7 @@ class GraphedOptimizationStep : public OptimizationStep {
     }
     for (const at::Tensor& t : batch_tensors(batch)) {
       if (t.defined() && !t.is_cuda()) {
-        std::ostringstream os;
+        auto os = detail::c_stream<std::ostringstream>();
         os << "a batch tensor is on " << t.device() << "; graphs replay CUDA tensors";
         return eager(os.str(), batch, batch_idx, num_batches);
       }
@@ -199,7 +199,7 @@ class GraphedOptimizationStep : public OptimizationStep {
     if (std::string why = precision_reason(r.strategy().precision()); !why.empty()) return why;
     for (const auto& p : r.module->parameters()) {
       if (!p.is_cuda()) {
-        std::ostringstream os;
+        auto os = detail::c_stream<std::ostringstream>();
         os << "the module's parameters are on " << p.device();
         return os.str();
       }

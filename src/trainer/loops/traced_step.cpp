@@ -24,12 +24,12 @@
 #include <list>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/detail/batch_tensors.h"
+#include "core/detail/numbers.h"
 #include "trainer/detail/run.h"
 #include "trainer/loops/optimization_step.h"
 #include "volt/core/check.h"
@@ -264,7 +264,7 @@ class TracedOptimizationStep : public OptimizationStep {
     for (const auto& l : kept) was += (was.empty() ? "" : ", ") + l.name;
     for (const auto& l : pending_) now += (now.empty() ? "" : ", ") + l.name;
     auto text = [](const LogOptions& o) {
-      std::ostringstream os;
+      auto os = detail::c_stream<std::ostringstream>();
       os << o;
       return os.str();
     };
