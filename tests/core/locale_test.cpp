@@ -42,6 +42,14 @@ namespace {
 
 namespace d = volt::detail;
 
+/// The bytes of the file at `path`.
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 // ----------------------------------------------------------------------------- no locale
 
 TEST(AsciiCase, EveryByteClassifiesAndFoldsAsAscii) {
@@ -225,12 +233,10 @@ TEST_F(GermanLocale, ModelSummaryAndCheckpointKeysWriteAsInTheCLocale) {
 TEST_F(GermanLocale, TheRunReportReadsAndPlotsAsInTheCLocale) {
   volt_test::TempDir run;
   std::ofstream(run / "metrics.csv") << "step,train_loss\n0,1.5\n1,0.25\n2,0.125\n";
-  std::ifstream page(volt::write_run_report(run.path));
-  std::stringstream html;
-  html << page.rdbuf();
+  const std::string html = file_text(volt::write_run_report(run.path));
   // The plot's points, as its script reads them.
-  EXPECT_NE(html.str().find("[1,0.25]"), std::string::npos);
-  EXPECT_NE(html.str().find("[2,0.125]"), std::string::npos);
+  EXPECT_NE(html.find("[1,0.25]"), std::string::npos);
+  EXPECT_NE(html.find("[2,0.125]"), std::string::npos);
 }
 
 TEST_F(GermanLocale, TheCsvLoggersResumeReadsItsNumbers) {
@@ -247,10 +253,7 @@ TEST_F(GermanLocale, TheCsvLoggersResumeReadsItsNumbers) {
   b.load_state(in, /*step=*/3);
   b.log_metrics({{"loss", 2.5}}, 3);
   b.save();
-  std::ifstream file(b.metrics_path());
-  std::stringstream text;
-  text << file.rdbuf();
-  EXPECT_EQ(text.str(), "step,loss\n0,0\n1,0.5\n2,1\n3,2.5\n");
+  EXPECT_EQ(file_text(b.metrics_path()), "step,loss\n0,0\n1,0.5\n2,1\n3,2.5\n");
 }
 
 // std::locale::global(std::locale("de_DE.UTF-8")): iostreams made afterwards group digits with
@@ -325,10 +328,7 @@ TEST_F(GermanIostreams, TheCsvLoggerWritesStepsAsIntegers) {
   csv.log_metrics({{"loss", 1}}, 1000);
   csv.log_metrics({{"loss", 0.5}, {"val_loss", 0.25}}, 12345);
   csv.save();
-  std::ifstream file(csv.metrics_path());
-  std::stringstream text;
-  text << file.rdbuf();
-  EXPECT_EQ(text.str(), "step,loss,val_loss\n1000,1,\n12345,0.5,0.25\n");
+  EXPECT_EQ(file_text(csv.metrics_path()), "step,loss,val_loss\n1000,1,\n12345,0.5,0.25\n");
 }
 
 TEST_F(GermanIostreams, AFusedKernelWithAThousandInputsCompilesAndIsCachedByItsHash) {
