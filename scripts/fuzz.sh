@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs volt's libFuzzer targets (fuzz/, docs/HARDENING.md).
 # Usage: scripts/fuzz.sh [--time=SECONDS] [--no-build] [--build-dir=DIR] [target...]
-#   targets: config envelope safetensors json_configs perf_trace (default: all five)
+#   targets: config envelope safetensors json_configs perf_trace metrics_csv (default: all six)
 #   --time=S       seconds per target (default 60)
 #   --no-build     use the fuzzers already built in DIR/fuzz (what the ctests do)
 #   --build-dir=D  the main build folder (default build/): the fuzzers link its libvolt.a
@@ -27,12 +27,12 @@ for a in "$@"; do
     --no-build) build=0 ;;
     --runs=*) runs_limit="${a#--runs=}" ;;
     --build-dir=*) dir="${a#--build-dir=}" ;;
-    config | envelope | safetensors | json_configs | perf_trace) targets+=("$a") ;;
+    config | envelope | safetensors | json_configs | perf_trace | metrics_csv) targets+=("$a") ;;
     *) echo "scripts/fuzz.sh: unknown argument '$a'; see the usage at the top of the script." >&2
        exit 2 ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(config envelope safetensors json_configs perf_trace)
+[ ${#targets[@]} -gt 0 ] || targets=(config envelope safetensors json_configs perf_trace metrics_csv)
 if [ "$build" = 1 ]; then
   bash scripts/build.sh volt_fuzzers
 fi
@@ -50,7 +50,8 @@ for t in "${targets[@]}"; do
   work="$bin/corpus/$t"
   findings="$bin/findings"
   mkdir -p "$work" "$findings"
-  log="$bin/$t.log"
+  # The fixed-seed runs (the ctests) log apart, so a longer run beside them keeps its own log.
+  log="$bin/$t${runs_limit:+.runs}.log"
   echo "[fuzz] $t: ${seconds}s, corpus $work + fuzz/corpus/$t"
   # -rss_limit_mb: a parser must not need more than 2 GB for any input (libFuzzer also counts
   # one malloc above that as a finding). That holds for envelope too since session 24: volt's

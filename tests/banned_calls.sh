@@ -15,7 +15,7 @@
 #   src/): a stream takes the C++ global locale when it is made, so after the program's
 #   std::locale::global(std::locale("")) one writes 1000 as "1.000" and 0.5 as "0,5" under de_DE.
 #   Make them with detail::c_stream<std::ostringstream>() (numbers.h): the "C" locale.
-#   src/io/detail/state_key.h keeps std::ostringstream on purpose: it must make the same text as
+#   src/core/detail/state_key.h keeps std::ostringstream on purpose: it must make the same text as
 #   libtorch's own optimizer-state keys, which follow the global locale.
 # Lines that are comments are skipped.
 # Usage: banned_calls.sh <repository root>  |  banned_calls.sh --self-test
@@ -33,7 +33,7 @@ rule_patterns=(
 )
 rule_dirs=("src include tests benchmarks examples tools" "src include" "src include" "src")
 # The files each rule lets call it (relative to the root, space-separated; "" for none).
-rule_home=("" "" "src/core/detail/numbers.h" "src/io/detail/state_key.h")
+rule_home=("" "" "src/core/detail/numbers.h" "src/core/detail/state_key.h")
 rule_advice=(
   "std::filesystem::remove_all called (use volt::detail::remove_tree or rm -rf)"
   "<cctype> call in the library (use src/core/detail/ascii.h: locale-free, defined for every char)"

@@ -23,14 +23,6 @@ namespace {
 
 constexpr const char* kTag = "[StochasticWeightAveraging]";
 
-std::string numbers(const std::vector<double>& values) {
-  return detail::joined(values, [](double v) {
-    auto s = detail::c_stream<std::ostringstream>();
-    s << v;
-    return s.str();
-  });
-}
-
 const char* strategy_text(AnnealStrategy s) {
   return s == AnnealStrategy::kCos ? "cos" : "linear";
 }
@@ -103,7 +95,7 @@ struct StochasticWeightAveraging::State {
 };
 
 std::ostream& operator<<(std::ostream& os, const StochasticWeightAveragingOptions& o) {
-  os << "StochasticWeightAveragingOptions(swa_lrs={" << numbers(o.swa_lrs())
+  os << "StochasticWeightAveragingOptions(swa_lrs={" << detail::number_list(o.swa_lrs())
      << "}, swa_epoch_start=" << o.swa_epoch_start()
      << ", annealing_epochs=" << o.annealing_epochs()
      << ", annealing_strategy=" << strategy_text(o.annealing_strategy())
@@ -190,8 +182,8 @@ void StochasticWeightAveraging::on_fit_start(RunContext& run, Module& module) {
     auto msg = detail::c_stream<std::ostringstream>();
     msg << "averaging the weights at the end of epochs " << swa_start_ << ".." << max_epochs - 1
         << " (0-based); from epoch " << swa_start_ << " the learning rate anneals to {"
-        << numbers(s.swa_lrs) << "} over " << options_.annealing_epochs() << " epoch(s) ("
-        << strategy_text(options_.annealing_strategy()) << ")";
+        << detail::number_list(s.swa_lrs) << "} over " << options_.annealing_epochs()
+        << " epoch(s) (" << strategy_text(options_.annealing_strategy()) << ")";
     if (configs.front().scheduler()) {
       msg << " in place of the module's " << configs.front().scheduler()->name();
     }

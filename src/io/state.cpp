@@ -7,7 +7,7 @@
 #include "core/detail/fp8_state.h"
 #include "core/detail/numbers.h"
 #include "core/detail/parameter_names.h"
-#include "detail/state_key.h"
+#include "core/detail/state_key.h"
 #include "volt/core/check.h"
 #include "volt/kernels/fused_optimizer.h"
 

@@ -185,7 +185,7 @@ void CSVLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
   const auto records = detail::parse_csv(content, "[CSVLogger] " + metrics_path());
   if (records.empty()) return;
   const std::vector<std::string>& header = records.front().cells;
-  for (size_t i = 1; i < header.size(); ++i) columns_.push_back(header[i]);
+  columns_ = detail::metrics_header(records.front(), "[CSVLogger] " + metrics_path());
   for (size_t r = 1; r < records.size(); ++r) {
     const auto& cells = records[r].cells;
     if (cells.size() == 1 && cells[0].empty()) continue;  // a blank line

@@ -32,12 +32,6 @@ constexpr double kPi = 3.14159265358979323846;
 
 std::atomic<uint64_t> next_serial{0};
 
-std::string join(const std::vector<double>& v) {
-  std::string s = "{";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "}";
-}
-
 // restart_at's argument, one lr per scheduled group; ValueError once the schedule stepped.
 std::vector<double> checked_initial_lrs(const std::string& name, int64_t last_epoch,
                                         const std::vector<double>& lrs, size_t groups) {
@@ -452,8 +446,8 @@ std::vector<double> LambdaLR::compute_lrs(const std::vector<double>&) {
 // ------------------------------------------------------------------------------- OneCycleLR
 
 std::ostream& operator<<(std::ostream& os, const OneCycleLROptions& o) {
-  return os << "OneCycleLROptions(max_lr=" << join(o.max_lr())
-            << ", total_steps=" << o.total_steps() << ", pct_start=" << o.pct_start()
+  return os << "OneCycleLROptions(max_lr={" << detail::number_list(o.max_lr())
+            << "}, total_steps=" << o.total_steps() << ", pct_start=" << o.pct_start()
             << ", anneal_strategy="
             << (o.anneal_strategy() == AnnealStrategy::kCos ? "cos" : "linear")
             << ", cycle_momentum=" << o.cycle_momentum() << ", base_momentum=" << o.base_momentum()
@@ -832,8 +826,8 @@ std::ostream& operator<<(std::ostream& os, const ReduceLROnPlateauOptions& o) {
             << ", factor=" << o.factor() << ", patience=" << o.patience()
             << ", threshold=" << o.threshold()
             << ", threshold_mode=" << (o.threshold_mode() == ThresholdMode::kRel ? "rel" : "abs")
-            << ", cooldown=" << o.cooldown() << ", min_lr=" << join(o.min_lr())
-            << ", eps=" << o.eps() << ")";
+            << ", cooldown=" << o.cooldown() << ", min_lr={" << detail::number_list(o.min_lr())
+            << "}, eps=" << o.eps() << ")";
 }
 
 ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer,

@@ -17,13 +17,12 @@
 #include <ostream>
 #include <vector>
 
-#include "../core/detail/ascii.h"
-#include "../core/detail/numbers.h"
-#include "../core/detail/version_folder.h"
-#include "../loggers/detail/log_dir.h"
+#include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
+#include "core/detail/version_folder.h"
 #include "detail/metrics_csv.h"
 #include "detail/svg_plot.h"
+#include "loggers/detail/log_dir.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
 

@@ -23,7 +23,7 @@
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "core/detail/remove_tree.h"
-#include "io/detail/state_key.h"
+#include "core/detail/state_key.h"
 #include "strategies/detail/checkpoint_folder.h"
 #include "strategies/detail/optimizer_swapper.h"
 #include "strategies/detail/replica_mesh.h"

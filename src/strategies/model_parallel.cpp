@@ -11,8 +11,8 @@
 #include <utility>
 
 #include "core/detail/numbers.h"
+#include "core/detail/state_key.h"
 #include "distributed/detail/bucket_cap.h"
-#include "io/detail/state_key.h"
 #include "kernels/detail/state_tensors.h"
 #include "strategies/detail/checkpoint_folder.h"
 #include "strategies/detail/rank_key.h"

@@ -12,7 +12,7 @@
 #include <unordered_set>
 
 #include "core/detail/numbers.h"
-#include "io/detail/state_key.h"
+#include "core/detail/state_key.h"
 #include "strategies/detail/rank_key.h"
 #include "strategies/detail/replica_mesh.h"
 #include "strategies/detail/timeout.h"

@@ -20,12 +20,15 @@
 #include <vector>
 
 #include "error_text.h"
+#include "file_text.h"
 #include "log_capture.h"
 #include "requires.h"
 #include "tiny.h"
 #include "training_jobs.h"
 
 namespace {
+
+using volt_test::file_text;
 
 using volt_test::quiet;
 
@@ -59,13 +62,6 @@ volt::DataLoader data() {
 
 std::vector<double> ones(size_t n) {
   return std::vector<double>(n, 1.0);
-}
-
-std::string read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 struct Outcome {
@@ -105,7 +101,7 @@ TEST(SpikeDetection, AJumpAboveTheRunningMeanEndsTheFitAndWritesTheBatchesToSkip
   EXPECT_EQ(o.callback->bad_batches(), (std::vector<int64_t>{4, 5}));
   // Lightning's file: a JSON list of the batch and the one before it, in the run's log_dir
   // (default_root_dir here: the run has no logger).
-  EXPECT_EQ(nlohmann::json::parse(read(dir / "skip_batches.json")),
+  EXPECT_EQ(nlohmann::json::parse(file_text(dir / "skip_batches.json")),
             nlohmann::json::parse("[4, 5]"));
   EXPECT_TRUE(volt_test::has(o.error, "written to " + (dir / "skip_batches.json"))) << o.error;
 
@@ -116,7 +112,7 @@ TEST(SpikeDetection, AJumpAboveTheRunningMeanEndsTheFitAndWritesTheBatchesToSkip
     volt::Trainer t(quiet(dir / "logged").logger(true).max_epochs(1).callbacks({cb}));
     EXPECT_FALSE(volt_test::error_of<volt::TrainingSpikeError>([&] { t.fit(m, data()); }).empty());
     EXPECT_NE(t.log_dir(), dir / "logged");
-    EXPECT_EQ(nlohmann::json::parse(read(t.log_dir() + "/skip_batches.json")),
+    EXPECT_EQ(nlohmann::json::parse(file_text(t.log_dir() + "/skip_batches.json")),
               nlohmann::json::parse("[4, 5]"));
   }
   // 3.0 is 2.0 above the mean: exactly rtol × mean, a spike; 2.9 is not.
@@ -257,7 +253,7 @@ TEST(SpikeDetection, ASpikeOnOneRankEndsEveryRankAtThatBatch) {
   EXPECT_TRUE(volt_test::has(job.output, "training spike in batch 5 of epoch 0")) << job.output;
   EXPECT_TRUE(volt_test::has(job.output, "another rank's loss spiked")) << job.output;
   EXPECT_TRUE(volt_test::has(job.output, "against a running mean")) << job.output;
-  EXPECT_EQ(nlohmann::json::parse(read(dir / "skip.json")), nlohmann::json::parse("[4, 5]"));
+  EXPECT_EQ(nlohmann::json::parse(file_text(dir / "skip.json")), nlohmann::json::parse("[4, 5]"));
 }
 
 // Fabric's form (Lightning Fabric's SpikeDetection, reached through fabric.call) judges as the
@@ -304,7 +300,7 @@ TEST(FabricSpikeDetection, AFabricLoopStopsAtTheBatchTheTrainersFitDoes) {
           (dir / "f.json")))
       << error;
   EXPECT_EQ(spikes->detector().bad_batches(), trainer.callback->bad_batches());
-  EXPECT_EQ(nlohmann::json::parse(read(dir / "f.json")), nlohmann::json::parse("[4, 5]"));
+  EXPECT_EQ(nlohmann::json::parse(file_text(dir / "f.json")), nlohmann::json::parse("[4, 5]"));
 
   // The default: skip_batches.json in the working directory.
   const auto cwd = std::filesystem::current_path();
@@ -312,7 +308,7 @@ TEST(FabricSpikeDetection, AFabricLoopStopsAtTheBatchTheTrainersFitDoes) {
   std::filesystem::current_path(dir / "cwd");
   run(volt::SpikeDetectionOptions(), error);
   std::filesystem::current_path(cwd);
-  EXPECT_EQ(nlohmann::json::parse(read(dir / "cwd/skip_batches.json")),
+  EXPECT_EQ(nlohmann::json::parse(file_text(dir / "cwd/skip_batches.json")),
             nlohmann::json::parse("[4, 5]"));
   EXPECT_TRUE(volt_test::has(error, "written to " + (dir / "cwd/skip_batches.json"))) << error;
 }
@@ -352,7 +348,7 @@ TEST(FabricSpikeDetection, ASpikeOnOneRankEndsEveryRanksLoopAtThatBatch) {
   EXPECT_TRUE(volt_test::has(job.output, "training spike in batch 5: loss")) << job.output;
   EXPECT_TRUE(volt_test::has(job.output, "training spike in batch 5: another rank's loss spiked"))
       << job.output;
-  EXPECT_EQ(nlohmann::json::parse(read(dir / "skip.json")), nlohmann::json::parse("[4, 5]"));
+  EXPECT_EQ(nlohmann::json::parse(file_text(dir / "skip.json")), nlohmann::json::parse("[4, 5]"));
   // Without a spike the same loop runs to its end with the callback judging every step.
   const auto clean = volt_test::run_job(volt_test::fabric_worker(),
                                         {"--out", dir / "c", "--devices", "2", "--batch", "8",

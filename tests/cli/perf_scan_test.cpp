@@ -11,10 +11,13 @@
 #include <sstream>
 
 #include "build_paths.h"
+#include "file_text.h"
 #include "tiny.h"
 #include "volt/core/errors.h"
 
 namespace {
+
+using volt_test::file_text;
 
 /// 64 -> hidden -> 2 MLP; optionally reads the loss on the host every step.
 class Wide : public volt::Module {
@@ -71,15 +74,8 @@ std::string traced_fit(const volt_test::TempDir& dir, const std::string& name, v
   return prof->last_trace_path();
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 volt::detail::PerfScan scan(const std::string& path) {
-  return volt::detail::scan_trace(slurp(path), path);
+  return volt::detail::scan_trace(file_text(path), path);
 }
 
 std::string format_scan_text(const volt::detail::PerfScan& s) {
@@ -138,7 +134,7 @@ TEST(PerfScan, EachSymptomGetsItsAdviceAndAHealthyRunNone) {
 TEST(PerfScan, ReadsARealPyTorchProfilerTrace) {
   const std::string path =
       volt_test::source_dir() + "/tests/cli/data/pytorch_1.13_cpu.pt.trace.json";
-  const std::string text = slurp(path);
+  const std::string text = file_text(path);
   ASSERT_FALSE(text.empty()) << path;
   const auto s = volt::detail::scan_trace(text, path);
   // What the shares must be, summed straight from the file's events.

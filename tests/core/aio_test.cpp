@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "core/detail/aio.h"
+#include "file_text.h"
 #include "tiny.h"
 
 namespace {
@@ -44,9 +45,8 @@ TEST(Aio, UringWritesAndReadsMatchThePreadPwriteReference) {
       posix.wait();
     }
     // The two files are identical, and each path reads back what the other wrote.
-    std::ifstream u(dir / "u.swp", std::ios::binary), p(dir / "p.swp", std::ios::binary);
-    const std::string ub((std::istreambuf_iterator<char>(u)), {});
-    const std::string pb((std::istreambuf_iterator<char>(p)), {});
+    const std::string ub = volt_test::file_text(dir / "u.swp");
+    const std::string pb = volt_test::file_text(dir / "p.swp");
     ASSERT_EQ(ub.size(), pb.size());
     EXPECT_TRUE(ub == pb);
     AioFile uring(dir / "p.swp", opts, false);

@@ -31,8 +31,9 @@
 #include "cli/detail/resolve.h"
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
+#include "core/detail/state_key.h"
 #include "error_text.h"
-#include "io/detail/state_key.h"
+#include "file_text.h"
 #include "processes.h"
 #include "reread.h"
 #include "scoped_env.h"
@@ -41,14 +42,7 @@
 namespace {
 
 namespace d = volt::detail;
-
-/// The bytes of the file at `path`.
-std::string file_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using volt_test::file_text;
 
 // ----------------------------------------------------------------------------- no locale
 

@@ -3,6 +3,7 @@
 
 #include <fstream>
 
+#include "file_text.h"
 #include "tiny.h"
 
 namespace {
@@ -60,8 +61,7 @@ TEST(FashionMnist, TruncatedAndCorruptedFilesAreDataErrors) {
   EXPECT_THROW(volt::read_idx_file(dir / "bad.gz"), volt::DataError);
   // A gzip stream cut in half.
   write_gz(dir / "full.gz", header + std::string(2 * 28 * 28, '\x05'));
-  std::ifstream in(dir / "full.gz", std::ios::binary);
-  std::string gz((std::istreambuf_iterator<char>(in)), {});
+  const std::string gz = volt_test::file_text(dir / "full.gz");
   std::ofstream(dir / "cut.gz", std::ios::binary) << gz.substr(0, gz.size() / 2);
   EXPECT_THROW(volt::read_idx_file(dir / "cut.gz"), volt::DataError);
   EXPECT_EQ(volt::read_idx_file(dir / "full.gz").sizes(), (std::vector<int64_t>{2, 28, 28}));

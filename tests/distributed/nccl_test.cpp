@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "core/detail/state_key.h"
 #include "distributed/detail/net.h"
-#include "io/detail/state_key.h"
 #include "kernels/detail/state_tensors.h"
 #include "requires.h"
 #include "tiny.h"

@@ -17,8 +17,8 @@
 #include <filesystem>
 
 #include "build_paths.h"
+#include "core/detail/state_key.h"
 #include "distributed/detail/net.h"
-#include "io/detail/state_key.h"
 #include "processes.h"
 #include "strategies/detail/optimizer_swapper.h"
 #include "tiny.h"

@@ -11,16 +11,15 @@
 #include <sstream>
 #include <thread>
 
+#include "file_text.h"
 #include "io/detail/checkpoint_envelope.h"
 #include "log_capture.h"
 #include "tiny.h"
 
 namespace {
 
-std::string read_file(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+using volt_test::file_text;
+
 bool exists(const std::string& p) {
   return std::ifstream(p).good();
 }
@@ -47,7 +46,7 @@ TEST(AsyncCheckpointIO, WritesTheSameBytesAsTorchCheckpointIO) {
   volt::AsyncCheckpointIO io;
   io.save(ar, dir / "async.ckpt");
   io.flush();
-  const std::string a = read_file(dir / "sync.ckpt"), b = read_file(dir / "async.ckpt");
+  const std::string a = file_text(dir / "sync.ckpt"), b = file_text(dir / "async.ckpt");
   ASSERT_GT(a.size(), 300u * 7 * 4);
   EXPECT_TRUE(a == b) << a.size() << " vs " << b.size() << " bytes";
   // Either reads the other's file.
@@ -265,7 +264,7 @@ TEST(AsyncCheckpointIO, HoldsAtMostMaxPendingCheckpoints) {
     for (int i = 0; i < 8; ++i) io.save(ar, dir / ("c" + std::to_string(i) + ".ckpt"));
     io.flush();
     const auto s = io.stats();
-    const auto file = static_cast<int64_t>(read_file(dir / "c0.ckpt").size());
+    const auto file = static_cast<int64_t>(file_text(dir / "c0.ckpt").size());
     EXPECT_EQ(s.saves, 8);
     EXPECT_GE(s.peak_pending, 1);
     EXPECT_LE(s.peak_pending, max_pending);
@@ -289,7 +288,7 @@ TEST(AsyncCheckpointIO, AReusedBufferHoldsOnlyTheNewCheckpoint) {
       io.save(ar, dir / (name + ".async"));
       io.flush();  // written, so its buffer is free for the next save
       volt::TorchCheckpointIO().save(ar, dir / (name + ".sync"));
-      EXPECT_TRUE(read_file(dir / (name + ".async")) == read_file(dir / (name + ".sync"))) << name;
+      EXPECT_TRUE(file_text(dir / (name + ".async")) == file_text(dir / (name + ".sync"))) << name;
     }
     EXPECT_EQ(io.stats().buffer_reuses, reuse ? 2 : 0);
   }

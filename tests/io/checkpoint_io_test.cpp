@@ -15,15 +15,14 @@
 #include "build_paths.h"
 #include "core/detail/temp_files.h"
 #include "envelope.h"
+#include "file_text.h"
 #include "reread.h"
 #include "tiny.h"
 
 namespace {
 
-std::string read_file(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+using volt_test::file_text;
+
 void write_file(const std::string& p, const std::string& s) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
 }
@@ -67,7 +66,7 @@ TEST(CheckpointIO, AStreamedSaveIsTheEnvelopeOfLibtorchsArchive) {
     payload.append(static_cast<const char*>(d), n);
     return n;
   });
-  const std::string file = read_file(dir / "a.ckpt");
+  const std::string file = file_text(dir / "a.ckpt");
   ASSERT_EQ(file.size(), 24 + payload.size());
   EXPECT_EQ(file.substr(0, 8), "VOLTCKPT");
   EXPECT_TRUE(file.compare(24, std::string::npos, payload) == 0);
@@ -125,7 +124,7 @@ TEST(CheckpointIO, DetectsTruncationCorruptionAndForeignFiles) {
   torch::serialize::OutputArchive ar;
   ar.write("w", torch::randn({64}));
   volt::TorchCheckpointIO().save(ar, dir / "good.ckpt");
-  const std::string good = read_file(dir / "good.ckpt");
+  const std::string good = file_text(dir / "good.ckpt");
 
   write_file(dir / "trunc.ckpt", good.substr(0, good.size() - 100));
   EXPECT_NE(error_of(dir / "trunc.ckpt").find("truncated"), std::string::npos);
@@ -154,7 +153,7 @@ TEST(CheckpointIO, ArchiveLibtorchRefusesWithANonC10ErrorIsACheckpointError) {
   // CheckpointError.
   volt_test::TempDir dir;
   const std::string payload =
-      read_file(volt_test::source_dir() + "/tests/io/data/ckpt_payload_unknown_type.bin");
+      file_text(volt_test::source_dir() + "/tests/io/data/ckpt_payload_unknown_type.bin");
   ASSERT_FALSE(payload.empty());
   write_file(dir / "odd.ckpt", envelope_around(payload));
   const std::string m = error_of(dir / "odd.ckpt");
@@ -332,7 +331,7 @@ TEST(CheckpointIO, WritesRemoveTempFilesOfDeadWritersButNotOfLiveOnes) {
   for (const auto& p : kept) EXPECT_TRUE(exists(p)) << p;
   // The live writer's file is untouched, with what it wrote so far.
   EXPECT_TRUE(exists(live.temp));
-  EXPECT_EQ(read_file(live.temp), std::string("VOLTCKPT partial", 17));
+  EXPECT_EQ(file_text(live.temp), std::string("VOLTCKPT partial", 17));
 
   // Killed mid-write: the next checkpoint written in the folder removes its temp file.
   kill_child(live);
@@ -342,7 +341,7 @@ TEST(CheckpointIO, WritesRemoveTempFilesOfDeadWritersButNotOfLiveOnes) {
   volt::TorchCheckpointIO().save(ar, dir / "model.ckpt");
   EXPECT_FALSE(exists(live.temp));
   EXPECT_TRUE(exists(dir / "model.ckpt"));
-  EXPECT_EQ(read_file(dir / "config.yaml"), "a: 1\n");
+  EXPECT_EQ(file_text(dir / "config.yaml"), "a: 1\n");
 }
 
 TEST(CheckpointIO, TwoThreadsWritingOnePathTakeTurnsAndReadersSeeOnlyWholeFiles) {
@@ -356,7 +355,7 @@ TEST(CheckpointIO, TwoThreadsWritingOnePathTakeTurnsAndReadersSeeOnlyWholeFiles)
   std::atomic<int> torn{0}, reads{0};
   std::thread reader([&] {
     while (!done.load()) {
-      const std::string got = read_file(path);
+      const std::string got = file_text(path);
       ++reads;
       const bool whole = got.size() == kBytes &&
                          got.find_first_not_of(got.empty() ? 'a' : got[0]) == std::string::npos;
@@ -373,7 +372,7 @@ TEST(CheckpointIO, TwoThreadsWritingOnePathTakeTurnsAndReadersSeeOnlyWholeFiles)
   reader.join();
   EXPECT_EQ(torn.load(), 0) << "of " << reads.load() << " reads";
   EXPECT_GT(reads.load(), 0);
-  const std::string last = read_file(path);
+  const std::string last = file_text(path);
   EXPECT_TRUE(last == std::string(kBytes, 'b') || last == std::string(kBytes, 'c'));
   // No temp file is left behind.
   DIR* d = ::opendir(dir.path.c_str());
@@ -408,8 +407,8 @@ TEST(CheckpointIO, ALinkAtTheTemporaryNameIsNotFollowed) {
   const std::string path = dir / "model.ckpt";
   ASSERT_EQ(::symlink(target.c_str(), volt::detail::temp_path_for(path).c_str()), 0);
   volt::atomic_write_file(path, "new contents");
-  EXPECT_EQ(read_file(target), "keep me");
-  EXPECT_EQ(read_file(path), "new contents");
+  EXPECT_EQ(file_text(target), "keep me");
+  EXPECT_EQ(file_text(path), "new contents");
   struct stat st;
   ASSERT_EQ(::lstat(path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISREG(st.st_mode));

@@ -13,6 +13,7 @@
 
 #include "build_paths.h"
 #include "error_text.h"
+#include "file_text.h"
 #include "models.h"
 #include "python_tool.h"
 #include "tiny.h"
@@ -328,9 +329,7 @@ TEST(TorchScript, AFailedExportOrWriteLeavesTheFileAsItWas) {
   EXPECT_THROW(volt::to_torchscript(*m, fn, {torch::randn({4, 2, 3})},
                                     volt::TorchScriptOptions().file_path(path)),
                volt::ValueError);
-  std::stringstream kept;
-  kept << std::ifstream(path).rdbuf();
-  EXPECT_EQ(kept.str(), "the previous export");
+  EXPECT_EQ(volt_test::file_text(path), "the previous export");
   // A folder that cannot exist (its parent is a file): CheckpointError, nothing written.
   const std::string err = error_of<volt::CheckpointError>([&] {
     volt::to_torchscript(
@@ -338,9 +337,7 @@ TEST(TorchScript, AFailedExportOrWriteLeavesTheFileAsItWas) {
         volt::TorchScriptOptions().file_path(path + "/inside.pt").dynamic_batch(false));
   });
   EXPECT_FALSE(err.empty());
-  std::stringstream still;
-  still << std::ifstream(path).rdbuf();
-  EXPECT_EQ(still.str(), "the previous export");
+  EXPECT_EQ(volt_test::file_text(path), "the previous export");
 }
 
 TEST(TorchScript, ATemplatedModulesClassIsNamedWithoutItsArguments) {

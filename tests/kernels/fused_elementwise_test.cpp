@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "error_text.h"
+#include "file_text.h"
 #include "log_capture.h"
 #include "near.h"
 #include "processes.h"
@@ -590,10 +591,7 @@ TEST_F(CompiledElementwise, ProcessesSharingAKernelFolderKeepItCoherent) {
   int64_t total = 0;
   for (const auto& e : view.entries()) {
     total += e.bytes;
-    std::ifstream in(folder / e.key, std::ios::binary);
-    EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()),
-              content(e.key))
-        << e.key;
+    EXPECT_EQ(volt_test::file_text(folder / e.key), content(e.key)) << e.key;
   }
   const int64_t limit = (int64_t{1} << 20) * 99 / 100;
   EXPECT_LE(total, limit);

@@ -18,7 +18,7 @@
 #include <memory>
 #include <sstream>
 
-#include "io/detail/state_key.h"
+#include "core/detail/state_key.h"
 #include "tiny.h"
 
 namespace {

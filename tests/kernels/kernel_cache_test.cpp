@@ -15,12 +15,15 @@
 #include <thread>
 
 #include "error_text.h"
+#include "file_text.h"
 #include "log_capture.h"
 #include "scoped_env.h"
 #include "tiny.h"
 #include "volt/kernels/kernel_cache.h"
 
 namespace {
+
+using volt_test::file_text;
 
 using volt::KernelCache;
 using volt::KernelCacheOptions;
@@ -34,11 +37,6 @@ std::string payload(const std::string& key, int64_t n) {
   std::string s(static_cast<size_t>(n), '\0');
   for (int64_t i = 0; i < n; ++i) s[i] = static_cast<char>(key[i % key.size()] + i % 7);
   return s;
-}
-
-std::string read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 // Sets a file's modification time `seconds` into the past (tests must not wait for clocks).
@@ -71,7 +69,7 @@ TEST(KernelCache, StoreThenFindReturnsTheBytes) {
   cache.flush();
   auto path = cache.find("k1.so");
   ASSERT_TRUE(path.has_value());
-  EXPECT_EQ(read(*path), payload("k1", 5000));
+  EXPECT_EQ(file_text(*path), payload("k1", 5000));
   const auto s = cache.stats();
   EXPECT_EQ(s.hits, 1);
   EXPECT_EQ(s.misses, 1);
@@ -180,7 +178,7 @@ TEST(KernelCache, CachesSharingAFolderEvictOneAtATimeAndKeepEveryEntryWhole) {
   for (const auto& e : entries) {
     kept.insert(e.key);
     total += e.bytes;
-    EXPECT_EQ(read(dir / e.key), payload(e.key, kEntry)) << e.key;
+    EXPECT_EQ(file_text(dir / e.key), payload(e.key, kEntry)) << e.key;
   }
   const int64_t limit = (int64_t{1} << 20) * 99 / 100;
   EXPECT_EQ(failures, 0);

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "error_text.h"
+#include "file_text.h"
 #include "near.h"
 #include "scoped_env.h"
 #include "tiny.h"
@@ -322,8 +323,7 @@ std::string cache_entry(const std::string& dir, const std::string& prefix) {
   volt::KernelCache::global().flush();
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().filename().string().rfind(prefix + "-", 0) != 0) continue;
-    std::ifstream in(entry.path(), std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
+    return volt_test::file_text(entry.path());
   }
   return "";
 }

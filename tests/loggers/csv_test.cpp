@@ -125,24 +125,46 @@ TEST(CSVLogger, ResumeReadsQuotedMetricNames) {
                                                                "0,0,0", "1,0.1,1", "2,,20"}));
 }
 
-TEST(CSVLogger, ResumeFromACorruptedFileIsADataError) {
+/// What a logger resuming at step 5 throws (the DataError's message) when the run's metrics.csv
+/// holds `text`; "<no DataError>" when it resumes.
+std::string resume_error_with(const std::string& text) {
   volt_test::TempDir dir;
   volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
   a.log_metrics({{"loss", 1.0}}, 0);
   a.save();
   torch::serialize::OutputArchive out;
   a.save_state(out);
-  std::ofstream(a.metrics_path(), std::ios::app) << "x1,2\n";
+  std::ofstream(a.metrics_path(), std::ios::trunc) << text;
   auto in = volt_test::reread(out);
   volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
   try {
     b.load_state(in, 5);
-    FAIL() << "no DataError";
   } catch (const volt::DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("metrics.csv:3: step 'x1' is not an integer"),
-              std::string::npos)
-        << e.what();
+    return e.what();
   }
+  return "<no DataError>";
+}
+
+TEST(CSVLogger, ResumeFromACorruptedFileIsADataError) {
+  const std::string m = resume_error_with("step,loss\n0,1\nx1,2\n");
+  EXPECT_NE(m.find("metrics.csv:3: step 'x1' is not an integer"), std::string::npos) << m;
+}
+
+// A header the logger could not have written is refused as `volt report` refuses it (found by
+// fuzz_metrics_csv, session 90): before, a column named twice was kept twice, and the file the
+// resumed run rewrote had the duplicate header the report refuses.
+TEST(CSVLogger, ResumeRefusesAHeaderItCouldNotHaveWritten) {
+  const std::string twice = resume_error_with("step,a,a\n0,1,2\n");
+  EXPECT_NE(twice.find("[CSVLogger] "), std::string::npos) << twice;
+  EXPECT_NE(twice.find("metrics.csv:1: column 'a' appears twice in the header; repair the header"),
+            std::string::npos)
+      << twice;
+  EXPECT_NE(
+      resume_error_with("epoch,a,b\n0,1,2\n").find("the header starts with 'epoch', not 'step'"),
+      std::string::npos);
+  EXPECT_NE(resume_error_with("step,a,\n0,1,2\n").find("column 3 of the header has no name"),
+            std::string::npos);
+  EXPECT_EQ(resume_error_with("step,a,b\n0,1,2\n"), "<no DataError>");
 }
 
 // Values are written as the shortest text that reads back as the same double (Python's repr,

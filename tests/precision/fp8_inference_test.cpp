@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "error_text.h"
+#include "file_text.h"
 #include "tiny.h"
 
 namespace {
@@ -260,10 +261,7 @@ TEST(Fp8Measure, StatisticsAreTheMaxAbsOverBatchesAndQuantizingHereIsRefused) {
     out2 = std::max(out2, y.abs().max().to(at::kFloat).item<float>());
   }
   EXPECT_EQ(volt::save_fp8_measurements(*net, cfg), 2);
-  std::ifstream in(dir / "stats.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  const std::string text = volt_test::file_text(dir / "stats.json");
   // The file is JSON the quantize step reads; check the numbers through a parse of our own.
   auto number_after = [&](const std::string& layer, const std::string& key) {
     const auto at = text.find("\"" + key + "\"", text.find("\"" + layer + "\""));

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "file_text.h"
 #include "log_capture.h"
 #include "tiny.h"
 
@@ -32,10 +33,7 @@ TEST(SimpleProfiler, TimesEveryStageAndHookOfAFit) {
               volt_test::loader(volt_test::blobs(64, 8, 2), 16, false));
   const std::string path = prof->last_report_path();
   ASSERT_EQ(path, trainer.log_dir() + "/fit-perf.txt");
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string report = ss.str();
+  const std::string report = volt_test::file_text(path);
   for (const char* action :
        {"training_step", "backward", "optimizer_step", "get_train_batch", "validation_step",
         "get_validation_batch", "[Module]on_train_epoch_start",
@@ -77,12 +75,10 @@ TEST(SimpleProfiler, TimesTheTestPassModuleHooks) {
   volt_test::TinyClassifier model;
   volt::Trainer trainer(options(dir.path, prof));
   trainer.test(model, volt_test::loader(volt_test::blobs(64, 8, 2), 16, false));
-  std::ifstream in(prof->last_report_path());
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string report = volt_test::file_text(prof->last_report_path());
   for (const char* action :
        {"[Module]on_test_epoch_start", "[Module]on_test_epoch_end", "test_step"}) {
-    EXPECT_NE(ss.str().find(action), std::string::npos) << action << "\n" << ss.str();
+    EXPECT_NE(report.find(action), std::string::npos) << action << "\n" << report;
   }
 }
 

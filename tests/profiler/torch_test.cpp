@@ -15,25 +15,21 @@
 #include <thread>
 
 #include "build_paths.h"
+#include "file_text.h"
 #include "processes.h"
 #include "requires.h"
 #include "tiny.h"
 
 namespace {
 
+using volt_test::file_text;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 json load_trace(const std::string& path) {
   EXPECT_TRUE(fs::exists(path)) << path;
-  return json::parse(slurp(path));  // throws (fails the test) on malformed JSON
+  return json::parse(file_text(path));  // throws (fails the test) on malformed JSON
 }
 
 /// Complete ("X") events named `name`.
@@ -129,7 +125,7 @@ TEST(TorchProfiler, FitTraceHoldsOpsVoltRegionsAndCustomRegions) {
 
   // The summary: written next to the trace, self time never above total time.
   EXPECT_EQ(prof->last_summary_path(), trainer.log_dir() + "/fit-run-rank0.txt");
-  const std::string summary = slurp(prof->last_summary_path());
+  const std::string summary = file_text(prof->last_summary_path());
   EXPECT_NE(summary.find("FIT TorchProfiler summary (rank 0, whole run"), std::string::npos)
       << summary;
   EXPECT_NE(summary.find("aten::addmm"), std::string::npos) << summary;
@@ -451,15 +447,16 @@ TEST(TorchProfilerCli, ByNameWithOptionsAndBadOptionsExitTwo) {
                        "--trainer.profiler.wait=0 --trainer.profiler.warmup=0 "
                        "--trainer.profiler.active=3"),
             0)
-      << slurp(dir / "err");
+      << file_text(dir / "err");
   const json trace = load_trace(dir.path + "/volt_logs/version_0/fit-cli-rank0.pt.trace.json");
   EXPECT_EQ(events_named(trace, "training_step").size(), 3u);
   EXPECT_FALSE(events_named(trace, "aten::addmm").empty());
   EXPECT_EQ(run(base + " --trainer.profiler=TorchProfiler --trainer.profiler.active=-2"), 2);
-  EXPECT_NE(slurp(dir / "err").find("[TorchProfiler] schedule"), std::string::npos)
-      << slurp(dir / "err");
+  EXPECT_NE(file_text(dir / "err").find("[TorchProfiler] schedule"), std::string::npos)
+      << file_text(dir / "err");
   EXPECT_EQ(run(base + " --trainer.profiler=TorchProfiler --trainer.profiler.activ=2"), 2);
-  EXPECT_NE(slurp(dir / "err").find("did you mean"), std::string::npos) << slurp(dir / "err");
+  EXPECT_NE(file_text(dir / "err").find("did you mean"), std::string::npos)
+      << file_text(dir / "err");
 }
 
 }  // namespace

@@ -9,17 +9,13 @@
 #include <regex>
 #include <sstream>
 
+#include "file_text.h"
 #include "report/detail/svg_plot.h"
 #include "tiny.h"
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+using volt_test::file_text;
 
 void spit(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
@@ -142,7 +138,7 @@ TEST(RunReport, RealRunHasAPlotPerGroupTheConfigAndNoNetworkResources) {
 
   const std::string path = volt::write_run_report(csv->log_dir());
   EXPECT_EQ(path, csv->log_dir() + "/report.html");
-  const std::string html = slurp(path);
+  const std::string html = file_text(path);
   ASSERT_FALSE(html.empty());
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
   EXPECT_NE(html.find("<title>tiny/version_0 · volt report</title>"), std::string::npos);
@@ -209,7 +205,7 @@ TEST(RunReport, PlotsDeviceStatsMemoryWhenTheColumnsExist) {
           {std::make_shared<volt::DeviceStatsMonitor>(
               volt::DeviceStatsMonitorOptions().host_stats(true))}));
   trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
-  const std::string html = slurp(volt::write_run_report(csv->log_dir()));
+  const std::string html = file_text(volt::write_run_report(csv->log_dir()));
   // The byte gauges share one "Memory" plot; counts and the limit go to "Other metrics".
   const std::string mem = cards(html, "Memory");
   ASSERT_FALSE(mem.empty()) << "no Memory plot";
@@ -235,7 +231,7 @@ TEST(RunReport, DrawsNonFiniteAndSinglePointSeriesWithoutBrokenCoordinates) {
        "6,1.0,,0.1,inf,\n");
   spit(dir / "hparams.yaml", "lr: 0.1\nmodel: <tiny>\n");
   const std::string html =
-      slurp(volt::write_run_report(dir.path, volt::ReportOptions().title("odd values")));
+      file_text(volt::write_run_report(dir.path, volt::ReportOptions().title("odd values")));
   EXPECT_NE(html.find("<h1>odd values</h1>"), std::string::npos);
   // Every coordinate is a plain number: NaN/inf break the line instead of reaching the SVG.
   const std::regex bad_number("(nan|inf)", std::regex::icase);
@@ -266,7 +262,7 @@ TEST(RunReport, ThinsLongSeriesButKeepsSpikes) {
   csv << "step,train_loss\n";
   for (int s = 0; s < 20000; ++s) csv << s << "," << (s == 12345 ? 100.0 : 1.0 / (1 + s)) << "\n";
   spit(dir / "metrics.csv", csv.str());
-  const std::string html = slurp(
+  const std::string html = file_text(
       volt::write_run_report(dir.path, volt::ReportOptions().max_points(400).interactive(false)));
   const std::string d = path_of(html, "train_loss");
   EXPECT_LE(count(d, "L") + 1, 400u);
@@ -279,7 +275,7 @@ TEST(RunReport, ThinsLongSeriesButKeepsSpikes) {
   EXPECT_NE(html.find("class=\"raw\""), std::string::npos);
   EXPECT_NE(html.find("<path class=\"smooth\""), std::string::npos);
   const std::string raw_only =
-      slurp(volt::write_run_report(dir.path, volt::ReportOptions().smoothing(0)));
+      file_text(volt::write_run_report(dir.path, volt::ReportOptions().smoothing(0)));
   EXPECT_EQ(raw_only.find("class=\"smooth\""), std::string::npos);
   EXPECT_EQ(raw_only.find("moving average"), std::string::npos);
 }
@@ -316,7 +312,7 @@ TEST(RunReport, UsesTheNewestVersionFolderAndSaysSo) {
   // version_11 has no metrics.csv (a run that died before logging): skipped.
   const std::string path = volt::write_run_report(root + "/");
   EXPECT_EQ(path, root + "/report.html");
-  const std::string html = slurp(path);
+  const std::string html = file_text(path);
   EXPECT_NE(html.find("has no metrics.csv; showing version_10, the newest of 3 runs"),
             std::string::npos);
   EXPECT_NE(html.find("data-name=\"train_loss\""), std::string::npos);
@@ -326,13 +322,13 @@ TEST(RunReport, UsesTheNewestVersionFolderAndSaysSo) {
   // An explicit output path; its folder is created.
   const std::string out = dir / "reports/run.html";
   EXPECT_EQ(volt::write_run_report(root, volt::ReportOptions().output(out)), out);
-  EXPECT_NE(slurp(out).find("train_loss"), std::string::npos);
+  EXPECT_NE(file_text(out).find("train_loss"), std::string::npos);
 }
 
 TEST(RunReport, HeaderOnlyFileGivesAnEmptyButValidPage) {
   volt_test::TempDir dir;
   spit(dir / "metrics.csv", "step\n");
-  const std::string html = slurp(volt::write_run_report(dir.path));
+  const std::string html = file_text(volt::write_run_report(dir.path));
   EXPECT_NE(html.find("has no metric values yet"), std::string::npos);
   EXPECT_EQ(html.find("<svg"), std::string::npos);
   EXPECT_NE(html.find("</html>"), std::string::npos);
@@ -346,13 +342,13 @@ TEST(RunReport, AnUnfinishedLastLineOfALiveRunIsLeftOutAndSaid) {
   for (const std::string tail : {"2,0.", "2,0.25,0.7"}) {
     SCOPED_TRACE(tail);
     spit(dir / "metrics.csv", "step,loss,acc\n0,0.5,0.1\n1,0.4,0.2\n" + tail);
-    const std::string html = slurp(volt::write_run_report(dir.path));
+    const std::string html = file_text(volt::write_run_report(dir.path));
     EXPECT_NE(html.find("2 rows in metrics.csv; line 4 left out, unfinished"), std::string::npos);
     EXPECT_NE(html.find("last logged step 1"), std::string::npos);
   }
   // Complete rows keep every value: no note.
   spit(dir / "metrics.csv", "step,loss\n0,0.5\n1,0.4\n");
-  const std::string html = slurp(volt::write_run_report(dir.path));
+  const std::string html = file_text(volt::write_run_report(dir.path));
   EXPECT_NE(html.find("2 rows in metrics.csv<"), std::string::npos);
 }
 
@@ -388,9 +384,23 @@ TEST(RunReport, MalformedCsvNamesFileAndLine) {
   fails("step,\"a\"b\n0,1\n", file + ":1: text after a closing quote");
   // A quoted header cell (CSVLogger quotes names with commas) and CRLF line ends are fine.
   spit(file, "step,\"loss, smoothed\",\"say \"\"hi\"\"\"\r\n0,1,2\r\n");
-  const std::string html = slurp(volt::write_run_report(dir.path));
+  const std::string html = file_text(volt::write_run_report(dir.path));
   EXPECT_NE(html.find("data-name=\"loss, smoothed\""), std::string::npos);
   EXPECT_NE(html.find("data-name=\"say &quot;hi&quot;\""), std::string::npos);
+}
+
+// Names are read as CSVLogger wrote them: " loss" and "loss" are two metrics. Until session 90
+// the report trimmed header names, so it refused the logger's own file ("column 'loss' appears
+// twice").
+TEST(RunReport, MetricNamesWithSpacesAreTheLoggersOwn) {
+  volt_test::TempDir dir;
+  volt::CSVLogger csv(volt::CSVLoggerOptions(dir.path).name("run"));
+  csv.log_metrics({{"loss", 1.0}, {" loss", 2.0}}, 0);
+  csv.log_metrics({{"loss", 0.5}, {" loss", 1.5}}, 1);
+  csv.save();
+  const std::string html = file_text(volt::write_run_report(csv.log_dir()));
+  EXPECT_NE(html.find("data-name=\"loss\""), std::string::npos);
+  EXPECT_NE(html.find("data-name=\" loss\""), std::string::npos);
 }
 
 TEST(RunReport, BadOptionsAndUnwritableOutput) {

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "build_paths.h"
+#include "file_text.h"
 #include "processes.h"
 #include "requires.h"
 #include "tiny.h"
@@ -538,10 +539,8 @@ TEST(Ddp, PrepareDataRunsOnRankZeroWhileRankOneWaitsLongerThanTheCollectiveTimeo
   ASSERT_EQ(r0.exit_code(120s), 0) << r0.output();
   ASSERT_EQ(r1.exit_code(120s), 0) << r1.output();
   EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 7.0);
-  std::ifstream prepared(dir / "prepared");
-  std::stringstream lines;
-  lines << prepared.rdbuf();
-  EXPECT_EQ(lines.str(), "rank 0\n");  // once, on rank 0 (one node: its first process)
+  EXPECT_EQ(volt_test::file_text(dir / "prepared"),
+            "rank 0\n");  // once, on rank 0 (one node: its first process)
 }
 
 TEST(Ddp, APrepareDataThatFailsOnRankZeroStopsRankOneWithItsMessage) {
@@ -730,8 +729,7 @@ std::vector<int> processes_with(const std::string& marker) {
   DIR* d = ::opendir("/proc");
   while (const dirent* e = ::readdir(d)) {
     if (!std::isdigit(static_cast<unsigned char>(e->d_name[0]))) continue;
-    std::ifstream f(std::string("/proc/") + e->d_name + "/cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::string cmd = volt_test::file_text(std::string("/proc/") + e->d_name + "/cmdline");
     const int pid = std::atoi(e->d_name);
     if (cmd.find(marker) != std::string::npos && volt_test::process_alive(pid)) out.push_back(pid);
   }

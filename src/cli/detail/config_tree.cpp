@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "../../core/detail/input_limits.h"
 #include "core/detail/ascii.h"
+#include "core/detail/input_limits.h"
 #include "core/detail/numbers.h"
 #include "volt/core/check.h"
 

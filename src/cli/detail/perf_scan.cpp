@@ -5,9 +5,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "../../core/detail/input_limits.h"
 #include "core/detail/ascii.h"
 #include "core/detail/host_syncs.h"
+#include "core/detail/input_limits.h"
 #include "core/detail/numbers.h"
 #include "volt/core/check.h"
 

@@ -52,6 +52,12 @@ class YamlBudget : public YAML::EventHandler {
                ": this alias refers to a node that contains it, which would expand forever; "
                "write the value out instead of the alias.");
     count(m, a.nodes, a.depth);
+    alias_nodes_ += a.nodes;  // <= total_, which count() keeps <= max_nodes
+    VOLT_CHECK(alias_nodes_ <= limits_.max_alias_nodes, ConfigError, "[", component_, "] ",
+               at(source_, m), ": the aliases (*name) expand to more than ",
+               limits_.max_alias_nodes,
+               " nodes, the limit on what aliases add to a YAML file volt reads", kSeeDocs,
+               "; write the values out or use fewer aliases.");
     add_to_parent(a.nodes, a.depth);
   }
   void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor,
@@ -132,6 +138,7 @@ class YamlBudget : public YAML::EventHandler {
   std::vector<Anchor> anchors_;
   std::vector<Open> stack_;
   size_t total_ = 0;
+  size_t alias_nodes_ = 0;  // nodes the aliases so far expand to
 };
 
 }  // namespace

@@ -44,6 +44,16 @@ std::string joined(const Range& items, Text&& text) {
   return out;
 }
 
+/// Numbers joined by ", ", each as a "C"-locale stream writes it (6 significant digits: 1e-07,
+/// 0.05), the form every other number of an Options printer takes.
+inline std::string number_list(const std::vector<double>& values) {
+  return joined(values, [](double v) {
+    auto s = detail::c_stream<std::ostringstream>();
+    s << v;
+    return s.str();
+  });
+}
+
 /// The keys of a map with string keys, joined by ", " (errors that list what is available).
 template <typename Map>
 std::string joined_keys(const Map& map) {

@@ -12,7 +12,7 @@
 #include <typeinfo>
 #include <vector>
 
-#include "../../io/detail/state_key.h"
+#include "core/detail/state_key.h"
 #include "volt/core/check.h"
 
 namespace volt {

@@ -1,5 +1,8 @@
 #include "csv_format.h"
 
+#include <algorithm>
+
+#include "core/detail/ascii.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -63,6 +66,25 @@ std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& whe
     records.push_back(std::move(rec));
   }
   return records;
+}
+
+std::vector<std::string> metrics_header(const CsvRecord& header, const std::string& where) {
+  const std::string& first = header.cells.front();
+  size_t b = 0, e = first.size();
+  while (b < e && ascii_space(first[b])) ++b;
+  while (e > b && ascii_space(first[e - 1])) --e;
+  VOLT_CHECK(first.compare(b, e - b, "step") == 0, DataError, where, ":", header.line,
+             ": the header starts with '", header.cells.front(),
+             "', not 'step'; pass a metrics.csv written by CSVLogger.");
+  std::vector<std::string> names(header.cells.begin() + 1, header.cells.end());
+  for (size_t c = 0; c < names.size(); ++c) {
+    VOLT_CHECK(!names[c].empty(), DataError, where, ":", header.line, ": column ", c + 2,
+               " of the header has no name; repair the header line.");
+    VOLT_CHECK(std::find(names.begin(), names.begin() + c, names[c]) == names.begin() + c,
+               DataError, where, ":", header.line, ": column '", names[c],
+               "' appears twice in the header; repair the header.");
+  }
+  return names;
 }
 
 }  // namespace detail

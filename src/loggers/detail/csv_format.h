@@ -24,5 +24,10 @@ struct CsvRecord {
 /// e.g. "[report] runs/x/metrics.csv").
 std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& where);
 
+/// The metric names of a metrics.csv header record: the cells after "step", exactly as CSVLogger
+/// wrote them (a name may hold spaces). Throws DataError "<where>:<line>: ..." when the first
+/// cell is not "step" (blanks around it allowed), a name is empty or a name appears twice.
+std::vector<std::string> metrics_header(const CsvRecord& header, const std::string& where);
+
 }  // namespace detail
 }  // namespace volt

@@ -6,10 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "../../core/detail/ascii.h"
-#include "../../core/detail/numbers.h"
-#include "../../loggers/detail/csv_format.h"
+#include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
+#include "loggers/detail/csv_format.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -61,20 +60,9 @@ MetricsTable read_metrics_csv(const std::string& path) {
   VOLT_CHECK(r < records.size(), DataError, "[report] ", path,
              ":1: no header line (the file is empty); expected 'step,<metric>,...' as "
              "CSVLogger writes it.");
-  std::vector<std::string> header = records[r].cells;
-  const int64_t header_line = records[r].line;
-  VOLT_CHECK(trim(header[0]) == "step", DataError, "[report] ", path, ":", header_line,
-             ": the header starts with '", header[0],
-             "', not 'step'; pass a metrics.csv written by CSVLogger.");
-  for (size_t c = 1; c < header.size(); ++c) {
-    header[c] = trim(header[c]);
-    VOLT_CHECK(!header[c].empty(), DataError, "[report] ", path, ":", header_line, ": column ",
-               c + 1, " of the header has no name; repair the header line.");
-    for (size_t d = 1; d < c; ++d) {
-      VOLT_CHECK(header[d] != header[c], DataError, "[report] ", path, ":", header_line,
-                 ": column '", header[c], "' appears twice in the header; repair the header.");
-    }
-  }
+  // The names as CSVLogger wrote them (not trimmed: " loss" and "loss" are two metrics).
+  const std::vector<std::string>& header = records[r].cells;
+  metrics_header(records[r], "[report] " + path);
 
   MetricsTable run;
   run.path = path;

@@ -6,7 +6,7 @@
 #include <limits>
 #include <ostream>
 
-#include "../../core/detail/numbers.h"
+#include "core/detail/numbers.h"
 
 namespace volt {
 namespace detail {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/detail/aio.h"
-#include "io/detail/state_key.h"
+#include "core/detail/state_key.h"
 #include "strategies/detail/sub_groups.h"
 
 namespace volt {

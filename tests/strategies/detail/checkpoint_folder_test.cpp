@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 
+#include "file_text.h"
 #include "strategies/detail/checkpoint_folder.h"
 #include "tiny.h"
 #include "volt/core/errors.h"
@@ -21,6 +22,8 @@
 #include "volt/strategies/single_device.h"
 
 namespace {
+
+using volt_test::file_text;
 
 namespace fs = std::filesystem;
 using volt::detail::FolderSave;
@@ -62,13 +65,6 @@ double value_in(const std::string& path) {
   return t[0].item<double>();
 }
 
-std::string read(const std::string& file) {
-  std::ifstream f(file);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 TEST(CheckpointFolder, ASaveReplacesAnEarlierFolderOrFileWholeAndLeavesNothingBeside) {
   volt_test::TempDir dir;
   auto s = strategy();
@@ -99,11 +95,11 @@ TEST(CheckpointFolder, AFolderThatIsNoCheckpointIsRefusedAndKept) {
     EXPECT_NE(std::string(e.what()).find("holds no volt checkpoint"), std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(read(logs + "/metrics.csv"), "step,loss\n");
+  EXPECT_EQ(file_text(logs + "/metrics.csv"), "step,loss\n");
   EXPECT_FALSE(fs::exists(logs + ".partial"));
   // Nor does a checkpoint's removal (ModelCheckpoint's top-k) delete it.
   EXPECT_THROW(s.remove_checkpoint(logs), volt::CheckpointError);
-  EXPECT_EQ(read(logs + "/metrics.csv"), "step,loss\n");
+  EXPECT_EQ(file_text(logs + "/metrics.csv"), "step,loss\n");
   save(s, dir / "c.ckpt", 1.0);
   s.remove_checkpoint(dir / "c.ckpt");
   EXPECT_FALSE(fs::exists(dir / "c.ckpt"));
