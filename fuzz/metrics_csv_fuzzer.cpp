@@ -101,8 +101,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string run_dir = std::string(save_dir()) + "/run/version_0";
   try {
     write_file(run_dir + "/metrics.csv", text);
-    report(run_dir, knobs);
-    write_file(run_dir + "/metrics.csv", text);
+    report(run_dir, knobs);  // reads the file, writes report.html beside the run folder
     resume(run_dir, knobs);
   } catch (const std::exception& e) {
     volt_fuzz::finding(std::string("metrics.csv let a non-DataError escape: ") + e.what());
