@@ -3,8 +3,9 @@
 // canonicalize and merge as run_cli's build_tree does, overrides through apply_override,
 // detail::resolve against the real registry plus a model taking every parameter type, and
 // detail::to_yaml. Bad input must end in a ConfigError. For accepted input, the printed config
-// must load back to the same text (the print-config contract of docs/ARCHITECTURE.md).
-// Anything else is a finding.
+// must load back to the same text (the print-config contract of docs/ARCHITECTURE.md), and the
+// tree parse_yaml builds from the parser's events must equal the reference, yaml-cpp's own tree
+// converted node by node (tests/support/yaml_reference_tree.h). Anything else is a finding.
 //
 // Input: the config file's text; after a line "#--", each line "key=value" or "key+=value" is a
 // command-line override (--key=value).
@@ -17,6 +18,7 @@
 #include "fuzz_common.h"
 #include "volt/core/errors.h"
 #include "volt/core/registry.h"
+#include "yaml_reference_tree.h"
 
 namespace {
 
@@ -75,6 +77,35 @@ std::string print_config(const std::string& text, const std::string& overrides,
   return volt::detail::to_yaml(volt::detail::resolve(root, fuzz_registry()));
 }
 
+/// parse_yaml's tree against the reference's (the config text alone, before any override).
+void check_against_reference(const std::string& text) {
+  std::string events;
+  try {
+    events = volt_test::yaml_tree_text(volt::detail::parse_yaml(text, "fuzz.yaml"));
+  } catch (const volt::ConfigError& e) {
+    const std::string m = e.what();
+    if (!volt_test::refuses_a_key(m)) return;  // refused before any tree was built
+    try {
+      volt_test::yaml_reference_tree(YAML::Load(text), "fuzz.yaml");
+    } catch (const std::exception&) {
+      return;  // both refuse it
+    }
+    volt_fuzz::finding("parse_yaml refused what the reference tree accepts: " + m);
+  }
+  std::string reference;
+  try {
+    reference =
+        volt_test::yaml_tree_text(volt_test::yaml_reference_tree(YAML::Load(text), "fuzz.yaml"));
+  } catch (const std::exception& e) {
+    volt_fuzz::finding("parse_yaml accepted what the reference tree refuses: " +
+                       std::string(e.what()));
+  }
+  if (events != reference) {
+    volt_fuzz::finding("parse_yaml's tree differs from the reference:\n" + events +
+                       "---- reference ----\n" + reference);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -82,6 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t split = input.find("\n#--\n");
   const std::string text = input.substr(0, split);
   const std::string overrides = split == std::string::npos ? "" : input.substr(split + 5);
+  check_against_reference(text);
   std::string printed;
   try {
     printed = print_config(text, overrides, "fuzz.yaml");

@@ -160,7 +160,7 @@ ConfigNode build_tree(const Command& cmd) {
     if (s.kind == Source::Kind::kFile) {
       ConfigNode file = detail::load_yaml_file(s.value);
       detail::canonicalize(file);
-      detail::merge(root, file);
+      detail::merge(root, std::move(file));
     } else {
       detail::apply_override(root, s.key, s.value, s.kind == Source::Kind::kAppend, s.origin);
     }

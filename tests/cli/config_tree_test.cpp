@@ -3,12 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 
 #include "alias_bomb.h"
+#include "build_paths.h"
 #include "cli/detail/config_tree.h"
+#include "file_text.h"
 #include "tiny.h"
 #include "volt/core/errors.h"
+#include "yaml_reference_tree.h"
 
 namespace {
 
@@ -19,6 +23,8 @@ using volt::detail::canonicalize;
 using volt::detail::ConfigNode;
 using volt::detail::merge;
 using volt::detail::parse_yaml;
+using volt_test::yaml_reference_tree;
+using volt_test::yaml_tree_text;
 
 template <typename F>
 std::string error_of(F&& f) {
@@ -283,6 +289,103 @@ TEST(ConfigTree, AliasBombsCyclesAndDeepNestingAreRefusedBeforeExpansion) {
               apply_override(root, "model.x", std::string(100000, '['), false, "--model.x=[[");
             }).find("nest more than 128 levels deep"),
             std::string::npos);
+}
+
+// parse_yaml builds its tree from the parser's events; yaml-cpp's own tree, converted node by
+// node, is the reference (tests/support/yaml_reference_tree.h): same kinds, text, quoting and
+// origins, aliases expanded to their anchored node, and the same keys refused.
+std::string event_tree_or_refusal(const std::string& text) {
+  try {
+    return yaml_tree_text(parse_yaml(text, "t.yaml"));
+  } catch (const volt::ConfigError& e) {
+    return std::string("refused: ") + e.what();
+  }
+}
+
+std::string reference_tree_or_refusal(const std::string& text) {
+  try {
+    return yaml_tree_text(yaml_reference_tree(YAML::Load(text), "t.yaml"));
+  } catch (const std::exception& e) {
+    return std::string("refused: ") + e.what();
+  }
+}
+
+void expect_same_tree(const std::string& text, const std::string& what) {
+  const std::string events = event_tree_or_refusal(text);
+  // Refused before any tree was built (the reference would expand a bomb or a cycle).
+  if (events.rfind("refused: ", 0) == 0 && !volt_test::refuses_a_key(events)) return;
+  const std::string reference = reference_tree_or_refusal(text);
+  if (events.rfind("refused: ", 0) == 0 || reference.rfind("refused: ", 0) == 0) {
+    EXPECT_EQ(events.rfind("refused: ", 0), reference.rfind("refused: ", 0))
+        << what << "\n"
+        << text << "\nevents: " << events << "\nreference: " << reference;
+  } else {
+    EXPECT_EQ(events, reference) << what << "\n" << text;
+  }
+}
+
+TEST(ConfigTree, EventTreeMatchesYamlCppTree) {
+  const char* const cases[] = {
+      "a: 1\nb: [x, 'y', \"z\"]\nc: {d: ~, e: null, f: , g: Null}\n",
+      "a: &s text\nb: *s\nc: &m {x: 1, y: [2, 3]}\nd: [*m, *m, *s]\n",
+      "a: &k key\n*k : value\n",  // an alias as a key
+      "l:\n  - \n  - - 1\n    - 2\n  - {}\n  - []\n",
+      "s: |\n  two\n  lines\nf: >\n  folded\n  text\n",
+      "t: !!str 123\nu: !custom x\nv: !!int '7'\nw: 'it''s'\n",
+      "multi: plain text\n  continued here\n# comment\nx: \"\\u00e9\\t\"\n",
+      "? complex\n: 1\n",
+      "? [a, b]\n: 1\n",     // a list as a key: refused
+      "{a: 1}: 2\n",         // a mapping as a key: refused
+      "~: 1\n",              // a null key: refused
+      "a: 1\nb: 2\na: 3\n",  // a key twice: refused
+      "a: &x {b: &y [1, 2], c: *y}\nd: *x\n",
+      "a: &x [1, *x]\n",  // a cycle: refused before any tree
+      "- a\n- b\n",
+      "plain scalar\n",
+      "",
+      "# only a comment\n",
+      "'quoted': \"x\"\n\"2\": [\"\", '']\n",
+  };
+  for (const char* c : cases) expect_same_tree(c, "case");
+  // Every config and fuzz seed in the repository (the seeds' override lines are not YAML).
+  const std::string root = volt_test::source_dir();
+  for (const std::string dir : {root + "/configs", root + "/fuzz/corpus/config"}) {
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      if (e.path().extension() != ".yaml") continue;
+      const std::string text = volt_test::file_text(e.path());
+      expect_same_tree(text.substr(0, text.find("\n#--\n")), e.path().string());
+    }
+  }
+}
+
+TEST(ConfigTree, AMappingOfManyKeysIsReadInLinearTime) {
+  // 150,000 shorthand keys on a component. Reading (the duplicate-key check), canonicalize (the
+  // shorthand moved under init_args) and merge each searched the keys so far for every key,
+  // O(n^2): 266 s here (measured with the old code, which this test failed). Linear now: about
+  // 2 s, most of it yaml-cpp's parser (twice: the limits' pass, then the tree's).
+  const int kKeys = 150000;
+  std::string text = "model:\n  class_path: M\n";
+  for (int i = 0; i < kKeys; ++i)
+    text += "  k" + std::to_string(i) + ": " + std::to_string(i) + "\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  ConfigNode file = volt::detail::parse_config_text(text, "big.yaml");
+  canonicalize(file);
+  ConfigNode root = ConfigNode::make_map("defaults");
+  merge(root, file);             // every key new
+  merge(root, std::move(file));  // every key there
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const ConfigNode& args = at(root, {"model", "init_args"});
+  ASSERT_EQ(args.fields.size(), static_cast<size_t>(kKeys));
+  EXPECT_EQ(args.fields.back().first, "k149999");
+  EXPECT_EQ(args.fields.back().second.scalar, "149999");
+  EXPECT_EQ(args.fields.back().second.origin, "big.yaml:150002:12");
+  EXPECT_EQ(at(root, {"model", "class_path"}).scalar, "M");
+  EXPECT_LT(secs, 8.0);
+
+  // A key twice among them is still found, at its second place.
+  const std::string m =
+      error_of([&] { volt::detail::parse_config_text(text + "  k7: again\n", "big.yaml"); });
+  EXPECT_NE(m.find("[cli] big.yaml:150003:3: key \"k7\" appears twice"), std::string::npos) << m;
 }
 
 }  // namespace

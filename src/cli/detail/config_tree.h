@@ -58,8 +58,13 @@ bool is_component_path(const std::vector<std::string>& path);
 /// beside class_path move under init_args. Applied to every component slot under `node`.
 void canonicalize(ConfigNode& node, const std::vector<std::string>& path = {});
 /// Merges `src` over `dst`: maps key by key, anything else replaced. A component whose
-/// class_path changes drops the old init_args.
-void merge(ConfigNode& dst, const ConfigNode& src, const std::vector<std::string>& path = {});
+/// class_path changes drops the old init_args. `src` is taken by value: pass std::move(tree)
+/// where the caller is done with it, and its nodes move instead of being copied.
+void merge(ConfigNode& dst, ConfigNode src, const std::vector<std::string>& path = {});
+/// Merges each of `fields` into the mapping `dst` at `path`, as merge does for a mapping's fields
+/// (a key it lacks is added at the end). Linear in the keys of both.
+void merge_fields(ConfigNode& dst, std::vector<std::pair<std::string, ConfigNode>> fields,
+                  const std::vector<std::string>& path);
 
 /// Applies one "--a.b.c=value" override ("+=" appends to a list). `value` is parsed as YAML
 /// (flow lists and maps work) except that an empty value is the empty string ("--a.b.c=null" is

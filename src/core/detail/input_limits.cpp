@@ -34,6 +34,9 @@ void check_size(size_t bytes, const std::string& component, const std::string& s
 // alias adds them. So "billion laughs" is refused after reading its few hundred bytes.
 class YamlBudget : public YAML::EventHandler {
  public:
+  /// By anchor: whether an alias refers to it (so far).
+  const std::vector<bool>& aliased() const { return aliased_; }
+
   YamlBudget(const std::string& component, const std::string& source, const InputLimits& limits)
       : component_(component), source_(source), limits_(limits) {}
 
@@ -52,6 +55,7 @@ class YamlBudget : public YAML::EventHandler {
                ": this alias refers to a node that contains it, which would expand forever; "
                "write the value out instead of the alias.");
     count(m, a.nodes, a.depth);
+    aliased_[anchor] = true;
     alias_nodes_ += a.nodes;  // <= total_, which count() keeps <= max_nodes
     VOLT_CHECK(alias_nodes_ <= limits_.max_alias_nodes, ConfigError, "[", component_, "] ",
                at(source_, m), ": the aliases (*name) expand to more than ",
@@ -83,7 +87,10 @@ class YamlBudget : public YAML::EventHandler {
   };
 
   Anchor& anchor_slot(YAML::anchor_t anchor) {
-    if (anchor >= anchors_.size()) anchors_.resize(anchor + 1);
+    if (anchor >= anchors_.size()) {
+      anchors_.resize(anchor + 1);
+      aliased_.resize(anchor + 1);
+    }
     anchors_[anchor].seen = true;
     return anchors_[anchor];
   }
@@ -136,6 +143,7 @@ class YamlBudget : public YAML::EventHandler {
   const std::string& source_;
   const InputLimits& limits_;
   std::vector<Anchor> anchors_;
+  std::vector<bool> aliased_;  // by anchor: some alias refers to it
   std::vector<Open> stack_;
   size_t total_ = 0;
   size_t alias_nodes_ = 0;  // nodes the aliases so far expand to
@@ -155,23 +163,42 @@ std::string read_bounded(std::istream& in, const std::string& component, const s
   return out;
 }
 
-YAML::Node load_yaml_bounded(const std::string& text, const std::string& component,
+namespace {
+
+// The streaming pass of load_yaml_bounded and parse_yaml_bounded: refuses `text` (a violation
+// throws ConfigError, malformed YAML propagates as YAML::ParserException) before anything is
+// built from it. Returns, by anchor, whether an alias refers to it.
+std::vector<bool> check_yaml(const std::string& text, const std::string& component,
                              const std::string& source, const InputLimits& limits) {
   check_size(text.size(), component, source, limits);
-  {
-    auto in = detail::c_stream<std::istringstream>(text);
-    YAML::Parser parser(in);
-    YamlBudget budget(component, source, limits);
-    parser.HandleNextDocument(budget);
-    // YAML::Load reads the first document only: what follows a "---" would be dropped unread
-    // (PyYAML's safe_load, LightningCLI's reader, refuses a second document too).
-    YamlBudget rest(component, source, limits);
-    VOLT_CHECK(!parser.HandleNextDocument(rest), ConfigError, "[", component, "] ", source,
-               ": more than one YAML document (a line \"---\" starts another); keep one, or "
-               "split them into files of their own (--config takes several).");
-  }
+  auto in = detail::c_stream<std::istringstream>(text);
+  YAML::Parser parser(in);
+  YamlBudget budget(component, source, limits);
+  parser.HandleNextDocument(budget);
+  // YAML::Load reads the first document only: what follows a "---" would be dropped unread
+  // (PyYAML's safe_load, LightningCLI's reader, refuses a second document too).
+  YamlBudget rest(component, source, limits);
+  VOLT_CHECK(!parser.HandleNextDocument(rest), ConfigError, "[", component, "] ", source,
+             ": more than one YAML document (a line \"---\" starts another); keep one, or "
+             "split them into files of their own (--config takes several).");
+  return budget.aliased();
+}
+
+}  // namespace
+
+YAML::Node load_yaml_bounded(const std::string& text, const std::string& component,
+                             const std::string& source, const InputLimits& limits) {
+  check_yaml(text, component, source, limits);
   // Within the limits: yaml-cpp's own tree keeps aliases shared, so loading costs O(text).
   return YAML::Load(text);
+}
+
+void parse_yaml_bounded(const std::string& text, const std::string& component,
+                        const std::string& source, YamlSink& sink, const InputLimits& limits) {
+  sink.aliased_anchors(check_yaml(text, component, source, limits));
+  auto in = detail::c_stream<std::istringstream>(text);
+  YAML::Parser parser(in);
+  parser.HandleNextDocument(sink);
 }
 
 nlohmann::json parse_json_bounded(const std::string& text, const std::string& component,

@@ -9,11 +9,13 @@
 #include <iosfwd>
 #include <string>
 
+#include <yaml-cpp/eventhandler.h>
 #include <nlohmann/json_fwd.hpp>
+#include <vector>
 
 namespace YAML {
 class Node;
-}
+}  // namespace YAML
 
 namespace volt {
 namespace detail {
@@ -47,6 +49,22 @@ std::string read_bounded(std::istream& in, const std::string& component, const s
 /// (or, like a command-line override, take the text literally).
 YAML::Node load_yaml_bounded(const std::string& text, const std::string& component,
                              const std::string& source, const InputLimits& limits = {});
+/// What parse_yaml_bounded streams a checked document to: which anchors aliases use, then the
+/// parser's events (an alias comes as OnAlias; the sink expands it).
+class YamlSink : public YAML::EventHandler {
+ public:
+  /// Called once, before the events: aliased[a] is true where an alias refers to anchor a.
+  /// Keep a copy of only those: the limits bound what aliases add, not what anchors hold (127
+  /// nested anchors over a million-item list, no alias, would be 127 copies of it).
+  virtual void aliased_anchors(std::vector<bool> aliased) = 0;
+};
+
+/// The same checks, then the first document goes to `sink`, which builds its own tree: no
+/// yaml-cpp node tree is made. That tree costs about 470 bytes a node (a 2 MB flow list of a
+/// million numbers took 470 MB), so readers that keep their own tree, like the CLI's, read
+/// through this.
+void parse_yaml_bounded(const std::string& text, const std::string& component,
+                        const std::string& source, YamlSink& sink, const InputLimits& limits = {});
 
 /// Parses JSON `text` with the same size, node and depth limits (checked while parsing, through
 /// nlohmann's parser callback). A violation or malformed JSON throws ConfigError

@@ -1,0 +1,79 @@
+#pragma once
+// The reference for the CLI's config tree: yaml-cpp's own node tree (YAML::Load), converted node
+// by node, as detail::parse_yaml built it until session 91. parse_yaml now builds the tree from
+// the parser's events (no yaml-cpp tree, about half the memory, a hash set per mapping for
+// duplicate keys); both must give the same tree. Used by tests/cli/config_tree_test.cpp and
+// fuzz_config (fuzz/config_fuzzer.cpp).
+
+#include <yaml-cpp/yaml.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "cli/detail/config_tree.h"
+
+namespace volt_test {
+
+inline std::string yaml_reference_where(const std::string& source, const YAML::Mark& m) {
+  if (m.is_null()) return source;
+  return source + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+/// The tree of `y`; std::runtime_error naming the key's place where parse_yaml refuses a key (one
+/// that is not a scalar, or appears twice in its mapping).
+inline volt::detail::ConfigNode yaml_reference_tree(const YAML::Node& y,
+                                                    const std::string& source) {
+  using volt::detail::ConfigNode;
+  ConfigNode n;
+  n.origin = yaml_reference_where(source, y.Mark());
+  switch (y.Type()) {
+    case YAML::NodeType::Undefined:
+    case YAML::NodeType::Null: n.kind = ConfigNode::Kind::kNull; break;
+    case YAML::NodeType::Scalar:
+      n.kind = ConfigNode::Kind::kScalar;
+      n.scalar = y.Scalar();
+      n.quoted = y.Tag() == "!";
+      break;
+    case YAML::NodeType::Sequence:
+      n.kind = ConfigNode::Kind::kList;
+      for (const auto& item : y) n.items.push_back(yaml_reference_tree(item, source));
+      break;
+    case YAML::NodeType::Map:
+      n.kind = ConfigNode::Kind::kMap;
+      for (const auto& kv : y) {
+        const std::string at = yaml_reference_where(source, kv.first.Mark());
+        if (!kv.first.IsScalar()) throw std::runtime_error(at + ": key is not a scalar");
+        if (n.find(kv.first.Scalar()) != nullptr) throw std::runtime_error(at + ": key twice");
+        n.fields.emplace_back(kv.first.Scalar(), yaml_reference_tree(kv.second, source));
+      }
+      break;
+  }
+  return n;
+}
+
+/// True for parse_yaml's refusals of a key (not a scalar, or twice in a mapping), which the
+/// reference makes too. Its other refusals come before any tree is built (the input limits, an
+/// alias cycle, bad syntax): there the reference would expand a bomb or a cycle without end.
+inline bool refuses_a_key(const std::string& message) {
+  return message.find("a mapping key must be") != std::string::npos ||
+         message.find("appears twice in one mapping") != std::string::npos;
+}
+
+/// Every member of the tree as text, one node per line, for comparing trees with a readable diff.
+inline std::string yaml_tree_text(const volt::detail::ConfigNode& n,
+                                  const std::string& indent = "") {
+  using volt::detail::ConfigNode;
+  static const char* const kKinds[] = {"null", "scalar", "list", "map"};
+  std::string s = indent + kKinds[static_cast<int>(n.kind)] + " @" + n.origin;
+  if (n.is_scalar()) s += (n.quoted ? " quoted \"" : " plain \"") + n.scalar + "\"";
+  if (!n.typed.empty()) s += " typed \"" + n.typed + "\"";
+  if (n.carried) s += " carried";
+  s += "\n";
+  for (const auto& i : n.items) s += yaml_tree_text(i, indent + "  ");
+  for (const auto& f : n.fields) {
+    s += indent + "  key \"" + f.first + "\"\n" + yaml_tree_text(f.second, indent + "    ");
+  }
+  return s;
+}
+
+}  // namespace volt_test
