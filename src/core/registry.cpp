@@ -184,6 +184,9 @@ Args complete_args(const std::string& owner, const Params& params, const Args& g
 // ------------------------------------------------------------------------------ suggestions
 
 namespace {
+// Words longer than this get no suggestion: no registered name is that long.
+constexpr size_t kMaxSuggestedWord = 256;
+
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -201,6 +204,10 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }  // namespace
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  // No name is that long: a word this long (a pasted value, a hostile config) is no typo, and
+  // comparing it costs its length times each candidate's (60 MB against the trainer's keys took
+  // minutes).
+  if (word.size() > kMaxSuggestedWord) return "";
   std::string best;
   size_t best_d = std::string::npos;
   for (const auto& c : candidates) {

@@ -152,9 +152,14 @@ SafetensorsFile detail::parse_safetensors(const std::string& file, const std::st
   const char* data = file.data() + 8 + n;
 
   SafetensorsFile out;
+  // Every entry is checked, and the spans must tile the data section, before any tensor is
+  // made: overlapping entries each naming the whole section would otherwise allocate the section
+  // once per entry before the overlap was seen (1,000 of them over 64 MiB: 64 GB).
   struct Span {
     uint64_t begin, end;
     std::string name;
+    at::ScalarType type;
+    std::vector<int64_t> shape;
   };
   std::vector<Span> spans;
   for (const auto& [name, entry] : header.items()) {
@@ -213,10 +218,7 @@ SafetensorsFile detail::parse_safetensors(const std::string& file, const std::st
                "shape of '", name, "' overflows: ", numel, " elements of ", item, " bytes.");
     VOLT_CHECK(end - begin == numel * item, CheckpointError, where, "'", name, "' spans ",
                end - begin, " bytes but dtype ", dtype, " and its shape need ", numel * item, ".");
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(found->type));
-    if (numel) std::memcpy(t.data_ptr(), data + begin, end - begin);
-    out.tensors[name] = t;
-    spans.push_back({begin, end, name});
+    spans.push_back({begin, end, name, found->type, std::move(shape)});
   }
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
     return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
@@ -231,6 +233,11 @@ SafetensorsFile detail::parse_safetensors(const std::string& file, const std::st
   }
   VOLT_CHECK(covered == data_size, CheckpointError, where, "the data section has ",
              data_size - covered, " trailing bytes that belong to no tensor.");
+  for (const Span& sp : spans) {
+    at::Tensor t = at::empty(sp.shape, at::TensorOptions().dtype(sp.type));
+    if (sp.end > sp.begin) std::memcpy(t.data_ptr(), data + sp.begin, sp.end - sp.begin);
+    out.tensors[sp.name] = t;
+  }
   return out;
 }
 

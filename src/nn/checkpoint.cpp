@@ -346,22 +346,40 @@ CheckpointWrapperImpl* as_wrapper(const torch::nn::AnyModule& any) {
   return dynamic_cast<CheckpointWrapperImpl*>(any.ptr().get());
 }
 
-// '*' matches within one path component, '**' across components.
-bool glob(const char* p, const char* s) {
-  if (*p == '\0') return *s == '\0';
-  if (p[0] == '*' && p[1] == '*') {
-    for (const char* t = s;; ++t) {
-      if (glob(p + 2, t)) return true;
-      if (*t == '\0') return false;
+// '*' matches within one path component, '**' across components. Dynamic programming over
+// the pattern's tokens, O(pattern x path) time and O(path) memory: the recursive matcher it
+// replaces tried every split for each star, exponential in the stars (36 stars and a letter the
+// path lacks took 0.8 s against a 13-character path, each two more stars about 1.8 times that).
+bool glob(const std::string& pattern, const std::string& path) {
+  const size_t n = path.size();
+  // ok[j]: the pattern's tokens from the current one on match path[j:]. Tokens are taken from
+  // the end; "**" is read left to right first ("***" is "**" then "*").
+  std::vector<char> ok(n + 1, 0), next(n + 1);
+  ok[n] = 1;
+  std::vector<std::pair<char, int>> tokens;  // (character, 0) or ('*', 1 or 2 stars)
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '*') {
+      tokens.push_back({pattern[i], 0});
+    } else if (i + 1 < pattern.size() && pattern[i + 1] == '*') {
+      tokens.push_back({'*', 2});
+      ++i;
+    } else {
+      tokens.push_back({'*', 1});
     }
   }
-  if (*p == '*') {
-    for (const char* t = s;; ++t) {
-      if (glob(p + 1, t)) return true;
-      if (*t == '\0' || *t == '.') return false;
+  for (auto t = tokens.rbegin(); t != tokens.rend(); ++t) {
+    next.swap(ok);  // next: the tokens after this one
+    const auto [c, stars] = *t;
+    ok[n] = stars > 0 && next[n];
+    for (size_t j = n; j-- > 0;) {
+      if (stars == 0) {
+        ok[j] = path[j] == c && next[j + 1];
+      } else {  // match nothing here, or take path[j] and go on (a '*' stops at a '.')
+        ok[j] = next[j] || ((stars == 2 || path[j] != '.') && ok[j + 1]);
+      }
     }
   }
-  return *s != '\0' && *p == *s && glob(p + 1, s + 1);
+  return ok[0] != 0;
 }
 
 std::vector<std::string> wrap(torch::nn::Module& root, const std::vector<std::string>& patterns,
@@ -559,7 +577,7 @@ at::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, int64_t segm
 }
 
 bool module_path_matches(const std::string& pattern, const std::string& path) {
-  return glob(pattern.c_str(), path.c_str());
+  return glob(pattern, path);
 }
 
 std::vector<std::string> wrap_activation_checkpointing(torch::nn::Module& root,

@@ -104,7 +104,11 @@ std::vector<std::string> resolve(const std::string& raw,
   const auto it = ops.find(base);
   if (it == ops.end()) {
     std::vector<std::pair<size_t, std::string>> near;
-    for (const auto& kv : ops) near.emplace_back(edit_distance(base, kv.first), kv.first);
+    // A name past 256 characters is no typo of an operator's, and comparing it with each of
+    // the ~2,000 would cost its length times theirs.
+    if (base.size() <= 256) {
+      for (const auto& kv : ops) near.emplace_back(edit_distance(base, kv.first), kv.first);
+    }
     std::sort(near.begin(), near.end());
     auto close = detail::c_stream<std::ostringstream>();
     for (size_t i = 0; i < near.size() && i < 3 && near[i].first <= 3; ++i) {

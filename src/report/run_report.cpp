@@ -15,6 +15,7 @@
 #include <cstring>
 #include <ctime>
 #include <ostream>
+#include <unordered_map>
 #include <vector>
 
 #include "core/detail/ascii.h"
@@ -221,16 +222,13 @@ std::vector<Plot> make_plots(const MetricsTable& run) {
     const bool shared = g == Group::kLoss || g == Group::kAccuracy || g == Group::kLearningRate ||
                         g == Group::kMemory;
     std::vector<Plot> mine;
+    std::unordered_map<std::string, size_t> plot_of;  // subtitle -> index in mine
     for (size_t i = 0; i < run.series.size(); ++i) {
       if (group_of(run.series[i].name) != g) continue;
       const std::string base = shared ? "" : base_metric(run.series[i].name);
-      auto it =
-          std::find_if(mine.begin(), mine.end(), [&](const Plot& p) { return p.subtitle == base; });
-      if (it == mine.end()) {
-        mine.push_back({g, base, {}});
-        it = mine.end() - 1;
-      }
-      it->series.push_back(i);
+      const auto [at, added] = plot_of.emplace(base, mine.size());
+      if (added) mine.push_back({g, base, {}});
+      mine[at->second].series.push_back(i);
     }
     if (g == Group::kThroughput) {  // samples/s is the headline, batches/s the detail
       std::stable_sort(mine.begin(), mine.end(), [](const Plot& a, const Plot& b) {

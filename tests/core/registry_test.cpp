@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <volt/strategies/deepspeed.h>
 #include <volt/volt.h>
 
@@ -45,6 +47,20 @@ TEST(Registry, BuiltInsResolveAndUnknownNamesSuggest) {
   }
   EXPECT_EQ(volt::closest_match("Mlp", {"MlpClassifier", "CnnClassifier"}), "MlpClassifier");
   EXPECT_EQ(volt::closest_match("zzz", {"MlpClassifier", "CnnClassifier"}), "");
+  {
+    // A word of 40 MB (a pasted value, a hostile config) is no typo: comparing it with each
+    // candidate cost its length times theirs (about 20 s for these two before).
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(volt::closest_match(std::string(40 << 20, 'M'), {"MlpClassifier", "CnnClassifier"}),
+              "");
+    EXPECT_EQ(volt::closest_match(std::string(256, 'M') + "lp", {std::string(256, 'M') + "l"}),
+              "");  // 258 characters: past the longest word suggested for
+    EXPECT_EQ(volt::closest_match(std::string(250, 'M') + "lp", {std::string(250, 'M') + "l"}),
+              std::string(250, 'M') + "l");
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(secs, 1.0);
+  }
   // A name registered later is resolved by resolve_plan like a built-in.
   volt::registry().accelerators.add("zz_cpu_for_test", "test",
                                     [] { return std::make_shared<volt::CpuAccelerator>(); });

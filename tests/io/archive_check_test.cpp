@@ -292,6 +292,12 @@ TEST(ArchiveCheck, ZipFieldsThatLieAreRefused) {
   const size_t pkl = central_entry(z, "data.pkl");
   put_le(z, pkl + 16, le(z, pkl + 16, 4) ^ 1, 4);
   EXPECT_REFUSED(z, "fails its ZIP CRC-32");
+  // Two entries naming one record's bytes (data/1's local header offset set to data/0's): each
+  // would be read, or inflated, once per entry.
+  z = zip;
+  put_le(z, data1 + 42, le(z, data0 + 42, 4), 4);
+  EXPECT_REFUSED(z, "' share bytes");
+  EXPECT_REFUSED(z, "data/0' and '");
 }
 
 }  // namespace

@@ -2,11 +2,15 @@
 // writes (tools/check_safetensors.py), round trips, and every malformed-file path.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "build_paths.h"
+#include "io/detail/safetensors_parse.h"
 #include "python_tool.h"
 #include "tiny.h"
 
@@ -30,6 +34,39 @@ void expect_load_error(const std::string& path, const std::string& phrase) {
     EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
     EXPECT_EQ(std::string(e.what()).rfind("[Safetensors]", 0), 0u) << e.what();
   }
+}
+
+long peak_rss_kb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+TEST(Safetensors, OverlappingEntriesAreRefusedBeforeAnyTensorIsMade) {
+  // 100 entries, each naming the whole 16 MiB data section: the reader made each tensor as it
+  // went and found the overlap only after the loop, 1.6 GB later. The spans are checked first
+  // now: the refusal costs no more than the file.
+  const size_t kBytes = size_t{16} << 20;
+  nlohmann::json header;
+  for (int i = 0; i < 100; ++i) {
+    header["t" + std::to_string(i)] = {
+        {"dtype", "U8"}, {"shape", {kBytes}}, {"data_offsets", {0, kBytes}}};
+  }
+  const std::string text = header.dump();
+  std::string file(8, '\0');
+  const uint64_t n = text.size();
+  std::memcpy(&file[0], &n, 8);
+  file += text + std::string(kBytes, 'x');
+  const long before = peak_rss_kb();
+  try {
+    volt::detail::parse_safetensors(file, "overlap.safetensors");
+    ADD_FAILURE() << "no error";
+  } catch (const volt::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("overlap in the data section"), std::string::npos)
+        << e.what();
+  }
+  // (A high-water mark: run alone, as ctest does, it sees this test's allocations.)
+  EXPECT_LT(peak_rss_kb() - before, 200 * 1024) << "KB more at the peak";
 }
 
 TEST(Safetensors, ReadsAFileWrittenByPython) {

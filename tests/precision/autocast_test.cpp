@@ -1,9 +1,10 @@
 // AutocastGuard, autocast_forward and the user op lists (LOWER_LIST / FP32_LIST): the dtype each
 // op really produced, on real tensors through the real dispatcher.
 #include <gtest/gtest.h>
-
 #include <torch/torch.h>
+
 #include <algorithm>
+#include <chrono>
 
 #include <volt/volt.h>
 
@@ -127,6 +128,16 @@ TEST(AutocastOps, BadNamesAreActionableErrors) {
   auto msg = make({"matmull"}, {});
   EXPECT_NE(msg.find("unknown operator \"matmull\""), std::string::npos) << msg;
   EXPECT_NE(msg.find("did you mean: matmul"), std::string::npos) << msg;
+  {
+    // A name of a million characters gets no suggestion: compared with each of the ~2,000
+    // operators it cost its length times theirs (tens of seconds).
+    const auto t0 = std::chrono::steady_clock::now();
+    msg = make({std::string(1 << 20, 'm')}, {});
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(msg.find("check the spelling"), std::string::npos) << msg.substr(0, 200);
+    EXPECT_LT(secs, 2.0);
+  }
   msg = make({}, {"relu_"});
   EXPECT_NE(msg.find("functional ops only"), std::string::npos) << msg;
   EXPECT_NE(msg.find("use \"relu\""), std::string::npos) << msg;

@@ -64,6 +64,7 @@ class Archive {
     int method = 0;
     uint32_t crc = 0;
     uint64_t comp = 0, uncomp = 0, data = 0;  // data: offset of the record's bytes
+    uint64_t local = 0;                       // offset of its local header
   };
 
   static bool ends_with(const std::string& s, const char* suffix) {
@@ -161,7 +162,22 @@ class Archive {
       e.data = local + 30 + le(local + 26, 2) + le(local + 28, 2);
       if (e.data > cd_off || e.comp > cd_off - e.data) fail("record '" + e.name + "' overruns");
       if (e.method == 0 && e.comp != e.uncomp) fail("a stored record whose sizes differ");
+      e.local = local;
       entries_.push_back(std::move(e));
+    }
+    // Each record's bytes are its own, as the writer lays them out one after another. Records
+    // sharing bytes would make the checks below inflate one deflated record once per entry
+    // naming it (a few hundred KB that inflate to 256 MiB, named a thousand times: 256 GiB
+    // kept), and load one tensor's bytes as another's.
+    std::vector<const Entry*> by_offset;
+    for (const Entry& e : entries_) by_offset.push_back(&e);
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const Entry* a, const Entry* b) { return a->local < b->local; });
+    for (size_t i = 1; i < by_offset.size(); ++i) {
+      const Entry& a = *by_offset[i - 1];
+      if (by_offset[i]->local < a.data + a.comp) {
+        fail("records '" + a.name + "' and '" + by_offset[i]->name + "' share bytes");
+      }
     }
   }
 

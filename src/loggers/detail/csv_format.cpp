@@ -1,6 +1,8 @@
 #include "csv_format.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_set>
 
 #include "core/detail/ascii.h"
 #include "volt/core/check.h"
@@ -77,12 +79,14 @@ std::vector<std::string> metrics_header(const CsvRecord& header, const std::stri
              ": the header starts with '", header.cells.front(),
              "', not 'step'; pass a metrics.csv written by CSVLogger.");
   std::vector<std::string> names(header.cells.begin() + 1, header.cells.end());
+  // A hash set, not a search of the names before each: a header of 200,000 columns took 21 s
+  // (O(n^2)).
+  std::unordered_set<std::string_view> seen;
   for (size_t c = 0; c < names.size(); ++c) {
     VOLT_CHECK(!names[c].empty(), DataError, where, ":", header.line, ": column ", c + 2,
                " of the header has no name; repair the header line.");
-    VOLT_CHECK(std::find(names.begin(), names.begin() + c, names[c]) == names.begin() + c,
-               DataError, where, ":", header.line, ": column '", names[c],
-               "' appears twice in the header; repair the header.");
+    VOLT_CHECK(seen.insert(names[c]).second, DataError, where, ":", header.line, ": column '",
+               names[c], "' appears twice in the header; repair the header.");
   }
   return names;
 }
