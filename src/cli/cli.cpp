@@ -102,6 +102,17 @@ std::string file_name(const char* argv0) {
   return p == std::string::npos ? s : s.substr(p + 1);
 }
 
+// An override as messages and every node it sets name it: cut to 120 bytes (at a character
+// boundary), since each node of the override's tree keeps a copy (a 128 KiB list override of
+// 64,000 items kept 8 GiB of copies of itself).
+std::string override_origin(const std::string& text) {
+  constexpr size_t kMax = 120;
+  if (text.size() <= kMax) return text;
+  size_t cut = kMax - 3;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // UTF-8
+  return text.substr(0, cut) + "...";
+}
+
 Command parse_argv(int argc, const char* const* argv) {
   Command cmd;
   VOLT_CHECK(argc >= 2, ConfigError, "[cli] no command given; use one of ", quoted_list(kCommands),
@@ -148,7 +159,7 @@ Command parse_argv(int argc, const char* const* argv) {
       cmd.sources.push_back({Source::Kind::kFile, "", value, value});
     } else {
       cmd.sources.push_back({append ? Source::Kind::kAppend : Source::Kind::kSet, key, value,
-                             "--" + key + (append ? "+=" : "=") + value});
+                             override_origin("--" + key + (append ? "+=" : "=") + value)});
     }
   }
   return cmd;

@@ -1,5 +1,6 @@
 #include "volt/distributed/cluster_environment.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 
@@ -366,7 +367,12 @@ ClusterEnvironment detect_cluster_environment(const EnvLookup& env, int64_t devi
 }
 
 std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
+  // Bounds on what a 128 KiB environment variable may expand to: a million hosts of at most
+  // 255 characters (a DNS name's limit). Checked as it expands: one bracket group of many long
+  // ranges, or text after a large group (appended to every host so far), made billions of
+  // strings or hundreds of GB before a check after the fact.
   constexpr size_t kMaxHosts = 1 << 20;
+  constexpr size_t kMaxHostName = 255;
   auto fail = [&](const std::string& why) {
     VOLT_CHECK(false, ConfigError, kTag, " slurm: SLURM_NODELIST='", nodelist, "' is malformed (",
                why, "); set MASTER_ADDR to the first node's address instead.");
@@ -381,6 +387,7 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
     while (i < n && nodelist[i] != ',') {
       if (nodelist[i] == ']') fail("']' without '['");
       if (nodelist[i] != '[') {
+        if (partial.front().size() >= kMaxHostName) fail("a host name over 255 characters");
         for (auto& p : partial) p += nodelist[i];
         ++i;
         continue;
@@ -390,6 +397,7 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
       std::string group = nodelist.substr(i + 1, close - i - 1);
       if (group.empty()) fail("empty []");
       std::vector<std::string> items;
+      size_t widest = 0;  // of the items
       size_t start = 0;
       while (start <= group.size()) {
         size_t comma = group.find(',', start);
@@ -408,12 +416,17 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
         for (int64_t v = *lo; v <= *hi; ++v) {
           std::string s = std::to_string(v);
           if (s.size() < width) s.insert(0, width - s.size(), '0');
+          widest = std::max(widest, s.size());
           items.push_back(s);
         }
+        if (items.size() > kMaxHosts) fail("too many hosts");
         start = comma + 1;
       }
       std::vector<std::string> next;
       if (partial.size() * items.size() > kMaxHosts) fail("too many hosts");
+      if (partial.front().size() + widest > kMaxHostName) {
+        fail("a host name over 255 characters");
+      }
       for (const auto& p : partial) {
         for (const auto& it : items) next.push_back(p + it);
       }

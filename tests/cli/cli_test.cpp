@@ -1620,4 +1620,24 @@ TEST(CliBinary, ALargeConfigCostsAboutItsOwnSize) {
       << "anchors " << a.max_rss_kb << " KB vs the same without anchors " << n.max_rss_kb << " KB";
 }
 
+TEST(CliBinary, ALongOverrideIsNamedShortAndCostsItsOwnSize) {
+  // A 120 KB list override of 60,000 items: each node of its tree kept the override's whole
+  // text as its origin (about 7 GB: under this test's 3 GB cap the old code died with 1.4 GB
+  // resident, not exit code 2). Origins are cut to 120 bytes now.
+  std::string list = "[0";
+  for (int i = 1; i < 60000; ++i) list += ",0";
+  const std::string fashion = volt_test::source_dir() + "/configs/fashion_mnist_mlp.yaml";
+  const size_t kCap = size_t{3} << 30;
+  const Measured base = run_binary_capped({"print-config", "--config", fashion}, kCap);
+  ASSERT_EQ(base.code, 0) << base.err;
+  const Measured m = run_binary_capped(
+      {"print-config", "--config", fashion, "--trainer.callbacks=" + list + "]"}, kCap);
+  EXPECT_EQ(m.code, 2) << m.err.substr(0, 400);
+  EXPECT_NE(m.err.find("--trainer.callbacks=[0,0,0"), std::string::npos) << m.err.substr(0, 400);
+  EXPECT_NE(m.err.find(",0,...): unknown callback"), std::string::npos) << m.err.substr(0, 400);
+  EXPECT_LT(m.err.size(), 2000u) << m.err.substr(0, 400);  // the override named in 120 bytes
+  EXPECT_LT(m.max_rss_kb, base.max_rss_kb + 100 * 1024)
+      << "override " << m.max_rss_kb << " KB vs baseline " << base.max_rss_kb << " KB";
+}
+
 }  // namespace

@@ -388,4 +388,24 @@ TEST(ConfigTree, AMappingOfManyKeysIsReadInLinearTime) {
   EXPECT_NE(m.find("[cli] big.yaml:150003:3: key \"k7\" appears twice"), std::string::npos) << m;
 }
 
+TEST(ConfigTree, AnOverrideKeyNestsNoDeeperThanAConfig) {
+  // Walking a key of 64,000 segments copied its prefixes about 2 billion times.
+  ConfigNode root = ConfigNode::make_map("defaults");
+  std::string deep = "trainer";
+  for (int i = 0; i < 128; ++i) deep += ".k";  // 129 segments
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string m = error_of([&] { apply_override(root, deep, "1", false, "--deep=1"); });
+  EXPECT_NE(m.find("[cli] --deep=1: the key has 129 segments, more than the 128 levels"),
+            std::string::npos)
+      << m;
+  std::string huge = "trainer";
+  for (int i = 0; i < 64000; ++i) huge += ".k";
+  EXPECT_NE(
+      error_of([&] { apply_override(root, huge, "1", false, "--huge=1"); }).find("64001 segments"),
+      std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  deep.resize(deep.size() - 2);  // 128 segments: fine
+  EXPECT_NO_THROW(apply_override(root, deep, "1", false, "--deep=1"));
+}
+
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -272,6 +273,62 @@ TEST(PerfScan, TheCliPrintsTheScanAndRejectsBadInput) {
   EXPECT_EQ(run({"perf", "--trace", dir / "broken.json"}, &text), 2);
   EXPECT_EQ(run({"perf"}, &text), 2);
   EXPECT_NE(text.find("perf needs one --trace FILE"), std::string::npos) << text;
+}
+
+// One complete event of a hand-made trace (pid 1, tid 1: the steps' thread).
+nlohmann::json event(const std::string& name, const std::string& cat, double ts, double dur) {
+  return {{"ph", "X"}, {"name", name}, {"cat", cat}, {"pid", 1},
+          {"tid", 1},  {"ts", ts},     {"dur", dur}};
+}
+
+TEST(PerfScan, SharesSyncsAndOpTimesOfAHandMadeTrace) {
+  // Two overlapping steps; events partly outside them; syncs nested in syncs and in the
+  // non-finite check's scope; ops inside a batch fetch. Every figure worked out by hand.
+  nlohmann::json t = nlohmann::json::array();
+  t.push_back(event("ProfilerStep#1", "user_annotation", 0, 100));
+  t.push_back(event("ProfilerStep#2", "user_annotation", 50, 100));  // steps' union [0, 150)
+  t.push_back(event("aten::addmm", "cpu_op", 10, 10));               // A, self 10-1-3 = 6
+  t.push_back(event("aten::_local_scalar_dense", "cpu_op", 12, 1));  // a sync
+  t.push_back(event("aten::is_nonzero", "cpu_op", 15, 3));           // a sync, self 2
+  t.push_back(event("aten::_local_scalar_dense", "cpu_op", 16, 1));  // inside it: no more
+  t.push_back(event("get_train_batch", "cpu_op", 30, 10));           // a fetch
+  t.push_back(event("aten::stack", "cpu_op", 32, 1));                // in the fetch
+  t.push_back(event("aten::mm", "cpu_op", 140, 20));                 // B, half outside, self 15
+  t.push_back(event("volt::detect_nonfinite_loss", "user_annotation", 141, 5));
+  t.push_back(event("aten::_local_scalar_dense", "cpu_op", 142, 1));  // the Trainer's own sync
+  const auto s = volt::detail::scan_trace(nlohmann::json{{"traceEvents", t}}.dump(), "hand");
+  EXPECT_EQ(s.steps, 2);
+  EXPECT_DOUBLE_EQ(s.step_time_us, 200);
+  EXPECT_EQ(s.ops, 8);
+  // Covered within the steps: [10, 20) + [30, 40) + [140, 150) = 30 of 200.
+  EXPECT_NEAR(s.idle_share, 1.0 - 30.0 / 200.0, 1e-12);
+  EXPECT_NEAR(s.data_share, 10.0 / 200.0, 1e-12);
+  EXPECT_EQ(s.host_syncs, 3);
+  EXPECT_EQ(s.nonfinite_check_syncs, 1);
+  // The step's ops (the fetch and what runs in it left out): 6 + 1 + 2 + 1 + 15 + 1 over six.
+  EXPECT_NEAR(s.mean_op_us, 26.0 / 6.0, 1e-12);
+}
+
+TEST(PerfScan, AHostileTraceIsScannedInNearLinearTime) {
+  // 6,000 steps and 18,000 main-thread events all overlapping them, nested 12,000 deep, with
+  // 6,000 batch fetches. Clipping each event to each step made 72 million pairs (1.15 GB), each
+  // op was tested against every fetch, and each sync scanned the whole stack around it.
+  nlohmann::json t = nlohmann::json::array();
+  const int kN = 6000;
+  for (int i = 0; i < kN; ++i) {
+    t.push_back(event("ProfilerStep#" + std::to_string(i), "user_annotation", 0, 1e9));
+    t.push_back(event("aten::add", "cpu_op", i, 1e9 - 2 * i));  // nested: each inside the last
+    t.push_back(event("get_train_batch", "cpu_op", 2e9 + 2 * i, 1));
+  }
+  for (int i = 0; i < kN; ++i)
+    t.push_back(event("aten::is_nonzero", "cpu_op", kN + i, 1e9 - 2 * kN - 2 * i));
+  const std::string text = nlohmann::json{{"traceEvents", t}}.dump();
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto s = volt::detail::scan_trace(text, "hostile");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(s.steps, kN);
+  EXPECT_EQ(s.host_syncs, 1);  // the others are nested in the first
+  EXPECT_LT(secs, 3.0);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 
 #include "volt/core/errors.h"
@@ -298,6 +299,35 @@ TEST(SlurmNodelist, RejectsMalformed) {
     SCOPED_TRACE(bad);
     EXPECT_THROW(volt::expand_slurm_nodelist(bad), volt::ConfigError);
   }
+}
+
+TEST(SlurmNodelist, WhatAVariableExpandsToIsBoundedAsItExpands) {
+  const auto error_of = [](const std::string& list) -> std::string {
+    try {
+      volt::expand_slurm_nodelist(list);
+    } catch (const volt::ConfigError& e) {
+      return e.what();
+    }
+    return "<no ConfigError>";
+  };
+  // One group of 3,000 ranges of a million each (64 KB): every host was made (3 billion
+  // strings) before the count was checked.
+  std::string group = "n[0-1048574";
+  for (int i = 0; i < 3000; ++i) group += ",0-1048574";
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(error_of(group + "]").find("too many hosts"), std::string::npos);
+  // Text after a large group went onto every host: 1,000 hosts x 100,000 characters (100 MB;
+  // a million hosts and 128 KiB would be 128 GB).
+  EXPECT_NE(error_of("n[0-999]" + std::string(100000, 'x')).find("a host name over 255"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(250, 'x') + "[000000-000009]").find("a host name over 255"),
+            std::string::npos);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 2.0);
+  // Up to the bounds it expands.
+  EXPECT_EQ(volt::expand_slurm_nodelist("n[0-1048575]").size(), size_t{1} << 20);
+  EXPECT_EQ(volt::expand_slurm_nodelist(std::string(250, 'x') + "[00000-00009]").back(),
+            std::string(250, 'x') + "00009");
 }
 
 // ---- Open MPI ----

@@ -359,6 +359,11 @@ void merge_fields(ConfigNode& dst, std::vector<std::pair<std::string, ConfigNode
 void apply_override(ConfigNode& root, const std::string& dotted_key, const std::string& value,
                     bool append, const std::string& origin) {
   std::vector<std::string> path = split_path(dotted_key);
+  // As deep as a config file may nest (InputLimits::max_depth): walking a key of 64,000
+  // segments copied its prefixes 2 billion times.
+  VOLT_CHECK(path.size() <= InputLimits().max_depth, ConfigError, "[cli] ", origin,
+             ": the key has ", path.size(), " segments, more than the ", InputLimits().max_depth,
+             " levels a config may nest; shorten it.");
   for (const auto& seg : path) {
     VOLT_CHECK(!seg.empty(), ConfigError, "[cli] ", origin,
                ": empty key segment; write --section.key=value.");
