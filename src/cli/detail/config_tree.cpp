@@ -42,12 +42,6 @@ ConfigNode& ConfigNode::field(const std::string& key, const std::string& origin)
   return fields.back().second;
 }
 
-void ConfigNode::erase(const std::string& key) {
-  fields.erase(
-      std::remove_if(fields.begin(), fields.end(), [&](const auto& f) { return f.first == key; }),
-      fields.end());
-}
-
 std::string ConfigNode::describe() const {
   switch (kind) {
     case Kind::kNull: return "null";

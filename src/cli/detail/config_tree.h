@@ -34,7 +34,6 @@ struct ConfigNode {
   ConfigNode* find(const std::string& key);
   /// Inserts an empty node when absent (kMap only).
   ConfigNode& field(const std::string& key, const std::string& origin);
-  void erase(const std::string& key);
   /// A short description for messages: "\"three\"", "a list", "a mapping", "null".
   std::string describe() const;
 
