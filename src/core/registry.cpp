@@ -205,8 +205,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
   // No name is that long: a word this long (a pasted value, a hostile config) is no typo, and
-  // comparing it costs its length times each candidate's (60 MB against the trainer's keys took
-  // minutes).
+  // comparing it costs its length times each candidate's (a 40 MB word against two names took
+  // 2 s).
   if (word.size() > kMaxSuggestedWord) return "";
   std::string best;
   size_t best_d = std::string::npos;
