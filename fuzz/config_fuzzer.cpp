@@ -77,35 +77,6 @@ std::string print_config(const std::string& text, const std::string& overrides,
   return volt::detail::to_yaml(volt::detail::resolve(root, fuzz_registry()));
 }
 
-/// parse_yaml's tree against the reference's (the config text alone, before any override).
-void check_against_reference(const std::string& text) {
-  std::string events;
-  try {
-    events = volt_test::yaml_tree_text(volt::detail::parse_yaml(text, "fuzz.yaml"));
-  } catch (const volt::ConfigError& e) {
-    const std::string m = e.what();
-    if (!volt_test::refuses_a_key(m)) return;  // refused before any tree was built
-    try {
-      volt_test::yaml_reference_tree(YAML::Load(text), "fuzz.yaml");
-    } catch (const std::exception&) {
-      return;  // both refuse it
-    }
-    volt_fuzz::finding("parse_yaml refused what the reference tree accepts: " + m);
-  }
-  std::string reference;
-  try {
-    reference =
-        volt_test::yaml_tree_text(volt_test::yaml_reference_tree(YAML::Load(text), "fuzz.yaml"));
-  } catch (const std::exception& e) {
-    volt_fuzz::finding("parse_yaml accepted what the reference tree refuses: " +
-                       std::string(e.what()));
-  }
-  if (events != reference) {
-    volt_fuzz::finding("parse_yaml's tree differs from the reference:\n" + events +
-                       "---- reference ----\n" + reference);
-  }
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -113,7 +84,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t split = input.find("\n#--\n");
   const std::string text = input.substr(0, split);
   const std::string overrides = split == std::string::npos ? "" : input.substr(split + 5);
-  check_against_reference(text);
+  // parse_yaml's tree against the reference's (the config text alone, before any override).
+  if (const std::string m = volt_test::tree_mismatch(text); !m.empty()) volt_fuzz::finding(m);
   std::string printed;
   try {
     printed = print_config(text, overrides, "fuzz.yaml");

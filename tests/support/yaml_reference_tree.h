@@ -2,8 +2,8 @@
 // The reference for the CLI's config tree: yaml-cpp's own node tree (YAML::Load), converted node
 // by node, as detail::parse_yaml built it until session 91. parse_yaml now builds the tree from
 // the parser's events (no yaml-cpp tree, about half the memory, a hash set per mapping for
-// duplicate keys); both must give the same tree. Used by tests/cli/config_tree_test.cpp and
-// fuzz_config (fuzz/config_fuzzer.cpp).
+// duplicate keys); both must give the same tree (tree_mismatch). Used by
+// tests/cli/config_tree_test.cpp and fuzz_config (fuzz/config_fuzzer.cpp).
 
 #include <yaml-cpp/yaml.h>
 
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/detail/config_tree.h"
+#include "volt/core/errors.h"
 
 namespace volt_test {
 
@@ -74,6 +75,30 @@ inline std::string yaml_tree_text(const volt::detail::ConfigNode& n,
     s += indent + "  key \"" + f.first + "\"\n" + yaml_tree_text(f.second, indent + "    ");
   }
   return s;
+}
+
+/// "" when parse_yaml and the reference agree on `text` (the same tree, or both refuse a key),
+/// or when parse_yaml refuses it before building any tree (which the reference cannot judge);
+/// otherwise what differs, both sides shown.
+inline std::string tree_mismatch(const std::string& text) {
+  std::string events;
+  try {
+    events = yaml_tree_text(volt::detail::parse_yaml(text, "t.yaml"));
+  } catch (const volt::ConfigError& e) {
+    if (!refuses_a_key(e.what())) return "";
+    events = std::string("refused: ") + e.what();
+  }
+  std::string reference;
+  try {
+    reference = yaml_tree_text(yaml_reference_tree(YAML::Load(text), "t.yaml"));
+  } catch (const std::exception& e) {
+    reference = std::string("refused: ") + e.what();
+  }
+  const bool both_refuse =
+      events.rfind("refused: ", 0) == 0 && reference.rfind("refused: ", 0) == 0;
+  if (both_refuse || events == reference) return "";
+  return "parse_yaml's tree differs from the reference:\n" + events + "---- reference ----\n" +
+         reference;
 }
 
 }  // namespace volt_test
