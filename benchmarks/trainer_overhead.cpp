@@ -3,6 +3,7 @@
 // round so machine noise hits them alike.
 //
 //   volt_bench_trainer [--rounds R] [--threads T] [--python PATH] [--no-python]
+//                      [--only train|gan|eval]
 //
 // Prints one table per model with median steps/s and the ratios volt/hand and volt/python, a
 // GAN (two modules set up in one Fabric, whose backward finds the modules each loss reaches)
@@ -238,6 +239,7 @@ int main(int argc, char** argv) {
   int rounds = 5, threads = 0;
   std::string python = "/usr/bin/python3";
   bool use_python = true;
+  std::string only;  // "train", "gan" or "eval": that part alone
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--rounds" && i + 1 < argc)
@@ -248,7 +250,15 @@ int main(int argc, char** argv) {
       python = argv[++i];
     else if (a == "--no-python")
       use_python = false;
+    else if (a == "--only" && i + 1 < argc)
+      only = argv[++i];
   }
+  if (!only.empty() && only != "train" && only != "gan" && only != "eval") {
+    std::fprintf(stderr, "[volt_bench_trainer] --only %s is not a part; use train, gan or eval\n",
+                 only.c_str());
+    return 2;
+  }
+  const auto runs = [&](const char* part) { return only.empty() || only == part; };
   const int64_t nthreads = volt::configure_threads(threads);
   volt::FashionMnist full(volt::kFashionMnistDefaultRoot, volt::FashionMnist::Split::kTrain);
   Data d{full.inputs().slice(0, 0, 16384).contiguous(),
@@ -264,6 +274,7 @@ int main(int argc, char** argv) {
   };
   for (const Row& row :
        {Row{"mlp 784-128-10", 32, 3000, "mlp"}, Row{"cnn (demo)", 32, 60, "cnn"}}) {
+    if (!runs("train")) break;
     std::vector<double> v, f, h, fb, py;
     for (int r = 0; r < rounds; ++r) {
       torch::manual_seed(r);
@@ -306,7 +317,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  {
+  if (runs("gan")) {
     // Two modules in one Fabric: the graph walk of each backward, against the hand loop.
     const int64_t batch = 64, steps = 600;
     std::vector<double> fb, h;
@@ -329,6 +340,7 @@ int main(int argc, char** argv) {
 
   // Evaluation: the Trainer's validate with and without inference mode, and the hand loop.
   for (const Row& row : {Row{"mlp 784-128-10", 32, 4, "mlp"}, Row{"cnn (demo)", 32, 1, "cnn"}}) {
+    if (!runs("eval")) break;
     std::vector<double> vi, vn, hi, hn;
     const int passes = static_cast<int>(row.steps);
     for (int r = 0; r < rounds; ++r) {
