@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "core/detail/ascii.h"
+#include "core/detail/atomic_file_writer.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "detail/csv_format.h"
@@ -94,67 +96,131 @@ void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params
 
 void CSVLogger::log_metrics(const Metrics& metrics, int64_t step) {
   for (const auto& kv : metrics) {
-    if (std::find(columns_.begin(), columns_.end(), kv.first) == columns_.end()) {
-      columns_.push_back(kv.first);
-      header_dirty_ = true;
-    }
+    if (known_.insert(kv.first).second) columns_.push_back(kv.first);
   }
   // Flushed when the step passes a multiple of flush_logs_every_n_steps since the last flush:
   // Lightning's (step + 1) % n == 0, also for logging intervals that do not divide n.
   const int64_t n = options_.flush_logs_every_n_steps();
-  const int64_t flushed_step = flushed_ > 0 ? rows_[flushed_ - 1].step : -1;
-  rows_.push_back({step, metrics});
-  if ((step + 1) / n > (flushed_step + 1) / n) save();
+  pending_.push_back({step, metrics});
+  if ((step + 1) / n > (last_written_step_ + 1) / n) save();
 }
 
-void CSVLogger::rewrite_all() {
-  auto os = detail::c_stream<std::ostringstream>();
-  os << "step";
-  for (const auto& c : columns_) os << "," << detail::csv_escape(c);
-  os << "\n";
-  for (const auto& r : rows_) {
-    os << r.step;
-    for (const auto& c : columns_) {
-      auto it = r.values.find(c);
-      os << "," << (it == r.values.end() ? "" : fmt_value(it->second));
-    }
-    os << "\n";
+namespace {
+
+// The line of a row: its step, then a cell per column (empty where it logged no value).
+void append_row(std::string& out, int64_t step, const std::vector<std::string>& columns,
+                const Metrics& values) {
+  out += std::to_string(step);
+  for (const auto& c : columns) {
+    out += ',';
+    auto it = values.find(c);
+    if (it != values.end()) out += fmt_value(it->second);
   }
-  atomic_write_file(metrics_path(), os.str());
-  flushed_ = rows_.size();
-  header_dirty_ = false;
+  out += '\n';
+}
+
+bool is_blank(const detail::CsvRecord& r) {
+  return r.cells.size() == 1 && r.cells[0].empty();
+}
+
+// A data row of metrics.csv as the logger reads it back: its step, then (read_values) the values
+// of the header's columns, cells past the header ignored. DataError naming the line otherwise.
+int64_t read_step(const detail::CsvRecord& rec, const std::string& path) {
+  const std::string& cell = rec.cells[0];
+  int64_t step = 0;
+  const auto parsed = std::from_chars(cell.data(), cell.data() + cell.size(), step);
+  VOLT_CHECK(parsed.ec == std::errc() && parsed.ptr == cell.data() + cell.size(), DataError,
+             "[CSVLogger] ", path, ":", rec.line, ": step '", cell,
+             "' is not an integer; repair or delete that line to resume.");
+  return step;
+}
+
+void read_values(const detail::CsvRecord& rec, const std::vector<std::string>& header,
+                 const std::string& path, Metrics* values) {
+  const auto& cells = rec.cells;
+  for (size_t c = 1; c < cells.size() && c < header.size(); ++c) {
+    if (cells[c].empty()) continue;
+    char* stop = nullptr;
+    const double v = detail::c_strtod(cells[c].c_str(), &stop);
+    VOLT_CHECK(stop == cells[c].c_str() + cells[c].size(), DataError, "[CSVLogger] ", path, ":",
+               rec.line, ": '", cells[c], "' in column '", header[c],
+               "' is not a number; repair or delete that line to resume.");
+    if (values != nullptr) (*values)[header[c]] = v;
+  }
+}
+
+}  // namespace
+
+void CSVLogger::rewrite() {
+  const std::string path = metrics_path();
+  detail::AtomicFileWriter out(path);
+  std::string text = "step";
+  for (const auto& c : columns_) text += "," + detail::csv_escape(c);
+  text += "\n";
+  // The rows already written, read back from the file (bounded by what this run knows is whole)
+  // and widened to the new header. The file's header names a prefix of columns_: names are only
+  // ever added.
+  int64_t last_step = last_written_step_;
+  auto in = detail::c_stream<std::ifstream>();
+  if (written_bytes_ > 0) in.open(path, std::ios::binary);
+  if (in.is_open()) {
+    detail::CsvReader reader(in, "[CSVLogger] " + path, written_bytes_);
+    detail::CsvRecord rec;
+    if (reader.next(rec) && rec.complete) {
+      const std::vector<std::string> header = rec.cells;
+      Metrics values;
+      while (reader.next(rec) && rec.complete) {
+        if (is_blank(rec)) continue;
+        const int64_t step = read_step(rec, path);
+        if (drop_from_step_ >= 0 && step >= drop_from_step_) continue;
+        values.clear();
+        read_values(rec, header, path, &values);
+        append_row(text, step, columns_, values);
+        last_step = step;
+        if (text.size() >= (1 << 20)) {
+          out.write(text.data(), text.size());
+          text.clear();
+        }
+      }
+    }
+  }
+  for (const auto& r : pending_) append_row(text, r.step, columns_, r.values);
+  out.write(text.data(), text.size());
+  out.commit();
+  written_bytes_ = out.size();
+  written_columns_ = columns_.size();
+  last_written_step_ = pending_.empty() ? last_step : pending_.back().step;
+  pending_.clear();
+  drop_from_step_ = -1;
+  must_rewrite_ = false;
 }
 
 void CSVLogger::save() {
-  if (flushed_ == rows_.size() && !header_dirty_) return;
-  if (header_dirty_ || flushed_ == 0) {
-    rewrite_all();
+  if (pending_.empty() && !must_rewrite_) return;
+  if (must_rewrite_ || written_bytes_ == 0 || written_columns_ != columns_.size()) {
+    rewrite();
     return;
   }
   // Same columns: append only the new rows.
   std::string lines;
-  for (size_t i = flushed_; i < rows_.size(); ++i) {
-    lines += std::to_string(rows_[i].step);
-    for (const auto& c : columns_) {
-      auto it = rows_[i].values.find(c);
-      lines += "," + (it == rows_[i].values.end() ? std::string() : fmt_value(it->second));
-    }
-    lines += "\n";
-  }
+  for (const auto& r : pending_) append_row(lines, r.step, columns_, r.values);
   std::FILE* f = std::fopen(metrics_path().c_str(), "a");
   VOLT_CHECK(f != nullptr, ConfigError, "[CSVLogger] cannot append to '", metrics_path(), "' (",
              std::strerror(errno), ").");
   // A short write (disk full) is an error, not rows silently lost; the rows stay buffered and
-  // the next save rewrites the whole file.
+  // the next save rewrites the file from the rows before them (written_bytes_), so a partly
+  // written row is not kept twice.
   const bool written = std::fwrite(lines.data(), 1, lines.size(), f) == lines.size();
   const bool closed = std::fclose(f) == 0;
   if (!written || !closed) {
     const int err = errno;
-    header_dirty_ = true;
+    must_rewrite_ = true;
     VOLT_CHECK(false, ConfigError, "[CSVLogger] appending to '", metrics_path(), "' failed (",
                std::strerror(err), "); free disk space or choose another save_dir.");
   }
-  flushed_ = rows_.size();
+  written_bytes_ += lines.size();
+  last_written_step_ = pending_.back().step;
+  pending_.clear();
 }
 
 void CSVLogger::save_state(torch::serialize::OutputArchive& ar) const {
@@ -167,49 +233,38 @@ void CSVLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
   if (v.toInt() < 0) return;
   version_ = v.toInt();
   // Keep writing into the same version folder; rows logged after the checkpoint (by the run
-  // that died) are dropped so the file reads as one uninterrupted run.
-  rows_.clear();
+  // that died) are dropped, at the next save, so the file reads as one uninterrupted run.
   columns_.clear();
-  flushed_ = 0;
-  std::FILE* f = std::fopen(metrics_path().c_str(), "r");
-  if (f == nullptr) return;
-  std::string content;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) content.append(buf, n);
-  std::fclose(f);
-  // A run killed while appending can leave a last line without its newline: drop it.
-  content.erase(content.find_last_of('\n') == std::string::npos ? 0
-                                                                : content.find_last_of('\n') + 1);
-  // The header quotes names holding commas or quotes: parse the file as CSV, not split at commas.
-  const auto records = detail::parse_csv(content, "[CSVLogger] " + metrics_path());
-  if (records.empty()) return;
-  const std::vector<std::string>& header = records.front().cells;
-  columns_ = detail::metrics_header(records.front(), "[CSVLogger] " + metrics_path());
-  for (size_t r = 1; r < records.size(); ++r) {
-    const auto& cells = records[r].cells;
-    if (cells.size() == 1 && cells[0].empty()) continue;  // a blank line
-    Row row{0, {}};
-    const char* begin = cells[0].data();
-    const char* end = begin + cells[0].size();
-    const auto parsed = std::from_chars(begin, end, row.step);
-    VOLT_CHECK(parsed.ec == std::errc() && parsed.ptr == end, DataError, "[CSVLogger] ",
-               metrics_path(), ":", records[r].line, ": step '", cells[0],
-               "' is not an integer; repair or delete that line to resume.");
-    if (row.step >= step) continue;
-    for (size_t c = 1; c < cells.size() && c < header.size(); ++c) {
-      if (cells[c].empty()) continue;
-      char* stop = nullptr;
-      const double v = detail::c_strtod(cells[c].c_str(), &stop);
-      VOLT_CHECK(stop == cells[c].c_str() + cells[c].size(), DataError, "[CSVLogger] ",
-                 metrics_path(), ":", records[r].line, ": '", cells[c], "' in column '", header[c],
-                 "' is not a number; repair or delete that line to resume.");
-      row.values[header[c]] = v;
-    }
-    rows_.push_back(row);
+  known_.clear();
+  pending_.clear();
+  last_written_step_ = -1;
+  written_bytes_ = 0;
+  written_columns_ = 0;
+  drop_from_step_ = -1;
+  must_rewrite_ = false;
+  const std::string path = metrics_path();
+  auto in = detail::c_stream<std::ifstream>(path, std::ios::binary);
+  if (!in.is_open()) return;
+  // Read one record at a time (the file can be as long as the run), checking every row now so
+  // a bad file stops the resume, not a later save. The header quotes names holding commas or
+  // quotes: parsed as CSV, not split at commas. A run killed while appending can leave a last
+  // line without its newline: it is not counted as written, so the rewrite drops it.
+  detail::CsvReader reader(in, "[CSVLogger] " + path);
+  detail::CsvRecord rec;
+  if (!reader.next(rec) || !rec.complete) return;
+  columns_ = detail::metrics_header(rec, "[CSVLogger] " + path);
+  known_.insert(columns_.begin(), columns_.end());
+  const std::vector<std::string> header = rec.cells;
+  uint64_t whole = reader.offset();
+  while (reader.next(rec) && rec.complete) {
+    whole = reader.offset();
+    // Rows from the checkpoint's step on are the dead run's: dropped unread, as before.
+    if (!is_blank(rec) && read_step(rec, path) < step) read_values(rec, header, path, nullptr);
   }
-  header_dirty_ = true;  // rewrite without the dropped rows on the next save
-  flushed_ = 0;
+  written_bytes_ = whole;
+  written_columns_ = columns_.size();
+  drop_from_step_ = step;
+  must_rewrite_ = true;
 }
 
 std::ostream& operator<<(std::ostream& os, const CSVLoggerOptions& o) {

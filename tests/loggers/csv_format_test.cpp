@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
+#include <sstream>
 
 #include "loggers/detail/csv_format.h"
 #include "volt/core/errors.h"
@@ -52,6 +54,38 @@ TEST(CsvFormat, MalformedQuotingNamesTheLine) {
             std::string::npos);
   EXPECT_NE(error_of("a\n\"x\ny\"z,1\n").find("[t] f.csv:3: text after a closing quote"),
             std::string::npos);
+}
+
+// The reader the logger's resume and the report share: one record at a time, a last line
+// without its newline marked, and a byte limit (the logger's rewrite reads only what it knows is
+// whole) read as the end of the input.
+TEST(CsvFormat, AReaderMarksAnUnfinishedLastLineAndStopsAtItsLimit) {
+  const std::string text = "step,\"a\nb\"\r\n0,1\n1,2";
+  const auto read = [&](uint64_t limit) {
+    std::istringstream in(text);
+    volt::detail::CsvReader reader(in, "[t] f.csv", limit);
+    std::vector<std::pair<volt::detail::CsvRecord, uint64_t>> out;
+    for (volt::detail::CsvRecord r; reader.next(r);) out.emplace_back(r, reader.offset());
+    return out;
+  };
+  const auto all = read(UINT64_MAX);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].first.cells, (std::vector<std::string>{"step", "a\nb"}));
+  EXPECT_TRUE(all[0].first.complete);
+  EXPECT_EQ(all[0].second, 12u);  // through the CRLF
+  EXPECT_EQ(all[1].first.line, 3);
+  EXPECT_TRUE(all[1].first.complete);
+  EXPECT_EQ(all[1].second, 16u);
+  EXPECT_EQ(all[2].first.cells, (std::vector<std::string>{"1", "2"}));
+  EXPECT_FALSE(all[2].first.complete);
+  EXPECT_EQ(all[2].second, text.size());
+  // A limit inside the second row: the row is read up to it, and not complete.
+  const auto cut = read(14);
+  ASSERT_EQ(cut.size(), 2u);
+  EXPECT_EQ(cut[1].first.cells, (std::vector<std::string>{"0", ""}));
+  EXPECT_FALSE(cut[1].first.complete);
+  EXPECT_EQ(read(16).size(), 2u);
+  EXPECT_TRUE(read(0).empty());
 }
 
 TEST(CsvFormat, AHeaderOfManyColumnsIsCheckedInLinearTime) {

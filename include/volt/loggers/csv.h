@@ -30,7 +30,9 @@ struct CSVLoggerOptions {
 std::ostream& operator<<(std::ostream& os, const CSVLoggerOptions& o);
 
 /// Writes one CSV row per log_metrics call with columns step + the union of metric names;
-/// when a new metric appears the file is rewritten (atomically) with the wider header.
+/// when a new metric appears the file is rewritten (atomically) with the wider header, from the
+/// rows on disk (as Lightning's logger does): memory holds only the rows not yet written, however
+/// long the run.
 class CSVLogger : public Logger {
  public:
   explicit CSVLogger(CSVLoggerOptions options);
@@ -50,13 +52,19 @@ class CSVLogger : public Logger {
     int64_t step;
     Metrics values;
   };
-  void rewrite_all();
+  void rewrite();
   CSVLoggerOptions options_;
   int64_t version_ = -1;
   std::vector<std::string> columns_;  // metric names in header order (after "step")
-  std::vector<Row> rows_;             // every row of this run (needed to rewrite the file)
-  size_t flushed_ = 0;                // rows_[0, flushed_) are on disk
-  bool header_dirty_ = false;
+  std::set<std::string> known_;       // the same names, for lookups
+  std::vector<Row> pending_;          // rows not written yet (a flush interval's at most)
+  int64_t last_written_step_ = -1;    // the step of the last row on disk (-1: none)
+  // The bytes of metrics.csv that are this run's whole rows (0: it has no file yet); a rewrite
+  // copies the rows in them, nothing a failed append left after them.
+  uint64_t written_bytes_ = 0;
+  size_t written_columns_ = 0;   // metric columns of the header on disk
+  int64_t drop_from_step_ = -1;  // after a resume: rows on disk from this step on are dropped
+  bool must_rewrite_ = false;    // a resume or a failed append: the next save rewrites the file
 };
 
 }  // namespace volt

@@ -1,10 +1,12 @@
 #include "csv_format.h"
 
 #include <algorithm>
+#include <sstream>
 #include <string_view>
 #include <unordered_set>
 
 #include "core/detail/ascii.h"
+#include "core/detail/numbers.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -17,56 +19,83 @@ std::string csv_escape(const std::string& s) {
   return out + "\"";
 }
 
-std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& where) {
-  std::vector<CsvRecord> records;
-  int64_t line = 1;
-  size_t i = 0;
-  while (i < text.size()) {
-    CsvRecord rec{{}, line};
-    for (;;) {  // one cell per iteration
-      std::string cell;
-      if (i < text.size() && text[i] == '"') {
-        const int64_t opened = line;
-        ++i;
-        bool closed = false;
-        while (i < text.size()) {
-          const char c = text[i++];
-          if (c == '"') {
-            if (i < text.size() && text[i] == '"') {
-              cell += '"';
-              ++i;
-              continue;
-            }
-            closed = true;
-            break;
-          }
-          if (c == '\n') ++line;
-          cell += c;
-        }
-        VOLT_CHECK(closed, DataError, where, ":", opened,
-                   ": a quoted cell is not closed; repair or delete that line.");
-        if (i + 1 < text.size() && text[i] == '\r' && text[i + 1] == '\n') ++i;  // CRLF
-        VOLT_CHECK(i == text.size() || text[i] == ',' || text[i] == '\n', DataError, where, ":",
-                   line, ": text after a closing quote; repair or delete that line.");
-      } else {
-        while (i < text.size() && text[i] != ',' && text[i] != '\n') cell += text[i++];
-        if (!cell.empty() && cell.back() == '\r' && (i == text.size() || text[i] == '\n')) {
-          cell.pop_back();
-        }
-      }
-      rec.cells.push_back(std::move(cell));
-      if (i < text.size() && text[i] == ',') {
-        ++i;
-        continue;
-      }
-      break;  // end of the record: a newline or the end of the text
-    }
-    if (i < text.size()) {  // the newline
-      ++i;
-      ++line;
-    }
-    records.push_back(std::move(rec));
+CsvReader::CsvReader(std::istream& in, std::string where, uint64_t limit)
+    : in_(in.rdbuf()), where_(std::move(where)), limit_(limit) {}
+
+int CsvReader::peek() {
+  using Traits = std::char_traits<char>;
+  return offset_ < limit_ && in_ != nullptr ? in_->sgetc() : Traits::eof();
+}
+
+int CsvReader::get() {
+  const int c = peek();
+  if (c != std::char_traits<char>::eof()) {
+    in_->sbumpc();
+    ++offset_;
   }
+  return c;
+}
+
+bool CsvReader::next(CsvRecord& rec) {
+  constexpr int kEof = std::char_traits<char>::eof();
+  if (peek() == kEof) return false;
+  rec.cells.clear();
+  rec.line = line_;
+  rec.complete = false;
+  for (;;) {  // one cell per iteration
+    std::string cell;
+    if (peek() == '"') {
+      const int64_t opened = line_;
+      get();
+      bool closed = false;
+      for (int c = get(); c != kEof; c = get()) {
+        if (c == '"') {
+          if (peek() == '"') {
+            cell += '"';
+            get();
+            continue;
+          }
+          closed = true;
+          break;
+        }
+        if (c == '\n') ++line_;
+        cell += static_cast<char>(c);
+      }
+      VOLT_CHECK(closed, DataError, where_, ":", opened,
+                 ": a quoted cell is not closed; repair or delete that line.");
+      bool cr = false;
+      if (peek() == '\r') {  // CRLF
+        get();
+        cr = true;
+      }
+      const int after = peek();
+      VOLT_CHECK(after == '\n' || (!cr && (after == ',' || after == kEof)), DataError, where_, ":",
+                 line_, ": text after a closing quote; repair or delete that line.");
+    } else {
+      for (int c = peek(); c != kEof && c != ',' && c != '\n'; c = peek()) {
+        cell += static_cast<char>(get());
+      }
+      if (!cell.empty() && cell.back() == '\r' && peek() != ',') cell.pop_back();
+    }
+    rec.cells.push_back(std::move(cell));
+    if (peek() == ',') {
+      get();
+      continue;
+    }
+    break;  // end of the record: a newline or the end of the input
+  }
+  if (get() == '\n') {
+    ++line_;
+    rec.complete = true;
+  }
+  return true;
+}
+
+std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& where) {
+  auto in = c_stream<std::istringstream>(text);
+  CsvReader reader(in, where);
+  std::vector<CsvRecord> records;
+  for (CsvRecord rec; reader.next(rec);) records.push_back(rec);
   return records;
 }
 

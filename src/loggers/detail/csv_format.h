@@ -4,6 +4,8 @@
 // run report. No torch includes.
 
 #include <cstdint>
+#include <istream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -15,13 +17,38 @@ std::string csv_escape(const std::string& s);
 
 struct CsvRecord {
   std::vector<std::string> cells;
-  int64_t line;  // 1-based line where the record starts
+  int64_t line = 1;  // 1-based line where the record starts
+  // Whether a newline ended the record; false for a last line without one (CSVLogger ends every
+  // row with a newline, so that is a row still being written).
+  bool complete = true;
 };
 
-/// Splits `text` into records at newlines outside quotes (a trailing "\r" is dropped, so CRLF
-/// files read the same). A blank line is a record with one empty cell. Throws DataError
-/// "<where>:<line>: a quoted cell is not closed" / "text after a closing quote" (`where` is
-/// e.g. "[report] runs/x/metrics.csv").
+/// Reads records one at a time, so a file is read in the memory of its largest record, not of
+/// the file (the logger's resume and the report read metrics.csv this way). Records end at
+/// newlines outside quotes (a trailing "\r" is dropped, so CRLF files read the same); a blank
+/// line is a record with one empty cell. Throws DataError "<where>:<line>: a quoted cell is not
+/// closed" / "text after a closing quote" (`where` is e.g. "[report] runs/x/metrics.csv").
+class CsvReader {
+ public:
+  /// Reads `in` up to its end or `limit` bytes, whichever comes first.
+  CsvReader(std::istream& in, std::string where,
+            uint64_t limit = std::numeric_limits<uint64_t>::max());
+  /// The next record into `out`; false at the end of the input.
+  bool next(CsvRecord& out);
+  /// Bytes read so far: where the next record starts.
+  uint64_t offset() const { return offset_; }
+
+ private:
+  int peek();
+  int get();
+
+  std::streambuf* in_;
+  std::string where_;
+  uint64_t limit_, offset_ = 0;
+  int64_t line_ = 1;
+};
+
+/// All records of `text` (a CsvReader over it).
 std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& where);
 
 /// The metric names of a metrics.csv header record: the cells after "step", exactly as CSVLogger

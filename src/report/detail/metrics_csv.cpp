@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
@@ -47,31 +48,36 @@ bool parse_number(const std::string& text, double* out) {
 }  // namespace
 
 MetricsTable read_metrics_csv(const std::string& path) {
-  std::string text = read_text(path);
-  int64_t unfinished_line = 0;
-  const size_t last_newline = text.rfind('\n');
-  if (last_newline != std::string::npos && last_newline + 1 < text.size()) {
-    unfinished_line = std::count(text.begin(), text.end(), '\n') + 1;
-    text.resize(last_newline + 1);
+  // Read one record at a time: the memory is the table's values, not the file's text and cells
+  // (a metrics.csv is as long as its run).
+  auto in = detail::c_stream<std::ifstream>(path, std::ios::binary);
+  VOLT_CHECK(in.is_open(), DataError, "[report] cannot read '", path, "' (", std::strerror(errno),
+             "); check the file's permissions.");
+  CsvReader reader(in, "[report] " + path);
+  CsvRecord rec;
+  bool found = false;
+  while ((found = reader.next(rec)) && is_blank(rec)) {
   }
-  const std::vector<CsvRecord> records = parse_csv(text, "[report] " + path);
-  size_t r = 0;
-  while (r < records.size() && is_blank(records[r])) ++r;
-  VOLT_CHECK(r < records.size(), DataError, "[report] ", path,
+  VOLT_CHECK(found, DataError, "[report] ", path,
              ":1: no header line (the file is empty); expected 'step,<metric>,...' as "
              "CSVLogger writes it.");
   // The names as CSVLogger wrote them (not trimmed: " loss" and "loss" are two metrics).
-  const std::vector<std::string>& header = records[r].cells;
-  metrics_header(records[r], "[report] " + path);
+  const std::vector<std::string> header = rec.cells;
+  metrics_header(rec, "[report] " + path);
 
   MetricsTable run;
   run.path = path;
-  run.unfinished_line = unfinished_line;
   std::vector<Series> columns(header.size());
-  for (++r; r < records.size(); ++r) {
-    if (is_blank(records[r])) continue;
-    const auto& cells = records[r].cells;
-    const int64_t lineno = records[r].line;
+  while (reader.next(rec)) {
+    if (!rec.complete) {
+      // A last line without its newline: CSVLogger ends every row with one, so it is a row still
+      // being written (a live or killed run); a number cut short there would parse as another.
+      run.unfinished_line = rec.line;
+      break;
+    }
+    if (is_blank(rec)) continue;
+    const auto& cells = rec.cells;
+    const int64_t lineno = rec.line;
     VOLT_CHECK(cells.size() == header.size(), DataError, "[report] ", path, ":", lineno,
                ": ragged row with ", cells.size(), " cells but the header has ", header.size(),
                " columns; the file was cut off or edited, repair or delete that line.");
