@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/detail/ascii.h"
+#include "core/detail/edit_distance.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -183,35 +184,13 @@ Args complete_args(const std::string& owner, const Params& params, const Args& g
 
 // ------------------------------------------------------------------------------ suggestions
 
-namespace {
-// Words longer than this get no suggestion: no registered name is that long.
-constexpr size_t kMaxSuggestedWord = 256;
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t sub =
-          prev[j - 1] + (detail::ascii_lower(a[i - 1]) == detail::ascii_lower(b[j - 1]) ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-}  // namespace
-
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
-  // No name is that long: a word this long (a pasted value, a hostile config) is no typo, and
-  // comparing it costs its length times each candidate's (a 40 MB word against two names took
-  // 2 s).
-  if (word.size() > kMaxSuggestedWord) return "";
+  // No name is that long: a word this long (a pasted value, a hostile config) is no typo.
+  if (word.size() > detail::kMaxSuggestedWord) return "";
   std::string best;
   size_t best_d = std::string::npos;
   for (const auto& c : candidates) {
-    const size_t d = edit_distance(word, c);
+    const size_t d = detail::edit_distance(word, c);
     if (d < best_d) {
       best_d = d;
       best = c;

@@ -10,6 +10,7 @@
 #include <set>
 #include <tuple>
 
+#include "core/detail/edit_distance.h"
 #include "core/detail/numbers.h"
 #include "detail/quiet_dispatcher.h"
 #include "volt/core/check.h"
@@ -54,19 +55,6 @@ class CastKernel final : public c10::OperatorKernel {
   c10::DispatchKey key_;
 };
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 std::string strip(std::string s) {
   const auto b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return "";
@@ -104,10 +92,11 @@ std::vector<std::string> resolve(const std::string& raw,
   const auto it = ops.find(base);
   if (it == ops.end()) {
     std::vector<std::pair<size_t, std::string>> near;
-    // A name past 256 characters is no typo of an operator's, and comparing it with each of
-    // the ~2,000 would cost its length times theirs.
-    if (base.size() <= 256) {
-      for (const auto& kv : ops) near.emplace_back(edit_distance(base, kv.first), kv.first);
+    // A name this long is no typo of an operator's.
+    if (base.size() <= detail::kMaxSuggestedWord) {
+      for (const auto& kv : ops) {
+        near.emplace_back(detail::edit_distance(base, kv.first), kv.first);
+      }
     }
     std::sort(near.begin(), near.end());
     auto close = detail::c_stream<std::ostringstream>();
