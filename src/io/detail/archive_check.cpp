@@ -23,6 +23,15 @@ namespace {
 // writes; data records (tensor bytes) are only bounds-checked and may be any size.
 constexpr uint64_t kMaxInspected = uint64_t(1) << 28;
 
+// libtorch 1.13 finds a class's attribute by a linear search of its names, when it loads the
+// archive and at each InputArchive read, so a class of n attributes costs about n^2 string
+// compares: 64,000 took 5.9 s to load and 7.6 s to read key by key here (32,000: 2.0 s and
+// 2.4 s). The sum of n^2 over the archive's classes is capped at 65,536^2 (one class of 65,536,
+// or 256 of 4,096, ...): at most about 15 s. A volt checkpoint has far fewer (its largest class
+// is an optimizer's state, one entry per parameter tensor), and writing one of 64,000 took
+// libtorch's writer 24 s, quadratic too.
+constexpr uint64_t kMaxAttributePairs = uint64_t(1) << 32;
+
 class Archive {
  public:
   Archive(const char* data, size_t size, const std::string& path)
@@ -505,6 +514,7 @@ class Archive {
       const auto end_class = [&](size_t line) {
         if (klass.empty()) return;
         if (members == 0) bad(header_line, "class " + klass + " has no members");
+        attribute_pairs_ += uint64_t(attributes.size()) * attributes.size();
         for (const auto& name : listed) {
           if (tensors_declared.count(name) == 0) {
             bad(line, "class " + klass + " lists '" + name + "' without a Tensor attribute");
@@ -596,6 +606,13 @@ class Archive {
           bad(number, "the type of '" + attr + "' is not one the archive writer prints");
         }
         if (!attributes.insert(attr).second) bad(number, "'" + attr + "' is declared twice");
+        if (attribute_pairs_ + uint64_t(attributes.size()) * attributes.size() >
+            kMaxAttributePairs) {
+          bad(number, "class " + klass + " has " + std::to_string(attributes.size()) +
+                          " attributes, more than libtorch's reader looks up in reasonable time "
+                          "(it searches a class's names one by one; at most 65,536 in one "
+                          "class, fewer when other classes are large)");
+        }
         const std::string& type = t[type_start].text;
         if (i == type_start + 1 && type == "Tensor") tensors_declared.insert(attr);
         if (type == "Optional" && i == type_start + 4 && t[type_start + 2].text == "Tensor") {
@@ -619,6 +636,7 @@ class Archive {
   std::vector<Entry> entries_;
   std::vector<std::pair<std::string, std::string>> code_files_;  // (path below root, text)
   std::vector<std::pair<std::string, std::string>> used_;        // (class, the record naming it)
+  uint64_t attribute_pairs_ = 0;  // the sum of n^2 over the classes read (n: attributes)
 };
 
 }  // namespace
