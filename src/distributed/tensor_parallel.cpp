@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/detail/ascii.h"
 #include "core/detail/mix64.h"
 #include "core/detail/print.h"
 #include "distributed/detail/intercept.h"
@@ -140,8 +141,7 @@ std::string to_string(TpStyle style) {
 
 namespace {
 std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+  return std::string(detail::ascii_trim(s));
 }
 }  // namespace
 

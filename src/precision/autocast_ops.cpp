@@ -10,6 +10,7 @@
 #include <set>
 #include <tuple>
 
+#include "core/detail/ascii.h"
 #include "core/detail/edit_distance.h"
 #include "core/detail/numbers.h"
 #include "detail/quiet_dispatcher.h"
@@ -54,13 +55,6 @@ class CastKernel final : public c10::OperatorKernel {
   c10::DeviceType device_;
   c10::DispatchKey key_;
 };
-
-std::string strip(std::string s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  const auto e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
 
 // Every registered aten operator: base name -> its overload names.
 std::map<std::string, std::vector<std::string>> aten_ops() {
@@ -197,7 +191,7 @@ std::vector<std::string> AutocastOpLists::read_list_file(const std::string& path
     auto ss = detail::c_stream<std::stringstream>(line);
     std::string item;
     while (std::getline(ss, item, ',')) {
-      item = strip(item);
+      item = std::string(detail::ascii_trim(item));
       if (!item.empty()) names.push_back(item);
     }
   }

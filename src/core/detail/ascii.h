@@ -8,6 +8,7 @@
 // file names as stray non-ASCII bytes.
 
 #include <string>
+#include <string_view>
 
 namespace volt::detail {
 
@@ -38,6 +39,14 @@ inline std::string ascii_lower(std::string s) {
 inline std::string ascii_upper(std::string s) {
   for (char& c : s) c = ascii_upper(c);
   return s;
+}
+
+/// `s` without the ascii_space characters at either end (a view into `s`).
+constexpr std::string_view ascii_trim(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && ascii_space(s[b])) ++b;
+  while (e > b && ascii_space(s[e - 1])) --e;
+  return s.substr(b, e - b);
 }
 
 }  // namespace volt::detail

@@ -100,11 +100,7 @@ std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& whe
 }
 
 std::vector<std::string> metrics_header(const CsvRecord& header, const std::string& where) {
-  const std::string& first = header.cells.front();
-  size_t b = 0, e = first.size();
-  while (b < e && ascii_space(first[b])) ++b;
-  while (e > b && ascii_space(first[e - 1])) --e;
-  VOLT_CHECK(first.compare(b, e - b, "step") == 0, DataError, where, ":", header.line,
+  VOLT_CHECK(ascii_trim(header.cells.front()) == "step", DataError, where, ":", header.line,
              ": the header starts with '", header.cells.front(),
              "', not 'step'; pass a metrics.csv written by CSVLogger.");
   std::vector<std::string> names(header.cells.begin() + 1, header.cells.end());

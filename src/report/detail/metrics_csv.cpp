@@ -26,19 +26,12 @@ std::string read_text(const std::string& path) {
 
 namespace {
 
-std::string trim(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && detail::ascii_space(s[b])) ++b;
-  while (e > b && detail::ascii_space(s[e - 1])) --e;
-  return s.substr(b, e - b);
-}
-
 bool is_blank(const CsvRecord& r) {
-  return r.cells.size() == 1 && trim(r.cells[0]).empty();
+  return r.cells.size() == 1 && ascii_trim(r.cells[0]).empty();
 }
 
 bool parse_number(const std::string& text, double* out) {
-  const std::string s = trim(text);
+  const std::string s(ascii_trim(text));
   if (s.empty()) return false;
   char* end = nullptr;
   *out = c_strtod(s.c_str(), &end);
@@ -86,7 +79,7 @@ MetricsTable read_metrics_csv(const std::string& path) {
                DataError, "[report] ", path, ":", lineno, ": step '", cells[0],
                "' is not an integer; repair or delete that line.");
     for (size_t c = 1; c < cells.size(); ++c) {
-      if (trim(cells[c]).empty()) continue;  // not logged in this row
+      if (ascii_trim(cells[c]).empty()) continue;  // not logged in this row
       double v = 0;
       VOLT_CHECK(parse_number(cells[c], &v), DataError, "[report] ", path, ":", lineno, ": cell '",
                  cells[c], "' in column '", header[c],
