@@ -2,8 +2,6 @@
 // writes (tools/check_safetensors.py), round trips, and every malformed-file path.
 #include <gtest/gtest.h>
 
-#include <sys/resource.h>
-
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -11,6 +9,7 @@
 
 #include "build_paths.h"
 #include "io/detail/safetensors_parse.h"
+#include "peak_rss.h"
 #include "python_tool.h"
 #include "tiny.h"
 
@@ -36,12 +35,6 @@ void expect_load_error(const std::string& path, const std::string& phrase) {
   }
 }
 
-long peak_rss_kb() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_maxrss;
-}
-
 TEST(Safetensors, OverlappingEntriesAreRefusedBeforeAnyTensorIsMade) {
   // 100 entries, each naming the whole 16 MiB data section: the reader made each tensor as it
   // went and found the overlap only after the loop, 1.6 GB later. The spans are checked first
@@ -57,7 +50,7 @@ TEST(Safetensors, OverlappingEntriesAreRefusedBeforeAnyTensorIsMade) {
   const uint64_t n = text.size();
   std::memcpy(&file[0], &n, 8);
   file += text + std::string(kBytes, 'x');
-  const long before = peak_rss_kb();
+  const long before = volt_test::peak_rss_kb();
   try {
     volt::detail::parse_safetensors(file, "overlap.safetensors");
     ADD_FAILURE() << "no error";
@@ -66,7 +59,7 @@ TEST(Safetensors, OverlappingEntriesAreRefusedBeforeAnyTensorIsMade) {
         << e.what();
   }
   // (A high-water mark: run alone, as ctest does, it sees this test's allocations.)
-  EXPECT_LT(peak_rss_kb() - before, 200 * 1024) << "KB more at the peak";
+  EXPECT_LT(volt_test::peak_rss_kb() - before, 200 * 1024) << "KB more at the peak";
 }
 
 TEST(Safetensors, ReadsAFileWrittenByPython) {

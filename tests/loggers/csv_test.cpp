@@ -13,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include "peak_rss.h"
 #include "reread.h"
 #include "tiny.h"
 
@@ -23,12 +24,6 @@ namespace {
 size_t heap_in_use() {
   const struct mallinfo2 m = ::mallinfo2();
   return m.uordblks + m.hblkhd;
-}
-
-long peak_rss_kb() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  return u.ru_maxrss;
 }
 
 std::vector<std::string> lines(const std::string& path) {
@@ -300,12 +295,12 @@ TEST(CSVLogger, ResumeReadsTheFileInTheMemoryOfARow) {
   }
   auto in = volt_test::reread(out);
   volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
-  const long before = peak_rss_kb();
+  const long before = volt_test::peak_rss_kb();
   b.load_state(in, kRows / 2);
   b.log_metrics({{"loss", 7.0}}, kRows / 2);
   b.save();
   // (A high-water mark: run alone, as ctest does, it sees this test's allocations.)
-  EXPECT_LT(peak_rss_kb() - before, 32 * 1024) << "KB more at the peak";
+  EXPECT_LT(volt_test::peak_rss_kb() - before, 32 * 1024) << "KB more at the peak";
   const auto got = lines(b.metrics_path());
   ASSERT_EQ(got.size(), size_t{kRows} / 2 + 2);
   EXPECT_EQ(got[1], "0,0.5,0.25");
