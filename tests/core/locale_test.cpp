@@ -21,6 +21,7 @@
 #include <volt/callbacks/model_checkpoint.h>
 #include <volt/callbacks/model_summary.h>
 #include <volt/core/registry.h>
+#include <volt/kernels/fused_bias_activation.h>
 #include <volt/kernels/fused_elementwise.h>
 #include <volt/kernels/kernel_cache.h>
 #include <volt/loggers/csv.h>
@@ -323,6 +324,18 @@ TEST_F(GermanIostreams, TheCsvLoggerWritesStepsAsIntegers) {
   csv.log_metrics({{"loss", 0.5}, {"val_loss", 0.25}}, 12345);
   csv.save();
   EXPECT_EQ(file_text(csv.metrics_path()), "step,loss,val_loss\n1000,1,\n12345,0.5,0.25\n");
+}
+
+TEST_F(GermanIostreams, ErrorMessagesWriteNumbersAsInTheCLocale) {
+  // VOLT_CHECK's messages were written under the global locale: "input [2, 1.024] does not fit
+  // weight [1.000, 4.096]" here, which reads as other shapes and no log search finds.
+  const std::string error = volt_test::error_of<volt::ValueError>([] {
+    volt::fused_linear_activation(torch::zeros({2, 1024}), torch::zeros({1000, 4096}), {},
+                                  volt::Activation::kRelu, /*require_fused=*/false);
+  });
+  EXPECT_NE(error.find("input [2, 1024] does not fit weight [1000, 4096]"), std::string::npos)
+      << error;
+  EXPECT_EQ(d::str_cat(1000, ' ', 0.5), "1000 0.5");
 }
 
 TEST_F(GermanIostreams, AFusedKernelWithAThousandInputsCompilesAndIsCachedByItsHash) {

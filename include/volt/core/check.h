@@ -1,6 +1,7 @@
 #pragma once
 /// VOLT_CHECK for conditions the user can cause, VOLT_ASSERT for volt's own invariants.
 
+#include <locale>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -10,9 +11,12 @@
 namespace volt {
 namespace detail {
 
+/// Concatenates its arguments as `operator<<` writes them in the "C" locale, whatever the
+/// program's global locale: a message reads "step 1000", never "step 1.000".
 template <typename... Args>
 std::string str_cat(Args&&... args) {
   std::ostringstream os;
+  os.imbue(std::locale::classic());
   (os << ... << std::forward<Args>(args));
   return os.str();
 }

@@ -28,7 +28,7 @@ struct MetricsTable {
 
 /// Parses `path` (header "step,<metric>,..."; empty cell = not logged in that row). Throws
 /// DataError "[report] <path>:<line>: ..." for a missing header, ragged rows, non-numeric cells.
-/// A last line without its newline after a complete header is left out (`unfinished_line`):
+/// A last line without its newline after the header is left out (`unfinished_line`):
 /// CSVLogger ends every row with one, so it is a row still being written (a live or killed
 /// run), and a number cut short there would parse as another number.
 MetricsTable read_metrics_csv(const std::string& path);
