@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
 #include <ostream>
 
 #include "volt/core/check.h"
@@ -84,7 +86,12 @@ at::Tensor delayed_scale(const at::Tensor& history, const at::Tensor& previous, 
   torch::NoGradGuard no_grad;
   const at::Tensor amax =
       options.amax_compute_algo() == "max" ? history.max() : history.select(0, -1);
-  const at::Tensor scale = (fp8_max(format) / amax) / std::ldexp(1.0, options.margin());
+  // An amax so small that the scale overflows float (below fp8_max / FLT_MAX, ~1e-36) gives
+  // float's largest value, as TransformerEngine's delayed_scaling.cu does: an infinite scale
+  // turned zeros into NaN (0 * inf) and everything else into 0 when quantizing.
+  const at::Tensor scale =
+      at::clamp_max((fp8_max(format) / amax) / std::ldexp(1.0, options.margin()),
+                    static_cast<double>(std::numeric_limits<float>::max()));
   return at::where(at::logical_and(amax > 0, at::isfinite(amax)), scale, previous);
 }
 

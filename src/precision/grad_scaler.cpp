@@ -73,6 +73,13 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
     for (auto& p : group.params()) {
       auto g = p.mutable_grad();
       if (!g.defined()) continue;
+      if (g.is_sparse()) {
+        // As torch's _unscale_grads_: the values of a sparse gradient (isfinite has no sparse
+        // kernel: an Embedding(sparse=true) made the step throw), coalesced first in fp16,
+        // where summing duplicate indices may overflow.
+        if (g.scalar_type() == at::kHalf) g = p.mutable_grad() = g.coalesce();
+        g = g._values();
+      }
       g.mul_(inv);
       finite.push_back(at::isfinite(g).all());
     }

@@ -110,6 +110,14 @@ TEST(Fp8, DelayedScalingRecipe) {
   EXPECT_FLOAT_EQ(
       volt::delayed_scale(torch::tensor({1.f, INFINITY}), prev, Fp8Format::kE4M3, o).item<float>(),
       3.f);
+  // An amax whose scale overflows float gets float's largest (TransformerEngine's rule): an
+  // infinite scale quantized zeros to NaN (0 * inf) and the rest to 0.
+  const auto tiny = volt::delayed_scale(torch::tensor({1e-38f}), prev, Fp8Format::kE4M3, o);
+  EXPECT_EQ(tiny.item<float>(), std::numeric_limits<float>::max());
+  const auto x = torch::tensor({0.f, 1e-38f, -2e-38f});
+  const auto q = volt::fp8_round(x * tiny, Fp8Format::kE4M3) / tiny;
+  EXPECT_FALSE(q.isnan().any().item<bool>()) << q;
+  EXPECT_EQ(q[0].item<float>(), 0.f);
   EXPECT_THROW(volt::validate(volt::DelayedScalingOptions().amax_compute_algo("mean")),
                volt::ConfigError);
   EXPECT_THROW(volt::validate(volt::DelayedScalingOptions().amax_history_len(0)),

@@ -128,6 +128,29 @@ TEST(GradScaler, InfOrNanGradientsSkipTheStepAndBackOff) {
   }
 }
 
+TEST(GradScaler, SparseGradientsAreUnscaledAndCheckedByTheirValues) {
+  // An Embedding(sparse=true)'s gradient: at::isfinite has no sparse kernel, so unscale()
+  // threw a c10::Error at the first step. As torch's GradScaler, its values are unscaled and
+  // checked (duplicate indices stay, summed by the optimizer as without loss scaling).
+  for (float bad : {1.0f, std::numeric_limits<float>::infinity()}) {
+    volt::GradScaler s(volt::GradScalerOptions().init_scale(4.0));
+    auto w = torch::ones({4, 2}, torch::requires_grad());
+    torch::optim::SGD opt({w}, torch::optim::SGDOptions(1.0));
+    const auto indices = torch::tensor({{1, 3, 1}}, torch::kLong);
+    const auto values = torch::tensor({{4.f, 8.f}, {bad * 4, 4.f}, {4.f, 4.f}});
+    w.mutable_grad() = torch::sparse_coo_tensor(indices, values, {4, 2});
+    const bool stepped = s.step(opt);
+    EXPECT_EQ(stepped, bad == 1.0f);
+    if (stepped) {  // rows 1 (twice) and 3 at a quarter of the scaled values
+      const auto want = torch::tensor({{1.f, 1.f}, {-1.f, -2.f}, {1.f, 1.f}, {0.f, 0.f}});
+      EXPECT_TRUE(torch::allclose(w.detach(), want)) << w;
+    } else {
+      EXPECT_TRUE(torch::equal(w.detach(), torch::ones({4, 2})));
+      EXPECT_DOUBLE_EQ(s.current_scale(), 2.0);
+    }
+  }
+}
+
 TEST(GradScaler, TheAgreedFindingDecidesTheStep) {
   // ZeRO: each process checked only its own gradients; the agreed finding is what counts, both
   // ways (another rank's NaN skips this rank's finite step; the reduction says what happened).
