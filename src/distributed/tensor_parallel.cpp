@@ -23,6 +23,7 @@
 #include "core/detail/print.h"
 #include "distributed/detail/intercept.h"
 #include "distributed/detail/split_parameters.h"
+#include "kernels/detail/clip_coefficient.h"
 #include "volt/core/check.h"
 #include "volt/distributed/process_group.h"
 
@@ -901,8 +902,8 @@ double TensorParallelEngine::grad_norm(const std::vector<at::Tensor>& parameters
 double TensorParallelEngine::clip_grad_norm_(const std::vector<at::Tensor>& parameters,
                                              double max_norm, double norm_type) {
   const double norm = grad_norm(parameters, norm_type);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
+  const double coef = detail::clip_coefficient(max_norm, norm);  // NaN: every gradient NaN
+  if (coef != 1.0) {
     torch::NoGradGuard no_grad;
     c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
     for (const auto& p : parameters) {

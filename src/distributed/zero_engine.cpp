@@ -27,6 +27,7 @@
 #include "core/detail/print.h"
 #include "distributed/detail/async_collective.h"
 #include "distributed/detail/intercept.h"
+#include "kernels/detail/clip_coefficient.h"
 #include "kernels/detail/state_tensors.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -1227,8 +1228,9 @@ double ZeroEngine::clip_grad_norm(double max_norm, double norm_type) {
       group_->all_reduce(torch::tensor({local}, torch::kDouble), inf ? Reduce::kMax : Reduce::kSum)
           .item<double>();
   const double total = inf ? total_p : std::pow(total_p, 1.0 / norm_type);
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) {
+  // A NaN norm makes every gradient NaN, as in one process (it was left unclipped).
+  const double coef = detail::clip_coefficient(max_norm, total);
+  if (coef != 1.0) {
     for (auto& c : chunks_) {
       if (c.length > 0 && c.stepped().grad().defined()) c.stepped().mutable_grad().mul_(coef);
     }

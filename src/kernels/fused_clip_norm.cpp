@@ -5,6 +5,7 @@
 #include <cmath>
 #include <ostream>
 
+#include "detail/clip_coefficient.h"
 #include "detail/fused_common.h"
 #include "detail/fused_cuda.h"
 #include "detail/multi_tensor.h"
@@ -201,8 +202,7 @@ double FusedClipNorm::clip_cpu(const std::vector<at::Tensor>& params) const {
               (static_cast<float>(total) + static_cast<float>(1e-6));
     coef = c > 1.0f ? 1.0f : c;
   } else {
-    const double c = options_.max_norm() / (total + 1e-6);
-    coef = c > 1.0 ? 1.0 : c;
+    coef = detail::clip_coefficient(options_.max_norm(), total);
   }
   if (coef == 1.0) return total;  // g * 1 == g bit for bit: skip the second pass
 

@@ -13,6 +13,7 @@
 
 #include "core/detail/numbers.h"
 #include "core/detail/state_key.h"
+#include "kernels/detail/clip_coefficient.h"
 #include "strategies/detail/rank_key.h"
 #include "strategies/detail/replica_mesh.h"
 #include "strategies/detail/timeout.h"
@@ -289,8 +290,8 @@ at::Tensor PipelineStrategy::clip_gradients(torch::optim::Optimizer& optimizer, 
     }
   }
   const at::Tensor total = pipe_group_->all_reduce(squares, Reduce::kSum).sqrt();
-  const double coef = value / (total.item<double>() + 1e-6);
-  if (coef < 1.0) {
+  const double coef = detail::clip_coefficient(value, total.item<double>());  // NaN: all NaN
+  if (coef != 1.0) {
     for (auto& g : grads) g.mul_(coef);
   }
   return total;

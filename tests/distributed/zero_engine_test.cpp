@@ -13,8 +13,10 @@
 
 #include <sys/resource.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <limits>
 
 #include "build_paths.h"
 #include "core/detail/state_key.h"
@@ -345,6 +347,39 @@ TEST(ZeroEngine, AnOffloadedOptimizerStepsHostCopiesAndGivesTheSameBits) {
       for (size_t i = 0; i < a.size(); ++i) {
         EXPECT_TRUE(torch::equal(a[i], b[i])) << where << " param " << i;
       }
+    }
+  }
+}
+
+TEST(ZeroEngine, ANonFiniteNormClipsAsTorchsClipGradNorm) {
+  VOLT_REQUIRE_GLOO();
+  // torch's clip_grad_norm_ clamps the coefficient, so a NaN norm makes every gradient NaN and
+  // an infinite one scales them by 0. ZeRO's clip (like the tensor-parallel and pipeline ones)
+  // skipped a NaN coefficient: the gradients stayed unclipped, unlike one process's.
+  auto group = world_of_one();
+  auto net = mlp();
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  volt::ZeroEngine engine(opt, group, volt::ZeroEngineOptions().stage(2), names_of(*net));
+  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    std::vector<at::Tensor> grads, reference;
+    for (const auto& c : engine.chunks()) {
+      if (c.length == 0) continue;
+      at::Tensor g = torch::full_like(c.stepped(), 0.5);
+      if (grads.empty()) g.view(-1)[0] = bad;
+      c.stepped().mutable_grad() = g;
+      grads.push_back(g);
+      reference.push_back(torch::zeros_like(g).requires_grad_());
+      reference.back().mutable_grad() = g.clone();
+    }
+    ASSERT_FALSE(grads.empty());
+    engine.clip_grad_norm(1.0, 2.0);
+    torch::nn::utils::clip_grad_norm_(reference, 1.0, 2.0);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(grads[i], reference[i].grad(), 0, 0, /*equal_nan=*/true))
+          << bad << " chunk " << i << ": " << grads[i] << " vs " << reference[i].grad();
+    }
+    if (std::isnan(bad)) {
+      for (const auto& g : grads) EXPECT_TRUE(g.isnan().all().item<bool>()) << g;
     }
   }
 }
