@@ -371,7 +371,10 @@ WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, WarmupLROptions options)
              " and warmup_max_lr=", options_.warmup_max_lr(), " must be >= 0.");
   VOLT_CHECK(options_.warmup_num_steps() >= 0, ConfigError,
              "[WarmupLR] warmup_num_steps=", options_.warmup_num_steps(), " must be >= 0.");
-  // DeepSpeed writes nothing at construction: the first optimizer step uses the optimizer's lr.
+  // As DeepSpeed's lr_schedules.py ("Initialize lr in optimizer"): construction writes
+  // warmup_min_lr, so the first optimizer step is warm-up's too (volt wrote nothing until
+  // session 93, as older DeepSpeed releases: the first step ran at the optimizer's own lr).
+  initial_step();
 }
 
 double WarmupLR::warmup_gamma(int64_t it) const {
@@ -388,7 +391,7 @@ double WarmupLR::gamma(int64_t it) const {
 std::vector<double> WarmupLR::compute_lrs(const std::vector<double>& current) {
   // DeepSpeed's last_batch_iteration is one behind PyTorch's last_epoch.
   const int64_t it = last_epoch_ - 1;
-  if (it < 0) return current;
+  if (it < 0) return std::vector<double>(current.size(), options_.warmup_min_lr());
   const double g = gamma(it);
   const double lr =
       options_.warmup_min_lr() + (options_.warmup_max_lr() - options_.warmup_min_lr()) * g;
@@ -810,11 +813,23 @@ void SequentialLR::load(torch::serialize::InputArchive& archive) {
   VOLT_CHECK(count.toInt() == static_cast<int64_t>(schedulers_.size()), CheckpointError,
              "[SequentialLR] checkpoint chains ", count.toInt(), " schedulers but this one chains ",
              schedulers_.size(), "; resume with the same schedulers.");
-  for (size_t i = 0; i < schedulers_.size(); ++i) {
+  // The scheduler active at the saved step loads after the others: a OneCycleLR sets the
+  // momentum as it loads, and one still waiting for its milestone would set its step-0 momentum
+  // over the active one's.
+  c10::IValue saved_epoch;
+  archive.read("last_epoch", saved_epoch);
+  const size_t active = static_cast<size_t>(
+      std::upper_bound(milestones_.begin(), milestones_.end(), saved_epoch.toInt()) -
+      milestones_.begin());
+  const auto load_one = [&](size_t i) {
     torch::serialize::InputArchive one;
     archive.read("scheduler_" + std::to_string(i), one);
     schedulers_[i]->load(one);
+  };
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    if (i != active) load_one(i);
   }
+  load_one(active);
   // Last, so the optimizer ends up with the lrs of the active scheduler.
   LRScheduler::load(archive);
 }

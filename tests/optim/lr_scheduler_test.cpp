@@ -323,6 +323,7 @@ TEST(LRScheduler, SaveLoadMidSequenceContinuesLikeUninterrupted) {
       load_bytes(*resumed, bytes);
       EXPECT_EQ(resumed->last_epoch(), static_cast<int64_t>(cut));
       EXPECT_EQ(group_lrs(*opt2), group_lrs(*opt));
+      EXPECT_EQ(group_momenta(*opt2), group_momenta(*opt));  // the next optimizer step's
       ErrorStats stats;
       for (size_t i = cut; i < steps; ++i) {
         step_like_reference(*sched, c, i);
@@ -333,6 +334,34 @@ TEST(LRScheduler, SaveLoadMidSequenceContinuesLikeUninterrupted) {
         expect_matches(*opt2, *resumed, c, i + 1, stats);
       }
     }
+  }
+}
+
+TEST(LRScheduler, ASequenceOfOneCycleSchedulesResumesWithTheActiveOnesMomentum) {
+  // The second OneCycleLR waits for its milestone; loaded after the first, it set its step-0
+  // momentum (max_momentum 0.99) over the active one's, which the first optimizer step after
+  // the resume then used.
+  const auto make = [](torch::optim::Optimizer& o) {
+    return std::make_shared<volt::SequentialLR>(
+        o,
+        std::vector<SchedulerPtr>{
+            std::make_shared<volt::OneCycleLR>(o, volt::OneCycleLROptions({0.5}, 10)),
+            std::make_shared<volt::OneCycleLR>(
+                o, volt::OneCycleLROptions({0.2}, 10).base_momentum(0.8).max_momentum(0.99))},
+        std::vector<int64_t>{10});
+  };
+  auto opt = two_group_sgd(), opt2 = two_group_sgd();
+  auto sched = make(*opt);
+  for (int i = 0; i < 4; ++i) sched->step();
+  auto resumed = make(*opt2);
+  load_bytes(*resumed, archive_bytes(*sched));
+  EXPECT_EQ(group_momenta(*opt2), group_momenta(*opt));
+  EXPECT_EQ(group_lrs(*opt2), group_lrs(*opt));
+  for (int i = 0; i < 10; ++i) {  // across the milestone
+    sched->step();
+    resumed->step();
+    ASSERT_EQ(group_momenta(*opt2), group_momenta(*opt)) << i;
+    ASSERT_EQ(group_lrs(*opt2), group_lrs(*opt)) << i;
   }
 }
 

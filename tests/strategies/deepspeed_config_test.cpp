@@ -322,9 +322,10 @@ std::vector<double> lrs_after_steps(const volt::DeepSpeedConfig& c, int steps) {
 TEST(DeepSpeedConfig, WarmupDecayLRFollowsDeepSpeedsSchedule) {
   // The reference's linear WarmupDecayLR: min 0.02, max 0.05, 4 warmup steps, 0 at step 8.
   // After step k DeepSpeed's last_batch_iteration is k-1: gamma = it/4 while it < 4, then
-  // (8 - it) / (8 - 4), never below 0. Construction leaves the optimizer's lr alone.
+  // (8 - it) / (8 - 4), never below 0. Construction sets warmup_min_lr, as DeepSpeed's
+  // "Initialize lr in optimizer" (it left the optimizer's 0.123 for the first step).
   const auto got = lrs_after_steps(volt::parse_deepspeed_config(kReference, "ref.json"), 10);
-  const std::vector<double> want{0.123,  0.02,  0.0275, 0.035, 0.0425, 0.05,
+  const std::vector<double> want{0.02,   0.02,  0.0275, 0.035, 0.0425, 0.05,
                                  0.0425, 0.035, 0.0275, 0.02,  0.02};
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-15) << "step " << i;
@@ -337,7 +338,7 @@ TEST(DeepSpeedConfig, WarmupLRLogRisesLikeLogThenStays) {
       "w.json");
   const auto got = lrs_after_steps(c, 6);
   // gamma = log(it + 1) / log(4): 0, 0.5, log 3 / log 4, then 1.
-  const std::vector<double> want{0.123, 0.0, 0.5, std::log(3.0) / std::log(4.0), 1.0, 1.0, 1.0};
+  const std::vector<double> want{0.0, 0.0, 0.5, std::log(3.0) / std::log(4.0), 1.0, 1.0, 1.0};
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-15) << "step " << i;
 }
 

@@ -239,8 +239,8 @@ std::ostream& operator<<(std::ostream& os, const WarmupLROptions& o);
 
 /// DeepSpeed's WarmupLR (deepspeed.runtime.lr_schedules), stepped after each optimizer step:
 /// after step k the lr is min + (max - min) * gamma(k - 1), gamma rising to 1 over
-/// warmup_num_steps and staying there. Constructing it leaves the optimizer's lr untouched, as
-/// DeepSpeed's does.
+/// warmup_num_steps and staying there. Constructing it sets the lr to warmup_min_lr, as
+/// DeepSpeed's does, so the first optimizer step runs at it.
 class WarmupLR : public LRScheduler {
  public:
   explicit WarmupLR(torch::optim::Optimizer& optimizer, WarmupLROptions options = {});
