@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <regex>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "core/detail/ascii.h"
@@ -184,6 +186,7 @@ void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
                                        "carried over (best_model_path is), and nothing in '" +
                                        restored_dirpath_ + "' is replaced or deleted.");
     best_k_models_.clear();
+    saved_order_.clear();
     last_model_path_.clear();
     latest_path_.clear();
     last_saved_step_ = -1;  // nothing of this step is in the new folder
@@ -284,54 +287,121 @@ void ModelCheckpoint::save(RunContext& run) {
   const int64_t k = ranked ? options_.save_top_k() : 0;
   const std::string stem = k != 0 ? format_filename(metrics, st.epoch, st.global_step) : "";
 
+  // Each file holds this callback's state as it is after its save (Lightning sets the paths
+  // "before saving because it will be part of the state"): a fit resumed from a top-k file
+  // knows that file and forgets the one it replaced. A failed write puts back the state from
+  // before that write's changes.
+  const auto state = [&] {
+    return std::make_tuple(best_k_models_, saved_order_, best_model_path_, latest_path_,
+                           last_model_path_);
+  };
+  const auto write = [&](const std::string& path, const auto& before) {
+    try {
+      run.save_checkpoint(path, options_.save_weights_only());
+    } catch (...) {
+      std::tie(best_k_models_, saved_order_, best_model_path_, latest_path_, last_model_path_) =
+          before;
+      throw;
+    }
+  };
   if (k != 0) {
     if (!score) {
       // No monitor: keep the latest checkpoint (k == 1) or all of them (k == -1).
-      const std::string path = free_path(run, stem, k == 1 ? latest_path_ : "");
-      run.save_checkpoint(path, options_.save_weights_only());
-      if (k == 1 && !latest_path_.empty() && latest_path_ != path) {
-        run.remove_checkpoint(latest_path_);
-        best_k_models_.erase(latest_path_);
-      }
+      const std::string previous = k == 1 ? latest_path_ : "";
+      const std::string path = free_path(run, stem, previous);
+      const auto before = state();
+      if (!previous.empty()) forget(previous);
+      keep(path, 0.0);
       latest_path_ = path;
-      best_k_models_[path] = 0.0;
       best_model_path_ = path;
+      write(path, before);
+      if (!previous.empty() && previous != path) remove_kept(run, previous);
     } else {
       double s = *score;
       if (std::isnan(s)) {
         s = options_.mode() == Mode::kMin ? std::numeric_limits<double>::infinity()
                                           : -std::numeric_limits<double>::infinity();
       }
-      std::string worst;
-      for (const auto& kv : best_k_models_) {
-        if (worst.empty() || better(best_k_models_[worst], kv.second)) worst = kv.first;
-      }
+      const std::string worst = worst_kept();
       const bool room = k < 0 || static_cast<int64_t>(best_k_models_.size()) < k;
       const std::string path = free_path(run, stem, room ? "" : worst);
       // Saving is collective: every rank takes the same decision (Lightning's all=True; log the
       // monitored metric with sync_dist so that the ranks agree on its value).
       if (run.reduce_boolean_decision(room || better(s, best_k_models_[worst]), /*all=*/true)) {
-        run.save_checkpoint(path, options_.save_weights_only());
+        const auto before = state();
+        if (!room) forget(worst);
+        keep(path, s);
+        best_model_path_ = best_kept();
+        write(path, before);
         // Delete the evicted file only after its replacement is safely on disk: the strategy's
         // CheckpointIO orders the removal after the save (rank 0 owns the files).
-        if (!room && worst != path) {
-          run.remove_checkpoint(worst);
-          best_k_models_.erase(worst);
-        }
-        best_k_models_[path] = s;
-        best_model_path_.clear();
-        for (const auto& kv : best_k_models_) {
-          if (best_model_path_.empty() || better(kv.second, best_k_models_[best_model_path_])) {
-            best_model_path_ = kv.first;
-          }
-        }
+        if (!room && worst != path) remove_kept(run, worst);
       }
     }
   }
   if (options_.save_last()) {
-    last_model_path_ = dirpath_ + "/last.ckpt";
-    run.save_checkpoint(last_model_path_, options_.save_weights_only());
+    // A last.ckpt of another run in the folder is not overwritten: last-v1.ckpt, ... (this
+    // run's own last file, or the resumed run's, is).
+    std::string path = dirpath_ + "/last.ckpt";
+    if (options_.enable_version_counter()) {
+      const auto taken = [&](const std::string& p) {
+        std::error_code ec;
+        return run.reduce_boolean_decision(p != last_model_path_ && std::filesystem::exists(p, ec),
+                                           /*all=*/false);
+      };
+      for (int64_t v = 1; taken(path); ++v)
+        path = dirpath_ + "/last-v" + std::to_string(v) + ".ckpt";
+    }
+    const std::string previous = last_model_path_;
+    const auto before = state();
+    last_model_path_ = path;
+    write(path, before);
+    if (!previous.empty() && previous != path && best_k_models_.count(previous) == 0) {
+      remove_kept(run, previous);
+    }
   }
+}
+
+void ModelCheckpoint::keep(const std::string& path, double score) {
+  if (best_k_models_.count(path) != 0) forget(path);
+  best_k_models_[path] = score;
+  saved_order_.push_back(path);
+}
+
+void ModelCheckpoint::forget(const std::string& path) {
+  best_k_models_.erase(path);
+  saved_order_.erase(std::remove(saved_order_.begin(), saved_order_.end(), path),
+                     saved_order_.end());
+}
+
+// The kept file to replace next: the worst score, the oldest among equal ones (Lightning's max /
+// min over its insertion-ordered dict).
+std::string ModelCheckpoint::worst_kept() const {
+  std::string worst;
+  for (const auto& p : saved_order_) {
+    if (worst.empty() || better(best_k_models_.at(worst), best_k_models_.at(p))) worst = p;
+  }
+  return worst;
+}
+
+std::string ModelCheckpoint::best_kept() const {
+  std::string best;
+  for (const auto& p : saved_order_) {
+    if (best.empty() || better(best_k_models_.at(p), best_k_models_.at(best))) best = p;
+  }
+  return best;
+}
+
+void ModelCheckpoint::remove_kept(RunContext& run, const std::string& path) const {
+  // Lightning's _should_remove_checkpoint: never the file the run started from.
+  const std::string started = run.ckpt_path();
+  if (!started.empty()) {
+    std::error_code ec;
+    const auto a = std::filesystem::absolute(path, ec).lexically_normal();
+    const auto b = std::filesystem::absolute(started, ec).lexically_normal();
+    if (a == b) return;
+  }
+  run.remove_checkpoint(path);
 }
 
 void ModelCheckpoint::on_train_batch_end(RunContext& run, Module& module, const Batch& batch,
@@ -400,9 +470,9 @@ void ModelCheckpoint::on_validation_end(RunContext& run, Module& module) {
 void ModelCheckpoint::save_state(torch::serialize::OutputArchive& ar) const {
   c10::List<std::string> paths;
   c10::List<double> scores;
-  for (const auto& kv : best_k_models_) {
-    paths.push_back(kv.first);
-    scores.push_back(kv.second);
+  for (const auto& p : saved_order_) {  // in save order: ties go to the older after a resume
+    paths.push_back(p);
+    scores.push_back(best_k_models_.at(p));
   }
   ar.write("paths", c10::IValue(paths));
   ar.write("scores", c10::IValue(scores));
@@ -426,9 +496,10 @@ void ModelCheckpoint::load_state(torch::serialize::InputArchive& ar) {
   ar.read("latest_path", latest);
   ar.read("dirpath", dir);
   best_k_models_.clear();
+  saved_order_.clear();
   auto p = paths.toList();
   auto s = scores.toDoubleList();
-  for (size_t i = 0; i < p.size(); ++i) best_k_models_[p.get(i).toStringRef()] = s.get(i);
+  for (size_t i = 0; i < p.size(); ++i) keep(p.get(i).toStringRef(), s.get(i));
   best_model_path_ = best.toStringRef();
   last_model_path_ = last.toStringRef();
   latest_path_ = latest.toStringRef();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <exception>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <ostream>
@@ -182,6 +183,14 @@ DataLoader DataLoader::sharded(int64_t rank, int64_t world_size) const {
   return with_options(std::move(o));
 }
 
+DataLoader DataLoader::sharded_where_unsharded(int64_t rank, int64_t world_size) const {
+  if (combined_) {
+    return recombined(
+        [&](const DataLoader& l) { return l.sharded_where_unsharded(rank, world_size); });
+  }
+  return options_.world_size() > 1 ? *this : sharded(rank, world_size);
+}
+
 DataLoader DataLoader::with_options(DataLoaderOptions options) const {
   VOLT_CHECK(!combined_, ConfigError,
              "[DataLoader] a combined loader's options are its loaders'; set them on each loader "
@@ -265,7 +274,11 @@ struct BatchStream::Impl {
   int64_t next_to_claim = 0;
   int64_t capacity = 0;
   bool stop = false;
+  // The first failed batch (lowest index) and its exception: the consumer receives it in order,
+  // after the batches before it (as PyTorch's DataLoader re-raises a worker's error at its
+  // index), so how far a run gets does not depend on which worker failed first.
   std::exception_ptr error;
+  int64_t error_batch = std::numeric_limits<int64_t>::max();
   std::vector<std::thread> workers;
 
   // Combined loader: its loaders and, per loader, the pass being read and its number.
@@ -315,7 +328,8 @@ struct BatchStream::Impl {
         std::unique_lock<std::mutex> lock(mu);
         // Bounded prefetch: never run more than `capacity` batches ahead of the consumer.
         cv_space.wait(lock, [&] { return stop || next_to_claim < consumed + capacity; });
-        if (stop || next_to_claim >= count) return;
+        // Nothing past a failed batch is built: the consumer stops there.
+        if (stop || next_to_claim >= count || next_to_claim > error_batch) return;
         k = next_to_claim++;
       }
       try {
@@ -324,8 +338,10 @@ struct BatchStream::Impl {
         ready.emplace(k, std::move(b));
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
-        if (!error) error = std::current_exception();
-        stop = true;
+        if (k < error_batch) {
+          error = std::current_exception();
+          error_batch = k;
+        }
       }
       cv_ready.notify_all();
       cv_space.notify_all();
@@ -409,8 +425,10 @@ bool BatchStream::next(Batch& out) {
     return true;
   }
   std::unique_lock<std::mutex> lock(s.mu);
-  s.cv_ready.wait(lock, [&] { return s.error || s.ready.count(s.consumed) > 0; });
-  if (s.error) std::rethrow_exception(s.error);
+  // Every batch before error_batch was claimed before it, so it arrives or fails in its turn.
+  s.cv_ready.wait(lock,
+                  [&] { return s.error_batch == s.consumed || s.ready.count(s.consumed) > 0; });
+  if (s.error_batch == s.consumed) std::rethrow_exception(s.error);
   auto it = s.ready.find(s.consumed);
   out = std::move(it->second);
   s.ready.erase(it);

@@ -48,6 +48,22 @@ Batch default_collate(const std::vector<Example>& examples) {
   }
   VOLT_CHECK(tg.empty() || tg.size() == in.size(), ValueError, "[default_collate] ", tg.size(),
              " of ", in.size(), " examples have a target; all or none must have one.");
+  // torch::stack's own errors name neither the example nor the fix.
+  for (size_t i = 0; i < in.size(); ++i) {
+    VOLT_CHECK(in[i].defined(), ValueError, "[default_collate] example ", i,
+               " of the batch has no input tensor; the data set's get() must set Example::input.");
+  }
+  const auto check_shapes = [](const std::vector<at::Tensor>& ts, const char* what) {
+    for (size_t i = 1; i < ts.size(); ++i) {
+      VOLT_CHECK(ts[i].sizes() == ts[0].sizes(), ValueError, "[default_collate] example ", i,
+                 " of the batch has ", what, " of shape ", ts[i].sizes(), " but example 0 ",
+                 ts[0].sizes(),
+                 "; examples of different shapes need a collate that pads them "
+                 "(DataLoaderOptions::collate).");
+    }
+  };
+  check_shapes(in, "an input");
+  check_shapes(tg, "a target");
   Batch b;
   b.input = torch::stack(in);
   if (!tg.empty()) b.target = torch::stack(tg);

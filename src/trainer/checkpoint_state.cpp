@@ -106,7 +106,9 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weig
     loop.write("val_pending", c10::IValue(st.val_pending));
     // A checkpoint written before that validation (its batch-end hooks) carries what it owes
     // the monitored schedulers, so a resume steps them as the uninterrupted fit does.
-    loop.write("monitored_steps_since", c10::IValue(run.monitored_steps_since));
+    // Per optimizer (a list since session 93; older checkpoints hold the global step).
+    loop.write("monitored_steps_since", c10::IValue(c10::List<int64_t>(run.monitored_steps_since)));
+    loop.write("manual_steps", c10::IValue(c10::List<int64_t>(run.manual_steps)));
     loop.write("fit_elapsed_s", c10::IValue(run.fit_elapsed()));
   });
   if (!weights_only) write_training_state(run, root);
@@ -170,9 +172,21 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   st.accumulated = read("accumulated").toInt();
   st.epoch_finished = read("epoch_finished").toBool();
   st.val_pending = read("val_pending").toBool();
-  c10::IValue since;  // absent from older checkpoints
-  run.monitored_steps_since =
-      st.val_pending && loop.try_read("monitored_steps_since", since) ? since.toInt() : -1;
+  // Absent from older checkpoints, and a number (the global step) before session 93, when
+  // every optimizer's scheduler counted the global step.
+  c10::IValue since, manual;
+  run.monitored_steps_since.clear();
+  if (st.val_pending && loop.try_read("monitored_steps_since", since)) {
+    if (since.isInt()) {
+      if (since.toInt() >= 0)
+        run.monitored_steps_since.assign(run.optimizers.size(), since.toInt());
+    } else {
+      run.monitored_steps_since = since.toIntVector();
+    }
+  }
+  run.manual_steps = loop.try_read("manual_steps", manual)
+                         ? manual.toIntVector()
+                         : std::vector<int64_t>(run.optimizers.size(), st.global_step);
   c10::IValue elapsed;  // absent from older checkpoints
   run.fit_elapsed_before = loop.try_read("fit_elapsed_s", elapsed) ? elapsed.toDouble() : 0.0;
 

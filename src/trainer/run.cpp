@@ -72,6 +72,10 @@ void Run::refresh_cache() const {
   pb_cache = prog_bar_epoch;
   for (auto& kv : train_metrics.step_values(false, false)) cb_cache[kv.first] = kv.second;
   for (auto& kv : train_metrics.step_values(false, true)) pb_cache[kv.first] = kv.second;
+  for (const auto& kv : plain_from_step) {
+    const auto it = cb_cache.find(kv.second);
+    if (it != cb_cache.end()) cb_cache[kv.first] = it->second;
+  }
   cache_dirty = false;
 }
 
@@ -117,6 +121,7 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
     // Step values are synchronised when logged (every rank logs them at the same point).
     at::Tensor s = sync ? strategy().reduce(v.to(torch::kDouble), o.reduce()) : v;
     active_metrics->add_step(both ? key + "_step" : key, s, o.prog_bar(), o.logger());
+    if (both) plain_from_step[key] = key + "_step";
   }
   if (on_epoch) {
     active_metrics->add_epoch(both ? key + "_epoch" : key, v, current_batch_size, o.reduce(),
@@ -205,14 +210,14 @@ void Run::manual_step(size_t index) {
       [&](Callback& c) { c.on_before_optimizer_step(*this, *module, opt); });
   if (!strategy().optimizer_step(opt, c10::nullopt, opts.gradient_clip_algorithm())) return;
   ++st.global_step;
-  step_schedulers(Interval::kStep);
+  step_schedulers_of(index);
 }
 
 void Run::manual_count_step(size_t index) {
   VOLT_CHECK(index < optimizers.size(), ConfigError, "[Module] optimizer index ", index,
              " out of range: configure_optimizers returned ", optimizers.size(), ".");
   ++st.global_step;
-  step_schedulers(Interval::kStep);
+  step_schedulers_of(index);
 }
 
 at::Tensor Run::clip_gradients(torch::optim::Optimizer& optimizer, c10::optional<double> value,
@@ -764,44 +769,70 @@ void Run::setup_optimizers() {
 
 DataLoader Run::shard(const DataLoader& loader) const {
   const DataShard s = strategy().data_shard();
-  if (!opts.use_distributed_sampler() || s.world_size == 1 || loader.options().world_size() > 1) {
-    return loader;
-  }
-  return loader.sharded(s.rank, s.world_size);
+  if (!opts.use_distributed_sampler() || s.world_size == 1) return loader;
+  return loader.sharded_where_unsharded(s.rank, s.world_size);
 }
 
-void Run::step_monitored_schedulers(int64_t since) {
-  struct PutBack {
-    int64_t& step;
-    int64_t now;
-    ~PutBack() { step = now; }
-  } put_back{st.global_step, st.global_step};
-  for (int64_t s = since + 1; s <= put_back.now; ++s) {
-    st.global_step = s;  // the count step_schedulers checks the frequency against
-    step_schedulers(Interval::kStep, /*monitored=*/true);
+std::vector<int64_t> Run::optimizer_step_counts() const {
+  if (module == nullptr || module->automatic_optimization()) return {st.global_step};
+  std::vector<int64_t> counts = manual_steps;
+  counts.resize(optimizers.size(), 0);
+  return counts;
+}
+
+void Run::step_monitored_schedulers(const std::vector<int64_t>& since) {
+  const std::vector<int64_t> now = optimizer_step_counts();
+  for (size_t i = 0; i < optimizers.size() && i < now.size(); ++i) {
+    OptimizerConfig& c = optimizers[i];
+    if (!c.scheduler() || c.interval() != Interval::kStep || c.monitor().empty()) continue;
+    for (int64_t n = (i < since.size() ? since[i] : now[i]) + 1; n <= now[i]; ++n) {
+      step_scheduler_if_due(c, n);
+    }
+  }
+}
+
+void Run::step_schedulers_of(size_t index) {
+  if (manual_steps.size() <= index) manual_steps.resize(optimizers.size(), 0);
+  const int64_t count = ++manual_steps[index];
+  OptimizerConfig& c = optimizers[index];
+  if (c.scheduler() && c.interval() == Interval::kStep && c.monitor().empty()) {
+    step_scheduler_if_due(c, count);
   }
 }
 
 void Run::step_schedulers(Interval interval, bool monitored) {
-  for (auto& c : optimizers) {
+  const std::vector<int64_t> steps = optimizer_step_counts();
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    OptimizerConfig& c = optimizers[i];
     if (!c.scheduler() || c.interval() != interval) continue;
     if (c.monitor().empty() == monitored) continue;
-    const int64_t count = interval == Interval::kStep ? st.global_step : st.epoch + 1;
-    if (count % c.frequency() != 0) continue;
-    c10::optional<double> metric;
-    if (!c.monitor().empty()) {
-      const auto& m = callback_metrics();
-      auto it = m.find(c.monitor());
-      VOLT_CHECK(it != m.end(), ConfigError, "[Trainer] scheduler monitors \"", c.monitor(),
-                 "\" which was not logged; log it or fix OptimizerConfig::monitor.");
-      metric = it->second;
-    }
-    module_hook("lr_scheduler_step",
-                [&](Module& m) { m.lr_scheduler_step(*c.scheduler(), metric); });
+    step_scheduler_if_due(c, interval == Interval::kStep ? steps.at(i) : st.epoch + 1);
   }
 }
 
+void Run::step_scheduler_if_due(OptimizerConfig& c, int64_t count) {
+  if (count % c.frequency() != 0) return;
+  c10::optional<double> metric;
+  if (!c.monitor().empty()) {
+    const auto& m = callback_metrics();
+    auto it = m.find(c.monitor());
+    VOLT_CHECK(it != m.end(), ConfigError, "[Trainer] scheduler monitors \"", c.monitor(),
+               "\" which was not logged; log it or fix OptimizerConfig::monitor.");
+    metric = it->second;
+  }
+  module_hook("lr_scheduler_step", [&](Module& m) { m.lr_scheduler_step(*c.scheduler(), metric); });
+}
+
 // --------------------------------------------------------------------------------- metrics
+
+void Run::reset_metrics() {
+  train_metrics.clear();
+  epoch_metrics.clear();
+  prog_bar_epoch.clear();
+  logged.clear();
+  plain_from_step.clear();
+  cache_dirty = true;
+}
 
 void Run::send_to_loggers(const Metrics& m) {
   if (m.empty() || !is_global_zero()) return;
@@ -819,6 +850,7 @@ Metrics Run::flush_epoch(MetricStore& store, bool add_epoch_number) {
     const std::string& k = kv.first;
     if (k.size() > 6 && k.compare(k.size() - 6, 6, "_epoch") == 0) {
       epoch_metrics[k.substr(0, k.size() - 6)] = kv.second;
+      plain_from_step.erase(k.substr(0, k.size() - 6));  // the epoch's mean is newer
     }
   }
   for (auto& kv : pb) prog_bar_epoch[kv.first] = kv.second;

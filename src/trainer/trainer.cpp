@@ -247,8 +247,10 @@ struct EvalData {
 };
 EvalData start_eval(detail::Run& s, Stage stage, const std::string& ckpt_path,
                     const std::vector<DataLoader>& given) {
+  s.reset_metrics();
   const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, stage);
   if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
+  s.started_from = ckpt;
   EvalData d;
   for (const DataLoader& loader : given) {
     d.loaders.push_back(s.shard(loader));

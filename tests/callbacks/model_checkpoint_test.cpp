@@ -9,6 +9,7 @@
 #include <map>
 #include <thread>
 
+#include "file_text.h"
 #include "log_capture.h"
 #include "requires.h"
 #include "tiny.h"
@@ -88,6 +89,111 @@ TEST(ModelCheckpoint, AResumeIntoTheSameFolderKeepsRankingAcrossTheRestart) {
   EXPECT_EQ(files_in(dir / "c"), (std::vector<std::string>{"epoch=3-score=1.0.ckpt",
                                                            "epoch=4-score=2.0.ckpt", "last.ckpt"}));
   EXPECT_EQ(ckpt->best_model_path(), dir / "c/epoch=3-score=1.0.ckpt");
+}
+
+TEST(ModelCheckpoint, ATopKFileHoldsTheCallbacksStateAfterItsSave) {
+  // Scores 5, 3 with the best 1 kept: epoch=1-score=3.0 replaces epoch=0-score=5.0. Its state
+  // was the one before its own save (the list {epoch=0: 5}, the best epoch=0): a fit resumed
+  // from it ranked against the deleted file, wrote epoch=2-score=4.0 (4 < 5) and lost track of
+  // itself, which was never deleted and no longer the best.
+  volt_test::TempDir dir;
+  const auto top1 = [&] {
+    return std::make_shared<volt::ModelCheckpoint>(
+        volt::ModelCheckpointOptions().dirpath(dir / "c").monitor("score").filename(
+            "{epoch}-{score:.1f}"));
+  };
+  const auto fit = [&](int64_t epochs, const std::shared_ptr<volt::ModelCheckpoint>& ckpt,
+                       const std::string& from) {
+    Scripted model;
+    volt::Trainer t(volt_test::quiet(dir.path).max_epochs(epochs).callbacks({ckpt}));
+    t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)),
+          from);
+  };
+  fit(2, top1(), "");
+  const std::string b = dir / "c/epoch=1-score=3.0.ckpt";
+  ASSERT_EQ(files_in(dir / "c"), (std::vector<std::string>{"epoch=1-score=3.0.ckpt"}));
+  auto resumed = top1();
+  fit(3, resumed, b);  // epoch 2 scores 4: not among the best 1
+  EXPECT_EQ(files_in(dir / "c"), (std::vector<std::string>{"epoch=1-score=3.0.ckpt"}));
+  EXPECT_EQ(resumed->best_k_models(), (std::map<std::string, double>{{b, 3.0}}));
+  EXPECT_EQ(resumed->best_model_path(), b);
+  // Epoch 3 scores 1 and replaces it, but the file the fit started from stays (Lightning's
+  // _should_remove_checkpoint): the list forgets it, the disk keeps it.
+  auto again = top1();
+  fit(4, again, b);
+  EXPECT_EQ(files_in(dir / "c"),
+            (std::vector<std::string>{"epoch=1-score=3.0.ckpt", "epoch=3-score=1.0.ckpt"}));
+  EXPECT_EQ(again->best_k_models(),
+            (std::map<std::string, double>{{dir / "c/epoch=3-score=1.0.ckpt", 1.0}}));
+}
+
+// Scores 2, 2, 1.5 under names that sort against the save order (tag=9.0, tag=8.0, tag=7.0).
+class TiedScores : public volt_test::TinyClassifier {
+ public:
+  void validation_step(const volt::Batch&, int64_t) override {
+    static const double s[] = {2, 2, 1.5};
+    log("score", s[current_epoch()]);
+    log("tag", 9.0 - static_cast<double>(current_epoch()));
+  }
+};
+
+TEST(ModelCheckpoint, AmongEqualScoresTheEarlierSaveIsTheBetter) {
+  // Lightning's max / min over its insertion-ordered dict: of two equal scores the older file is
+  // the best and the first evicted. volt went by the paths' alphabetical order, so which file
+  // stayed depended on the filename template.
+  volt_test::TempDir dir;
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "c").monitor("score").save_top_k(2).filename(
+          "{tag:.1f}"));
+  TiedScores model;
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(2).callbacks({ckpt}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(ckpt->best_model_path(), dir / "c/tag=9.0.ckpt");  // epoch 0's
+  // Resumed (the order is in the checkpoint), epoch 2's 1.5 evicts epoch 0's file.
+  auto resumed = std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                             .dirpath(dir / "c")
+                                                             .monitor("score")
+                                                             .save_top_k(2)
+                                                             .filename("{tag:.1f}")
+                                                             .save_last(true));
+  TiedScores more;
+  volt::Trainer t2(volt_test::quiet(dir.path).max_epochs(3).callbacks({resumed}));
+  t2.fit(more, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)),
+         dir / "c/tag=8.0.ckpt");
+  EXPECT_EQ(files_in(dir / "c"),
+            (std::vector<std::string>{"last.ckpt", "tag=7.0.ckpt", "tag=8.0.ckpt"}));
+  EXPECT_EQ(resumed->best_model_path(), dir / "c/tag=7.0.ckpt");
+}
+
+TEST(ModelCheckpoint, AnotherRunsLastCheckpointGetsAVersionInsteadOfBeingOverwritten) {
+  // Lightning's _save_last_checkpoint: a fresh fit into a folder holding another run's
+  // last.ckpt writes last-v1.ckpt; a fit resumed from it goes on writing last-v1.ckpt. volt
+  // wrote last.ckpt over the other run's (its resume point lost), while top-k names got "-v1".
+  volt_test::TempDir dir;
+  const auto with_last = [&] {
+    return std::make_shared<volt::ModelCheckpoint>(
+        volt::ModelCheckpointOptions().dirpath(dir / "c").save_top_k(0).save_last(true));
+  };
+  const auto fit = [&](int64_t epochs, const std::shared_ptr<volt::ModelCheckpoint>& ckpt,
+                       const std::string& from) {
+    Scripted model;
+    volt::Trainer t(volt_test::quiet(dir.path).max_epochs(epochs).callbacks({ckpt}));
+    t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)),
+          from);
+  };
+  fit(1, with_last(), "");
+  const std::string first = volt_test::file_text(dir / "c/last.ckpt");
+  auto second = with_last();
+  fit(2, second, "");
+  EXPECT_EQ(second->last_model_path(), dir / "c/last-v1.ckpt");
+  EXPECT_EQ(files_in(dir / "c"), (std::vector<std::string>{"last-v1.ckpt", "last.ckpt"}));
+  EXPECT_EQ(volt_test::file_text(dir / "c/last.ckpt"), first);
+  // ckpt_path "last" resumes the newest, last-v1.ckpt, which the resumed fit keeps writing.
+  auto resumed = with_last();
+  fit(3, resumed, "last");
+  EXPECT_EQ(resumed->last_model_path(), dir / "c/last-v1.ckpt");
+  EXPECT_EQ(files_in(dir / "c"), (std::vector<std::string>{"last-v1.ckpt", "last.ckpt"}));
+  EXPECT_EQ(volt_test::file_text(dir / "c/last.ckpt"), first);
 }
 
 TEST(ModelCheckpoint, AResumeIntoAnotherFolderLeavesTheResumedRunsFilesAlone) {

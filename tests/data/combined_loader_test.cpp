@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "error_text.h"
@@ -191,6 +192,27 @@ TEST(CombinedLoader, ShardingShardsEachLoader) {
   EXPECT_TRUE(c.options().shuffle());
   EXPECT_EQ(read(unshuffled.stream(0)),
             read(volt::combined_loader({{"a", a.with_shuffle(false)}, {"b", b}}).stream(0)));
+}
+
+TEST(CombinedLoader, TheTrainersShardingKeepsAPartTheProgramSharded) {
+  // sharded_where_unsharded (use_distributed_sampler): part by part, a part sharded by the
+  // program keeps its shard (even another rank's), the others are sharded; in either order.
+  const auto a = range_loader(10, 2, true, 0, 3);
+  const auto b = range_loader(7, 3, false);
+  for (bool a_first : {true, false}) {
+    std::vector<std::pair<std::string, volt::DataLoader>> parts = {{"a", a.sharded(1, 2)},
+                                                                   {"b", b}};
+    if (!a_first) std::swap(parts[0], parts[1]);
+    const auto mine = volt::combined_loader(parts).sharded_where_unsharded(0, 2);
+    for (const auto& p : mine.parts()) {
+      EXPECT_EQ(p.second.options().world_size(), 2) << p.first;
+      EXPECT_EQ(p.second.options().rank(), p.first == "a" ? 1 : 0) << p.first;
+    }
+  }
+  // One loader: kept when sharded, sharded otherwise.
+  EXPECT_EQ(a.sharded(1, 2).sharded_where_unsharded(0, 2).options().rank(), 1);
+  EXPECT_EQ(b.sharded_where_unsharded(1, 2).options().rank(), 1);
+  EXPECT_EQ(b.sharded_where_unsharded(1, 2).options().world_size(), 2);
 }
 
 TEST(CombinedLoader, PartsTravelAsExtraTensors) {

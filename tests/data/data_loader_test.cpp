@@ -1,7 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <set>
+#include <string>
+#include <thread>
+#include <utility>
 
+#include "error_text.h"
 #include "tiny.h"
 
 namespace {
@@ -165,6 +170,91 @@ TEST(DataLoader, WorkerExceptionsReachTheConsumer) {
         }
       },
       volt::DataError);
+}
+
+// Samples in `slow` take 150 ms; samples in `broken` throw, naming themselves (after that
+// sleep when they are also slow).
+class SlowAndBrokenDataset : public volt::Dataset {
+ public:
+  SlowAndBrokenDataset(std::set<int64_t> slow, std::set<int64_t> broken)
+      : slow_(std::move(slow)), broken_(std::move(broken)) {}
+  int64_t size() const override { return 20; }
+  volt::Example get(int64_t i) const override {
+    if (slow_.count(i) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    if (broken_.count(i) > 0) {
+      throw volt::DataError("[SlowAndBrokenDataset] sample " + std::to_string(i) + " is broken");
+    }
+    return {torch::ones({2}), torch::tensor(i)};
+  }
+
+ private:
+  std::set<int64_t> slow_, broken_;
+};
+
+// How many batches a stream yields before it throws, and the error's text.
+std::pair<int, std::string> batches_before_error(volt::BatchStream s) {
+  volt::Batch b;
+  int n = 0;
+  try {
+    while (s.next(b)) ++n;
+  } catch (const volt::DataError& e) {
+    return {n, e.what()};
+  }
+  return {n, ""};
+}
+
+TEST(DataLoader, AWorkersErrorArrivesAfterTheBatchesBeforeIt) {
+  // Batch 3 (sample 13) fails while batch 2 (sample 8 slow) is still being built: the consumer
+  // gets batches 0-2 first, as without workers and as PyTorch's DataLoader delivers a worker's
+  // error at its index. It was thrown as soon as any worker failed: a fit trained 0-2 steps
+  // depending on the threads' timing (here 2).
+  for (int64_t workers : {0, 2, 3}) {
+    volt::DataLoader dl(
+        std::make_shared<SlowAndBrokenDataset>(std::set<int64_t>{8}, std::set<int64_t>{13}),
+        volt::DataLoaderOptions(4).num_workers(workers));
+    const auto got = batches_before_error(dl.stream(0));
+    EXPECT_EQ(got.first, 3) << workers << " workers";
+    EXPECT_NE(got.second.find("sample 13 is broken"), std::string::npos) << got.second;
+  }
+  // Two broken batches: the earlier one's error, even when the later one fails first.
+  volt::DataLoader dl(
+      std::make_shared<SlowAndBrokenDataset>(std::set<int64_t>{5}, std::set<int64_t>{5, 13}),
+      volt::DataLoaderOptions(4).num_workers(3));
+  const auto got = batches_before_error(dl.stream(0));
+  EXPECT_EQ(got.first, 1);
+  EXPECT_NE(got.second.find("sample 5 is broken"), std::string::npos) << got.second;
+}
+
+TEST(DataLoader, DefaultCollateNamesTheExampleOfAnotherShape) {
+  // torch::stack's c10::Error ("stack expects each tensor to be equal size") named neither the
+  // example nor the fix; an undefined input gave libtorch's "undefined Tensor".
+  const auto collate_error = [](std::vector<volt::Example> ex) {
+    return volt_test::error_of<volt::ValueError>([&] { volt::default_collate(ex); });
+  };
+  std::string error = collate_error({{torch::zeros({3}), torch::tensor(0)},
+                                     {torch::zeros({3}), torch::tensor(1)},
+                                     {torch::zeros({4}), torch::tensor(2)}});
+  EXPECT_NE(error.find("example 2 of the batch has an input of shape [4] but example 0 [3]"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("a collate that pads them"), std::string::npos) << error;
+  error = collate_error(
+      {{torch::zeros({3}), torch::zeros({1})}, {torch::zeros({3}), torch::zeros({2})}});
+  EXPECT_NE(error.find("example 1 of the batch has a target of shape [2] but example 0 [1]"),
+            std::string::npos)
+      << error;
+  error = collate_error({{torch::zeros({3}), {}}, {at::Tensor(), {}}});
+  EXPECT_NE(error.find("example 1 of the batch has no input tensor"), std::string::npos) << error;
+  // Through a loader: the same error from next().
+  class Ragged : public volt::Dataset {
+   public:
+    int64_t size() const override { return 2; }
+    volt::Example get(int64_t i) const override { return {torch::zeros({2 + 3 * i}), {}}; }
+  };
+  volt::DataLoader dl(std::make_shared<Ragged>(), volt::DataLoaderOptions(2));
+  volt::Batch b;
+  error = volt_test::error_of<volt::ValueError>([&] { dl.stream(0).next(b); });
+  EXPECT_NE(error.find("[default_collate] example 1"), std::string::npos) << error;
 }
 
 TEST(DataLoader, CustomCollate) {

@@ -445,6 +445,14 @@ TEST(Ddp, ACombinedTrainingLoaderIsShardedLoaderByLoader) {
   expect_ranks_equal_reference(dir / "ddp", 2, ref);
   // And not the weights of training on the first loader alone.
   EXPECT_FALSE(torch::allclose(ref, single_process_reference(dir.path, 16, 2, 1, false), 1e-3));
+  // The program shards "a" itself: the Trainer keeps that shard and shards "b", part by part as
+  // Lightning's CombinedLoader. It judged the combined loader by its first part and left "b"
+  // whole on every rank (each rank read all of "b": other weights, an epoch twice as long).
+  auto presharded = run_plain({"--root", dir.path, "--out", dir / "pre", "--devices", "2",
+                               "--batch", "8", "--epochs", "2", "--combined", "2"});
+  ASSERT_EQ(presharded.code, 0) << presharded.output;
+  EXPECT_NE(presharded.output.find("rank 1 done step=16"), std::string::npos) << presharded.output;
+  expect_ranks_equal_reference(dir / "pre", 2, ref);
   // Rank 1 killed at batch 11 (epoch 1, the second loader in its second pass there) and the
   // job resumed from the checkpoint before: each rank ends as in the uninterrupted job.
   const std::vector<std::string> args = {

@@ -706,8 +706,13 @@ int main(int argc, char** argv) {
     }
     volt::DataLoader train_loader(train, volt::DataLoaderOptions(batch).shuffle(true).seed(11));
     if (num("--combined", 0) != 0) {
+      // --combined 2: the program shards "a" itself (by the rank the launcher gives a child
+      // process; nodes of one process each), the Trainer shards "b".
+      const char* local = std::getenv("LOCAL_RANK");
+      const int64_t rank = local != nullptr ? std::atoll(local) : 0;
       train_loader = volt::combined_loader(
-          {{"a", train_loader},
+          {{"a", num("--combined", 0) == 2 ? train_loader.sharded(rank, num("--devices", 2))
+                                           : train_loader},
            {"b", volt::DataLoader(volt_test::blobs(48, 8, 4),
                                   volt::DataLoaderOptions(batch / 2).shuffle(true).seed(12))}});
     }

@@ -5,6 +5,11 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
 #include "error_text.h"
 #include "tiny.h"
 #include "volt/nn/parameters.h"
@@ -154,6 +159,99 @@ class Gan : public volt::Module {
   at::Tensor frozen;
   std::vector<bool> seen_in_toggle, disc_grad_in_toggle, seen_after;
 };
+
+// Manual optimization with two optimizers, each with a step-interval StepLR halving its rate:
+// the discriminator's every third step of its own, the generator's every step.
+class TwoSchedules : public volt::Module {
+ public:
+  TwoSchedules() {
+    set_automatic_optimization(false);
+    gen = register_module("gen", torch::nn::Linear(4, 4));
+    disc = register_module("disc", torch::nn::Linear(4, 1));
+  }
+  at::Tensor training_step(const volt::Batch& b, int64_t) override {
+    auto opts = optimizers();
+    for (size_t i : {1, 0}) {  // the discriminator first, as a GAN's step
+      opts[i].zero_grad();
+      const auto loss = disc(gen(b.input)).pow(2).mean();
+      manual_backward(loss);
+      opts[i].step();
+      log(i == 0 ? "g_loss" : "d_loss", loss.detach());
+    }
+    return {};
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    auto g = std::make_shared<torch::optim::SGD>(gen->parameters(), 0.1);
+    auto d = std::make_shared<torch::optim::SGD>(disc->parameters(), 0.1);
+    made = {g, d};
+    return {volt::OptimizerConfig(g)
+                .scheduler(std::make_shared<volt::StepLR>(*g, 1, 0.5))
+                .interval(volt::Interval::kStep),
+            volt::OptimizerConfig(d)
+                .scheduler(std::make_shared<volt::StepLR>(*d, 1, 0.5))
+                .interval(volt::Interval::kStep)
+                .frequency(3)};
+  }
+  double lr(size_t i) { return made.at(i)->param_groups()[0].options().get_lr(); }
+  torch::nn::Linear gen{nullptr}, disc{nullptr};
+  std::vector<std::shared_ptr<torch::optim::Optimizer>> made;
+};
+
+TEST(ModuleApi, EachManualStepMovesOnlyItsOptimizersScheduler) {
+  // 6 batches, two steps each: the generator's rate halves 6 times, the discriminator's twice
+  // (its steps 3 and 6). Each step() advanced every optimizer's scheduler: 12 and 4 halvings
+  // (the frequency counted the global step, which both optimizers advance).
+  volt_test::TempDir dir;
+  auto x = torch::randn({24, 4});
+  const auto data = [&] {
+    return volt::DataLoader(std::make_shared<volt::TensorDataset>(x, torch::zeros({24})),
+                            volt::DataLoaderOptions(4));
+  };
+  torch::manual_seed(1);
+  TwoSchedules whole;
+  volt::Trainer whole_run(quiet(dir.path).max_epochs(1));
+  whole_run.fit(whole, data());
+  EXPECT_EQ(whole_run.state().global_step, 12);
+  EXPECT_DOUBLE_EQ(whole.lr(0), 0.1 * std::pow(0.5, 6));
+  EXPECT_DOUBLE_EQ(whole.lr(1), 0.1 * std::pow(0.5, 2));
+  // Resumed after batch 2 (the discriminator's count 2 is in the checkpoint: counted from 0
+  // again, it would halve at batch 5 only).
+  torch::manual_seed(1);
+  TwoSchedules first;
+  volt::Trainer(
+      quiet(dir.path).max_epochs(1).max_steps(4).callbacks({std::make_shared<volt::ModelCheckpoint>(
+          volt::ModelCheckpointOptions().dirpath(dir / "c").every_n_train_steps(4).save_last(
+              true))}))
+      .fit(first, data());
+  TwoSchedules resumed;
+  volt::Trainer resumed_run(quiet(dir.path).max_epochs(1));
+  resumed_run.fit(resumed, data(), c10::nullopt, dir / "c/last.ckpt");
+  EXPECT_EQ(resumed_run.state().global_step, 12);
+  EXPECT_DOUBLE_EQ(resumed.lr(0), whole.lr(0));
+  EXPECT_DOUBLE_EQ(resumed.lr(1), whole.lr(1));
+  EXPECT_TRUE(torch::equal(resumed.gen->weight, whole.gen->weight));
+}
+
+TEST(ModuleApi, ManualOptimizationsStepValuesReachTheLoggers) {
+  // Two steps a batch, 6 batches, log_every_n_steps 4: the loggers get the step values when the
+  // step count passes 4, 8 and 12 (rows at steps 3, 7, 11, Lightning's step - 1). Under manual
+  // optimization none reached a logger (the loop sent them only after its own optimizer step).
+  volt_test::TempDir dir;
+  TwoSchedules model;
+  auto csv = std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(dir.path));
+  volt::Trainer t(quiet(dir.path).max_epochs(1).log_every_n_steps(4).loggers({csv}));
+  t.fit(model, volt::DataLoader(
+                   std::make_shared<volt::TensorDataset>(torch::randn({24, 4}), torch::zeros({24})),
+                   volt::DataLoaderOptions(4)));
+  std::ifstream in(csv->metrics_path());
+  std::string header, line;
+  ASSERT_TRUE(std::getline(in, header));
+  EXPECT_NE(header.find("d_loss"), std::string::npos) << header;
+  EXPECT_NE(header.find("g_loss"), std::string::npos) << header;
+  std::vector<std::string> steps;
+  while (std::getline(in, line)) steps.push_back(line.substr(0, line.find(',')));
+  EXPECT_EQ(steps, (std::vector<std::string>{"3", "7", "11"}));
+}
 
 TEST(ModuleApi, ToggleOptimizerFreezesTheOthersParametersUntilUntoggled) {
   volt_test::TempDir dir;

@@ -526,6 +526,58 @@ TEST(Trainer, LoggingStepEpochKeysAndReductions) {
   EXPECT_EQ(rows, 4 + 2);  // steps 5,10,15,20 + two epoch rows
 }
 
+// What callback_metrics() holds for "loss" (logged on_step and on_epoch) at each batch's end and
+// at the epoch's end, beside "loss_step" and "loss_epoch".
+class PlainNameProbe : public volt::Callback {
+ public:
+  std::string state_key() const override { return "PlainNameProbe"; }
+  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                          int64_t) override {
+    const auto& m = run.callback_metrics();
+    at_batch_end.push_back(m.count("loss") != 0 && m.at("loss") == m.at("loss_step"));
+  }
+  void on_train_epoch_end(volt::RunContext& run, volt::Module&) override {
+    const auto& m = run.callback_metrics();
+    at_epoch_end.push_back(m.count("loss") != 0 && m.at("loss") == m.at("loss_epoch"));
+  }
+  std::vector<bool> at_batch_end, at_epoch_end;
+};
+
+TEST(Trainer, APlainNameLoggedPerStepAndEpochIsTheLatestStepWhileTraining) {
+  // Lightning's callback metrics hold both "loss" and "loss_step" while training, so a
+  // monitor on "loss" sees the latest step; the epoch's mean replaces it at the epoch's end.
+  // volt had no "loss" during the first epoch (a step-interval monitor on it was a ConfigError)
+  // and the previous epoch's mean during the later ones.
+  volt_test::TempDir dir;
+  BothModule model;
+  auto probe = std::make_shared<PlainNameProbe>();
+  volt::Trainer t(quiet(dir.path).max_epochs(2).callbacks({probe}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)));  // 4 batches an epoch
+  EXPECT_EQ(probe->at_batch_end, std::vector<bool>(8, true));
+  EXPECT_EQ(probe->at_epoch_end, std::vector<bool>(2, true));
+}
+
+TEST(Trainer, EachEntryPointStartsWithoutThePreviousOnesMetrics) {
+  // Lightning's Trainer._run resets its results and metrics: after fit then test,
+  // callback_metrics() and logged_metrics() hold the test's values only (they kept the fit's
+  // "loss_step", "loss" and "bs" beside them).
+  volt_test::TempDir dir;
+  BothModule model;
+  auto logger = std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(dir.path));
+  volt::Trainer t(quiet(dir.path).max_epochs(1).loggers({logger}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)));
+  ASSERT_TRUE(t.callback_metrics().count("loss_step"));
+  ASSERT_TRUE(t.logged_metrics().count("bs"));
+  t.test(model, volt_test::loader(volt_test::blobs(32)));
+  for (const auto* m : {&t.callback_metrics(), &t.logged_metrics()}) {
+    EXPECT_FALSE(m->count("loss_step"));
+    EXPECT_FALSE(m->count("loss"));
+    EXPECT_FALSE(m->count("bs"));
+  }
+  EXPECT_TRUE(t.callback_metrics().count("test_acc"));
+  EXPECT_TRUE(t.logged_metrics().count("test_acc"));
+}
+
 TEST(Trainer, FastDevRunWritesNothing) {
   volt_test::TempDir dir;
   TinyClassifier model;

@@ -30,7 +30,9 @@ struct ModelCheckpointOptions {
   TORCH_ARG(Mode, mode) = Mode::kMin;
   /// Keep the best k files; -1 keeps all, 0 none (only last.ckpt). Default: 1.
   TORCH_ARG(int64_t, save_top_k) = 1;
-  /// Also write last.ckpt every time a checkpoint is saved. Default: false.
+  /// Also write last.ckpt every time a checkpoint is saved (last-v1.ckpt, ... when a last.ckpt
+  /// that is not this run's is in the folder and enable_version_counter is on, as Lightning).
+  /// Default: false.
   TORCH_ARG(bool, save_last) = false;
   /// Save every N optimizer steps (at train batch end); 0 = off. Default: 0.
   TORCH_ARG(int64_t, every_n_train_steps) = 0;
@@ -60,7 +62,11 @@ struct ModelCheckpointOptions {
 std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o);
 
 /// Lightning's ModelCheckpoint. Files are written atomically; a file is deleted only after its
-/// replacement is on disk, so at every instant the best and last checkpoints exist.
+/// replacement is on disk, so at every instant the best and last checkpoints exist. Each file
+/// holds the callback's state as it is after that save (the file among the top k, the best
+/// path), so a fit resumed from any of them goes on with the right list; the checkpoint a run
+/// started from (RunContext::ckpt_path) is never deleted. Among equal scores the earlier save
+/// counts as the better one (Lightning's dict order).
 class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(ModelCheckpointOptions options = ModelCheckpointOptions());
@@ -92,9 +98,16 @@ class ModelCheckpoint : public Callback {
   /// `stem`.ckpt, or its first free "-vN" version (the evicted file's name counts as free).
   std::string free_path(RunContext& run, const std::string& stem, const std::string& evicted);
   bool better(double a, double b) const;
+  /// Deletes a file this callback no longer keeps, unless the run started from it.
+  void remove_kept(RunContext& run, const std::string& path) const;
+  void keep(const std::string& path, double score);
+  void forget(const std::string& path);
+  std::string worst_kept() const;
+  std::string best_kept() const;
   ModelCheckpointOptions options_;
   std::string dirpath_;
   std::map<std::string, double> best_k_models_;  // path -> score
+  std::vector<std::string> saved_order_;         // best_k_models_'s paths, oldest save first
   std::string best_model_path_;
   std::string last_model_path_;
   std::string latest_path_;       // latest top-k file when monitor is empty

@@ -28,7 +28,8 @@ struct OptimizerConfig {
   TORCH_ARG(std::shared_ptr<LRScheduler>, scheduler);
   /// Scheduler stepping interval. Default: Interval::kEpoch.
   TORCH_ARG(Interval, interval) = Interval::kEpoch;
-  /// Step the scheduler every `frequency` intervals. Default: 1.
+  /// Step the scheduler every `frequency` intervals: epochs, or this optimizer's steps (Lightning
+  /// counts the epoch's batches; a step skipped by the precision does not count). Default: 1.
   TORCH_ARG(int64_t, frequency) = 1;
   /// Metric passed to step(metric) for schedulers that watch one. Default: "" (none).
   TORCH_ARG(std::string, monitor);

@@ -74,6 +74,9 @@ class RunContext {
   virtual void remove_checkpoint(const std::string& path) = 0;
   /// Ends fit() after the current batch / validation check.
   virtual void request_stop() = 0;
+  /// The checkpoint this run started from (fit's resume, or the weights validate/test/predict
+  /// loaded); "" when none (Lightning's trainer.ckpt_path). ModelCheckpoint never deletes it.
+  virtual std::string ckpt_path() const { return ""; }
   /// Folder of the first logger's run (e.g. save_dir/name/version_3), or default_root_dir.
   virtual std::string log_dir() const = 0;
   virtual bool is_global_zero() const = 0;

@@ -87,6 +87,10 @@ class DataLoader {
   /// same seeded per-epoch order on every rank, padded to equal length, every
   /// world_size-th index from position `rank`).
   DataLoader sharded(int64_t rank, int64_t world_size) const;
+  /// sharded(), leaving alone a loader (or a combined loader's part) the program sharded itself
+  /// (world_size > 1): what the Trainer's use_distributed_sampler does, as Lightning keeps a
+  /// DistributedSampler it finds and replaces the others, part by part of a CombinedLoader.
+  DataLoader sharded_where_unsharded(int64_t rank, int64_t world_size) const;
   /// A loader over the same dataset with other options (e.g. shuffling off). ConfigError for a
   /// combined loader, whose options are its loaders': set them before combining.
   DataLoader with_options(DataLoaderOptions options) const;

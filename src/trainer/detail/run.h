@@ -52,6 +52,7 @@ class Run : public RunContext {
   std::vector<std::shared_ptr<Logger>> loggers_;
   bool loggers_muted_ = false;  // fast_dev_run dropped the run's loggers
   LoopState st;
+  std::string started_from;  // ckpt_path(): the checkpoint this run restored, "" if none
   Module* module = nullptr;
   std::vector<OptimizerConfig> optimizers;
   bool optimizers_ready = false;
@@ -160,6 +161,13 @@ class Run : public RunContext {
   Metrics epoch_metrics;  // reduced epoch values (host) visible to callbacks
   Metrics logged;         // last values sent to loggers
   Metrics prog_bar_epoch;
+  /// Names logged with on_step and on_epoch since the last training epoch's reduction: their
+  /// plain name in callback_metrics() is the latest step value ("x_step") until the epoch's mean
+  /// ("x_epoch") replaces it, as Lightning's callback metrics hold both names while training.
+  std::map<std::string, std::string> plain_from_step;  // "x" -> "x_step"
+  /// Forgets every value logged so far (callback, progress-bar and logged metrics): each entry
+  /// point starts without the previous one's, as Lightning's Trainer._run resets them.
+  void reset_metrics();
   mutable Metrics cb_cache, pb_cache;
   mutable bool cache_dirty = true;
   /// When this fit attempt started training, and when it ended (unset while it runs).
@@ -195,6 +203,7 @@ class Run : public RunContext {
   void save_checkpoint(const std::string& path, bool weights_only) override;
   void remove_checkpoint(const std::string& path) override;
   void request_stop() override { st.should_stop = true; }
+  std::string ckpt_path() const override { return started_from; }
   std::string log_dir() const override;
   bool is_global_zero() const override { return plan.strategy->is_global_zero(); }
   int64_t global_rank() const override { return plan.strategy->rank(); }
@@ -337,13 +346,25 @@ class Run : public RunContext {
   /// what they read exists: after the step's validation, after the epoch's metrics are reduced
   /// and its end hooks ran (Lightning's update_plateau_schedulers).
   void step_schedulers(Interval interval, bool monitored = false);
-  /// The step-interval schedulers that monitor a metric, for the optimizer steps after
-  /// `since` up to the global step (each due step once: manual optimization may step several
-  /// times in a batch).
-  void step_monitored_schedulers(int64_t since);
-  /// The steps after this one up to the global step still owe the monitored schedulers their
-  /// steps, which the validation due now takes (-1: none). Checkpointed with val_pending.
-  int64_t monitored_steps_since = -1;
+  /// After optimizer `index` stepped under manual optimization: its step-interval scheduler
+  /// (one monitoring no metric) when due; the other optimizers' schedulers do not move.
+  void step_schedulers_of(size_t index);
+  /// Steps `c`'s scheduler when `count` (its optimizer's steps, or epochs) is a multiple of its
+  /// frequency, with the monitored metric when it has one.
+  void step_scheduler_if_due(OptimizerConfig& c, int64_t count);
+  /// The optimizer steps each optimizer took in this fit: the global step under automatic
+  /// optimization (one optimizer), each one's own count under manual optimization. A
+  /// step-interval scheduler's frequency counts its optimizer's steps.
+  std::vector<int64_t> optimizer_step_counts() const;
+  /// The step-interval schedulers that monitor a metric, for each optimizer's steps after
+  /// `since` (optimizer_step_counts() at the batch's start) up to now, each due step once:
+  /// manual optimization may step several times in a batch.
+  void step_monitored_schedulers(const std::vector<int64_t>& since);
+  /// Manual optimization's per-optimizer step counts (optimizer_step_counts()).
+  std::vector<int64_t> manual_steps;
+  /// The steps after these counts still owe the monitored schedulers their steps, which the
+  /// validation due now takes (empty: none). Checkpointed with val_pending.
+  std::vector<int64_t> monitored_steps_since;
   /// `loader` sharded by the strategy's data_shard() when use_distributed_sampler is on, the
   /// job has several processes and the loader is not sharded already; else `loader` itself.
   DataLoader shard(const DataLoader& loader) const;

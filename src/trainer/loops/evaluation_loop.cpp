@@ -124,8 +124,8 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   if (r.st.stage == Stage::kFit && !is_test) r.st.val_pending = false;
   // The fit's step whose validation this is: its schedulers that monitor a metric step now, on
   // the reduced values (Lightning's update_plateau_schedulers), before the end hooks' checkpoint.
-  if (!sanity && r.st.stage == Stage::kFit && !is_test && r.monitored_steps_since >= 0) {
-    const int64_t since = std::exchange(r.monitored_steps_since, -1);
+  if (!sanity && r.st.stage == Stage::kFit && !is_test && !r.monitored_steps_since.empty()) {
+    const std::vector<int64_t> since = std::exchange(r.monitored_steps_since, {});
     r.step_monitored_schedulers(since);
   }
   if (is_test) {

@@ -48,8 +48,11 @@ bool stop_now(Run& r) {
   if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) return true;
   if (r.time_up) return true;
   if (!r.stop_agreed) return false;
-  // As Lightning: a stop request waits until min_epochs and min_steps are met.
-  if (r.st.epoch + 1 >= r.opts.min_epochs() && r.st.global_step >= r.opts.min_steps()) return true;
+  // As Lightning (_FitLoop._can_stop_early): a stop request waits until min_epochs epochs have
+  // ended and min_steps steps are taken. Mid-epoch the current epoch does not count yet (it
+  // did: a stop could come partway through the last required epoch).
+  const int64_t epochs_done = r.st.epoch + (r.st.epoch_finished ? 1 : 0);
+  if (epochs_done >= r.opts.min_epochs() && r.st.global_step >= r.opts.min_steps()) return true;
   if (!r.stop_deferral_logged && r.is_global_zero()) {
     log_info("Trainer", "asked to stop, but min_epochs=" + std::to_string(r.opts.min_epochs()) +
                             " / min_steps=" + std::to_string(r.opts.min_steps()) +
@@ -146,6 +149,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
           "on_train_batch_start", [&](Module& mm) { mm.on_train_batch_start(batch, idx); },
           [&](Callback& c) { c.on_train_batch_start(r, m, batch, idx); });
       const int64_t step_before = st.global_step;
+      const std::vector<int64_t> steps_before = r.optimizer_step_counts();
       const bool stepped = r.step->run(batch, idx, n);
       if (r.prefetch != nullptr && idx + 1 < n) {
         r.train_batch = idx + 1;  // a failed fetch names the batch it fetched
@@ -162,16 +166,20 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
       // else now, before the batch-end hooks: a checkpoint written by either holds the step.
       if (st.global_step != step_before) {
         if (validate) {
-          r.monitored_steps_since = step_before;
+          r.monitored_steps_since = steps_before;
         } else {
-          r.step_monitored_schedulers(step_before);
+          r.step_monitored_schedulers(steps_before);
         }
       }
       r.cache_dirty = true;
       r.hook(
           "on_train_batch_end", [&](Module& mm) { mm.on_train_batch_end(batch, idx); },
           [&](Callback& c) { c.on_train_batch_end(r, m, batch, idx); });
-      if (stepped && st.global_step % r.opts.log_every_n_steps() == 0) {
+      // Per-step values reach the loggers when the step count passes a multiple of
+      // log_every_n_steps: one step per batch under automatic optimization, any number under
+      // manual optimization (whose batches `stepped` never reports; they reached no logger).
+      const int64_t every = r.opts.log_every_n_steps();
+      if (st.global_step != step_before && st.global_step / every > step_before / every) {
         r.send_to_loggers(r.train_metrics.step_values(true, false));
       }
       if (validate) validate_now(r, val);
@@ -344,7 +352,8 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   r.st.accumulated = 0;
   r.st.epoch_finished = false;
   r.st.val_pending = false;
-  r.monitored_steps_since = -1;
+  r.monitored_steps_since.clear();
+  r.manual_steps.clear();
   r.st.should_stop = false;
   r.stop_agreed = false;
   r.stop_deferral_logged = false;
@@ -352,10 +361,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   r.st.accumulate_grad_batches = r.opts.accumulate_grad_batches();
   r.fit_elapsed_before = 0;
   r.step->reset_checks();
-  r.train_metrics.clear();
-  r.epoch_metrics.clear();
-  r.prog_bar_epoch.clear();
-  r.cache_dirty = true;
+  r.reset_metrics();
   r.fit_start = Clock::now();
   r.fit_end.reset();
   // A process of a restarted attempt resumes where the job's last checkpoint is; rank 0's choice
@@ -376,6 +382,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   const std::string ckpt =
       !restart.empty() ? restart : resolve_ckpt_path(r, ckpt_path, Stage::kFit);
   const bool data_restored = !ckpt.empty() && restore_checkpoint(r, ckpt, /*full=*/true);
+  r.started_from = ckpt;
   // A resumed fit asks for the loaders the uninterrupted fit would be using: those of the last
   // multiple of N at or before the epoch it resumes at (the next epoch when the checkpoint was
   // written at an epoch's end), so that the resume stays exact. Lightning counts N from the
