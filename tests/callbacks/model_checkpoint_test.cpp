@@ -91,6 +91,15 @@ TEST(ModelCheckpoint, AResumeIntoTheSameFolderKeepsRankingAcrossTheRestart) {
   EXPECT_EQ(ckpt->best_model_path(), dir / "c/epoch=3-score=1.0.ckpt");
 }
 
+// A Scripted fit of `epochs` epochs under `root` with `ckpt`, resumed from `from` unless "".
+void fit_scripted(const std::string& root, int64_t epochs,
+                  const std::shared_ptr<volt::ModelCheckpoint>& ckpt, const std::string& from) {
+  Scripted model;
+  volt::Trainer t(volt_test::quiet(root).max_epochs(epochs).callbacks({ckpt}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)),
+        from);
+}
+
 TEST(ModelCheckpoint, ATopKFileHoldsTheCallbacksStateAfterItsSave) {
   // Scores 5, 3 with the best 1 kept: epoch=1-score=3.0 replaces epoch=0-score=5.0. Its state
   // was the one before its own save (the list {epoch=0: 5}, the best epoch=0): a fit resumed
@@ -103,12 +112,7 @@ TEST(ModelCheckpoint, ATopKFileHoldsTheCallbacksStateAfterItsSave) {
             "{epoch}-{score:.1f}"));
   };
   const auto fit = [&](int64_t epochs, const std::shared_ptr<volt::ModelCheckpoint>& ckpt,
-                       const std::string& from) {
-    Scripted model;
-    volt::Trainer t(volt_test::quiet(dir.path).max_epochs(epochs).callbacks({ckpt}));
-    t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)),
-          from);
-  };
+                       const std::string& from) { fit_scripted(dir.path, epochs, ckpt, from); };
   fit(2, top1(), "");
   const std::string b = dir / "c/epoch=1-score=3.0.ckpt";
   ASSERT_EQ(files_in(dir / "c"), (std::vector<std::string>{"epoch=1-score=3.0.ckpt"}));
@@ -175,12 +179,7 @@ TEST(ModelCheckpoint, AnotherRunsLastCheckpointGetsAVersionInsteadOfBeingOverwri
         volt::ModelCheckpointOptions().dirpath(dir / "c").save_top_k(0).save_last(true));
   };
   const auto fit = [&](int64_t epochs, const std::shared_ptr<volt::ModelCheckpoint>& ckpt,
-                       const std::string& from) {
-    Scripted model;
-    volt::Trainer t(volt_test::quiet(dir.path).max_epochs(epochs).callbacks({ckpt}));
-    t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)),
-          from);
-  };
+                       const std::string& from) { fit_scripted(dir.path, epochs, ckpt, from); };
   fit(1, with_last(), "");
   const std::string first = volt_test::file_text(dir / "c/last.ckpt");
   auto second = with_last();
