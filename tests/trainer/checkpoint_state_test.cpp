@@ -172,19 +172,21 @@ TEST(DataModuleState, AResumedFitBuildsItsLoadersFromTheRestoredState) {
   for (const int64_t reload_every : {0, 1}) {
     SCOPED_TRACE("reload_dataloaders_every_n_epochs=" + std::to_string(reload_every));
     volt_test::TempDir dir;
-    auto options = [&](int64_t epochs) {
+    // The uninterrupted run writes into a folder of its own: a fresh run finding another run's
+    // last.ckpt writes last-v1.ckpt (Lightning's rule), and the resume below reads the first run's.
+    auto options = [&](int64_t epochs, const std::string& folder) {
       return quiet(dir.path)
           .max_epochs(epochs)
           .limit_val_batches(int64_t{0})
           .reload_dataloaders_every_n_epochs(reload_every)
           .callbacks({std::make_shared<Harder>(),
                       std::make_shared<volt::ModelCheckpoint>(
-                          volt::ModelCheckpointOptions().dirpath(dir / "ckpt").save_last(true))});
+                          volt::ModelCheckpointOptions().dirpath(dir / folder).save_last(true))});
     };
     // Levels 0, 1, 2 in one run: 1 + 2 + 3 batches with reloads, 3 x 1 without.
     Curriculum whole;
     TinyClassifier model;
-    volt::Trainer uninterrupted(options(3));
+    volt::Trainer uninterrupted(options(3, "whole"));
     uninterrupted.fit(model, whole);
     const int64_t steps = uninterrupted.state().global_step;
     EXPECT_EQ(steps, reload_every == 1 ? 6 : 3);
@@ -197,12 +199,12 @@ TEST(DataModuleState, AResumedFitBuildsItsLoadersFromTheRestoredState) {
     {
       Curriculum first;
       TinyClassifier m;
-      volt::Trainer t(options(2));
+      volt::Trainer t(options(2, "ckpt"));
       t.fit(m, first);
     }
     Curriculum resumed;
     TinyClassifier m;
-    volt::Trainer t(options(3));
+    volt::Trainer t(options(3, "ckpt"));
     t.fit(m, resumed, dir / "ckpt/last.ckpt");
     EXPECT_EQ(resumed.level, 3);
     EXPECT_EQ(t.state().global_step, reload_every == 1 ? steps : 2 + 3);
