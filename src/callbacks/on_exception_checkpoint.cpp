@@ -34,9 +34,7 @@ void OnExceptionCheckpoint::on_exception(RunContext& run, Module&, const std::ex
     }
     return;
   }
-  const fs::path dir = options_.dirpath().empty() ? fs::path(run.log_dir()) / "checkpoints"
-                                                  : fs::path(options_.dirpath());
-  const std::string path = (dir / (options_.filename() + ".ckpt")).string();
+  const std::string path = path_for(run.log_dir());
   run.save_checkpoint(path);
   saved_path_ = path;
   if (run.is_global_zero()) {
@@ -48,9 +46,16 @@ void OnExceptionCheckpoint::on_exception(RunContext& run, Module&, const std::ex
       log_warning("OnExceptionCheckpoint",
                   "saved " + path +
                       " with the state as the failure left it (the step that failed may be half "
-                      "done); use it to inspect the failure rather than to resume.");
+                      "done); use it to inspect the failure rather than to resume (ckpt_path="
+                      "\"last\" takes it while it is the newest: move it away first).");
     }
   }
+}
+
+std::string OnExceptionCheckpoint::path_for(const std::string& log_dir) const {
+  const fs::path dir =
+      options_.dirpath().empty() ? fs::path(log_dir) / "checkpoints" : fs::path(options_.dirpath());
+  return (dir / (options_.filename() + ".ckpt")).string();
 }
 
 std::ostream& operator<<(std::ostream& os, const OnExceptionCheckpointOptions& o) {

@@ -52,7 +52,11 @@ double Timer::time_remaining() const {
   return *options_.duration_s() - time_elapsed(Stage::kFit);
 }
 
-void Timer::on_train_start(RunContext&, Module&) {
+void Timer::on_train_start(RunContext& run, Module&) {
+  // A fit resumed with its time already spent trains no further, as Lightning's
+  // Timer.on_fit_start check of the time restored (it trained one more epoch, or one more batch,
+  // past the limit). A duration of 0 trains nothing, as there.
+  check(run);
   auto& s = spans_[Stage::kFit];
   s.start = Clock::now();
   s.end.reset();

@@ -133,6 +133,12 @@ Command parse_argv(int argc, const char* const* argv) {
       cmd.help = true;
       continue;
     }
+    if (a == "-c") {  // LightningCLI's short form of --config
+      VOLT_CHECK(i + 1 < argc, ConfigError, "[cli] option -c needs a config file; write -c FILE.");
+      const std::string file = argv[++i];
+      cmd.sources.push_back({Source::Kind::kFile, "", file, file});
+      continue;
+    }
     if (a.rfind("--", 0) != 0) {
       cmd.positional.push_back(a);
       continue;
@@ -148,6 +154,11 @@ Command parse_argv(int argc, const char* const* argv) {
       append = true;
       key.pop_back();
     }
+    // jsonargparse's flag is a command here (it took --print_config for an option needing a
+    // value, then an unknown key).
+    VOLT_CHECK(key != "print_config" && key != "print-config", ConfigError, "[cli] --", key,
+               " is the command print-config here; write volt print-config ",
+               "followed by the same options.");
     if (!has_value) {
       VOLT_CHECK(i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0, ConfigError,
                  "[cli] option --", key, " needs a value; write --", key, "=VALUE.");
@@ -413,29 +424,31 @@ std::string save_predictions(const std::vector<at::Tensor>& outputs, const std::
   return path;
 }
 
-/// Loggers that write under the same save_dir/name with version -1 ("next free") get one common
-/// version, so a CSV and a TensorBoard logger of one run share version_N instead of taking N and
-/// N+1. Applies to loggers declaring save_dir, name and version (the built-in ones do).
-std::vector<detail::ComponentConfig> shared_versions(std::vector<detail::ComponentConfig> loggers,
-                                                     const LoggerContext& ctx) {
-  std::map<std::string, int64_t> picked;  // root folder -> version
-  for (auto& l : loggers) {
+/// The save_dir/name roots of the loggers that take the next free version (-1), whose claims
+/// the run shares (detail::SharedVersionClaims), so a CSV and a TensorBoard logger of one run
+/// write one version_N instead of N and N+1. The version is claimed when the first of them
+/// writes, by its mkdir: a run started at the same time into the same root gets another (the
+/// folder listed here at configuration time would have given both the same), and a run that
+/// stops before writing leaves no empty folder. Applies to loggers declaring save_dir, name and
+/// version (the built-in ones do).
+std::vector<std::string> next_version_roots(const std::vector<detail::ComponentConfig>& loggers,
+                                            const LoggerContext& ctx) {
+  std::vector<std::string> roots;
+  for (const auto& l : loggers) {
     const auto& v = l.args.values();
     if (!v.count("save_dir") || !v.count("name") || !v.count("version") ||
         !l.args.holds<int64_t>("version") || l.args.get<int64_t>("version") != -1) {
       // A version of its own (or an invalid one, which the logger's constructor refuses).
       continue;
     }
+    // A logger of the user's may declare them optional (Lightning's save_dir: Optional[str]);
+    // unset, it decides its folder itself.
+    if (!l.args.holds<std::string>("save_dir") || !l.args.holds<std::string>("name")) continue;
     std::string dir = l.args.get<std::string>("save_dir");
     if (dir.empty()) dir = ctx.default_root_dir;
-    const std::string root = dir + "/" + l.args.get<std::string>("name");
-    auto it = picked.find(root);
-    if (it == picked.end()) it = picked.emplace(root, detail::next_version(root)).first;
-    auto values = v;
-    values["version"] = it->second;
-    l.args = Args(l.args.owner(), std::move(values));
+    roots.push_back(dir + "/" + l.args.get<std::string>("name"));
   }
-  return loggers;
+  return roots;
 }
 
 int run_report(const Command& cmd, std::ostream& out) {
@@ -728,8 +741,9 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
   if (rc.seed_everything) seed_everything(static_cast<uint64_t>(*rc.seed_everything));
   TrainerOptions opts = detail::trainer_options(rc.trainer);
   const LoggerContext lctx{opts.default_root_dir()};
+  const detail::SharedVersionClaims one_version(next_version_roots(rc.loggers, lctx));
   std::vector<std::shared_ptr<Logger>> loggers;
-  for (const auto& l : shared_versions(rc.loggers, lctx)) {
+  for (const auto& l : rc.loggers) {
     loggers.push_back(reg.loggers.at(l.class_path).make(l.args, lctx));
   }
   std::vector<std::shared_ptr<Callback>> callbacks;

@@ -266,9 +266,12 @@ void ZeroEngine::partition(const std::vector<std::vector<at::Tensor>>& param_gro
       auto it = names.find(p.unsafeGetTensorImpl());
       VOLT_CHECK(it != names.end(), ConfigError, kTag, " an optimizer parameter (shape ", p.sizes(),
                  ") is not a parameter of the module; optimize module parameters.");
-      VOLT_CHECK(!trains() || (p.requires_grad() && p.is_leaf()), ConfigError, kTag, " parameter '",
-                 it->second,
-                 "' does not require grad; leave frozen parameters out of the optimizer.");
+      // A frozen parameter the optimizer holds (Adam(module.parameters()) beside a frozen
+      // backbone) stays whole on every rank and leaves the optimizer, which would never step
+      // it: DeepSpeed keeps only the trainable ones (it was a ConfigError).
+      if (trains() && !p.requires_grad()) continue;
+      VOLT_CHECK(!trains() || p.is_leaf(), ConfigError, kTag, " parameter '", it->second,
+                 "' is not a leaf tensor; optimize the module's own parameters.");
       VOLT_CHECK(p.is_floating_point() && p.is_contiguous() && !p.is_sparse(), ConfigError, kTag,
                  " parameter '", it->second, "' is ", p.scalar_type(),
                  p.is_contiguous() ? "" : " and not contiguous",

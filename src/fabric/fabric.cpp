@@ -983,12 +983,13 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
   VOLT_CHECK(!strict || missing.empty(), CheckpointError, kTag, " '", path, "' has no ",
              join(missing), "; save them, or load with strict=false to leave them as they are.");
   for (auto& f : found_modules) {
+    // The module's own state before its weights, as the Trainer (Lightning's restore_model).
+    if (f.has_hooks) f.module->on_load_checkpoint(f.hooks);
     try {
       strategy_->load_model_state(*f.module, f.weights, strict);
     } catch (const CheckpointError& e) {
       throw CheckpointError(std::string(e.what()) + " (checkpoint: '" + path + "')");
     }
-    if (f.has_hooks) f.module->on_load_checkpoint(f.hooks);
   }
   for (auto& [o, ar] : found_opts) {
     strategy_->load_optimizer_state(*o, *owner_of(*o)->module, ar);

@@ -54,7 +54,8 @@ struct AsyncCheckpointIO::Impl {
   int64_t pending_saves = 0;  // queued or being written
   int64_t pending_bytes = 0;
   bool stop = false;
-  std::string error;               // the first failure not yet thrown to the caller
+  std::string error;               // the first save failure not yet thrown to the caller
+  std::string removal_error;       // the first removal failure not yet thrown
   int64_t failed_saves = 0;        // saves that failed, by the writer's count
   int64_t failed_saves_known = 0;  // of those, the ones a rethrow had told the caller of
   // A written checkpoint's buffer, kept for the next save (reuse_buffer): serialising into
@@ -115,23 +116,33 @@ struct AsyncCheckpointIO::Impl {
       if (!failure.empty()) {
         ++stats.failures;
         if (task.save) ++failed_saves;
-        if (error.empty()) {
-          error = std::string("the background ") + (task.save ? "save of '" : "removal of '") +
-                  task.path + "' failed: " + failure;
+        std::string& slot = task.save ? error : removal_error;
+        if (slot.empty()) {
+          slot = std::string("the background ") + (task.save ? "save of '" : "removal of '") +
+                 task.path + "' failed: " + failure;
         }
       }
       changed.notify_all();
     }
   }
 
-  /// Throws the first failure not reported yet (and forgets it).
-  void rethrow_locked() {
-    if (error.empty()) return;
-    const std::string what = std::move(error);
-    error.clear();
-    failed_saves_known = failed_saves;
+  /// Throws the first failure not reported yet (and forgets it): a save's before a removal's;
+  /// with `saves` false only a removal's. remove() throws no save failure: its caller
+  /// (Strategy::remove_checkpoint) carries on past a removal that failed, and a save failure
+  /// thrown there was lost with it, the fit ending as if the checkpoint had been written. The
+  /// removal queued behind a failed save is skipped (run()); the next save, flush or load
+  /// throws the failure.
+  void rethrow_locked(bool saves = true) {
+    std::string& slot = saves && !error.empty() ? error : removal_error;
+    if (slot.empty()) return;
+    const bool save = &slot == &error;
+    const std::string what = std::move(slot);
+    slot.clear();
+    if (save) failed_saves_known = failed_saves;
     VOLT_CHECK(false, CheckpointError, "[AsyncCheckpointIO] ", what,
-               " (the files it would have replaced are intact; fix the cause and save again).");
+               save
+                   ? " (the files it would have replaced are intact; fix the cause and save again)."
+                   : " (the file stays; delete it by hand).");
   }
 
   void wait_idle_locked(std::unique_lock<std::mutex>& lock) {
@@ -151,8 +162,8 @@ AsyncCheckpointIO::~AsyncCheckpointIO() {
   impl_->changed.notify_all();
   lock.unlock();
   if (impl_->writer.joinable()) impl_->writer.join();  // it drains the queue first
-  if (!impl_->error.empty()) {
-    log_error(kTag, "destroyed with a failure nobody was told of: " + impl_->error);
+  for (const std::string* e : {&impl_->error, &impl_->removal_error}) {
+    if (!e->empty()) log_error(kTag, "destroyed with a failure nobody was told of: " + *e);
   }
 }
 
@@ -194,7 +205,7 @@ torch::serialize::InputArchive AsyncCheckpointIO::load(const std::string& path) 
 
 void AsyncCheckpointIO::remove(const std::string& path) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->rethrow_locked();
+  impl_->rethrow_locked(/*saves=*/false);
   impl_->queue.push_back(Impl::Task{false, path, {}, impl_->failed_saves_known});
   impl_->start_locked();
   impl_->changed.notify_all();

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
 
 #include "core/detail/numbers.h"
 #include "core/detail/version_folder.h"
@@ -44,7 +47,22 @@ int64_t next_version(const std::string& root) {
   return next;
 }
 
-int64_t claim_next_version(const std::string& root, const std::string& component) {
+namespace {
+
+// The roots a live SharedVersionClaims shares, with the version claimed for each (-1: none yet).
+std::mutex& shared_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, int64_t>& shared_roots() {
+  static std::map<std::string, int64_t> roots;
+  return roots;
+}
+std::string root_key(const std::string& root) {
+  return std::filesystem::path(root).lexically_normal().string();
+}
+
+int64_t claim_unshared(const std::string& root, const std::string& component) {
   make_dirs(root, component);
   for (int64_t n = next_version(root);; ++n) {
     const std::string dir = root + "/version_" + std::to_string(n);
@@ -52,6 +70,31 @@ int64_t claim_next_version(const std::string& root, const std::string& component
     VOLT_CHECK(errno == EEXIST, ConfigError, "[", component, "] cannot create folder '", dir, "' (",
                std::strerror(errno), "); choose a writable save_dir.");
   }
+}
+
+}  // namespace
+
+SharedVersionClaims::SharedVersionClaims(const std::vector<std::string>& roots) {
+  std::lock_guard<std::mutex> lock(shared_mutex());
+  for (const auto& r : roots) {
+    if (shared_roots().emplace(root_key(r), -1).second) roots_.push_back(root_key(r));
+  }
+}
+
+SharedVersionClaims::~SharedVersionClaims() {
+  std::lock_guard<std::mutex> lock(shared_mutex());
+  for (const auto& r : roots_) shared_roots().erase(r);
+}
+
+int64_t claim_next_version(const std::string& root, const std::string& component) {
+  std::unique_lock<std::mutex> lock(shared_mutex());
+  const auto it = shared_roots().find(root_key(root));
+  if (it == shared_roots().end()) {
+    lock.unlock();
+    return claim_unshared(root, component);
+  }
+  if (it->second < 0) it->second = claim_unshared(root, component);
+  return it->second;
 }
 
 }  // namespace detail

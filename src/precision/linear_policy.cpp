@@ -6,13 +6,34 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "detail/quiet_dispatcher.h"
 
 namespace volt::detail {
 namespace {
 
+// The threshold cpu_gemm_dtype() applies: the latest live rule's, as the dispatcher runs the
+// latest live registration's kernels. A rule dropped out of order (a tuner trial's precision
+// torn down while the fit's is still installed) leaves the fit's threshold, not 0.
 std::atomic<int64_t> g_min_macs{0};
+std::mutex g_rules_mutex;
+std::vector<std::pair<const void*, int64_t>> g_rules;  // live rules, oldest first
+
+void push_rule(const void* rule, int64_t min_macs) {
+  std::lock_guard<std::mutex> lock(g_rules_mutex);
+  g_rules.emplace_back(rule, min_macs);
+  g_min_macs = min_macs;
+}
+void pop_rule(const void* rule) {
+  std::lock_guard<std::mutex> lock(g_rules_mutex);
+  g_rules.erase(std::remove_if(g_rules.begin(), g_rules.end(),
+                               [&](const auto& r) { return r.first == rule; }),
+                g_rules.end());
+  g_min_macs = g_rules.empty() ? 0 : g_rules.back().second;
+}
 
 at::Tensor cast(c10::ScalarType dtype, const at::Tensor& t) {
   return at::autocast::cached_cast(dtype, t, c10::kCPU);
@@ -57,10 +78,10 @@ struct SizeRule {
     if (!skipped("linear")) library->impl("linear", TORCH_FN(rule_linear));
     if (!skipped("addmm")) library->impl("addmm", TORCH_FN(rule_addmm));
     if (!skipped("matmul")) library->impl("matmul", TORCH_FN(rule_matmul));
-    g_min_macs = min_macs;
+    push_rule(this, min_macs);
   }
   ~SizeRule() {
-    g_min_macs = 0;
+    pop_rule(this);
     QuietWarningsGuard quiet;
     library.reset();
   }

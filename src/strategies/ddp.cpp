@@ -68,6 +68,7 @@ struct DdpStrategy::ModuleSync {
   std::unique_ptr<GradientReducer> reducer;
   std::unique_ptr<SyncBatchNorm> sync_bn;
   std::vector<at::Tensor> buffers;
+  bool buffers_moved = false;  // a training forward ran since the last broadcast
 };
 
 // The ranks' agreement on stop requests (agree_on_stop). A vote every batch cost 8-12 % of a
@@ -258,7 +259,16 @@ void DdpStrategy::broadcast_module_state(Module& module) {
 void DdpStrategy::setup_module(Module& module) {
   Strategy::setup_module(module);
   broadcast_module_state(module);
-  build_reducer(module);
+  // validate / test / predict of a model with nothing to train (loaded for inference) have no
+  // gradients to reduce: no reducer, as Lightning wraps in DDP only to fit. (It refused, "no
+  // parameter requires a gradient".) A fit or a Fabric module with optimizers still needs one.
+  bool trainable = false;
+  for (const auto& p : module.parameters()) trainable = trainable || p.requires_grad();
+  if (!loop_.fitting && !trainable) {
+    drop_reducer(module);
+  } else {
+    build_reducer(module);
+  }
   sync_batchnorm_over(module, sync_batchnorm() && world_size() > 1 ? group_ : nullptr);
 }
 
@@ -330,9 +340,22 @@ std::shared_ptr<void> DdpStrategy::training_forward_context(Module& module) {
   if (options_.broadcast_buffers() && !m->buffers.empty()) {
     torch::NoGradGuard no_grad;
     group().broadcast_(m->buffers, 0);
+    m->buffers_moved = true;  // the forward about to run updates each rank's own
   }
   // Backward needs no scope: the statistics' gradients are all-reduced by their autograd nodes.
   return sync_batchnorm_scope(module);
+}
+
+void DdpStrategy::validation_step(Module& module, const Batch& batch, int64_t batch_idx) {
+  // Every rank runs the same validation steps (the sampler pads the shards), so all take part.
+  // Buffers do not move in evaluation: once per pass is DDP's once per forward.
+  ModuleSync* m = find_sync(module);
+  if (m != nullptr && m->buffers_moved) {
+    torch::NoGradGuard no_grad;
+    group().broadcast_(m->buffers, 0);
+    m->buffers_moved = false;
+  }
+  Strategy::validation_step(module, batch, batch_idx);
 }
 
 void DdpStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {

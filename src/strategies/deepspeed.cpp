@@ -1240,10 +1240,12 @@ void DeepSpeedStrategy::save_optimizer_state(const torch::optim::Optimizer& opti
       names.push_back(c.name);
       if (c.length == 0) continue;
       auto it = state.find(detail::state_key_for<detail::OptimizerStateKey>(c.stepped()));
-      if (it == state.end()) continue;
+      // The fp32 master is state the optimizer steps, like its moments (a 1-D chunk); it is
+      // saved also for an optimizer that keeps none of its own (SGD without momentum), whose
+      // masters were lost (DeepSpeed saves them apart from the optimizer's state).
+      if (it == state.end() && !c.master.defined()) continue;
       OutputArchive one;
-      it->second->serialize(one);
-      // The fp32 master is state the optimizer steps, like its moments (a 1-D chunk).
+      if (it != state.end()) it->second->serialize(one);
       if (c.master.defined()) one.write(kMasterKey, c.master.clone());
       states_ar.write(c.name, one);
     }
@@ -1321,9 +1323,12 @@ void DeepSpeedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
           v = now.to(c.stepped().device());
         }
       }
+      bool optimizer_state = false;  // beside the master (an optimizer keeping none has none)
       for (auto& [key, v] : entries) {
         if (key == kMasterKey && c.master.defined()) c.master.copy_(v.toTensor().reshape({-1}));
+        optimizer_state = optimizer_state || key != kMasterKey;
       }
+      if (!optimizer_state) continue;
       InputArchive chunk_ar = archive_of(entries);
       auto st = new_optimizer_param_state(optimizer);
       st->serialize(chunk_ar);
@@ -1619,9 +1624,13 @@ void whole_optimizer_state(std::vector<InputArchive>& parts, int64_t world,
                      "; a shard is from another run.");
           v = cat.reshape(sizes);
         }
+        bool optimizer_state = false;
         for (auto& [k, v] : merged) {
           if (k == kMasterKey && v.isTensor()) masters[name] = v.toTensor();
+          optimizer_state = optimizer_state || k != kMasterKey;
         }
+        // A master alone: the optimizer keeps no state of its own for this parameter.
+        if (!optimizer_state) return c10::nullopt;
         return merged;
       });
 }

@@ -9,6 +9,7 @@
 #include "strategies/detail/read_checkpoint.h"
 #include "trainer/detail/run.h"
 #include "volt/callbacks/model_checkpoint.h"
+#include "volt/callbacks/on_exception_checkpoint.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/data/data_module.h"
@@ -65,7 +66,14 @@ void write_training_state(Run& run, torch::serialize::OutputArchive& root) {
   write_nested(root, "grads", [&](auto& grads) {
     if (st.accumulated > 0) strategy.save_accumulated_gradients(module, grads);
   });
-  write_nested(root, "train_epoch_metrics", [&](auto& ar) { run.train_metrics.save(ar); });
+  write_nested(root, "train_epoch_metrics", [&](auto& ar) {
+    if (strategy.world_size() == 1) {
+      run.train_metrics.save(ar);
+    } else {
+      run.train_metrics.save(
+          ar, [&](const at::Tensor& t, Reduce op) { return strategy.reduce(t, op); });
+    }
+  });
   write_nested(root, "callbacks", [&](auto& cbs) {
     for (auto& c : run.callbacks) {
       write_nested(cbs, c->state_key(), [&](auto& one) { c->save_state(one); });
@@ -137,6 +145,13 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
                "resume from it (no optimizer, loop or random state); resume from a full "
                "checkpoint, or start a new fit from these weights with volt::load_weights.");
   }
+  // Every entry point, as Lightning's restore_model: the module's own state goes with its
+  // weights (a vocabulary that predict needs as much as fit), read before them, so that the hook
+  // can shape layers to the checkpoint (an embedding sized by its saved vocabulary); it ran
+  // after, where such a module met a shape mismatch first.
+  torch::serialize::InputArchive user;
+  root.read("module", user);
+  run.module_hook("on_load_checkpoint", [&](Module& m) { m.on_load_checkpoint(user); });
   torch::serialize::InputArchive model_ar;
   root.read("state_dict", model_ar);
   try {
@@ -144,11 +159,6 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   } catch (const CheckpointError& e) {
     throw CheckpointError(std::string(e.what()) + " (checkpoint: '" + path + "')");
   }
-  // Every entry point, as Lightning's restore_model: the module's own state goes with its
-  // weights (a vocabulary that predict needs as much as fit).
-  torch::serialize::InputArchive user;
-  root.read("module", user);
-  run.module_hook("on_load_checkpoint", [&](Module& m) { m.on_load_checkpoint(user); });
   bool data_restored = false;
   torch::serialize::InputArchive data_ar;
   if (run.data != nullptr && root.try_read("datamodule", data_ar)) {
@@ -239,7 +249,7 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
 
   torch::serialize::InputArchive metrics;
   root.read("train_epoch_metrics", metrics);
-  run.train_metrics.load(metrics);
+  run.train_metrics.load(metrics, /*sync_dist_entries=*/strategy.rank() == 0);
 
   torch::serialize::InputArchive lgs;
   root.read("loggers", lgs);
@@ -257,22 +267,41 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
 }
 
 std::string newest_last_checkpoint(Run& run) {
+  // Lightning's _parse_ckpt_path("last"): ModelCheckpoint's last checkpoints and
+  // OnExceptionCheckpoint's file, the newest of those that exist. A preempted run's
+  // on_exception.ckpt resumes where it stopped; the last.ckpt of the epoch before lost up to an
+  // epoch (it was the only candidate).
+  std::string newest;
+  struct timespec newest_time {};
+  const auto consider = [&](const std::string& path) {
+    struct stat st;
+    if (path.empty() || ::stat(path.c_str(), &st) != 0) return;
+    if (newest.empty() || st.st_mtim.tv_sec > newest_time.tv_sec ||
+        (st.st_mtim.tv_sec == newest_time.tv_sec && st.st_mtim.tv_nsec > newest_time.tv_nsec)) {
+      newest = path;
+      newest_time = st.st_mtim;
+    }
+  };
   for (auto& c : run.callbacks) {
     if (auto* mc = dynamic_cast<ModelCheckpoint*>(c.get())) {
-      const std::string found = mc->find_last_checkpoint(run.log_dir());
-      if (!found.empty()) return found;
+      consider(mc->find_last_checkpoint(run.log_dir()));
+    } else if (auto* oe = dynamic_cast<OnExceptionCheckpoint*>(c.get())) {
+      consider(oe->path_for(run.log_dir()));
     }
   }
-  return "";
+  return newest;
 }
 
 std::string resolve_ckpt_path(Run& run, const std::string& ckpt_path, Stage stage) {
   if (ckpt_path != "last" && ckpt_path != "best") return ckpt_path;
   std::vector<ModelCheckpoint*> checkpoints;
+  bool on_exception = false;
   for (auto& c : run.callbacks) {
     if (auto* mc = dynamic_cast<ModelCheckpoint*>(c.get())) checkpoints.push_back(mc);
+    on_exception = on_exception || dynamic_cast<OnExceptionCheckpoint*>(c.get()) != nullptr;
   }
-  VOLT_CHECK(!checkpoints.empty(), ConfigError, "[Trainer] ckpt_path=\"", ckpt_path,
+  VOLT_CHECK(!checkpoints.empty() || (ckpt_path == "last" && on_exception), ConfigError,
+             "[Trainer] ckpt_path=\"", ckpt_path,
              "\" needs a ModelCheckpoint callback to find the checkpoint; add one (or keep "
              "enable_checkpointing=true), or pass the checkpoint's path.");
   if (ckpt_path == "best") {
@@ -316,16 +345,17 @@ void load_weights(torch::nn::Module& module, const std::string& path, bool stric
   torch::serialize::InputArchive root =
       detail::read_checkpoint(path, io ? *io : volt_format, /*weights_only=*/true);
   detail::check_format(root, path);
+  // The module's own state first, as in restore_checkpoint (Lightning's restore_model).
+  if (auto* m = dynamic_cast<Module*>(&module)) {
+    torch::serialize::InputArchive user;
+    if (root.try_read("module", user)) m->on_load_checkpoint(user);
+  }
   torch::serialize::InputArchive weights;
   root.read("state_dict", weights);
   try {
     load_module_state(module, weights, strict);
   } catch (const CheckpointError& e) {
     throw CheckpointError(std::string(e.what()) + " (checkpoint: '" + path + "')");
-  }
-  if (auto* m = dynamic_cast<Module*>(&module)) {
-    torch::serialize::InputArchive user;
-    if (root.try_read("module", user)) m->on_load_checkpoint(user);
   }
 }
 

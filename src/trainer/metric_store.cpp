@@ -71,14 +71,35 @@ Metrics MetricStore::step_values(bool only_logger, bool only_prog_bar) const {
   return out;
 }
 
-void MetricStore::save(torch::serialize::OutputArchive& ar) const {
+void MetricStore::save(torch::serialize::OutputArchive& ar,
+                       const CrossRankReduce& across_ranks) const {
   c10::List<std::string> names;
   for (const auto& kv : epoch_) {
     if (kv.second.values.empty()) continue;
     names.push_back(kv.first);
     torch::serialize::OutputArchive one;
-    one.write("values", torch::stack(kv.second.values).to(torch::kCPU, torch::kDouble));
-    one.write("weights", torch::tensor(kv.second.weights, torch::kLong));
+    const auto& e = kv.second;
+    at::Tensor values = torch::stack(e.values).to(torch::kCPU, torch::kDouble).reshape({-1});
+    at::Tensor weights = torch::tensor(e.weights, torch::kLong);
+    if (e.sync_dist && across_ranks) {
+      // Every rank's values so far as one: (mean, total weight), or the sum, max or min.
+      if (e.reduce == Reduce::kMean) {
+        auto sw = across_ranks(torch::stack({(values * weights.to(torch::kDouble)).sum(),
+                                             weights.sum().to(torch::kDouble)}),
+                               Reduce::kSum);
+        const double total = sw[1].item<double>();
+        values = torch::tensor({sw[0].item<double>() / std::max(1.0, total)}, torch::kDouble);
+        weights = torch::tensor({static_cast<int64_t>(total)}, torch::kLong);
+      } else {
+        const at::Tensor local = e.reduce == Reduce::kSum   ? values.sum()
+                                 : e.reduce == Reduce::kMax ? values.max()
+                                                            : values.min();
+        values = across_ranks(local, e.reduce).reshape({1}).to(torch::kDouble);
+        weights = torch::tensor({int64_t{1}}, torch::kLong);
+      }
+    }
+    one.write("values", values);
+    one.write("weights", weights);
     one.write("flags", c10::IValue(c10::List<int64_t>({static_cast<int64_t>(kv.second.reduce),
                                                        kv.second.prog_bar, kv.second.logger,
                                                        kv.second.sync_dist})));
@@ -87,7 +108,7 @@ void MetricStore::save(torch::serialize::OutputArchive& ar) const {
   ar.write("names", c10::IValue(names));
 }
 
-void MetricStore::load(torch::serialize::InputArchive& ar) {
+void MetricStore::load(torch::serialize::InputArchive& ar, bool sync_dist_entries) {
   clear();
   c10::IValue names_iv;
   ar.read("names", names_iv);
@@ -102,6 +123,7 @@ void MetricStore::load(torch::serialize::InputArchive& ar) {
     one.read("weights", weights);
     one.read("flags", flags_iv);
     auto flags = flags_iv.toIntVector();
+    if (!sync_dist_entries && flags.size() > 3 && flags[3] != 0) continue;
     auto& e = epoch_[name];
     for (int64_t j = 0; j < values.size(0); ++j) {
       e.values.push_back(values[j]);

@@ -26,6 +26,7 @@
 #include "volt/callbacks/gradient_accumulation_scheduler.h"
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/on_exception_checkpoint.h"
+#include "volt/callbacks/timer.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
@@ -282,7 +283,13 @@ void Run::manual_zero_grad(size_t index) {
 int64_t Run::resolved_max_epochs() const {
   if (fast_dev) return 1;
   if (opts.max_epochs() >= 0) return opts.max_epochs();
-  return opts.max_steps() >= 0 ? -1 : 1000;  // Lightning's default when nothing is set
+  // Lightning's 1000 when nothing else bounds the fit: max_steps, max_time or a Timer callback
+  // (Trainer's _init_fit_loop / fit loop connector leave max_epochs -1 then).
+  if (opts.max_steps() >= 0 || opts.max_time()) return -1;
+  for (const auto& c : callbacks) {
+    if (dynamic_cast<const Timer*>(c.get()) != nullptr) return -1;
+  }
+  return 1000;
 }
 
 int64_t Run::estimated_stepping_batches() const {
@@ -290,7 +297,12 @@ int64_t Run::estimated_stepping_batches() const {
              "[Trainer] estimated_stepping_batches() is known during fit only (from its training "
              "loader); call it from configure_optimizers or a hook of fit.");
   const int64_t epochs = resolved_max_epochs();
-  if (epochs < 0) return opts.max_steps();  // only max_steps bounds the fit (it is then set)
+  if (epochs < 0) {
+    VOLT_CHECK(opts.max_steps() >= 0, ConfigError,
+               "[Trainer] estimated_stepping_batches() has no bound to count: only time (max_time "
+               "or a Timer) ends this fit; set max_epochs or max_steps as well.");
+    return opts.max_steps();
+  }
   const int64_t batches = train_limit(*fit_train);
   // The Trainer's factor, or a GradientAccumulationScheduler's for each epoch (it refuses to run
   // beside a Trainer factor above 1).

@@ -20,6 +20,7 @@
 #include "volt/core/log.h"
 #include "volt/loggers/csv.h"
 #include "volt/precision/precision.h"
+#include "volt/strategies/ddp.h"
 #include "volt/trainer/threads.h"
 
 namespace volt {
@@ -240,19 +241,21 @@ void check_some(const std::vector<DataLoader>& loaders, Stage stage) {
 
 // What validate/test/predict start with inside the run: the weights of `ckpt_path` when it names
 // a checkpoint, then the loaders sharded over the ranks, each with the batches it runs
-// (limit_*_batches and fast_dev_run; validation also overfit_batches, as in fit).
+// (limit_*_batches and fast_dev_run; validation also overfit_batches, as in fit). The loaders are
+// made after the restore, as Lightning's _run restores the DataModule before the loop builds
+// them: a DataModule's saved state (a vocabulary, a curriculum level) decides its loaders.
 struct EvalData {
   std::vector<DataLoader> loaders;
   std::vector<int64_t> limits;
 };
 EvalData start_eval(detail::Run& s, Stage stage, const std::string& ckpt_path,
-                    const std::vector<DataLoader>& given) {
+                    const std::function<std::vector<DataLoader>()>& make_loaders) {
   s.reset_metrics();
   const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, stage);
   if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
   s.started_from = ckpt;
   EvalData d;
-  for (const DataLoader& loader : given) {
+  for (const DataLoader& loader : make_loaders()) {
     d.loaders.push_back(s.shard(loader));
     const DataLoader& l = d.loaders.back();
     if (stage == Stage::kValidate) {
@@ -302,6 +305,22 @@ void Trainer::fit(Module& module, DataLoader train, std::vector<DataLoader> val,
 
 void Trainer::fit_with_restarts(Module& module, const std::string& ckpt_path,
                                 const std::function<void(const std::string&)>& body) {
+  // The weights and buffers fit() was given, when the strategy may restart the job: an attempt
+  // restarted before any last checkpoint exists starts from them, as torchrun's new processes
+  // would. This process keeps its module across attempts, and the failed attempt had trained
+  // it: the restart went on from those weights with its counters at step 0.
+  // Kept in host memory (an accelerator's memory is the model's), put back where they were.
+  std::vector<std::pair<at::Tensor, c10::Device>> given;
+  const auto* ddp = dynamic_cast<const DdpStrategy*>(&impl_->strategy());
+  if (ddp != nullptr && ddp->options().max_restarts() > 0) {
+    torch::NoGradGuard no_grad;
+    const auto keep = [&](const at::Tensor& t) {
+      given.emplace_back(t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true),
+                         t.device());
+    };
+    for (const auto& p : module.parameters()) keep(p);
+    for (const auto& b : module.buffers()) keep(b);
+  }
   for (;;) {
     try {
       impl_->guarded(module, Stage::kFit, [&] { body(ckpt_path); });
@@ -312,6 +331,18 @@ void Trainer::fit_with_restarts(Module& module, const std::string& ckpt_path,
       // or, when none was written yet, from where this fit() started.
       const std::string last = detail::newest_last_checkpoint(*impl_);
       if (!impl_->strategy().restart_after_failure(e, last)) throw;
+      if (last.empty() && !given.empty()) {
+        torch::NoGradGuard no_grad;
+        size_t i = 0;
+        auto put_back = [&](at::Tensor t) {
+          if (i < given.size() && t.sizes() == given[i].first.sizes()) {
+            t.set_data(given[i].first.to(given[i].second, /*non_blocking=*/false, /*copy=*/true));
+          }
+          ++i;
+        };
+        for (auto p : module.parameters()) put_back(p);
+        for (auto b : module.buffers()) put_back(b);
+      }
     }
   }
 }
@@ -322,7 +353,7 @@ std::vector<Metrics> Trainer::run_eval(Module& module, Stage stage,
   Impl& s = *impl_;
   std::vector<Metrics> out;
   s.guarded(module, stage, [&] {
-    EvalData d = start_eval(s, stage, ckpt_path, make_loaders());
+    EvalData d = start_eval(s, stage, ckpt_path, make_loaders);
     out = detail::evaluation_loop(s, stage, d.loaders, d.limits, merged);
   });
   return out;
@@ -374,7 +405,7 @@ std::vector<std::vector<at::Tensor>> Trainer::run_predict(
   Impl& s = *impl_;
   std::vector<std::vector<at::Tensor>> out;
   s.guarded(module, Stage::kPredict, [&] {
-    EvalData d = start_eval(s, Stage::kPredict, ckpt_path, make_loaders());
+    EvalData d = start_eval(s, Stage::kPredict, ckpt_path, make_loaders);
     out = detail::prediction_loop(s, d.loaders, d.limits);
   });
   return out;

@@ -137,8 +137,13 @@ class Search {
     int64_t low = 0;              // the largest size that fitted
     c10::optional<int64_t> high;  // the smallest size that ran out of memory
     const bool power = finder_.mode() == BatchSizeScaling::kPower;
-    for (int64_t trial = 0; trial < finder_.max_trials(); ++trial) {
+    // Trials counted against max_trials: every one in power mode, those that fitted in binsearch
+    // (Lightning's _run_binsearch_scaling; failures are bounded by the search converging). A
+    // binsearch of max_trials 3 where 8 fails and 6 fits stopped at 4 (2, 4, 8); it reaches 6.
+    int64_t counted = 0;
+    for (;;) {
       const BatchSizeTrial& t = run_trial(size);
+      if (power || t.fits) ++counted;
       bool done = false;
       int64_t next = size;
       if (t.fits) {
@@ -165,7 +170,8 @@ class Search {
       std::string line = "batch size " + std::to_string(size) +
                          (t.fits ? " fits" : " ran out of memory (" + last_error_ + ")");
       if (t.fits && t.peak_bytes >= 0) line += ", peak " + mib(t.peak_bytes);
-      if (!done && trial + 1 < finder_.max_trials()) line += "; trying " + std::to_string(next);
+      done = done || counted >= finder_.max_trials();
+      if (!done) line += "; trying " + std::to_string(next);
       log_info(kComponent, line + ".");
       if (done) break;
       size = next;

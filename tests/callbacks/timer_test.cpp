@@ -26,7 +26,8 @@ TEST(Timer, StopsAfterTheFirstStepOrEpochWhenTheLimitIsReached) {
   volt_test::TempDir dir;
   {
     volt_test::TinyClassifier model;
-    auto timer = std::make_shared<volt::Timer>(volt::TimerOptions().duration_s(0.0).verbose(false));
+    auto timer =
+        std::make_shared<volt::Timer>(volt::TimerOptions().duration_s(1e-6).verbose(false));
     volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(5).callbacks({timer}));
     trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
     EXPECT_EQ(trainer.state().global_step, 1);
@@ -36,10 +37,22 @@ TEST(Timer, StopsAfterTheFirstStepOrEpochWhenTheLimitIsReached) {
   {
     volt_test::TinyClassifier model;
     auto timer = std::make_shared<volt::Timer>(
-        volt::TimerOptions().duration_s(0.0).interval(volt::Interval::kEpoch).verbose(false));
+        volt::TimerOptions().duration_s(1e-6).interval(volt::Interval::kEpoch).verbose(false));
     volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(5).callbacks({timer}));
     trainer.fit(model, volt_test::loader(volt_test::blobs(128)));
     EXPECT_EQ(trainer.state().global_step, 8);  // one full epoch of 8 batches
+    trainer.save_checkpoint(dir / "spent.ckpt");
+  }
+  // Resumed with its time spent, the fit trains no further (Lightning's on_fit_start check);
+  // it trained another epoch past the limit. A duration of 0 trains nothing, as there.
+  for (const double duration : {1e-6, 0.0}) {
+    volt_test::TinyClassifier model;
+    auto timer = std::make_shared<volt::Timer>(
+        volt::TimerOptions().duration_s(duration).interval(volt::Interval::kEpoch).verbose(false));
+    volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(5).callbacks({timer}));
+    trainer.fit(model, volt_test::loader(volt_test::blobs(128)), c10::nullopt,
+                duration > 0 ? dir / "spent.ckpt" : std::string());
+    EXPECT_EQ(trainer.state().global_step, duration > 0 ? 8 : 0) << duration;
   }
 }
 

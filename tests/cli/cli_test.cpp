@@ -71,8 +71,21 @@ class BlobsData : public volt::DataModule {
   std::shared_ptr<volt::TensorDataset> train_, val_;
 };
 
+// The root folder a concurrently started run claims version_0 of, while this run builds its
+// model ("" = none): RacingRun's factory.
+std::string& racing_root() {
+  static std::string root;
+  return root;
+}
+
 volt::Registry make_registry() {
   volt::Registry r = volt::registry();
+  r.models.add("RacingRun", "Tiny, built while another run claims version_0 of racing_root()",
+               volt::Params(), [](const volt::Args&) -> std::shared_ptr<volt::Module> {
+                 fs::create_directories(racing_root() + "/version_0");
+                 std::ofstream(racing_root() + "/version_0/other_run") << "the other run's\n";
+                 return std::make_shared<volt_test::TinyClassifier>();
+               });
   r.models.add("Tiny", "tiny classifier",
                volt::Params().add("lr", 0.1, "SGD lr").add("adam", false, "AdamW instead"),
                [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
@@ -236,6 +249,35 @@ std::string fit_one_epoch(const volt_test::TempDir& dir) {
   return ckpt;
 }
 
+// The loggers of one run share the next free version, claimed (by mkdir) when the first of them
+// writes. The CLI listed the folder while reading the configuration and handed both loggers
+// that number: a run started at the same time into the same root, claiming version_0 between
+// the two, had this run's metrics written into its own folder.
+TEST(Cli, TheLoggersClaimTheirSharedVersionWhenTheyFirstWrite) {
+  volt_test::TempDir dir;
+  racing_root() = dir.path + "/volt_logs";
+  auto args = base(dir);
+  args.front() = "--model=RacingRun";
+  args.insert(args.begin(), "fit");
+  args.insert(args.end(), {"--trainer.max_epochs=1", "--trainer.loggers+=CSVLogger",
+                           "--trainer.loggers+=TensorBoardLogger"});
+  const auto r = run(args);
+  racing_root().clear();
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string other = dir.path + "/volt_logs/version_0";
+  const std::string own = dir.path + "/volt_logs/version_1";
+  EXPECT_EQ(std::distance(fs::directory_iterator(other), fs::directory_iterator()), 1)
+      << "only the other run's file in its version_0";
+  EXPECT_TRUE(fs::exists(own + "/metrics.csv"));
+  EXPECT_TRUE(fs::exists(own + "/config.yaml"));
+  bool events = false;
+  for (auto& e : fs::directory_iterator(own)) {
+    events |= e.path().filename().string().rfind("events.out.tfevents", 0) == 0;
+  }
+  EXPECT_TRUE(events) << "the TensorBoard logger shares version_1";
+  EXPECT_FALSE(fs::exists(dir.path + "/volt_logs/version_2"));
+}
+
 TEST(Cli, ValidateTestAndPredictLoadACheckpoint) {
   volt_test::TempDir dir;
   const std::string ckpt = fit_one_epoch(dir);
@@ -372,6 +414,20 @@ TEST(Cli, BadCommandLinesExitWithCodeTwo) {
   expect_usage_error({"fit", "run.yaml"}, "unexpected argument \"run.yaml\"");
   expect_usage_error({"fit", "--=3"}, "has no option name");
   expect_usage_error({"fit", "--config", "/nonexistent.yaml"}, "cannot read config file");
+  // LightningCLI's -c is --config; its --print_config flag is the print-config command here.
+  expect_usage_error({"fit", "-c", "/nonexistent.yaml"},
+                     "cannot read config file \"/nonexistent.yaml\"");
+  expect_usage_error({"fit", "-c"}, "option -c needs a config file");
+  expect_usage_error({"fit", "--model=Tiny", "--print_config"},
+                     "--print_config is the command print-config here");
+  // Lightning's Trainer(logger=...) takes loggers; here they are trainer.loggers.
+  expect_usage_error(
+      {"fit", "--model=Tiny", "--data=Blobs", "--trainer.logger.class_path=CSVLogger"},
+      "loggers go in the list trainer.loggers");
+  // A folder opens as a file and fails at its first read: it read as an empty configuration, so
+  // `--config base.yaml --config exp/` dropped exp's settings and ran.
+  expect_usage_error({"print-config", "--config", "/tmp", "--model=Tiny", "--data=Blobs"},
+                     "cannot read /tmp: a read error, not the end of the input (is it a folder?)");
   expect_usage_error({"report"}, "report takes one RUN_DIR");
   expect_usage_error({"report", "a", "--config=x"}, "report does not take --config");
 }
@@ -389,9 +445,10 @@ TEST(Cli, BadConfigsExitWithCodeTwo) {
   expect_usage_error(
       {"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs=three"},
       "trainer.max_epochs (--trainer.max_epochs=three): expected int, got \"three\"");
-  expect_usage_error({"fit", "--model=Tny", "--data=Blobs"},
-                     "unknown model \"Tny\"; valid names: \"Throws\", \"Tiny\", \"WrongWidth\" "
-                     "(did you mean \"Tiny\"?)");
+  expect_usage_error(
+      {"fit", "--model=Tny", "--data=Blobs"},
+      "unknown model \"Tny\"; valid names: \"RacingRun\", \"Throws\", \"Tiny\", \"WrongWidth\" "
+      "(did you mean \"Tiny\"?)");
   expect_usage_error({"fit", "--data=Blobs"}, "model is required");
   expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=EarlyStopping"},
                      "trainer.callbacks.0.init_args.monitor is required (str) for callback "

@@ -197,9 +197,20 @@ TEST(ConfigTree, OverrideErrorsSayWhatToDo) {
               apply_override(root, "trainer.callbacks.5.x", "1", false, "--o");
             }).find("has 1 item(s); index 5 is past the end"),
             std::string::npos);
+  // A key on a list sets the item appended last (LightningCLI's rule); it was an error whose
+  // hint named item 0, another callback once two were appended.
+  apply_override(root, "trainer.callbacks", "EarlyStopping", true, "o");
+  apply_override(root, "trainer.callbacks.mode", "max", false, "--trainer.callbacks.mode=max");
+  const ConfigNode* callbacks = root.find("trainer")->find("callbacks");
+  ASSERT_EQ(callbacks->items.size(), 2u);
+  EXPECT_EQ(callbacks->items[0].find("mode"), nullptr);
+  EXPECT_EQ(callbacks->items[1].find("class_path")->scalar, "EarlyStopping");
+  ASSERT_NE(callbacks->items[1].find("mode"), nullptr);
+  EXPECT_EQ(callbacks->items[1].find("mode")->scalar, "max");
+  apply_override(root, "trainer.plugins", "[]", false, "--trainer.plugins=[]");
   EXPECT_NE(error_of([&] {
-              apply_override(root, "trainer.callbacks.first", "1", false, "--o");
-            }).find("is a list; index it with a number"),
+              apply_override(root, "trainer.plugins.x", "1", false, "--o");
+            }).find("trainer.plugins is an empty list; append an item first"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
               apply_override(root, "trainer..x", "1", false, "--o");

@@ -371,6 +371,29 @@ TEST(MixedPrecision, CpuPolicyKeepsOnlyTheFamiliesThisCpuRunsSlowerInFp32) {
   EXPECT_EQ(torch::mm(torch::randn({4, 8}), torch::randn({8, 2})).scalar_type(), at::kBFloat16);
 }
 
+// A second precision set up and torn down while the first is installed (a tuner callback's
+// trial Trainer inside the fit) leaves the first's size rule in force: its teardown set the
+// process-wide threshold to 0, and every linear of the fit ran in bf16 from then on.
+TEST(MixedPrecision, ATrialsTeardownLeavesTheFitsSizeRule) {
+  const auto x_small = torch::randn({4, 8}), w_small = torch::randn({2, 8});  // 64 MACs
+  const auto opts = volt::MixedPrecisionOptions().read_env_lists(false).linear_min_macs(1000);
+  volt::MixedPrecision fit(opts);
+  fit.setup(torch::kCPU);
+  {
+    volt::MixedPrecision trial(opts);
+    trial.setup(torch::kCPU);
+    trial.teardown();
+  }
+  {
+    auto ctx = fit.forward_context();
+    EXPECT_EQ(torch::linear(x_small, w_small).scalar_type(), at::kFloat);
+    EXPECT_EQ(torch::nn::Linear(8, 2)(x_small).scalar_type(), at::kFloat);
+  }
+  fit.teardown();
+  auto ctx = fit.forward_context();
+  EXPECT_EQ(torch::linear(x_small, w_small).scalar_type(), at::kBFloat16);
+}
+
 TEST(MixedPrecision, CpuSizeRuleKeepsSmallLinearsInFp32AndTheUsersListsWin) {
   // An explicit linear_min_macs replaces the measured matmul decision, so this holds on any CPU.
   const auto x_small = torch::randn({4, 8}), w_small = torch::randn({2, 8});  // 64 MACs

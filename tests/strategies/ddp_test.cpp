@@ -89,6 +89,50 @@ TEST(Ddp, TwoRanksEqualOneProcessOnTheGlobalBatch) {
   expect_ranks_equal_reference(dir / "ddp", 2, ref);
 }
 
+// validate and predict at two ranks of a model with no parameter requiring a gradient (loaded
+// for inference): Lightning wraps the model in DDP only to fit. volt built its gradient reducer
+// for every entry point, which refused ("no parameter requires a gradient").
+TEST(Ddp, AModelWithNothingToTrainValidatesAndPredictsAtTwoRanks) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  auto train = run_plain({"--root", dir / "a", "--out", dir / "a/w", "--devices", "2", "--epochs",
+                          "1", "--ckpt-every-step", "1"});
+  ASSERT_EQ(train.code, 0) << train.output;
+  const std::string ckpt = dir / "a/ckpt/last.ckpt";
+  auto frozen = run_plain({"--root", dir / "b", "--out", dir / "b/w", "--devices", "2",
+                           "--freeze-all", "1", "--evaluate", ckpt});
+  ASSERT_EQ(frozen.code, 0) << frozen.output;
+  auto trainable =
+      run_plain({"--root", dir / "c", "--out", dir / "c/w", "--devices", "2", "--evaluate", ckpt});
+  ASSERT_EQ(trainable.code, 0) << trainable.output;
+  const std::regex loss("rank 0 evaluated val_loss=(\\S+)");
+  std::smatch a, b;
+  ASSERT_TRUE(std::regex_search(frozen.output, a, loss)) << frozen.output;
+  ASSERT_TRUE(std::regex_search(trainable.output, b, loss)) << trainable.output;
+  EXPECT_EQ(a[1].str(), b[1].str());
+  EXPECT_TRUE(
+      torch::equal(load_flat(dir / "b/w.pred.rank0.pt"), load_flat(dir / "c/w.pred.rank0.pt")));
+}
+
+// Lightning validates during fit through the DDP-wrapped module, whose first forward after
+// training broadcasts rank 0's buffers: every rank validates rank 0's model, the one
+// ModelCheckpoint saves. volt validated each rank with its own BatchNorm statistics (moved by its
+// own shard), so a sync_dist val_loss averaged two different models.
+TEST(Ddp, AValidationDuringFitRunsWithRankZerosBuffers) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  auto job = run_plain({"--root", dir.path, "--out", dir / "w", "--devices", "2", "--epochs", "2",
+                        "--batchnorm", "1", "--buffer-probe", "1"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  const std::regex line("rank 1 validation buffers differ from rank 0's by (\\S+)");
+  int validations = 0;
+  for (std::sregex_iterator it(job.output.begin(), job.output.end(), line), end; it != end; ++it) {
+    ++validations;
+    EXPECT_EQ((*it)[1].str(), "0") << job.output;
+  }
+  EXPECT_EQ(validations, 2) << job.output;
+}
+
 TEST(Ddp, FourRanksEqualOneProcessOnTheGlobalBatch) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
@@ -897,6 +941,60 @@ TEST(Ddp, ElasticRestartBeforeTheFirstCheckpointResumesFromFitsOwnCheckpoint) {
   }
   EXPECT_EQ(starts, 2u) << "both attempts start at step 8:\n" << elastic.output;
   EXPECT_EQ(elastic.output.find("starts at step 0"), std::string::npos) << elastic.output;
+  for (int r = 0; r < 2; ++r) {
+    const std::string suffix = ".rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))
+        << "rank " << r << "\n"
+        << elastic.output;
+  }
+}
+
+// A per-epoch sync_dist value over a resume in the middle of its epoch: the checkpoint holds
+// every rank's values so far (reduced when it is written), which rank 0 alone takes back. Only
+// rank 0's were saved, and every rank loaded them: the resumed epoch counted rank 0's first
+// batches twice and rank 1's not at all.
+TEST(Ddp, AnEpochsSyncDistValueSurvivesAResumeInTheMiddleOfIt) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::vector<std::string> common{"--devices",          "2", "--batch",        "8",
+                                        "--epochs",           "2", "--epoch-metric", "1",
+                                        "--ckpt-every-batch", "1", "--timeout",      "20"};
+  const std::regex value("rank 0 rank_mean=(\\S+)");
+  std::smatch m;
+  auto whole = run_plain(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  ASSERT_TRUE(std::regex_search(whole.output, m, value)) << whole.output;
+  const double want = std::stod(m[1]);
+  EXPECT_DOUBLE_EQ(want, 53.5);  // ranks 0 and 1, batches 0..7: 50 + 3.5
+  // Rank 1 dies after batch 11: epoch 1, three batches in.
+  auto killed = run_plain(
+      cat({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1", "--die-batch", "11"},
+          common),
+      60s);
+  ASSERT_EQ(killed.code, 1) << killed.output;
+  auto resumed = run_plain(cat(
+      {"--root", dir / "b", "--out", dir / "b/w", "--resume", dir / "b/every_batch.ckpt"}, common));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  ASSERT_TRUE(std::regex_search(resumed.output, m, value)) << resumed.output;
+  EXPECT_DOUBLE_EQ(std::stod(m[1]), want) << resumed.output;
+}
+
+// A rank lost with no checkpoint at all: the restarted attempt starts from the weights fit() was
+// given, as torchrun's new processes would. Rank 0's process keeps its module across attempts,
+// and the restart went on from the weights the failed attempt had trained, at step 0.
+TEST(Ddp, ElasticRestartWithoutACheckpointStartsFromTheGivenWeights) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::vector<std::string> common{"--devices", "2", "--batch",   "8",
+                                        "--epochs",  "1", "--timeout", "20"};
+  auto full = run_plain(cat({"--root", dir / "a", "--out", dir / "a/w"}, common));
+  ASSERT_EQ(full.code, 0) << full.output;
+  auto elastic = run_plain(cat({"--root", dir / "b", "--out", dir / "b/w", "--die-rank", "1",
+                                "--die-step", "5", "--max-restarts", "1"},
+                               common),
+                           240s);
+  ASSERT_EQ(elastic.code, 0) << elastic.output;
+  EXPECT_NE(elastic.output.find("restart 1 of 1 after"), std::string::npos) << elastic.output;
   for (int r = 0; r < 2; ++r) {
     const std::string suffix = ".rank" + std::to_string(r) + ".pt";
     EXPECT_TRUE(torch::equal(load_flat(dir / ("a/w" + suffix)), load_flat(dir / ("b/w" + suffix))))

@@ -95,6 +95,17 @@ TEST(DeepSpeed, AtOneRankEveryStageGivesTheSingleProcessBitsExactly) {
   }
 }
 
+// Frozen parameters in the optimizer (Adam(module.parameters()) beside a frozen fc1) stay whole
+// and unstepped, as DeepSpeed keeps only the trainable ones and a torch optimizer skips a
+// parameter without a gradient: every stage equals one process. It was a ConfigError.
+TEST(DeepSpeed, FrozenParametersInTheOptimizerStayAsTheyAre) {
+  VOLT_REQUIRE_GLOO();
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    expect_zero_equals_one_process({stage, 2, "adam", 1}, {"--frozen-fc1", "1"});
+  }
+}
+
 // A module whose optimizer_zero_grad calls optimizer.zero_grad() itself clears only the chunk
 // views the optimizer holds: before session 82 the full gradients (stage 1) and the reduced
 // shard (stage 2) carried their sums into the next window. The engine clears them at the
@@ -706,6 +717,9 @@ TEST(DeepSpeed, AKilledBf16RunResumesBitIdenticallyWithItsMasterWeights) {
   // restart from the bf16 weights and drift.
   expect_killed_run_resumes_bit_identically("2", {"--bf16-all", "1"});
   expect_killed_run_resumes_bit_identically("3", {"--bf16-all", "1"});
+  // An optimizer that keeps no state of its own (SGD without momentum): the masters were saved
+  // inside each parameter's optimizer state, so none was (DeepSpeed saves them apart).
+  expect_killed_run_resumes_bit_identically("2", {"--bf16-all", "1", "--optimizer", "plain_sgd"});
 }
 
 // The parameter names and shapes of tests/support/ddp_worker.cpp's Net at its defaults (width 8,

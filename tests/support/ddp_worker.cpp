@@ -42,6 +42,12 @@
 //       [--prune F]  (ModelPruning: global L1 pruning of fraction F after each epoch, with the
 //       lottery ticket rewind)
 //       [--freeze-at E]  (a callback freezing fc1 when epoch E starts)
+//       [--freeze-all 1]  (with --evaluate: no parameter requires a gradient)
+//       [--epoch-metric 1]  (logs "rank_mean", sync_dist per epoch; prints its last value)
+//       [--frozen-fc1 1]  (fc1 frozen from the start, its parameters in the optimizer all the
+//                          same, as Adam(module.parameters()) with a frozen backbone)
+//       [--buffer-probe 1]  (prints how far each rank's buffers are from rank 0's at the end
+//                            of each validation of fit)
 //       [--finetune E]  (BackboneFinetuning of fc1, unfrozen at epoch E: from then on its
 //       gradients are reduced too, DDP rebuilding its buckets)
 //       (TrainerOptions::sync_batchnorm)
@@ -149,7 +155,7 @@ class Net : public volt::Module {
   int64_t die_rank = -1, die_call = -1;      // --die-rank with --die-call
   int64_t spike_rank = -1, spike_call = -1;  // --spike-rank with --spike-call
   int64_t calls = 0;
-  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
     if (calls == die_call && run()->global_rank() == die_rank) {
       std::printf("rank %lld dies in call %lld\n", static_cast<long long>(die_rank),
                   static_cast<long long>(calls));
@@ -173,8 +179,13 @@ class Net : public volt::Module {
       loss = loss + torch::sqrt(last - last).sum();
     }
     log("train_loss", loss, volt::LogOptions().sync_dist(sync_dist_));
+    if (epoch_metric) {  // a per-epoch mean over every rank's batches: 100 x rank + batch index
+      log("rank_mean", torch::tensor(100.0 * static_cast<double>(run()->global_rank()) + i),
+          volt::LogOptions().on_step(false).on_epoch(true).sync_dist(true));
+    }
     return loss;
   }
+  bool epoch_metric = false;
   // --gather-val 1: each validation pass's logits on this rank and as all_gather gives them.
   bool gather_val = false;
   std::vector<torch::Tensor> own_logits, gathered_logits;
@@ -195,6 +206,7 @@ class Net : public volt::Module {
   torch::Tensor predict_step(const volt::Batch& b, int64_t) override { return forward(b.input); }
   // --own-zero-grad 1: the override a user writes, clearing the optimizer's own tensors.
   bool own_zero_grad = false;
+  bool optimize_frozen = false;  // the optimizer gets the frozen parameters too
   void optimizer_zero_grad(int64_t epoch, int64_t batch_idx,
                            torch::optim::Optimizer& optimizer) override {
     if (own_zero_grad) {
@@ -208,7 +220,7 @@ class Net : public volt::Module {
     // (--finetune) are added by the callback when unfrozen.
     std::vector<torch::Tensor> unique;
     for (auto& p : volt::distinct_parameters(*this)) {
-      if (p.requires_grad()) unique.push_back(p);
+      if (p.requires_grad() || optimize_frozen) unique.push_back(p);
     }
     estimated_steps = estimated_stepping_batches();
     if (optimizer_ == "none") return {};  // left to the strategy (a DeepSpeed JSON's optimizer)
@@ -217,6 +229,8 @@ class Net : public volt::Module {
           unique, torch::optim::AdamOptions(0.01).weight_decay(0.01));
     } else if (optimizer_ == "adamw") {
       opt = std::make_shared<torch::optim::AdamW>(unique, torch::optim::AdamWOptions(0.01));
+    } else if (optimizer_ == "plain_sgd") {  // no momentum: the optimizer keeps no state
+      opt = std::make_shared<torch::optim::SGD>(unique, torch::optim::SGDOptions(0.1));
     } else if (optimizer_ == "fused_adamw") {
       opt = std::make_shared<volt::FusedAdamW>(unique, volt::FusedAdamWOptions(0.01));
     } else {
@@ -376,6 +390,31 @@ class PrintVal : public volt::Callback {
   double last = -1, last1 = -1;
 };
 
+/// --buffer-probe 1: the largest difference between this rank's floating-point buffers and rank
+/// 0's at the end of each validation of fit (a validation runs with rank 0's buffers on every
+/// rank, as through a DDP-wrapped module).
+class BufferProbe : public volt::Callback {
+ public:
+  std::string state_key() const override { return "BufferProbe"; }
+  explicit BufferProbe(const volt::Strategy* strategy) : strategy_(strategy) {}
+  void on_validation_end(volt::RunContext& run, volt::Module& m) override {
+    if (run.sanity_checking()) return;
+    for (const auto& b : m.buffers()) {
+      if (!b.is_floating_point()) continue;
+      const at::Tensor mine = b.detach().clone();
+      const at::Tensor zeros = strategy_->broadcast(mine, 0);
+      diff = std::max(diff, (zeros - mine).abs().max().item<double>());
+    }
+    std::printf("rank %lld validation buffers differ from rank 0's by %.17g\n",
+                static_cast<long long>(volt::log_rank()), diff);
+    std::fflush(stdout);
+  }
+  double diff = 0;
+
+ private:
+  const volt::Strategy* strategy_;
+};
+
 /// Reads the ZeRO engine's per-rank bytes at the end of training (before stage 3 gathers the
 /// parameters back at teardown).
 class ZeroMemoryProbe : public volt::Callback {
@@ -509,6 +548,11 @@ int main(int argc, char** argv) {
     model.nan_grad_at = num("--nan-grad-at", -1);
     model.spare_on_rank = num("--spare-on-rank", -1);
     model.own_zero_grad = num("--own-zero-grad", 0) != 0;
+    model.epoch_metric = num("--epoch-metric", 0) != 0;
+    if (num("--frozen-fc1", 0) != 0) {  // fc1 frozen, and in the optimizer all the same
+      for (auto& p : model.fc1->parameters()) p.requires_grad_(false);
+      model.optimize_frozen = true;
+    }
     if (a.count("--die-call")) {  // the step callback (DieAt) does not reach a tuner's trials
       model.die_rank = num("--die-rank", -1);
       model.die_call = num("--die-call", -1);
@@ -654,6 +698,8 @@ int main(int argc, char** argv) {
       strategy = std::make_shared<volt::DdpStrategy>(ddp, accelerator, precision,
                                                      num("--devices", 2), num("--nodes", 1));
     }
+    if (num("--buffer-probe", 0) != 0)
+      callbacks.push_back(std::make_shared<BufferProbe>(strategy.get()));
     std::shared_ptr<InferenceProbe> inference;
     if (a.count("--evaluate")) {
       inference = std::make_shared<InferenceProbe>(zero.get(), model.fc1);
@@ -718,7 +764,11 @@ int main(int argc, char** argv) {
     }
     if (a.count("--evaluate")) {
       // validate and predict from the checkpoint (stage 3: ZeRO-Inference), then the module,
-      // whole again, recomputes each prediction.
+      // whole again, recomputes each prediction. --freeze-all 1: with no parameter requiring a
+      // gradient (a model loaded for inference).
+      if (num("--freeze-all", 0) != 0) {
+        for (auto& p : model.parameters()) p.requires_grad_(false);
+      }
       const volt::Metrics metrics = trainer.validate(model, vals.front(), a["--evaluate"]);
       const auto predictions =
           trainer.predict(model, volt::DataLoader(val, volt::DataLoaderOptions(16)));
@@ -791,6 +841,10 @@ int main(int argc, char** argv) {
         }
         aliases = aliases && inside;
       }
+    }
+    if (model.epoch_metric) {
+      std::printf("rank %lld rank_mean=%.17g\n", static_cast<long long>(rank),
+                  trainer.callback_metrics().at("rank_mean"));
     }
     const bool tied = model.fc1->weight.data_ptr() == model.w2.data_ptr();
     const std::string zero_memory = probe && !one ? probe->text : "";

@@ -146,6 +146,7 @@ class Curriculum : public volt::DataModule {
     return volt_test::loader(volt_test::blobs(16 * (level + 1)), 16, false);
   }
   c10::optional<volt::DataLoader> val_dataloader() override {
+    val_built_at = level;
     return volt_test::loader(volt_test::blobs(16 * (level + 1), 8, 1), 16, false);
   }
   void save_state(torch::serialize::OutputArchive& ar) const override {
@@ -158,6 +159,7 @@ class Curriculum : public volt::DataModule {
   }
   int64_t level = 0;
   int built = 0;
+  int64_t val_built_at = -1;  // the level val_dataloader() last saw
 };
 
 class Harder : public volt::Callback {
@@ -209,12 +211,14 @@ TEST(DataModuleState, AResumedFitBuildsItsLoadersFromTheRestoredState) {
     EXPECT_EQ(resumed.level, 3);
     EXPECT_EQ(t.state().global_step, reload_every == 1 ? steps : 2 + 3);
     EXPECT_EQ(resumed.built, 2);  // before the restore, and from the restored state
-    // validate() with the checkpoint reads the state before asking for its loader.
+    // validate() with the checkpoint reads the state before asking for its loader (it asked
+    // first, and validated level 0's one batch).
     Curriculum evaluated;
     TinyClassifier e;
     volt::Trainer v(quiet(dir.path));
     v.validate(e, evaluated, dir / "ckpt/last.ckpt");
     EXPECT_EQ(evaluated.level, 3);
+    EXPECT_EQ(evaluated.val_built_at, 3);
   }
 }
 

@@ -119,6 +119,47 @@ TEST(Interrupt, SigintStopsAtTheBatchBoundaryAndTheCheckpointResumesExactly) {
       << "max diff " << (resumed.flat_params() - whole.flat_params()).abs().max().item<double>();
 }
 
+// ckpt_path="last" takes the newest of ModelCheckpoint's last checkpoints and
+// OnExceptionCheckpoint's file, as Lightning's _parse_ckpt_path: a run preempted mid-epoch 1
+// resumes from its on_exception.ckpt. It took the last.ckpt of epoch 0's end and trained three
+// batches again.
+TEST(Interrupt, CkptPathLastTakesTheNewerOnExceptionCheckpoint) {
+  DefaultStopSignals defaults;
+  volt_test::TempDir dir;
+  auto callbacks = [&](std::shared_ptr<volt::Callback> extra) {
+    std::vector<std::shared_ptr<volt::Callback>> cbs{
+        std::make_shared<volt::ModelCheckpoint>(
+            volt::ModelCheckpointOptions().dirpath(dir / "ckpt").save_last(true).save_top_k(0)),
+        std::make_shared<volt::OnExceptionCheckpoint>(
+            volt::OnExceptionCheckpointOptions().dirpath(dir / "ckpt"))};
+    if (extra) cbs.push_back(extra);
+    return cbs;
+  };
+  TinyClassifier cut;
+  volt::Trainer t(
+      quiet(dir.path).max_epochs(2).callbacks(callbacks(std::make_shared<RaiseAt>(SIGINT, 13))));
+  EXPECT_THROW(t.fit(cut, train_data(), val_data()), volt::Interrupted);
+  ASSERT_TRUE(fs::exists(dir / "ckpt/last.ckpt"));
+  ASSERT_TRUE(fs::exists(dir / "ckpt/on_exception.ckpt"));
+  class StartsAt : public volt::Callback {
+   public:
+    std::string state_key() const override { return "StartsAt"; }
+    void on_train_start(volt::RunContext& run, volt::Module&) override {
+      from = run.ckpt_path();
+      step = run.state().global_step;
+    }
+    std::string from;
+    int64_t step = -1;
+  };
+  auto starts = std::make_shared<StartsAt>();
+  TinyClassifier resumed;
+  volt::Trainer r(quiet(dir.path).max_epochs(2).callbacks(callbacks(starts)));
+  r.fit(resumed, train_data(), val_data(), "last");
+  EXPECT_EQ(starts->from, dir / "ckpt/on_exception.ckpt");
+  EXPECT_EQ(starts->step, 13);
+  EXPECT_EQ(r.state().global_step, 20);
+}
+
 TEST(Interrupt, SigtermDuringValidateStopsAtTheNextBatch) {
   DefaultStopSignals defaults;
   volt_test::TempDir dir;

@@ -107,6 +107,40 @@ TEST(LoadWeights, ValidateTestAndPredictCallTheModulesOnLoadCheckpoint) {
   EXPECT_EQ(other.loads, 3);
 }
 
+// A module whose number of classes is part of its checkpointed state: on_load_checkpoint shapes
+// its head to the checkpoint before the weights are loaded (Lightning's restore_model calls the
+// hook first). It ran after, so a module built for 2 classes met a shape mismatch on a 3-class
+// checkpoint before its hook could resize the head.
+class WithClasses : public TinyClassifier {
+ public:
+  explicit WithClasses(int64_t classes) { set_classes(classes); }
+  void set_classes(int64_t classes) { fc2 = replace_module("fc2", torch::nn::Linear(16, classes)); }
+  void on_save_checkpoint(torch::serialize::OutputArchive& archive) override {
+    archive.write("classes", c10::IValue(fc2->options.out_features()));
+  }
+  void on_load_checkpoint(torch::serialize::InputArchive& archive) override {
+    c10::IValue classes;
+    archive.read("classes", classes);
+    if (classes.toInt() != fc2->options.out_features()) set_classes(classes.toInt());
+  }
+};
+
+TEST(LoadWeights, OnLoadCheckpointShapesTheModuleBeforeTheWeightsLoad) {
+  volt_test::TempDir dir;
+  WithClasses trained(3);
+  volt::Trainer t(quiet(dir.path).max_epochs(1));
+  t.fit(trained, volt_test::loader(volt_test::blobs(64)));
+  t.save_checkpoint(dir / "three.ckpt");
+  WithClasses loaded(2);
+  volt::load_weights(loaded, dir / "three.ckpt");
+  EXPECT_EQ(loaded.fc2->weight.size(0), 3);
+  expect_same_weights(loaded, trained);
+  WithClasses validated(2);  // an entry point's restore
+  volt::Trainer v(quiet(dir.path));
+  v.validate(validated, volt_test::loader(volt_test::blobs(32), 16, false), dir / "three.ckpt");
+  expect_same_weights(validated, trained);
+}
+
 TEST(LoadWeights, AMismatchListsEveryNameAndTheCheckpointUnlessNotStrict) {
   volt_test::TempDir dir;
   WithVocab trained;

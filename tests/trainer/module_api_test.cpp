@@ -79,6 +79,56 @@ TEST(ModuleApi, EstimatedSteppingBatchesIsTheStepsTheFitTakes) {
   EXPECT_NE(in_validate.find("known during fit only"), std::string::npos) << in_validate;
 }
 
+// Lightning leaves max_epochs -1 (no limit) when max_time or a Timer callback bounds the fit; it
+// was 1000 here, so a fit given only max_time stopped after 1000 epochs of a small dataset.
+// Nothing then bounds the steps to estimate, which is an error rather than a guess.
+TEST(ModuleApi, OnlyTimeBoundsAFitGivenMaxTimeOrATimer) {
+  class StopsAtOnce : public volt::Callback {
+   public:
+    std::string state_key() const override { return "StopsAtOnce"; }
+    void on_train_start(volt::RunContext& run, volt::Module&) override {
+      max_epochs = run.max_epochs();
+    }
+    void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                            int64_t) override {
+      run.request_stop();
+    }
+    int64_t max_epochs = 0;
+  };
+  volt_test::TempDir dir;
+  const std::vector<std::pair<const char*, volt::TrainerOptions>> cases = {
+      {"max_time", quiet(dir.path).max_time(3600.0)},
+      {"a Timer", quiet(dir.path).callbacks(
+                      {std::make_shared<volt::Timer>(volt::TimerOptions().duration_s(3600.0))})},
+  };
+  for (const auto& c : cases) {
+    class Asks : public TinyClassifier {
+     public:
+      std::vector<volt::OptimizerConfig> configure_optimizers() override {
+        error = error_of<volt::ConfigError>([&] { estimated_stepping_batches(); });
+        return TinyClassifier::configure_optimizers();
+      }
+      std::string error;
+    } model;
+    auto stops = std::make_shared<StopsAtOnce>();
+    volt::TrainerOptions options = c.second;
+    auto callbacks = options.callbacks();
+    callbacks.push_back(stops);
+    volt::Trainer trainer(options.callbacks(callbacks));
+    trainer.fit(model, volt_test::loader(volt_test::blobs(32)));
+    EXPECT_EQ(stops->max_epochs, -1) << c.first;
+    EXPECT_EQ(trainer.state().global_step, 1) << c.first;
+    EXPECT_NE(model.error.find("set max_epochs or max_steps"), std::string::npos)
+        << c.first << ": " << model.error;
+  }
+  // Nothing set: Lightning's 1000.
+  auto stops = std::make_shared<StopsAtOnce>();
+  TinyClassifier model;
+  volt::Trainer trainer(quiet(dir.path).callbacks({stops}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(stops->max_epochs, 1000);
+}
+
 TEST(ModuleApi, LogDictLogsEveryEntryWithTheOptions) {
   class LogsTwo : public TinyClassifier {
    public:

@@ -74,6 +74,66 @@ TEST(ExactResume, FromEveryKindOfStopIsBitIdentical) {
   }
 }
 
+// The uninterrupted fit stops right after a validation that asks it to (as Lightning's loop, which
+// checks should_stop before the next batch). Resumed from the checkpoint written just before
+// that validation (b6), the fit runs the validation first; the stop it asked for ended the fit
+// only after one more batch (one more optimizer step).
+TEST(ExactResume, AStopTheResumedValidationAsksForEndsTheFitThere) {
+  class StopsAtTheValidationOfBatch6 : public volt::Callback {
+   public:
+    std::string state_key() const override { return "StopsAtTheValidationOfBatch6"; }
+    void on_validation_end(volt::RunContext& r, volt::Module&) override {
+      if (!r.sanity_checking() && r.state().total_batches_done == 6) r.request_stop();
+    }
+  };
+  volt_test::TempDir dir;
+  auto fit = [&](const std::string& root, const std::string& resume, bool save) {
+    TinyClassifier model(8, 0.05, /*adam=*/true);
+    std::vector<std::shared_ptr<volt::Callback>> cbs{
+        std::make_shared<StopsAtTheValidationOfBatch6>()};
+    if (save) cbs.push_back(std::make_shared<SaveEveryBatch>(dir.path));
+    volt::Trainer t(volt_test::quiet(root).max_epochs(3).val_check_interval(0.5).callbacks(cbs));
+    t.fit(model, volt_test::loader(volt_test::blobs(200, 8, 1), 16, true, 1),
+          volt_test::loader(volt_test::blobs(64, 8, 2), 32, false), resume);
+    return RunResult{model.flat_params(), t.callback_metrics(), t.state().global_step};
+  };
+  const RunResult full = fit(dir / "full", "", true);
+  EXPECT_EQ(full.steps, 6);
+  const RunResult resumed = fit(dir / "resumed", dir / "b6.ckpt", false);
+  EXPECT_EQ(resumed.steps, 6);
+  EXPECT_TRUE(resumed.params.equal(full.params));
+}
+
+// A fit ended by max_steps mid-epoch, resumed with a larger max_steps, trains the rest of that
+// epoch and ends as the fit given the larger max_steps from the start (an epoch-interval
+// scheduler included, which steps at real epoch ends only). The resumed fit took the next epoch
+// instead: it skipped the epoch's remaining batches and ended an epoch later.
+TEST(ExactResume, AFitEndedByMaxStepsMidEpochGoesOnWithThatEpoch) {
+  volt_test::TempDir dir;
+  auto fit = [&](int64_t max_steps, const std::string& resume, const std::string& save) {
+    torch::manual_seed(3);  // the same initial weights for the two fits from scratch
+    TinyClassifier model(8, 0.05, /*adam=*/true);
+    model.scheduler_step_size = 1;
+    model.scheduler_interval = volt::Interval::kEpoch;
+    volt::Trainer t(volt_test::quiet(dir.path).max_steps(max_steps));
+    // 160 rows at batch 16: 10 batches an epoch.
+    t.fit(model, volt_test::loader(volt_test::blobs(160, 8, 1), 16, true),
+          volt_test::loader(volt_test::blobs(32, 8, 2), 16, false), resume);
+    if (!save.empty()) t.save_checkpoint(save);
+    return std::make_pair(model.flat_params(), t.state());
+  };
+  const auto whole = fit(30, "", "");
+  EXPECT_EQ(whole.second.epoch, 2);
+  const auto first = fit(15, "", dir / "at15.ckpt");
+  EXPECT_EQ(first.second.epoch, 1);
+  EXPECT_FALSE(first.second.epoch_finished);
+  const auto resumed = fit(30, dir / "at15.ckpt", "");
+  EXPECT_EQ(resumed.second.global_step, 30);
+  EXPECT_EQ(resumed.second.epoch, 2);
+  EXPECT_TRUE(resumed.first.equal(whole.first))
+      << "max diff " << (resumed.first - whole.first).abs().max().item<double>();
+}
+
 // The process is really killed (SIGKILL) while training (held at batch 17 by --wait-at so the
 // point is known); the run resumed from its last.ckpt ends bit-identical to an uninterrupted
 // process. On CUDA the runs are deterministic (deterministic=true) and the checkpoint carries

@@ -607,6 +607,118 @@ TEST(Trainer, MaxTimeStops) {
   EXPECT_EQ(t.state().global_step, 1);
 }
 
+// Lightning's _should_check_val_fx: a stop requested mid-epoch (request_stop(), max_time) runs
+// the epoch's validation at the stopping batch, so ModelCheckpoint and EarlyStopping see the
+// weights the fit leaves with; volt skipped it, and a checkpoint saved there carried the previous
+// validation's score. Reaching max_steps does not validate (nor in Lightning), nor an epoch that
+// check_val_every_n_epoch skips, and a stop at a due validation validates once.
+TEST(Trainer, AStopRequestMidEpochValidatesTheWeightsItLeavesWith) {
+  class StopsAt : public volt::Callback {
+   public:
+    std::string state_key() const override { return "StopsAt"; }
+    explicit StopsAt(int64_t batch) : batch_(batch) {}
+    void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                            int64_t batch_idx) override {
+      if (batch_idx == batch_) run.request_stop();
+    }
+    void on_validation_end(volt::RunContext& run, volt::Module&) override {
+      validated_at.push_back(run.state().global_step);
+    }
+    std::vector<int64_t> validated_at;
+
+   private:
+    int64_t batch_;
+  };
+  struct Case {
+    const char* what;
+    int64_t stop_at;  // -1: no request
+    volt::TrainerOptions options;
+    int64_t steps;
+    std::vector<int64_t> validated_at;
+  };
+  volt_test::TempDir dir;
+  // 112 rows at batch 16: 7 batches an epoch.
+  const std::vector<Case> cases = {
+      {"request_stop at batch 2", 2, quiet(dir.path).max_epochs(3), 3, {3}},
+      {"request_stop at the last batch, where validation is due",
+       6,
+       quiet(dir.path).max_epochs(3),
+       7,
+       {7}},
+      {"request_stop in an epoch check_val_every_n_epoch skips",
+       2,
+       quiet(dir.path).max_epochs(3).check_val_every_n_epoch(2),
+       3,
+       {}},
+      {"request_stop deferred by min_epochs=1 to the end of epoch 0",
+       2,
+       quiet(dir.path).max_epochs(3).min_epochs(1),
+       7,
+       {7}},
+      {"max_time", -1, quiet(dir.path).max_epochs(3).max_time(1e-6), 1, {1}},
+      {"max_steps mid-epoch", -1, quiet(dir.path).max_epochs(3).max_steps(3), 3, {}},
+  };
+  for (const auto& c : cases) {
+    TinyClassifier model;
+    auto stops = std::make_shared<StopsAt>(c.stop_at);
+    volt::Trainer t(volt::TrainerOptions(c.options).callbacks({stops}));
+    t.fit(model, volt_test::loader(volt_test::blobs(112)),
+          volt_test::loader(volt_test::blobs(32), 16, false));
+    EXPECT_EQ(t.state().global_step, c.steps) << c.what;
+    EXPECT_EQ(stops->validated_at, c.validated_at) << c.what;
+  }
+}
+
+// Lightning reduces what a Callback logs in its epoch-end hooks with the epoch's own values.
+// volt reduced the epoch before the callbacks' hooks: the validation and test values were
+// dropped (a ModelCheckpoint could not monitor them), the training ones waited for the next
+// epoch, were averaged with its value there, and the last epoch's never reached a logger.
+TEST(Trainer, ValuesACallbackLogsAtEpochEndBelongToThatEpoch) {
+  class LogsAtEpochEnd : public volt::Callback {
+   public:
+    std::string state_key() const override { return "LogsAtEpochEnd"; }
+    void on_train_epoch_end(volt::RunContext& run, volt::Module&) override {
+      run.log("cb_train", torch::tensor(static_cast<double>(run.state().epoch)), {});
+    }
+    void on_validation_epoch_end(volt::RunContext& run, volt::Module&) override {
+      run.log("cb_val", torch::tensor(100.0 + static_cast<double>(run.state().epoch)), {});
+    }
+    void on_test_epoch_end(volt::RunContext& run, volt::Module&) override {
+      run.log("cb_test", torch::tensor(7.0), {});
+    }
+  };
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  auto logger = std::make_shared<volt_test::MemoryLogger>();
+  // Listed after the callback that logs, as Lightning requires for a monitored callback value.
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                          .dirpath(dir / "ckpt")
+                                                          .monitor("cb_val")
+                                                          .mode(volt::Mode::kMax));
+  volt::Trainer t(quiet(dir.path)
+                      .max_epochs(2)
+                      .num_sanity_val_steps(2)
+                      .callbacks({std::make_shared<LogsAtEpochEnd>(), ckpt})
+                      .loggers({logger}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)),
+        volt_test::loader(volt_test::blobs(32), 16, false));
+  const auto train = logger->with("cb_train");
+  ASSERT_EQ(train.size(), 2u);
+  EXPECT_EQ(train[0].second.at("cb_train"), 0.0);
+  EXPECT_EQ(train[1].second.at("cb_train"), 1.0);
+  EXPECT_EQ(train[1].second.at("epoch"), 1.0);
+  const auto val = logger->with("cb_val");  // not the sanity check's
+  ASSERT_EQ(val.size(), 2u);
+  EXPECT_EQ(val[0].second.at("cb_val"), 100.0);
+  EXPECT_EQ(val[1].second.at("cb_val"), 101.0);
+  ASSERT_TRUE(ckpt->best_model_score().has_value());
+  EXPECT_EQ(*ckpt->best_model_score(), 101.0);
+  EXPECT_EQ(t.callback_metrics().at("cb_val"), 101.0);
+  const auto tested = t.test(model, volt_test::loader(volt_test::blobs(32), 16, false));
+  EXPECT_EQ(tested.at("cb_test"), 7.0);
+  EXPECT_EQ(logger->with("cb_test").size(), 1u);
+}
+
 // ---------------------------------------------------------------- where a foreign error came from
 
 // Throws std::runtime_error from the hook or step named `at`, at batch `batch` (of the training

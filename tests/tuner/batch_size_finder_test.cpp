@@ -103,6 +103,20 @@ TEST(BatchSizeFinder, BinsearchConvergesBetweenWhatFittedAndWhatDidNotLessTheMar
                                                 .margin(0)
                                                 .max_memory_bytes(10 * kMiB));
   EXPECT_EQ(exact.batch_size, low);
+  // max_trials counts the trials that fitted (Lightning's _run_binsearch_scaling): the failures
+  // past 32 do not use up the six, and the search goes on to a size above 32 that fits. It
+  // stopped at 32 after 64 failed.
+  SizedData six(4096, 2);
+  const auto counted = volt::scale_batch_size(model, six, quiet(dir.path),
+                                              BatchSizeFinderOptions()
+                                                  .mode(BatchSizeScaling::kBinsearch)
+                                                  .margin(0)
+                                                  .max_trials(6)
+                                                  .max_memory_bytes(10 * kMiB));
+  EXPECT_GT(counted.batch_size, 32) << ::testing::PrintToString(sizes_of(counted));
+  const auto fits = fits_of(counted);
+  EXPECT_EQ(std::count(fits.begin(), fits.end(), true), 6)
+      << ::testing::PrintToString(sizes_of(counted));
 }
 
 TEST(BatchSizeFinder, ARealAllocationFailureEndsTheSearchLikeABudget) {

@@ -36,6 +36,9 @@ class OnExceptionCheckpoint : public Callback {
   void on_exception(RunContext& run, Module& module, const std::exception& error) override;
   /// Where the last on_exception saved ("" if it did not).
   const std::string& saved_path() const { return saved_path_; }
+  /// The file on_exception writes for a run logging into `log_dir`. ckpt_path="last" takes it
+  /// when it is newer than ModelCheckpoint's last checkpoint (Lightning's _parse_ckpt_path).
+  std::string path_for(const std::string& log_dir) const;
 
  private:
   OnExceptionCheckpointOptions options_;

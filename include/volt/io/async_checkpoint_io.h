@@ -51,8 +51,10 @@ struct AsyncCheckpointIOStats {
 /// write) run on one background thread, in call order. remove() is queued behind the saves
 /// issued before it, so a file is never deleted before its replacement is on disk; load() and
 /// flush() wait for everything issued before them. A background failure is logged when it
-/// happens and thrown (CheckpointError) by the next save, remove, load or flush, so a run's
-/// end (the Strategy flushes) never hides it. A process killed with writes pending leaves the
+/// happens and thrown (CheckpointError): a failed save by the next save, load or flush (the
+/// removals queued behind it are skipped, keeping the files it was to replace), a failed
+/// removal by the next call of any kind, so a run's end (the Strategy flushes) never hides a
+/// failed save. A process killed with writes pending leaves the
 /// previous files intact, as with synchronous writes.
 class AsyncCheckpointIO : public CheckpointIO {
  public:

@@ -96,6 +96,10 @@ class DdpStrategy : public Strategy {
   /// Broadcasts rank 0's buffers of `module` (broadcast_buffers), then, with sync_batchnorm over
   /// several processes, runs its BatchNorm layers over the whole batch while the object lives.
   std::shared_ptr<void> training_forward_context(Module& module) override;
+  /// The first validation step after training steps broadcasts rank 0's buffers first (with
+  /// broadcast_buffers), as the DDP-wrapped module Lightning validates through during fit
+  /// does: each rank's BatchNorm statistics moved with its own shard.
+  void validation_step(Module& module, const Batch& batch, int64_t batch_idx) override;
   void backward(const at::Tensor& loss, Module& module, bool sync_gradients) override;
   /// Arms the buckets of every module in `modules` (those that sync), then runs one backward:
   /// each module's gradients are averaged over the ranks as backward(loss, module) would

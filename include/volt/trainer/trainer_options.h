@@ -39,7 +39,8 @@ struct TrainerOptions {
   /// short names "32", "bf16", "16" and "64" too; `volt fit --help` lists them with their
   /// parameters) or a Precision object. Default: "32-true".
   TORCH_ARG(Spec<Precision>, precision) = "32-true";
-  /// Stop after this many epochs; -1 = 1000 when max_steps is also unset. Default: -1.
+  /// Stop after this many epochs; -1 = no limit when max_steps, max_time or a Timer callback
+  /// bounds the fit, else 1000 (Lightning's default). Default: -1.
   TORCH_ARG(int64_t, max_epochs) = -1;
   /// Keep training (ignore stop requests) until this many epochs. Default: 0.
   TORCH_ARG(int64_t, min_epochs) = 0;

@@ -419,6 +419,16 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
       *cur = ConfigNode::make_map(origin);
       if (is_index(seg)) cur->kind = ConfigNode::Kind::kList;  // trainer.callbacks.0.x
     }
+    if (cur->is_list() && !is_index(seg)) {
+      // LightningCLI's (jsonargparse's) rule: after `--trainer.callbacks+=EarlyStopping`,
+      // `--trainer.callbacks.patience=5` sets the item appended last. It was an error whose
+      // hint named item 0, which set another callback's value when followed.
+      VOLT_CHECK(!cur->items.empty(), ConfigError, "[cli] ", origin, ": ", join_path(walked),
+                 " is an empty list; append an item first (--", join_path(walked),
+                 "+=NAME), whose ", seg, " this then sets.");
+      walked.push_back(std::to_string(cur->items.size() - 1));
+      cur = &cur->items.back();
+    }
     if (cur->is_list()) {
       VOLT_CHECK(is_index(seg), ConfigError, "[cli] ", origin, ": ", join_path(walked),
                  " is a list; index it with a number (", join_path(walked), ".0.", seg, ").");

@@ -95,6 +95,11 @@ bool is_list_type(ParamType t) {
     hint = " (--" + key + "= is the empty string" +
            (spec.nullable ? "; --" + key + "=null gives null" : "") +
            (is_list_type(spec.type) ? "; --" + key + "=[] gives an empty list" : "") + ")";
+  } else if (key == "trainer.logger" && !n.is_scalar()) {
+    // Lightning's Trainer(logger=...) takes the logger objects; here they have a list of their own.
+    hint =
+        " (trainer.logger only turns logging on or off; loggers go in the list "
+        "trainer.loggers, e.g. trainer.loggers: [{class_path: TensorBoardLogger}])";
   }
   fail(key, n,
        std::string("expected ") + param_type_name(spec.type) + (spec.nullable ? " or null" : "") +

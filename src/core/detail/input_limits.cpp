@@ -160,6 +160,10 @@ std::string read_bounded(std::istream& in, const std::string& component, const s
     out.append(buf, static_cast<size_t>(in.gcount()));
     check_size(out.size(), component, source, limits);
   }
+  // A read error, not the end of the input: a folder given as a file opens, and its first read
+  // fails (EISDIR). It read as empty, so `--config some_folder/` was an empty configuration.
+  VOLT_CHECK(!in.bad(), ConfigError, "[", component, "] cannot read ", source,
+             ": a read error, not the end of the input (is it a folder?); give a readable file.");
   return out;
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace volt {
 namespace detail {
@@ -17,6 +18,23 @@ int64_t next_version(const std::string& root);
 /// mkdir: two runs starting at once into one root get different versions (next_version alone
 /// would give both the same).
 int64_t claim_next_version(const std::string& root, const std::string& component);
+
+/// While one is alive, the loggers of this process that claim the next version of one of `roots`
+/// (claim_next_version) share it: the first claim makes the folder, the later ones take its
+/// number. The CLI's loggers of one run write one version_N this way, claimed when the first of
+/// them writes (a run that fails before writing leaves no folder, and a run started at the same
+/// time into the same root gets a version of its own). One set at a time per process; a root
+/// already shared by another live set is left to that set.
+class SharedVersionClaims {
+ public:
+  explicit SharedVersionClaims(const std::vector<std::string>& roots);
+  ~SharedVersionClaims();
+  SharedVersionClaims(const SharedVersionClaims&) = delete;
+  SharedVersionClaims& operator=(const SharedVersionClaims&) = delete;
+
+ private:
+  std::vector<std::string> roots_;  // the ones this set registered
+};
 
 }  // namespace detail
 }  // namespace volt

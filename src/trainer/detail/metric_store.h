@@ -51,8 +51,15 @@ class MetricStore {
     epoch_.clear();
   }
   bool has_step_values() const { return !step_.empty(); }
-  void save(torch::serialize::OutputArchive& ar) const;
-  void load(torch::serialize::InputArchive& ar);
+  // Writes the epoch entries. With `across_ranks` (a collective: every rank saves, as every
+  // rank writes a checkpoint's state), a sync_dist entry is written as the reduction of every
+  // rank's values so far, one value: only rank 0's file is kept, and a resumed epoch reduced its
+  // values with every rank's (rank 0's counted once per rank, the others' not at all).
+  void save(torch::serialize::OutputArchive& ar,
+            const CrossRankReduce& across_ranks = nullptr) const;
+  // Reads them back; without `sync_dist_entries` (every rank but 0) the sync_dist entries are
+  // left out, rank 0's holding them for every rank.
+  void load(torch::serialize::InputArchive& ar, bool sync_dist_entries = true);
 
  private:
   std::map<std::string, StepEntry> step_;

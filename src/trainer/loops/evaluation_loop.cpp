@@ -128,8 +128,17 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
     const std::vector<int64_t> since = std::exchange(r.monitored_steps_since, {});
     r.step_monitored_schedulers(since);
   }
+  // What the callbacks log in their epoch-end hook is the pass's too (Lightning reduces it with
+  // the pass's values, before on_validation_end / on_test_end): ModelCheckpoint and
+  // EarlyStopping can monitor it, and it reaches the loggers and the entry point's result. It
+  // was dropped with the pass's store.
+  const auto flush_callbacks_values = [&] {
+    if (sanity) return;
+    for (auto& kv : r.flush_epoch(r.eval_metrics, true)) result[kv.first] = kv.second;
+  };
   if (is_test) {
     r.callback_hook("on_test_epoch_end", [&](Callback& c) { c.on_test_epoch_end(r, m); });
+    flush_callbacks_values();
     r.hook(
         "on_test_end", [&](Module& mm) { mm.on_test_end(); },
         [&](Callback& c) { c.on_test_end(r, m); });
@@ -137,6 +146,7 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   } else {
     r.callback_hook("on_validation_epoch_end",
                     [&](Callback& c) { c.on_validation_epoch_end(r, m); });
+    flush_callbacks_values();
     r.hook(
         "on_validation_end", [&](Module& mm) { mm.on_validation_end(); },
         [&](Callback& c) { c.on_validation_end(r, m); });

@@ -30,10 +30,16 @@ bool validates(const Run& r, const std::vector<DataLoader>& val) {
   return false;
 }
 
-bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const std::vector<DataLoader>& val) {
+// Whether this epoch validates at all (check_val_every_n_epoch), as Lightning's
+// _should_check_val_epoch.
+bool is_val_epoch(const Run& r, const std::vector<DataLoader>& val) {
   if (!validates(r, val)) return false;
+  return r.fast_dev || (r.st.epoch + 1) % r.opts.check_val_every_n_epoch() == 0;
+}
+
+bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const std::vector<DataLoader>& val) {
+  if (!is_val_epoch(r, val)) return false;
   if (r.fast_dev) return idx + 1 == n;  // Lightning's fast_dev_run sets val_check_interval=1.0
-  if ((r.st.epoch + 1) % r.opts.check_val_every_n_epoch() != 0) return false;
   const Limit& vci = r.opts.val_check_interval();
   int64_t every = vci.is_fraction()
                       ? std::max<int64_t>(1, static_cast<int64_t>(std::floor(n * vci.fraction())))
@@ -41,11 +47,12 @@ bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const std::vector<Dat
   return (idx + 1) % every == 0 || (vci.is_fraction() && vci.fraction() == 1.0 && idx + 1 == n);
 }
 
-// Decides on what every rank agreed (Run::check_stop): a rank's own clock or request_stop()
-// alone would let ranks leave the loop at different batches, and the one that goes on would
-// wait in its next gradient all-reduce for peers that are gone.
-bool stop_now(Run& r) {
-  if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) return true;
+// max_time, or an agreed stop request once min_epochs / min_steps are met (Lightning's
+// trainer.should_stop with _FitLoop._can_stop_early); not max_steps. Decides on what every rank
+// agreed (Run::check_stop): a rank's own clock or request_stop() alone would let ranks leave the
+// loop at different batches, and the one that goes on would wait in its next gradient all-reduce
+// for peers that are gone.
+bool stop_requested(Run& r) {
   if (r.time_up) return true;
   if (!r.stop_agreed) return false;
   // As Lightning (_FitLoop._can_stop_early): a stop request waits until min_epochs epochs have
@@ -62,6 +69,12 @@ bool stop_now(Run& r) {
   }
   r.stop_deferral_logged = true;
   return false;
+}
+
+// A requested stop, or max_steps reached.
+bool stop_now(Run& r) {
+  if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) return true;
+  return stop_requested(r);
 }
 
 void validate_now(Run& r, std::vector<DataLoader>& val) {
@@ -116,14 +129,19 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   // A hook may have frozen or unfrozen layers (BaseFinetuning); DDP rebuilds its buckets.
   r.check_trainable_parameters();
   // Resumed from a checkpoint written just before a due validation: run it first.
+  bool stopped = false;
   if (st.val_pending) {
     if (validates(r, val)) {
       validate_now(r, val);
+      // A stop it asks for (EarlyStopping) ends the fit here, as after the same validation in
+      // an uninterrupted fit; the resumed fit trained one more batch.
+      r.check_stop(/*lagged=*/false, /*in_fit=*/true);
+      stopped = stop_now(r);
     } else {
       st.val_pending = false;  // resumed without the validation data it was due on
     }
   }
-  if (st.batches_done < n) {
+  if (!stopped && st.batches_done < n) {
     BatchStream stream = train.stream(st.epoch, st.batches_done, n - st.batches_done);
     // Pinned batches on a CUDA run: batch i+1 is fetched as soon as step i is enqueued and
     // copied to the device on a side stream while step i runs (trainer/detail/device_prefetch.h).
@@ -187,14 +205,29 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
       // while the next batch computes) except after a validation, whose request (EarlyStopping)
       // stops this batch as in one process.
       r.check_stop(/*lagged=*/!validate, /*in_fit=*/true);
-      if (stop_now(r)) break;
+      if (stop_now(r)) {
+        // A requested stop (max_time, request_stop(), a callback) validates the weights it
+        // leaves with when this epoch validates, as Lightning's _should_check_val_fx: else
+        // ModelCheckpoint and EarlyStopping would rank them by an older validation's score.
+        // Reaching max_steps does not (nor in Lightning). On what the ranks agreed, so every
+        // rank runs the pass.
+        if (!validate && stop_requested(r) && is_val_epoch(r, val)) validate_now(r, val);
+        break;
+      }
     }
     r.train_batch = -1;
   }
   r.step->check_losses();  // before the epoch-end hooks, which may write checkpoints
   r.scope = LogScope::kTrainEpochEnd;
-  r.step_schedulers(Interval::kEpoch);
-  st.epoch_finished = true;
+  // An epoch left before its last batch because max_steps was reached stays unfinished: a fit
+  // resumed from it with a larger max_steps trains its remaining batches, as the fit given that
+  // max_steps from the start (Lightning restarts an iteration-based fit inside its epoch); it
+  // went on with the next epoch, skipping them. The end hooks run all the same (ModelCheckpoint
+  // saves there), as in Lightning; the epoch's schedulers step only after its last batch
+  // (Lightning's _num_ready_batches_reached), whatever ended it.
+  const bool all_batches = st.batches_done >= n;
+  if (all_batches) r.step_schedulers(Interval::kEpoch);
+  st.epoch_finished = all_batches || r.opts.max_steps() < 0 || st.global_step < r.opts.max_steps();
   // The module's hook runs before the epoch metrics are reduced (it may log), the callbacks'
   // after (ModelCheckpoint and EarlyStopping read the reduced values).
   r.module_hook("on_train_epoch_end", [&](Module& mm) { mm.on_train_epoch_end(); });
@@ -202,8 +235,12 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   // Those that monitor a metric read the epoch's reduced ones (its validation's, what the
   // module's end hook logged), before the callbacks' hooks, so that a checkpoint written there
   // holds the step (Lightning steps them after those hooks: its checkpoint misses the step).
-  r.step_schedulers(Interval::kEpoch, /*monitored=*/true);
+  if (all_batches) r.step_schedulers(Interval::kEpoch, /*monitored=*/true);
   r.callback_hook("on_train_epoch_end", [&](Callback& c) { c.on_train_epoch_end(r, m); });
+  // What the callbacks logged there belongs to this epoch too (Lightning reduces it with the
+  // epoch's values); it waited for the next epoch's reduction, averaged with that epoch's, and
+  // the last epoch's never reached the loggers.
+  r.flush_epoch(r.train_metrics, true);
   for (auto& l : r.loggers()) l->save();
   r.scope = LogScope::kNone;
 }
@@ -433,9 +470,14 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
       [&](Callback& c) { c.on_train_start(r, m); });
   const int64_t max_epochs = r.resolved_max_epochs();
   for (bool first = true;; first = false) {
+    // The epoch-end hooks' requests; at the start, those of on_train_start (a Timer restored
+    // with its time spent) and max_time already spent by the fit resumed.
+    if (first || r.st.epoch_finished) {
+      r.check_stop(/*lagged=*/false, /*in_fit=*/true);
+      if (stop_now(r)) break;
+    }
     if (r.st.epoch_finished) {
-      r.check_stop(/*lagged=*/false, /*in_fit=*/true);  // the epoch-end hooks' requests too
-      if (stop_now(r) || (max_epochs >= 0 && r.st.epoch + 1 >= max_epochs)) break;
+      if (max_epochs >= 0 && r.st.epoch + 1 >= max_epochs) break;
       ++r.st.epoch;
       r.st.batches_done = 0;
       r.st.epoch_finished = false;
