@@ -473,7 +473,12 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
     // The epoch-end hooks' requests; at the start, those of on_train_start (a Timer restored
     // with its time spent) and max_time already spent by the fit resumed.
     if (first || r.st.epoch_finished) {
+      // At the start max_time counts the time restored only, as Lightning's Timer checks at
+      // on_fit_start before it counts: the microseconds since fit_start would stop a small
+      // max_time before its first batch.
+      if (first) r.fit_end = r.fit_start;
       r.check_stop(/*lagged=*/false, /*in_fit=*/true);
+      if (first) r.fit_end.reset();
       if (stop_now(r)) break;
     }
     if (r.st.epoch_finished) {
