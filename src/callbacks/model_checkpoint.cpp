@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/detail/ascii.h"
+#include "core/detail/newest_path.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
@@ -204,8 +205,7 @@ std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) co
   const std::string dir = resolve_folder(dirpath_, options_.dirpath(), log_dir);
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return "";
-  std::string newest;
-  struct timespec newest_time {};
+  detail::NewestPath newest;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     // last.ckpt, last-v1.ckpt, ...: never temp files (they end in .volt-tmp.<pid>).
@@ -216,14 +216,10 @@ std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) co
     const std::string path = dir + "/" + name;
     // A file, or a folder of shards (ZeRO, model_parallel's save_distributed_checkpoint).
     if (::stat(path.c_str(), &st) != 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) continue;
-    if (newest.empty() || st.st_mtim.tv_sec > newest_time.tv_sec ||
-        (st.st_mtim.tv_sec == newest_time.tv_sec && st.st_mtim.tv_nsec > newest_time.tv_nsec)) {
-      newest = path;
-      newest_time = st.st_mtim;
-    }
+    newest.consider(path, st);
   }
   ::closedir(d);
-  return newest;
+  return newest.path();
 }
 
 std::string ModelCheckpoint::format_filename(const Metrics& metrics, int64_t epoch,

@@ -66,14 +66,17 @@ at::Tensor synced_batch_norm(ProcessGroup& group, const at::Tensor& input, const
   shape[1] = channels;
   const at::Tensor x = input.scalar_type() == at::kDouble ? input : input.to(at::kFloat);
   const double local_count = static_cast<double>(input.numel() / std::max<int64_t>(channels, 1));
-  const at::Tensor local_mean = x.mean(dims);
+  // A rank with no rows (uneven data) contributes a count of 0 and a mean of 0, not NaN (the
+  // mean of nothing), which made every rank's mean, output and running statistics NaN; it still
+  // joins the collective (PyTorch's SyncBatchNorm does the same).
+  const at::Tensor local_mean = local_count > 0 ? x.mean(dims) : at::zeros({channels}, x.options());
   const at::Tensor local_m2 = (x - local_mean.view(shape)).square().sum(dims);
   const at::Tensor all = AllGather::apply(
       at::cat({local_mean, local_m2, at::full({1}, local_count, x.options())}), &group);
   const at::Tensor counts = all.select(1, 2 * channels).detach().unsqueeze(1);  // [world, 1]
   const at::Tensor means = all.narrow(1, 0, channels);
   const at::Tensor count = counts.sum();
-  const at::Tensor mean = (means * counts).sum(0) / count;
+  const at::Tensor mean = (means * counts).sum(0) / count.clamp_min(1);
   const at::Tensor m2 =
       all.narrow(1, channels, channels).sum(0) + ((means - mean).square() * counts).sum(0);
   at::Tensor y = (x - mean.view(shape)) * (m2 / count + eps).rsqrt().view(shape);
@@ -81,13 +84,18 @@ at::Tensor synced_batch_norm(ProcessGroup& group, const at::Tensor& input, const
   if (bias.defined()) y = y + bias.view(shape);
   {
     torch::NoGradGuard no_grad;
+    // No rows on any rank leave the running statistics as they were (batch_norm's rule for an
+    // empty batch); tensor ops, no host read of the count.
     if (running_mean.defined()) {
-      running_mean.mul_(1.0 - momentum)
-          .add_(mean.detach().to(running_mean.scalar_type()), momentum);
+      const at::Tensor moved = running_mean.mul(1.0 - momentum)
+                                   .add_(mean.detach().to(running_mean.scalar_type()), momentum);
+      running_mean.copy_(at::where(count > 0, moved, running_mean));
     }
     if (running_var.defined()) {
       const at::Tensor unbiased = m2.detach() / (count - 1);
-      running_var.mul_(1.0 - momentum).add_(unbiased.to(running_var.scalar_type()), momentum);
+      const at::Tensor moved =
+          running_var.mul(1.0 - momentum).add_(unbiased.to(running_var.scalar_type()), momentum);
+      running_var.copy_(at::where(count > 0, moved, running_var));
     }
   }
   return y.to(input.scalar_type());

@@ -419,6 +419,18 @@ at::Tensor row_forward(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 // masked out before the sum. `mine` gets the mask of this rank's ids, `local` their rows.
 at::Tensor embedding_forward(const at::Tensor& weight, const at::Tensor& idx, const RowWeight& info,
                              at::Tensor* mine_out = nullptr, at::Tensor* local_out = nullptr) {
+  // An id outside the whole vocabulary is no rank's: every rank masked it to zeros, where the
+  // unsplit lookup fails ("index out of range"). Every rank of the group looks up the same ids,
+  // so all fail here together. Checked on the host for CPU ids only (a read of two values); on
+  // an accelerator it would be a synchronisation per lookup.
+  if (idx.device().is_cpu() && idx.numel() > 0) {
+    const auto [lo, hi] = at::aminmax(idx);
+    const int64_t low = lo.item<int64_t>(), high = hi.item<int64_t>();
+    VOLT_CHECK(low >= 0 && high < info.full, ValueError, kTag, " an embedding id (",
+               low < 0 ? low : high, ") is outside the vocabulary of ", info.full,
+               " rows, split over the tensor-parallel group; give ids in [0, ", info.full,
+               ") (mask padding with the embedding's padding_idx, not a negative id).");
+  }
   const at::Tensor mine = idx.ge(info.offset).logical_and(idx.lt(info.offset + info.shard));
   const at::Tensor local = (idx - info.offset).masked_fill(mine.logical_not(), 0);
   const at::Tensor out = at::embedding(weight, local);

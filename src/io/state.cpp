@@ -9,6 +9,7 @@
 #include "core/detail/parameter_names.h"
 #include "core/detail/state_key.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 #include "volt/kernels/fused_optimizer.h"
 
 namespace volt {
@@ -82,6 +83,21 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
     if (!expected.count(k) && !fp8.skip_unexpected(k)) problems.push_back("unexpected '" + k + "'");
   }
   fp8.log("Checkpoint");
+  if (!strict) {
+    // Not strict loads what matches (missing and unexpected names are what it is for), but an
+    // entry whose shape differs is skipped where torch's load_state_dict raises even then: say
+    // which, so a changed layer does not train on from its initial weights unnoticed.
+    std::string skipped;
+    for (const auto& p : problems) {
+      if (p.rfind("shape of ", 0) == 0) skipped += (skipped.empty() ? "" : "; ") + p;
+    }
+    if (!skipped.empty()) {
+      log_warning("Checkpoint",
+                  "strict=false left entries whose shape differs as the model had "
+                  "them: " +
+                      skipped);
+    }
+  }
   if (strict && !problems.empty()) {
     auto os = detail::c_stream<std::ostringstream>();
     os << "[Checkpoint] the checkpoint does not match the model (" << problems.size() << " mismatch"

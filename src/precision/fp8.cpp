@@ -84,8 +84,12 @@ void validate(const DelayedScalingOptions& o) {
 at::Tensor delayed_scale(const at::Tensor& history, const at::Tensor& previous, Fp8Format format,
                          const DelayedScalingOptions& options) {
   torch::NoGradGuard no_grad;
+  // "max" skips a NaN entry, as TransformerEngine's reduction (fmaxf) does: one step's NaN
+  // amax kept the previous scale for the whole history's length.
   const at::Tensor amax =
-      options.amax_compute_algo() == "max" ? history.max() : history.select(0, -1);
+      options.amax_compute_algo() == "max"
+          ? at::where(at::isnan(history), at::zeros_like(history), history).max()
+          : history.select(0, -1);
   // An amax so small that the scale overflows float (below fp8_max / FLT_MAX, ~1e-36) gives
   // float's largest value, as TransformerEngine's delayed_scaling.cu does: an infinite scale
   // turned zeros into NaN (0 * inf) and everything else into 0 when quantizing.

@@ -104,6 +104,9 @@ void Fp8Precision::teardown() {
   }
   kernel_.reset();
   model_ = nullptr;
+  // The next run's module is converted at its set-up (conversion for training is idempotent):
+  // a second fit() of the same Trainer trained its model unconverted, in bf16.
+  if (!options_.inference()) converted_ = false;
   for (auto op :
        {detail::Fp8GemmOp::kLinear, detail::Fp8GemmOp::kAddmm, detail::Fp8GemmOp::kMatmul}) {
     detail::set_fp8_fallback_dtype(op, c10::nullopt);

@@ -1296,6 +1296,10 @@ void DeepSpeedStrategy::load_optimizer_state(torch::optim::Optimizer& optimizer,
     InputArchive states_ar = read_sub(group_ar, "state", "an optimizer group");
     for (const auto& c : e->chunks()) {
       if (c.group != static_cast<int64_t>(g) || c.length == 0) continue;
+      // The checkpoint's state replaces the optimizer's, as torch's load_state_dict does: a
+      // chunk it has none for (never stepped when it was written) starts afresh, not from the
+      // moments of steps taken since.
+      state.erase(detail::state_key_for<detail::OptimizerStateKey>(c.stepped()));
       InputArchive one;
       if (!states_ar.try_read(c.name, one)) continue;  // never stepped
       Entries entries = entries_of(one);

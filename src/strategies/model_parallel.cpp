@@ -417,6 +417,12 @@ void ModelParallelStrategy::load_optimizer_state(torch::optim::Optimizer& optimi
   }
 }
 
+namespace {
+// Beside the accumulated gradients: the layout (replicas, tensor-parallel ranks) whose ranks'
+// partial sums the "rank<r>." entries hold.
+constexpr const char* kLayoutKey = "__model_parallel_layout__";
+}  // namespace
+
 void ModelParallelStrategy::save_accumulated_gradients(const Module& module,
                                                        torch::serialize::OutputArchive& ar) const {
   if (engine_ == nullptr || !engine_->split()) {
@@ -437,13 +443,28 @@ void ModelParallelStrategy::save_accumulated_gradients(const Module& module,
     for (int64_t d = 0; d < dp_size_; ++d) replicas.push_back(all[d * tp_size_]);
     ar.write(p.key(), replicas.size() == 1 ? replicas[0] : torch::stack(replicas).mean(0));
   }
+  ar.write(kLayoutKey, torch::tensor({dp_size_, tp_size_}, torch::kLong));
 }
 
 void ModelParallelStrategy::load_accumulated_gradients(Module& module,
                                                        torch::serialize::InputArchive& ar) {
+  // A rank's own "rank<r>." sums only under the layout (replicas x tensor-parallel ranks) that
+  // wrote them: under another, rank r's entry is another replica's (2x2 read at 1x4 gave half
+  // the ranks replica 1's sums) or misses the other replicas' (2x2 at 1x2), so every rank reads
+  // the mean over the replicas, as one process on the global batch would hold.
+  at::Tensor layout;
+  const bool has_layout = ar.try_read(kLayoutKey, layout);
+  if (!has_layout && (engine_ == nullptr || !engine_->split())) {
+    DdpStrategy::load_accumulated_gradients(module, ar);  // plain data parallel wrote it
+    return;
+  }
+  const bool same_layout = has_layout && layout.numel() == 2 &&
+                           layout[0].item<int64_t>() == dp_size_ &&
+                           layout[1].item<int64_t>() == tp_size_;
   for (auto& p : module.named_parameters(true)) {
     at::Tensor g;
-    if (ar.try_read(detail::rank_key(rank(), p.key()), g) || ar.try_read(p.key(), g)) {
+    if ((same_layout && ar.try_read(detail::rank_key(rank(), p.key()), g)) ||
+        ar.try_read(p.key(), g)) {
       g = engine_ != nullptr ? engine_->shard_of(p.value(), g) : g;
       p.value().mutable_grad() = g.to(p.value().device());
     }

@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include "core/detail/newest_path.h"
 #include "io/detail/nested_archive.h"
 #include "strategies/detail/checkpoint_folder.h"
 #include "strategies/detail/read_checkpoint.h"
@@ -271,16 +272,10 @@ std::string newest_last_checkpoint(Run& run) {
   // OnExceptionCheckpoint's file, the newest of those that exist. A preempted run's
   // on_exception.ckpt resumes where it stopped; the last.ckpt of the epoch before lost up to an
   // epoch (it was the only candidate).
-  std::string newest;
-  struct timespec newest_time {};
+  NewestPath newest;
   const auto consider = [&](const std::string& path) {
     struct stat st;
-    if (path.empty() || ::stat(path.c_str(), &st) != 0) return;
-    if (newest.empty() || st.st_mtim.tv_sec > newest_time.tv_sec ||
-        (st.st_mtim.tv_sec == newest_time.tv_sec && st.st_mtim.tv_nsec > newest_time.tv_nsec)) {
-      newest = path;
-      newest_time = st.st_mtim;
-    }
+    if (!path.empty() && ::stat(path.c_str(), &st) == 0) newest.consider(path, st);
   };
   for (auto& c : run.callbacks) {
     if (auto* mc = dynamic_cast<ModelCheckpoint*>(c.get())) {
@@ -289,7 +284,7 @@ std::string newest_last_checkpoint(Run& run) {
       consider(oe->path_for(run.log_dir()));
     }
   }
-  return newest;
+  return newest.path();
 }
 
 std::string resolve_ckpt_path(Run& run, const std::string& ckpt_path, Stage stage) {

@@ -17,6 +17,7 @@
 #include "volt/callbacks/model_summary.h"
 #include "volt/callbacks/progress_bar.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/log.h"
 #include "volt/loggers/csv.h"
 #include "volt/precision/precision.h"
@@ -309,10 +310,13 @@ void Trainer::fit_with_restarts(Module& module, const std::string& ckpt_path,
   // restarted before any last checkpoint exists starts from them, as torchrun's new processes
   // would. This process keeps its module across attempts, and the failed attempt had trained
   // it: the restart went on from those weights with its counters at step 0.
-  // Kept in host memory (an accelerator's memory is the model's), put back where they were.
+  // Kept in host memory (an accelerator's memory is the model's), put back where they were,
+  // and only by a process that may restart: not by the workers a launching process started
+  // (each attempt launches new ones).
   std::vector<std::pair<at::Tensor, c10::Device>> given;
   const auto* ddp = dynamic_cast<const DdpStrategy*>(&impl_->strategy());
-  if (ddp != nullptr && ddp->options().max_restarts() > 0) {
+  if (ddp != nullptr && ddp->options().max_restarts() > 0 &&
+      env_value(kLaunchedChildVar).value_or("") != "1") {
     torch::NoGradGuard no_grad;
     const auto keep = [&](const at::Tensor& t) {
       given.emplace_back(t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true),

@@ -83,7 +83,9 @@ void LearningRateFinder::on_fit_start(RunContext& run, Module& module) {
   VOLT_CHECK(train.has_value(), InternalError, kLrTag, " fit started without a training loader.");
   {
     detail::KeepDevice keep(module);
-    result_ = detail::lr_find_in_run(module, *train, detail::run_trial_options(run), options_);
+    detail::keeping_run_precision(run, [&] {
+      result_ = detail::lr_find_in_run(module, *train, detail::run_trial_options(run), options_);
+    });
   }
   done_ = true;
   if (result_.lrs.empty()) return;  // fast_dev_run: skipped, warned by lr_find
@@ -176,7 +178,9 @@ void BatchSizeFinder::search(RunContext& run, Module& module, Stage stage) {
   BatchSizeFinderOptions o = options_;
   o.stage(stage);
   detail::KeepDevice keep(module);
-  result_ = detail::scale_data_module(module, *run.data_module(), run.trainer_options(), o);
+  detail::keeping_run_precision(run, [&] {
+    result_ = detail::scale_data_module(module, *run.data_module(), run.trainer_options(), o);
+  });
   if (result_.batch_size > 0) optimal_batch_size_ = result_.batch_size;
 }
 

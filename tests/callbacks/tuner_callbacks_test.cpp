@@ -67,6 +67,47 @@ volt::DataLoader data() {
   return volt_test::loader(volt_test::blobs(256), 16);
 }
 
+/// TinyClassifier that records the dtype its logits have at each training step.
+class DtypeProbe : public TinyClassifier {
+ public:
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    const torch::Tensor logits = forward(b.input);
+    dtypes.push_back(logits.scalar_type());
+    return torch::cross_entropy_loss(logits.to(torch::kFloat), b.target);
+  }
+  std::vector<at::ScalarType> dtypes;
+};
+
+// A Precision object in TrainerOptions is used by the tuners' trial Trainers too: their teardown
+// dropped the fit's op lists and CPU size rule, so the fit went on under libtorch's own autocast
+// (every linear in bf16), not its policy (every linear here in fp32: linear_min_macs 1e9). The
+// fit's precision is set up again after the trials.
+TEST(LearningRateFinder, TheFitKeepsItsPrecisionObjectsPolicyAfterTheTrials) {
+  TempDir dir;
+  const auto opts =
+      volt::MixedPrecisionOptions().read_env_lists(false).linear_min_macs(int64_t{1000000000});
+  for (const bool batch_size_finder : {false, true}) {
+    SCOPED_TRACE(batch_size_finder ? "BatchSizeFinder" : "LearningRateFinder");
+    std::shared_ptr<volt::Callback> tuner =
+        batch_size_finder ? std::shared_ptr<volt::Callback>(std::make_shared<volt::BatchSizeFinder>(
+                                BatchSizeFinderOptions().init_val(8).max_trials(2)))
+                          : std::make_shared<volt::LearningRateFinder>(finder().num_training(8));
+    DtypeProbe m;
+    volt::Trainer t(quiet(dir.path)
+                        .max_epochs(1)
+                        .precision(std::make_shared<volt::MixedPrecision>(opts))
+                        .callbacks({tuner}));
+    if (batch_size_finder) {
+      volt_test::SizedData sized(64, 8);
+      t.fit(m, sized);
+    } else {
+      t.fit(m, data());
+    }
+    ASSERT_FALSE(m.dtypes.empty());
+    EXPECT_EQ(m.dtypes.back(), at::kFloat);  // the fit's last step
+  }
+}
+
 TEST(LearningRateFinder, TheFitTrainsAsIfConfiguredAtTheSuggestedRate) {
   TempDir dir;
   auto lr_finder = std::make_shared<volt::LearningRateFinder>(finder());

@@ -188,6 +188,42 @@ TEST(Resolve, PrintedConfigLoadsBackToTheSameValues) {
   EXPECT_EQ(c2.loggers[0].class_path, "CSVLogger");
 }
 
+// The same rule for trainer.strategy (and trainer.precision) written as a component: changing
+// its class_path by a later file or --trainer.strategy.class_path=X keeps the init_args the new
+// class takes and drops the rest. They were all kept: an unknown-key error for the new class.
+TEST(Resolve, AChangedStrategyClassKeepsTheInitArgsItTakes) {
+  const auto r = test_registry();
+  const std::string yaml =
+      "model: {width: 1}\ntrainer:\n  strategy:\n    class_path: ddp\n"
+      "    init_args: {bucket_cap_mb: 5, broadcast_buffers: false}\n";
+  for (const std::string how : {"--trainer.strategy.class_path=", "file"}) {
+    SCOPED_TRACE(how);
+    ConfigNode n = parse_yaml(yaml, "run.yaml");
+    volt::detail::canonicalize(n);
+    if (how == "file") {
+      ConfigNode later =
+          parse_yaml("trainer: {strategy: {class_path: model_parallel}}\n", "later.yaml");
+      volt::detail::canonicalize(later);
+      volt::detail::merge(n, later);
+    } else {
+      volt::detail::apply_override(n, "trainer.strategy.class_path", "model_parallel", false,
+                                   how + "model_parallel");
+    }
+    const ResolvedConfig c = volt::detail::resolve(n, r);
+    ASSERT_TRUE(c.strategy.has_value());
+    EXPECT_EQ(c.strategy->class_path, "model_parallel");
+    EXPECT_DOUBLE_EQ(c.strategy->args.get<double>("bucket_cap_mb"), 5.0);  // taken: kept
+  }
+  // A plain name still replaces the whole component.
+  ConfigNode n = parse_yaml(yaml, "run.yaml");
+  volt::detail::canonicalize(n);
+  volt::detail::apply_override(n, "trainer.strategy", "single_device", false,
+                               "--trainer.strategy=single_device");
+  const ResolvedConfig c = volt::detail::resolve(n, r);
+  EXPECT_FALSE(c.strategy.has_value());
+  EXPECT_EQ(c.trainer.get<std::string>("strategy"), "single_device");
+}
+
 TEST(Resolve, StrategyIsANameOrAComponentWithParameters) {
   const auto r = test_registry();
   auto named = resolve_text("model: {width: 1}\ntrainer: {strategy: ddp}\n", r);

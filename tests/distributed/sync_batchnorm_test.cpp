@@ -110,6 +110,33 @@ TEST(SyncBatchNorm, OneRankEqualsBatchNormOutputsGradientsAndRunningStatistics) 
   expect_matches_batch_norm<torch::nn::BatchNorm1d>(O(4).momentum(0.5).eps(1e-3), {8, 4});
 }
 
+// A rank without rows still joins the collective and counts 0 rows: its mean of nothing was
+// NaN, which made every rank's running statistics (and outputs) NaN. Here the group has one rank,
+// so nothing at all was seen: the running statistics stay as they were, as libtorch's batch_norm
+// leaves them for an empty batch, and the next batch is normalised as before.
+TEST(SyncBatchNorm, ARankWithoutRowsAddsNothingToTheStatistics) {
+  VOLT_REQUIRE_GLOO();
+  auto group = one_rank_group();
+  Pair<torch::nn::BatchNorm1d, torch::nn::BatchNormOptions> m(torch::nn::BatchNormOptions(4));
+  volt::SyncBatchNorm sync(*m.synced, group);
+  for (const int64_t rows : {6, 0, 5}) {
+    SCOPED_TRACE(rows);
+    const at::Tensor x = torch::randn({rows, 4}) * 2 + 3;
+    at::Tensor ys;
+    {
+      volt::SyncBatchNorm::Scope scope(sync);
+      ys = m.synced->forward(x);
+    }
+    const at::Tensor yp = m.plain->forward(x);
+    EXPECT_EQ(ys.sizes(), yp.sizes());
+    EXPECT_TRUE(torch::allclose(ys, yp, 1e-5, 1e-5));
+    EXPECT_TRUE(torch::allclose(m.synced->running_mean, m.plain->running_mean, 1e-6, 1e-6))
+        << m.synced->running_mean << m.plain->running_mean;
+    EXPECT_TRUE(torch::allclose(m.synced->running_var, m.plain->running_var, 1e-6, 1e-6))
+        << m.synced->running_var << m.plain->running_var;
+  }
+}
+
 TEST(SyncBatchNorm, OnlyInsideAScopeAndFollowsTensorsTheModuleReplaced) {
   VOLT_REQUIRE_GLOO();
   auto group = one_rank_group();

@@ -935,6 +935,38 @@ TEST(FusedSGD, RejectsForeignStateAndDuplicateParameters) {
   EXPECT_TRUE(q.equal(before));
 }
 
+// Two parameters over the same memory (a weight tied with set_data) are refused: the threads
+// updating them read the same old values and the last write won (torch applies both updates).
+// Disjoint views of one buffer (flat parameter storage) are fine.
+TEST(FusedSGD, RejectsParametersSharingMemoryButNotDisjointViews) {
+  Tensor a = torch::randn({50000});
+  Tensor b = torch::randn({50000});
+  b.set_data(a);
+  for (Tensor* t : {&a, &b}) t->mutable_grad() = torch::randn({50000});
+  EXPECT_HAS(error_of<volt::ConfigError>([&] {
+               volt::FusedSGD tied(std::vector<Tensor>{a, b}, 0.1);
+             }),
+             "two parameters share memory");
+  EXPECT_HAS(error_of<volt::ConfigError>([&] {
+               volt::FusedAdamW tied(std::vector<Tensor>{a, b});
+             }),
+             "two parameters share memory");
+  // Overlapping views of one buffer, and disjoint ones.
+  Tensor flat = torch::randn({10});
+  EXPECT_HAS(error_of<volt::ConfigError>([&] {
+               volt::FusedSGD overlap(
+                   std::vector<Tensor>{flat.narrow(0, 0, 6), flat.narrow(0, 5, 5)}, 0.1);
+             }),
+             "two parameters share memory");
+  Tensor x = flat.narrow(0, 0, 5), y = flat.narrow(0, 5, 5);
+  x.mutable_grad() = torch::ones({5});
+  y.mutable_grad() = torch::ones({5});
+  const Tensor before = flat.clone();
+  volt::FusedSGD disjoint(std::vector<Tensor>{x, y}, 0.1);
+  disjoint.step();
+  EXPECT_TRUE(torch::allclose(flat, before - 0.1));
+}
+
 TEST(FusedAdamW, LoadingOptionsWithoutAFieldNamesIt) {
   torch::serialize::OutputArchive out;
   out.write("lr", c10::IValue(0.1));

@@ -347,3 +347,18 @@ TEST(Fp8Precision, TrainerTrainsWithinToleranceOfBf16AndResumesExactly) {
     EXPECT_TRUE(torch::equal(resumed.fc1->named_buffers()[b], fp8.fc1->named_buffers()[b])) << b;
   }
 }
+
+// One Trainer fitting two models converts each at its set-up: the second fit trained its model
+// unconverted (in bf16), since the precision remembered converting the first.
+TEST(Fp8Precision, EachFitOfOneTrainerConvertsItsModel) {
+  volt_test::TempDir dir;
+  auto train = volt_test::blobs(64, 16);
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(1).precision("fp8"));
+  torch::manual_seed(1);
+  BlobNet first, second;
+  t.fit(first, volt_test::loader(train));
+  EXPECT_TRUE(volt::is_fp8_converted(first.fc1->weight));
+  t.fit(second, volt_test::loader(train));
+  EXPECT_TRUE(volt::is_fp8_converted(second.fc1->weight));
+  EXPECT_GE(second.fc1->named_buffers()["fp8_steps"].item<int64_t>(), 2);
+}

@@ -110,6 +110,12 @@ TEST(Fp8, DelayedScalingRecipe) {
   EXPECT_FLOAT_EQ(
       volt::delayed_scale(torch::tensor({1.f, INFINITY}), prev, Fp8Format::kE4M3, o).item<float>(),
       3.f);
+  // "max" skips a NaN entry (TransformerEngine's fmaxf): the other steps' amax gives the scale.
+  // It was NaN, which kept the previous scale for the history's length.
+  EXPECT_FLOAT_EQ(volt::delayed_scale(torch::tensor({1.f, 2.f, NAN, 4.f}), prev, Fp8Format::kE4M3,
+                                      volt::DelayedScalingOptions())
+                      .item<float>(),
+                  112.f);
   // An amax whose scale overflows float gets float's largest (TransformerEngine's rule): an
   // infinite scale quantized zeros to NaN (0 * inf) and the rest to 0.
   const auto tiny = volt::delayed_scale(torch::tensor({1e-38f}), prev, Fp8Format::kE4M3, o);

@@ -178,6 +178,26 @@ TEST(TensorParallel, EmbeddingAndBlocksByPlanPolicyAndJson) {
   EXPECT_EQ(field(o, 3, "layers"), 5) << o;
 }
 
+// An id outside the vocabulary of a vocabulary-split Embedding fails every rank with a
+// ValueError naming it, as the unsplit lookup fails; each rank had masked it to a zero vector
+// (no rank's rows) and predicted on.
+TEST(TensorParallel, AnEmbeddingIdOutsideTheVocabularyIsAValueErrorOnEveryRank) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  for (const std::string id : {"40", "-1"}) {
+    SCOPED_TRACE(id);
+    Job j = run_tp({"--root", dir.path, "--out", dir / "x", "--model", "blocks", "--devices", "2",
+                    "--tp", "2", "--form", "plan", "--bad-id", id});
+    EXPECT_NE(j.code, 0) << j.output;
+    const std::string said = "[TensorParallel] an embedding id (" + id +
+                             ") is outside the vocabulary of 40 rows, split over the "
+                             "tensor-parallel group";
+    size_t at = j.output.find(said), count = 0;
+    for (; at != std::string::npos; at = j.output.find(said, at + 1)) ++count;
+    EXPECT_EQ(count, 2u) << j.output;  // both ranks
+  }
+}
+
 TEST(TensorParallel, ValidateOnTwoRanksLogsWhatOneProcessLogs) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

@@ -11,6 +11,8 @@
 //       [--heads H] [--kernel-inject 0|1] [--timeout S (default 120)] [--shard G/N (reference:
 //       shard G of N)]
 //   --devices 1 --tp 1 is the single-process reference (single_device strategy).
+//   --bad-id K (model blocks): one input id is K (outside the 40-row vocabulary when K < 0 or
+//   K >= 40).
 // restored: 1 the module left predict whole and unchanged, 2 whole with bfloat16-rounded values.
 //
 // Exit: 0 done, 1 a volt error (printed on one line), 2 bad usage.
@@ -264,6 +266,8 @@ int main(int argc, char** argv) {
         tp.tp_size(1);
       }
       auto ids = torch::randint(0, 40, {20, 6}, torch::kLong);
+      if (a.count("--bad-id"))
+        ids[3][2] = static_cast<int64_t>(std::stoll(a["--bad-id"]));  // outside the vocabulary
       return run(a, net, ids, tp, json);
     }
     std::fprintf(stderr, "volt_tp_worker: unknown --model %s\n", model.c_str());

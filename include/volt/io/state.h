@@ -14,7 +14,8 @@ namespace volt {
 void save_module_state(const torch::nn::Module& module, torch::serialize::OutputArchive& archive);
 /// Loads parameters and buffers in place. With strict=true a missing, unexpected or differently
 /// shaped entry throws CheckpointError listing every mismatch (name and both shapes) and leaves
-/// the module as it was; with strict=false the entries that match are loaded. Entries
+/// the module as it was; with strict=false the entries that match are loaded, and those whose
+/// shape differs (torch raises for them even then) are named in a warning. Entries
 /// named in `ignore` are neither loaded nor unexpected (records a strategy keeps beside the
 /// weights, e.g. a tensor-parallel shard's layout).
 void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive,

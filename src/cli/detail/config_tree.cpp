@@ -269,6 +269,18 @@ bool is_component_path(const std::vector<std::string>& path) {
          (path[1] == "callbacks" || path[1] == "loggers") && is_index(path[2]);
 }
 
+namespace {
+
+// Where a class_path may change (a later file, --KEY.class_path=X) and the init_args set for the
+// old class are carried: the components, and trainer.strategy / trainer.precision written as a
+// component (they may also be a plain name, which canonicalize leaves as it is).
+bool holds_class_path(const std::vector<std::string>& path) {
+  return is_component_path(path) || (path.size() == 2 && path[0] == "trainer" &&
+                                     (path[1] == "strategy" || path[1] == "precision"));
+}
+
+}  // namespace
+
 void canonicalize(ConfigNode& node, const std::vector<std::string>& path) {
   if (is_component_path(path)) {
     if (node.is_scalar()) {
@@ -312,7 +324,7 @@ void merge(ConfigNode& dst, ConfigNode src, const std::vector<std::string>& path
   }
   dst.typed.clear();  // a union of two mappings is no longer the text typed for one
   dst.carried = false;
-  if (is_component_path(path)) {
+  if (holds_class_path(path)) {
     const ConfigNode* a = dst.find("class_path");
     const ConfigNode* b = src.find("class_path");
     if (a && b && a->scalar != b->scalar) {
@@ -365,7 +377,7 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
   // --model.class_path=X is --model=X: the class changes the same way (see merge).
   bool class_path_only = false;
   if (path.size() >= 2 && path.back() == "class_path" &&
-      is_component_path(std::vector<std::string>(path.begin(), path.end() - 1))) {
+      holds_class_path(std::vector<std::string>(path.begin(), path.end() - 1))) {
     path.pop_back();
     class_path_only = true;
   }

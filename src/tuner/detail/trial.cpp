@@ -3,12 +3,15 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <sstream>
 #include <utility>
 
+#include "core/detail/numbers.h"
 #include "trainer/detail/tuner_trial.h"
 #include "volt/core/check.h"
 #include "volt/core/module.h"
 #include "volt/core/run_context.h"
+#include "volt/precision/precision.h"
 #include "volt/strategies/ddp.h"
 
 namespace volt {
@@ -99,6 +102,27 @@ TrainerOptions run_trial_options(RunContext& run) {
   options.strategy(
       DdpStrategy::sharing_processes_of(*ddp, make_precision(options.precision(), "tuner")));
   return options;
+}
+
+void keeping_run_precision(RunContext& run, const std::function<void()>& trials) {
+  const Spec<Precision>& given = run.trainer_options().precision();
+  const std::shared_ptr<Strategy> strategy = run_strategy(run);
+  Precision& precision = strategy->precision();
+  if (!given.is_object() || given.object().get() != &precision) {
+    trials();  // the trials made a precision of their own
+    return;
+  }
+  auto saved = detail::c_stream<std::stringstream>();
+  {
+    torch::serialize::OutputArchive out;
+    precision.save_state(out);
+    out.save_to(saved);
+  }
+  trials();
+  precision.setup(strategy->root_device());
+  torch::serialize::InputArchive in;
+  in.load_from(saved);
+  precision.load_state(in);
 }
 
 KeepDevice::KeepDevice(Module& module) : module_(module) {

@@ -8,6 +8,7 @@
 #include <c10/core/Device.h>
 #include <c10/util/Optional.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,13 @@ TrainerOptions run_trial_options(RunContext& run);
 /// records the same result. The public lr_find refuses every strategy but single_device.
 LrFinderResult lr_find_in_run(Module& module, DataLoader train, TrainerOptions options,
                               LrFinderOptions finder);
+
+/// Runs a tuner callback's `trials`, then gives the run's precision back as it was when the
+/// trials' Trainers shared it (a Precision object in TrainerOptions is used by every Trainer
+/// given those options): their set-up and teardown replaced its op lists and size rule (the fit
+/// went on without them) and their steps moved its loss scaler. It is set up again on the run's
+/// device with the state it had before (Lightning restores the trials' checkpoint likewise).
+void keeping_run_precision(RunContext& run, const std::function<void()>& trials);
 
 /// Puts the module back on the device it is on at construction when it goes out of scope: a
 /// trial's Trainer ends, as every entry point, with a model trained on a GPU moved back to the
