@@ -16,6 +16,7 @@
 #include "kernels/detail/state_tensors.h"
 #include "strategies/detail/checkpoint_folder.h"
 #include "strategies/detail/rank_key.h"
+#include "strategies/detail/rank_layout.h"
 #include "strategies/detail/replica_mesh.h"
 #include "strategies/detail/timeout.h"
 #include "volt/core/check.h"
@@ -443,7 +444,7 @@ void ModelParallelStrategy::save_accumulated_gradients(const Module& module,
     for (int64_t d = 0; d < dp_size_; ++d) replicas.push_back(all[d * tp_size_]);
     ar.write(p.key(), replicas.size() == 1 ? replicas[0] : torch::stack(replicas).mean(0));
   }
-  ar.write(kLayoutKey, torch::tensor({dp_size_, tp_size_}, torch::kLong));
+  detail::write_rank_layout(ar, kLayoutKey, dp_size_, tp_size_);
 }
 
 void ModelParallelStrategy::load_accumulated_gradients(Module& module,
@@ -452,15 +453,12 @@ void ModelParallelStrategy::load_accumulated_gradients(Module& module,
   // wrote them: under another, rank r's entry is another replica's (2x2 read at 1x4 gave half
   // the ranks replica 1's sums) or misses the other replicas' (2x2 at 1x2), so every rank reads
   // the mean over the replicas, as one process on the global batch would hold.
-  at::Tensor layout;
-  const bool has_layout = ar.try_read(kLayoutKey, layout);
-  if (!has_layout && (engine_ == nullptr || !engine_->split())) {
+  const auto layout = detail::read_rank_layout(ar, kLayoutKey, dp_size_, tp_size_);
+  if (layout == detail::RankLayout::kNotRecorded && (engine_ == nullptr || !engine_->split())) {
     DdpStrategy::load_accumulated_gradients(module, ar);  // plain data parallel wrote it
     return;
   }
-  const bool same_layout = has_layout && layout.numel() == 2 &&
-                           layout[0].item<int64_t>() == dp_size_ &&
-                           layout[1].item<int64_t>() == tp_size_;
+  const bool same_layout = layout == detail::RankLayout::kSame;
   for (auto& p : module.named_parameters(true)) {
     at::Tensor g;
     if ((same_layout && ar.try_read(detail::rank_key(rank(), p.key()), g)) ||

@@ -15,6 +15,7 @@
 #include "core/detail/state_key.h"
 #include "kernels/detail/clip_coefficient.h"
 #include "strategies/detail/rank_key.h"
+#include "strategies/detail/rank_layout.h"
 #include "strategies/detail/replica_mesh.h"
 #include "strategies/detail/timeout.h"
 #include "volt/core/check.h"
@@ -437,7 +438,7 @@ void PipelineStrategy::save_accumulated_gradients(const Module& module,
     for (int64_t d = 0; d < replicas_; ++d) owners.push_back(all[d * stages_ + owner(p.key())]);
     ar.write(p.key(), owners.size() == 1 ? owners[0] : torch::stack(owners).mean(0));
   }
-  ar.write(kLayoutKey, torch::tensor({stages_, replicas_}, torch::kLong));
+  detail::write_rank_layout(ar, kLayoutKey, stages_, replicas_);
 }
 
 void PipelineStrategy::load_accumulated_gradients(Module& module,
@@ -445,10 +446,8 @@ void PipelineStrategy::load_accumulated_gradients(Module& module,
   // This rank's own partial sums when the checkpoint's ranks ran this layout (the same stages and
   // replicas); under another one a rank's entry holds other layers' sums or misses ranks', so
   // every rank reads the mean (as does a checkpoint written before the layout was recorded).
-  at::Tensor layout;
-  const bool same_layout = ar.try_read(kLayoutKey, layout) && layout.numel() == 2 &&
-                           layout[0].item<int64_t>() == stages_ &&
-                           layout[1].item<int64_t>() == replicas_;
+  const bool same_layout =
+      detail::read_rank_layout(ar, kLayoutKey, stages_, replicas_) == detail::RankLayout::kSame;
   for (auto& p : module.named_parameters(true)) {
     if (!trains(p.value())) continue;  // another stage's: it gets no gradient here
     at::Tensor g;

@@ -78,6 +78,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -427,7 +428,7 @@ int check_checkpointed(const std::shared_ptr<volt::ProcessGroup>& group,
 /// each BatchNorm's running statistics moved once by its own forward over the whole batch of its
 /// inputs: one BatchNorm seeing the whole batch.
 at::Tensor deferred_reference(torch::nn::Sequential& seq, const at::Tensor& x, int64_t chunks) {
-  std::vector<at::Tensor> pieces = x.chunk(chunks, 0);
+  std::vector<at::Tensor> pieces = x.tensor_split(std::min(chunks, x.size(0)), 0);
   for (size_t i = 0; i < seq->size(); ++i) {
     torch::nn::AnyModule& layer = *(seq->begin() + static_cast<int64_t>(i));
     const auto& module = seq->ptr(i);
