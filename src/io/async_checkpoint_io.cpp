@@ -55,7 +55,6 @@ struct AsyncCheckpointIO::Impl {
   int64_t pending_bytes = 0;
   bool stop = false;
   std::string error;               // the first save failure not yet thrown to the caller
-  std::string removal_error;       // the first removal failure not yet thrown
   int64_t failed_saves = 0;        // saves that failed, by the writer's count
   int64_t failed_saves_known = 0;  // of those, the ones a rethrow had told the caller of
   // A written checkpoint's buffer, kept for the next save (reuse_buffer): serialising into
@@ -101,8 +100,14 @@ struct AsyncCheckpointIO::Impl {
       }
       const double spent = seconds_since(t0);
       if (!failure.empty()) {
-        log_error(kTag, std::string("background ") + (task.save ? "save of '" : "removal of '") +
-                            task.path + "' failed: " + failure);
+        if (task.save) {
+          log_error(kTag, "background save of '" + task.path + "' failed: " + failure);
+        } else {
+          // As Strategy::remove_checkpoint treats a synchronous removal that fails: an old
+          // checkpoint that stays costs disk space, not the run (nor the next checkpoint).
+          log_warning(kTag, "background removal of '" + task.path + "' failed: " + failure +
+                                " The file stays; delete it by hand.");
+        }
       }
       lock.lock();
       busy = false;
@@ -115,34 +120,25 @@ struct AsyncCheckpointIO::Impl {
       }
       if (!failure.empty()) {
         ++stats.failures;
-        if (task.save) ++failed_saves;
-        std::string& slot = task.save ? error : removal_error;
-        if (slot.empty()) {
-          slot = std::string("the background ") + (task.save ? "save of '" : "removal of '") +
-                 task.path + "' failed: " + failure;
+        if (task.save) {
+          ++failed_saves;
+          if (error.empty())
+            error = "the background save of '" + task.path + "' failed: " + failure;
         }
       }
       changed.notify_all();
     }
   }
 
-  /// Throws the first failure not reported yet (and forgets it): a save's before a removal's;
-  /// with `saves` false only a removal's. remove() throws no save failure: its caller
-  /// (Strategy::remove_checkpoint) carries on past a removal that failed, and a save failure
-  /// thrown there was lost with it, the fit ending as if the checkpoint had been written. The
-  /// removal queued behind a failed save is skipped (run()); the next save, flush or load
-  /// throws the failure.
-  void rethrow_locked(bool saves = true) {
-    std::string& slot = saves && !error.empty() ? error : removal_error;
-    if (slot.empty()) return;
-    const bool save = &slot == &error;
-    const std::string what = std::move(slot);
-    slot.clear();
-    if (save) failed_saves_known = failed_saves;
+  /// Throws the first save failure not reported yet (and forgets it). The removal queued
+  /// behind a failed save is skipped (run()); the next save, flush or load throws the failure.
+  void rethrow_locked() {
+    if (error.empty()) return;
+    const std::string what = std::move(error);
+    error.clear();
+    failed_saves_known = failed_saves;
     VOLT_CHECK(false, CheckpointError, "[AsyncCheckpointIO] ", what,
-               save
-                   ? " (the files it would have replaced are intact; fix the cause and save again)."
-                   : " (the file stays; delete it by hand).");
+               " (the files it would have replaced are intact; fix the cause and save again).");
   }
 
   void wait_idle_locked(std::unique_lock<std::mutex>& lock) {
@@ -162,8 +158,8 @@ AsyncCheckpointIO::~AsyncCheckpointIO() {
   impl_->changed.notify_all();
   lock.unlock();
   if (impl_->writer.joinable()) impl_->writer.join();  // it drains the queue first
-  for (const std::string* e : {&impl_->error, &impl_->removal_error}) {
-    if (!e->empty()) log_error(kTag, "destroyed with a failure nobody was told of: " + *e);
+  if (!impl_->error.empty()) {
+    log_error(kTag, "destroyed with a failure nobody was told of: " + impl_->error);
   }
 }
 
@@ -172,7 +168,6 @@ void AsyncCheckpointIO::save(torch::serialize::OutputArchive& archive, const std
   Impl::Task task{true, path, {}};
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->rethrow_locked();
     if (!impl_->spare.empty()) ++impl_->stats.buffer_reuses;  // a kept, written buffer
     task.bytes.swap(impl_->spare);
   }
@@ -192,6 +187,9 @@ void AsyncCheckpointIO::save(torch::serialize::OutputArchive& archive, const std
   impl_->start_locked();
   impl_->stats.caller_seconds += seconds_since(t0);
   impl_->changed.notify_all();
+  // An earlier save's failure after this one is queued (as Lightning's AsyncCheckpointIO
+  // submits the save, then raises): the checkpoint of this call is not lost to it.
+  impl_->rethrow_locked();
 }
 
 torch::serialize::InputArchive AsyncCheckpointIO::load(const std::string& path) {
@@ -205,7 +203,6 @@ torch::serialize::InputArchive AsyncCheckpointIO::load(const std::string& path) 
 
 void AsyncCheckpointIO::remove(const std::string& path) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->rethrow_locked(/*saves=*/false);
   impl_->queue.push_back(Impl::Task{false, path, {}, impl_->failed_saves_known});
   impl_->start_locked();
   impl_->changed.notify_all();

@@ -14,6 +14,7 @@
 #include "detail/archive_check.h"
 #include "detail/checkpoint_envelope.h"
 #include "detail/crc32.h"
+#include "io/detail/whole_file.h"
 #include "volt/core/check.h"
 
 namespace volt {
@@ -110,29 +111,8 @@ void TorchCheckpointIO::save(torch::serialize::OutputArchive& archive, const std
 }
 
 torch::serialize::InputArchive TorchCheckpointIO::load(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  VOLT_CHECK(fd >= 0, CheckpointError, "[CheckpointIO] cannot open checkpoint '", path, "' (",
-             std::strerror(errno), "); check the path (ckpt_path).");
-  // The whole file in one buffer of its size (read straight into it, no stream copies).
-  std::string file;
-  struct stat st;
-  int err = ::fstat(fd, &st) == 0 ? 0 : errno;
-  if (err == 0 && S_ISDIR(st.st_mode)) err = EISDIR;
-  if (err == 0) {
-    file.resize(static_cast<size_t>(st.st_size));
-    size_t done = 0;
-    while (done < file.size()) {
-      const ssize_t n = ::read(fd, &file[done], file.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) err = errno;
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    file.resize(done);  // a file that shrank while read: the size check below reports it
-  }
-  ::close(fd);
-  VOLT_CHECK(err == 0, CheckpointError, "[CheckpointIO] cannot read checkpoint '", path, "' (",
-             std::strerror(err), "); check the path (ckpt_path).");
+  const std::string file =
+      detail::read_whole_file(path, "[CheckpointIO]", "checkpoint", "check the path (ckpt_path).");
   return detail::parse_checkpoint(file, path);
 }
 

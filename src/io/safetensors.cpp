@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "detail/safetensors_parse.h"
+#include "io/detail/whole_file.h"
 #include "volt/core/check.h"
 #include "volt/io/checkpoint_io.h"
 
@@ -29,11 +31,21 @@ struct DtypeName {
   at::ScalarType type;
 };
 
+// In the reference writer's layout order (safetensors' Dtype enum, descending: the wider dtypes
+// first, each starting at a multiple of its element size), restricted to what libtorch 1.13 has.
 const DtypeName kDtypes[] = {
-    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16},
-    {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
-    {"U8", at::kByte},    {"BOOL", at::kBool},
+    {"I64", at::kLong}, {"F64", at::kDouble},    {"C64", at::kComplexFloat}, {"F32", at::kFloat},
+    {"I32", at::kInt},  {"BF16", at::kBFloat16}, {"F16", at::kHalf},         {"I16", at::kShort},
+    {"I8", at::kChar},  {"U8", at::kByte},       {"BOOL", at::kBool},
 };
+
+// A dtype's place in that order.
+size_t layout_rank(at::ScalarType t) {
+  for (size_t i = 0; i < std::size(kDtypes); ++i) {
+    if (kDtypes[i].type == t) return i;
+  }
+  return std::size(kDtypes);
+}
 
 std::string valid_dtype_names() {
   return detail::joined(kDtypes, [](const auto& d) { return d.name; });
@@ -75,10 +87,11 @@ void save_safetensors(const std::map<std::string, at::Tensor>& tensors, const st
     name_of(t.scalar_type());  // a dtype the format has, before anything is laid out
     data.push_back({&name, std::move(t)});
   }
-  // Widest element first (then by name), as the reference writer lays tensors out: every tensor
-  // starts at a multiple of its element size, so readers that map the file cast in place.
+  // In the reference writer's order (its dtype order, then by name: the map's order), so the
+  // bytes are Python's for the same tensors: every tensor starts at a multiple of its element
+  // size, so readers that map the file cast in place.
   std::stable_sort(data.begin(), data.end(), [](const Laid& a, const Laid& b) {
-    return a.t.element_size() > b.t.element_size();
+    return layout_rank(a.t.scalar_type()) < layout_rank(b.t.scalar_type());
   });
   std::map<std::string, std::pair<uint64_t, uint64_t>> offsets;
   uint64_t offset = 0;
@@ -124,10 +137,10 @@ void save_safetensors(const torch::nn::Module& module, const std::string& path,
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
-  auto in = detail::c_stream<std::ifstream>(path, std::ios::binary);
-  VOLT_CHECK(in.good(), CheckpointError, "[Safetensors] cannot open '", path,
-             "'; check the path and permissions.");
-  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // One buffer of the file's size; a read error or a folder is said as such (a stream read
+  // them as a short file: "truncated or not safetensors").
+  const std::string file =
+      detail::read_whole_file(path, "[Safetensors]", "file", "check the path and permissions.");
   return detail::parse_safetensors(file, path);
 }
 
@@ -185,7 +198,8 @@ SafetensorsFile detail::parse_safetensors(const std::string& file, const std::st
       if (dtype == d.name) found = &d;
     }
     VOLT_CHECK(found != nullptr, CheckpointError, where, "unknown dtype '", dtype, "' for '", name,
-               "'; this libtorch supports ", valid_dtype_names(), ".");
+               "'; volt reads ", valid_dtype_names(),
+               " (libtorch 1.13 has no unsigned 16-64-bit or 8-bit float types).");
     const auto& sh = entry["shape"];
     VOLT_CHECK(sh.is_array(), CheckpointError, where, "shape of '", name, "' is not a list.");
     std::vector<int64_t> shape;

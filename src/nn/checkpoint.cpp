@@ -289,6 +289,13 @@ class CheckpointWrapperImpl : public torch::nn::Module {
   const torch::nn::AnyModule& inner() const { return inner_; }
   const std::string& path() const { return path_; }
 
+  // train()/eval() reach the original also where it is not a child (a clone's wrapper, below):
+  // a cloned model's Dropout and BatchNorm entries followed eval() only when left unwrapped.
+  void train(bool on = true) override {
+    torch::nn::Module::train(on);
+    inner_.ptr()->train(on);
+  }
+
   // A deep copy that is still checkpointed (Sequential::clone clones each entry through this).
   // The copy stands alone as its Sequential's child, so it registers the cloned original's
   // parameters, buffers and children as its own: parameter names and state dicts of a cloned

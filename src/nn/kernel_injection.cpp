@@ -46,8 +46,12 @@ bool fusable_encoder_layer(const torch::nn::TransformerEncoderLayerImpl& layer) 
 FusedLinearActivationImpl::FusedLinearActivationImpl(const torch::nn::LinearImpl& linear,
                                                      Activation activation)
     : torch::nn::Module("FusedLinearActivation"), activation_(activation) {
-  weight = register_parameter("weight", linear.weight);
-  if (linear.bias.defined()) bias = register_parameter("bias", linear.bias);
+  // Their own requires_grad: registering sets the flag on the very tensor, and a frozen Linear
+  // came back trainable after restore() (its fused layer also fell back to the reference path).
+  weight = register_parameter("weight", linear.weight, linear.weight.requires_grad());
+  if (linear.bias.defined()) {
+    bias = register_parameter("bias", linear.bias, linear.bias.requires_grad());
+  }
 }
 
 at::Tensor FusedLinearActivationImpl::forward(const at::Tensor& x) {
@@ -113,7 +117,9 @@ KernelInjection::KernelInjection(torch::nn::Module& root) {
     if (children.size() != seq->size()) continue;
     for (size_t i = 0; i < seq->size(); ++i) {
       const std::shared_ptr<torch::nn::Module> entry = seq->ptr(i);
-      if (entry.get() != children[i].value().get()) break;
+      // An entry standing in for its child (a checkpoint wrapper) is left alone; the entries
+      // after it are still looked at (this stopped the whole Sequential).
+      if (entry.get() != children[i].value().get()) continue;
       auto replace = [&](size_t at, torch::nn::AnyModule with, std::string label) {
         // The replacement runs in the original's mode (eval: no dropout, the fused path).
         with.ptr()->train(seq->ptr(at)->is_training());

@@ -2,6 +2,7 @@
 // writes (tools/check_safetensors.py), round trips, and every malformed-file path.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -136,6 +137,8 @@ TEST(Safetensors, RejectsMalformedFiles) {
   volt_test::TempDir dir;
   const std::string p = dir / "bad.safetensors";
   expect_load_error(dir / "missing.safetensors", "cannot open");
+  // A folder is said to be one (it read as a 0-byte file: "truncated or not safetensors").
+  expect_load_error(dir.path, "cannot read file '" + dir.path + "' (Is a directory)");
   std::ofstream(p) << "abc";
   expect_load_error(p, "shorter than the 8-byte header length");
   write_raw(p, "{}", "");  // no tensors: a valid file
@@ -219,7 +222,7 @@ TEST(Safetensors, ModuleMismatchIsReportedOrSkipped) {
 TEST(Safetensors, RejectsUnsupportedDtypesAndNames) {
   volt_test::TempDir dir;
   try {
-    volt::save_safetensors({{"c", at::zeros({2}, at::kComplexFloat)}}, dir / "c.safetensors");
+    volt::save_safetensors({{"c", at::zeros({2}, at::kComplexDouble)}}, dir / "c.safetensors");
     FAIL() << "expected ValueError";
   } catch (const volt::ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("cannot be stored"), std::string::npos);
@@ -260,6 +263,37 @@ TEST(Safetensors, EveryTensorIsAlignedToItsElementSize) {
     const uint64_t begin = header.at(name).at("data_offsets")[0].get<uint64_t>();
     EXPECT_EQ(begin % t.element_size(), 0u) << name << " at " << begin;
   }
+  const auto back = volt::load_safetensors(p);
+  for (const auto& [name, t] : tensors) EXPECT_TRUE(back.tensors.at(name).equal(t)) << name;
+}
+
+// The reference writer's order: its dtype enum descending (I64 before F64, F32 before I32, BF16
+// before F16), then by name; volt sorted by element size alone, so same-width dtypes lay in name
+// order and the bytes differed from Python's. Complex64 ("C64", safetensors 0.7) round-trips.
+TEST(Safetensors, TensorsLieInTheReferenceWritersOrder) {
+  volt_test::TempDir dir;
+  const std::string p = dir / "order.safetensors";
+  const std::map<std::string, at::Tensor> tensors{
+      {"a", at::arange(2).to(at::kDouble)},     {"b", at::arange(2).to(at::kLong)},
+      {"c", at::arange(2).to(at::kInt)},        {"d", at::arange(2).to(at::kFloat)},
+      {"e", at::arange(2).to(at::kHalf)},       {"f", at::arange(2).to(at::kBFloat16)},
+      {"g", at::randn({2}, at::kComplexFloat)}, {"h", at::arange(2).to(at::kDouble)}};
+  volt::save_safetensors(tensors, p);
+  std::ifstream in(p, std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  std::string json(n, ' ');
+  in.read(json.data(), static_cast<std::streamsize>(n));
+  const auto header = nlohmann::json::parse(json);
+  std::vector<std::pair<uint64_t, std::string>> laid;
+  for (const auto& [name, t] : tensors) {
+    laid.emplace_back(header.at(name).at("data_offsets")[0].get<uint64_t>(), name);
+  }
+  std::sort(laid.begin(), laid.end());
+  std::string order;
+  for (const auto& l : laid) order += l.second;
+  EXPECT_EQ(order, "bahgdcfe");
+  EXPECT_EQ(header.at("g").at("dtype"), "C64");
   const auto back = volt::load_safetensors(p);
   for (const auto& [name, t] : tensors) EXPECT_TRUE(back.tensors.at(name).equal(t)) << name;
 }

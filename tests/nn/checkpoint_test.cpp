@@ -659,6 +659,26 @@ TEST(ActivationCheckpointWrap, AWrappedSequentialClonesDeepAndStaysCheckpointed)
   EXPECT_FALSE(torch::equal(mine["0.weight"], theirs["0.weight"]));
 }
 
+// eval() reaches a cloned wrapper's original: in the clone the wrapper is the registered child,
+// the original is not, and its Dropout kept dropping after eval() (BatchNorm kept moving).
+TEST(ActivationCheckpointWrap, AClonedModelsWrappedEntriesFollowTrainAndEval) {
+  torch::manual_seed(8);
+  nn::Sequential seq(nn::Linear(4, 8), nn::Dropout(0.5), nn::BatchNorm1d(8), nn::Linear(8, 2));
+  volt::wrap_activation_checkpointing(*seq, {"*"});
+  auto copy = std::dynamic_pointer_cast<nn::SequentialImpl>(seq->clone());
+  ASSERT_NE(copy, nullptr);
+  seq->eval();
+  copy->eval();
+  const at::Tensor x = torch::randn({6, 4});
+  EXPECT_TRUE(torch::equal(copy->forward(x), seq->forward(x)));
+  EXPECT_TRUE(torch::equal(copy->named_buffers()["2.running_mean"],
+                           seq->named_buffers()["2.running_mean"]));
+  copy->train();
+  const at::Tensor before = copy->named_buffers()["2.running_mean"].clone();
+  copy->forward(x);
+  EXPECT_FALSE(torch::equal(copy->named_buffers()["2.running_mean"], before));
+}
+
 TEST(ActivationCheckpointWrap, GlobSyntax) {
   EXPECT_TRUE(volt::module_path_matches("blocks.*", "blocks.3"));
   EXPECT_FALSE(volt::module_path_matches("blocks.*", "blocks.3.0"));

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "volt/nn/checkpoint.h"
 #include "volt/nn/kernel_injection.h"
 
 namespace {
@@ -116,6 +117,37 @@ TEST(KernelInjection, TrainingRunsTheOriginalComputationWithItsGradients) {
   seq->forward(x).pow(2).sum().backward();
   const auto params = seq->parameters();
   for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i].grad(), want[i]));
+}
+
+// A frozen Linear stays frozen while fused and after restore(): registering its weight in the
+// fused layer set requires_grad on the very tensor, so a model frozen for inference came back
+// trainable (and, with grad mode on, the fused layer fell back to the recorded reference path).
+TEST(KernelInjection, AFrozenLinearStaysFrozenFusedAndAfterwards) {
+  auto seq = nn::Sequential(nn::Linear(4, 6), nn::ReLU(), nn::Linear(6, 2));
+  auto first = seq->ptr(0)->as<nn::LinearImpl>();
+  first->weight.requires_grad_(false);
+  first->bias.requires_grad_(false);
+  {
+    volt::KernelInjection injected(*seq.ptr());
+    ASSERT_EQ(injected.replaced(), (std::vector<std::string>{"0 (Linear+ReLU)"}));
+    EXPECT_FALSE(first->weight.requires_grad());
+    EXPECT_FALSE(first->bias.requires_grad());
+    for (const auto& p : seq->named_parameters()) {
+      EXPECT_EQ(p.value().requires_grad(), p.key().rfind("0.", 0) != 0) << p.key();
+    }
+  }
+  EXPECT_FALSE(first->weight.requires_grad());
+  EXPECT_FALSE(first->bias.requires_grad());
+}
+
+// An entry standing in for its registered child (a checkpoint wrapper) is skipped, and the pairs
+// after it are still fused (the scan used to stop at it).
+TEST(KernelInjection, PairsAfterACheckpointWrappedEntryAreStillFused) {
+  auto seq = nn::Sequential(nn::Linear(4, 6), nn::Tanh(), nn::Linear(6, 6), nn::ReLU());
+  ASSERT_EQ(volt::wrap_activation_checkpointing(*seq.ptr(), std::vector<std::string>{"1"}),
+            (std::vector<std::string>{"1"}));
+  volt::KernelInjection injected(*seq.ptr());
+  EXPECT_EQ(injected.replaced(), (std::vector<std::string>{"2 (Linear+ReLU)"}));
 }
 
 TEST(KernelInjection, NothingRecognisedLeavesTheModelAlone) {

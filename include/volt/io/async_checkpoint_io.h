@@ -50,12 +50,13 @@ struct AsyncCheckpointIOStats {
 /// caller changes afterwards; the CRC, the write, fsync and rename (TorchCheckpointIO's atomic
 /// write) run on one background thread, in call order. remove() is queued behind the saves
 /// issued before it, so a file is never deleted before its replacement is on disk; load() and
-/// flush() wait for everything issued before them. A background failure is logged when it
-/// happens and thrown (CheckpointError): a failed save by the next save, load or flush (the
-/// removals queued behind it are skipped, keeping the files it was to replace), a failed
-/// removal by the next call of any kind, so a run's end (the Strategy flushes) never hides a
-/// failed save. A process killed with writes pending leaves the
-/// previous files intact, as with synchronous writes.
+/// flush() wait for everything issued before them. A failed save is logged when it happens and
+/// thrown (CheckpointError) by the next load or flush, or by the next save once that save's
+/// checkpoint is queued (Lightning's order: it is not lost to the failure), so a run's end (the
+/// Strategy flushes) never hides it; the removals queued behind it are skipped, keeping the
+/// files it was to replace. A failed removal is a warning (and counts in stats().failures), as
+/// the Strategy treats a synchronous one: the old file stays. A process killed with writes
+/// pending leaves the previous files intact, as with synchronous writes.
 class AsyncCheckpointIO : public CheckpointIO {
  public:
   explicit AsyncCheckpointIO(AsyncCheckpointIOOptions options = {});
