@@ -6,11 +6,31 @@
 
 namespace volt {
 
+namespace {
+// Lightning's extract_batch_size for one tensor: a 0-dim tensor is one sample.
+int64_t samples_of(const at::Tensor& t) {
+  return t.dim() > 0 ? t.size(0) : 1;
+}
+}  // namespace
+
+// The samples of a batch, weighting epoch-level means (and counted by ThroughputMonitor): the
+// input's, else a combined batch's parts' sum, else the first tensor there is (target, then the
+// extra entries by name), as Lightning's extract_batch_size takes the first tensor it finds. A
+// 0-dim input and a batch holding its data in `extra` counted 0 samples, so every on_epoch
+// mean of their runs was 0.
 int64_t Batch::size() const {
-  if (input.defined()) return input.dim() > 0 ? input.size(0) : 0;
-  int64_t n = 0;
-  for (const auto& name : part_names()) n += part(name).size();
-  return n;
+  if (input.defined()) return samples_of(input);
+  const auto parts = part_names();
+  if (!parts.empty()) {
+    int64_t n = 0;
+    for (const auto& name : parts) n += part(name).size();
+    return n;
+  }
+  if (target.defined()) return samples_of(target);
+  for (const auto& kv : extra) {
+    if (kv.second.defined()) return samples_of(kv.second);
+  }
+  return 0;
 }
 
 std::vector<std::string> Batch::part_names() const {

@@ -381,10 +381,13 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
   size_t i = 0;
   const size_t n = nodelist.size();
   if (n == 0) fail("empty");
+  // Hosts are separated by a comma or a space outside brackets (Lightning's
+  // resolve_root_node_address takes both: "host0 host1" was one host name "host0 host1").
+  const auto separator = [](char c) { return c == ',' || c == ' '; };
   while (i < n) {
-    // One host pattern: text with bracket groups, up to a comma outside brackets.
+    // One host pattern: text with bracket groups, up to a separator outside brackets.
     std::vector<std::string> partial{""};
-    while (i < n && nodelist[i] != ',') {
+    while (i < n && !separator(nodelist[i])) {
       if (nodelist[i] == ']') fail("']' without '['");
       if (nodelist[i] != '[') {
         if (partial.front().size() >= kMaxHostName) fail("a host name over 255 characters");
@@ -437,8 +440,8 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
     hosts.insert(hosts.end(), partial.begin(), partial.end());
     if (hosts.size() > kMaxHosts) fail("too many hosts");
     if (i < n) {
-      ++i;  // the comma
-      if (i == n) fail("trailing ','");
+      ++i;  // the separator
+      if (i == n) fail("a trailing separator");
     }
   }
   return hosts;

@@ -532,14 +532,31 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
     }
     store.set(kConfigKey + me, bytes(cfg.str()));
     if (store.add(kJoinedKey, 1) == world_size_) store.set(kReadyKey, bytes("ok"));
-    if (!poll_key(store, kReadyKey, deadline)) {
+    // Until everyone joined, or a launching process reported a worker that died (before it
+    // could join: its exit status is the reason, and waiting out the timeout told nothing more).
+    bool lost = false;
+    const bool everyone = [&] {
+      milliseconds pause{1};
+      for (;;) {
+        if (store.check({kReadyKey})) return true;
+        if (store.check({kLostKey})) return !(lost = true);
+        if (Clock::now() >= deadline) return false;
+        std::this_thread::sleep_for(
+            std::min(pause, std::chrono::duration_cast<milliseconds>(deadline - Clock::now())));
+        pause = std::min(pause * 2, milliseconds(50));
+      }
+    }();
+    if (!everyone) {
       std::vector<int64_t> missing;
       for (int64_t r = 0; r < world_size_; ++r) {
         if (!store.check({kConfigKey + std::to_string(r)})) missing.push_back(r);
       }
+      const std::string why =
+          lost ? "; lost: " + text(store.get(kLostKey))
+               : "; start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE.";
       VOLT_CHECK(false, DistributedError, kTag, " ", rank_list(missing), " of ", world_size_,
-                 " did not join the rendezvous at ", impl_->address, " within ", seconds(timeout),
-                 "; start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE.");
+                 " did not join the rendezvous at ", impl_->address,
+                 lost ? std::string() : " within " + seconds(timeout), why);
     }
     const std::string ready = text(store.get(kReadyKey));
     VOLT_CHECK(ready.rfind("abort:", 0) != 0, ConfigError, ready.substr(6));

@@ -81,6 +81,20 @@ TEST(Resolve, NumbersKeepIntVersusFloat) {
   EXPECT_FALSE(o.limit_train_batches().is_fraction());
   EXPECT_EQ(o.limit_train_batches().count(), 10);
   EXPECT_TRUE(o.limit_val_batches().is_fraction());
+  // Lightning's _determine_batch_limits: a whole-number float above 1 counts batches; 1.0 stays
+  // the whole loader and 1.5 is still refused (when the Trainer checks its options).
+  c = resolve_text(
+      "model: {width: 8}\ntrainer: {limit_train_batches: 10.0, limit_val_batches: 1.0, "
+      "val_check_interval: 3.0, overfit_batches: 1.5}\n",
+      r);
+  o = volt::detail::trainer_options(c.trainer);
+  EXPECT_FALSE(o.limit_train_batches().is_fraction());
+  EXPECT_EQ(o.limit_train_batches().count(), 10);
+  EXPECT_FALSE(o.val_check_interval().is_fraction());
+  EXPECT_EQ(o.val_check_interval().count(), 3);
+  EXPECT_TRUE(o.limit_val_batches().is_fraction());
+  EXPECT_TRUE(o.overfit_batches().is_fraction());
+  EXPECT_THROW(o.overfit_batches().validate("overfit_batches"), volt::ConfigError);
 }
 
 // Lightning's devices: auto is -1 (every device of the accelerator); any other word stays an

@@ -292,10 +292,13 @@ TEST(SlurmNodelist, Expands) {
   EXPECT_EQ(volt::expand_slurm_nodelist("r[1-2]-n[08-10]"),
             (V{"r1-n08", "r1-n09", "r1-n10", "r2-n08", "r2-n09", "r2-n10"}));
   EXPECT_EQ(volt::expand_slurm_nodelist("n[7]"), (V{"n7"}));
+  // Space-separated, as Lightning's resolve_root_node_address reads it (this was one host).
+  EXPECT_EQ(volt::expand_slurm_nodelist("host0 host1,n[2-3]"), (V{"host0", "host1", "n2", "n3"}));
 }
 
 TEST(SlurmNodelist, RejectsMalformed) {
-  for (const char* bad : {"", "n[", "n]", "n[]", "n[5-3]", "n[a-b]", "a,,b", "a,", "n[1-2"}) {
+  for (const char* bad :
+       {"", "n[", "n]", "n[]", "n[5-3]", "n[a-b]", "a,,b", "a,", "n[1-2", "a  b", " a", "a "}) {
     SCOPED_TRACE(bad);
     EXPECT_THROW(volt::expand_slurm_nodelist(bad), volt::ConfigError);
   }

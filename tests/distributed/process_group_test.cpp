@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <thread>
 
 #include "build_paths.h"
 #include "distributed/detail/async_collective.h"
@@ -262,6 +263,33 @@ TEST(ProcessGroup, MissingRanksAreNamedAfterTheTimeout) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A worker that dies before it joins (its launching process reports it to the store) fails the
+// rendezvous at once, with its exit status: the others waited out the whole timeout and said
+// only that it "did not join".
+TEST(ProcessGroup, AWorkerLostBeforeJoiningFailsTheRendezvousAtOnceSayingHow) {
+  VOLT_REQUIRE_GLOO();
+  volt::ClusterEnvironment env = single(volt::detail::find_free_port());
+  env.world_size = 2;
+  env.local_world_size = 2;
+  std::thread launcher([env] {
+    std::this_thread::sleep_for(milliseconds(300));
+    volt::ClusterEnvironment worker = env;
+    worker.global_rank = 1;
+    volt::report_lost_rank(worker, "rank 1 (pid 7) exited with code 3", seconds(5));
+  });
+  const auto start = std::chrono::steady_clock::now();
+  std::string what = "<no error>";
+  try {
+    volt::ProcessGroup pg(env, volt::ProcessGroupOptions().timeout(seconds(30)));
+  } catch (const volt::DistributedError& e) {
+    what = e.what();
+  }
+  launcher.join();
+  EXPECT_NE(what.find("rank 1 of 2 did not join the rendezvous"), std::string::npos) << what;
+  EXPECT_NE(what.find("lost: rank 1 (pid 7) exited with code 3"), std::string::npos) << what;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(10)) << "not the 30 s timeout";
 }
 
 // A store rank 0 kept from a group serves the job's next attempt (elastic restarts): the group of

@@ -494,9 +494,13 @@ Params trainer_params(const Registry& reg) {
 }
 
 TrainerOptions trainer_options(const Args& a) {
+  // As Lightning's _determine_batch_limits: a whole-number float above 1 is a batch count
+  // (limit_train_batches: 10.0 runs 10 batches; it was "not a valid fraction").
   const auto limit = [&](const char* name) -> Limit {
     if (a.holds<int64_t>(name)) return Limit(a.get<int64_t>(name));
-    return Limit(a.get<double>(name));
+    const double v = a.get<double>(name);
+    if (v > 1.0 && v < 9.0e15 && v == std::floor(v)) return Limit(static_cast<int64_t>(v));
+    return Limit(v);
   };
   TrainerOptions o;
   o.accelerator(a.get<std::string>("accelerator"))

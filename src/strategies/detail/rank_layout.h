@@ -19,12 +19,12 @@ inline void write_rank_layout(torch::serialize::OutputArchive& ar, const char* k
   ar.write(key, torch::tensor({a, b}, torch::kLong));
 }
 
-inline RankLayout read_rank_layout(torch::serialize::InputArchive& ar, const char* key,
-                                   int64_t a, int64_t b) {
+inline RankLayout read_rank_layout(torch::serialize::InputArchive& ar, const char* key, int64_t a,
+                                   int64_t b) {
   at::Tensor layout;
   if (!ar.try_read(key, layout)) return RankLayout::kNotRecorded;
-  const bool same = layout.numel() == 2 && layout[0].item<int64_t>() == a &&
-                    layout[1].item<int64_t>() == b;
+  const bool same =
+      layout.numel() == 2 && layout[0].item<int64_t>() == a && layout[1].item<int64_t>() == b;
   return same ? RankLayout::kSame : RankLayout::kOther;
 }
 
