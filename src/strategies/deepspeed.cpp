@@ -177,13 +177,17 @@ DeepSpeedStrategy::DeepSpeedStrategy(DeepSpeedStrategyOptions options,
              " keeps whole parameters on every rank); set stage=3.");
   // The NVMe sizes are checked even when nothing goes to NVMe: a value that means nothing should
   // not pass silently in one config and fail once offload is switched on.
+  // A block is one read or write: Linux moves at most 0x7ffff000 bytes in one, and io_uring
+  // takes a 32-bit length (a block of 2^32 bytes became 0-byte requests: "the file ends first").
+  constexpr int64_t kMaxAioBlock = 0x7ffff000;
   VOLT_CHECK(options_.sub_group_size() > 0 && options_.aio_block_size() > 0 &&
-                 options_.aio_queue_depth() > 0 && options_.aio_queue_depth() <= 4096,
+                 options_.aio_block_size() <= kMaxAioBlock && options_.aio_queue_depth() > 0 &&
+                 options_.aio_queue_depth() <= 4096,
              ConfigError, kTag, " sub_group_size=", options_.sub_group_size(),
              ", aio_block_size=", options_.aio_block_size(),
              " and aio_queue_depth=", options_.aio_queue_depth(),
-             " must be > 0 (queue depth at most 4096); DeepSpeed's defaults are 1e9, 1048576 "
-             "and 8.");
+             " must be > 0 (block size at most 2147479552, Linux's largest single read; queue "
+             "depth at most 4096); DeepSpeed's defaults are 1e9, 1048576 and 8.");
   VOLT_CHECK(tp.num_heads() >= 0, ConfigError, kTag, " tensor_parallel.num_heads=", tp.num_heads(),
              " must be >= 0 (0: unknown; set it to the model's attention head count).");
   if ((options_.offload_optimizer() && dev == "nvme") ||

@@ -2,6 +2,10 @@
 
 #include <volt/volt.h>
 
+#include <stdexcept>
+
+#include "core/detail/out_of_memory.h"
+
 namespace {
 
 TEST(Check, ThrowsTypedErrorWithMessage) {
@@ -46,6 +50,24 @@ TEST(Limit, RejectsInvalid) {
     volt::Limit(1.5).validate("limit_train_batches");
   } catch (const volt::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("limit_train_batches=1.5"), std::string::npos);
+  }
+}
+
+// What scale_batch_size takes for running out of memory: Lightning's is_oom_error (any CUDA
+// message saying out of memory, cuDNN's NOT_SUPPORTED, CPU allocation failures); the CUDA driver's
+// form and cuDNN's were not, so the finder stopped with the error instead of trying smaller.
+TEST(OutOfMemory, TheMessagesLightningTakesForOutOfMemory) {
+  using volt::detail::is_out_of_memory;
+  for (const char* oom : {"CUDA out of memory. Tried to allocate 2.00 GiB",
+                          "CUDA error: out of memory", "CUDA driver error: out of memory",
+                          "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if",
+                          "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8"}) {
+    EXPECT_TRUE(is_out_of_memory(std::runtime_error(oom))) << oom;
+  }
+  EXPECT_TRUE(is_out_of_memory(std::bad_alloc()));
+  for (const char* other : {"CUDA error: an illegal memory access was encountered",
+                            "out of memory budget for this test", "shape mismatch"}) {
+    EXPECT_FALSE(is_out_of_memory(std::runtime_error(other))) << other;
   }
 }
 

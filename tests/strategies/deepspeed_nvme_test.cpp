@@ -417,6 +417,9 @@ TEST(DeepSpeedNvme, BadNvmePathsAndAioOptionsAreConfigErrorsNamingThePath) {
   // parallelism that is off.
   expect_deepspeed_error<volt::ConfigError>(O().sub_group_size(-7), "sub_group_size=-7");
   expect_deepspeed_error<volt::ConfigError>(O().aio_block_size(0), "aio_block_size=0");
+  // One block is one request: 2^32 bytes truncated to 0-byte reads ("the file ends first").
+  expect_deepspeed_error<volt::ConfigError>(O().aio_block_size(int64_t{1} << 32),
+                                            "aio_block_size=4294967296");
   expect_deepspeed_error<volt::ConfigError>(O().aio_queue_depth(5000), "aio_queue_depth=5000");
   expect_deepspeed_error<volt::ConfigError>(
       O().tensor_parallel(volt::TensorParallelOptions().num_heads(-7)),

@@ -13,10 +13,12 @@ bool is_out_of_memory(const std::exception& e) {
     return true;
   }
   const std::string what = e.what();
-  return what.find("can't allocate memory") != std::string::npos ||
-         what.find("not enough memory") != std::string::npos ||
-         what.find("CUDA out of memory") != std::string::npos ||
-         what.find("CUDA error: out of memory") != std::string::npos;
+  const auto has = [&](const char* s) { return what.find(s) != std::string::npos; };
+  // Lightning's is_oom_error: CPU allocation failures, any CUDA message saying out of memory
+  // ("CUDA out of memory", "CUDA error: out of memory", "CUDA driver error: out of memory"), and
+  // cuDNN's NOT_SUPPORTED, which cuDNN raises for a batch too large for its workspace.
+  return has("can't allocate memory") || has("not enough memory") ||
+         (has("CUDA") && has("out of memory")) || has("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.");
 }
 
 }  // namespace detail
