@@ -395,6 +395,30 @@ TEST(CheckpointIO, TempFileNames) {
   EXPECT_FALSE(volt::detail::is_temp_name("last.ckpt"));
   EXPECT_EQ(volt::detail::temp_path_for("/x/a.ckpt"),
             "/x/a.ckpt.volt-tmp." + std::to_string(::getpid()));
+  // A name near the 255-byte limit: the temporary keeps as much of it as fits, never splitting
+  // a UTF-8 character (it failed with ENAMETOOLONG for a valid checkpoint name).
+  const std::string suffix = ".volt-tmp." + std::to_string(::getpid());
+  const std::string long_name = std::string(240, 'a') + "\xc3\xa9" + std::string(9, 'b');
+  const std::string tmp = volt::detail::temp_path_for("/x/" + long_name);
+  EXPECT_LE(tmp.size() - 3, 255u);
+  EXPECT_EQ(tmp.rfind("/x/" + std::string(240, 'a'), 0), 0u) << tmp;
+  EXPECT_EQ(tmp.substr(tmp.size() - suffix.size()), suffix);
+  EXPECT_TRUE(volt::detail::is_temp_name(tmp.substr(3)));
+  const unsigned char last = static_cast<unsigned char>(tmp[tmp.size() - suffix.size() - 1]);
+  EXPECT_NE(last, 0xc3) << "a split character";
+}
+
+// A checkpoint whose name is near the file system's limit is written and read (its temporary
+// name did not fit: "cannot create ... (File name too long)").
+TEST(CheckpointIO, ANameNearTheLengthLimitIsWritten) {
+  volt_test::TempDir dir;
+  torch::serialize::OutputArchive ar;
+  ar.write("w", torch::arange(3, torch::kFloat));
+  const std::string path = dir / (std::string(245, 'c') + ".ckpt");
+  volt::TorchCheckpointIO().save(ar, path);
+  torch::Tensor w;
+  volt::TorchCheckpointIO().load(path).read("w", w);
+  EXPECT_TRUE(w.equal(torch::arange(3, torch::kFloat)));
 }
 
 // A symbolic link planted at the name of a write's temporary file (the pid is predictable) is

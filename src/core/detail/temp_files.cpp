@@ -23,7 +23,21 @@ bool same_file(const struct stat& a, const struct stat& b) {
 }  // namespace
 
 std::string temp_path_for(const std::string& path) {
-  return path + ".volt-tmp." + std::to_string(::getpid());
+  const std::string suffix = ".volt-tmp." + std::to_string(::getpid());
+  // A name near the file system's 255-byte limit leaves no room for the suffix (ENAMETOOLONG
+  // for a valid name): its temporary file takes as much of the name as fits, cut at a UTF-8
+  // character's start. Two long names sharing that start share the temporary name, which the
+  // lock serialises (create_locked_temp starts over when the name moved on).
+  constexpr size_t kNameMax = 255;
+  const size_t slash = path.rfind('/');
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;
+  std::string out = path;
+  if (path.size() - base + suffix.size() > kNameMax) {
+    size_t keep = base + kNameMax - suffix.size();
+    while (keep > base && (static_cast<unsigned char>(path[keep]) & 0xC0) == 0x80) --keep;
+    out.resize(keep);
+  }
+  return out + suffix;
 }
 
 bool is_temp_name(const std::string& name) {
