@@ -240,6 +240,17 @@ TEST(Safetensors, RejectsUnsupportedDtypesAndNames) {
   EXPECT_FALSE(std::ifstream(dir / "u.safetensors").good());
 }
 
+// A written file's JSON header (and its length, the 8 bytes before it).
+nlohmann::json header_of(const std::string& path, uint64_t* length = nullptr) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  std::string json(n, ' ');
+  in.read(json.data(), static_cast<std::streamsize>(n));
+  if (length != nullptr) *length = n;
+  return nlohmann::json::parse(json);
+}
+
 // Each tensor starts at a multiple of its element size (the reference writer's layout: widest
 // dtype first), so a reader that maps the file casts in place. Before session 81 the tensors lay
 // in name order: "a" (3 bytes) put "b" (float) at offset 3.
@@ -252,13 +263,9 @@ TEST(Safetensors, EveryTensorIsAlignedToItsElementSize) {
                                                   {"d", at::arange(5).to(at::kDouble)},
                                                   {"e", at::ones({1}, at::kBool)}};
   volt::save_safetensors(tensors, p);
-  std::ifstream in(p, std::ios::binary);
   uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  std::string json(n, ' ');
-  in.read(json.data(), static_cast<std::streamsize>(n));
+  const auto header = header_of(p, &n);
   EXPECT_EQ((8 + n) % 8, 0u);
-  const auto header = nlohmann::json::parse(json);
   for (const auto& [name, t] : tensors) {
     const uint64_t begin = header.at(name).at("data_offsets")[0].get<uint64_t>();
     EXPECT_EQ(begin % t.element_size(), 0u) << name << " at " << begin;
@@ -279,12 +286,7 @@ TEST(Safetensors, TensorsLieInTheReferenceWritersOrder) {
       {"e", at::arange(2).to(at::kHalf)},       {"f", at::arange(2).to(at::kBFloat16)},
       {"g", at::randn({2}, at::kComplexFloat)}, {"h", at::arange(2).to(at::kDouble)}};
   volt::save_safetensors(tensors, p);
-  std::ifstream in(p, std::ios::binary);
-  uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  std::string json(n, ' ');
-  in.read(json.data(), static_cast<std::streamsize>(n));
-  const auto header = nlohmann::json::parse(json);
+  const auto header = header_of(p);
   std::vector<std::pair<uint64_t, std::string>> laid;
   for (const auto& [name, t] : tensors) {
     laid.emplace_back(header.at(name).at("data_offsets")[0].get<uint64_t>(), name);
