@@ -308,18 +308,25 @@ std::string rank_list(const std::vector<int64_t>& ranks) {
   return os.str();
 }
 
-// Polls `key` until it exists or `deadline` passes. TCPStore::wait with a timeout leaves its
-// reply pending on the socket when it times out (1.13), so later requests on that client would
-// read the wrong answer; check() is a plain request/reply.
-bool poll_key(c10d::Store& store, const std::string& key, Clock::time_point deadline) {
+// Polls `keys` until one exists (its index) or `deadline` passes (-1). TCPStore::wait with a
+// timeout leaves its reply pending on the socket when it times out (1.13), so later requests on
+// that client would read the wrong answer; check() is a plain request/reply.
+int poll_keys(c10d::Store& store, const std::vector<std::string>& keys,
+              Clock::time_point deadline) {
   milliseconds pause{1};
-  while (!store.check({key})) {
-    if (Clock::now() >= deadline) return false;
+  for (;;) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (store.check({keys[i]})) return static_cast<int>(i);
+    }
+    if (Clock::now() >= deadline) return -1;
     std::this_thread::sleep_for(
         std::min(pause, std::chrono::duration_cast<milliseconds>(deadline - Clock::now())));
     pause = std::min(pause * 2, milliseconds(50));
   }
-  return true;
+}
+
+bool poll_key(c10d::Store& store, const std::string& key, Clock::time_point deadline) {
+  return poll_keys(store, {key}, deadline) == 0;
 }
 
 c10d::ReduceOp to_c10d(Reduce op) {
@@ -534,19 +541,9 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
     if (store.add(kJoinedKey, 1) == world_size_) store.set(kReadyKey, bytes("ok"));
     // Until everyone joined, or a launching process reported a worker that died (before it
     // could join: its exit status is the reason, and waiting out the timeout told nothing more).
-    bool lost = false;
-    const bool everyone = [&] {
-      milliseconds pause{1};
-      for (;;) {
-        if (store.check({kReadyKey})) return true;
-        if (store.check({kLostKey})) return !(lost = true);
-        if (Clock::now() >= deadline) return false;
-        std::this_thread::sleep_for(
-            std::min(pause, std::chrono::duration_cast<milliseconds>(deadline - Clock::now())));
-        pause = std::min(pause * 2, milliseconds(50));
-      }
-    }();
-    if (!everyone) {
+    const int seen = poll_keys(store, {kReadyKey, kLostKey}, deadline);
+    if (seen != 0) {
+      const bool lost = seen == 1;
       std::vector<int64_t> missing;
       for (int64_t r = 0; r < world_size_; ++r) {
         if (!store.check({kConfigKey + std::to_string(r)})) missing.push_back(r);

@@ -1,7 +1,5 @@
 #include "volt/io/checkpoint_io.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 

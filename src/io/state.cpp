@@ -59,6 +59,7 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
   std::vector<std::string> keys = archive.keys();
   std::set<std::string> expected(ignore.begin(), ignore.end());
   std::vector<std::string> problems;
+  std::string shape_skips;  // the shape mismatches among them (a non-strict load warns of them)
   // Copied only once every entry was checked, so a strict mismatch changes nothing.
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
   detail::Fp8StateCrossing fp8(keys, module);
@@ -73,6 +74,7 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
     if (!saved.sizes().equals(target.sizes())) {
       problems.push_back("shape of '" + name + "': checkpoint " + shape_str(saved) + " vs model " +
                          shape_str(target));
+      shape_skips += (shape_skips.empty() ? "" : "; ") + problems.back();
       return;
     }
     copies.emplace_back(target, std::move(saved));
@@ -83,20 +85,13 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
     if (!expected.count(k) && !fp8.skip_unexpected(k)) problems.push_back("unexpected '" + k + "'");
   }
   fp8.log("Checkpoint");
-  if (!strict) {
+  if (!strict && !shape_skips.empty()) {
     // Not strict loads what matches (missing and unexpected names are what it is for), but an
     // entry whose shape differs is skipped where torch's load_state_dict raises even then: say
     // which, so a changed layer does not train on from its initial weights unnoticed.
-    std::string skipped;
-    for (const auto& p : problems) {
-      if (p.rfind("shape of ", 0) == 0) skipped += (skipped.empty() ? "" : "; ") + p;
-    }
-    if (!skipped.empty()) {
-      log_warning("Checkpoint",
-                  "strict=false left entries whose shape differs as the model had "
-                  "them: " +
-                      skipped);
-    }
+    log_warning(
+        "Checkpoint",
+        "strict=false left entries whose shape differs as the model had them: " + shape_skips);
   }
   if (strict && !problems.empty()) {
     auto os = detail::c_stream<std::ostringstream>();
