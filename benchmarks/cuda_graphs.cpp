@@ -7,6 +7,8 @@
 //  3. Inference of the demo transformer (examples/models.h) at batch 1, 2, 4, 8: eager
 //     forward under no_grad against volt::wrap_in_graph (asynchronous, as the eager launches).
 //     Calls/s.
+//  4. Trainer.fit of the MLP eager against graph_training_step (SGD momentum, and
+//     volt::FusedAdamW), the data on the CPU in pinned memory. Steps/s.
 // Each figure is the median of R rounds; rounds interleave the contenders.
 //
 //   build/benchmarks/volt_bench_cuda_graphs [--rounds R] [--steps N]

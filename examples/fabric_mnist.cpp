@@ -103,23 +103,31 @@ void train(const Args& args) {
       fabric.setup_dataloader(volt::DataLoader(test_set, volt::DataLoaderOptions(256)));
 
   const std::string ckpt = args.out + "/last.ckpt";
-  int64_t start_epoch = 0, step = 0;
+  // Where the next run goes on: an epoch and the first batch of it not yet trained (a run
+  // stopped by --max-steps stops mid-epoch; the loader's stream starts at any batch).
+  int64_t start_epoch = 0, start_batch = 0, step = 0;
   if (args.resume) {
     volt::FabricState state;
-    state.module("model", *net).optimizer("opt", *opt).value("epoch", 0).value("step", 0);
+    state.module("model", *net)
+        .optimizer("opt", *opt)
+        .value("epoch", 0)
+        .value("batch", 0)
+        .value("step", 0);
     fabric.load(ckpt, state);
     start_epoch = state.value("epoch").toInt();
+    start_batch = state.value("batch").toInt();
     step = state.value("step").toInt();
-    fabric.print("resumed from " + ckpt + " at epoch " + std::to_string(start_epoch) + ", step " +
-                 std::to_string(step));
+    fabric.print("resumed from " + ckpt + " at epoch " + std::to_string(start_epoch) + ", batch " +
+                 std::to_string(start_batch) + ", step " + std::to_string(step));
   }
   auto done = [&] { return args.max_steps >= 0 && step >= args.max_steps; };
 
   for (int64_t epoch = start_epoch; epoch < args.epochs && !done(); ++epoch) {
     net->train();
     at::Tensor loss_sum = at::zeros({}, at::kDouble);
+    const int64_t first = epoch == start_epoch ? start_batch : 0;
     int64_t batches = 0;
-    for (volt::Batch& batch : train.stream(epoch)) {
+    for (volt::Batch& batch : train.stream(epoch, first)) {
       if (done()) break;
       const volt::Batch b = fabric.to_device(batch);
       at::Tensor loss;
@@ -141,10 +149,12 @@ void train(const Args& args) {
         fabric.all_reduce(loss_sum / std::max<int64_t>(batches, 1)).item<double>();
     fabric.log("epoch_loss", mean_loss);
     fabric.call(&EpochHooks::on_train_epoch_end, fabric, epoch, step, mean_loss);
+    const bool finished = first + batches >= train.num_batches();
     volt::FabricState state;
     state.module("model", *net)
         .optimizer("opt", *opt)
-        .value("epoch", epoch + 1)
+        .value("epoch", finished ? epoch + 1 : epoch)
+        .value("batch", finished ? 0 : first + batches)
         .value("step", step);
     fabric.save(ckpt, state);  // rank 0 writes atomically; every rank waits for the file
   }

@@ -36,6 +36,7 @@
 #include "volt/core/module.h"
 #include "volt/core/optimizer_config.h"
 #include "volt/core/registry.h"
+#include "volt/core/seed.h"
 #include "volt/core/types.h"
 #include "volt/core/version.h"
 #include "volt/data/data_loader.h"

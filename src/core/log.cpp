@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -23,7 +24,30 @@ std::set<std::string>& seen_keys() {
   static std::set<std::string> keys;
   return keys;
 }
-std::atomic<int64_t> g_rank{0};
+// The rank set by set_log_rank; -1 until then, when the launcher's environment tells it.
+std::atomic<int64_t> g_rank{-1};
+
+// Before a strategy sets the rank (a worker's set-up, or anything a program logs before fit),
+// the one its launcher gave it: RANK, LOCAL_RANK, SLURM_PROCID, as Lightning's rank_zero_only
+// reads them at import. Without one, 0.
+int64_t rank_from_environment() {
+  for (const char* name : {"RANK", "LOCAL_RANK", "SLURM_PROCID"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    char* end = nullptr;
+    const long long r = std::strtoll(v, &end, 10);
+    if (*end == '\0' && r >= 0) return r;
+  }
+  return 0;
+}
+
+int64_t current_rank() {
+  int64_t r = g_rank.load();
+  if (r >= 0) return r;
+  int64_t unset = -1;
+  g_rank.compare_exchange_strong(unset, rank_from_environment());
+  return g_rank.load();
+}
 
 const char* level_name(LogLevel level) {
   switch (level) {
@@ -35,11 +59,11 @@ const char* level_name(LogLevel level) {
 }
 
 bool prints(LogLevel level) {
-  return level == LogLevel::kError || g_rank.load() == 0;
+  return level == LogLevel::kError || current_rank() == 0;
 }
 
 void emit(LogLevel level, const std::string& component, const std::string& message) {
-  const int64_t rank = g_rank.load();
+  const int64_t rank = current_rank();
   std::string line = rank == 0 ? "[volt] " : "[volt rank " + std::to_string(rank) + "] ";
   line += level_name(level);
   line += ": ";
@@ -73,7 +97,7 @@ void set_log_rank(int64_t rank) {
   g_rank.store(rank);
 }
 int64_t log_rank() {
-  return g_rank.load();
+  return current_rank();
 }
 
 namespace detail {

@@ -17,12 +17,12 @@ namespace volt {
 
 std::ostream& operator<<(std::ostream& os, const DataLoaderOptions& o) {
   return os << "DataLoaderOptions(batch_size=" << o.batch_size() << ", shuffle=" << o.shuffle()
-            << ", seed=" << o.seed() << ", drop_last=" << o.drop_last()
-            << ", num_workers=" << o.num_workers() << ", prefetch_factor=" << o.prefetch_factor()
-            << ", pin_memory=" << o.pin_memory()
+            << ", seed=" << (o.seed() ? std::to_string(*o.seed()) : std::string("global"))
+            << ", drop_last=" << o.drop_last() << ", num_workers=" << o.num_workers()
+            << ", prefetch_factor=" << o.prefetch_factor() << ", pin_memory=" << o.pin_memory()
             << ", prefetch_to_device=" << o.prefetch_to_device()
             << ", collate=" << (o.collate() ? "custom" : "default") << ", rank=" << o.rank()
-            << ", world_size=" << o.world_size() << ")";
+            << ", world_size=" << o.world_size() << ", even_shards=" << o.even_shards() << ")";
 }
 
 std::ostream& operator<<(std::ostream& os, CombineMode mode) {
@@ -143,7 +143,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
     : dataset_(std::move(dataset)),
       options_(std::move(options)),
       sampler_(dataset_ ? dataset_->size() : 0, options_.shuffle(), options_.seed(),
-               options_.rank(), options_.world_size()) {
+               options_.rank(), options_.world_size(), options_.even_shards()) {
   VOLT_CHECK(dataset_ != nullptr, ConfigError, "[DataLoader] dataset is null; pass a Dataset.");
   VOLT_CHECK(options_.batch_size() >= 1, ConfigError,
              "[DataLoader] batch_size=", options_.batch_size(), " must be >= 1.");
@@ -175,20 +175,20 @@ DataLoader DataLoader::recombined(
   return combined_loader(std::move(parts), combined_->mode);
 }
 
-DataLoader DataLoader::sharded(int64_t rank, int64_t world_size) const {
+DataLoader DataLoader::sharded(int64_t rank, int64_t world_size, bool even) const {
   if (combined_)
-    return recombined([&](const DataLoader& l) { return l.sharded(rank, world_size); });
+    return recombined([&](const DataLoader& l) { return l.sharded(rank, world_size, even); });
   DataLoaderOptions o = options_;
-  o.rank(rank).world_size(world_size);
+  o.rank(rank).world_size(world_size).even_shards(even);
   return with_options(std::move(o));
 }
 
-DataLoader DataLoader::sharded_where_unsharded(int64_t rank, int64_t world_size) const {
+DataLoader DataLoader::sharded_where_unsharded(int64_t rank, int64_t world_size, bool even) const {
   if (combined_) {
     return recombined(
-        [&](const DataLoader& l) { return l.sharded_where_unsharded(rank, world_size); });
+        [&](const DataLoader& l) { return l.sharded_where_unsharded(rank, world_size, even); });
   }
-  return options_.world_size() > 1 ? *this : sharded(rank, world_size);
+  return options_.world_size() > 1 ? *this : sharded(rank, world_size, even);
 }
 
 DataLoader DataLoader::with_options(DataLoaderOptions options) const {

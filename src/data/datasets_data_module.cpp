@@ -4,6 +4,7 @@
 
 #include "volt/core/check.h"
 #include "volt/core/errors.h"
+#include "volt/core/seed.h"
 
 namespace volt {
 
@@ -118,8 +119,8 @@ DataLoader DatasetsDataModule::train_dataloader() {
   std::vector<std::pair<std::string, DataLoader>> parts;
   for (size_t j = 0; j < sets_.train_sets.size(); ++j) {
     const auto& [name, data] = sets_.train_sets[j];
-    parts.emplace_back(
-        name, DataLoader(data, DataLoaderOptions(loader_).shuffle(true).seed(loader_.seed() + j)));
+    parts.emplace_back(name, DataLoader(data, DataLoaderOptions(loader_).shuffle(true).seed(
+                                                  loader_.seed().value_or(global_seed()) + j)));
   }
   return combined_loader(std::move(parts), sets_.combine_mode);
 }

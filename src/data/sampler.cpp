@@ -5,16 +5,18 @@
 
 #include "core/detail/mix64.h"
 #include "volt/core/check.h"
+#include "volt/core/seed.h"
 
 namespace volt {
 
-Sampler::Sampler(int64_t dataset_size, bool shuffle, uint64_t seed, int64_t rank,
-                 int64_t world_size)
+Sampler::Sampler(int64_t dataset_size, bool shuffle, c10::optional<uint64_t> seed, int64_t rank,
+                 int64_t world_size, bool even)
     : dataset_size_(dataset_size),
       shuffle_(shuffle),
       seed_(seed),
       rank_(rank),
-      world_size_(world_size) {
+      world_size_(world_size),
+      even_(even) {
   VOLT_CHECK(dataset_size >= 0, ValueError, "[Sampler] dataset_size=", dataset_size,
              " is negative.");
   VOLT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, ConfigError,
@@ -23,7 +25,9 @@ Sampler::Sampler(int64_t dataset_size, bool shuffle, uint64_t seed, int64_t rank
 }
 
 int64_t Sampler::size() const {
-  return world_size_ == 1 ? dataset_size_ : (dataset_size_ + world_size_ - 1) / world_size_;
+  if (world_size_ == 1) return dataset_size_;
+  if (even_) return (dataset_size_ + world_size_ - 1) / world_size_;
+  return rank_ < dataset_size_ ? (dataset_size_ - rank_ + world_size_ - 1) / world_size_ : 0;
 }
 
 std::vector<int64_t> Sampler::indices(int64_t epoch) const {
@@ -32,8 +36,8 @@ std::vector<int64_t> Sampler::indices(int64_t epoch) const {
   if (shuffle_ && dataset_size_ > 1) {
     // splitmix64's output for the state seed + epoch increments (the first add is mix64's),
     // so that nearby (seed, epoch) pairs give unrelated streams.
-    std::mt19937_64 gen(
-        detail::mix64(seed_ + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(epoch)));
+    const uint64_t seed = seed_ ? *seed_ : global_seed();
+    std::mt19937_64 gen(detail::mix64(seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(epoch)));
     // Fisher-Yates with our own bounded draw: std::uniform_int_distribution and std::shuffle
     // are implementation-defined, and the order must be reproducible everywhere.
     for (int64_t i = dataset_size_ - 1; i > 0; --i) {
@@ -48,7 +52,7 @@ std::vector<int64_t> Sampler::indices(int64_t epoch) const {
   }
   if (world_size_ == 1 || dataset_size_ == 0) return all;
   const int64_t per_rank = size();
-  const int64_t total = per_rank * world_size_;
+  const int64_t total = even_ ? per_rank * world_size_ : dataset_size_;
   for (int64_t i = dataset_size_; i < total; ++i)
     all.push_back(all[(i - dataset_size_) % dataset_size_]);
   std::vector<int64_t> mine;

@@ -19,6 +19,7 @@
 #include "core/detail/numbers.h"
 #include "detail/net.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 
 extern char** environ;
 
@@ -240,6 +241,20 @@ LocalLauncher::LocalLauncher(ClusterEnvironment env) : env_(std::move(env)) {
              "); detect_cluster_environment decides: it launches only for a plain process "
              "without LOCAL_RANK and devices > 1.");
   if (env_.main_port == 0) env_.main_port = detail::find_free_port();
+  // An ignored SIGCHLD (SIG_IGN or SA_NOCLDWAIT) has the kernel reap the workers itself: their
+  // exit statuses are gone, and a worker that finished would count as one that failed.
+  struct sigaction chld {};
+  if (::sigaction(SIGCHLD, nullptr, &chld) == 0 &&
+      (chld.sa_handler == SIG_IGN || (chld.sa_flags & SA_NOCLDWAIT) != 0)) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(SIGCHLD, &dfl, nullptr);
+    log_warning("LocalLauncher",
+                "SIGCHLD was ignored in this process, which discards the workers' exit statuses; "
+                "it is back to its default action so that a worker's end can be told from its "
+                "failure.");
+  }
   const std::vector<std::string> argv = read_cmdline();
 
   // Each worker: this process's environment minus the variables volt sets, plus them.

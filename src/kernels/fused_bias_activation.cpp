@@ -1,5 +1,7 @@
 #include "volt/kernels/fused_bias_activation.h"
 
+#include <ATen/autocast_mode.h>
+
 #include <c10/util/accumulate.h>
 
 #include <ATen/ATen.h>
@@ -158,7 +160,12 @@ at::Tensor fused_linear_activation(const at::Tensor& x, const at::Tensor& weight
   VOLT_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), ValueError,
              kTag, " bias of shape ", bias.sizes(), " does not match weight ", weight.sizes(),
              "; pass a 1-D bias of ", weight.size(0), " elements or none.");
-  const std::string reason = kernel_reason({&x, &weight, &bias}, /*contiguous=*/false);
+  std::string reason = kernel_reason({&x, &weight, &bias}, /*contiguous=*/false);
+  if (reason.empty() && at::autocast::is_cpu_enabled()) {
+    // Autocast may run linear in bfloat16 (the GEMM would come back in a dtype the float kernel
+    // cannot take): the composition lets it decide, as it does for libtorch's own linear.
+    reason = "CPU autocast is on (it decides the linear's dtype)";
+  }
   if (!reason.empty()) {
     VOLT_CHECK(!require_fused, NotAvailable, kTag, " the fused kernel does not apply: ", reason,
                "; drop require_fused to use the reference composition.");

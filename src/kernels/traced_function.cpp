@@ -230,17 +230,23 @@ const std::map<std::string, Lowering>& lowerings() {
     auto min_of = [](const Node*, const Arg& arg) { return minimum(arg(0), arg(1)); };
     t["aten::maximum"] = {two_inputs, max_of};
     t["aten::minimum"] = {two_inputs, min_of};
-    t["aten::clamp_min"] = {clamp_bound, max_of};
-    t["aten::clamp_max"] = {clamp_bound, min_of};
+    // clamp by selects, not maximum/minimum: at a bound the whole gradient flows (torch's
+    // clamp_backward takes min <= x <= max), where maximum's splits it between tied operands.
+    auto at_least = [](const Expr& x, const Expr& lo) { return where_greater(lo, x, lo, x); };
+    auto at_most = [](const Expr& x, const Expr& hi) { return where_greater(x, hi, hi, x); };
+    t["aten::clamp_min"] = {clamp_bound,
+                            [=](const Node*, const Arg& arg) { return at_least(arg(0), arg(1)); }};
+    t["aten::clamp_max"] = {clamp_bound,
+                            [=](const Node*, const Arg& arg) { return at_most(arg(0), arg(1)); }};
     t["aten::clamp"] = {[=](const Node* n) {
                           return overload(n).empty() && n->inputs().size() == 3 &&
                                  (number(n, 1) || is_none_constant(n->inputs()[1])) &&
                                  (number(n, 2) || is_none_constant(n->inputs()[2]));
                         },
-                        [](const Node* n, const Arg& arg) {
+                        [=](const Node* n, const Arg& arg) {
                           Expr x = arg(0);
-                          if (!is_none_constant(n->inputs()[1])) x = maximum(x, arg(1));
-                          if (!is_none_constant(n->inputs()[2])) x = minimum(x, arg(2));
+                          if (!is_none_constant(n->inputs()[1])) x = at_least(x, arg(1));
+                          if (!is_none_constant(n->inputs()[2])) x = at_most(x, arg(2));
                           return x;
                         }};
     t["aten::leaky_relu"] = {[=](const Node* n) { return two_inputs(n) && number(n, 1); },
@@ -266,9 +272,9 @@ const std::map<std::string, Lowering>& lowerings() {
       return overload(n) == overload_name && n->inputs().size() == inputs && over_last_dim(n, 1) &&
              is_true_constant(n->inputs()[2]) && (inputs == 3 || is_none_constant(n->inputs()[3]));
     };
-    auto row_len = [](const Node* n) {
-      return Expr(static_cast<double>(sizes_of(n->inputs()[0])->back()));
-    };
+    // The row's length as the replay finds it: after an op whose size follows the data
+    // (nonzero, index_select) it is not the traced one.
+    auto row_len = [](const Node*) { return row_length(); };
     t["aten::sum"] = {[=](const Node* n) { return keepdim_reduction(n, "dim_IntList", 4); },
                       [](const Node*, const Arg& arg) { return row_sum(arg(0)); }, true, true};
     // libtorch's mean is the sum divided by the count.
@@ -706,17 +712,34 @@ struct TracedFunction::Impl {
     return out;
   }
 
-  std::string key(const std::vector<at::Tensor>& inputs, size_t num_captured) const {
+  std::string key(const std::vector<at::Tensor>& inputs,
+                  const std::vector<at::Tensor>& captured) const {
     auto os = detail::c_stream<std::ostringstream>();
     os << signature_text(inputs) << " grad=" << c10::GradMode::is_enabled()
-       << " captured=" << num_captured;
+       << " captured=" << captured.size();
+    // What the recorded ops depend on in the module: each captured tensor's dtype, device and
+    // requires_grad (a model cast or frozen), each submodule's training mode (a BatchNorm put
+    // in eval: the trace holds batch_norm(training=true)). Sizes are the module's own.
+    if (!captured.empty()) {
+      os << " [";
+      for (const auto& t : captured) {
+        os << static_cast<int>(t.scalar_type()) << (t.requires_grad() ? "g" : "");
+        if (!t.device().is_cpu()) os << "@" << t.device();
+        os << ",";
+      }
+      os << "]";
+    }
     // Autocast decides which ops run in which dtype; a trace is only valid under the state it
     // was recorded in.
     if (at::autocast::is_cpu_enabled())
       os << " autocast_cpu=" << at::autocast::get_autocast_cpu_dtype();
     if (at::autocast::is_enabled())
       os << " autocast_cuda=" << at::autocast::get_autocast_gpu_dtype();
-    if (module) os << " training=" << module->is_training();
+    if (module) {
+      // modules(false): including itself would need a module held by a shared_ptr.
+      os << " training=" << module->is_training();
+      for (const auto& m : module->modules(/*include_self=*/false)) os << m->is_training();
+    }
     return os.str();
   }
 
@@ -1180,7 +1203,7 @@ TracedFunction::TracedFunction(std::string name, std::shared_ptr<torch::nn::Modu
 std::vector<at::Tensor> TracedFunction::operator()(const std::vector<at::Tensor>& inputs) const {
   Impl& impl = *impl_;
   const std::vector<at::Tensor> extra = impl.captured();
-  const std::string key = impl.key(inputs, extra.size());
+  const std::string key = impl.key(inputs, extra);
   std::shared_ptr<const Trace> trace;
   {
     std::lock_guard<std::mutex> lock(impl.mu);
@@ -1246,7 +1269,7 @@ std::vector<at::Tensor> TracedFunction::operator()(const std::vector<at::Tensor>
 
 std::string TracedFunction::describe(const std::vector<at::Tensor>& inputs) const {
   Impl& impl = *impl_;
-  const std::string key = impl.key(inputs, impl.captured().size());
+  const std::string key = impl.key(inputs, impl.captured());
   {
     std::lock_guard<std::mutex> lock(impl.mu);
     auto it = impl.traces.find(key);
@@ -1258,7 +1281,7 @@ std::string TracedFunction::describe(const std::vector<at::Tensor>& inputs) cons
 }
 
 std::string TracedFunction::signature(const std::vector<at::Tensor>& inputs) const {
-  return impl_->key(inputs, impl_->captured().size());
+  return impl_->key(inputs, impl_->captured());
 }
 
 void TracedFunction::recheck() const {

@@ -81,9 +81,10 @@ std::string CSVLogger::metrics_path() {
 void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params) {
   // yaml-cpp quotes whatever YAML would misread (": ", "#", "- x", "null", newlines ...); numbers
   // stay plain.
+  for (const auto& kv : params) hparams_[kv.first] = kv.second;
   YAML::Emitter out;
   out << YAML::BeginMap;
-  for (const auto& kv : params) {
+  for (const auto& kv : hparams_) {
     out << YAML::Key;
     emit_string(out, kv.first);
     out << YAML::Value;
@@ -96,7 +97,7 @@ void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params
 
 void CSVLogger::log_metrics(const Metrics& metrics, int64_t step) {
   for (const auto& kv : metrics) {
-    if (known_.insert(kv.first).second) columns_.push_back(kv.first);
+    if (kv.first != "step" && known_.insert(kv.first).second) columns_.push_back(kv.first);
   }
   // Flushed when the step passes a multiple of flush_logs_every_n_steps since the last flush:
   // Lightning's (step + 1) % n == 0, also for logging intervals that do not divide n.

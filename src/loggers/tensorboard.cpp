@@ -134,6 +134,9 @@ TensorBoardLogger::TensorBoardLogger(TensorBoardLoggerOptions options)
   VOLT_CHECK(options_.flush_logs_every_n_steps() >= 1, ConfigError,
              "[TensorBoardLogger] flush_logs_every_n_steps=", options_.flush_logs_every_n_steps(),
              " must be >= 1.");
+  VOLT_CHECK(options_.flush_secs() >= 0, ConfigError,
+             "[TensorBoardLogger] flush_secs=", options_.flush_secs(),
+             " must be >= 0 (0 writes at every log call).");
 }
 
 TensorBoardLogger::~TensorBoardLogger() {
@@ -208,16 +211,10 @@ void TensorBoardLogger::write_event(const std::string& data) {
 
 void TensorBoardLogger::log_hyperparams(const std::map<std::string, std::string>& params) {
   open_file();
-  // HParamsPluginData{version=1, experiment=2 | session_start_info=3}.
-  Proto experiment;
-  for (const auto& kv : params) {
-    Proto info;
-    info.bytes_field(1, kv.first);  // HParamInfo.name
-    experiment.message_field(4, info);
-  }
-  Proto exp_data;
-  exp_data.varint_field(1, 0).message_field(2, experiment);
-  write_event(event(0).message_field(5, hparams_summary("_hparams_/experiment", exp_data)).bytes());
+  // HParamsPluginData{version=1, experiment=2 | session_start_info=3}. No experiment: with one,
+  // TensorBoard shows exactly what it lists, and a list of the hparams alone has no metrics
+  // (Lightning's carries its hp_metric); without, it builds one from the runs' session starts
+  // and scalar tags.
   Proto start;
   for (const auto& kv : params) {
     Proto entry;  // map<string, google.protobuf.Value> entry: key=1, value=2
@@ -243,7 +240,14 @@ void TensorBoardLogger::log_metrics(const Metrics& metrics, int64_t step) {
     summary.message_field(1, value);
   }
   write_event(event(step).message_field(5, summary).bytes());
-  if (++unflushed_ >= options_.flush_logs_every_n_steps()) save();
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  if (last_save_ns_ == 0) last_save_ns_ = now;
+  if (++unflushed_ >= options_.flush_logs_every_n_steps() ||
+      static_cast<double>(now - last_save_ns_) >= options_.flush_secs() * 1e9) {
+    save();
+  }
 }
 
 void TensorBoardLogger::save() {
@@ -254,6 +258,9 @@ void TensorBoardLogger::save() {
              "' failed (disk full or folder removed?).");
   pending_.clear();
   unflushed_ = 0;
+  last_save_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count();
 }
 
 void TensorBoardLogger::finalize(RunStatus status) {
@@ -293,7 +300,8 @@ void TensorBoardLogger::load_state(torch::serialize::InputArchive& ar, int64_t s
 std::ostream& operator<<(std::ostream& os, const TensorBoardLoggerOptions& o) {
   return os << "TensorBoardLoggerOptions(save_dir=" << detail::quoted(o.save_dir())
             << ", name=" << detail::quoted(o.name()) << ", version=" << o.version()
-            << ", flush_logs_every_n_steps=" << o.flush_logs_every_n_steps() << ")";
+            << ", flush_logs_every_n_steps=" << o.flush_logs_every_n_steps()
+            << ", flush_secs=" << o.flush_secs() << ")";
 }
 
 }  // namespace volt

@@ -6,6 +6,7 @@
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
+#include "io/detail/whole_file.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/io/checkpoint_io.h"
@@ -51,22 +52,23 @@ std::string SimpleProfiler::summary(const std::string& stage) const {
   size_t w = 6;
   for (const auto& r : rows) w = std::max(w, r.first.size());
   auto os = detail::c_stream<std::ostringstream>();
-  char buf[256];
+  std::vector<char> buf(w + 128);  // a row is the name's width and 75 characters
   os << detail::ascii_upper(stage)
      << " Profiler Report (wall time; actions nest, so shares add up to more than 100%)\n";
-  std::snprintf(buf, sizeof buf, "%-*s | %14s | %10s | %12s | %12s | %8s\n", static_cast<int>(w),
-                "Action", "Mean (s)", "Calls", "Max (s)", "Total (s)", "Share");
-  os << buf << std::string(w + 75, '-') << "\n";
-  std::snprintf(buf, sizeof buf, "%-*s | %14s | %10s | %12s | %12.5f | %7.1f%%\n",
+  std::snprintf(buf.data(), buf.size(), "%-*s | %14s | %10s | %12s | %12s | %8s\n",
+                static_cast<int>(w), "Action", "Mean (s)", "Calls", "Max (s)", "Total (s)",
+                "Share");
+  os << buf.data() << std::string(w + 75, '-') << "\n";
+  std::snprintf(buf.data(), buf.size(), "%-*s | %14s | %10s | %12s | %12.5f | %7.1f%%\n",
                 static_cast<int>(w), "Total", "-", "-", "-", run_s, 100.0);
-  os << buf;
+  os << buf.data();
   for (const auto& r : rows) {
     const Stats& s = r.second;
-    std::snprintf(buf, sizeof buf, "%-*s | %14.7f | %10lld | %12.7f | %12.5f | %7.1f%%\n",
+    std::snprintf(buf.data(), buf.size(), "%-*s | %14.7f | %10lld | %12.7f | %12.5f | %7.1f%%\n",
                   static_cast<int>(w), r.first.c_str(), s.total_s / s.calls,
                   static_cast<long long>(s.calls), s.max_s, s.total_s,
                   run_s > 0 ? 100.0 * s.total_s / run_s : 0.0);
-    os << buf;
+    os << buf.data();
   }
   return os.str();
 }
@@ -79,6 +81,13 @@ void SimpleProfiler::setup(const std::string& /*stage*/, int64_t rank,
 void SimpleProfiler::describe(const std::string& stage, const std::string& log_dir) {
   const std::string text = summary(stage);
   last_path_.clear();
+  if (!open_.empty()) {
+    log_warning("SimpleProfiler",
+                "regions started but never stopped: " +
+                    detail::joined(open_, [](const auto& kv) { return detail::quoted(kv.first); }) +
+                    "; their time is not in the report. Call stop() for each start(), or use "
+                    "profile(\"name\").");
+  }
   try {
     if (options_.filename().empty()) {
       // As Lightning's rank-zero report: one table on the job's terminal, not one per rank.
@@ -89,7 +98,13 @@ void SimpleProfiler::describe(const std::string& stage, const std::string& log_d
       std::filesystem::create_directories(dir);
       last_path_ = dir + "/" + stage + "-" + options_.filename() +
                    (rank_ > 0 ? "-rank" + std::to_string(rank_) : "") + ".txt";
-      atomic_write_file(last_path_, text);
+      // After the reports of the earlier runs there (Lightning opens the file to append).
+      std::string before;
+      if (std::filesystem::exists(last_path_)) {
+        before = detail::read_whole_file(last_path_, "[SimpleProfiler]", "the report",
+                                         "check its permissions or remove it");
+      }
+      atomic_write_file(last_path_, before + text);
     }
   } catch (const std::exception& e) {
     // A report that cannot be written must not fail the run it describes.

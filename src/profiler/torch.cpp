@@ -18,6 +18,7 @@
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
+#include "io/detail/whole_file.h"
 #include "profiler/detail/op_callback.h"
 
 #include "volt/core/check.h"
@@ -250,7 +251,9 @@ struct TorchProfiler::Impl {
   }
 
   void close_window(int64_t now) {
-    if (action == Action::kRecord) windows.push_back({step, window_start_ns, now});
+    // Without a schedule the whole run records and every event is kept: no window per step (a
+    // long run grew a list that kept() scanned for every event).
+    if (action == Action::kRecord && scheduled()) windows.push_back({step, window_start_ns, now});
   }
 
   void advance(int64_t now) {
@@ -285,11 +288,14 @@ struct TorchProfiler::Impl {
   }
 
   bool kept(const Event& e) const {
-    // Events of warm-up steps were recorded only to warm up; keep those of recording windows.
-    for (const Window& w : windows) {
-      if (e.start_ns >= w.start_ns && e.start_ns < w.end_ns) return true;
-    }
-    return false;
+    if (!scheduled()) return true;
+    // Events of warm-up steps were recorded only to warm up; keep those of recording windows
+    // (in time order: the last one starting at or before the event).
+    auto it = std::upper_bound(windows.begin(), windows.end(), e.start_ns,
+                               [](int64_t t, const Window& w) { return t < w.start_ns; });
+    if (it == windows.begin()) return false;
+    --it;
+    return e.start_ns >= it->start_ns && e.start_ns < it->end_ns;
   }
 };
 
@@ -331,7 +337,11 @@ void TorchProfiler::start(const std::string& action) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.m);
   if (!s.running) s.begin("fit", 0);  // used outside a Trainer: starts at the first region
-  if (action == s.step_fn) s.advance(now);
+  // A CUDA graph replay stands for a whole training step (graph_training_step runs
+  // training_step only to capture it): each is a step of the schedule too.
+  if (action == s.step_fn || (action == "graph_replay" && s.step_fn == "training_step")) {
+    s.advance(now);
+  }
   s.open[action].push_back({now, at::RecordFunction::currentThreadId(),
                             s.session.recording.load(std::memory_order_relaxed)});
 }
@@ -539,10 +549,17 @@ void TorchProfiler::describe(const std::string& stage, const std::string& log_di
     os << "trace: " << s.trace_path << "\n";
     s.summary = os.str();
     if (s.opts.filename().empty()) {
-      std::fprintf(stderr, "%s", s.summary.c_str());
+      // One table on the job's terminal, rank 0's, as SimpleProfiler and Lightning print.
+      if (s.rank == 0) std::fprintf(stderr, "%s", s.summary.c_str());
     } else {
       s.summary_path = stem + ".txt";
-      atomic_write_file(s.summary_path, s.summary);
+      // After the earlier runs' summaries there (Lightning appends to its report file).
+      std::string before;
+      if (std::filesystem::exists(s.summary_path)) {
+        before = detail::read_whole_file(s.summary_path, "[TorchProfiler]", "the summary",
+                                         "check its permissions or remove it");
+      }
+      atomic_write_file(s.summary_path, before + s.summary);
     }
   } catch (const std::exception& e) {
     // A report that cannot be written must not fail the run it describes.

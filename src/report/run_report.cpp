@@ -189,20 +189,21 @@ int best_direction(Group g) {
 struct Stats {
   int64_t points = 0, non_finite = 0;
   bool has_finite = false;
-  Point last{0, 0}, min{0, 0}, max{0, 0};
+  Point last{0, 0};            // the last point, finite or not: a run that ends in NaN says so
+  Point min{0, 0}, max{0, 0};  // of the finite points
 };
 
 Stats stats_of(const Series& s) {
   Stats st;
   st.points = static_cast<int64_t>(s.points.size());
   for (const auto& p : s.points) {
+    st.last = p;
     if (!std::isfinite(p.y)) {
       ++st.non_finite;
       continue;
     }
     if (!st.has_finite || p.y < st.min.y) st.min = p;
     if (!st.has_finite || p.y > st.max.y) st.max = p;
-    st.last = p;
     st.has_finite = true;
   }
   return st;
@@ -484,7 +485,7 @@ std::string render(const MetricsTable& run, const Source& src, const std::string
     } else {
       const Point best = g == Group::kLoss ? st.min : st.max;
       write_tile(os, "Best " + s->name, format_value(best.y),
-                 "step " + format_step(best.x) + " · last " + c_format("%.4g", st.last.y));
+                 "step " + format_step(best.x) + " · last " + format_value(st.last.y));
     }
   }
   os << "</div>\n";

@@ -24,12 +24,14 @@
 #include "core/detail/print.h"
 #include "core/detail/remove_tree.h"
 #include "core/detail/state_key.h"
+#include "strategies/detail/agree.h"
 #include "strategies/detail/checkpoint_folder.h"
 #include "strategies/detail/optimizer_swapper.h"
 #include "strategies/detail/replica_mesh.h"
 #include "strategies/detail/sub_groups.h"
 #include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/log.h"
 #include "volt/core/module.h"
 #include "volt/io/state.h"
@@ -477,9 +479,14 @@ at::Tensor DeepSpeedStrategy::predict_step(Module& module, const Batch& batch, i
 }
 
 DataShard DeepSpeedStrategy::data_shard() const {
-  if (!tp_on()) return DdpStrategy::data_shard();
-  const int64_t tp = options_.tensor_parallel().tp_size();
-  return DataShard{rank() / tp, std::max<int64_t>(world_size() / tp, 1)};
+  DataShard s = DdpStrategy::data_shard();
+  if (tp_on()) {
+    const int64_t tp = options_.tensor_parallel().tp_size();
+    s = DataShard{rank() / tp, std::max<int64_t>(world_size() / tp, 1)};
+  }
+  // Stage 3's forward gathers the parameters from every data-parallel rank.
+  s.lockstep = options_.stage() == 3;
+  return s;
 }
 
 Batch DeepSpeedStrategy::batch_to_device(const Batch& batch) const {
@@ -1405,6 +1412,9 @@ void DeepSpeedStrategy::save_checkpoint(OutputArchive& archive, const std::strin
   detail::FolderSave save;
   save.path = path;
   save.shard = fs::path(shard_file(path, rank(), world)).filename().string();
+  for (int64_t r = 0; r < world; ++r) {
+    save.shards.push_back(fs::path(shard_file(path, r, world)).filename().string());
+  }
   save.meta_file = kMetaFile;
   save.meta = meta.str();
   save.tag = kTag;
@@ -1434,8 +1444,20 @@ InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
                                      [](const auto& kv) { return !kv.second->trains(); });
   const bool training = std::any_of(engines_.begin(), engines_.end(),
                                     [](const auto& kv) { return kv.second->trains(); });
+  // Each rank reads its own shard; they agree on it, so that a shard one rank cannot read is a
+  // CheckpointError on every rank at once (the others went on into collectives it never joined).
+  auto own_shard = [&] {
+    InputArchive shard;
+    VOLT_CHECK(
+        detail::run_agreeing(
+            *this, true,
+            [&] { shard = checkpoint_io_->load(shard_file(path, rank(), meta.world_size)); }),
+        CheckpointError, kTag, " another rank could not read its shard of '", path,
+        "' (its error says which and why).");
+    return shard;
+  };
   if (meta.world_size == world_size() && meta.stage < 3 && (training || !loop_.fitting)) {
-    return checkpoint_io_->load(shard_file(path, rank(), meta.world_size));
+    return own_shard();
   }
   const bool own_stage3 = meta.world_size == world_size() && meta.stage == 3 &&
                           ((partitions_parameters() && !inference) || (inference && !training));
@@ -1452,7 +1474,7 @@ InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
         if (c.partitioned) partitioned.emplace(c.name, c.parameter.scalar_type());
       }
     }
-    InputArchive shard = checkpoint_io_->load(shard_file(path, rank(), meta.world_size));
+    InputArchive shard = own_shard();
     const std::string unfit = unfit_shard(shard, partitioned, inference);
     if (unfit.empty()) return shard;
     log_info("DeepSpeedStrategy", std::string(inference ? "ZeRO-Inference reads '" : "reads '") +
@@ -1466,11 +1488,14 @@ InputArchive DeepSpeedStrategy::load_checkpoint(const std::string& path) {
 // ============================================================================ consolidation
 
 InputArchive load_consolidated_zero_checkpoint(const std::string& folder, ZeroContents contents) {
-  // Consolidated into a private temporary file, read back like any full checkpoint.
-  char tmpl[] = "/tmp/volt-zero-XXXXXX";
-  const int fd = ::mkstemp(tmpl);
-  VOLT_CHECK(fd >= 0, CheckpointError, kTag, " cannot create a temporary file to consolidate '",
-             folder, "' (", std::strerror(errno), "); check TMPDIR space.");
+  // Consolidated into a private temporary file in TMPDIR (/tmp without it), read back like any
+  // full checkpoint.
+  const std::string dir = env_value("TMPDIR").value_or("/tmp");
+  std::string tmpl = dir + "/volt-zero-XXXXXX";
+  const int fd = ::mkstemp(tmpl.data());
+  VOLT_CHECK(fd >= 0, CheckpointError, kTag, " cannot create a temporary file in '", dir,
+             "' to consolidate '", folder, "' (", std::strerror(errno),
+             "); point TMPDIR at a folder with room for the whole checkpoint.");
   ::close(fd);
   const std::string tmp = tmpl;
   try {

@@ -484,6 +484,7 @@ void ModelParallelStrategy::save_checkpoint(torch::serialize::OutputArchive& arc
   detail::FolderSave save;
   save.path = path;
   save.shard = dp_rank_ == 0 ? detail::tp_shard_name(tp_group_->rank(), tp_size_) : "";
+  for (int64_t t = 0; t < tp_size_; ++t) save.shards.push_back(detail::tp_shard_name(t, tp_size_));
   save.meta_file = detail::kTpMetaFile;
   save.meta = meta.str();
   save.tag = kTag;

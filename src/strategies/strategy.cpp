@@ -199,18 +199,22 @@ torch::serialize::InputArchive Strategy::load_checkpoint(const std::string& path
 
 void Strategy::remove_checkpoint(const std::string& path) {
   if (!is_global_zero()) return;
-  if (detail::is_directory(path)) {
-    // A folder of shards (a ZeRO or model_parallel checkpoint): after every save issued before
-    // it, as CheckpointIO::remove. Any other folder is not volt's to delete.
+  // A folder of shards (a ZeRO or model_parallel checkpoint) goes after every save issued before
+  // it, as CheckpointIO::remove orders its removals; a failed save surfaces from that flush as
+  // it would from the next save.
+  const bool folder = detail::is_directory(path);
+  if (folder) checkpoint_io_->flush();
+  try {
+    if (!folder) {
+      checkpoint_io_->remove(path);
+      return;
+    }
+    // Any other folder is not volt's to delete.
     VOLT_CHECK(detail::is_checkpoint_folder(path), CheckpointError, "[Checkpoint] '", path,
                "' is a folder that holds no volt checkpoint; it is not removed.");
-    checkpoint_io_->flush();
-    detail::remove_tree(path);
-    return;
-  }
-  try {
-    checkpoint_io_->remove(path);
-  } catch (const CheckpointError& e) {
+    VOLT_CHECK(detail::remove_tree(path), CheckpointError, "[Checkpoint] removing '", path,
+               "' left part of it behind; check the permissions of the files in it.");
+  } catch (const Error& e) {
     // Rank 0 alone removes: throwing here would stop it while the other ranks go on into the
     // next collective. An old checkpoint that stays costs disk space, not the run.
     log_warning("Checkpoint", std::string(e.what()) + " The run goes on; delete it by hand.");

@@ -17,6 +17,7 @@
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "optim/detail/step_scheduler.h"
+#include "strategies/detail/agree.h"
 #include "strategies/detail/stacked_gather_of.h"
 #include "trainer/detail/batch_hooks.h"
 #include "trainer/detail/device_prefetch.h"
@@ -711,18 +712,16 @@ std::string Run::config_fingerprint() const {
 }
 
 std::string Run::broadcast_string(const std::string& text, int64_t src) const {
-  if (strategy().world_size() == 1) return text;
-  at::Tensor size =
-      strategy().broadcast(torch::tensor({static_cast<int64_t>(text.size())}, torch::kLong), src);
-  at::Tensor bytes = torch::zeros({size.item<int64_t>()}, torch::kUInt8);
-  if (strategy().rank() == src && !text.empty()) {
-    std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
-  }
-  bytes = strategy().broadcast(bytes, src);
-  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), bytes.numel());
+  return detail::broadcast_string(strategy(), text, src);
 }
 
 namespace {
+
+// Whether the config's scheduler steps by a metric (Lightning's reduce_on_plateau, decided by the
+// scheduler's type: a monitor named for any other scheduler is ignored, as there).
+bool on_plateau(const OptimizerConfig& c) {
+  return dynamic_cast<const ReduceLROnPlateau*>(c.scheduler().get()) != nullptr;
+}
 
 void check_distinct_parameters(const Module& module,
                                const std::vector<OptimizerConfig>& optimizers) {
@@ -761,6 +760,11 @@ void Run::setup_optimizers() {
                "[Module] configure_optimizers() returned a null optimizer.");
     VOLT_CHECK(c.frequency() >= 1, ConfigError, "[Module] scheduler frequency=", c.frequency(),
                " must be >= 1.");
+    // Lightning refuses it in configure_optimizers too, before anything trains.
+    VOLT_CHECK(!on_plateau(c) || !c.monitor().empty(), ConfigError,
+               "[Module] configure_optimizers() returned a ReduceLROnPlateau scheduler without a "
+               "monitor; set OptimizerConfig::monitor to the logged metric it watches (e.g. "
+               ".monitor(\"val_loss\")).");
   }
   check_distinct_parameters(*module, optimizers);
   VOLT_CHECK(module->automatic_optimization() || !opts.gradient_clip_val(), ConfigError,
@@ -779,10 +783,10 @@ void Run::setup_optimizers() {
   optimizers_ready = true;
 }
 
-DataLoader Run::shard(const DataLoader& loader) const {
+DataLoader Run::shard(const DataLoader& loader, bool predict) const {
   const DataShard s = strategy().data_shard();
   if (!opts.use_distributed_sampler() || s.world_size == 1) return loader;
-  return loader.sharded_where_unsharded(s.rank, s.world_size);
+  return loader.sharded_where_unsharded(s.rank, s.world_size, /*even=*/!predict || s.lockstep);
 }
 
 std::vector<int64_t> Run::optimizer_step_counts() const {
@@ -796,7 +800,7 @@ void Run::step_monitored_schedulers(const std::vector<int64_t>& since) {
   const std::vector<int64_t> now = optimizer_step_counts();
   for (size_t i = 0; i < optimizers.size() && i < now.size(); ++i) {
     OptimizerConfig& c = optimizers[i];
-    if (!c.scheduler() || c.interval() != Interval::kStep || c.monitor().empty()) continue;
+    if (!c.scheduler() || c.interval() != Interval::kStep || !on_plateau(c)) continue;
     for (int64_t n = (i < since.size() ? since[i] : now[i]) + 1; n <= now[i]; ++n) {
       step_scheduler_if_due(c, n);
     }
@@ -807,7 +811,7 @@ void Run::step_schedulers_of(size_t index) {
   if (manual_steps.size() <= index) manual_steps.resize(optimizers.size(), 0);
   const int64_t count = ++manual_steps[index];
   OptimizerConfig& c = optimizers[index];
-  if (c.scheduler() && c.interval() == Interval::kStep && c.monitor().empty()) {
+  if (c.scheduler() && c.interval() == Interval::kStep && !on_plateau(c)) {
     step_scheduler_if_due(c, count);
   }
 }
@@ -817,7 +821,7 @@ void Run::step_schedulers(Interval interval, bool monitored) {
   for (size_t i = 0; i < optimizers.size(); ++i) {
     OptimizerConfig& c = optimizers[i];
     if (!c.scheduler() || c.interval() != interval) continue;
-    if (c.monitor().empty() == monitored) continue;
+    if (on_plateau(c) != monitored) continue;
     step_scheduler_if_due(c, interval == Interval::kStep ? steps.at(i) : st.epoch + 1);
   }
 }
@@ -825,11 +829,19 @@ void Run::step_schedulers(Interval interval, bool monitored) {
 void Run::step_scheduler_if_due(OptimizerConfig& c, int64_t count) {
   if (count % c.frequency() != 0) return;
   c10::optional<double> metric;
-  if (!c.monitor().empty()) {
+  if (on_plateau(c)) {
     const auto& m = callback_metrics();
     auto it = m.find(c.monitor());
-    VOLT_CHECK(it != m.end(), ConfigError, "[Trainer] scheduler monitors \"", c.monitor(),
-               "\" which was not logged; log it or fix OptimizerConfig::monitor.");
+    if (it == m.end()) {
+      const std::string what = detail::str_cat(
+          "[Trainer] the ReduceLROnPlateau scheduler monitors \"", c.monitor(),
+          "\", which was not logged (available: [", detail::joined_keys(m), "]",
+          "); log it, fix OptimizerConfig::monitor, or set OptimizerConfig::strict(false) to "
+          "skip such steps");
+      VOLT_CHECK(!c.strict(), ConfigError, what, ".");
+      log_warning("Trainer", what + "; this step of the scheduler is skipped.");
+      return;
+    }
     metric = it->second;
   }
   module_hook("lr_scheduler_step", [&](Module& m) { m.lr_scheduler_step(*c.scheduler(), metric); });

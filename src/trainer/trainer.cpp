@@ -19,6 +19,7 @@
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
+#include "volt/core/seed.h"
 #include "volt/loggers/csv.h"
 #include "volt/precision/precision.h"
 #include "volt/strategies/ddp.h"
@@ -241,7 +242,8 @@ void check_some(const std::vector<DataLoader>& loaders, Stage stage) {
 }
 
 // What validate/test/predict start with inside the run: the weights of `ckpt_path` when it names
-// a checkpoint, then the loaders sharded over the ranks, each with the batches it runs
+// a checkpoint, then the loaders sharded over the ranks (predict's without repeated samples),
+// each with the batches it runs
 // (limit_*_batches and fast_dev_run; validation also overfit_batches, as in fit). The loaders are
 // made after the restore, as Lightning's _run restores the DataModule before the loop builds
 // them: a DataModule's saved state (a vocabulary, a curriculum level) decides its loaders.
@@ -257,7 +259,7 @@ EvalData start_eval(detail::Run& s, Stage stage, const std::string& ckpt_path,
   s.started_from = ckpt;
   EvalData d;
   for (const DataLoader& loader : make_loaders()) {
-    d.loaders.push_back(s.shard(loader));
+    d.loaders.push_back(s.shard(loader, /*predict=*/stage == Stage::kPredict));
     const DataLoader& l = d.loaders.back();
     if (stage == Stage::kValidate) {
       d.limits.push_back(s.val_limit(l));
@@ -470,11 +472,6 @@ const std::vector<std::shared_ptr<Logger>>& Trainer::loggers() const {
 }
 std::string Trainer::log_dir() const {
   return impl_->log_dir();
-}
-
-uint64_t seed_everything(uint64_t seed) {
-  torch::manual_seed(seed);
-  return seed;
 }
 
 }  // namespace volt

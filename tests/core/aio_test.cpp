@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include "core/detail/aio.h"
@@ -97,6 +99,37 @@ TEST(Aio, AShortFileIsADataErrorAtWait) {
     EXPECT_NO_THROW(f.wait());
     EXPECT_EQ(buf[99], 'x');
   }
+}
+
+// A submission the kernel refuses (io_uring_enter's EAGAIN, injected) is a DataError, and the
+// refused request is withdrawn: wait() returns once the ones before it are done, where it waited
+// forever for a request still sitting in the submission queue, and the buffer is never touched.
+TEST(Aio, ARefusedSubmissionIsADataErrorAndWaitStillReturns) {
+  volt_test::TempDir dir;
+  ::setenv("VOLT_TEST_AIO_SUBMIT_FAILS", "3", 1);
+  AioFile f(dir / "f.swp", AioOptions().block_size(4096).queue_depth(4), true);
+  ::unsetenv("VOLT_TEST_AIO_SUBMIT_FAILS");
+  const at::Tensor data = random_bytes(4 * 4096, 1);
+  try {
+    f.submit_write(data.data_ptr(), 4 * 4096, 0);
+    FAIL() << "the injected refusal did not surface";
+  } catch (const volt::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("submitting I/O on"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("withdrawn"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(f.wait());
+  EXPECT_EQ(f.in_flight(), 0);
+  // The two blocks before the refusal were written; the third never was.
+  const std::string bytes = volt_test::file_text(dir / "f.swp");
+  ASSERT_EQ(bytes.size(), 2u * 4096);
+  EXPECT_EQ(std::memcmp(bytes.data(), data.data_ptr(), bytes.size()), 0);
+  // The file goes on working: the whole range again, read back.
+  f.submit_write(data.data_ptr(), 4 * 4096, 0);
+  f.wait();
+  at::Tensor back = at::empty_like(data);
+  f.submit_read(back.data_ptr(), 4 * 4096, 0);
+  f.wait();
+  EXPECT_TRUE(torch::equal(back, data));
 }
 
 }  // namespace

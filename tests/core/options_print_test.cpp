@@ -113,7 +113,7 @@ TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {
                   "flush_logs_every_n_steps=100)"});
   expect_has_all(text(volt::TensorBoardLoggerOptions("tb")),
                  {"TensorBoardLoggerOptions(save_dir=\"tb\"", "name=\"volt_logs\"", "version=-1",
-                  "flush_logs_every_n_steps=10)"});
+                  "flush_logs_every_n_steps=10", "flush_secs=120)"});
   expect_has_all(text(volt::SimpleProfilerOptions().filename("perf")),
                  {"SimpleProfilerOptions(dirpath=\"\"", "filename=\"perf\")"});
   expect_has_all(text(volt::WarmupLROptions().warmup_type(volt::WarmupType::kLinear)),

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <thread>
@@ -307,6 +309,79 @@ TEST(Sampler, RanksSplitThePaddedEpoch) {
   }
   for (int64_t i = 0; i < 10; ++i) EXPECT_GE(all.count(i), 1u);
   EXPECT_THROW(volt::Sampler(10, false, 0, 3, 3), volt::ConfigError);
+}
+
+TEST(Sampler, UnevenShardsGiveEverySampleToOneRank) {
+  // Lightning's UnrepeatedDistributedSampler: 10 samples over 4 ranks are 3, 3, 2, 2, no repeats,
+  // each rank's positions those of the padded split without the padding.
+  std::multiset<int64_t> all;
+  const std::vector<int64_t> sizes = {3, 3, 2, 2};
+  for (int64_t r = 0; r < 4; ++r) {
+    const volt::Sampler uneven(10, true, 5, r, 4, /*even=*/false);
+    const volt::Sampler even(10, true, 5, r, 4);
+    EXPECT_EQ(uneven.size(), sizes[r]) << "rank " << r;
+    const auto v = uneven.indices(2);
+    ASSERT_EQ(static_cast<int64_t>(v.size()), sizes[r]) << "rank " << r;
+    const auto padded = even.indices(2);
+    EXPECT_TRUE(std::equal(v.begin(), v.end(), padded.begin())) << "rank " << r;
+    all.insert(v.begin(), v.end());
+  }
+  EXPECT_EQ(all.size(), 10u);
+  for (int64_t i = 0; i < 10; ++i) EXPECT_EQ(all.count(i), 1u) << i;
+  // More ranks than samples: the ones past the data set have none.
+  EXPECT_EQ(volt::Sampler(2, false, 0, 3, 4, false).size(), 0);
+  EXPECT_TRUE(volt::Sampler(2, false, 0, 3, 4, false).indices(0).empty());
+  EXPECT_EQ(volt::Sampler(2, false, 0, 1, 4, false).indices(0), std::vector<int64_t>{1});
+  // A loader sharded so: its batches and last batch follow the rank's own count.
+  volt::DataLoader rank3 =
+      volt::DataLoader(range_ds(10), volt::DataLoaderOptions(4)).sharded(3, 4, /*even=*/false);
+  EXPECT_EQ(rank3.num_batches(), 1);
+  EXPECT_EQ(rank3.last_batch_size(), 2);
+  EXPECT_EQ(ids(rank3.stream(0)), (std::vector<int64_t>{3, 7}));
+  EXPECT_FALSE(rank3.options().even_shards());
+}
+
+TEST(DataLoader, WithoutASeedTheShuffleFollowsTheGlobalSeed) {
+  // Lightning's distributed sampler shuffles by PL_GLOBAL_SEED, which seed_everything sets: two
+  // seeds, two orders; the same seed again, the same order. A loader's own seed is its own.
+  const volt::DataLoader dl(range_ds(50), volt::DataLoaderOptions(8).shuffle(true));
+  const volt::DataLoader own(range_ds(50), volt::DataLoaderOptions(8).shuffle(true).seed(4));
+  const volt::DataLoader four(range_ds(50), volt::DataLoaderOptions(8).shuffle(true).seed(4));
+  volt::seed_everything(1);
+  const auto one = ids(dl.stream(0));
+  const auto own_one = ids(own.stream(0));
+  volt::seed_everything(2);
+  EXPECT_NE(ids(dl.stream(0)), one);
+  EXPECT_EQ(ids(own.stream(0)), own_one);
+  volt::seed_everything(4);
+  EXPECT_EQ(ids(dl.stream(0)), ids(four.stream(0)));  // the global seed stands in for its own
+  EXPECT_EQ(volt::global_seed(), 4u);
+  volt::seed_everything(1);
+  EXPECT_EQ(ids(dl.stream(0)), one);
+  EXPECT_NE(std::getenv("VOLT_GLOBAL_SEED"), nullptr);
+  EXPECT_STREQ(std::getenv("VOLT_GLOBAL_SEED"), "1");  // for the processes this one starts
+}
+
+TEST(GlobalSeed, AProcessThatNeverSeededTakesTheSeedItsParentSet) {
+  // A fresh process (the death test's re-run of this binary), as a worker the launcher starts
+  // after its parent seeded: no seed_everything of its own, VOLT_GLOBAL_SEED in its environment.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  ::setenv("VOLT_GLOBAL_SEED", "77", 1);
+  EXPECT_EXIT(std::exit(volt::global_seed() == 77 ? 0 : 1), testing::ExitedWithCode(0), "");
+  ::setenv("VOLT_GLOBAL_SEED", "7x", 1);
+  EXPECT_EXIT(
+      {
+        try {
+          volt::global_seed();
+        } catch (const volt::ConfigError& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          std::exit(3);
+        }
+        std::exit(0);
+      },
+      testing::ExitedWithCode(3), "VOLT_GLOBAL_SEED=\"7x\" is not a seed");
+  ::unsetenv("VOLT_GLOBAL_SEED");
+  EXPECT_EXIT(std::exit(volt::global_seed() == 0 ? 0 : 1), testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // GELU, its tanh form and SiLU go through ATen's vector erf/tanh/exp, whose width here (AVX2)
 // may differ from the one libtorch picked (AVX-512 on this machine): 2e-6 relative + absolute.
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <gtest/gtest.h>
@@ -158,6 +159,29 @@ TEST(FusedBiasActivation, WhereTheKernelDoesNotApplyTheLinearFallsBackOrSaysWhy)
                volt::NotAvailable);
   e = error_of([&] { volt::fused_linear_activation(xb, wb, bb, Activation::kSilu, true); });
   EXPECT_NE(e.find("float32"), std::string::npos) << e;
+  // Under CPU bf16 autocast with mm on its lower-precision list (where the machine's bf16 GEMM
+  // is fast), the GEMM came back bfloat16 and the float kernel threw "expected scalar type
+  // Float": the composition runs instead, as autocast casts it.
+  const bool was = at::autocast::is_cpu_enabled();
+  const auto dtype = at::autocast::get_autocast_cpu_dtype();
+  at::autocast::set_cpu_enabled(true);
+  at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  at::Tensor fused, ref;
+  try {
+    fused = volt::fused_linear_activation(x, lin->weight, lin->bias, Activation::kGelu);
+    ref = volt::linear_activation_reference(x, lin->weight, lin->bias, Activation::kGelu);
+    e = error_of(
+        [&] { volt::fused_linear_activation(x, lin->weight, lin->bias, Activation::kGelu, true); });
+  } catch (...) {
+    at::autocast::set_cpu_enabled(was);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+    throw;
+  }
+  at::autocast::set_cpu_enabled(was);
+  at::autocast::set_autocast_cpu_dtype(dtype);
+  EXPECT_EQ(fused.scalar_type(), ref.scalar_type());
+  EXPECT_TRUE(torch::equal(fused, ref));
+  EXPECT_NE(e.find("CPU autocast is on"), std::string::npos) << e;
 }
 
 TEST(FusedBiasActivation, BadShapesAndTensorsAreTypedErrors) {

@@ -698,6 +698,77 @@ TEST_F(DynamicOps, ADataDependentLibtorchOpReplaysWithTheSizeTheDataGives) {
   EXPECT_EQ(f.stats().hits, 10);
 }
 
+// A submodule put in eval (a BatchNorm of a trained model) or a model whose parameters are
+// frozen: the key held only the root's mode and the count of captured tensors, so the trace of
+// batch_norm(training=true) went on replaying (batch statistics, running statistics still moved).
+TEST_F(Traced, ASubmodulesModeAndTheParametersGradStateAreInTheSignature) {
+  torch::manual_seed(4);
+  auto net = std::make_shared<torch::nn::Module>();
+  auto lin = net->register_module("lin", torch::nn::Linear(6, 5));
+  auto bn = net->register_module("bn", torch::nn::BatchNorm1d(5));
+  const auto fn = [&](const Tensors& in) {
+    return Tensors{torch::relu(bn->forward(lin->forward(in[0])) * 2.0)};
+  };
+  TracedFunction f("bn_mode", net, fn);
+  const auto x = torch::randn({8, 6});
+  const std::string training = f.signature({x});
+  trace_and_check(f, {x});
+  f({x});
+  bn->eval();
+  EXPECT_NE(f.signature({x}), training);
+  const auto mean = bn->running_mean.clone();
+  const auto got = f({x})[0];
+  EXPECT_TRUE(torch::equal(bn->running_mean, mean));  // eval: the running statistics stay
+  EXPECT_TRUE(near(got, fn({x})[0]));
+  bn->train();
+  EXPECT_EQ(f.signature({x}), training);
+  for (auto& p : net->parameters()) p.requires_grad_(false);
+  EXPECT_NE(f.signature({x}), training);
+}
+
+// A mean over the last dimension after columns picked by the data: the replay divided the row's
+// sum by the traced row's length (4 here), not the replayed one's.
+TEST_F(Traced, AMeanDividesByTheRowLengthTheReplayFinds) {
+  const auto fn = [](const Tensors& in) {
+    const auto cols = torch::nonzero(in[1]).squeeze(1);
+    const auto z = in[0].index_select(1, cols);
+    return Tensors{(z * 2.0).mean(-1, true) + 1.0};
+  };
+  TracedFunction f("mean_cols", fn);
+  torch::manual_seed(3);
+  const auto x = torch::randn({5, 8});
+  const auto four = torch::tensor({1, 0, 1, 0, 1, 0, 1, 0}, torch::kBool);
+  const auto six = torch::tensor({1, 1, 1, 0, 1, 1, 0, 1}, torch::kBool);
+  trace_and_check(f, {x, four});
+  const int64_t hits = f.stats().hits;
+  const Tensors got = f({x, six});
+  ASSERT_EQ(f.stats().hits, hits + 1) << "not a replay";
+  EXPECT_TRUE(near(got[0], fn({x, six})[0])) << got[0] << fn({x, six})[0];
+}
+
+// clamp's gradient at a bound is the whole gradient (torch's clamp_backward: min <= x <= max);
+// the fused chain lowered clamp to maximum/minimum, whose gradient is split between tied
+// operands: x = [0, 1, .5, 2] got [1, 1, 2, 0] for [2, 2, 2, 0].
+TEST_F(Traced, ClampPassesTheWholeGradientAtItsBounds) {
+  const auto fn = [](const Tensors& in) {
+    return Tensors{torch::clamp(in[0] * 1.0, 0.0, 1.0) * 2.0 + torch::clamp_min(in[0] * 1.0, 0.0) +
+                   torch::clamp_max(in[0] * 1.0, 1.0)};
+  };
+  TracedFunction f(
+      "clamp_grad", fn,
+      TraceOptions().fused_options(volt::FusedElementwiseOptions().require_fused(true)));
+  const auto x = torch::tensor({0.0f, 1.0f, 0.5f, 2.0f});
+  for (int call = 0; call < 3; ++call) {  // trace, check, replay
+    const auto xs = x.clone().requires_grad_(true);
+    f({xs})[0].sum().backward();
+    const auto xe = x.clone().requires_grad_(true);
+    fn({xe})[0].sum().backward();
+    EXPECT_TRUE(torch::equal(xs.grad(), xe.grad())) << "call " << call << xs.grad() << xe.grad();
+  }
+  EXPECT_GE(f.stats().hits, 1);
+  EXPECT_TRUE(torch::equal(f({x})[0], fn({x})[0]));
+}
+
 TEST_F(DynamicOps, AnOpThatReadsTheHostRunsEagerlyBetweenTracedRegions) {
   // The same rows as above, picked with a mask.
   const auto dynamic = [](const at::Tensor& y) {

@@ -115,6 +115,36 @@ TEST(CSVLogger, HparamsYamlReadsBackAsTheSameStrings) {
   EXPECT_TRUE(YAML::LoadFile(dir / "volt_logs/version_1/hparams.yaml").IsMap());
 }
 
+// Lightning's ExperimentWriter merges each log_hparams into the ones before (the Trainer's own
+// call at fit erased what a program logged before it; a second Fabric call the first's).
+TEST(CSVLogger, HyperparametersOfSeveralCallsAreMerged) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
+  a.log_hyperparams({{"a", "1"}, {"lr", "0.1"}});
+  a.log_hyperparams({{"b", "2"}, {"lr", "0.2"}});
+  EXPECT_EQ(lines(dir / "volt_logs/version_0/hparams.yaml"),
+            (std::vector<std::string>{"a: 1", "b: 2", "lr: 0.2"}));
+}
+
+// A metric named "step" is the row's step, not a second "step" column: the header
+// "step,step,loss" could not be read back, so a resume (and `volt report`) failed.
+TEST(CSVLogger, AMetricNamedStepIsNotAColumnAndTheFileResumes) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
+  a.log_metrics({{"step", 5.0}, {"loss", 1.0}}, 0);
+  a.log_metrics({{"step", 6.0}, {"loss", 2.0}}, 1);
+  a.save();
+  EXPECT_EQ(lines(a.metrics_path()), (std::vector<std::string>{"step,loss", "0,1", "1,2"}));
+  torch::serialize::OutputArchive out;
+  a.save_state(out);
+  auto in = volt_test::reread(out);
+  volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
+  EXPECT_NO_THROW(b.load_state(in, /*step=*/1));
+  b.log_metrics({{"loss", 3.0}}, 1);
+  b.save();
+  EXPECT_EQ(lines(b.metrics_path()), (std::vector<std::string>{"step,loss", "0,1", "1,3"}));
+}
+
 TEST(CSVLogger, ResumeReadsQuotedMetricNames) {
   volt_test::TempDir dir;
   // The writer quotes names holding a comma or a quote; resume split the header at every comma,

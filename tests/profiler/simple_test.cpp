@@ -132,6 +132,54 @@ TEST(SimpleProfiler, EachRankWritesItsOwnReportAndOnlyRankZeroPrints) {
   }
 }
 
+// Lightning's SimpleProfiler opens its report file to append: a second run writing to the same
+// folder (two fits of one Trainer, or runs without a logger sharing default_root_dir) adds its
+// report after the first one's, which volt replaced.
+TEST(SimpleProfiler, ALaterRunsReportIsAppendedToTheEarlierOnes) {
+  volt_test::TempDir dir;
+  for (const char* action : {"first_run", "second_run"}) {
+    volt::SimpleProfiler p(volt::SimpleProfilerOptions().filename("perf"));
+    p.setup("fit", 0, dir.path);
+    p.start(action);
+    p.stop(action);
+    p.describe("fit", dir.path);
+  }
+  const std::string text = volt_test::file_text(dir / "fit-perf.txt");
+  EXPECT_NE(text.find("first_run"), std::string::npos) << text;
+  EXPECT_NE(text.find("second_run"), std::string::npos) << text;
+  EXPECT_LT(text.find("first_run"), text.find("second_run")) << text;
+}
+
+// A row is the action's name and 75 characters: names of 184 characters or more overflowed the
+// 256-byte line buffer, losing the row's numbers and its newline (the next row ran into it). A
+// region never stopped is not in the report, and is said so.
+TEST(SimpleProfiler, LongNamesKeepTheirRowsAndARegionLeftOpenIsWarnedAbout) {
+  volt_test::TempDir dir;
+  const std::string long_name(200, 'n');
+  volt::SimpleProfiler p(volt::SimpleProfilerOptions().filename("perf"));
+  p.setup("fit", 0, dir.path);
+  p.start(long_name);
+  p.stop(long_name);
+  p.start("short");
+  p.stop("short");
+  p.start("left_open");
+  const auto lines = volt_test::capture_logs([&] { p.describe("fit", dir.path); });
+  EXPECT_TRUE(volt_test::has(lines, "regions started but never stopped: \"left_open\""))
+      << lines.size();
+  const std::string text = volt_test::file_text(dir / "fit-perf.txt");
+  int rows = 0;
+  size_t at = 0;
+  for (std::string line; at < text.size(); at += line.size() + 1) {
+    line = text.substr(at, text.find('\n', at) - at);
+    if (line.rfind(long_name, 0) == 0 || line.rfind("short ", 0) == 0) {
+      ++rows;
+      EXPECT_NE(line.find('%'), std::string::npos) << line;  // the row ends with its share
+      EXPECT_EQ(line.find("short", 1), std::string::npos) << line;
+    }
+  }
+  EXPECT_EQ(rows, 2) << text;
+}
+
 // A module that stops an action the Trainer opened breaks the Trainer's own stop of it. Before
 // session 81 that stop ran in a destructor and threw: std::terminate ended the process. Now a
 // hook's action fails the run with the ProfilerError, and the step's (timed by a scope guard)

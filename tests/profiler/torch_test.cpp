@@ -257,6 +257,32 @@ TEST(TorchProfiler, ScheduleKeepsOnlyTheActiveSteps) {
   EXPECT_EQ(events_named(tr, "aten::addmm").size(), addmm_two_steps);
 }
 
+// Under graph_training_step each step after the capture is a "graph_replay" region and
+// training_step is never called again: the schedule counted only training_step, so it stopped in
+// its recording phase and kept every replay of the rest of the run (memory without bound, and
+// one "step" spanning them all). The regions as the graphed loop opens them, without a GPU.
+TEST(TorchProfiler, EachGraphReplayIsAStepOfTheSchedule) {
+  volt_test::TempDir dir;
+  volt::TorchProfiler prof(volt::TorchProfilerOptions().filename("g").record_ops(false));
+  prof.setup("fit", 0, dir.path);
+  for (int i = 0; i < 4; ++i) {  // warm-up iterations and the capture
+    prof.start("training_step");
+    prof.stop("training_step");
+  }
+  for (int i = 0; i < 100; ++i) {
+    prof.start("graph_replay");
+    prof.stop("graph_replay");
+  }
+  prof.describe("fit", dir.path);
+  // wait 1, warmup 1, active 3: steps 2, 3 (training_step) and 4 (the first replay) are kept.
+  EXPECT_EQ(prof.last_recorded_steps(), 3);
+  const json trace = load_trace(prof.last_trace_path());
+  EXPECT_EQ(events_named(trace, "training_step").size(), 2u);
+  EXPECT_EQ(events_named(trace, "graph_replay").size(), 1u);
+  EXPECT_EQ(events_named(trace, "ProfilerStep#4").size(), 1u);
+  EXPECT_TRUE(events_named(trace, "ProfilerStep#5").empty());
+}
+
 TEST(TorchProfiler, TestStageWritesItsOwnFileAndCountsTestSteps) {
   volt_test::TempDir dir;
   auto prof = std::make_shared<volt::TorchProfiler>(
@@ -297,6 +323,18 @@ TEST(TorchProfiler, RankGoesIntoTheFileNameAndTheProcessMetadata) {
     }
   }
   EXPECT_TRUE(named);
+  // Without a filename the summary is printed by rank 0 alone (every rank printed its table
+  // to the job's shared terminal).
+  for (int64_t rank : {0, 1}) {
+    volt::TorchProfiler printed(
+        volt::TorchProfilerOptions().record_ops(false).wait(0).warmup(0).active(0));
+    printed.setup("predict", rank, dir / ("printed" + std::to_string(rank)));
+    { auto r = printed.profile("outer"); }
+    testing::internal::CaptureStderr();
+    printed.describe("predict", dir / ("printed" + std::to_string(rank)));
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err.find("TorchProfiler summary") != std::string::npos, rank == 0) << err;
+  }
 }
 
 TEST(TorchProfiler, OpsFromManyThreadsAreAllRecorded) {

@@ -252,6 +252,10 @@ TEST(RunReport, DrawsNonFiniteAndSinglePointSeriesWithoutBrokenCoordinates) {
   EXPECT_NE(html.find("<title>val_acc = 0.75 at step 5</title>"), std::string::npos);
   EXPECT_NE(html.find("2 non-finite"), std::string::npos);
   EXPECT_NE(html.find("data-name=\"weird\""), std::string::npos);
+  // "Last" is the last value even when it is not finite (weird ends at +inf): the last finite
+  // one (7) hid a run that ended diverged.
+  EXPECT_NE(html.find("weird <b>+inf</b>"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"n\">+inf <span class=\"at\">@6</span>"), std::string::npos);
   EXPECT_NE(html.find("model: &lt;tiny&gt;"), std::string::npos);
   EXPECT_NE(html.find("No config.yaml"), std::string::npos);
 }

@@ -89,16 +89,22 @@ TEST(Ddp, TwoRanksEqualOneProcessOnTheGlobalBatch) {
   expect_ranks_equal_reference(dir / "ddp", 2, ref);
 }
 
+// A checkpoint of a two-rank epoch trained under `root` ("" when the training failed).
+std::string trained_checkpoint(const std::string& root) {
+  auto train = run_plain({"--root", root, "--out", root + "/w", "--devices", "2", "--epochs", "1",
+                          "--ckpt-every-step", "1"});
+  EXPECT_EQ(train.code, 0) << train.output;
+  return train.code == 0 ? root + "/ckpt/last.ckpt" : "";
+}
+
 // validate and predict at two ranks of a model with no parameter requiring a gradient (loaded
 // for inference): Lightning wraps the model in DDP only to fit. volt built its gradient reducer
 // for every entry point, which refused ("no parameter requires a gradient").
 TEST(Ddp, AModelWithNothingToTrainValidatesAndPredictsAtTwoRanks) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
-  auto train = run_plain({"--root", dir / "a", "--out", dir / "a/w", "--devices", "2", "--epochs",
-                          "1", "--ckpt-every-step", "1"});
-  ASSERT_EQ(train.code, 0) << train.output;
-  const std::string ckpt = dir / "a/ckpt/last.ckpt";
+  const std::string ckpt = trained_checkpoint(dir / "a");
+  ASSERT_FALSE(ckpt.empty());
   auto frozen = run_plain({"--root", dir / "b", "--out", dir / "b/w", "--devices", "2",
                            "--freeze-all", "1", "--evaluate", ckpt});
   ASSERT_EQ(frozen.code, 0) << frozen.output;
@@ -112,6 +118,46 @@ TEST(Ddp, AModelWithNothingToTrainValidatesAndPredictsAtTwoRanks) {
   EXPECT_EQ(a[1].str(), b[1].str());
   EXPECT_TRUE(
       torch::equal(load_flat(dir / "b/w.pred.rank0.pt"), load_flat(dir / "c/w.pred.rank0.pt")));
+}
+
+// A program that ignores SIGCHLD (SIG_IGN: the kernel reaps its children and their exit
+// statuses are gone): the launcher sets SIGCHLD back to its default, saying so, so a worker
+// killed mid-run is named with its signal. Before, the lost worker "ended (its exit status was
+// collected elsewhere)", and a clean end could not be told from a failure.
+TEST(Ddp, AProgramIgnoringSigchldStillLearnsHowAWorkerEnded) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  auto clean = run_plain({"--root", dir / "a", "--out", dir / "a/w", "--devices", "2", "--epochs",
+                          "1", "--ignore-sigchld", "1"});
+  ASSERT_EQ(clean.code, 0) << clean.output;
+  EXPECT_NE(clean.output.find("SIGCHLD was ignored"), std::string::npos) << clean.output;
+  auto killed = run_plain({"--root", dir / "b", "--out", dir / "b/w", "--devices", "2", "--epochs",
+                           "1", "--ignore-sigchld", "1", "--die-rank", "1", "--die-batch", "3"});
+  EXPECT_EQ(killed.code, 1) << killed.output;
+  EXPECT_NE(killed.output.find("was killed by signal 9"), std::string::npos) << killed.output;
+}
+
+// Lightning's predict shards with UnrepeatedDistributedSamplerWrapper: 13 rows over two ranks are
+// 7 and 6, each row predicted once, rank r taking rows r, r + 2, ... volt padded the shards as
+// for training (7 and 7, row 0 predicted twice).
+TEST(Ddp, PredictGivesEachRowToOneRankOnly) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::string ckpt = trained_checkpoint(dir / "a");
+  ASSERT_FALSE(ckpt.empty());
+  auto two = run_plain({"--root", dir / "b", "--out", dir / "b/w", "--devices", "2", "--evaluate",
+                        ckpt, "--predict-rows", "13"});
+  ASSERT_EQ(two.code, 0) << two.output;
+  auto one = run_plain({"--root", dir / "c", "--out", dir / "c/w", "--devices", "1", "--evaluate",
+                        ckpt, "--predict-rows", "13"});
+  ASSERT_EQ(one.code, 0) << one.output;
+  const torch::Tensor all = load_flat(dir / "c/w.pred.rank0.pt").view({13, -1});
+  const torch::Tensor r0 = load_flat(dir / "b/w.pred.rank0.pt").view({-1, all.size(1)});
+  const torch::Tensor r1 = load_flat(dir / "b/w.pred.rank1.pt").view({-1, all.size(1)});
+  ASSERT_EQ(r0.size(0), 7);
+  ASSERT_EQ(r1.size(0), 6);
+  EXPECT_TRUE(torch::allclose(r0, all.slice(0, 0, 13, 2), 1e-6, 1e-6)) << r0 << all;
+  EXPECT_TRUE(torch::allclose(r1, all.slice(0, 1, 13, 2), 1e-6, 1e-6)) << r1 << all;
 }
 
 // Lightning validates during fit through the DDP-wrapped module, whose first forward after

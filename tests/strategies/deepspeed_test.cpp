@@ -193,6 +193,28 @@ TEST(DeepSpeed, Bf16MixedWithoutMasterWeightsEqualsDdpWithBf16Mixed) {
   }
 }
 
+// Ranks that name different paths for one save (a name made from metrics each computed itself)
+// save into global rank 0's, as Lightning's DeepSpeedStrategy broadcasts the file path: the
+// folder under rank 0's name holds every rank's shard. Each rank wrote into its own path's
+// staging folder (the CheckpointIO made it), and rank 0 swapped in a folder whose metadata said
+// world_size 2 with rank 1's shard missing; rank 1's `.partial` folder stayed behind.
+TEST(DeepSpeed, RanksNamingDifferentPathsSaveIntoRankZerosFolder) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  auto job =
+      run_job({"--root", dir.path, "--out", dir / "w", "--devices", "2", "--batch", "8", "--epochs",
+               "1", "--optimizer", "adam", "--zero", "2", "--ckpt-every-batch", "2"});
+  ASSERT_EQ(job.code, 0) << job.output;
+  const std::string folder = dir / "every_batch_rank0.ckpt";
+  EXPECT_TRUE(volt::is_zero_checkpoint(folder));
+  namespace fs = std::filesystem;
+  EXPECT_TRUE(fs::exists(folder + "/rank_0_of_2.ckpt"));
+  EXPECT_TRUE(fs::exists(folder + "/rank_1_of_2.ckpt"));
+  EXPECT_FALSE(fs::exists(dir / "every_batch_rank1.ckpt"));
+  EXPECT_FALSE(fs::exists(dir / "every_batch_rank1.ckpt.partial"));
+  EXPECT_FALSE(fs::exists(folder + ".partial"));
+}
+
 TEST(DeepSpeed, LossScalingSkipsTheSameStepOnEveryRankAsDdpDoes) {
   VOLT_REQUIRE_GLOO();
   // Dynamic loss scaling with ZeRO (what "16-mixed" needs; bf16 autocast here, since this CPU

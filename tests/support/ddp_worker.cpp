@@ -5,7 +5,8 @@
 //
 //   volt_ddp_worker --root DIR --out PREFIX --devices N [--nodes M] [--batch B] [--epochs E]
 //       [--accum K] [--bucket-view 0|1] [--dropout 0|1] [--tied 0|1] [--ckpt-every-step 0|1]
-//       [--ckpt-every-batch 0|1] [--async-ckpt 0|1 (AsyncCheckpointIO)] [--resume CKPT] [--die-rank
+//       [--ckpt-every-batch 0|1|2 (2: rank R names <root>/every_batch_rank<R>.ckpt)]
+//       [--async-ckpt 0|1 (AsyncCheckpointIO)] [--resume CKPT] [--die-rank
 //       R (--die-step S | --die-batch B)] [--die-signal N]  (the signal rank R raises; default 9,
 //       SIGKILL; 15 or 2 ask for a graceful stop)
 //       [--stop-rank R --stop-batch B]  (rank R alone calls request_stop() after B batches)
@@ -14,7 +15,8 @@
 //       [--timeout S] [--samples N] [--sync-dist 0|1] [--max-restarts K]
 //       [--evaluate CKPT]  (no fit: validate from CKPT and predict the validation set; prints
 //                           "rank R evaluated val_loss=... infer_params=..." and writes the
-//                           weights and predictions)
+//                           weights and predictions; --predict-rows N predicts N other rows)
+//       [--ignore-sigchld 1]  (SIGCHLD set to SIG_IGN before anything else)
 //       [--own-zero-grad 1]  (optimizer_zero_grad calls optimizer.zero_grad() itself)
 //       [--cxx-locale NAME --locale-rank R]  (local rank R, default 1, first makes NAME the C++
 //       global locale, as a program calling std::locale::global(std::locale("")) does)
@@ -315,17 +317,21 @@ class StopAt : public volt::Callback {
 };
 
 /// Writes a full checkpoint after every training batch (mid-accumulation included).
+/// per_rank: each rank names its own path (<stem>_rank<R>.ckpt), as ranks naming checkpoints
+/// after metrics they did not synchronise do.
 class EveryBatch : public volt::Callback {
  public:
-  explicit EveryBatch(std::string path) : path_(std::move(path)) {}
+  EveryBatch(std::string stem, bool per_rank) : stem_(std::move(stem)), per_rank_(per_rank) {}
   std::string state_key() const override { return "EveryBatch"; }
   void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
                           int64_t) override {
-    run.save_checkpoint(path_);
+    run.save_checkpoint(stem_ + (per_rank_ ? "_rank" + std::to_string(run.global_rank()) : "") +
+                        ".ckpt");
   }
 
  private:
-  std::string path_;
+  std::string stem_;
+  bool per_rank_;
 };
 
 /// Freezes fc1 when epoch `epoch` starts (a program's own fine-tuning schedule): from then on
@@ -529,6 +535,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: volt_ddp_worker --root DIR --out PREFIX --devices N ...\n");
     return 2;
   }
+  // --ignore-sigchld 1: the program ignores SIGCHLD (a daemon's habit), which makes the kernel
+  // discard its children's exit statuses.
+  if (num("--ignore-sigchld", 0) != 0) ::signal(SIGCHLD, SIG_IGN);
   try {
     if (a.count("--cxx-locale")) {
       const char* local = std::getenv("LOCAL_RANK");
@@ -584,7 +593,8 @@ int main(int argc, char** argv) {
           volt::OnExceptionCheckpointOptions().dirpath(a["--root"] + "/oe")));
     }
     if (num("--ckpt-every-batch", 0) != 0) {
-      callbacks.push_back(std::make_shared<EveryBatch>(a["--root"] + "/every_batch.ckpt"));
+      callbacks.push_back(std::make_shared<EveryBatch>(a["--root"] + "/every_batch",
+                                                       num("--ckpt-every-batch", 0) == 2));
     }
     if (num("--swa", 0) > 0) {  // StochasticWeightAveraging from this (1-based) epoch
       callbacks.push_back(std::make_shared<volt::StochasticWeightAveraging>(
@@ -770,8 +780,11 @@ int main(int argc, char** argv) {
         for (auto& p : model.parameters()) p.requires_grad_(false);
       }
       const volt::Metrics metrics = trainer.validate(model, vals.front(), a["--evaluate"]);
+      // --predict-rows N: predict N other rows instead of the validation set's 64.
+      const auto predict_set =
+          a.count("--predict-rows") ? volt_test::blobs(num("--predict-rows", 0), 8, 5) : val;
       const auto predictions =
-          trainer.predict(model, volt::DataLoader(val, volt::DataLoaderOptions(16)));
+          trainer.predict(model, volt::DataLoader(predict_set, volt::DataLoaderOptions(16)));
       const int64_t rank = trainer.strategy().rank();
       double diff = inference->predictions.empty() ? -1 : 0;
       {

@@ -10,6 +10,7 @@
 
 #include "core/detail/default_steps.h"
 #include "error_text.h"
+#include "log_capture.h"
 #include "lr_at_end.h"
 #include "requires.h"
 #include "tiny.h"
@@ -423,6 +424,84 @@ TEST(StepHooks, LrSchedulerStepDecidesWhetherAndHowTheSchedulerSteps) {
   EXPECT_DOUBLE_EQ(fit(stepping, quiet(dir.path).max_epochs(3)).lr, 0.1 * std::pow(0.5, 3));
   EXPECT_EQ(frozen.calls, 3);
   EXPECT_FALSE(frozen.had_metric);
+}
+
+// Lightning tells a scheduler that steps on a metric by its type (ReduceLROnPlateau), not by a
+// monitor being named: a StepLR configured with .monitor("val_loss") (as Lightning configs often
+// have) steps at each epoch's end without the metric, also in an epoch without validation, where
+// volt stopped with a ConfigError for the missing val_loss.
+TEST(StepHooks, AMonitorNamedForAnotherSchedulerIsIgnored) {
+  class Named : public TinyClassifier {
+   public:
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      auto c = TinyClassifier::configure_optimizers();
+      c.front().scheduler(std::make_shared<volt::StepLR>(*c.front().optimizer(), 1, 0.5));
+      c.front().monitor("val_loss");
+      return c;
+    }
+    void lr_scheduler_step(volt::LRScheduler& s, c10::optional<double> metric) override {
+      had_metric = had_metric || metric.has_value();
+      TinyClassifier::lr_scheduler_step(s, metric);
+    }
+    bool had_metric = false;
+  };
+  TempDir dir;
+  Named m;
+  volt::Trainer t(quiet(dir.path).max_epochs(2).check_val_every_n_epoch(2));
+  reset(m);
+  auto lr = std::make_shared<LrAtEnd>();
+  volt::Trainer with_lr(quiet(dir.path).max_epochs(2).check_val_every_n_epoch(2).callbacks({lr}));
+  with_lr.fit(m, data(), volt_test::loader(volt_test::blobs(32)));
+  EXPECT_DOUBLE_EQ(lr->lr, 0.1 * 0.25);
+  EXPECT_FALSE(m.had_metric);
+}
+
+// ReduceLROnPlateau without a monitor is refused before anything trains (Lightning raises in
+// configure_optimizers; volt raised at the first due step, after an epoch of training). A monitor
+// not logged when the scheduler is due: strict (the default) stops naming what was logged;
+// strict(false) warns and skips that step, as Lightning.
+TEST(StepHooks, APlateauSchedulerNeedsAMonitorAndStrictDecidesAboutAMissingOne) {
+  class Plateau : public TinyClassifier {
+   public:
+    Plateau(std::string monitor, bool strict) : monitor_(std::move(monitor)), strict_(strict) {}
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      ++steps;
+      return TinyClassifier::training_step(b, i);
+    }
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      auto opt = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+      return {volt::OptimizerConfig(opt)
+                  .scheduler(std::make_shared<volt::ReduceLROnPlateau>(*opt))
+                  .monitor(monitor_)
+                  .strict(strict_)};
+    }
+    void lr_scheduler_step(volt::LRScheduler& s, c10::optional<double> metric) override {
+      ++scheduler_steps;
+      TinyClassifier::lr_scheduler_step(s, metric);
+    }
+    int steps = 0, scheduler_steps = 0;
+
+   private:
+    std::string monitor_;
+    bool strict_;
+  };
+  TempDir dir;
+  Plateau none("", true);
+  const std::string e = error_of<volt::ConfigError>(
+      [&] { volt::Trainer(quiet(dir.path).max_epochs(1)).fit(none, data()); });
+  EXPECT_NE(e.find("ReduceLROnPlateau scheduler without a monitor"), std::string::npos) << e;
+  EXPECT_EQ(none.steps, 0);
+  Plateau strict("val_los", true);
+  const std::string m = error_of<volt::ConfigError>(
+      [&] { volt::Trainer(quiet(dir.path).max_epochs(1)).fit(strict, data()); });
+  EXPECT_NE(m.find("monitors \"val_los\", which was not logged"), std::string::npos) << m;
+  EXPECT_NE(m.find("train_loss"), std::string::npos) << m;  // what was logged
+  Plateau lenient("val_los", false);
+  const auto lines = volt_test::capture_logs(
+      [&] { volt::Trainer(quiet(dir.path).max_epochs(2)).fit(lenient, data()); });
+  EXPECT_EQ(lenient.steps, 16);
+  EXPECT_EQ(lenient.scheduler_steps, 0);
+  EXPECT_TRUE(volt_test::has(lines, "this step of the scheduler is skipped")) << lines.size();
 }
 
 TEST(StepHooks, LrSchedulerStepGetsTheMonitoredValue) {

@@ -28,8 +28,10 @@ struct Batch {
   at::Tensor target;
   std::map<std::string, at::Tensor> extra;
 
-  /// Number of samples: the size of dim 0 of `input`; for a combined batch the sum of its parts'
-  /// sizes (the samples the step sees); 0 for an empty batch.
+  /// Number of samples, counted as Lightning's extract_batch_size: the rows (dim 0) of `input`
+  /// (a 0-dim input is 1 sample); for a combined batch the sum of its parts' sizes (the samples
+  /// the step sees); without either, the rows of `target`, else of the first defined `extra`
+  /// entry; 0 for an empty batch.
   int64_t size() const;
   /// The names of the parts of a combined batch, sorted (the extra entries named `<part>/...`);
   /// empty for a plain batch.

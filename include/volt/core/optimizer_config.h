@@ -31,8 +31,13 @@ struct OptimizerConfig {
   /// Step the scheduler every `frequency` intervals: epochs, or this optimizer's steps (Lightning
   /// counts the epoch's batches; a step skipped by the precision does not count). Default: 1.
   TORCH_ARG(int64_t, frequency) = 1;
-  /// Metric passed to step(metric) for schedulers that watch one. Default: "" (none).
+  /// The logged metric a ReduceLROnPlateau scheduler steps on (required with one); other
+  /// schedulers step without a metric, whatever this names (as Lightning). Default: "" (none).
   TORCH_ARG(std::string, monitor);
+  /// When the monitored metric was not logged by the time the scheduler is due: true stops the
+  /// run with a ConfigError naming the metrics there are, false warns and skips that step
+  /// (Lightning's `strict`). Default: true.
+  TORCH_ARG(bool, strict) = true;
 };
 
 }  // namespace volt

@@ -1,6 +1,7 @@
 #pragma once
 /// DataLoader: batches a Dataset in a seeded, resumable order, optionally on worker threads.
 
+#include <c10/util/Optional.h>
 #include <torch/arg.h>
 
 #include <cstddef>
@@ -28,8 +29,10 @@ struct DataLoaderOptions {
   TORCH_ARG(int64_t, batch_size);
   /// Visit samples in a new random order every epoch. Default: false.
   TORCH_ARG(bool, shuffle) = false;
-  /// Seed of the shuffle order (combined with the epoch number). Default: 0.
-  TORCH_ARG(uint64_t, seed) = 0;
+  /// Seed of the shuffle order (combined with the epoch number); unset: the global seed
+  /// (volt::global_seed(): seed_everything's, 0 without one), read as each epoch's order is
+  /// drawn, as Lightning's distributed sampler takes PL_GLOBAL_SEED. Default: unset.
+  TORCH_ARG(c10::optional<uint64_t>, seed) = c10::nullopt;
   /// Drop the last batch when it is smaller than batch_size. Default: false.
   TORCH_ARG(bool, drop_last) = false;
   /// Worker threads that build batches ahead of the consumer; 0 builds them inline. Default: 0.
@@ -48,6 +51,11 @@ struct DataLoaderOptions {
   /// This process's rank and the number of ranks sharing the data. Default: 0 of 1.
   TORCH_ARG(int64_t, rank) = 0;
   TORCH_ARG(int64_t, world_size) = 1;
+  /// With world_size > 1: true pads the ranks' shards to equal length by repeating samples
+  /// from the start (torch's DistributedSampler: every rank runs as many steps); false gives
+  /// each sample to one rank only, the shards' lengths then differing by at most one (Lightning's
+  /// UnrepeatedDistributedSampler, which the Trainer's predict uses). Default: true.
+  TORCH_ARG(bool, even_shards) = true;
 };
 
 std::ostream& operator<<(std::ostream& os, const DataLoaderOptions& o);
@@ -84,13 +92,13 @@ class DataLoader {
   BatchStream stream(int64_t epoch, int64_t first_batch = 0, int64_t max_batches = -1) const;
   const DataLoaderOptions& options() const { return options_; }
   /// This loader over the shard of `rank` among `world_size` ranks (a distributed sampler: the
-  /// same seeded per-epoch order on every rank, padded to equal length, every
-  /// world_size-th index from position `rank`).
-  DataLoader sharded(int64_t rank, int64_t world_size) const;
+  /// same seeded per-epoch order on every rank, every world_size-th index from position `rank`,
+  /// padded to equal length unless `even` is false: DataLoaderOptions::even_shards).
+  DataLoader sharded(int64_t rank, int64_t world_size, bool even = true) const;
   /// sharded(), leaving alone a loader (or a combined loader's part) the program sharded itself
   /// (world_size > 1): what the Trainer's use_distributed_sampler does, as Lightning keeps a
   /// DistributedSampler it finds and replaces the others, part by part of a CombinedLoader.
-  DataLoader sharded_where_unsharded(int64_t rank, int64_t world_size) const;
+  DataLoader sharded_where_unsharded(int64_t rank, int64_t world_size, bool even = true) const;
   /// A loader over the same dataset with other options (e.g. shuffling off). ConfigError for a
   /// combined loader, whose options are its loaders': set them before combining.
   DataLoader with_options(DataLoaderOptions options) const;

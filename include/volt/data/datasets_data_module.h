@@ -27,7 +27,8 @@ namespace volt {
 struct StageDatasets {
   /// A named training set. Named sets are combined into one loader (combined_loader with
   /// mode()), whose batches hold each set's batch as part `name`, even with one set (as
-  /// Lightning's dict of loaders); set j shuffles with the loader options' seed + j.
+  /// Lightning's dict of loaders); set j shuffles with the loader options' seed + j (the global
+  /// seed + j without one, read when fit asks for the loader).
   StageDatasets& train(std::string name, std::shared_ptr<const Dataset> data);
   /// The one unnamed training set: plain batches (it cannot be mixed with named ones).
   StageDatasets& train(std::shared_ptr<const Dataset> data);

@@ -14,6 +14,10 @@
 /// The GEMMs go through at::linear / at::mm, so autocast (and volt's CPU GEMM policy) choose
 /// their dtype as for the composition: under bf16 autocast the logits are bf16 and the softmax
 /// runs in float32, as `cross_entropy(linear(x, W).to(float))` does.
+///
+/// Differences from the composition, as the gradients are computed in the forward: one backward
+/// per forward (a second one, with retain_graph, is a ValueError), and no higher-order
+/// gradients (under create_graph the gradients returned carry no graph to the inputs).
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>

@@ -37,7 +37,9 @@ struct SdpaOptions {
   TORCH_ARG(at::Tensor, attn_mask);
   /// Dropout probability applied to the attention probabilities, in [0, 1). Default: 0.
   TORCH_ARG(double, dropout_p) = 0.0;
-  /// Causal (top-left aligned) masking: query i attends keys j <= i. Default: false.
+  /// Causal (top-left aligned) masking: query i attends keys j <= i. With an attn_mask as well,
+  /// both apply (a key must pass each), where torch's scaled_dot_product_attention refuses the
+  /// pair. Default: false.
   TORCH_ARG(bool, is_causal) = false;
   /// Softmax scale; unset means 1/sqrt(head_dim). Default: unset.
   TORCH_ARG(c10::optional<double>, scale) = c10::nullopt;

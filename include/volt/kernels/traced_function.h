@@ -103,7 +103,8 @@ class TracedFunction {
   /// one or more tensors. ValueError on an empty name or function, ConfigError on bad options.
   TracedFunction(std::string name, Fn fn, TraceOptions options = {});
   /// Traces `fn`, which runs `module`: the module's parameters and buffers become inputs of the
-  /// graph and its training mode part of the signature.
+  /// graph, and their dtypes, devices and requires_grad and every submodule's training mode
+  /// part of the signature.
   TracedFunction(std::string name, std::shared_ptr<torch::nn::Module> module, Fn fn,
                  TraceOptions options = {});
   /// The same for a module that holds its own TracedFunction (a member traced from the
@@ -129,7 +130,8 @@ class TracedFunction {
   std::string describe(const std::vector<at::Tensor>& inputs) const;
 
   /// The key of the trace `inputs` run: their signature (count, dtypes, sizes, devices,
-  /// requires_grad), grad mode, autocast's state and the module's; equal keys share a trace.
+  /// requires_grad), grad mode, autocast's state and the module's (its tensors' dtypes, devices
+  /// and requires_grad, its submodules' training modes); equal keys share a trace.
   std::string signature(const std::vector<at::Tensor>& inputs) const;
 
   struct Stats {

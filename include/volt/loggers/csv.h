@@ -39,7 +39,11 @@ class CSVLogger : public Logger {
   std::string name() const override { return "csv"; }
   std::string log_dir() override;
   int64_t version();
+  /// Merges `params` into the ones this logger was given before (a later value wins) and
+  /// writes them all to hparams.yaml, as Lightning's ExperimentWriter.log_hparams.
   void log_hyperparams(const std::map<std::string, std::string>& params) override;
+  /// A metric named "step" is not a column: the row's step is `step` (Lightning's writer sets
+  /// "step" last, over a logged one).
   void log_metrics(const Metrics& metrics, int64_t step) override;
   void save() override;
   void save_state(torch::serialize::OutputArchive& archive) const override;
@@ -55,10 +59,11 @@ class CSVLogger : public Logger {
   void rewrite();
   CSVLoggerOptions options_;
   int64_t version_ = -1;
-  std::vector<std::string> columns_;  // metric names in header order (after "step")
-  std::set<std::string> known_;       // the same names, for lookups
-  std::vector<Row> pending_;          // rows not written yet (a flush interval's at most)
-  int64_t last_written_step_ = -1;    // the step of the last row on disk (-1: none)
+  std::map<std::string, std::string> hparams_;  // every log_hyperparams's, merged
+  std::vector<std::string> columns_;            // metric names in header order (after "step")
+  std::set<std::string> known_;                 // the same names, for lookups
+  std::vector<Row> pending_;                    // rows not written yet (a flush interval's at most)
+  int64_t last_written_step_ = -1;              // the step of the last row on disk (-1: none)
   // The bytes of metrics.csv that are this run's whole rows (0: it has no file yet); a rewrite
   // copies the rows in them, nothing a failed append left after them.
   uint64_t written_bytes_ = 0;

@@ -25,15 +25,21 @@ struct TensorBoardLoggerOptions {
   TORCH_ARG(int64_t, version) = -1;
   /// Buffered records are written to disk every this many log_metrics calls. Default: 10.
   TORCH_ARG(int64_t, flush_logs_every_n_steps) = 10;
+  /// ... and at a log_metrics call this many seconds after the last write, so a run that logs
+  /// rarely still shows up (SummaryWriter's flush_secs, which Lightning keeps). Default: 120.
+  TORCH_ARG(double, flush_secs) = 120.0;
 };
 
 std::ostream& operator<<(std::ostream& os, const TensorBoardLoggerOptions& o);
 
 /// Writes one Event per log_metrics call (a Summary with one simple_value per metric), the
-/// hparams plugin's experiment / session-start summaries on log_hyperparams, and its
-/// session-end summary on finalize. A resumed run appends a new events file in the same
-/// folder that starts with SessionLog START at the resumed step, so TensorBoard discards the
-/// killed run's records after the checkpoint.
+/// hparams plugin's session-start summary on log_hyperparams (no experiment summary: TensorBoard
+/// then builds the experiment from the runs, every scalar tag a metric column; one listing the
+/// hparams alone would show no metric columns), and its session-end summary on finalize. A
+/// resumed run appends a new events file in the same folder that starts with SessionLog START
+/// at the resumed step: TensorBoard's Python event loader discards the killed run's records
+/// after it; its Rust data server (the default since 2.5) ignores SessionLog and keeps them,
+/// replacing a tag's point only where the resumed run logs the same step again.
 class TensorBoardLogger : public Logger {
  public:
   explicit TensorBoardLogger(TensorBoardLoggerOptions options);
@@ -59,6 +65,7 @@ class TensorBoardLogger : public Logger {
   std::ofstream file_;
   std::string pending_;  // framed records not yet written
   int64_t unflushed_ = 0;
+  int64_t last_save_ns_ = 0;  // steady clock at the last write (0: none yet)
   int64_t resume_step_ = -1;  // >= 0: write SessionLog START at this step first
   bool hparams_logged_ = false;
 };

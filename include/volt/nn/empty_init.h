@@ -7,8 +7,9 @@ namespace volt {
 /// While a guard lives, on the thread that made it, the in-place initializers that write into a
 /// parameter do nothing: `uniform_`, `normal_`, `fill_`, `zero_` and the rest of the random
 /// family (`bernoulli_`, `random_`, `exponential_`, `geometric_`, `log_normal_`, `cauchy_`)
-/// when their tensor requires a gradient, which is what every torch::nn initializer
-/// (`kaiming_uniform_`, `xavier_normal_`, `ones_`, `zeros_`, ...) comes down to. A parameter so
+/// when their tensor requires a gradient, which is what torch::nn's element-wise initializers
+/// (`kaiming_uniform_`, `xavier_normal_`, `ones_`, `zeros_`, ...) come down to. `orthogonal_`,
+/// `eye_` and `dirac_` compute their values and `copy_` them in, so they still run. A parameter so
 /// built holds whatever its memory held (libtorch's `empty`): load the weights before reading
 /// it. Everything else runs as usual: buffers (BatchNorm's running statistics), tensors a
 /// constructor makes (`torch::zeros`, `torch::randn`), and `copy_` into a parameter. No random

@@ -27,8 +27,9 @@ struct TorchProfilerOptions {
   TORCH_ARG(bool, record_ops) = true;
   /// Record each op's input shapes (costs boxing the op's arguments). Default: false.
   TORCH_ARG(bool, record_shapes) = false;
-  /// Schedule, in steps (calls of the stage's step function: training_step in fit,
-  /// validation_step / test_step / predict_step otherwise): steps skipped per cycle. Default: 1.
+  /// Schedule, in steps (calls of the stage's step function: training_step in fit, or its CUDA
+  /// graph's replay under graph_training_step; validation_step / test_step / predict_step
+  /// otherwise): steps skipped per cycle. Default: 1.
   TORCH_ARG(int64_t, wait) = 1;
   /// Steps recorded and then discarded per cycle (warms the callbacks up). Default: 1.
   TORCH_ARG(int64_t, warmup) = 1;

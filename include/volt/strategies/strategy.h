@@ -28,6 +28,11 @@ class Module;
 struct DataShard {
   int64_t rank = 0;
   int64_t world_size = 1;
+  /// Whether every step, outside training too, runs collectives across the shards (ZeRO stage
+  /// 3 gathers its partitioned parameters in each forward): the shards must then hold as many
+  /// batches each, so prediction pads them as the other stages do instead of giving each
+  /// sample to one rank only.
+  bool lockstep = false;
 };
 
 /// A request to end the loop that every rank must act on at the same batch: a stop signal, a
@@ -219,6 +224,9 @@ class Strategy {
   /// Writes the checkpoint (only the global-zero process writes).
   virtual void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path);
   virtual torch::serialize::InputArchive load_checkpoint(const std::string& path);
+  /// Deletes a checkpoint (the global-zero process alone; a folder of shards after the saves
+  /// before it). A removal that fails, or a folder that holds no volt checkpoint (never
+  /// deleted), is a warning: the other processes would wait for a rank that stopped here.
   virtual void remove_checkpoint(const std::string& path);
   /// Waits until every checkpoint this run saved is on disk (CheckpointIO::flush) and throws a
   /// failed background write; the Trainer calls it when an entry point's work is done.

@@ -10,6 +10,7 @@
 
 #include "volt/core/loop_state.h"
 #include "volt/core/module.h"
+#include "volt/core/seed.h"  // seed_everything, which Trainer users call
 #include "volt/data/data_loader.h"
 #include "volt/data/data_module.h"
 #include "volt/trainer/threads.h"
@@ -105,8 +106,5 @@ class Trainer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-/// Seeds torch's global generator (and returns the seed) — Lightning's seed_everything.
-uint64_t seed_everything(uint64_t seed);
 
 }  // namespace volt

@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 
 namespace volt {
 namespace detail {
@@ -46,6 +48,8 @@ AioFile::AioFile(std::string path, AioOptions options, bool create)
   }
   slots_.resize(static_cast<size_t>(options_.queue_depth()));
   for (size_t i = slots_.size(); i-- > 0;) free_.push_back(i);
+  if (const auto n = env_value("VOLT_TEST_AIO_SUBMIT_FAILS"))
+    fail_submit_at_ = std::atoll(n->c_str());
 }
 
 AioFile::~AioFile() {
@@ -111,17 +115,33 @@ void AioFile::enqueue(char* data, int64_t bytes, int64_t offset, bool write) {
     io_uring_prep_read(sqe, fd_, data, static_cast<unsigned>(bytes), static_cast<uint64_t>(offset));
   }
   io_uring_sqe_set_data(sqe, reinterpret_cast<void*>(slot));
-  const int rc = io_uring_submit(&ring_->ring);
-  VOLT_CHECK(rc >= 0, DataError, kTag, " submitting I/O on '", path_, "' failed (",
-             std::strerror(-rc), ").");
+  int rc;
+  do {
+    rc = ++submits_ == fail_submit_at_ ? -EAGAIN : io_uring_submit(&ring_->ring);
+  } while (rc == -EINTR);
+  if (rc >= 0) return;
+  // The kernel took none of the queue: the request still sits in it and the next io_uring_enter
+  // (reap_one's) would send it, reading or writing a buffer the caller may free once this
+  // throws. Made a no-op, it completes harmlessly and returns its slot.
+  io_uring_prep_nop(sqe);
+  io_uring_sqe_set_data(sqe, reinterpret_cast<void*>(slot));
+  slots_[slot] = Request{nullptr, 0, 0, write};
+  VOLT_CHECK(false, DataError, kTag, " submitting I/O on '", path_, "' failed (",
+             std::strerror(-rc), "); the request was withdrawn, its buffer untouched.");
 }
 
 void AioFile::reap_one() {
   io_uring_cqe* cqe = nullptr;
   int rc;
-  do {
-    rc = io_uring_wait_cqe(&ring_->ring, &cqe);
-  } while (rc == -EINTR);
+  for (;;) {
+    // Sends what the queue still holds (a withdrawn request's no-op) while waiting: a bare
+    // wait would never see that request complete.
+    rc = io_uring_submit_and_wait(&ring_->ring, 1);
+    if (rc == -EINTR) continue;
+    if (rc < 0) break;
+    rc = io_uring_peek_cqe(&ring_->ring, &cqe);
+    if (rc != -EAGAIN) break;
+  }
   VOLT_CHECK(rc == 0, DataError, kTag, " waiting for I/O on '", path_, "' failed (",
              std::strerror(-rc), ").");
   const size_t slot = reinterpret_cast<size_t>(io_uring_cqe_get_data(cqe));
@@ -129,6 +149,7 @@ void AioFile::reap_one() {
   io_uring_cqe_seen(&ring_->ring, cqe);
   Request r = slots_[slot];
   free_.push_back(slot);
+  if (r.data == nullptr) return;  // a withdrawn request's no-op
   if (res > 0 && res < r.bytes) {
     // A short transfer (signals, page-cache pressure): continue with the rest.
     enqueue(r.data + res, r.bytes - res, r.offset + res, r.write);

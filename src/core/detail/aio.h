@@ -26,7 +26,9 @@ struct AioOptions {
 /// One open file with a queue of asynchronous requests. submit_read / submit_write return at
 /// once (when more than queue_depth requests are outstanding they first wait for the oldest);
 /// wait() returns when every submitted request is complete and throws the first failure. The
-/// caller keeps each buffer alive and untouched until wait() returns. Not thread-safe.
+/// caller keeps each buffer alive and untouched until wait() returns or throws, also after a
+/// submit_* call threw (the request the kernel refused is withdrawn and never touches its
+/// buffer; the ones before it still run). Not thread-safe.
 class AioFile {
  public:
   /// Opens (`create`: creates or truncates) `path` for reading and writing. Throws ConfigError
@@ -66,6 +68,9 @@ class AioFile {
   std::vector<Request> slots_;  // io_uring: one per request in flight (user_data = its index)
   std::vector<size_t> free_;    // indices of unused slots_
   std::string error_;           // the first failure since the last wait()
+  // VOLT_TEST_AIO_SUBMIT_FAILS=N (read at construction): the N-th submission fails with EAGAIN.
+  int64_t fail_submit_at_ = 0;
+  int64_t submits_ = 0;
 };
 
 }  // namespace detail

@@ -1,11 +1,16 @@
 #pragma once
-// Private: a part of a collective operation that some ranks do (rank 0 writes a file, the shard
-// holders write theirs), after which every rank must know whether it succeeded, so that no rank
-// goes on into collectives a failed rank never reaches (the checkpoint saves of DdpStrategy and
-// of the shard folders).
+// Private: collective helpers over a Strategy. run_agreeing: a part of a collective operation
+// that some ranks do (rank 0 writes a file, the shard holders write theirs), after which every
+// rank must know whether it succeeded, so that no rank goes on into collectives a failed rank
+// never reaches (the checkpoint saves of DdpStrategy and of the shard folders).
+// broadcast_string: one rank's text on every rank.
 
+#include <ATen/ATen.h>
+
+#include <cstring>
 #include <exception>
 #include <functional>
+#include <string>
 
 #include "volt/strategies/strategy.h"
 
@@ -26,6 +31,22 @@ inline bool run_agreeing(Strategy& strategy, bool mine, const std::function<void
   const bool everyone = strategy.reduce_boolean_decision(error == nullptr);
   if (error) std::rethrow_exception(error);
   return everyone;
+}
+
+/// `text` as rank `src` has it, on every rank of `strategy` (two broadcasts: its length, then
+/// its bytes). Collective: every rank calls it.
+inline std::string broadcast_string(const Strategy& strategy, const std::string& text,
+                                    int64_t src = 0) {
+  if (strategy.world_size() == 1) return text;
+  const at::Tensor size =
+      strategy.broadcast(at::tensor({static_cast<int64_t>(text.size())}, at::kLong), src);
+  at::Tensor bytes = at::zeros({size.item<int64_t>()}, at::kByte);
+  if (strategy.rank() == src && !text.empty()) {
+    std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
+  }
+  bytes = strategy.broadcast(bytes, src);
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
+                     static_cast<size_t>(bytes.numel()));
 }
 
 }  // namespace volt::detail

@@ -251,6 +251,16 @@ void stage(const FolderSave& save, const std::string& staging, const std::string
              "); check that the folder is writable.");
 }
 
+// Rank 0's check before the swap: every rank's shard is in the folder it staged.
+void check_shards(const FolderSave& save, const std::string& staging) {
+  for (const auto& shard : save.shards) {
+    VOLT_CHECK(exists(staging + "/" + shard), CheckpointError, save.tag, " the shard '", shard,
+               "' is missing from '", staging,
+               "' although its rank wrote it: the ranks do not share this folder (a disk local "
+               "to each node?); save checkpoints to a folder every node sees.");
+  }
+}
+
 // Rank 0's last part: the staged folder, complete with its metadata, put at `path`. A folder
 // there is exchanged with it in one renameat2; where the file system has no exchange (NFS,
 // some FUSE ones), and for a single-file checkpoint at `path`, the old one is moved aside to
@@ -280,20 +290,30 @@ void swap_in(const FolderSave& save, const std::string& staging, const std::stri
 
 }  // namespace
 
-void save_checkpoint_folder(Strategy& strategy, OutputArchive& archive, const FolderSave& save) {
+void save_checkpoint_folder(Strategy& strategy, OutputArchive& archive, const FolderSave& given) {
+  strategy.barrier("checkpoint_folder_begin");
+  FolderSave save = given;
+  save.path = broadcast_string(strategy, given.path);
   const std::string& path = save.path;
   const std::string staging = path + ".partial", old = path + ".old";
   // Each part runs where it belongs, then every rank learns whether all of them succeeded: a
   // rank that failed rethrows its own error, the others stop at once naming the part, and the
-  // previous checkpoint at `path` stays.
-  auto part = [&](bool mine, const std::function<void()>& work, const char* what) {
-    VOLT_CHECK(run_agreeing(strategy, mine, work), CheckpointError, save.tag,
-               " another rank failed ", what, " '", path,
+  // previous checkpoint at `path` stays. A failure before the swap removes the staging folder.
+  auto part = [&](bool mine, const std::function<void()>& work, const char* what, bool clean) {
+    const bool ok = [&] {
+      try {
+        return run_agreeing(strategy, mine, work);
+      } catch (...) {
+        if (clean && strategy.is_global_zero()) remove_tree(staging);
+        throw;
+      }
+    }();
+    if (!ok && clean && strategy.is_global_zero()) remove_tree(staging);
+    VOLT_CHECK(ok, CheckpointError, save.tag, " another rank failed ", what, " '", path,
                "' (its error says why); the previous checkpoint there is kept.");
   };
-  strategy.barrier("checkpoint_folder_begin");
   part(
-      strategy.is_global_zero(), [&] { stage(save, staging, old); }, "to stage");
+      strategy.is_global_zero(), [&] { stage(save, staging, old); }, "to stage", true);
   part(
       !save.shard.empty(),
       [&] {
@@ -302,9 +322,12 @@ void save_checkpoint_folder(Strategy& strategy, OutputArchive& archive, const Fo
         // writes in the background (AsyncCheckpointIO) finishes here.
         strategy.checkpoint_io().flush();
       },
-      "to write its shard of");
+      "to write its shard of", true);
   part(
-      strategy.is_global_zero(), [&] { swap_in(save, staging, old); }, "to swap in");
+      strategy.is_global_zero(), [&] { check_shards(save, staging); }, "to find every shard of",
+      true);
+  part(
+      strategy.is_global_zero(), [&] { swap_in(save, staging, old); }, "to swap in", false);
 }
 
 }  // namespace detail

@@ -86,23 +86,28 @@ constexpr const char* kZeroMetaFile = "zero_checkpoint.txt";
 
 /// One save of a folder of shards.
 struct FolderSave {
-  std::string path;       ///< the folder
-  std::string shard;      ///< this rank's file inside it ("": this rank writes none)
-  std::string meta_file;  ///< the metadata file's name, written last
-  std::string meta;       ///< its contents
-  std::string tag;        ///< the component, for errors
+  std::string path;                 ///< the folder
+  std::string shard;                ///< this rank's file inside it ("": this rank writes none)
+  std::string meta_file;            ///< the metadata file's name, written last
+  std::string meta;                 ///< its contents
+  std::string tag;                  ///< the component, for errors
+  std::vector<std::string> shards;  ///< every rank's files: all must be there to swap it in
 };
 
-/// Every rank of `strategy` calls it. Global rank 0 makes `<path>.partial`; the ranks with a
-/// shard write `archive` there (and flush the CheckpointIO, so a background writer is done);
-/// rank 0 writes the metadata file last and swaps the staging folder in with one rename
-/// (exchanged with an earlier folder at `path`, which is then removed; a file at `path`, or a
-/// folder where the file system cannot exchange, is moved aside to `<path>.old` first).
-/// `path` always holds a complete checkpoint; a job killed mid-save leaves only the staging
-/// folder, which the next save removes. After each part the ranks agree on its success, so a
-/// failure on one rank is a CheckpointError on every rank at once. CheckpointError when a
-/// folder cannot be made or moved, and for a folder at `path` that is no checkpoint folder
-/// (it would be replaced, its contents deleted).
+/// Every rank of `strategy` calls it, and saves into global rank 0's `path` (broadcast, as
+/// Lightning's strategies broadcast the file path: ranks may name different ones). Rank 0 makes
+/// `<path>.partial`; the ranks with a shard write `archive` there (and flush the CheckpointIO, so
+/// a background writer is done); rank 0 checks that every one of `shards` is there, writes the
+/// metadata file last and swaps the staging folder in with one rename (exchanged with an
+/// earlier folder at `path`, which is then removed; a file at `path`, or a folder where the
+/// file system cannot exchange, is moved aside to `<path>.old` first, so `path` is missing only
+/// between those two renames, and the next save puts `.old` back if it stopped there). A save
+/// that fails removes its staging folder; one killed mid-save leaves it, and the next save to
+/// `path` removes it. After each part the ranks agree on its success, so a failure on one rank
+/// is a CheckpointError on every rank at once. CheckpointError when a folder cannot be made or
+/// moved, when the ranks do not share the folder (a shard missing from rank 0's view; the
+/// staging folders the CheckpointIO made on the other nodes' disks then stay there), and for a
+/// folder at `path` that is no checkpoint folder (it would be replaced, its contents deleted).
 void save_checkpoint_folder(Strategy& strategy, torch::serialize::OutputArchive& archive,
                             const FolderSave& save);
 

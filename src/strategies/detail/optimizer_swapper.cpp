@@ -120,25 +120,39 @@ void OptimizerSwapper::write_out(const std::vector<at::Tensor>& params, bool rel
       same = rec->second.pieces[i].index == pieces[i].index &&
              rec->second.pieces[i].bytes == pieces[i].bytes;
     }
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      if (same) {
-        pieces[i].offset = rec->second.pieces[i].offset;
-      } else {
-        pieces[i].offset = end_;
-        end_ += (pieces[i].bytes + 4095) / 4096 * 4096;  // page-aligned ranges
+    // The tensors emptied so far, with what they held: a write the file refuses puts them
+    // back, so the state stays whole in memory and its record (resident) stays true.
+    struct Emptied {
+      at::Tensor handle;
+      c10::Storage storage;
+      std::vector<int64_t> sizes, strides;
+    };
+    std::vector<Emptied> emptied;
+    try {
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        if (same) {
+          pieces[i].offset = rec->second.pieces[i].offset;
+        } else {
+          pieces[i].offset = end_;
+          end_ += (pieces[i].bytes + 4095) / 4096 * 4096;  // page-aligned ranges
+        }
+        const at::Tensor& t = pieces[i].index == kParameter ? p : tensors[pieces[i].index];
+        writing_.push_back(t.storage());  // alive until the write completes
+        file_->submit_write(t.data_ptr(), pieces[i].bytes, pieces[i].offset);
+        if (kill_after_writes_ >= 0 && ++writes_ >= kill_after_writes_) {
+          std::fprintf(stdout, "nvme: killed with a write in flight\n");
+          std::fflush(stdout);
+          ::raise(SIGKILL);
+        }
+        // The state object (the optimizer, for a parameter) keeps its tensor (shape gone,
+        // storage released once written).
+        emptied.push_back({t, t.storage(), t.sizes().vec(), t.strides().vec()});
+        at::Tensor handle = t;
+        handle.set_();
       }
-      const at::Tensor& t = pieces[i].index == kParameter ? p : tensors[pieces[i].index];
-      writing_.push_back(t.storage());  // alive until the write completes
-      file_->submit_write(t.data_ptr(), pieces[i].bytes, pieces[i].offset);
-      if (kill_after_writes_ >= 0 && ++writes_ >= kill_after_writes_) {
-        std::fprintf(stdout, "nvme: killed with a write in flight\n");
-        std::fflush(stdout);
-        ::raise(SIGKILL);
-      }
-      // The state object (the optimizer, for a parameter) keeps its tensor (shape gone, storage
-      // released once written).
-      at::Tensor handle = t;
-      handle.set_();
+    } catch (...) {
+      for (auto& e : emptied) e.handle.set_(e.storage, 0, e.sizes, e.strides);
+      throw;
     }
     Record& r = records_[key];
     r.pieces = std::move(pieces);

@@ -30,8 +30,11 @@ struct SubGroupHooks {
 
 /// Cuts `optimizer`'s parameters, in param-group order, into sub-groups of at most
 /// `sub_group_size` elements as counted by `elements` (a parameter swapped out holds none: count
-/// its recorded shape); a sub-group holds at least one parameter and never splits one, as
-/// DeepSpeed's.
+/// its recorded shape); a sub-group holds at least one parameter and never splits one. Unlike
+/// DeepSpeed's (_create_fp16_sub_groups: within each param group, a sub-group closed once it
+/// reaches sub_group_size, keeping the parameter that crosses it), a sub-group may span param
+/// groups and is closed before a parameter would take it past the size: the same steps for
+/// element-wise optimizers, other counts and peak memory.
 std::vector<std::vector<at::Tensor>> make_sub_groups(
     const torch::optim::Optimizer& optimizer, int64_t sub_group_size,
     const std::function<int64_t(const at::Tensor&)>& elements);

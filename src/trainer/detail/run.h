@@ -367,7 +367,9 @@ class Run : public RunContext {
   std::vector<int64_t> monitored_steps_since;
   /// `loader` sharded by the strategy's data_shard() when use_distributed_sampler is on, the
   /// job has several processes and the loader is not sharded already; else `loader` itself.
-  DataLoader shard(const DataLoader& loader) const;
+  /// For prediction (`predict`) each sample goes to one rank only (Lightning's
+  /// UnrepeatedDistributedSampler) unless the strategy's steps run in lockstep.
+  DataLoader shard(const DataLoader& loader, bool predict = false) const;
 
   // ---------------------------------------------------------------- stopping
   /// Seconds of training in this run, resumed attempts included (0 before any fit).

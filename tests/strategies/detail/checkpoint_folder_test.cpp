@@ -14,6 +14,7 @@
 #include <string>
 
 #include "file_text.h"
+#include "log_capture.h"
 #include "strategies/detail/checkpoint_folder.h"
 #include "tiny.h"
 #include "volt/core/errors.h"
@@ -97,8 +98,10 @@ TEST(CheckpointFolder, AFolderThatIsNoCheckpointIsRefusedAndKept) {
   }
   EXPECT_EQ(file_text(logs + "/metrics.csv"), "step,loss\n");
   EXPECT_FALSE(fs::exists(logs + ".partial"));
-  // Nor does a checkpoint's removal (ModelCheckpoint's top-k) delete it.
-  EXPECT_THROW(s.remove_checkpoint(logs), volt::CheckpointError);
+  // Nor does a checkpoint's removal (ModelCheckpoint's top-k) delete it: rank 0 warns and goes
+  // on (a throw on rank 0 alone would leave the others waiting in their next collective).
+  const auto lines = volt_test::capture_logs([&] { s.remove_checkpoint(logs); });
+  EXPECT_TRUE(volt_test::has(lines, "holds no volt checkpoint")) << lines.size();
   EXPECT_EQ(file_text(logs + "/metrics.csv"), "step,loss\n");
   save(s, dir / "c.ckpt", 1.0);
   s.remove_checkpoint(dir / "c.ckpt");
@@ -117,6 +120,32 @@ TEST(CheckpointFolder, AFailedShardWriteKeepsThePreviousCheckpoint) {
     EXPECT_NE(std::string(e.what()).find("no space left"), std::string::npos) << e.what();
   }
   EXPECT_EQ(value_in(path), 1.0);
+  // The failed save's staging folder is gone (it stayed until a save to the same path).
+  EXPECT_FALSE(fs::exists(path + ".partial"));
+}
+
+// Rank 0 swaps a folder in only when every rank's shard is in it: a rank writing elsewhere
+// (a disk local to its node) left rank 0 a folder whose metadata named shards it lacked.
+TEST(CheckpointFolder, AShardMissingFromTheFolderFailsTheSaveAndKeepsThePreviousOne) {
+  volt_test::TempDir dir;
+  auto s = strategy();
+  const std::string path = dir / "a.ckpt";
+  save(s, path, 1.0);
+  torch::serialize::OutputArchive ar;
+  ar.write("value", torch::full({2}, 2.0));
+  FolderSave two{path, volt::detail::tp_shard_name(0, 2), volt::detail::kTpMetaFile,
+                 "format 1\ntensor_parallel_size 2\nworld_size 2\n", "[Test]"};
+  two.shards = {volt::detail::tp_shard_name(0, 2), volt::detail::tp_shard_name(1, 2)};
+  try {
+    volt::detail::save_checkpoint_folder(s, ar, two);
+    FAIL() << "a folder without every shard was swapped in";
+  } catch (const volt::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("is missing from"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("do not share this folder"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(value_in(path), 1.0);
+  EXPECT_FALSE(fs::exists(path + ".partial"));
 }
 
 TEST(CheckpointFolder, TheNextSaveMendsASaveStoppedBetweenTheFallbacksRenames) {

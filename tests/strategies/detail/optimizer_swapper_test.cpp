@@ -7,6 +7,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -118,6 +120,56 @@ TEST(OptimizerSwapper, SwappedStepsEqualInMemoryStepsBitwise) {
       }
     }
   }
+}
+
+// A write the swap file refuses (io_uring's EAGAIN, injected at the second submission): the
+// state tensors emptied before it are put back, so the state stays whole in memory. They were
+// left empty with no record saying they were in the file: the moments were lost, and the next
+// checkpoint saved them with no elements.
+TEST(OptimizerSwapper, ARefusedWriteKeepsTheStateInMemory) {
+  volt_test::TempDir dir;
+  auto a = make_params(), b = make_params();
+  auto ref = make_opt("adam", a), opt = make_opt("adam", b);
+  ::setenv("VOLT_TEST_AIO_SUBMIT_FAILS", "2", 1);
+  std::unique_ptr<OptimizerSwapper> swapper;
+  try {
+    swapper = std::make_unique<OptimizerSwapper>(
+        *opt, dir / "opt.swp", AioOptions().use_uring(true).block_size(1 << 20), 1000);
+  } catch (const volt::NotAvailable& e) {
+    ::unsetenv("VOLT_TEST_AIO_SUBMIT_FAILS");
+    GTEST_SKIP() << e.what();
+  }
+  ::unsetenv("VOLT_TEST_AIO_SUBMIT_FAILS");
+  set_grads(a, 0);
+  set_grads(b, 0);
+  ref->step();
+  EXPECT_THROW(swapper->step([&] {
+    opt->step();
+    return true;
+  }),
+               volt::DataError);
+  swapper->swap_in_all();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << "param " << i;
+    auto& ra = static_cast<torch::optim::AdamParamState&>(
+        *ref->state().at(volt::detail::state_key_for(a[i])));
+    auto& rb = static_cast<torch::optim::AdamParamState&>(
+        *opt->state().at(volt::detail::state_key_for(b[i])));
+    ASSERT_EQ(rb.exp_avg().numel(), b[i].numel()) << "param " << i;
+    EXPECT_TRUE(torch::equal(ra.exp_avg(), rb.exp_avg())) << "param " << i;
+    EXPECT_TRUE(torch::equal(ra.exp_avg_sq(), rb.exp_avg_sq())) << "param " << i;
+  }
+  // And the swapping goes on: the next step writes everything out.
+  set_grads(a, 1);
+  set_grads(b, 1);
+  ref->step();
+  EXPECT_TRUE(swapper->step([&] {
+    opt->step();
+    return true;
+  }));
+  EXPECT_EQ(adam_state_bytes(*opt), 0);
+  swapper->swap_in_all();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "param " << i;
 }
 
 TEST(OptimizerSwapper, SwappedParametersStepInTheSameSubGroupsEveryStep) {
