@@ -78,6 +78,13 @@ class Proto {
   std::string buf_;
 };
 
+// The steady clock in nanoseconds, for the time since the last write.
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 double now_secs() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -240,9 +247,7 @@ void TensorBoardLogger::log_metrics(const Metrics& metrics, int64_t step) {
     summary.message_field(1, value);
   }
   write_event(event(step).message_field(5, summary).bytes());
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
+  const int64_t now = steady_ns();
   if (last_save_ns_ == 0) last_save_ns_ = now;
   if (++unflushed_ >= options_.flush_logs_every_n_steps() ||
       static_cast<double>(now - last_save_ns_) >= options_.flush_secs() * 1e9) {
@@ -258,9 +263,7 @@ void TensorBoardLogger::save() {
              "' failed (disk full or folder removed?).");
   pending_.clear();
   unflushed_ = 0;
-  last_save_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now().time_since_epoch())
-                      .count();
+  last_save_ns_ = steady_ns();
 }
 
 void TensorBoardLogger::finalize(RunStatus status) {

@@ -6,7 +6,7 @@
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
-#include "io/detail/whole_file.h"
+#include "profiler/detail/report_file.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/io/checkpoint_io.h"
@@ -98,13 +98,7 @@ void SimpleProfiler::describe(const std::string& stage, const std::string& log_d
       std::filesystem::create_directories(dir);
       last_path_ = dir + "/" + stage + "-" + options_.filename() +
                    (rank_ > 0 ? "-rank" + std::to_string(rank_) : "") + ".txt";
-      // After the reports of the earlier runs there (Lightning opens the file to append).
-      std::string before;
-      if (std::filesystem::exists(last_path_)) {
-        before = detail::read_whole_file(last_path_, "[SimpleProfiler]", "the report",
-                                         "check its permissions or remove it");
-      }
-      atomic_write_file(last_path_, before + text);
+      detail::append_report(last_path_, text, "[SimpleProfiler]");
     }
   } catch (const std::exception& e) {
     // A report that cannot be written must not fail the run it describes.

@@ -18,8 +18,8 @@
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
-#include "io/detail/whole_file.h"
 #include "profiler/detail/op_callback.h"
+#include "profiler/detail/report_file.h"
 
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -553,13 +553,7 @@ void TorchProfiler::describe(const std::string& stage, const std::string& log_di
       if (s.rank == 0) std::fprintf(stderr, "%s", s.summary.c_str());
     } else {
       s.summary_path = stem + ".txt";
-      // After the earlier runs' summaries there (Lightning appends to its report file).
-      std::string before;
-      if (std::filesystem::exists(s.summary_path)) {
-        before = detail::read_whole_file(s.summary_path, "[TorchProfiler]", "the summary",
-                                         "check its permissions or remove it");
-      }
-      atomic_write_file(s.summary_path, before + s.summary);
+      detail::append_report(s.summary_path, s.summary, "[TorchProfiler]");
     }
   } catch (const std::exception& e) {
     // A report that cannot be written must not fail the run it describes.
