@@ -27,6 +27,13 @@ LAMBDAS = {
     "pow095": lambda e: 0.95 ** e,
     "warmup10_inv_sqrt": lambda e: min((e + 1) / 10, 1 / math.sqrt(max(e, 1))),
     "halve_every_7": lambda e: 0.5 ** (e // 7),
+    "const095": lambda e: 0.95,
+}
+
+# CyclicLR scale functions by name; the C++ test defines the same functions.
+SCALE_FNS = {
+    "inv_sqrt": lambda x: 1 / math.sqrt(x),
+    "inv_linear_0.02": lambda x: 1 / (1 + 0.02 * x),
 }
 
 
@@ -73,6 +80,22 @@ def make_scheduler(spec, opt):
     if k == "SequentialLR":
         subs = [make_scheduler(s, opt) for s in a["schedulers"]]
         return S.SequentialLR(opt, schedulers=subs, milestones=a["milestones"])
+    if k == "ChainedScheduler":
+        return S.ChainedScheduler([make_scheduler(s, opt) for s in a["schedulers"]])
+    if k == "MultiplicativeLR":
+        fns = [LAMBDAS[n] for n in a["lambdas"]]
+        return S.MultiplicativeLR(opt, fns if len(fns) > 1 else fns[0])
+    if k == "ConstantLR":
+        return S.ConstantLR(opt, factor=a["factor"], total_iters=a["total_iters"])
+    if k == "PolynomialLR":
+        return S.PolynomialLR(opt, total_iters=a["total_iters"], power=a["power"])
+    if k == "CyclicLR":
+        fn = SCALE_FNS[a["scale_fn"]] if a.get("scale_fn") else None
+        return S.CyclicLR(opt, base_lr=a["base_lr"], max_lr=a["max_lr"],
+                          step_size_up=a["step_size_up"], step_size_down=a["step_size_down"],
+                          mode=a["mode"], gamma=a["gamma"], scale_fn=fn,
+                          scale_mode=a["scale_mode"], cycle_momentum=a["cycle_momentum"],
+                          base_momentum=a["base_momentum"], max_momentum=a["max_momentum"])
     if k == "SWALR":
         return swa_utils.SWALR(opt, swa_lr=a["swa_lr"], anneal_epochs=a["anneal_epochs"],
                                anneal_strategy=a["anneal_strategy"])
@@ -124,6 +147,19 @@ def onecycle(max_lr, total, **kw):
          "div_factor": 25.0, "final_div_factor": 1e4, "three_phase": False}
     a.update(kw)
     return {"kind": "OneCycleLR", "args": a}
+
+
+def cyclic(base_lr, max_lr, step_size_up, **kw):
+    a = {"base_lr": base_lr, "max_lr": max_lr, "step_size_up": step_size_up,
+         "step_size_down": None, "mode": "triangular", "gamma": 1.0, "scale_fn": None,
+         "scale_mode": "cycle", "cycle_momentum": True, "base_momentum": 0.8,
+         "max_momentum": 0.9}
+    a.update(kw)
+    return {"kind": "CyclicLR", "args": a}
+
+
+def chained(*schedulers):
+    return {"kind": "ChainedScheduler", "args": {"schedulers": list(schedulers)}}
 
 
 def rop(**kw):
@@ -245,6 +281,70 @@ def cases():
                                                   "anneal_strategy": "cos"}}, 30)
     add("swalr_no_annealing", {"kind": "SWALR", "args": {"swa_lr": 0.03, "anneal_epochs": 0,
                                                          "anneal_strategy": "linear"}}, 30)
+    # Session 98: ConstantLR, PolynomialLR, MultiplicativeLR, CyclicLR, ChainedScheduler.
+    add("constant_half_4", {"kind": "ConstantLR", "args": {"factor": 0.5, "total_iters": 4}}, 30)
+    add("constant_default",
+        {"kind": "ConstantLR", "args": {"factor": 1.0 / 3, "total_iters": 5}}, 30)
+    add("constant_0_iters", {"kind": "ConstantLR", "args": {"factor": 0.25, "total_iters": 0}},
+        30)
+    add("polynomial_4_linear", {"kind": "PolynomialLR", "args": {"total_iters": 4, "power": 1.0}},
+        30)
+    add("polynomial_10_squared",
+        {"kind": "PolynomialLR", "args": {"total_iters": 10, "power": 2.0}}, 30)
+    add("polynomial_20_sqrt", {"kind": "PolynomialLR", "args": {"total_iters": 20, "power": 0.5}},
+        30)
+    add("multiplicative_shared", {"kind": "MultiplicativeLR", "args": {"lambdas": ["const095"]}},
+        40)
+    add("multiplicative_per_group",
+        {"kind": "MultiplicativeLR", "args": {"lambdas": ["const095", "halve_every_7"]}}, 40)
+    add("cyclic_triangular_sgd", cyclic([0.01, 0.001], [0.1, 0.01], 5), 40,
+        record_momentum=True)
+    add("cyclic_triangular2_rmsprop_down",
+        cyclic(0.001, 0.006, 4, step_size_down=8, mode="triangular2",
+               base_momentum=[0.85, 0.8], max_momentum=[0.95, 0.9]), 50,
+        optimizer={"type": "rmsprop", "lrs": [0.01, 0.002], "momentum": 0.5},
+        record_momentum=True)
+    add("cyclic_exp_range_adam_no_momentum",
+        cyclic(0.01, 0.05, 3, mode="exp_range", gamma=0.97, cycle_momentum=False), 40,
+        optimizer={"type": "adam", "lrs": [0.001, 0.0005], "betas": [0.9, 0.999]})
+    add("cyclic_custom_cycle_fractional",
+        cyclic([0.02, 0.01], [0.2, 0.05], 2.5, step_size_down=4, scale_fn="inv_sqrt"), 40,
+        record_momentum=True)
+    add("cyclic_custom_iterations",
+        cyclic(0.005, 0.05, 6, scale_fn="inv_linear_0.02", scale_mode="iterations"), 40,
+        record_momentum=True)
+    add("chained_constant_exponential",
+        chained({"kind": "ConstantLR", "args": {"factor": 0.1, "total_iters": 2}},
+                {"kind": "ExponentialLR", "args": {"gamma": 0.9}}), 30)
+    add("chained_linear_cosine_past_tmax",
+        chained({"kind": "LinearLR", "args": {"start_factor": 0.1, "end_factor": 1.0,
+                                              "total_iters": 5}},
+                {"kind": "CosineAnnealingLR", "args": {"t_max": 20, "eta_min": 1e-4}}), 45)
+    # LambdaLR is not chainable: built second it takes the shared initial lr as its base.
+    add("chained_constant_lambda",
+        chained({"kind": "ConstantLR", "args": {"factor": 0.5, "total_iters": 3}},
+                {"kind": "LambdaLR", "args": {"lambdas": ["halve_every_7"]}}), 30)
+    add("chained_onecycle_constant",
+        chained(onecycle([0.5, 0.2], 40),
+                {"kind": "ConstantLR", "args": {"factor": 0.5, "total_iters": 10}}), 40,
+        record_momentum=True)
+    add("chained_multiplicative_cyclic",
+        chained({"kind": "MultiplicativeLR", "args": {"lambdas": ["const095"]}},
+                cyclic([0.01, 0.001], [0.1, 0.01], 4)), 30, record_momentum=True)
+    add("sequential_constant_polynomial",
+        {"kind": "SequentialLR", "args": {
+            "schedulers": [
+                {"kind": "ConstantLR", "args": {"factor": 0.5, "total_iters": 3}},
+                {"kind": "PolynomialLR", "args": {"total_iters": 20, "power": 2.0}}],
+            "milestones": [3]}}, 30)
+    # CyclicLR built second keeps its own base_lr; the sequence starts at the shared initial lr.
+    add("sequential_linear_cyclic",
+        {"kind": "SequentialLR", "args": {
+            "schedulers": [
+                {"kind": "LinearLR", "args": {"start_factor": 0.2, "end_factor": 1.0,
+                                              "total_iters": 5}},
+                cyclic([0.01, 0.005], [0.05, 0.02], 3)],
+            "milestones": [5]}}, 35, record_momentum=True)
     # Metric-driven: improvement, plateaus (with sub-threshold changes), cooldown, min_lr floor.
     plateau = ([1.0, 0.9, 0.8, 0.7, 0.65] + [0.65] * 4 + [0.64999, 0.6, 0.6, 0.6, 0.6, 0.6]
                + [0.5, 0.5, 0.5, 0.5, 0.49995, 0.5, 0.5, 0.5, 0.4] + [0.4] * 20

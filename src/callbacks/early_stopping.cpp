@@ -23,7 +23,9 @@ EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(
     VOLT_CHECK(!value || !std::isnan(*value), ConfigError, "[EarlyStopping] ", name,
                "=nan can never be crossed; give a number or leave it unset.");
   }
-  // Lightning compares against best - |min_delta| in min mode (best + |min_delta| in max).
+  // Compared against best - |min_delta| in min mode (best + |min_delta| in max). Lightning signs
+  // min_delta as given (min_delta *= -1 in min mode), so its negative min_delta loosens the test;
+  // volt takes the magnitude, a negative min_delta meaning what the positive one does.
   options_.min_delta(std::abs(options_.min_delta()) * (options_.mode() == Mode::kMin ? -1 : 1));
   best_score_ = options_.mode() == Mode::kMin ? std::numeric_limits<double>::infinity()
                                               : -std::numeric_limits<double>::infinity();
@@ -110,6 +112,8 @@ void EarlyStopping::save_state(torch::serialize::OutputArchive& ar) const {
   ar.write("patience", c10::IValue(options_.patience()));
 }
 
+// The saved patience is not read back: a resumed run keeps the patience it is given (Lightning
+// takes the checkpoint's, so a patience changed for the resume was ignored there).
 void EarlyStopping::load_state(torch::serialize::InputArchive& ar) {
   c10::IValue w, b, s;
   ar.read("wait_count", w);

@@ -70,10 +70,17 @@ void LearningRateMonitor::on_train_start(RunContext& run, Module&) {
 
 void LearningRateMonitor::on_train_batch_start(RunContext& run, Module&, const Batch&, int64_t) {
   const int64_t step = run.state().global_step;
-  // The same cadence as the Trainer's per-step metrics (this batch's step is logged when
-  // (step + 1) % log_every_n_steps == 0), once per optimizer step under accumulation.
-  if ((step + 1) % run.log_every_n_steps() != 0 || step == last_step_logged_) return;
-  last_step_logged_ = step;
+  const int64_t every = run.log_every_n_steps();
+  // The Trainer's per-step cadence: a log each time the step count passes a multiple of
+  // log_every_n_steps (at the first batch of the step that reaches it: (step + 1) % every == 0
+  // for one step per batch, once under accumulation). Under manual optimization a batch may
+  // take several steps: with two per batch and an even log_every_n_steps, step + 1 was never a
+  // multiple and nothing was logged. last_step_logged_ holds the multiple last logged (from the
+  // step the fit started at, so a resumed fit keeps the cadence).
+  if (last_step_logged_ < 0) last_step_logged_ = step / every;
+  const int64_t reached = (step + 1) / every;
+  if (reached <= last_step_logged_) return;
+  last_step_logged_ = reached;
   log(run, /*epoch_boundary=*/false);
 }
 

@@ -10,6 +10,7 @@
 #include <iomanip>
 #include <ostream>
 #include <set>
+#include <unordered_set>
 
 #include "core/detail/numbers.h"
 #include "volt/core/check.h"
@@ -283,6 +284,11 @@ void ModelPruning::setup(RunContext& run, Module& module, Stage stage) {
   std::vector<at::Tensor> params;
   std::vector<torch::nn::Module*> layers;
   std::vector<std::string> missing;
+  // A layer registered twice (a shared or tied one) is listed under both paths but is one
+  // tensor: pruned once (Lightning's modules() lists it once; pruned twice, amount 0.5 of a
+  // random method zeroed about 75%).
+  std::vector<PrunedParameter> kept;
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& [path, pname] : names) {
     torch::nn::Module* layer = find_layer(module, path);
     const auto own = layer != nullptr ? layer->named_parameters(false)
@@ -304,6 +310,8 @@ void ModelPruning::setup(RunContext& run, Module& module, Stage stage) {
                "resample_parameters draws new values with the layer's own initialisation, which "
                "volt knows for Linear and Conv1d/2d/3d layers; ",
                path, " is another kind (turn resample_parameters off).");
+    if (!seen.insert(p->unsafeGetTensorImpl()).second) continue;
+    kept.emplace_back(path, pname);
     params.push_back(*p);
     layers.push_back(layer);
   }
@@ -315,7 +323,7 @@ void ModelPruning::setup(RunContext& run, Module& module, Stage stage) {
   VOLT_CHECK(!params.empty(), ConfigError, kTag,
              "found nothing to prune (no layer holds a parameter named in parameter_names); "
              "list parameters_to_prune.");
-  names_ = std::move(names);
+  names_ = std::move(kept);
   keys_.clear();
   for (const auto& [path, pname] : names_)
     keys_.push_back(path.empty() ? pname : path + "." + pname);

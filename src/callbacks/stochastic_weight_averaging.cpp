@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <ostream>
+#include <unordered_set>
 
 #include "callbacks/detail/averaged_tensors.h"
 #include "callbacks/detail/batch_norm.h"
@@ -56,9 +57,13 @@ struct BatchNormLayer {
 
 std::vector<BatchNormLayer> batch_norm_layers(Module& module) {
   std::vector<BatchNormLayer> out;
+  // Each layer once: a layer registered twice would have its momentum saved again after the
+  // pass cleared it, and end with none.
+  std::unordered_set<const torch::nn::BatchNormOptions*> seen;
   const auto add = [&](torch::nn::Module& m) {
     const detail::BatchNormView bn = detail::batch_norm_of(m);
-    if (bn && bn.options->track_running_stats() && bn.running_mean->defined()) {
+    if (bn && bn.options->track_running_stats() && bn.running_mean->defined() &&
+        seen.insert(bn.options).second) {
       out.push_back({bn.options, *bn.running_mean, *bn.running_var, *bn.num_batches_tracked});
     }
   };
@@ -81,7 +86,7 @@ struct StochasticWeightAveraging::State {
   std::vector<double> lr0;
   /// lr0 came from a checkpoint (not from this fit's optimizer).
   bool lr0_from_checkpoint = false;
-  /// swa_lrs, one per param group (at fit start).
+  /// swa_lrs as given: one for every group or one per group when SWA starts.
   std::vector<double> swa_lrs;
   /// The wrapper standing in the optimizer config for the module's scheduler (null if none).
   std::shared_ptr<HeldScheduler> held;
@@ -159,10 +164,11 @@ void StochasticWeightAveraging::on_fit_start(RunContext& run, Module& module) {
              " is past the last of max_epochs=", max_epochs,
              " epochs, so nothing would be averaged; start at an epoch <= ", max_epochs, ".");
   const size_t groups = configs.front().optimizer()->param_groups().size();
+  // One value is for every group the optimizer has when SWA starts and a list for that many
+  // groups (as Lightning, which expands it there): BackboneFinetuning may add one before.
   s.swa_lrs = options_.swa_lrs();
-  if (s.swa_lrs.size() == 1) s.swa_lrs.resize(groups, s.swa_lrs.front());
-  VOLT_CHECK(s.swa_lrs.size() == groups, ConfigError, kTag, " got ", options_.swa_lrs().size(),
-             " swa_lrs for an optimizer with ", groups,
+  VOLT_CHECK(s.swa_lrs.size() == 1 || s.swa_lrs.size() >= groups, ConfigError, kTag, " got ",
+             s.swa_lrs.size(), " swa_lrs for an optimizer with ", groups,
              " param groups; give one value for every group or one per group.");
   s.batch_norm = !batch_norm_layers(module).empty();
   VOLT_CHECK(!s.batch_norm || module.automatic_optimization(), ConfigError, kTag,
@@ -302,9 +308,15 @@ void StochasticWeightAveraging::apply_schedule(RunContext& run, int64_t epoch) {
              optimizer.param_groups().size(),
              " now; a param group added after swa_epoch_start cannot be annealed: add it before "
              "(e.g. BackboneFinetuning's unfreeze_backbone_at_epoch before swa_epoch_start).");
+  const std::vector<double> swa_lrs =
+      s.swa_lrs.size() == 1 ? std::vector<double>(s.lr0.size(), s.swa_lrs.front()) : s.swa_lrs;
+  VOLT_CHECK(swa_lrs.size() == s.lr0.size(), ConfigError, kTag, " got ", s.swa_lrs.size(),
+             " swa_lrs for the ", s.lr0.size(),
+             " param groups the optimizer has when SWA starts (epoch ", swa_start_,
+             "); give one value for every group or one per group.");
   for (size_t g = 0; g < s.lr0.size(); ++g) {
     optimizer.param_groups()[g].options().set_lr(
-        SWALR::lr_at(s.lr0[g], s.swa_lrs[g], epoch - swa_start_, options_.annealing_epochs(),
+        SWALR::lr_at(s.lr0[g], swa_lrs[g], epoch - swa_start_, options_.annealing_epochs(),
                      options_.annealing_strategy()));
   }
 }

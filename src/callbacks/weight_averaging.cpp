@@ -123,6 +123,13 @@ void WeightAveraging::on_train_batch_end(RunContext& run, Module&, const Batch&,
 
 void WeightAveraging::on_train_epoch_end(RunContext& run, Module&) {
   catch_up(run);
+  // An epoch that max_steps or a stop ended early ends here too (not "finished", so catch_up
+  // leaves its update out): Lightning's on_train_epoch_end updates it, and so does this.
+  const LoopState& st = run.state();
+  if (state_->in_fit && st.epoch > latest_update_epoch_ && should_update(c10::nullopt, st.epoch)) {
+    state_->average.update(options_.avg_fn());
+    latest_update_epoch_ = st.epoch;
+  }
 }
 
 void WeightAveraging::on_validation_epoch_start(RunContext& run, Module&) {

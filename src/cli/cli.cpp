@@ -311,8 +311,8 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
      << "Columns: option, type, [default], meaning.\n\n"
      << "top level:\n"
      << "    --config FILE      YAML config file (repeatable)\n"
-     << "    --seed_everything  int|null    [null]           seed torch's RNG before anything is "
-        "built\n"
+     << "    --seed_everything  int|bool|null  [null]        seed torch's RNG before anything is "
+        "built (true: a random seed, written into the saved config)\n"
      << "    --ckpt_path        str|null    [null]           checkpoint file: fit resumes from it, "
         "validate/test/predict load its weights\n"
      << "\ntrainer (volt::TrainerOptions):\n";
@@ -349,6 +349,15 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
 
 // ----------------------------------------------------------------------------------- building
 
+/// Creates `dir` (and its parents); a ConfigError (exit code 2) naming it when that fails, where
+/// the filesystem's exception left the CLI as a foreign error (exit code 1).
+void make_folder(const std::filesystem::path& dir, const char* what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  VOLT_CHECK(!ec, ConfigError, "[cli] cannot create ", what, " '", dir.string(), "' (",
+             ec.message(), "); set trainer.default_root_dir to a folder this process can write.");
+}
+
 /// Writes the resolved config into the run's log folder when the run starts (after a resume has
 /// picked the folder). An existing different config.yaml is kept: this run's goes to
 /// config_<n>.yaml.
@@ -367,7 +376,7 @@ class SaveConfig : public Callback {
     if (!enabled_ || !path_.empty() || !run.is_global_zero()) return;
     namespace fs = std::filesystem;
     const fs::path dir = run.log_dir();
-    fs::create_directories(dir);
+    make_folder(dir, "the run's log folder");
     fs::path p = dir / "config.yaml";
     for (int n = 1; fs::exists(p); ++n) {
       auto in = detail::c_stream<std::ifstream>(p, std::ios::binary);
@@ -414,7 +423,7 @@ std::string save_predictions(const std::vector<at::Tensor>& outputs, const std::
   // and the padding's repeats dropped.
   const std::map<std::string, at::Tensor> tensors =
       detail::prediction_tensors(outputs, indices.size() == outputs.size() ? &indices : nullptr);
-  std::filesystem::create_directories(dir);
+  make_folder(dir, "the predictions' folder");
   // With several processes each rank predicted its own shard of the data: one file per rank.
   const std::string path =
       strategy.world_size() == 1
@@ -737,7 +746,17 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
     return kCliOk;
   }
 
-  // Build everything before running: a bad value stops here with exit code 2.
+  // Build everything before running: a bad value stops here with exit code 2. A checkpoint path
+  // that names nothing too (the run found it only as it loaded it: exit code 1, where export
+  // said 2).
+  if (rc.ckpt_path && !rc.ckpt_path->empty() && *rc.ckpt_path != "last" &&
+      *rc.ckpt_path != "best") {
+    std::error_code ec;
+    VOLT_CHECK(std::filesystem::exists(*rc.ckpt_path, ec), ConfigError, "[cli] ckpt_path '",
+               *rc.ckpt_path,
+               "' does not exist; pass a checkpoint fit wrote (a file or a ZeRO folder), or "
+               "\"last\" / \"best\".");
+  }
   if (rc.seed_everything) seed_everything(static_cast<uint64_t>(*rc.seed_everything));
   TrainerOptions opts = detail::trainer_options(rc.trainer);
   const LoggerContext lctx{opts.default_root_dir()};

@@ -526,8 +526,11 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
 
   // 2. Join: claim the rank, publish the configuration, wait for everyone.
   auto cfg = detail::c_stream<std::ostringstream>();
+  // The call checks too: with TORCH_DISTRIBUTED_DEBUG=DETAIL on some ranks only, their extra
+  // all-gather before each collective met another rank's collective (a Gloo size abort).
   cfg << "world_size=" << world_size_ << " backend=" << to_string(options_.backend())
-      << " config_hash=" << (options_.config_hash().empty() ? "''" : options_.config_hash());
+      << " config_hash=" << (options_.config_hash().empty() ? "''" : options_.config_hash())
+      << " call_checks=" << (checks_calls() ? "on" : "off");
   const std::string me = std::to_string(rank_);
   try {
     if (store.add(kClaimKey + me, 1) > 1) {

@@ -903,12 +903,20 @@ double TensorParallelEngine::grad_norm(const std::vector<at::Tensor>& parameters
     const int64_t i = split.count(p.unsafeGetTensorImpl()) ? 0 : 1;
     parts[i] = inf ? at::maximum(parts[i], v) : parts[i] + v;
   }
-  at::Tensor shards = parts[0];
+  double a = parts[0].item<double>();
   if (split_ && options_.tp_size() > 1) {
-    shards = group_->all_reduce(shards.reshape({1}), inf ? Reduce::kMax : Reduce::kSum)[0];
+    if (inf) {  // a NaN travels as a flag: a max reduction may drop it
+      const bool nan = std::isnan(a);
+      const at::Tensor both = group_->all_reduce(
+          at::tensor({nan ? 0.0 : a, nan ? 1.0 : 0.0}, at::kDouble), Reduce::kMax);
+      a = both[1].item<double>() != 0 ? std::nan("") : both[0].item<double>();
+    } else {
+      a = group_->all_reduce(parts[0].reshape({1}), Reduce::kSum)[0].item<double>();
+    }
   }
-  const double a = shards.item<double>(), b = parts[1].item<double>();
-  return inf ? std::max(a, b) : std::sqrt(a + b);
+  const double b = parts[1].item<double>();
+  if (inf) return std::isnan(a) || std::isnan(b) ? std::nan("") : std::max(a, b);
+  return std::sqrt(a + b);
 }
 
 double TensorParallelEngine::clip_grad_norm_(const std::vector<at::Tensor>& parameters,

@@ -182,6 +182,11 @@ struct ZeroEngine::Comm {
   std::map<std::pair<int64_t, int64_t>, size_t> next;
   int64_t before_last = -1;  // in the open scope: the distinct unit read before `last`
   int64_t last = -1;         // the unit read last
+  // Stage 1, a backward after a synced one in the same window: per chunk index, this rank's
+  // chunk as that reduction left it (averaged), added to the next reduction's.
+  std::map<size_t, at::Tensor> carried;
+  // Per chunk: its parameter got a gradient in this accumulation window (any backward of it).
+  std::vector<bool> used;
 };
 
 struct ZeroEngine::Swap {
@@ -873,9 +878,36 @@ void ZeroEngine::backward(const std::function<void()>& run_backward, bool sync) 
              " backward() through a ZeRO-Inference engine (set up without an optimizer): it "
              "reduces no gradients; set the module up with its optimizer to train it.");
   if (window_ended_) zero_grad();  // a new window whose zero_grad() did not reach the engine
+  comm_->used.resize(chunks_.size(), false);
+  if (options_.stage() == 1 && have_grads_) {
+    // Another backward after a synced one (manual_backward, Fabric's backward outside
+    // no_backward_sync): each full gradient holds the average in this rank's chunk and this
+    // rank's own gradient elsewhere, and reduce-scattering the sum of that mix again gave a
+    // wrong chunk. The averaged chunks are set aside and the gradients start again from zero;
+    // the next synced backward reduces the new gradients alone and adds them.
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      auto& c = chunks_[i];
+      if (c.length == 0 || !c.parameter.grad().defined()) continue;
+      const at::Tensor mine = c.parameter.grad().view({-1}).narrow(0, c.start, c.length);
+      auto it = comm_->carried.find(i);
+      if (it == comm_->carried.end()) {
+        comm_->carried.emplace(i, mine.clone());
+      } else {
+        it->second.add_(mine);
+      }
+    }
+    for (auto& c : chunks_) {
+      if (c.parameter.grad().defined()) c.parameter.mutable_grad().zero_();
+    }
+    have_grads_ = false;
+  }
   if (options_.stage() == 1 && !sync) {
     // Accumulate full gradients locally; the synced backward reduces their sum.
     run_backward();
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      if (chunks_[i].parameter.grad().defined()) comm_->used[i] = true;
+    }
     return;
   }
   std::fill(ready_.begin(), ready_.end(), false);
@@ -908,6 +940,7 @@ void ZeroEngine::on_gradient(size_t index) {
     return;
   }
   ready_[index] = true;
+  comm_->used[index] = true;
   const int64_t unit = chunks_[index].unit;
   if (unit >= 0 && --units_[unit].pending == 0) {
     // Every gradient of this module's parameters is in: backward needs them no more.
@@ -948,7 +981,11 @@ void ZeroEngine::finish_backward() {
     // the others going on into collectives the stopped ones never join.
     std::vector<std::string> unused;
     for (size_t i = 0; i < chunks_.size(); ++i) {
-      if (!ready_[i] && chunks_[i].numel > 0 && chunks_[i].parameter.requires_grad()) {
+      // Unused in the whole window, as DeepSpeed checks: a parameter an earlier micro-batch
+      // used has a gradient (an error before session 98, at stage 2 whenever the last
+      // micro-batch skipped it).
+      if (!ready_[i] && !comm_->used[i] && chunks_[i].numel > 0 &&
+          chunks_[i].parameter.requires_grad()) {
         unused.push_back("'" + chunks_[i].name + "'");
       }
     }
@@ -968,7 +1005,8 @@ void ZeroEngine::finish_backward() {
       if (unused.size() > 4) names += " and " + std::to_string(unused.size() - 4) + " more";
       VOLT_CHECK(false, ValueError, kTag, " rank ", rank(), ": parameter",
                  unused.size() > 1 ? "s " : " ", names,
-                 " got no gradient in this backward (the forward did not use ",
+                 " got no gradient in this backward nor earlier in its accumulation window (the "
+                 "forward did not use ",
                  unused.size() > 1 ? "them" : "it",
                  "); make every parameter contribute to the loss, or set "
                  "ignore_unused_parameters=true (DeepSpeed's default: an unused parameter counts "
@@ -981,6 +1019,11 @@ void ZeroEngine::finish_backward() {
     c.view.mutable_grad() = same_memory(
         options_.stage() >= 2 ? grad_views_[i]
                               : c.parameter.grad().view({-1}).narrow(0, c.start, c.length));
+  }
+  if (!comm_->carried.empty()) {  // stage 1: the reductions before this one in the window
+    torch::NoGradGuard no_grad;
+    for (const auto& [i, held] : comm_->carried) chunks_[i].view.mutable_grad().add_(held);
+    comm_->carried.clear();
   }
   have_grads_ = true;
 }
@@ -1218,19 +1261,28 @@ double ZeroEngine::clip_grad_norm(double max_norm, double norm_type) {
   torch::NoGradGuard no_grad;
   const bool inf = std::isinf(norm_type);
   double local = 0.0;
+  bool nan = false;  // the infinity norm's NaN, which std::max and a max reduction would drop
   for (const auto& c : chunks_) {
     if (c.length == 0 || !c.stepped().grad().defined()) continue;
     const at::Tensor g = c.stepped().grad().to(torch::kDouble);
     if (inf) {
-      local = std::max(local, g.abs().max().item<double>());
+      const double m = g.abs().max().item<double>();
+      nan = nan || std::isnan(m);
+      if (!std::isnan(m)) local = std::max(local, m);
     } else {
       local += g.abs().pow(norm_type).sum().item<double>();
     }
   }
-  const double total_p =
-      group_->all_reduce(torch::tensor({local}, torch::kDouble), inf ? Reduce::kMax : Reduce::kSum)
-          .item<double>();
-  const double total = inf ? total_p : std::pow(total_p, 1.0 / norm_type);
+  double total = 0;
+  if (inf) {
+    const at::Tensor both =
+        group_->all_reduce(torch::tensor({local, nan ? 1.0 : 0.0}, torch::kDouble), Reduce::kMax);
+    total = both[1].item<double>() != 0 ? std::nan("") : both[0].item<double>();
+  } else {
+    total = std::pow(
+        group_->all_reduce(torch::tensor({local}, torch::kDouble), Reduce::kSum).item<double>(),
+        1.0 / norm_type);
+  }
   // A NaN norm makes every gradient NaN, as in one process (it was left unclipped).
   const double coef = detail::clip_coefficient(max_norm, total);
   if (coef != 1.0) {
@@ -1244,6 +1296,8 @@ double ZeroEngine::clip_grad_norm(double max_norm, double norm_type) {
 void ZeroEngine::zero_grad() {
   have_grads_ = false;
   window_ended_ = false;
+  comm_->carried.clear();
+  comm_->used.assign(chunks_.size(), false);
   for (auto& c : chunks_) {
     if (c.view.defined()) c.view.mutable_grad().reset();
     if (c.master.defined()) c.master.mutable_grad().reset();

@@ -430,7 +430,10 @@ void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
 DataLoader Fabric::setup_dataloader(const DataLoader& loader) {
   launch();
   const DataShard s = strategy_->data_shard();
-  return s.world_size > 1 ? loader.sharded(s.rank, s.world_size) : loader;
+  // A loader (or a combined loader's part) the program sharded itself is kept, as Lightning's
+  // Fabric keeps a DistributedSampler it finds: its unpadded shards (even_shards false, for
+  // predictions without repeats) came back padded, and its own rank and world size replaced.
+  return s.world_size > 1 ? loader.sharded_where_unsharded(s.rank, s.world_size) : loader;
 }
 
 Batch Fabric::to_device(const Batch& batch) {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <ostream>
 #include <thread>
+#include <vector>
 
 #include "detail/checkpoint_envelope.h"
 #include "volt/core/check.h"
@@ -54,9 +55,9 @@ struct AsyncCheckpointIO::Impl {
   int64_t pending_saves = 0;  // queued or being written
   int64_t pending_bytes = 0;
   bool stop = false;
-  std::string error;               // the first save failure not yet thrown to the caller
-  int64_t failed_saves = 0;        // saves that failed, by the writer's count
-  int64_t failed_saves_known = 0;  // of those, the ones a rethrow had told the caller of
+  std::vector<std::string> errors;  // the save failures not yet thrown to the caller, in order
+  int64_t failed_saves = 0;         // saves that failed, by the writer's count
+  int64_t failed_saves_known = 0;   // of those, the ones a rethrow had told the caller of
   // A written checkpoint's buffer, kept for the next save (reuse_buffer): serialising into
   // memory already touched skips the allocation and its page faults, which cost more than the
   // copy itself (docs/PERFORMANCE.md "Checkpoint writing").
@@ -122,20 +123,23 @@ struct AsyncCheckpointIO::Impl {
         ++stats.failures;
         if (task.save) {
           ++failed_saves;
-          if (error.empty())
-            error = "the background save of '" + task.path + "' failed: " + failure;
+          errors.push_back("the background save of '" + task.path + "' failed: " + failure);
         }
       }
       changed.notify_all();
     }
   }
 
-  /// Throws the first save failure not reported yet (and forgets it). The removal queued
-  /// behind a failed save is skipped (run()); the next save, flush or load throws the failure.
+  /// Throws the save failures not reported yet, the first first (and forgets them). The removal
+  /// queued behind a failed save is skipped (run()); the next save, flush or load throws the
+  /// failure.
   void rethrow_locked() {
-    if (error.empty()) return;
-    const std::string what = std::move(error);
-    error.clear();
+    if (errors.empty()) return;
+    // Every failure not reported yet, in one error: only the first was kept, and the others
+    // (with max_pending >= 2) were never thrown although the caller counted as told of them.
+    std::string what = errors.front();
+    for (size_t i = 1; i < errors.size(); ++i) what += "; then " + errors[i];
+    errors.clear();
     failed_saves_known = failed_saves;
     VOLT_CHECK(false, CheckpointError, "[AsyncCheckpointIO] ", what,
                " (the files it would have replaced are intact; fix the cause and save again).");
@@ -158,8 +162,8 @@ AsyncCheckpointIO::~AsyncCheckpointIO() {
   impl_->changed.notify_all();
   lock.unlock();
   if (impl_->writer.joinable()) impl_->writer.join();  // it drains the queue first
-  if (!impl_->error.empty()) {
-    log_error(kTag, "destroyed with a failure nobody was told of: " + impl_->error);
+  for (const auto& error : impl_->errors) {
+    log_error(kTag, "destroyed with a failure nobody was told of: " + error);
   }
 }
 

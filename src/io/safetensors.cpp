@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/detail/fp8_state.h"
+#include "core/detail/input_limits.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "detail/safetensors_parse.h"
@@ -156,9 +157,15 @@ SafetensorsFile detail::parse_safetensors(const std::string& file, const std::st
       " bytes) or the format's 100,000,000-byte limit; the file is truncated or not safetensors.");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(file.begin() + 8, file.begin() + 8 + n);
-  } catch (const nlohmann::json::exception& e) {
-    VOLT_CHECK(false, CheckpointError, where, "header is not valid JSON (", e.what(), ").");
+    // Bounded as every JSON volt reads: the header is one level of entries whose shape and
+    // offsets are lists, and 100 MB of '[' parsed unbounded took about 8 GB before failing.
+    detail::InputLimits limits;
+    limits.max_bytes = kMaxHeaderBytes;
+    limits.max_depth = 8;
+    header = detail::parse_json_bounded(std::string(file.data() + 8, n), "Safetensors", "header",
+                                        limits, "the file is damaged or not safetensors");
+  } catch (const ConfigError& e) {
+    VOLT_CHECK(false, CheckpointError, where, "header is not valid JSON: ", e.what());
   }
   VOLT_CHECK(header.is_object(), CheckpointError, where, "header must be a JSON object.");
   const uint64_t data_size = file.size() - 8 - n;

@@ -87,6 +87,26 @@ void LRScheduler::advance() {
   }
 }
 
+std::vector<LRScheduler*> LRScheduler::by_age(
+    const std::vector<std::shared_ptr<LRScheduler>>& schedulers) {
+  std::vector<LRScheduler*> out;
+  for (const auto& s : schedulers) out.push_back(s.get());
+  std::sort(out.begin(), out.end(),
+            [](const LRScheduler* a, const LRScheduler* b) { return a->serial_ < b->serial_; });
+  return out;
+}
+
+void LRScheduler::share_initial_lrs(const std::vector<LRScheduler*>& by_age,
+                                    std::vector<double>& initial) {
+  for (auto* s : by_age) {
+    if (s->overrides_initial_lr_) {
+      initial = s->base_lrs_;
+    } else if (!s->keeps_own_base_lrs_) {
+      s->base_lrs_ = initial;
+    }
+  }
+}
+
 void LRScheduler::restart() {
   last_epoch_ = 0;
   write_lrs(closed_form_lrs(current_lrs()));
@@ -99,7 +119,7 @@ void LRScheduler::restart_at(const std::vector<double>& initial_lrs) {
   for (size_t i = 0; i < lrs.size() && i < param_groups.size(); ++i) {
     param_groups[i].options().set_lr(lrs[i]);
   }
-  if (!overrides_initial_lr_) base_lrs_ = lrs;
+  if (!overrides_initial_lr_ && !keeps_own_base_lrs_) base_lrs_ = lrs;
   initial_step();
 }
 
@@ -446,6 +466,95 @@ std::vector<double> LambdaLR::compute_lrs(const std::vector<double>&) {
   return out;
 }
 
+// ------------------------------------------------------------------------- MultiplicativeLR
+
+MultiplicativeLR::MultiplicativeLR(torch::optim::Optimizer& optimizer,
+                                   std::function<double(int64_t)> factor)
+    : LRScheduler(optimizer), factors_(base_lrs_.size(), factor) {
+  VOLT_CHECK(static_cast<bool>(factor), ConfigError,
+             "[MultiplicativeLR] factor function is empty; pass a function of the step count.");
+  initial_step();
+}
+
+MultiplicativeLR::MultiplicativeLR(torch::optim::Optimizer& optimizer,
+                                   std::vector<std::function<double(int64_t)>> factors)
+    : LRScheduler(optimizer), factors_(std::move(factors)) {
+  VOLT_CHECK(factors_.size() == base_lrs_.size(), ConfigError, "[MultiplicativeLR] got ",
+             factors_.size(), " factor functions for ", base_lrs_.size(),
+             " param groups; pass one per group or a single one for all.");
+  for (size_t i = 0; i < factors_.size(); ++i) {
+    VOLT_CHECK(static_cast<bool>(factors_[i]), ConfigError, "[MultiplicativeLR] factor function ",
+               i, " is empty; pass a function of the step count.");
+  }
+  initial_step();
+}
+
+std::vector<double> MultiplicativeLR::compute_lrs(const std::vector<double>& current) {
+  if (last_epoch_ == 0) return current;
+  std::vector<double> out;
+  for (size_t i = 0; i < current.size(); ++i) out.push_back(current[i] * factors_[i](last_epoch_));
+  return out;
+}
+
+// ------------------------------------------------------------------------------- ConstantLR
+
+ConstantLR::ConstantLR(torch::optim::Optimizer& optimizer, double factor, int64_t total_iters)
+    : LRScheduler(optimizer), factor_(factor), total_iters_(total_iters) {
+  // PyTorch 1.13 takes factor 0 and then divides by it at total_iters.
+  VOLT_CHECK(factor > 0 && factor <= 1, ConfigError, "[ConstantLR] factor=", factor,
+             " must be in (0, 1]; it multiplies the lr until total_iters (e.g. 0.5).");
+  VOLT_CHECK(total_iters >= 0, ConfigError, "[ConstantLR] total_iters=", total_iters,
+             " must be >= 0; pass the step at which the lr goes back to its base.");
+  initial_step();
+}
+
+std::vector<double> ConstantLR::compute_lrs(const std::vector<double>& current) {
+  std::vector<double> out;
+  if (last_epoch_ == 0) {
+    for (double lr : current) out.push_back(lr * factor_);
+    return out;
+  }
+  if (last_epoch_ != total_iters_) return current;
+  for (double lr : current) out.push_back(lr * (1.0 / factor_));
+  return out;
+}
+
+std::vector<double> ConstantLR::closed_form_lrs(const std::vector<double>&) {
+  const double f = factor_ + (last_epoch_ >= total_iters_ ? 1.0 : 0.0) * (1 - factor_);
+  std::vector<double> out;
+  for (double b : base_lrs_) out.push_back(b * f);
+  return out;
+}
+
+// ----------------------------------------------------------------------------- PolynomialLR
+
+PolynomialLR::PolynomialLR(torch::optim::Optimizer& optimizer, int64_t total_iters, double power)
+    : LRScheduler(optimizer), total_iters_(total_iters), power_(power) {
+  VOLT_CHECK(total_iters >= 1, ConfigError, "[PolynomialLR] total_iters=", total_iters,
+             " must be >= 1; pass the number of steps until the lr reaches 0.");
+  VOLT_CHECK(power > 0 && std::isfinite(power), ConfigError, "[PolynomialLR] power=", power,
+             " must be positive and finite (1 decays linearly).");
+  initial_step();
+}
+
+std::vector<double> PolynomialLR::compute_lrs(const std::vector<double>& current) {
+  if (last_epoch_ == 0 || last_epoch_ > total_iters_) return current;
+  const double t = static_cast<double>(total_iters_);
+  const double e = static_cast<double>(last_epoch_);
+  const double decay = std::pow((1.0 - e / t) / (1.0 - (e - 1) / t), power_);
+  std::vector<double> out;
+  for (double lr : current) out.push_back(lr * decay);
+  return out;
+}
+
+std::vector<double> PolynomialLR::closed_form_lrs(const std::vector<double>&) {
+  const double t = static_cast<double>(total_iters_);
+  const double done = static_cast<double>(std::min(total_iters_, last_epoch_));
+  std::vector<double> out;
+  for (double b : base_lrs_) out.push_back(b * std::pow(1.0 - done / t, power_));
+  return out;
+}
+
 // ------------------------------------------------------------------------------- OneCycleLR
 
 std::ostream& operator<<(std::ostream& os, const OneCycleLROptions& o) {
@@ -469,6 +578,36 @@ bool has_momentum(torch::optim::OptimizerOptions& o) {
          dynamic_cast<torch::optim::AdamOptions*>(&o) ||
          dynamic_cast<torch::optim::AdamWOptions*>(&o) || dynamic_cast<FusedSGDOptions*>(&o) ||
          dynamic_cast<FusedAdamWOptions*>(&o);
+}
+
+// Sets a group's momentum (SGD, RMSprop) or beta1 (Adam, AdamW), as has_momentum found it.
+void write_momentum(torch::optim::Optimizer& optimizer, size_t group, double momentum) {
+  auto& o = optimizer.param_groups()[group].options();
+  if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&o)) {
+    sgd->momentum(momentum);
+  } else if (auto* rms = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) {
+    rms->momentum(momentum);
+  } else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&o)) {
+    adam->betas(std::make_tuple(momentum, std::get<1>(adam->betas())));
+  } else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&o)) {
+    adamw->betas(std::make_tuple(momentum, std::get<1>(adamw->betas())));
+  } else if (auto* fsgd = dynamic_cast<FusedSGDOptions*>(&o)) {
+    fsgd->momentum(momentum);
+  } else if (auto* fadamw = dynamic_cast<FusedAdamWOptions*>(&o)) {
+    fadamw->betas(std::make_tuple(momentum, std::get<1>(fadamw->betas())));
+  } else {
+    VOLT_ASSERT(false, "momentum cycled on an optimizer checked to have none");
+  }
+}
+
+// One value per param group from `values` (one for all or one per group); ConfigError naming
+// `what` otherwise.
+std::vector<double> per_group(const char* scheduler, const char* what,
+                              const std::vector<double>& values, size_t groups) {
+  VOLT_CHECK(values.size() == 1 || values.size() == groups, ConfigError, "[", scheduler, "] got ",
+             values.size(), " ", what, " values for ", groups,
+             " param groups; pass one per group or a single one for all.");
+  return values.size() == 1 ? std::vector<double>(groups, values[0]) : values;
 }
 
 }  // namespace
@@ -557,22 +696,7 @@ double OneCycleLR::anneal(double start, double end, double pct) const {
 }
 
 void OneCycleLR::set_momentum(size_t group, double momentum) {
-  auto& o = optimizer_.param_groups()[group].options();
-  if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&o)) {
-    sgd->momentum(momentum);
-  } else if (auto* rms = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) {
-    rms->momentum(momentum);
-  } else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&o)) {
-    adam->betas(std::make_tuple(momentum, std::get<1>(adam->betas())));
-  } else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&o)) {
-    adamw->betas(std::make_tuple(momentum, std::get<1>(adamw->betas())));
-  } else if (auto* fsgd = dynamic_cast<FusedSGDOptions*>(&o)) {
-    fsgd->momentum(momentum);
-  } else if (auto* fadamw = dynamic_cast<FusedAdamWOptions*>(&o)) {
-    fadamw->betas(std::make_tuple(momentum, std::get<1>(fadamw->betas())));
-  } else {
-    VOLT_ASSERT(false, "OneCycleLR momentum on an optimizer checked to have none");
-  }
+  write_momentum(optimizer_, group, momentum);
 }
 
 std::vector<double> OneCycleLR::compute_lrs(const std::vector<double>&) {
@@ -610,6 +734,112 @@ void OneCycleLR::load(torch::serialize::InputArchive& archive) {
   // The momentum follows the step count; setting it again also restores it when the optimizer
   // state was not loaded. last_epoch is -1 while this scheduler waits for its milestone in a
   // SequentialLR; the momentum is then still the one its construction set (step 0).
+  if (options_.cycle_momentum()) schedule_at(std::max<int64_t>(last_epoch_, 0));
+}
+
+// --------------------------------------------------------------------------------- CyclicLR
+
+std::ostream& operator<<(std::ostream& os, const CyclicLROptions& o) {
+  const char* modes[] = {"triangular", "triangular2", "exp_range"};
+  os << "CyclicLROptions(base_lr={" << detail::number_list(o.base_lr()) << "}, max_lr={"
+     << detail::number_list(o.max_lr()) << "}, step_size_up=" << o.step_size_up()
+     << ", step_size_down=";
+  if (o.step_size_down()) {
+    os << *o.step_size_down();
+  } else {
+    os << "None";
+  }
+  return os << ", mode=" << modes[static_cast<int>(o.mode())] << ", gamma=" << o.gamma()
+            << ", scale_fn=" << (o.scale_fn() ? "custom" : "None") << ", scale_mode="
+            << (o.scale_mode() == CyclicScaleMode::kCycle ? "cycle" : "iterations")
+            << ", cycle_momentum=" << o.cycle_momentum() << ", base_momentum={"
+            << detail::number_list(o.base_momentum()) << "}, max_momentum={"
+            << detail::number_list(o.max_momentum()) << "})";
+}
+
+CyclicLR::CyclicLR(torch::optim::Optimizer& optimizer, CyclicLROptions options)
+    : LRScheduler(optimizer), options_(std::move(options)) {
+  const auto& o = options_;
+  const size_t groups = base_lrs_.size();
+  const auto base = per_group("CyclicLR", "base_lr", o.base_lr(), groups);
+  max_lrs_ = per_group("CyclicLR", "max_lr", o.max_lr(), groups);
+  for (double lr : base) {
+    VOLT_CHECK(lr >= 0 && std::isfinite(lr), ConfigError, "[CyclicLR] base_lr=", lr,
+               " must be >= 0 and finite.");
+  }
+  for (double lr : max_lrs_) {
+    VOLT_CHECK(lr >= 0 && std::isfinite(lr), ConfigError, "[CyclicLR] max_lr=", lr,
+               " must be >= 0 and finite.");
+  }
+  const double up = o.step_size_up();
+  const double down = o.step_size_down().value_or(up);
+  VOLT_CHECK(up > 0 && std::isfinite(up), ConfigError, "[CyclicLR] step_size_up=", up,
+             " must be > 0: the steps from base_lr up to max_lr.");
+  VOLT_CHECK(down >= 0 && std::isfinite(down), ConfigError, "[CyclicLR] step_size_down=", down,
+             " must be >= 0: the steps back down (unset: step_size_up).");
+  VOLT_CHECK(o.mode() != CyclicMode::kExpRange || o.scale_fn() ||
+                 (o.gamma() > 0 && std::isfinite(o.gamma())),
+             ConfigError, "[CyclicLR] gamma=", o.gamma(),
+             " must be positive and finite for mode exp_range (e.g. 0.99994).");
+  total_size_ = up + down;
+  step_ratio_ = up / total_size_;
+
+  if (o.cycle_momentum()) {
+    base_momenta_ = per_group("CyclicLR", "base_momentum", o.base_momentum(), groups);
+    max_momenta_ = per_group("CyclicLR", "max_momentum", o.max_momentum(), groups);
+    for (const auto* list : {&base_momenta_, &max_momenta_}) {
+      for (double m : *list) {
+        VOLT_CHECK(m >= 0 && m < 1, ConfigError, "[CyclicLR] momentum ", m,
+                   " must be in [0, 1); check base_momentum and max_momentum.");
+      }
+    }
+    for (auto& g : optimizer_.param_groups()) {
+      VOLT_CHECK(has_momentum(g.options()), ConfigError,
+                 "[CyclicLR] cycle_momentum=true needs an optimizer with momentum or betas "
+                 "(SGD, RMSprop, Adam, AdamW); set cycle_momentum(false) for this optimizer.");
+    }
+  }
+  // PyTorch sets each group's lr to base_lr and keeps base_lr as base_lrs, whatever
+  // param_group['initial_lr'] another scheduler left.
+  keeps_own_base_lrs_ = true;
+  base_lrs_ = base;
+  initial_step();
+}
+
+std::vector<double> CyclicLR::schedule_at(int64_t step) {
+  const double e = static_cast<double>(step);
+  const double cycle = std::floor(1 + e / total_size_);
+  const double x = 1. + e / total_size_ - cycle;
+  const double scale_factor = x <= step_ratio_ ? x / step_ratio_ : (x - 1) / (step_ratio_ - 1);
+  double amplitude = 1.0;
+  if (options_.scale_fn()) {
+    amplitude = options_.scale_fn()(options_.scale_mode() == CyclicScaleMode::kCycle ? cycle : e);
+  } else if (options_.mode() == CyclicMode::kTriangular2) {
+    amplitude = 1 / std::pow(2., cycle - 1);
+  } else if (options_.mode() == CyclicMode::kExpRange) {
+    amplitude = std::pow(options_.gamma(), e);
+  }
+  std::vector<double> out;
+  for (size_t g = 0; g < base_lrs_.size(); ++g) {
+    const double base_height = (max_lrs_[g] - base_lrs_[g]) * scale_factor;
+    out.push_back(base_lrs_[g] + base_height * amplitude);
+  }
+  if (options_.cycle_momentum()) {
+    for (size_t g = 0; g < base_lrs_.size(); ++g) {
+      const double base_height = (max_momenta_[g] - base_momenta_[g]) * scale_factor;
+      write_momentum(optimizer_, g, max_momenta_[g] - base_height * amplitude);
+    }
+  }
+  return out;
+}
+
+std::vector<double> CyclicLR::compute_lrs(const std::vector<double>&) {
+  return schedule_at(last_epoch_);
+}
+
+void CyclicLR::load(torch::serialize::InputArchive& archive) {
+  LRScheduler::load(archive);
+  // As OneCycleLR's: the momentum follows the step count (-1 while waiting in a SequentialLR).
   if (options_.cycle_momentum()) schedule_at(std::max<int64_t>(last_epoch_, 0));
 }
 
@@ -725,7 +955,9 @@ SequentialLR::SequentialLR(torch::optim::Optimizer& optimizer,
                s->name(),
                ") drives a different optimizer; build all schedulers on the "
                "optimizer passed to SequentialLR.");
-    VOLT_CHECK(!dynamic_cast<ReduceLROnPlateau*>(s.get()) && !dynamic_cast<SequentialLR*>(s.get()),
+    VOLT_CHECK(!dynamic_cast<ReduceLROnPlateau*>(s.get()) &&
+                   !dynamic_cast<SequentialLR*>(s.get()) &&
+                   !dynamic_cast<ChainedScheduler*>(s.get()),
                ConfigError, "[SequentialLR] scheduler ", i, " is a ", s->name(),
                ", which cannot be chained; use step-driven schedulers only.");
     for (size_t j = 0; j < i; ++j) {
@@ -743,25 +975,12 @@ SequentialLR::SequentialLR(torch::optim::Optimizer& optimizer,
                "scheduler takes over.");
   }
 
-  const LRScheduler* oldest =
-      std::min_element(schedulers_.begin(), schedulers_.end(), [](const auto& a, const auto& b) {
-        return a->serial_ < b->serial_;
-      })->get();
-  start(oldest->base_lrs_);
+  start(by_age(schedulers_).front()->base_lrs_);
 }
 
 void SequentialLR::start(std::vector<double> initial) {
-  std::vector<LRScheduler*> by_age;
-  for (auto& s : schedulers_) by_age.push_back(s.get());
-  std::sort(by_age.begin(), by_age.end(),
-            [](const LRScheduler* a, const LRScheduler* b) { return a->serial_ < b->serial_; });
-  for (auto* s : by_age) {
-    if (s->overrides_initial_lr_) {
-      initial = s->base_lrs_;
-    } else {
-      s->base_lrs_ = initial;
-    }
-  }
+  const std::vector<LRScheduler*> by_age = LRScheduler::by_age(schedulers_);
+  share_initial_lrs(by_age, initial);
   base_lrs_ = initial;
   write_lrs(initial);
   // Each chained scheduler took its step 0 when it was built; the first one takes it again.
@@ -831,6 +1050,119 @@ void SequentialLR::load(torch::serialize::InputArchive& archive) {
   }
   load_one(active);
   // Last, so the optimizer ends up with the lrs of the active scheduler.
+  LRScheduler::load(archive);
+}
+
+// ------------------------------------------------------------------------- ChainedScheduler
+
+namespace {
+
+torch::optim::Optimizer& chained_optimizer(
+    const std::vector<std::shared_ptr<LRScheduler>>& schedulers) {
+  VOLT_CHECK(!schedulers.empty(), ConfigError,
+             "[ChainedScheduler] no schedulers given; pass at least one.");
+  VOLT_CHECK(schedulers[0] != nullptr, ConfigError, "[ChainedScheduler] scheduler 0 is null.");
+  return schedulers[0]->optimizer();
+}
+
+}  // namespace
+
+// PyTorch's ChainedScheduler only steps its schedulers; what it inherits is how they were
+// built: each took its initial step as it was constructed, with base lrs from the
+// param_group['initial_lr'] they share. volt's schedulers take the lr they find, so the chain
+// replays those initial steps with PyTorch's base lrs (as SequentialLR does).
+ChainedScheduler::ChainedScheduler(std::vector<std::shared_ptr<LRScheduler>> schedulers)
+    : LRScheduler(chained_optimizer(schedulers)), schedulers_(std::move(schedulers)) {
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    auto& s = schedulers_[i];
+    VOLT_CHECK(s != nullptr, ConfigError, "[ChainedScheduler] scheduler ", i, " is null.");
+    VOLT_CHECK(&s->optimizer_ == &optimizer_, ConfigError, "[ChainedScheduler] scheduler ", i, " (",
+               s->name(),
+               ") drives a different optimizer than scheduler 0; build all schedulers on one "
+               "optimizer.");
+    VOLT_CHECK(!dynamic_cast<ReduceLROnPlateau*>(s.get()) &&
+                   !dynamic_cast<SequentialLR*>(s.get()) &&
+                   !dynamic_cast<ChainedScheduler*>(s.get()),
+               ConfigError, "[ChainedScheduler] scheduler ", i, " is a ", s->name(),
+               ", which cannot be chained; chain step-driven schedulers (put a sequence's "
+               "parts in the chain).");
+    VOLT_CHECK(s->last_epoch_ == 0, ConfigError, "[ChainedScheduler] scheduler ", i, " (",
+               s->name(), ") has already stepped ", s->last_epoch_,
+               " time(s); chain schedulers before their first step.");
+    for (size_t j = 0; j < i; ++j) {
+      VOLT_CHECK(schedulers_[j] != s, ConfigError, "[ChainedScheduler] schedulers ", j, " and ", i,
+                 " are the same object; it would step twice per step.");
+    }
+  }
+  start(by_age(schedulers_).front()->base_lrs_);
+}
+
+void ChainedScheduler::start(std::vector<double> initial) {
+  const std::vector<LRScheduler*> schedulers = by_age(schedulers_);
+  write_lrs(initial);
+  // PyTorch's param_group['initial_lr'], set by the first scheduler built: the lr it found (or
+  // its own base_lr for a CyclicLR, which writes that into the groups first), replaced by a
+  // OneCycleLR's max_lr / div_factor. A CyclicLR built later takes its initial step from it
+  // (its own base_lr becomes base_lrs only after), and the others take it as their base_lrs.
+  std::vector<double> shared = std::move(initial);
+  for (size_t k = 0; k < schedulers.size(); ++k) {
+    LRScheduler* s = schedulers[k];
+    if (s->overrides_initial_lr_) {
+      shared = s->base_lrs_;
+      s->initial_step();
+    } else if (s->keeps_own_base_lrs_) {
+      if (k == 0) shared = s->base_lrs_;
+      const std::vector<double> own = s->base_lrs_;
+      s->base_lrs_ = shared;
+      s->initial_step();
+      s->base_lrs_ = own;
+    } else {
+      s->base_lrs_ = shared;
+      s->initial_step();
+    }
+  }
+  base_lrs_ = schedulers.front()->base_lrs_;
+  last_epoch_ = 0;
+  last_lrs_ = current_lrs();
+}
+
+void ChainedScheduler::restart_at(const std::vector<double>& initial_lrs) {
+  start(checked_initial_lrs(name(), last_epoch_, initial_lrs, base_lrs_.size()));
+}
+
+void ChainedScheduler::step() {
+  for (auto& s : schedulers_) s->step();
+  ++last_epoch_;
+  last_lrs_ = current_lrs();
+}
+
+std::vector<double> ChainedScheduler::compute_lrs(const std::vector<double>& current) {
+  return current;
+}
+
+void ChainedScheduler::save(torch::serialize::OutputArchive& archive) const {
+  LRScheduler::save(archive);
+  archive.write("count", c10::IValue(static_cast<int64_t>(schedulers_.size())));
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    torch::serialize::OutputArchive one;
+    schedulers_[i]->save(one);
+    archive.write("scheduler_" + std::to_string(i), one);
+  }
+}
+
+void ChainedScheduler::load(torch::serialize::InputArchive& archive) {
+  c10::IValue count;
+  archive.read("count", count);
+  VOLT_CHECK(count.toInt() == static_cast<int64_t>(schedulers_.size()), CheckpointError,
+             "[ChainedScheduler] checkpoint chains ", count.toInt(),
+             " schedulers but this one chains ", schedulers_.size(),
+             "; resume with the same schedulers.");
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    torch::serialize::InputArchive one;
+    archive.read("scheduler_" + std::to_string(i), one);
+    schedulers_[i]->load(one);
+  }
+  // Last, so the optimizer ends up with the lrs the whole chain wrote.
   LRScheduler::load(archive);
 }
 

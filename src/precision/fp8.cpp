@@ -66,8 +66,12 @@ std::ostream& operator<<(std::ostream& os, const DelayedScalingOptions& o) {
 }
 
 void validate(const DelayedScalingOptions& o) {
-  VOLT_CHECK(o.margin() >= 0, ConfigError, "[DelayedScaling] margin=", o.margin(),
-             " must be >= 0.");
+  // 2^margin of headroom past fp8's whole exponent range (E5M2 spans about 2^32) maps every
+  // value to zero, and past about 2^130 the fp32 scale itself underflows to 0 (0/0: NaN).
+  VOLT_CHECK(o.margin() >= 0 && o.margin() <= 32, ConfigError,
+             "[DelayedScaling] margin=", o.margin(),
+             " must be in [0, 32]: the scale is fp8_max / amax / 2^margin, and a larger margin "
+             "leaves no value representable (0-3 is usual).");
   VOLT_CHECK(o.amax_history_len() >= 1, ConfigError,
              "[DelayedScaling] amax_history_len=", o.amax_history_len(),
              " must be >= 1 (e.g. 16).");

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "core/detail/input_limits.h"
@@ -185,13 +186,23 @@ int64_t save_fp8_measurements(torch::nn::Module& model, const QuantConfig& confi
     if (!layer || layer->mode != detail::Fp8Mode::kMeasure) continue;
     const auto s = layer->stats.to(at::kDouble).cpu();
     calls = std::max<int64_t>(calls, layer->calls.load());
+    // JSON has no inf or NaN: such a max-abs (non-finite data went through the layer) is
+    // written as null, which quantizing reads as "no usable range" (scale 1), with a warning.
+    const auto value = [&, &name = name](int64_t i, const char* what) -> json {
+      const double v = s[i].item<double>();
+      if (std::isfinite(v)) return v;
+      log_warning("Fp8Inference", "layer \"" + name + "\" measured a non-finite max-abs " + what +
+                                      " (the data held inf or NaN); it is written as null and "
+                                      "quantized with scale 1.");
+      return nullptr;
+    };
     modules[name] = {{"type", "Linear"},
                      {"in_features", lin->options.in_features()},
                      {"out_features", lin->options.out_features()},
                      {"forwards", layer->calls.load()},
-                     {"input", s[0].item<double>()},
-                     {"weight", s[1].item<double>()},
-                     {"output", s[2].item<double>()}};
+                     {"input", value(0, "input")},
+                     {"weight", value(1, "weight")},
+                     {"output", value(2, "output")}};
   }
   VOLT_CHECK(!modules.empty(), ConfigError, "[Fp8Inference] this model has no layers under ",
              "measurement; call prepare_fp8_measurement (or convert_modules with inference=true, "
@@ -273,8 +284,13 @@ Fp8ConversionReport quantize_fp8(torch::nn::Module& model, const QuantConfig& co
     layer->module = lin;
     layer->name = name;
     layer->mode = detail::Fp8Mode::kQuantize;
-    layer->scales = at::tensor({scale_for(num("input"), config.scale_method()),
-                                scale_for(num("weight"), config.scale_method())},
+    // null: a non-finite measurement (see save_fp8_measurements), which has no scale but 1.
+    const auto amax = [&](const char* key) {
+      return m.contains(key) && m[key].is_null() ? std::numeric_limits<double>::quiet_NaN()
+                                                 : num(key);
+    };
+    layer->scales = at::tensor({scale_for(amax("input"), config.scale_method()),
+                                scale_for(amax("weight"), config.scale_method())},
                                lin->weight.options().dtype(at::kFloat).requires_grad(false));
     detail::attach_fp8(lin->weight, std::move(layer));
     report.converted.push_back(name);

@@ -12,6 +12,7 @@
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
+#include "volt/precision/autocast.h"
 #include "volt/precision/autocast_ops.h"
 
 namespace volt {
@@ -98,7 +99,9 @@ void Fp8Precision::teardown() {
     measuring_ = nullptr;
     try {
       save_fp8_measurements(*model, *measure_config_);
-    } catch (const ConfigError& e) {
+    } catch (const Error& e) {
+      // A folder that cannot be written too (CheckpointError): teardown must go on, or the fp8
+      // kernel and the op lists stayed registered process-wide.
       log_warning("Fp8Precision", std::string("measurements not written: ") + e.what());
     }
   }
@@ -116,7 +119,16 @@ void Fp8Precision::teardown() {
 
 void Fp8Precision::convert_module(torch::nn::Module& module) {
   model_ = &module;
-  if (converted_) return;  // the user called convert_modules
+  // Converted already: by the user's convert_modules, or for inference by an earlier run of this
+  // Trainer (inference conversion is not undone at teardown). Another model a later predict
+  // runs has no fp8 layers yet: it was left unconverted (and unmeasured) before session 98.
+  const auto holds_fp8 = [&] {
+    for (const auto& l : detail::linear_layers(module)) {
+      if (detail::find_fp8(l.second->weight) != nullptr) return true;
+    }
+    return false;
+  };
+  if (converted_ && (!options_.inference() || holds_fp8())) return;
   if (options_.inference()) {
     convert_modules(module, true, options_.quant());
   } else if (options_.replace_layers()) {
@@ -141,8 +153,21 @@ std::vector<at::Tensor> Fp8Precision::rank_max_state() const {
   return out;
 }
 
+namespace {
+
+// Fp8Autocast with autocast's cast cache off inside, for the reason MixedPrecision's
+// forward_context gives.
+struct Fp8StepContext {
+  explicit Fp8StepContext(c10::DeviceType device)
+      : fp8(device), uncached(device, c10::kBFloat16, /*enabled=*/true, /*cache_enabled=*/false) {}
+  Fp8Autocast fp8;
+  AutocastGuard uncached;
+};
+
+}  // namespace
+
 std::shared_ptr<void> Fp8Precision::forward_context() {
-  return std::make_shared<Fp8Autocast>(device_);
+  return std::make_shared<Fp8StepContext>(device_);
 }
 
 void Fp8Precision::backward(const at::Tensor& loss, Module* module) {

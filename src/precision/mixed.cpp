@@ -292,7 +292,14 @@ void MixedPrecision::teardown() {
 }
 
 std::shared_ptr<void> MixedPrecision::forward_context() {
-  return std::make_shared<AutocastGuard>(device_, dtype_);
+  // Without autocast's cast cache: the region spans a whole training_step, and a cached lowered
+  // copy of a weight outlives what made it. One cast under no_grad (a target network, a metric)
+  // has no grad_fn, so a later forward with gradients reused it and the weight got none; one
+  // cast before a manual optimizer.step() kept the old values for the forwards after it.
+  // Lightning clears the cache when a no_grad block exits; C++'s NoGradGuard has no such hook.
+  // The cost: a weight used twice in a step is cast twice.
+  return std::make_shared<AutocastGuard>(device_, dtype_, /*enabled=*/true,
+                                         /*cache_enabled=*/false);
 }
 
 void MixedPrecision::backward(const at::Tensor& loss, Module* module) {

@@ -1207,9 +1207,12 @@ void DeepSpeedStrategy::load_master_weights(const Module& module, InputArchive& 
       at::Tensor saved;
       if (!ar.try_read(c.name, saved)) {
         c.master.copy_(c.view);
-      } else if (chunks && c.partitioned) {
-        c.master.copy_(saved.reshape({-1}));
+      } else if (chunks && c.partitioned && saved.numel() != c.numel) {
+        c.master.copy_(saved.reshape({-1}));  // this rank's chunk
       } else {
+        // The whole tensor: a consolidated checkpoint's, or a shard's weight that was whole
+        // there (kept whole by a persistence threshold, or frozen) and is partitioned now, as
+        // load_model_state reads it (the whole copied into the chunk failed on its size).
         c.master.copy_(saved.reshape({-1}).narrow(0, c.start, c.length));
       }
     }

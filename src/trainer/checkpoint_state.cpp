@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include "core/detail/archive_values.h"
 #include "core/detail/newest_path.h"
 #include "io/detail/nested_archive.h"
 #include "strategies/detail/checkpoint_folder.h"
@@ -74,6 +75,20 @@ void write_training_state(Run& run, torch::serialize::OutputArchive& root) {
       run.train_metrics.save(
           ar, [&](const at::Tensor& t, Reduce op) { return strategy.reduce(t, op); });
     }
+  });
+  // The reduced values callbacks and plateau schedulers read (callback_metrics): a fit resumed
+  // from a checkpoint written after a validation reaches the epoch's end without running it
+  // again, where a ReduceLROnPlateau monitoring its metric failed ("was not logged"; Lightning
+  // skips that step on a restart, so its schedule differs from the uninterrupted fit's).
+  write_nested(root, "callback_metrics", [&](auto& ar) {
+    c10::List<std::string> names;  // as lists: a metric's name may hold any character
+    std::vector<double> values;
+    for (const auto& kv : run.epoch_metrics) {
+      names.push_back(kv.first);
+      values.push_back(kv.second);
+    }
+    ar.write("names", c10::IValue(names));
+    ar.write("values", detail::double_list(values));
   });
   write_nested(root, "callbacks", [&](auto& cbs) {
     for (auto& c : run.callbacks) {
@@ -251,6 +266,18 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   torch::serialize::InputArchive metrics;
   root.read("train_epoch_metrics", metrics);
   run.train_metrics.load(metrics, /*sync_dist_entries=*/strategy.rank() == 0);
+  torch::serialize::InputArchive reduced;  // absent before session 98
+  if (root.try_read("callback_metrics", reduced)) {
+    c10::IValue names;
+    reduced.read("names", names);
+    const auto values = detail::read_double_list(reduced, "values");
+    const auto list = c10::impl::toTypedList<std::string>(names.toList());
+    VOLT_CHECK(list.size() == values.size(), CheckpointError, "[Checkpoint] '", path, "' holds ",
+               list.size(), " callback metric names but ", values.size(),
+               " values; the checkpoint is corrupted.");
+    for (size_t i = 0; i < values.size(); ++i) run.epoch_metrics[list.get(i)] = values[i];
+    run.cache_dirty = true;
+  }
 
   torch::serialize::InputArchive lgs;
   root.read("loggers", lgs);

@@ -113,10 +113,11 @@ int64_t largest_data_set(const DataLoader& loader) {
 
 class Search {
  public:
-  Search(Module& module, const std::function<DataLoader(int64_t)>& make_loader,
+  Search(Module& module, const std::function<DataLoader(int64_t)>& make_loader, DataModule* hooks,
          TrainerOptions options, BatchSizeFinderOptions finder)
       : module_(module),
         make_loader_(make_loader),
+        hooks_(hooks),
         options_(stage_trial_options(std::move(options), finder)),
         finder_(std::move(finder)) {}
 
@@ -214,12 +215,7 @@ class Search {
     try {
       detail::TunerTrialScope trial;  // no configure_callbacks() in a trial
       Trainer trainer(options_);
-      switch (finder_.stage()) {
-        case Stage::kFit: trainer.fit(module_, loader); break;
-        case Stage::kValidate: trainer.validate(module_, loader); break;
-        case Stage::kTest: trainer.test(module_, loader); break;
-        default: trainer.predict(module_, loader); break;
-      }
+      detail::run_trial_stage(trainer, module_, finder_.stage(), loader, hooks_);
       t.fits = true;
     } catch (const std::exception& e) {
       if (!detail::is_out_of_memory(e)) throw;  // its error lines pass through
@@ -233,6 +229,7 @@ class Search {
 
   Module& module_;
   const std::function<DataLoader(int64_t)>& make_loader_;
+  DataModule* hooks_;  // the DataModule whose batch hooks the trials run, or null
   TrainerOptions options_;
   BatchSizeFinderOptions finder_;
   BatchSizeFinderResult result_;
@@ -240,7 +237,8 @@ class Search {
 };
 
 BatchSizeFinderResult search(Module& module, const std::function<DataLoader(int64_t)>& make_loader,
-                             TrainerOptions options, BatchSizeFinderOptions finder) {
+                             DataModule* hooks, TrainerOptions options,
+                             BatchSizeFinderOptions finder) {
   finder.validate();
   if (options.fast_dev_run() > 0) {
     log_warning(kComponent, "skipped: fast_dev_run is on (as Lightning).");
@@ -248,7 +246,7 @@ BatchSizeFinderResult search(Module& module, const std::function<DataLoader(int6
   }
   detail::ModuleSnapshot snapshot(module, kTag);
   try {
-    BatchSizeFinderResult r = Search(module, make_loader, std::move(options), finder).run();
+    BatchSizeFinderResult r = Search(module, make_loader, hooks, std::move(options), finder).run();
     snapshot.restore();
     return r;
   } catch (...) {
@@ -283,12 +281,13 @@ BatchSizeFinderResult scale_batch_size(Module& module,
                                        TrainerOptions options, BatchSizeFinderOptions finder) {
   VOLT_CHECK(static_cast<bool>(make_loader), ConfigError, kTag,
              " make_loader is empty; pass a function that builds the loader at a batch size.");
-  return search(module, make_loader, std::move(options), std::move(finder));
+  return search(module, make_loader, nullptr, std::move(options), std::move(finder));
 }
 
 BatchSizeFinderResult scale_batch_size(Module& module, DataModule& data, TrainerOptions options,
                                        BatchSizeFinderOptions finder) {
   const Stage stage = finder.stage();
+  detail::prepare_data_once(module, data);
   data.setup(stage);
   BatchSizeFinderResult result;
   try {
@@ -321,7 +320,7 @@ BatchSizeFinderResult scale_data_module(Module& module, DataModule& data, Traine
   };
   BatchSizeFinderResult result;
   try {
-    result = search(module, make_loader, std::move(options), std::move(finder));
+    result = search(module, make_loader, &data, std::move(options), std::move(finder));
   } catch (...) {
     data.set_batch_size(*original);
     throw;

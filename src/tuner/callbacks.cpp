@@ -84,7 +84,8 @@ void LearningRateFinder::on_fit_start(RunContext& run, Module& module) {
   {
     detail::KeepDevice keep(module);
     detail::keeping_run_precision(run, [&] {
-      result_ = detail::lr_find_in_run(module, *train, detail::run_trial_options(run), options_);
+      result_ = detail::lr_find_in_run(module, *train, run.data_module(),
+                                       detail::run_trial_options(run), options_);
     });
   }
   done_ = true;

@@ -45,7 +45,6 @@ class LrFinderCallback : public Callback {
                "the Trainer takes. Run it on a module with automatic optimization.");
     // The test sets the rate itself: the module's scheduler would fight it.
     run.optimizer_configs().front().scheduler(nullptr);
-    start_step_ = run.state().global_step;
   }
 
   void on_train_batch_start(RunContext& run, Module&, const Batch&, int64_t) override {
@@ -65,8 +64,12 @@ class LrFinderCallback : public Callback {
   }
 
   void on_train_batch_end(RunContext& run, Module&, const Batch&, int64_t) override {
-    const int64_t steps = run.state().global_step - start_step_;
-    if (steps == static_cast<int64_t>(result.lrs.size())) return;  // no step on this batch
+    // A point per optimizer step the Trainer took or the loss scaler skipped (an inf loss, which
+    // a range test reaches on purpose: Lightning counts that step and records the loss). A
+    // skipped step does not advance global_step, so the test counts its points itself; it
+    // waited for global_step before and, under loss scaling, never ended.
+    if (micro_batches_ == 0 || run.state().accumulated != 0) return;  // mid-window or no loss
+    const int64_t steps = static_cast<int64_t>(result.lrs.size()) + 1;
     result.lrs.push_back(
         run.optimizer_configs().front().optimizer()->param_groups()[0].options().get_lr());
     // The loss of the step (mean of its micro-batches), smoothed and bias-corrected as Lightning
@@ -87,6 +90,8 @@ class LrFinderCallback : public Callback {
     }
     if (smoothed < best_ || steps == 1) best_ = smoothed;
     result.losses.push_back(smoothed);
+    micro_batches_ = 0;
+    if (steps >= o_.num_training()) run.request_stop();  // max_steps, when steps were skipped
   }
 
   LrFinderResult result;
@@ -95,7 +100,6 @@ class LrFinderCallback : public Callback {
  private:
   static constexpr double kBeta = 0.98;
   LrFinderOptions o_;
-  int64_t start_step_ = 0;
   double loss_sum_ = 0;
   int64_t micro_batches_ = 0;
   double avg_loss_ = 0;
@@ -244,16 +248,18 @@ LrFinderResult lr_find(Module& module, DataLoader train, TrainerOptions options,
 
 LrFinderResult lr_find(Module& module, DataModule& data, TrainerOptions options,
                        LrFinderOptions finder) {
+  detail::prepare_data_once(module, data);
   return run_range_test(module, std::move(options), std::move(finder), /*in_run=*/false,
                         [&](Trainer& t) { t.fit(module, data); });
 }
 
 namespace detail {
 
-LrFinderResult lr_find_in_run(Module& module, DataLoader train, TrainerOptions options,
-                              LrFinderOptions finder) {
-  return run_range_test(module, std::move(options), std::move(finder), /*in_run=*/true,
-                        [&](Trainer& t) { t.fit(module, train); });
+LrFinderResult lr_find_in_run(Module& module, DataLoader train, DataModule* hooks,
+                              TrainerOptions options, LrFinderOptions finder) {
+  return run_range_test(
+      module, std::move(options), std::move(finder), /*in_run=*/true,
+      [&](Trainer& t) { detail::run_trial_stage(t, module, Stage::kFit, train, hooks); });
 }
 
 }  // namespace detail

@@ -32,6 +32,42 @@ TEST(LearningRateMonitor, LogsSchedulerLrEveryStepWithMomentumAndWeightDecay) {
   EXPECT_EQ(lrs.back().first, 7);
 }
 
+// Manual optimization stepping two optimizers per batch: the step count at a batch's start is
+// always even, so "(step + 1) % 2 == 0" never held and nothing was logged. The monitor follows
+// the Trainer's cadence: a log each time the count passes a multiple of log_every_n_steps.
+TEST(LearningRateMonitor, TwoStepsPerBatchUnderManualOptimizationAreLoggedOnTheTrainersCadence) {
+  struct TwoOptimizers : volt_test::TinyClassifier {
+    TwoOptimizers() { set_automatic_optimization(false); }
+    torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+      for (auto& opt : optimizers()) {
+        opt.zero_grad();
+        manual_backward(torch::cross_entropy_loss(forward(b.input), b.target));
+        opt.step();
+      }
+      return {};
+    }
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      return {volt::OptimizerConfig(std::make_shared<torch::optim::SGD>(
+                  fc1->parameters(), torch::optim::SGDOptions(0.1))),
+              volt::OptimizerConfig(std::make_shared<torch::optim::SGD>(
+                  fc2->parameters(), torch::optim::SGDOptions(0.05)))};
+    }
+  };
+  volt_test::TempDir dir;
+  TwoOptimizers model;
+  auto mem = std::make_shared<MemoryLogger>();
+  auto monitor = std::make_shared<volt::LearningRateMonitor>();
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).max_epochs(1).log_every_n_steps(2).loggers({mem}).callbacks(
+          {monitor}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(128)));  // 8 batches, 16 steps
+  const auto lrs = mem->with("lr-SGD");
+  ASSERT_EQ(lrs.size(), 7u);  // at the batches starting at steps 2, 4, ..., 14
+  EXPECT_EQ(lrs.front().first, 2);
+  EXPECT_DOUBLE_EQ(lrs.front().second.at("lr-SGD"), 0.1);
+  EXPECT_DOUBLE_EQ(lrs.front().second.at("lr-SGD-1"), 0.05);
+}
+
 TEST(LearningRateMonitor, EpochIntervalAndParamGroupNames) {
   struct TwoGroups : volt_test::TinyClassifier {
     std::vector<volt::OptimizerConfig> configure_optimizers() override {

@@ -248,6 +248,31 @@ TEST(ModelPruning, PrunedWeightsStayZeroThroughMomentumAndTheMasksCanBeKept) {
   EXPECT_EQ(left, 11);
 }
 
+// A layer registered under two names is one tensor and is pruned once: local random pruning
+// drew a mask per name and applied both (amount 0.5 left about 25% of the shared weight).
+TEST(ModelPruning, ALayerRegisteredTwiceIsPrunedOnce) {
+  struct Aliased : PruneNet {
+    Aliased() : PruneNet(0.1, false) { register_module("fc1_again", fc1); }
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      return {volt::OptimizerConfig(std::make_shared<torch::optim::SGD>(
+          volt::distinct_parameters(*this), torch::optim::SGDOptions(0.1)))};
+    }
+  };
+  volt_test::TempDir dir;
+  torch::manual_seed(0);
+  Aliased model;
+  auto pruning = std::make_shared<ModelPruning>(ModelPruningOptions("random_unstructured")
+                                                    .use_global_unstructured(false)
+                                                    .parameter_names({"weight"})
+                                                    .use_lottery_ticket_hypothesis(false)
+                                                    .make_pruning_permanent(false));
+  volt::Trainer t(quiet(dir.path).max_epochs(1).callbacks({pruning}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)));
+  ASSERT_EQ(pruning->masks().size(), 2u);  // fc1.weight and fc2.weight, not fc1_again.weight
+  EXPECT_EQ((model.fc1->weight == 0).sum().item<int64_t>(), 64);  // half of 128
+  EXPECT_EQ((model.fc2->weight == 0).sum().item<int64_t>(), 16);  // half of 32
+}
+
 // A fit resumed from a checkpoint written before the first pruning, or mid-epoch after it (the
 // masks and the lottery ticket's initial values then come from the checkpoint), ends bit for bit
 // as the uninterrupted one.

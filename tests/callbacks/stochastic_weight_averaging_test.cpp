@@ -197,6 +197,27 @@ TEST(StochasticWeightAveraging, RecomputesBatchNormStatisticsForTheAverage) {
   EXPECT_TRUE(torch::equal(model.bn->running_var, ref.bn->running_var));
 }
 
+// A BatchNorm layer registered twice is one layer in the statistics pass: its momentum was saved
+// a second time after the pass had cleared it, and the layer ended with none.
+TEST(StochasticWeightAveraging, ABatchNormLayerRegisteredTwiceGetsItsMomentumBack) {
+  struct SharedBn : BatchNormClassifier {
+    SharedBn() { register_module("bn_again", bn); }
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      return {volt::OptimizerConfig(std::make_shared<torch::optim::SGD>(
+          volt::distinct_parameters(*this), torch::optim::SGDOptions(0.1)))};
+    }
+  };
+  volt_test::TempDir dir;
+  SharedBn model;
+  auto cb = swa(StochasticWeightAveragingOptions({0.01}).swa_epoch_start(2));
+  volt::Trainer t(quiet(dir.path).max_epochs(2).callbacks({cb}));
+  const auto lines = volt_test::capture_logs(
+      [&] { t.fit(model, volt_test::loader(volt_test::blobs(64), 16, /*shuffle=*/false)); });
+  ASSERT_EQ(cb->n_averaged(), 1);
+  EXPECT_EQ(model.bn->options.momentum(), c10::optional<double>(0.1));
+  EXPECT_TRUE(has(lines, "the running statistics of 1 BatchNorm layer(s)"));
+}
+
 // A fit interrupted anywhere (before SWA, at the end of its first epoch with the checkpoint
 // written before SWA's hooks run, mid-epoch during SWA) resumes to the same final weights and
 // BatchNorm statistics, bit for bit.
@@ -252,14 +273,17 @@ TEST(StochasticWeightAveraging, RefusesWhatCannotWork) {
   EXPECT_TRUE(has(fit_error(quiet(dir.path).max_epochs(3),
                             StochasticWeightAveragingOptions({0.1}).swa_epoch_start(5), model),
                   "swa_epoch_start=5 is past the last of max_epochs=3 epochs"));
-  EXPECT_TRUE(has(fit_error(quiet(dir.path).max_epochs(3), {{0.1, 0.2}}, model),
-                  "got 2 swa_lrs for an optimizer with 1 param groups"));
   if (volt_test::gloo()) {  // a one-process DeepSpeed fit on the CPU makes a Gloo group
     EXPECT_TRUE(
         has(fit_error(quiet(dir.path).max_epochs(3).strategy("deepspeed_stage_2"), {{0.1}}, model),
             "does not work with the deepspeed strategy"));
   }
   EXPECT_TRUE(torch::equal(before, model.flat_params()));  // refused before training
+  // A list longer than the groups may name one BackboneFinetuning adds before SWA starts: it is
+  // checked when SWA starts.
+  TinyClassifier two_rates;
+  EXPECT_TRUE(has(fit_error(quiet(dir.path).max_epochs(3), {{0.1, 0.2}}, two_rates),
+                  "got 2 swa_lrs for the 1 param groups the optimizer has when SWA starts"));
 
   // A param group added once SWA runs has no rate to anneal from: a ConfigError saying so (a
   // CheckpointError about "the checkpoint" before session 81, with no checkpoint involved).
@@ -294,6 +318,45 @@ TEST(StochasticWeightAveraging, RefusesWhatCannotWork) {
   auto ok = swa(StochasticWeightAveragingOptions({0.1}).swa_epoch_start(2));
   volt::Trainer(quiet(dir.path).max_epochs(3).callbacks({ok})).fit(manual_ok, data);
   EXPECT_EQ(ok->n_averaged(), 2);
+}
+
+// A param group added before SWA starts (BackboneFinetuning's unfreeze, which SWA's error tells
+// users to do) takes its SWA lr: one value is for every group SWA finds, a list names them all.
+// The single value was expanded to the groups at fit start and the added group's lr was read
+// past the end of the list (undefined behaviour); a list for both groups was refused.
+TEST(StochasticWeightAveraging, AGroupAddedBeforeSwaStartsTakesItsSwaLr) {
+  struct AddsAGroupAtEpoch1 : volt::Callback {
+    at::Tensor extra = torch::zeros({1}, torch::requires_grad());
+    std::vector<double> last_lrs;
+    std::string state_key() const override { return "AddsAGroupAtEpoch1"; }
+    void on_train_epoch_start(volt::RunContext& run, volt::Module&) override {
+      if (run.state().epoch != 1) return;
+      run.optimizer_configs().front().optimizer()->add_param_group(
+          torch::optim::OptimizerParamGroup(
+              {extra}, std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(0.01))));
+    }
+    void on_train_batch_start(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                              int64_t) override {
+      last_lrs.clear();
+      for (auto& g : run.optimizer_configs().front().optimizer()->param_groups()) {
+        last_lrs.push_back(g.options().get_lr());
+      }
+    }
+  };
+  volt_test::TempDir dir;
+  auto data = volt_test::loader(volt_test::blobs(64));
+  for (const auto& rates : {std::vector<double>{0.05}, std::vector<double>{0.05, 0.02}}) {
+    TinyClassifier model;
+    auto adds = std::make_shared<AddsAGroupAtEpoch1>();
+    volt::Trainer(
+        quiet(dir.path).max_epochs(4).callbacks(
+            {adds,
+             swa(StochasticWeightAveragingOptions(rates).swa_epoch_start(3).annealing_epochs(0))}))
+        .fit(model, data);
+    const std::vector<double> want =
+        rates.size() == 1 ? std::vector<double>{0.05, 0.05} : std::vector<double>{0.05, 0.02};
+    EXPECT_EQ(adds->last_lrs, want);
+  }
 }
 
 /// The callback's state as a checkpoint would hold it, with the given average and lrs.

@@ -68,6 +68,33 @@ TEST(WeightAveraging, EmaAfterEveryStepValidatesAndEndsOnTheAverage) {
   EXPECT_TRUE(has(lines, "the module now holds the average of 12"));
 }
 
+// A layer registered under two names (a tied or shared weight) is one tensor: averaged once and
+// swapped once. Swapped twice (once per name), validation left the average in the module and
+// training went on from it.
+TEST(WeightAveraging, ASharedLayerIsAveragedOnceAndTrainingGoesOnFromItsOwnWeights) {
+  struct Aliased : TinyClassifier {
+    Aliased() { register_module("fc1_again", fc1); }
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      return {volt::OptimizerConfig(std::make_shared<torch::optim::SGD>(
+          volt::distinct_parameters(*this), torch::optim::SGDOptions(0.1).momentum(0.9)))};
+    }
+  };
+  volt_test::TempDir dir;
+  Aliased model;
+  auto ema = std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions().decay(0.5));
+  auto watch = std::make_shared<Watch>();
+  volt::Trainer t(quiet(dir.path).max_epochs(2).callbacks({ema, watch}));
+  auto val = volt_test::loader(volt_test::blobs(32, 8, 4), 16, false);
+  t.fit(model, volt_test::loader(volt_test::blobs(96)), val);
+  ASSERT_EQ(watch->steps.size(), 12u);
+  ASSERT_EQ(watch->after_validation.size(), 2u);
+  EXPECT_TRUE(torch::equal(watch->after_validation[0], watch->steps[5]));
+  EXPECT_TRUE(
+      torch::allclose(watch->in_validation[0], ema_of(watch->steps, 0.5, 0, 1, 6), 1e-6, 1e-7));
+  EXPECT_TRUE(
+      torch::allclose(model.flat_params(), ema_of(watch->steps, 0.5, 0, 1, 12), 1e-6, 1e-7));
+}
+
 TEST(WeightAveraging, UnderBf16PrecisionsTheAverageFollowsTheTrainedWeights) {
   // bf16-mixed trains float32 weights (autocast computes in bfloat16): the average is theirs.
   // bf16-true trains bfloat16 weights: the average is kept in bfloat16 too, within its rounding
@@ -116,6 +143,19 @@ TEST(WeightAveraging, StepStartEveryNAndEpochUpdates) {
   EXPECT_FALSE(by_epoch.should_update(7, c10::nullopt));
   EXPECT_FALSE(by_epoch.should_update(c10::nullopt, 0));
   EXPECT_TRUE(by_epoch.should_update(c10::nullopt, 1));
+
+  // An epoch that max_steps ends early still gets its epoch update (Lightning's
+  // on_train_epoch_end): 6 batches an epoch, max_steps 8 ends epoch 1 after its second step.
+  TinyClassifier short_model;
+  auto per_epoch = std::make_shared<EMAWeightAveraging>(
+      EMAWeightAveragingOptions().decay(0.5).update_every_n_steps(0).update_starting_at_epoch(0));
+  auto w3 = std::make_shared<Watch>();
+  volt::Trainer(quiet(dir.path).max_epochs(3).max_steps(8).callbacks({per_epoch, w3}))
+      .fit(short_model, volt_test::loader(volt_test::blobs(96)));
+  ASSERT_EQ(w3->steps.size(), 8u);
+  EXPECT_EQ(per_epoch->n_averaged(), 2);
+  EXPECT_TRUE(torch::allclose(short_model.flat_params(), 0.5 * w3->steps[5] + 0.5 * w3->steps[7],
+                              1e-6, 1e-7));
 
   // The plain callback: the equal-weight mean of every step.
   TinyClassifier plain_model;

@@ -461,6 +461,26 @@ TEST(Cli, BadConfigsExitWithCodeTwo) {
   expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=Timer",
                       "--trainer.callbacks.0.duration=1 day"},
                      "[Timer]");
+  // A checkpoint path that names nothing is bad input for every command (export said so; the
+  // others failed the run with exit code 1).
+  for (const char* command : {"fit", "validate", "test", "predict"}) {
+    expect_usage_error({command, "--model=Tiny", "--data=Blobs", "--ckpt_path=/nonexistent.ckpt"},
+                       "[cli] ckpt_path '/nonexistent.ckpt' does not exist");
+  }
+  // A log folder that cannot be made is bad input (exit code 2) naming the folder; the
+  // filesystem's exception made it a failed run (exit code 1) with a foreign message.
+  {
+    volt_test::TempDir dir;
+    std::ofstream(dir / "a_file") << "x";
+    expect_usage_error({"validate", "--model=Tiny", "--data=Blobs", "--trainer.logger=false",
+                        "--trainer.default_root_dir=" + (dir / "a_file/sub")},
+                       "[cli] cannot create the run's log folder '" + (dir / "a_file/sub"));
+  }
+  // A key on the list is an init arg of the item appended last (jsonargparse's rule): the Timer
+  // sees it. It was set beside class_path: "[cli] unknown key trainer.callbacks.0.duration".
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=Timer",
+                      "--trainer.callbacks.duration=1 day"},
+                     "[Timer]");
 }
 
 TEST(Cli, AnEmptyOverrideEmptiesAStringSetInAConfigFile) {

@@ -197,16 +197,23 @@ TEST(ConfigTree, OverrideErrorsSayWhatToDo) {
               apply_override(root, "trainer.callbacks.5.x", "1", false, "--o");
             }).find("has 1 item(s); index 5 is past the end"),
             std::string::npos);
-  // A key on a list sets the item appended last (LightningCLI's rule); it was an error whose
-  // hint named item 0, another callback once two were appended.
+  // A key on a list sets an init arg of the item appended last (LightningCLI's rule); it was an
+  // error whose hint named item 0, another callback once two were appended, and then (until
+  // session 98) a key beside class_path, which resolving refused.
   apply_override(root, "trainer.callbacks", "EarlyStopping", true, "o");
   apply_override(root, "trainer.callbacks.mode", "max", false, "--trainer.callbacks.mode=max");
+  apply_override(root, "trainer.callbacks.init_args.patience", "4", false, "--o");
   const ConfigNode* callbacks = root.find("trainer")->find("callbacks");
   ASSERT_EQ(callbacks->items.size(), 2u);
-  EXPECT_EQ(callbacks->items[0].find("mode"), nullptr);
+  EXPECT_EQ(callbacks->items[0].find("init_args"), nullptr);
   EXPECT_EQ(callbacks->items[1].find("class_path")->scalar, "EarlyStopping");
-  ASSERT_NE(callbacks->items[1].find("mode"), nullptr);
-  EXPECT_EQ(callbacks->items[1].find("mode")->scalar, "max");
+  EXPECT_EQ(callbacks->items[1].find("mode"), nullptr);
+  const ConfigNode* args = callbacks->items[1].find("init_args");
+  ASSERT_NE(args, nullptr);
+  ASSERT_NE(args->find("mode"), nullptr);
+  EXPECT_EQ(args->find("mode")->scalar, "max");
+  ASSERT_NE(args->find("patience"), nullptr);
+  EXPECT_EQ(args->find("patience")->scalar, "4");
   apply_override(root, "trainer.plugins", "[]", false, "--trainer.plugins=[]");
   EXPECT_NE(error_of([&] {
               apply_override(root, "trainer.plugins.x", "1", false, "--o");
@@ -227,7 +234,12 @@ TEST(ConfigTree, AnOverrideYamlWouldChangeIsTakenAsTyped) {
                                                                {" plain ", "plain"},
                                                                {"'quoted'", "quoted"},
                                                                {"3e-4", "3e-4"},
-                                                               {"!!str 123", "123"}};
+                                                               {"!!str 123", "123"},
+                                                               // YAML read these as "" or null
+                                                               {"|", "|"},
+                                                               {">-", ">-"},
+                                                               {"!", "!"},
+                                                               {"%x", "%x"}};
   for (const auto& [typed, want] : cases) {
     ConfigNode root = parse_yaml("trainer: {default_root_dir: x}\n", "run.yaml");
     canonicalize(root);

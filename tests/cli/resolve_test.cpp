@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "cli/detail/resolve.h"
 #include "tiny.h"
@@ -70,6 +71,46 @@ TEST(Resolve, FillsDefaultsAndPicksTheOnlyRegisteredClass) {
   EXPECT_EQ(c.trainer.get<std::string>("accelerator"), "auto");
   EXPECT_FALSE(c.seed_everything.has_value());
   EXPECT_TRUE(c.callbacks.empty());
+}
+
+// LightningCLI's seed_everything is bool|int: true seeds with a seed chosen then and recorded in
+// the saved config, false seeds nothing. volt took only a number ("expected int or null").
+TEST(Resolve, SeedEverythingTrueChoosesARecordedSeed) {
+  const auto r = test_registry();
+  struct SavedEnv {
+    explicit SavedEnv(const char* n) : name(n) {
+      if (const char* v = std::getenv(n)) value = v;
+      ::unsetenv(n);
+    }
+    ~SavedEnv() {
+      if (value) {
+        ::setenv(name, value->c_str(), 1);
+      } else {
+        ::unsetenv(name);
+      }
+    }
+    const char* name;
+    c10::optional<std::string> value;
+  } seed("VOLT_GLOBAL_SEED"), world("WORLD_SIZE"), tasks("SLURM_NTASKS");
+  const auto c = resolve_text("model: {width: 8}\nseed_everything: true\n", r);
+  ASSERT_TRUE(c.seed_everything.has_value());
+  EXPECT_GE(*c.seed_everything, 0);
+  EXPECT_LT(*c.seed_everything, int64_t{1} << 32);
+  EXPECT_NE(volt::detail::to_yaml(c).find("seed_everything: " + std::to_string(*c.seed_everything) +
+                                          "\n"),
+            std::string::npos);
+  EXPECT_FALSE(resolve_text("model: {width: 8}\nseed_everything: false\n", r).seed_everything);
+  EXPECT_EQ(*resolve_text("model: {width: 8}\nseed_everything: 5\n", r).seed_everything, 5);
+  // A process started by one that seeded takes its seed (as Lightning's PL_GLOBAL_SEED).
+  ::setenv("VOLT_GLOBAL_SEED", "1234", 1);
+  EXPECT_EQ(*resolve_text("model: {width: 8}\nseed_everything: true\n", r).seed_everything, 1234);
+  ::unsetenv("VOLT_GLOBAL_SEED");
+  // One of several processes that would each draw their own: refused.
+  ::setenv("WORLD_SIZE", "2", 1);
+  const std::string e = error_of("model: {width: 8}\nseed_everything: true\n", r);
+  EXPECT_NE(e.find("one of 2 processes (WORLD_SIZE) and each would pick its own"),
+            std::string::npos)
+      << e;
 }
 
 TEST(Resolve, NumbersKeepIntVersusFloat) {
@@ -321,6 +362,16 @@ TEST(Resolve, WrongTypesNameKeyOriginAndExpectedType) {
   EXPECT_NE(m.find("expected bool"), std::string::npos) << m;
   m = error_of("model: {width: 1, lr: fast}\n", r);
   EXPECT_NE(m.find("expected float"), std::string::npos) << m;
+  // An integer too large for 64 bits says so (it said "expected int"); a subnormal float is a
+  // float (it was refused for strtod's ERANGE), an overflowing one is not.
+  m = error_of("model: {width: 99999999999999999999}\n", r);
+  EXPECT_NE(m.find("is 99999999999999999999, outside the range of a 64-bit integer"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(resolve_text("model: {width: 1, lr: 1e-310}\n", r).model.args.get<double>("lr"),
+            1e-310);
+  m = error_of("model: {width: 1, lr: 1e999}\n", r);
+  EXPECT_NE(m.find("expected float"), std::string::npos) << m;
   m = error_of("model: {width: 1, hidden: [1, x]}\n", r);
   EXPECT_NE(m.find("model.init_args.hidden.1"), std::string::npos) << m;
   m = error_of("model: {width: 1, hidden: 5}\n", r);
@@ -443,6 +494,29 @@ TEST(Resolve, AStringParameterTakesAFlowCollectionOfTheCommandLineAsTyped) {
   // A config file's mapping is no string: YAML asks for quotes there.
   EXPECT_NE(error_of("model: {width: 8, name: {epoch}}\n", r).find("expected str"),
             std::string::npos);
+}
+
+// `+=` on a list parameter nobody set appends to its default, as jsonargparse (which starts from
+// the defaults): [256, 128] += 64 is [256, 128, 64]; it was [64]. A list that was set, or null,
+// is appended to as it is.
+TEST(Resolve, AppendingToAnUnsetListParameterExtendsItsDefault) {
+  const auto r = test_registry();
+  const auto hidden = [&](const std::vector<std::pair<std::string, bool>>& overrides) {
+    ConfigNode n = parse_yaml("model: {width: 8}\n", "run.yaml");
+    volt::detail::canonicalize(n);
+    for (const auto& [text, append] : overrides) {
+      const auto eq = text.find('=');
+      volt::detail::apply_override(n, text.substr(0, eq), text.substr(eq + 1), append, "--" + text);
+    }
+    return volt::detail::resolve(n, r).model.args.get<std::vector<int64_t>>("hidden");
+  };
+  EXPECT_EQ(hidden({{"model.hidden=64", true}}), (std::vector<int64_t>{256, 128, 64}));
+  EXPECT_EQ(hidden({{"model.hidden=64", true}, {"model.hidden=[1, 2]", true}}),
+            (std::vector<int64_t>{256, 128, 64, 1, 2}));
+  EXPECT_EQ(hidden({{"model.hidden=[8]", false}, {"model.hidden=64", true}}),
+            (std::vector<int64_t>{8, 64}));
+  EXPECT_EQ(hidden({{"model.hidden=[]", false}, {"model.hidden=64", true}}),
+            (std::vector<int64_t>{64}));
 }
 
 }  // namespace

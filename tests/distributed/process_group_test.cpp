@@ -445,7 +445,20 @@ TEST(ProcessGroup, RanksWithDifferentConfigsFailNamingThem) {
   }
   expect_all(ranks, 3,
              {"[ProcessGroup] ranks' configurations differ: ranks 0, 2: world_size=3 "
-              "backend=gloo config_hash=a1; rank 1: world_size=3 backend=gloo config_hash=b7"});
+              "backend=gloo config_hash=a1 call_checks=off; rank 1: world_size=3 backend=gloo "
+              "config_hash=b7 call_checks=off"});
+  // Call checks on one rank only (TORCH_DISTRIBUTED_DEBUG=DETAIL there): its extra all-gather
+  // before each collective met the other's collective (a Gloo size abort or a hang).
+  const int port2 = volt::detail::find_free_port();
+  auto mixed = volt_test::start_ranks(kWorker, {"collectives", "--devices", "2"}, 2, [&](int r) {
+    auto env = volt_test::plain_rank_env(r, 2, port2);
+    if (r == 1) env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL";
+    return env;
+  });
+  expect_all(mixed, 3,
+             {"[ProcessGroup] ranks' configurations differ: rank 0: world_size=2 backend=gloo "
+              "config_hash=same call_checks=off; rank 1: world_size=2 backend=gloo "
+              "config_hash=same call_checks=on"});
 }
 
 // A second process with rank 1 arriving while the job runs fails at once, naming the rank. (When

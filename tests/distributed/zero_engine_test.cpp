@@ -228,6 +228,19 @@ TEST(ZeroEngine, TwoRanksWriteMasterWeightsIntoBf16ParametersWhenARankOwnsNoneOf
   }
 }
 
+TEST(ZeroEngine, SeveralBackwardsInOneWindowReduceTheirSumAtEveryStage) {
+  VOLT_REQUIRE_GLOO();
+  // tests/support/dist_worker.cpp, run_zero_resync.
+  auto ranks =
+      volt_test::start_local_ranks(volt_test::dist_worker(), {"zero-resync", "--devices", "2"}, 2);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    EXPECT_EQ(ranks[r]->exit_code(std::chrono::milliseconds(120000)), 0) << ranks[r]->output();
+    EXPECT_NE(ranks[r]->output().find("rank " + std::to_string(r) + ": zero resync ok"),
+              std::string::npos)
+        << ranks[r]->output();
+  }
+}
+
 TEST(ZeroEngine, MasterWeightsStepBf16ParametersLikeAHandWrittenFp32MasterLoop) {
   VOLT_REQUIRE_GLOO();
   // DeepSpeed's BF16Optimizer by hand: bf16 model, fp32 copies of its weights stepped by Adam
@@ -360,28 +373,31 @@ TEST(ZeroEngine, ANonFiniteNormClipsAsTorchsClipGradNorm) {
   auto net = mlp();
   torch::optim::SGD opt(net->parameters(), 0.1);
   volt::ZeroEngine engine(opt, group, volt::ZeroEngineOptions().stage(2), names_of(*net));
-  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
-    std::vector<at::Tensor> grads, reference;
-    for (const auto& c : engine.chunks()) {
-      if (c.length == 0) continue;
-      at::Tensor g = torch::full_like(c.stepped(), 0.5);
-      if (grads.empty()) g.view(-1)[0] = bad;
-      c.stepped().mutable_grad() = g;
-      grads.push_back(g);
-      reference.push_back(torch::zeros_like(g).requires_grad_());
-      reference.back().mutable_grad() = g.clone();
+  // The infinity norm too: its NaN was dropped by std::max (the gradients stayed unclipped).
+  for (double norm_type : {2.0, std::numeric_limits<double>::infinity()})
+    for (double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+      SCOPED_TRACE("norm_type " + std::to_string(norm_type));
+      std::vector<at::Tensor> grads, reference;
+      for (const auto& c : engine.chunks()) {
+        if (c.length == 0) continue;
+        at::Tensor g = torch::full_like(c.stepped(), 0.5);
+        if (grads.empty()) g.view(-1)[0] = bad;
+        c.stepped().mutable_grad() = g;
+        grads.push_back(g);
+        reference.push_back(torch::zeros_like(g).requires_grad_());
+        reference.back().mutable_grad() = g.clone();
+      }
+      ASSERT_FALSE(grads.empty());
+      engine.clip_grad_norm(1.0, norm_type);
+      torch::nn::utils::clip_grad_norm_(reference, 1.0, norm_type);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(grads[i], reference[i].grad(), 0, 0, /*equal_nan=*/true))
+            << bad << " chunk " << i << ": " << grads[i] << " vs " << reference[i].grad();
+      }
+      if (std::isnan(bad)) {
+        for (const auto& g : grads) EXPECT_TRUE(g.isnan().all().item<bool>()) << g;
+      }
     }
-    ASSERT_FALSE(grads.empty());
-    engine.clip_grad_norm(1.0, 2.0);
-    torch::nn::utils::clip_grad_norm_(reference, 1.0, 2.0);
-    for (size_t i = 0; i < grads.size(); ++i) {
-      EXPECT_TRUE(torch::allclose(grads[i], reference[i].grad(), 0, 0, /*equal_nan=*/true))
-          << bad << " chunk " << i << ": " << grads[i] << " vs " << reference[i].grad();
-    }
-    if (std::isnan(bad)) {
-      for (const auto& g : grads) EXPECT_TRUE(g.isnan().all().item<bool>()) << g;
-    }
-  }
 }
 
 TEST(ZeroEngine, MasterWeightsKeepTheUpdatesThatBf16WeightsRoundAway) {
@@ -710,6 +726,42 @@ TEST(ZeroEngine, AFailedFirstSwapWriteLeavesTheParametersWhole) {
 // A layer used inside volt::checkpoint and again outside it: the recomputation backpropagates
 // the checkpointed use apart, so its parameters get a second gradient after their bucket was
 // reduced. Each stage says so, naming them (before, that gradient was silently lost).
+// ignore_unused_parameters=false refuses a parameter without a gradient in the whole accumulation
+// window, as DeepSpeed: one an earlier micro-batch used has one (stage 2 refused it whenever the
+// last micro-batch skipped it; stage 1 looked at the synced backward alone).
+TEST(ZeroEngine, AParameterUsedEarlierInTheWindowIsNotUnused) {
+  VOLT_REQUIRE_GLOO();
+  auto group = world_of_one();
+  for (int64_t stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    torch::manual_seed(1);
+    auto net = mlp();
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    volt::ZeroEngine engine(opt, group,
+                            volt::ZeroEngineOptions().stage(stage).ignore_unused_parameters(false),
+                            names_of(*net));
+    const auto x = torch::randn({4, 6});
+    const auto first_layer = [&] { return net[0]->as<torch::nn::Linear>()->forward(x).sum(); };
+    engine.zero_grad();
+    at::Tensor whole = net->forward(x).pow(2).sum();
+    engine.backward([&] { whole.backward(); }, /*sync=*/false);
+    at::Tensor part = first_layer();
+    EXPECT_NO_THROW(engine.backward([&] { part.backward(); }, /*sync=*/true));
+    // A new window in which the later layers get nothing: refused.
+    engine.zero_grad();
+    at::Tensor only = first_layer();
+    std::string error = "no error";
+    try {
+      engine.backward([&] { only.backward(); }, /*sync=*/true);
+    } catch (const volt::ValueError& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find("got no gradient in this backward nor earlier in its accumulation window"),
+              std::string::npos)
+        << error;
+  }
+}
+
 TEST(ZeroEngine, ASecondGradientAfterItsBucketWasReducedIsAValueError) {
   VOLT_REQUIRE_GLOO();
   auto group = world_of_one();

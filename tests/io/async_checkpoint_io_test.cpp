@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -132,6 +133,38 @@ TEST(AsyncCheckpointIO, ABackgroundFailureIsLoggedAndThrownOnceByTheNextCall) {
   EXPECT_NO_THROW(io.flush());
   EXPECT_TRUE(exists(dir / "again.ckpt"));
   EXPECT_EQ(io.stats().failures, 1);
+}
+
+// Two saves failing before the caller hears of either (max_pending 2): both reach the caller. Only
+// the first was kept, and the second was never thrown although the caller counted as told.
+TEST(AsyncCheckpointIO, EverySaveFailureIsThrownEvenWhenTwoFailBetweenCalls) {
+  volt_test::TempDir dir;
+  const std::string bad = unwritable(dir);
+  const std::string bad2 = dir / "blocker/y.ckpt";
+  volt::AsyncCheckpointIO io(volt::AsyncCheckpointIOOptions().max_pending(2));
+  torch::serialize::OutputArchive ar;
+  ar.write("w", torch::ones({16}));
+  std::string thrown;
+  int throws = 0;
+  const auto call = [&](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const volt::CheckpointError& e) {
+      thrown += std::string(e.what()) + "\n";
+      ++throws;
+    }
+  };
+  volt_test::capture_logs([&] {
+    call([&] { io.save(ar, bad); });
+    call([&] { io.save(ar, bad2); });
+    call([&] { io.flush(); });
+    call([&] { io.flush(); });
+  });
+  EXPECT_NE(thrown.find("save of '" + bad + "' failed"), std::string::npos) << thrown;
+  EXPECT_NE(thrown.find("save of '" + bad2 + "' failed"), std::string::npos) << thrown;
+  EXPECT_GE(throws, 1);
+  EXPECT_EQ(io.stats().failures, 2);
+  EXPECT_NO_THROW(io.flush());  // each reported once
 }
 
 TEST(AsyncCheckpointIO, AFailedSaveKeepsTheFileItWasToReplace) {

@@ -45,8 +45,17 @@ std::function<double(int64_t)> named_lambda(const std::string& name) {
   if (name == "halve_every_7") {
     return [](int64_t e) { return std::pow(0.5, static_cast<double>(e / 7)); };
   }
+  if (name == "const095") return [](int64_t) { return 0.95; };
   ADD_FAILURE() << "unknown lambda " << name;
   return [](int64_t) { return 1.0; };
+}
+
+// The CyclicLR scale functions of tools/lr_scheduler_reference.py.
+std::function<double(double)> named_scale_fn(const std::string& name) {
+  if (name == "inv_sqrt") return [](double x) { return 1 / std::sqrt(x); };
+  if (name == "inv_linear_0.02") return [](double x) { return 1 / (1 + 0.02 * x); };
+  ADD_FAILURE() << "unknown scale function " << name;
+  return [](double) { return 1.0; };
 }
 
 template <typename Options>
@@ -139,6 +148,40 @@ SchedulerPtr make_scheduler(const json& spec, torch::optim::Optimizer& opt) {
     for (const auto& s : a["schedulers"]) subs.push_back(make_scheduler(s, opt));
     return std::make_shared<volt::SequentialLR>(opt, subs,
                                                 a["milestones"].get<std::vector<int64_t>>());
+  }
+  if (kind == "ChainedScheduler") {
+    std::vector<SchedulerPtr> subs;
+    for (const auto& s : a["schedulers"]) subs.push_back(make_scheduler(s, opt));
+    return std::make_shared<volt::ChainedScheduler>(subs);
+  }
+  if (kind == "MultiplicativeLR") {
+    std::vector<std::function<double(int64_t)>> fns;
+    for (const auto& n : a["lambdas"]) fns.push_back(named_lambda(n));
+    if (fns.size() == 1) return std::make_shared<volt::MultiplicativeLR>(opt, fns[0]);
+    return std::make_shared<volt::MultiplicativeLR>(opt, fns);
+  }
+  if (kind == "ConstantLR") {
+    return std::make_shared<volt::ConstantLR>(opt, a["factor"], a["total_iters"]);
+  }
+  if (kind == "PolynomialLR") {
+    return std::make_shared<volt::PolynomialLR>(opt, a["total_iters"], a["power"]);
+  }
+  if (kind == "CyclicLR") {
+    volt::CyclicLROptions o(one_or_list<double>(a["base_lr"]), one_or_list<double>(a["max_lr"]));
+    const std::string mode = a["mode"];
+    o.step_size_up(a["step_size_up"])
+        .mode(mode == "triangular"    ? volt::CyclicMode::kTriangular
+              : mode == "triangular2" ? volt::CyclicMode::kTriangular2
+                                      : volt::CyclicMode::kExpRange)
+        .gamma(a["gamma"])
+        .scale_mode(a["scale_mode"] == "cycle" ? volt::CyclicScaleMode::kCycle
+                                               : volt::CyclicScaleMode::kIterations)
+        .cycle_momentum(a["cycle_momentum"])
+        .base_momentum(one_or_list<double>(a["base_momentum"]))
+        .max_momentum(one_or_list<double>(a["max_momentum"]));
+    if (!a["step_size_down"].is_null()) o.step_size_down(a["step_size_down"].get<double>());
+    if (!a["scale_fn"].is_null()) o.scale_fn(named_scale_fn(a["scale_fn"]));
+    return std::make_shared<volt::CyclicLR>(opt, o);
   }
   if (kind == "SWALR") {
     return std::make_shared<volt::SWALR>(
@@ -268,7 +311,7 @@ TEST(LRScheduler, ReferenceCoversEveryScheduler) {
   std::set<std::string> kinds;
   std::function<void(const json&)> collect = [&](const json& s) {
     kinds.insert(s["kind"].get<std::string>());
-    if (s["kind"] == "SequentialLR") {
+    if (s["kind"] == "SequentialLR" || s["kind"] == "ChainedScheduler") {
       for (const auto& sub : s["args"]["schedulers"]) collect(sub);
     }
   };
@@ -279,7 +322,8 @@ TEST(LRScheduler, ReferenceCoversEveryScheduler) {
   }
   for (const char* k : {"StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR",
                         "CosineAnnealingWarmRestarts", "LinearLR", "LambdaLR", "OneCycleLR",
-                        "SequentialLR", "ReduceLROnPlateau", "SWALR"}) {
+                        "SequentialLR", "ReduceLROnPlateau", "SWALR", "ConstantLR", "PolynomialLR",
+                        "MultiplicativeLR", "CyclicLR", "ChainedScheduler"}) {
     EXPECT_EQ(kinds.count(k), 1u) << k << " has no reference case";
   }
 }
@@ -678,13 +722,162 @@ TEST(LRScheduler, PlateauErrors) {
   EXPECT_EQ(sched.last_epoch(), 0);
 }
 
+TEST(LRScheduler, ConstantPolynomialAndMultiplicativeErrors) {
+  auto opt = two_group_sgd();
+  auto& o = *opt;
+  using volt::ConfigError;
+  expect_error<ConfigError>([&] { volt::ConstantLR(o, 0.0); },
+                            "[ConstantLR] factor=0 must be in (0, 1]");
+  expect_error<ConfigError>([&] { volt::ConstantLR(o, 1.5); }, "factor=1.5 must be in (0, 1]");
+  expect_error<ConfigError>([&] { volt::ConstantLR(o, 0.5, -1); }, "total_iters=-1 must be >= 0");
+  expect_error<ConfigError>([&] { volt::PolynomialLR(o, 0); },
+                            "[PolynomialLR] total_iters=0 must be >= 1");
+  expect_error<ConfigError>([&] { volt::PolynomialLR(o, 5, 0.0); },
+                            "power=0 must be positive and finite");
+  expect_error<ConfigError>([&] { volt::PolynomialLR(o, 5, INFINITY); },
+                            "power=inf must be positive and finite");
+  expect_error<ConfigError>([&] { volt::MultiplicativeLR(o, std::function<double(int64_t)>()); },
+                            "[MultiplicativeLR] factor function is empty");
+  expect_error<ConfigError>(
+      [&] {
+        volt::MultiplicativeLR(
+            o, std::vector<std::function<double(int64_t)>>{named_lambda("const095")});
+      },
+      "got 1 factor functions for 2 param groups");
+  expect_error<ConfigError>(
+      [&] {
+        volt::MultiplicativeLR(o, std::vector<std::function<double(int64_t)>>{
+                                      named_lambda("const095"), std::function<double(int64_t)>()});
+      },
+      "factor function 1 is empty");
+  // Nothing was written by the refused constructions.
+  EXPECT_EQ(group_lrs(o), (std::vector<double>{0.1, 0.05}));
+}
+
+TEST(LRScheduler, CyclicErrors) {
+  auto opt = two_group_sgd();
+  auto& o = *opt;
+  using volt::ConfigError;
+  using volt::CyclicLROptions;
+  const auto cyclic = [&](CyclicLROptions options) { volt::CyclicLR(o, std::move(options)); };
+  expect_error<ConfigError>(
+      [&] {
+        cyclic(CyclicLROptions({0.1, 0.2, 0.3}, {1.0}));
+      },
+      "[CyclicLR] got 3 base_lr values for 2 param groups");
+  expect_error<ConfigError>(
+      [&] {
+        cyclic(CyclicLROptions({0.1}, {1.0, 2.0, 3.0}));
+      },
+      "got 3 max_lr values for 2 param groups");
+  expect_error<ConfigError>([&] { cyclic(CyclicLROptions(-0.1, 1.0)); },
+                            "base_lr=-0.1 must be >= 0 and finite");
+  expect_error<ConfigError>([&] { cyclic(CyclicLROptions(0.1, NAN)); },
+                            "max_lr=nan must be >= 0 and finite");
+  expect_error<ConfigError>([&] { cyclic(CyclicLROptions(0.1, 1.0).step_size_up(0)); },
+                            "step_size_up=0 must be > 0");
+  expect_error<ConfigError>([&] { cyclic(CyclicLROptions(0.1, 1.0).step_size_down(-1.0)); },
+                            "step_size_down=-1 must be >= 0");
+  expect_error<ConfigError>(
+      [&] { cyclic(CyclicLROptions(0.1, 1.0).mode(volt::CyclicMode::kExpRange).gamma(0)); },
+      "gamma=0 must be positive and finite for mode exp_range");
+  expect_error<ConfigError>([&] { cyclic(CyclicLROptions(0.1, 1.0).max_momentum({1.0})); },
+                            "momentum 1 must be in [0, 1)");
+  expect_error<ConfigError>(
+      [&] {
+        cyclic(CyclicLROptions(0.1, 1.0).base_momentum({0.8, 0.7, 0.6}));
+      },
+      "got 3 base_momentum values for 2 param groups");
+  auto adagrad = std::make_shared<torch::optim::Adagrad>(
+      std::vector<torch::Tensor>{torch::zeros({2})}, torch::optim::AdagradOptions(0.1));
+  expect_error<ConfigError>(
+      [&] { volt::CyclicLR(*adagrad, CyclicLROptions(0.01, 0.1)); },
+      "[CyclicLR] cycle_momentum=true needs an optimizer with momentum or betas");
+  volt::CyclicLR without(*adagrad, CyclicLROptions(0.01, 0.1).cycle_momentum(false));
+  EXPECT_EQ(group_lrs(*adagrad), (std::vector<double>{0.01}));  // base_lr from construction on
+  // A custom scale function replaces the mode, so exp_range's gamma is not needed then.
+  volt::CyclicLR custom(o, CyclicLROptions(0.01, 0.1)
+                               .mode(volt::CyclicMode::kExpRange)
+                               .gamma(0)
+                               .scale_fn([](double) { return 0.5; })
+                               .step_size_up(2));
+  custom.step();
+  EXPECT_NEAR(group_lrs(o)[0], 0.01 + 0.09 * 0.5 * 0.5, 1e-15);
+}
+
+// PyTorch 1.13's CyclicLR refuses Adam (no "momentum" default); PyTorch 2.x, OneCycleLR and volt
+// cycle beta1 instead, by the same formula as SGD's momentum.
+TEST(LRScheduler, CyclicLRCyclesAdamsBeta1AsSgdsMomentum) {
+  auto sgd = two_group_sgd();
+  auto adamw = make_optimizer({{"type", "adamw"}, {"lrs", {0.1, 0.05}}, {"betas", {0.9, 0.999}}});
+  const auto options = volt::CyclicLROptions({0.01, 0.001}, {0.1, 0.01})
+                           .step_size_up(3)
+                           .base_momentum({0.85, 0.8})
+                           .max_momentum({0.95, 0.9});
+  volt::CyclicLR a(*sgd, options), b(*adamw, options);
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_EQ(group_lrs(*adamw), group_lrs(*sgd)) << i;
+    ASSERT_EQ(group_momenta(*adamw), group_momenta(*sgd)) << i;
+    a.step();
+    b.step();
+  }
+  EXPECT_EQ(group_momenta(*sgd), (std::vector<double>{0.95, 0.9}));  // back at base_lr: max
+  auto& beta2 = static_cast<torch::optim::AdamWOptions&>(adamw->param_groups()[0].options());
+  EXPECT_EQ(std::get<1>(beta2.betas()), 0.999);
+}
+
+TEST(LRScheduler, ChainedErrors) {
+  auto opt = two_group_sgd(), other = two_group_sgd();
+  auto& o = *opt;
+  using volt::ConfigError;
+  SchedulerPtr a = std::make_shared<volt::ConstantLR>(o, 0.5);
+  SchedulerPtr b = std::make_shared<volt::ExponentialLR>(o, 0.9);
+  auto chain = [&](std::vector<SchedulerPtr> s) { volt::ChainedScheduler{std::move(s)}; };
+  expect_error<ConfigError>([&] { chain({}); }, "[ChainedScheduler] no schedulers given");
+  expect_error<ConfigError>([&] { chain({nullptr, a}); }, "scheduler 0 is null");
+  expect_error<ConfigError>([&] { chain({a, nullptr}); }, "scheduler 1 is null");
+  auto foreign = std::make_shared<volt::StepLR>(*other, 2);
+  expect_error<ConfigError>([&] { chain({a, foreign}); }, "drives a different optimizer");
+  auto plateau = std::make_shared<volt::ReduceLROnPlateau>(o);
+  expect_error<ConfigError>(
+      [&] {
+        chain({a, plateau});
+      },
+      "is a ReduceLROnPlateau, which cannot be chained");
+  auto seq =
+      std::make_shared<volt::SequentialLR>(o, std::vector<SchedulerPtr>{b}, std::vector<int64_t>{});
+  expect_error<ConfigError>([&] { chain({a, seq}); }, "is a SequentialLR, which cannot be chained");
+  expect_error<ConfigError>([&] { chain({a, a}); }, "are the same object");
+  auto stepped = std::make_shared<volt::StepLR>(o, 2);
+  stepped->step();
+  expect_error<ConfigError>([&] { chain({a, stepped}); }, "has already stepped 1 time(s)");
+  auto chained = std::make_shared<volt::ChainedScheduler>(std::vector<SchedulerPtr>{a, b});
+  // PyTorch's SequentialLR steps a chain with step(0), which it does not take.
+  expect_error<ConfigError>(
+      [&] {
+        volt::SequentialLR(o, {std::make_shared<volt::LinearLR>(o), chained},
+                           std::vector<int64_t>{3});
+      },
+      "is a ChainedScheduler, which cannot be chained");
+
+  auto opt2 = two_group_sgd(), opt3 = two_group_sgd();
+  volt::ChainedScheduler two({std::make_shared<volt::ExponentialLR>(*opt2, 0.9),
+                              std::make_shared<volt::ExponentialLR>(*opt2, 0.8)});
+  volt::ChainedScheduler one({std::make_shared<volt::ExponentialLR>(*opt3, 0.9)});
+  expect_error<volt::CheckpointError>([&] { load_bytes(one, archive_bytes(two)); },
+                                      "checkpoint chains 2 schedulers but this one chains 1");
+}
+
 TEST(LRScheduler, OptionsPrintEveryField) {
   std::ostringstream os;
   os << volt::LinearLROptions().start_factor(0.25) << "\n"
      << volt::OneCycleLROptions(std::vector<double>{0.5, 1e-7}, 100)
             .anneal_strategy(volt::AnnealStrategy::kLinear)
      << "\n"
-     << volt::ReduceLROnPlateauOptions().mode(volt::PlateauMode::kMax).min_lr({0.01, 0.001});
+     << volt::ReduceLROnPlateauOptions().mode(volt::PlateauMode::kMax).min_lr({0.01, 0.001}) << "\n"
+     << volt::CyclicLROptions(0.001, 0.1).step_size_down(7.5).mode(volt::CyclicMode::kExpRange)
+     << "\n"
+     << volt::CyclicLROptions(0.001, 0.1).scale_fn([](double) { return 1.0; });
   const std::string s = os.str();
   // The lr lists print as every other number: std::to_string's "%f" wrote 1e-7 as 0.000000 until
   // session 90.
@@ -708,7 +901,19 @@ TEST(LRScheduler, OptionsPrintEveryField) {
                           "threshold_mode=rel",
                           "cooldown=0",
                           "min_lr={0.01, 0.001}",
-                          "eps=1e-08"}) {
+                          "eps=1e-08",
+                          "base_lr={0.001}",
+                          "max_lr={0.1}",
+                          "step_size_up=2000",
+                          "step_size_down=7.5",
+                          "step_size_down=None",
+                          "mode=exp_range",
+                          "gamma=1",
+                          "scale_fn=None",
+                          "scale_fn=custom",
+                          "scale_mode=cycle",
+                          "base_momentum={0.8}",
+                          "max_momentum={0.9}"}) {
     EXPECT_NE(s.find(key), std::string::npos) << key << " missing in " << s;
   }
 }
@@ -808,6 +1013,44 @@ TEST(LRScheduler, TrainerFeedsMonitoredMetricToReduceLROnPlateau) {
     EXPECT_NE(std::string(e.what()).find("OptimizerConfig::monitor"), std::string::npos)
         << e.what();
   }
+}
+
+// A fit resumed from the last checkpoint of an epoch written by its last validation (at
+// on_validation_end, val_check_interval 0.5) reaches that epoch's end without validating again:
+// the epoch-interval ReduceLROnPlateau steps on the validation's value, which the checkpoint now
+// holds. It was not logged there and the resume failed with a ConfigError (Lightning skips that
+// step on a restart, so its schedule differs from the uninterrupted fit's).
+TEST(LRScheduler, APlateauSchedulerResumesAfterTheEpochsLastValidationLikeTheUninterruptedFit) {
+  volt_test::TempDir dir;
+  const auto options =
+      volt::ReduceLROnPlateauOptions().patience(0).factor(0.5).threshold(1e9).threshold_mode(
+          volt::ThresholdMode::kAbs);
+  const auto configure = [&](std::shared_ptr<torch::optim::SGD> opt) {
+    return volt::OptimizerConfig(opt)
+        .scheduler(std::make_shared<volt::ReduceLROnPlateau>(*opt, options))
+        .monitor("val_loss");
+  };
+  const auto data = [] { return volt_test::loader(volt_test::blobs(128), 16, false); };
+  const auto val = [] { return volt_test::loader(volt_test::blobs(64, 8, 3), 32, false); };
+  const auto run = [&](const std::string& root, int64_t epochs, const std::string& ckpt) {
+    torch::manual_seed(11);
+    ScheduledClassifier model(configure);
+    auto probe = std::make_shared<LrProbe>();
+    auto last = std::make_shared<volt::ModelCheckpoint>(
+        volt::ModelCheckpointOptions().dirpath(root + "/ckpt").save_last(true).save_top_k(0));
+    volt::Trainer t(
+        volt_test::quiet(root).max_epochs(epochs).val_check_interval(0.5).callbacks({probe, last}));
+    t.fit(model, data(), val(), ckpt);
+    return probe->lrs;
+  };
+  const auto whole = run(dir / "whole", 3, "");
+  run(dir / "cut", 1, "");
+  std::vector<double> resumed;
+  ASSERT_NO_THROW(resumed = run(dir / "cut", 3, dir / "cut/ckpt/last.ckpt"));
+  ASSERT_EQ(whole.size(), 24u);
+  ASSERT_EQ(resumed.size(), 16u);
+  EXPECT_EQ(std::vector<double>(whole.begin() + 8, whole.end()), resumed);
+  EXPECT_LT(whole.back(), 0.1);  // the scheduler stepped
 }
 
 }  // namespace

@@ -126,6 +126,38 @@ TEST(Fp8Quantize, LayersComputeOnTheE4m3GridUnderTheMeasuredScales) {
   EXPECT_TRUE(torch::equal(y2, net->fc2(h)));
 }
 
+// A non-finite max-abs is written as null (JSON has no inf or NaN) and quantizes with scale 1;
+// the null made quantizing fail with "lacks the number", and measuring again failed the same way.
+TEST(Fp8Quantize, ANullMeasurementQuantizesWithScaleOne) {
+  volt_test::TempDir dir;
+  std::string text = kMeasurements;
+  const std::string input = "\"input\": 4.0";
+  text.replace(text.find(input), input.size(), "\"input\": null");
+  write(dir / "m.json", text);
+  torch::manual_seed(3);
+  auto net = std::make_shared<Net>();
+  const auto cfg = volt::QuantConfig()
+                       .mode(volt::QuantConfig::kQuantize)
+                       .dump_stats_path(dir / "m.json")
+                       .blocklist_names({"fc2"});
+  EXPECT_EQ(volt::quantize_fp8(*net, cfg).converted, std::vector<std::string>{"fc1"});
+  const auto x = torch::randn({8, 32}) * 2;
+  at::Tensor y;
+  {
+    torch::NoGradGuard no_grad;
+    volt::Fp8Autocast fp8;
+    y = net->fc1(x);
+  }
+  // Input scale 1, weight scale 448 / 0.5 = 896.
+  auto q = [](const at::Tensor& t, float s) {
+    return volt::fp8_round(t * s, volt::Fp8Format::kE4M3) / s;
+  };
+  const auto ref =
+      torch::linear(q(x, 1.f), q(net->fc1->weight.detach(), 896.f), net->fc1->bias.detach())
+          .to(at::kBFloat16);
+  EXPECT_TRUE(torch::equal(y, ref));
+}
+
 TEST(Fp8Quantize, PowerOfTwoScales) {
   volt_test::TempDir dir;
   write(dir / "m.json", kMeasurements);
@@ -225,6 +257,40 @@ TEST(Fp8Precision, QuantConfigFromOptionOrEnvironmentMustAgreeWithQuant) {
   ::unsetenv("QUANT_CONFIG");
   EXPECT_EQ(volt::Fp8Precision(O().inference(true)).quant_config(false).dump_stats_path(),
             "fp8_measurements.json");
+}
+
+// One Trainer predicting two models quantizes both: the inference conversion stays on the first
+// model after its run, and the second was left unconverted (plain bf16) before session 98.
+TEST(Fp8Precision, ASecondPredictOfAnotherModelIsQuantizedToo) {
+  struct Predictor : volt::Module {
+    Predictor() {
+      fc1 = register_module("fc1", torch::nn::Linear(32, 64));
+      fc2 = register_module("fc2", torch::nn::Linear(64, 10));
+    }
+    torch::Tensor predict_step(const volt::Batch& b, int64_t) override {
+      return fc2(torch::relu(fc1(b.input)));
+    }
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      return predict_step(b, i).sum();
+    }
+    std::vector<volt::OptimizerConfig> configure_optimizers() override { return {}; }
+    torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  };
+  volt_test::TempDir dir;
+  write(dir / "m.json", kMeasurements);
+  write(dir / "q.json", R"({"mode": "QUANTIZE", "dump_stats_path": ")" + (dir / "m.json") + "\"}");
+  auto precision = std::make_shared<volt::Fp8Precision>(
+      volt::Fp8PrecisionOptions().inference(true).quant(true).quant_config(dir / "q.json"));
+  volt::Trainer t(volt_test::quiet(dir.path).precision(precision));
+  Predictor a, b;
+  const auto data = volt_test::loader(volt_test::blobs(32, 32), 16, false);
+  t.predict(a, data);
+  EXPECT_TRUE(volt::is_fp8_converted(a.fc1->weight));
+  t.predict(b, data);
+  EXPECT_TRUE(volt::is_fp8_converted(b.fc1->weight));
+  EXPECT_TRUE(volt::is_fp8_converted(b.fc2->weight));
+  t.predict(a, data);  // the first model again: converted once, still quantized
+  EXPECT_TRUE(volt::is_fp8_converted(a.fc2->weight));
 }
 
 // Last in the file: it makes this process a measuring one.

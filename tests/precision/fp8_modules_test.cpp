@@ -211,6 +211,12 @@ TEST(Fp8Convert, SkipListAndErrors) {
   EXPECT_THROW(volt::convert_to_fp8(*net, volt::Fp8ConvertOptions().recipe(
                                               volt::DelayedScalingOptions().margin(-1))),
                volt::ConfigError);
+  // A margin past fp8's exponent range: every value would quantize to 0 (about 130: NaN).
+  EXPECT_NE(volt_test::error_of<volt::ConfigError>([&] {
+              volt::convert_to_fp8(*net, volt::Fp8ConvertOptions().recipe(
+                                             volt::DelayedScalingOptions().margin(200)));
+            }).find("margin=200 must be in [0, 32]"),
+            std::string::npos);
   // Re-converting with another history length clashes with the layer's existing state.
   auto other = std::make_shared<TwoLayer>();
   volt::convert_to_fp8(*other);

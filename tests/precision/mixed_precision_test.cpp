@@ -518,3 +518,34 @@ TEST(MixedPrecisionProbe, ProcessesReadTheOneCachedMeasurement) {
 }
 
 }  // namespace
+
+// The autocast region spans a whole training_step: a lowered weight cast under no_grad (a target
+// network, a metric) or before a manual optimizer.step() must not be reused after it. With
+// autocast's cast cache the forward after the no_grad one had no grad_fn to the weight, and the
+// forward after the step computed with the old weights (Lightning #20921).
+TEST(MixedPrecision, NoCastMadeUnderNoGradOrBeforeAStepIsReusedInTheStep) {
+  volt::MixedPrecision p(volt::MixedPrecisionOptions().read_env_lists(false).cpu_policy(false));
+  p.setup(torch::kCPU);
+  torch::manual_seed(0);
+  torch::nn::Linear lin(16, 16);
+  const auto x = torch::randn({4, 16});
+  {
+    auto ctx = p.forward_context();
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_EQ(lin(x).scalar_type(), at::kBFloat16);
+    }
+    const auto y = lin(x);
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    ASSERT_TRUE(y.requires_grad());
+    y.sum().backward();
+    ASSERT_TRUE(lin->weight.grad().defined());
+    EXPECT_GT(lin->weight.grad().abs().sum().item<double>(), 0);
+
+    torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.5));
+    const auto before = lin(x).detach();
+    opt.step();
+    EXPECT_FALSE(torch::equal(lin(x).detach(), before));
+  }
+  p.teardown();
+}

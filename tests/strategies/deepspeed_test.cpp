@@ -733,6 +733,15 @@ TEST(DeepSpeed, AStage3FolderResumesUnderARaisedPersistenceThreshold) {
   expect_killed_run_resumes_bit_identically("3", {}, {"--persist", "20"});
 }
 
+// The other way with bf16 master weights: weights the folder holds whole (persistence 20) are
+// partitioned after the resume (persistence 0); their masters take this rank's part of the whole
+// tensor, as the weights do (a raw size error before session 98).
+TEST(DeepSpeed, ABf16Stage3FolderResumesUnderALoweredPersistenceThreshold) {
+  VOLT_REQUIRE_GLOO();
+  expect_killed_run_resumes_bit_identically("3", {"--bf16-all", "1", "--persist", "20"},
+                                            {"--persist", "0"});
+}
+
 TEST(DeepSpeed, AKilledBf16RunResumesBitIdenticallyWithItsMasterWeights) {
   VOLT_REQUIRE_GLOO();
   // The fp32 masters are part of each shard's optimizer state: without them a resumed run would

@@ -6,7 +6,8 @@
 //                    [--config-hash H]
 //
 // Scenarios: collectives, call-checks (run it with TORCH_DISTRIBUTED_DEBUG=DETAIL), leaders,
-// reducer, start-fails, zero-masters, tp-train, config-hash, hold, orphan, reap. Each prints one
+// reducer, start-fails, zero-masters, zero-resync, tp-train, config-hash, hold, orphan, reap.
+// Each prints one
 // line per finding ("rank R: ...") and exits 0 when every check passed, 1 when a check failed, 3
 // when the expected volt error was raised (its message printed on one line).
 
@@ -798,6 +799,56 @@ void run_zero_masters(const std::shared_ptr<volt::ProcessGroup>& pg) {
   say("rank " + std::to_string(pg->rank()) + ": zero masters ok");
 }
 
+// ---------------------------------------------------------------------------- zero-resync
+
+// Several backwards in one window, some synced (manual_backward syncs every one): each rank's
+// chunk of each gradient must be the average over the ranks of the sum of its backwards, at
+// every stage. Stage 1 reduced the mix a synced backward leaves (the averaged chunk beside this
+// rank's own gradient) again and got a wrong chunk.
+void run_zero_resync(const std::shared_ptr<volt::ProcessGroup>& pg) {
+  const std::vector<std::vector<bool>> patterns = {
+      {true, true}, {true, false, true}, {false, true}};
+  for (int64_t stage : {1, 2}) {
+    for (const auto& syncs : patterns) {
+      torch::manual_seed(7);
+      torch::nn::Sequential net(torch::nn::Linear(6, 5), torch::nn::Tanh(),
+                                torch::nn::Linear(5, 3));
+      torch::nn::Sequential ref(torch::nn::Linear(6, 5), torch::nn::Tanh(),
+                                torch::nn::Linear(5, 3));
+      {
+        torch::NoGradGuard g;
+        for (size_t i = 0; i < net->parameters().size(); ++i) {
+          ref->parameters()[i].copy_(net->parameters()[i]);
+        }
+      }
+      std::map<const c10::TensorImpl*, std::string> names;
+      for (const auto& p : net->named_parameters())
+        names[p.value().unsafeGetTensorImpl()] = p.key();
+      torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+      volt::ZeroEngine engine(opt, pg, volt::ZeroEngineOptions().stage(stage), names);
+      engine.zero_grad();
+      for (size_t k = 0; k < syncs.size(); ++k) {
+        torch::manual_seed(1000 + 10 * pg->rank() + static_cast<int64_t>(k));
+        const at::Tensor x = torch::randn({4, 6});
+        at::Tensor loss = net->forward(x).pow(2).sum();
+        engine.backward([&] { loss.backward(); }, syncs[k]);
+        ref->forward(x).pow(2).sum().backward();  // this rank's own gradients, summed
+      }
+      const auto params = ref->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto& c = engine.chunks()[i];
+        if (c.length == 0) continue;
+        const at::Tensor mean =
+            pg->all_reduce(params[i].grad().clone(), volt::Reduce::kSum) / pg->world_size();
+        check_close(c.view.grad(), mean.view({-1}).narrow(0, c.start, c.length), 1e-6,
+                    "stage " + std::to_string(stage) + ", " + std::to_string(syncs.size()) +
+                        " backwards: the chunk of " + c.name);
+      }
+    }
+  }
+  say("rank " + std::to_string(pg->rank()) + ": zero resync ok");
+}
+
 // ---------------------------------------------------------------------------- tp-train
 // Tensor-parallel training (TensorParallelEngine with autograd): every rank holds the same data
 // and a split model; each step's loss, gradient norm and input gradient, and the weights after
@@ -1289,6 +1340,8 @@ int run(const Args& a) {
     run_leaders(pg, milliseconds(a.timeout_ms));
   } else if (a.scenario == "zero-masters") {
     run_zero_masters(pg);
+  } else if (a.scenario == "zero-resync") {
+    run_zero_resync(pg);
   } else if (a.scenario == "tp-train") {
     run_tp_train(pg);
     tp_rng_case(pg);

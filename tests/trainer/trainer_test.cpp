@@ -893,6 +893,71 @@ TEST(Trainer, AValCheckIntervalAboveTheEpochsBatchesIsRefusedBeforeTraining) {
   EXPECT_EQ(fit(quiet("").fast_dev_run(3).val_check_interval(0.25))->validations, 1);
 }
 
+// A shuffled validation loader draws each epoch's order (Lightning sets the evaluation sampler's
+// epoch to the training epoch): it read epoch 0's order every time.
+TEST(Trainer, AShuffledValidationLoaderHasEachEpochsOrder) {
+  struct FirstValidationBatch : volt::Callback {
+    std::string state_key() const override { return "FirstValidationBatch"; }
+    void on_validation_batch_start(volt::RunContext& run, volt::Module&, const volt::Batch& b,
+                                   int64_t idx) override {
+      if (idx == 0 && !run.sanity_checking()) firsts.push_back(b.input.clone());
+    }
+    std::vector<at::Tensor> firsts;
+  };
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  auto probe = std::make_shared<FirstValidationBatch>();
+  volt::Trainer t(quiet(dir.path).max_epochs(2).callbacks({probe}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)),
+        volt::DataLoader(volt_test::blobs(64, 8, 4),
+                         volt::DataLoaderOptions(8).shuffle(true).seed(1)));
+  ASSERT_EQ(probe->firsts.size(), 2u);
+  EXPECT_FALSE(torch::equal(probe->firsts[0], probe->firsts[1]));
+}
+
+// Lightning lets on_validation_start / on_validation_epoch_start log (an epoch value). Inside fit
+// the value was dropped (the scope was still the training step's); validate() refused it.
+TEST(Trainer, AValueLoggedWhenValidationStartsIsAnEpochValue) {
+  struct LogsAtStart : TinyClassifier {
+    void on_validation_epoch_start() override { log("vs", torch::tensor(3.0)); }
+    void on_validation_start() override { log("vstart", torch::tensor(4.0)); }
+  };
+  volt_test::TempDir dir;
+  LogsAtStart model;
+  volt::Trainer t(quiet(dir.path).max_epochs(1));
+  const auto val = volt_test::loader(volt_test::blobs(32, 8, 4), 16, false);
+  t.fit(model, volt_test::loader(volt_test::blobs(64)), val);
+  EXPECT_EQ(t.callback_metrics().count("vs"), 1u);
+  EXPECT_EQ(t.callback_metrics().count("vstart"), 1u);
+  const auto m = t.validate(model, val);
+  EXPECT_EQ(m.count("vs"), 1u);
+  EXPECT_DOUBLE_EQ(m.at("vs"), 3.0);
+}
+
+// on_validation_model_zero_grad runs before a validation only outside an accumulation window, as
+// Lightning: an override that sets the gradients to none (Lightning's default) dropped the
+// part-accumulated sums of a validation inside a window. It ran before every validation.
+TEST(Trainer, OnValidationModelZeroGradWaitsForTheAccumulationWindowToClose) {
+  struct ZeroesGrads : TinyClassifier {
+    void on_validation_model_zero_grad() override {
+      ++calls;
+      for (auto& p : parameters()) p.mutable_grad() = at::Tensor();
+    }
+    int calls = 0;
+  };
+  volt_test::TempDir dir;
+  ZeroesGrads model;
+  volt::Trainer t(quiet(dir.path)
+                      .max_epochs(1)
+                      .accumulate_grad_batches(2)
+                      .val_check_interval(int64_t{1})
+                      .num_sanity_val_steps(0));
+  t.fit(model, volt_test::loader(volt_test::blobs(64), 16, false),
+        volt_test::loader(volt_test::blobs(16, 8, 4), 16, false));
+  EXPECT_EQ(model.calls, 2);  // after batches 2 and 4 of 4, not after 1 and 3
+  EXPECT_EQ(t.state().global_step, 2);
+}
+
 TEST(Trainer, AnEmptyTrainingLoaderWarnsThatNothingIsTrained) {
   volt_test::TempDir dir;
   TinyClassifier model;
@@ -905,6 +970,15 @@ TEST(Trainer, AnEmptyTrainingLoaderWarnsThatNothingIsTrained) {
   }
   EXPECT_TRUE(warned);
   EXPECT_EQ(t.state().global_step, 0);
+  // Bounded by max_steps alone, a fit without batches ends at once (Lightning's FitLoop.done);
+  // it started empty epochs forever.
+  volt::Trainer steps_only(
+      quiet(dir.path).max_epochs(-1).max_steps(5).limit_train_batches(int64_t{0}));
+  const auto lines = volt_test::capture_logs(
+      [&] { steps_only.fit(model, volt_test::loader(volt_test::blobs(64))); });
+  EXPECT_EQ(steps_only.state().global_step, 0);
+  EXPECT_EQ(steps_only.state().epoch, 0);
+  EXPECT_TRUE(volt_test::has(lines, "fit stopped: no training batches"));
 }
 
 TEST(Module, LogRefusesAnEmptyName) {

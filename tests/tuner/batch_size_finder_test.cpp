@@ -165,6 +165,44 @@ TEST(BatchSizeFinder, ACombinedLoaderIsCappedByItsLargestDataSet) {
   EXPECT_EQ(data.batch_size(), c10::optional<int64_t>(100));
 }
 
+// The standalone tuners are often a program's first call: they prepare the data (the DataModule's
+// and the module's prepare_data, once) as Lightning's Tuner does through trainer.fit. A setup that
+// reads what prepare_data wrote failed before session 98. Their trials run the DataModule's batch
+// hooks too.
+TEST(BatchSizeFinder, TheStandaloneTunersPrepareTheDataFirstAndTheTrialsRunItsBatchHooks) {
+  struct Prepared : SizedData {
+    Prepared() : SizedData(64, 2) {}
+    void prepare_data() override { ++prepared; }
+    void setup(volt::Stage) override {
+      VOLT_CHECK(prepared > 0, volt::ConfigError, "[Prepared] setup before prepare_data");
+    }
+    volt::Batch on_after_batch_transfer(volt::Batch b) override {
+      ++transferred;
+      return b;
+    }
+    int prepared = 0, transferred = 0;
+  };
+  struct Counting : Hungry {
+    void prepare_data() override { ++prepared; }
+    int prepared = 0;
+  };
+  volt_test::TempDir dir;
+  Prepared data;
+  Counting model;
+  volt::scale_batch_size(model, data, quiet(dir.path), BatchSizeFinderOptions().max_trials(2));
+  EXPECT_EQ(data.prepared, 1);
+  EXPECT_EQ(model.prepared, 1);
+  // The trials transform their batches with the DataModule's hooks, as the run will (they ran
+  // on a bare loader: a transform that costs memory, or makes a batch valid, was left out).
+  EXPECT_GE(data.transferred, static_cast<int>(model.sizes.size()));
+  EXPECT_GT(data.transferred, 0);
+  Prepared data2;
+  Counting model2;
+  volt::lr_find(model2, data2, quiet(dir.path), volt::LrFinderOptions().num_training(4));
+  EXPECT_EQ(data2.prepared, 1);
+  EXPECT_EQ(model2.prepared, 1);
+}
+
 TEST(BatchSizeFinder, TheDataSetAndMaxValCapTheSizesTried) {
   volt_test::TempDir dir;
   Hungry model;

@@ -107,6 +107,37 @@ TEST(LrFinder, AnInfiniteLossEndsTheTestInsteadOfFailingIt) {
   EXPECT_TRUE(all.suggestion().has_value());
 }
 
+// Under loss scaling an inf loss makes inf gradients and the scaler skips the step, so
+// global_step stops moving: the test counts its points itself, records the inf and stops, where
+// it waited for max_steps forever.
+TEST(LrFinder, AStepTheLossScalerSkipsIsAPointAndTheTestEnds) {
+  struct InfGradients : Scripted {
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      if (calls >= inf_from) {
+        ++calls;
+        return w.sum() * INFINITY;
+      }
+      return Scripted::training_step(b, i);
+    }
+  };
+  volt_test::TempDir dir;
+  for (const bool threshold : {true, false}) {
+    SCOPED_TRACE(threshold);
+    InfGradients model;
+    model.inf_from = 25;
+    auto precision = std::make_shared<volt::MixedPrecision>(
+        volt::MixedPrecisionOptions().loss_scaling(true).read_env_lists(false));
+    auto options = LrFinderOptions().min_lr(1e-5).max_lr(10).num_training(40);
+    if (!threshold) options.early_stop_threshold(c10::nullopt);
+    const auto r =
+        volt::lr_find(model, four_batches(), quiet(dir.path).precision(precision), options);
+    ASSERT_EQ(r.lrs.size(), threshold ? 26u : 40u);
+    EXPECT_FALSE(std::isfinite(r.losses.back()));
+    EXPECT_TRUE(std::isfinite(r.losses[24]));
+    if (!threshold) EXPECT_EQ(model.calls, 40);
+  }
+}
+
 // A trial under a precision that converts the module in place (64-true, bf16-true) gives it
 // back in its own dtype with its own values; before session 81 it stayed float64.
 TEST(LrFinder, TheModuleKeepsItsDtypeAfterATrialInAnotherPrecision) {

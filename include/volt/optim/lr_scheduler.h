@@ -1,7 +1,8 @@
 #pragma once
 /// LR schedulers that reproduce torch.optim.lr_scheduler (PyTorch 1.13) on libtorch optimizers:
 /// StepLR, MultiStepLR, ExponentialLR, CosineAnnealingLR, CosineAnnealingWarmRestarts, LinearLR,
-/// LambdaLR, OneCycleLR, SWALR, SequentialLR and ReduceLROnPlateau.
+/// ConstantLR, PolynomialLR, LambdaLR, MultiplicativeLR, OneCycleLR, CyclicLR, SWALR,
+/// SequentialLR, ChainedScheduler and ReduceLROnPlateau; DeepSpeed's WarmupLR and WarmupDecayLR.
 ///
 ///   std::vector<std::shared_ptr<volt::LRScheduler>> parts = {
 ///       std::make_shared<volt::LinearLR>(*opt, volt::LinearLROptions().start_factor(0.1)),
@@ -11,6 +12,7 @@
 /// Each scheduler produces, step by step, the lrs its PyTorch namesake produces (checked against
 /// sequences from tools/lr_scheduler_reference.py, in fp64).
 
+#include <c10/util/Optional.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
@@ -24,6 +26,7 @@
 
 namespace volt {
 
+class ChainedScheduler;
 class SequentialLR;
 
 /// A scheduler owns a step counter (`last_epoch`, PyTorch's name) and writes lrs into its
@@ -86,11 +89,23 @@ class LRScheduler {
   /// True for schedulers that, like PyTorch's OneCycleLR, overwrite param_group['initial_lr']
   /// (base_lrs_) instead of taking the lr they find.
   bool overrides_initial_lr_ = false;
+  /// True for schedulers that, like PyTorch's CyclicLR, keep base lrs of their own (their
+  /// base_lr) without touching param_group['initial_lr'], which the others share.
+  bool keeps_own_base_lrs_ = false;
 
  private:
+  friend class ChainedScheduler;
   friend class SequentialLR;
   /// PyTorch's step(0) as SequentialLR calls it at a milestone: last_epoch 0, closed form.
   void restart();
+  /// `schedulers` in construction order.
+  static std::vector<LRScheduler*> by_age(
+      const std::vector<std::shared_ptr<LRScheduler>>& schedulers);
+  /// Gives schedulers built on one optimizer (oldest first) the base lrs PyTorch gives them
+  /// through the param_group['initial_lr'] they share: `initial`, the lr the oldest found,
+  /// until a scheduler that overrides it (OneCycleLR), whose value `initial` then becomes.
+  static void share_initial_lrs(const std::vector<LRScheduler*>& by_age,
+                                std::vector<double>& initial);
   /// Construction order, which SequentialLR needs to rebuild PyTorch's shared initial_lr.
   uint64_t serial_;
 };
@@ -218,6 +233,59 @@ class LambdaLR : public LRScheduler {
   std::vector<std::function<double(int64_t)>> factors_;
 };
 
+/// lr = previous lr * factor(last_epoch) at every step after the first (construction leaves the
+/// lr as it is), as torch.optim.lr_scheduler.MultiplicativeLR; one function for every group or
+/// one per group. The functions themselves are not saved.
+class MultiplicativeLR : public LRScheduler {
+ public:
+  MultiplicativeLR(torch::optim::Optimizer& optimizer, std::function<double(int64_t)> factor);
+  MultiplicativeLR(torch::optim::Optimizer& optimizer,
+                   std::vector<std::function<double(int64_t)>> factors);
+  std::string name() const override { return "MultiplicativeLR"; }
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+
+ private:
+  std::vector<std::function<double(int64_t)>> factors_;
+};
+
+/// lr = base_lr * factor until step total_iters, base_lr from then on, as
+/// torch.optim.lr_scheduler.ConstantLR (chainable: it divides by factor at total_iters).
+class ConstantLR : public LRScheduler {
+ public:
+  /// factor in (0, 1] (PyTorch takes 0 and then divides by it); total_iters >= 0.
+  explicit ConstantLR(torch::optim::Optimizer& optimizer, double factor = 1.0 / 3.0,
+                      int64_t total_iters = 5);
+  std::string name() const override { return "ConstantLR"; }
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+  std::vector<double> closed_form_lrs(const std::vector<double>& current) override;
+
+ private:
+  double factor_;
+  int64_t total_iters_;
+};
+
+/// lr = base_lr * (1 - min(last_epoch, total_iters) / total_iters)^power: a polynomial decay to
+/// 0 at total_iters, as torch.optim.lr_scheduler.PolynomialLR (PyTorch 1.13).
+class PolynomialLR : public LRScheduler {
+ public:
+  /// total_iters >= 1; power > 0 and finite.
+  explicit PolynomialLR(torch::optim::Optimizer& optimizer, int64_t total_iters = 5,
+                        double power = 1.0);
+  std::string name() const override { return "PolynomialLR"; }
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+  std::vector<double> closed_form_lrs(const std::vector<double>& current) override;
+
+ private:
+  int64_t total_iters_;
+  double power_;
+};
+
 /// DeepSpeed's warmup: "log" raises the lr like log(step + 1) / log(warmup_num_steps),
 /// "linear" like step / warmup_num_steps.
 enum class WarmupType { kLog, kLinear };
@@ -334,6 +402,69 @@ class OneCycleLR : public LRScheduler {
   std::vector<double> max_lrs_, min_lrs_;
 };
 
+/// CyclicLR's built-in amplitude policies (Smith, arXiv:1506.01186): "triangular" keeps it,
+/// "triangular2" halves it every cycle, "exp_range" scales it by gamma^step.
+enum class CyclicMode { kTriangular, kTriangular2, kExpRange };
+/// What a custom CyclicLR scale function is called with: the cycle number (from 1) or the step.
+enum class CyclicScaleMode { kCycle, kIterations };
+
+/// Options for CyclicLR; base_lr and max_lr are required.
+struct CyclicLROptions {
+  /// The same bounds for every param group.
+  CyclicLROptions(double base_lr, double max_lr) : base_lr_({base_lr}), max_lr_({max_lr}) {}
+  /// One pair of bounds per param group.
+  CyclicLROptions(std::vector<double> base_lr, std::vector<double> max_lr)
+      : base_lr_(std::move(base_lr)), max_lr_(std::move(max_lr)) {}
+  /// Lower bound of the cycle and the initial lr: one value for all groups or one per group.
+  TORCH_ARG(std::vector<double>, base_lr);
+  /// Upper bound of the cycle (reached only as the amplitude allows): one or one per group.
+  TORCH_ARG(std::vector<double>, max_lr);
+  /// Steps from base_lr up to max_lr, > 0. Default: 2000.
+  TORCH_ARG(double, step_size_up) = 2000;
+  /// Steps back down, >= 0. Default: unset (step_size_up).
+  TORCH_ARG(c10::optional<double>, step_size_down) = c10::nullopt;
+  /// Amplitude policy when no scale_fn is given. Default: CyclicMode::kTriangular.
+  TORCH_ARG(CyclicMode, mode) = CyclicMode::kTriangular;
+  /// exp_range's base, > 0. Default: 1.
+  TORCH_ARG(double, gamma) = 1.0;
+  /// A custom amplitude scale in [0, 1] that replaces `mode`; not saved in checkpoints.
+  TORCH_ARG(std::function<double(double)>, scale_fn);
+  /// What scale_fn is called with. Default: CyclicScaleMode::kCycle.
+  TORCH_ARG(CyclicScaleMode, scale_mode) = CyclicScaleMode::kCycle;
+  /// Cycle momentum (SGD, RMSprop) or beta1 (Adam, AdamW) inversely to the lr. Default: true.
+  TORCH_ARG(bool, cycle_momentum) = true;
+  /// Momentum at the lr peak, one value or one per group, in [0, 1). Default: {0.8}.
+  TORCH_ARG(std::vector<double>, base_momentum) = {0.8};
+  /// Momentum at base_lr, one value or one per group, in [0, 1). Default: {0.9}.
+  TORCH_ARG(std::vector<double>, max_momentum) = {0.9};
+};
+
+std::ostream& operator<<(std::ostream& os, const CyclicLROptions& o);
+
+/// Cyclical learning rates (Smith, arXiv:1506.01186), as torch.optim.lr_scheduler.CyclicLR,
+/// stepped after every batch: the lr goes from base_lr up to max_lr over step_size_up steps and
+/// back over step_size_down, the amplitude scaled by the mode or scale_fn. Construction sets the
+/// lr to base_lr; base_lrs are base_lr whatever lr the groups had. With cycle_momentum it moves
+/// momentum (beta1 for Adam/AdamW, as PyTorch 2.x; PyTorch 1.13 refuses them) from max_momentum
+/// down to base_momentum and back.
+class CyclicLR : public LRScheduler {
+ public:
+  CyclicLR(torch::optim::Optimizer& optimizer, CyclicLROptions options);
+  std::string name() const override { return "CyclicLR"; }
+  const CyclicLROptions& options() const { return options_; }
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+
+ private:
+  /// The lrs at `step`; sets the momentum when cycle_momentum (PyTorch's get_lr()).
+  std::vector<double> schedule_at(int64_t step);
+  CyclicLROptions options_;
+  std::vector<double> max_lrs_, base_momenta_, max_momenta_;
+  double total_size_, step_ratio_;
+};
+
 /// Anneals each group's lr to a fixed SWA lr over `anneal_epochs` steps and then holds it, as
 /// torch.optim.swa_utils.SWALR (PyTorch 1.13): step k writes swa_lr * a + lr0 * (1 - a) with
 /// a = anneal(min(k / anneal_epochs, 1)), cos(t) = (1 - cos(pi t)) / 2 or linear(t) = t, lr0 the
@@ -402,6 +533,33 @@ class SequentialLR : public LRScheduler {
   void start(std::vector<double> initial);
   std::vector<std::shared_ptr<LRScheduler>> schedulers_;
   std::vector<int64_t> milestones_;
+};
+
+/// Steps every scheduler in turn at each step, so their factors compose, as
+/// torch.optim.lr_scheduler.ChainedScheduler: ConstantLR(0.1, 2) chained with ExponentialLR(0.9)
+/// gives 0.09, 0.081, 0.729, ... from lr 1. The schedulers, built on one optimizer in the order
+/// given (each took its initial step as it was built), are from then on stepped only through
+/// this one; a ReduceLROnPlateau cannot be chained (it needs a metric).
+class ChainedScheduler : public LRScheduler {
+ public:
+  explicit ChainedScheduler(std::vector<std::shared_ptr<LRScheduler>> schedulers);
+  std::string name() const override { return "ChainedScheduler"; }
+  using LRScheduler::step;
+  void step() override;
+  /// Starts again as if the optimizer had been built at `initial_lrs` and the schedulers then.
+  void restart_at(const std::vector<double>& initial_lrs) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  /// Unused: step() steps the chained schedulers. Returns `current`.
+  std::vector<double> compute_lrs(const std::vector<double>& current) override;
+
+ private:
+  /// Construction's end, shared with restart_at: the groups take `initial` and the chained
+  /// schedulers take their initial steps again, oldest first, with PyTorch's base lrs.
+  void start(std::vector<double> initial);
+  std::vector<std::shared_ptr<LRScheduler>> schedulers_;
 };
 
 /// Whether a smaller (kMin, e.g. a loss) or larger (kMax, e.g. an accuracy) metric is better.

@@ -2,6 +2,8 @@
 
 #include <torch/utils.h>
 
+#include <unordered_set>
+
 #include "distributed/detail/split_parameters.h"
 #include "volt/core/check.h"
 #include "volt/core/errors.h"
@@ -15,6 +17,7 @@ namespace detail {
 
 void AveragedTensors::bind(Module& module, bool buffers, c10::optional<c10::Device> device) {
   names_.clear();
+  aliases_.clear();
   module_.clear();
   average_.clear();
   count_ = 0;
@@ -24,15 +27,21 @@ void AveragedTensors::bind(Module& module, bool buffers, c10::optional<c10::Devi
     auto pipe = std::dynamic_pointer_cast<const PipelineImpl>(m);
     if (pipe && pipe->distributed()) pipelines_.push_back(std::move(pipe));
   }
-  for (const auto& p : module.named_parameters(true)) {
-    names_.push_back(p.key());
-    module_.push_back(p.value());
-  }
-  if (buffers) {
-    for (const auto& b : module.named_buffers(true)) {
-      names_.push_back(b.key());
-      module_.push_back(b.value());
+  // A tensor listed under two names (a layer registered twice, a tied weight) is followed once:
+  // swapping it twice would leave the average in the module (torch's AveragedModel walks
+  // parameters(), which lists it once).
+  std::unordered_set<const c10::TensorImpl*> seen;
+  const auto follow = [&](const std::string& name, const at::Tensor& t) {
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) {
+      aliases_.push_back(name);
+      return;
     }
+    names_.push_back(name);
+    module_.push_back(t);
+  };
+  for (const auto& p : module.named_parameters(true)) follow(p.key(), p.value());
+  if (buffers) {
+    for (const auto& b : module.named_buffers(true)) follow(b.key(), b.value());
   }
 }
 
@@ -137,9 +146,13 @@ void AveragedTensors::adopt(const std::map<std::string, at::Tensor>& saved, int6
                            ? at::empty(module_[i].sizes(), module_[i].options().device(device))
                            : it->second.to(device, module_[i].scalar_type()));
   }
-  VOLT_CHECK(saved.size() == names_.size(), CheckpointError, tag,
-             " the checkpoint's average holds ", saved.size(), " tensors but the module has ",
-             names_.size(), "; resume with the module it was saved from.");
+  // Checkpoints from before session 98 also hold a shared tensor's further names.
+  size_t aliased = 0;
+  for (const auto& a : aliases_) aliased += saved.count(a);
+  VOLT_CHECK(saved.size() - aliased == names_.size(), CheckpointError, tag,
+             " the checkpoint's average holds ", saved.size() - aliased,
+             " tensors but the module has ", names_.size(),
+             "; resume with the module it was saved from.");
 }
 
 }  // namespace detail

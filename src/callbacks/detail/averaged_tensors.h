@@ -32,8 +32,9 @@ class AveragedTensors {
   using Fn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>;
 
   /// Follows `module`'s parameters, and with `buffers` its buffers too (those that are not
-  /// floating point, e.g. BatchNorm's step count, are copied rather than averaged). The average
-  /// is kept on `device` (nullopt: beside each tensor). Forgets any previous average.
+  /// floating point, e.g. BatchNorm's step count, are copied rather than averaged), each tensor
+  /// once under its first name (a shared layer or tied weight has several). The average is kept
+  /// on `device` (nullopt: beside each tensor). Forgets any previous average.
   void bind(Module& module, bool buffers, c10::optional<c10::Device> device);
   /// Adds the module's values: a copy the first time, then `fn(average, current, n)` or the
   /// equal-weight mean average + (current - average) / (n + 1).
@@ -63,7 +64,9 @@ class AveragedTensors {
 
  private:
   std::vector<std::string> names_;
-  std::vector<at::Tensor> module_;   // the module's own tensors (handles)
+  std::vector<std::string>
+      aliases_;                     // further names of followed tensors (old checkpoints hold them)
+  std::vector<at::Tensor> module_;  // the module's own tensors (handles)
   std::vector<at::Tensor> average_;  // empty until the first update
   // The distributed pipelines in the module: each rank averages only its stage's weights.
   std::vector<std::shared_ptr<const PipelineImpl>> pipelines_;

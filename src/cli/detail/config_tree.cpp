@@ -404,10 +404,16 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
     const auto last = value.find_last_not_of(" \t");
     const std::string typed =
         first == std::string::npos ? std::string() : value.substr(first, last - first + 1);
-    // ("!!str 123": YAML's own tags say how to read the text: kept.)
-    if (val.is_scalar() && !val.quoted && val.scalar != typed && typed.rfind("!!", 0) != 0) {
+    // ("!!str 123": YAML's own tags say how to read the text: kept.) The same for YAML's other
+    // readings of text that does not look like them: a block scalar indicator ("|", ">-") read
+    // as "", a lone tag or directive ("!", "%x") read as null.
+    const bool tagged = typed.rfind("!!", 0) == 0;
+    const bool quoted_text = !typed.empty() && (typed[0] == '"' || typed[0] == '\'');
+    const bool null_text = typed == "null" || typed == "Null" || typed == "NULL" || typed == "~";
+    if (val.is_scalar() && !tagged && (val.quoted ? !quoted_text : val.scalar != typed)) {
       throw YAML::Exception(YAML::Mark::null_mark(), "");
     }
+    if (val.is_null() && !tagged && !null_text) throw YAML::Exception(YAML::Mark::null_mark(), "");
     if (val.is_map() || val.is_list()) val.typed = typed;
   } catch (const YAML::Exception&) {
     // Empty, or not YAML (e.g. the file name template {epoch}-{step}): take the text literally.
@@ -426,7 +432,7 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
   ConfigNode* cur = &root;
   std::vector<std::string> walked;
   for (size_t i = 0; i < path.size(); ++i) {
-    const std::string& seg = path[i];
+    std::string seg = path[i];
     if (cur->is_null()) {
       *cur = ConfigNode::make_map(origin);
       if (is_index(seg)) cur->kind = ConfigNode::Kind::kList;  // trainer.callbacks.0.x
@@ -440,6 +446,14 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
                  "+=NAME), whose ", seg, " this then sets.");
       walked.push_back(std::to_string(cur->items.size() - 1));
       cur = &cur->items.back();
+      // A component item (a class name, or a mapping with a class_path) takes the key as an
+      // init arg, as the shorthand above does for a path: it was set beside class_path, which
+      // resolving then refused as an unknown key.
+      const bool component = cur->is_scalar() || (cur->is_map() && cur->find("class_path"));
+      if (component && seg != "class_path" && seg != "init_args") {
+        path.insert(path.begin() + static_cast<std::ptrdiff_t>(i), "init_args");
+        seg = path[i];
+      }
     }
     if (cur->is_list()) {
       VOLT_CHECK(is_index(seg), ConfigError, "[cli] ", origin, ": ", join_path(walked),
@@ -471,6 +485,8 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
 
   if (append) {
     if (cur->is_null()) {
+      // Absent (not a null someone wrote, which has an origin): the items go after the default.
+      cur->extends_default = cur->origin.empty() || cur->origin == origin;
       cur->kind = ConfigNode::Kind::kList;
       cur->origin = origin;
     }

@@ -24,6 +24,9 @@ struct ConfigNode {
   /// An init_args entry set for an earlier class_path of its component: as in jsonargparse, the
   /// new class keeps it when it takes a parameter of that name, and it is dropped otherwise.
   bool carried = false;
+  /// A list `+=` started where no value was set: its items follow the parameter's default, as
+  /// jsonargparse appends to the default (--model.hidden+=64 on [256, 128]: [256, 128, 64]).
+  bool extends_default = false;
 
   bool is_map() const { return kind == Kind::kMap; }
   bool is_list() const { return kind == Kind::kList; }

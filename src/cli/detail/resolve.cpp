@@ -5,10 +5,14 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <random>
+#include <type_traits>
+#include <variant>
 
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
 #include "volt/core/check.h"
+#include "volt/core/env.h"
 #include "volt/core/log.h"
 #include "volt/trainer/plan.h"
 #include "volt/trainer/trainer_options.h"
@@ -45,6 +49,25 @@ void unknown_key(const std::string& prefix, const std::string& key, const Config
   throw ConfigError(msg + " (--help lists every option)");
 }
 
+// `appended` (a list += started where nothing was set) after the parameter's default list.
+ParamValue after_default(const ParamValue& def, const ParamValue& appended) {
+  return std::visit(
+      [&](const auto& d) -> ParamValue {
+        using T = std::decay_t<decltype(d)>;
+        if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
+                      std::is_same_v<T, std::vector<double>> ||
+                      std::is_same_v<T, std::vector<std::string>>) {
+          if (const T* a = std::get_if<T>(&appended)) {
+            T out = d;
+            out.insert(out.end(), a->begin(), a->end());
+            return out;
+          }
+        }
+        return appended;
+      },
+      def);
+}
+
 bool parse_bool(const std::string& s, bool* out) {
   if (s == "true" || s == "True" || s == "TRUE") return *out = true, true;
   if (s == "false" || s == "False" || s == "FALSE") return *out = false, true;
@@ -67,7 +90,18 @@ bool parse_float(const std::string& s, double* out) {
   char* end = nullptr;
   errno = 0;
   *out = detail::c_strtod(s.c_str(), &end);
-  return end == s.c_str() + s.size() && errno != ERANGE;
+  // ERANGE also flags a result that underflowed to a subnormal or zero (1e-310), which is a
+  // value (Python takes it); only an overflow to infinity is out of range.
+  return end == s.c_str() + s.size() && (errno != ERANGE || std::isfinite(*out));
+}
+
+// An integer that is one but does not fit in 64 bits.
+bool int_out_of_range(const std::string& s) {
+  if (s.empty()) return false;
+  const char* b = s.data() + (s[0] == '+' ? 1 : 0);
+  int64_t ignored = 0;
+  auto r = std::from_chars(b, s.data() + s.size(), ignored);
+  return r.ec == std::errc::result_out_of_range && r.ptr == s.data() + s.size();
 }
 
 const char* example_for(ParamType t) {
@@ -118,7 +152,12 @@ ParamValue scalar_value(const std::string& key, const ConfigNode& n, const Param
     }
     case ParamType::kInt: {
       int64_t i;
-      if (!parse_int(s, &i)) wrong_type(key, n, spec);
+      if (!parse_int(s, &i)) {
+        if (int_out_of_range(s)) {
+          fail(key, n, "is " + s + ", outside the range of a 64-bit integer ([-2^63, 2^63)).");
+        }
+        wrong_type(key, n, spec);
+      }
       return i;
     }
     case ParamType::kFloat: {
@@ -231,6 +270,8 @@ Args parse_args(const std::string& prefix, const std::string& owner, const Confi
       values[spec.name] = spec.default_value;
     } else {
       values[spec.name] = parse_value(key, *v, spec);
+      if (v->extends_default)
+        values[spec.name] = after_default(spec.default_value, values[spec.name]);
     }
   }
   return Args(owner, std::move(values));
@@ -554,6 +595,40 @@ TrainerOptions trainer_options(const Args& a) {
   return o;
 }
 
+namespace {
+
+// seed_everything=true: the seed the process that started this one chose (VOLT_GLOBAL_SEED, as
+// Lightning reads PL_GLOBAL_SEED), else a random one in [0, 2^32), as Lightning's
+// _select_seed_randomly. The processes of a job started by torchrun or Slurm would each draw
+// their own (they meet only later, in the process group): refused there.
+int64_t chosen_seed(const ConfigNode& node) {
+  if (const auto inherited = env_value("VOLT_GLOBAL_SEED")) {
+    int64_t seed = 0;
+    if (!parse_int(*inherited, &seed) || seed < 0) {
+      fail("seed_everything", node,
+           "is true and VOLT_GLOBAL_SEED=\"" + *inherited +
+               "\" (the seed a parent process chose) is not a seed; unset it or set a whole "
+               "number >= 0.");
+    }
+    return seed;
+  }
+  for (const char* var : {"WORLD_SIZE", "SLURM_NTASKS"}) {
+    int64_t n = 0;
+    const auto v = env_value(var);
+    if (v && parse_int(*v, &n) && n > 1) {
+      fail("seed_everything", node,
+           std::string("is true, which picks a random seed, but this is one of ") +
+               std::to_string(n) + " processes (" + var +
+               ") and each would pick its own; give the seed as a number, e.g. "
+               "--seed_everything=42.");
+    }
+  }
+  std::random_device device;
+  return static_cast<int64_t>(device());
+}
+
+}  // namespace
+
 ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
   static const std::vector<std::string> kTop = {"seed_everything", "ckpt_path", "trainer", "model",
                                                 "data"};
@@ -565,9 +640,16 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
   }
   ResolvedConfig out;
   if (const ConfigNode* s = root.find("seed_everything"); s != nullptr && !s->is_null()) {
-    ParamSpec spec{"seed_everything", ParamType::kInt, false, true, {}, {}, ""};
-    out.seed_everything = std::get<int64_t>(parse_value("seed_everything", *s, spec));
-    if (*out.seed_everything < 0) fail("seed_everything", *s, "must be >= 0.");
+    bool flag = false;
+    if (s->is_scalar() && !s->quoted && parse_bool(s->scalar, &flag)) {
+      // LightningCLI's bool: false seeds nothing, true a seed chosen here and recorded in the
+      // saved config (its _set_seed).
+      if (flag) out.seed_everything = chosen_seed(*s);
+    } else {
+      ParamSpec spec{"seed_everything", ParamType::kInt, false, true, {}, {}, ""};
+      out.seed_everything = std::get<int64_t>(parse_value("seed_everything", *s, spec));
+      if (*out.seed_everything < 0) fail("seed_everything", *s, "must be >= 0.");
+    }
   }
   if (const ConfigNode* c = root.find("ckpt_path"); c != nullptr && !c->is_null()) {
     ParamSpec spec{"ckpt_path", ParamType::kString, false, true, {}, {}, ""};

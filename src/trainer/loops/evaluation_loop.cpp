@@ -40,8 +40,13 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   r.st.num_eval_batches = limits.empty() ? 0 : limits.front();
   // Lightning's order, the sanity check's pass included (its logged values are dropped).
   m.save_training_modes();
+  // The start hooks log into this pass's epoch values, as Lightning allows (inside fit the scope
+  // was still the training step's: the value went to the evaluation store's step values, which
+  // nothing reads, and was lost; in validate() it was refused).
+  const auto start_hooks_scope = [&] { r.scope = LogScope::kEval; };
   if (is_test) {
     r.module_hook("on_test_model_eval", [&](Module& mm) { mm.on_test_model_eval(); });
+    start_hooks_scope();
     r.hook(
         "on_test_start", [&](Module& mm) { mm.on_test_start(); },
         [&](Callback& c) { c.on_test_start(r, m); });
@@ -50,6 +55,7 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
         [&](Callback& c) { c.on_test_epoch_start(r, m); });
   } else {
     r.module_hook("on_validation_model_eval", [&](Module& mm) { mm.on_validation_model_eval(); });
+    start_hooks_scope();
     r.hook(
         "on_validation_start", [&](Module& mm) { mm.on_validation_start(); },
         [&](Callback& c) { c.on_validation_start(r, m); });
@@ -66,7 +72,9 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
     r.st.dataloader_idx = static_cast<int64_t>(d);
     r.st.num_eval_batches = limits[d];
     r.log_dataloader = loaders.size() > 1 ? static_cast<int64_t>(d) : -1;
-    BatchStream stream = loaders[d].stream(0, 0, limits[d]);
+    // The epoch's order, as Lightning sets the evaluation sampler's epoch: a shuffled loader
+    // (or a limited one's subset) was the same every epoch.
+    BatchStream stream = loaders[d].stream(r.st.epoch, 0, limits[d]);
     Batch raw;
     int64_t idx = 0;
     for (r.eval_batch = 0;

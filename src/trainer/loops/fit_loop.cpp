@@ -78,8 +78,12 @@ bool stop_now(Run& r) {
 }
 
 void validate_now(Run& r, std::vector<DataLoader>& val) {
-  r.module_hook("on_validation_model_zero_grad",
-                [](Module& m) { m.on_validation_model_zero_grad(); });
+  // Not inside an accumulation window, as Lightning (_should_accumulate): an override that sets
+  // the gradients to none (Lightning's default does) would drop a part-accumulated step's sums.
+  if (r.st.accumulated == 0) {
+    r.module_hook("on_validation_model_zero_grad",
+                  [](Module& m) { m.on_validation_model_zero_grad(); });
+  }
   // Ends in training mode again, the due validation marked as run (val_pending).
   evaluation_loop(r, Stage::kValidate, val, val_limits(r, val));
 }
@@ -469,6 +473,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
       "on_train_start", [&](Module& mm) { mm.on_train_start(); },
       [&](Callback& c) { c.on_train_start(r, m); });
   const int64_t max_epochs = r.resolved_max_epochs();
+  bool no_batches = false;
   for (bool first = true;; first = false) {
     // The epoch-end hooks' requests; at the start, those of on_train_start (a Timer restored
     // with its time spent) and max_time already spent by the fit resumed.
@@ -492,13 +497,21 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
     if (reload_every > 0 && r.st.epoch % reload_every == 0 && r.st.epoch != loaded_epoch) {
       reload_for(r.st.epoch);
     }
+    // Lightning's FitLoop.done: an epoch without batches steps nothing, so under max_steps
+    // alone (max_epochs -1, as the tuners' trials) the loop would never end.
+    if (r.train_limit(train) == 0) {
+      no_batches = true;
+      break;
+    }
     train_epoch(r, train, val, first);
   }
   r.step->finish();
   // Why the loop ended, as Lightning's "`Trainer.fit` stopped: ..." line.
   if (r.is_global_zero()) {
     std::string why;
-    if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) {
+    if (no_batches) {
+      why = "no training batches";
+    } else if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) {
       why = "max_steps=" + std::to_string(r.opts.max_steps()) + " reached";
     } else if (r.time_up) {
       why = "max_time reached";

@@ -11,6 +11,7 @@
 #include "volt/core/check.h"
 #include "volt/core/module.h"
 #include "volt/core/run_context.h"
+#include "volt/data/data_module.h"
 #include "volt/precision/precision.h"
 #include "volt/strategies/ddp.h"
 
@@ -50,6 +51,61 @@ TrainerOptions trial_options(TrainerOptions o) {
       // and a batch-size trial is judged on memory, not on its loss.
       .detect_nonfinite_loss(false);
   return o;
+}
+
+TrialData::TrialData(DataModule& hooks, DataLoader loader, Stage stage)
+    : hooks_(hooks), loader_(std::move(loader)), stage_(stage) {}
+
+c10::optional<DataLoader> TrialData::at(Stage stage) {
+  if (stage != stage_) return c10::nullopt;
+  return loader_;
+}
+DataLoader TrialData::train_dataloader() {
+  return loader_;
+}
+c10::optional<DataLoader> TrialData::val_dataloader() {
+  return at(Stage::kValidate);
+}
+c10::optional<DataLoader> TrialData::test_dataloader() {
+  return at(Stage::kTest);
+}
+c10::optional<DataLoader> TrialData::predict_dataloader() {
+  return at(Stage::kPredict);
+}
+Batch TrialData::on_before_batch_transfer(Batch batch) {
+  return hooks_.on_before_batch_transfer(std::move(batch));
+}
+Batch TrialData::transfer_batch_to_device(Batch batch, c10::Device device) {
+  return hooks_.transfer_batch_to_device(std::move(batch), device);
+}
+Batch TrialData::on_after_batch_transfer(Batch batch) {
+  return hooks_.on_after_batch_transfer(std::move(batch));
+}
+
+void run_trial_stage(Trainer& trainer, Module& module, Stage stage, const DataLoader& loader,
+                     DataModule* hooks) {
+  if (hooks == nullptr) {
+    switch (stage) {
+      case Stage::kFit: trainer.fit(module, loader); return;
+      case Stage::kValidate: trainer.validate(module, loader); return;
+      case Stage::kTest: trainer.test(module, loader); return;
+      default: trainer.predict(module, loader); return;
+    }
+  }
+  TrialData data(*hooks, loader, stage);
+  switch (stage) {
+    case Stage::kFit: trainer.fit(module, data); return;
+    case Stage::kValidate: trainer.validate(module, data); return;
+    case Stage::kTest: trainer.test(module, data); return;
+    default: trainer.predict(module, data); return;
+  }
+}
+
+void prepare_data_once(Module& module, DataModule& data) {
+  const auto rng = get_rng_states(generator_devices());
+  data.prepare_data();
+  module.prepare_data();
+  set_rng_states(rng);
 }
 
 ModuleSnapshot::ModuleSnapshot(Module& m, std::string tag)

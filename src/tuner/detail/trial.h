@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "core/detail/rng_states.h"
+#include "volt/data/data_module.h"
+#include "volt/trainer/trainer.h"
 #include "volt/trainer/trainer_options.h"
 #include "volt/tuner/batch_size_finder.h"
 #include "volt/tuner/lr_finder.h"
@@ -30,6 +32,40 @@ namespace detail {
 /// profiler or CheckpointIO (a tuner callback's trials run inside a fit that owns those).
 /// The caller adds its stop and batch limits.
 TrainerOptions trial_options(TrainerOptions options);
+
+/// A trial's loader as a DataModule that forwards the batch hooks (on_before_batch_transfer,
+/// transfer_batch_to_device, on_after_batch_transfer) to the run's DataModule, so a trial
+/// transforms its batches as the run will (Lightning's trials run inside the Trainer, with its
+/// datamodule): a transform that makes a batch valid (a cast) or that costs memory (on-device
+/// augmentation) was left out of the trials. Nothing else: no set-up, no other loaders.
+class TrialData : public DataModule {
+ public:
+  TrialData(DataModule& hooks, DataLoader loader, Stage stage);
+  DataLoader train_dataloader() override;
+  c10::optional<DataLoader> val_dataloader() override;
+  c10::optional<DataLoader> test_dataloader() override;
+  c10::optional<DataLoader> predict_dataloader() override;
+  Batch on_before_batch_transfer(Batch batch) override;
+  Batch transfer_batch_to_device(Batch batch, c10::Device device) override;
+  Batch on_after_batch_transfer(Batch batch) override;
+
+ private:
+  c10::optional<DataLoader> at(Stage stage);
+  DataModule& hooks_;
+  DataLoader loader_;
+  Stage stage_;
+};
+
+/// Runs `stage` (fit, validate, test or predict) of `trainer` on `loader`, through TrialData
+/// when the run has a DataModule (`hooks`, else null).
+void run_trial_stage(Trainer& trainer, Module& module, Stage stage, const DataLoader& loader,
+                     DataModule* hooks);
+
+/// What the standalone tuners on a DataModule (lr_find, scale_batch_size) run first: the
+/// DataModule's and the module's prepare_data, with the random state put back as the Trainer
+/// does. Lightning's Tuner runs inside trainer.fit, which prepares the data before anything; the
+/// trials themselves skip it (a tuner callback's run prepared already).
+void prepare_data_once(Module& module, DataModule& data);
 
 class ModuleSnapshot {
  public:
@@ -67,8 +103,8 @@ TrainerOptions run_trial_options(RunContext& run);
 /// lr_find inside a run (LearningRateFinder): `options` from run_trial_options, so a DDP run's
 /// trial shares its processes. Each step's loss is the mean over the ranks, so every rank
 /// records the same result. The public lr_find refuses every strategy but single_device.
-LrFinderResult lr_find_in_run(Module& module, DataLoader train, TrainerOptions options,
-                              LrFinderOptions finder);
+LrFinderResult lr_find_in_run(Module& module, DataLoader train, DataModule* hooks,
+                              TrainerOptions options, LrFinderOptions finder);
 
 /// Runs a tuner callback's `trials`, then gives the run's precision back as it was when the
 /// trials' Trainers shared it (a Precision object in TrainerOptions is used by every Trainer
