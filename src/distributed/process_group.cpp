@@ -530,7 +530,7 @@ ProcessGroup::ProcessGroup(const ClusterEnvironment& env, ProcessGroupOptions op
   // all-gather before each collective met another rank's collective (a Gloo size abort).
   cfg << "world_size=" << world_size_ << " backend=" << to_string(options_.backend())
       << " config_hash=" << (options_.config_hash().empty() ? "''" : options_.config_hash())
-      << " call_checks=" << (checks_calls() ? "on" : "off");
+      << " call_checks=" << (checks_calls() ? "on (TORCH_DISTRIBUTED_DEBUG=DETAIL)" : "off");
   const std::string me = std::to_string(rank_);
   try {
     if (store.add(kClaimKey + me, 1) > 1) {

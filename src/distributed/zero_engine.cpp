@@ -187,6 +187,9 @@ struct ZeroEngine::Comm {
   std::map<size_t, at::Tensor> carried;
   // Per chunk: its parameter got a gradient in this accumulation window (any backward of it).
   std::vector<bool> used;
+  // The backward under way closes its window (the Trainer's last micro-batch): the unused
+  // check runs then, when the window's gradients are all in.
+  bool sync = true;
 };
 
 struct ZeroEngine::Swap {
@@ -879,6 +882,7 @@ void ZeroEngine::backward(const std::function<void()>& run_backward, bool sync) 
              "reduces no gradients; set the module up with its optimizer to train it.");
   if (window_ended_) zero_grad();  // a new window whose zero_grad() did not reach the engine
   comm_->used.resize(chunks_.size(), false);
+  comm_->sync = sync;
   if (options_.stage() == 1 && have_grads_) {
     // Another backward after a synced one (manual_backward, Fabric's backward outside
     // no_backward_sync): each full gradient holds the average in this rank's chunk and this
@@ -975,15 +979,15 @@ void ZeroEngine::finish_backward() {
                "the parameter in one checkpointed segment only, or leave it out of the "
                "checkpoint.");
   }
-  if (!options_.ignore_unused_parameters()) {
+  if (!options_.ignore_unused_parameters() && comm_->sync) {
     // After the reductions, and agreed: a forward that skipped a parameter on some ranks only
     // (a data-dependent branch) stops every rank at the same point with this error, instead of
     // the others going on into collectives the stopped ones never join.
     std::vector<std::string> unused;
     for (size_t i = 0; i < chunks_.size(); ++i) {
-      // Unused in the whole window, as DeepSpeed checks: a parameter an earlier micro-batch
-      // used has a gradient (an error before session 98, at stage 2 whenever the last
-      // micro-batch skipped it).
+      // Unused in the whole window, checked at its synced backward (every rank agrees on which
+      // that is, so the reduction below stays matched): a parameter another micro-batch used
+      // has a gradient (before session 98, stage 2 refused one that any micro-batch skipped).
       if (!ready_[i] && !comm_->used[i] && chunks_[i].numel > 0 &&
           chunks_[i].parameter.requires_grad()) {
         unused.push_back("'" + chunks_[i].name + "'");

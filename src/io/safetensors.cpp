@@ -159,13 +159,20 @@ SafetensorsFile detail::parse_safetensors(const std::string& file, const std::st
   try {
     // Bounded as every JSON volt reads: the header is one level of entries whose shape and
     // offsets are lists, and 100 MB of '[' parsed unbounded took about 8 GB before failing.
+    // A real header has about a dozen nodes per tensor in 100-odd bytes: the node limit grows
+    // with the header (a file of 100,000 tensors is valid).
     detail::InputLimits limits;
     limits.max_bytes = kMaxHeaderBytes;
     limits.max_depth = 8;
+    limits.max_nodes = std::max<size_t>(limits.max_nodes, static_cast<size_t>(n / 4));
     header = detail::parse_json_bounded(std::string(file.data() + 8, n), "Safetensors", "header",
                                         limits, "the file is damaged or not safetensors");
   } catch (const ConfigError& e) {
-    VOLT_CHECK(false, CheckpointError, where, "header is not valid JSON: ", e.what());
+    // Its text is "[Safetensors] header: <what>": said once, with the path.
+    const std::string what = e.what();
+    const std::string inner = "[Safetensors] header: ";
+    VOLT_CHECK(false, CheckpointError, where,
+               "header: ", what.rfind(inner, 0) == 0 ? what.substr(inner.size()) : what);
   }
   VOLT_CHECK(header.is_object(), CheckpointError, where, "header must be a JSON object.");
   const uint64_t data_size = file.size() - 8 - n;

@@ -47,6 +47,33 @@ std::vector<double> checked_initial_lrs(const std::string& name, int64_t last_ep
   return lrs.size() == 1 ? std::vector<double>(groups, lrs[0]) : lrs;
 }
 
+// The parts of SequentialLR and ChainedScheduler, saved as scheduler_<i> beside their count.
+void save_parts(torch::serialize::OutputArchive& archive,
+                const std::vector<std::shared_ptr<LRScheduler>>& parts) {
+  archive.write("count", c10::IValue(static_cast<int64_t>(parts.size())));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    torch::serialize::OutputArchive one;
+    parts[i]->save(one);
+    archive.write("scheduler_" + std::to_string(i), one);
+  }
+}
+
+// CheckpointError unless the archive holds as many parts as `parts`.
+void check_part_count(torch::serialize::InputArchive& archive, const std::string& name,
+                      const std::vector<std::shared_ptr<LRScheduler>>& parts) {
+  c10::IValue count;
+  archive.read("count", count);
+  VOLT_CHECK(count.toInt() == static_cast<int64_t>(parts.size()), CheckpointError, "[", name,
+             "] checkpoint chains ", count.toInt(), " schedulers but this one chains ",
+             parts.size(), "; resume with the same schedulers.");
+}
+
+void load_part(torch::serialize::InputArchive& archive, size_t i, LRScheduler& part) {
+  torch::serialize::InputArchive one;
+  archive.read("scheduler_" + std::to_string(i), one);
+  part.load(one);
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------ LRScheduler
@@ -481,7 +508,7 @@ MultiplicativeLR::MultiplicativeLR(torch::optim::Optimizer& optimizer,
     : LRScheduler(optimizer), factors_(std::move(factors)) {
   VOLT_CHECK(factors_.size() == base_lrs_.size(), ConfigError, "[MultiplicativeLR] got ",
              factors_.size(), " factor functions for ", base_lrs_.size(),
-             " param groups; pass one per group or a single one for all.");
+             " param groups; pass one per group, or one function (not in a list) for all.");
   for (size_t i = 0; i < factors_.size(); ++i) {
     VOLT_CHECK(static_cast<bool>(factors_[i]), ConfigError, "[MultiplicativeLR] factor function ",
                i, " is empty; pass a function of the step count.");
@@ -765,11 +792,11 @@ CyclicLR::CyclicLR(torch::optim::Optimizer& optimizer, CyclicLROptions options)
   max_lrs_ = per_group("CyclicLR", "max_lr", o.max_lr(), groups);
   for (double lr : base) {
     VOLT_CHECK(lr >= 0 && std::isfinite(lr), ConfigError, "[CyclicLR] base_lr=", lr,
-               " must be >= 0 and finite.");
+               " must be >= 0 and finite: the lr the cycle starts from (e.g. 0.001).");
   }
   for (double lr : max_lrs_) {
     VOLT_CHECK(lr >= 0 && std::isfinite(lr), ConfigError, "[CyclicLR] max_lr=", lr,
-               " must be >= 0 and finite.");
+               " must be >= 0 and finite: the lr the cycle rises to (e.g. 0.1).");
   }
   const double up = o.step_size_up();
   const double down = o.step_size_down().value_or(up);
@@ -1018,20 +1045,11 @@ std::vector<double> SequentialLR::compute_lrs(const std::vector<double>& current
 
 void SequentialLR::save(torch::serialize::OutputArchive& archive) const {
   LRScheduler::save(archive);
-  archive.write("count", c10::IValue(static_cast<int64_t>(schedulers_.size())));
-  for (size_t i = 0; i < schedulers_.size(); ++i) {
-    torch::serialize::OutputArchive one;
-    schedulers_[i]->save(one);
-    archive.write("scheduler_" + std::to_string(i), one);
-  }
+  save_parts(archive, schedulers_);
 }
 
 void SequentialLR::load(torch::serialize::InputArchive& archive) {
-  c10::IValue count;
-  archive.read("count", count);
-  VOLT_CHECK(count.toInt() == static_cast<int64_t>(schedulers_.size()), CheckpointError,
-             "[SequentialLR] checkpoint chains ", count.toInt(), " schedulers but this one chains ",
-             schedulers_.size(), "; resume with the same schedulers.");
+  check_part_count(archive, name(), schedulers_);
   // The scheduler active at the saved step loads after the others: a OneCycleLR sets the
   // momentum as it loads, and one still waiting for its milestone would set its step-0 momentum
   // over the active one's.
@@ -1040,15 +1058,10 @@ void SequentialLR::load(torch::serialize::InputArchive& archive) {
   const size_t active = static_cast<size_t>(
       std::upper_bound(milestones_.begin(), milestones_.end(), saved_epoch.toInt()) -
       milestones_.begin());
-  const auto load_one = [&](size_t i) {
-    torch::serialize::InputArchive one;
-    archive.read("scheduler_" + std::to_string(i), one);
-    schedulers_[i]->load(one);
-  };
   for (size_t i = 0; i < schedulers_.size(); ++i) {
-    if (i != active) load_one(i);
+    if (i != active) load_part(archive, i, *schedulers_[i]);
   }
-  load_one(active);
+  load_part(archive, active, *schedulers_[active]);
   // Last, so the optimizer ends up with the lrs of the active scheduler.
   LRScheduler::load(archive);
 }
@@ -1061,7 +1074,8 @@ torch::optim::Optimizer& chained_optimizer(
     const std::vector<std::shared_ptr<LRScheduler>>& schedulers) {
   VOLT_CHECK(!schedulers.empty(), ConfigError,
              "[ChainedScheduler] no schedulers given; pass at least one.");
-  VOLT_CHECK(schedulers[0] != nullptr, ConfigError, "[ChainedScheduler] scheduler 0 is null.");
+  VOLT_CHECK(schedulers[0] != nullptr, ConfigError,
+             "[ChainedScheduler] scheduler 0 is null; pass schedulers built on the optimizer.");
   return schedulers[0]->optimizer();
 }
 
@@ -1075,7 +1089,8 @@ ChainedScheduler::ChainedScheduler(std::vector<std::shared_ptr<LRScheduler>> sch
     : LRScheduler(chained_optimizer(schedulers)), schedulers_(std::move(schedulers)) {
   for (size_t i = 0; i < schedulers_.size(); ++i) {
     auto& s = schedulers_[i];
-    VOLT_CHECK(s != nullptr, ConfigError, "[ChainedScheduler] scheduler ", i, " is null.");
+    VOLT_CHECK(s != nullptr, ConfigError, "[ChainedScheduler] scheduler ", i,
+               " is null; pass schedulers built on the optimizer.");
     VOLT_CHECK(&s->optimizer_ == &optimizer_, ConfigError, "[ChainedScheduler] scheduler ", i, " (",
                s->name(),
                ") drives a different optimizer than scheduler 0; build all schedulers on one "
@@ -1142,26 +1157,12 @@ std::vector<double> ChainedScheduler::compute_lrs(const std::vector<double>& cur
 
 void ChainedScheduler::save(torch::serialize::OutputArchive& archive) const {
   LRScheduler::save(archive);
-  archive.write("count", c10::IValue(static_cast<int64_t>(schedulers_.size())));
-  for (size_t i = 0; i < schedulers_.size(); ++i) {
-    torch::serialize::OutputArchive one;
-    schedulers_[i]->save(one);
-    archive.write("scheduler_" + std::to_string(i), one);
-  }
+  save_parts(archive, schedulers_);
 }
 
 void ChainedScheduler::load(torch::serialize::InputArchive& archive) {
-  c10::IValue count;
-  archive.read("count", count);
-  VOLT_CHECK(count.toInt() == static_cast<int64_t>(schedulers_.size()), CheckpointError,
-             "[ChainedScheduler] checkpoint chains ", count.toInt(),
-             " schedulers but this one chains ", schedulers_.size(),
-             "; resume with the same schedulers.");
-  for (size_t i = 0; i < schedulers_.size(); ++i) {
-    torch::serialize::InputArchive one;
-    archive.read("scheduler_" + std::to_string(i), one);
-    schedulers_[i]->load(one);
-  }
+  check_part_count(archive, name(), schedulers_);
+  for (size_t i = 0; i < schedulers_.size(); ++i) load_part(archive, i, *schedulers_[i]);
   // Last, so the optimizer ends up with the lrs the whole chain wrote.
   LRScheduler::load(archive);
 }

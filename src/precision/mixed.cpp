@@ -297,7 +297,8 @@ std::shared_ptr<void> MixedPrecision::forward_context() {
   // has no grad_fn, so a later forward with gradients reused it and the weight got none; one
   // cast before a manual optimizer.step() kept the old values for the forwards after it.
   // Lightning clears the cache when a no_grad block exits; C++'s NoGradGuard has no such hook.
-  // The cost: a weight used twice in a step is cast twice.
+  // The cost: a weight used several times in a step (a recurrent loop, a tied embedding) is cast
+  // once per use, and backward keeps each copy: memory as well as time.
   return std::make_shared<AutocastGuard>(device_, dtype_, /*enabled=*/true,
                                          /*cache_enabled=*/false);
 }

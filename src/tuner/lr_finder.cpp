@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -48,7 +49,11 @@ class LrFinderCallback : public Callback {
   }
 
   void on_train_batch_start(RunContext& run, Module&, const Batch&, int64_t) override {
-    const double lr = scheduled_lr(o_, static_cast<int64_t>(result.lrs.size()));
+    // A stop requested over several processes lands a few batches later: those batches stay at
+    // the last rate (max_lr) and record nothing.
+    const int64_t k =
+        std::min<int64_t>(static_cast<int64_t>(result.lrs.size()), o_.num_training() - 1);
+    const double lr = scheduled_lr(o_, k);
     for (auto& g : run.optimizer_configs().front().optimizer()->param_groups()) {
       g.options().set_lr(lr);
     }
@@ -69,6 +74,7 @@ class LrFinderCallback : public Callback {
     // skipped step does not advance global_step, so the test counts its points itself; it
     // waited for global_step before and, under loss scaling, never ended.
     if (micro_batches_ == 0 || run.state().accumulated != 0) return;  // mid-window or no loss
+    if (static_cast<int64_t>(result.lrs.size()) >= o_.num_training()) return;  // stop under way
     const int64_t steps = static_cast<int64_t>(result.lrs.size()) + 1;
     result.lrs.push_back(
         run.optimizer_configs().front().optimizer()->param_groups()[0].options().get_lr());

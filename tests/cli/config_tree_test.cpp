@@ -214,6 +214,12 @@ TEST(ConfigTree, OverrideErrorsSayWhatToDo) {
   EXPECT_EQ(args->find("mode")->scalar, "max");
   ASSERT_NE(args->find("patience"), nullptr);
   EXPECT_EQ(args->find("patience")->scalar, "4");
+  // A plain list's item is no component: a key on it is still refused as on any value.
+  apply_override(root, "model.names", "a", true, "--model.names+=a");
+  EXPECT_NE(error_of([&] {
+              apply_override(root, "model.names.x", "1", false, "--model.names.x=1");
+            }).find("is \"a\", not a mapping"),
+            std::string::npos);
   apply_override(root, "trainer.plugins", "[]", false, "--trainer.plugins=[]");
   EXPECT_NE(error_of([&] {
               apply_override(root, "trainer.plugins.x", "1", false, "--o");

@@ -458,7 +458,7 @@ TEST(ProcessGroup, RanksWithDifferentConfigsFailNamingThem) {
   expect_all(mixed, 3,
              {"[ProcessGroup] ranks' configurations differ: rank 0: world_size=2 backend=gloo "
               "config_hash=same call_checks=off; rank 1: world_size=2 backend=gloo "
-              "config_hash=same call_checks=on"});
+              "config_hash=same call_checks=on (TORCH_DISTRIBUTED_DEBUG=DETAIL)"});
 }
 
 // A second process with rank 1 arriving while the job runs fails at once, naming the rank. (When

@@ -727,8 +727,8 @@ TEST(ZeroEngine, AFailedFirstSwapWriteLeavesTheParametersWhole) {
 // the checkpointed use apart, so its parameters get a second gradient after their bucket was
 // reduced. Each stage says so, naming them (before, that gradient was silently lost).
 // ignore_unused_parameters=false refuses a parameter without a gradient in the whole accumulation
-// window, as DeepSpeed: one an earlier micro-batch used has one (stage 2 refused it whenever the
-// last micro-batch skipped it; stage 1 looked at the synced backward alone).
+// window, checked at its synced backward: one another micro-batch used has one (stage 2 refused
+// it whenever a micro-batch skipped it; stage 1 looked at the synced backward alone).
 TEST(ZeroEngine, AParameterUsedEarlierInTheWindowIsNotUnused) {
   VOLT_REQUIRE_GLOO();
   auto group = world_of_one();
@@ -747,6 +747,12 @@ TEST(ZeroEngine, AParameterUsedEarlierInTheWindowIsNotUnused) {
     engine.backward([&] { whole.backward(); }, /*sync=*/false);
     at::Tensor part = first_layer();
     EXPECT_NO_THROW(engine.backward([&] { part.backward(); }, /*sync=*/true));
+    // Used only by a later micro-batch of the window: not unused either.
+    engine.zero_grad();
+    at::Tensor early = first_layer();
+    EXPECT_NO_THROW(engine.backward([&] { early.backward(); }, /*sync=*/false));
+    at::Tensor late = net->forward(x).pow(2).sum();
+    EXPECT_NO_THROW(engine.backward([&] { late.backward(); }, /*sync=*/true));
     // A new window in which the later layers get nothing: refused.
     engine.zero_grad();
     at::Tensor only = first_layer();

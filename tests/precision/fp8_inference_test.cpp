@@ -44,6 +44,30 @@ const char* kMeasurements = R"({"format": "volt-fp8-measurements", "version": 1,
   "fc2": {"type": "Linear", "in_features": 64, "out_features": 10, "input": 3.0, "weight": 0.25,
           "output": 2.0}}})";
 
+// What a quantized Linear computes: input and weight on the E4M3 grid under their scales, the
+// product in fp32, returned in bf16.
+at::Tensor fp8_linear_reference(const at::Tensor& x, const torch::nn::Linear& layer,
+                                float input_scale, float weight_scale) {
+  const auto q = [](const at::Tensor& t, float s) {
+    return volt::fp8_round(t * s, volt::Fp8Format::kE4M3) / s;
+  };
+  return torch::linear(q(x, input_scale), q(layer->weight.detach(), weight_scale),
+                       layer->bias.detach())
+      .to(at::kBFloat16);
+}
+
+// `net`'s fc1 quantized from `measurements` (fc2 blocklisted).
+void quantize_fc1(Net& net, const std::string& measurements) {
+  const auto cfg = volt::QuantConfig()
+                       .mode(volt::QuantConfig::kQuantize)
+                       .dump_stats_path(measurements)
+                       .blocklist_names({"fc2"});
+  const auto report = volt::quantize_fp8(net, cfg);
+  EXPECT_EQ(report.converted, std::vector<std::string>{"fc1"});
+  ASSERT_EQ(report.kept.size(), 1u);
+  EXPECT_EQ(report.kept[0].first, "fc2");
+}
+
 }  // namespace
 
 TEST(QuantConfig, ParsesTheReferenceKeysAndRejectsBadOnes) {
@@ -94,14 +118,7 @@ TEST(Fp8Quantize, LayersComputeOnTheE4m3GridUnderTheMeasuredScales) {
   write(dir / "m.json", kMeasurements);
   torch::manual_seed(3);
   auto net = std::make_shared<Net>();
-  const auto cfg = volt::QuantConfig()
-                       .mode(volt::QuantConfig::kQuantize)
-                       .dump_stats_path(dir / "m.json")
-                       .blocklist_names({"fc2"});
-  const auto report = volt::quantize_fp8(*net, cfg);
-  EXPECT_EQ(report.converted, std::vector<std::string>{"fc1"});
-  ASSERT_EQ(report.kept.size(), 1u);
-  EXPECT_EQ(report.kept[0].first, "fc2");
+  quantize_fc1(*net, dir / "m.json");
 
   const auto x = torch::randn({8, 32}) * 2;
   const auto h = torch::randn({8, 64});
@@ -113,14 +130,8 @@ TEST(Fp8Quantize, LayersComputeOnTheE4m3GridUnderTheMeasuredScales) {
     y2 = net->fc2(h);
   }
   // maxabs_hw: input scale 448 / 4 = 112, weight scale 448 / 0.5 = 896.
-  auto q = [](const at::Tensor& t, float s) {
-    return volt::fp8_round(t * s, volt::Fp8Format::kE4M3) / s;
-  };
-  const auto ref =
-      torch::linear(q(x, 112.f), q(net->fc1->weight.detach(), 896.f), net->fc1->bias.detach())
-          .to(at::kBFloat16);
   EXPECT_EQ(y.scalar_type(), at::kBFloat16);
-  EXPECT_TRUE(torch::equal(y, ref));
+  EXPECT_TRUE(torch::equal(y, fp8_linear_reference(x, net->fc1, 112.f, 896.f)));
   // Blocklisted: plain bf16 autocast.
   volt::AutocastGuard bf16(c10::kCPU);
   EXPECT_TRUE(torch::equal(y2, net->fc2(h)));
@@ -136,11 +147,7 @@ TEST(Fp8Quantize, ANullMeasurementQuantizesWithScaleOne) {
   write(dir / "m.json", text);
   torch::manual_seed(3);
   auto net = std::make_shared<Net>();
-  const auto cfg = volt::QuantConfig()
-                       .mode(volt::QuantConfig::kQuantize)
-                       .dump_stats_path(dir / "m.json")
-                       .blocklist_names({"fc2"});
-  EXPECT_EQ(volt::quantize_fp8(*net, cfg).converted, std::vector<std::string>{"fc1"});
+  quantize_fc1(*net, dir / "m.json");
   const auto x = torch::randn({8, 32}) * 2;
   at::Tensor y;
   {
@@ -149,13 +156,7 @@ TEST(Fp8Quantize, ANullMeasurementQuantizesWithScaleOne) {
     y = net->fc1(x);
   }
   // Input scale 1, weight scale 448 / 0.5 = 896.
-  auto q = [](const at::Tensor& t, float s) {
-    return volt::fp8_round(t * s, volt::Fp8Format::kE4M3) / s;
-  };
-  const auto ref =
-      torch::linear(q(x, 1.f), q(net->fc1->weight.detach(), 896.f), net->fc1->bias.detach())
-          .to(at::kBFloat16);
-  EXPECT_TRUE(torch::equal(y, ref));
+  EXPECT_TRUE(torch::equal(y, fp8_linear_reference(x, net->fc1, 1.f, 896.f)));
 }
 
 TEST(Fp8Quantize, PowerOfTwoScales) {
@@ -174,12 +175,7 @@ TEST(Fp8Quantize, PowerOfTwoScales) {
     y = net->fc2(x);
   }
   // fc2: 448 / 3 = 149.3 -> 128; 448 / 0.25 = 1792 -> 1024.
-  auto q = [](const at::Tensor& t, float s) {
-    return volt::fp8_round(t * s, volt::Fp8Format::kE4M3) / s;
-  };
-  EXPECT_TRUE(torch::equal(
-      y,
-      torch::linear(q(x, 128.f), q(net->fc2->weight, 1024.f), net->fc2->bias).to(at::kBFloat16)));
+  EXPECT_TRUE(torch::equal(y, fp8_linear_reference(x, net->fc2, 128.f, 1024.f)));
 }
 
 TEST(Fp8Quantize, EveryWayTheMeasurementsCanBeWrongIsAClearError) {

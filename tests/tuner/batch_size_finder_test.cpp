@@ -196,6 +196,19 @@ TEST(BatchSizeFinder, TheStandaloneTunersPrepareTheDataFirstAndTheTrialsRunItsBa
   // on a bare loader: a transform that costs memory, or makes a batch valid, was left out).
   EXPECT_GE(data.transferred, static_cast<int>(model.sizes.size()));
   EXPECT_GT(data.transferred, 0);
+  // A DataModule that overrides none of them: the Module's hooks run (they also move the batch
+  // to the device), as in the run; forwarded to the default they were skipped.
+  struct CountsTransfers : Hungry {
+    volt::Batch on_after_batch_transfer(volt::Batch b) override {
+      ++transferred;
+      return b;
+    }
+    int transferred = 0;
+  } counting;
+  SizedData plain(64, 2);
+  volt::scale_batch_size(counting, plain, quiet(dir.path), BatchSizeFinderOptions().max_trials(2));
+  EXPECT_GE(counting.transferred, static_cast<int>(counting.sizes.size()));
+  EXPECT_GT(counting.transferred, 0);
   Prepared data2;
   Counting model2;
   volt::lr_find(model2, data2, quiet(dir.path), volt::LrFinderOptions().num_training(4));

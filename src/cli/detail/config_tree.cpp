@@ -449,7 +449,9 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
       // A component item (a class name, or a mapping with a class_path) takes the key as an
       // init arg, as the shorthand above does for a path: it was set beside class_path, which
       // resolving then refused as an unknown key.
-      const bool component = cur->is_scalar() || (cur->is_map() && cur->find("class_path"));
+      // (Only a components list's items: a plain list of names stays a list of names.)
+      const bool component = is_component_path(walked) &&
+                             (cur->is_scalar() || (cur->is_map() && cur->find("class_path")));
       if (component && seg != "class_path" && seg != "init_args") {
         path.insert(path.begin() + static_cast<std::ptrdiff_t>(i), "init_args");
         seg = path[i];

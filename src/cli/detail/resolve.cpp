@@ -154,7 +154,10 @@ ParamValue scalar_value(const std::string& key, const ConfigNode& n, const Param
       int64_t i;
       if (!parse_int(s, &i)) {
         if (int_out_of_range(s)) {
-          fail(key, n, "is " + s + ", outside the range of a 64-bit integer ([-2^63, 2^63)).");
+          fail(key, n,
+               "is " + s +
+                   ", outside the range of a 64-bit integer ([-2^63, 2^63)); give a "
+                   "smaller number.");
         }
         wrong_type(key, n, spec);
       }

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <utility>
 
+#include "core/detail/default_steps.h"
 #include "core/detail/numbers.h"
 #include "trainer/detail/tuner_trial.h"
 #include "volt/core/check.h"
@@ -72,14 +73,26 @@ c10::optional<DataLoader> TrialData::test_dataloader() {
 c10::optional<DataLoader> TrialData::predict_dataloader() {
   return at(Stage::kPredict);
 }
+// Each forwarder passes on the run's DataModule's "my default ran" mark, by which the Trainer
+// then runs the Module's hook (which moves the batch to the device): without it a DataModule
+// that overrides nothing left the trials' batches untransferred.
+Batch TrialData::forward_hook(DefaultSteps::Bit bit, const std::function<Batch()>& call) {
+  DefaultSteps::clear(hooks_);
+  Batch out = call();
+  if (DefaultSteps::ran(hooks_, bit)) DefaultSteps::mark(*this, bit);
+  return out;
+}
 Batch TrialData::on_before_batch_transfer(Batch batch) {
-  return hooks_.on_before_batch_transfer(std::move(batch));
+  return forward_hook(DefaultSteps::kBeforeBatchTransfer,
+                      [&] { return hooks_.on_before_batch_transfer(std::move(batch)); });
 }
 Batch TrialData::transfer_batch_to_device(Batch batch, c10::Device device) {
-  return hooks_.transfer_batch_to_device(std::move(batch), device);
+  return forward_hook(DefaultSteps::kTransferBatch,
+                      [&] { return hooks_.transfer_batch_to_device(std::move(batch), device); });
 }
 Batch TrialData::on_after_batch_transfer(Batch batch) {
-  return hooks_.on_after_batch_transfer(std::move(batch));
+  return forward_hook(DefaultSteps::kAfterBatchTransfer,
+                      [&] { return hooks_.on_after_batch_transfer(std::move(batch)); });
 }
 
 void run_trial_stage(Trainer& trainer, Module& module, Stage stage, const DataLoader& loader,

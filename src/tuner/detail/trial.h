@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/detail/default_steps.h"
 #include "core/detail/rng_states.h"
 #include "volt/data/data_module.h"
 #include "volt/trainer/trainer.h"
@@ -51,6 +52,7 @@ class TrialData : public DataModule {
 
  private:
   c10::optional<DataLoader> at(Stage stage);
+  Batch forward_hook(DefaultSteps::Bit bit, const std::function<Batch()>& call);
   DataModule& hooks_;
   DataLoader loader_;
   Stage stage_;
