@@ -607,6 +607,21 @@ bool has_momentum(torch::optim::OptimizerOptions& o) {
          dynamic_cast<FusedAdamWOptions*>(&o);
 }
 
+// OneCycleLR's and CyclicLR's momentum cycling: every value in [0, 1) and an optimizer whose
+// groups have a momentum or betas (ConfigErrors naming `scheduler`).
+void check_cycled_momenta(const char* scheduler, const std::vector<double>& momenta,
+                          torch::optim::Optimizer& optimizer) {
+  for (double m : momenta) {
+    VOLT_CHECK(m >= 0 && m < 1, ConfigError, "[", scheduler, "] momentum ", m,
+               " must be in [0, 1); check base_momentum and max_momentum.");
+  }
+  for (auto& g : optimizer.param_groups()) {
+    VOLT_CHECK(has_momentum(g.options()), ConfigError, "[", scheduler,
+               "] cycle_momentum=true needs an optimizer with momentum or betas (SGD, RMSprop, "
+               "Adam, AdamW); set cycle_momentum(false) for this optimizer.");
+  }
+}
+
 // Sets a group's momentum (SGD, RMSprop) or beta1 (Adam, AdamW), as has_momentum found it.
 void write_momentum(torch::optim::Optimizer& optimizer, size_t group, double momentum) {
   auto& o = optimizer.param_groups()[group].options();
@@ -682,15 +697,7 @@ OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, OneCycleLROptions opt
   }
 
   if (o.cycle_momentum()) {
-    for (double m : {o.base_momentum(), o.max_momentum()}) {
-      VOLT_CHECK(m >= 0 && m < 1, ConfigError, "[OneCycleLR] momentum ", m,
-                 " must be in [0, 1); check base_momentum and max_momentum.");
-    }
-    for (auto& g : optimizer_.param_groups()) {
-      VOLT_CHECK(has_momentum(g.options()), ConfigError,
-                 "[OneCycleLR] cycle_momentum=true needs an optimizer with momentum or betas "
-                 "(SGD, RMSprop, Adam, AdamW); set cycle_momentum(false) for this optimizer.");
-    }
+    check_cycled_momenta("OneCycleLR", {o.base_momentum(), o.max_momentum()}, optimizer_);
   }
 
   // PyTorch overwrites param_group['initial_lr'] with max_lr / div_factor, so that is base_lrs.
@@ -814,17 +821,9 @@ CyclicLR::CyclicLR(torch::optim::Optimizer& optimizer, CyclicLROptions options)
   if (o.cycle_momentum()) {
     base_momenta_ = per_group("CyclicLR", "base_momentum", o.base_momentum(), groups);
     max_momenta_ = per_group("CyclicLR", "max_momentum", o.max_momentum(), groups);
-    for (const auto* list : {&base_momenta_, &max_momenta_}) {
-      for (double m : *list) {
-        VOLT_CHECK(m >= 0 && m < 1, ConfigError, "[CyclicLR] momentum ", m,
-                   " must be in [0, 1); check base_momentum and max_momentum.");
-      }
-    }
-    for (auto& g : optimizer_.param_groups()) {
-      VOLT_CHECK(has_momentum(g.options()), ConfigError,
-                 "[CyclicLR] cycle_momentum=true needs an optimizer with momentum or betas "
-                 "(SGD, RMSprop, Adam, AdamW); set cycle_momentum(false) for this optimizer.");
-    }
+    std::vector<double> all = base_momenta_;
+    all.insert(all.end(), max_momenta_.begin(), max_momenta_.end());
+    check_cycled_momenta("CyclicLR", all, optimizer_);
   }
   // PyTorch sets each group's lr to base_lr and keeps base_lr as base_lrs, whatever
   // param_group['initial_lr'] another scheduler left.
