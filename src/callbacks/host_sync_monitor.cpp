@@ -224,7 +224,9 @@ struct HostSyncMonitor::Impl {
     }
     if (nonfinite) {
       table +=
-          "\n  the non-finite loss check is volt's own read of the loss each step; "
+          "\n  the non-finite loss check is volt's own read of the losses, once per logging "
+          "interval (log_every_n_steps x accumulate_grad_batches micro-batches) and before "
+          "checkpoints; "
           "TrainerOptions::detect_nonfinite_loss(false) (--trainer.detect_nonfinite_loss=false) "
           "removes it";
     }

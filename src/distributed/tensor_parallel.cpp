@@ -282,6 +282,21 @@ std::vector<TpLayer> resolve_tensor_parallel_plan(torch::nn::Module& root,
                "', which the plan splits (a tied weight, or one module at two paths); a split "
                "tensor must belong to one layer: keep both unsplit (replicated), or untie them.");
   }
+  // partial_grads names whole parameters, at least one each.
+  for (const std::string& pattern : o.partial_grads()) {
+    bool any = false;
+    for (const auto& p : root.named_parameters(/*recurse=*/true)) {
+      if (!path_matches(pattern, p.key())) continue;
+      any = true;
+      VOLT_CHECK(split_tensors.count(p.value().unsafeGetTensorImpl()) == 0, ConfigError, kTag,
+                 " partial_grads entry \"", pattern, "\" matches '", p.key(),
+                 "', which the plan splits; partial_grads lists whole parameters used on split "
+                 "activations: narrow the pattern.");
+    }
+    VOLT_CHECK(any, ConfigError, kTag, " partial_grads entry \"", pattern,
+               "\" matches no parameter of ", root.name(),
+               "; patterns are parameter names such as attn.q_norm.weight or blocks.*.scale.");
+  }
   return out;
 }
 
@@ -661,8 +676,85 @@ TensorParallelEngine::TensorParallelEngine(torch::nn::Module& root,
              "naming the model's Linear layers.");
   full_bytes_ = parameter_bytes();
   reshard();
+  std::unordered_set<const c10::TensorImpl*> listed;  // a tensor under two names: once
+  for (const auto& p : root_.named_parameters(/*recurse=*/true)) {
+    for (const std::string& pattern : options_.partial_grads()) {
+      if (path_matches(pattern, p.key()) && listed.insert(p.value().unsafeGetTensorImpl()).second) {
+        partial_.push_back(PartialGrad{p.value(), p.key(), c10::nullopt});
+      }
+    }
+  }
+  track_partial_grads();
   std::lock_guard<std::mutex> lock(engines().mu);
   engines().live.push_back(this);
+}
+
+void TensorParallelEngine::track_partial_grads() {
+  if (options_.tp_size() == 1) return;
+  for (PartialGrad& pg : partial_) {
+    if (pg.hook || !pg.param.requires_grad()) continue;
+    // This backward's part of the gradient, before it is accumulated: summed once per backward,
+    // so gradients accumulated over several backwards are summed once too. Every rank of the
+    // group runs the same graph, so the sums run in the same order everywhere.
+    pg.hook = pg.param.register_hook([this](const at::Tensor& grad) -> at::Tensor {
+      if (!split_ || !grad.defined()) return grad;
+      torch::NoGradGuard no_grad;
+      c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+      return sum_across(*group_, grad);
+    });
+  }
+}
+
+c10::optional<std::vector<std::string>> TensorParallelEngine::whole_grads_differing() const {
+  if (!split_ || options_.tp_size() == 1) return std::vector<std::string>{};
+  std::unordered_set<const c10::TensorImpl*> skip;  // split, listed, or seen under another name
+  for (const auto& s : shards_) skip.insert(s->param.unsafeGetTensorImpl());
+  for (const auto& pg : partial_) skip.insert(pg.param.unsafeGetTensorImpl());
+  torch::NoGradGuard no_grad;
+  c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+  // Per parameter [sum(g * w), sum(|g|), defined] with fixed weights w (the same on every rank),
+  // so a part of a gradient differs from the whole one in a few numbers to compare. Every rank
+  // has the same parameters, so the rows line up.
+  std::vector<std::string> names;
+  std::vector<at::Tensor> rows;
+  bool finite = true;
+  for (const auto& item : root_.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!p.requires_grad() || !skip.insert(p.unsafeGetTensorImpl()).second) continue;
+    names.push_back(item.key());
+    if (!p.grad().defined()) {
+      rows.push_back(at::zeros({3}, at::kDouble));
+      continue;
+    }
+    const at::Tensor g = p.grad().detach().to(at::kDouble).cpu().reshape({-1});
+    const at::Tensor w = at::sin(at::arange(g.numel(), at::kDouble) * 0.7 + 0.3);
+    at::Tensor row = at::stack({(g * w).sum(), g.abs().sum(), at::ones({}, at::kDouble)});
+    if (!at::isfinite(row).all().item<bool>()) {
+      finite = false;
+      row = at::zeros({3}, at::kDouble);
+    }
+    rows.push_back(row);
+  }
+  if (names.empty()) return std::vector<std::string>{};
+  const at::Tensor mine = at::stack(rows);  // [n, 3]
+  // One max reduction gives every row's largest and smallest values, and whether any rank saw a
+  // non-finite gradient.
+  const at::Tensor flag = at::full({1}, finite ? 0.0 : 1.0, at::kDouble);
+  const at::Tensor both =
+      group_->all_reduce(at::cat({mine.reshape({-1}), -mine.reshape({-1}), flag}), Reduce::kMax);
+  if (both[-1].item<double>() != 0) return c10::nullopt;
+  const int64_t n = mine.numel();
+  const at::Tensor hi = both.narrow(0, 0, n).reshape({-1, 3});
+  const at::Tensor lo = -both.narrow(0, n, n).reshape({-1, 3});
+  const at::Tensor spread = hi - lo;              // [n, 3]
+  const at::Tensor tol = hi.select(1, 1) * 1e-4;  // of the largest absolute sum
+  const at::Tensor differs =
+      (spread.select(1, 0) > tol) | (spread.select(1, 1) > tol) | (spread.select(1, 2) > 0);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (differs[static_cast<int64_t>(i)].item<bool>()) out.push_back(names[i]);
+  }
+  return out;
 }
 
 namespace {
@@ -821,6 +913,9 @@ void TensorParallelEngine::reshard() {
 }
 
 TensorParallelEngine::~TensorParallelEngine() {
+  for (const PartialGrad& pg : partial_) {
+    if (pg.hook) pg.param.remove_hook(*pg.hook);
+  }
   for (const auto& s : shards_) {
     unregister_weight(s->param);
     if (s->embedding != nullptr) s->embedding->options.padding_idx(s->padding_idx);
@@ -948,7 +1043,8 @@ std::ostream& operator<<(std::ostream& os, const TensorParallelOptions& o) {
     os << (i ? ", " : "") << detail::quoted(o.injection_policy()[i].first) << ": "
        << detail::quoted_list(o.injection_policy()[i].second);
   }
-  return os << "], num_heads=" << o.num_heads() << ")";
+  return os << "], num_heads=" << o.num_heads()
+            << ", partial_grads=" << detail::quoted_list(o.partial_grads()) << ")";
 }
 
 }  // namespace volt

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/detail/numbers.h"
+#include "io/detail/archive_check.h"
 #include "io/detail/nested_archive.h"
 #include "nn/detail/empty_init.h"
 #include "optim/detail/step_scheduler.h"
@@ -209,6 +210,11 @@ class FabricRun : public RunContext {
 void FabricState::check_new(const std::string& name) const {
   VOLT_CHECK(!name.empty() && name.find('/') == std::string::npos, ConfigError, kTag,
              " state entry name '", name, "' must be non-empty and without '/'.");
+  // Saved fine, but libtorch could never read the file back ("expected ident").
+  VOLT_CHECK(!detail::is_torchscript_keyword(name), ConfigError, kTag, " state entry name '", name,
+             "' is a word TorchScript reserves, which a checkpoint cannot hold as a name; "
+             "choose another (e.g. '",
+             name, "_state').");
   bool taken = values_.count(name) > 0;
   for (const auto& m : modules_) taken = taken || m.first == name;
   for (const auto& o : optimizers_) taken = taken || o.first == name;
@@ -283,11 +289,11 @@ Fabric::~Fabric() {
     if (s->module->run() == s->run.get()) s->module->attach(nullptr);
   }
   if (!launched_) return;
-  const bool failed = std::uncaught_exceptions() > 0;
+  // On the way out of an error, or after the program marked the run failed (it caught an
+  // error and is giving up): the other ranks may be gone, so nothing collective. Nothing waits
+  // here for checkpoint writes either: save() returns once its file is complete everywhere.
+  const bool failed = std::uncaught_exceptions() > 0 || strategy_->run_failed();
   try {
-    // Flushing waits for every rank (a collective): not on the way out of an error, where the
-    // other ranks may be gone.
-    if (!failed) strategy_->flush_checkpoints();
     if (strategy_->is_global_zero()) {
       for (const auto& l : options_.loggers()) {
         if (l) l->finalize(failed ? RunStatus::kFailed : RunStatus::kFinished);
@@ -408,17 +414,27 @@ void Fabric::setup(const std::shared_ptr<torch::nn::Module>& module,
   s->module = as_volt ? as_volt : std::make_shared<HeldModule>(*module);
   // A module set up without optimizers is only evaluated: ZeRO stage 3 partitions its weights
   // alone (ZeRO-Inference).
-  LoopSettings loop = strategy_->loop_settings();
+  const LoopSettings before = strategy_->loop_settings();
+  LoopSettings loop = before;
   loop.fitting = !optimizers.empty();
   strategy_->set_loop_settings(loop);
-  strategy_->setup_module(*s->module);
   std::vector<OptimizerConfig> configs(optimizers.begin(), optimizers.end());
-  strategy_->setup_optimizers(*s->module, configs);
-  // A DeepSpeed config may make an optimizer of its own, which the program could not step.
-  VOLT_CHECK(configs.size() == optimizers.size(), ConfigError, kTag, " the strategy made ",
-             configs.size() - optimizers.size(),
-             " optimizer(s) of its own (the DeepSpeed config's \"optimizer\") that the loop "
-             "cannot reach; build the optimizer in the program and pass it to setup().");
+  try {
+    strategy_->setup_module(*s->module);
+    strategy_->setup_optimizers(*s->module, configs);
+    // A DeepSpeed config may make an optimizer of its own, which the program could not step.
+    VOLT_CHECK(configs.size() == optimizers.size(), ConfigError, kTag, " the strategy made ",
+               configs.size() - optimizers.size(),
+               " optimizer(s) of its own (the DeepSpeed config's \"optimizer\") that the loop "
+               "cannot reach; build the optimizer in the program and pass it to setup().");
+  } catch (...) {
+    // The strategy may keep pointers to the module it began to set up (DeepSpeed's cast,
+    // model_parallel's split): it stays alive until the strategy's teardown (a held copy of a
+    // plain module was freed here before session 99, and the teardown used it).
+    strategy_->set_loop_settings(before);
+    failed_set_ups_.push_back(std::move(s));
+    throw;
+  }
   s->optimizers = optimizers;
   s->run = std::make_unique<detail::FabricRun>(*this, options_);
   s->run->configs = std::move(configs);
@@ -1006,8 +1022,10 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
     }
   }
   for (auto& [name, v] : found_values) state.values_[name] = std::move(v);
+  // A resumed training (the state names an optimizer) goes on counting from the file's steps;
+  // weights alone (a teacher, a pretrained backbone) leave this run's count as it is.
   c10::IValue global_step;
-  if (fab.try_read("global_step", global_step) && global_step.isInt()) {
+  if (!found_opts.empty() && fab.try_read("global_step", global_step) && global_step.isInt()) {
     steps_ = global_step.toInt();
   }
 }

@@ -160,6 +160,9 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
   // failed step leaves parameters, steps and moments as they were.
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const FusedAdamWOptions& o = options_of(param_groups_[g], g);
+    // As at construction: a group added since, options changed in place or loaded (betas[0]=1
+    // divided the step by a zero bias correction: the group's weights went to inf).
+    validate(o, "param group " + std::to_string(g));
     const auto& params = param_groups_[g].params();
     detail::FlatLayout& layout = s.layouts[g];
     for (size_t i = 0; i < params.size(); ++i) {

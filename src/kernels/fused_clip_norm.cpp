@@ -79,6 +79,18 @@ std::string cuda_reason(const std::vector<at::Tensor>& params, bool* cuda, bool*
   return "";
 }
 
+// A gradient listed twice (a tied weight registered under two names, in an optimizer built
+// from Module::parameters(), which lists it per name) or gradients sharing memory: torch counts
+// it twice in the norm and scales it twice, in turn; the CPU pass would scale it from two
+// threads at once.
+std::string shared_gradient_reason(const std::vector<at::Tensor>& grads) {
+  if (detail::find_overlap(grads) == detail::Overlap::kNone) return "";
+  return std::string(
+             "[FusedClipNorm] a gradient is listed twice or shares memory with another "
+             "(a tied weight in the parameter list twice); use ") +
+         kReference + ", which counts and scales it once per listing as torch does.";
+}
+
 void check_finite_norm(double total, double norm_type) {
   VOLT_CHECK(std::isfinite(total), ValueError, "[FusedClipNorm] the total norm of order ",
              norm_type, " of the gradients is non-finite (", total,
@@ -92,13 +104,15 @@ std::string FusedClipNorm::unsupported_reason(const std::vector<at::Tensor>& par
   bool cuda = false, device = false;
   std::string why = cuda_reason(params, &cuda, &device);
   if (cuda) return why;
+  std::vector<at::Tensor> grads;
   for (const auto& p : params) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
     why = detail::fusable_reason(kName, kReference, "gradient", g);
     if (!why.empty()) return why;
+    grads.push_back(g);
   }
-  return "";
+  return shared_gradient_reason(grads);
 }
 
 at::Tensor FusedClipNorm::clip_cuda(const std::vector<at::Tensor>& params) const {
@@ -152,6 +166,8 @@ double FusedClipNorm::clip_cpu(const std::vector<at::Tensor>& params) const {
     grads.push_back(g);
   }
   if (grads.empty()) return 0.0;
+  const std::string shared = shared_gradient_reason(grads);
+  VOLT_CHECK(shared.empty(), ValueError, shared);
 
   const double norm_type = options_.norm_type();
   std::vector<detail::TensorChunk> chunks;

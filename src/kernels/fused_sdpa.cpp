@@ -426,6 +426,18 @@ SdpaResult fused_sdpa(const at::Tensor& query, const at::Tensor& key, const at::
 SdpaResult sdpa_reference(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                           const SdpaOptions& options) {
   Call c = validate(query, key, value, options);
+  if (query.device().is_cpu() && query.scalar_type() == at::kHalf) {
+    // libtorch 1.13 has no float16 CPU matmul ("bmm" not implemented for 'Half'): computed in
+    // float32 (differentiable through the casts), returned in float16.
+    SdpaOptions wide = options;
+    const at::Tensor& m = options.attn_mask();
+    if (m.defined() && m.scalar_type() == at::kHalf) wide.attn_mask(m.to(at::kFloat));
+    SdpaResult r =
+        sdpa_reference(query.to(at::kFloat), key.to(at::kFloat), value.to(at::kFloat), wide);
+    r.output = r.output.to(at::kHalf);
+    if (r.attn_probs.defined()) r.attn_probs = r.attn_probs.to(at::kHalf);
+    return r;
+  }
   const float neg_inf = -std::numeric_limits<float>::infinity();
   at::Tensor s = at::matmul(query, key.transpose(-2, -1)) * c.scale;
   at::Tensor allowed;

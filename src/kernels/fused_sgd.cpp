@@ -137,6 +137,7 @@ at::Tensor FusedSGD::step(LossClosure closure) {
   // Pass 1 can throw and changes no value, so a failed step leaves everything as it was.
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const FusedSGDOptions& o = options_of(param_groups_[g], g);
+    validate(o, "param group " + std::to_string(g));  // also a group added or changed since
     const auto& params = param_groups_[g].params();
     detail::FlatLayout& layout = s.layouts[g];
     for (size_t i = 0; i < params.size(); ++i) {

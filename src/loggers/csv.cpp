@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "core/detail/ascii.h"
@@ -19,6 +20,7 @@
 #include "detail/csv_format.h"
 #include "detail/log_dir.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 #include "volt/io/checkpoint_io.h"
 
 namespace volt {
@@ -96,14 +98,21 @@ void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params
 }
 
 void CSVLogger::log_metrics(const Metrics& metrics, int64_t step) {
+  // An empty name would write a header that no reader (a resume, volt report) takes back.
+  VOLT_CHECK(metrics.count("") == 0, ValueError,
+             "[CSVLogger] a metric has an empty name; give every logged value a name.");
   for (const auto& kv : metrics) {
     if (kv.first != "step" && known_.insert(kv.first).second) columns_.push_back(kv.first);
   }
   // Flushed when the step passes a multiple of flush_logs_every_n_steps since the last flush:
-  // Lightning's (step + 1) % n == 0, also for logging intervals that do not divide n.
+  // Lightning's (step + 1) % n == 0, also for logging intervals that do not divide n. Rows
+  // logged at one step for long (a Fabric loop logging without stepping) are flushed every n
+  // rows, as Lightning counts rows when no step is given: the buffer stays bounded.
   const int64_t n = options_.flush_logs_every_n_steps();
   pending_.push_back({step, metrics});
-  if ((step + 1) / n > (last_written_step_ + 1) / n) save();
+  if ((step + 1) / n > (last_written_step_ + 1) / n || static_cast<int64_t>(pending_.size()) >= n) {
+    save();
+  }
 }
 
 namespace {
@@ -154,6 +163,17 @@ void read_values(const detail::CsvRecord& rec, const std::vector<std::string>& h
 
 void CSVLogger::rewrite() {
   const std::string path = metrics_path();
+  if (written_bytes_ == 0) {
+    // This run's first write (a resume knows the rows before it). Lightning's "exists and is
+    // not empty" warning: a version given explicitly whose folder holds another run's rows,
+    // which this run's file replaces.
+    std::error_code ec;
+    if (std::filesystem::file_size(path, ec) > 0 && !ec) {
+      log_warning("CSVLogger", "'" + path +
+                                   "' holds rows of an earlier run, which this run's rows "
+                                   "replace; pick another version (or -1) to keep them.");
+    }
+  }
   detail::AtomicFileWriter out(path);
   std::string text = "step";
   for (const auto& c : columns_) text += "," + detail::csv_escape(c);
@@ -226,12 +246,20 @@ void CSVLogger::save() {
 
 void CSVLogger::save_state(torch::serialize::OutputArchive& ar) const {
   ar.write("version", c10::IValue(version_));
+  ar.write("root", c10::IValue(detail::version_root(options_.save_dir(), options_.name())));
 }
 
 void CSVLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
   c10::IValue v;
   ar.read("version", v);
   if (v.toInt() < 0) return;
+  c10::IValue saved_root;
+  if (!detail::continues_saved_version(
+          ar.try_read("root", saved_root) ? saved_root.toStringRef() : std::string(), v.toInt(),
+          detail::version_root(options_.save_dir(), options_.name()), options_.version(),
+          "CSVLogger")) {
+    return;
+  }
   version_ = v.toInt();
   // Keep writing into the same version folder; rows logged after the checkpoint (by the run
   // that died) are dropped, at the next save, so the file reads as one uninterrupted run.

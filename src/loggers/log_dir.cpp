@@ -13,6 +13,7 @@
 #include "core/detail/numbers.h"
 #include "core/detail/version_folder.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 
 namespace volt {
 namespace detail {
@@ -34,6 +35,30 @@ void make_dirs(const std::string& path, const std::string& component) {
                "] cannot create folder '", cur,
                "': a file of that name is in the way; choose another path.");
   }
+}
+
+std::string version_root(const std::string& save_dir, const std::string& name) {
+  std::error_code ec;
+  const auto path = std::filesystem::absolute(std::filesystem::path(save_dir) / name, ec);
+  return (ec ? std::filesystem::path(save_dir) / name : path).lexically_normal().string();
+}
+
+bool continues_saved_version(const std::string& saved_root, int64_t saved, const std::string& root,
+                             int64_t option_version, const std::string& component) {
+  if (!saved_root.empty() && saved_root != root) {
+    log_warning(component, "the checkpoint's logs are in '" + saved_root + "/version_" +
+                               std::to_string(saved) + "', not under '" + root +
+                               "': this run logs into a version of its own there.");
+    return false;
+  }
+  if (option_version >= 0 && option_version != saved) {
+    log_warning(component, "the checkpoint's logs are version_" + std::to_string(saved) +
+                               " but version=" + std::to_string(option_version) +
+                               " was asked for: the resumed run logs into version_" +
+                               std::to_string(option_version) + ".");
+    return false;
+  }
+  return true;
 }
 
 int64_t next_version(const std::string& root) {

@@ -286,12 +286,20 @@ void TensorBoardLogger::finalize(RunStatus status) {
 
 void TensorBoardLogger::save_state(torch::serialize::OutputArchive& ar) const {
   ar.write("version", c10::IValue(version_));
+  ar.write("root", c10::IValue(detail::version_root(options_.save_dir(), options_.name())));
 }
 
 void TensorBoardLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
   c10::IValue v;
   ar.read("version", v);
   if (v.toInt() < 0) return;
+  c10::IValue saved_root;
+  if (!detail::continues_saved_version(
+          ar.try_read("root", saved_root) ? saved_root.toStringRef() : std::string(), v.toInt(),
+          detail::version_root(options_.save_dir(), options_.name()), options_.version(),
+          "TensorBoardLogger")) {
+    return;
+  }
   version_ = v.toInt();
   // A new file in the same folder; its SessionLog START makes TensorBoard drop the killed
   // run's records logged after `step`.

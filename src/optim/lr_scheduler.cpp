@@ -32,6 +32,16 @@ constexpr double kPi = 3.14159265358979323846;
 
 std::atomic<uint64_t> next_serial{0};
 
+// One value per param group from `values` (one for all or one per group); ConfigError naming
+// `what` otherwise.
+std::vector<double> per_group(const char* scheduler, const char* what,
+                              const std::vector<double>& values, size_t groups) {
+  VOLT_CHECK(values.size() == 1 || values.size() == groups, ConfigError, "[", scheduler, "] got ",
+             values.size(), " ", what, " values for ", groups,
+             " param groups; pass one per group or a single one for all.");
+  return values.size() == 1 ? std::vector<double>(groups, values[0]) : values;
+}
+
 // restart_at's argument, one lr per scheduled group; ValueError once the schedule stepped.
 std::vector<double> checked_initial_lrs(const std::string& name, int64_t last_epoch,
                                         const std::vector<double>& lrs, size_t groups) {
@@ -642,26 +652,14 @@ void write_momentum(torch::optim::Optimizer& optimizer, size_t group, double mom
   }
 }
 
-// One value per param group from `values` (one for all or one per group); ConfigError naming
-// `what` otherwise.
-std::vector<double> per_group(const char* scheduler, const char* what,
-                              const std::vector<double>& values, size_t groups) {
-  VOLT_CHECK(values.size() == 1 || values.size() == groups, ConfigError, "[", scheduler, "] got ",
-             values.size(), " ", what, " values for ", groups,
-             " param groups; pass one per group or a single one for all.");
-  return values.size() == 1 ? std::vector<double>(groups, values[0]) : values;
-}
-
 }  // namespace
 
 OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, OneCycleLROptions options)
     : LRScheduler(optimizer), options_(std::move(options)) {
   const auto& o = options_;
   const size_t groups = base_lrs_.size();
-  VOLT_CHECK(o.max_lr().size() == 1 || o.max_lr().size() == groups, ConfigError,
-             "[OneCycleLR] got ", o.max_lr().size(), " max_lr values for ", groups,
-             " param groups; pass one per group or a single one for all.");
-  for (double m : o.max_lr()) {
+  max_lrs_ = per_group("OneCycleLR", "max_lr", o.max_lr(), groups);
+  for (double m : max_lrs_) {
     VOLT_CHECK(m > 0 && std::isfinite(m), ConfigError, "[OneCycleLR] max_lr=", m,
                " must be a positive finite lr.");
   }
@@ -703,9 +701,7 @@ OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, OneCycleLROptions opt
   // PyTorch overwrites param_group['initial_lr'] with max_lr / div_factor, so that is base_lrs.
   overrides_initial_lr_ = true;
   for (size_t i = 0; i < groups; ++i) {
-    const double max_lr = o.max_lr().size() == 1 ? o.max_lr()[0] : o.max_lr()[i];
-    max_lrs_.push_back(max_lr);
-    base_lrs_[i] = max_lr / o.div_factor();
+    base_lrs_[i] = max_lrs_[i] / o.div_factor();
     min_lrs_.push_back(base_lrs_[i] / o.final_div_factor());
     if (o.cycle_momentum()) set_momentum(i, o.max_momentum());
   }
@@ -899,13 +895,9 @@ double clamp01(double t) {
 SWALR::SWALR(torch::optim::Optimizer& optimizer, std::vector<double> swa_lrs, int64_t anneal_epochs,
              AnnealStrategy anneal_strategy)
     : LRScheduler(optimizer),
-      swa_lrs_(std::move(swa_lrs)),
+      swa_lrs_(per_group("SWALR", "swa_lr", swa_lrs, base_lrs_.size())),
       anneal_epochs_(anneal_epochs),
       anneal_strategy_(anneal_strategy) {
-  if (swa_lrs_.size() == 1) swa_lrs_.resize(base_lrs_.size(), swa_lrs_[0]);
-  VOLT_CHECK(swa_lrs_.size() == base_lrs_.size(), ConfigError, "[SWALR] got ", swa_lrs_.size(),
-             " swa_lrs for an optimizer with ", base_lrs_.size(),
-             " param groups; pass one value for all groups or one per group.");
   for (double lr : swa_lrs_) {
     VOLT_CHECK(std::isfinite(lr) && lr > 0, ConfigError, "[SWALR] swa_lr=", lr,
                " must be a positive finite number, e.g. 0.05.");
@@ -1192,13 +1184,10 @@ ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer,
              " must be >= 0.");
   VOLT_CHECK(o.eps() >= 0, ConfigError, "[ReduceLROnPlateau] eps=", o.eps(), " must be >= 0.");
   const size_t groups = base_lrs_.size();
-  VOLT_CHECK(o.min_lr().size() == 1 || o.min_lr().size() == groups, ConfigError,
-             "[ReduceLROnPlateau] got ", o.min_lr().size(), " min_lr values for ", groups,
-             " param groups; pass one per group or a single one for all.");
-  for (double m : o.min_lr()) {
+  min_lrs_ = per_group("ReduceLROnPlateau", "min_lr", o.min_lr(), groups);
+  for (double m : min_lrs_) {
     VOLT_CHECK(m >= 0, ConfigError, "[ReduceLROnPlateau] min_lr=", m, " must be >= 0.");
   }
-  min_lrs_ = o.min_lr().size() == 1 ? std::vector<double>(groups, o.min_lr()[0]) : o.min_lr();
   best_ = o.mode() == PlateauMode::kMin ? std::numeric_limits<double>::infinity()
                                         : -std::numeric_limits<double>::infinity();
 }

@@ -68,7 +68,11 @@ std::unique_ptr<torch::optim::OptimizerParamState> mapped_state(
 
 std::ostream& operator<<(std::ostream& os, const ModelParallelStrategyOptions& o) {
   return os << "ModelParallelStrategyOptions(tensor_parallel_size=" << o.tensor_parallel_size()
-            << ", " << TensorParallelOptions().plan(o.plan()).injection_policy(o.injection_policy())
+            << ", "
+            << TensorParallelOptions()
+                   .plan(o.plan())
+                   .injection_policy(o.injection_policy())
+                   .partial_grads(o.partial_grads())
             << ", num_heads=" << o.num_heads() << ", bucket_cap_mb=" << o.bucket_cap_mb()
             << ", find_unused_parameters=" << (o.find_unused_parameters() ? "true" : "false")
             << ", static_graph=" << (o.static_graph() ? "true" : "false")
@@ -133,8 +137,10 @@ void ModelParallelStrategy::setup_module(Module& module) {
                                                  .tp_size(tp_size_)
                                                  .plan(options_.plan())
                                                  .injection_policy(options_.injection_policy())
-                                                 .num_heads(options_.num_heads()));
+                                                 .num_heads(options_.num_heads())
+                                                 .partial_grads(options_.partial_grads()));
   module_ = &module;
+  whole_grads_checked_ = false;
   // The replicas of this rank's shards average their gradients during backward (DDP's buckets,
   // over the split parameters: the same shapes on every replica).
   if (dp_group_) build_reducer(module, dp_group_);
@@ -225,6 +231,23 @@ void ModelParallelStrategy::backward_through(const at::Tensor& loss,
 void ModelParallelStrategy::trainable_parameters_changed(Module& module) {
   // The buckets hold the parameters that require a gradient (a callback froze or thawed some).
   if (dp_group_ && engine_ != nullptr) build_reducer(module, dp_group_);
+  // A listed whole parameter thawed now gets its gradient summed from now on.
+  if (engine_ != nullptr) engine_->track_partial_grads();
+}
+
+void ModelParallelStrategy::check_whole_grads() {
+  if (whole_grads_checked_ || engine_ == nullptr || tp_size_ == 1) return;
+  const auto differing = engine_->whole_grads_differing();
+  if (!differing) return;  // a non-finite gradient (a step the scaler skips): a later step
+  whole_grads_checked_ = true;
+  std::string names;
+  for (const auto& n : *differing) names += (names.empty() ? "'" : ", '") + n + "'";
+  VOLT_CHECK(differing->empty(), ConfigError, kTag, " the gradients of the whole parameters ",
+             names,
+             " differ across the tensor-parallel group: they are used on split activations (a "
+             "rank's heads or features), so each rank holds only its part of their gradient and "
+             "their copies would drift apart. List them in partial_grads (their gradients are "
+             "then summed over the group), or split the layers that use them.");
 }
 
 bool ModelParallelStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
@@ -233,6 +256,7 @@ bool ModelParallelStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
   // Strategy::optimizer_step's sequence, with the ranks agreeing on inf/NaN gradients: each
   // checked only its own shards, and a rank that skipped a step its group took would hold a
   // shard of another model.
+  check_whole_grads();
   detail::unscale_agreeing_on_found_inf(*precision_, group(), optimizer);
   clip_for_step(optimizer, clip_value, algorithm, clip);
   return precision_->optimizer_step(optimizer);
@@ -243,6 +267,7 @@ at::Tensor ModelParallelStrategy::clip_gradients(torch::optim::Optimizer& optimi
   if (algorithm != ClipAlgorithm::kNorm || engine_ == nullptr) {
     return Strategy::clip_gradients(optimizer, value, algorithm);  // elementwise: local
   }
+  check_whole_grads();  // before a norm that would count the parts
   // The norm over the whole model: each split weight's shards once, the whole ones once (the
   // replicas hold the same, averaged, gradients).
   std::vector<at::Tensor> params;

@@ -46,9 +46,9 @@ DdpStrategyOptions ddp_options(const PipelineStrategyOptions& o) {
              " must be >= 0 (layers per checkpointed run; 0: off), or -1 for the model's own "
              "setting.");
   detail::check_timeout_s(o.timeout_s(), kTag);
-  // No gradient buckets: each parameter is trained by one stage. Buffers stay each stage's own
-  // (no broadcast before each step), so DdpStrategy's training_step and zero_grad are the plain
-  // Strategy's here (no sync_batchnorm either: setup_module refuses it).
+  // No gradient buckets: each parameter is trained by one stage. Buffers are not broadcast over
+  // the world before each step (each stage's are its own); the replicas of a stage take replica
+  // 0's after each synced backward (PipelineStrategy::backward).
   return DdpStrategyOptions()
       .timeout_s(o.timeout_s())
       .process_group_backend(o.process_group_backend())
@@ -251,7 +251,19 @@ bool PipelineStrategy::trains(const at::Tensor& p) const {
 void PipelineStrategy::backward(const at::Tensor& loss, Module& module, bool sync_gradients) {
   Strategy::backward(loss, module, sync_gradients);
   // As DDP's no_sync: accumulating micro-steps keep their own sums, the last one averages.
-  if (dp_group_ && sync_gradients) average_over_replicas(module);
+  if (dp_group_ && sync_gradients) {
+    average_over_replicas(module);
+    // And as DDP's broadcast_buffers: the replicas of a stage hold replica 0's buffers (a
+    // BatchNorm's running statistics, which each replica moved by its own shard of the data),
+    // once per optimizer step. Before session 99 they drifted apart: validation mixed the
+    // replicas' models and a checkpoint kept replica 0's alone.
+    std::vector<at::Tensor> buffers;
+    for (const auto& b : module.buffers(true)) {
+      if (b.defined() && b.numel() > 0) buffers.push_back(b.detach());
+    }
+    torch::NoGradGuard no_grad;
+    if (!buffers.empty()) dp_group_->broadcast_(buffers, 0);
+  }
 }
 
 void PipelineStrategy::average_over_replicas(const Module& module) {

@@ -99,6 +99,9 @@ void register_strategies(Registry& r) {
                "column-parallel)")
           .add("num_heads", mp.num_heads(),
                "attention heads (checked against the split; 0: unknown)")
+          .add("partial_grads", std::vector<std::string>{},
+               "whole parameters used on split activations (name globs): their gradients are "
+               "summed over the tensor-parallel group")
           .add("bucket_cap_mb", mp.bucket_cap_mb(),
                "MiB per gradient bucket of the data-parallel replicas")
           .add("find_unused_parameters", mp.find_unused_parameters(),
@@ -120,6 +123,7 @@ void register_strategies(Registry& r) {
                 .injection_policy(
                     parse_injection_policy(a.get<std::vector<std::string>>("injection_policy")))
                 .num_heads(a.get<int64_t>("num_heads"))
+                .partial_grads(a.get<std::vector<std::string>>("partial_grads"))
                 .bucket_cap_mb(a.get<double>("bucket_cap_mb"))
                 .find_unused_parameters(a.get<bool>("find_unused_parameters"))
                 .static_graph(a.get<bool>("static_graph"))

@@ -155,6 +155,12 @@ void Run::save_checkpoint(const std::string& path, bool weights_only) {
     if (module != nullptr) callback_hook(hook, [&](Callback& c) { (c.*fn)(*this, *module); });
   };
   each("on_save_checkpoint", &Callback::on_save_checkpoint);
+  // The loggers' buffered rows reach disk before the checkpoint does, and the next row (the
+  // step's own, when the checkpoint is taken in on_train_batch_end) right after it is logged: a
+  // run killed later resumes after the checkpoint's step, so rows still buffered then would be
+  // lost for good (Lightning saves the loggers after every log call). Rank 0's loggers only.
+  save_loggers();
+  save_loggers_after_next_row = true;
   try {
     torch::serialize::OutputArchive root;
     write_checkpoint(*this, root, weights_only);
@@ -861,10 +867,34 @@ void Run::reset_metrics() {
 void Run::send_to_loggers(const Metrics& m) {
   if (m.empty() || !is_global_zero()) return;
   for (auto& kv : m) logged[kv.first] = kv.second;
-  for (auto& l : loggers()) l->log_metrics(m, log_step());
+  Metrics row = m;
+  int64_t step = log_step();
+  const auto given = row.find("step");
+  if (given != row.end()) {
+    step = static_cast<int64_t>(given->second);
+    row.erase(given);
+  } else {
+    row.emplace("epoch", static_cast<double>(st.epoch));  // a logged "epoch" value stays
+  }
+  for (auto& l : loggers()) l->log_metrics(row, step);
+  if (save_loggers_after_next_row) {
+    save_loggers_after_next_row = false;
+    save_loggers();
+  }
 }
 
-Metrics Run::flush_epoch(MetricStore& store, bool add_epoch_number) {
+void Run::save_loggers() {
+  // A failure is reported, not the caller's (a checkpoint, a step).
+  for (const auto& l : loggers()) {
+    try {
+      l->save();
+    } catch (const std::exception& failed) {
+      log_warning("Trainer", l->name() + " could not write its buffered rows: " + failed.what());
+    }
+  }
+}
+
+Metrics Run::flush_epoch(MetricStore& store) {
   Metrics pb, lg;
   Metrics reduced = store.reduce_epoch(
       &pb, &lg, [this](const at::Tensor& t, Reduce op) { return strategy().reduce(t, op); });
@@ -878,7 +908,6 @@ Metrics Run::flush_epoch(MetricStore& store, bool add_epoch_number) {
     }
   }
   for (auto& kv : pb) prog_bar_epoch[kv.first] = kv.second;
-  if (add_epoch_number && !lg.empty()) lg["epoch"] = static_cast<double>(st.epoch);
   send_to_loggers(lg);
   cache_dirty = true;
   return reduced;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <string>
 
 #include "data/detail/stage_loaders.h"
@@ -117,6 +118,8 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     for (auto& l : loggers()) {
       try {
         l->finalize(st.status);
+      } catch (const std::exception& failed) {
+        log_warning("Trainer", l->name() + ".finalize failed: " + failed.what());
       } catch (...) {
       }
     }
@@ -132,12 +135,23 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     throw;
   }
   if (prof != nullptr) prof->describe(to_string(stage), log_dir());
-  for (auto& l : loggers()) l->finalize(RunStatus::kFinished);
+  // A logger that cannot write its last rows (a full disk) fails the run, but only after every
+  // logger closed and the strategy tore down as on the other ranks (its teardown may be
+  // collective: the tensor-parallel ranks gather the whole model).
+  std::exception_ptr logger_failed;
+  for (auto& l : loggers()) {
+    try {
+      l->finalize(RunStatus::kFinished);
+    } catch (...) {
+      if (!logger_failed) logger_failed = std::current_exception();
+    }
+  }
   scope = LogScope::kNone;
   m.attach(nullptr);
   strategy().set_run_failed(false);
   strategy().teardown();
   release_device(m);
+  if (logger_failed) std::rethrow_exception(logger_failed);
 }
 
 }  // namespace detail

@@ -56,7 +56,7 @@ TEST(OptionsPrinting, StrategiesPrintEveryField) {
                       "config=\"\"",
                       "tensor_parallel=TensorParallelOptions(tp_size=2, "
                       "plan=[\"qkv_*=colwise_qkv\"], injection_policy=[\"Block\": "
-                      "[\"attn.o\", \"mlp.fc2\"]], num_heads=0)",
+                      "[\"attn.o\", \"mlp.fc2\"]], num_heads=0, partial_grads=[])",
                       "dtype=\"float32\"",
                       "replace_with_kernel_inject=0",
                       "enable_cuda_graph=0",

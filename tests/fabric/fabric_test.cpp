@@ -588,6 +588,24 @@ TEST(Fabric, ZeroNvmeOffloadGivesEachModuleItsOwnSwapFiles) {
       << (plain.flat() - zero.flat()).abs().max().item<double>();
 }
 
+// A setup() that fails part-way leaves the module alive for the strategy's teardown: DeepSpeed's
+// inference dtype casts a plain module to bfloat16 in setup_module, then refuses the optimizer
+// (NotAvailable); the Fabric's teardown casts it back. Before session 99 the held copy of the
+// plain module was freed when setup() threw, and the teardown called into freed memory.
+TEST(Fabric, ASetupThatFailsPartWayKeepsTheModuleForTheTeardown) {
+  VOLT_REQUIRE_GLOO();
+  torch::manual_seed(5);
+  auto lin = std::make_shared<torch::nn::LinearImpl>(4, 2);
+  auto sgd = std::make_shared<torch::optim::SGD>(lin->parameters(), 0.1);
+  {
+    volt::Fabric fabric(cpu().strategy(
+        volt::named<volt::Strategy>("deepspeed", {{"dtype", std::string("bfloat16")}})));
+    EXPECT_THROW(fabric.setup(lin, {sgd}), volt::NotAvailable);
+    EXPECT_EQ(lin->weight.scalar_type(), torch::kBFloat16);  // cast for the run
+  }
+  EXPECT_EQ(lin->weight.scalar_type(), torch::kFloat);  // and back at the teardown
+}
+
 // Loading a checkpoint replaces the optimizer's state, as torch's load_state_dict does: one
 // saved before any step, loaded after two steps, leaves no momentum, so two more steps equal the
 // first two. Under ZeRO the loaded shard kept the moments of the steps taken since (a chunk
@@ -898,6 +916,36 @@ TEST(Fabric, LoadIsStrictAndLeavesTheStateWhenEntriesAreMissing) {
   EXPECT_DOUBLE_EQ(wants.value("best").toDouble(), 0.5);  // absent from the file: kept
 }
 
+// A state entry named as a word TorchScript reserves (in, class, None, ...) saved without a
+// complaint before session 99, and libtorch could never read the file back ("expected ident"):
+// refused when named. A name merely containing one is fine.
+TEST(Fabric, AStateEntryNamedAsAReservedWordIsRefusedWhenNamed) {
+  volt::FabricState state;
+  at::Tensor t = torch::ones({2});
+  for (const char* word : {"in", "class", "None", "if"}) {
+    EXPECT_NE(error_of<volt::ConfigError>([&] {
+                state.value(word, int64_t{1});
+              }).find("is a word TorchScript reserves"),
+              std::string::npos)
+        << word;
+  }
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              state.tensor("for", t);
+            }).find("state entry name 'for' is a word TorchScript reserves"),
+            std::string::npos);
+  volt_test::TempDir dir;
+  auto m = std::make_shared<TinyClassifier>();
+  volt::Fabric fabric(cpu());
+  fabric.setup(m);
+  volt::FabricState ok;
+  ok.module("class_model", *m).value("in_", int64_t{3});
+  fabric.save(dir / "a.ckpt", ok);
+  volt::FabricState back;
+  back.module("class_model", *m).value("in_", int64_t{0});
+  fabric.load(dir / "a.ckpt", back);
+  EXPECT_EQ(back.value("in_").toInt(), 3);
+}
+
 // strict also covers a module's weights (Lightning's load_state_dict(strict=strict)): a module
 // with a parameter the file lacks is refused by default and takes the rest with strict=false.
 TEST(Fabric, LoadStrictFalseLoadsTheWeightsThatMatch) {
@@ -1018,6 +1066,46 @@ TEST(Fabric, LogStepsDefaultToTheStepsTakenAcrossASaveAndLoad) {
   resumed.log("y", 1.0);
   EXPECT_EQ(logger->records.back().first, 3);
   EXPECT_EQ(again->global_step(), 3);
+  // Weights alone (a teacher, a pretrained model) leave the run's count as it is: before
+  // session 99 a student 1 step in took the file's 3.
+  auto [student, teacher] = twins();
+  volt::Fabric distilling(cpu().loggers({logger}));
+  auto student_opt = student->configure_optimizers()[0].optimizer();
+  distilling.setup(student, {student_opt});
+  distilling.setup(teacher);
+  for (volt::Batch& b : loader.stream(0)) {
+    distilling.backward(loss_of(*student, b));
+    distilling.step(*student_opt);
+    break;
+  }
+  volt::FabricState weights;
+  weights.module("model", *teacher);
+  distilling.load(dir / "s.ckpt", weights);
+  EXPECT_EQ(student->global_step(), 1);
+  distilling.log("z", 1.0);
+  EXPECT_EQ(logger->records.back().first, 1);
+}
+
+// A program that caught an error and gives up marks the run failed: the Fabric's teardown then
+// tells the loggers so (before session 99 the strategy's flag was overwritten and the loggers
+// heard "finished"; the teardown also ran the checkpoint flush, a collective under DDP).
+TEST(Fabric, ARunTheProgramMarkedFailedEndsFailed) {
+  struct Ends : volt_test::MemoryLogger {
+    void finalize(volt::RunStatus status) override { ended.push_back(status); }
+    std::vector<volt::RunStatus> ended;
+  };
+  auto failed = std::make_shared<Ends>(), finished = std::make_shared<Ends>();
+  {
+    volt::Fabric fabric(cpu().loggers({failed}));
+    fabric.launch();
+    fabric.strategy().set_run_failed(true);
+  }
+  {
+    volt::Fabric fabric(cpu().loggers({finished}));
+    fabric.launch();
+  }
+  EXPECT_EQ(failed->ended, (std::vector<volt::RunStatus>{volt::RunStatus::kFailed}));
+  EXPECT_EQ(finished->ended, (std::vector<volt::RunStatus>{volt::RunStatus::kFinished}));
 }
 
 TEST(Fabric, CollectivesInOneProcessAreTheValue) {

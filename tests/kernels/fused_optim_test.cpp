@@ -840,6 +840,29 @@ TEST(FusedAdamW, RejectsBadOptions) {
              "param group 0 lr=-2");
 }
 
+// Options are checked at every step too: a group added later, or options changed in place,
+// with betas[0] = 1 (a zero bias correction) or nesterov without momentum, stop the step before
+// any value changes. Before session 99 only the constructor checked: the added group's weights
+// became inf, the nesterov group stepped as plain SGD.
+TEST(FusedOptimizers, OptionsOfAGroupAddedOrChangedLaterAreCheckedAtTheStep) {
+  Tensor a = torch::ones({3}), b = torch::ones({3});
+  a.mutable_grad() = torch::full({3}, 0.5f);
+  b.mutable_grad() = torch::full({3}, 0.5f);
+  volt::FusedAdamW adamw(std::vector<Tensor>{a});
+  adamw.add_param_group(torch::optim::OptimizerParamGroup(
+      {b}, std::make_unique<volt::FusedAdamWOptions>(
+               volt::FusedAdamWOptions().betas(std::make_tuple(1.0, 0.999)))));
+  EXPECT_HAS(error_of<volt::ConfigError>([&] { adamw.step(); }), "param group 1 betas[0]=1");
+  EXPECT_TRUE(torch::equal(a, torch::ones({3})));
+  EXPECT_TRUE(torch::equal(b, torch::ones({3})));
+
+  volt::FusedSGD sgd(std::vector<Tensor>{a},
+                     volt::FusedSGDOptions(0.1).momentum(0.9).nesterov(true));
+  static_cast<volt::FusedSGDOptions&>(sgd.param_groups()[0].options()).momentum(0);
+  EXPECT_HAS(error_of<volt::ConfigError>([&] { sgd.step(); }), "nesterov=true needs momentum > 0");
+  EXPECT_TRUE(torch::equal(a, torch::ones({3})));
+}
+
 TEST(FusedSGD, RejectsBadOptions) {
   auto p = std::vector<Tensor>{torch::zeros({3}, torch::requires_grad())};
   auto make = [&](volt::FusedSGDOptions o) {
@@ -1168,6 +1191,41 @@ TEST(FusedClipNorm, RejectsBadOptionsAndUnsupportedGradients) {
              "use torch::nn::utils::clip_grad_norm_");
   EXPECT_EQ(volt::FusedClipNorm::unsupported_reason({torch::zeros({2})}), "");  // no grad
   EXPECT_EQ(volt::fused_clip_grad_norm_({torch::zeros({2})}, 1.0), 0.0);
+}
+
+// A gradient listed twice (a tied weight that Module::parameters() lists under both its names,
+// in a torch::optim optimizer, which accepts it) or gradients sharing memory: the fused pass
+// would scale the same elements from two threads at once (each ended up scaled by c or c^2), so
+// it refuses them and Precision clips with torch's clip_grad_norm_, which counts and scales the
+// repeat twice, deterministically.
+TEST(FusedClipNorm, AGradientListedTwiceOrSharingMemoryGoesToTorch) {
+  Tensor w = torch::zeros({1 << 16});
+  w.mutable_grad() = torch::full({1 << 16}, 3.0f);
+  EXPECT_HAS(volt::FusedClipNorm::unsupported_reason({w, w}), "listed twice or shares memory");
+  EXPECT_HAS(error_of<volt::ValueError>([&] {
+               volt::fused_clip_grad_norm_({w, w}, 1.0);
+             }),
+             "listed twice or shares memory");
+  EXPECT_TRUE(torch::equal(w.grad(), torch::full({1 << 16}, 3.0f)));  // refused before scaling
+  Tensor a = torch::zeros({8}), b = torch::zeros({8});
+  const Tensor shared = torch::ones({12});
+  a.mutable_grad() = shared.narrow(0, 0, 8);
+  b.mutable_grad() = shared.narrow(0, 4, 8);
+  EXPECT_HAS(volt::FusedClipNorm::unsupported_reason({a, b}), "listed twice or shares memory");
+  // Adjacent views of one buffer do not overlap: fused.
+  const Tensor buffer = torch::ones({16});
+  a.mutable_grad() = buffer.narrow(0, 0, 8);
+  b.mutable_grad() = buffer.narrow(0, 8, 8);
+  EXPECT_EQ(volt::FusedClipNorm::unsupported_reason({a, b}), "");
+
+  Tensor ref = torch::zeros({1 << 16});
+  ref.mutable_grad() = torch::full({1 << 16}, 3.0f);
+  const double expected = torch::nn::utils::clip_grad_norm_(std::vector<Tensor>{ref, ref}, 1.0);
+  torch::optim::SGD opt(std::vector<Tensor>{w, w}, torch::optim::SGDOptions(0.1));
+  volt::Fp32Precision precision;
+  const double got = precision.clip_gradients(opt, 1.0, volt::ClipAlgorithm::kNorm).item<double>();
+  EXPECT_EQ(got, expected);
+  EXPECT_TRUE(torch::equal(w.grad(), ref.grad()));
 }
 
 // A documented difference: the fused sum is in double, so finite float gradients whose squares

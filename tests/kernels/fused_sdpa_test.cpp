@@ -342,6 +342,36 @@ TEST(FusedSdpa, FallsBackToReferenceForUnsupportedDtypes) {
   }
 }
 
+// float16 on the CPU: libtorch 1.13 has no CPU float16 matmul, so the fallback composition
+// failed with c10::Error ("bmm" not implemented for 'Half') before session 99; it runs in
+// float32 and returns float16, values and gradients within float16 round-off of float64.
+TEST(FusedSdpa, Float16OnTheCpuFallsBackThroughFloat32) {
+  Qkv x = make_qkv(1, 2, 12, 12, 16, -1, at::kFloat);
+  const at::Tensor q = x.q.to(at::kHalf).requires_grad_(), k = x.k.to(at::kHalf).requires_grad_(),
+                   v = x.v.to(at::kHalf).requires_grad_();
+  const at::Tensor mask = at::zeros({12, 12}, at::kHalf);
+  const auto opts = SdpaOptions().is_causal(true).attn_mask(mask);
+  auto out = volt::fused_sdpa(q, k, v, opts);
+  EXPECT_EQ(out.output.scalar_type(), at::kHalf);
+  {
+    torch::NoGradGuard no_grad;  // attention probabilities are for inference
+    auto probs = volt::fused_sdpa(q, k, v, SdpaOptions(opts).return_attn_probs(true));
+    EXPECT_EQ(probs.attn_probs.scalar_type(), at::kHalf);
+    EXPECT_TRUE(torch::equal(probs.output, out.output));
+  }
+  const at::Tensor qd = q.detach().to(at::kDouble).requires_grad_(),
+                   kd = k.detach().to(at::kDouble).requires_grad_(),
+                   vd = v.detach().to(at::kDouble).requires_grad_();
+  auto ref = volt::sdpa_reference(qd, kd, vd,
+                                  SdpaOptions().is_causal(true).attn_mask(mask.to(at::kDouble)));
+  EXPECT_LT(max_diff(out.output, ref.output), 2e-3);
+  out.output.to(at::kFloat).sum().backward();
+  ref.output.sum().backward();
+  EXPECT_EQ(q.grad().scalar_type(), at::kHalf);
+  EXPECT_LT(max_diff(q.grad(), qd.grad()), 5e-3);
+  EXPECT_LT(max_diff(v.grad(), vd.grad()), 5e-3);
+}
+
 template <typename E>
 void expect_error(const Qkv& x, const SdpaOptions& opts, const std::string& phrase) {
   try {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include "log_capture.h"
 #include "peak_rss.h"
 #include "reread.h"
 #include "tiny.h"
@@ -78,6 +79,89 @@ TEST(CSVLogger, ResumeDropsRowsAfterTheCheckpoint) {
   b.save();
   EXPECT_EQ(lines(b.metrics_path()),
             (std::vector<std::string>{"step,loss", "0,0", "1,1", "2,2", "3,30"}));
+}
+
+// A checkpoint's logger state continues its version only in the same save_dir/name and when no
+// other version is asked for. Before session 99 a run resumed into another save_dir took the
+// number alone: it dropped the rows after the checkpoint's step of whatever run held that
+// version there, and wrote into its folder.
+TEST(CSVLogger, AResumeIntoAnotherFolderOrVersionKeepsItsOwnVersion) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir / "a"));
+  for (int s = 0; s < 6; ++s) a.log_metrics({{"loss", double(s)}}, s);
+  a.save();
+  torch::serialize::OutputArchive out;
+  a.save_state(out);
+  // Another run's version_0 under b.
+  volt::CSVLogger other(volt::CSVLoggerOptions(dir / "b"));
+  for (int s = 0; s < 6; ++s) other.log_metrics({{"acc", double(s)}}, s);
+  other.save();
+  const auto others = lines(other.metrics_path());
+
+  auto in = volt_test::reread(out);
+  volt::CSVLogger b(volt::CSVLoggerOptions(dir / "b"));
+  const auto said = volt_test::capture_logs([&] { b.load_state(in, /*step=*/3); });
+  EXPECT_TRUE(volt_test::has(said, "this run logs into a version of its own there")) << said.size();
+  b.log_metrics({{"loss", 30.0}}, 3);
+  b.save();
+  EXPECT_EQ(b.version(), 1);
+  EXPECT_EQ(lines(other.metrics_path()), others);  // untouched
+  EXPECT_EQ(lines(b.metrics_path()), (std::vector<std::string>{"step,loss", "3,30"}));
+
+  // The same folder, but version 4 asked for: version 4, a's file untouched.
+  auto again = volt_test::reread(out);
+  volt::CSVLogger c(volt::CSVLoggerOptions(dir / "a").version(4));
+  c.load_state(again, 3);
+  c.log_metrics({{"loss", 40.0}}, 3);
+  c.save();
+  EXPECT_EQ(c.version(), 4);
+  EXPECT_EQ(lines(a.metrics_path()).size(), 7u);
+
+  // The same folder written another way (a trailing '.' part) and version 0 asked for: resumed.
+  auto same = volt_test::reread(out);
+  volt::CSVLogger d(volt::CSVLoggerOptions(dir / "a/.").version(0));
+  d.load_state(same, 3);
+  d.log_metrics({{"loss", 50.0}}, 3);
+  d.save();
+  EXPECT_EQ(lines(a.metrics_path()),
+            (std::vector<std::string>{"step,loss", "0,0", "1,1", "2,2", "3,50"}));
+
+  // A new run told version 0 of b, which holds the other run's rows: they are replaced, with
+  // Lightning's warning (before session 99, silently).
+  volt::CSVLogger e(volt::CSVLoggerOptions(dir / "b").version(0));
+  e.log_metrics({{"loss", 60.0}}, 0);
+  const auto replaced = volt_test::capture_logs([&] { e.save(); });
+  EXPECT_TRUE(volt_test::has(replaced, "holds rows of an earlier run")) << replaced.size();
+  EXPECT_EQ(lines(e.metrics_path()), (std::vector<std::string>{"step,loss", "0,60"}));
+}
+
+// A checkpoint writes the loggers' buffered rows first: the rows logged before it are on disk
+// when it is (a run killed later resumes after the checkpoint's step, so rows still buffered
+// then were lost for good before session 99: here the 100-step flush had written none).
+TEST(CSVLogger, ACheckpointWritesTheBufferedRowsFirst) {
+  volt_test::TempDir dir;
+  auto csv = std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(dir / "logs"));
+  struct ReadsTheFile : volt::Callback {
+    explicit ReadsTheFile(std::shared_ptr<volt::CSVLogger> l) : logger(std::move(l)) {}
+    std::string state_key() const override { return "ReadsTheFile"; }
+    void on_train_batch_start(volt::RunContext&, volt::Module&, const volt::Batch&,
+                              int64_t batch_idx) override {
+      if (batch_idx == 6) rows = lines(logger->metrics_path());
+    }
+    std::shared_ptr<volt::CSVLogger> logger;
+    std::vector<std::string> rows;
+  };
+  auto reads = std::make_shared<ReadsTheFile>(csv);
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "ckpt").every_n_train_steps(5));
+  volt_test::TinyClassifier model;
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).max_steps(8).log_every_n_steps(1).loggers({csv}).callbacks(
+          {reads, ckpt}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(160)));
+  // The header and the rows of steps 0-4, logged before the checkpoint at step 5.
+  ASSERT_EQ(reads->rows.size(), 6u);
+  EXPECT_EQ(reads->rows[5].substr(0, 2), "4,") << reads->rows[5];
 }
 
 TEST(CSVLogger, HparamsYamlReadsBackAsTheSameStrings) {
@@ -239,6 +323,30 @@ TEST(CSVLogger, RowsAreFlushedWhenTheStepPassesAMultipleOfTheFlushInterval) {
   EXPECT_FALSE(std::ifstream(every30.metrics_path()).good());
   every30.log_metrics({{"loss", 1.0}}, 119);
   EXPECT_EQ(lines(every30.metrics_path()).size(), 5u);
+}
+
+// Rows logged at one step (a Fabric loop logging without stepping: its default step stays) are
+// written every flush_logs_every_n_steps rows: before session 99 they stayed buffered, without
+// bound, until the logger closed. An empty metric name is a ValueError (its header could not be
+// read back by a resume or volt report).
+TEST(CSVLogger, RowsAtOneStepAreFlushedEveryNRowsAndAnEmptyNameIsRefused) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path).flush_logs_every_n_steps(10));
+  for (int i = 0; i < 9; ++i) a.log_metrics({{"acc", 0.5}}, 0);
+  EXPECT_FALSE(std::ifstream(a.metrics_path()).good());
+  a.log_metrics({{"acc", 0.5}}, 0);
+  EXPECT_EQ(lines(a.metrics_path()).size(), 11u);
+  for (int i = 0; i < 25; ++i) a.log_metrics({{"acc", 0.5}}, 0);
+  EXPECT_EQ(lines(a.metrics_path()).size(), 31u);  // 5 still buffered
+  try {
+    a.log_metrics({{"", 1.0}}, 0);
+    ADD_FAILURE() << "no error";
+  } catch (const volt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("a metric has an empty name"), std::string::npos);
+  }
+  a.save();
+  EXPECT_EQ(lines(a.metrics_path()).size(), 36u);
+  EXPECT_EQ(lines(a.metrics_path())[0], "step,acc");
 }
 
 // An append that fails (a full disk) is an error and loses no row: the next save rewrites the

@@ -158,6 +158,24 @@ TEST(TensorBoardLogger, TrainerRunAndResumeWriteStartMarker) {
   // never purges by (written there before session 81).
   EXPECT_EQ(j2["log_messages"], 0);
   EXPECT_EQ(event_files(tb->log_dir()).size(), 2u);
+
+  // Resumed under another save_dir: a version of its own there, no START marker in a folder of
+  // another run (before session 99 it took version_0 of whatever run was there).
+  torch::serialize::InputArchive again;
+  std::istringstream is2(os.str());
+  again.load_from(is2);
+  volt::TensorBoardLogger elsewhere(volt::TensorBoardLoggerOptions(dir / "tb2"));
+  volt::TensorBoardLogger first(volt::TensorBoardLoggerOptions(dir / "tb2"));
+  first.log_metrics({{"train_loss", 0.5}}, 1);
+  first.finalize(volt::RunStatus::kFinished);
+  elsewhere.load_state(again, 8);
+  elsewhere.log_metrics({{"train_loss", 0.1}}, 9);
+  elsewhere.finalize(volt::RunStatus::kFinished);
+  EXPECT_EQ(first.version(), 0);
+  EXPECT_EQ(elsewhere.version(), 1);
+  EXPECT_EQ(
+      nlohmann::json::parse(read_events(elsewhere.events_path()).out)["session_log_start_steps"],
+      nlohmann::json::array());
 }
 
 // SummaryWriter also writes every flush_secs (120 s), so a run that logs rarely shows up before

@@ -252,6 +252,70 @@ TEST(ModelParallel, FourTensorParallelRanksWithAccumulationEqualOneProcess) {
   expect_ranks_equal_reference(dir / "tp", 4, ref);
 }
 
+// A whole parameter used on split activations (a scalar scaling deep.0's column-parallel
+// output before the row-parallel head) gets from each rank's backward only its features' part
+// of the gradient. Listed in partial_grads, the parts are summed over the tensor-parallel group
+// as each backward reaches it: 2 tensor-parallel ranks (2 epochs), and 2 replicas of 2 ranks
+// accumulating 2 micro-batches, end as one process. Unlisted, the first optimizer step stops
+// every rank with a ConfigError naming it (before session 99 the ranks' copies drifted apart and
+// training went on).
+TEST(ModelParallel, AWholeParameterOnSplitActivationsIsSummedWhenListedAndRefusedOtherwise) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto model = cat(kModel, {"--deep-scale", "1"});
+  for (const char* sub : {"acc", "u", "n", "s"}) std::filesystem::create_directories(dir / sub);
+  const auto ref = volt_test::single_process_reference(dir.path, 16, 2, 1, false, model);
+  const Job j = run_job(cat({"--root", dir.path, "--out", dir / "tp", "--devices", "2", "--tp", "2",
+                             "--batch", "16", "--epochs", "2", "--partial-grads", "scale"},
+                            model));
+  ASSERT_EQ(j.code, 0) << j.output;
+  expect_ranks_equal_reference(dir / "tp", 2, ref);
+
+  // 2 replicas of batch 4: a global batch of 8, accumulated over 2.
+  const auto accumulated = volt_test::single_process_reference(dir / "acc", 8, 1, 2, false, model);
+  const Job k =
+      run_job(cat({"--root", dir / "acc", "--out", dir / "acc/tp", "--devices", "4", "--tp", "2",
+                   "--batch", "4", "--epochs", "1", "--accum", "2", "--partial-grads", "scale"},
+                  model));
+  ASSERT_EQ(k.code, 0) << k.output;
+  expect_ranks_equal_reference(dir / "acc/tp", 4, accumulated);
+
+  const Job unlisted = run_job(cat({"--root", dir / "u", "--out", dir / "u/tp", "--devices", "2",
+                                    "--tp", "2", "--batch", "16", "--epochs", "1"},
+                                   model),
+                               60s);
+  EXPECT_EQ(unlisted.code, 1) << unlisted.output;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(unlisted.output.find("rank " + std::to_string(r)), std::string::npos);
+  }
+  const std::string message =
+      "[ModelParallelStrategy] the gradients of the whole parameters 'scale' differ across the "
+      "tensor-parallel group";
+  size_t seen = 0;
+  for (size_t at = unlisted.output.find(message); at != std::string::npos;
+       at = unlisted.output.find(message, at + 1)) {
+    ++seen;
+  }
+  EXPECT_EQ(seen, 2u) << unlisted.output;  // every rank
+
+  // A pattern matching nothing, or a split weight, is refused when the strategy splits.
+  const Job nothing =
+      run_job(cat({"--root", dir / "n", "--out", dir / "n/tp", "--devices", "2", "--tp", "2",
+                   "--batch", "16", "--epochs", "1", "--partial-grads", "scale,nope"},
+                  model),
+              60s);
+  EXPECT_NE(nothing.output.find("partial_grads entry \"nope\" matches no parameter"),
+            std::string::npos)
+      << nothing.output;
+  const Job split =
+      run_job(cat({"--root", dir / "s", "--out", dir / "s/tp", "--devices", "2", "--tp", "2",
+                   "--batch", "16", "--epochs", "1", "--partial-grads", "deep.0.weight"},
+                  model),
+              60s);
+  EXPECT_NE(split.output.find("matches 'deep.0.weight', which the plan splits"), std::string::npos)
+      << split.output;
+}
+
 TEST(ModelParallel, AKilledRankResumesBitForBitMidAccumulationAndTheCheckpointLoadsInOneProcess) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;
@@ -524,6 +588,7 @@ TEST(ModelParallel, TheRegisteredNameTakesEveryOption) {
                                     {"save_distributed_checkpoint", false},
                                     {"tensor_parallel_size", int64_t{2}},
                                     {"num_heads", int64_t{4}},
+                                    {"partial_grads", std::vector<std::string>{"*.scale"}},
                                     {"timeout_s", 9.0}}),
       ctx));
   ASSERT_NE(s, nullptr);
@@ -536,6 +601,7 @@ TEST(ModelParallel, TheRegisteredNameTakesEveryOption) {
   EXPECT_EQ(o.num_heads(), 4);
   EXPECT_DOUBLE_EQ(o.timeout_s(), 9.0);
   EXPECT_EQ(o.plan().size(), 1u);
+  EXPECT_EQ(o.partial_grads(), std::vector<std::string>{"*.scale"});
   // The defaults are Lightning's: a checkpoint is a folder of shards.
   EXPECT_TRUE(volt::ModelParallelStrategyOptions().save_distributed_checkpoint());
 }

@@ -631,6 +631,16 @@ TEST_F(PipelineFit, SyncBatchnormOverReplicasTrainsAsOneProcessOnTheGlobalBatch)
   fit("local", grid);
   EXPECT_FALSE(torch::allclose(weights("local"), weights("one"), 1e-3, 1e-4))
       << "per-replica BatchNorm matched the global batch: the comparison above could not fail";
+  // Without sync_batchnorm the replicas still end with one model: each stage's replicas take
+  // replica 0's running statistics after every step, as DDP's broadcast_buffers (before session
+  // 99 ranks 0-1 and 2-3 ended with their own statistics).
+  const torch::Tensor stats = load(prefix("local") + ".buffers.rank0.pt");
+  for (int r = 1; r < 4; ++r) {
+    EXPECT_TRUE(
+        torch::equal(load(prefix("local") + ".buffers.rank" + std::to_string(r) + ".pt"), stats))
+        << "rank " << r;
+    EXPECT_TRUE(torch::equal(weights("local", r), weights("local"))) << "rank " << r;
+  }
   const Job deferred = run_fit(dir / "deferred", dir / "out/deferred",
                                volt_test::cat(grid, {"--sync-bn", "1", "--deferred", "1"}));
   EXPECT_EQ(deferred.code, 1) << deferred.output;

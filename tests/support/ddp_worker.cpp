@@ -31,6 +31,9 @@
 //       head rowwise; needs --depth >= 1; --find-unused and --static-graph set its options; each
 //       rank prints its gradient reducer's bucket elements at the first step)
 //       [--tp-plan "ENTRY,ENTRY"]  (another plan for --tp, e.g. "fc1=rowwise")
+//       [--deep-scale 1]  (a whole scalar parameter "scale" multiplies each deep layer's output:
+//       under --tp it meets deep.0's split output, so each rank gets part of its gradient)
+//       [--partial-grads "NAME,NAME"]  (--tp: ModelParallelStrategyOptions::partial_grads)
 //       [--save-distributed 0|1]  (--tp: save_distributed_checkpoint; default the option's)
 //       [--optimizer sgd|adam|adamw|fused_adamw|none] [--clip NORM] [--width W] [--bucket ELEMENTS]
 //       [--ds-config JSON]  (DeepSpeedStrategy configured by a DeepSpeed JSON file or text)
@@ -123,7 +126,10 @@ class Net : public volt::Module {
     h = torch::relu(torch::linear(h, w2, b2));
     for (const auto& layer : *deep) {
       auto* lin = layer->as<torch::nn::Linear>();
-      auto block = [lin](const torch::Tensor& t) { return torch::relu(lin->forward(t)); };
+      auto block = [this, lin](const torch::Tensor& t) {
+        auto y = torch::relu(lin->forward(t));
+        return scale.defined() ? y * scale : y;
+      };
       h = checkpoint_activations ? volt::checkpoint(block, h) : block(h);
     }
     auto out = head->forward(h);
@@ -255,6 +261,7 @@ class Net : public volt::Module {
   int64_t spare_on_rank = -1;
   torch::nn::BatchNorm1d bn{nullptr};  // --batchnorm 1: after fc1
   torch::Tensor w2, b2;
+  torch::Tensor scale;  // --deep-scale 1: multiplies each deep layer's output
   torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList deep{nullptr};           // --depth more Linear(width, width) layers
   std::shared_ptr<torch::optim::Optimizer> opt;  // the last one configure_optimizers built
@@ -554,6 +561,9 @@ int main(int argc, char** argv) {
               a.count("--optimizer") ? a["--optimizer"] : "sgd", num("--depth", 0),
               num("--batchnorm", 0) != 0);
     model.checkpoint_activations = num("--checkpoint-activations", 0) != 0;
+    if (num("--deep-scale", 0) != 0) {
+      model.scale = model.register_parameter("scale", torch::full({}, 1.5));
+    }
     model.nan_grad_at = num("--nan-grad-at", -1);
     model.spare_on_rank = num("--spare-on-rank", -1);
     model.own_zero_grad = num("--own-zero-grad", 0) != 0;
@@ -699,6 +709,12 @@ int main(int argc, char** argv) {
           .timeout_s(static_cast<double>(num("--timeout", 30)));
       if (a.count("--save-distributed")) {
         mp_options.save_distributed_checkpoint(num("--save-distributed", 1) != 0);
+      }
+      if (a.count("--partial-grads")) {
+        std::vector<std::string> names;
+        std::istringstream entries(a["--partial-grads"]);
+        for (std::string e; std::getline(entries, e, ',');) names.push_back(e);
+        mp_options.partial_grads(names);
       }
       auto mp = std::make_shared<volt::ModelParallelStrategy>(
           mp_options, accelerator, precision, num("--devices", 2), num("--nodes", 1));

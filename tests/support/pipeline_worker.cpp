@@ -43,7 +43,8 @@
 //       block of the program's with --inside-catch); --devices 1 is the single-process
 //       reference (single_device). Started as a plain process it launches its ranks itself. Every
 //       rank writes its flat parameters after fit to <out>.rank<R>.pt and prints "rank R done
-//       step=S stage=T states=N" (N: parameters with optimizer state on this rank), and the
+//       step=S stage=T states=N" (N: parameters with optimizer state on this rank), its buffers
+//       (running statistics) to <out>.buffers.rank<R>.pt when it has any, and the
 //       layer before the pipeline as it trained it (before the strategy's teardown gathers the
 //       model) to <out>.pre.rank<R>.pt, with the layer after it to <out>.outside.rank<R>.pt.
 //       --ckpt-every-step: a ModelCheckpoint keeping every step's checkpoint in <root>/ckpt.
@@ -1111,6 +1112,13 @@ int run_fit(std::map<std::string, std::string>& a) {
   const int64_t rank = trainer.strategy().rank();
   std::filesystem::create_directories(std::filesystem::path(a["--out"]).parent_path());
   torch::save(model.flat(), a["--out"] + ".rank" + std::to_string(rank) + ".pt");
+  std::vector<at::Tensor> buffers;
+  for (const auto& b : model.buffers(true)) {
+    if (b.defined()) buffers.push_back(b.detach().to(at::kDouble).reshape({-1}));
+  }
+  if (!buffers.empty()) {
+    torch::save(torch::cat(buffers), a["--out"] + ".buffers.rank" + std::to_string(rank) + ".pt");
+  }
   if (probe->pre.defined()) {
     torch::save(probe->pre, a["--out"] + ".pre.rank" + std::to_string(rank) + ".pt");
     torch::save(probe->outside, a["--out"] + ".outside.rank" + std::to_string(rank) + ".pt");

@@ -63,6 +63,36 @@ TEST(Trainer, FitLearnsAndValidateTestPredictWork) {
   EXPECT_EQ(preds[0].sizes(), (std::vector<int64_t>{64}));
 }
 
+// A logger failing to close after a successful fit (its last rows cannot be written) fails the
+// fit, but only after the other loggers closed and the run was torn down (before session 99 the
+// later loggers were never finalized and the module stayed attached to the dead run; on a
+// tensor-parallel rank the collective teardown was skipped).
+TEST(Trainer, ALoggerFailingToCloseFailsTheFitAfterTheRestClosed) {
+  struct FailsToClose : volt_test::MemoryLogger {
+    void finalize(volt::RunStatus) override {
+      throw volt::ConfigError("[FailsToClose] no space left");
+    }
+  };
+  struct CountsCloses : volt_test::MemoryLogger {
+    void finalize(volt::RunStatus status) override { closed.push_back(status); }
+    std::vector<volt::RunStatus> closed;
+  };
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  auto fails = std::make_shared<FailsToClose>();
+  auto counts = std::make_shared<CountsCloses>();
+  volt::Trainer trainer(quiet(dir.path).max_epochs(1).loggers({fails, counts}));
+  try {
+    trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
+    ADD_FAILURE() << "no error";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no space left"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(counts->closed, (std::vector<volt::RunStatus>{volt::RunStatus::kFinished}));
+  EXPECT_EQ(model.run(), nullptr);
+  EXPECT_EQ(trainer.state().global_step, 4);
+}
+
 TEST(Trainer, LimitsStepsAndValidationSchedule) {
   volt_test::TempDir dir;
   auto train = volt_test::blobs(160), val = volt_test::blobs(64);
@@ -384,7 +414,7 @@ TEST(Trainer, ExceptionInAHookEndsCleanlyAndKeepsTheLastCheckpoint) {
   std::ifstream csv(logger->metrics_path());
   std::string header;
   std::getline(csv, header);
-  EXPECT_EQ(header, "step,train_loss");
+  EXPECT_EQ(header, "step,epoch,train_loss");  // every row carries the epoch (session 99)
   TinyClassifier resumed;
   volt::Trainer t2(quiet(dir.path).max_epochs(3));
   t2.fit(resumed, volt_test::loader(volt_test::blobs(160)), c10::nullopt, dir / "ckpt/last.ckpt");
@@ -717,6 +747,36 @@ TEST(Trainer, ValuesACallbackLogsAtEpochEndBelongToThatEpoch) {
   const auto tested = t.test(model, volt_test::loader(volt_test::blobs(32), 16, false));
   EXPECT_EQ(tested.at("cb_test"), 7.0);
   EXPECT_EQ(logger->with("cb_test").size(), 1u);
+}
+
+// Rows reach the loggers as Lightning's LoggerConnector.log_metrics sends them: each step row
+// carries the epoch (before session 99 only epoch-end rows did: metrics.csv's epoch column was
+// blank on every step row), and a value logged as "step" is the row's step instead of a column
+// (it went to the loggers as a metric and the row stayed at the global step).
+TEST(Trainer, StepRowsCarryTheEpochAndALoggedStepIsTheRowsStep) {
+  struct LogsAStep : TinyClassifier {
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      torch::Tensor loss = TinyClassifier::training_step(b, i);
+      if (current_epoch() == 1) log("step", torch::tensor(static_cast<double>(1000 + i)));
+      return loss;
+    }
+  };
+  volt_test::TempDir dir;
+  LogsAStep model;
+  auto logger = std::make_shared<volt_test::MemoryLogger>();
+  volt::Trainer t(quiet(dir.path).max_epochs(2).log_every_n_steps(1).loggers({logger}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)));  // 4 batches an epoch
+  const auto rows = logger->with("train_loss");
+  ASSERT_EQ(rows.size(), 8u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(rows[i].first, i);
+    EXPECT_EQ(rows[i].second.at("epoch"), 0.0);
+  }
+  for (int i = 4; i < 8; ++i) {
+    EXPECT_EQ(rows[i].first, 1000 + i - 4);
+    EXPECT_EQ(rows[i].second.count("step"), 0u);
+    EXPECT_EQ(rows[i].second.count("epoch"), 0u);
+  }
 }
 
 // ---------------------------------------------------------------- where a foreign error came from

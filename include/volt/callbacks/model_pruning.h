@@ -94,8 +94,8 @@ std::ostream& operator<<(std::ostream& os, const ModelPruningOptions& o);
 /// exactly. The masks (and the lottery ticket's initial values) are part of the callback's
 /// checkpointed state, so a resumed fit goes on pruned (Lightning keeps them only on the module,
 /// and its checkpoints save the pruned weights without them). Refused with DeepSpeed (ZeRO owns
-/// the gradients), with the pipeline strategy (each rank holds only its stage's weights), and
-/// the random methods with several processes (each rank would draw its own mask).
+/// the gradients), with the pipeline and model_parallel strategies (each rank holds only a part
+/// of the weights), and the random methods with several processes (each its own mask).
 class ModelPruning : public Callback {
  public:
   explicit ModelPruning(ModelPruningOptions options);

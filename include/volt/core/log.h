@@ -28,7 +28,8 @@ inline void log_error(const std::string& component, const std::string& message) 
 /// that does not print warnings it still counts the key as seen and returns false).
 bool warn_once(const std::string& key, const std::string& component, const std::string& message);
 
-/// Sets this process's global rank for the rank-zero filter (strategies call it at set-up).
+/// Sets this process's global rank for the rank-zero filter (strategies call it at set-up;
+/// until then RANK, LOCAL_RANK or SLURM_PROCID from the launcher decides, else 0).
 void set_log_rank(int64_t rank);
 int64_t log_rank();
 

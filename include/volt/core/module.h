@@ -113,10 +113,10 @@ class Module : public torch::nn::Module {
   /// After the optimizer step, before its gradients are zeroed (automatic optimization).
   virtual void on_before_zero_grad(torch::optim::Optimizer& optimizer) {}
 
-  /// Before each validation pass of fit (not the sanity check's), before the other validation
-  /// hooks. Lightning's default sets the gradients to none to free their memory during the
-  /// pass; volt's does nothing, as they are none already after each optimizer step, and a
-  /// part-accumulated step's sums must stay (Lightning's would drop them).
+  /// Before a validation pass of fit outside an accumulation window (not the sanity check's,
+  /// not mid-window, as Lightning), before the other validation hooks. Lightning's default sets
+  /// the gradients to none to free their memory; volt's does nothing, as they are none already
+  /// after each optimizer step.
   virtual void on_validation_model_zero_grad() {}
   /// Before a validation pass (the sanity check's too), after save_training_modes(): the
   /// default calls eval(); override it to keep, say, dropout on.

@@ -67,6 +67,17 @@ struct TensorParallelOptions {
   /// Attention heads of the packed q/k/v layers; when set, tp_size must divide it. Default: 0
   /// (unknown: only the feature counts are checked).
   TORCH_ARG(int64_t, num_heads) = 0;
+  /// Whole (unsplit) parameters used on split activations, as parameter-name globs (matched as
+  /// the plan's: the whole name or a trailing part after a '.'), e.g. {"attn.q_norm.weight",
+  /// "*.scale"}: a norm weight applied to this rank's heads, a scalar scale or a PReLU slope
+  /// between a column- and a row-parallel layer. Each rank's backward gives such a parameter only
+  /// the part of its gradient that its split activations carry; the engine sums that part over
+  /// the group as each backward reaches the parameter (DTensor's Partial gradient made whole;
+  /// Megatron's all-reduce of sequence-parallel gradients). A listed parameter must be used on
+  /// split activations only: a use on whole activations would be counted tp_size times.
+  /// ModelParallelStrategy refuses a run whose unlisted whole parameters get gradients that
+  /// differ across the group (checked at the first optimizer step). Default: {}.
+  TORCH_ARG(std::vector<std::string>, partial_grads) = {};
 };
 
 std::ostream& operator<<(std::ostream& os, const TensorParallelOptions& o);
@@ -137,6 +148,16 @@ class TensorParallelEngine {
   /// A parameter not split gives `whole` itself.
   at::Tensor shard_of(const at::Tensor& param, const at::Tensor& whole) const;
 
+  /// The names of the whole parameters outside partial_grads whose gradients differ across the
+  /// group now (compared through two weighted sums per parameter, to 1e-4 of its gradient's
+  /// absolute sum): used on split activations, each rank holds only a part of their gradient
+  /// (list them in partial_grads). Empty when they agree or nothing is split; nullopt when a
+  /// gradient is not finite on some rank (nothing to judge: ask at a later step). Collective.
+  c10::optional<std::vector<std::string>> whole_grads_differing() const;
+  /// Starts summing the gradients of partial_grads' parameters that require a gradient now; the
+  /// constructor calls it, call it again after a listed parameter starts requiring one.
+  void track_partial_grads();
+
   /// Gathers every split parameter back to its full shape (collective: all ranks call it).
   void restore();
   /// Splits again after restore() (e.g. once whole weights were loaded); no-op when split.
@@ -172,6 +193,13 @@ class TensorParallelEngine {
   std::vector<std::unique_ptr<Shard>> shards_;
   int64_t full_bytes_ = 0;
   bool split_ = false;
+  // partial_grads' parameters and their gradient hooks (none until they require a gradient).
+  struct PartialGrad {
+    at::Tensor param;
+    std::string name;
+    c10::optional<unsigned> hook;
+  };
+  std::vector<PartialGrad> partial_;
 };
 
 /// Megatron-LM's model-parallel random state (`get_cuda_rng_tracker().fork()`), for dropout on

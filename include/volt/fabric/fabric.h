@@ -152,7 +152,9 @@ class Fabric {
   /// or a strategy Fabric does not run, NotAvailable for missing hardware).
   explicit Fabric(FabricOptions options = {});
   /// Tears the strategy down (DDP: rank 0 waits for the processes it launched) and finalizes
-  /// the loggers.
+  /// the loggers. On the way out of an exception, or when the program marked the run failed
+  /// (strategy().set_run_failed(true): it caught an error and gives up), nothing collective runs
+  /// (the other ranks may be gone) and the loggers are told the run failed.
   ~Fabric();
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
@@ -366,7 +368,8 @@ class Fabric {
   /// rank then waits at a barrier, so the file is complete wherever save returns). The state's
   /// first module goes where a Trainer checkpoint has its weights, so volt::load_weights and the
   /// Trainer's validate / test / predict with a ckpt_path read it (a Trainer's fit cannot resume
-  /// from it: it holds no loop state). Entry names are non-empty, without '/', and distinct.
+  /// from it: it holds no loop state). Entry names are non-empty, without '/', distinct, and
+  /// not a word TorchScript reserves (in, class, None, ...: ConfigError when named).
   void save(const std::string& path, const FabricState& state);
   /// Reads `path` into `state` (every rank reads the file). strict: every entry of `state` must
   /// be in the file (CheckpointError naming the missing ones) and each module's weights must
@@ -374,7 +377,8 @@ class Fabric {
   /// the file that `state` lacks are left. The state's modules must have been set up first. A
   /// strict miss changes nothing; a module whose weights do not match the file (CheckpointError) is
   /// left as it was, but the modules before it in `state` are loaded by then: load again or rebuild
-  /// them.
+  /// them. A state naming an optimizer (a resumed training) also takes the file's step count
+  /// (log()'s default step); weights alone leave it.
   void load(const std::string& path, FabricState& state, bool strict = true);
 
  private:
@@ -411,6 +415,9 @@ class Fabric {
 
   FabricOptions options_;
   std::shared_ptr<Precision> precision_;
+  // Modules whose setup() failed part-way: the strategy may point at them (a split, a cast)
+  // until its teardown, so they live until after it (declared before strategy_).
+  std::vector<std::unique_ptr<SetUp>> failed_set_ups_;
   std::shared_ptr<Strategy> strategy_;
   bool launched_ = false;
   bool sync_ = true;

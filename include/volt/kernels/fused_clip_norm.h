@@ -41,7 +41,8 @@ class FusedClipNorm {
   /// for the GPU and a CUDA graph can capture the clip, unless error_if_nonfinite is set (its
   /// check reads the norm); on the CPU it is a double tensor holding operator()'s value.
   at::Tensor clip(const std::vector<at::Tensor>& params) const;
-  /// Empty when every defined gradient is a contiguous dense float/double/bfloat16 CPU tensor, or
+  /// Empty when every defined gradient is a contiguous dense float/double/bfloat16 CPU tensor
+  /// listed once and sharing no memory with another (a tied weight listed twice is not), or
   /// every one a dense floating CUDA tensor of one device in a build with libtorch's fused kernels
   /// (then the norm and the scaling run as multi-tensor kernels on the device, and only the
   /// returned norm is read back); else why not (callers fall back to clip_grad_norm_).

@@ -23,7 +23,8 @@ struct CSVLoggerOptions {
   /// Version number; -1 picks max(existing version_N) + 1. Default: -1.
   TORCH_ARG(int64_t, version) = -1;
   /// Buffered rows are written when the logged step passes a multiple of this (Lightning's
-  /// (step + 1) % n == 0), and at each epoch's end. Default: 100.
+  /// (step + 1) % n == 0), when this many rows wait, before a checkpoint, and at each epoch's
+  /// end. Default: 100.
   TORCH_ARG(int64_t, flush_logs_every_n_steps) = 100;
 };
 

@@ -35,7 +35,7 @@ struct Fp8ConversionReport {
   std::string str() const;
 };
 
-/// Converts every torch::nn::Linear of `model` (itself included) to an fp8 linear with delayed
+/// Converts every torch::nn::Linear inside `model` (a bare Linear is refused) to an fp8 linear with
 /// scaling, in place: the layer keeps its fp32 weight and bias, gains the buffers
 /// fp8_amax_history, fp8_scale, fp8_grad_amax and fp8_steps (so checkpoints carry the fp8 state
 /// and resume is exact), and inside an Fp8Autocast region its forward takes E4M3 operands and

@@ -34,8 +34,8 @@ struct MixedPrecisionOptions {
   /// The size rule of the CPU policy: linears with fewer multiply-adds (rows x in x out) than
   /// this stay fp32. Unset = measured by the CPU probe; 0 = off (every linear follows autocast);
   /// set it for numerics that do not depend on a timing (e.g. the same on every rank and run);
-  /// when set it also replaces the probe's all-or-nothing matmul decision. Only with cpu_policy
-  /// on a CPU. Default: unset.
+  /// when set it also replaces the probe's all-or-nothing matmul decision (convolutions still
+  /// follow the probe). Only with cpu_policy on a CPU. Default: unset.
   TORCH_ARG(c10::optional<int64_t>, linear_min_macs) = c10::nullopt;
   /// Also read the files named by the LOWER_LIST and FP32_LIST environment variables (once,
   /// when the precision is constructed). Default: true.
@@ -83,7 +83,7 @@ class MixedPrecision : public Precision {
     int64_t matmul_min_macs = 0;
   };
   /// Measures it (forward+backward of a Linear and a Conv2d, best of 5, and of Linears from
-  /// 64x128x128 to 64x1024x1024 multiply-adds for the size threshold) once per machine: the
+  /// 64x768x768 down to 64x128x128 multiply-adds for the size threshold) once per machine: the
   /// figures are cached in $VOLT_CACHE_DIR (default ~/.cache/volt), one file per CPU model,
   /// thread count and libtorch version, written under a file lock, so every rank of a job and a
   /// resumed job decide the same ops; later calls in the process return the same figures.

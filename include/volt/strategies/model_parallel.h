@@ -34,6 +34,11 @@ struct ModelParallelStrategyOptions {
   TORCH_ARG(TpPlan, plan) = {};
   TORCH_ARG(TpInjectionPolicy, injection_policy) = {};
   TORCH_ARG(int64_t, num_heads) = 0;
+  /// TensorParallelOptions::partial_grads: whole parameters used on split activations, whose
+  /// gradients are summed over the tensor-parallel group. A run whose other whole parameters get
+  /// gradients that differ across the group stops at its first optimizer step with a
+  /// ConfigError naming them. Default: {}.
+  TORCH_ARG(std::vector<std::string>, partial_grads) = {};
   /// The data-parallel replicas' gradient buckets (DDP's, over each rank's shards; none with
   /// one replica), with DdpStrategyOptions' meanings: bucket size in MiB; find_unused_parameters
   /// for a forward that skips some parameters (not with activation checkpointing, whose
@@ -116,7 +121,13 @@ class ModelParallelStrategy : public DdpStrategy {
   std::shared_ptr<ProcessGroup> tp_group_;  // this rank's tensor-parallel group
   std::shared_ptr<ProcessGroup> dp_group_;  // the same shard in every group (none when one)
   std::unique_ptr<TensorParallelEngine> engine_;
-  const Module* module_ = nullptr;  // the module set up, until teardown
+  const Module* module_ = nullptr;    // the module set up, until teardown
+  bool whole_grads_checked_ = false;  // whether a step compared the whole gradients
+
+  // At the first step with finite gradients: a ConfigError naming the whole parameters whose
+  // gradients differ across the tensor-parallel group (used on split activations, unlisted in
+  // partial_grads). Collective.
+  void check_whole_grads();
 
   // Whether checkpoints are written as shards now (the option, and the weights are split).
   bool shards_checkpoints() const;

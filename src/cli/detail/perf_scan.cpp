@@ -285,7 +285,7 @@ PerfScan scan_trace(const std::string& text, const std::string& source) {
              : std::string()) +
         "): on an accelerator each one stalls the host until the device catches up; log "
         "tensors with Module::log instead of reading them, or read every N steps (the "
-        "Trainer's own check reads the loss once per step: "
+        "Trainer's own check reads the losses once per logging interval: "
         "TrainerOptions::detect_nonfinite_loss(false)).");
   }
   if (s.mean_op_us > 0 && s.mean_op_us < 20.0 && ops_per_step > 50) {

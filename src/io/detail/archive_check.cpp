@@ -440,17 +440,7 @@ class Archive {
     return out + "\"";
   }
 
-  // The words TorchScript's lexer reserves (torch/csrc/jit/frontend/lexer.h, the same list in
-  // 1.13 and 2.11): as a class or attribute name they would be a parse error inside libtorch.
-  // Python keywords outside it (yield, lambda, ...) are plain names to TorchScript.
-  static bool is_keyword(const std::string& s) {
-    static const std::set<std::string> k = {
-        "Ellipsis", "False", "None",   "NoneType", "True",   "and",   "as",
-        "assert",   "break", "class",  "continue", "def",    "del",   "elif",
-        "else",     "for",   "global", "if",       "import", "in",    "is",
-        "not",      "or",    "pass",   "raise",    "return", "while", "with"};
-    return k.count(s) != 0;
-  }
+  static bool is_keyword(const std::string& s) { return is_torchscript_keyword(s); }
 
   // A type expression at tokens[*i]: builtin names, containers with their arities, or a class
   // of this archive (recorded in *classes_used).
@@ -640,6 +630,18 @@ class Archive {
 };
 
 }  // namespace
+
+// The words TorchScript's lexer reserves (torch/csrc/jit/frontend/lexer.h, the same list in
+// 1.13 and 2.11): as a class or attribute name they would be a parse error inside libtorch.
+// Python keywords outside it (yield, lambda, ...) are plain names to TorchScript.
+bool is_torchscript_keyword(const std::string& name) {
+  static const std::set<std::string> k = {
+      "Ellipsis", "False", "None",   "NoneType", "True",   "and",   "as",
+      "assert",   "break", "class",  "continue", "def",    "del",   "elif",
+      "else",     "for",   "global", "if",       "import", "in",    "is",
+      "not",      "or",    "pass",   "raise",    "return", "while", "with"};
+  return k.count(name) != 0;
+}
 
 void check_torch_archive(const char* data, size_t size, const std::string& path) {
   Archive(data, size, path).check();

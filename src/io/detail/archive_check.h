@@ -28,5 +28,10 @@ namespace detail {
 /// bytes at `data` have the shape described above.
 void check_torch_archive(const char* data, size_t size, const std::string& path);
 
+/// Whether `name` is a word TorchScript's lexer reserves (if, in, class, None, ...): as the name
+/// of a nested archive or an attribute it makes an archive libtorch cannot read back, so names
+/// a program chooses are refused before they are written.
+bool is_torchscript_keyword(const std::string& name);
+
 }  // namespace detail
 }  // namespace volt

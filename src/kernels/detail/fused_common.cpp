@@ -84,36 +84,45 @@ void check_fusable(const char* component, const char* reference, const at::Tenso
              "; gradients must match their parameter.");
 }
 
-void check_params_unique(const char* component,
-                         const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+Overlap find_overlap(const std::vector<at::Tensor>& tensors) {
   std::unordered_set<const c10::TensorImpl*> seen;
-  // The bytes each parameter spans in its storage: two tensors over the same memory (a weight
-  // tied with set_data) would be updated by different threads from the same old values, the
-  // last write winning (torch's loop applies both updates).
+  // The bytes each tensor spans in its storage: two tensors over the same memory would be
+  // written by different threads from the same old values, the last write winning (torch's
+  // loop applies both).
   std::map<const void*, std::vector<std::pair<int64_t, int64_t>>> spans;
-  for (const auto& group : groups) {
-    for (const auto& p : group.params()) {
-      VOLT_CHECK(seen.insert(p.unsafeGetTensorImpl()).second, ConfigError, "[", component,
-                 "] a parameter appears more than once in the param groups; its fused updates "
-                 "would race. Pass each parameter once.");
-      if (!p.has_storage() || p.numel() == 0) continue;
-      int64_t extent = 1;  // elements from the first to one past the last
-      for (int64_t d = 0; d < p.dim(); ++d) extent += (p.size(d) - 1) * std::abs(p.stride(d));
-      const int64_t begin = p.storage_offset() * static_cast<int64_t>(p.element_size());
-      spans[p.storage().unsafeGetStorageImpl()].emplace_back(
-          begin, begin + extent * static_cast<int64_t>(p.element_size()));
-    }
+  for (const auto& t : tensors) {
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) return Overlap::kSame;
+    if (!t.has_storage() || t.numel() == 0) continue;
+    int64_t extent = 1;  // elements from the first to one past the last
+    for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * std::abs(t.stride(d));
+    const int64_t begin = t.storage_offset() * static_cast<int64_t>(t.element_size());
+    spans[t.storage().unsafeGetStorageImpl()].emplace_back(
+        begin, begin + extent * static_cast<int64_t>(t.element_size()));
   }
   for (auto& [storage, list] : spans) {
     std::sort(list.begin(), list.end());
     for (size_t i = 1; i < list.size(); ++i) {
-      VOLT_CHECK(list[i].first >= list[i - 1].second, ConfigError, "[", component,
-                 "] two parameters share memory (a weight tied with set_data, or overlapping "
-                 "views of one buffer); their fused updates would race. Tie weights by "
-                 "assigning the same tensor (each then appears once), or give each its own "
-                 "memory.");
+      if (list[i].first < list[i - 1].second) return Overlap::kShared;
     }
   }
+  return Overlap::kNone;
+}
+
+void check_params_unique(const char* component,
+                         const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  std::vector<at::Tensor> params;
+  for (const auto& group : groups) {
+    for (const auto& p : group.params()) params.push_back(p);
+  }
+  const Overlap overlap = find_overlap(params);
+  VOLT_CHECK(overlap != Overlap::kSame, ConfigError, "[", component,
+             "] a parameter appears more than once in the param groups; its fused updates "
+             "would race. Pass each parameter once.");
+  VOLT_CHECK(overlap != Overlap::kShared, ConfigError, "[", component,
+             "] two parameters share memory (a weight tied with set_data, or overlapping "
+             "views of one buffer); their fused updates would race. Tie weights by "
+             "assigning the same tensor (each then appears once), or give each its own "
+             "memory.");
 }
 
 void sync_layouts(const char* component, std::vector<FlatLayout>& layouts,

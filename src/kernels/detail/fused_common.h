@@ -30,6 +30,12 @@ std::string fusable_reason(const char* component, const char* reference, const c
 void check_fusable(const char* component, const char* reference, const at::Tensor& p,
                    const at::Tensor& grad);
 
+/// Whether two of `tensors` write the same memory: kSame for one tensor listed twice, kShared
+/// for two tensors over overlapping bytes of one storage (a weight tied with set_data,
+/// overlapping views). The fused kernels would write such memory from two threads at once.
+enum class Overlap { kNone, kSame, kShared };
+Overlap find_overlap(const std::vector<at::Tensor>& tensors);
+
 /// Throws ConfigError when a parameter appears twice across `groups`: the fused kernels would
 /// update it twice in parallel (a data race), so the optimizers refuse that.
 void check_params_unique(const char* component,

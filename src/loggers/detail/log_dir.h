@@ -19,6 +19,19 @@ int64_t next_version(const std::string& root);
 /// would give both the same).
 int64_t claim_next_version(const std::string& root, const std::string& component);
 
+/// `save_dir/name` as a checkpoint records it: absolute and lexically normal.
+std::string version_root(const std::string& save_dir, const std::string& name);
+
+/// Whether a resumed logger numbering the folder `root` (version_root) with the version option
+/// `option_version` continues the checkpoint's version `saved` of the folder `saved_root` ("" in
+/// checkpoints before session 99: taken as the same). Only the same folder continues, and only
+/// when no other version is asked for: a run resumed into another save_dir or name (or told
+/// another version) would otherwise drop a different run's rows after the checkpoint's step and
+/// write into its folder. Otherwise warns (as `component`) and returns false: the logger keeps
+/// its own version.
+bool continues_saved_version(const std::string& saved_root, int64_t saved, const std::string& root,
+                             int64_t option_version, const std::string& component);
+
 /// While one is alive, the loggers of this process that claim the next version of one of `roots`
 /// (claim_next_version) share it: the first claim makes the folder, the later ones take its
 /// number. The CLI's loggers of one run write one version_N this way, claimed when the first of

@@ -20,8 +20,13 @@ namespace detail {
 class MetricStore {
  public:
   struct EpochEntry {
-    std::vector<at::Tensor> values;
-    std::vector<int64_t> weights;
+    // The running reduction of the values logged so far, a float64 tensor on their device:
+    // kMean the weighted sum (Lightning's _ResultMetric keeps the same), kSum the sum, kMax /
+    // kMin the extreme. No per-step tensor is kept: an epoch of a million steps holds what one
+    // step holds.
+    at::Tensor acc;
+    double weight = 0;  // kMean: the total weight (batch sizes)
+    int64_t count = 0;  // values logged
     Reduce reduce = Reduce::kMean;
     bool prog_bar = false;
     bool logger = true;
@@ -34,6 +39,8 @@ class MetricStore {
   };
 
   void add_step(const std::string& key, const at::Tensor& v, bool prog_bar, bool logger);
+  // Folds `v` into the key's running reduction; ConfigError when the key was logged with
+  // another reduce in this epoch (Lightning refuses a second log with other arguments too).
   void add_epoch(const std::string& key, const at::Tensor& v, int64_t weight, Reduce reduce,
                  bool prog_bar, bool logger, bool sync_dist = false);
   /// Reduces a tensor across processes (element-wise, kSum / kMax / kMin); identity for one.

@@ -170,6 +170,10 @@ class Run : public RunContext {
   void reset_metrics();
   mutable Metrics cb_cache, pb_cache;
   mutable bool cache_dirty = true;
+  // A checkpoint was written since the loggers last got a row: the next row sent to them is
+  // written out at once (the step's row of a checkpoint taken in on_train_batch_end is logged
+  // after it, and a resume starts after its step).
+  bool save_loggers_after_next_row = false;
   /// When this fit attempt started training, and when it ended (unset while it runs).
   Clock::time_point fit_start;
   c10::optional<Clock::time_point> fit_end;
@@ -386,10 +390,15 @@ class Run : public RunContext {
   // ---------------------------------------------------------------- metrics
   void refresh_cache() const;
   int64_t log_step() const { return std::max<int64_t>(st.global_step - 1, 0); }
+  /// Rank 0 sends `m` to the loggers as Lightning's LoggerConnector.log_metrics: a logged "step"
+  /// value is the row's step (not a column); otherwise the row is at log_step() and carries the
+  /// epoch.
   void send_to_loggers(const Metrics& m);
+  /// Writes every logger's buffered rows (Logger::save); a failure is a warning.
+  void save_loggers();
   /// Reduces a stage's epoch metrics, makes them visible to monitors and the progress bar and
   /// sends them to the loggers; returns them.
-  Metrics flush_epoch(MetricStore& store, bool add_epoch_number);
+  Metrics flush_epoch(MetricStore& store);
 
   /// Runs `body` as entry point `stage`: sets the run up, and on any exception tells callbacks
   /// and loggers, tears down and rethrows. Checkpoints on disk are never touched on failure.

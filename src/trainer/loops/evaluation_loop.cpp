@@ -125,7 +125,7 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   } else {
     r.module_hook("on_validation_epoch_end", [&](Module& mm) { mm.on_validation_epoch_end(); });
   }
-  if (!sanity) result = r.flush_epoch(r.eval_metrics, true);
+  if (!sanity) result = r.flush_epoch(r.eval_metrics);
   // The pass has run: a checkpoint written from here on (ModelCheckpoint's at
   // on_validation_end) records it as done, so a resumed fit does not run it again (its
   // callbacks would count it twice).
@@ -142,7 +142,7 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   // was dropped with the pass's store.
   const auto flush_callbacks_values = [&] {
     if (sanity) return;
-    for (auto& kv : r.flush_epoch(r.eval_metrics, true)) result[kv.first] = kv.second;
+    for (auto& kv : r.flush_epoch(r.eval_metrics)) result[kv.first] = kv.second;
   };
   if (is_test) {
     r.callback_hook("on_test_epoch_end", [&](Callback& c) { c.on_test_epoch_end(r, m); });

@@ -172,7 +172,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
           [&](Callback& c) { c.on_train_batch_start(r, m, batch, idx); });
       const int64_t step_before = st.global_step;
       const std::vector<int64_t> steps_before = r.optimizer_step_counts();
-      const bool stepped = r.step->run(batch, idx, n);
+      r.step->run(batch, idx, n);
       if (r.prefetch != nullptr && idx + 1 < n) {
         r.train_batch = idx + 1;  // a failed fetch names the batch it fetched
         fetched = r.next_batch(stream, raw, "get_train_batch");
@@ -235,7 +235,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   // The module's hook runs before the epoch metrics are reduced (it may log), the callbacks'
   // after (ModelCheckpoint and EarlyStopping read the reduced values).
   r.module_hook("on_train_epoch_end", [&](Module& mm) { mm.on_train_epoch_end(); });
-  r.flush_epoch(r.train_metrics, true);
+  r.flush_epoch(r.train_metrics);
   // Those that monitor a metric read the epoch's reduced ones (its validation's, what the
   // module's end hook logged), before the callbacks' hooks, so that a checkpoint written there
   // holds the step (Lightning steps them after those hooks: its checkpoint misses the step).
@@ -244,7 +244,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   // What the callbacks logged there belongs to this epoch too (Lightning reduces it with the
   // epoch's values); it waited for the next epoch's reduction, averaged with that epoch's, and
   // the last epoch's never reached the loggers.
-  r.flush_epoch(r.train_metrics, true);
+  r.flush_epoch(r.train_metrics);
   for (auto& l : r.loggers()) l->save();
   r.scope = LogScope::kNone;
 }
