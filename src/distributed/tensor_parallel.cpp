@@ -693,6 +693,15 @@ void TensorParallelEngine::track_partial_grads() {
   if (options_.tp_size() == 1) return;
   for (PartialGrad& pg : partial_) {
     if (pg.hook || !pg.param.requires_grad()) continue;
+    // A parameter thawed since the last call (mid-epoch, or in a Fabric loop, where nothing
+    // calls this between steps: ModelParallelStrategy calls it before each step too) may hold
+    // a gradient of backwards the hook did not see: its parts are summed now, once. Every rank
+    // of the group thaws alike, so this collective lines up.
+    if (split_ && pg.param.grad().defined()) {
+      torch::NoGradGuard no_grad;
+      c10::impl::ExcludeDispatchKeyGuard no_intercept(detail::kInterceptKey);
+      pg.param.mutable_grad() = sum_across(*group_, pg.param.grad());
+    }
     // This backward's part of the gradient, before it is accumulated: summed once per backward,
     // so gradients accumulated over several backwards are summed once too. Every rank of the
     // group runs the same graph, so the sums run in the same order everywhere.
@@ -726,9 +735,20 @@ c10::optional<std::vector<std::string>> TensorParallelEngine::whole_grads_differ
       rows.push_back(at::zeros({3}, at::kDouble));
       continue;
     }
-    const at::Tensor g = p.grad().detach().to(at::kDouble).cpu().reshape({-1});
-    const at::Tensor w = at::sin(at::arange(g.numel(), at::kDouble) * 0.7 + 0.3);
-    at::Tensor row = at::stack({(g * w).sum(), g.abs().sum(), at::ones({}, at::kDouble)});
+    // On the gradient's device, a slice at a time (an unsplit embedding's gradient is large):
+    // only the three numbers come to the host.
+    const at::Tensor g = p.grad().detach().reshape({-1});
+    const auto f64 = g.options().dtype(at::kDouble);
+    at::Tensor weighted = at::zeros({}, f64), absolute = at::zeros({}, f64);
+    constexpr int64_t kSlice = int64_t{1} << 22;
+    for (int64_t off = 0; off < g.numel(); off += kSlice) {
+      const int64_t len = std::min(kSlice, g.numel() - off);
+      const at::Tensor part = g.narrow(0, off, len).to(at::kDouble);
+      const at::Tensor w = at::sin(at::arange(off, off + len, f64) * 0.7 + 0.3);
+      weighted += (part * w).sum();
+      absolute += part.abs().sum();
+    }
+    at::Tensor row = at::stack({weighted, absolute, at::ones({}, f64)}).cpu();
     if (!at::isfinite(row).all().item<bool>()) {
       finite = false;
       row = at::zeros({3}, at::kDouble);

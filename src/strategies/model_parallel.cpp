@@ -256,6 +256,8 @@ bool ModelParallelStrategy::optimizer_step(torch::optim::Optimizer& optimizer,
   // Strategy::optimizer_step's sequence, with the ranks agreeing on inf/NaN gradients: each
   // checked only its own shards, and a rank that skipped a step its group took would hold a
   // shard of another model.
+  // A listed parameter thawed since the epoch began (or in a Fabric loop) gets its hook now.
+  if (engine_ != nullptr) engine_->track_partial_grads();
   check_whole_grads();
   detail::unscale_agreeing_on_found_inf(*precision_, group(), optimizer);
   clip_for_step(optimizer, clip_value, algorithm, clip);
@@ -267,6 +269,7 @@ at::Tensor ModelParallelStrategy::clip_gradients(torch::optim::Optimizer& optimi
   if (algorithm != ClipAlgorithm::kNorm || engine_ == nullptr) {
     return Strategy::clip_gradients(optimizer, value, algorithm);  // elementwise: local
   }
+  engine_->track_partial_grads();
   check_whole_grads();  // before a norm that would count the parts
   // The norm over the whole model: each split weight's shards once, the whole ones once (the
   // replicas hold the same, averaged, gradients).

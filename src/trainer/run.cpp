@@ -871,7 +871,14 @@ void Run::send_to_loggers(const Metrics& m) {
   int64_t step = log_step();
   const auto given = row.find("step");
   if (given != row.end()) {
-    step = static_cast<int64_t>(given->second);
+    const double v = given->second;
+    if (std::isfinite(v) && v >= 0 && v < 9.0e18) {
+      step = static_cast<int64_t>(v);
+    } else {
+      warn_once("logged-step-not-a-step", "Trainer",
+                "a logged \"step\" value (" + std::to_string(v) +
+                    ") is no step number; its rows stay at the global step. Log a count >= 0.");
+    }
     row.erase(given);
   } else {
     row.emplace("epoch", static_cast<double>(st.epoch));  // a logged "epoch" value stays

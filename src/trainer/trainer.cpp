@@ -135,13 +135,20 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
     throw;
   }
   if (prof != nullptr) prof->describe(to_string(stage), log_dir());
-  // A logger that cannot write its last rows (a full disk) fails the run, but only after every
-  // logger closed and the strategy tore down as on the other ranks (its teardown may be
-  // collective: the tensor-parallel ranks gather the whole model).
+  // A logger that cannot write its last rows (a full disk) fails the run on rank 0 (the only
+  // rank with loggers), but only after every logger closed and the strategy tore down as on the
+  // other ranks (its teardown may be collective: the tensor-parallel ranks gather the whole
+  // model).
   std::exception_ptr logger_failed;
   for (auto& l : loggers()) {
     try {
       l->finalize(RunStatus::kFinished);
+    } catch (const std::exception& failed) {
+      if (!logger_failed) {
+        logger_failed = std::current_exception();
+      } else {
+        log_warning("Trainer", l->name() + ".finalize failed too: " + failed.what());
+      }
     } catch (...) {
       if (!logger_failed) logger_failed = std::current_exception();
     }

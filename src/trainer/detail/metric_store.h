@@ -40,7 +40,8 @@ class MetricStore {
 
   void add_step(const std::string& key, const at::Tensor& v, bool prog_bar, bool logger);
   // Folds `v` into the key's running reduction; ConfigError when the key was logged with
-  // another reduce in this epoch (Lightning refuses a second log with other arguments too).
+  // another reduce in this epoch (Lightning keeps a value per hook and name, and refuses other
+  // arguments within one hook; volt keeps one per name, so mixing reductions is refused).
   void add_epoch(const std::string& key, const at::Tensor& v, int64_t weight, Reduce reduce,
                  bool prog_bar, bool logger, bool sync_dist = false);
   /// Reduces a tensor across processes (element-wise, kSum / kMax / kMin); identity for one.
