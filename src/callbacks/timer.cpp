@@ -6,6 +6,7 @@
 #include <iostream>
 #include <limits>
 
+#include "core/detail/duration.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
@@ -20,19 +21,10 @@ Timer::Timer(TimerOptions options) : options_(options) {
 }
 
 double Timer::parse_duration(const std::string& s) {
-  auto ss = detail::c_stream<std::stringstream>(s);
-  std::string part;
-  std::vector<int64_t> parts;
-  bool ok = true;
-  while (std::getline(ss, part, ':')) {
-    // At most 18 digits: every such number fits an int64 (std::stoll throws past it).
-    ok = ok && !part.empty() && part.size() <= 18 &&
-         part.find_first_not_of("0123456789") == std::string::npos;
-    if (ok) parts.push_back(std::stoll(part));
-  }
-  VOLT_CHECK(ok && parts.size() == 4, ConfigError, "[Timer] duration \"", s,
+  const std::optional<double> seconds = detail::parse_dd_hh_mm_ss(s);
+  VOLT_CHECK(seconds.has_value(), ConfigError, "[Timer] duration \"", s,
              "\" is not DD:HH:MM:SS (e.g. \"00:12:00:00\" for 12 hours).");
-  return ((parts[0] * 24.0 + parts[1]) * 60.0 + parts[2]) * 60.0 + parts[3];
+  return *seconds;
 }
 
 double Timer::time_elapsed(Stage stage) const {
@@ -52,11 +44,14 @@ double Timer::time_remaining() const {
   return *options_.duration_s() - time_elapsed(Stage::kFit);
 }
 
-void Timer::on_train_start(RunContext& run, Module&) {
+void Timer::on_fit_start(RunContext& run, Module&) {
   // A fit resumed with its time already spent trains no further, as Lightning's
   // Timer.on_fit_start check of the time restored (it trained one more epoch, or one more batch,
   // past the limit). A duration of 0 trains nothing, as there.
   check(run);
+}
+
+void Timer::on_train_start(RunContext&, Module&) {
   auto& s = spans_[Stage::kFit];
   s.start = Clock::now();
   s.end.reset();

@@ -87,6 +87,11 @@ DataLoaderOptions combined_options(const std::vector<DataLoader>& loaders) {
   int64_t batch_size = 0;
   bool shuffle = false, pin = true, prefetch = true;
   for (const auto& l : loaders) {
+    // The sum is the combined batch's samples; past int64 it would wrap (undefined behaviour).
+    VOLT_CHECK(l.options().batch_size() <= std::numeric_limits<int64_t>::max() - batch_size,
+               ConfigError,
+               "[DataLoader] the combined loaders' batch sizes add up past 2^63; "
+               "give each loader a batch size it can hold in memory.");
     batch_size += l.options().batch_size();
     shuffle = shuffle || l.options().shuffle();
     pin = pin && l.options().pin_memory();
@@ -368,7 +373,8 @@ BatchStream DataLoader::stream(int64_t epoch, int64_t first_batch, int64_t max_b
       for (size_t j = 0; j < combined_->loaders.size(); ++j) {
         VOLT_CHECK(combined_->loaders[j].num_batches() > 0, ConfigError,
                    "[DataLoader] combined loader '", combined_->names[j],
-                   "' has no batches (its data set is empty on this process), and "
+                   "' has no batches on this process (its data set is empty there, or holds "
+                   "fewer samples than batch_size with drop_last), and "
                    "CombineMode::kMaxSizeCycle cannot start an empty loader again; give it data "
                    "or combine with CombineMode::kMaxSize.");
       }

@@ -17,6 +17,7 @@
 #include "core/detail/tracing.h"
 #include "detail/async_collective.h"
 #include "detail/c10d.h"
+#include "detail/collective_checks.h"
 #include "detail/net.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
@@ -202,25 +203,12 @@ at::Tensor from_wire_form(const at::Tensor& w, c10::ScalarType dtype, at::IntArr
   return w.scalar_type() == dtype ? w.view(shape) : w.view(dtype).view(shape);
 }
 
-// What every collective takes: a defined, dense, non-quantized tensor (a ValueError up front,
-// not a backend error that would leave the group broken).
 void check_operand(const at::Tensor& t, const char* op, const char* where = "") {
-  VOLT_CHECK(t.defined(), ValueError, kTag, " ", op, " got an undefined tensor", where,
-             "; pass a tensor (at::empty for a receive buffer).");
-  VOLT_CHECK(t.layout() == at::kStrided && !at::isQIntType(t.scalar_type()), ValueError, kTag, " ",
-             op, " takes dense tensors, got a ", t.layout(), " ", t.scalar_type(), " one", where,
-             "; convert it first (to_dense(), dequantize()).");
+  detail::check_collective_operand(t, kTag, op, where);
 }
 
-// Reducing `op` over `dtype` means something: no mean of integers, no order of complex numbers.
 void check_reduction(c10::ScalarType dtype, Reduce op, const char* name) {
-  VOLT_CHECK(op != Reduce::kMean || at::isFloatingType(dtype) || at::isComplexType(dtype),
-             ValueError, kTag, " ", name, " with kMean needs a floating tensor, got ", dtype,
-             "; convert it first or use kSum.");
-  VOLT_CHECK(!at::isComplexType(dtype) || op == Reduce::kSum || op == Reduce::kMean, ValueError,
-             kTag, " ", name, " of a ", dtype,
-             " tensor takes kSum or kMean (complex numbers have no order); reduce its real and "
-             "imaginary parts (at::view_as_real) yourself for anything else.");
+  detail::check_reduction(dtype, op, kTag, name);
 }
 
 // TORCH_DISTRIBUTED_DEBUG=DETAIL, PyTorch's switch for its ProcessGroupWrapper: before each

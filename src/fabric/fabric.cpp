@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/detail/numbers.h"
+#include "distributed/detail/collective_checks.h"
 #include "io/detail/archive_check.h"
 #include "io/detail/nested_archive.h"
 #include "nn/detail/empty_init.h"
@@ -27,6 +28,7 @@
 #include "volt/core/module.h"
 #include "volt/core/optimizer_config.h"
 #include "volt/core/run_context.h"
+#include "volt/optim/lr_scheduler.h"
 #include "volt/profiler/profiler.h"
 #include "volt/trainer/plan.h"
 
@@ -218,6 +220,7 @@ void FabricState::check_new(const std::string& name) const {
   bool taken = values_.count(name) > 0;
   for (const auto& m : modules_) taken = taken || m.first == name;
   for (const auto& o : optimizers_) taken = taken || o.first == name;
+  for (const auto& l : schedulers_) taken = taken || l.first == name;
   for (const auto& t : tensors_) taken = taken || t.first == name;
   VOLT_CHECK(!taken, ConfigError, kTag, " the state has an entry named '", name,
              "' already; give each entry its own name.");
@@ -236,6 +239,12 @@ FabricState& FabricState::module(const std::string& name, torch::nn::Module& mod
 FabricState& FabricState::optimizer(const std::string& name, torch::optim::Optimizer& optimizer) {
   check_new(name);
   optimizers_.emplace_back(name, &optimizer);
+  return *this;
+}
+
+FabricState& FabricState::scheduler(const std::string& name, LRScheduler& scheduler) {
+  check_new(name);
+  schedulers_.emplace_back(name, &scheduler);
   return *this;
 }
 
@@ -625,6 +634,42 @@ void Fabric::backward_with(const at::Tensor& loss,
     strategy_->backward(loss, *modules.front()->module, sync_ && modules.front()->sync);
     return;
   }
+  // Every rank must arm the same modules' reducers, or one rank's all-reduces pair with another
+  // module's on the others (a loss that reaches a module on some ranks only: a data-dependent
+  // branch). One small all-reduce agrees on them. A module reached on some ranks only is armed
+  // everywhere without syncing (its hooks fire in a different order on each rank, so its bucket
+  // all-reduces would interleave with the others' differently), and its gradients are averaged
+  // after the backward, zeros where a rank's graph missed it (as DDP treats a parameter one rank
+  // did not use).
+  std::vector<SetUp*> partial;
+  if (distributed && sync_) {
+    at::Tensor mask = at::zeros({static_cast<int64_t>(set_up_.size())}, at::kLong);
+    for (size_t i = 0; i < set_up_.size(); ++i) {
+      if (std::find(modules.begin(), modules.end(), set_up_[i].get()) != modules.end()) {
+        mask[static_cast<int64_t>(i)] = 1;
+      }
+    }
+    const at::Tensor reached_by = strategy_->reduce(mask, Reduce::kSum);
+    const int64_t world = strategy_->world_size();
+    std::vector<SetUp*> agreed;
+    for (size_t i = 0; i < set_up_.size(); ++i) {
+      const int64_t n = reached_by[static_cast<int64_t>(i)].item<int64_t>();
+      if (n == 0) continue;
+      SetUp* s = set_up_[i].get();
+      agreed.push_back(s);
+      if (n == world) continue;
+      // ZeRO's engines reduce and partition gradients as their hooks see them, which the
+      // average after backward cannot stand in for. `n` is the same on every rank, so every
+      // rank refuses.
+      VOLT_CHECK(!sharded(*strategy_), ConfigError, kTag, " backward() reached set-up module ", i,
+                 " (", s->user->name(), ") on ", n, " of ", world,
+                 " ranks (a data-dependent branch of the loss); under \"deepspeed\" every rank's "
+                 "loss must reach the same modules: add 0 * (a term of its output) to the loss "
+                 "where the branch is not taken.");
+      if (s->sync) partial.push_back(s);
+    }
+    modules = std::move(agreed);
+  }
   // A module left out here whose parameters still get gradients ran where the graph did not
   // show it (wholly inside volt::checkpoint): its gradients would silently differ across ranks.
   std::vector<std::pair<const SetUp*, std::vector<std::pair<const c10::TensorImpl*, uint32_t>>>>
@@ -637,8 +682,33 @@ void Fabric::backward_with(const at::Tensor& loss,
     }
   }
   std::vector<Strategy::Reached> reached;
-  for (SetUp* s : modules) reached.push_back({s->module.get(), sync_ && s->sync});
+  for (SetUp* s : modules) {
+    const bool later = std::find(partial.begin(), partial.end(), s) != partial.end();
+    reached.push_back({s->module.get(), sync_ && s->sync && !later});
+  }
   strategy_->backward_through(loss, reached);
+  for (SetUp* s : partial) {
+    // In setup order on every rank: one flat all-reduce per module.
+    std::vector<at::Tensor> params, grads;
+    for (const auto& p : s->module->parameters(/*recurse=*/true)) {
+      if (!p.requires_grad()) continue;
+      params.push_back(p);
+      grads.push_back((p.grad().defined() ? p.grad() : at::zeros_like(p)).reshape(-1));
+    }
+    if (params.empty()) continue;
+    const at::Tensor mean = strategy_->reduce(at::cat(grads), Reduce::kMean);
+    at::NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (auto& p : params) {
+      const at::Tensor part = mean.narrow(0, offset, p.numel()).view_as(p);
+      offset += p.numel();
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(part);
+      } else {
+        p.mutable_grad() = part.clone();
+      }
+    }
+  }
   for (const auto& [s, marks] : left_out) {
     const auto index =
         std::find_if(set_up_.begin(), set_up_.end(), [&](const auto& u) { return u.get() == s; }) -
@@ -682,6 +752,12 @@ bool Fabric::step(torch::optim::Optimizer& optimizer) {
 }
 
 void Fabric::zero_grad(torch::optim::Optimizer& optimizer) {
+  // As step(): a sharded strategy zeroes what it made of the optimizer, so one it did not take
+  // is a mistake in the loop (its gradients were left as they were under "deepspeed").
+  check_set_up("zero_grad()");
+  VOLT_CHECK(owner_of(optimizer) != nullptr, ConfigError, kTag,
+             " zero_grad() got an optimizer that setup() did not take; pass it to "
+             "fabric.setup(module, {optimizer}), or call its own zero_grad().");
   strategy_->zero_grad(optimizer);
 }
 
@@ -705,16 +781,19 @@ at::Tensor Fabric::clip_gradients(torch::optim::Optimizer& optimizer, double val
 
 namespace {
 
-// A collective's operand: defined (the same error with one process as with several).
+// A collective's operand: ProcessGroup's checks, also with one process (the same error with one
+// process as with several).
 void check_operand(const at::Tensor& value, const char* op) {
   VOLT_CHECK(value.defined(), ValueError, kTag, " ", op,
              "() got an undefined tensor; pass a tensor on every rank.");
+  detail::check_collective_operand(value, kTag, op);
 }
 
 }  // namespace
 
 at::Tensor Fabric::all_reduce(const at::Tensor& value, Reduce op) {
   check_operand(value, "all_reduce");
+  detail::check_reduction(value.scalar_type(), op, kTag, "all_reduce");
   launch();
   return strategy_->reduce(to_device(value), op);
 }
@@ -886,6 +965,13 @@ void Fabric::save(const std::string& path, const FabricState& state) {
         });
       }
     });
+    write_nested(fab, "schedulers", [&](auto& ar) {
+      for (const auto& [name, l] : state.schedulers_) {
+        write_nested(ar, name, [&, l = l](auto& one) { l->save(one); });
+      }
+    });
+    // The loss scale and its growth tracker (16-mixed): a resumed training goes on with them.
+    write_nested(fab, "precision", [&](auto& ar) { strategy_->precision().save_state(ar); });
     write_nested(fab, "tensors", [&](auto& ar) {
       for (const auto& [name, t] : state.tensors_) {
         VOLT_CHECK(t->defined(), ConfigError, kTag, " state tensor '", name, "' is undefined.");
@@ -942,8 +1028,10 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
              ".");
   // Everything is found before anything changes, so a strict miss leaves the state as it was.
   std::vector<std::string> missing;
-  torch::serialize::InputArchive optimizers, tensors, values, others;
+  torch::serialize::InputArchive optimizers, schedulers, precision, tensors, values, others;
   fab.read("optimizers", optimizers);
+  const bool has_schedulers = fab.try_read("schedulers", schedulers);  // since session 100
+  const bool has_precision = fab.try_read("precision", precision);
   fab.read("tensors", tensors);
   fab.read("values", values);
   c10::IValue first_name;
@@ -981,6 +1069,15 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
       missing.push_back("optimizer '" + name + "'");
     }
   }
+  std::vector<std::pair<LRScheduler*, torch::serialize::InputArchive>> found_schedulers;
+  for (const auto& [name, l] : state.schedulers_) {
+    torch::serialize::InputArchive one;
+    if (has_schedulers && schedulers.try_read(name, one)) {
+      found_schedulers.emplace_back(l, std::move(one));
+    } else {
+      missing.push_back("scheduler '" + name + "'");
+    }
+  }
   std::vector<std::pair<at::Tensor*, at::Tensor>> found_tensors;
   for (const auto& [name, t] : state.tensors_) {
     at::Tensor v;
@@ -1012,6 +1109,17 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
   }
   for (auto& [o, ar] : found_opts) {
     strategy_->load_optimizer_state(*o, *owner_of(*o)->module, ar);
+  }
+  for (auto& [l, ar] : found_schedulers) l->load(ar);
+  // A resumed training takes the saved loss scale; loading weights alone leaves this run's, and
+  // so does a file saved without loss scaling (Lightning Fabric restores no precision state).
+  if (!found_opts.empty() && has_precision) {
+    try {
+      strategy_->precision().load_state(precision);
+    } catch (const CheckpointError& e) {
+      log_warning("Fabric",
+                  std::string("'") + path + "': " + e.what() + " This run's loss scale is kept.");
+    }
   }
   at::NoGradGuard no_grad;
   for (auto& [t, v] : found_tensors) {

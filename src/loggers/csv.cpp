@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/detail/ascii.h"
 #include "core/detail/atomic_file_writer.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
@@ -32,22 +30,6 @@ std::string fmt_value(double v) {
   char buf[64];
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, r.ptr);
-}
-
-// YAML 1.1 readers (PyYAML, hence Lightning and TensorBoard tooling) resolve these plain words
-// to booleans or null; yaml-cpp's emitter quotes only some of them. Values are strings here.
-bool yaml_reads_as_non_string(const std::string& s) {
-  static const char* kWords[] = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"};
-  const std::string lower = detail::ascii_lower(s);
-  for (const char* w : kWords) {
-    if (lower == w) return true;
-  }
-  return false;
-}
-
-void emit_string(YAML::Emitter& out, const std::string& s) {
-  if (yaml_reads_as_non_string(s)) out << YAML::DoubleQuoted;
-  out << s;
 }
 
 }  // namespace
@@ -81,20 +63,8 @@ std::string CSVLogger::metrics_path() {
 }
 
 void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params) {
-  // yaml-cpp quotes whatever YAML would misread (": ", "#", "- x", "null", newlines ...); numbers
-  // stay plain.
   for (const auto& kv : params) hparams_[kv.first] = kv.second;
-  YAML::Emitter out;
-  out << YAML::BeginMap;
-  for (const auto& kv : hparams_) {
-    out << YAML::Key;
-    emit_string(out, kv.first);
-    out << YAML::Value;
-    emit_string(out, kv.second);
-  }
-  out << YAML::EndMap;
-  VOLT_ASSERT(out.good(), "hparams.yaml emitter: ", out.GetLastError());
-  atomic_write_file(log_dir() + "/hparams.yaml", std::string(out.c_str()) + "\n");
+  detail::write_hparams_yaml(log_dir(), hparams_);
 }
 
 void CSVLogger::log_metrics(const Metrics& metrics, int64_t step) {
@@ -245,22 +215,14 @@ void CSVLogger::save() {
 }
 
 void CSVLogger::save_state(torch::serialize::OutputArchive& ar) const {
-  ar.write("version", c10::IValue(version_));
-  ar.write("root", c10::IValue(detail::version_root(options_.save_dir(), options_.name())));
+  detail::save_version_state(ar, version_, options_.save_dir(), options_.name());
 }
 
 void CSVLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
-  c10::IValue v;
-  ar.read("version", v);
-  if (v.toInt() < 0) return;
-  c10::IValue saved_root;
-  if (!detail::continues_saved_version(
-          ar.try_read("root", saved_root) ? saved_root.toStringRef() : std::string(), v.toInt(),
-          detail::version_root(options_.save_dir(), options_.name()), options_.version(),
-          "CSVLogger")) {
-    return;
-  }
-  version_ = v.toInt();
+  const int64_t v = detail::resumed_version(ar, options_.save_dir(), options_.name(),
+                                            options_.version(), version_, "CSVLogger");
+  if (v < 0) return;
+  version_ = v;
   // Keep writing into the same version folder; rows logged after the checkpoint (by the run
   // that died) are dropped, at the next save, so the file reads as one uninterrupted run.
   columns_.clear();

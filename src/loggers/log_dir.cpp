@@ -2,6 +2,9 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <torch/serialize/archive.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,13 +13,34 @@
 #include <map>
 #include <mutex>
 
+#include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
 #include "core/detail/version_folder.h"
+#include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 
 namespace volt {
 namespace detail {
+namespace {
+
+// YAML 1.1 readers (PyYAML, hence Lightning and TensorBoard tooling) resolve these plain words
+// to booleans or null; yaml-cpp's emitter quotes only some of them. Values are strings here.
+bool yaml_reads_as_non_string(const std::string& s) {
+  static const char* kWords[] = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"};
+  const std::string lower = ascii_lower(s);
+  for (const char* w : kWords) {
+    if (lower == w) return true;
+  }
+  return false;
+}
+
+void emit_string(YAML::Emitter& out, const std::string& s) {
+  if (yaml_reads_as_non_string(s)) out << YAML::DoubleQuoted;
+  out << s;
+}
+
+}  // namespace
 
 void make_dirs(const std::string& path, const std::string& component) {
   std::string cur;
@@ -120,6 +144,46 @@ int64_t claim_next_version(const std::string& root, const std::string& component
   }
   if (it->second < 0) it->second = claim_unshared(root, component);
   return it->second;
+}
+
+void save_version_state(torch::serialize::OutputArchive& ar, int64_t version,
+                        const std::string& save_dir, const std::string& name) {
+  ar.write("version", c10::IValue(version));
+  ar.write("root", c10::IValue(version_root(save_dir, name)));
+}
+
+int64_t resumed_version(torch::serialize::InputArchive& ar, const std::string& save_dir,
+                        const std::string& name, int64_t option_version, int64_t claimed,
+                        const std::string& component) {
+  c10::IValue v;
+  ar.read("version", v);
+  if (v.toInt() < 0) return -1;
+  c10::IValue saved_root;
+  const bool continues = continues_saved_version(
+      ar.try_read("root", saved_root) ? saved_root.toStringRef() : std::string(), v.toInt(),
+      version_root(save_dir, name), option_version, component);
+  if (!continues) return -1;
+  if (claimed >= 0 && claimed != v.toInt() && option_version < 0) {
+    // rmdir removes only an empty folder: one a logger has written to stays.
+    ::rmdir((save_dir + "/" + name + "/version_" + std::to_string(claimed)).c_str());
+  }
+  return v.toInt();
+}
+
+void write_hparams_yaml(const std::string& dir, const std::map<std::string, std::string>& hparams) {
+  // yaml-cpp quotes whatever YAML would misread (": ", "#", "- x", "null", newlines ...); numbers
+  // stay plain.
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const auto& kv : hparams) {
+    out << YAML::Key;
+    emit_string(out, kv.first);
+    out << YAML::Value;
+    emit_string(out, kv.second);
+  }
+  out << YAML::EndMap;
+  VOLT_ASSERT(out.good(), "hparams.yaml emitter: ", out.GetLastError());
+  atomic_write_file(dir + "/hparams.yaml", std::string(out.c_str()) + "\n");
 }
 
 }  // namespace detail

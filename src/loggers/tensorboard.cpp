@@ -236,6 +236,10 @@ void TensorBoardLogger::log_hyperparams(const std::map<std::string, std::string>
                   .bytes());
   hparams_logged_ = true;
   save();
+  // hparams.yaml as CSVLogger's (Lightning's TensorBoardLogger writes one too): volt report and
+  // the tools reading a run folder find the hparams without parsing events.
+  for (const auto& kv : params) hparams_[kv.first] = kv.second;
+  detail::write_hparams_yaml(log_dir(), hparams_);
 }
 
 void TensorBoardLogger::log_metrics(const Metrics& metrics, int64_t step) {
@@ -285,22 +289,14 @@ void TensorBoardLogger::finalize(RunStatus status) {
 }
 
 void TensorBoardLogger::save_state(torch::serialize::OutputArchive& ar) const {
-  ar.write("version", c10::IValue(version_));
-  ar.write("root", c10::IValue(detail::version_root(options_.save_dir(), options_.name())));
+  detail::save_version_state(ar, version_, options_.save_dir(), options_.name());
 }
 
 void TensorBoardLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
-  c10::IValue v;
-  ar.read("version", v);
-  if (v.toInt() < 0) return;
-  c10::IValue saved_root;
-  if (!detail::continues_saved_version(
-          ar.try_read("root", saved_root) ? saved_root.toStringRef() : std::string(), v.toInt(),
-          detail::version_root(options_.save_dir(), options_.name()), options_.version(),
-          "TensorBoardLogger")) {
-    return;
-  }
-  version_ = v.toInt();
+  const int64_t v = detail::resumed_version(ar, options_.save_dir(), options_.name(),
+                                            options_.version(), version_, "TensorBoardLogger");
+  if (v < 0) return;
+  version_ = v;
   // A new file in the same folder; its SessionLog START makes TensorBoard drop the killed
   // run's records logged after `step`.
   if (file_.is_open()) file_.close();

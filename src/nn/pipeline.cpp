@@ -38,16 +38,40 @@ namespace {
 
 constexpr const char* kTag = "[Pipeline]";
 constexpr int64_t kMaxDims = 8;
-// Before an activation: micro-batches, dims, dtype, what stage 0's input needs (below), sizes.
-constexpr int64_t kSizes = 5;
+// Before an activation: micro-batches, dims, dtype, what stage 0's input needs (below), the
+// micro-batch's rows at stage 0, sizes.
+constexpr int64_t kSizes = 6;
 constexpr int64_t kHeader = kSizes + kMaxDims;
 
 constexpr int64_t kTooManyDims = -2;  // in the micro-batch field: the sender is failing
+constexpr int64_t kNoBatchRows = -3;  // there: the last stage's output lacks the batch rows
+constexpr int64_t kNotJoinable = -4;  // there: its micro-batches' outputs differ past dim 0
 
 [[noreturn]] void throw_too_many_dims(int64_t stage, int64_t dims) {
   VOLT_CHECK(false, ValueError, kTag, " stage ", stage, "'s output has ", dims,
              " dimensions; at most ", kMaxDims,
              " travel between stages: flatten it in the layer that makes it.");
+  std::abort();  // unreachable
+}
+
+[[noreturn]] void throw_no_batch_rows(int64_t stage, int64_t dims, int64_t size0, int64_t rows) {
+  VOLT_CHECK(false, ValueError, kTag, " stage ", stage, "'s output for a micro-batch of ", rows,
+             " rows has ",
+             dims == 0 ? std::string("no dimensions")
+                       : std::to_string(size0) + " rows (dim 0) of " + std::to_string(dims) +
+                             " dimensions",
+             "; with chunks > 1 the micro-batches' outputs are joined along dim 0, so each must "
+             "keep its rows there (or the same multiple of them, as an output flattened to "
+             "[rows * T, V]): put the batch first in the last layer (a sequence-first or "
+             "reduced output), or use chunks=1.");
+  std::abort();  // unreachable
+}
+
+[[noreturn]] void throw_not_joinable(int64_t stage, int64_t micro_batch) {
+  VOLT_CHECK(false, ValueError, kTag, " stage ", stage, "'s output for micro-batch ", micro_batch,
+             " differs from micro-batch 0's past dim 0 (in its other sizes or its dtype), so "
+             "the micro-batches' outputs cannot be joined along dim 0; make the last layer's "
+             "output shape depend on the batch rows only, or use chunks=1.");
   std::abort();  // unreachable
 }
 
@@ -62,7 +86,7 @@ struct InputGrad {
 // What travels before an activation: the receiver cannot know its shape or dtype. An output of
 // too many dimensions still sends one (saying so), so that the receiver fails with the sender
 // instead of waiting for the timeout.
-at::Tensor header_of(const at::Tensor& t, int64_t chunks, InputGrad input = {}) {
+at::Tensor header_of(const at::Tensor& t, int64_t chunks, InputGrad input = {}, int64_t rows = -1) {
   at::Tensor h = at::full({kHeader}, -1, at::kLong);
   auto a = h.accessor<int64_t, 1>();
   if (t.dim() > kMaxDims) {
@@ -75,6 +99,7 @@ at::Tensor header_of(const at::Tensor& t, int64_t chunks, InputGrad input = {}) 
   a[2] = static_cast<int64_t>(t.scalar_type());
   a[3] = input.numel;
   a[4] = static_cast<int64_t>(input.dtype);
+  a[5] = rows;
   for (int64_t d = 0; d < t.dim(); ++d) a[kSizes + d] = t.size(d);
   return h;
 }
@@ -85,6 +110,7 @@ bool is_dtype(int64_t v) {
 
 struct Header {
   int64_t chunks = 0;
+  int64_t rows = -1;  // the micro-batch's rows at stage 0 (-1: not told)
   std::vector<int64_t> sizes;
   c10::ScalarType dtype = at::kFloat;
   InputGrad input;
@@ -93,8 +119,10 @@ struct Header {
 Header parse_header(const at::Tensor& h, int64_t rank, int64_t from) {
   auto a = h.accessor<int64_t, 1>();
   if (a[0] == kTooManyDims) throw_too_many_dims(from, a[1]);
-  bool ok =
-      a[0] >= 1 && a[1] >= 0 && a[1] <= kMaxDims && is_dtype(a[2]) && a[3] >= -1 && is_dtype(a[4]);
+  if (a[0] == kNoBatchRows) throw_no_batch_rows(from, a[1], a[2], a[3]);
+  if (a[0] == kNotJoinable) throw_not_joinable(from, a[1]);
+  bool ok = a[0] >= 1 && a[1] >= 0 && a[1] <= kMaxDims && is_dtype(a[2]) && a[3] >= -1 &&
+            is_dtype(a[4]) && a[5] >= -1;
   Header out;
   for (int64_t d = 0; ok && d < a[1]; ++d) {
     ok = a[kSizes + d] >= 0;
@@ -104,14 +132,15 @@ Header parse_header(const at::Tensor& h, int64_t rank, int64_t from) {
              " got a malformed activation header from rank ", from,
              "; every rank must run the same model and code.");
   out.chunks = a[0];
+  out.rows = a[5];
   out.dtype = static_cast<c10::ScalarType>(a[2]);
   out.input = {a[3], static_cast<c10::ScalarType>(a[4])};
   return out;
 }
 
 void send_with_header(ProcessGroup& g, const at::Tensor& t, int64_t chunks, InputGrad input,
-                      int64_t dst) {
-  g.send(header_of(t, chunks, input), dst);
+                      int64_t rows, int64_t dst) {
+  g.send(header_of(t, chunks, input, rows), dst);
   if (t.dim() > kMaxDims) throw_too_many_dims(g.rank(), t.dim());
   g.send(t, dst);
 }
@@ -154,14 +183,19 @@ void reseed_random() {
 }
 
 // The last stage's `out` (and, with `state`, its CPU generator state) on every rank of the
-// pipeline's group.
+// pipeline's group. A defined `failed` (the last stage's, from joined()) is broadcast instead
+// and fails every rank with its error.
 at::Tensor from_last_stage(ProcessGroup& g, at::Tensor out, int64_t chunks, c10::Device device,
-                           const at::Tensor& state_like, bool state = true) {
+                           const at::Tensor& state_like, bool state = true,
+                           const at::Tensor& failed = {}) {
   at::NoGradGuard no_grad;
   const int64_t last = g.world_size() - 1;
   const bool is_last = g.rank() == last;
-  at::Tensor h = is_last ? header_of(out, chunks) : at::empty({kHeader}, at::kLong);
+  at::Tensor h = !is_last           ? at::empty({kHeader}, at::kLong)
+                 : failed.defined() ? failed
+                                    : header_of(out, chunks);
   g.broadcast_(h, last);
+  if (is_last && failed.defined()) parse_header(h, last, last);  // throws
   if (is_last && out.dim() > kMaxDims) throw_too_many_dims(last, out.dim());
   if (!is_last) {
     const Header head = parse_header(h, g.rank(), last);
@@ -181,10 +215,11 @@ at::Tensor from_last_stage(ProcessGroup& g, at::Tensor out, int64_t chunks, c10:
 // state the sender ended in (see PipelineImpl::forward).
 at::Tensor micro_batch_in(ProcessGroup& g, int64_t i, const std::vector<at::Tensor>& pieces,
                           c10::Device device, const at::Tensor& state_like, int64_t* chunks,
-                          InputGrad* input_grad) {
+                          InputGrad* input_grad, int64_t* rows) {
   const int64_t stage = g.rank();
   if (stage == 0) {
     if (i > 0) reseed_random();
+    *rows = pieces[i].size(0);
     return pieces[i];
   }
   Header head;
@@ -194,6 +229,7 @@ at::Tensor micro_batch_in(ProcessGroup& g, int64_t i, const std::vector<at::Tens
              "; every rank must run the same model and code.");
   *chunks = head.chunks;
   *input_grad = head.input;
+  *rows = head.rows;
   at::Tensor state = at::empty_like(state_like);
   g.recv_(state, stage - 1);
   set_random_state(state);
@@ -263,9 +299,37 @@ void held_tied(const std::vector<at::Tensor>& all,
   }
 }
 
-// The last stage's micro-batch outputs as one batch (a copy: the caller may write it).
-at::Tensor joined(const std::vector<at::Tensor>& outputs) {
-  return outputs.size() == 1 ? outputs[0].clone() : at::cat(outputs, 0);
+// The last stage's micro-batch outputs as one batch (a copy: the caller may write it), joined
+// along dim 0. With several, each must hold its micro-batch's `rows` there, or the same multiple
+// of them (an output flattened to [rows * T, V]), with micro-batch 0's other sizes and dtype (a
+// 0-dim output made at::cat throw on the last rank alone; a sequence-first one was joined along
+// its sequence): else returns an undefined tensor and sets `failed` to the header that fails
+// every rank.
+at::Tensor joined(const std::vector<at::Tensor>& outputs, const std::vector<int64_t>& rows,
+                  at::Tensor* failed) {
+  if (outputs.size() == 1) return outputs[0].clone();
+  const auto fail = [&](int64_t code, int64_t a1, int64_t a2, int64_t a3) {
+    *failed = at::full({kHeader}, -1, at::kLong);
+    auto a = failed->accessor<int64_t, 1>();
+    a[0] = code;
+    a[1] = a1;
+    a[2] = a2;
+    a[3] = a3;
+    return at::Tensor();
+  };
+  const at::Tensor& first = outputs[0];
+  int64_t per_row = 0;  // output rows per batch row
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor& o = outputs[i];
+    const int64_t n = o.dim() >= 1 ? o.size(0) : 0;
+    if (i == 0 && rows[i] >= 1 && n >= rows[i] && n % rows[i] == 0) per_row = n / rows[i];
+    if (per_row == 0 || n != per_row * rows[i]) return fail(kNoBatchRows, o.dim(), n, rows[i]);
+    if (o.scalar_type() != first.scalar_type() || o.dim() != first.dim() ||
+        o.sizes().slice(1) != first.sizes().slice(1)) {
+      return fail(kNotJoinable, static_cast<int64_t>(i), 0, 0);
+    }
+  }
+  return at::cat(outputs, 0);
 }
 
 // One forward's micro-batches on this stage, kept for its backward.
@@ -944,23 +1008,28 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   DeferredNorms deferred;
   collect_deferred(first, end, &deferred);
   std::vector<at::Tensor> outputs;
+  std::vector<int64_t> output_rows;  // the last stage's: each micro-batch's rows at stage 0
   for (int64_t i = 0; i < chunks; ++i) {
+    int64_t rows = -1;
     at::Tensor xi =
-        micro_batch_in(g, i, pieces, x.device(), state_like, &chunks, &flight->input_grad);
+        micro_batch_in(g, i, pieces, x.device(), state_like, &chunks, &flight->input_grad, &rows);
     // An integer activation (token ids) takes no gradient: nothing flows back through it.
     if (graph && stage_ > 0 && takes_gradient(xi)) xi.requires_grad_(true);
     // One micro-batch is the whole batch: the norms move their statistics themselves.
     at::Tensor yi = run_stage(first, end, xi, checkpointed(i, chunks),
                               chunks > 1 && !deferred.norms.empty() ? &deferred : nullptr);
     if (stage_ < last) {
-      send_with_header(g, yi, chunks, flight->input_grad, stage_ + 1);
+      send_with_header(g, yi, chunks, flight->input_grad, rows, stage_ + 1);
       g.send(random_state(), stage_ + 1);
     }
     if (graph) {
       flight->inputs.push_back(xi);
       flight->outputs.push_back(yi);
     }
-    if (stage_ == last) outputs.push_back(yi.detach());
+    if (stage_ == last) {
+      outputs.push_back(yi.detach());
+      output_rows.push_back(rows);
+    }
   }
   if (chunks > 1) {
     for (auto& [layer, norm] : deferred.norms) commit_deferred(norm);
@@ -970,9 +1039,9 @@ at::Tensor PipelineImpl::forward(const at::Tensor& x) {
   if (takes_grad) flight->input_sizes = x.sizes().vec();
 
   // Every rank gets the last stage's output, so the code after the pipeline runs everywhere.
-  at::Tensor out;
-  if (stage_ == last) out = joined(outputs);
-  out = from_last_stage(g, out, chunks, x.device(), state_like);
+  at::Tensor out, failed;
+  if (stage_ == last) out = joined(outputs, output_rows, &failed);
+  out = from_last_stage(g, out, chunks, x.device(), state_like, /*state=*/true, failed);
   if (!graph) return out;
   std::shared_ptr<PipelineBackward> node(new PipelineBackward(flight), torch::autograd::deleteNode);
   if (takes_grad) node->set_next_edges(torch::autograd::collect_next_edges(x));
@@ -1048,15 +1117,18 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
   struct Held {
     at::Tensor input, output;  // the output is the weighted loss on the last stage
   };
-  std::deque<Held> held;            // forwarded, not yet backpropagated, oldest first
-  at::Tensor loss_sum;              // the last stage's: the weighted losses so far
-  std::vector<at::Tensor> outputs;  // the last stage's, when `output` asks for them
-  int64_t rows = 0;                 // the last stage's: target rows taken so far
+  std::deque<Held> held;             // forwarded, not yet backpropagated, oldest first
+  at::Tensor loss_sum;               // the last stage's: the weighted losses so far
+  std::vector<at::Tensor> outputs;   // the last stage's, when `output` asks for them
+  std::vector<int64_t> output_rows;  // and each one's micro-batch rows at stage 0
+  int64_t rows = 0;                  // the last stage's: target rows taken so far
   int64_t forwards = 0, backwards = 0;
 
   auto forward_one = [&] {
     const int64_t i = forwards++;
-    at::Tensor xi = micro_batch_in(g, i, pieces, device, state_like, &chunks, &input_grad);
+    int64_t micro_rows = -1;
+    at::Tensor xi =
+        micro_batch_in(g, i, pieces, device, state_like, &chunks, &input_grad, &micro_rows);
     if (stage_ > 0) {
       if (takes_gradient(xi)) xi.requires_grad_(true);
       // Stage s - 1 ran this forward after the backwards up to i - warm-up - 1.
@@ -1068,8 +1140,10 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
     at::Tensor yi = run_stage(first, end, xi, whole,
                               chunks > 1 && !deferred.norms.empty() ? &deferred : nullptr);
     if (stage_ < last) {
-      if (yi.dim() > kMaxDims) send_with_header(g, yi, chunks, input_grad, stage_ + 1);  // throws
-      sent_on.emplace_back(i, g.isend(header_of(yi, chunks, input_grad), stage_ + 1));
+      if (yi.dim() > kMaxDims) {
+        send_with_header(g, yi, chunks, input_grad, micro_rows, stage_ + 1);  // throws
+      }
+      sent_on.emplace_back(i, g.isend(header_of(yi, chunks, input_grad, micro_rows), stage_ + 1));
       sent_on.emplace_back(i, g.isend(yi, stage_ + 1));
       sent_on.emplace_back(i, g.isend(random_state(), stage_ + 1));
     } else {
@@ -1078,7 +1152,10 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
                  " the target has ", target.dim() >= 1 ? target.size(0) : 0,
                  " rows, fewer than the pipeline's output of ", rows + n,
                  " so far; forward_loss needs one target row per output row (dim 0).");
-      if (output != nullptr) outputs.push_back(yi.detach());
+      if (output != nullptr) {
+        outputs.push_back(yi.detach());
+        output_rows.push_back(micro_rows);
+      }
       const at::Tensor loss = one_element(loss_fn(yi, target.narrow(0, rows, n)));
       if (i == 0) {
         std::unordered_set<const c10::TensorImpl*> own{xi.unsafeGetTensorImpl()};
@@ -1156,9 +1233,9 @@ at::Tensor PipelineImpl::forward_loss(const at::Tensor& x, const at::Tensor& tar
   const bool takes_grad = takes_input_grad(x, input_grad, stage_);
   if (output != nullptr) {
     // As forward() returns it; the generator state comes with the loss.
-    at::Tensor whole;
-    if (stage_ == last) whole = joined(outputs);
-    *output = from_last_stage(g, whole, chunks, device, state_like, /*state=*/false);
+    at::Tensor whole, failed;
+    if (stage_ == last) whole = joined(outputs, output_rows, &failed);
+    *output = from_last_stage(g, whole, chunks, device, state_like, /*state=*/false, failed);
   }
   at::Tensor out = from_last_stage(g, stage_ == last ? loss_sum.clone() : at::Tensor(), chunks,
                                    device, state_like);

@@ -55,19 +55,29 @@ DdpStrategyOptions ddp_options(const PipelineStrategyOptions& o) {
       .broadcast_buffers(false);
 }
 
-// Every rank's bytes, in rank order (their lengths may differ).
-std::vector<std::string> all_gather_bytes(ProcessGroup& group, const std::string& mine) {
-  const auto lengths =
-      group.all_gather(at::full({1}, static_cast<int64_t>(mine.size()), at::kLong));
-  int64_t longest = 0;
-  for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
-  at::Tensor padded = at::zeros({longest}, at::kByte);
-  std::memcpy(padded.data_ptr(), mine.data(), mine.size());
-  const auto all = group.all_gather(padded);
-  std::vector<std::string> out;
-  for (size_t r = 0; r < all.size(); ++r) {
-    const auto* data = static_cast<const char*>(all[r].data_ptr());
-    out.emplace_back(data, data + lengths[r].item<int64_t>());
+// Every rank's bytes on the group's rank 0, in rank order (their lengths may differ); empty on
+// the others, which send theirs and hold nothing more (an all-gather padded to the longest gave
+// every rank every rank's bytes).
+std::vector<std::string> gather_bytes_to_zero(ProcessGroup& group, const std::string& mine) {
+  if (group.rank() != 0) {
+    group.send(at::full({1}, static_cast<int64_t>(mine.size()), at::kLong), 0);
+    at::Tensor data =
+        at::empty({std::max<int64_t>(1, static_cast<int64_t>(mine.size()))}, at::kByte);
+    std::memcpy(data.data_ptr(), mine.data(), mine.size());
+    group.send(data, 0);
+    return {};
+  }
+  std::vector<std::string> out{mine};
+  for (int64_t r = 1; r < group.world_size(); ++r) {
+    at::Tensor length = at::empty({1}, at::kLong);
+    group.recv_(length, r);
+    const int64_t n = length.item<int64_t>();
+    VOLT_CHECK(n >= 0, DistributedError, kTag, " rank ", r,
+               " sent a malformed optimizer state length; every rank must run the same code.");
+    at::Tensor data = at::empty({std::max<int64_t>(1, n)}, at::kByte);
+    group.recv_(data, r);
+    const auto* bytes = static_cast<const char*>(data.data_ptr());
+    out.emplace_back(bytes, bytes + n);
   }
   return out;
 }
@@ -356,12 +366,17 @@ void PipelineStrategy::save_optimizer_state(const torch::optim::Optimizer& optim
     return;
   }
   // Each rank holds the state of what it trains: every rank's archive, then each parameter's
-  // state from its owner, in volt::save_optimizer_state's format (loads anywhere).
+  // state from its owner, in volt::save_optimizer_state's format (loads anywhere). Only global
+  // rank 0 writes the file: the other replicas keep theirs, and in replica 0 the stages send
+  // theirs to its first rank (about 3x the stage's weights for Adam; every rank held every
+  // stage's before).
+  if (replica_ != 0) return;
   torch::serialize::OutputArchive mine;
   volt::save_optimizer_state(optimizer, module, mine);
   auto os = detail::c_stream<std::ostringstream>();
   mine.save_to(os);
-  const auto bytes = all_gather_bytes(*pipe_group_, os.str());
+  const auto bytes = gather_bytes_to_zero(*pipe_group_, os.str());
+  if (bytes.empty()) return;
   std::vector<torch::serialize::InputArchive> parts(bytes.size());
   for (size_t r = 0; r < bytes.size(); ++r) {
     auto is = detail::c_stream<std::istringstream>(bytes[r]);

@@ -114,11 +114,12 @@ int64_t largest_data_set(const DataLoader& loader) {
 class Search {
  public:
   Search(Module& module, const std::function<DataLoader(int64_t)>& make_loader, DataModule* hooks,
-         TrainerOptions options, BatchSizeFinderOptions finder)
+         TrainerOptions options, BatchSizeFinderOptions finder,
+         std::shared_ptr<Callback> trial_callback)
       : module_(module),
         make_loader_(make_loader),
         hooks_(hooks),
-        options_(stage_trial_options(std::move(options), finder)),
+        options_(stage_trial_options(std::move(options), finder).callbacks({trial_callback})),
         finder_(std::move(finder)) {}
 
   BatchSizeFinderResult run() {
@@ -246,7 +247,9 @@ BatchSizeFinderResult search(Module& module, const std::function<DataLoader(int6
   }
   detail::ModuleSnapshot snapshot(module, kTag);
   try {
-    BatchSizeFinderResult r = Search(module, make_loader, hooks, std::move(options), finder).run();
+    BatchSizeFinderResult r = Search(module, make_loader, hooks, std::move(options), finder,
+                                     snapshot.after_configure_model())
+                                  .run();
     snapshot.restore();
     return r;
   } catch (...) {

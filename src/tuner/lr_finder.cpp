@@ -212,8 +212,10 @@ LrFinderResult run_range_test(Module& module, TrainerOptions options, LrFinderOp
   auto callback = std::make_shared<LrFinderCallback>(finder);
   callback->result.mode = finder.mode();
   options = detail::trial_options(std::move(options));
-  options.max_steps(finder.num_training()).limit_val_batches(0).callbacks({callback});
   detail::ModuleSnapshot snapshot(module, kTag);
+  options.max_steps(finder.num_training())
+      .limit_val_batches(0)
+      .callbacks({callback, snapshot.after_configure_model()});
   try {
     detail::TunerTrialScope trial;  // no configure_callbacks() in a trial
     Trainer trainer(options);

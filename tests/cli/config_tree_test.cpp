@@ -83,6 +83,27 @@ TEST(ConfigTree, DuplicateKeysAreAnError) {
   EXPECT_NE(m.find("d.yaml:2:1"), std::string::npos) << m;
 }
 
+// YAML's merge key, as PyYAML (hence jsonargparse and LightningCLI) resolves it; yaml-cpp 0.7 left
+// "<<" a key, and the resolver refused it as unknown.
+TEST(ConfigTree, MergeKeysFillWhatTheMappingLacks) {
+  const ConfigNode n = parse_yaml(
+      "base: &b {lr: 0.1, momentum: 0.9}\n"
+      "more: &m {momentum: 0.5, dampening: 0.1}\n"
+      "opt:\n  lr: 0.5\n  <<: [*b, *m]\n  nesterov: true\n",
+      "m.yaml");
+  const ConfigNode& opt = *n.find("opt");
+  std::vector<std::string> keys;
+  for (const auto& kv : opt.fields) keys.push_back(kv.first + "=" + kv.second.scalar);
+  EXPECT_EQ(keys,
+            (std::vector<std::string>{"lr=0.5", "nesterov=true", "momentum=0.9", "dampening=0.1"}));
+  EXPECT_EQ(opt.find("momentum")->origin, "m.yaml:1:30") << "where the value is written";
+  const auto m = error_of([] { parse_yaml("a: {<<: 1}\n", "d.yaml"); });
+  EXPECT_NE(m.find("[cli] d.yaml:1:9: the merge key << takes a mapping or a list of mappings "
+                   "(<<: *base), got \"1\"."),
+            std::string::npos)
+      << m;
+}
+
 TEST(ConfigTree, MissingOrNonMappingFileIsAnError) {
   EXPECT_NE(error_of([] {
               volt::detail::load_yaml_file("/nonexistent/run.yaml");
@@ -245,7 +266,11 @@ TEST(ConfigTree, AnOverrideYamlWouldChangeIsTakenAsTyped) {
                                                                {"|", "|"},
                                                                {">-", ">-"},
                                                                {"!", "!"},
-                                                               {"%x", "%x"}};
+                                                               {"%x", "%x"},
+                                                               // mappings no config can hold
+                                                               {": x", ": x"},
+                                                               {":", ":"},
+                                                               {"{a: 1, a: 2}", "{a: 1, a: 2}"}};
   for (const auto& [typed, want] : cases) {
     ConfigNode root = parse_yaml("trainer: {default_root_dir: x}\n", "run.yaml");
     canonicalize(root);
@@ -339,6 +364,15 @@ TEST(ConfigTree, EventTreeMatchesYamlCppTree) {
       "{a: 1}: 2\n",         // a mapping as a key: refused
       "~: 1\n",              // a null key: refused
       "a: 1\nb: 2\na: 3\n",  // a key twice: refused
+      // YAML's merge key: explicit keys win wherever they stand, the earlier mapping first
+      "base: &b {lr: 0.1, momentum: 0.9}\nopt:\n  lr: 0.5\n  <<: *b\n  nesterov: true\n",
+      "a: &a {x: 1}\nb: &b {x: 2, y: 2}\nc: {<<: [*a, *b], z: 3}\n",
+      "a: &a {x: 1, <<: {y: 2}}\nb: {<<: *a}\n",  // merged mappings merge first
+      "a: {'<<': 1, x: 2}\n",                     // a quoted << is a plain key
+      "a: {<<: 1}\n",                             // not a mapping: refused
+      "a: {<<: [{x: 1}, 2]}\n",                   // not a list of mappings: refused
+      "a: {<<: [], x: 1}\n",                      // merges nothing
+      "a: {<<: {x: 1}, <<: {y: 2}}\n",            // twice: refused
       "a: &x {b: &y [1, 2], c: *y}\nd: *x\n",
       "a: &x [1, *x]\n",  // a cycle: refused before any tree
       "- a\n- b\n",

@@ -150,6 +150,45 @@ TEST(Resolve, DevicesAutoIsEveryDevice) {
   EXPECT_NE(e.find("expected int, got \"many\""), std::string::npos) << e;
 }
 
+// Lightning's Trainer(max_time=...) takes "DD:HH:MM:SS" or a datetime.timedelta mapping; a
+// Lightning config holding either failed with "expected float or null".
+TEST(Resolve, MaxTimeTakesLightningsDurationForms) {
+  const auto r = test_registry();
+  const auto max_time = [&](const std::string& value) {
+    return *volt::detail::trainer_options(
+                resolve_text("model: {width: 1}\ntrainer: {max_time: " + value + "}\n", r).trainer)
+                .max_time();
+  };
+  EXPECT_DOUBLE_EQ(max_time("12.5"), 12.5);
+  EXPECT_DOUBLE_EQ(max_time("00:12:00:00"), 12 * 3600.0);
+  EXPECT_DOUBLE_EQ(max_time("' 01:00:00:30 '"), 86400.0 + 30);
+  EXPECT_DOUBLE_EQ(max_time("{days: 1, hours: 5}"), 29 * 3600.0);
+  EXPECT_DOUBLE_EQ(max_time("{minutes: 1.5, milliseconds: 250}"), 90.25);
+  // On the command line too: the value is the text as typed.
+  ConfigNode n = parse_yaml("model: {width: 1}\n", "run.yaml");
+  volt::detail::apply_override(n, "trainer.max_time", "00:00:02:00", /*append=*/false,
+                               "--trainer.max_time=00:00:02:00");
+  volt::detail::canonicalize(n);
+  EXPECT_DOUBLE_EQ(*volt::detail::trainer_options(volt::detail::resolve(n, r).trainer).max_time(),
+                   120.0);
+  std::string e = error_of("model: {width: 1}\ntrainer: {max_time: '12:00'}\n", r);
+  EXPECT_NE(e.find("[cli] trainer.max_time (run.yaml:2:21): \"12:00\" is no duration; give "
+                   "seconds, \"DD:HH:MM:SS\""),
+            std::string::npos)
+      << e;
+  e = error_of("model: {width: 1}\ntrainer: {max_time: {fortnights: 1}}\n", r);
+  EXPECT_NE(e.find("\"fortnights\" is no unit of a duration"), std::string::npos) << e;
+  e = error_of("model: {width: 1}\ntrainer: {max_time: {hours: soon}}\n", r);
+  EXPECT_NE(e.find("trainer.max_time.hours"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected a number, got \"soon\""), std::string::npos) << e;
+  // Zero seconds reads as 0, which the Trainer's own check refuses as any max_time <= 0.
+  EXPECT_THROW(
+      volt::detail::trainer_options(
+          resolve_text("model: {width: 1}\ntrainer: {max_time: '00:00:00:00'}\n", r).trainer)
+          .validate(),
+      volt::ConfigError);
+}
+
 TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
   const auto r = test_registry();
   auto c = resolve_text(

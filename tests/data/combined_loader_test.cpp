@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -321,6 +322,13 @@ TEST(CombinedLoader, BadInputIsATypedError) {
   const auto c = volt::combined_loader({{"a", range_loader(4, 2)}, {"b", range_loader(6, 2)}});
   EXPECT_TRUE(has(error_of<volt::ConfigError>([&] { c.with_options(volt::DataLoaderOptions(2)); }),
                   "set them on each loader"));
+  // Batch sizes whose sum wraps int64 (undefined behaviour before).
+  const int64_t huge = std::numeric_limits<int64_t>::max() / 2 + 1;
+  EXPECT_TRUE(
+      has(error_of<volt::ConfigError>([&] {
+            volt::combined_loader({{"a", range_loader(4, huge)}, {"b", range_loader(4, huge)}});
+          }),
+          "batch sizes add up past 2^63"));
   // An empty loader cannot be started again; max_size leaves it out, min_size has no batches.
   const auto empty = range_loader(0, 2);
   EXPECT_TRUE(has(error_of<volt::ConfigError>([&] {

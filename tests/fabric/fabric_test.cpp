@@ -25,6 +25,9 @@
 #include "volt/core/registry.h"
 #include "volt/nn/empty_init.h"
 #include "volt/nn/pipeline.h"
+#include "volt/optim/lr_scheduler.h"
+#include "volt/precision/grad_scaler.h"
+#include "volt/precision/mixed.h"
 #include "volt/strategies/deepspeed.h"
 #include "volt/trainer/checkpoint.h"
 #include "volt/trainer/trainer.h"
@@ -1027,6 +1030,66 @@ TEST(Fabric, LoggersGetWhatTheLoopLogs) {
   EXPECT_DOUBLE_EQ(logger->records[1].second.at("b"), 2.0);
 }
 
+// Lightning's state saves any object with a state_dict (an LR scheduler); volt's FabricState had
+// no place for one, and a resumed loss-scaled run started its scale again from init_scale.
+TEST(Fabric, SchedulersAndTheLossScaleResumeWithTheState) {
+  volt_test::TempDir dir;
+  auto loader = volt_test::loader(volt_test::blobs(48), 16);  // 3 batches
+  const auto scaled = [] {
+    return std::make_shared<volt::MixedPrecision>(
+        volt::MixedPrecisionOptions().loss_scaling(true).scaler(
+            volt::GradScalerOptions().init_scale(256.0).growth_interval(2)));
+  };
+  auto [m, again] = twins();
+  auto first = scaled();
+  std::vector<double> lrs;
+  {
+    volt::Fabric fabric(cpu().precision(first));
+    auto opt = m->configure_optimizers()[0].optimizer();
+    fabric.setup(m, {opt});
+    volt::StepLR sched(*opt, 1, 0.5);
+    for (volt::Batch& b : loader.stream(0)) {
+      fabric.backward(loss_of(*m, b));
+      fabric.step(*opt);
+      fabric.zero_grad(*opt);
+      sched.step();
+    }
+    EXPECT_DOUBLE_EQ(first->scaler()->current_scale(), 512.0);  // grown once in 3 steps
+    volt::FabricState state;
+    state.module("model", *m).optimizer("opt", *opt).scheduler("sched", sched);
+    fabric.save(dir / "s.ckpt", state);
+    sched.step();
+    lrs = sched.last_lrs();
+  }
+  auto second = scaled();
+  volt::Fabric resumed(cpu().precision(second));
+  auto opt = again->configure_optimizers()[0].optimizer();
+  resumed.setup(again, {opt});
+  volt::StepLR sched(*opt, 1, 0.5);
+  volt::FabricState state;
+  state.module("model", *again).optimizer("opt", *opt).scheduler("sched", sched);
+  resumed.load(dir / "s.ckpt", state);
+  EXPECT_DOUBLE_EQ(second->scaler()->current_scale(), 512.0);
+  sched.step();
+  EXPECT_EQ(sched.last_lrs(), lrs);
+  // Weights alone leave this run's scale; a scheduler the file lacks is missing.
+  auto third = scaled();
+  volt::Fabric other(cpu().precision(third));
+  auto [student, unused] = twins();
+  other.setup(student);
+  volt::FabricState weights;
+  weights.module("model", *student);
+  other.load(dir / "s.ckpt", weights);
+  EXPECT_DOUBLE_EQ(third->scaler()->current_scale(), 256.0);
+  volt::StepLR stray(*opt, 1, 0.5);
+  volt::FabricState lacking;
+  lacking.module("model", *again).scheduler("warmup", stray);
+  EXPECT_NE(error_of<volt::CheckpointError>([&] {
+              resumed.load(dir / "s.ckpt", lacking);
+            }).find("has no scheduler 'warmup'"),
+            std::string::npos);
+}
+
 // log()'s default step is the steps taken through step(), carried by save/load.
 TEST(Fabric, LogStepsDefaultToTheStepsTakenAcrossASaveAndLoad) {
   volt_test::TempDir dir;
@@ -1131,6 +1194,20 @@ TEST(Fabric, CollectivesInOneProcessAreTheValue) {
               fabric.broadcast(at::Tensor());
             }).find("broadcast() got an undefined tensor"),
             std::string::npos);
+  // What several processes refuse, one refuses too (an integer mean was the value here and a
+  // ValueError at two processes).
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              fabric.all_reduce(at::arange(3), volt::Reduce::kMean);
+            }).find("[Fabric] all_reduce with kMean needs a floating tensor, got Long"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              fabric.all_reduce(at::ones({2}, at::kComplexFloat), volt::Reduce::kMax);
+            }).find("takes kSum or kMean (complex numbers have no order)"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              fabric.all_gather(at::eye(2).to_sparse());
+            }).find("[Fabric] all_gather takes dense tensors"),
+            std::string::npos);
 }
 
 // Two hook interfaces of a program's own, and callbacks with one, both, or neither.
@@ -1231,6 +1308,8 @@ TEST(Fabric, BadCallsAreTypedErrors) {
             std::string::npos);
   EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.step(*opt); }).find("before setup()"),
             std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.zero_grad(*opt); }).find("before setup()"),
+            std::string::npos);
   auto stranger = torch::nn::Linear(2, 2);
   auto foreign =
       std::make_shared<torch::optim::SGD>(stranger->parameters(), torch::optim::SGDOptions(0.1));
@@ -1248,6 +1327,10 @@ TEST(Fabric, BadCallsAreTypedErrors) {
   EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.setup(sharing); }).find("sharing a parameter"),
             std::string::npos);
   EXPECT_NE(error_of<volt::ConfigError>([&] { fabric.step(*foreign); }).find("did not take"),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::ConfigError>([&] {
+              fabric.zero_grad(*foreign);
+            }).find("zero_grad() got an optimizer that setup() did not take"),
             std::string::npos);
   EXPECT_NE(error_of<volt::ConfigError>([&] {
               auto c = fabric.forward_context(stranger);
@@ -1393,6 +1476,31 @@ TEST(FabricDdp, SeveralModulesOnTwoRanksEqualOneProcessOnTheGlobalBatch) {
         dir / ("static" + static_graph), {"--gan", "1", "--static-graph", static_graph}, ref,
         "static_graph " + static_graph);
     EXPECT_NE(out.find("gan d grads differ=0"), std::string::npos) << out;
+  }
+}
+
+// A discriminator loss that reaches the generator on rank 1 only (a data-dependent branch): each
+// rank armed the reducers of the modules its own graph reached, so rank 1's generator all-reduce
+// paired with rank 0's next one (another module's, or the timeout). The ranks now agree on the
+// modules, rank 0 joining with zeros, and stay equal; under ZeRO every rank refuses it at once.
+TEST(FabricDdp, ALossReachingAModuleOnOneRankOnlyArmsItOnEveryRank) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  for (const std::string static_graph : {"0", "1"}) {
+    const auto jobs = run_ranks(dir / ("branch" + static_graph), {"--gan", "1", "--gan-branch", "1",
+                                                                  "--static-graph", static_graph});
+    for (const auto& j : jobs) ASSERT_EQ(j.code, 0) << j.output;
+    EXPECT_TRUE(at::equal(load_flat(out_of(dir / ("branch" + static_graph), 0)),
+                          load_flat(out_of(dir / ("branch" + static_graph), 1))));
+  }
+  const auto jobs = run_ranks(
+      dir / "zero", {"--gan", "1", "--gan-branch", "1", "--strategy", "deepspeed_stage_2"});
+  for (const auto& j : jobs) {
+    EXPECT_EQ(j.code, 1) << j.output;
+    EXPECT_NE(j.output.find("backward() reached set-up module 0 ("), std::string::npos) << j.output;
+    EXPECT_NE(j.output.find("on 1 of 2 ranks (a data-dependent branch of the loss)"),
+              std::string::npos)
+        << j.output;
   }
 }
 

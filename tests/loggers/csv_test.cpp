@@ -10,6 +10,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -79,6 +80,30 @@ TEST(CSVLogger, ResumeDropsRowsAfterTheCheckpoint) {
   b.save();
   EXPECT_EQ(lines(b.metrics_path()),
             (std::vector<std::string>{"step,loss", "0,0", "1,1", "2,2", "3,30"}));
+}
+
+// A profiler or callback asking log_dir() before the restore claimed the next version's folder,
+// which the resumed logger then left empty beside the run's own (a stray version_1 per resume).
+TEST(CSVLogger, AVersionClaimedBeforeTheResumeIsGivenBackWhenEmpty) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
+  a.log_metrics({{"loss", 1.0}}, 0);
+  a.save();
+  torch::serialize::OutputArchive out;
+  a.save_state(out);
+  auto in = volt_test::reread(out);
+  volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
+  EXPECT_NE(b.log_dir().find("version_1"), std::string::npos);  // claimed early
+  ASSERT_TRUE(std::filesystem::is_directory(dir / "volt_logs/version_1"));
+  b.load_state(in, /*step=*/1);
+  EXPECT_EQ(b.version(), 0);
+  EXPECT_FALSE(std::filesystem::exists(dir / "volt_logs/version_1"));
+  // A folder holding files stays.
+  volt::CSVLogger c(volt::CSVLoggerOptions(dir.path));
+  std::ofstream(c.log_dir() + "/notes.txt") << "mine";
+  auto again = volt_test::reread(out);
+  c.load_state(again, 1);
+  EXPECT_TRUE(std::filesystem::exists(dir / "volt_logs/version_1/notes.txt"));
 }
 
 // A checkpoint's logger state continues its version only in the same save_dir/name and when no

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 
+#include <yaml-cpp/yaml.h>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -38,6 +39,25 @@ TEST(TensorBoardLogger, MaskedCrc32cMatchesTheStandardCheckValue) {
   const uint32_t masked = volt::tfrecord_masked_crc32c("123456789", 9);
   const uint32_t c = masked - 0xa282ead8u;
   EXPECT_EQ((c << 15) | (c >> 17), 0xE3069283u);
+}
+
+// Lightning's TensorBoardLogger writes hparams.yaml beside the events too; volt report and the
+// tools reading a run folder find the hparams there (a TensorBoard-only run showed none).
+TEST(TensorBoardLogger, WritesHparamsYamlBesideTheEventsMergingEachCall) {
+  volt_test::TempDir dir;
+  volt::TensorBoardLogger logger(volt::TensorBoardLoggerOptions(dir.path));
+  logger.log_hyperparams({{"lr", "0.001"}, {"note", "a: b"}});
+  logger.log_hyperparams({{"lr", "0.01"}, {"flag", "yes"}});
+  const YAML::Node n = YAML::LoadFile(logger.log_dir() + "/hparams.yaml");
+  ASSERT_TRUE(n.IsMap());
+  EXPECT_EQ(n.size(), 3u);
+  EXPECT_EQ(n["lr"].as<std::string>(), "0.01");
+  EXPECT_EQ(n["note"].as<std::string>(), "a: b");
+  // Quoted: PyYAML (YAML 1.1) would read a plain yes as a boolean.
+  std::ifstream in(logger.log_dir() + "/hparams.yaml");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("flag: \"yes\""), std::string::npos) << text;
+  logger.finalize(volt::RunStatus::kFinished);
 }
 
 TEST(TensorBoardLogger, IndependentReaderVerifiesEveryRecordAndValue) {

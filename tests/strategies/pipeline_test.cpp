@@ -374,6 +374,41 @@ TEST(PipelineLayer, AnActivationOfTooManyDimensionsFailsEveryStageAtOnce) {
   }
 }
 
+// Before: a 0-dim output made at::cat throw a c10::Error on the last rank alone (the others
+// waited for the timeout), and a batch-in-dim-1 output was joined along its other dim.
+TEST(PipelineLayer, AnOutputWithoutItsBatchRowsFailsEveryRankWhenMicroBatchesAreJoined) {
+  VOLT_REQUIRE_GLOO();
+  for (const char* kind : {"reduced", "transposed"}) {
+    SCOPED_TRACE(kind);
+    const auto start = std::chrono::steady_clock::now();
+    auto ranks = volt_test::start_local_ranks(
+        volt_test::pipeline_worker(), {"layer", "--no-batch-rows", kind, "--chunks", "2"}, 2);
+    const std::string has =
+        std::string(kind) == "reduced" ? "no dimensions" : "3 rows (dim 0) of 2 dimensions";
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(ranks[r]->exit_code(std::chrono::seconds(60)), 1) << ranks[r]->output();
+      EXPECT_NE(ranks[r]->output().find("[Pipeline] stage 1's output for a micro-batch of 2 rows "
+                                        "has " +
+                                        has +
+                                        "; with chunks > 1 the micro-batches' outputs are "
+                                        "joined along dim 0"),
+                std::string::npos)
+          << ranks[r]->output();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20))
+        << "well before the 30 s timeout";
+    // One micro-batch is the output as it is (nothing to join), as the Sequential's.
+    auto one = volt_test::start_local_ranks(volt_test::pipeline_worker(),
+                                            {"layer", "--no-batch-rows", kind, "--chunks", "1"}, 2);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(one[r]->exit_code(std::chrono::seconds(60)), 0) << one[r]->output();
+      EXPECT_NE(one[r]->output().find("rank " + std::to_string(r) + " no batch rows passed"),
+                std::string::npos)
+          << one[r]->output();
+    }
+  }
+}
+
 TEST(PipelineLayer, GradThroughAPipelineIsAValueErrorOnEveryRankNotAHang) {
   // Each stage's backward accumulates into .grad: torch::autograd::grad() would write gradients
   // it was not asked for. Every rank refuses before any transfer, well within the timeout.

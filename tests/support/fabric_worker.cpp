@@ -22,6 +22,8 @@
 //       no_backward_sync(g); prints "module no_sync g differ=G d differ=D" and stops. Under
 //       ZeRO too (each module's forwards inside its forward_context), with --save-at / --save
 //       and --resume (both modules and both optimizers in the state).
+//   --gan-branch 1 (with --gan 1): at even steps rank 1's discriminator loss takes the fake
+//       without detaching it, so that loss reaches the generator on rank 1 only.
 //   --static-graph 1: DDP's static_graph option. --strategy NAME: "ddp" (default), a
 //       "deepspeed_stage_N" (parameters partitioned whatever their size), "pipeline" (the net's
 //       layers in a volt::Pipeline, one stage per rank) or "model_parallel" (the first Linear
@@ -187,7 +189,11 @@ int run_gan(std::unique_ptr<volt::Fabric>& holder, int64_t rank,
       }
       {
         auto forward = fabric.forward_context(d);
-        loss_d = bce(d->forward(real), 1) + bce(d->forward(fake.detach()), 0);
+        // --gan-branch: a data-dependent branch reaching the generator on one rank only (a
+        // forward of its own: the generator loss below backpropagates through `fake`).
+        const bool branch = num("--gan-branch", 0) != 0 && rank == 1 && step % 2 == 0;
+        loss_d =
+            bce(d->forward(real), 1) + bce(d->forward(branch ? g->forward(z) : fake.detach()), 0);
       }
       fabric.backward(loss_d);
       fabric.step(*opt_d);

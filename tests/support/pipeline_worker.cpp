@@ -13,7 +13,10 @@
 //       Prints "rank R layer ok stage=S layers=F-L chunks=C". --bad-header 1: rank 0 sends stage
 //       1 a malformed header instead (stage 1 must fail with a DistributedError). --deep-output
 //       between|last: a model whose stage 0 output (between), or also the pipeline's output
-//       (last), has 9 dimensions: every rank must fail with the same ValueError. --tied 1: a
+//       (last), has 9 dimensions: every rank must fail with the same ValueError.
+//       --no-batch-rows reduced|transposed [--chunks C]: a pipeline whose output is 0-dim or
+//       has its batch in dim 1: with C > 1 every rank fails with the same ValueError; with
+//       C = 1 prints "rank R no batch rows passed". --tied 1: a
 //       model whose first and last layer are one Linear, held by both stages (check_tied);
 //       prints "rank R tied ok stage=S". --tied buffer: one BatchNorm in both stages: every
 //       rank fails with a ConfigError. --checkpoint never|always|except_last and/or
@@ -751,6 +754,21 @@ int run_layer(std::map<std::string, std::string>& a) {
     say("rank " + std::to_string(group->rank()) + " deep output passed");
     return 0;
   }
+  if (a.count("--no-batch-rows")) {
+    // The micro-batches' outputs are joined along dim 0: a reduced output (0-dim) or one with
+    // the batch in dim 1 cannot be; every rank fails with the last stage's ValueError.
+    const bool reduced = a["--no-batch-rows"] == "reduced";
+    torch::nn::Functional last = reduced
+                                     ? torch::nn::Functional([](at::Tensor t) { return t.sum(); })
+                                     : torch::nn::Functional([](at::Tensor t) { return t.t(); });
+    volt::Pipeline odd(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                                             torch::nn::Linear(16, 3), last),
+                       volt::PipelineOptions().balance({2, 2}).chunks(chunks));
+    odd->distribute(group);
+    odd->forward(torch::randn({4, 8}));
+    say("rank " + std::to_string(group->rank()) + " no batch rows passed");
+    return 0;
+  }
   if (a.count("--tied") && a["--tied"] == "buffer") {
     // One BatchNorm in both stages: its running statistics would be updated by each apart.
     // Every rank fails with the same ConfigError before any transfer (exit 1, printed).
@@ -788,7 +806,7 @@ int run_layer(std::map<std::string, std::string>& a) {
   const int64_t stage = pipe->stage();
   if (a.count("--bad-header") && group->rank() == 0) {
     // Stage 0 runs other code: what stage 1 receives first is no activation header.
-    group->send(at::full({13}, 99, at::kLong), 1);
+    group->send(at::full({14}, 99, at::kLong), 1);  // a header's size
     say("rank 0 sent a bad header");
     return 0;
   }

@@ -39,25 +39,52 @@ inline volt::detail::ConfigNode yaml_reference_tree(const YAML::Node& y,
       n.kind = ConfigNode::Kind::kList;
       for (const auto& item : y) n.items.push_back(yaml_reference_tree(item, source));
       break;
-    case YAML::NodeType::Map:
+    case YAML::NodeType::Map: {
       n.kind = ConfigNode::Kind::kMap;
+      // YAML's merge key, which yaml-cpp 0.7 leaves as a key "<<": the named mappings' fields
+      // the mapping lacks, the earlier mapping's first.
+      std::vector<ConfigNode> merges;
+      bool merged = false;
       for (const auto& kv : y) {
         const std::string at = yaml_reference_where(source, kv.first.Mark());
         if (!kv.first.IsScalar()) throw std::runtime_error(at + ": key is not a scalar");
+        if (kv.first.Scalar() == "<<" && kv.first.Tag() != "!") {
+          if (merged) throw std::runtime_error(at + ": key twice");
+          merged = true;
+          ConfigNode v = yaml_reference_tree(kv.second, source);
+          if (v.is_map()) {
+            merges.push_back(v);
+            continue;
+          }
+          if (!v.is_list()) throw std::runtime_error(at + ": merge value");
+          for (const auto& item : v.items) {
+            if (!item.is_map()) throw std::runtime_error(at + ": merge value");
+            merges.push_back(item);
+          }
+          continue;
+        }
         if (n.find(kv.first.Scalar()) != nullptr) throw std::runtime_error(at + ": key twice");
         n.fields.emplace_back(kv.first.Scalar(), yaml_reference_tree(kv.second, source));
       }
+      for (const auto& m : merges) {
+        for (const auto& kv : m.fields) {
+          if (n.find(kv.first) == nullptr) n.fields.push_back(kv);
+        }
+      }
       break;
+    }
   }
   return n;
 }
 
-/// True for parse_yaml's refusals of a key (not a scalar, or twice in a mapping), which the
+/// True for parse_yaml's refusals of a key (not a scalar, twice in a mapping, a merge key naming
+/// no mapping), which the
 /// reference makes too. Its other refusals come before any tree is built (the input limits, an
 /// alias cycle, bad syntax): there the reference would expand a bomb or a cycle without end.
 inline bool refuses_a_key(const std::string& message) {
   return message.find("a mapping key must be") != std::string::npos ||
-         message.find("appears twice in one mapping") != std::string::npos;
+         message.find("appears twice in one mapping") != std::string::npos ||
+         message.find("the merge key << takes") != std::string::npos;
 }
 
 /// Every member of the tree as text, one node per line, for comparing trees with a readable diff.

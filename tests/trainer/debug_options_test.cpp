@@ -24,6 +24,13 @@ class StopAlways : public volt::Callback {
   }
 };
 
+/// Asks to stop at every epoch start (as a BaseFinetuning or user callback deciding there).
+class StopAtEpochStart : public volt::Callback {
+ public:
+  std::string state_key() const override { return "StopAtEpochStart"; }
+  void on_train_epoch_start(volt::RunContext& run, volt::Module&) override { run.request_stop(); }
+};
+
 /// Keeps the inputs of every training batch, per epoch.
 class BatchRecorder : public volt::Callback {
  public:
@@ -93,6 +100,52 @@ TEST(MinSteps, MaxStepsStillEndsTheRunAndBothMinimaMustBeMet) {
               volt::TrainerOptions().min_steps(10).max_steps(5).validate();
             }).find("min_steps=10 exceeds max_steps=5"),
             std::string::npos);
+}
+
+// Lightning's epoch loop checks `done` before its first batch: a stop asked for in
+// on_train_epoch_start trains nothing (volt trained one batch, and validated on a validation
+// epoch); with a minimum to meet, training goes on until it is.
+TEST(MinSteps, AStopAskedAtTheEpochStartTrainsNoBatchUnlessAMinimumWaits) {
+  volt_test::TempDir dir;
+  {
+    CountingClassifier model;
+    volt::Trainer t(
+        quiet(dir.path).max_epochs(3).callbacks({std::make_shared<StopAtEpochStart>()}));
+    t.fit(model, volt_test::loader(volt_test::blobs(160)), volt_test::loader(volt_test::blobs(32)));
+    EXPECT_EQ(t.state().global_step, 0);
+    EXPECT_EQ(t.state().epoch, 0);
+    EXPECT_EQ(model.val_batches, 0) << "no batch trained, so no stop validation either";
+  }
+  TinyClassifier model;
+  volt::Trainer t(
+      quiet(dir.path).max_epochs(3).min_steps(3).callbacks({std::make_shared<StopAtEpochStart>()}));
+  t.fit(model, volt_test::loader(volt_test::blobs(160)));  // 10 batches an epoch
+  EXPECT_EQ(t.state().global_step, 3);
+}
+
+// Lightning's docs: "In case max_time is used together with min_steps or min_epochs, the min_*
+// requirement always has precedence" (its max_time is a Timer's stop request). volt's max_time
+// ended the fit at once.
+TEST(MinSteps, MaxTimeWaitsForTheMinima) {
+  volt_test::TempDir dir;
+  {
+    TinyClassifier model;
+    volt::Trainer t(quiet(dir.path).max_epochs(1000).max_time(1e-6).min_steps(5));
+    t.fit(model, volt_test::loader(volt_test::blobs(160)));
+    EXPECT_EQ(t.state().global_step, 5);
+  }
+  TinyClassifier model;
+  volt::Trainer t(quiet(dir.path).max_epochs(1000).max_time(1e-6).min_epochs(2));
+  const auto lines = volt_test::capture_logs(
+      [&] { t.fit(model, volt_test::loader(volt_test::blobs(160))); });  // 10 batches an epoch
+  EXPECT_EQ(t.state().global_step, 20);
+  EXPECT_EQ(t.state().epoch, 1);
+  EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
+                          [](const std::string& l) {
+                            return l.find("max_time is reached, but min_epochs=2") !=
+                                   std::string::npos;
+                          }),
+            1);
 }
 
 TEST(OverfitBatches, EveryEpochTrainsOnTheSameFirstBatchesUnshuffled) {

@@ -369,6 +369,57 @@ TEST(Hooks, FitCallsThemInLightningsOrder) {
   EXPECT_EQ(calls, expected) << diff_hint(calls, expected);
 }
 
+// Lightning's FitLoop.skip: a fit with nothing to train runs the fit's hooks but no train start
+// or end (volt ran on_train_start/on_train_end: ModelPruning, SWA and Timer acted on a fit that
+// trained nothing). A stop asked for at an epoch start trains no batch; the epoch still ends.
+TEST(Hooks, AFitWithNothingToTrainRunsNoTrainStartOrEnd) {
+  class StopAtEpochStart : public volt::Callback {
+   public:
+    std::string state_key() const override { return "StopAtEpochStart"; }
+    void on_train_epoch_start(volt::RunContext& run, volt::Module&) override { run.request_stop(); }
+  };
+  const Calls set_up = {
+      "configure_callbacks", "prepare_data",         "Callback.setup fit",    "setup fit",
+      "configure_model",     "configure_optimizers", "Callback.on_fit_start", "on_fit_start"};
+  const Calls ends = {"Callback.on_fit_end", "on_fit_end", "Callback.teardown fit", "teardown fit"};
+  for (const char* nothing : {"max_steps=0", "limit_train_batches=0", "max_epochs reached"}) {
+    SCOPED_TRACE(nothing);
+    volt_test::TempDir dir;
+    Calls calls;
+    HookedModule model(calls);
+    auto options = volt_test::quiet(dir.path).max_epochs(1).num_sanity_val_steps(0).callbacks(
+        {std::make_shared<HookedCallback>(calls)});
+    if (std::string(nothing) == "max_steps=0") options.max_steps(0);
+    if (std::string(nothing) == "limit_train_batches=0") options.limit_train_batches(int64_t{0});
+    std::string ckpt;
+    if (std::string(nothing) == "max_epochs reached") {
+      volt::Trainer first(volt_test::quiet(dir.path).max_epochs(1).limit_train_batches(int64_t{2}));
+      first.fit(model, volt_test::loader(volt_test::blobs(64)));
+      ckpt = dir.path + "/done.ckpt";
+      first.save_checkpoint(ckpt);
+      calls.clear();
+    }
+    volt::Trainer trainer(options);
+    trainer.fit(model, volt_test::loader(volt_test::blobs(64)), c10::nullopt, ckpt);
+    Calls expected = set_up;
+    append(expected, ends);
+    EXPECT_EQ(calls, expected) << diff_hint(calls, expected);
+  }
+  volt_test::TempDir dir;
+  Calls calls;
+  HookedModule model(calls);
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(2).num_sanity_val_steps(0).callbacks(
+      {std::make_shared<HookedCallback>(calls), std::make_shared<StopAtEpochStart>()}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
+  Calls expected = set_up;
+  append(expected, {"Callback.on_train_start", "on_train_start", "Callback.on_train_epoch_start",
+                    "on_train_epoch_start", "on_train_epoch_end", "Callback.on_train_epoch_end",
+                    "Callback.on_train_end", "on_train_end"});
+  append(expected, ends);
+  EXPECT_EQ(calls, expected) << diff_hint(calls, expected);
+  EXPECT_EQ(trainer.state().global_step, 0);
+}
+
 TEST(Hooks, ValidateTestAndPredictCallThemInLightningsOrder) {
   volt_test::TempDir dir;
   Calls calls;

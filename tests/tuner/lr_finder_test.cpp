@@ -9,6 +9,7 @@
 #include "log_capture.h"
 #include "manual_module.h"
 #include "tiny.h"
+#include "volt/tuner/batch_size_finder.h"
 
 namespace {
 
@@ -240,6 +241,47 @@ TEST(LrFinder, LeavesTheModelAndTheRandomStateAsTheyWereAndSuggestsATrainableRat
   const double at_suggested = loss_after(*lr);
   EXPECT_LT(at_suggested, 0.5 * loss_after(1e-6)) << "suggested " << *lr;
   EXPECT_LT(at_suggested, loss_after(1.0)) << "suggested " << *lr;
+}
+
+// Lightning's place for large models: layers built in configure_model, which the first trial
+// runs. The snapshot taken before it had none of them, so putting the module back failed with an
+// InternalError; the layers now come back as configure_model built them.
+class BuiltInConfigureModel : public volt::Module {
+ public:
+  void configure_model() override {
+    if (fc) return;  // idempotent, as Lightning asks
+    torch::manual_seed(3);
+    fc = register_module("fc", torch::nn::Linear(8, 2));
+  }
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    return torch::cross_entropy_loss(fc->forward(b.input), b.target);
+  }
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    return {volt::OptimizerConfig(
+        std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1)))};
+  }
+  torch::nn::Linear fc{nullptr};
+};
+
+TEST(LrFinder, LayersBuiltInConfigureModelComeBackAsBuilt) {
+  volt_test::TempDir dir;
+  BuiltInConfigureModel model;
+  const auto r = volt::lr_find(model, volt_test::loader(volt_test::blobs(256), 16), quiet(dir.path),
+                               LrFinderOptions().num_training(20));
+  EXPECT_EQ(r.lrs.size(), 20u);
+  ASSERT_TRUE(model.fc);
+  torch::manual_seed(3);
+  torch::nn::Linear built(8, 2);
+  EXPECT_TRUE(torch::equal(model.fc->weight, built->weight)) << "as configure_model built it";
+  EXPECT_TRUE(torch::equal(model.fc->bias, built->bias));
+  EXPECT_FALSE(model.fc->weight.grad().defined());
+  // The batch size search too (its trials start fits again and again).
+  BuiltInConfigureModel other;
+  volt::scale_batch_size(
+      other, [](int64_t size) { return volt_test::loader(volt_test::blobs(256), size); },
+      quiet(dir.path), volt::BatchSizeFinderOptions().max_trials(3).steps_per_trial(2));
+  ASSERT_TRUE(other.fc);
+  EXPECT_TRUE(torch::equal(other.fc->weight, built->weight));
 }
 
 class TwoOptimizers : public volt_test::TinyClassifier {

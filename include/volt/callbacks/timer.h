@@ -31,6 +31,9 @@ class Timer : public Callback {
   /// Parses Lightning's "DD:HH:MM:SS" duration into seconds (ConfigError when malformed).
   static double parse_duration(const std::string& dd_hh_mm_ss);
   std::string state_key() const override { return "Timer"; }
+  /// A fit resumed with its time spent asks to stop here, as Lightning's: the fit then trains
+  /// nothing and runs no train start or end hooks.
+  void on_fit_start(RunContext& run, Module& module) override;
   void on_train_start(RunContext& run, Module& module) override;
   void on_train_end(RunContext& run, Module& module) override;
   void on_validation_start(RunContext& run, Module& module) override;

@@ -66,6 +66,7 @@
 namespace volt {
 
 class Module;
+class LRScheduler;
 namespace detail {
 class FabricRun;
 }
@@ -117,8 +118,11 @@ struct FabricOptions {
 };
 
 /// What Fabric::save writes and Fabric::load reads back (Lightning's `state` dict): named
-/// references to the set-up module and its optimizers, tensors, and plain values. load()
-/// restores the module, optimizers and tensors in place and the values in this object.
+/// references to the set-up module and its optimizers, learning-rate schedulers, tensors, and
+/// plain values. load() restores the module, optimizers, schedulers and tensors in place and the
+/// values in this object. The precision's state (16-mixed's loss scale) is saved with every file
+/// and restored when the state names an optimizer (a resumed training), so the scale goes on
+/// from where it was.
 class FabricState {
  public:
   /// A module given to Fabric::setup. The first goes where a Trainer checkpoint has its weights
@@ -130,6 +134,9 @@ class FabricState {
   }
   /// An optimizer given to Fabric::setup.
   FabricState& optimizer(const std::string& name, torch::optim::Optimizer& optimizer);
+  /// A volt learning-rate scheduler (volt/optim/lr_scheduler.h), e.g. of a set-up optimizer
+  /// (Lightning saves any object with a state_dict).
+  FabricState& scheduler(const std::string& name, LRScheduler& scheduler);
   /// A tensor kept outside the module (an EMA copy, a counter on the device); load() copies the
   /// saved values into it when the shapes and dtypes agree, else replaces it.
   FabricState& tensor(const std::string& name, at::Tensor& tensor);
@@ -142,6 +149,7 @@ class FabricState {
   void check_new(const std::string& name) const;
   std::vector<std::pair<std::string, torch::nn::Module*>> modules_;
   std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers_;
+  std::vector<std::pair<std::string, LRScheduler*>> schedulers_;
   std::vector<std::pair<std::string, at::Tensor*>> tensors_;
   std::map<std::string, c10::IValue> values_;
 };
@@ -300,6 +308,7 @@ class Fabric {
   /// false when the precision skipped it (inf/NaN gradients under loss scaling).
   bool step(torch::optim::Optimizer& optimizer);
   /// Sets the optimizer's gradients to none (in place to zero under gradient_as_bucket_view).
+  /// ConfigError for an optimizer setup() did not take, as step().
   void zero_grad(torch::optim::Optimizer& optimizer);
   /// Clips the optimizer's gradients (unscaled first under loss scaling): by total norm
   /// (returned, a 0-dim tensor not read on the host) or by value (an undefined tensor).

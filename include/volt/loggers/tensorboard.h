@@ -33,7 +33,8 @@ struct TensorBoardLoggerOptions {
 std::ostream& operator<<(std::ostream& os, const TensorBoardLoggerOptions& o);
 
 /// Writes one Event per log_metrics call (a Summary with one simple_value per metric), the
-/// hparams plugin's session-start summary on log_hyperparams (no experiment summary: TensorBoard
+/// hparams plugin's session-start summary and hparams.yaml (as CSVLogger's, every hparams logged so
+/// far) on log_hyperparams (no experiment summary: TensorBoard
 /// then builds the experiment from the runs, every scalar tag a metric column; one listing the
 /// hparams alone would show no metric columns), and its session-end summary on finalize. A
 /// resumed run appends a new events file in the same folder that starts with SessionLog START
@@ -68,6 +69,7 @@ class TensorBoardLogger : public Logger {
   int64_t last_save_ns_ = 0;  // steady clock at the last write (0: none yet)
   int64_t resume_step_ = -1;  // >= 0: write SessionLog START at this step first
   bool hparams_logged_ = false;
+  std::map<std::string, std::string> hparams_;  // every hparams logged so far (hparams.yaml)
 };
 
 /// The masked CRC32C of TFRecord framing: rotate right by 15, add 0xa282ead8.

@@ -82,6 +82,13 @@ std::string where(const std::string& source, const YAML::Mark& m) {
 // only for anchors an alias uses (the checks bound what aliases add, hence those copies). Duplicate
 // keys are found through a hash set per open mapping: a search per key made a mapping of n keys
 // cost O(n^2) (80,000 keys took 9 s).
+// TreeBuilder's refusal of a key a config cannot hold (not a name, twice, a merge key naming no
+// mapping): a ConfigError for files; an override taking it is text (apply_override).
+class KeyRefused : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 class TreeBuilder : public YamlSink {
  public:
   explicit TreeBuilder(const std::string& source) : source_(source) { root_.origin = source; }
@@ -123,6 +130,9 @@ class TreeBuilder : public YamlSink {
     YAML::anchor_t anchor = YAML::NullAnchor;
     std::unordered_set<std::string> keys;  // kMap: the keys so far
     std::optional<std::string> key;        // kMap: read, its value not yet
+    bool merge_key = false;                // kMap: `key` is the merge key <<
+    bool merged = false;                   // kMap: a merge key came
+    std::vector<ConfigNode> merges;        // kMap: the mappings << names, in order
   };
 
   void open(ConfigNode::Kind kind, const YAML::Mark& m, YAML::anchor_t anchor) {
@@ -136,7 +146,28 @@ class TreeBuilder : public YamlSink {
   void close() {
     Open o = std::move(stack_.back());
     stack_.pop_back();
+    // YAML's merge key (<<: *base): the named mappings' fields this one lacks, the earlier
+    // mapping's first; the mapping's own keys win wherever they stand.
+    for (ConfigNode& m : o.merges) {
+      for (auto& kv : m.fields) {
+        if (o.keys.insert(kv.first).second) o.node.fields.push_back(std::move(kv));
+      }
+    }
     done(std::move(o.node), o.anchor);
+  }
+
+  // The value of a merge key: a mapping or a list of mappings.
+  static void take_merge(Open& parent, ConfigNode n) {
+    bool ok = n.is_map() || n.is_list();  // an empty list merges nothing, as PyYAML
+    for (const auto& item : n.items) ok = ok && item.is_map();
+    VOLT_CHECK(ok, KeyRefused, "[cli] ", n.origin,
+               ": the merge key << takes a mapping or a list of mappings (<<: *base), got ",
+               n.describe(), ".");
+    if (n.is_map()) {
+      parent.merges.push_back(std::move(n));
+    } else {
+      for (auto& item : n.items) parent.merges.push_back(std::move(item));
+    }
   }
 
   // A finished node: the root, a list item, a mapping's key or its value.
@@ -153,11 +184,18 @@ class TreeBuilder : public YamlSink {
     if (parent.node.is_list()) {
       parent.node.items.push_back(std::move(n));
     } else if (!parent.key) {
-      VOLT_CHECK(n.is_scalar(), ConfigError, "[cli] ", n.origin,
+      VOLT_CHECK(n.is_scalar(), KeyRefused, "[cli] ", n.origin,
                  ": a mapping key must be a plain name; write key: value.");
-      VOLT_CHECK(parent.keys.insert(n.scalar).second, ConfigError, "[cli] ", n.origin, ": key \"",
-                 n.scalar, "\" appears twice in one mapping; keep one.");
+      parent.merge_key = !n.quoted && n.scalar == "<<";
+      VOLT_CHECK(parent.merge_key ? !std::exchange(parent.merged, true)
+                                  : parent.keys.insert(n.scalar).second,
+                 KeyRefused, "[cli] ", n.origin, ": key \"", n.scalar,
+                 "\" appears twice in one mapping; keep one.");
       parent.key = std::move(n.scalar);
+    } else if (parent.merge_key) {
+      take_merge(parent, std::move(n));
+      parent.key.reset();
+      parent.merge_key = false;
     } else {
       parent.node.fields.emplace_back(std::move(*parent.key), std::move(n));
       parent.key.reset();
@@ -397,7 +435,13 @@ void apply_override(ConfigNode& root, const std::string& dotted_key, const std::
     if (value.empty() || !is_one_flow_collection(value)) {
       throw YAML::Exception(YAML::Mark::null_mark(), "");
     }
-    val = parse_bounded(value, origin);
+    try {
+      val = parse_bounded(value, origin);
+    } catch (const KeyRefused&) {
+      // ": x" (a null key), "{a: 1, a: 2}": YAML reads a mapping no config can hold, so the
+      // text is meant literally, as a string parameter takes "a: b".
+      throw YAML::Exception(YAML::Mark::null_mark(), "");
+    }
     // A plain scalar YAML read differently from what was typed (a " #" comment cut off, an
     // "&anchor" or "!tag" dropped): the text is meant literally, as for text that is no YAML.
     const auto first = value.find_first_not_of(" \t");

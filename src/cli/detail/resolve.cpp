@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "core/detail/ascii.h"
+#include "core/detail/duration.h"
 #include "core/detail/numbers.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
@@ -138,6 +139,36 @@ bool is_list_type(ParamType t) {
   fail(key, n,
        std::string("expected ") + param_type_name(spec.type) + (spec.nullable ? " or null" : "") +
            ", got " + n.describe() + "; e.g. " + key + ": " + example_for(spec.type) + hint + ".");
+}
+
+// trainer.max_time as Lightning takes it: seconds (volt's own form), "DD:HH:MM:SS", or a
+// datetime.timedelta mapping ({days: 1, hours: 5}); as seconds.
+ConfigNode max_time_in_seconds(const ConfigNode& n) {
+  const std::string key = "trainer.max_time";
+  const std::string forms =
+      "give seconds, \"DD:HH:MM:SS\" or a mapping of weeks, days, hours, minutes, seconds, "
+      "milliseconds and microseconds; e.g. trainer.max_time: \"00:12:00:00\" (12 hours) or "
+      "{hours: 12}";
+  double seconds = 0;
+  if (n.is_scalar()) {
+    const std::optional<double> d = detail::parse_dd_hh_mm_ss(n.scalar);
+    if (!d) fail(key, n, "\"" + n.scalar + "\" is no duration; " + forms + ".");
+    seconds = *d;
+  } else {
+    for (const auto& [unit, value] : n.fields) {
+      const double per = detail::timedelta_unit_seconds(unit);
+      if (per == 0) fail(key, n, "\"" + unit + "\" is no unit of a duration; " + forms + ".");
+      double v;
+      if (!value.is_scalar() || !parse_float(value.scalar, &v) || !std::isfinite(v)) {
+        fail(key + "." + unit, value, "expected a number, got " + value.describe() + ".");
+      }
+      seconds += v * per;
+    }
+  }
+  if (!std::isfinite(seconds)) fail(key, n, "is more seconds than a double holds; " + forms + ".");
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, seconds);
+  return ConfigNode::make_scalar(std::string(buf, r.ptr), n.origin);
 }
 
 ParamValue scalar_value(const std::string& key, const ConfigNode& n, const ParamSpec& spec,
@@ -476,7 +507,9 @@ Params trainer_params(const Registry& reg) {
       .add("min_epochs", d.min_epochs(), "ignore stop requests until this many epochs")
       .add("max_steps", d.max_steps(), "stop after this many optimizer steps; -1 = no limit")
       .add("min_steps", d.min_steps(), "ignore stop requests until this many optimizer steps")
-      .optional<double>("max_time", "stop fit after this many seconds")
+      .optional<double>("max_time",
+                        "stop fit after this much training time: seconds, \"DD:HH:MM:SS\" or "
+                        "{days: .., hours: ..}; min_epochs/min_steps come first")
       .number("limit_train_batches", limit(d.limit_train_batches()),
               "batches per epoch: count (int) or fraction (float)")
       .number("limit_val_batches", limit(d.limit_val_batches()),
@@ -691,6 +724,11 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
     ConfigNode& devices = *edited().find("devices");
     devices.scalar = "-1";
     devices.quoted = false;
+  }
+  if (const ConfigNode* mt = t != nullptr && t->is_map() ? t->find("max_time") : nullptr;
+      mt != nullptr &&
+      (mt->is_map() || (mt->is_scalar() && mt->scalar.find(':') != std::string::npos))) {
+    *edited().find("max_time") = max_time_in_seconds(*mt);
   }
   out.trainer = parse_args("trainer", "trainer", trainer_node, root, out.trainer_params,
                            {"callbacks", "loggers", "profiler", "checkpoint_io"});

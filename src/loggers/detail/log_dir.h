@@ -2,8 +2,16 @@
 // Run-folder helpers shared by the loggers: save_dir/name/version_N.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
+
+namespace torch {
+namespace serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace serialize
+}  // namespace torch
 
 namespace volt {
 namespace detail {
@@ -31,6 +39,24 @@ std::string version_root(const std::string& save_dir, const std::string& name);
 /// its own version.
 bool continues_saved_version(const std::string& saved_root, int64_t saved, const std::string& root,
                              int64_t option_version, const std::string& component);
+
+/// A logger's checkpoint state: its version (-1: none claimed yet) and version_root(save_dir,
+/// name).
+void save_version_state(torch::serialize::OutputArchive& archive, int64_t version,
+                        const std::string& save_dir, const std::string& name);
+
+/// The version a resumed logger continues: the checkpoint's when it claimed one and
+/// continues_saved_version agrees, else -1 (the logger keeps its own). A version the logger had
+/// already claimed (`claimed` >= 0, numbered by it: `option_version` -1) is given back when the
+/// resume switches away from it and its folder is still empty (a profiler's early log_dir()
+/// left an empty version_N+1 beside the run's own).
+int64_t resumed_version(torch::serialize::InputArchive& archive, const std::string& save_dir,
+                        const std::string& name, int64_t option_version, int64_t claimed,
+                        const std::string& component);
+
+/// Writes `hparams` to dir/hparams.yaml atomically, as Lightning's save_hparams_to_yaml: one
+/// string value per key, quoted where a YAML 1.1 reader (PyYAML) would read another type.
+void write_hparams_yaml(const std::string& dir, const std::map<std::string, std::string>& hparams);
 
 /// While one is alive, the loggers of this process that claim the next version of one of `roots`
 /// (claim_next_version) share it: the first claim makes the folder, the later ones take its

@@ -47,21 +47,22 @@ bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const std::vector<Dat
   return (idx + 1) % every == 0 || (vci.is_fraction() && vci.fraction() == 1.0 && idx + 1 == n);
 }
 
-// max_time, or an agreed stop request once min_epochs / min_steps are met (Lightning's
-// trainer.should_stop with _FitLoop._can_stop_early); not max_steps. Decides on what every rank
+// max_time or an agreed stop request, once min_epochs / min_steps are met (Lightning's
+// trainer.should_stop with _FitLoop._can_stop_early; its max_time is a Timer's stop request, and
+// "the min_* requirement always has precedence"); not max_steps. Decides on what every rank
 // agreed (Run::check_stop): a rank's own clock or request_stop() alone would let ranks leave the
 // loop at different batches, and the one that goes on would wait in its next gradient all-reduce
 // for peers that are gone.
 bool stop_requested(Run& r) {
-  if (r.time_up) return true;
-  if (!r.stop_agreed) return false;
+  if (!r.time_up && !r.stop_agreed) return false;
   // As Lightning (_FitLoop._can_stop_early): a stop request waits until min_epochs epochs have
   // ended and min_steps steps are taken. Mid-epoch the current epoch does not count yet (it
   // did: a stop could come partway through the last required epoch).
   const int64_t epochs_done = r.st.epoch + (r.st.epoch_finished ? 1 : 0);
   if (epochs_done >= r.opts.min_epochs() && r.st.global_step >= r.opts.min_steps()) return true;
   if (!r.stop_deferral_logged && r.is_global_zero()) {
-    log_info("Trainer", "asked to stop, but min_epochs=" + std::to_string(r.opts.min_epochs()) +
+    log_info("Trainer", std::string(r.time_up ? "max_time is reached" : "asked to stop") +
+                            ", but min_epochs=" + std::to_string(r.opts.min_epochs()) +
                             " / min_steps=" + std::to_string(r.opts.min_steps()) +
                             " are not met yet (epoch " + std::to_string(r.st.epoch) +
                             ", global step " + std::to_string(r.st.global_step) +
@@ -132,9 +133,17 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
       [&](Callback& c) { c.on_train_epoch_start(r, m); });
   // A hook may have frozen or unfrozen layers (BaseFinetuning); DDP rebuilds its buckets.
   r.check_trainable_parameters();
+  // A stop the epoch-start hooks ask for trains no batch of the epoch (Lightning's epoch loop
+  // checks `done` before its first batch); the epoch-end hooks still run. Not max_time: it is
+  // checked after batches and at epoch ends (Lightning's Timer), so here the clock counts the
+  // time restored only (a max_time of microseconds still trains its first batch).
+  const auto fit_end = r.fit_end;
+  if (!fit_end) r.fit_end = r.fit_start;
+  r.check_stop(/*lagged=*/false, /*in_fit=*/true);
+  r.fit_end = fit_end;
+  bool stopped = stop_now(r);
   // Resumed from a checkpoint written just before a due validation: run it first.
-  bool stopped = false;
-  if (st.val_pending) {
+  if (!stopped && st.val_pending) {
     if (validates(r, val)) {
       validate_now(r, val);
       // A stop it asks for (EarlyStopping) ends the fit here, as after the same validation in
@@ -469,19 +478,29 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   // the set-up, the restore, on_fit_start (a tuner callback's trials) and the sanity check are
   // not part of it.
   r.fit_start = Clock::now();
-  r.hook(
-      "on_train_start", [&](Module& mm) { mm.on_train_start(); },
-      [&](Callback& c) { c.on_train_start(r, m); });
   const int64_t max_epochs = r.resolved_max_epochs();
-  bool no_batches = false;
-  for (bool first = true;; first = false) {
+  // Lightning's FitLoop.skip: a fit with nothing to train (a resume of a finished fit, its
+  // max_time spent, no training batches) runs no train start or end hooks; the fit's do run. At
+  // the start max_time counts the time restored only, as Lightning's Timer checks at on_fit_start
+  // before it counts: the microseconds since fit_start would stop a small max_time at once.
+  r.fit_end = r.fit_start;
+  r.check_stop(/*lagged=*/false, /*in_fit=*/true);
+  r.fit_end.reset();
+  bool no_batches = r.train_limit(train) == 0;
+  const bool nothing_to_train =
+      no_batches || (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) ||
+      (max_epochs >= 0 && r.st.epoch + (r.st.epoch_finished ? 1 : 0) >= max_epochs) ||
+      stop_requested(r);
+  if (!nothing_to_train) {
+    r.hook(
+        "on_train_start", [&](Module& mm) { mm.on_train_start(); },
+        [&](Callback& c) { c.on_train_start(r, m); });
+  }
+  for (bool first = true; !nothing_to_train; first = false) {
     // The epoch-end hooks' requests; at the start, those of on_train_start (a Timer restored
-    // with its time spent) and max_time already spent by the fit resumed.
+    // with its time spent).
     if (first || r.st.epoch_finished) {
-      // At the start max_time counts the time restored only, as Lightning's Timer checks at
-      // on_fit_start before it counts: the microseconds since fit_start would stop a small
-      // max_time before its first batch.
-      if (first) r.fit_end = r.fit_start;
+      if (first) r.fit_end = r.fit_start;  // as above
       r.check_stop(/*lagged=*/false, /*in_fit=*/true);
       if (first) r.fit_end.reset();
       if (stop_now(r)) break;
@@ -526,9 +545,11 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
     }
   }
   r.fit_end = Clock::now();  // a checkpoint saved after fit counts the training time only
-  r.hook(
-      "on_train_end", [&](Module& mm) { mm.on_train_end(); },
-      [&](Callback& c) { c.on_train_end(r, m); });
+  if (!nothing_to_train) {
+    r.hook(
+        "on_train_end", [&](Module& mm) { mm.on_train_end(); },
+        [&](Callback& c) { c.on_train_end(r, m); });
+  }
   r.hook(
       "on_fit_end", [&](Module& mm) { mm.on_fit_end(); }, [&](Callback& c) { c.on_fit_end(r, m); });
 }

@@ -9,6 +9,7 @@
 #include "core/detail/default_steps.h"
 #include "core/detail/numbers.h"
 #include "trainer/detail/tuner_trial.h"
+#include "volt/callbacks/callback.h"
 #include "volt/core/check.h"
 #include "volt/core/module.h"
 #include "volt/core/run_context.h"
@@ -126,6 +127,37 @@ ModuleSnapshot::ModuleSnapshot(Module& m, std::string tag)
   torch::NoGradGuard no_grad;
   for (const auto& p : m.parameters()) params_.push_back(p.detach().clone());
   for (const auto& b : m.buffers()) buffers_.push_back(b.detach().clone());
+}
+
+namespace {
+
+// Takes a snapshot again once the trial's configure_model has run (see after_configure_model).
+class RetakeAfterConfigureModel : public Callback {
+ public:
+  explicit RetakeAfterConfigureModel(std::function<void()> retake) : retake_(std::move(retake)) {}
+  std::string state_key() const override { return "RetakeAfterConfigureModel"; }
+  void on_fit_start(RunContext&, Module&) override { retake_(); }
+  void on_validation_start(RunContext&, Module&) override { retake_(); }
+  void on_test_start(RunContext&, Module&) override { retake_(); }
+  void on_predict_start(RunContext&, Module&) override { retake_(); }
+
+ private:
+  std::function<void()> retake_;
+};
+
+}  // namespace
+
+std::shared_ptr<Callback> ModuleSnapshot::after_configure_model() {
+  return std::make_shared<RetakeAfterConfigureModel>([this] {
+    auto params = module_.parameters();
+    auto buffers = module_.buffers();
+    if (params.size() == params_.size() && buffers.size() == buffers_.size()) return;
+    torch::NoGradGuard no_grad;
+    params_.clear();
+    buffers_.clear();
+    for (const auto& p : params) params_.push_back(p.detach().clone());
+    for (const auto& b : buffers) buffers_.push_back(b.detach().clone());
+  });
 }
 
 void ModuleSnapshot::restore() {

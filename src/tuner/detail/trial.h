@@ -9,6 +9,7 @@
 #include <c10/util/Optional.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 
 namespace volt {
 
+class Callback;
 class DataModule;
 class Module;
 class RunContext;
@@ -74,6 +76,12 @@ class ModuleSnapshot {
   /// `tag` names the tuner in the error raised when the module's tensors changed in between.
   ModuleSnapshot(Module& module, std::string tag);
   void restore();
+  /// For the trials' callbacks: takes the module's tensors again at the start of a trial's fit,
+  /// validation, test or predict (after configure_model) when the module has other tensors than
+  /// the snapshot holds: a module that builds its layers in configure_model (Lightning's place
+  /// for large models) gets them back as built, not as the trials trained them (restore()
+  /// failed with an InternalError). The callback must not outlive this snapshot.
+  std::shared_ptr<Callback> after_configure_model();
 
  private:
   Module& module_;
