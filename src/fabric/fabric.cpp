@@ -642,7 +642,7 @@ void Fabric::backward_with(const at::Tensor& loss,
   // after the backward, zeros where a rank's graph missed it (as DDP treats a parameter one rank
   // did not use).
   std::vector<SetUp*> partial;
-  if (distributed && sync_) {
+  if (distributed) {  // also under no_backward_sync: c10d's bucket rebuild is a collective
     at::Tensor mask = at::zeros({static_cast<int64_t>(set_up_.size())}, at::kLong);
     for (size_t i = 0; i < set_up_.size(); ++i) {
       if (std::find(modules.begin(), modules.end(), set_up_[i].get()) != modules.end()) {
@@ -666,7 +666,7 @@ void Fabric::backward_with(const at::Tensor& loss,
                  " ranks (a data-dependent branch of the loss); under \"deepspeed\" every rank's "
                  "loss must reach the same modules: add 0 * (a term of its output) to the loss "
                  "where the branch is not taken.");
-      if (s->sync) partial.push_back(s);
+      if (sync_ && s->sync) partial.push_back(s);
     }
     modules = std::move(agreed);
   }
@@ -705,7 +705,7 @@ void Fabric::backward_with(const at::Tensor& loss,
       if (p.grad().defined()) {
         p.mutable_grad().copy_(part);
       } else {
-        p.mutable_grad() = part.clone();
+        p.mutable_grad() = part.to(p.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
       }
     }
   }

@@ -137,9 +137,16 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   // checks `done` before its first batch); the epoch-end hooks still run. Not max_time: it is
   // checked after batches and at epoch ends (Lightning's Timer), so here the clock counts the
   // time restored only (a max_time of microseconds still trains its first batch).
+  // The clock is put back also when the check throws (a signal): OnExceptionCheckpoint saves the
+  // time trained, which would read as the time restored alone.
   const auto fit_end = r.fit_end;
   if (!fit_end) r.fit_end = r.fit_start;
-  r.check_stop(/*lagged=*/false, /*in_fit=*/true);
+  try {
+    r.check_stop(/*lagged=*/false, /*in_fit=*/true);
+  } catch (...) {
+    r.fit_end = fit_end;
+    throw;
+  }
   r.fit_end = fit_end;
   bool stopped = stop_now(r);
   // Resumed from a checkpoint written just before a due validation: run it first.

@@ -152,11 +152,16 @@ std::shared_ptr<Callback> ModuleSnapshot::after_configure_model() {
     auto params = module_.parameters();
     auto buffers = module_.buffers();
     if (params.size() == params_.size() && buffers.size() == buffers_.size()) return;
+    // On the host: copies on the trial's device would take memory from every trial (the batch
+    // size search would settle lower); restore() moves them back.
     torch::NoGradGuard no_grad;
     params_.clear();
     buffers_.clear();
-    for (const auto& p : params) params_.push_back(p.detach().clone());
-    for (const auto& b : buffers) buffers_.push_back(b.detach().clone());
+    const auto host = [](const at::Tensor& t) {
+      return t.detach().to(at::kCPU, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+    };
+    for (const auto& p : params) params_.push_back(host(p));
+    for (const auto& b : buffers) buffers_.push_back(host(b));
   });
 }
 
