@@ -58,12 +58,18 @@ void LearningRateMonitor::on_train_start(RunContext& run, Module&) {
              "[LearningRateMonitor] the Trainer has no logger, so the learning rates would go "
              "nowhere; add a logger (TrainerOptions::logger(true) or loggers({...})) or drop the "
              "callback.");
-  names_.clear();
+  // Lightning's order: the optimizers with a scheduler first (in their configs' order), then
+  // the others, each type counted across both ("lr-SGD", "lr-SGD-1", ...).
+  const auto& configs = run.optimizer_configs();
+  names_.assign(configs.size(), std::string());
   std::map<std::string, int> seen;
-  for (auto& cfg : run.optimizer_configs()) {
-    const std::string type = short_type_name(*cfg.optimizer());
-    const int k = seen[type]++;
-    names_.push_back("lr-" + type + (k ? "-" + std::to_string(k) : ""));
+  for (const bool scheduled : {true, false}) {
+    for (size_t i = 0; i < configs.size(); ++i) {
+      if ((configs[i].scheduler() != nullptr) != scheduled) continue;
+      const std::string type = short_type_name(*configs[i].optimizer());
+      const int k = seen[type]++;
+      names_[i] = "lr-" + type + (k ? "-" + std::to_string(k) : "");
+    }
   }
   last_step_logged_ = -1;
 }
@@ -92,15 +98,19 @@ void LearningRateMonitor::log(RunContext& run, bool epoch_boundary) {
   Metrics stats;
   auto& configs = run.optimizer_configs();
   for (size_t i = 0; i < configs.size() && i < names_.size(); ++i) {
-    Interval when = Interval::kStep;
+    // kAuto: an optimizer with a scheduler at its scheduler's interval, one without at both
+    // (each log-cadence step and each epoch start), as Lightning's _extract_stats.
+    bool logs = true;
     switch (options_.logging_interval()) {
       case LoggingInterval::kAuto:
-        when = configs[i].scheduler() ? configs[i].interval() : Interval::kStep;
+        if (configs[i].scheduler()) {
+          logs = (configs[i].interval() == Interval::kEpoch) == epoch_boundary;
+        }
         break;
-      case LoggingInterval::kStep: when = Interval::kStep; break;
-      case LoggingInterval::kEpoch: when = Interval::kEpoch; break;
+      case LoggingInterval::kStep: logs = !epoch_boundary; break;
+      case LoggingInterval::kEpoch: logs = epoch_boundary; break;
     }
-    if ((when == Interval::kEpoch) != epoch_boundary) continue;
+    if (!logs) continue;
     const auto& groups = configs[i].optimizer()->param_groups();
     for (size_t g = 0; g < groups.size(); ++g) {
       const std::string name =

@@ -1,4 +1,7 @@
 // Registers this folder's built-in names; called once from registry() (src/trainer/builtins.cpp).
+#include <cmath>
+
+#include "core/detail/numbers.h"
 #include "volt/callbacks/activation_checkpointing.h"
 #include "volt/callbacks/device_stats_monitor.h"
 #include "volt/callbacks/early_stopping.h"
@@ -132,13 +135,21 @@ void register_callbacks(Registry& r) {
   r.callbacks.add(
       "Timer", "measures stage times; stops fit after a maximum duration",
       Params()
-          .optional<std::string>("duration", "maximum training time as \"DD:HH:MM:SS\"")
+          .optional<std::string>("duration",
+                                 "maximum training time: \"DD:HH:MM:SS\", seconds, or (in a "
+                                 "config) a timedelta mapping such as {hours: 12}")
           .choice("interval", "step", {"step", "epoch"}, "when the limit is checked")
           .add("verbose", tm.verbose(), "print a line when the limit stops training"),
       [](const Args& a) -> std::shared_ptr<Callback> {
         TimerOptions o;
-        if (auto d = a.get_optional<std::string>("duration"))
-          o.duration_s(Timer::parse_duration(*d));
+        if (auto d = a.get_optional<std::string>("duration")) {
+          // Seconds too: the CLI gives Lightning's timedelta mappings so.
+          char* end = nullptr;
+          const double seconds = detail::c_strtod(d->c_str(), &end);
+          const bool number =
+              !d->empty() && end == d->c_str() + d->size() && std::isfinite(seconds);
+          o.duration_s(number ? seconds : Timer::parse_duration(*d));
+        }
         o.interval(a.get<std::string>("interval") == "epoch" ? Interval::kEpoch : Interval::kStep)
             .verbose(a.get<bool>("verbose"));
         return std::make_shared<Timer>(o);

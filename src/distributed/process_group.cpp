@@ -18,6 +18,7 @@
 #include "detail/async_collective.h"
 #include "detail/c10d.h"
 #include "detail/collective_checks.h"
+#include "detail/dtype_buckets.h"
 #include "detail/net.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
@@ -794,32 +795,6 @@ at::Tensor to_wire(const ProcessGroup::Impl& impl, const at::Tensor& t) {
   return t.to(impl.wire_device);
 }
 
-// The non-empty `tensors` (all defined) in buckets for a collective each: one dtype per bucket,
-// at most `cap` elements (a larger tensor goes alone), in index order within a dtype. A model's
-// tensors are never copied whole at once, which would double a rank's memory.
-std::vector<std::vector<size_t> > dtype_buckets(const std::vector<at::Tensor>& tensors,
-                                                int64_t cap) {
-  std::map<c10::ScalarType, std::vector<size_t> > by_dtype;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].numel() > 0) by_dtype[tensors[i].scalar_type()].push_back(i);
-  }
-  std::vector<std::vector<size_t> > buckets;
-  for (const auto& [dtype, all] : by_dtype) {
-    size_t first = 0;
-    while (first < all.size()) {
-      size_t last = first;
-      int64_t total = 0;
-      while (last < all.size() && (total == 0 || total + tensors[all[last]].numel() <= cap)) {
-        total += tensors[all[last]].numel();
-        ++last;
-      }
-      buckets.emplace_back(all.begin() + first, all.begin() + last);
-      first = last;
-    }
-  }
-  return buckets;
-}
-
 // Starts reduce-scatter's all-to-all: row block j of `rows` goes to rank j, and row block r of
 // `received` (the same shape) comes from rank r. Both blocking and started reduce-scatters.
 auto alltoall_rows(ProcessGroup& pg, at::Tensor& rows, at::Tensor& received) {
@@ -970,7 +945,7 @@ void ProcessGroup::broadcast_(std::vector<at::Tensor>& tensors, int64_t src) {
   check_same_call(*this, kCallBroadcast, src, tensors);
   // One flat buffer per dtype bucket: a collective per bucket instead of one per tensor.
   constexpr int64_t kBroadcastBucket = int64_t{1} << 20;
-  for (const auto& bucket : dtype_buckets(tensors, kBroadcastBucket)) {
+  for (const auto& bucket : detail::dtype_buckets(tensors, kBroadcastBucket)) {
     std::vector<at::Tensor> flat_parts;
     for (size_t k : bucket) flat_parts.push_back(to_wire(*impl_, tensors[k].detach().reshape(-1)));
     // A lone contiguous tensor where the collective runs is broadcast in place (its reshape
@@ -1003,7 +978,7 @@ void ProcessGroup::all_reduce_(std::vector<at::Tensor>& tensors, Reduce op) {
   }
   // One all_reduce per dtype bucket, its flat result copied back into the tensors.
   constexpr int64_t kReduceBucket = int64_t{1} << 22;
-  for (const auto& bucket : dtype_buckets(tensors, kReduceBucket)) {
+  for (const auto& bucket : detail::dtype_buckets(tensors, kReduceBucket)) {
     std::vector<at::Tensor> flat_parts;
     for (size_t k : bucket) flat_parts.push_back(tensors[k].detach().reshape(-1));
     const at::Tensor reduced = all_reduce(at::cat(flat_parts), op);

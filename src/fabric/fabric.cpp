@@ -22,6 +22,7 @@
 #include "io/detail/nested_archive.h"
 #include "nn/detail/empty_init.h"
 #include "optim/detail/step_scheduler.h"
+#include "strategies/detail/replica_mesh.h"
 #include "strategies/detail/stacked_gather_of.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -687,37 +688,31 @@ void Fabric::backward_with(const at::Tensor& loss,
     reached.push_back({s->module.get(), sync_ && s->sync && !later});
   }
   strategy_->backward_through(loss, reached);
-  for (SetUp* s : partial) {
-    // In setup order on every rank: one flat all-reduce per module.
-    std::vector<at::Tensor> params, grads;
-    for (const auto& p : s->module->parameters(/*recurse=*/true)) {
-      if (!p.requires_grad()) continue;
-      params.push_back(p);
-      grads.push_back((p.grad().defined() ? p.grad() : at::zeros_like(p)).reshape(-1));
-    }
-    if (params.empty()) continue;
-    const at::Tensor mean = strategy_->reduce(at::cat(grads), Reduce::kMean);
-    at::NoGradGuard no_grad;
-    int64_t offset = 0;
-    for (auto& p : params) {
-      const at::Tensor part = mean.narrow(0, offset, p.numel()).view_as(p);
-      offset += p.numel();
-      if (p.grad().defined()) {
-        p.mutable_grad().copy_(part);
-      } else {
-        p.mutable_grad() = part.to(p.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  for (SetUp* s : partial) {  // in setup order on every rank
+    detail::average_gradients(
+        *s->module, [this](const at::Tensor& t, Reduce op) { return strategy_->reduce(t, op); });
+  }
+  if (!left_out.empty()) {
+    // Decided alike on every rank (the list is, after the agreement above): a rank that threw
+    // alone would leave the others in their next collective.
+    at::Tensor changed = at::zeros({static_cast<int64_t>(left_out.size())}, at::kLong);
+    for (size_t i = 0; i < left_out.size(); ++i) {
+      if (gradient_marks(*left_out[i].first->module) != left_out[i].second) {
+        changed[static_cast<int64_t>(i)] = 1;
       }
     }
-  }
-  for (const auto& [s, marks] : left_out) {
-    const auto index =
-        std::find_if(set_up_.begin(), set_up_.end(), [&](const auto& u) { return u.get() == s; }) -
-        set_up_.begin();
-    VOLT_CHECK(gradient_marks(*s->module) == marks, ConfigError, kTag,
-               " backward() gave gradients to set-up module ", index, " (", s->user->name(),
-               "), which the loss's graph does not show (did it run wholly inside "
-               "volt::checkpoint?): they were not averaged over the ranks. Name it: "
-               "fabric.backward(loss, module).");
+    changed = strategy_->reduce(changed, Reduce::kMax);
+    for (size_t i = 0; i < left_out.size(); ++i) {
+      const SetUp* s = left_out[i].first;
+      const auto index = std::find_if(set_up_.begin(), set_up_.end(),
+                                      [&](const auto& u) { return u.get() == s; }) -
+                         set_up_.begin();
+      VOLT_CHECK(changed[static_cast<int64_t>(i)].item<int64_t>() == 0, ConfigError, kTag,
+                 " backward() gave gradients to set-up module ", index, " (", s->user->name(),
+                 ") on some rank, which the loss's graph does not show (did it run wholly inside "
+                 "volt::checkpoint?): they were not averaged over the ranks. Name it: "
+                 "fabric.backward(loss, module).");
+    }
   }
 }
 
@@ -1073,6 +1068,14 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
   for (const auto& [name, l] : state.schedulers_) {
     torch::serialize::InputArchive one;
     if (has_schedulers && schedulers.try_read(name, one)) {
+      // Another type is refused here, before anything changes (its own load() would refuse it
+      // after the modules and optimizers were loaded).
+      c10::IValue type;
+      VOLT_CHECK(
+          !one.try_read("scheduler", type) || !type.isString() || type.toStringRef() == l->name(),
+          CheckpointError, kTag, " '", path, "' holds scheduler '", name, "' of type ",
+          type.toStringRef(), ", not ", l->name(),
+          "; load it into a scheduler of that type (nothing was loaded).");
       found_schedulers.emplace_back(l, std::move(one));
     } else {
       missing.push_back("scheduler '" + name + "'");

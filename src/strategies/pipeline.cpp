@@ -9,6 +9,7 @@
 #include <exception>
 #include <map>
 #include <ostream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/detail/numbers.h"
@@ -326,27 +327,43 @@ void PipelineStrategy::save_model_state(const Module& module,
     Strategy::save_model_state(module, ar);
     return;
   }
-  const bool released = pipe_->released();
-  gather_model(module);
-  if (!released) {
+  if (!pipe_->released()) {
+    gather_model(module);
     Strategy::save_model_state(module, ar);
     return;
   }
-  // The archive holds the tensors it is given until it is written: copies of the other stages'
-  // weights, which are freed again here.
-  std::unordered_set<const c10::TensorImpl*> others;
-  for (int64_t s = 0; s < pipe_->num_stages(); ++s) {
-    if (s == pipe_->stage()) continue;
-    for (const auto& t : pipe_->stage_state(s)) others.insert(t.unsafeGetTensorImpl());
+  // Only global rank 0 (replica 0's first stage) writes the file: the other stages of its
+  // pipeline send it their weights, a stage at a time, and no other rank allocates another
+  // stage's weights (every rank held the whole model while a checkpoint was saved, where a
+  // pipeline's point is that it does not fit one rank). The other replicas hold the same weights.
+  if (replica_ != 0) return;
+  const int64_t me = pipe_->stage();
+  std::unordered_set<const c10::TensorImpl*> listed;  // each tensor from the first stage with it
+  for (const auto& t : pipe_->stage_state(0)) listed.insert(t.unsafeGetTensorImpl());
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> received;
+  torch::NoGradGuard no_grad;
+  for (int64_t s = 1; s < pipe_->num_stages(); ++s) {
+    for (const auto& t : pipe_->stage_state(s)) {
+      if (!listed.insert(t.unsafeGetTensorImpl()).second) continue;
+      if (me == s) {
+        pipe_group_->send(t.detach().contiguous(), 0);
+      } else if (me == 0) {
+        at::Tensor copy = at::empty(pipe_->whole_shape(t), t.options());
+        pipe_group_->recv_(copy, s);
+        received.emplace(t.unsafeGetTensorImpl(), copy);
+      }
+    }
   }
-  const auto keep = [&](const at::Tensor& t) {
-    return others.count(t.unsafeGetTensorImpl()) ? t.detach().clone() : t;
+  if (me != 0) return;
+  // What lies outside the pipeline is stage 0's (see setup_module), as this rank's own stage.
+  const auto whole = [&](const at::Tensor& t) {
+    const auto it = received.find(t.unsafeGetTensorImpl());
+    return it != received.end() ? it->second : t;
   };
-  for (const auto& item : module.named_parameters(true)) ar.write(item.key(), keep(item.value()));
+  for (const auto& item : module.named_parameters(true)) ar.write(item.key(), whole(item.value()));
   for (const auto& item : module.named_buffers(true)) {
-    ar.write(item.key(), keep(item.value()), /*is_buffer=*/true);
+    ar.write(item.key(), whole(item.value()), /*is_buffer=*/true);
   }
-  pipe_->release_other_stages();
 }
 
 void PipelineStrategy::load_model_state(Module& module, torch::serialize::InputArchive& ar,
@@ -449,17 +466,36 @@ void PipelineStrategy::save_accumulated_gradients(const Module& module,
       stages[s] = true;
     }
   }
+  // Global rank 0 writes the file: each other rank holding a parameter sends it its partial sum,
+  // in parameter order (every rank all-gathered every gradient, world copies of each).
+  const int64_t me = group().rank();
+  const int64_t world = group().world_size();
   for (const auto& p : module.named_parameters(true)) {
     if (!p.value().requires_grad()) continue;
-    const at::Tensor g = p.value().grad().defined()
-                             ? p.value().grad()
-                             : torch::zeros(pipe_->whole_shape(p.value()), p.value().options());
-    const auto all = group().all_gather(g.contiguous());
-    auto held = held_by.find(p.value().unsafeGetTensorImpl());
-    for (size_t r = 0; r < all.size(); ++r) {
-      // Outside the pipeline every rank trains it; inside, the ranks of the stages holding it.
-      if (held != held_by.end() && !held->second[r % stages_]) continue;
-      ar.write(detail::rank_key(r, p.key()), all[r]);
+    const auto held = held_by.find(p.value().unsafeGetTensorImpl());
+    // Outside the pipeline every rank trains it; inside, the ranks of the stages holding it.
+    const auto holds = [&](int64_t r) {
+      return held == held_by.end() || held->second[static_cast<size_t>(r % stages_)];
+    };
+    const auto whole = pipe_->whole_shape(p.value());
+    const auto mine = [&] {
+      return p.value().grad().defined() ? p.value().grad().contiguous()
+                                        : torch::zeros(whole, p.value().options());
+    };
+    if (me != 0) {
+      if (holds(me)) group().send(mine(), 0);
+      continue;
+    }
+    std::vector<at::Tensor> all(static_cast<size_t>(world));
+    for (int64_t r = 0; r < world; ++r) {
+      if (!holds(r)) continue;
+      if (r == 0) {
+        all[0] = mine();
+      } else {
+        all[static_cast<size_t>(r)] = at::empty(whole, p.value().options());
+        group().recv_(all[static_cast<size_t>(r)], r);
+      }
+      ar.write(detail::rank_key(r, p.key()), all[static_cast<size_t>(r)]);
     }
     std::vector<at::Tensor> owners;
     for (int64_t d = 0; d < replicas_; ++d) owners.push_back(all[d * stages_ + owner(p.key())]);

@@ -412,7 +412,12 @@ void Run::setup_run(Module& m, Stage stage) {
   m.attach(this);  // a tuner callback's trials ran in Trainers of their own, which detach it
   module_hook("setup", [&](Module& mm) { mm.setup(stage); });
   module_set_up = true;
-  module_hook("configure_model", [&](Module& mm) { mm.configure_model(); });
+  {
+    // Layers built here are made in the precision's dtype (bf16-true: bfloat16, never an fp32
+    // copy first), as Lightning calls configure_model inside its precision's init context.
+    const auto init = strategy().precision().tensor_init_context();
+    module_hook("configure_model", [&](Module& mm) { mm.configure_model(); });
+  }
   strategy().setup_module(m);
   trainable = trainable_of(m);
 }

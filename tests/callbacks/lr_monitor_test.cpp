@@ -62,10 +62,53 @@ TEST(LearningRateMonitor, TwoStepsPerBatchUnderManualOptimizationAreLoggedOnTheT
           {monitor}));
   trainer.fit(model, volt_test::loader(volt_test::blobs(128)));  // 8 batches, 16 steps
   const auto lrs = mem->with("lr-SGD");
-  ASSERT_EQ(lrs.size(), 7u);  // at the batches starting at steps 2, 4, ..., 14
-  EXPECT_EQ(lrs.front().first, 2);
-  EXPECT_DOUBLE_EQ(lrs.front().second.at("lr-SGD"), 0.1);
-  EXPECT_DOUBLE_EQ(lrs.front().second.at("lr-SGD-1"), 0.05);
+  // At the epoch's start (step 0: optimizers without a scheduler are logged there too) and at
+  // the batches starting at steps 2, 4, ..., 14.
+  ASSERT_EQ(lrs.size(), 8u);
+  EXPECT_EQ(lrs[0].first, 0);
+  EXPECT_EQ(lrs[1].first, 2);
+  EXPECT_DOUBLE_EQ(lrs[1].second.at("lr-SGD"), 0.1);
+  EXPECT_DOUBLE_EQ(lrs[1].second.at("lr-SGD-1"), 0.05);
+}
+
+// As Lightning's LearningRateMonitor: an optimizer without a scheduler is logged at each epoch
+// start as well as on the step cadence (with fewer batches than log_every_n_steps it was never
+// logged), and the optimizers with a scheduler are named first ("lr-SGD" is the scheduled one,
+// listed second; it was "lr-SGD-1").
+TEST(LearningRateMonitor, UnscheduledOptimizersAtEpochStartsAndScheduledOnesNamedFirst) {
+  struct Mixed : volt_test::TinyClassifier {
+    Mixed() { set_automatic_optimization(false); }
+    torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+      for (auto& opt : optimizers()) {
+        opt.zero_grad();
+        manual_backward(torch::cross_entropy_loss(forward(b.input), b.target));
+        opt.step();
+      }
+      return {};
+    }
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      auto plain =
+          std::make_shared<torch::optim::SGD>(fc1->parameters(), torch::optim::SGDOptions(0.1));
+      auto scheduled =
+          std::make_shared<torch::optim::SGD>(fc2->parameters(), torch::optim::SGDOptions(0.05));
+      return {volt::OptimizerConfig(plain),
+              volt::OptimizerConfig(scheduled)
+                  .scheduler(std::make_shared<volt::StepLR>(*scheduled, 100, 0.5))
+                  .interval(volt::Interval::kEpoch)};
+    }
+  };
+  volt_test::TempDir dir;
+  Mixed model;
+  auto mem = std::make_shared<MemoryLogger>();
+  volt::Trainer trainer(volt_test::quiet(dir.path).max_epochs(2).loggers({mem}).callbacks(
+      {std::make_shared<volt::LearningRateMonitor>()}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(128)));  // 8 batches an epoch
+  const auto rows = mem->with("lr-SGD-1");
+  ASSERT_EQ(rows.size(), 2u);  // each epoch start (log_every_n_steps 50: no step rows)
+  for (const auto& [step, m] : rows) {
+    EXPECT_DOUBLE_EQ(m.at("lr-SGD-1"), 0.1) << step;  // the optimizer without a scheduler
+    EXPECT_DOUBLE_EQ(m.at("lr-SGD"), 0.05) << step;   // the scheduled one
+  }
 }
 
 TEST(LearningRateMonitor, EpochIntervalAndParamGroupNames) {

@@ -6,7 +6,9 @@
 #include <cstdlib>
 
 #include "cli/detail/resolve.h"
+#include "error_text.h"
 #include "tiny.h"
+#include "volt/callbacks/timer.h"
 
 namespace {
 
@@ -187,6 +189,37 @@ TEST(Resolve, MaxTimeTakesLightningsDurationForms) {
           resolve_text("model: {width: 1}\ntrainer: {max_time: '00:00:00:00'}\n", r).trainer)
           .validate(),
       volt::ConfigError);
+}
+
+// Timer's duration takes the same forms as max_time (Lightning's Timer takes "DD:HH:MM:SS", a
+// timedelta or a dict): a mapping was refused as "expected name".
+TEST(Resolve, TimerDurationTakesLightningsDurationForms) {
+  const auto r = test_registry();
+  const auto timer = [&](const std::string& duration) {
+    const auto c = resolve_text(
+        "model: {width: 1}\ntrainer: {callbacks: [{class_path: Timer, init_args: {duration: " +
+            duration + "}}]}\n",
+        r);
+    return r.callbacks.create(c.callbacks.at(0).class_path, c.callbacks.at(0).args);
+  };
+  const auto left = [&](const std::string& duration) {
+    return std::dynamic_pointer_cast<volt::Timer>(timer(duration))->time_remaining();
+  };
+  EXPECT_DOUBLE_EQ(left("'00:12:00:00'"), 12 * 3600.0);
+  EXPECT_DOUBLE_EQ(left("{days: 1, hours: 5}"), 29 * 3600.0);
+  EXPECT_DOUBLE_EQ(left("{minutes: 1.5, milliseconds: 250}"), 90.25);
+  EXPECT_DOUBLE_EQ(left("90.5"), 90.5);
+  std::string e = error_of(
+      "model: {width: 1}\ntrainer: {callbacks: [{class_path: Timer, init_args: {duration: "
+      "{fortnights: 1}}}]}\n",
+      r);
+  EXPECT_NE(e.find("[cli] trainer.callbacks.0.init_args.duration (run.yaml:2:"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("\"fortnights\" is no unit of a duration; give seconds, \"DD:HH:MM:SS\""),
+            std::string::npos)
+      << e;
+  e = volt_test::error_of<volt::ConfigError>([&] { timer("soon"); });
+  EXPECT_NE(e.find("[Timer] duration \"soon\" is not DD:HH:MM:SS"), std::string::npos) << e;
 }
 
 TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {

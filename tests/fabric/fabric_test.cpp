@@ -1088,6 +1088,24 @@ TEST(Fabric, SchedulersAndTheLossScaleResumeWithTheState) {
               resumed.load(dir / "s.ckpt", lacking);
             }).find("has no scheduler 'warmup'"),
             std::string::npos);
+  // A scheduler of another type is refused before anything is loaded: the module keeps its
+  // weights (they were loaded first, and the scheduler's own check failed after).
+  auto fresh = std::make_shared<TinyClassifier>();
+  auto fresh_opt = fresh->configure_optimizers()[0].optimizer();
+  other.setup(fresh, {fresh_opt});
+  const at::Tensor before = fresh->flat_params();
+  ASSERT_FALSE(at::equal(before, again->flat_params()));
+  volt::ExponentialLR exponential(*fresh_opt, 0.9);
+  volt::FabricState mismatched;
+  mismatched.module("model", *fresh).scheduler("sched", exponential);
+  const std::string e =
+      error_of<volt::CheckpointError>([&] { other.load(dir / "s.ckpt", mismatched); });
+  EXPECT_NE(e.find("[Fabric] '" + dir / "s.ckpt" +
+                   "' holds scheduler 'sched' of type StepLR, not ExponentialLR; load it into "
+                   "a scheduler of that type (nothing was loaded)."),
+            std::string::npos)
+      << e;
+  EXPECT_TRUE(at::equal(fresh->flat_params(), before));
 }
 
 // log()'s default step is the steps taken through step(), carried by save/load.
@@ -1493,6 +1511,16 @@ TEST(FabricDdp, ALossReachingAModuleOnOneRankOnlyArmsItOnEveryRank) {
     EXPECT_TRUE(at::equal(load_flat(out_of(dir / ("branch" + static_graph), 0)),
                           load_flat(out_of(dir / ("branch" + static_graph), 1))));
   }
+  // A parameter of that module no rank's forward used keeps no gradient (as DDP leaves a
+  // globally unused one), so the optimizer skips it; the average gave it zeros before.
+  const auto spare = run_ranks(
+      dir / "spare", {"--gan", "1", "--gan-branch", "1", "--gan-spare", "1", "--find-unused", "1"});
+  for (size_t r = 0; r < spare.size(); ++r) {
+    ASSERT_EQ(spare[r].code, 0) << spare[r].output;
+    EXPECT_NE(spare[r].output.find("rank " + std::to_string(r) + " spare grad defined=0"),
+              std::string::npos)
+        << spare[r].output;
+  }
   const auto jobs = run_ranks(
       dir / "zero", {"--gan", "1", "--gan-branch", "1", "--strategy", "deepspeed_stage_2"});
   for (const auto& j : jobs) {
@@ -1517,9 +1545,18 @@ TEST(FabricDdp, AModuleRunWhollyInsideACheckpointIsNamedInBackward) {
     EXPECT_NE(j.output.find("[Fabric] backward() gave gradients to set-up module 0 ("),
               std::string::npos)
         << j.output;
-    EXPECT_NE(j.output.find("which the loss's graph does not show (did it run wholly inside "
-                            "volt::checkpoint?): they were not averaged over the ranks. Name it: "
-                            "fabric.backward(loss, module)."),
+    EXPECT_NE(j.output.find("on some rank, which the loss's graph does not show (did it run "
+                            "wholly inside volt::checkpoint?): they were not averaged over the "
+                            "ranks. Name it: fabric.backward(loss, module)."),
+              std::string::npos)
+        << j.output;
+  }
+  // Rank 0 alone gave the generator such gradients (rank 1's loss reached none of it): every
+  // rank fails at the same backward. Rank 0 failed alone, rank 1 going on to its next collective.
+  const auto one = run_ranks(dir / "one", {"--gan", "1", "--checkpoint-g", "3"});
+  for (const auto& j : one) {
+    EXPECT_EQ(j.code, 1) << j.output;
+    EXPECT_NE(j.output.find("[Fabric] backward() gave gradients to set-up module 0 ("),
               std::string::npos)
         << j.output;
   }

@@ -329,6 +329,28 @@ TEST(Ddp, ACheckpointRankZeroCannotWriteStopsEveryRankAtOnce) {
   EXPECT_TRUE(std::filesystem::exists(dir / "every_batch.ckpt/inside"));
 }
 
+// A training loader the program sharded unevenly (129 samples: 9 batches of 8 on rank 0, 8 on
+// rank 1): every rank refuses the fit before its first batch, naming the counts. Rank 1 ended
+// its epoch a batch early and rank 0 waited in its next all-reduce for the collective timeout.
+TEST(Ddp, RanksWithDifferentTrainingBatchCountsFailAtTheStart) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  auto job =
+      run_plain({"--root", dir.path, "--out", dir / "w", "--devices", "2", "--batch", "8",
+                 "--epochs", "1", "--samples", "129", "--own-shard", "1", "--timeout", "60"});
+  EXPECT_EQ(job.code, 1) << job.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << job.output;
+  for (const std::string rank : {"0 has 9", "1 has 8"}) {
+    EXPECT_NE(job.output.find("[Trainer] the ranks have different numbers of training batches "
+                              "in epoch 0 (from 8 to 9; rank " +
+                              rank + "): every rank must take as many steps"),
+              std::string::npos)
+        << job.output;
+  }
+  EXPECT_NE(job.output.find("or set limit_train_batches to 8."), std::string::npos) << job.output;
+}
+
 // ModelPruning at two ranks: every rank ranks the same averaged weights, so the masks agree, the
 // masked gradients are the averaged ones, and both ranks equal one process on the global batch
 // (with half of what is left pruned after each epoch); a two-rank run killed after the first

@@ -41,6 +41,8 @@
 //       [--depth D]  (D more Linear(width, width) layers)
 //       [--batchnorm 0|1]  (a BatchNorm1d after fc1) [--sync-bn 0|1]
 //       [--trace 0|1]  (TrainerOptions::trace_training_step)
+//       [--own-shard 1]  (the training loader sharded by the program, unpadded: with --samples
+//       129 and --batch 8 rank 0 has 9 batches, rank 1 8)
 //       [--combined 1]  (trains on volt::combined_loader: "a" the training set, "b" 48 more
 //       samples in batches of half the batch; max_size_cycle; the step sums the parts' losses)
 //       [--ema D]  (EMAWeightAveraging with decay D: the written weights are the average)
@@ -777,6 +779,11 @@ int main(int argc, char** argv) {
       vals.emplace_back(volt_test::blobs(48, 8, 3), volt::DataLoaderOptions(16));
     }
     volt::DataLoader train_loader(train, volt::DataLoaderOptions(batch).shuffle(true).seed(11));
+    if (num("--own-shard", 0) != 0) {  // the program's own unpadded shard: the Trainer keeps it
+      const char* local = std::getenv("LOCAL_RANK");
+      train_loader = train_loader.sharded(local != nullptr ? std::atoll(local) : 0,
+                                          num("--devices", 2), /*even=*/false);
+    }
     if (num("--combined", 0) != 0) {
       // --combined 2: the program shards "a" itself (by the rank the launcher gives a child
       // process; nodes of one process each), the Trainer shards "b".

@@ -23,7 +23,10 @@
 //       ZeRO too (each module's forwards inside its forward_context), with --save-at / --save
 //       and --resume (both modules and both optimizers in the state).
 //   --gan-branch 1 (with --gan 1): at even steps rank 1's discriminator loss takes the fake
-//       without detaching it, so that loss reaches the generator on rank 1 only.
+//       without detaching it, so that loss reaches the generator on rank 1 only. --gan-spare 1:
+//       the generator holds a Linear no forward uses; prints "rank R spare grad defined=D"
+//       (0/1) after the first discriminator backward. --find-unused 1: DDP's
+//       find_unused_parameters.
 //   --static-graph 1: DDP's static_graph option. --strategy NAME: "ddp" (default), a
 //       "deepspeed_stage_N" (parameters partitioned whatever their size), "pipeline" (the net's
 //       layers in a volt::Pipeline, one stage per rank) or "model_parallel" (the first Linear
@@ -45,7 +48,8 @@
 //       from an undefined source, then stops.
 //   --checkpoint-g 1 (with --gan 1): the generator runs wholly inside volt::checkpoint, so the
 //       generator loss's graph does not show it; --checkpoint-g 2: and the generator's backward
-//       names it (fabric.backward(loss, g)).
+//       names it (fabric.backward(loss, g)); --checkpoint-g 3: rank 0 so, and rank 1 detaches
+//       the generator's output (its generator loss reaches no generator weight).
 //
 // Prints "rank R world W" after launch, "gathered a,b,..." (every rank's rank through
 // all_gather), with --check-no-sync "no_sync grads differ=D synced grads differ=E" (0/1: whether
@@ -145,6 +149,9 @@ int run_gan(std::unique_ptr<volt::Fabric>& holder, int64_t rank,
   torch::manual_seed(2000 + static_cast<uint64_t>(rank));  // rank 0's weights must win
   torch::nn::Sequential g(torch::nn::Linear(4, 16), torch::nn::Tanh(), torch::nn::Linear(16, 8));
   torch::nn::Sequential d(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
+  // --gan-spare: a generator parameter no forward uses (registered, not in the sequence).
+  const bool spare = num("--gan-spare", 0) != 0;
+  if (spare) g->register_module("spare", torch::nn::Linear(2, 2));
   auto opt_g = std::make_shared<torch::optim::SGD>(g->parameters(),
                                                    torch::optim::SGDOptions(0.05).momentum(0.5));
   auto opt_d = std::make_shared<torch::optim::SGD>(d->parameters(),
@@ -182,10 +189,12 @@ int run_gan(std::unique_ptr<volt::Fabric>& holder, int64_t rank,
       at::Tensor fake, loss_d;
       {
         auto forward = fabric.forward_context(g);
-        fake =
-            checkpoint_g > 0
-                ? volt::checkpoint([s = g.ptr()](const at::Tensor& x) { return s->forward(x); }, z)
-                : g->forward(z);
+        // --checkpoint-g 3: rank 0 checkpoints the generator, rank 1 detaches its output.
+        const bool checkpointed = checkpoint_g > 0 && (checkpoint_g != 3 || rank == 0);
+        fake = checkpointed ? volt::checkpoint(
+                                  [s = g.ptr()](const at::Tensor& x) { return s->forward(x); }, z)
+                            : g->forward(z);
+        if (checkpoint_g == 3 && rank == 1) fake = fake.detach();
       }
       {
         auto forward = fabric.forward_context(d);
@@ -196,6 +205,11 @@ int run_gan(std::unique_ptr<volt::Fabric>& holder, int64_t rank,
             bce(d->forward(real), 1) + bce(d->forward(branch ? g->forward(z) : fake.detach()), 0);
       }
       fabric.backward(loss_d);
+      if (spare && step == 0) {
+        std::printf("rank %ld spare grad defined=%d\n", static_cast<long>(rank),
+                    g->named_parameters()["spare.weight"].grad().defined() ? 1 : 0);
+        std::fflush(stdout);
+      }
       fabric.step(*opt_d);
       fabric.zero_grad(*opt_g);
       fabric.zero_grad(*opt_d);
@@ -256,6 +270,7 @@ int main(int argc, char** argv) {
         {"timeout_s", static_cast<double>(num("--timeout", 30))}};
     if (strategy == "ddp") {
       args["static_graph"] = num("--static-graph", 0) != 0;
+      args["find_unused_parameters"] = num("--find-unused", 0) != 0;
     } else if (strategy == "model_parallel") {
       // The first Linear split by its outputs, the last by its inputs (Megatron's MLP pair).
       args["tensor_parallel_size"] = num("--tp", 2);

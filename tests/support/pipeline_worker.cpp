@@ -39,7 +39,7 @@
 //       [--clip NORM] [--accum K] [--dropout 0|1] [--ckpt-every-step 0|1] [--save-at E,B]
 //       [--predict 0|1] [--resume CKPT]
 //       [--die-rank R --die-batch B] [--throw-rank R --throw-batch B] [--timeout S] [--scaling 0|1]
-//       [--inf-call K]
+//       [--inf-call K] [--save-peak 1]
 //       [--strategy-chunks C] [--trace 0|1] [--inside-catch 1] [--precision NAME]
 //       A Trainer fit of a module whose
 //       middle layers are a volt::Pipeline, with a layer before and after it (inside a catch
@@ -55,6 +55,9 @@
 //       <out>.pred.rank<R>.pt and its flat parameters after it to <out>.after_predict.rank<R>.pt.
 //       --save-at E,B: a checkpoint <root>/save_at.ckpt after batch B of epoch E (mid-way
 //       through an accumulation with --accum).
+//       --save-peak 1: after the second batch a weights-only checkpoint <root>/peak.ckpt; prints
+//       "rank R save peak=P others=O" (P: the most counted CPU bytes it took, O: the bytes of
+//       the other stages' weights).
 //       --scaling: bf16-mixed with dynamic loss scaling. --inf-call K: the K-th training_step's
 //       backward gives the pipeline's last layer (the last stage's) an inf gradient.
 //       --die-rank/--die-batch: that rank SIGKILLs itself at that training batch;
@@ -89,6 +92,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "counted_dropout.h"
@@ -1024,6 +1028,34 @@ class RankProbe : public volt::Callback {
             ? torch::cat({pre, net_.head->weight.detach().reshape({-1}), net_.head->bias.detach()})
             : pre;
   }
+  // --save-peak: after the second batch, a weights-only checkpoint to this path, printing
+  // "rank R save peak=P others=O": the peak of counted CPU bytes while it was saved, and the
+  // bytes of the other stages' weights (which this rank does not hold).
+  void on_train_batch_end(volt::RunContext& run, volt::Module&, const volt::Batch&,
+                          int64_t batch_idx) override {
+    if (peak_path.empty() || peak_taken || batch_idx != 1) return;
+    peak_taken = true;
+    const volt::PipelineImpl& pipe = *net_.net;
+    std::unordered_set<const c10::TensorImpl*> counted;
+    for (const auto& t : pipe.stage_state(pipe.stage())) counted.insert(t.unsafeGetTensorImpl());
+    int64_t others = 0;
+    for (int64_t s = 0; s < pipe.num_stages(); ++s) {
+      for (const auto& t : pipe.stage_state(s)) {
+        if (!counted.insert(t.unsafeGetTensorImpl()).second) continue;
+        int64_t n = 1;
+        for (int64_t d : pipe.whole_shape(t)) n *= d;
+        others += n * static_cast<int64_t>(t.element_size());
+      }
+    }
+    const int64_t base = volt::cpu_memory_stats().in_use;
+    volt::reset_cpu_memory_peaks();
+    run.save_checkpoint(peak_path, /*weights_only=*/true);
+    const int64_t peak = volt::cpu_memory_stats().max_in_use - base;
+    say("rank " + std::to_string(run.global_rank()) + " save peak=" + std::to_string(peak) +
+        " others=" + std::to_string(others));
+  }
+  std::string peak_path;
+  bool peak_taken = false;
   int64_t stage = -1;
   int64_t held = 0;    // parameter elements this rank holds while it trains
   at::Tensor pre;      // the layer before the pipeline as this rank trained it (before teardown)
@@ -1053,6 +1085,10 @@ int run_fit(std::map<std::string, std::string>& a) {
   model.throw_batch = num("--throw-batch", -1);
   model.inf_call = num("--inf-call", -1);
   auto probe = std::make_shared<RankProbe>(model);
+  if (num("--save-peak", 0) != 0) {
+    volt::install_counting_cpu_allocator();
+    probe->peak_path = a["--root"] + "/peak.ckpt";
+  }
   std::vector<std::shared_ptr<volt::Callback>> callbacks{probe};
   if (num("--ckpt-every-step", 0) != 0) {
     callbacks.push_back(std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()

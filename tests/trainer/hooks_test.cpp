@@ -652,7 +652,10 @@ class Lazy : public volt::Module {
   Lazy() { body = register_module("body", torch::nn::Linear(8, 8)); }
   void setup(volt::Stage) override { body->weight.set_requires_grad(false); }
   void configure_model() override {
-    if (!head) head = register_module("head", torch::nn::Linear(8, 2));
+    if (!head) {
+      head = register_module("head", torch::nn::Linear(8, 2));
+      built = head->weight.scalar_type();
+    }
     ++configured;
   }
   torch::Tensor training_step(const volt::Batch& b, int64_t) override {
@@ -668,6 +671,8 @@ class Lazy : public volt::Module {
   }
   torch::nn::Linear body{nullptr}, head{nullptr};
   int configured = 0;
+  c10::ScalarType built =
+      c10::ScalarType::Undefined;  // the head's dtype as configure_model built it
 };
 
 TEST(Hooks, SetupFreezesAndConfigureModelBuildsLayersBeforeTheOptimizersAreMade) {
@@ -682,6 +687,25 @@ TEST(Hooks, SetupFreezesAndConfigureModelBuildsLayersBeforeTheOptimizersAreMade)
   EXPECT_EQ(model.configured, 2);
   EXPECT_TRUE(torch::equal(model.body->weight, body_w));   // frozen in setup: never stepped
   EXPECT_FALSE(torch::equal(model.head->weight, head_w));  // built in configure_model: trained
+}
+
+// configure_model runs inside the precision's init context, as Lightning's: bf16-true builds
+// the layers in bfloat16 at once (they were built in float32 and converted after), 64-true in
+// float64; the default dtype is float32 again afterwards.
+TEST(Hooks, ConfigureModelBuildsLayersInThePrecisionsDtype) {
+  volt_test::TempDir dir;
+  for (const auto& [precision, dtype] : std::vector<std::pair<std::string, c10::ScalarType>>{
+           {"32-true", at::kFloat}, {"bf16-true", at::kBFloat16}, {"64-true", at::kDouble}}) {
+    Lazy model;
+    volt::Trainer trainer(volt_test::quiet(dir.path)
+                              .max_epochs(1)
+                              .limit_train_batches(int64_t{2})
+                              .precision(precision));
+    trainer.fit(model, volt_test::loader(volt_test::blobs(64)));
+    EXPECT_EQ(model.built, dtype) << precision;
+    EXPECT_EQ(model.head->weight.scalar_type(), dtype) << precision;
+    EXPECT_EQ(torch::get_default_dtype(), caffe2::TypeMeta::Make<float>()) << precision;
+  }
 }
 
 /// Dropout stays on in validation (the override), and a BatchNorm kept in eval mode from

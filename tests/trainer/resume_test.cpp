@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <map>
+#include <vector>
 
 #include "build_paths.h"
 #include "tiny.h"
@@ -102,6 +103,44 @@ TEST(ExactResume, AStopTheResumedValidationAsksForEndsTheFitThere) {
   const RunResult resumed = fit(dir / "resumed", dir / "b6.ckpt", false);
   EXPECT_EQ(resumed.steps, 6);
   EXPECT_TRUE(resumed.params.equal(full.params));
+}
+
+// Resumed from the checkpoint written just before a due validation (b6), with a callback asking
+// to stop in on_train_epoch_start (which a mid-epoch resume runs again): the owed validation
+// still runs first, as the uninterrupted fit ran it before any such request; the stop skipped
+// it, so nothing monitoring val_loss saw the weights the fit ended with.
+TEST(ExactResume, AStopAskedAtTheResumedEpochStartStillRunsTheDueValidation) {
+  class Stopper : public volt::Callback {
+   public:
+    explicit Stopper(bool stop) : stop_(stop) {}
+    std::string state_key() const override { return "Stopper"; }
+    void on_train_epoch_start(volt::RunContext& r, volt::Module&) override {
+      if (stop_) r.request_stop();
+    }
+    void on_validation_end(volt::RunContext& r, volt::Module&) override {
+      if (!r.sanity_checking()) validated_at.push_back(r.state().total_batches_done);
+    }
+    std::vector<int64_t> validated_at;
+
+   private:
+    bool stop_;
+  };
+  volt_test::TempDir dir;
+  auto fit = [&](const std::string& root, const std::string& resume, bool stop) {
+    TinyClassifier model(8, 0.05, /*adam=*/true);
+    auto stopper = std::make_shared<Stopper>(stop);
+    std::vector<std::shared_ptr<volt::Callback>> cbs{stopper};
+    if (resume.empty()) cbs.push_back(std::make_shared<SaveEveryBatch>(dir.path));
+    volt::Trainer t(volt_test::quiet(root).max_epochs(1).val_check_interval(0.5).callbacks(cbs));
+    t.fit(model, volt_test::loader(volt_test::blobs(200, 8, 1), 16, true, 1),
+          volt_test::loader(volt_test::blobs(64, 8, 2), 32, false), resume);
+    return std::make_pair(stopper->validated_at, t.state().global_step);
+  };
+  const auto full = fit(dir / "full", "", false);
+  EXPECT_EQ(full.first, (std::vector<int64_t>{6, 12}));
+  const auto resumed = fit(dir / "resumed", dir / "b6.ckpt", true);
+  EXPECT_EQ(resumed.first, (std::vector<int64_t>{6}));
+  EXPECT_EQ(resumed.second, 6);
 }
 
 // A fit ended by max_steps mid-epoch, resumed with a larger max_steps, trains the rest of that

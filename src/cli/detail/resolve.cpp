@@ -141,14 +141,13 @@ bool is_list_type(ParamType t) {
            ", got " + n.describe() + "; e.g. " + key + ": " + example_for(spec.type) + hint + ".");
 }
 
-// trainer.max_time as Lightning takes it: seconds (volt's own form), "DD:HH:MM:SS", or a
-// datetime.timedelta mapping ({days: 1, hours: 5}); as seconds.
-ConfigNode max_time_in_seconds(const ConfigNode& n) {
-  const std::string key = "trainer.max_time";
+// A duration as Lightning takes it (Trainer max_time, Timer duration): seconds (volt's own
+// form), "DD:HH:MM:SS", or a datetime.timedelta mapping ({days: 1, hours: 5}); as seconds.
+ConfigNode duration_in_seconds(const std::string& key, const ConfigNode& n) {
   const std::string forms =
       "give seconds, \"DD:HH:MM:SS\" or a mapping of weeks, days, hours, minutes, seconds, "
-      "milliseconds and microseconds; e.g. trainer.max_time: \"00:12:00:00\" (12 hours) or "
-      "{hours: 12}";
+      "milliseconds and microseconds; e.g. " +
+      key + ": \"00:12:00:00\" (12 hours) or {hours: 12}";
   double seconds = 0;
   if (n.is_scalar()) {
     const std::optional<double> d = detail::parse_dd_hh_mm_ss(n.scalar);
@@ -169,6 +168,12 @@ ConfigNode max_time_in_seconds(const ConfigNode& n) {
   char buf[64];
   const auto r = std::to_chars(buf, buf + sizeof buf, seconds);
   return ConfigNode::make_scalar(std::string(buf, r.ptr), n.origin);
+}
+
+// Whether `n` is a duration in one of Lightning's forms other than seconds.
+bool lightning_duration(const ConfigNode* n) {
+  return n != nullptr &&
+         (n->is_map() || (n->is_scalar() && n->scalar.find(':') != std::string::npos));
 }
 
 ParamValue scalar_value(const std::string& key, const ConfigNode& n, const ParamSpec& spec,
@@ -361,6 +366,15 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
     init_args = n.find("init_args");
   }
   const auto& entry = reg.at(class_path);
+  // Timer's duration in Lightning's forms: as seconds, which the Timer takes too.
+  ConfigNode timer_args;
+  if (reg.kind() == "callback" && class_path == "Timer" && init_args != nullptr &&
+      init_args->is_map() && lightning_duration(init_args->find("duration"))) {
+    timer_args = *init_args;
+    ConfigNode& d = *timer_args.find("duration");
+    d = duration_in_seconds(key + ".init_args.duration", d);
+    init_args = &timer_args;
+  }
   ComponentConfig c;
   c.class_path = class_path;
   c.params = &entry.params;
@@ -726,9 +740,8 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
     devices.quoted = false;
   }
   if (const ConfigNode* mt = t != nullptr && t->is_map() ? t->find("max_time") : nullptr;
-      mt != nullptr &&
-      (mt->is_map() || (mt->is_scalar() && mt->scalar.find(':') != std::string::npos))) {
-    *edited().find("max_time") = max_time_in_seconds(*mt);
+      lightning_duration(mt)) {
+    *edited().find("max_time") = duration_in_seconds("trainer.max_time", *mt);
   }
   out.trainer = parse_args("trainer", "trainer", trainer_node, root, out.trainer_params,
                            {"callbacks", "loggers", "profiler", "checkpoint_io"});

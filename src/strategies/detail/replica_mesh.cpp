@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include "distributed/detail/dtype_buckets.h"
 #include "volt/core/module.h"
 #include "volt/distributed/process_group.h"
 #include "volt/precision/precision.h"
@@ -32,18 +33,16 @@ ReplicaMesh make_replica_mesh(const std::shared_ptr<ProcessGroup>& world, int64_
   return mesh;
 }
 
-void average_over_replicas(ProcessGroup* replica_group, const Module& module) {
-  if (replica_group == nullptr) return;
-  // The replicas first agree on which gradients exist: a parameter the forward used on some
-  // replicas only (a data-dependent branch) is averaged with zeros where it was not used, as
-  // DDP's unused parameters are; otherwise the replicas would all-reduce different lists (a
-  // mismatched collective). Gradients no replica has (another stage's weights) stay undefined.
+void average_gradients(const Module& module, const AllReduce& all_reduce) {
+  // The processes first agree on which gradients exist, or they would all-reduce different
+  // lists (a mismatched collective).
   std::vector<at::Tensor> params = module.parameters(true);
+  if (params.empty()) return;
   at::Tensor defined = at::zeros({static_cast<int64_t>(params.size())}, at::kFloat);
   for (size_t i = 0; i < params.size(); ++i) {
-    if (params[i].grad().defined()) defined[i] = 1.0f;
+    if (params[i].grad().defined()) defined[static_cast<int64_t>(i)] = 1.0f;
   }
-  if (!params.empty()) defined = replica_group->all_reduce(defined, Reduce::kMax);
+  defined = all_reduce(defined, Reduce::kMax);
   const auto anywhere = defined.accessor<float, 1>();
   std::vector<at::Tensor> grads;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -52,7 +51,26 @@ void average_over_replicas(ProcessGroup* replica_group, const Module& module) {
     if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
     grads.push_back(p.grad());
   }
-  replica_group->all_reduce_(grads, Reduce::kMean);
+  constexpr int64_t kBucket = int64_t{1} << 22;
+  at::NoGradGuard no_grad;
+  for (const auto& bucket : dtype_buckets(grads, kBucket)) {
+    std::vector<at::Tensor> flat;
+    for (size_t k : bucket) flat.push_back(grads[k].reshape(-1));
+    const at::Tensor mean = all_reduce(at::cat(flat), Reduce::kMean);
+    int64_t offset = 0;
+    for (size_t k : bucket) {
+      const int64_t n = grads[k].numel();
+      grads[k].copy_(mean.narrow(0, offset, n).view(grads[k].sizes()));
+      offset += n;
+    }
+  }
+}
+
+void average_over_replicas(ProcessGroup* replica_group, const Module& module) {
+  if (replica_group == nullptr) return;
+  average_gradients(module, [replica_group](const at::Tensor& t, Reduce op) {
+    return replica_group->all_reduce(t, op);
+  });
 }
 
 void unscale_agreeing_on_found_inf(Precision& precision, ProcessGroup& world,

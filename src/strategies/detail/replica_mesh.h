@@ -9,8 +9,11 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+
+#include "volt/core/types.h"
 
 namespace volt {
 
@@ -36,10 +39,19 @@ struct ReplicaMesh {
 ReplicaMesh make_replica_mesh(const std::shared_ptr<ProcessGroup>& world, int64_t inner,
                               const std::string& inner_tag, const std::string& replica_tag);
 
-/// Averages `module`'s gradients over `replica_group` (a mesh's; nothing when null: one
-/// replica), in module order: every gradient some replica has, a replica without it taking
-/// part with zeros (a parameter a data-dependent forward skipped there, as DDP's unused ones).
-/// One small all-reduce agrees on the list first.
+/// An all-reduce of one tensor over the processes that average: a process group's, or a
+/// strategy's reduce (Fabric).
+using AllReduce = std::function<at::Tensor(const at::Tensor&, Reduce)>;
+
+/// Averages `module`'s gradients with `all_reduce`, in module order: every gradient some process
+/// has, a process without it taking part with zeros (a parameter a data-dependent forward
+/// skipped there, as DDP's unused ones); a gradient no process has stays undefined (another
+/// stage's weights, a parameter no forward used: the optimizer skips it, as DDP leaves it). One
+/// small all-reduce agrees on the list first, then one per bucket of a dtype (at most 4 Mi
+/// elements, so the flat copies stay small).
+void average_gradients(const Module& module, const AllReduce& all_reduce);
+
+/// average_gradients over `replica_group` (a mesh's; nothing when null: one replica).
 void average_over_replicas(ProcessGroup* replica_group, const Module& module);
 
 /// Strategy::optimizer_step's first half when each rank checked only some of the gradients:

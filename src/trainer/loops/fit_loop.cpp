@@ -119,6 +119,28 @@ void check_loaders(const Run& r, const DataLoader& train, const std::vector<Data
              ", a fraction such as 0.5, or limit_val_batches=0 to turn validation off.");
 }
 
+// This epoch's training batches, the same on every rank: each step averages gradients over all
+// of them, so a rank with fewer (a loader the program sharded unevenly, or not at all, with
+// use_distributed_sampler off) would leave the others waiting in their next all-reduce for the
+// collective timeout. One small all-reduce per epoch finds it first, on every rank (Lightning
+// checks nothing and hangs there).
+int64_t agreed_train_limit(Run& r, const DataLoader& train) {
+  const int64_t n = r.train_limit(train);
+  if (r.strategy().world_size() == 1) return n;
+  const at::Tensor most = r.strategy().reduce(at::tensor({n, -n}, at::kLong), Reduce::kMax);
+  const int64_t hi = most[0].item<int64_t>(), lo = -most[1].item<int64_t>();
+  VOLT_CHECK(lo == hi, ConfigError,
+             "[Trainer] the ranks have different numbers of training "
+             "batches in epoch ",
+             r.st.epoch, " (from ", lo, " to ", hi, "; rank ", r.strategy().rank(), " has ", n,
+             "): every rank must take as many steps, each "
+             "averaging gradients over all of them. Let the Trainer shard the loader "
+             "(use_distributed_sampler, padded shards), shard it with "
+             "DataLoader::sharded(rank, world_size) (even shards), or set limit_train_batches to ",
+             lo, ".");
+  return n;
+}
+
 void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool first) {
   Module& m = *r.module;
   LoopState& st = r.st;
@@ -149,14 +171,17 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   }
   r.fit_end = fit_end;
   bool stopped = stop_now(r);
-  // Resumed from a checkpoint written just before a due validation: run it first.
-  if (!stopped && st.val_pending) {
+  // Resumed from a checkpoint written just before a due validation: run it first, also when the
+  // epoch-start hooks (which a mid-epoch resume runs again) ask to stop, as the uninterrupted fit
+  // validated before any such request (it skipped it, and a ModelCheckpoint or EarlyStopping
+  // monitoring it never saw those weights).
+  if (st.val_pending) {
     if (validates(r, val)) {
       validate_now(r, val);
       // A stop it asks for (EarlyStopping) ends the fit here, as after the same validation in
       // an uninterrupted fit; the resumed fit trained one more batch.
       r.check_stop(/*lagged=*/false, /*in_fit=*/true);
-      stopped = stop_now(r);
+      stopped = stopped || stop_now(r);
     } else {
       st.val_pending = false;  // resumed without the validation data it was due on
     }
@@ -493,7 +518,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   r.fit_end = r.fit_start;
   r.check_stop(/*lagged=*/false, /*in_fit=*/true);
   r.fit_end.reset();
-  bool no_batches = r.train_limit(train) == 0;
+  bool no_batches = agreed_train_limit(r, train) == 0;
   const bool nothing_to_train =
       no_batches || (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) ||
       (max_epochs >= 0 && r.st.epoch + (r.st.epoch_finished ? 1 : 0) >= max_epochs) ||
@@ -525,7 +550,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
     }
     // Lightning's FitLoop.done: an epoch without batches steps nothing, so under max_steps
     // alone (max_epochs -1, as the tuners' trials) the loop would never end.
-    if (r.train_limit(train) == 0) {
+    if (agreed_train_limit(r, train) == 0) {
       no_batches = true;
       break;
     }
