@@ -1059,6 +1059,15 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
   for (const auto& [name, o] : state.optimizers_) {
     torch::serialize::InputArchive one;
     if (optimizers.try_read(name, one)) {
+      // Another setup is refused here, before anything changes (the strategy's load refuses it
+      // too, after the modules were loaded).
+      c10::IValue groups;
+      const size_t want = o->param_groups().size();
+      VOLT_CHECK(!one.try_read("num_groups", groups) || !groups.isInt() ||
+                     groups.toInt() == static_cast<int64_t>(want),
+                 CheckpointError, kTag, " '", path, "' holds optimizer '", name, "' with ",
+                 groups.toInt(), " param groups, not ", want,
+                 "; load it into an optimizer built the same way (nothing was loaded).");
       found_opts.emplace_back(o, std::move(one));
     } else {
       missing.push_back("optimizer '" + name + "'");
@@ -1070,12 +1079,18 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
     if (has_schedulers && schedulers.try_read(name, one)) {
       // Another type is refused here, before anything changes (its own load() would refuse it
       // after the modules and optimizers were loaded).
-      c10::IValue type;
+      c10::IValue type, base;
       VOLT_CHECK(
           !one.try_read("scheduler", type) || !type.isString() || type.toStringRef() == l->name(),
           CheckpointError, kTag, " '", path, "' holds scheduler '", name, "' of type ",
           type.toStringRef(), ", not ", l->name(),
           "; load it into a scheduler of that type (nothing was loaded).");
+      VOLT_CHECK(!one.try_read("base_lrs", base) || !base.isDoubleList() ||
+                     base.toDoubleList().size() == l->base_lrs().size(),
+                 CheckpointError, kTag, " '", path, "' holds scheduler '", name, "' over ",
+                 base.toDoubleList().size(), " param groups, not ", l->base_lrs().size(),
+                 "; load it into a scheduler of an optimizer built the same way (nothing was "
+                 "loaded).");
       found_schedulers.emplace_back(l, std::move(one));
     } else {
       missing.push_back("scheduler '" + name + "'");

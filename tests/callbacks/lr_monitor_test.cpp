@@ -32,20 +32,24 @@ TEST(LearningRateMonitor, LogsSchedulerLrEveryStepWithMomentumAndWeightDecay) {
   EXPECT_EQ(lrs.back().first, 7);
 }
 
+// Manual optimization stepping every optimizer once per batch.
+struct EveryOptimizerSteps : volt_test::TinyClassifier {
+  EveryOptimizerSteps() { set_automatic_optimization(false); }
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    for (auto& opt : optimizers()) {
+      opt.zero_grad();
+      manual_backward(torch::cross_entropy_loss(forward(b.input), b.target));
+      opt.step();
+    }
+    return {};
+  }
+};
+
 // Manual optimization stepping two optimizers per batch: the step count at a batch's start is
 // always even, so "(step + 1) % 2 == 0" never held and nothing was logged. The monitor follows
 // the Trainer's cadence: a log each time the count passes a multiple of log_every_n_steps.
 TEST(LearningRateMonitor, TwoStepsPerBatchUnderManualOptimizationAreLoggedOnTheTrainersCadence) {
-  struct TwoOptimizers : volt_test::TinyClassifier {
-    TwoOptimizers() { set_automatic_optimization(false); }
-    torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-      for (auto& opt : optimizers()) {
-        opt.zero_grad();
-        manual_backward(torch::cross_entropy_loss(forward(b.input), b.target));
-        opt.step();
-      }
-      return {};
-    }
+  struct TwoOptimizers : EveryOptimizerSteps {
     std::vector<volt::OptimizerConfig> configure_optimizers() override {
       return {volt::OptimizerConfig(std::make_shared<torch::optim::SGD>(
                   fc1->parameters(), torch::optim::SGDOptions(0.1))),
@@ -76,16 +80,7 @@ TEST(LearningRateMonitor, TwoStepsPerBatchUnderManualOptimizationAreLoggedOnTheT
 // logged), and the optimizers with a scheduler are named first ("lr-SGD" is the scheduled one,
 // listed second; it was "lr-SGD-1").
 TEST(LearningRateMonitor, UnscheduledOptimizersAtEpochStartsAndScheduledOnesNamedFirst) {
-  struct Mixed : volt_test::TinyClassifier {
-    Mixed() { set_automatic_optimization(false); }
-    torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-      for (auto& opt : optimizers()) {
-        opt.zero_grad();
-        manual_backward(torch::cross_entropy_loss(forward(b.input), b.target));
-        opt.step();
-      }
-      return {};
-    }
+  struct Mixed : EveryOptimizerSteps {
     std::vector<volt::OptimizerConfig> configure_optimizers() override {
       auto plain =
           std::make_shared<torch::optim::SGD>(fc1->parameters(), torch::optim::SGDOptions(0.1));

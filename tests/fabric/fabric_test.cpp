@@ -1106,6 +1106,28 @@ TEST(Fabric, SchedulersAndTheLossScaleResumeWithTheState) {
             std::string::npos)
       << e;
   EXPECT_TRUE(at::equal(fresh->flat_params(), before));
+  // So are an optimizer, and a scheduler, over another number of param groups (the file's have
+  // one, these two).
+  auto split = std::make_shared<TinyClassifier>();
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(split->fc1->parameters());
+  groups.emplace_back(split->fc2->parameters());
+  auto two = std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.1));
+  other.setup(split, {two});
+  const at::Tensor split_before = split->flat_params();
+  volt::StepLR over_two(*two, 1, 0.5);
+  volt::FabricState grouped, scheduled;
+  grouped.module("model", *split).optimizer("opt", *two);
+  scheduled.module("model", *split).scheduler("sched", over_two);
+  EXPECT_NE(error_of<volt::CheckpointError>([&] { other.load(dir / "s.ckpt", grouped); })
+                .find("holds optimizer 'opt' with 1 param groups, not 2; load it into an "
+                      "optimizer built the same way (nothing was loaded)."),
+            std::string::npos);
+  EXPECT_NE(error_of<volt::CheckpointError>([&] {
+              other.load(dir / "s.ckpt", scheduled);
+            }).find("holds scheduler 'sched' over 1 param groups, not 2"),
+            std::string::npos);
+  EXPECT_TRUE(at::equal(split->flat_params(), split_before));
 }
 
 // log()'s default step is the steps taken through step(), carried by save/load.
