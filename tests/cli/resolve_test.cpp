@@ -222,6 +222,23 @@ TEST(Resolve, TimerDurationTakesLightningsDurationForms) {
   EXPECT_NE(e.find("[Timer] duration \"soon\" is not DD:HH:MM:SS"), std::string::npos) << e;
 }
 
+// A Lightning config's LearningRateMonitor with logging_interval: null (Lightning's default) is
+// volt's "auto"; it was refused as "cannot be none".
+TEST(Resolve, LearningRateMonitorTakesLightningsNullInterval) {
+  const auto r = test_registry();
+  const auto c = resolve_text(
+      "model: {width: 1}\ntrainer: {callbacks: [{class_path: LearningRateMonitor, init_args: "
+      "{logging_interval: null, log_momentum: true}}]}\n",
+      r);
+  EXPECT_EQ(c.callbacks.at(0).args.get<std::string>("logging_interval"), "auto");
+  EXPECT_TRUE(c.callbacks.at(0).args.get<bool>("log_momentum"));
+  EXPECT_NE(error_of("model: {width: 1}\ntrainer: {callbacks: [{class_path: LearningRateMonitor, "
+                     "init_args: {logging_interval: hourly}}]}\n",
+                     r)
+                .find("logging_interval"),
+            std::string::npos);
+}
+
 TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
   const auto r = test_registry();
   auto c = resolve_text(

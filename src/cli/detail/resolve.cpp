@@ -366,14 +366,29 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
     init_args = n.find("init_args");
   }
   const auto& entry = reg.at(class_path);
-  // Timer's duration in Lightning's forms: as seconds, which the Timer takes too.
-  ConfigNode timer_args;
-  if (reg.kind() == "callback" && class_path == "Timer" && init_args != nullptr &&
-      init_args->is_map() && lightning_duration(init_args->find("duration"))) {
-    timer_args = *init_args;
-    ConfigNode& d = *timer_args.find("duration");
+  // Lightning's spellings of two callbacks' arguments, read as volt's: Timer's duration in
+  // Lightning's forms (as seconds, which the Timer takes too), and LearningRateMonitor's
+  // logging_interval null (Lightning's default: each scheduler's own interval) as "auto".
+  ConfigNode lightning_args;
+  const auto edit = [&](const char* name) -> ConfigNode& {
+    if (init_args != &lightning_args) {
+      lightning_args = *init_args;
+      init_args = &lightning_args;
+    }
+    return *lightning_args.find(name);
+  };
+  const bool callback_args =
+      reg.kind() == "callback" && init_args != nullptr && init_args->is_map();
+  if (callback_args && class_path == "Timer" && lightning_duration(init_args->find("duration"))) {
+    ConfigNode& d = edit("duration");
     d = duration_in_seconds(key + ".init_args.duration", d);
-    init_args = &timer_args;
+  }
+  if (callback_args && class_path == "LearningRateMonitor") {
+    const ConfigNode* interval = init_args->find("logging_interval");
+    if (interval != nullptr && interval->is_null()) {
+      ConfigNode& i = edit("logging_interval");
+      i = ConfigNode::make_scalar("auto", i.origin);
+    }
   }
   ComponentConfig c;
   c.class_path = class_path;
