@@ -82,15 +82,21 @@ TEST(CSVLogger, ResumeDropsRowsAfterTheCheckpoint) {
             (std::vector<std::string>{"step,loss", "0,0", "1,1", "2,2", "3,30"}));
 }
 
+// Logs one row ("0,1"), flushes it, and returns the logger's checkpoint state.
+torch::serialize::OutputArchive one_row_state(volt::CSVLogger& a) {
+  a.log_metrics({{"loss", 1.0}}, 0);
+  a.save();
+  torch::serialize::OutputArchive out;
+  a.save_state(out);
+  return out;
+}
+
 // A profiler or callback asking log_dir() before the restore claimed the next version's folder,
 // which the resumed logger then left empty beside the run's own (a stray version_1 per resume).
 TEST(CSVLogger, AVersionClaimedBeforeTheResumeIsGivenBackWhenEmpty) {
   volt_test::TempDir dir;
   volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
-  a.log_metrics({{"loss", 1.0}}, 0);
-  a.save();
-  torch::serialize::OutputArchive out;
-  a.save_state(out);
+  torch::serialize::OutputArchive out = one_row_state(a);
   auto in = volt_test::reread(out);
   volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
   EXPECT_NE(b.log_dir().find("version_1"), std::string::npos);  // claimed early
@@ -280,10 +286,7 @@ TEST(CSVLogger, ResumeReadsQuotedMetricNames) {
 std::string resume_error_with(const std::string& text) {
   volt_test::TempDir dir;
   volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
-  a.log_metrics({{"loss", 1.0}}, 0);
-  a.save();
-  torch::serialize::OutputArchive out;
-  a.save_state(out);
+  torch::serialize::OutputArchive out = one_row_state(a);
   std::ofstream(a.metrics_path(), std::ios::trunc) << text;
   auto in = volt_test::reread(out);
   volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
@@ -446,10 +449,7 @@ TEST(CSVLogger, MemoryHoldsOnlyTheRowsNotYetWritten) {
 TEST(CSVLogger, ResumeReadsTheFileInTheMemoryOfARow) {
   volt_test::TempDir dir;
   volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
-  a.log_metrics({{"loss", 1.0}}, 0);
-  a.save();
-  torch::serialize::OutputArchive out;
-  a.save_state(out);
+  torch::serialize::OutputArchive out = one_row_state(a);
   constexpr int kRows = 1000000;
   {
     std::string text = "step,loss,acc\n";
@@ -501,10 +501,7 @@ TEST(CSVLogger, LoggersStartedAtOnceTakeDifferentVersions) {
 TEST(CSVLogger, AResumeWithoutAFileStartsTheRowsAfresh) {
   volt_test::TempDir dir;
   volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
-  a.log_metrics({{"loss", 1.0}}, 0);
-  a.save();
-  torch::serialize::OutputArchive out;
-  a.save_state(out);
+  torch::serialize::OutputArchive out = one_row_state(a);
   auto in = volt_test::reread(out);
   ASSERT_EQ(std::remove(a.metrics_path().c_str()), 0);
   a.load_state(in, 0);
