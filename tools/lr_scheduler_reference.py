@@ -120,7 +120,12 @@ def run(case):
     lrs = [[g["lr"] for g in opt.param_groups]]
     mom = [momentum_of(opt)]
     metrics = case.get("metrics")
+    added = case.get("add_group")
     for i in range(case["steps"]):
+        if added is not None and i == added["after"]:
+            # As BaseFinetuning.unfreeze_and_add_param_group, after `after` steps.
+            param = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+            opt.add_param_group({"params": [param], "lr": added["lr"]})
         # optimizer.step() first, as in training (no gradients: parameters stay put).
         opt.step()
         if metrics is not None:
@@ -369,6 +374,49 @@ def cases():
     return c
 
 
+def added_group_cases():
+    """A param group added after the scheduler was built (BaseFinetuning's unfreeze): PyTorch's
+    chainable get_lr() scales every group's current lr, so StepLR, MultiStepLR, ExponentialLR,
+    CosineAnnealingLR (except one step past each minimum, where it zips base_lrs), LinearLR,
+    ConstantLR and PolynomialLR schedule the new group too; LambdaLR, MultiplicativeLR,
+    CosineAnnealingWarmRestarts and CyclicLR zip over base_lrs or their per-group settings and
+    leave it alone; SequentialLR's milestone restart (step(0), the closed form) zips base_lrs.
+    OneCycleLR, SWALR and ReduceLROnPlateau fail in torch 1.13 (KeyError / IndexError)."""
+    c = []
+
+    def add(name, sched, steps, after, lr=0.02):
+        c.append(dict(name=name, optimizer=SGD2, scheduler=sched, steps=steps,
+                      add_group={"after": after, "lr": lr}))
+
+    add("step_3_half", {"kind": "StepLR", "args": {"step_size": 3, "gamma": 0.5}}, 12, 4)
+    add("multistep", {"kind": "MultiStepLR", "args": {"milestones": [2, 6, 6], "gamma": 0.3}},
+        10, 3)
+    add("exponential", {"kind": "ExponentialLR", "args": {"gamma": 0.9}}, 10, 2)
+    add("cosine_past_minima",
+        {"kind": "CosineAnnealingLR", "args": {"t_max": 4, "eta_min": 0.001}}, 20, 2)
+    add("linear_warmup", {"kind": "LinearLR", "args": {"start_factor": 0.25, "end_factor": 1.0,
+                                                       "total_iters": 6}}, 10, 2)
+    add("constant", {"kind": "ConstantLR", "args": {"factor": 0.5, "total_iters": 4}}, 8, 1)
+    add("polynomial", {"kind": "PolynomialLR", "args": {"total_iters": 8, "power": 2.0}}, 10, 3)
+    add("lambda", {"kind": "LambdaLR", "args": {"lambdas": ["pow095"]}}, 8, 2)
+    add("multiplicative", {"kind": "MultiplicativeLR", "args": {"lambdas": ["const095"]}}, 8, 2)
+    add("warm_restarts",
+        {"kind": "CosineAnnealingWarmRestarts", "args": {"t_0": 3, "t_mult": 1,
+                                                         "eta_min": 0.0}}, 8, 2)
+    add("cyclic", cyclic([0.01, 0.001], [0.1, 0.01], 3), 10, 2)
+    add("sequential_linear_cosine",
+        {"kind": "SequentialLR", "args": {
+            "schedulers": [
+                {"kind": "LinearLR", "args": {"start_factor": 0.1, "end_factor": 1.0,
+                                              "total_iters": 5}},
+                {"kind": "CosineAnnealingLR", "args": {"t_max": 6, "eta_min": 1e-4}}],
+            "milestones": [5]}}, 14, 2)
+    add("chained_constant_exponential",
+        chained({"kind": "ConstantLR", "args": {"factor": 0.5, "total_iters": 3}},
+                {"kind": "ExponentialLR", "args": {"gamma": 0.9}}), 10, 1)
+    return c
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     default = os.path.join(here, "..", "tests", "optim", "data", "lr_scheduler_reference.json")
@@ -380,6 +428,7 @@ def main():
         "torch_version": torch.__version__,
         "note": "lrs[0] is right after construction, lrs[i] after the i-th step()",
         "cases": [run(c) for c in cases()],
+        "added_group_cases": [run(c) for c in added_group_cases()],
     }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:

@@ -1,11 +1,17 @@
 #include "volt/callbacks/early_stopping.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
+#include "core/detail/python_repr.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
+#include "volt/core/run_context.h"
+#include "volt/trainer/trainer_options.h"
 
 namespace volt {
 
@@ -57,6 +63,8 @@ bool EarlyStopping::checks_on_train_epoch_end(const RunContext& run) const {
 }
 
 void EarlyStopping::check(RunContext& run) {
+  // As Lightning: off under fast_dev_run (a smoke run neither stops nor checks the monitor).
+  if (run.trainer_options().fast_dev_run() != 0) return;
   const Metrics& m = run.callback_metrics();
   auto it = m.find(options_.monitor());
   if (it == m.end()) {
@@ -69,6 +77,7 @@ void EarlyStopping::check(RunContext& run) {
   const bool min_mode = options_.mode() == Mode::kMin;
   auto improves = [&](double a, double b) { return min_mode ? a < b : a > b; };
   auto why = detail::c_stream<std::ostringstream>();
+  auto improved = detail::c_stream<std::ostringstream>();
   bool stop = false;
   if (options_.check_finite() && !std::isfinite(current)) {
     stop = true;
@@ -84,6 +93,13 @@ void EarlyStopping::check(RunContext& run) {
     why << "divergence threshold reached: " << options_.monitor() << " = " << current
         << (min_mode ? " > " : " < ") << *options_.divergence_threshold();
   } else if (improves(current - options_.min_delta(), best_score_)) {
+    // Lightning's _improvement_message.
+    improved << "Metric " << options_.monitor() << " improved"
+             << (std::isfinite(best_score_)
+                     ? " by " + fmt::format("{:.3f}", std::abs(best_score_ - current)) +
+                           " >= min_delta = " + detail::python_repr(std::abs(options_.min_delta()))
+                     : std::string())
+             << ". New best score: " << fmt::format("{:.3f}", current);
     best_score_ = current;
     wait_count_ = 0;
   } else {
@@ -92,6 +108,14 @@ void EarlyStopping::check(RunContext& run) {
       stop = true;
       why << "monitored metric " << options_.monitor() << " did not improve in the last "
           << wait_count_ << " checks; best score " << best_score_;
+    }
+  }
+  // This rank's own finding, before the ranks agree (as Lightning's _log_info).
+  const std::string said = stop ? why.str() + "; asking the Trainer to stop." : improved.str();
+  if (options_.verbose() && !said.empty()) {
+    const int64_t rank = run.world_size() > 1 ? run.global_rank() : -1;
+    if (rank < 0 || !options_.log_rank_zero_only() || rank == 0) {
+      log_info("EarlyStopping", (rank >= 0 ? "[rank: " + std::to_string(rank) + "] " : "") + said);
     }
   }
   // Every rank stops together: one rank's reason is enough (Lightning's all=False).
@@ -133,6 +157,7 @@ std::ostream& operator<<(std::ostream& os, const EarlyStoppingOptions& o) {
             << ", divergence_threshold=" << detail::optional_text(o.divergence_threshold())
             << ", strict=" << o.strict() << ", check_on_train_epoch_end="
             << (o.check_on_train_epoch_end() ? (*o.check_on_train_epoch_end() ? "1" : "0") : "none")
+            << ", verbose=" << o.verbose() << ", log_rank_zero_only=" << o.log_rank_zero_only()
             << ")";
 }
 

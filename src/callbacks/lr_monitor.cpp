@@ -8,6 +8,7 @@
 
 #include "core/detail/print.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 #include "volt/core/run_context.h"
 #include "volt/kernels/fused_adamw.h"
 #include "volt/kernels/fused_sgd.h"
@@ -58,17 +59,33 @@ void LearningRateMonitor::on_train_start(RunContext& run, Module&) {
              "[LearningRateMonitor] the Trainer has no logger, so the learning rates would go "
              "nowhere; add a logger (TrainerOptions::logger(true) or loggers({...})) or drop the "
              "callback.");
-  // Lightning's order: the optimizers with a scheduler first (in their configs' order), then
-  // the others, each type counted across both ("lr-SGD", "lr-SGD-1", ...).
   const auto& configs = run.optimizer_configs();
+  if (options_.log_momentum() && run.is_global_zero()) {
+    for (const auto& c : configs) {
+      const auto& groups = c.optimizer()->param_groups();
+      if (!groups.empty() && !momentum_of(groups[0].options())) {
+        log_warning("LearningRateMonitor",
+                    "log_momentum is set, but some optimizers do not have momentum (" +
+                        short_type_name(*c.optimizer()) +
+                        "); their momentum is logged as 0 (as Lightning).");
+        break;
+      }
+    }
+  }
+  // Lightning's order: the optimizers with a scheduler first (in their configs' order), then
+  // the others, each type counted across both ("lr-SGD", "lr-SGD-1", ...). A named config keeps
+  // its name and is not counted (Lightning's _check_duplicates_and_update_name), but takes the
+  // "-<k>" of the optimizers of its type named before it.
   names_.assign(configs.size(), std::string());
   std::map<std::string, int> seen;
   for (const bool scheduled : {true, false}) {
     for (size_t i = 0; i < configs.size(); ++i) {
       if ((configs[i].scheduler() != nullptr) != scheduled) continue;
       const std::string type = short_type_name(*configs[i].optimizer());
-      const int k = seen[type]++;
-      names_[i] = "lr-" + type + (k ? "-" + std::to_string(k) : "");
+      const bool named = !configs[i].name().empty();
+      const int count = named ? seen[type] : ++seen[type];
+      names_[i] = options_.log_key_prefix() + (named ? configs[i].name() : "lr-" + type) +
+                  (count > 1 ? "-" + std::to_string(count - 1) : "");
     }
   }
   last_step_logged_ = -1;
@@ -117,9 +134,7 @@ void LearningRateMonitor::log(RunContext& run, bool epoch_boundary) {
           names_[i] + (groups.size() > 1 ? "/pg" + std::to_string(g + 1) : std::string());
       const auto& o = groups[g].options();
       stats[name] = o.get_lr();
-      if (options_.log_momentum()) {
-        if (auto m = momentum_of(o)) stats[name + "-momentum"] = *m;
-      }
+      if (options_.log_momentum()) stats[name + "-momentum"] = momentum_of(o).value_or(0.0);
       if (options_.log_weight_decay()) {
         if (auto w = weight_decay_of(o)) stats[name + "-weight_decay"] = *w;
       }
@@ -127,7 +142,10 @@ void LearningRateMonitor::log(RunContext& run, bool epoch_boundary) {
   }
   if (stats.empty()) return;
   for (const auto& l : run.loggers()) l->log_metrics(stats, run.state().global_step);
-  for (const auto& kv : stats) last_[kv.first] = kv.second;
+  for (const auto& kv : stats) {
+    last_[kv.first] = kv.second;
+    run.set_callback_metric(kv.first, kv.second);  // as Lightning's callback_metrics.update
+  }
 }
 
 std::ostream& operator<<(std::ostream& os, const LearningRateMonitorOptions& o) {
@@ -137,7 +155,8 @@ std::ostream& operator<<(std::ostream& os, const LearningRateMonitorOptions& o) 
                 : i == LoggingInterval::kStep ? "step"
                                               : "epoch")
             << ", log_momentum=" << o.log_momentum()
-            << ", log_weight_decay=" << o.log_weight_decay() << ")";
+            << ", log_weight_decay=" << o.log_weight_decay()
+            << ", log_key_prefix=" << detail::quoted(o.log_key_prefix()) << ")";
 }
 
 }  // namespace volt

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -19,6 +20,7 @@
 #include "core/detail/newest_path.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
+#include "core/detail/python_repr.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 
@@ -60,7 +62,24 @@ std::string render(const std::string& name, const std::string& spec, double valu
   if (is_int_field(name) && !float_presentation(spec)) {
     return fmt::format(fmt::runtime("{:" + spec + "}"), static_cast<long long>(value));
   }
-  return fmt::format(fmt::runtime("{:" + (spec.empty() ? std::string(".4f") : spec) + "}"), value);
+  if (spec.empty()) return detail::python_repr(value);  // Lightning's "{val_loss}"
+  return fmt::format(fmt::runtime("{:" + spec + "}"), value);
+}
+
+/// `path` with a leading "~" as the home folder, absolute and without "." or ".." parts (a
+/// relative folder is the current directory's when the fit starts, as Lightning's realpath).
+std::string absolute_folder(std::string path) {
+  if (!path.empty() && path[0] == '~' && (path.size() == 1 || path[1] == '/')) {
+    if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+      path = home + path.substr(1);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(path, ec);
+  if (ec) return path;
+  std::string out = p.lexically_normal().string();
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
 }
 
 /// ConfigError unless every field's spec formats a value of its type and stays a file name.
@@ -154,7 +173,7 @@ namespace {
 std::string resolve_folder(const std::string& resolved, const std::string& option,
                            const std::string& log_dir) {
   if (!resolved.empty()) return resolved;
-  return option.empty() ? log_dir + "/checkpoints" : option;
+  return absolute_folder(option.empty() ? log_dir + "/checkpoints" : option);
 }
 
 // Whether two folder names mean the same folder (relative ones from the current directory).
@@ -193,8 +212,24 @@ void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
     last_saved_step_ = -1;  // nothing of this step is in the new folder
     last_saved_epoch_ = -1;
   }
+  // A deferral is the resumed run's (restored with the state) or nothing: not a previous fit's.
+  if (restored_dirpath_.empty()) deferred_ = false;
+  // The restored paths as this run names its own (absolute: a checkpoint written before
+  // session 102 under the default root "." holds relative ones, which would not match this
+  // run's names of the same files).
+  if (!restored_dirpath_.empty()) {
+    const auto kept = saved_order_;
+    const auto scores = best_k_models_;
+    best_k_models_.clear();
+    saved_order_.clear();
+    for (const auto& p : kept) keep(absolute_folder(p), scores.at(p));
+    for (std::string* p : {&best_model_path_, &last_model_path_, &latest_path_}) {
+      if (!p->empty()) *p = absolute_folder(*p);
+    }
+  }
   restored_dirpath_.clear();
   validated_ = false;
+  saved_in_fit_ = false;
 }
 
 std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) const {
@@ -234,12 +269,22 @@ std::string ModelCheckpoint::format_filename(const Metrics& metrics, int64_t epo
       value = static_cast<double>(step);
     } else {
       auto it = metrics.find(f.name);
-      VOLT_CHECK(it != metrics.end(), ConfigError, "[ModelCheckpoint] filename field {", f.name,
-                 "} is not a logged metric (logged: [", detail::joined_keys(metrics),
-                 "]); log it or remove it from the filename template.");
-      value = it->second;
+      if (it == metrics.end()) {
+        // As Lightning, which renders a missing field as 0; a typo would else stay unnoticed.
+        warn_once("ModelCheckpoint.filename." + f.name, "ModelCheckpoint",
+                  "filename field {" + f.name + "} is not a logged metric (logged: [" +
+                      detail::joined_keys(metrics) +
+                      "]); it renders as 0 (as Lightning). Log it or remove it from the "
+                      "filename template.");
+        value = 0.0;
+      } else {
+        value = it->second;
+      }
     }
-    out += f.prefix + f.name + "=" + render(f.name, f.spec, value);
+    // Lightning's missing field is torch.tensor(0), an integer: "0" without a spec.
+    const bool missing = !is_int_field(f.name) && metrics.count(f.name) == 0;
+    out += f.prefix + (options_.auto_insert_metric_name() ? f.name + "=" : std::string()) +
+           (missing && f.spec.empty() ? std::string("0") : render(f.name, f.spec, value));
   }
   out += tail;
   for (char& c : out) {
@@ -252,18 +297,20 @@ bool ModelCheckpoint::better(double a, double b) const {
   return options_.mode() == Mode::kMin ? a < b : a > b;
 }
 
-void ModelCheckpoint::save(RunContext& run) {
+void ModelCheckpoint::save(RunContext& run, bool last_only) {
   const auto& st = run.state();
   if (st.global_step == last_saved_step_ && st.epoch == last_saved_epoch_) return;
+  // As Lightning (its last saved step starts at 0): no steps taken, nothing to save.
+  if (st.global_step == 0 && !last_only) return;
   const Metrics& metrics = run.callback_metrics();
   c10::optional<double> score;
-  bool ranked = true;  // false: the monitored metric is missing, only last.ckpt is written
-  if (!options_.monitor().empty()) {
+  bool ranked = !last_only;  // false: only last.ckpt is written (the monitor may be missing)
+  if (ranked && !options_.monitor().empty()) {
     auto it = metrics.find(options_.monitor());
     if (it == metrics.end()) {
       // As Lightning: an error once a validation has run (the metric will never come), a
-      // warning before (a save every N steps ahead of the first validation, or a run without
-      // validation batches); last.ckpt is still written.
+      // warning before (an epoch save in a fit without validation batches; a step save waits
+      // for the validation instead, save_or_defer); last.ckpt is still written.
       const std::string what = "[ModelCheckpoint] monitor \"" + options_.monitor() +
                                "\" is not among the logged metrics [" +
                                detail::joined_keys(metrics) + "]";
@@ -299,6 +346,13 @@ void ModelCheckpoint::save(RunContext& run) {
           before;
       throw;
     }
+    saved_in_fit_ = true;
+  };
+  const auto say = [&](const std::string& what) {
+    if (options_.verbose() && run.is_global_zero()) {
+      log_info("ModelCheckpoint", "Epoch " + std::to_string(st.epoch) + ", global step " +
+                                      std::to_string(st.global_step) + ": " + what);
+    }
   };
   if (k != 0) {
     if (!score) {
@@ -323,15 +377,21 @@ void ModelCheckpoint::save(RunContext& run) {
       const std::string path = free_path(run, stem, room ? "" : worst);
       // Saving is collective: every rank takes the same decision (Lightning's all=True; log the
       // monitored metric with sync_dist so that the ranks agree on its value).
+      const std::string monitor = "'" + options_.monitor() + "'";
       if (run.reduce_boolean_decision(room || better(s, best_k_models_[worst]), /*all=*/true)) {
         const auto before = state();
         if (!room) forget(worst);
         keep(path, s);
         best_model_path_ = best_kept();
+        say(monitor + " reached " + fmt::format("{:.5f}", s) + " (best " +
+            fmt::format("{:.5f}", best_k_models_.at(best_model_path_)) + "), saving model to '" +
+            path + "' as top " + std::to_string(k < 0 ? best_k_models_.size() : k));
         write(path, before);
         // Delete the evicted file only after its replacement is safely on disk: the strategy's
         // CheckpointIO orders the removal after the save (rank 0 owns the files).
         if (!room && worst != path) remove_kept(run, worst);
+      } else {
+        say(monitor + " was not in top " + std::to_string(k));
       }
     }
   }
@@ -412,11 +472,32 @@ void ModelCheckpoint::on_train_batch_end(RunContext& run, Module& module, const 
     // Each rank reads its own clock: every rank saves when one is due (saving is collective).
     if (run.reduce_boolean_decision(due, /*all=*/false)) {
       last_time_check_ = now;
-      save(run);
+      save_or_defer(run);
     }
     return;
   }
-  if (n > 0 && st.global_step > 0 && st.global_step % n == 0) save(run);
+  if (n > 0 && st.global_step > 0 && st.global_step % n == 0) save_or_defer(run);
+}
+
+// Lightning 2.6's deferral: a monitored metric not logged yet (a validation metric before the
+// first validation), or about to be replaced by the validation that runs right after this batch,
+// would rank the save by no score or a stale one; the save waits for where this callback writes
+// its epoch checkpoints (that validation's end, or the train epoch's end), training's end at the
+// latest. Before a validation that is not the epoch's last while the epoch checkpoints are
+// written at the epoch's end, it does not wait (as Lightning): saves every few steps would
+// gather into one at the epoch's end.
+void ModelCheckpoint::save_or_defer(RunContext& run) {
+  if (!options_.monitor().empty()) {
+    const LoopState& st = run.state();
+    const bool missing = run.callback_metrics().count(options_.monitor()) == 0;
+    const bool fresh_next = st.val_pending && (!saves_on_train_epoch_end(run) ||
+                                               st.batches_done >= st.num_training_batches);
+    if (missing || fresh_next) {
+      deferred_ = true;
+      return;
+    }
+  }
+  save(run);
 }
 
 std::string ModelCheckpoint::free_path(RunContext& run, const std::string& stem,
@@ -451,6 +532,10 @@ void ModelCheckpoint::on_train_epoch_end(RunContext& run, Module& module) {
   // Here the epoch's validation has run and its training metrics are reduced: a monitor on
   // either is current.
   if (!saves_on_train_epoch_end(run)) return;
+  if (deferred_) {
+    deferred_ = false;
+    save(run);
+  }
   const int64_t n = *options_.every_n_epochs();
   if (n > 0 && (run.state().epoch + 1) % n == 0) save(run);
 }
@@ -459,8 +544,24 @@ void ModelCheckpoint::on_validation_end(RunContext& run, Module& module) {
   if (run.state().stage != Stage::kFit) return;  // Trainer::validate() saves nothing
   validated_ = true;
   if (saves_on_train_epoch_end(run)) return;
+  if (deferred_) {
+    deferred_ = false;
+    save(run);
+  }
   const int64_t n = *options_.every_n_epochs();
   if (n > 0 && (run.state().epoch + 1) % n == 0) save(run);
+}
+
+// A save still deferred when training ends (max_steps or a stop came before the validation it
+// waited for) is written now, with the scores there are (Lightning drops it). Then, as Lightning
+// 2.6, save_last gives a last checkpoint even when no trigger fired in the fit (every_n_epochs
+// past max_epochs, every_n_train_steps past the steps taken).
+void ModelCheckpoint::on_train_end(RunContext& run, Module&) {
+  if (deferred_) {
+    deferred_ = false;
+    save(run);
+  }
+  if (options_.save_last() && !saved_in_fit_) save(run, /*last_only=*/true);
 }
 
 void ModelCheckpoint::save_state(torch::serialize::OutputArchive& ar) const {
@@ -481,6 +582,7 @@ void ModelCheckpoint::save_state(torch::serialize::OutputArchive& ar) const {
   // written at on_validation_end, whose validation it does not run again).
   ar.write("last_saved_step", c10::IValue(last_saved_step_));
   ar.write("last_saved_epoch", c10::IValue(last_saved_epoch_));
+  ar.write("deferred", c10::IValue(deferred_));
 }
 
 void ModelCheckpoint::load_state(torch::serialize::InputArchive& ar) {
@@ -509,6 +611,9 @@ void ModelCheckpoint::load_state(torch::serialize::InputArchive& ar) {
   c10::IValue step, epoch;
   last_saved_step_ = ar.try_read("last_saved_step", step) ? step.toInt() : -1;
   last_saved_epoch_ = ar.try_read("last_saved_epoch", epoch) ? epoch.toInt() : -1;
+  // A step save waiting for the validation after it (absent before session 102: none).
+  c10::IValue deferred;
+  deferred_ = ar.try_read("deferred", deferred) && deferred.isBool() && deferred.toBool();
 }
 
 std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o) {
@@ -522,7 +627,9 @@ std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o) {
             << ", train_time_interval=" << o.train_time_interval()
             << ", save_weights_only=" << o.save_weights_only() << ", save_on_train_epoch_end="
             << (o.save_on_train_epoch_end() ? (*o.save_on_train_epoch_end() ? "1" : "0") : "none")
-            << ", enable_version_counter=" << o.enable_version_counter() << ")";
+            << ", enable_version_counter=" << o.enable_version_counter()
+            << ", auto_insert_metric_name=" << o.auto_insert_metric_name()
+            << ", verbose=" << o.verbose() << ")";
 }
 
 }  // namespace volt

@@ -64,7 +64,10 @@ void register_callbacks(Registry& r) {
                           "epoch checkpoints at train epoch end (true) or after validation "
                           "(false); unset: Lightning's rule")
           .add("enable_version_counter", mc.enable_version_counter(),
-               "a taken file name gets -v1, -v2... instead of being overwritten"),
+               "a taken file name gets -v1, -v2... instead of being overwritten")
+          .add("auto_insert_metric_name", mc.auto_insert_metric_name(),
+               "render each filename field as name=value (false: the value alone)")
+          .add("verbose", mc.verbose(), "log each ranking decision"),
       [](const Args& a) -> std::shared_ptr<Callback> {
         ModelCheckpointOptions o;
         o.dirpath(a.get<std::string>("dirpath"))
@@ -76,7 +79,9 @@ void register_callbacks(Registry& r) {
             .every_n_train_steps(a.get<int64_t>("every_n_train_steps"))
             .train_time_interval(a.get<double>("train_time_interval"))
             .save_weights_only(a.get<bool>("save_weights_only"))
-            .enable_version_counter(a.get<bool>("enable_version_counter"));
+            .enable_version_counter(a.get<bool>("enable_version_counter"))
+            .auto_insert_metric_name(a.get<bool>("auto_insert_metric_name"))
+            .verbose(a.get<bool>("verbose"));
         if (auto n = a.get_optional<int64_t>("every_n_epochs")) o.every_n_epochs(*n);
         if (auto v = a.get_optional<bool>("save_on_train_epoch_end")) {
           o.save_on_train_epoch_end(*v);
@@ -98,14 +103,19 @@ void register_callbacks(Registry& r) {
           .add("strict", es.strict(), "fail when the monitored metric is missing")
           .optional<bool>("check_on_train_epoch_end",
                           "check after training epochs (true) or after validation (false); "
-                          "unset: at epoch end when validating once per epoch"),
+                          "unset: at epoch end when validating once per epoch")
+          .add("verbose", es.verbose(), "log each improvement and the reason for a stop")
+          .add("log_rank_zero_only", es.log_rank_zero_only(),
+               "with verbose: log on rank 0 only (else every rank, prefixed)"),
       [](const Args& a) -> std::shared_ptr<Callback> {
         EarlyStoppingOptions o(a.get<std::string>("monitor"));
         o.min_delta(a.get<double>("min_delta"))
             .patience(a.get<int64_t>("patience"))
             .mode(mode_of(a))
             .check_finite(a.get<bool>("check_finite"))
-            .strict(a.get<bool>("strict"));
+            .strict(a.get<bool>("strict"))
+            .verbose(a.get<bool>("verbose"))
+            .log_rank_zero_only(a.get<bool>("log_rank_zero_only"));
         if (auto v = a.get_optional<bool>("check_on_train_epoch_end")) {
           o.check_on_train_epoch_end(*v);
         }
@@ -114,23 +124,25 @@ void register_callbacks(Registry& r) {
         return std::make_shared<EarlyStopping>(o);
       });
 
-  r.callbacks.add("LearningRateMonitor",
-                  "logs learning rates (and optionally momentum, weight decay)",
-                  Params()
-                      .choice("logging_interval", "auto", {"auto", "step", "epoch"},
-                              "auto = each scheduler's own interval")
-                      .add("log_momentum", lm.log_momentum(), "also log momentum / beta1")
-                      .add("log_weight_decay", lm.log_weight_decay(), "also log weight decay"),
-                  [](const Args& a) -> std::shared_ptr<Callback> {
-                    const std::string& i = a.get<std::string>("logging_interval");
-                    return std::make_shared<LearningRateMonitor>(
-                        LearningRateMonitorOptions()
-                            .logging_interval(i == "step"    ? LoggingInterval::kStep
-                                              : i == "epoch" ? LoggingInterval::kEpoch
-                                                             : LoggingInterval::kAuto)
-                            .log_momentum(a.get<bool>("log_momentum"))
-                            .log_weight_decay(a.get<bool>("log_weight_decay")));
-                  });
+  r.callbacks.add(
+      "LearningRateMonitor", "logs learning rates (and optionally momentum, weight decay)",
+      Params()
+          .choice("logging_interval", "auto", {"auto", "step", "epoch"},
+                  "auto = each scheduler's own interval")
+          .add("log_momentum", lm.log_momentum(), "also log momentum / beta1")
+          .add("log_weight_decay", lm.log_weight_decay(), "also log weight decay")
+          .optional<std::string>("log_key_prefix", "put before every logged name, e.g. train/"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        const std::string& i = a.get<std::string>("logging_interval");
+        return std::make_shared<LearningRateMonitor>(
+            LearningRateMonitorOptions()
+                .logging_interval(i == "step"    ? LoggingInterval::kStep
+                                  : i == "epoch" ? LoggingInterval::kEpoch
+                                                 : LoggingInterval::kAuto)
+                .log_momentum(a.get<bool>("log_momentum"))
+                .log_weight_decay(a.get<bool>("log_weight_decay"))
+                .log_key_prefix(a.get_optional<std::string>("log_key_prefix").value_or("")));
+      });
 
   r.callbacks.add(
       "Timer", "measures stage times; stops fit after a maximum duration",

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <exception>
 #include <iostream>
+#include <memory>
+#include <sstream>
 #include <unordered_set>
 #include <utility>
 
@@ -76,6 +78,47 @@ std::string splits_one_module(const Strategy& strategy) {
   return "";
 }
 
+// Loads `saved` into `scheduler` as a trial and puts back the scheduler's state and its
+// optimizer's group options (the lrs and momenta a load writes), so a state that does not load
+// (a chained scheduler's part of another type, a counter missing) is found before anything
+// changes. A scheduler's save and load round-trip exactly (the resume tests rely on it).
+void try_scheduler_load(LRScheduler& scheduler, torch::serialize::InputArchive& saved,
+                        const std::string& path, const std::string& name) {
+  torch::serialize::OutputArchive own;
+  scheduler.save(own);
+  std::ostringstream bytes;
+  own.save_to(bytes);
+  auto& groups = scheduler.optimizer().param_groups();
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
+  for (const auto& g : groups) options.push_back(g.options().clone());
+  std::string failure;
+  try {
+    scheduler.load(saved);
+  } catch (const c10::Error& e) {
+    failure = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  const auto put_back_options = [&] {
+    for (size_t i = 0; i < groups.size() && i < options.size(); ++i) {
+      if (options[i]) groups[i].set_options(std::move(options[i]));
+    }
+  };
+  try {
+    torch::serialize::InputArchive back;
+    std::istringstream in(bytes.str());
+    back.load_from(in);
+    scheduler.load(back);
+  } catch (...) {
+    put_back_options();
+    throw;
+  }
+  put_back_options();
+  VOLT_CHECK(failure.empty(), CheckpointError, kTag, " '", path, "' holds a state of scheduler '",
+             name, "' that does not load into it: ", failure,
+             " Load it into a scheduler built the same way (nothing was loaded).");
+}
+
 std::string join(const std::vector<std::string>& names) {
   auto os = detail::c_stream<std::ostringstream>();
   for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << names[i];
@@ -103,6 +146,9 @@ class FabricRun : public RunContext {
     return st_;
   }
   const Metrics& callback_metrics() const override { return callback_metrics_; }
+  void set_callback_metric(const std::string& name, double value) override {
+    callback_metrics_[name] = value;
+  }
   const Metrics& progress_bar_metrics() const override { return progress_bar_; }
 
   void log(const std::string& name, const at::Tensor& value, const LogOptions& opts) override {
@@ -1091,6 +1137,7 @@ void Fabric::load(const std::string& path, FabricState& state, bool strict) {
                  base.toDoubleList().size(), " param groups, not ", l->base_lrs().size(),
                  "; load it into a scheduler of an optimizer built the same way (nothing was "
                  "loaded).");
+      try_scheduler_load(*l, one, path, name);
       found_schedulers.emplace_back(l, std::move(one));
     } else {
       missing.push_back("scheduler '" + name + "'");

@@ -897,15 +897,40 @@ void PipelineImpl::gather() {
 }
 
 std::vector<at::Tensor> PipelineImpl::gather_beside(const std::vector<at::Tensor>& tensors,
-                                                    std::vector<at::Tensor> values) const {
+                                                    std::vector<at::Tensor> values,
+                                                    int64_t dst) const {
   VOLT_CHECK(tensors.size() == values.size(), ValueError, kTag, " gather_beside got ",
              tensors.size(), " tensors but ", values.size(), " values; give one value each.");
   if (!distributed()) return values;
+  VOLT_CHECK(dst >= -1 && dst < num_stages(), ValueError, kTag, " gather_beside got dst=", dst,
+             " for a pipeline of ", num_stages(), " stages; give a stage's rank, or -1 for all.");
   std::unordered_map<const c10::TensorImpl*, std::vector<size_t>> at_tensor;
   for (size_t i = 0; i < tensors.size(); ++i) {
     at_tensor[tensors[i].unsafeGetTensorImpl()].push_back(i);
   }
   at::NoGradGuard no_grad;
+  if (dst >= 0) {
+    // Each entry from the first stage holding its tensor (a tied one is in several), sent to
+    // `dst` alone; `dst`'s own stage's entries are already there.
+    std::unordered_set<const c10::TensorImpl*> listed;
+    for (int64_t s = 0; s < num_stages(); ++s) {
+      for (const auto& t : stage_state(s)) {
+        if (!listed.insert(t.unsafeGetTensorImpl()).second || s == dst) continue;
+        auto it = at_tensor.find(t.unsafeGetTensorImpl());
+        if (it == at_tensor.end()) continue;
+        for (size_t i : it->second) {
+          if (stage_ == s) {
+            group_->send(values[i].contiguous(), dst);
+          } else if (stage_ == dst) {
+            at::Tensor whole = at::empty(whole_shape(t), values[i].options());
+            group_->recv_(whole, s);
+            values[i] = whole;
+          }
+        }
+      }
+    }
+    return values;
+  }
   for (int64_t s = 0; s < num_stages(); ++s) {
     std::vector<at::Tensor> part;
     for (const auto& t : stage_state(s)) {

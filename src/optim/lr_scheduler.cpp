@@ -117,7 +117,15 @@ void LRScheduler::initial_step() {
 void LRScheduler::advance() {
   ++last_epoch_;
   try {
-    write_lrs(compute_lrs(current_lrs()));
+    std::vector<double> current = current_lrs();
+    if (chains_added_groups_) {
+      // PyTorch's chainable get_lr() reads every group, those added since too.
+      const auto& groups = optimizer_.param_groups();
+      for (size_t i = current.size(); i < groups.size(); ++i) {
+        current.push_back(groups[i].options().get_lr());
+      }
+    }
+    write_lrs(compute_lrs(current));
   } catch (...) {
     --last_epoch_;
     throw;
@@ -161,8 +169,10 @@ void LRScheduler::restart_at(const std::vector<double>& initial_lrs) {
 }
 
 std::vector<double> LRScheduler::current_lrs() const {
-  // Groups added after the scheduler was built (BackboneFinetuning's) keep the rate their adder
-  // gives them, as in PyTorch, whose closed-form and lambda schedulers zip over base_lrs.
+  // Groups added after the scheduler was built (BackboneFinetuning's) are left out: advance()
+  // adds them for the schedulers that scale every group (chains_added_groups_); the others keep
+  // the rate their adder gives them, as in PyTorch, whose closed-form, lambda and per-group
+  // schedulers zip over base_lrs.
   const auto& groups = optimizer_.param_groups();
   VOLT_CHECK(groups.size() >= base_lrs_.size(), ConfigError, "[", name(), "] the optimizer has ",
              groups.size(), " param groups but had ", base_lrs_.size(),
@@ -176,7 +186,7 @@ std::vector<double> LRScheduler::current_lrs() const {
 
 void LRScheduler::write_lrs(const std::vector<double>& lrs) {
   auto& groups = optimizer_.param_groups();
-  VOLT_ASSERT(lrs.size() == base_lrs_.size() && lrs.size() <= groups.size(), "scheduler computed ",
+  VOLT_ASSERT(lrs.size() >= base_lrs_.size() && lrs.size() <= groups.size(), "scheduler computed ",
               lrs.size(), " lrs for ", base_lrs_.size(), " scheduled of ", groups.size(),
               " param groups");
   for (size_t i = 0; i < lrs.size(); ++i) groups[i].options().set_lr(lrs[i]);
@@ -205,14 +215,20 @@ void LRScheduler::load(torch::serialize::InputArchive& archive) {
              "; resume with the same optimizer setup.");
   c10::IValue last;
   const bool has_last = archive.try_read("last_lrs", last);
-  VOLT_CHECK(!has_last || last.toDoubleList().size() == base.size(), CheckpointError, "[", name(),
+  VOLT_CHECK(!has_last || last.toDoubleList().size() >= base.size(), CheckpointError, "[", name(),
              "] checkpoint has ", last.toDoubleList().size(), " last lrs for ", base.size(),
              " param groups; the checkpoint is corrupted.");
   last_epoch_ = le.toInt();
   base_lrs_ = std::move(base);
   if (has_last) {
+    // More last lrs than base ones: groups added after the scheduler was built, which it
+    // scheduled too. They keep the rate the optimizer's state gave them: their adder may have
+    // set it after this scheduler's last step (BackboneFinetuning's per-epoch rate), and
+    // PyTorch's load_state_dict writes no lr at all.
     auto l = last.toDoubleList();
-    write_lrs(std::vector<double>(l.begin(), l.end()));
+    std::vector<double> all(l.begin(), l.end());
+    write_lrs(std::vector<double>(all.begin(), all.begin() + base_lrs_.size()));
+    last_lrs_ = std::move(all);
   } else {
     write_lrs(closed_form_lrs(current_lrs()));
   }
@@ -226,6 +242,7 @@ StepLR::StepLR(torch::optim::Optimizer& optimizer, int64_t step_size, double gam
              " must be >= 1; pass the number of steps between decays.");
   VOLT_CHECK(gamma > 0, ConfigError, "[StepLR] gamma=", gamma,
              " must be > 0; it multiplies the lr every step_size steps (e.g. 0.1).");
+  chains_added_groups_ = true;  // PyTorch scales every group's current lr
   initial_step();
 }
 
@@ -256,6 +273,7 @@ MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, std::vector<int64_t
              " must be > 0; it multiplies the lr at each milestone (e.g. 0.1).");
   // PyTorch keeps a Counter: order does not matter and a repeated milestone applies gamma^k.
   std::sort(milestones_.begin(), milestones_.end());
+  chains_added_groups_ = true;  // PyTorch scales every group's current lr
   initial_step();
 }
 
@@ -281,6 +299,7 @@ ExponentialLR::ExponentialLR(torch::optim::Optimizer& optimizer, double gamma)
     : LRScheduler(optimizer), gamma_(gamma) {
   VOLT_CHECK(gamma > 0, ConfigError, "[ExponentialLR] gamma=", gamma,
              " must be > 0; it multiplies the lr every step (e.g. 0.95).");
+  chains_added_groups_ = true;  // PyTorch scales every group's current lr
   initial_step();
 }
 
@@ -305,6 +324,7 @@ CosineAnnealingLR::CosineAnnealingLR(torch::optim::Optimizer& optimizer, int64_t
   VOLT_CHECK(t_max >= 1, ConfigError, "[CosineAnnealingLR] t_max=", t_max,
              " must be >= 1; pass the number of steps from base lr to eta_min.");
   VOLT_CHECK(eta_min >= 0, ConfigError, "[CosineAnnealingLR] eta_min=", eta_min, " must be >= 0.");
+  chains_added_groups_ = true;  // PyTorch scales every group's current lr
   initial_step();
 }
 
@@ -320,7 +340,10 @@ std::vector<double> CosineAnnealingLR::compute_lrs(const std::vector<double>& cu
   const int64_t r = ((last_epoch_ - 1 - t_max_) % period + period) % period;
   for (size_t i = 0; i < current.size(); ++i) {
     if (r == 0) {
-      out.push_back(current[i] + (base_lrs_[i] - eta_min_) * (1 - std::cos(kPi / t)) / 2);
+      // PyTorch zips base_lrs here: a group added since keeps its lr for this step.
+      out.push_back(i < base_lrs_.size()
+                        ? current[i] + (base_lrs_[i] - eta_min_) * (1 - std::cos(kPi / t)) / 2
+                        : current[i]);
     } else {
       out.push_back((1 + std::cos(kPi * e / t)) / (1 + std::cos(kPi * (e - 1) / t)) *
                         (current[i] - eta_min_) +
@@ -390,6 +413,7 @@ LinearLR::LinearLR(torch::optim::Optimizer& optimizer, LinearLROptions options)
   VOLT_CHECK(options_.total_iters() >= 1, ConfigError,
              "[LinearLR] total_iters=", options_.total_iters(),
              " must be >= 1; pass the length of the ramp in steps.");
+  chains_added_groups_ = true;  // PyTorch scales every group's current lr
   initial_step();
 }
 
@@ -542,6 +566,7 @@ ConstantLR::ConstantLR(torch::optim::Optimizer& optimizer, double factor, int64_
              " must be in (0, 1]; it multiplies the lr until total_iters (e.g. 0.5).");
   VOLT_CHECK(total_iters >= 0, ConfigError, "[ConstantLR] total_iters=", total_iters,
              " must be >= 0; pass the step at which the lr goes back to its base.");
+  chains_added_groups_ = true;  // PyTorch scales every group's current lr
   initial_step();
 }
 
@@ -571,6 +596,7 @@ PolynomialLR::PolynomialLR(torch::optim::Optimizer& optimizer, int64_t total_ite
              " must be >= 1; pass the number of steps until the lr reaches 0.");
   VOLT_CHECK(power > 0 && std::isfinite(power), ConfigError, "[PolynomialLR] power=", power,
              " must be positive and finite (1 decays linearly).");
+  chains_added_groups_ = true;  // PyTorch scales every group's current lr
   initial_step();
 }
 

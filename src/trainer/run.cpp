@@ -63,6 +63,13 @@ const Metrics& Run::callback_metrics() const {
   return cb_cache;
 }
 
+// Kept with the reduced epoch values: callbacks and plateau schedulers read it until something
+// logged under the name replaces it, and a checkpoint holds it as it holds them.
+void Run::set_callback_metric(const std::string& name, double value) {
+  epoch_metrics[name] = value;
+  cache_dirty = true;
+}
+
 const Metrics& Run::progress_bar_metrics() const {
   refresh_cache();
   return pb_cache;

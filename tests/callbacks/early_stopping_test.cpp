@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "log_capture.h"
 #include "tiny.h"
 
 namespace {
@@ -123,6 +124,43 @@ TEST(EarlyStopping, MissingMetricIsAConfigErrorWhenStrict) {
     EXPECT_NE(std::string(e.what()).find("\"nope\" was not logged"), std::string::npos) << e.what();
   }
   EXPECT_THROW(volt::EarlyStopping(volt::EarlyStoppingOptions("")), volt::ConfigError);
+}
+
+// As Lightning: off under fast_dev_run, where a smoke run's monitor may not be logged (it was a
+// ConfigError, exit 2 from the CLI) and a stop would cut the smoke run short.
+TEST(EarlyStopping, IsOffUnderFastDevRun) {
+  volt_test::TempDir dir;
+  Const model({1});
+  auto es = std::make_shared<volt::EarlyStopping>(volt::EarlyStoppingOptions("nope"));
+  volt::Trainer t(volt_test::quiet(dir.path).fast_dev_run(1).callbacks({es}));
+  EXPECT_NO_THROW(t.fit(model, volt_test::loader(volt_test::blobs(32)),
+                        volt_test::loader(volt_test::blobs(32))));
+  EXPECT_EQ(es->wait_count(), 0);
+  EXPECT_FALSE(t.state().should_stop);
+}
+
+// verbose: each improvement and the stop, in Lightning's words (one process: no rank prefix).
+TEST(EarlyStopping, VerboseLogsImprovementsAndTheStop) {
+  const auto logs = volt_test::capture_logs([] {
+    epochs_run({5, 4, 4, 4},
+               volt::EarlyStoppingOptions("m").patience(2).min_delta(0.5).verbose(true));
+  });
+  const auto has = [&](const std::string& text) {
+    int n = 0;
+    for (const auto& l : logs) n += l.find(text) != std::string::npos;
+    return n;
+  };
+  EXPECT_EQ(has("Metric m improved. New best score: 5.000"), 1);
+  EXPECT_EQ(has("Metric m improved by 1.000 >= min_delta = 0.5. New best score: 4.000"), 1);
+  EXPECT_EQ(has("monitored metric m did not improve in the last 2 checks; best score 4; asking "
+                "the Trainer to stop."),
+            1);
+  EXPECT_EQ(has("[rank:"), 0);
+  // Quiet by default.
+  const auto quiet = volt_test::capture_logs([] {
+    epochs_run({5, 4, 4, 4}, volt::EarlyStoppingOptions("m").patience(2));
+  });
+  for (const auto& l : quiet) EXPECT_EQ(l.find("improved"), std::string::npos) << l;
 }
 
 TEST(EarlyStopping, RejectsOptionsThatCouldNeverStopOrAreMeaningless) {

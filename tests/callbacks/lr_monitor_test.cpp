@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "log_capture.h"
 #include "tiny.h"
 
 namespace {
@@ -104,6 +105,56 @@ TEST(LearningRateMonitor, UnscheduledOptimizersAtEpochStartsAndScheduledOnesName
     EXPECT_DOUBLE_EQ(m.at("lr-SGD-1"), 0.1) << step;  // the optimizer without a scheduler
     EXPECT_DOUBLE_EQ(m.at("lr-SGD"), 0.05) << step;   // the scheduled one
   }
+}
+
+// As Lightning: a config's name replaces "lr-<Type>" (without counting towards the type's
+// numbering), log_key_prefix goes before every name, an optimizer without momentum logs 0 for it
+// (with a warning), and the values reach callback_metrics, where EarlyStopping can stop on a rate
+// that a plateau scheduler drove down (Lightning's trainer.callback_metrics.update).
+TEST(LearningRateMonitor, NamesPrefixesMomentumlessOptimizersAndCallbackMetrics) {
+  struct Named : EveryOptimizerSteps {
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      auto a =
+          std::make_shared<torch::optim::SGD>(fc1->parameters(), torch::optim::SGDOptions(0.1));
+      auto b =
+          std::make_shared<torch::optim::SGD>(fc2->parameters(), torch::optim::SGDOptions(0.05));
+      auto c = std::make_shared<torch::optim::Adagrad>(fc2->parameters(),
+                                                       torch::optim::AdagradOptions(0.01));
+      return {volt::OptimizerConfig(a)
+                  .scheduler(std::make_shared<volt::StepLR>(*a, 1, 0.5))
+                  .interval(volt::Interval::kEpoch)
+                  .name("backbone"),
+              volt::OptimizerConfig(b), volt::OptimizerConfig(c)};
+    }
+  };
+  volt_test::TempDir dir;
+  Named model;
+  auto mem = std::make_shared<MemoryLogger>();
+  auto monitor = std::make_shared<volt::LearningRateMonitor>(
+      volt::LearningRateMonitorOptions().log_momentum(true).log_key_prefix("opt/"));
+  auto stop = std::make_shared<volt::EarlyStopping>(volt::EarlyStoppingOptions("opt/backbone")
+                                                        .stopping_threshold(0.03)
+                                                        .check_on_train_epoch_end(true));
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).max_epochs(10).loggers({mem}).callbacks({monitor, stop}));
+  const auto logs =
+      volt_test::capture_logs([&] { trainer.fit(model, volt_test::loader(volt_test::blobs(64))); });
+  const auto rows = mem->with("opt/backbone");
+  ASSERT_FALSE(rows.empty());
+  EXPECT_DOUBLE_EQ(rows[0].second.at("opt/backbone"), 0.1);
+  EXPECT_DOUBLE_EQ(rows[0].second.at("opt/lr-SGD"), 0.05);  // the first unnamed SGD
+  EXPECT_DOUBLE_EQ(rows[0].second.at("opt/lr-Adagrad-momentum"), 0.0);
+  // Logged at the starts of epochs 0, 1, 2 as 0.1, 0.05, 0.025: the check at the end of epoch 2
+  // reads 0.025 < 0.03 and stops the fit there.
+  EXPECT_DOUBLE_EQ(trainer.callback_metrics().at("opt/backbone"), 0.025);
+  EXPECT_EQ(trainer.state().epoch, 2);
+  int warned = 0;
+  for (const auto& l : logs) {
+    warned += l.find(
+                  "log_momentum is set, but some optimizers do not have momentum (Adagrad); "
+                  "their momentum is logged as 0") != std::string::npos;
+  }
+  EXPECT_EQ(warned, 1);
 }
 
 TEST(LearningRateMonitor, EpochIntervalAndParamGroupNames) {

@@ -239,6 +239,27 @@ TEST(Resolve, LearningRateMonitorTakesLightningsNullInterval) {
             std::string::npos);
 }
 
+// Lightning's verbose / auto_insert_metric_name / log_rank_zero_only / log_key_prefix (null
+// included, as LightningCLI writes its defaults) were "has no parameter" errors.
+TEST(Resolve, CallbacksTakeLightningsVerboseAndNamingArguments) {
+  const auto r = test_registry();
+  const auto c = resolve_text(
+      "model: {width: 1}\ntrainer: {callbacks: ["
+      "{class_path: ModelCheckpoint, init_args: {verbose: true, auto_insert_metric_name: false}},"
+      "{class_path: EarlyStopping, init_args: {monitor: val_loss, verbose: true, "
+      "log_rank_zero_only: true}},"
+      "{class_path: LearningRateMonitor, init_args: {log_key_prefix: null}},"
+      "{class_path: LearningRateMonitor, init_args: {log_key_prefix: train/}}]}\n",
+      r);
+  EXPECT_TRUE(c.callbacks.at(0).args.get<bool>("verbose"));
+  EXPECT_FALSE(c.callbacks.at(0).args.get<bool>("auto_insert_metric_name"));
+  EXPECT_TRUE(c.callbacks.at(1).args.get<bool>("verbose"));
+  EXPECT_TRUE(c.callbacks.at(1).args.get<bool>("log_rank_zero_only"));
+  EXPECT_FALSE(c.callbacks.at(2).args.get_optional<std::string>("log_key_prefix"));
+  EXPECT_EQ(c.callbacks.at(3).args.get_optional<std::string>("log_key_prefix").value_or(""),
+            "train/");
+}
+
 TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
   const auto r = test_registry();
   auto c = resolve_text(

@@ -1130,6 +1130,74 @@ TEST(Fabric, SchedulersAndTheLossScaleResumeWithTheState) {
   EXPECT_TRUE(at::equal(split->flat_params(), split_before));
 }
 
+// A chained scheduler whose part is of another type is found before anything is loaded (its own
+// load found it after the modules and optimizers were loaded, and after its first part had
+// loaded): the weights, the optimizer's lr and the scheduler's schedule stay as they were.
+TEST(Fabric, AChainedSchedulerThatDoesNotLoadLeavesEverythingAsItWas) {
+  volt_test::TempDir dir;
+  auto loader = volt_test::loader(volt_test::blobs(48), 16);  // 3 batches
+  auto [m, fresh] = twins();
+  const auto chain = [](torch::optim::Optimizer& o, bool exponential_tail) {
+    std::shared_ptr<volt::LRScheduler> tail;
+    if (exponential_tail) {
+      tail = std::make_shared<volt::ExponentialLR>(o, 0.9);
+    } else {
+      tail = std::make_shared<volt::ConstantLR>(o, 0.5, 2);
+    }
+    auto head = std::make_shared<volt::StepLR>(o, 1, 0.5);
+    return std::make_shared<volt::SequentialLR>(
+        o, std::vector<std::shared_ptr<volt::LRScheduler>>{head, tail}, std::vector<int64_t>{2});
+  };
+  {
+    volt::Fabric fabric(cpu());
+    auto opt = m->configure_optimizers()[0].optimizer();
+    fabric.setup(m, {opt});
+    auto sched = chain(*opt, /*exponential_tail=*/true);
+    for (volt::Batch& b : loader.stream(0)) {
+      fabric.backward(loss_of(*m, b));
+      fabric.step(*opt);
+      fabric.zero_grad(*opt);
+      sched->step();
+    }
+    volt::FabricState state;
+    state.module("model", *m).optimizer("opt", *opt).scheduler("sched", *sched);
+    fabric.save(dir / "s.ckpt", state);
+  }
+  volt::Fabric other(cpu());
+  auto opt = fresh->configure_optimizers()[0].optimizer();
+  other.setup(fresh, {opt});
+  auto sched = chain(*opt, /*exponential_tail=*/false);  // same type outside, another part
+  sched->step();
+  const at::Tensor before = fresh->flat_params();
+  ASSERT_FALSE(at::equal(before, m->flat_params()));
+  const double lr = opt->param_groups()[0].options().get_lr();
+  const std::vector<double> last = sched->last_lrs();
+  const int64_t epoch = sched->last_epoch();
+  volt::FabricState state;
+  state.module("model", *fresh).optimizer("opt", *opt).scheduler("sched", *sched);
+  const std::string e = error_of<volt::CheckpointError>([&] { other.load(dir / "s.ckpt", state); });
+  EXPECT_NE(e.find("[Fabric] '" + dir / "s.ckpt" +
+                   "' holds a state of scheduler 'sched' that does not load into it: "),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("ExponentialLR"), std::string::npos) << e;
+  EXPECT_NE(e.find("(nothing was loaded)."), std::string::npos) << e;
+  EXPECT_TRUE(at::equal(fresh->flat_params(), before));
+  EXPECT_DOUBLE_EQ(opt->param_groups()[0].options().get_lr(), lr);
+  EXPECT_EQ(sched->last_lrs(), last);
+  EXPECT_EQ(sched->last_epoch(), epoch);
+  // The schedule goes on as a twin's that was never offered the file.
+  auto twin_model = std::make_shared<TinyClassifier>();
+  auto twin_opt = twin_model->configure_optimizers()[0].optimizer();
+  auto twin = chain(*twin_opt, /*exponential_tail=*/false);
+  twin->step();
+  for (int i = 0; i < 3; ++i) {
+    sched->step();
+    twin->step();
+    EXPECT_EQ(sched->last_lrs(), twin->last_lrs()) << "step " << i;
+  }
+}
+
 // log()'s default step is the steps taken through step(), carried by save/load.
 TEST(Fabric, LogStepsDefaultToTheStepsTakenAcrossASaveAndLoad) {
   volt_test::TempDir dir;

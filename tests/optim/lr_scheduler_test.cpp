@@ -351,6 +351,60 @@ TEST(LRScheduler, MatchesPyTorchReference) {
             << " (tolerance " << kTolerance << ")\n";
 }
 
+// A param group added after the scheduler was built (BaseFinetuning's unfreeze) is scheduled as
+// PyTorch's chainable get_lr() schedules it (tools/lr_scheduler_reference.py's
+// added_group_cases: StepLR, ExponentialLR, CosineAnnealingLR, LinearLR... scale it; LambdaLR,
+// CyclicLR, a SequentialLR milestone... leave it alone); volt left it alone everywhere. A resume
+// after it was added, the group added again before the load as BaseFinetuning restores, goes on
+// like the uninterrupted run (the group's rate as the optimizer's state restores it: the load
+// leaves it alone, as PyTorch's load_state_dict writes no lr).
+TEST(LRScheduler, AGroupAddedAfterTheSchedulerIsScheduledAsInPyTorch) {
+  const auto& cases = reference()["added_group_cases"];
+  ASSERT_GE(cases.size(), 13u);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    const size_t steps = c["steps"];
+    const size_t after = c["add_group"]["after"];
+    const auto add_group = [&](torch::optim::Optimizer& o) {
+      o.add_param_group(torch::optim::OptimizerParamGroup({torch::zeros({2}, torch::kFloat64)}));
+      o.param_groups().back().options().set_lr(c["add_group"]["lr"].get<double>());
+    };
+    const auto expect_step = [&](torch::optim::Optimizer& o, size_t i) {
+      const auto want = c["lrs"][i].get<std::vector<double>>();
+      const auto got = group_lrs(o);
+      ASSERT_EQ(got.size(), want.size()) << "after " << i << " steps";
+      for (size_t g = 0; g < want.size(); ++g) {
+        EXPECT_LE(rel_error(got[g], want[g]), kTolerance)
+            << "group " << g << " after " << i << " steps: " << got[g] << " vs PyTorch " << want[g];
+      }
+    };
+    auto opt = make_optimizer(c["optimizer"]);
+    auto sched = make_scheduler(c["scheduler"], *opt);
+    const size_t cut = after + 2;
+    std::string bytes;
+    std::vector<double> lrs_at_cut;
+    for (size_t i = 0; i < steps; ++i) {
+      if (i == after) add_group(*opt);
+      if (i == cut) {
+        bytes = archive_bytes(*sched);
+        lrs_at_cut = group_lrs(*opt);
+      }
+      sched->step();
+      expect_step(*opt, i + 1);
+    }
+    auto opt2 = make_optimizer(c["optimizer"]);
+    auto resumed = make_scheduler(c["scheduler"], *opt2);
+    add_group(*opt2);
+    opt2->param_groups().back().options().set_lr(lrs_at_cut.back());  // the optimizer's state
+    load_bytes(*resumed, bytes);
+    EXPECT_EQ(group_lrs(*opt2), lrs_at_cut);
+    for (size_t i = cut; i < steps; ++i) {
+      resumed->step();
+      expect_step(*opt2, i + 1);
+    }
+  }
+}
+
 TEST(LRScheduler, SaveLoadMidSequenceContinuesLikeUninterrupted) {
   for (const auto& c : reference()["cases"]) {
     SCOPED_TRACE(c["name"].get<std::string>());
@@ -488,9 +542,10 @@ TEST(LRScheduler, LoadErrors) {
                                       "checkpoint chains 2 schedulers but this one chains 3");
 }
 
-// As PyTorch's schedulers, which zip over base_lrs: a group added after the scheduler was built
-// (BackboneFinetuning's) keeps the rate its adder gives it; removing a group is an error.
-TEST(LRScheduler, ParamGroupAddedAfterConstructionKeepsItsRate) {
+// A group added after the scheduler was built (BackboneFinetuning's) is scaled by StepLR, as
+// torch 1.13's chainable get_lr() does (AGroupAddedAfterTheSchedulerIsScheduledAsInPyTorch has
+// every scheduler), and last_lrs covers it; removing a group is an error.
+TEST(LRScheduler, ParamGroupAddedAfterConstructionIsScaledAndRemovingOneIsAnError) {
   auto opt = two_group_sgd();
   volt::StepLR sched(*opt, 1, 0.5);
   const double lr0 = opt->param_groups()[0].options().get_lr();
@@ -501,8 +556,8 @@ TEST(LRScheduler, ParamGroupAddedAfterConstructionKeepsItsRate) {
   sched.step();
   EXPECT_DOUBLE_EQ(opt->param_groups()[0].options().get_lr(), lr0 * 0.5);
   EXPECT_DOUBLE_EQ(opt->param_groups()[1].options().get_lr(), lr1 * 0.5);
-  EXPECT_DOUBLE_EQ(opt->param_groups()[2].options().get_lr(), 0.125);
-  ASSERT_EQ(sched.last_lrs().size(), 2u);
+  EXPECT_DOUBLE_EQ(opt->param_groups()[2].options().get_lr(), 0.125 * 0.5);
+  ASSERT_EQ(sched.last_lrs().size(), 3u);
   while (opt->param_groups().size() > 1) opt->param_groups().pop_back();
   expect_error<volt::ConfigError>([&] { sched.step(); },
                                   "do not remove param groups from a scheduled optimizer");

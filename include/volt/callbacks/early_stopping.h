@@ -35,11 +35,18 @@ struct EarlyStoppingOptions {
   /// val_check_interval is 1.0 and check_val_every_n_epoch is 1 (also when the fit does not
   /// validate), else after each validation. Default: unset.
   TORCH_ARG(c10::optional<bool>, check_on_train_epoch_end);
+  /// Log each improvement ("Metric val_loss improved by 0.012 >= min_delta = 0.0. New best
+  /// score: 0.410") and the reason for a stop, as Lightning. Default: false.
+  TORCH_ARG(bool, verbose) = false;
+  /// With verbose in a multi-process run: log on rank 0 only; false logs on every rank, each
+  /// line prefixed "[rank: N]" (Lightning's log_rank_zero_only). Default: false.
+  TORCH_ARG(bool, log_rank_zero_only) = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const EarlyStoppingOptions& o);
 
-/// Lightning's EarlyStopping; patience counts validation checks, not epochs.
+/// Lightning's EarlyStopping; patience counts validation checks, not epochs. Off under
+/// fast_dev_run, as Lightning (it neither stops nor checks the monitor there).
 class EarlyStopping : public Callback {
  public:
   explicit EarlyStopping(EarlyStoppingOptions options);

@@ -22,18 +22,22 @@ enum class LoggingInterval {
 struct LearningRateMonitorOptions {
   /// Default: LoggingInterval::kAuto.
   TORCH_ARG(LoggingInterval, logging_interval) = LoggingInterval::kAuto;
-  /// Also log momentum (SGD/RMSprop momentum, Adam-family beta1) as "<name>-momentum".
-  /// Default: false.
+  /// Also log momentum (SGD/RMSprop momentum, Adam-family beta1) as "<name>-momentum"; an
+  /// optimizer without one logs 0, with a warning at train start (as Lightning). Default: false.
   TORCH_ARG(bool, log_momentum) = false;
   /// Also log weight decay as "<name>-weight_decay". Default: false.
   TORCH_ARG(bool, log_weight_decay) = false;
+  /// Put before every name ("train/" gives "train/lr-SGD"), Lightning's log_key_prefix.
+  /// Default: "".
+  TORCH_ARG(std::string, log_key_prefix);
 };
 
 std::ostream& operator<<(std::ostream& os, const LearningRateMonitorOptions& o);
 
-/// Names: "lr-<Optimizer>" for one param group, "lr-<Optimizer>/pg<i>" (1-based) for several,
-/// "-<k>" appended to repeated optimizer types. Values go straight to the loggers (host values:
-/// reading an lr never touches a device).
+/// Names: "lr-<Optimizer>", or the OptimizerConfig's name, for one param group,
+/// "lr-<Optimizer>/pg<i>" (1-based) for several, "-<k>" appended to repeated optimizer types,
+/// as Lightning. Values go to the loggers and into callback_metrics (so EarlyStopping or a
+/// ModelCheckpoint may monitor a rate); host values: reading an lr never touches a device.
 class LearningRateMonitor : public Callback {
  public:
   explicit LearningRateMonitor(LearningRateMonitorOptions options = {});

@@ -17,24 +17,40 @@ namespace volt {
 enum class Mode { kMin, kMax };
 
 struct ModelCheckpointOptions {
-  /// Folder for checkpoints; "" = <log_dir>/checkpoints. Default: "".
+  /// Folder for checkpoints; "" = <log_dir>/checkpoints. A leading "~" is the home folder and a
+  /// relative path is made absolute when the fit starts, as Lightning. Default: "".
   TORCH_ARG(std::string, dirpath);
   /// File name template: "{epoch}-{step}" style with metric names and optional Python-style
-  /// format specs ("{epoch:02d}-{val_loss:.3f}"; epoch and step are integers, metrics floats);
-  /// each field renders as name=value, and a bad spec is a ConfigError at construction.
-  /// Default: "{epoch}-{step}".
+  /// format specs ("{epoch:02d}-{val_loss:.3f}"; epoch and step are integers, metrics floats,
+  /// without a spec in Python's repr: val_loss=0.12345679104328156, as Lightning). Each field
+  /// renders as name=value (see auto_insert_metric_name); a "/" in the rendered name becomes
+  /// "_" (a metric such as "val/loss" creates no folder). A field that is not a logged metric
+  /// renders as 0, with a warning once (Lightning substitutes 0 silently). A bad spec is a
+  /// ConfigError at construction. Default: "{epoch}-{step}".
   TORCH_ARG(std::string, filename) = "{epoch}-{step}";
+  /// Render each field as name=value ("{epoch}" -> "epoch=3"); false renders the value alone,
+  /// so "epoch{epoch:02d}" gives "epoch03" (Lightning's auto_insert_metric_name). Default: true.
+  TORCH_ARG(bool, auto_insert_metric_name) = true;
   /// Metric that ranks checkpoints; "" keeps the latest. Default: "".
   TORCH_ARG(std::string, monitor);
   /// kMin or kMax for the monitored metric. Default: kMin.
   TORCH_ARG(Mode, mode) = Mode::kMin;
   /// Keep the best k files; -1 keeps all, 0 none (only last.ckpt). Default: 1.
   TORCH_ARG(int64_t, save_top_k) = 1;
-  /// Also write last.ckpt every time a checkpoint is saved (last-v1.ckpt, ... when a last.ckpt
-  /// that is not this run's is in the folder and enable_version_counter is on, as Lightning).
+  /// Also write last.ckpt at each save (each every_n_train_steps, every_n_epochs or
+  /// train_time_interval trigger, whether or not that state made the top k, as Lightning up to
+  /// 2.5; 2.6's epoch and validation saves refresh it only with a top-k file), and at the end
+  /// of a fit in which nothing was saved (as Lightning 2.6). last-v1.ckpt, ... when a last.ckpt
+  /// that is not this run's is in the folder and enable_version_counter is on, as Lightning.
   /// Default: false.
   TORCH_ARG(bool, save_last) = false;
-  /// Save every N optimizer steps (at train batch end); 0 = off. Default: 0.
+  /// Save every N optimizer steps (at train batch end); 0 = off. With a monitor, a save due
+  /// before the monitored metric is logged, or right before a validation whose end writes the
+  /// epoch checkpoints (or the epoch's last validation), waits for that point (the validation's
+  /// end, or the train epoch's end when save_on_train_epoch_end holds; training's end at the
+  /// latest), so it is ranked by a fresh score. Lightning 2.6 defers the same way where it
+  /// writes epoch checkpoints after validation (elsewhere its deferred save is never written).
+  /// Default: 0.
   TORCH_ARG(int64_t, every_n_train_steps) = 0;
   /// Save every N epochs (at train epoch end or after validation: see save_on_train_epoch_end);
   /// 0 = off. Default: 1 unless every_n_train_steps or train_time_interval is set.
@@ -57,6 +73,10 @@ struct ModelCheckpointOptions {
   /// module's own state (validate/test/predict and volt::load_weights read them; a fit cannot
   /// resume from them). Not with DeepSpeedStrategy. Default: false.
   TORCH_ARG(bool, save_weights_only) = false;
+  /// Log each ranking decision on rank 0 ("Epoch 3, global step 120: 'val_loss' reached 0.41250
+  /// (best 0.41250), saving model to '...' as top 1", or "was not in top 1"), as Lightning.
+  /// Default: false.
+  TORCH_ARG(bool, verbose) = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o);
@@ -66,7 +86,9 @@ std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o);
 /// holds the callback's state as it is after that save (the file among the top k, the best
 /// path), so a fit resumed from any of them goes on with the right list; the checkpoint a run
 /// started from (RunContext::ckpt_path) is never deleted. Among equal scores the earlier save
-/// counts as the better one (Lightning's dict order).
+/// counts as the better one (Lightning's dict order). No checkpoint is saved before the fit's
+/// first optimizer step (Lightning: "no need to save when no steps were taken"), except
+/// save_last's at the end of a fit that saved nothing.
 class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(ModelCheckpointOptions options = ModelCheckpointOptions());
@@ -78,6 +100,7 @@ class ModelCheckpoint : public Callback {
                           int64_t batch_idx) override;
   void on_train_epoch_end(RunContext& run, Module& module) override;
   void on_validation_end(RunContext& run, Module& module) override;
+  void on_train_end(RunContext& run, Module& module) override;
   void save_state(torch::serialize::OutputArchive& archive) const override;
   void load_state(torch::serialize::InputArchive& archive) override;
 
@@ -93,7 +116,10 @@ class ModelCheckpoint : public Callback {
   std::string format_filename(const Metrics& metrics, int64_t epoch, int64_t step) const;
 
  private:
-  void save(RunContext& run);
+  /// The top-k file (unless `last_only`) and last.ckpt for the current step.
+  void save(RunContext& run, bool last_only = false);
+  /// A step or time trigger: saves now, or marks the save deferred to the validation's end.
+  void save_or_defer(RunContext& run);
   bool saves_on_train_epoch_end(const RunContext& run) const;
   /// `stem`.ckpt, or its first free "-vN" version (the evicted file's name counts as free).
   std::string free_path(RunContext& run, const std::string& stem, const std::string& evicted);
@@ -116,6 +142,8 @@ class ModelCheckpoint : public Callback {
   int64_t last_saved_step_ = -1;
   std::chrono::steady_clock::time_point last_time_check_;  // train_time_interval's clock
   int64_t last_saved_epoch_ = -1;
+  bool deferred_ = false;      // a step or time save waits for the next validation (saved state)
+  bool saved_in_fit_ = false;  // this fit wrote a checkpoint (on_train_end's save_last)
 };
 
 }  // namespace volt

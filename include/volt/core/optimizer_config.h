@@ -38,6 +38,10 @@ struct OptimizerConfig {
   /// run with a ConfigError naming the metrics there are, false warns and skips that step
   /// (Lightning's `strict`). Default: true.
   TORCH_ARG(bool, strict) = true;
+  /// The name LearningRateMonitor logs this optimizer's rates under, instead of "lr-<Type>"
+  /// (Lightning's lr_scheduler config "name"; here also for an optimizer without a scheduler).
+  /// Default: "" (lr-<Type>).
+  TORCH_ARG(std::string, name);
 };
 
 }  // namespace volt

@@ -59,6 +59,11 @@ class RunContext {
   bool sanity_checking() const { return state().stage == Stage::kSanityCheck; }
   /// Latest values of everything logged (monitor keys for callbacks).
   virtual const Metrics& callback_metrics() const = 0;
+  /// Puts a value a callback computed into callback_metrics() (where other callbacks and
+  /// plateau schedulers may monitor it) without logging it: LearningRateMonitor's rates, as
+  /// Lightning's trainer.callback_metrics.update. A value logged under the same name later
+  /// replaces it.
+  virtual void set_callback_metric(const std::string& name, double value) = 0;
   /// Values logged with prog_bar=true.
   virtual const Metrics& progress_bar_metrics() const = 0;
   virtual void log(const std::string& name, const at::Tensor& value, const LogOptions& opts) = 0;

@@ -162,10 +162,12 @@ class PipelineImpl : public torch::nn::Module {
   /// Values kept beside the module's tensors (an average of the weights, say), with the
   /// pipeline's as their stages hold them: `values[i]` is kept beside `tensors[i]`. Each entry
   /// beside a stage's parameter or buffer comes from that stage's rank (allocated at its whole
-  /// shape elsewhere); the other entries are returned as given. Collective over the pipeline's
-  /// ranks (every rank passes the same tensors); returns `values` when not distributed.
+  /// shape elsewhere); the other entries are returned as given. `dst` >= 0: only the pipeline
+  /// rank `dst` gathers (each stage sends its entries there); the other ranks get `values` back
+  /// as given and allocate nothing. Collective over the pipeline's ranks (every rank passes the
+  /// same tensors and `dst`); returns `values` when not distributed.
   std::vector<at::Tensor> gather_beside(const std::vector<at::Tensor>& tensors,
-                                        std::vector<at::Tensor> values) const;
+                                        std::vector<at::Tensor> values, int64_t dst = -1) const;
 
   int64_t stage() const { return stage_; }
   int64_t num_stages() const { return static_cast<int64_t>(bounds_.size()) - 1; }

@@ -77,9 +77,10 @@ class LRScheduler {
   void initial_step();
   /// ++last_epoch_ and writes compute_lrs(); leaves the scheduler unchanged if that throws.
   void advance();
-  /// The lrs now in the optimizer's param groups.
+  /// The lrs now in the scheduled param groups (those the optimizer had when this was built).
   std::vector<double> current_lrs() const;
-  /// Writes `lrs` into the param groups and last_lrs_.
+  /// Writes `lrs` into the first lrs.size() param groups (the scheduled ones, and with
+  /// chains_added_groups_ those added since) and into last_lrs_.
   void write_lrs(const std::vector<double>& lrs);
 
   torch::optim::Optimizer& optimizer_;
@@ -92,6 +93,12 @@ class LRScheduler {
   /// True for schedulers that, like PyTorch's CyclicLR, keep base lrs of their own (their
   /// base_lr) without touching param_group['initial_lr'], which the others share.
   bool keeps_own_base_lrs_ = false;
+  /// True for schedulers whose PyTorch get_lr() scales every param group's current lr (StepLR,
+  /// MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR, ConstantLR, PolynomialLR): a group
+  /// added after they were built (BaseFinetuning's) is scheduled too, and step() hands
+  /// compute_lrs every group's lr. The others zip over base_lrs or per-group settings in
+  /// PyTorch and leave such a group's lr as its adder set it.
+  bool chains_added_groups_ = false;
 
  private:
   friend class ChainedScheduler;

@@ -96,7 +96,11 @@ void AveragedTensors::swap() {
 void AveragedTensors::save(torch::serialize::OutputArchive& archive) const {
   if (average_.empty()) return;  // the same on every rank: they count the same updates
   std::vector<at::Tensor> whole = average_;
-  for (const auto& pipe : pipelines_) whole = pipe->gather_beside(module_, std::move(whole));
+  // Gathered on the pipeline's first rank alone, where the strategy gathers the weights (the
+  // writer is global rank 0): no other rank allocates another stage's average.
+  for (const auto& pipe : pipelines_) {
+    whole = pipe->gather_beside(module_, std::move(whole), /*dst=*/0);
+  }
   // A tensor-parallel shard's average joined whole (collective over its group: every rank
   // saves the same tensors in the same order), as the strategy saves the weights.
   for (size_t i = 0; i < whole.size(); ++i) {

@@ -201,6 +201,7 @@ class Run : public RunContext {
   // ---------------------------------------------------------------- RunContext
   const LoopState& state() const override { return st; }
   const Metrics& callback_metrics() const override;
+  void set_callback_metric(const std::string& name, double value) override;
   const Metrics& progress_bar_metrics() const override;
   void log(const std::string& name, const at::Tensor& value, const LogOptions& o) override;
   using RunContext::save_checkpoint;

@@ -72,6 +72,24 @@ bool stop_requested(Run& r) {
   return false;
 }
 
+// A requested stop (a signal, the hooks' requests) checked before a stretch of training, with
+// max_time counting the time restored only: max_time is checked after batches and at epoch ends
+// (Lightning's Timer), so a max_time of microseconds still trains its first batch, and at the
+// fit's start Lightning's Timer checks at on_fit_start before it counts. The clock is put back
+// also when the check throws (a signal): OnExceptionCheckpoint saves the time trained, which
+// would read as the time restored alone.
+void check_stop_on_restored_clock(Run& r) {
+  const auto fit_end = r.fit_end;
+  if (!fit_end) r.fit_end = r.fit_start;
+  try {
+    r.check_stop(/*lagged=*/false, /*in_fit=*/true);
+  } catch (...) {
+    r.fit_end = fit_end;
+    throw;
+  }
+  r.fit_end = fit_end;
+}
+
 // A requested stop, or max_steps reached.
 bool stop_now(Run& r) {
   if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) return true;
@@ -156,20 +174,8 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   // A hook may have frozen or unfrozen layers (BaseFinetuning); DDP rebuilds its buckets.
   r.check_trainable_parameters();
   // A stop the epoch-start hooks ask for trains no batch of the epoch (Lightning's epoch loop
-  // checks `done` before its first batch); the epoch-end hooks still run. Not max_time: it is
-  // checked after batches and at epoch ends (Lightning's Timer), so here the clock counts the
-  // time restored only (a max_time of microseconds still trains its first batch).
-  // The clock is put back also when the check throws (a signal): OnExceptionCheckpoint saves the
-  // time trained, which would read as the time restored alone.
-  const auto fit_end = r.fit_end;
-  if (!fit_end) r.fit_end = r.fit_start;
-  try {
-    r.check_stop(/*lagged=*/false, /*in_fit=*/true);
-  } catch (...) {
-    r.fit_end = fit_end;
-    throw;
-  }
-  r.fit_end = fit_end;
+  // checks `done` before its first batch); the epoch-end hooks still run. Not max_time.
+  check_stop_on_restored_clock(r);
   bool stopped = stop_now(r);
   // Resumed from a checkpoint written just before a due validation: run it first, also when the
   // epoch-start hooks (which a mid-epoch resume runs again) ask to stop, as the uninterrupted fit
@@ -512,12 +518,8 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   r.fit_start = Clock::now();
   const int64_t max_epochs = r.resolved_max_epochs();
   // Lightning's FitLoop.skip: a fit with nothing to train (a resume of a finished fit, its
-  // max_time spent, no training batches) runs no train start or end hooks; the fit's do run. At
-  // the start max_time counts the time restored only, as Lightning's Timer checks at on_fit_start
-  // before it counts: the microseconds since fit_start would stop a small max_time at once.
-  r.fit_end = r.fit_start;
-  r.check_stop(/*lagged=*/false, /*in_fit=*/true);
-  r.fit_end.reset();
+  // max_time spent, no training batches) runs no train start or end hooks; the fit's do run.
+  check_stop_on_restored_clock(r);
   bool no_batches = agreed_train_limit(r, train) == 0;
   const bool nothing_to_train =
       no_batches || (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) ||
@@ -532,9 +534,11 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
     // The epoch-end hooks' requests; at the start, those of on_train_start (a Timer restored
     // with its time spent).
     if (first || r.st.epoch_finished) {
-      if (first) r.fit_end = r.fit_start;  // as above
-      r.check_stop(/*lagged=*/false, /*in_fit=*/true);
-      if (first) r.fit_end.reset();
+      if (first) {
+        check_stop_on_restored_clock(r);
+      } else {
+        r.check_stop(/*lagged=*/false, /*in_fit=*/true);
+      }
       if (stop_now(r)) break;
     }
     if (r.st.epoch_finished) {
