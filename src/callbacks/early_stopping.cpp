@@ -11,7 +11,6 @@
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 #include "volt/core/run_context.h"
-#include "volt/trainer/trainer_options.h"
 
 namespace volt {
 
@@ -63,8 +62,6 @@ bool EarlyStopping::checks_on_train_epoch_end(const RunContext& run) const {
 }
 
 void EarlyStopping::check(RunContext& run) {
-  // As Lightning: off under fast_dev_run (a smoke run neither stops nor checks the monitor).
-  if (run.trainer_options().fast_dev_run() != 0) return;
   const Metrics& m = run.callback_metrics();
   auto it = m.find(options_.monitor());
   if (it == m.end()) {

@@ -86,7 +86,7 @@ void try_scheduler_load(LRScheduler& scheduler, torch::serialize::InputArchive& 
                         const std::string& path, const std::string& name) {
   torch::serialize::OutputArchive own;
   scheduler.save(own);
-  std::ostringstream bytes;
+  auto bytes = detail::c_stream<std::ostringstream>();
   own.save_to(bytes);
   auto& groups = scheduler.optimizer().param_groups();
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
@@ -106,7 +106,7 @@ void try_scheduler_load(LRScheduler& scheduler, torch::serialize::InputArchive& 
   };
   try {
     torch::serialize::InputArchive back;
-    std::istringstream in(bytes.str());
+    auto in = detail::c_stream<std::istringstream>(bytes.str());
     back.load_from(in);
     scheduler.load(back);
   } catch (...) {
