@@ -263,6 +263,7 @@ std::string ModelCheckpoint::format_filename(const Metrics& metrics, int64_t epo
   std::string out, tail;
   for (const Field& f : parse_template(options_.filename(), &tail)) {
     double value;
+    bool missing = false;  // Lightning's missing field is torch.tensor(0): "0" without a spec
     if (f.name == "epoch") {
       value = static_cast<double>(epoch);
     } else if (f.name == "step") {
@@ -277,12 +278,11 @@ std::string ModelCheckpoint::format_filename(const Metrics& metrics, int64_t epo
                       "]); it renders as 0 (as Lightning). Log it or remove it from the "
                       "filename template.");
         value = 0.0;
+        missing = true;
       } else {
         value = it->second;
       }
     }
-    // Lightning's missing field is torch.tensor(0), an integer: "0" without a spec.
-    const bool missing = !is_int_field(f.name) && metrics.count(f.name) == 0;
     out += f.prefix + (options_.auto_insert_metric_name() ? f.name + "=" : std::string()) +
            (missing && f.spec.empty() ? std::string("0") : render(f.name, f.spec, value));
   }

@@ -337,32 +337,30 @@ void PipelineStrategy::save_model_state(const Module& module,
   // stage's weights (every rank held the whole model while a checkpoint was saved, where a
   // pipeline's point is that it does not fit one rank). The other replicas hold the same weights.
   if (replica_ != 0) return;
-  const int64_t me = pipe_->stage();
-  std::unordered_set<const c10::TensorImpl*> listed;  // each tensor from the first stage with it
-  for (const auto& t : pipe_->stage_state(0)) listed.insert(t.unsafeGetTensorImpl());
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> received;
   torch::NoGradGuard no_grad;
-  for (int64_t s = 1; s < pipe_->num_stages(); ++s) {
-    for (const auto& t : pipe_->stage_state(s)) {
-      if (!listed.insert(t.unsafeGetTensorImpl()).second) continue;
-      if (me == s) {
-        pipe_group_->send(t.detach().contiguous(), 0);
-      } else if (me == 0) {
-        at::Tensor copy = at::empty(pipe_->whole_shape(t), t.options());
-        pipe_group_->recv_(copy, s);
-        received.emplace(t.unsafeGetTensorImpl(), copy);
-      }
-    }
-  }
-  if (me != 0) return;
-  // What lies outside the pipeline is stage 0's (see setup_module), as this rank's own stage.
-  const auto whole = [&](const at::Tensor& t) {
-    const auto it = received.find(t.unsafeGetTensorImpl());
-    return it != received.end() ? it->second : t;
+  std::vector<at::Tensor> tensors;  // each once (a tied one has several names)
+  std::unordered_set<const c10::TensorImpl*> seen;
+  const auto list = [&](const at::Tensor& t) {
+    if (t.defined() && seen.insert(t.unsafeGetTensorImpl()).second) tensors.push_back(t);
   };
-  for (const auto& item : module.named_parameters(true)) ar.write(item.key(), whole(item.value()));
+  for (const auto& item : module.named_parameters(true)) list(item.value());
+  for (const auto& item : module.named_buffers(true)) list(item.value());
+  std::vector<at::Tensor> values;
+  values.reserve(tensors.size());
+  for (const auto& t : tensors) values.push_back(t.detach());
+  values = pipe_->gather_beside(tensors, std::move(values), /*dst=*/0);
+  if (pipe_->stage() != 0) return;
+  // What lies outside the pipeline is stage 0's (see setup_module), as this rank's own stage.
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> whole;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    whole.emplace(tensors[i].unsafeGetTensorImpl(), values[i]);
+  const auto of = [&](const at::Tensor& t) {
+    const auto it = whole.find(t.unsafeGetTensorImpl());
+    return it != whole.end() ? it->second : t;
+  };
+  for (const auto& item : module.named_parameters(true)) ar.write(item.key(), of(item.value()));
   for (const auto& item : module.named_buffers(true)) {
-    ar.write(item.key(), whole(item.value()), /*is_buffer=*/true);
+    ar.write(item.key(), of(item.value()), /*is_buffer=*/true);
   }
 }
 
