@@ -1,10 +1,12 @@
 #include "volt/callbacks/early_stopping.h"
 
+#include <ATen/ops/full.h>
 #include <fmt/format.h>
 
 #include <cmath>
 #include <limits>
 
+#include "core/detail/log_every_rank.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "core/detail/python_repr.h"
@@ -76,17 +78,21 @@ void EarlyStopping::check(RunContext& run) {
   auto why = detail::c_stream<std::ostringstream>();
   auto improved = detail::c_stream<std::ostringstream>();
   bool stop = false;
+  EarlyStoppingReason reason = EarlyStoppingReason::kNotStopped;
   if (options_.check_finite() && !std::isfinite(current)) {
     stop = true;
+    reason = EarlyStoppingReason::kNonFiniteMetric;
     why << "monitored metric " << options_.monitor() << " = " << current
         << " is not finite; previous best " << best_score_;
   } else if (options_.stopping_threshold() && improves(current, *options_.stopping_threshold())) {
     stop = true;
+    reason = EarlyStoppingReason::kStoppingThreshold;
     why << "stopping threshold reached: " << options_.monitor() << " = " << current
         << (min_mode ? " < " : " > ") << *options_.stopping_threshold();
   } else if (options_.divergence_threshold() &&
              improves(*options_.divergence_threshold(), current)) {
     stop = true;
+    reason = EarlyStoppingReason::kDivergenceThreshold;
     why << "divergence threshold reached: " << options_.monitor() << " = " << current
         << (min_mode ? " > " : " < ") << *options_.divergence_threshold();
   } else if (improves(current - options_.min_delta(), best_score_)) {
@@ -103,6 +109,7 @@ void EarlyStopping::check(RunContext& run) {
     ++wait_count_;
     if (wait_count_ >= options_.patience()) {
       stop = true;
+      reason = EarlyStoppingReason::kPatienceExhausted;
       why << "monitored metric " << options_.monitor() << " did not improve in the last "
           << wait_count_ << " checks; best score " << best_score_;
     }
@@ -111,8 +118,11 @@ void EarlyStopping::check(RunContext& run) {
   const std::string said = stop ? why.str() + "; asking the Trainer to stop." : improved.str();
   if (options_.verbose() && !said.empty()) {
     const int64_t rank = run.world_size() > 1 ? run.global_rank() : -1;
+    // Lightning's _log_info prints on every rank unless log_rank_zero_only (volt's log_info
+    // would drop the other ranks' lines).
     if (rank < 0 || !options_.log_rank_zero_only() || rank == 0) {
-      log_info("EarlyStopping", (rank >= 0 ? "[rank: " + std::to_string(rank) + "] " : "") + said);
+      detail::log_on_every_rank(LogLevel::kInfo, "EarlyStopping",
+                                (rank >= 0 ? "[rank: " + std::to_string(rank) + "] " : "") + said);
     }
   }
   // Every rank stops together: one rank's reason is enough (Lightning's all=False).
@@ -120,8 +130,23 @@ void EarlyStopping::check(RunContext& run) {
   if (any_stop && !stop) why << "another rank's " << options_.monitor() << " met the stop rule";
   stop = any_stop;
   if (stop) {
+    if (run.world_size() > 1) {
+      // Every rank takes the reason of the first rank that stopped by its own check (every
+      // rank is here: the decision above is the same everywhere).
+      const at::Tensor reasons = run.all_gather(
+          at::full({1}, static_cast<int64_t>(reason), at::kLong), /*sync_grads=*/false);
+      const at::Tensor stopped = reasons.reshape({-1}).cpu();
+      for (int64_t r = 0; r < stopped.numel(); ++r) {
+        const int64_t code = stopped[r].item<int64_t>();
+        if (code != 0) {
+          reason = static_cast<EarlyStoppingReason>(code);
+          break;
+        }
+      }
+    }
     stopped_epoch_ = run.state().epoch;
     stop_reason_ = why.str();
+    stopping_reason_ = reason;
     run.request_stop();
   }
 }
@@ -131,6 +156,8 @@ void EarlyStopping::save_state(torch::serialize::OutputArchive& ar) const {
   ar.write("best_score", c10::IValue(best_score_));
   ar.write("stopped_epoch", c10::IValue(stopped_epoch_));
   ar.write("patience", c10::IValue(options_.patience()));
+  ar.write("stopping_reason", c10::IValue(static_cast<int64_t>(stopping_reason_)));
+  ar.write("stopping_reason_message", c10::IValue(stop_reason_));
 }
 
 // The saved patience is not read back: a resumed run keeps the patience it is given (Lightning
@@ -143,6 +170,17 @@ void EarlyStopping::load_state(torch::serialize::InputArchive& ar) {
   wait_count_ = w.toInt();
   best_score_ = b.toDouble();
   stopped_epoch_ = s.toInt();
+  // Absent before session 103: not stopped.
+  c10::IValue reason, message;
+  const int64_t code =
+      ar.try_read("stopping_reason", reason) && reason.isInt() ? reason.toInt() : 0;
+  stopping_reason_ =
+      code >= 0 && code <= static_cast<int64_t>(EarlyStoppingReason::kNonFiniteMetric)
+          ? static_cast<EarlyStoppingReason>(code)
+          : EarlyStoppingReason::kNotStopped;
+  stop_reason_ = ar.try_read("stopping_reason_message", message) && message.isString()
+                     ? message.toStringRef()
+                     : std::string();
 }
 
 std::ostream& operator<<(std::ostream& os, const EarlyStoppingOptions& o) {

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,11 +17,13 @@
 #include <tuple>
 #include <vector>
 
+#include "callbacks/detail/exception_checkpoint.h"
 #include "core/detail/ascii.h"
 #include "core/detail/newest_path.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "core/detail/python_repr.h"
+#include "volt/core/atomic_file.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
 
@@ -196,6 +199,18 @@ void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
              "folders of every rank's shards, consolidated with their optimizer state; save full "
              "checkpoints and take the weights with volt::load_weights or `volt zero-to-fp32`.");
   dirpath_ = resolve_folder(dirpath_, options_.dirpath(), run.log_dir());
+  // Lightning's __warn_if_dir_not_empty (a fresh fit may version or rank against files of
+  // another run there), except for a resumed fit, whose files those usually are.
+  if (run.is_global_zero() && options_.save_top_k() != 0 && run.ckpt_path().empty()) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(dirpath_, ec) && !std::filesystem::is_empty(dirpath_, ec) &&
+        !ec) {
+      log_warning("ModelCheckpoint",
+                  "checkpoint directory " + dirpath_ +
+                      " exists and is not empty (as Lightning warns): its files may be another "
+                      "run's; give each run its own dirpath, or resume with ckpt_path.");
+    }
+  }
   // Resumed from a run that saved elsewhere (another default_root_dir or dirpath): as Lightning,
   // its top-k files and last checkpoint stay its own (this run neither evicts nor replaces
   // them) and only best_model_path carries over.
@@ -209,6 +224,7 @@ void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
     saved_order_.clear();
     last_model_path_.clear();
     latest_path_.clear();
+    current_score_.reset();
     last_saved_step_ = -1;  // nothing of this step is in the new folder
     last_saved_epoch_ = -1;
   }
@@ -230,6 +246,7 @@ void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
   restored_dirpath_.clear();
   validated_ = false;
   saved_in_fit_ = false;
+  last_written_.clear();
 }
 
 std::string ModelCheckpoint::find_last_checkpoint(const std::string& log_dir) const {
@@ -319,7 +336,7 @@ void ModelCheckpoint::save(RunContext& run, bool last_only) {
       warn_once("ModelCheckpoint.monitor." + options_.monitor(), "ModelCheckpoint",
                 what.substr(std::string("[ModelCheckpoint] ").size()) +
                     " yet (no validation has run): no top-k checkpoint is saved until it is" +
-                    (options_.save_last() ? "; last.ckpt is." : "."));
+                    (options_.save_last() != SaveLast::kNo ? "; last.ckpt is." : "."));
       ranked = false;
     } else {
       score = it->second;
@@ -327,6 +344,13 @@ void ModelCheckpoint::save(RunContext& run, bool last_only) {
   }
   last_saved_step_ = st.global_step;
   last_saved_epoch_ = st.epoch;
+  // last.ckpt's name first: the top-k file's state names it, so a fit resumed from that file (or
+  // through a link to it) knows last.ckpt as its own and does not version it.
+  const std::string last_path = options_.save_last() != SaveLast::kNo ? last_file(run) : "";
+  const std::string previous_last = last_model_path_;
+  const auto name_last = [&] {
+    if (!last_path.empty()) last_model_path_ = last_path;
+  };
   const int64_t k = ranked ? options_.save_top_k() : 0;
   const std::string stem = k != 0 ? format_filename(metrics, st.epoch, st.global_step) : "";
 
@@ -336,17 +360,28 @@ void ModelCheckpoint::save(RunContext& run, bool last_only) {
   // before that write's changes.
   const auto state = [&] {
     return std::make_tuple(best_k_models_, saved_order_, best_model_path_, latest_path_,
-                           last_model_path_);
+                           last_model_path_, current_score_);
   };
   const auto write = [&](const std::string& path, const auto& before) {
     try {
       run.save_checkpoint(path, options_.save_weights_only());
     } catch (...) {
-      std::tie(best_k_models_, saved_order_, best_model_path_, latest_path_, last_model_path_) =
-          before;
+      std::tie(best_k_models_, saved_order_, best_model_path_, latest_path_, last_model_path_,
+               current_score_) = before;
       throw;
     }
     saved_in_fit_ = true;
+    last_written_ = path;
+  };
+  // A file this save no longer keeps is deleted once the file replacing it is on disk; under
+  // kLink at the save's end, once last.ckpt (which may have named it) has moved on.
+  std::vector<std::string> evicted;
+  const auto evict = [&](const std::string& path) {
+    if (options_.save_last() == SaveLast::kLink) {
+      evicted.push_back(path);
+    } else {
+      remove_kept(run, path);
+    }
   };
   const auto say = [&](const std::string& what) {
     if (options_.verbose() && run.is_global_zero()) {
@@ -364,8 +399,9 @@ void ModelCheckpoint::save(RunContext& run, bool last_only) {
       keep(path, 0.0);
       latest_path_ = path;
       best_model_path_ = path;
+      name_last();
       write(path, before);
-      if (!previous.empty() && previous != path) remove_kept(run, previous);
+      if (!previous.empty() && previous != path) evict(previous);
     } else {
       double s = *score;
       if (std::isnan(s)) {
@@ -383,39 +419,40 @@ void ModelCheckpoint::save(RunContext& run, bool last_only) {
         if (!room) forget(worst);
         keep(path, s);
         best_model_path_ = best_kept();
+        current_score_ = s;
+        name_last();
         say(monitor + " reached " + fmt::format("{:.5f}", s) + " (best " +
             fmt::format("{:.5f}", best_k_models_.at(best_model_path_)) + "), saving model to '" +
             path + "' as top " + std::to_string(k < 0 ? best_k_models_.size() : k));
         write(path, before);
         // Delete the evicted file only after its replacement is safely on disk: the strategy's
         // CheckpointIO orders the removal after the save (rank 0 owns the files).
-        if (!room && worst != path) remove_kept(run, worst);
+        if (!room && worst != path) evict(worst);
       } else {
         say(monitor + " was not in top " + std::to_string(k));
       }
     }
   }
-  if (options_.save_last()) {
-    // A last.ckpt of another run in the folder is not overwritten: last-v1.ckpt, ... (this
-    // run's own last file, or the resumed run's, is).
-    std::string path = dirpath_ + "/last.ckpt";
-    if (options_.enable_version_counter()) {
-      const auto taken = [&](const std::string& p) {
-        std::error_code ec;
-        return run.reduce_boolean_decision(p != last_model_path_ && std::filesystem::exists(p, ec),
-                                           /*all=*/false);
-      };
-      for (int64_t v = 1; taken(path); ++v)
-        path = dirpath_ + "/last-v" + std::to_string(v) + ".ckpt";
-    }
-    const std::string previous = last_model_path_;
+  if (!last_path.empty()) {
     const auto before = state();
-    last_model_path_ = path;
-    write(path, before);
-    if (!previous.empty() && previous != path && best_k_models_.count(previous) == 0) {
-      remove_kept(run, previous);
+    last_model_path_ = last_path;
+    // kLink (Lightning's _save_last_checkpoint): a link to the newest file this fit wrote; a
+    // file of its own until it wrote another, and always without top-k files. When the newest
+    // file is last.ckpt itself it is written again (Lightning's link to itself does nothing,
+    // leaving an older state there). A file or a folder of shards written at a link's name
+    // replaces the link (renamed over it), never what it names.
+    if (options_.save_last() == SaveLast::kLink && options_.save_top_k() != 0 &&
+        !last_written_.empty() && last_written_ != last_path) {
+      run.link_checkpoint(last_written_, last_path);
+    } else {
+      write(last_path, before);
+    }
+    if (!previous_last.empty() && previous_last != last_path &&
+        best_k_models_.count(previous_last) == 0) {
+      evict(previous_last);
     }
   }
+  for (const auto& path : evicted) remove_kept(run, path);
 }
 
 void ModelCheckpoint::keep(const std::string& path, double score) {
@@ -517,6 +554,20 @@ std::string ModelCheckpoint::free_path(RunContext& run, const std::string& stem,
   return path;
 }
 
+// A last.ckpt of another run in the folder is not overwritten: last-v1.ckpt, ... (this run's own
+// last file, or the resumed run's, is).
+std::string ModelCheckpoint::last_file(RunContext& run) {
+  std::string path = dirpath_ + "/last.ckpt";
+  if (!options_.enable_version_counter()) return path;
+  const auto taken = [&](const std::string& p) {
+    std::error_code ec;
+    return run.reduce_boolean_decision(p != last_model_path_ && std::filesystem::exists(p, ec),
+                                       /*all=*/false);
+  };
+  for (int64_t v = 1; taken(path); ++v) path = dirpath_ + "/last-v" + std::to_string(v) + ".ckpt";
+  return path;
+}
+
 // Lightning's ModelCheckpoint._should_save_on_train_epoch_end, except that a fit without
 // validation saves at each epoch's end whatever check_val_every_n_epoch says (Lightning asks that
 // first and then saves no epoch checkpoint at all).
@@ -561,7 +612,85 @@ void ModelCheckpoint::on_train_end(RunContext& run, Module&) {
     deferred_ = false;
     save(run);
   }
-  if (options_.save_last() && !saved_in_fit_) save(run, /*last_only=*/true);
+  if (options_.save_last() != SaveLast::kNo && !saved_in_fit_) save(run, /*last_only=*/true);
+}
+
+// Lightning's save_on_exception: the template's file (not ranked; versioned where the name is
+// taken, which Lightning overwrites), then last.ckpt.
+void ModelCheckpoint::on_exception(RunContext& run, Module&, const std::exception& error) {
+  if (!options_.save_on_exception()) return;
+  if (!detail::may_checkpoint_after(run, error, "ModelCheckpoint")) return;
+  const LoopState& st = run.state();
+  // As Lightning (its last saved step starts at 0): nothing trained, nothing to save.
+  if (st.global_step == 0) return;
+  if (st.global_step == last_saved_step_ && st.epoch == last_saved_epoch_) return;
+  if (dirpath_.empty()) return;  // failed before on_fit_start (a restore): no folder yet
+  const std::string path =
+      free_path(run, format_filename(run.callback_metrics(), st.epoch, st.global_step), "");
+  // The file names last.ckpt in its state, as a top-k file does (see save()).
+  const std::string previous_last = last_model_path_;
+  const std::string last_path = options_.save_last() != SaveLast::kNo ? last_file(run) : "";
+  if (!last_path.empty()) last_model_path_ = last_path;
+  try {
+    run.save_checkpoint(path, options_.save_weights_only());
+  } catch (...) {
+    last_model_path_ = previous_last;
+    throw;
+  }
+  saved_in_fit_ = true;
+  last_written_ = path;
+  if (!last_path.empty()) {
+    last_model_path_ = previous_last;  // save() compares against the name before this save
+    save(run, /*last_only=*/true);
+  } else {
+    last_saved_step_ = st.global_step;
+    last_saved_epoch_ = st.epoch;
+  }
+  detail::report_exception_checkpoint(run, error, path, last_path, "ModelCheckpoint");
+}
+
+std::string ModelCheckpoint::kth_best_model_path() const {
+  // Lightning sets it once the list holds k files, k being one more than it held before each
+  // save under save_top_k -1: from the first file on.
+  const int64_t k = options_.save_top_k();
+  const auto kept = static_cast<int64_t>(best_k_models_.size());
+  if (options_.monitor().empty() || k == 0 || kept == 0 || (k > 0 && kept < k)) return "";
+  return worst_kept();
+}
+
+double ModelCheckpoint::kth_value() const {
+  const std::string kth = kth_best_model_path();
+  if (!kth.empty()) return best_k_models_.at(kth);
+  return options_.mode() == Mode::kMin ? std::numeric_limits<double>::infinity()
+                                       : -std::numeric_limits<double>::infinity();
+}
+
+namespace {
+// A float as PyYAML writes it (Lightning's to_yaml): repr with a ".0" before an exponent that
+// has no dot (YAML 1.1 reads "1e-05" as a string), .inf / -.inf / .nan.
+std::string yaml_float(double v) {
+  if (std::isnan(v)) return ".nan";
+  if (std::isinf(v)) return v > 0 ? ".inf" : "-.inf";
+  std::string s = detail::python_repr(v);
+  const size_t e = s.find('e');
+  if (e != std::string::npos && s.find('.') == std::string::npos) s.insert(e, ".0");
+  return s;
+}
+}  // namespace
+
+void ModelCheckpoint::to_yaml(const std::string& path) const {
+  VOLT_CHECK(!path.empty() || !dirpath_.empty(), ConfigError,
+             "[ModelCheckpoint] to_yaml() has no folder to write best_k_models.yaml into before "
+             "a fit starts (dirpath is unset); pass a path, or call it after fit.");
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const auto& [file, score] : best_k_models_) {  // sorted, as yaml.dump sorts its keys
+    out << YAML::Key << YAML::DoubleQuoted << file << YAML::Value << yaml_float(score);
+  }
+  out << YAML::EndMap;
+  VOLT_ASSERT(out.good(), "best_k_models.yaml emitter: ", out.GetLastError());
+  atomic_write_file(path.empty() ? dirpath_ + "/best_k_models.yaml" : path,
+                    std::string(out.c_str()) + "\n");
 }
 
 void ModelCheckpoint::save_state(torch::serialize::OutputArchive& ar) const {
@@ -583,6 +712,7 @@ void ModelCheckpoint::save_state(torch::serialize::OutputArchive& ar) const {
   ar.write("last_saved_step", c10::IValue(last_saved_step_));
   ar.write("last_saved_epoch", c10::IValue(last_saved_epoch_));
   ar.write("deferred", c10::IValue(deferred_));
+  if (current_score_) ar.write("current_score", c10::IValue(*current_score_));
 }
 
 void ModelCheckpoint::load_state(torch::serialize::InputArchive& ar) {
@@ -614,6 +744,10 @@ void ModelCheckpoint::load_state(torch::serialize::InputArchive& ar) {
   // A step save waiting for the validation after it (absent before session 102: none).
   c10::IValue deferred;
   deferred_ = ar.try_read("deferred", deferred) && deferred.isBool() && deferred.toBool();
+  c10::IValue current;
+  current_score_ = ar.try_read("current_score", current) && current.isDouble()
+                       ? c10::optional<double>(current.toDouble())
+                       : c10::nullopt;
 }
 
 std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o) {
@@ -621,7 +755,10 @@ std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o) {
             << ", filename=" << detail::quoted(o.filename())
             << ", monitor=" << detail::quoted(o.monitor())
             << ", mode=" << (o.mode() == Mode::kMin ? "min" : "max")
-            << ", save_top_k=" << o.save_top_k() << ", save_last=" << o.save_last()
+            << ", save_top_k=" << o.save_top_k() << ", save_last="
+            << (o.save_last() == SaveLast::kLink   ? "link"
+                : o.save_last() == SaveLast::kCopy ? "1"
+                                                   : "0")
             << ", every_n_train_steps=" << o.every_n_train_steps()
             << ", every_n_epochs=" << detail::optional_text(o.every_n_epochs())
             << ", train_time_interval=" << o.train_time_interval()
@@ -629,7 +766,8 @@ std::ostream& operator<<(std::ostream& os, const ModelCheckpointOptions& o) {
             << (o.save_on_train_epoch_end() ? (*o.save_on_train_epoch_end() ? "1" : "0") : "none")
             << ", enable_version_counter=" << o.enable_version_counter()
             << ", auto_insert_metric_name=" << o.auto_insert_metric_name()
-            << ", verbose=" << o.verbose() << ")";
+            << ", verbose=" << o.verbose() << ", save_on_exception=" << o.save_on_exception()
+            << ")";
 }
 
 }  // namespace volt

@@ -3,8 +3,8 @@
 #include <filesystem>
 #include <ostream>
 
+#include "callbacks/detail/exception_checkpoint.h"
 #include "volt/core/check.h"
-#include "volt/core/log.h"
 #include "volt/core/run_context.h"
 
 namespace volt {
@@ -22,34 +22,11 @@ OnExceptionCheckpoint::OnExceptionCheckpoint(OnExceptionCheckpointOptions option
 
 void OnExceptionCheckpoint::on_exception(RunContext& run, Module&, const std::exception& error) {
   saved_path_.clear();
-  // Only fit has training state to keep; validate/test/predict change nothing worth saving.
-  if (run.state().stage != Stage::kFit) return;
-  const auto* interrupted = dynamic_cast<const Interrupted*>(&error);
-  if (interrupted == nullptr && run.world_size() > 1) {
-    if (run.is_global_zero()) {
-      log_warning("OnExceptionCheckpoint",
-                  "no checkpoint written: the run failed on one rank while the others may be "
-                  "elsewhere in the loop, and writing one needs every rank. Resume from the "
-                  "last checkpoint of ModelCheckpoint.");
-    }
-    return;
-  }
+  if (!detail::may_checkpoint_after(run, error, "OnExceptionCheckpoint")) return;
   const std::string path = path_for(run.log_dir());
   run.save_checkpoint(path);
   saved_path_ = path;
-  if (run.is_global_zero()) {
-    if (interrupted != nullptr) {
-      log_info("OnExceptionCheckpoint",
-               "saved " + path + "; resume with ckpt_path=" + path +
-                   " (--ckpt_path on the command line) to continue exactly where it stopped.");
-    } else {
-      log_warning("OnExceptionCheckpoint",
-                  "saved " + path +
-                      " with the state as the failure left it (the step that failed may be half "
-                      "done); use it to inspect the failure rather than to resume (ckpt_path="
-                      "\"last\" takes it while it is the newest: move it away first).");
-    }
-  }
+  detail::report_exception_checkpoint(run, error, path, "", "OnExceptionCheckpoint");
 }
 
 std::string OnExceptionCheckpoint::path_for(const std::string& log_dir) const {

@@ -34,6 +34,17 @@ Mode mode_of(const Args& a) {
   return a.get<std::string>("mode") == "max" ? Mode::kMax : Mode::kMin;
 }
 
+// Lightning's save_last: a YAML boolean as the CLI's bool parameters take it, or "link".
+SaveLast save_last_of(const std::string& text) {
+  if (text == "link") return SaveLast::kLink;
+  if (text == "true" || text == "True" || text == "TRUE") return SaveLast::kCopy;
+  if (text == "false" || text == "False" || text == "FALSE") return SaveLast::kNo;
+  VOLT_CHECK(false, ConfigError, "[ModelCheckpoint] save_last=\"", text,
+             "\" is not true, false or link; give one of them (link: last.ckpt is a link to the "
+             "newest checkpoint).");
+  return SaveLast::kNo;
+}
+
 }  // namespace
 
 void register_callbacks(Registry& r) {
@@ -51,7 +62,10 @@ void register_callbacks(Registry& r) {
           .choice("mode", mode_name(mc.mode()), {"min", "max"},
                   "whether a lower or higher metric is better")
           .add("save_top_k", mc.save_top_k(), "keep the best k files; -1 keeps all, 0 none")
-          .add("save_last", mc.save_last(), "also write last.ckpt")
+          .add("save_last", "false",
+               "also write last.ckpt: true, false, or link (a link to the newest checkpoint)")
+          .add("save_on_exception", mc.save_on_exception(),
+               "save a checkpoint when fit fails or is interrupted")
           .add("every_n_train_steps", mc.every_n_train_steps(),
                "save every N optimizer steps; 0 = off")
           .optional<int64_t>("every_n_epochs",
@@ -75,7 +89,8 @@ void register_callbacks(Registry& r) {
             .monitor(a.get<std::string>("monitor"))
             .mode(mode_of(a))
             .save_top_k(a.get<int64_t>("save_top_k"))
-            .save_last(a.get<bool>("save_last"))
+            .save_last(save_last_of(a.get<std::string>("save_last")))
+            .save_on_exception(a.get<bool>("save_on_exception"))
             .every_n_train_steps(a.get<int64_t>("every_n_train_steps"))
             .train_time_interval(a.get<double>("train_time_interval"))
             .save_weights_only(a.get<bool>("save_weights_only"))

@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "core/detail/log_every_rank.h"
 #include "core/detail/log_order.h"
 
 namespace volt {
@@ -101,6 +102,11 @@ int64_t log_rank() {
 }
 
 namespace detail {
+
+void log_on_every_rank(LogLevel level, const std::string& component, const std::string& message) {
+  std::lock_guard<std::mutex> lock(mutex());
+  emit(level, component, message);
+}
 
 void keep_log_alive() {
   mutex();

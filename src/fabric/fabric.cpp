@@ -213,6 +213,9 @@ class FabricRun : public RunContext {
   // The Trainer's loop only.
   void save_checkpoint(const std::string&, bool) override { trainer_only("save_checkpoint()"); }
   void remove_checkpoint(const std::string&) override { trainer_only("remove_checkpoint()"); }
+  void link_checkpoint(const std::string&, const std::string&) override {
+    trainer_only("link_checkpoint()");
+  }
   void request_stop() override { trainer_only("request_stop()"); }
   std::string log_dir() const override { trainer_only("log_dir()"); }
   int64_t max_epochs() const override { trainer_only("max_epochs()"); }

@@ -40,12 +40,14 @@ std::ostream& operator<<(std::ostream& os, const AsyncCheckpointIOOptions& o) {
 /// One writer thread, started by the first save or remove, and a FIFO of its tasks. Everything
 /// below is guarded by `mu`; the writer drops the lock while it does a task's I/O.
 struct AsyncCheckpointIO::Impl {
+  enum class Kind { kSave, kRemove, kLink };
   struct Task {
-    bool save = true;
+    Kind kind = Kind::kSave;
     std::string path;
-    std::string bytes;  // the unsealed file (saves)
-    // Removals: the failed saves the caller had been told of when it queued this one.
+    std::string bytes;  // the unsealed file (saves); the link's target (links)
+    // Removals and links: the failed saves the caller had been told of when it queued this one.
     int64_t failed_saves_known = 0;
+    bool save() const { return kind == Kind::kSave; }
   };
 
   std::mutex mu;
@@ -77,11 +79,14 @@ struct AsyncCheckpointIO::Impl {
       if (queue.empty()) return;  // stop, and nothing left to write
       Task task = std::move(queue.front());
       queue.pop_front();
-      if (!task.save && failed_saves > task.failed_saves_known) {
+      if (!task.save() && failed_saves > task.failed_saves_known) {
         // A save queued before this removal failed, unknown to the caller when it asked for the
         // removal: the file that save was to replace stays. (Whether the failure was thrown
         // since does not matter; before session 81 a rethrow in between let the removal run.)
-        log_warning(kTag, "kept '" + task.path + "' (not removed): an earlier save failed");
+        // A link would name the file that save did not write: `path` keeps what it named.
+        log_warning(kTag, "kept '" + task.path +
+                              (task.kind == Kind::kLink ? "' (not relinked)" : "' (not removed)") +
+                              ": an earlier save failed");
         changed.notify_all();  // flush() may be waiting for the queue to empty
         continue;
       }
@@ -90,9 +95,11 @@ struct AsyncCheckpointIO::Impl {
       const auto t0 = Clock::now();
       std::string failure;
       try {
-        if (task.save) {
+        if (task.save()) {
           detail::seal_checkpoint(task.bytes);
           atomic_write_file(task.path, task.bytes);
+        } else if (task.kind == Kind::kLink) {
+          detail::make_link(task.bytes, task.path);
         } else {
           detail::remove_file(task.path);  // CheckpointIO::remove: a missing file is fine
         }
@@ -101,19 +108,22 @@ struct AsyncCheckpointIO::Impl {
       }
       const double spent = seconds_since(t0);
       if (!failure.empty()) {
-        if (task.save) {
+        if (task.save()) {
           log_error(kTag, "background save of '" + task.path + "' failed: " + failure);
         } else {
           // As Strategy::remove_checkpoint treats a synchronous removal that fails: an old
           // checkpoint that stays costs disk space, not the run (nor the next checkpoint).
-          log_warning(kTag, "background removal of '" + task.path + "' failed: " + failure +
-                                " The file stays; delete it by hand.");
+          log_warning(kTag, std::string("background ") +
+                                (task.kind == Kind::kLink ? "link" : "removal") + " of '" +
+                                task.path + "' failed: " + failure +
+                                (task.kind == Kind::kLink ? " It keeps what it held."
+                                                          : " The file stays; delete it by hand."));
         }
       }
       lock.lock();
       busy = false;
       stats.writer_seconds += spent;
-      if (task.save) {
+      if (task.save()) {
         --pending_saves;
         pending_bytes -= static_cast<int64_t>(task.bytes.size());
         ++stats.saves;
@@ -121,7 +131,7 @@ struct AsyncCheckpointIO::Impl {
       }
       if (!failure.empty()) {
         ++stats.failures;
-        if (task.save) {
+        if (task.save()) {
           ++failed_saves;
           errors.push_back("the background save of '" + task.path + "' failed: " + failure);
         }
@@ -169,7 +179,7 @@ AsyncCheckpointIO::~AsyncCheckpointIO() {
 
 void AsyncCheckpointIO::save(torch::serialize::OutputArchive& archive, const std::string& path) {
   const auto t0 = Clock::now();
-  Impl::Task task{true, path, {}};
+  Impl::Task task{Impl::Kind::kSave, path, {}};
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     if (!impl_->spare.empty()) ++impl_->stats.buffer_reuses;  // a kept, written buffer
@@ -207,7 +217,14 @@ torch::serialize::InputArchive AsyncCheckpointIO::load(const std::string& path) 
 
 void AsyncCheckpointIO::remove(const std::string& path) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->queue.push_back(Impl::Task{false, path, {}, impl_->failed_saves_known});
+  impl_->queue.push_back(Impl::Task{Impl::Kind::kRemove, path, {}, impl_->failed_saves_known});
+  impl_->start_locked();
+  impl_->changed.notify_all();
+}
+
+void AsyncCheckpointIO::link(const std::string& target, const std::string& path) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->queue.push_back(Impl::Task{Impl::Kind::kLink, path, target, impl_->failed_saves_known});
   impl_->start_locked();
   impl_->changed.notify_all();
 }

@@ -1,5 +1,7 @@
 #include "volt/io/checkpoint_io.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -7,8 +9,10 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 
 #include "core/detail/atomic_file_writer.h"
+#include "core/detail/temp_files.h"
 #include "detail/archive_check.h"
 #include "detail/checkpoint_envelope.h"
 #include "detail/crc32.h"
@@ -59,6 +63,48 @@ void detail::remove_file(const std::string& path) {
 
 void CheckpointIO::remove(const std::string& path) {
   detail::remove_file(path);
+}
+
+void detail::make_link(const std::string& target, const std::string& path) {
+  namespace fs = std::filesystem;
+  struct stat st;
+  VOLT_CHECK(::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode), CheckpointError,
+             "[CheckpointIO] cannot make '", path, "' a link to '", target,
+             "': a folder is in the way; move it away or choose another path.");
+  // Relative to the link's folder (Lightning's os.path.relpath), so the pair can move together.
+  std::error_code ec;
+  const fs::path link = fs::absolute(path, ec).lexically_normal();
+  const fs::path to = fs::absolute(target, ec).lexically_normal();
+  fs::path relative = to.lexically_relative(link.parent_path());
+  if (relative.empty()) relative = to;
+  const std::string tmp = detail::temp_path_for(path);
+  ::unlink(tmp.c_str());  // a link a killed process of this pid left
+  if (::symlink(relative.c_str(), tmp.c_str()) != 0) {
+    const int error = errno;
+    VOLT_CHECK(false, CheckpointError, "[CheckpointIO] cannot make the link '", path, "' -> '",
+               relative.string(), "' (", std::strerror(error), "); ",
+               error == EPERM || error == EOPNOTSUPP
+                   ? "the file system does not support symbolic links: use save_last=true."
+                   : "check that its folder exists and is writable.");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(tmp.c_str());
+    VOLT_CHECK(false, CheckpointError, "[CheckpointIO] cannot put the link '", path, "' -> '",
+               relative.string(), "' in place (", std::strerror(error),
+               "); check the folder's permissions (it keeps what it held).");
+  }
+  // Makes the rename durable, as AtomicFileWriter::commit.
+  const std::string folder = link.parent_path().string();
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+void CheckpointIO::link(const std::string& target, const std::string& path) {
+  detail::make_link(target, path);
 }
 
 void detail::serialize_checkpoint(torch::serialize::OutputArchive& archive, std::string& file) {

@@ -1,5 +1,7 @@
 #include "volt/strategies/strategy.h"
 
+#include <sys/stat.h>
+
 #include <torch/torch.h>
 
 #include "core/detail/remove_tree.h"
@@ -218,6 +220,30 @@ void Strategy::remove_checkpoint(const std::string& path) {
     // Rank 0 alone removes: throwing here would stop it while the other ranks go on into the
     // next collective. An old checkpoint that stays costs disk space, not the run.
     log_warning("Checkpoint", std::string(e.what()) + " The run goes on; delete it by hand.");
+  }
+}
+
+void Strategy::link_checkpoint(const std::string& target, const std::string& path) {
+  if (!is_global_zero()) return;
+  // A folder of shards at `path` (a sharded last.ckpt written before) goes first, after the
+  // saves before it (a failed one is thrown here, as from the next save: not a warning); a link
+  // to a folder is replaced as a file is.
+  struct stat st;
+  const bool folder = ::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  if (folder) checkpoint_io_->flush();
+  try {
+    if (folder) {
+      VOLT_CHECK(detail::is_checkpoint_folder(path), CheckpointError, "[Checkpoint] '", path,
+                 "' is a folder that holds no volt checkpoint; it is not replaced by a link. "
+                 "Move it away, or give the checkpoints another folder.");
+      VOLT_CHECK(detail::remove_tree(path), CheckpointError, "[Checkpoint] removing '", path,
+                 "' left part of it behind; check the permissions of the files in it.");
+    }
+    checkpoint_io_->link(target, path);
+  } catch (const Error& e) {
+    // As remove_checkpoint: rank 0 alone links, and throwing would stop it alone.
+    log_warning("Checkpoint", std::string(e.what()) + " The run goes on; '" + path +
+                                  "' does not name the newest checkpoint.");
   }
 }
 

@@ -184,6 +184,10 @@ void Run::remove_checkpoint(const std::string& path) {
   strategy().remove_checkpoint(path);
 }
 
+void Run::link_checkpoint(const std::string& target, const std::string& path) {
+  strategy().link_checkpoint(target, path);
+}
+
 void Run::share_log_dir() {
   if (strategy().world_size() <= 1) return;
   // Rank 0 picks (and creates) the run folder; the others learn its name. Every entry point

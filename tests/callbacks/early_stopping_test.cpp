@@ -187,4 +187,47 @@ TEST(EarlyStopping, RejectsOptionsThatCouldNeverStopOrAreMeaningless) {
   EXPECT_EQ(error_of(volt::EarlyStoppingOptions("m").divergence_threshold(INFINITY)), "no error");
 }
 
+// Lightning's EarlyStoppingReason: why the fit stopped, kept in checkpoints (with the message),
+// so a callback restored from one knows it too.
+TEST(EarlyStopping, StoppingReasonSaysWhyAndIsCheckpointed) {
+  using R = volt::EarlyStoppingReason;
+  const auto reason_of = [](std::vector<double> seq, volt::EarlyStoppingOptions o) {
+    volt_test::TempDir dir;
+    Const model(std::move(seq));
+    auto es = std::make_shared<volt::EarlyStopping>(o);
+    EXPECT_EQ(es->stopping_reason(), R::kNotStopped);
+    volt::Trainer t(volt_test::quiet(dir.path).max_epochs(5).callbacks({es}));
+    t.fit(model, volt_test::loader(volt_test::blobs(32)), volt_test::loader(volt_test::blobs(32)));
+    return std::make_pair(es->stopping_reason(), es->stop_reason());
+  };
+  EXPECT_EQ(reason_of({5, 4, 4, 4}, volt::EarlyStoppingOptions("m").patience(1)).first,
+            R::kPatienceExhausted);
+  EXPECT_EQ(reason_of({5, 0.5}, volt::EarlyStoppingOptions("m").stopping_threshold(1)).first,
+            R::kStoppingThreshold);
+  EXPECT_EQ(reason_of({5, 50}, volt::EarlyStoppingOptions("m").divergence_threshold(10)).first,
+            R::kDivergenceThreshold);
+  EXPECT_EQ(reason_of({5, NAN}, volt::EarlyStoppingOptions("m")).first, R::kNonFiniteMetric);
+  EXPECT_EQ(reason_of({5, 4, 3, 2, 1}, volt::EarlyStoppingOptions("m")).first, R::kNotStopped);
+
+  // Saved and restored with the message.
+  volt_test::TempDir dir;
+  Const model({5, 0.5});
+  auto es =
+      std::make_shared<volt::EarlyStopping>(volt::EarlyStoppingOptions("m").stopping_threshold(1));
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(5).callbacks({es}));
+  t.fit(model, volt_test::loader(volt_test::blobs(32)), volt_test::loader(volt_test::blobs(32)));
+  ASSERT_EQ(es->stopping_reason(), R::kStoppingThreshold);
+  t.save_checkpoint(dir / "stopped.ckpt");
+  auto restored =
+      std::make_shared<volt::EarlyStopping>(volt::EarlyStoppingOptions("m").stopping_threshold(1));
+  Const again({5, 0.5});
+  volt::Trainer r(volt_test::quiet(dir.path).max_epochs(2).callbacks({restored}));
+  r.fit(again, volt_test::loader(volt_test::blobs(32)), volt_test::loader(volt_test::blobs(32)),
+        dir / "stopped.ckpt");
+  EXPECT_EQ(restored->stopping_reason(), R::kStoppingThreshold);
+  EXPECT_EQ(restored->stop_reason(), es->stop_reason());
+  EXPECT_NE(restored->stop_reason().find("stopping threshold reached"), std::string::npos)
+      << restored->stop_reason();
+}
+
 }  // namespace

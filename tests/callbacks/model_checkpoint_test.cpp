@@ -807,4 +807,103 @@ TEST(ModelCheckpoint, ADirpathUnderTheHomeFolderIsExpanded) {
   EXPECT_FALSE(std::filesystem::exists("~"));
 }
 
+// Lightning's kth_best_model_path, kth_value and current_score, and to_yaml. Scores 5, 3, 4, 1,
+// 2, 6 with the best 2 kept (min): the kth is the worst kept once two are; the current score
+// the latest that made the top 2 (epoch 5's 6 did not).
+TEST(ModelCheckpoint, KthBestCurrentScoreAndToYamlAsLightning) {
+  volt_test::TempDir dir;
+  auto ckpt = top2(dir / "c");
+  EXPECT_EQ(ckpt->kth_best_model_path(), "");
+  EXPECT_EQ(ckpt->kth_value(), std::numeric_limits<double>::infinity());
+  EXPECT_FALSE(ckpt->current_score().has_value());
+  EXPECT_THROW(ckpt->to_yaml(), volt::ConfigError);  // no folder before a fit
+  fit_scripted(dir.path, 1, ckpt, "");
+  EXPECT_EQ(ckpt->kth_best_model_path(), "");  // one of two kept
+  EXPECT_DOUBLE_EQ(*ckpt->current_score(), 5.0);
+  fit_scripted(dir.path, 3, ckpt, dir / "c/last.ckpt");
+  EXPECT_EQ(ckpt->kth_best_model_path(), dir / "c/epoch=2-score=4.0.ckpt");
+  EXPECT_DOUBLE_EQ(ckpt->kth_value(), 4.0);
+  auto resumed = top2(dir / "c");
+  fit_scripted(dir.path, 6, resumed, dir / "c/last.ckpt");
+  EXPECT_EQ(resumed->kth_best_model_path(), dir / "c/epoch=4-score=2.0.ckpt");
+  EXPECT_DOUBLE_EQ(resumed->kth_value(), 2.0);
+  EXPECT_DOUBLE_EQ(*resumed->current_score(), 2.0);
+  // Restored from a checkpoint (written at epoch 5's end: epoch 5 was not in the top 2).
+  auto restored = top2(dir / "c");
+  fit_scripted(dir.path, 6, restored, dir / "c/last.ckpt");
+  EXPECT_DOUBLE_EQ(restored->current_score().value_or(-1), 2.0);
+  resumed->to_yaml();
+  EXPECT_EQ(volt_test::file_text(dir / "c/best_k_models.yaml"),
+            "\"" + (dir / "c/epoch=3-score=1.0.ckpt") + "\": 1.0\n\"" +
+                (dir / "c/epoch=4-score=2.0.ckpt") + "\": 2.0\n");
+  // Max mode without a full list: -inf; PyYAML's float forms.
+  auto max = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().monitor("score").mode(volt::Mode::kMax).save_top_k(3));
+  EXPECT_EQ(max->kth_value(), -std::numeric_limits<double>::infinity());
+  // save_top_k -1 keeps every file: the kth is the worst kept, as Lightning's (its k is one
+  // more than the list held before each save).
+  auto all = std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                         .dirpath(dir / "all")
+                                                         .monitor("score")
+                                                         .save_top_k(-1)
+                                                         .filename("{epoch}"));
+  fit_scripted(dir.path, 2, all, "");
+  EXPECT_EQ(all->kth_best_model_path(), dir / "all/epoch=0.ckpt");
+  EXPECT_DOUBLE_EQ(all->kth_value(), 5.0);
+  EXPECT_DOUBLE_EQ(*all->current_score(), 3.0);
+  all->to_yaml(dir / "k.yaml");
+  EXPECT_EQ(
+      volt_test::file_text(dir / "k.yaml"),
+      "\"" + (dir / "all/epoch=0.ckpt") + "\": 5.0\n\"" + (dir / "all/epoch=1.ckpt") + "\": 3.0\n");
+}
+
+// Lightning's save_last="link": last.ckpt a relative link to the newest file this fit wrote,
+// left where it is when a save does not make the top k; a real file until the fit has written
+// one (a resumed fit), and with save_top_k 0. It resumes like the file it names.
+TEST(ModelCheckpoint, SaveLastLinkNamesTheNewestCheckpointWrittenAndResumes) {
+  namespace fs = std::filesystem;
+  volt_test::TempDir dir;
+  const auto linked = [&](int64_t k, const std::string& folder = "c") {
+    return std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                       .dirpath(dir / folder)
+                                                       .monitor("score")
+                                                       .save_top_k(k)
+                                                       .filename("{epoch}-{score:.1f}")
+                                                       .save_last(volt::SaveLast::kLink));
+  };
+  auto ckpt = linked(2);
+  fit_scripted(dir.path, 3, ckpt, "");  // 5, 3, 4: epoch 2's file is the newest
+  ASSERT_TRUE(fs::is_symlink(dir / "c/last.ckpt"));
+  EXPECT_EQ(fs::read_symlink(dir / "c/last.ckpt"), fs::path("epoch=2-score=4.0.ckpt"));
+  EXPECT_EQ(ckpt->last_model_path(), dir / "c/last.ckpt");
+  fit_scripted(dir.path, 6, ckpt, dir / "c/last.ckpt");  // 1, 2 kept; 6 is not in the top 2
+  EXPECT_EQ(fs::read_symlink(dir / "c/last.ckpt"), fs::path("epoch=4-score=2.0.ckpt"));
+  EXPECT_EQ(files_in(dir / "c"), (std::vector<std::string>{"epoch=3-score=1.0.ckpt",
+                                                           "epoch=4-score=2.0.ckpt", "last.ckpt"}));
+  // Resumed through the link (epoch 4's state): epoch 5 again (6), then 7, neither in the top
+  // 2: this fit wrote nothing to link to, so last.ckpt becomes a file of its own.
+  auto resumed = linked(2);
+  fit_scripted(dir.path, 7, resumed, dir / "c/last.ckpt");
+  EXPECT_FALSE(fs::is_symlink(dir / "c/last.ckpt"));
+  EXPECT_TRUE(fs::is_regular_file(dir / "c/last.ckpt"));
+  EXPECT_EQ(files_in(dir / "c"), (std::vector<std::string>{"epoch=3-score=1.0.ckpt",
+                                                           "epoch=4-score=2.0.ckpt", "last.ckpt"}));
+  // save_top_k 0: nothing to link to, a file each time.
+  fit_scripted(dir.path, 2, linked(0, "zero"), "");
+  EXPECT_FALSE(fs::is_symlink(dir / "zero/last.ckpt"));
+  EXPECT_EQ(files_in(dir / "zero"), (std::vector<std::string>{"last.ckpt"}));
+  // Through AsyncCheckpointIO the link is queued behind the save it names.
+  {
+    Scripted model;
+    volt::Trainer t(volt_test::quiet(dir.path)
+                        .max_epochs(2)
+                        .checkpoint_io(std::make_shared<volt::AsyncCheckpointIO>())
+                        .callbacks({linked(1, "async")}));
+    t.fit(model, volt_test::loader(volt_test::blobs(64)), volt_test::loader(volt_test::blobs(32)));
+  }
+  EXPECT_EQ(fs::read_symlink(dir / "async/last.ckpt"), fs::path("epoch=1-score=3.0.ckpt"));
+  EXPECT_EQ(files_in(dir / "async"),
+            (std::vector<std::string>{"epoch=1-score=3.0.ckpt", "last.ckpt"}));
+}
+
 }  // namespace

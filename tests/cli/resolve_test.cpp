@@ -260,6 +260,39 @@ TEST(Resolve, CallbacksTakeLightningsVerboseAndNamingArguments) {
             "train/");
 }
 
+// Lightning's save_last: false, true or "link"; save_on_exception.
+TEST(Resolve, ModelCheckpointTakesSaveLastLinkAndSaveOnException) {
+  const auto r = test_registry();
+  const auto c = resolve_text(
+      "model: {width: 1}\ntrainer: {callbacks: ["
+      "{class_path: ModelCheckpoint, init_args: {save_last: link, save_on_exception: true}},"
+      "{class_path: ModelCheckpoint, init_args: {save_last: true}},"
+      "{class_path: ModelCheckpoint},"
+      "{class_path: ModelCheckpoint, init_args: {save_last: True}}]}\n",
+      r);
+  EXPECT_EQ(c.callbacks.at(0).args.get<std::string>("save_last"), "link");
+  EXPECT_TRUE(c.callbacks.at(0).args.get<bool>("save_on_exception"));
+  EXPECT_EQ(c.callbacks.at(1).args.get<std::string>("save_last"), "true");
+  EXPECT_EQ(c.callbacks.at(2).args.get<std::string>("save_last"), "false");
+  EXPECT_FALSE(c.callbacks.at(2).args.get<bool>("save_on_exception"));
+  for (const auto& spec : c.callbacks) {
+    EXPECT_NO_THROW(r.callbacks.create(spec.class_path, spec.args));
+  }
+  const auto bad = resolve_text(
+      "model: {width: 1}\ntrainer: {callbacks: [{class_path: ModelCheckpoint, "
+      "init_args: {save_last: sometimes}}]}\n",
+      r);
+  try {
+    r.callbacks.create(bad.callbacks.at(0).class_path, bad.callbacks.at(0).args);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "[ModelCheckpoint] save_last=\"sometimes\" is not true, false or link"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
   const auto r = test_registry();
   auto c = resolve_text(

@@ -85,12 +85,15 @@ TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {
       {"EarlyStoppingOptions(monitor=\"val_loss\"", "min_delta=0", "patience=3", "mode=min",
        "check_finite=1", "stopping_threshold=0.1", "divergence_threshold=none", "strict=1",
        "check_on_train_epoch_end=none", "verbose=0", "log_rank_zero_only=0)"});
-  expect_has_all(
-      text(volt::ModelCheckpointOptions().monitor("acc").mode(volt::Mode::kMax)),
-      {"ModelCheckpointOptions(dirpath=\"\"", "filename=\"{epoch}-{step}\"", "monitor=\"acc\"",
-       "mode=max", "save_top_k=1", "save_last=0", "every_n_train_steps=0", "every_n_epochs=none",
-       "train_time_interval=0", "save_weights_only=0", "save_on_train_epoch_end=none",
-       "enable_version_counter=1", "auto_insert_metric_name=1", "verbose=0)"});
+  expect_has_all(text(volt::ModelCheckpointOptions().monitor("acc").mode(volt::Mode::kMax)),
+                 {"ModelCheckpointOptions(dirpath=\"\"", "filename=\"{epoch}-{step}\"",
+                  "monitor=\"acc\"", "mode=max", "save_top_k=1", "save_last=0",
+                  "every_n_train_steps=0", "every_n_epochs=none", "train_time_interval=0",
+                  "save_weights_only=0", "save_on_train_epoch_end=none", "enable_version_counter=1",
+                  "auto_insert_metric_name=1", "verbose=0", "save_on_exception=0)"});
+  expect_has_all(text(volt::ModelCheckpointOptions().save_last(volt::SaveLast::kLink)),
+                 {"save_last=link"});
+  expect_has_all(text(volt::ModelCheckpointOptions().save_last(true)), {"save_last=1"});
   expect_has_all(text(volt::TimerOptions().duration_s(60.0).interval(volt::Interval::kEpoch)),
                  {"TimerOptions(duration_s=60", "interval=epoch", "verbose=1)"});
   expect_has_all(

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -512,3 +513,48 @@ TEST(AsyncCheckpointIO, AFailedBackgroundWriteFailsTheRun) {
 }
 
 }  // namespace
+
+namespace {
+
+float value_at(volt::CheckpointIO& io, const std::string& path) {
+  return read_tensor(io, path, "w")[0].item<float>();
+}
+
+}  // namespace
+
+// A link is queued as a removal is: after the saves before it, and skipped behind a failed save
+// (it would name a file that was not written); a link that fails is a warning.
+TEST(AsyncCheckpointIO, ALinkFollowsTheSavesBeforeItAndIsSkippedBehindAFailedOne) {
+  namespace fs = std::filesystem;
+  volt_test::TempDir dir;
+  const std::string bad = unwritable(dir);
+  volt::AsyncCheckpointIO io(volt::AsyncCheckpointIOOptions().max_pending(3));
+  torch::serialize::OutputArchive one, two;
+  one.write("w", torch::full({1 << 16}, 1.0f));
+  two.write("w", torch::full({1 << 16}, 2.0f));
+  io.save(one, dir / "a.ckpt");
+  io.link(dir / "a.ckpt", dir / "last.ckpt");  // issued before a.ckpt is on disk
+  io.flush();
+  ASSERT_TRUE(fs::is_symlink(dir / "last.ckpt"));
+  EXPECT_EQ(fs::read_symlink(dir / "last.ckpt"), fs::path("a.ckpt"));
+  EXPECT_EQ(value_at(io, dir / "last.ckpt"), 1.0f);
+  const auto lines = volt_test::capture_logs([&] {
+    io.save(two, bad);
+    io.link(bad, dir / "last.ckpt");
+    EXPECT_THROW(io.flush(), volt::CheckpointError);  // the save's failure
+    // A link that fails (a folder in the way) is a warning, counted.
+    fs::create_directories(dir / "folder.ckpt");
+    io.link(dir / "a.ckpt", dir / "folder.ckpt");
+    EXPECT_NO_THROW(io.flush());
+  });
+  std::string logs;
+  for (const auto& l : lines) logs += l + "\n";
+  EXPECT_NE(logs.find("kept '" + (dir / "last.ckpt") + "' (not relinked)"), std::string::npos)
+      << logs;
+  EXPECT_NE(logs.find("background link of '" + (dir / "folder.ckpt") + "' failed"),
+            std::string::npos)
+      << logs;
+  EXPECT_EQ(io.stats().failures, 2);
+  EXPECT_EQ(fs::read_symlink(dir / "last.ckpt"), fs::path("a.ckpt"));  // as it was
+  EXPECT_TRUE(fs::is_directory(dir / "folder.ckpt"));
+}

@@ -8,7 +8,9 @@
 #include <zlib.h>
 #include <sstream>
 
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -439,3 +441,60 @@ TEST(CheckpointIO, ALinkAtTheTemporaryNameIsNotFollowed) {
 }
 
 }  // namespace
+
+namespace {
+
+torch::Tensor saved_value(const std::string& path) {
+  torch::Tensor w;
+  volt::TorchCheckpointIO().load(path).read("w", w);
+  return w;
+}
+
+void save_value(const std::string& path, float v) {
+  torch::serialize::OutputArchive ar;
+  ar.write("w", torch::full({4}, v));
+  volt::TorchCheckpointIO().save(ar, path);
+}
+
+}  // namespace
+
+// ModelCheckpoint's save_last="link": a relative link (the folder can move) that replaces a
+// file or an older link at once, and refuses a folder in the way.
+TEST(CheckpointIO, LinkMakesARelativeLinkThatReplacesAFileOrALink) {
+  namespace fs = std::filesystem;
+  volt_test::TempDir dir;
+  fs::create_directories(dir / "c");
+  fs::create_directories(dir / "other");
+  save_value(dir / "c/a.ckpt", 1);
+  save_value(dir / "other/b.ckpt", 2);
+  save_value(dir / "c/last.ckpt", 9);  // a file of its own before
+  volt::TorchCheckpointIO io;
+  io.link(dir / "c/a.ckpt", dir / "c/last.ckpt");
+  ASSERT_TRUE(fs::is_symlink(dir / "c/last.ckpt"));
+  EXPECT_EQ(fs::read_symlink(dir / "c/last.ckpt"), fs::path("a.ckpt"));
+  EXPECT_EQ(saved_value(dir / "c/last.ckpt")[0].item<float>(), 1.0f);
+  io.link(dir / "other/b.ckpt", dir / "c/last.ckpt");  // over the older link
+  EXPECT_EQ(fs::read_symlink(dir / "c/last.ckpt"), fs::path("../other/b.ckpt"));
+  EXPECT_EQ(saved_value(dir / "c/last.ckpt")[0].item<float>(), 2.0f);
+  io.link(dir / "c/a.ckpt", dir / "c/last.ckpt");
+  // Only the link and the two files: no temporary name left behind.
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir / "c")) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a.ckpt", "last.ckpt"}));
+  // The folder moves with its link.
+  fs::rename(dir / "c", dir / "moved");
+  EXPECT_EQ(saved_value(dir / "moved/last.ckpt")[0].item<float>(), 1.0f);
+  // A folder in the way, or a path that cannot hold a link, is a CheckpointError and changes
+  // nothing.
+  fs::create_directories(dir / "moved/folder.ckpt");
+  try {
+    io.link(dir / "moved/a.ckpt", dir / "moved/folder.ckpt");
+    ADD_FAILURE() << "no CheckpointError";
+  } catch (const volt::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("a folder is in the way"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_directory(dir / "moved/folder.ckpt"));
+  write_file(dir / "blocker", "a file, not a folder");
+  EXPECT_THROW(io.link(dir / "moved/a.ckpt", dir / "blocker/last.ckpt"), volt::CheckpointError);
+}

@@ -1140,6 +1140,43 @@ TEST(Ddp, AStopRequestedOnOneRankStopsEveryRankAtTheSameBatch) {
   EXPECT_LT(step, 16) << "it was acted on within the run";
 }
 
+// EarlyStopping with a metric only rank 1 sees diverge: every rank stops at the same epoch with
+// rank 1's reason (Lightning's reduce_boolean_decision(all=False)); verbose lines come from every
+// rank, prefixed "[rank: N]" as Lightning's, unless log_rank_zero_only (volt's rank-zero log
+// filter had dropped rank 1's lines whatever the option said).
+TEST(Ddp, EarlyStoppingOnOneRanksFindingStopsEveryRankWithItsReason) {
+  VOLT_REQUIRE_GLOO();
+  for (int zero_only : {0, 1}) {
+    volt_test::TempDir dir;
+    auto job = run_plain(
+        {"--root", dir.path, "--out", dir / "w", "--devices", "2", "--batch", "16", "--epochs", "5",
+         "--es-diverge-rank", "1", "--es-rank-zero-only", std::to_string(zero_only)},
+        90s);
+    ASSERT_EQ(job.code, 0) << job.output;
+    for (int rank : {0, 1}) {
+      // Stopped at epoch 1 (the first where rank 1's metric is 100): 2 epochs of 4 steps.
+      EXPECT_NE(job.output.find("rank " + std::to_string(rank) + " done step=8 "),
+                std::string::npos)
+          << job.output;
+      EXPECT_NE(job.output.find("rank " + std::to_string(rank) +
+                                " stopping_reason=2 stopped_epoch=1 message="),
+                std::string::npos)
+          << job.output;
+    }
+    EXPECT_NE(job.output.find("rank 0 stopping_reason=2 stopped_epoch=1 message=another rank's "
+                              "es_metric met the stop rule"),
+              std::string::npos)
+        << job.output;
+    EXPECT_NE(job.output.find("[rank: 0] Metric es_metric improved. New best score: 1.000"),
+              std::string::npos)
+        << job.output;
+    const bool rank1_said =
+        job.output.find("[rank: 1] divergence threshold reached: es_metric = 100 > 10") !=
+        std::string::npos;
+    EXPECT_EQ(rank1_said, zero_only == 0) << job.output;
+  }
+}
+
 TEST(Ddp, SigtermToTheLaunchingProcessStopsEveryRankAndASecondOneEndsThemAtOnce) {
   VOLT_REQUIRE_GLOO();
   volt_test::TempDir dir;

@@ -51,6 +51,9 @@
 //       [--freeze-at E]  (a callback freezing fc1 when epoch E starts)
 //       [--freeze-all 1]  (with --evaluate: no parameter requires a gradient)
 //       [--epoch-metric 1]  (logs "rank_mean", sync_dist per epoch; prints its last value)
+//       [--es-diverge-rank R]  (an EarlyStopping, verbose, divergence_threshold 10, on
+//       "es_metric": 1 on every rank, 100 on rank R from epoch 1; prints its stopping_reason)
+//       [--es-rank-zero-only 0|1]  (its log_rank_zero_only)
 //       [--frozen-fc1 1]  (fc1 frozen from the start, its parameters in the optimizer all the
 //                          same, as Adam(module.parameters()) with a frozen backbone)
 //       [--buffer-probe 1]  (prints how far each rank's buffers are from rank 0's at the end
@@ -204,7 +207,11 @@ class Net : public volt::Module {
     own_logits.clear();
     gathered_logits.clear();
   }
+  int64_t es_diverge_rank = -1;  // --es-diverge-rank: "es_metric" jumps there from epoch 1
   void validation_step(const volt::Batch& b, int64_t) override {
+    if (es_diverge_rank >= 0) {
+      log("es_metric", volt::log_rank() == es_diverge_rank && current_epoch() >= 1 ? 100.0 : 1.0);
+    }
     auto logits = forward(b.input);
     if (gather_val) {
       own_logits.push_back(logits);
@@ -579,6 +586,7 @@ int main(int argc, char** argv) {
       model.die_call = num("--die-call", -1);
     }
     model.gather_val = num("--gather-val", 0) != 0;
+    model.es_diverge_rank = num("--es-diverge-rank", -1);
     model.spike_rank = num("--spike-rank", -1);
     model.spike_call = num("--spike-call", -1);
     if (a.count("--prepare-ms")) {
@@ -600,6 +608,15 @@ int main(int argc, char** argv) {
                                 num("--die-batch", -1), static_cast<int>(num("--die-signal", 9))),
         std::make_shared<StopAt>(num("--stop-rank", -1), num("--stop-batch", -1),
                                  num("--sleep-ms", 0))};
+    std::shared_ptr<volt::EarlyStopping> early_stopping;
+    if (model.es_diverge_rank >= 0) {
+      early_stopping = std::make_shared<volt::EarlyStopping>(
+          volt::EarlyStoppingOptions("es_metric")
+              .divergence_threshold(10)
+              .verbose(true)
+              .log_rank_zero_only(num("--es-rank-zero-only", 0) != 0));
+      callbacks.push_back(early_stopping);
+    }
     if (num("--on-exception-ckpt", 0) != 0) {
       callbacks.push_back(std::make_shared<volt::OnExceptionCheckpoint>(
           volt::OnExceptionCheckpointOptions().dirpath(a["--root"] + "/oe")));
@@ -877,6 +894,12 @@ int main(int argc, char** argv) {
         }
         aliases = aliases && inside;
       }
+    }
+    if (early_stopping) {
+      std::printf("rank %lld stopping_reason=%d stopped_epoch=%lld message=%s\n",
+                  static_cast<long long>(rank), static_cast<int>(early_stopping->stopping_reason()),
+                  static_cast<long long>(early_stopping->stopped_epoch()),
+                  early_stopping->stop_reason().c_str());
     }
     if (model.epoch_metric) {
       std::printf("rank %lld rank_mean=%.17g\n", static_cast<long long>(rank),

@@ -323,4 +323,62 @@ TEST(OnExceptionCheckpoint, WarnsThatAFailedStateIsForInspection) {
   EXPECT_TRUE(warned);
 }
 
+// Lightning's ModelCheckpoint(save_on_exception=True): the filename template's file and
+// last.ckpt, written when fit is interrupted (every rank at the same batch boundary) or fails in
+// one process; not ranked among the top k; nothing outside fit or when off.
+TEST(ModelCheckpoint, SaveOnExceptionWritesTheTemplatesFileAndLastThatResumeExactly) {
+  DefaultStopSignals defaults;
+  volt_test::TempDir dir;
+  torch::manual_seed(0);
+  TinyClassifier whole;
+  volt::Trainer(quiet(dir / "whole").max_epochs(2)).fit(whole, train_data(), val_data());
+
+  torch::manual_seed(0);
+  TinyClassifier cut;
+  auto mc = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "c").save_last(true).save_on_exception(true));
+  volt::Trainer t(
+      quiet(dir / "cut").max_epochs(2).callbacks({std::make_shared<RaiseAt>(SIGINT, 13), mc}));
+  EXPECT_THROW(t.fit(cut, train_data(), val_data()), volt::Interrupted);
+  EXPECT_TRUE(fs::exists(dir / "c/epoch=0-step=10.ckpt"));  // epoch 0's own
+  EXPECT_TRUE(fs::exists(dir / "c/epoch=1-step=13.ckpt"));  // on the exception
+  EXPECT_EQ(mc->best_k_models().size(), 1u);                // not ranked
+  EXPECT_EQ(mc->last_model_path(), dir / "c/last.ckpt");
+  TinyClassifier resumed;
+  volt::Trainer r(quiet(dir / "resumed").max_epochs(2));
+  r.fit(resumed, train_data(), val_data(), dir / "c/last.ckpt");
+  EXPECT_EQ(r.state().global_step, 20);
+  EXPECT_TRUE(resumed.flat_params().equal(whole.flat_params()));
+
+  // Another failure in one process: saved (the state as the failure left it), with the warning
+  // OnExceptionCheckpoint gives; validate saves nothing; off by default.
+  FailsAt failing(4, 1);
+  auto on = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "f").save_on_exception(true));
+  volt::Trainer f(quiet(dir / "f_run").callbacks({on}));
+  std::vector<std::string> lines;
+  volt::set_log_sink([&](volt::LogLevel, const std::string& l) { lines.push_back(l); });
+  EXPECT_THROW(f.fit(failing, train_data()), volt::ValueError);
+  EXPECT_THROW(f.validate(failing, val_data()), volt::ValueError);
+  volt::set_log_sink(nullptr);
+  EXPECT_TRUE(fs::exists(dir / "f/epoch=0-step=4.ckpt"));
+  EXPECT_FALSE(fs::exists(dir / "f/last.ckpt"));
+  bool warned = false;
+  for (const auto& l : lines) {
+    warned =
+        warned || (l.find("[ModelCheckpoint] saved") != std::string::npos &&
+                   l.find("after the fit failed ([FailsAt] batch 4 is bad)") != std::string::npos);
+  }
+  EXPECT_TRUE(warned);
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir / "f")) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u);
+  FailsAt failing_again(4, 1);
+  auto off =
+      std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions().dirpath(dir / "g"));
+  volt::Trainer g(quiet(dir / "g_run").callbacks({off}));
+  EXPECT_THROW(g.fit(failing_again, train_data()), volt::ValueError);
+  EXPECT_FALSE(fs::exists(dir / "g/epoch=0-step=4.ckpt"));
+}
+
 }  // namespace

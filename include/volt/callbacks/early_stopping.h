@@ -12,6 +12,15 @@
 
 namespace volt {
 
+/// Why EarlyStopping stopped the fit (Lightning's EarlyStoppingReason, same values).
+enum class EarlyStoppingReason {
+  kNotStopped = 0,
+  kStoppingThreshold = 1,    ///< the metric got better than stopping_threshold
+  kDivergenceThreshold = 2,  ///< the metric got worse than divergence_threshold
+  kPatienceExhausted = 3,    ///< patience checks without an improvement
+  kNonFiniteMetric = 4,      ///< the metric became NaN or inf (check_finite)
+};
+
 struct EarlyStoppingOptions {
   explicit EarlyStoppingOptions(std::string monitor) : monitor_(std::move(monitor)) {}
   /// Metric to watch (required).
@@ -59,8 +68,11 @@ class EarlyStopping : public Callback {
   int64_t wait_count() const { return wait_count_; }
   double best_score() const { return best_score_; }
   int64_t stopped_epoch() const { return stopped_epoch_; }
-  /// Why the last stop was requested ("" if none).
+  /// Why the last stop was requested ("" if none): Lightning's stopping_reason_message.
   const std::string& stop_reason() const { return stop_reason_; }
+  /// Why the fit was stopped, as Lightning's stopping_reason; on every rank the reason of the
+  /// first rank (in rank order) whose own check stopped it. Saved in checkpoints.
+  EarlyStoppingReason stopping_reason() const { return stopping_reason_; }
 
  private:
   void check(RunContext& run);
@@ -70,6 +82,7 @@ class EarlyStopping : public Callback {
   double best_score_;
   int64_t stopped_epoch_ = -1;
   std::string stop_reason_;
+  EarlyStoppingReason stopping_reason_ = EarlyStoppingReason::kNotStopped;
 };
 
 }  // namespace volt

@@ -16,6 +16,19 @@ namespace volt {
 
 enum class Mode { kMin, kMax };
 
+/// ModelCheckpointOptions::save_last: Lightning's False, True and "link".
+enum class SaveLast {
+  kNo,    ///< no last.ckpt
+  kCopy,  ///< last.ckpt is a checkpoint of its own, written at each save (Lightning's True)
+  /// last.ckpt is a symbolic link to the newest checkpoint this callback wrote (Lightning's
+  /// "link"): no second write; a real file until this fit has written another one, and always
+  /// with save_top_k 0. A save that does not make the top k writes nothing, so the link then
+  /// names an older state than the run's (ckpt_path="last" repeats what came after it). The
+  /// link is relative, so the folder can move. Where no link can be made (a file system
+  /// without them) last.ckpt keeps what it held, with a warning (Lightning copies the file).
+  kLink,
+};
+
 struct ModelCheckpointOptions {
   /// Folder for checkpoints; "" = <log_dir>/checkpoints. A leading "~" is the home folder and a
   /// relative path is made absolute when the fit starts, as Lightning. Default: "".
@@ -42,8 +55,23 @@ struct ModelCheckpointOptions {
   /// 2.5; 2.6's epoch and validation saves refresh it only with a top-k file), and at the end
   /// of a fit in which nothing was saved (as Lightning 2.6). last-v1.ckpt, ... when a last.ckpt
   /// that is not this run's is in the folder and enable_version_counter is on, as Lightning.
-  /// Default: false.
-  TORCH_ARG(bool, save_last) = false;
+  /// SaveLast::kLink makes it a link to the newest file instead, refreshed only when a file is
+  /// written (see SaveLast). Default: kNo.
+  TORCH_ARG(SaveLast, save_last) = SaveLast::kNo;
+
+ public:
+  /// save_last(true) is SaveLast::kCopy, save_last(false) SaveLast::kNo.
+  ModelCheckpointOptions& save_last(bool on) {
+    return save_last(on ? SaveLast::kCopy : SaveLast::kNo);
+  }
+  /// When fit fails with an exception (Ctrl-C and preemption signals included, which end every
+  /// rank at the same batch: volt::Interrupted), save a checkpoint named by the filename
+  /// template (a version suffix where the name is taken; it does not join the top k), and
+  /// last.ckpt with save_last, as Lightning's save_on_exception. With several processes any
+  /// other exception leaves the ranks at different points, so nothing is written and a warning
+  /// says so (as OnExceptionCheckpoint). Not after a save at the same step, nor before the first
+  /// optimizer step (as Lightning). Default: false.
+  TORCH_ARG(bool, save_on_exception) = false;
   /// Save every N optimizer steps (at train batch end); 0 = off. With a monitor, a save due
   /// before the monitored metric is logged, or right before a validation whose end writes the
   /// epoch checkpoints (or the epoch's last validation), waits for that point (the validation's
@@ -101,6 +129,7 @@ class ModelCheckpoint : public Callback {
   void on_train_epoch_end(RunContext& run, Module& module) override;
   void on_validation_end(RunContext& run, Module& module) override;
   void on_train_end(RunContext& run, Module& module) override;
+  void on_exception(RunContext& run, Module& module, const std::exception& error) override;
   void save_state(torch::serialize::OutputArchive& archive) const override;
   void load_state(torch::serialize::InputArchive& archive) override;
 
@@ -108,6 +137,18 @@ class ModelCheckpoint : public Callback {
   c10::optional<double> best_model_score() const;
   const std::string& last_model_path() const { return last_model_path_; }
   const std::map<std::string, double>& best_k_models() const { return best_k_models_; }
+  /// The kept file the next better score replaces: the worst of the top k once k files are
+  /// kept (with save_top_k -1 once any is), else "", as Lightning's kth_best_model_path.
+  std::string kth_best_model_path() const;
+  /// kth_best_model_path()'s score; +inf (mode min) or -inf (max) while fewer than k are kept.
+  double kth_value() const;
+  /// The monitored score of the latest checkpoint that made the top k (NaN saved as the worst
+  /// score, +-inf), as Lightning's current_score; none before one did.
+  c10::optional<double> current_score() const { return current_score_; }
+  /// Writes best_k_models() as YAML ("<path>": score per line) to `path`, atomically;
+  /// "" = <dirpath>/best_k_models.yaml, as Lightning's to_yaml. ConfigError when the callback
+  /// has no folder yet (before a fit starts, with dirpath unset).
+  void to_yaml(const std::string& path = "") const;
   const std::string& dirpath() const { return dirpath_; }
   /// The checkpoint ckpt_path="last" resumes from: this run's last save, else the newest
   /// last*.ckpt in this callback's folder (its dirpath, or `log_dir`/checkpoints); "" if none.
@@ -123,6 +164,8 @@ class ModelCheckpoint : public Callback {
   bool saves_on_train_epoch_end(const RunContext& run) const;
   /// `stem`.ckpt, or its first free "-vN" version (the evicted file's name counts as free).
   std::string free_path(RunContext& run, const std::string& stem, const std::string& evicted);
+  /// <dirpath>/last.ckpt, or last-vN.ckpt where another run's last.ckpt is (collective).
+  std::string last_file(RunContext& run);
   bool better(double a, double b) const;
   /// Deletes a file this callback no longer keeps, unless the run started from it.
   void remove_kept(RunContext& run, const std::string& path) const;
@@ -144,6 +187,8 @@ class ModelCheckpoint : public Callback {
   int64_t last_saved_epoch_ = -1;
   bool deferred_ = false;      // a step or time save waits for the next validation (saved state)
   bool saved_in_fit_ = false;  // this fit wrote a checkpoint (on_train_end's save_last)
+  std::string last_written_;   // the newest file this fit wrote but last.ckpt (kLink's target)
+  c10::optional<double> current_score_;
 };
 
 }  // namespace volt

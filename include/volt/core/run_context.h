@@ -77,6 +77,10 @@ class RunContext {
   /// strategy's CheckpointIO, after every save issued before it is on disk; rank 0 owns the
   /// files, other ranks do nothing.
   virtual void remove_checkpoint(const std::string& path) = 0;
+  /// Makes `path` a symbolic link to the checkpoint `target` (a file or sharded folder written
+  /// by save_checkpoint) through the strategy's CheckpointIO, after every save issued before
+  /// it; rank 0 owns the files, other ranks do nothing (Strategy::link_checkpoint).
+  virtual void link_checkpoint(const std::string& target, const std::string& path) = 0;
   /// Ends fit() after the current batch / validation check.
   virtual void request_stop() = 0;
   /// The checkpoint this run started from (fit's resume, or the weights validate/test/predict

@@ -69,6 +69,9 @@ class AsyncCheckpointIO : public CheckpointIO {
   void save(torch::serialize::OutputArchive& archive, const std::string& path) override;
   torch::serialize::InputArchive load(const std::string& path) override;
   void remove(const std::string& path) override;
+  /// Queued as remove() is, and skipped as it is behind a failed save (the link would name a
+  /// file that is not there): `path` keeps what it named.
+  void link(const std::string& target, const std::string& path) override;
   void flush() override;
 
   AsyncCheckpointIOStats stats() const;

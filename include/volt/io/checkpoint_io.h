@@ -21,6 +21,13 @@ class CheckpointIO {
   /// Deletes the checkpoint file at `path` (a missing file is not an error; one that cannot be
   /// deleted, e.g. in a read-only folder, is a CheckpointError).
   virtual void remove(const std::string& path);
+  /// Makes `path` a symbolic link to the checkpoint file or folder `target`, relative to
+  /// `path`'s folder (the pair can move together), replacing a file or link at `path`
+  /// atomically: the link is made under a temporary name and renamed over it. Ordered after
+  /// the saves before it, as remove. A `path` that is a folder, or a file system without
+  /// symbolic links, is a CheckpointError (`path` unchanged). ModelCheckpoint's
+  /// save_last = SaveLast::kLink.
+  virtual void link(const std::string& target, const std::string& path);
   /// Returns once every save and remove issued so far is on disk, and throws (CheckpointError)
   /// the first of their failures not reported yet. The Trainer calls it when a run ends.
   /// Synchronous implementations have nothing to wait for. Default: nothing.

@@ -228,6 +228,11 @@ class Strategy {
   /// before it). A removal that fails, or a folder that holds no volt checkpoint (never
   /// deleted), is a warning: the other processes would wait for a rank that stopped here.
   virtual void remove_checkpoint(const std::string& path);
+  /// Makes `path` a symbolic link to the checkpoint `target` (CheckpointIO::link; the
+  /// global-zero process alone), after the saves before it. A volt checkpoint folder at `path`
+  /// is removed first. A link that cannot be made is a warning, as a failed removal: `path`
+  /// keeps what it held.
+  virtual void link_checkpoint(const std::string& target, const std::string& path);
   /// Waits until every checkpoint this run saved is on disk (CheckpointIO::flush) and throws a
   /// failed background write; the Trainer calls it when an entry point's work is done.
   /// Multi-process strategies also make every rank wait for rank 0's writes, so no rank reads a

@@ -27,5 +27,10 @@ void seal_checkpoint(std::string& file);
 /// CheckpointError: the caller believed the file gone.
 void remove_file(const std::string& path);
 
+/// CheckpointIO::link's work: `path` becomes a symbolic link to `target` (relative to `path`'s
+/// folder), made under a temporary name and renamed over `path`; CheckpointError when `path`
+/// is a folder or the link cannot be made (`path` unchanged).
+void make_link(const std::string& target, const std::string& path);
+
 }  // namespace detail
 }  // namespace volt

@@ -207,6 +207,7 @@ class Run : public RunContext {
   using RunContext::save_checkpoint;
   void save_checkpoint(const std::string& path, bool weights_only) override;
   void remove_checkpoint(const std::string& path) override;
+  void link_checkpoint(const std::string& target, const std::string& path) override;
   void request_stop() override { st.should_stop = true; }
   std::string ckpt_path() const override { return started_from; }
   std::string log_dir() const override;
