@@ -434,7 +434,8 @@ void ModelCheckpoint::save(RunContext& run, bool last_only) {
     }
   }
   if (!last_path.empty()) {
-    const auto before = state();
+    auto before = state();
+    std::get<4>(before) = previous_last;  // a failed write leaves the name it had before
     last_model_path_ = last_path;
     // kLink (Lightning's _save_last_checkpoint): a link to the newest file this fit wrote; a
     // file of its own until it wrote another, and always without top-k files. When the newest

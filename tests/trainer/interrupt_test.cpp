@@ -80,12 +80,19 @@ volt::DataLoader val_data() {
   return volt_test::loader(volt_test::blobs(64, 8, 1), 16, false);
 }
 
+/// The weights of the uninterrupted 2-epoch fit under `root` that the interrupted fits resume
+/// to (each starts again from torch::manual_seed(0)).
+torch::Tensor uninterrupted_weights(const std::string& root) {
+  torch::manual_seed(0);
+  TinyClassifier whole;
+  volt::Trainer(quiet(root).max_epochs(2)).fit(whole, train_data(), val_data());
+  return whole.flat_params();
+}
+
 TEST(Interrupt, SigintStopsAtTheBatchBoundaryAndTheCheckpointResumesExactly) {
   DefaultStopSignals defaults;
   volt_test::TempDir dir;
-  torch::manual_seed(0);
-  TinyClassifier whole;
-  volt::Trainer(quiet(dir / "whole").max_epochs(2)).fit(whole, train_data(), val_data());
+  const torch::Tensor whole = uninterrupted_weights(dir / "whole");
 
   torch::manual_seed(0);
   TinyClassifier cut;
@@ -115,8 +122,8 @@ TEST(Interrupt, SigintStopsAtTheBatchBoundaryAndTheCheckpointResumesExactly) {
   volt::Trainer r(quiet(dir / "resumed").max_epochs(2));
   r.fit(resumed, train_data(), val_data(), oe->saved_path());
   EXPECT_EQ(r.state().global_step, 20);
-  EXPECT_TRUE(resumed.flat_params().equal(whole.flat_params()))
-      << "max diff " << (resumed.flat_params() - whole.flat_params()).abs().max().item<double>();
+  EXPECT_TRUE(resumed.flat_params().equal(whole))
+      << "max diff " << (resumed.flat_params() - whole).abs().max().item<double>();
 }
 
 // ckpt_path="last" takes the newest of ModelCheckpoint's last checkpoints and
@@ -329,9 +336,7 @@ TEST(OnExceptionCheckpoint, WarnsThatAFailedStateIsForInspection) {
 TEST(ModelCheckpoint, SaveOnExceptionWritesTheTemplatesFileAndLastThatResumeExactly) {
   DefaultStopSignals defaults;
   volt_test::TempDir dir;
-  torch::manual_seed(0);
-  TinyClassifier whole;
-  volt::Trainer(quiet(dir / "whole").max_epochs(2)).fit(whole, train_data(), val_data());
+  const torch::Tensor whole = uninterrupted_weights(dir / "whole");
 
   torch::manual_seed(0);
   TinyClassifier cut;
@@ -348,7 +353,7 @@ TEST(ModelCheckpoint, SaveOnExceptionWritesTheTemplatesFileAndLastThatResumeExac
   volt::Trainer r(quiet(dir / "resumed").max_epochs(2));
   r.fit(resumed, train_data(), val_data(), dir / "c/last.ckpt");
   EXPECT_EQ(r.state().global_step, 20);
-  EXPECT_TRUE(resumed.flat_params().equal(whole.flat_params()));
+  EXPECT_TRUE(resumed.flat_params().equal(whole));
 
   // Another failure in one process: saved (the state as the failure left it), with the warning
   // OnExceptionCheckpoint gives; validate saves nothing; off by default.
