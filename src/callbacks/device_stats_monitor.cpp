@@ -46,7 +46,8 @@ void DeviceStatsMonitor::on_fit_start(RunContext& run, Module&) {
   VOLT_CHECK(!run.device_stats().empty(), NotAvailable,
              "[DeviceStatsMonitor] this run's accelerator reports no memory statistics; train on "
              "the CPU or CUDA, or drop the callback.");
-  last_step_logged_ = -1;
+  // A resumed fit starts at the checkpoint's step, which was logged (or passed) before it.
+  last_step_logged_ = run.state().global_step;
   last_cpu_s_ = clock_s(CLOCK_PROCESS_CPUTIME_ID);
   last_wall_s_ = clock_s(CLOCK_MONOTONIC);
 }
@@ -54,9 +55,12 @@ void DeviceStatsMonitor::on_fit_start(RunContext& run, Module&) {
 void DeviceStatsMonitor::on_train_batch_end(RunContext& run, Module&, const Batch&, int64_t) {
   if (options_.logging_interval() != Interval::kStep) return;
   const int64_t step = run.state().global_step;
-  // The Trainer's own cadence: after the optimizer step that makes step % n == 0, once per
-  // optimizer step under gradient accumulation; logged at the step the Trainer logs it at.
-  if (step == 0 || step % run.log_every_n_steps() != 0 || step == last_step_logged_) return;
+  // The Trainer's own cadence: after the batch whose optimizer steps take global_step past a
+  // multiple of n (several steps a batch under manual optimization), once per optimizer step
+  // under gradient accumulation; logged at the step the Trainer logs it at. The step count did
+  // not pass one since the last row exactly when both lie in the same multiple's span.
+  const int64_t every = run.log_every_n_steps();
+  if (step / every <= last_step_logged_ / every) return;
   last_step_logged_ = step;
   log(run, step - 1);
 }

@@ -3,6 +3,7 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <ostream>
@@ -135,8 +136,9 @@ std::string human_readable_count(int64_t count) {
   int digits = 1;
   for (int64_t v = count; v >= 10; v /= 10) ++digits;
   const int groups = std::min((digits + 2) / 3, 5);
-  double scaled = static_cast<double>(count);
-  for (int g = 1; g < groups; ++g) scaled /= 1000.0;
+  // Lightning's number * 10**shift: one multiplication by the (correctly rounded) power, which
+  // rounds half-way counts as it does (1150 is "1.2 K"; dividing by 1000 gave "1.1 K").
+  const double scaled = static_cast<double>(count) * std::pow(10.0, -3.0 * (groups - 1));
   const int index = groups - 1;
   std::string text;
   if (index < 1 || scaled >= 100) {

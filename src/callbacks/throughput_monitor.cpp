@@ -38,13 +38,16 @@ void ThroughputMonitor::on_train_batch_end(RunContext& run, Module&, const Batch
              "; return the number of samples in the batch (>= 0).");
   samples_ += n;
   ++batches_;
-  // The Trainer sends step metrics when an optimizer step brings global_step to a multiple of
-  // log_every_n_steps, under the step index global_step - 1; log alongside them. Under gradient
-  // accumulation the batches without an optimizer step only add to the window.
+  // The Trainer sends step metrics when a batch's optimizer steps take global_step past a
+  // multiple of log_every_n_steps (several steps a batch under manual optimization), under the
+  // step index global_step - 1; log alongside them. Under gradient accumulation the batches
+  // without an optimizer step only add to the window.
   const int64_t step = run.state().global_step;
-  if (step == last_global_step_) return;
+  const int64_t before = last_global_step_;
+  if (step == before) return;
   last_global_step_ = step;
-  if (step % run.log_every_n_steps() != 0) return;
+  const int64_t every = run.log_every_n_steps();
+  if (step / every <= before / every) return;
   const auto now = Clock::now();
   const double seconds = std::chrono::duration<double>(now - window_start_).count() - paused_s_;
   if (seconds <= 0) return;  // a clock that did not advance: keep counting into the next window

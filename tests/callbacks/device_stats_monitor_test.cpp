@@ -58,6 +58,30 @@ TEST(DeviceStatsMonitor, LogsTheTenMetricsAtTheStepCadence) {
   EXPECT_EQ(monitor->last_logged().at(kInUse), recs.back().second.at(kInUse));
 }
 
+// A fit resumed from a checkpoint of a logging step, under gradient accumulation: the resumed
+// fit's first micro-batch still sees that step, whose row the first fit wrote; it was logged
+// again (under the step before, with the memory of a half-accumulated step).
+TEST(DeviceStatsMonitor, AResumedFitDoesNotLogTheCheckpointsStepAgain) {
+  volt_test::TempDir dir;
+  const auto options = [&] {
+    return volt_test::quiet(dir.path).max_epochs(1).log_every_n_steps(2).accumulate_grad_batches(2);
+  };
+  volt_test::TinyClassifier first;
+  volt::Trainer cut(options().max_steps(2));  // 4 of the 8 batches: steps 1 and 2
+  cut.fit(first, volt_test::loader(volt_test::blobs(128), 16, false));
+  cut.save_checkpoint(dir / "step2.ckpt");
+  auto logger = std::make_shared<volt_test::MemoryLogger>();
+  volt_test::TinyClassifier resumed;
+  volt::Trainer t(
+      options().loggers({logger}).callbacks({std::make_shared<volt::DeviceStatsMonitor>()}));
+  t.fit(resumed, volt_test::loader(volt_test::blobs(128), 16, false), c10::nullopt,
+        dir / "step2.ckpt");
+  ASSERT_EQ(t.state().global_step, 4);
+  std::vector<int64_t> steps;
+  for (const auto& r : logger->with(kInUse)) steps.push_back(r.first);
+  EXPECT_EQ(steps, (std::vector<int64_t>{3}));  // step 4 alone, under the Trainer's index
+}
+
 TEST(DeviceStatsMonitor, EpochIntervalWithHostStats) {
   volt_test::TempDir dir;
   auto logger = std::make_shared<volt_test::MemoryLogger>();

@@ -22,6 +22,10 @@ TEST(ModelSummary, HumanReadableCountsMatchLightning) {
                                                    {999, "999"},
                                                    {1000, "1.0 K"},
                                                    {1234, "1.2 K"},
+                                                   {1150, "1.2 K"},  // half-way counts as
+                                                   {2550, "2.6 K"},  // Python rounds them
+                                                   {5950000, "5.9 M"},
+                                                   {1650000000, "1.7 B"},
                                                    {99949, "99.9 K"},
                                                    {99999, "100.0 K"},
                                                    {101770, "101 K"},

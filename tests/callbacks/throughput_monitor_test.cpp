@@ -93,6 +93,43 @@ TEST(ThroughputMonitor, CountsEveryAccumulatedBatchAndUsesBatchSizeFn) {
   }
 }
 
+// Manual optimization stepping twice a batch (a GAN's two optimizers step once each): global_step
+// moves by 2, and the Trainer logs after the batches that pass a multiple of log_every_n_steps
+// (steps 4, 6, 10, 12, 16 for 3). Both monitors log with it; they waited for a step that is a
+// multiple itself (6, 12), missing half the Trainer's rows.
+class TwoStepsABatch : public volt_test::TinyClassifier {
+ public:
+  TwoStepsABatch() { set_automatic_optimization(false); }
+  torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+    auto opt = optimizers().at(0);
+    for (int i = 0; i < 2; ++i) {
+      opt.zero_grad();
+      const auto loss = torch::cross_entropy_loss(forward(b.input), b.target);
+      manual_backward(loss);
+      opt.step();
+      log("train_loss", loss);
+    }
+    return {};
+  }
+};
+
+TEST(ThroughputMonitor, LogsWithTheTrainerWhenABatchTakesSeveralSteps) {
+  volt_test::TempDir dir;
+  TwoStepsABatch model;
+  auto mem = std::make_shared<MemoryLogger>();
+  auto monitor = std::make_shared<volt::ThroughputMonitor>();
+  auto stats = std::make_shared<volt::DeviceStatsMonitor>();
+  volt::Trainer trainer(
+      volt_test::quiet(dir.path).max_epochs(1).log_every_n_steps(3).loggers({mem}).callbacks(
+          {monitor, stats}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(128)));  // 8 batches = 16 steps
+  const std::vector<int64_t> trainer_steps{3, 5, 9, 11, 15};
+  ASSERT_EQ(steps_of(mem->with("train_loss")), trainer_steps);
+  EXPECT_EQ(steps_of(mem->with(kSamples)), trainer_steps);
+  EXPECT_EQ(steps_of(mem->with(std::string(volt::DeviceStatsMonitor::kPrefix) + "InUse")),
+            trainer_steps);
+}
+
 // Records how long each validation run takes, as a user's callback would, and makes each last
 // at least 300 ms (a sleep at its end): far longer than a training batch of 16 even on a loaded
 // machine (without it, a run with 16 tests in parallel measured a 12 ms validation against a

@@ -781,18 +781,27 @@ TEST_F(PipelineFit, EachRankHoldsOnlyItsStagesWeightsUnlessToldToKeepThemAll) {
 // allocated whole before (every rank gathered the whole model for each checkpoint).
 TEST_F(PipelineFit, OnlyTheWritingRankGathersTheOtherStagesWeightsForACheckpoint) {
   const Job j = fit("peak", {"--devices", "2", "--save-peak", "1"});
-  std::vector<int64_t> peak(2, -1), others(2, -1);
+  std::vector<int64_t> peak(2, -1), others(2, -1), largest(2, -1), biggest_other(2, -1);
   for (int r = 0; r < 2; ++r) {
     std::smatch m;
-    const std::regex re("rank " + std::to_string(r) + " save peak=([0-9]+) others=([0-9]+)");
+    const std::regex re("rank " + std::to_string(r) +
+                        " save peak=([0-9]+) others=([0-9]+) largest=([0-9]+) "
+                        "biggest_other=([0-9]+)");
     ASSERT_TRUE(std::regex_search(j.output, m, re)) << j.output;
     peak[r] = std::stoll(m[1]);
     others[r] = std::stoll(m[2]);
+    largest[r] = std::stoll(m[3]);
+    biggest_other[r] = std::stoll(m[4]);
   }
   EXPECT_EQ(others[0], 1584 * 4);
   EXPECT_EQ(others[1], 544 * 4);
-  EXPECT_GE(peak[0], others[0]) << "rank 0 holds the whole model to write it";
+  // Rank 0 allocates the other stage's tensors whole to write them. Its peak in use is about
+  // their bytes (6,344 of 6,336) but no proof: a tensor another thread frees meanwhile (a
+  // finished send's activations, 1,024 bytes, under a loaded CI) lowers it; its largest single
+  // allocation is not lowered by frees.
+  EXPECT_GE(largest[0], biggest_other[0]) << "rank 0 holds the whole model to write it";
   EXPECT_LT(peak[1], others[1]) << j.output;
+  EXPECT_LT(largest[1], biggest_other[1]) << j.output;
   // (That the file holds the whole trained model: ACheckpointResumesAtTwoThreeOrOneStagesBitForBit
   // resumes such checkpoints at one stage.)
 }

@@ -56,8 +56,9 @@
 //       --save-at E,B: a checkpoint <root>/save_at.ckpt after batch B of epoch E (mid-way
 //       through an accumulation with --accum).
 //       --save-peak 1: after the second batch a weights-only checkpoint <root>/peak.ckpt; prints
-//       "rank R save peak=P others=O" (P: the most counted CPU bytes it took, O: the bytes of
-//       the other stages' weights).
+//       "rank R save peak=P others=O largest=L biggest_other=B" (L: its largest allocation while
+//       saving, B: the largest tensor of another stage; P: the most counted CPU bytes it took, O:
+//       the bytes of the other stages' weights).
 //       --scaling: bf16-mixed with dynamic loss scaling. --inf-call K: the K-th training_step's
 //       backward gives the pipeline's last layer (the last stage's) an inf gradient.
 //       --die-rank/--die-batch: that rank SIGKILLs itself at that training batch;
@@ -1038,21 +1039,24 @@ class RankProbe : public volt::Callback {
     const volt::PipelineImpl& pipe = *net_.net;
     std::unordered_set<const c10::TensorImpl*> counted;
     for (const auto& t : pipe.stage_state(pipe.stage())) counted.insert(t.unsafeGetTensorImpl());
-    int64_t others = 0;
+    int64_t others = 0, biggest_other = 0;
     for (int64_t s = 0; s < pipe.num_stages(); ++s) {
       for (const auto& t : pipe.stage_state(s)) {
         if (!counted.insert(t.unsafeGetTensorImpl()).second) continue;
         int64_t n = 1;
         for (int64_t d : pipe.whole_shape(t)) n *= d;
         others += n * static_cast<int64_t>(t.element_size());
+        biggest_other = std::max(biggest_other, n * static_cast<int64_t>(t.element_size()));
       }
     }
     const int64_t base = volt::cpu_memory_stats().in_use;
     volt::reset_cpu_memory_peaks();
     run.save_checkpoint(peak_path, /*weights_only=*/true);
-    const int64_t peak = volt::cpu_memory_stats().max_in_use - base;
+    const volt::CpuMemoryStats after = volt::cpu_memory_stats();
+    const int64_t peak = after.max_in_use - base;
     say("rank " + std::to_string(run.global_rank()) + " save peak=" + std::to_string(peak) +
-        " others=" + std::to_string(others));
+        " others=" + std::to_string(others) + " largest=" + std::to_string(after.max_alloc_size) +
+        " biggest_other=" + std::to_string(biggest_other));
   }
   std::string peak_path;
   bool peak_taken = false;
