@@ -8,7 +8,7 @@ loader worker: what scripts/demo.sh trains) and of the demo MLP once per contend
 library's malloc with its own defaults (`--trainer.reuse_host_memory=false`) and as volt tunes
 it by default (freed memory kept for reuse), jemalloc and tcmalloc (scripts/with_allocator.sh),
 the order rotating between repetitions so that machine drift hits all alike. Steps/s come from ThroughputMonitor in the
-run's metrics.csv, over the steps after the first third (start-up, data loading and warm-up
+run's metrics.csv, over the steps after the first third (its rolling window; start-up, data loading and warm-up
 excluded); peak RSS from GNU time. The table shows medians over the repetitions.
 """
 
@@ -39,6 +39,7 @@ def run(build, allocator, extra, model, steps, workdir):
            "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0",
            "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
            f"--trainer.log_every_n_steps={third}", "--trainer.callbacks+=ThroughputMonitor",
+           f"--trainer.callbacks.0.window_size={2 * third + 1}",
            "--seed_everything=42",
            f"--trainer.default_root_dir={out}"] + extra
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -49,12 +50,12 @@ def run(build, allocator, extra, model, steps, workdir):
         sys.exit(f"volt did not report '{expected}':\n{p.stderr}")
     rss_kb = int(p.stderr.rsplit("maxrss_kb=", 1)[1].split()[0])
     with open(os.path.join(out, "volt_logs/version_0/metrics.csv")) as f:
-        rates = [float(r["train_batches_per_sec"]) for r in csv.DictReader(f)
-                 if r.get("train_batches_per_sec")]
-    if len(rates) != 3:
-        sys.exit(f"expected 3 throughput readings, got {rates}")
-    # Two windows of `third` steps each after the first: steps / total time.
-    return 2.0 / (1.0 / rates[1] + 1.0 / rates[2]), rss_kb / 1024.0
+        rates = [float(r["train/device/batches_per_sec"]) for r in csv.DictReader(f)
+                 if r.get("train/device/batches_per_sec")]
+    if len(rates) != 1:
+        sys.exit(f"expected 1 throughput reading, got {rates}")
+    # The window of the last 2 * third steps, whose first point is the end of step `third`.
+    return rates[0], rss_kb / 1024.0
 
 
 def main():

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <ostream>
 
+#include "core/detail/log_cadence.h"
 #include "core/detail/numbers.h"
 #include "volt/core/check.h"
 #include "volt/core/run_context.h"
@@ -59,8 +60,7 @@ void DeviceStatsMonitor::on_train_batch_end(RunContext& run, Module&, const Batc
   // multiple of n (several steps a batch under manual optimization), once per optimizer step
   // under gradient accumulation; logged at the step the Trainer logs it at. The step count did
   // not pass one since the last row exactly when both lie in the same multiple's span.
-  const int64_t every = run.log_every_n_steps();
-  if (step / every <= last_step_logged_ / every) return;
+  if (!detail::passes_log_step(last_step_logged_, step, run.log_every_n_steps())) return;
   last_step_logged_ = step;
   log(run, step - 1);
 }

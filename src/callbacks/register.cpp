@@ -446,9 +446,32 @@ void register_callbacks(Registry& r) {
                                                      .row_limit(a.get<int64_t>("row_limit")));
       });
 
-  r.callbacks.add("ThroughputMonitor",
-                  "logs train_samples_per_sec and train_batches_per_sec (validation time excluded)",
-                  [] { return std::make_shared<ThroughputMonitor>(); });
+  r.callbacks.add(
+      "ThroughputMonitor",
+      "logs batches, samples and FLOPs per second of training, validation, testing and "
+      "prediction over a rolling window, MFU and running totals (train/device/samples_per_sec...)",
+      Params()
+          .add("window_size", int64_t{100}, "batches in the rolling window (2 or more)")
+          .add("separator", std::string("/"), "between the stage, device and a figure's name")
+          .add("flops_per_batch", int64_t{0},
+               "FLOPs of one training batch on one device, forward and backward (0: none)")
+          .add("eval_flops_per_batch", int64_t{0},
+               "FLOPs of one validation/test/predict batch on one device (0: none)")
+          .optional<double>("available_flops", "one device's peak FLOPs per second, for device/mfu")
+          .optional<bool>("using_sparse_model",
+                          "2:4 structured sparsity: MFU's peak times the factor")
+          .add("sparse_cuda_acceleration_factor", 2.0, "the sparse peak's multiplier (>= 1)"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        ThroughputMonitorOptions o;
+        o.window_size(a.get<int64_t>("window_size"))
+            .separator(a.get<std::string>("separator"))
+            .flops_per_batch(a.get<int64_t>("flops_per_batch"))
+            .eval_flops_per_batch(a.get<int64_t>("eval_flops_per_batch"))
+            .sparse_cuda_acceleration_factor(a.get<double>("sparse_cuda_acceleration_factor"));
+        if (auto v = a.get_optional<double>("available_flops")) o.available_flops(*v);
+        if (auto v = a.get_optional<bool>("using_sparse_model")) o.using_sparse_model(*v);
+        return std::make_shared<ThroughputMonitor>(o);
+      });
 
   r.callbacks.add(
       "ActivationCheckpointing",

@@ -414,15 +414,21 @@ void write_tile(std::ostream& os, const std::string& key, const std::string& val
      << html_escape(detail) << "</div></div>\n";
 }
 
-// The series a headline tile shows: samples/s among throughputs, validation metrics first, then
-// epoch means.
+// The series a headline tile shows: training's samples/s among throughputs; otherwise
+// validation metrics first, then epoch means.
 const Series* headline(const MetricsTable& run, Group g) {
   const Series* pick = nullptr;
   int score = -1;
   for (const auto& s : run.series) {
     if (group_of(s.name) != g) continue;
-    const int sc = (contains(s.name, "samples") ? 4 : 0) + (starts_with(s.name, "val") ? 2 : 0) +
-                   (ends_with(s.name, "_epoch") ? 1 : 0);
+    // Throughput: training's over evaluation's, the job's over one device's (ThroughputMonitor's
+    // "train/samples_per_sec" with several processes, else "train/device/samples_per_sec").
+    const int sc =
+        g == Group::kThroughput
+            ? (contains(s.name, "samples") ? 4 : 0) + (starts_with(s.name, "train") ? 2 : 0) +
+                  (contains(s.name, "device") ? 0 : 1)
+            : (contains(s.name, "samples") ? 4 : 0) + (starts_with(s.name, "val") ? 2 : 0) +
+                  (ends_with(s.name, "_epoch") ? 1 : 0);
     if (sc > score) {
       pick = &s;
       score = sc;

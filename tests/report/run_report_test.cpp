@@ -130,7 +130,8 @@ TEST(RunReport, RealRunHasAPlotPerGroupTheConfigAndNoNetworkResources) {
   volt::Trainer trainer(
       volt_test::quiet(dir.path).max_epochs(3).log_every_n_steps(2).loggers({csv}).callbacks(
           {std::make_shared<volt::LearningRateMonitor>(),
-           std::make_shared<volt::ThroughputMonitor>()}));
+           std::make_shared<volt::ThroughputMonitor>(
+               volt::ThroughputMonitorOptions().window_size(3))}));
   trainer.fit(model, volt_test::loader(volt_test::blobs(128)),
               volt_test::loader(volt_test::blobs(64, 8, 1)));
   spit(csv->log_dir() + "/config.yaml",
@@ -148,7 +149,9 @@ TEST(RunReport, RealRunHasAPlotPerGroupTheConfigAndNoNetworkResources) {
       {"Loss", {"train_loss", "val_loss"}},
       {"Accuracy", {"val_acc"}},
       {"Learning rate", {"lr-SGD"}},
-      {"Throughput", {"train_samples_per_sec", "train_batches_per_sec"}}};
+      {"Throughput",
+       {"train/device/samples_per_sec", "train/device/batches_per_sec",
+        "validate/device/samples_per_sec", "validate/device/batches_per_sec"}}};
   for (const auto& [group, names] : groups) {
     const std::string s = cards(html, group);
     ASSERT_FALSE(s.empty()) << "no plot for " << group;
@@ -157,14 +160,21 @@ TEST(RunReport, RealRunHasAPlotPerGroupTheConfigAndNoNetworkResources) {
       EXPECT_NE(s.find("data-name=\"" + n + "\""), std::string::npos) << group << ": " << n;
     }
   }
-  EXPECT_EQ(count(cards(html, "Throughput"), "<svg"), 2u);  // samples and batches: own scales
-  EXPECT_EQ(cards(html, "Other metrics"), "");
+  EXPECT_EQ(count(cards(html, "Throughput"), "<svg"), 4u);  // samples and batches: own scales
+  // ThroughputMonitor's running totals are no rates: they go to "Other metrics", alone.
+  const std::string other = cards(html, "Other metrics");
+  for (const char* n : {"train/time", "train/batches", "train/samples", "validate/time",
+                        "validate/batches", "validate/samples"}) {
+    EXPECT_NE(other.find(std::string("data-name=\"") + n + "\""), std::string::npos) << n;
+  }
+  EXPECT_EQ(count(other, "data-name=\""), 6u);
   // The loss line has one point per logged step: 24 steps / log_every_n_steps 2.
   EXPECT_EQ(count(path_of(html, "train_loss"), "L"), 11u);
 
   // Summary: steps, epochs and every metric.
   const std::string summary = section(html, "Summary");
-  for (const char* n : {"train_loss", "val_loss", "val_acc", "lr-SGD", "train_samples_per_sec"}) {
+  for (const char* n :
+       {"train_loss", "val_loss", "val_acc", "lr-SGD", "train/device/samples_per_sec"}) {
     EXPECT_NE(summary.find(std::string("<td class=\"name\">") + n + "</td>"), std::string::npos)
         << n;
   }

@@ -60,7 +60,8 @@ ModelSummaryTable summarize(const torch::nn::Module& module, int64_t max_depth =
 
 /// Lightning's layout: an index column, Name, Type, Params ("101 K"), Mode (and an "other
 /// params" row when the model holds parameters itself), a rule, then the totals, one per line.
-/// Lightning's FLOPs, In sizes and Out sizes columns need an example input and are not shown.
+/// Not shown: Lightning 2.6's FLOPs column and "Total Flops" line (zeros without an example
+/// input; volt::measure_flops counts a whole model) and its In sizes / Out sizes columns.
 std::string format_summary(const ModelSummaryTable& table);
 
 /// Lightning's parameter count text: 0 -> "0", 999 -> "999", 1234 -> "1.2 K", 101770 -> "101 K",

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/detail/log_cadence.h"
 #include "core/detail/numbers.h"
 #include "trainer/detail/device_prefetch.h"
 #include "trainer/detail/run.h"
@@ -247,8 +248,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
       // Per-step values reach the loggers when the step count passes a multiple of
       // log_every_n_steps: one step per batch under automatic optimization, any number under
       // manual optimization (whose batches `stepped` never reports; they reached no logger).
-      const int64_t every = r.opts.log_every_n_steps();
-      if (st.global_step != step_before && st.global_step / every > step_before / every) {
+      if (detail::passes_log_step(step_before, st.global_step, r.opts.log_every_n_steps())) {
         r.send_to_loggers(r.train_metrics.step_values(true, false));
       }
       if (validate) validate_now(r, val);
