@@ -39,6 +39,17 @@ int64_t checked(const char* what, int64_t n, int64_t least) {
   return n;
 }
 
+// The monitor's options as one window's.
+ThroughputOptions throughput_options(const ThroughputMonitorOptions& o, int64_t world_size) {
+  return ThroughputOptions()
+      .available_flops(o.available_flops())
+      .world_size(world_size)
+      .window_size(o.window_size())
+      .separator(o.separator())
+      .using_sparse_model(o.using_sparse_model())
+      .sparse_cuda_acceleration_factor(o.sparse_cuda_acceleration_factor());
+}
+
 }  // namespace
 
 // One loop's window, clock and totals (rank 0 only).
@@ -79,12 +90,7 @@ ThroughputMonitor::ThroughputMonitor(ThroughputMonitorOptions options)
              "FLOPs figures); measure one batch with volt::measure_flops.");
   // Refuse a bad window, peak or sparsity factor now rather than when a stage starts (and
   // give Lightning's dense-MFU warning once, here).
-  (void)Throughput(
-      ThroughputOptions()
-          .available_flops(options_.available_flops())
-          .window_size(options_.window_size())
-          .using_sparse_model(options_.using_sparse_model())
-          .sparse_cuda_acceleration_factor(options_.sparse_cuda_acceleration_factor()));
+  (void)Throughput(throughput_options(options_, 1));
 }
 
 ThroughputMonitor::StageClock& ThroughputMonitor::start(RunContext& run, Loop loop, bool fresh) {
@@ -93,14 +99,8 @@ ThroughputMonitor::StageClock& ThroughputMonitor::start(RunContext& run, Loop lo
   // Every start opens a new window and clock (Lightning's setup makes a new Throughput for each
   // Trainer call, a fit resets it for each validation run); the totals go on over repeated
   // Trainer::validate / test / predict calls, as Lightning's.
-  clock->throughput = std::make_unique<Throughput>(
-      ThroughputOptions()
-          .available_flops(options_.available_flops())
-          .world_size(run.data_parallel_size())
-          .window_size(options_.window_size())
-          .separator(options_.separator())
-          .using_sparse_model(options_.using_sparse_model())
-          .sparse_cuda_acceleration_factor(options_.sparse_cuda_acceleration_factor()));
+  clock->throughput =
+      std::make_unique<Throughput>(throughput_options(options_, run.data_parallel_size()));
   clock->t0 = Clock::now();
   clock->last_time = -1;
   clock->unrecorded = 0;
