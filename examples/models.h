@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <charconv>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -158,7 +159,10 @@ class Classifier : public volt::Module {
  public:
   explicit Classifier(std::shared_ptr<Net> net, double lr = 1e-3, int64_t step_size = 0)
       : net_(register_module("net", std::move(net))), lr_(lr), step_size_(step_size) {
-    save_hyperparameters({{"lr", std::to_string(lr)}, {"net", Net::kName}});
+    // The shortest text that reads back as lr (std::to_string would print 1e-7 as 0.000000).
+    char text[32];
+    const auto end = std::to_chars(text, text + sizeof text, lr).ptr;
+    save_hyperparameters({{"lr", std::string(text, end)}, {"net", Net::kName}});
   }
   torch::Tensor forward(const torch::Tensor& x) { return net_->forward(x); }
 

@@ -169,7 +169,7 @@ void EarlyStopping::load_state(torch::serialize::InputArchive& ar) {
   ar.read("stopped_epoch", s);
   wait_count_ = w.toInt();
   best_score_ = b.toDouble();
-  stopped_epoch_ = s.toInt();
+  stopped_epoch_ = std::max<int64_t>(0, s.toInt());  // -1 (not stopped) before session 105
   // Absent before session 103: not stopped.
   c10::IValue reason, message;
   const int64_t code =

@@ -1,5 +1,6 @@
 #include "volt/callbacks/gradient_accumulation_scheduler.h"
 
+#include <algorithm>
 #include <iterator>
 #include <string>
 
@@ -78,6 +79,11 @@ std::map<int64_t, int64_t> GradientAccumulationScheduler::parse_scheduling(
     ++i;
   }
   return out;
+}
+
+bool GradientAccumulationScheduler::going_to_accumulate_grad_batches() const {
+  return std::any_of(scheduling_.begin(), scheduling_.end(),
+                     [](const auto& kv) { return kv.second > 1; });
 }
 
 int64_t GradientAccumulationScheduler::accumulate_grad_batches(int64_t epoch) const {

@@ -164,7 +164,9 @@ void PredictionWriter::on_predict_batch_end(RunContext& run, Module& module,
       predictions_.resize(d + 1);
       indices_.resize(d + 1);
     }
-    predictions_[d].push_back(prediction);
+    // On the host, as Lightning keeps an epoch writer's predictions: a whole data set's would
+    // otherwise hold the device's memory until the epoch's end.
+    predictions_[d].push_back(prediction.defined() ? prediction.cpu() : prediction);
     indices_[d].push_back(run.predict_batch_indices());
   }
 }
@@ -175,7 +177,8 @@ void PredictionWriter::on_predict_epoch_end(RunContext& run, Module& module) {
   auto indices = std::move(indices_);
   predictions_.clear();
   indices_.clear();
-  // Every loader is written, one without batches too (as one loader without batches is).
+  // Every loader is written, one without batches too, as Lightning's writer gets every loader's
+  // list (a pass where no loader has a batch runs no hook at all).
   const size_t loaders =
       std::max(predictions.size(), static_cast<size_t>(run.state().num_dataloaders));
   predictions.resize(loaders);

@@ -14,6 +14,7 @@
 #include "volt/callbacks/model_summary.h"
 #include "volt/callbacks/on_exception_checkpoint.h"
 #include "volt/callbacks/prediction_writer.h"
+#include "volt/callbacks/progress_bar.h"
 #include "volt/callbacks/spike_detection.h"
 #include "volt/callbacks/stochastic_weight_averaging.h"
 #include "volt/callbacks/throughput_monitor.h"
@@ -181,6 +182,25 @@ void register_callbacks(Registry& r) {
             .verbose(a.get<bool>("verbose"));
         return std::make_shared<Timer>(o);
       });
+
+  // Lightning's TQDMProgressBar, under its own name and volt's.
+  const ProgressBarOptions pb;
+  for (const char* name : {"ProgressBar", "TQDMProgressBar"}) {
+    r.callbacks.add(
+        name, "the terminal progress bar (Lightning's TQDMProgressBar)",
+        Params()
+            .add("refresh_rate", pb.refresh_rate(),
+                 "redraw every N batches (and at each bar's last); 0 = no bar")
+            .add("refresh_s", pb.refresh_s(),
+                 "and at most once per this many seconds; 0 = every refresh_rate batches")
+            .add("leave", pb.leave(), "keep each epoch's finished training bar on screen"),
+        [](const Args& a) -> std::shared_ptr<Callback> {
+          return std::make_shared<ProgressBar>(ProgressBarOptions()
+                                                   .refresh_rate(a.get<int64_t>("refresh_rate"))
+                                                   .refresh_s(a.get<double>("refresh_s"))
+                                                   .leave(a.get<bool>("leave")));
+        });
+  }
 
   const SpikeDetectionOptions sd;
   r.callbacks.add(

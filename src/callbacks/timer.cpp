@@ -3,13 +3,12 @@
 #include <torch/serialize/archive.h>
 
 #include <cmath>
-#include <iostream>
-#include <limits>
 
 #include "core/detail/duration.h"
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 #include "volt/core/run_context.h"
 
 namespace volt {
@@ -39,9 +38,21 @@ double Timer::time_elapsed(Stage stage) const {
   return s.offset + live;
 }
 
-double Timer::time_remaining() const {
-  if (!options_.duration_s()) return std::numeric_limits<double>::infinity();
-  return *options_.duration_s() - time_elapsed(Stage::kFit);
+c10::optional<double> Timer::time_remaining(Stage stage) const {
+  if (!options_.duration_s()) return c10::nullopt;
+  return *options_.duration_s() - time_elapsed(stage);
+}
+
+c10::optional<std::chrono::steady_clock::time_point> Timer::start_time(Stage stage) const {
+  auto it = spans_.find(stage);
+  if (it == spans_.end()) return c10::nullopt;
+  return it->second.start;
+}
+
+c10::optional<std::chrono::steady_clock::time_point> Timer::end_time(Stage stage) const {
+  auto it = spans_.find(stage);
+  if (it == spans_.end()) return c10::nullopt;
+  return it->second.end;
 }
 
 void Timer::on_fit_start(RunContext& run, Module&) {
@@ -80,11 +91,17 @@ void Timer::on_train_epoch_end(RunContext& run, Module&) {
 }
 
 void Timer::check(RunContext& run) {
-  if (!options_.duration_s() || time_remaining() > 0) return;
+  if (!options_.duration_s() || *time_remaining() > 0) return;
   if (options_.verbose() && run.is_global_zero()) {
-    std::cout << "[Timer] time limit of " << *options_.duration_s() << " s reached after epoch "
-              << run.state().epoch << ", global step " << run.state().global_step
-              << "; stopping training." << std::endl;
+    // Lightning's line, its elapsed time as Python prints a timedelta of whole seconds.
+    const auto t = static_cast<int64_t>(time_elapsed(Stage::kFit));
+    const int64_t days = t / 86400;
+    std::string elapsed = days > 0 ? std::to_string(days) + (days == 1 ? " day, " : " days, ") : "";
+    elapsed +=
+        detail::c_format("%lld:%02lld:%02lld", static_cast<long long>(t % 86400 / 3600),
+                         static_cast<long long>(t % 3600 / 60), static_cast<long long>(t % 60));
+    log_info("Timer",
+             "Time limit reached. Elapsed time is " + elapsed + ". Signaling Trainer to stop.");
   }
   run.request_stop();
 }

@@ -58,6 +58,14 @@ std::string CSVLogger::log_dir() {
   return dir;
 }
 
+std::string CSVLogger::version_name() {
+  return std::to_string(version());
+}
+
+std::string CSVLogger::root_dir() {
+  return options_.save_dir() + "/" + options_.name();
+}
+
 std::string CSVLogger::metrics_path() {
   return log_dir() + "/metrics.csv";
 }
@@ -67,7 +75,8 @@ void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params
   detail::write_hparams_yaml(log_dir(), hparams_);
 }
 
-void CSVLogger::log_metrics(const Metrics& metrics, int64_t step) {
+void CSVLogger::log_metrics(const Metrics& given, int64_t step) {
+  const Metrics metrics = detail::with_prefix(given, options_.prefix());
   // An empty name would write a header that no reader (a resume, volt report) takes back.
   VOLT_CHECK(metrics.count("") == 0, ValueError,
              "[CSVLogger] a metric has an empty name; give every logged value a name.");
@@ -261,6 +270,7 @@ void CSVLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
 std::ostream& operator<<(std::ostream& os, const CSVLoggerOptions& o) {
   return os << "CSVLoggerOptions(save_dir=" << detail::quoted(o.save_dir())
             << ", name=" << detail::quoted(o.name()) << ", version=" << o.version()
+            << ", prefix=" << detail::quoted(o.prefix())
             << ", flush_logs_every_n_steps=" << o.flush_logs_every_n_steps() << ")";
 }
 

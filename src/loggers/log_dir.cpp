@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <regex>
 
 #include "core/detail/ascii.h"
 #include "core/detail/numbers.h"
@@ -26,13 +27,29 @@ namespace {
 
 // YAML 1.1 readers (PyYAML, hence Lightning and TensorBoard tooling) resolve these plain words
 // to booleans or null; yaml-cpp's emitter quotes only some of them. Values are strings here.
+// Numbers as C++ and Python print them stay plain (PyYAML reads them back as the same number, or
+// one with an exponent and no point, 1e-05, as that same text); other
+// text that PyYAML's resolvers take for a number or a date is quoted: "010" (octal 8), "1:20"
+// (sexagesimal 80), "0x1F", "1_000", ".5", "2024-01-02".
 bool yaml_reads_as_non_string(const std::string& s) {
-  static const char* kWords[] = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"};
+  // "=" and "<<" are PyYAML's value and merge keys: its full_load (Lightning's hparams reader)
+  // refuses them plain.
+  static const char* kWords[] = {"y",    "n",     "yes",  "no", "on", "off",
+                                 "true", "false", "null", "~",  "=",  "<<"};
   const std::string lower = ascii_lower(s);
   for (const char* w : kWords) {
     if (lower == w) return true;
   }
-  return false;
+  static const std::regex kPrinted(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)");
+  if (std::regex_match(s, kPrinted)) return false;
+  // PyYAML's implicit resolvers for int, float and timestamp (yaml/resolver.py).
+  static const std::regex kPyYaml(
+      R"([-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)"
+      R"(|[-+]?[1-9][0-9_]*(:[0-5]?[0-9])+)"
+      R"(|[-+]?[0-9][0-9_]*\.[0-9_]*([eE][-+][0-9]+)?|\.[0-9][0-9_]*([eE][-+][0-9]+)?)"
+      R"(|[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+\.[0-9_]*|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN))"
+      R"(|[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}([Tt \t].*)?)");
+  return std::regex_match(s, kPyYaml);
 }
 
 void emit_string(YAML::Emitter& out, const std::string& s) {
@@ -168,6 +185,13 @@ int64_t resumed_version(torch::serialize::InputArchive& ar, const std::string& s
     ::rmdir((save_dir + "/" + name + "/version_" + std::to_string(claimed)).c_str());
   }
   return v.toInt();
+}
+
+Metrics with_prefix(const Metrics& metrics, const std::string& prefix) {
+  if (prefix.empty()) return metrics;
+  Metrics out;
+  for (const auto& kv : metrics) out.emplace(prefix + "-" + kv.first, kv.second);
+  return out;
 }
 
 void write_hparams_yaml(const std::string& dir, const std::map<std::string, std::string>& hparams) {

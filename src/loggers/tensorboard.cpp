@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <regex>
 
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
@@ -97,12 +98,15 @@ Proto event(int64_t step) {
   return e;
 }
 
-// google.protobuf.Value: number_value=2, string_value=3.
+// google.protobuf.Value: number_value=2, string_value=3. A number is text as C++ and Python
+// print numbers ("12", "-0.5", "1e-05"); other text strtod would take ("0x1F", "010", " 12")
+// stays a string, as Lightning sends a str hyper-parameter.
 Proto proto_value(const std::string& s) {
+  static const std::regex kPrinted(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)");
   Proto v;
   char* end = nullptr;
   const double d = detail::c_strtod(s.c_str(), &end);
-  if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d)) {
+  if (std::regex_match(s, kPrinted) && end == s.c_str() + s.size() && std::isfinite(d)) {
     v.double_field(2, d);
   } else {
     v.bytes_field(3, s);
@@ -171,6 +175,14 @@ std::string TensorBoardLogger::log_dir() {
   return dir;
 }
 
+std::string TensorBoardLogger::version_name() {
+  return std::to_string(version());
+}
+
+std::string TensorBoardLogger::root_dir() {
+  return options_.save_dir() + "/" + options_.name();
+}
+
 std::string TensorBoardLogger::events_path() {
   if (path_.empty()) {
     char host[256] = "localhost";
@@ -222,6 +234,10 @@ void TensorBoardLogger::log_hyperparams(const std::map<std::string, std::string>
   // TensorBoard shows exactly what it lists, and a list of the hparams alone has no metrics
   // (Lightning's carries its hp_metric); without, it builds one from the runs' session starts
   // and scalar tags.
+  // Lightning's default_hp_metric: hp_metric = -1 at step 0 first, so that the HParams tab has a
+  // metric column until the run logs its own hp_metric (a module that saved no hyper-parameter
+  // gets none, as Lightning's Trainer does not call log_hyperparams for it).
+  if (options_.default_hp_metric() && !params.empty()) log_metrics({{"hp_metric", -1.0}}, 0);
   Proto start;
   for (const auto& kv : params) {
     Proto entry;  // map<string, google.protobuf.Value> entry: key=1, value=2
@@ -242,7 +258,8 @@ void TensorBoardLogger::log_hyperparams(const std::map<std::string, std::string>
   detail::write_hparams_yaml(log_dir(), hparams_);
 }
 
-void TensorBoardLogger::log_metrics(const Metrics& metrics, int64_t step) {
+void TensorBoardLogger::log_metrics(const Metrics& given, int64_t step) {
+  const Metrics metrics = detail::with_prefix(given, options_.prefix());
   open_file();
   Proto summary;
   for (const auto& kv : metrics) {
@@ -307,6 +324,8 @@ void TensorBoardLogger::load_state(torch::serialize::InputArchive& ar, int64_t s
 std::ostream& operator<<(std::ostream& os, const TensorBoardLoggerOptions& o) {
   return os << "TensorBoardLoggerOptions(save_dir=" << detail::quoted(o.save_dir())
             << ", name=" << detail::quoted(o.name()) << ", version=" << o.version()
+            << ", prefix=" << detail::quoted(o.prefix())
+            << ", default_hp_metric=" << o.default_hp_metric()
             << ", flush_logs_every_n_steps=" << o.flush_logs_every_n_steps()
             << ", flush_secs=" << o.flush_secs() << ")";
 }

@@ -163,12 +163,9 @@ void Run::save_checkpoint(const std::string& path, bool weights_only) {
     if (module != nullptr) callback_hook(hook, [&](Callback& c) { (c.*fn)(*this, *module); });
   };
   each("on_save_checkpoint", &Callback::on_save_checkpoint);
-  // The loggers' buffered rows reach disk before the checkpoint does, and the next row (the
-  // step's own, when the checkpoint is taken in on_train_batch_end) right after it is logged: a
-  // run killed later resumes after the checkpoint's step, so rows still buffered then would be
-  // lost for good (Lightning saves the loggers after every log call). Rank 0's loggers only.
+  // The loggers' rows reach disk before the checkpoint does (send_to_loggers saves them after
+  // every row as well). Rank 0's loggers only.
   save_loggers();
-  save_loggers_after_next_row = true;
   try {
     torch::serialize::OutputArchive root;
     write_checkpoint(*this, root, weights_only);
@@ -908,10 +905,9 @@ void Run::send_to_loggers(const Metrics& m) {
     row.emplace("epoch", static_cast<double>(st.epoch));  // a logged "epoch" value stays
   }
   for (auto& l : loggers()) l->log_metrics(row, step);
-  if (save_loggers_after_next_row) {
-    save_loggers_after_next_row = false;
-    save_loggers();
-  }
+  // As Lightning's logger connector, which saves the loggers after every log call: a row is on
+  // disk once logged (tail -f metrics.csv, a live TensorBoard; a run killed for good keeps it).
+  save_loggers();
 }
 
 void Run::save_loggers() {
@@ -920,7 +916,10 @@ void Run::save_loggers() {
     try {
       l->save();
     } catch (const std::exception& failed) {
-      log_warning("Trainer", l->name() + " could not write its buffered rows: " + failed.what());
+      // Once per logger: the loggers are saved after every row, so a full disk would say it at
+      // every step (the CSV logger fails the run itself once its buffer is full).
+      warn_once("save_loggers." + l->name(), "Trainer",
+                l->name() + " could not write its buffered rows: " + failed.what());
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <exception>
 #include <string>
 
+#include "core/detail/numbers.h"
 #include "data/detail/stage_loaders.h"
 #include "nn/detail/empty_init.h"
 #include "trainer/detail/run.h"
@@ -17,6 +18,7 @@
 #include "volt/callbacks/model_checkpoint.h"
 #include "volt/callbacks/model_summary.h"
 #include "volt/callbacks/progress_bar.h"
+#include "volt/callbacks/timer.h"
 #include "volt/core/check.h"
 #include "volt/core/env.h"
 #include "volt/core/log.h"
@@ -213,18 +215,35 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
     });
     if (!has) s.callbacks.insert(s.callbacks.begin(), monitor);
   }
-  bool has_ckpt = false, has_bar = false, has_summary = false;
+  bool has_ckpt = false, has_summary = false;
+  int bars = 0;
   for (auto& c : s.callbacks) {
     has_ckpt = has_ckpt || dynamic_cast<ModelCheckpoint*>(c.get()) != nullptr;
-    has_bar = has_bar || dynamic_cast<ProgressBar*>(c.get()) != nullptr;
+    bars += dynamic_cast<ProgressBar*>(c.get()) != nullptr ? 1 : 0;
     has_summary = has_summary || dynamic_cast<ModelSummary*>(c.get()) != nullptr;
   }
+  const bool has_bar = bars > 0;
   VOLT_CHECK(!s.opts.barebones() || !has_ckpt, ConfigError,
              "[Trainer] barebones=true with a ModelCheckpoint in callbacks: checkpointing can "
              "impact raw speed, so barebones mode turns it off; drop one of the two.");
   VOLT_CHECK(!s.opts.barebones() || !has_bar, ConfigError,
              "[Trainer] barebones=true with a ProgressBar in callbacks: the progress bar can "
              "impact raw speed, so barebones mode turns it off; drop one of the two.");
+  // Lightning's callback connector: a Timer among the callbacks is the fit's time limit.
+  if (s.opts.max_time() && std::any_of(s.callbacks.begin(), s.callbacks.end(), [](const auto& c) {
+        return dynamic_cast<Timer*>(c.get()) != nullptr;
+      })) {
+    log_info("Trainer", "ignoring max_time=" + detail::c_format("%g", *s.opts.max_time()) +
+                            " s: the callbacks already contain a Timer, whose duration limits "
+                            "the fit.");
+    s.opts.max_time(c10::nullopt);
+  }
+  // Lightning's callback connector refuses both.
+  VOLT_CHECK(bars <= 1, ConfigError, "[Trainer] ", bars,
+             " ProgressBar callbacks were given; only one progress bar is supported: keep one.");
+  VOLT_CHECK(!has_bar || s.opts.enable_progress_bar(), ConfigError,
+             "[Trainer] enable_progress_bar=false with a ProgressBar in callbacks; drop the "
+             "ProgressBar from callbacks, or set enable_progress_bar=true to show it.");
   if (!s.fast_dev && !has_ckpt && s.opts.enable_checkpointing()) {
     s.callbacks.push_back(std::make_shared<ModelCheckpoint>());
   }
@@ -232,7 +251,8 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>()) {
     s.callbacks.push_back(std::make_shared<ModelSummary>());
   }
   if (!has_bar && s.opts.enable_progress_bar()) {
-    s.callbacks.push_back(std::make_shared<ProgressBar>(s.opts.progress_refresh_s()));
+    s.callbacks.push_back(
+        std::make_shared<ProgressBar>(ProgressBarOptions().refresh_s(s.opts.progress_refresh_s())));
   }
   s.arrange_callbacks();
 }
@@ -278,6 +298,11 @@ EvalData start_eval(detail::Run& s, Stage stage, const std::string& ckpt_path,
   const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, stage);
   if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
   s.started_from = ckpt;
+  // As Lightning's Trainer._run for every entry point: a module's saved hyper-parameters reach
+  // the loggers (a test-only run records them too), after the restore as in fit.
+  if (s.is_global_zero() && s.module != nullptr && !s.module->hparams().empty()) {
+    for (auto& l : s.loggers()) l->log_hyperparams(s.module->hparams());
+  }
   EvalData d;
   for (const DataLoader& loader : make_loaders()) {
     d.loaders.push_back(s.shard(loader, /*predict=*/stage == Stage::kPredict));
@@ -292,6 +317,19 @@ EvalData start_eval(detail::Run& s, Stage stage, const std::string& ckpt_path,
     d.limits.push_back(s.fast_dev ? std::min(n, s.opts.fast_dev_run()) : n);
   }
   return d;
+}
+
+// Lightning's evaluation and prediction loops' skip: a pass with no batch in any loader (empty
+// loaders, a limit of 0) runs no hook; its results are empty (a prediction writer writes nothing).
+// Agreed over the ranks: predict's shards may leave one rank without a batch, and a rank that
+// skipped would leave the others waiting in the pass's collectives.
+bool no_batches(detail::Run& s, const EvalData& d) {
+  int64_t most = 0;
+  for (const int64_t n : d.limits) most = std::max(most, n);
+  if (s.strategy().world_size() > 1) {
+    most = s.strategy().reduce(at::tensor({most}, at::kLong), Reduce::kMax)[0].item<int64_t>();
+  }
+  return most == 0;
 }
 
 // A DataModule's loaders, asked for inside the run (after the setup hooks, where a
@@ -381,6 +419,10 @@ std::vector<Metrics> Trainer::run_eval(Module& module, Stage stage,
   std::vector<Metrics> out;
   s.guarded(module, stage, [&] {
     EvalData d = start_eval(s, stage, ckpt_path, make_loaders);
+    if (no_batches(s, d)) {
+      out.resize(d.loaders.size());
+      return;
+    }
     out = detail::evaluation_loop(s, stage, d.loaders, d.limits, merged);
   });
   return out;
@@ -433,6 +475,10 @@ std::vector<std::vector<at::Tensor>> Trainer::run_predict(
   std::vector<std::vector<at::Tensor>> out;
   s.guarded(module, Stage::kPredict, [&] {
     EvalData d = start_eval(s, Stage::kPredict, ckpt_path, make_loaders);
+    if (no_batches(s, d)) {
+      out.resize(d.loaders.size());
+      return;
+    }
     out = detail::prediction_loop(s, d.loaders, d.limits);
   });
   return out;

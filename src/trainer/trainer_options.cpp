@@ -74,9 +74,10 @@ void TrainerOptions::validate() const {
   VOLT_CHECK(max_steps_ < 0 || min_steps_ <= max_steps_, ConfigError,
              "[Trainer] min_steps=", min_steps_, " exceeds max_steps=", max_steps_,
              "; lower min_steps.");
-  VOLT_CHECK(!max_time_ || (std::isfinite(*max_time_) && *max_time_ > 0), ConfigError,
+  // 0 as Lightning's "00:00:00:00": the fit trains nothing.
+  VOLT_CHECK(!max_time_ || (std::isfinite(*max_time_) && *max_time_ >= 0), ConfigError,
              "[Trainer] max_time=", max_time_ ? *max_time_ : 0.0,
-             " seconds is invalid; pass a positive number of seconds.");
+             " seconds is invalid; pass a number of seconds >= 0.");
   limit_train_batches_.validate("limit_train_batches");
   limit_val_batches_.validate("limit_val_batches");
   limit_test_batches_.validate("limit_test_batches");

@@ -60,6 +60,7 @@ TEST(EarlyStopping, ByDefaultAMetricOfTheTrainingEpochIsCheckedAtItsEnd) {
     volt_test::TempDir dir;
     EpochMetric model({5, 4, 4, 4, 4});
     auto es = std::make_shared<volt::EarlyStopping>(volt::EarlyStoppingOptions("m").patience(1));
+    EXPECT_EQ(es->stopped_epoch(), 0);  // Lightning's value before a stop
     volt::Trainer t(volt_test::quiet(dir.path).max_epochs(20).callbacks({es}));
     if (with_validation) {
       t.fit(model, volt_test::loader(volt_test::blobs(32)),

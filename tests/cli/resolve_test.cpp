@@ -183,12 +183,11 @@ TEST(Resolve, MaxTimeTakesLightningsDurationForms) {
   e = error_of("model: {width: 1}\ntrainer: {max_time: {hours: soon}}\n", r);
   EXPECT_NE(e.find("trainer.max_time.hours"), std::string::npos) << e;
   EXPECT_NE(e.find("expected a number, got \"soon\""), std::string::npos) << e;
-  // Zero seconds reads as 0, which the Trainer's own check refuses as any max_time <= 0.
-  EXPECT_THROW(
-      volt::detail::trainer_options(
-          resolve_text("model: {width: 1}\ntrainer: {max_time: '00:00:00:00'}\n", r).trainer)
-          .validate(),
-      volt::ConfigError);
+  // Zero seconds reads as 0, which the Trainer takes as Lightning does (the fit trains nothing).
+  const auto zero = volt::detail::trainer_options(
+      resolve_text("model: {width: 1}\ntrainer: {max_time: '00:00:00:00'}\n", r).trainer);
+  EXPECT_NO_THROW(zero.validate());
+  EXPECT_EQ(zero.max_time(), c10::optional<double>(0.0));
 }
 
 // Timer's duration takes the same forms as max_time (Lightning's Timer takes "DD:HH:MM:SS", a
@@ -203,7 +202,7 @@ TEST(Resolve, TimerDurationTakesLightningsDurationForms) {
     return r.callbacks.create(c.callbacks.at(0).class_path, c.callbacks.at(0).args);
   };
   const auto left = [&](const std::string& duration) {
-    return std::dynamic_pointer_cast<volt::Timer>(timer(duration))->time_remaining();
+    return *std::dynamic_pointer_cast<volt::Timer>(timer(duration))->time_remaining();
   };
   EXPECT_DOUBLE_EQ(left("'00:12:00:00'"), 12 * 3600.0);
   EXPECT_DOUBLE_EQ(left("{days: 1, hours: 5}"), 29 * 3600.0);
@@ -220,6 +219,30 @@ TEST(Resolve, TimerDurationTakesLightningsDurationForms) {
       << e;
   e = volt_test::error_of<volt::ConfigError>([&] { timer("soon"); });
   EXPECT_NE(e.find("[Timer] duration \"soon\" is not DD:HH:MM:SS"), std::string::npos) << e;
+}
+
+// GradientAccumulationScheduler's scheduling as Lightning writes it, a mapping of epochs to
+// factors, reads as volt's "0:8, 4:4"; a mapping with a bad entry fails in the callback's parser.
+TEST(Resolve, GradientAccumulationSchedulerTakesLightningsMapping) {
+  const auto r = test_registry();
+  const auto c = resolve_text(
+      "model: {width: 1}\ntrainer: {callbacks: [{class_path: GradientAccumulationScheduler, "
+      "init_args: {scheduling: {0: 8, 4: 4}}}]}\n",
+      r);
+  EXPECT_EQ(c.callbacks.at(0).args.get<std::string>("scheduling"), "0:8, 4:4");
+  auto made = std::dynamic_pointer_cast<volt::GradientAccumulationScheduler>(
+      r.callbacks.create(c.callbacks.at(0).class_path, c.callbacks.at(0).args));
+  ASSERT_NE(made, nullptr);
+  EXPECT_EQ(made->scheduling(), (std::map<int64_t, int64_t>{{0, 8}, {4, 4}}));
+  EXPECT_TRUE(made->going_to_accumulate_grad_batches());
+  const auto bad = resolve_text(
+      "model: {width: 1}\ntrainer: {callbacks: [{class_path: GradientAccumulationScheduler, "
+      "init_args: {scheduling: {0: 8, x: 4}}}]}\n",
+      r);
+  const std::string e = volt_test::error_of<volt::ConfigError>(
+      [&] { r.callbacks.create(bad.callbacks.at(0).class_path, bad.callbacks.at(0).args); });
+  EXPECT_NE(e.find("[GradientAccumulationScheduler] scheduling \"0:8, x:4\""), std::string::npos)
+      << e;
 }
 
 // A Lightning config's LearningRateMonitor with logging_interval: null (Lightning's default) is

@@ -112,12 +112,15 @@ TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {
   expect_has_all(text(volt::LearningRateMonitorOptions().log_momentum(true)),
                  {"LearningRateMonitorOptions(logging_interval=auto", "log_momentum=1",
                   "log_weight_decay=0", "log_key_prefix=\"\")"});
-  expect_has_all(text(volt::CSVLoggerOptions("runs")),
+  expect_has_all(text(volt::CSVLoggerOptions("runs").prefix("fold1")),
                  {"CSVLoggerOptions(save_dir=\"runs\"", "name=\"volt_logs\"", "version=-1",
-                  "flush_logs_every_n_steps=100)"});
-  expect_has_all(text(volt::TensorBoardLoggerOptions("tb")),
-                 {"TensorBoardLoggerOptions(save_dir=\"tb\"", "name=\"volt_logs\"", "version=-1",
-                  "flush_logs_every_n_steps=10", "flush_secs=120)"});
+                  "prefix=\"fold1\"", "flush_logs_every_n_steps=100)"});
+  expect_has_all(
+      text(volt::TensorBoardLoggerOptions("tb")),
+      {"TensorBoardLoggerOptions(save_dir=\"tb\"", "name=\"volt_logs\"", "version=-1",
+       "prefix=\"\"", "default_hp_metric=1", "flush_logs_every_n_steps=10", "flush_secs=120)"});
+  expect_has_all(text(volt::ProgressBarOptions().refresh_rate(5).leave(true)),
+                 {"ProgressBarOptions(refresh_rate=5", "refresh_s=0.5", "leave=1)"});
   expect_has_all(text(volt::SimpleProfilerOptions().filename("perf")),
                  {"SimpleProfilerOptions(dirpath=\"\"", "filename=\"perf\")"});
   expect_has_all(text(volt::WarmupLROptions().warmup_type(volt::WarmupType::kLinear)),

@@ -190,9 +190,25 @@ TEST(CSVLogger, ACheckpointWritesTheBufferedRowsFirst) {
       volt_test::quiet(dir.path).max_steps(8).log_every_n_steps(1).loggers({csv}).callbacks(
           {reads, ckpt}));
   trainer.fit(model, volt_test::loader(volt_test::blobs(160)));
-  // The header and the rows of steps 0-4, logged before the checkpoint at step 5.
-  ASSERT_EQ(reads->rows.size(), 6u);
-  EXPECT_EQ(reads->rows[5].substr(0, 2), "4,") << reads->rows[5];
+  // The header and the rows of steps 0-5: the Trainer writes each row as it logs it (Lightning
+  // saves its loggers after every log call), whatever flush_logs_every_n_steps says.
+  ASSERT_EQ(reads->rows.size(), 7u);
+  EXPECT_EQ(reads->rows[6].substr(0, 2), "5,") << reads->rows[6];
+}
+
+// prefix: "<prefix>-" before every column name (a logged "step" too, as Lightning renames it
+// before its writer sets the step); version_name and root_dir as Lightning's version / root_dir.
+TEST(CSVLogger, PrefixNamesEveryColumn) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path).prefix("fold1"));
+  EXPECT_EQ(a.version_name(), "0");
+  EXPECT_EQ(a.root_dir(), dir.path + "/volt_logs");
+  a.log_metrics({{"loss", 0.5}, {"step", 3}}, 1);
+  a.save();
+  const auto rows = lines(a.metrics_path());
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0], "step,fold1-loss,fold1-step");
+  EXPECT_EQ(rows[1], "1,0.5,3");
 }
 
 TEST(CSVLogger, HparamsYamlReadsBackAsTheSameStrings) {
@@ -211,7 +227,17 @@ TEST(CSVLogger, HparamsYamlReadsBackAsTheSameStrings) {
                                                  {"multi", "two\nlines"},
                                                  {"blank", ""},
                                                  {"lr", "0.1"},
-                                                 {"key: with colon", "v"}};
+                                                 {"key: with colon", "v"},
+                                                 // PyYAML reads these as numbers or a date
+                                                 {"octal", "010"},
+                                                 {"sexagesimal", "1:20"},
+                                                 {"hex", "0x1F"},
+                                                 {"underscored", "1_000"},
+                                                 {"dot", ".5"},
+                                                 {"plus", "+5"},
+                                                 {"date", "2024-01-02"},
+                                                 {"negative", "-3"},
+                                                 {"exponent", "1e-05"}};
   a.log_hyperparams(hp);
   const YAML::Node n = YAML::LoadFile(dir / "volt_logs/version_0/hparams.yaml");
   ASSERT_TRUE(n.IsMap());
@@ -221,8 +247,12 @@ TEST(CSVLogger, HparamsYamlReadsBackAsTheSameStrings) {
     EXPECT_EQ(n[k].Scalar(), v) << k;
   }
   // Quoted where a YAML 1.1 reader (PyYAML) would see a boolean or null; numbers stay plain.
-  for (const char* k : {"flag", "empty", "off", "tilde"}) EXPECT_EQ(n[k].Tag(), "!") << k;
-  EXPECT_EQ(n["lr"].Tag(), "?");
+  for (const char* k : {"flag", "empty", "off", "tilde", "octal", "sexagesimal", "hex",
+                        "underscored", "dot", "plus", "date"}) {
+    EXPECT_EQ(n[k].Tag(), "!") << k;
+  }
+  // Numbers as C++ and Python print them stay plain: they read back as the same number.
+  for (const char* k : {"lr", "negative", "exponent"}) EXPECT_EQ(n[k].Tag(), "?") << k;
   EXPECT_EQ(n["lr"].as<double>(), 0.1);
   // An empty map is still valid YAML.
   volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));

@@ -64,7 +64,9 @@ TEST(TensorBoardLogger, IndependentReaderVerifiesEveryRecordAndValue) {
   volt_test::TempDir dir;
   volt::TensorBoardLogger logger(
       volt::TensorBoardLoggerOptions(dir.path).flush_logs_every_n_steps(7));
-  logger.log_hyperparams({{"lr", "0.001"}, {"net", "mlp"}, {"batch_size", "64"}});
+  // "0x1F" and "010" are text (strtod took the first as 31), as Lightning sends a str value.
+  logger.log_hyperparams(
+      {{"lr", "0.001"}, {"net", "mlp"}, {"batch_size", "64"}, {"hex", "0x1F"}, {"id", "010"}});
   std::vector<std::pair<int64_t, volt::Metrics>> logged;
   for (int64_t s = 1; s <= 25; ++s) {
     volt::Metrics m{{"train_loss", 1.0 / s}, {"lr", 0.001 * s}};
@@ -80,15 +82,23 @@ TEST(TensorBoardLogger, IndependentReaderVerifiesEveryRecordAndValue) {
   ASSERT_EQ(r.status, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["file_version"], "brain.Event:2");
-  EXPECT_EQ(j["records"], 1 + 1 + 25 + 1);  // version, hparams, metrics, session end
+  // version, hp_metric, hparams, metrics, session end
+  EXPECT_EQ(j["records"], 1 + 1 + 1 + 25 + 1);
   EXPECT_EQ(j["hparams"]["lr"], 0.001);
   EXPECT_EQ(j["hparams"]["batch_size"], 64.0);
   EXPECT_EQ(j["hparams"]["net"], "mlp");
+  EXPECT_EQ(j["hparams"]["hex"], "0x1F");
+  EXPECT_EQ(j["hparams"]["id"], "010");
   // No experiment summary: TensorBoard builds the experiment from the runs, with every scalar
   // tag as a metric column (one listing only the hparams showed no metric columns at all).
   EXPECT_EQ(j["experiment_hparams"].size(), 0u);
   EXPECT_EQ(j["session_end_status"], 1);
-  size_t i = 0;
+  // Lightning's default_hp_metric: hp_metric = -1 at step 0, with the hyper-parameters.
+  ASSERT_GE(j["scalars"].size(), 1u);
+  EXPECT_EQ(j["scalars"][0][0], "hp_metric");
+  EXPECT_EQ(j["scalars"][0][1], 0);
+  EXPECT_FLOAT_EQ(j["scalars"][0][2].get<float>(), -1.0f);
+  size_t i = 1;
   for (const auto& [step, m] : logged) {
     for (const auto& [tag, value] : m) {
       ASSERT_LT(i, j["scalars"].size());
@@ -99,6 +109,36 @@ TEST(TensorBoardLogger, IndependentReaderVerifiesEveryRecordAndValue) {
     }
   }
   EXPECT_EQ(i, j["scalars"].size());
+}
+
+// prefix puts "<prefix>-" before every tag (hp_metric's too); default_hp_metric=false logs none.
+TEST(TensorBoardLogger, PrefixAndDefaultHpMetric) {
+  volt_test::TempDir dir;
+  volt::TensorBoardLogger logger(
+      volt::TensorBoardLoggerOptions(dir.path).prefix("fold1").version(3));
+  EXPECT_EQ(logger.version_name(), "3");
+  EXPECT_EQ(logger.root_dir(), dir.path + "/volt_logs");
+  logger.log_hyperparams({{"lr", "0.1"}});
+  logger.log_metrics({{"loss", 0.5}}, 1);
+  logger.finalize(volt::RunStatus::kFinished);
+  auto r = read_events(event_files(logger.log_dir()).at(0));
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["scalars"].size(), 2u) << r.out;
+  EXPECT_EQ(j["scalars"][0][0], "fold1-hp_metric");
+  EXPECT_EQ(j["scalars"][1][0], "fold1-loss");
+
+  volt::TensorBoardLogger plain(
+      volt::TensorBoardLoggerOptions(dir.path).name("plain").default_hp_metric(false));
+  plain.log_hyperparams({{"lr", "0.1"}});
+  plain.log_metrics({{"loss", 0.5}}, 1);
+  plain.finalize(volt::RunStatus::kFinished);
+  r = read_events(event_files(plain.log_dir()).at(0));
+  ASSERT_EQ(r.status, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["scalars"].size(), 1u) << r.out;
+  EXPECT_EQ(j["scalars"][0][0], "loss");
+  EXPECT_EQ(j["hparams"]["lr"], 0.1);
 }
 
 // The hparams plugin's Status has no "aborted": 3 is RUNNING. A failed run ends FAILURE (2); an

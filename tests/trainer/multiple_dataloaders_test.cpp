@@ -305,17 +305,17 @@ TEST(MultipleDataloaders, AFailureNamesTheLoaderAndTheProgressBarOneLinePerLoade
   // A standalone pass keeps each loader's final line, named after the loader.
   std::FILE* out = std::tmpfile();
   ASSERT_NE(out, nullptr);
-  auto bar = std::make_shared<volt::ProgressBar>(0.0, out);
+  auto bar = std::make_shared<volt::ProgressBar>(volt::ProgressBarOptions().refresh_s(0), out);
   Multi model;
-  volt::Trainer(volt_test::quiet(dir.path).callbacks({bar}))
+  volt::Trainer(volt_test::quiet(dir.path).enable_progress_bar(true).callbacks({bar}))
       .validate(model, {first_loader(), second_loader()});
   std::rewind(out);
   std::string text;
   char buf[256];
   while (std::fgets(buf, sizeof buf, out) != nullptr) text += buf;
   std::fclose(out);
-  EXPECT_TRUE(has(text, "Validation DataLoader 0 3/3")) << text;
-  EXPECT_TRUE(has(text, "Validation DataLoader 1 2/2")) << text;
+  EXPECT_TRUE(has(text, "Validation DataLoader 0: 100%|██████████| 3/3 [")) << text;
+  EXPECT_TRUE(has(text, "Validation DataLoader 1: 100%|██████████| 2/2 [")) << text;
 }
 
 }  // namespace

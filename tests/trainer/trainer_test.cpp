@@ -1102,3 +1102,48 @@ TEST(Trainer, AnEvaluationOfADataModuleWithoutItsLoaderNamesTheMethodToOverride)
             "loaders); override it.");
   EXPECT_EQ(failures->n, 3);
 }
+
+namespace {
+
+// Lightning's evaluation and prediction loops skip a pass whose loaders have no batch: no hook
+// runs, the results are empty. A module's saved hyper-parameters reach the loggers in every
+// entry point (Lightning's Trainer._run), so a test-only run records them.
+TEST(Trainer, APassWithoutBatchesRunsNoHookAndEveryEntryPointLogsHparams) {
+  volt_test::TempDir dir;
+  struct Counts : volt::Callback {
+    std::string state_key() const override { return "Counts"; }
+    void on_validation_start(volt::RunContext&, volt::Module&) override { ++starts; }
+    void on_test_start(volt::RunContext&, volt::Module&) override { ++starts; }
+    void on_predict_start(volt::RunContext&, volt::Module&) override { ++starts; }
+    int starts = 0;
+  };
+  auto counts = std::make_shared<Counts>();
+  TinyClassifier model;
+  model.save_hyperparameters({{"width", "8"}});
+  volt::Trainer none(
+      quiet(dir.path).limit_val_batches(0).limit_test_batches(0).limit_predict_batches(0).callbacks(
+          {counts}));
+  const auto data = volt_test::loader(volt_test::blobs(64), 16, false);
+  EXPECT_TRUE(none.validate(model, data).empty());
+  EXPECT_TRUE(none.test(model, data).empty());
+  EXPECT_TRUE(none.predict(model, data).empty());
+  EXPECT_EQ(counts->starts, 0);
+
+  // A predict_step may return no tensor; predict() keeps it (the host copy skips it).
+  struct PredictsNothing : TinyClassifier {
+    at::Tensor predict_step(const volt::Batch&, int64_t) override { return at::Tensor(); }
+  } nothing;
+  const auto kept = volt::Trainer(quiet(dir.path)).predict(nothing, data);
+  ASSERT_EQ(kept.size(), 4u);
+  EXPECT_FALSE(kept[0].defined());
+
+  volt::Trainer tester(quiet(dir.path).logger(true).callbacks({counts}));
+  tester.test(model, data);
+  EXPECT_EQ(counts->starts, 1);
+  std::ifstream hparams(dir / "volt_logs/version_0/hparams.yaml");
+  std::stringstream text;
+  text << hparams.rdbuf();
+  EXPECT_EQ(text.str(), "width: 8\n");
+}
+
+}  // namespace

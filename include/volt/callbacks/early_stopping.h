@@ -67,6 +67,7 @@ class EarlyStopping : public Callback {
 
   int64_t wait_count() const { return wait_count_; }
   double best_score() const { return best_score_; }
+  /// The epoch whose check stopped the fit; 0 when it did not stop it (Lightning's).
   int64_t stopped_epoch() const { return stopped_epoch_; }
   /// Why the last stop was requested ("" if none): Lightning's stopping_reason_message.
   const std::string& stop_reason() const { return stop_reason_; }
@@ -80,7 +81,7 @@ class EarlyStopping : public Callback {
   EarlyStoppingOptions options_;
   int64_t wait_count_ = 0;
   double best_score_;
-  int64_t stopped_epoch_ = -1;
+  int64_t stopped_epoch_ = 0;
   std::string stop_reason_;
   EarlyStoppingReason stopping_reason_ = EarlyStoppingReason::kNotStopped;
 };

@@ -23,6 +23,9 @@ class GradientAccumulationScheduler : public Callback {
   /// The factor for `epoch`.
   int64_t accumulate_grad_batches(int64_t epoch) const;
   const std::map<int64_t, int64_t>& scheduling() const { return scheduling_; }
+  /// Whether some epoch accumulates (a factor above 1), Lightning's
+  /// going_to_accumulate_grad_batches.
+  bool going_to_accumulate_grad_batches() const;
 
   std::string state_key() const override { return "GradientAccumulationScheduler"; }
   /// As Lightning: ConfigError with manual optimization, with the Trainer's own

@@ -28,7 +28,8 @@ std::ostream& operator<<(std::ostream& os, const TimerOptions& o);
 class Timer : public Callback {
  public:
   explicit Timer(TimerOptions options = {});
-  /// Parses Lightning's "DD:HH:MM:SS" duration into seconds (ConfigError when malformed).
+  /// Parses Lightning's "DD:HH:MM:SS" duration (days, then two digits each for hours, minutes
+  /// and seconds) into seconds; ConfigError when malformed.
   static double parse_duration(const std::string& dd_hh_mm_ss);
   std::string state_key() const override { return "Timer"; }
   /// A fit resumed with its time spent asks to stop here, as Lightning's: the fit then trains
@@ -48,8 +49,13 @@ class Timer : public Callback {
 
   /// Seconds spent in a stage (kFit = training, incl. time restored from a checkpoint).
   double time_elapsed(Stage stage = Stage::kFit) const;
-  /// Seconds left of duration_s (unset duration: infinity).
-  double time_remaining() const;
+  /// Seconds of duration_s left after the time spent in `stage` (Lightning's time_remaining);
+  /// none when no duration is set.
+  c10::optional<double> time_remaining(Stage stage = Stage::kFit) const;
+  /// When `stage` last started and ended (Lightning's start_time / end_time); none before it
+  /// did. kFit is training (on_train_start to on_train_end).
+  c10::optional<std::chrono::steady_clock::time_point> start_time(Stage stage = Stage::kFit) const;
+  c10::optional<std::chrono::steady_clock::time_point> end_time(Stage stage = Stage::kFit) const;
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -22,6 +22,9 @@ struct CSVLoggerOptions {
   TORCH_ARG(std::string, name) = "volt_logs";
   /// Version number; -1 picks max(existing version_N) + 1. Default: -1.
   TORCH_ARG(int64_t, version) = -1;
+  /// Put before every metric name, joined with "-" (Lightning's prefix and LOGGER_JOIN_CHAR):
+  /// "fold1" logs train_loss as "fold1-train_loss". Default: "" (none).
+  TORCH_ARG(std::string, prefix) = "";
   /// Buffered rows are written when the logged step passes a multiple of this (Lightning's
   /// (step + 1) % n == 0), when this many rows wait, before a checkpoint, and at each epoch's
   /// end. Default: 100.
@@ -40,6 +43,10 @@ class CSVLogger : public Logger {
   std::string name() const override { return "csv"; }
   std::string log_dir() override;
   int64_t version();
+  /// version() as text.
+  std::string version_name() override;
+  /// save_dir/name.
+  std::string root_dir() override;
   /// Merges `params` into the ones this logger was given before (a later value wins) and
   /// writes them all to hparams.yaml, as Lightning's ExperimentWriter.log_hparams.
   void log_hyperparams(const std::map<std::string, std::string>& params) override;

@@ -17,6 +17,12 @@ class Logger {
   virtual std::string name() const = 0;
   /// The run folder this logger writes into (created on first use).
   virtual std::string log_dir() = 0;
+  /// The run's version as text, Lightning's Logger.version ("3" for version_3); empty when the
+  /// logger has none. The progress bar shows it as v_num.
+  virtual std::string version_name() { return ""; }
+  /// The folder of the runs' version folders (Lightning's root_dir: save_dir/name); empty when
+  /// the logger has none.
+  virtual std::string root_dir() { return ""; }
   virtual void log_hyperparams(const std::map<std::string, std::string>& params) = 0;
   virtual void log_metrics(const Metrics& metrics, int64_t step) = 0;
   /// Flushes buffered records to disk.

@@ -23,6 +23,13 @@ struct TensorBoardLoggerOptions {
   TORCH_ARG(std::string, name) = "volt_logs";
   /// Version number; -1 picks max(existing version_N) + 1. Default: -1.
   TORCH_ARG(int64_t, version) = -1;
+  /// Put before every metric name, joined with "-" (Lightning's prefix and LOGGER_JOIN_CHAR):
+  /// "fold1" logs train_loss as "fold1-train_loss". Default: "" (none).
+  TORCH_ARG(std::string, prefix) = "";
+  /// Log hp_metric = -1 at step 0 with the hyper-parameters (Lightning's default_hp_metric),
+  /// so TensorBoard's HParams tab has a metric column before the run logs its own hp_metric.
+  /// Default: true.
+  TORCH_ARG(bool, default_hp_metric) = true;
   /// Buffered records are written to disk every this many log_metrics calls. Default: 10.
   TORCH_ARG(int64_t, flush_logs_every_n_steps) = 10;
   /// ... and at a log_metrics call this many seconds after the last write, so a run that logs
@@ -48,6 +55,10 @@ class TensorBoardLogger : public Logger {
   std::string name() const override { return "tensorboard"; }
   std::string log_dir() override;
   int64_t version();
+  /// version() as text.
+  std::string version_name() override;
+  /// save_dir/name.
+  std::string root_dir() override;
   void log_hyperparams(const std::map<std::string, std::string>& params) override;
   void log_metrics(const Metrics& metrics, int64_t step) override;
   void save() override;

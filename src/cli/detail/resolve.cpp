@@ -366,7 +366,7 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
     init_args = n.find("init_args");
   }
   const auto& entry = reg.at(class_path);
-  // Lightning's spellings of two callbacks' arguments, read as volt's: Timer's duration in
+  // Lightning's spellings of three callbacks' arguments, read as volt's: Timer's duration in
   // Lightning's forms (as seconds, which the Timer takes too), and LearningRateMonitor's
   // logging_interval null (Lightning's default: each scheduler's own interval) as "auto".
   ConfigNode lightning_args;
@@ -382,6 +382,21 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
   if (callback_args && class_path == "Timer" && lightning_duration(init_args->find("duration"))) {
     ConfigNode& d = edit("duration");
     d = duration_in_seconds(key + ".init_args.duration", d);
+  }
+  // GradientAccumulationScheduler's scheduling as Lightning's dict ({0: 8, 4: 4}): volt's text
+  // form "0:8, 4:4", which the callback parses and checks.
+  if (callback_args && class_path == "GradientAccumulationScheduler") {
+    const ConfigNode* sched = init_args->find("scheduling");
+    if (sched != nullptr && sched->is_map() &&
+        std::all_of(sched->fields.begin(), sched->fields.end(),
+                    [](const auto& f) { return f.second.is_scalar(); })) {
+      std::string text;
+      for (const auto& f : sched->fields) {
+        text += (text.empty() ? "" : ", ") + f.first + ":" + f.second.scalar;
+      }
+      ConfigNode& s = edit("scheduling");
+      s = ConfigNode::make_scalar(text, s.origin);
+    }
   }
   if (callback_args && class_path == "LearningRateMonitor") {
     const ConfigNode* interval = init_args->find("logging_interval");

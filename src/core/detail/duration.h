@@ -11,7 +11,8 @@ namespace volt {
 namespace detail {
 
 /// "DD:HH:MM:SS" (days, hours, minutes, seconds; blanks around it allowed, as Lightning strips
-/// it) in seconds; nullopt when `text` is not four ':'-separated digit groups.
+/// it) in seconds; nullopt when `text` is not Lightning's pattern, (\d+):(\d\d):(\d\d):(\d\d):
+/// days of any length, then two digits each.
 inline std::optional<double> parse_dd_hh_mm_ss(const std::string& text) {
   const size_t b = text.find_first_not_of(" \t");
   const size_t e = text.find_last_not_of(" \t");
@@ -23,7 +24,8 @@ inline std::optional<double> parse_dd_hh_mm_ss(const std::string& text) {
     const size_t colon = s.find(':', start);
     const std::string part = s.substr(start, colon == std::string::npos ? colon : colon - start);
     // At most 18 digits: every such number fits an int64.
-    if (part.empty() || part.size() > 18 ||
+    const bool days = parts.empty();
+    if (part.empty() || part.size() > 18 || (!days && part.size() != 2) ||
         part.find_first_not_of("0123456789") != std::string::npos) {
       return std::nullopt;
     }

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "volt/core/types.h"
+
 namespace torch {
 namespace serialize {
 class InputArchive;
@@ -53,6 +55,10 @@ void save_version_state(torch::serialize::OutputArchive& archive, int64_t versio
 int64_t resumed_version(torch::serialize::InputArchive& archive, const std::string& save_dir,
                         const std::string& name, int64_t option_version, int64_t claimed,
                         const std::string& component);
+
+/// `metrics` with every name behind `prefix` and "-" (Lightning's _add_prefix with
+/// LOGGER_JOIN_CHAR); unchanged without a prefix.
+Metrics with_prefix(const Metrics& metrics, const std::string& prefix);
 
 /// Writes `hparams` to dir/hparams.yaml atomically, as Lightning's save_hparams_to_yaml: one
 /// string value per key, quoted where a YAML 1.1 reader (PyYAML) would read another type.

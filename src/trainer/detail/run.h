@@ -170,10 +170,6 @@ class Run : public RunContext {
   void reset_metrics();
   mutable Metrics cb_cache, pb_cache;
   mutable bool cache_dirty = true;
-  // A checkpoint was written since the loggers last got a row: the next row sent to them is
-  // written out at once (the step's row of a checkpoint taken in on_train_batch_end is logged
-  // after it, and a resume starts after its step).
-  bool save_loggers_after_next_row = false;
   /// When this fit attempt started training, and when it ended (unset while it runs).
   Clock::time_point fit_start;
   c10::optional<Clock::time_point> fit_end;

@@ -530,7 +530,10 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
         "on_train_start", [&](Module& mm) { mm.on_train_start(); },
         [&](Callback& c) { c.on_train_start(r, m); });
   }
-  for (bool first = true; !nothing_to_train; first = false) {
+  // The first epoch's loader was counted and agreed just above; an epoch after it, or a reload,
+  // is counted again.
+  bool counted = true;
+  for (bool first = true; !nothing_to_train; first = false, counted = false) {
     // The epoch-end hooks' requests; at the start, those of on_train_start (a Timer restored
     // with its time spent).
     if (first || r.st.epoch_finished) {
@@ -546,15 +549,17 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
       ++r.st.epoch;
       r.st.batches_done = 0;
       r.st.epoch_finished = false;
+      counted = false;
     }
     if (max_epochs >= 0 && r.st.epoch >= max_epochs) break;
     if (r.opts.max_steps() >= 0 && r.st.global_step >= r.opts.max_steps()) break;
     if (reload_every > 0 && r.st.epoch % reload_every == 0 && r.st.epoch != loaded_epoch) {
       reload_for(r.st.epoch);
+      counted = false;
     }
     // Lightning's FitLoop.done: an epoch without batches steps nothing, so under max_steps
     // alone (max_epochs -1, as the tuners' trials) the loop would never end.
-    if (agreed_train_limit(r, train) == 0) {
+    if (!counted && agreed_train_limit(r, train) == 0) {
       no_batches = true;
       break;
     }

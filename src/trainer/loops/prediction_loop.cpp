@@ -32,6 +32,7 @@ std::vector<std::vector<at::Tensor>> prediction_loop(Run& r, std::vector<DataLoa
   // Several loaders run one after the other, each from batch 0.
   for (size_t d = 0; d < loaders.size(); ++d) {
     r.st.dataloader_idx = static_cast<int64_t>(d);
+    r.st.num_eval_batches = limits[d];
     BatchStream stream = loaders[d].stream(0, 0, limits[d]);
     Batch raw;
     int64_t idx = 0;
@@ -51,7 +52,9 @@ std::vector<std::vector<at::Tensor>> prediction_loop(Run& r, std::vector<DataLoa
           "on_predict_batch_end",
           [&](Module& mm) { mm.on_predict_batch_end(prediction, batch, idx); },
           [&](Callback& c) { c.on_predict_batch_end(r, m, prediction, batch, idx); });
-      if (keep) out[d].push_back(std::move(prediction));
+      // Kept on the host, as Lightning's prediction loop moves what it keeps to the CPU: a
+      // prediction over a whole data set would otherwise hold the device's memory.
+      if (keep) out[d].push_back(prediction.defined() ? prediction.cpu() : prediction);
       ++idx;
       r.check_stop_in_evaluation(/*pass_done=*/false);
     }
