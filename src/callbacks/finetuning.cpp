@@ -188,8 +188,8 @@ void BaseFinetuning::unfreeze_and_add_param_group(torch::nn::Module& modules,
                                                   torch::optim::Optimizer& optimizer,
                                                   c10::optional<double> lr, double initial_denom_lr,
                                                   bool train_bn) {
-  VOLT_CHECK(!lr || (*lr > 0 && std::isfinite(*lr)), ConfigError, "[BaseFinetuning] lr=", *lr,
-             " for the unfrozen param group must be positive and finite.");
+  VOLT_CHECK(!lr || (*lr >= 0 && std::isfinite(*lr)), ConfigError, "[BaseFinetuning] lr=", *lr,
+             " for the unfrozen param group must be >= 0 and finite.");
   VOLT_CHECK(initial_denom_lr > 0 && std::isfinite(initial_denom_lr), ConfigError,
              "[BaseFinetuning] initial_denom_lr=", initial_denom_lr,
              " must be positive and finite; the new group's rate is the first group's divided by "
@@ -439,13 +439,14 @@ BackboneFinetuning::BackboneFinetuning(BackboneFinetuningOptions options)
   VOLT_CHECK(static_cast<bool>(o.lambda_func()), ConfigError, kTag,
              "lambda_func is empty; pass a function of the epoch that returns the factor for the "
              "backbone's rate (Lightning's multiplicative: 2).");
-  VOLT_CHECK(o.backbone_initial_ratio_lr() > 0 && std::isfinite(o.backbone_initial_ratio_lr()),
+  // Zero rates are allowed, as Lightning's: a backbone unfrozen at rate 0 stays still.
+  VOLT_CHECK(o.backbone_initial_ratio_lr() >= 0 && std::isfinite(o.backbone_initial_ratio_lr()),
              ConfigError, kTag, "backbone_initial_ratio_lr=", o.backbone_initial_ratio_lr(),
-             " must be positive and finite.");
+             " must be >= 0 and finite.");
   VOLT_CHECK(!o.backbone_initial_lr() ||
-                 (*o.backbone_initial_lr() > 0 && std::isfinite(*o.backbone_initial_lr())),
+                 (*o.backbone_initial_lr() >= 0 && std::isfinite(*o.backbone_initial_lr())),
              ConfigError, kTag, "backbone_initial_lr=", *o.backbone_initial_lr(),
-             " must be positive and finite.");
+             " must be >= 0 and finite.");
   VOLT_CHECK(o.initial_denom_lr() > 0 && std::isfinite(o.initial_denom_lr()), ConfigError, kTag,
              "initial_denom_lr=", o.initial_denom_lr(), " must be positive and finite.");
   VOLT_CHECK(o.rounding() >= 0 && o.rounding() <= 17, ConfigError, kTag, "rounding=", o.rounding(),
@@ -499,9 +500,9 @@ void BackboneFinetuning::finetune_function(Module& module, int64_t epoch,
   } else {
     // As Lightning's, once per call: with several optimizers the rate advances once for each.
     backbone_lr = o.lambda_func()(epoch + 1) * *previous_backbone_lr_;
-    VOLT_CHECK(backbone_lr > 0 && std::isfinite(backbone_lr), ValueError,
+    VOLT_CHECK(backbone_lr >= 0 && std::isfinite(backbone_lr), ValueError,
                "[BackboneFinetuning] lambda_func(", epoch + 1, ") made the backbone's rate ",
-               backbone_lr, "; return a positive finite factor.");
+               backbone_lr, "; return a finite factor >= 0.");
     if (o.should_align() && backbone_lr > current_lr) backbone_lr = current_lr;
     // Lightning sets the last group's rate; when the unfreeze added no group (the optimizer held
     // the backbone already) that is the head's, which is left alone here.

@@ -111,27 +111,56 @@ bool is_container(const torch::nn::Module& m) {
          dynamic_cast<const torch::nn::ModuleDictImpl*>(&m) != nullptr;
 }
 
-// The layer's own reset_parameters() for the kinds volt knows (Linear, Conv1d/2d/3d), or an empty
-// function.
+// The layer's own reset_parameters() for the libtorch layers that have one, or an empty function
+// (Lightning resamples any layer with reset_parameters and copies the original values into the
+// others).
+template <typename Layer>
+bool bind_reset(torch::nn::Module& layer, std::function<void()>* out) {
+  auto* l = dynamic_cast<Layer*>(&layer);
+  if (l != nullptr) *out = [l] { l->reset_parameters(); };
+  return l != nullptr;
+}
+
 std::function<void()> parameter_reset(torch::nn::Module& layer) {
-  if (auto* l = dynamic_cast<torch::nn::LinearImpl*>(&layer)) return [l] { l->reset_parameters(); };
-  if (auto* c = dynamic_cast<torch::nn::Conv1dImpl*>(&layer)) return [c] { c->reset_parameters(); };
-  if (auto* c = dynamic_cast<torch::nn::Conv2dImpl*>(&layer)) return [c] { c->reset_parameters(); };
-  if (auto* c = dynamic_cast<torch::nn::Conv3dImpl*>(&layer)) return [c] { c->reset_parameters(); };
-  return {};
+  namespace nn = torch::nn;
+  std::function<void()> reset;
+  (void)(bind_reset<nn::LinearImpl>(layer, &reset) || bind_reset<nn::BilinearImpl>(layer, &reset) ||
+         bind_reset<nn::Conv1dImpl>(layer, &reset) || bind_reset<nn::Conv2dImpl>(layer, &reset) ||
+         bind_reset<nn::Conv3dImpl>(layer, &reset) ||
+         bind_reset<nn::ConvTranspose1dImpl>(layer, &reset) ||
+         bind_reset<nn::ConvTranspose2dImpl>(layer, &reset) ||
+         bind_reset<nn::ConvTranspose3dImpl>(layer, &reset) ||
+         bind_reset<nn::EmbeddingImpl>(layer, &reset) ||
+         bind_reset<nn::LayerNormImpl>(layer, &reset) ||
+         bind_reset<nn::GroupNormImpl>(layer, &reset) ||
+         bind_reset<nn::BatchNorm1dImpl>(layer, &reset) ||
+         bind_reset<nn::BatchNorm2dImpl>(layer, &reset) ||
+         bind_reset<nn::BatchNorm3dImpl>(layer, &reset) ||
+         bind_reset<nn::InstanceNorm1dImpl>(layer, &reset) ||
+         bind_reset<nn::InstanceNorm2dImpl>(layer, &reset) ||
+         bind_reset<nn::InstanceNorm3dImpl>(layer, &reset));
+  return reset;
 }
 
 // New values from the layer's own initialisation (Lightning resamples with reset_parameters on a
 // copy; here the live layer is reset and its values put back, drawing the same random numbers).
+// Its buffers are put back too: a norm layer's reset also clears its running statistics.
+// Empty for a layer without a known reset.
 std::map<std::string, at::Tensor> resampled(torch::nn::Module& layer) {
-  std::map<std::string, at::Tensor> held, fresh;
+  const std::function<void()> reset = parameter_reset(layer);
+  if (!reset) return {};
+  std::map<std::string, at::Tensor> held, held_buffers, fresh;
   for (const auto& p : layer.named_parameters(false)) held[p.key()] = p.value().detach().clone();
-  parameter_reset(layer)();
+  for (const auto& b : layer.named_buffers(false)) {
+    held_buffers[b.key()] = b.value().detach().clone();
+  }
+  reset();
   torch::NoGradGuard no_grad;
   for (auto& p : layer.named_parameters(false)) {
     fresh[p.key()] = p.value().detach().clone();
     p.value().copy_(held.at(p.key()));
   }
+  for (auto& b : layer.named_buffers(false)) b.value().copy_(held_buffers.at(b.key()));
   return fresh;
 }
 
@@ -306,10 +335,6 @@ void ModelPruning::setup(RunContext& run, Module& module, Stage stage) {
                    (*options_.pruning_dim() < p->dim() && *options_.pruning_dim() >= -p->dim()),
                ConfigError, kTag, "pruning_dim=", *options_.pruning_dim(),
                " is not a dimension of ", path, ".", pname, " (", p->dim(), " dimensions).");
-    VOLT_CHECK(!options_.resample_parameters() || parameter_reset(*layer), ConfigError, kTag,
-               "resample_parameters draws new values with the layer's own initialisation, which "
-               "volt knows for Linear and Conv1d/2d/3d layers; ",
-               path, " is another kind (turn resample_parameters off).");
     if (!seen.insert(p->unsafeGetTensorImpl()).second) continue;
     kept.emplace_back(path, pname);
     params.push_back(*p);
@@ -457,21 +482,26 @@ void ModelPruning::apply_pruning(PruningAmount amount) {
   }
 }
 
+const at::Tensor& ModelPruning::initial_of(size_t i) const {
+  auto it = initial_.find(keys_[i]);
+  VOLT_CHECK(it != initial_.end(), InternalError, kTag, "no initial value of ", keys_[i]);
+  return it->second;
+}
+
 void ModelPruning::apply_lottery_ticket_hypothesis() {
   torch::NoGradGuard no_grad;
   if (options_.resample_parameters()) {
     // Each layer once, in the order its parameters come, as Lightning's _original_layers.
+    // A layer without a known reset_parameters gets its original values, as in Lightning.
     std::map<torch::nn::Module*, std::map<std::string, at::Tensor>> fresh;
     for (size_t i = 0; i < params_.size(); ++i) {
       if (fresh.count(layers_[i]) == 0) fresh[layers_[i]] = resampled(*layers_[i]);
-      params_[i].copy_(fresh[layers_[i]].at(names_[i].second));
+      const auto& values = fresh[layers_[i]];
+      auto it = values.find(names_[i].second);
+      params_[i].copy_(it != values.end() ? it->second : initial_of(i));
     }
   } else {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      auto it = initial_.find(keys_[i]);
-      VOLT_CHECK(it != initial_.end(), InternalError, kTag, "no initial value of ", keys_[i]);
-      params_[i].copy_(it->second);
-    }
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(initial_of(i));
   }
   mask_parameters();
 }

@@ -20,13 +20,29 @@ OnExceptionCheckpoint::OnExceptionCheckpoint(OnExceptionCheckpointOptions option
              "goes in dirpath).");
 }
 
+void OnExceptionCheckpoint::setup(RunContext&, Module&, Stage) {
+  failed_ = false;
+}
+
 void OnExceptionCheckpoint::on_exception(RunContext& run, Module&, const std::exception& error) {
+  failed_ = true;
   saved_path_.clear();
   if (!detail::may_checkpoint_after(run, error, "OnExceptionCheckpoint")) return;
   const std::string path = path_for(run.log_dir());
   run.save_checkpoint(path);
   saved_path_ = path;
   detail::report_exception_checkpoint(run, error, path, "", "OnExceptionCheckpoint");
+}
+
+void OnExceptionCheckpoint::teardown(RunContext& run, Module&, Stage) {
+  // Lightning's teardown removes the file after an entry point that ended well (its teardown
+  // hooks run only then; volt's run after a failure too, which keeps the file). Its run resumed
+  // from the file and finished, so a later ckpt_path="last" must not take it back to where the
+  // interruption left it.
+  if (failed_) return;
+  const std::string path = path_for(run.log_dir());
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(path, ec))) run.remove_checkpoint(path);
 }
 
 std::string OnExceptionCheckpoint::path_for(const std::string& log_dir) const {

@@ -307,6 +307,22 @@ void register_callbacks(Registry& r) {
         return std::make_shared<StochasticWeightAveraging>(o);
       });
 
+  const WeightAveragingOptions wa;
+  r.callbacks.add(
+      "WeightAveraging",
+      "keeps the mean of the weights after every optimizer step; validation, checkpoints and "
+      "the module after fit use it (Lightning's WeightAveraging with its default average)",
+      Params()
+          .choice("device", "module", {"module", "cpu"},
+                  "where the average is kept: with the module's tensors, or cpu")
+          .add("use_buffers", wa.use_buffers(), "average the buffers (BatchNorm) too"),
+      [](const Args& a) -> std::shared_ptr<Callback> {
+        WeightAveragingOptions o;
+        o.use_buffers(a.get<bool>("use_buffers"));
+        if (a.get<std::string>("device") == "cpu") o.device(c10::Device(c10::kCPU));
+        return std::make_shared<WeightAveraging>(o);
+      });
+
   const EMAWeightAveragingOptions ema;
   r.callbacks.add(
       "EMAWeightAveraging",

@@ -150,18 +150,22 @@ void StochasticWeightAveraging::on_fit_start(RunContext& run, Module& module) {
              " works with one optimizer, but "
              "configure_optimizers returned ",
              configs.size(), "; return one optimizer.");
+  // -1: no last epoch (max_steps, max_time or a Timer ends the fit). As Lightning's, SWA then
+  // averages from swa_epoch_start until training ends, which a fraction of "no last epoch"
+  // cannot name.
   const int64_t max_epochs = run.max_epochs();
-  VOLT_CHECK(max_epochs >= 1, ConfigError, kTag,
-             " needs max_epochs: the SWA epochs are counted back from the last one; set "
-             "TrainerOptions::max_epochs.");
   const Limit& start = options_.swa_epoch_start();
+  VOLT_CHECK(max_epochs >= 1 || !start.is_fraction(), ConfigError, kTag,
+             " swa_epoch_start as a fraction (", start,
+             ") is not supported when max_epochs=-1; provide swa_epoch_start as an integer "
+             "(the first SWA epoch) or set TrainerOptions::max_epochs.");
   swa_start_ =
       start.is_fraction()
           ? std::max<int64_t>(
                 static_cast<int64_t>(static_cast<double>(max_epochs) * start.fraction()) - 1, 0)
           : start.count() - 1;
-  VOLT_CHECK(swa_start_ < max_epochs, ConfigError, kTag, " swa_epoch_start=", start,
-             " is past the last of max_epochs=", max_epochs,
+  VOLT_CHECK(max_epochs < 1 || swa_start_ < max_epochs, ConfigError, kTag,
+             " swa_epoch_start=", start, " is past the last of max_epochs=", max_epochs,
              " epochs, so nothing would be averaged; start at an epoch <= ", max_epochs, ".");
   const size_t groups = configs.front().optimizer()->param_groups().size();
   // One value is for every group the optimizer has when SWA starts and a list for that many
@@ -186,7 +190,8 @@ void StochasticWeightAveraging::on_fit_start(RunContext& run, Module& module) {
   s.loaded_average.clear();
   if (run.is_global_zero()) {
     auto msg = detail::c_stream<std::ostringstream>();
-    msg << "averaging the weights at the end of epochs " << swa_start_ << ".." << max_epochs - 1
+    msg << "averaging the weights at the end of epochs " << swa_start_ << ".."
+        << (max_epochs >= 1 ? std::to_string(max_epochs - 1) : std::string("the end of training"))
         << " (0-based); from epoch " << swa_start_ << " the learning rate anneals to {"
         << detail::number_list(s.swa_lrs) << "} over " << options_.annealing_epochs()
         << " epoch(s) (" << strategy_text(options_.annealing_strategy()) << ")";
@@ -211,10 +216,11 @@ void StochasticWeightAveraging::on_train_epoch_start(RunContext& run, Module& mo
 
 void StochasticWeightAveraging::on_train_batch_end(RunContext& run, Module& module, const Batch&,
                                                    int64_t batch_idx) {
-  // The last batch of the last epoch: finish before that epoch's validation and checkpoints.
+  // The last batch of the last epoch: finish before that epoch's validation and checkpoints
+  // (with max_epochs -1 there is none: on_train_end finishes).
   const LoopState& st = run.state();
-  if (st.epoch == run.max_epochs() - 1 && batch_idx == st.num_training_batches - 1 &&
-      finished_epoch_ < st.epoch) {
+  if (run.max_epochs() >= 1 && st.epoch == run.max_epochs() - 1 &&
+      batch_idx == st.num_training_batches - 1 && finished_epoch_ < st.epoch) {
     finish(run, module);
   }
 }

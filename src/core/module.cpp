@@ -8,6 +8,7 @@
 #include "core/detail/tracing.h"
 #include "core/detail/training_modes.h"
 #include "volt/core/check.h"
+#include "volt/core/log.h"
 
 namespace volt {
 
@@ -119,8 +120,20 @@ RunContext& Module::require_run(const char* what) const {
   return *run_;
 }
 
+namespace {
+
+// Lightning's: not an error, so that a unit test can call a *_step method without a Trainer.
+void warn_logging_without_run() {
+  warn_once("Module.log_without_run", "Module",
+            "log() was called outside a Trainer run (the module has not been given to a "
+            "Trainer), so nothing is logged.");
+}
+
+}  // namespace
+
 void Module::log(const std::string& name, const at::Tensor& value, const LogOptions& opts) {
-  require_run("log").log(name, value, opts);
+  if (run_ == nullptr) return warn_logging_without_run();
+  run_->log(name, value, opts);
 }
 
 void Module::log(const std::string& name, double value, const LogOptions& opts) {
@@ -129,12 +142,13 @@ void Module::log(const std::string& name, double value, const LogOptions& opts) 
   VOLT_CHECK(!detail::tracing(), ValueError, "[Module] log(\"", name,
              "\", number) while the step is traced: the trace would log this value on every "
              "replay; log a tensor (e.g. the tensor the number came from) instead.");
-  require_run("log").log(name, torch::scalar_tensor(value, torch::kDouble), opts);
+  if (run_ == nullptr) return warn_logging_without_run();
+  run_->log(name, torch::scalar_tensor(value, torch::kDouble), opts);
 }
 
 void Module::log_dict(const std::map<std::string, at::Tensor>& values, const LogOptions& opts) {
-  RunContext& run = require_run("log_dict");
-  for (const auto& [name, value] : values) run.log(name, value, opts);
+  if (run_ == nullptr) return warn_logging_without_run();
+  for (const auto& [name, value] : values) run_->log(name, value, opts);
 }
 
 at::Tensor Module::all_gather(const at::Tensor& value, bool sync_grads) {

@@ -94,6 +94,13 @@ Params& Params::add(std::string name, std::vector<double> v, std::string help) {
 Params& Params::add(std::string name, std::vector<std::string> v, std::string help) {
   return push(with_default(std::move(name), std::move(v), std::move(help)));
 }
+Params& Params::or_none() {
+  VOLT_CHECK(!specs_.empty() && !specs_.back().required, ConfigError,
+             "[Registry] or_none() follows the declaration of a parameter with a default.");
+  specs_.back().nullable = true;
+  return *this;
+}
+
 Params& Params::number(std::string name, ParamValue v, std::string help) {
   VOLT_CHECK(std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v), ConfigError,
              "[Registry] default of number parameter \"", name, "\" must be an int or a float.");

@@ -65,6 +65,34 @@ void CheckpointIO::remove(const std::string& path) {
   detail::remove_file(path);
 }
 
+namespace {
+
+// `target`'s bytes into `path` by an AtomicFileWriter (a crash leaves `path` as it was).
+void copy_file_atomically(const std::string& target, const std::string& path) {
+  const int in = ::open(target.c_str(), O_RDONLY | O_CLOEXEC);
+  VOLT_CHECK(in >= 0, CheckpointError, "[CheckpointIO] cannot read '", target, "' to copy it to '",
+             path, "' (", std::strerror(errno), "); check its permissions.");
+  try {
+    detail::AtomicFileWriter out(path);
+    std::string buffer(size_t{1} << 20, '\0');
+    for (;;) {
+      const ssize_t n = ::read(in, buffer.data(), buffer.size());
+      if (n < 0 && errno == EINTR) continue;
+      VOLT_CHECK(n >= 0, CheckpointError, "[CheckpointIO] cannot read '", target,
+                 "' to copy it to '", path, "' (", std::strerror(errno), ").");
+      if (n == 0) break;
+      out.write(buffer.data(), static_cast<size_t>(n));
+    }
+    out.commit();
+  } catch (...) {
+    ::close(in);
+    throw;
+  }
+  ::close(in);
+}
+
+}  // namespace
+
 void detail::make_link(const std::string& target, const std::string& path) {
   namespace fs = std::filesystem;
   struct stat st;
@@ -81,10 +109,18 @@ void detail::make_link(const std::string& target, const std::string& path) {
   ::unlink(tmp.c_str());  // a link a killed process of this pid left
   if (::symlink(relative.c_str(), tmp.c_str()) != 0) {
     const int error = errno;
+    // A file system without symbolic links (some network and FAT mounts): a copy of a file, as
+    // Lightning's _link_checkpoint falls back to shutil.copy.
+    if ((error == EPERM || error == EOPNOTSUPP || error == ENOSYS) &&
+        ::stat(target.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      copy_file_atomically(target, path);
+      return;
+    }
     VOLT_CHECK(false, CheckpointError, "[CheckpointIO] cannot make the link '", path, "' -> '",
                relative.string(), "' (", std::strerror(error), "); ",
-               error == EPERM || error == EOPNOTSUPP
-                   ? "the file system does not support symbolic links: use save_last=true."
+               error == EPERM || error == EOPNOTSUPP || error == ENOSYS
+                   ? "the file system does not support symbolic links, and a folder of shards "
+                     "is not copied: use save_last=true."
                    : "check that its folder exists and is writable.");
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {

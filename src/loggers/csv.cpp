@@ -113,9 +113,12 @@ bool is_blank(const detail::CsvRecord& r) {
 }
 
 // A data row of metrics.csv as the logger reads it back: its step, then (read_values) the values
-// of the header's columns, cells past the header ignored. DataError naming the line otherwise.
-int64_t read_step(const detail::CsvRecord& rec, const std::string& path) {
-  const std::string& cell = rec.cells[0];
+// of the header's other columns, cells past the header ignored. DataError naming the line
+// otherwise. A row shorter than the header has nothing in the columns it lacks.
+int64_t read_step(const detail::CsvRecord& rec, const detail::MetricsHeader& header,
+                  const std::string& path) {
+  static const std::string kNone;
+  const std::string& cell = header.step < rec.cells.size() ? rec.cells[header.step] : kNone;
   int64_t step = 0;
   const auto parsed = std::from_chars(cell.data(), cell.data() + cell.size(), step);
   VOLT_CHECK(parsed.ec == std::errc() && parsed.ptr == cell.data() + cell.size(), DataError,
@@ -124,17 +127,17 @@ int64_t read_step(const detail::CsvRecord& rec, const std::string& path) {
   return step;
 }
 
-void read_values(const detail::CsvRecord& rec, const std::vector<std::string>& header,
+void read_values(const detail::CsvRecord& rec, const detail::MetricsHeader& header,
                  const std::string& path, Metrics* values) {
   const auto& cells = rec.cells;
-  for (size_t c = 1; c < cells.size() && c < header.size(); ++c) {
-    if (cells[c].empty()) continue;
+  for (size_t c = 0; c < cells.size() && c < header.names.size(); ++c) {
+    if (c == header.step || cells[c].empty()) continue;
     char* stop = nullptr;
     const double v = detail::c_strtod(cells[c].c_str(), &stop);
     VOLT_CHECK(stop == cells[c].c_str() + cells[c].size(), DataError, "[CSVLogger] ", path, ":",
-               rec.line, ": '", cells[c], "' in column '", header[c],
+               rec.line, ": '", cells[c], "' in column '", header.names[c],
                "' is not a number; repair or delete that line to resume.");
-    if (values != nullptr) (*values)[header[c]] = v;
+    if (values != nullptr) (*values)[header.names[c]] = v;
   }
 }
 
@@ -158,8 +161,8 @@ void CSVLogger::rewrite() {
   for (const auto& c : columns_) text += "," + detail::csv_escape(c);
   text += "\n";
   // The rows already written, read back from the file (bounded by what this run knows is whole)
-  // and widened to the new header. The file's header names a prefix of columns_: names are only
-  // ever added.
+  // and widened to the new header, each value moved to its name's column. Every name in the
+  // file's header is in columns_: names are only ever added.
   int64_t last_step = last_written_step_;
   auto in = detail::c_stream<std::ifstream>();
   if (written_bytes_ > 0) in.open(path, std::ios::binary);
@@ -167,11 +170,11 @@ void CSVLogger::rewrite() {
     detail::CsvReader reader(in, "[CSVLogger] " + path, written_bytes_);
     detail::CsvRecord rec;
     if (reader.next(rec) && rec.complete) {
-      const std::vector<std::string> header = rec.cells;
+      const detail::MetricsHeader header = detail::metrics_header(rec, "[CSVLogger] " + path);
       Metrics values;
       while (reader.next(rec) && rec.complete) {
         if (is_blank(rec)) continue;
-        const int64_t step = read_step(rec, path);
+        const int64_t step = read_step(rec, header, path);
         if (drop_from_step_ >= 0 && step >= drop_from_step_) continue;
         values.clear();
         read_values(rec, header, path, &values);
@@ -252,14 +255,20 @@ void CSVLogger::load_state(torch::serialize::InputArchive& ar, int64_t step) {
   detail::CsvReader reader(in, "[CSVLogger] " + path);
   detail::CsvRecord rec;
   if (!reader.next(rec) || !rec.complete) return;
-  columns_ = detail::metrics_header(rec, "[CSVLogger] " + path);
+  // The file's columns in its order, "step" aside (a file Lightning wrote has it among them;
+  // the rewrite puts it first).
+  const detail::MetricsHeader header = detail::metrics_header(rec, "[CSVLogger] " + path);
+  for (size_t c = 0; c < header.names.size(); ++c) {
+    if (c != header.step) columns_.push_back(header.names[c]);
+  }
   known_.insert(columns_.begin(), columns_.end());
-  const std::vector<std::string> header = rec.cells;
   uint64_t whole = reader.offset();
   while (reader.next(rec) && rec.complete) {
     whole = reader.offset();
     // Rows from the checkpoint's step on are the dead run's: dropped unread, as before.
-    if (!is_blank(rec) && read_step(rec, path) < step) read_values(rec, header, path, nullptr);
+    if (!is_blank(rec) && read_step(rec, header, path) < step) {
+      read_values(rec, header, path, nullptr);
+    }
   }
   written_bytes_ = whole;
   written_columns_ = columns_.size();

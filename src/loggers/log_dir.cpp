@@ -40,8 +40,7 @@ bool yaml_reads_as_non_string(const std::string& s) {
   for (const char* w : kWords) {
     if (lower == w) return true;
   }
-  static const std::regex kPrinted(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)");
-  if (std::regex_match(s, kPrinted)) return false;
+  if (is_printed_number(s)) return false;
   // PyYAML's implicit resolvers for int, float and timestamp (yaml/resolver.py).
   static const std::regex kPyYaml(
       R"([-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)"
@@ -58,6 +57,11 @@ void emit_string(YAML::Emitter& out, const std::string& s) {
 }
 
 }  // namespace
+
+bool is_printed_number(const std::string& s) {
+  static const std::regex kPrinted(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)");
+  return std::regex_match(s, kPrinted);
+}
 
 void make_dirs(const std::string& path, const std::string& component) {
   std::string cur;

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <regex>
 
 #include "core/detail/numbers.h"
 #include "core/detail/print.h"
@@ -102,11 +101,10 @@ Proto event(int64_t step) {
 // print numbers ("12", "-0.5", "1e-05"); other text strtod would take ("0x1F", "010", " 12")
 // stays a string, as Lightning sends a str hyper-parameter.
 Proto proto_value(const std::string& s) {
-  static const std::regex kPrinted(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)");
   Proto v;
   char* end = nullptr;
   const double d = detail::c_strtod(s.c_str(), &end);
-  if (std::regex_match(s, kPrinted) && end == s.c_str() + s.size() && std::isfinite(d)) {
+  if (detail::is_printed_number(s) && end == s.c_str() + s.size() && std::isfinite(d)) {
     v.double_field(2, d);
   } else {
     v.bytes_field(3, s);

@@ -94,11 +94,26 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
              "\") called outside a step or epoch-end hook; log from training_step, "
              "validation_step, test_step or an on_*_epoch_end hook.");
   if (scope == LogScope::kDiscard) return;  // forward_training_data's pass
-  VOLT_CHECK(!opts.barebones(), ConfigError, "[Module] log(\"", name,
-             "\") was called, but the Trainer runs with barebones=true, where logging is off "
-             "(it can impact raw speed); remove the call or turn barebones off.");
+  if (opts.barebones()) {
+    // Lightning's: a warning and nothing logged, so a module that logs still runs barebones.
+    if (!barebones_log_warned && is_global_zero()) {
+      log_warning("Module", "log(\"" + name +
+                                "\") was called, but the Trainer runs with barebones=true, where "
+                                "logging is off (it can impact raw speed): nothing is logged.");
+    }
+    barebones_log_warned = true;
+    return;
+  }
   VOLT_CHECK(!name.empty(), ValueError,
              "[Module] log() got an empty name; name the metric, e.g. log(\"train_loss\", loss).");
+  VOLT_CHECK(!o.add_dataloader_idx() || name.find("/dataloader_idx_") == std::string::npos,
+             ConfigError, "[Module] log(\"", name,
+             "\") names a dataloader itself, but add_dataloader_idx is on and appends "
+             "\"/dataloader_idx_<N>\" with several loaders; drop that part of the name, or pass "
+             "LogOptions().add_dataloader_idx(false).");
+  VOLT_CHECK(!o.batch_size() || *o.batch_size() >= 0, ValueError, "[Module] log(\"", name,
+             "\") got batch_size=", o.batch_size().value_or(0),
+             "; give the value's weight in the epoch's mean as a count >= 0.");
   VOLT_CHECK(value.numel() == 1, ValueError, "[Module] log(\"", name, "\") got a tensor of shape ",
              value.sizes(), "; log a scalar (one element), e.g. loss or acc.mean().");
   if (st.stage == Stage::kSanityCheck) return;  // sanity-check values are discarded
@@ -114,12 +129,16 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
                "leave add_dataloader_idx on (it appends \"/dataloader_idx_<N>\").");
   }
   const bool in_train_step = scope == LogScope::kTrainStep;
+  // A validation/test step or batch hook (not the pass's start and epoch-end hooks): on_step
+  // values go to the loggers after each batch (Lightning's fx_validator allows them there).
+  const bool in_eval_batch = scope == LogScope::kEval && eval_batch >= 0;
   const bool on_step = o.on_step().value_or(in_train_step);
   const bool on_epoch = o.on_epoch().value_or(!in_train_step);
   VOLT_CHECK(on_step || on_epoch, ConfigError, "[Module] log(\"", name,
              "\") with on_step=false and on_epoch=false logs nothing; enable one of them.");
-  VOLT_CHECK(!on_step || in_train_step, ConfigError, "[Module] log(\"", name,
-             "\", on_step=true) is only possible inside training_step; use on_epoch.");
+  VOLT_CHECK(!on_step || in_train_step || in_eval_batch, ConfigError, "[Module] log(\"", name,
+             "\", on_step=true) is only possible in training, validation and test steps and "
+             "their batch hooks; use on_epoch.");
   if (capture_log != nullptr) {
     capture_log->push_back(CapturedLog{name, value.detach(), o});
     return;
@@ -131,11 +150,15 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
     // Step values are synchronised when logged (every rank logs them at the same point).
     at::Tensor s = sync ? strategy().reduce(v.to(torch::kDouble), o.reduce()) : v;
     active_metrics->add_step(both ? key + "_step" : key, s, o.prog_bar(), o.logger());
-    if (both) plain_from_step[key] = key + "_step";
+    // In training the plain name answers with the step value until the epoch's mean replaces
+    // it; an evaluation's plain name is its epoch value only (Lightning keeps evaluation step
+    // values out of callback_metrics).
+    if (both && in_train_step) plain_from_step[key] = key + "_step";
   }
   if (on_epoch) {
-    active_metrics->add_epoch(both ? key + "_epoch" : key, v, current_batch_size, o.reduce(),
-                              o.prog_bar(), o.logger(), sync);
+    active_metrics->add_epoch(both ? key + "_epoch" : key, v,
+                              o.batch_size().value_or(current_batch_size), o.reduce(), o.prog_bar(),
+                              o.logger(), sync);
     const int64_t replicas = strategy().data_shard().world_size;
     if (!o.sync_dist() && replicas > 1) {
       // Lightning's PossibleUserWarning for epoch-level values in a distributed run.
@@ -723,7 +746,7 @@ std::string Run::config_fingerprint() const {
     << ";min_epochs=" << opts.min_epochs() << ";min_steps=" << opts.min_steps()
     << ";limit_train=" << opts.limit_train_batches() << ";overfit=" << opts.overfit_batches()
     << ";limit_val=" << opts.limit_val_batches() << ";val_check=" << opts.val_check_interval()
-    << ";every_n_epoch=" << opts.check_val_every_n_epoch()
+    << ";every_n_epoch=" << opts.check_val_every_n_epoch().value_or(0)
     << ";accumulate=" << opts.accumulate_grad_batches()
     << ";clip=" << (opts.gradient_clip_val() ? *opts.gradient_clip_val() : -1.0)
     << ";clip_algo=" << static_cast<int>(opts.gradient_clip_algorithm())
@@ -882,14 +905,25 @@ void Run::reset_metrics() {
   prog_bar_epoch.clear();
   logged.clear();
   plain_from_step.clear();
+  eval_batches_seen.clear();
   cache_dirty = true;
 }
 
-void Run::send_to_loggers(const Metrics& m) {
+void Run::end_epoch_step_values() {
+  if (!train_metrics.has_step_values()) return;
+  refresh_cache();
+  epoch_metrics = cb_cache;  // the step values (plain names too) stay readable
+  for (auto& kv : train_metrics.step_values(false, true)) prog_bar_epoch[kv.first] = kv.second;
+  train_metrics.clear_step();
+  plain_from_step.clear();
+  cache_dirty = true;
+}
+
+void Run::send_to_loggers(const Metrics& m, c10::optional<int64_t> at_step) {
   if (m.empty() || !is_global_zero()) return;
   for (auto& kv : m) logged[kv.first] = kv.second;
   Metrics row = m;
-  int64_t step = log_step();
+  int64_t step = at_step.value_or(log_step());
   const auto given = row.find("step");
   if (given != row.end()) {
     const double v = given->second;
@@ -901,13 +935,18 @@ void Run::send_to_loggers(const Metrics& m) {
                     ") is no step number; its rows stay at the global step. Log a count >= 0.");
     }
     row.erase(given);
-  } else {
+  } else if (!at_step) {
     row.emplace("epoch", static_cast<double>(st.epoch));  // a logged "epoch" value stays
   }
   for (auto& l : loggers()) l->log_metrics(row, step);
   // As Lightning's logger connector, which saves the loggers after every log call: a row is on
   // disk once logged (tail -f metrics.csv, a live TensorBoard; a run killed for good keeps it).
   save_loggers();
+}
+
+void Run::log_hparams() {
+  if (module == nullptr) return;
+  for (const auto& l : loggers()) l->log_hyperparams(module->hparams());
 }
 
 void Run::save_loggers() {

@@ -13,6 +13,7 @@
 #include "core/detail/numbers.h"
 #include "data/detail/stage_loaders.h"
 #include "nn/detail/empty_init.h"
+#include "strategies/detail/agree.h"
 #include "trainer/detail/run.h"
 #include "volt/callbacks/host_sync_monitor.h"
 #include "volt/callbacks/model_checkpoint.h"
@@ -298,11 +299,7 @@ EvalData start_eval(detail::Run& s, Stage stage, const std::string& ckpt_path,
   const std::string ckpt = detail::resolve_ckpt_path(s, ckpt_path, stage);
   if (!ckpt.empty()) detail::restore_checkpoint(s, ckpt, /*full=*/false);
   s.started_from = ckpt;
-  // As Lightning's Trainer._run for every entry point: a module's saved hyper-parameters reach
-  // the loggers (a test-only run records them too), after the restore as in fit.
-  if (s.is_global_zero() && s.module != nullptr && !s.module->hparams().empty()) {
-    for (auto& l : s.loggers()) l->log_hyperparams(s.module->hparams());
-  }
+  s.log_hparams();
   EvalData d;
   for (const DataLoader& loader : make_loaders()) {
     d.loaders.push_back(s.shard(loader, /*predict=*/stage == Stage::kPredict));
@@ -326,10 +323,7 @@ EvalData start_eval(detail::Run& s, Stage stage, const std::string& ckpt_path,
 bool no_batches(detail::Run& s, const EvalData& d) {
   int64_t most = 0;
   for (const int64_t n : d.limits) most = std::max(most, n);
-  if (s.strategy().world_size() > 1) {
-    most = s.strategy().reduce(at::tensor({most}, at::kLong), Reduce::kMax)[0].item<int64_t>();
-  }
-  return most == 0;
+  return detail::min_max_over_ranks(s.strategy(), most).second == 0;
 }
 
 // A DataModule's loaders, asked for inside the run (after the setup hooks, where a

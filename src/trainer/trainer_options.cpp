@@ -88,8 +88,15 @@ void TrainerOptions::validate() const {
                                                : val_check_interval_.count() > 0,
              ConfigError, "[Trainer] val_check_interval=", val_check_interval_,
              " must be > 0; to skip validation use limit_val_batches=0.");
-  VOLT_CHECK(check_val_every_n_epoch_ >= 1, ConfigError,
-             "[Trainer] check_val_every_n_epoch=", check_val_every_n_epoch_, " must be >= 1.");
+  VOLT_CHECK(!check_val_every_n_epoch_ || *check_val_every_n_epoch_ >= 1, ConfigError,
+             "[Trainer] check_val_every_n_epoch=", *check_val_every_n_epoch_,
+             " must be >= 1, or unset (None) to count val_check_interval over the whole fit.");
+  // Lightning's _DataConnector.on_trainer_init.
+  VOLT_CHECK(check_val_every_n_epoch_ || !val_check_interval_.is_fraction(), ConfigError,
+             "[Trainer] val_check_interval=", val_check_interval_,
+             " is a fraction of an epoch, but check_val_every_n_epoch is unset (None), which "
+             "counts the fit's batches over epochs; give val_check_interval as a count of "
+             "batches, e.g. 1000, or set check_val_every_n_epoch.");
   VOLT_CHECK(reload_dataloaders_every_n_epochs_ >= 0, ConfigError,
              "[Trainer] reload_dataloaders_every_n_epochs=", reload_dataloaders_every_n_epochs_,
              " must be >= 0 (0 = load the loaders once).");
@@ -137,7 +144,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", limit_test_batches=" << o.limit_test_batches()
      << ", limit_predict_batches=" << o.limit_predict_batches()
      << ", val_check_interval=" << o.val_check_interval()
-     << ", check_val_every_n_epoch=" << o.check_val_every_n_epoch()
+     << ", check_val_every_n_epoch=" << detail::optional_text(o.check_val_every_n_epoch())
      << ", reload_dataloaders_every_n_epochs=" << o.reload_dataloaders_every_n_epochs()
      << ", return_predictions=" << o.return_predictions()
      << ", num_sanity_val_steps=" << o.num_sanity_val_steps()

@@ -408,7 +408,7 @@ TEST(BaseFinetuning, HelpersFreezeUnfreezeAndAddAGroupAsLightnings) {
   EXPECT_FALSE(has(quiet_lines, "already in a param group"));
   EXPECT_TRUE(
       has(error_of<volt::ConfigError>([&] { f.unfreeze_and_add_param_group(backbone, opt, -1.0); }),
-          "[BaseFinetuning] lr=-1 for the unfrozen param group must be positive"));
+          "[BaseFinetuning] lr=-1 for the unfrozen param group must be >= 0"));
   EXPECT_TRUE(has(error_of<volt::ConfigError>(
                       [&] { f.unfreeze_and_add_param_group(backbone, opt, c10::nullopt, 0.0); }),
                   "initial_denom_lr=0 must be positive and finite"));
@@ -423,10 +423,13 @@ TEST(BackboneFinetuning, RefusesBadOptionsAMissingBackboneAndDeepSpeed) {
   };
   EXPECT_TRUE(has(bad(BackboneFinetuningOptions().unfreeze_backbone_at_epoch(-1)),
                   "[BackboneFinetuning] unfreeze_backbone_at_epoch=-1 must be >= 0"));
-  EXPECT_TRUE(has(bad(BackboneFinetuningOptions().backbone_initial_ratio_lr(0)),
-                  "backbone_initial_ratio_lr=0 must be positive and finite"));
+  EXPECT_TRUE(has(bad(BackboneFinetuningOptions().backbone_initial_ratio_lr(-0.1)),
+                  "backbone_initial_ratio_lr=-0.1 must be >= 0 and finite"));
   EXPECT_TRUE(has(bad(BackboneFinetuningOptions().backbone_initial_lr(-0.5)),
-                  "backbone_initial_lr=-0.5 must be positive and finite"));
+                  "backbone_initial_lr=-0.5 must be >= 0 and finite"));
+  // Zero is a rate (Lightning's checks none): the backbone unfreezes and stays still.
+  EXPECT_EQ(bad(BackboneFinetuningOptions().backbone_initial_ratio_lr(0)), "");
+  EXPECT_EQ(bad(BackboneFinetuningOptions().backbone_initial_lr(0.0)), "");
   EXPECT_TRUE(has(bad(BackboneFinetuningOptions().initial_denom_lr(0)),
                   "initial_denom_lr=0 must be positive and finite"));
   EXPECT_TRUE(has(bad(BackboneFinetuningOptions().lambda_func(nullptr)), "lambda_func is empty"));

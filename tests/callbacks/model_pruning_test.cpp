@@ -404,28 +404,68 @@ TEST(ModelPruning, RefusesWhatTheFitCannotPrune) {
                     "does not work with the pipeline strategy: each rank holds and trains only "
                     "its stage's weights"));
   }
-  // resample_parameters knows the initialisation of Linear and Conv layers only.
-  struct WithNorm : PruneNet {
-    WithNorm() : PruneNet(0.1, false) {
-      norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({2})));
-    }
-    torch::Tensor training_step(const volt::Batch& b, int64_t) override {
-      return torch::cross_entropy_loss(norm->forward(forward(b.input)), b.target);
-    }
-    torch::nn::LayerNorm norm{nullptr};
-  } with_norm;
-  const std::string resample = error_of<volt::ConfigError>([&] {
-    volt::Trainer(quiet(dir.path).max_epochs(1).callbacks({std::make_shared<ModelPruning>(
-                      ModelPruningOptions("l1_unstructured").resample_parameters(true))}))
-        .fit(with_norm, volt_test::loader(volt_test::blobs(64)));
-  });
-  EXPECT_TRUE(has(resample, "volt knows for Linear and Conv1d/2d/3d layers; norm is another kind"))
-      << resample;
   // Outside a fit.
   ModelPruning idle(ModelPruningOptions("l1_unstructured"));
   EXPECT_TRUE(
       has(error_of<volt::ValueError>([&] { idle.apply_pruning(PruningAmount::fraction(0.5)); }),
           "apply_pruning() before fit set up"));
+}
+
+// resample_parameters draws new values with each layer's own reset_parameters, norm layers'
+// too (their running statistics kept), and gives a layer without one its initial values, as
+// Lightning's apply_lottery_ticket_hypothesis (volt refused every layer but Linear and Conv
+// before session 106).
+TEST(ModelPruning, ResampleResetsKnownLayersAndGivesOthersTheirInitialValues) {
+  struct Scale : torch::nn::Module {
+    Scale() { weight = register_parameter("weight", torch::tensor({1.0f, 2.0f})); }
+    torch::Tensor weight;
+  };
+  struct Net : volt::Module {
+    Net() {
+      fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+      bn = register_module("bn", torch::nn::BatchNorm1d(16));
+      fc2 = register_module("fc2", torch::nn::Linear(16, 2));
+      scale = register_module("scale", std::make_shared<Scale>());
+    }
+    torch::Tensor training_step(const volt::Batch& b, int64_t) override {
+      const auto h = torch::relu(bn->forward(fc1->forward(b.input)));
+      return torch::cross_entropy_loss(fc2->forward(h) * scale->weight, b.target);
+    }
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      return {volt::OptimizerConfig(
+          std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1)))};
+    }
+    torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+    torch::nn::BatchNorm1d bn{nullptr};
+    std::shared_ptr<Scale> scale;
+  };
+  volt_test::TempDir dir;
+  torch::manual_seed(0);
+  Net net;
+  const torch::Tensor fc1_initial = net.fc1->weight.detach().clone();
+  volt::Trainer(quiet(dir.path).max_epochs(1).callbacks(
+                    {std::make_shared<ModelPruning>(ModelPruningOptions("l1_unstructured")
+                                                        .parameter_names({"weight"})
+                                                        .amount(PruningAmount::fraction(0.5))
+                                                        .use_global_unstructured(false)
+                                                        .resample_parameters(true))}))
+      .fit(net, volt_test::loader(volt_test::blobs(64)));
+  // Scale has no reset_parameters: its initial values where the mask keeps them.
+  const torch::Tensor w = net.scale->weight.detach();
+  EXPECT_EQ(w.eq(0).sum().item<int64_t>(), 1);
+  EXPECT_TRUE(torch::logical_or(w.eq(0), w.eq(torch::tensor({1.0f, 2.0f}))).all().item<bool>())
+      << w;
+  // BatchNorm1d's reset: weights of 1 where kept; its running statistics stay the trained ones.
+  const torch::Tensor g = net.bn->weight.detach();
+  EXPECT_EQ(g.eq(0).sum().item<int64_t>(), 8);
+  EXPECT_TRUE(torch::logical_or(g.eq(0), g.eq(1)).all().item<bool>()) << g;
+  EXPECT_GT(net.bn->running_mean.abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(net.bn->num_batches_tracked.item<int64_t>(), 4);
+  // Linear's reset: new random values, neither the initial nor zero where kept.
+  const torch::Tensor kept = net.fc1->weight.detach().ne(0);
+  EXPECT_EQ(kept.sum().item<int64_t>(), 64);
+  EXPECT_FALSE(net.fc1->weight.detach().masked_select(kept).equal(fc1_initial.masked_select(kept)));
+  EXPECT_LE(net.fc1->weight.detach().abs().max().item<double>(), 1.0 / std::sqrt(8.0) + 1e-6);
 }
 
 }  // namespace

@@ -90,6 +90,37 @@ class Recorder : public volt::Callback {
   std::vector<torch::Tensor> params;
 };
 
+// Without max_epochs (max_steps ends the fit) an epoch-number start averages from there until
+// training ends, as Lightning's (volt refused it, "needs max_epochs", before session 106).
+TEST(StochasticWeightAveraging, WithoutMaxEpochsAveragesUntilTrainingEnds) {
+  struct AtTrainEnd : volt::Callback {
+    std::string state_key() const override { return "AtTrainEnd"; }
+    void on_train_end(volt::RunContext&, volt::Module& m) override { params = flat_params(m); }
+    torch::Tensor params;
+  };
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  auto rec = std::make_shared<Recorder>();
+  auto end = std::make_shared<AtTrainEnd>();
+  auto cb = swa(StochasticWeightAveragingOptions({0.02}).swa_epoch_start(3).annealing_epochs(1));
+  // 4 batches an epoch: epochs 0-3 and 2 batches of epoch 4.
+  volt::Trainer t(quiet(dir.path).max_epochs(-1).max_steps(18).callbacks({rec, end, cb}));
+  const auto lines =
+      volt_test::capture_logs([&] { t.fit(model, volt_test::loader(volt_test::blobs(64))); });
+  EXPECT_EQ(t.state().global_step, 18);
+  EXPECT_TRUE(has(lines, "averaging the weights at the end of epochs 2..the end of training"));
+  ASSERT_EQ(rec->params.size(), 4u);
+  ASSERT_TRUE(end->params.defined());
+  // The ends of epochs 2 and 3 and the weights training ended with.
+  EXPECT_EQ(cb->n_averaged(), 3);
+  const torch::Tensor mean = (rec->params[2] + rec->params[3] + end->params) / 3;
+  EXPECT_TRUE(torch::allclose(flat_params(model), mean, 1e-6, 1e-7));
+  EXPECT_FALSE(torch::allclose(flat_params(model), end->params, 1e-4, 1e-5));
+  // From epoch 2 the rate is SWALR's (annealing_epochs 1: swa_lr from the next epoch).
+  ASSERT_EQ(rec->lrs.size(), 5u);
+  EXPECT_DOUBLE_EQ(rec->lrs[4], 0.02);
+}
+
 TEST(StochasticWeightAveraging, AveragesTheLastEpochsAndAnnealsTheLearningRate) {
   volt_test::TempDir dir;
   TinyClassifier model;
@@ -269,7 +300,8 @@ TEST(StochasticWeightAveraging, RefusesWhatCannotWork) {
   TinyClassifier model;
   const auto before = model.flat_params();
   EXPECT_TRUE(has(fit_error(quiet(dir.path).max_epochs(-1).max_steps(10), {{0.1}}, model),
-                  "needs max_epochs"));
+                  "swa_epoch_start as a fraction (0.8) is not supported when max_epochs=-1; "
+                  "provide swa_epoch_start as an integer"));
   EXPECT_TRUE(has(fit_error(quiet(dir.path).max_epochs(3),
                             StochasticWeightAveragingOptions({0.1}).swa_epoch_start(5), model),
                   "swa_epoch_start=5 is past the last of max_epochs=3 epochs"));

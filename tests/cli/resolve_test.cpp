@@ -115,6 +115,37 @@ TEST(Resolve, SeedEverythingTrueChoosesARecordedSeed) {
       << e;
 }
 
+// The trainer section of a config Lightning's CLI printed holds nulls for the options left at
+// their defaults (max_epochs: null, limit_val_batches: null, ...): each takes volt's default
+// (they were "is null but must be int"). check_val_every_n_epoch: null is Lightning's None.
+TEST(Resolve, TrainerNullsAreDefaultsAndCheckValEveryNEpochTakesNone) {
+  const auto r = test_registry();
+  auto c = resolve_text(
+      "model: {width: 8}\ntrainer: {max_epochs: null, min_epochs: null, min_steps: null, "
+      "limit_train_batches: null, limit_val_batches: null, val_check_interval: 50, "
+      "num_sanity_val_steps: null, log_every_n_steps: null, enable_checkpointing: null, "
+      "check_val_every_n_epoch: null}\n",
+      r);
+  auto o = volt::detail::trainer_options(c.trainer);
+  const volt::TrainerOptions d;
+  EXPECT_EQ(o.max_epochs(), d.max_epochs());
+  EXPECT_EQ(o.min_steps(), d.min_steps());
+  EXPECT_TRUE(o.limit_val_batches().is_fraction());
+  EXPECT_EQ(o.num_sanity_val_steps(), d.num_sanity_val_steps());
+  EXPECT_EQ(o.log_every_n_steps(), d.log_every_n_steps());
+  EXPECT_EQ(o.enable_checkpointing(), d.enable_checkpointing());
+  EXPECT_FALSE(o.check_val_every_n_epoch().has_value());
+  EXPECT_EQ(o.val_check_interval().count(), 50);
+  EXPECT_NO_THROW(o.validate());
+  c = resolve_text("model: {width: 8}\ntrainer: {check_val_every_n_epoch: 3}\n", r);
+  EXPECT_EQ(volt::detail::trainer_options(c.trainer).check_val_every_n_epoch(), int64_t{3});
+  c = resolve_text("model: {width: 8}\n", r);
+  EXPECT_EQ(volt::detail::trainer_options(c.trainer).check_val_every_n_epoch(), int64_t{1});
+  // Elsewhere a null is still refused where a value is needed.
+  EXPECT_NE(error_of("model: {width: null}\n", r).find("is null but must be int"),
+            std::string::npos);
+}
+
 TEST(Resolve, NumbersKeepIntVersusFloat) {
   const auto r = test_registry();
   auto c = resolve_text("model: {width: 8, limit: 0.25}\ntrainer: {limit_train_batches: 10}\n", r);

@@ -65,18 +65,19 @@ TEST(OptionsPrinting, StrategiesPrintEveryField) {
 
 TEST(OptionsPrinting, LogOptionsPrintEveryField) {
   EXPECT_EQ(text(volt::LogOptions()),
-            "LogOptions(prog_bar=0, on_step=none, on_epoch=none, reduce=mean, logger=1, "
-            "sync_dist=0, add_dataloader_idx=1)");
+            "LogOptions(prog_bar=0, on_step=none, on_epoch=none, reduce=mean, batch_size=none, "
+            "logger=1, sync_dist=0, add_dataloader_idx=1)");
   EXPECT_EQ(text(volt::LogOptions()
                      .prog_bar(true)
                      .on_step(false)
                      .on_epoch(true)
                      .reduce(volt::Reduce::kMax)
+                     .batch_size(int64_t{7})
                      .logger(false)
                      .sync_dist(true)
                      .add_dataloader_idx(false)),
-            "LogOptions(prog_bar=1, on_step=0, on_epoch=1, reduce=max, logger=0, sync_dist=1, "
-            "add_dataloader_idx=0)");
+            "LogOptions(prog_bar=1, on_step=0, on_epoch=1, reduce=max, batch_size=7, logger=0, "
+            "sync_dist=1, add_dataloader_idx=0)");
 }
 
 TEST(OptionsPrinting, CallbacksLoggersProfilerAndSchedulersPrintEveryField) {

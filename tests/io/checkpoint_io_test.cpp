@@ -1,5 +1,9 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -10,8 +14,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "build_paths.h"
@@ -497,4 +503,72 @@ TEST(CheckpointIO, LinkMakesARelativeLinkThatReplacesAFileOrALink) {
   EXPECT_TRUE(fs::is_directory(dir / "moved/folder.ckpt"));
   write_file(dir / "blocker", "a file, not a folder");
   EXPECT_THROW(io.link(dir / "moved/a.ckpt", dir / "blocker/last.ckpt"), volt::CheckpointError);
+}
+
+namespace {
+
+// Runs `fn` on a thread of its own on which the kernel refuses symlink(2) and symlinkat(2) with
+// EPERM, as a file system without symbolic links does (a seccomp filter: it binds that thread
+// alone, and ends with it). Returns what `fn` threw ("" when nothing).
+std::string without_symlinks(const std::function<void()>& fn) {
+  std::string error = "<filter not installed>";
+  std::thread t([&] {
+    std::vector<sock_filter> prog = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr))};
+#ifdef __NR_symlink  // x86_64 has both calls; aarch64 symlinkat only
+    prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_symlink, 2, 0));
+#endif
+    prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_symlinkat, 1, 0));
+    prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+    prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)));
+    sock_fprog program{static_cast<unsigned short>(prog.size()), prog.data()};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+      return;
+    }
+    error = "";
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  t.join();
+  return error;
+}
+
+}  // namespace
+
+// A file system without symbolic links: save_last="link" copies the file instead, atomically, as
+// Lightning's _link_checkpoint falls back to shutil.copy (it was a CheckpointError telling the
+// user to set save_last=true). A folder of shards is not copied: the error says so.
+TEST(CheckpointIO, LinkCopiesTheFileWhereTheFileSystemHasNoLinks) {
+  namespace fs = std::filesystem;
+  volt_test::TempDir dir;
+  save_value(dir / "a.ckpt", 3);
+  save_value(dir / "last.ckpt", 9);
+  // The filter works: a plain symlink on that thread fails with EPERM.
+  int err = 0;
+  ASSERT_EQ(without_symlinks([&] {
+              if (::symlink("a.ckpt", (dir / "probe").c_str()) != 0) err = errno;
+            }),
+            "");
+  ASSERT_EQ(err, EPERM);
+  volt::TorchCheckpointIO io;
+  EXPECT_EQ(without_symlinks([&] { io.link(dir / "a.ckpt", dir / "last.ckpt"); }), "");
+  EXPECT_FALSE(fs::is_symlink(dir / "last.ckpt"));
+  EXPECT_EQ(file_text(dir / "last.ckpt"), file_text(dir / "a.ckpt"));
+  EXPECT_EQ(saved_value(dir / "last.ckpt")[0].item<float>(), 3.0f);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a.ckpt", "last.ckpt"}));  // no temporary file
+  fs::create_directories(dir / "shards.ckpt");
+  const std::string folder =
+      without_symlinks([&] { io.link(dir / "shards.ckpt", dir / "last.ckpt"); });
+  EXPECT_NE(folder.find("does not support symbolic links, and a folder of shards is not copied: "
+                        "use save_last=true"),
+            std::string::npos)
+      << folder;
+  EXPECT_EQ(saved_value(dir / "last.ckpt")[0].item<float>(), 3.0f);  // as it was
 }

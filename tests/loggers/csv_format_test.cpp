@@ -93,10 +93,11 @@ TEST(CsvFormat, AHeaderOfManyColumnsIsCheckedInLinearTime) {
   volt::detail::CsvRecord header{{"step"}, 1};
   for (int c = 0; c < 200000; ++c) header.cells.push_back("metric_" + std::to_string(c));
   const auto t0 = std::chrono::steady_clock::now();
-  const auto names = volt::detail::metrics_header(header, "[t] f.csv");
+  const auto h = volt::detail::metrics_header(header, "[t] f.csv");
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_EQ(names.size(), 200000u);
-  EXPECT_EQ(names.back(), "metric_199999");
+  ASSERT_EQ(h.names.size(), 200001u);
+  EXPECT_EQ(h.names.back(), "metric_199999");
+  EXPECT_EQ(h.step, 0u);
   EXPECT_LT(secs, 2.0);
   // The duplicate is still found, at its column.
   header.cells.push_back("metric_7");
@@ -108,6 +109,34 @@ TEST(CsvFormat, AHeaderOfManyColumnsIsCheckedInLinearTime) {
               std::string::npos)
         << e.what();
   }
+}
+
+// volt writes "step" first; Lightning sorts every name, "step" among them. Either is read; a
+// header with no step, or two, is refused with its line.
+TEST(CsvFormat, TheStepColumnIsFoundWhereverItIs) {
+  const auto header = [](std::vector<std::string> cells) {
+    return volt::detail::metrics_header(volt::detail::CsvRecord{std::move(cells), 4}, "[t] f.csv");
+  };
+  EXPECT_EQ(header({"step", "loss"}).step, 0u);
+  const auto lightning = header({"epoch", "step", "train_loss"});
+  EXPECT_EQ(lightning.step, 1u);
+  EXPECT_EQ(lightning.names, (std::vector<std::string>{"epoch", "step", "train_loss"}));
+  EXPECT_EQ(header({"a", " step "}).step, 1u);  // blanks around it allowed, as before
+  const auto error_of = [&](std::vector<std::string> cells) -> std::string {
+    try {
+      header(std::move(cells));
+    } catch (const volt::DataError& e) {
+      return e.what();
+    }
+    return "<no DataError>";
+  };
+  EXPECT_NE(error_of({"epoch", "loss"})
+                .find("[t] f.csv:4: the header 'epoch,...' has no 'step' column; pass a "
+                      "metrics.csv written by a CSVLogger"),
+            std::string::npos);
+  EXPECT_NE(error_of({"step", "loss", "step "}).find("columns 1 and 3 are both 'step'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"step", ""}).find("column 2 of the header has no name"), std::string::npos);
 }
 
 }  // namespace

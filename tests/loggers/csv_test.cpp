@@ -311,6 +311,29 @@ TEST(CSVLogger, ResumeReadsQuotedMetricNames) {
                                                                "0,0,0", "1,0.1,1", "2,,20"}));
 }
 
+// A version folder whose metrics.csv Lightning wrote ("step" among the sorted names, CRLF,
+// "1.0"): the resumed logger reads every row's values by name and rewrites the file in its own
+// layout, step first, the rows from the checkpoint's step on dropped.
+TEST(CSVLogger, ResumeReadsAFileWhoseStepIsNotTheFirstColumn) {
+  volt_test::TempDir dir;
+  volt::CSVLogger a(volt::CSVLoggerOptions(dir.path));
+  a.log_metrics({{"train_loss", 1.0}}, 0);
+  a.save();
+  torch::serialize::OutputArchive out;
+  a.save_state(out);
+  auto in = volt_test::reread(out);
+  std::ofstream(a.metrics_path(), std::ios::trunc | std::ios::binary)
+      << "epoch,step,train_loss,val_loss\r\n0,0,1.0,\r\n0,1,0.5,\r\n0,1,,0.75\r\n"
+         "1,2,0.25,\r\n";
+  volt::CSVLogger b(volt::CSVLoggerOptions(dir.path));
+  b.load_state(in, /*step=*/2);
+  b.log_metrics({{"train_loss", 0.125}, {"epoch", 1.0}}, 2);
+  b.save();
+  EXPECT_EQ(lines(b.metrics_path()),
+            (std::vector<std::string>{"step,epoch,train_loss,val_loss", "0,0,1,", "1,0,0.5,",
+                                      "1,0,,0.75", "2,1,0.125,"}));
+}
+
 /// What a logger resuming at step 5 throws (the DataError's message) when the run's metrics.csv
 /// holds `text`; "<no DataError>" when it resumes.
 std::string resume_error_with(const std::string& text) {
@@ -342,9 +365,10 @@ TEST(CSVLogger, ResumeRefusesAHeaderItCouldNotHaveWritten) {
   EXPECT_NE(twice.find("metrics.csv:1: column 'a' appears twice in the header; repair the header"),
             std::string::npos)
       << twice;
-  EXPECT_NE(
-      resume_error_with("epoch,a,b\n0,1,2\n").find("the header starts with 'epoch', not 'step'"),
-      std::string::npos);
+  EXPECT_NE(resume_error_with("epoch,a,b\n0,1,2\n").find("has no 'step' column"),
+            std::string::npos);
+  EXPECT_NE(resume_error_with("step,a,step\n0,1,2\n").find("column 'step' appears twice"),
+            std::string::npos);
   EXPECT_NE(resume_error_with("step,a,\n0,1,2\n").find("column 3 of the header has no name"),
             std::string::npos);
   EXPECT_EQ(resume_error_with("step,a,b\n0,1,2\n"), "<no DataError>");

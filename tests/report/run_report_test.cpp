@@ -391,7 +391,8 @@ TEST(RunReport, MalformedCsvNamesFileAndLine) {
   fails("step,a\n1.5,1\n", file + ":2: step '1.5' is not an integer");
   fails("", file + ":1: no header line");
   fails("\n\n", file + ":1: no header line");
-  fails("epoch,a\n0,1\n", file + ":1: the header starts with 'epoch', not 'step'");
+  fails("epoch,a\n0,1\n", file + ":1: the header 'epoch,...' has no 'step' column");
+  fails("step,a, step\n0,1,2\n", file + ":1: columns 1 and 3 are both 'step'");
   fails("step,a,a\n0,1,2\n", file + ":1: column 'a' appears twice");
   fails("step,a,\n0,1,2\n", file + ":1: column 3 of the header has no name");
   fails("step,\"a,b\n0,1\n", file + ":1: a quoted cell is not closed");
@@ -401,6 +402,38 @@ TEST(RunReport, MalformedCsvNamesFileAndLine) {
   const std::string html = file_text(volt::write_run_report(dir.path));
   EXPECT_NE(html.find("data-name=\"loss, smoothed\""), std::string::npos);
   EXPECT_NE(html.find("data-name=\"say &quot;hi&quot;\""), std::string::npos);
+}
+
+// A metrics.csv from Lightning 2.6's CSVLogger, byte for byte as its _ExperimentWriter writes
+// one (csv.DictWriter: every name sorted, "step" among them, CRLF, Python's float repr, training
+// and validation rows apart). Until session 106 the report refused it: its first column is not
+// "step".
+TEST(RunReport, ReadsAMetricsCsvLightningWrote) {
+  volt_test::TempDir dir;
+  mkdir_p(dir / "lightning_logs/version_0");
+  spit(dir / "lightning_logs/version_0/metrics.csv",
+       "epoch,step,train_loss,val_acc,val_loss\r\n"
+       "0,49,2.1234567165374756,,\r\n"
+       "0,99,1.5,,\r\n"
+       "0,99,,0.75,0.6931471824645996\r\n"
+       "1,149,1.0,,\r\n"
+       "1,199,0.5,,\r\n"
+       "1,199,,0.875,0.25\r\n");
+  spit(dir / "lightning_logs/version_0/hparams.yaml", "lr: 0.1\n");
+  const std::string html = file_text(volt::write_run_report(dir / "lightning_logs"));
+  const std::string loss = cards(html, "Loss");
+  EXPECT_NE(loss.find("data-name=\"train_loss\""), std::string::npos);
+  EXPECT_NE(loss.find("data-name=\"val_loss\""), std::string::npos);
+  EXPECT_NE(cards(html, "Accuracy").find("data-name=\"val_acc\""), std::string::npos);
+  // "epoch" and "step" are the axes, not metrics; each series has its own points.
+  EXPECT_EQ(html.find("data-name=\"epoch\""), std::string::npos);
+  EXPECT_EQ(html.find("data-name=\"step\""), std::string::npos);
+  EXPECT_EQ(count(path_of(html, "train_loss"), "L"), 3u);
+  EXPECT_EQ(count(path_of(html, "val_loss"), "L"), 1u);
+  EXPECT_NE(html.find("6 rows in metrics.csv<"), std::string::npos);
+  EXPECT_NE(html.find("last logged step 199"), std::string::npos);
+  EXPECT_NE(html.find("<div class=\"k\">Epochs</div><div class=\"v\">2</div>"), std::string::npos);
+  EXPECT_NE(html.find("lr: 0.1"), std::string::npos);
 }
 
 // Names are read as CSVLogger wrote them: " loss" and "loss" are two metrics. Until session 90

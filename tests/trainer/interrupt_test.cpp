@@ -165,6 +165,16 @@ TEST(Interrupt, CkptPathLastTakesTheNewerOnExceptionCheckpoint) {
   EXPECT_EQ(starts->from, dir / "ckpt/on_exception.ckpt");
   EXPECT_EQ(starts->step, 13);
   EXPECT_EQ(r.state().global_step, 20);
+  // That run finished, so its OnExceptionCheckpoint removed the file (Lightning's teardown): a
+  // later "last" takes the finished run's last.ckpt, not the interruption's state again (it
+  // took the stale file, newer than nothing else, and trained epochs 1 and 2 from step 13).
+  EXPECT_FALSE(fs::exists(dir / "ckpt/on_exception.ckpt"));
+  auto again = std::make_shared<StartsAt>();
+  TinyClassifier next;
+  volt::Trainer n(quiet(dir.path).max_epochs(3).callbacks(callbacks(again)));
+  n.fit(next, train_data(), val_data(), "last");
+  EXPECT_EQ(again->from, dir / "ckpt/last.ckpt");
+  EXPECT_EQ(again->step, 20);
 }
 
 TEST(Interrupt, SigtermDuringValidateStopsAtTheNextBatch) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "error_text.h"
 #include "log_capture.h"
 #include "manual_module.h"
 #include "tiny.h"
@@ -1144,6 +1145,215 @@ TEST(Trainer, APassWithoutBatchesRunsNoHookAndEveryEntryPointLogsHparams) {
   std::stringstream text;
   text << hparams.rdbuf();
   EXPECT_EQ(text.str(), "width: 8\n");
+}
+
+// ------------------------------------------------ Module::log as Lightning 2.6's (session 106)
+
+/// metrics.csv as column name -> the cells of every row ("" where the row has no value).
+std::map<std::string, std::vector<std::string>> csv_columns(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  std::vector<std::string> names;
+  std::stringstream hs(line);
+  for (std::string c; std::getline(hs, c, ',');) names.push_back(c);
+  std::map<std::string, std::vector<std::string>> out;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ls(line);
+    for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
+    cells.resize(names.size());
+    for (size_t i = 0; i < names.size(); ++i) out[names[i]].push_back(cells[i]);
+  }
+  return out;
+}
+
+size_t filled(const std::vector<std::string>& cells) {
+  return static_cast<size_t>(
+      std::count_if(cells.begin(), cells.end(), [](const std::string& c) { return !c.empty(); }));
+}
+
+// on_step in a validation step (Lightning's fx_validator allows it there and in the batch hooks):
+// one row per batch at the loader's count of batches run over the fit's validation passes, no
+// epoch column, the epoch's mean as "<name>_epoch" and in callback_metrics under the plain name.
+// It was a ConfigError ("only possible inside training_step").
+TEST(Trainer, AValidationStepValueLoggedOnStepGoesToTheLoggersAfterEachBatch) {
+  struct EvalSteps : TinyClassifier {
+    void validation_step(const volt::Batch& b, int64_t i) override {
+      log("vb", static_cast<double>(i + 1), volt::LogOptions().on_step(true).on_epoch(true));
+    }
+  };
+  volt_test::TempDir dir;
+  EvalSteps model;
+  auto csv = std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(dir.path));
+  volt::Trainer t(quiet(dir.path).max_epochs(2).num_sanity_val_steps(2).loggers({csv}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)),
+        volt_test::loader(volt_test::blobs(64, 8, 1), 16, false));  // 4 validation batches
+  const auto cols = csv_columns(csv->metrics_path());
+  ASSERT_TRUE(cols.count("vb_step") && cols.count("vb_epoch") && cols.count("epoch"));
+  std::vector<std::string> steps, values;
+  for (size_t row = 0; row < cols.at("step").size(); ++row) {
+    if (cols.at("vb_step")[row].empty()) continue;
+    steps.push_back(cols.at("step")[row]);
+    values.push_back(cols.at("vb_step")[row]);
+    EXPECT_EQ(cols.at("epoch")[row], "") << "row " << row;
+  }
+  // Two passes of 4 batches; the sanity check's 2 batches write nothing.
+  EXPECT_EQ(steps, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7"}));
+  EXPECT_EQ(values, (std::vector<std::string>{"1", "2", "3", "4", "1", "2", "3", "4"}));
+  EXPECT_EQ(filled(cols.at("vb_epoch")), 2u);
+  EXPECT_DOUBLE_EQ(t.callback_metrics().at("vb"), 2.5);
+  EXPECT_EQ(t.callback_metrics().count("vb_step"), 0u);
+  // validate() counts its own batches from 0.
+  volt::Trainer v(quiet(dir.path).loggers({csv}));
+  v.validate(model, volt_test::loader(volt_test::blobs(32, 8, 1), 16, false));
+  // Not in the pass's start and epoch-end hooks (Lightning's neither).
+  struct AtEpochEnd : TinyClassifier {
+    void on_validation_epoch_end() override { log("late", 1.0, volt::LogOptions().on_step(true)); }
+  } late;
+  const std::string e = volt_test::error_of<volt::ConfigError>([&] {
+    volt::Trainer(quiet(dir.path)).validate(late, volt_test::loader(volt_test::blobs(16)));
+  });
+  EXPECT_NE(e.find("log(\"late\", on_step=true) is only possible in training, validation and test "
+                   "steps and their batch hooks"),
+            std::string::npos)
+      << e;
+}
+
+// LogOptions::batch_size weights a value in the epoch's mean (Lightning's batch_size argument):
+// the batch's size otherwise.
+TEST(Trainer, LogBatchSizeWeightsTheEpochMean) {
+  struct Weighted : TinyClassifier {
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      log("w", static_cast<double>(i + 1),
+          volt::LogOptions().on_step(false).on_epoch(true).batch_size(i == 0 ? int64_t{3}
+                                                                             : int64_t{1}));
+      log("u", static_cast<double>(i + 1), volt::LogOptions().on_step(false).on_epoch(true));
+      return TinyClassifier::training_step(b, i);
+    }
+  };
+  volt_test::TempDir dir;
+  Weighted model;
+  volt::Trainer t(quiet(dir.path).max_epochs(1));
+  t.fit(model, volt_test::loader(volt_test::blobs(24)));  // batches of 16 and 8
+  EXPECT_DOUBLE_EQ(t.callback_metrics().at("w"), (1.0 * 3 + 2.0 * 1) / 4);
+  EXPECT_DOUBLE_EQ(t.callback_metrics().at("u"), (1.0 * 16 + 2.0 * 8) / 24);
+}
+
+// A value logged per step once stays in its epoch's step rows only (Lightning resets its step
+// values at each epoch's end); it was repeated in every later epoch's rows. It stays in
+// callback_metrics.
+TEST(Trainer, AStepValueLoggedOnceIsNotRepeatedInLaterEpochs) {
+  struct Once : TinyClassifier {
+    torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+      if (current_epoch() == 0 && i == 0) log("once", 7.0);
+      return TinyClassifier::training_step(b, i);
+    }
+  };
+  volt_test::TempDir dir;
+  Once model;
+  auto csv = std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(dir.path));
+  volt::Trainer t(quiet(dir.path).max_epochs(3).log_every_n_steps(1).loggers({csv}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)));
+  const auto cols = csv_columns(csv->metrics_path());
+  EXPECT_EQ(filled(cols.at("once")), 4u);  // epoch 0's four rows, not the 8 after
+  EXPECT_EQ(filled(cols.at("train_loss")), 12u);
+  EXPECT_DOUBLE_EQ(t.callback_metrics().at("once"), 7.0);
+}
+
+// on_train_start and on_train_epoch_start may log epoch values (Lightning's fx_validator); they
+// were "called outside a step or epoch-end hook".
+TEST(Trainer, TheTrainStartAndEpochStartHooksLogEpochValues) {
+  struct StartLogs : TinyClassifier {
+    void on_train_start() override { log("at_start", 5.0); }
+    void on_train_epoch_start() override {
+      log("epoch_x10", static_cast<double>(current_epoch() * 10));
+    }
+  };
+  volt_test::TempDir dir;
+  StartLogs model;
+  auto csv = std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(dir.path));
+  volt::Trainer t(quiet(dir.path).max_epochs(2).loggers({csv}));
+  t.fit(model, volt_test::loader(volt_test::blobs(32)));
+  const auto cols = csv_columns(csv->metrics_path());
+  std::vector<std::string> x10;
+  for (const auto& c : cols.at("epoch_x10")) {
+    if (!c.empty()) x10.push_back(c);
+  }
+  EXPECT_EQ(x10, (std::vector<std::string>{"0", "10"}));
+  EXPECT_EQ(filled(cols.at("at_start")), 1u);
+  EXPECT_DOUBLE_EQ(t.callback_metrics().at("epoch_x10"), 10.0);
+  struct StepAtStart : TinyClassifier {
+    void on_train_epoch_start() override { log("s", 1.0, volt::LogOptions().on_step(true)); }
+  } step_at_start;
+  EXPECT_NE(volt_test::error_of<volt::ConfigError>([&] {
+              volt::Trainer(quiet(dir.path).max_epochs(1))
+                  .fit(step_at_start, volt_test::loader(volt_test::blobs(16)));
+            }).find("on_step=true) is only possible in training, validation and test steps"),
+            std::string::npos);
+}
+
+// Lightning's: log() without a Trainer (a unit test calling training_step) warns and logs
+// nothing; a name that holds "/dataloader_idx_" while add_dataloader_idx is on is refused.
+TEST(Module, LogWithoutATrainerWarnsAndANameMayNotNameItsLoader) {
+  TinyClassifier model;
+  const auto lines = volt_test::capture_logs([&] {
+    auto b = volt_test::blobs(16);
+    volt::Batch batch{b->inputs(), b->targets()};
+    EXPECT_NO_THROW(model.training_step(batch, 0));
+  });
+  EXPECT_TRUE(volt_test::has(lines, "log() was called outside a Trainer run"));
+  struct NamesLoader : TinyClassifier {
+    void validation_step(const volt::Batch&, int64_t) override { log("acc/dataloader_idx_0", 1.0); }
+  } names;
+  volt_test::TempDir dir;
+  EXPECT_NE(
+      volt_test::error_of<volt::ConfigError>([&] {
+        volt::Trainer(quiet(dir.path)).validate(names, volt_test::loader(volt_test::blobs(16)));
+      }).find("names a dataloader itself, but add_dataloader_idx is on"),
+      std::string::npos);
+  struct NamesLoaderOff : TinyClassifier {
+    void validation_step(const volt::Batch&, int64_t) override {
+      log("acc/dataloader_idx_0", 1.0, volt::LogOptions().add_dataloader_idx(false));
+    }
+  } off;
+  volt::Trainer t(quiet(dir.path));
+  t.validate(off, volt_test::loader(volt_test::blobs(16)));
+  EXPECT_DOUBLE_EQ(t.callback_metrics().at("acc/dataloader_idx_0"), 1.0);
+}
+
+// check_val_every_n_epoch unset (Lightning's None): validation every val_check_interval batches
+// of the fit, across epochs (step-based validation); a fraction is refused with it.
+TEST(Trainer, CheckValEveryNEpochNoneCountsBatchesOverTheFit) {
+  struct CountsPasses : volt::Callback {
+    std::string state_key() const override { return "CountsPasses"; }
+    void on_validation_start(volt::RunContext& run, volt::Module&) override {
+      if (!run.sanity_checking()) at.push_back(run.state().total_batches_done);
+    }
+    std::vector<int64_t> at;
+  };
+  volt_test::TempDir dir;
+  TinyClassifier model;
+  auto passes = std::make_shared<CountsPasses>();
+  volt::Trainer t(quiet(dir.path)
+                      .max_epochs(3)
+                      .val_check_interval(int64_t{6})
+                      .check_val_every_n_epoch(c10::nullopt)
+                      .callbacks({passes}));
+  t.fit(model, volt_test::loader(volt_test::blobs(64)),  // 4 batches an epoch: 12 in all
+        volt_test::loader(volt_test::blobs(32, 8, 1), 16, false));
+  EXPECT_EQ(passes->at, (std::vector<int64_t>{6, 12}));
+  // With an epoch count the interval counts within each epoch and may not exceed it.
+  EXPECT_NE(volt_test::error_of<volt::ConfigError>([&] {
+              volt::Trainer(quiet(dir.path).max_epochs(1).val_check_interval(int64_t{6}))
+                  .fit(model, volt_test::loader(volt_test::blobs(64)),
+                       volt_test::loader(volt_test::blobs(32)));
+            }).find("val_check_interval=6 is more than the 4 training batches"),
+            std::string::npos);
+  EXPECT_NE(volt_test::error_of<volt::ConfigError>([&] {
+              volt::TrainerOptions().check_val_every_n_epoch(c10::nullopt).validate();
+            }).find("is a fraction of an epoch, but check_val_every_n_epoch is unset (None)"),
+            std::string::npos);
 }
 
 }  // namespace

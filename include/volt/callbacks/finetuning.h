@@ -105,7 +105,8 @@ struct BackboneFinetuningOptions {
   /// Each epoch after the unfreeze, the backbone's rate is multiplied by lambda_func(epoch + 1).
   /// Default: 2 (Lightning's `multiplicative`).
   TORCH_ARG(std::function<double(int64_t)>, lambda_func) = [](int64_t) { return 2.0; };
-  /// The backbone starts at this fraction of the first param group's rate. Default: 0.1.
+  /// The backbone starts at this fraction of the first param group's rate (0: it stays still,
+  /// as lambda_func returning 0 holds it). Default: 0.1.
   TORCH_ARG(double, backbone_initial_ratio_lr) = 0.1;
   /// The backbone's starting rate; overrides backbone_initial_ratio_lr. Default: none.
   TORCH_ARG(c10::optional<double>, backbone_initial_lr);
@@ -115,7 +116,7 @@ struct BackboneFinetuningOptions {
   TORCH_ARG(double, initial_denom_lr) = 10.0;
   /// BatchNorm layers of the backbone train while it is frozen. Default: true.
   TORCH_ARG(bool, train_bn) = true;
-  /// Logs the rates at the unfreeze. Default: false.
+  /// Logs the head's and the backbone's rates each epoch from the unfreeze on. Default: false.
   TORCH_ARG(bool, verbose) = false;
   /// Decimals of the rates logged with verbose. Default: 12.
   TORCH_ARG(int64_t, rounding) = 12;

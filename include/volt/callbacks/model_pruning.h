@@ -67,8 +67,9 @@ struct ModelPruningOptions {
   TORCH_ARG(bool, use_lottery_ticket_hypothesis) = true;
   /// When set, called with the epoch instead of `use_lottery_ticket_hypothesis`. Default: unset.
   TORCH_ARG(std::function<bool(int64_t)>, use_lottery_ticket_hypothesis_fn);
-  /// With the lottery ticket: new random values from the layer's own initialisation instead of
-  /// the initial ones (Linear, Conv1d/2d/3d layers). Default: false.
+  /// With the lottery ticket: new random values from the layer's own reset_parameters instead
+  /// of the initial ones (libtorch's Linear, Bilinear, Conv and ConvTranspose, Embedding and norm
+  /// layers; other layers get their initial values, as in Lightning). Default: false.
   TORCH_ARG(bool, resample_parameters) = false;
   /// The dimension whose slices (channels) structured pruning removes. Required for the
   /// structured methods. Default: unset.
@@ -135,6 +136,8 @@ class ModelPruning : public Callback {
  private:
   void run_pruning(int64_t epoch);
   void mask_parameters();
+  /// The i-th pruned parameter's value at set-up (the lottery ticket's starting point).
+  const at::Tensor& initial_of(size_t i) const;
 
   ModelPruningOptions options_;
   std::vector<PrunedParameter> names_;

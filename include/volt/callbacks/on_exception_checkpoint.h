@@ -29,11 +29,17 @@ std::ostream& operator<<(std::ostream& os, const OnExceptionCheckpointOptions& o
 /// it (Lightning saves it anyway, and so does this in one process, with a warning); with several
 /// processes the other ranks are not at the same point, and a checkpoint (a collective) would
 /// wait for them, so it is not written and a warning says so.
+///
+/// An entry point (fit, validate, test, predict) that ends without an error removes the file
+/// (Lightning's teardown): a run resumed from it that then finished leaves no stale file for a
+/// later ckpt_path="last" to go back to.
 class OnExceptionCheckpoint : public Callback {
  public:
   explicit OnExceptionCheckpoint(OnExceptionCheckpointOptions options = {});
   std::string state_key() const override { return "OnExceptionCheckpoint"; }
+  void setup(RunContext& run, Module& module, Stage stage) override;
   void on_exception(RunContext& run, Module& module, const std::exception& error) override;
+  void teardown(RunContext& run, Module& module, Stage stage) override;
   /// Where the last on_exception saved ("" if it did not).
   const std::string& saved_path() const { return saved_path_; }
   /// The file on_exception writes for a run logging into `log_dir`. ckpt_path="last" takes it
@@ -43,6 +49,7 @@ class OnExceptionCheckpoint : public Callback {
  private:
   OnExceptionCheckpointOptions options_;
   std::string saved_path_;
+  bool failed_ = false;  // this entry point's on_exception ran
 };
 
 }  // namespace volt

@@ -14,7 +14,10 @@
 /// parameters and, if the module has BatchNorm layers, their running statistics are recomputed
 /// for the averaged weights with one forward pass over the training data (torch's update_bn), so
 /// that epoch's validation, ModelCheckpoint and EarlyStopping see the averaged model. A fit that
-/// stops earlier gets the average of the SWA epochs it ran when training ends. The average, its
+/// stops earlier gets the average of the SWA epochs it ran when training ends; so does a fit
+/// without max_epochs (-1: max_steps, max_time or a Timer ends it), which needs swa_epoch_start
+/// as an epoch number, as Lightning's (its BatchNorm statistics are recomputed there too,
+/// where Lightning leaves them as trained). The average, its
 /// count and the schedule are in checkpoints: a resumed fit ends with the same weights as an
 /// uninterrupted one.
 
@@ -69,7 +72,8 @@ class StochasticWeightAveraging : public Callback {
   ~StochasticWeightAveraging() override;
 
   std::string state_key() const override { return "StochasticWeightAveraging"; }
-  /// ConfigError with several optimizers, without max_epochs, with DeepSpeed (sharded weights,
+  /// ConfigError with several optimizers, with a fraction swa_epoch_start and no max_epochs,
+  /// with DeepSpeed (sharded weights,
   /// as Lightning refuses them), with swa_lrs not matching the param groups, with a start past
   /// the last epoch, and with BatchNorm layers under manual optimization.
   void on_fit_start(RunContext& run, Module& module) override;

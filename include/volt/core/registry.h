@@ -90,6 +90,9 @@ class Params {
   Params& optional(std::string name, std::string help) {
     return push(ParamSpec{std::move(name), type_of<T>(), false, true, {}, {}, std::move(help)});
   }
+  /// The parameter declared last also takes "none" (null) besides its default (read it with
+  /// Args::get_optional<T>), e.g. Lightning's check_val_every_n_epoch: 1 or None.
+  Params& or_none();
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   /// nullptr when no parameter has this name.

@@ -24,7 +24,9 @@ class Profiler;
 struct TrainerOptions;
 
 /// Options of Module::log. on_step / on_epoch default by context: training steps log per step,
-/// validation/test steps and epoch hooks log per epoch (as in Lightning).
+/// validation/test steps and epoch hooks log per epoch (as in Lightning). on_step is allowed in
+/// training and validation/test steps and their batch hooks: a validation/test step value goes
+/// to the loggers after each batch, at the pass's batch count (Lightning's rows).
 struct LogOptions {
   /// Show the value in the progress bar. Default: false.
   TORCH_ARG(bool, prog_bar) = false;
@@ -34,6 +36,10 @@ struct LogOptions {
   TORCH_ARG(c10::optional<bool>, on_epoch);
   /// Epoch aggregation. Default: Reduce::kMean (weighted by batch size).
   TORCH_ARG(Reduce, reduce) = Reduce::kMean;
+  /// The weight of this value in the epoch's mean (Lightning's batch_size): e.g. the tokens a
+  /// loss was averaged over, for batches whose size is not their first dimension's. Default:
+  /// nullopt (the batch's size).
+  TORCH_ARG(c10::optional<int64_t>, batch_size);
   /// Send to loggers (false: only callback_metrics / progress bar). Default: true.
   TORCH_ARG(bool, logger) = true;
   /// Reduce the value across processes with `reduce` (mean, sum, max, min) before it is used,

@@ -56,10 +56,13 @@ struct TrainerOptions {
   TORCH_ARG(Limit, limit_val_batches) = 1.0;
   TORCH_ARG(Limit, limit_test_batches) = 1.0;
   TORCH_ARG(Limit, limit_predict_batches) = 1.0;
-  /// Validate every N training batches (int) or fraction of an epoch (float). Default: 1.0.
+  /// Validate every N training batches (int) or fraction of an epoch (float). With
+  /// check_val_every_n_epoch unset, N counts the fit's batches over epochs. Default: 1.0.
   TORCH_ARG(Limit, val_check_interval) = 1.0;
-  /// Validate every N epochs. Default: 1.
-  TORCH_ARG(int64_t, check_val_every_n_epoch) = 1;
+  /// Validate every N epochs; nullopt (Lightning's None): every val_check_interval batches of the
+  /// whole fit, across epoch boundaries (step-based validation; val_check_interval must then be
+  /// a count). Default: 1.
+  TORCH_ARG(c10::optional<int64_t>, check_val_every_n_epoch) = 1;
   /// With a DataModule, ask it for new training and validation loaders every N epochs of fit
   /// (DataModule::current_epoch() says which epoch), as Lightning's
   /// reload_dataloaders_every_n_epochs; loaders passed to fit() directly are kept. 0 = load

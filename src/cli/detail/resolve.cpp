@@ -269,9 +269,12 @@ ParamValue parse_value(const std::string& key, const ConfigNode& n, const ParamS
   }
 }
 
+// `null_is_default`: a null value of a parameter that takes none stands for its default, as in
+// the trainer section of a config Lightning's CLI printed (max_epochs: null, limit_val_batches:
+// null, ...); elsewhere it is refused.
 Args parse_args(const std::string& prefix, const std::string& owner, const ConfigNode* node,
                 const ConfigNode& parent, const Params& params,
-                const std::vector<std::string>& extra_keys = {}) {
+                const std::vector<std::string>& extra_keys = {}, bool null_is_default = false) {
   std::vector<std::string> valid;
   for (const auto& s : params.specs()) valid.push_back(s.name);
   if (node != nullptr && !node->is_null()) {
@@ -306,6 +309,8 @@ Args parse_args(const std::string& prefix, const std::string& owner, const Confi
                           ") for " + owner + " but was not set (" + parent.origin +
                           "); set it in the config or pass --" + shorthand + "=<value>.");
       }
+      values[spec.name] = spec.default_value;
+    } else if (null_is_default && v->is_null() && !spec.nullable) {
       values[spec.name] = spec.default_value;
     } else {
       values[spec.name] = parse_value(key, *v, spec);
@@ -564,7 +569,9 @@ Params trainer_params(const Registry& reg) {
               "predict batches: count or fraction")
       .number("val_check_interval", limit(d.val_check_interval()),
               "validate every N batches (int) or epoch fraction (float)")
-      .add("check_val_every_n_epoch", d.check_val_every_n_epoch(), "validate every N epochs")
+      .add("check_val_every_n_epoch", *d.check_val_every_n_epoch(),
+           "validate every N epochs; null: every val_check_interval batches of the whole fit")
+      .or_none()
       .add("reload_dataloaders_every_n_epochs", d.reload_dataloaders_every_n_epochs(),
            "ask the data module for new loaders every N epochs (0 = once)")
       .add("return_predictions", d.return_predictions(),
@@ -638,7 +645,7 @@ TrainerOptions trainer_options(const Args& a) {
       .limit_test_batches(limit("limit_test_batches"))
       .limit_predict_batches(limit("limit_predict_batches"))
       .val_check_interval(limit("val_check_interval"))
-      .check_val_every_n_epoch(a.get<int64_t>("check_val_every_n_epoch"))
+      .check_val_every_n_epoch(c10::optional<int64_t>())
       .reload_dataloaders_every_n_epochs(a.get<int64_t>("reload_dataloaders_every_n_epochs"))
       .return_predictions(a.get<bool>("return_predictions"))
       .num_sanity_val_steps(a.get<int64_t>("num_sanity_val_steps"))
@@ -666,6 +673,7 @@ TrainerOptions trainer_options(const Args& a) {
       .num_threads(a.get<int64_t>("num_threads"))
       .reuse_host_memory(a.get<bool>("reuse_host_memory"))
       .progress_refresh_s(a.get<double>("progress_refresh_s"));
+  if (auto v = a.get_optional<int64_t>("check_val_every_n_epoch")) o.check_val_every_n_epoch(*v);
   if (auto v = a.get_optional<double>("max_time")) o.max_time(*v);
   if (auto v = a.get_optional<double>("gradient_clip_val")) o.gradient_clip_val(*v);
   if (auto v = a.get_optional<bool>("benchmark")) o.benchmark(*v);
@@ -774,7 +782,8 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
     *edited().find("max_time") = duration_in_seconds("trainer.max_time", *mt);
   }
   out.trainer = parse_args("trainer", "trainer", trainer_node, root, out.trainer_params,
-                           {"callbacks", "loggers", "profiler", "checkpoint_io"});
+                           {"callbacks", "loggers", "profiler", "checkpoint_io"},
+                           /*null_is_default=*/true);
   const ConfigNode* prof = t != nullptr && t->is_map() ? t->find("profiler") : nullptr;
   if (prof != nullptr && !prof->is_null()) {
     out.profiler = parse_component("trainer.profiler", prof, *t, reg.profilers);

@@ -99,21 +99,29 @@ std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& whe
   return records;
 }
 
-std::vector<std::string> metrics_header(const CsvRecord& header, const std::string& where) {
-  VOLT_CHECK(ascii_trim(header.cells.front()) == "step", DataError, where, ":", header.line,
-             ": the header starts with '", header.cells.front(),
-             "', not 'step'; pass a metrics.csv written by CSVLogger.");
-  std::vector<std::string> names(header.cells.begin() + 1, header.cells.end());
+MetricsHeader metrics_header(const CsvRecord& header, const std::string& where) {
+  MetricsHeader h{header.cells, 0};
+  bool found = false;
   // A hash set, not a search of the names before each: a header of 200,000 columns took 21 s
   // (O(n^2)).
   std::unordered_set<std::string_view> seen;
-  for (size_t c = 0; c < names.size(); ++c) {
-    VOLT_CHECK(!names[c].empty(), DataError, where, ":", header.line, ": column ", c + 2,
+  for (size_t c = 0; c < h.names.size(); ++c) {
+    const std::string& name = h.names[c];
+    VOLT_CHECK(!name.empty(), DataError, where, ":", header.line, ": column ", c + 1,
                " of the header has no name; repair the header line.");
-    VOLT_CHECK(seen.insert(names[c]).second, DataError, where, ":", header.line, ": column '",
-               names[c], "' appears twice in the header; repair the header.");
+    VOLT_CHECK(seen.insert(name).second, DataError, where, ":", header.line, ": column '", name,
+               "' appears twice in the header; repair the header.");
+    if (ascii_trim(name) != "step") continue;
+    VOLT_CHECK(!found, DataError, where, ":", header.line, ": columns ", h.step + 1, " and ", c + 1,
+               " are both 'step'; repair the header.");
+    h.step = c;
+    found = true;
   }
-  return names;
+  VOLT_CHECK(found, DataError, where, ":", header.line, ": the header '",
+             (header.cells.size() == 1 ? header.cells[0] : header.cells[0] + ",..."),
+             "' has no 'step' column; pass a metrics.csv written by a CSVLogger (volt's or "
+             "Lightning's).");
+  return h;
 }
 
 }  // namespace detail

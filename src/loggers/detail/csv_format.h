@@ -51,10 +51,17 @@ class CsvReader {
 /// All records of `text` (a CsvReader over it).
 std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& where);
 
-/// The metric names of a metrics.csv header record: the cells after "step", exactly as CSVLogger
-/// wrote them (a name may hold spaces). Throws DataError "<where>:<line>: ..." when the first
-/// cell is not "step" (blanks around it allowed), a name is empty or a name appears twice.
-std::vector<std::string> metrics_header(const CsvRecord& header, const std::string& where);
+/// A metrics.csv header: every column's name exactly as written (a name may hold spaces), and
+/// which column holds the step. volt's CSVLogger writes "step" first; Lightning's sorts its
+/// columns, so "step" may be anywhere ("epoch,step,train_loss").
+struct MetricsHeader {
+  std::vector<std::string> names;
+  size_t step = 0;
+};
+
+/// Reads a metrics.csv header record. Throws DataError "<where>:<line>: ..." when no column is
+/// "step" (blanks around it allowed) or two are, a name is empty or a name appears twice.
+MetricsHeader metrics_header(const CsvRecord& header, const std::string& where);
 
 }  // namespace detail
 }  // namespace volt

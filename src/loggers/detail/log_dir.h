@@ -60,6 +60,11 @@ int64_t resumed_version(torch::serialize::InputArchive& archive, const std::stri
 /// LOGGER_JOIN_CHAR); unchanged without a prefix.
 Metrics with_prefix(const Metrics& metrics, const std::string& prefix);
 
+/// Whether `s` is a number as C++ and Python print one ("12", "-0.5", "1e-05"): text that YAML
+/// and TensorBoard readers take back as that number. Other text a parser would accept ("0x1F",
+/// "010", " 12", "+5", ".5") is not.
+bool is_printed_number(const std::string& s);
+
 /// Writes `hparams` to dir/hparams.yaml atomically, as Lightning's save_hparams_to_yaml: one
 /// string value per key, quoted where a YAML 1.1 reader (PyYAML) would read another type.
 void write_hparams_yaml(const std::string& dir, const std::map<std::string, std::string>& hparams);

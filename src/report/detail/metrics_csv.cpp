@@ -54,9 +54,10 @@ MetricsTable read_metrics_csv(const std::string& path) {
   VOLT_CHECK(found, DataError, "[report] ", path,
              ":1: no header line (the file is empty); expected 'step,<metric>,...' as "
              "CSVLogger writes it.");
-  // The names as CSVLogger wrote them (not trimmed: " loss" and "loss" are two metrics).
-  const std::vector<std::string> header = rec.cells;
-  metrics_header(rec, "[report] " + path);
+  // The names as CSVLogger wrote them (not trimmed: " loss" and "loss" are two metrics); the
+  // step's column is the first in volt's files, anywhere in Lightning's (sorted by name).
+  const MetricsHeader h = metrics_header(rec, "[report] " + path);
+  const std::vector<std::string>& header = h.names;
 
   MetricsTable run;
   run.path = path;
@@ -75,11 +76,12 @@ MetricsTable read_metrics_csv(const std::string& path) {
                ": ragged row with ", cells.size(), " cells but the header has ", header.size(),
                " columns; the file was cut off or edited, repair or delete that line.");
     double step = 0;
-    VOLT_CHECK(parse_number(cells[0], &step) && std::isfinite(step) && step == std::floor(step),
-               DataError, "[report] ", path, ":", lineno, ": step '", cells[0],
+    const std::string& step_cell = cells[h.step];
+    VOLT_CHECK(parse_number(step_cell, &step) && std::isfinite(step) && step == std::floor(step),
+               DataError, "[report] ", path, ":", lineno, ": step '", step_cell,
                "' is not an integer; repair or delete that line.");
-    for (size_t c = 1; c < cells.size(); ++c) {
-      if (ascii_trim(cells[c]).empty()) continue;  // not logged in this row
+    for (size_t c = 0; c < cells.size(); ++c) {
+      if (c == h.step || ascii_trim(cells[c]).empty()) continue;  // not logged in this row
       double v = 0;
       VOLT_CHECK(parse_number(cells[c], &v), DataError, "[report] ", path, ":", lineno, ": cell '",
                  cells[c], "' in column '", header[c],
@@ -89,7 +91,8 @@ MetricsTable read_metrics_csv(const std::string& path) {
     run.max_step = std::max(run.max_step, step);
     ++run.rows;
   }
-  for (size_t c = 1; c < header.size(); ++c) {
+  for (size_t c = 0; c < header.size(); ++c) {
+    if (c == h.step) continue;
     auto& pts = columns[c].points;
     // Rows are written in step order; a stable sort only guards hand-merged files.
     std::stable_sort(pts.begin(), pts.end(),

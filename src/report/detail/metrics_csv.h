@@ -26,7 +26,8 @@ struct MetricsTable {
   int64_t unfinished_line = 0;  // the last line, left out: no newline yet (0: none)
 };
 
-/// Parses `path` (header "step,<metric>,..."; empty cell = not logged in that row). Throws
+/// Parses `path` (header "step,<metric>,..." as volt's CSVLogger writes it, or with "step"
+/// among the sorted names as Lightning's does; empty cell = not logged in that row). Throws
 /// DataError "[report] <path>:<line>: ..." for a missing header, ragged rows, non-numeric cells.
 /// A last line without its newline after the header is left out (`unfinished_line`):
 /// CSVLogger ends every row with one, so it is a row still being written (a live or killed

@@ -3,7 +3,7 @@
 // that some ranks do (rank 0 writes a file, the shard holders write theirs), after which every
 // rank must know whether it succeeded, so that no rank goes on into collectives a failed rank
 // never reaches (the checkpoint saves of DdpStrategy and of the shard folders).
-// broadcast_string: one rank's text on every rank.
+// broadcast_string: one rank's text on every rank. min_max_over_ranks: the range of a count.
 
 #include <ATen/ATen.h>
 
@@ -11,6 +11,7 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "volt/strategies/strategy.h"
 
@@ -47,6 +48,14 @@ inline std::string broadcast_string(const Strategy& strategy, const std::string&
   bytes = strategy.broadcast(bytes, src);
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
                      static_cast<size_t>(bytes.numel()));
+}
+
+/// The least and the most of `n` over the ranks of `strategy` (one reduction of {n, -n}; `n`
+/// twice for one process). Collective: every rank calls it.
+inline std::pair<int64_t, int64_t> min_max_over_ranks(Strategy& strategy, int64_t n) {
+  if (strategy.world_size() == 1) return {n, n};
+  const at::Tensor most = strategy.reduce(at::tensor({n, -n}, at::kLong), Reduce::kMax);
+  return {-most[1].item<int64_t>(), most[0].item<int64_t>()};
 }
 
 }  // namespace volt::detail

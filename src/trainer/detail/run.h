@@ -39,6 +39,8 @@ class OptimizationStep;
 using Clock = std::chrono::steady_clock;
 
 /// Which part of the loop is running: decides Module::log's on_step/on_epoch defaults.
+/// kTrainEpochEnd: on_train_start and a training epoch's start and end hooks (epoch values only);
+/// kEval: a validation/test pass (on_step only inside its batches).
 enum class LogScope { kNone, kTrainStep, kTrainEpochEnd, kEval, kDiscard };
 
 class Run : public RunContext {
@@ -157,9 +159,13 @@ class Run : public RunContext {
   /// The names logged during an evaluation pass's loaders' batches, each with its loader: how a
   /// pass's values are split per loader, and how one name logged from two loaders is caught.
   std::map<std::string, int64_t> eval_key_loader;
+  /// Per evaluation loader, its batches run (sanity check aside) in this entry point: the step
+  /// of the rows its batches' on_step values go to (Lightning's _seen_batches_per_dataloader).
+  std::map<int64_t, int64_t> eval_batches_seen;
   int64_t current_batch_size = 1;
-  Metrics epoch_metrics;  // reduced epoch values (host) visible to callbacks
-  Metrics logged;         // last values sent to loggers
+  bool barebones_log_warned = false;  // Module::log under barebones said once per Trainer
+  Metrics epoch_metrics;              // reduced epoch values (host) visible to callbacks
+  Metrics logged;                     // last values sent to loggers
   Metrics prog_bar_epoch;
   /// Names logged with on_step and on_epoch since the last training epoch's reduction: their
   /// plain name in callback_metrics() is the latest step value ("x_step") until the epoch's mean
@@ -389,9 +395,19 @@ class Run : public RunContext {
   void refresh_cache() const;
   int64_t log_step() const { return std::max<int64_t>(st.global_step - 1, 0); }
   /// Rank 0 sends `m` to the loggers as Lightning's LoggerConnector.log_metrics: a logged "step"
-  /// value is the row's step (not a column); otherwise the row is at log_step() and carries the
-  /// epoch.
-  void send_to_loggers(const Metrics& m);
+  /// value is the row's step (not a column); otherwise the row is at `at_step` when given (an
+  /// evaluation batch's values), else at log_step() with the epoch.
+  void send_to_loggers(const Metrics& m, c10::optional<int64_t> at_step = c10::nullopt);
+  /// At a training epoch's end: the step values logged in it stay readable (callback_metrics,
+  /// the progress bar) but reach no later row (Lightning resets its step results per epoch; a
+  /// value logged once was repeated in every later row).
+  void end_epoch_step_values();
+  /// Sends the module's saved hyper-parameters to the loggers (rank 0's; none elsewhere), as
+  /// Lightning's Trainer._run does at the start of every entry point, after the restore (a
+  /// resumed logger writes into its restored version folder; logging first would make it open
+  /// the next free one). Sent even when empty: a CSV logger still writes hparams.yaml and its
+  /// folder, as Lightning's writes them when it saves (TensorBoard's hp_metric needs some).
+  void log_hparams();
   /// Writes every logger's buffered rows (Logger::save); a failure is a warning.
   void save_loggers();
   /// Reduces a stage's epoch metrics, makes them visible to monitors and the progress bar and

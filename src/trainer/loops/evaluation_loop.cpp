@@ -110,6 +110,17 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
             "on_validation_batch_end", [&](Module& mm) { mm.on_validation_batch_end(batch, idx); },
             [&](Callback& c) { c.on_validation_batch_end(r, m, batch, idx); });
       }
+      // The batch's on_step values reach the loggers now, at the loader's count of batches run
+      // (over the fit's validation passes; Lightning's update_eval_step_metrics), without an
+      // epoch column; they are not kept for the next batch.
+      if (r.eval_metrics.has_step_values()) {
+        if (!sanity && r.is_global_zero()) {
+          r.send_to_loggers(r.eval_metrics.step_values(true, false),
+                            r.eval_batches_seen[static_cast<int64_t>(d)]);
+        }
+        r.eval_metrics.clear_step();
+      }
+      if (!sanity) ++r.eval_batches_seen[static_cast<int64_t>(d)];
       ++idx;
       if (entry_point) r.check_stop_in_evaluation(/*pass_done=*/false);
     }

@@ -6,6 +6,7 @@
 
 #include "core/detail/log_cadence.h"
 #include "core/detail/numbers.h"
+#include "strategies/detail/agree.h"
 #include "trainer/detail/device_prefetch.h"
 #include "trainer/detail/run.h"
 #include "trainer/loops/optimization_step.h"
@@ -35,13 +36,17 @@ bool validates(const Run& r, const std::vector<DataLoader>& val) {
 // _should_check_val_epoch.
 bool is_val_epoch(const Run& r, const std::vector<DataLoader>& val) {
   if (!validates(r, val)) return false;
-  return r.fast_dev || (r.st.epoch + 1) % r.opts.check_val_every_n_epoch() == 0;
+  const c10::optional<int64_t> every = r.opts.check_val_every_n_epoch();
+  return r.fast_dev || !every || (r.st.epoch + 1) % *every == 0;
 }
 
 bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const std::vector<DataLoader>& val) {
   if (!is_val_epoch(r, val)) return false;
   if (r.fast_dev) return idx + 1 == n;  // Lightning's fast_dev_run sets val_check_interval=1.0
   const Limit& vci = r.opts.val_check_interval();
+  // check_val_every_n_epoch unset: every N batches of the fit, across epochs (Lightning's
+  // total_batch_idx; the count is checkpointed, so a resume keeps the rhythm).
+  if (!r.opts.check_val_every_n_epoch()) return r.st.total_batches_done % vci.count() == 0;
   int64_t every = vci.is_fraction()
                       ? std::max<int64_t>(1, static_cast<int64_t>(std::floor(n * vci.fraction())))
                       : vci.count();
@@ -132,7 +137,8 @@ void check_loaders(const Run& r, const DataLoader& train, const std::vector<Data
   }
   const int64_t n = r.train_limit(train);
   const Limit& vci = r.opts.val_check_interval();
-  VOLT_CHECK(r.fast_dev || n == 0 || !validates(r, val) || vci.is_fraction() || vci.count() <= n,
+  VOLT_CHECK(r.fast_dev || n == 0 || !validates(r, val) || vci.is_fraction() ||
+                 !r.opts.check_val_every_n_epoch() || vci.count() <= n,
              ConfigError, "[Trainer] val_check_interval=", vci.count(), " is more than the ", n,
              " training batches of an epoch, so validation would never run; use a count <= ", n,
              ", a fraction such as 0.5, or limit_val_batches=0 to turn validation off.");
@@ -145,9 +151,8 @@ void check_loaders(const Run& r, const DataLoader& train, const std::vector<Data
 // checks nothing and hangs there).
 int64_t agreed_train_limit(Run& r, const DataLoader& train) {
   const int64_t n = r.train_limit(train);
-  if (r.strategy().world_size() == 1) return n;
-  const at::Tensor most = r.strategy().reduce(at::tensor({n, -n}, at::kLong), Reduce::kMax);
-  const int64_t hi = most[0].item<int64_t>(), lo = -most[1].item<int64_t>();
+  const std::pair<int64_t, int64_t> range = min_max_over_ranks(r.strategy(), n);
+  const int64_t lo = range.first, hi = range.second;
   VOLT_CHECK(lo == hi, ConfigError,
              "[Trainer] the ranks have different numbers of training "
              "batches in epoch ",
@@ -169,6 +174,8 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   const int64_t n = r.train_limit(train);
   st.num_training_batches = n;
   m.train();  // as Lightning 1.x; the epoch-start hooks may put submodules in eval mode again
+  // The epoch-start hooks log into this epoch's values (Lightning allows on_epoch there).
+  r.scope = LogScope::kTrainEpochEnd;
   r.hook(
       "on_train_epoch_start", [&](Module& mm) { mm.on_train_epoch_start(); },
       [&](Callback& c) { c.on_train_epoch_start(r, m); });
@@ -292,6 +299,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   // epoch's values); it waited for the next epoch's reduction, averaged with that epoch's, and
   // the last epoch's never reached the loggers.
   r.flush_epoch(r.train_metrics);
+  r.end_epoch_step_values();
   for (auto& l : r.loggers()) l->save();
   r.scope = LogScope::kNone;
 }
@@ -401,7 +409,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   // fast_dev_run validates once at the epoch's end, as Lightning (is_val_boundary).
   const Limit& every = r.opts.val_check_interval();
   r.st.val_check_at_epoch_end = r.fast_dev || (every.is_fraction() && every.fraction() == 1.0);
-  r.st.val_every_epoch = r.fast_dev || r.opts.check_val_every_n_epoch() == 1;
+  r.st.val_every_epoch = r.fast_dev || r.opts.check_val_every_n_epoch() == int64_t{1};
   prepare(train_loader, val_loaders);
   // reload_dataloaders_every_n_epochs: new loaders from the DataModule at epochs 0, N, 2N...
   const int64_t reload_every = reload ? r.opts.reload_dataloaders_every_n_epochs() : 0;
@@ -490,11 +498,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   if (r.st.accumulated == 0) {
     for (auto& c : r.optimizers) r.strategy().zero_grad(*c.optimizer());
   }
-  // After the restore, as Lightning: a resumed logger writes into its restored version folder,
-  // and logging first would make it open the next free one.
-  if (r.is_global_zero()) {
-    for (auto& l : r.loggers()) l->log_hyperparams(m.hparams());
-  }
+  r.log_hparams();
 
   const c10::optional<int64_t> batch_size = r.data != nullptr ? r.data->batch_size() : c10::nullopt;
   r.hook(
@@ -526,9 +530,12 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
       (max_epochs >= 0 && r.st.epoch + (r.st.epoch_finished ? 1 : 0) >= max_epochs) ||
       stop_requested(r);
   if (!nothing_to_train) {
+    // What on_train_start logs joins the first epoch's values (Lightning allows on_epoch there).
+    r.scope = LogScope::kTrainEpochEnd;
     r.hook(
         "on_train_start", [&](Module& mm) { mm.on_train_start(); },
         [&](Callback& c) { c.on_train_start(r, m); });
+    r.scope = LogScope::kNone;
   }
   // The first epoch's loader was counted and agreed just above; an epoch after it, or a reload,
   // is counted again.
