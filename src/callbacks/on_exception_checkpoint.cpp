@@ -38,7 +38,8 @@ void OnExceptionCheckpoint::teardown(RunContext& run, Module&, Stage) {
   // Lightning's teardown removes the file after an entry point that ended well (its teardown
   // hooks run only then; volt's run after a failure too, which keeps the file). Its run resumed
   // from the file and finished, so a later ckpt_path="last" must not take it back to where the
-  // interruption left it.
+  // interruption left it. Every entry point's, as Lightning's (test the file's weights with
+  // another copy of it, or without this callback, to keep it for the fit that resumes from it).
   if (failed_) return;
   const std::string path = path_for(run.log_dir());
   std::error_code ec;

@@ -157,8 +157,9 @@ void StochasticWeightAveraging::on_fit_start(RunContext& run, Module& module) {
   const Limit& start = options_.swa_epoch_start();
   VOLT_CHECK(max_epochs >= 1 || !start.is_fraction(), ConfigError, kTag,
              " swa_epoch_start as a fraction (", start,
-             ") is not supported when max_epochs=-1; provide swa_epoch_start as an integer "
-             "(the first SWA epoch) or set TrainerOptions::max_epochs.");
+             ") is not supported when max_epochs=", max_epochs,
+             "; provide swa_epoch_start as an integer (the first SWA epoch) or set "
+             "TrainerOptions::max_epochs.");
   swa_start_ =
       start.is_fraction()
           ? std::max<int64_t>(

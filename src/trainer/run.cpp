@@ -91,9 +91,10 @@ void Run::refresh_cache() const {
 
 void Run::log(const std::string& name, const at::Tensor& value, const LogOptions& o) {
   VOLT_CHECK(scope != LogScope::kNone, ConfigError, "[Module] log(\"", name,
-             "\") called outside a step or epoch-end hook; log from training_step, "
-             "validation_step, test_step or an on_*_epoch_end hook.");
-  if (scope == LogScope::kDiscard) return;  // forward_training_data's pass
+             "\") called outside a step or epoch hook; log from training_step, validation_step, "
+             "test_step, their batch hooks, on_train_start or an on_*_epoch_start / "
+             "on_*_epoch_end hook.");
+  if (scope == LogScope::kDiscard || drop_logs) return;  // forward_training_data's pass
   if (opts.barebones()) {
     // Lightning's: a warning and nothing logged, so a module that logs still runs barebones.
     if (!barebones_log_warned && is_global_zero()) {

@@ -549,10 +549,13 @@ TEST(CheckpointIO, LinkCopiesTheFileWhereTheFileSystemHasNoLinks) {
   save_value(dir / "last.ckpt", 9);
   // The filter works: a plain symlink on that thread fails with EPERM.
   int err = 0;
-  ASSERT_EQ(without_symlinks([&] {
-              if (::symlink("a.ckpt", (dir / "probe").c_str()) != 0) err = errno;
-            }),
-            "");
+  const std::string installed = without_symlinks([&] {
+    if (::symlink("a.ckpt", (dir / "probe").c_str()) != 0) err = errno;
+  });
+  if (installed == "<filter not installed>") {
+    GTEST_SKIP() << "this kernel or sandbox refuses seccomp filters";
+  }
+  ASSERT_EQ(installed, "");
   ASSERT_EQ(err, EPERM);
   volt::TorchCheckpointIO io;
   EXPECT_EQ(without_symlinks([&] { io.link(dir / "a.ckpt", dir / "last.ckpt"); }), "");

@@ -11,6 +11,7 @@
 #include "error_text.h"
 #include "log_capture.h"
 #include "manual_module.h"
+#include "save_at.h"
 #include "tiny.h"
 
 namespace {
@@ -1174,9 +1175,9 @@ size_t filled(const std::vector<std::string>& cells) {
 }
 
 // on_step in a validation step (Lightning's fx_validator allows it there and in the batch hooks):
-// one row per batch at the loader's count of batches run over the fit's validation passes, no
-// epoch column, the epoch's mean as "<name>_epoch" and in callback_metrics under the plain name.
-// It was a ConfigError ("only possible inside training_step").
+// one row per batch, no epoch column (at the fit's step in a fit, at the loader's count of
+// batches in validate()), the pass's mean as "<name>_epoch" and in callback_metrics under the
+// plain name. It was a ConfigError ("only possible inside training_step").
 TEST(Trainer, AValidationStepValueLoggedOnStepGoesToTheLoggersAfterEachBatch) {
   struct EvalSteps : TinyClassifier {
     void validation_step(const volt::Batch& b, int64_t i) override {
@@ -1198,15 +1199,22 @@ TEST(Trainer, AValidationStepValueLoggedOnStepGoesToTheLoggersAfterEachBatch) {
     values.push_back(cols.at("vb_step")[row]);
     EXPECT_EQ(cols.at("epoch")[row], "") << "row " << row;
   }
-  // Two passes of 4 batches; the sanity check's 2 batches write nothing.
-  EXPECT_EQ(steps, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7"}));
+  // Two passes of 4 batches at the fit's step (4 batches an epoch: steps 3 and 7); the sanity
+  // check's 2 batches write nothing.
+  EXPECT_EQ(steps, (std::vector<std::string>{"3", "3", "3", "3", "7", "7", "7", "7"}));
   EXPECT_EQ(values, (std::vector<std::string>{"1", "2", "3", "4", "1", "2", "3", "4"}));
   EXPECT_EQ(filled(cols.at("vb_epoch")), 2u);
   EXPECT_DOUBLE_EQ(t.callback_metrics().at("vb"), 2.5);
   EXPECT_EQ(t.callback_metrics().count("vb_step"), 0u);
-  // validate() counts its own batches from 0.
+  // validate() numbers its rows by its own batches from 0 (Lightning's).
   volt::Trainer v(quiet(dir.path).loggers({csv}));
   v.validate(model, volt_test::loader(volt_test::blobs(32, 8, 1), 16, false));
+  const auto after = csv_columns(csv->metrics_path());
+  std::vector<std::string> validate_steps;
+  for (size_t row = cols.at("step").size(); row < after.at("step").size(); ++row) {
+    if (!after.at("vb_step")[row].empty()) validate_steps.push_back(after.at("step")[row]);
+  }
+  EXPECT_EQ(validate_steps, (std::vector<std::string>{"0", "1"}));
   // Not in the pass's start and epoch-end hooks (Lightning's neither).
   struct AtEpochEnd : TinyClassifier {
     void on_validation_epoch_end() override { log("late", 1.0, volt::LogOptions().on_step(true)); }
@@ -1283,6 +1291,28 @@ TEST(Trainer, TheTrainStartAndEpochStartHooksLogEpochValues) {
   EXPECT_EQ(x10, (std::vector<std::string>{"0", "10"}));
   EXPECT_EQ(filled(cols.at("at_start")), 1u);
   EXPECT_DOUBLE_EQ(t.callback_metrics().at("epoch_x10"), 10.0);
+  // A fit resumed in the middle of epoch 1 runs both hooks again: what they log then is dropped
+  // (the checkpoint's epoch values hold epoch 1's), so the epoch sums as in the whole fit.
+  struct Counts : TinyClassifier {
+    void on_train_start() override { log("starts", 1.0, sum()); }
+    void on_train_epoch_start() override { log("epoch_starts", 1.0, sum()); }
+    static volt::LogOptions sum() { return volt::LogOptions().reduce(volt::Reduce::kSum); }
+  };
+  const std::string ckpt = dir / "mid.ckpt";
+  Counts cut;
+  volt::Trainer(
+      quiet(dir / "cut").max_epochs(2).callbacks({std::make_shared<volt_test::SaveAt>(1, 0, ckpt)}))
+      .fit(cut, volt_test::loader(volt_test::blobs(32)));
+  Counts resumed;
+  auto rows = std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(dir / "resumed_logs"));
+  volt::Trainer r(quiet(dir / "resumed").max_epochs(2).loggers({rows}));
+  r.fit(resumed, volt_test::loader(volt_test::blobs(32)), c10::nullopt, ckpt);
+  EXPECT_DOUBLE_EQ(r.callback_metrics().at("epoch_starts"), 1.0);
+  // Its rows are epoch 1's: on_train_start's value belongs to epoch 0, before the checkpoint.
+  const auto resumed_cols = csv_columns(rows->metrics_path());
+  EXPECT_EQ(resumed_cols.count("starts"), 0u);
+  ASSERT_EQ(resumed_cols.count("epoch_starts"), 1u);
+  EXPECT_EQ(filled(resumed_cols.at("epoch_starts")), 1u);
   struct StepAtStart : TinyClassifier {
     void on_train_epoch_start() override { log("s", 1.0, volt::LogOptions().on_step(true)); }
   } step_at_start;

@@ -94,7 +94,8 @@ MetricsTable read_metrics_csv(const std::string& path) {
   for (size_t c = 0; c < header.size(); ++c) {
     if (c == h.step) continue;
     auto& pts = columns[c].points;
-    // Rows are written in step order; a stable sort only guards hand-merged files.
+    // Rows are mostly in step order (a validate() after a fit, or Lightning's validation rows,
+    // start their own count): a stable sort orders each series.
     std::stable_sort(pts.begin(), pts.end(),
                      [](const Point& a, const Point& b) { return a.x < b.x; });
     if (header[c] == "epoch") {

@@ -164,8 +164,10 @@ class Run : public RunContext {
   std::map<int64_t, int64_t> eval_batches_seen;
   int64_t current_batch_size = 1;
   bool barebones_log_warned = false;  // Module::log under barebones said once per Trainer
-  Metrics epoch_metrics;              // reduced epoch values (host) visible to callbacks
-  Metrics logged;                     // last values sent to loggers
+  /// Module::log accepts and drops the values (a resumed fit's start hooks run again).
+  bool drop_logs = false;
+  Metrics epoch_metrics;  // reduced epoch values (host) visible to callbacks
+  Metrics logged;         // last values sent to loggers
   Metrics prog_bar_epoch;
   /// Names logged with on_step and on_epoch since the last training epoch's reduction: their
   /// plain name in callback_metrics() is the latest step value ("x_step") until the epoch's mean

@@ -110,13 +110,16 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
             "on_validation_batch_end", [&](Module& mm) { mm.on_validation_batch_end(batch, idx); },
             [&](Callback& c) { c.on_validation_batch_end(r, m, batch, idx); });
       }
-      // The batch's on_step values reach the loggers now, at the loader's count of batches run
-      // (over the fit's validation passes; Lightning's update_eval_step_metrics), without an
-      // epoch column; they are not kept for the next batch.
+      // The batch's on_step values reach the loggers now, without an epoch column; they are not
+      // kept for the next batch. validate()/test() number the rows by the loader's batches run
+      // (Lightning's update_eval_step_metrics); a fit's validation puts them at the fit's step:
+      // Lightning's count of validation batches over the fit would put them among the training
+      // steps, where a resumed logger drops the rows from the checkpoint's step on.
       if (r.eval_metrics.has_step_values()) {
         if (!sanity && r.is_global_zero()) {
+          const int64_t seen = r.eval_batches_seen[static_cast<int64_t>(d)];
           r.send_to_loggers(r.eval_metrics.step_values(true, false),
-                            r.eval_batches_seen[static_cast<int64_t>(d)]);
+                            r.st.stage == Stage::kFit ? r.log_step() : seen);
         }
         r.eval_metrics.clear_step();
       }

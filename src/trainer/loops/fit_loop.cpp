@@ -174,11 +174,16 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   const int64_t n = r.train_limit(train);
   st.num_training_batches = n;
   m.train();  // as Lightning 1.x; the epoch-start hooks may put submodules in eval mode again
-  // The epoch-start hooks log into this epoch's values (Lightning allows on_epoch there).
+  // The epoch-start hooks log into this epoch's values (Lightning allows on_epoch there), with
+  // the weight of one sample. A mid-epoch resume runs them again: the epoch's values restored
+  // from the checkpoint hold what they logged, so this time it is dropped.
   r.scope = LogScope::kTrainEpochEnd;
+  r.current_batch_size = 1;
+  r.drop_logs = st.batches_done > 0;
   r.hook(
       "on_train_epoch_start", [&](Module& mm) { mm.on_train_epoch_start(); },
       [&](Callback& c) { c.on_train_epoch_start(r, m); });
+  r.drop_logs = false;
   // A hook may have frozen or unfrozen layers (BaseFinetuning); DDP rebuilds its buckets.
   r.check_trainable_parameters();
   // A stop the epoch-start hooks ask for trains no batch of the epoch (Lightning's epoch loop
@@ -530,11 +535,15 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
       (max_epochs >= 0 && r.st.epoch + (r.st.epoch_finished ? 1 : 0) >= max_epochs) ||
       stop_requested(r);
   if (!nothing_to_train) {
-    // What on_train_start logs joins the first epoch's values (Lightning allows on_epoch there).
+    // What on_train_start logs joins the first epoch's values (Lightning allows on_epoch there);
+    // a resumed fit drops it (the uninterrupted fit logged it into its first epoch only).
     r.scope = LogScope::kTrainEpochEnd;
+    r.current_batch_size = 1;
+    r.drop_logs = r.st.total_batches_done > 0;
     r.hook(
         "on_train_start", [&](Module& mm) { mm.on_train_start(); },
         [&](Callback& c) { c.on_train_start(r, m); });
+    r.drop_logs = false;
     r.scope = LogScope::kNone;
   }
   // The first epoch's loader was counted and agreed just above; an epoch after it, or a reload,
