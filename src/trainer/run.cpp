@@ -907,6 +907,7 @@ void Run::reset_metrics() {
   logged.clear();
   plain_from_step.clear();
   eval_batches_seen.clear();
+  drop_logs = false;  // a start hook that threw left it set
   cache_dirty = true;
 }
 
