@@ -90,10 +90,14 @@ void Run::refresh_cache() const {
 }
 
 void Run::log(const std::string& name, const at::Tensor& value, const LogOptions& o) {
-  VOLT_CHECK(scope != LogScope::kNone, ConfigError, "[Module] log(\"", name,
-             "\") called outside a step or epoch hook; log from training_step, validation_step, "
-             "test_step, their batch hooks, on_train_start or an on_*_epoch_start / "
-             "on_*_epoch_end hook.");
+  // Lightning's fx_validator refuses the same places (the end hooks, the mode hooks, set-up,
+  // predict; a checkpoint hook takes the scope of the hook that saves).
+  VOLT_CHECK(scope != LogScope::kNone, ConfigError, "[Module] log(\"", name, "\") called in ",
+             where,
+             ", where nothing can be logged; log from training_step, validation_step, "
+             "test_step, their batch hooks, on_train_start, on_validation_start / on_test_start "
+             "or an on_*_epoch_start / on_*_epoch_end hook (a logger's own methods write "
+             "elsewhere).");
   if (scope == LogScope::kDiscard || drop_logs) return;  // forward_training_data's pass
   if (opts.barebones()) {
     // Lightning's: a warning and nothing logged, so a module that logs still runs barebones.
@@ -374,16 +378,29 @@ bool Run::overfitting() const {
   return o.is_fraction() ? o.fraction() > 0 : o.count() > 0;
 }
 
+int64_t Run::limit_batches(const Limit& limit, int64_t available, const char* option) {
+  VOLT_CHECK(!limit.is_fraction() || limit.fraction() <= 0.0 || available == 0 ||
+                 limit.fraction() * static_cast<double>(available) >= 1.0,
+             ConfigError, "[Trainer] ", option, "=", limit.fraction(), " of a loader of ",
+             available, " batches is less than one batch; raise ", option, " to at least ",
+             1.0 / static_cast<double>(available), " or pass a batch count.");
+  return limit.resolve(available);
+}
+
+// fast_dev_run replaces limit_*_batches (Lightning's _init_debugging_flags; overfit_batches
+// stays the validation's limit then, as there).
 int64_t Run::val_limit(const DataLoader& val) const {
-  const Limit& limit = overfitting() ? opts.overfit_batches() : opts.limit_val_batches();
-  const int64_t n = limit.resolve(val.num_batches());
-  return fast_dev ? std::min(n, opts.fast_dev_run()) : n;
+  const bool over = overfitting();
+  if (fast_dev && !over) return std::min(opts.fast_dev_run(), val.num_batches());
+  return limit_batches(over ? opts.overfit_batches() : opts.limit_val_batches(), val.num_batches(),
+                       over ? "overfit_batches" : "limit_val_batches");
 }
 
 int64_t Run::train_limit(const DataLoader& train) const {
   if (fast_dev) return std::min(opts.fast_dev_run(), train.num_batches());
-  const Limit& limit = overfitting() ? opts.overfit_batches() : opts.limit_train_batches();
-  return limit.resolve(train.num_batches());
+  const bool over = overfitting();
+  return limit_batches(over ? opts.overfit_batches() : opts.limit_train_batches(),
+                       train.num_batches(), over ? "overfit_batches" : "limit_train_batches");
 }
 
 void Run::check_accumulate_grad_batches(int64_t batches) const {
@@ -981,7 +998,7 @@ Metrics Run::flush_epoch(MetricStore& store) {
   for (auto& kv : pb) prog_bar_epoch[kv.first] = kv.second;
   send_to_loggers(lg);
   cache_dirty = true;
-  return reduced;
+  return lg;
 }
 
 std::string Run::failure_context(Stage stage, const std::exception& e) const {

@@ -308,10 +308,13 @@ EvalData start_eval(detail::Run& s, Stage stage, const std::string& ckpt_path,
       d.limits.push_back(s.val_limit(l));
       continue;
     }
-    const Limit& limit =
-        stage == Stage::kTest ? s.opts.limit_test_batches() : s.opts.limit_predict_batches();
-    const int64_t n = limit.resolve(l.num_batches());
-    d.limits.push_back(s.fast_dev ? std::min(n, s.opts.fast_dev_run()) : n);
+    // fast_dev_run replaces the limit (Lightning's _init_debugging_flags).
+    const bool test = stage == Stage::kTest;
+    d.limits.push_back(
+        s.fast_dev ? std::min(s.opts.fast_dev_run(), l.num_batches())
+                   : detail::Run::limit_batches(
+                         test ? s.opts.limit_test_batches() : s.opts.limit_predict_batches(),
+                         l.num_batches(), test ? "limit_test_batches" : "limit_predict_batches"));
   }
   return d;
 }

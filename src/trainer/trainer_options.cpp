@@ -84,10 +84,10 @@ void TrainerOptions::validate() const {
   limit_predict_batches_.validate("limit_predict_batches");
   overfit_batches_.validate("overfit_batches");
   val_check_interval_.validate("val_check_interval");
-  VOLT_CHECK(val_check_interval_.is_fraction() ? val_check_interval_.fraction() > 0
-                                               : val_check_interval_.count() > 0,
-             ConfigError, "[Trainer] val_check_interval=", val_check_interval_,
-             " must be > 0; to skip validation use limit_val_batches=0.");
+  // A fraction of 0.0 validates after every batch (Lightning's max(1, int(batches * 0.0))).
+  VOLT_CHECK(val_check_interval_.is_fraction() || val_check_interval_.count() > 0, ConfigError,
+             "[Trainer] val_check_interval=", val_check_interval_,
+             " batches must be > 0; to skip validation use limit_val_batches=0.");
   VOLT_CHECK(!check_val_every_n_epoch_ || *check_val_every_n_epoch_ >= 1, ConfigError,
              "[Trainer] check_val_every_n_epoch=", *check_val_every_n_epoch_,
              " must be >= 1, or unset (None) to count val_check_interval over the whole fit.");

@@ -144,6 +144,16 @@ TEST(Resolve, TrainerNullsAreDefaultsAndCheckValEveryNEpochTakesNone) {
   // Elsewhere a null is still refused where a value is needed.
   EXPECT_NE(error_of("model: {width: null}\n", r).find("is null but must be int"),
             std::string::npos);
+  // fast_dev_run: true / false is Lightning's 1 / 0 (a bool was refused as not an int).
+  c = resolve_text("model: {width: 8}\ntrainer: {fast_dev_run: true}\n", r);
+  EXPECT_EQ(volt::detail::trainer_options(c.trainer).fast_dev_run(), 1);
+  c = resolve_text("model: {width: 8}\ntrainer: {fast_dev_run: False}\n", r);
+  EXPECT_EQ(volt::detail::trainer_options(c.trainer).fast_dev_run(), 0);
+  c = resolve_text("model: {width: 8}\ntrainer: {fast_dev_run: 3}\n", r);
+  EXPECT_EQ(volt::detail::trainer_options(c.trainer).fast_dev_run(), 3);
+  EXPECT_NE(
+      error_of("model: {width: 8}\ntrainer: {fast_dev_run: \"true\"}\n", r).find("fast_dev_run"),
+      std::string::npos);
 }
 
 TEST(Resolve, NumbersKeepIntVersusFloat) {

@@ -181,6 +181,32 @@ TEST(OverfitBatches, EveryEpochTrainsOnTheSameFirstBatchesUnshuffled) {
   model.val_batches = 0;
   t.validate(model, volt_test::loader(volt_test::blobs(160, 8, 1), 16, false));
   EXPECT_EQ(model.val_batches, 3);
+
+  // A shuffled validation loader validates on its first batches in order too (Lightning's
+  // _resolve_overfit_batches turns its shuffling off in fit, with a warning); it shuffled.
+  struct FirstValRows : volt::Callback {
+    std::string state_key() const override { return "FirstValRows"; }
+    void on_validation_batch_start(volt::RunContext&, volt::Module&, const volt::Batch& b,
+                                   int64_t) override {
+      rows.push_back(b.input.clone());
+    }
+    std::vector<torch::Tensor> rows;
+  };
+  auto val_rows = std::make_shared<FirstValRows>();
+  const auto val = volt_test::blobs(160, 8, 1);
+  CountingClassifier again;
+  volt::Trainer shuffled(quiet(dir.path).max_epochs(2).overfit_batches(2).callbacks({val_rows}));
+  const auto shuffled_lines = volt_test::capture_logs([&] {
+    shuffled.fit(again, volt_test::loader(train, 16, false), volt_test::loader(val, 16, true));
+  });
+  ASSERT_EQ(val_rows->rows.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(
+        torch::equal(val_rows->rows[i], val->inputs().slice(0, (i % 2) * 16, (i % 2 + 1) * 16)))
+        << "validation batch " << i;
+  }
+  EXPECT_TRUE(volt_test::has(shuffled_lines,
+                             "the validation DataLoader shuffles; turning its shuffling off"));
 }
 
 TEST(OverfitBatches, AFractionOfTheLoaderAndTheModelFitsThoseBatches) {
@@ -206,6 +232,51 @@ TEST(OverfitBatches, AFractionOfTheLoaderAndTheModelFitsThoseBatches) {
               volt::TrainerOptions().overfit_batches(-2).validate();
             }).find("overfit_batches=-2"),
             std::string::npos);
+}
+
+// Lightning's _parse_num_batches: a fraction that leaves no batch of a non-empty loader is an
+// error naming the option and the least fraction that would run one (volt ran 1 batch).
+TEST(LimitBatches, AFractionBelowOneBatchIsAConfigErrorNamingTheLeastThatWorks) {
+  volt_test::TempDir dir;
+  const auto train = [] { return volt_test::loader(volt_test::blobs(128), 16, false); };     // 8
+  const auto val = [] { return volt_test::loader(volt_test::blobs(64, 8, 1), 16, false); };  // 4
+  struct Case {
+    volt::TrainerOptions opts;
+    const char* entry;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {quiet(dir.path).limit_train_batches(0.1), "fit",
+       "limit_train_batches=0.1 of a loader of 8 batches is less than one batch; raise "
+       "limit_train_batches to at least 0.125"},
+      {quiet(dir.path).limit_val_batches(0.2), "fit", "limit_val_batches=0.2 of a loader of 4"},
+      {quiet(dir.path).overfit_batches(0.1), "fit", "overfit_batches=0.1 of a loader of "},
+      {quiet(dir.path).limit_val_batches(0.2), "validate", "limit_val_batches=0.2"},
+      {quiet(dir.path).limit_test_batches(0.2), "test", "limit_test_batches=0.2"},
+      {quiet(dir.path).limit_predict_batches(0.2), "predict", "limit_predict_batches=0.2"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expected);
+    TinyClassifier model;
+    volt::Trainer t(volt::TrainerOptions(c.opts).max_epochs(1));
+    const std::string entry = c.entry;
+    const std::string error = volt_test::error_of<volt::ConfigError>([&] {
+      if (entry == "fit") t.fit(model, train(), val());
+      if (entry == "validate") t.validate(model, val());
+      if (entry == "test") t.test(model, val());
+      if (entry == "predict") t.predict(model, val());
+    });
+    EXPECT_NE(error.find(c.expected), std::string::npos) << error;
+  }
+  // The least fraction that works runs its one batch; 0.0 runs none, as Lightning.
+  TinyClassifier model;
+  auto rec = std::make_shared<BatchRecorder>();
+  volt::Trainer t(
+      quiet(dir.path).max_epochs(1).limit_train_batches(0.125).limit_val_batches(0.0).callbacks(
+          {rec}));
+  t.fit(model, train(), val());
+  ASSERT_EQ(rec->epochs.size(), 1u);
+  EXPECT_EQ(rec->epochs.front().size(), 1u);
 }
 
 /// Its loss is finite, but backward makes a NaN gradient: sqrt'(0) = inf, times 0.

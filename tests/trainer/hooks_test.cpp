@@ -10,6 +10,7 @@
 #include "error_text.h"
 #include "log_capture.h"
 #include "requires.h"
+#include "save_at.h"
 #include "tiny.h"
 
 namespace {
@@ -789,6 +790,56 @@ TEST(Hooks, TheSanityCheckRunsTheValidationEpochHooksAndDropsWhatTheyLog) {
   const auto logged = logger->with("val_seen");
   ASSERT_EQ(logged.size(), 1u);  // the sanity check's value went nowhere
   EXPECT_EQ(logged[0].second.at("val_seen"), 3.0);
+}
+
+// Lightning's _run_sanity_check skips the check when its loops restart: a resume from a
+// checkpoint written while a fit's loop ran (at a batch or an epoch end: ModelCheckpoint's), or
+// any resume under max_steps. A checkpoint saved after the fit ended resumes with the check.
+TEST(Hooks, TheSanityCheckIsSkippedOnAResumeFromInsideAFitAsLightnings) {
+  class CountsSanity : public volt::Callback {
+   public:
+    std::string state_key() const override { return "CountsSanity"; }
+    void on_sanity_check_start(volt::RunContext&, volt::Module&) override { ++checks; }
+    int checks = 0;
+  };
+  volt_test::TempDir dir;
+  const std::string at_batch = dir.path + "/batch.ckpt", at_epoch = dir.path + "/epoch.ckpt",
+                    after = dir.path + "/after.ckpt";
+  auto options = [&] {
+    return volt_test::quiet(dir.path)
+        .num_sanity_val_steps(1)
+        .limit_train_batches(int64_t{3})
+        .limit_val_batches(int64_t{2});
+  };
+  auto train = [] { return volt_test::loader(volt_test::blobs(64)); };
+  auto val = [] { return volt_test::loader(volt_test::blobs(64, 8, 1)); };
+  {
+    volt_test::TinyClassifier model;
+    auto counts = std::make_shared<CountsSanity>();
+    volt::Trainer first(options().max_epochs(2).callbacks(
+        {counts, std::make_shared<volt_test::SaveAt>(0, 1, at_batch),
+         std::make_shared<volt_test::SaveAt>(0, -1, at_epoch)}));
+    first.fit(model, train(), val());
+    first.save_checkpoint(after);
+    EXPECT_EQ(counts->checks, 1);
+  }
+  struct Case {
+    std::string ckpt;
+    bool max_steps;
+    int checks;
+  };
+  for (const Case& c : {Case{at_batch, false, 0}, Case{at_epoch, false, 0}, Case{after, false, 1},
+                        Case{after, true, 0}}) {
+    SCOPED_TRACE(c.ckpt + (c.max_steps ? " with max_steps" : ""));
+    volt_test::TinyClassifier model;
+    auto counts = std::make_shared<CountsSanity>();
+    auto opts = options().max_epochs(3).callbacks({counts});
+    if (c.max_steps) opts.max_steps(9);
+    volt::Trainer resumed(opts);
+    resumed.fit(model, train(), val(), c.ckpt);
+    EXPECT_EQ(counts->checks, c.checks);
+    EXPECT_EQ(resumed.state().global_step, 9);  // the resume trained on either way
+  }
 }
 
 /// Brings its own callbacks.

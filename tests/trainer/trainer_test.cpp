@@ -123,6 +123,19 @@ TEST(Trainer, LimitsStepsAndValidationSchedule) {
               (std::vector<std::string>{"epoch_start", "val@5", "val@10", "epoch_end"}));
   }
   {
+    // 0.0 validates after every batch (Lightning's max(1, int(batches * 0.0))); it was refused.
+    TinyClassifier model;
+    auto rec = std::make_shared<Recorder>();
+    volt::Trainer t(quiet(dir.path)
+                        .max_epochs(1)
+                        .limit_train_batches(int64_t{3})
+                        .val_check_interval(0.0)
+                        .callbacks({rec}));
+    t.fit(model, volt_test::loader(train), volt_test::loader(val));
+    EXPECT_EQ(rec->events,
+              (std::vector<std::string>{"epoch_start", "val@1", "val@2", "val@3", "epoch_end"}));
+  }
+  {
     TinyClassifier model;
     auto rec = std::make_shared<Recorder>();
     volt::Trainer t(
@@ -629,6 +642,22 @@ TEST(Trainer, FastDevRunWritesNothing) {
   while (dirent* e = readdir(d)) entries += e->d_name[0] != '.';
   closedir(d);
   EXPECT_EQ(entries, 0);
+  // It replaces the limits, as Lightning's: limit_*_batches=0 still runs its batches.
+  TinyClassifier again;
+  auto rec2 = std::make_shared<Recorder>();
+  volt::Trainer limited(quiet(dir.path)
+                            .fast_dev_run(2)
+                            .limit_train_batches(int64_t{0})
+                            .limit_val_batches(int64_t{0})
+                            .limit_test_batches(int64_t{0})
+                            .limit_predict_batches(0.01)  // would be refused as below one batch
+                            .callbacks({rec2}));
+  limited.fit(again, volt_test::loader(volt_test::blobs(160)),
+              volt_test::loader(volt_test::blobs(64)));
+  EXPECT_EQ(rec2->batches, 2);
+  EXPECT_EQ(rec2->validations, 1);
+  EXPECT_EQ(limited.test(again, volt_test::loader(volt_test::blobs(64))).count("test_acc"), 1u);
+  EXPECT_EQ(limited.predict(again, volt_test::loader(volt_test::blobs(64))).size(), 2u);
 }
 
 TEST(Trainer, MaxTimeStops) {
@@ -1325,6 +1354,82 @@ TEST(Trainer, TheTrainStartAndEpochStartHooksLogEpochValues) {
 
 // Lightning's: log() without a Trainer (a unit test calling training_step) warns and logs
 // nothing; a name that holds "/dataloader_idx_" while add_dataloader_idx is on is refused.
+// Lightning's fx_validator refuses log() in the end hooks, the evaluation mode hooks and the
+// fit's start/end hooks; volt dropped what on_validation_end / on_test_end and the mode hooks
+// logged. The error names the hook.
+TEST(Trainer, LoggingInAnEndOrModeHookIsAConfigErrorNamingIt) {
+  struct LogsIn : TinyClassifier {
+    explicit LogsIn(std::string h) : hook(std::move(h)) {}
+    void maybe(const char* here) {
+      if (hook == here) log("x", 1.0);
+    }
+    void on_validation_end() override { maybe("on_validation_end"); }
+    void on_test_end() override { maybe("on_test_end"); }
+    void on_validation_model_eval() override {
+      maybe("on_validation_model_eval");
+      TinyClassifier::on_validation_model_eval();
+    }
+    void on_validation_model_train() override {
+      maybe("on_validation_model_train");
+      TinyClassifier::on_validation_model_train();
+    }
+    void on_test_model_eval() override {
+      maybe("on_test_model_eval");
+      TinyClassifier::on_test_model_eval();
+    }
+    void on_fit_start() override { maybe("on_fit_start"); }
+    void on_train_end() override { maybe("on_train_end"); }
+    std::string hook;
+  };
+  for (const char* hook :
+       {"on_validation_end", "on_validation_model_eval", "on_validation_model_train",
+        "on_fit_start", "on_train_end", "on_test_end", "on_test_model_eval"}) {
+    SCOPED_TRACE(hook);
+    volt_test::TempDir dir;
+    LogsIn model(hook);
+    volt::Trainer t(quiet(dir.path).max_epochs(1).limit_train_batches(int64_t{2}));
+    const std::string h = hook;
+    const std::string error = volt_test::error_of<volt::ConfigError>([&] {
+      if (h.find("test") != std::string::npos) {
+        t.test(model, volt_test::loader(volt_test::blobs(32)));
+      } else {
+        t.fit(model, volt_test::loader(volt_test::blobs(32)),
+              volt_test::loader(volt_test::blobs(32)));
+      }
+    });
+    EXPECT_NE(error.find("log(\"x\") called in " + h + ", where nothing can be logged"),
+              std::string::npos)
+        << error;
+  }
+}
+
+// As Lightning's metrics["log"]: validate() and test() return what the loggers get; a value
+// logged with logger(false) is in callback_metrics() (and the progress bar's) only.
+TEST(Trainer, ValidateAndTestReturnWhatTheLoggersGet) {
+  struct Logs : TinyClassifier {
+    void validation_step(const volt::Batch& b, int64_t i) override {
+      TinyClassifier::validation_step(b, i);
+      log("shown", 2.0, volt::LogOptions().logger(false).prog_bar(true));
+    }
+    void test_step(const volt::Batch& b, int64_t i) override {
+      TinyClassifier::test_step(b, i);
+      log("hidden", 3.0, volt::LogOptions().logger(false));
+      log("kept", 4.0);
+    }
+  };
+  volt_test::TempDir dir;
+  Logs model;
+  volt::Trainer t(quiet(dir.path));
+  const volt::Metrics val = t.validate(model, volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(val.count("shown"), 0u);
+  EXPECT_EQ(val.count("val_loss"), 1u);
+  EXPECT_DOUBLE_EQ(t.callback_metrics().at("shown"), 2.0);
+  const volt::Metrics test = t.test(model, volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(test.count("hidden"), 0u);
+  EXPECT_DOUBLE_EQ(test.at("kept"), 4.0);
+  EXPECT_DOUBLE_EQ(t.callback_metrics().at("hidden"), 3.0);
+}
+
 TEST(Module, LogWithoutATrainerWarnsAndANameMayNotNameItsLoader) {
   TinyClassifier model;
   const auto lines = volt_test::capture_logs([&] {

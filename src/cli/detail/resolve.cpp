@@ -580,7 +580,7 @@ Params trainer_params(const Registry& reg) {
       .add("num_sanity_val_steps", d.num_sanity_val_steps(),
            "validation batches before training; -1 = all")
       .add("fast_dev_run", d.fast_dev_run(),
-           "N > 0: run N batches of each stage once, no logs/checkpoints")
+           "N > 0 (or true: 1): run N batches of each stage once, no logs/checkpoints")
       .number("overfit_batches", limit(d.overfit_batches()),
               "debug: train on the same batches every epoch, count or fraction; 0 = off")
       .add("accumulate_grad_batches", d.accumulate_grad_batches(), "batches per optimizer step")
@@ -776,6 +776,15 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
     ConfigNode& devices = *edited().find("devices");
     devices.scalar = "-1";
     devices.quoted = false;
+  }
+  // fast_dev_run: true / false is Lightning's spelling of 1 / 0.
+  if (const ConfigNode* fd = t != nullptr && t->is_map() ? t->find("fast_dev_run") : nullptr;
+      fd != nullptr && fd->is_scalar() && !fd->quoted) {
+    bool on = false;
+    if (parse_bool(fd->scalar, &on)) {
+      ConfigNode& n = *edited().find("fast_dev_run");
+      n.scalar = on ? "1" : "0";
+    }
   }
   if (const ConfigNode* mt = t != nullptr && t->is_map() ? t->find("max_time") : nullptr;
       lightning_duration(mt)) {

@@ -181,6 +181,13 @@ class Run : public RunContext {
   /// When this fit attempt started training, and when it ended (unset while it runs).
   Clock::time_point fit_start;
   c10::optional<Clock::time_point> fit_end;
+  /// The fit's loop has ended (its on_train_end / on_fit_end and after): a checkpoint written
+  /// then records it, and a fit resumed from it runs the sanity check again (Lightning's loops
+  /// are not "restarting" then).
+  bool fit_loop_ended = false;
+  /// This fit restored a checkpoint written while a fit's loop ran (Lightning's restarting
+  /// validation loop, which skips the sanity check).
+  bool resumed_mid_fit = false;
   bool fast_dev = false;
   Profiler* prof = nullptr;           // opts.profiler(), or null
   PassThroughProfiler pass_through_;  // profiler() when prof is null
@@ -316,6 +323,9 @@ class Run : public RunContext {
   // ---------------------------------------------------------------- setup and limits
   int64_t resolved_max_epochs() const;
   int64_t val_limit(const DataLoader& val) const;
+  /// `limit` of a loader of `available` batches; a fraction that leaves no batch of a non-empty
+  /// loader is a ConfigError naming `option` (Lightning's _parse_num_batches).
+  static int64_t limit_batches(const Limit& limit, int64_t available, const char* option);
   /// overfit_batches is on (a count or fraction above 0).
   bool overfitting() const;
   /// The training batches per epoch of `train` after fast_dev_run, overfit_batches and
@@ -413,7 +423,8 @@ class Run : public RunContext {
   /// Writes every logger's buffered rows (Logger::save); a failure is a warning.
   void save_loggers();
   /// Reduces a stage's epoch metrics, makes them visible to monitors and the progress bar and
-  /// sends them to the loggers; returns them.
+  /// sends them to the loggers; returns those sent (not the ones logged with logger(false)): an
+  /// evaluation entry point's result, as Lightning's metrics["log"].
   Metrics flush_epoch(MetricStore& store);
 
   /// Runs `body` as entry point `stage`: sets the run up, and on any exception tells callbacks

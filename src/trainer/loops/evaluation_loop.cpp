@@ -44,6 +44,9 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   // was still the training step's: the value went to the evaluation store's step values, which
   // nothing reads, and was lost; in validate() it was refused).
   const auto start_hooks_scope = [&] { r.scope = LogScope::kEval; };
+  // Nothing is logged in the mode hooks and the end hooks (Lightning's fx_validator refuses
+  // them; volt dropped the values).
+  r.scope = LogScope::kNone;
   if (is_test) {
     r.module_hook("on_test_model_eval", [&](Module& mm) { mm.on_test_model_eval(); });
     start_hooks_scope();
@@ -161,6 +164,7 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   if (is_test) {
     r.callback_hook("on_test_epoch_end", [&](Callback& c) { c.on_test_epoch_end(r, m); });
     flush_callbacks_values();
+    r.scope = LogScope::kNone;
     r.hook(
         "on_test_end", [&](Module& mm) { mm.on_test_end(); },
         [&](Callback& c) { c.on_test_end(r, m); });
@@ -169,6 +173,7 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
     r.callback_hook("on_validation_epoch_end",
                     [&](Callback& c) { c.on_validation_epoch_end(r, m); });
     flush_callbacks_values();
+    r.scope = LogScope::kNone;
     r.hook(
         "on_validation_end", [&](Module& mm) { mm.on_validation_end(); },
         [&](Callback& c) { c.on_validation_end(r, m); });

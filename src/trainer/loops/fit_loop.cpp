@@ -113,16 +113,17 @@ void validate_now(Run& r, std::vector<DataLoader>& val) {
   evaluation_loop(r, Stage::kValidate, val, val_limits(r, val));
 }
 
-// overfit_batches trains on the same batches every epoch: the training loader without its
-// shuffling (as Lightning, which warns when it turns it off).
-DataLoader unshuffled_for_overfitting(const Run& r, const DataLoader& train) {
-  if (!train.options().shuffle()) return train;
+// overfit_batches trains and validates on the same batches every epoch: the fit's loaders
+// without their shuffling (as Lightning's _resolve_overfit_batches, which warns when it turns it
+// off). `which` is "training" or "validation".
+DataLoader unshuffled_for_overfitting(const Run& r, const DataLoader& loader, const char* which) {
+  if (!loader.options().shuffle()) return loader;
   if (r.is_global_zero()) {
-    log_warning("Trainer",
-                "overfit_batches: the training DataLoader shuffles; turning its shuffling off so "
-                "that every epoch trains on the same batches.");
+    log_warning("Trainer", std::string("overfit_batches: the ") + which +
+                               " DataLoader shuffles; turning its shuffling off so that every "
+                               "epoch uses the same batches.");
   }
-  return train.with_shuffle(false);
+  return loader.with_shuffle(false);
 }
 
 // Before anything runs, as Lightning's data set-up: a loader without batches trains nothing
@@ -314,6 +315,9 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
 void sanity_check(Run& r, std::vector<DataLoader>& val) {
   const int64_t sanity_steps = r.fast_dev ? 0 : r.opts.num_sanity_val_steps();
   if (sanity_steps == 0 || !validates(r, val)) return;
+  // Lightning skips it when its loops restart: a resume from a checkpoint written while a fit's
+  // loop ran (ModelCheckpoint's, OnExceptionCheckpoint's), or any resume under max_steps.
+  if (!r.started_from.empty() && (r.resumed_mid_fit || r.opts.max_steps() >= 0)) return;
   // num_sanity_val_steps batches of each loader, as Lightning.
   std::vector<int64_t> limits = val_limits(r, val);
   if (sanity_steps > 0) {
@@ -404,9 +408,11 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   std::vector<DataLoader> val;
   // The loaders as the loop runs them: sharded over the ranks, unshuffled when overfitting.
   const auto prepare = [&](const DataLoader& t, const std::vector<DataLoader>& v) {
-    train = r.shard(r.overfitting() ? unshuffled_for_overfitting(r, t) : t);
+    train = r.shard(r.overfitting() ? unshuffled_for_overfitting(r, t, "training") : t);
     val.clear();
-    for (const auto& l : v) val.push_back(r.shard(l));
+    for (const auto& l : v) {
+      val.push_back(r.shard(r.overfitting() ? unshuffled_for_overfitting(r, l, "validation") : l));
+    }
     check_loaders(r, train, val);
     r.st.num_val_batches = 0;
     for (int64_t n : val_limits(r, val)) r.st.num_val_batches += n;
@@ -465,6 +471,8 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   r.reset_metrics();
   r.fit_start = Clock::now();
   r.fit_end.reset();
+  r.fit_loop_ended = false;
+  r.resumed_mid_fit = false;
   // A process of a restarted attempt resumes where the job's last checkpoint is; rank 0's choice
   // counts (another node's process may not have found it, or found a stale one), and without
   // one the attempt starts where fit() was asked to.
@@ -602,6 +610,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
     }
   }
   r.fit_end = Clock::now();  // a checkpoint saved after fit counts the training time only
+  r.fit_loop_ended = true;
   if (!nothing_to_train) {
     r.hook(
         "on_train_end", [&](Module& mm) { mm.on_train_end(); },
