@@ -37,7 +37,8 @@ struct Field {
 
 /// Splits a template into fields; `tail` receives the text after the last one.
 std::vector<Field> parse_template(const std::string& tmpl, std::string* tail) {
-  static const std::regex field(R"(\{([A-Za-z0-9_/.\-]+)(?::([^}]*))?\})");
+  // Any name up to ":" or "}" (Lightning's `(\{.*?)[:\}]`): "{acc@1}" names the metric "acc@1".
+  static const std::regex field(R"(\{([^{}:]+)(?::([^}]*))?\})");
   std::vector<Field> out;
   std::string rest = tmpl;
   std::smatch m;
@@ -51,6 +52,21 @@ std::vector<Field> parse_template(const std::string& tmpl, std::string* tail) {
 
 bool is_int_field(const std::string& name) {
   return name == "epoch" || name == "step";
+}
+
+// Lightning's _monitor_candidates: the logged metrics with "epoch" and "step" (a logged value of
+// either, truncated to an integer, else the loop's counter), so monitor="step" keeps the newest
+// checkpoints and the filename's {epoch} / {step} take a logged value.
+Metrics monitor_candidates(const RunContext& run) {
+  Metrics m = run.callback_metrics();
+  const auto counter = [&](const char* name, int64_t loop) {
+    const auto it = m.find(name);
+    m[name] = it != m.end() && std::isfinite(it->second) ? std::trunc(it->second)
+                                                         : static_cast<double>(loop);
+  };
+  counter("epoch", run.state().epoch);
+  counter("step", run.state().global_step);
+  return m;
 }
 
 // Python semantics, which Lightning's templates follow: an integer with a float presentation
@@ -140,6 +156,10 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
   VOLT_CHECK(std::isfinite(options_.train_time_interval()) && options_.train_time_interval() >= 0,
              ConfigError, "[ModelCheckpoint] train_time_interval=", options_.train_time_interval(),
              " is not a number of seconds >= 0 (0 = off).");
+  VOLT_CHECK(options_.every_n_train_steps() == 0 || options_.every_n_epochs().value_or(0) == 0,
+             ConfigError, "[ModelCheckpoint] every_n_train_steps=", options_.every_n_train_steps(),
+             " and every_n_epochs=", *options_.every_n_epochs(),
+             " are mutually exclusive (as Lightning); keep one.");
   VOLT_CHECK(options_.train_time_interval() == 0 || (options_.every_n_train_steps() == 0 &&
                                                      options_.every_n_epochs().value_or(0) == 0),
              ConfigError, "[ModelCheckpoint] train_time_interval=", options_.train_time_interval(),
@@ -242,6 +262,11 @@ void ModelCheckpoint::on_fit_start(RunContext& run, Module& module) {
     for (std::string* p : {&best_model_path_, &last_model_path_, &latest_path_}) {
       if (!p->empty()) *p = absolute_folder(*p);
     }
+    // Before session 107 an unmonitored callback kept its files at score 0: none now.
+    if (options_.monitor().empty()) {
+      best_k_models_.clear();
+      saved_order_.clear();
+    }
   }
   restored_dirpath_.clear();
   validated_ = false;
@@ -281,9 +306,9 @@ std::string ModelCheckpoint::format_filename(const Metrics& metrics, int64_t epo
   for (const Field& f : parse_template(options_.filename(), &tail)) {
     double value;
     bool missing = false;  // Lightning's missing field is torch.tensor(0): "0" without a spec
-    if (f.name == "epoch") {
+    if (f.name == "epoch" && metrics.count("epoch") == 0) {
       value = static_cast<double>(epoch);
-    } else if (f.name == "step") {
+    } else if (f.name == "step" && metrics.count("step") == 0) {
       value = static_cast<double>(step);
     } else {
       auto it = metrics.find(f.name);
@@ -319,10 +344,12 @@ void ModelCheckpoint::save(RunContext& run, bool last_only) {
   if (st.global_step == last_saved_step_ && st.epoch == last_saved_epoch_) return;
   // As Lightning (its last saved step starts at 0): no steps taken, nothing to save.
   if (st.global_step == 0 && !last_only) return;
-  const Metrics& metrics = run.callback_metrics();
+  const Metrics metrics = monitor_candidates(run);
   c10::optional<double> score;
   bool ranked = !last_only;  // false: only last.ckpt is written (the monitor may be missing)
-  if (ranked && !options_.monitor().empty()) {
+  // With save_top_k 0 nothing is ranked: a missing monitor is no error (Lightning returns before
+  // looking it up), last.ckpt is written.
+  if (ranked && !options_.monitor().empty() && options_.save_top_k() != 0) {
     auto it = metrics.find(options_.monitor());
     if (it == metrics.end()) {
       // As Lightning: an error once a validation has run (the metric will never come), a
@@ -391,17 +418,17 @@ void ModelCheckpoint::save(RunContext& run, bool last_only) {
   };
   if (k != 0) {
     if (!score) {
-      // No monitor: keep the latest checkpoint (k == 1) or all of them (k == -1).
-      const std::string previous = k == 1 ? latest_path_ : "";
+      // No monitor (Lightning's _save_none_monitor_checkpoint): best_model_path names the newest
+      // file and no score is kept (best_model_score() is none, best_k_models() empty); a name
+      // the template repeats takes the newest file's place; k == 1 deletes the previous file.
+      const std::string previous = latest_path_;
       const std::string path = free_path(run, stem, previous);
       const auto before = state();
-      if (!previous.empty()) forget(previous);
-      keep(path, 0.0);
       latest_path_ = path;
       best_model_path_ = path;
       name_last();
       write(path, before);
-      if (!previous.empty() && previous != path) evict(previous);
+      if (k == 1 && !previous.empty() && previous != path) evict(previous);
     } else {
       double s = *score;
       if (std::isnan(s)) {
@@ -487,14 +514,15 @@ std::string ModelCheckpoint::best_kept() const {
 }
 
 void ModelCheckpoint::remove_kept(RunContext& run, const std::string& path) const {
-  // Lightning's _should_remove_checkpoint: never the file the run started from.
+  // Lightning's _should_remove_checkpoint: never the file the run started from, nor one outside
+  // this callback's folder (a path a resumed state holds may name another run's file).
+  std::error_code ec;
+  const auto a = std::filesystem::absolute(path, ec).lexically_normal();
   const std::string started = run.ckpt_path();
-  if (!started.empty()) {
-    std::error_code ec;
-    const auto a = std::filesystem::absolute(path, ec).lexically_normal();
-    const auto b = std::filesystem::absolute(started, ec).lexically_normal();
-    if (a == b) return;
-  }
+  if (!started.empty() && a == std::filesystem::absolute(started, ec).lexically_normal()) return;
+  const auto inside =
+      a.lexically_relative(std::filesystem::absolute(dirpath_, ec).lexically_normal());
+  if (inside.empty() || *inside.begin() == "..") return;
   run.remove_checkpoint(path);
 }
 
@@ -527,7 +555,7 @@ void ModelCheckpoint::on_train_batch_end(RunContext& run, Module& module, const 
 void ModelCheckpoint::save_or_defer(RunContext& run) {
   if (!options_.monitor().empty()) {
     const LoopState& st = run.state();
-    const bool missing = run.callback_metrics().count(options_.monitor()) == 0;
+    const bool missing = monitor_candidates(run).count(options_.monitor()) == 0;
     const bool fresh_next = st.val_pending && (!saves_on_train_epoch_end(run) ||
                                                st.batches_done >= st.num_training_batches);
     if (missing || fresh_next) {
@@ -627,7 +655,7 @@ void ModelCheckpoint::on_exception(RunContext& run, Module&, const std::exceptio
   if (st.global_step == last_saved_step_ && st.epoch == last_saved_epoch_) return;
   if (dirpath_.empty()) return;  // failed before on_fit_start (a restore): no folder yet
   const std::string path =
-      free_path(run, format_filename(run.callback_metrics(), st.epoch, st.global_step), "");
+      free_path(run, format_filename(monitor_candidates(run), st.epoch, st.global_step), "");
   // The file names last.ckpt in its state, as a top-k file does (see save()).
   const std::string previous_last = last_model_path_;
   const std::string last_path = options_.save_last() != SaveLast::kNo ? last_file(run) : "";

@@ -821,9 +821,11 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
         }
       }
     } else if (cmd.name == "validate") {
-      print_metrics(report(), "validation metrics:", trainer.validate(*model, *data, ckpt));
+      const Metrics m = trainer.validate(*model, *data, ckpt);
+      if (rc.verbose) print_metrics(report(), "validation metrics:", m);
     } else if (cmd.name == "test") {
-      print_metrics(report(), "test metrics:", trainer.test(*model, *data, ckpt));
+      const Metrics m = trainer.test(*model, *data, ckpt);
+      if (rc.verbose) print_metrics(report(), "test metrics:", m);
     } else {
       auto preds = trainer.predict(*model, *data, ckpt);
       if (trainer.options().return_predictions()) {

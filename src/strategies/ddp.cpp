@@ -80,6 +80,7 @@ struct DdpStrategy::StopVote {
   detail::PendingCollective pending;
   int64_t interval = 1;  // batches from one lagged vote to the next, as agreed
   int64_t calls = 0;     // calls since the last vote
+  int64_t batches = 0;   // of which lagged (training batch ends)
   std::chrono::steady_clock::time_point last;
 };
 
@@ -445,8 +446,8 @@ namespace {
 constexpr double kStopVotePeriod = 0.1;  // seconds between votes, about
 constexpr int64_t kMaxStopVoteInterval = 1000;
 
-// Every rank's [signal, should_stop, time_up, proposed interval] combined: the largest signal,
-// any should_stop or time_up, the smallest interval.
+// Every rank's [signal, should_stop, time_up, proposed interval, val_due] combined: the largest
+// signal, any should_stop, time_up or val_due, the smallest interval.
 StopRequest combine_stop_votes(const std::vector<at::Tensor>& per_rank, int64_t* interval) {
   StopRequest out;
   int64_t next = kMaxStopVoteInterval;
@@ -457,6 +458,7 @@ StopRequest combine_stop_votes(const std::vector<at::Tensor>& per_rank, int64_t*
     out.should_stop = out.should_stop || p[1] != 0;
     out.time_up = out.time_up || p[2] != 0;
     next = std::min<int64_t>(next, std::max<int32_t>(p[3], 1));
+    out.val_due = out.val_due || p[4] != 0;
   }
   *interval = next;
   return out;
@@ -474,18 +476,25 @@ StopRequest DdpStrategy::agree_on_stop(const StopRequest& local, bool lagged) {
   StopVote& v = *stop_vote_;
   // Lagged calls between two votes send and receive nothing (a counter).
   ++v.calls;
+  if (lagged) ++v.batches;
   if (lagged && v.calls < v.interval) return {};
   // This rank's proposal: the batches that take about kStopVotePeriod at its pace since the
   // last vote (1 before there is one).
+  // Votes with no batch between them (back to back at the fit's start or an epoch's boundary)
+  // measure no pace: the interval stays. Measured there, the pace read as microseconds a batch
+  // and proposed 1000 batches, so no lagged vote came in the whole first epoch: a
+  // request_stop() on one rank or a due time-based validation waited for the epoch's end.
   const auto now = std::chrono::steady_clock::now();
   int64_t proposal = 1;
   if (v.last != std::chrono::steady_clock::time_point{}) {
     const double per_call =
         std::chrono::duration<double>(now - v.last).count() / static_cast<double>(v.calls);
-    proposal = per_call <= 0 ? kMaxStopVoteInterval
-                             : std::clamp<int64_t>(std::llround(kStopVotePeriod / per_call), 1,
-                                                   kMaxStopVoteInterval);
+    proposal = v.batches == 0  ? v.interval
+               : per_call <= 0 ? kMaxStopVoteInterval
+                               : std::clamp<int64_t>(std::llround(kStopVotePeriod / per_call), 1,
+                                                     kMaxStopVoteInterval);
   }
+  v.batches = 0;
   v.calls = 0;
   v.last = now;
   // The previous vote ran on Gloo's threads while the batches since computed; the k-th result
@@ -498,7 +507,8 @@ StopRequest DdpStrategy::agree_on_stop(const StopRequest& local, bool lagged) {
   }
   const at::Tensor mine =
       at::tensor({static_cast<int32_t>(local.signal), static_cast<int32_t>(local.should_stop),
-                  static_cast<int32_t>(local.time_up), static_cast<int32_t>(proposal)},
+                  static_cast<int32_t>(local.time_up), static_cast<int32_t>(proposal),
+                  static_cast<int32_t>(local.val_due)},
                  at::kInt);
   v.pending = detail::start_all_gather(group_, mine);
   if (lagged) return agreed;

@@ -134,7 +134,6 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weig
     loop.write("monitored_steps_since", c10::IValue(c10::List<int64_t>(run.monitored_steps_since)));
     loop.write("manual_steps", c10::IValue(c10::List<int64_t>(run.manual_steps)));
     loop.write("fit_elapsed_s", c10::IValue(run.fit_elapsed()));
-    loop.write("fit_loop_ended", c10::IValue(run.fit_loop_ended));
   });
   if (!weights_only) write_training_state(run, root);
   if (run.data != nullptr) {
@@ -199,10 +198,6 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   st.accumulated = read("accumulated").toInt();
   st.epoch_finished = read("epoch_finished").toBool();
   st.val_pending = read("val_pending").toBool();
-  // Absent before session 107: such checkpoints count as written inside the loop, as most were
-  // (ModelCheckpoint's).
-  c10::IValue ended;
-  run.resumed_mid_fit = !(loop.try_read("fit_loop_ended", ended) && ended.toBool());
   // Absent from older checkpoints, and a number (the global step) before session 93, when
   // every optimizer's scheduler counted the global step.
   c10::IValue since, manual;

@@ -383,7 +383,9 @@ int64_t Run::limit_batches(const Limit& limit, int64_t available, const char* op
                  limit.fraction() * static_cast<double>(available) >= 1.0,
              ConfigError, "[Trainer] ", option, "=", limit.fraction(), " of a loader of ",
              available, " batches is less than one batch; raise ", option, " to at least ",
-             1.0 / static_cast<double>(available), " or pass a batch count.");
+             // Rounded up at the printed precision, so the value shown works (1/3 would print
+             // as 0.333333, which is below it).
+             std::ceil(1e6 / static_cast<double>(available)) / 1e6, " or pass a batch count.");
   return limit.resolve(available);
 }
 
@@ -397,8 +399,13 @@ int64_t Run::val_limit(const DataLoader& val) const {
 }
 
 int64_t Run::train_limit(const DataLoader& train) const {
-  if (fast_dev) return std::min(opts.fast_dev_run(), train.num_batches());
   const bool over = overfitting();
+  // fast_dev_run bounds the steps (Lightning's max_steps = N); overfit_batches stays the limit.
+  if (fast_dev && !over) return std::min(opts.fast_dev_run(), train.num_batches());
+  if (fast_dev) {
+    return std::min(opts.fast_dev_run(),
+                    limit_batches(opts.overfit_batches(), train.num_batches(), "overfit_batches"));
+  }
   return limit_batches(over ? opts.overfit_batches() : opts.limit_train_batches(),
                        train.num_batches(), over ? "overfit_batches" : "limit_train_batches");
 }
@@ -721,6 +728,8 @@ void Run::check_stop(bool lagged, bool in_fit) {
   if (in_fit) {
     local.should_stop = st.should_stop;
     local.time_up = opts.max_time() && fit_elapsed() >= *opts.max_time();
+    local.val_due = !fast_dev && opts.val_check_interval_s() &&
+                    since_last_validation() >= *opts.val_check_interval_s();
   }
   const StopRequest agreed = strategy().agree_on_stop(local, lagged);
   // Sticky, as should_stop itself: between DdpStrategy's votes the result is empty.
@@ -729,6 +738,7 @@ void Run::check_stop(bool lagged, bool in_fit) {
     stop_agreed = true;
   }
   if (in_fit && agreed.time_up) time_up = true;
+  if (in_fit && agreed.val_due) val_time_due = true;  // until the validation runs
   if (agreed.signal == 0) return;
   auto where = detail::c_stream<std::ostringstream>();
   if (in_fit) {
@@ -752,6 +762,10 @@ void Run::check_stop(bool lagged, bool in_fit) {
       agreed.signal);
 }
 
+double Run::since_last_validation() const {
+  return std::chrono::duration<double>(Clock::now() - last_val_end).count();
+}
+
 void Run::check_stop_in_evaluation(bool pass_done) {
   if (pass_done == (world_size() > 1)) check_stop(/*lagged=*/false, /*in_fit=*/false);
 }
@@ -765,6 +779,7 @@ std::string Run::config_fingerprint() const {
     << ";limit_train=" << opts.limit_train_batches() << ";overfit=" << opts.overfit_batches()
     << ";limit_val=" << opts.limit_val_batches() << ";val_check=" << opts.val_check_interval()
     << ";every_n_epoch=" << opts.check_val_every_n_epoch().value_or(0)
+    << ";val_check_s=" << opts.val_check_interval_s().value_or(-1)
     << ";accumulate=" << opts.accumulate_grad_batches()
     << ";clip=" << (opts.gradient_clip_val() ? *opts.gradient_clip_val() : -1.0)
     << ";clip_algo=" << static_cast<int>(opts.gradient_clip_algorithm())

@@ -91,8 +91,18 @@ void TrainerOptions::validate() const {
   VOLT_CHECK(!check_val_every_n_epoch_ || *check_val_every_n_epoch_ >= 1, ConfigError,
              "[Trainer] check_val_every_n_epoch=", *check_val_every_n_epoch_,
              " must be >= 1, or unset (None) to count val_check_interval over the whole fit.");
+  const bool by_time = val_check_interval_s_.has_value();
+  VOLT_CHECK(!by_time || (std::isfinite(*val_check_interval_s_) && *val_check_interval_s_ >= 0),
+             ConfigError, "[Trainer] val_check_interval_s=", val_check_interval_s_.value_or(0),
+             " is no duration; give the seconds of training between validations, >= 0.");
+  VOLT_CHECK(
+      !by_time || (val_check_interval_.is_fraction() && val_check_interval_.fraction() == 1.0),
+      ConfigError, "[Trainer] val_check_interval=", val_check_interval_,
+      " and val_check_interval_s=", val_check_interval_s_.value_or(0),
+      " both say when to validate; keep one (val_check_interval stays 1.0 with "
+      "val_check_interval_s).");
   // Lightning's _DataConnector.on_trainer_init.
-  VOLT_CHECK(check_val_every_n_epoch_ || !val_check_interval_.is_fraction(), ConfigError,
+  VOLT_CHECK(by_time || check_val_every_n_epoch_ || !val_check_interval_.is_fraction(), ConfigError,
              "[Trainer] val_check_interval=", val_check_interval_,
              " is a fraction of an epoch, but check_val_every_n_epoch is unset (None), which "
              "counts the fit's batches over epochs; give val_check_interval as a count of "
@@ -145,6 +155,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
      << ", limit_predict_batches=" << o.limit_predict_batches()
      << ", val_check_interval=" << o.val_check_interval()
      << ", check_val_every_n_epoch=" << detail::optional_text(o.check_val_every_n_epoch())
+     << ", val_check_interval_s=" << optional_text(o.val_check_interval_s())
      << ", reload_dataloaders_every_n_epochs=" << o.reload_dataloaders_every_n_epochs()
      << ", return_predictions=" << o.return_predictions()
      << ", num_sanity_val_steps=" << o.num_sanity_val_steps()

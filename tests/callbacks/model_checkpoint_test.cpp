@@ -457,8 +457,8 @@ TEST(ModelCheckpoint, AMonitorNothingLogsFailsOnceValidationHasRun) {
     ADD_FAILURE() << "fit ran to the end with a monitor nothing logs";
   } catch (const volt::ConfigError& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("monitor \"val_los\" is not among the logged metrics [train_loss, "
-                        "val_acc, val_loss]"),
+    EXPECT_NE(what.find("monitor \"val_los\" is not among the logged metrics [epoch, step, "
+                        "train_loss, val_acc, val_loss]"),
               std::string::npos)
         << what;
     EXPECT_EQ(t.state().epoch, 0);  // the first validation's end
@@ -485,7 +485,8 @@ TEST(ModelCheckpoint, AMonitorNotLoggedYetWarnsAndStillWritesLast) {
   int warnings = 0;
   for (const auto& l : logs) {
     warnings += l.find(
-                    "monitor \"val_loss\" is not among the logged metrics [train_loss] yet "
+                    "monitor \"val_loss\" is not among the logged metrics [epoch, step, "
+                    "train_loss] yet "
                     "(no validation has run)") != std::string::npos;
   }
   EXPECT_EQ(warnings, 1);
@@ -522,6 +523,74 @@ TEST(ModelCheckpoint, InvalidOptions) {
                volt::ConfigError);
   EXPECT_THROW(volt::ModelCheckpoint(volt::ModelCheckpointOptions().every_n_train_steps(-1)),
                volt::ConfigError);
+  // Lightning's mutually exclusive triggers (both fired before session 107); an explicit
+  // every_n_epochs=0 with steps is fine.
+  try {
+    volt::ModelCheckpoint(
+        volt::ModelCheckpointOptions().every_n_train_steps(100).every_n_epochs(int64_t{1}));
+    ADD_FAILURE() << "no error";
+  } catch (const volt::ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "[ModelCheckpoint] every_n_train_steps=100 and every_n_epochs=1 are mutually "
+                 "exclusive (as Lightning); keep one.");
+  }
+  EXPECT_NO_THROW(volt::ModelCheckpoint(
+      volt::ModelCheckpointOptions().every_n_train_steps(100).every_n_epochs(int64_t{0})));
+}
+
+// Lightning's _monitor_candidates: "step" and "epoch" can be monitored (the usual way to keep
+// the newest k checkpoints: it was a ConfigError, "not among the logged metrics"), and a field
+// name may hold any character but ":" and "}".
+TEST(ModelCheckpoint, StepAndEpochCanBeMonitoredAndFieldsTakeAnyName) {
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  auto ckpt = std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                          .dirpath(dir / "c")
+                                                          .monitor("step")
+                                                          .mode(volt::Mode::kMax)
+                                                          .save_top_k(2)
+                                                          .every_n_train_steps(2)
+                                                          .filename("{step}"));
+  volt::Trainer t(volt_test::quiet(dir.path).max_steps(8).callbacks({ckpt}));
+  t.fit(model, volt_test::loader(volt_test::blobs(160)), volt_test::loader(volt_test::blobs(32)));
+  EXPECT_EQ(files_in(dir / "c"), (std::vector<std::string>{"step=6.ckpt", "step=8.ckpt"}));
+  EXPECT_EQ(ckpt->best_model_score(), c10::optional<double>(8.0));
+  volt::ModelCheckpoint at(volt::ModelCheckpointOptions().filename("{acc@1:.2f}-{val loss}"));
+  EXPECT_EQ(at.format_filename({{"acc@1", 0.5}, {"val loss", 2.0}}, 0, 0),
+            "acc@1=0.50-val loss=2.0");
+}
+
+// Lightning's _save_none_monitor_checkpoint: without a monitor no score is kept (best_k_models()
+// held every file at score 0.0 and best_model_score() said 0.0), and a name the template repeats
+// replaces the newest file (it got -v1, -v2...). save_top_k 0 ranks nothing, so a monitor nothing
+// logs is no error there; last.ckpt is written.
+TEST(ModelCheckpoint, WithoutAMonitorNoScoreIsKeptAndTopKZeroLooksUpNoMonitor) {
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  auto all = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "all").save_top_k(-1).filename("model"));
+  auto latest = std::make_shared<volt::ModelCheckpoint>(
+      volt::ModelCheckpointOptions().dirpath(dir / "latest"));
+  for (const auto& c : {all, latest}) {
+    volt::Trainer t(volt_test::quiet(dir.path).max_epochs(3).callbacks({c}));
+    t.fit(model, volt_test::loader(volt_test::blobs(64)));
+  }
+  EXPECT_EQ(files_in(dir / "all"), (std::vector<std::string>{"model.ckpt"}));
+  EXPECT_EQ(all->best_model_path(), dir / "all/model.ckpt");
+  EXPECT_FALSE(all->best_model_score().has_value());
+  EXPECT_TRUE(all->best_k_models().empty());
+  EXPECT_EQ(files_in(dir / "latest"), (std::vector<std::string>{"epoch=2-step=12.ckpt"}));
+  EXPECT_TRUE(latest->best_k_models().empty());
+
+  auto none = std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
+                                                          .dirpath(dir / "none")
+                                                          .monitor("never_logged")
+                                                          .save_top_k(0)
+                                                          .save_last(true));
+  volt::Trainer t2(volt_test::quiet(dir.path).max_epochs(2).callbacks({none}));
+  EXPECT_NO_THROW(t2.fit(model, volt_test::loader(volt_test::blobs(64)),
+                         volt_test::loader(volt_test::blobs(32))));
+  EXPECT_EQ(files_in(dir / "none"), (std::vector<std::string>{"last.ckpt"}));
 }
 
 }  // namespace

@@ -156,6 +156,118 @@ TEST(Resolve, TrainerNullsAreDefaultsAndCheckValEveryNEpochTakesNone) {
       std::string::npos);
 }
 
+// Lightning 2.6's time-based validation: val_check_interval as "DD:HH:MM:SS" or a timedelta
+// mapping is val_check_interval_s; a number stays a batch count or fraction.
+TEST(Resolve, ValCheckIntervalTakesLightningsDurations) {
+  const auto r = test_registry();
+  auto c = resolve_text("model: {width: 8}\ntrainer: {val_check_interval: \"00:00:01:30\"}\n", r);
+  auto o = volt::detail::trainer_options(c.trainer);
+  EXPECT_EQ(o.val_check_interval_s(), c10::optional<double>(90.0));
+  EXPECT_TRUE(o.val_check_interval().is_fraction());
+  EXPECT_NO_THROW(o.validate());
+  c = resolve_text(
+      "model: {width: 8}\ntrainer: {val_check_interval: {minutes: 2}, "
+      "check_val_every_n_epoch: null}\n",
+      r);
+  o = volt::detail::trainer_options(c.trainer);
+  EXPECT_EQ(o.val_check_interval_s(), c10::optional<double>(120.0));
+  EXPECT_NO_THROW(o.validate());
+  c = resolve_text("model: {width: 8}\ntrainer: {val_check_interval_s: 5}\n", r);
+  EXPECT_EQ(volt::detail::trainer_options(c.trainer).val_check_interval_s(),
+            c10::optional<double>(5.0));
+  c = resolve_text("model: {width: 8}\ntrainer: {val_check_interval: 0.25}\n", r);
+  EXPECT_FALSE(volt::detail::trainer_options(c.trainer).val_check_interval_s());
+  EXPECT_NE(error_of("model: {width: 8}\ntrainer: {val_check_interval: \"1:2\"}\n", r)
+                .find("\"1:2\" is no duration"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {width: 8}\ntrainer: {val_check_interval: \"00:00:01:00\", "
+                     "val_check_interval_s: 5}\n",
+                     r)
+                .find("keep one of the two"),
+            std::string::npos);
+}
+
+// A config Lightning's CLI wrote: import paths as class_path, Lightning's class and profiler
+// names, a single callback, loggers under trainer.logger, nulls in built-in components'
+// arguments, the Trainer arguments volt has no use for at harmless values, the entry points'
+// verbose / weights_only / return_predictions at the top, and the ddp_find_unused_parameters_*
+// strategy names. Each was an "unknown" or "null" error.
+TEST(Resolve, AConfigLightningWroteLoads) {
+  const auto r = test_registry();
+  auto c = resolve_text(
+      "model: {width: 1}\n"
+      "verbose: false\nweights_only: null\nreturn_predictions: false\n"
+      "optimizer: null\nlr_scheduler: null\n"
+      "trainer:\n"
+      "  strategy: {class_path: lightning.pytorch.strategies.DDPStrategy}\n"
+      "  profiler: simple\n"
+      "  plugins: null\n  model_registry: null\n  enable_autolog_hparams: true\n"
+      "  suggest_integrations: false\n"
+      "  callbacks: {class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: "
+      "{dirpath: null, monitor: null, filename: null, every_n_train_steps: null, "
+      "save_last: null}}\n"
+      "  logger: [{class_path: lightning.pytorch.loggers.CSVLogger, init_args: {save_dir: "
+      "logs, version: null}}]\n",
+      r);
+  EXPECT_FALSE(c.verbose);
+  EXPECT_FALSE(volt::detail::trainer_options(c.trainer).return_predictions());
+  EXPECT_TRUE(volt::detail::trainer_options(c.trainer).logger());
+  ASSERT_TRUE(c.strategy.has_value());
+  EXPECT_EQ(c.strategy->class_path, "ddp");
+  ASSERT_TRUE(c.profiler.has_value());
+  EXPECT_EQ(c.profiler->class_path, "SimpleProfiler");
+  ASSERT_EQ(c.callbacks.size(), 1u);
+  EXPECT_EQ(c.callbacks[0].class_path, "ModelCheckpoint");
+  EXPECT_EQ(c.callbacks[0].args.get<std::string>("monitor"), "");
+  EXPECT_EQ(c.callbacks[0].args.get<int64_t>("every_n_train_steps"), 0);
+  ASSERT_EQ(c.loggers.size(), 1u);
+  EXPECT_EQ(c.loggers[0].class_path, "CSVLogger");
+  // Printed, the loggers are trainer.loggers and verbose stays false.
+  const std::string printed = volt::detail::to_yaml(c);
+  EXPECT_NE(printed.find("verbose: false\n"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("class_path: CSVLogger"), std::string::npos) << printed;
+
+  c = resolve_text(
+      "model: {width: 1}\ntrainer: {strategy: ddp_find_unused_parameters_true, callbacks: "
+      "LearningRateMonitor, profiler: {class_path: lightning.pytorch.profilers.PyTorchProfiler}}\n",
+      r);
+  ASSERT_TRUE(c.strategy.has_value());
+  EXPECT_EQ(c.strategy->class_path, "ddp");
+  EXPECT_TRUE(c.strategy->args.get<bool>("find_unused_parameters"));
+  EXPECT_EQ(c.callbacks.at(0).class_path, "LearningRateMonitor");
+  EXPECT_EQ(c.profiler->class_path, "TorchProfiler");
+  c = resolve_text("model: {width: 1}\ntrainer: {logger: []}\n", r);
+  EXPECT_FALSE(volt::detail::trainer_options(c.trainer).logger());
+  EXPECT_TRUE(c.loggers.empty());
+
+  // What they cannot mean here is still refused, saying why.
+  EXPECT_NE(error_of("model: {width: 1}\ntrainer: {plugins: [{class_path: x}]}\n", r)
+                .find("trainer.plugins"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {width: 1}\ntrainer: {enable_autolog_hparams: false}\n", r)
+                .find("volt always logs the module's hparams()"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {width: 1}\nreturn_predictions: false\n"
+                     "trainer: {return_predictions: true}\n",
+                     r)
+                .find("keep one"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {width: 1}\ntrainer: {logger: {class_path: CSVLogger}, loggers: "
+                     "[{class_path: TensorBoardLogger}]}\n",
+                     r)
+                .find("keep one of the two lists"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {width: 1}\ntrainer: {callbacks: [{class_path: "
+                     "lightning.pytorch.callbacks.NoSuchCallback}]}\n",
+                     r)
+                .find("unknown callback \"lightning.pytorch.callbacks.NoSuchCallback\""),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {width: 1}\nverbose: 3\n", r).find("verbose"), std::string::npos);
+  EXPECT_NE(error_of("model: {width: 1}\noptimizer: {class_path: torch.optim.Adam}\n", r)
+                .find("the module's configure_optimizers() makes its optimizers"),
+            std::string::npos);
+}
+
 TEST(Resolve, NumbersKeepIntVersusFloat) {
   const auto r = test_registry();
   auto c = resolve_text("model: {width: 8, limit: 0.25}\ntrainer: {limit_train_batches: 10}\n", r);
@@ -372,7 +484,8 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       "  deterministic: true\n  benchmark: false\n  detect_nonfinite_loss: false\n"
       "  inference_mode: false\n  barebones: true\n"
       "  handle_signals: false\n  graph_training_step: true\n  trace_training_step: true\n"
-      "  num_threads: 2\n  reuse_host_memory: false\n  progress_refresh_s: 2.0\n",
+      "  num_threads: 2\n  reuse_host_memory: false\n  progress_refresh_s: 2.0\n"
+      "  val_check_interval_s: 30.0\n",
       r);
   // Every declared field was set above to a non-default value.
   EXPECT_EQ(c.trainer.values().size(), volt::detail::trainer_params(r).specs().size());
@@ -415,7 +528,8 @@ TEST(Resolve, EveryTrainerFieldReachesTrainerOptions) {
       .trace_training_step(true)
       .num_threads(2)
       .reuse_host_memory(false)
-      .progress_refresh_s(2.0);
+      .progress_refresh_s(2.0)
+      .val_check_interval_s(30.0);
   want << w;
   EXPECT_EQ(got.str(), want.str());
   EXPECT_NE(got.str(), [] {
@@ -589,12 +703,18 @@ TEST(Resolve, WrongTypesNameKeyOriginAndExpectedType) {
       << m;
   m = error_of("model: {width: null}\n", r);
   EXPECT_NE(m.find("is null but must be int"), std::string::npos) << m;
+  // A null where a string is needed says how to write the empty string.
+  m = error_of("model: {width: 1, mode: null}\n", r);
+  EXPECT_NE(m.find("is null but must be str; give a value (the empty string is \"\" in YAML, "
+                   "--model.init_args.mode= on the command line)"),
+            std::string::npos)
+      << m;
   m = error_of("model: {width: 1}\ntrainer: {max_epochs: 1.5}\n", r);
   EXPECT_NE(m.find("trainer.max_epochs"), std::string::npos) << m;
   m = error_of("model: {width: 1}\nseed_everything: -1\n", r);
   EXPECT_NE(m.find("must be >= 0"), std::string::npos) << m;
-  m = error_of("model: {width: 1}\ntrainer: {callbacks: ModelCheckpoint}\n", r);
-  EXPECT_NE(m.find("expected a list of {class_path, init_args} items"), std::string::npos) << m;
+  m = error_of("model: {width: 1}\ntrainer: {callbacks: 3}\n", r);
+  EXPECT_NE(m.find("unknown callback \"3\""), std::string::npos) << m;
 }
 
 TEST(Resolve, MissingRequiredValueSaysHowToSetIt) {

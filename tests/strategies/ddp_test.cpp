@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -1138,6 +1139,34 @@ TEST(Ddp, AStopRequestedOnOneRankStopsEveryRankAtTheSameBatch) {
   const int step = std::stoi(m0[1].str());
   EXPECT_GE(step, 4) << "a request is acted on at the ranks' next vote";
   EXPECT_LT(step, 16) << "it was acted on within the run";
+}
+
+// Time-based validation (val_check_interval_s) with ranks whose clocks disagree: rank 1 starts
+// its clock 200 ms after rank 0 at each validation. Each on its own clock, rank 0 would validate
+// batches before rank 1 and the ranks' collectives would cross (Lightning's per-rank
+// time.monotonic() check); agreed through the stop vote, they validate after the same batches.
+TEST(Ddp, TimeBasedValidationRunsAtTheSameBatchOnEveryRank) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  auto job =
+      run_plain({"--root",     dir.path, "--out",         dir / "w", "--devices",          "2",
+                 "--batch",    "8",      "--samples",     "256",     "--epochs",           "3",
+                 "--sleep-ms", "40",     "--val-every-s", "0.4",     "--val-end-sleep-ms", "200",
+                 "--timeout",  "20"},
+                120s);
+  ASSERT_EQ(job.code, 0) << job.output;
+  std::smatch m0, m1;
+  ASSERT_TRUE(std::regex_search(job.output, m0, std::regex("rank 0 validated_at=([0-9,]*)")))
+      << job.output;
+  ASSERT_TRUE(std::regex_search(job.output, m1, std::regex("rank 1 validated_at=([0-9,]*)")))
+      << job.output;
+  EXPECT_EQ(m0[1].str(), m1[1].str()) << job.output;
+  // 3 epochs of 16 batches of at least 40 ms, a validation due every 0.4 s (10 batches) and
+  // acted on at the ranks' next votes (about 0.1 s apart): 3 or more, the first within the
+  // first epoch (the ranks voted on nothing there until session 107: it came at batch 17).
+  const std::string at = m0[1].str();
+  EXPECT_GE(std::count(at.begin(), at.end(), ','), 3) << at;
+  EXPECT_LE(std::stoi(at), 16) << at;
 }
 
 // EarlyStopping with a metric only rank 1 sees diverge: every rank stops at the same epoch with

@@ -12,6 +12,8 @@
 //       [--stop-rank R --stop-batch B]  (rank R alone calls request_stop() after B batches)
 //       [--on-exception-ckpt 0|1]  (an OnExceptionCheckpoint writing <root>/oe/on_exception.ckpt)
 //       [--sleep-ms MS]  (every training batch sleeps that long: time to send signals)
+//       [--val-every-s S --val-end-sleep-ms MS]  (val_check_interval_s S; rank 1 sleeps MS at
+//       each validation's end, so its clock lags rank 0's; prints "rank R validated_at=a,b,")
 //       [--timeout S] [--samples N] [--sync-dist 0|1] [--max-restarts K]
 //       [--evaluate CKPT]  (no fit: validate from CKPT and predict the validation set; prints
 //                           "rank R evaluated val_loss=... infer_params=..." and writes the
@@ -330,6 +332,22 @@ class StopAt : public volt::Callback {
 
  private:
   int64_t rank_, batch_, sleep_ms_;
+};
+
+/// Records after which of the fit's batches each validation ran; rank 1 sleeps at each end.
+class ValidatedAt : public volt::Callback {
+ public:
+  explicit ValidatedAt(int64_t sleep_ms) : sleep_ms_(sleep_ms) {}
+  std::string state_key() const override { return "ValidatedAt"; }
+  void on_validation_end(volt::RunContext& run, volt::Module&) override {
+    if (run.sanity_checking()) return;
+    at += std::to_string(run.state().total_batches_done) + ",";
+    if (volt::log_rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+  }
+  std::string at;
+
+ private:
+  int64_t sleep_ms_;
 };
 
 /// Writes a full checkpoint after every training batch (mid-accumulation included).
@@ -661,6 +679,11 @@ int main(int argc, char** argv) {
     auto val_print = std::make_shared<PrintVal>();
     callbacks.push_back(val_print);
     std::shared_ptr<ZeroMemoryProbe> probe;
+    std::shared_ptr<ValidatedAt> validated_at;
+    if (a.count("--val-every-s")) {
+      validated_at = std::make_shared<ValidatedAt>(num("--val-end-sleep-ms", 0));
+      callbacks.push_back(validated_at);
+    }
     if (num("--ckpt-every-step", 0) != 0) {
       callbacks.push_back(
           std::make_shared<volt::ModelCheckpoint>(volt::ModelCheckpointOptions()
@@ -774,6 +797,9 @@ int main(int argc, char** argv) {
             .sync_batchnorm(num("--sync-bn", 0) != 0)
             .trace_training_step(num("--trace", 0) != 0)
             .max_epochs(num("--epochs", 2))
+            .val_check_interval_s(a.count("--val-every-s")
+                                      ? c10::optional<double>(std::stod(a["--val-every-s"]))
+                                      : c10::nullopt)
             .accumulate_grad_batches(num("--accum", 1))
             .gradient_clip_val(a.count("--clip") ? c10::optional<double>(std::stod(a["--clip"]))
                                                  : c10::nullopt)
@@ -900,6 +926,10 @@ int main(int argc, char** argv) {
                   static_cast<long long>(rank), static_cast<int>(early_stopping->stopping_reason()),
                   static_cast<long long>(early_stopping->stopped_epoch()),
                   early_stopping->stop_reason().c_str());
+    }
+    if (validated_at) {
+      std::printf("rank %lld validated_at=%s\n", static_cast<long long>(rank),
+                  validated_at->at.c_str());
     }
     if (model.epoch_metric) {
       std::printf("rank %lld rank_mean=%.17g\n", static_cast<long long>(rank),

@@ -250,6 +250,10 @@ TEST(LimitBatches, AFractionBelowOneBatchIsAConfigErrorNamingTheLeastThatWorks) 
        "limit_train_batches=0.1 of a loader of 8 batches is less than one batch; raise "
        "limit_train_batches to at least 0.125"},
       {quiet(dir.path).limit_val_batches(0.2), "fit", "limit_val_batches=0.2 of a loader of 4"},
+      // The least fraction shown is rounded up: 1/3 printed as 0.333333 would still be refused.
+      {quiet(dir.path).limit_val_batches(0.3), "validate3",
+       "limit_val_batches=0.3 of a loader of 3 batches is less than one batch; raise "
+       "limit_val_batches to at least 0.333334"},
       {quiet(dir.path).overfit_batches(0.1), "fit", "overfit_batches=0.1 of a loader of "},
       {quiet(dir.path).limit_val_batches(0.2), "validate", "limit_val_batches=0.2"},
       {quiet(dir.path).limit_test_batches(0.2), "test", "limit_test_batches=0.2"},
@@ -263,12 +267,20 @@ TEST(LimitBatches, AFractionBelowOneBatchIsAConfigErrorNamingTheLeastThatWorks) 
     const std::string error = volt_test::error_of<volt::ConfigError>([&] {
       if (entry == "fit") t.fit(model, train(), val());
       if (entry == "validate") t.validate(model, val());
+      if (entry == "validate3") {
+        t.validate(model, volt_test::loader(volt_test::blobs(48, 8, 1), 16, false));
+      }
       if (entry == "test") t.test(model, val());
       if (entry == "predict") t.predict(model, val());
     });
     EXPECT_NE(error.find(c.expected), std::string::npos) << error;
   }
-  // The least fraction that works runs its one batch; 0.0 runs none, as Lightning.
+  // The least fraction that works runs its one batch (the one the message shows too); 0.0 runs
+  // none, as Lightning.
+  TinyClassifier shown;
+  volt::Trainer at_least(quiet(dir.path).limit_val_batches(0.333334));
+  EXPECT_NO_THROW(
+      at_least.validate(shown, volt_test::loader(volt_test::blobs(48, 8, 1), 16, false)));
   TinyClassifier model;
   auto rec = std::make_shared<BatchRecorder>();
   volt::Trainer t(

@@ -792,19 +792,32 @@ TEST(Hooks, TheSanityCheckRunsTheValidationEpochHooksAndDropsWhatTheyLog) {
   EXPECT_EQ(logged[0].second.at("val_seen"), 3.0);
 }
 
-// Lightning's _run_sanity_check skips the check when its loops restart: a resume from a
-// checkpoint written while a fit's loop ran (at a batch or an epoch end: ModelCheckpoint's), or
-// any resume under max_steps. A checkpoint saved after the fit ended resumes with the check.
-TEST(Hooks, TheSanityCheckIsSkippedOnAResumeFromInsideAFitAsLightnings) {
+// Lightning's _run_sanity_check skips the check when its loops restart: a resume inside an
+// epoch (a checkpoint written at a batch end, or at the end of the epoch's validation, before
+// its epoch-end hooks), or any resume under max_steps. A checkpoint written at the epoch's end
+// (ModelCheckpoint's with one validation per epoch) or after the fit resumes with the check, as
+// Lightning's epoch progress counts the epoch processed before on_train_epoch_end.
+TEST(Hooks, TheSanityCheckIsSkippedOnAResumeInsideAnEpochAsLightnings) {
   class CountsSanity : public volt::Callback {
    public:
     std::string state_key() const override { return "CountsSanity"; }
     void on_sanity_check_start(volt::RunContext&, volt::Module&) override { ++checks; }
     int checks = 0;
   };
+  class SaveAtValidationEnd : public volt::Callback {
+   public:
+    explicit SaveAtValidationEnd(std::string path) : path_(std::move(path)) {}
+    std::string state_key() const override { return "SaveAtValidationEnd"; }
+    void on_validation_end(volt::RunContext& run, volt::Module&) override {
+      if (!run.sanity_checking() && run.state().epoch == 0) run.save_checkpoint(path_);
+    }
+
+   private:
+    std::string path_;
+  };
   volt_test::TempDir dir;
   const std::string at_batch = dir.path + "/batch.ckpt", at_epoch = dir.path + "/epoch.ckpt",
-                    after = dir.path + "/after.ckpt";
+                    at_val = dir.path + "/val.ckpt", after = dir.path + "/after.ckpt";
   auto options = [&] {
     return volt_test::quiet(dir.path)
         .num_sanity_val_steps(1)
@@ -818,7 +831,8 @@ TEST(Hooks, TheSanityCheckIsSkippedOnAResumeFromInsideAFitAsLightnings) {
     auto counts = std::make_shared<CountsSanity>();
     volt::Trainer first(options().max_epochs(2).callbacks(
         {counts, std::make_shared<volt_test::SaveAt>(0, 1, at_batch),
-         std::make_shared<volt_test::SaveAt>(0, -1, at_epoch)}));
+         std::make_shared<volt_test::SaveAt>(0, -1, at_epoch),
+         std::make_shared<SaveAtValidationEnd>(at_val)}));
     first.fit(model, train(), val());
     first.save_checkpoint(after);
     EXPECT_EQ(counts->checks, 1);
@@ -828,8 +842,8 @@ TEST(Hooks, TheSanityCheckIsSkippedOnAResumeFromInsideAFitAsLightnings) {
     bool max_steps;
     int checks;
   };
-  for (const Case& c : {Case{at_batch, false, 0}, Case{at_epoch, false, 0}, Case{after, false, 1},
-                        Case{after, true, 0}}) {
+  for (const Case& c : {Case{at_batch, false, 0}, Case{at_val, false, 0}, Case{at_epoch, false, 1},
+                        Case{at_epoch, true, 0}, Case{after, false, 1}, Case{after, true, 0}}) {
     SCOPED_TRACE(c.ckpt + (c.max_steps ? " with max_steps" : ""));
     volt_test::TinyClassifier model;
     auto counts = std::make_shared<CountsSanity>();

@@ -357,7 +357,9 @@ TEST(ModelCheckpoint, SaveOnExceptionWritesTheTemplatesFileAndLastThatResumeExac
   EXPECT_THROW(t.fit(cut, train_data(), val_data()), volt::Interrupted);
   EXPECT_TRUE(fs::exists(dir / "c/epoch=0-step=10.ckpt"));  // epoch 0's own
   EXPECT_TRUE(fs::exists(dir / "c/epoch=1-step=13.ckpt"));  // on the exception
-  EXPECT_EQ(mc->best_k_models().size(), 1u);                // not ranked
+  // Not ranked: best_model_path stays epoch 0's (without a monitor no score is kept at all).
+  EXPECT_EQ(mc->best_model_path(), dir / "c/epoch=0-step=10.ckpt");
+  EXPECT_TRUE(mc->best_k_models().empty());
   EXPECT_EQ(mc->last_model_path(), dir / "c/last.ckpt");
   TinyClassifier resumed;
   volt::Trainer r(quiet(dir / "resumed").max_epochs(2));

@@ -3,10 +3,12 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "error_text.h"
 #include "log_capture.h"
@@ -621,6 +623,76 @@ TEST(Trainer, EachEntryPointStartsWithoutThePreviousOnesMetrics) {
   }
   EXPECT_TRUE(t.callback_metrics().count("test_acc"));
   EXPECT_TRUE(t.logged_metrics().count("test_acc"));
+}
+
+// Lightning 2.6's time-based val_check_interval: validation after the first batch that ends the
+// interval (counted from training's start and each validation's end), on the epochs
+// check_val_every_n_epoch selects, and none at an epoch's end otherwise.
+TEST(Trainer, ValCheckIntervalSValidatesByTrainingTime) {
+  volt_test::TempDir dir;
+  auto train = volt_test::blobs(96), val = volt_test::blobs(32);  // 6 training batches
+  const auto fit = [&](volt::TrainerOptions o, int64_t sleep_ms = 0) {
+    // Its steps take at least sleep_ms: the clock is read after the step, before the batch's
+    // end hooks.
+    struct Slow : TinyClassifier {
+      explicit Slow(int64_t ms) : ms_(ms) {}
+      torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms_));
+        return TinyClassifier::training_step(b, i);
+      }
+      int64_t ms_;
+    };
+    // Also the fit's batch count at each validation.
+    struct Totals : Recorder {
+      void on_validation_end(volt::RunContext& r, volt::Module& m) override {
+        Recorder::on_validation_end(r, m);
+        totals.push_back(r.state().total_batches_done);
+      }
+      std::vector<int64_t> totals;
+    };
+    Slow model(sleep_ms);
+    auto rec = std::make_shared<Totals>();
+    volt::Trainer t(o.callbacks({rec}));
+    t.fit(model, volt_test::loader(train), volt_test::loader(val));
+    return rec;
+  };
+  // 0 s: after every batch.
+  EXPECT_EQ(fit(quiet(dir.path).max_epochs(1).val_check_interval_s(0.0))->events,
+            (std::vector<std::string>{"epoch_start", "val@1", "val@2", "val@3", "val@4", "val@5",
+                                      "val@6", "epoch_end"}));
+  // Longer than the fit: never, not even at the epochs' ends.
+  EXPECT_EQ(fit(quiet(dir.path).max_epochs(2).val_check_interval_s(1e6))->validations, 0);
+  // Only on the epochs check_val_every_n_epoch selects (here the second of two).
+  const auto second =
+      fit(quiet(dir.path).max_epochs(2).check_val_every_n_epoch(2).val_check_interval_s(0.0));
+  EXPECT_EQ(second->validations, 6);
+  EXPECT_EQ(second->events.front(), "epoch_start");
+  EXPECT_EQ(second->events.at(1), "epoch_end");
+  // 30 ms a batch, every 0.07 s: at most 3 batches apart over the whole fit (the clock cannot
+  // be behind), and it starts again after each validation (else every batch after the first
+  // would validate). Unset check_val_every_n_epoch is allowed with it.
+  const auto timed = fit(quiet(dir.path)
+                             .max_epochs(2)
+                             .check_val_every_n_epoch(c10::nullopt)
+                             .val_check_interval_s(0.07),
+                         30);
+  ASSERT_GE(timed->validations, 4);
+  EXPECT_LE(timed->validations, 8);
+  int64_t previous = 0;
+  for (const int64_t at : timed->totals) {
+    EXPECT_LE(at - previous, 3) << "validation after batch " << at;
+    previous = at;
+  }
+  EXPECT_GE(previous, 10);  // the last validation near the fit's end (12 batches)
+  // It says when to validate alone: with a val_check_interval other than 1.0 it is refused.
+  EXPECT_NE(volt_test::error_of<volt::ConfigError>([] {
+              volt::TrainerOptions().val_check_interval(0.5).val_check_interval_s(60.0).validate();
+            }).find("both say when to validate; keep one"),
+            std::string::npos);
+  EXPECT_NE(volt_test::error_of<volt::ConfigError>([] {
+              volt::TrainerOptions().val_check_interval_s(-1.0).validate();
+            }).find("val_check_interval_s=-1 is no duration"),
+            std::string::npos);
 }
 
 TEST(Trainer, FastDevRunWritesNothing) {
@@ -1352,8 +1424,6 @@ TEST(Trainer, TheTrainStartAndEpochStartHooksLogEpochValues) {
             std::string::npos);
 }
 
-// Lightning's: log() without a Trainer (a unit test calling training_step) warns and logs
-// nothing; a name that holds "/dataloader_idx_" while add_dataloader_idx is on is refused.
 // Lightning's fx_validator refuses log() in the end hooks, the evaluation mode hooks and the
 // fit's start/end hooks; volt dropped what on_validation_end / on_test_end and the mode hooks
 // logged. The error names the hook.
@@ -1430,6 +1500,8 @@ TEST(Trainer, ValidateAndTestReturnWhatTheLoggersGet) {
   EXPECT_DOUBLE_EQ(t.callback_metrics().at("hidden"), 3.0);
 }
 
+// Lightning's: log() without a Trainer (a unit test calling training_step) warns and logs
+// nothing; a name that holds "/dataloader_idx_" while add_dataloader_idx is on is refused.
 TEST(Module, LogWithoutATrainerWarnsAndANameMayNotNameItsLoader) {
   TinyClassifier model;
   const auto lines = volt_test::capture_logs([&] {

@@ -24,8 +24,8 @@ enum class SaveLast {
   /// "link"): no second write; a real file until this fit has written another one, and always
   /// with save_top_k 0. A save that does not make the top k writes nothing, so the link then
   /// names an older state than the run's (ckpt_path="last" repeats what came after it). The
-  /// link is relative, so the folder can move. Where no link can be made (a file system
-  /// without them) last.ckpt keeps what it held, with a warning (Lightning copies the file).
+  /// link is relative, so the folder can move. Where the file system has no links last.ckpt
+  /// is a copy of the file, made atomically (Lightning's shutil.copy fallback).
   kLink,
 };
 
@@ -76,9 +76,10 @@ struct ModelCheckpointOptions {
   /// before the monitored metric is logged, or right before a validation whose end writes the
   /// epoch checkpoints (or the epoch's last validation), waits for that point (the validation's
   /// end, or the train epoch's end when save_on_train_epoch_end holds; training's end at the
-  /// latest), so it is ranked by a fresh score. Lightning 2.6 defers the same way where it
-  /// writes epoch checkpoints after validation (elsewhere its deferred save is never written).
-  /// Default: 0.
+  /// latest), so it is ranked by a fresh score. Lightning 2.6 defers for a missing metric, and
+  /// for a fresh one only at an epoch's last batch where it writes epoch checkpoints after
+  /// validation (before a validation mid-epoch its save takes the older score). Not with
+  /// every_n_epochs or train_time_interval set (as Lightning). Default: 0.
   TORCH_ARG(int64_t, every_n_train_steps) = 0;
   /// Save every N epochs (at train epoch end or after validation: see save_on_train_epoch_end);
   /// 0 = off. Default: 1 unless every_n_train_steps or train_time_interval is set.
@@ -94,7 +95,8 @@ struct ModelCheckpointOptions {
   /// Lightning. Default: true.
   TORCH_ARG(bool, enable_version_counter) = true;
   /// Save at the first optimizer step after each this many seconds of training (counted from
-  /// on_train_start; the ranks agree on the moment); 0 = off. Not with every_n_train_steps or
+  /// on_train_start; a save when any rank is due, where Lightning takes rank 0's clock); 0 =
+  /// off (Lightning's timedelta(0) saves at every batch). Not with every_n_train_steps or
   /// every_n_epochs set (as Lightning). Default: 0.
   TORCH_ARG(double, train_time_interval) = 0;
   /// Write weights-only checkpoints: the weights, the loop counters, the DataModule's and the

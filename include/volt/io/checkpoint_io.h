@@ -24,9 +24,10 @@ class CheckpointIO {
   /// Makes `path` a symbolic link to the checkpoint file or folder `target`, relative to
   /// `path`'s folder (the pair can move together), replacing a file or link at `path`
   /// atomically: the link is made under a temporary name and renamed over it. Ordered after
-  /// the saves before it, as remove. A `path` that is a folder, or a file system without
-  /// symbolic links, is a CheckpointError (`path` unchanged). ModelCheckpoint's
-  /// save_last = SaveLast::kLink.
+  /// the saves before it, as remove. Where the file system has no symbolic links a file
+  /// `target` is copied to `path` atomically (Lightning's shutil.copy fallback); a `path` that
+  /// is a folder, or a folder `target` there, is a CheckpointError (`path` unchanged).
+  /// ModelCheckpoint's save_last = SaveLast::kLink.
   virtual void link(const std::string& target, const std::string& path);
   /// Returns once every save and remove issued so far is on disk, and throws (CheckpointError)
   /// the first of their failures not reported yet. The Trainer calls it when a run ends.

@@ -41,6 +41,9 @@ struct StopRequest {
   int signal = 0;            ///< SIGINT / SIGTERM received (0: none)
   bool should_stop = false;  ///< request_stop() (EarlyStopping, Timer, a module)
   bool time_up = false;      ///< TrainerOptions::max_time reached
+  /// TrainerOptions::val_check_interval_s has passed since the last validation (not a stop: the
+  /// ranks agree on it to validate at the same batch).
+  bool val_due = false;
 };
 
 /// The Trainer's loop settings a strategy may check its own configuration against (DeepSpeed's

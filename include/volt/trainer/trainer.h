@@ -43,7 +43,8 @@ class Trainer {
   void fit(Module& module, DataLoader train, std::vector<DataLoader> val,
            const std::string& ckpt_path = "");
 
-  /// Runs one validation pass and returns its epoch metrics. From a DataModule with several
+  /// Runs one validation pass and returns its epoch metrics as the loggers get them (values
+  /// logged with logger(false) are in callback_metrics() only). From a DataModule with several
   /// val_dataloaders() the pass runs each, and the result holds every loader's values (named
   /// "<name>/dataloader_idx_<N>") and what the epoch hooks logged.
   Metrics validate(Module& module, DataModule& data, const std::string& ckpt_path = "");

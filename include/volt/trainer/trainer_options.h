@@ -63,6 +63,13 @@ struct TrainerOptions {
   /// whole fit, across epoch boundaries (step-based validation; val_check_interval must then be
   /// a count). Default: 1.
   TORCH_ARG(c10::optional<int64_t>, check_val_every_n_epoch) = 1;
+  /// Time-based validation (Lightning's val_check_interval="DD:HH:MM:SS" / timedelta): validate
+  /// after the first training batch that ends this many seconds of training after the fit's
+  /// start or the last validation, on the epochs check_val_every_n_epoch selects, and not at an
+  /// epoch's end otherwise. With several processes the ranks agree on it at their next stop
+  /// vote (about every 0.1 s), so every rank validates at the same batch. Not checkpointed: a
+  /// resumed fit starts the clock again. val_check_interval must stay 1.0. Default: unset.
+  TORCH_ARG(c10::optional<double>, val_check_interval_s);
   /// With a DataModule, ask it for new training and validation loaders every N epochs of fit
   /// (DataModule::current_epoch() says which epoch), as Lightning's
   /// reload_dataloaders_every_n_epochs; loaders passed to fit() directly are kept. 0 = load

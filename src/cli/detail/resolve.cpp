@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <random>
 #include <type_traits>
 #include <variant>
@@ -130,11 +131,6 @@ bool is_list_type(ParamType t) {
     hint = " (--" + key + "= is the empty string" +
            (spec.nullable ? "; --" + key + "=null gives null" : "") +
            (is_list_type(spec.type) ? "; --" + key + "=[] gives an empty list" : "") + ")";
-  } else if (key == "trainer.logger" && !n.is_scalar()) {
-    // Lightning's Trainer(logger=...) takes the logger objects; here they have a list of their own.
-    hint =
-        " (trainer.logger only turns logging on or off; loggers go in the list "
-        "trainer.loggers, e.g. trainer.loggers: [{class_path: TensorBoardLogger}])";
   }
   fail(key, n,
        std::string("expected ") + param_type_name(spec.type) + (spec.nullable ? " or null" : "") +
@@ -321,6 +317,35 @@ Args parse_args(const std::string& prefix, const std::string& owner, const Confi
   return Args(owner, std::move(values));
 }
 
+// A class_path as Lightning's configs write it, as registered here: an import path
+// ("lightning.pytorch.callbacks.ModelCheckpoint", "my_project.models.Net") by its last part when
+// that is registered, and Lightning's class names of the strategies and profilers volt
+// registers under other names (DDPStrategy is "ddp"; a profiler string "simple" is
+// SimpleProfiler).
+template <typename R>
+std::string lightning_class_name(const R& reg, const std::string& written) {
+  if (reg.contains(written)) return written;
+  std::string name = written;
+  if (const auto dot = written.rfind('.'); dot != std::string::npos && dot + 1 < written.size()) {
+    name = written.substr(dot + 1);
+  }
+  static const std::map<std::string, std::map<std::string, std::string>> kAliases = {
+      {"strategy",
+       {{"DDPStrategy", "ddp"},
+        {"DeepSpeedStrategy", "deepspeed"},
+        {"SingleDeviceStrategy", "single_device"},
+        {"ModelParallelStrategy", "model_parallel"}}},
+      {"profiler",
+       {{"simple", "SimpleProfiler"},
+        {"pytorch", "TorchProfiler"},
+        {"PyTorchProfiler", "TorchProfiler"}}},
+  };
+  if (const auto kind = kAliases.find(reg.kind()); kind != kAliases.end()) {
+    if (const auto it = kind->second.find(name); it != kind->second.end()) name = it->second;
+  }
+  return reg.contains(name) ? name : written;
+}
+
 template <typename R>
 ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
                                 const ConfigNode& parent, const R& reg) {
@@ -360,7 +385,7 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
     } else {
       if (!cp->is_scalar())
         fail(key + ".class_path", *cp, "expected a name, got " + cp->describe() + ".");
-      class_path = cp->scalar;
+      class_path = lightning_class_name(reg, cp->scalar);
       if (!reg.contains(class_path)) {
         fail(key + ".class_path", *cp,
              "unknown " + reg.kind() + " \"" + class_path + "\"; valid names: " +
@@ -413,8 +438,12 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
   ComponentConfig c;
   c.class_path = class_path;
   c.params = &entry.params;
-  c.args =
-      parse_args(key + ".init_args", reg.kind() + " " + class_path, init_args, n, entry.params);
+  // A null argument of volt's own components takes its default, as a config Lightning wrote
+  // holds every argument, None for the unset ones (ModelCheckpoint's dirpath: null); a model's
+  // or data module's own arguments keep the strict rule.
+  const bool builtin = reg.kind() != "model" && reg.kind() != "data module";
+  c.args = parse_args(key + ".init_args", reg.kind() + " " + class_path, init_args, n, entry.params,
+                      {}, /*null_is_default=*/builtin);
   return c;
 }
 
@@ -423,6 +452,17 @@ std::vector<ComponentConfig> parse_component_list(const std::string& key, const 
                                                   const R& reg) {
   std::vector<ComponentConfig> out;
   if (node == nullptr || node->is_null()) return out;
+  // One component, as Lightning's Trainer also takes it (a name is its class_path).
+  if (node->is_map()) {
+    out.push_back(parse_component(key, node, *node, reg));
+    return out;
+  }
+  if (node->is_scalar()) {
+    ConfigNode one = ConfigNode::make_map(node->origin);
+    one.field("class_path", node->origin) = *node;
+    out.push_back(parse_component(key, &one, *node, reg));
+    return out;
+  }
   if (!node->is_list()) {
     fail(key, *node,
          "expected a list of {class_path, init_args} items, got " + node->describe() + ".");
@@ -572,6 +612,9 @@ Params trainer_params(const Registry& reg) {
       .add("check_val_every_n_epoch", *d.check_val_every_n_epoch(),
            "validate every N epochs; null: every val_check_interval batches of the whole fit")
       .or_none()
+      .optional<double>("val_check_interval_s",
+                        "validate every this many seconds of training (also "
+                        "val_check_interval: \"DD:HH:MM:SS\" or {minutes: ..})")
       .add("reload_dataloaders_every_n_epochs", d.reload_dataloaders_every_n_epochs(),
            "ask the data module for new loaders every N epochs (0 = once)")
       .add("return_predictions", d.return_predictions(),
@@ -675,6 +718,7 @@ TrainerOptions trainer_options(const Args& a) {
       .progress_refresh_s(a.get<double>("progress_refresh_s"));
   if (auto v = a.get_optional<int64_t>("check_val_every_n_epoch")) o.check_val_every_n_epoch(*v);
   if (auto v = a.get_optional<double>("max_time")) o.max_time(*v);
+  if (auto v = a.get_optional<double>("val_check_interval_s")) o.val_check_interval_s(*v);
   if (auto v = a.get_optional<double>("gradient_clip_val")) o.gradient_clip_val(*v);
   if (auto v = a.get_optional<bool>("benchmark")) o.benchmark(*v);
   // Last: barebones turns the features it excludes off over their defaults (which are on, so
@@ -718,8 +762,11 @@ int64_t chosen_seed(const ConfigNode& node) {
 }  // namespace
 
 ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
-  static const std::vector<std::string> kTop = {"seed_everything", "ckpt_path", "trainer", "model",
-                                                "data"};
+  // verbose, weights_only and return_predictions are the arguments of Lightning's
+  // Trainer.validate / test / predict, which its CLI writes at the top of a config.
+  static const std::vector<std::string> kTop = {
+      "seed_everything", "ckpt_path",          "trainer",   "model",       "data", "verbose",
+      "weights_only",    "return_predictions", "optimizer", "lr_scheduler"};
   VOLT_ASSERT(root.is_map(), "config root must be a map");
   for (const auto& f : root.fields) {
     if (std::find(kTop.begin(), kTop.end(), f.first) == kTop.end()) {
@@ -744,8 +791,31 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
     out.ckpt_path = std::get<std::string>(parse_value("ckpt_path", *c, spec));
   }
 
+  if (const ConfigNode* v = root.find("verbose"); v != nullptr && !v->is_null()) {
+    ParamSpec spec{"verbose", ParamType::kBool, false, true, {}, {}, ""};
+    out.verbose = std::get<bool>(parse_value("verbose", *v, spec));
+  }
+  // LightningCLI's optimizer and lr_scheduler groups (written as null when unused): here the
+  // module's configure_optimizers() decides.
+  for (const char* group : {"optimizer", "lr_scheduler"}) {
+    if (const ConfigNode* g = root.find(group); g != nullptr && !g->is_null()) {
+      fail(group, *g,
+           "is LightningCLI's automatic configure_optimizers, which volt does not build: the "
+           "module's configure_optimizers() makes its optimizers and schedulers; remove the key "
+           "(or set it to null) and give their settings as the model's init_args.");
+    }
+  }
+  // torch.load's weights_only restricts what unpickling may run; volt's checkpoints hold no
+  // pickled code, so either value loads the same. Checked, then nothing to do.
+  if (const ConfigNode* w = root.find("weights_only"); w != nullptr && !w->is_null()) {
+    ParamSpec spec{"weights_only", ParamType::kBool, false, true, {}, {}, ""};
+    parse_value("weights_only", *w, spec);
+  }
+
   out.trainer_params = trainer_params(reg);
   const ConfigNode* t = root.find("trainer");
+  const ConfigNode empty_trainer = ConfigNode::make_map("not set");
+  if (t == nullptr) t = &empty_trainer;
   // trainer.strategy and trainer.precision are a name ("ddp", "bf16-mixed") or a component with
   // parameters ({class_path: ddp, init_args: {bucket_cap_mb: 5}}); the trainer's own schema
   // checks the plain names, parse_component the components.
@@ -768,14 +838,82 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
     f.erase(std::remove_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == name; }),
             f.end());
   };
+  const auto drop = [&](const std::string& name) {
+    auto& f = edited().fields;
+    f.erase(std::remove_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == name; }),
+            f.end());
+  };
+  // Lightning's Trainer.predict(return_predictions=...) at the config's top: the trainer's.
+  if (const ConfigNode* rp = root.find("return_predictions");
+      rp != nullptr && !rp->is_null() && t->is_map()) {
+    if (const ConfigNode* own = t->find("return_predictions"); own != nullptr && !own->is_null()) {
+      fail("return_predictions", *rp,
+           "is set and trainer.return_predictions (" + own->origin + ") too; keep one.");
+    }
+    drop("return_predictions");
+    edited().fields.emplace_back("return_predictions", *rp);
+  }
+  // Lightning's strategy names that are ddp with find_unused_parameters set.
+  if (const ConfigNode* st = t->is_map() ? t->find("strategy") : nullptr;
+      st != nullptr && st->is_scalar() &&
+      (st->scalar == "ddp_find_unused_parameters_true" ||
+       st->scalar == "ddp_find_unused_parameters_false")) {
+    ConfigNode ddp = ConfigNode::make_map(st->origin);
+    ddp.field("class_path", st->origin) = ConfigNode::make_scalar("ddp", st->origin);
+    ConfigNode& ia = ddp.field("init_args", st->origin);
+    ia = ConfigNode::make_map(st->origin);
+    ia.field("find_unused_parameters", st->origin) = ConfigNode::make_scalar(
+        st->scalar == "ddp_find_unused_parameters_true" ? "true" : "false", st->origin);
+    out.strategy = parse_component("trainer.strategy", &ddp, *t, reg.strategies);
+    drop("strategy");
+  }
   take_component("strategy", reg.strategies, out.strategy);
   take_component("precision", reg.precisions, out.precision);
+  // Trainer arguments of Lightning that volt has no use for, accepted at the values that change
+  // nothing (a config Lightning wrote holds them all).
+  if (t->is_map()) {
+    const auto lightning_only = [&](const char* name, const auto& harmless, const char* why) {
+      const ConfigNode* n = t->find(name);
+      if (n == nullptr) return;
+      if (!harmless(*n)) fail(std::string("trainer.") + name, *n, why);
+      drop(name);
+    };
+    const auto null_or_empty = [](const ConfigNode& n) {
+      return n.is_null() || (n.is_list() && n.items.empty());
+    };
+    const auto is_bool = [](const ConfigNode& n) {
+      bool b;
+      return n.is_null() || (n.is_scalar() && !n.quoted && parse_bool(n.scalar, &b));
+    };
+    const auto null_or_true = [](const ConfigNode& n) {
+      bool b = false;
+      return n.is_null() || (n.is_scalar() && !n.quoted && parse_bool(n.scalar, &b) && b);
+    };
+    lightning_only("plugins", null_or_empty,
+                   "holds Lightning plugins, which volt does not take; precision and checkpoint "
+                   "I/O are trainer.precision and trainer.checkpoint_io, and the cluster "
+                   "environment is detected (torchrun, Slurm); remove it or set it to null.");
+    lightning_only("model_registry", null_or_empty,
+                   "names a Lightning model registry, which volt has none of; remove it or set it "
+                   "to null.");
+    lightning_only("enable_autolog_hparams", null_or_true,
+                   "is false, but volt always logs the module's hparams() to the loggers; remove "
+                   "it (or set it to true), or return no hparams from the module.");
+    lightning_only("suggest_integrations", is_bool, "expected a bool.");
+  }
   // devices: auto is Lightning's spelling of -1 (every device of the accelerator).
   if (const ConfigNode* dev = t != nullptr && t->is_map() ? t->find("devices") : nullptr;
       dev != nullptr && dev->is_scalar() && dev->scalar == "auto") {
     ConfigNode& devices = *edited().find("devices");
     devices.scalar = "-1";
     devices.quoted = false;
+  }
+  // trainer.logger holding loggers (Lightning's Trainer(logger=[...])): logging on, the loggers
+  // read below.
+  if (const ConfigNode* lg = t->is_map() ? t->find("logger") : nullptr;
+      lg != nullptr && (lg->is_map() || lg->is_list())) {
+    ConfigNode& n = *edited().find("logger");
+    n = ConfigNode::make_scalar(lg->is_list() && lg->items.empty() ? "false" : "true", lg->origin);
   }
   // fast_dev_run: true / false is Lightning's spelling of 1 / 0.
   if (const ConfigNode* fd = t != nullptr && t->is_map() ? t->find("fast_dev_run") : nullptr;
@@ -789,6 +927,26 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
   if (const ConfigNode* mt = t != nullptr && t->is_map() ? t->find("max_time") : nullptr;
       lightning_duration(mt)) {
     *edited().find("max_time") = duration_in_seconds("trainer.max_time", *mt);
+  }
+  // val_check_interval as a duration (Lightning 2.6's time-based validation) is
+  // val_check_interval_s.
+  if (const ConfigNode* vc = t != nullptr && t->is_map() ? t->find("val_check_interval") : nullptr;
+      lightning_duration(vc)) {
+    if (const ConfigNode* both = t->find("val_check_interval_s");
+        both != nullptr && !both->is_null()) {
+      fail("trainer.val_check_interval", *vc,
+           "is a duration and trainer.val_check_interval_s (" + both->origin +
+               ") is set too; keep one of the two.");
+    }
+    ConfigNode seconds = duration_in_seconds("trainer.val_check_interval", *vc);
+    auto& f = edited().fields;
+    f.erase(std::remove_if(f.begin(), f.end(),
+                           [](const auto& kv) {
+                             return kv.first == "val_check_interval" ||
+                                    kv.first == "val_check_interval_s";
+                           }),
+            f.end());
+    f.emplace_back("val_check_interval_s", std::move(seconds));
   }
   out.trainer = parse_args("trainer", "trainer", trainer_node, root, out.trainer_params,
                            {"callbacks", "loggers", "profiler", "checkpoint_io"},
@@ -805,6 +963,16 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
   const ConfigNode* lgs = t != nullptr && t->is_map() ? t->find("loggers") : nullptr;
   out.callbacks = parse_component_list("trainer.callbacks", cbs, reg.callbacks);
   out.loggers = parse_component_list("trainer.loggers", lgs, reg.loggers);
+  // Lightning's Trainer(logger=...) also takes the loggers themselves, one or a list.
+  if (const ConfigNode* lg = t->is_map() ? t->find("logger") : nullptr;
+      lg != nullptr && (lg->is_map() || lg->is_list())) {
+    if (!out.loggers.empty()) {
+      fail("trainer.logger", *lg,
+           "holds loggers and trainer.loggers (" + lgs->origin +
+               ") does too; keep one of the two lists.");
+    }
+    out.loggers = parse_component_list("trainer.logger", lg, reg.loggers);
+  }
   out.model = parse_component("model", root.find("model"), root, reg.models);
   out.data = parse_component("data", root.find("data"), root, reg.data_modules);
   return out;
@@ -816,6 +984,7 @@ std::string to_yaml(const ResolvedConfig& c) {
   os << "seed_everything: "
      << (c.seed_everything ? std::to_string(*c.seed_everything) : std::string("null")) << "\n";
   os << "ckpt_path: " << (c.ckpt_path ? yaml_string(*c.ckpt_path) : std::string("null")) << "\n";
+  if (!c.verbose) os << "verbose: false\n";
   os << "trainer:";
   emit_args(os, c.trainer_params, c.trainer, 2,
             {{"strategy", c.strategy ? &*c.strategy : nullptr},

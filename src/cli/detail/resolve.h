@@ -22,6 +22,8 @@ struct ComponentConfig {
 struct ResolvedConfig {
   std::optional<int64_t> seed_everything;
   std::optional<std::string> ckpt_path;
+  /// Lightning's Trainer.validate / test(verbose=...): print the results (default true).
+  bool verbose = true;
   Params trainer_params;  // the schema `trainer` was checked against (emit order)
   Args trainer;
   std::vector<ComponentConfig> callbacks;

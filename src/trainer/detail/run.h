@@ -181,13 +181,12 @@ class Run : public RunContext {
   /// When this fit attempt started training, and when it ended (unset while it runs).
   Clock::time_point fit_start;
   c10::optional<Clock::time_point> fit_end;
-  /// The fit's loop has ended (its on_train_end / on_fit_end and after): a checkpoint written
-  /// then records it, and a fit resumed from it runs the sanity check again (Lightning's loops
-  /// are not "restarting" then).
-  bool fit_loop_ended = false;
-  /// This fit restored a checkpoint written while a fit's loop ran (Lightning's restarting
-  /// validation loop, which skips the sanity check).
-  bool resumed_mid_fit = false;
+  /// Time-based validation (TrainerOptions::val_check_interval_s): when the clock last started
+  /// (training's start, each validation's end), and whether the ranks agreed it has run out.
+  Clock::time_point last_val_end;
+  bool val_time_due = false;
+  /// Seconds since last_val_end.
+  double since_last_validation() const;
   bool fast_dev = false;
   Profiler* prof = nullptr;           // opts.profiler(), or null
   PassThroughProfiler pass_through_;  // profiler() when prof is null

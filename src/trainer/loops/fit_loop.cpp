@@ -43,6 +43,12 @@ bool is_val_epoch(const Run& r, const std::vector<DataLoader>& val) {
 bool is_val_boundary(const Run& r, int64_t idx, int64_t n, const std::vector<DataLoader>& val) {
   if (!is_val_epoch(r, val)) return false;
   if (r.fast_dev) return idx + 1 == n;  // Lightning's fast_dev_run sets val_check_interval=1.0
+  // Time-based: once the interval has run out (Lightning's _should_check_val_fx, no validation
+  // at an epoch's end otherwise). One process reads its clock; several act on what their last
+  // stop vote agreed (Run::check_stop), so that all validate at the same batch.
+  if (const auto seconds = r.opts.val_check_interval_s()) {
+    return r.val_time_due || (r.world_size() == 1 && r.since_last_validation() >= *seconds);
+  }
   const Limit& vci = r.opts.val_check_interval();
   // check_val_every_n_epoch unset: every N batches of the fit, across epochs (Lightning's
   // total_batch_idx; the count is checkpointed, so a resume keeps the rhythm).
@@ -111,6 +117,9 @@ void validate_now(Run& r, std::vector<DataLoader>& val) {
   }
   // Ends in training mode again, the due validation marked as run (val_pending).
   evaluation_loop(r, Stage::kValidate, val, val_limits(r, val));
+  // Time-based validation counts from here (Lightning's _last_val_time at each run's end).
+  r.last_val_end = Clock::now();
+  r.val_time_due = false;
 }
 
 // overfit_batches trains and validates on the same batches every epoch: the fit's loaders
@@ -315,9 +324,11 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
 void sanity_check(Run& r, std::vector<DataLoader>& val) {
   const int64_t sanity_steps = r.fast_dev ? 0 : r.opts.num_sanity_val_steps();
   if (sanity_steps == 0 || !validates(r, val)) return;
-  // Lightning skips it when its loops restart: a resume from a checkpoint written while a fit's
-  // loop ran (ModelCheckpoint's, OnExceptionCheckpoint's), or any resume under max_steps.
-  if (!r.started_from.empty() && (r.resumed_mid_fit || r.opts.max_steps() >= 0)) return;
+  // Lightning skips it when its loops restart: a resume inside an epoch (a checkpoint written
+  // at a batch end or in a validation, before the epoch-end hooks; Lightning's epoch progress
+  // counts the epoch processed before on_train_epoch_end, as volt's epoch_finished), or any
+  // resume under max_steps.
+  if (!r.started_from.empty() && (!r.st.epoch_finished || r.opts.max_steps() >= 0)) return;
   // num_sanity_val_steps batches of each loader, as Lightning.
   std::vector<int64_t> limits = val_limits(r, val);
   if (sanity_steps > 0) {
@@ -419,7 +430,8 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   };
   // fast_dev_run validates once at the epoch's end, as Lightning (is_val_boundary).
   const Limit& every = r.opts.val_check_interval();
-  r.st.val_check_at_epoch_end = r.fast_dev || (every.is_fraction() && every.fraction() == 1.0);
+  r.st.val_check_at_epoch_end = r.fast_dev || (!r.opts.val_check_interval_s() &&
+                                               every.is_fraction() && every.fraction() == 1.0);
   r.st.val_every_epoch = r.fast_dev || r.opts.check_val_every_n_epoch() == int64_t{1};
   prepare(train_loader, val_loaders);
   // reload_dataloaders_every_n_epochs: new loaders from the DataModule at epochs 0, N, 2N...
@@ -471,8 +483,6 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   r.reset_metrics();
   r.fit_start = Clock::now();
   r.fit_end.reset();
-  r.fit_loop_ended = false;
-  r.resumed_mid_fit = false;
   // A process of a restarted attempt resumes where the job's last checkpoint is; rank 0's choice
   // counts (another node's process may not have found it, or found a stale one), and without
   // one the attempt starts where fit() was asked to.
@@ -531,8 +541,10 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
 
   // max_time counts training from here, as Lightning's Timer (which starts in on_train_start):
   // the set-up, the restore, on_fit_start (a tuner callback's trials) and the sanity check are
-  // not part of it.
+  // not part of it. So does val_check_interval_s (Lightning's setup_data, after the check).
   r.fit_start = Clock::now();
+  r.last_val_end = r.fit_start;
+  r.val_time_due = false;
   const int64_t max_epochs = r.resolved_max_epochs();
   // Lightning's FitLoop.skip: a fit with nothing to train (a resume of a finished fit, its
   // max_time spent, no training batches) runs no train start or end hooks; the fit's do run.
@@ -610,7 +622,6 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
     }
   }
   r.fit_end = Clock::now();  // a checkpoint saved after fit counts the training time only
-  r.fit_loop_ended = true;
   if (!nothing_to_train) {
     r.hook(
         "on_train_end", [&](Module& mm) { mm.on_train_end(); },
