@@ -96,8 +96,8 @@ void Run::log(const std::string& name, const at::Tensor& value, const LogOptions
              where,
              ", where nothing can be logged; log from training_step, validation_step, "
              "test_step, their batch hooks, on_train_start, on_validation_start / on_test_start "
-             "or an on_*_epoch_start / on_*_epoch_end hook (a logger's own methods write "
-             "elsewhere).");
+             "or an on_*_epoch_start / on_*_epoch_end hook; from here a value can go to the "
+             "loggers directly (run.loggers()[i]->log_metrics).");
   if (scope == LogScope::kDiscard || drop_logs) return;  // forward_training_data's pass
   if (opts.barebones()) {
     // Lightning's: a warning and nothing logged, so a module that logs still runs barebones.
