@@ -236,6 +236,19 @@ TEST(Resolve, AConfigLightningWroteLoads) {
   EXPECT_TRUE(c.strategy->args.get<bool>("find_unused_parameters"));
   EXPECT_EQ(c.callbacks.at(0).class_path, "LearningRateMonitor");
   EXPECT_EQ(c.profiler->class_path, "TorchProfiler");
+  // Arguments only Lightning's classes take, at their defaults (an unrelated value is refused).
+  c = resolve_text(
+      "model: {width: 1}\ntrainer: {loggers: [{class_path: TensorBoardLogger, init_args: "
+      "{log_graph: false, sub_dir: null, default_hp_metric: true}}], callbacks: [{class_path: "
+      "lightning.pytorch.callbacks.TQDMProgressBar, init_args: {process_position: 0}}]}\n",
+      r);
+  EXPECT_EQ(c.loggers.at(0).class_path, "TensorBoardLogger");
+  EXPECT_EQ(c.callbacks.at(0).class_path, "TQDMProgressBar");
+  EXPECT_NE(error_of("model: {width: 1}\ntrainer: {loggers: [{class_path: TensorBoardLogger, "
+                     "init_args: {log_graph: true}}]}\n",
+                     r)
+                .find("log_graph"),
+            std::string::npos);
   c = resolve_text("model: {width: 1}\ntrainer: {logger: []}\n", r);
   EXPECT_FALSE(volt::detail::trainer_options(c.trainer).logger());
   EXPECT_TRUE(c.loggers.empty());

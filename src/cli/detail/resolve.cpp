@@ -435,6 +435,29 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
       i = ConfigNode::make_scalar("auto", i.origin);
     }
   }
+  // Arguments only Lightning's class takes, at values that change nothing (a config Lightning
+  // wrote holds every argument): dropped. Another value stays, refused as an unknown key.
+  static const std::map<std::string, std::map<std::string, std::vector<std::string>>> kHarmless = {
+      {"TensorBoardLogger", {{"log_graph", {"false", "False"}}, {"sub_dir", {}}}},
+      {"ProgressBar", {{"process_position", {"0"}}}},
+      {"TQDMProgressBar", {{"process_position", {"0"}}}}};
+  if (const auto h = kHarmless.find(class_path);
+      h != kHarmless.end() && init_args != nullptr && init_args->is_map()) {
+    for (const auto& harmless : h->second) {
+      const std::string& arg = harmless.first;
+      const std::vector<std::string>& values = harmless.second;
+      const ConfigNode* v = init_args->find(arg);
+      if (v == nullptr ||
+          !(v->is_null() || (v->is_scalar() && !v->quoted &&
+                             std::find(values.begin(), values.end(), v->scalar) != values.end()))) {
+        continue;
+      }
+      edit(arg.c_str());  // init_args is the editable copy from here
+      auto& f = lightning_args.fields;
+      f.erase(std::remove_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == arg; }),
+              f.end());
+    }
+  }
   ComponentConfig c;
   c.class_path = class_path;
   c.params = &entry.params;
