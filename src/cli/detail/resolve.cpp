@@ -317,6 +317,13 @@ Args parse_args(const std::string& prefix, const std::string& owner, const Confi
   return Args(owner, std::move(values));
 }
 
+// Removes `key` from the mapping `map` (nothing when absent).
+void remove_field(ConfigNode& map, const std::string& key) {
+  auto& f = map.fields;
+  f.erase(std::remove_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == key; }),
+          f.end());
+}
+
 // A class_path as Lightning's configs write it, as registered here: an import path
 // ("lightning.pytorch.callbacks.ModelCheckpoint", "my_project.models.Net") by its last part when
 // that is registered, and Lightning's class names of the strategies and profilers volt
@@ -453,9 +460,7 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
         continue;
       }
       edit(arg.c_str());  // init_args is the editable copy from here
-      auto& f = lightning_args.fields;
-      f.erase(std::remove_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == arg; }),
-              f.end());
+      remove_field(lightning_args, arg);
     }
   }
   ComponentConfig c;
@@ -852,19 +857,13 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
     }
     return trimmed;
   };
+  const auto drop = [&](const std::string& name) { remove_field(edited(), name); };
   auto take_component = [&](const std::string& name, const auto& registry,
                             std::optional<ComponentConfig>& slot) {
     const ConfigNode* node = t != nullptr && t->is_map() ? t->find(name) : nullptr;
     if (node == nullptr || !node->is_map()) return;
     slot = parse_component("trainer." + name, node, *t, registry);
-    auto& f = edited().fields;
-    f.erase(std::remove_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == name; }),
-            f.end());
-  };
-  const auto drop = [&](const std::string& name) {
-    auto& f = edited().fields;
-    f.erase(std::remove_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == name; }),
-            f.end());
+    drop(name);
   };
   // Lightning's Trainer.predict(return_predictions=...) at the config's top: the trainer's.
   if (const ConfigNode* rp = root.find("return_predictions");
@@ -962,14 +961,9 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
                ") is set too; keep one of the two.");
     }
     ConfigNode seconds = duration_in_seconds("trainer.val_check_interval", *vc);
-    auto& f = edited().fields;
-    f.erase(std::remove_if(f.begin(), f.end(),
-                           [](const auto& kv) {
-                             return kv.first == "val_check_interval" ||
-                                    kv.first == "val_check_interval_s";
-                           }),
-            f.end());
-    f.emplace_back("val_check_interval_s", std::move(seconds));
+    drop("val_check_interval");
+    drop("val_check_interval_s");
+    edited().fields.emplace_back("val_check_interval_s", std::move(seconds));
   }
   out.trainer = parse_args("trainer", "trainer", trainer_node, root, out.trainer_params,
                            {"callbacks", "loggers", "profiler", "checkpoint_io"},
