@@ -70,6 +70,14 @@ void EarlyStopping::check(RunContext& run) {
     VOLT_CHECK(!options_.strict(), ConfigError, "[EarlyStopping] monitored metric \"",
                options_.monitor(), "\" was not logged; available: [", detail::joined_keys(m),
                "]. Log it or set strict(false).");
+    // Lightning's RuntimeWarning under verbose (which Python shows once).
+    if (options_.verbose() && run.is_global_zero()) {
+      warn_once("EarlyStopping.missing." + options_.monitor(), "EarlyStopping",
+                "monitored metric \"" + options_.monitor() +
+                    "\" is not available, so it does not stop the run (strict is false); "
+                    "logged: [" +
+                    detail::joined_keys(m) + "].");
+    }
     return;
   }
   const double current = it->second;
@@ -82,19 +90,22 @@ void EarlyStopping::check(RunContext& run) {
   if (options_.check_finite() && !std::isfinite(current)) {
     stop = true;
     reason = EarlyStoppingReason::kNonFiniteMetric;
-    why << "monitored metric " << options_.monitor() << " = " << current
-        << " is not finite; previous best " << best_score_;
+    why << "Monitored metric " << options_.monitor() << " = " << current
+        << " is not finite. Previous best value was " << fmt::format("{:.3f}", best_score_) << ".";
   } else if (options_.stopping_threshold() && improves(current, *options_.stopping_threshold())) {
     stop = true;
     reason = EarlyStoppingReason::kStoppingThreshold;
-    why << "stopping threshold reached: " << options_.monitor() << " = " << current
-        << (min_mode ? " < " : " > ") << *options_.stopping_threshold();
+    why << "Stopping threshold reached: " << options_.monitor() << " = " << current
+        << (min_mode ? " < " : " > ") << detail::python_repr(*options_.stopping_threshold()) << ".";
   } else if (options_.divergence_threshold() &&
              improves(*options_.divergence_threshold(), current)) {
     stop = true;
     reason = EarlyStoppingReason::kDivergenceThreshold;
-    why << "divergence threshold reached: " << options_.monitor() << " = " << current
-        << (min_mode ? " > " : " < ") << *options_.divergence_threshold();
+    // Lightning prints its mode's sign here (val_loss = 100 < 10 in min mode); volt the one
+    // that holds.
+    why << "Divergence threshold reached: " << options_.monitor() << " = " << current
+        << (min_mode ? " > " : " < ") << detail::python_repr(*options_.divergence_threshold())
+        << ".";
   } else if (improves(current - options_.min_delta(), best_score_)) {
     // Lightning's _improvement_message.
     improved << "Metric " << options_.monitor() << " improved"
@@ -110,12 +121,12 @@ void EarlyStopping::check(RunContext& run) {
     if (wait_count_ >= options_.patience()) {
       stop = true;
       reason = EarlyStoppingReason::kPatienceExhausted;
-      why << "monitored metric " << options_.monitor() << " did not improve in the last "
-          << wait_count_ << " checks; best score " << best_score_;
+      why << "Monitored metric " << options_.monitor() << " did not improve in the last "
+          << wait_count_ << " records. Best score: " << fmt::format("{:.3f}", best_score_) << ".";
     }
   }
-  // This rank's own finding, before the ranks agree (as Lightning's _log_info).
-  const std::string said = stop ? why.str() + "; asking the Trainer to stop." : improved.str();
+  // This rank's own finding, before the ranks agree (as Lightning's _log_info), in its words.
+  const std::string said = stop ? why.str() + " Signaling Trainer to stop." : improved.str();
   if (options_.verbose() && !said.empty()) {
     const int64_t rank = run.world_size() > 1 ? run.global_rank() : -1;
     // Lightning's _log_info prints on every rank unless log_rank_zero_only (volt's log_info
@@ -127,7 +138,7 @@ void EarlyStopping::check(RunContext& run) {
   }
   // Every rank stops together: one rank's reason is enough (Lightning's all=False).
   const bool any_stop = run.reduce_boolean_decision(stop, /*all=*/false);
-  if (any_stop && !stop) why << "another rank's " << options_.monitor() << " met the stop rule";
+  if (any_stop && !stop) why << "Another rank's " << options_.monitor() << " met the stop rule.";
   stop = any_stop;
   if (stop) {
     if (run.world_size() > 1) {

@@ -89,10 +89,11 @@ struct Source {
 };
 
 struct Command {
-  std::string name;
+  std::string name;  // "" for build_cli (options only)
   std::vector<Source> sources;
   std::vector<std::string> positional;
   bool help = false;
+  bool print_config = false;  // build_cli's --print_config
 };
 
 std::string file_name(const char* argv0) {
@@ -113,6 +114,8 @@ std::string override_origin(const std::string& text) {
   return text.substr(0, cut) + "...";
 }
 
+void parse_options(Command& cmd, int argc, const char* const* argv, int first);
+
 Command parse_argv(int argc, const char* const* argv) {
   Command cmd;
   VOLT_CHECK(argc >= 2, ConfigError, "[cli] no command given; use one of ", quoted_list(kCommands),
@@ -127,7 +130,14 @@ Command parse_argv(int argc, const char* const* argv) {
              ConfigError, "[cli] unknown command \"", cmd.name,
              "\"; valid commands: ", quoted_list(kCommands), did_you_mean(cmd.name, kCommands),
              ".");
-  for (int i = 2; i < argc; ++i) {
+  parse_options(cmd, argc, argv, 2);
+  return cmd;
+}
+
+// The options from argv[first] on: --config / -c FILE, --key=VALUE (or --key VALUE), --key+=VALUE,
+// --help, positional arguments; build_cli's (cmd.name empty) --print_config too.
+void parse_options(Command& cmd, int argc, const char* const* argv, int first) {
+  for (int i = first; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       cmd.help = true;
@@ -154,11 +164,16 @@ Command parse_argv(int argc, const char* const* argv) {
       append = true;
       key.pop_back();
     }
-    // jsonargparse's flag is a command here (it took --print_config for an option needing a
-    // value, then an unknown key).
+    // jsonargparse's flag is a command of run_cli (it took --print_config for an option needing
+    // a value, then an unknown key) and a flag of build_cli, as LightningCLI(run=False)'s.
+    if (cmd.name.empty() && !has_value && (key == "print_config" || key == "print-config")) {
+      cmd.print_config = true;
+      continue;
+    }
     VOLT_CHECK(key != "print_config" && key != "print-config", ConfigError, "[cli] --", key,
-               " is the command print-config here; write volt print-config ",
-               "followed by the same options.");
+               cmd.name.empty() ? " takes no value here; write --print_config alone."
+                                : " is the command print-config here; write volt print-config "
+                                  "followed by the same options.");
     if (!has_value) {
       VOLT_CHECK(i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0, ConfigError,
                  "[cli] option --", key, " needs a value; write --", key, "=VALUE.");
@@ -173,11 +188,24 @@ Command parse_argv(int argc, const char* const* argv) {
                              override_origin("--" + key + (append ? "+=" : "=") + value)});
     }
   }
-  return cmd;
 }
 
-ConfigNode build_tree(const Command& cmd) {
+// The program's defaults (CliOptions::defaults, then its default config files that exist), then
+// the command line's sources in order.
+ConfigNode build_tree(const Command& cmd, const CliOptions& options) {
   ConfigNode root = ConfigNode::make_map("defaults");
+  if (!options.defaults.empty()) {
+    ConfigNode defaults = detail::parse_config_text(options.defaults, "CliOptions::defaults");
+    detail::canonicalize(defaults);
+    detail::merge(root, std::move(defaults));
+  }
+  for (const auto& path : options.default_config_files) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) continue;
+    ConfigNode file = detail::load_yaml_file(path);
+    detail::canonicalize(file);
+    detail::merge(root, std::move(file));
+  }
   for (const auto& s : cmd.sources) {
     if (s.kind == Source::Kind::kFile) {
       ConfigNode file = detail::load_yaml_file(s.value);
@@ -222,8 +250,10 @@ void print_registry(std::ostream& os, const std::string& title, const std::strin
   }
 }
 
+void print_options(std::ostream& os, const Registry& reg, const CliOptions& options);
+
 void print_help(std::ostream& os, const std::string& prog, const std::string& command,
-                const Registry& reg) {
+                const Registry& reg, const CliOptions& options) {
   if (command.empty()) {
     os << "usage: " << prog << " <command> [--config FILE]... [--section.key=VALUE]...\n\n"
        << "commands:\n";
@@ -300,16 +330,44 @@ void print_help(std::ostream& os, const std::string& prog, const std::string& co
     return;
   }
   os << "usage: " << prog << " " << command << " [--config FILE]... [--section.key=VALUE]...\n\n"
-     << command_summary(command) << ".\n\n"
-     << "Values come from YAML files (--config, repeatable) and --key=value overrides, applied in\n"
+     << command_summary(command) << ".\n\n";
+  print_options(os, reg, options);
+}
+
+// build_cli's --help.
+void print_build_help(std::ostream& os, const std::string& prog, const Registry& reg,
+                      const CliOptions& options) {
+  os << "usage: " << prog << " [--config FILE]... [--section.key=VALUE]... [--print_config]\n\n"
+     << "Builds the trainer, model and data module that this program then runs; --print_config\n"
+     << "prints the resolved config as YAML instead (--config loads it back).\n\n";
+  print_options(os, reg, options);
+}
+
+// The keys a config takes, their types and defaults, and the program's own defaults.
+void print_options(std::ostream& os, const Registry& reg, const CliOptions& options) {
+  os << "Values come from YAML files (--config, repeatable) and --key=value overrides, applied in\n"
      << "command-line order (the last wins). Values are YAML: --model.hidden=[256,128]. A "
         "component\n"
      << "is {class_path: NAME, init_args: {...}}; --model=NAME picks one, --model.lr=X sets an\n"
      << "init arg, --trainer.callbacks+=NAME appends, --trainer.callbacks.0.patience=5 edits.\n"
      << "An empty value is the empty string (--trainer.callbacks.0.monitor=); --key=null is null\n"
      << "(in YAML files, key: alone is null and key: \"\" the empty string).\n"
-     << "Columns: option, type, [default], meaning.\n\n"
-     << "top level:\n"
+     << "Columns: option, type, [default], meaning.\n\n";
+  if (!options.defaults.empty() || !options.default_config_files.empty()) {
+    os << "This program's defaults, read before --config files and overrides (the [default]\n"
+       << "columns below are volt's):\n";
+    if (!options.defaults.empty()) {
+      auto lines = detail::c_stream<std::istringstream>(options.defaults);
+      for (std::string line; std::getline(lines, line);) os << "    " << line << "\n";
+    }
+    for (const auto& f : options.default_config_files) {
+      std::error_code ec;
+      os << "  default config file " << f
+         << (std::filesystem::exists(f, ec) ? "" : " (not there: skipped)") << "\n";
+    }
+    os << "\n";
+  }
+  os << "top level:\n"
      << "    --config FILE      YAML config file (repeatable)\n"
      << "    --seed_everything  int|bool|null  [null]        seed torch's RNG before anything is "
         "built (true: a random seed, written into the saved config)\n"
@@ -500,7 +558,7 @@ int run_perf(const Command& cmd, std::ostream& out) {
   return kCliOk;
 }
 
-int run_export(Command cmd, const Registry& reg, std::ostream& out) {
+int run_export(Command cmd, const Registry& reg, const CliOptions& options, std::ostream& out) {
   // --output and --dynamic_batch are export's own; the rest is the run's config.
   std::string output;
   bool dynamic_batch = true;
@@ -522,7 +580,7 @@ int run_export(Command cmd, const Registry& reg, std::ostream& out) {
   VOLT_CHECK(!output.empty(), ConfigError,
              "[cli] export needs --output=FILE, the TorchScript file to write; e.g. volt export "
              "--config run.yaml --ckpt_path=runs/checkpoints/last.ckpt --output=model.pt.");
-  const ResolvedConfig rc = detail::resolve(build_tree(cmd), reg);
+  const ResolvedConfig rc = detail::resolve(build_tree(cmd, options), reg);
   const std::string ckpt = rc.ckpt_path.value_or("");
   VOLT_CHECK(!ckpt.empty(), ConfigError,
              "[cli] export needs --ckpt_path=CKPT, the checkpoint whose weights to export (a file "
@@ -729,23 +787,29 @@ int report_foreign_error(const std::exception& e, bool during_run, std::ostream&
   return kCliRunFailed;
 }
 
-int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std::ostream& err) {
-  if (cmd.name == "env") return run_env(cmd, out);
-  if (cmd.name == "kernel-cache") return run_kernel_cache(cmd, out);
-  if (cmd.name == "report") return run_report(cmd, out);
-  if (cmd.name == "zero-to-fp32" || cmd.name == "consolidate") return run_consolidate(cmd, out);
-  if (cmd.name == "export") return run_export(cmd, reg, out);
-  if (cmd.name == "perf") return run_perf(cmd, out);
-  VOLT_CHECK(cmd.positional.empty(), ConfigError, "[cli] unexpected argument \"",
-             cmd.positional.front(), "\"; options are --key=value (did you forget the --?).");
+/// Keeps the loggers' shared version claim (one version_N for all of a run's loggers) alive as
+/// long as the Trainer holding it: build_cli returns before they first write.
+class LoggerVersionClaims : public Callback {
+ public:
+  explicit LoggerVersionClaims(std::shared_ptr<const detail::SharedVersionClaims> claims)
+      : claims_(std::move(claims)) {}
+  std::string state_key() const override { return "LoggerVersionClaims"; }
 
-  const ResolvedConfig rc = detail::resolve(build_tree(cmd), reg);
-  const std::string yaml = detail::to_yaml(rc);
-  if (cmd.name == "print-config") {
-    out << yaml;
-    return kCliOk;
-  }
+ private:
+  std::shared_ptr<const detail::SharedVersionClaims> claims_;
+};
 
+/// What a resolved config builds: run_cli runs it, build_cli hands it over.
+struct Built {
+  std::shared_ptr<Trainer> trainer;
+  std::shared_ptr<Module> model;
+  std::shared_ptr<DataModule> data;
+  std::shared_ptr<SaveConfig> save_config;          // null when not saving
+  std::shared_ptr<PredictIndices> predict_indices;  // null unless asked for
+};
+
+Built build_objects(const ResolvedConfig& rc, const std::string& yaml, const Registry& reg,
+                    bool save, bool predict_indices) {
   // Build everything before running: a bad value stops here with exit code 2. A checkpoint path
   // that names nothing too (the run found it only as it loaded it: exit code 1, where export
   // said 2).
@@ -760,12 +824,14 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
   if (rc.seed_everything) seed_everything(static_cast<uint64_t>(*rc.seed_everything));
   TrainerOptions opts = detail::trainer_options(rc.trainer);
   const LoggerContext lctx{opts.default_root_dir()};
-  const detail::SharedVersionClaims one_version(next_version_roots(rc.loggers, lctx));
+  auto one_version =
+      std::make_shared<const detail::SharedVersionClaims>(next_version_roots(rc.loggers, lctx));
   std::vector<std::shared_ptr<Logger>> loggers;
   for (const auto& l : rc.loggers) {
     loggers.push_back(reg.loggers.at(l.class_path).make(l.args, lctx));
   }
   std::vector<std::shared_ptr<Callback>> callbacks;
+  Built b;
   for (const auto& c : rc.callbacks)
     callbacks.push_back(reg.callbacks.at(c.class_path).make(c.args));
   if (rc.profiler) {
@@ -784,17 +850,50 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
     opts.precision(Spec<Precision>(rc.precision->class_path,
                                    std::make_shared<const Args>(rc.precision->args)));
   }
-  auto save_config = std::make_shared<SaveConfig>(yaml, opts.fast_dev_run() == 0);
-  callbacks.push_back(save_config);
-  auto predict_indices = std::make_shared<PredictIndices>();
-  if (cmd.name == "predict") callbacks.push_back(predict_indices);
+  if (save) {
+    b.save_config = std::make_shared<SaveConfig>(yaml, opts.fast_dev_run() == 0);
+    callbacks.push_back(b.save_config);
+  }
+  if (predict_indices) {
+    b.predict_indices = std::make_shared<PredictIndices>();
+    callbacks.push_back(b.predict_indices);
+  }
+  if (!rc.loggers.empty()) callbacks.push_back(std::make_shared<LoggerVersionClaims>(one_version));
   opts.callbacks(callbacks).loggers(loggers);
-  Trainer trainer(opts);
-  std::shared_ptr<Module> model = reg.models.at(rc.model.class_path).make(rc.model.args);
-  std::shared_ptr<DataModule> data = reg.data_modules.at(rc.data.class_path).make(rc.data.args);
-  VOLT_CHECK(model && data, ConfigError, "[cli] the factory of ", model ? "data module " : "model ",
-             model ? rc.data.class_path : rc.model.class_path,
+  b.trainer = std::make_shared<Trainer>(opts);
+  b.model = reg.models.at(rc.model.class_path).make(rc.model.args);
+  b.data = reg.data_modules.at(rc.data.class_path).make(rc.data.args);
+  VOLT_CHECK(b.model && b.data, ConfigError, "[cli] the factory of ",
+             b.model ? "data module " : "model ",
+             b.model ? rc.data.class_path : rc.model.class_path,
              " returned null; make it return an object.");
+  return b;
+}
+
+int run_command(const Command& cmd, const Registry& reg, const CliOptions& options,
+                std::ostream& out, std::ostream& err) {
+  if (cmd.name == "env") return run_env(cmd, out);
+  if (cmd.name == "kernel-cache") return run_kernel_cache(cmd, out);
+  if (cmd.name == "report") return run_report(cmd, out);
+  if (cmd.name == "zero-to-fp32" || cmd.name == "consolidate") return run_consolidate(cmd, out);
+  if (cmd.name == "export") return run_export(cmd, reg, options, out);
+  if (cmd.name == "perf") return run_perf(cmd, out);
+  VOLT_CHECK(cmd.positional.empty(), ConfigError, "[cli] unexpected argument \"",
+             cmd.positional.front(), "\"; options are --key=value (did you forget the --?).");
+
+  const ResolvedConfig rc = detail::resolve(build_tree(cmd, options), reg);
+  const std::string yaml = detail::to_yaml(rc);
+  if (cmd.name == "print-config") {
+    out << yaml;
+    return kCliOk;
+  }
+
+  const Built built = build_objects(rc, yaml, reg, options.save_config, cmd.name == "predict");
+  Trainer& trainer = *built.trainer;
+  Module* model = built.model.get();
+  DataModule* data = built.data.get();
+  const std::shared_ptr<SaveConfig>& save_config = built.save_config;
+  const std::shared_ptr<PredictIndices>& predict_indices = built.predict_indices;
   const std::string ckpt = rc.ckpt_path.value_or("");
   // Only global rank 0 prints the summary (the strategy knows the rank once a run started).
   std::ostream discard(nullptr);
@@ -860,7 +959,9 @@ int run_command(const Command& cmd, const Registry& reg, std::ostream& out, std:
   } catch (const std::exception& e) {
     return report_foreign_error(e, /*during_run=*/true, err);
   }
-  if (!save_config->path().empty()) report() << "config: " << save_config->path() << "\n";
+  if (save_config && !save_config->path().empty()) {
+    report() << "config: " << save_config->path() << "\n";
+  }
   report() << "logs: " << trainer.log_dir() << "\n";
   return kCliOk;
 }
@@ -887,19 +988,79 @@ void record_error_for_torchrun(const std::exception& e) noexcept {
   }
 }
 
+namespace {
+
+// CliOptions with its defaults filled in: where output and errors go, the registry, the name.
+struct Setting {
+  Setting(int argc, const char* const* argv, const CliOptions& options)
+      : out(options.out ? *options.out : std::cout),
+        err(options.err ? *options.err : std::cerr),
+        reg(options.registry ? *options.registry : registry()),
+        prog(options.program.empty() ? file_name(argc > 0 ? argv[0] : nullptr) : options.program) {}
+  std::ostream& out;
+  std::ostream& err;
+  const Registry& reg;
+  const std::string prog;
+};
+
+}  // namespace
+
+CliObjects build_cli(int argc, const char* const* argv, const CliOptions& options) {
+  const Setting set(argc, argv, options);
+  std::ostream& out = set.out;
+  std::ostream& err = set.err;
+  const Registry& reg = set.reg;
+  const std::string& prog = set.prog;
+  CliObjects objects;
+  try {
+    Command cmd;  // no command: options only
+    parse_options(cmd, argc, argv, 1);
+    if (cmd.help) {
+      print_build_help(out, prog, reg, options);
+      objects.exit_code = kCliOk;
+      return objects;
+    }
+    VOLT_CHECK(cmd.positional.empty(), ConfigError, "[cli] unexpected argument \"",
+               cmd.positional.front(), "\"; ", prog,
+               " takes options only (--config FILE, --key=value, --help, --print_config): it "
+               "decides itself what to run.");
+    const ResolvedConfig rc = detail::resolve(build_tree(cmd, options), reg);
+    objects.config = detail::to_yaml(rc);
+    if (cmd.print_config) {
+      out << objects.config;
+      objects.exit_code = kCliOk;
+      return objects;
+    }
+    Built built = build_objects(rc, objects.config, reg, options.save_config, false);
+    objects.trainer = std::move(built.trainer);
+    objects.model = std::move(built.model);
+    objects.data = std::move(built.data);
+    objects.ckpt_path = rc.ckpt_path.value_or("");
+  } catch (const Error& e) {
+    print_line(err, e.what());
+    record_error_for_torchrun(e);
+    objects = CliObjects();
+    objects.exit_code = kCliBadUsage;
+  } catch (const std::exception& e) {
+    objects = CliObjects();
+    objects.exit_code = report_foreign_error(e, /*during_run=*/false, err);
+  }
+  return objects;
+}
+
 int run_cli(int argc, const char* const* argv, const CliOptions& options) {
-  std::ostream& out = options.out ? *options.out : std::cout;
-  std::ostream& err = options.err ? *options.err : std::cerr;
-  const Registry& reg = options.registry ? *options.registry : registry();
-  const std::string prog =
-      options.program.empty() ? file_name(argc > 0 ? argv[0] : nullptr) : options.program;
+  const Setting set(argc, argv, options);
+  std::ostream& out = set.out;
+  std::ostream& err = set.err;
+  const Registry& reg = set.reg;
+  const std::string& prog = set.prog;
   try {
     const Command cmd = parse_argv(argc, argv);
     if (cmd.help) {
-      print_help(out, prog, cmd.name, reg);
+      print_help(out, prog, cmd.name, reg, options);
       return kCliOk;
     }
-    return run_command(cmd, reg, out, err);
+    return run_command(cmd, reg, options, out, err);
   } catch (const Error& e) {
     // Raised before the run started: the command line, the config, or building its objects.
     print_line(err, e.what());

@@ -32,6 +32,14 @@ at::Tensor Module::predict_step(const Batch& batch, int64_t batch_idx) {
   return {};
 }
 
+void Module::validation_step(const Batch& /*batch*/, int64_t /*batch_idx*/) {
+  detail::DefaultSteps::mark(*this, detail::DefaultSteps::kValidationStep);
+}
+
+void Module::test_step(const Batch& /*batch*/, int64_t /*batch_idx*/) {
+  detail::DefaultSteps::mark(*this, detail::DefaultSteps::kTestStep);
+}
+
 void Module::backward(const at::Tensor& loss) {
   detail::DefaultSteps::mark(*this, detail::DefaultSteps::kBackward);
   loss.backward();

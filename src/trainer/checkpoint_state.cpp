@@ -2,6 +2,8 @@
 // Everything that depends on how state is placed or partitioned goes through the Strategy.
 #include <torch/torch.h>
 
+#include <c10/util/Type.h>
+
 #include <sys/stat.h>
 
 #include "core/detail/archive_values.h"
@@ -24,6 +26,11 @@
 namespace volt {
 namespace detail {
 namespace {
+
+// The DataModule's dynamic type, as checkpoints name whose state they hold.
+std::string data_module_type(const DataModule& data) {
+  return c10::demangle(typeid(data).name());
+}
 
 constexpr int64_t kCheckpointFormat = 1;
 
@@ -141,6 +148,9 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weig
       Run::Part part(run, "DataModule.save_state");
       run.data->save_state(ar);
     });
+    // Whose state it is: only that DataModule type reads it back (Lightning keys it by the
+    // class's __qualname__).
+    root.write("datamodule_type", c10::IValue(data_module_type(*run.data)));
   }
   write_nested(root, "module", [&](auto& user) {
     run.module_hook("on_save_checkpoint", [&](Module& m) { m.on_save_checkpoint(user); });
@@ -178,9 +188,20 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   bool data_restored = false;
   torch::serialize::InputArchive data_ar;
   if (run.data != nullptr && root.try_read("datamodule", data_ar)) {
-    Run::Part part(run, "DataModule.load_state");
-    run.data->load_state(data_ar);
-    data_restored = true;
+    // Another DataModule type's state (fit with one, test with another) is not this one's to
+    // read, as Lightning restores a DataModule only from its own class's entry. Checkpoints
+    // before session 108 name no type: read as before.
+    c10::IValue saved_type;
+    const std::string type = data_module_type(*run.data);
+    if (root.try_read("datamodule_type", saved_type) && saved_type.isString() &&
+        saved_type.toStringRef() != type) {
+      log_info("Trainer", "the checkpoint's DataModule state is " + saved_type.toStringRef() +
+                              "'s, not " + type + "'s: its load_state is not called.");
+    } else {
+      Run::Part part(run, "DataModule.load_state");
+      run.data->load_state(data_ar);
+      data_restored = true;
+    }
   }
   if (!full) return data_restored;
 

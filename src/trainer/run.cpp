@@ -326,14 +326,18 @@ void Run::manual_zero_grad(size_t index) {
 
 int64_t Run::resolved_max_epochs() const {
   if (fast_dev) return 1;
-  if (opts.max_epochs() >= 0) return opts.max_epochs();
-  // Lightning's 1000 when nothing else bounds the fit: max_steps, max_time or a Timer callback
-  // (Trainer's _init_fit_loop / fit loop connector leave max_epochs -1 then).
-  if (opts.max_steps() >= 0 || opts.max_time()) return -1;
+  if (opts.max_epochs()) return *opts.max_epochs();  // -1: no limit
+  return unset_max_epochs_bounded() ? -1 : 1000;
+}
+
+bool Run::unset_max_epochs_bounded() const {
+  // Lightning's _parse_loop_limits: an unset max_epochs is no limit when max_steps, max_time or a
+  // Timer callback bounds the fit, else 1000.
+  if (opts.max_steps() >= 0 || opts.max_time()) return true;
   for (const auto& c : callbacks) {
-    if (dynamic_cast<const Timer*>(c.get()) != nullptr) return -1;
+    if (dynamic_cast<const Timer*>(c.get()) != nullptr) return true;
   }
-  return 1000;
+  return false;
 }
 
 int64_t Run::estimated_stepping_batches() const {
@@ -343,8 +347,9 @@ int64_t Run::estimated_stepping_batches() const {
   const int64_t epochs = resolved_max_epochs();
   if (epochs < 0) {
     VOLT_CHECK(opts.max_steps() >= 0, ConfigError,
-               "[Trainer] estimated_stepping_batches() has no bound to count: only time (max_time "
-               "or a Timer) ends this fit; set max_epochs or max_steps as well.");
+               "[Trainer] estimated_stepping_batches() has no bound to count: no epoch or step "
+               "limit ends this fit (max_epochs=-1, or only time: max_time or a Timer); set "
+               "max_epochs or max_steps as well.");
     return opts.max_steps();
   }
   const int64_t batches = train_limit(*fit_train);
@@ -774,7 +779,7 @@ std::string Run::config_fingerprint() const {
   // What every rank must agree on: the loop's settings and the model's parameters. Paths
   // (default_root_dir) and display settings may differ between nodes.
   auto s = detail::c_stream<std::ostringstream>();
-  s << "max_epochs=" << opts.max_epochs() << ";max_steps=" << opts.max_steps()
+  s << "max_epochs=" << opts.max_epochs().value_or(-2) << ";max_steps=" << opts.max_steps()
     << ";min_epochs=" << opts.min_epochs() << ";min_steps=" << opts.min_steps()
     << ";limit_train=" << opts.limit_train_batches() << ";overfit=" << opts.overfit_batches()
     << ";limit_val=" << opts.limit_val_batches() << ";val_check=" << opts.val_check_interval()
@@ -980,7 +985,27 @@ void Run::send_to_loggers(const Metrics& m, c10::optional<int64_t> at_step) {
 
 void Run::log_hparams() {
   if (module == nullptr) return;
-  for (const auto& l : loggers()) l->log_hyperparams(module->hparams());
+  // The module's and the DataModule's, as Lightning's _log_hyperparams merges them; a key both
+  // hold with different values is an error there too.
+  std::map<std::string, std::string> hparams = module->hparams();
+  if (data != nullptr) {
+    std::string differ;
+    for (const auto& [key, value] : data->hparams()) {
+      const auto it = hparams.find(key);
+      if (it != hparams.end() && it->second != value) {
+        differ +=
+            (differ.empty() ? "\"" : ", \"") + key + "\" (" + it->second + " / " + value + ")";
+      }
+      hparams[key] = value;
+    }
+    VOLT_CHECK(differ.empty(), ConfigError,
+               "[Trainer] the module's and the DataModule's "
+               "hyper-parameters both hold ",
+               differ,
+               " with different values (module / DataModule); rename one of them so that "
+               "hparams.yaml can hold both.");
+  }
+  for (const auto& l : loggers()) l->log_hyperparams(hparams);
 }
 
 void Run::save_loggers() {

@@ -104,6 +104,16 @@ void Run::guarded(Module& m, Stage stage, F&& body) {
       } catch (...) {
       }
     }
+    // Then the DataModule's, as Lightning's _interrupt.
+    if (data != nullptr) {
+      try {
+        data->on_exception(e);
+      } catch (const std::exception& failed) {
+        log_warning("Trainer",
+                    std::string("the DataModule's on_exception failed: ") + failed.what());
+      } catch (...) {
+      }
+    }
     teardown_hooks(m, stage, /*failed=*/true);
     try {
       // Pending checkpoint writes (a restart resumes from them) and what on_exception saved are

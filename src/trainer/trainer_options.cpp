@@ -58,14 +58,15 @@ void TrainerOptions::validate() const {
              "[Trainer] graph_training_step and trace_training_step are both set; a CUDA graph "
              "replays the step's kernels as captured, a trace replaces some of them with fused "
              "CPU loops: choose one (graphs on CUDA, the trace on CPU).");
-  VOLT_CHECK(max_epochs_ >= -1, ConfigError, "[Trainer] max_epochs=", max_epochs_,
-             " is invalid; pass a number of epochs >= 0, or -1 for the default.");
+  VOLT_CHECK(!max_epochs_ || *max_epochs_ >= -1, ConfigError,
+             "[Trainer] max_epochs=", max_epochs_.value_or(0),
+             " is invalid; pass a number of epochs >= 0, -1 for no limit, or leave it unset.");
   VOLT_CHECK(num_nodes_ >= 1, ConfigError, "[Trainer] num_nodes=", num_nodes_,
              " is invalid; pass the number of nodes (>= 1).");
   VOLT_CHECK(min_epochs_ >= 0, ConfigError, "[Trainer] min_epochs=", min_epochs_,
              " is negative; pass 0 or more.");
-  VOLT_CHECK(max_epochs_ < 0 || min_epochs_ <= max_epochs_, ConfigError,
-             "[Trainer] min_epochs=", min_epochs_, " exceeds max_epochs=", max_epochs_,
+  VOLT_CHECK(max_epochs_.value_or(-1) < 0 || min_epochs_ <= *max_epochs_, ConfigError,
+             "[Trainer] min_epochs=", min_epochs_, " exceeds max_epochs=", max_epochs_.value_or(-1),
              "; lower min_epochs.");
   VOLT_CHECK(max_steps_ >= -1, ConfigError, "[Trainer] max_steps=", max_steps_,
              " is invalid; pass a step count >= 0, or -1 for no limit.");
@@ -146,7 +147,7 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
   using detail::optional_text;
   os << "TrainerOptions(accelerator=" << o.accelerator() << ", devices=" << o.devices()
      << ", num_nodes=" << o.num_nodes() << ", strategy=" << o.strategy()
-     << ", precision=" << o.precision() << ", max_epochs=" << o.max_epochs()
+     << ", precision=" << o.precision() << ", max_epochs=" << optional_text(o.max_epochs())
      << ", min_epochs=" << o.min_epochs() << ", max_steps=" << o.max_steps()
      << ", min_steps=" << o.min_steps() << ", max_time=" << optional_text(o.max_time())
      << ", limit_train_batches=" << o.limit_train_batches()

@@ -213,8 +213,11 @@ LrFinderResult run_range_test(Module& module, TrainerOptions options, LrFinderOp
   callback->result.mode = finder.mode();
   options = detail::trial_options(std::move(options));
   detail::ModuleSnapshot snapshot(module, kTag);
+  // Eager steps: the callback reads each step's loss in on_before_backward, which a replayed
+  // CUDA graph does not run.
   options.max_steps(finder.num_training())
       .limit_val_batches(0)
+      .graph_training_step(false)
       .callbacks({callback, snapshot.after_configure_model()});
   try {
     detail::TunerTrialScope trial;  // no configure_callbacks() in a trial

@@ -125,6 +125,20 @@ TEST(EarlyStopping, MissingMetricIsAConfigErrorWhenStrict) {
     EXPECT_NE(std::string(e.what()).find("\"nope\" was not logged"), std::string::npos) << e.what();
   }
   EXPECT_THROW(volt::EarlyStopping(volt::EarlyStoppingOptions("")), volt::ConfigError);
+  // strict(false): the run goes on; with verbose it says so once (Lightning's RuntimeWarning),
+  // quietly otherwise.
+  for (const bool verbose : {true, false}) {
+    const auto logs = volt_test::capture_logs([&] {
+      EXPECT_EQ(epochs_run({1}, volt::EarlyStoppingOptions("nope_" + std::to_string(verbose))
+                                    .strict(false)
+                                    .verbose(verbose)),
+                20);
+    });
+    int warned = 0;
+    for (const auto& l : logs)
+      warned += l.find("is not available, so it does not stop") != std::string::npos;
+    EXPECT_EQ(warned, verbose ? 1 : 0) << verbose;
+  }
 }
 
 // As Lightning: off under fast_dev_run, where a smoke run's monitor may not be logged (it was a
@@ -153,8 +167,8 @@ TEST(EarlyStopping, VerboseLogsImprovementsAndTheStop) {
   };
   EXPECT_EQ(has("Metric m improved. New best score: 5.000"), 1);
   EXPECT_EQ(has("Metric m improved by 1.000 >= min_delta = 0.5. New best score: 4.000"), 1);
-  EXPECT_EQ(has("monitored metric m did not improve in the last 2 checks; best score 4; asking "
-                "the Trainer to stop."),
+  EXPECT_EQ(has("Monitored metric m did not improve in the last 2 records. Best score: 4.000. "
+                "Signaling Trainer to stop."),
             1);
   EXPECT_EQ(has("[rank:"), 0);
   // Quiet by default.
@@ -227,7 +241,7 @@ TEST(EarlyStopping, StoppingReasonSaysWhyAndIsCheckpointed) {
         dir / "stopped.ckpt");
   EXPECT_EQ(restored->stopping_reason(), R::kStoppingThreshold);
   EXPECT_EQ(restored->stop_reason(), es->stop_reason());
-  EXPECT_NE(restored->stop_reason().find("stopping threshold reached"), std::string::npos)
+  EXPECT_NE(restored->stop_reason().find("Stopping threshold reached"), std::string::npos)
       << restored->stop_reason();
 }
 

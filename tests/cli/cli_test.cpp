@@ -393,7 +393,8 @@ TEST(Cli, HelpListsEveryOptionWithTypeAndDefault) {
     EXPECT_NE(r.out.find("--trainer." + spec.name + " "), std::string::npos) << spec.name;
   }
   // Name, type and default in aligned columns (as wide as the section's longest name).
-  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(--trainer\.max_epochs {2,}int {2,}\[-1\])")))
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex(R"(--trainer\.max_epochs {2,}int\|null {2,}\[null\])")))
       << r.out;
   EXPECT_NE(r.out.find("--model.lr"), std::string::npos);
   EXPECT_NE(r.out.find("--data.batch_size"), std::string::npos);
@@ -440,7 +441,7 @@ TEST(Cli, BadConfigsExitWithCodeTwo) {
                                                                 "you mean \"trainer.max_epochs\"?");
   expect_usage_error(
       {"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs=three"},
-      "trainer.max_epochs (--trainer.max_epochs=three): expected int, got \"three\"");
+      "trainer.max_epochs (--trainer.max_epochs=three): expected int or null, got \"three\"");
   expect_usage_error(
       {"fit", "--model=Tny", "--data=Blobs"},
       "unknown model \"Tny\"; valid names: \"RacingRun\", \"Throws\", \"Tiny\", \"WrongWidth\" "
@@ -1729,6 +1730,168 @@ TEST(CliBinary, ALongOverrideIsNamedShortAndCostsItsOwnSize) {
   EXPECT_LT(m.err.size(), 2000u) << m.err.substr(0, 400);  // the override named in 120 bytes
   EXPECT_LT(m.max_rss_kb, base.max_rss_kb + allowed_growth_kb(100 * 1024))
       << "override " << m.max_rss_kb << " KB vs baseline " << base.max_rss_kb << " KB";
+}
+
+// ------------------------------------------------------------------------------------ build_cli
+
+struct BuiltCli {
+  volt::CliObjects objects;
+  std::string out, err;
+};
+
+/// build_cli on `args` (after a program name) with this file's registry and `o`'s other fields.
+BuiltCli build(std::vector<std::string> args, volt::CliOptions o = {}) {
+  static const volt::Registry reg = make_registry();
+  args.insert(args.begin(), "my_trainer");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  o.out = &out;
+  o.err = &err;
+  o.registry = &reg;
+  volt::CliObjects objects = volt::build_cli(static_cast<int>(argv.size()), argv.data(), o);
+  return {std::move(objects), out.str(), err.str()};
+}
+
+// Lightning's LightningCLI(run=False): the program gets the Trainer, model and data module the
+// command line configures and runs them itself. Fitting them gives what `volt fit` gives on the
+// same command line (the same seeding and building), and the config is saved as fit starts.
+TEST(BuildCli, BuildsWhatTheCommandLineConfiguresForTheProgramToRun) {
+  volt_test::TempDir dir;
+  std::vector<std::string> args = base(dir);
+  args.push_back("--trainer.max_epochs=2");
+  args.push_back("--model.lr=0.05");
+  BuiltCli b = build(args);
+  ASSERT_FALSE(b.objects.exit_code.has_value()) << b.err;
+  ASSERT_TRUE(b.objects.trainer && b.objects.model && b.objects.data);
+  EXPECT_EQ(b.objects.trainer->options().max_epochs(), int64_t{2});
+  EXPECT_TRUE(b.objects.ckpt_path.empty());
+  EXPECT_TRUE(b.out.empty()) << b.out;
+  volt::Trainer& trainer = *b.objects.trainer;
+  trainer.fit(*b.objects.model, *b.objects.data, b.objects.ckpt_path);
+  EXPECT_EQ(trainer.state().global_step, 16);  // 2 epochs of 128 rows in batches of 16
+  EXPECT_EQ(file_text(trainer.log_dir() + "/config.yaml"), b.objects.config);
+  EXPECT_NE(b.objects.config.find("lr: 0.05"), std::string::npos) << b.objects.config;
+  ASSERT_EQ(trainer.callback_metrics().count("val_loss"), 1u);
+  const double val_loss = trainer.callback_metrics().at("val_loss");
+  const volt::Metrics tested = trainer.test(*b.objects.model, *b.objects.data);
+  EXPECT_EQ(tested.count("test_acc"), 1u);
+
+  volt_test::TempDir other;
+  std::vector<std::string> cli = base(other);
+  cli.insert(cli.begin(), "fit");
+  cli.push_back("--trainer.max_epochs=2");
+  cli.push_back("--model.lr=0.05");
+  const Result r = run(cli);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double printed = final_val_loss(r.out);
+  ASSERT_GE(printed, 0.0) << r.out;
+  EXPECT_NEAR(val_loss, printed, 1e-5 * (1.0 + printed));
+
+  // Without the config saver (Lightning's save_config_callback=None) no config.yaml is written.
+  volt_test::TempDir unsaved;
+  volt::CliOptions o;
+  o.save_config = false;
+  BuiltCli n = build(base(unsaved), o);
+  ASSERT_FALSE(n.objects.exit_code.has_value()) << n.err;
+  n.objects.trainer->fit(*n.objects.model, *n.objects.data);
+  EXPECT_FALSE(fs::exists(n.objects.trainer->log_dir() + "/config.yaml"));
+  EXPECT_TRUE(fs::exists(n.objects.trainer->log_dir() + "/metrics.csv"))
+      << n.objects.trainer->log_dir();
+}
+
+// CliOptions::defaults and default_config_files (Lightning's trainer_defaults / model_class and
+// default_config_files) sit below the command line's --config files and overrides, for run_cli
+// and build_cli alike; --help shows them, print-config includes them.
+TEST(BuildCli, ProgramDefaultsSitBelowConfigFilesAndOverrides) {
+  volt_test::TempDir dir;
+  write(dir / "site.yaml", "trainer:\n  max_epochs: 3\n");
+  volt::CliOptions o;
+  o.defaults =
+      "model: Tiny\ndata: {class_path: Blobs, init_args: {n: 64}}\n"
+      "trainer:\n  max_epochs: 4\n  accumulate_grad_batches: 2\n";
+  o.default_config_files = {dir / "missing.yaml", dir / "site.yaml"};
+  const std::vector<std::string> args = {"--trainer.default_root_dir=" + dir.path,
+                                         "--trainer.enable_progress_bar=false"};
+  BuiltCli b = build(args, o);
+  ASSERT_FALSE(b.objects.exit_code.has_value()) << b.err;
+  EXPECT_EQ(b.objects.trainer->options().max_epochs(), int64_t{3});  // the file over defaults
+  EXPECT_EQ(b.objects.trainer->options().accumulate_grad_batches(), 2);
+  EXPECT_NE(b.objects.config.find("n: 64"), std::string::npos) << b.objects.config;
+  auto over = args;
+  over.push_back("--trainer.max_epochs=1");
+  write(dir / "run.yaml", "trainer:\n  accumulate_grad_batches: 1\n");
+  over.insert(over.begin(), {"--config", dir / "run.yaml"});
+  BuiltCli c = build(over, o);
+  ASSERT_FALSE(c.objects.exit_code.has_value()) << c.err;
+  EXPECT_EQ(c.objects.trainer->options().max_epochs(), int64_t{1});
+  EXPECT_EQ(c.objects.trainer->options().accumulate_grad_batches(), 1);
+
+  // The same defaults under run_cli.
+  static const volt::Registry reg = make_registry();
+  const auto run_with = [&](std::vector<std::string> a) {
+    a.insert(a.begin(), "my_cli");
+    std::vector<const char*> argv;
+    for (const auto& x : a) argv.push_back(x.c_str());
+    std::ostringstream out, err;
+    volt::CliOptions ro = o;
+    ro.out = &out;
+    ro.err = &err;
+    ro.registry = &reg;
+    const int code = volt::run_cli(static_cast<int>(argv.size()), argv.data(), ro);
+    return Result{code, out.str(), err.str()};
+  };
+  const Result printed = run_with({"print-config"});
+  ASSERT_EQ(printed.code, 0) << printed.err;
+  EXPECT_NE(printed.out.find("max_epochs: 3"), std::string::npos) << printed.out;
+  EXPECT_NE(printed.out.find("accumulate_grad_batches: 2"), std::string::npos) << printed.out;
+  EXPECT_NE(printed.out.find("class_path: Tiny"), std::string::npos) << printed.out;
+  const Result help = run_with({"fit", "--help"});
+  ASSERT_EQ(help.code, 0) << help.err;
+  EXPECT_NE(help.out.find("This program's defaults"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("\n    model: Tiny\n"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find(dir / "missing.yaml" + " (not there: skipped)"), std::string::npos)
+      << help.out;
+  const Result fitted = run_with(
+      {"fit", "--trainer.default_root_dir=" + dir.path, "--trainer.enable_progress_bar=false"});
+  ASSERT_EQ(fitted.code, 0) << fitted.err;
+  EXPECT_NE(fitted.out.find("(6 steps)"), std::string::npos) << fitted.out;  // 3 x 4 batches / 2
+}
+
+TEST(BuildCli, HelpPrintConfigAndBadInputSetTheExitCode) {
+  volt_test::TempDir dir;
+  BuiltCli help = build({"--help"});
+  EXPECT_EQ(help.objects.exit_code, std::optional<int>(volt::kCliOk));
+  EXPECT_FALSE(help.objects.trainer);
+  EXPECT_EQ(help.out.rfind("usage: my_trainer [--config FILE]", 0), 0u) << help.out;
+  EXPECT_NE(help.out.find("--trainer.max_epochs"), std::string::npos) << help.out;
+
+  auto args = base(dir);
+  args.push_back("--trainer.max_epochs=2");
+  args.push_back("--print_config");
+  BuiltCli printed = build(args);
+  EXPECT_EQ(printed.objects.exit_code, std::optional<int>(volt::kCliOk)) << printed.err;
+  EXPECT_FALSE(printed.objects.trainer);
+  EXPECT_NE(printed.out.find("max_epochs: 2"), std::string::npos) << printed.out;
+  EXPECT_EQ(printed.out, printed.objects.config);
+
+  const auto expect_bad = [](const BuiltCli& b, const std::string& phrase) {
+    EXPECT_EQ(b.objects.exit_code, std::optional<int>(volt::kCliBadUsage)) << b.err;
+    EXPECT_FALSE(b.objects.trainer);
+    EXPECT_NE(b.err.find(phrase), std::string::npos) << b.err;
+    EXPECT_EQ(std::count(b.err.begin(), b.err.end(), '\n'), 1) << b.err;
+    EXPECT_TRUE(b.out.empty()) << b.out;
+  };
+  expect_bad(build({"fit", "--model=Tiny"}),
+             "unexpected argument \"fit\"; my_trainer takes options only");
+  expect_bad(build({"--print_config=true"}), "--print_config takes no value here");
+  expect_bad(build({"--model=Tiny", "--data=Blobs", "--trainer.max_epochs=-5"}),
+             "[Trainer] max_epochs=-5");
+  volt::CliOptions o;
+  o.defaults = "trainer: [";
+  expect_bad(build({}, o), "CliOptions::defaults");
+  o.defaults = "trainer: {max_epoch: 3}\n";
+  expect_bad(build({"--model=Tiny", "--data=Blobs"}, o), "CliOptions::defaults:1");
 }
 
 }  // namespace

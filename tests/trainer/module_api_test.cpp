@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "error_text.h"
+#include "log_capture.h"
 #include "tiny.h"
 #include "volt/nn/parameters.h"
 
@@ -121,12 +122,49 @@ TEST(ModuleApi, OnlyTimeBoundsAFitGivenMaxTimeOrATimer) {
     EXPECT_NE(model.error.find("set max_epochs or max_steps"), std::string::npos)
         << c.first << ": " << model.error;
   }
-  // Nothing set: Lightning's 1000.
+  // Nothing set: Lightning's 1000, with its warning.
   auto stops = std::make_shared<StopsAtOnce>();
   TinyClassifier model;
   volt::Trainer trainer(quiet(dir.path).callbacks({stops}));
-  trainer.fit(model, volt_test::loader(volt_test::blobs(32)));
+  const auto logs =
+      volt_test::capture_logs([&] { trainer.fit(model, volt_test::loader(volt_test::blobs(32))); });
   EXPECT_EQ(stops->max_epochs, 1000);
+  EXPECT_TRUE(volt_test::has(logs, "max_epochs was not set; training for at most 1000 epochs"))
+      << logs.size();
+  // Bounded by max_steps or max_time, or no limit asked for: no warning.
+  for (auto options : {quiet(dir.path).max_steps(5), quiet(dir.path).max_time(3600.0),
+                       quiet(dir.path).max_epochs(-1)}) {
+    TinyClassifier bounded;
+    volt::Trainer t(options.callbacks({std::make_shared<StopsAtOnce>()}));
+    const auto quiet_logs =
+        volt_test::capture_logs([&] { t.fit(bounded, volt_test::loader(volt_test::blobs(32))); });
+    EXPECT_FALSE(volt_test::has(quiet_logs, "max_epochs was not set")) << options;
+  }
+}
+
+// max_epochs=-1 is Lightning's "no epoch limit": the fit runs until something stops it (here the
+// module after 1003 epochs). Before session 108 an explicit -1 meant "unset", and the fit ended
+// after 1000 epochs.
+TEST(ModuleApi, MaxEpochsMinusOneTrainsUntilStopped) {
+  class StopsAfter : public TinyClassifier {
+   public:
+    std::vector<volt::OptimizerConfig> configure_optimizers() override {
+      error = error_of<volt::ConfigError>([&] { estimated_stepping_batches(); });
+      return TinyClassifier::configure_optimizers();
+    }
+    void on_train_epoch_end() override {
+      if (++epochs == 1003) run()->request_stop();
+    }
+    int64_t epochs = 0;
+    std::string error;
+  } model;
+  volt_test::TempDir dir;
+  volt::Trainer trainer(quiet(dir.path).max_epochs(-1).limit_train_batches(int64_t{1}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(8), 8));
+  EXPECT_EQ(model.epochs, 1003);
+  EXPECT_EQ(trainer.state().global_step, 1003);
+  EXPECT_NE(model.error.find("max_epochs=-1"), std::string::npos) << model.error;
+  EXPECT_THROW(volt::Trainer(quiet(dir.path).max_epochs(-2)), volt::ConfigError);
 }
 
 TEST(ModuleApi, LogDictLogsEveryEntryWithTheOptions) {

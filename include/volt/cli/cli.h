@@ -14,11 +14,17 @@
 
 #include <exception>
 #include <iosfwd>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace volt {
 
 struct Registry;
+class Trainer;
+class Module;
+class DataModule;
 
 /// Exit codes of run_cli.
 enum CliExit : int {
@@ -44,12 +50,54 @@ struct CliOptions {
   std::ostream* err = nullptr;
   /// Component names to build from. Default: volt::registry().
   const Registry* registry = nullptr;
+  /// Your program's own defaults (Lightning's trainer_defaults, seed_everything_default and
+  /// model_class in one): YAML in the config's layout, read before any default config file,
+  /// --config file and override, which override it. `--help` shows it, print-config includes
+  /// it. E.g. "model: MyModel\ntrainer:\n  max_epochs: 20\n  callbacks: [EarlyStopping]\n".
+  /// Malformed YAML or a bad value is a ConfigError naming "CliOptions::defaults". Default: none.
+  std::string defaults;
+  /// Config files read after `defaults` and before the command line's (Lightning's
+  /// parser_kwargs default_config_files); one that does not exist is skipped. Default: none.
+  std::vector<std::string> default_config_files;
+  /// Write the resolved config into the run's log folder as config.yaml when an entry point
+  /// first runs (Lightning's SaveConfigCallback; false: its save_config_callback=None).
+  /// Default: true.
+  bool save_config = true;
 };
 
 /// Runs `fit | validate | test | predict | print-config | report` as argv says and returns a
 /// CliExit code; every error is reported as one "[component] what; how to fix" line, never
 /// thrown.
 int run_cli(int argc, const char* const* argv, const CliOptions& options = {});
+
+/// What build_cli made from a command line: the objects a config describes, built and not run.
+struct CliObjects {
+  /// Set when the program should exit with it instead of running: kCliOk after --help or
+  /// --print_config (printed on CliOptions::out), kCliBadUsage after a bad command line or config
+  /// (one "[component] what; how to fix" line on CliOptions::err). Unset: the objects are ready.
+  std::optional<int> exit_code;
+  /// With the config's options, callbacks, loggers, profiler, strategy and precision (and the
+  /// config saver unless CliOptions::save_config is false).
+  std::shared_ptr<Trainer> trainer;
+  std::shared_ptr<Module> model;
+  std::shared_ptr<DataModule> data;
+  /// The config's ckpt_path ("" when unset): pass it to fit / validate / test / predict.
+  std::string ckpt_path;
+  /// The resolved config as YAML (what print-config prints and config.yaml holds).
+  std::string config;
+};
+
+/// Lightning's LightningCLI(run=False): reads `--config FILE`, `--section.key=VALUE`, `--help`
+/// and `--print_config` (no command; the keys of `volt fit --help`), seeds, builds the Trainer,
+/// model and data module, and returns them for your program to run as it likes:
+///
+///   auto cli = volt::build_cli(argc, argv, options);
+///   if (cli.exit_code) return *cli.exit_code;
+///   cli.trainer->fit(*cli.model, *cli.data, cli.ckpt_path);
+///   cli.trainer->test(*cli.model, *cli.data, "best");
+///
+/// Never throws; errors raised by the entry points you then call are yours to catch.
+CliObjects build_cli(int argc, const char* const* argv, const CliOptions& options = {});
 
 /// Under torchrun, writes `e` to the file its agent named in TORCHELASTIC_ERROR_FILE, in the
 /// layout of Python's @record, so that torchrun's failure summary shows this worker's error

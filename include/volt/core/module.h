@@ -53,8 +53,10 @@ class Module : public torch::nn::Module {
   /// Returns the loss to minimise (automatic optimization) or an undefined tensor to skip the
   /// batch / when optimizing manually.
   virtual at::Tensor training_step(const Batch& batch, int64_t batch_idx) = 0;
-  virtual void validation_step(const Batch& batch, int64_t batch_idx) {}
-  virtual void test_step(const Batch& batch, int64_t batch_idx) {}
+  /// Defaults: nothing (Lightning's unimplemented steps): fit then skips validation with a
+  /// warning, and validate() / test() are a ConfigError asking to override it.
+  virtual void validation_step(const Batch& batch, int64_t batch_idx);
+  virtual void test_step(const Batch& batch, int64_t batch_idx);
   /// Default: throws ConfigError asking to override it.
   virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
   virtual std::vector<OptimizerConfig> configure_optimizers() = 0;

@@ -2,6 +2,9 @@
 /// DataModule: the loaders of one data set, built lazily for the stage that needs them.
 
 #include <c10/util/Optional.h>
+#include <exception>
+#include <map>
+#include <string>
 
 #include <vector>
 
@@ -34,6 +37,10 @@ class DataModule {
   /// module's setup, on every process; the loaders are asked for after it.
   virtual void setup(Stage stage) {}
   virtual void teardown(Stage stage) {}
+  /// When an entry point fails (after the callbacks' on_exception, before the teardown hooks),
+  /// with the error (Lightning's LightningDataModule.on_exception). An error it raises is logged
+  /// and the original one goes on.
+  virtual void on_exception(const std::exception& error) {}
   /// Required for fit(); the default throws ConfigError.
   virtual DataLoader train_dataloader();
   virtual c10::optional<DataLoader> val_dataloader() { return c10::nullopt; }
@@ -57,7 +64,9 @@ class DataModule {
   /// State kept in checkpoints (Lightning's LightningDataModule.state_dict/load_state_dict): every
   /// checkpoint a run given this DataModule writes holds what save_state writes; load_state
   /// reads it back when fit resumes (the loaders are then built again from the restored state)
-  /// and when validate/test/predict load a checkpoint (before their loader is asked for).
+  /// and when validate/test/predict load a checkpoint (before their loader is asked for), if the
+  /// checkpoint holds the state of this DataModule's type (a run given another type skips it, as
+  /// Lightning keys it by class).
   virtual void save_state(torch::serialize::OutputArchive& archive) const {}
   virtual void load_state(torch::serialize::InputArchive& archive) {}
 
@@ -68,6 +77,12 @@ class DataModule {
   virtual Batch on_before_batch_transfer(Batch batch);
   virtual Batch transfer_batch_to_device(Batch batch, c10::Device device);
   virtual Batch on_after_batch_transfer(Batch batch);
+
+  /// Hyper-parameters of the data (batch size, paths), recorded by loggers (hparams.yaml) beside
+  /// the module's, as Lightning's LightningDataModule.save_hyperparameters: a key both set to
+  /// different values is a ConfigError when the run logs them.
+  void save_hyperparameters(std::map<std::string, std::string> hp) { hparams_ = std::move(hp); }
+  const std::map<std::string, std::string>& hparams() const { return hparams_; }
 
   /// The epoch the Trainer asks for loaders of, so that train_dataloader() can build
   /// epoch-dependent data (a curriculum): 0 when fit starts, then N, 2N... with
@@ -83,6 +98,7 @@ class DataModule {
   /// Which batch hooks ran as their default since the Trainer cleared these bits
   /// (src/core/detail/default_steps.h).
   unsigned default_steps_ran_ = 0;
+  std::map<std::string, std::string> hparams_;
 };
 
 }  // namespace volt

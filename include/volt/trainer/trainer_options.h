@@ -39,9 +39,10 @@ struct TrainerOptions {
   /// short names "32", "bf16", "16" and "64" too; `volt fit --help` lists them with their
   /// parameters) or a Precision object. Default: "32-true".
   TORCH_ARG(Spec<Precision>, precision) = "32-true";
-  /// Stop after this many epochs; -1 = no limit when max_steps, max_time or a Timer callback
-  /// bounds the fit, else 1000 (Lightning's default). Default: -1.
-  TORCH_ARG(int64_t, max_epochs) = -1;
+  /// Stop after this many epochs; -1 = no limit (train until max_steps, max_time, a callback or
+  /// the module stops it). Unset (Lightning's None): no limit when max_steps, max_time or a
+  /// Timer callback bounds the fit, else 1000 with a warning, as Lightning's. Default: unset.
+  TORCH_ARG(c10::optional<int64_t>, max_epochs);
   /// Keep training (ignore stop requests) until this many epochs. Default: 0.
   TORCH_ARG(int64_t, min_epochs) = 0;
   /// Stop after this many optimizer steps; -1 = no limit. Default: -1.

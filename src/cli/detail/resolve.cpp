@@ -619,8 +619,9 @@ Params trainer_params(const Registry& reg) {
       .add("num_nodes", d.num_nodes(), "nodes taking part (world size = devices x num_nodes)")
       .choice("strategy", d.strategy().name(), strategies, "how work spreads over devices")
       .choice("precision", d.precision().name(), reg.precisions.names(), "numeric precision")
-      .add("max_epochs", d.max_epochs(),
-           "stop after this many epochs; -1 = 1000 if max_steps unset")
+      .optional<int64_t>("max_epochs",
+                         "stop after this many epochs; -1 = no limit; null = no limit when "
+                         "max_steps or max_time bounds the fit, else 1000")
       .add("min_epochs", d.min_epochs(), "ignore stop requests until this many epochs")
       .add("max_steps", d.max_steps(), "stop after this many optimizer steps; -1 = no limit")
       .add("min_steps", d.min_steps(), "ignore stop requests until this many optimizer steps")
@@ -707,7 +708,6 @@ TrainerOptions trainer_options(const Args& a) {
       .num_nodes(a.get<int64_t>("num_nodes"))
       .strategy(a.get<std::string>("strategy"))
       .precision(a.get<std::string>("precision"))
-      .max_epochs(a.get<int64_t>("max_epochs"))
       .min_epochs(a.get<int64_t>("min_epochs"))
       .max_steps(a.get<int64_t>("max_steps"))
       .min_steps(a.get<int64_t>("min_steps"))
@@ -745,6 +745,7 @@ TrainerOptions trainer_options(const Args& a) {
       .reuse_host_memory(a.get<bool>("reuse_host_memory"))
       .progress_refresh_s(a.get<double>("progress_refresh_s"));
   if (auto v = a.get_optional<int64_t>("check_val_every_n_epoch")) o.check_val_every_n_epoch(*v);
+  if (auto v = a.get_optional<int64_t>("max_epochs")) o.max_epochs(*v);
   if (auto v = a.get_optional<double>("max_time")) o.max_time(*v);
   if (auto v = a.get_optional<double>("val_check_interval_s")) o.val_check_interval_s(*v);
   if (auto v = a.get_optional<double>("gradient_clip_val")) o.gradient_clip_val(*v);

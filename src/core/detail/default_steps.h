@@ -22,6 +22,9 @@ struct DefaultSteps {
     kBeforeBatchTransfer = 8,
     kTransferBatch = 16,
     kAfterBatchTransfer = 32,
+    // The Module's evaluation steps (none: nothing to validate or test).
+    kValidationStep = 64,
+    kTestStep = 128,
   };
   // T: Module or DataModule (both befriend this struct).
   template <typename T>

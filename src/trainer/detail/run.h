@@ -188,6 +188,9 @@ class Run : public RunContext {
   /// Seconds since last_val_end.
   double since_last_validation() const;
   bool fast_dev = false;
+  /// The module does not override validation_step (its default ran in a fit's validation):
+  /// the fit drops its validation loaders, as Lightning skips its val loop then.
+  bool no_validation_step = false;
   Profiler* prof = nullptr;           // opts.profiler(), or null
   PassThroughProfiler pass_through_;  // profiler() when prof is null
   const std::vector<std::shared_ptr<Logger>> no_loggers_;
@@ -321,6 +324,9 @@ class Run : public RunContext {
 
   // ---------------------------------------------------------------- setup and limits
   int64_t resolved_max_epochs() const;
+  /// With max_epochs unset: whether max_steps, max_time or a Timer bounds the fit (no epoch
+  /// limit then; 1000 otherwise).
+  bool unset_max_epochs_bounded() const;
   int64_t val_limit(const DataLoader& val) const;
   /// `limit` of a loader of `available` batches; a fraction that leaves no batch of a non-empty
   /// loader is a ConfigError naming `option` (Lightning's _parse_num_batches).

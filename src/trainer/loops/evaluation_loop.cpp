@@ -3,7 +3,10 @@
 
 #include <utility>
 
+#include "core/detail/default_steps.h"
 #include "trainer/detail/run.h"
+#include "volt/core/check.h"
+#include "volt/core/log.h"
 
 namespace volt {
 namespace detail {
@@ -70,8 +73,12 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   // A stop signal ends validate()/test() (Run::check_stop_in_evaluation); inside fit the
   // training loop acts on it.
   const bool entry_point = r.st.stage == stage;
+  // Whether the module overrides the step, seen at the first one (C++ cannot ask): its default
+  // marks that it ran (Lightning asks is_overridden before the loop).
+  const auto step_bit = is_test ? DefaultSteps::kTestStep : DefaultSteps::kValidationStep;
+  bool step_checked = false;
   // Several loaders run one after the other (Lightning's sequential mode), each from batch 0.
-  for (size_t d = 0; d < loaders.size(); ++d) {
+  for (size_t d = 0; d < loaders.size() && !r.no_validation_step; ++d) {
     r.st.dataloader_idx = static_cast<int64_t>(d);
     r.st.num_eval_batches = limits[d];
     r.log_dataloader = loaders.size() > 1 ? static_cast<int64_t>(d) : -1;
@@ -98,10 +105,35 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
       {
         Run::Part part(r, is_test ? "test_step" : "validation_step");
         ProfileScope p(r.prof, is_test ? "test_step" : "validation_step");
+        if (!step_checked) DefaultSteps::clear(m);
         if (is_test) {
           r.strategy().test_step(m, batch, idx);
         } else {
           r.strategy().validation_step(m, batch, idx);
+        }
+      }
+      if (!step_checked) {
+        step_checked = true;
+        if (DefaultSteps::ran(m, step_bit)) {
+          const char* step = is_test ? "test_step" : "validation_step";
+          VOLT_CHECK(!entry_point, ConfigError, "[Trainer] ", is_test ? "test()" : "validate()",
+                     " needs the module's ", step,
+                     ", which it does not override (the default "
+                     "does nothing); override ",
+                     step,
+                     "(batch, batch_idx) and log what to "
+                     "measure there.");
+          // Inside fit (Lightning: "You passed in a val_dataloader but have no validation_step.
+          // Skipping val loop."): the fit drops its validation loaders after this pass.
+          if (r.is_global_zero()) {
+            log_warning("Trainer",
+                        "validation loaders were given but the module does not override "
+                        "validation_step; skipping validation for this fit (override "
+                        "validation_step to validate).");
+          }
+          r.no_validation_step = true;
+          r.st.num_val_batches = 0;  // callbacks check at epoch ends, as without validation
+          break;
         }
       }
       if (is_test) {

@@ -26,6 +26,7 @@ std::vector<int64_t> val_limits(const Run& r, const std::vector<DataLoader>& val
   return limits;
 }
 bool validates(const Run& r, const std::vector<DataLoader>& val) {
+  if (r.no_validation_step) return false;
   for (const auto& v : val) {
     if (r.val_limit(v) > 0) return true;
   }
@@ -415,6 +416,11 @@ std::string describe_global_batch(int64_t per_process, int64_t data_parallel, in
 void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loaders,
               const std::string& ckpt_path, const LoaderReload& reload) {
   Module& m = *r.module;
+  if (!r.fast_dev && !r.opts.max_epochs() && !r.unset_max_epochs_bounded() && r.is_global_zero()) {
+    log_warning("Trainer",
+                "max_epochs was not set; training for at most 1000 epochs (Lightning's default). "
+                "Set max_epochs, or max_epochs=-1 to train without an epoch limit.");
+  }
   DataLoader train = train_loader;
   std::vector<DataLoader> val;
   // The loaders as the loop runs them: sharded over the ranks, unshuffled when overfitting.
@@ -422,6 +428,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
     train = r.shard(r.overfitting() ? unshuffled_for_overfitting(r, t, "training") : t);
     val.clear();
     for (const auto& l : v) {
+      if (r.no_validation_step) break;  // nothing to validate with (evaluation_loop)
       val.push_back(r.shard(r.overfitting() ? unshuffled_for_overfitting(r, l, "validation") : l));
     }
     check_loaders(r, train, val);
