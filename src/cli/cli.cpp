@@ -787,13 +787,15 @@ int report_foreign_error(const std::exception& e, bool during_run, std::ostream&
   return kCliRunFailed;
 }
 
-/// Keeps the loggers' shared version claim (one version_N for all of a run's loggers) alive as
-/// long as the Trainer holding it: build_cli returns before they first write.
+/// Keeps the loggers' shared version claim (one version_N for all of a run's loggers) alive
+/// until the first entry point ends (build_cli returns before they first write): later, another
+/// Trainer's logger of the same root must not join this run's folder.
 class LoggerVersionClaims : public Callback {
  public:
   explicit LoggerVersionClaims(std::shared_ptr<const detail::SharedVersionClaims> claims)
       : claims_(std::move(claims)) {}
   std::string state_key() const override { return "LoggerVersionClaims"; }
+  void teardown(RunContext&, Module&, Stage) override { claims_.reset(); }
 
  private:
   std::shared_ptr<const detail::SharedVersionClaims> claims_;

@@ -440,6 +440,8 @@ void Run::setup_run(Module& m, Stage stage) {
   module = &m;
   st.stage = stage;
   st.status = RunStatus::kRunning;
+  no_validation_step = false;  // each entry point's module is seen afresh
+  validation_step_known = false;
   m.attach(this);
   // Before the strategy starts threads of its own: glibc changes its thresholds without
   // synchronising with other threads' mallocs. Logged below, once the rank is known.
@@ -987,6 +989,9 @@ void Run::log_hparams() {
   if (module == nullptr) return;
   // The module's and the DataModule's, as Lightning's _log_hyperparams merges them; a key both
   // hold with different values is an error there too.
+  // Nothing to merge without loggers (Lightning's _log_hyperparams returns first). has_loggers,
+  // not loggers(): ranks above 0 hold none, and the error must be every rank's.
+  if (!has_loggers()) return;
   std::map<std::string, std::string> hparams = module->hparams();
   if (data != nullptr) {
     std::string differ;

@@ -1788,6 +1788,24 @@ TEST(BuildCli, BuildsWhatTheCommandLineConfiguresForTheProgramToRun) {
   ASSERT_GE(printed, 0.0) << r.out;
   EXPECT_NEAR(val_loss, printed, 1e-5 * (1.0 + printed));
 
+  // The loggers a config lists share one version_N until the first entry point ends; a Trainer
+  // the program makes later, logging under the same root, takes a version of its own.
+  volt_test::TempDir shared;
+  std::vector<std::string> two = base(shared);
+  two.insert(two.end(), {"--trainer.max_epochs=1", "--trainer.loggers+=CSVLogger",
+                         "--trainer.loggers+=TensorBoardLogger"});
+  BuiltCli s = build(two);
+  ASSERT_FALSE(s.objects.exit_code.has_value()) << s.err;
+  s.objects.trainer->fit(*s.objects.model, *s.objects.data);
+  EXPECT_EQ(s.objects.trainer->log_dir(), shared.path + "/volt_logs/version_0");
+  {
+    volt_test::TinyClassifier later_model;
+    volt::Trainer later(volt_test::quiet(shared.path).max_epochs(1).logger(true).loggers(
+        {std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(shared.path))}));
+    later.fit(later_model, volt_test::loader(volt_test::blobs(32)));
+    EXPECT_EQ(later.log_dir(), shared.path + "/volt_logs/version_1");
+  }
+
   // Without the config saver (Lightning's save_config_callback=None) no config.yaml is written.
   volt_test::TempDir unsaved;
   volt::CliOptions o;

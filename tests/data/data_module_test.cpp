@@ -151,6 +151,9 @@ TEST(DataHooks, TheDataModulesHparamsAreLoggedWithTheModules) {
   volt::Trainer t2(quiet(dir.path).max_epochs(1).logger(true).loggers({csv("b")}));
   const std::string err = error_of<volt::ConfigError>([&] { t2.fit(model, other); });
   EXPECT_NE(err.find("both hold \"batch_size\" (16 / 32)"), std::string::npos) << err;
+  // Without loggers nothing is merged (Lightning's _log_hyperparams returns first).
+  volt::Trainer t3(quiet(dir.path).max_epochs(1));
+  EXPECT_NO_THROW(t3.fit(model, other));
 }
 
 // Lightning restores a DataModule only from its own class's entry: a fit with one DataModule
@@ -231,6 +234,25 @@ TEST(DataHooks, AModuleWithoutValidationStepSkipsValidationInFitAndCannotValidat
     for (const auto& f : std::filesystem::directory_iterator(dir / "ckpt"))
       files += f.is_regular_file();
     EXPECT_EQ(files, 3) << sanity;
+    // The same Trainer given a module with the step validates it.
+    TinyClassifier validating;
+    const volt::Metrics m = t.validate(validating, data);
+    EXPECT_EQ(m.count("val_loss"), 1u) << sanity;
+  }
+  // A module with test_step only: fit skips validation, and test() on the same Trainer tests
+  // (the finding is the fit's, not the Trainer's).
+  {
+    class TestsOnly : public TrainsOnly {
+     public:
+      void test_step(const volt::Batch& b, int64_t) override {
+        log("test_loss", torch::cross_entropy_loss(fc->forward(b.input), b.target));
+      }
+    } tests_only;
+    TempDir dir;
+    RecordingData data;
+    volt::Trainer t(quiet(dir.path).max_epochs(1));
+    t.fit(tests_only, data);
+    EXPECT_EQ(t.test(tests_only, data).count("test_loss"), 1u);
   }
   TempDir dir;
   TrainsOnly model;

@@ -52,9 +52,10 @@ int free_port() {
 }
 
 /// The value rank `r` printed for `key` ("rank R done step=6 val_loss=0.69 ..." gives "6" for
-/// "step"), on the first line of that rank's that has it; "" when none has.
+/// "step"), the first after "rank R" on the first line of that rank's that has it; "" when none
+/// has.
 std::string rank_field(const std::string& output, int r, const std::string& key) {
-  const std::regex field("rank " + std::to_string(r) + "[^\n]* " + key + "=([^ \n]*)");
+  const std::regex field("rank " + std::to_string(r) + "[^\n]*? " + key + "=([^ \n]*)");
   std::smatch m;
   return std::regex_search(output, m, field) ? m[1].str() : "";
 }

@@ -191,6 +191,9 @@ class Run : public RunContext {
   /// The module does not override validation_step (its default ran in a fit's validation):
   /// the fit drops its validation loaders, as Lightning skips its val loop then.
   bool no_validation_step = false;
+  /// Whether a fit's validation pass has run a step on some rank (the ranks agreed on
+  /// no_validation_step then).
+  bool validation_step_known = false;
   Profiler* prof = nullptr;           // opts.profiler(), or null
   PassThroughProfiler pass_through_;  // profiler() when prof is null
   const std::vector<std::shared_ptr<Logger>> no_loggers_;

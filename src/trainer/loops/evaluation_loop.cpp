@@ -78,7 +78,7 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   const auto step_bit = is_test ? DefaultSteps::kTestStep : DefaultSteps::kValidationStep;
   bool step_checked = false;
   // Several loaders run one after the other (Lightning's sequential mode), each from batch 0.
-  for (size_t d = 0; d < loaders.size() && !r.no_validation_step; ++d) {
+  for (size_t d = 0; d < loaders.size() && !(r.no_validation_step && !is_test); ++d) {
     r.st.dataloader_idx = static_cast<int64_t>(d);
     r.st.num_eval_batches = limits[d];
     r.log_dataloader = loaders.size() > 1 ? static_cast<int64_t>(d) : -1;
@@ -125,14 +125,7 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
                      "measure there.");
           // Inside fit (Lightning: "You passed in a val_dataloader but have no validation_step.
           // Skipping val loop."): the fit drops its validation loaders after this pass.
-          if (r.is_global_zero()) {
-            log_warning("Trainer",
-                        "validation loaders were given but the module does not override "
-                        "validation_step; skipping validation for this fit (override "
-                        "validation_step to validate).");
-          }
           r.no_validation_step = true;
-          r.st.num_val_batches = 0;  // callbacks check at epoch ends, as without validation
           break;
         }
       }
@@ -165,6 +158,23 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
   }
   r.log_dataloader = -1;
   r.eval_batch = -1;
+  // In a fit every rank drops validation together, until a pass has run a step somewhere: a rank
+  // without a validation batch cannot tell (a collective at the same point on every rank,
+  // before the pass's end hooks and reductions).
+  if (!entry_point && !is_test && !r.validation_step_known) {
+    const bool any_missing = r.reduce_boolean_decision(r.no_validation_step, /*all=*/false);
+    r.validation_step_known = r.reduce_boolean_decision(step_checked, /*all=*/false);
+    r.no_validation_step = any_missing;
+    if (any_missing) {
+      if (r.is_global_zero()) {
+        log_warning("Trainer",
+                    "validation loaders were given but the module does not override "
+                    "validation_step; skipping validation for this fit (override "
+                    "validation_step to validate).");
+      }
+      r.st.num_val_batches = 0;  // callbacks check at epoch ends, as without validation
+    }
+  }
   if (entry_point) r.check_stop_in_evaluation(/*pass_done=*/true);
   Metrics result;
   // The module's epoch-end hook may log: it runs before the reduction, the callbacks after (they
