@@ -1800,8 +1800,11 @@ TEST(BuildCli, BuildsWhatTheCommandLineConfiguresForTheProgramToRun) {
   EXPECT_EQ(s.objects.trainer->log_dir(), shared.path + "/volt_logs/version_0");
   {
     volt_test::TinyClassifier later_model;
-    volt::Trainer later(volt_test::quiet(shared.path).max_epochs(1).logger(true).loggers(
-        {std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(shared.path))}));
+    volt::Trainer later(
+        volt_test::quiet(shared.path)
+            .max_epochs(1)
+            .logger(true)
+            .loggers({std::make_shared<volt::CSVLogger>(volt::CSVLoggerOptions(shared.path))}));
     later.fit(later_model, volt_test::loader(volt_test::blobs(32)));
     EXPECT_EQ(later.log_dir(), shared.path + "/volt_logs/version_1");
   }
