@@ -118,11 +118,8 @@ std::vector<Metrics> evaluation_loop(Run& r, Stage stage, std::vector<DataLoader
           const char* step = is_test ? "test_step" : "validation_step";
           VOLT_CHECK(!entry_point, ConfigError, "[Trainer] ", is_test ? "test()" : "validate()",
                      " needs the module's ", step,
-                     ", which it does not override (the default "
-                     "does nothing); override ",
-                     step,
-                     "(batch, batch_idx) and log what to "
-                     "measure there.");
+                     ", which it does not override (the default does nothing); override ", step,
+                     "(batch, batch_idx) and log what to measure there.");
           // Inside fit (Lightning: "You passed in a val_dataloader but have no validation_step.
           // Skipping val loop."): the fit drops its validation loaders after this pass.
           r.no_validation_step = true;
