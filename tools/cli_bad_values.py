@@ -1,14 +1,14 @@
 #!/usr/bin/python3
 """Sweeps bad values through every parameter the `volt` CLI lists in `volt fit --help`: each
 callback, logger, profiler and checkpoint IO, the ddp and deepspeed strategies, the demo models,
-the data module and the Trainer. Each value gets one short real run (3 training batches of the
+the data module, the --optimizer and --lr_scheduler classes and the Trainer. Each value gets one short real run (3 training batches of the
 shipped Fashion-MNIST config; strategies on 2 processes) and is flagged when the CLI does not
 answer as the brief asks of bad input: exit 0 (accepted) or 2 (a typed config error), never
 exit 1 from a config value, "[cli] unexpected error", a signal or a hang.
 
     /usr/bin/python3 tools/cli_bad_values.py build/bin/volt [section ...]
 
-Sections: trainer, model, data, cb, lg, pf, io, st (default: all). Prints one line per run and
+Sections: trainer, model, data, cb, lg, pf, io, st, opt, sch (default: all). Prints one line per run and
 the flagged ones again at the end; exits 1 when any was flagged. Takes about 15 minutes on the
 2-core machine (strategies dominate). Not in ctest for that reason: run it after adding a
 component or a parameter. Session 34's first pass found 14 problems (docs/FEATURES.md, note).
@@ -40,6 +40,15 @@ COMPANIONS = {
     ("cb", "EarlyStopping"): ["--trainer.callbacks.0.monitor=val_loss"],
     ("cb", "ActivationCheckpointing"): ["--trainer.callbacks.0.modules=['net.*']"],
     ("cb", "StochasticWeightAveraging"): ["--trainer.callbacks.0.swa_lrs=[0.05]"],
+    ("sch", "StepLR"): ["--lr_scheduler.step_size=1"],
+    ("sch", "MultiStepLR"): ["--lr_scheduler.milestones=[1]"],
+    ("sch", "ExponentialLR"): ["--lr_scheduler.gamma=0.5"],
+    ("sch", "CosineAnnealingLR"): ["--lr_scheduler.T_max=2"],
+    ("sch", "CosineAnnealingWarmRestarts"): ["--lr_scheduler.T_0=2"],
+    ("sch", "OneCycleLR"): ["--lr_scheduler.max_lr=0.1", "--lr_scheduler.total_steps=5"],
+    ("sch", "CyclicLR"): ["--lr_scheduler.base_lr=0.01", "--lr_scheduler.max_lr=0.1"],
+    ("sch", "ReduceLROnPlateau"): ["--lr_scheduler.monitor=val_loss"],
+    ("sch", "WarmupDecayLR"): ["--lr_scheduler.total_num_steps=5"],
 }
 # Exit 1 by design: a data folder without the data is a failed run (DataError; cli.h), as a
 # corrupt file found mid-run is.
@@ -47,7 +56,8 @@ RUN_FAILURES = {("data", "FashionMNIST", "root")}
 # Step counts the tuner callbacks take as asked: a huge one is a long search, as max_steps.
 LONG_RUNS = {("LearningRateFinder", "num_training_steps"), ("BatchSizeFinder", "steps_per_trial")}
 SECTIONS = {"callbacks": "cb", "loggers": "lg", "profilers": "pf", "checkpoint": "io",
-            "strategies": "st", "trainer": "trainer", "models": "model", "data": "data"}
+            "strategies": "st", "trainer": "trainer", "models": "model", "data": "data",
+            "optimizers": "opt", "LR": "sch"}
 
 
 def parameters(volt):
@@ -82,6 +92,8 @@ def setup(section, component):
         "io": (["--trainer.checkpoint_io=" + component], "--trainer.checkpoint_io."),
         "st": (["--trainer.devices=2", "--trainer.strategy=" + component],
                "--trainer.strategy.init_args."),
+        "opt": (["--optimizer=" + component], "--optimizer."),
+        "sch": (["--optimizer=SGD", "--lr_scheduler=" + component], "--lr_scheduler."),
     }[section]
 
 

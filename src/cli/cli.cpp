@@ -43,6 +43,8 @@
 #include "volt/io/torchscript.h"
 #include "volt/kernels/kernel_cache.h"
 #include "volt/loggers/logger.h"
+#include "volt/nn/parameters.h"
+#include "volt/optim/lr_scheduler.h"
 #include "volt/report/run_report.h"
 #include "volt/strategies/deepspeed.h"
 #include "volt/strategies/model_parallel.h"
@@ -384,6 +386,14 @@ void print_options(std::ostream& os, const Registry& reg, const CliOptions& opti
   print_registry(os, "models (--model=NAME, init args --model.KEY=VALUE):", "model.", reg.models);
   print_registry(os, "data modules (--data=NAME, init args --data.KEY=VALUE):", "data.",
                  reg.data_modules);
+  print_registry(os,
+                 "optimizers (--optimizer=NAME, init args --optimizer.KEY=VALUE; null = the "
+                 "model's configure_optimizers(), which a given optimizer replaces):",
+                 "optimizer.", reg.optimizers);
+  print_registry(os,
+                 "LR schedulers (--lr_scheduler=NAME with an --optimizer, init args "
+                 "--lr_scheduler.KEY=VALUE; stepped every epoch):",
+                 "lr_scheduler.", reg.lr_schedulers);
   print_registry(os, "callbacks (trainer.callbacks items; --trainer.callbacks+=NAME):",
                  "trainer.callbacks.N.", reg.callbacks);
   print_registry(os,
@@ -801,6 +811,43 @@ class LoggerVersionClaims : public Callback {
   std::shared_ptr<const detail::SharedVersionClaims> claims_;
 };
 
+// LightningCLI's automatic configure_optimizers: the config's optimizer (and lr_scheduler)
+// built over the module's parameters, each tensor once, whenever the Trainer asks, so after
+// configure_model (Lightning builds them once, in the CLI, before configure_model). Tried first
+// on a stand-in parameter: a bad argument stops the CLI (exit code 2), not the fit.
+std::function<std::vector<OptimizerConfig>(Module&)> automatic_optimizers(const ResolvedConfig& rc,
+                                                                          const Registry& reg) {
+  const detail::ComponentConfig opt = *rc.optimizer;
+  auto make_optimizer = reg.optimizers.at(opt.class_path).make;
+  std::optional<detail::ComponentConfig> sched = rc.lr_scheduler;
+  ComponentRegistry<LRScheduler, torch::optim::Optimizer&>::Factory make_scheduler;
+  std::string monitor;
+  if (sched) {
+    make_scheduler = reg.lr_schedulers.at(sched->class_path).make;
+    // Lightning's ReduceLROnPlateau takes the metric it watches as an argument.
+    const ParamSpec* m = sched->params != nullptr ? sched->params->find("monitor") : nullptr;
+    if (m != nullptr && m->type == ParamType::kString) {
+      monitor = sched->args.get_optional<std::string>("monitor").value_or("");
+    }
+  }
+  auto make = [opt, sched, make_optimizer, make_scheduler,
+               monitor](const std::vector<at::Tensor>& params) {
+    std::shared_ptr<torch::optim::Optimizer> optimizer = make_optimizer(opt.args, params);
+    VOLT_CHECK(optimizer != nullptr, ConfigError, "[cli] the factory of optimizer ", opt.class_path,
+               " returned null; make it return an optimizer.");
+    OptimizerConfig config(optimizer);
+    if (sched) {
+      std::shared_ptr<LRScheduler> scheduler = make_scheduler(sched->args, *optimizer);
+      VOLT_CHECK(scheduler != nullptr, ConfigError, "[cli] the factory of lr_scheduler ",
+                 sched->class_path, " returned null; make it return a scheduler.");
+      config.scheduler(std::move(scheduler)).monitor(monitor);
+    }
+    return std::vector<OptimizerConfig>{config};
+  };
+  make({torch::zeros({1}, torch::requires_grad())});
+  return [make](Module& module) { return make(distinct_parameters(module)); };
+}
+
 /// What a resolved config builds: run_cli runs it, build_cli hands it over.
 struct Built {
   std::shared_ptr<Trainer> trainer;
@@ -869,6 +916,17 @@ Built build_objects(const ResolvedConfig& rc, const std::string& yaml, const Reg
              b.model ? "data module " : "model ",
              b.model ? rc.data.class_path : rc.model.class_path,
              " returned null; make it return an object.");
+  if (rc.optimizer) {
+    auto automatic = automatic_optimizers(rc, reg);
+    // Lightning's warning when the module has its own (every volt module has one).
+    log_warning("cli", "the model " + rc.model.class_path +
+                           "'s configure_optimizers() is replaced by the config's optimizer " +
+                           rc.optimizer->class_path +
+                           (rc.lr_scheduler ? " and lr_scheduler " + rc.lr_scheduler->class_path
+                                            : std::string()) +
+                           " (LightningCLI's automatic configure_optimizers).");
+    b.model->replace_configure_optimizers(std::move(automatic));
+  }
   return b;
 }
 

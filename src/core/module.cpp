@@ -32,6 +32,16 @@ at::Tensor Module::predict_step(const Batch& batch, int64_t batch_idx) {
   return {};
 }
 
+void Module::replace_configure_optimizers(
+    std::function<std::vector<OptimizerConfig>(Module&)> make) {
+  configure_optimizers_replacement_ = std::move(make);
+}
+
+std::vector<OptimizerConfig> Module::make_optimizers() {
+  if (configure_optimizers_replacement_) return configure_optimizers_replacement_(*this);
+  return configure_optimizers();
+}
+
 void Module::validation_step(const Batch& /*batch*/, int64_t /*batch_idx*/) {
   detail::DefaultSteps::mark(*this, detail::DefaultSteps::kValidationStep);
 }

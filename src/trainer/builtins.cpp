@@ -6,14 +6,15 @@
 
 namespace volt {
 namespace detail {
-void register_accelerators(Registry& r);     // src/accelerators/register.cpp
-void register_strategies(Registry& r);       // src/strategies/register.cpp
-void register_precisions(Registry& r);       // src/precision/register.cpp
-void register_callbacks(Registry& r);        // src/callbacks/register.cpp
-void register_loggers(Registry& r);          // src/loggers/register.cpp
-void register_profilers(Registry& r);        // src/profiler/register.cpp
-void register_checkpoint_ios(Registry& r);   // src/io/register.cpp
-void register_tuner_callbacks(Registry& r);  // src/tuner/register.cpp
+void register_accelerators(Registry& r);               // src/accelerators/register.cpp
+void register_strategies(Registry& r);                 // src/strategies/register.cpp
+void register_precisions(Registry& r);                 // src/precision/register.cpp
+void register_callbacks(Registry& r);                  // src/callbacks/register.cpp
+void register_loggers(Registry& r);                    // src/loggers/register.cpp
+void register_profilers(Registry& r);                  // src/profiler/register.cpp
+void register_checkpoint_ios(Registry& r);             // src/io/register.cpp
+void register_tuner_callbacks(Registry& r);            // src/tuner/register.cpp
+void register_optimizers_and_schedulers(Registry& r);  // src/optim/register.cpp
 }  // namespace detail
 
 Registry& registry() {
@@ -27,6 +28,7 @@ Registry& registry() {
     detail::register_profilers(*reg);
     detail::register_checkpoint_ios(*reg);
     detail::register_tuner_callbacks(*reg);
+    detail::register_optimizers_and_schedulers(*reg);
     return reg;
   }();
   return *r;

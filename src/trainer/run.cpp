@@ -843,7 +843,7 @@ void check_distinct_parameters(const Module& module,
 void Run::setup_optimizers() {
   {
     Part part(*this, "configure_optimizers");
-    optimizers = module->configure_optimizers();
+    optimizers = module->make_optimizers();
   }
   for (auto& c : optimizers) {
     VOLT_CHECK(c.optimizer() != nullptr, ConfigError,

@@ -78,8 +78,56 @@ std::string& racing_root() {
   return root;
 }
 
+/// Tiny, recording the rate its optimizer ends the fit at.
+class TinyRecordingLr : public volt_test::TinyClassifier {
+ public:
+  explicit TinyRecordingLr(double lr) : TinyClassifier(8, lr) {}
+  void on_train_end() override {
+    final_lr =
+        run()->optimizer_configs().at(0).optimizer()->param_groups().at(0).options().get_lr();
+  }
+  double final_lr = -1;
+};
+
+/// A linear classifier whose layer is made in configure_model (Lightning's place for models too
+/// large to build whole in one process).
+class BuiltInConfigureModel : public volt::Module {
+ public:
+  void configure_model() override {
+    if (!fc) fc = register_module("fc", torch::nn::Linear(8, 2));
+  }
+  at::Tensor training_step(const volt::Batch& b, int64_t) override {
+    return torch::cross_entropy_loss(fc->forward(b.input), b.target);
+  }
+  void validation_step(const volt::Batch& b, int64_t) override {
+    log("val_loss", torch::cross_entropy_loss(fc->forward(b.input), b.target));
+  }
+  /// Not called: the tests give this model the CLI's optimizer.
+  std::vector<volt::OptimizerConfig> configure_optimizers() override {
+    throw std::logic_error("BuiltInConfigureModel::configure_optimizers was called");
+  }
+  void on_train_end() override {
+    const auto& configs = run()->optimizer_configs();
+    trained_by_adamw = configs.size() == 1 &&
+                       dynamic_cast<torch::optim::AdamW*>(configs[0].optimizer().get()) != nullptr;
+    optimized = configs.empty() ? 0 : configs[0].optimizer()->param_groups().at(0).params().size();
+  }
+  torch::nn::Linear fc{nullptr};
+  bool trained_by_adamw = false;
+  size_t optimized = 0;
+};
+
 volt::Registry make_registry() {
   volt::Registry r = volt::registry();
+  r.models.add("TinyLr", "Tiny recording its optimizer's last rate",
+               volt::Params().add("lr", 0.1, "SGD lr"),
+               [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
+                 return std::make_shared<TinyRecordingLr>(a.get<double>("lr"));
+               });
+  r.models.add("Deferred", "a layer made in configure_model", volt::Params(),
+               [](const volt::Args&) -> std::shared_ptr<volt::Module> {
+                 return std::make_shared<BuiltInConfigureModel>();
+               });
   r.models.add("RacingRun", "Tiny, built while another run claims version_0 of racing_root()",
                volt::Params(), [](const volt::Args&) -> std::shared_ptr<volt::Module> {
                  fs::create_directories(racing_root() + "/version_0");
@@ -442,10 +490,10 @@ TEST(Cli, BadConfigsExitWithCodeTwo) {
   expect_usage_error(
       {"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs=three"},
       "trainer.max_epochs (--trainer.max_epochs=three): expected int or null, got \"three\"");
-  expect_usage_error(
-      {"fit", "--model=Tny", "--data=Blobs"},
-      "unknown model \"Tny\"; valid names: \"RacingRun\", \"Throws\", \"Tiny\", \"WrongWidth\" "
-      "(did you mean \"Tiny\"?)");
+  expect_usage_error({"fit", "--model=Tny", "--data=Blobs"},
+                     "unknown model \"Tny\"; valid names: \"Deferred\", \"RacingRun\", \"Throws\", "
+                     "\"Tiny\", \"TinyLr\", \"WrongWidth\" "
+                     "(did you mean \"Tiny\"?)");
   expect_usage_error({"fit", "--data=Blobs"}, "model is required");
   expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=EarlyStopping"},
                      "trainer.callbacks.0.init_args.monitor is required (str) for callback "
@@ -1913,6 +1961,142 @@ TEST(BuildCli, HelpPrintConfigAndBadInputSetTheExitCode) {
   expect_bad(build({}, o), "CliOptions::defaults");
   o.defaults = "trainer: {max_epoch: 3}\n";
   expect_bad(build({"--model=Tiny", "--data=Blobs"}, o), "CliOptions::defaults:1");
+}
+
+// LightningCLI's automatic configure_optimizers (--optimizer / --lr_scheduler): the config's
+// optimizer and scheduler replace the module's configure_optimizers() (with Lightning's
+// warning), and the fit is bit for bit the fit of the module configured with them in C++
+// (TinyClassifier's own SGD with momentum and an epoch StepLR of gamma 0.5). The saved config
+// holds them.
+TEST(AutomaticOptimizers, TheConfigsOptimizerAndSchedulerTrainAsTheModuleConfiguredWithThem) {
+  volt_test::TempDir dir;
+  std::vector<std::string> args = base(dir);
+  args.insert(args.end(),
+              {"--model=TinyLr", "--trainer.max_epochs=3", "--optimizer=SGD", "--optimizer.lr=0.05",
+               "--optimizer.momentum=0.9", "--lr_scheduler=torch.optim.lr_scheduler.StepLR",
+               "--lr_scheduler.step_size=1", "--lr_scheduler.gamma=0.5"});
+  BuiltCli b;
+  const auto lines = volt_test::capture_logs([&] { b = build(args); });
+  ASSERT_FALSE(b.objects.exit_code.has_value()) << b.err;
+  EXPECT_TRUE(volt_test::has(lines,
+                             "the model TinyLr's configure_optimizers() is replaced by the "
+                             "config's optimizer SGD and lr_scheduler StepLR"));
+  volt::Trainer& trainer = *b.objects.trainer;
+  auto& fitted = dynamic_cast<TinyRecordingLr&>(*b.objects.model);
+  trainer.fit(fitted, *b.objects.data);
+  EXPECT_EQ(trainer.state().global_step, 24);
+  EXPECT_DOUBLE_EQ(fitted.final_lr, 0.05 * 0.125);  // three epoch steps of gamma 0.5
+  const std::string saved = file_text(trainer.log_dir() + "/config.yaml");
+  EXPECT_NE(saved.find("optimizer:\n  class_path: SGD\n  init_args:\n    lr: 0.05\n"),
+            std::string::npos)
+      << saved;
+  EXPECT_NE(saved.find("lr_scheduler:\n  class_path: StepLR\n"), std::string::npos) << saved;
+
+  volt_test::TempDir ref_dir;
+  std::vector<std::string> ref_args = base(ref_dir);
+  ref_args.insert(ref_args.end(), {"--model=TinyLr", "--trainer.max_epochs=3", "--model.lr=0.05"});
+  BuiltCli ref = build(ref_args);
+  ASSERT_FALSE(ref.objects.exit_code.has_value()) << ref.err;
+  auto& own = dynamic_cast<TinyRecordingLr&>(*ref.objects.model);
+  own.scheduler_step_size = 1;  // StepLR(1, gamma 0.5) every epoch
+  ref.objects.trainer->fit(own, *ref.objects.data);
+  EXPECT_TRUE(torch::equal(fitted.flat_params(), own.flat_params()));
+  EXPECT_DOUBLE_EQ(own.final_lr, fitted.final_lr);
+}
+
+// Lightning's ReduceLROnPlateau takes its monitor as an argument: the scheduler steps on that
+// metric (here never improving by the absolute threshold 100, so after every epoch but the
+// first, the rate halves); Adam's arguments arrive as written.
+TEST(AutomaticOptimizers, AReduceLROnPlateauStepsOnItsMonitor) {
+  volt_test::TempDir dir;
+  std::vector<std::string> args = base(dir);
+  args.insert(
+      args.end(),
+      {"--model=TinyLr", "--trainer.max_epochs=3", "--optimizer=torch.optim.Adam",
+       "--optimizer.lr=0.02", "--optimizer.betas=[0.8, 0.9]",
+       "--lr_scheduler=lightning.pytorch.cli.ReduceLROnPlateau", "--lr_scheduler.monitor=val_loss",
+       "--lr_scheduler.factor=0.5", "--lr_scheduler.patience=0",
+       "--lr_scheduler.threshold_mode=abs", "--lr_scheduler.threshold=100"});
+  BuiltCli b = build(args);
+  ASSERT_FALSE(b.objects.exit_code.has_value()) << b.err;
+  const std::vector<volt::OptimizerConfig> made = b.objects.model->make_optimizers();
+  ASSERT_EQ(made.size(), 1u);
+  EXPECT_EQ(made[0].monitor(), "val_loss");
+  const auto* adam = dynamic_cast<const torch::optim::Adam*>(made[0].optimizer().get());
+  ASSERT_NE(adam, nullptr);
+  const auto& options =
+      static_cast<const torch::optim::AdamOptions&>(adam->param_groups().at(0).options());
+  EXPECT_EQ(options.betas(), std::make_tuple(0.8, 0.9));
+  EXPECT_NE(dynamic_cast<const volt::ReduceLROnPlateau*>(made[0].scheduler().get()), nullptr);
+  auto& fitted = dynamic_cast<TinyRecordingLr&>(*b.objects.model);
+  b.objects.trainer->fit(fitted, *b.objects.data);
+  EXPECT_DOUBLE_EQ(fitted.final_lr, 0.02 * 0.25);
+}
+
+// The optimizer is made when the Trainer asks, after configure_model, so it holds the layers made
+// there (Lightning builds it in the CLI, before configure_model, over no parameters).
+TEST(AutomaticOptimizers, TheOptimizerHoldsTheLayersConfigureModelMade) {
+  volt_test::TempDir dir;
+  std::vector<std::string> args = base(dir);
+  args.insert(args.end(), {"--model=Deferred", "--trainer.max_epochs=1", "--optimizer=AdamW",
+                           "--optimizer.lr=0.01"});
+  BuiltCli b = build(args);
+  ASSERT_FALSE(b.objects.exit_code.has_value()) << b.err;
+  auto& model = dynamic_cast<BuiltInConfigureModel&>(*b.objects.model);
+  b.objects.trainer->fit(model, *b.objects.data);
+  ASSERT_TRUE(model.fc);
+  EXPECT_TRUE(model.trained_by_adamw);
+  EXPECT_EQ(model.optimized, 2u);  // the layer's weight and bias
+  // Trained: AdamW moved every weight away from where the layer was made.
+  volt_test::TempDir untrained;
+  std::vector<std::string> none = base(untrained);
+  none.insert(none.end(), {"--model=Deferred", "--trainer.max_epochs=1",
+                           "--trainer.limit_train_batches=0", "--optimizer=AdamW"});
+  BuiltCli n = build(none);
+  ASSERT_FALSE(n.objects.exit_code.has_value()) << n.err;
+  auto& initial = dynamic_cast<BuiltInConfigureModel&>(*n.objects.model);
+  n.objects.trainer->fit(initial, *n.objects.data);
+  ASSERT_TRUE(initial.fc);
+  EXPECT_TRUE(initial.fc->weight.sizes() == model.fc->weight.sizes());
+  EXPECT_TRUE(torch::all(initial.fc->weight != model.fc->weight).item<bool>());
+}
+
+// A bad optimizer or scheduler argument stops the CLI before anything runs (exit code 2, one
+// line naming it), as PyTorch's constructors would refuse it; --help lists the classes.
+TEST(AutomaticOptimizers, BadArgumentsExitTwoBeforeAnythingRuns) {
+  volt_test::TempDir dir;
+  const auto fit = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base(dir);
+    args.insert(args.begin(), "fit");
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  expect_usage_error(fit({"--optimizer=SGD", "--optimizer.lr=-1"}),
+                     "[optimizer SGD] lr=-1 must be >= 0");
+  expect_usage_error(fit({"--optimizer=SGD", "--optimizer.nesterov=true"}),
+                     "[optimizer SGD] nesterov=1 must be false unless momentum > 0");
+  expect_usage_error(fit({"--optimizer=Adam", "--optimizer.betas=[0.9]"}),
+                     "[optimizer Adam] betas holds 1 values; give two");
+  expect_usage_error(fit({"--optimizer=Adam", "--optimizer.betas=[0.9, 1.0]"}),
+                     "[optimizer Adam] betas[1]=1 must be in [0, 1)");
+  expect_usage_error(fit({"--optimizer=RMSprop", "--optimizer.alpha=-0.5"}),
+                     "[optimizer RMSprop] alpha=-0.5 must be >= 0");
+  expect_usage_error(
+      fit({"--optimizer=SGD", "--lr_scheduler=OneCycleLR", "--lr_scheduler.max_lr=0.1"}),
+      "needs total_steps, or epochs and steps_per_epoch");
+  expect_usage_error(
+      fit({"--optimizer=SGD", "--lr_scheduler=StepLR", "--lr_scheduler.step_size=0"}), "[StepLR]");
+  expect_usage_error(fit({"--lr_scheduler=StepLR", "--lr_scheduler.step_size=1"}),
+                     "is set without an optimizer");
+  expect_usage_error(fit({"--optimizer=Adamm"}), "did you mean \"Adam\"");
+  expect_usage_error(
+      fit({"--optimizer=SGD", "--lr_scheduler=ReduceLROnPlateau", "--lr_scheduler.monitor=null"}),
+      "lr_scheduler.init_args.monitor");
+  const Result help = run({"fit", "--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("optimizers (--optimizer=NAME"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--optimizer.weight_decay"), std::string::npos);
+  EXPECT_NE(help.out.find("--lr_scheduler.T_max"), std::string::npos);
 }
 
 }  // namespace

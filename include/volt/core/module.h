@@ -60,6 +60,14 @@ class Module : public torch::nn::Module {
   /// Default: throws ConfigError asking to override it.
   virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
   virtual std::vector<OptimizerConfig> configure_optimizers() = 0;
+  /// Replaces configure_optimizers() for the runs of this module: the Trainer calls `make`
+  /// instead (LightningCLI's automatic optimizers: the CLI sets it for --optimizer /
+  /// --lr_scheduler, as Lightning replaces the module's method). An empty function puts
+  /// configure_optimizers() back.
+  void replace_configure_optimizers(std::function<std::vector<OptimizerConfig>(Module&)> make);
+  /// What the Trainer steps: the replacement's optimizers when one is set, else
+  /// configure_optimizers()'s.
+  std::vector<OptimizerConfig> make_optimizers();
 
   /// Downloads or writes what the data needs, once per node (prepare_data_per_node(), the
   /// default) or once per job: at every entry point, before any setup hook, on the first process
@@ -288,6 +296,7 @@ class Module : public torch::nn::Module {
   bool automatic_optimization_ = true;
   bool strict_loading_ = true;
   std::map<std::string, std::string> hparams_;
+  std::function<std::vector<OptimizerConfig>(Module&)> configure_optimizers_replacement_;
   std::vector<bool> saved_modes_;
   /// toggle_optimizer's record: each parameter of every optimizer with its requires_grad.
   std::vector<std::pair<at::Tensor, bool>> toggled_;

@@ -24,8 +24,16 @@
 
 #include "volt/core/spec.h"
 
+namespace at {
+class Tensor;
+}  // namespace at
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
 namespace volt {
 
+class LRScheduler;
 class Accelerator;
 class Strategy;
 class Precision;
@@ -257,6 +265,12 @@ struct Registry {
   ComponentRegistry<Logger, const LoggerContext&> loggers{"logger"};
   ComponentRegistry<Profiler> profilers{"profiler"};
   ComponentRegistry<CheckpointIO> checkpoint_ios{"checkpoint_io"};
+  /// LightningCLI's --optimizer: built over the module's parameters (each tensor once).
+  ComponentRegistry<torch::optim::Optimizer, const std::vector<at::Tensor>&> optimizers{
+      "optimizer"};
+  /// LightningCLI's --lr_scheduler: built over that optimizer. A "monitor" parameter (the
+  /// ReduceLROnPlateau's) becomes the OptimizerConfig's monitor.
+  ComponentRegistry<LRScheduler, torch::optim::Optimizer&> lr_schedulers{"lr_scheduler"};
   ComponentRegistry<Module> models{"model"};
   ComponentRegistry<DataModule> data_modules{"data module"};
 };

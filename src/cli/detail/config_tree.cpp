@@ -299,7 +299,10 @@ std::string join_path(const std::vector<std::string>& path) {
 }
 
 bool is_component_path(const std::vector<std::string>& path) {
-  if (path.size() == 1) return path[0] == "model" || path[0] == "data";
+  if (path.size() == 1) {
+    return path[0] == "model" || path[0] == "data" || path[0] == "optimizer" ||
+           path[0] == "lr_scheduler";
+  }
   if (path.size() == 2) {
     return path[0] == "trainer" && (path[1] == "profiler" || path[1] == "checkpoint_io");
   }

@@ -166,6 +166,33 @@ ConfigNode duration_in_seconds(const std::string& key, const ConfigNode& n) {
   return ConfigNode::make_scalar(std::string(buf, r.ptr), n.origin);
 }
 
+// str(datetime.timedelta), as a config Lightning wrote holds DDPStrategy's timeout: "0:30:00",
+// "1 day, 2:00:00", "0:00:01.500000"; in seconds, or nullopt for other text.
+std::optional<double> python_timedelta_seconds(const std::string& s) {
+  double days = 0;
+  std::string clock = s;
+  if (const auto comma = s.find(", "); comma != std::string::npos) {
+    const std::string d = s.substr(0, comma);
+    const auto space = d.find(' ');
+    int64_t n = 0;
+    if (space == std::string::npos || !parse_int(d.substr(0, space), &n)) return std::nullopt;
+    if (d.substr(space + 1) != "day" && d.substr(space + 1) != "days") return std::nullopt;
+    days = static_cast<double>(n);
+    clock = s.substr(comma + 2);
+  }
+  const auto c1 = clock.find(':');
+  const auto c2 = c1 == std::string::npos ? c1 : clock.find(':', c1 + 1);
+  if (c2 == std::string::npos || c2 - c1 != 3 || clock.size() < c2 + 3) return std::nullopt;
+  int64_t h = 0, m = 0;
+  double sec = 0;
+  if (!parse_int(clock.substr(0, c1), &h) || !parse_int(clock.substr(c1 + 1, 2), &m) ||
+      !parse_float(clock.substr(c2 + 1), &sec) || h < 0 || m < 0 || m > 59 || !(sec >= 0) ||
+      sec >= 60) {
+    return std::nullopt;
+  }
+  return days * 86400 + static_cast<double>(h) * 3600 + static_cast<double>(m) * 60 + sec;
+}
+
 // Whether `n` is a duration in one of Lightning's forms other than seconds.
 bool lightning_duration(const ConfigNode* n) {
   return n != nullptr &&
@@ -306,7 +333,7 @@ Args parse_args(const std::string& prefix, const std::string& owner, const Confi
                           "); set it in the config or pass --" + shorthand + "=<value>.");
       }
       values[spec.name] = spec.default_value;
-    } else if (null_is_default && v->is_null() && !spec.nullable) {
+    } else if (null_is_default && v->is_null() && !spec.nullable && !spec.required) {
       values[spec.name] = spec.default_value;
     } else {
       values[spec.name] = parse_value(key, *v, spec);
@@ -420,6 +447,36 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
     ConfigNode& d = edit("duration");
     d = duration_in_seconds(key + ".init_args.duration", d);
   }
+  // A strategy's `timeout` as Lightning prints it (str(timedelta): "0:30:00") or seconds: volt's
+  // timeout_s.
+  if (reg.kind() == "strategy" && init_args != nullptr && init_args->is_map() &&
+      init_args->find("timeout") != nullptr && entry.params.find("timeout") == nullptr &&
+      entry.params.find("timeout_s") != nullptr) {
+    const ConfigNode t = *init_args->find("timeout");
+    if (const ConfigNode* both = init_args->find("timeout_s"); both != nullptr && !t.is_null()) {
+      fail(key + ".init_args.timeout", t,
+           "is set and timeout_s (" + both->origin + ") too; keep one of the two.");
+    }
+    edit("timeout");
+    remove_field(lightning_args, "timeout");
+    if (!t.is_null()) {
+      double seconds = 0;
+      const std::optional<double> td =
+          t.is_scalar() && !t.quoted && parse_float(t.scalar, &seconds)
+              ? std::optional<double>(seconds)
+              : (t.is_scalar() ? python_timedelta_seconds(t.scalar) : std::nullopt);
+      if (!td) {
+        fail(key + ".init_args.timeout", t,
+             "expected a duration as Lightning prints a timedelta (\"0:30:00\", \"1 day, "
+             "2:00:00\") or seconds, got " +
+                 t.describe() + ".");
+      }
+      char buf[64];
+      const auto r = std::to_chars(buf, buf + sizeof buf, *td);
+      lightning_args.fields.emplace_back(
+          "timeout_s", ConfigNode::make_scalar(std::string(buf, r.ptr), t.origin));
+    }
+  }
   // GradientAccumulationScheduler's scheduling as Lightning's dict ({0: 8, 4: 4}): volt's text
   // form "0:8, 4:4", which the callback parses and checks.
   if (callback_args && class_path == "GradientAccumulationScheduler") {
@@ -447,12 +504,40 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
   static const std::map<std::string, std::map<std::string, std::vector<std::string>>> kHarmless = {
       {"TensorBoardLogger", {{"log_graph", {"false", "False"}}, {"sub_dir", {}}}},
       {"ProgressBar", {{"process_position", {"0"}}}},
-      {"TQDMProgressBar", {{"process_position", {"0"}}}}};
-  if (const auto h = kHarmless.find(class_path);
-      h != kHarmless.end() && init_args != nullptr && init_args->is_map()) {
+      {"TQDMProgressBar", {{"process_position", {"0"}}}},
+      {"CyclicLR", {{"scale_fn", {}}}},
+      // DDPStrategy's arguments that Lightning's Trainer fills in (null in a config it wrote);
+      // "popen" is how volt's launcher starts the other processes too.
+      {"ddp",
+       {{"accelerator", {}},
+        {"parallel_devices", {}},
+        {"cluster_environment", {}},
+        {"checkpoint_io", {}},
+        {"precision_plugin", {}},
+        {"ddp_comm_state", {}},
+        {"ddp_comm_hook", {}},
+        {"ddp_comm_wrapper", {}},
+        {"model_averaging_period", {}},
+        {"start_method", {"popen"}}}}};
+  // Arguments of every PyTorch optimizer / scheduler a config Lightning wrote holds, at values
+  // that change nothing (implementation choices and PyTorch 2's flags off).
+  static const std::map<std::string, std::map<std::string, std::vector<std::string>>>
+      kHarmlessOfKind = {{"optimizer",
+                          {{"foreach", {"true", "false", "True", "False"}},
+                           {"maximize", {"false", "False"}},
+                           {"capturable", {"false", "False"}},
+                           {"differentiable", {"false", "False"}},
+                           {"fused", {"false", "False"}},
+                           {"decoupled_weight_decay", {"false", "False"}}}},
+                         {"lr_scheduler",
+                          {{"last_epoch", {"-1"}}, {"verbose", {"false", "False", "deprecated"}}}}};
+  for (const auto* table : {&kHarmless, &kHarmlessOfKind}) {
+    const auto h = table->find(table == &kHarmless ? class_path : reg.kind());
+    if (h == table->end() || init_args == nullptr || !init_args->is_map()) continue;
     for (const auto& harmless : h->second) {
       const std::string& arg = harmless.first;
       const std::vector<std::string>& values = harmless.second;
+      if (entry.params.find(arg) != nullptr) continue;  // the class takes it: its own value
       const ConfigNode* v = init_args->find(arg);
       if (v == nullptr ||
           !(v->is_null() || (v->is_scalar() && !v->quoted &&
@@ -824,15 +909,20 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
     ParamSpec spec{"verbose", ParamType::kBool, false, true, {}, {}, ""};
     out.verbose = std::get<bool>(parse_value("verbose", *v, spec));
   }
-  // LightningCLI's optimizer and lr_scheduler groups (written as null when unused): here the
-  // module's configure_optimizers() decides.
-  for (const char* group : {"optimizer", "lr_scheduler"}) {
-    if (const ConfigNode* g = root.find(group); g != nullptr && !g->is_null()) {
-      fail(group, *g,
-           "is LightningCLI's automatic configure_optimizers, which volt does not build: the "
-           "module's configure_optimizers() makes its optimizers and schedulers; remove the key "
-           "(or set it to null) and give their settings as the model's init_args.");
+  // LightningCLI's automatic optimizer and lr_scheduler (null when unused): built over the
+  // module's parameters in place of its configure_optimizers() (see cli.cpp).
+  if (const ConfigNode* o = root.find("optimizer"); o != nullptr && !o->is_null()) {
+    out.optimizer = parse_component("optimizer", o, root, reg.optimizers);
+  }
+  if (const ConfigNode* l = root.find("lr_scheduler"); l != nullptr && !l->is_null()) {
+    // Lightning ignores a scheduler without an optimizer; said here, as it would not run.
+    if (!out.optimizer) {
+      fail("lr_scheduler", *l,
+           "is set without an optimizer: LightningCLI's automatic configure_optimizers needs "
+           "both; add --optimizer=NAME (e.g. SGD, Adam), or remove the lr_scheduler and let the "
+           "module's configure_optimizers() make its scheduler.");
     }
+    out.lr_scheduler = parse_component("lr_scheduler", l, root, reg.lr_schedulers);
   }
   // torch.load's weights_only restricts what unpickling may run; volt's checkpoints hold no
   // pickled code, so either value loads the same. Checked, then nothing to do.
@@ -1019,6 +1109,10 @@ std::string to_yaml(const ResolvedConfig& c) {
   emit_component(os, c.model, 2, false);
   os << "data:\n";
   emit_component(os, c.data, 2, false);
+  os << "optimizer:" << (c.optimizer ? "\n" : " null\n");
+  if (c.optimizer) emit_component(os, *c.optimizer, 2, false);
+  os << "lr_scheduler:" << (c.lr_scheduler ? "\n" : " null\n");
+  if (c.lr_scheduler) emit_component(os, *c.lr_scheduler, 2, false);
   return os.str();
 }
 

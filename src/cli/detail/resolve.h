@@ -38,6 +38,10 @@ struct ResolvedConfig {
   std::optional<ComponentConfig> precision;
   ComponentConfig model;
   ComponentConfig data;
+  /// LightningCLI's automatic optimizer and LR scheduler (null: the module's
+  /// configure_optimizers()).
+  std::optional<ComponentConfig> optimizer;
+  std::optional<ComponentConfig> lr_scheduler;
 };
 
 /// The TrainerOptions fields the CLI exposes (all but callbacks/loggers/seed, which the config
