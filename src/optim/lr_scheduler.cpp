@@ -323,7 +323,8 @@ CosineAnnealingLR::CosineAnnealingLR(torch::optim::Optimizer& optimizer, int64_t
     : LRScheduler(optimizer), t_max_(t_max), eta_min_(eta_min) {
   VOLT_CHECK(t_max >= 1, ConfigError, "[CosineAnnealingLR] t_max=", t_max,
              " must be >= 1; pass the number of steps from base lr to eta_min.");
-  VOLT_CHECK(eta_min >= 0, ConfigError, "[CosineAnnealingLR] eta_min=", eta_min, " must be >= 0.");
+  VOLT_CHECK(eta_min >= 0 && std::isfinite(eta_min), ConfigError,
+             "[CosineAnnealingLR] eta_min=", eta_min, " must be a finite lr >= 0.");
   chains_added_groups_ = true;  // PyTorch scales every group's current lr
   initial_step();
 }
@@ -372,8 +373,8 @@ CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(torch::optim::Optimizer
              " must be >= 1; pass the number of steps until the first restart.");
   VOLT_CHECK(t_mult >= 1, ConfigError, "[CosineAnnealingWarmRestarts] t_mult=", t_mult,
              " must be >= 1; 1 keeps every cycle t_0 steps long, 2 doubles them.");
-  VOLT_CHECK(eta_min >= 0, ConfigError, "[CosineAnnealingWarmRestarts] eta_min=", eta_min,
-             " must be >= 0.");
+  VOLT_CHECK(eta_min >= 0 && std::isfinite(eta_min), ConfigError,
+             "[CosineAnnealingWarmRestarts] eta_min=", eta_min, " must be a finite lr >= 0.");
   initial_step();
 }
 
@@ -447,9 +448,10 @@ WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, WarmupLROptions options)
     : LRScheduler(optimizer),
       options_(options),
       warmup_steps_(std::max<int64_t>(2, options.warmup_num_steps())) {
-  VOLT_CHECK(options_.warmup_min_lr() >= 0 && options_.warmup_max_lr() >= 0, ConfigError,
-             "[WarmupLR] warmup_min_lr=", options_.warmup_min_lr(),
-             " and warmup_max_lr=", options_.warmup_max_lr(), " must be >= 0.");
+  VOLT_CHECK(options_.warmup_min_lr() >= 0 && options_.warmup_max_lr() >= 0 &&
+                 std::isfinite(options_.warmup_min_lr()) && std::isfinite(options_.warmup_max_lr()),
+             ConfigError, "[WarmupLR] warmup_min_lr=", options_.warmup_min_lr(),
+             " and warmup_max_lr=", options_.warmup_max_lr(), " must be finite lrs >= 0.");
   VOLT_CHECK(options_.warmup_num_steps() >= 0, ConfigError,
              "[WarmupLR] warmup_num_steps=", options_.warmup_num_steps(), " must be >= 0.");
   // As DeepSpeed's lr_schedules.py ("Initialize lr in optimizer"): construction writes

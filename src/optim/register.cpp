@@ -9,7 +9,9 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <tuple>
+#include <variant>
 
 #include "volt/core/check.h"
 #include "volt/core/errors.h"
@@ -399,6 +401,32 @@ void register_lr_schedulers(Registry& r) {
 void register_optimizers_and_schedulers(Registry& r) {
   register_optimizers(r);
   register_lr_schedulers(r);
+  // Every float argument finite: PyTorch's classes take inf for most (an lr, a gamma, a decay),
+  // and the run then diverges or stalls.
+  const auto finite = [](const Args& a) {
+    for (const auto& [key, value] : a.values()) {
+      std::vector<double> numbers;
+      if (const auto* d = std::get_if<double>(&value)) numbers.push_back(*d);
+      if (const auto* v = std::get_if<std::vector<double>>(&value)) numbers = *v;
+      for (double x : numbers) {
+        VOLT_CHECK(std::isfinite(x), ConfigError, "[", a.owner(), "] ", key, "=", x,
+                   " must be a finite number; change init_args.", key, ".");
+      }
+    }
+  };
+  for (const auto& [name, e] : std::map(r.optimizers.entries())) {
+    r.optimizers.add(e.name, e.help, e.params,
+                     [make = e.make, finite](const Args& a, const ParamList& params) {
+                       finite(a);
+                       return make(a, params);
+                     });
+  }
+  for (const auto& [name, e] : std::map(r.lr_schedulers.entries())) {
+    r.lr_schedulers.add(e.name, e.help, e.params, [make = e.make, finite](const Args& a, Opt& o) {
+      finite(a);
+      return make(a, o);
+    });
+  }
 }
 
 }  // namespace volt::detail

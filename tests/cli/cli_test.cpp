@@ -2081,6 +2081,11 @@ TEST(AutomaticOptimizers, BadArgumentsExitTwoBeforeAnythingRuns) {
                      "[optimizer Adam] betas[1]=1 must be in [0, 1)");
   expect_usage_error(fit({"--optimizer=RMSprop", "--optimizer.alpha=-0.5"}),
                      "[optimizer RMSprop] alpha=-0.5 must be >= 0");
+  expect_usage_error(fit({"--optimizer=SGD", "--optimizer.lr=inf"}),
+                     "[optimizer SGD] lr=inf must be a finite number");
+  expect_usage_error(fit({"--optimizer=SGD", "--lr_scheduler=StepLR", "--lr_scheduler.step_size=1",
+                          "--lr_scheduler.gamma=.inf"}),
+                     "[lr_scheduler StepLR] gamma=inf must be a finite number");
   expect_usage_error(
       fit({"--optimizer=SGD", "--lr_scheduler=OneCycleLR", "--lr_scheduler.max_lr=0.1"}),
       "needs total_steps, or epochs and steps_per_epoch");

@@ -620,12 +620,19 @@ TEST(LRScheduler, ConstructorErrors) {
   expect_error<ConfigError>([&] { volt::ExponentialLR(o, 0.0); }, "[ExponentialLR] gamma=0");
   expect_error<ConfigError>([&] { volt::CosineAnnealingLR(o, 0); }, "t_max=0 must be >= 1");
   expect_error<ConfigError>([&] { volt::CosineAnnealingLR(o, 10, -1e-3); },
-                            "eta_min=-0.001 must be >= 0");
+                            "eta_min=-0.001 must be a finite lr >= 0");
+  expect_error<ConfigError>([&] { volt::CosineAnnealingLR(o, 10, INFINITY); },
+                            "eta_min=inf must be a finite lr >= 0");
   expect_error<ConfigError>([&] { volt::CosineAnnealingWarmRestarts(o, 0); }, "t_0=0 must be >= 1");
   expect_error<ConfigError>([&] { volt::CosineAnnealingWarmRestarts(o, 5, 0); },
                             "t_mult=0 must be >= 1");
   expect_error<ConfigError>([&] { volt::CosineAnnealingWarmRestarts(o, 5, 1, -1.0); },
-                            "eta_min=-1 must be >= 0");
+                            "eta_min=-1 must be a finite lr >= 0");
+  expect_error<ConfigError>([&] { volt::CosineAnnealingWarmRestarts(o, 5, 1, INFINITY); },
+                            "eta_min=inf must be a finite lr >= 0");
+  expect_error<ConfigError>(
+      [&] { volt::WarmupLR(o, volt::WarmupLROptions().warmup_min_lr(INFINITY)); },
+      "warmup_min_lr=inf and warmup_max_lr=0.001 must be finite lrs >= 0");
 
   using volt::LinearLROptions;
   expect_error<ConfigError>([&] { volt::LinearLR(o, LinearLROptions().start_factor(0)); },
