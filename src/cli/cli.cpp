@@ -96,6 +96,8 @@ struct Command {
   std::vector<std::string> positional;
   bool help = false;
   bool print_config = false;  // build_cli's --print_config
+  /// jsonargparse's --KEY.help CLASS: the component key ("model", "trainer.callbacks") and class.
+  std::string class_help_key, class_help_name;
 };
 
 std::string file_name(const char* argv0) {
@@ -185,6 +187,9 @@ void parse_options(Command& cmd, int argc, const char* const* argv, int first) {
                "\" has no option name; write --key=value.");
     if (key == "config" || key == "c") {
       cmd.sources.push_back({Source::Kind::kFile, "", value, value});
+    } else if (!append && key.size() > 5 && key.compare(key.size() - 5, 5, ".help") == 0) {
+      cmd.class_help_key = key.substr(0, key.size() - 5);
+      cmd.class_help_name = value;
     } else {
       cmd.sources.push_back({append ? Source::Kind::kAppend : Source::Kind::kSet, key, value,
                              override_origin("--" + key + (append ? "+=" : "=") + value)});
@@ -253,6 +258,49 @@ void print_registry(std::ostream& os, const std::string& title, const std::strin
 }
 
 void print_options(std::ostream& os, const Registry& reg, const CliOptions& options);
+
+template <typename R>
+void print_class(std::ostream& os, const std::string& key, const std::string& prefix, const R& reg,
+                 const std::string& written) {
+  // As a class_path: an import path (torch.optim.Adam) by its last part, Lightning's names.
+  const auto& entry = reg.at(detail::lightning_class_name(reg, written));  // unknown: ConfigError
+  os << "--" << key << "=" << entry.name << ": " << entry.help << "\n";
+  if (entry.params.specs().empty()) os << "    (no parameters)\n";
+  print_params(os, prefix, entry.params);
+}
+
+// jsonargparse's --KEY.help CLASS: the parameters of one registered class of a component key.
+void print_class_help(std::ostream& os, const Registry& reg, const std::string& key,
+                      const std::string& name) {
+  if (key == "model") return print_class(os, key, "model.", reg.models, name);
+  if (key == "data") return print_class(os, key, "data.", reg.data_modules, name);
+  if (key == "optimizer") return print_class(os, key, "optimizer.", reg.optimizers, name);
+  if (key == "lr_scheduler") {
+    return print_class(os, key, "lr_scheduler.", reg.lr_schedulers, name);
+  }
+  if (key == "trainer.callbacks") {
+    return print_class(os, key, "trainer.callbacks.N.", reg.callbacks, name);
+  }
+  if (key == "trainer.loggers" || key == "trainer.logger") {
+    return print_class(os, key, "trainer.loggers.N.", reg.loggers, name);
+  }
+  if (key == "trainer.profiler") {
+    return print_class(os, key, "trainer.profiler.", reg.profilers, name);
+  }
+  if (key == "trainer.checkpoint_io") {
+    return print_class(os, key, "trainer.checkpoint_io.", reg.checkpoint_ios, name);
+  }
+  if (key == "trainer.strategy") {
+    return print_class(os, key, "trainer.strategy.init_args.", reg.strategies, name);
+  }
+  if (key == "trainer.precision") {
+    return print_class(os, key, "trainer.precision.init_args.", reg.precisions, name);
+  }
+  VOLT_CHECK(false, ConfigError, "[cli] --", key, ".help: ", key,
+             " takes no class; --KEY.help CLASS lists a class's parameters for "
+             "model, data, optimizer, lr_scheduler, trainer.callbacks, trainer.loggers, "
+             "trainer.profiler, trainer.checkpoint_io, trainer.strategy and trainer.precision.");
+}
 
 void print_help(std::ostream& os, const std::string& prog, const std::string& command,
                 const Registry& reg, const CliOptions& options) {
@@ -351,7 +399,9 @@ void print_options(std::ostream& os, const Registry& reg, const CliOptions& opti
      << "command-line order (the last wins). Values are YAML: --model.hidden=[256,128]. A "
         "component\n"
      << "is {class_path: NAME, init_args: {...}}; --model=NAME picks one, --model.lr=X sets an\n"
-     << "init arg, --trainer.callbacks+=NAME appends, --trainer.callbacks.0.patience=5 edits.\n"
+     << "init arg, --trainer.callbacks+=NAME appends, --trainer.callbacks.0.patience=5 edits;\n"
+     << "--model.help NAME (--optimizer.help Adam, --trainer.callbacks.help EarlyStopping) lists "
+        "one class's.\n"
      << "An empty value is the empty string (--trainer.callbacks.0.monitor=); --key=null is null\n"
      << "(in YAML files, key: alone is null and key: \"\" the empty string).\n"
      << "Columns: option, type, [default], meaning.\n\n";
@@ -1075,6 +1125,11 @@ CliObjects build_cli(int argc, const char* const* argv, const CliOptions& option
   try {
     Command cmd;  // no command: options only
     parse_options(cmd, argc, argv, 1);
+    if (!cmd.class_help_key.empty()) {
+      print_class_help(out, reg, cmd.class_help_key, cmd.class_help_name);
+      objects.exit_code = kCliOk;
+      return objects;
+    }
     if (cmd.help) {
       print_build_help(out, prog, reg, options);
       objects.exit_code = kCliOk;
@@ -1116,6 +1171,10 @@ int run_cli(int argc, const char* const* argv, const CliOptions& options) {
   const std::string& prog = set.prog;
   try {
     const Command cmd = parse_argv(argc, argv);
+    if (!cmd.class_help_key.empty()) {
+      print_class_help(out, reg, cmd.class_help_key, cmd.class_help_name);
+      return kCliOk;
+    }
     if (cmd.help) {
       print_help(out, prog, cmd.name, reg, options);
       return kCliOk;

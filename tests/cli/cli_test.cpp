@@ -2104,4 +2104,33 @@ TEST(AutomaticOptimizers, BadArgumentsExitTwoBeforeAnythingRuns) {
   EXPECT_NE(help.out.find("--lr_scheduler.T_max"), std::string::npos);
 }
 
+// jsonargparse's --KEY.help CLASS: one registered class's parameters (LightningCLI's
+// `--model.help MyModel`), for run_cli's commands and build_cli; an import path names the class
+// by its last part. An unknown class or a key without classes exits 2.
+TEST(Cli, KeyHelpListsOneClasssParameters) {
+  Result r = run({"fit", "--model.help", "Tiny"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("--model=Tiny: tiny classifier\n", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("--model.lr"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--model.adam"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("--trainer.max_epochs"), std::string::npos) << r.out;
+  r = run({"fit", "--optimizer.help=torch.optim.Adam"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--optimizer.betas"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("--optimizer.momentum"), std::string::npos) << r.out;
+  r = run({"fit", "--trainer.callbacks.help", "EarlyStopping"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--trainer.callbacks.N.patience"), std::string::npos) << r.out;
+  r = run({"validate", "--trainer.strategy.help", "DDPStrategy"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--trainer.strategy.init_args.bucket_cap_mb"), std::string::npos) << r.out;
+  expect_usage_error({"fit", "--model.help", "Tny"}, "did you mean \"Tiny\"");
+  expect_usage_error({"fit", "--trainer.max_epochs.help", "x"},
+                     "--trainer.max_epochs.help: trainer.max_epochs takes no class");
+  BuiltCli b = build({"--lr_scheduler.help", "StepLR"});
+  EXPECT_EQ(b.objects.exit_code, std::optional<int>(volt::kCliOk)) << b.err;
+  EXPECT_FALSE(b.objects.trainer);
+  EXPECT_NE(b.out.find("--lr_scheduler.step_size"), std::string::npos) << b.out;
+}
+
 }  // namespace

@@ -351,35 +351,6 @@ void remove_field(ConfigNode& map, const std::string& key) {
           f.end());
 }
 
-// A class_path as Lightning's configs write it, as registered here: an import path
-// ("lightning.pytorch.callbacks.ModelCheckpoint", "my_project.models.Net") by its last part when
-// that is registered, and Lightning's class names of the strategies and profilers volt
-// registers under other names (DDPStrategy is "ddp"; a profiler string "simple" is
-// SimpleProfiler).
-template <typename R>
-std::string lightning_class_name(const R& reg, const std::string& written) {
-  if (reg.contains(written)) return written;
-  std::string name = written;
-  if (const auto dot = written.rfind('.'); dot != std::string::npos && dot + 1 < written.size()) {
-    name = written.substr(dot + 1);
-  }
-  static const std::map<std::string, std::map<std::string, std::string>> kAliases = {
-      {"strategy",
-       {{"DDPStrategy", "ddp"},
-        {"DeepSpeedStrategy", "deepspeed"},
-        {"SingleDeviceStrategy", "single_device"},
-        {"ModelParallelStrategy", "model_parallel"}}},
-      {"profiler",
-       {{"simple", "SimpleProfiler"},
-        {"pytorch", "TorchProfiler"},
-        {"PyTorchProfiler", "TorchProfiler"}}},
-  };
-  if (const auto kind = kAliases.find(reg.kind()); kind != kAliases.end()) {
-    if (const auto it = kind->second.find(name); it != kind->second.end()) name = it->second;
-  }
-  return reg.contains(name) ? name : written;
-}
-
 template <typename R>
 ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
                                 const ConfigNode& parent, const R& reg) {

@@ -2,6 +2,7 @@
 // Checks a raw ConfigNode tree against the schema (TrainerOptions fields and the registered
 // components' Params), fills defaults and returns typed values; and writes them back as YAML.
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +44,35 @@ struct ResolvedConfig {
   std::optional<ComponentConfig> optimizer;
   std::optional<ComponentConfig> lr_scheduler;
 };
+
+// A class_path as Lightning's configs write it, as registered here: an import path
+// ("lightning.pytorch.callbacks.ModelCheckpoint", "my_project.models.Net") by its last part when
+// that is registered, and Lightning's class names of the strategies and profilers volt
+// registers under other names (DDPStrategy is "ddp"; a profiler string "simple" is
+// SimpleProfiler).
+template <typename R>
+std::string lightning_class_name(const R& reg, const std::string& written) {
+  if (reg.contains(written)) return written;
+  std::string name = written;
+  if (const auto dot = written.rfind('.'); dot != std::string::npos && dot + 1 < written.size()) {
+    name = written.substr(dot + 1);
+  }
+  static const std::map<std::string, std::map<std::string, std::string>> kAliases = {
+      {"strategy",
+       {{"DDPStrategy", "ddp"},
+        {"DeepSpeedStrategy", "deepspeed"},
+        {"SingleDeviceStrategy", "single_device"},
+        {"ModelParallelStrategy", "model_parallel"}}},
+      {"profiler",
+       {{"simple", "SimpleProfiler"},
+        {"pytorch", "TorchProfiler"},
+        {"PyTorchProfiler", "TorchProfiler"}}},
+  };
+  if (const auto kind = kAliases.find(reg.kind()); kind != kAliases.end()) {
+    if (const auto it = kind->second.find(name); it != kind->second.end()) name = it->second;
+  }
+  return reg.contains(name) ? name : written;
+}
 
 /// The TrainerOptions fields the CLI exposes (all but callbacks/loggers/seed, which the config
 /// gives as trainer.callbacks, trainer.loggers and seed_everything), defaults from TrainerOptions()
