@@ -120,6 +120,23 @@ std::string override_origin(const std::string& text) {
 
 void parse_options(Command& cmd, int argc, const char* const* argv, int first);
 
+// jsonargparse's --KEY.help CLASS for a key that holds a class (a component's own `help`
+// argument is --KEY.init_args.help).
+bool is_class_help(const std::string& key) {
+  static const std::vector<std::string> kKeys = {"model.help",
+                                                 "data.help",
+                                                 "optimizer.help",
+                                                 "lr_scheduler.help",
+                                                 "trainer.callbacks.help",
+                                                 "trainer.loggers.help",
+                                                 "trainer.logger.help",
+                                                 "trainer.profiler.help",
+                                                 "trainer.checkpoint_io.help",
+                                                 "trainer.strategy.help",
+                                                 "trainer.precision.help"};
+  return std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end();
+}
+
 Command parse_argv(int argc, const char* const* argv) {
   Command cmd;
   VOLT_CHECK(argc >= 2, ConfigError, "[cli] no command given; use one of ", quoted_list(kCommands),
@@ -187,7 +204,9 @@ void parse_options(Command& cmd, int argc, const char* const* argv, int first) {
                "\" has no option name; write --key=value.");
     if (key == "config" || key == "c") {
       cmd.sources.push_back({Source::Kind::kFile, "", value, value});
-    } else if (!append && key.size() > 5 && key.compare(key.size() - 5, 5, ".help") == 0) {
+    } else if (is_class_help(key)) {
+      VOLT_CHECK(!append, ConfigError, "[cli] --", key, " takes one class; write --", key,
+                 " CLASS.");
       cmd.class_help_key = key.substr(0, key.size() - 5);
       cmd.class_help_name = value;
     } else {
@@ -1125,7 +1144,7 @@ CliObjects build_cli(int argc, const char* const* argv, const CliOptions& option
   try {
     Command cmd;  // no command: options only
     parse_options(cmd, argc, argv, 1);
-    if (!cmd.class_help_key.empty()) {
+    if (!cmd.class_help_key.empty() && cmd.positional.empty()) {
       print_class_help(out, reg, cmd.class_help_key, cmd.class_help_name);
       objects.exit_code = kCliOk;
       return objects;
@@ -1172,6 +1191,13 @@ int run_cli(int argc, const char* const* argv, const CliOptions& options) {
   try {
     const Command cmd = parse_argv(argc, argv);
     if (!cmd.class_help_key.empty()) {
+      VOLT_CHECK(cmd.name == "fit" || cmd.name == "validate" || cmd.name == "test" ||
+                     cmd.name == "predict" || cmd.name == "print-config",
+                 ConfigError, "[cli] --", cmd.class_help_key,
+                 ".help is an option of fit, validate, test, predict and print-config; write ",
+                 prog, " fit --", cmd.class_help_key, ".help ", cmd.class_help_name, ".");
+      VOLT_CHECK(cmd.positional.empty(), ConfigError, "[cli] unexpected argument \"",
+                 cmd.positional.front(), "\"; options are --key=value (did you forget the --?).");
       print_class_help(out, reg, cmd.class_help_key, cmd.class_help_name);
       return kCliOk;
     }

@@ -405,12 +405,15 @@ void register_optimizers_and_schedulers(Registry& r) {
   // and the run then diverges or stalls.
   const auto finite = [](const Args& a) {
     for (const auto& [key, value] : a.values()) {
-      std::vector<double> numbers;
-      if (const auto* d = std::get_if<double>(&value)) numbers.push_back(*d);
-      if (const auto* v = std::get_if<std::vector<double>>(&value)) numbers = *v;
-      for (double x : numbers) {
-        VOLT_CHECK(std::isfinite(x), ConfigError, "[", a.owner(), "] ", key, "=", x,
+      if (const auto* d = std::get_if<double>(&value)) {
+        VOLT_CHECK(std::isfinite(*d), ConfigError, "[", a.owner(), "] ", key, "=", *d,
                    " must be a finite number; change init_args.", key, ".");
+      }
+      if (const auto* v = std::get_if<std::vector<double>>(&value)) {
+        for (size_t i = 0; i < v->size(); ++i) {
+          VOLT_CHECK(std::isfinite((*v)[i]), ConfigError, "[", a.owner(), "] ", key, "[", i,
+                     "]=", (*v)[i], " must be a finite number; change init_args.", key, ".");
+        }
       }
     }
   };

@@ -2107,7 +2107,7 @@ TEST(AutomaticOptimizers, BadArgumentsExitTwoBeforeAnythingRuns) {
 // jsonargparse's --KEY.help CLASS: one registered class's parameters (LightningCLI's
 // `--model.help MyModel`), for run_cli's commands and build_cli; an import path names the class
 // by its last part. An unknown class or a key without classes exits 2.
-TEST(Cli, KeyHelpListsOneClasssParameters) {
+TEST(Cli, KeyHelpListsTheParametersOfOneClass) {
   Result r = run({"fit", "--model.help", "Tiny"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("--model=Tiny: tiny classifier\n", 0), 0u) << r.out;
@@ -2125,8 +2125,12 @@ TEST(Cli, KeyHelpListsOneClasssParameters) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("--trainer.strategy.init_args.bucket_cap_mb"), std::string::npos) << r.out;
   expect_usage_error({"fit", "--model.help", "Tny"}, "did you mean \"Tiny\"");
-  expect_usage_error({"fit", "--trainer.max_epochs.help", "x"},
-                     "--trainer.max_epochs.help: trainer.max_epochs takes no class");
+  expect_usage_error({"fit", "--model.help+=Tiny"}, "--model.help takes one class");
+  expect_usage_error({"fit", "--model.help", "Tiny", "stray"}, "unexpected argument \"stray\"");
+  expect_usage_error({"report", "--model.help", "Tiny"}, "is an option of fit, validate");
+  // Not a class-holding key: an ordinary setting, refused as an unknown key.
+  expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs.help=3"},
+                     "trainer.max_epochs");
   BuiltCli b = build({"--lr_scheduler.help", "StepLR"});
   EXPECT_EQ(b.objects.exit_code, std::optional<int>(volt::kCliOk)) << b.err;
   EXPECT_FALSE(b.objects.trainer);
