@@ -137,6 +137,13 @@ bool is_list_type(ParamType t) {
            ", got " + n.describe() + "; e.g. " + key + ": " + example_for(spec.type) + hint + ".");
 }
 
+// Seconds as the scalar a float parameter reads back exactly (shortest round-trip form).
+ConfigNode seconds_node(double seconds, const std::string& origin) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, seconds);
+  return ConfigNode::make_scalar(std::string(buf, r.ptr), origin);
+}
+
 // A duration as Lightning takes it (Trainer max_time, Timer duration): seconds (volt's own
 // form), "DD:HH:MM:SS", or a datetime.timedelta mapping ({days: 1, hours: 5}); as seconds.
 ConfigNode duration_in_seconds(const std::string& key, const ConfigNode& n) {
@@ -161,9 +168,7 @@ ConfigNode duration_in_seconds(const std::string& key, const ConfigNode& n) {
     }
   }
   if (!std::isfinite(seconds)) fail(key, n, "is more seconds than a double holds; " + forms + ".");
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, seconds);
-  return ConfigNode::make_scalar(std::string(buf, r.ptr), n.origin);
+  return seconds_node(seconds, n.origin);
 }
 
 // str(datetime.timedelta), as a config Lightning wrote holds DDPStrategy's timeout: "0:30:00",
@@ -432,20 +437,19 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
     remove_field(lightning_args, "timeout");
     if (!t.is_null()) {
       double seconds = 0;
-      const std::optional<double> td =
-          t.is_scalar() && !t.quoted && parse_float(t.scalar, &seconds)
-              ? std::optional<double>(seconds)
-              : (t.is_scalar() ? python_timedelta_seconds(t.scalar) : std::nullopt);
+      std::optional<double> td;
+      if (t.is_scalar() && !t.quoted && parse_float(t.scalar, &seconds)) {
+        td = seconds;
+      } else if (t.is_scalar()) {
+        td = python_timedelta_seconds(t.scalar);
+      }
       if (!td) {
         fail(key + ".init_args.timeout", t,
              "expected a duration as Lightning prints a timedelta (\"0:30:00\", \"1 day, "
              "2:00:00\") or seconds, got " +
                  t.describe() + ".");
       }
-      char buf[64];
-      const auto r = std::to_chars(buf, buf + sizeof buf, *td);
-      lightning_args.fields.emplace_back(
-          "timeout_s", ConfigNode::make_scalar(std::string(buf, r.ptr), t.origin));
+      lightning_args.fields.emplace_back("timeout_s", seconds_node(*td, t.origin));
     }
   }
   // GradientAccumulationScheduler's scheduling as Lightning's dict ({0: 8, 4: 4}): volt's text
