@@ -292,6 +292,10 @@ void HostSyncMonitor::on_train_batch_end(RunContext&, Module&, const Batch&, int
   impl_->observe(false);
 }
 
+void HostSyncMonitor::on_train_epoch_end(RunContext&, Module&) {
+  impl_->observe(false);
+}
+
 void HostSyncMonitor::on_fit_end(RunContext&, Module&) {
   Impl& s = *impl_;
   if (!s.ops) return;

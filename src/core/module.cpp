@@ -50,6 +50,15 @@ void Module::test_step(const Batch& /*batch*/, int64_t /*batch_idx*/) {
   detail::DefaultSteps::mark(*this, detail::DefaultSteps::kTestStep);
 }
 
+void Module::skip_rest_of_epoch() {
+  VOLT_CHECK(batch_start_ != 0, ValueError,
+             "[Module] skip_rest_of_epoch() was called outside the module's own "
+             "on_train_batch_start; it ends the epoch's training before a batch (Lightning's "
+             "on_train_batch_start returning -1), so call it from that hook "
+             "(run()->request_stop() ends the whole fit from anywhere).");
+  batch_start_ = 2;
+}
+
 void Module::backward(const at::Tensor& loss) {
   detail::DefaultSteps::mark(*this, detail::DefaultSteps::kBackward);
   loss.backward();

@@ -330,6 +330,11 @@ int64_t Run::resolved_max_epochs() const {
   return unset_max_epochs_bounded() ? -1 : 1000;
 }
 
+int64_t Run::resolved_min_epochs() const {
+  if (opts.min_epochs()) return *opts.min_epochs();
+  return opts.min_steps() ? 1 : 0;
+}
+
 bool Run::unset_max_epochs_bounded() const {
   // Lightning's _parse_loop_limits: an unset max_epochs is no limit when max_steps, max_time or a
   // Timer callback bounds the fit, else 1000.
@@ -782,7 +787,7 @@ std::string Run::config_fingerprint() const {
   // (default_root_dir) and display settings may differ between nodes.
   auto s = detail::c_stream<std::ostringstream>();
   s << "max_epochs=" << opts.max_epochs().value_or(-2) << ";max_steps=" << opts.max_steps()
-    << ";min_epochs=" << opts.min_epochs() << ";min_steps=" << opts.min_steps()
+    << ";min_epochs=" << resolved_min_epochs() << ";min_steps=" << opts.min_steps().value_or(0)
     << ";limit_train=" << opts.limit_train_batches() << ";overfit=" << opts.overfit_batches()
     << ";limit_val=" << opts.limit_val_batches() << ";val_check=" << opts.val_check_interval()
     << ";every_n_epoch=" << opts.check_val_every_n_epoch().value_or(0)

@@ -63,17 +63,19 @@ void TrainerOptions::validate() const {
              " is invalid; pass a number of epochs >= 0, -1 for no limit, or leave it unset.");
   VOLT_CHECK(num_nodes_ >= 1, ConfigError, "[Trainer] num_nodes=", num_nodes_,
              " is invalid; pass the number of nodes (>= 1).");
-  VOLT_CHECK(min_epochs_ >= 0, ConfigError, "[Trainer] min_epochs=", min_epochs_,
-             " is negative; pass 0 or more.");
-  VOLT_CHECK(max_epochs_.value_or(-1) < 0 || min_epochs_ <= *max_epochs_, ConfigError,
-             "[Trainer] min_epochs=", min_epochs_, " exceeds max_epochs=", max_epochs_.value_or(-1),
-             "; lower min_epochs.");
+  VOLT_CHECK(min_epochs_.value_or(0) >= 0, ConfigError,
+             "[Trainer] min_epochs=", min_epochs_.value_or(0),
+             " is negative; pass 0 or more, or leave it unset.");
+  VOLT_CHECK(max_epochs_.value_or(-1) < 0 || min_epochs_.value_or(0) <= *max_epochs_, ConfigError,
+             "[Trainer] min_epochs=", min_epochs_.value_or(0),
+             " exceeds max_epochs=", max_epochs_.value_or(-1), "; lower min_epochs.");
   VOLT_CHECK(max_steps_ >= -1, ConfigError, "[Trainer] max_steps=", max_steps_,
              " is invalid; pass a step count >= 0, or -1 for no limit.");
-  VOLT_CHECK(min_steps_ >= 0, ConfigError, "[Trainer] min_steps=", min_steps_,
-             " is negative; pass 0 or more.");
-  VOLT_CHECK(max_steps_ < 0 || min_steps_ <= max_steps_, ConfigError,
-             "[Trainer] min_steps=", min_steps_, " exceeds max_steps=", max_steps_,
+  VOLT_CHECK(min_steps_.value_or(0) >= 0, ConfigError,
+             "[Trainer] min_steps=", min_steps_.value_or(0),
+             " is negative; pass 0 or more, or leave it unset.");
+  VOLT_CHECK(max_steps_ < 0 || min_steps_.value_or(0) <= max_steps_, ConfigError,
+             "[Trainer] min_steps=", min_steps_.value_or(0), " exceeds max_steps=", max_steps_,
              "; lower min_steps.");
   // 0 as Lightning's "00:00:00:00": the fit trains nothing.
   VOLT_CHECK(!max_time_ || (std::isfinite(*max_time_) && *max_time_ >= 0), ConfigError,
@@ -148,8 +150,9 @@ std::ostream& operator<<(std::ostream& os, const TrainerOptions& o) {
   os << "TrainerOptions(accelerator=" << o.accelerator() << ", devices=" << o.devices()
      << ", num_nodes=" << o.num_nodes() << ", strategy=" << o.strategy()
      << ", precision=" << o.precision() << ", max_epochs=" << optional_text(o.max_epochs())
-     << ", min_epochs=" << o.min_epochs() << ", max_steps=" << o.max_steps()
-     << ", min_steps=" << o.min_steps() << ", max_time=" << optional_text(o.max_time())
+     << ", min_epochs=" << optional_text(o.min_epochs()) << ", max_steps=" << o.max_steps()
+     << ", min_steps=" << optional_text(o.min_steps())
+     << ", max_time=" << optional_text(o.max_time())
      << ", limit_train_batches=" << o.limit_train_batches()
      << ", limit_val_batches=" << o.limit_val_batches()
      << ", limit_test_batches=" << o.limit_test_batches()

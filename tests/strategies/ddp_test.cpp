@@ -1142,6 +1142,40 @@ TEST(Ddp, AStopRequestedOnOneRankStopsEveryRankAtTheSameBatch) {
   EXPECT_LT(step, 16) << "it was acted on within the run";
 }
 
+// Lightning's on_train_batch_start returning -1 on one rank alone: that rank would end its
+// epoch while the other waits in its next gradient all-reduce (Lightning hangs there). volt's
+// ranks agree at each batch for a module that sets may_skip_rest_of_epoch: both skip at the
+// same batch and end with the weights of a job where every rank skips. Without the setting the
+// ranks hold no agreement: a skip is an error that ends both ranks, not a hang.
+TEST(Ddp, SkipRestOfEpochOnOneRankSkipsOnEveryRank) {
+  VOLT_REQUIRE_GLOO();
+  volt_test::TempDir dir;
+  const std::vector<std::string> common = {"--devices",    "2", "--batch",   "8", "--epochs", "2",
+                                           "--skip-batch", "3", "--timeout", "20"};
+  auto one = run_plain(
+      cat({"--root", dir / "one", "--out", dir / "one/w", "--skip-rank", "1"}, common), 90s);
+  ASSERT_EQ(one.code, 0) << one.output;
+  auto every = run_plain(
+      cat({"--root", dir / "every", "--out", dir / "every/w", "--skip-rank", "-2"}, common), 90s);
+  ASSERT_EQ(every.code, 0) << every.output;
+  for (int r = 0; r < 2; ++r) {
+    // 8 batches an epoch per rank: 3 trained in epoch 0, 8 in epoch 1.
+    EXPECT_EQ(rank_field(one.output, r, "step"), "11") << one.output;
+    const std::string suffix = "/w.rank" + std::to_string(r) + ".pt";
+    EXPECT_TRUE(torch::equal(load_flat(dir / "one" + suffix), load_flat(dir / "every" + suffix)))
+        << "rank " << r;
+  }
+  auto unheard = run_plain(cat({"--root", dir / "undeclared", "--out", dir / "undeclared/w",
+                                "--skip-rank", "1", "--skip-undeclared", "1"},
+                               common),
+                           90s);
+  EXPECT_NE(unheard.code, 0) << unheard.output;
+  EXPECT_NE(unheard.output.find("skip_rest_of_epoch() at epoch 0 batch 3 on rank 1 of 2: with "
+                                "several processes the ranks must agree on a skip"),
+            std::string::npos)
+      << unheard.output;
+}
+
 // Time-based validation (val_check_interval_s) with ranks whose clocks disagree: rank 1 starts
 // its clock 200 ms after rank 0 at each validation. Each on its own clock, rank 0 would validate
 // batches before rank 1 and the ranks' collectives would cross (Lightning's per-rank

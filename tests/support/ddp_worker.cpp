@@ -10,6 +10,9 @@
 //       R (--die-step S | --die-batch B)] [--die-signal N]  (the signal rank R raises; default 9,
 //       SIGKILL; 15 or 2 ask for a graceful stop)
 //       [--stop-rank R --stop-batch B]  (rank R alone calls request_stop() after B batches)
+//       [--skip-rank R --skip-batch B]  (rank R, -2 every rank, calls skip_rest_of_epoch() in
+//       on_train_batch_start at batch B of epoch 0; the module sets may_skip_rest_of_epoch
+//       unless --skip-undeclared 1)
 //       [--on-exception-ckpt 0|1]  (an OnExceptionCheckpoint writing <root>/oe/on_exception.ckpt)
 //       [--sleep-ms MS]  (every training batch sleeps that long: time to send signals)
 //       [--val-every-s S --val-end-sleep-ms MS]  (val_check_interval_s S; rank 1 sleeps MS at
@@ -201,6 +204,14 @@ class Net : public volt::Module {
     return loss;
   }
   bool epoch_metric = false;
+  // --skip-rank / --skip-batch.
+  int64_t skip_rank = -1, skip_batch = -1;
+  void on_train_batch_start(const volt::Batch&, int64_t i) override {
+    if (skip_batch >= 0 && current_epoch() == 0 && i == skip_batch &&
+        (skip_rank == -2 || run()->global_rank() == skip_rank)) {
+      skip_rest_of_epoch();
+    }
+  }
   // --gather-val 1: each validation pass's logits on this rank and as all_gather gives them.
   bool gather_val = false;
   std::vector<torch::Tensor> own_logits, gathered_logits;
@@ -595,6 +606,9 @@ int main(int argc, char** argv) {
     model.spare_on_rank = num("--spare-on-rank", -1);
     model.own_zero_grad = num("--own-zero-grad", 0) != 0;
     model.epoch_metric = num("--epoch-metric", 0) != 0;
+    model.skip_rank = num("--skip-rank", -1);
+    model.skip_batch = num("--skip-batch", -1);
+    model.set_may_skip_rest_of_epoch(model.skip_batch >= 0 && num("--skip-undeclared", 0) == 0);
     if (num("--frozen-fc1", 0) != 0) {  // fc1 frozen, and in the optimizer all the same
       for (auto& p : model.fc1->parameters()) p.requires_grad_(false);
       model.optimize_frozen = true;

@@ -116,11 +116,22 @@ TEST(MinSteps, AStopAskedAtTheEpochStartTrainsNoBatchUnlessAMinimumWaits) {
     EXPECT_EQ(t.state().epoch, 0);
     EXPECT_EQ(model.val_batches, 0) << "no batch trained, so no stop validation either";
   }
-  TinyClassifier model;
-  volt::Trainer t(
-      quiet(dir.path).max_epochs(3).min_steps(3).callbacks({std::make_shared<StopAtEpochStart>()}));
-  t.fit(model, volt_test::loader(volt_test::blobs(160)));  // 10 batches an epoch
-  EXPECT_EQ(t.state().global_step, 3);
+  {  // min_steps without min_epochs: min_epochs 1, as Lightning's _parse_loop_limits, so the
+     // first epoch trains whole (10 batches); it stopped after 3 steps before
+    TinyClassifier model;
+    volt::Trainer t(quiet(dir.path).max_epochs(3).min_steps(3).callbacks(
+        {std::make_shared<StopAtEpochStart>()}));
+    t.fit(model, volt_test::loader(volt_test::blobs(160)));  // 10 batches an epoch
+    EXPECT_EQ(t.state().global_step, 10);
+    EXPECT_EQ(t.state().epoch, 0);
+  }
+  {  // an explicit min_epochs=0 beside it: min_steps alone waits
+    TinyClassifier model;
+    volt::Trainer t(quiet(dir.path).max_epochs(3).min_epochs(0).min_steps(3).callbacks(
+        {std::make_shared<StopAtEpochStart>()}));
+    t.fit(model, volt_test::loader(volt_test::blobs(160)));
+    EXPECT_EQ(t.state().global_step, 3);
+  }
 }
 
 // Lightning's docs: "In case max_time is used together with min_steps or min_epochs, the min_*
@@ -128,9 +139,16 @@ TEST(MinSteps, AStopAskedAtTheEpochStartTrainsNoBatchUnlessAMinimumWaits) {
 // ended the fit at once.
 TEST(MinSteps, MaxTimeWaitsForTheMinima) {
   volt_test::TempDir dir;
-  {
+  {  // min_steps alone implies min_epochs=1 (Lightning's _parse_loop_limits): the first epoch
+     // ends first (10 batches)
     TinyClassifier model;
     volt::Trainer t(quiet(dir.path).max_epochs(1000).max_time(1e-6).min_steps(5));
+    t.fit(model, volt_test::loader(volt_test::blobs(160)));
+    EXPECT_EQ(t.state().global_step, 10);
+  }
+  {
+    TinyClassifier model;
+    volt::Trainer t(quiet(dir.path).max_epochs(1000).max_time(1e-6).min_epochs(0).min_steps(5));
     t.fit(model, volt_test::loader(volt_test::blobs(160)));
     EXPECT_EQ(t.state().global_step, 5);
   }

@@ -76,12 +76,20 @@ class HookedModule : public volt_test::TinyClassifier {
   void on_fit_start() override { calls_.push_back("on_fit_start"); }
   void on_fit_end() override { calls_.push_back("on_fit_end"); }
   void on_train_start() override { calls_.push_back("on_train_start"); }
-  void on_train_end() override { calls_.push_back("on_train_end"); }
+  void on_train_end() override {
+    calls_.push_back("on_train_end");
+    const auto schedulers = lr_schedulers();
+    if (!schedulers.empty()) lr_at_train_end = schedulers.front()->last_lrs().front();
+  }
+  double lr_at_train_end = -1;  // the first scheduler's first rate then
   void on_train_epoch_start() override { calls_.push_back("on_train_epoch_start"); }
   void on_train_epoch_end() override { calls_.push_back("on_train_epoch_end"); }
   void on_train_batch_start(const volt::Batch&, int64_t i) override {
     calls_.push_back(with("on_train_batch_start", i));
+    if (current_epoch() == skip_epoch && i == skip_batch) skip_rest_of_epoch();
   }
+  /// Lightning's `return -1` from on_train_batch_start at this epoch's batch (-1: never).
+  int64_t skip_epoch = -1, skip_batch = -1;
   void on_train_batch_end(const volt::Batch&, int64_t i) override {
     calls_.push_back(with("on_train_batch_end", i));
   }
@@ -419,6 +427,54 @@ TEST(Hooks, AFitWithNothingToTrainRunsNoTrainStartOrEnd) {
   append(expected, ends);
   EXPECT_EQ(calls, expected) << diff_hint(calls, expected);
   EXPECT_EQ(trainer.state().global_step, 0);
+}
+
+// Lightning's on_train_batch_start returning -1 (volt: skip_rest_of_epoch() there): that batch
+// runs no training_step and no batch-end hooks, the epoch ends without its validation, its
+// epoch-interval scheduler steps as after the last batch, and the next epoch trains whole.
+TEST(Hooks, SkipRestOfEpochEndsTheEpochBeforeItsBatchWithoutValidation) {
+  volt_test::TempDir dir;
+  Calls calls;
+  HookedModule model(calls);
+  model.skip_epoch = 0;
+  model.skip_batch = 1;
+  model.scheduler_step_size = 1;  // StepLR(gamma 0.5) each epoch
+  volt::Trainer trainer(volt_test::quiet(dir.path)
+                            .max_epochs(2)
+                            .limit_train_batches(int64_t{3})
+                            .limit_val_batches(int64_t{1})
+                            .num_sanity_val_steps(0)
+                            .callbacks({std::make_shared<HookedCallback>(calls)}));
+  trainer.fit(model, volt_test::loader(volt_test::blobs(64)),
+              volt_test::loader(volt_test::blobs(64, 8, 1)));
+  Calls expected = {"configure_callbacks",
+                    "prepare_data",
+                    "Callback.setup fit",
+                    "setup fit",
+                    "configure_model",
+                    "configure_optimizers",
+                    "Callback.on_fit_start",
+                    "on_fit_start",
+                    "Callback.on_train_start",
+                    "on_train_start",
+                    "Callback.on_train_epoch_start",
+                    "on_train_epoch_start"};
+  append(expected, train_batches(1));
+  append(expected,
+         {"on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer",
+          "Callback.on_train_batch_start 1", "on_train_batch_start 1", "on_train_epoch_end",
+          "Callback.on_train_epoch_end", "Callback.on_train_epoch_start", "on_train_epoch_start"});
+  append(expected, train_batches(3));
+  append(expected, {"on_validation_model_zero_grad"});
+  append(expected, eval_pass("validation", 1));
+  append(expected, {"on_train_epoch_end", "Callback.on_train_epoch_end", "Callback.on_train_end",
+                    "on_train_end", "Callback.on_fit_end", "on_fit_end", "Callback.teardown fit",
+                    "teardown fit"});
+  EXPECT_EQ(calls, expected) << diff_hint(calls, expected);
+  EXPECT_EQ(trainer.state().global_step, 4);
+  EXPECT_EQ(trainer.state().epoch, 1);
+  // Both epochs' ends stepped the scheduler, the skipped one too.
+  EXPECT_DOUBLE_EQ(model.lr_at_train_end, 0.1 * 0.5 * 0.5);
 }
 
 TEST(Hooks, ValidateTestAndPredictCallThemInLightningsOrder) {

@@ -12,6 +12,7 @@
 
 #include "error_text.h"
 #include "log_capture.h"
+#include "save_at.h"
 #include "tiny.h"
 #include "volt/nn/parameters.h"
 
@@ -428,6 +429,104 @@ TEST(ModuleApi, AnOptimizerListingATensorTwiceIsAConfigError) {
   volt::Trainer trainer(quiet(dir.path).max_epochs(1));
   trainer.fit(once, volt_test::loader(volt_test::blobs(32)));
   EXPECT_GT(trainer.state().global_step, 0);
+}
+
+/// Calls skip_rest_of_epoch() from on_train_batch_start at batch `at` of epoch 0 (Lightning's
+/// `return -1`), or from training_step with `from_step`. No dropout: runs that train different
+/// batches draw the same random numbers.
+class SkipAt : public TinyClassifier {
+ public:
+  explicit SkipAt(int64_t at, bool from_step = false) : at_(at), from_step_(from_step) {
+    drop->options.p(0.0);
+  }
+  void on_train_batch_start(const volt::Batch&, int64_t i) override {
+    if (!from_step_ && current_epoch() == 0 && i == at_) skip_rest_of_epoch();
+  }
+  torch::Tensor training_step(const volt::Batch& b, int64_t i) override {
+    if (from_step_ && i == at_) skip_rest_of_epoch();
+    ++steps;
+    return TinyClassifier::training_step(b, i);
+  }
+  void on_train_end() override {
+    const auto schedulers = lr_schedulers();
+    if (!schedulers.empty()) lr_at_train_end = schedulers.front()->last_lrs().front();
+  }
+  int64_t steps = 0;            // training_step calls
+  double lr_at_train_end = -1;  // the scheduler's rate then
+
+ private:
+  int64_t at_;
+  bool from_step_;
+};
+
+// With accumulate_grad_batches=2, a skip at batch 3 drops batch 2's half-accumulated gradients
+// (Lightning zeroes them at the next window's first batch): the fit ends as one skipping at
+// batch 2, which accumulated nothing. Kept, they would have joined epoch 1's first step.
+TEST(ModuleApi, SkipRestOfEpochDropsAPartAccumulatedStep) {
+  volt_test::TempDir dir;
+  auto fit = [&](int64_t at) {
+    torch::manual_seed(5);  // the same initial weights
+    SkipAt model(at);
+    volt::Trainer t(quiet(dir.path).max_epochs(2).accumulate_grad_batches(2));
+    t.fit(model, volt_test::loader(volt_test::blobs(96)));  // 6 batches an epoch
+    EXPECT_EQ(t.state().global_step, 1 + 3);
+    return std::make_pair(model.flat_params(), model.steps);
+  };
+  const auto at3 = fit(3), at2 = fit(2);
+  EXPECT_EQ(at3.second, 3 + 6);
+  EXPECT_EQ(at2.second, 2 + 6);
+  EXPECT_TRUE(torch::equal(at3.first, at2.first));
+}
+
+// A checkpoint written in on_train_epoch_end of an epoch a skip ended (its accumulated micro-batch
+// dropped, its epoch scheduler stepped) resumes at the next epoch, and the resumed fit ends with
+// the weights and learning rate of the uninterrupted one.
+TEST(ModuleApi, AFitResumedFromTheEndOfASkippedEpochEqualsTheUninterruptedOne) {
+  volt_test::TempDir dir;
+  const auto opts = [&](int64_t epochs) {
+    return quiet(dir.path).max_epochs(epochs).accumulate_grad_batches(2);
+  };
+  const auto fit = [&](volt::Trainer& t, SkipAt& model, const std::string& ckpt = "") {
+    model.scheduler_step_size = 1;  // StepLR(gamma 0.5) each epoch
+    t.fit(model, volt_test::loader(volt_test::blobs(96)), c10::nullopt, ckpt);
+  };
+  torch::manual_seed(5);  // the same initial weights for both fits
+  SkipAt whole(3);
+  volt::Trainer t(opts(3));
+  fit(t, whole);
+  EXPECT_EQ(t.state().global_step, 1 + 3 + 3);  // batch 2 of epoch 0 accumulated, then dropped
+
+  torch::manual_seed(5);
+  SkipAt first(3);
+  auto save = std::make_shared<volt_test::SaveAt>(0, -1, dir / "skipped_epoch.ckpt");
+  volt::Trainer cut(opts(3).callbacks({save}));
+  fit(cut, first);
+  EXPECT_EQ(save->accumulated_at_save, 0);
+  SkipAt resumed(3);
+  volt::Trainer rest(opts(3));
+  fit(rest, resumed, dir / "skipped_epoch.ckpt");
+  EXPECT_EQ(resumed.steps, 6 + 6) << "the resumed fit trains epochs 1 and 2 only";
+  EXPECT_EQ(rest.state().global_step, 1 + 3 + 3);
+  EXPECT_TRUE(torch::equal(resumed.flat_params(), whole.flat_params()));
+  EXPECT_DOUBLE_EQ(resumed.lr_at_train_end, 0.1 * 0.5 * 0.5 * 0.5);
+  EXPECT_DOUBLE_EQ(whole.lr_at_train_end, resumed.lr_at_train_end);
+}
+
+TEST(ModuleApi, SkipRestOfEpochOutsideOnTrainBatchStartIsAValueError) {
+  volt_test::TempDir dir;
+  SkipAt model(1, /*from_step=*/true);
+  volt::Trainer t(quiet(dir.path).max_epochs(1));
+  const std::string e =
+      error_of<volt::ValueError>([&] { t.fit(model, volt_test::loader(volt_test::blobs(64))); });
+  EXPECT_NE(e.find("skip_rest_of_epoch() was called outside the module's own on_train_batch_start"),
+            std::string::npos)
+      << e;
+  TinyClassifier alone;
+  EXPECT_NE(error_of<volt::ValueError>([&] {
+              alone.skip_rest_of_epoch();
+            }).find("call it from that hook"),
+            std::string::npos);
+  EXPECT_FALSE(alone.may_skip_rest_of_epoch()) << "one process needs no agreement";
 }
 
 TEST(ModuleApi, FreezeAndUnfreeze) {

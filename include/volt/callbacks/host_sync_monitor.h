@@ -69,6 +69,8 @@ class HostSyncMonitor : public Callback {
                                 torch::optim::Optimizer& optimizer) override;
   void on_train_batch_end(RunContext& run, Module& module, const Batch& batch,
                           int64_t batch_idx) override;
+  /// Pauses too: a batch the module skipped (Module::skip_rest_of_epoch) has no batch end.
+  void on_train_epoch_end(RunContext& run, Module& module) override;
   /// Stops observing and logs the table (rank 0).
   void on_fit_end(RunContext& run, Module& module) override;
   void on_exception(RunContext& run, Module& module, const std::exception& error) override;

@@ -54,7 +54,8 @@ class Module : public torch::nn::Module {
   /// batch / when optimizing manually.
   virtual at::Tensor training_step(const Batch& batch, int64_t batch_idx) = 0;
   /// Defaults: nothing (Lightning's unimplemented steps): fit then skips validation with a
-  /// warning, and validate() / test() are a ConfigError asking to override it.
+  /// warning, and validate() / test() are a ConfigError asking to override it. The Trainer
+  /// tells by running the first batch, so an override that calls this default counts as none.
   virtual void validation_step(const Batch& batch, int64_t batch_idx);
   virtual void test_step(const Batch& batch, int64_t batch_idx);
   /// Default: throws ConfigError asking to override it.
@@ -115,6 +116,7 @@ class Module : public torch::nn::Module {
   virtual void on_train_end() {}
   virtual void on_train_epoch_start() {}
   virtual void on_train_epoch_end() {}
+  /// Before training_step. May call skip_rest_of_epoch().
   virtual void on_train_batch_start(const Batch& batch, int64_t batch_idx) {}
   virtual void on_train_batch_end(const Batch& batch, int64_t batch_idx) {}
   virtual void on_before_backward(const at::Tensor& loss) {}
@@ -243,6 +245,24 @@ class Module : public torch::nn::Module {
   void freeze();
   void unfreeze();
 
+  /// From this module's on_train_batch_start only (Lightning's `return -1` there): this batch
+  /// and the rest of the epoch are not trained. No training_step, no batch-end hooks and no
+  /// validation at the epoch's end; a part-accumulated step's gradients are dropped through the
+  /// zero-grad hooks (Lightning zeroes them at the next window's start); the epoch-interval
+  /// schedulers step as after an epoch's last batch and the epoch-end hooks run, then the next
+  /// epoch starts (a checkpoint written there resumes at it). With several processes it needs
+  /// set_may_skip_rest_of_epoch(true); then any rank's call skips on every rank. ValueError from
+  /// any other place.
+  void skip_rest_of_epoch();
+  /// Whether the ranks agree on skip_rest_of_epoch() at each training batch: one blocking
+  /// all-reduce of a flag per batch (a host sync on CUDA), so that a call on any rank skips on
+  /// every rank. Set it (in the constructor or setup()) on a module that may skip and trains
+  /// with several processes; without it a skip there is a ValueError on the rank that called it,
+  /// as that rank alone would leave the others waiting in their next all-reduce (Lightning's
+  /// ranks hang there). One process needs nothing. Default: false.
+  bool may_skip_rest_of_epoch() const { return may_skip_rest_of_epoch_; }
+  void set_may_skip_rest_of_epoch(bool on) { may_skip_rest_of_epoch_ = on; }
+
   /// Manual optimization (Lightning's automatic_optimization = False).
   bool automatic_optimization() const { return automatic_optimization_; }
   void set_automatic_optimization(bool on) { automatic_optimization_ = on; }
@@ -291,10 +311,14 @@ class Module : public torch::nn::Module {
   /// The overridable steps whose default ran since the Trainer last cleared these bits
   /// (src/core/detail/default_steps.h): how it tells an override from the default.
   unsigned default_steps_ran_ = 0;
+  /// skip_rest_of_epoch(): 0 outside on_train_batch_start, 1 inside it, 2 once it was called
+  /// there (set and read by the fit loop through detail::DefaultSteps).
+  int batch_start_ = 0;
   RunContext& require_run(const char* what) const;
   RunContext* run_ = nullptr;
   bool automatic_optimization_ = true;
   bool strict_loading_ = true;
+  bool may_skip_rest_of_epoch_ = false;
   std::map<std::string, std::string> hparams_;
   std::function<std::vector<OptimizerConfig>(Module&)> configure_optimizers_replacement_;
   std::vector<bool> saved_modes_;

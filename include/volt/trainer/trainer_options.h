@@ -43,13 +43,15 @@ struct TrainerOptions {
   /// the module stops it). Unset (Lightning's None): no limit when max_steps, max_time or a
   /// Timer callback bounds the fit, else 1000 with a warning, as Lightning's. Default: unset.
   TORCH_ARG(c10::optional<int64_t>, max_epochs);
-  /// Keep training (ignore stop requests) until this many epochs. Default: 0.
-  TORCH_ARG(int64_t, min_epochs) = 0;
+  /// Keep training (ignore stop requests) until this many epochs. Unset (Lightning's None): 1
+  /// when min_steps is set, else 0, as Lightning's (so a stop asked for in on_fit_start still
+  /// trains a first epoch when min_steps is given). Default: unset.
+  TORCH_ARG(c10::optional<int64_t>, min_epochs);
   /// Stop after this many optimizer steps; -1 = no limit. Default: -1.
   TORCH_ARG(int64_t, max_steps) = -1;
   /// Keep training (ignore stop requests) until this many optimizer steps, as min_epochs does
-  /// for epochs; max_steps and max_epochs still end the run. Default: 0.
-  TORCH_ARG(int64_t, min_steps) = 0;
+  /// for epochs; max_steps and max_epochs still end the run. Unset counts as 0. Default: unset.
+  TORCH_ARG(c10::optional<int64_t>, min_steps);
   /// Stop after this many seconds of training, from on_train_start (as Lightning). Default: none.
   TORCH_ARG(c10::optional<double>, max_time);
   /// Batches per epoch/pass (int count or float fraction). Default: 1.0 (all).

@@ -682,9 +682,11 @@ Params trainer_params(const Registry& reg) {
       .optional<int64_t>("max_epochs",
                          "stop after this many epochs; -1 = no limit; null = no limit when "
                          "max_steps or max_time bounds the fit, else 1000")
-      .add("min_epochs", d.min_epochs(), "ignore stop requests until this many epochs")
+      .optional<int64_t>("min_epochs",
+                         "ignore stop requests until this many epochs; null = 1 when min_steps "
+                         "is set, else 0")
       .add("max_steps", d.max_steps(), "stop after this many optimizer steps; -1 = no limit")
-      .add("min_steps", d.min_steps(), "ignore stop requests until this many optimizer steps")
+      .optional<int64_t>("min_steps", "ignore stop requests until this many optimizer steps")
       .optional<double>("max_time",
                         "stop fit after this much training time: seconds, \"DD:HH:MM:SS\" or "
                         "{days: .., hours: ..}; min_epochs/min_steps come first")
@@ -768,9 +770,7 @@ TrainerOptions trainer_options(const Args& a) {
       .num_nodes(a.get<int64_t>("num_nodes"))
       .strategy(a.get<std::string>("strategy"))
       .precision(a.get<std::string>("precision"))
-      .min_epochs(a.get<int64_t>("min_epochs"))
       .max_steps(a.get<int64_t>("max_steps"))
-      .min_steps(a.get<int64_t>("min_steps"))
       .limit_train_batches(limit("limit_train_batches"))
       .limit_val_batches(limit("limit_val_batches"))
       .limit_test_batches(limit("limit_test_batches"))
@@ -806,6 +806,8 @@ TrainerOptions trainer_options(const Args& a) {
       .progress_refresh_s(a.get<double>("progress_refresh_s"));
   if (auto v = a.get_optional<int64_t>("check_val_every_n_epoch")) o.check_val_every_n_epoch(*v);
   if (auto v = a.get_optional<int64_t>("max_epochs")) o.max_epochs(*v);
+  if (auto v = a.get_optional<int64_t>("min_epochs")) o.min_epochs(*v);
+  if (auto v = a.get_optional<int64_t>("min_steps")) o.min_steps(*v);
   if (auto v = a.get_optional<double>("max_time")) o.max_time(*v);
   if (auto v = a.get_optional<double>("val_check_interval_s")) o.val_check_interval_s(*v);
   if (auto v = a.get_optional<double>("gradient_clip_val")) o.gradient_clip_val(*v);

@@ -39,6 +39,18 @@ struct DefaultSteps {
   static bool ran(const T& t, Bit bit) {
     return (t.default_steps_ran_ & bit) != 0;
   }
+  /// `hook` (the module's on_train_batch_start) run with skip_rest_of_epoch() allowed: whether
+  /// it called that.
+  template <typename Hook>
+  static bool train_batch_start(Module& m, Hook&& hook) {
+    struct Close {
+      Module& m;
+      ~Close() { m.batch_start_ = 0; }
+    } close{m};
+    m.batch_start_ = 1;
+    hook();
+    return m.batch_start_ == 2;
+  }
   /// The steps among backward, optimizer_step and configure_gradient_clipping that ran since
   /// clear() without their default ("backward, optimizer_step"), "" when every one did: call it
   /// after a step that ran all three.

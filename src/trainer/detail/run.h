@@ -211,6 +211,10 @@ class Run : public RunContext {
   bool time_up = false;
   /// An agreed stop waits for min_epochs / min_steps: said once per fit.
   bool stop_deferral_logged = false;
+  /// Whether the ranks agree on Module::skip_rest_of_epoch() at each training batch (several
+  /// processes, Module::may_skip_rest_of_epoch on any rank), decided at the fit's first batch;
+  /// unset until then.
+  c10::optional<bool> agree_on_skip;
 
   Strategy& strategy() const { return *plan.strategy; }
 
@@ -327,6 +331,9 @@ class Run : public RunContext {
 
   // ---------------------------------------------------------------- setup and limits
   int64_t resolved_max_epochs() const;
+  /// The epochs a stop request waits for: min_epochs, or when it is unset 1 with min_steps set
+  /// and 0 without (Lightning's _parse_loop_limits).
+  int64_t resolved_min_epochs() const;
   /// With max_epochs unset: whether max_steps, max_time or a Timer bounds the fit (no epoch
   /// limit then; 1000 otherwise).
   bool unset_max_epochs_bounded() const;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/detail/default_steps.h"
 #include "core/detail/log_cadence.h"
 #include "core/detail/numbers.h"
 #include "strategies/detail/agree.h"
@@ -71,12 +72,15 @@ bool stop_requested(Run& r) {
   // As Lightning (_FitLoop._can_stop_early): a stop request waits until min_epochs epochs have
   // ended and min_steps steps are taken. Mid-epoch the current epoch does not count yet (it
   // did: a stop could come partway through the last required epoch).
+  // An unset min_epochs is 1 beside min_steps, as Lightning's _parse_loop_limits.
   const int64_t epochs_done = r.st.epoch + (r.st.epoch_finished ? 1 : 0);
-  if (epochs_done >= r.opts.min_epochs() && r.st.global_step >= r.opts.min_steps()) return true;
+  const int64_t min_epochs = r.resolved_min_epochs();
+  const int64_t min_steps = r.opts.min_steps().value_or(0);
+  if (epochs_done >= min_epochs && r.st.global_step >= min_steps) return true;
   if (!r.stop_deferral_logged && r.is_global_zero()) {
     log_info("Trainer", std::string(r.time_up ? "max_time is reached" : "asked to stop") +
-                            ", but min_epochs=" + std::to_string(r.opts.min_epochs()) +
-                            " / min_steps=" + std::to_string(r.opts.min_steps()) +
+                            ", but min_epochs=" + std::to_string(min_epochs) +
+                            " / min_steps=" + std::to_string(min_steps) +
                             " are not met yet (epoch " + std::to_string(r.st.epoch) +
                             ", global step " + std::to_string(r.st.global_step) +
                             "); training continues until they are.");
@@ -176,6 +180,27 @@ int64_t agreed_train_limit(Run& r, const DataLoader& train) {
   return n;
 }
 
+// Whether on_train_batch_start asked to skip the rest of the epoch (Module::skip_rest_of_epoch,
+// Lightning's -1), on every rank: ranks that went on without the one that skipped would wait in
+// its next gradient all-reduce (Lightning's hang there). A module that sets
+// may_skip_rest_of_epoch has the ranks take any rank's request at each batch (one blocking
+// all-reduce); whether they do is agreed at the fit's first batch, so that every rank runs the
+// same collectives even if the setting differs between them.
+bool skips_rest_of_epoch(Run& r, bool skip) {
+  if (r.world_size() == 1) return skip;
+  if (!r.agree_on_skip) {
+    r.agree_on_skip = r.reduce_boolean_decision(r.module->may_skip_rest_of_epoch(), /*all=*/false);
+  }
+  if (*r.agree_on_skip) return r.reduce_boolean_decision(skip, /*all=*/false);
+  VOLT_CHECK(!skip, ValueError, "[Trainer] skip_rest_of_epoch() at epoch ", r.st.epoch, " batch ",
+             r.st.batches_done, " on rank ", r.global_rank(), " of ", r.world_size(),
+             ": with several processes the ranks must agree on a skip, which they do at each "
+             "batch for a module that calls set_may_skip_rest_of_epoch(true) (in its constructor "
+             "or setup()); set it. This rank alone would leave the others waiting in their next "
+             "all-reduce.");
+  return false;
+}
+
 void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool first) {
   Module& m = *r.module;
   LoopState& st = r.st;
@@ -216,6 +241,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
       st.val_pending = false;  // resumed without the validation data it was due on
     }
   }
+  bool skipped = false;  // Module::skip_rest_of_epoch()
   if (!stopped && st.batches_done < n) {
     BatchStream stream = train.stream(st.epoch, st.batches_done, n - st.batches_done);
     // Pinned batches on a CUDA run: batch i+1 is fetched as soon as step i is enqueued and
@@ -238,9 +264,21 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
       const int64_t idx = st.batches_done;
       Batch batch = r.transfer(std::move(raw));
       r.scope = LogScope::kTrainStep;
+      bool skip = false;
       r.hook(
-          "on_train_batch_start", [&](Module& mm) { mm.on_train_batch_start(batch, idx); },
+          "on_train_batch_start",
+          [&](Module& mm) {
+            skip =
+                DefaultSteps::train_batch_start(mm, [&] { mm.on_train_batch_start(batch, idx); });
+          },
           [&](Callback& c) { c.on_train_batch_start(r, m, batch, idx); });
+      if (skips_rest_of_epoch(r, skip)) {
+        // Fetched and handed to the hooks, not trained (Lightning counts it processed).
+        ++st.batches_done;
+        ++st.total_batches_done;
+        skipped = true;
+        break;
+      }
       const int64_t step_before = st.global_step;
       const std::vector<int64_t> steps_before = r.optimizer_step_counts();
       r.step->run(batch, idx, n);
@@ -293,13 +331,29 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   }
   r.step->check_losses();  // before the epoch-end hooks, which may write checkpoints
   r.scope = LogScope::kTrainEpochEnd;
+  // A skipped rest of the epoch ends it as its last batch would (Lightning's is_last_batch),
+  // without the validation due there. A part-accumulated step is dropped through the zero-grad
+  // hooks, as Lightning zeroes its gradients at the next window's first batch (they would have
+  // joined that window here).
+  if (skipped && st.accumulated > 0) {
+    for (auto& c : r.optimizers) {
+      torch::optim::Optimizer& opt = *c.optimizer();
+      r.hook(
+          "on_before_zero_grad", [&](Module& mm) { mm.on_before_zero_grad(opt); },
+          [&](Callback& cb) { cb.on_before_zero_grad(r, m, opt); });
+      r.module_hook("optimizer_zero_grad", [&](Module& mm) {
+        mm.optimizer_zero_grad(st.epoch, st.batches_done - 1, opt);
+      });
+    }
+    st.accumulated = 0;
+  }
   // An epoch left before its last batch because max_steps was reached stays unfinished: a fit
   // resumed from it with a larger max_steps trains its remaining batches, as the fit given that
   // max_steps from the start (Lightning restarts an iteration-based fit inside its epoch); it
   // went on with the next epoch, skipping them. The end hooks run all the same (ModelCheckpoint
   // saves there), as in Lightning; the epoch's schedulers step only after its last batch
   // (Lightning's _num_ready_batches_reached), whatever ended it.
-  const bool all_batches = st.batches_done >= n;
+  const bool all_batches = skipped || st.batches_done >= n;
   if (all_batches) r.step_schedulers(Interval::kEpoch);
   st.epoch_finished = all_batches || r.opts.max_steps() < 0 || st.global_step < r.opts.max_steps();
   // The module's hook runs before the epoch metrics are reduced (it may log), the callbacks'
@@ -483,6 +537,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   r.st.should_stop = false;
   r.stop_agreed = false;
   r.stop_deferral_logged = false;
+  r.agree_on_skip.reset();
   r.time_up = false;
   r.st.accumulate_grad_batches = r.opts.accumulate_grad_batches();
   r.fit_elapsed_before = 0;

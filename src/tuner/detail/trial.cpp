@@ -36,8 +36,8 @@ std::vector<c10::Device> generator_devices() {
 
 TrainerOptions trial_options(TrainerOptions o) {
   o.max_epochs(-1)
-      .min_epochs(0)
-      .min_steps(0)
+      .min_epochs(c10::nullopt)
+      .min_steps(c10::nullopt)
       .max_time(c10::nullopt)
       .overfit_batches(0.0)
       .num_sanity_val_steps(0)
