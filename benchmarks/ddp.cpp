@@ -7,7 +7,7 @@
 //   volt_bench_ddp [--rounds R] [--steps S] [--width H] [--batch B]
 //                  [--only weak|sweep|overlap|static|sync_bn|zero|zero_alone|offload|
 //                          zero_overlap|master|
-//                          host_memory|stop_vote|collectives]
+//                          host_memory|stop_vote|skip_vote|collectives]
 //                  [--nvme DIR]
 //
 // `zero_overlap`: stages 2 and 3 at 2 ranks with 2 MB gradient buckets, each bucket's reduction
@@ -32,6 +32,10 @@
 // `stop_vote`: the per-batch agreement on stop requests (DdpStrategy::agree_on_stop, an
 // all-gather of three ints overlapped with the next batch) against a DdpStrategy whose vote is
 // removed, at 2 ranks on a small MLP (784-256-256-10), where a fixed cost per step shows most.
+//
+// `skip_vote`: Module::set_may_skip_rest_of_epoch(true) (the ranks agree on
+// skip_rest_of_epoch() at every batch: one blocking all-reduce of a flag; the module never skips
+// here) against the same module without it, same model and ranks as `stop_vote`.
 //
 // `collectives` (only when asked for): the reduce-scatter ZeRO's gradient buckets use (one
 // all-to-all and a local sum) against the all-reduce of the whole bucket it replaced, at 2 and 4
@@ -262,6 +266,7 @@ int worker(std::map<std::string, std::string>& a) {
   torch::manual_seed(0);
   BenchModule model(width, static_cast<int64_t>(num("--hidden", 1)), num("--adam", 0) != 0,
                     num("--batchnorm", 0) != 0);
+  model.set_may_skip_rest_of_epoch(num("--may-skip", 0) != 0);
   auto x = torch::randn({8192, 784});
   auto y = torch::randint(0, 10, {8192});
   auto data = std::make_shared<volt::TensorDataset>(x, y);
@@ -515,6 +520,23 @@ int main(int argc, char** argv) {
       std::printf("stop vote per batch, 2 ranks, MLP 784-256-256-10, batch 64, 200 steps\n");
       std::printf("  without the vote  %8.3f ms/step\n", median(without));
       std::printf("  with the vote     %8.3f ms/step   ratio %.3f\n\n", median(with),
+                  median(with) / median(without));
+    }
+
+    // 1c. The per-batch agreement on skip_rest_of_epoch(), rounds alternating as above.
+    if (wanted("skip_vote")) {
+      const std::string small = " --steps 200 --width 256 --batch 64";
+      std::vector<double> with, without;
+      for (int r = 0; r < rounds; ++r) {
+        if (r % 2 == 1) without.push_back(job(bin, "--devices 2" + small).step_ms);
+        with.push_back(job(bin, "--devices 2 --may-skip 1" + small).step_ms);
+        if (r % 2 == 0) without.push_back(job(bin, "--devices 2" + small).step_ms);
+      }
+      std::printf(
+          "skip_rest_of_epoch agreement per batch (may_skip_rest_of_epoch), 2 ranks, MLP "
+          "784-256-256-10, batch 64, 200 steps\n");
+      std::printf("  without it  %8.3f ms/step\n", median(without));
+      std::printf("  with it     %8.3f ms/step   ratio %.3f\n\n", median(with),
                   median(with) / median(without));
     }
 

@@ -141,6 +141,7 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weig
     loop.write("monitored_steps_since", c10::IValue(c10::List<int64_t>(run.monitored_steps_since)));
     loop.write("manual_steps", c10::IValue(c10::List<int64_t>(run.manual_steps)));
     loop.write("fit_elapsed_s", c10::IValue(run.fit_elapsed()));
+    loop.write("val_loaded_epoch", c10::IValue(run.val_loaded_epoch));
   });
   if (!weights_only) write_training_state(run, root);
   if (run.data != nullptr) {
@@ -219,6 +220,9 @@ bool restore_checkpoint(Run& run, const std::string& path, bool full) {
   st.accumulated = read("accumulated").toInt();
   st.epoch_finished = read("epoch_finished").toBool();
   st.val_pending = read("val_pending").toBool();
+  c10::IValue val_loaded;
+  run.val_loaded_epoch =
+      loop.try_read("val_loaded_epoch", val_loaded) ? val_loaded.toInt() : Run::kValLoadedUnknown;
   // Absent from older checkpoints, and a number (the global step) before session 93, when
   // every optimizer's scheduler counted the global step.
   c10::IValue since, manual;

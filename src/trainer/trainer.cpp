@@ -350,11 +350,17 @@ std::function<std::vector<DataLoader>()> stage_loaders(DataModule& data, Stage s
 void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path) {
   UsingData using_data(*impl_, &data);
   fit_with_restarts(module, ckpt_path, [&](const std::string& ckpt) {
-    const detail::LoaderReload load = [&](int64_t epoch) {
+    detail::LoaderReload load;
+    load.train = [&](int64_t epoch) {
       data.current_epoch_ = epoch;
-      return std::make_pair(data.train_dataloader(), data.val_dataloaders());
+      return data.train_dataloader();
     };
-    auto [train, val] = load(0);
+    load.val = [&](int64_t epoch) {
+      data.current_epoch_ = epoch;
+      return data.val_dataloaders();
+    };
+    DataLoader train = load.train(0);
+    std::vector<DataLoader> val = load.val(0);
     detail::fit_loop(*impl_, train, val, ckpt, load);
   });
 }

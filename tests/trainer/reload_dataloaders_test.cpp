@@ -2,6 +2,8 @@
 // epochs, telling it the epoch (a curriculum that grows the data set), also across a resume.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "error_text.h"
 #include "tiny.h"
 
@@ -86,6 +88,75 @@ TEST(ReloadDataloaders, AResumedFitUsesTheLoadersTheUninterruptedFitWouldAndEnds
   EXPECT_EQ(resumed.train_epochs, (std::vector<int64_t>{0, 2, 4}));
   EXPECT_EQ(batches->batches, (std::vector<int64_t>{4, 4, 4}));  // epochs 3, 4 and 5
   EXPECT_TRUE(torch::equal(model.flat_params(), whole_model.flat_params()));
+}
+
+/// Validation data that grows with the epoch it is built for (16 x (epoch + 1) samples, at most
+/// 64), so a validation's loss tells which epoch's loaders it ran on.
+class GrowingValidation : public Curriculum {
+ public:
+  c10::optional<volt::DataLoader> val_dataloader() override {
+    val_epochs.push_back(current_epoch());
+    const int64_t n = std::min<int64_t>(16 * (current_epoch() + 1), 64);
+    return volt::DataLoader(std::make_shared<volt::TensorDataset>(val_->inputs().slice(0, 0, n),
+                                                                  val_->targets().slice(0, 0, n)),
+                            volt::DataLoaderOptions(16));
+  }
+
+ private:
+  std::shared_ptr<volt::TensorDataset> val_ = volt_test::blobs(64, 8, 3);
+};
+
+// Lightning's schedule for the validation loaders (_should_reload_val_dl): rebuilt at a
+// validation N or more epochs after their last build, not with the training loader. With
+// check_val_every_n_epoch=3 and N=2 the fit validates at epochs 2, 5 and 8 and rebuilds them
+// there (epoch 0 validates nothing, so the build as fit starts does not count); the training
+// loader at 0, 2, 4, 6, 8. Before session 110 the validation loaders went with the training
+// loader (0, 2, 4, 6, 8): epoch 5 validated on epoch 4's data.
+TEST(ReloadDataloaders, ValidationLoadersReloadAtValidationsNEpochsApartAsLightnings) {
+  volt_test::TempDir dir;
+  volt_test::TinyClassifier model;
+  GrowingValidation data;
+  volt::Trainer(
+      quiet(dir.path).max_epochs(9).reload_dataloaders_every_n_epochs(2).check_val_every_n_epoch(3))
+      .fit(model, data);
+  EXPECT_EQ(data.train_epochs, (std::vector<int64_t>{0, 2, 4, 6, 8}));
+  EXPECT_EQ(data.val_epochs, (std::vector<int64_t>{0, 2, 5, 8}));
+}
+
+// The validation loaders' last build is checkpointed: with check_val_every_n_epoch=2 and N=3 the
+// fit validates at epochs 1 and 3 on loaders built at epoch 1. A fit resumed after epoch 1
+// builds those again (its training loader is epoch 0's until epoch 3) and its epoch-3 validation
+// gives the uninterrupted fit's loss (from the training loader's epoch it validated on epoch 0's
+// data).
+TEST(ReloadDataloaders, AResumedFitValidatesOnTheLoadersOfTheirLastBuild) {
+  volt_test::TempDir dir;
+  const auto opts = [&](int64_t epochs) {
+    return quiet(dir.path)
+        .max_epochs(epochs)
+        .reload_dataloaders_every_n_epochs(3)
+        .check_val_every_n_epoch(2);
+  };
+  torch::manual_seed(5);
+  volt_test::TinyClassifier whole_model;
+  GrowingValidation whole;
+  volt::Trainer whole_trainer(opts(4));
+  whole_trainer.fit(whole_model, whole);
+  EXPECT_EQ(whole.val_epochs, (std::vector<int64_t>{0, 1}));
+
+  torch::manual_seed(5);
+  volt_test::TinyClassifier model;
+  GrowingValidation first;
+  volt::Trainer t(opts(2));
+  t.fit(model, first);
+  t.save_checkpoint(dir / "epoch1.ckpt");
+  GrowingValidation resumed;
+  volt::Trainer rest(opts(4));
+  rest.fit(model, resumed, dir / "epoch1.ckpt");
+  EXPECT_EQ(resumed.train_epochs, (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(resumed.val_epochs, (std::vector<int64_t>{0, 1}));
+  EXPECT_TRUE(torch::equal(model.flat_params(), whole_model.flat_params()));
+  EXPECT_EQ(rest.callback_metrics().at("val_loss"),
+            whole_trainer.callback_metrics().at("val_loss"));
 }
 
 TEST(ReloadDataloaders, LoadersGivenDirectlyServeEveryEpochAndANegativeNIsAConfigError) {

@@ -211,6 +211,16 @@ class Run : public RunContext {
   bool time_up = false;
   /// An agreed stop waits for min_epochs / min_steps: said once per fit.
   bool stop_deferral_logged = false;
+  /// The epoch fit's validation loaders were last built for under
+  /// reload_dataloaders_every_n_epochs (Lightning's _last_val_dl_reload_epoch): -1 before one
+  /// counts (the loaders built as fit starts count only when epoch 0 validates, as Lightning's
+  /// sanity check); kValLoadedUnknown when restored from a checkpoint older than session 110.
+  /// Checkpointed.
+  int64_t val_loaded_epoch = -1;
+  static constexpr int64_t kValLoadedUnknown = -2;
+  /// reload_dataloaders_every_n_epochs when fit reloads its validation loaders (a DataModule),
+  /// else 0.
+  int64_t val_reload_every = 0;
   /// Whether the ranks agree on Module::skip_rest_of_epoch() at each training batch (several
   /// processes, Module::may_skip_rest_of_epoch on any rank), decided at the fit's first batch;
   /// unset until then.
@@ -471,13 +481,17 @@ std::string newest_last_checkpoint(Run& run);
 /// "; the last batch of each epoch has 10 samples per process".
 std::string describe_global_batch(int64_t per_process, int64_t data_parallel, int64_t accumulate,
                                   int64_t last_batch = 0);
-/// A DataModule's training and validation loaders for `epoch`
-/// (reload_dataloaders_every_n_epochs).
-using LoaderReload = std::function<std::pair<DataLoader, std::vector<DataLoader>>(int64_t epoch)>;
+/// A DataModule's loaders for `epoch` (reload_dataloaders_every_n_epochs): the training loader
+/// and the validation loaders, asked for apart, as Lightning reloads each on its own schedule.
+struct LoaderReload {
+  std::function<DataLoader(int64_t epoch)> train;
+  std::function<std::vector<DataLoader>(int64_t epoch)> val;
+  explicit operator bool() const { return static_cast<bool>(train); }
+};
 /// loops/fit_loop.cpp: the whole of fit() after set-up. `reload`, when set, is how the loop gets
 /// new loaders (fit from a DataModule); without it the given loaders serve every epoch.
 void fit_loop(Run& run, DataLoader& train, std::vector<DataLoader>& val,
-              const std::string& ckpt_path, const LoaderReload& reload = nullptr);
+              const std::string& ckpt_path, const LoaderReload& reload = {});
 /// loops/evaluation_loop.cpp: one validation or test pass, over `limits[i]` batches of each
 /// loader in turn. Returns each loader's epoch metrics (what was logged during its batches and
 /// what the epoch hooks logged); `merged`, when given, gets them all in one map.

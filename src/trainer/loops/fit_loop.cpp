@@ -34,10 +34,20 @@ bool validates(const Run& r, const std::vector<DataLoader>& val) {
   return false;
 }
 
+// Whether fit may validate: its validation loaders have batches, or they are rebuilt before a
+// validation (reload_dataloaders_every_n_epochs) and may have some then, as Lightning asks its
+// DataModule again before it decides (validate_due skips a pass without batches).
+bool may_validate(const Run& r, const std::vector<DataLoader>& val) {
+  if (validates(r, val)) return true;
+  const Limit& limit = r.opts.limit_val_batches();
+  const bool none = limit.is_fraction() ? limit.fraction() == 0.0 : limit.count() == 0;
+  return r.val_reload_every > 0 && !r.no_validation_step && !none;
+}
+
 // Whether this epoch validates at all (check_val_every_n_epoch), as Lightning's
 // _should_check_val_epoch.
 bool is_val_epoch(const Run& r, const std::vector<DataLoader>& val) {
-  if (!validates(r, val)) return false;
+  if (!may_validate(r, val)) return false;
   const c10::optional<int64_t> every = r.opts.check_val_every_n_epoch();
   return r.fast_dev || !every || (r.st.epoch + 1) % *every == 0;
 }
@@ -152,7 +162,7 @@ void check_loaders(const Run& r, const DataLoader& train, const std::vector<Data
   }
   const int64_t n = r.train_limit(train);
   const Limit& vci = r.opts.val_check_interval();
-  VOLT_CHECK(r.fast_dev || n == 0 || !validates(r, val) || vci.is_fraction() ||
+  VOLT_CHECK(r.fast_dev || n == 0 || !may_validate(r, val) || vci.is_fraction() ||
                  !r.opts.check_val_every_n_epoch() || vci.count() <= n,
              ConfigError, "[Trainer] val_check_interval=", vci.count(), " is more than the ", n,
              " training batches of an epoch, so validation would never run; use a count <= ", n,
@@ -201,7 +211,32 @@ bool skips_rest_of_epoch(Run& r, bool skip) {
   return false;
 }
 
-void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool first) {
+// What a due validation owes when its loaders have no batches (rebuilt empty for it): none runs,
+// as Lightning's evaluation loop skips such a pass, but it counts as done and the step's
+// schedulers that monitor a metric step, as after it.
+void skip_due_validation(Run& r) {
+  r.st.val_pending = false;
+  if (!r.monitored_steps_since.empty()) {
+    r.step_monitored_schedulers(std::exchange(r.monitored_steps_since, {}));
+  }
+}
+
+// A validation fit is due to run, on the loaders rebuilt for it when their reload is due
+// (`reload_val_if_due`, reload_dataloaders_every_n_epochs).
+void validate_due(Run& r, std::vector<DataLoader>& val,
+                  const std::function<void()>& reload_val_if_due) {
+  reload_val_if_due();
+  if (validates(r, val)) {
+    validate_now(r, val);
+  } else {
+    skip_due_validation(r);
+  }
+}
+
+// `reload_val_if_due` runs before each validation: the validation loaders' reload
+// (reload_dataloaders_every_n_epochs).
+void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool first,
+                 const std::function<void()>& reload_val_if_due) {
   Module& m = *r.module;
   LoopState& st = r.st;
   // The module's own traced functions (a traced forward) are checked again at their next call:
@@ -231,6 +266,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   // validated before any such request (it skipped it, and a ModelCheckpoint or EarlyStopping
   // monitoring it never saw those weights).
   if (st.val_pending) {
+    reload_val_if_due();
     if (validates(r, val)) {
       validate_now(r, val);
       // A stop it asks for (EarlyStopping) ends the fit here, as after the same validation in
@@ -238,7 +274,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
       r.check_stop(/*lagged=*/false, /*in_fit=*/true);
       stopped = stopped || stop_now(r);
     } else {
-      st.val_pending = false;  // resumed without the validation data it was due on
+      skip_due_validation(r);  // resumed without the validation data it was due on
     }
   }
   bool skipped = false;  // Module::skip_rest_of_epoch()
@@ -312,7 +348,7 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
       if (detail::passes_log_step(step_before, st.global_step, r.opts.log_every_n_steps())) {
         r.send_to_loggers(r.train_metrics.step_values(true, false));
       }
-      if (validate) validate_now(r, val);
+      if (validate) validate_due(r, val, reload_val_if_due);
       // Signals, request_stop() and max_time, agreed over the ranks. Lagged (the exchange runs
       // while the next batch computes) except after a validation, whose request (EarlyStopping)
       // stops this batch as in one process.
@@ -323,7 +359,9 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
         // ModelCheckpoint and EarlyStopping would rank them by an older validation's score.
         // Reaching max_steps does not (nor in Lightning). On what the ranks agreed, so every
         // rank runs the pass.
-        if (!validate && stop_requested(r) && is_val_epoch(r, val)) validate_now(r, val);
+        if (!validate && stop_requested(r) && is_val_epoch(r, val)) {
+          validate_due(r, val, reload_val_if_due);
+        }
         break;
       }
     }
@@ -478,16 +516,22 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   DataLoader train = train_loader;
   std::vector<DataLoader> val;
   // The loaders as the loop runs them: sharded over the ranks, unshuffled when overfitting.
-  const auto prepare = [&](const DataLoader& t, const std::vector<DataLoader>& v) {
+  const auto prepare_train = [&](const DataLoader& t) {
     train = r.shard(r.overfitting() ? unshuffled_for_overfitting(r, t, "training") : t);
+  };
+  const auto prepare_val = [&](const std::vector<DataLoader>& v) {
     val.clear();
     for (const auto& l : v) {
       if (r.no_validation_step) break;  // nothing to validate with (evaluation_loop)
       val.push_back(r.shard(r.overfitting() ? unshuffled_for_overfitting(r, l, "validation") : l));
     }
-    check_loaders(r, train, val);
     r.st.num_val_batches = 0;
     for (int64_t n : val_limits(r, val)) r.st.num_val_batches += n;
+  };
+  const auto prepare = [&](const DataLoader& t, const std::vector<DataLoader>& v) {
+    prepare_train(t);
+    prepare_val(v);
+    check_loaders(r, train, val);
   };
   // fast_dev_run validates once at the epoch's end, as Lightning (is_val_boundary).
   const Limit& every = r.opts.val_check_interval();
@@ -495,13 +539,24 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
                                                every.is_fraction() && every.fraction() == 1.0);
   r.st.val_every_epoch = r.fast_dev || r.opts.check_val_every_n_epoch() == int64_t{1};
   prepare(train_loader, val_loaders);
-  // reload_dataloaders_every_n_epochs: new loaders from the DataModule at epochs 0, N, 2N...
+  // reload_dataloaders_every_n_epochs: a new training loader from the DataModule at epochs 0, N,
+  // 2N..., new validation loaders at a validation N or more epochs after their last build
+  // (Lightning's _should_reload_val_dl; before session 110 they came with the training loader).
   const int64_t reload_every = reload ? r.opts.reload_dataloaders_every_n_epochs() : 0;
   int64_t loaded_epoch = 0;
   const auto reload_for = [&](int64_t epoch) {
-    const auto loaders = reload(epoch);
-    prepare(loaders.first, loaders.second);
+    prepare_train(reload.train(epoch));
+    check_loaders(r, train, val);
     loaded_epoch = epoch;
+  };
+  // check_loaders' verdicts do not depend on the validation loaders' batches while they reload
+  // (may_validate).
+  const auto reload_val_for = [&](int64_t epoch) { prepare_val(reload.val(epoch)); };
+  const auto reload_val_if_due = [&] {
+    if (reload_every == 0) return;
+    if (r.val_loaded_epoch >= 0 && r.st.epoch - r.val_loaded_epoch < reload_every) return;
+    reload_val_for(r.st.epoch);
+    r.val_loaded_epoch = r.st.epoch;
   };
   r.fit_train = &train;
   struct ForgetLoader {
@@ -538,6 +593,11 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   r.stop_agreed = false;
   r.stop_deferral_logged = false;
   r.agree_on_skip.reset();
+  // The loaders built as fit starts count as a reload at epoch 0 when that epoch validates, as
+  // Lightning's built for the sanity check or at training's start.
+  const c10::optional<int64_t> val_every = r.opts.check_val_every_n_epoch();
+  r.val_loaded_epoch = r.fast_dev || !val_every || *val_every == 1 ? 0 : -1;
+  r.val_reload_every = reload_every;
   r.time_up = false;
   r.st.accumulate_grad_batches = r.opts.accumulate_grad_batches();
   r.fit_elapsed_before = 0;
@@ -564,18 +624,25 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
       !restart.empty() ? restart : resolve_ckpt_path(r, ckpt_path, Stage::kFit);
   const bool data_restored = !ckpt.empty() && restore_checkpoint(r, ckpt, /*full=*/true);
   r.started_from = ckpt;
-  // A resumed fit asks for the loaders the uninterrupted fit would be using: those of the last
-  // multiple of N at or before the epoch it resumes at (the next epoch when the checkpoint was
-  // written at an epoch's end), so that the resume stays exact. Lightning counts N from the
-  // resumed epoch instead.
+  // A resumed fit asks for the loaders the uninterrupted fit would be using, so that the resume
+  // stays exact: the training loader of the last multiple of N at or before the epoch it
+  // resumes at (the next epoch when the checkpoint was written at an epoch's end), the
+  // validation loaders of their last build (checkpointed). Lightning counts N from the resumed
+  // epoch instead.
   if (reload_every > 0) {
     const int64_t first_epoch = r.st.epoch + (r.st.epoch_finished ? 1 : 0);
     const int64_t due = first_epoch - first_epoch % reload_every;
     if (due != loaded_epoch || data_restored) reload_for(due);
+    // A checkpoint older than session 110: the validation loaders came with the training one.
+    if (r.val_loaded_epoch == Run::kValLoadedUnknown) r.val_loaded_epoch = due;
+    if (r.val_loaded_epoch > 0 || data_restored) {
+      reload_val_for(std::max<int64_t>(r.val_loaded_epoch, 0));
+    }
   } else if (data_restored && reload) {
     // The DataModule's restored state is what its loaders are built from (Lightning restores
     // it before asking for them).
     reload_for(loaded_epoch);
+    reload_val_for(loaded_epoch);
   }
   // The loop zeroes gradients after each step, not before: whatever the parameters hold now (an
   // elastic restart's failed attempt died inside a backward; a program's own backward before
@@ -595,6 +662,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   // size, as Lightning resets its loaders after the search.
   if (reload && r.data != nullptr && r.data->batch_size() != batch_size) {
     reload_for(loaded_epoch);
+    reload_val_for(std::max<int64_t>(r.val_loaded_epoch, 0));
     log_info("Trainer", describe_global_batch(
                             train.options().batch_size(), r.strategy().data_shard().world_size,
                             r.st.accumulate_grad_batches, train.last_batch_size()));
@@ -661,7 +729,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
       no_batches = true;
       break;
     }
-    train_epoch(r, train, val, first);
+    train_epoch(r, train, val, first, reload_val_if_due);
   }
   r.step->finish();
   // Why the loop ended, as Lightning's "`Trainer.fit` stopped: ..." line.
