@@ -401,11 +401,15 @@ int64_t Run::limit_batches(const Limit& limit, int64_t available, const char* op
 
 // fast_dev_run replaces limit_*_batches (Lightning's _init_debugging_flags; overfit_batches
 // stays the validation's limit then, as there).
+std::pair<Limit, const char*> Run::val_limit_option() const {
+  if (overfitting()) return {opts.overfit_batches(), "overfit_batches"};
+  if (fast_dev) return {Limit(opts.fast_dev_run()), "fast_dev_run"};
+  return {opts.limit_val_batches(), "limit_val_batches"};
+}
+
 int64_t Run::val_limit(const DataLoader& val) const {
-  const bool over = overfitting();
-  if (fast_dev && !over) return std::min(opts.fast_dev_run(), val.num_batches());
-  return limit_batches(over ? opts.overfit_batches() : opts.limit_val_batches(), val.num_batches(),
-                       over ? "overfit_batches" : "limit_val_batches");
+  const auto [limit, option] = val_limit_option();
+  return limit_batches(limit, val.num_batches(), option);
 }
 
 int64_t Run::train_limit(const DataLoader& train) const {

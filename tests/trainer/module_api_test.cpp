@@ -526,7 +526,7 @@ TEST(ModuleApi, SkipRestOfEpochOutsideOnTrainBatchStartIsAValueError) {
               alone.skip_rest_of_epoch();
             }).find("call it from that hook"),
             std::string::npos);
-  EXPECT_FALSE(alone.may_skip_rest_of_epoch()) << "one process needs no agreement";
+  EXPECT_FALSE(alone.may_skip_rest_of_epoch()) << "the agreement is off by default";
 }
 
 TEST(ModuleApi, FreezeAndUnfreeze) {

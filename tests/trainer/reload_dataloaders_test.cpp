@@ -126,8 +126,8 @@ TEST(ReloadDataloaders, ValidationLoadersReloadAtValidationsNEpochsApartAsLightn
 // The validation loaders' last build is checkpointed: with check_val_every_n_epoch=2 and N=3 the
 // fit validates at epochs 1 and 3 on loaders built at epoch 1. A fit resumed after epoch 1
 // builds those again (its training loader is epoch 0's until epoch 3) and its epoch-3 validation
-// gives the uninterrupted fit's loss (from the training loader's epoch it validated on epoch 0's
-// data).
+// gives the uninterrupted fit's loss (had it followed the training loader's schedule, it would
+// have validated on epoch 0's data).
 TEST(ReloadDataloaders, AResumedFitValidatesOnTheLoadersOfTheirLastBuild) {
   volt_test::TempDir dir;
   const auto opts = [&](int64_t epochs) {

@@ -84,11 +84,11 @@ class DataModule {
   void save_hyperparameters(std::map<std::string, std::string> hp) { hparams_ = std::move(hp); }
   const std::map<std::string, std::string>& hparams() const { return hparams_; }
 
-  /// The epoch the Trainer asks for loaders of, so that train_dataloader() can build
-  /// epoch-dependent data (a curriculum): 0 when fit starts, then N, 2N... with
-  /// TrainerOptions::reload_dataloaders_every_n_epochs = N. A resumed fit asks again for the
-  /// loaders the uninterrupted fit would be using (the last multiple of N at or before the
-  /// resumed epoch).
+  /// The epoch the Trainer asks for loaders of, for epoch-dependent data (a curriculum): 0 as
+  /// fit starts; with TrainerOptions::reload_dataloaders_every_n_epochs = N, train_dataloader()
+  /// at N, 2N... and val_dataloader() at a validation N or more epochs after its last build. A
+  /// resumed fit asks again for the loaders the uninterrupted fit is using (the training one of
+  /// the last multiple of N at or before the resumed epoch, the validation ones of their build).
   int64_t current_epoch() const { return current_epoch_; }
 
  private:

@@ -73,10 +73,10 @@ struct TrainerOptions {
   /// vote (about every 0.1 s), so every rank validates at the same batch. Not checkpointed: a
   /// resumed fit starts the clock again. val_check_interval must stay 1.0. Default: unset.
   TORCH_ARG(c10::optional<double>, val_check_interval_s);
-  /// With a DataModule, ask it for new training and validation loaders every N epochs of fit
-  /// (DataModule::current_epoch() says which epoch), as Lightning's
-  /// reload_dataloaders_every_n_epochs; loaders passed to fit() directly are kept. 0 = load
-  /// them once. Default: 0.
+  /// With a DataModule, ask it for a new training loader every N epochs of fit and for new
+  /// validation loaders at a validation N or more epochs after their last build (its
+  /// current_epoch() says which epoch), as Lightning's reload_dataloaders_every_n_epochs;
+  /// loaders passed to fit() directly are kept. 0 = load them once. Default: 0.
   TORCH_ARG(int64_t, reload_dataloaders_every_n_epochs) = 0;
   /// predict() returns predict_step's outputs (they stay in memory until the call returns);
   /// false returns none, for predictions a PredictionWriter callback writes out as they come,

@@ -5,6 +5,8 @@
 // needs it (a graph replays what the step did when it was captured, which is all of the
 // default's work but not an override's decisions: a learning-rate warm-up in optimizer_step would
 // be frozen), and so do the batch-transfer hooks (a DataModule's override replaces the Module's).
+// The same friend access gates Module::skip_rest_of_epoch() to the module's on_train_batch_start
+// (train_batch_start).
 
 #include <string>
 

@@ -213,14 +213,13 @@ class Run : public RunContext {
   bool stop_deferral_logged = false;
   /// The epoch fit's validation loaders were last built for under
   /// reload_dataloaders_every_n_epochs (Lightning's _last_val_dl_reload_epoch): -1 before one
-  /// counts (the loaders built as fit starts count only when epoch 0 validates, as Lightning's
-  /// sanity check); kValLoadedUnknown when restored from a checkpoint older than session 110.
-  /// Checkpointed.
+  /// counts (the build as fit starts counts only when epoch 0 validates, as Lightning's setup_data
+  /// at the sanity check); kValLoadedUnknown when restored from a checkpoint older than session
+  /// 110. Checkpointed.
   int64_t val_loaded_epoch = -1;
   static constexpr int64_t kValLoadedUnknown = -2;
-  /// reload_dataloaders_every_n_epochs when fit reloads its validation loaders (a DataModule),
-  /// else 0.
-  int64_t val_reload_every = 0;
+  /// reload_dataloaders_every_n_epochs when fit reloads its loaders (from a DataModule), else 0.
+  int64_t reload_every = 0;
   /// Whether the ranks agree on Module::skip_rest_of_epoch() at each training batch (several
   /// processes, Module::may_skip_rest_of_epoch on any rank), decided at the fit's first batch;
   /// unset until then.
@@ -348,6 +347,9 @@ class Run : public RunContext {
   /// limit then; 1000 otherwise).
   bool unset_max_epochs_bounded() const;
   int64_t val_limit(const DataLoader& val) const;
+  /// The limit val_limit applies and the option it comes from (overfit_batches,
+  /// fast_dev_run's count or limit_val_batches).
+  std::pair<Limit, const char*> val_limit_option() const;
   /// `limit` of a loader of `available` batches; a fraction that leaves no batch of a non-empty
   /// loader is a ConfigError naming `option` (Lightning's _parse_num_batches).
   static int64_t limit_batches(const Limit& limit, int64_t available, const char* option);

@@ -39,9 +39,8 @@ bool validates(const Run& r, const std::vector<DataLoader>& val) {
 // DataModule again before it decides (validate_due skips a pass without batches).
 bool may_validate(const Run& r, const std::vector<DataLoader>& val) {
   if (validates(r, val)) return true;
-  const Limit& limit = r.opts.limit_val_batches();
-  const bool none = limit.is_fraction() ? limit.fraction() == 0.0 : limit.count() == 0;
-  return r.val_reload_every > 0 && !r.no_validation_step && !none;
+  const bool none = r.val_limit_option().first.resolve(1) == 0;  // a limit of no batches
+  return r.reload_every > 0 && !r.no_validation_step && !none;
 }
 
 // Whether this epoch validates at all (check_val_every_n_epoch), as Lightning's
@@ -90,6 +89,7 @@ bool stop_requested(Run& r) {
   if (!r.stop_deferral_logged && r.is_global_zero()) {
     log_info("Trainer", std::string(r.time_up ? "max_time is reached" : "asked to stop") +
                             ", but min_epochs=" + std::to_string(min_epochs) +
+                            (r.opts.min_epochs() ? "" : " (implied by min_steps)") +
                             " / min_steps=" + std::to_string(min_steps) +
                             " are not met yet (epoch " + std::to_string(r.st.epoch) +
                             ", global step " + std::to_string(r.st.global_step) +
@@ -202,12 +202,11 @@ bool skips_rest_of_epoch(Run& r, bool skip) {
     r.agree_on_skip = r.reduce_boolean_decision(r.module->may_skip_rest_of_epoch(), /*all=*/false);
   }
   if (*r.agree_on_skip) return r.reduce_boolean_decision(skip, /*all=*/false);
-  VOLT_CHECK(!skip, ValueError, "[Trainer] skip_rest_of_epoch() at epoch ", r.st.epoch, " batch ",
-             r.st.batches_done, " on rank ", r.global_rank(), " of ", r.world_size(),
-             ": with several processes the ranks must agree on a skip, which they do at each "
-             "batch for a module that calls set_may_skip_rest_of_epoch(true) (in its constructor "
-             "or setup()); set it. This rank alone would leave the others waiting in their next "
-             "all-reduce.");
+  VOLT_CHECK(!skip, ValueError, "[Trainer] skip_rest_of_epoch() was called at epoch ", r.st.epoch,
+             " batch ", r.st.batches_done, " on rank ", r.global_rank(), " of ", r.world_size(),
+             " without set_may_skip_rest_of_epoch(true), so the other ranks would wait for this "
+             "one in their next all-reduce; call set_may_skip_rest_of_epoch(true) in the module's "
+             "constructor or setup() (the ranks then agree on a skip at each batch).");
   return false;
 }
 
@@ -223,14 +222,16 @@ void skip_due_validation(Run& r) {
 
 // A validation fit is due to run, on the loaders rebuilt for it when their reload is due
 // (`reload_val_if_due`, reload_dataloaders_every_n_epochs).
-void validate_due(Run& r, std::vector<DataLoader>& val,
+// Returns whether a pass ran.
+bool validate_due(Run& r, std::vector<DataLoader>& val,
                   const std::function<void()>& reload_val_if_due) {
   reload_val_if_due();
-  if (validates(r, val)) {
-    validate_now(r, val);
-  } else {
+  if (!validates(r, val)) {
     skip_due_validation(r);
+    return false;
   }
+  validate_now(r, val);
+  return true;
 }
 
 // `reload_val_if_due` runs before each validation: the validation loaders' reload
@@ -265,17 +266,12 @@ void train_epoch(Run& r, DataLoader& train, std::vector<DataLoader>& val, bool f
   // epoch-start hooks (which a mid-epoch resume runs again) ask to stop, as the uninterrupted fit
   // validated before any such request (it skipped it, and a ModelCheckpoint or EarlyStopping
   // monitoring it never saw those weights).
-  if (st.val_pending) {
-    reload_val_if_due();
-    if (validates(r, val)) {
-      validate_now(r, val);
-      // A stop it asks for (EarlyStopping) ends the fit here, as after the same validation in
-      // an uninterrupted fit; the resumed fit trained one more batch.
-      r.check_stop(/*lagged=*/false, /*in_fit=*/true);
-      stopped = stopped || stop_now(r);
-    } else {
-      skip_due_validation(r);  // resumed without the validation data it was due on
-    }
+  // A stop it asks for (EarlyStopping) ends the fit here, as after the same validation in an
+  // uninterrupted fit; the resumed fit trained one more batch. Resumed without the validation
+  // data it was due on, none runs.
+  if (st.val_pending && validate_due(r, val, reload_val_if_due)) {
+    r.check_stop(/*lagged=*/false, /*in_fit=*/true);
+    stopped = stopped || stop_now(r);
   }
   bool skipped = false;  // Module::skip_rest_of_epoch()
   if (!stopped && st.batches_done < n) {
@@ -542,7 +538,8 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   // reload_dataloaders_every_n_epochs: a new training loader from the DataModule at epochs 0, N,
   // 2N..., new validation loaders at a validation N or more epochs after their last build
   // (Lightning's _should_reload_val_dl; before session 110 they came with the training loader).
-  const int64_t reload_every = reload ? r.opts.reload_dataloaders_every_n_epochs() : 0;
+  r.reload_every = reload ? r.opts.reload_dataloaders_every_n_epochs() : 0;
+  const int64_t reload_every = r.reload_every;
   int64_t loaded_epoch = 0;
   const auto reload_for = [&](int64_t epoch) {
     prepare_train(reload.train(epoch));
@@ -593,11 +590,10 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   r.stop_agreed = false;
   r.stop_deferral_logged = false;
   r.agree_on_skip.reset();
-  // The loaders built as fit starts count as a reload at epoch 0 when that epoch validates, as
-  // Lightning's built for the sanity check or at training's start.
+  // The loaders built as fit starts count as a build at epoch 0 only when that epoch validates,
+  // as Lightning's setup_data counts its build for the sanity check.
   const c10::optional<int64_t> val_every = r.opts.check_val_every_n_epoch();
   r.val_loaded_epoch = r.fast_dev || !val_every || *val_every == 1 ? 0 : -1;
-  r.val_reload_every = reload_every;
   r.time_up = false;
   r.st.accumulate_grad_batches = r.opts.accumulate_grad_batches();
   r.fit_elapsed_before = 0;
