@@ -293,7 +293,10 @@ void HostSyncMonitor::on_train_batch_end(RunContext&, Module&, const Batch&, int
 }
 
 void HostSyncMonitor::on_train_epoch_end(RunContext&, Module&) {
-  impl_->observe(false);
+  Impl& s = *impl_;
+  // Still watching: the module skipped the epoch's last batch (no batch end), which took no step.
+  if (s.ops && s.observed.on.load(std::memory_order_relaxed)) --s.steps;
+  s.observe(false);
 }
 
 void HostSyncMonitor::on_fit_end(RunContext&, Module&) {

@@ -42,6 +42,10 @@ class Reader : public volt_test::TinyClassifier {
   void on_before_optimizer_step(torch::optim::Optimizer&) override {
     if (nonzero_before_step) nonzero_rows = fc2->weight.grad().nonzero().size(0);
   }
+  int64_t skip_at = -1;  // skip_rest_of_epoch() at this batch
+  void on_train_batch_start(const volt::Batch&, int64_t i) override {
+    if (i == skip_at) skip_rest_of_epoch();
+  }
   double last_loss = 0, last_norm = 0;
   int64_t nonzero_rows = 0, positive = 0;
 };
@@ -81,6 +85,18 @@ TEST(HostSyncMonitor, ACleanRunReportsNone) {
   for (const auto& l : lines)
     logged |= l.find("[HostSyncMonitor] no host sync") != std::string::npos;
   EXPECT_TRUE(logged);
+}
+
+// A batch the module skips (skip_rest_of_epoch) is no training step: watching starts at its
+// batch start and, with no batch end, pauses at the epoch's end (what runs in between, the
+// epoch's metric reduction among it, counts as its training_step: docs/OBSERVABILITY.md).
+TEST(HostSyncMonitor, ASkippedBatchIsNotCountedAsAStep) {
+  Reader model;
+  model.skip_at = 3;
+  auto monitor = std::make_shared<HostSyncMonitor>();
+  fit(model, monitor, /*nonfinite_check=*/false);
+  EXPECT_EQ(monitor->steps(), 3);
+  EXPECT_NE(monitor->table().find("in 3 training steps"), std::string::npos) << monitor->table();
 }
 
 TEST(HostSyncMonitor, EachHostReadIsCountedExactlyWhereItHappens) {

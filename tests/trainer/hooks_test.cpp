@@ -281,6 +281,12 @@ void append(Calls& out, const Calls& items) {
   out.insert(out.end(), items.begin(), items.end());
 }
 
+/// A fit's set-up, up to on_fit_start (no DataModule).
+Calls fit_set_up() {
+  return {"configure_callbacks", "prepare_data",         "Callback.setup fit",    "setup fit",
+          "configure_model",     "configure_optimizers", "Callback.on_fit_start", "on_fit_start"};
+}
+
 /// Lightning's _eval_epoch + _eval_batch for `fn` ("validation"/"test"), between the start and
 /// end hooks. Departure: at the epoch's end volt calls the module's hook before the callbacks'.
 Calls eval_epoch(const std::string& fn, int64_t batches) {
@@ -357,15 +363,8 @@ TEST(Hooks, FitCallsThemInLightningsOrder) {
                             .callbacks({cb}));
   trainer.fit(model, volt_test::loader(volt_test::blobs(64)),
               volt_test::loader(volt_test::blobs(64, 8, 1)));
-  Calls expected = {"configure_callbacks",
-                    "prepare_data",
-                    "Callback.setup fit",
-                    "setup fit",
-                    "configure_model",
-                    "configure_optimizers",
-                    "Callback.on_fit_start",
-                    "on_fit_start",
-                    "Callback.on_sanity_check_start"};
+  Calls expected = fit_set_up();
+  append(expected, {"Callback.on_sanity_check_start"});
   append(expected, eval_pass("validation", 2));
   append(expected, {"Callback.on_sanity_check_end", "Callback.on_train_start", "on_train_start",
                     "Callback.on_train_epoch_start", "on_train_epoch_start"});
@@ -387,9 +386,7 @@ TEST(Hooks, AFitWithNothingToTrainRunsNoTrainStartOrEnd) {
     std::string state_key() const override { return "StopAtEpochStart"; }
     void on_train_epoch_start(volt::RunContext& run, volt::Module&) override { run.request_stop(); }
   };
-  const Calls set_up = {
-      "configure_callbacks", "prepare_data",         "Callback.setup fit",    "setup fit",
-      "configure_model",     "configure_optimizers", "Callback.on_fit_start", "on_fit_start"};
+  const Calls set_up = fit_set_up();
   const Calls ends = {"Callback.on_fit_end", "on_fit_end", "Callback.teardown fit", "teardown fit"};
   for (const char* nothing : {"max_steps=0", "limit_train_batches=0", "max_epochs reached"}) {
     SCOPED_TRACE(nothing);
@@ -447,18 +444,9 @@ TEST(Hooks, SkipRestOfEpochEndsTheEpochBeforeItsBatchWithoutValidation) {
                             .callbacks({std::make_shared<HookedCallback>(calls)}));
   trainer.fit(model, volt_test::loader(volt_test::blobs(64)),
               volt_test::loader(volt_test::blobs(64, 8, 1)));
-  Calls expected = {"configure_callbacks",
-                    "prepare_data",
-                    "Callback.setup fit",
-                    "setup fit",
-                    "configure_model",
-                    "configure_optimizers",
-                    "Callback.on_fit_start",
-                    "on_fit_start",
-                    "Callback.on_train_start",
-                    "on_train_start",
-                    "Callback.on_train_epoch_start",
-                    "on_train_epoch_start"};
+  Calls expected = fit_set_up();
+  append(expected, {"Callback.on_train_start", "on_train_start", "Callback.on_train_epoch_start",
+                    "on_train_epoch_start"});
   append(expected, train_batches(1));
   append(expected,
          {"on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer",
