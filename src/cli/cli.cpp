@@ -20,6 +20,7 @@
 #include "core/detail/numbers.h"
 #include "core/detail/out_of_memory.h"
 #include "core/detail/print.h"
+#include "data/detail/module_data.h"
 #include "data/detail/stage_loaders.h"
 #include "detail/config_tree.h"
 #include "detail/perf_scan.h"
@@ -120,21 +121,20 @@ std::string override_origin(const std::string& text) {
 
 void parse_options(Command& cmd, int argc, const char* const* argv, int first);
 
-// jsonargparse's --KEY.help CLASS for a key that holds a class (a component's own `help`
-// argument is --KEY.init_args.help).
-bool is_class_help(const std::string& key) {
-  static const std::vector<std::string> kKeys = {"model.help",
-                                                 "data.help",
-                                                 "optimizer.help",
-                                                 "lr_scheduler.help",
-                                                 "trainer.callbacks.help",
-                                                 "trainer.loggers.help",
-                                                 "trainer.logger.help",
-                                                 "trainer.profiler.help",
-                                                 "trainer.checkpoint_io.help",
-                                                 "trainer.strategy.help",
-                                                 "trainer.precision.help"};
-  return std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end();
+// The keys that hold a class, for jsonargparse's --KEY.help CLASS (a component's own `help`
+// argument is --KEY.init_args.help): each with how to print one of its classes (defined below).
+struct ClassKey {
+  const char* key;
+  void (*print)(std::ostream& os, const Registry& reg, const std::string& name);
+};
+const std::vector<ClassKey>& class_keys();
+
+// The key of --KEY.help when `option` is one ("model.help" -> "model"), else null.
+const ClassKey* class_help_of(const std::string& option) {
+  for (const ClassKey& k : class_keys()) {
+    if (option == std::string(k.key) + ".help") return &k;
+  }
+  return nullptr;
 }
 
 Command parse_argv(int argc, const char* const* argv) {
@@ -204,10 +204,13 @@ void parse_options(Command& cmd, int argc, const char* const* argv, int first) {
                "\" has no option name; write --key=value.");
     if (key == "config" || key == "c") {
       cmd.sources.push_back({Source::Kind::kFile, "", value, value});
-    } else if (is_class_help(key)) {
+    } else if (const ClassKey* k = class_help_of(key)) {
       VOLT_CHECK(!append, ConfigError, "[cli] --", key, " takes one class; write --", key,
                  " CLASS.");
-      cmd.class_help_key = key.substr(0, key.size() - 5);
+      // jsonargparse prints at the first of --help and --KEY.help and exits: a later one is
+      // never read.
+      if (cmd.help || !cmd.class_help_key.empty()) continue;
+      cmd.class_help_key = k->key;
       cmd.class_help_name = value;
     } else {
       cmd.sources.push_back({append ? Source::Kind::kAppend : Source::Kind::kSet, key, value,
@@ -288,37 +291,53 @@ void print_class(std::ostream& os, const std::string& key, const std::string& pr
   print_params(os, prefix, entry.params);
 }
 
-// jsonargparse's --KEY.help CLASS: the parameters of one registered class of a component key.
+const std::vector<ClassKey>& class_keys() {
+  using P = void (*)(std::ostream&, const Registry&, const std::string&);
+  static const std::vector<ClassKey> keys = {
+      {"model", P([](auto& os, const Registry& r, const auto& n) {
+         print_class(os, "model", "model.", r.models, n);
+       })},
+      {"data", P([](auto& os, const Registry& r, const auto& n) {
+         print_class(os, "data", "data.", r.data_modules, n);
+       })},
+      {"optimizer", P([](auto& os, const Registry& r, const auto& n) {
+         print_class(os, "optimizer", "optimizer.", r.optimizers, n);
+       })},
+      {"lr_scheduler", P([](auto& os, const Registry& r, const auto& n) {
+         print_class(os, "lr_scheduler", "lr_scheduler.", r.lr_schedulers, n);
+       })},
+      {"trainer.callbacks", P([](auto& os, const Registry& r, const auto& n) {
+         print_class(os, "trainer.callbacks", "trainer.callbacks.N.", r.callbacks, n);
+       })},
+      {"trainer.loggers", P([](auto& os, const Registry& r, const auto& n) {
+         print_class(os, "trainer.loggers", "trainer.loggers.N.", r.loggers, n);
+       })},
+      {"trainer.logger", P([](auto& os, const Registry& r, const auto& n) {
+         print_class(os, "trainer.logger", "trainer.loggers.N.", r.loggers, n);
+       })},
+      {"trainer.profiler", P([](auto& os, const Registry& r, const auto& n) {
+         print_class(os, "trainer.profiler", "trainer.profiler.", r.profilers, n);
+       })},
+      {"trainer.checkpoint_io", P([](auto& os, const Registry& r, const auto& n) {
+         print_class(os, "trainer.checkpoint_io", "trainer.checkpoint_io.", r.checkpoint_ios, n);
+       })},
+      {"trainer.strategy", P([](auto& os, const Registry& r, const auto& n) {
+         print_class(os, "trainer.strategy", "trainer.strategy.init_args.", r.strategies, n);
+       })},
+      {"trainer.precision", P([](auto& os, const Registry& r, const auto& n) {
+         print_class(os, "trainer.precision", "trainer.precision.init_args.", r.precisions, n);
+       })},
+  };
+  return keys;
+}
+
+// jsonargparse's --KEY.help CLASS: the parameters of one registered class of a component key
+// (one class_keys() holds: parse_options takes no other).
 void print_class_help(std::ostream& os, const Registry& reg, const std::string& key,
                       const std::string& name) {
-  if (key == "model") return print_class(os, key, "model.", reg.models, name);
-  if (key == "data") return print_class(os, key, "data.", reg.data_modules, name);
-  if (key == "optimizer") return print_class(os, key, "optimizer.", reg.optimizers, name);
-  if (key == "lr_scheduler") {
-    return print_class(os, key, "lr_scheduler.", reg.lr_schedulers, name);
-  }
-  if (key == "trainer.callbacks") {
-    return print_class(os, key, "trainer.callbacks.N.", reg.callbacks, name);
-  }
-  if (key == "trainer.loggers" || key == "trainer.logger") {
-    return print_class(os, key, "trainer.loggers.N.", reg.loggers, name);
-  }
-  if (key == "trainer.profiler") {
-    return print_class(os, key, "trainer.profiler.", reg.profilers, name);
-  }
-  if (key == "trainer.checkpoint_io") {
-    return print_class(os, key, "trainer.checkpoint_io.", reg.checkpoint_ios, name);
-  }
-  if (key == "trainer.strategy") {
-    return print_class(os, key, "trainer.strategy.init_args.", reg.strategies, name);
-  }
-  if (key == "trainer.precision") {
-    return print_class(os, key, "trainer.precision.init_args.", reg.precisions, name);
-  }
-  VOLT_CHECK(false, ConfigError, "[cli] --", key, ".help: ", key,
-             " takes no class; --KEY.help CLASS lists a class's parameters for "
-             "model, data, optimizer, lr_scheduler, trainer.callbacks, trainer.loggers, "
-             "trainer.profiler, trainer.checkpoint_io, trainer.strategy and trainer.precision.");
+  const ClassKey* k = class_help_of(key + ".help");
+  VOLT_CHECK(k != nullptr, InternalError, "[cli] --", key, ".help is no class key.");
+  k->print(os, reg, name);
 }
 
 void print_help(std::ostream& os, const std::string& prog, const std::string& command,
@@ -673,9 +692,15 @@ int run_export(Command cmd, const Registry& reg, const CliOptions& options, std:
              "--ckpt_path=runs/checkpoints/last.ckpt.");
   if (rc.seed_everything) seed_everything(static_cast<uint64_t>(*rc.seed_everything));
   std::shared_ptr<Module> model = reg.models.at(rc.model.class_path).make(rc.model.args);
-  std::shared_ptr<DataModule> data = reg.data_modules.at(rc.data.class_path).make(rc.data.args);
-  VOLT_CHECK(model && data, ConfigError, "[cli] the factory of ", model ? "data module " : "model ",
-             model ? rc.data.class_path : rc.model.class_path,
+  VOLT_CHECK(model != nullptr, ConfigError, "[cli] the factory of model ", rc.model.class_path,
+             " returned null; make it return an object.");
+  // `data: null`: the model's own loaders, whose set-up hooks are the model's.
+  std::shared_ptr<DataModule> data =
+      rc.data ? reg.data_modules.at(rc.data->class_path).make(rc.data->args)
+              : std::make_shared<detail::ModuleData>(*model);
+  const std::string data_name =
+      rc.data ? "data module " + rc.data->class_path : "model " + rc.model.class_path;
+  VOLT_CHECK(data != nullptr, ConfigError, "[cli] the factory of ", data_name,
              " returned null; make it return an object.");
   data->prepare_data();
   data->setup(Stage::kPredict);
@@ -696,12 +721,12 @@ int run_export(Command cmd, const Registry& reg, const CliOptions& options, std:
       auto loaders = detail::stage_loaders(*data, stage, /*required=*/false);
       if (!loader && !loaders.empty()) loader = loaders.front();
     }
-    VOLT_CHECK(loader.has_value(), ConfigError, "[cli] export: data module ", rc.data.class_path,
+    VOLT_CHECK(loader.has_value(), ConfigError, "[cli] export: ", data_name,
                " gives no predict, test or validation loader to take an example batch from; "
                "give it a predict_dataloader().");
     Batch raw;
     VOLT_CHECK(loader->stream(0, 0, 1).next(raw) && raw.input.defined(), ConfigError,
-               "[cli] export: the first loader of data module ", rc.data.class_path,
+               "[cli] export: the first loader of ", data_name,
                " gave no batch (or one without an input); it needs at least one sample.");
     // The batch as predict_step gets it: through the batch hooks before and after the transfer
     // (the DataModule's or the model's); no transfer, the model stays on the CPU.
@@ -709,7 +734,7 @@ int run_export(Command cmd, const Registry& reg, const CliOptions& options, std:
     example =
         detail::run_batch_hooks(data.get(), *model, std::move(raw), c10::nullopt, plain, plain);
     VOLT_CHECK(example.input.defined(), ConfigError, "[cli] export: the batch hooks of ",
-               rc.data.class_path, " / ", rc.model.class_path,
+               rc.data ? rc.data->class_path + " / " : std::string(), rc.model.class_path,
                " left the example batch without an input; return the batch with its input.");
     std::shared_ptr<CheckpointIO> io;  // the run's own, when its config names one
     if (rc.checkpoint_io) {
@@ -980,10 +1005,10 @@ Built build_objects(const ResolvedConfig& rc, const std::string& yaml, const Reg
   opts.callbacks(callbacks).loggers(loggers);
   b.trainer = std::make_shared<Trainer>(opts);
   b.model = reg.models.at(rc.model.class_path).make(rc.model.args);
-  b.data = reg.data_modules.at(rc.data.class_path).make(rc.data.args);
-  VOLT_CHECK(b.model && b.data, ConfigError, "[cli] the factory of ",
+  if (rc.data) b.data = reg.data_modules.at(rc.data->class_path).make(rc.data->args);
+  VOLT_CHECK(b.model && (b.data || !rc.data), ConfigError, "[cli] the factory of ",
              b.model ? "data module " : "model ",
-             b.model ? rc.data.class_path : rc.model.class_path,
+             b.model ? rc.data->class_path : rc.model.class_path,
              " returned null; make it return an object.");
   if (rc.optimizer) {
     auto automatic = automatic_optimizers(rc, reg);
@@ -1033,7 +1058,7 @@ int run_command(const Command& cmd, const Registry& reg, const CliOptions& optio
   try {
     if (cmd.name == "fit") {
       const auto t0 = std::chrono::steady_clock::now();
-      trainer.fit(*model, *data, ckpt);
+      data ? trainer.fit(*model, *data, ckpt) : trainer.fit(*model, ckpt);
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       report() << "fit finished in " << std::fixed << std::setprecision(1) << secs << " s ("
@@ -1049,13 +1074,14 @@ int run_command(const Command& cmd, const Registry& reg, const CliOptions& optio
         }
       }
     } else if (cmd.name == "validate") {
-      const Metrics m = trainer.validate(*model, *data, ckpt);
+      const Metrics m =
+          data ? trainer.validate(*model, *data, ckpt) : trainer.validate(*model, ckpt);
       if (rc.verbose) print_metrics(report(), "validation metrics:", m);
     } else if (cmd.name == "test") {
-      const Metrics m = trainer.test(*model, *data, ckpt);
+      const Metrics m = data ? trainer.test(*model, *data, ckpt) : trainer.test(*model, ckpt);
       if (rc.verbose) print_metrics(report(), "test metrics:", m);
     } else {
-      auto preds = trainer.predict(*model, *data, ckpt);
+      auto preds = data ? trainer.predict(*model, *data, ckpt) : trainer.predict(*model, ckpt);
       if (trainer.options().return_predictions()) {
         report() << "predictions: "
                  << save_predictions(preds, trainer.log_dir(), trainer.strategy(),

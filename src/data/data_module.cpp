@@ -1,6 +1,7 @@
 #include "volt/data/data_module.h"
 
 #include "core/detail/default_steps.h"
+#include "data/detail/module_data.h"
 #include "data/detail/stage_loaders.h"
 #include "volt/core/check.h"
 
@@ -13,13 +14,7 @@ DataLoader DataModule::train_dataloader() {
   throw InternalError("unreachable");
 }
 
-namespace {
-std::vector<DataLoader> listed(c10::optional<DataLoader> loader) {
-  std::vector<DataLoader> out;
-  if (loader) out.push_back(std::move(*loader));
-  return out;
-}
-}  // namespace
+using detail::listed;
 
 std::vector<DataLoader> DataModule::val_dataloaders() {
   return listed(val_dataloader());
@@ -61,6 +56,13 @@ std::vector<DataLoader> stage_loaders(DataModule& data, Stage stage, bool requir
                                     : stage == Stage::kTest   ? data.test_dataloaders()
                                                               : data.predict_dataloaders();
   const char* name = stage == Stage::kValidate ? "val" : to_string(stage);
+  if (dynamic_cast<const ModuleData*>(&data) != nullptr) {
+    VOLT_CHECK(!required || !loaders.empty(), ConfigError, "[Trainer] ", to_string(stage),
+               "() was given no data and the module defines none; override Module::", name,
+               "_dataloader() (or ", name,
+               "_dataloaders() for several loaders), or pass loaders or a DataModule to ",
+               to_string(stage), "().");
+  }
   VOLT_CHECK(!required || !loaders.empty(), ConfigError, "[Trainer] ", to_string(stage),
              "() needs DataModule::", name, "_dataloader() (or ", name,
              "_dataloaders() for several loaders); override it.");

@@ -240,8 +240,8 @@ StepLR::StepLR(torch::optim::Optimizer& optimizer, int64_t step_size, double gam
     : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
   VOLT_CHECK(step_size >= 1, ConfigError, "[StepLR] step_size=", step_size,
              " must be >= 1; pass the number of steps between decays.");
-  VOLT_CHECK(gamma > 0, ConfigError, "[StepLR] gamma=", gamma,
-             " must be > 0; it multiplies the lr every step_size steps (e.g. 0.1).");
+  VOLT_CHECK(gamma > 0 && std::isfinite(gamma), ConfigError, "[StepLR] gamma=", gamma,
+             " must be > 0 and finite; it multiplies the lr every step_size steps (e.g. 0.1).");
   chains_added_groups_ = true;  // PyTorch scales every group's current lr
   initial_step();
 }
@@ -269,8 +269,8 @@ MultiStepLR::MultiStepLR(torch::optim::Optimizer& optimizer, std::vector<int64_t
     VOLT_CHECK(m >= 0, ConfigError, "[MultiStepLR] milestone ", m,
                " is negative; milestones are step counts >= 0.");
   }
-  VOLT_CHECK(gamma > 0, ConfigError, "[MultiStepLR] gamma=", gamma,
-             " must be > 0; it multiplies the lr at each milestone (e.g. 0.1).");
+  VOLT_CHECK(gamma > 0 && std::isfinite(gamma), ConfigError, "[MultiStepLR] gamma=", gamma,
+             " must be > 0 and finite; it multiplies the lr at each milestone (e.g. 0.1).");
   // PyTorch keeps a Counter: order does not matter and a repeated milestone applies gamma^k.
   std::sort(milestones_.begin(), milestones_.end());
   chains_added_groups_ = true;  // PyTorch scales every group's current lr
@@ -297,8 +297,8 @@ std::vector<double> MultiStepLR::closed_form_lrs(const std::vector<double>&) {
 
 ExponentialLR::ExponentialLR(torch::optim::Optimizer& optimizer, double gamma)
     : LRScheduler(optimizer), gamma_(gamma) {
-  VOLT_CHECK(gamma > 0, ConfigError, "[ExponentialLR] gamma=", gamma,
-             " must be > 0; it multiplies the lr every step (e.g. 0.95).");
+  VOLT_CHECK(gamma > 0 && std::isfinite(gamma), ConfigError, "[ExponentialLR] gamma=", gamma,
+             " must be > 0 and finite; it multiplies the lr every step (e.g. 0.95).");
   chains_added_groups_ = true;  // PyTorch scales every group's current lr
   initial_step();
 }

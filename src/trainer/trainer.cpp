@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/detail/numbers.h"
+#include "data/detail/module_data.h"
 #include "data/detail/stage_loaders.h"
 #include "nn/detail/empty_init.h"
 #include "strategies/detail/agree.h"
@@ -272,12 +273,20 @@ Trainer::~Trainer() = default;
 
 namespace {
 
-// The DataModule of the entry point running (RunContext::data_module()), for its duration.
+// The DataModule of the entry point running (RunContext::data_module()), for its duration:
+// the user's, or the module's own loaders (detail::ModuleData).
 class UsingData {
  public:
-  UsingData(detail::Run& run, DataModule* data) : run_(run) { run_.data = data; }
+  UsingData(detail::Run& run, DataModule* data) : run_(run) {
+    if (dynamic_cast<const detail::ModuleData*>(data) != nullptr) {
+      run_.module_data = data;
+    } else {
+      run_.data = data;
+    }
+  }
   ~UsingData() {
     run_.data = nullptr;
+    run_.module_data = nullptr;
     run_.data_set_up = false;
   }
   UsingData(const UsingData&) = delete;
@@ -360,16 +369,34 @@ void Trainer::fit(Module& module, DataModule& data, const std::string& ckpt_path
       return data.val_dataloaders();
     };
     DataLoader train = load.train(0);
-    std::vector<DataLoader> val = load.val(0);
+    // None asked for under a validation limit of 0 (Lightning's evaluation loop asks none).
+    std::vector<DataLoader> val = impl_->validation_off() ? std::vector<DataLoader>{} : load.val(0);
     detail::fit_loop(*impl_, train, val, ckpt, load);
   });
 }
 
 void Trainer::fit(Module& module, DataLoader train, c10::optional<DataLoader> val,
                   const std::string& ckpt_path) {
-  std::vector<DataLoader> vals;
-  if (val) vals.push_back(std::move(*val));
-  fit(module, std::move(train), std::move(vals), ckpt_path);
+  if (val) {
+    fit(module, std::move(train), std::vector<DataLoader>{std::move(*val)}, ckpt_path);
+    return;
+  }
+  // No validation loader: the module's, as Lightning's (asked for inside the run, after the
+  // setup hooks, and rebuilt under reload_dataloaders_every_n_epochs; the training loader given
+  // serves every epoch).
+  fit_with_restarts(module, ckpt_path, [&](const std::string& ckpt) {
+    std::vector<DataLoader> vals;
+    if (!impl_->validation_off()) vals = module.val_dataloaders();
+    // A module whose answer is none as fit starts is not asked again.
+    detail::LoaderReload load;
+    if (!vals.empty()) load.val = [&](int64_t) { return module.val_dataloaders(); };
+    detail::fit_loop(*impl_, train, vals, ckpt, load);
+  });
+}
+
+void Trainer::fit(Module& module, const std::string& ckpt_path) {
+  detail::ModuleData data(module);
+  fit(module, static_cast<DataModule&>(data), ckpt_path);
 }
 
 void Trainer::fit(Module& module, DataLoader train, std::vector<DataLoader> val,
@@ -474,6 +501,11 @@ std::vector<Metrics> Trainer::test(Module& module, std::vector<DataLoader> test,
       module, Stage::kTest, [&] { return test; }, ckpt_path);
 }
 
+Metrics Trainer::validate(Module& module, const std::string& ckpt_path) {
+  detail::ModuleData data(module);
+  return validate(module, static_cast<DataModule&>(data), ckpt_path);
+}
+
 Metrics Trainer::test(Module& module, DataModule& data, const std::string& ckpt_path) {
   UsingData using_data(*impl_, &data);
   Metrics all;
@@ -509,6 +541,16 @@ std::vector<std::vector<at::Tensor>> Trainer::predict(Module& module, std::vecto
   check_some(data, Stage::kPredict);
   return run_predict(
       module, [&] { return data; }, ckpt_path);
+}
+
+Metrics Trainer::test(Module& module, const std::string& ckpt_path) {
+  detail::ModuleData data(module);
+  return test(module, static_cast<DataModule&>(data), ckpt_path);
+}
+
+std::vector<at::Tensor> Trainer::predict(Module& module, const std::string& ckpt_path) {
+  detail::ModuleData data(module);
+  return predict(module, static_cast<DataModule&>(data), ckpt_path);
 }
 
 std::vector<at::Tensor> Trainer::predict(Module& module, DataModule& data,

@@ -11,6 +11,7 @@
 #include "core/detail/numbers.h"
 #include "core/detail/out_of_memory.h"
 #include "core/detail/print.h"
+#include "data/detail/module_data.h"
 #include "data/detail/stage_loaders.h"
 #include "trainer/detail/tuner_trial.h"
 #include "tuner/detail/trial.h"
@@ -303,14 +304,23 @@ BatchSizeFinderResult scale_batch_size(Module& module, DataModule& data, Trainer
   return result;
 }
 
+BatchSizeFinderResult scale_batch_size(Module& module, TrainerOptions options,
+                                       BatchSizeFinderOptions finder) {
+  detail::ModuleData data(module);
+  return scale_batch_size(module, data, std::move(options), std::move(finder));
+}
+
 namespace detail {
 
 BatchSizeFinderResult scale_data_module(Module& module, DataModule& data, TrainerOptions options,
                                         BatchSizeFinderOptions finder) {
   const c10::optional<int64_t> original = data.batch_size();
-  VOLT_CHECK(original.has_value(), ConfigError, kTag,
-             " the DataModule does not say its batch size; override batch_size() and "
-             "set_batch_size(int64_t) so that the search can size its loaders.");
+  const bool own = dynamic_cast<const ModuleData*>(&data) != nullptr;
+  VOLT_CHECK(original.has_value(), ConfigError, kTag, " the ",
+             own ? "module (whose loaders the search uses)" : "DataModule",
+             " does not say its batch size; override ", own ? "Module" : "DataModule",
+             "::batch_size() and set_batch_size(int64_t) so that the search can size its "
+             "loaders.");
   const Stage stage = finder.stage();
   const std::function<DataLoader(int64_t)> make_loader = [&](int64_t size) {
     data.set_batch_size(size);

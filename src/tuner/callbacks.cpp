@@ -10,6 +10,7 @@
 
 #include "core/detail/archive_values.h"
 #include "core/detail/numbers.h"
+#include "data/detail/module_data.h"
 #include "tuner/detail/trial.h"
 #include "volt/core/check.h"
 #include "volt/core/log.h"
@@ -142,11 +143,14 @@ void BatchSizeFinder::setup(RunContext& run, Module& module, Stage stage) {
   DataModule* data = run.data_module();
   VOLT_CHECK(data != nullptr, ConfigError, kBsTag, " the ", to_string(stage),
              " entry point was given loaders; the search builds loaders at the sizes it tries, so "
-             "it needs a DataModule (override batch_size() and set_batch_size()). Pass the data "
-             "as a DataModule or drop the callback.");
-  VOLT_CHECK(data->batch_size().has_value(), ConfigError, kBsTag,
-             " the DataModule does not say its batch size; override batch_size() and "
-             "set_batch_size(int64_t) so that the search can size its loaders.");
+             "it needs a DataModule or the module's own loaders (override batch_size() and "
+             "set_batch_size() there). Pass the data as a DataModule or drop the callback.");
+  const bool own = dynamic_cast<const detail::ModuleData*>(data) != nullptr;
+  VOLT_CHECK(data->batch_size().has_value(), ConfigError, kBsTag, " the ",
+             own ? "module (whose loaders the run uses)" : "DataModule",
+             " does not say its batch size; override ", own ? "Module" : "DataModule",
+             "::batch_size() and set_batch_size(int64_t) so that the search can size its "
+             "loaders.");
   if (stage == Stage::kFit) {
     fit_batch_size_.reset();  // a resumed fit gets the checkpoint's size after this
     return;

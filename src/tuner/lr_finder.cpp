@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/detail/numbers.h"
+#include "data/detail/module_data.h"
 #include "trainer/detail/tuner_trial.h"
 #include "tuner/detail/trial.h"
 #include "volt/callbacks/callback.h"
@@ -262,6 +263,13 @@ LrFinderResult lr_find(Module& module, DataModule& data, TrainerOptions options,
   detail::prepare_data_once(module, data);
   return run_range_test(module, std::move(options), std::move(finder), /*in_run=*/false,
                         [&](Trainer& t) { t.fit(module, data); });
+}
+
+LrFinderResult lr_find(Module& module, TrainerOptions options, LrFinderOptions finder) {
+  detail::ModuleData data(module);
+  detail::prepare_data_once(module, data);  // the module's own, as with a DataModule
+  return run_range_test(module, std::move(options), std::move(finder), /*in_run=*/false,
+                        [&](Trainer& t) { t.fit(module); });
 }
 
 namespace detail {

@@ -78,6 +78,19 @@ std::string& racing_root() {
   return root;
 }
 
+/// A model bringing its data (Module::train_dataloader() and the others), for `data: null`.
+class OwnBlobs : public volt_test::TinyClassifier {
+ public:
+  volt::DataLoader train_dataloader() override {
+    return volt_test::loader(volt_test::blobs(64, 8, 1), 16);
+  }
+  c10::optional<volt::DataLoader> val_dataloader() override {
+    return volt_test::loader(volt_test::blobs(32, 8, 2), 16, false);
+  }
+  c10::optional<volt::DataLoader> test_dataloader() override { return val_dataloader(); }
+  c10::optional<volt::DataLoader> predict_dataloader() override { return val_dataloader(); }
+};
+
 /// Tiny, recording the rate its optimizer ends the fit at.
 class TinyRecordingLr : public volt_test::TinyClassifier {
  public:
@@ -139,6 +152,10 @@ volt::Registry make_registry() {
                [](const volt::Args& a) -> std::shared_ptr<volt::Module> {
                  return std::make_shared<volt_test::TinyClassifier>(8, a.get<double>("lr"),
                                                                     a.get<bool>("adam"));
+               });
+  r.models.add("OwnBlobs", "tiny classifier with its own loaders", volt::Params(),
+               [](const volt::Args&) -> std::shared_ptr<volt::Module> {
+                 return std::make_shared<OwnBlobs>();
                });
   r.models.add("WrongWidth", "a model whose input width is not the data's", volt::Params(),
                [](const volt::Args&) -> std::shared_ptr<volt::Module> {
@@ -223,6 +240,69 @@ Result resume_to_epoch_3(const volt_test::TempDir& dir, const std::string& run_d
   args.push_back("--trainer.max_epochs=3");
   args.push_back("--ckpt_path=" + run_dir + "/checkpoints/last.ckpt");
   return run(args);
+}
+
+// LightningCLI without a data module: `data: null` runs every command on the model's loaders.
+TEST(Cli, DataNullRunsOnTheModelsOwnLoaders) {
+  volt_test::TempDir dir;
+  const std::vector<std::string> own = {"--model=OwnBlobs",
+                                        "--data=null",
+                                        "--trainer.default_root_dir=" + dir.path,
+                                        "--trainer.enable_progress_bar=false",
+                                        "--seed_everything=3",
+                                        "--trainer.max_epochs=2"};
+  const auto with = [&](const std::string& command, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = own;
+    args.insert(args.begin(), command);
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  auto r = run(with("fit"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("(8 steps)"), std::string::npos) << r.out;  // 64 / 16 x 2 epochs
+  EXPECT_NE(r.out.find("val_loss"), std::string::npos) << r.out;
+  const std::string saved = file_text(dir.path + "/volt_logs/version_0/config.yaml");
+  EXPECT_NE(saved.find("\ndata: null\n"), std::string::npos) << saved;
+  // The saved config runs again as it was.
+  auto again = run({"fit", "--config", dir.path + "/volt_logs/version_0/config.yaml"});
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.out.find("(8 steps)"), std::string::npos) << again.out;
+  for (const char* command : {"validate", "test", "predict"}) {
+    auto e = run(with(command));
+    EXPECT_EQ(e.code, 0) << command << ": " << e.err;
+  }
+  EXPECT_NE(run(with("test")).out.find("test_acc"), std::string::npos);
+  auto printed = run(with("print-config"));
+  EXPECT_NE(printed.out.find("\ndata: null\n"), std::string::npos) << printed.out;
+  // A model without loaders: the Trainer's error, exit code 2.
+  expect_usage_error(
+      {"fit", "--model=Tiny", "--data=null", "--trainer.default_root_dir=" + dir.path},
+      "override Module::train_dataloader()");
+  // Not set, with several data modules registered: the error says how to use the model's.
+  volt::Registry two = make_registry();
+  two.data_modules.add("Other", "another", volt::Params(),
+                       [](const volt::Args&) -> std::shared_ptr<volt::DataModule> {
+                         return std::make_shared<BlobsData>(64, 16, false);
+                       });
+  std::ostringstream out, err;
+  volt::CliOptions o;
+  o.out = &out;
+  o.err = &err;
+  o.registry = &two;
+  const std::vector<const char*> argv = {"volt", "fit", "--model=OwnBlobs"};
+  EXPECT_EQ(volt::run_cli(static_cast<int>(argv.size()), argv.data(), o), volt::kCliBadUsage);
+  EXPECT_NE(err.str().find("data is required (not set)"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("or --data=null for the model's own loaders"), std::string::npos)
+      << err.str();
+  // build_cli leaves the data module null for the program to call the model-only entry points.
+  const std::string root = "--trainer.default_root_dir=" + dir.path;
+  const std::vector<const char*> build_argv = {"prog", "--model=OwnBlobs", "--data=null",
+                                               root.c_str()};
+  volt::CliObjects objects =
+      volt::build_cli(static_cast<int>(build_argv.size()), build_argv.data(), o);
+  ASSERT_FALSE(objects.exit_code.has_value()) << err.str();
+  EXPECT_TRUE(objects.model != nullptr);
+  EXPECT_TRUE(objects.data == nullptr);
 }
 
 TEST(Cli, FitFromYamlWithOverridesSavesTheResolvedConfig) {
@@ -490,10 +570,11 @@ TEST(Cli, BadConfigsExitWithCodeTwo) {
   expect_usage_error(
       {"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs=three"},
       "trainer.max_epochs (--trainer.max_epochs=three): expected int or null, got \"three\"");
-  expect_usage_error({"fit", "--model=Tny", "--data=Blobs"},
-                     "unknown model \"Tny\"; valid names: \"Deferred\", \"RacingRun\", \"Throws\", "
-                     "\"Tiny\", \"TinyLr\", \"WrongWidth\" "
-                     "(did you mean \"Tiny\"?)");
+  expect_usage_error(
+      {"fit", "--model=Tny", "--data=Blobs"},
+      "unknown model \"Tny\"; valid names: \"Deferred\", \"OwnBlobs\", \"RacingRun\", \"Throws\", "
+      "\"Tiny\", \"TinyLr\", \"WrongWidth\" "
+      "(did you mean \"Tiny\"?)");
   expect_usage_error({"fit", "--data=Blobs"}, "model is required");
   expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.callbacks+=EarlyStopping"},
                      "trainer.callbacks.0.init_args.monitor is required (str) for callback "
@@ -2128,6 +2209,19 @@ TEST(Cli, KeyHelpListsTheParametersOfOneClass) {
   expect_usage_error({"fit", "--model.help+=Tiny"}, "--model.help takes one class");
   expect_usage_error({"fit", "--model.help", "Tiny", "stray"}, "unexpected argument \"stray\"");
   expect_usage_error({"report", "--model.help", "Tiny"}, "is an option of fit, validate");
+  // The first of several, and of --help and --KEY.help, is what runs, as jsonargparse exits at
+  // the first.
+  r = run({"fit", "--model.help", "TinyLr", "--model.help", "OwnBlobs"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("--model=TinyLr: ", 0), 0u) << r.out;
+  EXPECT_EQ(r.out.find("OwnBlobs"), std::string::npos) << r.out;
+  r = run({"fit", "--help", "--model.help", "Tiny"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--trainer.max_epochs"), std::string::npos) << r.out;
+  r = run({"fit", "--model.help", "Tiny", "--help"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("--model=Tiny: tiny classifier\n", 0), 0u) << r.out;
+  EXPECT_EQ(r.out.find("--trainer.max_epochs"), std::string::npos) << r.out;
   // Not a class-holding key: an ordinary setting, refused as an unknown key.
   expect_usage_error({"fit", "--model=Tiny", "--data=Blobs", "--trainer.max_epochs.help=3"},
                      "trainer.max_epochs");

@@ -66,7 +66,7 @@ TEST(Resolve, FillsDefaultsAndPicksTheOnlyRegisteredClass) {
   const auto r = test_registry();
   auto c = resolve_text("model: {width: 8}\n", r);
   EXPECT_EQ(c.model.class_path, "Everything");
-  EXPECT_EQ(c.data.class_path, "Blobs");
+  EXPECT_EQ(c.data->class_path, "Blobs");
   EXPECT_EQ(c.model.args.get<int64_t>("width"), 8);
   EXPECT_DOUBLE_EQ(c.model.args.get<double>("lr"), 1e-3);
   EXPECT_FALSE(c.model.args.get_optional<double>("max_time").has_value());

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -618,6 +619,11 @@ TEST(LRScheduler, ConstructorErrors) {
   expect_error<ConfigError>([&] { volt::MultiStepLR(o, {3, -1}); }, "milestone -1 is negative");
   expect_error<ConfigError>([&] { volt::MultiStepLR(o, {3}, -0.5); }, "gamma=-0.5 must be > 0");
   expect_error<ConfigError>([&] { volt::ExponentialLR(o, 0.0); }, "[ExponentialLR] gamma=0");
+  // An infinite gamma is refused as the CLI refuses it (PyTorch takes it and trains on inf).
+  const double inf = std::numeric_limits<double>::infinity();
+  expect_error<ConfigError>([&] { volt::StepLR(o, 2, inf); }, "gamma=inf must be > 0 and finite");
+  expect_error<ConfigError>([&] { volt::MultiStepLR(o, {3}, inf); }, "[MultiStepLR] gamma=inf");
+  expect_error<ConfigError>([&] { volt::ExponentialLR(o, inf); }, "[ExponentialLR] gamma=inf");
   expect_error<ConfigError>([&] { volt::CosineAnnealingLR(o, 0); }, "t_max=0 must be >= 1");
   expect_error<ConfigError>([&] { volt::CosineAnnealingLR(o, 10, -1e-3); },
                             "eta_min=-0.001 must be a finite lr >= 0");

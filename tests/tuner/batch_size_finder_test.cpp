@@ -316,7 +316,7 @@ TEST(BatchSizeFinder, BadOptionsAndDataModulesAreConfigErrors) {
   } fixed;
   EXPECT_TRUE(volt_test::has(volt_test::error_of<volt::ConfigError>(
                                  [&] { volt::scale_batch_size(model, fixed, quiet(dir.path)); }),
-                             "override batch_size() and set_batch_size"));
+                             "override DataModule::batch_size() and set_batch_size"));
   EXPECT_TRUE(volt_test::has(
       volt_test::error_of<volt::ConfigError>([&] { fixed.set_batch_size(4); }), "cannot be set"));
   // The test stage without a test loader.

@@ -80,6 +80,8 @@ struct CliObjects {
   /// config saver unless CliOptions::save_config is false).
   std::shared_ptr<Trainer> trainer;
   std::shared_ptr<Module> model;
+  /// Null under `data: null` (the model's own loaders): call the entry points given the model
+  /// only (trainer->fit(*cli.model, cli.ckpt_path)).
   std::shared_ptr<DataModule> data;
   /// The config's ckpt_path ("" when unset): pass it to fit / validate / test / predict.
   std::string ckpt_path;

@@ -1,6 +1,7 @@
 #pragma once
 /// volt::Module: a torch::nn::Module that also says how to train, validate, test and predict.
 
+#include <c10/util/Optional.h>
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
@@ -18,6 +19,7 @@
 namespace volt {
 
 class Callback;
+class DataLoader;  // volt/data/data_loader.h (a layer above)
 class LRScheduler;
 class Module;
 namespace detail {
@@ -80,6 +82,28 @@ class Module : public torch::nn::Module {
   /// true: prepare_data runs on each node's first process (for node-local disks); false: on
   /// global rank 0 only (a filesystem the nodes share). Default: true.
   virtual bool prepare_data_per_node() const { return true; }
+
+  /// The module's own data (Lightning's LightningModule.train_dataloader() and the others), for
+  /// the entry points given no loaders (Trainer::fit(module), validate(module), test(module),
+  /// predict(module)) and for the validation of fit(module, train) given no validation loader.
+  /// A DataModule given to an entry point replaces all of them. Asked for where a DataModule's
+  /// are (after the setup hooks; again under reload_dataloaders_every_n_epochs, at the epochs a
+  /// DataModule's are, current_epoch() then the loop's epoch). Override them with
+  /// volt/data/data_loader.h included. Defaults: train_dataloader() throws ConfigError, the
+  /// others have no loader, the plural ones return the singular one's (several validation, test
+  /// or predict loaders: override those).
+  virtual DataLoader train_dataloader();
+  virtual c10::optional<DataLoader> val_dataloader();
+  virtual c10::optional<DataLoader> test_dataloader();
+  virtual c10::optional<DataLoader> predict_dataloader();
+  virtual std::vector<DataLoader> val_dataloaders();
+  virtual std::vector<DataLoader> test_dataloaders();
+  virtual std::vector<DataLoader> predict_dataloaders();
+  /// The batch size the module's loaders are built with, for BatchSizeFinder when the run uses
+  /// them (Lightning's `model.batch_size`): as DataModule::batch_size / set_batch_size. Unset
+  /// (the default) = not tunable; the default set_batch_size throws ConfigError.
+  virtual c10::optional<int64_t> batch_size() const;
+  virtual void set_batch_size(int64_t batch_size);
 
   // Set-up hooks: once per fit/validate/test/predict (and per tuner trial), so make them
   // idempotent.

@@ -152,8 +152,8 @@ class RunContext {
   /// The options the Trainer was built with (the tuner callbacks build their trial runs from
   /// them).
   virtual const TrainerOptions& trainer_options() const = 0;
-  /// The DataModule this entry point was given, or nullptr when it was given loaders. Its
-  /// prepare_data and setup(stage) run before the callbacks' and the module's setup hooks.
+  /// The DataModule this entry point was given (its prepare_data and setup run first), one
+  /// asking the module's own loaders (Module::train_dataloader()...), or nullptr for loaders.
   virtual DataModule* data_module() = 0;
   /// The training loader of the running fit (the one given, or the DataModule's; sharded with
   /// several processes), or nullptr outside fit and before its loaders exist (setup hooks).

@@ -37,11 +37,18 @@ class Trainer {
   /// Every entry point ends, as Lightning's, with a model trained on a GPU moved back to the CPU.
   /// Validation runs over every loader of DataModule::val_dataloaders(), one after the other.
   void fit(Module& module, DataModule& data, const std::string& ckpt_path = "");
+  /// Without a validation loader the module's are used (Module::val_dataloaders(), none by
+  /// default), as Lightning's fit(model, train_dataloaders).
   void fit(Module& module, DataLoader train, c10::optional<DataLoader> val = c10::nullopt,
            const std::string& ckpt_path = "");
-  /// With several validation loaders (their values logged as "<name>/dataloader_idx_<N>").
+  /// With several validation loaders (their values logged as "<name>/dataloader_idx_<N>"); an
+  /// empty list: no validation.
   void fit(Module& module, DataLoader train, std::vector<DataLoader> val,
            const std::string& ckpt_path = "");
+  /// On the module's own data (Lightning's trainer.fit(model)): Module::train_dataloader() and
+  /// val_dataloaders(), asked for as a DataModule's would be (reloads and BatchSizeFinder
+  /// included). The same holds for validate, test and predict given only the module.
+  void fit(Module& module, const std::string& ckpt_path = "");
 
   /// Runs one validation pass and returns its epoch metrics as the loggers get them (values
   /// logged with logger(false) are in callback_metrics() only). From a DataModule with several
@@ -49,6 +56,7 @@ class Trainer {
   /// "<name>/dataloader_idx_<N>") and what the epoch hooks logged.
   Metrics validate(Module& module, DataModule& data, const std::string& ckpt_path = "");
   Metrics validate(Module& module, DataLoader val, const std::string& ckpt_path = "");
+  Metrics validate(Module& module, const std::string& ckpt_path = "");
   /// One pass over each loader in turn; returns one Metrics per loader (Lightning's list of
   /// dicts): what was logged during its batches, and what the epoch hooks logged.
   std::vector<Metrics> validate(Module& module, std::vector<DataLoader> val,
@@ -56,6 +64,7 @@ class Trainer {
   /// Runs one test pass and returns its epoch metrics (several loaders: as validate).
   Metrics test(Module& module, DataModule& data, const std::string& ckpt_path = "");
   Metrics test(Module& module, DataLoader test, const std::string& ckpt_path = "");
+  Metrics test(Module& module, const std::string& ckpt_path = "");
   std::vector<Metrics> test(Module& module, std::vector<DataLoader> test,
                             const std::string& ckpt_path = "");
   /// Returns predict_step's outputs, one per batch (none with
@@ -65,6 +74,7 @@ class Trainer {
                                   const std::string& ckpt_path = "");
   std::vector<at::Tensor> predict(Module& module, DataLoader data,
                                   const std::string& ckpt_path = "");
+  std::vector<at::Tensor> predict(Module& module, const std::string& ckpt_path = "");
   /// One list of outputs per loader (Lightning's list of lists).
   std::vector<std::vector<at::Tensor>> predict(Module& module, std::vector<DataLoader> data,
                                                const std::string& ckpt_path = "");

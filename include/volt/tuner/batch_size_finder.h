@@ -89,6 +89,10 @@ struct BatchSizeFinderResult {
 BatchSizeFinderResult scale_batch_size(Module& module, DataModule& data,
                                        TrainerOptions options = TrainerOptions(),
                                        BatchSizeFinderOptions finder = BatchSizeFinderOptions());
+/// The same on the module's own loaders (Module::train_dataloader() and the others), sized
+/// through Module::batch_size() / set_batch_size() (Lightning's Tuner on `model.batch_size`).
+BatchSizeFinderResult scale_batch_size(Module& module, TrainerOptions options = TrainerOptions(),
+                                       BatchSizeFinderOptions finder = BatchSizeFinderOptions());
 /// The same for a program that builds its loaders itself: `make_loader(batch_size)` returns the
 /// loader of the finder's stage at that size. The caller builds its run with the size returned.
 BatchSizeFinderResult scale_batch_size(Module& module,

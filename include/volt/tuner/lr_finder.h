@@ -73,5 +73,8 @@ LrFinderResult lr_find(Module& module, DataLoader train, TrainerOptions options 
 /// The same with the DataModule's train_dataloader() (after its setup(Stage::kFit)).
 LrFinderResult lr_find(Module& module, DataModule& data, TrainerOptions options = TrainerOptions(),
                        LrFinderOptions finder = LrFinderOptions());
+/// The same with the module's own Module::train_dataloader().
+LrFinderResult lr_find(Module& module, TrainerOptions options = TrainerOptions(),
+                       LrFinderOptions finder = LrFinderOptions());
 
 }  // namespace volt

@@ -373,6 +373,7 @@ ComponentConfig parse_component(const std::string& key, const ConfigNode* node,
       throw ConfigError("[cli] " + key + " is required (" + n.origin + "); choose a " + reg.kind() +
                         " with --" + key + "=NAME or " + key +
                         ".class_path in the config; registered: " + quoted_list(names, "(none)") +
+                        (key == "data" ? "; or --data=null for the model's own loaders" : "") +
                         ".");
     }
     class_path = names.front();
@@ -1059,7 +1060,11 @@ ResolvedConfig resolve(const ConfigNode& root, const Registry& reg) {
     out.loggers = parse_component_list("trainer.logger", lg, reg.loggers);
   }
   out.model = parse_component("model", root.find("model"), root, reg.models);
-  out.data = parse_component("data", root.find("data"), root, reg.data_modules);
+  // `data: null` (written, not absent): the model brings its loaders.
+  const ConfigNode* data = root.find("data");
+  if (data == nullptr || !data->is_null()) {
+    out.data = parse_component("data", data, root, reg.data_modules);
+  }
   return out;
 }
 
@@ -1084,8 +1089,8 @@ std::string to_yaml(const ResolvedConfig& c) {
   if (c.checkpoint_io) emit_component(os, *c.checkpoint_io, 4, false);
   os << "model:\n";
   emit_component(os, c.model, 2, false);
-  os << "data:\n";
-  emit_component(os, c.data, 2, false);
+  os << "data:" << (c.data ? "\n" : " null\n");
+  if (c.data) emit_component(os, *c.data, 2, false);
   os << "optimizer:" << (c.optimizer ? "\n" : " null\n");
   if (c.optimizer) emit_component(os, *c.optimizer, 2, false);
   os << "lr_scheduler:" << (c.lr_scheduler ? "\n" : " null\n");

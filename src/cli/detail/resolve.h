@@ -38,7 +38,9 @@ struct ResolvedConfig {
   /// lists.
   std::optional<ComponentConfig> precision;
   ComponentConfig model;
-  ComponentConfig data;
+  /// Null under `data: null`: the model's own loaders (Module::train_dataloader() and the
+  /// others), as LightningCLI without a data module.
+  std::optional<ComponentConfig> data;
   /// LightningCLI's automatic optimizer and LR scheduler (null: the module's
   /// configure_optimizers()).
   std::optional<ComponentConfig> optimizer;

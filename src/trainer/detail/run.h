@@ -84,8 +84,11 @@ class Run : public RunContext {
 
   /// The (sharded) training loader while fit_loop runs; null elsewhere (forward_training_data).
   DataLoader* fit_train = nullptr;
-  /// The DataModule the running entry point was given; null when it was given loaders.
+  /// The DataModule the running entry point was given; null when it was given loaders or uses
+  /// the module's own (then `module_data`: its hooks, not a DataModule of the user's, so no
+  /// DataModule hooks, state or hyper-parameters).
   DataModule* data = nullptr;
+  DataModule* module_data = nullptr;
 
   // ---------------------------------------------------------------- failure context
   /// What the run is calling (a step, a module hook, a callback's hook, a batch fetch) and the
@@ -268,7 +271,7 @@ class Run : public RunContext {
   std::string strategy_name() const override { return plan.strategy->name(); }
   void forward_training_data() override;
   const TrainerOptions& trainer_options() const override { return opts; }
-  DataModule* data_module() override { return data; }
+  DataModule* data_module() override { return data != nullptr ? data : module_data; }
   const DataLoader* train_dataloader() const override { return fit_train; }
   const std::vector<int64_t>& predict_batch_indices() const override { return predict_indices; }
   void manual_backward(const at::Tensor& loss) override;
@@ -350,6 +353,8 @@ class Run : public RunContext {
   /// The limit val_limit applies and the option it comes from (overfit_batches,
   /// fast_dev_run's count or limit_val_batches).
   std::pair<Limit, const char*> val_limit_option() const;
+  /// That limit is no batches: fit asks for no validation loaders (Lightning's setup_data).
+  bool validation_off() const { return val_limit_option().first.resolve(1) == 0; }
   /// `limit` of a loader of `available` batches; a fraction that leaves no batch of a non-empty
   /// loader is a ConfigError naming `option` (Lightning's _parse_num_batches).
   static int64_t limit_batches(const Limit& limit, int64_t available, const char* option);
@@ -485,10 +490,12 @@ std::string describe_global_batch(int64_t per_process, int64_t data_parallel, in
                                   int64_t last_batch = 0);
 /// A DataModule's loaders for `epoch` (reload_dataloaders_every_n_epochs): the training loader
 /// and the validation loaders, asked for apart, as Lightning reloads each on its own schedule.
+/// Either may be unset: that loader is not rebuilt (fit(module, train) reloads only the
+/// module's validation loaders).
 struct LoaderReload {
   std::function<DataLoader(int64_t epoch)> train;
   std::function<std::vector<DataLoader>(int64_t epoch)> val;
-  explicit operator bool() const { return static_cast<bool>(train); }
+  explicit operator bool() const { return train || val; }
 };
 /// loops/fit_loop.cpp: the whole of fit() after set-up. `reload`, when set, is how the loop gets
 /// new loaders (fit from a DataModule); without it the given loaders serve every epoch.

@@ -39,8 +39,7 @@ bool validates(const Run& r, const std::vector<DataLoader>& val) {
 // DataModule again before it decides (validate_due skips a pass without batches).
 bool may_validate(const Run& r, const std::vector<DataLoader>& val) {
   if (validates(r, val)) return true;
-  const bool none = r.val_limit_option().first.resolve(1) == 0;  // a limit of no batches
-  return r.reload_every > 0 && !r.no_validation_step && !none;
+  return r.reload_every > 0 && !r.no_validation_step && !r.validation_off();
 }
 
 // Whether this epoch validates at all (check_val_every_n_epoch), as Lightning's
@@ -542,13 +541,17 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   const int64_t reload_every = r.reload_every;
   int64_t loaded_epoch = 0;
   const auto reload_for = [&](int64_t epoch) {
-    prepare_train(reload.train(epoch));
-    check_loaders(r, train, val);
+    if (reload.train) {
+      prepare_train(reload.train(epoch));
+      check_loaders(r, train, val);
+    }
     loaded_epoch = epoch;
   };
   // check_loaders' verdicts do not depend on the validation loaders' batches while they reload
   // (may_validate).
-  const auto reload_val_for = [&](int64_t epoch) { prepare_val(reload.val(epoch)); };
+  const auto reload_val_for = [&](int64_t epoch) {
+    if (reload.val && !r.validation_off()) prepare_val(reload.val(epoch));
+  };
   const auto reload_val_if_due = [&] {
     if (reload_every == 0) return;
     if (r.val_loaded_epoch >= 0 && r.st.epoch - r.val_loaded_epoch < reload_every) return;
@@ -648,7 +651,8 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   }
   r.log_hparams();
 
-  const c10::optional<int64_t> batch_size = r.data != nullptr ? r.data->batch_size() : c10::nullopt;
+  DataModule* data = r.data_module();  // the user's, or the module's own loaders
+  const c10::optional<int64_t> batch_size = data != nullptr ? data->batch_size() : c10::nullopt;
   r.hook(
       "on_fit_start", [&](Module& mm) { mm.on_fit_start(); },
       [&](Callback& c) { c.on_fit_start(r, m); });
@@ -656,7 +660,7 @@ void fit_loop(Run& r, DataLoader& train_loader, std::vector<DataLoader>& val_loa
   m.attach(&r);
   // A BatchSizeFinder changed the DataModule's batch size: the fit runs on loaders of that
   // size, as Lightning resets its loaders after the search.
-  if (reload && r.data != nullptr && r.data->batch_size() != batch_size) {
+  if (reload && data != nullptr && data->batch_size() != batch_size) {
     reload_for(loaded_epoch);
     reload_val_for(std::max<int64_t>(r.val_loaded_epoch, 0));
     log_info("Trainer", describe_global_batch(
