@@ -219,8 +219,75 @@ void parse_options(Command& cmd, int argc, const char* const* argv, int first) {
   }
 }
 
+// The model's config as its hyper-parameters, as LightningCLI's instantiator gives a module:
+// `_class_path` and each init argument (as YAML), beside the ones the module saved itself
+// (which keep their values). Loggers record them and every checkpoint keeps them, from which a
+// later command's ckpt_path reads them back (model_from_checkpoint).
+constexpr const char* kClassPathKey = "_class_path";
+void record_model_config(Module& model, const detail::ComponentConfig& c) {
+  std::map<std::string, std::string> hp = model.hparams();
+  hp.emplace(kClassPathKey, c.class_path);
+  for (const auto& spec : c.params->specs()) {
+    hp.emplace(spec.name, detail::yaml_value(c.args.values().at(spec.name)));
+  }
+  model.save_hyperparameters(std::move(hp));
+}
+
+// LightningCLI's _parse_ckpt_path: a ckpt_path naming a checkpoint file whose hyper-parameters
+// hold a model config (record_model_config's) sets the model's class and arguments over the
+// config files and the command line, so that a command given the checkpoint builds the model it
+// was trained as. "last" / "best", folders (sharded checkpoints), files that are no volt
+// checkpoint (the run says so) and checkpoints without one change nothing.
+void model_from_checkpoint(ConfigNode& root) {
+  const ConfigNode* ckpt = root.find("ckpt_path");
+  if (ckpt == nullptr || !ckpt->is_scalar()) return;
+  const std::string path = ckpt->scalar;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return;
+  std::map<std::string, std::string> hp;
+  try {
+    torch::serialize::InputArchive archive = TorchCheckpointIO().load(path);
+    torch::serialize::InputArchive saved;
+    if (!archive.try_read("hyper_parameters", saved)) return;
+    c10::IValue names, values;
+    saved.read("names", names);
+    saved.read("values", values);
+    const auto n = names.toList();
+    const auto v = values.toList();
+    for (size_t i = 0; i < n.size() && i < v.size(); ++i) {
+      hp.emplace(n.get(i).toStringRef(), v.get(i).toStringRef());
+    }
+  } catch (const std::exception&) {
+    return;
+  }
+  const auto class_path = hp.find(kClassPathKey);
+  if (class_path == hp.end()) return;
+  const std::string origin = "the hyper-parameters of " + path;
+  ConfigNode model = ConfigNode::make_map(origin);
+  model.field("class_path", origin) = ConfigNode::make_scalar(class_path->second, origin);
+  ConfigNode& args = model.field("init_args", origin);
+  args = ConfigNode::make_map(origin);
+  std::string listed;
+  for (const auto& [name, value] : hp) {
+    if (name == kClassPathKey) continue;
+    ConfigNode& arg = args.field(name, origin);
+    arg = detail::parse_yaml(value, origin);
+    // Kept only where the class takes it: a key the module saved itself may be none of its
+    // arguments (resolve drops such carried entries, as for a changed class_path).
+    arg.carried = true;
+    listed += (listed.empty() ? "" : ", ") + name + "=" + value;
+  }
+  ConfigNode top = ConfigNode::make_map(origin);
+  top.field("model", origin) = std::move(model);
+  detail::merge(root, std::move(top));
+  log_info("cli", "the model is " + class_path->second + "(" + listed + ") as the checkpoint " +
+                      path +
+                      " records it; its values replace the config's (LightningCLI's ckpt_path "
+                      "rule).");
+}
+
 // The program's defaults (CliOptions::defaults, then its default config files that exist), then
-// the command line's sources in order.
+// the command line's sources in order, then the model config of the checkpoint ckpt_path names.
 ConfigNode build_tree(const Command& cmd, const CliOptions& options) {
   ConfigNode root = ConfigNode::make_map("defaults");
   if (!options.defaults.empty()) {
@@ -244,6 +311,7 @@ ConfigNode build_tree(const Command& cmd, const CliOptions& options) {
       detail::apply_override(root, s.key, s.value, s.kind == Source::Kind::kAppend, s.origin);
     }
   }
+  model_from_checkpoint(root);
   return root;
 }
 
@@ -1005,6 +1073,7 @@ Built build_objects(const ResolvedConfig& rc, const std::string& yaml, const Reg
   opts.callbacks(callbacks).loggers(loggers);
   b.trainer = std::make_shared<Trainer>(opts);
   b.model = reg.models.at(rc.model.class_path).make(rc.model.args);
+  if (b.model) record_model_config(*b.model, rc.model);
   if (rc.data) b.data = reg.data_modules.at(rc.data->class_path).make(rc.data->args);
   VOLT_CHECK(b.model && (b.data || !rc.data), ConfigError, "[cli] the factory of ",
              b.model ? "data module " : "model ",

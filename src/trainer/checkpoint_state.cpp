@@ -156,6 +156,20 @@ void write_checkpoint(Run& run, torch::serialize::OutputArchive& root, bool weig
   write_nested(root, "module", [&](auto& user) {
     run.module_hook("on_save_checkpoint", [&](Module& m) { m.on_save_checkpoint(user); });
   });
+  // The module's hyper-parameters (Lightning's `hyper_parameters`), in every checkpoint: the
+  // CLI records the model's config there and reads it back for a command given this
+  // checkpoint (src/cli/cli.cpp).
+  if (!module.hparams().empty()) {
+    write_nested(root, "hyper_parameters", [&](auto& ar) {
+      c10::List<std::string> names, values;
+      for (const auto& [name, value] : module.hparams()) {
+        names.push_back(name);
+        values.push_back(value);
+      }
+      ar.write("names", c10::IValue(names));
+      ar.write("values", c10::IValue(values));
+    });
+  }
 }
 
 bool restore_checkpoint(Run& run, const std::string& path, bool full) {

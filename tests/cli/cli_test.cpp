@@ -305,6 +305,73 @@ TEST(Cli, DataNullRunsOnTheModelsOwnLoaders) {
   EXPECT_TRUE(objects.data == nullptr);
 }
 
+// LightningCLI's ckpt_path rule: the model's config recorded in a checkpoint (its
+// hyper-parameters `_class_path` and init arguments) replaces the command line's, so that a
+// later command builds the model the checkpoint was trained as.
+TEST(Cli, ACheckpointsModelConfigReplacesTheCommandLines) {
+  volt_test::TempDir dir;
+  auto args = base(dir);
+  args.insert(args.begin(), "fit");
+  for (const char* a :
+       {"--model.lr=0.05", "--model.adam=true", "--trainer.max_epochs=1",
+        "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_last=true"}) {
+    args.push_back(a);
+  }
+  auto r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string last = dir.path + "/volt_logs/version_0/checkpoints/last.ckpt";
+  ASSERT_TRUE(fs::exists(last));
+  // The run's hparams hold the model's config, as LightningCLI's (hparams.yaml of CSVLogger).
+  torch::serialize::InputArchive hp;
+  ASSERT_TRUE(volt::TorchCheckpointIO().load(last).try_read("hyper_parameters", hp));
+
+  // Given the checkpoint, print-config shows the model it was trained as, not the defaults.
+  std::vector<std::string> lines;
+  Result printed;
+  lines = volt_test::capture_logs([&] {
+    printed = run(
+        {"print-config", "--model=Tiny", "--data=Blobs", "--model.lr=0.5", "--ckpt_path=" + last});
+  });
+  ASSERT_EQ(printed.code, 0) << printed.err;
+  EXPECT_NE(printed.out.find("class_path: Tiny\n  init_args:\n    lr: 0.05\n    adam: true\n"),
+            std::string::npos)
+      << printed.out;
+  EXPECT_TRUE(volt_test::has(lines, "as the checkpoint " + last + " records it")) << last;
+  // And test runs on it.
+  auto tested = run({"test", "--model=Tiny", "--data=Blobs", "--ckpt_path=" + last,
+                     "--trainer.default_root_dir=" + dir.path});
+  EXPECT_EQ(tested.code, 0) << tested.err;
+
+  // Another class in the checkpoint, and a hyper-parameter the module saved itself that is no
+  // argument of it: the class is the checkpoint's and that key is dropped.
+  volt_test::TinyClassifier own;
+  own.save_hyperparameters({{"_class_path", "TinyLr"}, {"lr", "0.25"}, {"hidden", "64"}});
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(1));
+  t.fit(own, volt_test::loader(volt_test::blobs(32)));
+  t.save_checkpoint(dir / "own.ckpt");
+  t.save_checkpoint(dir / "own_weights.ckpt", /*weights_only=*/true);  // kept there too
+  EXPECT_TRUE(
+      volt::TorchCheckpointIO().load(dir / "own_weights.ckpt").try_read("hyper_parameters", hp));
+  lines = volt_test::capture_logs([&] {
+    printed =
+        run({"print-config", "--model=Tiny", "--data=Blobs", "--ckpt_path=" + dir / "own.ckpt"});
+  });
+  ASSERT_EQ(printed.code, 0) << printed.err;
+  EXPECT_NE(printed.out.find("class_path: TinyLr\n  init_args:\n    lr: 0.25\n"), std::string::npos)
+      << printed.out;
+  EXPECT_EQ(printed.out.find("hidden"), std::string::npos) << printed.out;
+  EXPECT_TRUE(volt_test::has(lines, "model.init_args.hidden")) << printed.err;
+  // A checkpoint without a model config changes nothing.
+  volt_test::TinyClassifier plain;
+  volt::Trainer p(volt_test::quiet(dir.path).max_epochs(1));
+  p.fit(plain, volt_test::loader(volt_test::blobs(32)));
+  p.save_checkpoint(dir / "plain.ckpt");
+  printed = run({"print-config", "--model=Tiny", "--data=Blobs", "--model.lr=0.5",
+                 "--ckpt_path=" + dir / "plain.ckpt"});
+  ASSERT_EQ(printed.code, 0) << printed.err;
+  EXPECT_NE(printed.out.find("lr: 0.5\n"), std::string::npos) << printed.out;
+}
+
 TEST(Cli, FitFromYamlWithOverridesSavesTheResolvedConfig) {
   volt_test::TempDir dir;
   write(dir / "run.yaml",
@@ -377,6 +444,16 @@ std::string fit_one_epoch(const volt_test::TempDir& dir) {
   return ckpt;
 }
 
+/// A checkpoint of Tiny's weights that records no model config (written by a program, not the
+/// CLI), whose model is the command line's.
+std::string checkpoint_without_config(const volt_test::TempDir& dir) {
+  volt_test::TinyClassifier model;
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(1));
+  t.fit(model, volt_test::loader(volt_test::blobs(32)));
+  t.save_checkpoint(dir / "no_config.ckpt");
+  return dir / "no_config.ckpt";
+}
+
 // The loggers of one run share the next free version, claimed (by mkdir) when the first of them
 // writes. The CLI listed the folder while reading the configuration and handed both loggers
 // that number: a run started at the same time into the same root, claiming version_0 between
@@ -445,6 +522,7 @@ TEST(Cli, ExportWritesTheCheckpointsModelAsATorchScriptFile) {
   volt_test::TempDir dir;
   const std::string ckpt = fit_one_epoch(dir);
   ASSERT_FALSE(ckpt.empty());
+  const std::string no_config = checkpoint_without_config(dir);
   auto exporting = [&](const std::vector<std::string>& extra) { return export_with(dir, extra); };
   const std::string file = dir / "tiny.pt";
   auto r = exporting({"--ckpt_path=" + ckpt, "--output=" + file});
@@ -477,7 +555,7 @@ TEST(Cli, ExportWritesTheCheckpointsModelAsATorchScriptFile) {
        "--dynamic_batch takes true or false"},
       {{"--ckpt_path=" + (dir / "none.ckpt"), "--output=" + file}, "does not exist"},
       {{"--ckpt_path=" + ckpt, "--output=" + file, "extra"}, "unexpected argument \"extra\""},
-      {{"--ckpt_path=" + ckpt, "--output=" + file, "--model=WrongWidth"},
+      {{"--ckpt_path=" + no_config, "--output=" + file, "--model=WrongWidth"},
        "[Checkpoint] the checkpoint does not match the model"},
   };
   const auto before = fs::last_write_time(file);
@@ -506,7 +584,9 @@ TEST(Cli, ExportTakesItsExampleThroughTheBatchHooksAndTearsDownHoweverItEnds) {
   EXPECT_NE(r.out.find("Tiny's predict_step on input [32, 8] float"), std::string::npos) << r.out;
   EXPECT_EQ(BlobsData::teardowns, 1);
   // A failed export (the checkpoint does not fit the model) tears the data module down too.
-  auto bad = exporting({"--output=" + file, "--model=WrongWidth"});
+  // (The CLI's checkpoint records Tiny, which would replace --model=WrongWidth.)
+  auto bad = export_with(dir, {"--data.wide=true", "--ckpt_path=" + checkpoint_without_config(dir),
+                               "--output=" + file, "--model=WrongWidth"});
   EXPECT_EQ(bad.code, 2) << bad.err;
   EXPECT_NE(bad.err.find("[Checkpoint] the checkpoint does not match the model"), std::string::npos)
       << bad.err;

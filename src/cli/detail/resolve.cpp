@@ -313,8 +313,11 @@ Args parse_args(const std::string& prefix, const std::string& owner, const Confi
           std::find(extra_keys.begin(), extra_keys.end(), f.first) == extra_keys.end()) {
         if (f.second.carried) {
           // Set for the class this component had before (jsonargparse drops it the same way).
+          // Also a checkpoint's hyper-parameter that is no argument (cli.cpp's
+          // model_from_checkpoint).
           log_info("cli", prefix + "." + f.first + " (" + f.second.origin + ") dropped: " + owner +
-                              " takes no such parameter; it was set for an earlier class_path.");
+                              " takes no such parameter (it was set for another class_path, or is "
+                              "a hyper-parameter of the checkpoint's that is no argument).");
           continue;
         }
         std::vector<std::string> all = valid;
