@@ -271,7 +271,13 @@ void model_from_checkpoint(ConfigNode& root) {
   for (const auto& [name, value] : hp) {
     if (name == kClassPathKey) continue;
     ConfigNode& arg = args.field(name, origin);
-    arg = detail::parse_yaml(value, origin);
+    try {
+      arg = detail::parse_yaml(value, origin);
+    } catch (const ConfigError&) {
+      // A value the module saved itself that is no YAML ("x: y: z"): its text, as a string.
+      arg = ConfigNode::make_scalar(value, origin);
+      arg.quoted = true;
+    }
     // Kept only where the class takes it: a key the module saved itself may be none of its
     // arguments (resolve drops such carried entries, as for a changed class_path).
     arg.carried = true;

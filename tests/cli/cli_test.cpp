@@ -345,7 +345,9 @@ TEST(Cli, ACheckpointsModelConfigReplacesTheCommandLines) {
   // Another class in the checkpoint, and a hyper-parameter the module saved itself that is no
   // argument of it: the class is the checkpoint's and that key is dropped.
   volt_test::TinyClassifier own;
-  own.save_hyperparameters({{"_class_path", "TinyLr"}, {"lr", "0.25"}, {"hidden", "64"}});
+  // ("note" is no YAML: read as its text, then dropped as no argument.)
+  own.save_hyperparameters(
+      {{"_class_path", "TinyLr"}, {"lr", "0.25"}, {"hidden", "64"}, {"note", "x: y: z"}});
   volt::Trainer t(volt_test::quiet(dir.path).max_epochs(1));
   t.fit(own, volt_test::loader(volt_test::blobs(32)));
   t.save_checkpoint(dir / "own.ckpt");
@@ -360,6 +362,7 @@ TEST(Cli, ACheckpointsModelConfigReplacesTheCommandLines) {
   EXPECT_NE(printed.out.find("class_path: TinyLr\n  init_args:\n    lr: 0.25\n"), std::string::npos)
       << printed.out;
   EXPECT_EQ(printed.out.find("hidden"), std::string::npos) << printed.out;
+  EXPECT_EQ(printed.out.find("note"), std::string::npos) << printed.out;
   EXPECT_TRUE(volt_test::has(lines, "model.init_args.hidden")) << printed.err;
   // A checkpoint without a model config changes nothing.
   volt_test::TinyClassifier plain;
