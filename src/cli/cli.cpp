@@ -220,15 +220,16 @@ void parse_options(Command& cmd, int argc, const char* const* argv, int first) {
 }
 
 // The model's config as its hyper-parameters, as LightningCLI's instantiator gives a module:
-// `_class_path` and each init argument (as YAML), beside the ones the module saved itself
-// (which keep their values). Loggers record them and every checkpoint keeps them, from which a
-// later command's ckpt_path reads them back (model_from_checkpoint).
+// `_class_path` (which loggers do not get) and each init argument (as YAML), over the keys of
+// those names the module saved itself, beside its other keys. Loggers record them and every
+// checkpoint keeps them, from which a later command's ckpt_path reads them back
+// (model_from_checkpoint).
 constexpr const char* kClassPathKey = "_class_path";
 void record_model_config(Module& model, const detail::ComponentConfig& c) {
   std::map<std::string, std::string> hp = model.hparams();
-  hp.emplace(kClassPathKey, c.class_path);
+  hp[kClassPathKey] = c.class_path;
   for (const auto& spec : c.params->specs()) {
-    hp.emplace(spec.name, detail::yaml_value(c.args.values().at(spec.name)));
+    hp[spec.name] = detail::yaml_value(c.args.values().at(spec.name));
   }
   model.save_hyperparameters(std::move(hp));
 }

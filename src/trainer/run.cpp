@@ -1002,6 +1002,8 @@ void Run::log_hparams() {
   // not loggers(): ranks above 0 hold none, and the error must be every rank's.
   if (!has_loggers()) return;
   std::map<std::string, std::string> hparams = module->hparams();
+  // The class the CLI recorded is for checkpoints, not loggers (Lightning's loggers drop it).
+  hparams.erase("_class_path");
   if (data != nullptr) {
     std::string differ;
     for (const auto& [key, value] : data->hparams()) {

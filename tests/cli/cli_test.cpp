@@ -321,9 +321,13 @@ TEST(Cli, ACheckpointsModelConfigReplacesTheCommandLines) {
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string last = dir.path + "/volt_logs/version_0/checkpoints/last.ckpt";
   ASSERT_TRUE(fs::exists(last));
-  // The run's hparams hold the model's config, as LightningCLI's (hparams.yaml of CSVLogger).
+  // The checkpoint holds the model's config, and the loggers its arguments, as LightningCLI's.
   torch::serialize::InputArchive hp;
   ASSERT_TRUE(volt::TorchCheckpointIO().load(last).try_read("hyper_parameters", hp));
+  const std::string hparams = file_text(dir.path + "/volt_logs/version_0/hparams.yaml");
+  EXPECT_NE(hparams.find("lr: 0.05"), std::string::npos) << hparams;
+  EXPECT_NE(hparams.find("adam: \"true\""), std::string::npos) << hparams;  // a string value
+  EXPECT_EQ(hparams.find("_class_path"), std::string::npos) << hparams;
 
   // Given the checkpoint, print-config shows the model it was trained as, not the defaults.
   std::vector<std::string> lines;
@@ -364,7 +368,16 @@ TEST(Cli, ACheckpointsModelConfigReplacesTheCommandLines) {
   EXPECT_EQ(printed.out.find("hidden"), std::string::npos) << printed.out;
   EXPECT_EQ(printed.out.find("note"), std::string::npos) << printed.out;
   EXPECT_TRUE(volt_test::has(lines, "model.init_args.hidden")) << printed.err;
-  // A checkpoint without a model config changes nothing.
+  // A checkpoint without a model config changes nothing, with hyper-parameters or without.
+  volt_test::TinyClassifier saved_own;
+  saved_own.save_hyperparameters({{"lr", "0.3"}});
+  volt::Trainer so(volt_test::quiet(dir.path).max_epochs(1));
+  so.fit(saved_own, volt_test::loader(volt_test::blobs(32)));
+  so.save_checkpoint(dir / "own_hparams.ckpt");
+  printed = run({"print-config", "--model=Tiny", "--data=Blobs", "--model.lr=0.5",
+                 "--ckpt_path=" + dir / "own_hparams.ckpt"});
+  ASSERT_EQ(printed.code, 0) << printed.err;
+  EXPECT_NE(printed.out.find("lr: 0.5\n"), std::string::npos) << printed.out;
   volt_test::TinyClassifier plain;
   volt::Trainer p(volt_test::quiet(dir.path).max_epochs(1));
   p.fit(plain, volt_test::loader(volt_test::blobs(32)));
