@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -305,6 +306,19 @@ TEST(Cli, DataNullRunsOnTheModelsOwnLoaders) {
   EXPECT_TRUE(objects.data == nullptr);
 }
 
+/// A checkpoint of Tiny's weights that records no model config (written by a program, not the
+/// CLI), whose model is the command line's; with `hparams` the module saved itself.
+std::string checkpoint_without_config(const volt_test::TempDir& dir,
+                                      const std::string& name = "no_config.ckpt",
+                                      std::map<std::string, std::string> hparams = {}) {
+  volt_test::TinyClassifier model;
+  model.save_hyperparameters(std::move(hparams));
+  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(1));
+  t.fit(model, volt_test::loader(volt_test::blobs(32)));
+  t.save_checkpoint(dir / name);
+  return dir / name;
+}
+
 // LightningCLI's ckpt_path rule: the model's config recorded in a checkpoint (its
 // hyper-parameters `_class_path` and init arguments) replaces the command line's, so that a
 // later command builds the model the checkpoint was trained as.
@@ -369,23 +383,14 @@ TEST(Cli, ACheckpointsModelConfigReplacesTheCommandLines) {
   EXPECT_EQ(printed.out.find("note"), std::string::npos) << printed.out;
   EXPECT_TRUE(volt_test::has(lines, "model.init_args.hidden")) << printed.err;
   // A checkpoint without a model config changes nothing, with hyper-parameters or without.
-  volt_test::TinyClassifier saved_own;
-  saved_own.save_hyperparameters({{"lr", "0.3"}});
-  volt::Trainer so(volt_test::quiet(dir.path).max_epochs(1));
-  so.fit(saved_own, volt_test::loader(volt_test::blobs(32)));
-  so.save_checkpoint(dir / "own_hparams.ckpt");
-  printed = run({"print-config", "--model=Tiny", "--data=Blobs", "--model.lr=0.5",
-                 "--ckpt_path=" + dir / "own_hparams.ckpt"});
-  ASSERT_EQ(printed.code, 0) << printed.err;
-  EXPECT_NE(printed.out.find("lr: 0.5\n"), std::string::npos) << printed.out;
-  volt_test::TinyClassifier plain;
-  volt::Trainer p(volt_test::quiet(dir.path).max_epochs(1));
-  p.fit(plain, volt_test::loader(volt_test::blobs(32)));
-  p.save_checkpoint(dir / "plain.ckpt");
-  printed = run({"print-config", "--model=Tiny", "--data=Blobs", "--model.lr=0.5",
-                 "--ckpt_path=" + dir / "plain.ckpt"});
-  ASSERT_EQ(printed.code, 0) << printed.err;
-  EXPECT_NE(printed.out.find("lr: 0.5\n"), std::string::npos) << printed.out;
+  for (const std::string& ckpt :
+       {checkpoint_without_config(dir, "own_hparams.ckpt", {{"lr", "0.3"}}),
+        checkpoint_without_config(dir, "plain.ckpt")}) {
+    printed = run(
+        {"print-config", "--model=Tiny", "--data=Blobs", "--model.lr=0.5", "--ckpt_path=" + ckpt});
+    ASSERT_EQ(printed.code, 0) << ckpt << ": " << printed.err;
+    EXPECT_NE(printed.out.find("lr: 0.5\n"), std::string::npos) << ckpt << ": " << printed.out;
+  }
 }
 
 TEST(Cli, FitFromYamlWithOverridesSavesTheResolvedConfig) {
@@ -458,16 +463,6 @@ std::string fit_one_epoch(const volt_test::TempDir& dir) {
     if (e.path().extension() == ".ckpt") ckpt = e.path().string();
   }
   return ckpt;
-}
-
-/// A checkpoint of Tiny's weights that records no model config (written by a program, not the
-/// CLI), whose model is the command line's.
-std::string checkpoint_without_config(const volt_test::TempDir& dir) {
-  volt_test::TinyClassifier model;
-  volt::Trainer t(volt_test::quiet(dir.path).max_epochs(1));
-  t.fit(model, volt_test::loader(volt_test::blobs(32)));
-  t.save_checkpoint(dir / "no_config.ckpt");
-  return dir / "no_config.ckpt";
 }
 
 // The loggers of one run share the next free version, claimed (by mkdir) when the first of them
